@@ -1,0 +1,5 @@
+"""``python -m gate`` runs the CLI."""
+
+from gate.cli import main
+
+main()
