@@ -1,0 +1,375 @@
+"""``hitl-gate`` commands: each parses, calls one function, prints; errors become one line."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+from collections.abc import Coroutine
+from pathlib import Path
+from typing import Any, NoReturn, TypeVar
+
+import click
+
+from gate import __version__
+from gate.errors import ConfigError, GateError
+
+T = TypeVar("T")
+
+CONFIG_OPTION = click.option(
+    "-c", "--config", "config_path", required=True, type=click.Path(dir_okay=False),
+    envvar="HITL_GATE_CONFIG", help="Path to the YAML config (env HITL_GATE_CONFIG).")
+API_URL_OPTION = click.option(
+    "--api-url", envvar="HITL_GATE_API_URL", default=None,
+    help="Reach the API here instead of api.listen (http://host:port or unix:/path).")
+
+
+def fail(message: str, code: int = 1) -> NoReturn:
+    """Print ``Error: message`` on stderr and exit with ``code``."""
+    click.echo(f"Error: {message}", err=True)
+    sys.exit(code)
+
+
+def run(coro: Coroutine[Any, Any, T]) -> T:
+    """Run a coroutine; a GateError becomes one ``Error:`` line and exit 1."""
+    try:
+        return asyncio.run(coro)
+    except GateError as exc:
+        fail(exc.message)
+
+
+def _config(path: str) -> Any:
+    from gate.config import load_config
+
+    try:
+        return load_config(path)
+    except ConfigError as exc:
+        for line in exc.errors:
+            click.echo(f"{path}: {line}", err=True)
+        sys.exit(2)
+
+
+def _client(config_path: str, api_url: str | None) -> Any:
+    from gate.client import ApiClient, api_base
+
+    config = _config(config_path)
+    token = os.environ.get(config.api.token_env)
+    if not token:
+        fail(f"api.token_env: environment variable {config.api.token_env} is not set", 2)
+    return ApiClient(api_url or api_base(config), token)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="hitl-gate")
+def main() -> None:
+    """hitl-gate: a human between an automated pipeline and a real-world action.
+
+    Example: hitl-gate serve -c /etc/hitl-gate/config.yaml
+    """
+
+
+@main.command()
+@CONFIG_OPTION
+@click.option("--log-level", default="INFO", show_default=True,
+              type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
+def serve(config_path: str, log_level: str) -> None:
+    """Run the daemon: relay callback listener + pipeline API. Logs to stderr.
+
+    Exit 0 on SIGTERM/SIGINT after a clean stop, 2 on a config error.
+
+    Example: hitl-gate serve -c config.example.yaml
+    """
+    from gate import logs
+    from gate.config import load
+    from gate.web.server import serve as serve_forever
+
+    logs.configure(log_level)
+    try:
+        config, secrets = load(config_path, os.environ)
+    except ConfigError as exc:
+        for line in exc.errors:
+            click.echo(f"{config_path}: {line}", err=True)
+        sys.exit(2)
+    try:
+        asyncio.run(serve_forever(config, secrets))
+    except GateError as exc:
+        fail(exc.message)
+    except OSError as exc:
+        fail(f"cannot listen: {exc}")
+
+
+@main.command("check-config")
+@CONFIG_OPTION
+def check_config(config_path: str) -> None:
+    """Validate the config and its secret variables; list every error with its YAML path.
+
+    Exit 0 when valid, 2 otherwise.
+
+    Example: hitl-gate check-config -c config.example.yaml
+    """
+    from gate.config import load
+
+    try:
+        config, _ = load(config_path, os.environ)
+    except ConfigError as exc:
+        for line in exc.errors:
+            click.echo(f"{config_path}: {line}", err=True)
+        sys.exit(2)
+    steps = sum(len(p.steps) for p in config.pipelines)
+    click.echo(f"{config_path}: ok ({len(config.pipelines)} pipelines, {steps} steps, "
+               f"{len(config.relay.operators)} operators)")
+
+
+def _read_draft(draft: str | None, draft_file: str | None) -> str:
+    if (draft is None) == (draft_file is None):
+        fail("give exactly one of --draft or --draft-file", 2)
+    if draft is not None:
+        return draft
+    assert draft_file is not None
+    try:
+        raw = sys.stdin.buffer.read() if draft_file == "-" else Path(draft_file).read_bytes()
+    except OSError as exc:
+        fail(f"--draft-file: cannot read {draft_file}: {exc.strerror}", 2)
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        fail(f"--draft-file: {draft_file} is not valid UTF-8", 2)
+
+
+@main.command()
+@CONFIG_OPTION
+@API_URL_OPTION
+@click.option("--pipeline", required=True, help="Pipeline name from the config.")
+@click.option("--step", required=True, help="Step name within the pipeline.")
+@click.option("--run-id", default=None, help="Correlates the approval with the pipeline run.")
+@click.option("--draft", default=None, help="The draft text to approve.")
+@click.option("--draft-file", default=None, help="Read the draft from a file, or - for stdin.")
+@click.option("--content-type", default="text/plain", show_default=True)
+@click.option("--spend", type=float, default=None, help="Cost of the action, in budget.unit.")
+@click.option("--idempotency-key", default=None, help="Retry-safe key: same key, same approval.")
+@click.option("--wait", is_flag=True, help="Block until resolved; print the final body.")
+@click.option("--timeout", type=click.FloatRange(min=0), default=None,
+              help="With --wait: give up waiting after SEC seconds (exit 4).")
+@click.option("--json", "as_json", is_flag=True, help="Print the approval object as JSON.")
+@click.option("--quiet", is_flag=True, help="Do not report hops on stderr.")
+def request(config_path: str, api_url: str | None, pipeline: str, step: str,
+            run_id: str | None, draft: str | None, draft_file: str | None, content_type: str,
+            spend: float | None, idempotency_key: str | None, wait: bool,
+            timeout: float | None, as_json: bool, quiet: bool) -> None:
+    """Ask for approval of a draft; with --wait, block and print the final body.
+
+    Exit 0 approved/adjusted, 3 skipped, 4 timeout, 5 cancelled, 1 gate error, 2 usage.
+    A --timeout that elapses while the approval is still pending exits 4 too (the
+    approval stays pending on the gate; the action must not fire).
+
+    Example: hitl-gate request -c config.example.yaml --pipeline invoice-due-diligence
+    --step send-followup --draft-file mail.txt --wait
+    """
+    from gate.pipeline import EXIT_CODES, wait_for_outcome
+
+    text = _read_draft(draft, draft_file)
+    body: dict[str, Any] = {"pipeline": pipeline, "step": step,
+                            "draft": {"content_type": content_type, "body": text}}
+    if run_id:
+        body["run_id"] = run_id
+    if spend is not None:
+        body["spend"] = spend
+
+    def report(line: str) -> None:
+        if not quiet:
+            click.echo(line, err=True)
+
+    async def go() -> dict[str, Any]:
+        async with _client(config_path, api_url) as api:
+            approval = await api.create(body, idempotency_key)
+            report(f"requested approval {approval['approval_id']} for {pipeline}/{step} "
+                   f"(quorum {approval['quorum']['required']}, {approval['payload_hash']})")
+            if not wait:
+                return dict(approval)
+            return await wait_for_outcome(api, approval, timeout, report)
+
+    result = run(go())
+    if as_json:
+        click.echo(json.dumps(result, ensure_ascii=False, indent=2))
+    if not wait:
+        if not as_json:
+            click.echo(result["approval_id"])
+        return
+    if result["state"] != "resolved":
+        click.echo(f"Error: still pending after {timeout:g} s: approval {result['approval_id']}"
+                   " (the action must not fire)", err=True)
+        sys.exit(4)
+    if result["final_body"] is not None and not as_json:
+        sys.stdout.write(result["final_body"])
+        sys.stdout.flush()
+    sys.exit(EXIT_CODES[result["outcome"]])
+
+
+@main.command("list")
+@CONFIG_OPTION
+@API_URL_OPTION
+@click.option("--state", type=click.Choice(["pending", "resolved", "all"]), default="pending",
+              show_default=True)
+@click.option("--pipeline", default=None)
+@click.option("--limit", type=click.IntRange(1, 500), default=50, show_default=True)
+@click.option("--cursor", default=None, help="next_cursor from the previous page.")
+@click.option("--json", "as_json", is_flag=True)
+def list_cmd(config_path: str, api_url: str | None, state: str, pipeline: str | None,
+             limit: int, cursor: str | None, as_json: bool) -> None:
+    """List approvals, one line each (or JSON).
+
+    Example: hitl-gate list -c config.example.yaml --state pending
+    """
+    async def go() -> Any:
+        async with _client(config_path, api_url) as api:
+            return await api.list(state, pipeline, limit, cursor)
+
+    page = run(go())
+    if as_json:
+        click.echo(json.dumps(page, ensure_ascii=False, indent=2))
+        return
+    for a in page["items"]:
+        click.echo(f"{a['approval_id']}  {a['state']:8}  {a['outcome'] or '-':9}  "
+                   f"{a['pipeline']}/{a['step']}  {a['quorum']['collected']}/"
+                   f"{a['quorum']['required']}  expires {a['expires_at']}")
+    if page["next_cursor"]:
+        click.echo(f"next page: --cursor {page['next_cursor']}")
+
+
+@main.command()
+@CONFIG_OPTION
+@API_URL_OPTION
+@click.argument("approval_id")
+def show(config_path: str, api_url: str | None, approval_id: str) -> None:
+    """Print one approval as JSON.
+
+    Example: hitl-gate show -c config.example.yaml 01JABCDEF...
+    """
+    async def go() -> Any:
+        async with _client(config_path, api_url) as api:
+            return await api.get(approval_id)
+
+    click.echo(json.dumps(run(go()), ensure_ascii=False, indent=2))
+
+
+@main.command()
+@CONFIG_OPTION
+@API_URL_OPTION
+@click.argument("approval_id")
+def cancel(config_path: str, api_url: str | None, approval_id: str) -> None:
+    """Withdraw a pending approval (resolves ``cancelled``).
+
+    Example: hitl-gate cancel -c config.example.yaml 01JABCDEF...
+    """
+    async def go() -> Any:
+        async with _client(config_path, api_url) as api:
+            return await api.cancel(approval_id)
+
+    result = run(go())
+    click.echo(f"{result['approval_id']} cancelled")
+
+
+@main.group()
+def audit() -> None:
+    """Audit trail: verify the hash chain and receipts, export JSON Lines."""
+
+
+@audit.command("verify")
+@click.option("-c", "--config", "config_path", type=click.Path(dir_okay=False), default=None,
+              envvar="HITL_GATE_CONFIG", help="Verify the database named by this config.")
+@click.option("--file", "export_file", type=click.Path(dir_okay=False), default=None,
+              help="Verify an export (JSON Lines) instead of the database.")
+@click.option("--key-env", default=None, help="Env var with the receipt key (default: the "
+              "config's receipts.key_env).")
+def audit_verify(config_path: str | None, export_file: str | None, key_env: str | None) -> None:
+    """Recompute the audit chain and every receipt; name the first bad entry.
+
+    Exit 0 intact, 1 tampered, 2 usage.
+
+    Example: hitl-gate audit verify -c config.example.yaml
+    """
+    from gate import audit as audit_mod
+    from gate.auditops import read_export, read_database
+
+    if (config_path is None) == (export_file is None):
+        fail("give exactly one of -c/--config or --file", 2)
+    config = _config(config_path) if config_path else None
+    var = key_env or (config.receipts.key_env if config else None)
+    key = None
+    if var:
+        value = os.environ.get(var)
+        if not value:
+            fail(f"environment variable {var} (receipt key) is not set", 2)
+        key = value.encode("utf-8")
+    try:
+        rows = (read_export(Path(export_file)) if export_file
+                else asyncio.run(read_database(config.storage.path)))
+    except GateError as exc:
+        fail(exc.message)
+    result = audit_mod.verify(rows, key)
+    if result.ok:
+        receipts = "and receipts " if key else ""
+        click.echo(f"ok: {result.checked} entries, chain {receipts}intact")
+        return
+    click.echo(f"TAMPERED: entry {result.first_bad_seq}: {result.reason} "
+               f"({result.checked} entries before it verified)")
+    sys.exit(1)
+
+
+@audit.command("export")
+@CONFIG_OPTION
+@click.option("-o", "--output", default="-", help="Output file (default stdout).")
+def audit_export(config_path: str, output: str) -> None:
+    """Write the audit log as JSON Lines, one entry per line.
+
+    Example: hitl-gate audit export -c config.example.yaml -o audit.jsonl
+    """
+    from gate import audit as audit_mod
+    from gate.auditops import read_database
+
+    config = _config(config_path)
+    try:
+        rows = asyncio.run(read_database(config.storage.path))
+    except GateError as exc:
+        fail(exc.message)
+    lines = "".join(audit_mod.export_line(r) + "\n" for r in rows)
+    if output == "-":
+        sys.stdout.write(lines)
+    else:
+        Path(output).write_text(lines, encoding="utf-8")
+
+
+@main.command()
+@click.option("--listen", default="127.0.0.1:8091", show_default=True,
+              help="host:port to receive dispatches on (port 0: any free port).")
+@click.option("--secret-env", required=True, help="Env var holding the shared relay secret.")
+@click.option("--as", "identities", multiple=True,
+              help="Decide as this identity (repeat for several approvers). Default: the first "
+                   "approver in the dispatch.")
+@click.option("--auto", default=None,
+              help="Decide without asking: approve, skip or adjust:TEXT.")
+@click.option("--max-skew", type=float, default=300.0, show_default=True,
+              help="Refuse dispatches signed more than this many seconds away.")
+def relay(listen: str, secret_env: str, identities: tuple[str, ...], auto: str | None,
+          max_skew: float) -> None:
+    """Reference relay: verify each dispatch, ask a human on this terminal (or decide
+    automatically with --auto), sign the decision and post it back.
+
+    Example: HITL_RELAY_SECRET=... hitl-gate relay --secret-env HITL_RELAY_SECRET --auto approve
+    """
+    from gate import logs
+    from gate.relay import AutoDecision, run_relay
+
+    secret = os.environ.get(secret_env)
+    if not secret:
+        fail(f"--secret-env: environment variable {secret_env} is not set", 2)
+    try:
+        auto_decision = AutoDecision.parse(auto) if auto else None
+    except ValueError as exc:
+        fail(f"--auto: {exc}", 2)
+    logs.configure("INFO")
+    try:
+        asyncio.run(run_relay(listen, secret, identities, auto_decision, max_skew))
+    except OSError as exc:
+        fail(f"cannot listen on {listen}: {exc}")

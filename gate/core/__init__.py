@@ -1,0 +1,1 @@
+"""The gate's rules: create, decide (quorum, skip veto, adjust revisions), expire, cancel."""

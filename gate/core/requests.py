@@ -1,0 +1,87 @@
+"""The pipeline's create request (SPEC §3 POST /v1/approvals): parsing and validation."""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from gate.errors import GateError
+from gate.protocol.canonical import canonical_json
+
+MAX_NAME_CHARS = 200
+
+
+def _bad(field: str, message: str) -> GateError:
+    return GateError(f"invalid_{field}", message, status=400, kind="invalid",
+                     extra={"field": field})
+
+
+@dataclass(frozen=True, slots=True)
+class CreateRequest:
+    """A validated create request. ``spend`` is in ``budget.unit``; ``run_id`` may be None."""
+
+    pipeline: str
+    step: str
+    run_id: str | None
+    content_type: str
+    body: str
+    spend: float | None
+
+    def request_hash(self) -> str:
+        """Return the SHA-256 hex of this request's canonical JSON (Idempotency-Key comparison)."""
+        return hashlib.sha256(canonical_json(asdict(self))).hexdigest()
+
+    def draft_bytes(self) -> int:
+        """Return the draft body's size in bytes (UTF-8)."""
+        return len(self.body.encode("utf-8"))
+
+
+def _name(obj: dict[str, Any], key: str, *, required: bool) -> str | None:
+    value = obj.get(key)
+    if value is None:
+        if required:
+            raise _bad(key, f"{key} is required")
+        return None
+    if not isinstance(value, str) or not value.strip():
+        raise _bad(key, f"{key} must be a non-empty string")
+    if len(value) > MAX_NAME_CHARS:
+        raise _bad(key, f"{key} is longer than {MAX_NAME_CHARS} characters")
+    return value
+
+
+def parse_create(obj: Any) -> CreateRequest:
+    """Validate a decoded JSON create body; raises GateError 400 ``invalid_<field>``.
+
+    Shape: ``{pipeline, step, run_id?, draft: {content_type?, body}, spend?}``;
+    ``content_type`` defaults to ``text/plain``. Unknown fields are ignored.
+    """
+    if not isinstance(obj, dict):
+        raise _bad("json", "body must be a JSON object")
+    pipeline = _name(obj, "pipeline", required=True)
+    step = _name(obj, "step", required=True)
+    run_id = _name(obj, "run_id", required=False)
+    draft = obj.get("draft")
+    if not isinstance(draft, dict):
+        raise _bad("draft", "draft must be an object with a body")
+    body = draft.get("body")
+    if not isinstance(body, str):
+        raise _bad("draft.body", "draft.body must be a string")
+    try:
+        body.encode("utf-8")
+    except UnicodeEncodeError:
+        raise _bad("draft.body", "draft.body is not valid Unicode (lone surrogate)") from None
+    content_type = draft.get("content_type", "text/plain")
+    if content_type is None:
+        content_type = "text/plain"
+    if not isinstance(content_type, str) or not content_type.strip() or len(content_type) > 200:
+        raise _bad("draft.content_type", "draft.content_type must be a short non-empty string")
+    spend = obj.get("spend")
+    if spend is not None:
+        if isinstance(spend, bool) or not isinstance(spend, int | float) or not math.isfinite(
+                spend) or spend < 0:
+            raise _bad("spend", "spend must be a number >= 0")
+        spend = float(spend)
+    assert pipeline is not None and step is not None
+    return CreateRequest(pipeline, step, run_id, content_type, body, spend)

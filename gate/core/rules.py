@@ -1,0 +1,159 @@
+"""Pure decision rules: SPEC §2 checks 8-12 and 14, and the quorum tally. No I/O, no clock."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from gate.errors import GateError
+from gate.protocol.envelope import Decision
+
+
+def identity_key(identity: str) -> str:
+    """Return the comparison form of an identity: trimmed and casefolded (SPEC §2 check 11)."""
+    return identity.strip().casefold()
+
+
+def refuse(status: int, kind: str, reason: str, message: str, **extra: Any) -> GateError:
+    """Return a GateError for a refused decision with the SPEC §2 status/kind/reason."""
+    return GateError(reason, message, status=status, kind=kind, extra=extra or None)
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """What an accepted decision does: the operator it counts for and its effect.
+
+    ``effect`` is ``approve`` (counts on the current revision), ``skip`` (veto) or
+    ``adjust`` (new revision with ``new_body``).
+    """
+
+    operator_id: int
+    effect: str
+    new_body: str | None = None
+
+
+def check_state(approval: dict[str, Any], nonce_revision: int, decision: Decision,
+                now_ms: int) -> None:
+    """SPEC §2 checks 8, 9, 10 against a loaded approval (see ``Store.fetch_approval``).
+
+    Raises 409 ``already_resolved`` (+ outcome), 410 ``expired`` (resolved as timeout or
+    past ``expires_at`` on the gate's clock), 409 ``superseded``, 403 ``payload_hash_mismatch``.
+    """
+    if approval["state"] == "resolved":
+        if approval["outcome"] == "timeout":
+            raise refuse(410, "expired", "expired", "the approval expired before this decision")
+        raise refuse(409, "already_resolved", "already_resolved", "the approval is resolved",
+                     outcome=approval["outcome"])
+    if now_ms >= approval["expires_at"]:
+        raise refuse(410, "expired", "expired", "the approval is past its expires_at")
+    if nonce_revision != approval["revision"]:
+        raise refuse(409, "superseded", "superseded",
+                     f"nonce is for revision {nonce_revision}; the current revision is "
+                     f"{approval['revision']}")
+    current = current_revision(approval)
+    if decision.payload_hash != current["payload_hash"]:
+        raise refuse(403, "forbidden", "payload_hash_mismatch",
+                     "payload_hash does not match the current revision's hash")
+
+
+def current_revision(approval: dict[str, Any]) -> dict[str, Any]:
+    """Return the revision row that is current on ``approval``."""
+    for rev in approval["revisions"]:
+        if rev["revision"] == approval["revision"]:
+            return rev
+    raise LookupError(f"approval {approval['approval_id']} has no current revision row")
+
+
+def check_approver(approval: dict[str, Any], identity: str) -> int:
+    """SPEC §2 check 11: map the identity to an operator in the approval's frozen scope.
+
+    The scope (allowed_users ∩ step approvers) was fixed when the approval was created.
+    Returns the operator id; raises 403 ``approver_not_allowed``.
+    """
+    key = identity_key(identity)
+    for operator_id, scoped_identity in approval["scope"]:
+        if identity_key(scoped_identity) == key:
+            return int(operator_id)
+    raise refuse(403, "forbidden", "approver_not_allowed",
+                 "approver is not an operator in scope for this step")
+
+
+def check_adjust_text(decision: Decision, max_input_length: int) -> None:
+    """SPEC §2 check 12: adjust needs non-blank text of at most ``max_input_length`` characters."""
+    if decision.decision != "adjust":
+        return
+    text = decision.adjust_text
+    if text is None or not text.strip():
+        raise refuse(422, "invalid", "adjust_text_required", "adjust needs a non-blank adjust_text")
+    if len(text) > max_input_length:
+        raise refuse(422, "invalid", "adjust_text_too_long",
+                     f"adjust_text is longer than {max_input_length} characters")
+
+
+def _prior(approval: dict[str, Any], operator_id: int) -> tuple[str, str | None] | None:
+    """Return what ``operator_id`` already decided on the current revision, or None."""
+    revision = approval["revision"]
+    for row in approval["decisions"]:
+        if row["revision"] == revision and row["operator_id"] == operator_id:
+            return row["decision"], row["adjust_text"]
+    if current_revision(approval)["created_by"] == operator_id:
+        return "approve", None  # their adjust counts as their approval of this revision
+    return None
+
+
+def check_not_decided(approval: dict[str, Any], operator_id: int, decision: Decision) -> None:
+    """SPEC §2 check 14: 409 ``duplicate`` for the same decision again, else ``already_decided``."""
+    prior = _prior(approval, operator_id)
+    if prior is None:
+        return
+    if prior == (decision.decision, decision.adjust_text):
+        raise refuse(409, "duplicate", "duplicate", "this decision was already recorded")
+    raise refuse(409, "already_decided", "already_decided",
+                 "this approver already decided this revision")
+
+
+def verdict(approval: dict[str, Any], operator_id: int, decision: Decision) -> Verdict:
+    """Return the effect of an accepted decision (an adjust to the same body is an approve)."""
+    if decision.decision == "skip":
+        return Verdict(operator_id, "skip")
+    if decision.decision == "adjust":
+        assert decision.adjust_text is not None
+        if decision.adjust_text != current_revision(approval)["body"]:
+            return Verdict(operator_id, "adjust", decision.adjust_text)
+    return Verdict(operator_id, "approve")
+
+
+def approvers_of(approval: dict[str, Any], revision: int) -> list[int]:
+    """Return the distinct operators whose approval counts on ``revision``, in order.
+
+    Counted: ``approve`` decisions and same-body ``adjust`` decisions on the revision,
+    plus the operator whose adjust created it (SPEC §2 "Quorum and outcomes").
+    """
+    out: list[int] = []
+    rev_row = next((r for r in approval["revisions"] if r["revision"] == revision), None)
+    if rev_row is not None and rev_row["created_by"] is not None:
+        out.append(int(rev_row["created_by"]))
+    for row in approval["decisions"]:
+        if row["revision"] != revision or row["operator_id"] in out:
+            continue
+        if row["decision"] == "approve" or (
+            row["decision"] == "adjust" and rev_row is not None
+            and row["adjust_text"] == rev_row["body"]
+        ):
+            out.append(int(row["operator_id"]))
+    return out
+
+
+def outcome_after(quorum_required: int, collected: int, revision: int,
+                  effects: Sequence[str]) -> str | None:
+    """Return the outcome once a decision is counted, or None while quorum is not met.
+
+    ``effects`` are the effects applied (``skip`` vetoes). Reaching quorum on revision 1
+    is ``approved``; on an operator-edited revision it is ``adjusted``.
+    """
+    if "skip" in effects:
+        return "skipped"
+    if collected >= quorum_required:
+        return "approved" if revision == 1 else "adjusted"
+    return None

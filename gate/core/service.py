@@ -1,0 +1,340 @@
+"""GateService: create, decide, expire, cancel, wait. Reads the injectable clock; no HTTP, no SQL."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets as pysecrets
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ulid import ULID
+
+from gate.audit import receipt_object
+from gate.core import rules
+from gate.core.ratelimit import RateLimiter
+from gate.core.requests import CreateRequest
+from gate.core.views import approval_view
+from gate.errors import Conflict, GateError, NotFound
+from gate.protocol.canonical import payload_hash
+from gate.protocol.envelope import Decision
+from gate.store import Store, WriteTx
+
+log = logging.getLogger(__name__)
+
+DAY_MS = 86_400_000
+EXPIRE_BATCH = 500
+
+
+@dataclass(frozen=True, slots=True)
+class Policy:
+    """What the service needs of the config for one step, resolved at create time."""
+
+    quorum: int
+    scope: tuple[tuple[int, str], ...]
+    timeout_s: float
+    risk: str
+
+
+def new_nonce() -> str:
+    """Return a fresh 128-bit nonce as 32 lowercase hex digits."""
+    return pysecrets.token_hex(16)
+
+
+class GateService:
+    """The gate's rules over a Store.
+
+    ``config`` is a ``gate.config.Config``; ``receipt_key`` the HMAC receipt key (bytes);
+    ``clock`` anything with ``now_ms()``. Events ``dispatch_wakeup`` and
+    ``expiry_wakeup`` tell the workers there is new work.
+    """
+
+    def __init__(self, config: Any, receipt_key: bytes, store: Store, clock: Any) -> None:
+        self.config = config
+        self.store = store
+        self.clock = clock
+        self._receipt_key = receipt_key
+        self.rate = RateLimiter(config.relay.security.rate_limit)
+        self.dispatch_wakeup = asyncio.Event()
+        self.expiry_wakeup = asyncio.Event()
+        self._waiters: dict[str, tuple[asyncio.Event, int]] = {}
+
+    # ---- create ----------------------------------------------------------------
+
+    def policy(self, pipeline: str, step: str) -> Policy:
+        """Return the step's policy; raises NotFound ``unknown_pipeline``/``unknown_step`` (404)."""
+        if not any(p.name == pipeline for p in self.config.pipelines):
+            raise NotFound("unknown_pipeline", f"pipeline {pipeline!r} is not configured")
+        found = self.config.find_step(pipeline, step)
+        if found is None:
+            raise NotFound("unknown_step", f"step {step!r} is not configured in {pipeline!r}")
+        _, step_cfg = found
+        scope = tuple((op.id, op.identity) for op in self.config.scope(step_cfg))
+        return Policy(step_cfg.quorum, scope, step_cfg.timeout, step_cfg.risk)
+
+    async def _budget(self, tx: WriteTx, pipeline: str, now_ms: int,
+                      spend: float | None) -> dict[str, Any] | None:
+        budget = self.config.budget
+        found = next(p for p in self.config.pipelines if p.name == pipeline)
+        if budget.cap_today is None and found.budget_cap is None:
+            return None
+        day_start = now_ms - now_ms % DAY_MS
+        return {
+            "unit": budget.unit,
+            "spent_today": await tx.spent(day_start, None),
+            "cap_today": budget.cap_today,
+            "spent_pipeline": await tx.spent(day_start, pipeline),
+            "cap_pipeline": found.budget_cap,
+            "this_request": spend,
+        }
+
+    async def create(self, req: CreateRequest,
+                     idempotency_key: str | None) -> tuple[dict[str, Any], bool]:
+        """Record a new approval and its dispatch in one transaction (outbox); never waits on the relay.
+
+        Returns ``(approval object, created)``; ``created`` is False when the same
+        Idempotency-Key and body were seen before. Raises NotFound (404), Conflict 409
+        ``idempotency_key_reused`` (SPEC §3).
+        """
+        policy = self.policy(req.pipeline, req.step)
+        request_hash = req.request_hash()
+        now = self.clock.now_ms()
+        async with self.store.write() as tx:
+            if idempotency_key is not None:
+                seen = await tx.approval_by_idempotency_key(idempotency_key)
+                if seen is not None:
+                    if seen["request_hash"] != request_hash:
+                        raise Conflict("idempotency_key_reused",
+                                       "Idempotency-Key was used before with a different body")
+                    full = await tx.load_approval(seen["approval_id"])
+                    assert full is not None
+                    return approval_view(full), False
+            approval_id = str(ULID())
+            expires_at = now + int(policy.timeout_s * 1000)
+            digest = payload_hash(req.body)
+            await tx.insert_approval({
+                "approval_id": approval_id,
+                "run_id": req.run_id or str(ULID()),
+                "pipeline": req.pipeline,
+                "step": req.step,
+                "risk": policy.risk,
+                "content_type": req.content_type,
+                "quorum_required": policy.quorum,
+                "scope": [list(pair) for pair in policy.scope],
+                "budget": await self._budget(tx, req.pipeline, now, req.spend),
+                "spend": req.spend,
+                "revision": 1,
+                "state": "pending",
+                "created_at": now,
+                "expires_at": expires_at,
+                "idempotency_key": idempotency_key,
+                "request_hash": request_hash,
+            })
+            await tx.insert_revision(approval_id, 1, req.body, digest, new_nonce(), now, None)
+            await tx.enqueue_dispatch(approval_id, 1, now)
+            await tx.append_audit("created", approval_id, now, {
+                "pipeline": req.pipeline, "step": req.step, "revision": 1,
+                "payload_hash": digest, "quorum": policy.quorum,
+                "approvers": [op_id for op_id, _ in policy.scope],
+                "expires_at": expires_at,
+            }, self._receipt_key)
+            full = await tx.load_approval(approval_id)
+        assert full is not None
+        log.info("event=created approval_id=%s pipeline=%s step=%s payload_hash=%s quorum=%d",
+                 approval_id, req.pipeline, req.step, digest, policy.quorum)
+        self.dispatch_wakeup.set()
+        self.expiry_wakeup.set()
+        return approval_view(full), True
+
+    # ---- decide ----------------------------------------------------------------
+
+    async def decide(self, decision: Decision) -> dict[str, Any]:
+        """Apply SPEC §2 checks 6-14 and record an accepted decision, all in one transaction.
+
+        Returns the 200 body ``{"status": "recorded", "resolved": bool, "outcome"?}``.
+        Raises GateError with the SPEC §2 status and reason for a refusal (nothing changes).
+        """
+        now = self.clock.now_ms()
+        async with self.store.write() as tx:
+            approval = await tx.load_approval(decision.approval_id)
+            if approval is None:
+                raise GateError("unknown_approval", "no approval with this approval_id",
+                                status=404, kind="unknown_approval")
+            nonce_revision = await tx.revision_by_nonce(decision.approval_id, decision.nonce)
+            if nonce_revision is None:
+                raise rules.refuse(403, "forbidden", "nonce_mismatch",
+                                   "nonce does not belong to this approval")
+            rules.check_state(approval, nonce_revision, decision, now)
+            operator_id = rules.check_approver(approval, decision.approver_id)
+            rules.check_adjust_text(decision, self.config.relay.security.max_input_length)
+            self.rate.check(operator_id, now)
+            rules.check_not_decided(approval, operator_id, decision)
+            verdict = rules.verdict(approval, operator_id, decision)
+            outcome, new_revision = await self._record(tx, approval, decision, verdict, now)
+        log.info("event=decision approval_id=%s operator_id=%d decision=%s revision=%d "
+                 "resolved=%s", decision.approval_id, operator_id, decision.decision,
+                 approval["revision"], outcome is not None)
+        if outcome is not None:
+            self._notify(decision.approval_id)
+            return {"status": "recorded", "resolved": True, "outcome": outcome}
+        if new_revision is not None:
+            self.dispatch_wakeup.set()
+        return {"status": "recorded", "resolved": False}
+
+    async def _record(self, tx: WriteTx, approval: dict[str, Any], decision: Decision,
+                      verdict: rules.Verdict, now: int) -> tuple[str | None, int | None]:
+        revision = approval["revision"]
+        row = {
+            "approval_id": approval["approval_id"], "revision": revision,
+            "operator_id": verdict.operator_id, "identity": decision.approver_id,
+            "display": decision.approver_display, "channel": decision.approver_channel,
+            "decision": decision.decision, "payload_hash": decision.payload_hash,
+            "adjust_text": decision.adjust_text, "decided_at": decision.decided_at,
+            "recorded_at": now,
+        }
+        await tx.insert_decision(row)
+        approval["decisions"].append(row)
+        audit_data: dict[str, Any] = {
+            "operator_id": verdict.operator_id, "decision": decision.decision,
+            "revision": revision, "payload_hash": decision.payload_hash,
+            "nonce": decision.nonce, "effect": verdict.effect,
+        }
+        new_revision = None
+        if verdict.effect == "adjust":
+            assert verdict.new_body is not None
+            new_revision = revision + 1
+            new_hash = payload_hash(verdict.new_body)
+            await tx.insert_revision(approval["approval_id"], new_revision, verdict.new_body,
+                                     new_hash, new_nonce(), now, verdict.operator_id)
+            await tx.set_revision(approval["approval_id"], new_revision)
+            approval["revision"] = new_revision
+            approval["revisions"].append({"revision": new_revision, "body": verdict.new_body,
+                                          "payload_hash": new_hash,
+                                          "created_by": verdict.operator_id})
+            audit_data["new_revision"] = new_revision
+            audit_data["new_payload_hash"] = new_hash
+        await tx.append_audit("decision", approval["approval_id"], now, audit_data,
+                              self._receipt_key)
+        collected = rules.approvers_of(approval, approval["revision"])
+        outcome = rules.outcome_after(approval["quorum_required"], len(collected),
+                                      approval["revision"], [verdict.effect])
+        if outcome is not None:
+            await self._resolve(tx, approval, outcome, now, collected)
+        elif new_revision is not None:
+            await tx.enqueue_dispatch(approval["approval_id"], new_revision, now)
+        return outcome, new_revision
+
+    async def _resolve(self, tx: WriteTx, approval: dict[str, Any], outcome: str, now: int,
+                       approved_by: Sequence[int]) -> None:
+        if not await tx.resolve(approval["approval_id"], outcome, now):
+            raise Conflict("already_resolved", "approval was resolved concurrently")
+        current = rules.current_revision(approval)
+        row = await tx.append_audit("resolved", approval["approval_id"], now, {
+            "outcome": outcome, "revision": approval["revision"],
+            "payload_hash": current["payload_hash"],
+            "approved_by": list(approved_by) if outcome in ("approved", "adjusted") else [],
+            "quorum": approval["quorum_required"],
+        }, self._receipt_key)
+        await tx.set_receipt(approval["approval_id"], receipt_object(row))
+        log.info("event=resolved approval_id=%s outcome=%s payload_hash=%s",
+                 approval["approval_id"], outcome, current["payload_hash"])
+
+    # ---- expire / cancel -------------------------------------------------------
+
+    async def expire_due(self) -> int:
+        """Resolve every pending approval whose ``expires_at`` has passed as ``timeout``.
+
+        Runs in batches of 500 per transaction; returns how many were resolved.
+        """
+        total = 0
+        while True:
+            now = self.clock.now_ms()
+            async with self.store.write() as tx:
+                ids = await tx.due_expiries(now, EXPIRE_BATCH)
+                for approval_id in ids:
+                    approval = await tx.load_approval(approval_id)
+                    assert approval is not None
+                    await self._resolve(tx, approval, "timeout", now, [])
+            for approval_id in ids:
+                self._notify(approval_id)
+            total += len(ids)
+            if len(ids) < EXPIRE_BATCH:
+                return total
+
+    async def cancel(self, approval_id: str) -> dict[str, Any]:
+        """Resolve a pending approval as ``cancelled`` (the pipeline withdrew).
+
+        Raises NotFound 404 ``unknown_approval``; Conflict 409 ``already_resolved``.
+        """
+        now = self.clock.now_ms()
+        async with self.store.write() as tx:
+            approval = await tx.load_approval(approval_id)
+            if approval is None:
+                raise NotFound("unknown_approval", "no approval with this approval_id")
+            if approval["state"] == "resolved":
+                raise Conflict("already_resolved", "the approval is already resolved",
+                               extra={"outcome": approval["outcome"]})
+            await self._resolve(tx, approval, "cancelled", now, [])
+            full = await tx.load_approval(approval_id)
+        assert full is not None
+        self._notify(approval_id)
+        return approval_view(full)
+
+    # ---- dispatch bookkeeping ------------------------------------------------------
+
+    async def dispatch_result(self, approval_id: str, revision: int, *, acked: bool,
+                              error: str | None, retry_at_ms: int) -> None:
+        """Record one dispatch attempt; an ack writes a ``dispatch_ack`` audit entry."""
+        now = self.clock.now_ms()
+        async with self.store.write() as tx:
+            attempts = await tx.dispatch_attempted(
+                approval_id, revision, delivered_at=now if acked else None,
+                next_attempt_at=now if acked else retry_at_ms, error=error)
+            if acked and attempts > 0:
+                await tx.append_audit("dispatch_ack", approval_id, now,
+                                      {"revision": revision, "attempts": attempts},
+                                      self._receipt_key)
+
+    # ---- reads -----------------------------------------------------------------
+
+    async def get(self, approval_id: str) -> dict[str, Any]:
+        """Return the approval object; raises NotFound 404 ``unknown_approval``."""
+        full = await self.store.fetch_approval(approval_id)
+        if full is None:
+            raise NotFound("unknown_approval", "no approval with this approval_id")
+        return approval_view(full)
+
+    async def wait(self, approval_id: str, seconds: float) -> dict[str, Any]:
+        """Return the approval once resolved or after ``seconds``, whichever comes first."""
+        event, count = self._waiters.get(approval_id, (asyncio.Event(), 0))
+        self._waiters[approval_id] = (event, count + 1)
+        try:
+            view = await self.get(approval_id)
+            if view["state"] == "resolved" or seconds <= 0:
+                return view
+            try:
+                await asyncio.wait_for(event.wait(), timeout=seconds)
+            except TimeoutError:
+                pass
+            return await self.get(approval_id)
+        finally:
+            event, count = self._waiters.get(approval_id, (event, 1))
+            if count <= 1:
+                self._waiters.pop(approval_id, None)
+            else:
+                self._waiters[approval_id] = (event, count - 1)
+
+    async def list(self, state: str, pipeline: str | None, limit: int,
+                   cursor: str | None) -> dict[str, Any]:
+        """Return ``{items, next_cursor}``; ``next_cursor`` is None on the last page."""
+        rows = await self.store.list_approvals(state, pipeline, limit + 1, cursor)
+        more = len(rows) > limit
+        rows = rows[:limit]
+        return {"items": [approval_view(r) for r in rows],
+                "next_cursor": rows[-1]["approval_id"] if more and rows else None}
+
+    def _notify(self, approval_id: str) -> None:
+        waiter = self._waiters.get(approval_id)
+        if waiter is not None:
+            waiter[0].set()

@@ -1,0 +1,65 @@
+"""The approval object of the pipeline API (SPEC §3), built from a loaded approval."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gate.core.rules import approvers_of, current_revision
+from gate.protocol.envelope import rfc3339
+
+
+def _ts(ms: int | None) -> str | None:
+    return None if ms is None else rfc3339(int(ms))
+
+
+def approval_view(full: dict[str, Any]) -> dict[str, Any]:
+    """Return the SPEC §3 approval object for a ``Store.fetch_approval`` result.
+
+    ``final_body`` is set only for ``approved``/``adjusted`` (the action may fire);
+    ``payload_hash`` is the current revision's hash.
+    """
+    current = current_revision(full)
+    fired = full["outcome"] in ("approved", "adjusted")
+    out_rows = [o for o in full["outbox"] if o["revision"] == full["revision"]] or full["outbox"]
+    latest = out_rows[-1] if out_rows else None
+    return {
+        "approval_id": full["approval_id"],
+        "run_id": full["run_id"],
+        "pipeline": full["pipeline"],
+        "step": full["step"],
+        "state": full["state"],
+        "outcome": full["outcome"],
+        "risk": full["risk"],
+        "quorum": {
+            "required": full["quorum_required"],
+            "collected": len(approvers_of(full, full["revision"])),
+        },
+        "approvers": [identity for _, identity in full["scope"]],
+        "revision": full["revision"],
+        "payload_hash": current["payload_hash"],
+        "content_type": full["content_type"],
+        "final_body": current["body"] if fired else None,
+        "created_at": _ts(full["created_at"]),
+        "expires_at": _ts(full["expires_at"]),
+        "resolved_at": _ts(full["resolved_at"]),
+        "decisions": [
+            {
+                "operator_id": d["operator_id"],
+                "identity": d["identity"],
+                "decision": d["decision"],
+                "revision": d["revision"],
+                "payload_hash": d["payload_hash"],
+                "channel": d["channel"],
+                "decided_at": d["decided_at"],
+                "recorded_at": _ts(d["recorded_at"]),
+            }
+            for d in full["decisions"]
+        ],
+        "dispatch": {
+            "revision": latest["revision"] if latest else None,
+            "attempts": sum(int(o["attempts"]) for o in full["outbox"]),
+            "delivered_at": _ts(latest["delivered_at"]) if latest else None,
+            "last_error": latest["last_error"] if latest else None,
+        },
+        "receipt": full["receipt"],
+    }

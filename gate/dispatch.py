@@ -1,0 +1,154 @@
+"""Outbox worker: signs and POSTs dispatch envelopes to the relay. The only outbound HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+
+import aiohttp
+
+from gate.core.rules import approvers_of
+from gate.core.service import GateService
+from gate.errors import GateError
+from gate.protocol import PROTOCOL, PROTOCOL_HEADER, SIGNATURE_HEADER, signing
+from gate.protocol.canonical import wire_json
+from gate.protocol.envelope import build_dispatch
+
+log = logging.getLogger(__name__)
+
+BACKOFF_BASE_S = 0.5
+BACKOFF_CAP_S = 60.0
+MAX_IN_FLIGHT = 32
+BATCH = 64
+IDLE_S = 3600.0
+MAX_ERROR_CHARS = 300
+
+
+def backoff_s(attempts: int, rng: random.Random) -> float:
+    """Return the delay before retry number ``attempts`` (1-based), in seconds.
+
+    Capped exponential (0.5 s doubling, capped at 60 s) with equal jitter: half fixed,
+    half uniform random, so retries of many approvals spread out.
+    """
+    ceiling = min(BACKOFF_CAP_S, BACKOFF_BASE_S * (2 ** max(0, attempts - 1)))
+    return ceiling / 2 + rng.uniform(0, ceiling / 2)
+
+
+class Dispatcher:
+    """Delivers every un-acked outbox row of a pending approval's current revision.
+
+    ``secret`` signs dispatches (the current relay secret); ``timeout_s`` bounds one
+    attempt (an ack is any 2xx within it); redirects are never followed. Attempts are
+    retried with capped exponential backoff and jitter until the approval resolves.
+    ``callback_url`` must be set and ``ready`` set before anything is sent.
+    """
+
+    def __init__(self, service: GateService, session: aiohttp.ClientSession, relay_url: str,
+                 secret: str, timeout_s: float) -> None:
+        self.service = service
+        self.session = session
+        self.relay_url = relay_url
+        self.secret = secret
+        self.timeout_s = timeout_s
+        self.callback_url = ""
+        self.ready = asyncio.Event()
+        self._rng = random.Random()
+        self._in_flight: dict[tuple[str, int], asyncio.Task[None]] = {}
+
+    async def run(self) -> None:
+        """Loop until cancelled: send what is due, then sleep until the next due attempt."""
+        await self.ready.wait()
+        wakeup = self.service.dispatch_wakeup
+        store = self.service.store
+        try:
+            while True:
+                wakeup.clear()
+                delay = IDLE_S
+                try:
+                    now = self.service.clock.now_ms()
+                    room = MAX_IN_FLIGHT - len(self._in_flight)
+                    if room > 0:
+                        for row in await store.due_dispatches(now, min(BATCH, room + BATCH)):
+                            key = (row["approval_id"], int(row["revision"]))
+                            if key in self._in_flight or len(self._in_flight) >= MAX_IN_FLIGHT:
+                                continue
+                            task = asyncio.create_task(self._attempt(key, int(row["attempts"])))
+                            self._in_flight[key] = task
+                            task.add_done_callback(lambda _t, k=key: self._done(k))
+                    next_at = await store.next_dispatch_at()
+                    if next_at is not None:
+                        delay = max(0.0, (next_at - self.service.clock.now_ms()) / 1000) + 0.002
+                        if delay <= 0.002 and self._in_flight:
+                            delay = IDLE_S  # everything due is in flight; a finish wakes us
+                except GateError as exc:
+                    log.error("event=dispatch_loop_failed reason=%s message=%s", exc.code,
+                              exc.message)
+                    delay = 1.0
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(wakeup.wait(), timeout=min(delay, IDLE_S))
+        finally:
+            for task in list(self._in_flight.values()):
+                task.cancel()
+            if self._in_flight:
+                await asyncio.gather(*self._in_flight.values(), return_exceptions=True)
+
+    def _done(self, key: tuple[str, int]) -> None:
+        self._in_flight.pop(key, None)
+        self.service.dispatch_wakeup.set()
+
+    async def _attempt(self, key: tuple[str, int], attempts_before: int) -> None:
+        approval_id, revision = key
+        full = await self.service.store.fetch_approval(approval_id)
+        if full is None or full["state"] != "pending" or full["revision"] != revision:
+            return
+        rev = next(r for r in full["revisions"] if r["revision"] == revision)
+        envelope = build_dispatch(
+            approval_id=approval_id, run_id=full["run_id"], pipeline=full["pipeline"],
+            step=full["step"], issued_at_ms=full["created_at"], expires_at_ms=full["expires_at"],
+            risk=full["risk"], quorum_required=full["quorum_required"],
+            quorum_collected=len(approvers_of(full, revision)),
+            approvers=[identity for _, identity in full["scope"]],
+            payload_hash=rev["payload_hash"], content_type=full["content_type"],
+            body=rev["body"], callback_url=self.callback_url, nonce=rev["nonce"],
+            revision=revision, budget=full["budget"],
+        )
+        body = wire_json(envelope)  # serialized once: these bytes are signed and sent
+        t = self.service.clock.now_ms() // 1000
+        headers = {
+            "Content-Type": "application/json; charset=utf-8",
+            PROTOCOL_HEADER: PROTOCOL,
+            SIGNATURE_HEADER: signing.sign(self.secret, t, body),
+        }
+        error: str | None = None
+        status = None
+        try:
+            async with self.session.post(
+                self.relay_url, data=body, headers=headers, allow_redirects=False,
+                timeout=aiohttp.ClientTimeout(total=self.timeout_s),
+            ) as resp:
+                status = resp.status
+                if not 200 <= status < 300:
+                    error = f"relay answered HTTP {status}"
+        except TimeoutError:
+            error = f"no answer within {self.timeout_s:g} s"
+        except aiohttp.ClientError as exc:
+            error = f"{type(exc).__name__}: {exc}"[:MAX_ERROR_CHARS]
+        acked = error is None
+        attempt = attempts_before + 1
+        retry_at = self.service.clock.now_ms() + int(backoff_s(attempt, self._rng) * 1000)
+        if acked:
+            log.info("event=dispatched approval_id=%s revision=%d attempt=%d status=%s "
+                     "payload_hash=%s", approval_id, revision, attempt, status,
+                     rev["payload_hash"])
+        else:
+            log.warning("event=dispatch_failed approval_id=%s revision=%d attempt=%d error=%r "
+                        "retry_in_s=%.1f", approval_id, revision, attempt, error,
+                        (retry_at - self.service.clock.now_ms()) / 1000)
+        try:
+            await self.service.dispatch_result(approval_id, revision, acked=acked, error=error,
+                                               retry_at_ms=retry_at)
+        except GateError as exc:
+            log.error("event=dispatch_record_failed approval_id=%s reason=%s", approval_id,
+                      exc.code)

@@ -1,0 +1,66 @@
+"""What ``hitl-gate request`` does on the pipeline's side: create, then wait and report each hop."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from gate.client import ApiClient
+
+EXIT_CODES = {"approved": 0, "adjusted": 0, "skipped": 3, "timeout": 4, "cancelled": 5}
+POLL_CHUNK_S = 60.0
+
+
+def hops(before: dict[str, Any] | None, after: dict[str, Any]) -> list[str]:
+    """Return one human line per change between two approval objects (dispatch, decisions)."""
+    lines: list[str] = []
+    old_dispatch = (before or {}).get("dispatch") or {}
+    new_dispatch = after.get("dispatch") or {}
+    if new_dispatch.get("delivered_at") and (
+        new_dispatch.get("delivered_at") != old_dispatch.get("delivered_at")
+        or new_dispatch.get("revision") != old_dispatch.get("revision")
+    ):
+        lines.append(f"dispatched revision {new_dispatch.get('revision')} to the relay "
+                     f"(attempt {new_dispatch.get('attempts')}, acked {new_dispatch['delivered_at']})")
+    elif new_dispatch.get("last_error") and new_dispatch.get("last_error") != old_dispatch.get(
+            "last_error"):
+        lines.append(f"dispatch not acked yet: {new_dispatch['last_error']} (retrying)")
+    seen = len((before or {}).get("decisions") or [])
+    for d in (after.get("decisions") or [])[seen:]:
+        lines.append(f"decision {d['decision']} by {d['identity']} (operator {d['operator_id']}, "
+                     f"revision {d['revision']}, via {d.get('channel') or 'relay'})")
+    if after["state"] == "resolved" and (before or {}).get("state") != "resolved":
+        receipt = after.get("receipt") or {}
+        lines.append(f"resolved: {after['outcome']} (revision {after['revision']}, "
+                     f"{after['payload_hash']})")
+        if receipt:
+            lines.append(f"receipt: audit entry {receipt.get('seq')} "
+                         f"{receipt.get('alg')}={receipt.get('receipt')}")
+    return lines
+
+
+async def wait_for_outcome(api: ApiClient, approval: dict[str, Any], timeout_s: float | None,
+                           report: Callable[[str], None]) -> dict[str, Any]:
+    """Long-poll until the approval resolves or ``timeout_s`` passes; report each hop.
+
+    Returns the last approval object seen (``state`` may still be ``pending`` if the
+    client-side timeout elapsed first).
+    """
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    current = approval
+    for line in hops(None, current):
+        report(line)
+    while current["state"] != "resolved":
+        remaining = POLL_CHUNK_S if deadline is None else deadline - time.monotonic()
+        if remaining <= 0:
+            break
+        # short polls while nothing is dispatched yet, so the hop is reported promptly
+        chunk = min(POLL_CHUNK_S, remaining)
+        if not (current.get("dispatch") or {}).get("delivered_at"):
+            chunk = min(chunk, 0.5)
+        nxt = await api.get(current["approval_id"], wait=chunk)
+        for line in hops(current, nxt):
+            report(line)
+        current = nxt
+    return current

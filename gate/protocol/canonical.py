@@ -1,0 +1,35 @@
+"""Canonical JSON and the payload hash (SPEC §2, §7)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+HASH_PREFIX = "sha256:"
+
+
+def payload_hash(body: str) -> str:
+    """Return ``"sha256:" + lowercase hex SHA-256`` of ``body`` encoded as UTF-8 (SPEC §2).
+
+    The body is never normalized: no trimming, no newline conversion.
+    Raises UnicodeEncodeError for a string holding lone surrogates.
+    """
+    return HASH_PREFIX + hashlib.sha256(body.encode("utf-8")).hexdigest()
+
+
+def canonical_json(value: Any) -> bytes:
+    """Return canonical JSON bytes: sorted keys, no spaces, UTF-8, non-ASCII unescaped (SPEC §7)."""
+    return json.dumps(
+        value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+    ).encode("utf-8")
+
+
+def wire_json(value: Any) -> bytes:
+    """Return the bytes the gate sends for an envelope: compact UTF-8 JSON, non-ASCII unescaped.
+
+    Serialized once; the same bytes are signed and sent (case H02).
+    """
+    return json.dumps(
+        value, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+    ).encode("utf-8")

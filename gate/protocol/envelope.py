@@ -1,0 +1,218 @@
+"""hitl/v0 envelopes: build the dispatch, parse a decision (SPEC §2 check 5). Pure."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from gate.protocol import PROTOCOL
+from gate.protocol.errors import ProtocolError
+
+VERBS = ("approve", "skip", "adjust")
+ACTIONS: list[dict[str, str]] = [
+    {"verb": "approve"},
+    {"verb": "skip"},
+    {"verb": "adjust", "accepts": "text"},
+]
+MAX_ID_CHARS = 128
+MAX_IDENTITY_CHARS = 320
+MAX_LABEL_CHARS = 256
+UTF8_BOM = b"\xef\xbb\xbf"
+
+
+def rfc3339(ms: int) -> str:
+    """Format unix milliseconds as RFC 3339 UTC with ``Z``; fraction only when non-zero (like Go's RFC3339Nano)."""
+    dt = datetime.fromtimestamp(ms // 1000, tz=UTC)
+    base = dt.strftime("%Y-%m-%dT%H:%M:%S")
+    frac = ms % 1000
+    return f"{base}.{frac:03d}".rstrip("0") + "Z" if frac else base + "Z"
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """A decision envelope that passed SPEC §2 check 5 (shape only; nothing about state)."""
+
+    approval_id: str
+    nonce: str
+    decision: str
+    payload_hash: str
+    approver_id: str
+    approver_display: str | None
+    approver_channel: str | None
+    adjust_text: str | None
+    decided_at: str
+
+
+def _invalid(field: str, message: str) -> ProtocolError:
+    return ProtocolError(f"invalid_{field}", message, status=400, kind="invalid",
+                         extra={"field": field})
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise ValueError(f"duplicate key {key!r}")
+        out[key] = value
+    return out
+
+
+def _no_constants(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def decode_json(raw: bytes) -> Any:
+    """Decode raw bytes as UTF-8 (a leading BOM allowed) JSON; duplicate keys and NaN refused.
+
+    The Content-Type and its charset are ignored (case H07). Raises ProtocolError 400
+    ``invalid_json`` with a one-line message.
+    """
+    if raw.startswith(UTF8_BOM):
+        raw = raw[len(UTF8_BOM):]
+    try:
+        text = raw.decode("utf-8")
+        return json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_no_constants)
+    except UnicodeDecodeError:
+        raise _invalid("json", "body is not valid UTF-8") from None
+    except RecursionError:
+        raise _invalid("json", "body nests too deeply") from None
+    except ValueError as exc:
+        raise _invalid("json", f"body is not valid JSON: {exc}") from None
+
+
+def _string(obj: dict[str, Any], key: str, field: str, limit: int, *, required: bool) -> str | None:
+    value = obj.get(key)
+    if value is None:
+        if required:
+            raise _invalid(field, f"{field} is required")
+        return None
+    if not isinstance(value, str):
+        raise _invalid(field, f"{field} must be a string")
+    if required and not value.strip():
+        raise _invalid(field, f"{field} must not be empty")
+    if len(value) > limit:
+        raise _invalid(field, f"{field} is longer than {limit} characters")
+    return value
+
+
+def parse_decision(raw: bytes) -> Decision:
+    """Parse a decision body (SPEC §2 check 5): JSON object, ``protocol`` hitl/v0, required
+    fields with the right types, ``decision`` in approve|skip|adjust (a relay never sends
+    ``timeout``). Unknown fields are ignored. Raises ProtocolError 400 ``invalid_<field>``.
+    """
+    obj = decode_json(raw)
+    if not isinstance(obj, dict):
+        raise _invalid("json", "body must be a JSON object")
+    protocol = _string(obj, "protocol", "protocol", MAX_LABEL_CHARS, required=True)
+    if protocol != PROTOCOL:
+        raise _invalid("protocol", f"protocol must be {PROTOCOL!r}")
+    approval_id = _string(obj, "approval_id", "approval_id", MAX_ID_CHARS, required=True)
+    nonce = _string(obj, "nonce", "nonce", MAX_ID_CHARS, required=True)
+    decision = _string(obj, "decision", "decision", MAX_LABEL_CHARS, required=True)
+    if decision == "timeout":
+        raise _invalid("decision", "a relay never sends timeout: expiry is the gate's call")
+    if decision not in VERBS:
+        raise _invalid("decision", "decision must be one of approve, skip, adjust")
+    payload_hash = _string(obj, "payload_hash", "payload_hash", MAX_LABEL_CHARS, required=True)
+    approver = obj.get("approver")
+    if not isinstance(approver, dict):
+        raise _invalid("approver", "approver must be an object with an id")
+    approver_id = _string(approver, "id", "approver.id", MAX_IDENTITY_CHARS, required=True)
+    display = _string(approver, "display", "approver.display", MAX_LABEL_CHARS, required=False)
+    channel = _string(approver, "channel", "approver.channel", MAX_LABEL_CHARS, required=False)
+    adjust_text = obj.get("adjust_text")
+    if adjust_text is not None and not isinstance(adjust_text, str):
+        raise _invalid("adjust_text", "adjust_text must be a string or null")
+    decided_at = _string(obj, "decided_at", "decided_at", MAX_LABEL_CHARS, required=True)
+    assert decided_at is not None
+    try:
+        datetime.fromisoformat(decided_at)
+    except ValueError:
+        raise _invalid("decided_at", "decided_at must be an RFC 3339 timestamp") from None
+    assert approval_id and nonce and payload_hash and approver_id
+    return Decision(
+        approval_id=approval_id,
+        nonce=nonce,
+        decision=decision,
+        payload_hash=payload_hash,
+        approver_id=approver_id,
+        approver_display=display,
+        approver_channel=channel,
+        adjust_text=adjust_text if decision == "adjust" else None,
+        decided_at=decided_at,
+    )
+
+
+def build_dispatch(
+    *,
+    approval_id: str,
+    run_id: str,
+    pipeline: str,
+    step: str,
+    issued_at_ms: int,
+    expires_at_ms: int,
+    risk: str,
+    quorum_required: int,
+    quorum_collected: int,
+    approvers: Sequence[str],
+    payload_hash: str,
+    content_type: str,
+    body: str,
+    callback_url: str,
+    nonce: str,
+    revision: int,
+    budget: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Return the dispatch envelope (SPEC §2 "Dispatch") as a dict ready for ``wire_json``.
+
+    ``budget`` is included only when a cap is configured. ``revision`` is an additive
+    field (v0 ignores unknown fields) telling relays which revision the nonce is for.
+    """
+    envelope: dict[str, Any] = {
+        "protocol": PROTOCOL,
+        "approval_id": approval_id,
+        "run_id": run_id,
+        "pipeline": pipeline,
+        "step": step,
+        "issued_at": rfc3339(issued_at_ms),
+        "expires_at": rfc3339(expires_at_ms),
+        "risk": risk,
+        "quorum": {"required": quorum_required, "collected": quorum_collected},
+        "approvers": list(approvers),
+        "payload_hash": payload_hash,
+        "draft": {"content_type": content_type, "body": body},
+        "actions": ACTIONS,
+        "callback": {"url": callback_url, "nonce": nonce},
+        "revision": revision,
+    }
+    if budget is not None:
+        envelope["budget"] = budget
+    return envelope
+
+
+def build_decision(
+    *,
+    approval_id: str,
+    nonce: str,
+    decision: str,
+    payload_hash: str,
+    approver_id: str,
+    decided_at_ms: int,
+    display: str | None = None,
+    channel: str | None = None,
+    adjust_text: str | None = None,
+) -> dict[str, Any]:
+    """Return a decision envelope (SPEC §2 "Decision") as a dict; used by relays and tests."""
+    return {
+        "protocol": PROTOCOL,
+        "approval_id": approval_id,
+        "nonce": nonce,
+        "decision": decision,
+        "payload_hash": payload_hash,
+        "approver": {"id": approver_id, "display": display, "channel": channel},
+        "adjust_text": adjust_text,
+        "decided_at": rfc3339(decided_at_ms),
+    }

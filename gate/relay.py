@@ -1,0 +1,229 @@
+"""Reference relay (``hitl-gate relay``): an honest relay for demos, tests and terminals.
+
+It verifies every dispatch's signature and timestamp, acks at once (202) without
+holding the connection, shows the draft to a human (or decides by ``--auto``), signs
+one decision per approver and posts it to the dispatch's callback URL.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+from gate.config import parse_listen
+from gate.errors import GateError
+from gate.protocol import PROTOCOL, PROTOCOL_HEADER, SIGNATURE_HEADER, signing
+from gate.protocol.canonical import payload_hash, wire_json
+from gate.protocol.envelope import build_decision, decode_json
+
+log = logging.getLogger(__name__)
+
+MAX_DISPATCH_BYTES = 4 * 1024 * 1024
+CHANNEL = "terminal"
+
+
+@dataclass(frozen=True, slots=True)
+class AutoDecision:
+    """What ``--auto`` decides: ``verb`` approve|skip|adjust and, for adjust, ``text``."""
+
+    verb: str
+    text: str | None = None
+
+    @classmethod
+    def parse(cls, spec: str) -> AutoDecision:
+        """Parse ``approve``, ``skip`` or ``adjust:TEXT``; raises ValueError otherwise."""
+        if spec in ("approve", "skip"):
+            return cls(spec)
+        if spec.startswith("adjust:") and spec[len("adjust:"):].strip():
+            return cls("adjust", spec[len("adjust:"):])
+        raise ValueError("use approve, skip or adjust:TEXT")
+
+
+class Relay:
+    """Holds the relay's secret, who it decides as, and the dispatches already handled."""
+
+    def __init__(self, secret: str, identities: Sequence[str], auto: AutoDecision | None,
+                 max_skew: float, session: aiohttp.ClientSession) -> None:
+        self.secret = secret
+        self.identities = tuple(identities)
+        self.auto = auto
+        self.max_skew = max_skew
+        self.session = session
+        self.handled: set[str] = set()
+        self.queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+
+    async def receive(self, request: web.Request) -> web.Response:
+        """Verify and ack a dispatch (202), queue it for a human; 401/400 when refused."""
+        raw = await request.content.read(MAX_DISPATCH_BYTES + 1)
+        if len(raw) > MAX_DISPATCH_BYTES:
+            return web.json_response({"status": "invalid", "reason": "body_too_large"},
+                                     status=413)
+        try:
+            signing.verify(request.headers.get(SIGNATURE_HEADER), raw, [self.secret],
+                           time.time(), self.max_skew)
+            envelope = decode_json(raw)
+        except GateError as exc:
+            log.warning("event=dispatch_refused reason=%s", exc.code)
+            return web.json_response(exc.body(), status=exc.status)
+        if not isinstance(envelope, dict) or envelope.get("protocol") != PROTOCOL:
+            return web.json_response({"status": "invalid", "reason": "invalid_protocol"},
+                                     status=400)
+        draft = envelope.get("draft") or {}
+        body = draft.get("body") if isinstance(draft, dict) else None
+        if not isinstance(body, str) or payload_hash(body) != envelope.get("payload_hash"):
+            log.warning("event=dispatch_refused reason=payload_hash_mismatch")
+            return web.json_response({"status": "invalid", "reason": "payload_hash_mismatch"},
+                                     status=400)
+        nonce = (envelope.get("callback") or {}).get("nonce")
+        if nonce in self.handled:  # the gate re-sent a dispatch whose ack it missed
+            return web.json_response({"status": "accepted", "duplicate": True}, status=202)
+        self.handled.add(str(nonce))
+        await self.queue.put(envelope)
+        return web.json_response({"status": "accepted"}, status=202)
+
+    def deciders(self, envelope: dict[str, Any]) -> list[str]:
+        """Return who decides this dispatch: ``--as`` identities in scope, else the first approver."""
+        approvers = [a for a in envelope.get("approvers") or [] if isinstance(a, str)]
+        if not self.identities:
+            return approvers[:1]
+        keys = {a.strip().casefold() for a in approvers}
+        chosen = [i for i in self.identities if i.strip().casefold() in keys]
+        for other in set(self.identities) - set(chosen):
+            log.warning("event=not_in_scope identity=%s approval_id=%s", other,
+                        envelope.get("approval_id"))
+        return chosen
+
+    async def post_decision(self, envelope: dict[str, Any], identity: str, verb: str,
+                            text: str | None) -> tuple[int, Any]:
+        """Sign and POST one decision to the dispatch's callback URL; return (status, answer)."""
+        decision = build_decision(
+            approval_id=envelope["approval_id"], nonce=envelope["callback"]["nonce"],
+            decision=verb, payload_hash=envelope["payload_hash"], approver_id=identity,
+            decided_at_ms=int(time.time() * 1000), channel=CHANNEL,
+            adjust_text=text if verb == "adjust" else None)
+        body = wire_json(decision)
+        headers = {"Content-Type": "application/json; charset=utf-8", PROTOCOL_HEADER: PROTOCOL,
+                   SIGNATURE_HEADER: signing.sign(self.secret, int(time.time()), body)}
+        async with self.session.post(envelope["callback"]["url"], data=body, headers=headers,
+                                     allow_redirects=False) as resp:
+            text_answer = await resp.text()
+            try:
+                answer = json.loads(text_answer)
+            except ValueError:
+                answer = text_answer
+            return resp.status, answer
+
+    async def work(self) -> None:
+        """Handle queued dispatches one at a time (a terminal shows one prompt at a time)."""
+        while True:
+            envelope = await self.queue.get()
+            try:
+                await self._handle(envelope)
+            except (aiohttp.ClientError, TimeoutError, KeyError, TypeError) as exc:
+                log.error("event=decision_failed approval_id=%s error=%r",
+                          envelope.get("approval_id"), exc)
+
+    async def _handle(self, envelope: dict[str, Any]) -> None:
+        approval_id = envelope.get("approval_id")
+        log.info("event=dispatch_received approval_id=%s revision=%s payload_hash=%s "
+                 "quorum=%s", approval_id, envelope.get("revision"), envelope.get("payload_hash"),
+                 envelope.get("quorum"))
+        for identity in self.deciders(envelope):
+            if self.auto is not None:
+                verb, text = self.auto.verb, self.auto.text
+            else:
+                verb, text = await ask_terminal(envelope, identity)
+            status, answer = await self.post_decision(envelope, identity, verb, text)
+            log.info("event=decision_sent approval_id=%s approver=%s decision=%s answer=%s %s",
+                     approval_id, identity, verb, status, json.dumps(answer, ensure_ascii=False))
+            if isinstance(answer, dict) and answer.get("resolved"):
+                break
+
+
+def _show(envelope: dict[str, Any], identity: str) -> None:
+    draft = envelope.get("draft") or {}
+    quorum = envelope.get("quorum") or {}
+    print("\n" + "=" * 72)
+    print(f"Approval {envelope.get('approval_id')}  {envelope.get('pipeline')}/"
+          f"{envelope.get('step')}  risk={envelope.get('risk')}  revision="
+          f"{envelope.get('revision', 1)}")
+    print(f"quorum {quorum.get('collected')}/{quorum.get('required')}  expires "
+          f"{envelope.get('expires_at')}  you are {identity}")
+    if envelope.get("budget"):
+        print(f"budget: {json.dumps(envelope['budget'], ensure_ascii=False)}")
+    print("-" * 72)
+    print(draft.get("body", ""))
+    print("-" * 72)
+
+
+def _read_line(prompt: str) -> str:
+    print(prompt, end="", flush=True)
+    line = sys.stdin.readline()
+    if not line:
+        raise EOFError
+    return line.rstrip("\n")
+
+
+def _prompt(envelope: dict[str, Any], identity: str) -> tuple[str, str | None]:
+    _show(envelope, identity)
+    while True:
+        answer = _read_line("[a]pprove, [s]kip or [e]dit (adjust)? ").strip().lower()
+        if answer in ("a", "approve"):
+            return "approve", None
+        if answer in ("s", "skip"):
+            return "skip", None
+        if answer in ("e", "edit", "adjust"):
+            print("Type the new text; end with a line holding only '.'")
+            lines = []
+            while (line := _read_line("")) != ".":
+                lines.append(line)
+            return "adjust", "\n".join(lines) + "\n"
+
+
+async def ask_terminal(envelope: dict[str, Any], identity: str) -> tuple[str, str | None]:
+    """Show the draft on the terminal and read approve/skip/adjust from stdin (in a thread)."""
+    return await asyncio.get_running_loop().run_in_executor(None, _prompt, envelope, identity)
+
+
+async def run_relay(listen: str, secret: str, identities: Sequence[str],
+                    auto: AutoDecision | None, max_skew: float) -> None:
+    """Serve the relay on ``listen`` (``host:port``) until SIGINT/SIGTERM."""
+    import signal
+
+    parsed = parse_listen(listen)
+    if parsed[0] != "tcp":
+        raise OSError("the reference relay listens on host:port only")
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30),
+                                     trust_env=False) as session:
+        relay = Relay(secret, identities, auto, max_skew, session)
+        app = web.Application()
+        app.router.add_post("/{tail:.*}", relay.receive)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, parsed[1], parsed[2])
+        await site.start()
+        host, port = runner.addresses[0][:2]
+        log.info("event=relay_listening url=http://%s:%d/ mode=%s", host, port,
+                 f"auto:{auto.verb}" if auto else "terminal")
+        worker = asyncio.create_task(relay.work())
+        try:
+            await stop.wait()
+        finally:
+            worker.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await worker
+            await runner.cleanup()

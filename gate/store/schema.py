@@ -1,0 +1,91 @@
+"""The whole schema as reviewed SQL; migrations applied in order, versioned by PRAGMA user_version."""
+
+from __future__ import annotations
+
+# Each migration is a list of statements run in one transaction; index i brings
+# the database from user_version i to i + 1. Never edit a shipped migration.
+MIGRATIONS: list[list[str]] = [
+    [
+        """
+        CREATE TABLE approvals (
+            approval_id     TEXT PRIMARY KEY,
+            run_id          TEXT NOT NULL,
+            pipeline        TEXT NOT NULL,
+            step            TEXT NOT NULL,
+            risk            TEXT NOT NULL,
+            content_type    TEXT NOT NULL,
+            quorum_required INTEGER NOT NULL CHECK (quorum_required >= 1),
+            scope           TEXT NOT NULL,  -- JSON [[operator_id, identity], ...] frozen at creation
+            budget          TEXT,           -- JSON budget context sent to the relay, or NULL
+            spend           REAL,
+            revision        INTEGER NOT NULL DEFAULT 1,
+            state           TEXT NOT NULL CHECK (state IN ('pending', 'resolved')),
+            outcome         TEXT CHECK (outcome IN
+                                ('approved', 'adjusted', 'skipped', 'timeout', 'cancelled')),
+            created_at      INTEGER NOT NULL,  -- unix ms, UTC
+            expires_at      INTEGER NOT NULL,
+            resolved_at     INTEGER,
+            idempotency_key TEXT UNIQUE,
+            request_hash    TEXT NOT NULL,
+            receipt         TEXT,              -- JSON receipt of the resolution audit entry
+            CHECK ((state = 'pending') = (outcome IS NULL))
+        )
+        """,
+        "CREATE INDEX approvals_pending_expiry ON approvals (expires_at) WHERE state = 'pending'",
+        "CREATE INDEX approvals_state ON approvals (state, approval_id)",
+        """
+        CREATE TABLE revisions (
+            approval_id  TEXT NOT NULL REFERENCES approvals (approval_id),
+            revision     INTEGER NOT NULL,
+            body         TEXT NOT NULL,
+            payload_hash TEXT NOT NULL,
+            nonce        TEXT NOT NULL UNIQUE,
+            created_at   INTEGER NOT NULL,
+            created_by   INTEGER,  -- operator id whose adjust made it; NULL for revision 1
+            PRIMARY KEY (approval_id, revision)
+        )
+        """,
+        """
+        CREATE TABLE decisions (
+            decision_id  INTEGER PRIMARY KEY,
+            approval_id  TEXT NOT NULL REFERENCES approvals (approval_id),
+            revision     INTEGER NOT NULL,
+            operator_id  INTEGER NOT NULL,
+            identity     TEXT NOT NULL,  -- as the relay sent it
+            display      TEXT,
+            channel      TEXT,
+            decision     TEXT NOT NULL CHECK (decision IN ('approve', 'skip', 'adjust')),
+            payload_hash TEXT NOT NULL,
+            adjust_text  TEXT,
+            decided_at   TEXT NOT NULL,  -- as the relay sent it
+            recorded_at  INTEGER NOT NULL,
+            UNIQUE (approval_id, revision, operator_id)
+        )
+        """,
+        """
+        CREATE TABLE outbox (
+            approval_id     TEXT NOT NULL REFERENCES approvals (approval_id),
+            revision        INTEGER NOT NULL,
+            attempts        INTEGER NOT NULL DEFAULT 0,
+            next_attempt_at INTEGER NOT NULL,
+            delivered_at    INTEGER,
+            last_error      TEXT,
+            PRIMARY KEY (approval_id, revision)
+        )
+        """,
+        "CREATE INDEX outbox_due ON outbox (next_attempt_at) WHERE delivered_at IS NULL",
+        """
+        CREATE TABLE audit_log (
+            seq         INTEGER PRIMARY KEY,
+            approval_id TEXT,
+            kind        TEXT NOT NULL,
+            entry       TEXT NOT NULL,  -- canonical JSON of the entry
+            prev_hash   TEXT NOT NULL,
+            entry_hash  TEXT NOT NULL,
+            receipt     TEXT NOT NULL
+        )
+        """,
+    ],
+]
+
+SCHEMA_VERSION = len(MIGRATIONS)

@@ -1,0 +1,1 @@
+"""aiohttp app factories and thin handlers."""

@@ -1,0 +1,131 @@
+"""The pipeline API listener (SPEC §3): create, get, long-poll, list, cancel, healthz."""
+
+from __future__ import annotations
+
+import hmac
+import math
+from dataclasses import dataclass
+
+from aiohttp import web
+
+from gate.core.requests import parse_create
+from gate.core.service import GateService
+from gate.errors import GateError
+from gate.protocol.envelope import decode_json
+from gate.web.common import Handler, error_middleware, read_body
+
+MAX_WAIT_S = 300.0
+DEFAULT_LIMIT = 50
+MAX_LIMIT = 500
+STATES = ("pending", "resolved", "all")
+
+
+@dataclass(frozen=True, slots=True)
+class ApiSettings:
+    """The bearer token pipelines present and the largest draft body accepted (bytes, UTF-8)."""
+
+    token: str
+    max_draft_bytes: int
+
+
+SERVICE = web.AppKey("service", GateService)
+SETTINGS = web.AppKey("api_settings", ApiSettings)
+OPEN_PATHS = frozenset({"/healthz"})
+
+
+def _unauthorized(reason: str, message: str) -> GateError:
+    return GateError(reason, message, status=401, kind="unauthorized")
+
+
+@web.middleware
+async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Require ``Authorization: Bearer <token>`` (constant-time compare) except on /healthz."""
+    if request.path in OPEN_PATHS:
+        return await handler(request)
+    header = request.headers.get("Authorization", "")
+    scheme, _, token = header.partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        raise _unauthorized("token_missing", "Authorization: Bearer <token> is required")
+    expected = request.app[SETTINGS].token.encode("utf-8")
+    if not hmac.compare_digest(token.strip().encode("utf-8"), expected):
+        raise _unauthorized("token_invalid", "the API token is not valid")
+    return await handler(request)
+
+
+def _bad_query(name: str, message: str) -> GateError:
+    return GateError(f"invalid_{name}", message, status=400, kind="invalid", extra={"field": name})
+
+
+async def create_approval(request: web.Request) -> web.Response:
+    """POST /v1/approvals: 201 new approval, 200 same Idempotency-Key and body (SPEC §3)."""
+    settings = request.app[SETTINGS]
+    # a draft's JSON escaping can grow it up to 6x (\uXXXX); the draft itself is checked below
+    raw = await read_body(request, settings.max_draft_bytes * 6 + 64 * 1024, "draft_too_large")
+    req = parse_create(decode_json(raw))
+    if req.draft_bytes() > settings.max_draft_bytes:
+        raise GateError("draft_too_large",
+                        f"draft.body is larger than {settings.max_draft_bytes} bytes",
+                        status=413, kind="invalid")
+    key = request.headers.get("Idempotency-Key")
+    if key is not None and (not key.strip() or len(key) > 200):
+        raise _bad_query("idempotency_key", "Idempotency-Key must be 1-200 characters")
+    view, created = await request.app[SERVICE].create(req, key)
+    return web.json_response(view, status=201 if created else 200)
+
+
+async def get_approval(request: web.Request) -> web.Response:
+    """GET /v1/approvals/{id}[?wait=SECONDS]: long-polls up to 300 s for the resolution."""
+    service = request.app[SERVICE]
+    approval_id = request.match_info["approval_id"]
+    wait = request.query.get("wait")
+    if wait is None:
+        return web.json_response(await service.get(approval_id))
+    try:
+        seconds = float(wait)
+    except ValueError:
+        raise _bad_query("wait", "wait must be a number of seconds") from None
+    if not math.isfinite(seconds) or not 0 <= seconds <= MAX_WAIT_S:
+        raise _bad_query("wait", f"wait must be between 0 and {MAX_WAIT_S:g} seconds")
+    return web.json_response(await service.wait(approval_id, seconds))
+
+
+async def list_approvals(request: web.Request) -> web.Response:
+    """GET /v1/approvals?state=&pipeline=&limit=&cursor= -> ``{items, next_cursor}``."""
+    query = request.query
+    state = query.get("state", "all")
+    if state not in STATES:
+        raise _bad_query("state", "state must be pending, resolved or all")
+    try:
+        limit = int(query.get("limit", DEFAULT_LIMIT))
+    except ValueError:
+        raise _bad_query("limit", "limit must be an integer") from None
+    if not 1 <= limit <= MAX_LIMIT:
+        raise _bad_query("limit", f"limit must be between 1 and {MAX_LIMIT}")
+    result = await request.app[SERVICE].list(state, query.get("pipeline") or None, limit,
+                                             query.get("cursor") or None)
+    return web.json_response(result)
+
+
+async def cancel_approval(request: web.Request) -> web.Response:
+    """POST /v1/approvals/{id}/cancel: resolve ``cancelled``; 409 when already resolved."""
+    return web.json_response(await request.app[SERVICE].cancel(request.match_info["approval_id"]))
+
+
+async def healthz(request: web.Request) -> web.Response:
+    """GET /healthz (no auth): ``{"status": "ok", "schema_version": N}``; 503 if the DB is gone."""
+    version = await request.app[SERVICE].store.schema_version()
+    return web.json_response({"status": "ok", "schema_version": version})
+
+
+def create_api_app(service: GateService, settings: ApiSettings) -> web.Application:
+    """Return the pipeline API app with its routes, auth and error middleware."""
+    app = web.Application(middlewares=[error_middleware, auth_middleware],
+                          client_max_size=settings.max_draft_bytes * 6 + 128 * 1024)
+    app[SERVICE] = service
+    app[SETTINGS] = settings
+    app.router.add_post("/v1/approvals", create_approval)
+    app.router.add_get("/v1/approvals", list_approvals)
+    app.router.add_get("/v1/approvals/{approval_id}", get_approval)
+    app.router.add_post("/v1/approvals/{approval_id}/cancel", cancel_approval)
+    app.router.add_get("/healthz", healthz)
+    return app

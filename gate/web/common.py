@@ -1,0 +1,64 @@
+"""What both listeners share: the error middleware (one JSON error shape) and bounded body reads."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+
+from aiohttp import web
+
+from gate.errors import GateError
+
+log = logging.getLogger(__name__)
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+_HTTP_REASONS = {404: "not_found", 405: "method_not_allowed", 413: "body_too_large"}
+
+
+def error_response(exc: GateError) -> web.Response:
+    """Return the JSON answer for a GateError: ``{"status", "reason", ...}`` (+ Retry-After)."""
+    body = exc.body()
+    headers = {}
+    if "retry_after" in exc.extra:
+        headers["Retry-After"] = str(exc.extra["retry_after"])
+    return web.json_response(body, status=exc.status, headers=headers)
+
+
+@web.middleware
+async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Map GateError to its JSON answer, aiohttp HTTP errors to the same shape, anything
+    unexpected to 500 ``internal_error`` (logged with its traceback, never sent)."""
+    try:
+        return await handler(request)
+    except GateError as exc:
+        return error_response(exc)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        reason = _HTTP_REASONS.get(exc.status, "http_error")
+        return web.json_response({"status": "invalid" if exc.status == 413 else reason,
+                                  "reason": reason}, status=exc.status)
+    except Exception:
+        log.exception("event=internal_error method=%s path=%s", request.method, request.path)
+        return web.json_response({"status": "error", "reason": "internal_error"}, status=500)
+
+
+async def read_body(request: web.Request, limit: int, reason: str = "body_too_large") -> bytes:
+    """Read the raw request body, refusing more than ``limit`` bytes with 413 ``reason``.
+
+    A Content-Length over the limit is refused before reading; a chunked body is read
+    only up to the limit. Nothing is decoded or trimmed.
+    """
+    too_large = GateError(reason, f"body is larger than {limit} bytes", status=413,
+                          kind="invalid")
+    if request.content_length is not None and request.content_length > limit:
+        raise too_large
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.content.iter_chunked(64 * 1024):
+        size += len(chunk)
+        if size > limit:
+            raise too_large
+        chunks.append(chunk)
+    return b"".join(chunks)
