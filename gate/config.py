@@ -428,18 +428,26 @@ def _read_secrets(config: Config, environ: Mapping[str, str]) -> tuple[Secrets |
                 f"{where}: {name} has leading or trailing whitespace (often a trailing newline);"
                 " remove it"
             )
+        elif not _is_utf8(value):
+            errors.append(f"{where}: {name} is not valid UTF-8")
         else:
             values[where] = value
     # A pipeline token or receipt key equal to a relay secret could sign decisions (SPEC §3, §5).
+    names = dict(wanted)
     relay_keys = [w for w in ("relay.secret_env", "relay.previous_secret_env") if w in values]
     for where, others in (
         ("api.token_env", relay_keys),
         ("receipts.key_env", [*relay_keys, "api.token_env"]),
     ):
         for other in others:
-            if where in values and other in values and _same(values[where], values[other]):
+            if (
+                where in values
+                and other in values
+                and names[where] != names[other]  # same variable: a config error already
+                and _same(values[where], values[other])
+            ):
                 errors.append(
-                    f"{where}: {dict(wanted)[where]} has the same value as {dict(wanted)[other]}"
+                    f"{where}: {names[where]} has the same value as {names[other]}"
                     f" ({other}); each secret must be distinct"
                 )
     if errors:
@@ -464,6 +472,14 @@ def _secret_vars(config: Config) -> list[tuple[str, str]]:
     out.append(("api.token_env", config.api.token_env))
     out.append(("receipts.key_env", config.receipts.key_env))
     return out
+
+
+def _is_utf8(value: str) -> bool:
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:  # e.g. undecodable bytes surrogate-escaped by os.environ
+        return False
+    return True
 
 
 def _same(a: str, b: str) -> bool:

@@ -1,0 +1,375 @@
+"""Test support: the real daemon as a subprocess, a capturing relay on loopback, HTTP helpers.
+
+Nothing here mocks a gate component: the gate runs as ``python -m gate serve``; the relay
+is a real aiohttp server on 127.0.0.1 port 0; requests are real HTTP.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import http.client
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.parse
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import yaml
+from aiohttp import web
+
+from gate.protocol import signing
+from gate.protocol.canonical import wire_json
+from gate.protocol.envelope import build_decision
+
+ROOT = Path(__file__).resolve().parent.parent
+SECRET = "test-secret-new"
+OLD_SECRET = "test-secret-old"
+API_TOKEN = "test-api-token-7f3a"
+RECEIPT_KEY = "test-receipt-key-91c2"
+DEADLINE_S = 20.0
+
+ENV = {
+    "HITL_RELAY_SECRET": SECRET,
+    "HITL_RELAY_SECRET_OLD": OLD_SECRET,
+    "HITL_API_TOKEN": API_TOKEN,
+    "HITL_RECEIPT_KEY": RECEIPT_KEY,
+}
+
+# 20 operators: alice, bob, carol, then op04..op20; plus dave (defined, not allowed).
+IDENTITIES = ["alice@example.com", "bob@example.com", "carol@example.com"] + [
+    f"op{n:02d}@example.com" for n in range(4, 21)]
+
+
+def wait_until(predicate: Callable[[], Any], timeout: float = DEADLINE_S,
+               what: str = "condition") -> Any:
+    """Poll ``predicate`` until it returns a truthy value or ``timeout`` seconds pass."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(0.02)
+
+
+def gate_env(**extra: str) -> dict[str, str]:
+    """Return the environment for a gate process: this one plus the test secrets."""
+    env = dict(os.environ)
+    env.update(ENV)
+    env.update(extra)
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def write_config(directory: Path, relay_url: str, *, steps: list[dict[str, Any]] | None = None,
+                 security: dict[str, Any] | None = None, relay: dict[str, Any] | None = None,
+                 api: dict[str, Any] | None = None, db: str = "gate.db") -> Path:
+    """Write a test config into ``directory`` and return its path.
+
+    Listeners bind port 0; the default steps of pipeline ``p`` are ``q1`` (quorum 1),
+    ``q2`` (quorum 2), ``q3`` (quorum 3, all 20 operators) and ``short`` (timeout 3 s).
+    """
+    operators = [{"id": 100 + i, "identity": ident} for i, ident in enumerate(IDENTITIES, 1)]
+    operators.append({"id": 999, "identity": "dave@example.com"})
+    allowed = [100 + i for i in range(1, len(IDENTITIES) + 1)]
+    default_steps = [
+        {"name": "q1", "quorum": 1, "approvers": [101, 102, 103], "timeout": "1h"},
+        {"name": "q2", "quorum": 2, "approvers": [101, 102, 103], "timeout": "1h"},
+        {"name": "q3", "quorum": 3, "approvers": allowed, "timeout": "1h"},
+        {"name": "short", "quorum": 1, "approvers": [101, 102], "timeout": "3s"},
+    ]
+    sec = {"allowed_users": allowed, "max_input_length": 50, "rate_limit": 1000,
+           "max_skew": "300s"}
+    sec.update(security or {})
+    relay_cfg: dict[str, Any] = {
+        "url": relay_url, "secret_env": "HITL_RELAY_SECRET",
+        "previous_secret_env": "HITL_RELAY_SECRET_OLD", "callback_addr": "127.0.0.1:0",
+        "dispatch_timeout": "2s", "operators": operators, "security": sec,
+    }
+    relay_cfg.update(relay or {})
+    api_cfg = {"listen": "127.0.0.1:0", "token_env": "HITL_API_TOKEN", "max_draft_bytes": 1048576}
+    api_cfg.update(api or {})
+    config = {
+        "relay": relay_cfg,
+        "api": api_cfg,
+        "storage": {"path": db},
+        "receipts": {"key_env": "HITL_RECEIPT_KEY"},
+        "pipelines": [{"name": "p", "steps": steps or default_steps}],
+    }
+    path = directory / "config.yaml"
+    path.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
+    return path
+
+
+class GateProcess:
+    """``python -m gate serve -c CONFIG`` as a subprocess; stderr collected line by line."""
+
+    LISTENING = re.compile(r"event=listening callback=(\S+) api=(\S+)")
+
+    def __init__(self, config: Path, env: dict[str, str] | None = None) -> None:
+        self.config = config
+        self.env = env or gate_env()
+        self.lines: list[str] = []
+        self._cond = threading.Condition()
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.callback_url = ""
+        self.api_url = ""
+
+    def start(self) -> GateProcess:
+        """Start and wait until both listeners are bound; returns self."""
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "gate", "serve", "-c", str(self.config)],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+            env=self.env, cwd=ROOT)
+        threading.Thread(target=self._read, daemon=True).start()
+        match = self.wait_for_line(self.LISTENING)
+        self.callback_url = match.group(1) + "/hitl/v0/decisions"
+        self.api_url = match.group(2)
+        return self
+
+    def _read(self) -> None:
+        assert self.proc is not None and self.proc.stderr is not None
+        for raw in self.proc.stderr:
+            with self._cond:
+                self.lines.append(raw.decode("utf-8", "replace").rstrip("\n"))
+                self._cond.notify_all()
+        self.proc.stderr.close()
+        with self._cond:
+            self._cond.notify_all()
+
+    def wait_for_line(self, pattern: re.Pattern[str] | str,
+                      timeout: float = DEADLINE_S) -> re.Match[str]:
+        """Wait until a stderr line matches ``pattern``; fail with the log if the process dies."""
+        regex = re.compile(pattern) if isinstance(pattern, str) else pattern
+        deadline = time.monotonic() + timeout
+        seen = 0
+        with self._cond:
+            while True:
+                for line in self.lines[seen:]:
+                    match = regex.search(line)
+                    if match:
+                        return match
+                seen = len(self.lines)
+                assert self.proc is not None
+                if self.proc.poll() is not None and seen == len(self.lines):
+                    raise AssertionError(f"gate exited {self.proc.returncode}:\n{self.log()}")
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise AssertionError(f"no line matching {regex.pattern!r}:\n{self.log()}")
+                self._cond.wait(min(remaining, 0.2))
+
+    def log(self) -> str:
+        """Return everything the daemon wrote on stderr so far."""
+        with self._cond:
+            return "\n".join(self.lines)
+
+    def api(self) -> Api:
+        """Return a client for this gate's pipeline API."""
+        return Api(self.api_url, API_TOKEN)
+
+    def stop(self, timeout: float = DEADLINE_S) -> int:
+        """SIGTERM and wait; return the exit code."""
+        assert self.proc is not None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout)
+
+    def kill9(self) -> None:
+        """SIGKILL and reap (no clean stop)."""
+        assert self.proc is not None
+        self.proc.kill()
+        self.proc.wait(DEADLINE_S)
+
+
+def http_request(url: str, method: str = "GET", body: bytes | None = None,
+                 headers: dict[str, str] | None = None,
+                 timeout: float = 30.0) -> tuple[int, dict[str, str], bytes]:
+    """One real HTTP request with http.client; returns ``(status, headers, raw body)``."""
+    parts = urllib.parse.urlsplit(url)
+    conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=timeout)
+    try:
+        path = parts.path + (f"?{parts.query}" if parts.query else "")
+        conn.request(method, path or "/", body=body, headers=headers or {})
+        resp = conn.getresponse()
+        return resp.status, {k.lower(): v for k, v in resp.getheaders()}, resp.read()
+    finally:
+        conn.close()
+
+
+def as_json(raw: bytes) -> Any:
+    """Decode a JSON answer body (empty -> None)."""
+    return json.loads(raw) if raw else None
+
+
+class Api:
+    """Synchronous client of the pipeline API for tests."""
+
+    def __init__(self, base: str, token: str | None) -> None:
+        self.base = base.rstrip("/")
+        self.token = token
+
+    def call(self, method: str, path: str, body: Any = None,
+             headers: dict[str, str] | None = None, timeout: float = 330.0) -> tuple[int, Any]:
+        """Send a request; ``body`` dict -> JSON, bytes as is. Returns ``(status, json)``."""
+        hdrs = dict(headers or {})
+        if self.token is not None:
+            hdrs.setdefault("Authorization", f"Bearer {self.token}")
+        data = None
+        if isinstance(body, bytes):
+            data = body
+        elif body is not None:
+            data = json.dumps(body, ensure_ascii=False).encode("utf-8")
+            hdrs.setdefault("Content-Type", "application/json")
+        status, _, raw = http_request(self.base + path, method, data, hdrs, timeout)
+        return status, as_json(raw)
+
+    def create(self, step: str = "q1", body: str = "Hello, world\n", pipeline: str = "p",
+               **extra: Any) -> dict[str, Any]:
+        """Create an approval and return it (asserts 201)."""
+        payload = {"pipeline": pipeline, "step": step,
+                   "draft": {"content_type": "text/plain", "body": body}, **extra}
+        status, answer = self.call("POST", "/v1/approvals", payload)
+        assert status == 201, (status, answer)
+        return answer
+
+    def get(self, approval_id: str, wait: float | None = None) -> dict[str, Any]:
+        """GET one approval (optionally long-polling)."""
+        path = f"/v1/approvals/{approval_id}" + (f"?wait={wait}" if wait is not None else "")
+        status, answer = self.call("GET", path)
+        assert status == 200, (status, answer)
+        return answer
+
+    def wait_resolved(self, approval_id: str, timeout: float = DEADLINE_S) -> dict[str, Any]:
+        """Long-poll until resolved (fails after ``timeout`` seconds)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise AssertionError(f"approval {approval_id} not resolved in {timeout} s")
+            approval = self.get(approval_id, wait=round(min(remaining, 10), 2))
+            if approval["state"] == "resolved":
+                return approval
+
+
+def sign_headers(body: bytes, secret: str = SECRET, t: int | None = None,
+                 header: str | None = None) -> dict[str, str]:
+    """Return decision headers: a valid signature at ``t`` (default now), or ``header`` as given."""
+    ts = int(time.time()) if t is None else t
+    return {"Content-Type": "application/json",
+            "X-Hitl-Protocol": "hitl/v0",
+            "X-Draftcat-Signature": header if header is not None else signing.sign(secret, ts,
+                                                                                    body)}
+
+
+def decision_body(dispatch: dict[str, Any], identity: str = "alice@example.com",
+                  verb: str = "approve", **overrides: Any) -> dict[str, Any]:
+    """Return a decision envelope answering a captured dispatch; ``overrides`` replace fields."""
+    body = build_decision(
+        approval_id=dispatch["approval_id"], nonce=dispatch["callback"]["nonce"],
+        decision=verb, payload_hash=dispatch["payload_hash"], approver_id=identity,
+        decided_at_ms=int(time.time() * 1000), channel="test",
+        adjust_text=overrides.pop("adjust_text", None))
+    body.update(overrides)
+    return body
+
+
+def post_decision(callback_url: str, body: dict[str, Any] | bytes, *, secret: str = SECRET,
+                  t: int | None = None, header: str | None = None,
+                  headers: dict[str, str] | None = None) -> tuple[int, Any, dict[str, str]]:
+    """Sign (unless ``header`` is given) and POST a decision; returns ``(status, json, headers)``."""
+    raw = body if isinstance(body, bytes) else wire_json(body)
+    hdrs = sign_headers(raw, secret, t, header)
+    hdrs.update(headers or {})
+    status, resp_headers, answer = http_request(callback_url, "POST", raw, hdrs)
+    return status, as_json(answer), resp_headers
+
+
+class CaptureRelay:
+    """A relay that records every dispatch (headers + raw bytes) and answers ``status``.
+
+    Runs an aiohttp server on 127.0.0.1 port 0 in its own thread and event loop.
+    ``status`` may be changed at any time (e.g. 503 while "down"); ``delay_s`` holds the
+    connection before answering.
+    """
+
+    def __init__(self) -> None:
+        self.status = 202
+        self.delay_s = 0.0
+        self.received: list[dict[str, Any]] = []
+        self._cond = threading.Condition()
+        self._loop = asyncio.new_event_loop()
+        self._started = threading.Event()
+        self._runner: web.AppRunner | None = None
+        self.url = ""
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def start(self) -> CaptureRelay:
+        """Start the server thread; returns self once bound."""
+        self._thread.start()
+        assert self._started.wait(DEADLINE_S), "capture relay did not start"
+        return self
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        self._loop.run_until_complete(self._serve())
+        self._loop.run_forever()
+
+    async def _serve(self) -> None:
+        app = web.Application()
+        app.router.add_post("/{tail:.*}", self._handle)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        host, port = self._runner.addresses[0][:2]
+        self.url = f"http://{host}:{port}/relay"
+        self._started.set()
+
+    async def _handle(self, request: web.Request) -> web.Response:
+        raw = await request.read()
+        status = self.status
+        record = {"headers": dict(request.headers), "raw": raw, "status": status,
+                  "at": time.time()}
+        if self.delay_s:
+            await asyncio.sleep(self.delay_s)
+        with self._cond:
+            self.received.append(record)
+            self._cond.notify_all()
+        return web.json_response({"status": "ok"}, status=status)
+
+    def dispatches(self, acked_only: bool = True) -> list[dict[str, Any]]:
+        """Return the decoded envelopes received so far (only 2xx-answered by default)."""
+        with self._cond:
+            return [json.loads(r["raw"]) for r in self.received
+                    if not acked_only or 200 <= r["status"] < 300]
+
+    def wait_dispatch(self, approval_id: str, revision: int = 1,
+                      timeout: float = DEADLINE_S) -> dict[str, Any]:
+        """Wait for an acked dispatch of ``approval_id`` at ``revision``; return the envelope."""
+        def find() -> dict[str, Any] | None:
+            for env in self.dispatches():
+                if env["approval_id"] == approval_id and env.get("revision", 1) == revision:
+                    return env
+            return None
+        return wait_until(find, timeout, f"dispatch of {approval_id} rev {revision}")
+
+    def raw_for(self, approval_id: str) -> list[dict[str, Any]]:
+        """Return the raw records (headers, bytes, status) received for ``approval_id``."""
+        with self._cond:
+            return [r for r in self.received if json.loads(r["raw"])["approval_id"] == approval_id]
+
+    def stop(self) -> None:
+        """Stop the server and its loop."""
+        if self._runner is not None:
+            asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(10)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10)
+        self._loop.close()
