@@ -173,9 +173,11 @@ class GateService:
             verdict = rules.verdict(approval, operator_id, decision)
             outcome, new_revision = await self._record(tx, approval, decision, verdict, now)
         log.info("event=decision approval_id=%s operator_id=%d decision=%s revision=%d "
-                 "resolved=%s", decision.approval_id, operator_id, decision.decision,
-                 approval["revision"], outcome is not None)
+                 "payload_hash=%s", decision.approval_id, operator_id, decision.decision,
+                 approval["revision"], decision.payload_hash)
         if outcome is not None:
+            log.info("event=resolved approval_id=%s outcome=%s revision=%d",
+                     decision.approval_id, outcome, approval["revision"])
             self._notify(decision.approval_id)
             return {"status": "recorded", "resolved": True, "outcome": outcome}
         if new_revision is not None:
@@ -237,8 +239,6 @@ class GateService:
             "quorum": approval["quorum_required"],
         }, self._receipt_key)
         await tx.set_receipt(approval["approval_id"], receipt_object(row))
-        log.info("event=resolved approval_id=%s outcome=%s payload_hash=%s",
-                 approval["approval_id"], outcome, current["payload_hash"])
 
     # ---- expire / cancel -------------------------------------------------------
 
@@ -257,6 +257,7 @@ class GateService:
                     assert approval is not None
                     await self._resolve(tx, approval, "timeout", now, [])
             for approval_id in ids:
+                log.info("event=resolved approval_id=%s outcome=timeout", approval_id)
                 self._notify(approval_id)
             total += len(ids)
             if len(ids) < EXPIRE_BATCH:
@@ -278,6 +279,7 @@ class GateService:
             await self._resolve(tx, approval, "cancelled", now, [])
             full = await tx.load_approval(approval_id)
         assert full is not None
+        log.info("event=resolved approval_id=%s outcome=cancelled", approval_id)
         self._notify(approval_id)
         return approval_view(full)
 
