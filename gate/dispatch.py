@@ -24,6 +24,7 @@ MAX_IN_FLIGHT = 32
 BATCH = 64
 IDLE_S = 3600.0
 MAX_ERROR_CHARS = 300
+STORAGE_RETRY_S = 1.0
 
 
 def backoff_s(attempts: int, rng: random.Random) -> float:
@@ -99,6 +100,14 @@ class Dispatcher:
         self.service.dispatch_wakeup.set()
 
     async def _attempt(self, key: tuple[str, int], attempts_before: int) -> None:
+        try:
+            await self._send(key, attempts_before)
+        except GateError as exc:  # storage trouble: logged; the row stays due and is retried
+            log.error("event=dispatch_failed approval_id=%s reason=%s message=%s", key[0],
+                      exc.code, exc.message)
+            await asyncio.sleep(STORAGE_RETRY_S)  # stays in flight: no hot loop while it lasts
+
+    async def _send(self, key: tuple[str, int], attempts_before: int) -> None:
         approval_id, revision = key
         full = await self.service.store.fetch_approval(approval_id)
         if full is None or full["state"] != "pending" or full["revision"] != revision:
@@ -146,9 +155,5 @@ class Dispatcher:
             log.warning("event=dispatch_failed approval_id=%s revision=%d attempt=%d error=%r "
                         "retry_in_s=%.1f", approval_id, revision, attempt, error,
                         (retry_at - self.service.clock.now_ms()) / 1000)
-        try:
-            await self.service.dispatch_result(approval_id, revision, acked=acked, error=error,
-                                               retry_at_ms=retry_at)
-        except GateError as exc:
-            log.error("event=dispatch_record_failed approval_id=%s reason=%s", approval_id,
-                      exc.code)
+        await self.service.dispatch_result(approval_id, revision, acked=acked, error=error,
+                                           retry_at_ms=retry_at)
