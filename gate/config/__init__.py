@@ -1,0 +1,147 @@
+"""YAML config (SPEC §5) -> frozen, typed models; every error is reported with its YAML path."""
+
+from __future__ import annotations
+
+import copy
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
+import yaml
+from pydantic import ValidationError
+
+from gate.config.messages import _describe, _prune, _pydantic_error, _under
+from gate.config.model import (
+    ApiConfig,
+    BudgetConfig,
+    Config,
+    Operator,
+    PipelineConfig,
+    ReceiptsConfig,
+    RelayConfig,
+    Security,
+    StepConfig,
+    StorageConfig,
+)
+from gate.config.secrets import Secrets, _read_secrets, load_secrets
+from gate.config.validate import _cross_check
+from gate.config.values import parse_duration, parse_listen
+from gate.config.yamlfile import _Loader, _yaml_error
+from gate.errors import ConfigError
+
+__all__ = [
+    "ApiConfig",
+    "BudgetConfig",
+    "Config",
+    "Operator",
+    "PipelineConfig",
+    "ReceiptsConfig",
+    "RelayConfig",
+    "Secrets",
+    "Security",
+    "StepConfig",
+    "StorageConfig",
+    "load",
+    "load_config",
+    "load_secrets",
+    "parse_duration",
+    "parse_listen",
+]
+
+
+def load_config(path: str | os.PathLike[str]) -> Config:
+    """Read, parse and validate the YAML config file at ``path`` (SPEC §5, CLI check-config).
+
+    Relative paths inside resolve against the file's directory; steps without ``approvers``
+    get ``relay.security.allowed_users``. Raises ``ConfigError`` whose ``errors`` lists every
+    problem as ``"<yaml.path>: <message>"`` (file and YAML syntax errors included).
+    """
+    config, errors = _load(path)
+    if errors or config is None:
+        raise ConfigError(errors)
+    return config
+
+
+def load(path: str | os.PathLike[str], environ: Mapping[str, str]) -> tuple[Config, Secrets]:
+    """Load the config (``load_config``) and its secrets (``load_secrets``) from ``environ``.
+
+    Raises one ``ConfigError`` listing config and secret errors together; only the config
+    errors when the config is too broken to know which variables to read (SPEC §5).
+    """
+    config, errors = _load(path)
+    if config is None:
+        raise ConfigError(errors)
+    secrets, secret_errors = _read_secrets(config, environ)
+    errors += secret_errors
+    if errors or secrets is None:
+        raise ConfigError(errors)
+    return config, secrets
+
+
+def _load(path: str | os.PathLike[str]) -> tuple[Config | None, list[str]]:
+    """Return (config, errors). errors lists everything found; config is None when the file,
+    YAML or schema is too broken for the cross-field and secret checks to run on it."""
+    source = Path(os.path.abspath(os.fspath(path)))
+    try:
+        text = source.read_text(encoding="utf-8-sig")
+    except FileNotFoundError:
+        return None, [f"config file not found: {source}"]
+    except IsADirectoryError:
+        return None, [f"config file is a directory: {source}"]
+    except UnicodeDecodeError as exc:
+        return None, [f"config file {source} is not valid UTF-8 (byte offset {exc.start})"]
+    except OSError as exc:
+        return None, [f"cannot read config file {source}: {exc.strerror or exc}"]
+    try:
+        data = yaml.load(text, Loader=_Loader)  # noqa: S506 - _Loader is a SafeLoader
+    except yaml.YAMLError as exc:
+        return None, [_yaml_error(exc)]
+    if not isinstance(data, dict):
+        found = "an empty file" if data is None else _describe(data)
+        return None, [
+            "top level: expected a mapping with sections relay, api, storage, receipts and"
+            f" pipelines, got {found}"
+        ]
+    errors: list[str] = []
+    if "source" in data:
+        data = {k: v for k, v in data.items() if k != "source"}
+        errors.append("source: unknown key")
+    context = {"base_dir": source.parent}
+    try:
+        config = Config.model_validate(data, context=context)
+    except ValidationError as exc:
+        details = exc.errors(include_url=False)
+        errors += [_pydantic_error(e) for e in details]
+        # Still run the cross-field checks when dropping the bad keys (falling back to their
+        # defaults) gives a valid config, so one run reports every error (SPEC §5).
+        pruned_data = copy.deepcopy(data)
+        pruned = [_prune(pruned_data, e) for e in details]
+        if None in pruned:
+            return None, errors
+        try:
+            config = Config.model_validate(pruned_data, context=context)
+        except ValidationError:
+            return None, errors
+        errors += [e for e in _cross_check(config) if not _under(e, pruned)]
+    else:
+        errors += _cross_check(config)
+    return _with_defaults(config, source), errors
+
+
+def _with_defaults(config: Config, source: Path) -> Config:
+    """Fill in step approvers (default: allowed_users) and record the source file."""
+    allowed = config.relay.security.allowed_users
+    pipelines = tuple(
+        pipe.model_copy(
+            update={
+                "steps": tuple(
+                    step
+                    if "approvers" in step.model_fields_set
+                    else step.model_copy(update={"approvers": allowed})
+                    for step in pipe.steps
+                )
+            }
+        )
+        for pipe in config.pipelines
+    )
+    return config.model_copy(update={"pipelines": pipelines, "source": source})

@@ -1,0 +1,227 @@
+"""The frozen, typed pydantic models for the config file's sections (SPEC §5)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+)
+
+from gate.config.values import (
+    _check_env_name,
+    _check_http_url,
+    _check_listen,
+    _check_name,
+    _check_path_text,
+    _check_tcp_addr,
+    _non_empty,
+    _none_as_empty,
+    _resolve,
+    parse_duration,
+)
+
+_Int = Annotated[int, Field(strict=True)]
+_PositiveInt = Annotated[int, Field(strict=True, ge=1)]
+_Amount = Annotated[float, Field(strict=True, ge=0, allow_inf_nan=False)]
+_Text = Annotated[str, Field(strict=True, min_length=1)]
+_Name = Annotated[str, Field(strict=True, min_length=1), AfterValidator(_check_name)]
+_EnvName = Annotated[str, Field(strict=True, min_length=1), AfterValidator(_check_env_name)]
+_HttpUrl = Annotated[str, Field(strict=True, min_length=1), AfterValidator(_check_http_url)]
+_Duration = Annotated[float, BeforeValidator(parse_duration)]
+_PathText = Annotated[Path, BeforeValidator(_check_path_text)]
+_FROZEN = ConfigDict(extra="forbid", frozen=True)
+
+
+# --------------------------------------------------------------------------- models
+
+
+class Operator(BaseModel):
+    """A human approver (SPEC §5): numeric ``id`` (quorum, scope, audit) and wire ``identity``."""
+
+    model_config = _FROZEN
+
+    id: Annotated[int, Field(strict=True, ge=1)]
+    identity: _Text
+
+    @property
+    def key(self) -> str:
+        """The identity as compared on the wire: ``identity.strip().casefold()`` (SPEC §2 #11)."""
+        return self.identity.strip().casefold()
+
+
+class Security(BaseModel):
+    """``relay.security``: who may decide and the decision-listener limits (SPEC §2, §5).
+
+    ``allowed_users`` operator ids (non-empty); ``max_input_length`` adjust_text characters
+    (default 500); ``rate_limit`` decisions per approver per minute (default 10);
+    ``max_skew`` seconds of signature clock skew accepted (default 300).
+    """
+
+    model_config = _FROZEN
+
+    allowed_users: Annotated[tuple[_Int, ...], AfterValidator(_non_empty)]
+    max_input_length: _PositiveInt = 500
+    rate_limit: _PositiveInt = 10
+    max_skew: _Duration = 300.0
+
+
+class RelayConfig(BaseModel):
+    """``relay``: where dispatches go, where decisions come back, who the operators are (SPEC §2).
+
+    ``secret_env``/``previous_secret_env`` name environment variables (values via
+    ``load_secrets``); ``callback_addr`` is the decision listener's ``host:port``;
+    ``public_url`` (trailing ``/`` removed) is what relays call back, None = derive from the
+    bound address; ``dispatch_timeout`` seconds (default 10).
+    """
+
+    model_config = _FROZEN
+
+    url: _HttpUrl
+    secret_env: _EnvName
+    previous_secret_env: _EnvName | None = None
+    callback_addr: Annotated[str, Field(strict=True), AfterValidator(_check_tcp_addr)]
+    public_url: _HttpUrl | None = None
+    dispatch_timeout: _Duration = 10.0
+    operators: Annotated[tuple[Operator, ...], AfterValidator(_non_empty)]
+    security: Security
+
+    @field_validator("public_url")
+    @classmethod
+    def _strip_slash(cls, value: str | None) -> str | None:
+        return value.rstrip("/") if value is not None else None
+
+
+class ApiConfig(BaseModel):
+    """``api``: the local pipeline API (SPEC §3).
+
+    ``listen`` is ``host:port`` or ``unix:/path.sock`` (default ``127.0.0.1:8090``);
+    ``token_env`` names the bearer-token variable; ``max_draft_bytes`` (default 262144).
+    """
+
+    model_config = _FROZEN
+
+    listen: Annotated[str, Field(strict=True), AfterValidator(_check_listen)] = "127.0.0.1:8090"
+    token_env: _EnvName
+    max_draft_bytes: _PositiveInt = 262144
+
+
+class StorageConfig(BaseModel):
+    """``storage``: the SQLite database ``path``, absolute (relative = against the config dir)."""
+
+    model_config = _FROZEN
+
+    path: _PathText
+
+    @field_validator("path")
+    @classmethod
+    def _absolute(cls, value: Path, info: ValidationInfo) -> Path:
+        return _resolve(value, info)
+
+
+class ReceiptsConfig(BaseModel):
+    """``receipts`` (SPEC §7): ``key_env`` names the HMAC receipt key variable (not the relay
+    secret); ``signing_key_file`` is an optional Ed25519 key path, resolved like storage.path."""
+
+    model_config = _FROZEN
+
+    key_env: _EnvName
+    signing_key_file: _PathText | None = None
+
+    @field_validator("signing_key_file")
+    @classmethod
+    def _absolute(cls, value: Path | None, info: ValidationInfo) -> Path | None:
+        return _resolve(value, info) if value is not None else None
+
+
+class BudgetConfig(BaseModel):
+    """``budget`` (optional): currency ``unit`` (default EUR) and ``cap_today`` (>= 0 or None)."""
+
+    model_config = _FROZEN
+
+    unit: _Name = "EUR"
+    cap_today: _Amount | None = None
+
+
+class StepConfig(BaseModel):
+    """One gated step (SPEC §5).
+
+    ``quorum`` approvals needed (default 1); ``approvers`` operator ids (defaults to
+    ``relay.security.allowed_users`` after ``load_config``); ``timeout`` seconds until the
+    approval resolves ``timeout`` (default 4h); ``risk`` low|normal|high|critical.
+    """
+
+    model_config = _FROZEN
+
+    name: _Name
+    type: Literal["approval"] = "approval"
+    channel: Literal["relay"] = "relay"
+    quorum: _PositiveInt = 1
+    approvers: Annotated[tuple[_Int, ...], AfterValidator(_non_empty)] = ()
+    timeout: _Duration = 4 * 3600.0
+    risk: Literal["low", "normal", "high", "critical"] = "normal"
+
+
+class PipelineConfig(BaseModel):
+    """A named pipeline with its optional ``budget_cap`` (>= 0) and non-empty ``steps``."""
+
+    model_config = _FROZEN
+
+    name: _Name
+    budget_cap: _Amount | None = None
+    steps: Annotated[tuple[StepConfig, ...], AfterValidator(_non_empty)]
+
+
+class Config(BaseModel):
+    """The whole validated configuration; ``source`` is the file it was loaded from (or None)."""
+
+    model_config = _FROZEN
+
+    relay: RelayConfig
+    api: ApiConfig
+    storage: StorageConfig
+    receipts: ReceiptsConfig
+    budget: Annotated[BudgetConfig, BeforeValidator(_none_as_empty)] = Field(
+        default_factory=BudgetConfig
+    )
+    pipelines: Annotated[tuple[PipelineConfig, ...], AfterValidator(_non_empty)]
+    source: Path | None = None
+
+    def find_step(self, pipeline: str, step: str) -> tuple[PipelineConfig, StepConfig] | None:
+        """Return the named pipeline and step (exact names), or None if either is unknown."""
+        for pipe in self.pipelines:
+            if pipe.name == pipeline:
+                for candidate in pipe.steps:
+                    if candidate.name == step:
+                        return pipe, candidate
+                return None
+        return None
+
+    def scope(self, step: StepConfig) -> tuple[Operator, ...]:
+        """Operators allowed to decide ``step``: allowed_users ∩ approvers, in approvers order
+        (SPEC §2 check 11)."""
+        by_id = {op.id: op for op in self.relay.operators}
+        allowed = set(self.relay.security.allowed_users)
+        out: list[Operator] = []
+        # () only when approvers was omitted and the config did not come from load_config.
+        for op_id in dict.fromkeys(step.approvers or self.relay.security.allowed_users):
+            if op_id in allowed and op_id in by_id:
+                out.append(by_id[op_id])
+        return tuple(out)
+
+    def operator_by_identity(self, identity: str) -> Operator | None:
+        """The operator whose identity equals ``identity`` after strip()+casefold(), else None."""
+        if not isinstance(identity, str):
+            return None
+        key = identity.strip().casefold()
+        for op in self.relay.operators:
+            if op.key == key:
+                return op
+        return None

@@ -1,0 +1,108 @@
+"""Secret values named by the config, read from the environment (SPEC §5)."""
+
+from __future__ import annotations
+
+import hmac
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from gate.config.model import Config
+from gate.errors import ConfigError
+
+
+@dataclass(frozen=True, slots=True)
+class Secrets:
+    """Secret values read from the environment (SPEC §5); never shown by ``repr``.
+
+    ``relay_secrets``: current relay HMAC secret first, then the previous one if configured;
+    ``api_token``: pipeline bearer token; ``receipt_key``: receipt HMAC key as UTF-8 bytes.
+    """
+
+    relay_secrets: tuple[str, ...] = field(repr=False)
+    api_token: str = field(repr=False)
+    receipt_key: bytes = field(repr=False)
+
+
+def load_secrets(config: Config, environ: Mapping[str, str]) -> Secrets:
+    """Read the secrets named by ``config`` from ``environ`` (e.g. ``os.environ``).
+
+    Raises ``ConfigError`` listing every unset, empty or whitespace-padded variable at once,
+    and every secret that reuses another's value; messages never contain a value.
+    """
+    secrets, errors = _read_secrets(config, environ)
+    if errors or secrets is None:
+        raise ConfigError(errors)
+    return secrets
+
+
+def _read_secrets(config: Config, environ: Mapping[str, str]) -> tuple[Secrets | None, list[str]]:
+    errors: list[str] = []
+    wanted = _secret_vars(config)
+    values: dict[str, str] = {}
+    for where, name in wanted:
+        value = environ.get(name)
+        if value is None:
+            errors.append(f"{where}: environment variable {name} is not set")
+        elif value == "":
+            errors.append(f"{where}: environment variable {name} is empty")
+        elif value != value.strip():
+            errors.append(
+                f"{where}: {name} has leading or trailing whitespace (often a trailing newline);"
+                " remove it"
+            )
+        elif not _is_utf8(value):
+            errors.append(f"{where}: {name} is not valid UTF-8")
+        else:
+            values[where] = value
+    # A pipeline token or receipt key equal to a relay secret could sign decisions (SPEC §3, §5).
+    names = dict(wanted)
+    relay_keys = [w for w in ("relay.secret_env", "relay.previous_secret_env") if w in values]
+    for where, others in (
+        ("api.token_env", relay_keys),
+        ("receipts.key_env", [*relay_keys, "api.token_env"]),
+    ):
+        for other in others:
+            if (
+                where in values
+                and other in values
+                and names[where] != names[other]  # same variable: a config error already
+                and _same(values[where], values[other])
+            ):
+                errors.append(
+                    f"{where}: {names[where]} has the same value as {names[other]}"
+                    f" ({other}); each secret must be distinct"
+                )
+    if errors:
+        return None, errors
+    relay = [values["relay.secret_env"]]
+    if "relay.previous_secret_env" in values:
+        relay.append(values["relay.previous_secret_env"])
+    secrets = Secrets(
+        relay_secrets=tuple(relay),
+        api_token=values["api.token_env"],
+        receipt_key=values["receipts.key_env"].encode("utf-8"),
+    )
+    return secrets, []
+
+
+def _secret_vars(config: Config) -> list[tuple[str, str]]:
+    """(YAML path, variable name) of every configured secret, relay secret first."""
+    relay = config.relay
+    out = [("relay.secret_env", relay.secret_env)]
+    if relay.previous_secret_env is not None:
+        out.append(("relay.previous_secret_env", relay.previous_secret_env))
+    out.append(("api.token_env", config.api.token_env))
+    out.append(("receipts.key_env", config.receipts.key_env))
+    return out
+
+
+def _is_utf8(value: str) -> bool:
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:  # e.g. undecodable bytes surrogate-escaped by os.environ
+        return False
+    return True
+
+
+def _same(a: str, b: str) -> bool:
+    return hmac.compare_digest(a.encode("utf-8"), b.encode("utf-8"))

@@ -1,0 +1,94 @@
+"""Checks across fields (SPEC §5), run once the schema validated: ids, names, scopes, quorums."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from gate.config.model import Config
+from gate.config.secrets import _secret_vars
+
+
+def _cross_check(config: Config) -> list[str]:
+    """Checks across fields (SPEC §5), run after the schema validated; returns every error."""
+    errors: list[str] = []
+    relay = config.relay
+    first_id: dict[int, int] = {}
+    first_key: dict[str, int] = {}
+    for i, op in enumerate(relay.operators):
+        where = f"relay.operators[{i}]"
+        if op.id in first_id:
+            errors.append(
+                f"{where}.id: duplicate operator id {op.id}"
+                f" (also relay.operators[{first_id[op.id]}])"
+            )
+        else:
+            first_id[op.id] = i
+        if op.identity != op.identity.strip():
+            errors.append(f"{where}.identity: has leading or trailing whitespace")
+        elif op.key in first_key:
+            errors.append(
+                f"{where}.identity: duplicate identity {op.identity!r} (same as"
+                f" relay.operators[{first_key[op.key]}] after trim and casefold)"
+            )
+        if op.identity.strip() and op.key not in first_key:
+            first_key[op.key] = i
+    defined = set(first_id)
+    allowed = relay.security.allowed_users
+    allowed_set = set(allowed)
+    errors += _check_ids("relay.security.allowed_users", allowed, defined, None)
+
+    env_names = _secret_vars(config)
+    for j, (where, name) in enumerate(env_names):
+        for other, other_name in env_names[:j]:
+            if name == other_name:
+                errors.append(f"{where}: must differ from {other} ({name} is used for both)")
+                break
+
+    first_pipe: dict[str, int] = {}
+    for p, pipe in enumerate(config.pipelines):
+        if pipe.name in first_pipe:
+            errors.append(
+                f"pipelines[{p}].name: duplicate pipeline name {pipe.name!r}"
+                f" (also pipelines[{first_pipe[pipe.name]}])"
+            )
+        else:
+            first_pipe[pipe.name] = p
+        first_step: dict[str, int] = {}
+        for s, step in enumerate(pipe.steps):
+            where = f"pipelines[{p}].steps[{s}]"
+            if step.name in first_step:
+                errors.append(
+                    f"{where}.name: duplicate step name {step.name!r}"
+                    f" (also pipelines[{p}].steps[{first_step[step.name]}])"
+                )
+            else:
+                first_step[step.name] = s
+            if "approvers" in step.model_fields_set:
+                errors += _check_ids(f"{where}.approvers", step.approvers, defined, allowed_set)
+                candidates: Sequence[int] = step.approvers
+            else:
+                candidates = allowed
+            in_scope = {i for i in candidates if i in allowed_set and i in defined}
+            if step.quorum > len(in_scope):
+                noun = "operator" if len(in_scope) == 1 else "operators"
+                errors.append(
+                    f"{where}.quorum: quorum {step.quorum} is larger than the {len(in_scope)}"
+                    f" {noun} in scope"
+                )
+    return errors
+
+
+def _check_ids(
+    where: str, ids: Sequence[int], defined: set[int], allowed: set[int] | None
+) -> list[str]:
+    errors: list[str] = []
+    seen: set[int] = set()
+    for i, op_id in enumerate(ids):
+        if op_id in seen:
+            errors.append(f"{where}[{i}]: operator {op_id} is listed twice")
+        elif op_id not in defined:
+            errors.append(f"{where}[{i}]: operator {op_id} is not defined in relay.operators")
+        elif allowed is not None and op_id not in allowed:
+            errors.append(f"{where}[{i}]: operator {op_id} is not in relay.security.allowed_users")
+        seen.add(op_id)
+    return errors

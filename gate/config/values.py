@@ -1,0 +1,151 @@
+"""Plain config values: durations, listen addresses, and the per-field checks the models use."""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from pydantic import ValidationInfo
+
+# --------------------------------------------------------------------------- durations, addresses
+
+_DURATION_HINT = "(use e.g. 90s, 30m, 4h)"
+_DURATION_FULL = re.compile(r"(?:[0-9]+(?:ms|h|m|s))+")
+_DURATION_PART = re.compile(r"([0-9]+)(ms|h|m|s)")
+_PLAIN_NUMBER = re.compile(r"[0-9]+(?:\.[0-9]+)?")
+_UNIT_SECONDS = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 0.001}
+_PORT = re.compile(r"[0-9]{1,5}")
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def parse_duration(text: str | int | float) -> float:
+    """Return a duration in seconds (float, > 0) (SPEC §5 per-step ``timeout``).
+
+    Accepts a string of one or more ``<int><unit>`` parts with unit ``h``, ``m``, ``s`` or
+    ``ms`` (``4h``, ``1h30m``, ``500ms``), a plain number string (``"90"``), or an int/float,
+    both meaning seconds. Raises ``ValueError`` (one line, e.g. ``invalid duration '4 hours'
+    (use e.g. 90s, 30m, 4h)``) for anything else, for booleans, and for values <= 0, infinite
+    or too large to represent.
+    """
+    if isinstance(text, bool) or not isinstance(text, str | int | float):
+        raise ValueError(f"invalid duration {text!r} {_DURATION_HINT}")
+    try:
+        if isinstance(text, str):
+            spec = text.strip()
+            if _PLAIN_NUMBER.fullmatch(spec):
+                seconds = float(spec)
+            elif _DURATION_FULL.fullmatch(spec):
+                seconds = sum(int(n) * _UNIT_SECONDS[u] for n, u in _DURATION_PART.findall(spec))
+            else:
+                raise ValueError(f"invalid duration {text!r} {_DURATION_HINT}")
+        else:
+            seconds = float(text)
+    except OverflowError:
+        raise ValueError(f"duration {text!r} is too large") from None
+    if math.isnan(seconds) or math.isinf(seconds):
+        raise ValueError(f"duration must be a finite number, got {text!r}")
+    if seconds <= 0:
+        raise ValueError(f"duration must be > 0, got {text!r}")
+    return seconds
+
+
+def parse_listen(addr: str) -> tuple[str, str, int] | tuple[str, str]:
+    """Split a listen address into ``("tcp", host, port)`` or ``("unix", path)`` (SPEC §3).
+
+    ``host:port`` (port 0-65535, 0 = ephemeral; IPv6 hosts in brackets, ``[::1]:8090``,
+    returned without brackets) or ``unix:/path.sock``. Raises ``ValueError`` with a one-line
+    message for anything else.
+    """
+    if not isinstance(addr, str) or not addr.strip():
+        raise ValueError("expected 'host:port' or 'unix:/path.sock'")
+    if addr.startswith("unix:"):
+        path = addr[len("unix:") :]
+        if not path.strip():
+            raise ValueError("unix socket path is empty (use e.g. unix:/run/hitl-gate.sock)")
+        return ("unix", path)
+    host, sep, port_text = addr.rpartition(":")
+    if not sep or not host:
+        raise ValueError(f"invalid address {addr!r} (use host:port, e.g. 127.0.0.1:8090)")
+    if host.startswith("["):
+        if not host.endswith("]") or len(host) < 3:
+            raise ValueError(f"invalid address {addr!r} (IPv6 form is [::1]:8090)")
+        host = host[1:-1]
+    elif ":" in host:
+        raise ValueError(f"invalid address {addr!r} (put IPv6 hosts in brackets: [::1]:8090)")
+    if any(ch.isspace() for ch in host):
+        raise ValueError(f"invalid address {addr!r} (host contains whitespace)")
+    if not _PORT.fullmatch(port_text) or int(port_text) > 65535:
+        raise ValueError(f"invalid port in {addr!r} (use 0-65535)")
+    return ("tcp", host, int(port_text))
+
+
+# --------------------------------------------------------------------------- field validators
+
+
+def _check_env_name(value: str) -> str:
+    if not _ENV_NAME.fullmatch(value):
+        raise ValueError(
+            f"{value!r} is not an environment variable name (letters, digits and _)"
+        )
+    return value
+
+
+def _check_name(value: str) -> str:
+    if value != value.strip():
+        raise ValueError("has leading or trailing whitespace")
+    return value
+
+
+def _check_http_url(value: str) -> str:
+    # Never echo the URL: relay URLs (e.g. Power Automate) may carry a signature in the query.
+    if any(ch.isspace() for ch in value):
+        raise ValueError("URL must not contain whitespace")
+    try:
+        parts = urlsplit(value)
+        parts.port  # noqa: B018 - raises ValueError on a bad port
+    except ValueError:
+        raise ValueError("not a valid URL") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError("must be an http:// or https:// URL with a host")
+    return value
+
+
+def _check_listen(value: str) -> str:
+    parse_listen(value)
+    return value
+
+
+def _check_tcp_addr(value: str) -> str:
+    if parse_listen(value)[0] != "tcp":
+        raise ValueError("must be host:port (a unix socket is not allowed here)")
+    return value
+
+
+def _check_path_text(value: Any) -> Any:
+    if isinstance(value, str) and not value.strip():
+        raise ValueError("must not be empty")
+    return value
+
+
+def _non_empty(value: tuple[Any, ...]) -> tuple[Any, ...]:
+    # An AfterValidator (not min_length) so a list whose items failed is not also called empty.
+    if not value:
+        raise ValueError("must not be empty")
+    return value
+
+
+def _none_as_empty(value: Any) -> Any:
+    return {} if value is None else value
+
+
+def _resolve(path: Path, info: ValidationInfo) -> Path:
+    """Make ``path`` absolute against ``context["base_dir"]`` (the config file's directory)."""
+    base = (info.context or {}).get("base_dir") or Path.cwd()
+    path = path.expanduser()
+    if not path.is_absolute():
+        path = Path(base) / path
+    return Path(os.path.normpath(path))
