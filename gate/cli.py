@@ -373,3 +373,51 @@ def relay(listen: str, secret_env: str, identities: tuple[str, ...], auto: str |
         asyncio.run(run_relay(listen, secret, identities, auto_decision, max_skew))
     except OSError as exc:
         fail(f"cannot listen on {listen}: {exc}")
+
+
+@main.command()
+@click.argument("relay_url")
+@click.option("--secret-env", required=True, help="Env var holding the shared relay secret.")
+@click.option("--approver", required=True,
+              help="Identity the relay will report as approver (the human, or the auto account).")
+@click.option("--listen", default="127.0.0.1:0", show_default=True,
+              help="host:port for the ephemeral gate's decision endpoint (port 0: any free port).")
+@click.option("--public-url", default=None,
+              help="Base URL the relay calls back (default http://<listen>). A relay in the "
+                   "cloud (Power Automate, n8n cloud) needs a public URL that reaches --listen, "
+                   "e.g. through a tunnel or reverse proxy.")
+@click.option("--timeout", type=click.FloatRange(min=1), default=120.0, show_default=True,
+              help="Seconds to wait for the relay's decision (a human may be answering).")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+def verify(relay_url: str, secret_env: str, approver: str, listen: str,
+           public_url: str | None, timeout: float, as_json: bool) -> None:
+    """Conformance test of a live relay (SPEC §6): PASS/FAIL per check.
+
+    Starts an ephemeral gate (the real decision handler over HTTP), dispatches a synthetic
+    approval (pipeline hitl-conformance) plus a badly signed and a stale one, waits for the
+    relay's decision, then checks replay, mutated-hash and out-of-scope refusals.
+    Exit 0 when every check passes, 1 when one fails, 2 for usage errors.
+
+    Example: hitl-gate verify http://127.0.0.1:8091/ --secret-env HITL_RELAY_SECRET
+    --approver alice@example.com
+    """
+    from gate.config import parse_listen
+    from gate.verify.runner import run_verify
+
+    secret = os.environ.get(secret_env)
+    if not secret:
+        fail(f"--secret-env: environment variable {secret_env} is not set", 2)
+    if not relay_url.startswith(("http://", "https://")):
+        fail("RELAY_URL must be an http:// or https:// URL", 2)
+    try:
+        if parse_listen(listen)[0] != "tcp":
+            raise ValueError("unix sockets cannot be reached by a relay")
+    except ValueError as exc:
+        fail(f"--listen: {exc}", 2)
+    try:
+        report = asyncio.run(run_verify(relay_url, secret, approver, listen, public_url, timeout))
+    except OSError as exc:
+        fail(f"--listen: cannot listen on {listen}: {exc}", 2)
+    click.echo(json.dumps(report.as_json(), ensure_ascii=False, indent=2) if as_json
+               else report.as_text())
+    sys.exit(0 if report.ok else 1)

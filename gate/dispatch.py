@@ -6,6 +6,9 @@ import asyncio
 import contextlib
 import logging
 import random
+import time
+from dataclasses import dataclass
+from typing import Any
 
 import aiohttp
 
@@ -112,48 +115,66 @@ class Dispatcher:
         full = await self.service.store.fetch_approval(approval_id)
         if full is None or full["state"] != "pending" or full["revision"] != revision:
             return
-        rev = next(r for r in full["revisions"] if r["revision"] == revision)
-        envelope = build_dispatch(
-            approval_id=approval_id, run_id=full["run_id"], pipeline=full["pipeline"],
-            step=full["step"], issued_at_ms=full["created_at"], expires_at_ms=full["expires_at"],
-            risk=full["risk"], quorum_required=full["quorum_required"],
-            quorum_collected=len(approvers_of(full, revision)),
-            approvers=[identity for _, identity in full["scope"]],
-            payload_hash=rev["payload_hash"], content_type=full["content_type"],
-            body=rev["body"], callback_url=self.callback_url, nonce=rev["nonce"],
-            revision=revision, budget=full["budget"],
-        )
-        body = wire_json(envelope)  # serialized once: these bytes are signed and sent
-        t = self.service.clock.now_ms() // 1000
-        headers = {
-            "Content-Type": "application/json; charset=utf-8",
-            PROTOCOL_HEADER: PROTOCOL,
-            SIGNATURE_HEADER: signing.sign(self.secret, t, body),
-        }
-        error: str | None = None
-        status = None
-        try:
-            async with self.session.post(
-                self.relay_url, data=body, headers=headers, allow_redirects=False,
-                timeout=aiohttp.ClientTimeout(total=self.timeout_s),
-            ) as resp:
-                status = resp.status
-                if not 200 <= status < 300:
-                    error = f"relay answered HTTP {status}"
-        except TimeoutError:
-            error = f"no answer within {self.timeout_s:g} s"
-        except aiohttp.ClientError as exc:
-            error = f"{type(exc).__name__}: {exc}"[:MAX_ERROR_CHARS]
-        acked = error is None
+        body = wire_json(dispatch_envelope(full, revision, self.callback_url))
+        result = await post_signed(self.session, self.relay_url, body, self.secret,
+                                   self.service.clock.now_ms() // 1000, self.timeout_s)
+        acked = result.error is None
         attempt = attempts_before + 1
         retry_at = self.service.clock.now_ms() + int(backoff_s(attempt, self._rng) * 1000)
         if acked:
-            log.info("event=dispatched approval_id=%s revision=%d attempt=%d status=%s "
-                     "payload_hash=%s", approval_id, revision, attempt, status,
-                     rev["payload_hash"])
+            log.info("event=dispatched approval_id=%s revision=%d attempt=%d status=%s",
+                     approval_id, revision, attempt, result.status)
         else:
             log.warning("event=dispatch_failed approval_id=%s revision=%d attempt=%d error=%r "
-                        "retry_in_s=%.1f", approval_id, revision, attempt, error,
+                        "retry_in_s=%.1f", approval_id, revision, attempt, result.error,
                         (retry_at - self.service.clock.now_ms()) / 1000)
-        await self.service.dispatch_result(approval_id, revision, acked=acked, error=error,
-                                           retry_at_ms=retry_at)
+        await self.service.dispatch_result(approval_id, revision, acked=acked,
+                                           error=result.error, retry_at_ms=retry_at)
+
+
+def dispatch_envelope(full: dict[str, Any], revision: int, callback_url: str) -> dict[str, Any]:
+    """Return the SPEC §2 dispatch envelope for ``revision`` of a loaded approval."""
+    rev = next(r for r in full["revisions"] if r["revision"] == revision)
+    return build_dispatch(
+        approval_id=full["approval_id"], run_id=full["run_id"], pipeline=full["pipeline"],
+        step=full["step"], issued_at_ms=full["created_at"], expires_at_ms=full["expires_at"],
+        risk=full["risk"], quorum_required=full["quorum_required"],
+        quorum_collected=len(approvers_of(full, revision)),
+        approvers=[identity for _, identity in full["scope"]],
+        payload_hash=rev["payload_hash"], content_type=full["content_type"],
+        body=rev["body"], callback_url=callback_url, nonce=rev["nonce"],
+        revision=revision, budget=full["budget"],
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class SendResult:
+    """One POST's result: HTTP ``status`` (None if none came), ``error`` (None = acked, 2xx),
+    ``elapsed_s`` until the answer or the failure, in seconds."""
+
+    status: int | None
+    error: str | None
+    elapsed_s: float
+
+
+async def post_signed(session: aiohttp.ClientSession, url: str, body: bytes, secret: str,
+                      t: int, timeout_s: float, *, signature: str | None = None) -> SendResult:
+    """POST ``body`` signed at unix second ``t`` (or with ``signature`` as given, for tests of
+    relays); redirects are never followed; an ack is any 2xx within ``timeout_s`` seconds."""
+    headers = {
+        "Content-Type": "application/json; charset=utf-8",
+        PROTOCOL_HEADER: PROTOCOL,
+        SIGNATURE_HEADER: signature or signing.sign(secret, t, body),
+    }
+    started = time.monotonic()
+    try:
+        async with session.post(url, data=body, headers=headers, allow_redirects=False,
+                                timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
+            status = resp.status
+            error = None if 200 <= status < 300 else f"relay answered HTTP {status}"
+            return SendResult(status, error, time.monotonic() - started)
+    except TimeoutError:
+        return SendResult(None, f"no answer within {timeout_s:g} s", time.monotonic() - started)
+    except aiohttp.ClientError as exc:
+        return SendResult(None, f"{type(exc).__name__}: {exc}"[:MAX_ERROR_CHARS],
+                          time.monotonic() - started)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from aiohttp import web
 
@@ -43,9 +44,14 @@ async def post_decision(request: web.Request) -> web.Response:
     return web.json_response(await service.decide(decision))
 
 
-def create_callback_app(service: GateService, settings: CallbackSettings) -> web.Application:
-    """Return the callback app: one route, the error middleware, bodies read by the handler."""
-    app = web.Application(middlewares=[error_middleware],
+def create_callback_app(service: GateService, settings: CallbackSettings,
+                        outer_middlewares: Sequence[Any] = ()) -> web.Application:
+    """Return the callback app: one route, the error middleware, bodies read by the handler.
+
+    ``outer_middlewares`` run outside the error middleware (they see every final answer);
+    ``hitl-gate verify`` uses one to observe what a relay sent.
+    """
+    app = web.Application(middlewares=[*outer_middlewares, error_middleware],
                           client_max_size=MAX_DECISION_BYTES * 4)
     app[SERVICE] = service
     app[SETTINGS] = settings

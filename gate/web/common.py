@@ -47,18 +47,18 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
 async def read_body(request: web.Request, limit: int, reason: str = "body_too_large") -> bytes:
     """Read the raw request body, refusing more than ``limit`` bytes with 413 ``reason``.
 
-    A Content-Length over the limit is refused before reading; a chunked body is read
-    only up to the limit. Nothing is decoded or trimmed.
+    A Content-Length over the limit is refused before reading; a chunked body is read at
+    most up to the app's ``client_max_size``. Nothing is decoded or trimmed. The bytes are
+    cached by aiohttp, so a middleware may read them too.
     """
     too_large = GateError(reason, f"body is larger than {limit} bytes", status=413,
                           kind="invalid")
     if request.content_length is not None and request.content_length > limit:
         raise too_large
-    chunks: list[bytes] = []
-    size = 0
-    async for chunk in request.content.iter_chunked(64 * 1024):
-        size += len(chunk)
-        if size > limit:
-            raise too_large
-        chunks.append(chunk)
-    return b"".join(chunks)
+    try:
+        raw = await request.read()
+    except web.HTTPRequestEntityTooLarge:
+        raise too_large from None
+    if len(raw) > limit:
+        raise too_large
+    return raw

@@ -1,0 +1,164 @@
+"""Judging what a relay did: one CheckResult per SPEC §6 check, each with what to fix."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import aiohttp
+
+from gate.errors import GateError
+from gate.protocol import PROTOCOL, PROTOCOL_HEADER, SIGNATURE_HEADER, signing
+from gate.protocol.envelope import decode_json
+
+ACK_LIMIT_S = 5.0
+
+
+@dataclass(frozen=True, slots=True)
+class CheckResult:
+    """One check: ``name`` (stable id), ``ok``, what was observed, and how to fix a failure."""
+
+    name: str
+    ok: bool
+    observed: str
+    fix: str = ""
+
+    def as_json(self) -> dict[str, Any]:
+        """Return the check as a JSON-ready dict."""
+        return asdict(self)
+
+
+def passed(name: str, observed: str) -> CheckResult:
+    """Return a passing check."""
+    return CheckResult(name, True, observed)
+
+
+def failed(name: str, observed: str, fix: str) -> CheckResult:
+    """Return a failing check with what the relay did and what it should do."""
+    return CheckResult(name, False, observed, fix)
+
+
+@dataclass(frozen=True, slots=True)
+class Observed:
+    """A request that reached the ephemeral gate's decision endpoint, and its answer."""
+
+    raw: bytes
+    headers: dict[str, str]
+    received_at: float  # unix seconds, gate clock
+    status: int
+    answer: Any
+
+
+def judge_ack(status: int | None, error: str | None, elapsed_s: float) -> CheckResult:
+    """Relay acked the real dispatch with 2xx within 5 s (SPEC §6)."""
+    name = "relay.ack"
+    if error is None and status is not None and elapsed_s <= ACK_LIMIT_S:
+        return passed(name, f"HTTP {status} after {elapsed_s:.2f} s")
+    what = error or f"HTTP {status}"
+    return failed(name, f"{what} after {elapsed_s:.2f} s",
+                  "answer the dispatch POST with any 2xx at once (within 5 s) and show the draft "
+                  "to the human afterwards; never hold the connection open for the human")
+
+
+def judge_refusal(name: str, status: int | None, error: str | None, what: str,
+                  decisions: list[Observed]) -> CheckResult:
+    """Relay refused a bad dispatch (non-2xx) and never produced a decision for it."""
+    if decisions:
+        return failed(name, f"a decision came back for the dispatch with {what}",
+                      "verify X-Draftcat-Signature and its timestamp before showing anything to "
+                      "a human; a relay that forwards unverified requests lets anyone put fake "
+                      "approvals in front of people")
+    if status is not None and 200 <= status < 300:
+        return failed(name, f"HTTP {status}: the dispatch with {what} was accepted",
+                      "refuse (401) a dispatch whose HMAC does not match or whose t is more "
+                      "than 300 s from your clock")
+    return passed(name, f"refused ({error or f'HTTP {status}'}), no decision came back")
+
+
+def judge_decision(decision: Observed, secret: str, now_s: float, max_skew_s: float,
+                   nonce: str, payload_hash: str, approver: str) -> list[CheckResult]:
+    """Check the relay's decision for the real dispatch: signed, in window, nonce, hash, approver,
+    accepted by the gate (SPEC §6 relay side)."""
+    results: list[CheckResult] = []
+    header = decision.headers.get(SIGNATURE_HEADER.lower())
+    try:
+        parsed = signing.parse(header)
+        signing.check_hmac(parsed, decision.raw, [secret])
+        results.append(passed("relay.decision_signed", "HMAC over the received bytes matches"))
+        try:
+            signing.check_window(parsed.t, now_s, max_skew_s)
+            results.append(passed("relay.decision_in_window",
+                                  f"t is {decision.received_at - parsed.t:+.0f} s from the gate"))
+        except GateError:
+            results.append(failed("relay.decision_in_window",
+                                  f"t={parsed.t} is {decision.received_at - parsed.t:+.0f} s away",
+                                  "sign with the current unix time in seconds (not ms), and keep "
+                                  "the relay's clock in sync"))
+    except GateError as exc:
+        results.append(failed("relay.decision_signed", f"{exc.code}: {exc.message}",
+                              "send X-Draftcat-Signature: t=<unix s>,v1=<hex HMAC-SHA256(secret, "
+                              "t + '.' + the exact body bytes you send)>"))
+        results.append(failed("relay.decision_in_window", "not checked: signature unusable",
+                              "fix the signature first"))
+    protocol = decision.headers.get(PROTOCOL_HEADER.lower())
+    try:
+        body = decode_json(decision.raw)
+    except GateError as exc:
+        body = None
+        results.append(failed("relay.decision_parses", exc.message,
+                              "send the decision envelope as a UTF-8 JSON object"))
+    if not isinstance(body, dict):
+        body = {}
+    if protocol not in (None, PROTOCOL) or body.get("protocol") != PROTOCOL:
+        results.append(failed("relay.protocol", f"protocol {body.get('protocol')!r}",
+                              f'send "protocol": "{PROTOCOL}"'))
+    results.append(
+        passed("relay.nonce", "nonce is the dispatched one") if body.get("nonce") == nonce
+        else failed("relay.nonce", f"nonce {body.get('nonce')!r}",
+                    "echo callback.nonce from the dispatch unchanged"))
+    results.append(
+        passed("relay.payload_hash_echo", "payload_hash matches the dispatch")
+        if body.get("payload_hash") == payload_hash
+        else failed("relay.payload_hash_echo", f"payload_hash {body.get('payload_hash')!r}",
+                    "echo payload_hash from the dispatch byte for byte; never recompute it from a "
+                    "re-encoded draft"))
+    approver_obj = body.get("approver")
+    got = approver_obj.get("id") if isinstance(approver_obj, dict) else None
+    ok_approver = isinstance(got, str) and got.strip().casefold() == approver.strip().casefold()
+    results.append(
+        passed("relay.approver_in_scope", f"approver.id {got!r}") if ok_approver
+        else failed("relay.approver_in_scope", f"approver.id {got!r}",
+                    f"report the human who decided as approver.id; expected {approver!r}, one of "
+                    "the dispatch's approvers"))
+    accepted = decision.status == 200
+    results.append(
+        passed("relay.decision_accepted", f"gate answered 200 {decision.answer}") if accepted
+        else failed("relay.decision_accepted", f"gate answered {decision.status} {decision.answer}",
+                    "the gate refused this decision; the reason names the field or check"))
+    return results
+
+
+async def probe(session: aiohttp.ClientSession, gate_url: str, body: bytes,
+                headers: dict[str, str], name: str, expect_status: int,
+                expect_reasons: tuple[str, ...]) -> CheckResult:
+    """POST a crafted decision to a gate over HTTP; pass only on the expected status and reason.
+
+    Used for the gate-side checks (replay, mutated hash, out-of-scope approver); it fails
+    for any other answer, so a gate that wrongly accepts is reported.
+    """
+    try:
+        async with session.post(gate_url, data=body, headers=headers,
+                                allow_redirects=False) as resp:
+            status = resp.status
+            text = await resp.text()
+    except aiohttp.ClientError as exc:
+        return failed(name, f"no answer: {exc}", "the ephemeral gate must be reachable")
+    try:
+        answer = decode_json(text.encode("utf-8"))
+    except GateError:
+        answer = text[:200]
+    reason = answer.get("reason") if isinstance(answer, dict) else None
+    if status == expect_status and reason in expect_reasons:
+        return passed(name, f"refused {status} {reason}")
+    want = f"{expect_status} {' or '.join(expect_reasons)}"
+    return failed(name, f"answered {status} {answer}", f"must be refused with {want} (SPEC §2)")

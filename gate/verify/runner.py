@@ -1,0 +1,288 @@
+"""Run a conformance check of a live relay: ephemeral gate, crafted dispatches, probes (SPEC §6)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import secrets as pysecrets
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import yaml
+from aiohttp import web
+
+from gate.clock import SystemClock
+from gate.config import Secrets, load_config, parse_listen
+from gate.core.requests import CreateRequest
+from gate.core.service import GateService
+from gate.dispatch import dispatch_envelope, post_signed
+from gate.protocol import DECISIONS_PATH, PROTOCOL, PROTOCOL_HEADER, SIGNATURE_HEADER, signing
+from gate.protocol.canonical import wire_json
+from gate.protocol.envelope import decode_json
+from gate.store import Store
+from gate.verify.checks import CheckResult, Observed, judge_ack, judge_decision, judge_refusal
+from gate.verify.checks import probe
+from gate.web.callback import CallbackSettings, create_callback_app
+from gate.web.common import Handler
+
+log = logging.getLogger(__name__)
+
+PIPELINE = "hitl-conformance"
+OUTSIDER = "hitl-conformance-outsider@invalid"
+MAX_SKEW_S = 300.0
+ACK_TIMEOUT_S = 10.0
+GRACE_S = 3.0
+STALE_BY_S = 3600
+DRAFT = ("hitl-gate conformance check — not a real request.\n"
+         "Grüße, Zoë · 1.240,00 € · ✅\r\nPlease approve so the check can finish.\n")
+
+
+@dataclass
+class Report:
+    """The checks in order, plus the ephemeral gate's callback URL used."""
+
+    callback_url: str
+    checks: list[CheckResult] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        """True only when every check passed."""
+        return bool(self.checks) and all(c.ok for c in self.checks)
+
+    def as_json(self) -> dict[str, Any]:
+        """Return ``{"ok", "callback_url", "checks": [...]}``."""
+        return {"ok": self.ok, "callback_url": self.callback_url,
+                "checks": [c.as_json() for c in self.checks]}
+
+    def as_text(self) -> str:
+        """Return the human-readable report: one line per check, fixes under failures."""
+        lines = [f"hitl/v0 conformance of the relay (callback {self.callback_url})"]
+        for c in self.checks:
+            lines.append(f"{'PASS' if c.ok else 'FAIL'}  {c.name:30} {c.observed}")
+            if not c.ok and c.fix:
+                lines.append(f"      fix: {c.fix}")
+        passed_n = sum(c.ok for c in self.checks)
+        lines.append(f"{passed_n}/{len(self.checks)} checks passed: "
+                     f"{'CONFORMANT' if self.ok else 'NOT CONFORMANT'}")
+        return "\n".join(lines)
+
+
+def _ephemeral_config(directory: Path, relay_url: str, listen: str, public_url: str | None,
+                      approver: str) -> Path:
+    config = {
+        "relay": {
+            "url": relay_url, "secret_env": "HITL_VERIFY_SECRET", "callback_addr": listen,
+            "public_url": public_url, "dispatch_timeout": f"{ACK_TIMEOUT_S:g}s",
+            "operators": [{"id": 1, "identity": approver}, {"id": 2, "identity": OUTSIDER}],
+            "security": {"allowed_users": [1, 2], "max_input_length": 2000,
+                         "rate_limit": 1000, "max_skew": f"{MAX_SKEW_S:g}s"},
+        },
+        "api": {"listen": "127.0.0.1:0", "token_env": "HITL_VERIFY_TOKEN"},
+        "storage": {"path": "verify.db"},
+        "receipts": {"key_env": "HITL_VERIFY_RECEIPTS"},
+        "pipelines": [{"name": PIPELINE, "steps": [
+            {"name": "verify", "quorum": 1, "approvers": [1], "timeout": "1h", "risk": "low"}]}],
+    }
+    path = directory / "verify.yaml"
+    path.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
+    return path
+
+
+def _observer(seen: list[Observed], changed: asyncio.Event,
+              now: Callable[[], float]) -> Any:
+    @web.middleware
+    async def observe(request: web.Request, handler: Handler) -> web.StreamResponse:
+        try:
+            raw = await request.read()
+        except web.HTTPException:
+            raw = b""
+        received = now()
+        response = await handler(request)
+        answer: Any = None
+        if isinstance(response, web.Response) and response.body is not None:
+            try:
+                answer = json.loads(bytes(response.body))  # type: ignore[arg-type]
+            except (ValueError, TypeError):
+                answer = None
+        seen.append(Observed(raw, {k.lower(): v for k, v in request.headers.items()}, received,
+                             response.status, answer))
+        changed.set()
+        return response
+    return observe
+
+
+def _for(seen: list[Observed], approval_id: str) -> list[Observed]:
+    out = []
+    for obs in seen:
+        try:
+            body = decode_json(obs.raw)
+        except Exception:  # noqa: BLE001 - any undecodable body simply is not this approval's
+            continue
+        if isinstance(body, dict) and body.get("approval_id") == approval_id:
+            out.append(obs)
+    return out
+
+
+async def _wait_for(seen: list[Observed], changed: asyncio.Event, approval_id: str,
+                    timeout_s: float) -> Observed | None:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        found = _for(seen, approval_id)
+        if found:
+            return found[0]
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return None
+        changed.clear()
+        try:
+            await asyncio.wait_for(changed.wait(), timeout=left)
+        except TimeoutError:
+            return None
+
+
+def _resign(template: dict[str, Any], secret: str, **fields: Any) -> tuple[bytes, dict[str, str]]:
+    body = dict(template)
+    body.update(fields)
+    raw = wire_json(body)
+    headers = {"Content-Type": "application/json", PROTOCOL_HEADER: PROTOCOL,
+               SIGNATURE_HEADER: signing.sign(secret, int(time.time()), raw)}
+    return raw, headers
+
+
+async def run_verify(relay_url: str, secret: str, approver: str, listen: str,
+                     public_url: str | None, timeout_s: float) -> Report:
+    """Run every SPEC §6 check against the relay at ``relay_url``; return the report.
+
+    Starts the real decision handler over HTTP on ``listen`` (reachable by the relay at
+    ``public_url``, default the bound address), dispatches one real approval plus one with
+    a bad signature and one with a stale timestamp, waits up to ``timeout_s`` seconds for
+    the human's decision, then probes the gate with a replay, a mutated payload hash and an
+    out-of-scope approver. Raises OSError when ``listen`` cannot be bound.
+    """
+    with tempfile.TemporaryDirectory(prefix="hitl-verify-") as tmp:
+        config = load_config(_ephemeral_config(Path(tmp), relay_url, listen, public_url,
+                                               approver))
+        secrets_ = Secrets((secret,), pysecrets.token_hex(16),
+                           pysecrets.token_hex(16).encode("ascii"))
+        clock = SystemClock()
+        service = GateService(config, secrets_.receipt_key, Store(config.storage.path), clock)
+        await service.store.open()
+        seen: list[Observed] = []
+        changed = asyncio.Event()
+        app = create_callback_app(service, CallbackSettings((secret,), MAX_SKEW_S),
+                                  [_observer(seen, changed, lambda: clock.now_ms() / 1000)])
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        try:
+            parsed = parse_listen(config.relay.callback_addr)
+            site = web.TCPSite(runner, parsed[1], parsed[2])
+            await site.start()
+            host, port = runner.addresses[0][:2]
+            local_url = f"http://{host}:{port}{DECISIONS_PATH}"
+            base = config.relay.public_url or f"http://{host}:{port}"
+            callback_url = base.rstrip("/") + DECISIONS_PATH
+            async with aiohttp.ClientSession(trust_env=False) as session:
+                report = Report(callback_url)
+                await _run(report, service, session, relay_url, secret, approver, local_url,
+                           callback_url, seen, changed, timeout_s)
+                return report
+        finally:
+            await runner.cleanup()
+            await service.store.close()
+
+
+async def _create(service: GateService, run_id: str) -> dict[str, Any]:
+    view, _ = await service.create(
+        CreateRequest(PIPELINE, "verify", run_id, "text/plain", DRAFT, None), None)
+    full = await service.store.fetch_approval(view["approval_id"])
+    assert full is not None
+    return full
+
+
+async def _run(report: Report, service: GateService, session: aiohttp.ClientSession,
+               relay_url: str, secret: str, approver: str, local_url: str, callback_url: str,
+               seen: list[Observed], changed: asyncio.Event, timeout_s: float) -> None:
+    checks = report.checks
+    bad_sig = await _create(service, "conformance-bad-signature")
+    stale = await _create(service, "conformance-stale-timestamp")
+    real = await _create(service, "conformance")
+    now_s = int(time.time())
+
+    body = wire_json(dispatch_envelope(bad_sig, 1, callback_url))
+    forged = signing.sign("not-the-shared-secret-" + pysecrets.token_hex(8), now_s, body)
+    bad_result = await post_signed(session, relay_url, body, secret, now_s, ACK_TIMEOUT_S,
+                                   signature=forged)
+    body = wire_json(dispatch_envelope(stale, 1, callback_url))
+    stale_result = await post_signed(session, relay_url, body, secret, now_s - STALE_BY_S,
+                                     ACK_TIMEOUT_S)
+    body = wire_json(dispatch_envelope(real, 1, callback_url))
+    sent_at = time.time()
+    ack = await post_signed(session, relay_url, body, secret, int(time.time()), ACK_TIMEOUT_S)
+    checks.append(judge_ack(ack.status, ack.error, ack.elapsed_s))
+
+    revision = real["revisions"][0]
+    decision = None
+    if ack.error is None:
+        decision = await _wait_for(seen, changed, real["approval_id"], timeout_s)
+    if decision is None:
+        checks.append(CheckResult(
+            "relay.decision_received", False,
+            "no decision arrived" + (f" within {timeout_s:g} s" if ack.error is None
+                                     else " (the dispatch was not acked)"),
+            f"POST one signed decision per approver to callback.url ({callback_url}); "
+            "raise --timeout if a human needs longer"))
+    else:
+        checks.append(CheckResult("relay.decision_received", True,
+                                  f"{decision.received_at - sent_at:.1f} s after the dispatch"))
+        checks.extend(judge_decision(decision, secret, decision.received_at, MAX_SKEW_S,
+                                     revision["nonce"], revision["payload_hash"], approver))
+    # give a relay that wrongly forwarded the bad dispatches time to answer them too
+    await asyncio.sleep(GRACE_S)
+    checks.append(judge_refusal("relay.refuses_bad_signature", bad_result.status,
+                                bad_result.error, "a bad signature",
+                                _for(seen, bad_sig["approval_id"])))
+    checks.append(judge_refusal("relay.refuses_stale_timestamp", stale_result.status,
+                                stale_result.error, f"a timestamp {STALE_BY_S} s old",
+                                _for(seen, stale["approval_id"])))
+    await _gate_side(checks, service, session, secret, local_url, decision)
+
+
+async def _gate_side(checks: list[CheckResult], service: GateService,
+                     session: aiohttp.ClientSession, secret: str, local_url: str,
+                     decision: Observed | None) -> None:
+    names = ("gate.replay_refused", "gate.mutated_hash_refused", "gate.out_of_scope_refused")
+    template: Any = None
+    if decision is not None and decision.status == 200:
+        try:
+            template = decode_json(decision.raw)
+        except Exception:  # noqa: BLE001 - an accepted decision always decodes
+            template = None
+    if not isinstance(template, dict):
+        for name in names:
+            checks.append(CheckResult(name, False, "not run: no accepted decision to use as a "
+                                      "template", "make the relay's decision acceptable first"))
+        return
+    replay_headers = {k: v for k, v in decision.headers.items()
+                      if k in (SIGNATURE_HEADER.lower(), PROTOCOL_HEADER.lower(), "content-type")}
+    checks.append(await probe(session, local_url, decision.raw, replay_headers, names[0], 409,
+                              ("already_resolved", "duplicate")))
+    target = await _create(service, "conformance-probe")
+    rev = target["revisions"][0]
+    digest = rev["payload_hash"]
+    mutated = digest[:-1] + ("0" if digest[-1] != "0" else "1")
+    raw, headers = _resign(template, secret, approval_id=target["approval_id"],
+                           nonce=rev["nonce"], payload_hash=mutated)
+    checks.append(await probe(session, local_url, raw, headers, names[1], 403,
+                              ("payload_hash_mismatch",)))
+    approver_obj = dict(template.get("approver") or {})
+    approver_obj["id"] = OUTSIDER
+    raw, headers = _resign(template, secret, approval_id=target["approval_id"],
+                           nonce=rev["nonce"], payload_hash=digest, approver=approver_obj)
+    checks.append(await probe(session, local_url, raw, headers, names[2], 403,
+                              ("approver_not_allowed",)))
