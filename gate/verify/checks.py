@@ -55,6 +55,10 @@ def judge_ack(status: int | None, error: str | None, elapsed_s: float) -> CheckR
     if error is None and status is not None and elapsed_s <= ACK_LIMIT_S:
         return passed(name, f"HTTP {status} after {elapsed_s:.2f} s")
     what = error or f"HTTP {status}"
+    if status in (400, 401, 403):
+        return failed(name, f"{what} after {elapsed_s:.2f} s: a correctly signed dispatch was "
+                      "refused", "verify the signature over the exact raw body bytes received "
+                      "(never re-encoded JSON: 20.0 becomes 20), with the shared secret as UTF-8")
     return failed(name, f"{what} after {elapsed_s:.2f} s",
                   "answer the dispatch POST with any 2xx at once (within 5 s) and show the draft "
                   "to the human afterwards; never hold the connection open for the human")

@@ -86,7 +86,10 @@ def _ephemeral_config(directory: Path, relay_url: str, listen: str, public_url: 
         "api": {"listen": "127.0.0.1:0", "token_env": "HITL_VERIFY_TOKEN"},
         "storage": {"path": "verify.db"},
         "receipts": {"key_env": "HITL_VERIFY_RECEIPTS"},
-        "pipelines": [{"name": PIPELINE, "steps": [
+        # a budget puts floats (20.0, 0.0) in the dispatch: a relay that verifies re-encoded
+        # JSON (20.0 -> 20) instead of the raw bytes fails here, as it would in production
+        "budget": {"unit": "EUR", "cap_today": 20.0},
+        "pipelines": [{"name": PIPELINE, "budget_cap": 2.0, "steps": [
             {"name": "verify", "quorum": 1, "approvers": [1], "timeout": "1h", "risk": "low"}]}],
     }
     path = directory / "verify.yaml"

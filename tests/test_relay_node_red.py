@@ -1,0 +1,102 @@
+"""The Node-RED relay template (conformance/relays/node-red/) really runs and passes verify.
+
+prove.sh installs node-red 4.1.x (cached in .node/), starts it on loopback, deploys flow.json
+through the admin API and runs ``hitl-gate verify`` against it. A second run deploys the same
+flow with its signature check disabled, to prove the negative path is real.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+RELAY_DIR = ROOT / "conformance" / "relays" / "node-red"
+PROVE = RELAY_DIR / "prove.sh"
+FLOW = RELAY_DIR / "flow.json"
+SIGNATURE_CHECK = ("const refusal = checkSignature(header, raw, secrets, Date.now() / 1000);"
+                   " // hitl:signature-check")
+CHECKS = ("relay.ack", "relay.decision_received", "relay.decision_signed",
+          "relay.decision_in_window", "relay.nonce", "relay.payload_hash_echo",
+          "relay.approver_in_scope", "relay.decision_accepted", "relay.refuses_bad_signature",
+          "relay.refuses_stale_timestamp", "gate.replay_refused", "gate.mutated_hash_refused",
+          "gate.out_of_scope_refused")
+LINE = re.compile(r"^(PASS|FAIL)  (\S+)", re.MULTILINE)
+
+needs_node = pytest.mark.skipif(
+    shutil.which("node") is None or shutil.which("npm") is None,
+    reason="node and npm are needed to install and run Node-RED (CI has them)")
+
+
+def _gate_bin() -> str:
+    beside = Path(sys.executable).parent / "hitl-gate"
+    return str(beside if beside.exists() else ROOT / ".venv" / "bin" / "hitl-gate")
+
+
+def _prove(flow: Path | None = None, timeout_s: float = 540) -> tuple[int, str, dict[str, str]]:
+    """Run prove.sh; return its exit code, its output (stdout + stderr) and check -> PASS/FAIL."""
+    env = {**os.environ, "HITL_GATE_BIN": _gate_bin(), "HITL_VERIFY_TIMEOUT": "30"}
+    if flow is not None:
+        env["HITL_FLOW_FILE"] = str(flow)
+    proc = subprocess.run(["bash", str(PROVE)], env=env, stdin=subprocess.DEVNULL,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          timeout=timeout_s, check=False)
+    results = {name: verdict for verdict, name in LINE.findall(proc.stdout)}
+    return proc.returncode, proc.stdout, results
+
+
+def _load_flow() -> list[dict]:
+    return json.loads(FLOW.read_text(encoding="utf-8"))
+
+
+def test_flow_reads_raw_body_and_keeps_the_secret_out() -> None:
+    flow = _load_flow()
+    http_in = [n for n in flow if n["type"] == "http in"]
+    assert len(http_in) == 1
+    assert http_in[0]["method"] == "post" and http_in[0]["url"] == "/hitl"
+    assert http_in[0]["skipBodyParsing"] is True  # "Accept raw body": msg.payload is a Buffer
+    funcs = {n["name"]: n for n in flow if n["type"] == "function"}
+    assert funcs["verify dispatch signature"]["func"].count(SIGNATURE_CHECK) == 1
+    for name in ("verify dispatch signature", "build + sign decision"):
+        assert funcs[name]["libs"] == [{"var": "crypto", "module": "crypto"}]
+        assert 'env.get("HITL_RELAY_SECRET")' in funcs[name]["func"]
+    assert "HITL_AUTO_DECISION" in funcs["HUMAN STEP (placeholder: replace me)"]["func"]
+    assert not any("credentials" in n for n in flow)  # the secret comes from the environment
+
+
+@needs_node
+@pytest.mark.timeout(600)
+def test_node_red_relay_is_conformant() -> None:
+    rc, out, results = _prove()
+    assert rc == 0, out
+    assert re.search(r"^13/13 checks passed: CONFORMANT$", out, re.MULTILINE), out
+    assert results == dict.fromkeys(CHECKS, "PASS"), out
+    assert "timings: install" in out
+
+
+@needs_node
+@pytest.mark.timeout(600)
+def test_node_red_relay_without_signature_check_fails_verify(tmp_path: Path) -> None:
+    flow = _load_flow()
+    (verify_node,) = [n for n in flow if n.get("name") == "verify dispatch signature"]
+    assert verify_node["func"].count(SIGNATURE_CHECK) == 1
+    verify_node["func"] = verify_node["func"].replace(
+        SIGNATURE_CHECK, "const refusal = null; // signature check disabled by the test")
+    broken = tmp_path / "flow-without-signature-check.json"
+    broken.write_text(json.dumps(flow), encoding="utf-8")
+
+    rc, out, results = _prove(broken)
+
+    assert rc == 1, out
+    assert results["relay.refuses_bad_signature"] == "FAIL", out
+    assert results["relay.refuses_stale_timestamp"] == "FAIL", out
+    # everything else still works: only the missing check is reported
+    assert results["relay.ack"] == results["relay.decision_accepted"] == "PASS", out
+    assert "NOT CONFORMANT" in out
