@@ -86,9 +86,24 @@ def judge_decision(decision: Observed, secret: str, now_s: float, max_skew_s: fl
     results: list[CheckResult] = []
     header = decision.headers.get(SIGNATURE_HEADER.lower())
     try:
-        parsed = signing.parse(header)
-        signing.check_hmac(parsed, decision.raw, [secret])
-        results.append(passed("relay.decision_signed", "HMAC over the received bytes matches"))
+        parsed: signing.SignatureHeader | None = signing.parse(header)
+    except GateError as exc:
+        parsed = None
+        results.append(failed("relay.decision_signed", f"{exc.code}: {exc.message}",
+                              "send X-Draftcat-Signature: t=<unix s>,v1=<hex HMAC-SHA256(secret, "
+                              "t + '.' + the exact body bytes you send)>"))
+        results.append(failed("relay.decision_in_window", "not checked: signature unusable",
+                              "fix the signature first"))
+    if parsed is not None:
+        try:
+            signing.check_hmac(parsed, decision.raw, [secret])
+            results.append(passed("relay.decision_signed", "HMAC over the received bytes matches"))
+        except GateError as exc:
+            results.append(failed("relay.decision_signed", f"{exc.code}: {exc.message}",
+                                  "sign with the shared secret: X-Draftcat-Signature: t=<unix s>,"
+                                  "v1=<hex HMAC-SHA256(secret, t + '.' + the exact body bytes "
+                                  "you send)>"))
+        # judged even when the HMAC does not match: the gate checks the window first (SPEC §2 #3)
         try:
             signing.check_window(parsed.t, now_s, max_skew_s)
             results.append(passed("relay.decision_in_window",
@@ -98,12 +113,6 @@ def judge_decision(decision: Observed, secret: str, now_s: float, max_skew_s: fl
                                   f"t={parsed.t} is {decision.received_at - parsed.t:+.0f} s away",
                                   "sign with the current unix time in seconds (not ms), and keep "
                                   "the relay's clock in sync"))
-    except GateError as exc:
-        results.append(failed("relay.decision_signed", f"{exc.code}: {exc.message}",
-                              "send X-Draftcat-Signature: t=<unix s>,v1=<hex HMAC-SHA256(secret, "
-                              "t + '.' + the exact body bytes you send)>"))
-        results.append(failed("relay.decision_in_window", "not checked: signature unusable",
-                              "fix the signature first"))
     protocol = decision.headers.get(PROTOCOL_HEADER.lower())
     try:
         body = decode_json(decision.raw)
