@@ -59,6 +59,11 @@ async def read_body(request: web.Request, limit: int, reason: str = "body_too_la
         raw = await request.read()
     except web.HTTPRequestEntityTooLarge:
         raise too_large from None
+    except ConnectionResetError:
+        # the client hung up before its body was complete: nothing was read, nothing is
+        # recorded, and nobody is left to answer; not an internal error
+        raise GateError("client_disconnected", "the client closed the connection mid-body",
+                        status=400, kind="invalid") from None
     if len(raw) > limit:
         raise too_large
     return raw
