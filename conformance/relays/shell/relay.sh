@@ -1,0 +1,128 @@
+#!/bin/sh
+# shellcheck disable=SC2015  # "A && B || reply ...": refuse when any test fails, on purpose
+# hitl/v0 relay in POSIX sh: socat accepts, openssl signs, jq reads/builds JSON, curl posts back.
+# Run:  HITL_RELAY_SECRET=... RELAY_APPROVER=alice@example.com ./relay.sh serve 127.0.0.1:8194
+# Without "serve" the script is socat's per-connection handler: HTTP request on stdin, answer on
+# stdout. Env: HITL_RELAY_SECRET (required), RELAY_APPROVER (default: first approver in the
+# dispatch), RELAY_AUTO=approve|skip|adjust:TEXT|ask (default approve; ask prompts on /dev/tty),
+# RELAY_STATE (directory remembering handled nonces). Details and limits: README.md beside it.
+set -uf
+export LC_ALL=C
+SECRET=${HITL_RELAY_SECRET:?HITL_RELAY_SECRET is not set}
+MAX_SKEW=300 MAX_BODY=65536 CR=$(printf '\r')
+STATE=${RELAY_STATE:-${TMPDIR:-/tmp}/hitl-relay-shell.$(id -u)}
+log() { printf 'relay.sh: %s\n' "$*" >&2; }
+hmac() { openssl dgst -sha256 -hmac "$SECRET" | awk '{printf "%s", $NF}'; }  # stdin -> hex
+
+case ${RELAY_AUTO:=approve} in approve|skip|ask|adjust:?*) ;; *)
+  log "RELAY_AUTO must be approve, skip, adjust:TEXT or ask"; exit 2 ;; esac
+if [ "${1:-}" = serve ]; then  # the listener: socat forks one handler (this script) per connection
+  addr=${2:-127.0.0.1:8194} self=$(cd "$(dirname "$0")" && pwd)/$(basename "$0")
+  log "listening on http://$addr/ (RELAY_AUTO=$RELAY_AUTO)"
+  exec socat -T 30 "TCP-LISTEN:${addr##*:},bind=${addr%:*},reuseaddr,fork" "EXEC:/bin/sh $self"
+fi
+
+reply() {  # reply STATUS REASON-OR-JSON: write the HTTP answer and end this connection
+  case $2 in '{'*) body=$2 ;; *) body="{\"status\":\"unauthorized\",\"reason\":\"$2\"}" ;; esac
+  printf 'HTTP/1.1 %s\r\nContent-Type: application/json\r\nContent-Length: %s\r\n' "$1" "${#body}"
+  printf 'Connection: close\r\n\r\n%s' "$body"
+  case $1 in 2*) ;; *) log "refused dispatch: $1 $body" ;; esac
+  exit 0
+}
+
+# 1. request line, headers (only Content-Length and the signature matter), exact body bytes
+read -r method _ _ || exit 0
+len='' sig=''
+while IFS= read -r line; do
+  line=${line%"$CR"}
+  [ -n "$line" ] || break
+  case $(printf %s "$line" | tr '[:upper:]' '[:lower:]') in
+    content-length:*) len=$(printf %s "${line#*:}" | tr -d ' \t') ;;
+    x-draftcat-signature:*) sig=$(printf %s "${line#*:}" | tr -d ' \t' | tr 'A-F' 'a-f') ;;
+    expect:*100-continue*) printf 'HTTP/1.1 100 Continue\r\n\r\n' ;;
+  esac
+done
+[ "$method" = POST ] || reply '405 Method Not Allowed' '{"status":"invalid","reason":"method"}'
+case $len in ''|*[!0-9]*)
+  reply '411 Length Required' '{"status":"invalid","reason":"length"}' ;; esac
+[ ${#len} -le 6 ] && [ "$len" -le $MAX_BODY ] ||
+  reply '413 Payload Too Large' '{"status":"invalid","reason":"body_too_large"}'
+tmp=$(mktemp -d) || exit 1
+trap 'rm -rf "$tmp"' EXIT
+head -c "$len" > "$tmp/dispatch"
+[ "$(wc -c < "$tmp/dispatch")" -eq "$len" ] ||
+  reply '400 Bad Request' '{"status":"invalid","reason":"truncated"}'
+
+# 2. signature: t=<unix s>,v1=<hex>[,v1=...]; window first, then HMAC over t "." body
+[ -n "$sig" ] || reply '401 Unauthorized' signature_missing
+t='' v1s=''
+IFS=,
+for kv in $sig; do
+  case $kv in
+    t=*) [ -z "$t" ] || reply '401 Unauthorized' signature_malformed; t=${kv#t=} ;;
+    v1=*) v1s="$v1s ${kv#v1=}" ;;
+  esac
+done
+unset IFS
+case $t in ''|*[!0-9]*) reply '401 Unauthorized' signature_malformed ;; esac
+[ -n "$v1s" ] || reply '401 Unauthorized' signature_malformed
+t10=${t#"${t%%[!0]*}"}  # without leading zeros: sh arithmetic would read them as octal
+[ ${#t10} -le 12 ] && skew=$(( $(date +%s) - ${t10:-0} )) && [ "${skew#-}" -le $MAX_SKEW ] ||
+  reply '401 Unauthorized' timestamp_out_of_window
+# compare HMACs of the digests, not the digests: the (not constant-time) [ = ] then leaks nothing
+want=$({ printf '%s.' "${t10:-0}"; cat "$tmp/dispatch"; } | hmac | hmac) ok=''
+for v in $v1s; do [ "$(printf %s "$v" | hmac)" = "$want" ] && ok=1; done
+[ -n "$ok" ] || reply '401 Unauthorized' signature_mismatch
+
+# 3. the envelope (one jq run: jq starts slowly): fields we use, payload_hash really is the
+#    draft's, each nonce handled once
+jq -ej 'if .protocol == "hitl/v0" and (.approval_id|type) == "string" and (.callback.url|type) ==
+  "string" and (.callback.nonce|test("^[A-Za-z0-9_-]{1,128}$")) and (.draft.body|type) == "string"
+  and (.payload_hash|test("^sha256:[0-9a-f]{64}$")) then .payload_hash, "\n", .callback.nonce,
+  "\n", .draft.body else false end' "$tmp/dispatch" > "$tmp/fields" 2>/dev/null ||
+  reply '400 Bad Request' '{"status":"invalid","reason":"envelope"}'
+{ read -r want_hash; read -r nonce; hash=sha256:$(openssl dgst -sha256 | awk '{print $NF}'); } \
+  < "$tmp/fields"
+[ "$hash" = "$want_hash" ] || reply '400 Bad Request' '{"status":"invalid","reason":"payload_hash"}'
+mkdir -p "$STATE" || reply '500 Internal Server Error' '{"status":"error","reason":"state"}'
+mkdir "$STATE/$nonce" 2>/dev/null || reply '202 Accepted' '{"status":"accepted","duplicate":true}'
+
+# 4. decide, build, sign and POST in the background (own temp dir, not holding the socket)
+decide() {
+  d=$tmp/dispatch verb=$RELAY_AUTO text=''
+  id=$(jq -r .approval_id "$d")
+  who=${RELAY_APPROVER:-$(jq -r '.approvers[0] // empty' "$d")}
+  case $verb in adjust:*) text=${verb#adjust:} verb=adjust ;; esac
+  if [ "$verb" = ask ]; then
+    (: <>/dev/tty) 2>/dev/null || { log "ask: no terminal, $id left undecided"; return 1; }
+    until mkdir "$STATE/.tty" 2>/dev/null; do sleep 1; done  # one prompt at a time
+    trap 'rmdir "$STATE/.tty"; rm -rf "$tmp"' EXIT
+    exec 3<>/dev/tty
+    jq -r '"\n== \(.pipeline)/\(.step) risk=\(.risk) approval \(.approval_id)\n\(.draft.body)
+=="' "$d" >&3
+    printf 'decide as %s: [a]pprove, [s]kip, [e]dit (one line)? ' "$who" >&3
+    read -r ans <&3 || ans=''
+    case $ans in
+      a*) verb=approve ;; s*) verb=skip ;;
+      e*) verb=adjust; printf 'new text: ' >&3; read -r text <&3; text="$text
+" ;;
+      *) log "no answer: $id left undecided (the gate times it out)"; return 1 ;;
+    esac
+  fi
+  jq -c --arg v "$verb" --arg who "$who" --arg text "$text" \
+    --arg now "$(date -u +%Y-%m-%dT%H:%M:%SZ)" \
+    '{protocol: "hitl/v0", approval_id, nonce: .callback.nonce, decision: $v, payload_hash,
+      approver: {id: $who, display: $who, channel: "shell"},
+      adjust_text: (if $v == "adjust" then $text else null end), decided_at: $now}' \
+    "$d" > "$tmp/decision" || return 1
+  ts=$(date +%s)
+  mac=$({ printf '%s.' "$ts"; cat "$tmp/decision"; } | hmac)
+  code=$(curl -sS --proto =http,https --max-time 30 --retry 4 -o "$tmp/answer" -w '%{http_code}' \
+    -H 'Content-Type: application/json; charset=utf-8' -H 'X-Hitl-Protocol: hitl/v0' \
+    -H "X-Draftcat-Signature: t=$ts,v1=$mac" --data-binary @"$tmp/decision" \
+    "$(jq -r .callback.url "$d")")
+  log "$id: $verb as $who -> HTTP $code $(cat "$tmp/answer" 2>/dev/null)"
+}
+trap - EXIT
+( trap 'rm -rf "$tmp"' EXIT; decide ) </dev/null >&2 &
+reply '202 Accepted' '{"status":"accepted"}'

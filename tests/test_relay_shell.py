@@ -1,0 +1,239 @@
+"""The POSIX sh relay template (conformance/relays/shell/relay.sh) against the real gate.
+
+It passes ``python -m gate verify`` end to end behind socat, and its per-connection handler
+refuses what SPEC §2 says a relay must refuse. Needs the Debian packages socat, jq, curl and
+openssl; skipped (with the reason) where one is missing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gate.protocol import signing
+
+ROOT = Path(__file__).resolve().parent.parent
+RELAY_SH = ROOT / "conformance" / "relays" / "shell" / "relay.sh"
+SECRET = "shell-relay-test-secret"
+APPROVER = "alice@example.com"
+DEADLINE_S = 30.0
+
+
+def _needs(*tools: str) -> pytest.MarkDecorator:
+    missing = [tool for tool in tools if shutil.which(tool) is None]
+    return pytest.mark.skipif(bool(missing), reason=f"shell relay needs {', '.join(missing)} "
+                              "(apt-get install socat jq curl openssl)")
+
+
+needs_handler = _needs("sh", "jq", "curl", "openssl")
+needs_listener = _needs("sh", "socat", "jq", "curl", "openssl")
+
+
+def _env(tmp_path: Path, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RELAY_", "HITL_"))}
+    env.update(HITL_RELAY_SECRET=SECRET, RELAY_APPROVER=APPROVER,
+               RELAY_STATE=str(tmp_path / "state"), TMPDIR=str(tmp_path))
+    env.update(extra)
+    return env
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class ShellRelay:
+    """``relay.sh serve`` (socat) on a free loopback port, in its own process group."""
+
+    def __init__(self, tmp_path: Path, **env: str) -> None:
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}/"
+        self.log_path = tmp_path / "relay.log"
+        with self.log_path.open("wb") as log:
+            self.proc = subprocess.Popen(
+                ["sh", str(RELAY_SH), "serve", f"127.0.0.1:{self.port}"],
+                env=_env(tmp_path, **env), stdin=subprocess.DEVNULL, stdout=log,
+                stderr=subprocess.STDOUT, start_new_session=True)
+
+    def wait_ready(self) -> None:
+        deadline = time.monotonic() + DEADLINE_S
+        while time.monotonic() < deadline:
+            assert self.proc.poll() is None, f"relay exited: {self.log()}"
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=1):
+                    return
+            except OSError:
+                time.sleep(0.05)  # polling interval, not synchronisation
+        raise AssertionError(f"relay not listening within {DEADLINE_S} s: {self.log()}")
+
+    def log(self) -> str:
+        return self.log_path.read_text(encoding="utf-8", errors="replace")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)  # socat and the handlers it forked
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+
+
+@pytest.fixture
+def shell_relay(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[ShellRelay]:
+    relay = ShellRelay(tmp_path, RELAY_AUTO=getattr(request, "param", "approve"))
+    try:
+        relay.wait_ready()
+        yield relay
+    finally:
+        relay.stop()
+
+
+@needs_listener
+@pytest.mark.parametrize("shell_relay", ["approve", "adjust:Grüße — edited by sh ✅"],
+                         indirect=True)
+def test_shell_relay_passes_verify(shell_relay: ShellRelay) -> None:
+    env = {**os.environ, "HITL_RELAY_SECRET": SECRET}
+    proc = subprocess.run(
+        [sys.executable, "-m", "gate", "verify", shell_relay.url, "--secret-env",
+         "HITL_RELAY_SECRET", "--approver", APPROVER, "--timeout", "30", "--json"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=100, check=False)
+    context = f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}\nrelay log:\n{shell_relay.log()}"
+    assert proc.returncode == 0, context
+    report = json.loads(proc.stdout)
+    assert report["ok"] is True, context
+    failed = [c for c in report["checks"] if not c["ok"]]
+    assert failed == [], context
+    names = {c["name"] for c in report["checks"]}
+    assert {"relay.ack", "relay.decision_signed", "relay.payload_hash_echo",
+            "relay.refuses_bad_signature", "relay.refuses_stale_timestamp",
+            "gate.replay_refused"} <= names
+
+
+# --- the per-connection handler alone (stdin -> stdout), no socat --------------------------
+
+class CallbackServer(ThreadingHTTPServer):
+    """Stands in for the gate's decision endpoint: records each POST, answers 200."""
+
+    def __init__(self) -> None:
+        super().__init__(("127.0.0.1", 0), _Capture)
+        self.seen: list[tuple[dict[str, str], bytes]] = []
+        self.arrived = threading.Event()
+
+
+class _Capture(BaseHTTPRequestHandler):
+    server: CallbackServer
+
+    def do_POST(self) -> None:  # noqa: N802 - http.server's name
+        raw = self.rfile.read(int(self.headers["Content-Length"]))
+        self.server.seen.append(({k.lower(): v for k, v in self.headers.items()}, raw))
+        self.server.arrived.set()
+        answer = b'{"status":"recorded","resolved":true,"outcome":"approved"}'
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(answer)))
+        self.end_headers()
+        self.wfile.write(answer)
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - quiet
+        pass
+
+
+@pytest.fixture
+def callback() -> Iterator[CallbackServer]:
+    server = CallbackServer()
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+
+
+def _dispatch(callback_url: str, body: str = "Hi Anna — ✅\r\n") -> bytes:
+    return json.dumps({
+        "protocol": "hitl/v0", "approval_id": "01TESTSHELLRELAY0000000000", "run_id": "r",
+        "pipeline": "p", "step": "s", "risk": "low", "approvers": [APPROVER],
+        "quorum": {"required": 1, "collected": 0},
+        "payload_hash": "sha256:" + hashlib.sha256(body.encode("utf-8")).hexdigest(),
+        "draft": {"content_type": "text/plain", "body": body},
+        "callback": {"url": callback_url, "nonce": secrets.token_hex(16)}, "revision": 1,
+    }, ensure_ascii=False).encode("utf-8")
+
+
+def _handle(tmp_path: Path, body: bytes, signature: str | None) -> tuple[int, dict[str, Any]]:
+    head = f"POST / HTTP/1.1\r\nHost: relay\r\nContent-Length: {len(body)}\r\n"
+    if signature is not None:
+        head += f"X-Draftcat-Signature: {signature}\r\n"
+    with (tmp_path / "handler.log").open("ab") as log:  # not a pipe: the background job keeps it
+        proc = subprocess.run(["sh", str(RELAY_SH)], input=head.encode() + b"\r\n" + body,
+                              stdout=subprocess.PIPE, stderr=log, env=_env(tmp_path),
+                              timeout=DEADLINE_S, check=False)
+    status_line, _, rest = proc.stdout.partition(b"\r\n")
+    return int(status_line.split()[1]), json.loads(rest.partition(b"\r\n\r\n")[2])
+
+
+@needs_handler
+def test_handler_refuses_unsigned_stale_forged_and_oversized(tmp_path: Path) -> None:
+    body = _dispatch("http://127.0.0.1:9/never")
+    now = int(time.time())
+    assert _handle(tmp_path, body, None) == (
+        401, {"status": "unauthorized", "reason": "signature_missing"})
+    assert _handle(tmp_path, body, f"t={now}") == (
+        401, {"status": "unauthorized", "reason": "signature_malformed"})
+    assert _handle(tmp_path, body, signing.sign(SECRET, now - 301, body)) == (
+        401, {"status": "unauthorized", "reason": "timestamp_out_of_window"})
+    assert _handle(tmp_path, body, signing.sign(SECRET, now * 1000, body)) == (
+        401, {"status": "unauthorized", "reason": "timestamp_out_of_window"})
+    assert _handle(tmp_path, body, signing.sign("another-secret", now, body)) == (
+        401, {"status": "unauthorized", "reason": "signature_mismatch"})
+    big = b" " * (64 * 1024 + 1)
+    assert _handle(tmp_path, big, signing.sign(SECRET, now, big))[0] == 413
+    lying = json.loads(body)
+    lying["payload_hash"] = "sha256:" + "0" * 64
+    raw = json.dumps(lying).encode()
+    assert _handle(tmp_path, raw, signing.sign(SECRET, now, raw))[0] == 400
+    assert not (tmp_path / "state").exists() or not any((tmp_path / "state").iterdir())
+
+
+@needs_handler
+def test_handler_accepts_rotated_secret_and_posts_a_signed_decision(
+        tmp_path: Path, callback: CallbackServer) -> None:
+    url = f"http://127.0.0.1:{callback.server_address[1]}/hitl/v0/decisions"
+    body = _dispatch(url)
+    now = int(time.time())
+    old = signing.compute("retired-secret", now, body)
+    new = signing.compute(SECRET, now, body).upper()
+    header = f" t = {now} , v1 = {old} ,v1={new}"  # lenient parse, any v1 may match
+    assert _handle(tmp_path, body, header) == (202, {"status": "accepted"})
+    assert _handle(tmp_path, body, header) == (202, {"status": "accepted", "duplicate": True})
+    assert callback.arrived.wait(DEADLINE_S), (tmp_path / "handler.log").read_text()
+    [(headers, raw)] = callback.seen
+    parsed = signing.parse(headers["x-draftcat-signature"])
+    signing.check_hmac(parsed, raw, [SECRET])
+    assert abs(parsed.t - time.time()) < 60
+    assert headers["x-hitl-protocol"] == "hitl/v0"
+    dispatch, decision = json.loads(body), json.loads(raw)
+    assert decision["protocol"] == "hitl/v0"
+    assert decision["approval_id"] == dispatch["approval_id"]
+    assert decision["nonce"] == dispatch["callback"]["nonce"]
+    assert decision["payload_hash"] == dispatch["payload_hash"]
+    assert decision["decision"] == "approve" and decision["adjust_text"] is None
+    assert decision["approver"]["id"] == APPROVER
