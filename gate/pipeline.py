@@ -27,7 +27,13 @@ def hops(before: dict[str, Any] | None, after: dict[str, Any]) -> list[str]:
             "last_error"):
         lines.append(f"dispatch not acked yet: {new_dispatch['last_error']} (retrying)")
     seen = len((before or {}).get("decisions") or [])
-    for d in (after.get("decisions") or [])[seen:]:
+    new_decisions = (after.get("decisions") or [])[seen:]
+    if new_decisions and not lines and not new_dispatch.get("delivered_at") and not (
+            old_dispatch.get("delivered_at")) and not seen:
+        # the relay answered before the gate had recorded its ack: the decision proves delivery
+        lines.append(f"dispatched revision {new_decisions[0]['revision']} to the relay "
+                     "(decision arrived before the ack was recorded)")
+    for d in new_decisions:
         lines.append(f"decision {d['decision']} by {d['identity']} (operator {d['operator_id']}, "
                      f"revision {d['revision']}, via {d.get('channel') or 'relay'})")
     if after["state"] == "resolved" and (before or {}).get("state") != "resolved":

@@ -373,3 +373,102 @@ class CaptureRelay:
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(10)
         self._loop.close()
+
+
+# ---- CLI subprocess helpers (used by test_e2e_lifecycle.py and test_cli.py) ----------------
+
+
+def run_cli(*args: str, stdin: bytes | None = None, env: dict[str, str] | None = None,
+            timeout: float = DEADLINE_S) -> subprocess.CompletedProcess[bytes]:
+    """Run ``python -m gate ARGS`` to completion; stdout/stderr are captured as raw bytes."""
+    return subprocess.run([sys.executable, "-m", "gate", *args], input=stdin,
+                          capture_output=True, env=env or gate_env(), cwd=ROOT, timeout=timeout,
+                          check=False)
+
+
+class CliProcess:
+    """``python -m gate ARGS`` running in the background: stdout kept as bytes, stderr as lines.
+
+    ``wait_for_line`` waits (with a deadline) for a stderr line; ``finish`` waits for the exit
+    and returns ``(returncode, stdout bytes, stderr text)``; ``stop`` sends SIGTERM first.
+    """
+
+    def __init__(self, *args: str, stdin: bytes | None = None,
+                 env: dict[str, str] | None = None) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "gate", *args],
+            stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env or gate_env(), cwd=ROOT)
+        self.lines: list[str] = []
+        self.stdout = b""
+        self._cond = threading.Condition()
+        self._eof = False
+        self._threads = [threading.Thread(target=self._read_err, daemon=True),
+                         threading.Thread(target=self._read_out, daemon=True)]
+        for thread in self._threads:
+            thread.start()
+        if stdin is not None:
+            assert self.proc.stdin is not None
+            self.proc.stdin.write(stdin)
+            self.proc.stdin.close()
+
+    def _read_err(self) -> None:
+        assert self.proc.stderr is not None
+        for raw in self.proc.stderr:
+            with self._cond:
+                self.lines.append(raw.decode("utf-8", "replace").rstrip("\n"))
+                self._cond.notify_all()
+        self.proc.stderr.close()
+        with self._cond:
+            self._eof = True
+            self._cond.notify_all()
+
+    def _read_out(self) -> None:
+        assert self.proc.stdout is not None
+        self.stdout = self.proc.stdout.read()
+        self.proc.stdout.close()
+
+    def log(self) -> str:
+        """Return everything written on stderr so far."""
+        with self._cond:
+            return "\n".join(self.lines)
+
+    def wait_for_line(self, pattern: re.Pattern[str] | str,
+                      timeout: float = DEADLINE_S) -> re.Match[str]:
+        """Wait until a stderr line matches ``pattern``; fail if stderr ends or time runs out."""
+        regex = re.compile(pattern) if isinstance(pattern, str) else pattern
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while True:
+                for line in self.lines:
+                    match = regex.search(line)
+                    if match:
+                        return match
+                if self._eof:
+                    raise AssertionError(f"process ended without {regex.pattern!r}:\n"
+                                         + "\n".join(self.lines))
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise AssertionError(f"no line matching {regex.pattern!r}:\n"
+                                         + "\n".join(self.lines))
+                self._cond.wait(min(remaining, 0.2))
+
+    def finish(self, timeout: float = DEADLINE_S) -> tuple[int, bytes, str]:
+        """Wait for the exit (killing it after ``timeout``); return (code, stdout, stderr)."""
+        try:
+            code = self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(DEADLINE_S)
+            for thread in self._threads:
+                thread.join(DEADLINE_S)
+            raise AssertionError(f"process did not exit within {timeout} s:\n{self.log()}")
+        for thread in self._threads:
+            thread.join(DEADLINE_S)
+        return code, self.stdout, self.log()
+
+    def stop(self) -> int:
+        """SIGTERM (if still running) and wait; return the exit code."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        return self.finish()[0]

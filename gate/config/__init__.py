@@ -10,7 +10,7 @@ from pathlib import Path
 import yaml
 from pydantic import ValidationError
 
-from gate.config.messages import _describe, _prune, _pydantic_error, _under
+from gate.config.messages import _describe, _path, _prune, _pydantic_error, _under
 from gate.config.model import (
     ApiConfig,
     BudgetConfig,
@@ -28,6 +28,12 @@ from gate.config.validate import _cross_check
 from gate.config.values import parse_duration, parse_listen
 from gate.config.yamlfile import _Loader, _yaml_error
 from gate.errors import ConfigError
+
+# Neutral stand-ins for required values whose own error is already listed: with them the
+# cross-field and secret checks still run, so one run lists every error (SPEC §5).
+_STAND_INS = {("relay", "url"): "http://invalid.invalid/",
+              ("relay", "callback_addr"): "127.0.0.1:0",
+              ("storage", "path"): "invalid.db"}
 
 __all__ = [
     "ApiConfig",
@@ -118,6 +124,9 @@ def _load(path: str | os.PathLike[str]) -> tuple[Config | None, list[str]]:
         pruned = [_prune(pruned_data, e) for e in details]
         if None in pruned:
             return None, errors
+        for loc, value in _STAND_INS.items():
+            if _path(loc) in pruned:
+                pruned_data[loc[0]][loc[1]] = value
         try:
             config = Config.model_validate(pruned_data, context=context)
         except ValidationError:

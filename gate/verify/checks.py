@@ -65,7 +65,7 @@ def judge_ack(status: int | None, error: str | None, elapsed_s: float) -> CheckR
 
 
 def judge_refusal(name: str, status: int | None, error: str | None, what: str,
-                  decisions: list[Observed]) -> CheckResult:
+                  decisions: list[Observed], relay_answered: bool = True) -> CheckResult:
     """Relay refused a bad dispatch (non-2xx) and never produced a decision for it."""
     if decisions:
         return failed(name, f"a decision came back for the dispatch with {what}",
@@ -76,6 +76,9 @@ def judge_refusal(name: str, status: int | None, error: str | None, what: str,
         return failed(name, f"HTTP {status}: the dispatch with {what} was accepted",
                       "refuse (401) a dispatch whose HMAC does not match or whose t is more "
                       "than 300 s from your clock")
+    if status is None and not relay_answered:
+        return failed(name, f"not checked: the relay answered no dispatch ({error})",
+                      "make the relay reachable at RELAY_URL first")
     return passed(name, f"refused ({error or f'HTTP {status}'}), no decision came back")
 
 

@@ -247,12 +247,13 @@ async def _run(report: Report, service: GateService, session: aiohttp.ClientSess
                                      revision["nonce"], revision["payload_hash"], approver))
     # give a relay that wrongly forwarded the bad dispatches time to answer them too
     await asyncio.sleep(GRACE_S)
+    answered = any(r.status is not None for r in (ack, bad_result, stale_result))
     checks.append(judge_refusal("relay.refuses_bad_signature", bad_result.status,
                                 bad_result.error, "a bad signature",
-                                _for(seen, bad_sig["approval_id"])))
+                                _for(seen, bad_sig["approval_id"]), answered))
     checks.append(judge_refusal("relay.refuses_stale_timestamp", stale_result.status,
                                 stale_result.error, f"a timestamp {STALE_BY_S} s old",
-                                _for(seen, stale["approval_id"])))
+                                _for(seen, stale["approval_id"]), answered))
     await _gate_side(checks, service, session, secret, local_url, decision)
 
 

@@ -1,0 +1,258 @@
+"""The ``hitl-gate`` command line: exit codes, one-line errors, help of every command.
+
+Config checks and help run in-process with click's CliRunner (fast, same code path); the
+commands that talk to a gate run as real ``python -m gate`` subprocesses.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+
+import pytest
+from click.testing import CliRunner, Result
+
+from gate.cli import main
+from tests.support import ROOT, run_cli
+
+EXAMPLE = ROOT / "config.example.yaml"
+ENV = {"HITL_RELAY_SECRET": "relay-secret-cli", "HITL_API_TOKEN": "api-token-cli",
+       "HITL_RECEIPT_KEY": "receipt-key-cli"}
+UNKNOWN_ID = "01ARZ3NDEKTSV4RRFFQ69G5FAV"
+
+# Structurally valid YAML with many errors at once (each must be named by its YAML path).
+MANY_ERRORS = """\
+relay:
+  url: http://127.0.0.1:9/
+  secret_env: HITL_RELAY_SECRET
+  callback_addr: "127.0.0.1:8089"
+  bogus_key: 1
+  operators:
+    - id: 111
+      identity: alice@example.com
+  security:
+    allowed_users: [111, 555]
+api:
+  token_env: HITL_API_TOKEN
+storage:
+  path: x.db
+receipts:
+  key_env: HITL_RECEIPT_KEY
+pipelines:
+  - name: p
+    steps:
+      - name: s
+        quorum: 3
+        approvers: [111, 777]
+"""
+
+
+def invoke(args: list[str], env: dict[str, str | None] | None = None) -> Result:
+    return CliRunner().invoke(main, args, env=env, catch_exceptions=False)
+
+
+def one_error_line(stderr: str) -> str:
+    lines = stderr.splitlines()
+    assert len(lines) == 1, stderr
+    assert lines[0].startswith("Error: "), stderr
+    assert "Traceback" not in stderr
+    return lines[0]
+
+
+# ---- check-config ---------------------------------------------------------------------------
+
+
+def test_check_config_example_is_valid():
+    result = invoke(["check-config", "-c", str(EXAMPLE)], env=dict(ENV))
+    assert result.exit_code == 0, result.stderr
+    assert result.stdout == f"{EXAMPLE}: ok (1 pipelines, 2 steps, 3 operators)\n"
+    assert result.stderr == ""
+
+
+def test_check_config_lists_every_error_with_its_yaml_path(tmp_path):
+    config = tmp_path / "bad.yaml"
+    config.write_text(MANY_ERRORS, encoding="utf-8")
+    result = invoke(["check-config", "-c", str(config)],
+                    env={**ENV, "HITL_RELAY_SECRET": None})
+    assert result.exit_code == 2
+    assert result.stdout == ""
+    lines = result.stderr.splitlines()
+    prefix = f"{config}: "
+    assert all(line.startswith(prefix) for line in lines), lines
+    found = [line[len(prefix):] for line in lines]
+    expected_paths = [
+        "relay.bogus_key: ",
+        "relay.security.allowed_users[1]: ",
+        "pipelines[0].steps[0].approvers[1]: ",
+        "pipelines[0].steps[0].quorum: ",
+        "relay.secret_env: ",
+    ]
+    assert len(found) == len(expected_paths), found
+    for path in expected_paths:
+        assert sum(line.startswith(path) for line in found) == 1, (path, found)
+    assert any("555" in line for line in found)
+    assert any("777" in line for line in found)
+    assert any("HITL_RELAY_SECRET" in line for line in found)
+
+
+def test_check_config_bad_required_value_does_not_hide_other_errors(tmp_path):
+    """SPEC §5: every error listed, even when a required value (relay.url) is itself bad."""
+    config = tmp_path / "bad.yaml"
+    config.write_text(MANY_ERRORS.replace("http://127.0.0.1:9/", "ftp://nowhere"),
+                      encoding="utf-8")
+    result = invoke(["check-config", "-c", str(config)],
+                    env={**ENV, "HITL_RELAY_SECRET": None})
+    assert result.exit_code == 2
+    found = [line.removeprefix(f"{config}: ") for line in result.stderr.splitlines()]
+    for path in ("relay.url: ", "relay.bogus_key: ", "relay.security.allowed_users[1]: ",
+                 "pipelines[0].steps[0].approvers[1]: ", "pipelines[0].steps[0].quorum: ",
+                 "relay.secret_env: "):
+        assert sum(line.startswith(path) for line in found) == 1, (path, found)
+    assert len(found) == 6, found
+
+
+@pytest.mark.parametrize("var", sorted(ENV))
+def test_check_config_missing_env_var_is_named(var):
+    result = invoke(["check-config", "-c", str(EXAMPLE)], env={**ENV, var: None})
+    assert result.exit_code == 2
+    assert result.stdout == ""
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1, lines
+    assert var in lines[0]
+    assert re.match(rf"{re.escape(str(EXAMPLE))}: \S+_env: environment variable {var} is not set$",
+                    lines[0]), lines[0]
+
+
+def test_check_config_missing_file():
+    result = invoke(["check-config", "-c", "/nonexistent/gate.yaml"], env=dict(ENV))
+    assert result.exit_code == 2
+    assert "config file not found" in result.stderr
+
+
+# ---- request: usage and unreachable gate ----------------------------------------------------
+
+
+@pytest.mark.parametrize("draft_args", [
+    ["--draft", "x", "--draft-file", "-"],
+    [],
+])
+def test_request_needs_exactly_one_draft_source(draft_args):
+    result = invoke(["request", "-c", str(EXAMPLE), "--pipeline", "p", "--step", "s",
+                     *draft_args], env=dict(ENV))
+    assert result.exit_code == 2
+    assert result.stdout == ""
+    assert one_error_line(result.stderr) == "Error: give exactly one of --draft or --draft-file"
+
+
+def test_request_unreadable_draft_file_is_usage_error(tmp_path):
+    result = invoke(["request", "-c", str(EXAMPLE), "--pipeline", "p", "--step", "s",
+                     "--draft-file", str(tmp_path / "missing.txt")], env=dict(ENV))
+    assert result.exit_code == 2
+    assert one_error_line(result.stderr).startswith("Error: --draft-file: cannot read ")
+
+
+def _closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.mark.parametrize("api_url", ["http://127.0.0.1:{port}", "unix:{tmp}/no-gate.sock"])
+def test_request_gate_unreachable_is_one_error_line(tmp_path, api_url):
+    url = api_url.format(port=_closed_port(), tmp=tmp_path)
+    proc = run_cli("request", "-c", str(EXAMPLE), "--api-url", url, "--pipeline", "p",
+                   "--step", "s", "--draft", "hello", "--wait")
+    assert proc.returncode == 1
+    assert proc.stdout == b""
+    line = one_error_line(proc.stderr.decode("utf-8"))
+    assert line.startswith(f"Error: cannot reach the gate at {url}"), line
+
+
+def test_request_without_token_is_usage_error():
+    proc = run_cli("request", "-c", str(EXAMPLE), "--api-url", "http://127.0.0.1:1",
+                   "--pipeline", "p", "--step", "s", "--draft", "x",
+                   env={k: v for k, v in os.environ.items() if k != "HITL_API_TOKEN"})
+    assert proc.returncode == 2
+    assert one_error_line(proc.stderr.decode()) == (
+        "Error: api.token_env: environment variable HITL_API_TOKEN is not set")
+
+
+# ---- show / cancel / list against a running gate --------------------------------------------
+
+
+def test_show_and_cancel(gate):
+    args = ["-c", str(gate.config), "--api-url", gate.api_url]
+    for command in ("show", "cancel"):
+        proc = run_cli(command, *args, UNKNOWN_ID)
+        assert proc.returncode == 1, (command, proc.stdout, proc.stderr)
+        assert proc.stdout == b""
+        line = one_error_line(proc.stderr.decode())
+        assert "404" in line and "unknown_approval" in line, line
+
+    proc = run_cli("request", *args, "--pipeline", "p", "--step", "nope", "--draft", "x")
+    assert (proc.returncode, proc.stdout) == (1, b"")
+    line = one_error_line(proc.stderr.decode())
+    assert "404" in line and "unknown_step" in line, line
+
+    proc = run_cli("request", *args, "--pipeline", "p", "--step", "q1", "--draft", "Grüße")
+    assert proc.returncode == 0, proc.stderr
+    approval_id = proc.stdout.decode().strip()
+    assert re.fullmatch(r"[0-9A-HJKMNP-TV-Z]{26}", approval_id)
+
+    proc = run_cli("show", *args, approval_id)
+    assert proc.returncode == 0, proc.stderr
+    assert '"state": "pending"' in proc.stdout.decode()
+
+    proc = run_cli("list", *args, "--state", "pending")
+    assert proc.returncode == 0, proc.stderr
+    assert [line.split()[0] for line in proc.stdout.decode().splitlines()] == [approval_id]
+
+    proc = run_cli("cancel", *args, approval_id)
+    assert (proc.returncode, proc.stdout.decode()) == (0, f"{approval_id} cancelled\n")
+    proc = run_cli("cancel", *args, approval_id)
+    assert proc.returncode == 1
+    line = one_error_line(proc.stderr.decode())
+    assert "409" in line and "already_resolved" in line, line
+    proc = run_cli("list", *args, "--state", "pending")
+    assert (proc.returncode, proc.stdout) == (0, b"")
+
+
+# ---- help ---------------------------------------------------------------------------------
+
+COMMANDS = [
+    [], ["serve"], ["check-config"], ["request"], ["list"], ["show"], ["cancel"],
+    ["audit"], ["audit", "verify"], ["audit", "export"], ["relay"],
+]
+
+
+@pytest.mark.parametrize("command", COMMANDS, ids=lambda c: " ".join(c) or "main")
+def test_help_of_every_command(command):
+    result = invoke([*command, "--help"])
+    assert result.exit_code == 0, result.output
+    assert result.stdout.startswith("Usage: ")
+    assert result.stderr == ""
+
+
+def test_help_of_spec_verify_command():
+    """SPEC §4 lists ``hitl-gate verify RELAY_URL --secret-env VAR --approver ID ...``."""
+    result = invoke(["verify", "--help"])
+    assert result.exit_code == 0, result.output
+    assert result.stdout.startswith("Usage: ")
+    for option in ("--secret-env", "--approver", "--listen", "--public-url", "--timeout",
+                   "--json"):
+        assert option in result.stdout, option
+
+
+def test_version_and_unknown_command():
+    result = invoke(["--version"])
+    assert result.exit_code == 0
+    assert result.stdout.startswith("hitl-gate, version ")
+    result = invoke(["no-such-command"])
+    assert result.exit_code == 2
+
+
+def test_console_entry_point_runs_as_module():
+    proc = run_cli("--help")
+    assert proc.returncode == 0
+    assert proc.stdout.decode().startswith("Usage: python -m gate ")

@@ -1,0 +1,825 @@
+"""End-to-end lifecycle of the real daemon: real processes, real HTTP, a real SQLite file.
+
+Every gate here is ``python -m gate serve`` in a subprocess; relays are the real reference
+relay (``python -m gate relay``), the capturing relay of tests/support.py, or a small
+redirecting HTTP server. Nothing is mocked; waits are conditions with deadlines or the
+API's long-poll.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import re
+import shutil
+import signal
+import sqlite3
+import threading
+import time
+from collections.abc import Callable, Iterator
+from datetime import datetime
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from gate.protocol import signing
+from gate.protocol.errors import ProtocolError
+from tests.support import (
+    API_TOKEN,
+    RECEIPT_KEY,
+    SECRET,
+    Api,
+    CliProcess,
+    GateProcess,
+    decision_body,
+    gate_env,
+    http_request,
+    post_decision,
+    run_cli,
+    sign_headers,
+    wait_until,
+    write_config,
+)
+
+# SPEC batch 01: the shared draft text and its payload hash (H02, H12).
+BATCH_DRAFT = "Café — naïve résumé 👍\n"
+BATCH_HASH = "sha256:c0b8d811c2edb85cfa2cdeee45b1e680c3ee5c286d28c69150649868aa07dfdc"
+
+# A non-ASCII invoice e-mail with CRLF, trailing blanks and no final newline normalisation.
+INVOICE_MAIL = (
+    "Betreff: Zahlungserinnerung – Rechnung Nr. 2026-114\r\n"
+    "\r\n"
+    "Guten Tag Frau Müller,  \n"
+    "die Rechnung über 1.250,00 € ist seit dem 15.01. fällig. Café — naïve résumé 👍\n"
+    "\tMit freundlichen Grüßen\n"
+    "Łukasz Żółć · 東京\n\n"
+)
+
+ULID_RE = re.compile(r"[0-9A-HJKMNP-TV-Z]{26}")
+RFC3339_Z = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z")
+
+
+def sha256_hash(text: str) -> str:
+    return "sha256:" + hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def epoch(rfc3339: str) -> float:
+    """RFC 3339 ``...Z`` -> unix seconds."""
+    return datetime.fromisoformat(rfc3339.replace("Z", "+00:00")).timestamp()
+
+
+def db_path(config: Path) -> Path:
+    return config.parent / yaml.safe_load(config.read_text(encoding="utf-8"))["storage"]["path"]
+
+
+def db_scalar(path: Path, sql: str) -> Any:
+    """One value read from the SQLite file with the stdlib sqlite3 module (read-only)."""
+    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    try:
+        return conn.execute(sql).fetchone()[0]
+    finally:
+        conn.close()
+
+
+def add_pipeline(config: Path, name: str, steps: list[dict[str, Any]]) -> Path:
+    data = yaml.safe_load(config.read_text(encoding="utf-8"))
+    data["pipelines"].append({"name": name, "steps": steps})
+    config.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
+    return config
+
+
+@pytest.fixture
+def spawn() -> Iterator[Callable[[Path], GateProcess]]:
+    """Start extra gates (restarts, custom configs); each is stopped after the test."""
+    procs: list[GateProcess] = []
+
+    def start(config: Path) -> GateProcess:
+        proc = GateProcess(config)
+        procs.append(proc)
+        return proc.start()
+
+    yield start
+    for proc in procs:
+        if proc.proc is not None and proc.proc.poll() is None:
+            proc.stop()
+
+
+@pytest.fixture
+def clis() -> Iterator[Callable[..., CliProcess]]:
+    """Start background CLI processes; any still running after the test is stopped."""
+    procs: list[CliProcess] = []
+
+    def start(*args: str, stdin: bytes | None = None) -> CliProcess:
+        proc = CliProcess(*args, stdin=stdin)
+        procs.append(proc)
+        return proc
+
+    yield start
+    for proc in procs:
+        proc.stop()
+
+
+def start_reference_relay(clis: Callable[..., CliProcess], auto: str) -> tuple[CliProcess, str]:
+    relay = clis("relay", "--listen", "127.0.0.1:0", "--secret-env", "HITL_RELAY_SECRET",
+                 "--auto", auto)
+    url = relay.wait_for_line(r"event=relay_listening url=(http://127\.0\.0\.1:\d+/)").group(1)
+    return relay, url
+
+
+def acked(gate: GateProcess, approval_id: str) -> dict[str, Any]:
+    """Wait until the gate has recorded the relay's ack of the dispatch; return the approval."""
+    api = gate.api()
+    return wait_until(lambda: (a := api.get(approval_id))["dispatch"]["delivered_at"] and a,
+                      what=f"dispatch ack of {approval_id}")
+
+
+# ---- happy path with the real reference relay ---------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("auto", "code", "outcome"),
+    [("approve", 0, "approved"), ("skip", 3, "skipped"), ("adjust:New text", 0, "adjusted")],
+)
+def test_request_wait_through_reference_relay(tmp_path, spawn, clis, auto, code, outcome):
+    relay, relay_url = start_reference_relay(clis, auto)
+    config = write_config(tmp_path, relay_url)
+    gate = spawn(config)
+
+    proc = run_cli("request", "-c", str(config), "--api-url", gate.api_url, "--pipeline", "p",
+                   "--step", "q1", "--draft-file", "-", "--wait",
+                   stdin=INVOICE_MAIL.encode("utf-8"))
+    stderr = proc.stderr.decode("utf-8")
+    assert proc.returncode == code, stderr
+    final_body = {"approved": INVOICE_MAIL, "skipped": None, "adjusted": "New text"}[outcome]
+    assert proc.stdout == (final_body or "").encode("utf-8")
+    assert "Traceback" not in stderr
+
+    lines = stderr.splitlines()
+    approval_id = re.fullmatch(
+        rf"requested approval ({ULID_RE.pattern}) for p/q1 \(quorum 1, "
+        rf"{re.escape(sha256_hash(INVOICE_MAIL))}\)", lines[0]).group(1)
+    verb = auto.partition(":")[0]
+    final_rev, final_hash = (2, sha256_hash("New text")) if verb == "adjust" else (
+        1, sha256_hash(INVOICE_MAIL))
+    expected = [
+        # the ack is normally recorded first; under load the decision may overtake it
+        r"dispatched revision 1 to the relay \((attempt 1, acked " + RFC3339_Z.pattern
+        + r"|decision arrived before the ack was recorded)\)",
+        rf"decision {verb} by alice@example\.com \(operator 101, revision 1, via terminal\)",
+        rf"resolved: {outcome} \(revision {final_rev}, {re.escape(final_hash)}\)",
+        r"receipt: audit entry \d+ hmac-sha256=[0-9a-f]{64}",
+    ]
+    assert len(lines) == 1 + len(expected), stderr
+    for pattern, line in zip(expected, lines[1:], strict=True):
+        assert re.fullmatch(pattern, line), (pattern, line)
+
+    approval = gate.api().get(approval_id)
+    assert (approval["state"], approval["outcome"], approval["final_body"]) == (
+        "resolved", outcome, final_body)
+    assert approval["payload_hash"] == final_hash
+    assert [(d["identity"], d["decision"], d["channel"]) for d in approval["decisions"]] == [
+        ("alice@example.com", verb, "terminal")]
+    assert re.search(rf"event=decision_sent approval_id={approval_id} "
+                     rf"approver=alice@example.com decision={verb} answer=200", relay.log())
+    assert relay.stop() == 0  # SPEC §4: the reference relay exits 0 on SIGTERM
+
+
+# ---- H02: the bytes on the wire are the bytes signed ------------------------------------
+
+
+def test_h02_dispatch_bytes_are_signed_and_unescaped(gate, relay):
+    assert sha256_hash(BATCH_DRAFT) == BATCH_HASH
+    before = int(time.time())
+    approval = gate.api().create("q1", BATCH_DRAFT, run_id="run-h02")
+    approval_id = approval["approval_id"]
+    envelope = relay.wait_dispatch(approval_id)
+    (record,) = relay.raw_for(approval_id)
+    raw, headers = record["raw"], record["headers"]
+
+    header = headers["X-Draftcat-Signature"]
+    assert re.fullmatch(r"t=\d+,v1=[0-9a-f]{64}", header), header
+    parsed = signing.verify(header, raw, [SECRET], time.time(), 300)
+    assert before - 1 <= parsed.t <= time.time() + 1
+    assert parsed.v1 == (signing.compute(SECRET, parsed.t, raw),)
+    with pytest.raises(ProtocolError) as info:
+        signing.verify(header, raw, ["test-secret-old"], time.time(), 300)
+    assert info.value.code == "signature_mismatch"
+    assert headers["Content-Type"] == "application/json; charset=utf-8"
+    assert headers["X-Hitl-Protocol"] == "hitl/v0"
+
+    # the draft travels as raw UTF-8, not \u escapes, and decodes to the original exactly
+    assert "Café — naïve résumé 👍".encode() in raw
+    assert b"\\u" not in raw
+    assert json.loads(raw) == envelope
+    assert envelope["draft"] == {"content_type": "text/plain", "body": BATCH_DRAFT}
+    assert envelope["payload_hash"] == BATCH_HASH == approval["payload_hash"]
+
+    assert {"protocol", "approval_id", "run_id", "pipeline", "step", "issued_at", "expires_at",
+            "risk", "quorum", "approvers", "payload_hash", "draft", "actions",
+            "callback"} <= set(envelope)
+    assert "budget" not in envelope  # no cap configured
+    assert envelope["protocol"] == "hitl/v0"
+    assert envelope["approval_id"] == approval_id and ULID_RE.fullmatch(approval_id)
+    assert (envelope["run_id"], envelope["pipeline"], envelope["step"]) == ("run-h02", "p", "q1")
+    assert RFC3339_Z.fullmatch(envelope["issued_at"])
+    assert RFC3339_Z.fullmatch(envelope["expires_at"])
+    assert (envelope["issued_at"], envelope["expires_at"]) == (approval["created_at"],
+                                                               approval["expires_at"])
+    assert epoch(envelope["expires_at"]) - epoch(envelope["issued_at"]) == 3600
+    assert envelope["risk"] == "normal"
+    assert envelope["quorum"] == {"required": 1, "collected": 0}
+    assert envelope["approvers"] == ["alice@example.com", "bob@example.com", "carol@example.com"]
+    assert envelope["actions"] == [{"verb": "approve"}, {"verb": "skip"},
+                                   {"verb": "adjust", "accepts": "text"}]
+    assert set(envelope["callback"]) == {"url", "nonce"}
+    assert envelope["callback"]["url"] == gate.callback_url
+    assert re.fullmatch(r"[0-9a-f]{32}", envelope["callback"]["nonce"])
+
+
+# ---- expiry (H13) ----------------------------------------------------------------------------
+
+
+def test_expiry_exits_4_and_late_decision_is_410(gate, relay, clis):
+    cli = clis("request", "-c", str(gate.config), "--api-url", gate.api_url, "--pipeline", "p",
+               "--step", "short", "--draft", "expires in 3 s", "--wait")
+    approval_id = cli.wait_for_line(rf"requested approval ({ULID_RE.pattern})").group(1)
+    dispatch = relay.wait_dispatch(approval_id)
+
+    final = gate.api().wait_resolved(approval_id, timeout=15)
+    assert (final["state"], final["outcome"], final["final_body"]) == ("resolved", "timeout",
+                                                                       None)
+    assert final["decisions"] == []
+    assert epoch(final["resolved_at"]) >= epoch(final["expires_at"])
+    assert final["receipt"] is not None
+
+    code, stdout, stderr = cli.finish()
+    assert code == 4, stderr
+    assert stdout == b""
+    assert re.search(r"^resolved: timeout \(revision 1, ", stderr, re.M), stderr
+
+    # H13: a fresh, validly signed decision after the gate's own clock expired it
+    status, answer, _ = post_decision(gate.callback_url, decision_body(dispatch))
+    assert (status, answer) == (410, {"status": "expired", "reason": "expired"})
+    assert gate.api().get(approval_id) == final
+
+
+# ---- relay down, relay redirecting --------------------------------------------------------
+
+
+def test_relay_down_then_up_dispatch_is_retried_until_acked(gate, relay):
+    relay.status = 503
+    approval_id = gate.api().create("q1", "retry me")["approval_id"]
+    wait_until(lambda: len(relay.raw_for(approval_id)) >= 2, what="two refused attempts")
+    pending = gate.api().get(approval_id)
+    assert pending["dispatch"]["delivered_at"] is None
+    assert pending["dispatch"]["attempts"] >= 2
+    assert pending["dispatch"]["last_error"] == "relay answered HTTP 503"
+
+    relay.status = 202
+    approval = acked(gate, approval_id)
+    assert approval["dispatch"]["attempts"] >= 3
+    assert approval["dispatch"]["last_error"] is None
+    assert approval["state"] == "pending"
+    records = relay.raw_for(approval_id)
+    assert [r["status"] for r in records][:2] == [503, 503]
+    assert records[-1]["status"] == 202
+    # every retry carries the same envelope (same nonce, same bytes), freshly signed
+    assert len({r["raw"] for r in records}) == 1
+    for r in records:
+        signing.verify(r["headers"]["X-Draftcat-Signature"], r["raw"], [SECRET], time.time(),
+                       300)
+    # and the acked dispatch is usable
+    status, answer, _ = post_decision(gate.callback_url,
+                                      decision_body(relay.wait_dispatch(approval_id)))
+    assert (status, answer) == (200, {"status": "recorded", "resolved": True,
+                                      "outcome": "approved"})
+
+
+def test_dispatch_never_acked_ends_as_timeout(gate, relay):
+    relay.status = 503
+    approval_id = gate.api().create("short", "nobody will ever see this")["approval_id"]
+    final = gate.api().wait_resolved(approval_id, timeout=15)
+    assert (final["state"], final["outcome"], final["final_body"]) == ("resolved", "timeout",
+                                                                       None)
+    assert final["dispatch"]["delivered_at"] is None
+    assert final["dispatch"]["attempts"] >= 2
+    assert final["dispatch"]["last_error"] == "relay answered HTTP 503"
+    assert relay.dispatches() == []
+
+
+class RedirectRelay:
+    """A relay that answers every POST with ``status`` and ``Location: location``."""
+
+    def __init__(self, status: int, location: str) -> None:
+        self.hits: list[tuple[str, str]] = []
+        lock = threading.Lock()
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def _answer(self) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                self.rfile.read(length)
+                with lock:
+                    outer.hits.append((self.command, self.path))
+                self.send_response(status)
+                self.send_header("Location", location)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            do_POST = _answer  # noqa: N815
+            do_GET = _answer  # noqa: N815
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/relay"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        self.thread.join(10)
+
+
+@pytest.mark.parametrize("status", [302, 307])
+def test_redirect_is_not_an_ack_and_is_not_followed(tmp_path, relay, spawn, status):
+    redirect = RedirectRelay(status, relay.url)
+    try:
+        gate = spawn(write_config(tmp_path, redirect.url))
+        approval_id = gate.api().create("q1", "where am I going?")["approval_id"]
+        wait_until(lambda: len(redirect.hits) >= 3, what="three attempts answered with redirect")
+        approval = wait_until(lambda: (a := gate.api().get(approval_id))["dispatch"][
+            "attempts"] >= 3 and a, what="three attempts recorded")
+        assert approval["state"] == "pending"
+        assert approval["dispatch"]["delivered_at"] is None
+        assert approval["dispatch"]["last_error"] == f"relay answered HTTP {status}"
+        assert {hit[0] for hit in redirect.hits} == {"POST"}
+        assert relay.received == []  # the Location was never visited
+    finally:
+        redirect.stop()
+
+
+# ---- kill -9 and restart ------------------------------------------------------------------
+
+
+def test_kill9_keeps_pending_quorum_and_expiry(gate, relay, spawn):
+    api = gate.api()
+    approval_id = api.create("q2", "two of us must agree")["approval_id"]
+    dispatch = relay.wait_dispatch(approval_id)
+    status, answer, _ = post_decision(gate.callback_url,
+                                      decision_body(dispatch, "alice@example.com"))
+    assert (status, answer) == (200, {"status": "recorded", "resolved": False})
+    before = api.get(approval_id)
+    assert before["quorum"] == {"required": 2, "collected": 1}
+
+    gate.kill9()
+    restarted = spawn(gate.config)
+    after = restarted.api().get(approval_id)
+    assert after["state"] == "pending"
+    assert after["quorum"] == {"required": 2, "collected": 1}
+    assert after["expires_at"] == before["expires_at"]
+    assert after["created_at"] == before["created_at"]
+    assert after["decisions"] == before["decisions"]
+    assert after["payload_hash"] == before["payload_hash"]
+
+    status, answer, _ = post_decision(restarted.callback_url,
+                                      decision_body(dispatch, "bob@example.com"))
+    assert (status, answer) == (200, {"status": "recorded", "resolved": True,
+                                      "outcome": "approved"})
+    final = restarted.api().get(approval_id)
+    assert (final["state"], final["outcome"], final["final_body"]) == (
+        "resolved", "approved", "two of us must agree")
+    assert [d["identity"] for d in final["decisions"]] == ["alice@example.com",
+                                                           "bob@example.com"]
+
+    proc = run_cli("audit", "verify", "-c", str(gate.config))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.decode().startswith("ok: ")
+
+
+def test_kill9_unacked_dispatch_is_resent_after_restart(gate, relay, spawn):
+    relay.status = 503
+    approval_id = gate.api().create("q1", "never acked before the crash")["approval_id"]
+    wait_until(lambda: relay.raw_for(approval_id), what="a refused attempt")
+    gate.kill9()
+    killed_at = time.time()
+    assert relay.dispatches() == []
+
+    relay.status = 202
+    restarted = spawn(gate.config)
+    envelope = relay.wait_dispatch(approval_id)
+    assert envelope["callback"]["url"] == restarted.callback_url
+    assert [r for r in relay.raw_for(approval_id) if r["status"] == 202][0]["at"] > killed_at
+    approval = acked(restarted, approval_id)
+    assert approval["state"] == "pending"
+    assert approval["dispatch"]["attempts"] >= 2
+    status, answer, _ = post_decision(restarted.callback_url, decision_body(envelope))
+    assert (status, answer) == (200, {"status": "recorded", "resolved": True,
+                                      "outcome": "approved"})
+
+
+def test_kill9_expired_while_down_resolves_timeout_on_restart(gate, relay, spawn):
+    approval = gate.api().create("short", "expires while the gate is down")
+    approval_id = approval["approval_id"]
+    relay.wait_dispatch(approval_id)
+    gate.kill9()
+    assert time.time() < epoch(approval["expires_at"])  # killed while still pending
+    deadline = epoch(approval["expires_at"])
+    wait_until(lambda: time.time() > deadline + 0.2, timeout=10, what="expires_at to pass")
+
+    restarted = spawn(gate.config)
+    final = restarted.api().wait_resolved(approval_id, timeout=5)
+    assert (final["state"], final["outcome"], final["final_body"]) == ("resolved", "timeout",
+                                                                       None)
+    assert final["expires_at"] == approval["expires_at"]
+    assert epoch(final["resolved_at"]) > deadline
+
+
+# ---- pipeline API ---------------------------------------------------------------------------
+
+
+def test_api_auth(gate):
+    for path in ("/v1/approvals", "/v1/approvals/01ARZ3NDEKTSV4RRFFQ69G5FAV"):
+        assert Api(gate.api_url, None).call("GET", path) == (
+            401, {"status": "unauthorized", "reason": "token_missing"})
+        assert Api(gate.api_url, API_TOKEN + "x").call("GET", path) == (
+            401, {"status": "unauthorized", "reason": "token_invalid"})
+    assert Api(gate.api_url, None).call(
+        "GET", "/v1/approvals", headers={"Authorization": f"Basic {API_TOKEN}"}) == (
+        401, {"status": "unauthorized", "reason": "token_missing"})
+    body = {"pipeline": "p", "step": "q1", "draft": {"body": "x"}}
+    assert Api(gate.api_url, "wrong").call("POST", "/v1/approvals", body) == (
+        401, {"status": "unauthorized", "reason": "token_invalid"})
+    assert Api(gate.api_url, None).call("GET", "/healthz") == (
+        200, {"status": "ok", "schema_version": 1})
+    assert gate.api().call("GET", "/v1/approvals?state=all") == (
+        200, {"items": [], "next_cursor": None})
+
+    # the pipeline credential cannot decide: the callback wants a relay signature
+    status, _, raw = http_request(gate.callback_url, "POST", b"{}",
+                                  {"Authorization": f"Bearer {API_TOKEN}"})
+    assert (status, json.loads(raw)) == (401, {"status": "unauthorized",
+                                               "reason": "signature_missing"})
+
+
+def test_api_idempotency_key(gate, relay):
+    api = gate.api()
+    body = {"pipeline": "p", "step": "q1", "run_id": "r1",
+            "draft": {"content_type": "text/plain", "body": "Once only ✓"}}
+    status, first = api.call("POST", "/v1/approvals", body, headers={"Idempotency-Key": "k-1"})
+    assert status == 201
+    status, again = api.call("POST", "/v1/approvals", body, headers={"Idempotency-Key": "k-1"})
+    assert status == 200
+    assert again["approval_id"] == first["approval_id"]
+    other = dict(body, draft={"content_type": "text/plain", "body": "Once only ✗"})
+    assert api.call("POST", "/v1/approvals", other, headers={"Idempotency-Key": "k-1"}) == (
+        409, {"status": "conflict", "reason": "idempotency_key_reused"})
+    status, page = api.call("GET", "/v1/approvals?state=all")
+    assert [a["approval_id"] for a in page["items"]] == [first["approval_id"]]
+    relay.wait_dispatch(first["approval_id"])
+    assert len(relay.raw_for(first["approval_id"])) == 1
+
+    # racing retries with a fresh key: exactly one 201, every answer the same approval
+    answers: list[tuple[int, Any]] = []
+    lock = threading.Lock()
+
+    def post() -> None:
+        answer = api.call("POST", "/v1/approvals", body, headers={"Idempotency-Key": "k-race"})
+        with lock:
+            answers.append(answer)
+
+    threads = [threading.Thread(target=post) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert sorted(status for status, _ in answers) == [200] * 7 + [201]
+    assert len({answer["approval_id"] for _, answer in answers}) == 1
+    assert db_scalar(db_path(gate.config), "SELECT COUNT(*) FROM approvals") == 2
+
+
+def test_api_unknown_pipeline_or_step(gate):
+    api = gate.api()
+    assert api.call("POST", "/v1/approvals", {
+        "pipeline": "nope", "step": "q1", "draft": {"body": "x"}}) == (
+        404, {"status": "not_found", "reason": "unknown_pipeline"})
+    assert api.call("POST", "/v1/approvals", {
+        "pipeline": "p", "step": "nope", "draft": {"body": "x"}}) == (
+        404, {"status": "not_found", "reason": "unknown_step"})
+    assert api.call("GET", "/v1/approvals/01ARZ3NDEKTSV4RRFFQ69G5FAV") == (
+        404, {"status": "not_found", "reason": "unknown_approval"})
+
+
+OK_DRAFT = {"content_type": "text/plain", "body": "x"}
+
+
+BAD_BODIES: list[tuple[bytes | dict[str, Any], str]] = [
+    (b"not json", "json"),
+    (b"[1, 2]", "json"),
+    (b'{"pipeline": "p", "pipeline": "p"}', "json"),
+    ({"step": "q1", "draft": OK_DRAFT}, "pipeline"),
+    ({"pipeline": 7, "step": "q1", "draft": OK_DRAFT}, "pipeline"),
+    ({"pipeline": "  ", "step": "q1", "draft": OK_DRAFT}, "pipeline"),
+    ({"pipeline": "p", "draft": OK_DRAFT}, "step"),
+    ({"pipeline": "p", "step": "q1"}, "draft"),
+    ({"pipeline": "p", "step": "q1", "draft": "x"}, "draft"),
+    ({"pipeline": "p", "step": "q1", "draft": {"content_type": "text/plain"}}, "draft.body"),
+    ({"pipeline": "p", "step": "q1", "draft": {"body": 5}}, "draft.body"),
+    ({"pipeline": "p", "step": "q1", "draft": {"body": "x", "content_type": ""}},
+     "draft.content_type"),
+    ({"pipeline": "p", "step": "q1", "draft": OK_DRAFT, "spend": -1}, "spend"),
+    ({"pipeline": "p", "step": "q1", "draft": OK_DRAFT, "spend": "3"}, "spend"),
+    ({"pipeline": "p", "step": "q1", "draft": OK_DRAFT, "spend": True}, "spend"),
+    ({"pipeline": "p", "step": "q1", "draft": OK_DRAFT, "run_id": 42}, "run_id"),
+]
+
+
+def test_api_bad_bodies_are_400_naming_the_field(gate):
+    api = gate.api()
+    for body, field in BAD_BODIES:  # one gate for all cases: each answer is checked exactly
+        status, answer = api.call("POST", "/v1/approvals", body)
+        assert (status, answer) == (400, {"status": "invalid", "reason": f"invalid_{field}",
+                                          "field": field}), body
+    assert api.call("GET", "/v1/approvals?state=all") == (200, {"items": [],
+                                                                "next_cursor": None})
+    assert db_scalar(db_path(gate.config), "SELECT COUNT(*) FROM approvals") == 0
+
+
+def test_h16_oversized_draft_is_413_and_nothing_stored(gate):
+    api = gate.api()
+    db = db_path(gate.config)
+    # H16, callback side: a 2 MB decision body is refused before anything else. (First, so
+    # the server's lingering read of the unread body is over long before the teardown stop.)
+    raw = b"{" + b" " * 2_000_000 + b"}"
+    status, _, answer = http_request(gate.callback_url, "POST", raw, sign_headers(raw))
+    assert (status, json.loads(answer)) == (413, {"status": "invalid",
+                                                  "reason": "body_too_large"})
+
+    for body in ("a" * (1048576 + 1), "é" * 524288 + "a"):  # 1 MiB + 1 byte (ASCII, 2-byte)
+        assert len(body.encode("utf-8")) == 1048577
+        assert api.call("POST", "/v1/approvals", {"pipeline": "p", "step": "q1",
+                                                   "draft": {"body": body}}) == (
+            413, {"status": "invalid", "reason": "draft_too_large"})
+    assert api.call("GET", "/v1/approvals?state=all") == (200, {"items": [],
+                                                                "next_cursor": None})
+    for table in ("approvals", "revisions", "outbox", "audit_log"):
+        assert db_scalar(db, f"SELECT COUNT(*) FROM {table}") == 0, table
+
+    # the boundary itself is accepted, and stored untruncated
+    exact = "é" * 524287 + "ab"
+    created = api.create("q1", exact)
+    assert created["payload_hash"] == sha256_hash(exact)
+    assert db_scalar(db, "SELECT length(CAST(body AS BLOB)) FROM revisions") == 1048576
+
+
+
+def test_api_long_poll(gate, relay):
+    api = gate.api()
+    approval_id = api.create("q1", "wait for me")["approval_id"]
+    assert api.get(approval_id, wait=2)["state"] == "pending"
+    for bad in ("301", "-1", "soon", "nan"):
+        assert api.call("GET", f"/v1/approvals/{approval_id}?wait={bad}") == (
+            400, {"status": "invalid", "reason": "invalid_wait", "field": "wait"})
+
+    # a long-poll in progress is woken by the resolution
+    result: dict[str, Any] = {}
+    poller = threading.Thread(
+        target=lambda: result.update(api.get(approval_id, wait=60)), daemon=True)
+    poller.start()
+    dispatch = relay.wait_dispatch(approval_id)
+    status, _, _ = post_decision(gate.callback_url, decision_body(dispatch))
+    assert status == 200
+    poller.join(15)
+    assert not poller.is_alive()
+    assert (result["state"], result["outcome"]) == ("resolved", "approved")
+    # resolved: answers at once
+    assert api.get(approval_id, wait=300)["outcome"] == "approved"
+
+
+def test_api_list_filters_and_paging(tmp_path, relay, spawn):
+    config = add_pipeline(write_config(tmp_path, relay.url), "p2",
+                          [{"name": "s", "quorum": 1, "approvers": [101], "timeout": "1h"}])
+    gate = spawn(config)
+    api = gate.api()
+    p_ids = [api.create("q1", f"p draft {i}")["approval_id"] for i in range(7)]
+    p2_ids = [api.create("s", f"p2 draft {i}", pipeline="p2")["approval_id"] for i in range(3)]
+    cancelled = {p_ids[1], p_ids[4], p2_ids[0]}
+    for approval_id in cancelled:
+        assert api.call("POST", f"/v1/approvals/{approval_id}/cancel")[0] == 200
+
+    def walk(query: str, limit: int) -> list[str]:
+        seen: list[str] = []
+        cursor = ""
+        for _ in range(20):
+            status, page = api.call(
+                "GET", f"/v1/approvals?{query}&limit={limit}" + (
+                    f"&cursor={cursor}" if cursor else ""))
+            assert status == 200, page
+            assert len(page["items"]) <= limit
+            seen += [a["approval_id"] for a in page["items"]]
+            if page["next_cursor"] is None:
+                return seen
+            assert len(page["items"]) == limit
+            cursor = page["next_cursor"]
+        raise AssertionError("paging did not end")
+
+    everything = set(p_ids + p2_ids)
+    for limit in (1, 3, 10, 500):
+        ids = walk("state=all", limit)
+        assert len(ids) == len(set(ids)) == 10 and set(ids) == everything
+        assert ids == sorted(ids)
+    assert set(walk("state=pending", 3)) == everything - cancelled
+    assert len(walk("state=pending", 3)) == 7
+    assert set(walk("state=resolved", 2)) == cancelled
+    assert len(walk("state=resolved", 2)) == 3
+    assert set(walk("state=all&pipeline=p2", 2)) == set(p2_ids)
+    assert set(walk("state=pending&pipeline=p2", 1)) == set(p2_ids) - cancelled
+    assert set(walk("state=resolved&pipeline=p", 5)) == {p_ids[1], p_ids[4]}
+    assert walk("state=all&pipeline=nope", 5) == []
+
+    status, page = api.call("GET", "/v1/approvals?state=pending&pipeline=p2")
+    assert status == 200 and page["next_cursor"] is None
+    assert {(a["pipeline"], a["state"]) for a in page["items"]} == {("p2", "pending")}
+    assert api.call("GET", "/v1/approvals?state=open") == (
+        400, {"status": "invalid", "reason": "invalid_state", "field": "state"})
+    for limit in ("0", "501", "ten"):
+        assert api.call("GET", f"/v1/approvals?limit={limit}") == (
+            400, {"status": "invalid", "reason": "invalid_limit", "field": "limit"})
+
+
+def test_api_cancel(gate, relay):
+    api = gate.api()
+    approval_id = api.create("q1", "withdrawn")["approval_id"]
+    dispatch = relay.wait_dispatch(approval_id)
+    status, answer = api.call("POST", f"/v1/approvals/{approval_id}/cancel")
+    assert status == 200
+    assert (answer["approval_id"], answer["state"], answer["outcome"], answer["final_body"]) == (
+        approval_id, "resolved", "cancelled", None)
+    assert answer["receipt"] is not None
+    assert api.call("POST", f"/v1/approvals/{approval_id}/cancel") == (
+        409, {"status": "conflict", "reason": "already_resolved", "outcome": "cancelled"})
+    assert api.call("POST", "/v1/approvals/01ARZ3NDEKTSV4RRFFQ69G5FAV/cancel") == (
+        404, {"status": "not_found", "reason": "unknown_approval"})
+    status, answer, _ = post_decision(gate.callback_url, decision_body(dispatch))
+    assert (status, answer) == (409, {"status": "already_resolved", "reason": "already_resolved",
+                                      "outcome": "cancelled"})
+
+
+def test_request_wait_exits_5_when_cancelled_elsewhere(gate, relay, clis):
+    cli = clis("request", "-c", str(gate.config), "--api-url", gate.api_url, "--pipeline", "p",
+               "--step", "q1", "--draft", "cancel me", "--wait")
+    approval_id = cli.wait_for_line(rf"requested approval ({ULID_RE.pattern})").group(1)
+    relay.wait_dispatch(approval_id)
+    status, answer = gate.api().call("POST", f"/v1/approvals/{approval_id}/cancel")
+    assert (status, answer["outcome"]) == (200, "cancelled")
+    code, stdout, stderr = cli.finish()
+    assert code == 5, stderr
+    assert stdout == b""
+    assert re.search(r"^resolved: cancelled \(revision 1, ", stderr, re.M), stderr
+
+
+# ---- audit trail ----------------------------------------------------------------------------
+
+
+def _tampered_copy(source: Path, directory: Path, relay_url: str,
+                   sql: Callable[[sqlite3.Connection], None]) -> Path:
+    directory.mkdir()
+    config = write_config(directory, relay_url)
+    src = sqlite3.connect(source)
+    dst = sqlite3.connect(directory / "gate.db")
+    try:
+        src.backup(dst)
+        with dst:
+            sql(dst)
+    finally:
+        src.close()
+        dst.close()
+    return config
+
+
+def _change_byte(conn: sqlite3.Connection) -> None:
+    (entry,) = conn.execute("SELECT entry FROM audit_log WHERE seq = 3").fetchone()
+    assert entry.count('"operator_id":101') == 1, entry
+    conn.execute("UPDATE audit_log SET entry = ? WHERE seq = 3",
+                 (entry.replace('"operator_id":101', '"operator_id":102'),))
+
+
+def _delete_middle(conn: sqlite3.Connection) -> None:
+    assert conn.execute("DELETE FROM audit_log WHERE seq = 6").rowcount == 1
+
+
+def _swap_rows(conn: sqlite3.Connection) -> None:
+    cols = "approval_id, kind, entry, prev_hash, entry_hash, receipt"
+    five = conn.execute(f"SELECT {cols} FROM audit_log WHERE seq = 5").fetchone()
+    six = conn.execute(f"SELECT {cols} FROM audit_log WHERE seq = 6").fetchone()
+    sets = ", ".join(f"{c.strip()} = ?" for c in cols.split(","))
+    conn.execute(f"UPDATE audit_log SET {sets} WHERE seq = 5", six)
+    conn.execute(f"UPDATE audit_log SET {sets} WHERE seq = 6", five)
+
+
+def test_audit_verify_detects_tampering_and_export_verifies(tmp_path, gate, relay):
+    api = gate.api()
+    ids = []
+    for verb, step in (("approve", "q1"), ("skip", "q1"), ("cancel", "q1")):
+        approval_id = api.create(step, f"audit {verb} ✓")["approval_id"]
+        ids.append(approval_id)
+        dispatch = relay.wait_dispatch(approval_id)
+        acked(gate, approval_id)  # the dispatch_ack entry is written before the decision
+        if verb == "cancel":
+            assert api.call("POST", f"/v1/approvals/{approval_id}/cancel")[0] == 200
+        else:
+            status, answer, _ = post_decision(gate.callback_url,
+                                              decision_body(dispatch, verb=verb))
+            assert (status, answer["resolved"]) == (200, True)
+    db = db_path(gate.config)
+    # approve: created, ack, decision, resolved; skip: the same; cancel: created, ack, resolved
+    assert db_scalar(db, "SELECT COUNT(*) FROM audit_log") == 11
+    kinds = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    try:
+        assert [k for (k,) in kinds.execute("SELECT kind FROM audit_log ORDER BY seq")] == [
+            "created", "dispatch_ack", "decision", "resolved"] * 2 + [
+            "created", "dispatch_ack", "resolved"]
+    finally:
+        kinds.close()
+
+    # the resolution's receipt handed to the pipeline is the HMAC of that audit entry's hash
+    for approval_id, seq in zip(ids, (4, 8, 11), strict=True):
+        receipt = api.get(approval_id)["receipt"]
+        entry_hash = db_scalar(db, f"SELECT entry_hash FROM audit_log WHERE seq = {seq}")
+        assert receipt == {"seq": seq, "entry_hash": entry_hash, "alg": "hmac-sha256",
+                           "receipt": hmac.new(RECEIPT_KEY.encode(), entry_hash.encode(),
+                                               hashlib.sha256).hexdigest()}
+
+    proc = run_cli("audit", "verify", "-c", str(gate.config))
+    assert (proc.returncode, proc.stdout.decode()) == (
+        0, "ok: 11 entries, chain and receipts intact\n"), proc.stderr
+
+    assert gate.stop() == 0
+    # the first bad entry: the changed one; the one after the deleted one; the first swapped
+    for name, tamper, first_bad in (("changed", _change_byte, 3), ("deleted", _delete_middle, 7),
+                                    ("swapped", _swap_rows, 5)):
+        config = _tampered_copy(db, tmp_path / name, relay.url, tamper)
+        proc = run_cli("audit", "verify", "-c", str(config))
+        out = proc.stdout.decode()
+        assert proc.returncode == 1, (name, out, proc.stderr)
+        assert len(out.splitlines()) == 1, out
+        assert out.startswith(f"TAMPERED: entry {first_bad}: "), (name, out)
+        assert "Traceback" not in proc.stderr.decode()
+
+    # the original is still intact; its export verifies with the receipt key alone
+    export = tmp_path / "audit.jsonl"
+    proc = run_cli("audit", "export", "-c", str(gate.config), "-o", str(export))
+    assert proc.returncode == 0, proc.stderr
+    lines = export.read_text(encoding="utf-8").splitlines()
+    assert len(lines) == 11
+    assert [json.loads(line)["seq"] for line in lines] == list(range(1, 12))
+    proc = run_cli("audit", "verify", "--file", str(export), "--key-env", "HITL_RECEIPT_KEY")
+    assert (proc.returncode, proc.stdout.decode()) == (
+        0, "ok: 11 entries, chain and receipts intact\n"), proc.stderr
+    # a different receipt key: the first receipt does not match
+    proc = run_cli("audit", "verify", "--file", str(export), "--key-env", "OTHER_KEY",
+                   env=gate_env(OTHER_KEY="not-the-receipt-key"))
+    assert proc.returncode == 1
+    assert proc.stdout.decode().startswith("TAMPERED: entry 1: ")
+    # a reordered export
+    swapped = tmp_path / "swapped.jsonl"
+    shutil.copy(export, swapped)
+    lines[3], lines[4] = lines[4], lines[3]
+    swapped.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    proc = run_cli("audit", "verify", "--file", str(swapped), "--key-env", "HITL_RECEIPT_KEY")
+    assert proc.returncode == 1
+    assert proc.stdout.decode().startswith("TAMPERED: entry 5: ")
+
+
+# ---- process and storage --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_signal_stops_cleanly(gate, relay, sig):
+    approval_id = gate.api().create("q1", "still pending at stop")["approval_id"]
+    relay.wait_dispatch(approval_id)
+    assert gate.proc is not None
+    gate.proc.send_signal(sig)
+    assert gate.proc.wait(20) == 0
+    wait_until(lambda: "event=stopped" in gate.log(), what="event=stopped in the log")
+    assert "Traceback" not in gate.log()
+
+
+def test_database_is_wal_and_versioned(gate, relay):
+    approval_id = gate.api().create("q1", "on disk")["approval_id"]
+    db = db_path(gate.config)
+    assert db.exists()
+    assert db_scalar(db, "PRAGMA journal_mode") == "wal"
+    assert db_scalar(db, "PRAGMA user_version") == 1
+    # a 201 answered is on disk: another connection sees the committed row
+    assert db_scalar(db, f"SELECT state FROM approvals WHERE approval_id = '{approval_id}'") == (
+        "pending")
+    assert gate.stop() == 0
+    assert db_scalar(db, "PRAGMA journal_mode") == "wal"
+    assert db_scalar(db, "PRAGMA user_version") == 1
