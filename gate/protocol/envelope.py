@@ -83,6 +83,15 @@ def decode_json(raw: bytes) -> Any:
         raise _invalid("json", f"body is not valid JSON: {exc}") from None
 
 
+def _is_unicode(value: str) -> bool:
+    """False for a string holding a lone surrogate (a JSON ``\\ud800`` escape): not UTF-8."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def _string(obj: dict[str, Any], key: str, field: str, limit: int, *, required: bool) -> str | None:
     value = obj.get(key)
     if value is None:
@@ -91,6 +100,8 @@ def _string(obj: dict[str, Any], key: str, field: str, limit: int, *, required: 
         return None
     if not isinstance(value, str):
         raise _invalid(field, f"{field} must be a string")
+    if not _is_unicode(value):
+        raise _invalid(field, f"{field} is not valid Unicode (lone surrogate)")
     if required and not value.strip():
         raise _invalid(field, f"{field} must not be empty")
     if len(value) > limit:
@@ -126,6 +137,8 @@ def parse_decision(raw: bytes) -> Decision:
     adjust_text = obj.get("adjust_text")
     if adjust_text is not None and not isinstance(adjust_text, str):
         raise _invalid("adjust_text", "adjust_text must be a string or null")
+    if adjust_text is not None and not _is_unicode(adjust_text):
+        raise _invalid("adjust_text", "adjust_text is not valid Unicode (lone surrogate)")
     decided_at = _string(obj, "decided_at", "decided_at", MAX_LABEL_CHARS, required=True)
     assert decided_at is not None
     try:
@@ -184,7 +197,7 @@ def build_dispatch(
         "approvers": list(approvers),
         "payload_hash": payload_hash,
         "draft": {"content_type": content_type, "body": body},
-        "actions": ACTIONS,
+        "actions": [dict(action) for action in ACTIONS],
         "callback": {"url": callback_url, "nonce": nonce},
         "revision": revision,
     }

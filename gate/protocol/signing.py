@@ -21,14 +21,18 @@ class SignatureHeader:
 
     t: int
     v1: tuple[str, ...]
+    t_text: str = ""  # ``t`` exactly as sent: the HMAC covers these characters
 
 
 def _unauthorized(code: str, message: str) -> ProtocolError:
     return ProtocolError(code, message, status=401, kind="unauthorized")
 
 
-def compute(secret: str, t: int, body: bytes) -> str:
-    """Return lowercase hex HMAC-SHA256(key=secret UTF-8, msg=ASCII ``t`` + ``.`` + body)."""
+def compute(secret: str, t: int | str, body: bytes) -> str:
+    """Return lowercase hex HMAC-SHA256(key=secret UTF-8, msg=ASCII ``t`` + ``.`` + body).
+
+    ``t`` may be the header's own digits (a signer's leading zeros are then kept).
+    """
     msg = str(t).encode("ascii") + b"." + body
     return hmac.new(secret.encode("utf-8"), msg, hashlib.sha256).hexdigest()
 
@@ -50,6 +54,7 @@ def parse(header: str | None) -> SignatureHeader:
     if len(header) > MAX_HEADER_CHARS:
         raise _unauthorized("signature_malformed", "signature header is too long")
     t: int | None = None
+    t_text = ""
     v1: list[str] = []
     for part in header.split(","):
         if not part.strip():
@@ -64,6 +69,7 @@ def parse(header: str | None) -> SignatureHeader:
             if not _DIGITS.fullmatch(value):
                 raise _unauthorized("signature_malformed", "signature t is not decimal seconds")
             t = int(value)
+            t_text = value
         elif key == "v1":
             if not _HEX64.fullmatch(value):
                 raise _unauthorized("signature_malformed", "signature v1 is not 64 hex digits")
@@ -72,7 +78,7 @@ def parse(header: str | None) -> SignatureHeader:
         raise _unauthorized("signature_malformed", "signature has no t")
     if not v1:
         raise _unauthorized("signature_malformed", "signature has no v1")
-    return SignatureHeader(t=t, v1=tuple(v1))
+    return SignatureHeader(t=t, v1=tuple(v1), t_text=t_text)
 
 
 def check_window(t: int, now: float, max_skew: float) -> None:
@@ -91,7 +97,7 @@ def check_hmac(parsed: SignatureHeader, body: bytes, secrets: Iterable[str]) -> 
     """Raise 401 ``signature_mismatch`` unless some ``v1`` matches some secret (constant time)."""
     ok = False
     for secret in secrets:
-        expected = compute(secret, parsed.t, body)
+        expected = compute(secret, parsed.t_text or parsed.t, body)
         for candidate in parsed.v1:
             # no early exit: every pair is compared
             ok |= hmac.compare_digest(expected, candidate)

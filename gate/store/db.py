@@ -312,12 +312,14 @@ class WriteTx:
 
         Returns the attempts so far. Already-acked rows are left alone (returns -1).
         """
-        await self._conn.execute(
+        cur = await self._conn.execute(
             "UPDATE outbox SET attempts = attempts + 1, delivered_at = ?, next_attempt_at = ?,"
             " last_error = ? WHERE approval_id = ? AND revision = ? AND delivered_at IS NULL",
             (delivered_at, next_attempt_at, error, approval_id, revision))
+        if cur.rowcount != 1:
+            return -1
         row = await self._one(
-            "SELECT attempts, changes() AS n FROM outbox WHERE approval_id = ? AND revision = ?",
+            "SELECT attempts FROM outbox WHERE approval_id = ? AND revision = ?",
             (approval_id, revision))
         return int(row["attempts"]) if row else -1
 

@@ -1,0 +1,197 @@
+"""Layering rules of STYLE.md, checked by parsing the imports of every module under gate/.
+
+- ``gate/protocol/*`` is pure: no asyncio, network, database, clock, and no upward imports
+  (``gate.store``, ``gate.core``, ``gate.web``).
+- ``gate/core/*`` holds the rules: no aiohttp (web or client), no SQL driver, no click.
+- ``gate/web/*`` request handlers never reach the store: a web module that registers routes,
+  and every gate.web module it imports, must not import ``gate.store``. The composition root
+  ``web/server.py`` (registers no routes) builds the Store and hands it to GateService.
+- Only ``gate/store/*`` speaks SQL (imports sqlite3/aiosqlite).
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+GATE = Path(__file__).resolve().parent.parent / "gate"
+
+
+@dataclass(frozen=True)
+class Module:
+    name: str  # dotted, e.g. gate.protocol.signing
+    path: Path
+    tree: ast.Module
+
+    @property
+    def rel(self) -> str:
+        return self.path.relative_to(GATE.parent).as_posix()
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(GATE.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def all_modules() -> list[Module]:
+    return [Module(_module_name(p), p, ast.parse(p.read_text(encoding="utf-8"), str(p)))
+            for p in sorted(GATE.rglob("*.py"))]
+
+
+MODULES = all_modules()
+
+
+def imports_of(module: Module) -> set[str]:
+    """Every module an ``import``/``from ... import`` names (relative imports resolved),
+    including ``from pkg import sub`` as ``pkg.sub``; imports under TYPE_CHECKING count too."""
+    out: set[str] = set()
+    package = module.name if module.path.name == "__init__.py" else module.name.rpartition(".")[0]
+    for node in ast.walk(module.tree):
+        if isinstance(node, ast.Import):
+            out.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base_parts = package.split(".")
+                base_parts = base_parts[: len(base_parts) - (node.level - 1)]
+                base = ".".join(base_parts + ([node.module] if node.module else []))
+            else:
+                base = node.module or ""
+            out.add(base)
+            out.update(f"{base}.{alias.name}" for alias in node.names)
+    return out
+
+
+def hits(imported: set[str], forbidden: tuple[str, ...]) -> list[str]:
+    """The imported names equal to, or inside, a forbidden module."""
+    return sorted(name for name in imported
+                  for bad in forbidden if name == bad or name.startswith(bad + "."))
+
+
+def under(prefix: str) -> list[Module]:
+    return [m for m in MODULES if m.name == prefix or m.name.startswith(prefix + ".")]
+
+
+def ids(modules: list[Module]) -> list[str]:
+    return [m.rel for m in modules]
+
+
+PROTOCOL_FORBIDDEN = ("asyncio", "aiohttp", "aiosqlite", "sqlite3", "socket", "time",
+                      "gate.store", "gate.core", "gate.web", "gate.clock", "gate.dispatch")
+CORE_FORBIDDEN = ("aiohttp", "sqlite3", "aiosqlite", "click")
+SQL_DRIVERS = ("sqlite3", "aiosqlite")
+CLOCK_READS = {"now", "utcnow", "today", "time", "time_ns", "monotonic", "perf_counter"}
+
+
+# --------------------------------------------------------------------------- sanity
+
+
+def test_layers_modules_found() -> None:
+    names = {m.name for m in MODULES}
+    for expected in ("gate.protocol.signing", "gate.protocol.envelope", "gate.protocol.canonical",
+                     "gate.core.rules", "gate.core.service", "gate.store.db", "gate.web.callback",
+                     "gate.audit"):
+        assert expected in names
+
+
+def test_layers_import_scanner_sees_relative_and_from_imports() -> None:
+    tree = ast.parse("from . import store\nfrom ..store import db\nimport sqlite3 as s\n"
+                     "from gate import store as st\n")
+    fake = Module("gate.web.fake", GATE / "web" / "fake.py", tree)
+
+    found = imports_of(fake)
+    assert {"gate.web.store", "gate.store", "gate.store.db", "sqlite3"} <= found
+    assert hits(found, ("gate.store",)) == ["gate.store", "gate.store.db"]
+    assert hits(found, ("gate.stor",)) == []  # prefix match is per dotted component
+
+
+# --------------------------------------------------------------------------- rules
+
+
+@pytest.mark.parametrize("module", under("gate.protocol"), ids=ids(under("gate.protocol")))
+def test_layers_protocol_is_pure(module: Module) -> None:
+    bad = hits(imports_of(module), PROTOCOL_FORBIDDEN)
+
+    assert not bad, f"{module.rel} must stay pure (SPEC/STYLE protocol/), imports {bad}"
+
+
+@pytest.mark.parametrize("module", under("gate.protocol"), ids=ids(under("gate.protocol")))
+def test_layers_protocol_reads_no_clock(module: Module) -> None:
+    calls = [
+        f"{ast.unparse(node.func)} (line {node.lineno})"
+        for node in ast.walk(module.tree)
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+        and node.func.attr in CLOCK_READS
+    ]
+
+    assert not calls, f"{module.rel} reads the clock; take `now` as an argument: {calls}"
+
+
+@pytest.mark.parametrize("module", under("gate.core"), ids=ids(under("gate.core")))
+def test_layers_core_has_no_http_sql_or_cli(module: Module) -> None:
+    bad = hits(imports_of(module), CORE_FORBIDDEN)
+
+    assert not bad, f"{module.rel}: core/ has no aiohttp, no SQL driver, no click; imports {bad}"
+
+
+ROUTE_CALLS = {"add_get", "add_post", "add_put", "add_patch", "add_delete", "add_head",
+               "add_route", "add_routes", "add_view"}
+
+
+def registers_routes(module: Module) -> bool:
+    """True when the module adds routes (``router.add_*``) or builds a ``RouteTableDef``."""
+    for node in ast.walk(module.tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
+                and node.func.attr in ROUTE_CALLS:
+            return True
+        if isinstance(node, ast.Attribute) and node.attr == "RouteTableDef":
+            return True
+    return False
+
+
+WEB = under("gate.web")
+WEB_BY_NAME = {m.name: m for m in WEB}
+
+
+def handler_modules() -> list[Module]:
+    """Web modules holding request handling code: those that register routes, and every
+    gate.web module they import (middlewares, body readers), transitively. The composition
+    root (web/server.py: builds the Store and the GateService, registers no routes) is not
+    one of them."""
+    found = {m.name for m in WEB if registers_routes(m)}
+    todo = list(found)
+    while todo:
+        for name in imports_of(WEB_BY_NAME[todo.pop()]):
+            if name in WEB_BY_NAME and name not in found:
+                found.add(name)
+                todo.append(name)
+    return [WEB_BY_NAME[name] for name in sorted(found)]
+
+
+HANDLER_MODULES = handler_modules()
+
+
+def test_layers_web_handler_modules_detected() -> None:
+    names = {m.name for m in HANDLER_MODULES}
+
+    assert {"gate.web.api", "gate.web.callback", "gate.web.common"} <= names
+
+
+@pytest.mark.parametrize("module", HANDLER_MODULES, ids=ids(HANDLER_MODULES))
+def test_layers_web_handlers_do_not_import_store(module: Module) -> None:
+    bad = hits(imports_of(module), ("gate.store",) + SQL_DRIVERS)
+
+    assert not bad, f"{module.rel} handles requests and imports {bad}; go through GateService"
+
+
+@pytest.mark.parametrize("module", MODULES, ids=ids(MODULES))
+def test_layers_only_store_speaks_sql(module: Module) -> None:
+    bad = hits(imports_of(module), SQL_DRIVERS)
+    if module.name == "gate.store" or module.name.startswith("gate.store."):
+        return
+
+    assert not bad, f"{module.rel} imports {bad}; only gate/store/ speaks SQL"
