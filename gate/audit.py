@@ -1,24 +1,35 @@
-"""Hash-chained audit entries with HMAC receipts; verify and export (SPEC §7)."""
+"""Hash-chained audit entries, HMAC receipts, Ed25519 signatures; verify and export (SPEC §7)."""
 
 from __future__ import annotations
 
 import hashlib
 import hmac
 import json
-from collections.abc import Iterable
+import re
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from gate import keys
 from gate.protocol.canonical import canonical_json
 from gate.protocol.envelope import rfc3339
 
 GENESIS_HASH = "0" * 64
 RECEIPT_ALG = "hmac-sha256"
+SIGNATURE_ALG = "ed25519"
+_HEX64 = re.compile(r"[0-9a-f]{64}")
+_HEX128 = re.compile(r"[0-9a-f]{128}")
+
+Signer = keys.Signer  # what ``WriteTx.append_audit`` signs with
 
 
 @dataclass(frozen=True, slots=True)
 class AuditRow:
-    """One stored audit entry: ``entry`` is its canonical JSON text."""
+    """One stored audit entry: ``entry`` is its canonical JSON text.
+
+    ``key_id``/``signature`` (lowercase hex Ed25519 signature of ``entry_hash`` as ASCII)
+    are set when the gate had a signing key, else None.
+    """
 
     seq: int
     approval_id: str | None
@@ -27,16 +38,20 @@ class AuditRow:
     prev_hash: str
     entry_hash: str
     receipt: str
+    key_id: str | None = None
+    signature: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class VerifyResult:
-    """Outcome of ``verify``: ``ok``; entries checked; the first bad seq and why, if any."""
+    """Outcome of ``verify``: ``ok``; entries checked; the first bad seq and why, if any;
+    ``signed``: how many entries carried a signature that verified (0 when not checked)."""
 
     ok: bool
     checked: int
     first_bad_seq: int | None = None
     reason: str = ""
+    signed: int = 0
 
 
 def make_entry(seq: int, kind: str, approval_id: str | None, at_ms: int,
@@ -63,25 +78,60 @@ def seal(prev_hash: str, entry: dict[str, Any], key: bytes) -> tuple[str, str, s
     return entry_json.decode("utf-8"), digest, receipt(key, digest)
 
 
+def sign(signer: Signer, entry_hash: str) -> tuple[str, str]:
+    """Return ``(key_id, signature)``: hex Ed25519 signature of the entry hash as ASCII hex."""
+    return signer.key_id, signer.sign(entry_hash.encode("ascii")).hex()
+
+
+def signature_problem(public_keys: keys.PublicKeys, entry_hash: str, key_id: str | None,
+                      signature: str | None) -> str | None:
+    """Return why a signature over ``entry_hash`` does not verify, or None when it does."""
+    if key_id is None or signature is None:
+        return "not signed"
+    key = public_keys.get(key_id)
+    if key is None:
+        return f"signed by key {key_id}, which is not a trusted public key"
+    if not _HEX128.fullmatch(signature) or not keys.verify_signature(
+            key, bytes.fromhex(signature), entry_hash.encode("ascii")):
+        return f"signature does not verify with key {key_id} (changed or forged)"
+    return None
+
+
 def receipt_object(row: AuditRow) -> dict[str, Any]:
-    """Return the receipt handed to pipelines: ``{seq, entry_hash, receipt, alg}``."""
-    return {"seq": row.seq, "entry_hash": row.entry_hash, "receipt": row.receipt,
-            "alg": RECEIPT_ALG}
+    """Return the receipt handed to pipelines: ``{seq, entry_hash, receipt, alg}``, plus
+    ``key_id``, ``signature`` and ``signature_alg`` (``ed25519``) when the entry is signed."""
+    out: dict[str, Any] = {"seq": row.seq, "entry_hash": row.entry_hash,
+                           "receipt": row.receipt, "alg": RECEIPT_ALG}
+    if row.signature is not None:
+        out.update(key_id=row.key_id, signature=row.signature, signature_alg=SIGNATURE_ALG)
+    return out
 
 
-def verify(rows: Iterable[AuditRow], key: bytes | None) -> VerifyResult:
-    """Recompute the chain over ``rows`` (ascending seq) and, with ``key``, every receipt.
+def verify(rows: Iterable[AuditRow], key: bytes | None,
+           public_keys: keys.PublicKeys | None = None) -> VerifyResult:
+    """Recompute the chain over ``rows`` (ascending seq); with ``key`` check every HMAC
+    receipt; with ``public_keys`` ({key id: Ed25519 public key}) check every signature.
 
     Detects a changed entry (hash mismatch), a deleted or inserted entry (seq gap or
     prev_hash break) and reordering (seq inside the entry differs from its place).
-    Returns the first bad entry. A deleted tail is only caught by a later receipt.
+    Returns the first bad entry. A deleted tail is only caught by a later receipt
+    (``check_receipt``).
+
+    With ``public_keys`` nothing secret is needed, and since anyone can recompute a hash
+    chain, signatures are what make the log authentic: every signed entry must verify
+    with a trusted key; unsigned entries are accepted only before the first signed one
+    (a log that began before signing was enabled: the first signature's hash chains over
+    them), and at least the last entry must be signed.
     """
     prev = GENESIS_HASH
     expected_seq = 1
     checked = 0
+    signed = 0
+    last: AuditRow | None = None
     for row in rows:
-        def bad(reason: str, row: AuditRow = row) -> VerifyResult:
-            return VerifyResult(False, checked, row.seq, reason)
+        def bad(reason: str, row: AuditRow = row, checked: int = checked,
+                signed: int = signed) -> VerifyResult:
+            return VerifyResult(False, checked, row.seq, reason, signed)
 
         if row.seq != expected_seq:
             return bad(f"expected entry {expected_seq}, found {row.seq} (deleted or inserted entry)")
@@ -103,23 +153,85 @@ def verify(rows: Iterable[AuditRow], key: bytes | None) -> VerifyResult:
             return bad("entry hash does not match its content (changed)")
         if key is not None and not hmac.compare_digest(receipt(key, digest), row.receipt):
             return bad("receipt does not match (changed, or a different receipt key)")
+        if public_keys is not None:
+            problem = signature_problem(public_keys, digest, row.key_id, row.signature)
+            if problem is None:
+                signed += 1
+            elif problem != "not signed" or signed:
+                return bad(problem if problem != "not signed" else
+                           "not signed, after signed entries (signature stripped, or "
+                           "entry added without the signing key)")
         prev = digest
         expected_seq += 1
         checked += 1
-    return VerifyResult(True, checked)
+        last = row
+    if public_keys is not None and last is not None and not signed:
+        return VerifyResult(False, checked, last.seq, "not signed: no entry of this log is "
+                            "signed, so nothing proves who wrote it", signed)
+    return VerifyResult(True, checked, signed=signed)
+
+
+def check_receipt(rows: Sequence[AuditRow], held: Mapping[str, Any], key: bytes | None = None,
+                  public_keys: keys.PublicKeys | None = None) -> tuple[int, str] | None:
+    """Check that a verified log ``rows`` holds the receipt ``held`` (``audit verify --expect``).
+
+    ``held`` is a receipt object (``{seq, entry_hash, ...}``). Returns ``(seq, reason)`` for
+    the first problem, or None when the log holds it: an entry at ``seq`` whose hash equals
+    the receipt's. With ``key`` the receipt's HMAC, with ``public_keys`` its signature (if it
+    has one) must verify too, so a made-up receipt is not mistaken for a deleted tail.
+    Raises ValueError when ``held`` is not a receipt object.
+    """
+    seq, entry_hash = held.get("seq"), held.get("entry_hash")
+    if isinstance(seq, bool) or not isinstance(seq, int) or seq < 1 or not isinstance(
+            entry_hash, str) or not _HEX64.fullmatch(entry_hash):
+        raise ValueError("not a receipt (needs an integer seq and a 64-hex entry_hash)")
+    if key is not None and not hmac.compare_digest(receipt(key, entry_hash),
+                                                   str(held.get("receipt"))):
+        return seq, "the receipt's HMAC does not match the receipt key (not a genuine receipt)"
+    if public_keys is not None and held.get("signature") is not None:
+        problem = signature_problem(public_keys, entry_hash, held.get("key_id"),
+                                    str(held["signature"]))
+        if problem is not None:
+            return seq, f"the receipt's {problem} (not a genuine receipt)"
+    found = next((row for row in rows if row.seq == seq), None)
+    if found is None:
+        end = rows[-1].seq if rows else 0
+        return seq, (f"missing: the log ends at entry {end}, but a receipt for entry {seq} "
+                     "exists (entries deleted from the tail)")
+    if not hmac.compare_digest(found.entry_hash, entry_hash):
+        return seq, "entry hash differs from the receipt's (the entry was replaced)"
+    return None
 
 
 def export_line(row: AuditRow) -> str:
-    """Return one JSON Lines record for ``audit export`` (no trailing newline)."""
+    """Return one JSON Lines record for ``audit export`` (no trailing newline).
+
+    Fields: seq, approval_id, kind, entry (canonical JSON text), prev_hash, entry_hash,
+    receipt, key_id and signature (null when the entry is not signed).
+    """
     return json.dumps(
         {"seq": row.seq, "approval_id": row.approval_id, "kind": row.kind, "entry": row.entry,
-         "prev_hash": row.prev_hash, "entry_hash": row.entry_hash, "receipt": row.receipt},
+         "prev_hash": row.prev_hash, "entry_hash": row.entry_hash, "receipt": row.receipt,
+         "key_id": row.key_id, "signature": row.signature},
         ensure_ascii=False, separators=(",", ":"),
     )
 
 
+def _optional_text(obj: Mapping[str, Any], name: str) -> str | None:
+    value = obj.get(name)
+    if value is not None and not isinstance(value, str):
+        raise TypeError(f"{name} must be a string or null")
+    return value
+
+
 def parse_export_line(line: str) -> AuditRow:
-    """Parse one ``audit export`` line back into an AuditRow; raises ValueError/KeyError/TypeError."""
+    """Parse one ``audit export`` line back into an AuditRow; raises ValueError/KeyError/TypeError.
+
+    Exports written before signing existed (no key_id/signature fields) parse as unsigned.
+    """
     obj = json.loads(line)
+    if not isinstance(obj, dict):
+        raise TypeError("an export line is a JSON object")
     return AuditRow(int(obj["seq"]), obj["approval_id"], str(obj["kind"]), str(obj["entry"]),
-                    str(obj["prev_hash"]), str(obj["entry_hash"]), str(obj["receipt"]))
+                    str(obj["prev_hash"]), str(obj["entry_hash"]), str(obj["receipt"]),
+                    _optional_text(obj, "key_id"), _optional_text(obj, "signature"))

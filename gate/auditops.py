@@ -1,8 +1,10 @@
-"""Read audit rows from the database or an export file, for ``audit verify``/``export``."""
+"""Read audit rows (database or export file) and receipts for ``audit verify``/``export``."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from typing import Any
 
 from gate import audit
 from gate.errors import GateError
@@ -36,3 +38,23 @@ def read_export(path: Path) -> list[audit.AuditRow]:
         except (ValueError, KeyError, TypeError):
             raise GateError("bad_export", f"{path}:{number}: not an audit export line") from None
     return rows
+
+
+def read_expected(path: Path) -> tuple[Path, dict[str, Any]]:
+    """Return ``(path, receipt)`` from a receipt file for ``audit verify --expect``.
+
+    The file holds a receipt object (``{seq, entry_hash, receipt, alg, ...}``) or an
+    approval object whose ``receipt`` is one (``hitl-gate request --json`` output).
+    Raises GateError ``bad_receipt`` when it is neither.
+    """
+    try:
+        obj = json.loads(Path(path).read_text(encoding="utf-8-sig"))
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise GateError("bad_receipt", f"cannot read a receipt from {path}: {exc}") from None
+    if isinstance(obj, dict) and isinstance(obj.get("receipt"), dict):
+        obj = obj["receipt"]
+    seq = obj.get("seq") if isinstance(obj, dict) else None
+    if (not isinstance(obj, dict) or isinstance(seq, bool) or not isinstance(seq, int)
+            or not isinstance(obj.get("entry_hash"), str)):
+        raise GateError("bad_receipt", f"{path} holds no receipt (seq, entry_hash)")
+    return Path(path), obj

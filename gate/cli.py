@@ -50,6 +50,39 @@ def _config(path: str) -> Any:
         sys.exit(2)
 
 
+def _receipt_keys(config: Any, *, private: bool = True) -> Any:
+    """Load the config's Ed25519 keys (``gate.keys.load_receipt_keys``); ConfigError if bad."""
+    from gate.keys import load_receipt_keys
+
+    return load_receipt_keys(config.receipts, private=private)
+
+
+def _public_keys(paths: tuple[str, ...], option: str = "--public-key") -> dict[str, Any]:
+    """Load ``--public-key`` files into ``{key id: key}``; a bad file is a usage error (2)."""
+    from gate.keys import KeyFileError, key_id, load_public_key
+
+    out = {}
+    for path in paths:
+        try:
+            key = load_public_key(Path(path))
+        except KeyFileError as exc:
+            fail(f"{option}: {exc.message}", 2)
+        out[key_id(key)] = key
+    return out
+
+
+def _relay_secret(var: str) -> str:
+    """Return the relay secret from env ``var``; exit 2 if unset or padded with whitespace
+    (a trailing newline would silently break every signature: case H04)."""
+    secret = os.environ.get(var)
+    if not secret:
+        fail(f"--secret-env: environment variable {var} is not set", 2)
+    if secret != secret.strip():
+        fail(f"--secret-env: {var} has leading or trailing whitespace (often a trailing "
+             "newline); remove it", 2)
+    return secret
+
+
 def _client(config_path: str, api_url: str | None) -> Any:
     from gate.client import ApiClient, api_base
 
@@ -57,6 +90,9 @@ def _client(config_path: str, api_url: str | None) -> Any:
     token = os.environ.get(config.api.token_env)
     if not token:
         fail(f"api.token_env: environment variable {config.api.token_env} is not set", 2)
+    if token != token.strip() or not token.isprintable():
+        fail(f"api.token_env: {config.api.token_env} has whitespace or control characters "
+             "(often a trailing newline); remove them", 2)
     return ApiClient(api_url or api_base(config), token)
 
 
@@ -87,12 +123,17 @@ def serve(config_path: str, log_level: str) -> None:
     logs.configure(log_level)
     try:
         config, secrets = load(config_path, os.environ)
+        _receipt_keys(config)
     except ConfigError as exc:
         for line in exc.errors:
             click.echo(f"{config_path}: {line}", err=True)
         sys.exit(2)
     try:
         asyncio.run(serve_forever(config, secrets))
+    except ConfigError as exc:
+        for line in exc.errors:
+            click.echo(f"{config_path}: {line}", err=True)
+        sys.exit(2)
     except GateError as exc:
         fail(exc.message)
     except OSError as exc:
@@ -112,6 +153,7 @@ def check_config(config_path: str) -> None:
 
     try:
         config, _ = load(config_path, os.environ)
+        _receipt_keys(config)
     except ConfigError as exc:
         for line in exc.errors:
             click.echo(f"{config_path}: {line}", err=True)
@@ -148,26 +190,35 @@ def _read_draft(draft: str | None, draft_file: str | None) -> str:
 @click.option("--content-type", default="text/plain", show_default=True)
 @click.option("--spend", type=float, default=None, help="Cost of the action, in budget.unit.")
 @click.option("--idempotency-key", default=None, help="Retry-safe key: same key, same approval.")
+@click.option("--requested-by", default=None,
+              help="Identity of the operator asking; they may not approve it themselves.")
 @click.option("--wait", is_flag=True, help="Block until resolved; print the final body.")
 @click.option("--timeout", type=click.FloatRange(min=0), default=None,
               help="With --wait: give up waiting after SEC seconds (exit 4).")
+@click.option("--permit-out", type=click.Path(dir_okay=False), default=None,
+              help="With --wait: save the execution permit (JWS) here when approved/adjusted; "
+                   "any other outcome removes FILE.")
 @click.option("--json", "as_json", is_flag=True, help="Print the approval object as JSON.")
 @click.option("--quiet", is_flag=True, help="Do not report hops on stderr.")
 def request(config_path: str, api_url: str | None, pipeline: str, step: str,
             run_id: str | None, draft: str | None, draft_file: str | None, content_type: str,
-            spend: float | None, idempotency_key: str | None, wait: bool,
-            timeout: float | None, as_json: bool, quiet: bool) -> None:
+            spend: float | None, idempotency_key: str | None, requested_by: str | None,
+            wait: bool, timeout: float | None, permit_out: str | None, as_json: bool,
+            quiet: bool) -> None:
     """Ask for approval of a draft; with --wait, block and print the final body.
 
     Exit 0 approved/adjusted, 3 skipped, 4 timeout, 5 cancelled, 1 gate error, 2 usage.
     A --timeout that elapses while the approval is still pending exits 4 too (the
-    approval stays pending on the gate; the action must not fire).
+    approval stays pending on the gate; the action must not fire). With --permit-out,
+    an approved/adjusted approval without a permit (no signing key) exits 1.
 
     Example: hitl-gate request -c config.example.yaml --pipeline invoice-due-diligence
     --step send-followup --draft-file mail.txt --wait
     """
     from gate.pipeline import EXIT_CODES, wait_for_outcome
 
+    if permit_out is not None and not wait:
+        fail("--permit-out needs --wait", 2)
     text = _read_draft(draft, draft_file)
     body: dict[str, Any] = {"pipeline": pipeline, "step": step,
                             "draft": {"content_type": content_type, "body": text}}
@@ -175,6 +226,8 @@ def request(config_path: str, api_url: str | None, pipeline: str, step: str,
         body["run_id"] = run_id
     if spend is not None:
         body["spend"] = spend
+    if requested_by is not None:
+        body["requested_by"] = requested_by
 
     def report(line: str) -> None:
         if not quiet:
@@ -200,10 +253,28 @@ def request(config_path: str, api_url: str | None, pipeline: str, step: str,
         click.echo(f"Error: still pending after {timeout:g} s: approval {result['approval_id']}"
                    " (the action must not fire)", err=True)
         sys.exit(4)
+    if permit_out is not None:
+        _save_permit(Path(permit_out), result, report)
     if result["final_body"] is not None and not as_json:
         sys.stdout.write(result["final_body"])
         sys.stdout.flush()
     sys.exit(EXIT_CODES[result["outcome"]])
+
+
+def _save_permit(path: Path, approval: dict[str, Any], report: Any) -> None:
+    from gate import permit
+
+    try:
+        if approval["final_body"] is None:
+            path.unlink(missing_ok=True)  # no earlier permit may pass for this outcome's
+            return
+        if not approval.get("permit"):
+            fail(f"approval {approval['approval_id']} is {approval['outcome']} but the gate "
+                 "issued no permit (receipts.signing_key_file is not configured)")
+        permit.save(path, approval["permit"])
+    except OSError as exc:
+        fail(f"--permit-out: cannot write {path}: {exc.strerror or exc}")
+    report(f"permit saved to {path}")
 
 
 @main.command("list")
@@ -282,19 +353,40 @@ def audit() -> None:
               help="Verify an export (JSON Lines) instead of the database.")
 @click.option("--key-env", default=None, help="Env var with the receipt key (default: the "
               "config's receipts.key_env).")
-def audit_verify(config_path: str | None, export_file: str | None, key_env: str | None) -> None:
-    """Recompute the audit chain and every receipt; name the first bad entry.
+@click.option("--public-key", "public_key_files", multiple=True,
+              type=click.Path(dir_okay=False),
+              help="Ed25519 public key (PEM) trusted for entry signatures; repeat for rotated "
+                   "keys. No secret needed.")
+@click.option("--expect", "expect_files", multiple=True, type=click.Path(dir_okay=False),
+              help="A receipt (JSON, or an approval object holding one) the log must hold; "
+                   "catches a deleted tail. Repeatable.")
+def audit_verify(config_path: str | None, export_file: str | None, key_env: str | None,
+                 public_key_files: tuple[str, ...], expect_files: tuple[str, ...]) -> None:
+    """Recompute the audit chain, every receipt and every signature; name the first bad entry.
 
-    Exit 0 intact, 1 tampered, 2 usage.
+    With --public-key (or a config with receipts.signing_key_file/trusted_public_keys)
+    every entry must be signed by a trusted key, except entries written before signing
+    was enabled. Exit 0 intact, 1 tampered, 2 usage.
 
-    Example: hitl-gate audit verify -c config.example.yaml
+    Example: hitl-gate audit verify --file audit.jsonl --public-key hitl-gate-ed25519.pub
+    --expect receipt.json
     """
     from gate import audit as audit_mod
-    from gate.auditops import read_export, read_database
+    from gate.auditops import read_database, read_expected, read_export
 
     if (config_path is None) == (export_file is None):
         fail("give exactly one of -c/--config or --file", 2)
     config = _config(config_path) if config_path else None
+    public = _public_keys(public_key_files)
+    if config is not None:
+        try:
+            public.update(_receipt_keys(config).public)
+        except ConfigError as exc:
+            fail("; ".join(exc.errors), 2)
+    try:
+        expected = [read_expected(Path(f)) for f in expect_files]
+    except GateError as exc:
+        fail(f"--expect: {exc.message}", 2)
     var = key_env or (config.receipts.key_env if config else None)
     key = None
     if var:
@@ -303,18 +395,26 @@ def audit_verify(config_path: str | None, export_file: str | None, key_env: str 
             fail(f"environment variable {var} (receipt key) is not set", 2)
         key = value.encode("utf-8")
     try:
-        rows = (read_export(Path(export_file)) if export_file
-                else asyncio.run(read_database(config.storage.path)))
+        if config is not None:
+            rows = asyncio.run(read_database(config.storage.path))
+        else:
+            rows = read_export(Path(str(export_file)))
     except GateError as exc:
         fail(exc.message)
-    result = audit_mod.verify(rows, key)
-    if result.ok:
-        receipts = "and receipts " if key else ""
-        click.echo(f"ok: {result.checked} entries, chain {receipts}intact")
-        return
-    click.echo(f"TAMPERED: entry {result.first_bad_seq}: {result.reason} "
-               f"({result.checked} entries before it verified)")
-    sys.exit(1)
+    result = audit_mod.verify(rows, key, public or None)
+    if not result.ok:
+        click.echo(f"TAMPERED: entry {result.first_bad_seq}: {result.reason} "
+                   f"({result.checked} entries before it verified)")
+        sys.exit(1)
+    for path, held in expected:
+        problem = audit_mod.check_receipt(rows, held, key, public or None)
+        if problem is not None:
+            click.echo(f"TAMPERED: entry {problem[0]}: {problem[1]} (receipt {path})")
+            sys.exit(1)
+    checked = ["chain"] + ["receipts"] * (key is not None) + ["signatures"] * bool(public)
+    what = ", ".join(checked[:-1]) + f" and {checked[-1]}" if len(checked) > 1 else checked[0]
+    held_note = "".join(f"; holds the receipt for entry {held['seq']}" for _, held in expected)
+    click.echo(f"ok: {result.checked} entries, {what} intact{held_note}")
 
 
 @audit.command("export")
@@ -341,6 +441,83 @@ def audit_export(config_path: str, output: str) -> None:
 
 
 @main.command()
+@click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False),
+              help="Directory for the key pair (created 0700 if missing).")
+def keygen(out_dir: str) -> None:
+    """Write a new Ed25519 key pair for signed audit entries and permits; print its key id.
+
+    DIR/hitl-gate-ed25519.key (private, PEM, mode 0600; never overwritten) goes to
+    receipts.signing_key_file; DIR/hitl-gate-ed25519.pub (public, PEM) goes to auditors and
+    to the tool that executes approved actions. Key id = "ed25519:" + the first 16 hex
+    digits of SHA-256 of the raw 32-byte public key.
+
+    Example: hitl-gate keygen --out /etc/hitl-gate/keys
+    """
+    from gate.keys import generate
+
+    try:
+        private_path, public_path, kid = generate(Path(out_dir))
+    except GateError as exc:
+        fail(exc.message)
+    click.echo(f"wrote {private_path} (private key, mode 0600: receipts.signing_key_file)",
+               err=True)
+    click.echo(f"wrote {public_path} (public key: give it to verifiers)", err=True)
+    click.echo(kid)
+
+
+@main.group()
+def permit() -> None:
+    """Execution permits: verify one offline before executing the approved body."""
+
+
+@permit.command("verify")
+@click.argument("permit_file", type=click.Path(dir_okay=False))
+@click.option("--public-key", "public_key_files", multiple=True, required=True,
+              type=click.Path(dir_okay=False),
+              help="The gate's Ed25519 public key (PEM); repeat to trust rotated keys.")
+@click.option("--body-file", required=True,
+              help="The exact body about to be executed (file, or - for stdin).")
+@click.option("--pipeline", default=None, help="Also require the permit to be for this pipeline.")
+@click.option("--step", default=None, help="Also require the permit to be for this step.")
+@click.option("--json", "as_json", is_flag=True, help="Print the verified claims as JSON.")
+def permit_verify(permit_file: str, public_key_files: tuple[str, ...], body_file: str,
+                  pipeline: str | None, step: str | None, as_json: bool) -> None:
+    """Check a permit's signature, expiry, and that the body hashes to its payload_hash.
+
+    Exit 0 valid (execute), 1 invalid (do not execute; the reason is printed), 2 usage.
+
+    Example: hitl-gate permit verify permit.jws --public-key hitl-gate-ed25519.pub
+    --body-file mail.txt
+    """
+    import time
+
+    from gate import permit as permit_mod
+    from gate.protocol.envelope import rfc3339
+
+    public = _public_keys(public_key_files)
+    try:
+        token = permit_mod.read(Path(permit_file))
+        body = sys.stdin.buffer.read() if body_file == "-" else Path(body_file).read_bytes()
+    except OSError as exc:
+        fail(f"cannot read {exc.filename}: {exc.strerror or exc}", 2)
+    try:
+        verified = permit_mod.verify(token, public, body, time.time(), pipeline=pipeline,
+                                     step=step)
+    except permit_mod.PermitError as exc:
+        click.echo(f"INVALID: {exc.code}: {exc.message}")
+        sys.exit(1)
+    if as_json:
+        click.echo(json.dumps(verified.claims, ensure_ascii=False, indent=2))
+        return
+    claims = verified.claims
+    approvers = ", ".join(str(a.get("identity") or a.get("operator_id"))
+                          for a in claims["approved_by"])
+    click.echo(f"ok: permit for approval {claims['approval_id']} ({claims['pipeline']}/"
+               f"{claims['step']}, {claims['outcome']} by {approvers}), body "
+               f"{claims['payload_hash']}, valid until {rfc3339(claims['exp'] * 1000)}")
+
+
+@main.command()
 @click.option("--listen", default="127.0.0.1:8091", show_default=True,
               help="host:port to receive dispatches on (port 0: any free port).")
 @click.option("--secret-env", required=True, help="Env var holding the shared relay secret.")
@@ -359,11 +536,14 @@ def relay(listen: str, secret_env: str, identities: tuple[str, ...], auto: str |
     Example: HITL_RELAY_SECRET=... hitl-gate relay --secret-env HITL_RELAY_SECRET --auto approve
     """
     from gate import logs
+    from gate.config import parse_listen
     from gate.relay import AutoDecision, run_relay
 
-    secret = os.environ.get(secret_env)
-    if not secret:
-        fail(f"--secret-env: environment variable {secret_env} is not set", 2)
+    secret = _relay_secret(secret_env)
+    try:
+        parse_listen(listen)
+    except ValueError as exc:
+        fail(f"--listen: {exc}", 2)
     try:
         auto_decision = AutoDecision.parse(auto) if auto else None
     except ValueError as exc:
@@ -404,9 +584,7 @@ def verify(relay_url: str, secret_env: str, approver: str, listen: str,
     from gate.config import parse_listen
     from gate.verify.runner import run_verify
 
-    secret = os.environ.get(secret_env)
-    if not secret:
-        fail(f"--secret-env: environment variable {secret_env} is not set", 2)
+    secret = _relay_secret(secret_env)
     if not relay_url.startswith(("http://", "https://")):
         fail("RELAY_URL must be an http:// or https:// URL", 2)
     try:

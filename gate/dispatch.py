@@ -6,11 +6,14 @@ import asyncio
 import contextlib
 import logging
 import random
+import ssl
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import aiohttp
+from yarl import URL
 
 from gate.core.rules import approvers_of
 from gate.core.service import GateService
@@ -30,6 +33,19 @@ MAX_ERROR_CHARS = 300
 STORAGE_RETRY_S = 1.0
 
 
+def relay_session(ca_file: Path | None = None) -> aiohttp.ClientSession:
+    """Return the HTTP client session for dispatches.
+
+    TLS certificates of an https relay are always verified: against ``ca_file`` (a PEM
+    bundle, e.g. a private CA; it replaces the system CAs) when given, else against the
+    system's CAs. Proxy variables of the environment are ignored (``trust_env=False``).
+    """
+    tls: ssl.SSLContext | bool = True
+    if ca_file is not None:
+        tls = ssl.create_default_context(cafile=str(ca_file))
+    return aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=tls), trust_env=False)
+
+
 def backoff_s(attempts: int, rng: random.Random) -> float:
     """Return the delay before retry number ``attempts`` (1-based), in seconds.
 
@@ -45,8 +61,13 @@ class Dispatcher:
 
     ``secret`` signs dispatches (the current relay secret); ``timeout_s`` bounds one
     attempt (an ack is any 2xx within it); redirects are never followed. Attempts are
-    retried with capped exponential backoff and jitter until the approval resolves.
-    ``callback_url`` must be set and ``ready`` set before anything is sent.
+    retried with capped exponential backoff and jitter until the approval resolves; none
+    starts at or after the approval's ``expires_at``. ``callback_url`` must be set and
+    ``ready`` set before anything is sent.
+
+    When an attempt's result cannot be recorded (storage fault), it is kept in memory and
+    recording is retried without POSTing again: a relay that acked is not sent duplicates
+    for as long as the database refuses writes.
     """
 
     def __init__(self, service: GateService, session: aiohttp.ClientSession, relay_url: str,
@@ -60,6 +81,7 @@ class Dispatcher:
         self.ready = asyncio.Event()
         self._rng = random.Random()
         self._in_flight: dict[tuple[str, int], asyncio.Task[None]] = {}
+        self._unrecorded: dict[tuple[str, int], _Result] = {}
 
     async def run(self) -> None:
         """Loop until cancelled: send what is due, then sleep until the next due attempt."""
@@ -104,17 +126,32 @@ class Dispatcher:
 
     async def _attempt(self, key: tuple[str, int], attempts_before: int) -> None:
         try:
-            await self._send(key, attempts_before)
+            result = self._unrecorded.pop(key, None)
+            if result is None:
+                result = await self._send(key, attempts_before)
+            if result is not None:
+                self._unrecorded[key] = result  # until recorded
+                await self.service.dispatch_result(key[0], key[1], acked=result.acked,
+                                                   error=result.error,
+                                                   retry_at_ms=result.retry_at_ms)
+                self._unrecorded.pop(key, None)
         except GateError as exc:  # storage trouble: logged; the row stays due and is retried
             log.error("event=dispatch_failed approval_id=%s reason=%s message=%s", key[0],
                       exc.code, exc.message)
             await asyncio.sleep(STORAGE_RETRY_S)  # stays in flight: no hot loop while it lasts
 
-    async def _send(self, key: tuple[str, int], attempts_before: int) -> None:
+    async def _send(self, key: tuple[str, int], attempts_before: int) -> _Result | None:
+        """POST one attempt; return its result to record, or None when nothing is to be sent
+        (resolved, superseded or expired meanwhile)."""
         approval_id, revision = key
         full = await self.service.store.fetch_approval(approval_id)
         if full is None or full["state"] != "pending" or full["revision"] != revision:
-            return
+            return None
+        if any(o["revision"] == revision and o["delivered_at"] is not None
+               for o in full["outbox"]):
+            return None  # acked meanwhile: the due rows were read before that ack was recorded
+        if self.service.clock.now_ms() >= full["expires_at"]:
+            return None  # the expiry scheduler resolves it as timeout; never dispatch after
         body = wire_json(dispatch_envelope(full, revision, self.callback_url))
         result = await post_signed(self.session, self.relay_url, body, self.secret,
                                    self.service.clock.now_ms() // 1000, self.timeout_s)
@@ -128,8 +165,16 @@ class Dispatcher:
             log.warning("event=dispatch_failed approval_id=%s revision=%d attempt=%d error=%r "
                         "retry_in_s=%.1f", approval_id, revision, attempt, result.error,
                         (retry_at - self.service.clock.now_ms()) / 1000)
-        await self.service.dispatch_result(approval_id, revision, acked=acked,
-                                           error=result.error, retry_at_ms=retry_at)
+        return _Result(acked, result.error, retry_at)
+
+
+@dataclass(frozen=True, slots=True)
+class _Result:
+    """An attempt's outcome waiting to be recorded (``GateService.dispatch_result``)."""
+
+    acked: bool
+    error: str | None
+    retry_at_ms: int
 
 
 def dispatch_envelope(full: dict[str, Any], revision: int, callback_url: str) -> dict[str, Any]:
@@ -176,5 +221,20 @@ async def post_signed(session: aiohttp.ClientSession, url: str, body: bytes, sec
     except TimeoutError:
         return SendResult(None, f"no answer within {timeout_s:g} s", time.monotonic() - started)
     except aiohttp.ClientError as exc:
-        return SendResult(None, f"{type(exc).__name__}: {exc}"[:MAX_ERROR_CHARS],
+        return SendResult(None, _redact(f"{type(exc).__name__}: {exc}", url)[:MAX_ERROR_CHARS],
                           time.monotonic() - started)
+
+
+def _redact(text: str, url: str) -> str:
+    """Remove the relay URL's query and credentials from an error text (a Power Automate or
+    webhook URL carries its access signature in the query), keeping scheme, host and path."""
+    try:
+        parsed = URL(url)
+    except (TypeError, ValueError):
+        return text
+    if not parsed.query_string and not parsed.user and not parsed.password:
+        return text
+    safe = str(parsed.with_user(None).with_query(None).with_fragment(None))
+    for form in {url, str(parsed), parsed.human_repr()}:
+        text = text.replace(form, safe + "?<redacted>" if parsed.query_string else safe)
+    return text

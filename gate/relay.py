@@ -12,9 +12,11 @@ import contextlib
 import json
 import logging
 import sys
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 import aiohttp
@@ -30,6 +32,9 @@ log = logging.getLogger(__name__)
 
 MAX_DISPATCH_BYTES = 4 * 1024 * 1024
 CHANNEL = "terminal"
+RETRY_CAP_S = 30.0
+# answers after which no one else needs to be asked about this approval
+FINAL = frozenset({"already_resolved", "expired", "unknown_approval"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +65,9 @@ class Relay:
         self.max_skew = max_skew
         self.session = session
         self.handled: set[str] = set()
+        self.closed: set[str] = set()  # approvals the gate says are resolved
+        self.latest: dict[str, int] = {}  # newest revision seen per approval
+        self.stdin_closed = False
         self.queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
 
     async def receive(self, request: web.Request) -> web.Response:
@@ -88,6 +96,10 @@ class Relay:
         if nonce in self.handled:  # the gate re-sent a dispatch whose ack it missed
             return web.json_response({"status": "accepted", "duplicate": True}, status=202)
         self.handled.add(str(nonce))
+        approval_id = str(envelope.get("approval_id"))
+        revision = envelope.get("revision")
+        self.latest[approval_id] = max(self.latest.get(approval_id, 0),
+                                       revision if isinstance(revision, int) else 1)
         await self.queue.put(envelope)
         return web.json_response({"status": "accepted"}, status=202)
 
@@ -105,11 +117,15 @@ class Relay:
 
     async def post_decision(self, envelope: dict[str, Any], identity: str, verb: str,
                             text: str | None) -> tuple[int, Any]:
-        """Sign and POST one decision to the dispatch's callback URL; return (status, answer)."""
+        """Sign and POST one decision to the dispatch's callback URL; return (status, answer).
+
+        Raises aiohttp.ClientError or TimeoutError when the gate cannot be reached.
+        """
         decision = build_decision(
             approval_id=envelope["approval_id"], nonce=envelope["callback"]["nonce"],
             decision=verb, payload_hash=envelope["payload_hash"], approver_id=identity,
-            decided_at_ms=int(time.time() * 1000), channel=CHANNEL,
+            decided_at_ms=int(time.time() * 1000),
+            channel="auto" if self.auto is not None else CHANNEL,
             adjust_text=text if verb == "adjust" else None)
         body = wire_json(decision)
         headers = {"Content-Type": "application/json; charset=utf-8", PROTOCOL_HEADER: PROTOCOL,
@@ -123,15 +139,43 @@ class Relay:
                 answer = text_answer
             return resp.status, answer
 
+    async def deliver(self, envelope: dict[str, Any], identity: str, verb: str,
+                      text: str | None) -> tuple[int, Any] | None:
+        """POST a decision, retrying with backoff while the gate is unreachable or answers 5xx,
+        until the dispatch's ``expires_at``. Returns the last answer, or None if it never came."""
+        deadline = _expiry(envelope)
+        delay = 1.0
+        while True:
+            try:
+                status, answer = await self.post_decision(envelope, identity, verb, text)
+                if status < 500:
+                    return status, answer
+                problem = f"HTTP {status}"
+            except (aiohttp.ClientError, TimeoutError) as exc:
+                problem = f"{type(exc).__name__}: {exc}"
+            if time.time() + delay >= deadline:
+                log.error("event=decision_lost approval_id=%s approver=%s error=%r (the approval "
+                          "expires at the gate)", envelope.get("approval_id"), identity, problem)
+                return None
+            log.warning("event=decision_retry approval_id=%s approver=%s error=%r retry_in_s=%.0f",
+                        envelope.get("approval_id"), identity, problem, delay)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, RETRY_CAP_S)
+
     async def work(self) -> None:
         """Handle queued dispatches one at a time (a terminal shows one prompt at a time)."""
         while True:
             envelope = await self.queue.get()
             try:
                 await self._handle(envelope)
-            except (aiohttp.ClientError, TimeoutError, KeyError, TypeError) as exc:
+            except (KeyError, TypeError) as exc:
                 log.error("event=decision_failed approval_id=%s error=%r",
                           envelope.get("approval_id"), exc)
+
+    def _stale(self, envelope: dict[str, Any]) -> bool:
+        approval_id = envelope.get("approval_id")
+        return approval_id in self.closed or self.latest.get(str(approval_id), 0) > int(
+            envelope.get("revision") or 1)
 
     async def _handle(self, envelope: dict[str, Any]) -> None:
         approval_id = envelope.get("approval_id")
@@ -139,15 +183,57 @@ class Relay:
                  "quorum=%s", approval_id, envelope.get("revision"), envelope.get("payload_hash"),
                  envelope.get("quorum"))
         for identity in self.deciders(envelope):
+            if self._stale(envelope):
+                log.info("event=dispatch_stale approval_id=%s revision=%s (resolved or a newer "
+                         "revision arrived)", approval_id, envelope.get("revision"))
+                return
+            result = await self._decide(envelope, identity)
+            if result is None:
+                return
+            status, answer = result
+            reason = answer.get("reason") if isinstance(answer, dict) else None
+            if (isinstance(answer, dict) and answer.get("resolved")) or reason in FINAL:
+                self.closed.add(str(approval_id))
+                return
+            if reason == "superseded":
+                return
+
+    async def _decide(self, envelope: dict[str, Any], identity: str) -> tuple[int, Any] | None:
+        """Ask (or auto-decide) until the gate takes an answer; None when nobody can answer."""
+        while True:
             if self.auto is not None:
                 verb, text = self.auto.verb, self.auto.text
+            elif self.stdin_closed:
+                return None
             else:
-                verb, text = await ask_terminal(envelope, identity)
-            status, answer = await self.post_decision(envelope, identity, verb, text)
+                try:
+                    verb, text = await ask_terminal(envelope, identity)
+                except EOFError:
+                    self.stdin_closed = True
+                    log.warning("event=stdin_closed: no human can answer on this terminal; "
+                                "dispatches stay undecided and expire at the gate")
+                    return None
+            result = await self.deliver(envelope, identity, verb, text)
+            if result is None:
+                return None
+            status, answer = result
             log.info("event=decision_sent approval_id=%s approver=%s decision=%s answer=%s %s",
-                     approval_id, identity, verb, status, json.dumps(answer, ensure_ascii=False))
-            if isinstance(answer, dict) and answer.get("resolved"):
-                break
+                     envelope.get("approval_id"), identity, verb, status,
+                     json.dumps(answer, ensure_ascii=False))
+            reason = answer.get("reason") if isinstance(answer, dict) else None
+            if status == 422 and self.auto is None:
+                print(f"The gate refused that answer ({reason}); please answer again.", flush=True)
+                continue
+            return status, answer
+
+
+def _expiry(envelope: dict[str, Any]) -> float:
+    """Return the dispatch's ``expires_at`` as unix seconds (now + 1 h when unreadable)."""
+    try:
+        text = str(envelope.get("expires_at"))
+        return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return time.time() + 3600
 
 
 def _show(envelope: dict[str, Any], identity: str) -> None:
@@ -191,8 +277,33 @@ def _prompt(envelope: dict[str, Any], identity: str) -> tuple[str, str | None]:
 
 
 async def ask_terminal(envelope: dict[str, Any], identity: str) -> tuple[str, str | None]:
-    """Show the draft on the terminal and read approve/skip/adjust from stdin (in a thread)."""
-    return await asyncio.get_running_loop().run_in_executor(None, _prompt, envelope, identity)
+    """Show the draft on the terminal and read approve/skip/adjust from stdin.
+
+    The read runs in a daemon thread, so Ctrl-C or SIGTERM stops the relay at once even
+    while a prompt waits for a line. Raises EOFError when stdin is closed.
+    """
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[tuple[str, str | None]] = loop.create_future()
+
+    def settle(result: tuple[str, str | None] | None, error: BaseException | None) -> None:
+        if future.done():
+            return
+        if error is not None:
+            future.set_exception(error)
+        else:
+            assert result is not None
+            future.set_result(result)
+
+    def read() -> None:
+        try:
+            result = _prompt(envelope, identity)
+        except (EOFError, OSError, ValueError) as exc:
+            loop.call_soon_threadsafe(settle, None, EOFError(str(exc)))
+        else:
+            loop.call_soon_threadsafe(settle, result, None)
+
+    threading.Thread(target=read, name="terminal-prompt", daemon=True).start()
+    return await future
 
 
 async def run_relay(listen: str, secret: str, identities: Sequence[str],

@@ -26,6 +26,7 @@ from typing import Any
 import pytest
 import yaml
 
+from gate.store.schema import SCHEMA_VERSION
 from gate.protocol import signing
 from gate.protocol.errors import ProtocolError
 from tests.support import (
@@ -169,7 +170,7 @@ def test_request_wait_through_reference_relay(tmp_path, spawn, clis, auto, code,
         # the ack is normally recorded first; under load the decision may overtake it
         r"dispatched revision 1 to the relay \((attempt 1, acked " + RFC3339_Z.pattern
         + r"|decision arrived before the ack was recorded)\)",
-        rf"decision {verb} by alice@example\.com \(operator 101, revision 1, via terminal\)",
+        rf"decision {verb} by alice@example\.com \(operator 101, revision 1, via auto\)",
         rf"resolved: {outcome} \(revision {final_rev}, {re.escape(final_hash)}\)",
         r"receipt: audit entry \d+ hmac-sha256=[0-9a-f]{64}",
     ]
@@ -182,7 +183,7 @@ def test_request_wait_through_reference_relay(tmp_path, spawn, clis, auto, code,
         "resolved", outcome, final_body)
     assert approval["payload_hash"] == final_hash
     assert [(d["identity"], d["decision"], d["channel"]) for d in approval["decisions"]] == [
-        ("alice@example.com", verb, "terminal")]
+        ("alice@example.com", verb, "auto")]
     assert re.search(rf"event=decision_sent approval_id={approval_id} "
                      rf"approver=alice@example.com decision={verb} answer=200", relay.log())
     assert relay.stop() == 0  # SPEC §4: the reference relay exits 0 on SIGTERM
@@ -457,7 +458,7 @@ def test_api_auth(gate):
     assert Api(gate.api_url, "wrong").call("POST", "/v1/approvals", body) == (
         401, {"status": "unauthorized", "reason": "token_invalid"})
     assert Api(gate.api_url, None).call("GET", "/healthz") == (
-        200, {"status": "ok", "schema_version": 1})
+        200, {"status": "ok", "schema_version": SCHEMA_VERSION})
     assert gate.api().call("GET", "/v1/approvals?state=all") == (
         200, {"items": [], "next_cursor": None})
 
@@ -816,10 +817,10 @@ def test_database_is_wal_and_versioned(gate, relay):
     db = db_path(gate.config)
     assert db.exists()
     assert db_scalar(db, "PRAGMA journal_mode") == "wal"
-    assert db_scalar(db, "PRAGMA user_version") == 1
+    assert db_scalar(db, "PRAGMA user_version") == SCHEMA_VERSION
     # a 201 answered is on disk: another connection sees the committed row
     assert db_scalar(db, f"SELECT state FROM approvals WHERE approval_id = '{approval_id}'") == (
         "pending")
     assert gate.stop() == 0
     assert db_scalar(db, "PRAGMA journal_mode") == "wal"
-    assert db_scalar(db, "PRAGMA user_version") == 1
+    assert db_scalar(db, "PRAGMA user_version") == SCHEMA_VERSION

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ssl
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -37,6 +38,7 @@ _EnvName = Annotated[str, Field(strict=True, min_length=1), AfterValidator(_chec
 _HttpUrl = Annotated[str, Field(strict=True, min_length=1), AfterValidator(_check_http_url)]
 _Duration = Annotated[float, BeforeValidator(parse_duration)]
 _PathText = Annotated[Path, BeforeValidator(_check_path_text)]
+_Timeout = Annotated[float, BeforeValidator(parse_duration), Field(gt=0)]
 _FROZEN = ConfigDict(extra="forbid", frozen=True)
 
 
@@ -79,7 +81,9 @@ class RelayConfig(BaseModel):
     ``secret_env``/``previous_secret_env`` name environment variables (values via
     ``load_secrets``); ``callback_addr`` is the decision listener's ``host:port``;
     ``public_url`` (trailing ``/`` removed) is what relays call back, None = derive from the
-    bound address; ``dispatch_timeout`` seconds (default 10).
+    bound address; ``dispatch_timeout`` seconds (default 10); ``ca_file`` an optional PEM
+    bundle of the CAs trusted for an https ``url`` instead of the system's (a private CA),
+    resolved like storage.path and loaded at validation. Certificates are always verified.
     """
 
     model_config = _FROZEN
@@ -90,6 +94,7 @@ class RelayConfig(BaseModel):
     callback_addr: Annotated[str, Field(strict=True), AfterValidator(_check_tcp_addr)]
     public_url: _HttpUrl | None = None
     dispatch_timeout: _Duration = 10.0
+    ca_file: _PathText | None = None
     operators: Annotated[tuple[Operator, ...], AfterValidator(_non_empty)]
     security: Security
 
@@ -97,6 +102,20 @@ class RelayConfig(BaseModel):
     @classmethod
     def _strip_slash(cls, value: str | None) -> str | None:
         return value.rstrip("/") if value is not None else None
+
+    @field_validator("ca_file")
+    @classmethod
+    def _ca_bundle(cls, value: Path | None, info: ValidationInfo) -> Path | None:
+        if value is None:
+            return None
+        path = _resolve(value, info)
+        try:
+            ssl.create_default_context(cafile=str(path))
+        except ssl.SSLError:  # (an OSError too)
+            raise ValueError(f"{path} is not a PEM bundle of CA certificates") from None
+        except OSError as exc:
+            raise ValueError(f"cannot read CA bundle {path}: {exc.strerror or exc}") from None
+        return path
 
 
 class ApiConfig(BaseModel):
@@ -111,6 +130,24 @@ class ApiConfig(BaseModel):
     listen: Annotated[str, Field(strict=True), AfterValidator(_check_listen)] = "127.0.0.1:8090"
     token_env: _EnvName
     max_draft_bytes: _PositiveInt = 262144
+
+
+class HttpConfig(BaseModel):
+    """``http`` (optional): limits of both listeners (decision callback and pipeline API).
+
+    ``header_timeout``: a client must send a request's complete headers within this many
+    seconds of connecting or of its previous answer; idle keep-alive connections are closed
+    after it too (default 10). ``body_timeout``: once the headers arrived, the body must be
+    complete within this many seconds, else 408 ``request_timeout`` (default 10).
+    ``shutdown_timeout``: on SIGTERM/SIGINT, how long in-flight requests may take to finish
+    before they are cut (default 10).
+    """
+
+    model_config = _FROZEN
+
+    header_timeout: _Timeout = 10.0
+    body_timeout: _Timeout = 10.0
+    shutdown_timeout: _Timeout = 10.0
 
 
 class StorageConfig(BaseModel):
@@ -128,17 +165,27 @@ class StorageConfig(BaseModel):
 
 class ReceiptsConfig(BaseModel):
     """``receipts`` (SPEC §7): ``key_env`` names the HMAC receipt key variable (not the relay
-    secret); ``signing_key_file`` is an optional Ed25519 key path, resolved like storage.path."""
+    secret); ``signing_key_file`` is an optional Ed25519 private key (PEM) that signs every
+    audit entry and execution permit; ``trusted_public_keys`` are PEM public key files also
+    trusted when verifying (older keys after a rotation); ``permit_lifetime`` seconds a
+    permit stays valid (default 15m). Paths resolve like storage.path."""
 
     model_config = _FROZEN
 
     key_env: _EnvName
     signing_key_file: _PathText | None = None
+    trusted_public_keys: tuple[_PathText, ...] = ()
+    permit_lifetime: _Duration = 900.0
 
     @field_validator("signing_key_file")
     @classmethod
     def _absolute(cls, value: Path | None, info: ValidationInfo) -> Path | None:
         return _resolve(value, info) if value is not None else None
+
+    @field_validator("trusted_public_keys")
+    @classmethod
+    def _absolute_all(cls, value: tuple[Path, ...], info: ValidationInfo) -> tuple[Path, ...]:
+        return tuple(_resolve(path, info) for path in value)
 
 
 class BudgetConfig(BaseModel):
@@ -155,7 +202,8 @@ class StepConfig(BaseModel):
 
     ``quorum`` approvals needed (default 1); ``approvers`` operator ids (defaults to
     ``relay.security.allowed_users`` after ``load_config``); ``timeout`` seconds until the
-    approval resolves ``timeout`` (default 4h); ``risk`` low|normal|high|critical.
+    approval resolves ``timeout`` (default 4h); ``risk`` low|normal|high|critical;
+    ``allow_self_approval``: may the operator named as ``requested_by`` decide (default false).
     """
 
     model_config = _FROZEN
@@ -167,6 +215,7 @@ class StepConfig(BaseModel):
     approvers: Annotated[tuple[_Int, ...], AfterValidator(_non_empty)] = ()
     timeout: _Duration = 4 * 3600.0
     risk: Literal["low", "normal", "high", "critical"] = "normal"
+    allow_self_approval: Annotated[bool, Field(strict=True)] = False
 
 
 class PipelineConfig(BaseModel):
@@ -188,6 +237,9 @@ class Config(BaseModel):
     api: ApiConfig
     storage: StorageConfig
     receipts: ReceiptsConfig
+    http: Annotated[HttpConfig, BeforeValidator(_none_as_empty)] = Field(
+        default_factory=HttpConfig
+    )
     budget: Annotated[BudgetConfig, BeforeValidator(_none_as_empty)] = Field(
         default_factory=BudgetConfig
     )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from gate.config.model import Config
+from gate.config.model import Config, StepConfig
 from gate.config.secrets import _secret_vars
 
 
@@ -75,7 +75,25 @@ def _cross_check(config: Config) -> list[str]:
                     f"{where}.quorum: quorum {step.quorum} is larger than the {len(in_scope)}"
                     f" {noun} in scope"
                 )
+            elif _self_approval_unreachable(step, len(in_scope)):
+                errors.append(
+                    f"{where}.quorum: quorum {step.quorum} cannot be met without the requester"
+                    f" ({len(in_scope)} in scope, and with allow_self_approval: false a"
+                    " requester's own decisions do not count)"
+                )
     return errors
+
+
+def _self_approval_unreachable(step: StepConfig, in_scope: int) -> bool:
+    """True when a step that explicitly refuses self-approval needs every operator in scope.
+
+    Requests that name an in-scope ``requested_by`` could then never reach quorum. Steps
+    that leave ``allow_self_approval`` unset are not rejected (configs from before the key
+    existed stay valid); such a request is refused at creation instead (422
+    ``quorum_unreachable``).
+    """
+    return ("allow_self_approval" in step.model_fields_set and not step.allow_self_approval
+            and step.quorum > in_scope - 1)
 
 
 def _check_ids(

@@ -20,7 +20,8 @@ def _bad(field: str, message: str) -> GateError:
 
 @dataclass(frozen=True, slots=True)
 class CreateRequest:
-    """A validated create request. ``spend`` is in ``budget.unit``; ``run_id`` may be None."""
+    """A validated create request. ``spend`` is in ``budget.unit``; ``run_id`` may be None;
+    ``requested_by`` is the identity of the operator asking (no self-approval), or None."""
 
     pipeline: str
     step: str
@@ -28,10 +29,18 @@ class CreateRequest:
     content_type: str
     body: str
     spend: float | None
+    requested_by: str | None = None
 
     def request_hash(self) -> str:
-        """Return the SHA-256 hex of this request's canonical JSON (Idempotency-Key comparison)."""
-        return hashlib.sha256(canonical_json(asdict(self))).hexdigest()
+        """Return the SHA-256 hex of this request's canonical JSON (Idempotency-Key comparison).
+
+        ``requested_by`` counts only when given, so hashes of requests without it are
+        unchanged from before the field existed.
+        """
+        fields = asdict(self)
+        if fields["requested_by"] is None:
+            del fields["requested_by"]
+        return hashlib.sha256(canonical_json(fields)).hexdigest()
 
     def draft_bytes(self) -> int:
         """Return the draft body's size in bytes (UTF-8)."""
@@ -48,20 +57,26 @@ def _name(obj: dict[str, Any], key: str, *, required: bool) -> str | None:
         raise _bad(key, f"{key} must be a non-empty string")
     if len(value) > MAX_NAME_CHARS:
         raise _bad(key, f"{key} is longer than {MAX_NAME_CHARS} characters")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise _bad(key, f"{key} is not valid Unicode (lone surrogate)") from None
     return value
 
 
 def parse_create(obj: Any) -> CreateRequest:
     """Validate a decoded JSON create body; raises GateError 400 ``invalid_<field>``.
 
-    Shape: ``{pipeline, step, run_id?, draft: {content_type?, body}, spend?}``;
-    ``content_type`` defaults to ``text/plain``. Unknown fields are ignored.
+    Shape: ``{pipeline, step, run_id?, draft: {content_type?, body}, spend?, requested_by?}``;
+    ``content_type`` defaults to ``text/plain``; ``requested_by`` is an operator identity
+    (checked against the config by the service). Unknown fields are ignored.
     """
     if not isinstance(obj, dict):
         raise _bad("json", "body must be a JSON object")
     pipeline = _name(obj, "pipeline", required=True)
     step = _name(obj, "step", required=True)
     run_id = _name(obj, "run_id", required=False)
+    requested_by = _name(obj, "requested_by", required=False)
     draft = obj.get("draft")
     if not isinstance(draft, dict):
         raise _bad("draft", "draft must be an object with a body")
@@ -77,11 +92,19 @@ def parse_create(obj: Any) -> CreateRequest:
         content_type = "text/plain"
     if not isinstance(content_type, str) or not content_type.strip() or len(content_type) > 200:
         raise _bad("draft.content_type", "draft.content_type must be a short non-empty string")
+    try:
+        content_type.encode("utf-8")
+    except UnicodeEncodeError:
+        raise _bad("draft.content_type", "draft.content_type is not valid Unicode") from None
     spend = obj.get("spend")
     if spend is not None:
-        if isinstance(spend, bool) or not isinstance(spend, int | float) or not math.isfinite(
-                spend) or spend < 0:
+        if isinstance(spend, bool) or not isinstance(spend, int | float):
             raise _bad("spend", "spend must be a number >= 0")
-        spend = float(spend)
+        try:
+            spend = float(spend)  # an integer literal of 309+ digits does not fit a float
+        except OverflowError:
+            raise _bad("spend", "spend is too large") from None
+        if not math.isfinite(spend) or spend < 0:
+            raise _bad("spend", "spend must be a number >= 0")
     assert pipeline is not None and step is not None
-    return CreateRequest(pipeline, step, run_id, content_type, body, spend)
+    return CreateRequest(pipeline, step, run_id, content_type, body, spend, requested_by)

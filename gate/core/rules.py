@@ -1,4 +1,5 @@
-"""Pure decision rules: SPEC §2 checks 8-12 and 14, and the quorum tally. No I/O, no clock."""
+"""Pure decision rules: SPEC §2 checks 8-12 and 14, no self-approval, and the quorum tally.
+No I/O, no clock."""
 
 from __future__ import annotations
 
@@ -63,6 +64,20 @@ def current_revision(approval: dict[str, Any]) -> dict[str, Any]:
         if rev["revision"] == approval["revision"]:
             return rev
     raise LookupError(f"approval {approval['approval_id']} has no current revision row")
+
+
+def check_not_requester(approval: dict[str, Any], identity: str) -> None:
+    """No self-approval: refuse every decision by the operator named as ``requested_by``.
+
+    Runs just before check 11 unless the step allowed self-approval when the approval was
+    created. Raises 403 ``forbidden`` / ``self_approval``.
+    """
+    requester = approval.get("requested_by")
+    if not requester or approval.get("allow_self_approval"):
+        return
+    if identity_key(identity) == identity_key(requester):
+        raise refuse(403, "forbidden", "self_approval",
+                     "the operator who requested this approval may not decide it")
 
 
 def check_approver(approval: dict[str, Any], identity: str) -> int:

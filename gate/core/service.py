@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import secrets as pysecrets
 from collections.abc import Sequence
@@ -11,12 +12,14 @@ from typing import Any
 
 from ulid import ULID
 
-from gate.audit import receipt_object
+from gate import permit
+from gate.audit import AuditRow, receipt_object
 from gate.core import rules
 from gate.core.ratelimit import RateLimiter
 from gate.core.requests import CreateRequest
 from gate.core.views import approval_view
 from gate.errors import Conflict, GateError, NotFound
+from gate.keys import ReceiptKeys, load_receipt_keys
 from gate.protocol.canonical import payload_hash
 from gate.protocol.envelope import Decision
 from gate.store import Store, WriteTx
@@ -35,6 +38,7 @@ class Policy:
     scope: tuple[tuple[int, str], ...]
     timeout_s: float
     risk: str
+    allow_self_approval: bool = False
 
 
 def new_nonce() -> str:
@@ -46,15 +50,21 @@ class GateService:
     """The gate's rules over a Store.
 
     ``config`` is a ``gate.config.Config``; ``receipt_key`` the HMAC receipt key (bytes);
-    ``clock`` anything with ``now_ms()``. Events ``dispatch_wakeup`` and
-    ``expiry_wakeup`` tell the workers there is new work.
+    ``clock`` anything with ``now_ms()``; ``receipt_keys`` the Ed25519 signing key and
+    trusted keys (default: loaded from ``config.receipts``, which raises ConfigError for a
+    bad key file). With a signing key every audit entry is signed and every approved or
+    adjusted approval gets a permit. Events ``dispatch_wakeup`` and ``expiry_wakeup`` tell
+    the workers there is new work.
     """
 
-    def __init__(self, config: Any, receipt_key: bytes, store: Store, clock: Any) -> None:
+    def __init__(self, config: Any, receipt_key: bytes, store: Store, clock: Any, *,
+                 receipt_keys: ReceiptKeys | None = None) -> None:
         self.config = config
         self.store = store
         self.clock = clock
         self._receipt_key = receipt_key
+        self.receipt_keys = receipt_keys or load_receipt_keys(config.receipts)
+        self._signer = self.receipt_keys.signer
         self.rate = RateLimiter(config.relay.security.rate_limit)
         self.dispatch_wakeup = asyncio.Event()
         self.expiry_wakeup = asyncio.Event()
@@ -71,7 +81,39 @@ class GateService:
             raise NotFound("unknown_step", f"step {step!r} is not configured in {pipeline!r}")
         _, step_cfg = found
         scope = tuple((op.id, op.identity) for op in self.config.scope(step_cfg))
-        return Policy(step_cfg.quorum, scope, step_cfg.timeout, step_cfg.risk)
+        return Policy(step_cfg.quorum, scope, step_cfg.timeout, step_cfg.risk,
+                      step_cfg.allow_self_approval)
+
+    def requester(self, req: CreateRequest, policy: Policy) -> tuple[tuple[int, str] | None,
+                                                                      Policy]:
+        """Resolve ``requested_by`` to ``(operator id, identity)`` and the policy it leaves.
+
+        Without self-approval the requester leaves the frozen scope (the relay does not ask
+        them; their decisions are refused ``self_approval``). Raises 400
+        ``invalid_requested_by`` for an identity that is no operator, 422
+        ``quorum_unreachable`` when the others in scope are fewer than the quorum.
+        """
+        if req.requested_by is None:
+            return None, policy
+        op = self.config.operator_by_identity(req.requested_by)
+        if op is None:
+            raise GateError("invalid_requested_by",
+                            "requested_by is not the identity of a configured operator",
+                            status=400, kind="invalid", extra={"field": "requested_by"})
+        if policy.allow_self_approval:
+            return (op.id, op.identity), policy
+        others = tuple(pair for pair in policy.scope if pair[0] != op.id)
+        if len(others) < policy.quorum:
+            raise GateError("quorum_unreachable",
+                            f"quorum {policy.quorum} cannot be met without the requester "
+                            f"({len(others)} other operators in scope)",
+                            status=422, kind="invalid", extra={"field": "requested_by"})
+        return (op.id, op.identity), dataclasses.replace(policy, scope=others)
+
+    async def _audit(self, tx: WriteTx, kind: str, approval_id: str | None, now: int,
+                     data: dict[str, Any]) -> AuditRow:
+        return await tx.append_audit(kind, approval_id, now, data, self._receipt_key,
+                                     self._signer)
 
     async def _budget(self, tx: WriteTx, pipeline: str, now_ms: int,
                       spend: float | None) -> dict[str, Any] | None:
@@ -97,7 +139,7 @@ class GateService:
         Idempotency-Key and body were seen before. Raises NotFound (404), Conflict 409
         ``idempotency_key_reused`` (SPEC §3).
         """
-        policy = self.policy(req.pipeline, req.step)
+        requester, policy = self.requester(req, self.policy(req.pipeline, req.step))
         request_hash = req.request_hash()
         now = self.clock.now_ms()
         async with self.store.write() as tx:
@@ -130,15 +172,22 @@ class GateService:
                 "expires_at": expires_at,
                 "idempotency_key": idempotency_key,
                 "request_hash": request_hash,
+                "requested_by": requester[1] if requester else None,
+                "requested_by_id": requester[0] if requester else None,
+                "allow_self_approval": int(policy.allow_self_approval),
             })
             await tx.insert_revision(approval_id, 1, req.body, digest, new_nonce(), now, None)
             await tx.enqueue_dispatch(approval_id, 1, now)
-            await tx.append_audit("created", approval_id, now, {
+            created: dict[str, Any] = {
                 "pipeline": req.pipeline, "step": req.step, "revision": 1,
                 "payload_hash": digest, "quorum": policy.quorum,
                 "approvers": [op_id for op_id, _ in policy.scope],
                 "expires_at": expires_at,
-            }, self._receipt_key)
+            }
+            if requester is not None:
+                created["requested_by"] = requester[0]
+                created["allow_self_approval"] = policy.allow_self_approval
+            await self._audit(tx, "created", approval_id, now, created)
             full = await tx.load_approval(approval_id)
         assert full is not None
         log.info("event=created approval_id=%s pipeline=%s step=%s payload_hash=%s quorum=%d",
@@ -166,6 +215,7 @@ class GateService:
                 raise rules.refuse(403, "forbidden", "nonce_mismatch",
                                    "nonce does not belong to this approval")
             rules.check_state(approval, nonce_revision, decision, now)
+            rules.check_not_requester(approval, decision.approver_id)
             operator_id = rules.check_approver(approval, decision.approver_id)
             rules.check_adjust_text(decision, self.config.relay.security.max_input_length)
             self.rate.check(operator_id, now)
@@ -216,8 +266,7 @@ class GateService:
                                           "created_by": verdict.operator_id})
             audit_data["new_revision"] = new_revision
             audit_data["new_payload_hash"] = new_hash
-        await tx.append_audit("decision", approval["approval_id"], now, audit_data,
-                              self._receipt_key)
+        await self._audit(tx, "decision", approval["approval_id"], now, audit_data)
         collected = rules.approvers_of(approval, approval["revision"])
         outcome = rules.outcome_after(approval["quorum_required"], len(collected),
                                       approval["revision"], [verdict.effect])
@@ -232,13 +281,18 @@ class GateService:
         if not await tx.resolve(approval["approval_id"], outcome, now):
             raise Conflict("already_resolved", "approval was resolved concurrently")
         current = rules.current_revision(approval)
-        row = await tx.append_audit("resolved", approval["approval_id"], now, {
+        fires = outcome in permit.FIRING_OUTCOMES
+        row = await self._audit(tx, "resolved", approval["approval_id"], now, {
             "outcome": outcome, "revision": approval["revision"],
             "payload_hash": current["payload_hash"],
-            "approved_by": list(approved_by) if outcome in ("approved", "adjusted") else [],
+            "approved_by": list(approved_by) if fires else [],
             "quorum": approval["quorum_required"],
-        }, self._receipt_key)
+        })
         await tx.set_receipt(approval["approval_id"], receipt_object(row))
+        if fires and self._signer is not None:
+            claims = permit.claims_for(approval, outcome, approved_by, row.seq, row.entry_hash,
+                                       now, self.config.receipts.permit_lifetime)
+            await tx.set_permit(approval["approval_id"], permit.issue(self._signer, claims))
 
     # ---- expire / cancel -------------------------------------------------------
 
@@ -294,9 +348,8 @@ class GateService:
                 approval_id, revision, delivered_at=now if acked else None,
                 next_attempt_at=now if acked else retry_at_ms, error=error)
             if acked and attempts > 0:
-                await tx.append_audit("dispatch_ack", approval_id, now,
-                                      {"revision": revision, "attempts": attempts},
-                                      self._receipt_key)
+                await self._audit(tx, "dispatch_ack", approval_id, now,
+                                  {"revision": revision, "attempts": attempts})
 
     # ---- reads -----------------------------------------------------------------
 

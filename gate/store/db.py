@@ -6,8 +6,9 @@ import asyncio
 import json
 import logging
 import sqlite3
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+import time
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -18,8 +19,33 @@ from gate.errors import Unavailable
 from gate.store.schema import MIGRATIONS, SCHEMA_VERSION
 
 log = logging.getLogger(__name__)
+# aiosqlite logs every statement with its parameters (draft bodies, nonces) at DEBUG: never let
+# those records through, whatever level the daemon runs at.
+logging.getLogger("aiosqlite").setLevel(logging.INFO)
 
 BUSY_TIMEOUT_MS = 10_000
+PROBE_INTERVAL_S = 1.0
+# Primary SQLite result codes that mean "the environment refuses writes" (disk full, read-only
+# file or mount, I/O error, ...), as opposed to a constraint or a bug: they mark a storage fault.
+_FAULT_CODES = frozenset({
+    3,   # SQLITE_PERM
+    5,   # SQLITE_BUSY
+    6,   # SQLITE_LOCKED
+    8,   # SQLITE_READONLY
+    10,  # SQLITE_IOERR
+    11,  # SQLITE_CORRUPT
+    13,  # SQLITE_FULL
+    14,  # SQLITE_CANTOPEN
+    26,  # SQLITE_NOTADB
+})
+
+
+def _is_fault(exc: sqlite3.Error) -> bool:
+    """True for a failure of the storage itself (see ``_FAULT_CODES``)."""
+    code = getattr(exc, "sqlite_errorcode", None)
+    if code is None:
+        return isinstance(exc, sqlite3.OperationalError)
+    return (code & 0xFF) in _FAULT_CODES
 
 
 async def _connect(path: Path) -> aiosqlite.Connection:
@@ -36,6 +62,12 @@ class Store:
     All writes go through ``write()``: one connection, one transaction at a time
     (``BEGIN IMMEDIATE``), so a later group commit changes only this class. Reads use
     a second connection and see the last committed state (WAL).
+
+    Storage faults (disk full, file made read-only, I/O errors) make the failing write
+    roll back and raise Unavailable (503 ``storage_unavailable``); the connection stays
+    usable, so writes succeed again as soon as the fault is fixed, without a restart.
+    ``write_fault`` holds the last fault's message until a write succeeds again
+    (``check_writable`` probes for that).
     """
 
     def __init__(self, path: Path) -> None:
@@ -43,6 +75,8 @@ class Store:
         self._writer: aiosqlite.Connection | None = None
         self._reader: aiosqlite.Connection | None = None
         self._lock = asyncio.Lock()
+        self.write_fault: str | None = None
+        self._probed_at = 0.0
 
     async def open(self) -> None:
         """Open (creating if needed) the file, set WAL + synchronous=FULL, run migrations.
@@ -99,8 +133,47 @@ class Store:
             log.info("event=migrated schema_version=%d", index + 1)
 
     async def schema_version(self) -> int:
-        """Return ``PRAGMA user_version``."""
-        return int(await self._scalar(self._read(), "PRAGMA user_version"))
+        """Return ``PRAGMA user_version`` (what ``/healthz`` reports).
+
+        Raises Unavailable 503 ``storage_unavailable`` while the database refuses writes
+        (``check_writable``), so a health check sees a full disk or a read-only file.
+        """
+        await self.check_writable()
+        with _reading():
+            return int(await self._scalar(self._read(), "PRAGMA user_version"))
+
+    async def check_writable(self) -> None:
+        """Raise Unavailable while the last write failed on a storage fault.
+
+        At most once per ``PROBE_INTERVAL_S`` a probe transaction rewrites the database
+        header (``PRAGMA user_version`` set to its own value, committed: it needs room in
+        the WAL and a writable file); once it commits, the fault is over.
+        """
+        if self.write_fault is None:
+            return
+        if time.monotonic() - self._probed_at >= PROBE_INTERVAL_S and not self._lock.locked():
+            self._probed_at = time.monotonic()
+            try:
+                async with self.write() as tx:
+                    await tx.probe()
+            except Unavailable:
+                pass
+            else:
+                self._recovered()
+        if self.write_fault is not None:
+            raise Unavailable("storage_unavailable",
+                              f"database refuses writes: {self.write_fault}")
+
+    def _faulted(self, exc: sqlite3.Error) -> None:
+        if _is_fault(exc):
+            if self.write_fault is None:
+                log.error("event=storage_unavailable db=%s error=%s", self.path, exc)
+            self.write_fault = str(exc)
+
+    def _recovered(self) -> None:
+        if self.write_fault is not None:
+            log.warning("event=storage_recovered db=%s", self.path)
+            self.write_fault = None
 
     def _read(self) -> aiosqlite.Connection:
         if self._reader is None:
@@ -113,6 +186,9 @@ class Store:
 
         When the block exits without error the transaction is committed (on disk with
         synchronous=FULL) before the caller continues. sqlite3 errors become Unavailable (503).
+        A transaction commits whole or not at all, also when the calling task is cancelled
+        (e.g. at shutdown): the ROLLBACK is queued behind whatever statement the connection's
+        thread is still running, so the next writer never finds a transaction left open.
         """
         if self._writer is None:
             raise Unavailable("storage_unavailable", "database is not open")
@@ -121,25 +197,31 @@ class Store:
             try:
                 await conn.execute("BEGIN IMMEDIATE")
             except sqlite3.Error as exc:
+                self._faulted(exc)
                 raise Unavailable("storage_unavailable", f"database write failed: {exc}") from exc
+            except BaseException:  # cancelled: the BEGIN may still run in the thread; undo it
+                await _rollback_quietly(conn)
+                raise
+            changes = conn.total_changes
             try:
                 yield WriteTx(conn)
                 await conn.execute("COMMIT")
             except BaseException as exc:
-                try:
-                    await conn.execute("ROLLBACK")
-                except sqlite3.Error:
-                    pass
+                await _rollback_quietly(conn)
                 if isinstance(exc, sqlite3.Error):
+                    self._faulted(exc)
                     raise Unavailable("storage_unavailable",
                                       f"database write failed: {exc}") from exc
                 raise
+            if conn.total_changes != changes:  # rows reached the disk: the storage works
+                self._recovered()
 
     # ---- reads (reader connection) -------------------------------------------------
 
     async def fetch_approval(self, approval_id: str) -> dict[str, Any] | None:
         """Return the approval with its revisions, decisions and dispatch, or None."""
-        return await _load_full(self._read(), approval_id)
+        with _reading():
+            return await _load_full(self._read(), approval_id)
 
     async def list_approvals(self, state: str, pipeline: str | None, limit: int,
                              after: str | None) -> list[dict[str, Any]]:
@@ -163,19 +245,21 @@ class Store:
         sql += " ORDER BY approval_id LIMIT ?"
         args.append(limit)
         conn = self._read()
-        async with conn.execute(sql, args) as cur:
-            ids = [row[0] for row in await cur.fetchall()]
-        out = []
-        for approval_id in ids:
-            full = await _load_full(conn, approval_id)
-            if full is not None:
-                out.append(full)
+        with _reading():
+            async with conn.execute(sql, args) as cur:
+                ids = [row[0] for row in await cur.fetchall()]
+            out = []
+            for approval_id in ids:
+                full = await _load_full(conn, approval_id)
+                if full is not None:
+                    out.append(full)
         return out
 
     async def next_expiry(self) -> int | None:
         """Return the earliest ``expires_at`` (unix ms) among pending approvals, or None."""
-        value = await self._scalar(
-            self._read(), "SELECT MIN(expires_at) FROM approvals WHERE state = 'pending'")
+        with _reading():
+            value = await self._scalar(
+                self._read(), "SELECT MIN(expires_at) FROM approvals WHERE state = 'pending'")
         return None if value is None else int(value)
 
     async def due_dispatches(self, now_ms: int, limit: int) -> list[dict[str, Any]]:
@@ -186,25 +270,46 @@ class Store:
             WHERE o.delivered_at IS NULL AND o.next_attempt_at <= ?
               AND a.state = 'pending' AND a.revision = o.revision
             ORDER BY o.next_attempt_at LIMIT ?"""
-        async with self._read().execute(sql, (now_ms, limit)) as cur:
-            return [dict(row) for row in await cur.fetchall()]
+        with _reading():
+            async with self._read().execute(sql, (now_ms, limit)) as cur:
+                return [dict(row) for row in await cur.fetchall()]
 
     async def next_dispatch_at(self) -> int | None:
         """Return the earliest ``next_attempt_at`` of an un-acked live dispatch, or None."""
-        value = await self._scalar(self._read(), """
-            SELECT MIN(o.next_attempt_at) FROM outbox o
-            JOIN approvals a ON a.approval_id = o.approval_id
-            WHERE o.delivered_at IS NULL AND a.state = 'pending' AND a.revision = o.revision""")
+        with _reading():
+            value = await self._scalar(self._read(), """
+                SELECT MIN(o.next_attempt_at) FROM outbox o
+                JOIN approvals a ON a.approval_id = o.approval_id
+                WHERE o.delivered_at IS NULL AND a.state = 'pending'
+                  AND a.revision = o.revision""")
         return None if value is None else int(value)
 
     async def audit_rows(self) -> AsyncIterator[audit.AuditRow]:
-        """Yield every audit row in ascending seq."""
+        """Yield every audit row in ascending seq (with its key id and signature, if signed)."""
         async with self._read().execute(
-            "SELECT seq, approval_id, kind, entry, prev_hash, entry_hash, receipt "
-            "FROM audit_log ORDER BY seq"
+            "SELECT seq, approval_id, kind, entry, prev_hash, entry_hash, receipt, key_id,"
+            " signature FROM audit_log ORDER BY seq"
         ) as cur:
             async for row in cur:
                 yield audit.AuditRow(*row)
+
+
+@contextmanager
+def _reading() -> Iterator[None]:
+    """Turn a failed read (I/O error, unreadable file) into Unavailable 503, not a 500."""
+    try:
+        yield
+    except sqlite3.Error as exc:
+        raise Unavailable("storage_unavailable", f"database read failed: {exc}") from exc
+
+
+async def _rollback_quietly(conn: aiosqlite.Connection) -> None:
+    """ROLLBACK, ignoring "no transaction is active" (SQLite already rolled back a COMMIT
+    that failed on SQLITE_FULL/IOERR) and a connection closed meanwhile."""
+    try:
+        await conn.execute("ROLLBACK")
+    except (sqlite3.Error, ValueError):
+        pass
 
 
 async def _fetchall(conn: aiosqlite.Connection, sql: str,
@@ -241,6 +346,11 @@ class WriteTx:
         async with self._conn.execute(sql, args) as cur:
             row = await cur.fetchone()
         return None if row is None else dict(row)
+
+    async def probe(self) -> None:
+        """Rewrite the database header unchanged (``Store.check_writable``)."""
+        version = await Store._scalar(self._conn, "PRAGMA user_version")
+        await self._conn.execute(f"PRAGMA user_version = {int(version)}")
 
     async def load_approval(self, approval_id: str) -> dict[str, Any] | None:
         """Return the full approval (as ``Store.fetch_approval``) as seen inside this transaction."""
@@ -343,16 +453,25 @@ class WriteTx:
             return [row[0] for row in await cur.fetchall()]
 
     async def append_audit(self, kind: str, approval_id: str | None, at_ms: int,
-                           data: dict[str, Any], key: bytes) -> audit.AuditRow:
-        """Append one hash-chained audit entry with its HMAC receipt; return the stored row."""
+                           data: dict[str, Any], key: bytes,
+                           signer: audit.Signer | None = None) -> audit.AuditRow:
+        """Append one hash-chained audit entry with its HMAC receipt and, with ``signer``,
+        its Ed25519 signature and key id; return the stored row."""
         last = await self._one("SELECT seq, entry_hash FROM audit_log ORDER BY seq DESC LIMIT 1",
                                ())
         prev_hash = last["entry_hash"] if last else audit.GENESIS_HASH
         seq = (int(last["seq"]) if last else 0) + 1
         entry = audit.make_entry(seq, kind, approval_id, at_ms, data)
         entry_json, digest, receipt = audit.seal(prev_hash, entry, key)
+        key_id, signature = audit.sign(signer, digest) if signer is not None else (None, None)
         await self._conn.execute(
-            "INSERT INTO audit_log (seq, approval_id, kind, entry, prev_hash, entry_hash, receipt)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?)",
-            (seq, approval_id, kind, entry_json, prev_hash, digest, receipt))
-        return audit.AuditRow(seq, approval_id, kind, entry_json, prev_hash, digest, receipt)
+            "INSERT INTO audit_log (seq, approval_id, kind, entry, prev_hash, entry_hash, receipt,"
+            " key_id, signature) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (seq, approval_id, kind, entry_json, prev_hash, digest, receipt, key_id, signature))
+        return audit.AuditRow(seq, approval_id, kind, entry_json, prev_hash, digest, receipt,
+                              key_id, signature)
+
+    async def set_permit(self, approval_id: str, permit: str) -> None:
+        """Store the execution permit (compact JWS) issued for a resolved approval."""
+        await self._conn.execute("UPDATE approvals SET permit = ? WHERE approval_id = ?",
+                                 (permit, approval_id))

@@ -86,6 +86,19 @@ MIGRATIONS: list[list[str]] = [
         )
         """,
     ],
+    # 2: signed audit entries, execution permits, the requester of an approval (no self-approval)
+    [
+        # key_id: "ed25519:" + 16 hex; signature: hex Ed25519 signature of entry_hash (ASCII)
+        "ALTER TABLE audit_log ADD COLUMN key_id TEXT",
+        "ALTER TABLE audit_log ADD COLUMN signature TEXT",
+        # the requesting operator (configured identity and id), NULL when none was named
+        "ALTER TABLE approvals ADD COLUMN requested_by TEXT",
+        "ALTER TABLE approvals ADD COLUMN requested_by_id INTEGER",
+        # the step's allow_self_approval, frozen at creation like scope and quorum
+        "ALTER TABLE approvals ADD COLUMN allow_self_approval INTEGER NOT NULL DEFAULT 0",
+        # compact JWS execution permit; set only for approved/adjusted with a signing key
+        "ALTER TABLE approvals ADD COLUMN permit TEXT",
+    ],
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -47,9 +47,21 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
     if scheme.lower() != "bearer" or not token.strip():
         raise _unauthorized("token_missing", "Authorization: Bearer <token> is required")
     expected = request.app[SETTINGS].token.encode("utf-8")
-    if not hmac.compare_digest(token.strip().encode("utf-8"), expected):
+    # aiohttp keeps header bytes that are not UTF-8 as lone surrogates: encode them back as
+    # they came (a non-UTF-8 token can never match; it must not be a 500)
+    presented = token.strip().encode("utf-8", "surrogateescape")
+    if not hmac.compare_digest(presented, expected):
         raise _unauthorized("token_invalid", "the API token is not valid")
     return await handler(request)
+
+
+def _is_utf8(text: str) -> bool:
+    """False for header text aiohttp decoded from bytes that are not UTF-8 (lone surrogates)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _bad_query(name: str, message: str) -> GateError:
@@ -67,8 +79,8 @@ async def create_approval(request: web.Request) -> web.Response:
                         f"draft.body is larger than {settings.max_draft_bytes} bytes",
                         status=413, kind="invalid")
     key = request.headers.get("Idempotency-Key")
-    if key is not None and (not key.strip() or len(key) > 200):
-        raise _bad_query("idempotency_key", "Idempotency-Key must be 1-200 characters")
+    if key is not None and (not key.strip() or len(key) > 200 or not _is_utf8(key)):
+        raise _bad_query("idempotency_key", "Idempotency-Key must be 1-200 UTF-8 characters")
     view, created = await request.app[SERVICE].create(req, key)
     return web.json_response(view, status=201 if created else 200)
 

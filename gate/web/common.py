@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 
@@ -13,16 +14,25 @@ log = logging.getLogger(__name__)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
+DEFAULT_BODY_TIMEOUT_S = 10.0
+# Seconds a client has, once its headers arrived, to send the whole body (``http.body_timeout``);
+# an app without it uses DEFAULT_BODY_TIMEOUT_S.
+BODY_TIMEOUT = web.AppKey("body_timeout", float)
+
 _HTTP_REASONS = {404: "not_found", 405: "method_not_allowed", 413: "body_too_large"}
 
 
 def error_response(exc: GateError) -> web.Response:
-    """Return the JSON answer for a GateError: ``{"status", "reason", ...}`` (+ Retry-After)."""
+    """Return the JSON answer for a GateError: ``{"status", "reason", ...}`` (+ Retry-After;
+    a 408 also closes the connection)."""
     body = exc.body()
     headers = {}
     if "retry_after" in exc.extra:
         headers["Retry-After"] = str(exc.extra["retry_after"])
-    return web.json_response(body, status=exc.status, headers=headers)
+    response = web.json_response(body, status=exc.status, headers=headers)
+    if exc.status == 408:
+        response.force_close()
+    return response
 
 
 @web.middleware
@@ -49,16 +59,26 @@ async def read_body(request: web.Request, limit: int, reason: str = "body_too_la
 
     A Content-Length over the limit is refused before reading; a chunked body is read at
     most up to the app's ``client_max_size``. Nothing is decoded or trimmed. The bytes are
-    cached by aiohttp, so a middleware may read them too.
+    cached by aiohttp, so a middleware may read them too. A body still incomplete after the
+    app's ``BODY_TIMEOUT`` is refused 408 ``request_timeout`` and its connection closed, so a
+    client trickling bytes cannot hold a handler for long.
     """
     too_large = GateError(reason, f"body is larger than {limit} bytes", status=413,
                           kind="invalid")
     if request.content_length is not None and request.content_length > limit:
         raise too_large
+    timeout_s = request.app.get(BODY_TIMEOUT, DEFAULT_BODY_TIMEOUT_S)
     try:
-        raw = await request.read()
+        async with asyncio.timeout(timeout_s):
+            raw = await request.read()
     except web.HTTPRequestEntityTooLarge:
         raise too_large from None
+    except TimeoutError:
+        # the answer says "Connection: close"; aiohttp then discards what still trickles in
+        # for at most its lingering time (10 s) and closes the connection
+        raise GateError("request_timeout",
+                        f"the request body did not arrive within {timeout_s:g} s",
+                        status=408, kind="invalid") from None
     except ConnectionResetError:
         # the client hung up before its body was complete: nothing was read, nothing is
         # recorded, and nobody is left to answer; not an internal error

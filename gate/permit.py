@@ -1,0 +1,232 @@
+"""Execution permits: compact JWS (EdDSA, RFC 8037) binding an approval to the body that may run.
+
+A permit exists only for an approval resolved ``approved`` or ``adjusted`` by a gate with a
+signing key. The tool that executes the action verifies it offline with the gate's public
+key: signature, expiry, and that the body it is about to execute hashes to the permitted
+``payload_hash``. ``verify`` is pure: ``now`` is an argument.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import os
+import tempfile
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import jwt
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+from gate import keys
+from gate.errors import GateError
+from gate.protocol.canonical import HASH_PREFIX, canonical_json
+
+ALG = "EdDSA"
+TYP = "hitl-permit+jwt"
+ISSUER = "hitl-gate"
+FIRING_OUTCOMES = ("approved", "adjusted")
+MAX_TOKEN_CHARS = 16_384
+
+# claim -> JSON type; every one is required
+_STRING_CLAIMS = ("iss", "approval_id", "run_id", "pipeline", "step", "outcome", "payload_hash",
+                  "audit_entry_hash")
+_INT_CLAIMS = ("revision", "quorum", "audit_seq", "iat", "exp")
+
+
+class PermitError(GateError):
+    """A permit that must not be honoured; ``code`` says why (``permit_expired``, ...)."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(code, message, status=403, kind="forbidden")
+
+
+@dataclass(frozen=True, slots=True)
+class Permit:
+    """A verified permit: its ``claims``, protected ``header`` and signing ``key_id``."""
+
+    claims: dict[str, Any] = field(hash=False)
+    header: dict[str, Any] = field(hash=False)
+    key_id: str
+
+    @property
+    def approval_id(self) -> str:
+        """The approval this permit was issued for (use it to refuse a replayed permit)."""
+        return str(self.claims["approval_id"])
+
+    @property
+    def payload_hash(self) -> str:
+        """``sha256:<hex>`` of the exact body permitted to execute."""
+        return str(self.claims["payload_hash"])
+
+    @property
+    def expires_at(self) -> int:
+        """Unix seconds after which the permit is void (``exp``)."""
+        return int(self.claims["exp"])
+
+
+def claims_for(approval: Mapping[str, Any], outcome: str, approved_by: Iterable[int],
+               audit_seq: int, audit_entry_hash: str, now_ms: int,
+               lifetime_s: float) -> dict[str, Any]:
+    """Return the claims of the permit for a loaded approval resolved ``outcome`` at ``now_ms``.
+
+    ``approved_by`` are the operator ids whose approvals counted (identities are taken from
+    the approval's frozen scope); ``audit_seq``/``audit_entry_hash`` name the ``resolved``
+    audit entry. ``iat`` is the resolution time and ``exp`` = ``iat + lifetime_s``, both unix
+    seconds. Raises ValueError for an outcome that does not fire.
+    """
+    if outcome not in FIRING_OUTCOMES:
+        raise ValueError(f"no permit exists for outcome {outcome!r}")
+    identities = {int(op_id): identity for op_id, identity in approval["scope"]}
+    current = next(r for r in approval["revisions"] if r["revision"] == approval["revision"])
+    iat = now_ms // 1000
+    claims: dict[str, Any] = {
+        "iss": ISSUER,
+        "approval_id": approval["approval_id"],
+        "run_id": approval["run_id"],
+        "pipeline": approval["pipeline"],
+        "step": approval["step"],
+        "outcome": outcome,
+        "revision": approval["revision"],
+        "payload_hash": current["payload_hash"],
+        "approved_by": [{"operator_id": op_id, "identity": identities.get(op_id)}
+                        for op_id in approved_by],
+        "quorum": approval["quorum_required"],
+        "audit_seq": audit_seq,
+        "audit_entry_hash": audit_entry_hash,
+        "iat": iat,
+        "exp": iat + max(1, int(lifetime_s)),
+    }
+    if approval.get("requested_by"):
+        claims["requested_by"] = approval["requested_by"]
+    return claims
+
+
+def issue(signer: keys.Signer, claims: Mapping[str, Any]) -> str:
+    """Return the compact JWS of ``claims``: header ``{"alg":"EdDSA","kid":<key id>,
+    "typ":"hitl-permit+jwt"}`` (sorted keys), payload the canonical JSON of the claims."""
+    token: str = jwt.PyJWS().encode(canonical_json(dict(claims)), signer.private_key,
+                                    algorithm=ALG, headers={"kid": signer.key_id, "typ": TYP})
+    return token
+
+
+def _as_trusted(public_keys: Iterable[Ed25519PublicKey] | keys.PublicKeys) -> keys.PublicKeys:
+    if isinstance(public_keys, Mapping):
+        return public_keys
+    return keys.trusted(public_keys)
+
+
+def verify(token: str, public_keys: Iterable[Ed25519PublicKey] | keys.PublicKeys,
+           body: str | bytes, now: float, *, pipeline: str | None = None,
+           step: str | None = None) -> Permit:
+    """Verify a permit before executing ``body``; return it, or raise PermitError.
+
+    ``public_keys``: trusted Ed25519 public keys (a list, or ``{key id: key}``); ``body``:
+    exactly what is about to execute (str is encoded UTF-8, bytes as given, never
+    normalized); ``now``: unix seconds. Checks, in order: compact JWS form and header
+    (``alg`` EdDSA, ``typ``, ``kid`` of a trusted key) -> ``permit_malformed`` /
+    ``permit_unknown_key``; the signature -> ``permit_bad_signature``; the claims' shape ->
+    ``permit_invalid_claims``; outcome approved/adjusted -> ``permit_not_approved``;
+    ``now < exp`` -> ``permit_expired``; optional ``pipeline``/``step`` ->
+    ``permit_wrong_step``; ``sha256(body) == payload_hash`` -> ``permit_body_mismatch``.
+    """
+    if not isinstance(token, str):
+        raise PermitError("permit_malformed", "a permit is a compact JWS string")
+    token = token.strip()
+    if len(token) > MAX_TOKEN_CHARS or token.count(".") != 2:
+        raise PermitError("permit_malformed", "not a compact JWS (header.payload.signature)")
+    jws = jwt.PyJWS()
+    try:
+        header = jws.get_unverified_header(token)
+    except jwt.PyJWTError as exc:
+        raise PermitError("permit_malformed", f"unreadable JWS header: {exc}") from None
+    if header.get("alg") != ALG:
+        raise PermitError("permit_malformed", f"alg must be {ALG}, got {header.get('alg')!r}")
+    if header.get("typ") != TYP:
+        raise PermitError("permit_malformed", f"typ must be {TYP}, got {header.get('typ')!r}")
+    if "crit" in header or "b64" in header:
+        raise PermitError("permit_malformed", "crit/b64 header parameters are not allowed")
+    kid = header.get("kid")
+    key = _as_trusted(public_keys).get(kid) if isinstance(kid, str) else None
+    if key is None or not isinstance(kid, str):
+        raise PermitError("permit_unknown_key",
+                          f"signed by key {kid!r}, which is not a trusted public key")
+    try:
+        decoded = jws.decode_complete(token, key, algorithms=[ALG])
+    except jwt.InvalidSignatureError:
+        raise PermitError("permit_bad_signature",
+                          f"signature does not verify with key {kid} (altered or forged)") from None
+    except jwt.PyJWTError as exc:
+        raise PermitError("permit_malformed", f"not a valid JWS: {exc}") from None
+    claims = _claims(decoded["payload"])
+    if claims["outcome"] not in FIRING_OUTCOMES:
+        raise PermitError("permit_not_approved", f"outcome {claims['outcome']!r} does not fire")
+    if not now < claims["exp"]:
+        raise PermitError("permit_expired", f"expired at {claims['exp']} (now {int(now)})")
+    for name, wanted in (("pipeline", pipeline), ("step", step)):
+        if wanted is not None and claims[name] != wanted:
+            raise PermitError("permit_wrong_step",
+                              f"permit is for {name} {claims[name]!r}, not {wanted!r}")
+    try:
+        raw = body.encode("utf-8") if isinstance(body, str) else bytes(body)
+    except UnicodeEncodeError:
+        raise PermitError("permit_body_mismatch", "the body is not valid Unicode") from None
+    digest = HASH_PREFIX + hashlib.sha256(raw).hexdigest()
+    if not hmac.compare_digest(digest, claims["payload_hash"]):
+        raise PermitError("permit_body_mismatch",
+                          f"the body hashes to {digest}, the permit allows "
+                          f"{claims['payload_hash']}")
+    return Permit(claims, dict(decoded["header"]), kid)
+
+
+def _reject_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for name, value in pairs:
+        if name in out:
+            raise ValueError(f"duplicate claim {name!r}")
+        out[name] = value
+    return out
+
+
+def _claims(payload: bytes) -> dict[str, Any]:
+    try:
+        claims = json.loads(payload.decode("utf-8"), object_pairs_hook=_reject_duplicates)
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise PermitError("permit_invalid_claims", f"payload is not a JSON object: {exc}") from None
+    if not isinstance(claims, dict):
+        raise PermitError("permit_invalid_claims", "payload is not a JSON object")
+    for name in _STRING_CLAIMS:
+        if not isinstance(claims.get(name), str):
+            raise PermitError("permit_invalid_claims", f"claim {name} must be a string")
+    for name in _INT_CLAIMS:
+        value = claims.get(name)
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise PermitError("permit_invalid_claims", f"claim {name} must be an integer")
+    if not isinstance(claims.get("approved_by"), list):
+        raise PermitError("permit_invalid_claims", "claim approved_by must be a list")
+    if not claims["payload_hash"].startswith(HASH_PREFIX):
+        raise PermitError("permit_invalid_claims", "claim payload_hash must be sha256:<hex>")
+    return claims
+
+
+def save(path: Path, token: str) -> None:
+    """Write ``token`` (plus a newline) to ``path`` atomically, mode 0600."""
+    target = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=".permit-", dir=target.parent or Path("."))
+    try:
+        with os.fdopen(fd, "w", encoding="ascii") as out:
+            out.write(token + "\n")
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def read(path: Path) -> str:
+    """Return the token stored in ``path`` (whitespace around it removed); OSError if unreadable."""
+    return Path(path).read_text(encoding="ascii", errors="replace").strip()

@@ -1,0 +1,1 @@
+"""Crash-safety soak of the real daemon: ``python -m tests.soak.soak --help``."""

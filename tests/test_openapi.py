@@ -1,0 +1,441 @@
+"""docs/openapi.yaml against the code: the routes match, and schemathesis finds no 5xx and no
+answer the document does not describe, on a real daemon.
+
+Needs schemathesis 4 (``pip install 'schemathesis>=4.32,<5'``). The document is static, so
+both schemas load at import, one per listener; the daemon (``python -m gate serve``) binds
+port 0, so each call passes its listener's base URL, known once the module-scoped ``live``
+fixture started it. (``schemathesis.pytest.from_fixture`` would load them in a fixture, but
+its lazy schemas set ``request.node._nodeid``, which pytest 9.2 no longer has.)
+
+Bounded: MAX_EXAMPLES generated cases per operation plus schemathesis's coverage phase
+(boundaries, missing/mistyped fields, other methods), well under a minute.
+
+The decision endpoint gets every generated case twice: as generated (its
+``X-Draftcat-Signature`` is garbage or absent, so it must be refused 401, or 413 when too
+large) and signed with the test secret over the exact bytes sent, so checks 5-14 run too.
+Hooks aim some generated bodies at real pending approvals (their dispatched id, nonce and
+hash, a configured approver), so decisions get recorded, resolve, supersede and conflict;
+some create bodies name the configured pipeline, so approvals get created.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+schemathesis = pytest.importorskip("schemathesis", minversion="4.32")
+
+import requests  # noqa: E402  (a schemathesis dependency)
+from hypothesis import strategies as st  # noqa: E402
+from schemathesis.checks import CHECKS, load_all_checks  # noqa: E402
+
+from gate.clock import SystemClock  # noqa: E402
+from gate.config import load_config, load_secrets  # noqa: E402
+from gate.core.service import GateService  # noqa: E402
+from gate.protocol import (  # noqa: E402
+    DECISIONS_PATH,
+    MAX_DECISION_BYTES,
+    SIGNATURE_HEADER,
+    signing,
+)
+from gate.store import Store  # noqa: E402
+from gate.web.api import ApiSettings, create_api_app  # noqa: E402
+from gate.web.callback import CallbackSettings, create_callback_app  # noqa: E402
+from tests.support import (  # noqa: E402
+    API_TOKEN,
+    ENV,
+    IDENTITIES,
+    ROOT,
+    SECRET,
+    CaptureRelay,
+    GateProcess,
+    decision_body,
+    post_decision,
+    write_config,
+)
+
+SPEC_PATH = ROOT / "docs" / "openapi.yaml"
+HTTP_METHODS = ("get", "put", "post", "delete", "options", "head", "patch", "trace")
+CHECK_NAMES = ("not_a_server_error", "status_code_conformance", "content_type_conformance",
+               "response_schema_conformance", "response_headers_conformance")
+# per operation in the fuzzing phase (the coverage phase adds its own cases); raise it for a
+# deeper local run: HITL_OPENAPI_EXAMPLES=500 pytest tests/test_openapi.py
+MAX_EXAMPLES = int(os.environ.get("HITL_OPENAPI_EXAMPLES", "20"))
+STEPS = ("q1", "q2", "q3", "short")
+# decision approvers: three in every step's scope, one in q3 only, one defined but not allowed
+APPROVERS = (*IDENTITIES[:3], IDENTITIES[10], "dave@example.com")
+
+
+def load_spec() -> dict[str, Any]:
+    with SPEC_PATH.open(encoding="utf-8") as fh:
+        spec = yaml.safe_load(fh)
+    assert isinstance(spec, dict)
+    return spec
+
+
+def checks() -> list[Any]:
+    load_all_checks()
+    return CHECKS.get_by_names(list(CHECK_NAMES))
+
+
+# =========================================================================== plain checks
+
+
+def test_openapi_yaml_parses_and_is_a_valid_openapi_document() -> None:
+    spec = load_spec()
+    assert spec["openapi"].startswith("3.")
+    schema = schemathesis.openapi.from_dict(spec)
+    schema.validate()  # the OpenAPI meta-schema
+    operations = [result.ok() for result in schema.get_all_operations()]
+    assert len(operations) == 6
+
+
+def _spec_routes(spec: dict[str, Any]) -> tuple[set[tuple[str, str]], set[tuple[str, str]]]:
+    """Return ``(pipeline API operations, callback listener operations)`` as (METHOD, path);
+    an operation belongs to the callback listener when its path item declares its own
+    ``servers``."""
+    api: set[tuple[str, str]] = set()
+    callback: set[tuple[str, str]] = set()
+    for path, item in spec["paths"].items():
+        target = callback if "servers" in item else api
+        target.update((method.upper(), path) for method in item if method in HTTP_METHODS)
+    return api, callback
+
+
+def _app_routes(app: Any) -> set[tuple[str, str]]:
+    """(METHOD, path template) of every route; the HEAD aiohttp adds beside a GET is implied."""
+    routes = {(route.method, route.resource.canonical) for route in app.router.routes()}
+    return {(method, path) for method, path in routes
+            if not (method == "HEAD" and ("GET", path) in routes)}
+
+
+def test_every_registered_route_is_in_the_spec_and_vice_versa(tmp_path: Path) -> None:
+    config = load_config(write_config(tmp_path, "http://127.0.0.1:9/relay"))
+    secrets = load_secrets(config, ENV)
+    service = GateService(config, secrets.receipt_key, Store(config.storage.path),
+                          SystemClock())
+    api_app = create_api_app(service, ApiSettings(secrets.api_token, config.api.max_draft_bytes))
+    callback_app = create_callback_app(
+        service, CallbackSettings(secrets.relay_secrets, config.relay.security.max_skew))
+
+    spec_api, spec_callback = _spec_routes(load_spec())
+
+    assert _app_routes(api_app) == spec_api
+    assert _app_routes(callback_app) == spec_callback
+    assert spec_callback == {("POST", DECISIONS_PATH)}
+
+
+def test_spec_security_bearer_on_v1_only_and_decision_statuses_complete() -> None:
+    spec = load_spec()
+    assert spec["security"] == [{"bearerAuth": []}]
+    assert spec["components"]["securitySchemes"]["bearerAuth"] == {
+        **spec["components"]["securitySchemes"]["bearerAuth"], "type": "http", "scheme": "bearer"}
+    for path, item in spec["paths"].items():
+        for method, operation in item.items():
+            if method not in HTTP_METHODS:
+                continue
+            secured = operation.get("security", spec["security"]) != []
+            assert secured == path.startswith("/v1/"), (method, path)
+            if secured:
+                assert "401" in operation["responses"], (method, path)
+    decision = spec["paths"][DECISIONS_PATH]["post"]
+    assert {"200", "400", "401", "403", "404", "409", "410", "413", "422", "429"} <= set(
+        decision["responses"])
+    header_names = {p["name"] for p in decision["parameters"] if p["in"] == "header"}
+    assert header_names == {SIGNATURE_HEADER, "X-Hitl-Protocol"}
+
+
+# =========================================================================== live daemon
+
+
+@dataclass
+class Live:
+    """The running daemon and what the hooks draw from."""
+
+    gate: GateProcess
+    relay: CaptureRelay
+    api_base: str
+    callback_base: str
+    api_ids: list[str] = field(default_factory=list)  # pending approvals for the API run
+    decision_targets: list[dict[str, str]] = field(default_factory=list)  # dispatched facts
+
+
+@pytest.fixture(scope="module")
+def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
+    """A real ``hitl-gate serve`` with a capturing relay, and a few pending approvals."""
+    relay = CaptureRelay().start()
+    gate = GateProcess(write_config(tmp_path_factory.mktemp("openapi"), relay.url)).start()
+    try:
+        assert gate.callback_url.endswith(DECISIONS_PATH)
+        state = Live(gate, relay, gate.api_url, gate.callback_url[:-len(DECISIONS_PATH)])
+        api = gate.api()
+        state.api_ids = [api.create(step, body=f"api run {step}")["approval_id"]
+                         for step in ("q1", "q2", "q3")]
+        for n, step in enumerate(("q1", "q2", "q3", "q3", "q3")):
+            created = api.create(step, body=f"decision run {n}")
+            dispatch = relay.wait_dispatch(created["approval_id"])
+            state.decision_targets.append({
+                "approval_id": created["approval_id"],
+                "nonce": dispatch["callback"]["nonce"],
+                "payload_hash": dispatch["payload_hash"],
+            })
+        LIVE[:] = [state]
+        yield state
+    finally:
+        LIVE.clear()
+        if gate.proc is not None and gate.proc.poll() is None:
+            gate.stop()
+        relay.stop()
+
+
+def _config(**extra: Any) -> Any:
+    return schemathesis.Config.from_dict({
+        "request-timeout": 20,
+        "suppress-health-check": ["too_slow", "filter_too_much", "data_too_large"],
+        "generation": {"max-examples": MAX_EXAMPLES, "database": "none"},
+        "phases": {"stateful": {"enabled": False}},
+        **extra,
+    })
+
+
+# Both schemas load at import (see the module docstring); the hooks draw from ``LIVE``, set by
+# the ``live`` fixture before any case is generated.
+LIVE: list[Live] = []
+
+API_SCHEMA = schemathesis.openapi.from_path(SPEC_PATH, config=_config(
+    auth={"openapi": {"bearerAuth": {"bearer": API_TOKEN}}})).include(
+    path_regex=r"^/(v1/|healthz$)")
+DECISION_SCHEMA = schemathesis.openapi.from_path(SPEC_PATH, config=_config()).include(
+    path=DECISIONS_PATH)
+
+
+@API_SCHEMA.hook("flatmap_body")
+def configured_pipeline(context: Any, body: Any) -> Any:
+    """A generated pipeline/step is (almost) never configured: also send configured ones (and
+    configured requesters), so 201/200/409/413/422 and the approval object are exercised."""
+    op = context.operation
+    if op is None or (op.method.upper(), op.path) != ("POST", "/v1/approvals") or \
+            not isinstance(body, dict):
+        return st.just(body)
+
+    def configured(step: str, who: str | None) -> dict[str, Any]:
+        out = {**body, "pipeline": "p", "step": step}
+        if who is not None:
+            out["requested_by"] = who
+        return out
+
+    requester = st.one_of(st.just(None), st.just(None), st.sampled_from(APPROVERS))
+    configured_body = st.builds(configured, st.sampled_from(STEPS), requester)
+    return st.one_of(st.just(body), configured_body, configured_body)
+
+
+@API_SCHEMA.hook("flatmap_path_parameters")
+def known_approval(context: Any, params: Any) -> Any:
+    """Also ask about (and cancel) approvals that exist."""
+    if not isinstance(params, dict) or "approval_id" not in params or not LIVE:
+        return st.just(params)
+    return st.one_of(st.just(params), st.sampled_from(LIVE[0].api_ids).map(
+        lambda approval_id: {**params, "approval_id": approval_id}))
+
+
+@API_SCHEMA.hook("map_query")
+def short_long_poll(context: Any, query: Any) -> Any:
+    """A valid ``wait`` on a pending approval really waits: keep the run bounded."""
+    if isinstance(query, dict):
+        wait = query.get("wait")
+        if isinstance(wait, int | float) and not isinstance(wait, bool) and \
+                math.isfinite(wait) and 0.2 < wait <= 300:
+            query = {**query, "wait": 0.2}
+    return query
+
+
+@DECISION_SCHEMA.hook("flatmap_body")
+def real_target(context: Any, body: Any) -> Any:
+    """Point some decisions at a real pending approval (id, nonce, maybe its hash) and a
+    configured approver, so the checks after 6 run and decisions get recorded."""
+    if not isinstance(body, dict) or not LIVE:
+        return st.just(body)
+
+    def aimed(target: dict[str, str], who: str, keep_hash: bool) -> dict[str, Any]:
+        approver = body.get("approver")
+        out = {**body, "approval_id": target["approval_id"], "nonce": target["nonce"],
+               "approver": {**(approver if isinstance(approver, dict) else {}), "id": who}}
+        if not keep_hash:
+            out["payload_hash"] = target["payload_hash"]
+        return out
+
+    aimed_body = st.builds(aimed, st.sampled_from(LIVE[0].decision_targets),
+                           st.sampled_from(APPROVERS), st.booleans())
+    return st.one_of(st.just(body), aimed_body, aimed_body)
+
+
+@API_SCHEMA.parametrize()
+def test_pipeline_api_conforms_to_openapi(case: Any, live: Live) -> None:
+    case.call_and_validate(base_url=live.api_base, checks=checks())
+
+
+def _raw_body(case: Any) -> bytes:
+    """The exact bytes sent for the case's body (what gets signed)."""
+    if not isinstance(case.body, dict | list | str | int | float | bool) and case.body is not None:
+        return b""
+    return json.dumps(case.body, ensure_ascii=False, allow_nan=False).encode("utf-8")
+
+
+@DECISION_SCHEMA.parametrize()
+def test_decision_endpoint_conforms_to_openapi(case: Any, live: Live) -> None:
+    if case.method.upper() != case.operation.method.upper():
+        # a coverage-phase probe with another method: the route does not exist for it
+        response = case.call_and_validate(base_url=live.callback_base, checks=checks())
+        assert response.status_code == 405, response.text
+        return
+    raw = _raw_body(case)
+    # as generated: the signature header is absent or garbage, so never accepted
+    unsigned = case.call_and_validate(base_url=live.callback_base, data=raw, checks=checks())
+    expected = 413 if len(raw) > MAX_DECISION_BYTES else 401
+    assert unsigned.status_code == expected, unsigned.text
+    # signed with the test secret over the same bytes: checks 5-14 decide
+    signed_headers = {SIGNATURE_HEADER: signing.sign(SECRET, int(time.time()), raw)}
+    signed = case.call_and_validate(base_url=live.callback_base, headers=signed_headers,
+                                    data=raw, checks=checks())
+    assert signed.status_code < 500, signed.text
+
+
+def test_approval_objects_through_their_lifecycle_match_the_schema(live: Live) -> None:
+    """The generated runs rarely GET an approval that has decisions, revisions, a receipt:
+    drive a few through real decisions and validate every answer against the document."""
+
+    def api(method: str, path: str, body: Any = None) -> Any:
+        response = requests.request(method, live.api_base + path, json=body, timeout=20,
+                                    headers={"Authorization": f"Bearer {API_TOKEN}"})
+        route = path.partition("?")[0]
+        template = route if route == "/v1/approvals" else (
+            "/v1/approvals/{approval_id}/cancel" if route.endswith("/cancel")
+            else "/v1/approvals/{approval_id}")
+        API_SCHEMA[template][method].validate_response(response)
+        return response.json()
+
+    def decide(dispatch: dict[str, Any], who: str, verb: str, **extra: Any) -> dict[str, Any]:
+        status, answer, _ = post_decision(live.gate.callback_url,
+                                          decision_body(dispatch, who, verb, **extra))
+        assert status == 200, answer
+        return answer
+
+    def create(step: str, body: str) -> tuple[str, dict[str, Any]]:
+        created = api("POST", "/v1/approvals", {"pipeline": "p", "step": step,
+                                                "draft": {"body": body}})
+        return created["approval_id"], live.relay.wait_dispatch(created["approval_id"])
+
+    approved, dispatch = create("q1", "approve me")
+    decide(dispatch, "alice@example.com", "approve")
+    view = api("GET", f"/v1/approvals/{approved}?wait=5")
+    assert (view["outcome"], len(view["decisions"]), view["final_body"]) == (
+        "approved", 1, "approve me")
+    assert view["receipt"] is not None
+
+    adjusted, dispatch = create("q2", "adjust me")
+    decide(dispatch, "alice@example.com", "adjust", adjust_text="adjusted")
+    second = live.relay.wait_dispatch(adjusted, revision=2)
+    decide(second, "bob@example.com", "approve")
+    view = api("GET", f"/v1/approvals/{adjusted}?wait=5")
+    assert (view["outcome"], view["revision"], view["final_body"]) == (
+        "adjusted", 2, "adjusted")
+
+    skipped, dispatch = create("q3", "skip me")
+    decide(dispatch, "carol@example.com", "approve")
+    decide(dispatch, "bob@example.com", "skip")
+    assert api("GET", f"/v1/approvals/{skipped}")["outcome"] == "skipped"
+
+    cancelled, _ = create("q1", "cancel me")
+    assert api("POST", f"/v1/approvals/{cancelled}/cancel")["outcome"] == "cancelled"
+
+    page = api("GET", "/v1/approvals?state=resolved&limit=2")
+    assert len(page["items"]) == 2 and page["next_cursor"] is not None
+
+
+# =========================================================================== beyond generation
+# Inputs schemathesis does not generate (it sends valid UTF-8 text and JSON numbers of modest
+# size): raw bytes in headers, lone surrogates, invalid UTF-8, huge integers, deep nesting.
+# Each must get the documented 4xx, with a body the document describes.
+
+_CREATE = b'{"pipeline":"p","step":"q1","draft":{"body":"x"}'
+_ENVELOPE = ('{"protocol":"hitl/v0","approval_id":%s,"nonce":"n","decision":"approve",'
+             '"payload_hash":"sha256:00","approver":{"id":%s},"decided_at":"2026-08-02T09:31:05Z"}')
+_UNSIGNED: dict[str, Any] = {SIGNATURE_HEADER: None}
+
+
+def _envelope(approval_id: str = '"01J9ZQ3V6W8X2Y4A5B7C9D1E3F"',
+              approver: str = '"alice@example.com"') -> bytes:
+    """A decision body (for an approval that does not exist); latin-1, so a ``\\xff`` in an
+    argument stays one raw byte (invalid UTF-8)."""
+    return (_ENVELOPE % (approval_id, approver)).encode("latin-1")
+
+
+BEYOND_GENERATION = [
+    pytest.param("api", "GET", {"Authorization": b"Bearer \xff"}, b"", 401, "token_invalid",
+                 id="api-bearer-token-not-utf8"),
+    pytest.param("api", "POST", {"Idempotency-Key": b"\xff\xfe"}, _CREATE + b"}", 400,
+                 "invalid_idempotency_key", id="api-idempotency-key-not-utf8"),
+    pytest.param("api", "POST", {}, _CREATE + b',"spend":1' + b"0" * 400 + b"}", 400,
+                 "invalid_spend", id="api-spend-huge-integer"),
+    pytest.param("api", "POST", {},
+                 b'{"pipeline":"p","step":"q1","draft":{"body":"x","content_type":"\\udfff"}}',
+                 400, "invalid_draft.content_type", id="api-content-type-lone-surrogate"),
+    pytest.param("api", "POST", {}, _CREATE + b',"run_id":"\\ud800"}', 400, "invalid_run_id",
+                 id="api-run-id-lone-surrogate"),
+    pytest.param("api", "POST", {},
+                 b'{"pipeline":"p","step":"q1","draft":{"body":"\\udc00"}}', 400,
+                 "invalid_draft.body", id="api-draft-body-lone-surrogate"),
+    pytest.param("api", "POST", {}, b'{"pipeline":"p","step":"q1","draft":{"body":"\xff"}}',
+                 400, "invalid_json", id="api-body-not-utf8"),
+    pytest.param("api", "POST", {}, b"[" * 100_000 + b"]" * 100_000, 400, "invalid_json",
+                 id="api-body-deeply-nested"),
+    pytest.param("callback", "POST", {}, _envelope(approval_id='"\\ud800"'), 400,
+                 "invalid_approval_id", id="decision-approval-id-lone-surrogate"),
+    pytest.param("callback", "POST", {}, _envelope(approver='"\\udfff"'), 400,
+                 "invalid_approver.id", id="decision-approver-lone-surrogate"),
+    pytest.param("callback", "POST", {"X-Hitl-Protocol": b"\xff"}, _envelope(), 400,
+                 "invalid_protocol", id="decision-protocol-header-not-utf8"),
+    pytest.param("callback", "POST", {SIGNATURE_HEADER: b"t=1,v1=\xff"}, _envelope(), 401,
+                 "signature_malformed", id="decision-signature-not-utf8"),
+    pytest.param("callback", "POST", {}, _envelope(approver='"\xff"'), 400, "invalid_json",
+                 id="decision-body-not-utf8"),
+    pytest.param("callback", "POST", {}, b"[" * 30_000 + b"]" * 30_000, 400, "invalid_json",
+                 id="decision-body-deeply-nested"),
+    pytest.param("callback", "POST", {},
+                 _envelope()[:-1] + b',"nonce":"again"}', 400, "invalid_json",
+                 id="decision-duplicate-key"),
+    pytest.param("callback", "POST", _UNSIGNED, b" " * (MAX_DECISION_BYTES + 1), 413,
+                 "body_too_large", id="decision-unsigned-over-64k"),
+]
+
+
+@pytest.mark.parametrize(("listener", "method", "headers", "body", "status", "reason"),
+                         BEYOND_GENERATION)
+def test_inputs_beyond_generation_get_documented_answers(
+        live: Live, listener: str, method: str, headers: dict[str, Any], body: bytes,
+        status: int, reason: str) -> None:
+    sent = {"Content-Type": "application/json", **headers}
+    if listener == "api":
+        base, path, schema = live.api_base, "/v1/approvals", API_SCHEMA
+        sent.setdefault("Authorization", f"Bearer {API_TOKEN}")
+    else:
+        base, path, schema = live.callback_base, DECISIONS_PATH, DECISION_SCHEMA
+        sent.setdefault(SIGNATURE_HEADER, signing.sign(SECRET, int(time.time()), body))
+    sent = {name: value for name, value in sent.items() if value is not None}
+
+    response = requests.request(method, base + path, headers=sent, data=body, timeout=20)
+
+    assert (response.status_code, response.json().get("reason")) == (status, reason), \
+        response.text
+    operation = schema[path][method]
+    assert str(status) in operation.responses.status_codes
+    operation.validate_response(response)
