@@ -848,3 +848,22 @@ def test_rules_outcome_after(required: int, collected: int, revision: int, effec
 def test_rules_current_revision_missing_raises() -> None:
     with pytest.raises(LookupError):
         rules.current_revision(small_approval(revision=9))
+
+
+async def test_store_reads_see_each_commit_while_other_reads_run(gate: Gate) -> None:
+    """Regression (bench round trip: 404 right after 201): a reader statement left active by
+    one coroutine kept the shared reader connection on an old snapshot for the others."""
+    stop = asyncio.Event()
+
+    async def busy_reader() -> None:
+        while not stop.is_set():
+            await gate.store.list_approvals("all", None, 20, None)
+
+    readers = [asyncio.create_task(busy_reader()) for _ in range(8)]
+    try:
+        for _ in range(150):
+            view = await gate.create()
+            assert await gate.store.fetch_approval(view["approval_id"]) is not None
+    finally:
+        stop.set()
+        await asyncio.gather(*readers)

@@ -110,9 +110,8 @@ class Store:
 
     @staticmethod
     async def _scalar(conn: aiosqlite.Connection, sql: str, args: tuple[Any, ...] = ()) -> Any:
-        async with conn.execute(sql, args) as cur:
-            row = await cur.fetchone()
-        return None if row is None else row[0]
+        rows = list(await conn.execute_fetchall(sql, args))
+        return rows[0][0] if rows else None
 
     async def _migrate(self) -> None:
         assert self._writer is not None
@@ -246,8 +245,7 @@ class Store:
         args.append(limit)
         conn = self._read()
         with _reading():
-            async with conn.execute(sql, args) as cur:
-                ids = [row[0] for row in await cur.fetchall()]
+            ids = [row[0] for row in await conn.execute_fetchall(sql, args)]
             out = []
             for approval_id in ids:
                 full = await _load_full(conn, approval_id)
@@ -271,8 +269,7 @@ class Store:
               AND a.state = 'pending' AND a.revision = o.revision
             ORDER BY o.next_attempt_at LIMIT ?"""
         with _reading():
-            async with self._read().execute(sql, (now_ms, limit)) as cur:
-                return [dict(row) for row in await cur.fetchall()]
+            return [dict(row) for row in await self._read().execute_fetchall(sql, (now_ms, limit))]
 
     async def next_dispatch_at(self) -> int | None:
         """Return the earliest ``next_attempt_at`` of an un-acked live dispatch, or None."""
@@ -314,8 +311,9 @@ async def _rollback_quietly(conn: aiosqlite.Connection) -> None:
 
 async def _fetchall(conn: aiosqlite.Connection, sql: str,
                     args: tuple[Any, ...]) -> list[dict[str, Any]]:
-    async with conn.execute(sql, args) as cur:
-        return [dict(row) for row in await cur.fetchall()]
+    # one call into the connection's thread: the statement runs to completion, so no read
+    # transaction stays open while other coroutines use the same reader (a stale snapshot)
+    return [dict(row) for row in await conn.execute_fetchall(sql, args)]
 
 
 async def _load_full(conn: aiosqlite.Connection, approval_id: str) -> dict[str, Any] | None:
