@@ -1,0 +1,488 @@
+"""Outages against the real daemon: the relay down for a long stretch or misbehaving, and the
+database refusing writes (disk full, file made read-only, file-size limit) while it runs.
+
+Relays are real aiohttp servers on loopback; the gate is ``python -m gate serve``; faults are
+real: a small tmpfs filled up, ``chattr +i`` on the database files, ``RLIMIT_FSIZE`` lowered on
+the daemon with prlimit. A fault that this machine cannot produce (no root, no tmpfs mount,
+no chattr) skips its test with the reason.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import re
+import resource
+import shutil
+import sqlite3
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp import web
+
+from gate.dispatch import BACKOFF_BASE_S, BACKOFF_CAP_S, backoff_s
+from tests.support import (
+    DEADLINE_S,
+    ROOT,
+    Api,
+    CaptureRelay,
+    GateProcess,
+    decision_body,
+    gate_env,
+    post_decision,
+    wait_until,
+    write_config,
+)
+
+UNAVAILABLE = {"status": "unavailable", "reason": "storage_unavailable"}
+APPROVED = {"status": "recorded", "resolved": True, "outcome": "approved"}
+FAILED = re.compile(r"event=dispatch_failed approval_id=(\S+) revision=(\d+) attempt=(\d+) "
+                    r"error=.* retry_in_s=([\d.]+)")
+
+
+# ---------------------------------------------------------------------------------------------
+# Relays that misbehave on purpose
+# ---------------------------------------------------------------------------------------------
+
+
+class ScriptedRelay(CaptureRelay):
+    """A capturing relay whose answer depends on the dispatch's ``run_id``.
+
+    ``script[run_id] = (status, delay_s)``; other run ids get ``status``/``delay_s``. Each
+    dispatch is recorded when it arrives (``record["status"]`` is the status it will get).
+    3xx answers carry ``Location: <location>``. ``down()`` closes the listener and every
+    open connection (connection refused from then on); ``up()`` listens on the same port again.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.script: dict[str, tuple[int, float]] = {}
+        self.location = ""
+        self.port = 0
+
+    async def _serve(self) -> None:
+        app = web.Application()
+        app.router.add_post("/{tail:.*}", self._handle)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", self.port)
+        await site.start()
+        self.port = self._runner.addresses[0][1]
+        self.url = f"http://127.0.0.1:{self.port}/relay"
+        self._started.set()
+
+    async def _handle(self, request: web.Request) -> web.Response:
+        raw = await request.read()
+        run_id = json.loads(raw).get("run_id")
+        status, delay = self.script.get(run_id, (self.status, self.delay_s))
+        with self._cond:
+            self.received.append({"headers": dict(request.headers), "raw": raw,
+                                  "status": status, "at": time.time(), "run_id": run_id})
+            self._cond.notify_all()
+        if delay:
+            await asyncio.sleep(delay)
+        headers = {"Location": self.location} if 300 <= status < 400 and self.location else {}
+        return web.json_response({"status": "ok"}, status=status, headers=headers)
+
+    def _call(self, coro: Any) -> None:
+        asyncio.run_coroutine_threadsafe(coro, self._loop).result(DEADLINE_S)
+
+    def down(self) -> None:
+        """Stop listening and drop every connection: the relay is unreachable."""
+        assert self._runner is not None
+        self._call(self._runner.cleanup())
+        self._runner = None
+
+    def up(self) -> None:
+        """Listen again on the same port."""
+        self._started.clear()
+        self._call(self._serve())
+
+    def count(self, run_id: str) -> int:
+        """How many dispatches carrying ``run_id`` arrived."""
+        with self._cond:
+            return sum(1 for r in self.received if r["run_id"] == run_id)
+
+
+@pytest.fixture
+def scripted() -> Iterator[ScriptedRelay]:
+    r = ScriptedRelay().start()
+    yield r
+    if r._runner is not None:
+        r.stop()
+    else:
+        r._loop.call_soon_threadsafe(r._loop.stop)
+        r._thread.join(10)
+
+
+def create(api: Api, step: str = "q1", run_id: str | None = None, body: str = "Draft\n") -> str:
+    extra = {"run_id": run_id} if run_id else {}
+    return api.create(step, body, **extra)["approval_id"]
+
+
+def assert_log_clean(gate: GateProcess) -> None:
+    log = gate.log()
+    for needle in ("Traceback", "internal_error", "event=dispatch_loop_failed"):
+        assert needle not in log, f"daemon log contains {needle!r}:\n{log}"
+
+
+# ---------------------------------------------------------------------------------------------
+# Relay outages
+# ---------------------------------------------------------------------------------------------
+
+
+def test_backoff_doubles_from_half_a_second_to_a_one_minute_cap_with_equal_jitter():
+    import random
+    rng = random.Random(7)
+    for attempt in range(1, 20):
+        ceiling = min(BACKOFF_CAP_S, BACKOFF_BASE_S * 2 ** (attempt - 1))
+        for _ in range(50):
+            assert ceiling / 2 <= backoff_s(attempt, rng) <= ceiling
+    assert backoff_s(30, rng) <= 60.0
+
+
+def test_relay_down_for_a_long_stretch_retries_with_backoff_and_delivers_all_when_back(
+        tmp_path, scripted):
+    """Relay unreachable (connection refused) for ~8 s: every pending approval is retried with
+    growing delays, none is lost; after the relay returns each is delivered exactly once;
+    one that expired meanwhile is resolved ``timeout`` and never dispatched."""
+    scripted.down()
+    gate = GateProcess(write_config(tmp_path, scripted.url)).start()
+    try:
+        api = gate.api()
+        pending = [create(api, run_id=f"pending-{i}") for i in range(5)]
+        expiring = create(api, "short", run_id="expiring")  # timeout 3 s
+        went_down = time.monotonic()
+
+        resolved = api.wait_resolved(expiring, timeout=DEADLINE_S)
+        assert resolved["outcome"] == "timeout"
+        assert resolved["dispatch"]["delivered_at"] is None
+        attempts_at_expiry = resolved["dispatch"]["attempts"]
+        assert attempts_at_expiry >= 2
+
+        wait_until(lambda: time.monotonic() - went_down >= 8.0, 10, "8 s of outage")
+        for approval_id in pending:
+            approval = api.get(approval_id)
+            assert approval["state"] == "pending"
+            dispatch = approval["dispatch"]
+            assert dispatch["delivered_at"] is None
+            assert "Cannot connect" in dispatch["last_error"] or "refused" in dispatch["last_error"]
+            # 0.5 s doubling with equal jitter: at least 4, at most 6 attempts in ~8 s
+            assert 4 <= dispatch["attempts"] <= 7, dispatch
+        for match in FAILED.finditer(gate.log()):
+            attempt, retry_in = int(match.group(3)), float(match.group(4))
+            ceiling = min(BACKOFF_CAP_S, BACKOFF_BASE_S * 2 ** (attempt - 1))
+            assert ceiling / 2 - 0.11 <= retry_in <= ceiling + 0.01, match.group(0)
+
+        scripted.up()
+        for approval_id in pending:
+            wait_until(lambda a=approval_id: api.get(a)["dispatch"]["delivered_at"],
+                       30, f"delivery of {approval_id}")
+        for i, approval_id in enumerate(pending):
+            assert scripted.count(f"pending-{i}") == 1
+            env = scripted.wait_dispatch(approval_id)
+            assert env["approval_id"] == approval_id
+        # the expired approval: never sent after its expiry, not even once the relay is back
+        assert scripted.count("expiring") == 0
+        assert api.get(expiring)["dispatch"]["attempts"] == attempts_at_expiry
+
+        # and the delivered ones are decidable as usual
+        env = scripted.wait_dispatch(pending[0])
+        status, answer, _ = post_decision(gate.callback_url, decision_body(env))
+        assert (status, answer) == (200, APPROVED)
+        assert gate.stop() == 0
+        assert_log_clean(gate)
+    finally:
+        if gate.proc and gate.proc.poll() is None:
+            gate.stop()
+
+
+NOT_ACKS = (301, 302, 303, 307, 308, 400, 401, 404, 409, 429, 500, 502, 503)
+
+
+def test_relay_status_other_than_2xx_is_not_an_ack_and_is_retried(tmp_path, scripted):
+    """One approval per status, all at once: 3xx (redirects are not followed), 4xx and 5xx
+    are retried; once the relay answers 2xx, each is acked on its next retry."""
+    scripted.script = {f"s{status}": (status, 0.0) for status in NOT_ACKS}
+    scripted.location = "http://127.0.0.1:9/elsewhere"
+    gate = GateProcess(write_config(tmp_path, scripted.url)).start()
+    try:
+        api = gate.api()
+        ids = {status: create(api, run_id=f"s{status}") for status in NOT_ACKS}
+        for status, approval_id in ids.items():
+            wait_until(lambda s=status: scripted.count(f"s{s}") >= 3, DEADLINE_S,
+                       f"three attempts answered {status}")
+            dispatch = api.get(approval_id)["dispatch"]
+            assert dispatch["delivered_at"] is None
+            assert dispatch["last_error"] == f"relay answered HTTP {status}"
+        # the relay recovers: the next retry is the ack
+        scripted.script = {}
+        for status, approval_id in ids.items():
+            wait_until(lambda a=approval_id: api.get(a)["dispatch"]["delivered_at"], DEADLINE_S,
+                       f"the ack after {status}")
+        assert gate.stop() == 0
+        assert_log_clean(gate)
+    finally:
+        if gate.proc and gate.proc.poll() is None:
+            gate.stop()
+
+
+def test_relay_2xx_variants_are_acks(tmp_path, scripted):
+    scripted.script = {"s200": (200, 0.0), "s201": (201, 0.0), "s204": (204, 0.0),
+                       "s299": (299, 0.0)}
+    gate = GateProcess(write_config(tmp_path, scripted.url)).start()
+    try:
+        api = gate.api()
+        ids = {run_id: create(api, run_id=run_id) for run_id in scripted.script}
+        for run_id, approval_id in ids.items():
+            wait_until(lambda a=approval_id: api.get(a)["dispatch"]["delivered_at"],
+                       DEADLINE_S, f"ack of {run_id}")
+            assert api.get(approval_id)["dispatch"]["attempts"] == 1
+            assert scripted.count(run_id) == 1
+        assert gate.stop() == 0
+    finally:
+        if gate.proc and gate.proc.poll() is None:
+            gate.stop()
+
+
+def test_slow_relay_times_out_is_retried_and_does_not_hold_other_dispatches(tmp_path, scripted):
+    """``relay.dispatch_timeout`` is 2 s in the test config; the relay holds one run for 4 s."""
+    scripted.script = {"slow": (202, 4.0)}
+    gate = GateProcess(write_config(tmp_path, scripted.url)).start()
+    try:
+        api = gate.api()
+        slow = create(api, run_id="slow")
+        wait_until(lambda: scripted.count("slow") == 1, DEADLINE_S, "the slow dispatch")
+        started = time.monotonic()
+        fast = [create(api, run_id=f"fast-{i}") for i in range(5)]
+        for approval_id in fast:
+            wait_until(lambda a=approval_id: api.get(a)["dispatch"]["delivered_at"],
+                       DEADLINE_S, "a fast ack")
+        assert time.monotonic() - started < 1.5, "a slow relay answer held other dispatches"
+        wait_until(lambda: api.get(slow)["dispatch"]["attempts"] >= 1, DEADLINE_S,
+                   "the slow attempt's timeout")
+        dispatch = api.get(slow)["dispatch"]
+        assert dispatch["delivered_at"] is None
+        assert dispatch["last_error"] == "no answer within 2 s"
+        scripted.script = {}
+        wait_until(lambda: api.get(slow)["dispatch"]["delivered_at"], DEADLINE_S,
+                   "the ack once the relay is fast")
+        assert gate.stop() == 0
+        assert_log_clean(gate)
+    finally:
+        if gate.proc and gate.proc.poll() is None:
+            gate.stop()
+
+
+# ---------------------------------------------------------------------------------------------
+# Storage faults
+# ---------------------------------------------------------------------------------------------
+
+
+class Fault:
+    """A way to make the database refuse writes while the daemon runs, and to fix it."""
+
+    name = ""
+
+    def __init__(self, base: Path) -> None:
+        self.dir = base
+
+    @property
+    def db(self) -> Path:
+        return self.dir / "gate.db"
+
+    def apply(self, gate: GateProcess) -> None:
+        raise NotImplementedError
+
+    def clear(self, gate: GateProcess) -> None:
+        raise NotImplementedError
+
+    def teardown(self) -> None:
+        """Undo everything, also after a failed test."""
+
+
+class DiskFull(Fault):
+    """The database lives on an 8 MiB tmpfs; a filler file takes every free byte."""
+
+    name = "disk_full"
+
+    def __init__(self, base: Path) -> None:
+        super().__init__(base / "mnt")
+        self.dir.mkdir()
+        done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m,mode=0700", "tmpfs",
+                               str(self.dir)], capture_output=True, text=True, check=False)
+        if done.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
+        self.filler = self.dir / "filler"
+
+    def apply(self, gate: GateProcess) -> None:
+        with open(self.filler, "wb", buffering=0) as out:
+            for chunk in (1 << 20, 1 << 16, 1 << 12):
+                with contextlib.suppress(OSError):
+                    while True:
+                        out.write(b"\0" * chunk)
+        assert os.statvfs(self.dir).f_bfree == 0
+
+    def clear(self, gate: GateProcess) -> None:
+        self.filler.unlink()
+
+    def teardown(self) -> None:
+        if subprocess.run(["umount", str(self.dir)], capture_output=True,
+                          check=False).returncode != 0:
+            subprocess.run(["umount", "-l", str(self.dir)], capture_output=True, check=False)
+
+
+class ReadOnly(Fault):
+    """``chattr +i`` on the database, its WAL and their directory: every write fails."""
+
+    name = "read_only"
+
+    def __init__(self, base: Path) -> None:
+        super().__init__(base / "db")
+        self.dir.mkdir()
+        probe = self.dir / "probe"
+        probe.touch()
+        done = subprocess.run(["chattr", "+i", str(probe)], capture_output=True, text=True,
+                              check=False) if shutil.which("chattr") else None
+        if done is None or done.returncode != 0:
+            pytest.skip("chattr +i is not available here"
+                        + (f": {done.stderr.strip()}" if done else ""))
+        subprocess.run(["chattr", "-i", str(probe)], check=True)
+        probe.unlink()
+
+    def _targets(self) -> list[str]:
+        files = [self.db, self.db.with_name("gate.db-wal")]
+        return [str(p) for p in files if p.exists()] + [str(self.dir)]
+
+    def apply(self, gate: GateProcess) -> None:
+        subprocess.run(["chattr", "+i", *self._targets()], check=True)
+
+    def clear(self, gate: GateProcess) -> None:
+        subprocess.run(["chattr", "-i", *self._targets()], check=True)
+
+    def teardown(self) -> None:
+        subprocess.run(["chattr", "-R", "-i", str(self.dir)], capture_output=True, check=False)
+
+
+class FileSizeLimit(Fault):
+    """``RLIMIT_FSIZE`` of the daemon lowered to the WAL's size (needs no privilege): the WAL
+    cannot grow, so every commit fails (EFBIG)."""
+
+    name = "file_size_limit"
+
+    def __init__(self, base: Path) -> None:
+        super().__init__(base / "db")
+        self.dir.mkdir()
+        self.saved: tuple[int, int] | None = None
+        self.pid = 0
+
+    def apply(self, gate: GateProcess) -> None:
+        assert gate.proc is not None
+        self.pid = gate.proc.pid
+        wal = self.db.with_name("gate.db-wal").stat().st_size
+        self.saved = resource.prlimit(self.pid, resource.RLIMIT_FSIZE)
+        resource.prlimit(self.pid, resource.RLIMIT_FSIZE, (wal, self.saved[1]))
+
+    def clear(self, gate: GateProcess) -> None:
+        assert self.saved is not None
+        resource.prlimit(self.pid, resource.RLIMIT_FSIZE, self.saved)
+
+
+FAULTS: dict[str, type[Fault]] = {cls.name: cls for cls in (DiskFull, ReadOnly, FileSizeLimit)}
+
+
+@pytest.fixture(params=sorted(FAULTS))
+def fault(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Fault]:
+    made = FAULTS[request.param](tmp_path)
+    yield made
+    made.teardown()
+
+
+def healthz(gate: GateProcess) -> tuple[int, Any]:
+    return Api(gate.api_url, None).call("GET", "/healthz")
+
+
+def integrity(db: Path) -> str:
+    conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    try:
+        return conn.execute("PRAGMA integrity_check").fetchone()[0]
+    finally:
+        conn.close()
+
+
+def audit_verify(config: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "gate", "audit", "verify", "-c", str(config)],
+                          capture_output=True, text=True, env=gate_env(), cwd=ROOT,
+                          timeout=DEADLINE_S, check=False)
+
+
+def test_database_refusing_writes_answers_503_changes_nothing_and_recovers_without_restart(
+        fault: Fault, scripted: ScriptedRelay):
+    """Writes answer 503 storage_unavailable, /healthz reports it, reads keep working, the
+    failed transactions leave nothing behind, a relay ack that cannot be recorded is not
+    re-sent, and once the fault is fixed the same daemon writes again; the file is intact."""
+    scripted.script = {"held": (202, 3.0)}  # answered 3 s after arrival (timeout: 6 s)
+    config = write_config(fault.dir, scripted.url, relay={"dispatch_timeout": "6s"})
+    gate = GateProcess(config).start()
+    try:
+        api = gate.api()
+        decided = create(api, run_id="decided")
+        env = scripted.wait_dispatch(decided)
+        wait_until(lambda: api.get(decided)["dispatch"]["delivered_at"], what="first ack")
+        assert healthz(gate)[0] == 200
+        before = api.get(decided)
+
+        held = create(api, run_id="held")
+        wait_until(lambda: scripted.count("held") == 1, what="the held dispatch")
+        fault.apply(gate)  # while the relay holds its answer
+
+        status, answer = api.call("POST", "/v1/approvals", {
+            "pipeline": "p", "step": "q1", "draft": {"content_type": "text/plain",
+                                                     "body": "refused\n"}})
+        assert (status, answer) == (503, UNAVAILABLE)
+        status, answer, _ = post_decision(gate.callback_url, decision_body(env))
+        assert (status, answer) == (503, UNAVAILABLE)
+        assert api.call("POST", f"/v1/approvals/{decided}/cancel") == (503, UNAVAILABLE)
+        assert healthz(gate) == (503, UNAVAILABLE)
+        gate.wait_for_line("event=storage_unavailable")
+        # reads still answer, and show that nothing changed
+        assert api.get(decided) == before
+        status, listed = api.call("GET", "/v1/approvals?state=all")
+        assert status == 200 and len(listed["items"]) == 2
+
+        # the relay acked "held" during the fault: recording is retried, the POST is not
+        wait_until(lambda: len(re.findall(
+            rf"event=dispatch_failed approval_id={held} reason=storage_unavailable",
+            gate.log())) >= 2, what="two failed attempts to record the held ack")
+        assert scripted.count("held") == 1
+
+        fault.clear(gate)
+        wait_until(lambda: healthz(gate)[0] == 200, what="/healthz to recover")
+        status, answer, _ = post_decision(gate.callback_url, decision_body(env))
+        assert (status, answer) == (200, APPROVED)
+        later = create(api, run_id="later")
+        scripted.wait_dispatch(later)
+        wait_until(lambda: api.get(held)["dispatch"]["delivered_at"], what="held ack recorded")
+        assert scripted.count("held") == 1
+        assert api.get(held)["dispatch"]["attempts"] == 1
+        assert api.get(decided)["decisions"][0]["decision"] == "approve"
+
+        assert gate.stop() == 0
+        gate.wait_for_line("event=storage_recovered")
+        assert_log_clean(gate)
+    finally:
+        if gate.proc and gate.proc.poll() is None:
+            with contextlib.suppress(Exception):
+                fault.clear(gate)
+            gate.stop()
+    assert integrity(fault.db) == "ok"
+    verified = audit_verify(config)
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+
