@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import os
 import sys
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any, NoReturn, TypeVar
 
@@ -31,12 +32,17 @@ def fail(message: str, code: int = 1) -> NoReturn:
     sys.exit(code)
 
 
-def run(coro: Coroutine[Any, Any, T]) -> T:
-    """Run a coroutine; a GateError becomes one ``Error:`` line and exit 1."""
+def run(coro: Coroutine[Any, Any, T], interrupted: Callable[[], str] = lambda: "") -> T:
+    """Run a coroutine; a GateError becomes one ``Error:`` line and exit 1; Ctrl-C exits 130
+    with ``interrupted()`` (what is left behind) on stderr."""
     try:
         return asyncio.run(coro)
     except GateError as exc:
         fail(exc.message)
+    except KeyboardInterrupt:
+        left = interrupted()
+        click.echo(f"Interrupted{': ' + left if left else ''}", err=True)
+        sys.exit(130)
 
 
 def _config(path: str) -> Any:
@@ -188,7 +194,8 @@ def _read_draft(draft: str | None, draft_file: str | None) -> str:
 @click.option("--draft", default=None, help="The draft text to approve.")
 @click.option("--draft-file", default=None, help="Read the draft from a file, or - for stdin.")
 @click.option("--content-type", default="text/plain", show_default=True)
-@click.option("--spend", type=float, default=None, help="Cost of the action, in budget.unit.")
+@click.option("--spend", type=float, default=None,
+              help="Cost of the action, in budget.unit (a number >= 0).")
 @click.option("--idempotency-key", default=None, help="Retry-safe key: same key, same approval.")
 @click.option("--requested-by", default=None,
               help="Identity of the operator asking; they may not approve it themselves.")
@@ -220,6 +227,9 @@ def request(config_path: str, api_url: str | None, pipeline: str, step: str,
     if permit_out is not None and not wait:
         fail("--permit-out needs --wait", 2)
     text = _read_draft(draft, draft_file)
+    if spend is not None and not (math.isfinite(spend) and spend >= 0):
+        fail("--spend: must be a finite number >= 0", 2)
+    created: dict[str, str] = {}
     body: dict[str, Any] = {"pipeline": pipeline, "step": step,
                             "draft": {"content_type": content_type, "body": text}}
     if run_id:
@@ -236,13 +246,20 @@ def request(config_path: str, api_url: str | None, pipeline: str, step: str,
     async def go() -> dict[str, Any]:
         async with _client(config_path, api_url) as api:
             approval = await api.create(body, idempotency_key)
+            created["id"] = approval["approval_id"]
             report(f"requested approval {approval['approval_id']} for {pipeline}/{step} "
                    f"(quorum {approval['quorum']['required']}, {approval['payload_hash']})")
             if not wait:
                 return dict(approval)
             return await wait_for_outcome(api, approval, timeout, report)
 
-    result = run(go())
+    def left_behind() -> str:
+        if "id" not in created:
+            return "no approval was created"
+        return (f"approval {created['id']} is still pending on the gate; the action must not "
+                f"fire (cancel it with: hitl-gate cancel {created['id']})")
+
+    result = run(go(), left_behind)
     if as_json:
         click.echo(json.dumps(result, ensure_ascii=False, indent=2))
     if not wait:
@@ -437,7 +454,10 @@ def audit_export(config_path: str, output: str) -> None:
     if output == "-":
         sys.stdout.write(lines)
     else:
-        Path(output).write_text(lines, encoding="utf-8")
+        try:
+            Path(output).write_text(lines, encoding="utf-8")
+        except OSError as exc:
+            fail(f"-o: cannot write {output}: {exc.strerror}")
 
 
 @main.command()
