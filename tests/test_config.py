@@ -615,3 +615,31 @@ def test_secrets_receipt_key_is_utf8_bytes() -> None:
     config = load_config(EXAMPLE)
     secrets = load_secrets(config, dict(ENV, HITL_RECEIPT_KEY="clé"))
     assert secrets.receipt_key == "clé".encode()
+
+
+def test_config_listeners_and_public_url_checked(tmp_path: Path) -> None:
+    """Fresh-user findings: same port for both listeners, a public_url with the decisions path
+    or a query, and an unbounded max_input_length are config errors, all listed at once."""
+    path = tmp_path / "c.yaml"
+    path.write_text(
+        "relay:\n"
+        "  url: http://127.0.0.1:8091/\n"
+        "  secret_env: HITL_RELAY_SECRET\n"
+        "  callback_addr: \"127.0.0.1:8090\"\n"
+        "  public_url: http://gate.example.com/hitl/v0/decisions?x=1\n"
+        "  operators: [{id: 1, identity: a@example.com}]\n"
+        "  security: {allowed_users: [1], max_input_length: 1000000}\n"
+        "api: {listen: \"127.0.0.1:8090\", token_env: HITL_API_TOKEN}\n"
+        "storage: {path: x.db}\n"
+        "receipts: {key_env: HITL_RECEIPT_KEY}\n"
+        "pipelines: [{name: p, steps: [{name: s}]}]\n", encoding="utf-8")
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert info.value.errors == [
+        "api.listen: 127.0.0.1:8090 is the same address as relay.callback_addr "
+        "(127.0.0.1:8090); use two ports",
+        "relay.public_url: must not have a query or fragment (it is a base URL; "
+        "/hitl/v0/decisions is appended)",
+        "relay.public_url: give the base URL without /hitl/v0/decisions (the gate appends it)",
+        "relay.security.max_input_length: at most 60000 (a decision body is limited to 64 KiB)",
+    ]

@@ -4,8 +4,39 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from urllib.parse import urlsplit
+
 from gate.config.model import Config, StepConfig
+from gate.config.values import parse_listen
+from gate.protocol import DECISIONS_PATH
 from gate.config.secrets import _secret_vars
+
+
+MAX_INPUT_LENGTH_LIMIT = 60_000  # an adjust_text must fit a 64 KiB decision body
+
+
+def _check_listeners(config: Config) -> list[str]:
+    """The two listeners must differ; public_url is a base URL (no query, no decisions path)."""
+    errors: list[str] = []
+    relay = config.relay
+    callback = parse_listen(relay.callback_addr)
+    api = parse_listen(config.api.listen)
+    if api[0] == "tcp" and callback[0] == "tcp" and api[2] == callback[2] != 0 and (
+            api[1] == callback[1] or "0.0.0.0" in (api[1], callback[1])):
+        errors.append(f"api.listen: {config.api.listen} is the same address as "
+                      f"relay.callback_addr ({relay.callback_addr}); use two ports")
+    if relay.public_url is not None:
+        parts = urlsplit(relay.public_url)
+        if parts.query or parts.fragment:
+            errors.append("relay.public_url: must not have a query or fragment (it is a base "
+                          "URL; /hitl/v0/decisions is appended)")
+        if parts.path.rstrip("/").endswith(DECISIONS_PATH):
+            errors.append(f"relay.public_url: give the base URL without {DECISIONS_PATH} "
+                          "(the gate appends it)")
+    if relay.security.max_input_length > MAX_INPUT_LENGTH_LIMIT:
+        errors.append(f"relay.security.max_input_length: at most {MAX_INPUT_LENGTH_LIMIT} "
+                      "(a decision body is limited to 64 KiB)")
+    return errors
 
 
 def _cross_check(config: Config) -> list[str]:
@@ -37,6 +68,7 @@ def _cross_check(config: Config) -> list[str]:
     allowed_set = set(allowed)
     errors += _check_ids("relay.security.allowed_users", allowed, defined, None)
 
+    errors += _check_listeners(config)
     env_names = _secret_vars(config)
     for j, (where, name) in enumerate(env_names):
         for other, other_name in env_names[:j]:
