@@ -59,7 +59,7 @@ def approval_view(full: dict[str, Any]) -> dict[str, Any]:
         ],
         "dispatch": {
             "revision": latest["revision"] if latest else None,
-            "attempts": sum(int(o["attempts"]) for o in full["outbox"]),
+            "attempts": int(latest["attempts"]) if latest else 0,  # of this revision
             "delivered_at": _ts(latest["delivered_at"]) if latest else None,
             "last_error": latest["last_error"] if latest else None,
         },
