@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import math
 import os
 import sys
@@ -115,7 +116,11 @@ def main() -> None:
 @CONFIG_OPTION
 @click.option("--log-level", default="INFO", show_default=True,
               type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
-def serve(config_path: str, log_level: str) -> None:
+@click.option("--log-format", default="text", show_default=True,
+              type=click.Choice(["text", "json"]),
+              help="text: one key=value line per event, for people; json: one JSON object "
+                   "per line (ts, level, logger, event, fields), for journald and collectors.")
+def serve(config_path: str, log_level: str, log_format: str) -> None:
     """Run the daemon: relay callback listener + pipeline API. Logs to stderr.
 
     Exit 0 on SIGTERM/SIGINT after a clean stop, 2 on a config error.
@@ -126,24 +131,30 @@ def serve(config_path: str, log_level: str) -> None:
     from gate.config import load
     from gate.web.server import serve as serve_forever
 
-    logs.configure(log_level)
+    logs.configure(log_level, log_format)
+
+    def stop(code: int, event: str, lines: list[str]) -> NoReturn:
+        # with --log-format json every stderr line is JSON, start failures included
+        for line in lines:
+            if log_format == "json":
+                logging.getLogger("gate.cli").error("event=%s error=%s", event, line)
+            else:
+                click.echo(line if event == "config_invalid" else f"Error: {line}", err=True)
+        sys.exit(code)
+
     try:
         config, secrets = load(config_path, os.environ)
         _receipt_keys(config)
     except ConfigError as exc:
-        for line in exc.errors:
-            click.echo(f"{config_path}: {line}", err=True)
-        sys.exit(2)
+        stop(2, "config_invalid", [f"{config_path}: {line}" for line in exc.errors])
     try:
         asyncio.run(serve_forever(config, secrets))
     except ConfigError as exc:
-        for line in exc.errors:
-            click.echo(f"{config_path}: {line}", err=True)
-        sys.exit(2)
+        stop(2, "config_invalid", [f"{config_path}: {line}" for line in exc.errors])
     except GateError as exc:
-        fail(exc.message)
+        stop(1, "serve_failed", [exc.message])
     except OSError as exc:
-        fail(f"cannot listen: {exc}")
+        stop(1, "serve_failed", [f"cannot listen: {exc}"])
 
 
 @main.command("check-config")
@@ -167,6 +178,26 @@ def check_config(config_path: str) -> None:
     steps = sum(len(p.steps) for p in config.pipelines)
     click.echo(f"{config_path}: ok ({len(config.pipelines)} pipelines, {steps} steps, "
                f"{len(config.relay.operators)} operators)")
+
+
+@main.command()
+@CONFIG_OPTION
+def doctor(config_path: str) -> None:
+    """Check a deployment: config, secrets, keys, database integrity, audit chain, relay
+    reachable, clock. One PASS/WARN/FAIL/SKIP line per check; writes nothing.
+
+    The relay counts as reachable when it answers HEAD or OPTIONS with any HTTP status
+    (405 too). The clock is compared with the relay's Date header. Exit 0 when no check
+    failed (warnings allowed), 1 otherwise.
+
+    Example: hitl-gate doctor -c /etc/hitl-gate/config.yaml
+    """
+    from gate.doctor import run_checks
+
+    checks = run(run_checks(config_path, os.environ))
+    for check in checks:
+        click.echo(check.line())
+    sys.exit(0 if all(check.ok for check in checks) else 1)
 
 
 def _read_draft(draft: str | None, draft_file: str | None) -> str:
@@ -360,7 +391,10 @@ def cancel(config_path: str, api_url: str | None, approval_id: str) -> None:
 
 @main.group()
 def audit() -> None:
-    """Audit trail: verify the hash chain and receipts, export JSON Lines."""
+    """Audit trail: verify the hash chain and receipts, export JSON Lines.
+
+    Example: hitl-gate audit verify -c config.example.yaml
+    """
 
 
 @audit.command("verify")
@@ -487,7 +521,11 @@ def keygen(out_dir: str) -> None:
 
 @main.group()
 def permit() -> None:
-    """Execution permits: verify one offline before executing the approved body."""
+    """Execution permits: verify one offline before executing the approved body.
+
+    Example: hitl-gate permit verify permit.jws --public-key hitl-gate-ed25519.pub
+    --body-file mail.txt
+    """
 
 
 @permit.command("verify")

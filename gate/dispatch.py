@@ -18,6 +18,7 @@ from yarl import URL
 from gate.core.rules import approvers_of
 from gate.core.service import GateService
 from gate.errors import GateError
+from gate.metrics import Metrics, metrics_for
 from gate.protocol import PROTOCOL, PROTOCOL_HEADER, SIGNATURE_HEADER, signing
 from gate.protocol.canonical import wire_json
 from gate.protocol.envelope import build_dispatch
@@ -68,11 +69,15 @@ class Dispatcher:
     When an attempt's result cannot be recorded (storage fault), it is kept in memory and
     recording is retried without POSTing again: a relay that acked is not sent duplicates
     for as long as the database refuses writes.
+
+    Every POST is counted in ``metrics`` (default: the service's, ``metrics_for``): attempts,
+    failures by reason, ack latency, the relay's last ack.
     """
 
     def __init__(self, service: GateService, session: aiohttp.ClientSession, relay_url: str,
-                 secret: str, timeout_s: float) -> None:
+                 secret: str, timeout_s: float, *, metrics: Metrics | None = None) -> None:
         self.service = service
+        self.metrics = metrics if metrics is not None else metrics_for(service)
         self.session = session
         self.relay_url = relay_url
         self.secret = secret
@@ -156,6 +161,8 @@ class Dispatcher:
         result = await post_signed(self.session, self.relay_url, body, self.secret,
                                    self.service.clock.now_ms() // 1000, self.timeout_s)
         acked = result.error is None
+        self.metrics.dispatch_result(acked, result.elapsed_s, result.failure,
+                                     self.service.clock.now_ms())
         attempt = attempts_before + 1
         retry_at = self.service.clock.now_ms() + int(backoff_s(attempt, self._rng) * 1000)
         if acked:
@@ -195,11 +202,13 @@ def dispatch_envelope(full: dict[str, Any], revision: int, callback_url: str) ->
 @dataclass(frozen=True, slots=True)
 class SendResult:
     """One POST's result: HTTP ``status`` (None if none came), ``error`` (None = acked, 2xx),
-    ``elapsed_s`` until the answer or the failure, in seconds."""
+    ``elapsed_s`` until the answer or the failure, in seconds, and ``failure``: why it was
+    not acked (``http_status``, ``timeout``, ``connection``), None when acked."""
 
     status: int | None
     error: str | None
     elapsed_s: float
+    failure: str | None = None
 
 
 async def post_signed(session: aiohttp.ClientSession, url: str, body: bytes, secret: str,
@@ -216,13 +225,16 @@ async def post_signed(session: aiohttp.ClientSession, url: str, body: bytes, sec
         async with session.post(url, data=body, headers=headers, allow_redirects=False,
                                 timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
             status = resp.status
-            error = None if 200 <= status < 300 else f"relay answered HTTP {status}"
-            return SendResult(status, error, time.monotonic() - started)
+            if 200 <= status < 300:
+                return SendResult(status, None, time.monotonic() - started)
+            return SendResult(status, f"relay answered HTTP {status}",
+                              time.monotonic() - started, "http_status")
     except TimeoutError:
-        return SendResult(None, f"no answer within {timeout_s:g} s", time.monotonic() - started)
+        return SendResult(None, f"no answer within {timeout_s:g} s", time.monotonic() - started,
+                          "timeout")
     except aiohttp.ClientError as exc:
         return SendResult(None, _redact(f"{type(exc).__name__}: {exc}", url)[:MAX_ERROR_CHARS],
-                          time.monotonic() - started)
+                          time.monotonic() - started, "connection")
 
 
 def _redact(text: str, url: str) -> str:

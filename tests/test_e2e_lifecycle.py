@@ -275,7 +275,9 @@ def test_relay_down_then_up_dispatch_is_retried_until_acked(gate, relay):
     relay.status = 503
     approval_id = gate.api().create("q1", "retry me")["approval_id"]
     wait_until(lambda: len(relay.raw_for(approval_id)) >= 2, what="two refused attempts")
-    pending = gate.api().get(approval_id)
+    # the relay sees an attempt before the gate has recorded it: wait for the record
+    pending = wait_until(lambda: (a := gate.api().get(approval_id))["dispatch"]["attempts"] >= 2
+                         and a, what="two attempts recorded")
     assert pending["dispatch"]["delivered_at"] is None
     assert pending["dispatch"]["attempts"] >= 2
     assert pending["dispatch"]["last_error"] == "relay answered HTTP 503"

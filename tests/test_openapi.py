@@ -96,7 +96,7 @@ def test_openapi_yaml_parses_and_is_a_valid_openapi_document() -> None:
     schema = schemathesis.openapi.from_dict(spec)
     schema.validate()  # the OpenAPI meta-schema
     operations = [result.ok() for result in schema.get_all_operations()]
-    assert len(operations) == 6
+    assert len(operations) == 7
 
 
 def _spec_routes(spec: dict[str, Any]) -> tuple[set[tuple[str, str]], set[tuple[str, str]]]:
@@ -134,7 +134,7 @@ def test_every_registered_route_is_in_the_spec_and_vice_versa(tmp_path: Path) ->
     assert spec_callback == {("POST", DECISIONS_PATH)}
 
 
-def test_spec_security_bearer_on_v1_only_and_decision_statuses_complete() -> None:
+def test_spec_security_bearer_on_v1_and_metrics_and_decision_statuses_complete() -> None:
     spec = load_spec()
     assert spec["security"] == [{"bearerAuth": []}]
     assert spec["components"]["securitySchemes"]["bearerAuth"] == {
@@ -144,7 +144,7 @@ def test_spec_security_bearer_on_v1_only_and_decision_statuses_complete() -> Non
             if method not in HTTP_METHODS:
                 continue
             secured = operation.get("security", spec["security"]) != []
-            assert secured == path.startswith("/v1/"), (method, path)
+            assert secured == (path.startswith("/v1/") or path == "/metrics"), (method, path)
             if secured:
                 assert "401" in operation["responses"], (method, path)
     decision = spec["paths"][DECISIONS_PATH]["post"]
@@ -213,7 +213,7 @@ LIVE: list[Live] = []
 
 API_SCHEMA = schemathesis.openapi.from_path(SPEC_PATH, config=_config(
     auth={"openapi": {"bearerAuth": {"bearer": API_TOKEN}}})).include(
-    path_regex=r"^/(v1/|healthz$)")
+    path_regex=r"^/(v1/|healthz$|metrics$)")
 DECISION_SCHEMA = schemathesis.openapi.from_path(SPEC_PATH, config=_config()).include(
     path=DECISIONS_PATH)
 

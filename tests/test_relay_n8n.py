@@ -223,9 +223,9 @@ def test_verify_node_accepts_a_gate_dispatch_and_refuses_the_rest() -> None:
         _verify_case(big_raw, big_headers),
         _verify_case(bom, {**headers, "X-Draftcat-Signature": signing.sign(SECRET, NOW, bom)}),
         _verify_case(raw, {**headers, "X-Hitl-Protocol": "hitl/v1"}),
-        # lenient parse like the gate's: t is a decimal number, HMAC over its plain digits
+        # lenient parse like the gate's; the HMAC covers t exactly as sent (leading zeros)
         _verify_case(raw, {**headers, "X-Draftcat-Signature":
-                           f" v1 = {signing.compute(SECRET, NOW, raw)} , t = 00{NOW} "}),
+                           f" v1 = {signing.compute(SECRET, f'00{NOW}', raw)} , t = 00{NOW} "}),
     ]
     results = [out["result"][0]["json"] for out in _run_code("Verify signature", cases)]
     ok = results[0]

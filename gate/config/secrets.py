@@ -1,13 +1,24 @@
-"""Secret values named by the config, read from the environment (SPEC §5)."""
+"""Secret values named by the config, read from the environment or systemd credentials (SPEC §5).
+
+Each ``*_env`` key names a variable. When that variable is set, its value is the secret.
+When it is unset and ``$CREDENTIALS_DIRECTORY`` is set (systemd's ``LoadCredential=``), the
+secret is the content of the file ``$CREDENTIALS_DIRECTORY/<VARIABLE NAME>``, with a single
+trailing newline (``\n``) removed, as most editors and ``echo`` leave one. Any other leading
+or trailing whitespace, in a variable or a file, is refused, never trimmed silently.
+"""
 
 from __future__ import annotations
 
 import hmac
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from gate.config.model import Config
 from gate.errors import ConfigError
+
+CREDENTIALS_DIRECTORY = "CREDENTIALS_DIRECTORY"
+MAX_CREDENTIAL_BYTES = 64 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,7 +35,8 @@ class Secrets:
 
 
 def load_secrets(config: Config, environ: Mapping[str, str]) -> Secrets:
-    """Read the secrets named by ``config`` from ``environ`` (e.g. ``os.environ``).
+    """Read the secrets named by ``config`` from ``environ`` (e.g. ``os.environ``), or, for a
+    variable that is unset, from ``$CREDENTIALS_DIRECTORY/<name>`` when ``environ`` has it.
 
     Raises ``ConfigError`` listing every unset, empty or whitespace-padded variable at once,
     and every secret that reuses another's value; messages never contain a value.
@@ -39,10 +51,30 @@ def _read_secrets(config: Config, environ: Mapping[str, str]) -> tuple[Secrets |
     errors: list[str] = []
     wanted = _secret_vars(config)
     values: dict[str, str] = {}
+    credentials = environ.get(CREDENTIALS_DIRECTORY) or None
     for where, name in wanted:
         value = environ.get(name)
+        if value is None and credentials is not None:
+            file_value, error = _read_credential(credentials, name)
+            file = Path(credentials, name)
+            if error is not None:
+                errors.append(f"{where}: {error}")
+                continue
+            if file_value is not None:
+                if file_value == "":
+                    errors.append(f"{where}: credential file {file} is empty")
+                elif file_value != file_value.strip():
+                    errors.append(
+                        f"{where}: credential file {file} has leading or trailing whitespace"
+                        " (beyond one trailing newline); remove it"
+                    )
+                else:
+                    values[where] = file_value
+                continue
         if value is None:
-            errors.append(f"{where}: environment variable {name} is not set")
+            errors.append(f"{where}: environment variable {name} is not set"
+                          + (f" (nor is there a credential file {Path(credentials, name)})"
+                             if credentials is not None else ""))
         elif value == "":
             errors.append(f"{where}: environment variable {name} is empty")
         elif value != value.strip():
@@ -94,6 +126,33 @@ def _secret_vars(config: Config) -> list[tuple[str, str]]:
     out.append(("api.token_env", config.api.token_env))
     out.append(("receipts.key_env", config.receipts.key_env))
     return out
+
+
+def _read_credential(directory: str, name: str) -> tuple[str | None, str | None]:
+    """Return ``(value, error)`` for the credential file ``directory/name``.
+
+    ``(None, None)`` when there is no such file. The value is the file's UTF-8 text with one
+    trailing ``\n`` removed (not ``\r\n``: the ``\r`` is then refused as whitespace).
+    Errors never contain the file's content.
+    """
+    path = Path(directory, name)
+    try:
+        with path.open("rb") as handle:
+            data = handle.read(MAX_CREDENTIAL_BYTES + 1)
+    except FileNotFoundError:
+        return None, None
+    except IsADirectoryError:
+        return None, f"credential file {path} is a directory"
+    except OSError as exc:
+        return None, f"cannot read credential file {path}: {exc.strerror or exc}"
+    if len(data) > MAX_CREDENTIAL_BYTES:
+        return None, f"credential file {path} is larger than {MAX_CREDENTIAL_BYTES} bytes"
+    if data.endswith(b"\n"):
+        data = data[:-1]
+    try:
+        return data.decode("utf-8"), None
+    except UnicodeDecodeError:
+        return None, f"credential file {path} is not valid UTF-8"
 
 
 def _is_utf8(value: str) -> bool:

@@ -1,4 +1,4 @@
-"""The pipeline API listener (SPEC §3): create, get, long-poll, list, cancel, healthz."""
+"""The pipeline API listener (SPEC §3): create, get, long-poll, list, cancel, healthz, metrics."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from aiohttp import web
 from gate.core.requests import parse_create
 from gate.core.service import GateService
 from gate.errors import GateError
+from gate.metrics import Metrics, metrics_for
 from gate.protocol.envelope import decode_json
 from gate.web.common import Handler, error_middleware, read_body
 
@@ -20,9 +21,12 @@ MAX_LIMIT = 500
 STATES = ("pending", "resolved", "all")
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class ApiSettings:
-    """The bearer token pipelines present and the largest draft body accepted (bytes, UTF-8)."""
+    """The bearer token pipelines present and the largest draft body accepted (bytes, UTF-8).
+
+    Mutable: a config reload (SIGHUP) replaces ``token`` in place; each request reads it anew.
+    """
 
     token: str
     max_draft_bytes: int
@@ -30,6 +34,7 @@ class ApiSettings:
 
 SERVICE = web.AppKey("service", GateService)
 SETTINGS = web.AppKey("api_settings", ApiSettings)
+METRICS = web.AppKey("metrics", Metrics)
 OPEN_PATHS = frozenset({"/healthz"})
 
 
@@ -82,6 +87,8 @@ async def create_approval(request: web.Request) -> web.Response:
     if key is not None and (not key.strip() or len(key) > 200 or not _is_utf8(key)):
         raise _bad_query("idempotency_key", "Idempotency-Key must be 1-200 UTF-8 characters")
     view, created = await request.app[SERVICE].create(req, key)
+    if created:
+        request.app[METRICS].approvals_created.labels(req.pipeline, req.step).inc()
     return web.json_response(view, status=201 if created else 200)
 
 
@@ -120,7 +127,9 @@ async def list_approvals(request: web.Request) -> web.Response:
 
 async def cancel_approval(request: web.Request) -> web.Response:
     """POST /v1/approvals/{id}/cancel: resolve ``cancelled``; 409 when already resolved."""
-    return web.json_response(await request.app[SERVICE].cancel(request.match_info["approval_id"]))
+    view = await request.app[SERVICE].cancel(request.match_info["approval_id"])
+    request.app[METRICS].approvals_resolved.labels("cancelled").inc()
+    return web.json_response(view)
 
 
 async def healthz(request: web.Request) -> web.Response:
@@ -129,15 +138,30 @@ async def healthz(request: web.Request) -> web.Response:
     return web.json_response({"status": "ok", "schema_version": version})
 
 
-def create_api_app(service: GateService, settings: ApiSettings) -> web.Application:
-    """Return the pipeline API app with its routes, auth and error middleware."""
+async def get_metrics(request: web.Request) -> web.Response:
+    """GET /metrics (bearer token, like /v1): Prometheus text, or OpenMetrics when the
+    ``Accept`` header asks for it; pending approvals are read at scrape time."""
+    body, content_type = await request.app[METRICS].render(request.app[SERVICE],
+                                                           request.headers.get("Accept"))
+    return web.Response(body=body, headers={"Content-Type": content_type})
+
+
+def create_api_app(service: GateService, settings: ApiSettings, *,
+                   metrics: Metrics | None = None) -> web.Application:
+    """Return the pipeline API app with its routes, auth and error middleware.
+
+    ``metrics`` defaults to the service's own (``gate.metrics.metrics_for``), the one the
+    callback app, the dispatcher and the expiry scheduler count in too.
+    """
     app = web.Application(middlewares=[error_middleware, auth_middleware],
                           client_max_size=settings.max_draft_bytes * 6 + 128 * 1024)
     app[SERVICE] = service
     app[SETTINGS] = settings
+    app[METRICS] = metrics if metrics is not None else metrics_for(service)
     app.router.add_post("/v1/approvals", create_approval)
     app.router.add_get("/v1/approvals", list_approvals)
     app.router.add_get("/v1/approvals/{approval_id}", get_approval)
     app.router.add_post("/v1/approvals/{approval_id}/cancel", cancel_approval)
     app.router.add_get("/healthz", healthz)
+    app.router.add_get("/metrics", get_metrics)
     return app

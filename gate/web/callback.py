@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -9,16 +11,27 @@ from typing import Any
 from aiohttp import web
 
 from gate.core.service import GateService
+from gate.errors import GateError
+from gate.metrics import Metrics, metrics_for
 from gate.protocol import DECISIONS_PATH, MAX_DECISION_BYTES, PROTOCOL, PROTOCOL_HEADER
 from gate.protocol import SIGNATURE_HEADER, signing
-from gate.protocol.envelope import parse_decision
+from gate.protocol.envelope import Decision, parse_decision
 from gate.protocol.errors import ProtocolError
 from gate.web.common import error_middleware, read_body
 
+log = logging.getLogger(__name__)
 
-@dataclass(frozen=True, slots=True)
+# what an approval_id from a relay must look like to be logged (ULID, Crockford base32): a
+# relay-chosen string never reaches a log line, so it cannot forge fields or lines there
+_ULID = re.compile(r"[0-9A-HJKMNP-TV-Z]{26}")
+
+
+@dataclass(slots=True)
 class CallbackSettings:
-    """Secrets accepted on decisions (current first, then previous) and the skew window (s)."""
+    """Secrets accepted on decisions (current first, then previous) and the skew window (s).
+
+    Mutable: a config reload (SIGHUP) replaces both in place; each request reads them anew.
+    """
 
     relay_secrets: Sequence[str]
     max_skew_s: float
@@ -26,10 +39,56 @@ class CallbackSettings:
 
 SERVICE = web.AppKey("service", GateService)
 SETTINGS = web.AppKey("callback_settings", CallbackSettings)
+METRICS = web.AppKey("metrics", Metrics)
 
 
 async def post_decision(request: web.Request) -> web.Response:
-    """Run SPEC §2 checks 1-5 here, 6-14 in ``GateService.decide``; answer per the table."""
+    """Run SPEC §2 checks 1-5 here, 6-14 in ``GateService.decide``; answer per the table.
+
+    Counts every answer: accepted by decision verb, refused by reason (logged at INFO as
+    ``event=decision_refused``, with the approval_id once the body parsed; never the body).
+    A decision that resolves counts the resolution and its time to decision (one read).
+    """
+    metrics = request.app[METRICS]
+    service = request.app[SERVICE]
+    decision: Decision | None = None
+    try:
+        decision = await _checked_decision(request)
+        answer = await service.decide(decision)
+    except GateError as exc:
+        _refused(metrics, exc.status, exc.code, decision)
+        raise
+    except Exception:
+        _refused(metrics, 500, "internal_error", decision)
+        raise
+    metrics.decisions_accepted.labels(decision.decision).inc()
+    if answer.get("resolved"):
+        metrics.resolved_by_decision(await _stored(service, decision.approval_id),
+                                     str(answer["outcome"]))
+    return web.json_response(answer)
+
+
+def _refused(metrics: Metrics, status: int, reason: str, decision: Decision | None) -> None:
+    metrics.refused(reason)
+    if decision is not None and _ULID.fullmatch(decision.approval_id):
+        log.info("event=decision_refused status=%d reason=%s approval_id=%s", status, reason,
+                 decision.approval_id)
+    else:
+        log.info("event=decision_refused status=%d reason=%s", status, reason)
+
+
+async def _stored(service: GateService, approval_id: str) -> dict[str, Any] | None:
+    """The resolved approval as stored (for its created/resolved times), or None when it
+    cannot be read now: the decision is recorded either way."""
+    try:
+        return await service.store.fetch_approval(approval_id)
+    except GateError as exc:
+        log.warning("event=metrics_read_failed approval_id=%s reason=%s", approval_id, exc.code)
+        return None
+
+
+async def _checked_decision(request: web.Request) -> Decision:
+    """SPEC §2 checks 1-5: size, signature, window, HMAC, then the parsed envelope."""
     service = request.app[SERVICE]
     settings = request.app[SETTINGS]
     raw = await read_body(request, MAX_DECISION_BYTES)  # check 1
@@ -40,20 +99,22 @@ async def post_decision(request: web.Request) -> web.Response:
     if protocol is not None and protocol.strip() != PROTOCOL:
         raise ProtocolError("invalid_protocol", f"{PROTOCOL_HEADER} must be {PROTOCOL}",
                             status=400, kind="invalid", extra={"field": PROTOCOL_HEADER})
-    decision = parse_decision(raw)  # check 5
-    return web.json_response(await service.decide(decision))
+    return parse_decision(raw)  # check 5
 
 
 def create_callback_app(service: GateService, settings: CallbackSettings,
-                        outer_middlewares: Sequence[Any] = ()) -> web.Application:
+                        outer_middlewares: Sequence[Any] = (), *,
+                        metrics: Metrics | None = None) -> web.Application:
     """Return the callback app: one route, the error middleware, bodies read by the handler.
 
     ``outer_middlewares`` run outside the error middleware (they see every final answer);
-    ``hitl-gate verify`` uses one to observe what a relay sent.
+    ``hitl-gate verify`` uses one to observe what a relay sent. ``metrics`` defaults to the
+    service's own (``gate.metrics.metrics_for``), shared with the API app.
     """
     app = web.Application(middlewares=[*outer_middlewares, error_middleware],
                           client_max_size=MAX_DECISION_BYTES * 4)
     app[SERVICE] = service
     app[SETTINGS] = settings
+    app[METRICS] = metrics if metrics is not None else metrics_for(service)
     app.router.add_post(DECISIONS_PATH, post_decision)
     return app

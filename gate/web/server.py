@@ -4,22 +4,28 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
 import logging
+import os
 import signal
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
 from gate.clock import Clock, SystemClock
-from gate.config import Config, Secrets, parse_listen
+from gate.config import Config, Secrets, load, parse_listen
 from gate.core.scheduler import run_expiry
 from gate.core.service import GateService
 from gate.dispatch import Dispatcher, relay_session
+from gate.errors import ConfigError
 from gate.protocol import DECISIONS_PATH
+from gate.sdnotify import Notifier
 from gate.store import Store
+from gate.web import api as api_web
+from gate.web import callback as callback_web
 from gate.web.api import ApiSettings, create_api_app
 from gate.web.callback import CallbackSettings, create_callback_app
 from gate.web.common import BODY_TIMEOUT, Handler
@@ -148,20 +154,33 @@ def _runner(app: web.Application, config: Config) -> web.AppRunner:
 
 
 async def serve(config: Config, secrets: Secrets, clock: Clock | None = None,
-                stop: asyncio.Event | None = None) -> None:
+                stop: asyncio.Event | None = None,
+                environ: Mapping[str, str] | None = None) -> None:
     """Run the gate until SIGTERM/SIGINT (or ``stop`` is set), then stop cleanly.
 
     Order: open the store and workers, bind the callback and API listeners, log
-    ``event=listening``, then dispatch. On stop: both listeners stop accepting at once;
-    waiting long-polls are answered with the current state; in-flight requests get
-    ``http.shutdown_timeout`` to finish (a decision's transaction commits whole or not at
-    all); then the dispatcher and the expiry scheduler stop and the database closes last.
+    ``event=listening``, tell systemd ``READY=1`` (when ``NOTIFY_SOCKET`` is set), then
+    dispatch. SIGHUP re-reads the config file and its secrets (``Reloader``). On stop:
+    ``STOPPING=1``; both listeners stop accepting at once; waiting long-polls are answered
+    with the current state; in-flight requests get ``http.shutdown_timeout`` to finish (a
+    decision's transaction commits whole or not at all); then the dispatcher and the expiry
+    scheduler stop and the database closes last. ``WATCHDOG=1`` is sent every
+    ``WATCHDOG_USEC``/2 while the event loop runs. ``environ`` (default ``os.environ``)
+    holds ``NOTIFY_SOCKET``, ``WATCHDOG_*`` and the secrets read again on reload.
     Raises Unavailable when the database cannot be opened, OSError when a bind fails.
     """
     stop = stop or asyncio.Event()
+    env = os.environ if environ is None else environ
+    notifier = Notifier(env)
+    hup = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    # from the start: SIGHUP's default action would kill a daemon still starting up
+    loop.add_signal_handler(signal.SIGHUP, hup.set)
+    watchdog = asyncio.create_task(notifier.run_watchdog(), name="watchdog")
+    notifier.status("starting: opening the database")
+    ready = False
     try:
         service = GateService(config, secrets.receipt_key, Store(config.storage.path),
                               clock or SystemClock())
@@ -175,21 +194,152 @@ async def serve(config: Config, secrets: Secrets, clock: Clock | None = None,
                 await _site(callback_runner, config.relay.callback_addr)
                 await _site(api_runner, config.api.listen)
                 callback_bound = _bound(callback_runner)
-                base = config.relay.public_url or f"http://{callback_bound}"
-                dispatcher.callback_url = base.rstrip("/") + DECISIONS_PATH
+                dispatcher.callback_url = _callback_url(config, callback_bound)
                 dispatcher.ready.set()
+                api_url = _api_url(_bound(api_runner))
                 log.info("event=listening callback=http://%s api=%s callback_url=%s db=%s",
-                         callback_bound, _api_url(_bound(api_runner)), dispatcher.callback_url,
+                         callback_bound, api_url, dispatcher.callback_url,
                          config.storage.path)
-                await stop.wait()
+                serving = f"serving: callback=http://{callback_bound} api={api_url}"
+                notifier.ready(serving)
+                ready = True
+                reloader = Reloader(config, secrets, env, service, api_app[api_web.SETTINGS],
+                                    callback_app[callback_web.SETTINGS], dispatcher,
+                                    callback_bound, notifier, serving)
+                await _until_stopped(stop, hup, reloader.reload)
                 log.info("event=stopping")
             finally:
+                notifier.stopping()
                 api_app[STOPPING].set()
                 await asyncio.gather(callback_runner.cleanup(), api_runner.cleanup())
+    except BaseException as exc:
+        if not ready:
+            notifier.status(f"failed to start: {type(exc).__name__}")
+        raise
     finally:
-        for sig in (signal.SIGTERM, signal.SIGINT):
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             loop.remove_signal_handler(sig)
+        watchdog.cancel()
+        await asyncio.gather(watchdog, return_exceptions=True)
     log.info("event=stopped")
+
+
+async def _until_stopped(stop: asyncio.Event, hup: asyncio.Event,
+                         reload: Callable[[], Any]) -> None:
+    """Wait for ``stop``; each time ``hup`` is set meanwhile, clear it and ``await reload()``.
+    SIGHUPs arriving during a reload coalesce into one more reload after it."""
+    while not stop.is_set():
+        stopped = asyncio.ensure_future(stop.wait())
+        hupped = asyncio.ensure_future(hup.wait())
+        try:
+            await asyncio.wait({stopped, hupped}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopped.cancel()
+            hupped.cancel()
+        if stop.is_set():
+            return
+        hup.clear()
+        await reload()
+
+
+# What a reload cannot change in a running daemon: bound sockets, the open database, the
+# relay HTTP session (its CA bundle), the runners' timeouts, the app's body limit, and the
+# receipt keys (held by GateService; changing the HMAC key mid-log would also split the
+# audit trail between two keys). Changing any of them needs a restart.
+RESTART_ONLY: tuple[tuple[str, Callable[[Config], Any]], ...] = (
+    ("relay.callback_addr", lambda c: c.relay.callback_addr),
+    ("api.listen", lambda c: c.api.listen),
+    ("storage.path", lambda c: c.storage.path),
+    ("relay.ca_file", lambda c: c.relay.ca_file),
+    ("api.max_draft_bytes", lambda c: c.api.max_draft_bytes),
+    ("http", lambda c: c.http),
+    ("receipts", lambda c: c.receipts),
+)
+
+
+class Reloader:
+    """SIGHUP: re-read the config file and its secrets; apply them to new work, or refuse.
+
+    Applied on success (all at once, between two requests): operators, pipelines, steps,
+    budgets and limits (``service.config``), the rate limit, the relay secrets accepted on
+    decisions and the skew window, the API token, and the relay URL, signing secret,
+    timeout and public callback URL of future dispatches. A pending approval keeps the
+    scope and quorum frozen at its creation. Refused, with every error logged as
+    ``event=reload_refused`` and the running config kept: anything ``check-config`` or a
+    start would refuse (including missing secrets), and a change of a ``RESTART_ONLY``
+    setting or of the receipt key. systemd sees ``RELOADING=1`` then ``READY=1`` either way.
+    """
+
+    def __init__(self, config: Config, secrets: Secrets, environ: Mapping[str, str],
+                 service: GateService, api_settings: ApiSettings,
+                 callback_settings: CallbackSettings, dispatcher: Dispatcher,
+                 callback_bound: str, notifier: Notifier, serving: str) -> None:
+        self.config = config
+        self.secrets = secrets
+        self.environ = environ
+        self.service = service
+        self.api_settings = api_settings
+        self.callback_settings = callback_settings
+        self.dispatcher = dispatcher
+        self.callback_bound = callback_bound
+        self.notifier = notifier
+        self.serving = serving
+
+    def check(self) -> tuple[Config, Secrets] | list[str]:
+        """Load and validate the config file again; return it with its secrets, or errors."""
+        source = self.config.source
+        if source is None:
+            return ["the running config was not read from a file; nothing to reload"]
+        try:
+            config, secrets = load(source, self.environ)
+        except ConfigError as exc:
+            return list(exc.errors)
+        errors = [f"{path}: cannot change while running (restart to apply it)"
+                  for path, get in RESTART_ONLY if get(config) != get(self.config)]
+        if not hmac.compare_digest(secrets.receipt_key, self.secrets.receipt_key):
+            errors.append(f"receipts.key_env: the receipt key ({config.receipts.key_env})"
+                          " cannot change while running (restart to apply it)")
+        return errors or (config, secrets)
+
+    async def reload(self) -> bool:
+        """Apply the config file as it is now; True if applied, False if refused."""
+        self.notifier.reloading()
+        log.info("event=reloading config=%s", self.config.source)
+        result = await asyncio.to_thread(self.check)
+        if isinstance(result, list):
+            for error in result:
+                log.error("event=reload_refused error=%s", error)
+            log.error("event=reload_refused errors=%d kept=running_config", len(result))
+            self.notifier.ready(f"{self.serving} (last reload refused: {len(result)} "
+                                "errors, see the log; running config kept)")
+            return False
+        config, secrets = result
+        self.apply(config, secrets)
+        steps = sum(len(p.steps) for p in config.pipelines)
+        log.info("event=reloaded pipelines=%d steps=%d operators=%d relay_secrets=%d",
+                 len(config.pipelines), steps, len(config.relay.operators),
+                 len(secrets.relay_secrets))
+        self.notifier.ready(f"{self.serving} (config reloaded)")
+        return True
+
+    def apply(self, config: Config, secrets: Secrets) -> None:
+        """Swap the settings in place; no await, so no request sees half of them."""
+        rate = self.service.rate
+        self.service.config = config
+        rate.per_minute = config.relay.security.rate_limit
+        self.callback_settings.relay_secrets = secrets.relay_secrets
+        self.callback_settings.max_skew_s = config.relay.security.max_skew
+        self.api_settings.token = secrets.api_token
+        self.dispatcher.relay_url = config.relay.url
+        self.dispatcher.secret = secrets.relay_secrets[0]
+        self.dispatcher.timeout_s = config.relay.dispatch_timeout
+        self.dispatcher.callback_url = _callback_url(config, self.callback_bound)
+        self.config, self.secrets = config, secrets
+
+
+def _callback_url(config: Config, callback_bound: str) -> str:
+    base = config.relay.public_url or f"http://{callback_bound}"
+    return base.rstrip("/") + DECISIONS_PATH
 
 
 def _api_url(bound: str) -> str:

@@ -1,0 +1,238 @@
+"""Prometheus metrics of one gate: counters and histograms observed where things happen,
+gauges of the stored state computed at scrape time (``GET /metrics``).
+
+Every gate (one ``GateService``) has its own ``CollectorRegistry``, never the process-global
+one, so several gates in one process (tests, ``hitl-gate verify``) do not collide. The API
+app, the callback app, the dispatcher and the expiry scheduler find the same ``Metrics`` with
+``metrics_for(service)``. Labels only take values from the configuration or from closed sets
+(outcomes, decision verbs, refusal reasons): never an identity, an id or a body.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import weakref
+from collections.abc import Iterator
+from typing import Any
+
+import prometheus_client
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.openmetrics import exposition as openmetrics
+from prometheus_client.registry import Collector
+
+from gate import __version__
+from gate.errors import GateError
+
+log = logging.getLogger(__name__)
+
+# A counter's ``<name>_created`` series (its creation time) would read as a second counter
+# next to ``hitl_gate_approvals_created_total``; this process exposes only hitl-gate's own
+# registries, so the process-wide switch is ours to turn.
+prometheus_client.disable_created_metrics()
+
+OUTCOMES = ("approved", "adjusted", "skipped", "timeout", "cancelled")
+VERBS = ("approve", "skip", "adjust")
+DISPATCH_FAILURES = ("http_status", "timeout", "connection")
+# a relay answers within relay.dispatch_timeout (default 10 s)
+ACK_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+# a human answers in seconds to hours (step timeouts default to 4 h)
+DECISION_BUCKETS = (5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0, 7200.0,
+                    14400.0, 28800.0, 86400.0)
+PAGE = 500
+TEXT_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+OPENMETRICS_CONTENT_TYPE = "application/openmetrics-text; version=1.0.0; charset=utf-8"
+_REASON = re.compile(r"[a-z0-9_.:]{1,64}")
+
+
+class Metrics:
+    """The metrics of one gate, in their own registry (see the module docstring).
+
+    ``pipelines`` (a config's ``pipelines``) pre-creates ``approvals_created_total`` for every
+    configured step, so each series exists at 0 before its first approval.
+    """
+
+    def __init__(self, pipelines: Any = ()) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.approvals_created = Counter(
+            "hitl_gate_approvals_created", "Approvals created (an idempotent replay is not).",
+            ["pipeline", "step"], registry=r)
+        self.approvals_resolved = Counter(
+            "hitl_gate_approvals_resolved", "Approvals resolved, by outcome.", ["outcome"],
+            registry=r)
+        self.decisions_accepted = Counter(
+            "hitl_gate_decisions_accepted", "Relay decisions recorded (SPEC §2: 200).",
+            ["decision"], registry=r)
+        self.decisions_refused = Counter(
+            "hitl_gate_decisions_refused",
+            "Relay decisions refused, by the answer's reason (SPEC §2 checks 1-14).",
+            ["reason"], registry=r)
+        self.dispatch_attempts = Counter(
+            "hitl_gate_dispatch_attempts", "Dispatch POSTs sent to the relay.", registry=r)
+        self.dispatch_failures = Counter(
+            "hitl_gate_dispatch_failures",
+            "Dispatch POSTs not acked: http_status (non-2xx, 3xx included), timeout, "
+            "connection (refused, reset, TLS, DNS).", ["reason"], registry=r)
+        self.dispatch_ack_seconds = Histogram(
+            "hitl_gate_dispatch_ack_seconds", "Time from sending a dispatch to its 2xx ack.",
+            buckets=ACK_BUCKETS, registry=r)
+        self.time_to_decision_seconds = Histogram(
+            "hitl_gate_time_to_decision_seconds",
+            "Time from creation to resolution by a human decision (approved, adjusted, "
+            "skipped); timeouts and cancels are not decisions.",
+            ["pipeline", "step"], buckets=DECISION_BUCKETS, registry=r)
+        Gauge("hitl_gate_build_info", "The running hitl-gate version (always 1).", ["version"],
+              registry=r).labels(__version__).set(1)
+        for pipe in pipelines:
+            for step in pipe.steps:
+                self.approvals_created.labels(pipe.name, step.name)
+        for outcome in OUTCOMES:
+            self.approvals_resolved.labels(outcome)
+        for verb in VERBS:
+            self.decisions_accepted.labels(verb)
+        for reason in DISPATCH_FAILURES:
+            self.dispatch_failures.labels(reason)
+        self._state = _StateCollector()
+        r.register(self._state)
+
+    # ---- observations ----------------------------------------------------------
+
+    def refused(self, reason: str) -> None:
+        """Count a refused decision; a reason outside ``[a-z0-9_.:]{1,64}`` counts as ``other``."""
+        self.decisions_refused.labels(reason if _REASON.fullmatch(reason) else "other").inc()
+
+    def dispatch_result(self, acked: bool, elapsed_s: float, failure: str | None,
+                        now_ms: int) -> None:
+        """Count one dispatch POST: its ack latency, or its failure reason."""
+        self.dispatch_attempts.inc()
+        self._state.last_attempt_acked = acked
+        if acked:
+            self.dispatch_ack_seconds.observe(max(0.0, elapsed_s))
+            self._state.last_ack_ms = now_ms
+        else:
+            self.dispatch_failures.labels(
+                failure if failure in DISPATCH_FAILURES else "connection").inc()
+
+    def resolved_by_decision(self, approval: dict[str, Any] | None, outcome: str) -> None:
+        """Count a resolution by a decision and observe its time to decision (``approval`` is
+        the stored row, or None when it could not be read: then only the count)."""
+        self.approvals_resolved.labels(outcome).inc()
+        if approval is None or approval.get("resolved_at") is None:
+            return
+        seconds = max(0, int(approval["resolved_at"]) - int(approval["created_at"])) / 1000
+        self.time_to_decision_seconds.labels(approval["pipeline"], approval["step"]).observe(
+            seconds)
+
+    # ---- scrape ------------------------------------------------------------------
+
+    async def render(self, service: Any, accept: str | None) -> tuple[bytes, str]:
+        """Read the pending approvals, then return ``(body, content type)`` in the format the
+        ``Accept`` header asks for (Prometheus text by default, or OpenMetrics).
+
+        A failed read leaves the pending gauges out of this scrape (counters still answer).
+        """
+        now_ms = service.clock.now_ms()
+        try:
+            count, oldest_ms = await pending_summary(service.store)
+        except GateError as exc:
+            log.warning("event=metrics_read_failed reason=%s", exc.code)
+            self._state.pending = None
+        else:
+            self._state.pending = (count, None if oldest_ms is None
+                                   else max(0, now_ms - oldest_ms) / 1000)
+        self._state.now_ms = now_ms
+        if wants_openmetrics(accept):
+            return openmetrics.generate_latest(self.registry), OPENMETRICS_CONTENT_TYPE
+        return generate_latest(self.registry), TEXT_CONTENT_TYPE
+
+
+def wants_openmetrics(accept: str | None) -> bool:
+    """True when ``Accept`` lists ``application/openmetrics-text`` (any version, q > 0).
+
+    Deliberately simpler than prometheus_client's ``choose_encoder``, which fails on a
+    malformed version parameter: any Accept header gets an answer, never a 500.
+    """
+    for item in (accept or "").split(","):
+        media, *params = (part.strip() for part in item.split(";"))
+        if media.lower() != "application/openmetrics-text":
+            continue
+        q = next((p.partition("=")[2] for p in params if p.lower().startswith("q=")), "1")
+        try:
+            if float(q) > 0:
+                return True
+        except ValueError:
+            return True
+    return False
+
+
+async def pending_summary(store: Any) -> tuple[int, int | None]:
+    """Return ``(number of pending approvals, earliest created_at in unix ms or None)``.
+
+    Pages through ``Store.list_approvals`` (the store has no count yet): cost grows with the
+    number of pending approvals. ``SELECT COUNT(*), MIN(created_at) FROM approvals WHERE
+    state = 'pending'`` in the store would make it one statement.
+    """
+    count, oldest, cursor = 0, None, None
+    while True:
+        rows = await store.list_approvals("pending", None, PAGE, cursor)
+        count += len(rows)
+        for row in rows:
+            created = int(row["created_at"])
+            oldest = created if oldest is None else min(oldest, created)
+        if len(rows) < PAGE:
+            return count, oldest
+        cursor = rows[-1]["approval_id"]
+
+
+class _StateCollector(Collector):
+    """Gauges computed at scrape time: pending approvals and their oldest age (read by
+    ``Metrics.render`` just before), relay up and last ack age (from dispatch results)."""
+
+    def __init__(self) -> None:
+        self.pending: tuple[int, float | None] | None = None
+        self.last_attempt_acked: bool | None = None
+        self.last_ack_ms: int | None = None
+        self.now_ms = 0
+
+    def describe(self) -> list[Any]:
+        return []  # families vary (gauges appear once known): collect() only at scrape time
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        if self.pending is not None:
+            count, oldest_age_s = self.pending
+            yield GaugeMetricFamily("hitl_gate_approvals_pending",
+                                    "Approvals waiting for a decision.", value=count)
+            yield GaugeMetricFamily(
+                "hitl_gate_oldest_pending_age_seconds",
+                "Age of the oldest pending approval (0 when none is pending).",
+                value=oldest_age_s or 0.0)
+        if self.last_attempt_acked is not None:
+            yield GaugeMetricFamily(
+                "hitl_gate_relay_up",
+                "1 if the latest dispatch POST was acked, 0 if it failed (absent before the "
+                "first attempt since start).", value=1 if self.last_attempt_acked else 0)
+        if self.last_ack_ms is not None:
+            yield GaugeMetricFamily(
+                "hitl_gate_relay_last_ack_timestamp_seconds",
+                "Unix time of the relay's latest ack (absent before the first since start).",
+                value=self.last_ack_ms / 1000)
+            yield GaugeMetricFamily(
+                "hitl_gate_relay_last_ack_age_seconds",
+                "Seconds since the relay's latest ack (absent before the first since start).",
+                value=max(0, self.now_ms - self.last_ack_ms) / 1000)
+
+
+_BY_SERVICE: weakref.WeakKeyDictionary[Any, Metrics] = weakref.WeakKeyDictionary()
+
+
+def metrics_for(service: Any) -> Metrics:
+    """Return the one ``Metrics`` of ``service`` (created on first use, with the service's
+    configured pipelines), so both apps and both workers share it without being wired."""
+    metrics = _BY_SERVICE.get(service)
+    if metrics is None:
+        config = getattr(service, "config", None)
+        metrics = Metrics(getattr(config, "pipelines", ()))
+        _BY_SERVICE[service] = metrics
+    return metrics
