@@ -1,0 +1,278 @@
+"""``hitl-gate doctor``: health checks of a deployment, one PASS/WARN/FAIL/SKIP line each.
+
+Checks, in order: the config, its secret variables, its Ed25519 key files, the database
+(``PRAGMA integrity_check``, schema version), the audit chain (hashes, receipts, signatures),
+the relay URL (reachable: any HTTP answer to HEAD or OPTIONS), and the clock (after this
+release's date, and close to the relay's ``Date`` header). Nothing is written: the database
+is opened read-only and nothing is dispatched.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from email.utils import parsedate_to_datetime
+from pathlib import Path
+
+import aiohttp
+from yarl import URL
+
+from gate import audit
+from gate.config import Config, Secrets, load_config, load_secrets
+from gate.errors import ConfigError, GateError
+from gate.keys import ReceiptKeys, load_receipt_keys
+from gate.protocol.envelope import rfc3339
+from gate.store import maintenance
+
+# A system clock before this release's date is certainly wrong (e.g. a board without a
+# battery-backed clock that booted without NTP). Bump it with each release (CHANGELOG.md).
+RELEASE_DATE = "2026-11-30"
+CLOCK_WARN_S = 60.0
+MAX_ERRORS_SHOWN = 3
+
+
+@dataclass(frozen=True, slots=True)
+class Check:
+    """One check's result: ``ok`` False fails the run (exit 1). ``level`` "WARN" (ok, but
+    look at it) or "SKIP" (not run, because of an earlier check or nothing to check yet)
+    overrides the PASS/FAIL label."""
+
+    name: str
+    ok: bool
+    detail: str
+    level: str = ""
+
+    @property
+    def label(self) -> str:
+        """PASS, FAIL, WARN or SKIP."""
+        return self.level or ("PASS" if self.ok else "FAIL")
+
+    def line(self) -> str:
+        """The report line: ``LABEL name: detail``."""
+        return f"{self.label} {self.name}: {self.detail}"
+
+
+def _warn(name: str, detail: str) -> Check:
+    return Check(name, True, detail, "WARN")
+
+
+def _skip(name: str, detail: str, ok: bool = True) -> Check:
+    return Check(name, ok, detail, "SKIP")
+
+
+def _errors(errors: list[str], hint: str = "") -> str:
+    shown = "; ".join(errors[:MAX_ERRORS_SHOWN])
+    more = len(errors) - MAX_ERRORS_SHOWN
+    return shown + (f"; and {more} more" if more > 0 else "") + hint
+
+
+@dataclass(frozen=True, slots=True)
+class RelayProbe:
+    """What HEAD/OPTIONS on the relay URL gave: the ``method`` that got an HTTP answer with
+    its ``status``, the answer's ``Date`` header as unix seconds (None if absent or
+    unparsable) and ``now_s`` when it arrived; or ``error`` when neither got an answer."""
+
+    method: str | None
+    status: int | None
+    date_s: float | None
+    now_s: float
+    elapsed_s: float
+    error: str | None = None
+
+
+def safe_url(url: str) -> str:
+    """The URL without credentials or query (a webhook URL's query often is its secret)."""
+    try:
+        parsed = URL(url)
+    except (TypeError, ValueError):
+        return "<unparsable URL>"
+    safe = str(parsed.with_user(None).with_query(None).with_fragment(None))
+    return safe + ("?<redacted>" if parsed.query_string else "")
+
+
+def check_config(path: str) -> tuple[Check, Config | None]:
+    """Load and validate the config file (as ``check-config``, without its secrets)."""
+    try:
+        config = load_config(path)
+    except ConfigError as exc:
+        hint = f" (hitl-gate check-config -c {path} lists all)"
+        return Check("config", False, _errors(exc.errors, hint)), None
+    steps = sum(len(p.steps) for p in config.pipelines)
+    return Check("config", True, f"{config.source}: {len(config.pipelines)} pipelines, "
+                 f"{steps} steps, {len(config.relay.operators)} operators"), config
+
+
+def check_secrets(config: Config, environ: Mapping[str, str]) -> tuple[Check, Secrets | None]:
+    """Every secret the config names is set, clean and distinct (``load_secrets``)."""
+    try:
+        secrets = load_secrets(config, environ)
+    except ConfigError as exc:
+        return Check("secrets", False, _errors(exc.errors)), None
+    names = [config.relay.secret_env, config.relay.previous_secret_env, config.api.token_env,
+             config.receipts.key_env]
+    return Check("secrets", True, ", ".join(n for n in names if n) + " set and distinct"), secrets
+
+
+def check_keys(config: Config) -> tuple[Check, ReceiptKeys | None]:
+    """The Ed25519 signing key and trusted public keys load (``receipts.*``)."""
+    try:
+        keys = load_receipt_keys(config.receipts)
+    except ConfigError as exc:
+        return Check("keys", False, _errors(exc.errors)), None
+    if keys.signer is None:
+        detail = "no signing key (receipts.signing_key_file): HMAC receipts only"
+    else:
+        detail = f"signing key {keys.signer.key_id}"
+    if config.receipts.trusted_public_keys:
+        detail += f", {len(config.receipts.trusted_public_keys)} trusted public keys"
+    return Check("keys", True, detail), keys
+
+
+def check_database(path: Path) -> Check:
+    """The database file passes ``PRAGMA integrity_check`` and has a schema this code knows;
+    a missing file is a warning when the gate can create it on first start."""
+    if not path.exists():
+        parent = path.parent
+        while not parent.exists() and parent != parent.parent:
+            parent = parent.parent
+        if os.access(parent, os.W_OK | os.X_OK):
+            return _warn("database", f"{path} does not exist yet; the gate creates it on "
+                         "first start")
+        return Check("database", False, f"{path} does not exist and {parent} is not writable")
+    try:
+        info = maintenance.inspect(path)
+    except GateError as exc:
+        return Check("database", False, exc.message)
+    if info.problems:
+        return Check("database", False, f"{path}: integrity_check: " + _errors(
+            list(info.problems)))
+    if info.schema_version > info.code_schema_version:
+        return Check("database", False, f"{path}: schema {info.schema_version} is newer than "
+                     f"this hitl-gate's ({info.code_schema_version}); upgrade hitl-gate")
+    counts = (f"{info.approvals} approvals, {info.audit_entries} audit entries"
+              if info.approvals is not None and info.audit_entries is not None else "no tables")
+    if info.schema_version < info.code_schema_version:
+        return _warn("database", f"{path}: integrity ok, schema {info.schema_version} (the "
+                     f"gate migrates it to {info.code_schema_version} on start), {counts}")
+    return Check("database", True, f"{path}: integrity ok, schema {info.schema_version}, "
+                 f"{counts}")
+
+
+def check_audit(path: Path, receipt_key: bytes | None, keys: ReceiptKeys | None) -> Check:
+    """Recompute the audit chain, its receipts (with the receipt key) and its signatures
+    (when the config names Ed25519 keys), as ``hitl-gate audit verify -c``."""
+    if not path.exists():
+        return _skip("audit", "no database yet")
+    try:
+        rows = maintenance.audit_rows(path)
+    except GateError as exc:
+        return Check("audit", False, exc.message)
+    public = keys.public if keys is not None and keys.public else None
+    result = audit.verify(rows, receipt_key, public)
+    if not result.ok:
+        return Check("audit", False, f"TAMPERED: entry {result.first_bad_seq}: {result.reason} "
+                     f"({result.checked} entries before it verified)")
+    what = ["chain"] + ["receipts"] * (receipt_key is not None) + ["signatures"] * bool(public)
+    detail = f"{result.checked} entries, {', '.join(what)} intact"
+    if receipt_key is None:
+        detail += " (receipts not checked: no receipt key)"
+    return Check("audit", True, detail)
+
+
+async def probe_relay(url: str, timeout_s: float, ca_file: Path | None,
+                      now: Callable[[], float] = time.time) -> RelayProbe:
+    """Send HEAD, then OPTIONS if HEAD got no HTTP answer, to ``url`` (redirects not
+    followed, TLS verified as for dispatches). Any HTTP status counts as an answer."""
+    from gate.dispatch import relay_session
+
+    error = "no answer"
+    started = time.monotonic()
+    async with relay_session(ca_file) as session:
+        for method in ("HEAD", "OPTIONS"):
+            try:
+                async with session.request(
+                        method, url, allow_redirects=False,
+                        timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
+                    return RelayProbe(method, resp.status, _date_s(resp.headers.get("Date")),
+                                      now(), time.monotonic() - started)
+            except TimeoutError:
+                error = f"no answer within {timeout_s:g} s"
+            except aiohttp.ClientError as exc:
+                error = _client_error(exc).replace(url, safe_url(url))
+    return RelayProbe(None, None, None, now(), time.monotonic() - started, error)
+
+
+def _client_error(exc: aiohttp.ClientError) -> str:
+    if isinstance(exc, aiohttp.ClientConnectorError) and not isinstance(
+            exc, aiohttp.ClientSSLError):
+        return f"cannot connect to {exc.host}:{exc.port}: {exc.os_error}"
+    return f"{type(exc).__name__}: {exc}"
+
+
+def _date_s(value: str | None) -> float | None:
+    if not value:
+        return None
+    try:
+        return parsedate_to_datetime(value).timestamp()
+    except (TypeError, ValueError):
+        return None
+
+
+def check_relay(url: str, probe: RelayProbe) -> Check:
+    """Reachable = any HTTP answer (401, 404, 405 included); 3xx warns (never followed)."""
+    where = safe_url(url)
+    if probe.status is None:
+        return Check("relay", False, f"{where} unreachable: {probe.error}")
+    detail = (f"{where} answered HTTP {probe.status} to {probe.method} in "
+              f"{probe.elapsed_s * 1000:.0f} ms")
+    if 300 <= probe.status < 400:
+        return _warn("relay", detail + "; redirects are not followed, so a dispatch answered "
+                     "with a redirect is never acked")
+    return Check("relay", True, detail)
+
+
+def check_clock(now_s: float, probe: RelayProbe | None, max_skew_s: float) -> Check:
+    """The clock is after this release's date and, when the relay sent a ``Date`` header,
+    within CLOCK_WARN_S (warning) and ``max_skew_s`` (failure: decisions would be refused
+    ``timestamp_out_of_window``) of it."""
+    shown = rfc3339(int(now_s) * 1000)
+    released = datetime.fromisoformat(RELEASE_DATE).replace(tzinfo=UTC).timestamp()
+    if now_s < released:
+        return Check("clock", False, f"system clock says {shown}, before this release "
+                     f"({RELEASE_DATE}); set the clock (NTP)")
+    if probe is None or probe.date_s is None:
+        return Check("clock", True, f"{shown} (no Date header from the relay to compare with)")
+    off = probe.now_s - probe.date_s
+    direction = "ahead of" if off > 0 else "behind"
+    detail = f"{shown}, {abs(off):.0f} s {direction} the relay's Date header"
+    if abs(off) > max_skew_s:
+        return Check("clock", False, detail + f", more than relay.security.max_skew "
+                     f"({max_skew_s:g} s): signed messages would be refused; fix NTP")
+    if abs(off) > CLOCK_WARN_S:
+        return _warn("clock", detail + f" (more than {CLOCK_WARN_S:g} s; check NTP)")
+    return Check("clock", True, detail)
+
+
+async def run_checks(config_path: str, environ: Mapping[str, str],
+                     now: Callable[[], float] = time.time) -> list[Check]:
+    """Run every check against the config at ``config_path`` and the secrets in ``environ``;
+    return them in report order. Checks needing a valid config are SKIP (not ok) without one."""
+    config_check, config = check_config(config_path)
+    if config is None:
+        return [config_check] + [_skip(name, "needs a valid config", ok=False) for name in
+                                 ("secrets", "keys", "database", "audit", "relay", "clock")]
+    secrets_check, secrets = check_secrets(config, environ)
+    keys_check, keys = check_keys(config)
+    path = config.storage.path
+    database_check = await asyncio.to_thread(check_database, path)
+    receipt_key = secrets.receipt_key if secrets is not None else None
+    audit_check = await asyncio.to_thread(check_audit, path, receipt_key, keys)
+    probe = await probe_relay(config.relay.url, config.relay.dispatch_timeout,
+                              config.relay.ca_file, now)
+    return [config_check, secrets_check, keys_check, database_check, audit_check,
+            check_relay(config.relay.url, probe),
+            check_clock(now(), probe, config.relay.security.max_skew)]

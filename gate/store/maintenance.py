@@ -1,0 +1,96 @@
+"""Read-only inspection of a gate database for ``hitl-gate doctor``: never writes, never migrates.
+
+The daemon's ``Store`` opens read-write and runs migrations; an operator's health check must
+not do either (it may run as another user, or before an upgrade is meant to happen). These
+functions open the file with SQLite's ``mode=ro`` URI, so a missing file is an error, not a
+new empty database.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Iterator
+from contextlib import closing, contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from gate import audit
+from gate.errors import Unavailable
+from gate.store.schema import SCHEMA_VERSION
+
+BUSY_TIMEOUT_MS = 5_000
+MAX_PROBLEMS = 20
+
+
+@dataclass(frozen=True, slots=True)
+class DatabaseInfo:
+    """What ``inspect`` found: ``problems`` is ``PRAGMA integrity_check``'s answer minus its
+    ``ok`` (empty = intact, at most MAX_PROBLEMS lines); ``schema_version`` is
+    ``PRAGMA user_version``; ``approvals`` and ``audit_entries`` count rows (None when the
+    schema is too old or foreign to hold them)."""
+
+    problems: tuple[str, ...]
+    schema_version: int
+    code_schema_version: int
+    approvals: int | None
+    audit_entries: int | None
+
+
+@contextmanager
+def _read_only(path: Path) -> Iterator[sqlite3.Connection]:
+    """A read-only connection to the existing database at ``path``; Unavailable otherwise."""
+    uri = Path(path).absolute().as_uri() + "?mode=ro"
+    try:
+        conn = sqlite3.connect(uri, uri=True, isolation_level=None)
+    except sqlite3.Error as exc:
+        raise Unavailable("storage_unavailable", f"cannot open database {path}: {exc}") from exc
+    with closing(conn):
+        try:
+            conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+            yield conn
+        except sqlite3.Error as exc:
+            raise Unavailable("storage_unavailable",
+                              f"cannot read database {path}: {exc}") from exc
+
+
+def _count(conn: sqlite3.Connection, table: str) -> int | None:
+    exists = conn.execute("SELECT 1 FROM sqlite_schema WHERE type = 'table' AND name = ?",
+                          (table,)).fetchone()
+    if exists is None:
+        return None
+    return int(conn.execute(f"SELECT count(*) FROM {table}").fetchone()[0])
+
+
+def inspect(path: Path) -> DatabaseInfo:
+    """Run ``PRAGMA integrity_check`` and read the schema version and row counts of the
+    database at ``path``, read-only. Raises Unavailable (``storage_unavailable``) when the
+    file is missing, unreadable or not a SQLite database."""
+    with _read_only(path) as conn:
+        rows = conn.execute(f"PRAGMA integrity_check({MAX_PROBLEMS})").fetchall()
+        problems = tuple(str(r[0]) for r in rows if str(r[0]) != "ok")
+        version = int(conn.execute("PRAGMA user_version").fetchone()[0])
+        return DatabaseInfo(problems, version, SCHEMA_VERSION, _count(conn, "approvals"),
+                            _count(conn, "audit_log"))
+
+
+def integrity_check(path: Path) -> list[str]:
+    """Return the problems ``PRAGMA integrity_check`` reports for the database at ``path``
+    (empty list = intact), read-only; Unavailable when it cannot be opened or read."""
+    return list(inspect(path).problems)
+
+
+def audit_rows(path: Path) -> list[audit.AuditRow]:
+    """Return every audit row (ascending seq) of the database at ``path``, read-only.
+
+    Raises Unavailable when the file cannot be opened or has no audit_log table.
+    """
+    with _read_only(path) as conn:
+        if _count(conn, "audit_log") is None:
+            raise Unavailable("storage_unavailable", f"{path} has no audit_log table "
+                              "(not a hitl-gate database?)")
+        columns = {str(r[1]) for r in conn.execute("PRAGMA table_info(audit_log)")}
+        # A database from before signed entries (schema 1) has no key_id/signature yet.
+        signed = ", key_id, signature" if {"key_id", "signature"} <= columns else ""
+        cur = conn.execute("SELECT seq, approval_id, kind, entry, prev_hash, entry_hash, receipt"
+                           f"{signed} FROM audit_log ORDER BY seq")
+        return [audit.AuditRow(*row) for row in cur]

@@ -1,0 +1,94 @@
+#!/usr/bin/env bash
+# Packaging check: build the sdist and the wheel with `python -m build` from a clean copy of
+# the source tree (the wheel is built from the sdist, so a file missing from the sdist fails
+# here), install the wheel into a fresh venv outside the source tree, and run the installed
+# console script from another directory: `hitl-gate --help` and `hitl-gate check-config`.
+#
+#   scripts/ci_wheel_check.sh              # uses .venv/bin/python (needs `build`) if present
+#   PYTHON=python3.12 scripts/ci_wheel_check.sh
+#   KEEP=1 scripts/ci_wheel_check.sh       # keep the scratch directory (path printed)
+#
+# PYTHON makes the fresh venv; BUILD_PYTHON (default: .venv/bin/python, else PYTHON) runs
+# `python -m build`. Needs the package index (build isolation and the wheel's dependencies).
+# Exit 0 when everything worked; otherwise the failing step is named on stderr.
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+PYTHON=${PYTHON:-python3}
+if [ -z "${BUILD_PYTHON:-}" ]; then
+    if [ -x "$ROOT/.venv/bin/python" ]; then BUILD_PYTHON=$ROOT/.venv/bin/python; else BUILD_PYTHON=$PYTHON; fi
+fi
+unset PYTHONPATH PYTHONHOME VIRTUAL_ENV
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/hitl-gate-wheel.XXXXXX")
+if [ "${KEEP:-0}" = 1 ]; then
+    echo "wheel check: scratch directory $WORK (kept)"
+else
+    trap 'rm -rf "$WORK"' EXIT
+fi
+
+step() { echo "== wheel check: $*"; }
+die() { echo "wheel check: FAILED: $*" >&2; exit 1; }
+
+step "copy the source tree (files git knows or would add) to $WORK/src"
+mkdir -p "$WORK/src" "$WORK/dist" "$WORK/elsewhere"
+if git -C "$ROOT" rev-parse --is-inside-work-tree >/dev/null 2>&1; then
+    (cd "$ROOT" && git ls-files -z --cached --others --exclude-standard |
+        while IFS= read -r -d '' f; do [ -f "$f" ] && printf '%s\0' "$f"; done |
+        tar --null -T - -cf -) | tar -xf - -C "$WORK/src"
+else
+    tar -C "$ROOT" --exclude=./.venv --exclude=./var --exclude=./build --exclude=./dist \
+        --exclude='*.egg-info' --exclude=__pycache__ --exclude=.git -cf - . | tar -xf - -C "$WORK/src"
+fi
+
+step "python -m build (sdist, then the wheel from the sdist) with $BUILD_PYTHON"
+"$BUILD_PYTHON" -m build --outdir "$WORK/dist" "$WORK/src" >"$WORK/build.log" 2>&1 ||
+    { tail -n 40 "$WORK/build.log" >&2; die "python -m build (full log: $WORK/build.log)"; }
+shopt -s nullglob
+wheels=("$WORK"/dist/*.whl)
+sdists=("$WORK"/dist/*.tar.gz)
+[ ${#wheels[@]} = 1 ] || die "expected one wheel in $WORK/dist, found ${#wheels[@]}"
+[ ${#sdists[@]} = 1 ] || die "expected one sdist in $WORK/dist, found ${#sdists[@]}"
+echo "   built $(basename "${sdists[0]}") and $(basename "${wheels[0]}")"
+
+step "wheel contents and metadata"
+"$BUILD_PYTHON" - "${wheels[0]}" <<'EOF' || die "wheel contents"
+import sys, zipfile
+names = zipfile.ZipFile(sys.argv[1]).namelist()
+for needed in ("gate/__init__.py", "gate/cli.py", "gate/doctor.py", "gate/store/schema.py",
+               "gate/protocol/signing.py"):
+    assert needed in names, f"{needed} missing from the wheel"
+stray = [n for n in names if n.split("/")[0] in ("tests", "bench", "scripts", "conformance")]
+assert not stray, f"not part of the package: {stray[:5]}"
+meta = next(n for n in names if n.endswith(".dist-info/METADATA"))
+text = zipfile.ZipFile(sys.argv[1]).read(meta).decode()
+assert "License-Expression: Apache-2.0" in text, "no License-Expression: Apache-2.0"
+entry = next(n for n in names if n.endswith(".dist-info/entry_points.txt"))
+assert "hitl-gate = gate.cli:main" in zipfile.ZipFile(sys.argv[1]).read(entry).decode()
+EOF
+
+step "fresh venv with $PYTHON, install the wheel"
+"$PYTHON" -m venv "$WORK/venv"
+"$WORK/venv/bin/python" -m pip install --quiet "${wheels[0]}" >"$WORK/pip.log" 2>&1 ||
+    { tail -n 40 "$WORK/pip.log" >&2; die "pip install of the wheel"; }
+
+cd "$WORK/elsewhere"
+step "the installed package is the wheel's, not the source tree's"
+where=$("$WORK/venv/bin/python" -c 'import gate; print(gate.__file__)')
+case "$where" in
+    "$WORK/venv/"*) echo "   gate imported from $where" ;;
+    *) die "gate imported from $where, not from the fresh venv" ;;
+esac
+
+step "hitl-gate --help (from $PWD)"
+"$WORK/venv/bin/hitl-gate" --help >"$WORK/help.txt" || die "hitl-gate --help"
+grep -q '^Usage: hitl-gate ' "$WORK/help.txt" || die "hitl-gate --help printed no usage"
+"$WORK/venv/bin/hitl-gate" doctor --help >/dev/null || die "hitl-gate doctor --help"
+"$WORK/venv/bin/hitl-gate" --version
+
+step "hitl-gate check-config -c $ROOT/config.example.yaml"
+HITL_RELAY_SECRET=wheel-check-relay HITL_API_TOKEN=wheel-check-api \
+    HITL_RECEIPT_KEY=wheel-check-receipts \
+    "$WORK/venv/bin/hitl-gate" check-config -c "$ROOT/config.example.yaml" ||
+    die "hitl-gate check-config of config.example.yaml"
+
+echo "wheel check: OK"

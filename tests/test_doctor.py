@@ -1,0 +1,279 @@
+"""``hitl-gate doctor``: one line per check, exit 0/1, against a real daemon and real relays.
+
+The gate runs as ``python -m gate serve`` with a capturing relay (an aiohttp server that
+answers HEAD with 405: reachable); doctor runs as ``python -m gate doctor``. The clock
+judge is also tested directly with fixed times.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import socket
+import socketserver
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator
+from email.utils import formatdate
+from pathlib import Path
+
+import pytest
+import yaml
+
+from gate.doctor import CLOCK_WARN_S, RELEASE_DATE, RelayProbe, check_clock
+from gate.keys import generate
+from gate.protocol.canonical import canonical_json
+from tests.support import (
+    ROOT,
+    CaptureRelay,
+    GateProcess,
+    decision_body,
+    gate_env,
+    post_decision,
+    run_cli,
+    write_config,
+)
+
+NAMES = ["config", "secrets", "keys", "database", "audit", "relay", "clock"]
+
+
+def doctor(config: Path, env: dict[str, str] | None = None) -> tuple[int, list[str]]:
+    proc = run_cli("doctor", "-c", str(config), env=env or gate_env(), timeout=60)
+    assert proc.stderr == b"", proc.stderr.decode()
+    return proc.returncode, proc.stdout.decode("utf-8").splitlines()
+
+
+def line_of(lines: list[str], name: str) -> str:
+    found = [line for line in lines if line.split(" ", 1)[1].startswith(name + ":")]
+    assert len(found) == 1, lines
+    return found[0]
+
+
+def closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def resolve_one(gate: GateProcess, relay: CaptureRelay) -> None:
+    """Create an approval and approve it, so the audit log holds created/ack/decision/resolution."""
+    api = gate.api()
+    approval = api.create("q1")
+    dispatch = relay.wait_dispatch(approval["approval_id"])
+    status, answer, _ = post_decision(gate.callback_url, decision_body(dispatch))
+    assert status == 200, answer
+    assert api.wait_resolved(approval["approval_id"])["outcome"] == "approved"
+
+
+# --------------------------------------------------------------------------- whole runs
+
+
+def test_doctor_all_pass_against_running_gate_and_relay(gate, relay, tmp_path):
+    resolve_one(gate, relay)
+
+    code, lines = doctor(tmp_path / "config.yaml")
+
+    assert code == 0, lines
+    assert [line.split(" ", 2)[1].rstrip(":") for line in lines] == NAMES
+    assert all(line.startswith("PASS ") for line in lines), lines
+    assert "integrity ok" in line_of(lines, "database")
+    assert "chain, receipts intact" in line_of(lines, "audit")
+    assert "answered HTTP 405 to HEAD" in line_of(lines, "relay")  # POST-only relay: reachable
+    assert "the relay's Date header" in line_of(lines, "clock")
+
+
+def test_doctor_checks_signatures_with_a_signing_key(tmp_path, relay):
+    _, _, kid = generate(tmp_path / "keys")
+    config = write_config(tmp_path, relay.url)
+    data = yaml.safe_load(config.read_text(encoding="utf-8"))
+    data["receipts"]["signing_key_file"] = "keys/hitl-gate-ed25519.key"
+    config.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
+    gate = GateProcess(config).start()
+    try:
+        resolve_one(gate, relay)
+
+        code, lines = doctor(config)
+    finally:
+        gate.stop()
+
+    assert code == 0, lines
+    assert line_of(lines, "keys") == f"PASS keys: signing key {kid}"
+    assert "chain, receipts, signatures intact" in line_of(lines, "audit")
+
+
+def test_doctor_relay_down_fails_relay_and_writes_nothing(tmp_path):
+    url = f"http://127.0.0.1:{closed_port()}/hook?sig=query-secret-5e1f"
+    config = write_config(tmp_path, url, relay={"dispatch_timeout": "2s"})
+
+    code, lines = doctor(config)
+
+    assert code == 1, lines
+    relay_line = line_of(lines, "relay")
+    assert relay_line.startswith("FAIL relay: http://127.0.0.1:"), relay_line
+    assert "/hook?<redacted> unreachable: " in relay_line
+    assert "query-secret-5e1f" not in "\n".join(lines)
+    assert line_of(lines, "database").startswith("WARN database: ")  # not created yet
+    assert line_of(lines, "audit").startswith("SKIP audit: no database yet")
+    assert line_of(lines, "clock").startswith("PASS clock: ")
+    assert not (tmp_path / "gate.db").exists()  # doctor never creates the database
+
+
+def test_doctor_tampered_audit_fails_audit(gate, relay, tmp_path):
+    resolve_one(gate, relay)
+    assert gate.stop() == 0
+    db = tmp_path / "gate.db"
+    with sqlite3.connect(db, isolation_level=None) as conn:
+        entry = json.loads(conn.execute("SELECT entry FROM audit_log WHERE seq = 2").fetchone()[0])
+        entry["at"] = "2000-01-01T00:00:00Z"
+        conn.execute("UPDATE audit_log SET entry = ? WHERE seq = 2",
+                     (canonical_json(entry).decode("utf-8"),))
+    conn.close()
+
+    code, lines = doctor(tmp_path / "config.yaml")
+
+    assert code == 1, lines
+    assert line_of(lines, "audit") == (
+        "FAIL audit: TAMPERED: entry 2: entry hash does not match its content (changed) "
+        "(1 entries before it verified)")
+    assert line_of(lines, "database").startswith("PASS database: ")
+    assert line_of(lines, "relay").startswith("PASS relay: ")
+
+
+def test_doctor_missing_secret_fails_secrets(gate, relay, tmp_path):
+    resolve_one(gate, relay)
+    env = gate_env()
+    del env["HITL_RECEIPT_KEY"]
+
+    code, lines = doctor(tmp_path / "config.yaml", env)
+
+    assert code == 1, lines
+    assert line_of(lines, "secrets") == (
+        "FAIL secrets: receipts.key_env: environment variable HITL_RECEIPT_KEY is not set")
+    audit_line = line_of(lines, "audit")
+    assert audit_line.startswith("PASS audit: ") and "receipts not checked" in audit_line
+
+
+def test_doctor_invalid_config_fails_and_skips_the_rest(tmp_path):
+    config = tmp_path / "bad.yaml"
+    config.write_text("relay: {}\n", encoding="utf-8")
+
+    code, lines = doctor(config)
+
+    assert code == 1, lines
+    assert lines[0].startswith("FAIL config: ") and "hitl-gate check-config -c" in lines[0]
+    assert lines[1:] == [f"SKIP {name}: needs a valid config" for name in NAMES[1:]]
+
+
+def test_doctor_database_failing_integrity_check(tmp_path):
+    db = tmp_path / "gate.db"
+    conn = sqlite3.connect(db, isolation_level=None)
+    conn.execute("CREATE TABLE t (x, y)")
+    conn.execute("CREATE INDEX i ON t (x)")
+    conn.executemany("INSERT INTO t VALUES (?, ?)", [(n, -n) for n in range(10)])
+    conn.execute("PRAGMA writable_schema = ON")  # the index no longer matches its definition
+    conn.execute("UPDATE sqlite_schema SET sql = 'CREATE INDEX i ON t (y)' WHERE name = 'i'")
+    conn.close()
+    config = write_config(tmp_path, f"http://127.0.0.1:{closed_port()}/")
+
+    code, lines = doctor(config)
+
+    assert code == 1, lines
+    database = line_of(lines, "database")
+    assert database.startswith(f"FAIL database: {db}: integrity_check: row "), database
+    assert "missing from index i" in database
+    assert line_of(lines, "audit").startswith("FAIL audit: ")  # no audit_log table
+
+
+def test_doctor_not_a_database(tmp_path):
+    (tmp_path / "gate.db").write_bytes(b"not sqlite at all\n" * 100)
+    config = write_config(tmp_path, f"http://127.0.0.1:{closed_port()}/")
+
+    code, lines = doctor(config)
+
+    assert code == 1
+    assert line_of(lines, "database").startswith("FAIL database: ")
+    assert "not a database" in line_of(lines, "database")
+
+
+# --------------------------------------------------------------------------- relay answers
+
+
+class _OptionsOnly(socketserver.BaseRequestHandler):
+    """Hangs up on HEAD; answers OPTIONS 204 with a Date header ``skew_s`` behind."""
+
+    skew_s = 0.0
+
+    def handle(self) -> None:
+        data = b""
+        while b"\r\n\r\n" not in data:
+            chunk = self.request.recv(4096)
+            if not chunk:
+                return
+            data += chunk
+        if data.startswith(b"OPTIONS "):
+            date = formatdate(time.time() - self.skew_s, usegmt=True)
+            self.request.sendall(f"HTTP/1.1 204 No Content\r\nDate: {date}\r\n"
+                                 "Connection: close\r\n\r\n".encode("ascii"))
+
+
+@pytest.fixture
+def options_only() -> Iterator[tuple[str, type[_OptionsOnly]]]:
+    handler = type("Handler", (_OptionsOnly,), {"skew_s": 0.0})
+    server = socketserver.ThreadingTCPServer(("127.0.0.1", 0), handler)
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/", handler
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.mark.parametrize(("skew_s", "clock"), [(0, "PASS"), (120, "WARN"), (400, "FAIL")],
+                         ids=["in-sync", "2-minutes-off", "beyond-max-skew"])
+def test_doctor_relay_answering_only_options_and_its_clock(tmp_path, options_only, skew_s,
+                                                           clock):
+    url, handler = options_only
+    handler.skew_s = skew_s
+    config = write_config(tmp_path, url)
+
+    code, lines = doctor(config)
+
+    assert "answered HTTP 204 to OPTIONS" in line_of(lines, "relay"), lines
+    assert line_of(lines, "relay").startswith("PASS relay: ")
+    assert line_of(lines, "clock").startswith(f"{clock} clock: "), lines
+    assert code == (1 if clock == "FAIL" else 0), lines
+
+
+# --------------------------------------------------------------------------- clock judge
+
+NOW = 1_800_000_000.0  # 2027-01-15
+
+
+def probe(date_s: float | None) -> RelayProbe:
+    return RelayProbe("HEAD", 405, date_s, NOW, 0.01)
+
+
+@pytest.mark.parametrize(("date_s", "label"), [
+    (None, "PASS"), (NOW - 1, "PASS"), (NOW + CLOCK_WARN_S, "PASS"),
+    (NOW - CLOCK_WARN_S - 2, "WARN"), (NOW + 299, "WARN"), (NOW - 301, "FAIL"),
+    (NOW + 3600, "FAIL"),
+], ids=["no-date", "1s", "at-warn-limit", "past-warn-limit", "inside-max-skew",
+        "past-max-skew", "an-hour"])
+def test_doctor_clock_against_relay_date(date_s, label):
+    assert check_clock(NOW, probe(date_s), 300.0).label == label
+
+
+def test_doctor_clock_before_release_date_fails():
+    result = check_clock(0.0, None, 300.0)
+
+    assert not result.ok
+    assert result.detail == (f"system clock says 1970-01-01T00:00:00Z, before this release "
+                             f"({RELEASE_DATE}); set the clock (NTP)")
+
+
+def test_doctor_release_date_is_the_newest_changelog_date():
+    text = (ROOT / "CHANGELOG.md").read_text(encoding="utf-8")
+    dates = re.findall(r"^## .*?(\d{4}-\d{2}-\d{2})", text, re.MULTILINE)
+
+    assert dates and RELEASE_DATE == max(dates), "bump gate.doctor.RELEASE_DATE with a release"
