@@ -192,7 +192,7 @@ def test_request_wait_through_reference_relay(tmp_path, spawn, clis, auto, code,
 # ---- H02: the bytes on the wire are the bytes signed ------------------------------------
 
 
-def test_h02_dispatch_bytes_are_signed_and_unescaped(gate, relay):
+def test_case_h02_dispatch_bytes_are_signed_and_unescaped(gate, relay):
     assert sha256_hash(BATCH_DRAFT) == BATCH_HASH
     before = int(time.time())
     approval = gate.api().create("q1", BATCH_DRAFT, run_id="run-h02")
@@ -244,7 +244,7 @@ def test_h02_dispatch_bytes_are_signed_and_unescaped(gate, relay):
 # ---- expiry (H13) ----------------------------------------------------------------------------
 
 
-def test_expiry_exits_4_and_late_decision_is_410(gate, relay, clis):
+def test_case_h13_expiry_exits_4_and_late_decision_is_410(gate, relay, clis):
     cli = clis("request", "-c", str(gate.config), "--api-url", gate.api_url, "--pipeline", "p",
                "--step", "short", "--draft", "expires in 3 s", "--wait")
     approval_id = cli.wait_for_line(rf"requested approval ({ULID_RE.pattern})").group(1)
