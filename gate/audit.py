@@ -6,7 +6,7 @@ import hashlib
 import hmac
 import json
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -171,7 +171,7 @@ def verify(rows: Iterable[AuditRow], key: bytes | None,
     return VerifyResult(True, checked, signed=signed)
 
 
-def check_receipt(rows: Sequence[AuditRow], held: Mapping[str, Any], key: bytes | None = None,
+def check_receipt(rows: Iterable[AuditRow], held: Mapping[str, Any], key: bytes | None = None,
                   public_keys: keys.PublicKeys | None = None) -> tuple[int, str] | None:
     """Check that a verified log ``rows`` holds the receipt ``held`` (``audit verify --expect``).
 
@@ -193,9 +193,13 @@ def check_receipt(rows: Sequence[AuditRow], held: Mapping[str, Any], key: bytes 
                                     str(held["signature"]))
         if problem is not None:
             return seq, f"the receipt's {problem} (not a genuine receipt)"
-    found = next((row for row in rows if row.seq == seq), None)
+    found, end = None, 0
+    for row in rows:  # one pass: ``rows`` may be streamed from the database
+        end = row.seq
+        if row.seq == seq:
+            found = row
+            break
     if found is None:
-        end = rows[-1].seq if rows else 0
         return seq, (f"missing: the log ends at entry {end}, but a receipt for entry {seq} "
                      "exists (entries deleted from the tail)")
     if not hmac.compare_digest(found.entry_hash, entry_hash):
