@@ -401,14 +401,16 @@ class Store:
     async def next_expiry(self) -> int | None:
         """Return the earliest ``expires_at`` (unix ms) among pending approvals, or None."""
         value = await self._scalar(
-            "SELECT MIN(expires_at) FROM approvals WHERE state = 'pending'")
+            "SELECT MIN(expires_at) FROM approvals INDEXED BY approvals_pending_expiry"
+            " WHERE state = 'pending'")
         return None if value is None else int(value)
 
     async def due_dispatches(self, now_ms: int, limit: int) -> list[dict[str, Any]]:
         """Return un-acked outbox rows due at ``now_ms`` for pending approvals' current revision."""
         sql = """
             SELECT o.approval_id, o.revision, o.attempts, o.next_attempt_at
-            FROM outbox o JOIN approvals a ON a.approval_id = o.approval_id
+            FROM outbox o INDEXED BY outbox_due
+            JOIN approvals a ON a.approval_id = o.approval_id
             WHERE o.delivered_at IS NULL AND o.next_attempt_at <= ?
               AND a.state = 'pending' AND a.revision = o.revision
             ORDER BY o.next_attempt_at LIMIT ?"""
@@ -418,10 +420,11 @@ class Store:
     async def next_dispatch_at(self) -> int | None:
         """Return the earliest ``next_attempt_at`` of an un-acked live dispatch, or None."""
         value = await self._scalar("""
-                SELECT MIN(o.next_attempt_at) FROM outbox o
+                SELECT o.next_attempt_at FROM outbox o INDEXED BY outbox_due
                 JOIN approvals a ON a.approval_id = o.approval_id
                 WHERE o.delivered_at IS NULL AND a.state = 'pending'
-                  AND a.revision = o.revision""")
+                  AND a.revision = o.revision
+                ORDER BY o.next_attempt_at LIMIT 1""")
         return None if value is None else int(value)
 
     async def audit_rows(self) -> AsyncIterator[audit.AuditRow]:

@@ -146,9 +146,24 @@ class WriteTx:
     def due_expiries(self, now_ms: int, limit: int) -> list[str]:
         """Return ids of pending approvals with ``expires_at <= now_ms`` (uses the partial index)."""
         rows = self._conn.execute(
-            "SELECT approval_id FROM approvals WHERE state = 'pending' AND expires_at <= ?"
+            "SELECT approval_id FROM approvals INDEXED BY approvals_pending_expiry"
+            " WHERE state = 'pending' AND expires_at <= ?"
             " ORDER BY expires_at LIMIT ?", (now_ms, limit)).fetchall()
         return [row[0] for row in rows]
+
+    def due_expiry_rows(self, now_ms: int, limit: int) -> list[dict[str, Any]]:
+        """Return what resolving a due approval needs, oldest deadline first, one query:
+        ``approval_id``, ``revision``, ``quorum_required`` and ``revisions`` (the current one,
+        with its ``payload_hash``), for pending approvals with ``expires_at <= now_ms``."""
+        rows = self._conn.execute(
+            "SELECT a.approval_id, a.revision, a.quorum_required, r.payload_hash"
+            " FROM approvals a INDEXED BY approvals_pending_expiry JOIN revisions r"
+            " ON r.approval_id = a.approval_id AND r.revision = a.revision"
+            " WHERE a.state = 'pending' AND a.expires_at <= ?"
+            " ORDER BY a.expires_at LIMIT ?", (now_ms, limit)).fetchall()
+        return [{"approval_id": aid, "revision": rev, "quorum_required": quorum,
+                 "revisions": [{"revision": rev, "payload_hash": digest}]}
+                for aid, rev, quorum, digest in rows]
 
     def append_audit(self, kind: str, approval_id: str | None, at_ms: int,
                      data: dict[str, Any], key: bytes,
