@@ -213,11 +213,12 @@ class GateService:
 
         def transaction(tx: WriteTx) -> tuple[int, int, str | None, int | None]:
             now = self.clock.now_ms()
-            approval = tx.load_approval(decision.approval_id)
+            approval = tx.load_approval(decision.approval_id, outbox=False)
             if approval is None:
                 raise GateError("unknown_approval", "no approval with this approval_id",
                                 status=404, kind="unknown_approval")
-            nonce_revision = tx.revision_by_nonce(decision.approval_id, decision.nonce)
+            nonce_revision = next((int(r["revision"]) for r in approval["revisions"]
+                                   if r["nonce"] == decision.nonce), None)
             if nonce_revision is None:
                 raise rules.refuse(403, "forbidden", "nonce_mismatch",
                                    "nonce does not belong to this approval")

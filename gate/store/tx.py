@@ -14,8 +14,10 @@ def fetchall(conn: sqlite3.Connection, sql: str, args: tuple[Any, ...]) -> list[
     return [dict(row) for row in conn.execute(sql, args).fetchall()]
 
 
-def load_full(conn: sqlite3.Connection, approval_id: str) -> dict[str, Any] | None:
-    """Return the approval with its revisions, decisions and outbox rows, or None."""
+def load_full(conn: sqlite3.Connection, approval_id: str,
+              outbox: bool = True) -> dict[str, Any] | None:
+    """Return the approval with its revisions, decisions and (unless ``outbox`` is False)
+    outbox rows, or None."""
     rows = fetchall(conn, "SELECT * FROM approvals WHERE approval_id = ?", (approval_id,))
     if not rows:
         return None
@@ -28,8 +30,9 @@ def load_full(conn: sqlite3.Connection, approval_id: str) -> dict[str, Any] | No
     approval["decisions"] = fetchall(
         conn, "SELECT * FROM decisions WHERE approval_id = ? ORDER BY decision_id",
         (approval_id,))
-    approval["outbox"] = fetchall(
-        conn, "SELECT * FROM outbox WHERE approval_id = ? ORDER BY revision", (approval_id,))
+    if outbox:
+        approval["outbox"] = fetchall(
+            conn, "SELECT * FROM outbox WHERE approval_id = ? ORDER BY revision", (approval_id,))
     return approval
 
 
@@ -52,9 +55,10 @@ class WriteTx:
         version = int(self._conn.execute("PRAGMA user_version").fetchone()[0])
         self._conn.execute(f"PRAGMA user_version = {version}")
 
-    def load_approval(self, approval_id: str) -> dict[str, Any] | None:
-        """Return the full approval (as ``Store.fetch_approval``) as seen inside this transaction."""
-        return load_full(self._conn, approval_id)
+    def load_approval(self, approval_id: str, outbox: bool = True) -> dict[str, Any] | None:
+        """Return the full approval (as ``Store.fetch_approval``; without outbox rows when
+        ``outbox`` is False) as seen inside this transaction."""
+        return load_full(self._conn, approval_id, outbox)
 
     def approval_by_idempotency_key(self, key: str) -> dict[str, Any] | None:
         """Return ``{approval_id, request_hash}`` for an Idempotency-Key, or None."""
