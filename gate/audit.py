@@ -6,7 +6,7 @@ import hashlib
 import hmac
 import json
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,6 +19,10 @@ RECEIPT_ALG = "hmac-sha256"
 SIGNATURE_ALG = "ed25519"
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 _HEX128 = re.compile(r"[0-9a-f]{128}")
+# verify's decoder and canonical encoder (as ``canonical_json``, to text), built once
+_DECODER = json.JSONDecoder()
+_CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False,
+                              allow_nan=False)
 
 Signer = keys.Signer  # what ``WriteTx.append_audit`` signs with
 
@@ -68,7 +72,7 @@ def chain_hash(prev_hash: str, entry_json: bytes) -> str:
 
 def receipt(key: bytes, entry_hash: str) -> str:
     """Return hex HMAC-SHA256(receipt key, entry hash as ASCII hex)."""
-    return hmac.new(key, entry_hash.encode("ascii"), hashlib.sha256).hexdigest()
+    return hmac.digest(key, entry_hash.encode("ascii"), "sha256").hex()
 
 
 def seal(prev_hash: str, entry: dict[str, Any], key: bytes) -> tuple[str, str, str]:
@@ -129,38 +133,17 @@ def verify(rows: Iterable[AuditRow], key: bytes | None,
     signed = 0
     last: AuditRow | None = None
     for row in rows:
-        def bad(reason: str, row: AuditRow = row, checked: int = checked,
-                signed: int = signed) -> VerifyResult:
-            return VerifyResult(False, checked, row.seq, reason, signed)
-
-        if row.seq != expected_seq:
-            return bad(f"expected entry {expected_seq}, found {row.seq} (deleted or inserted entry)")
-        if row.prev_hash != prev:
-            return bad("prev_hash does not match the previous entry (entry deleted, inserted "
-                       "or reordered)")
-        try:
-            entry = json.loads(row.entry)
-        except ValueError:
-            return bad("entry is not valid JSON")
-        if not isinstance(entry, dict) or entry.get("seq") != row.seq:
-            return bad("entry seq does not match its position (reordered)")
-        if entry.get("kind") != row.kind or entry.get("approval_id") != row.approval_id:
-            return bad("entry kind/approval_id columns differ from the hashed entry")
-        if canonical_json(entry).decode("utf-8") != row.entry:
-            return bad("entry is not in canonical form (changed)")
-        digest = chain_hash(prev, row.entry.encode("utf-8"))
-        if not hmac.compare_digest(digest, row.entry_hash):
-            return bad("entry hash does not match its content (changed)")
-        if key is not None and not hmac.compare_digest(receipt(key, digest), row.receipt):
-            return bad("receipt does not match (changed, or a different receipt key)")
-        if public_keys is not None:
+        reason, digest = _row_problem(row, prev, expected_seq, key)
+        if reason is None and public_keys is not None:
             problem = signature_problem(public_keys, digest, row.key_id, row.signature)
             if problem is None:
                 signed += 1
             elif problem != "not signed" or signed:
-                return bad(problem if problem != "not signed" else
-                           "not signed, after signed entries (signature stripped, or "
-                           "entry added without the signing key)")
+                reason = (problem if problem != "not signed" else
+                          "not signed, after signed entries (signature stripped, or "
+                          "entry added without the signing key)")
+        if reason is not None:
+            return VerifyResult(False, checked, row.seq, reason, signed)
         prev = digest
         expected_seq += 1
         checked += 1
@@ -171,7 +154,33 @@ def verify(rows: Iterable[AuditRow], key: bytes | None,
     return VerifyResult(True, checked, signed=signed)
 
 
-def check_receipt(rows: Sequence[AuditRow], held: Mapping[str, Any], key: bytes | None = None,
+def _row_problem(row: AuditRow, prev: str, expected_seq: int,
+                 key: bytes | None) -> tuple[str | None, str]:
+    """Return ``(why row is bad or None, its recomputed hash)`` (``verify``'s per-entry checks)."""
+    if row.seq != expected_seq:
+        return f"expected entry {expected_seq}, found {row.seq} (deleted or inserted entry)", ""
+    if row.prev_hash != prev:
+        return ("prev_hash does not match the previous entry (entry deleted, inserted "
+                "or reordered)"), ""
+    try:
+        entry = _DECODER.decode(row.entry)
+    except ValueError:
+        return "entry is not valid JSON", ""
+    if not isinstance(entry, dict) or entry.get("seq") != row.seq:
+        return "entry seq does not match its position (reordered)", ""
+    if entry.get("kind") != row.kind or entry.get("approval_id") != row.approval_id:
+        return "entry kind/approval_id columns differ from the hashed entry", ""
+    if _CANONICAL.encode(entry) != row.entry:
+        return "entry is not in canonical form (changed)", ""
+    digest = chain_hash(prev, row.entry.encode("utf-8"))
+    if not hmac.compare_digest(digest, row.entry_hash):
+        return "entry hash does not match its content (changed)", digest
+    if key is not None and not hmac.compare_digest(receipt(key, digest), row.receipt):
+        return "receipt does not match (changed, or a different receipt key)", digest
+    return None, digest
+
+
+def check_receipt(rows: Iterable[AuditRow], held: Mapping[str, Any], key: bytes | None = None,
                   public_keys: keys.PublicKeys | None = None) -> tuple[int, str] | None:
     """Check that a verified log ``rows`` holds the receipt ``held`` (``audit verify --expect``).
 
@@ -193,9 +202,13 @@ def check_receipt(rows: Sequence[AuditRow], held: Mapping[str, Any], key: bytes 
                                     str(held["signature"]))
         if problem is not None:
             return seq, f"the receipt's {problem} (not a genuine receipt)"
-    found = next((row for row in rows if row.seq == seq), None)
+    found, end = None, 0
+    for row in rows:  # one pass: ``rows`` may be streamed from the database
+        end = row.seq
+        if row.seq == seq:
+            found = row
+            break
     if found is None:
-        end = rows[-1].seq if rows else 0
         return seq, (f"missing: the log ends at entry {end}, but a receipt for entry {seq} "
                      "exists (entries deleted from the tail)")
     if not hmac.compare_digest(found.entry_hash, entry_hash):

@@ -3,24 +3,23 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 from gate import audit
 from gate.errors import GateError
-from gate.store import Store
+from gate.store.auditlog import DatabaseRows
 
 
-async def read_database(path: Path) -> list[audit.AuditRow]:
-    """Return every audit row of the database at ``path``; GateError if it does not exist."""
+async def read_database(path: Path) -> Iterable[audit.AuditRow]:
+    """Return the audit rows of the database at ``path``, streamed (``DatabaseRows``).
+
+    Raises GateError ``no_database`` if it does not exist, Unavailable when it cannot be read.
+    """
     if not Path(path).exists():
         raise GateError("no_database", f"no database at {path}")
-    store = Store(path)
-    await store.open()
-    try:
-        return [row async for row in store.audit_rows()]
-    finally:
-        await store.close()
+    return DatabaseRows(path)
 
 
 def read_export(path: Path) -> list[audit.AuditRow]:

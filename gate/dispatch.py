@@ -117,8 +117,11 @@ class Dispatcher:
                     log.error("event=dispatch_loop_failed reason=%s message=%s", exc.code,
                               exc.message)
                     delay = 1.0
+                # asyncio.timeout, not wait_for: on Python 3.11 wait_for swallows a cancel that
+                # lands as the wake-up fires, and the stopping daemon would wait here forever
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(wakeup.wait(), timeout=min(delay, IDLE_S))
+                    async with asyncio.timeout(min(delay, IDLE_S)):
+                        await wakeup.wait()
         finally:
             for task in list(self._in_flight.values()):
                 task.cancel()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import threading
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -543,6 +544,77 @@ async def test_service_cancel_after_approval_conflicts(gate: Gate) -> None:
     with pytest.raises(Conflict) as info:
         await gate.service.cancel(view["approval_id"])
     assert info.value.extra == {"outcome": "approved"}
+
+
+async def test_service_cancel_past_expires_at_resolves_timeout(gate: Gate) -> None:
+    view = await gate.create("q1")
+    aid = view["approval_id"]
+    gate.clock.advance(((await gate.full(aid))["expires_at"] - NOW_MS) / 1000)  # no scheduler
+
+    with pytest.raises(Conflict) as info:
+        await gate.service.cancel(aid)
+    assert (info.value.status, info.value.code, info.value.extra) == (
+        409, "already_resolved", {"outcome": "timeout"})
+    full = await gate.full(aid)
+    assert (full["state"], full["outcome"]) == ("resolved", "timeout")
+    assert [r.kind for r in await gate.audit_rows()] == ["created", "resolved"]
+
+
+async def test_store_refuses_a_database_opened_by_another_gate(gate: Gate) -> None:
+    other = Store(gate.config.storage.path)
+    with pytest.raises(GateError) as info:
+        await other.open()
+    assert info.value.code == "storage_unavailable"
+    assert "database in use by another hitl-gate process" in info.value.message
+    await other.close()
+    await gate.store.close()
+    again = Store(gate.config.storage.path)  # released on close
+    await again.open()
+    await again.close()
+
+
+async def test_store_transactions_sharing_a_commit_roll_back_alone(gate: Gate) -> None:
+    def append(n: int, refuse: bool) -> Callable[[Any], int]:
+        def transaction(tx: Any) -> int:
+            row = tx.append_audit("note", None, NOW_MS, {"n": n}, RECEIPT_KEY)
+            if refuse:
+                raise Conflict("refused", f"transaction {n} refused")
+            return int(row.seq)
+        return transaction
+
+    results = await asyncio.gather(*(gate.store.transact(append(n, n % 3 == 1))
+                                     for n in range(30)), return_exceptions=True)
+    refused = [n for n, r in enumerate(results) if isinstance(r, Conflict)]
+    assert refused == [n for n in range(30) if n % 3 == 1]
+    rows = await gate.audit_rows()
+    assert [json.loads(r.entry)["data"]["n"] for r in rows] == [
+        n for n in range(30) if n % 3 != 1]
+    assert sorted(r for r in results if isinstance(r, int)) == [r.seq for r in rows]
+    assert audit.verify(rows, RECEIPT_KEY).ok
+
+
+async def test_store_transaction_cancelled_before_it_ran_never_runs(gate: Gate) -> None:
+    release = threading.Event()
+    ran: list[str] = []
+
+    def hold(tx: Any) -> None:
+        release.wait(10)
+        ran.append("hold")
+
+    def never(tx: Any) -> None:
+        ran.append("never")
+
+    held = asyncio.create_task(gate.store.transact(hold))
+    await asyncio.sleep(0.05)  # the writer thread is inside ``hold``
+    cancelled = asyncio.create_task(gate.store.transact(never))
+    await asyncio.sleep(0.05)
+    cancelled.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await cancelled
+    release.set()
+    await held
+    await gate.store.transact(lambda tx: None)  # the queue has drained past ``never``
+    assert ran == ["hold"]
 
 
 # --------------------------------------------------------------------------- wait

@@ -300,8 +300,8 @@ async def test_signed_audit_migration_2_keeps_old_entries(tmp_path: Path) -> Non
         assert await store.schema_version() == len(MIGRATIONS) == 2
         rows = [row async for row in store.audit_rows()]
         s = new_signer()
-        async with store.write() as tx:
-            await tx.append_audit("resolved", AID, T0 + 1, {"outcome": "approved"}, b"k", s)
+        await store.transact(
+            lambda tx: tx.append_audit("resolved", AID, T0 + 1, {"outcome": "approved"}, b"k", s))
         rows = [row async for row in store.audit_rows()]
     finally:
         await store.close()

@@ -40,5 +40,6 @@ async def run_expiry(service: GateService, *, metrics: Metrics | None = None) ->
             delay = MAX_SLEEP_S
         else:
             delay = min(MAX_SLEEP_S, max(0.0, (next_at - service.clock.now_ms()) / 1000) + 0.002)
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(service.expiry_wakeup.wait(), timeout=delay)
+        with contextlib.suppress(TimeoutError):  # not wait_for: it can swallow a cancel (3.11)
+            async with asyncio.timeout(delay):
+                await service.expiry_wakeup.wait()

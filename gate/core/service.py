@@ -110,13 +110,12 @@ class GateService:
                             status=422, kind="invalid", extra={"field": "requested_by"})
         return (op.id, op.identity), dataclasses.replace(policy, scope=others)
 
-    async def _audit(self, tx: WriteTx, kind: str, approval_id: str | None, now: int,
-                     data: dict[str, Any]) -> AuditRow:
-        return await tx.append_audit(kind, approval_id, now, data, self._receipt_key,
-                                     self._signer)
+    def _audit(self, tx: WriteTx, kind: str, approval_id: str | None, now: int,
+               data: dict[str, Any]) -> AuditRow:
+        return tx.append_audit(kind, approval_id, now, data, self._receipt_key, self._signer)
 
-    async def _budget(self, tx: WriteTx, pipeline: str, now_ms: int,
-                      spend: float | None) -> dict[str, Any] | None:
+    def _budget(self, tx: WriteTx, pipeline: str, now_ms: int,
+                spend: float | None) -> dict[str, Any] | None:
         budget = self.config.budget
         found = next(p for p in self.config.pipelines if p.name == pipeline)
         if budget.cap_today is None and found.budget_cap is None:
@@ -124,9 +123,9 @@ class GateService:
         day_start = now_ms - now_ms % DAY_MS
         return {
             "unit": budget.unit,
-            "spent_today": await tx.spent(day_start, None),
+            "spent_today": tx.spent(day_start, None),
             "cap_today": budget.cap_today,
-            "spent_pipeline": await tx.spent(day_start, pipeline),
+            "spent_pipeline": tx.spent(day_start, pipeline),
             "cap_pipeline": found.budget_cap,
             "this_request": spend,
         }
@@ -141,21 +140,22 @@ class GateService:
         """
         requester, policy = self.requester(req, self.policy(req.pipeline, req.step))
         request_hash = req.request_hash()
-        now = self.clock.now_ms()
-        async with self.store.write() as tx:
+        digest = payload_hash(req.body)
+
+        def transaction(tx: WriteTx) -> tuple[dict[str, Any], bool]:
             if idempotency_key is not None:
-                seen = await tx.approval_by_idempotency_key(idempotency_key)
+                seen = tx.approval_by_idempotency_key(idempotency_key)
                 if seen is not None:
                     if seen["request_hash"] != request_hash:
                         raise Conflict("idempotency_key_reused",
                                        "Idempotency-Key was used before with a different body")
-                    full = await tx.load_approval(seen["approval_id"])
-                    assert full is not None
-                    return approval_view(full), False
+                    found = tx.load_approval(seen["approval_id"])
+                    assert found is not None
+                    return found, False
+            now = self.clock.now_ms()
             approval_id = str(ULID())
             expires_at = now + int(policy.timeout_s * 1000)
-            digest = payload_hash(req.body)
-            await tx.insert_approval({
+            tx.insert_approval({
                 "approval_id": approval_id,
                 "run_id": req.run_id or str(ULID()),
                 "pipeline": req.pipeline,
@@ -164,7 +164,7 @@ class GateService:
                 "content_type": req.content_type,
                 "quorum_required": policy.quorum,
                 "scope": [list(pair) for pair in policy.scope],
-                "budget": await self._budget(tx, req.pipeline, now, req.spend),
+                "budget": self._budget(tx, req.pipeline, now, req.spend),
                 "spend": req.spend,
                 "revision": 1,
                 "state": "pending",
@@ -176,8 +176,8 @@ class GateService:
                 "requested_by_id": requester[0] if requester else None,
                 "allow_self_approval": int(policy.allow_self_approval),
             })
-            await tx.insert_revision(approval_id, 1, req.body, digest, new_nonce(), now, None)
-            await tx.enqueue_dispatch(approval_id, 1, now)
+            tx.insert_revision(approval_id, 1, req.body, digest, new_nonce(), now, None)
+            tx.enqueue_dispatch(approval_id, 1, now)
             created: dict[str, Any] = {
                 "pipeline": req.pipeline, "step": req.step, "revision": 1,
                 "payload_hash": digest, "quorum": policy.quorum,
@@ -187,11 +187,16 @@ class GateService:
             if requester is not None:
                 created["requested_by"] = requester[0]
                 created["allow_self_approval"] = policy.allow_self_approval
-            await self._audit(tx, "created", approval_id, now, created)
-            full = await tx.load_approval(approval_id)
-        assert full is not None
+            self._audit(tx, "created", approval_id, now, created)
+            full = tx.load_approval(approval_id)
+            assert full is not None
+            return full, True
+
+        full, created_now = await self.store.transact(transaction)
+        if not created_now:
+            return approval_view(full), False
         log.info("event=created approval_id=%s pipeline=%s step=%s payload_hash=%s quorum=%d",
-                 approval_id, req.pipeline, req.step, digest, policy.quorum)
+                 full["approval_id"], req.pipeline, req.step, digest, policy.quorum)
         self.dispatch_wakeup.set()
         self.expiry_wakeup.set()
         return approval_view(full), True
@@ -201,16 +206,19 @@ class GateService:
     async def decide(self, decision: Decision) -> dict[str, Any]:
         """Apply SPEC §2 checks 6-14 and record an accepted decision, all in one transaction.
 
-        Returns the 200 body ``{"status": "recorded", "resolved": bool, "outcome"?}``.
-        Raises GateError with the SPEC §2 status and reason for a refusal (nothing changes).
+        The gate's clock is read inside the transaction. Returns the 200 body
+        ``{"status": "recorded", "resolved": bool, "outcome"?}``. Raises GateError with the
+        SPEC §2 status and reason for a refusal (nothing changes).
         """
-        now = self.clock.now_ms()
-        async with self.store.write() as tx:
-            approval = await tx.load_approval(decision.approval_id)
+
+        def transaction(tx: WriteTx) -> tuple[int, int, str | None, int | None]:
+            now = self.clock.now_ms()
+            approval = tx.load_approval(decision.approval_id, outbox=False)
             if approval is None:
                 raise GateError("unknown_approval", "no approval with this approval_id",
                                 status=404, kind="unknown_approval")
-            nonce_revision = await tx.revision_by_nonce(decision.approval_id, decision.nonce)
+            nonce_revision = next((int(r["revision"]) for r in approval["revisions"]
+                                   if r["nonce"] == decision.nonce), None)
             if nonce_revision is None:
                 raise rules.refuse(403, "forbidden", "nonce_mismatch",
                                    "nonce does not belong to this approval")
@@ -221,21 +229,25 @@ class GateService:
             self.rate.check(operator_id, now)
             rules.check_not_decided(approval, operator_id, decision)
             verdict = rules.verdict(approval, operator_id, decision)
-            outcome, new_revision = await self._record(tx, approval, decision, verdict, now)
+            revision = approval["revision"]
+            outcome, new_revision = self._record(tx, approval, decision, verdict, now)
+            return operator_id, revision, outcome, new_revision
+
+        operator_id, revision, outcome, new_revision = await self.store.transact(transaction)
         log.info("event=decision approval_id=%s operator_id=%d decision=%s revision=%d "
                  "payload_hash=%s", decision.approval_id, operator_id, decision.decision,
-                 approval["revision"], decision.payload_hash)
+                 revision, decision.payload_hash)
         if outcome is not None:
             log.info("event=resolved approval_id=%s outcome=%s revision=%d",
-                     decision.approval_id, outcome, approval["revision"])
+                     decision.approval_id, outcome, new_revision or revision)
             self._notify(decision.approval_id)
             return {"status": "recorded", "resolved": True, "outcome": outcome}
         if new_revision is not None:
             self.dispatch_wakeup.set()
         return {"status": "recorded", "resolved": False}
 
-    async def _record(self, tx: WriteTx, approval: dict[str, Any], decision: Decision,
-                      verdict: rules.Verdict, now: int) -> tuple[str | None, int | None]:
+    def _record(self, tx: WriteTx, approval: dict[str, Any], decision: Decision,
+                verdict: rules.Verdict, now: int) -> tuple[str | None, int | None]:
         revision = approval["revision"]
         row = {
             "approval_id": approval["approval_id"], "revision": revision,
@@ -245,7 +257,7 @@ class GateService:
             "adjust_text": decision.adjust_text, "decided_at": decision.decided_at,
             "recorded_at": now,
         }
-        await tx.insert_decision(row)
+        tx.insert_decision(row)
         approval["decisions"].append(row)
         audit_data: dict[str, Any] = {
             "operator_id": verdict.operator_id, "decision": decision.decision,
@@ -257,42 +269,42 @@ class GateService:
             assert verdict.new_body is not None
             new_revision = revision + 1
             new_hash = payload_hash(verdict.new_body)
-            await tx.insert_revision(approval["approval_id"], new_revision, verdict.new_body,
-                                     new_hash, new_nonce(), now, verdict.operator_id)
-            await tx.set_revision(approval["approval_id"], new_revision)
+            tx.insert_revision(approval["approval_id"], new_revision, verdict.new_body,
+                               new_hash, new_nonce(), now, verdict.operator_id)
+            tx.set_revision(approval["approval_id"], new_revision)
             approval["revision"] = new_revision
             approval["revisions"].append({"revision": new_revision, "body": verdict.new_body,
                                           "payload_hash": new_hash,
                                           "created_by": verdict.operator_id})
             audit_data["new_revision"] = new_revision
             audit_data["new_payload_hash"] = new_hash
-        await self._audit(tx, "decision", approval["approval_id"], now, audit_data)
+        self._audit(tx, "decision", approval["approval_id"], now, audit_data)
         collected = rules.approvers_of(approval, approval["revision"])
         outcome = rules.outcome_after(approval["quorum_required"], len(collected),
                                       approval["revision"], [verdict.effect])
         if outcome is not None:
-            await self._resolve(tx, approval, outcome, now, collected)
+            self._resolve(tx, approval, outcome, now, collected)
         elif new_revision is not None:
-            await tx.enqueue_dispatch(approval["approval_id"], new_revision, now)
+            tx.enqueue_dispatch(approval["approval_id"], new_revision, now)
         return outcome, new_revision
 
-    async def _resolve(self, tx: WriteTx, approval: dict[str, Any], outcome: str, now: int,
-                       approved_by: Sequence[int]) -> None:
-        if not await tx.resolve(approval["approval_id"], outcome, now):
+    def _resolve(self, tx: WriteTx, approval: dict[str, Any], outcome: str, now: int,
+                 approved_by: Sequence[int]) -> None:
+        if not tx.resolve(approval["approval_id"], outcome, now):
             raise Conflict("already_resolved", "approval was resolved concurrently")
         current = rules.current_revision(approval)
         fires = outcome in permit.FIRING_OUTCOMES
-        row = await self._audit(tx, "resolved", approval["approval_id"], now, {
+        row = self._audit(tx, "resolved", approval["approval_id"], now, {
             "outcome": outcome, "revision": approval["revision"],
             "payload_hash": current["payload_hash"],
             "approved_by": list(approved_by) if fires else [],
             "quorum": approval["quorum_required"],
         })
-        await tx.set_receipt(approval["approval_id"], receipt_object(row))
+        tx.set_receipt(approval["approval_id"], receipt_object(row))
         if fires and self._signer is not None:
             claims = permit.claims_for(approval, outcome, approved_by, row.seq, row.entry_hash,
                                        now, self.config.receipts.permit_lifetime)
-            await tx.set_permit(approval["approval_id"], permit.issue(self._signer, claims))
+            tx.set_permit(approval["approval_id"], permit.issue(self._signer, claims))
 
     # ---- expire / cancel -------------------------------------------------------
 
@@ -301,15 +313,17 @@ class GateService:
 
         Runs in batches of 500 per transaction; returns how many were resolved.
         """
+
+        def transaction(tx: WriteTx) -> list[str]:
+            now = self.clock.now_ms()
+            due = tx.due_expiry_rows(now, EXPIRE_BATCH)
+            for approval in due:  # a timeout fires nothing: no permit, so no full load
+                self._resolve(tx, approval, "timeout", now, [])
+            return [approval["approval_id"] for approval in due]
+
         total = 0
         while True:
-            now = self.clock.now_ms()
-            async with self.store.write() as tx:
-                ids = await tx.due_expiries(now, EXPIRE_BATCH)
-                for approval_id in ids:
-                    approval = await tx.load_approval(approval_id)
-                    assert approval is not None
-                    await self._resolve(tx, approval, "timeout", now, [])
+            ids = await self.store.transact(transaction)
             for approval_id in ids:
                 log.info("event=resolved approval_id=%s outcome=timeout", approval_id)
                 self._notify(approval_id)
@@ -320,21 +334,31 @@ class GateService:
     async def cancel(self, approval_id: str) -> dict[str, Any]:
         """Resolve a pending approval as ``cancelled`` (the pipeline withdrew).
 
+        An approval already past its ``expires_at`` on the gate's clock is resolved
+        ``timeout`` instead, and the answer is 409 ``already_resolved`` with that outcome.
         Raises NotFound 404 ``unknown_approval``; Conflict 409 ``already_resolved``.
         """
-        now = self.clock.now_ms()
-        async with self.store.write() as tx:
-            approval = await tx.load_approval(approval_id)
+
+        def transaction(tx: WriteTx) -> tuple[str, dict[str, Any]]:
+            now = self.clock.now_ms()
+            approval = tx.load_approval(approval_id)
             if approval is None:
                 raise NotFound("unknown_approval", "no approval with this approval_id")
             if approval["state"] == "resolved":
                 raise Conflict("already_resolved", "the approval is already resolved",
                                extra={"outcome": approval["outcome"]})
-            await self._resolve(tx, approval, "cancelled", now, [])
-            full = await tx.load_approval(approval_id)
-        assert full is not None
-        log.info("event=resolved approval_id=%s outcome=cancelled", approval_id)
+            outcome = "timeout" if now >= approval["expires_at"] else "cancelled"
+            self._resolve(tx, approval, outcome, now, [])
+            full = tx.load_approval(approval_id)
+            assert full is not None
+            return outcome, full
+
+        outcome, full = await self.store.transact(transaction)
+        log.info("event=resolved approval_id=%s outcome=%s", approval_id, outcome)
         self._notify(approval_id)
+        if outcome == "timeout":
+            raise Conflict("already_resolved", "the approval expired before it was cancelled",
+                           extra={"outcome": "timeout"})
         return approval_view(full)
 
     # ---- dispatch bookkeeping ------------------------------------------------------
@@ -342,14 +366,17 @@ class GateService:
     async def dispatch_result(self, approval_id: str, revision: int, *, acked: bool,
                               error: str | None, retry_at_ms: int) -> None:
         """Record one dispatch attempt; an ack writes a ``dispatch_ack`` audit entry."""
-        now = self.clock.now_ms()
-        async with self.store.write() as tx:
-            attempts = await tx.dispatch_attempted(
+
+        def transaction(tx: WriteTx) -> None:
+            now = self.clock.now_ms()
+            attempts = tx.dispatch_attempted(
                 approval_id, revision, delivered_at=now if acked else None,
                 next_attempt_at=now if acked else retry_at_ms, error=error)
             if acked and attempts > 0:
-                await self._audit(tx, "dispatch_ack", approval_id, now,
-                                  {"revision": revision, "attempts": attempts})
+                self._audit(tx, "dispatch_ack", approval_id, now,
+                            {"revision": revision, "attempts": attempts})
+
+        await self.store.transact(transaction)
 
     # ---- reads -----------------------------------------------------------------
 

@@ -1,0 +1,74 @@
+"""Stream a database's audit log for ``audit verify``/``export``: no lock, constant memory."""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Iterator
+from pathlib import Path
+
+from gate import audit
+from gate.errors import Unavailable
+from gate.store.db import BUSY_TIMEOUT_MS
+from gate.store.schema import SCHEMA_VERSION
+
+CHUNK = 1000
+
+
+class DatabaseRows:
+    """The audit rows of a database, read lazily in ascending seq (constant memory).
+
+    Each iteration opens its own connection (no lock: a running gate may keep writing)
+    and streams one query. Iterate as often as needed (``verify``, then ``check_receipt``).
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self._sql = _audit_query(self._connect())
+
+    def _connect(self) -> sqlite3.Connection:
+        try:
+            conn = sqlite3.connect(str(self.path), isolation_level=None)
+            conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+            conn.execute("PRAGMA query_only = ON")
+            return conn
+        except sqlite3.Error as exc:
+            raise Unavailable("storage_unavailable",
+                              f"cannot open database {self.path}: {exc}") from exc
+
+    def __iter__(self) -> Iterator[audit.AuditRow]:
+        if self._sql is None:
+            return
+        conn = self._connect()
+        try:
+            cursor = conn.execute(self._sql)
+            while True:
+                chunk = cursor.fetchmany(CHUNK)
+                if not chunk:
+                    return
+                for row in chunk:
+                    yield audit.AuditRow(*row)
+        except sqlite3.Error as exc:
+            raise Unavailable("storage_unavailable",
+                              f"database read failed: {exc}") from exc
+        finally:
+            conn.close()
+
+
+def _audit_query(conn: sqlite3.Connection) -> str | None:
+    """Return the query listing the audit rows (unsigned columns as NULL in a database from
+    before signing), or None when the database has no audit log yet. Closes ``conn``."""
+    try:
+        version = int(conn.execute("PRAGMA user_version").fetchone()[0])
+        if version > SCHEMA_VERSION:
+            raise Unavailable("storage_unavailable", f"database schema {version} is newer "
+                              f"than this gate ({SCHEMA_VERSION})")
+        columns = {row[1] for row in conn.execute("PRAGMA table_info(audit_log)")}
+    except sqlite3.Error as exc:
+        raise Unavailable("storage_unavailable", f"cannot read database: {exc}") from exc
+    finally:
+        conn.close()
+    if not columns:
+        return None
+    signed = "key_id, signature" if "signature" in columns else "NULL, NULL"
+    return ("SELECT seq, approval_id, kind, entry, prev_hash, entry_hash, receipt, "
+            f"{signed} FROM audit_log ORDER BY seq")

@@ -1,0 +1,194 @@
+"""The statements of one write transaction (sync, run on the writer thread) and the approval loader."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from typing import Any
+
+from gate import audit
+
+
+def fetchall(conn: sqlite3.Connection, sql: str, args: tuple[Any, ...]) -> list[dict[str, Any]]:
+    """Run ``sql`` to completion and return its rows as dicts."""
+    return [dict(row) for row in conn.execute(sql, args).fetchall()]
+
+
+def load_full(conn: sqlite3.Connection, approval_id: str,
+              outbox: bool = True) -> dict[str, Any] | None:
+    """Return the approval with its revisions, decisions and (unless ``outbox`` is False)
+    outbox rows, or None."""
+    rows = fetchall(conn, "SELECT * FROM approvals WHERE approval_id = ?", (approval_id,))
+    if not rows:
+        return None
+    approval = rows[0]
+    approval["scope"] = json.loads(approval["scope"])
+    approval["budget"] = json.loads(approval["budget"]) if approval["budget"] else None
+    approval["receipt"] = json.loads(approval["receipt"]) if approval["receipt"] else None
+    approval["revisions"] = fetchall(
+        conn, "SELECT * FROM revisions WHERE approval_id = ? ORDER BY revision", (approval_id,))
+    approval["decisions"] = fetchall(
+        conn, "SELECT * FROM decisions WHERE approval_id = ? ORDER BY decision_id",
+        (approval_id,))
+    if outbox:
+        approval["outbox"] = fetchall(
+            conn, "SELECT * FROM outbox WHERE approval_id = ? ORDER BY revision", (approval_id,))
+    return approval
+
+
+class WriteTx:
+    """The statements available inside one write transaction (``Store.transact``).
+
+    Synchronous: a transaction function runs whole on the store's writer thread, so a
+    transaction costs one thread hop however many statements it runs.
+    """
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self._conn = conn
+
+    def _one(self, sql: str, args: tuple[Any, ...]) -> dict[str, Any] | None:
+        row = self._conn.execute(sql, args).fetchone()
+        return None if row is None else dict(row)
+
+    def probe(self) -> None:
+        """Rewrite the database header unchanged (``Store.check_writable``)."""
+        version = int(self._conn.execute("PRAGMA user_version").fetchone()[0])
+        self._conn.execute(f"PRAGMA user_version = {version}")
+
+    def load_approval(self, approval_id: str, outbox: bool = True) -> dict[str, Any] | None:
+        """Return the full approval (as ``Store.fetch_approval``; without outbox rows when
+        ``outbox`` is False) as seen inside this transaction."""
+        return load_full(self._conn, approval_id, outbox)
+
+    def approval_by_idempotency_key(self, key: str) -> dict[str, Any] | None:
+        """Return ``{approval_id, request_hash}`` for an Idempotency-Key, or None."""
+        return self._one(
+            "SELECT approval_id, request_hash FROM approvals WHERE idempotency_key = ?", (key,))
+
+    def revision_by_nonce(self, approval_id: str, nonce: str) -> int | None:
+        """Return the revision number that ``nonce`` was issued for on this approval, or None."""
+        row = self._one("SELECT revision FROM revisions WHERE approval_id = ? AND nonce = ?",
+                        (approval_id, nonce))
+        return None if row is None else int(row["revision"])
+
+    def spent(self, since_ms: int, pipeline: str | None) -> float:
+        """Return the summed ``spend`` of approvals that fired (approved/adjusted) since ``since_ms``."""
+        sql = ("SELECT COALESCE(SUM(spend), 0) AS s FROM approvals WHERE outcome IN "
+               "('approved', 'adjusted') AND resolved_at >= ?")
+        args: tuple[Any, ...] = (since_ms,)
+        if pipeline is not None:
+            sql += " AND pipeline = ?"
+            args += (pipeline,)
+        row = self._one(sql, args)
+        return float(row["s"]) if row else 0.0
+
+    def insert_approval(self, row: dict[str, Any]) -> None:
+        """Insert an approvals row (``scope``/``budget`` given as Python values, stored as JSON)."""
+        values = dict(row)
+        values["scope"] = json.dumps(values["scope"], ensure_ascii=False)
+        values["budget"] = (json.dumps(values["budget"], ensure_ascii=False)
+                            if values.get("budget") is not None else None)
+        cols = ", ".join(values)
+        marks = ", ".join("?" for _ in values)
+        self._conn.execute(f"INSERT INTO approvals ({cols}) VALUES ({marks})",
+                           tuple(values.values()))
+
+    def insert_revision(self, approval_id: str, revision: int, body: str, payload_hash: str,
+                        nonce: str, created_at: int, created_by: int | None) -> None:
+        """Insert a revision of the draft with its nonce."""
+        self._conn.execute(
+            "INSERT INTO revisions (approval_id, revision, body, payload_hash, nonce, created_at,"
+            " created_by) VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (approval_id, revision, body, payload_hash, nonce, created_at, created_by))
+
+    def set_revision(self, approval_id: str, revision: int) -> None:
+        """Make ``revision`` the approval's current revision."""
+        self._conn.execute("UPDATE approvals SET revision = ? WHERE approval_id = ?",
+                           (revision, approval_id))
+
+    def insert_decision(self, row: dict[str, Any]) -> None:
+        """Insert an accepted decision; UNIQUE(approval_id, revision, operator_id) guards recounts."""
+        cols = ", ".join(row)
+        marks = ", ".join("?" for _ in row)
+        self._conn.execute(f"INSERT INTO decisions ({cols}) VALUES ({marks})",
+                           tuple(row.values()))
+
+    def enqueue_dispatch(self, approval_id: str, revision: int, at_ms: int) -> None:
+        """Add the outbox row for dispatching ``revision`` (due at ``at_ms``)."""
+        self._conn.execute(
+            "INSERT INTO outbox (approval_id, revision, next_attempt_at) VALUES (?, ?, ?)",
+            (approval_id, revision, at_ms))
+
+    def dispatch_attempted(self, approval_id: str, revision: int, *, delivered_at: int | None,
+                           next_attempt_at: int, error: str | None) -> int:
+        """Count one attempt; set delivered_at or the next attempt time and last error.
+
+        Returns the attempts so far. Already-acked rows are left alone (returns -1).
+        """
+        cur = self._conn.execute(
+            "UPDATE outbox SET attempts = attempts + 1, delivered_at = ?, next_attempt_at = ?,"
+            " last_error = ? WHERE approval_id = ? AND revision = ? AND delivered_at IS NULL",
+            (delivered_at, next_attempt_at, error, approval_id, revision))
+        if cur.rowcount != 1:
+            return -1
+        row = self._one("SELECT attempts FROM outbox WHERE approval_id = ? AND revision = ?",
+                        (approval_id, revision))
+        return int(row["attempts"]) if row else -1
+
+    def resolve(self, approval_id: str, outcome: str, at_ms: int) -> bool:
+        """Mark a pending approval resolved with ``outcome``; False if it was not pending."""
+        cur = self._conn.execute(
+            "UPDATE approvals SET state = 'resolved', outcome = ?, resolved_at = ?"
+            " WHERE approval_id = ? AND state = 'pending'", (outcome, at_ms, approval_id))
+        return cur.rowcount == 1
+
+    def set_receipt(self, approval_id: str, receipt: dict[str, Any]) -> None:
+        """Store the resolution receipt on the approval."""
+        self._conn.execute("UPDATE approvals SET receipt = ? WHERE approval_id = ?",
+                           (json.dumps(receipt), approval_id))
+
+    def due_expiries(self, now_ms: int, limit: int) -> list[str]:
+        """Return ids of pending approvals with ``expires_at <= now_ms`` (uses the partial index)."""
+        rows = self._conn.execute(
+            "SELECT approval_id FROM approvals INDEXED BY approvals_pending_expiry"
+            " WHERE state = 'pending' AND expires_at <= ?"
+            " ORDER BY expires_at LIMIT ?", (now_ms, limit)).fetchall()
+        return [row[0] for row in rows]
+
+    def due_expiry_rows(self, now_ms: int, limit: int) -> list[dict[str, Any]]:
+        """Return what resolving a due approval needs, oldest deadline first, one query:
+        ``approval_id``, ``revision``, ``quorum_required`` and ``revisions`` (the current one,
+        with its ``payload_hash``), for pending approvals with ``expires_at <= now_ms``."""
+        rows = self._conn.execute(
+            "SELECT a.approval_id, a.revision, a.quorum_required, r.payload_hash"
+            " FROM approvals a INDEXED BY approvals_pending_expiry JOIN revisions r"
+            " ON r.approval_id = a.approval_id AND r.revision = a.revision"
+            " WHERE a.state = 'pending' AND a.expires_at <= ?"
+            " ORDER BY a.expires_at LIMIT ?", (now_ms, limit)).fetchall()
+        return [{"approval_id": aid, "revision": rev, "quorum_required": quorum,
+                 "revisions": [{"revision": rev, "payload_hash": digest}]}
+                for aid, rev, quorum, digest in rows]
+
+    def append_audit(self, kind: str, approval_id: str | None, at_ms: int,
+                     data: dict[str, Any], key: bytes,
+                     signer: audit.Signer | None = None) -> audit.AuditRow:
+        """Append one hash-chained audit entry with its HMAC receipt and, with ``signer``,
+        its Ed25519 signature and key id; return the stored row."""
+        last = self._conn.execute(
+            "SELECT seq, entry_hash FROM audit_log ORDER BY seq DESC LIMIT 1").fetchone()
+        prev_hash = last[1] if last else audit.GENESIS_HASH
+        seq = (int(last[0]) if last else 0) + 1
+        entry = audit.make_entry(seq, kind, approval_id, at_ms, data)
+        entry_json, digest, receipt = audit.seal(prev_hash, entry, key)
+        key_id, signature = audit.sign(signer, digest) if signer is not None else (None, None)
+        self._conn.execute(
+            "INSERT INTO audit_log (seq, approval_id, kind, entry, prev_hash, entry_hash, receipt,"
+            " key_id, signature) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (seq, approval_id, kind, entry_json, prev_hash, digest, receipt, key_id, signature))
+        return audit.AuditRow(seq, approval_id, kind, entry_json, prev_hash, digest, receipt,
+                              key_id, signature)
+
+    def set_permit(self, approval_id: str, permit: str) -> None:
+        """Store the execution permit (compact JWS) issued for a resolved approval."""
+        self._conn.execute("UPDATE approvals SET permit = ? WHERE approval_id = ?",
+                           (permit, approval_id))
