@@ -294,7 +294,7 @@ sig_recipe = weighted(
     (1, st.tuples(st.just("absent"))),
 )
 PROTOCOL_HEADERS = weighted(
-    (4, st.sampled_from([None, None, "hitl/v0"])),
+    (8, st.sampled_from([None, None, "hitl/v0"])),
     (1, st.sampled_from([" hitl/v0 ", "HITL/V0", "hitl/v1", "", "hitl/v0x"])), (1, small_text))
 CONTENT_TYPES = st.one_of(st.sampled_from(
     ["application/json", "application/json; charset=utf-8", "text/plain; charset=latin-1",
