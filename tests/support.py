@@ -114,9 +114,11 @@ class GateProcess:
 
     LISTENING = re.compile(r"event=listening callback=(\S+) api=(\S+)")
 
-    def __init__(self, config: Path, env: dict[str, str] | None = None) -> None:
+    def __init__(self, config: Path, env: dict[str, str] | None = None,
+                 args: tuple[str, ...] = ()) -> None:
         self.config = config
         self.env = env or gate_env()
+        self.args = args  # extra ``serve`` options, e.g. ("--log-level", "DEBUG")
         self.lines: list[str] = []
         self._cond = threading.Condition()
         self.proc: subprocess.Popen[bytes] | None = None
@@ -126,7 +128,7 @@ class GateProcess:
     def start(self) -> GateProcess:
         """Start and wait until both listeners are bound; returns self."""
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "gate", "serve", "-c", str(self.config)],
+            [sys.executable, "-m", "gate", "serve", "-c", str(self.config), *self.args],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
             env=self.env, cwd=ROOT)
         threading.Thread(target=self._read, daemon=True).start()

@@ -17,7 +17,6 @@ import re
 import socket
 import subprocess
 import sys
-import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -59,23 +58,9 @@ ENV = {"HITL_RELAY_SECRET": RELAY_SECRET, "HITL_RELAY_SECRET_OLD": OLD_RELAY_SEC
        "HITL_API_TOKEN": API_TOKEN, "HITL_RECEIPT_KEY": RECEIPT_KEY}
 
 
-class DebugGate(GateProcess):
+def DebugGate(config: Path, env: dict[str, str]) -> GateProcess:  # noqa: N802
     """``python -m gate serve --log-level DEBUG``."""
-
-    def start(self) -> DebugGate:
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "gate", "serve", "-c", str(self.config),
-             "--log-level", "DEBUG"],
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-            env=self.env, cwd=ROOT)
-        threading.Thread(target=self._read, daemon=True).start()
-        match = self.wait_for_line(self.LISTENING)
-        self.callback_url = match.group(1) + "/hitl/v0/decisions"
-        self.api_url = match.group(2)
-        return self
-
-    def api(self) -> Api:
-        return Api(self.api_url, API_TOKEN)
+    return GateProcess(config, env, args=("--log-level", "DEBUG"))
 
 
 class ScriptedRelay(CaptureRelay):
@@ -260,7 +245,7 @@ def test_unreachable_relay_with_a_signed_url_does_not_log_the_url_signature(tmp_
     config = write_config(tmp_path, f"http://127.0.0.1:{port}/hook?sig={URL_SIGNATURE}")
     gate = DebugGate(config, gate_env(**ENV)).start()
     try:
-        api = gate.api()
+        api = Api(gate.api_url, API_TOKEN)
         draft = f"body {marker('unreachable')}\n"
         approval_id = api.create("q1", draft)["approval_id"]
         wait_until(lambda: api.get(approval_id)["dispatch"]["attempts"] >= 2, DEADLINE_S,
