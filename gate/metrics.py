@@ -40,7 +40,6 @@ ACK_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30
 # a human answers in seconds to hours (step timeouts default to 4 h)
 DECISION_BUCKETS = (5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0, 7200.0,
                     14400.0, 28800.0, 86400.0)
-PAGE = 500
 TEXT_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 OPENMETRICS_CONTENT_TYPE = "application/openmetrics-text; version=1.0.0; charset=utf-8"
 _REASON = re.compile(r"[a-z0-9_.:]{1,64}")
@@ -168,22 +167,10 @@ def wants_openmetrics(accept: str | None) -> bool:
 
 
 async def pending_summary(store: Any) -> tuple[int, int | None]:
-    """Return ``(number of pending approvals, earliest created_at in unix ms or None)``.
-
-    Pages through ``Store.list_approvals`` (the store has no count yet): cost grows with the
-    number of pending approvals. ``SELECT COUNT(*), MIN(created_at) FROM approvals WHERE
-    state = 'pending'`` in the store would make it one statement.
-    """
-    count, oldest, cursor = 0, None, None
-    while True:
-        rows = await store.list_approvals("pending", None, PAGE, cursor)
-        count += len(rows)
-        for row in rows:
-            created = int(row["created_at"])
-            oldest = created if oldest is None else min(oldest, created)
-        if len(rows) < PAGE:
-            return count, oldest
-        cursor = rows[-1]["approval_id"]
+    """Return ``(number of pending approvals, earliest created_at in unix ms or None)``:
+    one statement over the pending partial index (``Store.pending_summary``)."""
+    result: tuple[int, int | None] = await store.pending_summary()
+    return result
 
 
 class _StateCollector(Collector):

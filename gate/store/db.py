@@ -398,6 +398,15 @@ class Store:
             return None if row is None else row[0]
         return await self._read_call(run)
 
+    async def pending_summary(self) -> tuple[int, int | None]:
+        """Return ``(number of pending approvals, earliest created_at in unix ms or None)``."""
+        def run(conn: sqlite3.Connection) -> tuple[int, int | None]:
+            count, oldest = conn.execute(
+                "SELECT COUNT(*), MIN(created_at) FROM approvals INDEXED BY"
+                " approvals_pending_expiry WHERE state = 'pending'").fetchone()
+            return int(count), None if oldest is None else int(oldest)
+        return await self._read_call(run)
+
     async def next_expiry(self) -> int | None:
         """Return the earliest ``expires_at`` (unix ms) among pending approvals, or None."""
         value = await self._scalar(
