@@ -324,7 +324,7 @@ class Bench:
             with open(spy_log, "ab") as log:
                 spy.append(subprocess.Popen(
                     [py_spy(), "record", "--pid", str(gate.pid), "--rate", "250", "--threads",
-                     "--native", "--format", "raw", "--output", str(folded)],
+                     *SPY_MODE, "--format", "raw", "--output", str(folded)],
                     stdout=log, stderr=log))
             time.sleep(0.5)  # attached before the load starts (the loadgen warms up first)
 
@@ -604,6 +604,9 @@ class Bench:
 
 
 # ---- targets, table, machine ----------------------------------------------------------------
+
+SPY_MODE = os.environ.get("HITL_BENCH_SPY", "--native").split()
+
 
 def py_spy() -> str:
     """The py-spy executable: beside this Python (the venv), else on PATH, else ""."""

@@ -30,10 +30,17 @@ _INT = re.compile(r"-?\d{1,18}")
 _FLOAT = re.compile(r"-?\d{1,18}\.\d+")
 
 
+_second: tuple[int, str] = (-1, "")  # the last whole second formatted, and its text
+
+
 def utc_timestamp(created: float) -> str:
     """Return ``created`` (unix seconds) as RFC 3339 UTC with milliseconds and ``Z``."""
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(created)) + (
-        f".{int(created * 1000) % 1000:03d}Z")
+    global _second
+    whole = int(created)
+    cached = _second  # one strftime per second, not per line; one tuple, read once
+    if cached[0] != whole:
+        cached = _second = (whole, time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(whole)))
+    return f"{cached[1]}.{int(created * 1000) % 1000:03d}Z"
 
 
 class _UTCFormatter(logging.Formatter):
@@ -133,6 +140,12 @@ def configure(level: str = "INFO", log_format: str = "text") -> None:
     """
     if log_format not in FORMATS:
         raise ValueError(f"log format must be one of {', '.join(FORMATS)}")
+    # no line shows the caller, thread or process: skip collecting them per record (the
+    # logging HOWTO's "Optimization" switches; about a quarter of a line's cost)
+    logging._srcfile = None  # type: ignore[attr-defined]
+    logging.logThreads = False
+    logging.logProcesses = False
+    logging.logMultiprocessing = False
     handler = logging.StreamHandler(sys.stderr)
     if log_format == "json":
         handler.setFormatter(JsonFormatter())

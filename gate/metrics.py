@@ -87,10 +87,13 @@ class Metrics:
         for pipe in pipelines:
             for step in pipe.steps:
                 self.approvals_created.labels(pipe.name, step.name)
-        for outcome in OUTCOMES:
-            self.approvals_resolved.labels(outcome)
-        for verb in VERBS:
-            self.decisions_accepted.labels(verb)
+        # children of the closed label sets, looked up once (``labels()`` takes a lock and
+        # builds a key on every call: measurable on the decision path)
+        self._resolved = {outcome: self.approvals_resolved.labels(outcome)
+                          for outcome in OUTCOMES}
+        self._accepted = {verb: self.decisions_accepted.labels(verb) for verb in VERBS}
+        self._refused: dict[str, Any] = {}
+        self._time_to_decision: dict[tuple[str, str], Any] = {}
         for reason in DISPATCH_FAILURES:
             self.dispatch_failures.labels(reason)
         self._state = _StateCollector()
@@ -98,9 +101,25 @@ class Metrics:
 
     # ---- observations ----------------------------------------------------------
 
+    def accepted(self, verb: str) -> None:
+        """Count a recorded decision by its verb (``approve``, ``skip``, ``adjust``)."""
+        child = self._accepted.get(verb)
+        (child if child is not None else self.decisions_accepted.labels(verb)).inc()
+
+    def resolved(self, outcome: str) -> None:
+        """Count a resolution by its outcome (``OUTCOMES``)."""
+        child = self._resolved.get(outcome)
+        (child if child is not None else self.approvals_resolved.labels(outcome)).inc()
+
     def refused(self, reason: str) -> None:
         """Count a refused decision; a reason outside ``[a-z0-9_.:]{1,64}`` counts as ``other``."""
-        self.decisions_refused.labels(reason if _REASON.fullmatch(reason) else "other").inc()
+        child = self._refused.get(reason)
+        if child is None:
+            child = self.decisions_refused.labels(
+                reason if _REASON.fullmatch(reason) else "other")
+            if len(self._refused) < 256:  # reasons are a closed set; bound it anyway
+                self._refused[reason] = child
+        child.inc()
 
     def dispatch_result(self, acked: bool, elapsed_s: float, failure: str | None,
                         now_ms: int) -> None:
@@ -114,15 +133,20 @@ class Metrics:
             self.dispatch_failures.labels(
                 failure if failure in DISPATCH_FAILURES else "connection").inc()
 
-    def resolved_by_decision(self, approval: dict[str, Any] | None, outcome: str) -> None:
-        """Count a resolution by a decision and observe its time to decision (``approval`` is
-        the stored row, or None when it could not be read: then only the count)."""
-        self.approvals_resolved.labels(outcome).inc()
-        if approval is None or approval.get("resolved_at") is None:
-            return
-        seconds = max(0, int(approval["resolved_at"]) - int(approval["created_at"])) / 1000
-        self.time_to_decision_seconds.labels(approval["pipeline"], approval["step"]).observe(
-            seconds)
+    def resolved_by_decision(self, resolution: Any) -> None:
+        """Count a resolution by a decision and observe its time to decision.
+
+        ``resolution`` is a ``gate.core.service.Resolution`` (pipeline, step, outcome,
+        created_at_ms, resolved_at_ms: unix ms); the histogram is in seconds.
+        """
+        self.resolved(resolution.outcome)
+        key = (resolution.pipeline, resolution.step)
+        child = self._time_to_decision.get(key)
+        if child is None:
+            child = self.time_to_decision_seconds.labels(*key)
+            if len(self._time_to_decision) < 4096:  # steps come from the config
+                self._time_to_decision[key] = child
+        child.observe(max(0, resolution.resolved_at_ms - resolution.created_at_ms) / 1000)
 
     # ---- scrape ------------------------------------------------------------------
 

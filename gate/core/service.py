@@ -41,6 +41,26 @@ class Policy:
     allow_self_approval: bool = False
 
 
+@dataclass(frozen=True, slots=True)
+class Resolution:
+    """An approval a decision resolved: its pipeline and step, outcome, and creation and
+    resolution times (unix ms, UTC, the gate's clock)."""
+
+    pipeline: str
+    step: str
+    outcome: str
+    created_at_ms: int
+    resolved_at_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class DecisionResult:
+    """``GateService.record_decision``: the 200 body (SPEC §2) and the resolution, if any."""
+
+    answer: dict[str, Any]
+    resolution: Resolution | None
+
+
 def new_nonce() -> str:
     """Return a fresh 128-bit nonce as 32 lowercase hex digits."""
     return pysecrets.token_hex(16)
@@ -210,6 +230,12 @@ class GateService:
         ``{"status": "recorded", "resolved": bool, "outcome"?}``. Raises GateError with the
         SPEC §2 status and reason for a refusal (nothing changes).
         """
+        return (await self.record_decision(decision)).answer
+
+    async def record_decision(self, decision: Decision) -> DecisionResult:
+        """``decide`` that also returns what was resolved (for metrics), read in the same
+        transaction: no second read of the approval. Raises as ``decide``."""
+        resolved: list[Resolution] = []
 
         def transaction(tx: WriteTx) -> tuple[int, int, str | None, int | None]:
             now = self.clock.now_ms()
@@ -231,6 +257,9 @@ class GateService:
             verdict = rules.verdict(approval, operator_id, decision)
             revision = approval["revision"]
             outcome, new_revision = self._record(tx, approval, decision, verdict, now)
+            if outcome is not None:
+                resolved[:] = [Resolution(approval["pipeline"], approval["step"], outcome,
+                                          int(approval["created_at"]), now)]
             return operator_id, revision, outcome, new_revision
 
         operator_id, revision, outcome, new_revision = await self.store.transact(transaction)
@@ -241,10 +270,11 @@ class GateService:
             log.info("event=resolved approval_id=%s outcome=%s revision=%d",
                      decision.approval_id, outcome, new_revision or revision)
             self._notify(decision.approval_id)
-            return {"status": "recorded", "resolved": True, "outcome": outcome}
+            return DecisionResult({"status": "recorded", "resolved": True, "outcome": outcome},
+                                  resolved[0])
         if new_revision is not None:
             self.dispatch_wakeup.set()
-        return {"status": "recorded", "resolved": False}
+        return DecisionResult({"status": "recorded", "resolved": False}, None)
 
     def _record(self, tx: WriteTx, approval: dict[str, Any], decision: Decision,
                 verdict: rules.Verdict, now: int) -> tuple[str | None, int | None]:

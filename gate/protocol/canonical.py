@@ -18,18 +18,24 @@ def payload_hash(body: str) -> str:
     return HASH_PREFIX + hashlib.sha256(body.encode("utf-8")).hexdigest()
 
 
+# built once: ``json.dumps`` with options builds a new encoder on every call
+_CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False,
+                              allow_nan=False)
+_WIRE = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
 def canonical_json(value: Any) -> bytes:
-    """Return canonical JSON bytes: sorted keys, no spaces, UTF-8, non-ASCII unescaped (SPEC §7)."""
-    return json.dumps(
-        value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
-    ).encode("utf-8")
+    """Return canonical JSON bytes: sorted keys, no spaces, UTF-8, non-ASCII unescaped (SPEC §7).
+
+    Raises ValueError for NaN/Infinity, TypeError for a value JSON cannot hold.
+    """
+    return _CANONICAL.encode(value).encode("utf-8")
 
 
 def wire_json(value: Any) -> bytes:
     """Return the bytes the gate sends for an envelope: compact UTF-8 JSON, non-ASCII unescaped.
 
-    Serialized once; the same bytes are signed and sent (case H02).
+    Serialized once; the same bytes are signed and sent (case H02). Raises as
+    ``canonical_json``.
     """
-    return json.dumps(
-        value, separators=(",", ":"), ensure_ascii=False, allow_nan=False
-    ).encode("utf-8")
+    return _WIRE.encode(value).encode("utf-8")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -23,10 +24,14 @@ MAX_LABEL_CHARS = 256
 UTF8_BOM = b"\xef\xbb\xbf"
 
 
+@functools.lru_cache(maxsize=256)
+def _utc_seconds(seconds: int) -> str:
+    return datetime.fromtimestamp(seconds, tz=UTC).strftime("%Y-%m-%dT%H:%M:%S")
+
+
 def rfc3339(ms: int) -> str:
     """Format unix milliseconds as RFC 3339 UTC with ``Z``; fraction only when non-zero (like Go's RFC3339Nano)."""
-    dt = datetime.fromtimestamp(ms // 1000, tz=UTC)
-    base = dt.strftime("%Y-%m-%dT%H:%M:%S")
+    base = _utc_seconds(ms // 1000)
     frac = ms % 1000
     return f"{base}.{frac:03d}".rstrip("0") + "Z" if frac else base + "Z"
 

@@ -128,7 +128,7 @@ async def list_approvals(request: web.Request) -> web.Response:
 async def cancel_approval(request: web.Request) -> web.Response:
     """POST /v1/approvals/{id}/cancel: resolve ``cancelled``; 409 when already resolved."""
     view = await request.app[SERVICE].cancel(request.match_info["approval_id"])
-    request.app[METRICS].approvals_resolved.labels("cancelled").inc()
+    request.app[METRICS].resolved("cancelled")
     return web.json_response(view)
 
 

@@ -47,25 +47,25 @@ async def post_decision(request: web.Request) -> web.Response:
 
     Counts every answer: accepted by decision verb, refused by reason (logged at INFO as
     ``event=decision_refused``, with the approval_id once the body parsed; never the body).
-    A decision that resolves counts the resolution and its time to decision (one read).
+    A decision that resolves counts the resolution and its time to decision (from the
+    decision's own transaction: no second read).
     """
     metrics = request.app[METRICS]
     service = request.app[SERVICE]
     decision: Decision | None = None
     try:
         decision = await _checked_decision(request)
-        answer = await service.decide(decision)
+        result = await service.record_decision(decision)
     except GateError as exc:
         _refused(metrics, exc.status, exc.code, decision)
         raise
     except Exception:
         _refused(metrics, 500, "internal_error", decision)
         raise
-    metrics.decisions_accepted.labels(decision.decision).inc()
-    if answer.get("resolved"):
-        metrics.resolved_by_decision(await _stored(service, decision.approval_id),
-                                     str(answer["outcome"]))
-    return web.json_response(answer)
+    metrics.accepted(decision.decision)
+    if result.resolution is not None:
+        metrics.resolved_by_decision(result.resolution)
+    return web.json_response(result.answer)
 
 
 def _refused(metrics: Metrics, status: int, reason: str, decision: Decision | None) -> None:
@@ -75,16 +75,6 @@ def _refused(metrics: Metrics, status: int, reason: str, decision: Decision | No
                  decision.approval_id)
     else:
         log.info("event=decision_refused status=%d reason=%s", status, reason)
-
-
-async def _stored(service: GateService, approval_id: str) -> dict[str, Any] | None:
-    """The resolved approval as stored (for its created/resolved times), or None when it
-    cannot be read now: the decision is recorded either way."""
-    try:
-        return await service.store.fetch_approval(approval_id)
-    except GateError as exc:
-        log.warning("event=metrics_read_failed approval_id=%s reason=%s", approval_id, exc.code)
-        return None
 
 
 async def _checked_decision(request: web.Request) -> Decision:
