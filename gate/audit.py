@@ -6,7 +6,7 @@ import hashlib
 import hmac
 import json
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,6 +21,7 @@ _HEX64 = re.compile(r"[0-9a-f]{64}")
 _HEX128 = re.compile(r"[0-9a-f]{128}")
 # verify's decoder and canonical encoder (as ``canonical_json``, to text), built once
 _DECODER = json.JSONDecoder()
+_RAW_DECODE = _DECODER.raw_decode
 _CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False,
                               allow_nan=False)
 
@@ -154,30 +155,112 @@ def verify(rows: Iterable[AuditRow], key: bytes | None,
     return VerifyResult(True, checked, signed=signed)
 
 
+_PREV_BROKEN = ("prev_hash does not match the previous entry (entry deleted, inserted or "
+                "reordered)")
+
+
 def _row_problem(row: AuditRow, prev: str, expected_seq: int,
                  key: bytes | None) -> tuple[str | None, str]:
     """Return ``(why row is bad or None, its recomputed hash)`` (``verify``'s per-entry checks)."""
-    if row.seq != expected_seq:
-        return f"expected entry {expected_seq}, found {row.seq} (deleted or inserted entry)", ""
-    if row.prev_hash != prev:
-        return ("prev_hash does not match the previous entry (entry deleted, inserted "
-                "or reordered)"), ""
-    try:
-        entry = _DECODER.decode(row.entry)
+    return _entry_problem(row.seq, row.approval_id, row.kind, row.entry, row.prev_hash,
+                          row.entry_hash, row.receipt, prev, expected_seq, key)
+
+
+def _entry_problem(seq: int, approval_id: str | None, kind: str, entry_text: str,
+                   prev_hash: str, entry_hash: str, receipt_hex: str, prev: str,
+                   expected_seq: int, key: bytes | None) -> tuple[str | None, str]:
+    if seq != expected_seq:
+        return f"expected entry {expected_seq}, found {seq} (deleted or inserted entry)", ""
+    if prev_hash != prev:
+        return _PREV_BROKEN, ""
+    try:  # canonical JSON has no surrounding whitespace: raw_decode, end must be the end
+        entry, end = _RAW_DECODE(entry_text)
     except ValueError:
         return "entry is not valid JSON", ""
-    if not isinstance(entry, dict) or entry.get("seq") != row.seq:
+    if end != len(entry_text):
+        return "entry is not valid JSON", ""
+    if type(entry) is not dict or entry.get("seq") != seq:
         return "entry seq does not match its position (reordered)", ""
-    if entry.get("kind") != row.kind or entry.get("approval_id") != row.approval_id:
+    if entry.get("kind") != kind or entry.get("approval_id") != approval_id:
         return "entry kind/approval_id columns differ from the hashed entry", ""
-    if _CANONICAL.encode(entry) != row.entry:
+    if _CANONICAL.encode(entry) != entry_text:
         return "entry is not in canonical form (changed)", ""
-    digest = chain_hash(prev, row.entry.encode("utf-8"))
-    if not hmac.compare_digest(digest, row.entry_hash):
+    digest = hashlib.sha256(prev.encode("ascii") + entry_text.encode("utf-8")).hexdigest()
+    if not hmac.compare_digest(digest, entry_hash):
         return "entry hash does not match its content (changed)", digest
-    if key is not None and not hmac.compare_digest(receipt(key, digest), row.receipt):
+    if key is not None and not hmac.compare_digest(
+            hmac.digest(key, digest.encode("ascii"), "sha256").hex(), receipt_hex):
         return "receipt does not match (changed, or a different receipt key)", digest
     return None, digest
+
+
+@dataclass(frozen=True, slots=True)
+class Segment:
+    """What ``verify_segment`` saw in one run of consecutive entries, for ``stitch``.
+
+    ``first_seq``/``first_prev``: seq and prev_hash of its first row, taken as given (None
+    when the run had no rows); ``last_seq``/``last_hash``: of the last row that verified;
+    ``checked``: rows that verified; ``problem``: ``(seq, reason)`` of the first bad row.
+    """
+
+    first_seq: int | None
+    first_prev: str | None
+    last_seq: int | None
+    last_hash: str | None
+    checked: int
+    problem: tuple[int, str] | None = None
+
+
+def verify_segment(rows: Iterable[Sequence[Any]], key: bytes | None) -> Segment:
+    """Verify a run of consecutive entries on its own, as ``verify`` does for the whole log.
+
+    ``rows``: ascending tuples ``(seq, approval_id, kind, entry, prev_hash, entry_hash,
+    receipt, ...)``. The first row's seq and prev_hash are taken as given: ``stitch``
+    checks them against the run before. Runs are independent, so they can be verified in
+    parallel (``gate.auditops.verify_database``). Signatures are not checked here.
+    """
+    prev = ""
+    expected = 0
+    first: tuple[int, str] | None = None
+    checked = 0
+    for row in rows:
+        seq, approval_id, kind, entry_text, prev_hash, entry_hash, receipt_hex = row[:7]
+        if first is None:
+            first, prev, expected = (seq, prev_hash), prev_hash, seq
+        reason, digest = _entry_problem(seq, approval_id, kind, entry_text, prev_hash,
+                                        entry_hash, receipt_hex, prev, expected, key)
+        if reason is not None:
+            return Segment(first[0], first[1], expected - 1 if checked else None,
+                           prev if checked else None, checked, (seq, reason))
+        prev = digest
+        expected += 1
+        checked += 1
+    if first is None:
+        return Segment(None, None, None, None, 0)
+    return Segment(first[0], first[1], expected - 1, prev, checked)
+
+
+def stitch(segments: Iterable[Segment]) -> VerifyResult:
+    """Join consecutive ``verify_segment`` results (ascending, covering seq 1 upwards) into
+    what ``verify`` returns for the same rows without public keys: the same first bad
+    entry and reason, the same count. Stops reading ``segments`` at the first problem."""
+    prev, expected, checked = GENESIS_HASH, 1, 0
+    for segment in segments:
+        if segment.first_seq is None:
+            continue
+        if segment.first_seq != expected:
+            return VerifyResult(False, checked, segment.first_seq,
+                                f"expected entry {expected}, found {segment.first_seq} "
+                                "(deleted or inserted entry)")
+        if segment.first_prev != prev:
+            return VerifyResult(False, checked, segment.first_seq, _PREV_BROKEN)
+        if segment.problem is not None:
+            return VerifyResult(False, checked + segment.checked, segment.problem[0],
+                                segment.problem[1])
+        checked += segment.checked
+        assert segment.last_seq is not None and segment.last_hash is not None
+        expected, prev = segment.last_seq + 1, segment.last_hash
+    return VerifyResult(True, checked)
 
 
 def check_receipt(rows: Iterable[AuditRow], held: Mapping[str, Any], key: bytes | None = None,

@@ -3,13 +3,22 @@
 from __future__ import annotations
 
 import json
+import multiprocessing
+import os
+import threading
 from collections.abc import Iterable
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
 from gate import audit
-from gate.errors import GateError
+from gate.errors import GateError, Unavailable
+from gate.store import auditlog
 from gate.store.auditlog import DatabaseRows
+
+# entries per ``audit verify`` work unit; a log of one unit or less is verified in-process
+SEGMENT_ROWS = 50_000
+MAX_WORKERS = 8
 
 
 async def read_database(path: Path) -> Iterable[audit.AuditRow]:
@@ -57,3 +66,64 @@ def read_expected(path: Path) -> tuple[Path, dict[str, Any]]:
             or not isinstance(obj.get("entry_hash"), str)):
         raise GateError("bad_receipt", f"{path} holds no receipt (seq, entry_hash)")
     return Path(path), obj
+
+
+def verify_database(path: Path, key: bytes | None, *, workers: int | None = None,
+                    segment_rows: int = SEGMENT_ROWS) -> audit.VerifyResult:
+    """``audit verify`` of a database without public keys: the chain and (with ``key``)
+    every HMAC receipt, with the same answer as ``audit.verify`` over ``DatabaseRows``.
+
+    The entries up to the highest seq present at the start are cut into runs of
+    ``segment_rows``; each run is verified on its own (``audit.verify_segment``) in
+    ``workers`` processes (default: the CPUs this process may use, at most 8; 1 = all
+    in this process), and the runs are joined in order (``audit.stitch``), so the first
+    bad entry and its reason do not depend on the split. Entries appended while it runs
+    are not checked. Raises GateError ``no_database``, Unavailable on a read error.
+    """
+    if not Path(path).exists():
+        raise GateError("no_database", f"no database at {path}")
+    bounds = auditlog.seq_bounds(Path(path))
+    if bounds is None:
+        return audit.VerifyResult(True, 0)
+    low, high = min(bounds[0], 1), bounds[1]
+    ranges = [(start, min(start + segment_rows - 1, high))
+              for start in range(low, high + 1, segment_rows)]
+    count = workers if workers is not None else min(MAX_WORKERS, _usable_cpus())
+    if count <= 1 or len(ranges) == 1:
+        return audit.stitch(_segment(_verify_range(str(path), lo, hi, key)) for lo, hi in ranges)
+    # fork is cheapest; only safe while this process runs one thread
+    method = "fork" if threading.active_count() == 1 else "spawn"
+    with ProcessPoolExecutor(min(count, len(ranges)),
+                             mp_context=multiprocessing.get_context(method)) as pool:
+        futures = [pool.submit(_verify_range, str(path), lo, hi, key) for lo, hi in ranges]
+        try:
+            return audit.stitch(_segment(future.result()) for future in futures)
+        finally:
+            for future in futures:  # after the first bad run the rest is not needed
+                future.cancel()
+
+
+def _segment(outcome: tuple[Any, ...] | str) -> audit.Segment:
+    if isinstance(outcome, str):  # a worker's read error, passed back as text
+        raise Unavailable("storage_unavailable", outcome)
+    first_seq, first_prev, last_seq, last_hash, checked, problem = outcome
+    return audit.Segment(first_seq, first_prev, last_seq, last_hash, checked,
+                         None if problem is None else (int(problem[0]), str(problem[1])))
+
+
+def _verify_range(path: str, low: int, high: int,
+                  key: bytes | None) -> tuple[Any, ...] | str:
+    """Worker: verify entries ``low..high``; the Segment as a plain tuple, or the error."""
+    try:
+        seg = audit.verify_segment(auditlog.read_range(Path(path), low, high), key)
+    except GateError as exc:
+        return exc.message
+    return (seg.first_seq, seg.first_prev, seg.last_seq, seg.last_hash, seg.checked,
+            seg.problem)
+
+
+def _usable_cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1

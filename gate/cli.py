@@ -423,7 +423,7 @@ def audit_verify(config_path: str | None, export_file: str | None, key_env: str 
     --expect receipt.json
     """
     from gate import audit as audit_mod
-    from gate.auditops import read_database, read_expected, read_export
+    from gate.auditops import read_database, read_expected, read_export, verify_database
 
     if (config_path is None) == (export_file is None):
         fail("give exactly one of -c/--config or --file", 2)
@@ -452,7 +452,13 @@ def audit_verify(config_path: str | None, export_file: str | None, key_env: str 
             rows = read_export(Path(str(export_file)))
     except GateError as exc:
         fail(exc.message)
-    result = audit_mod.verify(rows, key, public or None)
+    try:
+        if config is not None and not public:  # entries checked in parallel, same answer
+            result = verify_database(config.storage.path, key)
+        else:
+            result = audit_mod.verify(rows, key, public or None)
+    except GateError as exc:
+        fail(exc.message)
     if not result.ok:
         click.echo(f"TAMPERED: entry {result.first_bad_seq}: {result.reason} "
                    f"({result.checked} entries before it verified)")

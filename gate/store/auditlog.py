@@ -5,6 +5,7 @@ from __future__ import annotations
 import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from gate import audit
 from gate.errors import Unavailable
@@ -26,14 +27,7 @@ class DatabaseRows:
         self._sql = _audit_query(self._connect())
 
     def _connect(self) -> sqlite3.Connection:
-        try:
-            conn = sqlite3.connect(str(self.path), isolation_level=None)
-            conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
-            conn.execute("PRAGMA query_only = ON")
-            return conn
-        except sqlite3.Error as exc:
-            raise Unavailable("storage_unavailable",
-                              f"cannot open database {self.path}: {exc}") from exc
+        return _connect(self.path)
 
     def __iter__(self) -> Iterator[audit.AuditRow]:
         if self._sql is None:
@@ -52,6 +46,51 @@ class DatabaseRows:
                               f"database read failed: {exc}") from exc
         finally:
             conn.close()
+
+
+def seq_bounds(path: Path) -> tuple[int, int] | None:
+    """Return ``(lowest, highest)`` audit seq of the database at ``path``, or None when it
+    has no audit entry. Raises Unavailable when it cannot be read."""
+    if _audit_query(_connect(path)) is None:
+        return None
+    conn = _connect(path)
+    try:
+        low, high = conn.execute("SELECT min(seq), max(seq) FROM audit_log").fetchone()
+    except sqlite3.Error as exc:
+        raise Unavailable("storage_unavailable", f"database read failed: {exc}") from exc
+    finally:
+        conn.close()
+    return None if high is None else (int(low), int(high))
+
+
+def read_range(path: Path, low: int, high: int) -> Iterator[tuple[Any, ...]]:
+    """Yield the audit rows with ``low <= seq <= high``, ascending, as tuples ``(seq,
+    approval_id, kind, entry, prev_hash, entry_hash, receipt)`` (constant memory, own
+    connection: one ``audit verify`` worker each). Raises Unavailable on a read error."""
+    conn = _connect(path)
+    try:
+        cursor = conn.execute(
+            "SELECT seq, approval_id, kind, entry, prev_hash, entry_hash, receipt FROM audit_log"
+            " WHERE seq BETWEEN ? AND ? ORDER BY seq", (low, high))
+        while True:
+            chunk = cursor.fetchmany(CHUNK)
+            if not chunk:
+                return
+            yield from chunk
+    except sqlite3.Error as exc:
+        raise Unavailable("storage_unavailable", f"database read failed: {exc}") from exc
+    finally:
+        conn.close()
+
+
+def _connect(path: Path) -> sqlite3.Connection:
+    try:
+        conn = sqlite3.connect(str(path), isolation_level=None)
+        conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+        conn.execute("PRAGMA query_only = ON")
+        return conn
+    except sqlite3.Error as exc:
+        raise Unavailable("storage_unavailable", f"cannot open database {path}: {exc}") from exc
 
 
 def _audit_query(conn: sqlite3.Connection) -> str | None:
