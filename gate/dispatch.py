@@ -100,15 +100,15 @@ class Dispatcher:
                 try:
                     now = self.service.clock.now_ms()
                     room = MAX_IN_FLIGHT - len(self._in_flight)
-                    if room > 0:
-                        for row in await store.due_dispatches(now, min(BATCH, room + BATCH)):
-                            key = (row["approval_id"], int(row["revision"]))
-                            if key in self._in_flight or len(self._in_flight) >= MAX_IN_FLIGHT:
-                                continue
-                            task = asyncio.create_task(self._attempt(key, int(row["attempts"])))
-                            self._in_flight[key] = task
-                            task.add_done_callback(lambda _t, k=key: self._done(k))
-                    next_at = await store.next_dispatch_at()
+                    due, next_at = await store.dispatch_plan(now, min(BATCH, room + BATCH)
+                                                             if room > 0 else 0)
+                    for row in due:
+                        key = (row["approval_id"], int(row["revision"]))
+                        if key in self._in_flight or len(self._in_flight) >= MAX_IN_FLIGHT:
+                            continue
+                        task = asyncio.create_task(self._attempt(key, int(row["attempts"])))
+                        self._in_flight[key] = task
+                        task.add_done_callback(lambda _t, k=key: self._done(k))
                     if next_at is not None:
                         delay = max(0.0, (next_at - self.service.clock.now_ms()) / 1000) + 0.002
                         if delay <= 0.002 and self._in_flight:

@@ -414,27 +414,18 @@ class Store:
             " WHERE state = 'pending'")
         return None if value is None else int(value)
 
-    async def due_dispatches(self, now_ms: int, limit: int) -> list[dict[str, Any]]:
-        """Return un-acked outbox rows due at ``now_ms`` for pending approvals' current revision."""
-        sql = """
-            SELECT o.approval_id, o.revision, o.attempts, o.next_attempt_at
-            FROM outbox o INDEXED BY outbox_due
-            JOIN approvals a ON a.approval_id = o.approval_id
-            WHERE o.delivered_at IS NULL AND o.next_attempt_at <= ?
-              AND a.state = 'pending' AND a.revision = o.revision
-            ORDER BY o.next_attempt_at LIMIT ?"""
-        return await self._read_call(
-            lambda conn: [dict(row) for row in conn.execute(sql, (now_ms, limit)).fetchall()])
-
-    async def next_dispatch_at(self) -> int | None:
-        """Return the earliest ``next_attempt_at`` of an un-acked live dispatch, or None."""
-        value = await self._scalar("""
-                SELECT o.next_attempt_at FROM outbox o INDEXED BY outbox_due
-                JOIN approvals a ON a.approval_id = o.approval_id
-                WHERE o.delivered_at IS NULL AND a.state = 'pending'
-                  AND a.revision = o.revision
-                ORDER BY o.next_attempt_at LIMIT 1""")
-        return None if value is None else int(value)
+    async def dispatch_plan(self, now_ms: int, limit: int) -> tuple[list[dict[str, Any]],
+                                                                    int | None]:
+        """Return ``(due, next_at)`` from one snapshot (one thread hop): up to ``limit``
+        un-acked outbox rows due at ``now_ms`` for pending approvals' current revision
+        (``approval_id``, ``revision``, ``attempts``, ``next_attempt_at``; earliest first),
+        and the earliest ``next_attempt_at`` (unix ms) of any un-acked live dispatch, due
+        or not, or None when there is none."""
+        def run(conn: sqlite3.Connection) -> tuple[list[dict[str, Any]], int | None]:
+            due = [dict(row) for row in conn.execute(_DUE_DISPATCHES, (now_ms, limit))]
+            first = conn.execute(_NEXT_DISPATCH).fetchone()
+            return due, None if first is None else int(first[0])
+        return await self._read_call(_snapshot, run)
 
     async def audit_rows(self) -> AsyncIterator[audit.AuditRow]:
         """Yield every audit row in ascending seq (with its key id and signature, if signed),
@@ -447,6 +438,20 @@ class Store:
             if len(chunk) < AUDIT_CHUNK:
                 return
             after = chunk[-1].seq
+
+
+_DUE_DISPATCHES = """
+    SELECT o.approval_id, o.revision, o.attempts, o.next_attempt_at
+    FROM outbox o INDEXED BY outbox_due
+    JOIN approvals a ON a.approval_id = o.approval_id
+    WHERE o.delivered_at IS NULL AND o.next_attempt_at <= ?
+      AND a.state = 'pending' AND a.revision = o.revision
+    ORDER BY o.next_attempt_at LIMIT ?"""
+_NEXT_DISPATCH = """
+    SELECT o.next_attempt_at FROM outbox o INDEXED BY outbox_due
+    JOIN approvals a ON a.approval_id = o.approval_id
+    WHERE o.delivered_at IS NULL AND a.state = 'pending' AND a.revision = o.revision
+    ORDER BY o.next_attempt_at LIMIT 1"""
 
 
 def audit_chunk(conn: sqlite3.Connection, after: int, limit: int) -> list[audit.AuditRow]:
