@@ -40,11 +40,14 @@ def relay_session(ca_file: Path | None = None) -> aiohttp.ClientSession:
     TLS certificates of an https relay are always verified: against ``ca_file`` (a PEM
     bundle, e.g. a private CA; it replaces the system CAs) when given, else against the
     system's CAs. Proxy variables of the environment are ignored (``trust_env=False``).
+    Cookies a relay sets are neither kept nor sent back (a dispatch carries no state but
+    its signed envelope; and no cookie jar is run per request).
     """
     tls: ssl.SSLContext | bool = True
     if ca_file is not None:
         tls = ssl.create_default_context(cafile=str(ca_file))
-    return aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=tls), trust_env=False)
+    return aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=tls), trust_env=False,
+                                 cookie_jar=aiohttp.DummyCookieJar())
 
 
 def backoff_s(attempts: int, rng: random.Random) -> float:

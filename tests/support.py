@@ -305,6 +305,7 @@ class CaptureRelay:
     def __init__(self) -> None:
         self.status = 202
         self.delay_s = 0.0
+        self.set_cookie: str | None = None  # a Set-Cookie header on every answer
         self.received: list[dict[str, Any]] = []
         self._cond = threading.Condition()
         self._loop = asyncio.new_event_loop()
@@ -345,7 +346,8 @@ class CaptureRelay:
         with self._cond:
             self.received.append(record)
             self._cond.notify_all()
-        return web.json_response({"status": "ok"}, status=status)
+        headers = {"Set-Cookie": self.set_cookie} if self.set_cookie else None
+        return web.json_response({"status": "ok"}, status=status, headers=headers)
 
     def dispatches(self, acked_only: bool = True) -> list[dict[str, Any]]:
         """Return the decoded envelopes received so far (only 2xx-answered by default)."""

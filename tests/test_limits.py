@@ -476,6 +476,29 @@ def test_dispatch_redirect_is_never_followed(tmp_path):
         target.stop()
 
 
+def test_dispatch_never_sends_back_a_cookie_the_relay_set(tmp_path, relay):
+    """A relay (or whoever answers at its URL) cannot plant state in later dispatches: the
+    gate keeps no cookie jar, so a Set-Cookie on one ack is not sent with the next POST."""
+    relay.set_cookie = "session=planted; Path=/; Max-Age=3600"
+    # a host name: aiohttp's default jar ignores cookies from IP addresses anyway
+    proc = GateProcess(write_config(tmp_path, relay.url.replace("127.0.0.1", "localhost")))
+    proc.start()
+    try:
+        api = proc.api()
+        first = api.create("q1", run_id="cookie-1")["approval_id"]
+        relay.wait_dispatch(first)
+        second = api.create("q1", run_id="cookie-2")["approval_id"]
+        relay.wait_dispatch(second)
+        with relay._cond:
+            answered = list(relay.received)
+        assert len(answered) >= 2
+        assert all("Cookie" not in r["headers"] for r in answered), answered[-1]["headers"]
+        assert proc.stop() == 0
+    finally:
+        if proc.proc and proc.proc.poll() is None:
+            proc.stop()
+
+
 def test_http_section_values_must_be_positive_durations(tmp_path, relay):
     config = write_config(tmp_path, relay.url)
     config.write_text(config.read_text(encoding="utf-8")
