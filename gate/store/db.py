@@ -311,12 +311,14 @@ class Store:
                 except sqlite3.Error:
                     raise
                 except BaseException as exc:  # refused (GateError) or a bug: undo this job only
+                    tx.forget_tail()
                     conn.execute("ROLLBACK TO job")
                     conn.execute("RELEASE job")
                     answers.append((job, None, exc))
                     continue
                 conn.execute("RELEASE job")
             except sqlite3.Error as exc:
+                tx.forget_tail()
                 if not _is_fault(exc) and conn.in_transaction:
                     with contextlib.suppress(sqlite3.Error):
                         conn.execute("ROLLBACK TO job")

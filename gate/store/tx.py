@@ -45,6 +45,13 @@ class WriteTx:
 
     def __init__(self, conn: sqlite3.Connection) -> None:
         self._conn = conn
+        # (seq, entry_hash) of the newest audit entry, known inside this transaction; None
+        # = read it. The store forgets it whenever it rolls anything back (``forget_tail``).
+        self._audit_tail: tuple[int, str] | None = None
+
+    def forget_tail(self) -> None:
+        """Drop what this transaction remembers of the audit log (after a rollback)."""
+        self._audit_tail = None
 
     def _one(self, sql: str, args: tuple[Any, ...]) -> dict[str, Any] | None:
         row = self._conn.execute(sql, args).fetchone()
@@ -174,8 +181,10 @@ class WriteTx:
                      signer: audit.Signer | None = None) -> audit.AuditRow:
         """Append one hash-chained audit entry with its HMAC receipt and, with ``signer``,
         its Ed25519 signature and key id; return the stored row."""
-        last = self._conn.execute(
-            "SELECT seq, entry_hash FROM audit_log ORDER BY seq DESC LIMIT 1").fetchone()
+        last = self._audit_tail
+        if last is None:
+            last = self._conn.execute(
+                "SELECT seq, entry_hash FROM audit_log ORDER BY seq DESC LIMIT 1").fetchone()
         prev_hash = last[1] if last else audit.GENESIS_HASH
         seq = (int(last[0]) if last else 0) + 1
         entry = audit.make_entry(seq, kind, approval_id, at_ms, data)
@@ -185,6 +194,7 @@ class WriteTx:
             "INSERT INTO audit_log (seq, approval_id, kind, entry, prev_hash, entry_hash, receipt,"
             " key_id, signature) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (seq, approval_id, kind, entry_json, prev_hash, digest, receipt, key_id, signature))
+        self._audit_tail = (seq, digest)  # set only once the row is in
         return audit.AuditRow(seq, approval_id, kind, entry_json, prev_hash, digest, receipt,
                               key_id, signature)
 
