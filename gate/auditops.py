@@ -32,19 +32,29 @@ async def read_database(path: Path) -> Iterable[audit.AuditRow]:
 
 
 def read_export(path: Path) -> list[audit.AuditRow]:
-    """Return the rows of a JSON Lines export; GateError naming the first unreadable line."""
+    """Return the rows of a JSON Lines export.
+
+    Raises GateError ``unreadable_export`` when the file cannot be read as UTF-8 text,
+    ``bad_export_line`` naming the first line that is not an export line.
+    """
     rows = []
     try:
         text = Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise GateError("bad_export", f"cannot read {path}: {exc}") from None
+    except OSError as exc:
+        raise GateError("unreadable_export",
+                        f"cannot read {path}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise GateError("unreadable_export", f"cannot read {path}: not UTF-8 text (byte "
+                        f"{exc.start})") from None
     for number, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
         try:
             rows.append(audit.parse_export_line(line))
         except (ValueError, KeyError, TypeError):
-            raise GateError("bad_export", f"{path}:{number}: not an audit export line") from None
+            raise GateError("bad_export_line", f"line {number} of {path} is not an audit "
+                            "export line (changed, or not an export)",
+                            extra={"line": number}) from None
     return rows
 
 

@@ -7,6 +7,7 @@ import json
 import logging
 import math
 import os
+import shlex
 import sys
 from collections.abc import Callable, Coroutine
 from pathlib import Path
@@ -288,7 +289,7 @@ def request(config_path: str, api_url: str | None, pipeline: str, step: str,
         if "id" not in created:
             return "no approval was created"
         return (f"approval {created['id']} is still pending on the gate; the action must not "
-                f"fire (cancel it with: hitl-gate cancel {created['id']})")
+                f"fire (cancel it with: {_cancel_command(config_path, api_url, created['id'])})")
 
     result = run(go(), left_behind)
     if as_json:
@@ -307,6 +308,16 @@ def request(config_path: str, api_url: str | None, pipeline: str, step: str,
         sys.stdout.write(result["final_body"])
         sys.stdout.flush()
     sys.exit(EXIT_CODES[result["outcome"]])
+
+
+def _cancel_command(config_path: str | None, api_url: str | None, approval_id: str) -> str:
+    """The ``hitl-gate cancel`` command line for ``approval_id``, runnable as printed."""
+    words = ["hitl-gate", "cancel"]
+    if config_path:
+        words += ["-c", config_path]
+    if api_url:
+        words += ["--api-url", api_url]
+    return " ".join(shlex.quote(word) for word in [*words, approval_id])
 
 
 def _save_permit(path: Path, approval: dict[str, Any], report: Any) -> None:
@@ -451,7 +462,10 @@ def audit_verify(config_path: str | None, export_file: str | None, key_env: str 
         else:
             rows = read_export(Path(str(export_file)))
     except GateError as exc:
-        fail(exc.message)
+        if exc.code == "bad_export_line":  # a readable export that is not intact
+            click.echo(f"TAMPERED: {exc.message}")
+            sys.exit(1)
+        fail(exc.message, 2 if exc.code in ("no_database", "unreadable_export") else 1)
     try:
         if config is not None and not public:  # entries checked in parallel, same answer
             result = verify_database(config.storage.path, key)

@@ -10,6 +10,9 @@ from gate.client import ApiClient
 
 EXIT_CODES = {"approved": 0, "adjusted": 0, "skipped": 3, "timeout": 4, "cancelled": 5}
 POLL_CHUNK_S = 60.0
+# the gate's long-poll wakes on the resolution only (SPEC §3): with a quorum above 1 the
+# decisions before it (and an adjust's new revision) are seen by polling this often
+PARTIAL_POLL_S = 1.0
 
 
 def hops(before: dict[str, Any] | None, after: dict[str, Any]) -> list[str]:
@@ -50,6 +53,9 @@ async def wait_for_outcome(api: ApiClient, approval: dict[str, Any], timeout_s: 
                            report: Callable[[str], None]) -> dict[str, Any]:
     """Long-poll until the approval resolves or ``timeout_s`` passes; report each hop.
 
+    Polls every 0.5 s until the dispatch is acked, every ``PARTIAL_POLL_S`` while a quorum
+    above 1 collects decisions, else in ``POLL_CHUNK_S`` long-polls (woken by the resolution).
+
     Returns the last approval object seen (``state`` may still be ``pending`` if the
     client-side timeout elapsed first).
     """
@@ -65,6 +71,8 @@ async def wait_for_outcome(api: ApiClient, approval: dict[str, Any], timeout_s: 
         chunk = min(POLL_CHUNK_S, remaining)
         if not (current.get("dispatch") or {}).get("delivered_at"):
             chunk = min(chunk, 0.5)
+        elif (current.get("quorum") or {}).get("required", 1) > 1:
+            chunk = min(chunk, PARTIAL_POLL_S)
         nxt = await api.get(current["approval_id"], wait=chunk)
         for line in hops(current, nxt):
             report(line)

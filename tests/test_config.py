@@ -233,6 +233,46 @@ def test_config_cross_field_errors(tmp_path: Path) -> None:
     ]
 
 
+def test_config_values_the_gate_could_never_use_are_refused(tmp_path: Path) -> None:
+    """Regression (new-user review): an operator id of 2**63 passed check-config, then every
+    decision of that operator answered 500 (SQLite INTEGER overflow); a 300-character step
+    name passed, then every create for it answered 400 invalid_step; an identity longer
+    than a decision may carry could never decide; an enormous max_skew silently switched
+    the timestamp check (SPEC §2 check 3) off."""
+    data = example_data()
+    too_big = 2**63
+    data["relay"]["operators"][0]["id"] = too_big
+    data["relay"]["operators"][1]["identity"] = "b" * 309 + "@example.com"  # 321 characters
+    data["relay"]["security"]["allowed_users"] = [too_big, 222, 333]
+    data["relay"]["security"]["max_skew"] = "2h"
+    step(data, 0)["approvers"] = [too_big, 222]
+    step(data, 1)["name"] = "s" * 201
+    data["pipelines"][0]["name"] = "p" * 201
+    path = write(tmp_path, data)
+
+    assert config_errors(path) == [
+        f"relay.operators[0].id: must be <= {2**63 - 1}, got {too_big}",
+        "relay.operators[1].identity: must be at most 320 characters, got 321",
+        f"relay.security.allowed_users[0]: must be <= {2**63 - 1}, got {too_big}",
+        "relay.security.max_skew: must be at most 3600 seconds (1h), got 7200 seconds",
+        "pipelines[0].name: must be at most 200 characters, got 201",
+        f"pipelines[0].steps[0].approvers[0]: must be <= {2**63 - 1}, got {too_big}",
+        "pipelines[0].steps[1].name: must be at most 200 characters, got 201",
+    ]
+    # the limits themselves are fine
+    data = example_data()
+    biggest = 2**63 - 1
+    data["relay"]["operators"][0]["id"] = biggest
+    data["relay"]["security"]["allowed_users"] = [biggest, 222, 333]
+    data["relay"]["security"]["max_skew"] = "1h"
+    for s in range(len(data["pipelines"][0]["steps"])):
+        step(data, s)["approvers"] = [biggest if a == 111 else a
+                                      for a in step(data, s).get("approvers", [])] or [biggest]
+    step(data, 1)["name"] = "s" * 200
+    config = load_config(write(tmp_path, data, "limits.yaml"))
+    assert config.relay.operators[0].id == biggest
+
+
 def test_config_identity_with_whitespace_refused(tmp_path: Path) -> None:
     data = example_data()
     data["relay"]["operators"][0]["identity"] = "alice@example.com "

@@ -12,6 +12,7 @@ import hashlib
 import hmac
 import json
 import re
+import shlex
 import shutil
 import signal
 import sqlite3
@@ -187,6 +188,48 @@ def test_request_wait_through_reference_relay(tmp_path, spawn, clis, auto, code,
     assert re.search(rf"event=decision_sent approval_id={approval_id} "
                      rf"approver=alice@example.com decision={verb} answer=200", relay.log())
     assert relay.stop() == 0  # SPEC §4: the reference relay exits 0 on SIGTERM
+
+
+def test_request_wait_reports_each_decision_of_a_quorum_as_it_lands(gate, relay, clis):
+    """Regression (new-user review): with quorum 2, ``request --wait`` printed the first
+    decision only when its 60 s long-poll chunk ended (the gate's long-poll wakes on the
+    resolution only, SPEC §3). Each decision must be reported while the others are awaited."""
+    cli = clis("request", "-c", str(gate.config), "--api-url", gate.api_url, "--pipeline", "p",
+               "--step", "q2", "--draft", "Zwei Freigaben, bitte: 1.250,00 €", "--wait")
+    approval_id = cli.wait_for_line(rf"requested approval ({ULID_RE.pattern})").group(1)
+    dispatch = relay.wait_dispatch(approval_id)
+    cli.wait_for_line(r"dispatched revision 1 to the relay \(attempt 1, acked")  # now waiting
+    status, answer, _ = post_decision(gate.callback_url, decision_body(dispatch))
+    assert (status, answer) == (200, {"status": "recorded", "resolved": False})
+    # well inside the 60 s chunk: only a prompt report can pass
+    cli.wait_for_line(r"decision approve by alice@example\.com \(operator 101", timeout=10)
+    assert "resolved:" not in cli.log()
+    status, answer, _ = post_decision(gate.callback_url,
+                                      decision_body(dispatch, "bob@example.com"))
+    assert (status, answer["outcome"]) == (200, "approved")
+    code, out, err = cli.finish()
+    assert code == 0, err
+    assert out == "Zwei Freigaben, bitte: 1.250,00 €".encode()
+    assert err.count("decision approve by") == 2, err
+
+
+def test_request_interrupted_prints_a_cancel_command_that_runs_as_printed(gate, relay, clis):
+    """Regression (new-user review): the Ctrl-C hint said ``hitl-gate cancel ID`` without the
+    config, which fails with "Missing option '-c'". The printed command must work as is."""
+    cli = clis("request", "-c", str(gate.config), "--api-url", gate.api_url, "--pipeline", "p",
+               "--step", "q1", "--draft", "Bitte nicht senden", "--wait")
+    approval_id = cli.wait_for_line(rf"requested approval ({ULID_RE.pattern})").group(1)
+    relay.wait_dispatch(approval_id)
+    cli.proc.send_signal(signal.SIGINT)
+    code, out, err = cli.finish()
+    assert code == 130, err
+    command = re.search(r"cancel it with: (.+)\)$", err, re.MULTILINE).group(1)
+    words = shlex.split(command)
+    assert words[:2] == ["hitl-gate", "cancel"] and words[-1] == approval_id, words
+    done = run_cli(*words[1:])
+    assert done.returncode == 0, done.stderr
+    approval = gate.api().get(approval_id)
+    assert (approval["state"], approval["outcome"]) == ("resolved", "cancelled")
 
 
 # ---- H02: the bytes on the wire are the bytes signed ------------------------------------

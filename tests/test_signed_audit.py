@@ -630,3 +630,29 @@ def test_signed_audit_enable_then_rotate_key(tmp_path: Path) -> None:
     proc = run_cli("audit", "verify", "-c", str(config))
     assert (proc.returncode, proc.stdout.decode()) == (
         0, "ok: 12 entries, chain, receipts and signatures intact\n"), proc.stderr
+
+
+def test_audit_verify_input_it_cannot_read_is_not_tampering(tmp_path: Path) -> None:
+    """Regression (new-user review): a missing or undecodable export file and a config whose
+    database does not exist exited 1, the code for "tampered", so a script could not tell a
+    typo from an attack. Now: nothing could be checked -> exit 2 with one line; a line of a
+    readable export that is no audit entry -> exit 1, named like any bad entry."""
+    not_utf8 = tmp_path / "latin1.jsonl"
+    not_utf8.write_bytes(b'{"seq": 1, "entry": "caf\xe9"}\n')
+    garbage = tmp_path / "garbage.jsonl"
+    garbage.write_text("this is not json\n", encoding="utf-8")
+    config = write_config(tmp_path, "http://127.0.0.1:9/relay", db="never-created.db")
+    cases = [
+        (["--file", str(tmp_path / "missing.jsonl")], 2, "cannot read"),
+        (["--file", str(not_utf8)], 2, "cannot read"),
+        (["-c", str(config)], 2, "no database at"),
+        (["--file", str(garbage)], 1, "TAMPERED: line 1 of"),
+    ]
+    for args, code, text in cases:
+        proc = run_cli("audit", "verify", *args, env=no_secret_env() if "--file" in args
+                       else gate_env())
+        out = proc.stdout.decode() + proc.stderr.decode()
+        assert proc.returncode == code, (args, out)
+        assert text in out, (args, out)
+        assert "Traceback" not in out and len(out.strip().splitlines()) == 1, out
+    assert not (tmp_path / "never-created.db").exists()  # verify creates nothing

@@ -59,6 +59,9 @@ def _pydantic_error(err: Mapping[str, Any]) -> str:
         message = f"must be {op} {bound}, got {value!r}"
     elif kind in ("too_short", "string_too_short"):
         message = "must not be empty"
+    elif kind == "string_too_long":
+        length = len(value) if isinstance(value, str) else "?"
+        message = f"must be at most {ctx.get('max_length', '?')} characters, got {length}"
     elif kind == "finite_number":
         message = "must be a finite number"
     else:

@@ -29,11 +29,19 @@ from gate.config.values import (
     parse_duration,
 )
 
-_Int = Annotated[int, Field(strict=True)]
+# the largest value SQLite's INTEGER holds: operator ids are stored with every decision
+MAX_OPERATOR_ID = 2**63 - 1
+# the longest max_skew accepted (s): a wider window all but switches SPEC §2 check 3 off
+MAX_SKEW_S = 3600.0
+
+_Int = Annotated[int, Field(strict=True, le=MAX_OPERATOR_ID)]
+_OperatorId = Annotated[int, Field(strict=True, ge=1, le=MAX_OPERATOR_ID)]
 _PositiveInt = Annotated[int, Field(strict=True, ge=1)]
 _Amount = Annotated[float, Field(strict=True, ge=0, allow_inf_nan=False)]
 _Text = Annotated[str, Field(strict=True, min_length=1)]
-_Name = Annotated[str, Field(strict=True, min_length=1), AfterValidator(_check_name)]
+# pipeline and step names: what the pipeline API accepts (gate.core.requests.MAX_NAME_CHARS)
+_Name = Annotated[str, Field(strict=True, min_length=1, max_length=200),
+                  AfterValidator(_check_name)]
 _EnvName = Annotated[str, Field(strict=True, min_length=1), AfterValidator(_check_env_name)]
 _HttpUrl = Annotated[str, Field(strict=True, min_length=1), AfterValidator(_check_http_url)]
 _Duration = Annotated[float, BeforeValidator(parse_duration)]
@@ -50,8 +58,9 @@ class Operator(BaseModel):
 
     model_config = _FROZEN
 
-    id: Annotated[int, Field(strict=True, ge=1)]
-    identity: _Text
+    id: _OperatorId
+    # the longest approver_id a decision may carry (gate.protocol.envelope.MAX_IDENTITY_CHARS)
+    identity: Annotated[str, Field(strict=True, min_length=1, max_length=320)]
 
     @property
     def key(self) -> str:
@@ -73,6 +82,14 @@ class Security(BaseModel):
     max_input_length: _PositiveInt = 500
     rate_limit: _PositiveInt = 10
     max_skew: _Duration = 300.0
+
+    @field_validator("max_skew")
+    @classmethod
+    def _skew_bounded(cls, value: float) -> float:
+        if value > MAX_SKEW_S:
+            raise ValueError(f"must be at most {MAX_SKEW_S:g} seconds (1h), got {value:g} "
+                             "seconds")
+        return value
 
 
 class RelayConfig(BaseModel):
