@@ -101,7 +101,24 @@ def _client(config_path: str, api_url: str | None) -> Any:
     if token != token.strip() or not token.isprintable():
         fail(f"api.token_env: {config.api.token_env} has whitespace or control characters "
              "(often a trailing newline); remove them", 2)
+    if api_url is not None and not _valid_api_url(api_url):
+        fail(f"--api-url: {api_url!r} is not http://host:port, https://host:port or "
+             "unix:/path", 2)
     return ApiClient(api_url or api_base(config), token)
+
+
+def _valid_api_url(url: str) -> bool:
+    """True for ``http(s)://host[:port][/prefix]`` or ``unix:/path`` (``--api-url``)."""
+    if url.startswith("unix:"):
+        return len(url) > len("unix:")
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - raises ValueError on a bad port
+    except ValueError:
+        return False
+    return parts.scheme in ("http", "https") and bool(parts.hostname)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -359,6 +376,11 @@ def list_cmd(config_path: str, api_url: str | None, state: str, pipeline: str | 
     if as_json:
         click.echo(json.dumps(page, ensure_ascii=False, indent=2))
         return
+    if not page["items"]:  # said on stderr: stdout stays one line per approval
+        which = "" if state == "all" else f"{state} "
+        where = f" in pipeline {pipeline}" if pipeline else ""
+        click.echo(f"no {which}approvals{where}" + (" after that cursor" if cursor else ""),
+                   err=True)
     for a in page["items"]:
         click.echo(f"{a['approval_id']}  {a['state']:8}  {a['outcome'] or '-':9}  "
                    f"{a['pipeline']}/{a['step']}  {a['quorum']['collected']}/"

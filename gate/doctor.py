@@ -245,7 +245,8 @@ def check_clock(now_s: float, probe: RelayProbe | None, max_skew_s: float) -> Ch
         return Check("clock", False, f"system clock says {shown}, before this release "
                      f"({RELEASE_DATE}); set the clock (NTP)")
     if probe is None or probe.date_s is None:
-        return Check("clock", True, f"{shown} (no Date header from the relay to compare with)")
+        return Check("clock", True, f"{shown}, after this release ({RELEASE_DATE}); not "
+                     "compared with the relay's (no Date header from it)")
     off = probe.now_s - probe.date_s
     direction = "ahead of" if off > 0 else "behind"
     detail = f"{shown}, {abs(off):.0f} s {direction} the relay's Date header"

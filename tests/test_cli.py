@@ -169,6 +169,16 @@ def test_request_gate_unreachable_is_one_error_line(tmp_path, api_url):
     assert line.startswith(f"Error: cannot reach the gate at {url}"), line
 
 
+@pytest.mark.parametrize("url", ["notaurl", "127.0.0.1:8090", "ftp://host:21", "unix:",
+                                 "http://host:99999", "http://"])
+def test_malformed_api_url_is_a_usage_error_naming_the_option(url):
+    """Regression (new-user review): ``--api-url notaurl`` said "cannot reach the gate"."""
+    proc = run_cli("list", "-c", str(EXAMPLE), "--api-url", url)
+    assert proc.returncode == 2, proc.stderr
+    assert one_error_line(proc.stderr.decode()) == (
+        f"Error: --api-url: {url!r} is not http://host:port, https://host:port or unix:/path")
+
+
 def test_request_without_token_is_usage_error():
     proc = run_cli("request", "-c", str(EXAMPLE), "--api-url", "http://127.0.0.1:1",
                    "--pipeline", "p", "--step", "s", "--draft", "x",
@@ -216,6 +226,7 @@ def test_show_and_cancel(gate):
     assert "409" in line and "already_resolved" in line, line
     proc = run_cli("list", *args, "--state", "pending")
     assert (proc.returncode, proc.stdout) == (0, b"")
+    assert proc.stderr.decode() == "no pending approvals\n"  # not silence (new-user review)
 
 
 # ---- help ---------------------------------------------------------------------------------

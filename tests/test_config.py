@@ -273,6 +273,24 @@ def test_config_values_the_gate_could_never_use_are_refused(tmp_path: Path) -> N
     assert config.relay.operators[0].id == biggest
 
 
+def test_config_storage_path_that_can_never_be_a_database(tmp_path: Path) -> None:
+    """Regression (new-user review): ``path: /tmp`` passed check-config, then serve failed
+    with "unable to open database file"."""
+    (tmp_path / "afile").write_text("x", encoding="utf-8")
+    for path, message in [(str(tmp_path), f"{tmp_path} is a directory"),
+                          (str(tmp_path / "afile" / "gate.db"),
+                           f"{tmp_path / 'afile'} is not a directory")]:
+        data = example_data()
+        data["storage"]["path"] = path
+        errors = config_errors(write(tmp_path, data))
+        assert errors == [f"storage.path: {message}" + (
+            "; name the database file in it (e.g. gate.db)" if "is a directory" in message
+            else "")], errors
+    data = example_data()
+    data["storage"]["path"] = str(tmp_path / "new" / "dirs" / "gate.db")  # created by serve
+    load_config(write(tmp_path, data))
+
+
 def test_config_identity_with_whitespace_refused(tmp_path: Path) -> None:
     data = example_data()
     data["relay"]["operators"][0]["identity"] = "alice@example.com "

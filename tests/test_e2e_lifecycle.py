@@ -697,6 +697,11 @@ def test_api_list_filters_and_paging(tmp_path, relay, spawn):
     for limit in ("0", "501", "ten"):
         assert api.call("GET", f"/v1/approvals?limit={limit}") == (
             400, {"status": "invalid", "reason": "invalid_limit", "field": "limit"})
+    # Regression (new-user review): ``cursor=garbage`` answered an empty page, 200
+    for cursor in ("garbage", p_ids[0].lower(), p_ids[0] + "0", "%20" + p_ids[0]):
+        status, answer = api.call("GET", f"/v1/approvals?state=all&cursor={cursor}")
+        assert (status, answer["reason"], answer["field"]) == (400, "invalid_cursor",
+                                                               "cursor"), cursor
 
 
 def test_api_cancel(gate, relay):

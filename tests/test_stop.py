@@ -35,6 +35,7 @@ from tests.support import (
     decision_body,
     gate_env,
     post_decision,
+    run_cli,
     wait_until,
     write_config,
 )
@@ -310,3 +311,21 @@ def test_stop_is_prompt_with_idle_keep_alive_connections_and_long_polls(
     finally:
         for sock in idle:
             sock.close()
+
+
+def test_unix_socket_api_is_removed_on_stop(tmp_path, relay):
+    """Regression (new-user review): with ``api.listen: unix:PATH`` the socket file stayed
+    behind after a clean stop. The API works over it, and the file is gone after SIGTERM."""
+    sock = tmp_path / "api.sock"
+    gate = GateProcess(write_config(tmp_path, relay.url, api={"listen": f"unix:{sock}"}))
+    gate.start()
+    try:
+        assert gate.api_url == f"unix:{sock}" and sock.is_socket()
+        done = run_cli("list", "-c", str(gate.config), "--api-url", gate.api_url,
+                       "--state", "all")
+        assert done.returncode == 0, done.stderr
+        assert gate.stop() == 0
+        assert not sock.exists()
+    finally:
+        if gate.proc and gate.proc.poll() is None:
+            gate.stop()

@@ -177,7 +177,18 @@ class StorageConfig(BaseModel):
     @field_validator("path")
     @classmethod
     def _absolute(cls, value: Path, info: ValidationInfo) -> Path:
-        return _resolve(value, info)
+        path = _resolve(value, info)
+        # what can be told without touching anything: serve creates a missing file and
+        # its directories, but cannot open a directory as a database
+        if path.is_dir():
+            raise ValueError(f"{path} is a directory; name the database file in it "
+                             "(e.g. gate.db)")
+        for parent in path.parents:
+            if parent.exists():
+                if not parent.is_dir():
+                    raise ValueError(f"{parent} is not a directory")
+                break
+        return path
 
 
 class ReceiptsConfig(BaseModel):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hmac
 import math
+import re
 from dataclasses import dataclass
 
 from aiohttp import web
@@ -34,6 +35,8 @@ class ApiSettings:
 
 SERVICE = web.AppKey("service", GateService)
 SETTINGS = web.AppKey("api_settings", ApiSettings)
+# a cursor is an approval_id: a ULID (Crockford base32, 26 characters)
+_ULID = re.compile(r"[0-9A-HJKMNP-TV-Z]{26}")
 METRICS = web.AppKey("metrics", Metrics)
 OPEN_PATHS = frozenset({"/healthz"})
 
@@ -120,8 +123,12 @@ async def list_approvals(request: web.Request) -> web.Response:
         raise _bad_query("limit", "limit must be an integer") from None
     if not 1 <= limit <= MAX_LIMIT:
         raise _bad_query("limit", f"limit must be between 1 and {MAX_LIMIT}")
+    cursor = query.get("cursor") or None
+    if cursor is not None and not _ULID.fullmatch(cursor):
+        raise _bad_query("cursor", "cursor must be the next_cursor of a previous page "
+                         "(an approval_id)")
     result = await request.app[SERVICE].list(state, query.get("pipeline") or None, limit,
-                                             query.get("cursor") or None)
+                                             cursor)
     return web.json_response(result)
 
 

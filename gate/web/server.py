@@ -10,6 +10,7 @@ import os
 import signal
 import sys
 from collections.abc import AsyncIterator, Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 from aiohttp import web
@@ -190,9 +191,12 @@ async def serve(config: Config, secrets: Secrets, clock: Clock | None = None,
             callback_runner = _runner(callback_app, config)
             await api_runner.setup()
             await callback_runner.setup()
+            api_socket: Path | None = None  # a unix socket we bound, removed on stop
             try:
                 await _site(callback_runner, config.relay.callback_addr)
                 await _site(api_runner, config.api.listen)
+                listen = parse_listen(config.api.listen)
+                api_socket = Path(listen[1]) if listen[0] == "unix" else None
                 callback_bound = _bound(callback_runner)
                 dispatcher.callback_url = _callback_url(config, callback_bound)
                 dispatcher.ready.set()
@@ -212,6 +216,9 @@ async def serve(config: Config, secrets: Secrets, clock: Clock | None = None,
                 notifier.stopping()
                 api_app[STOPPING].set()
                 await asyncio.gather(callback_runner.cleanup(), api_runner.cleanup())
+                if api_socket is not None:
+                    with contextlib.suppress(OSError):
+                        api_socket.unlink()
     except BaseException as exc:
         if not ready:
             notifier.status(f"failed to start: {type(exc).__name__}")
