@@ -86,9 +86,13 @@ class Relay:
         if not isinstance(envelope, dict) or envelope.get("protocol") != PROTOCOL:
             return web.json_response({"status": "invalid", "reason": "invalid_protocol"},
                                      status=400)
-        draft = envelope.get("draft") or {}
-        body = draft.get("body") if isinstance(draft, dict) else None
-        if not isinstance(body, str) or payload_hash(body) != envelope.get("payload_hash"):
+        missing = _missing_field(envelope)
+        if missing is not None:  # say what is wrong, not a hash mismatch (new-user review)
+            log.warning("event=dispatch_refused reason=invalid_dispatch field=%s", missing)
+            return web.json_response({"status": "invalid", "reason": "invalid_dispatch",
+                                      "field": missing}, status=400)
+        body = envelope["draft"]["body"]
+        if payload_hash(body) != envelope["payload_hash"]:
             log.warning("event=dispatch_refused reason=payload_hash_mismatch")
             return web.json_response({"status": "invalid", "reason": "payload_hash_mismatch"},
                                      status=400)
@@ -197,6 +201,12 @@ class Relay:
                 return
             if reason == "superseded":
                 return
+            if status == 200 and isinstance(answer, dict) and isinstance(
+                    (envelope.get("quorum") or {}).get("collected"), int):
+                # recorded, not resolved: the next approver's prompt shows the new count
+                quorum = dict(envelope["quorum"])
+                quorum["collected"] += 1
+                envelope = {**envelope, "quorum": quorum}
 
     async def _decide(self, envelope: dict[str, Any], identity: str) -> tuple[int, Any] | None:
         """Ask (or auto-decide) until the gate takes an answer; None when nobody can answer."""
@@ -338,3 +348,18 @@ async def run_relay(listen: str, secret: str, identities: Sequence[str],
             with contextlib.suppress(asyncio.CancelledError):
                 await worker
             await runner.cleanup()
+
+
+def _missing_field(envelope: dict[str, Any]) -> str | None:
+    """The first field a dispatch envelope (SPEC §2 "Dispatch") lacks or has of the wrong
+    type, as a dotted path, or None when the fields this relay uses are all there."""
+    for name in ("approval_id", "payload_hash"):
+        if not isinstance(envelope.get(name), str):
+            return name
+    for parent, child in (("draft", "body"), ("callback", "url"), ("callback", "nonce")):
+        section = envelope.get(parent)
+        if not isinstance(section, dict) or not isinstance(section.get(child), str):
+            return f"{parent}.{child}"
+    if not isinstance(envelope.get("approvers"), list):
+        return "approvers"
+    return None

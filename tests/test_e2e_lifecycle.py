@@ -232,6 +232,45 @@ def test_request_interrupted_prints_a_cancel_command_that_runs_as_printed(gate, 
     assert (approval["state"], approval["outcome"]) == ("resolved", "cancelled")
 
 
+def test_terminal_relay_shows_the_quorum_collected_so_far(tmp_path, spawn, clis):
+    """Regression (new-user review): with ``--as alice --as bob`` on a quorum-2 step, bob's
+    prompt still read ``quorum 0/2`` after alice's approve was recorded."""
+    relay = clis("relay", "--listen", "127.0.0.1:0", "--secret-env", "HITL_RELAY_SECRET",
+                 "--as", "alice@example.com", "--as", "bob@example.com", stdin=b"a\na\n")
+    url = relay.wait_for_line(r"event=relay_listening url=(http://127\.0\.0\.1:\d+/)").group(1)
+    gate = spawn(write_config(tmp_path, url))
+    approval_id = gate.api().create("q2", "Zwei Stimmen")["approval_id"]
+    wait_until(lambda: gate.api().get(approval_id)["state"] == "resolved",
+               what="the terminal relay's two approvals")
+    assert gate.api().get(approval_id)["outcome"] == "approved"
+    assert relay.stop() == 0
+    shown = re.findall(r"quorum (\d)/2 .* you are (\S+)", relay.stdout.decode())
+    assert shown == [("0", "alice@example.com"), ("1", "bob@example.com")], relay.stdout
+
+
+def test_reference_relay_names_what_a_dispatch_lacks(clis):
+    """Regression (new-user review): a signed dispatch of just ``{"protocol": "hitl/v0"}``
+    was refused ``payload_hash_mismatch``; the relay now names the missing field."""
+    relay, url = start_reference_relay(clis, "approve")
+    full = {"protocol": "hitl/v0", "approval_id": "01KDWZ8B00J3Q9V5X7Z2M4N6PR",
+            "payload_hash": sha256_hash("Hallo"), "draft": {"body": "Hallo"},
+            "callback": {"url": "http://127.0.0.1:9/hitl/v0/decisions", "nonce": "a" * 32},
+            "approvers": ["alice@example.com"]}
+    cases = [({"protocol": "hitl/v0"}, "approval_id"),
+             ({**full, "draft": {"content_type": "text/plain"}}, "draft.body"),
+             ({**full, "callback": {"url": full["callback"]["url"]}}, "callback.nonce"),
+             ({**full, "approvers": "alice@example.com"}, "approvers")]
+    for envelope, field in cases:
+        raw = json.dumps(envelope).encode()
+        status, _, answer = http_request(url, "POST", raw, sign_headers(raw))
+        assert (status, json.loads(answer)) == (400, {
+            "status": "invalid", "reason": "invalid_dispatch", "field": field}), envelope
+    raw = json.dumps({**full, "payload_hash": sha256_hash("Hallo!")}).encode()
+    status, _, answer = http_request(url, "POST", raw, sign_headers(raw))
+    assert (status, json.loads(answer)["reason"]) == (400, "payload_hash_mismatch")
+    assert relay.stop() == 0
+
+
 # ---- H02: the bytes on the wire are the bytes signed ------------------------------------
 
 
