@@ -139,6 +139,7 @@ class Misbehaviour:
     - ``approver``: identity to answer as (default the dispatch's first approver).
     - ``payload_hash`` / ``nonce``: values to send instead of echoing the dispatch's.
     - ``ms_timestamps``: sign with ``t`` in milliseconds instead of seconds.
+    - ``ack_status``: the status a verified dispatch is answered with (a 5xx still decides).
     """
 
     verify_hmac: bool = True
@@ -152,6 +153,7 @@ class Misbehaviour:
     payload_hash: str | None = None
     nonce: str | None = None
     ms_timestamps: bool = False
+    ack_status: int = 202
 
 
 class BadRelay(LoopServer):
@@ -194,7 +196,7 @@ class BadRelay(LoopServer):
         except ValueError:
             return web.json_response({"status": "invalid", "reason": "not_json"}, status=400)
         problem = self._problem(request.headers.get(SIGNATURE_HEADER), raw)
-        status = 401 if problem else 202
+        status = 401 if problem else self.m.ack_status
         with self._cond:
             self.dispatches.append({"envelope": envelope, "refused": problem, "status": status,
                                     "at": time.monotonic()})
@@ -206,7 +208,7 @@ class BadRelay(LoopServer):
             return web.json_response({"status": "unauthorized", "reason": problem}, status=401)
         if self.m.hold_s:
             await asyncio.sleep(self.m.hold_s)
-        return web.json_response({"status": "accepted"}, status=202)
+        return web.json_response({"status": "accepted"}, status=self.m.ack_status)
 
     async def _decide(self, envelope: dict[str, Any]) -> None:
         approvers = envelope.get("approvers") or ["nobody@example.com"]

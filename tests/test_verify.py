@@ -49,6 +49,9 @@ ALL_CHECKS = [
 ]
 GATE_SIDE = frozenset({"gate.replay_refused", "gate.mutated_hash_refused",
                        "gate.out_of_scope_refused"})
+DECISION_SIDE = frozenset({"relay.decision_signed", "relay.decision_in_window",
+                           "relay.nonce", "relay.payload_hash_echo",
+                           "relay.approver_in_scope", "relay.decision_accepted"})
 REFERENCE = "reference"
 NEVER_TIMEOUT_S = 3.0
 GRACE_S = 3.0
@@ -58,13 +61,15 @@ GRACE_S = 3.0
 class Scenario:
     """One ``verify`` run: the relay (None = the reference relay), CLI options, expectations.
 
-    ``fails`` is the exact set of check names that must FAIL; ``observed`` maps a check name
+    ``fails`` is the exact set of check names that must FAIL; ``skips`` the exact set that
+    cannot run because of them (reported SKIP, never PASS); ``observed`` maps a check name
     to a substring its ``observed`` text must contain (what the relay did).
     """
 
     relay: Misbehaviour | None
     fails: frozenset[str] = frozenset()
     observed: dict[str, str] = field(default_factory=dict)
+    skips: frozenset[str] = frozenset()
     timeout: float = 15.0
     text: bool = False
     public_url: bool = False
@@ -80,32 +85,32 @@ SCENARIOS: dict[str, Scenario] = {
                              {"relay.ack": "HTTP 202 after"}),
     "echoes-wrong-hash": Scenario(
         Misbehaviour(payload_hash=WRONG_HASH),
-        frozenset({"relay.payload_hash_echo", "relay.decision_accepted"}) | GATE_SIDE,
-        {"relay.payload_hash_echo": WRONG_HASH,
+        frozenset({"relay.payload_hash_echo", "relay.decision_accepted"}), skips=GATE_SIDE,
+        observed={"relay.payload_hash_echo": WRONG_HASH,
          "relay.decision_accepted": "payload_hash_mismatch"}),
     "echoes-wrong-hash-text": Scenario(
         Misbehaviour(payload_hash=WRONG_HASH),
-        frozenset({"relay.payload_hash_echo", "relay.decision_accepted"}) | GATE_SIDE,
+        frozenset({"relay.payload_hash_echo", "relay.decision_accepted"}), skips=GATE_SIDE,
         text=True),
     # verifies dispatches with the shared secret but signs its decisions with another one:
     # the decision's t is correct, so only the signature check (and what follows) fails
     "signs-with-wrong-secret": Scenario(
         Misbehaviour(sign_secret="not-the-shared-secret"),
-        frozenset({"relay.decision_signed", "relay.decision_accepted"}) | GATE_SIDE,
-        {"relay.decision_signed": "signature_mismatch",
+        frozenset({"relay.decision_signed", "relay.decision_accepted"}), skips=GATE_SIDE,
+        observed={"relay.decision_signed": "signature_mismatch",
          "relay.decision_accepted": "signature_mismatch"}),
     "answers-out-of-scope": Scenario(
         Misbehaviour(approver=OUTSIDER),
-        frozenset({"relay.approver_in_scope", "relay.decision_accepted"}) | GATE_SIDE,
-        {"relay.approver_in_scope": OUTSIDER, "relay.decision_accepted": "approver_not_allowed"}),
+        frozenset({"relay.approver_in_scope", "relay.decision_accepted"}), skips=GATE_SIDE,
+        observed={"relay.approver_in_scope": OUTSIDER, "relay.decision_accepted": "approver_not_allowed"}),
     "echoes-wrong-nonce": Scenario(
         Misbehaviour(nonce=WRONG_NONCE),
-        frozenset({"relay.nonce", "relay.decision_accepted"}) | GATE_SIDE,
-        {"relay.nonce": WRONG_NONCE, "relay.decision_accepted": "nonce_mismatch"}),
+        frozenset({"relay.nonce", "relay.decision_accepted"}), skips=GATE_SIDE,
+        observed={"relay.nonce": WRONG_NONCE, "relay.decision_accepted": "nonce_mismatch"}),
     "signs-in-milliseconds": Scenario(
         Misbehaviour(ms_timestamps=True),
-        frozenset({"relay.decision_in_window", "relay.decision_accepted"}) | GATE_SIDE,
-        {"relay.decision_in_window": "away",
+        frozenset({"relay.decision_in_window", "relay.decision_accepted"}), skips=GATE_SIDE,
+        observed={"relay.decision_in_window": "away",
          "relay.decision_accepted": "timestamp_out_of_window"}),
     # checks the timestamp but not the HMAC: forwards a badly signed dispatch to its human
     "forwards-bad-signature": Scenario(
@@ -126,19 +131,27 @@ SCENARIOS: dict[str, Scenario] = {
         {"relay.refuses_bad_signature": "a decision came back",
          "relay.refuses_stale_timestamp": "a decision came back"}),
     "never-answers": Scenario(
-        Misbehaviour(answer=False), frozenset({"relay.decision_received"}) | GATE_SIDE,
-        {"relay.decision_received": f"no decision arrived within {NEVER_TIMEOUT_S:g} s"},
+        Misbehaviour(answer=False), frozenset({"relay.decision_received"}),
+        skips=DECISION_SIDE | GATE_SIDE,
+        observed={"relay.decision_received": f"no decision arrived within {NEVER_TIMEOUT_S:g} s"},
         timeout=NEVER_TIMEOUT_S),
     # configured with another secret: refuses even the real dispatch, so nothing is acked
     "refuses-everything": Scenario(
         Misbehaviour(secret="a-different-secret"),
-        frozenset({"relay.ack", "relay.decision_received"}) | GATE_SIDE,
-        {"relay.ack": "HTTP 401", "relay.decision_received": "not acked"}, timeout=60.0),
+        frozenset({"relay.ack", "relay.decision_received"}), skips=DECISION_SIDE | GATE_SIDE,
+        observed={"relay.ack": "HTTP 401", "relay.decision_received": "not acked"}, timeout=60.0),
+    # Regression (review): answers the dispatch 500 yet decides: the decision is judged (it
+    # was accepted), not reported as missing "because the dispatch was not acked"
+    "acks-500-then-decides": Scenario(
+        Misbehaviour(ack_status=500), frozenset({"relay.ack"}),
+        observed={"relay.ack": "HTTP 500",
+                  "relay.decision_received": "although the dispatch was not acked",
+                  "relay.decision_accepted": 'gate answered 200 {"status": "recorded"'}),
     # nothing listens at RELAY_URL: a failed check (exit 1), not a usage error
     "unreachable": Scenario(
         None, frozenset({"relay.ack", "relay.decision_received", "relay.refuses_bad_signature",
-                         "relay.refuses_stale_timestamp"}) | GATE_SIDE,
-        {"relay.ack": "ClientConnectorError", "relay.decision_received": "not acked",
+                         "relay.refuses_stale_timestamp"}), skips=DECISION_SIDE | GATE_SIDE,
+        observed={"relay.ack": "ClientConnectorError", "relay.decision_received": "not acked",
          "relay.refuses_bad_signature": "answered no dispatch"},
         timeout=60.0, unreachable=True),
 }
@@ -252,8 +265,13 @@ def fleet() -> Iterator[Fleet]:
 
 
 def failed_names(report: dict[str, Any]) -> set[str]:
-    """Names of the failed checks in a JSON report."""
-    return {c["name"] for c in report["checks"] if not c["ok"]}
+    """Names of the failed checks in a JSON report (not those that could not run)."""
+    return {c["name"] for c in report["checks"] if not c["ok"] and not c["skipped"]}
+
+
+def skipped_names(report: dict[str, Any]) -> set[str]:
+    """Names of the checks that could not run (never passed: ``ok`` is False)."""
+    return {c["name"] for c in report["checks"] if c["skipped"] and not c["ok"]}
 
 
 # ---- the real CLI against the reference relay -------------------------------------------------
@@ -308,16 +326,20 @@ def test_misbehaving_relay_fails_exactly_the_right_checks(fleet: Fleet, name: st
     by_name = {c["name"]: c for c in report["checks"]}
     assert len(by_name) == len(report["checks"]), "a check is reported twice"
     assert failed_names(report) == set(scenario.fails), json.dumps(report, indent=1)
+    assert skipped_names(report) == set(scenario.skips), json.dumps(report, indent=1)
+    # every check is always reported, in the same order (review: 7 instead of 13 before)
+    assert [c["name"] for c in report["checks"]] == ALL_CHECKS
     for check in report["checks"]:
         assert check["observed"], check  # what the relay did
         if check["ok"]:
             assert check["fix"] == "", check
         else:
             assert check["fix"].strip(), check  # what it should do instead
+        assert "{'" not in check["observed"], check  # JSON as on the wire, not a Python repr
     for check_name, text in scenario.observed.items():
         assert text in by_name[check_name]["observed"], by_name[check_name]
-    for check_name in GATE_SIDE & scenario.fails:
-        # the relay's decision is the template of the gate-side probes: none, none run
+    for check_name in scenario.skips:
+        # e.g. the relay's decision is the template of the gate-side probes: none, none run
         assert by_name[check_name]["observed"].startswith("not run"), by_name[check_name]
 
 
@@ -383,8 +405,11 @@ def test_failing_relay_text_report(fleet: Fleet) -> None:
     assert set(failed) == set(scenario.fails), result.stdout
     for fix_line in failed.values():
         assert re.match(r"\s+fix: \S", fix_line), fix_line
-    passed = len(ALL_CHECKS) - len(scenario.fails)
-    assert lines[-1] == f"{passed}/{len(ALL_CHECKS)} checks passed: NOT CONFORMANT"
+    skipped = {m.group(1) for line in lines if (m := re.match(r"SKIP\s+(\S+)\s+not run: ", line))}
+    assert skipped == set(scenario.skips), result.stdout
+    passed = len(ALL_CHECKS) - len(scenario.fails) - len(scenario.skips)
+    assert lines[-1] == (f"{passed}/{len(ALL_CHECKS)} checks passed, {len(scenario.skips)} "
+                         "not run: NOT CONFORMANT")
 
 
 # ---- the gate-side negative checks can fail ---------------------------------------------------

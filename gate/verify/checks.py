@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -14,14 +15,27 @@ from gate.protocol.envelope import decode_json
 ACK_LIMIT_S = 5.0
 
 
+# the checks of the relay's decision, in report order (SPEC §6 relay side); reported as not
+# run when no decision arrived
+DECISION_CHECKS = ("relay.decision_signed", "relay.decision_in_window", "relay.nonce",
+                   "relay.payload_hash_echo", "relay.approver_in_scope",
+                   "relay.decision_accepted")
+
+
 @dataclass(frozen=True, slots=True)
 class CheckResult:
-    """One check: ``name`` (stable id), ``ok``, what was observed, and how to fix a failure."""
+    """One check: ``name`` (stable id), ``ok``, what was observed, and how to fix a failure.
+
+    ``skipped``: the check could not run because an earlier one failed (``ok`` is False: a
+    report with a skipped check is not conformant); ``observed`` says why, ``fix`` points at
+    the check to fix first.
+    """
 
     name: str
     ok: bool
     observed: str
     fix: str = ""
+    skipped: bool = False
 
     def as_json(self) -> dict[str, Any]:
         """Return the check as a JSON-ready dict."""
@@ -36,6 +50,18 @@ def passed(name: str, observed: str) -> CheckResult:
 def failed(name: str, observed: str, fix: str) -> CheckResult:
     """Return a failing check with what the relay did and what it should do."""
     return CheckResult(name, False, observed, fix)
+
+
+def not_run(name: str, why: str, fix: str) -> CheckResult:
+    """Return a check that could not run (``observed`` = ``not run: <why>``)."""
+    return CheckResult(name, False, f"not run: {why}", fix, skipped=True)
+
+
+def _answer_text(answer: Any) -> str:
+    """An answer body as the relay author would see it on the wire (JSON, not Python)."""
+    if isinstance(answer, (dict, list)):
+        return json.dumps(answer, ensure_ascii=False)
+    return str(answer)
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +81,15 @@ def judge_ack(status: int | None, error: str | None, elapsed_s: float) -> CheckR
     if error is None and status is not None and elapsed_s <= ACK_LIMIT_S:
         return passed(name, f"HTTP {status} after {elapsed_s:.2f} s")
     what = error or f"HTTP {status}"
+    if status is None and "within" not in what:  # no HTTP answer at all
+        return failed(name, f"{what} after {elapsed_s:.2f} s",
+                      "make the relay reachable at RELAY_URL from this host: is it running, "
+                      "on this port and path, and does it accept POST?")
+    if status is None:
+        return failed(name, f"{what} (an ack must come within {ACK_LIMIT_S:g} s)",
+                      "answer the dispatch POST with any 2xx at once (within 5 s) and show the "
+                      "draft to the human afterwards; never hold the connection open for the "
+                      "human")
     if status in (400, 401, 403):
         return failed(name, f"{what} after {elapsed_s:.2f} s: a correctly signed dispatch was "
                       "refused", "verify the signature over the exact raw body bytes received "
@@ -95,25 +130,29 @@ def judge_decision(decision: Observed, secret: str, now_s: float, max_skew_s: fl
         results.append(failed("relay.decision_signed", f"{exc.code}: {exc.message}",
                               "send X-Draftcat-Signature: t=<unix s>,v1=<hex HMAC-SHA256(secret, "
                               "t + '.' + the exact body bytes you send)>"))
-        results.append(failed("relay.decision_in_window", "not checked: signature unusable",
-                              "fix the signature first"))
+        results.append(not_run("relay.decision_in_window", "the signature header is unusable",
+                               "fix relay.decision_signed first"))
     if parsed is not None:
         try:
             signing.check_hmac(parsed, decision.raw, [secret])
             results.append(passed("relay.decision_signed", "HMAC over the received bytes matches"))
         except GateError as exc:
             results.append(failed("relay.decision_signed", f"{exc.code}: {exc.message}",
-                                  "sign with the shared secret: X-Draftcat-Signature: t=<unix s>,"
-                                  "v1=<hex HMAC-SHA256(secret, t + '.' + the exact body bytes "
-                                  "you send)>"))
+                                  "either the secret differs from the gate's, or the bytes "
+                                  "signed are not the bytes sent (serialize the body once, then "
+                                  "sign and send those same bytes): X-Draftcat-Signature: "
+                                  "t=<unix s>,v1=<hex HMAC-SHA256(secret, t + '.' + the exact "
+                                  "body bytes you send)>"))
         # judged even when the HMAC does not match: the gate checks the window first (SPEC §2 #3)
+        off = parsed.t - decision.received_at
+        relation = (f"{abs(off):.0f} s {'ahead of' if off > 0 else 'behind'} the gate's clock"
+                    if round(off) else "on time with the gate's clock")
         try:
             signing.check_window(parsed.t, now_s, max_skew_s)
-            results.append(passed("relay.decision_in_window",
-                                  f"t is {decision.received_at - parsed.t:+.0f} s from the gate"))
+            results.append(passed("relay.decision_in_window", f"t is {relation}"))
         except GateError:
             results.append(failed("relay.decision_in_window",
-                                  f"t={parsed.t} is {decision.received_at - parsed.t:+.0f} s away",
+                                  f"t={parsed.t} is {relation} (more than {max_skew_s:g} s away)",
                                   "sign with the current unix time in seconds (not ms), and keep "
                                   "the relay's clock in sync"))
     protocol = decision.headers.get(PROTOCOL_HEADER.lower())
@@ -148,8 +187,10 @@ def judge_decision(decision: Observed, secret: str, now_s: float, max_skew_s: fl
                     "the dispatch's approvers"))
     accepted = decision.status == 200
     results.append(
-        passed("relay.decision_accepted", f"gate answered 200 {decision.answer}") if accepted
-        else failed("relay.decision_accepted", f"gate answered {decision.status} {decision.answer}",
+        passed("relay.decision_accepted",
+               f"gate answered 200 {_answer_text(decision.answer)}") if accepted
+        else failed("relay.decision_accepted",
+                    f"gate answered {decision.status} {_answer_text(decision.answer)}",
                     "the gate refused this decision; the reason names the field or check"))
     return results
 
@@ -177,4 +218,5 @@ async def probe(session: aiohttp.ClientSession, gate_url: str, body: bytes,
     if status == expect_status and reason in expect_reasons:
         return passed(name, f"refused {status} {reason}")
     want = f"{expect_status} {' or '.join(expect_reasons)}"
-    return failed(name, f"answered {status} {answer}", f"must be refused with {want} (SPEC §2)")
+    return failed(name, f"answered {status} {_answer_text(answer)}",
+                  f"must be refused with {want} (SPEC §2)")

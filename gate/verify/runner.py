@@ -26,8 +26,8 @@ from gate.protocol import DECISIONS_PATH, PROTOCOL, PROTOCOL_HEADER, SIGNATURE_H
 from gate.protocol.canonical import wire_json
 from gate.protocol.envelope import decode_json
 from gate.store import Store
-from gate.verify.checks import CheckResult, Observed, judge_ack, judge_decision, judge_refusal
-from gate.verify.checks import probe
+from gate.verify.checks import DECISION_CHECKS, CheckResult, Observed, judge_ack, judge_decision
+from gate.verify.checks import judge_refusal, not_run, probe
 from gate.web.callback import CallbackSettings, create_callback_app
 from gate.web.common import Handler
 
@@ -64,12 +64,15 @@ class Report:
         """Return the human-readable report: one line per check, fixes under failures."""
         lines = [f"hitl/v0 conformance of the relay (callback {self.callback_url})"]
         for c in self.checks:
-            lines.append(f"{'PASS' if c.ok else 'FAIL'}  {c.name:30} {c.observed}")
-            if not c.ok and c.fix:
+            label = "PASS" if c.ok else "SKIP" if c.skipped else "FAIL"
+            lines.append(f"{label}  {c.name:30} {c.observed}")
+            if not c.ok and c.fix and not c.skipped:
                 lines.append(f"      fix: {c.fix}")
         passed_n = sum(c.ok for c in self.checks)
-        lines.append(f"{passed_n}/{len(self.checks)} checks passed: "
-                     f"{'CONFORMANT' if self.ok else 'NOT CONFORMANT'}")
+        skipped_n = sum(c.skipped for c in self.checks)
+        lines.append(f"{passed_n}/{len(self.checks)} checks passed"
+                     + (f", {skipped_n} not run" if skipped_n else "")
+                     + f": {'CONFORMANT' if self.ok else 'NOT CONFORMANT'}")
         return "\n".join(lines)
 
 
@@ -230,19 +233,25 @@ async def _run(report: Report, service: GateService, session: aiohttp.ClientSess
     checks.append(judge_ack(ack.status, ack.error, ack.elapsed_s))
 
     revision = real["revisions"][0]
-    decision = None
-    if ack.error is None:
-        decision = await _wait_for(seen, changed, real["approval_id"], timeout_s)
+    # a human may need --timeout; a relay that answered the dispatch non-2xx may still have
+    # passed it on (GRACE_S); one that gave no HTTP answer at all is not waited for
+    wait_s = timeout_s if ack.error is None else GRACE_S if ack.status is not None else 0.0
+    decision = await _wait_for(seen, changed, real["approval_id"], wait_s) if wait_s else None
     if decision is None:
         checks.append(CheckResult(
             "relay.decision_received", False,
             "no decision arrived" + (f" within {timeout_s:g} s" if ack.error is None
                                      else " (the dispatch was not acked)"),
             f"POST one signed decision per approver to callback.url ({callback_url}); "
-            "raise --timeout if a human needs longer"))
+            "raise --timeout if a human needs longer" if ack.error is None else
+            "fix relay.ack first: the gate retries a dispatch that is not acked"))
+        checks.extend(not_run(name, "no decision arrived", "fix relay.decision_received first")
+                      for name in DECISION_CHECKS)
     else:
+        late = "" if ack.error is None else " (although the dispatch was not acked)"
         checks.append(CheckResult("relay.decision_received", True,
-                                  f"{decision.received_at - sent_at:.1f} s after the dispatch"))
+                                  f"{decision.received_at - sent_at:.1f} s after the "
+                                  f"dispatch{late}"))
         checks.extend(judge_decision(decision, secret, decision.received_at, MAX_SKEW_S,
                                      revision["nonce"], revision["payload_hash"], approver))
     # give a relay that wrongly forwarded the bad dispatches time to answer them too
@@ -268,9 +277,9 @@ async def _gate_side(checks: list[CheckResult], service: GateService,
         except Exception:  # noqa: BLE001 - an accepted decision always decodes
             template = None
     if not isinstance(template, dict):
-        for name in names:
-            checks.append(CheckResult(name, False, "not run: no accepted decision to use as a "
-                                      "template", "make the relay's decision acceptable first"))
+        checks.extend(not_run(name, "no accepted decision to use as a template",
+                              "make the relay's decision acceptable first "
+                              "(relay.decision_accepted)") for name in names)
         return
     replay_headers = {k: v for k, v in decision.headers.items()
                       if k in (SIGNATURE_HEADER.lower(), PROTOCOL_HEADER.lower(), "content-type")}
