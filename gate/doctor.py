@@ -22,7 +22,7 @@ import aiohttp
 from yarl import URL
 
 from gate import audit
-from gate.config import Config, Secrets, load_config, load_secrets
+from gate.config import Config, Secrets, load_config, load_secrets, read_receipt_key
 from gate.errors import ConfigError, GateError
 from gate.keys import ReceiptKeys, load_receipt_keys
 from gate.protocol.envelope import rfc3339
@@ -270,7 +270,9 @@ async def run_checks(config_path: str, environ: Mapping[str, str],
     keys_check, keys = check_keys(config)
     path = config.storage.path
     database_check = await asyncio.to_thread(check_database, path)
-    receipt_key = secrets.receipt_key if secrets is not None else None
+    # the receipt key is checked on its own: other secrets missing do not hide it
+    receipt_key = (secrets.receipt_key if secrets is not None
+                   else read_receipt_key(config, environ))
     audit_check = await asyncio.to_thread(check_audit, path, receipt_key, keys)
     probe = await probe_relay(config.relay.url, config.relay.dispatch_timeout,
                               config.relay.ca_file, now)

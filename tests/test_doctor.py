@@ -154,6 +154,25 @@ def test_doctor_missing_secret_fails_secrets(gate, relay, tmp_path):
     assert audit_line.startswith("PASS audit: ") and "receipts not checked" in audit_line
 
 
+def test_doctor_checks_receipts_with_the_receipt_key_alone(gate, relay, tmp_path):
+    """Regression (operator review): with only HITL_RECEIPT_KEY set, the audit line said
+    "receipts not checked: no receipt key" because the other secrets were missing."""
+    resolve_one(gate, relay)
+    env = {k: v for k, v in gate_env().items()
+           if k not in ("HITL_RELAY_SECRET", "HITL_RELAY_SECRET_OLD", "HITL_API_TOKEN")}
+    code, lines = doctor(tmp_path / "config.yaml", env)
+    assert code == 1, lines  # the secrets check still fails
+    assert line_of(lines, "secrets").startswith("FAIL secrets: relay.secret_env: ")
+    audit_line = line_of(lines, "audit")
+    assert audit_line.startswith("PASS audit: ") and "receipts" in audit_line, audit_line
+    assert "receipts not checked" not in audit_line, audit_line
+    # and a wrong receipt key is caught, not ignored
+    env["HITL_RECEIPT_KEY"] = "a-different-receipt-key"
+    code, lines = doctor(tmp_path / "config.yaml", env)
+    assert line_of(lines, "audit").startswith("FAIL audit: TAMPERED: entry 1: receipt does not "
+                                              "match"), lines
+
+
 def test_doctor_invalid_config_fails_and_skips_the_rest(tmp_path):
     config = tmp_path / "bad.yaml"
     config.write_text("relay: {}\n", encoding="utf-8")
@@ -277,3 +296,27 @@ def test_doctor_release_date_is_the_newest_changelog_date():
     dates = re.findall(r"^## .*?(\d{4}-\d{2}-\d{2})", text, re.MULTILINE)
 
     assert dates and RELEASE_DATE == max(dates), "bump gate.doctor.RELEASE_DATE with a release"
+
+
+def test_doctor_leaves_nothing_beside_a_backup_copy(gate, relay, tmp_path):
+    """Regression (operator review): doctor on a WAL-mode backup (sqlite3 ``.backup``) left
+    ``-wal``/``-shm`` files beside it, though it promises to write nothing."""
+    resolve_one(gate, relay)
+    backup_dir = tmp_path / "backup"
+    backup_dir.mkdir()
+    src = sqlite3.connect(tmp_path / "gate.db")
+    dst = sqlite3.connect(backup_dir / "gate.db")
+    src.backup(dst)
+    dst.execute("PRAGMA journal_mode = WAL")
+    dst.close()
+    src.close()
+    assert sorted(p.name for p in backup_dir.iterdir()) == ["gate.db"]
+    data = yaml.safe_load((tmp_path / "config.yaml").read_text(encoding="utf-8"))
+    data["storage"]["path"] = str(backup_dir / "gate.db")
+    config = tmp_path / "backup.yaml"
+    config.write_text(yaml.safe_dump(data), encoding="utf-8")
+    code, lines = doctor(config)
+    assert str(backup_dir / "gate.db") in line_of(lines, "database"), lines
+    assert line_of(lines, "database").startswith("PASS database: "), lines
+    assert line_of(lines, "audit").startswith("PASS audit: "), lines
+    assert sorted(p.name for p in backup_dir.iterdir()) == ["gate.db"]

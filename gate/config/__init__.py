@@ -23,7 +23,7 @@ from gate.config.model import (
     StepConfig,
     StorageConfig,
 )
-from gate.config.secrets import Secrets, _read_secrets, load_secrets
+from gate.config.secrets import Secrets, _read_secrets, load_secrets, read_receipt_key
 from gate.config.validate import _cross_check
 from gate.config.values import parse_duration, parse_listen
 from gate.config.yamlfile import _Loader, _yaml_error
@@ -50,6 +50,7 @@ __all__ = [
     "load",
     "load_config",
     "load_secrets",
+    "read_receipt_key",
     "parse_duration",
     "parse_listen",
 ]

@@ -47,44 +47,55 @@ def load_secrets(config: Config, environ: Mapping[str, str]) -> Secrets:
     return secrets
 
 
+def read_receipt_key(config: Config, environ: Mapping[str, str]) -> bytes | None:
+    """The HMAC receipt key alone (``receipts.key_env``, or its credential file), or None
+    when it is unset or unusable: for tools that check receipts without the other secrets
+    (``doctor``)."""
+    value, _ = _read_one("receipts.key_env", config.receipts.key_env, environ,
+                         environ.get(CREDENTIALS_DIRECTORY) or None)
+    return None if value is None else value.encode("utf-8")
+
+
+def _read_one(where: str, name: str, environ: Mapping[str, str],
+              credentials: str | None) -> tuple[str | None, str | None]:
+    """``(value, None)`` for a usable secret, ``(None, error)`` otherwise."""
+    value = environ.get(name)
+    if value is None and credentials is not None:
+        file_value, error = _read_credential(credentials, name)
+        file = Path(credentials, name)
+        if error is not None:
+            return None, f"{where}: {error}"
+        if file_value is not None:
+            if file_value == "":
+                return None, f"{where}: credential file {file} is empty"
+            if file_value != file_value.strip():
+                return None, (f"{where}: credential file {file} has leading or trailing "
+                              "whitespace (beyond one trailing newline); remove it")
+            return file_value, None
+    if value is None:
+        return None, (f"{where}: environment variable {name} is not set"
+                      + (f" (nor is there a credential file {Path(credentials, name)})"
+                         if credentials is not None else ""))
+    if value == "":
+        return None, f"{where}: environment variable {name} is empty"
+    if value != value.strip():
+        return None, (f"{where}: {name} has leading or trailing whitespace (often a trailing "
+                      "newline); remove it")
+    if not _is_utf8(value):
+        return None, f"{where}: {name} is not valid UTF-8"
+    return value, None
+
+
 def _read_secrets(config: Config, environ: Mapping[str, str]) -> tuple[Secrets | None, list[str]]:
     errors: list[str] = []
     wanted = _secret_vars(config)
     values: dict[str, str] = {}
     credentials = environ.get(CREDENTIALS_DIRECTORY) or None
     for where, name in wanted:
-        value = environ.get(name)
-        if value is None and credentials is not None:
-            file_value, error = _read_credential(credentials, name)
-            file = Path(credentials, name)
-            if error is not None:
-                errors.append(f"{where}: {error}")
-                continue
-            if file_value is not None:
-                if file_value == "":
-                    errors.append(f"{where}: credential file {file} is empty")
-                elif file_value != file_value.strip():
-                    errors.append(
-                        f"{where}: credential file {file} has leading or trailing whitespace"
-                        " (beyond one trailing newline); remove it"
-                    )
-                else:
-                    values[where] = file_value
-                continue
-        if value is None:
-            errors.append(f"{where}: environment variable {name} is not set"
-                          + (f" (nor is there a credential file {Path(credentials, name)})"
-                             if credentials is not None else ""))
-        elif value == "":
-            errors.append(f"{where}: environment variable {name} is empty")
-        elif value != value.strip():
-            errors.append(
-                f"{where}: {name} has leading or trailing whitespace (often a trailing newline);"
-                " remove it"
-            )
-        elif not _is_utf8(value):
-            errors.append(f"{where}: {name} is not valid UTF-8")
-        else:
+        value, error = _read_one(where, name, environ, credentials)
+        if error is not None:
+            errors.append(error)
+        elif value is not None:
             values[where] = value
     # A pipeline token or receipt key equal to a relay secret could sign decisions (SPEC §3, §5).
     names = dict(wanted)

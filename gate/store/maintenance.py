@@ -38,15 +38,25 @@ class DatabaseInfo:
 
 @contextmanager
 def _read_only(path: Path) -> Iterator[sqlite3.Connection]:
-    """A read-only connection to the existing database at ``path``; Unavailable otherwise."""
-    uri = Path(path).absolute().as_uri() + "?mode=ro"
+    """A connection that only reads the existing database at ``path``; Unavailable otherwise.
+
+    Opened ``mode=rw`` (never creates the file) with ``query_only``, not ``mode=ro``: on a
+    WAL-mode file SQLite creates ``-wal``/``-shm`` beside it, and only a connection that may
+    write removes them again on close (a read-only one left them behind next to a backup).
+    """
+    base = Path(path).absolute().as_uri()
     try:
-        conn = sqlite3.connect(uri, uri=True, isolation_level=None)
+        try:
+            conn = sqlite3.connect(base + "?mode=rw", uri=True, isolation_level=None)
+            conn.execute("PRAGMA schema_version").fetchone()  # opened for real
+        except sqlite3.Error:  # a file (or medium) we may not write: read-only after all
+            conn = sqlite3.connect(base + "?mode=ro", uri=True, isolation_level=None)
     except sqlite3.Error as exc:
         raise Unavailable("storage_unavailable", f"cannot open database {path}: {exc}") from exc
     with closing(conn):
         try:
             conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+            conn.execute("PRAGMA query_only = ON")
             yield conn
         except sqlite3.Error as exc:
             raise Unavailable("storage_unavailable",
