@@ -463,10 +463,13 @@ def audit_verify(config_path: str | None, export_file: str | None, key_env: str 
     config = _config(config_path) if config_path else None
     public = _public_keys(public_key_files)
     if config is not None:
-        try:
-            public.update(_receipt_keys(config).public)
+        try:  # with --public-key the private signing key is not needed (nor read)
+            public.update(_receipt_keys(config, private=not public).public)
         except ConfigError as exc:
-            fail("; ".join(exc.errors), 2)
+            hint = ("; to verify without the private key, give its public key with "
+                    "--public-key" if any(e.startswith("receipts.signing_key_file")
+                                          for e in exc.errors) else "")
+            fail("; ".join(exc.errors) + hint, 2)
     try:
         expected = [read_expected(Path(f)) for f in expect_files]
     except GateError as exc:

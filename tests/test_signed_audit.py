@@ -459,6 +459,24 @@ def test_signed_audit_export_verifies_with_public_key_only(history: SignedHistor
         0, "ok: 11 entries, chain, receipts and signatures intact\n"), proc.stderr
 
 
+def test_signed_audit_verify_of_the_database_needs_no_private_key(
+        history: SignedHistory, tmp_path: Path) -> None:
+    """Regression (operator review): a copy of the config elsewhere (its relative
+    signing_key_file missing there) could not verify: exit 2 for the private key, which a
+    verifier never needs. With --public-key it verifies; without, the error says so."""
+    data = yaml.safe_load(history.config.read_text(encoding="utf-8"))
+    data["storage"]["path"] = str(history.config.parent / data["storage"]["path"])
+    elsewhere = tmp_path / "elsewhere.yaml"
+    elsewhere.write_text(yaml.safe_dump(data), encoding="utf-8")
+    proc = run_cli("audit", "verify", "-c", str(elsewhere), "--public-key", str(history.public))
+    assert (proc.returncode, proc.stdout.decode()) == (
+        0, "ok: 11 entries, chain, receipts and signatures intact\n"), proc.stderr
+    proc = run_cli("audit", "verify", "-c", str(elsewhere))
+    err = proc.stderr.decode()
+    assert proc.returncode == 2 and "receipts.signing_key_file: " in err, err
+    assert "give its public key with --public-key" in err, err
+
+
 def _change_byte(lines: list[str]) -> list[str]:
     row = json.loads(lines[2])
     assert row["entry"].count('"operator_id":101') == 1
