@@ -114,7 +114,30 @@ def check_secrets(config: Config, environ: Mapping[str, str]) -> tuple[Check, Se
         return Check("secrets", False, _errors(exc.errors)), None
     names = [config.relay.secret_env, config.relay.previous_secret_env, config.api.token_env,
              config.receipts.key_env]
-    return Check("secrets", True, ", ".join(n for n in names if n) + " set and distinct"), secrets
+    detail = ", ".join(n for n in names if n) + " set and distinct"
+    exposed = _exposed_credentials(environ.get("CREDENTIALS_DIRECTORY"))
+    if exposed:
+        return _warn("secrets", f"{detail}; but {exposed}"), secrets
+    return Check("secrets", True, detail), secrets
+
+
+def _exposed_credentials(directory: str | None) -> str:
+    """What in a credentials directory others may read (docs/operating.md: mode 0700 and
+    0600 or stricter, as systemd's ``LoadCredential=`` makes them), or ""."""
+    if not directory or not os.path.isdir(directory):
+        return ""
+    loose = []
+    for path in [Path(directory), *sorted(Path(directory).iterdir())]:
+        try:
+            mode = path.stat().st_mode & 0o777
+        except OSError:
+            continue
+        if mode & 0o077:
+            loose.append(f"{path} is mode {mode:04o}")
+    if not loose:
+        return ""
+    return ", ".join(loose[:3]) + (" and more" if len(loose) > 3 else "") + (
+        ": readable by other users (chmod go-rwx)")
 
 
 def check_keys(config: Config) -> tuple[Check, ReceiptKeys | None]:

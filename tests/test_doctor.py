@@ -320,3 +320,25 @@ def test_doctor_leaves_nothing_beside_a_backup_copy(gate, relay, tmp_path):
     assert line_of(lines, "database").startswith("PASS database: "), lines
     assert line_of(lines, "audit").startswith("PASS audit: "), lines
     assert sorted(p.name for p in backup_dir.iterdir()) == ["gate.db"]
+
+
+def test_doctor_warns_about_a_credentials_directory_others_can_read(gate, relay, tmp_path):
+    """Regression (operator review): secrets in a 0755 directory of 0644 files (a hand-made
+    $CREDENTIALS_DIRECTORY) passed without a word; docs/operating.md asks for 0700/0600."""
+    creds = tmp_path / "creds"
+    creds.mkdir(mode=0o700)
+    env = gate_env()
+    for name in ("HITL_RELAY_SECRET", "HITL_API_TOKEN", "HITL_RECEIPT_KEY"):
+        (creds / name).write_text(env.pop(name) + "\n", encoding="utf-8")
+        (creds / name).chmod(0o600)
+    env["CREDENTIALS_DIRECTORY"] = str(creds)
+    code, lines = doctor(tmp_path / "config.yaml", env)
+    assert line_of(lines, "secrets").startswith("PASS secrets: "), lines
+    (creds / "HITL_API_TOKEN").chmod(0o644)
+    creds.chmod(0o755)
+    code, lines = doctor(tmp_path / "config.yaml", env)
+    assert code == 0, lines  # a warning, not a failure
+    line = line_of(lines, "secrets")
+    assert line.startswith("WARN secrets: ") and "chmod go-rwx" in line, line
+    assert f"{creds} is mode 0755" in line and "HITL_API_TOKEN is mode 0644" in line, line
+    assert "HITL_RECEIPT_KEY is mode" not in line, line
