@@ -6,6 +6,7 @@ import copy
 import os
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import yaml
 from pydantic import ValidationError
@@ -50,10 +51,22 @@ __all__ = [
     "load",
     "load_config",
     "load_secrets",
+    "raw_mapping",
     "read_receipt_key",
     "parse_duration",
     "parse_listen",
 ]
+
+
+def raw_mapping(path: str | os.PathLike[str]) -> dict[str, Any] | None:
+    """The config file's YAML as plain data (before any validation), or None when it cannot
+    be read or is not a mapping. For comparing two versions of a file (SIGHUP reload)."""
+    try:
+        data = yaml.load(Path(path).read_text(encoding="utf-8-sig"),  # noqa: S506
+                         Loader=_Loader)
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return None
+    return data if isinstance(data, dict) else None
 
 
 def load_config(path: str | os.PathLike[str]) -> Config:

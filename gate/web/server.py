@@ -17,7 +17,7 @@ from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
 from gate.clock import Clock, SystemClock
-from gate.config import Config, Secrets, load, parse_listen
+from gate.config import Config, Secrets, load, parse_listen, raw_mapping
 from gate.core.scheduler import run_expiry
 from gate.core.service import GateService
 from gate.dispatch import Dispatcher, relay_session
@@ -264,6 +264,24 @@ RESTART_ONLY: tuple[tuple[str, Callable[[Config], Any]], ...] = (
 )
 
 
+_RESTART_ERROR = "{}: cannot change while running (restart to apply it)"
+
+
+def _raw_restart_changes(old: dict[str, Any] | None, new: dict[str, Any] | None) -> list[str]:
+    """``RESTART_ONLY`` settings whose YAML differs between two versions of the file (for a
+    file that does not validate, so its typed values cannot be compared)."""
+    if old is None or new is None:
+        return []
+
+    def at(data: Any, dotted: str) -> Any:
+        for key in dotted.split("."):
+            data = data.get(key) if isinstance(data, dict) else None
+        return data
+
+    return [_RESTART_ERROR.format(path) for path, _ in RESTART_ONLY
+            if at(old, path) != at(new, path)]
+
+
 class Reloader:
     """SIGHUP: re-read the config file and its secrets; apply them to new work, or refuse.
 
@@ -291,21 +309,28 @@ class Reloader:
         self.callback_bound = callback_bound
         self.notifier = notifier
         self.serving = serving
+        # the running config's file as plain YAML, to name restart-only changes even in a
+        # new file that does not validate
+        self._raw = raw_mapping(config.source) if config.source is not None else None
+        self._checked_raw: dict[str, Any] | None = self._raw
 
     def check(self) -> tuple[Config, Secrets] | list[str]:
         """Load and validate the config file again; return it with its secrets, or errors."""
         source = self.config.source
         if source is None:
             return ["the running config was not read from a file; nothing to reload"]
+        raw = raw_mapping(source)
         try:
             config, secrets = load(source, self.environ)
         except ConfigError as exc:
-            return list(exc.errors)
-        errors = [f"{path}: cannot change while running (restart to apply it)"
+            return list(exc.errors) + _raw_restart_changes(self._raw, raw)
+        errors = [_RESTART_ERROR.format(path)
                   for path, get in RESTART_ONLY if get(config) != get(self.config)]
         if not hmac.compare_digest(secrets.receipt_key, self.secrets.receipt_key):
             errors.append(f"receipts.key_env: the receipt key ({config.receipts.key_env})"
                           " cannot change while running (restart to apply it)")
+        if not errors:
+            self._checked_raw = raw  # becomes the running file's YAML once applied
         return errors or (config, secrets)
 
     async def reload(self) -> bool:
@@ -342,6 +367,7 @@ class Reloader:
         self.dispatcher.timeout_s = config.relay.dispatch_timeout
         self.dispatcher.callback_url = _callback_url(config, self.callback_bound)
         self.config, self.secrets = config, secrets
+        self._raw = self._checked_raw
 
 
 def _callback_url(config: Config, callback_bound: str) -> str:
