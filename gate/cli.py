@@ -94,13 +94,15 @@ def _relay_secret(var: str) -> str:
 def _client(config_path: str, api_url: str | None) -> Any:
     from gate.client import ApiClient, api_base
 
+    from gate.config import read_api_token
+
     config = _config(config_path)
-    token = os.environ.get(config.api.token_env)
-    if not token:
-        fail(f"api.token_env: environment variable {config.api.token_env} is not set", 2)
-    if token != token.strip() or not token.isprintable():
-        fail(f"api.token_env: {config.api.token_env} has whitespace or control characters "
-             "(often a trailing newline); remove them", 2)
+    # as serve reads it: the variable, else its file in $CREDENTIALS_DIRECTORY
+    token, error = read_api_token(config, os.environ)
+    if token is None:
+        fail(error or f"api.token_env: {config.api.token_env} is not set", 2)
+    if not token.isprintable():
+        fail(f"api.token_env: {config.api.token_env} has control characters; remove them", 2)
     if api_url is not None and not _valid_api_url(api_url):
         fail(f"--api-url: {api_url!r} is not http://host:port, https://host:port or "
              "unix:/path", 2)

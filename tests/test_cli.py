@@ -14,7 +14,7 @@ import pytest
 from click.testing import CliRunner, Result
 
 from gate.cli import main
-from tests.support import ROOT, run_cli
+from tests.support import API_TOKEN, ROOT, gate_env, run_cli
 
 EXAMPLE = ROOT / "config.example.yaml"
 ENV = {"HITL_RELAY_SECRET": "relay-secret-cli", "HITL_API_TOKEN": "api-token-cli",
@@ -177,6 +177,25 @@ def test_malformed_api_url_is_a_usage_error_naming_the_option(url):
     assert proc.returncode == 2, proc.stderr
     assert one_error_line(proc.stderr.decode()) == (
         f"Error: --api-url: {url!r} is not http://host:port, https://host:port or unix:/path")
+
+
+def test_api_commands_read_the_token_from_the_credentials_directory(gate, tmp_path):
+    """Regression (operator review): check-config and serve read $CREDENTIALS_DIRECTORY, but
+    ``request``/``list`` said the token variable was not set."""
+    creds = tmp_path / "creds"
+    creds.mkdir(mode=0o700)
+    (creds / "HITL_API_TOKEN").write_text(API_TOKEN + "\n", encoding="utf-8")
+    env = {k: v for k, v in gate_env().items() if k != "HITL_API_TOKEN"}
+    env["CREDENTIALS_DIRECTORY"] = str(creds)
+    proc = run_cli("list", "-c", str(gate.config), "--api-url", gate.api_url, "--state", "all",
+                   env=env)
+    assert proc.returncode == 0, proc.stderr
+    (creds / "HITL_API_TOKEN").unlink()
+    proc = run_cli("list", "-c", str(gate.config), "--api-url", gate.api_url, env=env)
+    assert proc.returncode == 2
+    assert one_error_line(proc.stderr.decode()) == (
+        "Error: api.token_env: environment variable HITL_API_TOKEN is not set (nor is there a "
+        f"credential file {creds / 'HITL_API_TOKEN'})")
 
 
 def test_request_without_token_is_usage_error():

@@ -24,7 +24,13 @@ from gate.config.model import (
     StepConfig,
     StorageConfig,
 )
-from gate.config.secrets import Secrets, _read_secrets, load_secrets, read_receipt_key
+from gate.config.secrets import (
+    Secrets,
+    _read_secrets,
+    load_secrets,
+    read_api_token,
+    read_receipt_key,
+)
 from gate.config.validate import _cross_check
 from gate.config.values import parse_duration, parse_listen
 from gate.config.yamlfile import _Loader, _yaml_error
@@ -52,6 +58,7 @@ __all__ = [
     "load_config",
     "load_secrets",
     "raw_mapping",
+    "read_api_token",
     "read_receipt_key",
     "parse_duration",
     "parse_listen",

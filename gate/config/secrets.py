@@ -56,6 +56,14 @@ def read_receipt_key(config: Config, environ: Mapping[str, str]) -> bytes | None
     return None if value is None else value.encode("utf-8")
 
 
+def read_api_token(config: Config, environ: Mapping[str, str]) -> tuple[str | None, str | None]:
+    """The pipeline API token alone (``api.token_env``, or its file in
+    ``$CREDENTIALS_DIRECTORY``), for the CLI's API commands: ``(token, None)`` or
+    ``(None, error naming api.token_env)``."""
+    return _read_one("api.token_env", config.api.token_env, environ,
+                     environ.get(CREDENTIALS_DIRECTORY) or None)
+
+
 def _read_one(where: str, name: str, environ: Mapping[str, str],
               credentials: str | None) -> tuple[str | None, str | None]:
     """``(value, None)`` for a usable secret, ``(None, error)`` otherwise."""
