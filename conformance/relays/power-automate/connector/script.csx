@@ -98,6 +98,7 @@ public class Script : ScriptBase
             return "signature_missing";
         }
         long t = -1;
+        string tSent = null;  // the HMAC covers t exactly as sent (a leading zero included)
         var candidates = new List<string>();
         foreach (string part in header.Split(','))
         {
@@ -118,6 +119,7 @@ public class Script : ScriptBase
                 {
                     return "signature_malformed";
                 }
+                tSent = value;
                 t = 0;
                 foreach (char c in value.Length > 18 ? "999999999999999999" : value)
                 {
@@ -144,7 +146,7 @@ public class Script : ScriptBase
         bool ok = false;
         foreach (string secret in secrets)
         {
-            string expected = Hmac(secret, t, body);
+            string expected = Hmac(secret, tSent, body);
             foreach (string candidate in candidates)
             {
                 ok |= FixedTimeEquals(expected, candidate);  // no early exit
@@ -198,15 +200,15 @@ public class Script : ScriptBase
         request.Content.Headers.ContentType = new MediaTypeHeaderValue("application/json") { CharSet = "utf-8" };
         request.Headers.TryAddWithoutValidation("X-Hitl-Protocol", "hitl/v0");
         request.Headers.TryAddWithoutValidation("X-Draftcat-Signature",
-            "t=" + t.ToString() + ",v1=" + Hmac(Secret(), t, bytes));
+            "t=" + t.ToString() + ",v1=" + Hmac(Secret(), t.ToString(), bytes));
         return await Context.SendAsync(request, CancellationToken).ConfigureAwait(false);
     }
 
     // ---- helpers -----------------------------------------------------------------------------------
 
-    public static string Hmac(string secret, long t, byte[] body)
+    public static string Hmac(string secret, string t, byte[] body)
     {
-        byte[] prefix = Encoding.ASCII.GetBytes(t.ToString() + ".");
+        byte[] prefix = Encoding.ASCII.GetBytes(t + ".");  // t as sent: never re-formatted
         var message = new byte[prefix.Length + body.Length];
         Buffer.BlockCopy(prefix, 0, message, 0, prefix.Length);
         Buffer.BlockCopy(body, 0, message, prefix.Length, body.Length);

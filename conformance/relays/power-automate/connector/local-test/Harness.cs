@@ -93,7 +93,7 @@ static class Harness
         foreach (JObject c in Load(dir, "signature.json")["cases"])
         {
             n++;
-            string got = "t=" + (long)c["t"] + ",v1=" + Script.Hmac((string)c["secret"], (long)c["t"], Body(c));
+            string got = "t=" + (long)c["t"] + ",v1=" + Script.Hmac((string)c["secret"], ((long)c["t"]).ToString(), Body(c));
             if (got != (string)c["header"]) { failed++; Console.WriteLine("FAIL signature.json " + c["id"] + ": " + got); }
         }
         foreach (JObject c in Load(dir, "signature_header.json")["cases"])
@@ -143,10 +143,15 @@ static class Harness
             });
             JObject verdict = JObject.Parse(verify.Item2);
             bool valid = (bool)verdict["valid"];
-            // the flow's Response action: 202 before the human, 401 when the signature is bad
+            // the flow's Response actions: 202 before the human; 401 when the signature is bad,
+            // 400 for a signed dispatch it cannot use (flow-definition.json, Refuse_401)
+            string reason = (string)verdict["reason"];
+            bool signature = reason != null && reason.StartsWith("signature_")
+                || reason == "timestamp_out_of_window";
             byte[] answer = Encoding.UTF8.GetBytes(valid ? "{\"status\":\"accepted\"}"
-                : "{\"status\":\"unauthorized\",\"reason\":\"" + (string)verdict["reason"] + "\"}");
-            context.Response.StatusCode = valid ? 202 : 401;
+                : "{\"status\":\"" + (signature ? "unauthorized" : "invalid") + "\",\"reason\":\""
+                  + reason + "\"}");
+            context.Response.StatusCode = valid ? 202 : signature ? 401 : 400;
             context.Response.ContentType = "application/json";
             context.Response.OutputStream.Write(answer, 0, answer.Length);
             context.Response.Close();

@@ -1,8 +1,8 @@
 #!/bin/sh
 # Compile script.csx with Mono against stand-ins for the connector host, then run Harness.exe.
-# Needs: apt-get install mono-mcs mono-runtime libnewtonsoft-json-cil-dev
+# Needs: apt-get install mono-mcs mono-runtime libnewtonsoft-json-cil-dev libmono-system-net-http4.0-cil
 # Usage: ./run.sh vectors ../../../../vectors
-#        HITL_RELAY_SECRET=... ./run.sh relay http://127.0.0.1:8195/ alice@example.com [--as-sent]
+#        HITL_RELAY_SECRET=... ./run.sh relay http://127.0.0.1:8196/ alice@example.com [--as-sent]
 set -eu
 here=$(cd "$(dirname "$0")" && pwd)
 out=${TMPDIR:-/tmp}/hitl-connector-test.$(id -u)
