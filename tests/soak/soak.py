@@ -1,6 +1,6 @@
 """Crash-safety soak: the real daemon under mixed load, ``kill -9`` at random moments, then proof.
 
-    python -m tests.soak.soak --kills 50 --seconds-between 0.5-3 --seed 7
+    python -m tests.soak.soak --kills 60 --seconds-between 0.5-3 --seed 7   (docs/fuzzing.md)
 
 A load generator (threads in this process, real HTTP) creates approvals on steps with quorum
 1, 2 and 3 (some with 2-4 s timeouts so expiries happen all the time), posts signed decisions

@@ -18,8 +18,10 @@ case ${RELAY_AUTO:=approve} in approve|skip|ask|adjust:?*) ;; *)
   log "RELAY_AUTO must be approve, skip, adjust:TEXT or ask"; exit 2 ;; esac
 if [ "${1:-}" = serve ]; then  # the listener: socat forks one handler (this script) per connection
   addr=${2:-127.0.0.1:8194} self=$(cd "$(dirname "$0")" && pwd)/$(basename "$0")
-  log "listening on http://$addr/ (RELAY_AUTO=$RELAY_AUTO)"
-  exec socat -T 30 "TCP-LISTEN:${addr##*:},bind=${addr%:*},reuseaddr,fork" "EXEC:/bin/sh $self"
+  # socat says when it listens (-d -d: "listening on ..."), or why it cannot (port taken)
+  log "starting socat on http://$addr/ (RELAY_AUTO=$RELAY_AUTO)"
+  exec socat -d -d -T 30 "TCP-LISTEN:${addr##*:},bind=${addr%:*},reuseaddr,fork" \
+    "EXEC:/bin/sh $self"
 fi
 
 reply() {  # reply STATUS REASON-OR-JSON: write the HTTP answer and end this connection
