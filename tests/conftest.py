@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 
-from tests.support import CaptureRelay, GateProcess, write_config
+from tests.support import CaptureRelay, CliProcess, GateProcess, write_config
 
 
 @pytest.fixture
@@ -23,4 +23,20 @@ def gate(tmp_path, relay) -> Iterator[GateProcess]:
     proc = GateProcess(write_config(tmp_path, relay.url)).start()
     yield proc
     if proc.proc and proc.proc.poll() is None:
+        proc.stop()
+
+
+@pytest.fixture
+def clis() -> Iterator[Callable[..., CliProcess]]:
+    """Start background CLI processes (``clis("relay", ...)``); any still running after the
+    test is stopped."""
+    procs: list[CliProcess] = []
+
+    def start(*args: str, stdin: bytes | None = None) -> CliProcess:
+        proc = CliProcess(*args, stdin=stdin)
+        procs.append(proc)
+        return proc
+
+    yield start
+    for proc in procs:
         proc.stop()

@@ -110,21 +110,6 @@ def spawn() -> Iterator[Callable[[Path], GateProcess]]:
             proc.stop()
 
 
-@pytest.fixture
-def clis() -> Iterator[Callable[..., CliProcess]]:
-    """Start background CLI processes; any still running after the test is stopped."""
-    procs: list[CliProcess] = []
-
-    def start(*args: str, stdin: bytes | None = None) -> CliProcess:
-        proc = CliProcess(*args, stdin=stdin)
-        procs.append(proc)
-        return proc
-
-    yield start
-    for proc in procs:
-        proc.stop()
-
-
 def start_reference_relay(clis: Callable[..., CliProcess], auto: str) -> tuple[CliProcess, str]:
     relay = clis("relay", "--listen", "127.0.0.1:0", "--secret-env", "HITL_RELAY_SECRET",
                  "--auto", auto)

@@ -172,20 +172,6 @@ def test_permit_claims_for_refuses_outcomes_that_do_not_fire() -> None:
 # ---- the real daemon ------------------------------------------------------------------------
 
 
-@pytest.fixture
-def clis() -> Iterator[Callable[..., CliProcess]]:
-    procs: list[CliProcess] = []
-
-    def start(*args: str, stdin: bytes | None = None) -> CliProcess:
-        proc = CliProcess(*args, stdin=stdin)
-        procs.append(proc)
-        return proc
-
-    yield start
-    for proc in procs:
-        proc.stop()
-
-
 def reference_relay(clis: Callable[..., CliProcess], auto: str) -> str:
     relay = clis("relay", "--listen", "127.0.0.1:0", "--secret-env", "HITL_RELAY_SECRET",
                  "--auto", auto)
