@@ -10,8 +10,10 @@ import asyncio
 import http.client
 import json
 import os
+import random
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -476,3 +478,25 @@ class CliProcess:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
         return self.finish()[0]
+
+
+def free_port() -> int:
+    """Return a TCP port on 127.0.0.1 that was free a moment ago, below the kernel's
+    ephemeral range: the other runs of the fleet bind port 0 all the while, and one of
+    them took a port picked from that range before its owner bound it (a flaky CI run)."""
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    rng = random.Random()
+    for _ in range(200):
+        port = rng.randrange(20000, max(20001, low))
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    with socket.socket() as s:  # nothing free down there: the kernel's choice
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])

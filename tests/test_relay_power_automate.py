@@ -13,13 +13,14 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
+
+from tests.support import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 RUN_SH = ROOT / "conformance" / "relays" / "power-automate" / "connector" / "local-test" / "run.sh"
@@ -52,15 +53,9 @@ def test_connector_code_passes_every_signature_and_hash_vector(tmp_path: Path) -
     assert proc.stdout.strip().splitlines()[-1] == f"{expected} passed, 0 failed", proc.stdout
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.mark.parametrize("as_sent", [False, True], ids=["re-serialised", "as-sent"])
 def test_stand_in_flow_passes_verify(tmp_path: Path, as_sent: bool) -> None:
-    port = _free_port()
+    port = free_port()
     url = f"http://127.0.0.1:{port}/"
     log = tmp_path / "flow.log"
     with log.open("wb") as out:

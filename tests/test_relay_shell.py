@@ -25,6 +25,8 @@ from typing import Any
 
 import pytest
 
+from tests.support import free_port
+
 from gate.protocol import signing
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -52,17 +54,11 @@ def _env(tmp_path: Path, **extra: str) -> dict[str, str]:
     return env
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 class ShellRelay:
     """``relay.sh serve`` (socat) on a free loopback port, in its own process group."""
 
     def __init__(self, tmp_path: Path, **env: str) -> None:
-        self.port = _free_port()
+        self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}/"
         self.log_path = tmp_path / "relay.log"
         with self.log_path.open("wb") as log:

@@ -10,7 +10,6 @@ loopback (``tests/badrelays.py``) or the reference relay as ``python -m gate rel
 from __future__ import annotations
 
 import json
-import random
 import re
 import socket
 import subprocess
@@ -19,7 +18,6 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -37,7 +35,7 @@ from tests.badrelays import (
     sha256_hash,
     signature_valid,
 )
-from tests.support import ROOT, SECRET, CliProcess, gate_env
+from tests.support import ROOT, SECRET, CliProcess, free_port, gate_env
 
 APPROVER = "alice@example.com"
 OUTSIDER = "mallory@example.com"
@@ -215,28 +213,6 @@ class Fleet:
     relays: dict[str, BadRelay]
     runs: dict[str, Run]
     public_port: int = 0
-
-
-def free_port() -> int:
-    """Return a TCP port on 127.0.0.1 that was free a moment ago, below the kernel's
-    ephemeral range: the other runs of the fleet bind port 0 all the while, and one of
-    them took a port picked from that range before its owner bound it (a flaky CI run)."""
-    try:
-        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        low = 32768
-    rng = random.Random()
-    for _ in range(200):
-        port = rng.randrange(20000, max(20001, low))
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    with socket.socket() as s:  # nothing free down there: the kernel's choice
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def verify_args(url: str, timeout: float, *, as_json: bool = True,

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hmac
 import math
-import re
 from dataclasses import dataclass
 
 from aiohttp import web
@@ -14,7 +13,7 @@ from gate.core.service import GateService
 from gate.errors import GateError
 from gate.metrics import Metrics, metrics_for
 from gate.protocol.envelope import decode_json
-from gate.web.common import Handler, error_middleware, read_body
+from gate.web.common import ULID_RE, Handler, error_middleware, read_body
 
 MAX_WAIT_S = 300.0
 DEFAULT_LIMIT = 50
@@ -35,8 +34,6 @@ class ApiSettings:
 
 SERVICE = web.AppKey("service", GateService)
 SETTINGS = web.AppKey("api_settings", ApiSettings)
-# a cursor is an approval_id: a ULID (Crockford base32, 26 characters)
-_ULID = re.compile(r"[0-9A-HJKMNP-TV-Z]{26}")
 METRICS = web.AppKey("metrics", Metrics)
 OPEN_PATHS = frozenset({"/healthz"})
 
@@ -124,7 +121,7 @@ async def list_approvals(request: web.Request) -> web.Response:
     if not 1 <= limit <= MAX_LIMIT:
         raise _bad_query("limit", f"limit must be between 1 and {MAX_LIMIT}")
     cursor = query.get("cursor") or None
-    if cursor is not None and not _ULID.fullmatch(cursor):
+    if cursor is not None and not ULID_RE.fullmatch(cursor):
         raise _bad_query("cursor", "cursor must be the next_cursor of a previous page "
                          "(an approval_id)")
     result = await request.app[SERVICE].list(state, query.get("pipeline") or None, limit,

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -17,13 +16,9 @@ from gate.protocol import DECISIONS_PATH, MAX_DECISION_BYTES, PROTOCOL, PROTOCOL
 from gate.protocol import SIGNATURE_HEADER, signing
 from gate.protocol.envelope import Decision, parse_decision
 from gate.protocol.errors import ProtocolError
-from gate.web.common import error_middleware, read_body
+from gate.web.common import ULID_RE, error_middleware, read_body
 
 log = logging.getLogger(__name__)
-
-# what an approval_id from a relay must look like to be logged (ULID, Crockford base32): a
-# relay-chosen string never reaches a log line, so it cannot forge fields or lines there
-_ULID = re.compile(r"[0-9A-HJKMNP-TV-Z]{26}")
 
 
 @dataclass(slots=True)
@@ -70,7 +65,9 @@ async def post_decision(request: web.Request) -> web.Response:
 
 def _refused(metrics: Metrics, status: int, reason: str, decision: Decision | None) -> None:
     metrics.refused(reason)
-    if decision is not None and _ULID.fullmatch(decision.approval_id):
+    # only an approval_id shaped like a ULID is logged: a relay-chosen string never reaches a
+    # log line, so it cannot forge fields or lines there
+    if decision is not None and ULID_RE.fullmatch(decision.approval_id):
         log.info("event=decision_refused status=%d reason=%s approval_id=%s", status, reason,
                  decision.approval_id)
     else:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 from collections.abc import Awaitable, Callable
 
 from aiohttp import web
@@ -11,6 +12,9 @@ from aiohttp import web
 from gate.errors import GateError
 
 log = logging.getLogger(__name__)
+
+# an approval_id: a ULID (Crockford base32, 26 characters)
+ULID_RE = re.compile(r"[0-9A-HJKMNP-TV-Z]{26}")
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
