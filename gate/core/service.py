@@ -320,8 +320,6 @@ class GateService:
 
     def _resolve(self, tx: WriteTx, approval: dict[str, Any], outcome: str, now: int,
                  approved_by: Sequence[int]) -> None:
-        if not tx.resolve(approval["approval_id"], outcome, now):
-            raise Conflict("already_resolved", "approval was resolved concurrently")
         current = rules.current_revision(approval)
         fires = outcome in permit.FIRING_OUTCOMES
         row = self._audit(tx, "resolved", approval["approval_id"], now, {
@@ -330,11 +328,15 @@ class GateService:
             "approved_by": list(approved_by) if fires else [],
             "quorum": approval["quorum_required"],
         })
-        tx.set_receipt(approval["approval_id"], receipt_object(row))
+        issued = None
         if fires and self._signer is not None:
             claims = permit.claims_for(approval, outcome, approved_by, row.seq, row.entry_hash,
                                        now, self.config.receipts.permit_lifetime)
-            tx.set_permit(approval["approval_id"], permit.issue(self._signer, claims))
+            issued = permit.issue(self._signer, claims)
+        # one UPDATE, guarded on state: when it finds the approval no longer pending, the
+        # Conflict rolls this job back, the audit entry above included
+        if not tx.resolve(approval["approval_id"], outcome, now, receipt_object(row), issued):
+            raise Conflict("already_resolved", "approval was resolved concurrently")
 
     # ---- expire / cancel -------------------------------------------------------
 

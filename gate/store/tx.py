@@ -142,17 +142,16 @@ class WriteTx:
                         (approval_id, revision))
         return int(row["attempts"]) if row else -1
 
-    def resolve(self, approval_id: str, outcome: str, at_ms: int) -> bool:
-        """Mark a pending approval resolved with ``outcome``; False if it was not pending."""
+    def resolve(self, approval_id: str, outcome: str, at_ms: int, receipt: dict[str, Any],
+                permit: str | None) -> bool:
+        """Mark a pending approval resolved with ``outcome`` at ``at_ms`` (unix ms), with its
+        resolution ``receipt`` and execution ``permit`` (compact JWS, or None), in one
+        statement; return False (nothing changed) if it was not pending."""
         cur = self._conn.execute(
-            "UPDATE approvals SET state = 'resolved', outcome = ?, resolved_at = ?"
-            " WHERE approval_id = ? AND state = 'pending'", (outcome, at_ms, approval_id))
+            "UPDATE approvals SET state = 'resolved', outcome = ?, resolved_at = ?, receipt = ?,"
+            " permit = ? WHERE approval_id = ? AND state = 'pending'",
+            (outcome, at_ms, json.dumps(receipt), permit, approval_id))
         return cur.rowcount == 1
-
-    def set_receipt(self, approval_id: str, receipt: dict[str, Any]) -> None:
-        """Store the resolution receipt on the approval."""
-        self._conn.execute("UPDATE approvals SET receipt = ? WHERE approval_id = ?",
-                           (json.dumps(receipt), approval_id))
 
     def due_expiries(self, now_ms: int, limit: int) -> list[str]:
         """Return ids of pending approvals with ``expires_at <= now_ms`` (uses the partial index)."""
@@ -197,8 +196,3 @@ class WriteTx:
         self._audit_tail = (seq, digest)  # set only once the row is in
         return audit.AuditRow(seq, approval_id, kind, entry_json, prev_hash, digest, receipt,
                               key_id, signature)
-
-    def set_permit(self, approval_id: str, permit: str) -> None:
-        """Store the execution permit (compact JWS) issued for a resolved approval."""
-        self._conn.execute("UPDATE approvals SET permit = ? WHERE approval_id = ?",
-                           (permit, approval_id))

@@ -67,27 +67,33 @@ async def read_body(request: web.Request, limit: int, reason: str = "body_too_la
     app's ``BODY_TIMEOUT`` is refused 408 ``request_timeout`` and its connection closed, so a
     client trickling bytes cannot hold a handler for long.
     """
-    too_large = GateError(reason, f"body is larger than {limit} bytes", status=413,
-                          kind="invalid")
     if request.content_length is not None and request.content_length > limit:
-        raise too_large
-    timeout_s = request.app.get(BODY_TIMEOUT, DEFAULT_BODY_TIMEOUT_S)
+        raise _too_large(reason, limit)
     try:
-        async with asyncio.timeout(timeout_s):
+        if request.content.is_eof():  # the whole body has arrived: nothing to wait for
             raw = await request.read()
+        else:
+            timeout_s = request.app.get(BODY_TIMEOUT, DEFAULT_BODY_TIMEOUT_S)
+            try:
+                async with asyncio.timeout(timeout_s):
+                    raw = await request.read()
+            except TimeoutError:
+                # the answer says "Connection: close"; aiohttp then discards what still
+                # trickles in for at most its lingering time (10 s) and closes the connection
+                raise GateError("request_timeout",
+                                f"the request body did not arrive within {timeout_s:g} s",
+                                status=408, kind="invalid") from None
     except web.HTTPRequestEntityTooLarge:
-        raise too_large from None
-    except TimeoutError:
-        # the answer says "Connection: close"; aiohttp then discards what still trickles in
-        # for at most its lingering time (10 s) and closes the connection
-        raise GateError("request_timeout",
-                        f"the request body did not arrive within {timeout_s:g} s",
-                        status=408, kind="invalid") from None
+        raise _too_large(reason, limit) from None
     except ConnectionResetError:
         # the client hung up before its body was complete: nothing was read, nothing is
         # recorded, and nobody is left to answer; not an internal error
         raise GateError("client_disconnected", "the client closed the connection mid-body",
                         status=400, kind="invalid") from None
     if len(raw) > limit:
-        raise too_large
+        raise _too_large(reason, limit)
     return raw
+
+
+def _too_large(reason: str, limit: int) -> GateError:
+    return GateError(reason, f"body is larger than {limit} bytes", status=413, kind="invalid")
