@@ -34,6 +34,29 @@ def fail(message: str, code: int = 1) -> NoReturn:
     sys.exit(code)
 
 
+GC_THRESHOLDS = (20_000, 20, 20)
+
+
+def tune_gc() -> None:
+    """Prepare the cyclic garbage collector of a long-running daemon process (``serve``).
+
+    Collects once, then freezes what exists (modules, the loaded config: objects that live
+    as long as the process) so no later collection scans them again, and lets the
+    youngest generation grow to ``GC_THRESHOLDS[0]`` container allocations before it is
+    collected (CPython's default is 700). Reference counting still frees everything
+    acyclic at once; only cyclic garbage waits for a collection. Measured under the
+    decisions benchmark (docs/performance.md): time in collections 0.18-0.38 s -> 0.02 s per
+    run (the one left is the collect above, before serving), and no more full collections
+    over the startup objects during the load (each paused the event loop for up to 41 ms).
+    Not applied to in-process uses (tests, ``verify``): only to the daemon's own process.
+    """
+    import gc
+
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(*GC_THRESHOLDS)
+
+
 def run(coro: Coroutine[Any, Any, T], interrupted: Callable[[], str] = lambda: "") -> T:
     """Run a coroutine; a GateError becomes one ``Error:`` line and exit 1; Ctrl-C exits 130
     with ``interrupted()`` (what is left behind) on stderr."""
@@ -167,6 +190,7 @@ def serve(config_path: str, log_level: str, log_format: str) -> None:
         _receipt_keys(config)
     except ConfigError as exc:
         stop(2, "config_invalid", [f"{config_path}: {line}" for line in exc.errors])
+    tune_gc()
     try:
         asyncio.run(serve_forever(config, secrets))
     except ConfigError as exc:
