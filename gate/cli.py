@@ -302,8 +302,10 @@ def request(config_path: str, api_url: str | None, pipeline: str, step: str,
     if permit_out is not None and not wait:
         fail("--permit-out needs --wait", 2)
     text = _read_draft(draft, draft_file)
-    if spend is not None and not (math.isfinite(spend) and spend >= 0):
-        fail("--spend: must be a finite number >= 0", 2)
+    from gate.core.requests import MAX_SPEND
+
+    if spend is not None and not (math.isfinite(spend) and 0 <= spend <= MAX_SPEND):
+        fail(f"--spend: must be a finite number >= 0 and <= {MAX_SPEND:g}", 2)
     created: dict[str, str] = {}
     body: dict[str, Any] = {"pipeline": pipeline, "step": step,
                             "draft": {"content_type": content_type, "body": text}}

@@ -150,6 +150,25 @@ class Dispatcher:
             log.error("event=dispatch_failed approval_id=%s reason=%s message=%s", key[0],
                       exc.code, exc.message)
             await asyncio.sleep(STORAGE_RETRY_S)  # stays in flight: no hot loop while it lasts
+        except Exception as exc:  # a fault building this one dispatch: a failed attempt
+            await self._record_fault(key, attempts_before, exc)
+
+    async def _record_fault(self, key: tuple[str, int], attempts_before: int,
+                            exc: Exception) -> None:
+        """Record an attempt that failed before anything was sent (a bug, or a stored row the
+        envelope cannot carry) as a failed attempt with the usual backoff: it is retried, the
+        pipeline sees ``last_error``, and other dispatches go on. Logged with its traceback."""
+        attempt = attempts_before + 1
+        retry_at = self.service.clock.now_ms() + int(backoff_s(attempt, self._rng) * 1000)
+        log.error("event=dispatch_failed approval_id=%s revision=%d attempt=%d "
+                  "reason=internal_error retry_in_s=%.1f", key[0], key[1], attempt,
+                  (retry_at - self.service.clock.now_ms()) / 1000, exc_info=exc)
+        try:
+            await self.service.dispatch_result(
+                key[0], key[1], acked=False, retry_at_ms=retry_at,
+                error=f"the dispatch could not be built ({type(exc).__name__})")
+        except Exception:  # cannot record it either: wait before the row is read again
+            await asyncio.sleep(STORAGE_RETRY_S)
 
     async def _send(self, key: tuple[str, int], attempts_before: int) -> _Result | None:
         """POST one attempt; return its result to record, or None when nothing is to be sent

@@ -152,6 +152,17 @@ def test_request_unreadable_draft_file_is_usage_error(tmp_path):
     assert one_error_line(result.stderr).startswith("Error: --draft-file: cannot read ")
 
 
+@pytest.mark.parametrize("spend", ["-1", "nan", "inf", "1.7e308", "1e16"])
+def test_request_spend_out_of_range_is_usage_error(spend):
+    """A spend above 1e15 is refused by the API (its sums must stay finite); the CLI says so
+    before sending anything."""
+    result = invoke(["request", "-c", str(EXAMPLE), "--pipeline", "p", "--step", "s",
+                     "--draft", "x", "--spend", spend], env=dict(ENV))
+    assert result.exit_code == 2
+    assert one_error_line(result.stderr) == (
+        "Error: --spend: must be a finite number >= 0 and <= 1e+15")
+
+
 def _closed_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

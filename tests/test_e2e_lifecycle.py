@@ -606,6 +606,10 @@ BAD_BODIES: list[tuple[bytes | dict[str, Any], str]] = [
     ({"pipeline": "p", "step": "q1", "draft": OK_DRAFT, "spend": -1}, "spend"),
     ({"pipeline": "p", "step": "q1", "draft": OK_DRAFT, "spend": "3"}, "spend"),
     ({"pipeline": "p", "step": "q1", "draft": OK_DRAFT, "spend": True}, "spend"),
+    # two of these summed to infinity in the day's budget: every dispatch after them failed
+    # to encode (security review); a spend above 1e15 is refused
+    ({"pipeline": "p", "step": "q1", "draft": OK_DRAFT, "spend": 1.7e308}, "spend"),
+    ({"pipeline": "p", "step": "q1", "draft": OK_DRAFT, "spend": 1e15 * 1.0000001}, "spend"),
     ({"pipeline": "p", "step": "q1", "draft": OK_DRAFT, "run_id": 42}, "run_id"),
 ]
 

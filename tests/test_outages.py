@@ -486,3 +486,45 @@ def test_database_refusing_writes_answers_503_changes_nothing_and_recovers_witho
     verified = audit_verify(config)
     assert verified.returncode == 0, verified.stdout + verified.stderr
 
+
+
+def test_a_dispatch_that_cannot_be_built_is_retried_with_backoff_not_in_a_hot_loop(
+        tmp_path, scripted):
+    """A fault while building one dispatch (here: a stored budget that no longer encodes as
+    JSON, as two ``spend`` values of 1.7e308 once summed to infinity) is recorded as that
+    attempt's failure and retried with backoff; before, the dispatcher's task died, was started
+    again at once, and the daemon spun a core and wrote ~15k log lines a second while no other
+    dispatch left (security review). Other approvals are dispatched as usual."""
+    scripted.script = {"poison": (503, 0.0)}  # its first attempt fails: the row waits 0.25-0.5 s
+    config = write_config(tmp_path, scripted.url)
+    gate = GateProcess(config).start()
+    try:
+        api = gate.api()
+        poison = create(api, run_id="poison")
+        wait_until(lambda: api.get(poison)["dispatch"]["attempts"] >= 1, DEADLINE_S,
+                   "the first (refused) attempt")
+        with contextlib.closing(sqlite3.connect(tmp_path / "gate.db", timeout=30)) as conn:
+            conn.execute("UPDATE approvals SET budget = ? WHERE approval_id = ?",
+                         ('{"unit": "EUR", "spent_today": 1e999, "cap_today": 20.0,'
+                          ' "spent_pipeline": 0.0, "cap_pipeline": null, "this_request": 1.0}',
+                          poison))
+            conn.commit()
+        wait_until(lambda: "could not be built" in (api.get(poison)["dispatch"]["last_error"]
+                                                    or ""), DEADLINE_S, "the failure recorded")
+        dispatch = api.get(poison)["dispatch"]
+        assert dispatch["last_error"] == "the dispatch could not be built (ValueError)"
+        assert dispatch["delivered_at"] is None
+
+        other = create(api, run_id="other")
+        wait_until(lambda: api.get(other)["dispatch"]["delivered_at"], DEADLINE_S,
+                   "the other approval's ack")
+        # backoff, not a loop: 0.5 s doubling means a handful of attempts by now, not thousands
+        attempts = api.get(poison)["dispatch"]["attempts"]
+        assert 2 <= attempts <= 6, attempts
+        failures = gate.log().count(f"event=dispatch_failed approval_id={poison}")
+        assert failures <= 6, failures
+        assert scripted.count("poison") == 1  # nothing was sent after the fault
+        assert gate.stop() == 0
+    finally:
+        if gate.proc and gate.proc.poll() is None:
+            gate.stop()

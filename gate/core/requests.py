@@ -11,6 +11,10 @@ from gate.errors import GateError
 from gate.protocol.canonical import canonical_json
 
 MAX_NAME_CHARS = 200
+# the largest ``spend`` accepted, in budget units: far above any real budget, and a day's sum
+# of such values stays a finite float (sums of 1.7e308 overflowed to infinity, which no
+# dispatch can carry as JSON)
+MAX_SPEND = 1e15
 
 
 def _bad(field: str, message: str) -> GateError:
@@ -106,5 +110,7 @@ def parse_create(obj: Any) -> CreateRequest:
             raise _bad("spend", "spend is too large") from None
         if not math.isfinite(spend) or spend < 0:
             raise _bad("spend", "spend must be a number >= 0")
+        if spend > MAX_SPEND:
+            raise _bad("spend", f"spend is too large (at most {MAX_SPEND:g})")
     assert pipeline is not None and step is not None
     return CreateRequest(pipeline, step, run_id, content_type, body, spend, requested_by)
