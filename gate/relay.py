@@ -14,6 +14,7 @@ import logging
 import sys
 import threading
 import time
+import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -246,19 +247,52 @@ def _expiry(envelope: dict[str, Any]) -> float:
         return time.time() + 3600
 
 
+# Unicode categories a terminal does not show as themselves: controls (C0, DEL, C1: carriage
+# return, escape sequences), format characters (bidi overrides, zero-width), line and paragraph
+# separators, surrogates and unassigned code points. Newline and tab are shown as they are.
+_HIDDEN_CATEGORIES = frozenset({"Cc", "Cf", "Zl", "Zp", "Cs", "Cn"})
+
+
+def visible(text: str) -> tuple[str, int]:
+    """Return ``(text, count)``: ``text`` with every character a terminal would not show as
+    itself (a control, format, line/paragraph-separator, surrogate or unassigned code point;
+    newline and tab excepted) replaced by a visible ``<U+XXXX>`` mark, and how many were.
+
+    A draft of ``"pay 12000 to X\r\x1b[2Kpay 12 to Y"`` would otherwise show as its second
+    half only (security review); the human must see what the payload hash covers.
+    """
+    out: list[str] = []
+    count = 0
+    for char in text:
+        if char not in "\n\t" and unicodedata.category(char) in _HIDDEN_CATEGORIES:
+            out.append(f"<U+{ord(char):04X}>")
+            count += 1
+        else:
+            out.append(char)
+    return "".join(out), count
+
+
 def _show(envelope: dict[str, Any], identity: str) -> None:
     draft = envelope.get("draft") or {}
     quorum = envelope.get("quorum") or {}
+
+    def field(value: object) -> str:
+        return visible(str(value))[0]
+
     print("\n" + "=" * 72)
-    print(f"Approval {envelope.get('approval_id')}  {envelope.get('pipeline')}/"
-          f"{envelope.get('step')}  risk={envelope.get('risk')}  revision="
-          f"{envelope.get('revision', 1)}")
-    print(f"quorum {quorum.get('collected')}/{quorum.get('required')}  expires "
-          f"{envelope.get('expires_at')}  you are {identity}")
+    print(f"Approval {field(envelope.get('approval_id'))}  {field(envelope.get('pipeline'))}/"
+          f"{field(envelope.get('step'))}  risk={field(envelope.get('risk'))}  revision="
+          f"{field(envelope.get('revision', 1))}")
+    print(f"quorum {field(quorum.get('collected'))}/{field(quorum.get('required'))}  expires "
+          f"{field(envelope.get('expires_at'))}  you are {identity}")
     if envelope.get("budget"):
-        print(f"budget: {json.dumps(envelope['budget'], ensure_ascii=False)}")
+        print(f"budget: {field(json.dumps(envelope['budget'], ensure_ascii=False))}")
+    body, hidden = visible(str(draft.get("body", "")))
+    if hidden:
+        print(f"warning: the draft holds {hidden} control or invisible characters, shown as "
+              "<U+XXXX>; the draft approved is exactly as sent, with them")
     print("-" * 72)
-    print(draft.get("body", ""))
+    print(body)
     print("-" * 72)
 
 

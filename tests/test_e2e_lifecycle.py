@@ -233,6 +233,33 @@ def test_terminal_relay_shows_the_quorum_collected_so_far(tmp_path, spawn, clis)
     assert shown == [("0", "alice@example.com"), ("1", "bob@example.com")], relay.stdout
 
 
+def test_terminal_relay_shows_control_and_invisible_characters_of_a_draft(tmp_path, spawn,
+                                                                          clis):
+    """Security review: a draft of ``"Transfer 12000 EUR to ATTACKER\r\x1b[2KTransfer 12 EUR to
+    ACME"`` showed on a terminal as the second sentence only (carriage return, then "erase
+    line"), and the human approved the first. Every control, format (bidi, zero-width) and
+    line-separator character is shown as a visible ``<U+XXXX>`` mark, with a warning; what is
+    approved is still the draft exactly as sent."""
+    draft = ("Transfer 12000.00 EUR to ATTACKER\r\x1b[2KTransfer 12.00 EUR to ACME\n"
+             "tab\tkept \u202eevil\u202c zero\u200bwidth \u2028 del\x7f c1\x9b end\n")
+    relay = clis("relay", "--listen", "127.0.0.1:0", "--secret-env", "HITL_RELAY_SECRET",
+                 "--as", "alice@example.com", stdin=b"a\n")
+    url = relay.wait_for_line(r"event=relay_listening url=(http://127\.0\.0\.1:\d+/)").group(1)
+    gate = spawn(write_config(tmp_path, url))
+    approval_id = gate.api().create("q1", draft)["approval_id"]
+    wait_until(lambda: gate.api().get(approval_id)["state"] == "resolved",
+               what="the terminal relay's approve")
+    assert gate.api().get(approval_id)["final_body"] == draft
+    assert relay.stop() == 0
+    shown = relay.stdout.decode()
+    assert ("Transfer 12000.00 EUR to ATTACKER<U+000D><U+001B>[2KTransfer 12.00 EUR to ACME\n"
+            "tab\tkept <U+202E>evil<U+202C> zero<U+200B>width <U+2028> del<U+007F> c1<U+009B> "
+            "end\n") in shown, shown
+    assert "warning: the draft holds 8 control or invisible characters" in shown, shown
+    for raw in ("\r", "\x1b", "\u202e", "\u200b", "\u2028", "\x7f", "\x9b"):
+        assert raw not in shown, repr(raw)
+
+
 def test_reference_relay_names_what_a_dispatch_lacks(clis):
     """Regression (new-user review): a signed dispatch of just ``{"protocol": "hitl/v0"}``
     was refused ``payload_hash_mismatch``; the relay now names the missing field."""

@@ -233,3 +233,70 @@ def test_handler_accepts_rotated_secret_and_posts_a_signed_decision(
     assert decision["payload_hash"] == dispatch["payload_hash"]
     assert decision["decision"] == "approve" and decision["adjust_text"] is None
     assert decision["approver"]["id"] == APPROVER
+
+
+@needs_handler
+def test_ask_mode_shows_control_and_invisible_characters_of_a_draft(
+        tmp_path: Path, callback: CallbackServer) -> None:
+    """Security review: ``ask`` printed the draft raw on the terminal, so ``"...ATTACKER\\r
+    \\x1b[2K..."`` showed only its harmless second half. It now shows every control, format
+    (bidi, zero-width) and line-separator character as ``<U+XXXX>``, with a warning. The
+    handler runs with a pseudo-terminal as its controlling terminal (its /dev/tty)."""
+    import fcntl
+    import pty
+    import termios
+
+    url = f"http://127.0.0.1:{callback.server_address[1]}/hitl/v0/decisions"
+    draft = ("Transfer 12000 EUR to ATTACKER\r\x1b[2KTransfer 12 EUR to ACME\n"
+             "tab\tkept \u202eevil\u202c zero\u200bwidth \u2028 end\n")
+    body = _dispatch(url, draft)
+    head = (f"POST / HTTP/1.1\r\nHost: relay\r\nContent-Length: {len(body)}\r\n"
+            f"X-Draftcat-Signature: {signing.sign(SECRET, int(time.time()), body)}\r\n\r\n")
+    master, slave = pty.openpty()
+
+    def controlling_terminal() -> None:
+        os.setsid()
+        fcntl.ioctl(slave, termios.TIOCSCTTY, 0)
+
+    shown = b""
+    proc: subprocess.Popen[bytes] | None = None
+    # the session must outlive the handler (which answers, then asks from a background job):
+    # when a session leader exits, its terminal is hung up. So a shell leads the session,
+    # runs the handler, then waits to be killed.
+    wrapper = 'sh "$1"; exec sleep 120 >/dev/null'
+    try:
+        with (tmp_path / "handler.log").open("ab") as log:
+            proc = subprocess.Popen(["sh", "-c", wrapper, "wrapper", str(RELAY_SH)],
+                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
+                                    env=_env(tmp_path, RELAY_AUTO="ask"), pass_fds=(slave,),
+                                    preexec_fn=controlling_terminal)  # noqa: PLW1509
+        assert proc.stdin is not None and proc.stdout is not None
+        proc.stdin.write(head.encode() + body)
+        proc.stdin.close()
+        status_line = proc.stdout.readline()
+        assert status_line.startswith(b"HTTP/1.1 202"), status_line
+        deadline = time.monotonic() + DEADLINE_S
+        while b"decide as" not in shown:
+            assert time.monotonic() < deadline, (shown, (tmp_path / "handler.log").read_text())
+            import select
+            if select.select([master], [], [], 0.5)[0]:
+                shown += os.read(master, 65536)
+        os.write(master, b"a\n")
+        assert callback.arrived.wait(DEADLINE_S), (tmp_path / "handler.log").read_text()
+    finally:
+        os.close(master)
+        os.close(slave)
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+        if proc is not None:
+            proc.wait(DEADLINE_S)
+            assert proc.stdout is not None
+            proc.stdout.close()
+    text = shown.decode("utf-8").replace("\r\n", "\n")  # the terminal's output translation
+    assert ("Transfer 12000 EUR to ATTACKER<U+000D><U+001B>[2KTransfer 12 EUR to ACME\n"
+            "tab\tkept <U+202E>evil<U+202C> zero<U+200B>width <U+2028> end\n") in text, text
+    assert "warning: the draft holds 6 control or invisible characters" in text, text
+    for raw in ("\x1b", "\u202e", "\u200b", "\u2028"):
+        assert raw not in text, repr(raw)
+    [(_, raw)] = callback.seen
+    assert json.loads(raw)["decision"] == "approve"

@@ -100,8 +100,18 @@ decide() {
     until mkdir "$STATE/.tty" 2>/dev/null; do sleep 1; done  # one prompt at a time
     trap 'rmdir "$STATE/.tty"; rm -rf "$tmp"' EXIT
     exec 3<>/dev/tty
-    jq -r '"\n== \(.pipeline)/\(.step) risk=\(.risk) approval \(.approval_id)\n\(.draft.body)
-=="' "$d" >&3
+    # what a terminal would not show as itself (controls such as CR and ESC, bidi and
+    # zero-width format characters, line separators) is shown as <U+XXXX>, with a warning
+    jq -r 'def hex: if . < 16 then "0123456789ABCDEF"[.:.+1]
+        else (./16|floor|hex) + ("0123456789ABCDEF"[(.%16):(.%16)+1]) end;
+      def mark: "<U+" + (explode[0] | hex | ("000"[0:(4-length|if . < 0 then 0 else . end)]) + .) + ">";
+      def visible: gsub("(?<c>(?![\\n\\t])[\\p{Cc}\\p{Cf}\\p{Zl}\\p{Zp}\\p{Cs}\\p{Cn}])"; .c | mark);
+      def hidden: [match("(?![\\n\\t])[\\p{Cc}\\p{Cf}\\p{Zl}\\p{Zp}\\p{Cs}\\p{Cn}]"; "g")] | length;
+      "\n== \(.pipeline|tostring|visible)/\(.step|tostring|visible) risk=\(.risk|tostring|visible) approval \(.approval_id|tostring|visible)"
+      + (if (.draft.body|hidden) > 0 then "\nwarning: the draft holds \(.draft.body|hidden) control"
+         + " or invisible characters, shown as <U+XXXX>; the draft approved is exactly as sent"
+         else "" end)
+      + "\n\(.draft.body|visible)\n=="' "$d" >&3
     printf 'decide as %s: [a]pprove, [s]kip, [e]dit (one line)? ' "$who" >&3
     read -r ans <&3 || ans=''
     case $ans in
