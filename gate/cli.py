@@ -597,7 +597,7 @@ def permit() -> None:
     """Execution permits: verify one offline before executing the approved body.
 
     Example: hitl-gate permit verify permit.jws --public-key hitl-gate-ed25519.pub
-    --body-file mail.txt
+    --body-file mail.txt --pipeline invoices --step send-followup
     """
 
 
@@ -616,9 +616,11 @@ def permit_verify(permit_file: str, public_key_files: tuple[str, ...], body_file
     """Check a permit's signature, expiry, and that the body hashes to its payload_hash.
 
     Exit 0 valid (execute), 1 invalid (do not execute; the reason is printed), 2 usage.
+    Give --pipeline and --step of the action about to run: without them a permit of any
+    step passes (stderr then says so and names the permit's pipeline/step).
 
     Example: hitl-gate permit verify permit.jws --public-key hitl-gate-ed25519.pub
-    --body-file mail.txt
+    --body-file mail.txt --pipeline invoices --step send-followup
     """
     import time
 
@@ -637,10 +639,18 @@ def permit_verify(permit_file: str, public_key_files: tuple[str, ...], body_file
     except permit_mod.PermitError as exc:
         click.echo(f"INVALID: {exc.code}: {exc.message}")
         sys.exit(1)
-    if as_json:
-        click.echo(json.dumps(verified.claims, ensure_ascii=False, indent=2))
-        return
     claims = verified.claims
+    unchecked = [name for name, given in (("pipeline", pipeline), ("step", step))
+                 if given is None]
+    if unchecked:
+        what = " or ".join(unchecked)
+        flags = " and ".join(f"--{name}" for name in unchecked)
+        click.echo(f"warning: the permit is for {claims['pipeline']}/{claims['step']}; {flags} "
+                   f"{'were' if len(unchecked) > 1 else 'was'} not given, so a permit for "
+                   f"another {what} would pass too", err=True)
+    if as_json:
+        click.echo(json.dumps(claims, ensure_ascii=False, indent=2))
+        return
     approvers = ", ".join(str(a.get("identity") or a.get("operator_id"))
                           for a in claims["approved_by"])
     click.echo(f"ok: permit for approval {claims['approval_id']} ({claims['pipeline']}/"

@@ -185,11 +185,12 @@ def signed_gate(directory: Path, relay_url: str, **kw: Any) -> tuple[GateProcess
 
 
 def permit_verify(permit_file: Path, public: Path, body_file: Path,
-                  *extra: str) -> tuple[int, str]:
+                  *extra: str) -> tuple[int, str, str]:
+    """Run ``hitl-gate permit verify``; return (exit code, stdout, stderr)."""
     proc = run_cli("permit", "verify", str(permit_file), "--public-key", str(public),
                    "--body-file", str(body_file), *extra, env=no_secret_env())
     assert "Traceback" not in proc.stderr.decode()
-    return proc.returncode, proc.stdout.decode() + proc.stderr.decode()
+    return proc.returncode, proc.stdout.decode(), proc.stderr.decode()
 
 
 @pytest.mark.parametrize(("auto", "final"), [("approve", MAIL), ("adjust:Neuer Text €", None)])
@@ -215,7 +216,7 @@ def test_permit_request_wait_permit_out_and_verify(tmp_path: Path, clis: Any, au
         assert approval["permit"] == token
         body_file = tmp_path / "final.txt"
         body_file.write_bytes(final_body.encode("utf-8"))
-        code, text = permit_verify(out, public, body_file, "--json")
+        code, text, _ = permit_verify(out, public, body_file, "--json")
         assert code == 0, text
         claims = json.loads(text)
         iat = claims["iat"]
@@ -230,7 +231,7 @@ def test_permit_request_wait_permit_out_and_verify(tmp_path: Path, clis: Any, au
         assert json.loads(unb64url(token.split(".")[0])) == {
             "alg": "EdDSA", "kid": kid, "typ": "hitl-permit+jwt"}
 
-        code, text = permit_verify(out, public, body_file)
+        code, text, _ = permit_verify(out, public, body_file)
         assert code == 0
         assert text.startswith(f"ok: permit for approval {approval_id} (p/q1, "
                                f"{approval['outcome']} by alice@example.com), body "
@@ -239,7 +240,7 @@ def test_permit_request_wait_permit_out_and_verify(tmp_path: Path, clis: Any, au
             # the original draft is not what was approved
             draft = tmp_path / "draft.txt"
             draft.write_bytes(MAIL.encode("utf-8"))
-            code, text = permit_verify(out, public, draft)
+            code, text, _ = permit_verify(out, public, draft)
             assert code == 1
             assert text == (f"INVALID: permit_body_mismatch: the body hashes to "
                             f"sha256:{hashlib.sha256(MAIL.encode()).hexdigest()}, the permit "
@@ -270,6 +271,29 @@ def approved(tmp_path: Path, relay: Any) -> Iterator[dict[str, Any]]:
         gate.stop()
 
 
+def test_permit_verify_without_pipeline_and_step_warns_that_they_were_not_checked(
+        approved: dict[str, Any]) -> None:
+    """Security review: a permit of a quorum-1 step passed ``permit verify`` as printed in its
+    help for an action of a quorum-2 step. Without --pipeline/--step the verdict stays "ok"
+    (the signature, expiry and body are checked), but stderr says what was not checked and
+    which pipeline/step the permit is for; with both given, nothing is said."""
+    token_file, public, body_file = (approved["token_file"], approved["public"],
+                                     approved["body_file"])
+    code, out, err = permit_verify(token_file, public, body_file)
+    assert code == 0 and out.startswith("ok: permit for approval"), out
+    assert err == ("warning: the permit is for p/q2; --pipeline and --step were not given, so "
+                   "a permit for another pipeline or step would pass too\n")
+    code, out, err = permit_verify(token_file, public, body_file, "--step", "q2")
+    assert code == 0 and err == ("warning: the permit is for p/q2; --pipeline was not given, "
+                                 "so a permit for another pipeline would pass too\n"), err
+    code, out, err = permit_verify(token_file, public, body_file, "--pipeline", "p",
+                                   "--step", "q2")
+    assert (code, err) == (0, ""), err
+    code, out, err = permit_verify(token_file, public, body_file, "--pipeline", "p",
+                                   "--step", "q1")
+    assert code == 1 and out.startswith("INVALID: permit_wrong_step"), out
+
+
 def test_permit_quorum_2_names_both_approvers(approved: dict[str, Any]) -> None:
     claims = permit.verify(approved["token"], [keys.load_public_key(approved["public"])], MAIL,
                            time.time()).claims
@@ -294,11 +318,11 @@ def test_permit_expired_wrong_body_wrong_key_altered_claim(approved: dict[str, A
     d = approved["dir"]
     wrong_body = d / "other.txt"
     wrong_body.write_bytes(MAIL.rstrip("\n").encode())
-    code, text = permit_verify(approved["token_file"], approved["public"], wrong_body)
+    code, text, _ = permit_verify(approved["token_file"], approved["public"], wrong_body)
     assert code == 1 and text.startswith("INVALID: permit_body_mismatch: "), text
 
     _, other_public, other_kid = keys.generate(d / "other-key")
-    code, text = permit_verify(approved["token_file"], other_public, approved["body_file"])
+    code, text, _ = permit_verify(approved["token_file"], other_public, approved["body_file"])
     assert (code, text) == (1, f"INVALID: permit_unknown_key: signed by key "
                                f"'{approved['kid']}', which is not a trusted public key\n")
 
@@ -306,11 +330,11 @@ def test_permit_expired_wrong_body_wrong_key_altered_claim(approved: dict[str, A
     altered = dict(json.loads(unb64url(payload)), quorum=1, approved_by=[])
     altered_file = d / "altered.jws"
     altered_file.write_text(f"{head}.{b64url(canonical_json(altered))}.{sig}")
-    code, text = permit_verify(altered_file, approved["public"], approved["body_file"])
+    code, text, _ = permit_verify(altered_file, approved["public"], approved["body_file"])
     assert (code, text) == (1, f"INVALID: permit_bad_signature: signature does not verify with "
                                f"key {approved['kid']} (altered or forged)\n")
 
-    code, text = permit_verify(approved["token_file"], approved["public"],
+    code, text, _ = permit_verify(approved["token_file"], approved["public"],
                                approved["body_file"], "--step", "q1")
     assert (code, text) == (1, "INVALID: permit_wrong_step: permit is for step 'q2', not "
                                "'q1'\n")
