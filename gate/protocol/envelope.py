@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -114,6 +115,27 @@ def _string(obj: dict[str, Any], key: str, field: str, limit: int, *, required: 
     return value
 
 
+# RFC 3339 §5.6 date-time: full date, "T" (or "t", or a space per its note), full time with
+# seconds and an optional fraction, then "Z"/"z" or a numeric offset
+_RFC3339 = re.compile(r"(\d{4}-\d{2}-\d{2})[Tt ](\d{2}:\d{2}:\d{2})(?:\.(\d+))?"
+                      r"([Zz]|[+-]\d{2}:\d{2})")
+
+
+def _is_rfc3339(text: str) -> bool:
+    """True when ``text`` is an RFC 3339 date-time of a real instant (``fromisoformat`` alone
+    also takes a date, a time without seconds or offset, and ISO 8601's basic format)."""
+    match = _RFC3339.fullmatch(text)
+    if match is None:
+        return False
+    day, clock, fraction, offset = match.groups()
+    offset = "+00:00" if offset in ("Z", "z") else offset
+    try:
+        datetime.fromisoformat(f"{day}T{clock}.{(fraction or '0')[:6]:0<6}{offset}")
+    except ValueError:
+        return False
+    return True
+
+
 def parse_decision(raw: bytes) -> Decision:
     """Parse a decision body (SPEC §2 check 5): JSON object, ``protocol`` hitl/v0, required
     fields with the right types, ``decision`` in approve|skip|adjust (a relay never sends
@@ -146,10 +168,8 @@ def parse_decision(raw: bytes) -> Decision:
         raise _invalid("adjust_text", "adjust_text is not valid Unicode (lone surrogate)")
     decided_at = _string(obj, "decided_at", "decided_at", MAX_LABEL_CHARS, required=True)
     assert decided_at is not None
-    try:
-        datetime.fromisoformat(decided_at)
-    except ValueError:
-        raise _invalid("decided_at", "decided_at must be an RFC 3339 timestamp") from None
+    if not _is_rfc3339(decided_at):
+        raise _invalid("decided_at", "decided_at must be an RFC 3339 timestamp")
     assert approval_id and nonce and payload_hash and approver_id
     return Decision(
         approval_id=approval_id,
