@@ -322,10 +322,17 @@ def request(config_path: str, api_url: str | None, pipeline: str, step: str,
 
     async def go() -> dict[str, Any]:
         async with _client(config_path, api_url) as api:
-            approval = await api.create(body, idempotency_key)
+            approval, new = await api.create(body, idempotency_key)
             created["id"] = approval["approval_id"]
-            report(f"requested approval {approval['approval_id']} for {pipeline}/{step} "
-                   f"(quorum {approval['quorum']['required']}, {approval['payload_hash']})")
+            if new:
+                report(f"requested approval {approval['approval_id']} for {pipeline}/{step} "
+                       f"(quorum {approval['quorum']['required']}, {approval['payload_hash']})")
+            else:
+                state = approval["state"] + (f", outcome {approval['outcome']}"
+                                             if approval["state"] == "resolved" else "")
+                report(f"already requested: approval {approval['approval_id']} for "
+                       f"{pipeline}/{step} (the same request with Idempotency-Key "
+                       f"{idempotency_key} was made before; state {state})")
             if not wait:
                 return dict(approval)
             return await wait_for_outcome(api, approval, timeout, report)
@@ -345,7 +352,8 @@ def request(config_path: str, api_url: str | None, pipeline: str, step: str,
         return
     if result["state"] != "resolved":
         click.echo(f"Error: still pending after {timeout:g} s: approval {result['approval_id']}"
-                   " (the action must not fire)", err=True)
+                   " (the action must not fire; cancel it with: "
+                   f"{_cancel_command(config_path, api_url, result['approval_id'])})", err=True)
         sys.exit(4)
     if permit_out is not None:
         _save_permit(Path(permit_out), result, report)
@@ -442,9 +450,18 @@ def cancel(config_path: str, api_url: str | None, approval_id: str) -> None:
 
     Example: hitl-gate cancel -c config.example.yaml 01JABCDEF...
     """
+    from gate.client import ClientError
+
     async def go() -> Any:
         async with _client(config_path, api_url) as api:
-            return await api.cancel(approval_id)
+            try:
+                return await api.cancel(approval_id)
+            except ClientError as exc:
+                if exc.code == "already_resolved" and "outcome" in exc.extra:
+                    # whether the action may have fired depends on the outcome: say it
+                    fail(f"approval {approval_id} is already resolved (outcome "
+                         f"{exc.extra['outcome']}); nothing changed (HTTP 409 already_resolved)")
+                raise
 
     result = run(go())
     click.echo(f"{result['approval_id']} cancelled")

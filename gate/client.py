@@ -86,10 +86,14 @@ class ApiClient:
                               status=status, extra=answer if isinstance(answer, dict) else None)
         return status, answer
 
-    async def create(self, body: dict[str, Any], idempotency_key: str | None = None) -> Any:
-        """POST /v1/approvals; returns the approval object."""
+    async def create(self, body: dict[str, Any],
+                     idempotency_key: str | None = None) -> tuple[Any, bool]:
+        """POST /v1/approvals; returns ``(approval object, created)``: ``created`` is False when
+        the gate answered 200, i.e. the same request with this Idempotency-Key was made before
+        (SPEC §3) and the object is that earlier approval as it stands now."""
         headers = {"Idempotency-Key": idempotency_key} if idempotency_key else None
-        return (await self._call("POST", "/v1/approvals", body=body, headers=headers))[1]
+        status, answer = await self._call("POST", "/v1/approvals", body=body, headers=headers)
+        return answer, status == 201
 
     async def get(self, approval_id: str, wait: float | None = None) -> Any:
         """GET /v1/approvals/{id}, long-polling up to ``wait`` seconds when given."""

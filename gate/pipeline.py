@@ -2,17 +2,26 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable
 from typing import Any
 
-from gate.client import ApiClient
+from gate.client import ApiClient, ClientError
 
 EXIT_CODES = {"approved": 0, "adjusted": 0, "skipped": 3, "timeout": 4, "cancelled": 5}
 POLL_CHUNK_S = 60.0
 # the gate's long-poll wakes on the resolution only (SPEC §3): with a quorum above 1 the
 # decisions before it (and an adjust's new revision) are seen by polling this often
 PARTIAL_POLL_S = 1.0
+# polls while the gate cannot be reached: 0.5 s doubling to 5 s
+RETRY_BASE_S = 0.5
+RETRY_CAP_S = 5.0
+
+
+def _transient(exc: ClientError) -> bool:
+    """True for a failure that passes by itself: no connection, or 502/503/504."""
+    return exc.code == "gate_unreachable" or exc.status in (502, 503, 504)
 
 
 def hops(before: dict[str, Any] | None, after: dict[str, Any]) -> list[str]:
@@ -56,11 +65,16 @@ async def wait_for_outcome(api: ApiClient, approval: dict[str, Any], timeout_s: 
     Polls every 0.5 s until the dispatch is acked, every ``PARTIAL_POLL_S`` while a quorum
     above 1 collects decisions, else in ``POLL_CHUNK_S`` long-polls (woken by the resolution).
 
+    While the gate cannot be reached (a restart, a network fault) or answers 502/503/504, says
+    so once and polls again with backoff (``RETRY_BASE_S`` doubling to ``RETRY_CAP_S``): the
+    approval is durable on the gate (SPEC §8), so waiting goes on. Other errors are raised.
+
     Returns the last approval object seen (``state`` may still be ``pending`` if the
     client-side timeout elapsed first).
     """
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     current = approval
+    outage = 0  # failed polls in a row while the gate cannot be reached
     for line in hops(None, current):
         report(line)
     while current["state"] != "resolved":
@@ -73,7 +87,24 @@ async def wait_for_outcome(api: ApiClient, approval: dict[str, Any], timeout_s: 
             chunk = min(chunk, 0.5)
         elif (current.get("quorum") or {}).get("required", 1) > 1:
             chunk = min(chunk, PARTIAL_POLL_S)
-        nxt = await api.get(current["approval_id"], wait=chunk)
+        try:
+            nxt = await api.get(current["approval_id"], wait=chunk)
+        except ClientError as exc:
+            if not _transient(exc):
+                raise
+            if outage == 0:
+                report(f"the gate is unreachable ({exc.message}); approval "
+                       f"{current['approval_id']} stays pending there: retrying every "
+                       f"{RETRY_CAP_S:g} s at most (Ctrl-C stops waiting)")
+            outage += 1
+            pause = min(RETRY_CAP_S, RETRY_BASE_S * 2 ** (outage - 1))
+            if deadline is not None:
+                pause = min(pause, max(0.0, deadline - time.monotonic()))
+            await asyncio.sleep(pause)
+            continue
+        if outage:
+            report("the gate is reachable again")
+            outage = 0
         for line in hops(current, nxt):
             report(line)
         current = nxt

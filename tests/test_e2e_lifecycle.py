@@ -38,6 +38,7 @@ from tests.support import (
     CliProcess,
     GateProcess,
     decision_body,
+    free_port,
     gate_env,
     http_request,
     post_decision,
@@ -788,6 +789,90 @@ def test_request_wait_exits_5_when_cancelled_elsewhere(gate, relay, clis):
     assert code == 5, stderr
     assert stdout == b""
     assert re.search(r"^resolved: cancelled \(revision 1, ", stderr, re.M), stderr
+
+
+def test_request_wait_rides_out_a_gate_restart(tmp_path, relay, clis):
+    """Pipeline-author review: ``request --wait`` exited 1 "cannot reach the gate" the moment
+    the gate restarted, although the approval is durable and still pending (SPEC §8). It now
+    says the gate is unreachable and that the approval stays pending, keeps polling with
+    backoff, and reports the outcome once the gate is back."""
+    config = write_config(tmp_path, relay.url, api={"listen": f"127.0.0.1:{free_port()}"})
+    gate = GateProcess(config).start()
+    try:
+        cli = clis("request", "-c", str(config), "--pipeline", "p", "--step", "q1",
+                   "--draft", "Neustart überstehen\n", "--wait")
+        approval_id = cli.wait_for_line(rf"requested approval ({ULID_RE.pattern})").group(1)
+        dispatch = relay.wait_dispatch(approval_id)
+        cli.wait_for_line(r"dispatched revision 1 to the relay")
+        assert gate.stop() == 0
+        cli.wait_for_line(rf"the gate is unreachable \(.*\); approval {approval_id} stays "
+                          r"pending there: retrying")
+        gate = GateProcess(config).start()
+        status, answer, _ = post_decision(gate.callback_url, decision_body(dispatch))
+        assert (status, answer["outcome"]) == (200, "approved")
+        code, out, err = cli.finish()
+        assert code == 0, err
+        assert out == "Neustart überstehen\n".encode()
+        assert "the gate is reachable again" in err, err
+        assert err.count("the gate is unreachable") == 1, err
+    finally:
+        if gate.proc and gate.proc.poll() is None:
+            gate.stop()
+
+
+def test_request_replayed_by_idempotency_key_says_so(gate, relay, clis):
+    """Pipeline-author review: a request replayed with its Idempotency-Key printed "requested
+    approval ..." like a new one, so ``request ... && send`` could not tell it fired before.
+    The API answers 200 (not 201); the CLI now says it is the earlier approval, and its state."""
+    args = ("request", "-c", str(gate.config), "--api-url", gate.api_url, "--pipeline", "p",
+            "--step", "q1", "--draft", "einmal", "--idempotency-key", "key-7")
+    first = run_cli(*args)
+    assert first.returncode == 0, first.stderr
+    approval_id = first.stdout.decode().strip()
+    assert re.match(rf"requested approval {approval_id} for p/q1", first.stderr.decode())
+    dispatch = relay.wait_dispatch(approval_id)
+    again = run_cli(*args)
+    assert (again.returncode, again.stdout.decode().strip()) == (0, approval_id)
+    assert again.stderr.decode().startswith(
+        f"already requested: approval {approval_id} for p/q1 (the same request with "
+        "Idempotency-Key key-7 was made before; state pending)"), again.stderr
+    status, _, _ = post_decision(gate.callback_url, decision_body(dispatch))
+    assert status == 200
+    waited = run_cli(*args, "--wait")
+    assert waited.returncode == 0 and waited.stdout == b"einmal"
+    assert waited.stderr.decode().startswith(
+        f"already requested: approval {approval_id} for p/q1 (the same request with "
+        "Idempotency-Key key-7 was made before; state resolved, outcome approved)"), waited.stderr
+
+
+def test_request_timeout_prints_the_cancel_command(gate, relay, clis):
+    """Pipeline-author review: after ``--timeout`` the message said the action must not fire
+    but, unlike Ctrl-C, not how to cancel the approval still pending on the gate."""
+    proc = run_cli("request", "-c", str(gate.config), "--api-url", gate.api_url,
+                   "--pipeline", "p", "--step", "q1", "--draft", "x", "--wait", "--timeout", "1")
+    assert proc.returncode == 4
+    line = proc.stderr.decode().splitlines()[-1]
+    match = re.fullmatch(rf"Error: still pending after 1 s: approval ({ULID_RE.pattern}) \(the "
+                         r"action must not fire; cancel it with: (.+)\)", line)
+    assert match, line
+    done = run_cli(*shlex.split(match.group(2))[1:])
+    assert done.returncode == 0, done.stderr
+    assert gate.api().get(match.group(1))["outcome"] == "cancelled"
+
+
+def test_cancel_of_a_resolved_approval_names_its_outcome(gate, relay):
+    """Pipeline-author review: ``cancel`` of an approval that had timed out said only "HTTP 409
+    already_resolved"; whether the action may have fired depends on the outcome, so say it."""
+    api = gate.api()
+    approval_id = api.create("q1", "schon entschieden")["approval_id"]
+    status, _, _ = post_decision(gate.callback_url,
+                                 decision_body(relay.wait_dispatch(approval_id)))
+    assert status == 200
+    proc = run_cli("cancel", "-c", str(gate.config), "--api-url", gate.api_url, approval_id)
+    assert proc.returncode == 1
+    assert proc.stderr.decode() == (f"Error: approval {approval_id} is already resolved "
+                                    "(outcome approved); nothing changed (HTTP 409 "
+                                    "already_resolved)\n")
 
 
 # ---- audit trail ----------------------------------------------------------------------------
