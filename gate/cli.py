@@ -374,7 +374,10 @@ def _cancel_command(config_path: str | None, api_url: str | None, approval_id: s
 
 
 def _save_permit(path: Path, approval: dict[str, Any], report: Any) -> None:
+    import time
+
     from gate import permit
+    from gate.protocol.envelope import rfc3339
 
     try:
         if approval["final_body"] is None:
@@ -383,6 +386,12 @@ def _save_permit(path: Path, approval: dict[str, Any], report: Any) -> None:
         if not approval.get("permit"):
             fail(f"approval {approval['approval_id']} is {approval['outcome']} but the gate "
                  "issued no permit (receipts.signing_key_file is not configured)")
+        exp = permit.unverified_expiry(approval["permit"])
+        if exp is not None and exp <= time.time():  # a replay long after the resolution
+            path.unlink(missing_ok=True)
+            fail(f"the permit of approval {approval['approval_id']} expired at "
+                 f"{rfc3339(exp * 1000)}: the action must not fire on it; request again with "
+                 "a new Idempotency-Key")
         permit.save(path, approval["permit"])
     except OSError as exc:
         fail(f"--permit-out: cannot write {path}: {exc.strerror or exc}")

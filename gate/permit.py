@@ -212,6 +212,20 @@ def _claims(payload: bytes) -> dict[str, Any]:
     return claims
 
 
+def unverified_expiry(token: str) -> int | None:
+    """Return the ``exp`` claim (unix seconds) of a compact permit, or None if unreadable.
+
+    Nothing is checked (not the signature either): for a client of its own gate that wants to
+    know whether a permit it just received has already lapsed. Executors use ``verify``.
+    """
+    try:
+        claims = jwt.decode(token, options={"verify_signature": False})
+    except jwt.PyJWTError:
+        return None
+    exp = claims.get("exp")
+    return exp if isinstance(exp, int) and not isinstance(exp, bool) else None
+
+
 def save(path: Path, token: str) -> None:
     """Write ``token`` (plus a newline) to ``path`` atomically, mode 0600."""
     target = Path(path)

@@ -17,6 +17,7 @@ import shutil
 import subprocess
 import time
 from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -245,6 +246,34 @@ def test_permit_request_wait_permit_out_and_verify(tmp_path: Path, clis: Any, au
             assert text == (f"INVALID: permit_body_mismatch: the body hashes to "
                             f"sha256:{hashlib.sha256(MAIL.encode()).hexdigest()}, the permit "
                             f"allows {approval['payload_hash']}\n")
+    finally:
+        gate.stop()
+
+
+def test_request_replayed_after_the_permit_expired_fails_instead_of_saving_it(
+        tmp_path: Path, clis: Any) -> None:
+    """Pipeline-author review: ``request --wait --permit-out`` replayed (same Idempotency-Key)
+    after ``permit_lifetime`` exited 0, printed the body and saved a permit that
+    ``permit verify`` then refused as expired. It now fails (exit 1) naming the expiry, prints
+    no body and leaves no permit file: the action can no longer fire on that approval."""
+    gate, public, kid = signed_gate(tmp_path, reference_relay(clis, "approve"), lifetime="2s")
+    try:
+        out = tmp_path / "permit.jws"
+        args = ("request", "-c", str(gate.config), "--api-url", gate.api_url, "--pipeline",
+                "p", "--step", "q1", "--draft", "kurz gültig", "--idempotency-key", "k-1",
+                "--wait", "--permit-out", str(out))
+        first = run_cli(*args)
+        assert first.returncode == 0, first.stderr
+        exp = json.loads(unb64url(out.read_text().split(".")[1]))["exp"]
+        wait_until(lambda: time.time() > exp + 0.1, 10, "the permit's expiry")
+        again = run_cli(*args)
+        assert (again.returncode, again.stdout) == (1, b""), again.stderr
+        approval_id = first.stderr.decode().split()[2]
+        assert again.stderr.decode().splitlines()[-1] == (
+            f"Error: the permit of approval {approval_id} expired at "
+            f"{datetime.fromtimestamp(exp, UTC):%Y-%m-%dT%H:%M:%SZ}: the action must not fire "
+            "on it; request again with a new Idempotency-Key")
+        assert not out.exists()
     finally:
         gate.stop()
 
