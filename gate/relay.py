@@ -217,6 +217,14 @@ class Relay:
             elif self.stdin_closed:
                 return None
             else:
+                expires = _expiry(envelope)
+                if time.time() >= expires:  # queued behind another prompt until too late
+                    log.info("event=dispatch_expired approval_id=%s (not shown)",
+                             envelope.get("approval_id"))
+                    print(f"\nApproval {visible(str(envelope.get('approval_id')))[0]} expired "
+                          f"at {visible(str(envelope.get('expires_at')))[0]} before its turn; "
+                          "not shown.", flush=True)
+                    return None
                 try:
                     verb, text = await ask_terminal(envelope, identity)
                 except EOFError:
@@ -235,7 +243,22 @@ class Relay:
             if status == 422 and self.auto is None:
                 print(f"The gate refused that answer ({reason}); please answer again.", flush=True)
                 continue
+            if self.auto is None:
+                print(_verdict(verb, status, answer), flush=True)
             return status, answer
+
+
+def _verdict(verb: str, status: int, answer: Any) -> str:
+    """One line telling the human at the terminal what the gate did with their answer."""
+    if status == 200 and isinstance(answer, dict):
+        if answer.get("resolved"):
+            return f"Recorded: the approval is resolved {answer.get('outcome')}."
+        return "Recorded; the quorum is not complete yet."
+    reason = answer.get("reason") if isinstance(answer, dict) else None
+    outcome = answer.get("outcome") if isinstance(answer, dict) else None
+    tail = (f"; the approval is resolved {outcome} without it." if outcome else
+            "; the approval is resolved without it." if reason in FINAL else ".")
+    return f"The gate did not record your {verb}: {reason or 'refused'} (HTTP {status}){tail}"
 
 
 def _expiry(envelope: dict[str, Any]) -> float:

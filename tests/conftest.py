@@ -32,8 +32,8 @@ def clis() -> Iterator[Callable[..., CliProcess]]:
     test is stopped."""
     procs: list[CliProcess] = []
 
-    def start(*args: str, stdin: bytes | None = None) -> CliProcess:
-        proc = CliProcess(*args, stdin=stdin)
+    def start(*args: str, stdin: bytes | None = None, keep_stdin: bool = False) -> CliProcess:
+        proc = CliProcess(*args, stdin=stdin, keep_stdin=keep_stdin)
         procs.append(proc)
         return proc
 

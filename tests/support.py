@@ -397,10 +397,11 @@ class CliProcess:
 
     ``wait_for_line`` waits (with a deadline) for a stderr line; ``finish`` waits for the exit
     and returns ``(returncode, stdout bytes, stderr text)``; ``stop`` sends SIGTERM first.
+    With ``keep_stdin``, stdin stays open after ``stdin`` is written: ``send`` writes more.
     """
 
     def __init__(self, *args: str, stdin: bytes | None = None,
-                 env: dict[str, str] | None = None) -> None:
+                 env: dict[str, str] | None = None, keep_stdin: bool = False) -> None:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "gate", *args],
             stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
@@ -414,8 +415,14 @@ class CliProcess:
         for thread in self._threads:
             thread.start()
         if stdin is not None:
-            assert self.proc.stdin is not None
-            self.proc.stdin.write(stdin)
+            self.send(stdin, close=not keep_stdin)
+
+    def send(self, data: bytes, close: bool = False) -> None:
+        """Write ``data`` to the process's stdin (``stdin=`` given), closing it if ``close``."""
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(data)
+        self.proc.stdin.flush()
+        if close:
             self.proc.stdin.close()
 
     def _read_err(self) -> None:
