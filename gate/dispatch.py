@@ -11,6 +11,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote, unquote
 
 import aiohttp
 from yarl import URL
@@ -258,20 +259,33 @@ async def post_signed(session: aiohttp.ClientSession, url: str, body: bytes, sec
         return SendResult(None, f"no answer within {timeout_s:g} s", time.monotonic() - started,
                           "timeout")
     except aiohttp.ClientError as exc:
-        return SendResult(None, _redact(f"{type(exc).__name__}: {exc}", url)[:MAX_ERROR_CHARS],
+        return SendResult(None, redact(f"{type(exc).__name__}: {exc}", url)[:MAX_ERROR_CHARS],
                           time.monotonic() - started, "connection")
 
 
-def _redact(text: str, url: str) -> str:
-    """Remove the relay URL's query and credentials from an error text (a Power Automate or
-    webhook URL carries its access signature in the query), keeping scheme, host and path."""
+def redact(text: str, url: str) -> str:
+    """Return ``text`` (an error message about ``url``) with the URL's secrets removed.
+
+    A Power Automate or webhook URL carries its access signature in the query, and a URL may
+    carry a password: every form of them is replaced by ``<redacted>``: the query as written
+    and as decoded (yarl prints ``%2F`` as ``/``), each query value of four or more
+    characters in both forms, the password and the fragment; error texts that drop the
+    userinfo are covered because values are matched, not whole URLs (security review).
+    """
     try:
         parsed = URL(url)
     except (TypeError, ValueError):
         return text
-    if not parsed.query_string and not parsed.user and not parsed.password:
-        return text
-    safe = str(parsed.with_user(None).with_query(None).with_fragment(None))
-    for form in {url, str(parsed), parsed.human_repr()}:
-        text = text.replace(form, safe + "?<redacted>" if parsed.query_string else safe)
+    secrets: set[str] = {parsed.raw_query_string, parsed.query_string,
+                         unquote(parsed.raw_query_string), parsed.raw_fragment,
+                         parsed.fragment}
+    for value in (parsed.raw_password, parsed.password):
+        if value:
+            secrets.add(value)
+            secrets.add(quote(value, safe=""))
+    for _, value in parsed.query.items():
+        if len(value) >= 4:
+            secrets.update({value, quote(value, safe=""), quote(value)})
+    for secret in sorted((s for s in secrets if s), key=len, reverse=True):
+        text = text.replace(secret, "<redacted>")
     return text

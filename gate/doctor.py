@@ -23,6 +23,7 @@ from yarl import URL
 
 from gate import audit
 from gate.config import Config, Secrets, load_config, load_secrets, read_receipt_key
+from gate.dispatch import redact
 from gate.errors import ConfigError, GateError
 from gate.keys import ReceiptKeys, load_receipt_keys
 from gate.protocol.envelope import rfc3339
@@ -225,7 +226,7 @@ async def probe_relay(url: str, timeout_s: float, ca_file: Path | None,
             except TimeoutError:
                 error = f"no answer within {timeout_s:g} s"
             except aiohttp.ClientError as exc:
-                error = _client_error(exc).replace(url, safe_url(url))
+                error = redact(_client_error(exc), url)
     return RelayProbe(None, None, None, now(), time.monotonic() - started, error)
 
 

@@ -256,3 +256,65 @@ def test_unreachable_relay_with_a_signed_url_does_not_log_the_url_signature(tmp_
             gate.kill9()
     assert_nothing_sensitive(gate.log(), {*ENV.values(), URL_SIGNATURE, draft.strip()},
                              "the daemon")
+
+
+@pytest.fixture
+def garbage_relay() -> Iterator[int]:
+    """A TCP server on loopback that answers every connection with bytes that are no HTTP
+    (aiohttp's error text then carries the request URL); yields its port."""
+    import socketserver
+    import threading
+
+    class Handler(socketserver.BaseRequestHandler):
+        def handle(self) -> None:
+            self.request.recv(65536)
+            self.request.sendall(b"NOT HTTP AT ALL\r\n\r\n")
+
+    server = socketserver.ThreadingTCPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server.server_address[1]
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.mark.parametrize("shape", ["percent-encoded-query", "userinfo-and-query"])
+def test_relay_url_secrets_stay_out_of_last_error_logs_and_doctor(
+        tmp_path: Path, garbage_relay: int, shape: str) -> None:
+    """Security review: with a Power Automate-style URL (``sp=%2Ftriggers...&sig=...``) or one
+    with userinfo, aiohttp's error text carried the URL in a form the redaction did not match
+    (yarl decodes %2F; it drops the userinfo), so the signature reached ``dispatch.last_error``
+    (readable with the API token), the log and ``doctor``'s output."""
+    password = marker("url-password")
+    if shape == "percent-encoded-query":
+        url = (f"http://127.0.0.1:{garbage_relay}/hook?api-version=1&sp=%2Ftriggers%2Fmanual"
+               f"%2Frun&sig={URL_SIGNATURE}")
+        sensitive = {URL_SIGNATURE}
+    else:
+        url = f"http://user:{password}@127.0.0.1:{garbage_relay}/hook?sig={URL_SIGNATURE}"
+        sensitive = {URL_SIGNATURE, password}
+    config = write_config(tmp_path, url)
+    gate = DebugGate(config, gate_env(**ENV)).start()
+    try:
+        api = Api(gate.api_url, API_TOKEN)
+        approval_id = api.create("q1", "body\n")["approval_id"]
+        error = wait_until(lambda: api.get(approval_id)["dispatch"]["last_error"], DEADLINE_S,
+                           "a failed attempt")
+        for value in sensitive:
+            assert value not in error, error
+        assert "<redacted>" in error, error
+        assert gate.stop() == 0
+    finally:
+        if gate.proc and gate.proc.poll() is None:
+            gate.kill9()
+    assert_nothing_sensitive(gate.log(), sensitive, "the daemon")
+    doctor = subprocess.run([sys.executable, "-m", "gate", "doctor", "-c", str(config)],
+                            capture_output=True, env=gate_env(**ENV), cwd=ROOT, timeout=60,
+                            check=False)
+    text = doctor.stdout.decode() + doctor.stderr.decode()
+    assert "relay" in text
+    for value in sensitive:
+        assert value not in text, text
