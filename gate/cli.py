@@ -540,6 +540,9 @@ def audit_verify(config_path: str | None, export_file: str | None, key_env: str 
             rows = asyncio.run(read_database(config.storage.path))
         else:
             rows = read_export(Path(str(export_file)))
+            if not rows:
+                click.echo("TAMPERED: the export holds no entries (nothing to verify)")
+                sys.exit(1)
     except GateError as exc:
         if exc.code == "bad_export_line":  # a readable export that is not intact
             click.echo(f"TAMPERED: {exc.message}")
@@ -556,15 +559,32 @@ def audit_verify(config_path: str | None, export_file: str | None, key_env: str 
         click.echo(f"TAMPERED: entry {result.first_bad_seq}: {result.reason} "
                    f"({result.checked} entries before it verified)")
         sys.exit(1)
-    for path, held in expected:
-        problem = audit_mod.check_receipt(rows, held, key, public or None)
+    holders = [(f"receipt {path}", held) for path, held in expected]
+    if config is not None:  # the database keeps each resolution's receipt with its approval
+        from gate.store.auditlog import latest_stored_receipt
+
+        try:
+            stored = latest_stored_receipt(config.storage.path)
+        except GateError as exc:
+            fail(exc.message)
+        if stored is not None:
+            holders.append((f"the receipt stored with approval {stored[0]}", stored[1]))
+    for source, held in holders:
+        try:
+            problem = audit_mod.check_receipt(rows, held, key, public or None)
+        except ValueError as exc:
+            problem = (int(held.get("seq") or 0), f"not a receipt ({exc})")
         if problem is not None:
-            click.echo(f"TAMPERED: entry {problem[0]}: {problem[1]} (receipt {path})")
+            click.echo(f"TAMPERED: entry {problem[0]}: {problem[1]} ({source})")
             sys.exit(1)
     checked = ["chain"] + ["receipts"] * (key is not None) + ["signatures"] * bool(public)
     what = ", ".join(checked[:-1]) + f" and {checked[-1]}" if len(checked) > 1 else checked[0]
     held_note = "".join(f"; holds the receipt for entry {held['seq']}" for _, held in expected)
     click.echo(f"ok: {result.checked} entries, {what} intact{held_note}")
+    if key is None and not public:
+        click.echo("warning: no key was given, so nothing authenticated the entries: anyone "
+                   "can re-chain an edited log; verify with --public-key (or --key-env)",
+                   err=True)
 
 
 @audit.command("export")

@@ -200,6 +200,17 @@ def check_audit(path: Path, receipt_key: bytes | None, keys: ReceiptKeys | None)
     if not result.ok:
         return Check("audit", False, f"TAMPERED: entry {result.first_bad_seq}: {result.reason} "
                      f"({result.checked} entries before it verified)")
+    try:  # the database keeps each resolution's receipt with its approval: the log holds it
+        stored = maintenance.latest_stored_receipt(path)
+        problem = None if stored is None else audit.check_receipt(rows, stored[1], receipt_key,
+                                                                  public)
+    except GateError as exc:
+        return Check("audit", False, exc.message)
+    except ValueError as exc:
+        problem = (0, f"not a receipt ({exc})")
+    if problem is not None and stored is not None:
+        return Check("audit", False, f"TAMPERED: entry {problem[0]}: {problem[1]} (the "
+                     f"receipt stored with approval {stored[0]})")
     what = ["chain"] + ["receipts"] * (receipt_key is not None) + ["signatures"] * bool(public)
     detail = f"{result.checked} entries, {', '.join(what)} intact"
     if receipt_key is None:

@@ -982,8 +982,17 @@ def test_audit_verify_detects_tampering_and_export_verifies(tmp_path, gate, rela
 
     assert gate.stop() == 0
     # the first bad entry: the changed one; the one after the deleted one; the first swapped
+    # security review: a deleted tail (or the whole log) passed ``-c``, although every
+    # resolved approval in the same database holds its resolution's receipt
+    def delete_tail(conn: sqlite3.Connection) -> None:
+        conn.execute("DELETE FROM audit_log WHERE seq > 8")
+
+    def delete_all(conn: sqlite3.Connection) -> None:
+        conn.execute("DELETE FROM audit_log")
+
     for name, tamper, first_bad in (("changed", _change_byte, 3), ("deleted", _delete_middle, 7),
-                                    ("swapped", _swap_rows, 5)):
+                                    ("swapped", _swap_rows, 5), ("tail", delete_tail, 11),
+                                    ("emptied", delete_all, 11)):
         config = _tampered_copy(db, tmp_path / name, relay.url, tamper)
         proc = run_cli("audit", "verify", "-c", str(config))
         out = proc.stdout.decode()
@@ -991,6 +1000,13 @@ def test_audit_verify_detects_tampering_and_export_verifies(tmp_path, gate, rela
         assert len(out.splitlines()) == 1, out
         assert out.startswith(f"TAMPERED: entry {first_bad}: "), (name, out)
         assert "Traceback" not in proc.stderr.decode()
+        if name in ("tail", "emptied"):
+            assert out.endswith(f"(the receipt stored with approval {ids[2]})\n"), out
+            doctor = run_cli("doctor", "-c", str(config))
+            assert doctor.returncode == 1, doctor.stdout
+            audit_line = next(line for line in doctor.stdout.decode().splitlines()
+                              if line.split(" ", 2)[1] == "audit:")
+            assert audit_line.startswith("FAIL audit: TAMPERED: entry 11: "), audit_line
 
     # the original is still intact; its export verifies with the receipt key alone
     export = tmp_path / "audit.jsonl"

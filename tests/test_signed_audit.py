@@ -555,6 +555,24 @@ def test_signed_audit_dropped_tail_is_caught_by_expect(history: SignedHistory) -
         0, "ok: 8 entries, chain and signatures intact; holds the receipt for entry 8\n")
 
 
+def test_audit_verify_of_an_empty_export_or_without_keys_says_what_it_did_not_prove(
+        history: SignedHistory) -> None:
+    """Security review: an empty export answered "ok: 0 entries" (exit 0), and a re-chained
+    forgery verified without any key printed a plain "ok". An empty export is refused (an
+    export of a gate that did anything is never empty); without --public-key or --key-env
+    the verdict says that nothing authenticated the entries."""
+    empty = history.write("empty.jsonl", [])
+    assert verify_export(empty, history.public) == (
+        1, "TAMPERED: the export holds no entries (nothing to verify)\n")
+    proc = run_cli("audit", "verify", "--file", str(history.write("all.jsonl", history.lines)),
+                   env=no_secret_env())
+    assert proc.returncode == 0
+    assert proc.stdout.decode() == f"ok: {len(history.lines)} entries, chain intact\n"
+    assert proc.stderr.decode() == (
+        "warning: no key was given, so nothing authenticated the entries: anyone can re-chain "
+        "an edited log; verify with --public-key (or --key-env)\n")
+
+
 def test_signed_audit_made_up_receipt_is_not_genuine(history: SignedHistory) -> None:
     forged = history.receipt_file(2, seq=12, entry_hash="ab" * 32)
 

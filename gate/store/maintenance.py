@@ -13,9 +13,11 @@ from collections.abc import Iterator
 from contextlib import closing, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from gate import audit
 from gate.errors import Unavailable
+from gate.store.auditlog import latest_receipt
 from gate.store.schema import SCHEMA_VERSION
 
 BUSY_TIMEOUT_MS = 5_000
@@ -104,3 +106,10 @@ def audit_rows(path: Path) -> list[audit.AuditRow]:
         cur = conn.execute("SELECT seq, approval_id, kind, entry, prev_hash, entry_hash, receipt"
                            f"{signed} FROM audit_log ORDER BY seq")
         return [audit.AuditRow(*row) for row in cur]
+
+
+def latest_stored_receipt(path: Path) -> tuple[str, dict[str, Any]] | None:
+    """``gate.store.auditlog.latest_stored_receipt``, read-only as the rest of this module
+    (leaves no ``-wal``/``-shm`` behind)."""
+    with _read_only(path) as conn:
+        return latest_receipt(conn)
