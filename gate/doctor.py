@@ -179,6 +179,10 @@ def check_database(path: Path) -> Check:
                      f"this hitl-gate's ({info.code_schema_version}); upgrade hitl-gate")
     counts = (f"{info.approvals} approvals, {info.audit_entries} audit entries"
               if info.approvals is not None and info.audit_entries is not None else "no tables")
+    mode = path.stat().st_mode & 0o777
+    if mode & 0o077:
+        return _warn("database", f"{path} is readable by others (mode {mode:04o}; it holds "
+                     f"drafts, final bodies and permits): chmod 600 {path}")
     if info.schema_version < info.code_schema_version:
         return _warn("database", f"{path}: integrity ok, schema {info.schema_version} (the "
                      f"gate migrates it to {info.code_schema_version} on start), {counts}")

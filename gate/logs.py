@@ -130,6 +130,43 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(out, default=str)  # ASCII: a lone surrogate cannot break the write
 
 
+ACCEPT_FAILED_EVERY_S = 60.0
+
+
+class AcceptFailures(logging.Filter):
+    """Turns asyncio's "socket.accept() out of system resource" errors (logged with a
+    traceback for every refused accept: hundreds a second while the process is out of file
+    descriptors) into one ``event=accept_failed`` line per ``every_s`` seconds, with the
+    reason and how many were left out since the last one. Other records pass unchanged."""
+
+    def __init__(self, every_s: float = ACCEPT_FAILED_EVERY_S,
+                 clock: Any = time.monotonic) -> None:
+        super().__init__()
+        self.every_s = every_s
+        self.clock = clock
+        self._last: float | None = None
+        self._suppressed = 0
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        """Return False for a repeat within the interval; rewrite the first of each interval."""
+        if not str(record.msg).startswith("socket.accept() out of system resource"):
+            return True
+        now = self.clock()
+        if self._last is not None and now - self._last < self.every_s:
+            self._suppressed += 1
+            return False
+        error = record.exc_info[1] if record.exc_info else None
+        reason = getattr(error, "strerror", None) or type(error).__name__
+        record.msg = ("event=accept_failed reason=%r suppressed=%d (new connections are refused "
+                      "until descriptors free up: raise LimitNOFILE, or find who holds "
+                      "so many connections)")
+        record.args = (reason, self._suppressed)
+        record.exc_info = None
+        record.exc_text = None
+        self._last, self._suppressed = now, 0
+        return True
+
+
 def configure(level: str = "INFO", log_format: str = "text") -> None:
     """Send log records to stderr: ``text`` as ``<UTC time> <LEVEL> <logger> <message>``,
     ``json`` as one JSON object per line (``JsonFormatter``).
@@ -155,3 +192,6 @@ def configure(level: str = "INFO", log_format: str = "text") -> None:
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+    asyncio_log = logging.getLogger("asyncio")
+    asyncio_log.filters[:] = [f for f in asyncio_log.filters if not isinstance(f, AcceptFailures)]
+    asyncio_log.addFilter(AcceptFailures())

@@ -83,6 +83,24 @@ def test_doctor_all_pass_against_running_gate_and_relay(gate, relay, tmp_path):
     assert "the relay's Date header" in line_of(lines, "clock")
 
 
+def test_database_is_created_owner_only_and_doctor_warns_when_others_can_read_it(
+        gate, relay, tmp_path):
+    """Security review: outside systemd (umask 022) the database, which holds drafts, final
+    bodies, permits and the nonces of pending approvals, was created 0644, and doctor said
+    nothing. It is created 0600 whatever the umask (SQLite gives -wal/-shm the same mode);
+    doctor warns about a database file others may read."""
+    resolve_one(gate, relay)
+    db = tmp_path / "gate.db"
+    for path in (db, tmp_path / "gate.db-wal", tmp_path / "gate.db-shm"):
+        assert path.stat().st_mode & 0o777 == 0o600, (path, oct(path.stat().st_mode))
+    db.chmod(0o644)
+    code, lines = doctor(tmp_path / "config.yaml")
+    assert code == 0, lines
+    assert line_of(lines, "database") == (
+        f"WARN database: {db} is readable by others (mode 0644; it holds drafts, final "
+        f"bodies and permits): chmod 600 {db}")
+
+
 def test_doctor_checks_signatures_with_a_signing_key(tmp_path, relay):
     _, _, kid = generate(tmp_path / "keys")
     config = write_config(tmp_path, relay.url)
@@ -310,6 +328,7 @@ def test_doctor_leaves_nothing_beside_a_backup_copy(gate, relay, tmp_path):
     dst.execute("PRAGMA journal_mode = WAL")
     dst.close()
     src.close()
+    (backup_dir / "gate.db").chmod(0o600)  # a backup holds what the database holds
     assert sorted(p.name for p in backup_dir.iterdir()) == ["gate.db"]
     data = yaml.safe_load((tmp_path / "config.yaml").read_text(encoding="utf-8"))
     data["storage"]["path"] = str(backup_dir / "gate.db")

@@ -528,3 +528,40 @@ def test_a_dispatch_that_cannot_be_built_is_retried_with_backoff_not_in_a_hot_lo
     finally:
         if gate.proc and gate.proc.poll() is None:
             gate.stop()
+
+
+def test_out_of_file_descriptors_is_logged_once_a_minute_and_the_gate_recovers(
+        tmp_path, scripted):
+    """Security review: with its file descriptors exhausted by idle connections, asyncio
+    logged "socket.accept() out of system resource" with a traceback ~700 times a second
+    (115,000 lines in 25 s), which would also push real events out of journald's rate
+    limit. It is now one line per minute (with how many were left out); once the
+    connections close, the gate answers again."""
+    import socket
+
+    gate = GateProcess(write_config(tmp_path, scripted.url)).start()
+    socks: list[socket.socket] = []
+    try:
+        soft, hard = resource.prlimit(gate.proc.pid, resource.RLIMIT_NOFILE)
+        resource.prlimit(gate.proc.pid, resource.RLIMIT_NOFILE, (64, hard))
+        host, port = gate.callback_url.split("/")[2].split(":")
+        for _ in range(120):
+            socks.append(socket.create_connection((host, int(port)), timeout=5))
+        gate.wait_for_line(r"event=accept_failed")
+        started = time.monotonic()
+        wait_until(lambda: time.monotonic() - started >= 3, 5, "three seconds of exhaustion")
+        log = gate.log()
+        assert log.count("event=accept_failed") == 1, log[-3000:]
+        assert "out of system resource" not in log, log[-3000:]
+        assert "Traceback" not in log
+    finally:
+        for sock in socks:
+            sock.close()
+    try:
+        resource.prlimit(gate.proc.pid, resource.RLIMIT_NOFILE, (soft, hard))
+        api = gate.api()
+        wait_until(lambda: api.call("GET", "/healthz")[0] == 200, DEADLINE_S, "answers again")
+        assert gate.stop() == 0
+    finally:
+        if gate.proc and gate.proc.poll() is None:
+            gate.stop()

@@ -146,6 +146,11 @@ class Store:
     def _open_sync(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._lock_file()
+        # a new database (drafts, final bodies, permits, nonces of pending approvals) is
+        # readable by its owner only, whatever the umask; SQLite gives -wal/-shm its mode
+        with contextlib.suppress(FileExistsError):
+            os.close(os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC,
+                             0o600))
         self._writer = _connect(self.path)
         mode = self._writer.execute("PRAGMA journal_mode = WAL").fetchone()[0]
         if str(mode).lower() != "wal":
