@@ -20,7 +20,12 @@ SIGNATURE_ALG = "ed25519"
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 _HEX128 = re.compile(r"[0-9a-f]{128}")
 # verify's decoder and canonical encoder (as ``canonical_json``, to text), built once
-_DECODER = json.JSONDecoder()
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+# NaN/Infinity are no JSON: an entry holding one is "not valid JSON", not a crash later
+_DECODER = json.JSONDecoder(parse_constant=_no_constant)
 _RAW_DECODE = _DECODER.raw_decode
 _CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False,
                               allow_nan=False)
@@ -325,9 +330,14 @@ def parse_export_line(line: str) -> AuditRow:
 
     Exports written before signing existed (no key_id/signature fields) parse as unsigned.
     """
-    obj = json.loads(line)
+    obj = json.loads(line, parse_constant=_no_constant)
     if not isinstance(obj, dict):
         raise TypeError("an export line is a JSON object")
-    return AuditRow(int(obj["seq"]), obj["approval_id"], str(obj["kind"]), str(obj["entry"]),
-                    str(obj["prev_hash"]), str(obj["entry_hash"]), str(obj["receipt"]),
+    seq = obj["seq"]
+    if type(seq) is not int:  # as written: no "1", 1.9 or true (the Node verifier agrees)
+        raise TypeError("seq must be an integer")
+    texts = [obj[name] for name in ("kind", "entry", "prev_hash", "entry_hash", "receipt")]
+    if not all(isinstance(text, str) for text in texts):
+        raise TypeError("kind, entry, prev_hash, entry_hash and receipt must be strings")
+    return AuditRow(seq, _optional_text(obj, "approval_id"), *texts,
                     _optional_text(obj, "key_id"), _optional_text(obj, "signature"))

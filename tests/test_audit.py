@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import hmac
+import dataclasses
 import json
 from typing import Any
 
@@ -216,6 +217,30 @@ def test_audit_export_round_trip_null_approval_id() -> None:
 def test_audit_parse_export_line_bad_input_raises_documented_errors(line: str) -> None:
     with pytest.raises((ValueError, KeyError, TypeError)):
         audit.parse_export_line(line)
+
+
+@pytest.mark.parametrize(("field", "value"), [
+    ("seq", "1"), ("seq", 1.9), ("seq", True), ("kind", 5), ("entry", {"seq": 1}),
+    ("prev_hash", None), ("approval_id", 7)])
+def test_audit_parse_export_line_takes_each_field_as_written_only(field: str,
+                                                                 value: Any) -> None:
+    """Security review: ``"seq": "1"`` or ``1.9`` was coerced with int() (the Node verifier of
+    docs/auditing.md refuses them, so the two verifiers disagreed); other fields with str()."""
+    row = chain(1)[0]
+    obj = json.loads(audit.export_line(row))
+    obj[field] = value
+    with pytest.raises((ValueError, KeyError, TypeError)):
+        audit.parse_export_line(json.dumps(obj))
+
+
+def test_audit_verify_names_an_entry_holding_nan_instead_of_crashing() -> None:
+    """Security review: ``NaN`` inside an entry crashed ``audit verify`` with a bare
+    ValueError instead of naming the entry."""
+    rows = chain(2)
+    bad = dataclasses.replace(rows[1], entry=rows[1].entry.replace('"data":{', '"data":{"x":NaN,', 1))
+    result = audit.verify([rows[0], bad], KEY)
+    assert (result.ok, result.first_bad_seq) == (False, 2), result
+    assert result.reason == "entry is not valid JSON", result
 
 
 def test_audit_receipt_object_shape() -> None:
