@@ -21,6 +21,7 @@ from gate.config import (
     parse_listen,
 )
 from gate.errors import ConfigError
+from tests.support import run_cli
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "config.example.yaml"
@@ -701,3 +702,22 @@ def test_config_listeners_and_public_url_checked(tmp_path: Path) -> None:
         "relay.public_url: give the base URL without /hitl/v0/decisions (the gate appends it)",
         "relay.security.max_input_length: at most 60000 (a decision body is limited to 64 KiB)",
     ]
+
+
+@pytest.mark.parametrize("pasted", ["a9f8c0ffee1234567890abcdef", "s3cr3t-v4lue/with+b64=="])
+def test_a_secret_pasted_into_an_env_key_is_refused_without_being_shown(tmp_path, pasted):
+    """Security review: a secret pasted where the config wants the NAME of a variable
+    (``api.token_env``) was printed back by check-config, doctor and serve ("environment
+    variable a9f8... is not set" or "'s3cr...' is not an environment variable name")."""
+    data = yaml.safe_load(EXAMPLE.read_text(encoding="utf-8"))
+    data["api"]["token_env"] = pasted
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump(data), encoding="utf-8")
+    for command in (["check-config", "-c", str(config)], ["serve", "-c", str(config)],
+                    ["doctor", "-c", str(config)]):
+        proc = run_cli(*command)
+        text = proc.stdout.decode() + proc.stderr.decode()
+        assert proc.returncode != 0, (command, text)
+        assert pasted not in text and pasted[:8] not in text, (command, text)
+        assert "api.token_env" in text, (command, text)
+
