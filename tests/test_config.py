@@ -721,3 +721,15 @@ def test_a_secret_pasted_into_an_env_key_is_refused_without_being_shown(tmp_path
         assert pasted not in text and pasted[:8] not in text, (command, text)
         assert "api.token_env" in text, (command, text)
 
+
+@pytest.mark.parametrize("token", ["tok\x01en-value", "two words", "tökén-value"])
+def test_api_token_must_be_printable_ascii(token):
+    """Security review: check-config passed an API token holding ``\x01``; serve took it, and
+    every client then failed to send it as a bearer token."""
+    config = load_config(EXAMPLE)
+    with pytest.raises(ConfigError) as info:
+        load_secrets(config, {**ENV, "HITL_API_TOKEN": token})
+    assert info.value.errors == [
+        "api.token_env: HITL_API_TOKEN holds a space, a control or a non-ASCII character; an "
+        "HTTP bearer token is printable ASCII"]
+

@@ -123,6 +123,12 @@ def _read_secrets(config: Config, environ: Mapping[str, str]) -> tuple[Secrets |
                     f"{where}: {names[where]} has the same value as {names[other]}"
                     f" ({other}); each secret must be distinct"
                 )
+    token = values.get("api.token_env")
+    if token is not None and not all("!" <= c <= "~" for c in token):
+        # sent as "Authorization: Bearer <token>": a control character or a space there
+        # makes every client request invalid (the value is not shown)
+        errors.append(f"api.token_env: {names['api.token_env']} holds a space, a control or a "
+                      "non-ASCII character; an HTTP bearer token is printable ASCII")
     if errors:
         return None, errors
     relay = [values["relay.secret_env"]]
