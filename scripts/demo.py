@@ -94,6 +94,15 @@ def main() -> int:
     env["PYTHONUNBUFFERED"] = "1"
     print(f"== 1. check the config: {CONFIG.name}")
     subprocess.run(cli("check-config", "-c", str(CONFIG)), env=env, check=True)
+    if (ROOT / "var" / "hitl-gate.db").exists():  # a database from an earlier run
+        earlier = subprocess.run(cli("audit", "verify", "-c", str(CONFIG)), env=env,
+                                 capture_output=True, text=True)
+        if earlier.returncode != 0:
+            print(f"   {(earlier.stdout + earlier.stderr).strip()}")
+            print(f"demo: FAILED: {ROOT / 'var'} holds a database from an earlier run whose "
+                  "audit log does not verify with these secrets (written with another "
+                  "HITL_RECEIPT_KEY?); run `make clean` (it removes var/) and try again")
+            return 1
 
     print("== 2. start the gate (callback 127.0.0.1:8089, API 127.0.0.1:8090, SQLite var/)")
     gate = Proc("gate", cli("serve", "-c", str(CONFIG)), env)
@@ -125,6 +134,7 @@ def main() -> int:
         print("== 6. verify the audit chain and its receipts")
         verify = subprocess.run(cli("audit", "verify", "-c", str(CONFIG)), env=env)
         if verify.returncode != 0:
+            print("demo: FAILED: the audit log does not verify (see the line above)")
             return 1
     finally:
         print("== 7. stop everything (SIGTERM)")

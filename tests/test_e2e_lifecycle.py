@@ -1059,3 +1059,26 @@ def test_database_is_wal_and_versioned(gate, relay):
     assert gate.stop() == 0
     assert db_scalar(db, "PRAGMA journal_mode") == "wal"
     assert db_scalar(db, "PRAGMA user_version") == SCHEMA_VERSION
+
+
+def test_restart_with_another_receipt_key_is_logged(tmp_path, relay):
+    """New-user review: ``make demo`` with your own secrets on the demo's old database started
+    silently and appended entries receipted with a new key, after which ``audit verify``
+    failed for every run. The gate now says so at start when the newest entry's receipt does
+    not match ``receipts.key_env`` (rotating that key is allowed: docs/operating.md §6)."""
+    config = write_config(tmp_path, relay.url)
+    gate = GateProcess(config).start()
+    try:
+        gate.api().create("q1", "eins")
+        assert gate.stop() == 0
+        gate = GateProcess(config).start()  # same key: nothing said
+        assert gate.stop() == 0
+        assert "receipt_key_changed" not in gate.log()
+        gate = GateProcess(config, gate_env(HITL_RECEIPT_KEY="another-receipt-key-77")).start()
+        line = gate.wait_for_line(r".*event=receipt_key_changed .*").group(0)
+        assert "WARNING" in line and "seq=1" in line, line
+        assert "another-receipt-key-77" not in gate.log()
+        assert gate.stop() == 0
+    finally:
+        if gate.proc and gate.proc.poll() is None:
+            gate.stop()

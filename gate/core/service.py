@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import hmac
 import logging
 import secrets as pysecrets
 from collections.abc import Sequence
@@ -14,6 +15,7 @@ from ulid import ULID
 
 from gate import permit
 from gate.audit import AuditRow, receipt_object
+from gate.audit import receipt as audit_receipt
 from gate.core import rules
 from gate.core.ratelimit import RateLimiter
 from gate.core.requests import CreateRequest
@@ -220,6 +222,24 @@ class GateService:
         self.dispatch_wakeup.set()
         self.expiry_wakeup.set()
         return approval_view(full), True
+
+    async def check_receipt_key(self) -> bool:
+        """At start: True when the newest audit entry's receipt matches the receipt key (or
+        the log is empty); else log ``event=receipt_key_changed`` (WARNING) and return False.
+
+        A changed key is allowed (docs/operating.md §6) but splits the log: ``audit verify``
+        then needs the old key for the entries before. Said once, at start, so it is not
+        mistaken for tampering later. Never logs the key.
+        """
+        last = await self.store.last_audit_row()
+        if last is None or hmac.compare_digest(audit_receipt(self._receipt_key,
+                                                             last.entry_hash), last.receipt):
+            return True
+        log.warning("event=receipt_key_changed seq=%d (the newest audit entry's receipt does "
+                    "not match receipts.key_env: entries from now on are receipted with "
+                    "another key, and audit verify needs the old key for those up to here; "
+                    "if this is not a deliberate rotation, restore the old key)", last.seq)
+        return False
 
     # ---- decide ----------------------------------------------------------------
 

@@ -44,6 +44,7 @@ async def _workers(service: GateService, config: Config,
     restart) and close the database last."""
     await service.store.open()
     try:
+        await service.check_receipt_key()
         async with relay_session(config.relay.ca_file) as session:
             dispatcher = Dispatcher(service, session, config.relay.url,
                                     secrets.relay_secrets[0], config.relay.dispatch_timeout)
