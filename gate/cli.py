@@ -384,6 +384,7 @@ def _save_permit(path: Path, approval: dict[str, Any], report: Any) -> None:
             path.unlink(missing_ok=True)  # no earlier permit may pass for this outcome's
             return
         if not approval.get("permit"):
+            path.unlink(missing_ok=True)  # an older permit must not pass for this approval
             fail(f"approval {approval['approval_id']} is {approval['outcome']} but the gate "
                  "issued no permit (receipts.signing_key_file is not configured)")
         exp = permit.unverified_expiry(approval["permit"])
@@ -455,7 +456,7 @@ def show(config_path: str, api_url: str | None, approval_id: str) -> None:
 @API_URL_OPTION
 @click.argument("approval_id")
 def cancel(config_path: str, api_url: str | None, approval_id: str) -> None:
-    """Withdraw a pending approval (resolves ``cancelled``).
+    """Withdraw a pending approval (resolves it as cancelled).
 
     Example: hitl-gate cancel -c config.example.yaml 01JABCDEF...
     """

@@ -118,6 +118,11 @@ class Relay:
         for other in set(self.identities) - set(chosen):
             log.warning("event=not_in_scope identity=%s approval_id=%s", other,
                         envelope.get("approval_id"))
+        if not chosen and self.auto is None:  # the human would otherwise see nothing at all
+            print(f"\nApproval {visible(str(envelope.get('approval_id')))[0]}: none of "
+                  f"{', '.join(self.identities)} is among its approvers "
+                  f"({visible(', '.join(approvers))[0]}); not shown, nobody here can decide it "
+                  "(start the relay with --as one of them).", flush=True)
         return chosen
 
     async def post_decision(self, envelope: dict[str, Any], identity: str, verb: str,
@@ -229,8 +234,8 @@ class Relay:
                     verb, text = await ask_terminal(envelope, identity)
                 except EOFError:
                     self.stdin_closed = True
-                    log.warning("event=stdin_closed: no human can answer on this terminal; "
-                                "dispatches stay undecided and expire at the gate")
+                    log.warning("event=stdin_closed reason=%r", "no human can answer on this "
+                                "terminal; dispatches stay undecided and expire at the gate")
                     return None
             result = await self.deliver(envelope, identity, verb, text)
             if result is None:
@@ -257,6 +262,7 @@ def _verdict(verb: str, status: int, answer: Any) -> str:
     reason = answer.get("reason") if isinstance(answer, dict) else None
     outcome = answer.get("outcome") if isinstance(answer, dict) else None
     tail = (f"; the approval is resolved {outcome} without it." if outcome else
+            "; the approval timed out without it." if reason == "expired" else
             "; the approval is resolved without it." if reason in FINAL else ".")
     return f"The gate did not record your {verb}: {reason or 'refused'} (HTTP {status}){tail}"
 

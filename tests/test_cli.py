@@ -297,3 +297,24 @@ def test_console_entry_point_runs_as_module():
     proc = run_cli("--help")
     assert proc.returncode == 0
     assert proc.stdout.decode().startswith("Usage: python -m gate ")
+
+
+def test_no_command_help_shows_reStructuredText_markup():
+    """New-user review: ``hitl-gate --help`` showed "(resolves ``cancelled``)" with the
+    docstring's literal double backticks."""
+    import click
+
+    from gate.cli import main
+
+    found = []
+
+    def walk(command: click.Command, path: str) -> None:
+        texts = [command.help or "", command.short_help or ""]
+        texts += [getattr(p, "help", None) or "" for p in command.params]
+        if any("``" in text for text in texts):
+            found.append(path)
+        for name, sub in getattr(command, "commands", {}).items():
+            walk(sub, f"{path} {name}")
+
+    walk(main, "hitl-gate")
+    assert found == []

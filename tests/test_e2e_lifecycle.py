@@ -284,10 +284,27 @@ def test_terminal_relay_says_when_the_gate_did_not_record_an_answer(tmp_path, sp
     assert relay.stop() == 0
     shown = relay.stdout.decode()
     assert "Erste Frage" in shown and "Zweite Frage" not in shown, shown
-    assert ("The gate did not record your approve: expired (HTTP 410); the approval is "
-            "resolved without it.") in shown, shown
+    assert ("The gate did not record your approve: expired (HTTP 410); the approval timed "
+            "out without it.") in shown, shown
     assert f"Approval {second} expired at " in shown, shown
     assert "before its turn; not shown." in shown, shown
+
+
+def test_terminal_relay_says_when_no_identity_of_its_own_may_decide(tmp_path, spawn, clis):
+    """New-user review: ``relay --as carol`` for a step carol is no approver of acked the
+    dispatch and only logged ``event=not_in_scope``: the human saw nothing while the
+    pipeline waited for the step's timeout."""
+    relay = clis("relay", "--listen", "127.0.0.1:0", "--secret-env", "HITL_RELAY_SECRET",
+                 "--as", "zoe@example.com", stdin=b"", keep_stdin=True)
+    url = relay.wait_for_line(r"event=relay_listening url=(http://127\.0\.0\.1:\d+/)").group(1)
+    gate = spawn(write_config(tmp_path, url))
+    approval_id = gate.api().create("q1", "Nicht für zoe")["approval_id"]
+    relay.wait_for_line(rf"event=not_in_scope identity=zoe@example\.com approval_id={approval_id}")
+    assert relay.stop() == 0
+    shown = relay.stdout.decode()
+    assert (f"Approval {approval_id}: none of zoe@example.com is among its approvers "
+            "(alice@example.com, bob@example.com, carol@example.com); not shown") in shown, shown
+    assert "Nicht für zoe" not in shown
 
 
 def test_reference_relay_names_what_a_dispatch_lacks(clis):

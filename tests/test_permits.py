@@ -441,7 +441,10 @@ def test_permit_never_exists_for_skipped_timeout_cancelled(tmp_path: Path, relay
 
 
 def test_permit_out_without_signing_key_exits_1(gate: GateProcess, relay: Any) -> None:
+    """New-user review: an older permit file at --permit-out was left in place on this exit
+    (docs/auditing.md promises any outcome without a permit removes it)."""
     out = gate.config.parent / "permit.jws"
+    out.write_text("an old permit\n")
     cli = CliProcess("request", "-c", str(gate.config), "--api-url", gate.api_url,
                      "--pipeline", "p", "--step", "q1", "--draft", "approve me", "--wait",
                      "--permit-out", str(out))
