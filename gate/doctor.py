@@ -297,6 +297,34 @@ def check_clock(now_s: float, probe: RelayProbe | None, max_skew_s: float) -> Ch
     return Check("clock", True, detail)
 
 
+# what an un-acked dispatch's status most often means, for the dispatch check's hint
+_DISPATCH_HINTS = {
+    "401": "the relay refused the gate's signature: do the relay and relay.secret_env hold "
+           "the same secret?",
+    "403": "the relay refused the gate: its secret, or its allow-list?",
+    "404": "is relay.url the relay's dispatch path?",
+    "405": "is relay.url the relay's dispatch path (it must take POST)?",
+}
+
+
+def check_dispatch(path: Path) -> Check:
+    """Pending approvals whose dispatch the relay never acked: reachable is not enough if it
+    refuses what the gate sends (a different secret answers 401 to every dispatch)."""
+    if not path.exists():
+        return _skip("dispatch", "no database yet")
+    try:
+        count, error = maintenance.undelivered_dispatches(path)
+    except GateError as exc:
+        return Check("dispatch", False, exc.message)
+    if count == 0:
+        return Check("dispatch", True, "every pending approval's dispatch was acked")
+    status = next((code for code in _DISPATCH_HINTS if f"HTTP {code}" in (error or "")), None)
+    hint = f" ({_DISPATCH_HINTS[status]})" if status else ""
+    noun = "approval" if count == 1 else "approvals"
+    return Check("dispatch", False, f"{count} pending {noun} not delivered to the relay; "
+                 f"latest error: {error}{hint}")
+
+
 async def run_checks(config_path: str, environ: Mapping[str, str],
                      now: Callable[[], float] = time.time) -> list[Check]:
     """Run every check against the config at ``config_path`` and the secrets in ``environ``;
@@ -304,7 +332,8 @@ async def run_checks(config_path: str, environ: Mapping[str, str],
     config_check, config = check_config(config_path)
     if config is None:
         return [config_check] + [_skip(name, "needs a valid config", ok=False) for name in
-                                 ("secrets", "keys", "database", "audit", "relay", "clock")]
+                                 ("secrets", "keys", "database", "audit", "relay",
+                                  "dispatch", "clock")]
     secrets_check, secrets = check_secrets(config, environ)
     keys_check, keys = check_keys(config)
     path = config.storage.path
@@ -317,4 +346,5 @@ async def run_checks(config_path: str, environ: Mapping[str, str],
                               config.relay.ca_file, now)
     return [config_check, secrets_check, keys_check, database_check, audit_check,
             check_relay(config.relay.url, probe),
+            await asyncio.to_thread(check_dispatch, path),
             check_clock(now(), probe, config.relay.security.max_skew)]

@@ -32,10 +32,11 @@ from tests.support import (
     gate_env,
     post_decision,
     run_cli,
+    wait_until,
     write_config,
 )
 
-NAMES = ["config", "secrets", "keys", "database", "audit", "relay", "clock"]
+NAMES = ["config", "secrets", "keys", "database", "audit", "relay", "dispatch", "clock"]
 
 
 def doctor(config: Path, env: dict[str, str] | None = None) -> tuple[int, list[str]]:
@@ -99,6 +100,34 @@ def test_database_is_created_owner_only_and_doctor_warns_when_others_can_read_it
     assert line_of(lines, "database") == (
         f"WARN database: {db} is readable by others (mode 0644; it holds drafts, final "
         f"bodies and permits): chmod 600 {db}")
+
+
+def test_doctor_fails_dispatch_when_the_relay_refuses_the_gates_signature(tmp_path):
+    """New-user review: with the relay started on another secret every dispatch was answered
+    401 and nothing was ever decided, yet doctor said PASS seven times. It now reads the
+    un-acked dispatches of pending approvals and names the likely cause."""
+    from tests.test_outages import ScriptedRelay
+
+    relay = ScriptedRelay().start()
+    relay.status = 401
+    try:
+        config = write_config(tmp_path, relay.url)
+        gate = GateProcess(config).start()
+        try:
+            api = gate.api()
+            approval_id = api.create("q1", "never acked")["approval_id"]
+            wait_until(lambda: api.get(approval_id)["dispatch"]["attempts"] >= 1,
+                       what="a refused attempt")
+        finally:
+            gate.stop()
+        code, lines = doctor(config)
+    finally:
+        relay.stop()
+    assert code == 1, lines
+    assert line_of(lines, "dispatch") == (
+        "FAIL dispatch: 1 pending approval not delivered to the relay; latest error: relay "
+        "answered HTTP 401 (the relay refused the gate's signature: do the relay and "
+        "relay.secret_env hold the same secret?)")
 
 
 def test_doctor_checks_signatures_with_a_signing_key(tmp_path, relay):

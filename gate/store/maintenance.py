@@ -113,3 +113,22 @@ def latest_stored_receipt(path: Path) -> tuple[str, dict[str, Any]] | None:
     (leaves no ``-wal``/``-shm`` behind)."""
     with _read_only(path) as conn:
         return latest_receipt(conn)
+
+
+def undelivered_dispatches(path: Path) -> tuple[int, str | None]:
+    """Return ``(pending approvals whose current revision's dispatch was attempted and never
+    acked, the last error of the most recently attempted one)`` of the database at
+    ``path``, read-only; ``(0, None)`` when there are none (or no tables yet)."""
+    with _read_only(path) as conn:
+        if _count(conn, "outbox") is None or _count(conn, "approvals") is None:
+            return 0, None
+        count, = conn.execute(
+            "SELECT count(*) FROM outbox o JOIN approvals a ON a.approval_id = o.approval_id"
+            " WHERE a.state = 'pending' AND o.revision = a.revision AND o.delivered_at IS NULL"
+            " AND o.attempts > 0").fetchone()
+        row = conn.execute(
+            "SELECT o.last_error FROM outbox o JOIN approvals a ON a.approval_id = o.approval_id"
+            " WHERE a.state = 'pending' AND o.revision = a.revision AND o.delivered_at IS NULL"
+            " AND o.attempts > 0 ORDER BY o.next_attempt_at DESC LIMIT 1").fetchone()
+        return int(count), None if row is None else row[0]
+
