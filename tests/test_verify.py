@@ -336,6 +336,14 @@ def test_misbehaving_relay_fails_exactly_the_right_checks(fleet: Fleet, name: st
         assert by_name[check_name]["observed"].startswith("not run"), by_name[check_name]
 
 
+def test_relay_on_another_secret_is_told_to_check_the_secret_first(fleet: Fleet) -> None:
+    """New-user review: the hint for a refused (401) dispatch spoke only of raw body bytes;
+    the usual cause is simply a relay holding another secret."""
+    ack = {c["name"]: c for c in fleet.runs["refuses-everything"].result().report()["checks"]}
+    assert ack["relay.ack"]["fix"].startswith(
+        "check that the relay holds the same secret as --secret-env (the most common cause)")
+
+
 def test_holding_relay_really_acked_late(fleet: Fleet) -> None:
     result = fleet.runs["holds-ack-8s"].result()
     ack = {c["name"]: c for c in result.report()["checks"]}["relay.ack"]

@@ -92,8 +92,10 @@ def judge_ack(status: int | None, error: str | None, elapsed_s: float) -> CheckR
                       "human")
     if status in (400, 401, 403):
         return failed(name, f"{what} after {elapsed_s:.2f} s: a correctly signed dispatch was "
-                      "refused", "verify the signature over the exact raw body bytes received "
-                      "(never re-encoded JSON: 20.0 becomes 20), with the shared secret as UTF-8")
+                      "refused", "check that the relay holds the same secret as --secret-env "
+                      "(the most common cause), then that it verifies the signature over the "
+                      "exact raw body bytes received (never re-encoded JSON: 20.0 becomes 20), "
+                      "with the shared secret as UTF-8")
     return failed(name, f"{what} after {elapsed_s:.2f} s",
                   "answer the dispatch POST with any 2xx at once (within 5 s) and show the draft "
                   "to the human afterwards; never hold the connection open for the human")
