@@ -7,6 +7,7 @@ is a real aiohttp server on 127.0.0.1 port 0; requests are real HTTP.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import http.client
 import json
 import os
@@ -468,6 +469,9 @@ class CliProcess:
 
     def finish(self, timeout: float = DEADLINE_S) -> tuple[int, bytes, str]:
         """Wait for the exit (killing it after ``timeout``); return (code, stdout, stderr)."""
+        if self.proc.stdin is not None and not self.proc.stdin.closed:
+            with contextlib.suppress(OSError):  # kept open (``keep_stdin``): EOF now
+                self.proc.stdin.close()
         try:
             code = self.proc.wait(timeout)
         except subprocess.TimeoutExpired:
