@@ -554,14 +554,15 @@ def test_out_of_file_descriptors_is_logged_once_a_minute_and_the_gate_recovers(
         assert log.count("event=accept_failed") == 1, log[-3000:]
         assert "out of system resource" not in log, log[-3000:]
         assert "Traceback" not in log
-    finally:
         for sock in socks:
             sock.close()
-    try:
+        socks.clear()
         resource.prlimit(gate.proc.pid, resource.RLIMIT_NOFILE, (soft, hard))
         api = gate.api()
         wait_until(lambda: api.call("GET", "/healthz")[0] == 200, DEADLINE_S, "answers again")
         assert gate.stop() == 0
     finally:
+        for sock in socks:
+            sock.close()
         if gate.proc and gate.proc.poll() is None:
             gate.stop()
