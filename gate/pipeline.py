@@ -45,9 +45,13 @@ def hops(before: dict[str, Any] | None, after: dict[str, Any]) -> list[str]:
         # the relay answered before the gate had recorded its ack: the decision proves delivery
         lines.append(f"dispatched revision {new_decisions[0]['revision']} to the relay "
                      "(decision arrived before the ack was recorded)")
-    for d in new_decisions:
-        lines.append(f"decision {d['decision']} by {d['identity']} (operator {d['operator_id']}, "
-                     f"revision {d['revision']}, via {d.get('channel') or 'relay'})")
+    decided = [f"decision {d['decision']} by {d['identity']} (operator {d['operator_id']}, "
+               f"revision {d['revision']}, via {d.get('channel') or 'relay'})"
+               for d in new_decisions]
+    if (old_dispatch.get("revision") or 1) < (new_dispatch.get("revision") or 1):
+        lines[:0] = decided  # an adjust made the revision just dispatched: cause first
+    else:
+        lines.extend(decided)
     if after["state"] == "resolved" and (before or {}).get("state") != "resolved":
         receipt = after.get("receipt") or {}
         lines.append(f"resolved: {after['outcome']} (revision {after['revision']}, "
