@@ -12,7 +12,7 @@ from typing import Any
 
 from gate import keys
 from gate.protocol.canonical import canonical_json
-from gate.protocol.envelope import rfc3339
+from gate.protocol.envelope import reject_json_constant, rfc3339
 
 GENESIS_HASH = "0" * 64
 RECEIPT_ALG = "hmac-sha256"
@@ -20,12 +20,8 @@ SIGNATURE_ALG = "ed25519"
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 _HEX128 = re.compile(r"[0-9a-f]{128}")
 # verify's decoder and canonical encoder (as ``canonical_json``, to text), built once
-def _no_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON")
-
-
 # NaN/Infinity are no JSON: an entry holding one is "not valid JSON", not a crash later
-_DECODER = json.JSONDecoder(parse_constant=_no_constant)
+_DECODER = json.JSONDecoder(parse_constant=reject_json_constant)
 _RAW_DECODE = _DECODER.raw_decode
 _CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False,
                               allow_nan=False)
@@ -330,7 +326,7 @@ def parse_export_line(line: str) -> AuditRow:
 
     Exports written before signing existed (no key_id/signature fields) parse as unsigned.
     """
-    obj = json.loads(line, parse_constant=_no_constant)
+    obj = json.loads(line, parse_constant=reject_json_constant)
     if not isinstance(obj, dict):
         raise TypeError("an export line is a JSON object")
     seq = obj["seq"]

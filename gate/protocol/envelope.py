@@ -66,7 +66,9 @@ def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def _no_constants(name: str) -> Any:
+def reject_json_constant(name: str) -> Any:
+    """``parse_constant`` hook for ``json``: NaN, Infinity and -Infinity are no JSON; raises
+    ValueError naming the constant."""
     raise ValueError(f"{name} is not JSON")
 
 
@@ -80,7 +82,8 @@ def decode_json(raw: bytes) -> Any:
         raw = raw[len(UTF8_BOM):]
     try:
         text = raw.decode("utf-8")
-        return json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_no_constants)
+        return json.loads(text, object_pairs_hook=_no_duplicates,
+                          parse_constant=reject_json_constant)
     except UnicodeDecodeError:
         raise _invalid("json", "body is not valid UTF-8") from None
     except RecursionError:
