@@ -264,6 +264,18 @@ def stitch(segments: Iterable[Segment]) -> VerifyResult:
     return VerifyResult(True, checked)
 
 
+def receipt_problem(rows: Iterable[AuditRow], held: Mapping[str, Any], key: bytes | None,
+                    public_keys: keys.PublicKeys | None) -> tuple[int, str] | None:
+    """``check_receipt``, with a ``held`` object that is no receipt reported as a problem at
+    its ``seq`` (0 when it has none) instead of raised: ``(seq, reason)`` or None."""
+    try:
+        return check_receipt(rows, held, key, public_keys)
+    except ValueError as exc:
+        seq = held.get("seq")
+        return (seq if isinstance(seq, int) and not isinstance(seq, bool) else 0,
+                f"not a receipt ({exc})")
+
+
 def check_receipt(rows: Iterable[AuditRow], held: Mapping[str, Any], key: bytes | None = None,
                   public_keys: keys.PublicKeys | None = None) -> tuple[int, str] | None:
     """Check that a verified log ``rows`` holds the receipt ``held`` (``audit verify --expect``).

@@ -562,7 +562,7 @@ def audit_verify(config_path: str | None, export_file: str | None, key_env: str 
         sys.exit(1)
     holders = [(f"receipt {path}", held) for path, held in expected]
     if config is not None:  # the database keeps each resolution's receipt with its approval
-        from gate.store.auditlog import latest_stored_receipt
+        from gate.store.maintenance import latest_stored_receipt
 
         try:
             stored = latest_stored_receipt(config.storage.path)
@@ -571,10 +571,7 @@ def audit_verify(config_path: str | None, export_file: str | None, key_env: str 
         if stored is not None:
             holders.append((f"the receipt stored with approval {stored[0]}", stored[1]))
     for source, held in holders:
-        try:
-            problem = audit_mod.check_receipt(rows, held, key, public or None)
-        except ValueError as exc:
-            problem = (int(held.get("seq") or 0), f"not a receipt ({exc})")
+        problem = audit_mod.receipt_problem(rows, held, key, public or None)
         if problem is not None:
             click.echo(f"TAMPERED: entry {problem[0]}: {problem[1]} ({source})")
             sys.exit(1)

@@ -206,12 +206,10 @@ def check_audit(path: Path, receipt_key: bytes | None, keys: ReceiptKeys | None)
                      f"({result.checked} entries before it verified)")
     try:  # the database keeps each resolution's receipt with its approval: the log holds it
         stored = maintenance.latest_stored_receipt(path)
-        problem = None if stored is None else audit.check_receipt(rows, stored[1], receipt_key,
-                                                                  public)
     except GateError as exc:
         return Check("audit", False, exc.message)
-    except ValueError as exc:
-        problem = (0, f"not a receipt ({exc})")
+    problem = None if stored is None else audit.receipt_problem(rows, stored[1], receipt_key,
+                                                                public)
     if problem is not None and stored is not None:
         return Check("audit", False, f"TAMPERED: entry {problem[0]}: {problem[1]} (the "
                      f"receipt stored with approval {stored[0]})")

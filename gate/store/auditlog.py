@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
@@ -62,37 +61,6 @@ def seq_bounds(path: Path) -> tuple[int, int] | None:
     finally:
         conn.close()
     return None if high is None else (int(low), int(high))
-
-
-def latest_stored_receipt(path: Path) -> tuple[str, dict[str, Any]] | None:
-    """Return ``(approval_id, receipt)`` of the resolved approval whose stored resolution
-    receipt has the highest audit seq, or None when no approval holds one (or there is no
-    approvals table). ``audit verify -c`` expects the log to hold it, so a deleted tail is
-    caught without a receipt kept elsewhere. Raises Unavailable when it cannot be read."""
-    conn = _connect(path)
-    try:
-        return latest_receipt(conn)
-    except sqlite3.Error as exc:
-        raise Unavailable("storage_unavailable", f"database read failed: {exc}") from exc
-    finally:
-        conn.close()
-
-
-def latest_receipt(conn: sqlite3.Connection) -> tuple[str, dict[str, Any]] | None:
-    """``latest_stored_receipt`` on an open connection (sqlite3.Error propagates)."""
-    if not conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name ="
-                        " 'approvals'").fetchone():
-        return None
-    row = conn.execute(
-        "SELECT approval_id, receipt FROM approvals WHERE receipt IS NOT NULL"
-        " ORDER BY json_extract(receipt, '$.seq') DESC LIMIT 1").fetchone()
-    if row is None:
-        return None
-    try:
-        receipt = json.loads(row[1])
-    except ValueError:
-        receipt = {}
-    return str(row[0]), receipt if isinstance(receipt, dict) else {}
 
 
 def read_range(path: Path, low: int, high: int) -> Iterator[tuple[Any, ...]]:

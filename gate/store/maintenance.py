@@ -8,6 +8,7 @@ new empty database.
 
 from __future__ import annotations
 
+import json
 import sqlite3
 from collections.abc import Iterator
 from contextlib import closing, contextmanager
@@ -17,7 +18,6 @@ from typing import Any
 
 from gate import audit
 from gate.errors import Unavailable
-from gate.store.auditlog import latest_receipt
 from gate.store.schema import SCHEMA_VERSION
 
 BUSY_TIMEOUT_MS = 5_000
@@ -109,10 +109,23 @@ def audit_rows(path: Path) -> list[audit.AuditRow]:
 
 
 def latest_stored_receipt(path: Path) -> tuple[str, dict[str, Any]] | None:
-    """``gate.store.auditlog.latest_stored_receipt``, read-only as the rest of this module
-    (leaves no ``-wal``/``-shm`` behind)."""
+    """Return ``(approval_id, receipt)`` of the resolved approval whose stored resolution
+    receipt has the highest audit seq, or None when no approval holds one (or there is no
+    approvals table), read-only. ``audit verify -c`` and ``doctor`` expect the log to hold
+    it, so a deleted tail is caught without a receipt kept elsewhere."""
     with _read_only(path) as conn:
-        return latest_receipt(conn)
+        if _count(conn, "approvals") is None:
+            return None
+        row = conn.execute(
+            "SELECT approval_id, receipt FROM approvals WHERE receipt IS NOT NULL"
+            " ORDER BY json_extract(receipt, '$.seq') DESC LIMIT 1").fetchone()
+    if row is None:
+        return None
+    try:
+        receipt = json.loads(row[1])
+    except ValueError:
+        receipt = {}
+    return str(row[0]), receipt if isinstance(receipt, dict) else {}
 
 
 def undelivered_dispatches(path: Path) -> tuple[int, str | None]:
@@ -131,4 +144,3 @@ def undelivered_dispatches(path: Path) -> tuple[int, str | None]:
             " WHERE a.state = 'pending' AND o.revision = a.revision AND o.delivered_at IS NULL"
             " AND o.attempts > 0 ORDER BY o.next_attempt_at DESC LIMIT 1").fetchone()
         return int(count), None if row is None else row[0]
-
