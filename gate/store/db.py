@@ -437,8 +437,10 @@ class Store:
     async def last_audit_row(self) -> audit.AuditRow | None:
         """Return the newest audit row (highest seq), or None when the log is empty."""
         def run(conn: sqlite3.Connection) -> audit.AuditRow | None:
-            rows = audit_chunk_desc(conn)
-            return rows[0] if rows else None
+            row = conn.execute(
+                "SELECT seq, approval_id, kind, entry, prev_hash, entry_hash, receipt, key_id,"
+                " signature FROM audit_log ORDER BY seq DESC LIMIT 1").fetchone()
+            return None if row is None else audit.AuditRow(*row)
         return await self._read_call(run)
 
     async def audit_rows(self) -> AsyncIterator[audit.AuditRow]:
@@ -466,14 +468,6 @@ _NEXT_DISPATCH = """
     JOIN approvals a ON a.approval_id = o.approval_id
     WHERE o.delivered_at IS NULL AND a.state = 'pending' AND a.revision = o.revision
     ORDER BY o.next_attempt_at LIMIT 1"""
-
-
-def audit_chunk_desc(conn: sqlite3.Connection) -> list[audit.AuditRow]:
-    """Return the newest audit row as a one-item list (empty when there is none)."""
-    rows = conn.execute(
-        "SELECT seq, approval_id, kind, entry, prev_hash, entry_hash, receipt, key_id,"
-        " signature FROM audit_log ORDER BY seq DESC LIMIT 1").fetchall()
-    return [audit.AuditRow(*row) for row in rows]
 
 
 def audit_chunk(conn: sqlite3.Connection, after: int, limit: int) -> list[audit.AuditRow]:
