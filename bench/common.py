@@ -139,41 +139,58 @@ def proc_status(pid: int) -> dict[str, str]:
     return proc_status_path(f"/proc/{pid}/status")
 
 
+def family(pid: int) -> list[int]:
+    """``pid`` and its child processes: the daemon and its writer process
+    (``gate.store.writerproc``), whose costs are the daemon's."""
+    try:
+        text = Path(f"/proc/{pid}/task/{pid}/children").read_text(encoding="ascii")
+    except OSError:
+        return [pid]
+    return [pid] + [int(word) for word in text.split()]
+
+
 def rss_mb(pid: int) -> float:
-    """Resident set size of ``pid`` in MiB (VmRSS)."""
-    return int(proc_status(pid)["VmRSS"].split()[0]) / 1024
+    """Resident set size of ``pid`` and its children in MiB (VmRSS summed: pages the
+    forked writer still shares with the daemon count twice, so this errs high)."""
+    return sum(int(proc_status(p)["VmRSS"].split()[0]) for p in family(pid)) / 1024
 
 
 def hwm_mb(pid: int) -> float:
-    """Peak resident set size of ``pid`` in MiB (VmHWM)."""
-    return int(proc_status(pid)["VmHWM"].split()[0]) / 1024
+    """Peak resident set size of ``pid`` and its children in MiB (VmHWM summed)."""
+    return sum(int(proc_status(p)["VmHWM"].split()[0]) for p in family(pid)) / 1024
 
 
 def cpu_seconds(pid: int) -> float:
-    """utime + stime of ``pid`` (all its threads) in seconds, from ``/proc/<pid>/stat``."""
-    with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as fh:
-        text = fh.read()
-    fields = text[text.rindex(")") + 2:].split()
-    # fields[0] is field 3 (state); utime is field 14, stime field 15
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+    """utime + stime of ``pid`` and its children (all threads) in seconds, from
+    ``/proc/<pid>/stat``."""
+    total = 0
+    for member in family(pid):
+        with open(f"/proc/{member}/stat", encoding="ascii", errors="replace") as fh:
+            text = fh.read()
+        fields = text[text.rindex(")") + 2:].split()
+        # fields[0] is field 3 (state); utime is field 14, stime field 15
+        total += int(fields[11]) + int(fields[12])
+    return total / CLK_TCK
 
 
 def context_switches(pid: int) -> int:
-    """Voluntary + involuntary context switches summed over every thread of ``pid``."""
+    """Voluntary + involuntary context switches summed over every thread of ``pid`` and of
+    its children."""
     total = 0
-    for task in os.listdir(f"/proc/{pid}/task"):
-        try:
-            status = proc_status_path(f"/proc/{pid}/task/{task}/status")
-        except OSError:
-            continue
-        total += int(status.get("voluntary_ctxt_switches", 0))
-        total += int(status.get("nonvoluntary_ctxt_switches", 0))
+    for member in family(pid):
+        for task in os.listdir(f"/proc/{member}/task"):
+            try:
+                status = proc_status_path(f"/proc/{member}/task/{task}/status")
+            except OSError:
+                continue
+            total += int(status.get("voluntary_ctxt_switches", 0))
+            total += int(status.get("nonvoluntary_ctxt_switches", 0))
     return total
 
 
 def threads(pid: int) -> int:
-    """Number of threads of ``pid``."""
-    return int(proc_status(pid)["Threads"])
+    """Number of threads of ``pid`` and its children."""
+    return sum(int(proc_status(p)["Threads"]) for p in family(pid))
 
 
 # ---- statistics --------------------------------------------------------------------------

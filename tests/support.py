@@ -194,6 +194,16 @@ class GateProcess:
         self.proc.wait(DEADLINE_S)
 
 
+def writer_pid(gate: GateProcess) -> int:
+    """The pid of the daemon's writer process (``gate.store.writerproc``: its one child)."""
+    assert gate.proc is not None
+    pid = gate.proc.pid
+    found = [int(w) for w in
+             Path(f"/proc/{pid}/task/{pid}/children").read_text(encoding="ascii").split()]
+    assert len(found) == 1, f"expected one child of the gate, found {found}"
+    return found[0]
+
+
 def http_request(url: str, method: str = "GET", body: bytes | None = None,
                  headers: dict[str, str] | None = None,
                  timeout: float = 30.0) -> tuple[int, dict[str, str], bytes]:

@@ -39,6 +39,7 @@ from tests.support import (
     post_decision,
     wait_until,
     write_config,
+    writer_pid,
 )
 
 UNAVAILABLE = {"status": "unavailable", "reason": "storage_unavailable"}
@@ -372,8 +373,8 @@ class ReadOnly(Fault):
 
 
 class FileSizeLimit(Fault):
-    """``RLIMIT_FSIZE`` of the daemon lowered to the WAL's size (needs no privilege): the WAL
-    cannot grow, so every commit fails (EFBIG)."""
+    """``RLIMIT_FSIZE`` of the daemon's writer process lowered to the WAL's size (needs no
+    privilege): the WAL cannot grow, so every commit fails (EFBIG)."""
 
     name = "file_size_limit"
 
@@ -384,8 +385,7 @@ class FileSizeLimit(Fault):
         self.pid = 0
 
     def apply(self, gate: GateProcess) -> None:
-        assert gate.proc is not None
-        self.pid = gate.proc.pid
+        self.pid = writer_pid(gate)  # the process that writes the database
         wal = self.db.with_name("gate.db-wal").stat().st_size
         self.saved = resource.prlimit(self.pid, resource.RLIMIT_FSIZE)
         resource.prlimit(self.pid, resource.RLIMIT_FSIZE, (wal, self.saved[1]))

@@ -24,12 +24,15 @@ from gate.errors import Conflict, GateError, NotFound
 from gate.keys import ReceiptKeys, load_receipt_keys
 from gate.protocol.canonical import payload_hash
 from gate.protocol.envelope import Decision
-from gate.store import Store, WriteTx
+from gate.store import Command, Store, WriteTx
 
 log = logging.getLogger(__name__)
 
 DAY_MS = 86_400_000
 EXPIRE_BATCH = 500
+# the write transactions of the gate, by name (``GateService.run_command``)
+TRANSACTIONS = frozenset({"create", "decide", "expire", "cancel", "dispatch_result",
+                          "configure"})  # "configure" runs outside a transaction (Store.apply)
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +94,29 @@ class GateService:
         self.dispatch_wakeup = asyncio.Event()
         self.expiry_wakeup = asyncio.Event()
         self._waiters: dict[str, tuple[asyncio.Event, int]] = {}
+        store.bind(self.run_command)
+
+    def run_command(self, tx: WriteTx, command: Command) -> Any:
+        """Run the write transaction ``command`` names (one of ``TRANSACTIONS``) in ``tx``;
+        called by the store's writer (a thread, or the writer process: there this object is
+        the writer's copy, forked at ``Store.open``). Returns what that transaction returns;
+        raises what it raises (GateError for a refusal), ValueError for an unknown name."""
+        if command.name not in TRANSACTIONS:
+            raise ValueError(f"unknown write transaction {command.name!r}")
+        return getattr(self, "_tx_" + command.name)(tx, *command.args)
+
+    def reconfigure(self, config: Any) -> None:
+        """Use ``config`` from now on (SIGHUP reload): budgets, limits, the rate limit.
+
+        With a writer process, its copy of this service takes it too, after the
+        transactions sent before and before those sent after (``Store.apply``).
+        """
+        self._tx_configure(None, config)
+        self.store.apply(Command("configure", (config,)))
+
+    def _tx_configure(self, tx: WriteTx | None, config: Any) -> None:
+        self.config = config
+        self.rate.per_minute = config.relay.security.rate_limit
 
     # ---- create ----------------------------------------------------------------
 
@@ -161,60 +187,9 @@ class GateService:
         ``idempotency_key_reused`` (SPEC §3).
         """
         requester, policy = self.requester(req, self.policy(req.pipeline, req.step))
-        request_hash = req.request_hash()
         digest = payload_hash(req.body)
-
-        def transaction(tx: WriteTx) -> tuple[dict[str, Any], bool]:
-            if idempotency_key is not None:
-                seen = tx.approval_by_idempotency_key(idempotency_key)
-                if seen is not None:
-                    if seen["request_hash"] != request_hash:
-                        raise Conflict("idempotency_key_reused",
-                                       "Idempotency-Key was used before with a different body")
-                    found = tx.load_approval(seen["approval_id"])
-                    assert found is not None
-                    return found, False
-            now = self.clock.now_ms()
-            approval_id = str(ULID())
-            expires_at = now + int(policy.timeout_s * 1000)
-            tx.insert_approval({
-                "approval_id": approval_id,
-                "run_id": req.run_id or str(ULID()),
-                "pipeline": req.pipeline,
-                "step": req.step,
-                "risk": policy.risk,
-                "content_type": req.content_type,
-                "quorum_required": policy.quorum,
-                "scope": [list(pair) for pair in policy.scope],
-                "budget": self._budget(tx, req.pipeline, now, req.spend),
-                "spend": req.spend,
-                "revision": 1,
-                "state": "pending",
-                "created_at": now,
-                "expires_at": expires_at,
-                "idempotency_key": idempotency_key,
-                "request_hash": request_hash,
-                "requested_by": requester[1] if requester else None,
-                "requested_by_id": requester[0] if requester else None,
-                "allow_self_approval": int(policy.allow_self_approval),
-            })
-            tx.insert_revision(approval_id, 1, req.body, digest, new_nonce(), now, None)
-            tx.enqueue_dispatch(approval_id, 1, now)
-            created: dict[str, Any] = {
-                "pipeline": req.pipeline, "step": req.step, "revision": 1,
-                "payload_hash": digest, "quorum": policy.quorum,
-                "approvers": [op_id for op_id, _ in policy.scope],
-                "expires_at": expires_at,
-            }
-            if requester is not None:
-                created["requested_by"] = requester[0]
-                created["allow_self_approval"] = policy.allow_self_approval
-            self._audit(tx, "created", approval_id, now, created)
-            full = tx.load_approval(approval_id)
-            assert full is not None
-            return full, True
-
-        full, created_now = await self.store.transact(transaction)
+        full, created_now = await self.store.transact(Command("create", (
+            req, idempotency_key, requester, policy, req.request_hash(), digest)))
         if not created_now:
             return approval_view(full), False
         log.info("event=created approval_id=%s pipeline=%s step=%s payload_hash=%s quorum=%d",
@@ -222,6 +197,58 @@ class GateService:
         self.dispatch_wakeup.set()
         self.expiry_wakeup.set()
         return approval_view(full), True
+
+    def _tx_create(self, tx: WriteTx, req: CreateRequest, idempotency_key: str | None,
+                   requester: tuple[int, str] | None, policy: Policy, request_hash: str,
+                   digest: str) -> tuple[dict[str, Any], bool]:
+        if idempotency_key is not None:
+            seen = tx.approval_by_idempotency_key(idempotency_key)
+            if seen is not None:
+                if seen["request_hash"] != request_hash:
+                    raise Conflict("idempotency_key_reused",
+                                   "Idempotency-Key was used before with a different body")
+                found = tx.load_approval(seen["approval_id"])
+                assert found is not None
+                return found, False
+        now = self.clock.now_ms()
+        approval_id = str(ULID())
+        expires_at = now + int(policy.timeout_s * 1000)
+        tx.insert_approval({
+            "approval_id": approval_id,
+            "run_id": req.run_id or str(ULID()),
+            "pipeline": req.pipeline,
+            "step": req.step,
+            "risk": policy.risk,
+            "content_type": req.content_type,
+            "quorum_required": policy.quorum,
+            "scope": [list(pair) for pair in policy.scope],
+            "budget": self._budget(tx, req.pipeline, now, req.spend),
+            "spend": req.spend,
+            "revision": 1,
+            "state": "pending",
+            "created_at": now,
+            "expires_at": expires_at,
+            "idempotency_key": idempotency_key,
+            "request_hash": request_hash,
+            "requested_by": requester[1] if requester else None,
+            "requested_by_id": requester[0] if requester else None,
+            "allow_self_approval": int(policy.allow_self_approval),
+        })
+        tx.insert_revision(approval_id, 1, req.body, digest, new_nonce(), now, None)
+        tx.enqueue_dispatch(approval_id, 1, now)
+        created: dict[str, Any] = {
+            "pipeline": req.pipeline, "step": req.step, "revision": 1,
+            "payload_hash": digest, "quorum": policy.quorum,
+            "approvers": [op_id for op_id, _ in policy.scope],
+            "expires_at": expires_at,
+        }
+        if requester is not None:
+            created["requested_by"] = requester[0]
+            created["allow_self_approval"] = policy.allow_self_approval
+        self._audit(tx, "created", approval_id, now, created)
+        full = tx.load_approval(approval_id)
+        assert full is not None
+        return full, True
 
     async def check_receipt_key(self) -> bool:
         """At start: True when the newest audit entry's receipt matches the receipt key (or
@@ -255,34 +282,8 @@ class GateService:
     async def record_decision(self, decision: Decision) -> DecisionResult:
         """``decide`` that also returns what was resolved (for metrics), read in the same
         transaction: no second read of the approval. Raises as ``decide``."""
-        resolved: list[Resolution] = []
-
-        def transaction(tx: WriteTx) -> tuple[int, int, str | None, int | None]:
-            now = self.clock.now_ms()
-            approval = tx.load_approval(decision.approval_id, outbox=False)
-            if approval is None:
-                raise GateError("unknown_approval", "no approval with this approval_id",
-                                status=404, kind="unknown_approval")
-            nonce_revision = next((int(r["revision"]) for r in approval["revisions"]
-                                   if r["nonce"] == decision.nonce), None)
-            if nonce_revision is None:
-                raise rules.refuse(403, "forbidden", "nonce_mismatch",
-                                   "nonce does not belong to this approval")
-            rules.check_state(approval, nonce_revision, decision, now)
-            rules.check_not_requester(approval, decision.approver_id)
-            operator_id = rules.check_approver(approval, decision.approver_id)
-            rules.check_adjust_text(decision, self.config.relay.security.max_input_length)
-            self.rate.check(operator_id, now)
-            rules.check_not_decided(approval, operator_id, decision)
-            verdict = rules.verdict(approval, operator_id, decision)
-            revision = approval["revision"]
-            outcome, new_revision = self._record(tx, approval, decision, verdict, now)
-            if outcome is not None:
-                resolved[:] = [Resolution(approval["pipeline"], approval["step"], outcome,
-                                          int(approval["created_at"]), now)]
-            return operator_id, revision, outcome, new_revision
-
-        operator_id, revision, outcome, new_revision = await self.store.transact(transaction)
+        operator_id, revision, outcome, new_revision, resolution = await self.store.transact(
+            Command("decide", (decision,)))
         log.info("event=decision approval_id=%s operator_id=%d decision=%s revision=%d "
                  "payload_hash=%s", decision.approval_id, operator_id, decision.decision,
                  revision, decision.payload_hash)
@@ -291,10 +292,35 @@ class GateService:
                      decision.approval_id, outcome, new_revision or revision)
             self._notify(decision.approval_id)
             return DecisionResult({"status": "recorded", "resolved": True, "outcome": outcome},
-                                  resolved[0])
+                                  resolution)
         if new_revision is not None:
             self.dispatch_wakeup.set()
         return DecisionResult({"status": "recorded", "resolved": False}, None)
+
+    def _tx_decide(self, tx: WriteTx, decision: Decision) -> tuple[
+            int, int, str | None, int | None, Resolution | None]:
+        now = self.clock.now_ms()
+        approval = tx.load_approval(decision.approval_id, outbox=False)
+        if approval is None:
+            raise GateError("unknown_approval", "no approval with this approval_id",
+                            status=404, kind="unknown_approval")
+        nonce_revision = next((int(r["revision"]) for r in approval["revisions"]
+                               if r["nonce"] == decision.nonce), None)
+        if nonce_revision is None:
+            raise rules.refuse(403, "forbidden", "nonce_mismatch",
+                               "nonce does not belong to this approval")
+        rules.check_state(approval, nonce_revision, decision, now)
+        rules.check_not_requester(approval, decision.approver_id)
+        operator_id = rules.check_approver(approval, decision.approver_id)
+        rules.check_adjust_text(decision, self.config.relay.security.max_input_length)
+        self.rate.check(operator_id, now)
+        rules.check_not_decided(approval, operator_id, decision)
+        verdict = rules.verdict(approval, operator_id, decision)
+        revision = approval["revision"]
+        outcome, new_revision = self._record(tx, approval, decision, verdict, now)
+        resolution = None if outcome is None else Resolution(
+            approval["pipeline"], approval["step"], outcome, int(approval["created_at"]), now)
+        return operator_id, revision, outcome, new_revision, resolution
 
     def _record(self, tx: WriteTx, approval: dict[str, Any], decision: Decision,
                 verdict: rules.Verdict, now: int) -> tuple[str | None, int | None]:
@@ -366,22 +392,22 @@ class GateService:
         Runs in batches of 500 per transaction; returns how many were resolved.
         """
 
-        def transaction(tx: WriteTx) -> list[str]:
-            now = self.clock.now_ms()
-            due = tx.due_expiry_rows(now, EXPIRE_BATCH)
-            for approval in due:  # a timeout fires nothing: no permit, so no full load
-                self._resolve(tx, approval, "timeout", now, [])
-            return [approval["approval_id"] for approval in due]
-
         total = 0
         while True:
-            ids = await self.store.transact(transaction)
+            ids = await self.store.transact(Command("expire", ()))
             for approval_id in ids:
                 log.info("event=resolved approval_id=%s outcome=timeout", approval_id)
                 self._notify(approval_id)
             total += len(ids)
             if len(ids) < EXPIRE_BATCH:
                 return total
+
+    def _tx_expire(self, tx: WriteTx) -> list[str]:
+        now = self.clock.now_ms()
+        due = tx.due_expiry_rows(now, EXPIRE_BATCH)
+        for approval in due:  # a timeout fires nothing: no permit, so no full load
+            self._resolve(tx, approval, "timeout", now, [])
+        return [approval["approval_id"] for approval in due]
 
     async def cancel(self, approval_id: str) -> dict[str, Any]:
         """Resolve a pending approval as ``cancelled`` (the pipeline withdrew).
@@ -391,21 +417,7 @@ class GateService:
         Raises NotFound 404 ``unknown_approval``; Conflict 409 ``already_resolved``.
         """
 
-        def transaction(tx: WriteTx) -> tuple[str, dict[str, Any]]:
-            now = self.clock.now_ms()
-            approval = tx.load_approval(approval_id)
-            if approval is None:
-                raise NotFound("unknown_approval", "no approval with this approval_id")
-            if approval["state"] == "resolved":
-                raise Conflict("already_resolved", "the approval is already resolved",
-                               extra={"outcome": approval["outcome"]})
-            outcome = "timeout" if now >= approval["expires_at"] else "cancelled"
-            self._resolve(tx, approval, outcome, now, [])
-            full = tx.load_approval(approval_id)
-            assert full is not None
-            return outcome, full
-
-        outcome, full = await self.store.transact(transaction)
+        outcome, full = await self.store.transact(Command("cancel", (approval_id,)))
         log.info("event=resolved approval_id=%s outcome=%s", approval_id, outcome)
         self._notify(approval_id)
         if outcome == "timeout":
@@ -413,22 +425,38 @@ class GateService:
                            extra={"outcome": "timeout"})
         return approval_view(full)
 
+    def _tx_cancel(self, tx: WriteTx, approval_id: str) -> tuple[str, dict[str, Any]]:
+        now = self.clock.now_ms()
+        approval = tx.load_approval(approval_id)
+        if approval is None:
+            raise NotFound("unknown_approval", "no approval with this approval_id")
+        if approval["state"] == "resolved":
+            raise Conflict("already_resolved", "the approval is already resolved",
+                           extra={"outcome": approval["outcome"]})
+        outcome = "timeout" if now >= approval["expires_at"] else "cancelled"
+        self._resolve(tx, approval, outcome, now, [])
+        full = tx.load_approval(approval_id)
+        assert full is not None
+        return outcome, full
+
     # ---- dispatch bookkeeping ------------------------------------------------------
 
     async def dispatch_result(self, approval_id: str, revision: int, *, acked: bool,
                               error: str | None, retry_at_ms: int) -> None:
         """Record one dispatch attempt; an ack writes a ``dispatch_ack`` audit entry."""
 
-        def transaction(tx: WriteTx) -> None:
-            now = self.clock.now_ms()
-            attempts = tx.dispatch_attempted(
-                approval_id, revision, delivered_at=now if acked else None,
-                next_attempt_at=now if acked else retry_at_ms, error=error)
-            if acked and attempts > 0:
-                self._audit(tx, "dispatch_ack", approval_id, now,
-                            {"revision": revision, "attempts": attempts})
+        await self.store.transact(Command("dispatch_result", (
+            approval_id, revision, acked, error, retry_at_ms)))
 
-        await self.store.transact(transaction)
+    def _tx_dispatch_result(self, tx: WriteTx, approval_id: str, revision: int, acked: bool,
+                            error: str | None, retry_at_ms: int) -> None:
+        now = self.clock.now_ms()
+        attempts = tx.dispatch_attempted(
+            approval_id, revision, delivered_at=now if acked else None,
+            next_attempt_at=now if acked else retry_at_ms, error=error)
+        if acked and attempts > 0:
+            self._audit(tx, "dispatch_ack", approval_id, now,
+                        {"revision": revision, "attempts": attempts})
 
     # ---- reads -----------------------------------------------------------------
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import fcntl
 import logging
 import os
@@ -15,10 +16,11 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 from gate import audit
 from gate.errors import Unavailable
+from gate.store import writerproc
 from gate.store.schema import MIGRATIONS, SCHEMA_VERSION
 from gate.store.tx import WriteTx, load_full
 
@@ -64,22 +66,41 @@ def _connect(path: Path) -> sqlite3.Connection:
     return conn
 
 
+class Command(NamedTuple):
+    """A write transaction by name, with picklable arguments (``Store.transact``).
+
+    ``name`` is ``"probe"`` (the store's own) or one the bound handler knows
+    (``Store.bind``; ``gate.core.service.TRANSACTIONS``).
+    """
+
+    name: str
+    args: tuple[Any, ...] = ()
+
+
+PROBE = Command("probe")
+
+
 class _Job:
-    """One transaction function waiting for the writer thread."""
+    """One transaction waiting for the writer (thread or process)."""
 
-    __slots__ = ("fn", "future", "cancelled")
+    __slots__ = ("fn", "future", "cancelled", "id", "command")
 
-    def __init__(self, fn: Callable[[WriteTx], Any], future: asyncio.Future[Any]) -> None:
+    def __init__(self, fn: Callable[[WriteTx], Any], future: asyncio.Future[Any] | None,
+                 job_id: int = 0, command: Command | None = None) -> None:
         self.fn = fn
         self.future = future
         self.cancelled = False  # set by the caller when it stops waiting before the job ran
+        self.id = job_id
+        self.command = command
 
 
 class Store:
     """The gate's SQLite database.
 
-    All writes go through ``transact(fn)``: ``fn(tx)`` runs synchronously on the one writer
-    thread. The thread takes every transaction function waiting in its queue (up to
+    All writes go through ``transact(command)``: the transaction runs synchronously on the
+    one writer, a thread of this process or (``writer_process=True``, what ``gate serve``
+    uses) a process of its own forked at ``open`` (``gate.store.writerproc``: the web
+    process's GIL is then not shared with the writer's work). The writer takes every transaction function waiting in its queue (up to
     ``MAX_BATCH``), runs them inside one ``BEGIN IMMEDIATE`` transaction, each in its own
     SAVEPOINT (a refused or failing one rolls back alone), COMMITs once (one fsync for the
     batch: group commit), and only then answers each caller. Reads use a second connection
@@ -96,8 +117,11 @@ class Store:
     (``check_writable`` probes for that).
     """
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, *, writer_process: bool = False) -> None:
         self.path = Path(path)
+        self.writer_process = writer_process
+        self._handler: Callable[[WriteTx, Command], Any] | None = None
+        self._client: writerproc.WriterClient | None = None
         self._writer: sqlite3.Connection | None = None
         self._reader: sqlite3.Connection | None = None
         self._read_pool: ThreadPoolExecutor | None = None
@@ -109,14 +133,24 @@ class Store:
         self.write_fault: str | None = None
         self._probed_at = 0.0
 
+    def bind(self, handler: Callable[[WriteTx, Command], Any]) -> None:
+        """Set what runs a ``Command`` other than ``probe``: ``handler(tx, command)`` on the
+        writer (in the writer process: the process's copy of it, forked at ``open``;
+        ``tx`` is None for a command sent with ``apply``). Call before ``open``."""
+        self._handler = handler
+
     # ---- open / close ----------------------------------------------------------------
 
     async def open(self) -> None:
         """Open (creating if needed) the file, set WAL + synchronous=FULL, run migrations.
 
-        Raises Unavailable when the file cannot be opened, is newer than this code, or is
-        in use by another running gate.
+        With ``writer_process`` this forks the writer process: call it before the process
+        starts any thread. Raises Unavailable when the file cannot be opened, is newer than
+        this code, or is in use by another running gate.
         """
+        if self.writer_process:
+            await self._open_with_process()
+            return
         try:
             await asyncio.to_thread(self._open_sync)
         except (sqlite3.Error, OSError) as exc:
@@ -131,6 +165,42 @@ class Store:
         self._thread = threading.Thread(target=self._run_writer, name="gate-writer", daemon=True)
         self._thread.start()
 
+    async def _open_with_process(self) -> None:
+        try:  # on this thread: no thread may exist when the writer is forked
+            self._open_sync(reader=False)
+            assert self._writer is not None
+            self._writer.close()  # a connection must not cross a fork: the writer opens its own
+            self._writer = None
+            self._client = await writerproc.start(self, self._open_writer)
+            self._reader = _connect(self.path)
+            self._reader.execute("PRAGMA query_only = ON")
+        except (sqlite3.Error, OSError) as exc:
+            await self._close_client()
+            self._close_sync()
+            raise Unavailable("storage_unavailable",
+                              f"cannot open database {self.path}: {exc}") from exc
+        except BaseException:
+            await self._close_client()
+            self._close_sync()
+            raise
+        self._loop = asyncio.get_running_loop()
+        self._read_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gate-reader")
+
+    def _open_writer(self) -> None:
+        """In the writer process: close the inherited lock fd (the web process holds the
+        lock) and open the write connection."""
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+        self._writer = _connect(self.path)
+        self._writer.execute("PRAGMA journal_mode = WAL")
+        self._writer.execute("PRAGMA synchronous = FULL")
+
+    async def _close_client(self) -> None:
+        client, self._client = self._client, None
+        if client is not None:
+            await client.close()
+
     def _lock_file(self) -> None:
         fd = os.open(f"{self.path}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         try:
@@ -143,7 +213,7 @@ class Store:
             raise
         self._lock_fd = fd
 
-    def _open_sync(self) -> None:
+    def _open_sync(self, reader: bool = True) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._lock_file()
         # a new database (drafts, final bodies, permits, nonces of pending approvals) is
@@ -157,8 +227,9 @@ class Store:
             raise Unavailable("storage_unavailable", f"could not enable WAL (got {mode})")
         self._writer.execute("PRAGMA synchronous = FULL")
         self._migrate(self._writer)
-        self._reader = _connect(self.path)
-        self._reader.execute("PRAGMA query_only = ON")
+        if reader:
+            self._reader = _connect(self.path)
+            self._reader.execute("PRAGMA query_only = ON")
 
     async def close(self) -> None:
         """Finish the queued transactions, close both connections, release the lock (idempotent)."""
@@ -166,6 +237,7 @@ class Store:
         if thread is not None:
             self._queue.put(None)
             await asyncio.get_running_loop().run_in_executor(None, thread.join)
+        await self._close_client()
         pool, self._read_pool = self._read_pool, None
         if pool is not None:
             pool.shutdown(wait=True)
@@ -225,7 +297,7 @@ class Store:
             self._probed_at = time.monotonic()
             self._probing = True
             try:
-                await self.transact(lambda tx: tx.probe())
+                await self.transact(PROBE)
             except Unavailable:
                 pass
             else:
@@ -249,17 +321,28 @@ class Store:
 
     # ---- writes (writer thread) --------------------------------------------------------
 
-    async def transact(self, fn: Callable[[WriteTx], T]) -> T:
-        """Run ``fn(tx)`` in a write transaction on the writer thread; return its result.
+    async def transact(self, command: Command | Callable[[WriteTx], T]) -> Any:
+        """Run ``command`` in a write transaction on the writer; return its result.
 
-        Returns only after the transaction committed (on disk with synchronous=FULL). An
-        exception raised by ``fn`` rolls back what ``fn`` did (and only that) and is raised
-        here; sqlite3 errors become Unavailable (503). A transaction commits whole or not at
-        all: when the caller is cancelled before ``fn`` started, ``fn`` never runs; once it
-        started, it finishes and commits.
+        ``command`` is a ``Command`` (run by ``probe`` or the bound handler) or, with a
+        writer thread only, a function ``fn(tx)``. Returns only after the transaction
+        committed (on disk with synchronous=FULL). An exception raised by the transaction
+        rolls back what it did (and only that) and is raised here; sqlite3 errors become
+        Unavailable (503). A transaction commits whole or not at all: when the caller is
+        cancelled before it started, it never runs; once it started, it finishes and
+        commits. Raises TypeError for a function when the writer is a process.
         """
+        if self._client is not None:
+            if not isinstance(command, Command):
+                raise TypeError("the writer process runs Command objects only")
+            return await self._client.transact(command)
         if self._thread is None or self._loop is None:
             raise Unavailable("storage_unavailable", "database is not open")
+        if isinstance(command, Command):
+            fn: Callable[[WriteTx], Any] = functools.partial(self.run_command,
+                                                             command=command)
+        else:
+            fn = command
         job = _Job(fn, self._loop.create_future())
         self._queue.put(job)
         try:
@@ -267,6 +350,36 @@ class Store:
         except asyncio.CancelledError:
             job.cancelled = True
             raise
+
+    def apply(self, command: Command) -> None:
+        """Run ``command`` with the bound handler outside any transaction (``tx`` None):
+        here at once, or in the writer process after what was sent before it (configuration
+        the writer's copy of the service must share)."""
+        if self._client is not None:
+            self._client.apply(command)
+
+    def run_command(self, tx: WriteTx, command: Command) -> Any:
+        """Writer side: run ``command`` in ``tx`` (``probe``, else the bound handler)."""
+        if command == PROBE:
+            return tx.probe()
+        if self._handler is None:
+            raise RuntimeError(f"no handler bound for {command.name!r}")
+        return self._handler(tx, command)
+
+    def apply_command(self, command: Command) -> None:
+        """Writer process side of ``apply``."""
+        if self._handler is not None:
+            self._handler(None, command)  # type: ignore[arg-type]
+
+    def run_jobs(self, batch: list[_Job], started: Callable[[], None]
+                 ) -> list[tuple[_Job, Any, BaseException | None]]:
+        """Writer process side: run ``batch`` as one group commit (``_run_batch``);
+        ``started()`` is called once its transaction began, before the first job runs."""
+        return self._run_batch(batch, started)
+
+    def writable_again(self) -> None:
+        """Writer process side: a probe committed, so the storage fault is over."""
+        self._recovered()
 
     def _run_writer(self) -> None:
         stopping = False
@@ -292,8 +405,11 @@ class Store:
                 answers = [(job, None, exc) for job in batch]
             self._deliver(answers)
 
-    def _run_batch(self, batch: list[_Job]) -> list[tuple[_Job, Any, BaseException | None]]:
-        """Run ``batch`` in one transaction; return each job's (result, error)."""
+    def _run_batch(self, batch: list[_Job], started: Callable[[], None] | None = None
+                   ) -> list[tuple[_Job, Any, BaseException | None]]:
+        """Run ``batch`` in one transaction; return each job's (result, error). ``started()``
+        runs once ``BEGIN IMMEDIATE`` succeeded (it may have waited on the lock), before
+        the jobs: the writer process reads the cancellations that arrived meanwhile."""
         conn = self._writer
         assert conn is not None
         answers: list[tuple[_Job, Any, BaseException | None]] = []
@@ -303,6 +419,8 @@ class Store:
             self._faulted(exc)
             error = Unavailable("storage_unavailable", f"database write failed: {exc}")
             return [(job, None, error) for job in batch]
+        if started is not None:
+            started()
         changes = conn.total_changes
         tx = WriteTx(conn)
         done: list[tuple[_Job, Any]] = []
@@ -338,7 +456,7 @@ class Store:
                 error = Unavailable("storage_unavailable", f"database write failed: {exc}")
                 answers += [(j, None, error) for j, _ in done] + [(job, None, error)]
                 rest = batch[index + 1:]
-                return answers + (self._run_batch(rest) if rest else [])
+                return answers + (self._run_batch(rest, started) if rest else [])
             done.append((job, result))
         try:
             conn.execute("COMMIT")

@@ -184,7 +184,8 @@ async def serve(config: Config, secrets: Secrets, clock: Clock | None = None,
     notifier.status("starting: opening the database")
     ready = False
     try:
-        service = GateService(config, secrets.receipt_key, Store(config.storage.path),
+        store = Store(config.storage.path, writer_process=True)
+        service = GateService(config, secrets.receipt_key, store,
                               clock or SystemClock())
         api_app, callback_app = create_apps(service, config, secrets)
         async with _workers(service, config, secrets) as dispatcher:
@@ -357,9 +358,7 @@ class Reloader:
 
     def apply(self, config: Config, secrets: Secrets) -> None:
         """Swap the settings in place; no await, so no request sees half of them."""
-        rate = self.service.rate
-        self.service.config = config
-        rate.per_minute = config.relay.security.rate_limit
+        self.service.reconfigure(config)
         self.callback_settings.relay_secrets = secrets.relay_secrets
         self.callback_settings.max_skew_s = config.relay.security.max_skew
         self.api_settings.token = secrets.api_token

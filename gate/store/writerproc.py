@@ -1,0 +1,350 @@
+"""The store's writer in its own process: group commit off the web process's GIL.
+
+``gate serve`` forks one writer process when it opens the database (``Store(...,
+writer_process=True)``), before any thread starts. The child owns the one write connection
+and runs the same batch runner as the writer thread (``Store._run_batch``: one ``BEGIN
+IMMEDIATE``, a SAVEPOINT per transaction, one COMMIT = one fsync per batch), on *commands*
+(``Command``: a transaction's name and picklable arguments) instead of closures; its copy
+of the service, forked with it, runs them (``Store.bind``). Each caller is answered only
+after the commit, as before.
+
+Wire, over one ``socketpair`` (both ways): frames of a 4-byte big-endian length and a
+pickle. Web process -> writer: ``("job", id, command)``, ``("cancel", id)`` (the caller
+stopped waiting: the job is skipped if it has not started), ``("apply", command)``
+(configuration, applied between batches, in order). Writer -> web process: ``("ready",
+error)`` once, then ``("answers", [(id, ok, result_or_error), ...], write_fault)`` after
+each batch. Pickle is safe here: both ends are this program, forked from one process, and
+the socket is private to the two of them.
+
+The writer exits when the web process closes its end (after the queued jobs ran) or
+disappears. If the writer dies, every write is refused 503 ``storage_unavailable`` (and
+``/healthz`` says so) until the gate restarts; ``event=writer_exited`` is logged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import pickle
+import signal
+import socket
+import struct
+from collections import deque
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from gate.errors import GateError, Unavailable
+
+if TYPE_CHECKING:
+    from gate.store.db import Command, Store
+
+log = logging.getLogger(__name__)
+
+_HEADER = struct.Struct(">I")
+_MAX_FRAME = 1 << 30
+WRITER_GONE = "the database writer process exited (restart the gate)"
+
+
+def _frame(message: Any) -> bytes:
+    data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+    return _HEADER.pack(len(data)) + data
+
+
+# ---- the web process's side -------------------------------------------------------------
+
+class WriterClient:
+    """The web process's handle on the writer process: sends jobs, settles their futures.
+
+    Created by ``start``; ``transact`` is ``Store.transact`` in this mode. Not thread-safe:
+    used from the event loop only.
+    """
+
+    def __init__(self, store: Store, pid: int, reader: asyncio.StreamReader,
+                 writer: asyncio.StreamWriter) -> None:
+        self._store = store
+        self.pid = pid
+        self._reader = reader
+        self._writer = writer
+        self._pending: dict[int, asyncio.Future[Any]] = {}
+        self._next_id = 0
+        self._closing = False
+        self.gone: str | None = None  # why no write can be sent any more
+        self._answers = asyncio.create_task(self._read_answers(), name="writer-answers")
+
+    def _send(self, message: Any) -> None:
+        if self.gone is not None:
+            raise Unavailable("storage_unavailable", self.gone)
+        self._writer.write(_frame(message))
+
+    async def transact(self, command: Command) -> Any:
+        """Run ``command`` in the writer process; return its result after the commit.
+
+        Raises what the transaction raised (GateError for a refusal), Unavailable 503 when
+        the writer is gone. Cancelled before the job started, the job never runs.
+        """
+        self._next_id += 1
+        job_id = self._next_id
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._send(("job", job_id, command))
+        self._pending[job_id] = future
+        try:
+            return await future
+        except asyncio.CancelledError:
+            if self._pending.pop(job_id, None) is not None:
+                with contextlib.suppress(GateError, OSError, RuntimeError):
+                    self._send(("cancel", job_id))
+            raise
+
+    def apply(self, command: Command) -> None:
+        """Have the writer run ``command`` outside any transaction, after the jobs sent
+        before it and before those sent after (e.g. a reloaded configuration). No answer."""
+        with contextlib.suppress(GateError):
+            self._send(("apply", command))
+
+    async def _read_answers(self) -> None:
+        try:
+            while True:
+                message = await _read_frame(self._reader)
+                kind, items, write_fault = message
+                if kind != "answers":
+                    raise ValueError(f"unexpected frame {kind!r} from the writer process")
+                self._store.write_fault = write_fault
+                for job_id, ok, value in items:
+                    future = self._pending.pop(job_id, None)
+                    if future is None or future.done():
+                        continue
+                    if ok:
+                        future.set_result(value)
+                    else:
+                        future.set_exception(value)
+        except Exception as exc:  # noqa: BLE001 - EOF, a reset, a frame not understood: the
+            self._lost(exc)       # writer is lost either way, and no waiting caller may hang
+
+    def _lost(self, exc: BaseException) -> None:
+        self.gone = WRITER_GONE
+        if not self._closing:
+            log.error("event=writer_exited pid=%d error=%s", self.pid, type(exc).__name__)
+            self._store.write_fault = WRITER_GONE
+        error = Unavailable("storage_unavailable", f"database write failed: {WRITER_GONE}")
+        pending, self._pending = self._pending, {}
+        for future in pending.values():
+            if not future.done():
+                future.set_exception(error)
+
+    async def close(self) -> None:
+        """Let the writer finish what was sent, then end it and reap it (idempotent)."""
+        if self._closing:
+            return
+        self._closing = True
+        with contextlib.suppress(OSError, RuntimeError):
+            self._writer.write_eof()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._answers
+        self._writer.close()
+        with contextlib.suppress(OSError, RuntimeError):
+            await self._writer.wait_closed()
+        await asyncio.to_thread(_reap, self.pid)
+
+
+def _reap(pid: int) -> None:
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(pid, 0)
+
+
+async def _read_frame(reader: asyncio.StreamReader) -> Any:
+    (size,) = _HEADER.unpack(await reader.readexactly(_HEADER.size))
+    if size > _MAX_FRAME:
+        raise pickle.UnpicklingError(f"frame of {size} bytes")
+    return pickle.loads(await reader.readexactly(size))
+
+
+async def start(store: Store, open_writer: Callable[[], None]) -> WriterClient:
+    """Fork the writer process for ``store`` and return the web process's handle on it.
+
+    Call before any thread is started (fork copies only the calling thread). In the child,
+    ``open_writer()`` opens the write connection, then ``serve`` runs until the parent
+    closes its end. Raises Unavailable when the writer cannot open the database.
+    """
+    parent_sock, child_sock = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    blocked = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
+    old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, blocked)
+    try:
+        pid = os.fork()
+        if pid == 0:  # the writer process: never returns into the caller's frames
+            code = 1
+            try:
+                parent_sock.close()
+                _child_signals(old_mask)
+                code = _child(store, child_sock, open_writer)
+            except BaseException:  # noqa: BLE001 - the child must not unwind into the parent's code
+                with contextlib.suppress(BaseException):
+                    log.exception("event=writer_failed")
+            finally:
+                os._exit(code)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
+    child_sock.close()
+    reader, writer = await asyncio.open_unix_connection(sock=parent_sock)
+    try:
+        kind, error = await _read_frame(reader)
+    except (asyncio.IncompleteReadError, OSError, EOFError) as exc:
+        writer.close()
+        await asyncio.to_thread(_reap, pid)
+        raise Unavailable("storage_unavailable",
+                          f"the database writer process did not start: {exc}") from exc
+    if error is not None:
+        writer.close()
+        await asyncio.to_thread(_reap, pid)
+        raise Unavailable("storage_unavailable", error)
+    log.debug("event=writer_started pid=%d", pid)
+    return WriterClient(store, pid, reader, writer)
+
+
+# ---- the writer process -----------------------------------------------------------------
+
+def _child_signals(mask: Any) -> None:
+    """Stop on the parent's word only: ignore the signals the web process handles (a
+    terminal's ^C or systemd's SIGTERM reach the whole group), and drop the parent's
+    event-loop wake-up fd (a signal here must not wake the parent's loop)."""
+    signal.set_wakeup_fd(-1)
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+
+
+class _Frames:
+    """Frame reader over the writer's socket: ``take`` blocks for at least one frame and
+    also takes whatever else has arrived, so one batch takes every waiting job; ``poll``
+    never blocks."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self._sock = sock
+        self._buffer = bytearray()
+
+    def take(self) -> list[Any] | None:
+        """Return the next frames (at least one), or None at end of stream."""
+        while True:
+            messages = self.poll()
+            if messages:
+                return messages
+            try:
+                data = self._sock.recv(1 << 20)
+            except ConnectionError:  # the web process died with answers unread: the end
+                data = b""
+            if not data:
+                return None
+            self._buffer += data
+
+    def poll(self) -> list[Any]:
+        """Return the complete frames that have arrived (maybe none), without blocking."""
+        try:
+            data = self._sock.recv(1 << 20, socket.MSG_DONTWAIT)
+        except (BlockingIOError, ConnectionError):  # nothing yet; or the end (``take``)
+            data = b""
+        self._buffer += data
+        messages = []
+        view = self._buffer
+        offset = 0
+        while len(view) - offset >= _HEADER.size:
+            (size,) = _HEADER.unpack_from(view, offset)
+            end = offset + _HEADER.size + size
+            if len(view) < end:
+                break
+            messages.append(pickle.loads(view[offset + _HEADER.size:end]))
+            offset = end
+        del self._buffer[:offset]
+        return messages
+
+
+def _child(store: Store, sock: socket.socket, open_writer: Callable[[], None]) -> int:
+    from gate.store.db import MAX_BATCH, PROBE, _Job  # the child's copy of the store module
+
+    try:
+        open_writer()
+    except Exception as exc:  # noqa: BLE001 - reported to the parent, which raises it
+        sock.sendall(_frame(("ready", f"cannot open database {store.path}: {exc}")))
+        return 1
+    sock.sendall(_frame(("ready", None)))
+    frames = _Frames(sock)
+    waiting: deque[Any] = deque()  # messages read but not handled yet, in order
+    jobs: dict[int, _Job] = {}  # the jobs of the batch being assembled or run
+
+    def cancels_arrived() -> None:
+        # run once the batch's BEGIN IMMEDIATE succeeded (it may have waited on a lock held
+        # by another connection): a caller that gave up meanwhile is not run, as with the
+        # writer thread
+        for message in frames.poll():
+            job = jobs.get(message[1]) if message[0] == "cancel" else None
+            if job is not None:
+                job.cancelled = True
+            else:
+                waiting.append(message)
+
+    while True:
+        if not waiting:
+            got = frames.take()
+            if got is None:
+                return 0
+            waiting.extend(got)
+        batch: list[_Job] = []
+        while waiting:
+            kind = waiting[0][0]
+            if kind == "job":
+                if len(batch) >= MAX_BATCH:
+                    break
+                _, job_id, command = waiting.popleft()
+                job = _Job(_runner(store, command), None, job_id, command)
+                jobs[job_id] = job
+                batch.append(job)
+            elif kind == "cancel":
+                job = jobs.get(waiting.popleft()[1])
+                if job is not None:
+                    job.cancelled = True
+            elif kind == "apply":
+                if batch:  # the jobs sent before it run first
+                    break
+                store.apply_command(waiting.popleft()[1])
+            else:
+                waiting.popleft()
+        if not batch:
+            continue
+        answers = store.run_jobs(batch, cancels_arrived)
+        jobs.clear()
+        if any(job.command == PROBE and error is None for job, _, error in answers):
+            store.writable_again()
+        items = [_answer(job, result, error) for job, result, error in answers]
+        try:
+            try:
+                data = _frame(("answers", items, store.write_fault))
+            except Exception:  # noqa: BLE001 - a bug (an unpicklable answer): answer it as one
+                data = _frame(("answers", [_picklable(item) for item in items],
+                               store.write_fault))
+            sock.sendall(data)
+        except OSError:
+            return 0  # the web process is gone: nobody waits for these answers
+
+
+def _runner(store: Store, command: Command) -> Callable[[Any], Any]:
+    def run(tx: Any) -> Any:
+        return store.run_command(tx, command)
+    return run
+
+
+def _answer(job: Any, result: Any, error: BaseException | None) -> tuple[int, bool, Any]:
+    if error is None:
+        return job.id, True, result
+    if not isinstance(error, GateError):  # a bug: its traceback stays in this process's log
+        log.error("event=writer_error command=%s", job.command.name, exc_info=error)
+    return job.id, False, error
+
+
+def _picklable(item: tuple[int, bool, Any]) -> tuple[int, bool, Any]:
+    job_id, ok, value = item
+    try:
+        pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception as exc:  # noqa: BLE001
+        log.error("event=writer_error error=unpicklable answer (%s)", exc)
+        return job_id, False, RuntimeError(f"unpicklable answer: {type(value).__name__}")
+    return item

@@ -1,0 +1,260 @@
+"""The store's writer in its own process (``gate.store.writerproc``), as ``gate serve`` runs it.
+
+Store-level tests fork a real writer from this test process (``Store(path,
+writer_process=True)``) and read the real SQLite file; daemon-level tests run ``python -m
+gate serve`` and find its writer among its children in /proc.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gate.errors import Conflict, Unavailable
+from gate.store import Command, Store, WriteTx
+from tests.support import (
+    CaptureRelay,
+    GateProcess,
+    decision_body,
+    post_decision,
+    wait_until,
+    write_config,
+    writer_pid,
+)
+
+KEY = b"writer-process-test-key"
+
+
+def children(pid: int) -> list[int]:
+    """The pids of ``pid``'s child processes (Linux /proc)."""
+    text = Path(f"/proc/{pid}/task/{pid}/children").read_text(encoding="ascii")
+    return [int(word) for word in text.split()]
+
+
+def alive(pid: int) -> bool:
+    """True while ``pid`` exists and is not a zombie."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text(encoding="ascii")
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+# ---- the store with a writer process ---------------------------------------------------------
+
+
+class Handler:
+    """Transactions by name, as ``GateService.run_command`` provides them; forked with the
+    store, so the writer process runs its own copy. ``hold`` blocks the writer on a pipe the
+    test writes to, after saying so on another pipe (synchronisation across the fork)."""
+
+    def __init__(self) -> None:
+        self.entered_r, self.entered_w = os.pipe()
+        self.release_r, self.release_w = os.pipe()
+        self.setting = "start"
+
+    def __call__(self, tx: WriteTx | None, command: Command) -> Any:
+        if command.name == "configure":
+            self.setting = command.args[0]
+            return None
+        assert tx is not None
+        if command.name == "append":
+            (label, refuse) = command.args
+            row = tx.append_audit("test", None, 0, {"label": label, "setting": self.setting},
+                                  KEY)
+            if refuse:
+                raise Conflict("refused_on_purpose", f"{label} refused after writing",
+                               extra={"label": label})
+            return row.seq
+        if command.name == "hold":
+            os.write(self.entered_w, b"x")
+            os.read(self.release_r, 1)
+            return "held"
+        if command.name == "pid":
+            return os.getpid()
+        raise ValueError(command.name)
+
+
+def audit_labels(db: Path) -> list[tuple[str, str]]:
+    import json
+    conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    try:
+        rows = conn.execute("SELECT entry FROM audit_log ORDER BY seq").fetchall()
+    finally:
+        conn.close()
+    return [(json.loads(r[0])["data"]["label"], json.loads(r[0])["data"]["setting"])
+            for r in rows]
+
+
+@pytest.fixture
+async def forked(tmp_path: Path) -> Any:
+    store = Store(tmp_path / "gate.db", writer_process=True)
+    handler = Handler()
+    store.bind(handler)
+    await store.open()
+    try:
+        yield store, handler
+    finally:
+        os.write(handler.release_w, b"x" * 8)  # never leave the writer blocked in ``hold``
+        await store.close()
+
+
+async def test_writer_process_is_another_process_and_commits_every_answered_job(
+        forked: Any, tmp_path: Path) -> None:
+    store, _ = forked
+    pid = await store.transact(Command("pid"))
+    assert pid != os.getpid() and pid in children(os.getpid())
+    seqs = await asyncio.gather(*(store.transact(Command("append", (f"j{n}", False)))
+                                  for n in range(50)))
+    assert sorted(seqs) == list(range(1, 51))
+    # answered = committed: a fresh connection sees every one of them
+    assert sorted(label for label, _ in audit_labels(tmp_path / "gate.db")) == sorted(
+        f"j{n}" for n in range(50))
+
+
+async def test_writer_process_refusal_crosses_the_process_boundary_and_rolls_back_alone(
+        forked: Any, tmp_path: Path) -> None:
+    store, _ = forked
+    results = await asyncio.gather(
+        *(store.transact(Command("append", (f"j{n}", n % 3 == 1))) for n in range(9)),
+        return_exceptions=True)
+    refused = [r for r in results if isinstance(r, Exception)]
+    assert len(refused) == 3
+    for error in refused:
+        assert isinstance(error, Conflict)
+        assert (error.status, error.code) == (409, "refused_on_purpose")
+        assert error.extra["label"] in {"j1", "j4", "j7"}
+    assert sorted(label for label, _ in audit_labels(tmp_path / "gate.db")) == [
+        "j0", "j2", "j3", "j5", "j6", "j8"]
+    # the chain stays whole: what committed links up in seq order
+    assert sorted(r for r in results if isinstance(r, int)) == [1, 2, 3, 4, 5, 6]
+
+
+async def test_writer_process_takes_commands_only(forked: Any) -> None:
+    store, _ = forked
+    with pytest.raises(TypeError):
+        await store.transact(lambda tx: None)
+
+
+async def test_writer_process_cancelled_job_never_runs(forked: Any, tmp_path: Path) -> None:
+    store, handler = forked
+    held = asyncio.create_task(store.transact(Command("hold")))
+    await asyncio.to_thread(os.read, handler.entered_r, 1)  # the writer is inside ``hold``
+    cancelled = asyncio.create_task(store.transact(Command("append", ("never", False))))
+    await asyncio.sleep(0)  # its job is sent; cancel it before the writer is free
+    cancelled.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await cancelled
+    os.write(handler.release_w, b"x")
+    assert await held == "held"
+    await store.transact(Command("append", ("after", False)))
+    assert [label for label, _ in audit_labels(tmp_path / "gate.db")] == ["after"]
+
+
+async def test_writer_process_applies_configuration_in_order(forked: Any,
+                                                            tmp_path: Path) -> None:
+    store, _ = forked
+    first = asyncio.create_task(store.transact(Command("append", ("before", False))))
+    await asyncio.sleep(0)  # sent before the new setting
+    store.apply(Command("configure", ("new",)))
+    await store.transact(Command("append", ("after", False)))
+    await first
+    assert audit_labels(tmp_path / "gate.db") == [("before", "start"), ("after", "new")]
+
+
+async def test_writer_process_gone_refuses_writes_503(forked: Any) -> None:
+    store, _ = forked
+    pid = await store.transact(Command("pid"))
+    os.kill(pid, signal.SIGKILL)
+    with pytest.raises(Unavailable) as info:
+        for _ in range(100):  # the first sends may still be buffered before the loss is seen
+            await store.transact(Command("append", ("lost", False)))
+    assert info.value.code == "storage_unavailable"
+    assert "writer process exited" in info.value.message
+    with pytest.raises(Unavailable):
+        await store.check_writable()
+
+
+# ---- the daemon ------------------------------------------------------------------------------
+
+
+def test_serve_runs_one_writer_process_which_ends_with_the_gate(tmp_path: Path,
+                                                               relay: CaptureRelay) -> None:
+    gate = GateProcess(write_config(tmp_path, relay.url)).start()
+    writer = writer_pid(gate)
+    assert Path(f"/proc/{writer}/cmdline").read_bytes() == Path(
+        f"/proc/{gate.proc.pid}/cmdline").read_bytes()  # a fork of the daemon
+    approval = gate.api().create()
+    dispatch = relay.wait_dispatch(approval["approval_id"])
+    status, answer, _ = post_decision(gate.callback_url, decision_body(dispatch))
+    assert (status, answer["outcome"]) == (200, "approved")
+    gate.kill9()  # not even a clean stop: the writer sees its socket close and exits
+    wait_until(lambda: not alive(writer), what="the writer process to exit")
+
+
+def test_writer_process_killed_makes_writes_and_healthz_503(tmp_path: Path,
+                                                            relay: CaptureRelay) -> None:
+    gate = GateProcess(write_config(tmp_path, relay.url)).start()
+    try:
+        os.kill(writer_pid(gate), signal.SIGKILL)
+        gate.wait_for_line(r"event=writer_exited pid=\d+")
+        api = gate.api()
+        status, answer = api.call("POST", "/v1/approvals", {
+            "pipeline": "p", "step": "q1",
+            "draft": {"content_type": "text/plain", "body": "x"}})
+        assert (status, answer["reason"]) == (503, "storage_unavailable")
+        status, answer = api.call("GET", "/healthz")
+        assert (status, answer["reason"]) == (503, "storage_unavailable")
+    finally:
+        gate.stop()
+
+
+def test_reload_reaches_the_writer_process(tmp_path: Path, relay: CaptureRelay) -> None:
+    """The rate limit is checked inside the decision's transaction, i.e. in the writer
+    process: a SIGHUP that lowers it must reach the writer's copy of the config."""
+    import yaml
+
+    config = write_config(tmp_path, relay.url)
+    gate = GateProcess(config).start()
+    try:
+        api = gate.api()
+        opened = []
+        for _ in range(2):
+            approval = api.create()
+            opened.append(relay.wait_dispatch(approval["approval_id"]))
+        data = yaml.safe_load(config.read_text(encoding="utf-8"))
+        data["relay"]["security"]["rate_limit"] = 1
+        config.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
+        assert gate.proc is not None
+        gate.proc.send_signal(signal.SIGHUP)
+        gate.wait_for_line(r"event=reloaded ")
+        status, _, _ = post_decision(gate.callback_url, decision_body(opened[0]))
+        assert status == 200
+        status, answer, _ = post_decision(gate.callback_url, decision_body(opened[1]))
+        assert (status, answer["reason"]) == (429, "rate_limited")
+    finally:
+        gate.stop()
+
+
+def test_writer_frames_end_when_the_gate_dies_with_answers_unread() -> None:
+    """A killed daemon with answers still unread resets the socket (ECONNRESET): for the
+    writer that is the end of the stream, not a crash with a traceback in the gate's log
+    (found by the kill -9 soak)."""
+    from gate.store.writerproc import _Frames
+
+    gate_end, writer_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    writer_end.sendall(b"an answer the daemon never read")
+    gate_end.close()
+    try:
+        frames = _Frames(writer_end)
+        assert frames.poll() == []
+        assert frames.take() is None
+    finally:
+        writer_end.close()
