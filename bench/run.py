@@ -23,6 +23,7 @@ import json
 import math
 import os
 import platform
+import resource
 import shutil
 import signal
 import sqlite3
@@ -107,6 +108,13 @@ def _progress(message: str) -> None:
     sys.stderr.flush()
 
 
+def _per_answer(cpu_s: float, load: dict[str, Any]) -> float | None:
+    """CPU milliseconds the server (and its children) spent per answered request during a
+    load (``cpu_s`` from /proc, 10 ms ticks: a rough figure), or None when none was
+    answered."""
+    return cpu_s * 1000 / load["ok"] if load.get("ok") else None
+
+
 def _ratio(a: float | None, b: float | None) -> float | None:
     if a is None or b is None or not b or math.isnan(a) or math.isnan(b):
         return None
@@ -151,7 +159,13 @@ class Bench:
         args = ["-m", "bench.loadgen", "decisions", "--url", url, "--bodies", str(bodies),
                 "--concurrency", str(concurrency), "--secret-env", SECRET_ENV]
         if on_start is None:
-            return run_json(args, timeout=1800, log_path=self.tmp / "loadgen.log")
+            before = resource.getrusage(resource.RUSAGE_CHILDREN)
+            out = run_json(args, timeout=1800, log_path=self.tmp / "loadgen.log")
+            after = resource.getrusage(resource.RUSAGE_CHILDREN)
+            # the load generator's own CPU per answer (with its start-up and signing: high)
+            out["client_cpu_ms"] = _per_answer(after.ru_utime + after.ru_stime
+                                               - before.ru_utime - before.ru_stime, out)
+            return out
         proc = subprocess.Popen([PYTHON, *args], stdin=subprocess.DEVNULL,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 env=bench_env(), cwd=ROOT)
@@ -284,15 +298,19 @@ class Bench:
                                    IDENTITIES[i % len(IDENTITIES)])
                     for i, e in enumerate(envs)) + b"\n")
                 _progress(f"decisions: c={concurrency} n={count} baseline")
+                cpu0 = cpu_seconds(baseline.pid)
                 base = self.loadgen_decisions(baseline.url, bodies, concurrency)
+                base["server_cpu_ms"] = _per_answer(cpu_seconds(baseline.pid) - cpu0, base)
                 self.baselines[concurrency] = base
                 _progress(f"decisions: c={concurrency} n={count} gate")
                 profiled = (self.profile_dir is not None
                             and concurrency == p.target_concurrency)
+                cpu0 = cpu_seconds(gate.pid)
                 if profiled:
                     res, out["profile"] = self.profiled_load(gate, bodies, concurrency)
                 else:
                     res = self.loadgen_decisions(gate.callback_url, bodies, concurrency)
+                res["server_cpu_ms"] = _per_answer(cpu_seconds(gate.pid) - cpu0, res)
                 out["levels"].append({
                     "concurrency": concurrency, "decisions": count, "profiled": profiled,
                     "gate": res, "baseline": base,
@@ -718,13 +736,14 @@ def render(results: dict[str, Any]) -> str:
             rows.append([lv["concurrency"], lv["decisions"], g["rps"], b["rps"],
                          lv["ratio_rps"], g["latency_ms"].get("p50"), b["latency_ms"].get("p50"),
                          g["latency_ms"].get("p99"), b["latency_ms"].get("p99"),
-                         lv["ratio_p99"], f"{g['ok']}/{b['ok']}"])
+                         lv["ratio_p99"], g.get("server_cpu_ms"), b.get("server_cpu_ms"),
+                         f"{g['ok']}/{b['ok']}"])
         create = s["decisions"]["create"]
         out.append(_table(
             f"decisions (pre-created with {create['count']} creates at "
             f"{create['per_s']:.0f}/s, c={create['concurrency']})",
             ["c", "n", "gate/s", "base/s", "ratio", "g p50 ms", "b p50 ms", "g p99 ms",
-             "b p99 ms", "p99 ratio", "ok g/b"], rows))
+             "b p99 ms", "p99 ratio", "g cpu ms", "b cpu ms", "ok g/b"], rows))
         if "profile" in s["decisions"]:
             prof = s["decisions"]["profile"]
             if "error" in prof:

@@ -57,6 +57,12 @@ class Resolution:
     created_at_ms: int
     resolved_at_ms: int
 
+    def __reduce__(self) -> tuple[type[Resolution], tuple[Any, ...]]:
+        # pickled back from the writer process: fields by position (cheaper than the
+        # generic state of a slotted dataclass)
+        return (Resolution, (self.pipeline, self.step, self.outcome, self.created_at_ms,
+                             self.resolved_at_ms))
+
 
 @dataclass(frozen=True, slots=True)
 class DecisionResult:

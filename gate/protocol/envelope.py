@@ -51,6 +51,13 @@ class Decision:
     adjust_text: str | None
     decided_at: str
 
+    def __reduce__(self) -> tuple[type[Decision], tuple[Any, ...]]:
+        # pickled to the writer process with every decision: fields by position, not the
+        # slower generic state of a slotted dataclass
+        return (Decision, (self.approval_id, self.nonce, self.decision, self.payload_hash,
+                           self.approver_id, self.approver_display, self.approver_channel,
+                           self.adjust_text, self.decided_at))
+
 
 def _invalid(field: str, message: str) -> ProtocolError:
     return ProtocolError(f"invalid_{field}", message, status=400, kind="invalid",

@@ -71,12 +71,25 @@ class WriterClient:
         self._next_id = 0
         self._closing = False
         self.gone: str | None = None  # why no write can be sent any more
+        self._outgoing: list[bytes] = []  # frames sent by this loop iteration, in order
+        self._loop = asyncio.get_running_loop()
         self._answers = asyncio.create_task(self._read_answers(), name="writer-answers")
 
     def _send(self, message: Any) -> None:
         if self.gone is not None:
             raise Unavailable("storage_unavailable", self.gone)
-        self._writer.write(_frame(message))
+        # the frames of one loop iteration leave in one write (one syscall for the many
+        # decisions a busy iteration handles), at the start of the next
+        self._outgoing.append(_frame(message))
+        if len(self._outgoing) == 1:
+            self._loop.call_soon(self._flush)
+
+    def _flush(self) -> None:
+        if self._outgoing:
+            data = b"".join(self._outgoing)
+            self._outgoing.clear()
+            if self.gone is None:
+                self._writer.write(data)
 
     async def transact(self, command: Command) -> Any:
         """Run ``command`` in the writer process; return its result after the commit.
@@ -139,6 +152,7 @@ class WriterClient:
             return
         self._closing = True
         with contextlib.suppress(OSError, RuntimeError):
+            self._flush()
             self._writer.write_eof()
         with contextlib.suppress(asyncio.CancelledError):
             await self._answers
