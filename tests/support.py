@@ -188,18 +188,39 @@ class GateProcess:
         return self.proc.wait(timeout)
 
     def kill9(self) -> None:
-        """SIGKILL and reap (no clean stop)."""
+        """SIGKILL and reap (no clean stop); then wait until its writer process, which
+        sees its input end, has exited too (as systemd waits for the unit's processes
+        before a restart)."""
         assert self.proc is not None
+        writers = _children(self.proc.pid) if self.proc.poll() is None else []
         self.proc.kill()
         self.proc.wait(DEADLINE_S)
+        wait_until(lambda: not any(_running(pid) for pid in writers),
+                   what="the killed gate's writer process to exit")
+
+
+def _children(pid: int) -> list[int]:
+    """The pids of ``pid``'s child processes (Linux /proc; none once it is gone)."""
+    try:
+        text = Path(f"/proc/{pid}/task/{pid}/children").read_text(encoding="ascii")
+    except OSError:
+        return []
+    return [int(word) for word in text.split()]
+
+
+def _running(pid: int) -> bool:
+    """True while ``pid`` exists and is not a zombie."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text(encoding="ascii")
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
 def writer_pid(gate: GateProcess) -> int:
     """The pid of the daemon's writer process (``gate.store.writerproc``: its one child)."""
     assert gate.proc is not None
-    pid = gate.proc.pid
-    found = [int(w) for w in
-             Path(f"/proc/{pid}/task/{pid}/children").read_text(encoding="ascii").split()]
+    found = _children(gate.proc.pid)
     assert len(found) == 1, f"expected one child of the gate, found {found}"
     return found[0]
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from gate.errors import Conflict, Unavailable
+from gate.errors import Conflict, GateError, Unavailable
 from gate.store import Command, Store, WriteTx
 from tests.support import (
     CaptureRelay,
@@ -62,6 +62,8 @@ class Handler:
 
     def __call__(self, tx: WriteTx | None, command: Command) -> Any:
         if command.name == "configure":
+            if command.args[0] == "broken":
+                raise ValueError("a configuration this handler cannot apply")
             self.setting = command.args[0]
             return None
         assert tx is not None
@@ -79,7 +81,18 @@ class Handler:
             return "held"
         if command.name == "pid":
             return os.getpid()
+        if command.name == "stop_iteration":  # a bare next() gone wrong in a transaction
+            raise StopIteration
+        if command.name == "unpicklable_error":
+            raise NeedsTwoArguments("first", "second")
         raise ValueError(command.name)
+
+
+class NeedsTwoArguments(GateError):
+    """An error that pickles but does not unpickle (like ``permit.PermitError``)."""
+
+    def __init__(self, first: str, second: str) -> None:
+        super().__init__("needs_two", f"{first} {second}", status=422)
 
 
 def audit_labels(db: Path) -> list[tuple[str, str]]:
@@ -182,6 +195,95 @@ async def test_writer_process_gone_refuses_writes_503(forked: Any) -> None:
         await store.check_writable()
 
 
+async def test_writer_process_error_that_cannot_cross_fails_its_job_only(
+        forked: Any, tmp_path: Path) -> None:
+    """A transaction raising StopIteration (a future refuses it) or an error that does not
+    unpickle fails that caller with an error; the channel and every other job go on."""
+    store, _ = forked
+    with pytest.raises(Exception) as stopped:
+        await asyncio.wait_for(store.transact(Command("stop_iteration")), 10)
+    assert not isinstance(stopped.value, (StopIteration, asyncio.TimeoutError))
+    with pytest.raises(GateError) as odd:
+        await asyncio.wait_for(store.transact(Command("unpicklable_error")), 10)
+    assert (odd.value.status, odd.value.code) == (422, "needs_two")
+    assert await store.transact(Command("append", ("after", False))) == 1
+    assert store.write_fault is None
+
+
+async def test_thread_writer_error_a_future_refuses_fails_its_job_only(tmp_path: Path) -> None:
+    store = Store(tmp_path / "gate.db")
+    await store.open()
+    try:
+        def stop(tx: Any) -> None:
+            raise StopIteration
+
+        results = await asyncio.wait_for(asyncio.gather(
+            store.transact(stop), store.transact(lambda tx: "next"),
+            return_exceptions=True), 10)
+        assert not isinstance(results[0], StopIteration) and isinstance(results[0], Exception)
+        assert results[1] == "next"
+    finally:
+        await store.close()
+
+
+async def test_writer_process_cancel_behind_a_reload_or_a_full_batch_is_honoured(
+        forked: Any, tmp_path: Path) -> None:
+    """Cancels queued behind where a batch was cut (a reload, or MAX_BATCH jobs) still
+    reach the jobs of that batch before they run."""
+    store, handler = forked
+    held = asyncio.create_task(store.transact(Command("hold")))
+    await asyncio.to_thread(os.read, handler.entered_r, 1)
+    behind_reload = asyncio.create_task(store.transact(Command("append", ("r", False))))
+    await asyncio.sleep(0)
+    store.apply(Command("configure", ("reloaded",)))
+    many = [asyncio.create_task(store.transact(Command("append", (f"m{n}", False))))
+            for n in range(300)]
+    await asyncio.sleep(0)  # all sent (one write at the next loop turn)
+    for task in (behind_reload, many[5]):
+        task.cancel()
+    await asyncio.sleep(0)
+    os.write(handler.release_w, b"x")
+    assert await held == "held"
+    done = await asyncio.gather(*many, return_exceptions=True)
+    assert isinstance(done[5], asyncio.CancelledError)
+    labels = [label for label, _ in audit_labels(tmp_path / "gate.db")]
+    assert "r" not in labels and "m5" not in labels
+    assert len(labels) == 299
+
+
+async def test_writer_process_cancel_during_a_batch_stops_a_later_job_of_it(
+        forked: Any, tmp_path: Path) -> None:
+    store, handler = forked
+    held = asyncio.create_task(store.transact(Command("hold")))
+    later = asyncio.create_task(store.transact(Command("append", ("later", False))))
+    await asyncio.to_thread(os.read, handler.entered_r, 1)  # one batch: hold, then later
+    later.cancel()
+    await asyncio.sleep(0)
+    os.write(handler.release_w, b"x")
+    assert await held == "held"
+    await store.transact(Command("append", ("after", False)))
+    assert [label for label, _ in audit_labels(tmp_path / "gate.db")] == ["after"]
+
+
+async def test_writer_process_survives_a_configuration_it_cannot_apply(
+        forked: Any, tmp_path: Path) -> None:
+    store, _ = forked
+    store.apply(Command("configure", ("broken",)))
+    assert await store.transact(Command("append", ("after", False))) == 1
+    assert audit_labels(tmp_path / "gate.db") == [("after", "start")]
+
+
+async def test_writer_process_holds_the_database_lock_too(forked: Any,
+                                                          tmp_path: Path) -> None:
+    """After a kill -9 of the daemon the writer may still finish a batch: it keeps the
+    lock file open, so no second gate starts on the file until it is gone as well."""
+    store, _ = forked
+    pid = await store.transact(Command("pid"))
+    lock = str(tmp_path / "gate.db.lock")
+    assert any(os.readlink(f"/proc/{pid}/fd/{fd}") == lock
+               for fd in os.listdir(f"/proc/{pid}/fd"))
+
+
 # ---- the daemon ------------------------------------------------------------------------------
 
 
@@ -199,21 +301,24 @@ def test_serve_runs_one_writer_process_which_ends_with_the_gate(tmp_path: Path,
     wait_until(lambda: not alive(writer), what="the writer process to exit")
 
 
-def test_writer_process_killed_makes_writes_and_healthz_503(tmp_path: Path,
-                                                            relay: CaptureRelay) -> None:
+def test_writer_process_killed_stops_the_gate_with_exit_1_for_a_restart(
+        tmp_path: Path, relay: CaptureRelay) -> None:
+    """A lost writer is not a state the gate can serve in: it stops cleanly and exits 1,
+    so systemd (Restart=on-failure) starts it again with a new writer."""
     gate = GateProcess(write_config(tmp_path, relay.url)).start()
-    try:
-        os.kill(writer_pid(gate), signal.SIGKILL)
-        gate.wait_for_line(r"event=writer_exited pid=\d+")
-        api = gate.api()
-        status, answer = api.call("POST", "/v1/approvals", {
-            "pipeline": "p", "step": "q1",
-            "draft": {"content_type": "text/plain", "body": "x"}})
-        assert (status, answer["reason"]) == (503, "storage_unavailable")
-        status, answer = api.call("GET", "/healthz")
-        assert (status, answer["reason"]) == (503, "storage_unavailable")
+    approval = gate.api().create()
+    writer = writer_pid(gate)
+    os.kill(writer, signal.SIGKILL)
+    gate.wait_for_line(rf"event=writer_exited pid={writer} status=-9")
+    assert gate.proc is not None
+    assert gate.proc.wait(30) == 1
+    assert "event=stopped" in gate.log() and "Traceback" not in gate.log()
+    assert not alive(writer)
+    again = GateProcess(write_config(tmp_path, relay.url)).start()
+    try:  # nothing answered was lost
+        assert again.api().get(approval["approval_id"])["state"] == "pending"
     finally:
-        gate.stop()
+        again.stop()
 
 
 def test_reload_reaches_the_writer_process(tmp_path: Path, relay: CaptureRelay) -> None:

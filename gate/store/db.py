@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import fcntl
+import functools
 import logging
 import os
 import queue
@@ -100,11 +100,12 @@ class Store:
     All writes go through ``transact(command)``: the transaction runs synchronously on the
     one writer, a thread of this process or (``writer_process=True``, what ``gate serve``
     uses) a process of its own forked at ``open`` (``gate.store.writerproc``: the web
-    process's GIL is then not shared with the writer's work). The writer takes every transaction function waiting in its queue (up to
-    ``MAX_BATCH``), runs them inside one ``BEGIN IMMEDIATE`` transaction, each in its own
-    SAVEPOINT (a refused or failing one rolls back alone), COMMITs once (one fsync for the
-    batch: group commit), and only then answers each caller. Reads use a second connection
-    on its own thread, one call per read, and see the last committed state (WAL).
+    process's GIL is then not shared with the writer's work). The writer takes every
+    transaction waiting (up to ``MAX_BATCH``), runs them inside one ``BEGIN IMMEDIATE``
+    transaction, each in its own SAVEPOINT (a refused or failing one rolls back alone),
+    COMMITs once (one fsync for the batch: group commit), and only then answers each
+    caller. Reads use a second connection on its own thread, one call per read, and see
+    the last committed state (WAL).
 
     The database is held with an exclusive ``flock`` on ``<db>.lock`` while open, so a second
     gate on the same file is refused (Unavailable, "database in use by another hitl-gate
@@ -122,6 +123,10 @@ class Store:
         self.writer_process = writer_process
         self._handler: Callable[[WriteTx, Command], Any] | None = None
         self._client: writerproc.WriterClient | None = None
+        # the writer process was lost unexpectedly; ``on_writer_lost()`` is then called once
+        # (``gate serve`` stops, and exits 1 for a restart)
+        self.writer_lost = False
+        self.on_writer_lost: Callable[[], None] | None = None
         self._writer: sqlite3.Connection | None = None
         self._reader: sqlite3.Connection | None = None
         self._read_pool: ThreadPoolExecutor | None = None
@@ -187,11 +192,9 @@ class Store:
         self._read_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gate-reader")
 
     def _open_writer(self) -> None:
-        """In the writer process: close the inherited lock fd (the web process holds the
-        lock) and open the write connection."""
-        if self._lock_fd is not None:
-            os.close(self._lock_fd)
-            self._lock_fd = None
+        """In the writer process: open the write connection. The inherited lock fd stays
+        open: after a kill -9 of the web process the lock holds until the writer, which
+        may still finish a batch, is gone too."""
         self._writer = _connect(self.path)
         self._writer.execute("PRAGMA journal_mode = WAL")
         self._writer.execute("PRAGMA synchronous = FULL")
@@ -343,10 +346,11 @@ class Store:
                                                              command=command)
         else:
             fn = command
-        job = _Job(fn, self._loop.create_future())
+        future: asyncio.Future[Any] = self._loop.create_future()
+        job = _Job(fn, future)
         self._queue.put(job)
         try:
-            return await job.future  # type: ignore[no-any-return]
+            return await future
         except asyncio.CancelledError:
             job.cancelled = True
             raise
@@ -371,11 +375,16 @@ class Store:
         if self._handler is not None:
             self._handler(None, command)  # type: ignore[arg-type]
 
-    def run_jobs(self, batch: list[_Job], started: Callable[[], None]
+    def run_jobs(self, batch: list[_Job], before_job: Callable[[], None]
                  ) -> list[tuple[_Job, Any, BaseException | None]]:
         """Writer process side: run ``batch`` as one group commit (``_run_batch``);
-        ``started()`` is called once its transaction began, before the first job runs."""
-        return self._run_batch(batch, started)
+        ``before_job()`` is called before each job, once the transaction began."""
+        return self._run_batch(batch, before_job)
+
+    def abandon_batch(self) -> None:
+        """Writer process side: roll back whatever a failed batch left open."""
+        if self._writer is not None:
+            _rollback_quietly(self._writer)
 
     def writable_again(self) -> None:
         """Writer process side: a probe committed, so the storage fault is over."""
@@ -405,11 +414,12 @@ class Store:
                 answers = [(job, None, exc) for job in batch]
             self._deliver(answers)
 
-    def _run_batch(self, batch: list[_Job], started: Callable[[], None] | None = None
+    def _run_batch(self, batch: list[_Job], before_job: Callable[[], None] | None = None
                    ) -> list[tuple[_Job, Any, BaseException | None]]:
-        """Run ``batch`` in one transaction; return each job's (result, error). ``started()``
-        runs once ``BEGIN IMMEDIATE`` succeeded (it may have waited on the lock), before
-        the jobs: the writer process reads the cancellations that arrived meanwhile."""
+        """Run ``batch`` in one transaction; return each job's (result, error).
+        ``before_job()`` runs before each job, after ``BEGIN IMMEDIATE`` succeeded (which may
+        have waited on the lock): the writer process reads the cancellations that arrived
+        meanwhile (the writer thread sees them set on the job directly)."""
         conn = self._writer
         assert conn is not None
         answers: list[tuple[_Job, Any, BaseException | None]] = []
@@ -419,12 +429,12 @@ class Store:
             self._faulted(exc)
             error = Unavailable("storage_unavailable", f"database write failed: {exc}")
             return [(job, None, error) for job in batch]
-        if started is not None:
-            started()
         changes = conn.total_changes
         tx = WriteTx(conn)
         done: list[tuple[_Job, Any]] = []
         for index, job in enumerate(batch):
+            if before_job is not None:
+                before_job()
             if job.cancelled:
                 continue
             try:
@@ -456,7 +466,7 @@ class Store:
                 error = Unavailable("storage_unavailable", f"database write failed: {exc}")
                 answers += [(j, None, error) for j, _ in done] + [(job, None, error)]
                 rest = batch[index + 1:]
-                return answers + (self._run_batch(rest, started) if rest else [])
+                return answers + (self._run_batch(rest, before_job) if rest else [])
             done.append((job, result))
         try:
             conn.execute("COMMIT")
@@ -608,12 +618,16 @@ def _snapshot(conn: sqlite3.Connection, fn: Callable[..., T], *args: Any) -> T:
 
 def _settle(answers: list[tuple[_Job, Any, BaseException | None]]) -> None:
     for job, result, error in answers:
-        if job.future.done():
+        future = job.future
+        if future is None or future.done():
             continue
-        if error is not None:
-            job.future.set_exception(error)
-        else:
-            job.future.set_result(result)
+        try:
+            if error is not None:
+                future.set_exception(error)
+            else:
+                future.set_result(result)
+        except (TypeError, ValueError) as exc:  # e.g. StopIteration: fail this caller alone
+            future.set_exception(RuntimeError(f"the write transaction failed: {exc}"))
 
 
 @contextmanager

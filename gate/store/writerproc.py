@@ -17,8 +17,11 @@ each batch. Pickle is safe here: both ends are this program, forked from one pro
 the socket is private to the two of them.
 
 The writer exits when the web process closes its end (after the queued jobs ran) or
-disappears. If the writer dies, every write is refused 503 ``storage_unavailable`` (and
-``/healthz`` says so) until the gate restarts; ``event=writer_exited`` is logged.
+disappears; it keeps the inherited ``<db>.lock`` open until then, so no second gate starts
+on the file while it may still write. If the writer dies, ``event=writer_exited`` (with its
+exit status) is logged, every write is refused 503 ``storage_unavailable`` and the gate
+stops cleanly and exits 1 (``Store.on_writer_lost``): systemd's ``Restart=on-failure``
+starts it again with a new writer.
 """
 
 from __future__ import annotations
@@ -70,6 +73,7 @@ class WriterClient:
         self._pending: dict[int, asyncio.Future[Any]] = {}
         self._next_id = 0
         self._closing = False
+        self._reaped = False
         self.gone: str | None = None  # why no write can be sent any more
         self._outgoing: list[bytes] = []  # frames sent by this loop iteration, in order
         self._loop = asyncio.get_running_loop()
@@ -126,25 +130,27 @@ class WriterClient:
                 self._store.write_fault = write_fault
                 for job_id, ok, value in items:
                     future = self._pending.pop(job_id, None)
-                    if future is None or future.done():
-                        continue
-                    if ok:
-                        future.set_result(value)
-                    else:
-                        future.set_exception(value)
+                    if future is not None:
+                        _settle(future, ok, value)
         except Exception as exc:  # noqa: BLE001 - EOF, a reset, a frame not understood: the
-            self._lost(exc)       # writer is lost either way, and no waiting caller may hang
-
-    def _lost(self, exc: BaseException) -> None:
+            reason = exc          # writer is lost either way, and no waiting caller may hang
         self.gone = WRITER_GONE
-        if not self._closing:
-            log.error("event=writer_exited pid=%d error=%s", self.pid, type(exc).__name__)
-            self._store.write_fault = WRITER_GONE
         error = Unavailable("storage_unavailable", f"database write failed: {WRITER_GONE}")
         pending, self._pending = self._pending, {}
         for future in pending.values():
             if not future.done():
                 future.set_exception(error)
+        if self._closing:
+            return
+        self._store.write_fault = WRITER_GONE
+        self._store.writer_lost = True
+        self._writer.close()  # a writer still running sees the end of its input and exits
+        status = await asyncio.to_thread(_reap, self.pid)
+        self._reaped = True
+        log.error("event=writer_exited pid=%d status=%s error=%s", self.pid, status,
+                  type(reason).__name__)
+        if self._store.on_writer_lost is not None:
+            self._store.on_writer_lost()
 
     async def close(self) -> None:
         """Let the writer finish what was sent, then end it and reap it (idempotent)."""
@@ -159,12 +165,35 @@ class WriterClient:
         self._writer.close()
         with contextlib.suppress(OSError, RuntimeError):
             await self._writer.wait_closed()
-        await asyncio.to_thread(_reap, self.pid)
+        if not self._reaped:
+            self._reaped = True
+            status = await asyncio.to_thread(_reap, self.pid)
+            if status not in (0, None):
+                log.error("event=writer_exited pid=%d status=%s", self.pid, status)
 
 
-def _reap(pid: int) -> None:
-    with contextlib.suppress(ChildProcessError):
-        os.waitpid(pid, 0)
+def _settle(future: asyncio.Future[Any], ok: bool, value: Any) -> None:
+    """Answer one caller; an answer its future refuses (``StopIteration``) fails that
+    caller alone."""
+    if future.done():
+        return
+    try:
+        if ok:
+            future.set_result(value)
+        else:
+            future.set_exception(value)
+    except (TypeError, ValueError) as exc:
+        future.set_exception(RuntimeError(f"the write transaction failed: {exc}"))
+
+
+def _reap(pid: int) -> int | None:
+    """Wait for the writer ``pid`` to end; return its exit code (negative: the signal that
+    ended it), or None when it was reaped already."""
+    try:
+        _, status = os.waitpid(pid, 0)
+    except ChildProcessError:
+        return None
+    return os.waitstatus_to_exitcode(status)
 
 
 async def _read_frame(reader: asyncio.StreamReader) -> Any:
@@ -285,16 +314,22 @@ def _child(store: Store, sock: socket.socket, open_writer: Callable[[], None]) -
     waiting: deque[Any] = deque()  # messages read but not handled yet, in order
     jobs: dict[int, _Job] = {}  # the jobs of the batch being assembled or run
 
-    def cancels_arrived() -> None:
-        # run once the batch's BEGIN IMMEDIATE succeeded (it may have waited on a lock held
-        # by another connection): a caller that gave up meanwhile is not run, as with the
-        # writer thread
-        for message in frames.poll():
+    def claim_cancels(messages: Any) -> list[Any]:
+        # mark the jobs of this batch whose callers gave up; return the other messages
+        rest = []
+        for message in messages:
             job = jobs.get(message[1]) if message[0] == "cancel" else None
             if job is not None:
                 job.cancelled = True
             else:
-                waiting.append(message)
+                rest.append(message)
+        return rest
+
+    def before_job() -> None:
+        # before each job of a batch (the first once BEGIN IMMEDIATE got the lock, which may
+        # have taken a while): a caller that gave up meanwhile is not run, as with the
+        # writer thread. One non-blocking read when nothing arrived.
+        waiting.extend(claim_cancels(frames.poll()))
 
     while True:
         if not waiting:
@@ -313,18 +348,27 @@ def _child(store: Store, sock: socket.socket, open_writer: Callable[[], None]) -
                 jobs[job_id] = job
                 batch.append(job)
             elif kind == "cancel":
-                job = jobs.get(waiting.popleft()[1])
-                if job is not None:
-                    job.cancelled = True
+                cancelled = jobs.get(waiting.popleft()[1])
+                if cancelled is not None:
+                    cancelled.cancelled = True
             elif kind == "apply":
                 if batch:  # the jobs sent before it run first
                     break
-                store.apply_command(waiting.popleft()[1])
+                _apply(store, waiting.popleft()[1])
             else:
                 waiting.popleft()
         if not batch:
             continue
-        answers = store.run_jobs(batch, cancels_arrived)
+        # cancels queued behind where the batch was cut (a reload, MAX_BATCH) count too
+        rest = claim_cancels(waiting)
+        waiting.clear()
+        waiting.extend(rest)
+        try:
+            answers = store.run_jobs(batch, before_job)
+        except Exception as exc:  # noqa: BLE001 - a bug in the batch runner: fail the batch,
+            log.exception("event=writer_failed")  # keep serving (as the writer thread does)
+            store.abandon_batch()
+            answers = [(job, None, exc) for job in batch]
         jobs.clear()
         if any(job.command == PROBE and error is None for job, _, error in answers):
             store.writable_again()
@@ -332,12 +376,19 @@ def _child(store: Store, sock: socket.socket, open_writer: Callable[[], None]) -
         try:
             try:
                 data = _frame(("answers", items, store.write_fault))
-            except Exception:  # noqa: BLE001 - a bug (an unpicklable answer): answer it as one
+            except Exception:  # noqa: BLE001 - a bug (an unpicklable result): answer it as one
                 data = _frame(("answers", [_picklable(item) for item in items],
                                store.write_fault))
             sock.sendall(data)
         except OSError:
             return 0  # the web process is gone: nobody waits for these answers
+
+
+def _apply(store: Store, command: Command) -> None:
+    try:
+        store.apply_command(command)
+    except Exception:  # noqa: BLE001 - a bug: keep the writer (and its old settings)
+        log.exception("event=writer_error apply=%s", command.name)
 
 
 def _runner(store: Store, command: Command) -> Callable[[Any], Any]:
@@ -349,9 +400,23 @@ def _runner(store: Store, command: Command) -> Callable[[Any], Any]:
 def _answer(job: Any, result: Any, error: BaseException | None) -> tuple[int, bool, Any]:
     if error is None:
         return job.id, True, result
-    if not isinstance(error, GateError):  # a bug: its traceback stays in this process's log
-        log.error("event=writer_error command=%s", job.command.name, exc_info=error)
-    return job.id, False, error
+    return job.id, False, _portable(error, job.command.name)
+
+
+def _portable(error: BaseException, command: str) -> BaseException:
+    """``error`` as the web process can receive it: a GateError that survives pickling as
+    itself, another one as a plain GateError with the same code, status, kind and extra;
+    anything else (a bug: its traceback is logged here) as a RuntimeError naming it."""
+    if isinstance(error, GateError):
+        try:
+            pickle.loads(pickle.dumps(error, protocol=pickle.HIGHEST_PROTOCOL))
+        except Exception:  # noqa: BLE001 - e.g. an __init__ pickle cannot call
+            return GateError(error.code, error.message, status=error.status, kind=error.kind,
+                             extra=error.extra)
+        return error
+    log.error("event=writer_error command=%s", command, exc_info=error)
+    return RuntimeError(f"the write transaction {command!r} failed: "
+                        f"{type(error).__name__}: {error}")
 
 
 def _picklable(item: tuple[int, bool, Any]) -> tuple[int, bool, Any]:

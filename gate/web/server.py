@@ -21,7 +21,7 @@ from gate.config import Config, Secrets, load, parse_listen, raw_mapping
 from gate.core.scheduler import run_expiry
 from gate.core.service import GateService
 from gate.dispatch import Dispatcher, relay_session
-from gate.errors import ConfigError
+from gate.errors import ConfigError, Unavailable
 from gate.protocol import DECISIONS_PATH
 from gate.sdnotify import Notifier
 from gate.store import Store
@@ -183,8 +183,10 @@ async def serve(config: Config, secrets: Secrets, clock: Clock | None = None,
     watchdog = asyncio.create_task(notifier.run_watchdog(), name="watchdog")
     notifier.status("starting: opening the database")
     ready = False
+    store: Store | None = None
     try:
         store = Store(config.storage.path, writer_process=True)
+        store.on_writer_lost = stop.set  # a lost writer: stop cleanly, exit 1 (a restart)
         service = GateService(config, secrets.receipt_key, store,
                               clock or SystemClock())
         api_app, callback_app = create_apps(service, config, secrets)
@@ -231,6 +233,9 @@ async def serve(config: Config, secrets: Secrets, clock: Clock | None = None,
         watchdog.cancel()
         await asyncio.gather(watchdog, return_exceptions=True)
     log.info("event=stopped")
+    if store is not None and store.writer_lost:
+        raise Unavailable("storage_unavailable", "the database writer process exited; the "
+                          "gate stopped (a restart starts a new writer)")
 
 
 async def _until_stopped(stop: asyncio.Event, hup: asyncio.Event,
