@@ -166,7 +166,8 @@ def main() -> None:
 def serve(config_path: str, log_level: str, log_format: str) -> None:
     """Run the daemon: relay callback listener + pipeline API. Logs to stderr.
 
-    Exit 0 on SIGTERM/SIGINT after a clean stop, 2 on a config error.
+    Exit 0 on SIGTERM/SIGINT after a clean stop, 2 on a config error, 1 when it cannot
+    start (database, bind) or stopped because its database writer process died.
 
     Example: hitl-gate serve -c config.example.yaml
     """

@@ -284,6 +284,35 @@ async def test_writer_process_holds_the_database_lock_too(forked: Any,
                for fd in os.listdir(f"/proc/{pid}/fd"))
 
 
+async def test_writer_process_that_stops_answering_makes_the_health_check_fail(
+        forked: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A stuck writer (stopped, or blocked in the kernel) holds writes without failing
+    them; /healthz (``check_writable``) says so once the oldest unanswered transaction is
+    older than ``STALL_S``, and recovers when the writer answers again."""
+    from gate.store import writerproc
+
+    store, _ = forked
+    monkeypatch.setattr(writerproc, "STALL_S", 0.2)
+    pid = await store.transact(Command("pid"))
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        waiting = asyncio.create_task(store.transact(Command("append", ("late", False))))
+        deadline = asyncio.get_running_loop().time() + 10
+        while True:
+            try:
+                await store.check_writable()
+            except Unavailable as exc:
+                assert exc.code == "storage_unavailable"
+                assert "has not answered for" in exc.message
+                break
+            assert asyncio.get_running_loop().time() < deadline, "never reported stalled"
+            await asyncio.sleep(0.05)
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    assert await waiting == 1
+    await store.check_writable()  # answered: healthy again
+
+
 # ---- the daemon ------------------------------------------------------------------------------
 
 
@@ -293,6 +322,9 @@ def test_serve_runs_one_writer_process_which_ends_with_the_gate(tmp_path: Path,
     writer = writer_pid(gate)
     assert Path(f"/proc/{writer}/cmdline").read_bytes() == Path(
         f"/proc/{gate.proc.pid}/cmdline").read_bytes()  # a fork of the daemon
+    # told apart by name (ps -o comm, top) and by the listening line
+    assert Path(f"/proc/{writer}/comm").read_text(encoding="ascii").strip() == "hitl-gate-db"
+    gate.wait_for_line(rf"event=listening .* writer_pid={writer}\b")
     approval = gate.api().create()
     dispatch = relay.wait_dispatch(approval["approval_id"])
     status, answer, _ = post_decision(gate.callback_url, decision_body(dispatch))
@@ -309,10 +341,15 @@ def test_writer_process_killed_stops_the_gate_with_exit_1_for_a_restart(
     approval = gate.api().create()
     writer = writer_pid(gate)
     os.kill(writer, signal.SIGKILL)
-    gate.wait_for_line(rf"event=writer_exited pid={writer} status=-9")
+    gate.wait_for_line(rf"event=writer_exited pid={writer} signal=SIGKILL")
     assert gate.proc is not None
     assert gate.proc.wait(30) == 1
-    assert "event=stopped" in gate.log() and "Traceback" not in gate.log()
+    log = gate.log()
+    assert "event=stopped" in log and "Traceback" not in log
+    # the cause comes first: nothing it caused is logged before it
+    assert log.index("event=writer_exited") < min(
+        (log.index(word) for word in ("storage_unavailable", "event=stopping")
+         if word in log), default=len(log))
     assert not alive(writer)
     again = GateProcess(write_config(tmp_path, relay.url)).start()
     try:  # nothing answered was lost

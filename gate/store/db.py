@@ -138,6 +138,11 @@ class Store:
         self.write_fault: str | None = None
         self._probed_at = 0.0
 
+    @property
+    def writer_pid(self) -> int | None:
+        """The writer process's pid, or None (a writer thread, or not open)."""
+        return None if self._client is None else self._client.pid
+
     def bind(self, handler: Callable[[WriteTx, Command], Any]) -> None:
         """Set what runs a ``Command`` other than ``probe``: ``handler(tx, command)`` on the
         writer (in the writer process: the process's copy of it, forked at ``open``;
@@ -288,12 +293,18 @@ class Store:
             lambda conn: conn.execute("PRAGMA user_version").fetchone()[0]))
 
     async def check_writable(self) -> None:
-        """Raise Unavailable while the last write failed on a storage fault.
+        """Raise Unavailable while the last write failed on a storage fault, or while the
+        writer process has left a transaction unanswered for over ``writerproc.STALL_S``.
 
         At most once per ``PROBE_INTERVAL_S`` a probe transaction rewrites the database
         header (``PRAGMA user_version`` set to its own value, committed: it needs room in
         the WAL and a writable file); once it commits, the fault is over.
         """
+        if self._client is not None:
+            stalled = self._client.stalled_s()
+            if stalled > writerproc.STALL_S:
+                raise Unavailable("storage_unavailable", "the database writer process has "
+                                  f"not answered for {stalled:.0f} s")
         if self.write_fault is None:
             return
         if time.monotonic() - self._probed_at >= PROBE_INTERVAL_S and not self._probing:

@@ -47,6 +47,10 @@ log = logging.getLogger(__name__)
 
 _HEADER = struct.Struct(">I")
 _MAX_FRAME = 1 << 30
+# a transaction unanswered this long (seconds) makes the health check fail: the writer is
+# stuck (stopped, or blocked in the kernel); busy_timeout alone may hold a batch 10 s
+STALL_S = 30.0
+PROCESS_NAME = "hitl-gate-db"  # the writer's name in ps -o comm / top (15 bytes at most)
 WRITER_GONE = "the database writer process exited (restart the gate)"
 
 
@@ -71,6 +75,8 @@ class WriterClient:
         self._reader = reader
         self._writer = writer
         self._pending: dict[int, asyncio.Future[Any]] = {}
+        self._sent_at: dict[int, float] = {}  # job id -> loop time it was sent
+        self._broken = False  # the channel broke; the writer is being reaped
         self._next_id = 0
         self._closing = False
         self._reaped = False
@@ -82,6 +88,8 @@ class WriterClient:
     def _send(self, message: Any) -> None:
         if self.gone is not None:
             raise Unavailable("storage_unavailable", self.gone)
+        if self._broken:
+            return  # failed with every pending job as soon as the loss is logged
         # the frames of one loop iteration leave in one write (one syscall for the many
         # decisions a busy iteration handles), at the start of the next
         self._outgoing.append(_frame(message))
@@ -92,8 +100,14 @@ class WriterClient:
         if self._outgoing:
             data = b"".join(self._outgoing)
             self._outgoing.clear()
-            if self.gone is None:
+            if self.gone is None and not self._broken:
                 self._writer.write(data)
+
+    def stalled_s(self) -> float:
+        """Seconds the oldest unanswered transaction has waited (0.0 when none waits)."""
+        if not self._sent_at:
+            return 0.0
+        return self._loop.time() - min(self._sent_at.values())
 
     async def transact(self, command: Command) -> Any:
         """Run ``command`` in the writer process; return its result after the commit.
@@ -106,6 +120,7 @@ class WriterClient:
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._send(("job", job_id, command))
         self._pending[job_id] = future
+        self._sent_at[job_id] = self._loop.time()
         try:
             return await future
         except asyncio.CancelledError:
@@ -113,6 +128,8 @@ class WriterClient:
                 with contextlib.suppress(GateError, OSError, RuntimeError):
                     self._send(("cancel", job_id))
             raise
+        finally:
+            self._sent_at.pop(job_id, None)
 
     def apply(self, command: Command) -> None:
         """Have the writer run ``command`` outside any transaction, after the jobs sent
@@ -132,24 +149,24 @@ class WriterClient:
                     future = self._pending.pop(job_id, None)
                     if future is not None:
                         _settle(future, ok, value)
-        except Exception as exc:  # noqa: BLE001 - EOF, a reset, a frame not understood: the
-            reason = exc          # writer is lost either way, and no waiting caller may hang
+        except Exception:  # noqa: BLE001 - EOF, a reset, a frame not understood: the writer
+            pass           # is lost either way, and no waiting caller may hang
+        self._broken = True
+        if not self._closing:
+            # the cause is logged before anything it causes: callers fail only after it
+            self._writer.close()  # a writer still running sees its input end and exits
+            status = await asyncio.to_thread(_reap, self.pid)
+            self._reaped = True
+            log.error("event=writer_exited pid=%d %s", self.pid, _exit_text(status))
+            self._store.write_fault = WRITER_GONE
+            self._store.writer_lost = True
         self.gone = WRITER_GONE
         error = Unavailable("storage_unavailable", f"database write failed: {WRITER_GONE}")
         pending, self._pending = self._pending, {}
         for future in pending.values():
             if not future.done():
                 future.set_exception(error)
-        if self._closing:
-            return
-        self._store.write_fault = WRITER_GONE
-        self._store.writer_lost = True
-        self._writer.close()  # a writer still running sees the end of its input and exits
-        status = await asyncio.to_thread(_reap, self.pid)
-        self._reaped = True
-        log.error("event=writer_exited pid=%d status=%s error=%s", self.pid, status,
-                  type(reason).__name__)
-        if self._store.on_writer_lost is not None:
+        if not self._closing and self._store.on_writer_lost is not None:
             self._store.on_writer_lost()
 
     async def close(self) -> None:
@@ -169,7 +186,19 @@ class WriterClient:
             self._reaped = True
             status = await asyncio.to_thread(_reap, self.pid)
             if status not in (0, None):
-                log.error("event=writer_exited pid=%d status=%s", self.pid, status)
+                log.error("event=writer_exited pid=%d %s", self.pid, _exit_text(status))
+
+
+def _exit_text(status: int | None) -> str:
+    """``exit=N``, ``signal=NAME`` (a negative exit code) or ``exit=unknown``."""
+    if status is None:
+        return "exit=unknown"
+    if status < 0:
+        try:
+            return f"signal={signal.Signals(-status).name}"
+        except ValueError:
+            return f"signal={-status}"
+    return f"exit={status}"
 
 
 def _settle(future: asyncio.Future[Any], ok: bool, value: Any) -> None:
@@ -220,6 +249,9 @@ async def start(store: Store, open_writer: Callable[[], None]) -> WriterClient:
             try:
                 parent_sock.close()
                 _child_signals(old_mask)
+                with contextlib.suppress(OSError):
+                    with open("/proc/self/comm", "w", encoding="ascii") as comm:
+                        comm.write(PROCESS_NAME)
                 code = _child(store, child_sock, open_writer)
             except BaseException:  # noqa: BLE001 - the child must not unwind into the parent's code
                 with contextlib.suppress(BaseException):

@@ -205,9 +205,9 @@ async def serve(config: Config, secrets: Secrets, clock: Clock | None = None,
                 dispatcher.callback_url = _callback_url(config, callback_bound)
                 dispatcher.ready.set()
                 api_url = _api_url(_bound(api_runner))
-                log.info("event=listening callback=http://%s api=%s callback_url=%s db=%s",
-                         callback_bound, api_url, dispatcher.callback_url,
-                         config.storage.path)
+                log.info("event=listening callback=http://%s api=%s callback_url=%s db=%s "
+                         "writer_pid=%s", callback_bound, api_url, dispatcher.callback_url,
+                         config.storage.path, store.writer_pid)
                 serving = f"serving: callback=http://{callback_bound} api={api_url}"
                 notifier.ready(serving)
                 ready = True
