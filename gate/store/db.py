@@ -367,9 +367,10 @@ class Store:
             raise
 
     def apply(self, command: Command) -> None:
-        """Run ``command`` with the bound handler outside any transaction (``tx`` None):
-        here at once, or in the writer process after what was sent before it (configuration
-        the writer's copy of the service must share)."""
+        """Have the writer process run ``command`` with its bound handler outside any
+        transaction (``tx`` None), after what was sent before it: configuration its copy
+        of the service must share. With a writer thread this does nothing (the thread
+        shares this process's objects: the caller has applied it already)."""
         if self._client is not None:
             self._client.apply(command)
 
