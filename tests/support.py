@@ -192,14 +192,14 @@ class GateProcess:
         sees its input end, has exited too (as systemd waits for the unit's processes
         before a restart)."""
         assert self.proc is not None
-        writers = _children(self.proc.pid) if self.proc.poll() is None else []
+        writers = children(self.proc.pid) if self.proc.poll() is None else []
         self.proc.kill()
         self.proc.wait(DEADLINE_S)
-        wait_until(lambda: not any(_running(pid) for pid in writers),
+        wait_until(lambda: not any(running(pid) for pid in writers),
                    what="the killed gate's writer process to exit")
 
 
-def _children(pid: int) -> list[int]:
+def children(pid: int) -> list[int]:
     """The pids of ``pid``'s child processes (Linux /proc; none once it is gone)."""
     try:
         text = Path(f"/proc/{pid}/task/{pid}/children").read_text(encoding="ascii")
@@ -208,7 +208,7 @@ def _children(pid: int) -> list[int]:
     return [int(word) for word in text.split()]
 
 
-def _running(pid: int) -> bool:
+def running(pid: int) -> bool:
     """True while ``pid`` exists and is not a zombie."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text(encoding="ascii")
@@ -220,7 +220,7 @@ def _running(pid: int) -> bool:
 def writer_pid(gate: GateProcess) -> int:
     """The pid of the daemon's writer process (``gate.store.writerproc``: its one child)."""
     assert gate.proc is not None
-    found = _children(gate.proc.pid)
+    found = children(gate.proc.pid)
     assert len(found) == 1, f"expected one child of the gate, found {found}"
     return found[0]
 

@@ -8,6 +8,7 @@ gate serve`` and find its writer among its children in /proc.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import socket
@@ -16,35 +17,23 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from gate.errors import Conflict, GateError, Unavailable
 from gate.store import Command, Store, WriteTx
 from tests.support import (
     CaptureRelay,
     GateProcess,
+    children,
     decision_body,
     post_decision,
+    running,
     wait_until,
     write_config,
     writer_pid,
 )
 
 KEY = b"writer-process-test-key"
-
-
-def children(pid: int) -> list[int]:
-    """The pids of ``pid``'s child processes (Linux /proc)."""
-    text = Path(f"/proc/{pid}/task/{pid}/children").read_text(encoding="ascii")
-    return [int(word) for word in text.split()]
-
-
-def alive(pid: int) -> bool:
-    """True while ``pid`` exists and is not a zombie."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text(encoding="ascii")
-    except FileNotFoundError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
 # ---- the store with a writer process ---------------------------------------------------------
@@ -96,7 +85,6 @@ class NeedsTwoArguments(GateError):
 
 
 def audit_labels(db: Path) -> list[tuple[str, str]]:
-    import json
     conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
     try:
         rows = conn.execute("SELECT entry FROM audit_log ORDER BY seq").fetchall()
@@ -330,7 +318,7 @@ def test_serve_runs_one_writer_process_which_ends_with_the_gate(tmp_path: Path,
     status, answer, _ = post_decision(gate.callback_url, decision_body(dispatch))
     assert (status, answer["outcome"]) == (200, "approved")
     gate.kill9()  # not even a clean stop: the writer sees its socket close and exits
-    wait_until(lambda: not alive(writer), what="the writer process to exit")
+    wait_until(lambda: not running(writer), what="the writer process to exit")
 
 
 def test_writer_process_killed_stops_the_gate_with_exit_1_for_a_restart(
@@ -350,7 +338,7 @@ def test_writer_process_killed_stops_the_gate_with_exit_1_for_a_restart(
     assert log.index("event=writer_exited") < min(
         (log.index(word) for word in ("storage_unavailable", "event=stopping")
          if word in log), default=len(log))
-    assert not alive(writer)
+    assert not running(writer)
     again = GateProcess(write_config(tmp_path, relay.url)).start()
     try:  # nothing answered was lost
         assert again.api().get(approval["approval_id"])["state"] == "pending"
@@ -361,8 +349,6 @@ def test_writer_process_killed_stops_the_gate_with_exit_1_for_a_restart(
 def test_reload_reaches_the_writer_process(tmp_path: Path, relay: CaptureRelay) -> None:
     """The rate limit is checked inside the decision's transaction, i.e. in the writer
     process: a SIGHUP that lowers it must reach the writer's copy of the config."""
-    import yaml
-
     config = write_config(tmp_path, relay.url)
     gate = GateProcess(config).start()
     try:
