@@ -304,9 +304,8 @@ async def test_writer_process_that_stops_answering_makes_the_health_check_fail(
 # ---- the daemon ------------------------------------------------------------------------------
 
 
-def test_serve_runs_one_writer_process_which_ends_with_the_gate(tmp_path: Path,
+def test_serve_runs_one_writer_process_which_ends_with_the_gate(gate: GateProcess,
                                                                relay: CaptureRelay) -> None:
-    gate = GateProcess(write_config(tmp_path, relay.url)).start()
     writer = writer_pid(gate)
     assert Path(f"/proc/{writer}/cmdline").read_bytes() == Path(
         f"/proc/{gate.proc.pid}/cmdline").read_bytes()  # a fork of the daemon
@@ -322,10 +321,9 @@ def test_serve_runs_one_writer_process_which_ends_with_the_gate(tmp_path: Path,
 
 
 def test_writer_process_killed_stops_the_gate_with_exit_1_for_a_restart(
-        tmp_path: Path, relay: CaptureRelay) -> None:
+        gate: GateProcess, tmp_path: Path, relay: CaptureRelay) -> None:
     """A lost writer is not a state the gate can serve in: it stops cleanly and exits 1,
     so systemd (Restart=on-failure) starts it again with a new writer."""
-    gate = GateProcess(write_config(tmp_path, relay.url)).start()
     approval = gate.api().create()
     writer = writer_pid(gate)
     os.kill(writer, signal.SIGKILL)
