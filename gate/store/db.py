@@ -158,43 +158,35 @@ class Store:
         starts any thread. Raises Unavailable when the file cannot be opened, is newer than
         this code, or is in use by another running gate.
         """
-        if self.writer_process:
-            await self._open_with_process()
-            return
         try:
-            await asyncio.to_thread(self._open_sync)
+            if self.writer_process:
+                await self._start_writer_process()
+            else:
+                await asyncio.to_thread(self._open_sync)
         except (sqlite3.Error, OSError) as exc:
+            await self._close_client()
             self._close_sync()
             raise Unavailable("storage_unavailable",
                               f"cannot open database {self.path}: {exc}") from exc
         except BaseException:
+            await self._close_client()
             self._close_sync()
             raise
         self._loop = asyncio.get_running_loop()
         self._read_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gate-reader")
-        self._thread = threading.Thread(target=self._run_writer, name="gate-writer", daemon=True)
-        self._thread.start()
+        if not self.writer_process:
+            self._thread = threading.Thread(target=self._run_writer, name="gate-writer",
+                                            daemon=True)
+            self._thread.start()
 
-    async def _open_with_process(self) -> None:
-        try:  # on this thread: no thread may exist when the writer is forked
-            self._open_sync(reader=False)
-            assert self._writer is not None
-            self._writer.close()  # a connection must not cross a fork: the writer opens its own
-            self._writer = None
-            self._client = await writerproc.start(self, self._open_writer)
-            self._reader = _connect(self.path)
-            self._reader.execute("PRAGMA query_only = ON")
-        except (sqlite3.Error, OSError) as exc:
-            await self._close_client()
-            self._close_sync()
-            raise Unavailable("storage_unavailable",
-                              f"cannot open database {self.path}: {exc}") from exc
-        except BaseException:
-            await self._close_client()
-            self._close_sync()
-            raise
-        self._loop = asyncio.get_running_loop()
-        self._read_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gate-reader")
+    async def _start_writer_process(self) -> None:
+        # on this thread: no thread may exist when the writer is forked
+        self._open_sync(reader=False)
+        assert self._writer is not None
+        self._writer.close()  # a connection must not cross a fork: the writer opens its own
+        self._writer = None
+        self._client = await writerproc.start(self, self._open_writer)
+        self._open_reader()
 
     def _open_writer(self) -> None:
         """In the writer process: open the write connection. The inherited lock fd stays
@@ -236,8 +228,11 @@ class Store:
         self._writer.execute("PRAGMA synchronous = FULL")
         self._migrate(self._writer)
         if reader:
-            self._reader = _connect(self.path)
-            self._reader.execute("PRAGMA query_only = ON")
+            self._open_reader()
+
+    def _open_reader(self) -> None:
+        self._reader = _connect(self.path)
+        self._reader.execute("PRAGMA query_only = ON")
 
     async def close(self) -> None:
         """Finish the queued transactions, close both connections, release the lock (idempotent)."""

@@ -74,8 +74,8 @@ class WriterClient:
         self.pid = pid
         self._reader = reader
         self._writer = writer
-        self._pending: dict[int, asyncio.Future[Any]] = {}
-        self._sent_at: dict[int, float] = {}  # job id -> loop time it was sent
+        # job id -> (its caller's future, loop time it was sent), until answered
+        self._pending: dict[int, tuple[asyncio.Future[Any], float]] = {}
         self._broken = False  # the channel broke; the writer is being reaped
         self._next_id = 0
         self._closing = False
@@ -105,9 +105,9 @@ class WriterClient:
 
     def stalled_s(self) -> float:
         """Seconds the oldest unanswered transaction has waited (0.0 when none waits)."""
-        if not self._sent_at:
+        if not self._pending:
             return 0.0
-        return self._loop.time() - min(self._sent_at.values())
+        return self._loop.time() - min(sent for _, sent in self._pending.values())
 
     async def transact(self, command: Command) -> Any:
         """Run ``command`` in the writer process; return its result after the commit.
@@ -119,8 +119,7 @@ class WriterClient:
         job_id = self._next_id
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._send(("job", job_id, command))
-        self._pending[job_id] = future
-        self._sent_at[job_id] = self._loop.time()
+        self._pending[job_id] = (future, self._loop.time())
         try:
             return await future
         except asyncio.CancelledError:
@@ -128,8 +127,6 @@ class WriterClient:
                 with contextlib.suppress(GateError, OSError, RuntimeError):
                     self._send(("cancel", job_id))
             raise
-        finally:
-            self._sent_at.pop(job_id, None)
 
     def apply(self, command: Command) -> None:
         """Have the writer run ``command`` outside any transaction, after the jobs sent
@@ -146,9 +143,9 @@ class WriterClient:
                     raise ValueError(f"unexpected frame {kind!r} from the writer process")
                 self._store.write_fault = write_fault
                 for job_id, ok, value in items:
-                    future = self._pending.pop(job_id, None)
-                    if future is not None:
-                        _settle(future, ok, value)
+                    waiting = self._pending.pop(job_id, None)
+                    if waiting is not None:
+                        _settle(waiting[0], ok, value)
         except Exception:  # noqa: BLE001 - EOF, a reset, a frame not understood: the writer
             pass           # is lost either way, and no waiting caller may hang
         self._broken = True
@@ -163,7 +160,7 @@ class WriterClient:
         self.gone = WRITER_GONE
         error = Unavailable("storage_unavailable", f"database write failed: {WRITER_GONE}")
         pending, self._pending = self._pending, {}
-        for future in pending.values():
+        for future, _ in pending.values():
             if not future.done():
                 future.set_exception(error)
         if not self._closing and self._store.on_writer_lost is not None:
