@@ -11,6 +11,7 @@ timeout 10 s) until the test lets go.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import signal
 import socket
@@ -96,13 +97,20 @@ def rows(db: Path, sql: str, *args: Any) -> list[tuple[Any, ...]]:
 
 
 def refused(url: str) -> bool:
-    """True when a new connection to ``url`` is refused (nothing listens any more)."""
+    """True when a new connection to ``url`` is refused (nothing listens any more).
+
+    A connect that races the listener's close is not an answer either way: queued in the
+    accept queue it is reset (ConnectionResetError); its SYN reaching the closing socket is
+    dropped by the kernel and the connect times out (TimeoutError: CI run of stop 10;
+    ``test_refused_asks_again_when_a_connect_races_the_close``). Both mean "ask again"; a
+    listener that really stays open still fails the caller's deadline.
+    """
     parts = urllib.parse.urlsplit(url)
     try:
         socket.create_connection((parts.hostname, parts.port), timeout=1).close()
     except ConnectionRefusedError:
         return True
-    except ConnectionResetError:  # queued while the listener closed: ask again
+    except (ConnectionResetError, TimeoutError):  # raced the close: ask again
         return False
     return False
 
@@ -142,6 +150,31 @@ def delivered(proc: GateProcess, approval_id: str) -> None:
     api = proc.api()
     wait_until(lambda: api.get(approval_id)["dispatch"]["delivered_at"], DEADLINE_S,
                f"ack of {approval_id}")
+
+
+def test_refused_asks_again_when_a_connect_races_the_close() -> None:
+    """The probe above, against listeners closed while two threads keep connecting: it
+    never raises, and answers True once the listener is gone. (Before the fix a connect
+    whose SYN met the closing socket raised TimeoutError: the CI failure of stop 10.)"""
+    def until_refused(url: str) -> bool:  # back to back, to meet the close often
+        deadline = time.monotonic() + DEADLINE_S
+        while not refused(url):
+            assert time.monotonic() < deadline, "the closed listener never refused"
+        return True
+
+    for _ in range(60):
+        listener = socket.create_server(("127.0.0.1", 0))
+        listener.setblocking(False)
+        url = "http://127.0.0.1:%d/" % listener.getsockname()[1]
+        probes = [InBackground(lambda: until_refused(url)) for _ in range(2)]
+        accepting_until = time.monotonic() + 0.02  # accept (never a full queue), then close
+        while time.monotonic() < accepting_until:
+            with contextlib.suppress(BlockingIOError):
+                listener.accept()[0].close()
+        listener.close()
+        for probe in probes:
+            assert probe.wait().error is None, repr(probe.error)
+            assert probe.result is True
 
 
 def test_sigterm_lands_an_in_flight_decision_fully_and_answers_long_polls(
