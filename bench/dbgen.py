@@ -25,6 +25,7 @@ from bench.common import CONTENT_TYPE, PIPELINE, RISK, STEP, draft_body, scope
 from gate import audit
 from gate.core.requests import parse_create
 from gate.protocol.canonical import payload_hash
+from gate.protocol.envelope import rfc3339
 from gate.store.schema import MIGRATIONS, SCHEMA_VERSION
 
 CHUNK = 5000
@@ -143,32 +144,68 @@ def add_pending(path: Path, count: int, created_ms: Callable[[int], int],
 
 def audit_only(path: Path, entries: int, receipt_key: bytes, start_ms: int) -> None:
     """Write ``entries`` chained audit entries (created, dispatch_ack, decision, resolved per
-    approval, as the gate writes them for an approved quorum-1 approval) to a new database."""
+    approval, as the gate writes them for an approved quorum-1 approval) to a new database,
+    with the approval, revision and decision rows they describe (``audit verify -c`` checks
+    the rows against the log); a last approval cut short stays pending."""
     create_schema(path)
     conn = connect(path)
     seq, prev_hash = _chain_head(conn)
+    scope_rows = scope()
+    scope_json = json.dumps(scope_rows, ensure_ascii=False)
+    approver_ids = [op_id for op_id, _ in scope_rows]
+    identity = {op_id: ident for op_id, ident in scope_rows}
     rows: list[tuple[Any, ...]] = []
-    approver_ids = [op_id for op_id, _ in scope()]
+    approvals: list[list[Any]] = []
+    revisions: list[tuple[Any, ...]] = []
+    decisions: list[tuple[Any, ...]] = []
     approval_id = ""
     digest = ""
     nonce = ""
+
+    def flush() -> None:
+        conn.execute("BEGIN")
+        conn.executemany("INSERT INTO audit_log (seq, approval_id, kind, entry, prev_hash,"
+                         " entry_hash, receipt) VALUES (?,?,?,?,?,?,?)", rows)
+        conn.executemany(
+            "INSERT INTO approvals (approval_id, run_id, pipeline, step, risk, content_type,"
+            " quorum_required, scope, revision, state, outcome, created_at, expires_at,"
+            " resolved_at, request_hash, receipt) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+            approvals)
+        conn.executemany(
+            "INSERT INTO revisions (approval_id, revision, body, payload_hash, nonce,"
+            " created_at, created_by) VALUES (?,?,?,?,?,?,?)", revisions)
+        conn.executemany(
+            "INSERT INTO decisions (approval_id, revision, operator_id, identity, decision,"
+            " payload_hash, decided_at, recorded_at) VALUES (?,?,?,?,?,?,?,?)", decisions)
+        conn.execute("COMMIT")
+        for pending in (rows, approvals, revisions, decisions):
+            pending.clear()
+
     try:
         for n in range(entries):
             at = start_ms + n * 7
             phase = n % 4
             if phase == 0:
                 approval_id = str(ULID.from_timestamp(at / 1000))
-                digest = payload_hash(draft_body(n))
+                body = draft_body(n)
+                digest = payload_hash(body)
                 nonce = pysecrets.token_hex(16)
                 kind, data = "created", {
                     "pipeline": PIPELINE, "step": STEP, "revision": 1, "payload_hash": digest,
                     "quorum": 1, "approvers": approver_ids, "expires_at": at + 14_400_000}
+                approvals.append([approval_id, approval_id, PIPELINE, STEP, RISK, CONTENT_TYPE,
+                                  1, scope_json, 1, "pending", None, at, at + 14_400_000, None,
+                                  "sha256:" + "0" * 64, None])
+                revisions.append((approval_id, 1, body, digest, nonce, at, None))
             elif phase == 1:
                 kind, data = "dispatch_ack", {"revision": 1, "attempts": 1}
             elif phase == 2:
+                operator_id = approver_ids[n % len(approver_ids)]
                 kind, data = "decision", {
-                    "operator_id": approver_ids[n % len(approver_ids)], "decision": "approve",
+                    "operator_id": operator_id, "decision": "approve",
                     "revision": 1, "payload_hash": digest, "nonce": nonce, "effect": "approve"}
+                decisions.append((approval_id, 1, operator_id, identity[operator_id], "approve",
+                                  digest, rfc3339(at), at))
             else:
                 kind, data = "resolved", {
                     "outcome": "approved", "revision": 1, "payload_hash": digest,
@@ -176,18 +213,16 @@ def audit_only(path: Path, entries: int, receipt_key: bytes, start_ms: int) -> N
             seq += 1
             entry = audit.make_entry(seq, kind, approval_id, at, data)
             entry_json, entry_hash, receipt = audit.seal(prev_hash, entry, receipt_key)
-            rows.append((seq, approval_id, kind, entry_json, prev_hash, entry_hash, receipt))
+            row = (seq, approval_id, kind, entry_json, prev_hash, entry_hash, receipt)
+            rows.append(row)
+            if phase == 3:
+                approvals[-1][9:11] = ["resolved", "approved"]
+                approvals[-1][13] = at
+                approvals[-1][15] = json.dumps(audit.receipt_object(audit.AuditRow(*row)))
             prev_hash = entry_hash
-            if len(rows) >= CHUNK * 4:
-                conn.execute("BEGIN")
-                conn.executemany("INSERT INTO audit_log (seq, approval_id, kind, entry, prev_hash,"
-                                 " entry_hash, receipt) VALUES (?,?,?,?,?,?,?)", rows)
-                conn.execute("COMMIT")
-                rows.clear()
+            if len(rows) >= CHUNK * 4 and phase == 3:
+                flush()
         if rows:
-            conn.execute("BEGIN")
-            conn.executemany("INSERT INTO audit_log (seq, approval_id, kind, entry, prev_hash,"
-                             " entry_hash, receipt) VALUES (?,?,?,?,?,?,?)", rows)
-            conn.execute("COMMIT")
+            flush()
     finally:
         finish(conn)

@@ -500,13 +500,19 @@ def audit() -> None:
 @click.option("--expect", "expect_files", multiple=True, type=click.Path(dir_okay=False),
               help="A receipt (JSON, or an approval object holding one) the log must hold; "
                    "catches a deleted tail. Repeatable.")
+@click.option("--records/--no-records", default=True, show_default=True,
+              help="With -c: also check the approvals, revisions and decisions tables against "
+                   "the verified log (names the first approval that disagrees).")
 def audit_verify(config_path: str | None, export_file: str | None, key_env: str | None,
-                 public_key_files: tuple[str, ...], expect_files: tuple[str, ...]) -> None:
+                 public_key_files: tuple[str, ...], expect_files: tuple[str, ...],
+                 records: bool) -> None:
     """Recompute the audit chain, every receipt and every signature; name the first bad entry.
 
     With --public-key (or a config with receipts.signing_key_file/trusted_public_keys)
     every entry must be signed by a trusted key, except entries written before signing
-    was enabled. Exit 0 intact, 1 tampered, 2 usage.
+    was enabled. With -c, also compare every approval's rows (state, outcome, receipt,
+    revisions and their bodies, decisions) with what the verified log says of it
+    (--no-records skips this). Exit 0 intact, 1 tampered, 2 usage.
 
     Example: hitl-gate audit verify --file audit.jsonl --public-key hitl-gate-ed25519.pub
     --expect receipt.json
@@ -576,14 +582,37 @@ def audit_verify(config_path: str | None, export_file: str | None, key_env: str 
         if problem is not None:
             click.echo(f"TAMPERED: entry {problem[0]}: {problem[1]} ({source})")
             sys.exit(1)
+    matched = (_check_records(config.storage.path, result.checked)
+               if config is not None and records else None)
     checked = ["chain"] + ["receipts"] * (key is not None) + ["signatures"] * bool(public)
     what = ", ".join(checked[:-1]) + f" and {checked[-1]}" if len(checked) > 1 else checked[0]
     held_note = "".join(f"; holds the receipt for entry {held['seq']}" for _, held in expected)
     click.echo(f"ok: {result.checked} entries, {what} intact{held_note}")
+    if matched is not None:
+        newer = f" ({matched.newer} written since, not checked)" if matched.newer else ""
+        click.echo(f"ok: {matched.checked} approvals match the audit log{newer}")
     if key is None and not public:
         click.echo("warning: no key was given, so nothing authenticated the entries: anyone "
                    "can re-chain an edited log; verify with --public-key (or --key-env)",
                    err=True)
+
+
+def _check_records(path: Path, up_to_seq: int) -> Any:
+    """``audit verify -c``'s cross-check of the approval records against the verified log
+    (``gate.audit_records``): exits 1 naming the first approval that disagrees."""
+    from gate.audit_records import check
+    from gate.store.auditlog import approval_records
+
+    try:
+        records = check(approval_records(Path(path)), up_to_seq)
+    except GateError as exc:
+        fail(exc.message)
+    if records.problem is not None:
+        approval_id, reason = records.problem
+        click.echo(f"TAMPERED: approval {approval_id}: {reason}; the audit log itself "
+                   f"verified ({up_to_seq} entries)")
+        sys.exit(1)
+    return records
 
 
 @audit.command("export")

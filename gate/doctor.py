@@ -21,13 +21,13 @@ from pathlib import Path
 import aiohttp
 from yarl import URL
 
-from gate import audit
+from gate import audit, audit_records
 from gate.config import Config, Secrets, load_config, load_secrets, read_receipt_key
 from gate.dispatch import redact
 from gate.errors import ConfigError, GateError
 from gate.keys import ReceiptKeys, load_receipt_keys
 from gate.protocol.envelope import rfc3339
-from gate.store import maintenance
+from gate.store import auditlog, maintenance
 
 # A system clock before this release's date is certainly wrong (e.g. a board without a
 # battery-backed clock that booted without NTP). Bump it with each release (CHANGELOG.md).
@@ -192,7 +192,8 @@ def check_database(path: Path) -> Check:
 
 def check_audit(path: Path, receipt_key: bytes | None, keys: ReceiptKeys | None) -> Check:
     """Recompute the audit chain, its receipts (with the receipt key) and its signatures
-    (when the config names Ed25519 keys), as ``hitl-gate audit verify -c``."""
+    (when the config names Ed25519 keys), then compare the approval records with it, as
+    ``hitl-gate audit verify -c``."""
     if not path.exists():
         return _skip("audit", "no database yet")
     try:
@@ -213,8 +214,16 @@ def check_audit(path: Path, receipt_key: bytes | None, keys: ReceiptKeys | None)
     if problem is not None and stored is not None:
         return Check("audit", False, f"TAMPERED: entry {problem[0]}: {problem[1]} (the "
                      f"receipt stored with approval {stored[0]})")
+    try:  # the approval rows say what the verified log says (gate.audit_records)
+        records = audit_records.check(auditlog.approval_records(path), result.checked)
+    except GateError as exc:
+        return Check("audit", False, exc.message)
+    if records.problem is not None:
+        return Check("audit", False, f"TAMPERED: approval {records.problem[0]}: "
+                     f"{records.problem[1]}; the audit log itself verified")
     what = ["chain"] + ["receipts"] * (receipt_key is not None) + ["signatures"] * bool(public)
-    detail = f"{result.checked} entries, {', '.join(what)} intact"
+    detail = (f"{result.checked} entries, {', '.join(what)} intact; {records.checked} "
+              "approvals match it")
     if receipt_key is None:
         detail += " (receipts not checked: no receipt key)"
     return Check("audit", True, detail)

@@ -995,7 +995,8 @@ def test_audit_verify_detects_tampering_and_export_verifies(tmp_path, gate, rela
 
     proc = run_cli("audit", "verify", "-c", str(gate.config))
     assert (proc.returncode, proc.stdout.decode()) == (
-        0, "ok: 11 entries, chain and receipts intact\n"), proc.stderr
+        0, "ok: 11 entries, chain and receipts intact\nok: 3 approvals match the audit log\n"
+    ), proc.stderr
 
     assert gate.stop() == 0
     # the first bad entry: the changed one; the one after the deleted one; the first swapped
@@ -1048,6 +1049,96 @@ def test_audit_verify_detects_tampering_and_export_verifies(tmp_path, gate, rela
     proc = run_cli("audit", "verify", "--file", str(swapped), "--key-env", "HITL_RECEIPT_KEY")
     assert proc.returncode == 1
     assert proc.stdout.decode().startswith("TAMPERED: entry 5: ")
+
+
+def test_audit_verify_c_finds_approval_records_that_disagree_with_the_log(tmp_path, gate,
+                                                                          relay):
+    """Someone who can write the database file but holds no key can change a row, not the
+    log: ``audit verify -c`` compares the approvals, revisions and decisions tables with the
+    verified log and names the first approval that disagrees (known gap until 2026-11-30:
+    such edits passed)."""
+    api = gate.api()
+    ids = {}
+    for verb in ("approve", "skip", "pending"):
+        approval_id = api.create("q1", f"records {verb} \u2713\n")["approval_id"]
+        ids[verb] = approval_id
+        dispatch = relay.wait_dispatch(approval_id)
+        acked(gate, approval_id)
+        if verb != "pending":
+            status, answer, _ = post_decision(gate.callback_url,
+                                              decision_body(dispatch, verb=verb))
+            assert (status, answer["resolved"]) == (200, True)
+    proc = run_cli("audit", "verify", "-c", str(gate.config))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.decode().splitlines()[1] == "ok: 3 approvals match the audit log"
+    assert gate.stop() == 0
+    db = db_path(gate.config)
+    approved, skipped, pending = ids["approve"], ids["skip"], ids["pending"]
+
+    def sql(statement: str, *args: object) -> Callable[[sqlite3.Connection], None]:
+        def run(conn: sqlite3.Connection) -> None:
+            assert conn.execute(statement, args).rowcount >= 1, statement
+        return run
+
+    def forged(conn: sqlite3.Connection) -> None:  # an approval row the gate never created
+        for table in ("approvals", "revisions"):
+            columns = [r[1] for r in conn.execute(f"PRAGMA table_info({table})")]
+            picked = ", ".join("'00FORGED' " if c == "approval_id" else
+                               ("'n-' || nonce" if c == "nonce" else
+                                ("NULL" if c == "idempotency_key" else c)) for c in columns)
+            conn.execute(f"INSERT INTO {table} SELECT {picked} FROM {table} "
+                         "WHERE approval_id = ?", (approved,))
+
+    cases = [
+        ("body", sql("UPDATE revisions SET body = 'pay 9000 EUR' WHERE approval_id = ?",
+                     approved),
+         approved, "revision 1's body hashes to sha256:"),
+        ("hash", sql("UPDATE revisions SET body = 'x', payload_hash = ? WHERE approval_id = ?",
+                     "sha256:" + hashlib.sha256(b"x").hexdigest(), approved),
+         approved, "revision 1's body hashes to sha256:"),
+        ("outcome", sql("UPDATE approvals SET outcome = 'approved' WHERE approval_id = ?",
+                        skipped),
+         skipped, "outcome is 'approved' in the approvals table but 'skipped' in audit entry"),
+        ("resolved", sql("UPDATE approvals SET state = 'resolved', outcome = 'approved', "
+                         "receipt = (SELECT receipt FROM approvals WHERE approval_id = ?) "
+                         "WHERE approval_id = ?", approved, pending),
+         pending, "state is 'resolved' (approved) in the approvals table but the audit log "
+                  "holds no resolution"),
+        ("reopened", sql("UPDATE approvals SET state = 'pending', outcome = NULL, receipt = NULL"
+                         " WHERE approval_id = ?", skipped),
+         skipped, "state is 'pending' in the approvals table but audit entry"),
+        ("receipt", sql("UPDATE approvals SET receipt = (SELECT receipt FROM approvals WHERE "
+                        "approval_id = ?) WHERE approval_id = ?", skipped, approved),
+         approved, "its stored receipt is not the receipt of audit entry"),
+        ("decision gone", sql("DELETE FROM decisions WHERE approval_id = ?", approved),
+         approved, "decision 'approve' by operator 101 on revision 1 of the audit log is "
+                   "missing from the decisions table"),
+        ("decision added", sql("UPDATE decisions SET operator_id = 102 WHERE approval_id = ?",
+                               skipped),
+         skipped, "decision 'skip' by operator 102 on revision 1 is in the decisions table "
+                  "but not in the audit log"),
+        ("row deleted", sql("DELETE FROM approvals WHERE approval_id = ?", pending),
+         pending, "named by audit entry"),
+        ("row forged", forged, "00FORGED", "no created entry in the audit log"),
+        ("step", sql("UPDATE approvals SET quorum_required = 2 WHERE approval_id = ?", pending),
+         pending, "quorum_required is 2 in the approvals table but 1 in audit entry"),
+    ]
+    for name, tamper, approval_id, reason in cases:
+        config = _tampered_copy(db, tmp_path / name.replace(" ", "-"), relay.url, tamper)
+        proc = run_cli("audit", "verify", "-c", str(config))
+        out = proc.stdout.decode()
+        assert proc.returncode == 1, (name, out, proc.stderr)
+        assert out.startswith(f"TAMPERED: approval {approval_id}: {reason}"), (name, out)
+        assert out.endswith("; the audit log itself verified (10 entries)\n"), (name, out)
+        assert len(out.splitlines()) == 1, out
+        assert "Traceback" not in proc.stderr.decode()
+        if name == "body":  # doctor runs the same check
+            doctor = run_cli("doctor", "-c", str(config))
+            assert doctor.returncode == 1, doctor.stdout
+            assert f"FAIL audit: TAMPERED: approval {approved}: revision 1's body hashes to " \
+                in doctor.stdout.decode(), doctor.stdout
+    doctor = run_cli("doctor", "-c", str(gate.config))
+    assert "10 entries, chain, receipts intact; 3 approvals match it" in doctor.stdout.decode()
 
 
 # ---- process and storage --------------------------------------------------------------------

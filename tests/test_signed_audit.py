@@ -456,7 +456,8 @@ def test_signed_audit_export_verifies_with_public_key_only(history: SignedHistor
         0, "ok: 11 entries, chain and signatures intact; holds the receipt for entry 11\n")
     proc = run_cli("audit", "verify", "-c", str(history.config))
     assert (proc.returncode, proc.stdout.decode()) == (
-        0, "ok: 11 entries, chain, receipts and signatures intact\n"), proc.stderr
+        0, "ok: 11 entries, chain, receipts and signatures intact\n"
+           "ok: 3 approvals match the audit log\n"), proc.stderr
 
 
 def test_signed_audit_verify_of_the_database_needs_no_private_key(
@@ -470,7 +471,8 @@ def test_signed_audit_verify_of_the_database_needs_no_private_key(
     elsewhere.write_text(yaml.safe_dump(data), encoding="utf-8")
     proc = run_cli("audit", "verify", "-c", str(elsewhere), "--public-key", str(history.public))
     assert (proc.returncode, proc.stdout.decode()) == (
-        0, "ok: 11 entries, chain, receipts and signatures intact\n"), proc.stderr
+        0, "ok: 11 entries, chain, receipts and signatures intact\n"
+           "ok: 3 approvals match the audit log\n"), proc.stderr
     proc = run_cli("audit", "verify", "-c", str(elsewhere))
     err = proc.stderr.decode()
     assert proc.returncode == 2 and "receipts.signing_key_file: " in err, err
@@ -665,7 +667,8 @@ def test_signed_audit_enable_then_rotate_key(tmp_path: Path) -> None:
     # the gate's own config trusts both (signing key + trusted_public_keys)
     proc = run_cli("audit", "verify", "-c", str(config))
     assert (proc.returncode, proc.stdout.decode()) == (
-        0, "ok: 12 entries, chain, receipts and signatures intact\n"), proc.stderr
+        0, "ok: 12 entries, chain, receipts and signatures intact\n"
+           "ok: 3 approvals match the audit log\n"), proc.stderr
 
 
 def test_audit_verify_input_it_cannot_read_is_not_tampering(tmp_path: Path) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -111,3 +112,91 @@ def _audit_query(conn: sqlite3.Connection) -> str | None:
     signed = "key_id, signature" if "signature" in columns else "NULL, NULL"
     return ("SELECT seq, approval_id, kind, entry, prev_hash, entry_hash, receipt, "
             f"{signed} FROM audit_log ORDER BY seq")
+
+
+@dataclass(frozen=True, slots=True)
+class ApprovalRecord:
+    """One approval as the tables hold it, with its audit rows, for ``audit verify``'s
+    cross-check (``gate.audit_records``). ``approval`` is the approvals row as a dict
+    (approval_id, pipeline, step, quorum_required, revision, state, outcome, expires_at,
+    receipt: JSON text) or None when only the log names the approval; ``revisions`` are
+    ``(revision, body, payload_hash)``; ``decisions`` are ``(revision, operator_id,
+    decision, payload_hash)``; ``entries`` its audit rows in ascending seq."""
+
+    approval_id: str
+    approval: dict[str, Any] | None
+    revisions: list[tuple[int, str, str]]
+    decisions: list[tuple[int, int, str, str]]
+    entries: list[audit.AuditRow]
+
+
+_RECORD_QUERIES = (
+    "SELECT approval_id, pipeline, step, quorum_required, revision, state, outcome, expires_at,"
+    " receipt FROM approvals ORDER BY approval_id",
+    "SELECT approval_id, revision, body, payload_hash FROM revisions"
+    " ORDER BY approval_id, revision",
+    "SELECT approval_id, revision, operator_id, decision, payload_hash FROM decisions"
+    " ORDER BY approval_id, revision, operator_id",
+)
+_APPROVAL_COLUMNS = ("approval_id", "pipeline", "step", "quorum_required", "revision", "state",
+                     "outcome", "expires_at", "receipt")
+
+
+def approval_records(path: Path) -> Iterator[ApprovalRecord]:
+    """Yield every approval named by the approvals table or the audit log of the database at
+    ``path``, in approval_id order, with its revisions, decisions and audit rows, all read
+    in one snapshot (one read transaction: a running gate may keep writing). Streams:
+    memory grows with one approval, not the database (SQLite sorts the log by approval).
+    Raises Unavailable when it cannot be read; yields nothing for a database without
+    tables yet."""
+    sql = _audit_query(_connect(path))
+    if sql is None:
+        return
+    conn = _connect(path)
+    try:
+        conn.execute("BEGIN")  # one snapshot for the four cursors
+        approvals, revisions, decisions = (_grouped(conn.execute(q)) for q in _RECORD_QUERIES)
+        entries = _grouped(conn.execute(sql.replace(
+            "FROM audit_log ORDER BY seq",
+            "FROM audit_log WHERE approval_id IS NOT NULL ORDER BY approval_id, seq")), 1)
+        heads: list[Any] = [next(s, None) for s in (approvals, revisions, decisions, entries)]
+        streams = (approvals, revisions, decisions, entries)
+        while any(head is not None for head in heads):
+            approval_id = min(head[0] for head in heads if head is not None)
+            parts: list[list[Any]] = []
+            for index, head in enumerate(heads):
+                if head is not None and head[0] == approval_id:
+                    parts.append(head[1])
+                    heads[index] = next(streams[index], None)
+                else:
+                    parts.append([])
+            rows, revs, decs, logged = parts
+            yield ApprovalRecord(
+                approval_id, dict(zip(_APPROVAL_COLUMNS, rows[0])) if rows else None,
+                [(int(r[1]), str(r[2]), str(r[3])) for r in revs],
+                [(int(d[1]), int(d[2]), str(d[3]), str(d[4])) for d in decs],
+                [audit.AuditRow(*row) for row in logged])
+        conn.execute("COMMIT")
+    except sqlite3.Error as exc:
+        raise Unavailable("storage_unavailable", f"database read failed: {exc}") from exc
+    finally:
+        conn.close()
+
+
+def _grouped(cursor: sqlite3.Cursor, key: int = 0) -> Iterator[tuple[str, list[Any]]]:
+    """``(approval_id, rows)`` runs of a cursor ordered by the approval_id in column
+    ``key``."""
+    current: str | None = None
+    run: list[Any] = []
+    while True:
+        chunk = cursor.fetchmany(CHUNK)
+        if not chunk:
+            break
+        for row in chunk:
+            if row[key] != current:
+                if run:
+                    yield str(current), run
+                current, run = row[key], []
+            run.append(row)
+    if run:
+        yield str(current), run

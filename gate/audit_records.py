@@ -1,0 +1,173 @@
+"""Cross-check of the approval records against the audit log, for ``audit verify -c``.
+
+The chain, receipts and signatures (``gate.audit``) prove the log; this proves that the
+tables the API answers from (approvals, revisions, decisions) say what the log says. Someone
+who can write the database file but holds no receipt or signing key can change a row, not
+the log: an approved draft's body, an outcome, a decision. Each approval must have:
+
+- one ``created`` entry whose pipeline, step, quorum and expires_at are the row's;
+- exactly the revisions the log names (revision 1 in ``created``, each later one in the
+  ``decision`` entry that made it), each body hashing to the payload hash the log holds;
+  the row's current revision is the last of them;
+- exactly the decisions the log holds (revision, operator, decision, payload hash);
+- a ``resolved`` entry if and only if the row is resolved, with the row's outcome and
+  revision, and the row's stored receipt being that entry's receipt.
+
+Pure: takes ``ApprovalRecord``s (``gate.store.auditlog.approval_records``), reads nothing.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from gate import audit
+from gate.protocol.canonical import payload_hash
+from gate.store.auditlog import ApprovalRecord
+
+_CREATED_FIELDS = (("pipeline", "pipeline"), ("step", "step"), ("quorum_required", "quorum"),
+                   ("expires_at", "expires_at"))
+
+
+@dataclass(frozen=True, slots=True)
+class RecordsResult:
+    """``checked`` approvals matched the log; ``problem`` is ``(approval_id, reason)`` of the
+    first (in approval_id order) that did not, else None. ``newer`` approvals had entries
+    after ``up_to_seq`` (written after the chain was verified) and were not checked."""
+
+    checked: int
+    problem: tuple[str, str] | None
+    newer: int = 0
+
+
+def check(records: Iterable[ApprovalRecord], up_to_seq: int) -> RecordsResult:
+    """Compare each approval's rows with its audit entries (module docstring); stop at the
+    first approval that disagrees. Approvals with an entry after ``up_to_seq`` (the last
+    verified seq) are counted in ``newer`` and skipped: their entries are not verified."""
+    checked = newer = 0
+    for record in records:
+        if record.entries and record.entries[-1].seq > up_to_seq:
+            newer += 1
+            continue
+        reason = problem(record)
+        if reason is not None:
+            return RecordsResult(checked, (record.approval_id, reason), newer)
+        checked += 1
+    return RecordsResult(checked, None, newer)
+
+
+def problem(record: ApprovalRecord) -> str | None:
+    """Why ``record``'s rows disagree with its audit entries, or None when they agree."""
+    row = record.approval
+    entries = [(e, _data(e)) for e in record.entries]
+    created = [(e, d) for e, d in entries if e.kind == "created"]
+    if row is None:
+        first = record.entries[0].seq
+        return f"named by audit entry {first} but missing from the approvals table (deleted?)"
+    if len(created) != 1:
+        return (f"{len(created)} created entries in the audit log (expected 1)" if created
+                else "no created entry in the audit log (row inserted outside the gate?)")
+    entry, data = created[0]
+    for column, field in _CREATED_FIELDS:
+        if row[column] != data.get(field):
+            return (f"{column} is {row[column]!r} in the approvals table but "
+                    f"{data.get(field)!r} in audit entry {entry.seq}")
+    logged = {1: (entry.seq, data.get("payload_hash"))}
+    decisions = []
+    for e, d in entries:
+        if e.kind != "decision":
+            continue
+        decisions.append((d.get("revision"), d.get("operator_id"), d.get("decision"),
+                          d.get("payload_hash")))
+        if d.get("new_revision") is not None:
+            logged[d["new_revision"]] = (e.seq, d.get("new_payload_hash"))
+    reason = _revisions_problem(row, record.revisions, logged)
+    if reason is None:
+        reason = _decisions_problem(record.decisions, decisions)
+    if reason is None:
+        reason = _resolution_problem(row, entries)
+    return reason
+
+
+def _revisions_problem(row: dict[str, Any], revisions: list[tuple[int, str, str]],
+                       logged: dict[int, tuple[int, Any]]) -> str | None:
+    stored = {revision: (body, digest) for revision, body, digest in revisions}
+    if sorted(stored) != sorted(logged):
+        return (f"revisions {sorted(stored)} in the revisions table but {sorted(logged)} "
+                "in the audit log")
+    for revision, (body, digest) in sorted(stored.items()):
+        seq, expected = logged[revision]
+        try:
+            actual = payload_hash(body)
+        except UnicodeEncodeError:
+            actual = "(not UTF-8 text)"
+        if actual != expected:
+            return (f"revision {revision}'s body hashes to {actual}, audit entry {seq} "
+                    f"holds {expected} (the draft was changed)")
+        if digest != expected:
+            return (f"revision {revision}'s payload_hash is {digest} in the revisions "
+                    f"table but {expected} in audit entry {seq}")
+    if row["revision"] != max(logged):
+        return (f"current revision is {row['revision']} in the approvals table but "
+                f"{max(logged)} in the audit log")
+    return None
+
+
+def _decisions_problem(stored: list[tuple[int, int, str, str]],
+                       logged: list[tuple[Any, ...]]) -> str | None:
+    in_table, in_log = Counter(map(repr, stored)), Counter(map(repr, logged))
+    if in_table == in_log:
+        return None
+    extra = [d for d in stored if in_table[repr(d)] > in_log[repr(d)]]
+    if extra:
+        return (f"decision {_decision_text(extra[0])} is in the decisions table but not in "
+                "the audit log")
+    missing = [d for d in logged if in_log[repr(d)] > in_table[repr(d)]]
+    return (f"decision {_decision_text(missing[0])} of the audit log is missing from the "
+            "decisions table")
+
+
+def _decision_text(decision: tuple[Any, ...]) -> str:
+    revision, operator_id, verdict, _ = decision
+    return f"{verdict!r} by operator {operator_id} on revision {revision}"
+
+
+def _resolution_problem(row: dict[str, Any],
+                        entries: list[tuple[audit.AuditRow, dict[str, Any]]]) -> str | None:
+    resolved = [(e, d) for e, d in entries if e.kind == "resolved"]
+    if len(resolved) > 1:
+        return f"{len(resolved)} resolved entries in the audit log (expected at most 1)"
+    if not resolved:
+        if row["state"] != "pending":
+            return (f"state is {row['state']!r} ({row['outcome']}) in the approvals table "
+                    "but the audit log holds no resolution")
+        return None
+    entry, data = resolved[0]
+    if row["state"] != "resolved":
+        return (f"state is {row['state']!r} in the approvals table but audit entry "
+                f"{entry.seq} resolved it {data.get('outcome')!r}")
+    if row["outcome"] != data.get("outcome"):
+        return (f"outcome is {row['outcome']!r} in the approvals table but "
+                f"{data.get('outcome')!r} in audit entry {entry.seq}")
+    if row["revision"] != data.get("revision"):
+        return (f"resolved at revision {data.get('revision')} in audit entry {entry.seq} "
+                f"but the approvals table's current revision is {row['revision']}")
+    try:
+        receipt = json.loads(row["receipt"]) if row["receipt"] is not None else None
+    except ValueError:
+        receipt = None
+    if receipt != audit.receipt_object(entry):
+        return f"its stored receipt is not the receipt of audit entry {entry.seq}"
+    return None
+
+
+def _data(row: audit.AuditRow) -> dict[str, Any]:
+    """The ``data`` object of a (verified) entry; {} when it has none."""
+    try:
+        data = json.loads(row.entry).get("data")
+    except (ValueError, AttributeError):
+        return {}
+    return data if isinstance(data, dict) else {}

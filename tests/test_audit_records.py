@@ -1,0 +1,73 @@
+"""``gate.audit_records`` on records built by hand (pure): an adjusted approval's second
+revision, and approvals written after the verified chain. The daemon-level cases (rows
+edited in a real database, ``audit verify -c`` and ``doctor``) are in test_e2e_lifecycle.py."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from gate import audit, audit_records
+from gate.protocol.canonical import payload_hash
+from gate.store.auditlog import ApprovalRecord
+
+KEY = b"receipt-key"
+FIRST, SECOND = "Pay 12 EUR to ACME\n", "Pay 12.50 EUR to ACME\n"
+
+
+def adjusted_record(up_to: int = 0) -> ApprovalRecord:
+    """An approval adjusted by operator 101 (revision 2), then approved by 102."""
+    entries: list[audit.AuditRow] = []
+    prev = audit.GENESIS_HASH
+
+    def add(kind: str, data: dict[str, Any]) -> audit.AuditRow:
+        nonlocal prev
+        seq = up_to + len(entries) + 1
+        entry = audit.make_entry(seq, kind, "A1", 1_767_225_600_000 + seq, data)
+        text, digest, receipt = audit.seal(prev, entry, KEY)
+        row = audit.AuditRow(seq, "A1", kind, text, prev, digest, receipt)
+        entries.append(row)
+        prev = digest
+        return row
+
+    h1, h2 = payload_hash(FIRST), payload_hash(SECOND)
+    add("created", {"pipeline": "p", "step": "s", "revision": 1, "payload_hash": h1,
+                    "quorum": 1, "approvers": [101, 102], "expires_at": 99})
+    add("decision", {"operator_id": 101, "decision": "adjust", "revision": 1,
+                     "payload_hash": h1, "nonce": "n1", "effect": "adjust",
+                     "new_revision": 2, "new_payload_hash": h2})
+    add("decision", {"operator_id": 102, "decision": "approve", "revision": 2,
+                     "payload_hash": h2, "nonce": "n2", "effect": "approve"})
+    resolved = add("resolved", {"outcome": "adjusted", "revision": 2, "payload_hash": h2,
+                                "approved_by": [102], "quorum": 1})
+    row = {"approval_id": "A1", "pipeline": "p", "step": "s", "quorum_required": 1,
+           "revision": 2, "state": "resolved", "outcome": "adjusted", "expires_at": 99,
+           "receipt": json.dumps(audit.receipt_object(resolved))}
+    return ApprovalRecord("A1", row, [(1, FIRST, h1), (2, SECOND, h2)],
+                          [(1, 101, "adjust", h1), (2, 102, "approve", h2)], entries)
+
+
+def test_an_adjusted_approval_matches_and_its_second_revision_is_checked() -> None:
+    record = adjusted_record()
+    assert audit_records.check([record], up_to_seq=4) == audit_records.RecordsResult(1, None)
+    changed = ApprovalRecord(record.approval_id, record.approval,
+                             [record.revisions[0], (2, "Pay 9000 EUR\n", record.revisions[1][2])],
+                             record.decisions, record.entries)
+    result = audit_records.check([changed], up_to_seq=4)
+    assert result.checked == 0 and result.problem is not None
+    assert result.problem[1].startswith("revision 2's body hashes to sha256:"), result.problem
+    assert result.problem[1].endswith(f"audit entry 2 holds {payload_hash(SECOND)} "
+                                      "(the draft was changed)")
+    stale = ApprovalRecord(record.approval_id, {**(record.approval or {}), "revision": 1},
+                           record.revisions, record.decisions, record.entries)
+    assert audit_records.problem(stale) == ("current revision is 1 in the approvals table "
+                                            "but 2 in the audit log")
+
+
+def test_approvals_with_entries_after_the_verified_chain_are_not_checked() -> None:
+    newer = adjusted_record(up_to=4)  # entries 5..8: written after a chain of 4 was verified
+    broken = ApprovalRecord(newer.approval_id, None, [], [], newer.entries)
+    assert audit_records.check([broken], up_to_seq=4) == audit_records.RecordsResult(
+        0, None, newer=1)
+    assert audit_records.check([broken], up_to_seq=8).problem == (
+        "A1", "named by audit entry 5 but missing from the approvals table (deleted?)")
