@@ -94,6 +94,22 @@ def audit_labels(db: Path) -> list[tuple[str, str]]:
             for r in rows]
 
 
+async def cancelled_in_socket(store: Store, *tasks: asyncio.Task[Any]) -> None:
+    """Cancel ``tasks``, wait until each has taken its cancellation (its cancel frame is
+    queued) and until every frame is in the writer's socket: only then does the writer see
+    the cancellations before it runs the jobs. (Releasing the writer before that raced the
+    cancel frame: these tests failed 8 runs in 10 on a loaded host.)"""
+    for task in tasks:
+        task.cancel()
+    for task in tasks:
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    deadline = asyncio.get_running_loop().time() + 10
+    while store.unsent_bytes:
+        assert asyncio.get_running_loop().time() < deadline, "frames never left"
+        await asyncio.sleep(0.001)
+
+
 @pytest.fixture
 async def forked(tmp_path: Path) -> Any:
     store = Store(tmp_path / "gate.db", writer_process=True)
@@ -150,9 +166,7 @@ async def test_writer_process_cancelled_job_never_runs(forked: Any, tmp_path: Pa
     await asyncio.to_thread(os.read, handler.entered_r, 1)  # the writer is inside ``hold``
     cancelled = asyncio.create_task(store.transact(Command("append", ("never", False))))
     await asyncio.sleep(0)  # its job is sent; cancel it before the writer is free
-    cancelled.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await cancelled
+    await cancelled_in_socket(store, cancelled)
     os.write(handler.release_w, b"x")
     assert await held == "held"
     await store.transact(Command("append", ("after", False)))
@@ -227,9 +241,7 @@ async def test_writer_process_cancel_behind_a_reload_or_a_full_batch_is_honoured
     many = [asyncio.create_task(store.transact(Command("append", (f"m{n}", False))))
             for n in range(300)]
     await asyncio.sleep(0)  # all sent (one write at the next loop turn)
-    for task in (behind_reload, many[5]):
-        task.cancel()
-    await asyncio.sleep(0)
+    await cancelled_in_socket(store, behind_reload, many[5])
     os.write(handler.release_w, b"x")
     assert await held == "held"
     done = await asyncio.gather(*many, return_exceptions=True)
@@ -245,8 +257,7 @@ async def test_writer_process_cancel_during_a_batch_stops_a_later_job_of_it(
     held = asyncio.create_task(store.transact(Command("hold")))
     later = asyncio.create_task(store.transact(Command("append", ("later", False))))
     await asyncio.to_thread(os.read, handler.entered_r, 1)  # one batch: hold, then later
-    later.cancel()
-    await asyncio.sleep(0)
+    await cancelled_in_socket(store, later)
     os.write(handler.release_w, b"x")
     assert await held == "held"
     await store.transact(Command("append", ("after", False)))

@@ -143,6 +143,13 @@ class Store:
         """The writer process's pid, or None (a writer thread, or not open)."""
         return None if self._client is None else self._client.pid
 
+    @property
+    def unsent_bytes(self) -> int:
+        """Bytes of jobs, cancellations and configuration sent to the writer process that
+        are not in its socket yet (0 with a writer thread). Once 0, their order is fixed:
+        the writer reads the cancellations in its socket before each job of a batch."""
+        return 0 if self._client is None else self._client.unsent_bytes
+
     def bind(self, handler: Callable[[WriteTx, Command], Any]) -> None:
         """Set what runs a ``Command`` other than ``probe``: ``handler(tx, command)`` on the
         writer (in the writer process: the process's copy of it, forked at ``open``;
@@ -338,8 +345,10 @@ class Store:
         committed (on disk with synchronous=FULL). An exception raised by the transaction
         rolls back what it did (and only that) and is raised here; sqlite3 errors become
         Unavailable (503). A transaction commits whole or not at all: when the caller is
-        cancelled before it started, it never runs; once it started, it finishes and
-        commits. Raises TypeError for a function when the writer is a process.
+        cancelled before it started, it never runs (a writer process: when the cancellation
+        reached its socket before the job started, see ``unsent_bytes``); once it started,
+        it finishes and commits. Raises TypeError for a function when the writer is a
+        process.
         """
         if self._client is not None:
             if not isinstance(command, Command):

@@ -103,6 +103,12 @@ class WriterClient:
             if self.gone is None and not self._broken:
                 self._writer.write(data)
 
+    @property
+    def unsent_bytes(self) -> int:
+        """Bytes sent by callers that are not in the writer's socket yet: frames waiting for
+        this loop turn's write, plus what the transport still buffers."""
+        return sum(map(len, self._outgoing)) + self._writer.transport.get_write_buffer_size()
+
     def stalled_s(self) -> float:
         """Seconds the oldest unanswered transaction has waited (0.0 when none waits)."""
         if not self._pending:
