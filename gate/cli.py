@@ -770,6 +770,22 @@ def relay(listen: str, secret_env: str, identities: tuple[str, ...], auto: str |
         fail(f"cannot listen on {listen}: {exc}")
 
 
+# where ``verify``'s ephemeral config takes each setting from
+_VERIFY_OPTIONS = (("relay.operators", "--approver"), ("relay.public_url", "--public-url"),
+                   ("relay.url", "RELAY_URL"), ("relay.callback_addr", "--listen"))
+
+
+def _verify_option(error: str) -> str:
+    """A config error of ``verify``'s ephemeral gate, named by the argument it came from
+    (``relay.operators[0].identity: must not be empty`` -> ``--approver: must not be
+    empty``)."""
+    path, _, message = error.partition(": ")
+    for prefix, option in _VERIFY_OPTIONS:
+        if path.startswith(prefix):
+            return f"{option}: {message}"
+    return error
+
+
 @main.command()
 @click.argument("relay_url")
 @click.option("--secret-env", required=True, help="Env var holding the shared relay secret.")
@@ -811,6 +827,8 @@ def verify(relay_url: str, secret_env: str, approver: str, listen: str,
         report = asyncio.run(run_verify(relay_url, secret, approver, listen, public_url, timeout))
     except OSError as exc:
         fail(f"--listen: cannot listen on {listen}: {exc}", 2)
+    except ConfigError as exc:  # the ephemeral gate's config is built from the arguments
+        fail("; ".join(_verify_option(error) for error in exc.errors), 2)
     click.echo(json.dumps(report.as_json(), ensure_ascii=False, indent=2) if as_json
                else report.as_text())
     sys.exit(0 if report.ok else 1)

@@ -696,6 +696,13 @@ def test_usage_errors_exit_2(relay: Any) -> None:
         ((relay.url, *ok, "--listen", f"127.0.0.1:{port}"), ("--listen", "cannot listen")),
         ((relay.url, *ok, "--timeout", "0"), ("--timeout",)),
         ((relay.url, "--secret-env", "HITL_RELAY_SECRET"), ("--approver",)),
+        # new-user review 2026-11-30: these printed a ConfigError traceback and exited 1
+        ((relay.url, *ok[:2], "--approver", "", *ok[4:]), ("--approver", "empty")),
+        ((relay.url, *ok[:2], "--approver", " ", *ok[4:]), ("--approver",)),
+        ((relay.url, *ok, "--public-url", "ftp://x"), ("--public-url",)),
+        (("http://", *ok), ("RELAY_URL",)),
+        (("http://[::1", *ok), ("RELAY_URL",)),
+        (("http://127.0.0.1:99999/", *ok), ("RELAY_URL",)),
     ]
     try:
         procs = [subprocess.Popen([sys.executable, "-m", "gate", "verify", *args],
