@@ -302,6 +302,11 @@ def request(config_path: str, api_url: str | None, pipeline: str, step: str,
 
     if permit_out is not None and not wait:
         fail("--permit-out needs --wait", 2)
+    if idempotency_key is not None and (
+            not idempotency_key.strip() or len(idempotency_key) > 200
+            or any(ord(c) < 0x20 or ord(c) == 0x7F for c in idempotency_key)):
+        fail("--idempotency-key: must be 1-200 characters, not blank, without control "
+             "characters", 2)
     text = _read_draft(draft, draft_file)
     from gate.core.requests import MAX_SPEND
 

@@ -163,6 +163,18 @@ def test_request_spend_out_of_range_is_usage_error(spend):
         "Error: --spend: must be a finite number >= 0 and <= 1e+15")
 
 
+@pytest.mark.parametrize("key", ["", " ", "a\nb", "tab\there", "x" * 201])
+def test_request_idempotency_key_the_api_would_refuse_is_a_usage_error(key):
+    """Regression (new-user review): an empty key was dropped silently (two approvals for
+    two runs), a newline gave aiohttp's traceback."""
+    result = invoke(["request", "-c", str(EXAMPLE), "--pipeline", "p", "--step", "s",
+                     "--draft", "x", "--idempotency-key", key], env=dict(ENV))
+    assert result.exit_code == 2
+    assert one_error_line(result.stderr) == (
+        "Error: --idempotency-key: must be 1-200 characters, not blank, without control "
+        "characters")
+
+
 def _closed_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

@@ -389,6 +389,12 @@ BEYOND_GENERATION = [
     pytest.param("api", "POST", {},
                  b'{"pipeline":"p","step":"q1","draft":{"body":"x","content_type":"\\udfff"}}',
                  400, "invalid_draft.content_type", id="api-content-type-lone-surrogate"),
+    # new-user review 2026-11-30: stored with the CRLF, then sent to relays (header injection
+    # for a relay that puts it in a header)
+    pytest.param("api", "POST", {},
+                 b'{"pipeline":"p","step":"q1","draft":{"body":"x",'
+                 b'"content_type":"text/plain\\r\\nX-Injected: 1"}}',
+                 400, "invalid_draft.content_type", id="api-content-type-control-characters"),
     pytest.param("api", "POST", {}, _CREATE + b',"run_id":"\\ud800"}', 400, "invalid_run_id",
                  id="api-run-id-lone-surrogate"),
     pytest.param("api", "POST", {},

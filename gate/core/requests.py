@@ -96,6 +96,10 @@ def parse_create(obj: Any) -> CreateRequest:
         content_type = "text/plain"
     if not isinstance(content_type, str) or not content_type.strip() or len(content_type) > 200:
         raise _bad("draft.content_type", "draft.content_type must be a short non-empty string")
+    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in content_type):
+        # relays may put it in a header or a card: no CR/LF (header injection), no escapes
+        raise _bad("draft.content_type", "draft.content_type must not contain control "
+                   "characters")
     try:
         content_type.encode("utf-8")
     except UnicodeEncodeError:
