@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import signal
 import socket
@@ -22,11 +23,13 @@ import yaml
 from gate.errors import Conflict, GateError, Unavailable
 from gate.store import Command, Store, WriteTx
 from tests.support import (
+    DEADLINE_S,
     CaptureRelay,
     GateProcess,
     children,
     decision_body,
     post_decision,
+    run_cli,
     running,
     wait_until,
     write_config,
@@ -284,14 +287,16 @@ async def test_writer_process_holds_the_database_lock_too(forked: Any,
 
 
 async def test_writer_process_that_stops_answering_makes_the_health_check_fail(
-        forked: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+        forked: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     """A stuck writer (stopped, or blocked in the kernel) holds writes without failing
     them; /healthz (``check_writable``) says so once the oldest unanswered transaction is
-    older than ``STALL_S``, and recovers when the writer answers again."""
+    older than ``STALL_S``, and recovers when the writer answers again. The log says so
+    too, once each way (new-user review: nothing was logged while /healthz was 503)."""
     from gate.store import writerproc
 
     store, _ = forked
     monkeypatch.setattr(writerproc, "STALL_S", 0.2)
+    caplog.set_level(logging.WARNING, logger=writerproc.log.name)
     pid = await store.transact(Command("pid"))
     os.kill(pid, signal.SIGSTOP)
     try:
@@ -306,10 +311,18 @@ async def test_writer_process_that_stops_answering_makes_the_health_check_fail(
                 break
             assert asyncio.get_running_loop().time() < deadline, "never reported stalled"
             await asyncio.sleep(0.05)
+        while not any("event=writer_stalled" in r.getMessage() for r in caplog.records):
+            assert asyncio.get_running_loop().time() < deadline, "the stall was not logged"
+            await asyncio.sleep(0.05)
     finally:
         os.kill(pid, signal.SIGCONT)
     assert await waiting == 1
     await store.check_writable()  # answered: healthy again
+    messages = [r.getMessage() for r in caplog.records]
+    stalled = [m for m in messages if "event=writer_stalled" in m]
+    assert len(stalled) == 1 and f"pid={pid} " in stalled[0] and "transactions=1" in stalled[0]
+    assert [m for m in messages if "event=writer_answering_again" in m] == [
+        f"event=writer_answering_again pid={pid}"]
 
 
 # ---- the daemon ------------------------------------------------------------------------------
@@ -353,6 +366,31 @@ def test_writer_process_killed_stops_the_gate_with_exit_1_for_a_restart(
         assert again.api().get(approval["approval_id"])["state"] == "pending"
     finally:
         again.stop()
+
+
+def test_a_stopped_writer_left_by_a_killed_gate_is_named_when_the_next_start_is_refused(
+        tmp_path: Path, relay: CaptureRelay) -> None:
+    """After kill -9 of a gate whose writer is stopped (SIGSTOP, or blocked in the kernel),
+    the writer keeps the database lock: the next start is refused, naming its pid (new-user
+    review: the error did not say who held it), and starts once the writer is gone."""
+    config = write_config(tmp_path, relay.url)
+    first = GateProcess(config).start()
+    writer = writer_pid(first)
+    assert first.proc is not None
+    os.kill(writer, signal.SIGSTOP)
+    try:
+        first.proc.kill()
+        first.proc.wait(DEADLINE_S)
+        refused = run_cli("serve", "-c", str(config))
+        assert refused.returncode == 1, refused.stderr
+        err = refused.stderr.decode()
+        assert f"database in use by another hitl-gate process (pid {writer}): " in err, err
+        assert "Traceback" not in err
+    finally:
+        os.kill(writer, signal.SIGCONT)  # it sees its input end and exits
+    wait_until(lambda: not running(writer), what="the orphaned writer to exit")
+    again = GateProcess(config).start()
+    assert again.stop() == 0
 
 
 def test_reload_reaches_the_writer_process(tmp_path: Path, relay: CaptureRelay) -> None:

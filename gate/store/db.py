@@ -214,7 +214,9 @@ class Store:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(fd)
-            raise Unavailable("storage_unavailable", f"{IN_USE}: {self.path}") from None
+            holders = _lock_holders(Path(f"{self.path}.lock"))
+            named = f" (pid {', '.join(map(str, holders))})" if holders else ""
+            raise Unavailable("storage_unavailable", f"{IN_USE}{named}: {self.path}") from None
         except BaseException:
             os.close(fd)
             raise
@@ -653,6 +655,23 @@ def _reading() -> Iterator[None]:
         yield
     except sqlite3.Error as exc:
         raise Unavailable("storage_unavailable", f"database read failed: {exc}") from exc
+
+
+def _lock_holders(lock: Path) -> list[int]:
+    """Pids of the processes with ``lock`` open (from /proc/*/fd; the ones this user may
+    see), for the "in use" error: after a kill -9 of a gate its writer process may still
+    hold the lock (a stopped one, until it is continued or killed)."""
+    holders = []
+    target = str(lock.absolute())
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            if any(os.readlink(fd) == target for fd in (entry / "fd").iterdir()):
+                holders.append(int(entry.name))
+        except OSError:  # gone meanwhile, or not ours to look at
+            continue
+    return sorted(holders)
 
 
 def _rollback_quietly(conn: sqlite3.Connection) -> None:

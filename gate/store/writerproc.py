@@ -83,6 +83,9 @@ class WriterClient:
         self.gone: str | None = None  # why no write can be sent any more
         self._outgoing: list[bytes] = []  # frames sent by this loop iteration, in order
         self._loop = asyncio.get_running_loop()
+        # armed while transactions wait (never when idle): logs a writer stuck past STALL_S
+        self._stall_timer: asyncio.TimerHandle | None = None
+        self._stall_logged = False
         self._answers = asyncio.create_task(self._read_answers(), name="writer-answers")
 
     def _send(self, message: Any) -> None:
@@ -109,6 +112,26 @@ class WriterClient:
         this loop turn's write, plus what the transport still buffers."""
         return sum(map(len, self._outgoing)) + self._writer.transport.get_write_buffer_size()
 
+    def _check_stall(self) -> None:
+        """Timer: log once (``event=writer_stalled``) when the oldest unanswered transaction
+        has waited STALL_S; else wait for the time it has left. Not re-armed once nothing
+        waits, so an idle gate has no timer."""
+        self._stall_timer = None
+        if not self._pending or self._broken:
+            return
+        waited = self.stalled_s()
+        if waited >= STALL_S:
+            if not self._stall_logged:
+                self._stall_logged = True
+                log.error("event=writer_stalled pid=%d unanswered_s=%.0f transactions=%d "
+                          "(the database writer process is stopped or blocked; /healthz "
+                          "answers 503 until it answers again)", self.pid, waited,
+                          len(self._pending))
+            delay = STALL_S
+        else:
+            delay = STALL_S - waited
+        self._stall_timer = self._loop.call_later(delay, self._check_stall)
+
     def stalled_s(self) -> float:
         """Seconds the oldest unanswered transaction has waited (0.0 when none waits)."""
         if not self._pending:
@@ -126,6 +149,8 @@ class WriterClient:
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._send(("job", job_id, command))
         self._pending[job_id] = (future, self._loop.time())
+        if self._stall_timer is None:
+            self._stall_timer = self._loop.call_later(STALL_S, self._check_stall)
         try:
             return await future
         except asyncio.CancelledError:
@@ -152,9 +177,15 @@ class WriterClient:
                     waiting = self._pending.pop(job_id, None)
                     if waiting is not None:
                         _settle(waiting[0], ok, value)
+                if self._stall_logged and self.stalled_s() < STALL_S:
+                    self._stall_logged = False
+                    log.warning("event=writer_answering_again pid=%d", self.pid)
         except Exception:  # noqa: BLE001 - EOF, a reset, a frame not understood: the writer
             pass           # is lost either way, and no waiting caller may hang
         self._broken = True
+        if self._stall_timer is not None:
+            self._stall_timer.cancel()
+            self._stall_timer = None
         if not self._closing:
             # the cause is logged before anything it causes: callers fail only after it
             self._writer.close()  # a writer still running sees its input end and exits
