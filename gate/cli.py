@@ -298,7 +298,7 @@ def request(config_path: str, api_url: str | None, pipeline: str, step: str,
     Example: hitl-gate request -c config.example.yaml --pipeline invoice-due-diligence
     --step send-followup --draft-file mail.txt --wait
     """
-    from gate.pipeline import EXIT_CODES, wait_for_outcome
+    from gate.pipeline import EXIT_CODES, create_with_retry, wait_for_outcome
 
     if permit_out is not None and not wait:
         fail("--permit-out needs --wait", 2)
@@ -326,9 +326,21 @@ def request(config_path: str, api_url: str | None, pipeline: str, step: str,
         if not quiet:
             click.echo(line, err=True)
 
-    async def go() -> dict[str, Any]:
+    # --wait retries a create the gate cannot take now; a key of its own makes that safe
+    from ulid import ULID
+
+    key = idempotency_key or (f"hitl-request-{ULID()}" if wait else None)
+
+    async def go() -> dict[str, Any] | None:
         async with _client(config_path, api_url) as api:
-            approval, new = await api.create(body, idempotency_key)
+            if wait:
+                assert key is not None
+                answered = await create_with_retry(api, body, key, timeout, report)
+                if answered is None:
+                    return None
+                approval, new = answered
+            else:
+                approval, new = await api.create(body, idempotency_key)
             created["id"] = approval["approval_id"]
             if new:
                 report(f"requested approval {approval['approval_id']} for {pipeline}/{step} "
@@ -338,18 +350,25 @@ def request(config_path: str, api_url: str | None, pipeline: str, step: str,
                                              if approval["state"] == "resolved" else "")
                 report(f"already requested: approval {approval['approval_id']} for "
                        f"{pipeline}/{step} (the same request with Idempotency-Key "
-                       f"{idempotency_key} was made before; state {state})")
+                       f"{key} was made before; state {state})")
             if not wait:
                 return dict(approval)
             return await wait_for_outcome(api, approval, timeout, report)
 
     def left_behind() -> str:
         if "id" not in created:
+            if wait:  # an attempt may have landed with its answer unseen
+                return ("no approval was seen created (to find one that landed after all, "
+                        f"run the same command with --idempotency-key {key})")
             return "no approval was created"
         return (f"approval {created['id']} is still pending on the gate; the action must not "
                 f"fire (cancel it with: {_cancel_command(config_path, api_url, created['id'])})")
 
     result = run(go(), left_behind)
+    if result is None:
+        fail(f"the gate did not take the request within {timeout:g} s: nothing may fire; run "
+             f"the same command again with --idempotency-key {key} to find it if it lands "
+             "later", 4)
     if as_json:
         click.echo(json.dumps(result, ensure_ascii=False, indent=2))
     if not wait:

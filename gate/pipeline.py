@@ -62,6 +62,42 @@ def hops(before: dict[str, Any] | None, after: dict[str, Any]) -> list[str]:
     return lines
 
 
+async def create_with_retry(api: ApiClient, body: dict[str, Any], idempotency_key: str,
+                            timeout_s: float | None, report: Callable[[str], None]
+                            ) -> tuple[Any, bool] | None:
+    """POST the create until the gate takes it; return ``(approval, created)`` as
+    ``ApiClient.create``, or None when ``timeout_s`` seconds passed first (each attempt is
+    cut at the deadline: a stuck gate cannot hold it longer).
+
+    While the gate cannot be reached or answers 502/503/504, says so once and tries again
+    with backoff (``RETRY_BASE_S`` doubling to ``RETRY_CAP_S``), always with
+    ``idempotency_key``: an attempt that landed although its answer was lost is found again
+    (200), never created twice (SPEC §3). Other errors are raised (ClientError).
+    """
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    outage = 0
+    while True:
+        remaining = None if deadline is None else deadline - time.monotonic()
+        if remaining is not None and remaining <= 0:
+            return None
+        try:
+            return await asyncio.wait_for(api.create(body, idempotency_key), remaining)
+        except TimeoutError:
+            return None
+        except ClientError as exc:
+            if not _transient(exc):
+                raise
+            if outage == 0:
+                report(f"the gate cannot take the request now ({exc.message}); retrying with "
+                       f"Idempotency-Key {idempotency_key} every {RETRY_CAP_S:g} s at most "
+                       "(Ctrl-C stops)")
+            outage += 1
+            pause = min(RETRY_CAP_S, RETRY_BASE_S * 2 ** (outage - 1))
+            if deadline is not None:
+                pause = min(pause, max(0.0, deadline - time.monotonic()))
+            await asyncio.sleep(pause)
+
+
 async def wait_for_outcome(api: ApiClient, approval: dict[str, Any], timeout_s: float | None,
                            report: Callable[[str], None]) -> dict[str, Any]:
     """Long-poll until the approval resolves or ``timeout_s`` passes; report each hop.

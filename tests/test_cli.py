@@ -183,13 +183,25 @@ def _closed_port() -> int:
 
 @pytest.mark.parametrize("api_url", ["http://127.0.0.1:{port}", "unix:{tmp}/no-gate.sock"])
 def test_request_gate_unreachable_is_one_error_line(tmp_path, api_url):
+    """Without --wait: one error line, exit 1. With --wait the create is retried (the gate
+    may be restarting) until --timeout: exit 4, saying how to find the request later."""
     url = api_url.format(port=_closed_port(), tmp=tmp_path)
-    proc = run_cli("request", "-c", str(EXAMPLE), "--api-url", url, "--pipeline", "p",
-                   "--step", "s", "--draft", "hello", "--wait")
+    args = ("request", "-c", str(EXAMPLE), "--api-url", url, "--pipeline", "p", "--step", "s",
+            "--draft", "hello")
+    proc = run_cli(*args)
     assert proc.returncode == 1
     assert proc.stdout == b""
     line = one_error_line(proc.stderr.decode("utf-8"))
     assert line.startswith(f"Error: cannot reach the gate at {url}"), line
+    proc = run_cli(*args, "--wait", "--timeout", "1")
+    assert proc.returncode == 4
+    assert proc.stdout == b""
+    err = proc.stderr.decode("utf-8").splitlines()
+    assert err[0].startswith(f"the gate cannot take the request now (cannot reach the gate "
+                             f"at {url}"), err
+    assert re.fullmatch(r"Error: the gate did not take the request within 1 s: nothing may "
+                        r"fire; run the same command again with --idempotency-key "
+                        r"hitl-request-\S+ to find it if it lands later", err[-1]), err
 
 
 @pytest.mark.parametrize("url", ["notaurl", "127.0.0.1:8090", "ftp://host:21", "unix:",

@@ -866,6 +866,49 @@ def test_request_wait_rides_out_a_gate_restart(tmp_path, relay, clis):
             gate.stop()
 
 
+def test_request_wait_retries_the_create_until_the_gate_takes_it(tmp_path, relay, clis):
+    """New-user review: operating.md promised that ``request --wait`` retries a create with
+    the same Idempotency-Key, but a gate that was down (or answered 503) at the create ended
+    it at once with exit 1. It now retries with backoff, with the key given or one of its
+    own (so a retry whose first attempt did land makes no second approval), and says so."""
+    config = write_config(tmp_path, relay.url, api={"listen": f"127.0.0.1:{free_port()}"})
+    cli = clis("request", "-c", str(config), "--pipeline", "p", "--step", "q1",
+               "--draft", "erst später\n", "--wait", "--timeout", "120")
+    line = cli.wait_for_line(r"the gate cannot take the request now \(.*\); retrying with "
+                             r"Idempotency-Key (hitl-request-\S+) every")
+    key = line.group(1)
+    gate = GateProcess(config).start()
+    try:
+        approval_id = cli.wait_for_line(rf"requested approval ({ULID_RE.pattern})").group(1)
+        assert db_scalar(db_path(config), "SELECT idempotency_key FROM approvals WHERE "
+                         f"approval_id = '{approval_id}'") == key
+        dispatch = relay.wait_dispatch(approval_id)
+        status, answer, _ = post_decision(gate.callback_url, decision_body(dispatch))
+        assert (status, answer["outcome"]) == (200, "approved")
+        code, out, err = cli.finish()
+        assert (code, out) == (0, "erst später\n".encode()), err
+        assert err.count("the gate cannot take the request now") == 1, err
+        assert db_scalar(db_path(config), "SELECT count(*) FROM approvals") == 1
+    finally:
+        gate.stop()
+
+
+def test_request_wait_that_cannot_create_within_timeout_exits_4(tmp_path):
+    """The --timeout bounds the create too (it was ignored while the create was refused or
+    blocked): exit 4, and the command to find the request if it did land after all."""
+    config = write_config(tmp_path, "http://127.0.0.1:9/relay",
+                          api={"listen": f"127.0.0.1:{free_port()}"})
+    proc = run_cli("request", "-c", str(config), "--pipeline", "p", "--step", "q1",
+                   "--draft", "nie\n", "--wait", "--timeout", "1.5", "--idempotency-key", "k-9")
+    assert proc.returncode == 4, proc.stderr
+    assert proc.stdout == b""
+    err = proc.stderr.decode()
+    assert "retrying with Idempotency-Key k-9" in err, err
+    assert err.splitlines()[-1] == (
+        "Error: the gate did not take the request within 1.5 s: nothing may fire; run the "
+        "same command again with --idempotency-key k-9 to find it if it lands later"), err
+
+
 def test_request_replayed_by_idempotency_key_says_so(gate, relay, clis):
     """Pipeline-author review: a request replayed with its Idempotency-Key printed "requested
     approval ..." like a new one, so ``request ... && send`` could not tell it fired before.
