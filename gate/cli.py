@@ -302,6 +302,10 @@ def request(config_path: str, api_url: str | None, pipeline: str, step: str,
 
     if permit_out is not None and not wait:
         fail("--permit-out needs --wait", 2)
+    if permit_out is not None:  # before a human is asked, not after
+        folder = Path(permit_out).absolute().parent
+        if not folder.is_dir() or not os.access(folder, os.W_OK | os.X_OK):
+            fail(f"--permit-out: {folder} is not a directory this user can write to", 2)
     if idempotency_key is not None and (
             not idempotency_key.strip() or len(idempotency_key) > 200
             or any(ord(c) < 0x20 or ord(c) == 0x7F for c in idempotency_key)):
@@ -787,6 +791,9 @@ def relay(listen: str, secret_env: str, identities: tuple[str, ...], auto: str |
         auto_decision = AutoDecision.parse(auto) if auto else None
     except ValueError as exc:
         fail(f"--auto: {exc}", 2)
+    for identity in identities:  # a dispatch's scope never names such an identity
+        if not identity.strip() or identity != identity.strip():
+            fail(f"--as: {identity!r} is not an identity (empty, or spaces around it)", 2)
     logs.configure("INFO")
     try:
         asyncio.run(run_relay(listen, secret, identities, auto_decision, max_skew))

@@ -175,6 +175,28 @@ def test_request_idempotency_key_the_api_would_refuse_is_a_usage_error(key):
         "characters")
 
 
+@pytest.mark.parametrize("identity", ["", " ", " alice@example.com"])
+def test_relay_as_an_identity_no_dispatch_can_name_is_a_usage_error(identity):
+    """Regression (new-user review): ``relay --as ''`` started, then logged not_in_scope for
+    every dispatch and never decided."""
+    proc = run_cli("relay", "--listen", "127.0.0.1:0", "--secret-env", "HITL_RELAY_SECRET",
+                   "--as", identity, "--auto", "approve")
+    assert proc.returncode == 2, proc.stderr
+    assert one_error_line(proc.stderr.decode()) == (
+        f"Error: --as: {identity!r} is not an identity (empty, or spaces around it)")
+
+
+def test_request_permit_out_in_a_missing_directory_is_refused_before_the_create(tmp_path):
+    """Regression (new-user review): the approval was created (a human asked) and only the
+    save failed at the end."""
+    target = tmp_path / "missing" / "permit.jws"
+    result = invoke(["request", "-c", str(EXAMPLE), "--pipeline", "p", "--step", "s",
+                     "--draft", "x", "--wait", "--permit-out", str(target)], env=dict(ENV))
+    assert result.exit_code == 2
+    assert one_error_line(result.stderr) == (
+        f"Error: --permit-out: {target.parent} is not a directory this user can write to")
+
+
 def _closed_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
