@@ -125,17 +125,26 @@ class GateProcess:
         self.lines: list[str] = []
         self._cond = threading.Condition()
         self.proc: subprocess.Popen[bytes] | None = None
+        self._reader: threading.Thread | None = None
+        self._eof = False  # the reader has every line (the daemon and its writer closed stderr)
         self.callback_url = ""
         self.api_url = ""
 
     def start(self) -> GateProcess:
-        """Start and wait until both listeners are bound; returns self."""
+        """Start and wait until both listeners are bound; returns self. A daemon that does not
+        get there is killed (a failed start leaves nothing running)."""
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "gate", "serve", "-c", str(self.config), *self.args],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
             env=self.env, cwd=ROOT)
-        threading.Thread(target=self._read, daemon=True).start()
-        match = self.wait_for_line(self.LISTENING)
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+        try:
+            match = self.wait_for_line(self.LISTENING)
+        except BaseException:
+            if self.proc.poll() is None:
+                self.kill9()
+            raise
         self.callback_url = match.group(1) + "/hitl/v0/decisions"
         self.api_url = match.group(2)
         return self
@@ -148,6 +157,7 @@ class GateProcess:
                 self._cond.notify_all()
         self.proc.stderr.close()
         with self._cond:
+            self._eof = True
             self._cond.notify_all()
 
     def wait_for_line(self, pattern: re.Pattern[str] | str,
@@ -164,15 +174,20 @@ class GateProcess:
                         return match
                 seen = len(self.lines)
                 assert self.proc is not None
-                if self.proc.poll() is not None and seen == len(self.lines):
-                    raise AssertionError(f"gate exited {self.proc.returncode}:\n{self.log()}")
+                if self._eof and self.proc.poll() is not None:  # every line was read
+                    raise AssertionError(f"gate exited {self.proc.returncode}:\n"
+                                         + "\n".join(self.lines))
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
-                    raise AssertionError(f"no line matching {regex.pattern!r}:\n{self.log()}")
+                    raise AssertionError(f"no line matching {regex.pattern!r}:\n"
+                                         + "\n".join(self.lines))
                 self._cond.wait(min(remaining, 0.2))
 
     def log(self) -> str:
-        """Return everything the daemon wrote on stderr so far."""
+        """Return everything the daemon wrote on stderr so far (all of it once it exited:
+        the reader is given up to 5 s to take the last lines)."""
+        if self.proc is not None and self.proc.poll() is not None and self._reader is not None:
+            self._reader.join(5)
         with self._cond:
             return "\n".join(self.lines)
 
