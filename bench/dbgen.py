@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import secrets as pysecrets
+from datetime import datetime
 import sqlite3
 from collections.abc import Callable
 from pathlib import Path
@@ -25,7 +26,6 @@ from bench.common import CONTENT_TYPE, PIPELINE, RISK, STEP, draft_body, scope
 from gate import audit
 from gate.core.requests import parse_create
 from gate.protocol.canonical import payload_hash
-from gate.protocol.envelope import rfc3339
 from gate.store.schema import MIGRATIONS, SCHEMA_VERSION
 
 CHUNK = 5000
@@ -145,27 +145,81 @@ def add_pending(path: Path, count: int, created_ms: Callable[[int], int],
 def audit_only(path: Path, entries: int, receipt_key: bytes, start_ms: int) -> None:
     """Write ``entries`` chained audit entries (created, dispatch_ack, decision, resolved per
     approval, as the gate writes them for an approved quorum-1 approval) to a new database,
-    with the approval, revision and decision rows they describe (``audit verify -c`` checks
-    the rows against the log); a last approval cut short stays pending."""
+    the log alone (``audit verify -c --no-records`` passes on it); ``add_audit_records``
+    adds the rows it describes."""
     create_schema(path)
     conn = connect(path)
     seq, prev_hash = _chain_head(conn)
-    scope_rows = scope()
-    scope_json = json.dumps(scope_rows, ensure_ascii=False)
-    approver_ids = [op_id for op_id, _ in scope_rows]
-    identity = {op_id: ident for op_id, ident in scope_rows}
     rows: list[tuple[Any, ...]] = []
-    approvals: list[list[Any]] = []
-    revisions: list[tuple[Any, ...]] = []
-    decisions: list[tuple[Any, ...]] = []
+    approver_ids = [op_id for op_id, _ in scope()]
     approval_id = ""
     digest = ""
     nonce = ""
+    try:
+        for n in range(entries):
+            at = start_ms + n * 7
+            phase = n % 4
+            if phase == 0:
+                approval_id = str(ULID.from_timestamp(at / 1000))
+                digest = payload_hash(draft_body(n))
+                nonce = pysecrets.token_hex(16)
+                kind, data = "created", {
+                    "pipeline": PIPELINE, "step": STEP, "revision": 1, "payload_hash": digest,
+                    "quorum": 1, "approvers": approver_ids, "expires_at": at + 14_400_000}
+            elif phase == 1:
+                kind, data = "dispatch_ack", {"revision": 1, "attempts": 1}
+            elif phase == 2:
+                kind, data = "decision", {
+                    "operator_id": approver_ids[n % len(approver_ids)], "decision": "approve",
+                    "revision": 1, "payload_hash": digest, "nonce": nonce, "effect": "approve"}
+            else:
+                kind, data = "resolved", {
+                    "outcome": "approved", "revision": 1, "payload_hash": digest,
+                    "approved_by": [approver_ids[(n - 1) % len(approver_ids)]], "quorum": 1}
+            seq += 1
+            entry = audit.make_entry(seq, kind, approval_id, at, data)
+            entry_json, entry_hash, receipt = audit.seal(prev_hash, entry, receipt_key)
+            rows.append((seq, approval_id, kind, entry_json, prev_hash, entry_hash, receipt))
+            prev_hash = entry_hash
+            if len(rows) >= CHUNK * 4:
+                _insert_audit(conn, rows)
+        if rows:
+            _insert_audit(conn, rows)
+    finally:
+        finish(conn)
+
+
+def add_audit_records(path: Path) -> None:
+    """Add to an ``audit_only`` database the approval, revision and decision rows its log
+    describes, so ``audit verify -c`` (with its records check) passes on it; a last approval
+    cut short stays pending. Made from the stored log (constant memory: this process's RSS
+    is inherited by the timed CLI runs it forks)."""
+    conn = connect(path)
+    try:
+        _records_from_log(conn, 1)
+    finally:
+        finish(conn)
+
+
+def _insert_audit(conn: sqlite3.Connection, rows: list[tuple[Any, ...]]) -> None:
+    conn.execute("BEGIN")
+    conn.executemany("INSERT INTO audit_log (seq, approval_id, kind, entry, prev_hash,"
+                     " entry_hash, receipt) VALUES (?,?,?,?,?,?,?)", rows)
+    conn.execute("COMMIT")
+    rows.clear()
+
+
+def _records_from_log(conn: sqlite3.Connection, first_seq: int) -> None:
+    """The approvals, revisions and decisions rows ``audit_only``'s log describes, read back
+    from it in seq order (the created entry of seq ``s`` drafted ``draft_body(s - first_seq)``)."""
+    identity = {op_id: ident for op_id, ident in scope()}
+    scope_json = json.dumps(scope(), ensure_ascii=False)
+    approvals: list[list[Any]] = []
+    revisions: list[tuple[Any, ...]] = []
+    decisions: list[tuple[Any, ...]] = []
 
     def flush() -> None:
         conn.execute("BEGIN")
-        conn.executemany("INSERT INTO audit_log (seq, approval_id, kind, entry, prev_hash,"
-                         " entry_hash, receipt) VALUES (?,?,?,?,?,?,?)", rows)
         conn.executemany(
             "INSERT INTO approvals (approval_id, run_id, pipeline, step, risk, content_type,"
             " quorum_required, scope, revision, state, outcome, created_at, expires_at,"
@@ -178,51 +232,36 @@ def audit_only(path: Path, entries: int, receipt_key: bytes, start_ms: int) -> N
             "INSERT INTO decisions (approval_id, revision, operator_id, identity, decision,"
             " payload_hash, decided_at, recorded_at) VALUES (?,?,?,?,?,?,?,?)", decisions)
         conn.execute("COMMIT")
-        for pending in (rows, approvals, revisions, decisions):
+        for pending in (approvals, revisions, decisions):
             pending.clear()
 
-    try:
-        for n in range(entries):
-            at = start_ms + n * 7
-            phase = n % 4
-            if phase == 0:
-                approval_id = str(ULID.from_timestamp(at / 1000))
-                body = draft_body(n)
-                digest = payload_hash(body)
-                nonce = pysecrets.token_hex(16)
-                kind, data = "created", {
-                    "pipeline": PIPELINE, "step": STEP, "revision": 1, "payload_hash": digest,
-                    "quorum": 1, "approvers": approver_ids, "expires_at": at + 14_400_000}
+    reader = conn.execute("SELECT seq, approval_id, kind, entry, prev_hash, entry_hash, receipt"
+                          " FROM audit_log WHERE seq >= ? ORDER BY seq", (first_seq,))
+    for row in iter(lambda: reader.fetchmany(CHUNK), []):
+        for seq, approval_id, kind, entry_json, *_ in row:
+            entry = json.loads(entry_json)
+            data, at = entry["data"], _ms(entry["at"])
+            if kind == "created":
                 approvals.append([approval_id, approval_id, PIPELINE, STEP, RISK, CONTENT_TYPE,
-                                  1, scope_json, 1, "pending", None, at, at + 14_400_000, None,
-                                  "sha256:" + "0" * 64, None])
-                revisions.append((approval_id, 1, body, digest, nonce, at, None))
-            elif phase == 1:
-                kind, data = "dispatch_ack", {"revision": 1, "attempts": 1}
-            elif phase == 2:
-                operator_id = approver_ids[n % len(approver_ids)]
-                kind, data = "decision", {
-                    "operator_id": operator_id, "decision": "approve",
-                    "revision": 1, "payload_hash": digest, "nonce": nonce, "effect": "approve"}
-                decisions.append((approval_id, 1, operator_id, identity[operator_id], "approve",
-                                  digest, rfc3339(at), at))
-            else:
-                kind, data = "resolved", {
-                    "outcome": "approved", "revision": 1, "payload_hash": digest,
-                    "approved_by": [approver_ids[(n - 1) % len(approver_ids)]], "quorum": 1}
-            seq += 1
-            entry = audit.make_entry(seq, kind, approval_id, at, data)
-            entry_json, entry_hash, receipt = audit.seal(prev_hash, entry, receipt_key)
-            row = (seq, approval_id, kind, entry_json, prev_hash, entry_hash, receipt)
-            rows.append(row)
-            if phase == 3:
+                                  1, scope_json, 1, "pending", None, at, data["expires_at"],
+                                  None, "sha256:" + "0" * 64, None])
+                revisions.append((approval_id, 1, draft_body(seq - first_seq),
+                                  data["payload_hash"], data["payload_hash"][7:39], at, None))
+            elif kind == "decision":
+                decisions.append((approval_id, 1, data["operator_id"],
+                                  identity[data["operator_id"]], "approve",
+                                  data["payload_hash"], entry["at"], at))
+            elif kind == "resolved":
+                stored = audit.AuditRow(seq, approval_id, kind, entry_json, *_)
                 approvals[-1][9:11] = ["resolved", "approved"]
                 approvals[-1][13] = at
-                approvals[-1][15] = json.dumps(audit.receipt_object(audit.AuditRow(*row)))
-            prev_hash = entry_hash
-            if len(rows) >= CHUNK * 4 and phase == 3:
+                approvals[-1][15] = json.dumps(audit.receipt_object(stored))
+            if len(approvals) >= CHUNK and kind == "resolved":
                 flush()
-        if rows:
-            flush()
-    finally:
-        finish(conn)
+    if approvals:
+        flush()
+
+
+def _ms(text: str) -> int:
+    """Unix ms of an entry's RFC 3339 ``at``."""
+    return round(datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp() * 1000)
