@@ -11,7 +11,11 @@ the log: an approved draft's body, an outcome, a decision. Each approval must ha
   the row's current revision is the last of them;
 - exactly the decisions the log holds (revision, operator, decision, payload hash);
 - a ``resolved`` entry if and only if the row is resolved, with the row's outcome and
-  revision, and the row's stored receipt being that entry's receipt.
+  revision, and the row's stored receipt being that entry's receipt;
+- a log that keeps the gate's own rules: decisions and counted approvers within the
+  approvers frozen in ``created`` (and the row's scope the same operators), each decision
+  on a payload the log holds for its revision, the resolution with the frozen quorum (a
+  row loosened while the gate ran, then put back, leaves this trace).
 
 Pure: takes ``ApprovalRecord``s (``gate.store.auditlog.approval_records``), reads nothing.
 """
@@ -60,10 +64,21 @@ def check(records: Iterable[ApprovalRecord], up_to_seq: int) -> RecordsResult:
 
 
 def problem(record: ApprovalRecord) -> str | None:
-    """Why ``record``'s rows disagree with its audit entries, or None when they agree."""
+    """Why ``record``'s rows disagree with its audit entries, or None when they agree. A
+    value of a type the gate never writes (an edited row) is a disagreement too."""
+    try:
+        return _problem(record)
+    except (TypeError, ValueError, KeyError, AttributeError, IndexError) as exc:
+        return f"a row or entry holds a value of a type the gate never writes ({exc})"
+
+
+def _problem(record: ApprovalRecord) -> str | None:
     row = record.approval
     entries = [(e, _data(e)) for e in record.entries]
     created = [(e, d) for e, d in entries if e.kind == "created"]
+    if row is None and not record.entries:
+        return ("rows in the revisions or decisions table for an approval that neither the "
+                "approvals table nor the audit log has")
     if row is None:
         first = record.entries[0].seq
         return f"named by audit entry {first} but missing from the approvals table (deleted?)"
@@ -89,11 +104,44 @@ def problem(record: ApprovalRecord) -> str | None:
         reason = _decisions_problem(record.decisions, decisions)
     if reason is None:
         reason = _resolution_problem(row, entries)
+    if reason is None:
+        reason = _rules_problem(row, data, entry.seq, entries, logged)
     return reason
 
 
-def _revisions_problem(row: dict[str, Any], revisions: list[tuple[int, str, str]],
-                       logged: dict[int, tuple[int, Any]]) -> str | None:
+def _rules_problem(row: dict[str, Any], created: dict[str, Any], created_seq: int,
+                   entries: list[tuple[audit.AuditRow, dict[str, Any]]],
+                   logged: dict[Any, tuple[int, Any]]) -> str | None:
+    """The log against itself and the frozen scope: what the gate never writes, whatever the
+    rows said while it ran (rows loosened, the approval resolved, the rows put back)."""
+    approvers = created.get("approvers")
+    scope = [pair[0] for pair in json.loads(row["scope"])]
+    if scope != approvers:
+        return (f"scope holds operators {scope} in the approvals table but audit entry "
+                f"{created_seq} froze {approvers}")
+    for e, d in entries:
+        if e.kind == "decision":
+            if d.get("operator_id") not in approvers:
+                return (f"audit entry {e.seq} records a decision by operator "
+                        f"{d.get('operator_id')}, outside the approvers {approvers} of "
+                        f"entry {created_seq}")
+            revision = d.get("revision")
+            if revision not in logged or d.get("payload_hash") != logged[revision][1]:
+                return (f"audit entry {e.seq} decided payload {d.get('payload_hash')} of "
+                        f"revision {revision}, which the log does not hold for it")
+        elif e.kind == "resolved":
+            if d.get("quorum") != created.get("quorum"):
+                return (f"audit entry {e.seq} resolved with quorum {d.get('quorum')}, entry "
+                        f"{created_seq} froze quorum {created.get('quorum')}")
+            outside = [op for op in d.get("approved_by") or [] if op not in approvers]
+            if outside:
+                return (f"audit entry {e.seq} counts operators {outside} outside the "
+                        f"approvers {approvers} of entry {created_seq}")
+    return None
+
+
+def _revisions_problem(row: dict[str, Any], revisions: list[tuple[Any, Any, Any]],
+                       logged: dict[Any, tuple[int, Any]]) -> str | None:
     stored = {revision: (body, digest) for revision, body, digest in revisions}
     if sorted(stored) != sorted(logged):
         return (f"revisions {sorted(stored)} in the revisions table but {sorted(logged)} "
@@ -116,7 +164,7 @@ def _revisions_problem(row: dict[str, Any], revisions: list[tuple[int, str, str]
     return None
 
 
-def _decisions_problem(stored: list[tuple[int, int, str, str]],
+def _decisions_problem(stored: list[tuple[Any, Any, Any, Any]],
                        logged: list[tuple[Any, ...]]) -> str | None:
     in_table, in_log = Counter(map(repr, stored)), Counter(map(repr, logged))
     if in_table == in_log:

@@ -335,11 +335,19 @@ def request(config_path: str, api_url: str | None, pipeline: str, step: str,
 
     key = idempotency_key or (f"hitl-request-{ULID()}" if wait else None)
 
+    import time
+
+    # one deadline for the create (retried) and the wait after it
+    deadline = None if timeout is None else time.monotonic() + timeout
+
+    def left() -> float | None:
+        return None if deadline is None else max(0.0, deadline - time.monotonic())
+
     async def go() -> dict[str, Any] | None:
         async with _client(config_path, api_url) as api:
             if wait:
                 assert key is not None
-                answered = await create_with_retry(api, body, key, timeout, report)
+                answered = await create_with_retry(api, body, key, left(), report)
                 if answered is None:
                     return None
                 approval, new = answered
@@ -357,7 +365,7 @@ def request(config_path: str, api_url: str | None, pipeline: str, step: str,
                        f"{key} was made before; state {state})")
             if not wait:
                 return dict(approval)
-            return await wait_for_outcome(api, approval, timeout, report)
+            return await wait_for_outcome(api, approval, left(), report)
 
     def left_behind() -> str:
         if "id" not in created:

@@ -17,6 +17,8 @@ PARTIAL_POLL_S = 1.0
 # polls while the gate cannot be reached: 0.5 s doubling to 5 s
 RETRY_BASE_S = 0.5
 RETRY_CAP_S = 5.0
+# a create's last attempt (and the only one of --timeout 0) may take this long past the deadline
+LAST_ATTEMPT_S = 1.0
 
 
 def _transient(exc: ClientError) -> bool:
@@ -66,8 +68,10 @@ async def create_with_retry(api: ApiClient, body: dict[str, Any], idempotency_ke
                             timeout_s: float | None, report: Callable[[str], None]
                             ) -> tuple[Any, bool] | None:
     """POST the create until the gate takes it; return ``(approval, created)`` as
-    ``ApiClient.create``, or None when ``timeout_s`` seconds passed first (each attempt is
-    cut at the deadline: a stuck gate cannot hold it longer).
+    ``ApiClient.create``, or None when ``timeout_s`` seconds passed first. Each attempt is
+    cut at the deadline (a stuck gate cannot hold it longer), but the last one gets at least
+    ``LAST_ATTEMPT_S``: there is always one attempt, and one after a pause that reached the
+    deadline.
 
     While the gate cannot be reached or answers 502/503/504, says so once and tries again
     with backoff (``RETRY_BASE_S`` doubling to ``RETRY_CAP_S``), always with
@@ -77,11 +81,10 @@ async def create_with_retry(api: ApiClient, body: dict[str, Any], idempotency_ke
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     outage = 0
     while True:
-        remaining = None if deadline is None else deadline - time.monotonic()
-        if remaining is not None and remaining <= 0:
-            return None
+        limit = (None if deadline is None
+                 else max(deadline - time.monotonic(), LAST_ATTEMPT_S))
         try:
-            return await asyncio.wait_for(api.create(body, idempotency_key), remaining)
+            return await asyncio.wait_for(api.create(body, idempotency_key), limit)
         except TimeoutError:
             return None
         except ClientError as exc:
@@ -92,6 +95,8 @@ async def create_with_retry(api: ApiClient, body: dict[str, Any], idempotency_ke
                        f"Idempotency-Key {idempotency_key} every {RETRY_CAP_S:g} s at most "
                        "(Ctrl-C stops)")
             outage += 1
+            if deadline is not None and time.monotonic() >= deadline:
+                return None
             pause = min(RETRY_CAP_S, RETRY_BASE_S * 2 ** (outage - 1))
             if deadline is not None:
                 pause = min(pause, max(0.0, deadline - time.monotonic()))

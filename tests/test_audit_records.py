@@ -42,7 +42,8 @@ def adjusted_record(up_to: int = 0) -> ApprovalRecord:
                                 "approved_by": [102], "quorum": 1})
     row = {"approval_id": "A1", "pipeline": "p", "step": "s", "quorum_required": 1,
            "revision": 2, "state": "resolved", "outcome": "adjusted", "expires_at": 99,
-           "receipt": json.dumps(audit.receipt_object(resolved))}
+           "receipt": json.dumps(audit.receipt_object(resolved)),
+           "scope": json.dumps([[101, "alice@example.com"], [102, "bob@example.com"]])}
     return ApprovalRecord("A1", row, [(1, FIRST, h1), (2, SECOND, h2)],
                           [(1, 101, "adjust", h1), (2, 102, "approve", h2)], entries)
 
@@ -71,3 +72,46 @@ def test_approvals_with_entries_after_the_verified_chain_are_not_checked() -> No
         0, None, newer=1)
     assert audit_records.check([broken], up_to_seq=8).problem == (
         "A1", "named by audit entry 5 but missing from the approvals table (deleted?)")
+
+
+def test_rows_of_an_unknown_approval_and_values_of_the_wrong_type_are_named_not_raised() -> None:
+    """Review: a decision row for an approval neither table nor log has raised IndexError;
+    a revision stored as text raised ValueError (a traceback, no TAMPERED line)."""
+    orphan = ApprovalRecord("ZZ", None, [], [(1, 101, "approve", "h")], [])
+    assert audit_records.problem(orphan) == (
+        "rows in the revisions or decisions table for an approval that neither the approvals "
+        "table nor the audit log has")
+    record = adjusted_record()
+    typed = ApprovalRecord(record.approval_id, record.approval,
+                           [("abc", FIRST, record.revisions[0][2]), record.revisions[1]],
+                           record.decisions, record.entries)
+    reason = audit_records.problem(typed)
+    assert reason is not None and reason.startswith("a row or entry holds a value of a type "
+                                                    "the gate never writes"), reason
+    fractional = ApprovalRecord(record.approval_id, record.approval, record.revisions,
+                                [(1.5, 101, "adjust", record.decisions[0][3]),
+                                 record.decisions[1]], record.entries)
+    assert audit_records.problem(fractional) is not None
+
+
+def test_a_log_that_breaks_the_frozen_rules_is_named_even_when_the_rows_match_it() -> None:
+    """Review: loosen a pending approval's rows (scope, quorum), let the gate resolve it,
+    put the rows back: the rows matched the log, and the log shows the breach."""
+    record = adjusted_record()
+    widened = ApprovalRecord(record.approval_id, {**(record.approval or {}), "scope": json.dumps(
+        [[101, "alice@example.com"], [104, "op04@example.com"]])}, record.revisions,
+        record.decisions, record.entries)
+    assert audit_records.problem(widened) == (
+        "scope holds operators [101, 104] in the approvals table but audit entry 1 froze "
+        "[101, 102]")
+    prev = record.entries[2].entry_hash
+    entry = audit.make_entry(4, "resolved", "A1", 1_767_225_600_004, {
+        "outcome": "adjusted", "revision": 2, "payload_hash": payload_hash(SECOND),
+        "approved_by": [102], "quorum": 2})
+    text, digest, receipt = audit.seal(prev, entry, KEY)
+    loosened_log = audit.AuditRow(4, "A1", "resolved", text, prev, digest, receipt)
+    loosened = ApprovalRecord(record.approval_id, {
+        **(record.approval or {}), "receipt": json.dumps(audit.receipt_object(loosened_log))},
+        record.revisions, record.decisions, [*record.entries[:3], loosened_log])
+    assert audit_records.problem(loosened) == (
+        "audit entry 4 resolved with quorum 2, entry 1 froze quorum 1")

@@ -896,6 +896,28 @@ def test_request_wait_retries_the_create_until_the_gate_takes_it(tmp_path, relay
         gate.stop()
 
 
+def test_request_wait_timeout_bounds_the_create_and_the_wait_together(tmp_path, relay, clis):
+    """Review: the retried create and the wait after it each had the whole --timeout, so
+    ``--timeout 8`` could end after ~13 s. One deadline now covers both."""
+    config = write_config(tmp_path, relay.url, api={"listen": f"127.0.0.1:{free_port()}"})
+    started = time.monotonic()
+    cli = clis("request", "-c", str(config), "--pipeline", "p", "--step", "q1",
+               "--draft", "spät\n", "--wait", "--timeout", "8")
+    cli.wait_for_line(r"the gate cannot take the request now")
+    # the gate comes up 4 s into the 8 s: the wait that follows may use only what is left
+    wait_until(lambda: time.monotonic() - started > 4, 10, "4 s of the timeout to pass")
+    gate = GateProcess(config).start()
+    try:
+        cli.wait_for_line(rf"requested approval ({ULID_RE.pattern})")
+        code, _, err = cli.finish()
+        ended = time.monotonic() - started
+        assert code == 4, err
+        assert "still pending after 8 s" in err, err
+        assert ended < 11, f"--timeout 8 ended after {ended:.1f} s"
+    finally:
+        gate.stop()
+
+
 def test_request_wait_that_cannot_create_within_timeout_exits_4(tmp_path):
     """The --timeout bounds the create too (it was ignored while the create was refused or
     blocked): exit 4, and the command to find the request if it did land after all."""

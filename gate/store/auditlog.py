@@ -119,27 +119,28 @@ class ApprovalRecord:
     """One approval as the tables hold it, with its audit rows, for ``audit verify``'s
     cross-check (``gate.audit_records``). ``approval`` is the approvals row as a dict
     (approval_id, pipeline, step, quorum_required, revision, state, outcome, expires_at,
-    receipt: JSON text) or None when only the log names the approval; ``revisions`` are
-    ``(revision, body, payload_hash)``; ``decisions`` are ``(revision, operator_id,
-    decision, payload_hash)``; ``entries`` its audit rows in ascending seq."""
+    receipt: JSON text, scope: JSON text) or None when only the log names the approval;
+    ``revisions`` are ``(revision, body, payload_hash)``; ``decisions`` are ``(revision,
+    operator_id, decision, payload_hash)``, all as stored (an edited row may hold any type);
+    ``entries`` its audit rows in ascending seq."""
 
     approval_id: str
     approval: dict[str, Any] | None
-    revisions: list[tuple[int, str, str]]
-    decisions: list[tuple[int, int, str, str]]
+    revisions: list[tuple[Any, Any, Any]]
+    decisions: list[tuple[Any, Any, Any, Any]]
     entries: list[audit.AuditRow]
 
 
 _RECORD_QUERIES = (
     "SELECT approval_id, pipeline, step, quorum_required, revision, state, outcome, expires_at,"
-    " receipt FROM approvals ORDER BY approval_id",
+    " receipt, scope FROM approvals ORDER BY approval_id",
     "SELECT approval_id, revision, body, payload_hash FROM revisions"
     " ORDER BY approval_id, revision",
     "SELECT approval_id, revision, operator_id, decision, payload_hash FROM decisions"
     " ORDER BY approval_id, revision, operator_id",
 )
 _APPROVAL_COLUMNS = ("approval_id", "pipeline", "step", "quorum_required", "revision", "state",
-                     "outcome", "expires_at", "receipt")
+                     "outcome", "expires_at", "receipt", "scope")
 
 
 def approval_records(path: Path) -> Iterator[ApprovalRecord]:
@@ -173,8 +174,8 @@ def approval_records(path: Path) -> Iterator[ApprovalRecord]:
             rows, revs, decs, logged = parts
             yield ApprovalRecord(
                 approval_id, dict(zip(_APPROVAL_COLUMNS, rows[0])) if rows else None,
-                [(int(r[1]), str(r[2]), str(r[3])) for r in revs],
-                [(int(d[1]), int(d[2]), str(d[3]), str(d[4])) for d in decs],
+                [(r[1], r[2], r[3]) for r in revs],  # as stored: a wrong type disagrees
+                [(d[1], d[2], d[3], d[4]) for d in decs],
                 [audit.AuditRow(*row) for row in logged])
         conn.execute("COMMIT")
     except sqlite3.Error as exc:
@@ -183,10 +184,13 @@ def approval_records(path: Path) -> Iterator[ApprovalRecord]:
         conn.close()
 
 
+_NOTHING = object()  # no approval_id seen yet (a NULL one is an id here too)
+
+
 def _grouped(cursor: sqlite3.Cursor, key: int = 0) -> Iterator[tuple[str, list[Any]]]:
     """``(approval_id, rows)`` runs of a cursor ordered by the approval_id in column
     ``key``."""
-    current: str | None = None
+    current: Any = _NOTHING
     run: list[Any] = []
     while True:
         chunk = cursor.fetchmany(CHUNK)

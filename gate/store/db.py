@@ -662,8 +662,12 @@ def _lock_holders(lock: Path) -> list[int]:
     see), for the "in use" error: after a kill -9 of a gate its writer process may still
     hold the lock (a stopped one, until it is continued or killed)."""
     holders = []
-    target = str(lock.absolute())
-    for entry in Path("/proc").iterdir():
+    target = str(lock.resolve())  # /proc/*/fd links name the resolved path
+    try:
+        processes = list(Path("/proc").iterdir())
+    except OSError:  # no /proc: the error names no pid
+        return []
+    for entry in processes:
         if not entry.name.isdigit() or int(entry.name) == os.getpid():
             continue
         try:
