@@ -21,6 +21,13 @@ RETRY_CAP_S = 5.0
 LAST_ATTEMPT_S = 1.0
 
 
+def _pause(outage: int, deadline: float | None) -> float:
+    """Seconds to wait after the ``outage``-th failed try in a row: ``RETRY_BASE_S``
+    doubling to ``RETRY_CAP_S``, never past ``deadline`` (time.monotonic(), or None)."""
+    pause = min(RETRY_CAP_S, RETRY_BASE_S * 2 ** (outage - 1))
+    return pause if deadline is None else min(pause, max(0.0, deadline - time.monotonic()))
+
+
 def _transient(exc: ClientError) -> bool:
     """True for a failure that passes by itself: no connection, or 502/503/504."""
     return exc.code == "gate_unreachable" or exc.status in (502, 503, 504)
@@ -97,10 +104,7 @@ async def create_with_retry(api: ApiClient, body: dict[str, Any], idempotency_ke
             outage += 1
             if deadline is not None and time.monotonic() >= deadline:
                 return None
-            pause = min(RETRY_CAP_S, RETRY_BASE_S * 2 ** (outage - 1))
-            if deadline is not None:
-                pause = min(pause, max(0.0, deadline - time.monotonic()))
-            await asyncio.sleep(pause)
+            await asyncio.sleep(_pause(outage, deadline))
 
 
 async def wait_for_outcome(api: ApiClient, approval: dict[str, Any], timeout_s: float | None,
@@ -142,10 +146,7 @@ async def wait_for_outcome(api: ApiClient, approval: dict[str, Any], timeout_s: 
                        f"{current['approval_id']} stays pending there: retrying every "
                        f"{RETRY_CAP_S:g} s at most (Ctrl-C stops waiting)")
             outage += 1
-            pause = min(RETRY_CAP_S, RETRY_BASE_S * 2 ** (outage - 1))
-            if deadline is not None:
-                pause = min(pause, max(0.0, deadline - time.monotonic()))
-            await asyncio.sleep(pause)
+            await asyncio.sleep(_pause(outage, deadline))
             continue
         if outage:
             report("the gate is reachable again")
