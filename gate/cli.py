@@ -9,6 +9,7 @@ import math
 import os
 import shlex
 import sys
+import time
 from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any, NoReturn, TypeVar
@@ -298,6 +299,8 @@ def request(config_path: str, api_url: str | None, pipeline: str, step: str,
     Example: hitl-gate request -c config.example.yaml --pipeline invoice-due-diligence
     --step send-followup --draft-file mail.txt --wait
     """
+    from ulid import ULID
+
     from gate.pipeline import EXIT_CODES, create_with_retry, wait_for_outcome
 
     if permit_out is not None and not wait:
@@ -331,12 +334,7 @@ def request(config_path: str, api_url: str | None, pipeline: str, step: str,
             click.echo(line, err=True)
 
     # --wait retries a create the gate cannot take now; a key of its own makes that safe
-    from ulid import ULID
-
     key = idempotency_key or (f"hitl-request-{ULID()}" if wait else None)
-
-    import time
-
     # one deadline for the create (retried) and the wait after it
     deadline = None if timeout is None else time.monotonic() + timeout
 
@@ -411,8 +409,6 @@ def _cancel_command(config_path: str | None, api_url: str | None, approval_id: s
 
 
 def _save_permit(path: Path, approval: dict[str, Any], report: Any) -> None:
-    import time
-
     from gate import permit
     from gate.protocol.envelope import rfc3339
 
@@ -732,8 +728,6 @@ def permit_verify(permit_file: str, public_key_files: tuple[str, ...], body_file
     Example: hitl-gate permit verify permit.jws --public-key hitl-gate-ed25519.pub
     --body-file mail.txt --pipeline invoices --step send-followup
     """
-    import time
-
     from gate import permit as permit_mod
     from gate.protocol.envelope import rfc3339
 

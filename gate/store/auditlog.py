@@ -173,7 +173,7 @@ def approval_records(path: Path) -> Iterator[ApprovalRecord]:
                     parts.append([])
             rows, revs, decs, logged = parts
             yield ApprovalRecord(
-                approval_id, dict(zip(_APPROVAL_COLUMNS, rows[0])) if rows else None,
+                approval_id, dict(zip(_APPROVAL_COLUMNS, rows[0], strict=True)) if rows else None,
                 [(r[1], r[2], r[3]) for r in revs],  # as stored: a wrong type disagrees
                 [(d[1], d[2], d[3], d[4]) for d in decs],
                 [audit.AuditRow(*row) for row in logged])
