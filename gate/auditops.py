@@ -62,15 +62,20 @@ def read_expected(path: Path) -> tuple[Path, dict[str, Any]]:
     """Return ``(path, receipt)`` from a receipt file for ``audit verify --expect``.
 
     The file holds a receipt object (``{seq, entry_hash, receipt, alg, ...}``) or an
-    approval object whose ``receipt`` is one (``hitl-gate request --json`` output).
-    Raises GateError ``bad_receipt`` when it is neither.
+    approval object (``hitl-gate request --json`` output, an API answer): its resolution
+    ``receipt`` when it has one, else its ``created_receipt`` (a pending approval). One is
+    enough: the entry hash at a receipt's seq commits to every entry before it, so the
+    resolution's receipt also holds the created entry in place. Raises GateError
+    ``bad_receipt`` when the file holds none of these.
     """
     try:
         obj = json.loads(Path(path).read_text(encoding="utf-8-sig"))
     except (OSError, UnicodeDecodeError, ValueError) as exc:
         raise GateError("bad_receipt", f"cannot read a receipt from {path}: {exc}") from None
-    if isinstance(obj, dict) and isinstance(obj.get("receipt"), dict):
-        obj = obj["receipt"]
+    if isinstance(obj, dict):
+        held = next((obj[name] for name in ("receipt", "created_receipt")
+                     if isinstance(obj.get(name), dict)), None)
+        obj = held if held is not None else obj
     seq = obj.get("seq") if isinstance(obj, dict) else None
     if (not isinstance(obj, dict) or isinstance(seq, bool) or not isinstance(seq, int)
             or not isinstance(obj.get("entry_hash"), str)):

@@ -306,7 +306,8 @@ class GateService:
     def _tx_decide(self, tx: WriteTx, decision: Decision) -> tuple[
             int, int, str | None, int | None, Resolution | None]:
         now = self.clock.now_ms()
-        approval = tx.load_approval(decision.approval_id, outbox=False)
+        approval = tx.load_approval(decision.approval_id, outbox=False,
+                                     created_receipt=False)
         if approval is None:
             raise GateError("unknown_approval", "no approval with this approval_id",
                             status=404, kind="unknown_approval")

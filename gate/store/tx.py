@@ -14,10 +14,19 @@ def fetchall(conn: sqlite3.Connection, sql: str, args: tuple[Any, ...]) -> list[
     return [dict(row) for row in conn.execute(sql, args).fetchall()]
 
 
-def load_full(conn: sqlite3.Connection, approval_id: str,
-              outbox: bool = True) -> dict[str, Any] | None:
-    """Return the approval with its revisions, decisions and (unless ``outbox`` is False)
-    outbox rows, or None."""
+# the ``created`` audit entry of one approval, through the partial index of migration 3
+CREATED_ENTRY_SQL = (
+    "SELECT seq, approval_id, kind, entry, prev_hash, entry_hash, receipt, key_id, signature"
+    " FROM audit_log INDEXED BY audit_log_created WHERE approval_id = ? AND kind = 'created'"
+    " ORDER BY seq LIMIT 1")
+
+
+def load_full(conn: sqlite3.Connection, approval_id: str, outbox: bool = True,
+              created_receipt: bool = True) -> dict[str, Any] | None:
+    """Return the approval with its revisions, decisions, (unless ``outbox`` is False)
+    outbox rows and (unless ``created_receipt`` is False) ``created_receipt``: the receipt
+    object (``gate.audit.receipt_object``) of its ``created`` audit entry, read from the
+    log itself (None when the log holds no such entry), or None."""
     rows = fetchall(conn, "SELECT * FROM approvals WHERE approval_id = ?", (approval_id,))
     if not rows:
         return None
@@ -25,6 +34,10 @@ def load_full(conn: sqlite3.Connection, approval_id: str,
     approval["scope"] = json.loads(approval["scope"])
     approval["budget"] = json.loads(approval["budget"]) if approval["budget"] else None
     approval["receipt"] = json.loads(approval["receipt"]) if approval["receipt"] else None
+    if created_receipt:
+        entry = conn.execute(CREATED_ENTRY_SQL, (approval_id,)).fetchone()
+        approval["created_receipt"] = (audit.receipt_object(audit.AuditRow(*entry))
+                                       if entry is not None else None)
     approval["revisions"] = fetchall(
         conn, "SELECT * FROM revisions WHERE approval_id = ? ORDER BY revision", (approval_id,))
     approval["decisions"] = fetchall(
@@ -62,10 +75,12 @@ class WriteTx:
         version = int(self._conn.execute("PRAGMA user_version").fetchone()[0])
         self._conn.execute(f"PRAGMA user_version = {version}")
 
-    def load_approval(self, approval_id: str, outbox: bool = True) -> dict[str, Any] | None:
+    def load_approval(self, approval_id: str, outbox: bool = True,
+                      created_receipt: bool = True) -> dict[str, Any] | None:
         """Return the full approval (as ``Store.fetch_approval``; without outbox rows when
-        ``outbox`` is False) as seen inside this transaction."""
-        return load_full(self._conn, approval_id, outbox)
+        ``outbox`` is False, without ``created_receipt`` when that is False) as seen inside
+        this transaction."""
+        return load_full(self._conn, approval_id, outbox, created_receipt)
 
     def approval_by_idempotency_key(self, key: str) -> dict[str, Any] | None:
         """Return ``{approval_id, request_hash}`` for an Idempotency-Key, or None."""
