@@ -312,6 +312,38 @@ def check_receipt(rows: Iterable[AuditRow], held: Mapping[str, Any], key: bytes 
     return None
 
 
+def head_problem(rows: Iterable[AuditRow], heads: Iterable[tuple[int, str]]
+                 ) -> tuple[tuple[int, str], str] | None:
+    """Check that a verified log ``rows`` (ascending seq) holds every chain head in
+    ``heads``: ``(seq, entry_hash)`` pairs as the gate logs them after each commit that
+    appended entries (``event=audit_head``; ``audit verify --expect-head``), in one pass.
+
+    The entry hash at ``seq`` commits to every entry before it, so a head held outside the
+    database anchors the whole log up to ``seq``: a log cut below ``seq`` (a deleted tail)
+    or changed at or before it (rewritten and chained again) no longer holds it. Returns
+    ``(the head, reason)`` for the lowest head the log does not hold, or None.
+    """
+    wanted = sorted(set(heads))
+    index, end = 0, 0
+    for row in rows:
+        end = row.seq
+        while index < len(wanted) and wanted[index][0] <= row.seq:
+            head = wanted[index]
+            if head[0] < row.seq:  # a verified log has no gap: only an entry before seq 1
+                return head, f"missing: the log holds no entry {head[0]}"
+            if not hmac.compare_digest(row.entry_hash, head[1]):
+                return head, ("entry hash differs from the logged head's (the log was "
+                              "rewritten up to here)")
+            index += 1
+        if index == len(wanted):
+            return None
+    if index < len(wanted):
+        head = wanted[index]
+        return head, (f"missing: the log ends at entry {end}, but the gate logged entry "
+                      f"{head[0]} as its head (entries deleted from the tail)")
+    return None
+
+
 def export_line(row: AuditRow) -> str:
     """Return one JSON Lines record for ``audit export`` (no trailing newline).
 

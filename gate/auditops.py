@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
+import re
 import threading
 from collections.abc import Iterable
 from concurrent.futures import ProcessPoolExecutor
@@ -81,6 +82,22 @@ def read_expected(path: Path) -> tuple[Path, dict[str, Any]]:
             or not isinstance(obj.get("entry_hash"), str)):
         raise GateError("bad_receipt", f"{path} holds no receipt (seq, entry_hash)")
     return Path(path), obj
+
+
+_HEAD = re.compile(r"([0-9]{1,18}):([0-9a-fA-F]{64})")
+
+
+def parse_head(text: str) -> tuple[int, str]:
+    """Return ``(seq, entry_hash)`` from ``SEQ:HASH`` (``audit verify --expect-head``): a
+    chain head as the gate logs it, ``event=audit_head seq=SEQ hash=HASH``. The hash is
+    taken in either case and returned lowercase. Raises GateError ``bad_head`` naming the
+    text when it is not a seq of 1 or more and 64 hex digits."""
+    match = _HEAD.fullmatch(text.strip())
+    if match is None or int(match.group(1)) < 1:
+        raise GateError("bad_head", f"{text!r} is not SEQ:HASH (an audit entry's seq, 1 or "
+                        "more, and its entry hash, 64 hex digits, as the gate logs them in "
+                        "event=audit_head)")
+    return int(match.group(1)), match.group(2).lower()
 
 
 def verify_database(path: Path, key: bytes | None, *, workers: int | None = None,

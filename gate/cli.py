@@ -535,9 +535,13 @@ def audit() -> None:
 @click.option("--records/--no-records", default=True, show_default=True,
               help="With -c: also check the approvals, revisions and decisions tables against "
                    "the verified log (names the first approval that disagrees).")
+@click.option("--expect-head", "expect_heads", multiple=True, metavar="SEQ:HASH",
+              callback=lambda _ctx, _param, values: _expect_heads(values),
+              help="A chain head the gate logged (event=audit_head seq=SEQ hash=HASH) that "
+                   "the log must hold; catches a deleted or rewritten tail. Repeatable.")
 def audit_verify(config_path: str | None, export_file: str | None, key_env: str | None,
                  public_key_files: tuple[str, ...], expect_files: tuple[str, ...],
-                 records: bool) -> None:
+                 records: bool, expect_heads: list[tuple[int, str]]) -> None:
     """Recompute the audit chain, every receipt and every signature; name the first bad entry.
 
     With --public-key (or a config with receipts.signing_key_file/trusted_public_keys)
@@ -545,6 +549,10 @@ def audit_verify(config_path: str | None, export_file: str | None, key_env: str 
     was enabled. With -c, also compare every approval's rows (state, outcome, receipt,
     revisions and their bodies, decisions) with what the verified log says of it
     (--no-records skips this). Exit 0 intact, 1 tampered, 2 usage.
+
+    --expect FILE and --expect-head SEQ:HASH anchor the log to what is held outside the
+    database (a receipt a pipeline kept, a head the gate logged): a tail deleted after an
+    anchor is named, one deleted after the newest anchor given is not.
 
     Example: hitl-gate audit verify --file audit.jsonl --public-key hitl-gate-ed25519.pub
     --expect receipt.json
@@ -614,11 +622,17 @@ def audit_verify(config_path: str | None, export_file: str | None, key_env: str 
         if problem is not None:
             click.echo(f"TAMPERED: entry {problem[0]}: {problem[1]} ({source})")
             sys.exit(1)
+    problem_head = audit_mod.head_problem(rows, expect_heads) if expect_heads else None
+    if problem_head is not None:
+        (seq, entry_hash), reason = problem_head
+        click.echo(f"TAMPERED: entry {seq}: {reason} (--expect-head {seq}:{entry_hash})")
+        sys.exit(1)
     matched = (_check_records(config.storage.path, result.checked)
                if config is not None and records else None)
     checked = ["chain"] + ["receipts"] * (key is not None) + ["signatures"] * bool(public)
     what = ", ".join(checked[:-1]) + f" and {checked[-1]}" if len(checked) > 1 else checked[0]
     held_note = "".join(f"; holds the receipt for entry {held['seq']}" for _, held in expected)
+    held_note += _heads_note(expect_heads)
     click.echo(f"ok: {result.checked} entries, {what} intact{held_note}")
     if matched is not None:
         newer = f" ({matched.newer} written since, not checked)" if matched.newer else ""
@@ -627,6 +641,26 @@ def audit_verify(config_path: str | None, export_file: str | None, key_env: str 
         click.echo("warning: no key was given, so nothing authenticated the entries: anyone "
                    "can re-chain an edited log; verify with --public-key (or --key-env)",
                    err=True)
+
+
+def _expect_heads(values: tuple[str, ...]) -> list[tuple[int, str]]:
+    """``--expect-head`` values as ``(seq, entry_hash)``; a bad one exits 2 naming it."""
+    from gate.auditops import parse_head
+
+    try:
+        return [parse_head(value) for value in values]
+    except GateError as exc:
+        fail(f"--expect-head: {exc.message}", 2)
+
+
+def _heads_note(heads: list[tuple[int, str]]) -> str:
+    """``; holds the logged head(s) at entr(y|ies) ...`` for the ok line ('' for none)."""
+    seqs = sorted({seq for seq, _ in heads})
+    if not seqs:
+        return ""
+    if len(seqs) == 1:
+        return f"; holds the logged head at entry {seqs[0]}"
+    return f"; holds the logged heads at entries {', '.join(map(str, seqs))}"
 
 
 def _check_records(path: Path, up_to_seq: int) -> Any:

@@ -61,10 +61,20 @@ class WriteTx:
         # (seq, entry_hash) of the newest audit entry, known inside this transaction; None
         # = read it. The store forgets it whenever it rolls anything back (``forget_tail``).
         self._audit_tail: tuple[int, str] | None = None
+        # (seq, entry_hash) of the newest entry this transaction appended and still holds
+        # (None: none); what it was when the current job began, to go back to on its rollback
+        self.appended_head: tuple[int, str] | None = None
+        self._head_at_job: tuple[int, str] | None = None
+
+    def job_started(self) -> None:
+        """A job begins (its SAVEPOINT): ``forget_tail`` goes back to the head as it is now."""
+        self._head_at_job = self.appended_head
 
     def forget_tail(self) -> None:
-        """Drop what this transaction remembers of the audit log (after a rollback)."""
+        """Drop what this transaction remembers of the audit log (after a rollback): the
+        tail is read again, and ``appended_head`` is what it was when the job began."""
         self._audit_tail = None
+        self.appended_head = self._head_at_job
 
     def _one(self, sql: str, args: tuple[Any, ...]) -> dict[str, Any] | None:
         row = self._conn.execute(sql, args).fetchone()
@@ -208,6 +218,6 @@ class WriteTx:
             "INSERT INTO audit_log (seq, approval_id, kind, entry, prev_hash, entry_hash, receipt,"
             " key_id, signature) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (seq, approval_id, kind, entry_json, prev_hash, digest, receipt, key_id, signature))
-        self._audit_tail = (seq, digest)  # set only once the row is in
+        self._audit_tail = self.appended_head = (seq, digest)  # set only once the row is in
         return audit.AuditRow(seq, approval_id, kind, entry_json, prev_hash, digest, receipt,
                               key_id, signature)
