@@ -100,10 +100,11 @@ def parse_head(text: str) -> tuple[int, str]:
     return int(match.group(1)), match.group(2).lower()
 
 
-def verify_database(path: Path, key: bytes | None, *, workers: int | None = None,
+def verify_database(path: Path, key: audit.ReceiptKeyArg, *, workers: int | None = None,
                     segment_rows: int = SEGMENT_ROWS) -> audit.VerifyResult:
-    """``audit verify`` of a database without public keys: the chain and (with ``key``)
-    every HMAC receipt, with the same answer as ``audit.verify`` over ``DatabaseRows``.
+    """``audit verify`` of a database without public keys: the chain and (with ``key``: one
+    receipt key, or several, each for its own span) every HMAC receipt, with the same answer
+    as ``audit.verify`` over ``DatabaseRows``.
 
     The entries up to the highest seq present at the start are cut into runs of
     ``segment_rows``; each run is verified on its own (``audit.verify_segment``) in
@@ -118,6 +119,7 @@ def verify_database(path: Path, key: bytes | None, *, workers: int | None = None
     if bounds is None:
         return audit.VerifyResult(True, 0)
     low, high = min(bounds[0], 1), bounds[1]
+    key = audit.receipt_keys(key)
     ranges = [(start, min(start + segment_rows - 1, high))
               for start in range(low, high + 1, segment_rows)]
     count = workers if workers is not None else min(MAX_WORKERS, _usable_cpus())
@@ -138,20 +140,22 @@ def verify_database(path: Path, key: bytes | None, *, workers: int | None = None
 def _segment(outcome: tuple[Any, ...] | str) -> audit.Segment:
     if isinstance(outcome, str):  # a worker's read error, passed back as text
         raise Unavailable("storage_unavailable", outcome)
-    first_seq, first_prev, last_seq, last_hash, checked, problem = outcome
+    (first_seq, first_prev, last_seq, last_hash, checked, problem, wrong_key, initial_key,
+     starts, end_key) = outcome
     return audit.Segment(first_seq, first_prev, last_seq, last_hash, checked,
-                         None if problem is None else (int(problem[0]), str(problem[1])))
+                         None if problem is None else (int(problem[0]), str(problem[1])),
+                         wrong_key, initial_key, tuple(starts), end_key)
 
 
 def _verify_range(path: str, low: int, high: int,
-                  key: bytes | None) -> tuple[Any, ...] | str:
+                  key: tuple[bytes, ...]) -> tuple[Any, ...] | str:
     """Worker: verify entries ``low..high``; the Segment as a plain tuple, or the error."""
     try:
         seg = audit.verify_segment(auditlog.read_range(Path(path), low, high), key)
     except GateError as exc:
         return exc.message
     return (seg.first_seq, seg.first_prev, seg.last_seq, seg.last_hash, seg.checked,
-            seg.problem)
+            seg.problem, seg.wrong_key, seg.initial_key, seg.starts, seg.end_key)
 
 
 def _usable_cpus() -> int:

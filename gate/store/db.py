@@ -597,15 +597,6 @@ class Store:
             return due, None if first is None else int(first[0])
         return await self._read_call(_snapshot, run)
 
-    async def last_audit_row(self) -> audit.AuditRow | None:
-        """Return the newest audit row (highest seq), or None when the log is empty."""
-        def run(conn: sqlite3.Connection) -> audit.AuditRow | None:
-            row = conn.execute(
-                "SELECT seq, approval_id, kind, entry, prev_hash, entry_hash, receipt, key_id,"
-                " signature FROM audit_log ORDER BY seq DESC LIMIT 1").fetchone()
-            return None if row is None else audit.AuditRow(*row)
-        return await self._read_call(run)
-
     async def audit_rows(self) -> AsyncIterator[audit.AuditRow]:
         """Yield every audit row in ascending seq (with its key id and signature, if signed),
         read in chunks (constant memory)."""

@@ -200,6 +200,22 @@ class WriteTx:
                  "revisions": [{"revision": rev, "payload_hash": digest}]}
                 for aid, rev, quorum, digest in rows]
 
+    def last_audit_row(self) -> audit.AuditRow | None:
+        """Return the newest audit row (highest seq), or None when the log is empty."""
+        row = self._conn.execute(
+            "SELECT seq, approval_id, kind, entry, prev_hash, entry_hash, receipt, key_id,"
+            " signature FROM audit_log ORDER BY seq DESC LIMIT 1").fetchone()
+        return None if row is None else audit.AuditRow(*row)
+
+    def audit_span_starts(self, kind: str) -> list[tuple[int, str, str]]:
+        """Return ``(seq, entry_hash, receipt)`` of entry 1 and of every entry of ``kind``
+        (the receipt-key rotations: few), ascending. Scans the log once (no index on kind:
+        run only at a start that rotates the receipt key)."""
+        rows = self._conn.execute(
+            "SELECT seq, entry_hash, receipt FROM audit_log WHERE seq = 1 OR kind = ?"
+            " ORDER BY seq", (kind,)).fetchall()
+        return [(int(seq), str(digest), str(receipt)) for seq, digest, receipt in rows]
+
     def append_audit(self, kind: str, approval_id: str | None, at_ms: int,
                      data: dict[str, Any], key: bytes,
                      signer: audit.Signer | None = None) -> audit.AuditRow:
