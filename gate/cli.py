@@ -778,6 +778,12 @@ def relay(listen: str, secret_env: str, identities: tuple[str, ...], auto: str |
     """Reference relay: verify each dispatch, ask a human on this terminal (or decide
     automatically with --auto), sign the decision and post it back.
 
+    At a terminal, keys typed before a draft and its prompt are on screen are discarded;
+    answer a, s or e (or approve, skip, edit), and on a step of risk high or critical the
+    whole word. Stdin that is no terminal (a pipe, a file) is a script: one line answers
+    each prompt, in order, however early it was written. A prompt whose approval went
+    stale (a newer revision, expired) is withdrawn with a line saying why.
+
     Example: HITL_RELAY_SECRET=... hitl-gate relay --secret-env HITL_RELAY_SECRET --auto approve
     """
     from gate import logs
