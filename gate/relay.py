@@ -27,8 +27,8 @@ from gate.protocol import PROTOCOL, PROTOCOL_HEADER, SIGNATURE_HEADER, signing
 from gate.protocol.canonical import payload_hash, wire_json
 from gate.protocol.envelope import build_decision, decode_json
 from gate.relay_state import Knowledge, Sent, expiry_of, revision_of
-from gate.relay_terminal import Terminal, Withdrawn
-from gate.relay_view import shown, verdict
+from gate.relay_terminal import LogHold, Terminal, Withdrawn
+from gate.relay_view import greeting, shown, verdict
 
 log = logging.getLogger(__name__)
 
@@ -309,7 +309,7 @@ async def run_relay(listen: str, secret: str, identities: Sequence[str],
         loop.add_signal_handler(sig, stop.set)
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30),
                                      trust_env=False) as session:
-        terminal = Terminal.open(loop)
+        terminal = Terminal.open(loop, LogHold.install() if auto is None else None)
         relay = Relay(secret, identities, auto, max_skew, session, terminal)
         app = web.Application()
         app.router.add_post("/{tail:.*}", relay.receive)
@@ -320,6 +320,8 @@ async def run_relay(listen: str, secret: str, identities: Sequence[str],
         host, port = runner.addresses[0][:2]
         log.info("event=relay_listening url=http://%s:%d/ mode=%s", host, port,
                  f"auto:{auto.verb}" if auto else "terminal")
+        if auto is None:
+            terminal.say(greeting(f"http://{host}:{port}/", identities, terminal.interactive))
         worker = asyncio.create_task(relay.work())
         try:
             await stop.wait()

@@ -23,6 +23,8 @@ from gate.relay_view import Choices, render
 
 log = logging.getLogger(__name__)
 
+MAX_HELD_LOGS = 1000
+
 
 class Withdrawn(Exception):
     """The prompt went stale while it waited; ``str(exc)`` tells the human why."""
@@ -136,26 +138,76 @@ class ScriptLines(_Lines):
             self.loop.call_soon_threadsafe(self.push, None)
 
 
+class LogHold(logging.Filter):
+    """Holds the records of the stderr handler while a draft or prompt is on the terminal
+    and lets them out after it (at most ``MAX_HELD_LOGS``; how many were dropped is said)."""
+
+    def __init__(self, handler: logging.Handler) -> None:
+        super().__init__()
+        self.handler = handler
+        self.holding = False
+        self.held: deque[logging.LogRecord] = deque(maxlen=MAX_HELD_LOGS)
+        self.dropped = 0
+        self.lock = threading.Lock()
+
+    @classmethod
+    def install(cls) -> LogHold | None:
+        """Hold the root logger's stderr handler when stderr is a terminal; else None."""
+        if not sys.stderr.isatty():
+            return None
+        for handler in logging.getLogger().handlers:
+            if getattr(handler, "stream", None) is sys.stderr:
+                hold = cls(handler)
+                handler.addFilter(hold)
+                return hold
+        return None
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        """Keep ``record`` for later while holding; pass it otherwise."""
+        with self.lock:
+            if not self.holding:
+                return True
+            if len(self.held) == self.held.maxlen:
+                self.dropped += 1
+            self.held.append(record)
+            return False
+
+    def hold(self, on: bool) -> None:
+        """Start holding, or stop and emit what was held."""
+        with self.lock:
+            self.holding = on
+            if on:
+                return
+            held, dropped = list(self.held), self.dropped
+            self.held.clear()
+            self.dropped = 0
+        for record in held:
+            self.handler.handle(record)
+        if dropped:
+            log.warning("event=logs_dropped count=%d (while a prompt was on screen)", dropped)
+
+
 class Terminal:
     """Where the relay asks: drafts and prompts on ``out``, answers from ``lines``.
 
     ``interactive`` is True for a terminal (type-ahead discarded), False for a script.
     """
 
-    def __init__(self, lines: _Lines, out: TextIO) -> None:
+    def __init__(self, lines: _Lines, out: TextIO, hold: LogHold | None = None) -> None:
         self.lines = lines
         self.out = out
+        self.hold = hold
 
     @classmethod
-    def open(cls, loop: asyncio.AbstractEventLoop) -> Terminal:
+    def open(cls, loop: asyncio.AbstractEventLoop, hold: LogHold | None = None) -> Terminal:
         """The process's stdin and stdout."""
         stdin = sys.stdin
         fd: int | None = None
         with contextlib.suppress(AttributeError, ValueError, OSError):
             fd = stdin.fileno()
         if fd is not None and os.isatty(fd):
-            return cls(TtyLines(loop, fd), sys.stdout)
-        return cls(ScriptLines(loop, getattr(stdin, "buffer", None)), sys.stdout)
+            return cls(TtyLines(loop, fd), sys.stdout, hold)
+        return cls(ScriptLines(loop, getattr(stdin, "buffer", None)), sys.stdout, hold)
 
     @property
     def interactive(self) -> bool:
@@ -174,9 +226,11 @@ class Terminal:
         Only input given after the whole draft was written counts (a terminal's earlier
         input is flushed); a risk outside ``low``/``normal`` takes whole words only
         (``Choices``). Raises Withdrawn when ``stale`` is set while waiting (a line saying why
-        is shown) and EOFError at the end of input.
+        is shown) and EOFError at the end of input. Log records wait until it returns.
         """
         choices = Choices.for_risk(envelope.get("risk"))
+        if self.hold is not None:
+            self.hold.hold(True)
         try:
             # written from a thread: a terminal paused with Ctrl-S must not stop the loop
             await asyncio.to_thread(self.say, render(envelope, identity), "")
@@ -199,3 +253,5 @@ class Terminal:
             raise
         finally:
             self.lines.disarm()
+            if self.hold is not None:
+                self.hold.hold(False)

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import math
 import unicodedata
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,7 +18,6 @@ KEYS = {"a": "approve", "s": "skip", "e": "adjust"}
 # gate answers after which nobody needs to decide the approval any more
 FINAL = frozenset({"already_resolved", "expired", "unknown_approval"})
 WORDS = {"approve": "approve", "skip": "skip", "edit": "adjust", "adjust": "adjust"}
-
 # Unicode categories a terminal does not show as themselves: controls (C0, DEL, C1: carriage
 # return, escape sequences), format characters (bidi overrides, zero-width), line and paragraph
 # separators, surrogates and unassigned code points. Newline and tab are shown as they are.
@@ -47,6 +48,67 @@ def shown(value: object) -> str:
     return visible(str(value))[0]
 
 
+def _number(value: object) -> float | None:
+    """A JSON number as a float; None for null, booleans, text or a non-finite value."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value) if math.isfinite(value) else None
+
+
+def amount(value: float, unit: str) -> str:
+    """``value`` with at most 6 decimals, trailing zeros dropped, then ``unit``:
+    ``20.0 -> "20 EUR"``, ``0.1 + 0.2 -> "0.3 EUR"``."""
+    text = f"{round(value, 6) + 0.0:.6f}".rstrip("0").rstrip(".")
+    return f"{text} {unit}" if unit else text
+
+
+def quorum_words(quorum: object) -> str:
+    """``{"required": 2, "collected": 1}`` -> ``approvals: 1 of 2 collected``."""
+    q = quorum if isinstance(quorum, dict) else {}
+    return f"approvals: {shown(q.get('collected'))} of {shown(q.get('required'))} collected"
+
+
+def budget_lines(budget: object, pipeline: str) -> list[str]:
+    """The dispatch's ``budget`` (docs/protocol.md: ``unit``, ``spent_today``, ``cap_today``,
+    ``spent_pipeline``, ``cap_pipeline``, ``this_request``; amounts in ``unit``, "today" is
+    the gate's UTC day, spent = what fired) in words, one line per configured cap:
+    ``budget: spend 120 EUR of 500 EUR left today (all pipelines: cap 500 EUR, 0 EUR spent)``.
+
+    No budget, no lines; a budget whose fields are not of those types is shown as its JSON.
+    """
+    if not budget:
+        return []
+    fields = ("spent_today", "cap_today", "spent_pipeline", "cap_pipeline", "this_request")
+    if not isinstance(budget, dict) or not isinstance(budget.get("unit", ""), str) or any(
+            budget.get(key) is not None and _number(budget.get(key)) is None for key in fields):
+        return [f"budget: {shown(json.dumps(budget, ensure_ascii=False))}"]
+    unit = shown(budget.get("unit") or "")
+    spend = _number(budget.get("this_request"))
+    lines = []
+    for scope, spent_key, cap_key in (("all pipelines", "spent_today", "cap_today"),
+                                      (f"pipeline {shown(pipeline)}", "spent_pipeline",
+                                       "cap_pipeline")):
+        cap = _number(budget.get(cap_key))
+        if cap is None:
+            continue
+        spent = _number(budget.get(spent_key)) or 0.0
+        left = max(cap - spent, 0.0)
+        if spend is not None:
+            words = f"spend {amount(spend, unit)} of {amount(left, unit)} left today"
+            if spend > left:
+                words += f", {amount(spend - left, unit)} over the cap"
+        else:
+            words = f"{amount(left, unit)} of {amount(cap, unit)} left today"
+            if spent > cap:
+                words += f", already {amount(spent - cap, unit)} over the cap"
+            words += ", the request names no spend"
+        lines.append(f"budget: {words} ({scope}: cap {amount(cap, unit)}, "
+                     f"{amount(spent, unit)} spent)")
+    if not lines and spend is not None:
+        lines.append(f"budget: spend {amount(spend, unit)} (no cap)")
+    return lines
+
+
 def draft_lines(body: str) -> tuple[list[str], list[str]]:
     """Return ``(warnings, lines)`` for a draft: what to say above it, and what to print
     between the separators. The body is shown through ``visible``."""
@@ -62,7 +124,6 @@ def render(envelope: dict[str, Any], identity: str) -> str:
     """The whole block shown for one approver: header (approval, pipeline/step, risk,
     revision; quorum, expiry, who answers; budget), then the draft between two separators."""
     draft = envelope.get("draft") or {}
-    quorum = envelope.get("quorum") or {}
     warnings, body = draft_lines(str(draft.get("body", "")))
     lines = [
         "",
@@ -70,10 +131,9 @@ def render(envelope: dict[str, Any], identity: str) -> str:
         f"Approval {shown(envelope.get('approval_id'))}  {shown(envelope.get('pipeline'))}/"
         f"{shown(envelope.get('step'))}  risk {shown(envelope.get('risk'))}  revision "
         f"{shown(envelope.get('revision', 1))}",
-        f"quorum {shown(quorum.get('collected'))}/{shown(quorum.get('required'))}  expires "
-        f"{shown(envelope.get('expires_at'))}  you are {shown(identity)}",
-        *([f"budget: {shown(json.dumps(envelope['budget'], ensure_ascii=False))}"]
-          if envelope.get("budget") else []),
+        f"{quorum_words(envelope.get('quorum'))}  expires {shown(envelope.get('expires_at'))}"
+        f"  you are {shown(identity)}",
+        *budget_lines(envelope.get("budget"), str(envelope.get("pipeline"))),
         *warnings,
         SEPARATOR,
         *body,
@@ -133,3 +193,10 @@ def verdict(verb: str, status: int, answer: Any) -> str:
     return (f"The gate did not record your {verb}: {shown(reason or 'refused')} "
             f"(HTTP {status}){tail}")
 
+
+def greeting(url: str, identities: Sequence[str], interactive: bool) -> str:
+    """The relay's first line at the terminal: where it listens, as whom and how it asks."""
+    who = f"as {', '.join(identities)}" if identities else "as each dispatch's first approver"
+    how = ("on this terminal; keys typed before a prompt are discarded" if interactive else
+           "reading the answers from stdin (not a terminal): one line per prompt, in order")
+    return f"hitl-gate relay listening on {url}; asking {who}, {how}. Ctrl-C stops."

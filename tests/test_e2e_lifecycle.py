@@ -230,7 +230,7 @@ def test_terminal_relay_shows_the_quorum_collected_so_far(tmp_path, spawn, clis)
                what="the terminal relay's two approvals")
     assert gate.api().get(approval_id)["outcome"] == "approved"
     assert relay.stop() == 0
-    shown = re.findall(r"quorum (\d)/2 .* you are (\S+)", relay.stdout.decode())
+    shown = re.findall(r"approvals: (\d) of 2 collected .* you are (\S+)", relay.stdout.decode())
     assert shown == [("0", "alice@example.com"), ("1", "bob@example.com")], relay.stdout
 
 

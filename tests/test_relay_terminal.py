@@ -22,7 +22,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
+from gate.relay_view import budget_lines
 from tests.support import (
     DEADLINE_S,
     ROOT,
@@ -31,6 +33,7 @@ from tests.support import (
     gate_env,
     http_request,
     post_decision,
+    sign_headers,
     wait_until,
     write_config,
 )
@@ -321,7 +324,7 @@ def test_b02_02_own_edit_is_not_asked_about_again(tmp_path, pty_relay, gates):
     relay.wait_screen("end with a line holding only '.'")
     relay.type("Neuer Text\n.\n")
     bobs = relay.wait_screen(re.compile(r"revision 2\n(.*) you are bob@example\.com\n"))
-    assert bobs.group(1).startswith("quorum 1/2  expires "), bobs.group(0)
+    assert bobs.group(1).startswith("approvals: 1 of 2 collected  expires "), bobs.group(0)
     mark = relay.wait_screen(ONE_KEY_PROMPT, bobs.end()).end()
     relay.type("a\n")
     approval = resolved(gate, approval_id)
@@ -354,7 +357,7 @@ def test_b02_02_prompt_on_screen_is_withdrawn_when_a_newer_revision_arrives(
         relay.wait_screen(f"Approval {approval_id} revision 1 was superseded by revision 2; "
                           "not asking again.")
         bobs = relay.wait_screen(re.compile(r"revision 2\n(.*) you are bob@example\.com\n"))
-        assert bobs.group(1).startswith("quorum 1/2  expires "), bobs.group(0)
+        assert bobs.group(1).startswith("approvals: 1 of 2 collected  expires "), bobs.group(0)
         body = relay.wait_screen("Carols Text", bobs.end())
         mark = relay.wait_screen(ONE_KEY_PROMPT, body.end()).end()
         relay.type("a\n")
@@ -408,3 +411,68 @@ def test_b02_02_auto_relay_sends_nothing_the_gate_would_refuse(tmp_path, clis, g
                         r"approver=bob@example.com decision=adjust answer=200")
     assert relay.stop() == 0
     assert "answer=409" not in relay.log(), relay.log()
+
+
+# ---- item 12: messages at the terminal ----------------------------------------------------
+
+
+def test_b02_12_relay_prompt_reads_in_words_and_holds_log_lines(tmp_path, pty_relay, gates):
+    """Issue 12 item 12: the quorum showed as a dict in an INFO line, the budget as raw
+    JSON, and INFO lines interleaved with the draft and the prompt. With stderr on the
+    terminal too, the relay logs warnings only, and none inside a draft or prompt: a
+    warning raised while the prompt waits (a forged dispatch) shows after the answer."""
+    relay = pty_relay("--as", "alice@example.com", tty_stderr=True)
+    config = write_config(tmp_path, relay.url)
+    data = yaml.safe_load(config.read_text(encoding="utf-8"))
+    data["budget"] = {"unit": "EUR", "cap_today": 500}
+    data["pipelines"][0]["budget_cap"] = 100
+    config.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
+    gate = gates(config)
+    approval_id = gate.api().create("q2", "Rechnung bezahlen\n", spend=120)["approval_id"]
+    relay.wait_screen(ONE_KEY_PROMPT)
+    raw = b'{"protocol":"hitl/v0"}'
+    status, _, _ = http_request(relay.url, "POST", raw,
+                                sign_headers(raw, secret="not-the-relay-secret"))
+    assert status == 401  # its WARNING was logged before this answer came
+    relay.type("a\n")
+    relay.wait_screen("Recorded; the quorum is not complete yet.")
+    relay.wait_screen("event=dispatch_refused reason=signature_mismatch")
+    assert relay.stop() == 0
+    screen = relay.screen
+    block = screen[screen.index("=" * 72):screen.index(ONE_KEY_PROMPT) + len(ONE_KEY_PROMPT)]
+    assert re.search(r"\napprovals: 0 of 2 collected  expires \S+Z  you are "
+                     r"alice@example\.com\n", block), block
+    assert ("\nbudget: spend 120 EUR of 500 EUR left today (all pipelines: cap 500 EUR, "
+            "0 EUR spent)\nbudget: spend 120 EUR of 100 EUR left today, 20 EUR over the cap "
+            "(pipeline p: cap 100 EUR, 0 EUR spent)\n") in block, block
+    assert "Rechnung bezahlen" in block and "event=" not in block, block
+    assert " INFO " not in screen, screen
+    after = screen.index(ONE_KEY_PROMPT) + len(ONE_KEY_PROMPT)
+    assert screen.index("a\n", after) < screen.index("event=dispatch_refused"), screen
+    assert approval_id in screen
+
+
+@pytest.mark.parametrize(("budget", "lines"), [
+    ({"unit": "EUR", "spent_today": 4.12, "cap_today": 20.0, "spent_pipeline": 0.38,
+      "cap_pipeline": 2.0, "this_request": None},
+     ["budget: 15.88 EUR of 20 EUR left today, the request names no spend "
+      "(all pipelines: cap 20 EUR, 4.12 EUR spent)",
+      "budget: 1.62 EUR of 2 EUR left today, the request names no spend "
+      "(pipeline inv: cap 2 EUR, 0.38 EUR spent)"]),
+    ({"unit": "EUR", "spent_today": 380, "cap_today": 500, "spent_pipeline": 0,
+      "cap_pipeline": None, "this_request": 120},
+     ["budget: spend 120 EUR of 120 EUR left today (all pipelines: cap 500 EUR, "
+      "380 EUR spent)"]),
+    ({"unit": "USD", "spent_today": 0.1 + 0.2, "cap_today": None, "spent_pipeline": 0.3,
+      "cap_pipeline": 0.25, "this_request": 0.5},
+     ["budget: spend 0.5 USD of 0 USD left today, 0.5 USD over the cap (pipeline inv: "
+      "cap 0.25 USD, 0.3 USD spent)"]),
+    ({"unit": "EUR", "spent_today": 0, "cap_today": None, "spent_pipeline": 0,
+      "cap_pipeline": None, "this_request": 7},
+     ["budget: spend 7 EUR (no cap)"]),
+    ({"unit": "EUR\x1b[2K", "cap_today": "lots", "this_request": True},
+     ['budget: {"unit": "EUR\\u001b[2K", "cap_today": "lots", "this_request": true}']),
+], ids=["no-spend", "spend-fits", "over-already", "no-cap", "odd-types"])
+def test_b02_12_relay_budget_in_words(budget, lines):
+    """Issue 12 item 12: the dispatch's ``budget`` object (docs/protocol.md) in words."""
+    assert budget_lines(budget, "inv") == lines
