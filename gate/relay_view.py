@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import unicodedata
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -18,6 +19,10 @@ KEYS = {"a": "approve", "s": "skip", "e": "adjust"}
 # gate answers after which nobody needs to decide the approval any more
 FINAL = frozenset({"already_resolved", "expired", "unknown_approval"})
 WORDS = {"approve": "approve", "skip": "skip", "edit": "adjust", "adjust": "adjust"}
+# whitespace a human knows by name; any other is shown as its code point
+_SPACE_NAMES = {" ": "space", "\t": "tab", "\n": "newline", "\r": "carriage return",
+                "\x0b": "vertical tab", "\x0c": "form feed"}
+
 # Unicode categories a terminal does not show as themselves: controls (C0, DEL, C1: carriage
 # return, escape sequences), format characters (bidi overrides, zero-width), line and paragraph
 # separators, surrogates and unassigned code points. Newline and tab are shown as they are.
@@ -111,13 +116,26 @@ def budget_lines(budget: object, pipeline: str) -> list[str]:
 
 def draft_lines(body: str) -> tuple[list[str], list[str]]:
     """Return ``(warnings, lines)`` for a draft: what to say above it, and what to print
-    between the separators. The body is shown through ``visible``."""
+    between the separators. The body is shown through ``visible``; an empty draft, or one of
+    whitespace only, is said in words (``(the draft is empty)``) instead of printing nothing."""
     text, hidden = visible(body)
     warnings = []
     if hidden:
         warnings.append(f"warning: the draft holds {hidden} control or invisible characters, "
                         "shown as <U+XXXX>; the draft approved is exactly as sent, with them")
+    if not body:
+        return warnings, ["(the draft is empty)"]
+    if not body.strip():
+        counts = Counter(body)
+        kinds = ", ".join(_count(n, _SPACE_NAMES.get(c) or f"U+{ord(c):04X}")
+                          for c, n in counts.items())
+        return warnings, [f"(the draft is only whitespace, {_count(len(body), 'character')}: "
+                          f"{kinds})"]
     return warnings, [text]
+
+
+def _count(n: int, name: str) -> str:
+    return f"{n} {name}" + ("s" if n != 1 and not name.startswith("U+") else "")
 
 
 def render(envelope: dict[str, Any], identity: str) -> str:

@@ -24,10 +24,13 @@ from typing import Any
 import pytest
 import yaml
 
+from gate.protocol.canonical import payload_hash, wire_json
+from gate.protocol.envelope import build_dispatch
 from gate.relay_view import budget_lines
 from tests.support import (
     DEADLINE_S,
     ROOT,
+    SECRET,
     GateProcess,
     decision_body,
     gate_env,
@@ -476,3 +479,36 @@ def test_b02_12_relay_prompt_reads_in_words_and_holds_log_lines(tmp_path, pty_re
 def test_b02_12_relay_budget_in_words(budget, lines):
     """Issue 12 item 12: the dispatch's ``budget`` object (docs/protocol.md) in words."""
     assert budget_lines(budget, "inv") == lines
+
+
+# ---- item 5 (relay part): blank drafts ----------------------------------------------------
+
+
+def signed_dispatch(body: str) -> tuple[bytes, dict[str, str]]:
+    """A dispatch of ``body`` signed with the test secret, as the gate sends it."""
+    now = int(time.time() * 1000)
+    envelope = build_dispatch(
+        approval_id="01KDWZ8B00J3Q9V5X7Z2M4N6PR", run_id="run-1", pipeline="p", step="q1",
+        issued_at_ms=now, expires_at_ms=now + 3_600_000, risk="normal", quorum_required=1,
+        quorum_collected=0, approvers=["alice@example.com"], payload_hash=payload_hash(body),
+        content_type="text/plain", body=body, callback_url="http://127.0.0.1:9/hitl/v0/decisions",
+        nonce="b02n05" + "0" * 26, revision=1)
+    raw = wire_json(envelope)
+    return raw, sign_headers(raw, SECRET)
+
+
+@pytest.mark.parametrize(("body", "said"), [
+    ("", "(the draft is empty)"),
+    (" \n\t\n  ", "(the draft is only whitespace, 6 characters: 3 spaces, 2 newlines, 1 tab)"),
+], ids=["empty", "whitespace"])
+def test_b02_05_relay_says_when_the_draft_is_empty_or_whitespace(pty_relay, body, said):
+    """Issue 12 item 5: an empty or whitespace-only draft showed as nothing between two
+    separator lines. The relay says so in words, where the draft would be."""
+    relay = pty_relay("--as", "alice@example.com")
+    raw, headers = signed_dispatch(body)
+    status, _, _ = http_request(relay.url, "POST", raw, headers)
+    assert status == 202
+    relay.wait_screen(ONE_KEY_PROMPT)
+    assert relay.stop() == 0
+    rule = "-" * 72
+    assert f"{rule}\n{said}\n{rule}\n" in relay.screen, relay.screen
