@@ -858,6 +858,16 @@ def relay(listen: str, secret_env: str, identities: tuple[str, ...], auto: str |
     """Reference relay: verify each dispatch, ask a human on this terminal (or decide
     automatically with --auto), sign the decision and post it back.
 
+    At a terminal, keys typed before a draft and its prompt are on screen are discarded;
+    answer a, s or e (or approve, skip, edit), and on a step of risk high or critical the
+    whole word. Stdin that is no terminal (a pipe, a file) is a script: one line answers
+    each prompt, in order, however early it was written. A prompt whose approval went
+    stale (a newer revision, expired) is withdrawn with a line saying why.
+
+    Asking (no --auto) with stderr on a terminal, only warnings and errors are logged,
+    never inside a draft or prompt (they follow it); redirect stderr (2>relay.log) to keep
+    the INFO lines.
+
     Example: HITL_RELAY_SECRET=... hitl-gate relay --secret-env HITL_RELAY_SECRET --auto approve
     """
     from gate import logs
@@ -876,7 +886,8 @@ def relay(listen: str, secret_env: str, identities: tuple[str, ...], auto: str |
     for identity in identities:  # a dispatch's scope never names such an identity
         if not identity.strip() or identity != identity.strip():
             fail(f"--as: {identity!r} is not an identity (empty, or spaces around it)", 2)
-    logs.configure("INFO")
+    # asking on a terminal: INFO lines would land in the drafts and prompts (issue 12)
+    logs.configure("WARNING" if auto_decision is None and sys.stderr.isatty() else "INFO")
     try:
         asyncio.run(run_relay(listen, secret, identities, auto_decision, max_skew))
     except OSError as exc:

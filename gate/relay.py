@@ -2,7 +2,9 @@
 
 It verifies every dispatch's signature and timestamp, acks at once (202) without
 holding the connection, shows the draft to a human (or decides by ``--auto``), signs
-one decision per approver and posts it to the dispatch's callback URL.
+one decision per approver and posts it to the dispatch's callback URL. Nobody is asked
+about a revision known to be stale (superseded, resolved, expired), nor an identity whose
+decision on it is recorded; a prompt that goes stale on screen is withdrawn.
 """
 
 from __future__ import annotations
@@ -11,13 +13,9 @@ import asyncio
 import contextlib
 import json
 import logging
-import sys
-import threading
 import time
-import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Any
 
 import aiohttp
@@ -28,14 +26,15 @@ from gate.errors import GateError
 from gate.protocol import PROTOCOL, PROTOCOL_HEADER, SIGNATURE_HEADER, signing
 from gate.protocol.canonical import payload_hash, wire_json
 from gate.protocol.envelope import build_decision, decode_json
+from gate.relay_state import Knowledge, Sent, expiry_of, revision_of
+from gate.relay_terminal import LogHold, Terminal, Withdrawn
+from gate.relay_view import greeting, shown, verdict
 
 log = logging.getLogger(__name__)
 
 MAX_DISPATCH_BYTES = 4 * 1024 * 1024
 CHANNEL = "terminal"
 RETRY_CAP_S = 30.0
-# answers after which no one else needs to be asked about this approval
-FINAL = frozenset({"already_resolved", "expired", "unknown_approval"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,18 +55,20 @@ class AutoDecision:
 
 
 class Relay:
-    """Holds the relay's secret, who it decides as, and the dispatches already handled."""
+    """Holds the relay's secret, who it decides as, the dispatches already handled, what
+    it knows of each approval (``Knowledge``) and the prompt on screen (``asking``)."""
 
     def __init__(self, secret: str, identities: Sequence[str], auto: AutoDecision | None,
-                 max_skew: float, session: aiohttp.ClientSession) -> None:
+                 max_skew: float, session: aiohttp.ClientSession, terminal: Terminal) -> None:
         self.secret = secret
         self.identities = tuple(identities)
         self.auto = auto
         self.max_skew = max_skew
         self.session = session
+        self.terminal = terminal
         self.handled: set[str] = set()
-        self.closed: set[str] = set()  # approvals the gate says are resolved
-        self.latest: dict[str, int] = {}  # newest revision seen per approval
+        self.known = Knowledge()
+        self.asking: tuple[str, int, asyncio.Future[str]] | None = None  # prompt on screen
         self.stdin_closed = False
         self.queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
 
@@ -97,19 +98,30 @@ class Relay:
             log.warning("event=dispatch_refused reason=payload_hash_mismatch")
             return web.json_response({"status": "invalid", "reason": "payload_hash_mismatch"},
                                      status=400)
-        nonce = (envelope.get("callback") or {}).get("nonce")
+        nonce = envelope["callback"]["nonce"]
         if nonce in self.handled:  # the gate re-sent a dispatch whose ack it missed
             return web.json_response({"status": "accepted", "duplicate": True}, status=202)
-        self.handled.add(str(nonce))
-        approval_id = str(envelope.get("approval_id"))
-        revision = envelope.get("revision")
-        self.latest[approval_id] = max(self.latest.get(approval_id, 0),
-                                       revision if isinstance(revision, int) else 1)
+        self.handled.add(nonce)
+        self._newer(envelope["approval_id"], revision_of(envelope))
         await self.queue.put(envelope)
         return web.json_response({"status": "accepted"}, status=202)
 
+    def _newer(self, approval_id: str, revision: int) -> None:
+        """Note that ``revision`` of the approval exists; a prompt on screen about an older
+        one is withdrawn (issue 12 item 2)."""
+        if self.known.newer(approval_id, revision) and self.asking is not None and \
+                self.asking[0] == approval_id and self.asking[1] < revision:
+            _settle(self.asking[2], f"Approval {shown(approval_id)} revision {self.asking[1]} "
+                                    f"was superseded by revision {revision}; not asking again.")
+
+    def _tell(self, text: str) -> None:
+        """A line for the human at the terminal (nothing with ``--auto``)."""
+        if self.auto is None:
+            self.terminal.say(text)
+
     def deciders(self, envelope: dict[str, Any]) -> list[str]:
-        """Return who decides this dispatch: ``--as`` identities in scope, else the first approver."""
+        """Return who decides this dispatch: ``--as`` identities in scope, else the first
+        approver."""
         approvers = [a for a in envelope.get("approvers") or [] if isinstance(a, str)]
         if not self.identities:
             return approvers[:1]
@@ -118,11 +130,11 @@ class Relay:
         for other in set(self.identities) - set(chosen):
             log.warning("event=not_in_scope identity=%s approval_id=%s", other,
                         envelope.get("approval_id"))
-        if not chosen and self.auto is None:  # the human would otherwise see nothing at all
-            print(f"\nApproval {visible(str(envelope.get('approval_id')))[0]}: none of "
-                  f"{', '.join(self.identities)} is among its approvers "
-                  f"({visible(', '.join(approvers))[0]}); not shown, nobody here can decide it "
-                  "(start the relay with --as one of them).", flush=True)
+        if not chosen:  # the human would otherwise see nothing at all
+            self._tell(f"\nApproval {shown(envelope.get('approval_id'))}: none of "
+                       f"{', '.join(self.identities)} is among its approvers "
+                       f"({shown(', '.join(approvers))}); not shown, nobody here can decide "
+                       "it (start the relay with --as one of them).")
         return chosen
 
     async def post_decision(self, envelope: dict[str, Any], identity: str, verb: str,
@@ -153,7 +165,7 @@ class Relay:
                       text: str | None) -> tuple[int, Any] | None:
         """POST a decision, retrying with backoff while the gate is unreachable or answers 5xx,
         until the dispatch's ``expires_at``. Returns the last answer, or None if it never came."""
-        deadline = _expiry(envelope)
+        deadline = expiry_of(envelope, time.time())
         delay = 1.0
         while True:
             try:
@@ -182,56 +194,54 @@ class Relay:
                 log.error("event=decision_failed approval_id=%s error=%r",
                           envelope.get("approval_id"), exc)
 
-    def _stale(self, envelope: dict[str, Any]) -> bool:
-        approval_id = envelope.get("approval_id")
-        return approval_id in self.closed or self.latest.get(str(approval_id), 0) > int(
-            envelope.get("revision") or 1)
-
     async def _handle(self, envelope: dict[str, Any]) -> None:
-        approval_id = envelope.get("approval_id")
-        log.info("event=dispatch_received approval_id=%s revision=%s payload_hash=%s "
-                 "quorum=%s", approval_id, envelope.get("revision"), envelope.get("payload_hash"),
-                 envelope.get("quorum"))
+        approval_id, revision = envelope["approval_id"], revision_of(envelope)
+        log.info("event=dispatch_received approval_id=%s revision=%d payload_hash=%s quorum=%s",
+                 approval_id, revision, envelope["payload_hash"], _quorum_field(envelope))
+        asked = False
         for identity in self.deciders(envelope):
-            if self._stale(envelope):
-                log.info("event=dispatch_stale approval_id=%s revision=%s (resolved or a newer "
-                         "revision arrived)", approval_id, envelope.get("revision"))
+            stale = self.known.stale(envelope, time.time())
+            if stale is not None:
+                log.info("event=dispatch_stale approval_id=%s revision=%d reason=%r",
+                         approval_id, revision, stale)
+                self._tell(f"{stale}; not asking {identity}." if asked else
+                           f"\n{stale} before its turn; not shown.")
                 return
-            result = await self._decide(envelope, identity)
-            if result is None:
+            if self.known.recorded(envelope, identity):
+                log.info("event=already_recorded approval_id=%s revision=%d approver=%s",
+                         approval_id, revision, identity)
+                self._tell(f"Approval {shown(approval_id)} revision {revision}: not asking "
+                           f"{identity}, whose decision on it is recorded (an edit counts as "
+                           "its editor's approval).")
+                continue
+            asked = True
+            sent = await self._decide(envelope, identity)
+            if sent is None:
                 return
-            status, answer = result
-            reason = answer.get("reason") if isinstance(answer, dict) else None
-            if (isinstance(answer, dict) and answer.get("resolved")) or reason in FINAL:
-                self.closed.add(str(approval_id))
-                return
-            if reason == "superseded":
-                return
-            if status == 200 and isinstance(answer, dict) and isinstance(
-                    (envelope.get("quorum") or {}).get("collected"), int):
+            self.known.learn(envelope, identity, sent)
+            quorum = envelope.get("quorum")
+            if sent.status == 200 and isinstance(quorum, dict) and isinstance(
+                    quorum.get("collected"), int):
                 # recorded, not resolved: the next approver's prompt shows the new count
-                quorum = dict(envelope["quorum"])
-                quorum["collected"] += 1
-                envelope = {**envelope, "quorum": quorum}
+                envelope = {**envelope, "quorum": {**quorum,
+                                                   "collected": quorum["collected"] + 1}}
 
-    async def _decide(self, envelope: dict[str, Any], identity: str) -> tuple[int, Any] | None:
-        """Ask (or auto-decide) until the gate takes an answer; None when nobody can answer."""
+    async def _decide(self, envelope: dict[str, Any], identity: str) -> Sent | None:
+        """Ask (or auto-decide) until the gate takes an answer; None when nobody can answer
+        (input ended, the prompt was withdrawn, the gate could not be reached)."""
         while True:
             if self.auto is not None:
                 verb, text = self.auto.verb, self.auto.text
             elif self.stdin_closed:
                 return None
             else:
-                expires = _expiry(envelope)
-                if time.time() >= expires:  # queued behind another prompt until too late
-                    log.info("event=dispatch_expired approval_id=%s (not shown)",
-                             envelope.get("approval_id"))
-                    print(f"\nApproval {visible(str(envelope.get('approval_id')))[0]} expired "
-                          f"at {visible(str(envelope.get('expires_at')))[0]} before its turn; "
-                          "not shown.", flush=True)
-                    return None
                 try:
-                    verb, text = await ask_terminal(envelope, identity)
+                    verb, text = await self._ask(envelope, identity)
+                except Withdrawn as exc:
+                    log.info("event=prompt_withdrawn approval_id=%s revision=%d approver=%s "
+                             "reason=%r", envelope["approval_id"], revision_of(envelope), identity,
+                             str(exc))
+                    return None
                 except EOFError:
                     self.stdin_closed = True
                     log.warning("event=stdin_closed reason=%r", "no human can answer on this "
@@ -240,143 +250,49 @@ class Relay:
             result = await self.deliver(envelope, identity, verb, text)
             if result is None:
                 return None
-            status, answer = result
+            sent = Sent(verb, text, *result)
             log.info("event=decision_sent approval_id=%s approver=%s decision=%s answer=%s %s",
-                     envelope.get("approval_id"), identity, verb, status,
-                     json.dumps(answer, ensure_ascii=False))
-            reason = answer.get("reason") if isinstance(answer, dict) else None
-            if status == 422 and self.auto is None:
-                print(f"The gate refused that answer ({reason}); please answer again.", flush=True)
+                     envelope.get("approval_id"), identity, verb, sent.status,
+                     json.dumps(sent.answer, ensure_ascii=False))
+            if sent.status == 422 and self.auto is None:
+                self.terminal.say(f"The gate refused that answer ({sent.fields.get('reason')}); "
+                                  "please answer again.")
                 continue
-            if self.auto is None:
-                print(_verdict(verb, status, answer), flush=True)
-            return status, answer
+            self._tell(verdict(verb, sent.status, sent.answer))
+            return sent
 
-
-def _verdict(verb: str, status: int, answer: Any) -> str:
-    """One line telling the human at the terminal what the gate did with their answer."""
-    if status == 200 and isinstance(answer, dict):
-        if answer.get("resolved"):
-            return f"Recorded: the approval is resolved {answer.get('outcome')}."
-        return "Recorded; the quorum is not complete yet."
-    reason = answer.get("reason") if isinstance(answer, dict) else None
-    outcome = answer.get("outcome") if isinstance(answer, dict) else None
-    tail = (f"; the approval is resolved {outcome} without it." if outcome else
-            "; the approval timed out without it." if reason == "expired" else
-            "; the approval is resolved without it." if reason in FINAL else ".")
-    return f"The gate did not record your {verb}: {reason or 'refused'} (HTTP {status}){tail}"
-
-
-def _expiry(envelope: dict[str, Any]) -> float:
-    """Return the dispatch's ``expires_at`` as unix seconds (now + 1 h when unreadable)."""
-    try:
-        text = str(envelope.get("expires_at"))
-        return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return time.time() + 3600
-
-
-# Unicode categories a terminal does not show as themselves: controls (C0, DEL, C1: carriage
-# return, escape sequences), format characters (bidi overrides, zero-width), line and paragraph
-# separators, surrogates and unassigned code points. Newline and tab are shown as they are.
-_HIDDEN_CATEGORIES = frozenset({"Cc", "Cf", "Zl", "Zp", "Cs", "Cn"})
-
-
-def visible(text: str) -> tuple[str, int]:
-    """Return ``(text, count)``: ``text`` with every character a terminal would not show as
-    itself (a control, format, line/paragraph-separator, surrogate or unassigned code point;
-    newline and tab excepted) replaced by a visible ``<U+XXXX>`` mark, and how many were.
-
-    A draft of ``"pay 12000 to X\r\x1b[2Kpay 12 to Y"`` would otherwise show as its second
-    half only (security review); the human must see what the payload hash covers.
-    """
-    out: list[str] = []
-    count = 0
-    for char in text:
-        if char not in "\n\t" and unicodedata.category(char) in _HIDDEN_CATEGORIES:
-            out.append(f"<U+{ord(char):04X}>")
-            count += 1
-        else:
-            out.append(char)
-    return "".join(out), count
-
-
-def _show(envelope: dict[str, Any], identity: str) -> None:
-    draft = envelope.get("draft") or {}
-    quorum = envelope.get("quorum") or {}
-
-    def field(value: object) -> str:
-        return visible(str(value))[0]
-
-    print("\n" + "=" * 72)
-    print(f"Approval {field(envelope.get('approval_id'))}  {field(envelope.get('pipeline'))}/"
-          f"{field(envelope.get('step'))}  risk={field(envelope.get('risk'))}  revision="
-          f"{field(envelope.get('revision', 1))}")
-    print(f"quorum {field(quorum.get('collected'))}/{field(quorum.get('required'))}  expires "
-          f"{field(envelope.get('expires_at'))}  you are {identity}")
-    if envelope.get("budget"):
-        print(f"budget: {field(json.dumps(envelope['budget'], ensure_ascii=False))}")
-    body, hidden = visible(str(draft.get("body", "")))
-    if hidden:
-        print(f"warning: the draft holds {hidden} control or invisible characters, shown as "
-              "<U+XXXX>; the draft approved is exactly as sent, with them")
-    print("-" * 72)
-    print(body)
-    print("-" * 72)
-
-
-def _read_line(prompt: str) -> str:
-    print(prompt, end="", flush=True)
-    line = sys.stdin.readline()
-    if not line:
-        raise EOFError
-    return line.rstrip("\n")
-
-
-def _prompt(envelope: dict[str, Any], identity: str) -> tuple[str, str | None]:
-    _show(envelope, identity)
-    while True:
-        answer = _read_line("[a]pprove, [s]kip or [e]dit (adjust)? ").strip().lower()
-        if answer in ("a", "approve"):
-            return "approve", None
-        if answer in ("s", "skip"):
-            return "skip", None
-        if answer in ("e", "edit", "adjust"):
-            print("Type the new text; end with a line holding only '.'")
-            lines = []
-            while (line := _read_line("")) != ".":
-                lines.append(line)
-            return "adjust", "\n".join(lines) + "\n"
-
-
-async def ask_terminal(envelope: dict[str, Any], identity: str) -> tuple[str, str | None]:
-    """Show the draft on the terminal and read approve/skip/adjust from stdin.
-
-    The read runs in a daemon thread, so Ctrl-C or SIGTERM stops the relay at once even
-    while a prompt waits for a line. Raises EOFError when stdin is closed.
-    """
-    loop = asyncio.get_running_loop()
-    future: asyncio.Future[tuple[str, str | None]] = loop.create_future()
-
-    def settle(result: tuple[str, str | None] | None, error: BaseException | None) -> None:
-        if future.done():
-            return
-        if error is not None:
-            future.set_exception(error)
-        else:
-            assert result is not None
-            future.set_result(result)
-
-    def read() -> None:
+    async def _ask(self, envelope: dict[str, Any], identity: str) -> tuple[str, str | None]:
+        """One prompt on the terminal, withdrawn (Withdrawn) when it goes stale while shown:
+        a newer revision arrives (``_newer``) or the dispatch's ``expires_at`` passes."""
+        approval_id, revision = envelope["approval_id"], revision_of(envelope)
+        loop = asyncio.get_running_loop()
+        stale: asyncio.Future[str] = loop.create_future()
+        now_stale = self.known.stale(envelope, time.time())
+        if now_stale is not None:  # asked again (after a 422) about what went stale meanwhile
+            self.terminal.say(f"{now_stale}; not asking again.")
+            raise Withdrawn(now_stale)
+        timer = loop.call_later(
+            max(0.0, expiry_of(envelope, time.time()) - time.time()), _settle, stale,
+            f"Approval {shown(approval_id)} expired at {shown(envelope.get('expires_at'))} "
+            "while waiting for an answer; not asking any more.")
+        self.asking = (approval_id, revision, stale)
         try:
-            result = _prompt(envelope, identity)
-        except (EOFError, OSError, ValueError) as exc:
-            loop.call_soon_threadsafe(settle, None, EOFError(str(exc)))
-        else:
-            loop.call_soon_threadsafe(settle, result, None)
+            return await self.terminal.ask(envelope, identity, stale)
+        finally:
+            timer.cancel()
+            self.asking = None
 
-    threading.Thread(target=read, name="terminal-prompt", daemon=True).start()
-    return await future
+
+def _settle(future: asyncio.Future[str], reason: str) -> None:
+    if not future.done():
+        future.set_result(reason)
+
+
+def _quorum_field(envelope: dict[str, Any]) -> str:
+    """``collected/required`` for a log line (``0/2``)."""
+    quorum = envelope.get("quorum")
+    quorum = quorum if isinstance(quorum, dict) else {}
+    return f"{quorum.get('collected')}/{quorum.get('required')}"
 
 
 async def run_relay(listen: str, secret: str, identities: Sequence[str],
@@ -393,7 +309,8 @@ async def run_relay(listen: str, secret: str, identities: Sequence[str],
         loop.add_signal_handler(sig, stop.set)
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30),
                                      trust_env=False) as session:
-        relay = Relay(secret, identities, auto, max_skew, session)
+        terminal = Terminal.open(loop, LogHold.install() if auto is None else None)
+        relay = Relay(secret, identities, auto, max_skew, session, terminal)
         app = web.Application()
         app.router.add_post("/{tail:.*}", relay.receive)
         runner = web.AppRunner(app, access_log=None)
@@ -403,6 +320,8 @@ async def run_relay(listen: str, secret: str, identities: Sequence[str],
         host, port = runner.addresses[0][:2]
         log.info("event=relay_listening url=http://%s:%d/ mode=%s", host, port,
                  f"auto:{auto.verb}" if auto else "terminal")
+        if auto is None:
+            terminal.say(greeting(f"http://{host}:{port}/", identities, terminal.interactive))
         worker = asyncio.create_task(relay.work())
         try:
             await stop.wait()

@@ -230,7 +230,7 @@ def test_terminal_relay_shows_the_quorum_collected_so_far(tmp_path, spawn, clis)
                what="the terminal relay's two approvals")
     assert gate.api().get(approval_id)["outcome"] == "approved"
     assert relay.stop() == 0
-    shown = re.findall(r"quorum (\d)/2 .* you are (\S+)", relay.stdout.decode())
+    shown = re.findall(r"approvals: (\d) of 2 collected .* you are (\S+)", relay.stdout.decode())
     assert shown == [("0", "alice@example.com"), ("1", "bob@example.com")], relay.stdout
 
 
@@ -262,30 +262,31 @@ def test_terminal_relay_shows_control_and_invisible_characters_of_a_draft(tmp_pa
 
 
 def test_terminal_relay_says_when_the_gate_did_not_record_an_answer(tmp_path, spawn, clis):
-    """Pipeline-author review: a human who answered after the approval had expired saw the
-    gate's ``410 expired`` only in the relay's log, and a dispatch queued behind a prompt was
-    still shown after its expiry. The terminal now says whether each answer was recorded, and
-    skips a dispatch that expired before its turn."""
+    """Pipeline-author review: a human whose answer the gate refused saw it only in the
+    relay's log, and a dispatch queued behind a prompt was still shown after its expiry. The
+    terminal now says whether each answer was recorded, and skips a dispatch that expired
+    before its turn. (Batch 02 item 2: a prompt is withdrawn at its own expiry, so the
+    refused answer here is one to an approval cancelled while its prompt waited.)"""
     relay = clis("relay", "--listen", "127.0.0.1:0", "--secret-env", "HITL_RELAY_SECRET",
                  "--as", "alice@example.com", stdin=b"", keep_stdin=True)
     url = relay.wait_for_line(r"event=relay_listening url=(http://127\.0\.0\.1:\d+/)").group(1)
     gate = spawn(write_config(tmp_path, url))
     api = gate.api()
-    first = api.create("short", "Erste Frage")["approval_id"]  # times out after 3 s
+    first = api.create("q1", "Erste Frage")["approval_id"]
     relay.wait_for_line(rf"event=dispatch_received approval_id={first}")
-    second = api.create("short", "Zweite Frage")["approval_id"]  # queued behind the prompt
+    second = api.create("short", "Zweite Frage")["approval_id"]  # queued; times out after 3 s
     wait_until(lambda: api.get(second)["dispatch"]["delivered_at"], 10, "the second ack")
-    for approval_id in (first, second):
-        wait_until(lambda a=approval_id: api.get(a)["state"] == "resolved", 10,
-                   f"the expiry of {approval_id}")
+    wait_until(lambda: api.get(second)["state"] == "resolved", 10, f"the expiry of {second}")
+    status, _ = api.call("POST", f"/v1/approvals/{first}/cancel")
+    assert status == 200
     relay.send(b"a\n", close=True)  # the answer to the first prompt comes too late
-    relay.wait_for_line(rf"event=decision_sent approval_id={first} .* answer=410")
-    relay.wait_for_line(rf"event=dispatch_expired approval_id={second}")
+    relay.wait_for_line(rf"event=decision_sent approval_id={first} .* answer=409")
+    relay.wait_for_line(rf"event=dispatch_stale approval_id={second} ")
     assert relay.stop() == 0
     shown = relay.stdout.decode()
     assert "Erste Frage" in shown and "Zweite Frage" not in shown, shown
-    assert ("The gate did not record your approve: expired (HTTP 410); the approval timed "
-            "out without it.") in shown, shown
+    assert ("The gate did not record your approve: already_resolved (HTTP 409); the approval "
+            "is resolved cancelled without it.") in shown, shown
     assert f"Approval {second} expired at " in shown, shown
     assert "before its turn; not shown." in shown, shown
 

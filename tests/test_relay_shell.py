@@ -235,20 +235,16 @@ def test_handler_accepts_rotated_secret_and_posts_a_signed_decision(
     assert decision["approver"]["id"] == APPROVER
 
 
-@needs_handler
-def test_ask_mode_shows_control_and_invisible_characters_of_a_draft(
-        tmp_path: Path, callback: CallbackServer) -> None:
-    """Security review: ``ask`` printed the draft raw on the terminal, so ``"...ATTACKER\\r
-    \\x1b[2K..."`` showed only its harmless second half. It now shows every control, format
-    (bidi, zero-width) and line-separator character as ``<U+XXXX>``, with a warning. The
-    handler runs with a pseudo-terminal as its controlling terminal (its /dev/tty)."""
+def _ask_on_a_terminal(tmp_path: Path, callback: CallbackServer, draft: str) -> str:
+    """Run the handler in ``ask`` mode with a pseudo-terminal as its controlling terminal
+    (its /dev/tty) on a dispatch of ``draft``; answer ``a`` once it asks; return what the
+    terminal showed (CR LF undone) after the decision reached ``callback``."""
     import fcntl
     import pty
+    import select
     import termios
 
     url = f"http://127.0.0.1:{callback.server_address[1]}/hitl/v0/decisions"
-    draft = ("Transfer 12000 EUR to ATTACKER\r\x1b[2KTransfer 12 EUR to ACME\n"
-             "tab\tkept \u202eevil\u202c zero\u200bwidth \u2028 end\n")
     body = _dispatch(url, draft)
     head = (f"POST / HTTP/1.1\r\nHost: relay\r\nContent-Length: {len(body)}\r\n"
             f"X-Draftcat-Signature: {signing.sign(SECRET, int(time.time()), body)}\r\n\r\n")
@@ -278,7 +274,6 @@ def test_ask_mode_shows_control_and_invisible_characters_of_a_draft(
         deadline = time.monotonic() + DEADLINE_S
         while b"decide as" not in shown:
             assert time.monotonic() < deadline, (shown, (tmp_path / "handler.log").read_text())
-            import select
             if select.select([master], [], [], 0.5)[0]:
                 shown += os.read(master, 65536)
         os.write(master, b"a\n")
@@ -292,11 +287,38 @@ def test_ask_mode_shows_control_and_invisible_characters_of_a_draft(
             proc.wait(DEADLINE_S)
             assert proc.stdout is not None
             proc.stdout.close()
-    text = shown.decode("utf-8").replace("\r\n", "\n")  # the terminal's output translation
+    return shown.decode("utf-8").replace("\r\n", "\n")  # the terminal's output translation
+
+
+@needs_handler
+def test_ask_mode_shows_control_and_invisible_characters_of_a_draft(
+        tmp_path: Path, callback: CallbackServer) -> None:
+    """Security review: ``ask`` printed the draft raw on the terminal, so ``"...ATTACKER\\r
+    \\x1b[2K..."`` showed only its harmless second half. It now shows every control, format
+    (bidi, zero-width) and line-separator character as ``<U+XXXX>``, with a warning. The
+    handler runs with a pseudo-terminal as its controlling terminal (its /dev/tty)."""
+    draft = ("Transfer 12000 EUR to ATTACKER\r\x1b[2KTransfer 12 EUR to ACME\n"
+             "tab\tkept \u202eevil\u202c zero\u200bwidth \u2028 end\n")
+    text = _ask_on_a_terminal(tmp_path, callback, draft)
     assert ("Transfer 12000 EUR to ATTACKER<U+000D><U+001B>[2KTransfer 12 EUR to ACME\n"
             "tab\tkept <U+202E>evil<U+202C> zero<U+200B>width <U+2028> end\n") in text, text
     assert "warning: the draft holds 6 control or invisible characters" in text, text
     for raw in ("\x1b", "\u202e", "\u200b", "\u2028"):
         assert raw not in text, repr(raw)
+    [(_, raw)] = callback.seen
+    assert json.loads(raw)["decision"] == "approve"
+
+
+@needs_handler
+@pytest.mark.parametrize(("draft", "said"), [
+    ("", "(the draft is empty)"),
+    (" \n\t\n  ", "(the draft is only whitespace, 6 characters)"),
+], ids=["empty", "whitespace"])
+def test_b02_05_relay_shell_ask_says_when_the_draft_is_empty_or_whitespace(
+        tmp_path: Path, callback: CallbackServer, draft: str, said: str) -> None:
+    """Issue 12 item 5: ``ask`` showed an empty or whitespace-only draft as nothing between
+    its two ``==`` lines; it says so in words where the draft would be."""
+    text = _ask_on_a_terminal(tmp_path, callback, draft)
+    assert f"\n{said}\n==\n" in text, text
     [(_, raw)] = callback.seen
     assert json.loads(raw)["decision"] == "approve"

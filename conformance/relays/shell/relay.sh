@@ -111,7 +111,10 @@ decide() {
       + (if (.draft.body|hidden) > 0 then "\nwarning: the draft holds \(.draft.body|hidden) control"
          + " or invisible characters, shown as <U+XXXX>; the draft approved is exactly as sent"
          else "" end)
-      + "\n\(.draft.body|visible)\n=="' "$d" >&3
+      + "\n" + (if .draft.body == "" then "(the draft is empty)"  # say it, never show nothing
+         elif (.draft.body | test("\\A\\s+\\z")) then
+           "(the draft is only whitespace, \(.draft.body | length) characters)"
+         else .draft.body | visible end) + "\n=="' "$d" >&3
     printf 'decide as %s: [a]pprove, [s]kip, [e]dit (one line)? ' "$who" >&3
     read -r ans <&3 || ans=''
     case $ans in

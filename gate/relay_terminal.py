@@ -1,0 +1,257 @@
+"""The reference relay's terminal: shows a draft, then reads the answer typed after it.
+
+On a terminal, what was typed before the draft and its prompt were on screen is discarded
+(``tcflush(TCIFLUSH)``), and stdin is read only while a prompt waits. Any other stdin (a
+pipe, a file) is a script: its lines answer the prompts in order, whenever they were
+written. A prompt can be withdrawn while it waits (it went stale).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import codecs
+import contextlib
+import logging
+import os
+import sys
+import termios
+import threading
+from collections import deque
+from typing import Any, BinaryIO, TextIO
+
+from gate.relay_view import Choices, render
+
+log = logging.getLogger(__name__)
+
+MAX_HELD_LOGS = 1000
+
+
+class Withdrawn(Exception):
+    """The prompt went stale while it waited; ``str(exc)`` tells the human why."""
+
+
+class _Lines:
+    """Lines of input handed out one at a time on the event loop; end of input is kept."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.buffer: deque[str | None] = deque()  # None: end of input
+        self.waiter: asyncio.Future[None] | None = None
+
+    def push(self, line: str | None) -> None:
+        """Add a line (None: end of input); runs on the loop."""
+        self.buffer.append(line)
+        if self.waiter is not None and not self.waiter.done():
+            self.waiter.set_result(None)
+
+    async def next(self, stale: asyncio.Future[str]) -> str:
+        """The next line; raises Withdrawn once ``stale`` is done (the line, if any, stays
+        for the next prompt) and EOFError at the end of input."""
+        while True:
+            if stale.done():
+                raise Withdrawn(stale.result())
+            if self.buffer:
+                break
+            self.waiter = self.loop.create_future()
+            either: set[asyncio.Future[Any]] = {self.waiter, stale}
+            await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
+        line = self.buffer[0]
+        if line is None:
+            raise EOFError("end of input")
+        self.buffer.popleft()
+        return line
+
+    def arm(self) -> None:
+        """Called when the draft is on screen, right before the first prompt line."""
+
+    def disarm(self) -> None:
+        """Called when the prompt is answered or withdrawn."""
+
+
+class TtyLines(_Lines):
+    """A terminal: read only while a prompt waits; type-ahead is flushed when armed."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, fd: int) -> None:
+        super().__init__(loop)
+        self.fd = fd
+        self.partial = ""
+        self.decoder = codecs.getincrementaldecoder("utf-8")("replace")
+        self.reading = False
+
+    def arm(self) -> None:
+        """Discard everything typed so far (kernel queue and our own), then read."""
+        try:
+            termios.tcflush(self.fd, termios.TCIFLUSH)
+        except termios.error as exc:  # not our terminal any more (hung up)
+            log.warning("event=tty_flush_failed error=%r", str(exc))
+        self.buffer = deque(line for line in self.buffer if line is None)
+        self.partial = ""
+        self.decoder.reset()
+        if not self.reading:
+            self.loop.add_reader(self.fd, self._readable)
+            self.reading = True
+
+    def disarm(self) -> None:
+        """Stop reading: what is typed now waits in the terminal until the next ``arm``."""
+        if self.reading:
+            self.loop.remove_reader(self.fd)
+            self.reading = False
+
+    def _readable(self) -> None:
+        try:
+            data = os.read(self.fd, 4096)
+        except OSError:
+            data = b""
+        if not data:
+            self.disarm()
+            self.push(None)
+            return
+        self.partial += self.decoder.decode(data)
+        *lines, self.partial = self.partial.split("\n")
+        for line in lines:
+            self.push(line.removesuffix("\r"))  # a terminal that does not map CR to NL
+
+
+class ScriptLines(_Lines):
+    """Stdin that is no terminal: a thread reads it line by line, in order, from the first
+    prompt on; nothing is discarded."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, stream: BinaryIO | None) -> None:
+        super().__init__(loop)
+        self.stream = stream
+        self.thread: threading.Thread | None = None
+
+    def arm(self) -> None:
+        """Start the reader thread on the first prompt."""
+        if self.thread is None:
+            self.thread = threading.Thread(target=self._read, name="relay-stdin", daemon=True)
+            self.thread.start()
+
+    def _read(self) -> None:
+        with contextlib.suppress(RuntimeError):  # the loop closed: the relay is stopping
+            try:
+                while self.stream is not None and (raw := self.stream.readline()):
+                    line = raw.decode("utf-8", "replace").rstrip("\n")
+                    self.loop.call_soon_threadsafe(self.push, line)
+            except (OSError, ValueError):  # stdin closed under us: as its end
+                pass
+            self.loop.call_soon_threadsafe(self.push, None)
+
+
+class LogHold(logging.Filter):
+    """Holds the records of the stderr handler while a draft or prompt is on the terminal
+    and lets them out after it (at most ``MAX_HELD_LOGS``; how many were dropped is said)."""
+
+    def __init__(self, handler: logging.Handler) -> None:
+        super().__init__()
+        self.handler = handler
+        self.holding = False
+        self.held: deque[logging.LogRecord] = deque(maxlen=MAX_HELD_LOGS)
+        self.dropped = 0
+        self.lock = threading.Lock()
+
+    @classmethod
+    def install(cls) -> LogHold | None:
+        """Hold the root logger's stderr handler when stderr is a terminal; else None."""
+        if not sys.stderr.isatty():
+            return None
+        for handler in logging.getLogger().handlers:
+            if getattr(handler, "stream", None) is sys.stderr:
+                hold = cls(handler)
+                handler.addFilter(hold)
+                return hold
+        return None
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        """Keep ``record`` for later while holding; pass it otherwise."""
+        with self.lock:
+            if not self.holding:
+                return True
+            if len(self.held) == self.held.maxlen:
+                self.dropped += 1
+            self.held.append(record)
+            return False
+
+    def hold(self, on: bool) -> None:
+        """Start holding, or stop and emit what was held."""
+        with self.lock:
+            self.holding = on
+            if on:
+                return
+            held, dropped = list(self.held), self.dropped
+            self.held.clear()
+            self.dropped = 0
+        for record in held:
+            self.handler.handle(record)
+        if dropped:
+            log.warning("event=logs_dropped count=%d (while a prompt was on screen)", dropped)
+
+
+class Terminal:
+    """Where the relay asks: drafts and prompts on ``out``, answers from ``lines``.
+
+    ``interactive`` is True for a terminal (type-ahead discarded), False for a script.
+    """
+
+    def __init__(self, lines: _Lines, out: TextIO, hold: LogHold | None = None) -> None:
+        self.lines = lines
+        self.out = out
+        self.hold = hold
+
+    @classmethod
+    def open(cls, loop: asyncio.AbstractEventLoop, hold: LogHold | None = None) -> Terminal:
+        """The process's stdin and stdout."""
+        stdin = sys.stdin
+        fd: int | None = None
+        with contextlib.suppress(AttributeError, ValueError, OSError):
+            fd = stdin.fileno()
+        if fd is not None and os.isatty(fd):
+            return cls(TtyLines(loop, fd), sys.stdout, hold)
+        return cls(ScriptLines(loop, getattr(stdin, "buffer", None)), sys.stdout, hold)
+
+    @property
+    def interactive(self) -> bool:
+        """True when stdin is a terminal."""
+        return isinstance(self.lines, TtyLines)
+
+    def say(self, text: str, end: str = "\n") -> None:
+        """Write ``text`` (one or more lines) to the terminal."""
+        self.out.write(text + end)
+        self.out.flush()
+
+    async def ask(self, envelope: dict[str, Any], identity: str,
+                  stale: asyncio.Future[str]) -> tuple[str, str | None]:
+        """Show the draft to ``identity`` and return ``(verb, adjust text or None)``.
+
+        Only input given after the whole draft was written counts (a terminal's earlier
+        input is flushed); a risk outside ``low``/``normal`` takes whole words only
+        (``Choices``). Raises Withdrawn when ``stale`` is set while waiting (a line saying why
+        is shown) and EOFError at the end of input. Log records wait until it returns.
+        """
+        choices = Choices.for_risk(envelope.get("risk"))
+        if self.hold is not None:
+            self.hold.hold(True)
+        try:
+            # written from a thread: a terminal paused with Ctrl-S must not stop the loop
+            await asyncio.to_thread(self.say, render(envelope, identity), "")
+            self.lines.arm()
+            while True:
+                self.say(choices.prompt, end="")
+                verb = choices.parse(await self.lines.next(stale))
+                if verb is None:
+                    self.say(choices.hint)
+                    continue
+                if verb != "adjust":
+                    return verb, None
+                self.say("Type the new text; end with a line holding only '.'")
+                lines: list[str] = []
+                while (line := await self.lines.next(stale)) != ".":
+                    lines.append(line)
+                return "adjust", "\n".join(lines) + "\n"
+        except Withdrawn as exc:
+            self.say(f"\n{exc}")
+            raise
+        finally:
+            self.lines.disarm()
+            if self.hold is not None:
+                self.hold.hold(False)

@@ -1,0 +1,220 @@
+"""What the reference relay shows a human: a dispatch in words, and what they may type. Pure."""
+
+from __future__ import annotations
+
+import json
+import math
+import unicodedata
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+RULE = "=" * 72
+SEPARATOR = "-" * 72
+# risks (docs: ``risk`` of a step) at which one key answers; any other, ``high``, ``critical``
+# or one this relay does not know, needs the whole word
+ONE_KEY_RISKS = frozenset({"low", "normal"})
+KEYS = {"a": "approve", "s": "skip", "e": "adjust"}
+# gate answers after which nobody needs to decide the approval any more
+FINAL = frozenset({"already_resolved", "expired", "unknown_approval"})
+WORDS = {"approve": "approve", "skip": "skip", "edit": "adjust", "adjust": "adjust"}
+# whitespace a human knows by name; any other is shown as its code point
+_SPACE_NAMES = {" ": "space", "\t": "tab", "\n": "newline", "\r": "carriage return",
+                "\x0b": "vertical tab", "\x0c": "form feed"}
+
+# Unicode categories a terminal does not show as themselves: controls (C0, DEL, C1: carriage
+# return, escape sequences), format characters (bidi overrides, zero-width), line and paragraph
+# separators, surrogates and unassigned code points. Newline and tab are shown as they are.
+_HIDDEN_CATEGORIES = frozenset({"Cc", "Cf", "Zl", "Zp", "Cs", "Cn"})
+
+
+def visible(text: str) -> tuple[str, int]:
+    """Return ``(text, count)``: ``text`` with every character a terminal would not show as
+    itself (a control, format, line/paragraph-separator, surrogate or unassigned code point;
+    newline and tab excepted) replaced by a visible ``<U+XXXX>`` mark, and how many were.
+
+    A draft of ``"pay 12000 to X\\r\\x1b[2Kpay 12 to Y"`` would otherwise show as its second
+    half only (security review); the human must see what the payload hash covers.
+    """
+    out: list[str] = []
+    count = 0
+    for char in text:
+        if char not in "\n\t" and unicodedata.category(char) in _HIDDEN_CATEGORIES:
+            out.append(f"<U+{ord(char):04X}>")
+            count += 1
+        else:
+            out.append(char)
+    return "".join(out), count
+
+
+def shown(value: object) -> str:
+    """``str(value)`` as ``visible`` shows it (for one-line fields of an envelope)."""
+    return visible(str(value))[0]
+
+
+def _number(value: object) -> float | None:
+    """A JSON number as a float; None for null, booleans, text or a non-finite value."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value) if math.isfinite(value) else None
+
+
+def amount(value: float, unit: str) -> str:
+    """``value`` with at most 6 decimals, trailing zeros dropped, then ``unit``:
+    ``20.0 -> "20 EUR"``, ``0.1 + 0.2 -> "0.3 EUR"``."""
+    text = f"{round(value, 6) + 0.0:.6f}".rstrip("0").rstrip(".")
+    return f"{text} {unit}" if unit else text
+
+
+def quorum_words(quorum: object) -> str:
+    """``{"required": 2, "collected": 1}`` -> ``approvals: 1 of 2 collected``."""
+    q = quorum if isinstance(quorum, dict) else {}
+    return f"approvals: {shown(q.get('collected'))} of {shown(q.get('required'))} collected"
+
+
+def budget_lines(budget: object, pipeline: str) -> list[str]:
+    """The dispatch's ``budget`` (docs/protocol.md: ``unit``, ``spent_today``, ``cap_today``,
+    ``spent_pipeline``, ``cap_pipeline``, ``this_request``; amounts in ``unit``, "today" is
+    the gate's UTC day, spent = what fired) in words, one line per configured cap:
+    ``budget: spend 120 EUR of 500 EUR left today (all pipelines: cap 500 EUR, 0 EUR spent)``.
+
+    No budget, no lines; a budget whose fields are not of those types is shown as its JSON.
+    """
+    if not budget:
+        return []
+    fields = ("spent_today", "cap_today", "spent_pipeline", "cap_pipeline", "this_request")
+    if not isinstance(budget, dict) or not isinstance(budget.get("unit", ""), str) or any(
+            budget.get(key) is not None and _number(budget.get(key)) is None for key in fields):
+        return [f"budget: {shown(json.dumps(budget, ensure_ascii=False))}"]
+    unit = shown(budget.get("unit") or "")
+    spend = _number(budget.get("this_request"))
+    lines = []
+    for scope, spent_key, cap_key in (("all pipelines", "spent_today", "cap_today"),
+                                      (f"pipeline {shown(pipeline)}", "spent_pipeline",
+                                       "cap_pipeline")):
+        cap = _number(budget.get(cap_key))
+        if cap is None:
+            continue
+        spent = _number(budget.get(spent_key)) or 0.0
+        left = max(cap - spent, 0.0)
+        if spend is not None:
+            words = f"spend {amount(spend, unit)} of {amount(left, unit)} left today"
+            if spend > left:
+                words += f", {amount(spend - left, unit)} over the cap"
+        else:
+            words = f"{amount(left, unit)} of {amount(cap, unit)} left today"
+            if spent > cap:
+                words += f", already {amount(spent - cap, unit)} over the cap"
+            words += ", the request names no spend"
+        lines.append(f"budget: {words} ({scope}: cap {amount(cap, unit)}, "
+                     f"{amount(spent, unit)} spent)")
+    if not lines and spend is not None:
+        lines.append(f"budget: spend {amount(spend, unit)} (no cap)")
+    return lines
+
+
+def draft_lines(body: str) -> tuple[list[str], list[str]]:
+    """Return ``(warnings, lines)`` for a draft: what to say above it, and what to print
+    between the separators. The body is shown through ``visible``; an empty draft, or one of
+    whitespace only, is said in words (``(the draft is empty)``) instead of printing nothing."""
+    text, hidden = visible(body)
+    warnings = []
+    if hidden:
+        warnings.append(f"warning: the draft holds {hidden} control or invisible characters, "
+                        "shown as <U+XXXX>; the draft approved is exactly as sent, with them")
+    if not body:
+        return warnings, ["(the draft is empty)"]
+    if not body.strip():
+        counts = Counter(body)
+        kinds = ", ".join(_count(n, _SPACE_NAMES.get(c) or f"U+{ord(c):04X}")
+                          for c, n in counts.items())
+        return warnings, [f"(the draft is only whitespace, {_count(len(body), 'character')}: "
+                          f"{kinds})"]
+    return warnings, [text]
+
+
+def _count(n: int, name: str) -> str:
+    return f"{n} {name}" + ("s" if n != 1 and not name.startswith("U+") else "")
+
+
+def render(envelope: dict[str, Any], identity: str) -> str:
+    """The whole block shown for one approver: header (approval, pipeline/step, risk,
+    revision; quorum, expiry, who answers; budget), then the draft between two separators."""
+    draft = envelope.get("draft") or {}
+    warnings, body = draft_lines(str(draft.get("body", "")))
+    lines = [
+        "",
+        RULE,
+        f"Approval {shown(envelope.get('approval_id'))}  {shown(envelope.get('pipeline'))}/"
+        f"{shown(envelope.get('step'))}  risk {shown(envelope.get('risk'))}  revision "
+        f"{shown(envelope.get('revision', 1))}",
+        f"{quorum_words(envelope.get('quorum'))}  expires {shown(envelope.get('expires_at'))}"
+        f"  you are {shown(identity)}",
+        *budget_lines(envelope.get("budget"), str(envelope.get("pipeline"))),
+        *warnings,
+        SEPARATOR,
+        *body,
+        SEPARATOR,
+    ]
+    return "\n".join(lines) + "\n"
+
+
+@dataclass(frozen=True, slots=True)
+class Choices:
+    """What an approver may type at a prompt: at risk ``low`` or ``normal`` one key (``a``,
+    ``s``, ``e``) or the word; at any other risk only the whole word (``approve``, ``skip``,
+    ``edit``/``adjust``), so no stray key approves a high-risk action (issue 12 item 1)."""
+
+    risk: str
+    whole_words: bool
+
+    @classmethod
+    def for_risk(cls, risk: object) -> Choices:
+        """The choices at ``risk`` (a dispatch's ``risk`` field; unknown counts as high)."""
+        text = shown(risk)
+        return cls(text, text not in ONE_KEY_RISKS)
+
+    @property
+    def prompt(self) -> str:
+        """The question, ending where the answer is typed."""
+        if self.whole_words:
+            return f"Risk {self.risk}: type the whole word approve, skip or edit: "
+        return "[a]pprove, [s]kip or [e]dit (adjust)? "
+
+    @property
+    def hint(self) -> str:
+        """The line shown after an answer that is not taken."""
+        if self.whole_words:
+            return f"Not taken: at risk {self.risk} type the whole word approve, skip or edit."
+        return "Not taken: type a, s or e (or approve, skip, edit)."
+
+    def parse(self, answer: str) -> str | None:
+        """The verb (approve|skip|adjust) ``answer`` means, or None when it is not taken."""
+        word = answer.strip().lower()
+        if word in WORDS:
+            return WORDS[word]
+        return None if self.whole_words else KEYS.get(word)
+
+
+def verdict(verb: str, status: int, answer: Any) -> str:
+    """One line telling the human at the terminal what the gate did with their answer."""
+    if status == 200 and isinstance(answer, dict):
+        if answer.get("resolved"):
+            return f"Recorded: the approval is resolved {shown(answer.get('outcome'))}."
+        return "Recorded; the quorum is not complete yet."
+    reason = answer.get("reason") if isinstance(answer, dict) else None
+    outcome = answer.get("outcome") if isinstance(answer, dict) else None
+    tail = (f"; the approval is resolved {shown(outcome)} without it." if outcome else
+            "; the approval timed out without it." if reason == "expired" else
+            "; the approval is resolved without it." if reason in FINAL else ".")
+    return (f"The gate did not record your {verb}: {shown(reason or 'refused')} "
+            f"(HTTP {status}){tail}")
+
+
+def greeting(url: str, identities: Sequence[str], interactive: bool) -> str:
+    """The relay's first line at the terminal: where it listens, as whom and how it asks."""
+    who = f"as {', '.join(identities)}" if identities else "as each dispatch's first approver"
+    how = ("on this terminal; keys typed before a prompt are discarded" if interactive else
+           "reading the answers from stdin (not a terminal): one line per prompt, in order")
+    return f"hitl-gate relay listening on {url}; asking {who}, {how}. Ctrl-C stops."
