@@ -236,6 +236,26 @@ def test_handler_accepts_rotated_secret_and_posts_a_signed_decision(
 
 
 @needs_handler
+def test_b02_08_handler_skips_a_malformed_v1_like_the_gate(
+        tmp_path: Path, callback: CallbackServer) -> None:
+    """Item 8 of issue 12 (conformance/vectors/signature_header.json, the *_v1_* cases): a v1
+    that is not 64 hex digits is skipped when another is well formed; with none well formed
+    the header is signature_malformed (the template answered signature_mismatch)."""
+    url = f"http://127.0.0.1:{callback.server_address[1]}/hitl/v0/decisions"
+    body = _dispatch(url)
+    now = int(time.time())
+    good = signing.compute(SECRET, now, body)
+    wrong = signing.compute("another-secret", now, body)
+    assert _handle(tmp_path, body, f"t={now},v1={good[:-1]},v1={wrong}") == (
+        401, {"status": "unauthorized", "reason": "signature_mismatch"})
+    for junk in (good[:-1], "z" * 64, good + "0", ""):
+        assert _handle(tmp_path, body, f"t={now},v1={junk},v1={junk}") == (
+            401, {"status": "unauthorized", "reason": "signature_malformed"}), junk
+    assert _handle(tmp_path, body, f"t={now},v1=zz,v1={good}") == (202, {"status": "accepted"})
+    assert callback.arrived.wait(DEADLINE_S), (tmp_path / "handler.log").read_text()
+
+
+@needs_handler
 def test_ask_mode_shows_control_and_invisible_characters_of_a_draft(
         tmp_path: Path, callback: CallbackServer) -> None:
     """Security review: ``ask`` printed the draft raw on the terminal, so ``"...ATTACKER\\r
