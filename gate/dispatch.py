@@ -254,10 +254,10 @@ async def post_signed(session: aiohttp.ClientSession, url: str, body: bytes, sec
             status = resp.status
             if 200 <= status < 300:
                 return SendResult(status, None, time.monotonic() - started)
-            reason = relay_reason(await _answer_head(resp))
-            error = f"relay answered HTTP {status}" + (f": {reason}" if reason else "")
-            return SendResult(status, redact(error, url), time.monotonic() - started,
-                              "http_status")
+            reason = relay_reason(await _answer_head(resp))  # the relay's words: redacted
+            error = f"relay answered HTTP {status}" + (f": {redact(reason, url)}" if reason
+                                                       else "")
+            return SendResult(status, error, time.monotonic() - started, "http_status")
     except TimeoutError:
         return SendResult(None, f"no answer within {timeout_s:g} s", time.monotonic() - started,
                           "timeout")
