@@ -2,22 +2,38 @@
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
-STAMP := $(VENV)/.installed
+# One stamp per install, each made once and again when pyproject.toml changes: the package
+# with its runtime dependencies (all `make demo` needs), and the same plus the test tools of
+# pyproject's [test] extra (`make test`; it satisfies the first stamp too).
+RUNTIME := $(VENV)/.installed-runtime
+TESTING := $(VENV)/.installed-test
 
 .PHONY: demo test venv clean
 
-$(STAMP): pyproject.toml
+$(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
+
+# A regular install, not an editable one: the demo only runs the package, and setuptools'
+# editable-install notice (its meta path finder for this flat layout) is never printed.
+# build/ goes first: setuptools reuses it, and would ship a module deleted since.
+$(RUNTIME): pyproject.toml | $(BIN)/python
+	rm -rf build
+	$(BIN)/pip install --quiet .
+	touch $@
+
+# Editable for development: the tests that start the installed `hitl-gate` (Node-RED, n8n)
+# then run the working tree, whatever changed since.
+$(TESTING): pyproject.toml | $(BIN)/python
 	$(BIN)/pip install --quiet -e '.[test]'
-	touch $(STAMP)
+	touch $@ $(RUNTIME)
 
-venv: $(STAMP)
+venv: $(RUNTIME)
 
-demo: $(STAMP)
+demo: $(RUNTIME)
 	$(BIN)/python scripts/demo.py
 
-test: $(STAMP)
+test: $(TESTING)
 	$(BIN)/python -m pytest
 
 clean:

@@ -23,6 +23,7 @@ from gate.metrics import Metrics, metrics_for
 from gate.protocol import PROTOCOL, PROTOCOL_HEADER, SIGNATURE_HEADER, signing
 from gate.protocol.canonical import wire_json
 from gate.protocol.envelope import build_dispatch
+from gate.relay_answers import MAX_ANSWER_BYTES, relay_reason
 
 log = logging.getLogger(__name__)
 
@@ -253,14 +254,31 @@ async def post_signed(session: aiohttp.ClientSession, url: str, body: bytes, sec
             status = resp.status
             if 200 <= status < 300:
                 return SendResult(status, None, time.monotonic() - started)
-            return SendResult(status, f"relay answered HTTP {status}",
-                              time.monotonic() - started, "http_status")
+            reason = relay_reason(await _answer_head(resp))  # the relay's words: redacted
+            error = f"relay answered HTTP {status}" + (f": {redact(reason, url)}" if reason
+                                                       else "")
+            return SendResult(status, error, time.monotonic() - started, "http_status")
     except TimeoutError:
         return SendResult(None, f"no answer within {timeout_s:g} s", time.monotonic() - started,
                           "timeout")
     except aiohttp.ClientError as exc:
         return SendResult(None, redact(f"{type(exc).__name__}: {exc}", url)[:MAX_ERROR_CHARS],
                           time.monotonic() - started, "connection")
+
+
+async def _answer_head(resp: aiohttp.ClientResponse) -> bytes:
+    """Up to MAX_ANSWER_BYTES of a refusal's body; b"" when reading it fails or times out
+    (the status is the answer: the body only explains it)."""
+    data = b""
+    try:
+        while len(data) < MAX_ANSWER_BYTES:
+            chunk = await resp.content.read(MAX_ANSWER_BYTES - len(data))
+            if not chunk:
+                break
+            data += chunk
+    except (TimeoutError, aiohttp.ClientError):
+        return b""
+    return data
 
 
 def redact(text: str, url: str) -> str:

@@ -35,6 +35,7 @@ from gate.dispatch import redact
 from gate.errors import ConfigError, GateError
 from gate.keys import ReceiptKeys, load_receipt_keys
 from gate.protocol.envelope import rfc3339
+from gate.relay_answers import refusal_reason
 from gate.store import auditlog, maintenance
 
 # A system clock before this release's date is certainly wrong (e.g. a board without a
@@ -369,17 +370,41 @@ def check_clock(now_s: float, probe: RelayProbe | None, max_skew_s: float) -> Ch
 
 # what an un-acked dispatch's status most often means, for the dispatch check's hint
 _DISPATCH_HINTS = {
-    "401": "the relay refused the gate's signature: do the relay and relay.secret_env hold "
-           "the same secret?",
-    "403": "the relay refused the gate: its secret, or its allow-list?",
-    "404": "is relay.url the relay's dispatch path?",
-    "405": "is relay.url the relay's dispatch path (it must take POST)?",
+    401: "the relay refused the gate's signature: do the relay and relay.secret_env hold "
+         "the same secret?",
+    403: "the relay refused the gate: its secret, or its allow-list?",
+    404: "is relay.url the relay's dispatch path?",
+    405: "is relay.url the relay's dispatch path (it must take POST)?",
 }
+# what the relay's own reason (hitl/v0 refusal reasons, SPEC §2) says, which beats a guess
+# from the status: a relay whose clock is off refuses with 401 too
+_REASON_HINTS = {
+    "timestamp_out_of_window": "the relay's clock and this host's differ by more than the "
+                               "relay accepts, 300 s in hitl/v0: set both clocks by NTP; the "
+                               "secret is not the cause",
+    "signature_mismatch": "the relay holds a different secret from relay.secret_env: give "
+                          "both the same secret",
+    "signature_malformed": "the relay could not read the gate's X-Draftcat-Signature header: "
+                           "does something between them rewrite it?",
+    "signature_missing": "the relay got no X-Draftcat-Signature header: does something "
+                         "between them drop it?",
+}
+
+
+def dispatch_hint(error: str | None) -> str:
+    """The likely cause of a dispatch's ``last_error`` for an operator, or "": from the
+    relay's reason when it gave a known one, else from its HTTP status."""
+    refused = refusal_reason(error)
+    if refused is None:
+        return ""
+    status, reason = refused
+    return _REASON_HINTS.get(reason or "") or _DISPATCH_HINTS.get(status, "")
 
 
 def check_dispatch(path: Path) -> Check:
     """Pending approvals whose dispatch the relay never acked: reachable is not enough if it
-    refuses what the gate sends (a different secret answers 401 to every dispatch)."""
+    refuses what the gate sends (a different secret answers 401 to every dispatch, a clock
+    off by minutes too: the relay's reason, when it gives one, tells them apart)."""
     if not path.exists():
         return _skip("dispatch", "no database yet")
     try:
@@ -388,11 +413,10 @@ def check_dispatch(path: Path) -> Check:
         return Check("dispatch", False, exc.message)
     if count == 0:
         return Check("dispatch", True, "every pending approval's dispatch was acked")
-    status = next((code for code in _DISPATCH_HINTS if f"HTTP {code}" in (error or "")), None)
-    hint = f" ({_DISPATCH_HINTS[status]})" if status else ""
+    hint = dispatch_hint(error)
     noun = "approval" if count == 1 else "approvals"
     return Check("dispatch", False, f"{count} pending {noun} not delivered to the relay; "
-                 f"latest error: {error}{hint}")
+                 f"latest error: {error}" + (f" ({hint})" if hint else ""))
 
 
 async def run_checks(config_path: str, environ: Mapping[str, str],

@@ -166,6 +166,7 @@ class Metrics:
             self._state.pending = (count, None if oldest_ms is None
                                    else max(0, now_ms - oldest_ms) / 1000)
         self._state.now_ms = now_ms
+        self._state.writer_unanswered_s = service.store.writer_unanswered_s
         if wants_openmetrics(accept):
             return openmetrics.generate_latest(self.registry), OPENMETRICS_CONTENT_TYPE
         return generate_latest(self.registry), TEXT_CONTENT_TYPE
@@ -198,13 +199,15 @@ async def pending_summary(store: Any) -> tuple[int, int | None]:
 
 
 class _StateCollector(Collector):
-    """Gauges computed at scrape time: pending approvals and their oldest age (read by
-    ``Metrics.render`` just before), relay up and last ack age (from dispatch results)."""
+    """Gauges computed at scrape time: pending approvals and their oldest age, the writer's
+    oldest unanswered write (read by ``Metrics.render`` just before), relay up and last ack
+    age (from dispatch results)."""
 
     def __init__(self) -> None:
         self.pending: tuple[int, float | None] | None = None
         self.last_attempt_acked: bool | None = None
         self.last_ack_ms: int | None = None
+        self.writer_unanswered_s: float | None = None
         self.now_ms = 0
 
     def describe(self) -> list[Any]:
@@ -219,6 +222,12 @@ class _StateCollector(Collector):
                 "hitl_gate_oldest_pending_age_seconds",
                 "Age of the oldest pending approval (0 when none is pending).",
                 value=oldest_age_s or 0.0)
+        if self.writer_unanswered_s is not None:
+            yield GaugeMetricFamily(
+                "hitl_gate_writer_unanswered_seconds",
+                "Seconds the oldest write sent to the database writer process has waited for "
+                "its answer (0 when none waits); /healthz answers 503 above 30.",
+                value=self.writer_unanswered_s)
         if self.last_attempt_acked is not None:
             yield GaugeMetricFamily(
                 "hitl_gate_relay_up",

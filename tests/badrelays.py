@@ -140,6 +140,8 @@ class Misbehaviour:
     - ``payload_hash`` / ``nonce``: values to send instead of echoing the dispatch's.
     - ``ms_timestamps``: sign with ``t`` in milliseconds instead of seconds.
     - ``ack_status``: the status a verified dispatch is answered with (a 5xx still decides).
+    - ``clock_offset_s``: how far the relay's clock is off (seconds, + ahead): it judges the
+      dispatch's ``t`` and signs its decisions by that clock.
     """
 
     verify_hmac: bool = True
@@ -154,6 +156,7 @@ class Misbehaviour:
     nonce: str | None = None
     ms_timestamps: bool = False
     ack_status: int = 202
+    clock_offset_s: float = 0.0
 
 
 class BadRelay(LoopServer):
@@ -179,11 +182,15 @@ class BadRelay(LoopServer):
         if self._session is not None:
             await self._session.close()
 
+    def _now(self) -> float:
+        """The relay's clock: unix seconds, ``clock_offset_s`` off."""
+        return time.time() + self.m.clock_offset_s
+
     def _problem(self, header: str | None, raw: bytes) -> str | None:
         parsed = parse_signature(header)
         if parsed is None:
             return "signature_malformed"
-        if self.m.verify_window and abs(time.time() - parsed[0]) > MAX_SKEW_S:
+        if self.m.verify_window and abs(self._now() - parsed[0]) > MAX_SKEW_S:
             return "timestamp_out_of_window"
         if self.m.verify_hmac and not signature_valid(header, raw, self.m.secret):
             return "signature_mismatch"
@@ -224,7 +231,7 @@ class BadRelay(LoopServer):
             "decided_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         }
         raw = json.dumps(body, ensure_ascii=False).encode("utf-8")
-        t = int(time.time() * 1000) if self.m.ms_timestamps else int(time.time())
+        t = int(self._now() * 1000) if self.m.ms_timestamps else int(self._now())
         secret = self.m.sign_secret or self.m.secret
         headers = {"Content-Type": "application/json; charset=utf-8",
                    PROTOCOL_HEADER: "hitl/v0",

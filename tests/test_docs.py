@@ -7,8 +7,13 @@ the docs drop it.
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
+import subprocess
+import time
 import typing
+from pathlib import Path
 from typing import Any
 
 import click
@@ -157,3 +162,66 @@ def test_docs_example_has_no_unknown_key():
     unknown = sorted(example_keys() - set(MODEL_KEYS))
 
     assert not unknown, f"config.example.yaml has keys the config model does not know: {unknown}"
+
+
+# --------------------------------------------------------------------------- Makefile
+
+# Stands in for python3 and the venv's pip/python: records each call, installs nothing.
+FAKE_PYTHON = """#!/bin/sh
+if [ "$1 $2" = "-m venv" ]; then
+    mkdir -p "$3/bin"
+    for tool in pip python; do
+        printf '#!/bin/sh\\necho "%s $*" >> "$MAKE_LOG"\\n' "$tool" > "$3/bin/$tool"
+        chmod +x "$3/bin/$tool"
+    done
+    echo "venv" >> "$MAKE_LOG"
+    exit 0
+fi
+echo "unexpected: $*" >&2
+exit 1
+"""
+
+
+def _make(directory: Path, target: str, log: Path) -> list[str]:
+    """Run the Makefile's ``target`` in ``directory`` with the fake python; return the
+    venv/pip/python calls it made."""
+    before = log.read_text(encoding="utf-8").splitlines() if log.exists() else []
+    result = subprocess.run(["make", "--no-print-directory", target,
+                             f"PYTHON={directory / 'fake-python'}"], cwd=directory,
+                            env={**os.environ, "MAKE_LOG": str(log)}, capture_output=True,
+                            text=True, timeout=60, check=False)
+    assert result.returncode == 0, result.stdout + result.stderr
+    return log.read_text(encoding="utf-8").splitlines()[len(before):]
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="needs make")
+def test_b02_10_make_demo_installs_the_runtime_only_and_make_test_adds_the_test_extras(
+        tmp_path: Path) -> None:
+    """Item 10 of issue 12: ``make demo`` installed the test tools (~50 packages) with an
+    editable install whose setuptools notice was printed. The demo installs the package and
+    its runtime dependencies only, as a regular (not editable) install; ``make test`` adds
+    the [test] extra once, editable; neither reinstalls what the other did. The real
+    Makefile runs, with a python that records the calls instead of installing."""
+    for name in ("Makefile", "pyproject.toml"):
+        shutil.copy(ROOT / name, tmp_path / name)
+    (tmp_path / "fake-python").write_text(FAKE_PYTHON, encoding="utf-8")
+    (tmp_path / "fake-python").chmod(0o755)
+    log = tmp_path / "calls.log"
+    runtime = "pip install --quiet ."
+    demo, tests = "python scripts/demo.py", "python -m pytest"
+    with_extras = "pip install --quiet -e .[test]"
+    assert _make(tmp_path, "demo", log) == [
+        "venv", "pip install --quiet --upgrade pip", runtime, demo]
+    assert _make(tmp_path, "test", log) == [with_extras, tests]
+    assert _make(tmp_path, "demo", log) == [demo]
+    assert _make(tmp_path, "test", log) == [tests]
+    # a changed pyproject.toml is installed again, by whichever runs next
+    later = time.time() + 5
+    os.utime(tmp_path / "pyproject.toml", (later, later))
+    assert _make(tmp_path, "demo", log) == [runtime, demo]
+    # test first on a fresh clone: demo then has nothing left to install
+    shutil.rmtree(tmp_path / ".venv")
+    os.utime(tmp_path / "pyproject.toml", (time.time() - 5, time.time() - 5))
+    assert _make(tmp_path, "test", log) == [
+        "venv", "pip install --quiet --upgrade pip", with_extras, tests]
+    assert _make(tmp_path, "demo", log) == [demo]

@@ -24,9 +24,11 @@ import yaml
 from gate.doctor import CLOCK_WARN_S, RELEASE_DATE, RelayProbe, check_clock
 from gate.keys import generate
 from gate.protocol.canonical import canonical_json
+from tests.badrelays import BadRelay, Misbehaviour
 from tests.support import (
     ROOT,
     CaptureRelay,
+    CliProcess,
     GateProcess,
     decision_body,
     gate_env,
@@ -128,6 +130,53 @@ def test_doctor_fails_dispatch_when_the_relay_refuses_the_gates_signature(tmp_pa
         "FAIL dispatch: 1 pending approval not delivered to the relay; latest error: relay "
         "answered HTTP 401 (the relay refused the gate's signature: do the relay and "
         "relay.secret_env hold the same secret?)")
+
+
+RELAY_REFUSALS = {
+    # a relay whose clock is 10 minutes ahead judges every fresh dispatch out of its window
+    "clock-10-min-off": (
+        Misbehaviour(clock_offset_s=600), "timestamp_out_of_window",
+        "the relay's clock and this host's differ by more than the relay accepts, 300 s in "
+        "hitl/v0: set both clocks by NTP; the secret is not the cause"),
+    "another-secret": (
+        Misbehaviour(secret="the-relay-holds-another-secret"), "signature_mismatch",
+        "the relay holds a different secret from relay.secret_env: give both the same secret"),
+}
+
+
+@pytest.mark.parametrize("case", list(RELAY_REFUSALS))
+def test_b02_07_relay_refusal_reason_reaches_last_error_log_hops_and_doctor(tmp_path, case):
+    """Issue 12 item 7: a relay refusing every dispatch with 401 and a JSON ``reason`` was
+    reported as a bare ``relay answered HTTP 401`` in ``dispatch.last_error``, the log and
+    ``request --wait``, and doctor blamed the secret even when the clocks differed. The
+    relay's reason now travels to all four, and doctor's hint follows it."""
+    misbehaviour, reason, hint = RELAY_REFUSALS[case]
+    relay = BadRelay(misbehaviour).start()
+    try:
+        config = write_config(tmp_path, relay.url)
+        gate = GateProcess(config).start()
+        try:
+            error = f"relay answered HTTP 401: {reason}"
+            cli = CliProcess("request", "-c", str(config), "--api-url", gate.api_url,
+                             "--pipeline", "p", "--step", "q1", "--draft", "refused", "--wait")
+            try:
+                cli.wait_for_line(re.escape(f"dispatch not acked yet: {error} (retrying)"))
+            finally:
+                cli.stop()
+            api = gate.api()
+            (pending,) = api.call("GET", "/v1/approvals?state=pending")[1]["items"]
+            assert pending["dispatch"]["last_error"] == error
+            gate.wait_for_line(re.escape(f"error='{error}'"))
+            assert relay.dispatches and all(d["refused"] == reason for d in relay.dispatches)
+        finally:
+            gate.stop()
+        code, lines = doctor(config)
+    finally:
+        relay.stop()
+    assert code == 1, lines
+    assert line_of(lines, "dispatch") == (
+        f"FAIL dispatch: 1 pending approval not delivered to the relay; latest error: "
+        f"{error} ({hint})")
 
 
 def test_doctor_checks_signatures_with_a_signing_key(tmp_path, relay):

@@ -545,6 +545,31 @@ def test_case_h04_v1_for_previous_and_current_secret_are_accepted(gate, relay):
     assert post(gate, raw, header=header) == (200, APPROVED)
 
 
+@pytest.mark.parametrize("junk", ["z" * 64, "0123abcd", "yQ77OMqcZwUcnDbflmyQsgSIglq8XttZqr="],
+                         ids=["not-hex", "too-short", "base64"])
+def test_b02_08_malformed_v1_beside_a_valid_one_is_recorded(gate, relay, junk):
+    """Item 8 of issue 12: a relay (or a proxy) adding a v1 the gate cannot read beside the
+    right one had its decision refused signature_malformed; any v1 matching is enough."""
+    _, dispatch = open_approval(gate, relay)
+    raw = wire_json(decision_body(dispatch))
+    t = int(time.time())
+    header = f"t={t},v1={junk},v1={signing.compute(SECRET, t, raw)}"
+    assert post(gate, raw, header=header) == (200, APPROVED)
+
+
+def test_b02_08_only_malformed_or_wrong_v1s_are_refused(gate, relay):
+    """The malformed v1 is ignored, not trusted: beside a well-formed wrong one the answer
+    is signature_mismatch; with none well formed it stays signature_malformed."""
+    approval_id, dispatch = open_approval(gate, relay)
+    raw = wire_json(decision_body(dispatch))
+    t = int(time.time())
+    right = signing.compute(SECRET, t, raw)
+    refuse(gate, approval_id, raw, 401, unauthorized("signature_mismatch"),
+           header=f"t={t},v1=zz,v1={signing.compute('not-the-relay-secret', t, raw)}")
+    refuse(gate, approval_id, raw, 401, unauthorized("signature_malformed"),
+           header=f"t={t},v1=zz,v1={right[:-1]}")
+
+
 @pytest.mark.parametrize("template", [
     pytest.param("t={t}, v1={v1}", id="space-after-comma"),
     pytest.param("t = {t} , v1 = {v1}", id="spaces-around-both"),

@@ -272,7 +272,7 @@ VALID, INVALID, MAYBE = "valid", "invalid", "maybe"
 # Styles SPEC §2 requires accepting (spaces around , and =; several v1, one matching), and
 # styles it does not settle (the gate may refuse them, but never with a 5xx).
 VALID_STYLES = ["plain", "plain", "spaces", "both_secrets", "random_v1_first", "random_v1_last",
-                "zeros_as_sent"]
+                "zeros_as_sent", "malformed_v1_beside"]
 MAYBE_STYLES = ["upper_hex", "v1_first", "unknown_key", "trailing_comma", "tabs",
                 "leading_zeros", "t_twice_same"]
 T_TEXTS = ["ms", "negative", "huge", "overlong", "arabic", "arabic_signed", "fullwidth",
@@ -352,6 +352,8 @@ def build_signature(recipe: tuple[Any, ...], raw: bytes, now: int) -> tuple[byte
             "tabs": f"t=\t{t},\tv1={good}",
             "leading_zeros": f"t=00{t},v1={good}",  # MAC over the number, not t as sent
             "zeros_as_sent": f"t=00{t},v1={mac(secret, f'00{t}')}",
+            # a v1 that is not 64 hex digits beside the right one is skipped (issue 12 item 8)
+            "malformed_v1_beside": f"t={t},v1={random_v1[:-1]}g,v1={good},v1=",
             "t_twice_same": f"t={t},t={t},v1={good}",
         }
         return out(headers[style], VALID if style in VALID_STYLES else MAYBE)

@@ -8,7 +8,13 @@ answered, 2xx or not), since retries of a failing dispatch are timed by backoff 
 
 from __future__ import annotations
 
+import os
+import re
+import shutil
+import signal
 import socket
+import subprocess
+import threading
 import time
 from collections.abc import Iterator
 from datetime import datetime
@@ -17,11 +23,14 @@ from typing import Any
 
 import aiohttp
 import pytest
+import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from gate.dispatch import post_signed
 from tests.support import (
     API_TOKEN,
+    DEADLINE_S,
+    ROOT,
     CaptureRelay,
     GateProcess,
     decision_body,
@@ -29,6 +38,7 @@ from tests.support import (
     post_decision,
     wait_until,
     write_config,
+    writer_pid,
 )
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
@@ -195,7 +205,7 @@ def test_metric_names_follow_prometheus_conventions(gate: GateProcess,
         "hitl_gate_dispatch_ack_seconds", "hitl_gate_time_to_decision_seconds",
         "hitl_gate_approvals_pending", "hitl_gate_oldest_pending_age_seconds",
         "hitl_gate_relay_up", "hitl_gate_relay_last_ack_timestamp_seconds",
-        "hitl_gate_relay_last_ack_age_seconds"}
+        "hitl_gate_relay_last_ack_age_seconds", "hitl_gate_writer_unanswered_seconds"}
     for family in families.values():
         assert family.documentation, family.name
         if family.type == "counter":
@@ -240,3 +250,105 @@ async def test_dispatch_failures_are_classified() -> None:
         result = await post_signed(session, f"http://127.0.0.1:{_closed_port()}/relay", b"{}",
                                    "s", int(time.time()), 2.0)
     assert (result.status, result.failure) == (None, "connection")
+
+
+# ---- monitoring: the writer gauge, and the shipped alert rules (item 11 of issue 12) ---------
+
+ALERTS = ROOT / "deploy" / "prometheus" / "hitl-gate-alerts.yml"
+ALERT_TESTS = ROOT / "deploy" / "prometheus" / "hitl-gate-alerts.test.yml"
+OPERATING = ROOT / "docs" / "operating.md"
+# PromQL words of the rules that are not series names
+PROMQL_WORDS = {"sum", "rate", "increase", "by", "and", "or", "unless", "max", "min", "avg"}
+
+
+def test_b02_11_writer_gauge_shows_a_stalled_writer(gate: GateProcess,
+                                                    relay: CaptureRelay) -> None:
+    """A stuck database writer made /healthz answer 503 but nothing a Prometheus alert could
+    use: ``hitl_gate_writer_unanswered_seconds`` is the age of the oldest write the writer
+    process has not answered (0 when none waits); /metrics answers meanwhile (reads do not
+    go through the writer)."""
+    assert value(scrape(gate)[1], "hitl_gate_writer_unanswered_seconds") == 0
+    pid = writer_pid(gate)
+    created: dict[str, Any] = {}
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        holder = threading.Thread(target=lambda: created.update(gate.api().create("q1")),
+                                  daemon=True)
+        holder.start()
+        waited = wait_until(
+            lambda: value(scrape(gate)[1], "hitl_gate_writer_unanswered_seconds"),
+            what="the held create to show in the writer gauge")
+        assert waited > 0 and not created  # the create is still waiting for the writer
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    holder.join(DEADLINE_S)
+    assert created["state"] == "pending"
+    wait_until(lambda: value(scrape(gate)[1], "hitl_gate_writer_unanswered_seconds") == 0,
+               what="the gauge back at 0 once the writer answered")
+
+
+def _rules() -> list[dict[str, Any]]:
+    groups = yaml.safe_load(ALERTS.read_text(encoding="utf-8"))["groups"]
+    return [rule for group in groups for rule in group["rules"]]
+
+
+def _series_names(expr: str) -> set[str]:
+    """The series names a PromQL expression selects (label matchers, ranges, ``by (...)``
+    lists and numbers left out)."""
+    bare = re.sub(r"\{[^}]*\}|\[[^\]]*\]|\bby\s*\([^)]*\)", " ", expr)
+    return {word for word in re.findall(r"[A-Za-z_:][A-Za-z0-9_:]*", bare)
+            if word not in PROMQL_WORDS}
+
+
+def _scrape_config() -> str:
+    """The Prometheus configuration block of docs/operating.md's Monitoring section."""
+    text = OPERATING.read_text(encoding="utf-8").split("\n## 9. Monitoring\n", 1)[1]
+    blocks = re.findall(r"```yaml\n(.*?)```", text, re.S)
+    (config,) = [b for b in blocks if "scrape_configs:" in b]
+    return config
+
+
+def test_b02_11_alert_rules_use_only_metrics_the_running_gate_exposes(
+        gate: GateProcess, relay: CaptureRelay) -> None:
+    """Every hitl_gate_* series an alert selects is in a real scrape (after one dispatch was
+    acked, so the relay gauges exist); the only other series is Prometheus' own ``up`` of
+    the job named in docs/operating.md's scrape config."""
+    approval = gate.api().create("q1", body="monitored")["approval_id"]
+    relay.wait_dispatch(approval)
+
+    def with_relay_gauges() -> set[str] | None:
+        names = {name for name, _ in scrape(gate)[1]}
+        return names if "hitl_gate_relay_up" in names else None
+    exposed = wait_until(with_relay_gauges, what="the relay gauges")
+    job = yaml.safe_load(_scrape_config())["scrape_configs"][0]["job_name"]
+    rules = _rules()
+    assert {rule["alert"] for rule in rules} == {
+        "HitlGateDown", "HitlGateRelayUnreachable", "HitlGateDispatchFailureRate",
+        "HitlGateApprovalWaitingLong", "HitlGateWriterStalled"}
+    for rule in rules:
+        names = _series_names(rule["expr"])
+        assert names, rule
+        assert names - {"up"} <= exposed, (rule["alert"], names - exposed)
+        if "up" in names:
+            assert f'up{{job="{job}"}}' in rule["expr"], rule
+        assert rule["labels"]["severity"] in ("critical", "warning"), rule
+        assert rule["annotations"]["summary"] and rule["annotations"]["description"], rule
+
+
+def test_b02_11_alert_rules_and_scrape_config_pass_promtool(tmp_path: Path) -> None:
+    """``promtool check rules`` and the rules' unit tests (each alert quiet, then firing), and
+    the scrape config of docs/operating.md (syntax: its files live on the Prometheus host).
+    Skipped without promtool only outside CI (``.ci/run`` installs it: Debian ``prometheus``)."""
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        if os.environ.get("HITL_CI") or os.environ.get("CI"):
+            pytest.fail("promtool is missing in CI (apt-get install prometheus)")
+        pytest.skip("needs promtool (Debian: apt-get install --no-install-recommends prometheus)")
+    config = tmp_path / "prometheus.yml"
+    config.write_text(_scrape_config(), encoding="utf-8")
+    for args in (["check", "rules", str(ALERTS)], ["test", "rules", str(ALERT_TESTS)],
+                 ["check", "config", "--syntax-only", str(config)]):
+        result = subprocess.run([promtool, *args], capture_output=True, text=True, timeout=60,
+                                check=False, cwd=ALERTS.parent)
+        assert result.returncode == 0, (args, result.stdout + result.stderr)
+        assert "SUCCESS" in result.stdout + result.stderr, (args, result.stdout)

@@ -27,7 +27,8 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from gate.dispatch import BACKOFF_BASE_S, BACKOFF_CAP_S, backoff_s
+from gate.dispatch import BACKOFF_BASE_S, BACKOFF_CAP_S, backoff_s, post_signed, relay_session
+from tests.badrelays import PermissiveServer
 from tests.support import (
     DEADLINE_S,
     ROOT,
@@ -233,6 +234,50 @@ def test_relay_status_other_than_2xx_is_not_an_ack_and_is_retried(tmp_path, scri
     finally:
         if gate.proc and gate.proc.poll() is None:
             gate.stop()
+
+
+# what a relay answers a dispatch with -> what the gate keeps of it (item 7 of issue 12)
+RELAY_REFUSAL_ANSWERS = {
+    "spec-reason": (401, {"status": "unauthorized", "reason": "timestamp_out_of_window"},
+                    "relay answered HTTP 401: timestamp_out_of_window"),
+    "busy-5xx": (503, {"status": "unavailable", "reason": "flow paused for maintenance"},
+                 "relay answered HTTP 503: flow paused for maintenance"),
+    # controls, escapes, quotes, backslash and non-ASCII never reach a log line or a terminal
+    "hostile-characters": (
+        401, {"reason": "bad\x1b[2J\r\nevent=forged approval_id=X 'q' \"d\" \\ caf\u00e9\u202e"},
+        "relay answered HTTP 401: bad?[2J event=forged approval_id=X ?q? ?d? ? caf?"),
+    "long": (401, {"reason": "x" * 1000}, "relay answered HTTP 401: " + "x" * 100),
+    "no-letter-or-digit": (401, {"reason": "\u0000\u0007 ..."}, "relay answered HTTP 401"),
+    "reason-not-a-string": (401, {"reason": {"code": 7}}, "relay answered HTTP 401"),
+    "json-array": (401, ["signature_mismatch"], "relay answered HTTP 401"),
+    "plain-text": (401, "Unauthorized\n", "relay answered HTTP 401"),
+    # the body beyond 4 KiB is never read: a big answer keeps no reason
+    "big-body": (401, {"reason": "signature_mismatch", "pad": "p" * 10_000},
+                 "relay answered HTTP 401"),
+    "deeply-nested": (401, "[" * 4000, "relay answered HTTP 401"),
+    # a relay echoing its URL's secret query value gets it redacted, as connection errors are
+    "echoes-url-secret": (401, {"reason": "sig=url-secret-77aa is not ours"},
+                          "relay answered HTTP 401: sig=<redacted> is not ours"),
+}
+
+
+@pytest.mark.parametrize("case", list(RELAY_REFUSAL_ANSWERS))
+async def test_b02_07_relay_refusal_reason_is_kept_bounded_and_sanitised(case: str) -> None:
+    """The relay's JSON ``reason`` is kept with its HTTP status (item 7 of issue 12); it is
+    at most 100 printable ASCII characters without quotes or backslashes, read from at most
+    4 KiB of the answer, never the relay's whole body, and a secret of the relay URL is
+    redacted from it."""
+    status, answer, expected = RELAY_REFUSAL_ANSWERS[case]
+    server = PermissiveServer(status, answer).start()
+    try:
+        async with relay_session() as session:
+            # "via=relay": a query value that is also a word of the error's own text
+            result = await post_signed(session, server.url + "hook?sig=url-secret-77aa&via=relay",
+                                       b"{}", "secret", int(time.time()), 5.0)
+    finally:
+        server.stop()
+    assert (result.status, result.error, result.failure) == (status, expected, "http_status")
+    assert len(server.requests()) == 1
 
 
 def test_relay_2xx_variants_are_acks(tmp_path, scripted):

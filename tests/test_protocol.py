@@ -202,6 +202,26 @@ def test_signing_parse_lowercases_v1_and_keeps_order() -> None:
     assert (parsed.t, parsed.v1, parsed.t_text) == (5, ("a" * 64, b), "5")
 
 
+def test_b02_08_malformed_v1_is_ignored_when_another_v1_is_well_formed() -> None:
+    """SPEC §2: "a signature matches if any v1 matches any configured secret". One v1 that
+    was not 64 hex digits made the whole header signature_malformed (item 8 of issue 12):
+    it is now skipped when a well-formed v1 is present, wherever it stands; with none well
+    formed the header stays malformed."""
+    body = b'{"x":1}'
+    good = signing.compute("test-secret-new", NOW, body)
+    for junk in ("zz", good[:-1], good + "0", "", "yQ77OMqc=", "\u0661" * 64):
+        for header in (f"t={NOW},v1={junk},v1={good}", f"t={NOW},v1={good},v1={junk}"):
+            parsed = signing.verify(header, body, ["test-secret-new"], NOW, 300)
+            assert parsed.v1 == (good,), header
+        with pytest.raises(ProtocolError) as info:
+            signing.verify(f"t={NOW},v1={junk},v1={'0' * 64}", body, ["test-secret-new"],
+                           NOW, 300)
+        assert info.value.code == "signature_mismatch"
+        with pytest.raises(ProtocolError) as info:
+            signing.parse(f"t={NOW},v1={junk},v1={junk}")
+        assert info.value.code == "signature_malformed"
+
+
 def test_signing_check_hmac_any_v1_any_secret() -> None:
     body = b'{"x":1}'
     old = signing.compute("test-secret-old", NOW, body)

@@ -235,6 +235,26 @@ def test_handler_accepts_rotated_secret_and_posts_a_signed_decision(
     assert decision["approver"]["id"] == APPROVER
 
 
+@needs_handler
+def test_b02_08_handler_skips_a_malformed_v1_like_the_gate(
+        tmp_path: Path, callback: CallbackServer) -> None:
+    """Item 8 of issue 12 (conformance/vectors/signature_header.json, the *_v1_* cases): a v1
+    that is not 64 hex digits is skipped when another is well formed; with none well formed
+    the header is signature_malformed (the template answered signature_mismatch)."""
+    url = f"http://127.0.0.1:{callback.server_address[1]}/hitl/v0/decisions"
+    body = _dispatch(url)
+    now = int(time.time())
+    good = signing.compute(SECRET, now, body)
+    wrong = signing.compute("another-secret", now, body)
+    assert _handle(tmp_path, body, f"t={now},v1={good[:-1]},v1={wrong}") == (
+        401, {"status": "unauthorized", "reason": "signature_mismatch"})
+    for junk in (good[:-1], "z" * 64, good + "0", ""):
+        assert _handle(tmp_path, body, f"t={now},v1={junk},v1={junk}") == (
+            401, {"status": "unauthorized", "reason": "signature_malformed"}), junk
+    assert _handle(tmp_path, body, f"t={now},v1=zz,v1={good}") == (202, {"status": "accepted"})
+    assert callback.arrived.wait(DEADLINE_S), (tmp_path / "handler.log").read_text()
+
+
 def _ask_on_a_terminal(tmp_path: Path, callback: CallbackServer, draft: str) -> str:
     """Run the handler in ``ask`` mode with a pseudo-terminal as its controlling terminal
     (its /dev/tty) on a dispatch of ``draft``; answer ``a`` once it asks; return what the

@@ -551,6 +551,17 @@ def test_judge_ack() -> None:
         assert error in result.observed
 
 
+def test_b02_07_verify_ack_hint_follows_the_relays_reason() -> None:
+    """Item 7 of issue 12: a relay refusing the real dispatch as timestamp_out_of_window was
+    told to check its secret; its reason now picks the hint (the clocks differ)."""
+    clock = judge_ack(401, "relay answered HTTP 401: timestamp_out_of_window", 0.1)
+    assert not clock.ok and "timestamp_out_of_window" in clock.observed
+    assert clock.fix.startswith("set the relay's clock and this host's by NTP"), clock.fix
+    for error in ("relay answered HTTP 401: signature_mismatch", "relay answered HTTP 401"):
+        secret = judge_ack(401, error, 0.1)
+        assert secret.fix.startswith("check that the relay holds the same secret"), error
+
+
 def _obs(raw: bytes = b"{}", status: int = 200) -> Observed:
     return Observed(raw, {}, time.time(), status, {"status": "recorded"})
 

@@ -43,11 +43,15 @@ def sign(secret: str, t: int, body: bytes) -> str:
 
 
 def parse(header: str | None) -> SignatureHeader:
-    """Parse a header leniently (spaces around ``,`` and ``=``; several ``v1``; unknown keys ignored).
+    """Parse a header leniently (spaces around ``,`` and ``=``; several ``v1``; unknown keys
+    ignored). Returns ``t`` and the well-formed ``v1`` digests (64 hex digits, lowercased),
+    in header order: a ``v1`` that is not 64 hex digits is skipped, since any one ``v1``
+    matching is enough (SPEC §2: "a signature matches if any v1 matches any configured
+    secret").
 
     Raises ProtocolError 401 ``signature_missing`` when absent or empty and
-    ``signature_malformed`` when ``t`` is missing, repeated or not decimal, when no
-    ``v1`` is present, or a ``v1`` is not 64 hex digits.
+    ``signature_malformed`` when ``t`` is missing, repeated or not decimal, when an element
+    has no ``=``, or when no ``v1`` is 64 hex digits (none sent, or every one malformed).
     """
     if header is None or not header.strip():
         raise _unauthorized("signature_missing", "X-Draftcat-Signature header is missing")
@@ -56,6 +60,7 @@ def parse(header: str | None) -> SignatureHeader:
     t: int | None = None
     t_text = ""
     v1: list[str] = []
+    malformed_v1 = False
     for part in header.split(","):
         if not part.strip():
             continue
@@ -71,13 +76,15 @@ def parse(header: str | None) -> SignatureHeader:
             t = int(value)
             t_text = value
         elif key == "v1":
-            if not _HEX64.fullmatch(value):
-                raise _unauthorized("signature_malformed", "signature v1 is not 64 hex digits")
-            v1.append(value.lower())
+            if _HEX64.fullmatch(value):
+                v1.append(value.lower())
+            else:
+                malformed_v1 = True
     if t is None:
         raise _unauthorized("signature_malformed", "signature has no t")
     if not v1:
-        raise _unauthorized("signature_malformed", "signature has no v1")
+        raise _unauthorized("signature_malformed", "signature v1 is not 64 hex digits"
+                            if malformed_v1 else "signature has no v1")
     return SignatureHeader(t=t, v1=tuple(v1), t_text=t_text)
 
 

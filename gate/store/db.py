@@ -149,6 +149,13 @@ class Store:
         return None if self._client is None else self._client.pid
 
     @property
+    def writer_unanswered_s(self) -> float:
+        """Seconds the oldest transaction sent to the writer process has waited for its
+        answer (0.0 when none waits, and always with a writer thread): what the health check
+        compares with ``writerproc.STALL_S``, and ``/metrics`` shows."""
+        return 0.0 if self._client is None else self._client.stalled_s()
+
+    @property
     def unsent_bytes(self) -> int:
         """Bytes of jobs, cancellations and configuration sent to the writer process that
         are not in its socket yet (0 with a writer thread). Once 0, their order is fixed:

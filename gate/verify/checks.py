@@ -11,6 +11,7 @@ import aiohttp
 from gate.errors import GateError
 from gate.protocol import PROTOCOL, PROTOCOL_HEADER, SIGNATURE_HEADER, signing
 from gate.protocol.envelope import decode_json
+from gate.relay_answers import refusal_reason
 
 ACK_LIMIT_S = 5.0
 
@@ -90,6 +91,12 @@ def judge_ack(status: int | None, error: str | None, elapsed_s: float) -> CheckR
                       "answer the dispatch POST with any 2xx at once (within 5 s) and show the "
                       "draft to the human afterwards; never hold the connection open for the "
                       "human")
+    reason = (refusal_reason(error) or (status, None))[1]
+    if status in (400, 401, 403) and reason == "timestamp_out_of_window":
+        return failed(name, f"{what} after {elapsed_s:.2f} s: a dispatch signed just now was "
+                      "refused as out of the relay's time window", "set the relay's clock "
+                      "and this host's by NTP: they differ by more than the relay accepts "
+                      "(300 s in hitl/v0); the secret is not the cause")
     if status in (400, 401, 403):
         return failed(name, f"{what} after {elapsed_s:.2f} s: a correctly signed dispatch was "
                       "refused", "check that the relay holds the same secret as --secret-env "

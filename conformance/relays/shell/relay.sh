@@ -62,7 +62,8 @@ IFS=,
 for kv in $sig; do
   case $kv in
     t=*) [ -z "$t" ] || reply '401 Unauthorized' signature_malformed; t=${kv#t=} ;;
-    v1=*) v1s="$v1s ${kv#v1=}" ;;
+    v1=*) v=${kv#v1=}  # one that is not 64 hex digits is skipped: any v1 may match
+          case $v in *[!0-9a-f]*) ;; *) [ ${#v} -ne 64 ] || v1s="$v1s $v" ;; esac ;;
   esac
 done
 unset IFS

@@ -128,14 +128,14 @@ public class Script : ScriptBase
             }
             else if (key == "v1")
             {
-                if (!Hex64.IsMatch(value))
+                // a v1 that is not 64 hex digits is skipped: any one v1 matching is enough
+                if (Hex64.IsMatch(value))
                 {
-                    return "signature_malformed";
+                    candidates.Add(value.ToLowerInvariant());
                 }
-                candidates.Add(value.ToLowerInvariant());
             }
         }
-        if (t < 0 || candidates.Count == 0)
+        if (t < 0 || candidates.Count == 0)  // no t, or no well-formed v1 at all
         {
             return "signature_malformed";
         }
