@@ -139,12 +139,12 @@ class _Capture(BaseHTTPRequestHandler):
     def do_POST(self) -> None:  # noqa: N802 - http.server's name
         raw = self.rfile.read(int(self.headers["Content-Length"]))
         self.server.seen.append(({k.lower(): v for k, v in self.headers.items()}, raw))
-        self.server.arrived.set()
         answer = b'{"status":"recorded","resolved":true,"outcome":"approved"}'
         self.send_response(200)
         self.send_header("Content-Length", str(len(answer)))
         self.end_headers()
         self.wfile.write(answer)
+        self.server.arrived.set()  # after the answer: a test ending then cannot cut it off
 
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - quiet
         pass
