@@ -1,8 +1,10 @@
 """The POSIX sh relay template (conformance/relays/shell/relay.sh) against the real gate.
 
 It passes ``python -m gate verify`` end to end behind socat, and its per-connection handler
-refuses what SPEC §2 says a relay must refuse. Needs the Debian packages socat, jq, curl and
-openssl; skipped (with the reason) where one is missing.
+refuses what SPEC §2 says a relay must refuse. In ``ask`` mode, with a real pseudo-terminal
+as its /dev/tty, it shows the draft as it is and takes only an answer typed after it (issue 12
+item 1). Needs the Debian packages socat, jq, curl and openssl; skipped (with the reason)
+where one is missing.
 """
 
 from __future__ import annotations
@@ -18,16 +20,16 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.support import free_port
-
 from gate.protocol import signing
+from tests.support import SECRET as GATE_SECRET
+from tests.support import GateProcess, free_port, write_config
 
 ROOT = Path(__file__).resolve().parent.parent
 RELAY_SH = ROOT / "conformance" / "relays" / "shell" / "relay.sh"
@@ -139,12 +141,12 @@ class _Capture(BaseHTTPRequestHandler):
     def do_POST(self) -> None:  # noqa: N802 - http.server's name
         raw = self.rfile.read(int(self.headers["Content-Length"]))
         self.server.seen.append(({k.lower(): v for k, v in self.headers.items()}, raw))
-        self.server.arrived.set()
         answer = b'{"status":"recorded","resolved":true,"outcome":"approved"}'
         self.send_response(200)
         self.send_header("Content-Length", str(len(answer)))
         self.end_headers()
         self.wfile.write(answer)
+        self.server.arrived.set()  # after the answer: a test ending then cannot cut it off
 
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - quiet
         pass
@@ -342,3 +344,212 @@ def test_b02_05_relay_shell_ask_says_when_the_draft_is_empty_or_whitespace(
     assert f"\n{said}\n==\n" in text, text
     [(_, raw)] = callback.seen
     assert json.loads(raw)["decision"] == "approve"
+
+
+# --- issue 12 item 1: answers typed before the draft, stray words, high risk ---------------
+# ``relay.sh serve`` in ask mode behind socat, in a session whose controlling terminal (the
+# handlers' /dev/tty) is a real pseudo-terminal; a real gate dispatches to it.
+
+ONE_KEY_PROMPT = "decide as alice@example.com: [a]pprove, [s]kip or [e]dit (adjust)? "
+ONE_KEY_HINT = "Not taken: type a, s or e (or approve, skip, edit).\n"
+
+
+def _whole_word_prompt(risk: str) -> str:
+    return f"decide as alice@example.com. Risk {risk}: type the whole word approve, skip or edit: "
+
+
+def _whole_word_hint(risk: str) -> str:
+    return f"Not taken: at risk {risk} type the whole word approve, skip or edit.\n"
+
+
+class PtyShellRelay(ShellRelay):
+    """``relay.sh serve`` with ``RELAY_AUTO=ask`` and a pseudo-terminal as its session's
+    controlling terminal: every handler socat forks asks there. The test is the human at the
+    master side: ``screen`` is what the terminal showed (CR LF undone), ``type`` types."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        import fcntl
+        import termios
+
+        self.master, slave = os.openpty()
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}/"
+        self.log_path = tmp_path / "relay.log"
+        self._raw = b""
+        self._cond = threading.Condition()
+
+        def controlling_terminal() -> None:
+            os.setsid()  # socat leads the session and keeps the terminal while handlers come
+            fcntl.ioctl(slave, termios.TIOCSCTTY, 0)
+
+        try:
+            with self.log_path.open("wb") as log:
+                self.proc = subprocess.Popen(
+                    ["sh", str(RELAY_SH), "serve", f"127.0.0.1:{self.port}"],
+                    env=_env(tmp_path, RELAY_AUTO="ask", HITL_RELAY_SECRET=GATE_SECRET),
+                    stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                    pass_fds=(slave,), preexec_fn=controlling_terminal)  # noqa: PLW1509
+        finally:
+            os.close(slave)
+        self._reader = threading.Thread(target=self._read_screen, daemon=True)
+        self._reader.start()
+
+    def _read_screen(self) -> None:
+        while True:
+            try:
+                data = os.read(self.master, 65536)
+            except OSError:  # EIO: the session's last holder of the terminal is gone
+                data = b""
+            with self._cond:
+                self._raw += data
+                self._cond.notify_all()
+            if not data:
+                return
+
+    @property
+    def screen(self) -> str:
+        with self._cond:
+            return self._raw.decode("utf-8", "replace").replace("\r\n", "\n")
+
+    def type(self, text: str) -> None:
+        """Type ``text`` on the terminal's keyboard (``\\n`` is Enter)."""
+        os.write(self.master, text.encode("utf-8"))
+
+    def wait_screen(self, text: str, start: int = 0,
+                    undecided: Callable[[], None] | None = None) -> int:
+        """Wait until ``text`` shows at or after offset ``start``; return where it ends.
+        ``undecided`` is called on every look and raises when a decision came too early."""
+        deadline = time.monotonic() + DEADLINE_S
+        with self._cond:
+            while True:
+                found = self.screen.find(text, start)
+                if found >= 0:
+                    return found + len(text)
+                if undecided is not None:
+                    undecided()
+                assert time.monotonic() < deadline and self.proc.poll() is None, (
+                    f"no {text!r} on the terminal; screen:\n{self.screen}\nlog:\n{self.log()}")
+                self._cond.wait(0.2)
+
+    def stop(self) -> None:
+        super().stop()
+        self._reader.join(DEADLINE_S)
+        os.close(self.master)
+
+
+@pytest.fixture
+def asking(tmp_path: Path) -> Iterator[tuple[PtyShellRelay, Callable[..., GateProcess]]]:
+    """A ``PtyShellRelay`` (listening) and a function starting a real gate dispatching to it
+    (``steps`` as ``write_config``'s); both stopped after the test."""
+    relay = PtyShellRelay(tmp_path)
+    started: list[GateProcess] = []
+
+    def gate(steps: list[dict[str, Any]] | None = None) -> GateProcess:
+        proc = GateProcess(write_config(tmp_path, relay.url, steps=steps)).start()
+        started.append(proc)
+        return proc
+
+    try:
+        relay.wait_ready()
+        yield relay, gate
+    finally:
+        for proc in started:
+            if proc.proc is not None and proc.proc.poll() is None:
+                proc.stop()
+        relay.stop()
+
+
+def _undecided(gate: GateProcess, approval_id: str) -> Callable[[], None]:
+    def check() -> None:
+        approval = gate.api().get(approval_id)
+        assert approval["decisions"] == [], f"decided before the answer was typed: {approval}"
+    return check
+
+
+def _decisions(approval: dict[str, Any]) -> list[tuple[str, str, int]]:
+    return [(d["identity"], d["decision"], d["revision"]) for d in approval["decisions"]]
+
+
+@needs_listener
+def test_b02_01_shell_keys_typed_before_the_prompt_are_discarded(asking) -> None:
+    """Issue 12 item 1, shell relay: ``a`` Enter typed while no prompt was on screen approved
+    the next request at once, unseen (ask read /dev/tty as it was). What is typed before the
+    draft and its prompt are on screen, whole lines and half a line, is discarded; only the
+    answer typed after the prompt counts, for the first request and for the next one."""
+    relay, start_gate = asking
+    gate = start_gate()
+    api = gate.api()
+
+    relay.type("a\nstray")  # nothing on screen asks for it
+    mark = relay.wait_screen("a\nstray")  # its echo: the terminal holds it as input now
+    first = api.create("q1", "Erste Mail: bitte lesen\n")["approval_id"]
+    end = relay.wait_screen(ONE_KEY_PROMPT, mark, _undecided(gate, first))
+    shown = relay.screen[mark:end]
+    assert shown.index("Erste Mail: bitte lesen") < shown.index(ONE_KEY_PROMPT), shown
+    relay.type("s\n")  # the answer, typed after the prompt: "s", not "strays"
+    approval = api.wait_resolved(first)
+    assert (approval["outcome"], _decisions(approval)) == (
+        "skipped", [("alice@example.com", "skip", 1)])
+
+    relay.type("s\nstray")  # between two prompts: a stray key, then half a line
+    mark = relay.wait_screen("s\nstray", end)
+    second = api.create("q1", "Zweite Mail\n")["approval_id"]
+    end = relay.wait_screen(ONE_KEY_PROMPT, mark, _undecided(gate, second))
+    relay.type("a\n")
+    approval = api.wait_resolved(second)
+    assert (approval["outcome"], _decisions(approval)) == (
+        "approved", [("alice@example.com", "approve", 1)])
+    assert "Not taken" not in relay.screen, relay.screen
+
+
+@needs_listener
+@pytest.mark.parametrize(("answer", "outcome", "verb"), [
+    ("  APPROVE \t", "approved", "approve"), ("S", "skipped", "skip"),
+], ids=["approve-word", "skip-key"])
+def test_b02_01_shell_only_a_choice_is_taken_and_abort_does_not_approve(
+        asking, answer: str, outcome: str, verb: str) -> None:
+    """Issue 12 item 1, shell relay: ask matched ``a*``, so ``abort`` (or anything starting
+    with ``a``) approved. Only ``a``/``approve``, ``s``/``skip``, ``e``/``edit``/``adjust``
+    are taken (any case, trimmed); anything else gets a ``Not taken`` line and the prompt
+    again, and decides nothing."""
+    relay, start_gate = asking
+    gate = start_gate()
+    approval_id = gate.api().create("q1", "Hallo Anna\n")["approval_id"]
+    undecided = _undecided(gate, approval_id)
+    mark = relay.wait_screen(ONE_KEY_PROMPT, 0, undecided)
+    for wrong in ("abort", "apple", "sa", "", "approved", "a b"):
+        relay.type(wrong + "\n")
+        mark = relay.wait_screen(ONE_KEY_HINT + ONE_KEY_PROMPT, mark, undecided)
+    relay.type(answer + "\n")
+    approval = gate.api().wait_resolved(approval_id)
+    assert (approval["outcome"], _decisions(approval)) == (
+        outcome, [("alice@example.com", verb, 1)])
+
+
+@needs_listener
+@pytest.mark.parametrize(("risk", "word"), [("high", "approve"), ("critical", "Edit")])
+def test_b02_01_shell_high_risk_takes_the_whole_word_only(
+        asking, risk: str, word: str) -> None:
+    """Issue 12 item 1, shell relay: at a risk other than low/normal one key must not decide;
+    the prompt says to type the whole word, and ``a``, ``s``, ``e`` are refused with that
+    hint. The whole word (any case) is taken; ``edit`` then asks for the new text."""
+    relay, start_gate = asking
+    steps = [{"name": "pay", "quorum": 1, "approvers": [101, 102], "timeout": "1h",
+              "risk": risk}]
+    gate = start_gate(steps)
+    approval_id = gate.api().create("pay", "Pay 12,000.00 EUR to ACME\n")["approval_id"]
+    undecided = _undecided(gate, approval_id)
+    mark = relay.wait_screen(_whole_word_prompt(risk), 0, undecided)
+    for key in ("a", "s", "e", "appr"):
+        relay.type(key + "\n")
+        mark = relay.wait_screen(_whole_word_hint(risk) + _whole_word_prompt(risk), mark,
+                                 undecided)
+    relay.type(word + "\n")
+    if word == "Edit":
+        relay.wait_screen("Type the new text (one line): ", mark, undecided)
+        relay.type("Pay 1,200.00 EUR to ACME\n")
+    approval = gate.api().wait_resolved(approval_id)
+    expected = ("approved", "approve", "Pay 12,000.00 EUR to ACME\n") if word == "approve" \
+        else ("adjusted", "adjust", "Pay 1,200.00 EUR to ACME\n")
+    assert (approval["outcome"], _decisions(approval), approval["final_body"]) == (
+        expected[0], [("alice@example.com", expected[1], 1)], expected[2])

@@ -91,6 +91,64 @@ mkdir -p "$STATE" || reply '500 Internal Server Error' '{"status":"error","reaso
 mkdir "$STATE/$nonce" 2>/dev/null || reply '202 Accepted' '{"status":"accepted","duplicate":true}'
 
 # 4. decide, build, sign and POST in the background (own temp dir, not holding the socket)
+# what a terminal would not show as itself (controls such as CR and ESC, bidi and zero-width
+# format characters, line separators) is shown as <U+XXXX>; `line` marks newline and tab too
+SHOW='def hex: if . < 16 then "0123456789ABCDEF"[.:.+1]
+    else (./16|floor|hex) + ("0123456789ABCDEF"[(.%16):(.%16)+1]) end;
+  def mark: "<U+" + (explode[0] | hex | ("000"[0:(4-length|if . < 0 then 0 else . end)]) + .) + ">";
+  def visible: gsub("(?<c>(?![\\n\\t])[\\p{Cc}\\p{Cf}\\p{Zl}\\p{Zp}\\p{Cs}\\p{Cn}])"; .c | mark);
+  def line: tostring | visible | gsub("(?<c>[\\n\\t])"; .c | mark);
+  def hidden: [match("(?![\\n\\t])[\\p{Cc}\\p{Cf}\\p{Zl}\\p{Zp}\\p{Cs}\\p{Cn}]"; "g")] | length;'
+
+drain() {  # discard what was typed so far, whole lines and half a line: read the terminal's
+  # input queue without waiting (non-canonical, MIN 0 TIME 0: a read returns what is there)
+  mode=$(stty -g <&3) && stty -icanon min 0 time 0 <&3 && cat <&3 >/dev/null &&
+    stty "$mode" <&3 && mode=''
+}
+
+ask() {  # show the draft on /dev/tty (fd 3), then set verb (and text) from the answer typed
+  # after it. Risk low/normal: a, s, e or the word; any other risk: the whole word only
+  # (approve, skip, edit or adjust), any case, trimmed. Anything else is "Not taken".
+  jq -r "$SHOW"'
+    "\n== \(.pipeline|line)/\(.step|line) risk=\(.risk|line) approval \(.approval_id|line)"
+    + (if (.draft.body|hidden) > 0 then "\nwarning: the draft holds \(.draft.body|hidden) control"
+       + " or invisible characters, shown as <U+XXXX>; the draft approved is exactly as sent"
+       else "" end)
+    + "\n" + (if .draft.body == "" then "(the draft is empty)"  # say it, never show nothing
+       elif (.draft.body | test("\\A\\s+\\z")) then
+         "(the draft is only whitespace, \(.draft.body | length) characters)"
+       else .draft.body | visible end) + "\n=="' "$d" >&3 &&
+  jq -r --arg who "$who" "$SHOW"'if .risk == "low" or .risk == "normal" then "" else "whole"
+    end, (.risk|line), ($who|line)' "$d" > "$tmp/ask" &&
+  { IFS= read -r whole; IFS= read -r risk; IFS= read -r me; } < "$tmp/ask" || return 1
+  if [ -n "$whole" ]; then
+    prompt="decide as $me. Risk $risk: type the whole word approve, skip or edit: "
+    hint="Not taken: at risk $risk type the whole word approve, skip or edit."
+  else
+    prompt="decide as $me: [a]pprove, [s]kip or [e]dit (adjust)? "
+    hint='Not taken: type a, s or e (or approve, skip, edit).'
+  fi
+  # only an answer typed after the whole draft was on screen counts (issue 12 item 1)
+  drain || { log "ask: cannot discard what was typed ahead, $id left undecided"; return 1; }
+  while printf '%s' "$prompt" >&3; do
+    IFS= read -r ans <&3 || break
+    word=$(printf '%s\n' "$ans" | tr '[:upper:]' '[:lower:]' |
+      sed 's/^[[:space:]]*//; s/[[:space:]]*$//')
+    case $word in
+      approve|skip) verb=$word ;; edit|adjust) verb=adjust ;;
+      a) [ -n "$whole" ] || verb=approve ;; s) [ -n "$whole" ] || verb=skip ;;
+      e) [ -n "$whole" ] || verb=adjust ;;
+    esac
+    case $verb in approve|skip) return 0 ;; adjust) break ;; esac
+    printf '%s\n' "$hint" >&3
+  done
+  [ "$verb" = adjust ] && printf 'Type the new text (one line): ' >&3 &&
+    IFS= read -r text <&3 && text="${text%"$CR"}
+" && return 0
+  log "ask: the terminal gave no answer, $id left undecided (the gate times it out)"
+  return 1
+}
+
 decide() {
   d=$tmp/dispatch verb=$RELAY_AUTO text=''
   id=$(jq -r .approval_id "$d")
@@ -99,31 +157,10 @@ decide() {
   if [ "$verb" = ask ]; then
     (: <>/dev/tty) 2>/dev/null || { log "ask: no terminal, $id left undecided"; return 1; }
     until mkdir "$STATE/.tty" 2>/dev/null; do sleep 1; done  # one prompt at a time
-    trap 'rmdir "$STATE/.tty"; rm -rf "$tmp"' EXIT
+    mode=''  # the terminal's settings while drain has changed them: put back on any exit
+    trap '[ -z "$mode" ] || stty "$mode" <&3; rmdir "$STATE/.tty"; rm -rf "$tmp"' EXIT
     exec 3<>/dev/tty
-    # what a terminal would not show as itself (controls such as CR and ESC, bidi and
-    # zero-width format characters, line separators) is shown as <U+XXXX>, with a warning
-    jq -r 'def hex: if . < 16 then "0123456789ABCDEF"[.:.+1]
-        else (./16|floor|hex) + ("0123456789ABCDEF"[(.%16):(.%16)+1]) end;
-      def mark: "<U+" + (explode[0] | hex | ("000"[0:(4-length|if . < 0 then 0 else . end)]) + .) + ">";
-      def visible: gsub("(?<c>(?![\\n\\t])[\\p{Cc}\\p{Cf}\\p{Zl}\\p{Zp}\\p{Cs}\\p{Cn}])"; .c | mark);
-      def hidden: [match("(?![\\n\\t])[\\p{Cc}\\p{Cf}\\p{Zl}\\p{Zp}\\p{Cs}\\p{Cn}]"; "g")] | length;
-      "\n== \(.pipeline|tostring|visible)/\(.step|tostring|visible) risk=\(.risk|tostring|visible) approval \(.approval_id|tostring|visible)"
-      + (if (.draft.body|hidden) > 0 then "\nwarning: the draft holds \(.draft.body|hidden) control"
-         + " or invisible characters, shown as <U+XXXX>; the draft approved is exactly as sent"
-         else "" end)
-      + "\n" + (if .draft.body == "" then "(the draft is empty)"  # say it, never show nothing
-         elif (.draft.body | test("\\A\\s+\\z")) then
-           "(the draft is only whitespace, \(.draft.body | length) characters)"
-         else .draft.body | visible end) + "\n=="' "$d" >&3
-    printf 'decide as %s: [a]pprove, [s]kip, [e]dit (one line)? ' "$who" >&3
-    read -r ans <&3 || ans=''
-    case $ans in
-      a*) verb=approve ;; s*) verb=skip ;;
-      e*) verb=adjust; printf 'new text: ' >&3; read -r text <&3; text="$text
-" ;;
-      *) log "no answer: $id left undecided (the gate times it out)"; return 1 ;;
-    esac
+    ask || return 1
   fi
   jq -c --arg v "$verb" --arg who "$who" --arg text "$text" \
     --arg now "$(date -u +%Y-%m-%dT%H:%M:%SZ)" \
