@@ -115,12 +115,13 @@ def _relay_secret(var: str) -> str:
     return secret
 
 
-def _client(config_path: str, api_url: str | None) -> Any:
+def _client(config_path: str, api_url: str | None, config: Any = None) -> Any:
     from gate.client import ApiClient, api_base
 
     from gate.config import read_api_token
 
-    config = _config(config_path)
+    if config is None:
+        config = _config(config_path)
     # as serve reads it: the variable, else its file in $CREDENTIALS_DIRECTORY
     token, error = read_api_token(config, os.environ)
     if token is None:
@@ -246,6 +247,28 @@ def doctor(config_path: str) -> None:
     sys.exit(0 if all(check.ok for check in checks) else 1)
 
 
+def _draft_source(draft_file: str | None) -> str:
+    """How an error names where the draft came from: ``--draft``, ``--draft-file: PATH`` or
+    ``--draft-file: standard input``."""
+    if draft_file is None:
+        return "--draft: the draft"
+    return f"--draft-file: {'standard input' if draft_file == '-' else draft_file}"
+
+
+def _check_not_blank(config: Any, pipeline: str, step: str, text: str,
+                     draft_file: str | None) -> None:
+    """Exit 2 on a draft that is empty or only White_Space unless the step (in this config)
+    allows it; a step this config does not know is left to the gate (404 or its own rule)."""
+    from gate.protocol.whitespace import is_blank
+
+    found = config.find_step(pipeline, step)
+    if found is None or found[1].allow_empty_draft or not is_blank(text):
+        return
+    what = "empty" if text == "" else "only white space"
+    fail(f"{_draft_source(draft_file)} is {what}: nothing to approve (allow_empty_draft: true "
+         "on the step allows it)", 2)
+
+
 def _read_draft(draft: str | None, draft_file: str | None) -> str:
     if (draft is None) == (draft_file is None):
         fail("give exactly one of --draft or --draft-file", 2)
@@ -315,6 +338,8 @@ def request(config_path: str, api_url: str | None, pipeline: str, step: str,
         fail("--idempotency-key: must be 1-200 characters, not blank, without control "
              "characters", 2)
     text = _read_draft(draft, draft_file)
+    config = _config(config_path)
+    _check_not_blank(config, pipeline, step, text, draft_file)
     from gate.core.requests import MAX_SPEND
 
     if spend is not None and not (math.isfinite(spend) and 0 <= spend <= MAX_SPEND):
@@ -342,7 +367,7 @@ def request(config_path: str, api_url: str | None, pipeline: str, step: str,
         return None if deadline is None else max(0.0, deadline - time.monotonic())
 
     async def go() -> dict[str, Any] | None:
-        async with _client(config_path, api_url) as api:
+        async with _client(config_path, api_url, config) as api:
             if wait:
                 assert key is not None
                 answered = await create_with_retry(api, body, key, left(), report)

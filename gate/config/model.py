@@ -231,7 +231,9 @@ class StepConfig(BaseModel):
     ``quorum`` approvals needed (default 1); ``approvers`` operator ids (defaults to
     ``relay.security.allowed_users`` after ``load_config``); ``timeout`` seconds until the
     approval resolves ``timeout`` (default 4h); ``risk`` low|normal|high|critical;
-    ``allow_self_approval``: may the operator named as ``requested_by`` decide (default false).
+    ``allow_self_approval``: may the operator named as ``requested_by`` decide (default false);
+    ``allow_empty_draft``: may a draft be empty or only White_Space (default false: refused
+    400 ``draft_empty``, and by ``hitl-gate request`` before it is sent).
     """
 
     model_config = _FROZEN
@@ -244,6 +246,7 @@ class StepConfig(BaseModel):
     timeout: _Duration = 4 * 3600.0
     risk: Literal["low", "normal", "high", "critical"] = "normal"
     allow_self_approval: Annotated[bool, Field(strict=True)] = False
+    allow_empty_draft: Annotated[bool, Field(strict=True)] = False
 
 
 class PipelineConfig(BaseModel):

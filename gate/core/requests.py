@@ -9,6 +9,7 @@ from typing import Any
 
 from gate.errors import GateError
 from gate.protocol.canonical import canonical_json
+from gate.protocol.whitespace import is_blank
 
 MAX_NAME_CHARS = 200
 # the largest ``spend`` accepted, in budget units: far above any real budget, and a day's sum
@@ -49,6 +50,16 @@ class CreateRequest:
     def draft_bytes(self) -> int:
         """Return the draft body's size in bytes (UTF-8)."""
         return len(self.body.encode("utf-8"))
+
+
+def check_draft(req: CreateRequest, allow_empty_draft: bool) -> None:
+    """Refuse a draft whose body is empty or only Unicode White_Space, unless the step allows
+    it (``allow_empty_draft``): a person would be shown nothing to approve. Raises GateError
+    400 ``draft_empty`` with ``field`` ``draft.body`` (the body itself is never changed)."""
+    if not allow_empty_draft and is_blank(req.body):
+        what = "empty" if req.body == "" else "only white space"
+        raise GateError("draft_empty", f"draft.body is {what}: nothing to approve",
+                        status=400, kind="invalid", extra={"field": "draft.body"})
 
 
 def _name(obj: dict[str, Any], key: str, *, required: bool) -> str | None:

@@ -18,7 +18,7 @@ from gate.audit import AuditRow, receipt_object
 from gate.audit import receipt as audit_receipt
 from gate.core import rules
 from gate.core.ratelimit import RateLimiter
-from gate.core.requests import CreateRequest
+from gate.core.requests import CreateRequest, check_draft
 from gate.core.views import approval_view
 from gate.errors import Conflict, GateError, NotFound
 from gate.keys import ReceiptKeys, load_receipt_keys
@@ -44,6 +44,7 @@ class Policy:
     timeout_s: float
     risk: str
     allow_self_approval: bool = False
+    allow_empty_draft: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,7 +137,7 @@ class GateService:
         _, step_cfg = found
         scope = tuple((op.id, op.identity) for op in self.config.scope(step_cfg))
         return Policy(step_cfg.quorum, scope, step_cfg.timeout, step_cfg.risk,
-                      step_cfg.allow_self_approval)
+                      step_cfg.allow_self_approval, step_cfg.allow_empty_draft)
 
     def requester(self, req: CreateRequest, policy: Policy) -> tuple[tuple[int, str] | None,
                                                                       Policy]:
@@ -189,10 +190,13 @@ class GateService:
         """Record a new approval and its dispatch in one transaction (outbox); never waits on the relay.
 
         Returns ``(approval object, created)``; ``created`` is False when the same
-        Idempotency-Key and body were seen before. Raises NotFound (404), Conflict 409
+        Idempotency-Key and body were seen before. Raises NotFound (404), GateError 400
+        ``draft_empty`` (a blank draft on a step without ``allow_empty_draft``), Conflict 409
         ``idempotency_key_reused`` (SPEC §3).
         """
-        requester, policy = self.requester(req, self.policy(req.pipeline, req.step))
+        policy = self.policy(req.pipeline, req.step)
+        check_draft(req, policy.allow_empty_draft)
+        requester, policy = self.requester(req, policy)
         digest = payload_hash(req.body)
         full, created_now = await self.store.transact(Command("create", (
             req, idempotency_key, requester, policy, req.request_hash(), digest)))
