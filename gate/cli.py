@@ -193,6 +193,8 @@ def serve(config_path: str, log_level: str, log_format: str) -> None:
         _receipt_keys(config)
     except ConfigError as exc:
         stop(2, "config_invalid", [f"{config_path}: {line}" for line in exc.errors])
+    for warning in secrets.warnings:
+        logging.getLogger("gate.cli").warning("event=weak_secret warning=%s", warning)
     tune_gc()
     try:
         asyncio.run(serve_forever(config, secrets))
@@ -209,19 +211,22 @@ def serve(config_path: str, log_level: str, log_format: str) -> None:
 def check_config(config_path: str) -> None:
     """Validate the config and its secret variables; list every error with its YAML path.
 
-    Exit 0 when valid, 2 otherwise.
+    Exit 0 when valid (a secret shorter than 32 bytes is a warning on stderr), 2 otherwise
+    (a secret shorter than 16 bytes is an error).
 
     Example: hitl-gate check-config -c config.example.yaml
     """
     from gate.config import load
 
     try:
-        config, _ = load(config_path, os.environ)
+        config, secrets = load(config_path, os.environ)
         _receipt_keys(config)
     except ConfigError as exc:
         for line in exc.errors:
             click.echo(f"{config_path}: {line}", err=True)
         sys.exit(2)
+    for warning in secrets.warnings:
+        click.echo(f"{config_path}: warning: {warning}", err=True)
     steps = sum(len(p.steps) for p in config.pipelines)
     click.echo(f"{config_path}: ok ({len(config.pipelines)} pipelines, {steps} steps, "
                f"{len(config.relay.operators)} operators)")

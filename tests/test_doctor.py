@@ -214,7 +214,7 @@ def test_doctor_checks_receipts_with_the_receipt_key_alone(gate, relay, tmp_path
     assert audit_line.startswith("PASS audit: ") and "receipts" in audit_line, audit_line
     assert "receipts not checked" not in audit_line, audit_line
     # and a wrong receipt key is caught, not ignored
-    env["HITL_RECEIPT_KEY"] = "a-different-receipt-key"
+    env["HITL_RECEIPT_KEY"] = "a-different-receipt-key-0e5c9a2d7f1b4836"
     code, lines = doctor(tmp_path / "config.yaml", env)
     assert line_of(lines, "audit").startswith("FAIL audit: TAMPERED: entry 1: receipt does not "
                                               "match"), lines

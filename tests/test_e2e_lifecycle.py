@@ -32,6 +32,7 @@ from gate.protocol import signing
 from gate.protocol.errors import ProtocolError
 from tests.support import (
     API_TOKEN,
+    OLD_SECRET,
     RECEIPT_KEY,
     SECRET,
     Api,
@@ -348,7 +349,7 @@ def test_case_h02_dispatch_bytes_are_signed_and_unescaped(gate, relay):
     assert before - 1 <= parsed.t <= time.time() + 1
     assert parsed.v1 == (signing.compute(SECRET, parsed.t, raw),)
     with pytest.raises(ProtocolError) as info:
-        signing.verify(header, raw, ["test-secret-old"], time.time(), 300)
+        signing.verify(header, raw, [OLD_SECRET], time.time(), 300)
     assert info.value.code == "signature_mismatch"
     assert headers["Content-Type"] == "application/json; charset=utf-8"
     assert headers["X-Hitl-Protocol"] == "hitl/v0"
@@ -1106,7 +1107,7 @@ def test_audit_verify_detects_tampering_and_export_verifies(tmp_path, gate, rela
         0, "ok: 11 entries, chain and receipts intact\n"), proc.stderr
     # a different receipt key: the first receipt does not match
     proc = run_cli("audit", "verify", "--file", str(export), "--key-env", "OTHER_KEY",
-                   env=gate_env(OTHER_KEY="not-the-receipt-key"))
+                   env=gate_env(OTHER_KEY="not-the-receipt-key-b4e1c7a92f0d6358"))
     assert proc.returncode == 1
     assert proc.stdout.decode().startswith("TAMPERED: entry 1: ")
     # a reordered export
@@ -1250,7 +1251,8 @@ def test_restart_with_another_receipt_key_is_logged(tmp_path, relay):
         gate = GateProcess(config).start()  # same key: nothing said
         assert gate.stop() == 0
         assert "receipt_key_changed" not in gate.log()
-        gate = GateProcess(config, gate_env(HITL_RECEIPT_KEY="another-receipt-key-77")).start()
+        other_key = "another-receipt-key-77-3c9e1a5f0d8b2e46"
+        gate = GateProcess(config, gate_env(HITL_RECEIPT_KEY=other_key)).start()
         line = gate.wait_for_line(r".*event=receipt_key_changed .*").group(0)
         assert "WARNING" in line and "seq=1" in line, line
         assert "another-receipt-key-77" not in gate.log()
