@@ -330,6 +330,7 @@ def request(config_path: str, api_url: str | None, pipeline: str, step: str,
     from ulid import ULID
 
     from gate.pipeline import EXIT_CODES, create_with_retry, wait_for_outcome
+    from gate.protocol.whitespace import is_blank
 
     if permit_out is not None and not wait:
         fail("--permit-out needs --wait", 2)
@@ -338,7 +339,7 @@ def request(config_path: str, api_url: str | None, pipeline: str, step: str,
         if not folder.is_dir() or not os.access(folder, os.W_OK | os.X_OK):
             fail(f"--permit-out: {folder} is not a directory this user can write to", 2)
     if idempotency_key is not None and (
-            not idempotency_key.strip() or len(idempotency_key) > 200
+            is_blank(idempotency_key) or len(idempotency_key) > 200
             or any(ord(c) < 0x20 or ord(c) == 0x7F for c in idempotency_key)):
         fail("--idempotency-key: must be 1-200 characters, not blank, without control "
              "characters", 2)
@@ -812,6 +813,8 @@ def relay(listen: str, secret_env: str, identities: tuple[str, ...], auto: str |
     """
     from gate import logs
     from gate.config import parse_listen
+    from gate.config.values import identity_problem
+    from gate.protocol.whitespace import is_blank, is_trimmed
     from gate.relay import AutoDecision, run_relay
 
     secret = _relay_secret(secret_env)
@@ -824,8 +827,12 @@ def relay(listen: str, secret_env: str, identities: tuple[str, ...], auto: str |
     except ValueError as exc:
         fail(f"--auto: {exc}", 2)
     for identity in identities:  # a dispatch's scope never names such an identity
-        if not identity.strip() or identity != identity.strip():
+        if is_blank(identity) or not is_trimmed(identity):
             fail(f"--as: {identity!r} is not an identity (empty, or spaces around it)", 2)
+        problem = identity_problem(identity)
+        if problem is not None:
+            fail(f"--as: {identity!r} {problem.split(';')[0]}; no dispatch names such an "
+                 "identity", 2)
     logs.configure("INFO")
     try:
         asyncio.run(run_relay(listen, secret, identities, auto_decision, max_skew))

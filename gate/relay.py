@@ -28,6 +28,7 @@ from gate.errors import GateError
 from gate.protocol import PROTOCOL, PROTOCOL_HEADER, SIGNATURE_HEADER, signing
 from gate.protocol.canonical import payload_hash, wire_json
 from gate.protocol.envelope import build_decision, decode_json
+from gate.protocol.whitespace import identity_key
 
 log = logging.getLogger(__name__)
 
@@ -113,8 +114,8 @@ class Relay:
         approvers = [a for a in envelope.get("approvers") or [] if isinstance(a, str)]
         if not self.identities:
             return approvers[:1]
-        keys = {a.strip().casefold() for a in approvers}
-        chosen = [i for i in self.identities if i.strip().casefold() in keys]
+        keys = {identity_key(a) for a in approvers}
+        chosen = [i for i in self.identities if identity_key(i) in keys]
         for other in set(self.identities) - set(chosen):
             log.warning("event=not_in_scope identity=%s approval_id=%s", other,
                         envelope.get("approval_id"))

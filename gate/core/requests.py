@@ -68,7 +68,7 @@ def _name(obj: dict[str, Any], key: str, *, required: bool) -> str | None:
         if required:
             raise _bad(key, f"{key} is required")
         return None
-    if not isinstance(value, str) or not value.strip():
+    if not isinstance(value, str) or is_blank(value):
         raise _bad(key, f"{key} must be a non-empty string")
     if len(value) > MAX_NAME_CHARS:
         raise _bad(key, f"{key} is longer than {MAX_NAME_CHARS} characters")

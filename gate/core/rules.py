@@ -9,12 +9,9 @@ from typing import Any
 
 from gate.errors import GateError
 from gate.protocol.envelope import Decision
-from gate.protocol.whitespace import is_blank
+from gate.protocol.whitespace import identity_key, is_blank
 
-
-def identity_key(identity: str) -> str:
-    """Return the comparison form of an identity: trimmed and casefolded (SPEC §2 check 11)."""
-    return identity.strip().casefold()
+__all__ = ["identity_key"]  # the one comparison form of identities (gate.protocol.whitespace)
 
 
 def refuse(status: int, kind: str, reason: str, message: str, **extra: Any) -> GateError:

@@ -38,3 +38,10 @@ def is_trimmed(text: str) -> bool:
     """True when ``text`` has no leading or trailing White_Space character."""
     return trim(text) == text
 
+
+
+def identity_key(identity: str) -> str:
+    """The comparison form of an identity: White_Space-trimmed, then Unicode casefolded
+    (SPEC §2 check 11: "identities compared after trim + casefold"). Look-alike characters
+    are not folded (a Cyrillic ``а`` stays a different identity)."""
+    return trim(identity).casefold()
