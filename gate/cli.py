@@ -252,12 +252,30 @@ def doctor(config_path: str) -> None:
     sys.exit(0 if all(check.ok for check in checks) else 1)
 
 
+def _input_name(path: str) -> str:
+    """How a message names a file argument: the path, or "standard input" for ``-``."""
+    return "standard input" if path == "-" else path
+
+
+def _read_input(option: str, path: str) -> bytes:
+    """The bytes of ``path`` (``-``: all of standard input); exit 2 with one line naming
+    ``option`` and the file (or standard input) when it cannot be read."""
+    try:
+        if path != "-":
+            return Path(path).read_bytes()
+        if sys.stdin is None:  # started with standard input closed (`<&-`)
+            fail(f"{option}: cannot read standard input: it is closed", 2)
+        return sys.stdin.buffer.read()
+    except OSError as exc:
+        fail(f"{option}: cannot read {_input_name(path)}: {exc.strerror or exc}", 2)
+
+
 def _draft_source(draft_file: str | None) -> str:
     """How an error names where the draft came from: ``--draft``, ``--draft-file: PATH`` or
     ``--draft-file: standard input``."""
     if draft_file is None:
         return "--draft: the draft"
-    return f"--draft-file: {'standard input' if draft_file == '-' else draft_file}"
+    return f"--draft-file: {_input_name(draft_file)}"
 
 
 def _check_not_blank(config: Any, pipeline: str, step: str, text: str,
@@ -280,14 +298,12 @@ def _read_draft(draft: str | None, draft_file: str | None) -> str:
     if draft is not None:
         return draft
     assert draft_file is not None
-    try:
-        raw = sys.stdin.buffer.read() if draft_file == "-" else Path(draft_file).read_bytes()
-    except OSError as exc:
-        fail(f"--draft-file: cannot read {draft_file}: {exc.strerror}", 2)
+    raw = _read_input("--draft-file", draft_file)
     try:
         return raw.decode("utf-8")
-    except UnicodeDecodeError:
-        fail(f"--draft-file: {draft_file} is not valid UTF-8", 2)
+    except UnicodeDecodeError as exc:  # exc.start: the first byte that is not UTF-8
+        fail(f"--draft-file: {_input_name(draft_file)} is not valid UTF-8 (byte offset "
+             f"{exc.start})", 2)
 
 
 @main.command()
@@ -765,9 +781,9 @@ def permit_verify(permit_file: str, public_key_files: tuple[str, ...], body_file
     public = _public_keys(public_key_files)
     try:
         token = permit_mod.read(Path(permit_file))
-        body = sys.stdin.buffer.read() if body_file == "-" else Path(body_file).read_bytes()
     except OSError as exc:
-        fail(f"cannot read {exc.filename}: {exc.strerror or exc}", 2)
+        fail(f"cannot read {permit_file}: {exc.strerror or exc}", 2)
+    body = _read_input("--body-file", body_file)
     try:
         verified = permit_mod.verify(token, public, body, time.time(), pipeline=pipeline,
                                      step=step)

@@ -52,6 +52,15 @@ class CreateRequest:
         return len(self.body.encode("utf-8"))
 
 
+def quorum_unreachable_message(requester: str, approvers_left: int, quorum: int) -> str:
+    """The human line for 422 ``quorum_unreachable`` (the gate's error, and what ``hitl-gate
+    request`` prints from the answer's ``requested_by``/``approvers_left``/``quorum_required``)."""
+    noun = "approver remains" if approvers_left == 1 else "approvers remain"
+    return (f"quorum {quorum} cannot be met without the requester {requester}: "
+            f"{approvers_left} other {noun} in scope (a requester may not approve their own "
+            "request unless the step sets allow_self_approval: true)")
+
+
 def check_draft(req: CreateRequest, allow_empty_draft: bool) -> None:
     """Refuse a draft whose body is empty or only Unicode White_Space, unless the step allows
     it (``allow_empty_draft``): a person would be shown nothing to approve. Raises GateError

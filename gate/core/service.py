@@ -18,7 +18,7 @@ from gate.audit import AuditRow, receipt_object
 from gate.audit import receipt as audit_receipt
 from gate.core import rules
 from gate.core.ratelimit import RateLimiter
-from gate.core.requests import CreateRequest, check_draft
+from gate.core.requests import CreateRequest, check_draft, quorum_unreachable_message
 from gate.core.views import approval_view
 from gate.errors import Conflict, GateError, NotFound
 from gate.keys import ReceiptKeys, load_receipt_keys
@@ -146,7 +146,9 @@ class GateService:
         Without self-approval the requester leaves the frozen scope (the relay does not ask
         them; their decisions are refused ``self_approval``). Raises 400
         ``invalid_requested_by`` for an identity that is no operator, 422
-        ``quorum_unreachable`` when the others in scope are fewer than the quorum.
+        ``quorum_unreachable`` when the others in scope are fewer than the quorum (the
+        answer names the requester's configured identity, ``approvers_left`` and
+        ``quorum_required``).
         """
         if req.requested_by is None:
             return None, policy
@@ -160,9 +162,11 @@ class GateService:
         others = tuple(pair for pair in policy.scope if pair[0] != op.id)
         if len(others) < policy.quorum:
             raise GateError("quorum_unreachable",
-                            f"quorum {policy.quorum} cannot be met without the requester "
-                            f"({len(others)} other operators in scope)",
-                            status=422, kind="invalid", extra={"field": "requested_by"})
+                            quorum_unreachable_message(op.identity, len(others), policy.quorum),
+                            status=422, kind="invalid",
+                            extra={"field": "requested_by", "requested_by": op.identity,
+                                   "approvers_left": len(others),
+                                   "quorum_required": policy.quorum})
         return (op.id, op.identity), dataclasses.replace(policy, scope=others)
 
     def _audit(self, tx: WriteTx, kind: str, approval_id: str | None, now: int,
