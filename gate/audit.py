@@ -7,10 +7,10 @@ import hmac
 import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from gate import keys
+from gate import audit_spans, keys
 from gate.protocol.canonical import canonical_json
 from gate.protocol.envelope import reject_json_constant, rfc3339
 
@@ -27,6 +27,9 @@ _CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_asci
                               allow_nan=False)
 
 Signer = keys.Signer  # what ``WriteTx.append_audit`` signs with
+# HMAC receipt keys for ``verify``: one key, several (each checks its own span of the log,
+# ``gate.audit_spans``), or None (receipts not checked)
+ReceiptKeyArg = bytes | Sequence[bytes] | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,13 +54,19 @@ class AuditRow:
 @dataclass(frozen=True, slots=True)
 class VerifyResult:
     """Outcome of ``verify``: ``ok``; entries checked; the first bad seq and why, if any;
-    ``signed``: how many entries carried a signature that verified (0 when not checked)."""
+    ``signed``: how many entries carried a signature that verified (0 when not checked);
+    ``wrong_key``: not ok because no receipt key given fits the first entry of a span
+    (entry 1 or a rotation: far likelier a wrong key than tampering); ``spans``: when ok
+    with receipt keys, ``(first seq, index into the keys given)`` of each receipt-key span
+    (``gate.audit_spans``), else ``()`` (not compared: two results of the same check agree)."""
 
     ok: bool
     checked: int
     first_bad_seq: int | None = None
     reason: str = ""
     signed: int = 0
+    wrong_key: bool = False
+    spans: tuple[tuple[int, int], ...] = field(default=(), compare=False)
 
 
 def make_entry(seq: int, kind: str, approval_id: str | None, at_ms: int,
@@ -113,10 +122,22 @@ def receipt_object(row: AuditRow) -> dict[str, Any]:
     return out
 
 
-def verify(rows: Iterable[AuditRow], key: bytes | None,
-           public_keys: keys.PublicKeys | None = None) -> VerifyResult:
-    """Recompute the chain over ``rows`` (ascending seq); with ``key`` check every HMAC
-    receipt; with ``public_keys`` ({key id: Ed25519 public key}) check every signature.
+def receipt_keys(key: ReceiptKeyArg) -> tuple[bytes, ...]:
+    """``key`` as a tuple of HMAC receipt keys (``()`` for None)."""
+    if key is None:
+        return ()
+    if isinstance(key, bytes | bytearray):
+        return (bytes(key),)
+    return tuple(key)
+
+
+def verify(rows: Iterable[AuditRow], key: ReceiptKeyArg,
+           public_keys: keys.PublicKeys | None = None, *,
+           leading_unknown: bool = False) -> VerifyResult:
+    """Recompute the chain over ``rows`` (ascending seq); with ``key`` (one HMAC receipt key,
+    or several distinct ones in any order) check every receipt with the key of its span
+    (``gate.audit_spans.Spans``; ``leading_unknown`` as there); with ``public_keys``
+    ({key id: Ed25519 public key}) check every signature.
 
     Detects a changed entry (hash mismatch), a deleted or inserted entry (seq gap or
     prev_hash break) and reordering (seq inside the entry differs from its place).
@@ -134,8 +155,14 @@ def verify(rows: Iterable[AuditRow], key: bytes | None,
     checked = 0
     signed = 0
     last: AuditRow | None = None
+    spans = audit_spans.Spans(receipt_keys(key), leading_unknown=leading_unknown)
     for row in rows:
-        reason, digest = _row_problem(row, prev, expected_seq, key)
+        reason, digest = _row_problem(row, prev, expected_seq)
+        wrong_key = False
+        if reason is None:
+            found = spans.check(row.seq, row.kind, digest, row.receipt)
+            if found is not None:
+                reason, wrong_key = found
         if reason is None and public_keys is not None:
             problem = signature_problem(public_keys, digest, row.key_id, row.signature)
             if problem is None:
@@ -145,31 +172,34 @@ def verify(rows: Iterable[AuditRow], key: bytes | None,
                           "not signed, after signed entries (signature stripped, or "
                           "entry added without the signing key)")
         if reason is not None:
-            return VerifyResult(False, checked, row.seq, reason, signed)
+            return VerifyResult(False, checked, row.seq, reason, signed, wrong_key)
         prev = digest
         expected_seq += 1
         checked += 1
         last = row
+    unmatched = spans.finish(None if last is None else last.seq)
+    if unmatched is not None:
+        return VerifyResult(False, checked, unmatched[0], unmatched[1], signed, True)
     if public_keys is not None and last is not None and not signed:
         return VerifyResult(False, checked, last.seq, "not signed: no entry of this log is "
                             "signed, so nothing proves who wrote it", signed)
-    return VerifyResult(True, checked, signed=signed)
+    return VerifyResult(True, checked, signed=signed, spans=tuple(spans.starts))
 
 
 _PREV_BROKEN = ("prev_hash does not match the previous entry (entry deleted, inserted or "
                 "reordered)")
 
 
-def _row_problem(row: AuditRow, prev: str, expected_seq: int,
-                 key: bytes | None) -> tuple[str | None, str]:
-    """Return ``(why row is bad or None, its recomputed hash)`` (``verify``'s per-entry checks)."""
+def _row_problem(row: AuditRow, prev: str, expected_seq: int) -> tuple[str | None, str]:
+    """Return ``(why row is bad or None, its recomputed hash)``: ``verify``'s per-entry
+    checks before the receipt's."""
     return _entry_problem(row.seq, row.approval_id, row.kind, row.entry, row.prev_hash,
-                          row.entry_hash, row.receipt, prev, expected_seq, key)
+                          row.entry_hash, prev, expected_seq)
 
 
 def _entry_problem(seq: int, approval_id: str | None, kind: str, entry_text: str,
-                   prev_hash: str, entry_hash: str, receipt_hex: str, prev: str,
-                   expected_seq: int, key: bytes | None) -> tuple[str | None, str]:
+                   prev_hash: str, entry_hash: str, prev: str,
+                   expected_seq: int) -> tuple[str | None, str]:
     if seq != expected_seq:
         return f"expected entry {expected_seq}, found {seq} (deleted or inserted entry)", ""
     if prev_hash != prev:
@@ -187,11 +217,8 @@ def _entry_problem(seq: int, approval_id: str | None, kind: str, entry_text: str
     if _CANONICAL.encode(entry) != entry_text:
         return "entry is not in canonical form (changed)", ""
     digest = hashlib.sha256(prev.encode("ascii") + entry_text.encode("utf-8")).hexdigest()
-    if not hmac.compare_digest(digest, entry_hash):
+    if not entry_hash.isascii() or not hmac.compare_digest(digest, entry_hash):
         return "entry hash does not match its content (changed)", digest
-    if key is not None and not hmac.compare_digest(
-            hmac.digest(key, digest.encode("ascii"), "sha256").hex(), receipt_hex):
-        return "receipt does not match (changed, or a different receipt key)", digest
     return None, digest
 
 
@@ -201,7 +228,10 @@ class Segment:
 
     ``first_seq``/``first_prev``: seq and prev_hash of its first row, taken as given (None
     when the run had no rows); ``last_seq``/``last_hash``: of the last row that verified;
-    ``checked``: rows that verified; ``problem``: ``(seq, reason)`` of the first bad row.
+    ``checked``: rows that verified; ``problem``: ``(seq, reason)`` of the first bad row,
+    ``wrong_key`` as in VerifyResult. Receipt-key spans (index into the keys given, None
+    without keys): ``initial_key`` of its first row, ``starts`` ``(seq, key)`` of the spans
+    begun in it, ``end_key`` of the span open at its end.
     """
 
     first_seq: int | None
@@ -210,35 +240,49 @@ class Segment:
     last_hash: str | None
     checked: int
     problem: tuple[int, str] | None = None
+    wrong_key: bool = False
+    initial_key: int | None = None
+    starts: tuple[tuple[int, int], ...] = ()
+    end_key: int | None = None
 
 
-def verify_segment(rows: Iterable[Sequence[Any]], key: bytes | None) -> Segment:
+def verify_segment(rows: Iterable[Sequence[Any]], key: ReceiptKeyArg) -> Segment:
     """Verify a run of consecutive entries on its own, as ``verify`` does for the whole log.
 
     ``rows``: ascending tuples ``(seq, approval_id, kind, entry, prev_hash, entry_hash,
     receipt, ...)``. The first row's seq and prev_hash are taken as given: ``stitch``
-    checks them against the run before. Runs are independent, so they can be verified in
-    parallel (``gate.auditops.verify_database``). Signatures are not checked here.
+    checks them against the run before, and the receipt key of its first row (found by
+    trying each key given) against the span the run before ended in. Runs are
+    independent, so they can be verified in parallel (``gate.auditops.verify_database``).
+    Signatures are not checked here.
     """
     prev = ""
     expected = 0
     first: tuple[int, str] | None = None
     checked = 0
+    spans = audit_spans.Spans(receipt_keys(key))
     for row in rows:
         seq, approval_id, kind, entry_text, prev_hash, entry_hash, receipt_hex = row[:7]
         if first is None:
             first, prev, expected = (seq, prev_hash), prev_hash, seq
         reason, digest = _entry_problem(seq, approval_id, kind, entry_text, prev_hash,
-                                        entry_hash, receipt_hex, prev, expected, key)
+                                        entry_hash, prev, expected)
+        wrong_key = False
+        if reason is None:
+            found = spans.check(seq, kind, digest, receipt_hex)
+            if found is not None:
+                reason, wrong_key = found
         if reason is not None:
             return Segment(first[0], first[1], expected - 1 if checked else None,
-                           prev if checked else None, checked, (seq, reason))
+                           prev if checked else None, checked, (seq, reason), wrong_key,
+                           spans.initial, tuple(spans.starts), spans.current)
         prev = digest
         expected += 1
         checked += 1
     if first is None:
         return Segment(None, None, None, None, 0)
-    return Segment(first[0], first[1], expected - 1, prev, checked)
+    return Segment(first[0], first[1], expected - 1, prev, checked, None, False, spans.initial,
+                   tuple(spans.starts), spans.current)
 
 
 def stitch(segments: Iterable[Segment]) -> VerifyResult:
@@ -246,6 +290,9 @@ def stitch(segments: Iterable[Segment]) -> VerifyResult:
     what ``verify`` returns for the same rows without public keys: the same first bad
     entry and reason, the same count. Stops reading ``segments`` at the first problem."""
     prev, expected, checked = GENESIS_HASH, 1, 0
+    current: int | None = None  # receipt key of the span open so far
+    used: set[int] = set()
+    starts: list[tuple[int, int]] = []
     for segment in segments:
         if segment.first_seq is None:
             continue
@@ -255,16 +302,33 @@ def stitch(segments: Iterable[Segment]) -> VerifyResult:
                                 "(deleted or inserted entry)")
         if segment.first_prev != prev:
             return VerifyResult(False, checked, segment.first_seq, _PREV_BROKEN)
+        begins = bool(segment.starts) and segment.starts[0][0] == segment.first_seq
+        if segment.initial_key is not None and not begins and segment.initial_key != current:
+            # its first entry verified with another key than the span it continues
+            return VerifyResult(False, checked, segment.first_seq, audit_spans.RECEIPT_MISMATCH)
+        for seq, index in segment.starts:  # each rotation is to a key no earlier span used
+            if index in used:
+                return VerifyResult(False, checked + seq - segment.first_seq, seq,
+                                    audit_spans.OLD_KEY)
+            used.add(index)
+            starts.append((seq, index))
         if segment.problem is not None:
             return VerifyResult(False, checked + segment.checked, segment.problem[0],
-                                segment.problem[1])
+                                segment.problem[1], wrong_key=segment.wrong_key)
         checked += segment.checked
+        current = segment.end_key
         assert segment.last_seq is not None and segment.last_hash is not None
         expected, prev = segment.last_seq + 1, segment.last_hash
-    return VerifyResult(True, checked)
+    return VerifyResult(True, checked, spans=tuple(starts))
 
 
-def receipt_problem(rows: Iterable[AuditRow], held: Mapping[str, Any], key: bytes | None,
+def span_keys(result: VerifyResult, key: ReceiptKeyArg, seq: object) -> tuple[bytes, ...] | None:
+    """The receipt keys a receipt for entry ``seq`` of the log ``result`` verified may be
+    made with (``gate.audit_spans.keys_for``), for ``check_receipt``; None: not checkable."""
+    return audit_spans.keys_for(result.spans, receipt_keys(key), result.checked, seq)
+
+
+def receipt_problem(rows: Iterable[AuditRow], held: Mapping[str, Any], key: ReceiptKeyArg,
                     public_keys: keys.PublicKeys | None) -> tuple[int, str] | None:
     """``check_receipt``, with a ``held`` object that is no receipt reported as a problem at
     its ``seq`` (0 when it has none) instead of raised: ``(seq, reason)`` or None."""
@@ -276,22 +340,24 @@ def receipt_problem(rows: Iterable[AuditRow], held: Mapping[str, Any], key: byte
                 f"not a receipt ({exc})")
 
 
-def check_receipt(rows: Iterable[AuditRow], held: Mapping[str, Any], key: bytes | None = None,
+def check_receipt(rows: Iterable[AuditRow], held: Mapping[str, Any], key: ReceiptKeyArg = None,
                   public_keys: keys.PublicKeys | None = None) -> tuple[int, str] | None:
     """Check that a verified log ``rows`` holds the receipt ``held`` (``audit verify --expect``).
 
     ``held`` is a receipt object (``{seq, entry_hash, ...}``). Returns ``(seq, reason)`` for
     the first problem, or None when the log holds it: an entry at ``seq`` whose hash equals
-    the receipt's. With ``key`` the receipt's HMAC, with ``public_keys`` its signature (if it
-    has one) must verify too, so a made-up receipt is not mistaken for a deleted tail.
+    the receipt's. With ``key`` (one key, or the keys it may be made with: ``span_keys``)
+    the receipt's HMAC, with ``public_keys`` its signature (if it has one) must verify too,
+    so a made-up receipt is not mistaken for a deleted tail.
     Raises ValueError when ``held`` is not a receipt object.
     """
     seq, entry_hash = held.get("seq"), held.get("entry_hash")
     if isinstance(seq, bool) or not isinstance(seq, int) or seq < 1 or not isinstance(
             entry_hash, str) or not _HEX64.fullmatch(entry_hash):
         raise ValueError("not a receipt (needs an integer seq and a 64-hex entry_hash)")
-    if key is not None and not hmac.compare_digest(receipt(key, entry_hash),
-                                                   str(held.get("receipt"))):
+    candidates = receipt_keys(key)
+    if candidates and not any(audit_spans.matches(k, entry_hash, str(held.get("receipt")))
+                              for k in candidates):
         return seq, "the receipt's HMAC does not match the receipt key (not a genuine receipt)"
     if public_keys is not None and held.get("signature") is not None:
         problem = signature_problem(public_keys, entry_hash, held.get("key_id"),
@@ -309,6 +375,38 @@ def check_receipt(rows: Iterable[AuditRow], held: Mapping[str, Any], key: bytes 
                      "exists (entries deleted from the tail)")
     if not hmac.compare_digest(found.entry_hash, entry_hash):
         return seq, "entry hash differs from the receipt's (the entry was replaced)"
+    return None
+
+
+def head_problem(rows: Iterable[AuditRow], heads: Iterable[tuple[int, str]]
+                 ) -> tuple[tuple[int, str], str] | None:
+    """Check that a verified log ``rows`` (ascending seq) holds every chain head in
+    ``heads``: ``(seq, entry_hash)`` pairs as the gate logs them after each commit that
+    appended entries (``event=audit_head``; ``audit verify --expect-head``), in one pass.
+
+    The entry hash at ``seq`` commits to every entry before it, so a head held outside the
+    database anchors the whole log up to ``seq``: a log cut below ``seq`` (a deleted tail)
+    or changed at or before it (rewritten and chained again) no longer holds it. Returns
+    ``(the head, reason)`` for the lowest head the log does not hold, or None.
+    """
+    wanted = sorted(set(heads))
+    index, end = 0, 0
+    for row in rows:
+        end = row.seq
+        while index < len(wanted) and wanted[index][0] <= row.seq:
+            head = wanted[index]
+            if head[0] < row.seq:  # a verified log has no gap: only an entry before seq 1
+                return head, f"missing: the log holds no entry {head[0]}"
+            if not hmac.compare_digest(row.entry_hash, head[1]):
+                return head, ("entry hash differs from the logged head's (the log was "
+                              "rewritten up to here)")
+            index += 1
+        if index == len(wanted):
+            return None
+    if index < len(wanted):
+        head = wanted[index]
+        return head, (f"missing: the log ends at entry {end}, but the gate logged entry "
+                      f"{head[0]} as its head (entries deleted from the tail)")
     return None
 
 

@@ -15,7 +15,11 @@ the log: an approved draft's body, an outcome, a decision. Each approval must ha
 - a log that keeps the gate's own rules: decisions and counted approvers within the
   approvers frozen in ``created`` (and the row's scope the same operators), each decision
   on a payload the log holds for its revision, the resolution with the frozen quorum (a
-  row loosened while the gate ran, then put back, leaves this trace).
+  row loosened while the gate ran, then put back, leaves this trace);
+- a ``dispatch_ack`` entry for every dispatch its outbox rows say the relay acked (the
+  gate writes both in one transaction), with the attempts counted then; at most one per
+  revision, only for revisions the log holds, none for a dispatch the outbox says was never
+  acked. A deleted newest ack entry shows here while its outbox row still says delivered.
 
 Pure: takes ``ApprovalRecord``s (``gate.store.auditlog.approval_records``), reads nothing.
 """
@@ -77,8 +81,8 @@ def _problem(record: ApprovalRecord) -> str | None:
     entries = [(e, _data(e)) for e in record.entries]
     created = [(e, d) for e, d in entries if e.kind == "created"]
     if row is None and not record.entries:
-        return ("rows in the revisions or decisions table for an approval that neither the "
-                "approvals table nor the audit log has")
+        return ("rows in the revisions, decisions or outbox table for an approval that "
+                "neither the approvals table nor the audit log has")
     if row is None:
         first = record.entries[0].seq
         return f"named by audit entry {first} but missing from the approvals table (deleted?)"
@@ -106,7 +110,50 @@ def _problem(record: ApprovalRecord) -> str | None:
         reason = _resolution_problem(row, entries)
     if reason is None:
         reason = _rules_problem(row, data, entry.seq, entries, logged)
+    if reason is None:
+        reason = _dispatches_problem(record.dispatches, entries, logged)
     return reason
+
+
+def _dispatches_problem(dispatches: list[tuple[Any, Any, Any]],
+                        entries: list[tuple[audit.AuditRow, dict[str, Any]]],
+                        logged: dict[Any, tuple[int, Any]]) -> str | None:
+    """The outbox rows ``(revision, attempts, delivered_at)`` against the ``dispatch_ack``
+    entries: an acked dispatch has its entry (same attempts), an entry its acked dispatch
+    (when the outbox holds the revision's row); one ack per revision, each of a logged one.
+    An outbox row missing altogether is not named (the gate would not send it again)."""
+    acks: dict[Any, list[tuple[audit.AuditRow, dict[str, Any]]]] = {}
+    for e, d in entries:
+        if e.kind == "dispatch_ack":
+            acks.setdefault(d.get("revision"), []).append((e, d))
+    for revision, found in acks.items():
+        if len(found) > 1:
+            return (f"{len(found)} dispatch_ack entries for revision {revision} in the audit "
+                    "log (expected at most 1)")
+        if revision not in logged:
+            return (f"audit entry {found[0][0].seq} records the relay's ack of revision "
+                    f"{revision}, which the audit log does not hold")
+    for revision, attempts, delivered_at in dispatches:
+        if revision not in logged:
+            return (f"its outbox row dispatches revision {revision}, which the audit log "
+                    "does not hold")
+        ack = acks.get(revision)
+        if delivered_at is None:
+            if ack is not None:
+                return (f"its outbox row says the dispatch of revision {revision} was never "
+                        f"acked, but audit entry {ack[0][0].seq} records the relay's ack")
+            continue
+        if ack is None:
+            plural = "" if attempts == 1 else "s"
+            return (f"its outbox row says the relay acked the dispatch of revision {revision} "
+                    f"(after {attempts} attempt{plural}), but the audit log holds no "
+                    "dispatch_ack entry for it (deleted?)")
+        entry, data = ack[0]
+        if data.get("attempts") != attempts:
+            return (f"its outbox row counts {attempts!r} attempts for the acked dispatch of "
+                    f"revision {revision}, audit entry {entry.seq} "
+                    f"{data.get('attempts')!r}")
+    return None
 
 
 def _rules_problem(row: dict[str, Any], created: dict[str, Any], created_seq: int,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
+import re
 import threading
 from collections.abc import Iterable
 from concurrent.futures import ProcessPoolExecutor
@@ -62,15 +63,20 @@ def read_expected(path: Path) -> tuple[Path, dict[str, Any]]:
     """Return ``(path, receipt)`` from a receipt file for ``audit verify --expect``.
 
     The file holds a receipt object (``{seq, entry_hash, receipt, alg, ...}``) or an
-    approval object whose ``receipt`` is one (``hitl-gate request --json`` output).
-    Raises GateError ``bad_receipt`` when it is neither.
+    approval object (``hitl-gate request --json`` output, an API answer): its resolution
+    ``receipt`` when it has one, else its ``created_receipt`` (a pending approval). One is
+    enough: the entry hash at a receipt's seq commits to every entry before it, so the
+    resolution's receipt also holds the created entry in place. Raises GateError
+    ``bad_receipt`` when the file holds none of these.
     """
     try:
         obj = json.loads(Path(path).read_text(encoding="utf-8-sig"))
     except (OSError, UnicodeDecodeError, ValueError) as exc:
         raise GateError("bad_receipt", f"cannot read a receipt from {path}: {exc}") from None
-    if isinstance(obj, dict) and isinstance(obj.get("receipt"), dict):
-        obj = obj["receipt"]
+    if isinstance(obj, dict):
+        held = next((obj[name] for name in ("receipt", "created_receipt")
+                     if isinstance(obj.get(name), dict)), None)
+        obj = held if held is not None else obj
     seq = obj.get("seq") if isinstance(obj, dict) else None
     if (not isinstance(obj, dict) or isinstance(seq, bool) or not isinstance(seq, int)
             or not isinstance(obj.get("entry_hash"), str)):
@@ -78,10 +84,27 @@ def read_expected(path: Path) -> tuple[Path, dict[str, Any]]:
     return Path(path), obj
 
 
-def verify_database(path: Path, key: bytes | None, *, workers: int | None = None,
+_HEAD = re.compile(r"([0-9]{1,18}):([0-9a-fA-F]{64})")
+
+
+def parse_head(text: str) -> tuple[int, str]:
+    """Return ``(seq, entry_hash)`` from ``SEQ:HASH`` (``audit verify --expect-head``): a
+    chain head as the gate logs it, ``event=audit_head seq=SEQ hash=HASH``. The hash is
+    taken in either case and returned lowercase. Raises GateError ``bad_head`` naming the
+    text when it is not a seq of 1 or more and 64 hex digits."""
+    match = _HEAD.fullmatch(text.strip())
+    if match is None or int(match.group(1)) < 1:
+        raise GateError("bad_head", f"{text!r} is not SEQ:HASH (an audit entry's seq, 1 or "
+                        "more, and its entry hash, 64 hex digits, as the gate logs them in "
+                        "event=audit_head)")
+    return int(match.group(1)), match.group(2).lower()
+
+
+def verify_database(path: Path, key: audit.ReceiptKeyArg, *, workers: int | None = None,
                     segment_rows: int = SEGMENT_ROWS) -> audit.VerifyResult:
-    """``audit verify`` of a database without public keys: the chain and (with ``key``)
-    every HMAC receipt, with the same answer as ``audit.verify`` over ``DatabaseRows``.
+    """``audit verify`` of a database without public keys: the chain and (with ``key``: one
+    receipt key, or several, each for its own span) every HMAC receipt, with the same answer
+    as ``audit.verify`` over ``DatabaseRows``.
 
     The entries up to the highest seq present at the start are cut into runs of
     ``segment_rows``; each run is verified on its own (``audit.verify_segment``) in
@@ -96,6 +119,7 @@ def verify_database(path: Path, key: bytes | None, *, workers: int | None = None
     if bounds is None:
         return audit.VerifyResult(True, 0)
     low, high = min(bounds[0], 1), bounds[1]
+    key = audit.receipt_keys(key)
     ranges = [(start, min(start + segment_rows - 1, high))
               for start in range(low, high + 1, segment_rows)]
     count = workers if workers is not None else min(MAX_WORKERS, _usable_cpus())
@@ -116,20 +140,22 @@ def verify_database(path: Path, key: bytes | None, *, workers: int | None = None
 def _segment(outcome: tuple[Any, ...] | str) -> audit.Segment:
     if isinstance(outcome, str):  # a worker's read error, passed back as text
         raise Unavailable("storage_unavailable", outcome)
-    first_seq, first_prev, last_seq, last_hash, checked, problem = outcome
+    (first_seq, first_prev, last_seq, last_hash, checked, problem, wrong_key, initial_key,
+     starts, end_key) = outcome
     return audit.Segment(first_seq, first_prev, last_seq, last_hash, checked,
-                         None if problem is None else (int(problem[0]), str(problem[1])))
+                         None if problem is None else (int(problem[0]), str(problem[1])),
+                         wrong_key, initial_key, tuple(starts), end_key)
 
 
 def _verify_range(path: str, low: int, high: int,
-                  key: bytes | None) -> tuple[Any, ...] | str:
+                  key: tuple[bytes, ...]) -> tuple[Any, ...] | str:
     """Worker: verify entries ``low..high``; the Segment as a plain tuple, or the error."""
     try:
         seg = audit.verify_segment(auditlog.read_range(Path(path), low, high), key)
     except GateError as exc:
         return exc.message
     return (seg.first_seq, seg.first_prev, seg.last_seq, seg.last_hash, seg.checked,
-            seg.problem)
+            seg.problem, seg.wrong_key, seg.initial_key, seg.starts, seg.end_key)
 
 
 def _usable_cpus() -> int:

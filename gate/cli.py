@@ -570,8 +570,10 @@ def audit() -> None:
               envvar="HITL_GATE_CONFIG", help="Verify the database named by this config.")
 @click.option("--file", "export_file", type=click.Path(dir_okay=False), default=None,
               help="Verify an export (JSON Lines) instead of the database.")
-@click.option("--key-env", default=None, help="Env var with the receipt key (default: the "
-              "config's receipts.key_env).")
+@click.option("--key-env", "key_envs", multiple=True,
+              help="Env var with a receipt key (default: the config's receipts.key_env and "
+                   "receipts.previous_key_env); repeat for a log whose key was rotated: each "
+                   "entry is checked with the key of its span.")
 @click.option("--public-key", "public_key_files", multiple=True,
               type=click.Path(dir_okay=False),
               help="Ed25519 public key (PEM) trusted for entry signatures; repeat for rotated "
@@ -582,16 +584,26 @@ def audit() -> None:
 @click.option("--records/--no-records", default=True, show_default=True,
               help="With -c: also check the approvals, revisions and decisions tables against "
                    "the verified log (names the first approval that disagrees).")
-def audit_verify(config_path: str | None, export_file: str | None, key_env: str | None,
+@click.option("--expect-head", "expect_heads", multiple=True, metavar="SEQ:HASH",
+              callback=lambda _ctx, _param, values: _expect_heads(values),
+              help="A chain head the gate logged (event=audit_head seq=SEQ hash=HASH) that "
+                   "the log must hold; catches a deleted or rewritten tail. Repeatable.")
+def audit_verify(config_path: str | None, export_file: str | None, key_envs: tuple[str, ...],
                  public_key_files: tuple[str, ...], expect_files: tuple[str, ...],
-                 records: bool) -> None:
+                 records: bool, expect_heads: list[tuple[int, str]]) -> None:
     """Recompute the audit chain, every receipt and every signature; name the first bad entry.
 
     With --public-key (or a config with receipts.signing_key_file/trusted_public_keys)
     every entry must be signed by a trusted key, except entries written before signing
     was enabled. With -c, also compare every approval's rows (state, outcome, receipt,
     revisions and their bodies, decisions) with what the verified log says of it
-    (--no-records skips this). Exit 0 intact, 1 tampered, 2 usage.
+    (--no-records skips this). Across a rotation of the receipt key give every key the log
+    used (any order); a key that fits no entry 1 (or no rotation) is named as such, exit 1.
+    Exit 0 intact, 1 tampered, 2 usage.
+
+    --expect FILE and --expect-head SEQ:HASH anchor the log to what is held outside the
+    database (a receipt a pipeline kept, a head the gate logged): a tail deleted after an
+    anchor is named, one deleted after the newest anchor given is not.
 
     Example: hitl-gate audit verify --file audit.jsonl --public-key hitl-gate-ed25519.pub
     --expect receipt.json
@@ -615,13 +627,7 @@ def audit_verify(config_path: str | None, export_file: str | None, key_env: str 
         expected = [read_expected(Path(f)) for f in expect_files]
     except GateError as exc:
         fail(f"--expect: {exc.message}", 2)
-    var = key_env or (config.receipts.key_env if config else None)
-    key = None
-    if var:
-        value = os.environ.get(var)
-        if not value:
-            fail(f"environment variable {var} (receipt key) is not set", 2)
-        key = value.encode("utf-8")
+    where, names, key = _verify_keys(config, key_envs)
     try:
         if config is not None:
             rows = asyncio.run(read_database(config.storage.path))
@@ -642,6 +648,8 @@ def audit_verify(config_path: str | None, export_file: str | None, key_env: str 
             result = audit_mod.verify(rows, key, public or None)
     except GateError as exc:
         fail(exc.message)
+    if result.wrong_key:  # not tampering: far likelier a wrong key (b02-04)
+        fail(f"{where} ({', '.join(names)}): {result.reason}")
     if not result.ok:
         click.echo(f"TAMPERED: entry {result.first_bad_seq}: {result.reason} "
                    f"({result.checked} entries before it verified)")
@@ -657,23 +665,95 @@ def audit_verify(config_path: str | None, export_file: str | None, key_env: str 
         if stored is not None:
             holders.append((f"the receipt stored with approval {stored[0]}", stored[1]))
     for source, held in holders:
-        problem = audit_mod.receipt_problem(rows, held, key, public or None)
+        problem = audit_mod.receipt_problem(rows, held, audit_mod.span_keys(
+            result, key, held.get("seq")), public or None)
         if problem is not None:
             click.echo(f"TAMPERED: entry {problem[0]}: {problem[1]} ({source})")
             sys.exit(1)
+    problem_head = audit_mod.head_problem(rows, expect_heads) if expect_heads else None
+    if problem_head is not None:
+        (seq, entry_hash), reason = problem_head
+        click.echo(f"TAMPERED: entry {seq}: {reason} (--expect-head {seq}:{entry_hash})")
+        sys.exit(1)
     matched = (_check_records(config.storage.path, result.checked)
                if config is not None and records else None)
-    checked = ["chain"] + ["receipts"] * (key is not None) + ["signatures"] * bool(public)
+    checked = ["chain"] + ["receipts"] * bool(key) + ["signatures"] * bool(public)
     what = ", ".join(checked[:-1]) + f" and {checked[-1]}" if len(checked) > 1 else checked[0]
     held_note = "".join(f"; holds the receipt for entry {held['seq']}" for _, held in expected)
-    click.echo(f"ok: {result.checked} entries, {what} intact{held_note}")
+    held_note += _heads_note(expect_heads)
+    click.echo(f"ok: {result.checked} entries, {what} intact{_spans_note(result, names)}"
+               f"{held_note}")
     if matched is not None:
         newer = f" ({matched.newer} written since, not checked)" if matched.newer else ""
         click.echo(f"ok: {matched.checked} approvals match the audit log{newer}")
-    if key is None and not public:
+    if config is not None and not key_envs and result.spans and (
+            names[result.spans[-1][1]] != config.receipts.key_env):
+        click.echo(f"warning: the newest entries are receipted with receipts.previous_key_env's"
+                   f" key ({names[result.spans[-1][1]]}), not receipts.key_env's: the gate "
+                   "writes the receipt_key_rotated entry at its next start", err=True)
+    if not key and not public:
         click.echo("warning: no key was given, so nothing authenticated the entries: anyone "
                    "can re-chain an edited log; verify with --public-key (or --key-env)",
                    err=True)
+
+
+def _expect_heads(values: tuple[str, ...]) -> list[tuple[int, str]]:
+    """``--expect-head`` values as ``(seq, entry_hash)``; a bad one exits 2 naming it."""
+    from gate.auditops import parse_head
+
+    try:
+        return [parse_head(value) for value in values]
+    except GateError as exc:
+        fail(f"--expect-head: {exc.message}", 2)
+
+
+def _heads_note(heads: list[tuple[int, str]]) -> str:
+    """``; holds the logged head(s) at entr(y|ies) ...`` for the ok line ('' for none)."""
+    seqs = sorted({seq for seq, _ in heads})
+    if not seqs:
+        return ""
+    if len(seqs) == 1:
+        return f"; holds the logged head at entry {seqs[0]}"
+    return f"; holds the logged heads at entries {', '.join(map(str, seqs))}"
+
+
+def _verify_keys(config: Any, key_envs: tuple[str, ...]) -> tuple[str, list[str],
+                                                                    tuple[bytes, ...]]:
+    """``audit verify``'s receipt keys: ``(where they were named, variable names, keys)``.
+    ``--key-env`` given: those variables; else, with ``-c``, ``receipts.key_env`` and
+    ``receipts.previous_key_env``. A variable holding the same key as an earlier one is
+    dropped. Exits 2 when a variable is not set."""
+    if key_envs:
+        where, wanted = "--key-env", list(key_envs)
+    elif config is not None:
+        wanted = [config.receipts.key_env] + [config.receipts.previous_key_env] * bool(
+            config.receipts.previous_key_env)
+        where = "receipts.key_env" + (" and receipts.previous_key_env" if len(wanted) > 1
+                                      else "")
+    else:
+        return "", [], ()
+    names: list[str] = []
+    keys: list[bytes] = []
+    for var in dict.fromkeys(wanted):
+        value = os.environ.get(var)
+        if not value:
+            fail(f"environment variable {var} (receipt key) is not set", 2)
+        if value.encode("utf-8") not in keys:
+            names.append(var)
+            keys.append(value.encode("utf-8"))
+    return where, names, tuple(keys)
+
+
+def _spans_note(result: Any, names: list[str]) -> str:
+    """`` (receipt keys: A for entries 1-4, B from entry 5)`` for a log whose receipt key
+    was rotated, else ""."""
+    spans = result.spans
+    if len(spans) < 2:
+        return ""
+    parts = [f"{names[index]} for entries {first}-{spans[i + 1][0] - 1}"
+             for i, (first, index) in enumerate(spans[:-1])]
+    parts.append(f"{names[spans[-1][1]]} from entry {spans[-1][0]}")
+    return f" (receipt keys: {', '.join(parts)})"
 
 
 def _check_records(path: Path, up_to_seq: int) -> Any:

@@ -22,7 +22,15 @@ import aiohttp
 from yarl import URL
 
 from gate import audit, audit_records
-from gate.config import Config, Secrets, load_config, load_secrets, read_receipt_key
+from gate.audit_spans import matches
+from gate.config import (
+    Config,
+    ReceiptsConfig,
+    Secrets,
+    load_config,
+    load_secrets,
+    read_receipt_key,
+)
 from gate.config.secrets import _secret_vars
 from gate.dispatch import redact
 from gate.errors import ConfigError, GateError
@@ -193,10 +201,17 @@ def check_database(path: Path) -> Check:
                  f"{counts}")
 
 
-def check_audit(path: Path, receipt_key: bytes | None, keys: ReceiptKeys | None) -> Check:
-    """Recompute the audit chain, its receipts (with the receipt key) and its signatures
-    (when the config names Ed25519 keys), then compare the approval records with it, as
-    ``hitl-gate audit verify -c``."""
+def check_audit(path: Path, receipt_key: bytes | None, keys: ReceiptKeys | None,
+                previous_key: bytes | None = None,
+                receipts: ReceiptsConfig | None = None) -> Check:
+    """Recompute the audit chain, its receipts (with the receipt key, and the previous one of
+    a rotation: each entry with the key of its span, ``gate.audit_spans``) and its
+    signatures (when the config names Ed25519 keys), then compare the approval records with
+    it, as ``hitl-gate audit verify -c``. A newest entry that neither key verifies FAILs
+    naming the settings (the gate would refuse to start); one the previous key verifies
+    WARNs (the gate writes the rotation entry at its next start). Spans before the first
+    one whose key is configured (keys retired by earlier rotations) are checked for the
+    chain only, and said so. ``receipts`` (the config's section) names the variables."""
     if not path.exists():
         return _skip("audit", "no database yet")
     try:
@@ -204,7 +219,25 @@ def check_audit(path: Path, receipt_key: bytes | None, keys: ReceiptKeys | None)
     except GateError as exc:
         return Check("audit", False, exc.message)
     public = keys.public if keys is not None and keys.public else None
-    result = audit.verify(rows, receipt_key, public)
+    given = tuple(k for k in (receipt_key, previous_key) if k is not None)
+    newest, pending = (rows[-1] if rows and receipt_key is not None else None), False
+    if newest is not None and not matches(receipt_key or b"", newest.entry_hash,
+                                          newest.receipt):
+        pending = previous_key is not None and matches(previous_key, newest.entry_hash,
+                                                       newest.receipt)
+        if not pending:
+            return Check("audit", False, _key_mismatch(newest.seq, receipts))
+    result = audit.verify(rows, given, public, leading_unknown=True)
+    if result.wrong_key:
+        named = _key_names(receipts)
+        # no span found although the newest entry verifies with a configured key (checked
+        # above): the entry that began the newest span lost its receipt
+        caught = (f"; yet the newest entry (seq {newest.seq}) verifies with {named}: the "
+                  "receipt of the entry that began its span (entry 1 or a "
+                  "receipt_key_rotated entry) was changed"
+                  if newest is not None and result.first_bad_seq == newest.seq else "")
+        return Check("audit", False, f"entry {result.first_bad_seq}: {result.reason}{caught}"
+                     f" (check {named})")
     if not result.ok:
         return Check("audit", False, f"TAMPERED: entry {result.first_bad_seq}: {result.reason} "
                      f"({result.checked} entries before it verified)")
@@ -212,8 +245,8 @@ def check_audit(path: Path, receipt_key: bytes | None, keys: ReceiptKeys | None)
         stored = maintenance.latest_stored_receipt(path)
     except GateError as exc:
         return Check("audit", False, exc.message)
-    problem = None if stored is None else audit.receipt_problem(rows, stored[1], receipt_key,
-                                                                public)
+    problem = None if stored is None else audit.receipt_problem(
+        rows, stored[1], audit.span_keys(result, given, stored[1].get("seq")), public)
     if problem is not None and stored is not None:
         return Check("audit", False, f"TAMPERED: entry {problem[0]}: {problem[1]} (the "
                      f"receipt stored with approval {stored[0]})")
@@ -229,7 +262,37 @@ def check_audit(path: Path, receipt_key: bytes | None, keys: ReceiptKeys | None)
               "approvals match it")
     if receipt_key is None:
         detail += " (receipts not checked: no receipt key)"
+    elif result.spans and result.spans[0][0] > 1:
+        first = result.spans[0][0]
+        detail += (f" (receipts from entry {first}: entries 1-{first - 1} are receipted with "
+                   "a key retired by a rotation, which the config no longer names; audit "
+                   "verify --key-env checks them with it)")
+    if pending:
+        previous = receipts.previous_key_env if receipts is not None else "the previous key"
+        return _warn("audit", f"{detail}; the newest entries are receipted with "
+                     f"receipts.previous_key_env's key ({previous}): the gate writes the "
+                     "receipt_key_rotated entry at its next start")
     return Check("audit", True, detail)
+
+
+def _key_names(receipts: ReceiptsConfig | None) -> str:
+    if receipts is None:
+        return "receipts.key_env"
+    named = f"receipts.key_env ({receipts.key_env})"
+    if receipts.previous_key_env is not None:
+        named += f" and receipts.previous_key_env ({receipts.previous_key_env})"
+    return named
+
+
+def _key_mismatch(seq: int, receipts: ReceiptsConfig | None) -> str:
+    """The doctor's words for a newest entry that no configured receipt key verifies."""
+    current = f" ({receipts.key_env})" if receipts is not None else ""
+    previous = (f" nor with receipts.previous_key_env ({receipts.previous_key_env})"
+                if receipts is not None and receipts.previous_key_env is not None else "")
+    return (f"the newest audit entry's receipt (seq {seq}) does not verify with "
+            f"receipts.key_env{current}{previous}, so the gate refuses to start: set "
+            "receipts.key_env to the variable holding the key this log was written with, or, "
+            "to rotate the key, receipts.previous_key_env to that variable")
 
 
 async def probe_relay(url: str, timeout_s: float, ca_file: Path | None,
@@ -351,7 +414,10 @@ async def run_checks(config_path: str, environ: Mapping[str, str],
     # the receipt key is checked on its own: other secrets missing do not hide it
     receipt_key = (secrets.receipt_key if secrets is not None
                    else read_receipt_key(config, environ))
-    audit_check = await asyncio.to_thread(check_audit, path, receipt_key, keys)
+    previous_key = (secrets.previous_receipt_key if secrets is not None
+                    else read_receipt_key(config, environ, previous=True))
+    audit_check = await asyncio.to_thread(check_audit, path, receipt_key, keys, previous_key,
+                                          config.receipts)
     probe = await probe_relay(config.relay.url, config.relay.dispatch_timeout,
                               config.relay.ca_file, now)
     return [config_check, secrets_check, keys_check, database_check, audit_check,

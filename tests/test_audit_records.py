@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import pytest
+
 from gate import audit, audit_records
 from gate.protocol.canonical import payload_hash
 from gate.store.auditlog import ApprovalRecord
@@ -79,8 +81,8 @@ def test_rows_of_an_unknown_approval_and_values_of_the_wrong_type_are_named_not_
     a revision stored as text raised ValueError (a traceback, no TAMPERED line)."""
     orphan = ApprovalRecord("ZZ", None, [], [(1, 101, "approve", "h")], [])
     assert audit_records.problem(orphan) == (
-        "rows in the revisions or decisions table for an approval that neither the approvals "
-        "table nor the audit log has")
+        "rows in the revisions, decisions or outbox table for an approval that neither the "
+        "approvals table nor the audit log has")
     record = adjusted_record()
     typed = ApprovalRecord(record.approval_id, record.approval,
                            [("abc", FIRST, record.revisions[0][2]), record.revisions[1]],
@@ -115,3 +117,53 @@ def test_a_log_that_breaks_the_frozen_rules_is_named_even_when_the_rows_match_it
         record.revisions, record.decisions, [*record.entries[:3], loosened_log])
     assert audit_records.problem(loosened) == (
         "audit entry 4 resolved with quorum 2, entry 1 froze quorum 1")
+
+
+def _with_dispatches(record: ApprovalRecord, acks: list[dict[str, Any]],
+                     outbox: list[tuple[Any, Any, Any]]) -> ApprovalRecord:
+    """``record`` with ``dispatch_ack`` entries holding ``acks`` (chained after its own
+    entries) and ``outbox`` rows ``(revision, attempts, delivered_at)``."""
+    entries = list(record.entries)
+    for data in acks:
+        last = entries[-1]
+        seq = last.seq + 1
+        entry = audit.make_entry(seq, "dispatch_ack", record.approval_id,
+                                 1_767_225_600_000 + seq, data)
+        text, digest, receipt = audit.seal(last.entry_hash, entry, KEY)
+        entries.append(audit.AuditRow(seq, record.approval_id, "dispatch_ack", text,
+                                      last.entry_hash, digest, receipt))
+    return ApprovalRecord(record.approval_id, record.approval, record.revisions,
+                          record.decisions, entries, outbox)
+
+
+ACKED_AT = 1_767_225_600_123
+
+
+@pytest.mark.parametrize(("acks", "outbox", "reason"), [
+    ([{"revision": 1, "attempts": 2}, {"revision": 2, "attempts": 1}],
+     [(1, 2, ACKED_AT), (2, 1, ACKED_AT)], None),
+    ([{"revision": 1, "attempts": 2}], [(1, 2, ACKED_AT), (2, 1, ACKED_AT)],
+     "its outbox row says the relay acked the dispatch of revision 2 (after 1 attempt), but "
+     "the audit log holds no dispatch_ack entry for it (deleted?)"),
+    ([{"revision": 1, "attempts": 2}], [(1, 3, ACKED_AT)],
+     "its outbox row counts 3 attempts for the acked dispatch of revision 1, audit entry 5 2"),
+    ([{"revision": 1, "attempts": 2}], [(1, 2, None)],
+     "its outbox row says the dispatch of revision 1 was never acked, but audit entry 5 "
+     "records the relay's ack"),
+    ([{"revision": 1, "attempts": 1}, {"revision": 1, "attempts": 1}], [(1, 1, ACKED_AT)],
+     "2 dispatch_ack entries for revision 1 in the audit log (expected at most 1)"),
+    ([{"revision": 3, "attempts": 1}], [],
+     "audit entry 5 records the relay's ack of revision 3, which the audit log does not hold"),
+    ([], [(3, 0, None)],
+     "its outbox row dispatches revision 3, which the audit log does not hold"),
+    ([{"revision": 1, "attempts": 1}], [], None),  # an outbox row gone: not named
+    ([], [(1, 0, None), (2, 4, None)], None),       # never acked, no entry: agree
+], ids=["match", "ack-deleted", "attempts", "reset", "twice", "ack-unknown-revision",
+        "row-unknown-revision", "row-gone", "never-acked"])
+def test_b02_03_every_delivered_dispatch_needs_its_dispatch_ack_entry(
+        acks: list[dict[str, Any]], outbox: list[tuple[Any, Any, Any]],
+        reason: str | None) -> None:
+    """Item 3 (issue 12): the newest ``dispatch_ack`` entry deleted left ``audit verify -c``
+    at "intact"; the outbox, written in the same transaction, still says delivered."""
+    record = _with_dispatches(adjusted_record(), acks, outbox)
+    assert audit_records.problem(record) == reason

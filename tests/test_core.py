@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import logging
 import threading
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -591,6 +592,50 @@ async def test_store_transactions_sharing_a_commit_roll_back_alone(gate: Gate) -
         n for n in range(30) if n % 3 != 1]
     assert sorted(r for r in results if isinstance(r, int)) == [r.seq for r in rows]
     assert audit.verify(rows, RECEIPT_KEY).ok
+
+
+async def test_b02_03_a_commit_logs_the_chain_head_it_kept_once(
+        gate: Gate, caplog: pytest.LogCaptureFixture) -> None:
+    """One ``event=audit_head`` per group commit that appended entries, naming the newest
+    entry the commit kept: a refused transaction's entry, rolled back to its SAVEPOINT, is
+    not the head, whether or not a later one in the batch appended again."""
+    caplog.set_level(logging.INFO, logger="gate.store.db")
+    inside, release = threading.Event(), threading.Event()
+
+    def hold(tx: Any) -> None:  # keeps the writer busy while the next batch queues up
+        inside.set()
+        release.wait(10)
+
+    def append(n: int, refuse: bool = False) -> Callable[[Any], int]:
+        def transaction(tx: Any) -> int:
+            row = tx.append_audit("note", None, NOW_MS, {"n": n}, RECEIPT_KEY)
+            if refuse:
+                raise Conflict("refused", f"transaction {n} refused")
+            return int(row.seq)
+        return transaction
+
+    async def batch(*fns: Callable[[Any], Any]) -> list[Any]:
+        inside.clear()
+        release.clear()
+        held = asyncio.create_task(gate.store.transact(hold))
+        assert await asyncio.to_thread(inside.wait, 10)
+        tasks = [asyncio.create_task(gate.store.transact(fn)) for fn in fns]
+        await asyncio.sleep(0)  # one loop turn: each task has queued its job (no timing)
+        release.set()
+        await held
+        return await asyncio.gather(*tasks, return_exceptions=True)
+
+    kept_last = await batch(append(1), append(2, refuse=True), append(3))
+    kept_first = await batch(append(4), append(5, refuse=True))
+    # appends nothing, so logs nothing; and the writer answers it only after it logged
+    # the head of the batch before (it logs once the batch's callers are answered)
+    await gate.store.transact(lambda tx: None)
+    rows = {json.loads(r.entry)["data"]["n"]: r for r in await gate.audit_rows()}
+    assert (kept_last[0], kept_last[2], kept_first[0]) == (rows[1].seq, rows[3].seq,
+                                                           rows[4].seq)
+    heads = [r.getMessage() for r in caplog.records if "event=audit_head" in r.getMessage()]
+    assert heads == [f"event=audit_head seq={rows[3].seq} hash={rows[3].entry_hash}",
+                     f"event=audit_head seq={rows[4].seq} hash={rows[4].entry_hash}"]
 
 
 async def test_store_transaction_cancelled_before_it_ran_never_runs(gate: Gate) -> None:

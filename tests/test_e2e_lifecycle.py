@@ -1105,11 +1105,12 @@ def test_audit_verify_detects_tampering_and_export_verifies(tmp_path, gate, rela
     proc = run_cli("audit", "verify", "--file", str(export), "--key-env", "HITL_RECEIPT_KEY")
     assert (proc.returncode, proc.stdout.decode()) == (
         0, "ok: 11 entries, chain and receipts intact\n"), proc.stderr
-    # a different receipt key: the first receipt does not match
+    # a different receipt key: the first receipt does not match; named as the key (b02-04)
     proc = run_cli("audit", "verify", "--file", str(export), "--key-env", "OTHER_KEY",
                    env=gate_env(OTHER_KEY="not-the-receipt-key-b4e1c7a92f0d6358"))
-    assert proc.returncode == 1
-    assert proc.stdout.decode().startswith("TAMPERED: entry 1: ")
+    assert (proc.returncode, proc.stdout) == (1, b"")
+    assert proc.stderr.decode().startswith(
+        "Error: --key-env (OTHER_KEY): the key given does not match this log: entry 1's ")
     # a reordered export
     swapped = tmp_path / "swapped.jsonl"
     shutil.copy(export, swapped)
@@ -1238,25 +1239,22 @@ def test_database_is_wal_and_versioned(gate, relay):
     assert db_scalar(db, "PRAGMA user_version") == SCHEMA_VERSION
 
 
-def test_restart_with_another_receipt_key_is_logged(tmp_path, relay):
+def test_restart_with_another_receipt_key_is_refused(tmp_path, relay):
     """New-user review: ``make demo`` with your own secrets on the demo's old database started
     silently and appended entries receipted with a new key, after which ``audit verify``
-    failed for every run. The gate now says so at start when the newest entry's receipt does
-    not match ``receipts.key_env`` (rotating that key is allowed: docs/operating.md §6)."""
+    failed for every run. Since batch 02 item 4 the gate refuses to start (exit 2, one line
+    naming receipts.key_env) unless a rotation is declared (tests/test_receipt_key.py)."""
     config = write_config(tmp_path, relay.url)
     gate = GateProcess(config).start()
-    try:
-        gate.api().create("q1", "eins")
-        assert gate.stop() == 0
-        gate = GateProcess(config).start()  # same key: nothing said
-        assert gate.stop() == 0
-        assert "receipt_key_changed" not in gate.log()
-        other_key = "another-receipt-key-77-3c9e1a5f0d8b2e46"
-        gate = GateProcess(config, gate_env(HITL_RECEIPT_KEY=other_key)).start()
-        line = gate.wait_for_line(r".*event=receipt_key_changed .*").group(0)
-        assert "WARNING" in line and "seq=1" in line, line
-        assert "another-receipt-key-77" not in gate.log()
-        assert gate.stop() == 0
-    finally:
-        if gate.proc and gate.proc.poll() is None:
-            gate.stop()
+    gate.api().create("q1", "eins")
+    assert gate.stop() == 0
+    gate = GateProcess(config).start()  # same key: nothing said
+    assert gate.stop() == 0
+    assert "receipts.key_env" not in gate.log()
+    proc = run_cli("serve", "-c", str(config),
+                   env=gate_env(HITL_RECEIPT_KEY="another-receipt-key-77-3c9e1a5f0d8b2e46"))
+    assert proc.returncode == 2, proc.stderr
+    err = proc.stderr.decode()
+    assert f"{config}: receipts.key_env: HITL_RECEIPT_KEY does not verify the newest audit " \
+        "entry's receipt (seq " in err, err
+    assert "another-receipt-key-77" not in err and "Traceback" not in err

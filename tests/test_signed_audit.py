@@ -297,7 +297,7 @@ async def test_signed_audit_migration_2_keeps_old_entries(tmp_path: Path) -> Non
     store = Store(path)
     await store.open()
     try:
-        assert await store.schema_version() == len(MIGRATIONS) == 2
+        assert await store.schema_version() == len(MIGRATIONS) >= 2  # 2 and what followed
         rows = [row async for row in store.audit_rows()]
         s = new_signer()
         await store.transact(

@@ -195,7 +195,9 @@ class StorageConfig(BaseModel):
 
 class ReceiptsConfig(BaseModel):
     """``receipts`` (SPEC §7): ``key_env`` names the HMAC receipt key variable (not the relay
-    secret); ``signing_key_file`` is an optional Ed25519 private key (PEM) that signs every
+    secret); ``previous_key_env`` (optional) the variable of the key the log was written
+    with before a rotation of that key (``gate.audit_spans``; docs/auditing.md);
+    ``signing_key_file`` is an optional Ed25519 private key (PEM) that signs every
     audit entry and execution permit; ``trusted_public_keys`` are PEM public key files also
     trusted when verifying (older keys after a rotation); ``permit_lifetime`` seconds a
     permit stays valid (default 15m). Paths resolve like storage.path."""
@@ -203,6 +205,7 @@ class ReceiptsConfig(BaseModel):
     model_config = _FROZEN
 
     key_env: _EnvName
+    previous_key_env: _EnvName | None = None
     signing_key_file: _PathText | None = None
     trusted_public_keys: tuple[_PathText, ...] = ()
     permit_lifetime: _Duration = 900.0

@@ -32,12 +32,14 @@ class Secrets:
     """Secret values read from the environment (SPEC §5); never shown by ``repr``.
 
     ``relay_secrets``: current relay HMAC secret first, then the previous one if configured;
-    ``api_token``: pipeline bearer token; ``receipt_key``: receipt HMAC key as UTF-8 bytes.
+    ``api_token``: pipeline bearer token; ``receipt_key``: receipt HMAC key as UTF-8 bytes;
+    ``previous_receipt_key``: the one before a rotation (``receipts.previous_key_env``) or None.
     """
 
     relay_secrets: tuple[str, ...] = field(repr=False)
     api_token: str = field(repr=False)
     receipt_key: bytes = field(repr=False)
+    previous_receipt_key: bytes | None = field(default=None, repr=False)
     # "<yaml.path>: <VARIABLE> is N bytes; ..." for each secret shorter than
     # GOOD_SECRET_BYTES (never a value); not part of equality
     warnings: tuple[str, ...] = field(default=(), compare=False)
@@ -58,12 +60,17 @@ def load_secrets(config: Config, environ: Mapping[str, str]) -> Secrets:
     return secrets
 
 
-def read_receipt_key(config: Config, environ: Mapping[str, str]) -> bytes | None:
-    """The HMAC receipt key alone (``receipts.key_env``, or its credential file), or None
-    when it is unset or unusable: for tools that check receipts without the other secrets
+def read_receipt_key(config: Config, environ: Mapping[str, str], *,
+                     previous: bool = False) -> bytes | None:
+    """The HMAC receipt key alone (``receipts.key_env``, or its credential file; with
+    ``previous`` the one of ``receipts.previous_key_env``), or None when it is not
+    configured, unset or unusable: for tools that check receipts without the other secrets
     (``doctor``)."""
-    value, _ = _read_one("receipts.key_env", config.receipts.key_env, environ,
-                         environ.get(CREDENTIALS_DIRECTORY) or None)
+    where = "receipts.previous_key_env" if previous else "receipts.key_env"
+    name = config.receipts.previous_key_env if previous else config.receipts.key_env
+    if name is None:
+        return None
+    value, _ = _read_one(where, name, environ, environ.get(CREDENTIALS_DIRECTORY) or None)
     return None if value is None else value.encode("utf-8")
 
 
@@ -129,6 +136,7 @@ def _read_secrets(config: Config, environ: Mapping[str, str]) -> tuple[Secrets |
     for where, others in (
         ("api.token_env", relay_keys),
         ("receipts.key_env", [*relay_keys, "api.token_env"]),
+        ("receipts.previous_key_env", [*relay_keys, "api.token_env", "receipts.key_env"]),
     ):
         for other in others:
             if (
@@ -156,6 +164,8 @@ def _read_secrets(config: Config, environ: Mapping[str, str]) -> tuple[Secrets |
         relay_secrets=tuple(relay),
         api_token=values["api.token_env"],
         receipt_key=values["receipts.key_env"].encode("utf-8"),
+        previous_receipt_key=(values["receipts.previous_key_env"].encode("utf-8")
+                              if "receipts.previous_key_env" in values else None),
         warnings=tuple(warnings),
     )
     return secrets, []
@@ -175,6 +185,8 @@ def _secret_vars(config: Config) -> list[tuple[str, str]]:
         out.append(("relay.previous_secret_env", relay.previous_secret_env))
     out.append(("api.token_env", config.api.token_env))
     out.append(("receipts.key_env", config.receipts.key_env))
+    if config.receipts.previous_key_env is not None:
+        out.append(("receipts.previous_key_env", config.receipts.previous_key_env))
     return out
 
 

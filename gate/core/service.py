@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import hmac
 import logging
 import secrets as pysecrets
 from collections.abc import Sequence
@@ -15,12 +14,12 @@ from ulid import ULID
 
 from gate import permit
 from gate.audit import AuditRow, receipt_object
-from gate.audit import receipt as audit_receipt
+from gate.audit_spans import ROTATED, matches
 from gate.core import rules
 from gate.core.ratelimit import RateLimiter
 from gate.core.requests import CreateRequest, check_draft, quorum_unreachable_message
 from gate.core.views import approval_view
-from gate.errors import Conflict, GateError, NotFound
+from gate.errors import ConfigError, Conflict, GateError, NotFound
 from gate.keys import ReceiptKeys, load_receipt_keys
 from gate.protocol.canonical import payload_hash
 from gate.protocol.envelope import Decision
@@ -32,7 +31,7 @@ DAY_MS = 86_400_000
 EXPIRE_BATCH = 500
 # the write transactions of the gate, by name (``GateService.run_command``)
 TRANSACTIONS = frozenset({"create", "decide", "expire", "cancel", "dispatch_result",
-                          "configure"})  # "configure" runs outside a transaction (Store.apply)
+                          "configure", "receipt_key"})  # "configure": outside a transaction
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,7 +81,9 @@ class GateService:
     """The gate's rules over a Store.
 
     ``config`` is a ``gate.config.Config``; ``receipt_key`` the HMAC receipt key (bytes);
-    ``clock`` anything with ``now_ms()``; ``receipt_keys`` the Ed25519 signing key and
+    ``previous_receipt_key`` the one before a declared rotation (``receipts.previous_key_env``,
+    used only by ``settle_receipt_key``); ``clock`` anything with ``now_ms()``;
+    ``receipt_keys`` the Ed25519 signing key and
     trusted keys (default: loaded from ``config.receipts``, which raises ConfigError for a
     bad key file). With a signing key every audit entry is signed and every approved or
     adjusted approval gets a permit. Events ``dispatch_wakeup`` and ``expiry_wakeup`` tell
@@ -90,11 +91,13 @@ class GateService:
     """
 
     def __init__(self, config: Any, receipt_key: bytes, store: Store, clock: Any, *,
-                 receipt_keys: ReceiptKeys | None = None) -> None:
+                 receipt_keys: ReceiptKeys | None = None,
+                 previous_receipt_key: bytes | None = None) -> None:
         self.config = config
         self.store = store
         self.clock = clock
         self._receipt_key = receipt_key
+        self._previous_receipt_key = previous_receipt_key
         self.receipt_keys = receipt_keys or load_receipt_keys(config.receipts)
         self._signer = self.receipt_keys.signer
         self.rate = RateLimiter(config.relay.security.rate_limit)
@@ -264,23 +267,69 @@ class GateService:
         assert full is not None
         return full, True
 
-    async def check_receipt_key(self) -> bool:
-        """At start: True when the newest audit entry's receipt matches the receipt key (or
-        the log is empty); else log ``event=receipt_key_changed`` (WARNING) and return False.
+    async def settle_receipt_key(self) -> int | None:
+        """At start (``gate serve``), before anything else is written: go on with the audit
+        log only with the key its newest entry is receipted with, or after a declared
+        rotation (docs/auditing.md section 5; ``gate.audit_spans``).
 
-        A changed key is allowed (docs/operating.md §6) but splits the log: ``audit verify``
-        then needs the old key for the entries before. Said once, at start, so it is not
-        mistaken for tampering later. Never logs the key.
+        Nothing happens when the log is empty or its newest receipt verifies with
+        ``receipts.key_env``'s key (restarts are idempotent). When it verifies with
+        ``receipts.previous_key_env``'s instead, one ``receipt_key_rotated`` entry is
+        appended, receipted (and signed) with the new key, holding the seq boundary and the
+        variable names, nothing secret; returns its seq (else None). Raises ConfigError
+        (``receipts.key_env: ...``, nothing written) when neither key verifies it (a typo is
+        likelier than a rotation), GateError ``audit_tampered`` when the previous key
+        verifies it but the log already went over to the current key (an entry forged with
+        a retired key). Never logs a key.
         """
-        last = await self.store.last_audit_row()
-        if last is None or hmac.compare_digest(audit_receipt(self._receipt_key,
-                                                             last.entry_hash), last.receipt):
-            return True
-        log.warning("event=receipt_key_changed seq=%d (the newest audit entry's receipt does "
-                    "not match receipts.key_env: entries from now on are receipted with "
-                    "another key, and audit verify needs the old key for those up to here; "
-                    "if this is not a deliberate rotation, restore the old key)", last.seq)
-        return False
+        outcome, seq, since = await self.store.transact(Command("receipt_key"))
+        receipts = self.config.receipts
+        if outcome == "mismatch" and receipts.previous_key_env is None:
+            raise ConfigError([f"receipts.key_env: {receipts.key_env} does not verify the "
+                               f"newest audit entry's receipt (seq {seq}); a typo? To rotate "
+                               "the key, set receipts.previous_key_env to the variable "
+                               "holding the old key"])
+        if outcome == "mismatch":
+            raise ConfigError([f"receipts.key_env: neither {receipts.key_env} nor "
+                               f"receipts.previous_key_env ({receipts.previous_key_env}) "
+                               f"verifies the newest audit entry's receipt (seq {seq}); a "
+                               "typo? receipts.previous_key_env must hold the key the log "
+                               "was written with"])
+        if outcome == "forged":
+            raise GateError("audit_tampered", (
+                f"receipts.previous_key_env: the newest audit entry (seq {seq}) is receipted "
+                f"with {receipts.previous_key_env}'s key, but this log went over to "
+                f"{receipts.key_env}'s key at entry {since}: an entry after that receipted "
+                "with the retired key is forged; nothing was written (hitl-gate audit verify "
+                "-c names it)"))
+        if outcome == "rotated":
+            log.info("event=receipt_key_rotated seq=%d previous_key_last_seq=%d key_env=%s "
+                     "previous_key_env=%s", seq, seq - 1, receipts.key_env,
+                     receipts.previous_key_env)
+            return int(seq)
+        return None
+
+    def _tx_receipt_key(self, tx: WriteTx) -> tuple[str, int, int | None]:
+        """``settle_receipt_key``'s transaction: ``(outcome, seq, since)``; outcome "empty",
+        "current", "mismatch", "forged" (``since``: the first entry of the current key's
+        span) or "rotated" (``seq``: the rotation entry's)."""
+        last = tx.last_audit_row()
+        if last is None:
+            return "empty", 0, None
+        if matches(self._receipt_key, last.entry_hash, last.receipt):
+            return "current", last.seq, None
+        previous = self._previous_receipt_key
+        if previous is None or not matches(previous, last.entry_hash, last.receipt):
+            return "mismatch", last.seq, None
+        since = next((seq for seq, digest, receipt in tx.audit_span_starts(ROTATED)
+                      if matches(self._receipt_key, digest, receipt)), None)
+        if since is not None:
+            return "forged", last.seq, since
+        receipts = self.config.receipts
+        row = self._audit(tx, ROTATED, None, self.clock.now_ms(), {
+            "previous_key_last_seq": last.seq, "key_env": receipts.key_env,
+            "previous_key_env": receipts.previous_key_env})
+        return "rotated", row.seq, None
 
     # ---- decide ----------------------------------------------------------------
 
@@ -314,7 +363,8 @@ class GateService:
     def _tx_decide(self, tx: WriteTx, decision: Decision) -> tuple[
             int, int, str | None, int | None, Resolution | None]:
         now = self.clock.now_ms()
-        approval = tx.load_approval(decision.approval_id, outbox=False)
+        approval = tx.load_approval(decision.approval_id, outbox=False,
+                                     created_receipt=False)
         if approval is None:
             raise GateError("unknown_approval", "no approval with this approval_id",
                             status=404, kind="unknown_approval")

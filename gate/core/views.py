@@ -16,7 +16,9 @@ def approval_view(full: dict[str, Any]) -> dict[str, Any]:
     """Return the SPEC §3 approval object for a ``Store.fetch_approval`` result.
 
     ``final_body`` is set only for ``approved``/``adjusted`` (the action may fire);
-    ``payload_hash`` is the current revision's hash; ``permit`` (compact JWS) only for
+    ``payload_hash`` is the current revision's hash; ``created_receipt`` the receipt of the
+    approval's ``created`` audit entry (a pipeline keeps it: ``audit verify --expect``
+    then shows whether the log still holds that entry); ``permit`` (compact JWS) only for
     ``approved``/``adjusted`` on a gate with a signing key; ``requested_by`` is the
     requesting operator's identity, or None.
     """
@@ -64,6 +66,7 @@ def approval_view(full: dict[str, Any]) -> dict[str, Any]:
             "last_error": latest["last_error"] if latest else None,
         },
         "receipt": full["receipt"],
+        "created_receipt": full.get("created_receipt"),
         "requested_by": full.get("requested_by"),
         "permit": full.get("permit") if fired else None,
     }

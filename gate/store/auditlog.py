@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -122,13 +122,15 @@ class ApprovalRecord:
     receipt: JSON text, scope: JSON text) or None when only the log names the approval;
     ``revisions`` are ``(revision, body, payload_hash)``; ``decisions`` are ``(revision,
     operator_id, decision, payload_hash)``, all as stored (an edited row may hold any type);
-    ``entries`` its audit rows in ascending seq."""
+    ``entries`` its audit rows in ascending seq; ``dispatches`` its outbox rows
+    ``(revision, attempts, delivered_at)`` as stored."""
 
     approval_id: str
     approval: dict[str, Any] | None
     revisions: list[tuple[Any, Any, Any]]
     decisions: list[tuple[Any, Any, Any, Any]]
     entries: list[audit.AuditRow]
+    dispatches: list[tuple[Any, Any, Any]] = field(default_factory=list)
 
 
 _RECORD_QUERIES = (
@@ -138,6 +140,8 @@ _RECORD_QUERIES = (
     " ORDER BY approval_id, revision",
     "SELECT approval_id, revision, operator_id, decision, payload_hash FROM decisions"
     " ORDER BY approval_id, revision, operator_id",
+    "SELECT approval_id, revision, attempts, delivered_at FROM outbox"
+    " ORDER BY approval_id, revision",
 )
 _APPROVAL_COLUMNS = ("approval_id", "pipeline", "step", "quorum_required", "revision", "state",
                      "outcome", "expires_at", "receipt", "scope")
@@ -145,8 +149,9 @@ _APPROVAL_COLUMNS = ("approval_id", "pipeline", "step", "quorum_required", "revi
 
 def approval_records(path: Path) -> Iterator[ApprovalRecord]:
     """Yield every approval named by the approvals table or the audit log of the database at
-    ``path``, in approval_id order, with its revisions, decisions and audit rows, all read
-    in one snapshot (one read transaction: a running gate may keep writing). Streams:
+    ``path``, in approval_id order, with its revisions, decisions, outbox rows and audit
+    rows, all read in one snapshot (one read transaction: a running gate may keep writing).
+    Streams:
     memory grows with one approval, not the database (SQLite sorts the log by approval).
     Raises Unavailable when it cannot be read; yields nothing for a database without
     tables yet."""
@@ -155,13 +160,14 @@ def approval_records(path: Path) -> Iterator[ApprovalRecord]:
         return
     conn = _connect(path)
     try:
-        conn.execute("BEGIN")  # one snapshot for the four cursors
-        approvals, revisions, decisions = (_grouped(conn.execute(q)) for q in _RECORD_QUERIES)
+        conn.execute("BEGIN")  # one snapshot for the five cursors
+        approvals, revisions, decisions, outbox = (_grouped(conn.execute(q))
+                                                   for q in _RECORD_QUERIES)
         entries = _grouped(conn.execute(sql.replace(
             "FROM audit_log ORDER BY seq",
             "FROM audit_log WHERE approval_id IS NOT NULL ORDER BY approval_id, seq")), 1)
-        heads: list[Any] = [next(s, None) for s in (approvals, revisions, decisions, entries)]
-        streams = (approvals, revisions, decisions, entries)
+        streams = (approvals, revisions, decisions, entries, outbox)
+        heads: list[Any] = [next(s, None) for s in streams]
         while any(head is not None for head in heads):
             approval_id = min(head[0] for head in heads if head is not None)
             parts: list[list[Any]] = []
@@ -171,12 +177,13 @@ def approval_records(path: Path) -> Iterator[ApprovalRecord]:
                     heads[index] = next(streams[index], None)
                 else:
                     parts.append([])
-            rows, revs, decs, logged = parts
+            rows, revs, decs, logged, sent = parts
             yield ApprovalRecord(
                 approval_id, dict(zip(_APPROVAL_COLUMNS, rows[0], strict=True)) if rows else None,
                 [(r[1], r[2], r[3]) for r in revs],  # as stored: a wrong type disagrees
                 [(d[1], d[2], d[3], d[4]) for d in decs],
-                [audit.AuditRow(*row) for row in logged])
+                [audit.AuditRow(*row) for row in logged],
+                [(o[1], o[2], o[3]) for o in sent])
         conn.execute("COMMIT")
     except sqlite3.Error as exc:
         raise Unavailable("storage_unavailable", f"database read failed: {exc}") from exc

@@ -104,8 +104,11 @@ class Store:
     transaction waiting (up to ``MAX_BATCH``), runs them inside one ``BEGIN IMMEDIATE``
     transaction, each in its own SAVEPOINT (a refused or failing one rolls back alone),
     COMMITs once (one fsync for the batch: group commit), and only then answers each
-    caller. Reads use a second connection on its own thread, one call per read, and see
-    the last committed state (WAL).
+    caller. A batch that appended audit entries then logs the chain head its COMMIT left,
+    one INFO line ``event=audit_head seq=N hash=H`` (its newest entry's seq and entry hash;
+    ``log_head``): an anchor held outside the database file (``audit verify
+    --expect-head``). Reads use a second connection on its own thread, one call per read,
+    and see the last committed state (WAL).
 
     The database is held with an exclusive ``flock`` on ``<db>.lock`` while open, so a second
     gate on the same file is refused (Unavailable, "database in use by another hitl-gate
@@ -135,6 +138,8 @@ class Store:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._lock_fd: int | None = None
         self._probing = False
+        # (seq, entry_hash) of the newest entry the last commit appended, until ``log_head``
+        self._unlogged_head: tuple[int, str] | None = None
         self.write_fault: str | None = None
         self._probed_at = 0.0
 
@@ -431,6 +436,7 @@ class Store:
                 _rollback_quietly(self._writer) if self._writer is not None else None
                 answers = [(job, None, exc) for job in batch]
             self._deliver(answers)
+            self.log_head()
 
     def _run_batch(self, batch: list[_Job], before_job: Callable[[], None] | None = None
                    ) -> list[tuple[_Job, Any, BaseException | None]]:
@@ -455,6 +461,7 @@ class Store:
                 before_job()
             if job.cancelled:
                 continue
+            tx.job_started()
             try:
                 conn.execute("SAVEPOINT job")
                 try:
@@ -495,7 +502,17 @@ class Store:
             return answers + [(job, None, error) for job, _ in done]
         if conn.total_changes != changes:  # rows reached the disk: the storage works
             self._recovered()
+        if tx.appended_head is not None:
+            self._unlogged_head = tx.appended_head  # logged once the callers are answered
         return answers + [(job, result, None) for job, result in done]
+
+    def log_head(self) -> None:
+        """Writer side, after a batch's callers were answered (off their path): log the
+        chain head its COMMIT left, ``event=audit_head seq=N hash=H``, when it appended
+        audit entries; else nothing. An anchor for whoever keeps the log (auditing.md)."""
+        head, self._unlogged_head = self._unlogged_head, None
+        if head is not None:
+            log.info("event=audit_head seq=%d hash=%s", *head)
 
     def _deliver(self, answers: list[tuple[_Job, Any, BaseException | None]]) -> None:
         if not answers or self._loop is None:
@@ -579,15 +596,6 @@ class Store:
             first = conn.execute(_NEXT_DISPATCH).fetchone()
             return due, None if first is None else int(first[0])
         return await self._read_call(_snapshot, run)
-
-    async def last_audit_row(self) -> audit.AuditRow | None:
-        """Return the newest audit row (highest seq), or None when the log is empty."""
-        def run(conn: sqlite3.Connection) -> audit.AuditRow | None:
-            row = conn.execute(
-                "SELECT seq, approval_id, kind, entry, prev_hash, entry_hash, receipt, key_id,"
-                " signature FROM audit_log ORDER BY seq DESC LIMIT 1").fetchone()
-            return None if row is None else audit.AuditRow(*row)
-        return await self._read_call(run)
 
     async def audit_rows(self) -> AsyncIterator[audit.AuditRow]:
         """Yield every audit row in ascending seq (with its key id and signature, if signed),

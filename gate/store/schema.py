@@ -99,6 +99,11 @@ MIGRATIONS: list[list[str]] = [
         # compact JWS execution permit; set only for approved/adjusted with a signing key
         "ALTER TABLE approvals ADD COLUMN permit TEXT",
     ],
+    # 3: an approval's ``created`` audit entry found by approval_id, so every approval object
+    # carries that entry's receipt (``created_receipt``) without a scan of the whole log
+    [
+        "CREATE INDEX audit_log_created ON audit_log (approval_id) WHERE kind = 'created'",
+    ],
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)

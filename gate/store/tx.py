@@ -14,10 +14,19 @@ def fetchall(conn: sqlite3.Connection, sql: str, args: tuple[Any, ...]) -> list[
     return [dict(row) for row in conn.execute(sql, args).fetchall()]
 
 
-def load_full(conn: sqlite3.Connection, approval_id: str,
-              outbox: bool = True) -> dict[str, Any] | None:
-    """Return the approval with its revisions, decisions and (unless ``outbox`` is False)
-    outbox rows, or None."""
+# the ``created`` audit entry of one approval, through the partial index of migration 3
+CREATED_ENTRY_SQL = (
+    "SELECT seq, approval_id, kind, entry, prev_hash, entry_hash, receipt, key_id, signature"
+    " FROM audit_log INDEXED BY audit_log_created WHERE approval_id = ? AND kind = 'created'"
+    " ORDER BY seq LIMIT 1")
+
+
+def load_full(conn: sqlite3.Connection, approval_id: str, outbox: bool = True,
+              created_receipt: bool = True) -> dict[str, Any] | None:
+    """Return the approval with its revisions, decisions, (unless ``outbox`` is False)
+    outbox rows and (unless ``created_receipt`` is False) ``created_receipt``: the receipt
+    object (``gate.audit.receipt_object``) of its ``created`` audit entry, read from the
+    log itself (None when the log holds no such entry), or None."""
     rows = fetchall(conn, "SELECT * FROM approvals WHERE approval_id = ?", (approval_id,))
     if not rows:
         return None
@@ -25,6 +34,10 @@ def load_full(conn: sqlite3.Connection, approval_id: str,
     approval["scope"] = json.loads(approval["scope"])
     approval["budget"] = json.loads(approval["budget"]) if approval["budget"] else None
     approval["receipt"] = json.loads(approval["receipt"]) if approval["receipt"] else None
+    if created_receipt:
+        entry = conn.execute(CREATED_ENTRY_SQL, (approval_id,)).fetchone()
+        approval["created_receipt"] = (audit.receipt_object(audit.AuditRow(*entry))
+                                       if entry is not None else None)
     approval["revisions"] = fetchall(
         conn, "SELECT * FROM revisions WHERE approval_id = ? ORDER BY revision", (approval_id,))
     approval["decisions"] = fetchall(
@@ -48,10 +61,20 @@ class WriteTx:
         # (seq, entry_hash) of the newest audit entry, known inside this transaction; None
         # = read it. The store forgets it whenever it rolls anything back (``forget_tail``).
         self._audit_tail: tuple[int, str] | None = None
+        # (seq, entry_hash) of the newest entry this transaction appended and still holds
+        # (None: none); what it was when the current job began, to go back to on its rollback
+        self.appended_head: tuple[int, str] | None = None
+        self._head_at_job: tuple[int, str] | None = None
+
+    def job_started(self) -> None:
+        """A job begins (its SAVEPOINT): ``forget_tail`` goes back to the head as it is now."""
+        self._head_at_job = self.appended_head
 
     def forget_tail(self) -> None:
-        """Drop what this transaction remembers of the audit log (after a rollback)."""
+        """Drop what this transaction remembers of the audit log (after a rollback): the
+        tail is read again, and ``appended_head`` is what it was when the job began."""
         self._audit_tail = None
+        self.appended_head = self._head_at_job
 
     def _one(self, sql: str, args: tuple[Any, ...]) -> dict[str, Any] | None:
         row = self._conn.execute(sql, args).fetchone()
@@ -62,10 +85,12 @@ class WriteTx:
         version = int(self._conn.execute("PRAGMA user_version").fetchone()[0])
         self._conn.execute(f"PRAGMA user_version = {version}")
 
-    def load_approval(self, approval_id: str, outbox: bool = True) -> dict[str, Any] | None:
+    def load_approval(self, approval_id: str, outbox: bool = True,
+                      created_receipt: bool = True) -> dict[str, Any] | None:
         """Return the full approval (as ``Store.fetch_approval``; without outbox rows when
-        ``outbox`` is False) as seen inside this transaction."""
-        return load_full(self._conn, approval_id, outbox)
+        ``outbox`` is False, without ``created_receipt`` when that is False) as seen inside
+        this transaction."""
+        return load_full(self._conn, approval_id, outbox, created_receipt)
 
     def approval_by_idempotency_key(self, key: str) -> dict[str, Any] | None:
         """Return ``{approval_id, request_hash}`` for an Idempotency-Key, or None."""
@@ -175,6 +200,22 @@ class WriteTx:
                  "revisions": [{"revision": rev, "payload_hash": digest}]}
                 for aid, rev, quorum, digest in rows]
 
+    def last_audit_row(self) -> audit.AuditRow | None:
+        """Return the newest audit row (highest seq), or None when the log is empty."""
+        row = self._conn.execute(
+            "SELECT seq, approval_id, kind, entry, prev_hash, entry_hash, receipt, key_id,"
+            " signature FROM audit_log ORDER BY seq DESC LIMIT 1").fetchone()
+        return None if row is None else audit.AuditRow(*row)
+
+    def audit_span_starts(self, kind: str) -> list[tuple[int, str, str]]:
+        """Return ``(seq, entry_hash, receipt)`` of entry 1 and of every entry of ``kind``
+        (the receipt-key rotations: few), ascending. Scans the log once (no index on kind:
+        run only at a start that rotates the receipt key)."""
+        rows = self._conn.execute(
+            "SELECT seq, entry_hash, receipt FROM audit_log WHERE seq = 1 OR kind = ?"
+            " ORDER BY seq", (kind,)).fetchall()
+        return [(int(seq), str(digest), str(receipt)) for seq, digest, receipt in rows]
+
     def append_audit(self, kind: str, approval_id: str | None, at_ms: int,
                      data: dict[str, Any], key: bytes,
                      signer: audit.Signer | None = None) -> audit.AuditRow:
@@ -193,6 +234,6 @@ class WriteTx:
             "INSERT INTO audit_log (seq, approval_id, kind, entry, prev_hash, entry_hash, receipt,"
             " key_id, signature) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (seq, approval_id, kind, entry_json, prev_hash, digest, receipt, key_id, signature))
-        self._audit_tail = (seq, digest)  # set only once the row is in
+        self._audit_tail = self.appended_head = (seq, digest)  # set only once the row is in
         return audit.AuditRow(seq, approval_id, kind, entry_json, prev_hash, digest, receipt,
                               key_id, signature)

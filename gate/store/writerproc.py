@@ -447,7 +447,9 @@ def _child(store: Store, sock: socket.socket, open_writer: Callable[[], None]) -
                                store.write_fault))
             sock.sendall(data)
         except OSError:
+            store.log_head()  # committed all the same
             return 0  # the web process is gone: nobody waits for these answers
+        store.log_head()  # after the answers: off the callers' path
 
 
 def _apply(store: Store, command: Command) -> None:

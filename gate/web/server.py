@@ -39,12 +39,13 @@ STOPPING = web.AppKey("stopping", asyncio.Event)
 @contextlib.asynccontextmanager
 async def _workers(service: GateService, config: Config,
                    secrets: Secrets) -> AsyncIterator[Dispatcher]:
-    """Open the store and run the dispatcher and the expiry scheduler; on exit stop both
-    (an in-flight dispatch is abandoned: its row stays un-acked and is sent again after a
-    restart) and close the database last."""
+    """Open the store, settle the receipt key against the audit log (which may refuse the
+    start: ``GateService.settle_receipt_key``), and run the dispatcher and the expiry
+    scheduler; on exit stop both (an in-flight dispatch is abandoned: its row stays un-acked
+    and is sent again after a restart) and close the database last."""
     await service.store.open()
     try:
-        await service.check_receipt_key()
+        await service.settle_receipt_key()
         async with relay_session(config.relay.ca_file) as session:
             dispatcher = Dispatcher(service, session, config.relay.url,
                                     secrets.relay_secrets[0], config.relay.dispatch_timeout)
@@ -187,8 +188,8 @@ async def serve(config: Config, secrets: Secrets, clock: Clock | None = None,
     try:
         store = Store(config.storage.path, writer_process=True)
         store.on_writer_lost = stop.set  # a lost writer: stop cleanly, exit 1 (a restart)
-        service = GateService(config, secrets.receipt_key, store,
-                              clock or SystemClock())
+        service = GateService(config, secrets.receipt_key, store, clock or SystemClock(),
+                              previous_receipt_key=secrets.previous_receipt_key)
         api_app, callback_app = create_apps(service, config, secrets)
         async with _workers(service, config, secrets) as dispatcher:
             api_runner = _runner(api_app, config)
