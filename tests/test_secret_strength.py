@@ -111,6 +111,23 @@ def test_b02_06_secret_from_a_credential_file_is_measured_too(config: Path,
     assert result.stderr == f"{config}: {too_short('receipts.key_env', 'HITL_RECEIPT_KEY', 5)}\n"
 
 
+def test_b02_06_previous_receipt_key_is_measured_too(config: Path, tmp_path: Path) -> None:
+    """receipts.previous_key_env (batch 02 item 4) is in the same table of secrets."""
+    rotating = tmp_path / "rotating.yaml"
+    rotating.write_text(config.read_text(encoding="utf-8").replace(
+        "key_env: HITL_RECEIPT_KEY", "key_env: HITL_RECEIPT_KEY\n  previous_key_env: HITL_OLD_KEY"),
+        encoding="utf-8")
+
+    result = check_config(rotating, HITL_OLD_KEY="old")
+    assert result.exit_code == 2
+    assert result.stderr == (
+        f"{rotating}: {too_short('receipts.previous_key_env', 'HITL_OLD_KEY', 3)}\n")
+    result = check_config(rotating, HITL_OLD_KEY="o" * 20)
+    assert result.exit_code == 0, result.stderr
+    assert result.stderr == (
+        f"{rotating}: warning: {weak('receipts.previous_key_env', 'HITL_OLD_KEY', 20)}\n")
+
+
 # ---- serve and doctor -----------------------------------------------------------------------
 
 
