@@ -31,9 +31,9 @@ PYTHON = sys.executable
 SECRET_ENV = "BENCH_HITL_RELAY_SECRET"
 TOKEN_ENV = "BENCH_HITL_API_TOKEN"
 RECEIPT_ENV = "BENCH_HITL_RECEIPT_KEY"
-SECRET = "bench-relay-secret-3b9d"
-API_TOKEN = "bench-api-token-5c1e"
-RECEIPT_KEY = "bench-receipt-key-8a47"
+SECRET = "bench-relay-secret-3b9d7e0a51c4f826"
+API_TOKEN = "bench-api-token-5c1e08f3b2a9d647"
+RECEIPT_KEY = "bench-receipt-key-8a47c1f0e93d52b6"
 
 PIPELINE = "bench"
 STEP = "q1"

@@ -115,12 +115,13 @@ def _relay_secret(var: str) -> str:
     return secret
 
 
-def _client(config_path: str, api_url: str | None) -> Any:
+def _client(config_path: str, api_url: str | None, config: Any = None) -> Any:
     from gate.client import ApiClient, api_base
 
     from gate.config import read_api_token
 
-    config = _config(config_path)
+    if config is None:
+        config = _config(config_path)
     # as serve reads it: the variable, else its file in $CREDENTIALS_DIRECTORY
     token, error = read_api_token(config, os.environ)
     if token is None:
@@ -192,6 +193,8 @@ def serve(config_path: str, log_level: str, log_format: str) -> None:
         _receipt_keys(config)
     except ConfigError as exc:
         stop(2, "config_invalid", [f"{config_path}: {line}" for line in exc.errors])
+    for warning in secrets.warnings:
+        logging.getLogger("gate.cli").warning("event=weak_secret warning=%s", warning)
     tune_gc()
     try:
         asyncio.run(serve_forever(config, secrets))
@@ -208,19 +211,22 @@ def serve(config_path: str, log_level: str, log_format: str) -> None:
 def check_config(config_path: str) -> None:
     """Validate the config and its secret variables; list every error with its YAML path.
 
-    Exit 0 when valid, 2 otherwise.
+    Exit 0 when valid (a secret shorter than 32 bytes is a warning on stderr), 2 otherwise
+    (a secret shorter than 16 bytes is an error).
 
     Example: hitl-gate check-config -c config.example.yaml
     """
     from gate.config import load
 
     try:
-        config, _ = load(config_path, os.environ)
+        config, secrets = load(config_path, os.environ)
         _receipt_keys(config)
     except ConfigError as exc:
         for line in exc.errors:
             click.echo(f"{config_path}: {line}", err=True)
         sys.exit(2)
+    for warning in secrets.warnings:
+        click.echo(f"{config_path}: warning: {warning}", err=True)
     steps = sum(len(p.steps) for p in config.pipelines)
     click.echo(f"{config_path}: ok ({len(config.pipelines)} pipelines, {steps} steps, "
                f"{len(config.relay.operators)} operators)")
@@ -246,20 +252,58 @@ def doctor(config_path: str) -> None:
     sys.exit(0 if all(check.ok for check in checks) else 1)
 
 
+def _input_name(path: str) -> str:
+    """How a message names a file argument: the path, or "standard input" for ``-``."""
+    return "standard input" if path == "-" else path
+
+
+def _read_input(option: str, path: str) -> bytes:
+    """The bytes of ``path`` (``-``: all of standard input); exit 2 with one line naming
+    ``option`` and the file (or standard input) when it cannot be read."""
+    try:
+        if path != "-":
+            return Path(path).read_bytes()
+        if sys.stdin is None:  # started with standard input closed (`<&-`)
+            fail(f"{option}: cannot read standard input: it is closed", 2)
+        return sys.stdin.buffer.read()
+    except OSError as exc:
+        fail(f"{option}: cannot read {_input_name(path)}: {exc.strerror or exc}", 2)
+
+
+def _draft_source(draft_file: str | None) -> str:
+    """How an error names where the draft came from: ``--draft``, ``--draft-file: PATH`` or
+    ``--draft-file: standard input``."""
+    if draft_file is None:
+        return "--draft: the draft"
+    return f"--draft-file: {_input_name(draft_file)}"
+
+
+def _check_not_blank(config: Any, pipeline: str, step: str, text: str,
+                     draft_file: str | None) -> None:
+    """Exit 2 on a draft that is empty or only White_Space unless the step (in this config)
+    allows it; a step this config does not know is left to the gate (404 or its own rule)."""
+    from gate.protocol.whitespace import is_blank
+
+    found = config.find_step(pipeline, step)
+    if found is None or found[1].allow_empty_draft or not is_blank(text):
+        return
+    what = "empty" if text == "" else "only white space"
+    fail(f"{_draft_source(draft_file)} is {what}: nothing to approve (allow_empty_draft: true "
+         "on the step allows it)", 2)
+
+
 def _read_draft(draft: str | None, draft_file: str | None) -> str:
     if (draft is None) == (draft_file is None):
         fail("give exactly one of --draft or --draft-file", 2)
     if draft is not None:
         return draft
     assert draft_file is not None
-    try:
-        raw = sys.stdin.buffer.read() if draft_file == "-" else Path(draft_file).read_bytes()
-    except OSError as exc:
-        fail(f"--draft-file: cannot read {draft_file}: {exc.strerror}", 2)
+    raw = _read_input("--draft-file", draft_file)
     try:
         return raw.decode("utf-8")
-    except UnicodeDecodeError:
-        fail(f"--draft-file: {draft_file} is not valid UTF-8", 2)
+    except UnicodeDecodeError as exc:  # exc.start: the first byte that is not UTF-8
+        fail(f"--draft-file: {_input_name(draft_file)} is not valid UTF-8 (byte offset "
+             f"{exc.start})", 2)
 
 
 @main.command()
@@ -302,6 +346,7 @@ def request(config_path: str, api_url: str | None, pipeline: str, step: str,
     from ulid import ULID
 
     from gate.pipeline import EXIT_CODES, create_with_retry, wait_for_outcome
+    from gate.protocol.whitespace import is_blank
 
     if permit_out is not None and not wait:
         fail("--permit-out needs --wait", 2)
@@ -310,11 +355,13 @@ def request(config_path: str, api_url: str | None, pipeline: str, step: str,
         if not folder.is_dir() or not os.access(folder, os.W_OK | os.X_OK):
             fail(f"--permit-out: {folder} is not a directory this user can write to", 2)
     if idempotency_key is not None and (
-            not idempotency_key.strip() or len(idempotency_key) > 200
+            is_blank(idempotency_key) or len(idempotency_key) > 200
             or any(ord(c) < 0x20 or ord(c) == 0x7F for c in idempotency_key)):
         fail("--idempotency-key: must be 1-200 characters, not blank, without control "
              "characters", 2)
     text = _read_draft(draft, draft_file)
+    config = _config(config_path)
+    _check_not_blank(config, pipeline, step, text, draft_file)
     from gate.core.requests import MAX_SPEND
 
     if spend is not None and not (math.isfinite(spend) and 0 <= spend <= MAX_SPEND):
@@ -342,7 +389,7 @@ def request(config_path: str, api_url: str | None, pipeline: str, step: str,
         return None if deadline is None else max(0.0, deadline - time.monotonic())
 
     async def go() -> dict[str, Any] | None:
-        async with _client(config_path, api_url) as api:
+        async with _client(config_path, api_url, config) as api:
             if wait:
                 assert key is not None
                 answered = await create_with_retry(api, body, key, left(), report)
@@ -814,9 +861,9 @@ def permit_verify(permit_file: str, public_key_files: tuple[str, ...], body_file
     public = _public_keys(public_key_files)
     try:
         token = permit_mod.read(Path(permit_file))
-        body = sys.stdin.buffer.read() if body_file == "-" else Path(body_file).read_bytes()
     except OSError as exc:
-        fail(f"cannot read {exc.filename}: {exc.strerror or exc}", 2)
+        fail(f"cannot read {permit_file}: {exc.strerror or exc}", 2)
+    body = _read_input("--body-file", body_file)
     try:
         verified = permit_mod.verify(token, public, body, time.time(), pipeline=pipeline,
                                      step=step)
@@ -872,6 +919,8 @@ def relay(listen: str, secret_env: str, identities: tuple[str, ...], auto: str |
     """
     from gate import logs
     from gate.config import parse_listen
+    from gate.config.values import identity_problem
+    from gate.protocol.whitespace import is_blank, is_trimmed
     from gate.relay import AutoDecision, run_relay
 
     secret = _relay_secret(secret_env)
@@ -884,8 +933,12 @@ def relay(listen: str, secret_env: str, identities: tuple[str, ...], auto: str |
     except ValueError as exc:
         fail(f"--auto: {exc}", 2)
     for identity in identities:  # a dispatch's scope never names such an identity
-        if not identity.strip() or identity != identity.strip():
+        if is_blank(identity) or not is_trimmed(identity):
             fail(f"--as: {identity!r} is not an identity (empty, or spaces around it)", 2)
+        problem = identity_problem(identity)
+        if problem is not None:
+            fail(f"--as: {identity!r} {problem.split(';')[0]}; no dispatch names such an "
+                 "identity", 2)
     # asking on a terminal: INFO lines would land in the drafts and prompts (issue 12)
     logs.configure("WARNING" if auto_decision is None and sys.stderr.isatty() else "INFO")
     try:

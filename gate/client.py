@@ -9,6 +9,7 @@ from typing import Any
 import aiohttp
 
 from gate.config import Config, parse_listen
+from gate.core.requests import quorum_unreachable_message
 from gate.errors import GateError
 
 
@@ -30,6 +31,17 @@ def api_base(config: Config) -> str:
     if ":" in host:
         host = f"[{host}]"
     return f"http://{host}:{parsed[2]}"
+
+
+def _detail(answer: dict[str, Any]) -> str | None:
+    """What an error answer's additive fields say, in words (the gate sends no human message):
+    for 422 ``quorum_unreachable``, who asked and how many approvers remain."""
+    if answer.get("reason") == "quorum_unreachable":
+        requester, left = answer.get("requested_by"), answer.get("approvers_left")
+        quorum = answer.get("quorum_required")
+        if isinstance(requester, str) and isinstance(left, int) and isinstance(quorum, int):
+            return quorum_unreachable_message(requester, left, quorum)
+    return None
 
 
 class ApiClient:
@@ -82,7 +94,9 @@ class ApiClient:
         if status >= 400:
             reason = answer.get("reason", "error") if isinstance(answer, dict) else "error"
             message = answer.get("message") if isinstance(answer, dict) else None
-            raise ClientError(str(reason), message or f"the gate answered HTTP {status} {reason}",
+            detail = _detail(answer) if isinstance(answer, dict) else None
+            raise ClientError(str(reason), message or f"the gate answered HTTP {status} {reason}"
+                              + (f": {detail}" if detail else ""),
                               status=status, extra=answer if isinstance(answer, dict) else None)
         return status, answer
 

@@ -31,6 +31,7 @@ from gate.config import (
     load_secrets,
     read_receipt_key,
 )
+from gate.config.secrets import _secret_vars
 from gate.dispatch import redact
 from gate.errors import ConfigError, GateError
 from gate.keys import ReceiptKeys, load_receipt_keys
@@ -117,17 +118,19 @@ def check_config(path: str) -> tuple[Check, Config | None]:
 
 
 def check_secrets(config: Config, environ: Mapping[str, str]) -> tuple[Check, Secrets | None]:
-    """Every secret the config names is set, clean and distinct (``load_secrets``)."""
+    """Every secret the config names is set, clean, at least 16 bytes and distinct
+    (``load_secrets``); WARN when one is shorter than 32 bytes or others may read the
+    credentials directory."""
     try:
         secrets = load_secrets(config, environ)
     except ConfigError as exc:
         return Check("secrets", False, _errors(exc.errors)), None
-    names = [config.relay.secret_env, config.relay.previous_secret_env, config.api.token_env,
-             config.receipts.key_env, config.receipts.previous_key_env]
-    detail = ", ".join(n for n in names if n) + " set and distinct"
+    names = [name for _, name in _secret_vars(config)]
+    detail = ", ".join(names) + " set and distinct"
     exposed = _exposed_credentials(environ.get("CREDENTIALS_DIRECTORY"))
-    if exposed:
-        return _warn("secrets", f"{detail}; but {exposed}"), secrets
+    concerns = [*secrets.warnings, *([exposed] if exposed else [])]
+    if concerns:
+        return _warn("secrets", f"{detail}; but {'; '.join(concerns)}"), secrets
     return Check("secrets", True, detail), secrets
 
 

@@ -26,6 +26,7 @@ from gate.errors import GateError
 from gate.protocol import PROTOCOL, PROTOCOL_HEADER, SIGNATURE_HEADER, signing
 from gate.protocol.canonical import payload_hash, wire_json
 from gate.protocol.envelope import build_decision, decode_json
+from gate.protocol.whitespace import identity_key
 from gate.relay_state import Knowledge, Sent, expiry_of, revision_of
 from gate.relay_terminal import LogHold, Terminal, Withdrawn
 from gate.relay_view import greeting, shown, verdict
@@ -125,8 +126,8 @@ class Relay:
         approvers = [a for a in envelope.get("approvers") or [] if isinstance(a, str)]
         if not self.identities:
             return approvers[:1]
-        keys = {a.strip().casefold() for a in approvers}
-        chosen = [i for i in self.identities if i.strip().casefold() in keys]
+        keys = {identity_key(a) for a in approvers}
+        chosen = [i for i in self.identities if identity_key(i) in keys]
         for other in set(self.identities) - set(chosen):
             log.warning("event=not_in_scope identity=%s approval_id=%s", other,
                         envelope.get("approval_id"))

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from gate.protocol.whitespace import identity_key
 from gate.relay_view import shown
 
 
@@ -46,7 +47,7 @@ def expiry_of(envelope: dict[str, Any], now: float) -> float:
 
 
 def _key(identity: str) -> str:
-    return identity.strip().casefold()  # as the gate compares identities (SPEC §2 check 11)
+    return identity_key(identity)  # as the gate compares identities (SPEC §2 check 11)
 
 
 @dataclass(slots=True)

@@ -10,6 +10,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from gate.protocol.whitespace import is_blank
+
 RULE = "=" * 72
 SEPARATOR = "-" * 72
 # risks (docs: ``risk`` of a step) at which one key answers; any other, ``high``, ``critical``
@@ -125,7 +127,7 @@ def draft_lines(body: str) -> tuple[list[str], list[str]]:
                         "shown as <U+XXXX>; the draft approved is exactly as sent, with them")
     if not body:
         return warnings, ["(the draft is empty)"]
-    if not body.strip():
+    if is_blank(body):  # the gate's rule: only Unicode White_Space (issue 12, items 5 and 9)
         counts = Counter(body)
         kinds = ", ".join(_count(n, _SPACE_NAMES.get(c) or f"U+{ord(c):04X}")
                           for c, n in counts.items())

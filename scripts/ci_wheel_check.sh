@@ -86,8 +86,9 @@ grep -q '^Usage: hitl-gate ' "$WORK/help.txt" || die "hitl-gate --help printed n
 "$WORK/venv/bin/hitl-gate" --version
 
 step "hitl-gate check-config -c $ROOT/config.example.yaml"
-HITL_RELAY_SECRET=wheel-check-relay HITL_API_TOKEN=wheel-check-api \
-    HITL_RECEIPT_KEY=wheel-check-receipts \
+HITL_RELAY_SECRET=wheel-check-relay-secret-0a9f3e61c2d8 \
+    HITL_API_TOKEN=wheel-check-api-token-7b1e4d90c3a5 \
+    HITL_RECEIPT_KEY=wheel-check-receipt-key-5c8a2f1d06e4 \
     "$WORK/venv/bin/hitl-gate" check-config -c "$ROOT/config.example.yaml" ||
     die "hitl-gate check-config of config.example.yaml"
 

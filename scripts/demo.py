@@ -18,11 +18,12 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG = ROOT / "config.example.yaml"
-# Demo secrets only; real deployments set these in the service environment.
+# Demo secrets only (32+ bytes, as check-config asks); real deployments set their own, e.g.
+# from `openssl rand -hex 32`, in the service environment.
 DEMO_ENV = {
-    "HITL_RELAY_SECRET": "demo-relay-secret-change-me",
-    "HITL_API_TOKEN": "demo-api-token-change-me",
-    "HITL_RECEIPT_KEY": "demo-receipt-key-change-me",
+    "HITL_RELAY_SECRET": "demo-relay-secret-change-me-8f2c41d0",
+    "HITL_API_TOKEN": "demo-api-token-change-me-5b7e93a1c6",
+    "HITL_RECEIPT_KEY": "demo-receipt-key-change-me-2d94f0e7",
 }
 DRAFT = """Subject: Zahlungserinnerung – Rechnung 2026-114
 

@@ -32,10 +32,11 @@ from gate.protocol.canonical import wire_json
 from gate.protocol.envelope import build_decision
 
 ROOT = Path(__file__).resolve().parent.parent
-SECRET = "test-secret-new"
-OLD_SECRET = "test-secret-old"
-API_TOKEN = "test-api-token-7f3a"
-RECEIPT_KEY = "test-receipt-key-91c2"
+# at least 32 bytes each: shorter ones are refused (< 16) or warned about (check-config)
+SECRET = "test-secret-new-6a1f0c9e2d7b4853"
+OLD_SECRET = "test-secret-old-0e4b7d2c9a1f6385"
+API_TOKEN = "test-api-token-7f3a5c0e9b2d4a61e8"
+RECEIPT_KEY = "test-receipt-key-91c2d8e04f7a3b65"
 DEADLINE_S = 20.0
 
 ENV = {

@@ -17,8 +17,9 @@ from gate.cli import main
 from tests.support import API_TOKEN, ROOT, gate_env, run_cli
 
 EXAMPLE = ROOT / "config.example.yaml"
-ENV = {"HITL_RELAY_SECRET": "relay-secret-cli", "HITL_API_TOKEN": "api-token-cli",
-       "HITL_RECEIPT_KEY": "receipt-key-cli"}
+ENV = {"HITL_RELAY_SECRET": "relay-secret-cli-4d0b9e7a2c5f1836",
+       "HITL_API_TOKEN": "api-token-cli-8e3a6c1f0b9d2754a1",
+       "HITL_RECEIPT_KEY": "receipt-key-cli-2f7c5a0e8d1b4963"}
 UNKNOWN_ID = "01ARZ3NDEKTSV4RRFFQ69G5FAV"
 
 # Structurally valid YAML with many errors at once (each must be named by its YAML path).

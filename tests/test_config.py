@@ -26,9 +26,9 @@ from tests.support import run_cli
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "config.example.yaml"
 ENV = {
-    "HITL_RELAY_SECRET": "test-secret-new",
-    "HITL_API_TOKEN": "api-token-value",
-    "HITL_RECEIPT_KEY": "receipt-key-value",
+    "HITL_RELAY_SECRET": "test-secret-new-6a1f0c9e2d7b4853",
+    "HITL_API_TOKEN": "api-token-value-0c7e2b9f4a1d6853",
+    "HITL_RECEIPT_KEY": "receipt-key-value-5e8a1c3f7b0d2946",
 }
 
 
@@ -110,9 +110,9 @@ def test_example_loads_with_secrets() -> None:
 
     assert config == load_config(EXAMPLE)
     assert secrets == Secrets(
-        relay_secrets=("test-secret-new",),
-        api_token="api-token-value",
-        receipt_key=b"receipt-key-value",
+        relay_secrets=("test-secret-new-6a1f0c9e2d7b4853",),
+        api_token="api-token-value-0c7e2b9f4a1d6853",
+        receipt_key=b"receipt-key-value-5e8a1c3f7b0d2946",
     )
     for value in ENV.values():
         assert value not in repr(secrets)
@@ -595,7 +595,8 @@ def test_parse_listen_bad(addr: str) -> None:
 
 def test_case_h04_secret_with_trailing_newline_refused() -> None:
     config = load_config(EXAMPLE)
-    environ = dict(ENV, HITL_RELAY_SECRET="test-secret-new\n", HITL_API_TOKEN=" api-token")
+    environ = dict(ENV, HITL_RELAY_SECRET=ENV["HITL_RELAY_SECRET"] + "\n",
+                   HITL_API_TOKEN=" " + ENV["HITL_API_TOKEN"])
 
     with pytest.raises(ConfigError) as info:
         load_secrets(config, environ)
@@ -606,8 +607,8 @@ def test_case_h04_secret_with_trailing_newline_refused() -> None:
         "api.token_env: HITL_API_TOKEN has leading or trailing whitespace"
         " (often a trailing newline); remove it",
     ]
-    assert "test-secret-new" not in str(info.value)
-    assert "api-token" not in str(info.value)
+    assert ENV["HITL_RELAY_SECRET"] not in str(info.value)
+    assert ENV["HITL_API_TOKEN"] not in str(info.value)
 
 
 def test_secrets_missing_and_empty_all_listed(tmp_path: Path) -> None:
@@ -626,17 +627,17 @@ def test_secrets_missing_and_empty_all_listed(tmp_path: Path) -> None:
 def test_secrets_rotation_current_first(tmp_path: Path) -> None:
     data = example_data()
     data["relay"]["previous_secret_env"] = "HITL_RELAY_SECRET_OLD"
-    environ = dict(ENV, HITL_RELAY_SECRET_OLD="test-secret-old")
+    environ = dict(ENV, HITL_RELAY_SECRET_OLD="test-secret-old-0e4b7d2c9a1f6385")
 
     _, secrets = load(write(tmp_path, data), environ)
 
-    assert secrets.relay_secrets == ("test-secret-new", "test-secret-old")
+    assert secrets.relay_secrets == (ENV["HITL_RELAY_SECRET"], "test-secret-old-0e4b7d2c9a1f6385")
 
 
 def test_secrets_reused_value_refused() -> None:
     config = load_config(EXAMPLE)
-    environ = dict(ENV, HITL_API_TOKEN="same-value", HITL_RECEIPT_KEY="same-value")
-    environ["HITL_RELAY_SECRET"] = "same-value"
+    same = "the-same-value-in-three-variables"
+    environ = dict(ENV, HITL_API_TOKEN=same, HITL_RECEIPT_KEY=same, HITL_RELAY_SECRET=same)
 
     with pytest.raises(ConfigError) as info:
         load_secrets(config, environ)
@@ -649,7 +650,7 @@ def test_secrets_reused_value_refused() -> None:
         "receipts.key_env: HITL_RECEIPT_KEY has the same value as HITL_API_TOKEN"
         " (api.token_env); each secret must be distinct",
     ]
-    assert "same-value" not in str(info.value)
+    assert same not in str(info.value)
 
 
 def test_secrets_same_variable_reported_once(tmp_path: Path) -> None:
@@ -663,7 +664,7 @@ def test_secrets_same_variable_reported_once(tmp_path: Path) -> None:
 
 def test_secrets_undecodable_value_refused() -> None:
     config = load_config(EXAMPLE)
-    environ = dict(ENV, HITL_RECEIPT_KEY="key-\udcff")
+    environ = dict(ENV, HITL_RECEIPT_KEY="receipt-key-value-5e8a1c3f7b0d\udcff")
 
     with pytest.raises(ConfigError) as info:
         load_secrets(config, environ)
@@ -672,8 +673,10 @@ def test_secrets_undecodable_value_refused() -> None:
 
 def test_secrets_receipt_key_is_utf8_bytes() -> None:
     config = load_config(EXAMPLE)
-    secrets = load_secrets(config, dict(ENV, HITL_RECEIPT_KEY="clé"))
-    assert secrets.receipt_key == "clé".encode()
+    key = "clé-de-reçus-5e8a1c3f7b0d2946-éàü"
+    secrets = load_secrets(config, dict(ENV, HITL_RECEIPT_KEY=key))
+    assert secrets.receipt_key == key.encode()
+    assert secrets.warnings == ()
 
 
 def test_config_listeners_and_public_url_checked(tmp_path: Path) -> None:
@@ -722,7 +725,8 @@ def test_a_secret_pasted_into_an_env_key_is_refused_without_being_shown(tmp_path
         assert "api.token_env" in text, (command, text)
 
 
-@pytest.mark.parametrize("token", ["tok\x01en-value", "two words", "tökén-value"])
+@pytest.mark.parametrize("token", ["tok\x01en-value-0c7e2b9f4a1d6853", "two words, long enough",
+                                   "tökén-value-0c7e2b9f4a1d6853"])
 def test_api_token_must_be_printable_ascii(token):
     """Security review: check-config passed an API token holding ``\x01``; serve took it, and
     every client then failed to send it as a bearer token."""

@@ -263,7 +263,7 @@ def test_doctor_checks_receipts_with_the_receipt_key_alone(gate, relay, tmp_path
     assert audit_line.startswith("PASS audit: ") and "receipts" in audit_line, audit_line
     assert "receipts not checked" not in audit_line, audit_line
     # and a wrong receipt key is caught, not ignored, and named as the key setting (b02-04)
-    env["HITL_RECEIPT_KEY"] = "a-different-receipt-key"
+    env["HITL_RECEIPT_KEY"] = "a-different-receipt-key-0e5c9a2d7f1b4836"
     code, lines = doctor(tmp_path / "config.yaml", env)
     assert line_of(lines, "audit").startswith(
         "FAIL audit: the newest audit entry's receipt (seq 4) does not verify with "

@@ -32,6 +32,7 @@ from gate.protocol import signing
 from gate.protocol.errors import ProtocolError
 from tests.support import (
     API_TOKEN,
+    OLD_SECRET,
     RECEIPT_KEY,
     SECRET,
     Api,
@@ -349,7 +350,7 @@ def test_case_h02_dispatch_bytes_are_signed_and_unescaped(gate, relay):
     assert before - 1 <= parsed.t <= time.time() + 1
     assert parsed.v1 == (signing.compute(SECRET, parsed.t, raw),)
     with pytest.raises(ProtocolError) as info:
-        signing.verify(header, raw, ["test-secret-old"], time.time(), 300)
+        signing.verify(header, raw, [OLD_SECRET], time.time(), 300)
     assert info.value.code == "signature_mismatch"
     assert headers["Content-Type"] == "application/json; charset=utf-8"
     assert headers["X-Hitl-Protocol"] == "hitl/v0"
@@ -1107,7 +1108,7 @@ def test_audit_verify_detects_tampering_and_export_verifies(tmp_path, gate, rela
         0, "ok: 11 entries, chain and receipts intact\n"), proc.stderr
     # a different receipt key: the first receipt does not match; named as the key (b02-04)
     proc = run_cli("audit", "verify", "--file", str(export), "--key-env", "OTHER_KEY",
-                   env=gate_env(OTHER_KEY="not-the-receipt-key"))
+                   env=gate_env(OTHER_KEY="not-the-receipt-key-b4e1c7a92f0d6358"))
     assert (proc.returncode, proc.stdout) == (1, b"")
     assert proc.stderr.decode().startswith(
         "Error: --key-env (OTHER_KEY): the key given does not match this log: entry 1's ")
@@ -1252,7 +1253,7 @@ def test_restart_with_another_receipt_key_is_refused(tmp_path, relay):
     assert gate.stop() == 0
     assert "receipts.key_env" not in gate.log()
     proc = run_cli("serve", "-c", str(config),
-                   env=gate_env(HITL_RECEIPT_KEY="another-receipt-key-77"))
+                   env=gate_env(HITL_RECEIPT_KEY="another-receipt-key-77-3c9e1a5f0d8b2e46"))
     assert proc.returncode == 2, proc.stderr
     err = proc.stderr.decode()
     assert f"{config}: receipts.key_env: HITL_RECEIPT_KEY does not verify the newest audit " \

@@ -290,7 +290,7 @@ sig_recipe = weighted(
                   st.sampled_from(MAYBE_STYLES))),
     (1, st.tuples(st.just("many_v1"), st.integers(0, 55), st.integers(0, 55))),
     (1, st.tuples(st.just("wrong_secret"), st.sampled_from(
-        ["test-secret-new ", "TEST-SECRET-NEW", API_TOKEN, RECEIPT_KEY, ""]) | small_text)),
+        [SECRET + " ", SECRET.upper(), API_TOKEN, RECEIPT_KEY, ""]) | small_text)),
     (1, st.tuples(st.just("skew"), st.sampled_from([SECRET, OLD_SECRET]), st.one_of(
         st.integers(MAX_SKEW + 30, 10**7), st.integers(-(10**7), -(MAX_SKEW + 5))))),
     (1, st.tuples(st.just("t_text"), st.sampled_from(T_TEXTS))),

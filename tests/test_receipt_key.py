@@ -37,14 +37,18 @@ from tests.support import (
     write_config,
 )
 
-OLD = "receipt-key-old-5b1e0c"
-NEW = "receipt-key-new-a7d42f"
+OLD = "receipt-key-old-5b1e0c9d3a7f2e64"
+NEW = "receipt-key-new-a7d42f1c8e0b5d93"
 OLD_VAR = "HITL_RECEIPT_KEY_OLD"
 ROTATED = "receipt_key_rotated"
 REFUSAL = ("receipts.key_env: HITL_RECEIPT_KEY does not verify the newest audit entry's "
            "receipt (seq {seq}); a typo? To rotate the key, set receipts.previous_key_env to "
            "the variable holding the old key")
 NO_MATCH = "the key given does not match this log"
+# keys the log was not written with (32 bytes: shorter ones are refused or warned about)
+TYPO = "a-typo-key-77-0f3d8c1a6e2b94572c"
+OLDER_TYPO = "older-typo-88-6b2e9d0c4a7f1358e3"
+NOT_THIS = "not-this-logs-key-4a9c0e7d2b5f8136"
 
 
 def db_of(config: Path) -> Path:
@@ -135,14 +139,14 @@ def test_b02_04_serve_refuses_another_receipt_key_and_writes_nothing(tmp_path, r
     before = audit_rows(db)
     assert len(before) == 4
 
-    code, lines = serve_refused(config, gate_env(HITL_RECEIPT_KEY="a-typo-key-77"))
+    code, lines = serve_refused(config, gate_env(HITL_RECEIPT_KEY=TYPO))
     assert (code, lines) == (2, [f"{config}: " + REFUSAL.format(seq=4)])
     assert audit_rows(db) == before
 
     # a previous key declared that does not match either: refused the same way, nothing written
     set_receipts(config, previous_key_env=OLD_VAR)
     code, lines = serve_refused(
-        config, gate_env(HITL_RECEIPT_KEY="a-typo-key-77", **{OLD_VAR: "older-typo-88"}))
+        config, gate_env(HITL_RECEIPT_KEY=TYPO, **{OLD_VAR: OLDER_TYPO}))
     assert (code, lines) == (2, [
         f"{config}: receipts.key_env: neither HITL_RECEIPT_KEY nor receipts.previous_key_env "
         f"({OLD_VAR}) verifies the newest audit entry's receipt (seq 4); a typo? "
@@ -150,7 +154,7 @@ def test_b02_04_serve_refuses_another_receipt_key_and_writes_nothing(tmp_path, r
     assert audit_rows(db) == before
 
     # the right key, with a previous key declared: starts, writes nothing (no rotation)
-    gate = GateProcess(config, gate_env(**{OLD_VAR: "older-typo-88"})).start()
+    gate = GateProcess(config, gate_env(**{OLD_VAR: OLDER_TYPO})).start()
     assert gate.stop() == 0
     assert "receipt_key_rotated" not in gate.log()
     assert audit_rows(db) == before
@@ -259,7 +263,7 @@ def test_b02_04_wrong_key_on_a_fresh_log_says_the_key_given_does_not_match(gate,
                                                                            tmp_path):
     resolve_one(gate, relay)
     assert gate.stop() == 0
-    wrong = gate_env(HITL_RECEIPT_KEY="not-this-logs-key", OTHER_KEY="not-this-logs-key")
+    wrong = gate_env(HITL_RECEIPT_KEY=NOT_THIS, OTHER_KEY=NOT_THIS)
     proc = run_cli("audit", "verify", "-c", str(gate.config), env=wrong)
     assert (proc.returncode, proc.stdout) == (1, b""), proc.stdout
     err = proc.stderr.decode()
@@ -289,10 +293,10 @@ def test_b02_04_doctor_names_the_receipt_key_settings(tmp_path, relay):
                     if line.split(" ", 2)[1] == "audit:")
         return proc.returncode, line
 
-    code, line = audit_line(gate_env(HITL_RECEIPT_KEY="a-typo-key-77"))
+    code, line = audit_line(gate_env(HITL_RECEIPT_KEY=TYPO))
     assert code == 1 and line.startswith("FAIL audit: "), line
     assert "receipts.key_env" in line and "receipts.previous_key_env" in line, line
-    assert "TAMPERED" not in line and "a-typo-key-77" not in line, line
+    assert "TAMPERED" not in line and TYPO not in line, line
 
     # the right key, but entry 1's receipt changed: the newest entry shows the key is right
     copy_dir = tmp_path / "copy"

@@ -123,7 +123,8 @@ def test_self_approval_requester_outside_scope_decides_nothing_else(gate: Any,
 
 @pytest.mark.parametrize(("body", "status", "answer"), [
     ({"step": "pair", "requested_by": ALICE}, 422,
-     {"status": "invalid", "reason": "quorum_unreachable", "field": "requested_by"}),
+     {"status": "invalid", "reason": "quorum_unreachable", "field": "requested_by",
+      "requested_by": ALICE, "approvers_left": 1, "quorum_required": 2}),
     ({"step": "q2", "requested_by": "mallory@example.com"}, 400,
      {"status": "invalid", "reason": "invalid_requested_by", "field": "requested_by"}),
     ({"step": "q2", "requested_by": "  "}, 400,

@@ -49,7 +49,7 @@ from tests.support import (
 )
 
 UNIT = ROOT / "systemd" / "hitl-gate.service"
-NEW_TOKEN = "rotated-api-token-5d21"
+NEW_TOKEN = "rotated-api-token-5d21c8e0a3f94b67"
 
 
 # ---- helpers -------------------------------------------------------------------------------
@@ -279,12 +279,16 @@ def test_credential_with_other_whitespace_refused(tmp_path: Path, content: bytes
 def test_credentials_rules(tmp_path: Path) -> None:
     config = load_config(write_config(tmp_path, "http://127.0.0.1:9/relay"))
     creds = write_credentials(tmp_path / "creds", {
-        "HITL_RELAY_SECRET": b"from-file-secret\n", "HITL_API_TOKEN": b"from-file-token\n"})
-    env = {"CREDENTIALS_DIRECTORY": str(creds), "HITL_RELAY_SECRET": "from-env-secret",
+        "HITL_RELAY_SECRET": b"from-file-secret-9a4c2e7f1b0d8356\n",
+        "HITL_API_TOKEN": b"from-file-token-3e8b0d5a2c7f9146\n"})
+    env = {"CREDENTIALS_DIRECTORY": str(creds),
+           "HITL_RELAY_SECRET": "from-env-secret-6f1d3b8e0a4c9275",
            "HITL_RELAY_SECRET_OLD": OLD_SECRET, "HITL_RECEIPT_KEY": RECEIPT_KEY}
     secrets = load_secrets(config, env)
-    assert secrets.relay_secrets == ("from-env-secret", OLD_SECRET)  # a set variable wins
-    assert secrets.api_token == "from-file-token"  # unset variable: its credential file
+    # a set variable wins
+    assert secrets.relay_secrets == ("from-env-secret-6f1d3b8e0a4c9275", OLD_SECRET)
+    # unset variable: its credential file
+    assert secrets.api_token == "from-file-token-3e8b0d5a2c7f9146"
     del env["HITL_RECEIPT_KEY"]
     with pytest.raises(ConfigError) as caught:
         load_secrets(config, env)

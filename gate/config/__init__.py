@@ -11,7 +11,14 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from gate.config.messages import _describe, _path, _prune, _pydantic_error, _under
+from gate.config.messages import (
+    _describe,
+    _path,
+    _prune,
+    _pydantic_error,
+    _under,
+    _unknown_key,
+)
 from gate.config.model import (
     ApiConfig,
     BudgetConfig,
@@ -132,13 +139,13 @@ def _load(path: str | os.PathLike[str]) -> tuple[Config | None, list[str]]:
     errors: list[str] = []
     if "source" in data:
         data = {k: v for k, v in data.items() if k != "source"}
-        errors.append("source: unknown key")
+        errors.append(_unknown_key(("source",), Config))
     context = {"base_dir": source.parent}
     try:
         config = Config.model_validate(data, context=context)
     except ValidationError as exc:
         details = exc.errors(include_url=False)
-        errors += [_pydantic_error(e) for e in details]
+        errors += [_pydantic_error(e, Config) for e in details]
         # Still run the cross-field checks when dropping the bad keys (falling back to their
         # defaults) gives a valid config, so one run reports every error (SPEC §5).
         pruned_data = copy.deepcopy(data)

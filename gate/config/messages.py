@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import difflib
+import typing
 from collections.abc import Mapping, Sequence
 from typing import Any
+
+from pydantic import BaseModel
 
 _EXPECTED = {
     "int_type": "an integer",
@@ -32,13 +36,53 @@ def _path(loc: Sequence[int | str]) -> str:
     return out or "top level"
 
 
-def _pydantic_error(err: Mapping[str, Any]) -> str:
+def _model_in(annotation: Any) -> type[BaseModel] | None:
+    """The pydantic model a field holds, looking through ``Annotated``, ``X | None`` and
+    ``tuple[X, ...]``; None for a plain value."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in typing.get_args(annotation):
+        found = _model_in(arg)
+        if found is not None:
+            return found
+    return None
+
+
+def _keys_at(root: type[BaseModel], loc: Sequence[int | str]) -> list[str]:
+    """The YAML keys the model at ``loc`` (a mapping's path; list indexes skipped) accepts."""
+    model: type[BaseModel] | None = root
+    for part in loc:
+        if isinstance(part, int):
+            continue  # an item of a list: the same model as the list's
+        field = model.model_fields.get(part) if model is not None else None
+        model = _model_in(field.annotation) if field is not None else None
+        if model is None:
+            return []
+    keys = list(model.model_fields) if model is not None else []
+    return [k for k in keys if k != "source"] if model is root else keys
+
+
+def _unknown_key(loc: Sequence[int | str], root: type[BaseModel] | None) -> str:
+    """``<path>: unknown key``, plus the closest valid key when one is close enough
+    (``difflib.get_close_matches``, its default 0.6 similarity)."""
+    where = f"{_path(loc[:-1]) + '.' if loc[:-1] else ''}{loc[-1]}"
+    key = loc[-1]
+    if root is not None and isinstance(key, str):
+        close = difflib.get_close_matches(key, _keys_at(root, loc[:-1]), n=1)
+        if close:
+            return f'{where}: unknown key; did you mean "{close[0]}"?'
+    return f"{where}: unknown key"
+
+
+def _pydantic_error(err: Mapping[str, Any], root: type[BaseModel] | None = None) -> str:
+    """One ``"<yaml.path>: <message>"`` line for a pydantic error; with ``root`` (the model
+    validated), an unknown key names the closest valid key at its place."""
     kind = err["type"]
     loc = tuple(err["loc"])
     ctx = err.get("ctx") or {}
     value = err.get("input")
     if kind in ("extra_forbidden", "invalid_key"):
-        return f"{_path(loc[:-1]) + '.' if loc[:-1] else ''}{loc[-1]}: unknown key"
+        return _unknown_key(loc, root)
     where = _path(loc)
     if kind == "missing":
         message = "required"

@@ -28,6 +28,7 @@ from gate.config.values import (
     _resolve,
     parse_duration,
 )
+from gate.protocol.whitespace import identity_key
 
 # the largest value SQLite's INTEGER holds: operator ids are stored with every decision
 MAX_OPERATOR_ID = 2**63 - 1
@@ -64,8 +65,9 @@ class Operator(BaseModel):
 
     @property
     def key(self) -> str:
-        """The identity as compared on the wire: ``identity.strip().casefold()`` (SPEC §2 #11)."""
-        return self.identity.strip().casefold()
+        """The identity as compared on the wire: White_Space-trimmed and casefolded
+        (``gate.protocol.whitespace.identity_key``, SPEC §2 check 11)."""
+        return identity_key(self.identity)
 
 
 class Security(BaseModel):
@@ -234,7 +236,9 @@ class StepConfig(BaseModel):
     ``quorum`` approvals needed (default 1); ``approvers`` operator ids (defaults to
     ``relay.security.allowed_users`` after ``load_config``); ``timeout`` seconds until the
     approval resolves ``timeout`` (default 4h); ``risk`` low|normal|high|critical;
-    ``allow_self_approval``: may the operator named as ``requested_by`` decide (default false).
+    ``allow_self_approval``: may the operator named as ``requested_by`` decide (default false);
+    ``allow_empty_draft``: may a draft be empty or only White_Space (default false: refused
+    400 ``draft_empty``, and by ``hitl-gate request`` before it is sent).
     """
 
     model_config = _FROZEN
@@ -247,6 +251,7 @@ class StepConfig(BaseModel):
     timeout: _Duration = 4 * 3600.0
     risk: Literal["low", "normal", "high", "critical"] = "normal"
     allow_self_approval: Annotated[bool, Field(strict=True)] = False
+    allow_empty_draft: Annotated[bool, Field(strict=True)] = False
 
 
 class PipelineConfig(BaseModel):
@@ -300,10 +305,11 @@ class Config(BaseModel):
         return tuple(out)
 
     def operator_by_identity(self, identity: str) -> Operator | None:
-        """The operator whose identity equals ``identity`` after strip()+casefold(), else None."""
+        """The operator whose identity equals ``identity`` after White_Space trim + casefold
+        (``identity_key``), else None."""
         if not isinstance(identity, str):
             return None
-        key = identity.strip().casefold()
+        key = identity_key(identity)
         for op in self.relay.operators:
             if op.key == key:
                 return op

@@ -4,7 +4,8 @@ Each ``*_env`` key names a variable. When that variable is set, its value is the
 When it is unset and ``$CREDENTIALS_DIRECTORY`` is set (systemd's ``LoadCredential=``), the
 secret is the content of the file ``$CREDENTIALS_DIRECTORY/<VARIABLE NAME>``, with a single
 trailing newline (``\n``) removed, as most editors and ``echo`` leave one. Any other leading
-or trailing whitespace, in a variable or a file, is refused, never trimmed silently.
+or trailing whitespace, in a variable or a file, is refused, never trimmed silently. A secret
+shorter than 16 bytes (UTF-8) is refused, one shorter than 32 bytes is a warning.
 """
 
 from __future__ import annotations
@@ -19,6 +20,11 @@ from gate.errors import ConfigError
 
 CREDENTIALS_DIRECTORY = "CREDENTIALS_DIRECTORY"
 MAX_CREDENTIAL_BYTES = 64 * 1024
+# Shortest secret accepted, and shortest not warned about (bytes of UTF-8). 16 bytes of random
+# hex is 64 bits; 32 (openssl rand -hex 32 gives 64 characters) leaves guessing out of reach.
+MIN_SECRET_BYTES = 16
+GOOD_SECRET_BYTES = 32
+MAKE_SECRET = "openssl rand -hex 32"
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,6 +40,9 @@ class Secrets:
     api_token: str = field(repr=False)
     receipt_key: bytes = field(repr=False)
     previous_receipt_key: bytes | None = field(default=None, repr=False)
+    # "<yaml.path>: <VARIABLE> is N bytes; ..." for each secret shorter than
+    # GOOD_SECRET_BYTES (never a value); not part of equality
+    warnings: tuple[str, ...] = field(default=(), compare=False)
 
 
 def load_secrets(config: Config, environ: Mapping[str, str]) -> Secrets:
@@ -41,7 +50,9 @@ def load_secrets(config: Config, environ: Mapping[str, str]) -> Secrets:
     variable that is unset, from ``$CREDENTIALS_DIRECTORY/<name>`` when ``environ`` has it.
 
     Raises ``ConfigError`` listing every unset, empty or whitespace-padded variable at once,
-    and every secret that reuses another's value; messages never contain a value.
+    every secret shorter than ``MIN_SECRET_BYTES`` (16) bytes as UTF-8, and every secret that
+    reuses another's value; messages never contain a value. A secret shorter than
+    ``GOOD_SECRET_BYTES`` (32) is a line in the result's ``warnings``.
     """
     secrets, errors = _read_secrets(config, environ)
     if errors or secrets is None:
@@ -106,12 +117,19 @@ def _read_secrets(config: Config, environ: Mapping[str, str]) -> tuple[Secrets |
     wanted = _secret_vars(config)
     values: dict[str, str] = {}
     credentials = environ.get(CREDENTIALS_DIRECTORY) or None
+    warnings: list[str] = []
     for where, name in wanted:
         value, error = _read_one(where, name, environ, credentials)
         if error is not None:
             errors.append(error)
         elif value is not None:
             values[where] = value
+            size = len(value.encode("utf-8"))
+            if size < MIN_SECRET_BYTES:
+                errors.append(_too_short(where, name, size))
+            elif size < GOOD_SECRET_BYTES:
+                warnings.append(f"{where}: {name} is {size} bytes; {GOOD_SECRET_BYTES} or more "
+                                f"are recommended: {MAKE_SECRET}")
     # A pipeline token or receipt key equal to a relay secret could sign decisions (SPEC §3, §5).
     names = dict(wanted)
     relay_keys = [w for w in ("relay.secret_env", "relay.previous_secret_env") if w in values]
@@ -148,12 +166,19 @@ def _read_secrets(config: Config, environ: Mapping[str, str]) -> tuple[Secrets |
         receipt_key=values["receipts.key_env"].encode("utf-8"),
         previous_receipt_key=(values["receipts.previous_key_env"].encode("utf-8")
                               if "receipts.previous_key_env" in values else None),
+        warnings=tuple(warnings),
     )
     return secrets, []
 
 
+def _too_short(where: str, name: str, size: int) -> str:
+    return (f"{where}: {name} is {size} byte{'' if size == 1 else 's'}; use at least "
+            f"{MIN_SECRET_BYTES} ({GOOD_SECRET_BYTES} recommended): {MAKE_SECRET}")
+
+
 def _secret_vars(config: Config) -> list[tuple[str, str]]:
-    """(YAML path, variable name) of every configured secret, relay secret first."""
+    """(YAML path, variable name) of every configured secret, relay secret first: the table
+    every per-secret check (set, clean, long enough, distinct) runs over."""
     relay = config.relay
     out = [("relay.secret_env", relay.secret_env)]
     if relay.previous_secret_env is not None:

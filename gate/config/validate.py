@@ -7,8 +7,9 @@ from collections.abc import Sequence
 from urllib.parse import urlsplit
 
 from gate.config.model import Config, StepConfig
-from gate.config.values import parse_listen
+from gate.config.values import identity_problem, parse_listen
 from gate.protocol import DECISIONS_PATH
+from gate.protocol.whitespace import is_blank
 from gate.config.secrets import _secret_vars
 
 
@@ -54,14 +55,15 @@ def _cross_check(config: Config) -> list[str]:
             )
         else:
             first_id[op.id] = i
-        if op.identity != op.identity.strip():
-            errors.append(f"{where}.identity: has leading or trailing whitespace")
+        problem = identity_problem(op.identity)
+        if problem is not None:
+            errors.append(f"{where}.identity: {problem}")
         elif op.key in first_key:
             errors.append(
                 f"{where}.identity: duplicate identity {op.identity!r} (same as"
                 f" relay.operators[{first_key[op.key]}] after trim and casefold)"
             )
-        if op.identity.strip() and op.key not in first_key:
+        if not is_blank(op.identity) and op.key not in first_key:
             first_key[op.key] = i
     defined = set(first_id)
     allowed = relay.security.allowed_users

@@ -5,11 +5,14 @@ from __future__ import annotations
 import math
 import os
 import re
+import unicodedata
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
 from pydantic import ValidationInfo
+
+from gate.protocol.whitespace import is_trimmed
 
 # --------------------------------------------------------------------------- durations, addresses
 
@@ -107,9 +110,22 @@ def _check_env_name(value: str) -> str:
 
 
 def _check_name(value: str) -> str:
-    if value != value.strip():
+    if not is_trimmed(value):
         raise ValueError("has leading or trailing whitespace")
     return value
+
+
+def identity_problem(identity: str) -> str | None:
+    """What is wrong with an operator identity, or None: White_Space around it (the gate
+    trims what relays send, so it could never match as written), or a control character
+    (U+0000..U+001F, U+007F..U+009F: no relay sends one for a person)."""
+    if not is_trimmed(identity):
+        return "has leading or trailing whitespace"
+    bad = next((c for c in identity if unicodedata.category(c) == "Cc"), None)
+    if bad is not None:
+        return (f"has a control character (U+{ord(bad):04X}); an identity is what the relay "
+                "sends as approver.id")
+    return None
 
 
 def _check_http_url(value: str) -> str:

@@ -9,6 +9,7 @@ from typing import Any
 
 from gate.errors import GateError
 from gate.protocol.canonical import canonical_json
+from gate.protocol.whitespace import is_blank
 
 MAX_NAME_CHARS = 200
 # the largest ``spend`` accepted, in budget units: far above any real budget, and a day's sum
@@ -51,13 +52,32 @@ class CreateRequest:
         return len(self.body.encode("utf-8"))
 
 
+def quorum_unreachable_message(requester: str, approvers_left: int, quorum: int) -> str:
+    """The human line for 422 ``quorum_unreachable`` (the gate's error, and what ``hitl-gate
+    request`` prints from the answer's ``requested_by``/``approvers_left``/``quorum_required``)."""
+    noun = "approver remains" if approvers_left == 1 else "approvers remain"
+    return (f"quorum {quorum} cannot be met without the requester {requester}: "
+            f"{approvers_left} other {noun} in scope (a requester may not approve their own "
+            "request unless the step sets allow_self_approval: true)")
+
+
+def check_draft(req: CreateRequest, allow_empty_draft: bool) -> None:
+    """Refuse a draft whose body is empty or only Unicode White_Space, unless the step allows
+    it (``allow_empty_draft``): a person would be shown nothing to approve. Raises GateError
+    400 ``draft_empty`` with ``field`` ``draft.body`` (the body itself is never changed)."""
+    if not allow_empty_draft and is_blank(req.body):
+        what = "empty" if req.body == "" else "only white space"
+        raise GateError("draft_empty", f"draft.body is {what}: nothing to approve",
+                        status=400, kind="invalid", extra={"field": "draft.body"})
+
+
 def _name(obj: dict[str, Any], key: str, *, required: bool) -> str | None:
     value = obj.get(key)
     if value is None:
         if required:
             raise _bad(key, f"{key} is required")
         return None
-    if not isinstance(value, str) or not value.strip():
+    if not isinstance(value, str) or is_blank(value):
         raise _bad(key, f"{key} must be a non-empty string")
     if len(value) > MAX_NAME_CHARS:
         raise _bad(key, f"{key} is longer than {MAX_NAME_CHARS} characters")

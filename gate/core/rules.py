@@ -9,11 +9,9 @@ from typing import Any
 
 from gate.errors import GateError
 from gate.protocol.envelope import Decision
+from gate.protocol.whitespace import identity_key, is_blank
 
-
-def identity_key(identity: str) -> str:
-    """Return the comparison form of an identity: trimmed and casefolded (SPEC §2 check 11)."""
-    return identity.strip().casefold()
+__all__ = ["identity_key"]  # the one comparison form of identities (gate.protocol.whitespace)
 
 
 def refuse(status: int, kind: str, reason: str, message: str, **extra: Any) -> GateError:
@@ -95,11 +93,12 @@ def check_approver(approval: dict[str, Any], identity: str) -> int:
 
 
 def check_adjust_text(decision: Decision, max_input_length: int) -> None:
-    """SPEC §2 check 12: adjust needs non-blank text of at most ``max_input_length`` characters."""
+    """SPEC §2 check 12: adjust needs non-blank text (not only Unicode White_Space, as a
+    draft: ``gate.protocol.whitespace``) of at most ``max_input_length`` characters."""
     if decision.decision != "adjust":
         return
     text = decision.adjust_text
-    if text is None or not text.strip():
+    if text is None or is_blank(text):
         raise refuse(422, "invalid", "adjust_text_required", "adjust needs a non-blank adjust_text")
     if len(text) > max_input_length:
         raise refuse(422, "invalid", "adjust_text_too_long",

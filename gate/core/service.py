@@ -17,7 +17,7 @@ from gate.audit import AuditRow, receipt_object
 from gate.audit_spans import ROTATED, matches
 from gate.core import rules
 from gate.core.ratelimit import RateLimiter
-from gate.core.requests import CreateRequest
+from gate.core.requests import CreateRequest, check_draft, quorum_unreachable_message
 from gate.core.views import approval_view
 from gate.errors import ConfigError, Conflict, GateError, NotFound
 from gate.keys import ReceiptKeys, load_receipt_keys
@@ -43,6 +43,7 @@ class Policy:
     timeout_s: float
     risk: str
     allow_self_approval: bool = False
+    allow_empty_draft: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,7 +140,7 @@ class GateService:
         _, step_cfg = found
         scope = tuple((op.id, op.identity) for op in self.config.scope(step_cfg))
         return Policy(step_cfg.quorum, scope, step_cfg.timeout, step_cfg.risk,
-                      step_cfg.allow_self_approval)
+                      step_cfg.allow_self_approval, step_cfg.allow_empty_draft)
 
     def requester(self, req: CreateRequest, policy: Policy) -> tuple[tuple[int, str] | None,
                                                                       Policy]:
@@ -148,7 +149,9 @@ class GateService:
         Without self-approval the requester leaves the frozen scope (the relay does not ask
         them; their decisions are refused ``self_approval``). Raises 400
         ``invalid_requested_by`` for an identity that is no operator, 422
-        ``quorum_unreachable`` when the others in scope are fewer than the quorum.
+        ``quorum_unreachable`` when the others in scope are fewer than the quorum (the
+        answer names the requester's configured identity, ``approvers_left`` and
+        ``quorum_required``).
         """
         if req.requested_by is None:
             return None, policy
@@ -162,9 +165,11 @@ class GateService:
         others = tuple(pair for pair in policy.scope if pair[0] != op.id)
         if len(others) < policy.quorum:
             raise GateError("quorum_unreachable",
-                            f"quorum {policy.quorum} cannot be met without the requester "
-                            f"({len(others)} other operators in scope)",
-                            status=422, kind="invalid", extra={"field": "requested_by"})
+                            quorum_unreachable_message(op.identity, len(others), policy.quorum),
+                            status=422, kind="invalid",
+                            extra={"field": "requested_by", "requested_by": op.identity,
+                                   "approvers_left": len(others),
+                                   "quorum_required": policy.quorum})
         return (op.id, op.identity), dataclasses.replace(policy, scope=others)
 
     def _audit(self, tx: WriteTx, kind: str, approval_id: str | None, now: int,
@@ -192,10 +197,13 @@ class GateService:
         """Record a new approval and its dispatch in one transaction (outbox); never waits on the relay.
 
         Returns ``(approval object, created)``; ``created`` is False when the same
-        Idempotency-Key and body were seen before. Raises NotFound (404), Conflict 409
+        Idempotency-Key and body were seen before. Raises NotFound (404), GateError 400
+        ``draft_empty`` (a blank draft on a step without ``allow_empty_draft``), Conflict 409
         ``idempotency_key_reused`` (SPEC §3).
         """
-        requester, policy = self.requester(req, self.policy(req.pipeline, req.step))
+        policy = self.policy(req.pipeline, req.step)
+        check_draft(req, policy.allow_empty_draft)
+        requester, policy = self.requester(req, policy)
         digest = payload_hash(req.body)
         full, created_now = await self.store.transact(Command("create", (
             req, idempotency_key, requester, policy, req.request_hash(), digest)))

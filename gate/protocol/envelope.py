@@ -12,6 +12,7 @@ from typing import Any
 
 from gate.protocol import PROTOCOL
 from gate.protocol.errors import ProtocolError
+from gate.protocol.whitespace import is_blank
 
 VERBS = ("approve", "skip", "adjust")
 ACTIONS: list[dict[str, str]] = [
@@ -118,7 +119,7 @@ def _string(obj: dict[str, Any], key: str, field: str, limit: int, *, required: 
         raise _invalid(field, f"{field} must be a string")
     if not _is_unicode(value):
         raise _invalid(field, f"{field} is not valid Unicode (lone surrogate)")
-    if required and not value.strip():
+    if required and is_blank(value):
         raise _invalid(field, f"{field} must not be empty")
     if len(value) > limit:
         raise _invalid(field, f"{field} is longer than {limit} characters")

@@ -11,6 +11,7 @@ import aiohttp
 from gate.errors import GateError
 from gate.protocol import PROTOCOL, PROTOCOL_HEADER, SIGNATURE_HEADER, signing
 from gate.protocol.envelope import decode_json
+from gate.protocol.whitespace import identity_key
 from gate.relay_answers import refusal_reason
 
 ACK_LIMIT_S = 5.0
@@ -188,7 +189,7 @@ def judge_decision(decision: Observed, secret: str, now_s: float, max_skew_s: fl
                     "re-encoded draft"))
     approver_obj = body.get("approver")
     got = approver_obj.get("id") if isinstance(approver_obj, dict) else None
-    ok_approver = isinstance(got, str) and got.strip().casefold() == approver.strip().casefold()
+    ok_approver = isinstance(got, str) and identity_key(got) == identity_key(approver)
     results.append(
         passed("relay.approver_in_scope", f"approver.id {got!r}") if ok_approver
         else failed("relay.approver_in_scope", f"approver.id {got!r}",

@@ -13,6 +13,7 @@ from gate.core.service import GateService
 from gate.errors import GateError
 from gate.metrics import Metrics, metrics_for
 from gate.protocol.envelope import decode_json
+from gate.protocol.whitespace import is_blank
 from gate.web.common import ULID_RE, Handler, error_middleware, read_body
 
 MAX_WAIT_S = 300.0
@@ -84,7 +85,7 @@ async def create_approval(request: web.Request) -> web.Response:
                         f"draft.body is larger than {settings.max_draft_bytes} bytes",
                         status=413, kind="invalid")
     key = request.headers.get("Idempotency-Key")
-    if key is not None and (not key.strip() or len(key) > 200 or not _is_utf8(key)):
+    if key is not None and (is_blank(key) or len(key) > 200 or not _is_utf8(key)):
         raise _bad_query("idempotency_key", "Idempotency-Key must be 1-200 UTF-8 characters")
     view, created = await request.app[SERVICE].create(req, key)
     if created:

@@ -354,6 +354,8 @@ class Reloader:
                                 "errors, see the log; running config kept)")
             return False
         config, secrets = result
+        for warning in secrets.warnings:
+            log.warning("event=weak_secret warning=%s", warning)
         self.apply(config, secrets)
         steps = sum(len(p.steps) for p in config.pipelines)
         log.info("event=reloaded pipelines=%d steps=%d operators=%d relay_secrets=%d",
