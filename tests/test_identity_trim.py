@@ -8,6 +8,7 @@ config loader, the reference relay's scope check, ``verify``'s judge, and the pu
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,6 +23,7 @@ from gate.protocol.envelope import parse_decision
 from gate.protocol.errors import ProtocolError
 from gate.protocol.whitespace import WHITE_SPACE, identity_key, trim
 from gate.relay import Relay
+from gate.relay_terminal import Terminal
 from tests.support import (
     ROOT,
     CaptureRelay,
@@ -152,7 +154,8 @@ def test_b02_09_relay_as_with_a_control_character_is_a_usage_error() -> None:
 
 async def test_b02_09_reference_relay_decides_only_for_identities_in_scope() -> None:
     async with aiohttp.ClientSession() as session:
-        relay = Relay("s" * 32, [ALICE, "Bob@Example.com"], None, 300.0, session)
+        terminal = Terminal.open(asyncio.get_running_loop())  # deciders() reads nothing
+        relay = Relay("s" * 32, [ALICE, "Bob@Example.com"], None, 300.0, session, terminal)
         envelope = {"approval_id": "01KDWZ8B00J3Q9V5X7Z2M4N6PR",
                     "approvers": [ALICE + "\x1f", "\u3000bob@example.com"]}
 

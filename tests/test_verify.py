@@ -366,8 +366,10 @@ def test_never_answering_relay_fails_after_timeout(fleet: Fleet) -> None:
     result = fleet.runs["never-answers"].result()
     report = result.report()
     # waited --timeout for the human, then the grace for stray decisions; not much longer
+    # (the upper bound only tells "timeout + grace" from a wait of another order, e.g. the
+    # default --timeout; on a loaded 2-core host the process exit itself lagged past +8 s)
     waited = _exit_after_real_dispatch(fleet, "never-answers")
-    assert NEVER_TIMEOUT_S + GRACE_S - 0.1 <= waited < NEVER_TIMEOUT_S + GRACE_S + 8, waited
+    assert NEVER_TIMEOUT_S + GRACE_S - 0.1 <= waited < NEVER_TIMEOUT_S + GRACE_S + 20, waited
     assert "--timeout" in {c["name"]: c for c in report["checks"]}[
         "relay.decision_received"]["fix"]
     assert fleet.relays["never-answers"].decided() == []
@@ -376,8 +378,10 @@ def test_never_answering_relay_fails_after_timeout(fleet: Fleet) -> None:
 
 def test_unacked_dispatch_is_not_waited_for(fleet: Fleet) -> None:
     # --timeout 60, but the relay refused the dispatch: there is no human to wait for
+    # the bound is half of that --timeout: it tells "did not wait for the human" apart from
+    # "waited", not how fast the machine is (GRACE_S + 8 failed under load, issue 12 review)
     waited = _exit_after_real_dispatch(fleet, "refuses-everything")
-    assert waited < GRACE_S + 8, waited
+    assert waited < 30.0, waited
     assert fleet.relays["refuses-everything"].decided() == []
 
 
