@@ -141,7 +141,7 @@ def proc_status(pid: int) -> dict[str, str]:
 
 def family(pid: int) -> list[int]:
     """``pid`` and its child processes: the daemon and its writer process
-    (``gate.store.writerproc``), whose costs are the daemon's."""
+    (``gate.store.writer_process``), whose costs are the daemon's."""
     try:
         text = Path(f"/proc/{pid}/task/{pid}/children").read_text(encoding="ascii")
     except OSError:

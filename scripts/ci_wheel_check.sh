@@ -54,7 +54,7 @@ step "wheel contents and metadata"
 "$BUILD_PYTHON" - "${wheels[0]}" <<'EOF' || die "wheel contents"
 import sys, zipfile
 names = zipfile.ZipFile(sys.argv[1]).namelist()
-for needed in ("gate/__init__.py", "gate/cli.py", "gate/doctor.py", "gate/store/schema.py",
+for needed in ("gate/__init__.py", "gate/cli/__init__.py", "gate/tools/doctor.py", "gate/store/schema.py",
                "gate/protocol/signing.py"):
     assert needed in names, f"{needed} missing from the wheel"
 stray = [n for n in names if n.split("/")[0] in ("tests", "bench", "scripts", "conformance")]

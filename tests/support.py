@@ -234,7 +234,7 @@ def running(pid: int) -> bool:
 
 
 def writer_pid(gate: GateProcess) -> int:
-    """The pid of the daemon's writer process (``gate.store.writerproc``: its one child)."""
+    """The pid of the daemon's writer process (``gate.store.writer_process``: its one child)."""
     assert gate.proc is not None
     found = children(gate.proc.pid)
     assert len(found) == 1, f"expected one child of the gate, found {found}"

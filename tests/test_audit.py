@@ -1,4 +1,4 @@
-"""Tests for gate.audit (SPEC §7): seal/verify a hash chain, tamper detection, export round trip."""
+"""Tests for gate.audit.chain (SPEC §7): seal/verify a hash chain, tamper detection, export round trip."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from gate import audit
-from gate.audit import GENESIS_HASH, AuditRow, VerifyResult
+from gate.audit import chain as audit
+from gate.audit.chain import GENESIS_HASH, AuditRow, VerifyResult
 
 KEY = b"test-receipt-key-91c2"
 AID = "01KDWZ8B00J3Q9V5X7Z2M4N6PR"

@@ -1,4 +1,4 @@
-"""``gate.audit_records`` on records built by hand (pure): an adjusted approval's second
+"""``gate.audit.records`` on records built by hand (pure): an adjusted approval's second
 revision, and approvals written after the verified chain. The daemon-level cases (rows
 edited in a real database, ``audit verify -c`` and ``doctor``) are in test_e2e_lifecycle.py."""
 
@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from gate import audit, audit_records
+from gate.audit import chain as audit
+from gate.audit import records as audit_records
 from gate.protocol.canonical import payload_hash
 from gate.store.auditlog import ApprovalRecord
 

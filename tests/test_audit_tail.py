@@ -30,7 +30,7 @@ from typing import Any
 
 import pytest
 
-from gate import audit
+from gate.audit import chain as audit
 from tests.support import (
     RECEIPT_KEY,
     CaptureRelay,

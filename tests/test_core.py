@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from gate import audit
+from gate.audit import chain as audit
 from gate.clock import ManualClock
 from gate.config import Config, load_config
 from gate.core import rules

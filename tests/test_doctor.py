@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gate.doctor import CLOCK_WARN_S, RELEASE_DATE, RelayProbe, check_clock
-from gate.keys import generate
+from gate.tools.doctor import CLOCK_WARN_S, RELEASE_DATE, RelayProbe, check_clock
+from gate.trust.keys import generate
 from gate.protocol.canonical import canonical_json
 from tests.badrelays import BadRelay, Misbehaviour
 from tests.support import (
@@ -392,7 +392,7 @@ def test_doctor_release_date_is_the_newest_changelog_date():
     text = (ROOT / "CHANGELOG.md").read_text(encoding="utf-8")
     dates = re.findall(r"^## .*?(\d{4}-\d{2}-\d{2})", text, re.MULTILINE)
 
-    assert dates and RELEASE_DATE == max(dates), "bump gate.doctor.RELEASE_DATE with a release"
+    assert dates and RELEASE_DATE == max(dates), "bump gate.tools.doctor.RELEASE_DATE with a release"
 
 
 def test_doctor_leaves_nothing_beside_a_backup_copy(gate, relay, tmp_path):

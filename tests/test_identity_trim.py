@@ -22,8 +22,8 @@ from gate.errors import ConfigError
 from gate.protocol.envelope import parse_decision
 from gate.protocol.errors import ProtocolError
 from gate.protocol.whitespace import WHITE_SPACE, identity_key, trim
-from gate.relay import Relay
-from gate.relay_terminal import Terminal
+from gate.tools.reference_relay.relay import Relay
+from gate.tools.reference_relay.terminal import Terminal
 from tests.support import (
     ROOT,
     CaptureRelay,

@@ -81,7 +81,7 @@ def ids(modules: list[Module]) -> list[str]:
 
 
 PROTOCOL_FORBIDDEN = ("asyncio", "aiohttp", "aiosqlite", "sqlite3", "socket", "time",
-                      "gate.store", "gate.core", "gate.web", "gate.clock", "gate.dispatch")
+                      "gate.store", "gate.core", "gate.web", "gate.clock", "gate.daemon.dispatch")
 CORE_FORBIDDEN = ("aiohttp", "sqlite3", "aiosqlite", "click")
 SQL_DRIVERS = ("sqlite3", "aiosqlite")
 CLOCK_READS = {"now", "utcnow", "today", "time", "time_ns", "monotonic", "perf_counter"}
@@ -94,7 +94,7 @@ def test_layers_modules_found() -> None:
     names = {m.name for m in MODULES}
     for expected in ("gate.protocol.signing", "gate.protocol.envelope", "gate.protocol.canonical",
                      "gate.core.rules", "gate.core.service", "gate.store.db", "gate.web.callback",
-                     "gate.audit"):
+                     "gate.audit.chain"):
         assert expected in names
 
 

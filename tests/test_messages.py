@@ -140,7 +140,7 @@ def test_b02_12_closed_standard_input_is_named(gate: GateProcess) -> None:
 
 
 def test_b02_12_permit_verify_names_standard_input(tmp_path: Path) -> None:
-    from gate.keys import generate
+    from gate.trust.keys import generate
 
     generate(tmp_path)
     permit = tmp_path / "permit.jws"

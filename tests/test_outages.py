@@ -27,7 +27,7 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from gate.dispatch import BACKOFF_BASE_S, BACKOFF_CAP_S, backoff_s, post_signed, relay_session
+from gate.daemon.dispatch import BACKOFF_BASE_S, BACKOFF_CAP_S, backoff_s, post_signed, relay_session
 from tests.badrelays import PermissiveServer
 from tests.support import (
     DEADLINE_S,

@@ -1,4 +1,4 @@
-"""Execution permits: known answers (fixed key, fixed clock), gate.permit.verify, and the real
+"""Execution permits: known answers (fixed key, fixed clock), gate.trust.permit.verify, and the real
 daemon issuing them through ``hitl-gate request --wait --permit-out`` and the reference relay.
 
 Nothing is mocked: the gate is ``python -m gate serve`` with a signing key, the relay is
@@ -24,7 +24,8 @@ from typing import Any
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from gate import keys, permit
+from gate.trust import keys
+from gate.trust import permit
 from gate.protocol.canonical import canonical_json
 from tests.support import (
     ROOT,
@@ -104,7 +105,7 @@ def test_permit_vector_checks(check: dict[str, Any]) -> None:
     assert info.value.code == check["expect"], info.value.message
 
 
-# ---- gate.permit.verify: each refusal -------------------------------------------------------
+# ---- gate.trust.permit.verify: each refusal -------------------------------------------------------
 
 
 def _forge(claims: dict[str, Any], header: dict[str, Any] | None = None,

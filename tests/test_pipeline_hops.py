@@ -1,10 +1,10 @@
-"""``gate.pipeline.hops``: the lines ``request --wait`` prints, in the order things happened."""
+"""``gate.client.request.hops``: the lines ``request --wait`` prints, in the order things happened."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from gate.pipeline import hops
+from gate.client.request import hops
 
 
 def approval(revision: int, delivered: str | None, decisions: list[dict[str, Any]],

@@ -24,7 +24,7 @@ from typing import Any
 
 import yaml
 
-from gate import audit
+from gate.audit import chain as audit
 from tests.support import (
     CaptureRelay,
     CliProcess,

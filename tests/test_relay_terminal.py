@@ -26,7 +26,7 @@ import yaml
 
 from gate.protocol.canonical import payload_hash, wire_json
 from gate.protocol.envelope import build_dispatch
-from gate.relay_view import budget_lines
+from gate.tools.reference_relay.view import budget_lines
 from tests.support import (
     DEADLINE_S,
     ROOT,

@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 import yaml
 
-from gate import keys, permit
+from gate.trust import keys
+from gate.trust import permit
 from gate.core.requests import CreateRequest, parse_create
 from gate.protocol.canonical import canonical_json
 from tests.support import (

@@ -1,7 +1,7 @@
 """Signed audit entries (SPEC §7): known answers, keygen, and tamper tests on real exports.
 
 The known answers in conformance/vectors/audit_entry.json are recomputed here with hashlib,
-hmac and cryptography directly (not through gate.audit), then through the gate's code, and
+hmac and cryptography directly (not through gate.audit.chain), then through the gate's code, and
 the one-entry OpenSSL and Node.js recipes of docs/auditing.md are run against them. The
 tamper tests use the export of a real ``hitl-gate serve`` with a signing key, verified by
 ``hitl-gate audit verify --file ... --public-key ...`` in an environment without any secret.
@@ -26,8 +26,9 @@ import yaml
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.serialization import load_pem_public_key
 
-from gate import audit, keys
-from gate.audit import GENESIS_HASH, AuditRow
+from gate.audit import chain as audit
+from gate.trust import keys
+from gate.audit.chain import GENESIS_HASH, AuditRow
 from gate.protocol.canonical import canonical_json
 from gate.store import Store
 from gate.store.schema import MIGRATIONS

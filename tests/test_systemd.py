@@ -28,7 +28,7 @@ import yaml
 from gate.config import load_config, load_secrets
 from gate.errors import ConfigError
 from gate.protocol import signing
-from gate.sdnotify import Notifier, socket_address, watchdog_interval
+from gate.daemon.sdnotify import Notifier, socket_address, watchdog_interval
 from tests.support import (
     API_TOKEN,
     DEADLINE_S,

@@ -24,9 +24,9 @@ import aiohttp
 import pytest
 
 from gate.protocol import DECISIONS_PATH
-from gate.verify import runner
-from gate.verify.checks import ACK_LIMIT_S, Observed, judge_ack, judge_decision, judge_refusal
-from gate.verify.checks import probe
+from gate.tools.conformance import runner
+from gate.tools.conformance.checks import ACK_LIMIT_S, Observed, judge_ack, judge_decision, judge_refusal
+from gate.tools.conformance.checks import probe
 from tests.badrelays import (
     BadRelay,
     Misbehaviour,

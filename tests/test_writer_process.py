@@ -1,4 +1,4 @@
-"""The store's writer in its own process (``gate.store.writerproc``), as ``gate serve`` runs it.
+"""The store's writer in its own process (``gate.store.writer_process``), as ``gate serve`` runs it.
 
 Store-level tests fork a real writer from this test process (``Store(path,
 writer_process=True)``) and read the real SQLite file; daemon-level tests run ``python -m
@@ -292,7 +292,7 @@ async def test_writer_process_that_stops_answering_makes_the_health_check_fail(
     them; /healthz (``check_writable``) says so once the oldest unanswered transaction is
     older than ``STALL_S``, and recovers when the writer answers again. The log says so
     too, once each way (new-user review: nothing was logged while /healthz was 503)."""
-    from gate.store import writerproc
+    from gate.store import writer_process as writerproc
 
     store, _ = forked
     monkeypatch.setattr(writerproc, "STALL_S", 0.2)
@@ -422,7 +422,7 @@ def test_writer_frames_end_when_the_gate_dies_with_answers_unread() -> None:
     """A killed daemon with answers still unread resets the socket (ECONNRESET): for the
     writer that is the end of the stream, not a crash with a traceback in the gate's log
     (found by the kill -9 soak)."""
-    from gate.store.writerproc import _Frames
+    from gate.store.writer_process import _Frames
 
     gate_end, writer_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     writer_end.sendall(b"an answer the daemon never read")

@@ -196,7 +196,7 @@ class StorageConfig(BaseModel):
 class ReceiptsConfig(BaseModel):
     """``receipts`` (SPEC §7): ``key_env`` names the HMAC receipt key variable (not the relay
     secret); ``previous_key_env`` (optional) the variable of the key the log was written
-    with before a rotation of that key (``gate.audit_spans``; docs/auditing.md);
+    with before a rotation of that key (``gate.audit.spans``; docs/auditing.md);
     ``signing_key_file`` is an optional Ed25519 private key (PEM) that signs every
     audit entry and execution permit; ``trusted_public_keys`` are PEM public key files also
     trusted when verifying (older keys after a rotation); ``permit_lifetime`` seconds a

@@ -12,15 +12,15 @@ from typing import Any
 
 from ulid import ULID
 
-from gate import permit
-from gate.audit import AuditRow, receipt_object
-from gate.audit_spans import ROTATED, matches
+from gate.trust import permit
+from gate.audit.chain import AuditRow, receipt_object
+from gate.audit.spans import ROTATED, matches
 from gate.core import rules
 from gate.core.ratelimit import RateLimiter
 from gate.core.requests import CreateRequest, check_draft, quorum_unreachable_message
 from gate.core.views import approval_view
 from gate.errors import ConfigError, Conflict, GateError, NotFound
-from gate.keys import ReceiptKeys, load_receipt_keys
+from gate.trust.keys import ReceiptKeys, load_receipt_keys
 from gate.protocol.canonical import payload_hash
 from gate.protocol.envelope import Decision
 from gate.store import Command, Store, WriteTx
@@ -270,7 +270,7 @@ class GateService:
     async def settle_receipt_key(self) -> int | None:
         """At start (``gate serve``), before anything else is written: go on with the audit
         log only with the key its newest entry is receipted with, or after a declared
-        rotation (docs/auditing.md section 5; ``gate.audit_spans``).
+        rotation (docs/auditing.md section 5; ``gate.audit.spans``).
 
         Nothing happens when the log is empty or its newest receipt verifies with
         ``receipts.key_env``'s key (restarts are idempotent). When it verifies with

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gate import audit
+from gate.audit import chain as audit
 from gate.errors import Unavailable
 from gate.store.db import BUSY_TIMEOUT_MS
 from gate.store.schema import SCHEMA_VERSION
@@ -117,7 +117,7 @@ def _audit_query(conn: sqlite3.Connection) -> str | None:
 @dataclass(frozen=True, slots=True)
 class ApprovalRecord:
     """One approval as the tables hold it, with its audit rows, for ``audit verify``'s
-    cross-check (``gate.audit_records``). ``approval`` is the approvals row as a dict
+    cross-check (``gate.audit.records``). ``approval`` is the approvals row as a dict
     (approval_id, pipeline, step, quorum_required, revision, state, outcome, expires_at,
     receipt: JSON text, scope: JSON text) or None when only the log names the approval;
     ``revisions`` are ``(revision, body, payload_hash)``; ``decisions`` are ``(revision,

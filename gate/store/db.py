@@ -18,9 +18,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, NamedTuple, TypeVar
 
-from gate import audit
+from gate.audit import chain as audit
 from gate.errors import Unavailable
-from gate.store import writerproc
+from gate.store import writer_process as writerproc
 from gate.store.schema import MIGRATIONS, SCHEMA_VERSION
 from gate.store.tx import WriteTx, load_full
 
@@ -99,7 +99,7 @@ class Store:
 
     All writes go through ``transact(command)``: the transaction runs synchronously on the
     one writer, a thread of this process or (``writer_process=True``, what ``gate serve``
-    uses) a process of its own forked at ``open`` (``gate.store.writerproc``: the web
+    uses) a process of its own forked at ``open`` (``gate.store.writer_process``: the web
     process's GIL is then not shared with the writer's work). The writer takes every
     transaction waiting (up to ``MAX_BATCH``), runs them inside one ``BEGIN IMMEDIATE``
     transaction, each in its own SAVEPOINT (a refused or failing one rolls back alone),

@@ -6,7 +6,7 @@ import json
 import sqlite3
 from typing import Any
 
-from gate import audit
+from gate.audit import chain as audit
 
 
 def fetchall(conn: sqlite3.Connection, sql: str, args: tuple[Any, ...]) -> list[dict[str, Any]]:
@@ -25,7 +25,7 @@ def load_full(conn: sqlite3.Connection, approval_id: str, outbox: bool = True,
               created_receipt: bool = True) -> dict[str, Any] | None:
     """Return the approval with its revisions, decisions, (unless ``outbox`` is False)
     outbox rows and (unless ``created_receipt`` is False) ``created_receipt``: the receipt
-    object (``gate.audit.receipt_object``) of its ``created`` audit entry, read from the
+    object (``gate.audit.chain.receipt_object``) of its ``created`` audit entry, read from the
     log itself (None when the log holds no such entry), or None."""
     rows = fetchall(conn, "SELECT * FROM approvals WHERE approval_id = ?", (approval_id,))
     if not rows:

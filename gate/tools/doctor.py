@@ -21,8 +21,9 @@ from pathlib import Path
 import aiohttp
 from yarl import URL
 
-from gate import audit, audit_records
-from gate.audit_spans import matches
+from gate.audit import chain as audit
+from gate.audit import records as audit_records
+from gate.audit.spans import matches
 from gate.config import (
     Config,
     ReceiptsConfig,
@@ -32,12 +33,13 @@ from gate.config import (
     read_receipt_key,
 )
 from gate.config.secrets import _secret_vars
-from gate.dispatch import redact
+from gate.daemon.dispatch import redact
 from gate.errors import ConfigError, GateError
-from gate.keys import ReceiptKeys, load_receipt_keys
+from gate.trust.keys import ReceiptKeys, load_receipt_keys
 from gate.protocol.envelope import rfc3339
-from gate.relay_answers import refusal_reason
-from gate.store import auditlog, maintenance
+from gate.protocol.relay_answers import refusal_reason
+from gate.store import auditlog
+from gate.store import inspection as maintenance
 
 # A system clock before this release's date is certainly wrong (e.g. a board without a
 # battery-backed clock that booted without NTP). Bump it with each release (CHANGELOG.md).
@@ -206,7 +208,7 @@ def check_audit(path: Path, receipt_key: bytes | None, keys: ReceiptKeys | None,
                 previous_key: bytes | None = None,
                 receipts: ReceiptsConfig | None = None) -> Check:
     """Recompute the audit chain, its receipts (with the receipt key, and the previous one of
-    a rotation: each entry with the key of its span, ``gate.audit_spans``) and its
+    a rotation: each entry with the key of its span, ``gate.audit.spans``) and its
     signatures (when the config names Ed25519 keys), then compare the approval records with
     it, as ``hitl-gate audit verify -c``. A newest entry that neither key verifies FAILs
     naming the settings (the gate would refuse to start); one the previous key verifies
@@ -251,7 +253,7 @@ def check_audit(path: Path, receipt_key: bytes | None, keys: ReceiptKeys | None,
     if problem is not None and stored is not None:
         return Check("audit", False, f"TAMPERED: entry {problem[0]}: {problem[1]} (the "
                      f"receipt stored with approval {stored[0]})")
-    try:  # the approval rows say what the verified log says (gate.audit_records)
+    try:  # the approval rows say what the verified log says (gate.audit.records)
         records = audit_records.check(auditlog.approval_records(path), result.checked)
     except GateError as exc:
         return Check("audit", False, exc.message)
@@ -300,7 +302,7 @@ async def probe_relay(url: str, timeout_s: float, ca_file: Path | None,
                       now: Callable[[], float] = time.time) -> RelayProbe:
     """Send HEAD, then OPTIONS if HEAD got no HTTP answer, to ``url`` (redirects not
     followed, TLS verified as for dispatches). Any HTTP status counts as an answer."""
-    from gate.dispatch import relay_session
+    from gate.daemon.dispatch import relay_session
 
     error = "no answer"
     started = time.monotonic()

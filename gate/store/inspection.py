@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gate import audit
+from gate.audit import chain as audit
 from gate.errors import Unavailable
 from gate.store.schema import SCHEMA_VERSION
 

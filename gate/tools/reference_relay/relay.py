@@ -27,9 +27,9 @@ from gate.protocol import PROTOCOL, PROTOCOL_HEADER, SIGNATURE_HEADER, signing
 from gate.protocol.canonical import payload_hash, wire_json
 from gate.protocol.envelope import build_decision, decode_json
 from gate.protocol.whitespace import identity_key
-from gate.relay_state import Knowledge, Sent, expiry_of, revision_of
-from gate.relay_terminal import LogHold, Terminal, Withdrawn
-from gate.relay_view import greeting, shown, verdict
+from gate.tools.reference_relay.state import Knowledge, Sent, expiry_of, revision_of
+from gate.tools.reference_relay.terminal import LogHold, Terminal, Withdrawn
+from gate.tools.reference_relay.view import greeting, shown, verdict
 
 log = logging.getLogger(__name__)
 

@@ -21,13 +21,13 @@ from gate.clock import SystemClock
 from gate.config import Secrets, load_config, parse_listen
 from gate.core.requests import CreateRequest
 from gate.core.service import GateService
-from gate.dispatch import dispatch_envelope, post_signed
+from gate.daemon.dispatch import dispatch_envelope, post_signed
 from gate.protocol import DECISIONS_PATH, PROTOCOL, PROTOCOL_HEADER, SIGNATURE_HEADER, signing
 from gate.protocol.canonical import wire_json
 from gate.protocol.envelope import decode_json
 from gate.store import Store
-from gate.verify.checks import DECISION_CHECKS, CheckResult, Observed, judge_ack, judge_decision
-from gate.verify.checks import judge_refusal, not_run, probe
+from gate.tools.conformance.checks import DECISION_CHECKS, CheckResult, Observed, judge_ack, judge_decision
+from gate.tools.conformance.checks import judge_refusal, not_run, probe
 from gate.web.callback import CallbackSettings, create_callback_app
 from gate.web.common import Handler
 

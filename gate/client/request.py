@@ -7,7 +7,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from gate.client import ApiClient, ClientError
+from gate.client.api import ApiClient, ClientError
 
 EXIT_CODES = {"approved": 0, "adjusted": 0, "skipped": 3, "timeout": 4, "cancelled": 5}
 POLL_CHUNK_S = 60.0

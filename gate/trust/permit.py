@@ -21,7 +21,7 @@ from typing import Any
 import jwt
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-from gate import keys
+from gate.trust import keys
 from gate.errors import GateError
 from gate.protocol.canonical import HASH_PREFIX, canonical_json
 

@@ -57,7 +57,7 @@ def no_span(count: int) -> str:
 
 
 class Spans:
-    """The span state of one pass over consecutive entries (``gate.audit.verify``, or one
+    """The span state of one pass over consecutive entries (``gate.audit.chain.verify``, or one
     run of ``verify_segment``).
 
     ``keys``: the HMAC receipt keys given, distinct, any order (empty: receipts are not

@@ -12,7 +12,7 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from gate import audit
+from gate.audit import chain as audit
 from gate.errors import GateError, Unavailable
 from gate.store import auditlog
 from gate.store.auditlog import DatabaseRows

@@ -19,7 +19,7 @@ import threading
 from collections import deque
 from typing import Any, BinaryIO, TextIO
 
-from gate.relay_view import Choices, render
+from gate.tools.reference_relay.view import Choices, render
 
 log = logging.getLogger(__name__)
 

@@ -83,15 +83,15 @@ def _config(path: str) -> Any:
 
 
 def _receipt_keys(config: Any, *, private: bool = True) -> Any:
-    """Load the config's Ed25519 keys (``gate.keys.load_receipt_keys``); ConfigError if bad."""
-    from gate.keys import load_receipt_keys
+    """Load the config's Ed25519 keys (``gate.trust.keys.load_receipt_keys``); ConfigError if bad."""
+    from gate.trust.keys import load_receipt_keys
 
     return load_receipt_keys(config.receipts, private=private)
 
 
 def _public_keys(paths: tuple[str, ...], option: str = "--public-key") -> dict[str, Any]:
     """Load ``--public-key`` files into ``{key id: key}``; a bad file is a usage error (2)."""
-    from gate.keys import KeyFileError, key_id, load_public_key
+    from gate.trust.keys import KeyFileError, key_id, load_public_key
 
     out = {}
     for path in paths:
@@ -116,7 +116,7 @@ def _relay_secret(var: str) -> str:
 
 
 def _client(config_path: str, api_url: str | None, config: Any = None) -> Any:
-    from gate.client import ApiClient, api_base
+    from gate.client.api import ApiClient, api_base
 
     from gate.config import read_api_token
 
@@ -175,7 +175,7 @@ def serve(config_path: str, log_level: str, log_format: str) -> None:
     """
     from gate import logs
     from gate.config import load
-    from gate.web.server import serve as serve_forever
+    from gate.daemon.serve import serve as serve_forever
 
     logs.configure(log_level, log_format)
 
@@ -244,7 +244,7 @@ def doctor(config_path: str) -> None:
 
     Example: hitl-gate doctor -c /etc/hitl-gate/config.yaml
     """
-    from gate.doctor import run_checks
+    from gate.tools.doctor import run_checks
 
     checks = run(run_checks(config_path, os.environ))
     for check in checks:
@@ -345,7 +345,7 @@ def request(config_path: str, api_url: str | None, pipeline: str, step: str,
     """
     from ulid import ULID
 
-    from gate.pipeline import EXIT_CODES, create_with_retry, wait_for_outcome
+    from gate.client.request import EXIT_CODES, create_with_retry, wait_for_outcome
     from gate.protocol.whitespace import is_blank
 
     if permit_out is not None and not wait:
@@ -456,7 +456,7 @@ def _cancel_command(config_path: str | None, api_url: str | None, approval_id: s
 
 
 def _save_permit(path: Path, approval: dict[str, Any], report: Any) -> None:
-    from gate import permit
+    from gate.trust import permit
     from gate.protocol.envelope import rfc3339
 
     try:
@@ -540,7 +540,7 @@ def cancel(config_path: str, api_url: str | None, approval_id: str) -> None:
 
     Example: hitl-gate cancel -c config.example.yaml 01JABCDEF...
     """
-    from gate.client import ClientError
+    from gate.client.api import ClientError
 
     async def go() -> Any:
         async with _client(config_path, api_url) as api:
@@ -608,8 +608,8 @@ def audit_verify(config_path: str | None, export_file: str | None, key_envs: tup
     Example: hitl-gate audit verify --file audit.jsonl --public-key hitl-gate-ed25519.pub
     --expect receipt.json
     """
-    from gate import audit as audit_mod
-    from gate.auditops import read_database, read_expected, read_export, verify_database
+    from gate.audit import chain as audit_mod
+    from gate.audit.verify import read_database, read_expected, read_export, verify_database
 
     if (config_path is None) == (export_file is None):
         fail("give exactly one of -c/--config or --file", 2)
@@ -656,7 +656,7 @@ def audit_verify(config_path: str | None, export_file: str | None, key_envs: tup
         sys.exit(1)
     holders = [(f"receipt {path}", held) for path, held in expected]
     if config is not None:  # the database keeps each resolution's receipt with its approval
-        from gate.store.maintenance import latest_stored_receipt
+        from gate.store.inspection import latest_stored_receipt
 
         try:
             stored = latest_stored_receipt(config.storage.path)
@@ -699,7 +699,7 @@ def audit_verify(config_path: str | None, export_file: str | None, key_envs: tup
 
 def _expect_heads(values: tuple[str, ...]) -> list[tuple[int, str]]:
     """``--expect-head`` values as ``(seq, entry_hash)``; a bad one exits 2 naming it."""
-    from gate.auditops import parse_head
+    from gate.audit.verify import parse_head
 
     try:
         return [parse_head(value) for value in values]
@@ -758,8 +758,8 @@ def _spans_note(result: Any, names: list[str]) -> str:
 
 def _check_records(path: Path, up_to_seq: int) -> Any:
     """``audit verify -c``'s cross-check of the approval records against the verified log
-    (``gate.audit_records``): exits 1 naming the first approval that disagrees."""
-    from gate.audit_records import check
+    (``gate.audit.records``): exits 1 naming the first approval that disagrees."""
+    from gate.audit.records import check
     from gate.store.auditlog import approval_records
 
     try:
@@ -782,8 +782,8 @@ def audit_export(config_path: str, output: str) -> None:
 
     Example: hitl-gate audit export -c config.example.yaml -o audit.jsonl
     """
-    from gate import audit as audit_mod
-    from gate.auditops import read_database
+    from gate.audit import chain as audit_mod
+    from gate.audit.verify import read_database
 
     config = _config(config_path)
     try:
@@ -813,7 +813,7 @@ def keygen(out_dir: str) -> None:
 
     Example: hitl-gate keygen --out /etc/hitl-gate/keys
     """
-    from gate.keys import generate
+    from gate.trust.keys import generate
 
     try:
         private_path, public_path, kid = generate(Path(out_dir))
@@ -855,7 +855,7 @@ def permit_verify(permit_file: str, public_key_files: tuple[str, ...], body_file
     Example: hitl-gate permit verify permit.jws --public-key hitl-gate-ed25519.pub
     --body-file mail.txt --pipeline invoices --step send-followup
     """
-    from gate import permit as permit_mod
+    from gate.trust import permit as permit_mod
     from gate.protocol.envelope import rfc3339
 
     public = _public_keys(public_key_files)
@@ -921,7 +921,7 @@ def relay(listen: str, secret_env: str, identities: tuple[str, ...], auto: str |
     from gate.config import parse_listen
     from gate.config.values import identity_problem
     from gate.protocol.whitespace import is_blank, is_trimmed
-    from gate.relay import AutoDecision, run_relay
+    from gate.tools.reference_relay.relay import AutoDecision, run_relay
 
     secret = _relay_secret(secret_env)
     try:
@@ -990,7 +990,7 @@ def verify(relay_url: str, secret_env: str, approver: str, listen: str,
     --approver alice@example.com
     """
     from gate.config import parse_listen
-    from gate.verify.runner import run_verify
+    from gate.tools.conformance.runner import run_verify
 
     secret = _relay_secret(secret_env)
     if not relay_url.startswith(("http://", "https://")):

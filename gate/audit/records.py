@@ -1,6 +1,6 @@
 """Cross-check of the approval records against the audit log, for ``audit verify -c``.
 
-The chain, receipts and signatures (``gate.audit``) prove the log; this proves that the
+The chain, receipts and signatures (``gate.audit.chain``) prove the log; this proves that the
 tables the API answers from (approvals, revisions, decisions) say what the log says. Someone
 who can write the database file but holds no receipt or signing key can change a row, not
 the log: an approved draft's body, an outcome, a decision. Each approval must have:
@@ -32,7 +32,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from gate import audit
+from gate.audit import chain as audit
 from gate.protocol.canonical import payload_hash
 from gate.store.auditlog import ApprovalRecord
 

@@ -12,7 +12,7 @@ from gate.errors import GateError
 from gate.protocol import PROTOCOL, PROTOCOL_HEADER, SIGNATURE_HEADER, signing
 from gate.protocol.envelope import decode_json
 from gate.protocol.whitespace import identity_key
-from gate.relay_answers import refusal_reason
+from gate.protocol.relay_answers import refusal_reason
 
 ACK_LIMIT_S = 5.0
 

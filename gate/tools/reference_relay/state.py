@@ -12,7 +12,7 @@ from datetime import datetime
 from typing import Any
 
 from gate.protocol.whitespace import identity_key
-from gate.relay_view import shown
+from gate.tools.reference_relay.view import shown
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,7 +10,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from gate import audit_spans, keys
+from gate.audit import spans as audit_spans
+from gate.trust import keys
 from gate.protocol.canonical import canonical_json
 from gate.protocol.envelope import reject_json_constant, rfc3339
 
@@ -28,7 +29,7 @@ _CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_asci
 
 Signer = keys.Signer  # what ``WriteTx.append_audit`` signs with
 # HMAC receipt keys for ``verify``: one key, several (each checks its own span of the log,
-# ``gate.audit_spans``), or None (receipts not checked)
+# ``gate.audit.spans``), or None (receipts not checked)
 ReceiptKeyArg = bytes | Sequence[bytes] | None
 
 
@@ -58,7 +59,7 @@ class VerifyResult:
     ``wrong_key``: not ok because no receipt key given fits the first entry of a span
     (entry 1 or a rotation: far likelier a wrong key than tampering); ``spans``: when ok
     with receipt keys, ``(first seq, index into the keys given)`` of each receipt-key span
-    (``gate.audit_spans``), else ``()`` (not compared: two results of the same check agree)."""
+    (``gate.audit.spans``), else ``()`` (not compared: two results of the same check agree)."""
 
     ok: bool
     checked: int
@@ -136,7 +137,7 @@ def verify(rows: Iterable[AuditRow], key: ReceiptKeyArg,
            leading_unknown: bool = False) -> VerifyResult:
     """Recompute the chain over ``rows`` (ascending seq); with ``key`` (one HMAC receipt key,
     or several distinct ones in any order) check every receipt with the key of its span
-    (``gate.audit_spans.Spans``; ``leading_unknown`` as there); with ``public_keys``
+    (``gate.audit.spans.Spans``; ``leading_unknown`` as there); with ``public_keys``
     ({key id: Ed25519 public key}) check every signature.
 
     Detects a changed entry (hash mismatch), a deleted or inserted entry (seq gap or
@@ -253,7 +254,7 @@ def verify_segment(rows: Iterable[Sequence[Any]], key: ReceiptKeyArg) -> Segment
     receipt, ...)``. The first row's seq and prev_hash are taken as given: ``stitch``
     checks them against the run before, and the receipt key of its first row (found by
     trying each key given) against the span the run before ended in. Runs are
-    independent, so they can be verified in parallel (``gate.auditops.verify_database``).
+    independent, so they can be verified in parallel (``gate.audit.verify.verify_database``).
     Signatures are not checked here.
     """
     prev = ""
@@ -324,7 +325,7 @@ def stitch(segments: Iterable[Segment]) -> VerifyResult:
 
 def span_keys(result: VerifyResult, key: ReceiptKeyArg, seq: object) -> tuple[bytes, ...] | None:
     """The receipt keys a receipt for entry ``seq`` of the log ``result`` verified may be
-    made with (``gate.audit_spans.keys_for``), for ``check_receipt``; None: not checkable."""
+    made with (``gate.audit.spans.keys_for``), for ``check_receipt``; None: not checkable."""
     return audit_spans.keys_for(result.spans, receipt_keys(key), result.checked, seq)
 
 

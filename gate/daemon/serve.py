@@ -18,12 +18,12 @@ from aiohttp.http_exceptions import HttpProcessingError
 
 from gate.clock import Clock, SystemClock
 from gate.config import Config, Secrets, load, parse_listen, raw_mapping
-from gate.core.scheduler import run_expiry
+from gate.daemon.expiry import run_expiry
 from gate.core.service import GateService
-from gate.dispatch import Dispatcher, relay_session
+from gate.daemon.dispatch import Dispatcher, relay_session
 from gate.errors import ConfigError, Unavailable
 from gate.protocol import DECISIONS_PATH
-from gate.sdnotify import Notifier
+from gate.daemon.sdnotify import Notifier
 from gate.store import Store
 from gate.web import api as api_web
 from gate.web import callback as callback_web

@@ -23,7 +23,7 @@ from gate.metrics import Metrics, metrics_for
 from gate.protocol import PROTOCOL, PROTOCOL_HEADER, SIGNATURE_HEADER, signing
 from gate.protocol.canonical import wire_json
 from gate.protocol.envelope import build_dispatch
-from gate.relay_answers import MAX_ANSWER_BYTES, relay_reason
+from gate.protocol.relay_answers import MAX_ANSWER_BYTES, relay_reason
 
 log = logging.getLogger(__name__)
 

@@ -1,0 +1,1 @@
+"""The audit trail: hash chain and receipts (chain), the approval records checked against the log (records), and verifying a database (verify)."""
