@@ -225,3 +225,18 @@ def test_b02_10_make_demo_installs_the_runtime_only_and_make_test_adds_the_test_
     assert _make(tmp_path, "test", log) == [
         "venv", "pip install --quiet --upgrade pip", with_extras, tests]
     assert _make(tmp_path, "demo", log) == [demo]
+
+
+def test_docs_readme_map_matches_the_package_docstrings() -> None:
+    """Issue 13: README's map of gate/ is what scripts/devmap.py makes of the docstrings, and
+    it names every package (a package added, moved or re-described shows up here)."""
+    from scripts.devmap import entries, render
+
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    block = readme.split("<!-- map:start -->\n```\n", 1)[1].split("```\n<!-- map:end -->", 1)[0]
+    assert block == render(), "README's map is stale: run python scripts/devmap.py"
+    shown = {name for name, _ in entries()}
+    packages = {f"gate/{p.parent.relative_to(ROOT / 'gate').as_posix()}/"
+                for p in (ROOT / "gate").rglob("__init__.py") if p.parent != ROOT / "gate"}
+    assert packages <= shown
+    assert all(text for _, text in entries()), "a package or module has no docstring"

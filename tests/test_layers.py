@@ -4,8 +4,11 @@
   (``gate.store``, ``gate.core``, ``gate.web``).
 - ``gate/core/*`` holds the rules: no aiohttp (web or client), no SQL driver, no click.
 - ``gate/web/*`` request handlers never reach the store: a web module that registers routes,
-  and every gate.web module it imports, must not import ``gate.store``. The composition root
-  ``web/server.py`` (registers no routes) builds the Store and hands it to GateService.
+  and every gate.web module it imports, must not import ``gate.store``; ``web/`` never imports
+  the daemon (``gate/daemon/serve.py`` is the composition root that wires it).
+- ``gate/core/*`` imports neither the daemon nor prometheus; relays under ``gate/tools/`` use
+  ``gate.protocol`` but never the core, store or daemon; ``gate/client/*`` (the pipeline side)
+  never reaches the store, daemon or web.
 - Only ``gate/store/*`` speaks SQL (imports sqlite3/aiosqlite).
 """
 
@@ -195,3 +198,48 @@ def test_layers_only_store_speaks_sql(module: Module) -> None:
         return
 
     assert not bad, f"{module.rel} imports {bad}; only gate/store/ speaks SQL"
+
+
+# --------------------------------------------------------------------------- who runs what
+# (issue 13: the packages are grouped by who runs them; these rules keep the picture true)
+
+RELAYS = under("gate.tools.reference_relay")
+CLIENT = under("gate.client")
+
+
+@pytest.mark.parametrize("module", under("gate.core"), ids=ids(under("gate.core")))
+def test_layers_core_imports_neither_the_daemon_nor_prometheus(module: Module) -> None:
+    bad = hits(imports_of(module), ("gate.daemon", "gate.web", "gate.cli", "prometheus_client",
+                                    "gate.metrics"))
+
+    assert not bad, f"{module.rel}: core/ is the rules, run by the daemon, not part of it: {bad}"
+
+
+@pytest.mark.parametrize("module", WEB, ids=ids(WEB))
+def test_layers_web_does_not_import_the_daemon(module: Module) -> None:
+    bad = hits(imports_of(module), ("gate.daemon", "gate.cli"))
+
+    assert not bad, f"{module.rel}: web/ holds app factories and handlers; the daemon wires them"
+
+
+@pytest.mark.parametrize("module", RELAYS, ids=ids(RELAYS))
+def test_layers_relays_are_untrusted_peers(module: Module) -> None:
+    """A relay (tools/reference_relay, and any relay added under tools/) speaks hitl/v0 to the
+    gate: it may use gate.protocol, never the gate's rules, store or daemon."""
+    bad = hits(imports_of(module), ("gate.core", "gate.store", "gate.daemon", "gate.web",
+                                    "gate.audit", "gate.trust") + SQL_DRIVERS)
+
+    assert not bad, f"{module.rel} is a relay (an untrusted peer) and imports {bad}"
+
+
+@pytest.mark.parametrize("module", CLIENT, ids=ids(CLIENT))
+def test_layers_client_speaks_only_the_pipeline_api(module: Module) -> None:
+    bad = hits(imports_of(module), ("gate.store", "gate.daemon", "gate.web", "gate.tools")
+               + SQL_DRIVERS)
+
+    assert not bad, f"{module.rel} runs in a pipeline, not in the daemon, and imports {bad}"
+
+
+def test_layers_who_runs_what_rules_see_their_packages() -> None:
+    assert {m.name for m in RELAYS} >= {"gate.tools.reference_relay.relay"}
+    assert {m.name for m in CLIENT} >= {"gate.client.api", "gate.client.request"}
