@@ -31,9 +31,12 @@ def main() -> int:
     key = os.environ[args.key_env].encode("utf-8")
     t0 = time.perf_counter()
     conn = sqlite3.connect(f"file:{args.db}?mode=ro", uri=True)
-    rows = [(entry.encode("utf-8"), prev, digest, receipt) for entry, prev, digest, receipt in
-            conn.execute("SELECT entry, prev_hash, entry_hash, receipt FROM audit_log "
-                         "ORDER BY seq")]
+    rows = [
+        (entry.encode("utf-8"), prev, digest, receipt)
+        for entry, prev, digest, receipt in conn.execute(
+            "SELECT entry, prev_hash, entry_hash, receipt FROM audit_log ORDER BY seq"
+        )
+    ]
     conn.close()
     read_s = time.perf_counter() - t0
     sha256 = hashlib.sha256
@@ -44,16 +47,27 @@ def main() -> int:
     prev = GENESIS
     for entry, prev_hash, entry_hash, receipt in rows:
         digest = sha256(prev.encode("ascii") + entry).hexdigest()
-        if (prev_hash != prev or not compare(digest, entry_hash)
-                or not compare(new_hmac(key, digest.encode("ascii"), sha256).hexdigest(),
-                               receipt)):
+        if (
+            prev_hash != prev
+            or not compare(digest, entry_hash)
+            or not compare(new_hmac(key, digest.encode("ascii"), sha256).hexdigest(), receipt)
+        ):
             ok = False
             break
         prev = digest
     loop_s = time.perf_counter() - t1
-    sys.stdout.write(json.dumps({"entries": len(rows), "ok": ok, "read_s": read_s,
-                                 "loop_s": loop_s,
-                                 "entries_per_s": len(rows) / loop_s if loop_s else 0.0}) + "\n")
+    sys.stdout.write(
+        json.dumps(
+            {
+                "entries": len(rows),
+                "ok": ok,
+                "read_s": read_s,
+                "loop_s": loop_s,
+                "entries_per_s": len(rows) / loop_s if loop_s else 0.0,
+            }
+        )
+        + "\n"
+    )
     return 0 if ok else 1
 
 

@@ -36,8 +36,7 @@ def make_app(secret: bytes) -> web.Application:
 
     async def decisions(request: web.Request) -> web.Response:
         if request.content_length is not None and request.content_length > MAX_BODY:
-            return web.json_response({"status": "invalid", "reason": "body_too_large"},
-                                     status=413)
+            return web.json_response({"status": "invalid", "reason": "body_too_large"}, status=413)
         raw = await request.read()
         header = request.headers.get("X-Draftcat-Signature", "")
         t_text, v1 = "", []
@@ -50,8 +49,7 @@ def make_app(secret: bytes) -> web.Application:
                 v1.append(value.lower())
         if not t_text.isdigit() or not v1 or abs(time.time() - int(t_text)) > MAX_SKEW_S:
             return web.json_response(unauthorized, status=401)
-        expected = hmac.new(secret, t_text.encode("ascii") + b"." + raw,
-                            hashlib.sha256).hexdigest()
+        expected = hmac.new(secret, t_text.encode("ascii") + b"." + raw, hashlib.sha256).hexdigest()
         ok = False
         for candidate in v1:
             ok |= hmac.compare_digest(expected, candidate)

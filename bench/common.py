@@ -56,9 +56,11 @@ def scope() -> list[list[Any]]:
 
 def draft_body(i: int) -> str:
     """A realistic draft (~300 bytes, non-ASCII, trailing newline); varies with ``i``."""
-    return (f"Hallo Anna,\n\nRechnung 2026-{i:06d} über 1.240,00 € ist seit 14 Tagen fällig. "
-            "Wir bitten um Überweisung bis Freitag auf das bekannte Konto; bei Rückfragen "
-            "melden Sie sich gern direkt bei mir.\n\nViele Grüße\nJörg — Buchhaltung\n")
+    return (
+        f"Hallo Anna,\n\nRechnung 2026-{i:06d} über 1.240,00 € ist seit 14 Tagen fällig. "
+        "Wir bitten um Überweisung bis Freitag auf das bekannte Konto; bei Rückfragen "
+        "melden Sie sich gern direkt bei mir.\n\nViele Grüße\nJörg — Buchhaltung\n"
+    )
 
 
 def bench_env(**extra: str) -> dict[str, str]:
@@ -74,8 +76,10 @@ def bench_env(**extra: str) -> dict[str, str]:
 def write_config(directory: Path, relay_url: str, db_path: Path) -> Path:
     """Write a gate config into ``directory``: ports 0, one pipeline ``bench`` with the
     quorum-1 step ``q1`` (8 approvers, 4 h timeout), no practical rate limit."""
-    operators = [{"id": op_id, "identity": ident}
-                 for op_id, ident in zip(OPERATOR_IDS, IDENTITIES, strict=True)]
+    operators = [
+        {"id": op_id, "identity": ident}
+        for op_id, ident in zip(OPERATOR_IDS, IDENTITIES, strict=True)
+    ]
     config = {
         "relay": {
             "url": relay_url,
@@ -83,15 +87,30 @@ def write_config(directory: Path, relay_url: str, db_path: Path) -> Path:
             "callback_addr": "127.0.0.1:0",
             "dispatch_timeout": "5s",
             "operators": operators,
-            "security": {"allowed_users": OPERATOR_IDS, "max_input_length": 500,
-                         "rate_limit": 1_000_000_000, "max_skew": "300s"},
+            "security": {
+                "allowed_users": OPERATOR_IDS,
+                "max_input_length": 500,
+                "rate_limit": 1_000_000_000,
+                "max_skew": "300s",
+            },
         },
         "api": {"listen": "127.0.0.1:0", "token_env": TOKEN_ENV},
         "storage": {"path": str(db_path)},
         "receipts": {"key_env": RECEIPT_ENV},
-        "pipelines": [{"name": PIPELINE, "steps": [
-            {"name": STEP, "quorum": 1, "approvers": OPERATOR_IDS, "timeout": STEP_TIMEOUT,
-             "risk": RISK}]}],
+        "pipelines": [
+            {
+                "name": PIPELINE,
+                "steps": [
+                    {
+                        "name": STEP,
+                        "quorum": 1,
+                        "approvers": OPERATOR_IDS,
+                        "timeout": STEP_TIMEOUT,
+                        "risk": RISK,
+                    }
+                ],
+            }
+        ],
     }
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / "config.yaml"
@@ -100,6 +119,7 @@ def write_config(directory: Path, relay_url: str, db_path: Path) -> Path:
 
 
 # ---- hitl/v0 wire format (SPEC §2), written here so the load side never imports the gate ----
+
 
 def sign(secret: str, t: int, body: bytes) -> str:
     """``X-Draftcat-Signature`` value: ``t=<t>,v1=<hex HMAC-SHA256(secret, "t." + body)>``."""
@@ -112,17 +132,25 @@ def rfc3339_now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
-def decision_bytes(approval_id: str, nonce: str, payload_hash: str, identity: str,
-                   verb: str = "approve") -> bytes:
+def decision_bytes(
+    approval_id: str, nonce: str, payload_hash: str, identity: str, verb: str = "approve"
+) -> bytes:
     """A compact decision envelope (SPEC §2 "Decision") as the bytes a relay would send."""
-    body = {"protocol": "hitl/v0", "approval_id": approval_id, "nonce": nonce,
-            "decision": verb, "payload_hash": payload_hash,
-            "approver": {"id": identity, "display": None, "channel": "bench"},
-            "adjust_text": None, "decided_at": rfc3339_now()}
+    body = {
+        "protocol": "hitl/v0",
+        "approval_id": approval_id,
+        "nonce": nonce,
+        "decision": verb,
+        "payload_hash": payload_hash,
+        "approver": {"id": identity, "display": None, "channel": "bench"},
+        "adjust_text": None,
+        "decided_at": rfc3339_now(),
+    }
     return json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
 
 
 # ---- /proc sampling ----------------------------------------------------------------------
+
 
 def proc_status_path(path: str) -> dict[str, str]:
     """A ``status`` file of /proc as a dict (values stripped)."""
@@ -167,7 +195,7 @@ def cpu_seconds(pid: int) -> float:
     for member in family(pid):
         with open(f"/proc/{member}/stat", encoding="ascii", errors="replace") as fh:
             text = fh.read()
-        fields = text[text.rindex(")") + 2:].split()
+        fields = text[text.rindex(")") + 2 :].split()
         # fields[0] is field 3 (state); utime is field 14, stime field 15
         total += int(fields[11]) + int(fields[12])
     return total / CLK_TCK
@@ -195,6 +223,7 @@ def threads(pid: int) -> int:
 
 # ---- statistics --------------------------------------------------------------------------
 
+
 def percentile(sorted_values: list[float], q: float) -> float:
     """Nearest-rank percentile ``q`` (0-100) of an already sorted list (nan when empty)."""
     if not sorted_values:
@@ -208,10 +237,14 @@ def latency_stats_ms(latencies_s: list[float]) -> dict[str, float]:
     values = sorted(latencies_s)
     if not values:
         return {k: float("nan") for k in ("p50", "p90", "p99", "mean", "min", "max")}
-    return {"p50": percentile(values, 50) * 1000, "p90": percentile(values, 90) * 1000,
-            "p99": percentile(values, 99) * 1000,
-            "mean": sum(values) / len(values) * 1000, "min": values[0] * 1000,
-            "max": values[-1] * 1000}
+    return {
+        "p50": percentile(values, 50) * 1000,
+        "p90": percentile(values, 90) * 1000,
+        "p99": percentile(values, 99) * 1000,
+        "mean": sum(values) / len(values) * 1000,
+        "min": values[0] * 1000,
+        "max": values[-1] * 1000,
+    }
 
 
 def median(values: list[float]) -> float:
@@ -225,6 +258,7 @@ def median(values: list[float]) -> float:
 
 # ---- processes ---------------------------------------------------------------------------
 
+
 class Daemon:
     """``python -m gate serve -c CONFIG`` with stderr going to ``log_path``.
 
@@ -232,8 +266,13 @@ class Daemon:
     (the log file is polled every 2 ms).
     """
 
-    def __init__(self, config: Path, log_path: Path, env: dict[str, str] | None = None,
-                 wrapper: list[str] | None = None) -> None:
+    def __init__(
+        self,
+        config: Path,
+        log_path: Path,
+        env: dict[str, str] | None = None,
+        wrapper: list[str] | None = None,
+    ) -> None:
         self.config = config
         self.log_path = log_path
         self.env = env or bench_env()
@@ -256,8 +295,12 @@ class Daemon:
         try:
             self.proc = subprocess.Popen(
                 [*self.wrapper, PYTHON, "-m", "gate", "serve", "-c", str(self.config)],
-                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log,
-                env=self.env, cwd=ROOT)
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=log,
+                env=self.env,
+                cwd=ROOT,
+            )
         finally:
             log.close()
         deadline = t0 + timeout
@@ -276,8 +319,9 @@ class Daemon:
                 self.api_url = match.group(2).rstrip("/")
                 return self.start_s
             if self.proc.poll() is not None:
-                raise RuntimeError(f"gate exited {self.proc.returncode} before listening:\n"
-                                   + self.log_tail())
+                raise RuntimeError(
+                    f"gate exited {self.proc.returncode} before listening:\n" + self.log_tail()
+                )
             if time.perf_counter() > deadline:
                 self.kill()
                 raise RuntimeError(f"gate did not listen within {timeout} s:\n" + self.log_tail())
@@ -324,9 +368,14 @@ class Helper:
         """Spawn and read the URL it listens on; returns self."""
         log = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child, closed below
         try:
-            self.proc = subprocess.Popen([PYTHON, *self.args], stdin=subprocess.DEVNULL,
-                                         stdout=subprocess.PIPE, stderr=log, env=bench_env(),
-                                         cwd=ROOT)
+            self.proc = subprocess.Popen(
+                [PYTHON, *self.args],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=log,
+                env=bench_env(),
+                cwd=ROOT,
+            )
         finally:
             log.close()
         assert self.proc.stdout is not None
@@ -334,8 +383,10 @@ class Helper:
         line = self.proc.stdout.readline().decode("utf-8", "replace").strip()
         if not line.startswith("listening ") or time.monotonic() > deadline:
             self.stop()
-            raise RuntimeError(f"{self.args} did not start ({line!r}):\n"
-                               + self.log_path.read_text(errors="replace")[-3000:])
+            raise RuntimeError(
+                f"{self.args} did not start ({line!r}):\n"
+                + self.log_path.read_text(errors="replace")[-3000:]
+            )
         self.url = line.split(" ", 1)[1]
         return self
 
@@ -405,12 +456,21 @@ class HttpClient:
 
 def run_json(args: list[str], timeout: float, log_path: Path | None = None) -> dict[str, Any]:
     """Run ``python ARGS`` to completion and return the JSON object it printed on stdout."""
-    proc = subprocess.run([PYTHON, *args], stdin=subprocess.DEVNULL, capture_output=True,
-                          env=bench_env(), cwd=ROOT, timeout=timeout, check=False)
+    proc = subprocess.run(
+        [PYTHON, *args],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        env=bench_env(),
+        cwd=ROOT,
+        timeout=timeout,
+        check=False,
+    )
     if log_path is not None and proc.stderr:
         with open(log_path, "ab") as fh:
             fh.write(proc.stderr)
     if proc.returncode != 0:
-        raise RuntimeError(f"{args[:3]} exited {proc.returncode}: "
-                           + proc.stderr.decode("utf-8", "replace")[-3000:])
+        raise RuntimeError(
+            f"{args[:3]} exited {proc.returncode}: "
+            + proc.stderr.decode("utf-8", "replace")[-3000:]
+        )
     return json.loads(proc.stdout)

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import json
 import secrets as pysecrets
-from datetime import datetime
 import sqlite3
 from collections.abc import Callable
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -65,9 +65,15 @@ def _chain_head(conn: sqlite3.Connection) -> tuple[int, str]:
     return (int(row[0]), str(row[1])) if row else (0, audit.GENESIS_HASH)
 
 
-def add_pending(path: Path, count: int, created_ms: Callable[[int], int],
-                expires_ms: Callable[[int], int], receipt_key: bytes, first_index: int = 0,
-                ack_delay_ms: int = 3) -> None:
+def add_pending(
+    path: Path,
+    count: int,
+    created_ms: Callable[[int], int],
+    expires_ms: Callable[[int], int],
+    receipt_key: bytes,
+    first_index: int = 0,
+    ack_delay_ms: int = 3,
+) -> None:
     """Append ``count`` pending approvals of pipeline ``bench`` step ``q1``, dispatched and
     acked, to the database at ``path`` (schema created when needed).
 
@@ -91,16 +97,23 @@ def add_pending(path: Path, count: int, created_ms: Callable[[int], int],
             "INSERT INTO approvals (approval_id, run_id, pipeline, step, risk, content_type,"
             " quorum_required, scope, budget, spend, revision, state, created_at, expires_at,"
             " idempotency_key, request_hash) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
-            approvals)
+            approvals,
+        )
         conn.executemany(
             "INSERT INTO revisions (approval_id, revision, body, payload_hash, nonce,"
-            " created_at, created_by) VALUES (?,?,?,?,?,?,?)", revisions)
+            " created_at, created_by) VALUES (?,?,?,?,?,?,?)",
+            revisions,
+        )
         conn.executemany(
             "INSERT INTO outbox (approval_id, revision, attempts, next_attempt_at, delivered_at,"
-            " last_error) VALUES (?,?,?,?,?,?)", outbox)
+            " last_error) VALUES (?,?,?,?,?,?)",
+            outbox,
+        )
         conn.executemany(
             "INSERT INTO audit_log (seq, approval_id, kind, entry, prev_hash, entry_hash,"
-            " receipt) VALUES (?,?,?,?,?,?,?)", audit_rows)
+            " receipt) VALUES (?,?,?,?,?,?,?)",
+            audit_rows,
+        )
         conn.execute("COMMIT")
         for rows in (approvals, revisions, outbox, audit_rows):
             rows.clear()
@@ -121,18 +134,49 @@ def add_pending(path: Path, count: int, created_ms: Callable[[int], int],
             approval_id = str(ULID.from_timestamp(created / 1000))
             body = draft_body(i)
             digest = payload_hash(body)
-            request_hash = parse_create({
-                "pipeline": PIPELINE, "step": STEP,
-                "draft": {"content_type": CONTENT_TYPE, "body": body}}).request_hash()
-            approvals.append((approval_id, str(ULID.from_timestamp(created / 1000)), PIPELINE,
-                              STEP, RISK, CONTENT_TYPE, 1, scope_json, None, None, 1,
-                              "pending", created, expires, None, request_hash))
-            revisions.append((approval_id, 1, body, digest, pysecrets.token_hex(16), created,
-                              None))
+            request_hash = parse_create(
+                {
+                    "pipeline": PIPELINE,
+                    "step": STEP,
+                    "draft": {"content_type": CONTENT_TYPE, "body": body},
+                }
+            ).request_hash()
+            approvals.append(
+                (
+                    approval_id,
+                    str(ULID.from_timestamp(created / 1000)),
+                    PIPELINE,
+                    STEP,
+                    RISK,
+                    CONTENT_TYPE,
+                    1,
+                    scope_json,
+                    None,
+                    None,
+                    1,
+                    "pending",
+                    created,
+                    expires,
+                    None,
+                    request_hash,
+                )
+            )
+            revisions.append((approval_id, 1, body, digest, pysecrets.token_hex(16), created, None))
             outbox.append((approval_id, 1, 1, acked, acked, None))
-            seal("created", approval_id, created, {
-                "pipeline": PIPELINE, "step": STEP, "revision": 1, "payload_hash": digest,
-                "quorum": 1, "approvers": approver_ids, "expires_at": expires})
+            seal(
+                "created",
+                approval_id,
+                created,
+                {
+                    "pipeline": PIPELINE,
+                    "step": STEP,
+                    "revision": 1,
+                    "payload_hash": digest,
+                    "quorum": 1,
+                    "approvers": approver_ids,
+                    "expires_at": expires,
+                },
+            )
             seal("dispatch_ack", approval_id, acked, {"revision": 1, "attempts": 1})
             if len(approvals) >= CHUNK:
                 flush()
@@ -163,19 +207,43 @@ def audit_only(path: Path, entries: int, receipt_key: bytes, start_ms: int) -> N
                 approval_id = str(ULID.from_timestamp(at / 1000))
                 digest = payload_hash(draft_body(n))
                 nonce = pysecrets.token_hex(16)
-                kind, data = "created", {
-                    "pipeline": PIPELINE, "step": STEP, "revision": 1, "payload_hash": digest,
-                    "quorum": 1, "approvers": approver_ids, "expires_at": at + 14_400_000}
+                kind, data = (
+                    "created",
+                    {
+                        "pipeline": PIPELINE,
+                        "step": STEP,
+                        "revision": 1,
+                        "payload_hash": digest,
+                        "quorum": 1,
+                        "approvers": approver_ids,
+                        "expires_at": at + 14_400_000,
+                    },
+                )
             elif phase == 1:
                 kind, data = "dispatch_ack", {"revision": 1, "attempts": 1}
             elif phase == 2:
-                kind, data = "decision", {
-                    "operator_id": approver_ids[n % len(approver_ids)], "decision": "approve",
-                    "revision": 1, "payload_hash": digest, "nonce": nonce, "effect": "approve"}
+                kind, data = (
+                    "decision",
+                    {
+                        "operator_id": approver_ids[n % len(approver_ids)],
+                        "decision": "approve",
+                        "revision": 1,
+                        "payload_hash": digest,
+                        "nonce": nonce,
+                        "effect": "approve",
+                    },
+                )
             else:
-                kind, data = "resolved", {
-                    "outcome": "approved", "revision": 1, "payload_hash": digest,
-                    "approved_by": [approver_ids[(n - 1) % len(approver_ids)]], "quorum": 1}
+                kind, data = (
+                    "resolved",
+                    {
+                        "outcome": "approved",
+                        "revision": 1,
+                        "payload_hash": digest,
+                        "approved_by": [approver_ids[(n - 1) % len(approver_ids)]],
+                        "quorum": 1,
+                    },
+                )
             seq += 1
             entry = audit.make_entry(seq, kind, approval_id, at, data)
             entry_json, entry_hash, receipt = audit.seal(prev_hash, entry, receipt_key)
@@ -203,8 +271,11 @@ def add_audit_records(path: Path) -> None:
 
 def _insert_audit(conn: sqlite3.Connection, rows: list[tuple[Any, ...]]) -> None:
     conn.execute("BEGIN")
-    conn.executemany("INSERT INTO audit_log (seq, approval_id, kind, entry, prev_hash,"
-                     " entry_hash, receipt) VALUES (?,?,?,?,?,?,?)", rows)
+    conn.executemany(
+        "INSERT INTO audit_log (seq, approval_id, kind, entry, prev_hash,"
+        " entry_hash, receipt) VALUES (?,?,?,?,?,?,?)",
+        rows,
+    )
     conn.execute("COMMIT")
     rows.clear()
 
@@ -224,33 +295,76 @@ def _records_from_log(conn: sqlite3.Connection, first_seq: int) -> None:
             "INSERT INTO approvals (approval_id, run_id, pipeline, step, risk, content_type,"
             " quorum_required, scope, revision, state, outcome, created_at, expires_at,"
             " resolved_at, request_hash, receipt) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
-            approvals)
+            approvals,
+        )
         conn.executemany(
             "INSERT INTO revisions (approval_id, revision, body, payload_hash, nonce,"
-            " created_at, created_by) VALUES (?,?,?,?,?,?,?)", revisions)
+            " created_at, created_by) VALUES (?,?,?,?,?,?,?)",
+            revisions,
+        )
         conn.executemany(
             "INSERT INTO decisions (approval_id, revision, operator_id, identity, decision,"
-            " payload_hash, decided_at, recorded_at) VALUES (?,?,?,?,?,?,?,?)", decisions)
+            " payload_hash, decided_at, recorded_at) VALUES (?,?,?,?,?,?,?,?)",
+            decisions,
+        )
         conn.execute("COMMIT")
         for pending in (approvals, revisions, decisions):
             pending.clear()
 
-    reader = conn.execute("SELECT seq, approval_id, kind, entry, prev_hash, entry_hash, receipt"
-                          " FROM audit_log WHERE seq >= ? ORDER BY seq", (first_seq,))
+    reader = conn.execute(
+        "SELECT seq, approval_id, kind, entry, prev_hash, entry_hash, receipt"
+        " FROM audit_log WHERE seq >= ? ORDER BY seq",
+        (first_seq,),
+    )
     for row in iter(lambda: reader.fetchmany(CHUNK), []):
         for seq, approval_id, kind, entry_json, *_ in row:
             entry = json.loads(entry_json)
             data, at = entry["data"], _ms(entry["at"])
             if kind == "created":
-                approvals.append([approval_id, approval_id, PIPELINE, STEP, RISK, CONTENT_TYPE,
-                                  1, scope_json, 1, "pending", None, at, data["expires_at"],
-                                  None, "sha256:" + "0" * 64, None])
-                revisions.append((approval_id, 1, draft_body(seq - first_seq),
-                                  data["payload_hash"], data["payload_hash"][7:39], at, None))
+                approvals.append(
+                    [
+                        approval_id,
+                        approval_id,
+                        PIPELINE,
+                        STEP,
+                        RISK,
+                        CONTENT_TYPE,
+                        1,
+                        scope_json,
+                        1,
+                        "pending",
+                        None,
+                        at,
+                        data["expires_at"],
+                        None,
+                        "sha256:" + "0" * 64,
+                        None,
+                    ]
+                )
+                revisions.append(
+                    (
+                        approval_id,
+                        1,
+                        draft_body(seq - first_seq),
+                        data["payload_hash"],
+                        data["payload_hash"][7:39],
+                        at,
+                        None,
+                    )
+                )
             elif kind == "decision":
-                decisions.append((approval_id, 1, data["operator_id"],
-                                  identity[data["operator_id"]], "approve",
-                                  data["payload_hash"], entry["at"], at))
+                decisions.append(
+                    (
+                        approval_id,
+                        1,
+                        data["operator_id"],
+                        identity[data["operator_id"]],
+                        "approve",
+                        data["payload_hash"],
+                        entry["at"],
+                        at,
+                    )
+                )
             elif kind == "resolved":
                 stored = audit.AuditRow(seq, approval_id, kind, entry_json, *_)
                 approvals[-1][9:11] = ["resolved", "approved"]

@@ -27,8 +27,17 @@ _STATES = (
     ("fsync", ("fdatasync", "fsync")),
     ("sqlite", ("libsqlite3",)),
     ("socket", ("send (", "recv (", "sendto", "recvfrom", "sock_send", "sock_recv")),
-    ("waiting", ("pthread_cond_timedwait", "pthread_cond_wait", "sem_wait", "take_gil",
-                 "PyThread_acquire_lock", "futex")),
+    (
+        "waiting",
+        (
+            "pthread_cond_timedwait",
+            "pthread_cond_wait",
+            "sem_wait",
+            "take_gil",
+            "PyThread_acquire_lock",
+            "futex",
+        ),
+    ),
 )
 
 
@@ -55,7 +64,8 @@ def _is_python(file: str) -> bool:
 def _state(native_tail: list[str], leaf_python: str | None) -> str:
     joined = ";".join(native_tail)
     if any(marker in joined for marker in _IDLE) or (
-            not native_tail and leaf_python is not None and leaf_python in _IDLE):
+        not native_tail and leaf_python is not None and leaf_python in _IDLE
+    ):
         return "idle"
     for name, markers in _STATES:
         if any(marker in joined for marker in markers):
@@ -84,26 +94,38 @@ def summarise(path: Path, top: int = 25) -> dict[str, Any]:
         last_py = max((i for i, (_, file) in enumerate(split) if _is_python(file)), default=-1)
         names = [f"{func} ({file})" for func, file in split]
         leaf = names[last_py] if last_py >= 0 else None
-        state = _state(names[last_py + 1:], leaf)
+        state = _state(names[last_py + 1 :], leaf)
         total += count
         per_thread[thread][state] += count
         if thread == "MainThread" and state != "idle":
             busy_main += count
             if leaf is not None:
                 own[leaf] += count
-            for name in {n for n, (_, file) in zip(names, split, strict=True)
-                         if _is_python(file)}:
+            for name in {n for n, (_, file) in zip(names, split, strict=True) if _is_python(file)}:
                 inclusive[name] += count
 
     def shares(counter: Counter[str], base: int) -> list[list[Any]]:
         # frames on (almost) every busy stack (runpy, click, the loop itself) say nothing
-        return [[name, round(n / base, 4)] for name, n in counter.most_common()
-                if n < 0.98 * base][:top] if base else []
+        return (
+            [[name, round(n / base, 4)] for name, n in counter.most_common() if n < 0.98 * base][
+                :top
+            ]
+            if base
+            else []
+        )
 
-    threads = {name: {state: round(n / sum(c.values()), 4) for state, n in c.most_common()}
-               | {"samples": sum(c.values())} for name, c in per_thread.items()}
-    return {"samples": total, "threads": threads, "busy_main_samples": busy_main,
-            "self": shares(own, busy_main), "inclusive": shares(inclusive, busy_main)}
+    threads = {
+        name: {state: round(n / sum(c.values()), 4) for state, n in c.most_common()}
+        | {"samples": sum(c.values())}
+        for name, c in per_thread.items()
+    }
+    return {
+        "samples": total,
+        "threads": threads,
+        "busy_main_samples": busy_main,
+        "self": shares(own, busy_main),
+        "inclusive": shares(inclusive, busy_main),
+    }
 
 
 def render(summary: dict[str, Any]) -> str:

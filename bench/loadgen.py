@@ -44,8 +44,14 @@ def _stats(latencies: list[float]) -> dict[str, float]:
         rank = max(1, min(len(values), int(-(-q * len(values) // 100))))
         return values[rank - 1] * 1000
 
-    return {"p50": pct(50), "p90": pct(90), "p99": pct(99), "mean": sum(values) / len(values)
-            * 1000, "min": values[0] * 1000, "max": values[-1] * 1000}
+    return {
+        "p50": pct(50),
+        "p90": pct(90),
+        "p99": pct(99),
+        "mean": sum(values) / len(values) * 1000,
+        "min": values[0] * 1000,
+        "max": values[-1] * 1000,
+    }
 
 
 def _sign(secret: bytes, t: int, body: bytes) -> str:
@@ -55,23 +61,39 @@ def _sign(secret: bytes, t: int, body: bytes) -> str:
 
 async def _warm(session: aiohttp.ClientSession, method: str, url: str, n: int) -> None:
     """Open ``n`` keep-alive connections (answers ignored; nothing changes on the server)."""
+
     async def one() -> None:
         async with session.request(method, url, data=b"") as resp:
             await resp.read()
+
     await asyncio.gather(*(one() for _ in range(n)))
 
 
 def _connector(concurrency: int) -> aiohttp.TCPConnector:
-    return aiohttp.TCPConnector(limit=concurrency, limit_per_host=concurrency,
-                                force_close=False, enable_cleanup_closed=False)
+    return aiohttp.TCPConnector(
+        limit=concurrency,
+        limit_per_host=concurrency,
+        force_close=False,
+        enable_cleanup_closed=False,
+    )
 
 
-async def run_decisions(url: str, bodies: list[bytes], concurrency: int,
-                        secret: bytes) -> dict[str, Any]:
+async def run_decisions(
+    url: str, bodies: list[bytes], concurrency: int, secret: bytes
+) -> dict[str, Any]:
     """POST every pre-signed decision with ``concurrency`` workers; return the figures."""
     t = int(time.time())
-    requests = [(body, {"Content-Type": "application/json", "X-Hitl-Protocol": "hitl/v0",
-                        SIGNATURE_HEADER: _sign(secret, t, body)}) for body in bodies]
+    requests = [
+        (
+            body,
+            {
+                "Content-Type": "application/json",
+                "X-Hitl-Protocol": "hitl/v0",
+                SIGNATURE_HEADER: _sign(secret, t, body),
+            },
+        )
+        for body in bodies
+    ]
     latencies = [0.0] * len(requests)
     statuses: Counter[str] = Counter()
     ok = 0
@@ -79,8 +101,9 @@ async def run_decisions(url: str, bodies: list[bytes], concurrency: int,
     next_index = 0
     workers = max(1, min(concurrency, len(requests)))
     timeout = aiohttp.ClientTimeout(total=120)
-    async with aiohttp.ClientSession(connector=_connector(concurrency), timeout=timeout,
-                                     trust_env=False) as session:
+    async with aiohttp.ClientSession(
+        connector=_connector(concurrency), timeout=timeout, trust_env=False
+    ) as session:
         await _warm(session, "POST", url, workers)
 
         async def worker() -> None:
@@ -109,13 +132,22 @@ async def run_decisions(url: str, bodies: list[bytes], concurrency: int,
         began = time.perf_counter()
         await asyncio.gather(*(worker() for _ in range(workers)))
         elapsed = time.perf_counter() - began
-    return {"mode": "decisions", "concurrency": concurrency, "requests": len(requests),
-            "ok": ok, "statuses": dict(statuses), "errors": errors, "elapsed_s": elapsed,
-            "rps": ok / elapsed if elapsed > 0 else 0.0, "latency_ms": _stats(latencies)}
+    return {
+        "mode": "decisions",
+        "concurrency": concurrency,
+        "requests": len(requests),
+        "ok": ok,
+        "statuses": dict(statuses),
+        "errors": errors,
+        "elapsed_s": elapsed,
+        "rps": ok / elapsed if elapsed > 0 else 0.0,
+        "latency_ms": _stats(latencies),
+    }
 
 
-async def run_roundtrip(api: str, token: str, count: int, concurrency: int, pipeline: str,
-                        step: str, wait_s: float) -> dict[str, Any]:
+async def run_roundtrip(
+    api: str, token: str, count: int, concurrency: int, pipeline: str, step: str, wait_s: float
+) -> dict[str, Any]:
     """Create → wait until resolved, ``count`` times with ``concurrency`` workers."""
     headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
     create_url = api.rstrip("/") + "/v1/approvals"
@@ -124,14 +156,25 @@ async def run_roundtrip(api: str, token: str, count: int, concurrency: int, pipe
     errors: list[str] = []
     next_index = 0
     workers = max(1, min(concurrency, count))
-    bodies = [json.dumps({"pipeline": pipeline, "step": step, "run_id": f"bench-rt-{i}",
-                          "draft": {"content_type": "text/plain",
-                                    "body": f"Round trip {i}: Rechnung über 1.240,00 € — bitte "
-                                            "freigeben.\n"}},
-                         ensure_ascii=False).encode("utf-8") for i in range(count)]
+    bodies = [
+        json.dumps(
+            {
+                "pipeline": pipeline,
+                "step": step,
+                "run_id": f"bench-rt-{i}",
+                "draft": {
+                    "content_type": "text/plain",
+                    "body": f"Round trip {i}: Rechnung über 1.240,00 € — bitte freigeben.\n",
+                },
+            },
+            ensure_ascii=False,
+        ).encode("utf-8")
+        for i in range(count)
+    ]
     timeout = aiohttp.ClientTimeout(total=wait_s + 60)
-    async with aiohttp.ClientSession(connector=_connector(concurrency), timeout=timeout,
-                                     trust_env=False) as session:
+    async with aiohttp.ClientSession(
+        connector=_connector(concurrency), timeout=timeout, trust_env=False
+    ) as session:
         await _warm(session, "GET", api.rstrip("/") + "/healthz", workers)
 
         async def worker() -> None:
@@ -164,9 +207,17 @@ async def run_roundtrip(api: str, token: str, count: int, concurrency: int, pipe
         await asyncio.gather(*(worker() for _ in range(workers)))
         elapsed = time.perf_counter() - began
     ok = outcomes.get("approved", 0)
-    return {"mode": "roundtrip", "concurrency": concurrency, "requests": count, "ok": ok,
-            "outcomes": dict(outcomes), "errors": errors, "elapsed_s": elapsed,
-            "rps": ok / elapsed if elapsed > 0 else 0.0, "latency_ms": _stats(latencies)}
+    return {
+        "mode": "roundtrip",
+        "concurrency": concurrency,
+        "requests": count,
+        "ok": ok,
+        "outcomes": dict(outcomes),
+        "errors": errors,
+        "elapsed_s": elapsed,
+        "rps": ok / elapsed if elapsed > 0 else 0.0,
+        "latency_ms": _stats(latencies),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -193,9 +244,17 @@ def main(argv: list[str] | None = None) -> int:
         secret = os.environ[args.secret_env].encode("utf-8")
         result = asyncio.run(run_decisions(args.url, bodies, args.concurrency, secret))
     else:
-        result = asyncio.run(run_roundtrip(args.api, os.environ[args.token_env], args.count,
-                                           args.concurrency, args.pipeline, args.step,
-                                           args.wait))
+        result = asyncio.run(
+            run_roundtrip(
+                args.api,
+                os.environ[args.token_env],
+                args.count,
+                args.concurrency,
+                args.pipeline,
+                args.step,
+                args.wait,
+            )
+        )
     sys.stdout.write(json.dumps(result) + "\n")
     return 0
 

@@ -66,22 +66,33 @@ class BenchRelay:
         approvers = envelope["approvers"]
         identity = approvers[self.turn % len(approvers)]
         self.turn += 1
-        body = json.dumps({
-            "protocol": "hitl/v0", "approval_id": envelope["approval_id"],
-            "nonce": envelope["callback"]["nonce"], "decision": "approve",
-            "payload_hash": envelope["payload_hash"],
-            "approver": {"id": identity, "display": None, "channel": "bench"},
-            "adjust_text": None,
-            "decided_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        }, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+        body = json.dumps(
+            {
+                "protocol": "hitl/v0",
+                "approval_id": envelope["approval_id"],
+                "nonce": envelope["callback"]["nonce"],
+                "decision": "approve",
+                "payload_hash": envelope["payload_hash"],
+                "approver": {"id": identity, "display": None, "channel": "bench"},
+                "adjust_text": None,
+                "decided_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            },
+            separators=(",", ":"),
+            ensure_ascii=False,
+        ).encode("utf-8")
         t = int(time.time())
-        sig = hmac.new(self.secret, str(t).encode("ascii") + b"." + body,
-                       hashlib.sha256).hexdigest()
-        headers = {"Content-Type": "application/json", "X-Hitl-Protocol": "hitl/v0",
-                   "X-Draftcat-Signature": f"t={t},v1={sig}"}
+        sig = hmac.new(
+            self.secret, str(t).encode("ascii") + b"." + body, hashlib.sha256
+        ).hexdigest()
+        headers = {
+            "Content-Type": "application/json",
+            "X-Hitl-Protocol": "hitl/v0",
+            "X-Draftcat-Signature": f"t={t},v1={sig}",
+        }
         try:
-            async with self.session.post(envelope["callback"]["url"], data=body,
-                                         headers=headers) as resp:
+            async with self.session.post(
+                envelope["callback"]["url"], data=body, headers=headers
+            ) as resp:
                 await resp.read()
                 self.counters[f"decision_{resp.status}"] += 1
         except (aiohttp.ClientError, TimeoutError):
@@ -102,8 +113,10 @@ async def serve(mode: str, secret: bytes | None) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     relay.session = aiohttp.ClientSession(
-        connector=aiohttp.TCPConnector(limit=512), trust_env=False,
-        timeout=aiohttp.ClientTimeout(total=60))
+        connector=aiohttp.TCPConnector(limit=512),
+        trust_env=False,
+        timeout=aiohttp.ClientTimeout(total=60),
+    )
     app = web.Application(client_max_size=8 * 1024 * 1024)
     app.router.add_get("/captured", relay.get_captured)
     app.router.add_get("/stats", relay.get_stats)

@@ -94,9 +94,19 @@ class Params:
 
 
 FULL = Params(levels=[(1, 300), (16, 1500), (64, 3000), (256, 3000)], roundtrip_count=2000)
-QUICK = Params(levels=[(1, 20), (16, 64), (64, 128), (256, 256)], create_concurrency=16,
-               roundtrip_count=128, scale_pending=2000, scale_expiring=200, scale_starts=1,
-               page_repeats=5, settle_s=0.3, audit_entries=4000, idle_s=3.0, idle_approvals=3)
+QUICK = Params(
+    levels=[(1, 20), (16, 64), (64, 128), (256, 256)],
+    create_concurrency=16,
+    roundtrip_count=128,
+    scale_pending=2000,
+    scale_expiring=200,
+    scale_starts=1,
+    page_repeats=5,
+    settle_s=0.3,
+    audit_entries=4000,
+    idle_s=3.0,
+    idle_approvals=3,
+)
 
 
 def _now_iso() -> str:
@@ -149,26 +159,45 @@ class Bench:
     def baseline(self) -> Helper:
         """The bare aiohttp HMAC endpoint, started once per run."""
         if self.baseline_proc is None:
-            self.baseline_proc = Helper(["-m", "bench.baseline", "--secret-env", SECRET_ENV],
-                                        self.tmp / "baseline.log").start()
+            self.baseline_proc = Helper(
+                ["-m", "bench.baseline", "--secret-env", SECRET_ENV], self.tmp / "baseline.log"
+            ).start()
         return self.baseline_proc
 
-    def loadgen_decisions(self, url: str, bodies: Path, concurrency: int,
-                          on_start: Callable[[], None] | None = None) -> dict[str, Any]:
+    def loadgen_decisions(
+        self, url: str, bodies: Path, concurrency: int, on_start: Callable[[], None] | None = None
+    ) -> dict[str, Any]:
         """Run ``bench.loadgen decisions`` as its own process and return its figures."""
-        args = ["-m", "bench.loadgen", "decisions", "--url", url, "--bodies", str(bodies),
-                "--concurrency", str(concurrency), "--secret-env", SECRET_ENV]
+        args = [
+            "-m",
+            "bench.loadgen",
+            "decisions",
+            "--url",
+            url,
+            "--bodies",
+            str(bodies),
+            "--concurrency",
+            str(concurrency),
+            "--secret-env",
+            SECRET_ENV,
+        ]
         if on_start is None:
             before = resource.getrusage(resource.RUSAGE_CHILDREN)
             out = run_json(args, timeout=1800, log_path=self.tmp / "loadgen.log")
             after = resource.getrusage(resource.RUSAGE_CHILDREN)
             # the load generator's own CPU per answer (with its start-up and signing: high)
-            out["client_cpu_ms"] = _per_answer(after.ru_utime + after.ru_stime
-                                               - before.ru_utime - before.ru_stime, out)
+            out["client_cpu_ms"] = _per_answer(
+                after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime, out
+            )
             return out
-        proc = subprocess.Popen([PYTHON, *args], stdin=subprocess.DEVNULL,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                env=bench_env(), cwd=ROOT)
+        proc = subprocess.Popen(
+            [PYTHON, *args],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=bench_env(),
+            cwd=ROOT,
+        )
         on_start()
         out, err = proc.communicate(timeout=1800)
         if proc.returncode != 0:
@@ -180,19 +209,29 @@ class Bench:
         this run measured it already)."""
         if concurrency not in self.baselines:
             path = self.tmp / f"baseline-bodies-c{concurrency}.txt"
-            lines = [decision_bytes(f"01BENCH{i:019d}", f"{i:032x}", "sha256:" + "0" * 64,
-                                    IDENTITIES[i % len(IDENTITIES)]) for i in range(count)]
+            lines = [
+                decision_bytes(
+                    f"01BENCH{i:019d}",
+                    f"{i:032x}",
+                    "sha256:" + "0" * 64,
+                    IDENTITIES[i % len(IDENTITIES)],
+                )
+                for i in range(count)
+            ]
             path.write_bytes(b"\n".join(lines) + b"\n")
-            self.baselines[concurrency] = self.loadgen_decisions(self.baseline().url, path,
-                                                                 concurrency)
+            self.baselines[concurrency] = self.loadgen_decisions(
+                self.baseline().url, path, concurrency
+            )
         return self.baselines[concurrency]
 
-    def gate(self, directory: Path, relay_url: str, db: Path,
-             wrapper: list[str] | None = None) -> Daemon:
+    def gate(
+        self, directory: Path, relay_url: str, db: Path, wrapper: list[str] | None = None
+    ) -> Daemon:
         """A started daemon with a fresh config in ``directory``."""
         directory.mkdir(parents=True, exist_ok=True)
-        daemon = Daemon(write_config(directory, relay_url, db), directory / "gate.log",
-                        wrapper=wrapper)
+        daemon = Daemon(
+            write_config(directory, relay_url, db), directory / "gate.log", wrapper=wrapper
+        )
         daemon.start()
         return daemon
 
@@ -238,27 +277,34 @@ class Bench:
     @staticmethod
     def create_approvals(api_url: str, count: int, concurrency: int) -> dict[str, Any]:
         """Create ``count`` approvals through the API (not a measured figure, reported as info)."""
+
         async def go() -> float:
-            headers = {"Authorization": f"Bearer {API_TOKEN}",
-                       "Content-Type": "application/json"}
+            headers = {"Authorization": f"Bearer {API_TOKEN}", "Content-Type": "application/json"}
             next_i = 0
             failures: list[str] = []
             async with aiohttp.ClientSession(trust_env=False) as session:
+
                 async def worker() -> None:
                     nonlocal next_i
                     while next_i < count and not failures:
                         i = next_i
                         next_i += 1
-                        body = json.dumps({"pipeline": PIPELINE, "step": STEP,
-                                           "run_id": f"bench-{i}",
-                                           "draft": {"content_type": "text/plain",
-                                                     "body": draft_body(i)}},
-                                          ensure_ascii=False).encode("utf-8")
-                        async with session.post(api_url + "/v1/approvals", data=body,
-                                                headers=headers) as resp:
+                        body = json.dumps(
+                            {
+                                "pipeline": PIPELINE,
+                                "step": STEP,
+                                "run_id": f"bench-{i}",
+                                "draft": {"content_type": "text/plain", "body": draft_body(i)},
+                            },
+                            ensure_ascii=False,
+                        ).encode("utf-8")
+                        async with session.post(
+                            api_url + "/v1/approvals", data=body, headers=headers
+                        ) as resp:
                             answer = await resp.read()
                             if resp.status != 201:
                                 failures.append(f"{resp.status} {answer[:300]!r}")
+
                 t0 = time.perf_counter()
                 await asyncio.gather(*(worker() for _ in range(min(concurrency, count))))
                 elapsed = time.perf_counter() - t0
@@ -267,8 +313,12 @@ class Bench:
             return elapsed
 
         elapsed = asyncio.run(go())
-        return {"count": count, "concurrency": concurrency, "seconds": elapsed,
-                "per_s": count / elapsed if elapsed else 0.0}
+        return {
+            "count": count,
+            "concurrency": concurrency,
+            "seconds": elapsed,
+            "per_s": count / elapsed if elapsed else 0.0,
+        }
 
     # ---- sections ------------------------------------------------------------------------
 
@@ -293,42 +343,59 @@ class Bench:
             for concurrency, count in p.levels:
                 envs = [next(pool) for _ in range(count)]
                 bodies = d / f"bodies-c{concurrency}.txt"
-                bodies.write_bytes(b"\n".join(
-                    decision_bytes(e["approval_id"], e["nonce"], e["payload_hash"],
-                                   IDENTITIES[i % len(IDENTITIES)])
-                    for i, e in enumerate(envs)) + b"\n")
+                bodies.write_bytes(
+                    b"\n".join(
+                        decision_bytes(
+                            e["approval_id"],
+                            e["nonce"],
+                            e["payload_hash"],
+                            IDENTITIES[i % len(IDENTITIES)],
+                        )
+                        for i, e in enumerate(envs)
+                    )
+                    + b"\n"
+                )
                 _progress(f"decisions: c={concurrency} n={count} baseline")
                 cpu0 = cpu_seconds(baseline.pid)
                 base = self.loadgen_decisions(baseline.url, bodies, concurrency)
                 base["server_cpu_ms"] = _per_answer(cpu_seconds(baseline.pid) - cpu0, base)
                 self.baselines[concurrency] = base
                 _progress(f"decisions: c={concurrency} n={count} gate")
-                profiled = (self.profile_dir is not None
-                            and concurrency == p.target_concurrency)
+                profiled = self.profile_dir is not None and concurrency == p.target_concurrency
                 cpu0 = cpu_seconds(gate.pid)
                 if profiled:
                     res, out["profile"] = self.profiled_load(gate, bodies, concurrency)
                 else:
                     res = self.loadgen_decisions(gate.callback_url, bodies, concurrency)
                 res["server_cpu_ms"] = _per_answer(cpu_seconds(gate.pid) - cpu0, res)
-                out["levels"].append({
-                    "concurrency": concurrency, "decisions": count, "profiled": profiled,
-                    "gate": res, "baseline": base,
-                    "ratio_rps": _ratio(res["rps"], base["rps"]),
-                    "ratio_p99": _ratio(res["latency_ms"].get("p99"),
-                                        base["latency_ms"].get("p99")),
-                })
+                out["levels"].append(
+                    {
+                        "concurrency": concurrency,
+                        "decisions": count,
+                        "profiled": profiled,
+                        "gate": res,
+                        "baseline": base,
+                        "ratio_rps": _ratio(res["rps"], base["rps"]),
+                        "ratio_p99": _ratio(
+                            res["latency_ms"].get("p99"), base["latency_ms"].get("p99")
+                        ),
+                    }
+                )
         finally:
             out["gate_exit_code"] = gate.stop()
             relay.stop()
-        out["approved_in_db"] = _scalar(db, "SELECT count(*) FROM approvals WHERE outcome = "
-                                            "'approved'")
-        out["all_ok"] = all(lv["gate"]["ok"] == lv["decisions"]
-                            and lv["baseline"]["ok"] == lv["decisions"] for lv in out["levels"])
+        out["approved_in_db"] = _scalar(
+            db, "SELECT count(*) FROM approvals WHERE outcome = 'approved'"
+        )
+        out["all_ok"] = all(
+            lv["gate"]["ok"] == lv["decisions"] and lv["baseline"]["ok"] == lv["decisions"]
+            for lv in out["levels"]
+        )
         return out
 
-    def profiled_load(self, gate: Daemon, bodies: Path,
-                      concurrency: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    def profiled_load(
+        self, gate: Daemon, bodies: Path, concurrency: int
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
         """Run one decisions load against ``gate`` while py-spy records it (folded stacks)."""
         from bench.hotspots import summarise
 
@@ -340,10 +407,26 @@ class Bench:
 
         def start() -> None:
             with open(spy_log, "ab") as log:
-                spy.append(subprocess.Popen(
-                    [py_spy(), "record", "--pid", str(gate.pid), "--rate", "250", "--threads",
-                     *SPY_MODE, "--format", "raw", "--output", str(folded)],
-                    stdout=log, stderr=log))
+                spy.append(
+                    subprocess.Popen(
+                        [
+                            py_spy(),
+                            "record",
+                            "--pid",
+                            str(gate.pid),
+                            "--rate",
+                            "250",
+                            "--threads",
+                            *SPY_MODE,
+                            "--format",
+                            "raw",
+                            "--output",
+                            str(folded),
+                        ],
+                        stdout=log,
+                        stderr=log,
+                    )
+                )
             time.sleep(0.5)  # attached before the load starts (the loadgen warms up first)
 
         try:
@@ -364,20 +447,42 @@ class Bench:
         gate = self.gate(d, relay.url, d / "gate.db")
         try:
             _progress(f"roundtrip: n={p.roundtrip_count} c={p.roundtrip_concurrency}")
-            res = run_json(["-m", "bench.loadgen", "roundtrip", "--api", gate.api_url,
-                            "--token-env", TOKEN_ENV, "--count",
-                            str(p.roundtrip_count), "--concurrency",
-                            str(p.roundtrip_concurrency), "--pipeline", PIPELINE, "--step",
-                            STEP], timeout=1800, log_path=self.tmp / "loadgen.log")
+            res = run_json(
+                [
+                    "-m",
+                    "bench.loadgen",
+                    "roundtrip",
+                    "--api",
+                    gate.api_url,
+                    "--token-env",
+                    TOKEN_ENV,
+                    "--count",
+                    str(p.roundtrip_count),
+                    "--concurrency",
+                    str(p.roundtrip_concurrency),
+                    "--pipeline",
+                    PIPELINE,
+                    "--step",
+                    STEP,
+                ],
+                timeout=1800,
+                log_path=self.tmp / "loadgen.log",
+            )
             relay_stats = self.relay_get(relay, "/stats")
         finally:
             rc = gate.stop()
             relay.stop()
         count = dict(p.levels).get(p.roundtrip_concurrency, p.roundtrip_count)
         base = self.baseline_for(p.roundtrip_concurrency, count)
-        return {"concurrency": p.roundtrip_concurrency, "gate": res, "relay": relay_stats,
-                "baseline": base, "ratio_rps_vs_baseline": _ratio(res["rps"], base["rps"]),
-                "all_ok": res["ok"] == p.roundtrip_count, "gate_exit_code": rc}
+        return {
+            "concurrency": p.roundtrip_concurrency,
+            "gate": res,
+            "relay": relay_stats,
+            "baseline": base,
+            "ratio_rps_vs_baseline": _ratio(res["rps"], base["rps"]),
+            "all_ok": res["ok"] == p.roundtrip_count,
+            "gate_exit_code": rc,
+        }
 
     def _starts(self, label: str, db: Path, relay: Helper, expect_items: int) -> dict[str, Any]:
         p = self.params
@@ -399,16 +504,25 @@ class Bench:
             finally:
                 client.close()
                 rc = gate.stop()
-            runs.append({"start_s": gate.start_s, "rss_mb": rss, "page_cold_ms": cold * 1000,
-                         "page_warm_ms": median(warm) * 1000,
-                         "page_warm_max_ms": max(warm) * 1000, "items": len(page["items"]),
-                         "exit_code": rc})
+            runs.append(
+                {
+                    "start_s": gate.start_s,
+                    "rss_mb": rss,
+                    "page_cold_ms": cold * 1000,
+                    "page_warm_ms": median(warm) * 1000,
+                    "page_warm_max_ms": max(warm) * 1000,
+                    "items": len(page["items"]),
+                    "exit_code": rc,
+                }
+            )
         return {
             "start_s": median([r["start_s"] for r in runs]),
             "rss_mb": median([r["rss_mb"] for r in runs]),
             "page_cold_ms": median([r["page_cold_ms"] for r in runs]),
             "page_warm_ms": median([r["page_warm_ms"] for r in runs]),
-            "items": runs[0]["items"], "items_expected": expect_items, "runs": runs,
+            "items": runs[0]["items"],
+            "items_expected": expect_items,
+            "runs": runs,
         }
 
     def scale(self) -> dict[str, Any]:
@@ -433,8 +547,9 @@ class Bench:
 
             page = d / "page.db"
             created = recent(HOUR_MS, p.scale_page_ref)
-            dbgen.add_pending(page, p.scale_page_ref, created, lambda i: created(i) + 4 * HOUR_MS,
-                              key)
+            dbgen.add_pending(
+                page, p.scale_page_ref, created, lambda i: created(i) + 4 * HOUR_MS, key
+            )
             _progress(f"scale: {p.scale_page_ref} pending (one page)")
             out["one_page"] = self._starts("one_page", page, relay, min(50, p.scale_page_ref))
 
@@ -447,8 +562,14 @@ class Bench:
             large = d / "large.db"
             shutil.copyfile(base, large)
             late = recent(5 * 60_000, p.scale_expiring)
-            dbgen.add_pending(large, p.scale_expiring, late, lambda i: late(i) + 4 * HOUR_MS,
-                              key, first_index=n_base)
+            dbgen.add_pending(
+                large,
+                p.scale_expiring,
+                late,
+                lambda i: late(i) + 4 * HOUR_MS,
+                key,
+                first_index=n_base,
+            )
             out["build_s"] = time.perf_counter() - t0
             out["db_mb"] = large.stat().st_size / 2**20
             _progress("scale: large database")
@@ -460,8 +581,9 @@ class Bench:
             relay.stop()
         return out
 
-    def _expiry(self, base: Path, relay: Helper, start_s: float,
-                per_approval_s: float) -> dict[str, Any]:
+    def _expiry(
+        self, base: Path, relay: Helper, start_s: float, per_approval_s: float
+    ) -> dict[str, Any]:
         p = self.params
         d = self.tmp / "scale"
         db = d / "expiry.db"
@@ -471,15 +593,21 @@ class Bench:
         second_ms = (int(time.time() + lead_s) + 1) * 1000
         n_base = p.scale_pending - p.scale_expiring
         # created 4 h (the step timeout) before it expires; deadlines spread over one second
-        dbgen.add_pending(db, p.scale_expiring,
-                          lambda i: second_ms + (i % 1000) - 4 * HOUR_MS,
-                          lambda i: second_ms + (i % 1000), RECEIPT_KEY.encode("utf-8"),
-                          first_index=n_base)
+        dbgen.add_pending(
+            db,
+            p.scale_expiring,
+            lambda i: second_ms + (i % 1000) - 4 * HOUR_MS,
+            lambda i: second_ms + (i % 1000),
+            RECEIPT_KEY.encode("utf-8"),
+            first_index=n_base,
+        )
         last_deadline_ms = second_ms + 999
         if time.time() * 1000 > second_ms - 500:
             raise RuntimeError("building the expiry database took longer than the lead time")
-        _progress(f"scale: {p.scale_expiring} approvals expire at "
-                  f"{dt.datetime.fromtimestamp(second_ms / 1000, dt.UTC):%H:%M:%S}")
+        _progress(
+            f"scale: {p.scale_expiring} approvals expire at "
+            f"{dt.datetime.fromtimestamp(second_ms / 1000, dt.UTC):%H:%M:%S}"
+        )
         gate = self.gate(d / "expiry", relay.url, db)
         first = done = None
         try:
@@ -493,7 +621,9 @@ class Bench:
                 while True:
                     left = conn.execute(
                         "SELECT count(*) FROM approvals WHERE state = 'pending' AND"
-                        " expires_at <= ?", (last_deadline_ms,)).fetchone()[0]
+                        " expires_at <= ?",
+                        (last_deadline_ms,),
+                    ).fetchone()[0]
                     now = time.time()
                     if first is None and left < p.scale_expiring:
                         first = now
@@ -509,17 +639,24 @@ class Bench:
             rc = gate.stop()
         assert first is not None and done is not None
         timeouts = _scalar(db, "SELECT count(*) FROM approvals WHERE outcome = 'timeout'")
-        verify = subprocess.run([PYTHON, "-m", "gate", "audit", "verify", "-c",
-                                 str(gate.config)], capture_output=True, env=bench_env(),
-                                cwd=ROOT, timeout=600, check=False)
+        verify = subprocess.run(
+            [PYTHON, "-m", "gate", "audit", "verify", "-c", str(gate.config)],
+            capture_output=True,
+            env=bench_env(),
+            cwd=ROOT,
+            timeout=600,
+            check=False,
+        )
         resolved_within = done - second_ms / 1000
         return {
-            "count": p.scale_expiring, "timeouts_in_db": timeouts,
+            "count": p.scale_expiring,
+            "timeouts_in_db": timeouts,
             "first_resolved_after_s": first - second_ms / 1000,
             "resolved_within_s": resolved_within,
             "after_last_deadline_s": done - last_deadline_ms / 1000,
             "per_s": p.scale_expiring / resolved_within if resolved_within > 0 else None,
-            "gate_start_s": gate.start_s, "gate_exit_code": rc,
+            "gate_start_s": gate.start_s,
+            "gate_exit_code": rc,
             "audit_verify_ok": verify.returncode == 0,
             "audit_verify_output": verify.stdout.decode("utf-8", "replace").strip()[-300:],
         }
@@ -532,8 +669,12 @@ class Bench:
         db = d / "audit.db"
         _progress(f"audit: generating {p.audit_entries} entries")
         t0 = time.perf_counter()
-        dbgen.audit_only(db, p.audit_entries, RECEIPT_KEY.encode("utf-8"),
-                         int(time.time() * 1000) - p.audit_entries * 7)
+        dbgen.audit_only(
+            db,
+            p.audit_entries,
+            RECEIPT_KEY.encode("utf-8"),
+            int(time.time() * 1000) - p.audit_entries * 7,
+        )
         gen_s = time.perf_counter() - t0
         config = write_config(d, "http://127.0.0.1:9/relay", db)
         empty = d / "empty"
@@ -547,22 +688,26 @@ class Bench:
         fixed = self._timed_cli(["audit", "verify", "-c", str(empty_config), "--no-records"])
         run = self._timed_cli(["audit", "verify", "-c", str(config), "--no-records"])
         _progress("audit: baseline loop")
-        base = run_json(["-m", "bench.auditbase", str(db), "--key-env", RECEIPT_ENV],
-                        timeout=3600)
+        base = run_json(["-m", "bench.auditbase", str(db), "--key-env", RECEIPT_ENV], timeout=3600)
         _progress("audit: adding the approval rows; hitl-gate audit verify with records")
         dbgen.add_audit_records(db)
         full = self._timed_cli(["audit", "verify", "-c", str(config)])
         eps = p.audit_entries / run["wall_s"] if run["wall_s"] else None
         return {
-            "entries": p.audit_entries, "generate_s": gen_s,
+            "entries": p.audit_entries,
+            "generate_s": gen_s,
             "db_mb": db.stat().st_size / 2**20,
             "verify": {**run, "entries_per_s": eps},
             "verify_empty_db": fixed,
-            "verify_with_records": {**full, "entries_per_s": p.audit_entries / full["wall_s"]
-                                    if full["wall_s"] else None},
+            "verify_with_records": {
+                **full,
+                "entries_per_s": p.audit_entries / full["wall_s"] if full["wall_s"] else None,
+            },
             "baseline": base,
             "ratio": _ratio(eps, base["entries_per_s"]),
-            "all_ok": run["exit_code"] == 0 and full["exit_code"] == 0 and base["ok"]
+            "all_ok": run["exit_code"] == 0
+            and full["exit_code"] == 0
+            and base["ok"]
             and f"ok: {p.audit_entries} entries" in run["stdout"]
             and "approvals match the audit log" in full["stdout"],
         }
@@ -572,9 +717,14 @@ class Bench:
         """Run ``python -m gate ARGS``; wall time, exit code, stdout and the child's rusage."""
         with tempfile.TemporaryFile() as err_file:
             t0 = time.perf_counter()
-            proc = subprocess.Popen([PYTHON, "-m", "gate", *args], stdin=subprocess.DEVNULL,
-                                    stdout=subprocess.PIPE, stderr=err_file,
-                                    env=bench_env(), cwd=ROOT)
+            proc = subprocess.Popen(
+                [PYTHON, "-m", "gate", *args],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=err_file,
+                env=bench_env(),
+                cwd=ROOT,
+            )
             assert proc.stdout is not None
             out = proc.stdout.read()
             _, status, usage = os.wait4(proc.pid, 0)  # rusage of this child alone
@@ -583,10 +733,14 @@ class Bench:
             proc.stdout.close()
             err_file.seek(0)
             err = err_file.read()
-        return {"wall_s": wall, "exit_code": proc.returncode, "cpu_s": usage.ru_utime
-                + usage.ru_stime, "max_rss_mb": usage.ru_maxrss / 1024,
-                "stdout": out.decode("utf-8", "replace").strip()[-500:],
-                "stderr": err.decode("utf-8", "replace").strip()[-500:]}
+        return {
+            "wall_s": wall,
+            "exit_code": proc.returncode,
+            "cpu_s": usage.ru_utime + usage.ru_stime,
+            "max_rss_mb": usage.ru_maxrss / 1024,
+            "stdout": out.decode("utf-8", "replace").strip()[-500:],
+            "stderr": err.decode("utf-8", "replace").strip()[-500:],
+        }
 
     def idle(self) -> dict[str, Any]:
         """CPU, context switches and RSS of a daemon with a few pending approvals and nothing
@@ -617,12 +771,20 @@ class Bench:
             rc = gate.stop()
             relay.stop()
         cpu = cpu1 - cpu0
-        return {"duration_s": elapsed, "cpu_s": cpu, "cpu_percent": cpu / elapsed * 100,
-                "clock_tick_s": 1 / CLK_TCK,
-                "context_switches": ctx1 - ctx0,
-                "wakeups_per_s": (ctx1 - ctx0) / elapsed, "rss_mb_start": rss0,
-                "rss_mb_end": samples[-1], "rss_mb_max": max(samples), "vm_hwm_mb": peak,
-                "threads": n_threads, "gate_exit_code": rc}
+        return {
+            "duration_s": elapsed,
+            "cpu_s": cpu,
+            "cpu_percent": cpu / elapsed * 100,
+            "clock_tick_s": 1 / CLK_TCK,
+            "context_switches": ctx1 - ctx0,
+            "wakeups_per_s": (ctx1 - ctx0) / elapsed,
+            "rss_mb_start": rss0,
+            "rss_mb_end": samples[-1],
+            "rss_mb_max": max(samples),
+            "vm_hwm_mb": peak,
+            "threads": n_threads,
+            "gate_exit_code": rc,
+        }
 
     def close(self) -> None:
         """Stop the shared helper processes."""
@@ -677,26 +839,53 @@ def evaluate_targets(sections: dict[str, Any], params: Params) -> list[dict[str,
         met = None
         if value is not None:
             met = value >= threshold if op == ">=" else value <= threshold
-        return {"name": name, "value": value, "op": op, "threshold": threshold,
-                "met": met, "note": note}
+        return {
+            "name": name,
+            "value": value,
+            "op": op,
+            "threshold": threshold,
+            "met": met,
+            "note": note,
+        }
 
     targets = [
         t(f"decisions/s gate ÷ baseline at c={c}", _get(lvl, "ratio_rps"), ">=", 0.5),
         t(f"p99 gate ÷ baseline at c={c}", _get(lvl, "ratio_p99"), "<=", 3.0),
-        t("round trips/s ÷ baseline req/s (c=64)",
-          _get(sections, "roundtrip", "ratio_rps_vs_baseline"), ">=", 0.2),
-        t("start time large ÷ empty db", _ratio(_get(scale, "large", "start_s"),
-                                                _get(scale, "empty", "start_s")), "<=", 1.5),
-        t("first page large ÷ one-page db", _ratio(_get(scale, "large", "page_warm_ms"),
-                                                   _get(scale, "one_page", "page_warm_ms")),
-          "<=", 1.5, "warm median; cold in the table"),
+        t(
+            "round trips/s ÷ baseline req/s (c=64)",
+            _get(sections, "roundtrip", "ratio_rps_vs_baseline"),
+            ">=",
+            0.2,
+        ),
+        t(
+            "start time large ÷ empty db",
+            _ratio(_get(scale, "large", "start_s"), _get(scale, "empty", "start_s")),
+            "<=",
+            1.5,
+        ),
+        t(
+            "first page large ÷ one-page db",
+            _ratio(_get(scale, "large", "page_warm_ms"), _get(scale, "one_page", "page_warm_ms")),
+            "<=",
+            1.5,
+            "warm median; cold in the table",
+        ),
         t("RSS after start, large db (MB)", _get(scale, "large", "rss_mb"), "<=", 150.0),
-        t(f"expiries/s ÷ decisions/s (c={c})",
-          _ratio(_get(scale, "expiry", "per_s"), dec_rps), ">=", 1.0),
+        t(
+            f"expiries/s ÷ decisions/s (c={c})",
+            _ratio(_get(scale, "expiry", "per_s"), dec_rps),
+            ">=",
+            1.0,
+        ),
         t("audit verify ÷ bare hashlib/hmac", _get(sections, "audit", "ratio"), ">=", 0.3),
-        {"name": "idle CPU ≈ 0 (%)", "value": _get(idle, "cpu_percent"), "op": "≈",
-         "threshold": 0.0, "met": idle_cpu_ok,
-         "note": "met when CPU ≤ max(0.1 %, one clock tick)"},
+        {
+            "name": "idle CPU ≈ 0 (%)",
+            "value": _get(idle, "cpu_percent"),
+            "op": "≈",
+            "threshold": 0.0,
+            "met": idle_cpu_ok,
+            "note": "met when CPU ≤ max(0.1 %, one clock tick)",
+        },
     ]
     return targets
 
@@ -719,105 +908,241 @@ def _fmt(value: Any, digits: int = 2) -> str:
 
 def _table(title: str, header: list[str], rows: list[list[Any]]) -> str:
     cells = [[_fmt(c) for c in row] for row in rows]
-    widths = [max(len(h), *(len(r[i]) for r in cells)) if cells else len(h)
-              for i, h in enumerate(header)]
-    lines = [title, "  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True)),
-             "  ".join("-" * w for w in widths)]
+    widths = [
+        max(len(h), *(len(r[i]) for r in cells)) if cells else len(h) for i, h in enumerate(header)
+    ]
+    lines = [
+        title,
+        "  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True)),
+        "  ".join("-" * w for w in widths),
+    ]
     for row in cells:
-        lines.append("  ".join(c.rjust(w) if i else c.ljust(w)
-                               for i, (c, w) in enumerate(zip(row, widths, strict=True))))
+        lines.append(
+            "  ".join(
+                c.rjust(w) if i else c.ljust(w)
+                for i, (c, w) in enumerate(zip(row, widths, strict=True))
+            )
+        )
     return "\n".join(lines) + "\n"
 
 
 def render(results: dict[str, Any]) -> str:
     """The human table of one results object."""
     s = results["sections"]
-    out = [f"hitl-gate bench ({'quick' if results['quick'] else 'full'}) "
-           f"{results['started_at']}  cpus={results['machine']['cpu_count']} "
-           f"python={results['machine']['python']} commit={results['machine']['git_commit']}"
-           f"{' (gate/ modified)' if results['machine']['git_dirty_gate'] else ''} "
-           f"gate tree {results['machine']['gate_tree_sha256']}"
-           f"{'  note: ' + results['note'] if results.get('note') else ''}\n"]
+    out = [
+        f"hitl-gate bench ({'quick' if results['quick'] else 'full'}) "
+        f"{results['started_at']}  cpus={results['machine']['cpu_count']} "
+        f"python={results['machine']['python']} commit={results['machine']['git_commit']}"
+        f"{' (gate/ modified)' if results['machine']['git_dirty_gate'] else ''} "
+        f"gate tree {results['machine']['gate_tree_sha256']}"
+        f"{'  note: ' + results['note'] if results.get('note') else ''}\n"
+    ]
     if "decisions" in s:
         rows = []
         for lv in s["decisions"]["levels"]:
             g, b = lv["gate"], lv["baseline"]
-            rows.append([lv["concurrency"], lv["decisions"], g["rps"], b["rps"],
-                         lv["ratio_rps"], g["latency_ms"].get("p50"), b["latency_ms"].get("p50"),
-                         g["latency_ms"].get("p99"), b["latency_ms"].get("p99"),
-                         lv["ratio_p99"], g.get("server_cpu_ms"), b.get("server_cpu_ms"),
-                         f"{g['ok']}/{b['ok']}"])
+            rows.append(
+                [
+                    lv["concurrency"],
+                    lv["decisions"],
+                    g["rps"],
+                    b["rps"],
+                    lv["ratio_rps"],
+                    g["latency_ms"].get("p50"),
+                    b["latency_ms"].get("p50"),
+                    g["latency_ms"].get("p99"),
+                    b["latency_ms"].get("p99"),
+                    lv["ratio_p99"],
+                    g.get("server_cpu_ms"),
+                    b.get("server_cpu_ms"),
+                    f"{g['ok']}/{b['ok']}",
+                ]
+            )
         create = s["decisions"]["create"]
-        out.append(_table(
-            f"decisions (pre-created with {create['count']} creates at "
-            f"{create['per_s']:.0f}/s, c={create['concurrency']})",
-            ["c", "n", "gate/s", "base/s", "ratio", "g p50 ms", "b p50 ms", "g p99 ms",
-             "b p99 ms", "p99 ratio", "g cpu ms", "b cpu ms", "ok g/b"], rows))
+        out.append(
+            _table(
+                f"decisions (pre-created with {create['count']} creates at "
+                f"{create['per_s']:.0f}/s, c={create['concurrency']})",
+                [
+                    "c",
+                    "n",
+                    "gate/s",
+                    "base/s",
+                    "ratio",
+                    "g p50 ms",
+                    "b p50 ms",
+                    "g p99 ms",
+                    "b p99 ms",
+                    "p99 ratio",
+                    "g cpu ms",
+                    "b cpu ms",
+                    "ok g/b",
+                ],
+                rows,
+            )
+        )
         if "profile" in s["decisions"]:
             prof = s["decisions"]["profile"]
             if "error" in prof:
                 out.append(f"profile failed: {prof['error'][-300:]}\n")
             else:
                 from bench.hotspots import render as render_profile
-                out.append(f"profile of the gate at c=64 ({prof['file']}):\n"
-                           + render_profile({**prof, "self": prof["self"][:15],
-                                             "inclusive": prof["inclusive"][:15]}))
+
+                out.append(
+                    f"profile of the gate at c=64 ({prof['file']}):\n"
+                    + render_profile(
+                        {**prof, "self": prof["self"][:15], "inclusive": prof["inclusive"][:15]}
+                    )
+                )
     if "roundtrip" in s:
         r = s["roundtrip"]
-        out.append(_table("round trip (create → relay → decision → long-poll woken)",
-                          ["c", "n", "rt/s", "p50 ms", "p99 ms", "base req/s", "ratio", "ok"],
-                          [[r["concurrency"], r["gate"]["requests"], r["gate"]["rps"],
-                            r["gate"]["latency_ms"].get("p50"), r["gate"]["latency_ms"].get("p99"),
-                            r["baseline"]["rps"], r["ratio_rps_vs_baseline"],
-                            r["gate"]["ok"]]]))
+        out.append(
+            _table(
+                "round trip (create → relay → decision → long-poll woken)",
+                ["c", "n", "rt/s", "p50 ms", "p99 ms", "base req/s", "ratio", "ok"],
+                [
+                    [
+                        r["concurrency"],
+                        r["gate"]["requests"],
+                        r["gate"]["rps"],
+                        r["gate"]["latency_ms"].get("p50"),
+                        r["gate"]["latency_ms"].get("p99"),
+                        r["baseline"]["rps"],
+                        r["ratio_rps_vs_baseline"],
+                        r["gate"]["ok"],
+                    ]
+                ],
+            )
+        )
     if "scale" in s:
         sc = s["scale"]
-        rows = [[name, sc[key]["items"], sc[key]["start_s"], sc[key]["rss_mb"],
-                 sc[key]["page_cold_ms"], sc[key]["page_warm_ms"]]
-                for name, key in (("empty", "empty"), ("one page", "one_page"),
-                                  (f"{sc['pending']:,} pending", "large"))]
-        out.append(_table(f"scale (db {sc['db_mb']:.0f} MB, built in {sc['build_s']:.1f} s)",
-                          ["database", "page items", "start s", "RSS MB", "page cold ms",
-                           "page warm ms"], rows))
+        rows = [
+            [
+                name,
+                sc[key]["items"],
+                sc[key]["start_s"],
+                sc[key]["rss_mb"],
+                sc[key]["page_cold_ms"],
+                sc[key]["page_warm_ms"],
+            ]
+            for name, key in (
+                ("empty", "empty"),
+                ("one page", "one_page"),
+                (f"{sc['pending']:,} pending", "large"),
+            )
+        ]
+        out.append(
+            _table(
+                f"scale (db {sc['db_mb']:.0f} MB, built in {sc['build_s']:.1f} s)",
+                ["database", "page items", "start s", "RSS MB", "page cold ms", "page warm ms"],
+                rows,
+            )
+        )
         e = sc["expiry"]
-        out.append(_table(f"{e['count']:,} approvals expiring in the same second",
-                          ["first after s", "all within s", "after last deadline s", "per s",
-                           "timeouts in db", "audit ok"],
-                          [[e["first_resolved_after_s"], e["resolved_within_s"],
-                            e["after_last_deadline_s"], e["per_s"], e["timeouts_in_db"],
-                            e["audit_verify_ok"]]]))
+        out.append(
+            _table(
+                f"{e['count']:,} approvals expiring in the same second",
+                [
+                    "first after s",
+                    "all within s",
+                    "after last deadline s",
+                    "per s",
+                    "timeouts in db",
+                    "audit ok",
+                ],
+                [
+                    [
+                        e["first_resolved_after_s"],
+                        e["resolved_within_s"],
+                        e["after_last_deadline_s"],
+                        e["per_s"],
+                        e["timeouts_in_db"],
+                        e["audit_verify_ok"],
+                    ]
+                ],
+            )
+        )
     if "audit" in s:
         a = s["audit"]
-        out.append(_table(f"audit verify over {a['entries']:,} entries (db {a['db_mb']:.0f} MB)",
-                          ["", "wall s", "entries/s", "max RSS MB", "ratio"],
-                          [["audit verify --no-records (chain)", a["verify"]["wall_s"],
-                            a["verify"]["entries_per_s"], a["verify"]["max_rss_mb"], a["ratio"]],
-                           ["  same, empty db", a["verify_empty_db"]["wall_s"], None,
-                            a["verify_empty_db"]["max_rss_mb"], None],
-                           *[["audit verify (chain + records)", r["wall_s"],
-                              r["entries_per_s"], r["max_rss_mb"], None]
-                             for r in [a.get("verify_with_records")] if r],
-                           ["bare hashlib/hmac loop", a["baseline"]["loop_s"],
-                            a["baseline"]["entries_per_s"], None, None]]))
+        out.append(
+            _table(
+                f"audit verify over {a['entries']:,} entries (db {a['db_mb']:.0f} MB)",
+                ["", "wall s", "entries/s", "max RSS MB", "ratio"],
+                [
+                    [
+                        "audit verify --no-records (chain)",
+                        a["verify"]["wall_s"],
+                        a["verify"]["entries_per_s"],
+                        a["verify"]["max_rss_mb"],
+                        a["ratio"],
+                    ],
+                    [
+                        "  same, empty db",
+                        a["verify_empty_db"]["wall_s"],
+                        None,
+                        a["verify_empty_db"]["max_rss_mb"],
+                        None,
+                    ],
+                    *[
+                        [
+                            "audit verify (chain + records)",
+                            r["wall_s"],
+                            r["entries_per_s"],
+                            r["max_rss_mb"],
+                            None,
+                        ]
+                        for r in [a.get("verify_with_records")]
+                        if r
+                    ],
+                    [
+                        "bare hashlib/hmac loop",
+                        a["baseline"]["loop_s"],
+                        a["baseline"]["entries_per_s"],
+                        None,
+                        None,
+                    ],
+                ],
+            )
+        )
     if "idle" in s:
         i = s["idle"]
-        out.append(_table(f"idle daemon over {i['duration_s']:.0f} s",
-                          ["cpu s", "cpu %", "wakeups/s", "RSS MB", "threads"],
-                          [[i["cpu_s"], i["cpu_percent"], i["wakeups_per_s"], i["rss_mb_end"],
-                            i["threads"]]]))
+        out.append(
+            _table(
+                f"idle daemon over {i['duration_s']:.0f} s",
+                ["cpu s", "cpu %", "wakeups/s", "RSS MB", "threads"],
+                [[i["cpu_s"], i["cpu_percent"], i["wakeups_per_s"], i["rss_mb_end"], i["threads"]]],
+            )
+        )
     loads = results.get("section_load", {})
     if loads:
-        out.append(_table("machine load while each section ran (others' processes included)",
-                          ["section", "seconds", "load 1m start", "load 1m end", "busy %"],
-                          [[name, results["section_seconds"].get(name), v["loadavg_1m_start"],
-                            v["loadavg_1m_end"], v["machine_busy_percent"]]
-                           for name, v in loads.items()]))
+        out.append(
+            _table(
+                "machine load while each section ran (others' processes included)",
+                ["section", "seconds", "load 1m start", "load 1m end", "busy %"],
+                [
+                    [
+                        name,
+                        results["section_seconds"].get(name),
+                        v["loadavg_1m_start"],
+                        v["loadavg_1m_end"],
+                        v["machine_busy_percent"],
+                    ]
+                    for name, v in loads.items()
+                ],
+            )
+        )
     for name, message in results["errors"].items():
         out.append(f"SECTION FAILED: {name}: {message.splitlines()[-1]}\n")
-    out.append(_table("targets (all ratios from this run)",
-                      ["target", "value", "need", "met"],
-                      [[t["name"], t["value"], f"{t['op']} {t['threshold']:g}", t["met"]]
-                       for t in results["targets"]]))
+    out.append(
+        _table(
+            "targets (all ratios from this run)",
+            ["target", "value", "need", "met"],
+            [
+                [t["name"], t["value"], f"{t['op']} {t['threshold']:g}", t["met"]]
+                for t in results["targets"]
+            ],
+        )
+    )
     return "\n".join(out)
 
 
@@ -852,8 +1177,9 @@ def machine_info() -> dict[str, Any]:
 
     def git(*args: str) -> str:
         try:
-            return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True,
-                                  timeout=10, check=False).stdout.strip()
+            return subprocess.run(
+                ["git", *args], cwd=ROOT, capture_output=True, text=True, timeout=10, check=False
+            ).stdout.strip()
         except OSError:
             return ""
 
@@ -869,31 +1195,53 @@ def machine_info() -> dict[str, Any]:
     digest = hashlib.sha256()
     for source in sorted(gate_dir.rglob("*.py")):
         digest.update(str(source.relative_to(gate_dir)).encode() + b"\0" + source.read_bytes())
-    return {"cpu_count": os.cpu_count(), "cpu_model": model, "mem_total_mb": mem_mb,
-            "gate_source": str(gate_dir), "gate_tree_sha256": digest.hexdigest()[:16],
-            "loadavg_at_start": list(os.getloadavg()),
-            "python": platform.python_version(), "implementation":
-            platform.python_implementation(), "platform": platform.platform(),
-            "sqlite": sqlite3.sqlite_version, "aiohttp": version("aiohttp"),
-            "aiosqlite": version("aiosqlite"), "hitl_gate": version("hitl-gate"),
-            "git_commit": git("rev-parse", "--short", "HEAD") or None,
-            "git_dirty_gate": bool(git("status", "--porcelain", "--", "gate"))}
+    return {
+        "cpu_count": os.cpu_count(),
+        "cpu_model": model,
+        "mem_total_mb": mem_mb,
+        "gate_source": str(gate_dir),
+        "gate_tree_sha256": digest.hexdigest()[:16],
+        "loadavg_at_start": list(os.getloadavg()),
+        "python": platform.python_version(),
+        "implementation": platform.python_implementation(),
+        "platform": platform.platform(),
+        "sqlite": sqlite3.sqlite_version,
+        "aiohttp": version("aiohttp"),
+        "aiosqlite": version("aiosqlite"),
+        "hitl_gate": version("hitl-gate"),
+        "git_commit": git("rev-parse", "--short", "HEAD") or None,
+        "git_dirty_gate": bool(git("status", "--porcelain", "--", "gate")),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point: run the chosen sections, print the table, write the JSON."""
-    parser = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.run",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--quick", action="store_true", help="tiny sizes: checks the harness")
-    parser.add_argument("--only", default=",".join(SECTIONS),
-                        help=f"comma-separated sections ({','.join(SECTIONS)})")
+    parser.add_argument(
+        "--only",
+        default=",".join(SECTIONS),
+        help=f"comma-separated sections ({','.join(SECTIONS)})",
+    )
     parser.add_argument("--out", default=None, help="write the JSON here")
-    parser.add_argument("--profile", default=None, metavar="DIR",
-                        help="record the gate with py-spy during the decisions run at c=64")
+    parser.add_argument(
+        "--profile",
+        default=None,
+        metavar="DIR",
+        help="record the gate with py-spy during the decisions run at c=64",
+    )
     parser.add_argument("--keep", action="store_true", help="keep the scratch directory")
     parser.add_argument("--note", default="", help="free text stored in the results")
-    parser.add_argument("--levels", default=None, metavar="C:N,...",
-                        help="decisions levels instead of the defaults, e.g. 64:3000")
+    parser.add_argument(
+        "--levels",
+        default=None,
+        metavar="C:N,...",
+        help="decisions levels instead of the defaults, e.g. 64:3000",
+    )
     args = parser.parse_args(argv)
     only = [s.strip() for s in args.only.split(",") if s.strip()]
     unknown = [s for s in only if s not in SECTIONS]
@@ -906,18 +1254,27 @@ def main(argv: list[str] | None = None) -> int:
     params = dataclasses.replace(QUICK if args.quick else FULL)
     if args.levels:
         try:
-            params.levels = [(int(c), int(n)) for c, n in
-                             (part.split(":") for part in args.levels.split(","))]
+            params.levels = [
+                (int(c), int(n)) for c, n in (part.split(":") for part in args.levels.split(","))
+            ]
         except ValueError:
             parser.error("--levels: use CONCURRENCY:COUNT[,...], e.g. 64:3000")
         complete = False
     tmp = Path(tempfile.mkdtemp(prefix="hitl-bench-"))
     bench = Bench(params, tmp, args.quick, Path(args.profile) if args.profile else None)
     results: dict[str, Any] = {
-        "schema": 1, "quick": args.quick, "complete": complete, "sections_run": only,
+        "schema": 1,
+        "quick": args.quick,
+        "complete": complete,
+        "sections_run": only,
         "note": args.note,
-        "started_at": _now_iso(), "machine": machine_info(), "params": asdict(params),
-        "sections": {}, "section_seconds": {}, "section_load": {}, "errors": {},
+        "started_at": _now_iso(),
+        "machine": machine_info(),
+        "params": asdict(params),
+        "sections": {},
+        "section_seconds": {},
+        "section_load": {},
+        "errors": {},
     }
     _progress(f"scratch directory {tmp}")
     try:
@@ -934,9 +1291,10 @@ def main(argv: list[str] | None = None) -> int:
             busy1 = _machine_cpu()
             results["section_seconds"][name] = time.perf_counter() - t0
             results["section_load"][name] = {
-                "loadavg_1m_start": load0, "loadavg_1m_end": os.getloadavg()[0],
-                "machine_busy_percent": _ratio((busy1[0] - busy0[0]) * 100.0,
-                                               busy1[1] - busy0[1])}
+                "loadavg_1m_start": load0,
+                "loadavg_1m_end": os.getloadavg()[0],
+                "machine_busy_percent": _ratio((busy1[0] - busy0[0]) * 100.0, busy1[1] - busy0[1]),
+            }
     finally:
         bench.close()
         if args.keep:
@@ -952,8 +1310,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         out_path = Path(tempfile.gettempdir()) / f"hitl-bench-{os.getpid()}.json"
     out_path.parent.mkdir(parents=True, exist_ok=True)
-    out_path.write_text(json.dumps(results, indent=2, ensure_ascii=False) + "\n",
-                        encoding="utf-8")
+    out_path.write_text(json.dumps(results, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     sys.stdout.write(render(results))
     sys.stdout.write(f"\nresults: {out_path}\n")
     return 1 if results["errors"] else 0

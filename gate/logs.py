@@ -60,7 +60,7 @@ def parse_fields(message: str) -> tuple[dict[str, Any], str]:
     if first is None:
         return {}, message.strip()
     fields: dict[str, Any] = {}
-    leading = message[:first.start()].strip()
+    leading = message[: first.start()].strip()
     pos, end = first.start(), len(message)
     while pos < end:
         key_match = _KEY.match(message, pos)
@@ -139,8 +139,7 @@ class AcceptFailures(logging.Filter):
     descriptors) into one ``event=accept_failed`` line per ``every_s`` seconds, with the
     reason and how many were left out since the last one. Other records pass unchanged."""
 
-    def __init__(self, every_s: float = ACCEPT_FAILED_EVERY_S,
-                 clock: Any = time.monotonic) -> None:
+    def __init__(self, every_s: float = ACCEPT_FAILED_EVERY_S, clock: Any = time.monotonic) -> None:
         super().__init__()
         self.every_s = every_s
         self.clock = clock
@@ -157,9 +156,11 @@ class AcceptFailures(logging.Filter):
             return False
         error = record.exc_info[1] if record.exc_info else None
         reason = getattr(error, "strerror", None) or type(error).__name__
-        record.msg = ("event=accept_failed reason=%r suppressed=%d (new connections are refused "
-                      "until descriptors free up: raise LimitNOFILE, or find who holds "
-                      "so many connections)")
+        record.msg = (
+            "event=accept_failed reason=%r suppressed=%d (new connections are refused "
+            "until descriptors free up: raise LimitNOFILE, or find who holds "
+            "so many connections)"
+        )
         record.args = (reason, self._suppressed)
         record.exc_info = None
         record.exc_text = None

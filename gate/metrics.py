@@ -38,8 +38,21 @@ DISPATCH_FAILURES = ("http_status", "timeout", "connection")
 # a relay answers within relay.dispatch_timeout (default 10 s)
 ACK_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 # a human answers in seconds to hours (step timeouts default to 4 h)
-DECISION_BUCKETS = (5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0, 7200.0,
-                    14400.0, 28800.0, 86400.0)
+DECISION_BUCKETS = (
+    5.0,
+    15.0,
+    30.0,
+    60.0,
+    120.0,
+    300.0,
+    600.0,
+    1800.0,
+    3600.0,
+    7200.0,
+    14400.0,
+    28800.0,
+    86400.0,
+)
 TEXT_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 OPENMETRICS_CONTENT_TYPE = "application/openmetrics-text; version=1.0.0; charset=utf-8"
 _REASON = re.compile(r"[a-z0-9_.:]{1,64}")
@@ -56,41 +69,65 @@ class Metrics:
         self.registry = CollectorRegistry()
         r = self.registry
         self.approvals_created = Counter(
-            "hitl_gate_approvals_created", "Approvals created (an idempotent replay is not).",
-            ["pipeline", "step"], registry=r)
+            "hitl_gate_approvals_created",
+            "Approvals created (an idempotent replay is not).",
+            ["pipeline", "step"],
+            registry=r,
+        )
         self.approvals_resolved = Counter(
-            "hitl_gate_approvals_resolved", "Approvals resolved, by outcome.", ["outcome"],
-            registry=r)
+            "hitl_gate_approvals_resolved",
+            "Approvals resolved, by outcome.",
+            ["outcome"],
+            registry=r,
+        )
         self.decisions_accepted = Counter(
-            "hitl_gate_decisions_accepted", "Relay decisions recorded (SPEC §2: 200).",
-            ["decision"], registry=r)
+            "hitl_gate_decisions_accepted",
+            "Relay decisions recorded (SPEC §2: 200).",
+            ["decision"],
+            registry=r,
+        )
         self.decisions_refused = Counter(
             "hitl_gate_decisions_refused",
             "Relay decisions refused, by the answer's reason (SPEC §2 checks 1-14).",
-            ["reason"], registry=r)
+            ["reason"],
+            registry=r,
+        )
         self.dispatch_attempts = Counter(
-            "hitl_gate_dispatch_attempts", "Dispatch POSTs sent to the relay.", registry=r)
+            "hitl_gate_dispatch_attempts", "Dispatch POSTs sent to the relay.", registry=r
+        )
         self.dispatch_failures = Counter(
             "hitl_gate_dispatch_failures",
             "Dispatch POSTs not acked: http_status (non-2xx, 3xx included), timeout, "
-            "connection (refused, reset, TLS, DNS).", ["reason"], registry=r)
+            "connection (refused, reset, TLS, DNS).",
+            ["reason"],
+            registry=r,
+        )
         self.dispatch_ack_seconds = Histogram(
-            "hitl_gate_dispatch_ack_seconds", "Time from sending a dispatch to its 2xx ack.",
-            buckets=ACK_BUCKETS, registry=r)
+            "hitl_gate_dispatch_ack_seconds",
+            "Time from sending a dispatch to its 2xx ack.",
+            buckets=ACK_BUCKETS,
+            registry=r,
+        )
         self.time_to_decision_seconds = Histogram(
             "hitl_gate_time_to_decision_seconds",
             "Time from creation to resolution by a human decision (approved, adjusted, "
             "skipped); timeouts and cancels are not decisions.",
-            ["pipeline", "step"], buckets=DECISION_BUCKETS, registry=r)
-        Gauge("hitl_gate_build_info", "The running hitl-gate version (always 1).", ["version"],
-              registry=r).labels(__version__).set(1)
+            ["pipeline", "step"],
+            buckets=DECISION_BUCKETS,
+            registry=r,
+        )
+        Gauge(
+            "hitl_gate_build_info",
+            "The running hitl-gate version (always 1).",
+            ["version"],
+            registry=r,
+        ).labels(__version__).set(1)
         for pipe in pipelines:
             for step in pipe.steps:
                 self.approvals_created.labels(pipe.name, step.name)
         # children of the closed label sets, looked up once (``labels()`` takes a lock and
         # builds a key on every call: measurable on the decision path)
-        self._resolved = {outcome: self.approvals_resolved.labels(outcome)
-                          for outcome in OUTCOMES}
+        self._resolved = {outcome: self.approvals_resolved.labels(outcome) for outcome in OUTCOMES}
         self._accepted = {verb: self.decisions_accepted.labels(verb) for verb in VERBS}
         self._refused: dict[str, Any] = {}
         self._time_to_decision: dict[tuple[str, str], Any] = {}
@@ -115,14 +152,14 @@ class Metrics:
         """Count a refused decision; a reason outside ``[a-z0-9_.:]{1,64}`` counts as ``other``."""
         child = self._refused.get(reason)
         if child is None:
-            child = self.decisions_refused.labels(
-                reason if _REASON.fullmatch(reason) else "other")
+            child = self.decisions_refused.labels(reason if _REASON.fullmatch(reason) else "other")
             if len(self._refused) < 256:  # reasons are a closed set; bound it anyway
                 self._refused[reason] = child
         child.inc()
 
-    def dispatch_result(self, acked: bool, elapsed_s: float, failure: str | None,
-                        now_ms: int) -> None:
+    def dispatch_result(
+        self, acked: bool, elapsed_s: float, failure: str | None, now_ms: int
+    ) -> None:
         """Count one dispatch POST: its ack latency, or its failure reason."""
         self.dispatch_attempts.inc()
         self._state.last_attempt_acked = acked
@@ -131,7 +168,8 @@ class Metrics:
             self._state.last_ack_ms = now_ms
         else:
             self.dispatch_failures.labels(
-                failure if failure in DISPATCH_FAILURES else "connection").inc()
+                failure if failure in DISPATCH_FAILURES else "connection"
+            ).inc()
 
     def resolved_by_decision(self, resolution: Any) -> None:
         """Count a resolution by a decision and observe its time to decision.
@@ -163,8 +201,10 @@ class Metrics:
             log.warning("event=metrics_read_failed reason=%s", exc.code)
             self._state.pending = None
         else:
-            self._state.pending = (count, None if oldest_ms is None
-                                   else max(0, now_ms - oldest_ms) / 1000)
+            self._state.pending = (
+                count,
+                None if oldest_ms is None else max(0, now_ms - oldest_ms) / 1000,
+            )
         self._state.now_ms = now_ms
         self._state.writer_unanswered_s = service.store.writer_unanswered_s
         if wants_openmetrics(accept):
@@ -216,32 +256,39 @@ class _StateCollector(Collector):
     def collect(self) -> Iterator[GaugeMetricFamily]:
         if self.pending is not None:
             count, oldest_age_s = self.pending
-            yield GaugeMetricFamily("hitl_gate_approvals_pending",
-                                    "Approvals waiting for a decision.", value=count)
+            yield GaugeMetricFamily(
+                "hitl_gate_approvals_pending", "Approvals waiting for a decision.", value=count
+            )
             yield GaugeMetricFamily(
                 "hitl_gate_oldest_pending_age_seconds",
                 "Age of the oldest pending approval (0 when none is pending).",
-                value=oldest_age_s or 0.0)
+                value=oldest_age_s or 0.0,
+            )
         if self.writer_unanswered_s is not None:
             yield GaugeMetricFamily(
                 "hitl_gate_writer_unanswered_seconds",
                 "Seconds the oldest write sent to the database writer process has waited for "
                 "its answer (0 when none waits); /healthz answers 503 above 30.",
-                value=self.writer_unanswered_s)
+                value=self.writer_unanswered_s,
+            )
         if self.last_attempt_acked is not None:
             yield GaugeMetricFamily(
                 "hitl_gate_relay_up",
                 "1 if the latest dispatch POST was acked, 0 if it failed (absent before the "
-                "first attempt since start).", value=1 if self.last_attempt_acked else 0)
+                "first attempt since start).",
+                value=1 if self.last_attempt_acked else 0,
+            )
         if self.last_ack_ms is not None:
             yield GaugeMetricFamily(
                 "hitl_gate_relay_last_ack_timestamp_seconds",
                 "Unix time of the relay's latest ack (absent before the first since start).",
-                value=self.last_ack_ms / 1000)
+                value=self.last_ack_ms / 1000,
+            )
             yield GaugeMetricFamily(
                 "hitl_gate_relay_last_ack_age_seconds",
                 "Seconds since the relay's latest ack (absent before the first since start).",
-                value=max(0, self.now_ms - self.last_ack_ms) / 1000)
+                value=max(0, self.now_ms - self.last_ack_ms) / 1000,
+            )
 
 
 _BY_SERVICE: weakref.WeakKeyDictionary[Any, Metrics] = weakref.WeakKeyDictionary()

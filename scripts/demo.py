@@ -48,8 +48,14 @@ class Proc:
         self.name = name
         self.lines: list[str] = []
         self.cond = threading.Condition()
-        self.proc = subprocess.Popen(argv, env=env, cwd=ROOT, stdin=subprocess.DEVNULL,
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        self.proc = subprocess.Popen(
+            argv,
+            env=env,
+            cwd=ROOT,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
         threading.Thread(target=self._pump, daemon=True).start()
 
     def _pump(self) -> None:
@@ -96,13 +102,16 @@ def main() -> int:
     print(f"== 1. check the config: {CONFIG.name}")
     subprocess.run(cli("check-config", "-c", str(CONFIG)), env=env, check=True)
     if (ROOT / "var" / "hitl-gate.db").exists():  # a database from an earlier run
-        earlier = subprocess.run(cli("audit", "verify", "-c", str(CONFIG)), env=env,
-                                 capture_output=True, text=True)
+        earlier = subprocess.run(
+            cli("audit", "verify", "-c", str(CONFIG)), env=env, capture_output=True, text=True
+        )
         if earlier.returncode != 0:
             print(f"   {(earlier.stdout + earlier.stderr).strip()}")
-            print(f"demo: FAILED: {ROOT / 'var'} holds a database from an earlier run whose "
-                  "audit log does not verify with these secrets (written with another "
-                  "HITL_RECEIPT_KEY?); run `make clean` (it removes var/) and try again")
+            print(
+                f"demo: FAILED: {ROOT / 'var'} holds a database from an earlier run whose "
+                "audit log does not verify with these secrets (written with another "
+                "HITL_RECEIPT_KEY?); run `make clean` (it removes var/) and try again"
+            )
             return 1
 
     print("== 2. start the gate (callback 127.0.0.1:8089, API 127.0.0.1:8090, SQLite var/)")
@@ -111,18 +120,47 @@ def main() -> int:
     try:
         gate.wait_for(r"event=listening")
         print("== 3. start the reference relay as its own process (127.0.0.1:8091, --auto approve)")
-        relay = Proc("relay", cli("relay", "--listen", "127.0.0.1:8091", "--secret-env",
-                                  "HITL_RELAY_SECRET", "--as", "alice@example.com",
-                                  "--auto", "approve"), env)
+        relay = Proc(
+            "relay",
+            cli(
+                "relay",
+                "--listen",
+                "127.0.0.1:8091",
+                "--secret-env",
+                "HITL_RELAY_SECRET",
+                "--as",
+                "alice@example.com",
+                "--auto",
+                "approve",
+            ),
+            env,
+        )
         relay.wait_for(r"event=relay_listening")
 
         print("== 4. the pipeline asks for approval of the draft and blocks (request --wait)")
         print("   draft:\n" + "\n".join("   | " + line for line in DRAFT.splitlines()))
         result = subprocess.run(
-            cli("request", "-c", str(CONFIG), "--pipeline", "invoice-due-diligence",
-                "--step", "send-followup", "--run-id", f"demo-{int(time.time())}",
-                "--draft-file", "-", "--wait", "--timeout", "60"),
-            input=DRAFT.encode("utf-8"), env=env, capture_output=True, cwd=ROOT)
+            cli(
+                "request",
+                "-c",
+                str(CONFIG),
+                "--pipeline",
+                "invoice-due-diligence",
+                "--step",
+                "send-followup",
+                "--run-id",
+                f"demo-{int(time.time())}",
+                "--draft-file",
+                "-",
+                "--wait",
+                "--timeout",
+                "60",
+            ),
+            input=DRAFT.encode("utf-8"),
+            env=env,
+            capture_output=True,
+            cwd=ROOT,
+        )
         for line in result.stderr.decode("utf-8", "replace").splitlines():
             print(f"  [pipeline] {line}")
         print(f"== 5. request exited {result.returncode}; final body the action may use:")
@@ -144,8 +182,10 @@ def main() -> int:
     if any(codes.values()):
         print("demo: FAILED: a process did not stop cleanly")
         return 1
-    print("demo: OK — dispatched, decided by alice@example.com, approved, receipt issued, "
-          "audit intact")
+    print(
+        "demo: OK — dispatched, decided by alice@example.com, approved, receipt issued, "
+        "audit intact"
+    )
     return 0
 
 

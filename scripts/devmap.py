@@ -18,8 +18,21 @@ WIDTH = 100
 COLUMN = 28  # where the descriptions start
 
 # who runs what, in the order a reader needs it (STYLE.md's layout)
-ORDER = ("protocol", "core", "store", "audit", "trust", "config", "web", "daemon", "client",
-         "tools", "tools/conformance", "tools/reference_relay", "cli")
+ORDER = (
+    "protocol",
+    "core",
+    "store",
+    "audit",
+    "trust",
+    "config",
+    "web",
+    "daemon",
+    "client",
+    "tools",
+    "tools/conformance",
+    "tools/reference_relay",
+    "cli",
+)
 
 
 def first_line(path: Path) -> str:
@@ -30,13 +43,18 @@ def first_line(path: Path) -> str:
 
 def entries() -> list[tuple[str, str]]:
     """``(path as shown, description)`` for every package of gate/ and every top-level module."""
-    packages = sorted(p.parent.relative_to(GATE).as_posix() for p in GATE.rglob("__init__.py")
-                      if p.parent != GATE)
+    packages = sorted(
+        p.parent.relative_to(GATE).as_posix() for p in GATE.rglob("__init__.py") if p.parent != GATE
+    )
     unknown = [p for p in packages if p not in ORDER]
-    out = [(f"gate/{name}/", first_line(GATE / name / "__init__.py"))
-           for name in [*ORDER, *unknown] if name in packages]
-    modules = sorted(p.name for p in GATE.glob("*.py") if p.name not in ("__init__.py",
-                                                                          "__main__.py"))
+    out = [
+        (f"gate/{name}/", first_line(GATE / name / "__init__.py"))
+        for name in [*ORDER, *unknown]
+        if name in packages
+    ]
+    modules = sorted(
+        p.name for p in GATE.glob("*.py") if p.name not in ("__init__.py", "__main__.py")
+    )
     out += [(f"gate/{name}", first_line(GATE / name)) for name in modules]
     return out
 

@@ -33,8 +33,9 @@ MAX_SKEW_S = 300
 
 def hmac_hex(secret: str, t: int, body: bytes) -> str:
     """Lowercase hex HMAC-SHA256(secret, ASCII t + '.' + body), computed independently."""
-    return hmac.new(secret.encode("utf-8"), str(t).encode("ascii") + b"." + body,
-                    hashlib.sha256).hexdigest()
+    return hmac.new(
+        secret.encode("utf-8"), str(t).encode("ascii") + b"." + body, hashlib.sha256
+    ).hexdigest()
 
 
 def parse_signature(header: str | None) -> tuple[int, list[str]] | None:
@@ -113,10 +114,12 @@ class LoopServer:
 
     def stop(self) -> None:
         """Stop the server and its loop."""
+
         async def shutdown() -> None:
             await self._teardown()
             if self._runner is not None:
                 await self._runner.cleanup()
+
         if self._thread.is_alive():
             asyncio.run_coroutine_threadsafe(shutdown(), self._loop).result(DEADLINE_S)
             self._loop.call_soon_threadsafe(self._loop.stop)
@@ -167,13 +170,14 @@ class BadRelay(LoopServer):
         self.m = misbehaviour or Misbehaviour()
         # {"envelope", "refused" (reason or None), "status" answered, "at" (monotonic s)}
         self.dispatches: list[dict[str, Any]] = []
-        self.decisions: list[dict[str, Any]] = []   # {"body", "status", "answer"}
+        self.decisions: list[dict[str, Any]] = []  # {"body", "status", "answer"}
         self._session: aiohttp.ClientSession | None = None
         self._tasks: set[asyncio.Task[None]] = set()
 
     async def _setup(self) -> None:
-        self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=20),
-                                              trust_env=False)
+        self._session = aiohttp.ClientSession(
+            timeout=aiohttp.ClientTimeout(total=20), trust_env=False
+        )
 
     async def _teardown(self) -> None:
         for task in list(self._tasks):
@@ -205,8 +209,9 @@ class BadRelay(LoopServer):
         problem = self._problem(request.headers.get(SIGNATURE_HEADER), raw)
         status = 401 if problem else self.m.ack_status
         with self._cond:
-            self.dispatches.append({"envelope": envelope, "refused": problem, "status": status,
-                                    "at": time.monotonic()})
+            self.dispatches.append(
+                {"envelope": envelope, "refused": problem, "status": status, "at": time.monotonic()}
+            )
         if self.m.answer and (problem is None or self.m.forward_refused):
             task = asyncio.get_running_loop().create_task(self._decide(envelope))
             self._tasks.add(task)
@@ -225,21 +230,27 @@ class BadRelay(LoopServer):
             "nonce": self.m.nonce or envelope["callback"]["nonce"],
             "decision": "approve",
             "payload_hash": self.m.payload_hash or envelope["payload_hash"],
-            "approver": {"id": self.m.approver or approvers[0], "display": "Test Human",
-                         "channel": "bad-relay"},
+            "approver": {
+                "id": self.m.approver or approvers[0],
+                "display": "Test Human",
+                "channel": "bad-relay",
+            },
             "adjust_text": None,
             "decided_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         }
         raw = json.dumps(body, ensure_ascii=False).encode("utf-8")
         t = int(self._now() * 1000) if self.m.ms_timestamps else int(self._now())
         secret = self.m.sign_secret or self.m.secret
-        headers = {"Content-Type": "application/json; charset=utf-8",
-                   PROTOCOL_HEADER: "hitl/v0",
-                   SIGNATURE_HEADER: f"t={t},v1={hmac_hex(secret, t, raw)}"}
+        headers = {
+            "Content-Type": "application/json; charset=utf-8",
+            PROTOCOL_HEADER: "hitl/v0",
+            SIGNATURE_HEADER: f"t={t},v1={hmac_hex(secret, t, raw)}",
+        }
         assert self._session is not None
         try:
-            async with self._session.post(envelope["callback"]["url"], data=raw,
-                                          headers=headers, allow_redirects=False) as resp:
+            async with self._session.post(
+                envelope["callback"]["url"], data=raw, headers=headers, allow_redirects=False
+            ) as resp:
                 text = await resp.text()
                 status = resp.status
         except aiohttp.ClientError as exc:
@@ -263,16 +274,24 @@ class PermissiveServer(LoopServer):
     def __init__(self, status: int = 200, answer: Any = None) -> None:
         super().__init__()
         self.status = status
-        self.answer = ({"status": "recorded", "resolved": True, "outcome": "approved"}
-                       if answer is None else answer)
+        self.answer = (
+            {"status": "recorded", "resolved": True, "outcome": "approved"}
+            if answer is None
+            else answer
+        )
         self.received: list[dict[str, Any]] = []  # {"method", "path", "headers", "raw"}
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         raw = await request.read()
         with self._cond:
-            self.received.append({"method": request.method, "path": request.path,
-                                  "headers": {k.lower(): v for k, v in request.headers.items()},
-                                  "raw": raw})
+            self.received.append(
+                {
+                    "method": request.method,
+                    "path": request.path,
+                    "headers": {k.lower(): v for k, v in request.headers.items()},
+                    "raw": raw,
+                }
+            )
         if isinstance(self.answer, str):
             return web.Response(status=self.status, text=self.answer)
         return web.json_response(self.answer, status=self.status)

@@ -48,11 +48,13 @@ ENV = {
 
 # 20 operators: alice, bob, carol, then op04..op20; plus dave (defined, not allowed).
 IDENTITIES = ["alice@example.com", "bob@example.com", "carol@example.com"] + [
-    f"op{n:02d}@example.com" for n in range(4, 21)]
+    f"op{n:02d}@example.com" for n in range(4, 21)
+]
 
 
-def wait_until(predicate: Callable[[], Any], timeout: float = DEADLINE_S,
-               what: str = "condition") -> Any:
+def wait_until(
+    predicate: Callable[[], Any], timeout: float = DEADLINE_S, what: str = "condition"
+) -> Any:
     """Poll ``predicate`` until it returns a truthy value or ``timeout`` seconds pass."""
     deadline = time.monotonic() + timeout
     while True:
@@ -73,9 +75,16 @@ def gate_env(**extra: str) -> dict[str, str]:
     return env
 
 
-def write_config(directory: Path, relay_url: str, *, steps: list[dict[str, Any]] | None = None,
-                 security: dict[str, Any] | None = None, relay: dict[str, Any] | None = None,
-                 api: dict[str, Any] | None = None, db: str = "gate.db") -> Path:
+def write_config(
+    directory: Path,
+    relay_url: str,
+    *,
+    steps: list[dict[str, Any]] | None = None,
+    security: dict[str, Any] | None = None,
+    relay: dict[str, Any] | None = None,
+    api: dict[str, Any] | None = None,
+    db: str = "gate.db",
+) -> Path:
     """Write a test config into ``directory`` and return its path.
 
     Listeners bind port 0; the default steps of pipeline ``p`` are ``q1`` (quorum 1),
@@ -90,13 +99,16 @@ def write_config(directory: Path, relay_url: str, *, steps: list[dict[str, Any]]
         {"name": "q3", "quorum": 3, "approvers": allowed, "timeout": "1h"},
         {"name": "short", "quorum": 1, "approvers": [101, 102], "timeout": "3s"},
     ]
-    sec = {"allowed_users": allowed, "max_input_length": 50, "rate_limit": 1000,
-           "max_skew": "300s"}
+    sec = {"allowed_users": allowed, "max_input_length": 50, "rate_limit": 1000, "max_skew": "300s"}
     sec.update(security or {})
     relay_cfg: dict[str, Any] = {
-        "url": relay_url, "secret_env": "HITL_RELAY_SECRET",
-        "previous_secret_env": "HITL_RELAY_SECRET_OLD", "callback_addr": "127.0.0.1:0",
-        "dispatch_timeout": "2s", "operators": operators, "security": sec,
+        "url": relay_url,
+        "secret_env": "HITL_RELAY_SECRET",
+        "previous_secret_env": "HITL_RELAY_SECRET_OLD",
+        "callback_addr": "127.0.0.1:0",
+        "dispatch_timeout": "2s",
+        "operators": operators,
+        "security": sec,
     }
     relay_cfg.update(relay or {})
     api_cfg = {"listen": "127.0.0.1:0", "token_env": "HITL_API_TOKEN", "max_draft_bytes": 1048576}
@@ -118,8 +130,9 @@ class GateProcess:
 
     LISTENING = re.compile(r"event=listening callback=(\S+) api=(\S+)")
 
-    def __init__(self, config: Path, env: dict[str, str] | None = None,
-                 args: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self, config: Path, env: dict[str, str] | None = None, args: tuple[str, ...] = ()
+    ) -> None:
         self.config = config
         self.env = env or gate_env()
         self.args = args  # extra ``serve`` options, e.g. ("--log-level", "DEBUG")
@@ -136,8 +149,12 @@ class GateProcess:
         get there is killed (a failed start leaves nothing running)."""
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "gate", "serve", "-c", str(self.config), *self.args],
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-            env=self.env, cwd=ROOT)
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            env=self.env,
+            cwd=ROOT,
+        )
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
         try:
@@ -161,8 +178,9 @@ class GateProcess:
             self._eof = True
             self._cond.notify_all()
 
-    def wait_for_line(self, pattern: re.Pattern[str] | str,
-                      timeout: float = DEADLINE_S) -> re.Match[str]:
+    def wait_for_line(
+        self, pattern: re.Pattern[str] | str, timeout: float = DEADLINE_S
+    ) -> re.Match[str]:
         """Wait until a stderr line matches ``pattern``; fail with the log if the process dies."""
         regex = re.compile(pattern) if isinstance(pattern, str) else pattern
         deadline = time.monotonic() + timeout
@@ -176,12 +194,14 @@ class GateProcess:
                 seen = len(self.lines)
                 assert self.proc is not None
                 if self._eof and self.proc.poll() is not None:  # every line was read
-                    raise AssertionError(f"gate exited {self.proc.returncode}:\n"
-                                         + "\n".join(self.lines))
+                    raise AssertionError(
+                        f"gate exited {self.proc.returncode}:\n" + "\n".join(self.lines)
+                    )
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
-                    raise AssertionError(f"no line matching {regex.pattern!r}:\n"
-                                         + "\n".join(self.lines))
+                    raise AssertionError(
+                        f"no line matching {regex.pattern!r}:\n" + "\n".join(self.lines)
+                    )
                 self._cond.wait(min(remaining, 0.2))
 
     def log(self) -> str:
@@ -211,8 +231,10 @@ class GateProcess:
         writers = children(self.proc.pid) if self.proc.poll() is None else []
         self.proc.kill()
         self.proc.wait(DEADLINE_S)
-        wait_until(lambda: not any(running(pid) for pid in writers),
-                   what="the killed gate's writer process to exit")
+        wait_until(
+            lambda: not any(running(pid) for pid in writers),
+            what="the killed gate's writer process to exit",
+        )
 
 
 def children(pid: int) -> list[int]:
@@ -241,9 +263,13 @@ def writer_pid(gate: GateProcess) -> int:
     return found[0]
 
 
-def http_request(url: str, method: str = "GET", body: bytes | None = None,
-                 headers: dict[str, str] | None = None,
-                 timeout: float = 30.0) -> tuple[int, dict[str, str], bytes]:
+def http_request(
+    url: str,
+    method: str = "GET",
+    body: bytes | None = None,
+    headers: dict[str, str] | None = None,
+    timeout: float = 30.0,
+) -> tuple[int, dict[str, str], bytes]:
     """One real HTTP request with http.client; returns ``(status, headers, raw body)``."""
     parts = urllib.parse.urlsplit(url)
     conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=timeout)
@@ -268,8 +294,14 @@ class Api:
         self.base = base.rstrip("/")
         self.token = token
 
-    def call(self, method: str, path: str, body: Any = None,
-             headers: dict[str, str] | None = None, timeout: float = 330.0) -> tuple[int, Any]:
+    def call(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        headers: dict[str, str] | None = None,
+        timeout: float = 330.0,
+    ) -> tuple[int, Any]:
         """Send a request; ``body`` dict -> JSON, bytes as is. Returns ``(status, json)``."""
         hdrs = dict(headers or {})
         if self.token is not None:
@@ -283,11 +315,16 @@ class Api:
         status, _, raw = http_request(self.base + path, method, data, hdrs, timeout)
         return status, as_json(raw)
 
-    def create(self, step: str = "q1", body: str = "Hello, world\n", pipeline: str = "p",
-               **extra: Any) -> dict[str, Any]:
+    def create(
+        self, step: str = "q1", body: str = "Hello, world\n", pipeline: str = "p", **extra: Any
+    ) -> dict[str, Any]:
         """Create an approval and return it (asserts 201)."""
-        payload = {"pipeline": pipeline, "step": step,
-                   "draft": {"content_type": "text/plain", "body": body}, **extra}
+        payload = {
+            "pipeline": pipeline,
+            "step": step,
+            "draft": {"content_type": "text/plain", "body": body},
+            **extra,
+        }
         status, answer = self.call("POST", "/v1/approvals", payload)
         assert status == 201, (status, answer)
         return answer
@@ -311,31 +348,48 @@ class Api:
                 return approval
 
 
-def sign_headers(body: bytes, secret: str = SECRET, t: int | None = None,
-                 header: str | None = None) -> dict[str, str]:
+def sign_headers(
+    body: bytes, secret: str = SECRET, t: int | None = None, header: str | None = None
+) -> dict[str, str]:
     """Return decision headers: a valid signature at ``t`` (default now), or ``header`` as given."""
     ts = int(time.time()) if t is None else t
-    return {"Content-Type": "application/json",
-            "X-Hitl-Protocol": "hitl/v0",
-            "X-Draftcat-Signature": header if header is not None else signing.sign(secret, ts,
-                                                                                    body)}
+    return {
+        "Content-Type": "application/json",
+        "X-Hitl-Protocol": "hitl/v0",
+        "X-Draftcat-Signature": header if header is not None else signing.sign(secret, ts, body),
+    }
 
 
-def decision_body(dispatch: dict[str, Any], identity: str = "alice@example.com",
-                  verb: str = "approve", **overrides: Any) -> dict[str, Any]:
+def decision_body(
+    dispatch: dict[str, Any],
+    identity: str = "alice@example.com",
+    verb: str = "approve",
+    **overrides: Any,
+) -> dict[str, Any]:
     """Return a decision envelope answering a captured dispatch; ``overrides`` replace fields."""
     body = build_decision(
-        approval_id=dispatch["approval_id"], nonce=dispatch["callback"]["nonce"],
-        decision=verb, payload_hash=dispatch["payload_hash"], approver_id=identity,
-        decided_at_ms=int(time.time() * 1000), channel="test",
-        adjust_text=overrides.pop("adjust_text", None))
+        approval_id=dispatch["approval_id"],
+        nonce=dispatch["callback"]["nonce"],
+        decision=verb,
+        payload_hash=dispatch["payload_hash"],
+        approver_id=identity,
+        decided_at_ms=int(time.time() * 1000),
+        channel="test",
+        adjust_text=overrides.pop("adjust_text", None),
+    )
     body.update(overrides)
     return body
 
 
-def post_decision(callback_url: str, body: dict[str, Any] | bytes, *, secret: str = SECRET,
-                  t: int | None = None, header: str | None = None,
-                  headers: dict[str, str] | None = None) -> tuple[int, Any, dict[str, str]]:
+def post_decision(
+    callback_url: str,
+    body: dict[str, Any] | bytes,
+    *,
+    secret: str = SECRET,
+    t: int | None = None,
+    header: str | None = None,
+    headers: dict[str, str] | None = None,
+) -> tuple[int, Any, dict[str, str]]:
     """Sign (unless ``header`` is given) and POST a decision; returns ``(status, json, headers)``."""
     raw = body if isinstance(body, bytes) else wire_json(body)
     hdrs = sign_headers(raw, secret, t, header)
@@ -389,8 +443,7 @@ class CaptureRelay:
     async def _handle(self, request: web.Request) -> web.Response:
         raw = await request.read()
         status = self.status
-        record = {"headers": dict(request.headers), "raw": raw, "status": status,
-                  "at": time.time()}
+        record = {"headers": dict(request.headers), "raw": raw, "status": status, "at": time.time()}
         if self.delay_s:
             await asyncio.sleep(self.delay_s)
         with self._cond:
@@ -402,17 +455,23 @@ class CaptureRelay:
     def dispatches(self, acked_only: bool = True) -> list[dict[str, Any]]:
         """Return the decoded envelopes received so far (only 2xx-answered by default)."""
         with self._cond:
-            return [json.loads(r["raw"]) for r in self.received
-                    if not acked_only or 200 <= r["status"] < 300]
+            return [
+                json.loads(r["raw"])
+                for r in self.received
+                if not acked_only or 200 <= r["status"] < 300
+            ]
 
-    def wait_dispatch(self, approval_id: str, revision: int = 1,
-                      timeout: float = DEADLINE_S) -> dict[str, Any]:
+    def wait_dispatch(
+        self, approval_id: str, revision: int = 1, timeout: float = DEADLINE_S
+    ) -> dict[str, Any]:
         """Wait for an acked dispatch of ``approval_id`` at ``revision``; return the envelope."""
+
         def find() -> dict[str, Any] | None:
             for env in self.dispatches():
                 if env["approval_id"] == approval_id and env.get("revision", 1) == revision:
                     return env
             return None
+
         return wait_until(find, timeout, f"dispatch of {approval_id} rev {revision}")
 
     def raw_for(self, approval_id: str) -> list[dict[str, Any]]:
@@ -432,12 +491,22 @@ class CaptureRelay:
 # ---- CLI subprocess helpers (used by test_e2e_lifecycle.py and test_cli.py) ----------------
 
 
-def run_cli(*args: str, stdin: bytes | None = None, env: dict[str, str] | None = None,
-            timeout: float = DEADLINE_S) -> subprocess.CompletedProcess[bytes]:
+def run_cli(
+    *args: str,
+    stdin: bytes | None = None,
+    env: dict[str, str] | None = None,
+    timeout: float = DEADLINE_S,
+) -> subprocess.CompletedProcess[bytes]:
     """Run ``python -m gate ARGS`` to completion; stdout/stderr are captured as raw bytes."""
-    return subprocess.run([sys.executable, "-m", "gate", *args], input=stdin,
-                          capture_output=True, env=env or gate_env(), cwd=ROOT, timeout=timeout,
-                          check=False)
+    return subprocess.run(
+        [sys.executable, "-m", "gate", *args],
+        input=stdin,
+        capture_output=True,
+        env=env or gate_env(),
+        cwd=ROOT,
+        timeout=timeout,
+        check=False,
+    )
 
 
 class CliProcess:
@@ -448,18 +517,29 @@ class CliProcess:
     With ``keep_stdin``, stdin stays open after ``stdin`` is written: ``send`` writes more.
     """
 
-    def __init__(self, *args: str, stdin: bytes | None = None,
-                 env: dict[str, str] | None = None, keep_stdin: bool = False) -> None:
+    def __init__(
+        self,
+        *args: str,
+        stdin: bytes | None = None,
+        env: dict[str, str] | None = None,
+        keep_stdin: bool = False,
+    ) -> None:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "gate", *args],
             stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env or gate_env(), cwd=ROOT)
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=env or gate_env(),
+            cwd=ROOT,
+        )
         self.lines: list[str] = []
         self.stdout = b""
         self._cond = threading.Condition()
         self._eof = False
-        self._threads = [threading.Thread(target=self._read_err, daemon=True),
-                         threading.Thread(target=self._read_out, daemon=True)]
+        self._threads = [
+            threading.Thread(target=self._read_err, daemon=True),
+            threading.Thread(target=self._read_out, daemon=True),
+        ]
         for thread in self._threads:
             thread.start()
         if stdin is not None:
@@ -494,8 +574,9 @@ class CliProcess:
         with self._cond:
             return "\n".join(self.lines)
 
-    def wait_for_line(self, pattern: re.Pattern[str] | str,
-                      timeout: float = DEADLINE_S) -> re.Match[str]:
+    def wait_for_line(
+        self, pattern: re.Pattern[str] | str, timeout: float = DEADLINE_S
+    ) -> re.Match[str]:
         """Wait until a stderr line matches ``pattern``; fail if stderr ends or time runs out."""
         regex = re.compile(pattern) if isinstance(pattern, str) else pattern
         deadline = time.monotonic() + timeout
@@ -506,12 +587,14 @@ class CliProcess:
                     if match:
                         return match
                 if self._eof:
-                    raise AssertionError(f"process ended without {regex.pattern!r}:\n"
-                                         + "\n".join(self.lines))
+                    raise AssertionError(
+                        f"process ended without {regex.pattern!r}:\n" + "\n".join(self.lines)
+                    )
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
-                    raise AssertionError(f"no line matching {regex.pattern!r}:\n"
-                                         + "\n".join(self.lines))
+                    raise AssertionError(
+                        f"no line matching {regex.pattern!r}:\n" + "\n".join(self.lines)
+                    )
                 self._cond.wait(min(remaining, 0.2))
 
     def finish(self, timeout: float = DEADLINE_S) -> tuple[int, bytes, str]:

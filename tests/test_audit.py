@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import hmac
-import dataclasses
 import json
 from typing import Any
 
@@ -26,16 +25,26 @@ def chain(n: int = 5, key: bytes = KEY) -> list[AuditRow]:
     prev = GENESIS_HASH
     for seq in range(1, n + 1):
         kind = kinds[(seq - 1) % len(kinds)]
-        entry = audit.make_entry(seq, kind, AID, T0 + seq * 1000,
-                                 {"n": seq, "note": "Zoë 👍 é", "operator_id": 100 + seq})
+        entry = audit.make_entry(
+            seq,
+            kind,
+            AID,
+            T0 + seq * 1000,
+            {"n": seq, "note": "Zoë 👍 é", "operator_id": 100 + seq},
+        )
         entry_json, digest, receipt = audit.seal(prev, entry, key)
         rows.append(AuditRow(seq, AID, kind, entry_json, prev, digest, receipt))
         prev = digest
     return rows
 
 
-def forge(prev_hash: str, seq: int, kind: str = "decision", key: bytes = b"attacker-key",
-          data: dict[str, Any] | None = None) -> AuditRow:
+def forge(
+    prev_hash: str,
+    seq: int,
+    kind: str = "decision",
+    key: bytes = b"attacker-key",
+    data: dict[str, Any] | None = None,
+) -> AuditRow:
     """A well-formed row an attacker without the receipt key can produce."""
     entry = audit.make_entry(seq, kind, AID, T0, data or {"operator_id": 666})
     entry_json, digest, receipt = audit.seal(prev_hash, entry, key)
@@ -59,8 +68,10 @@ def test_audit_seal_matches_spec_formula() -> None:
     entry = audit.make_entry(1, "created", AID, T0, {"b": 2, "a": "é"})
     entry_json, digest, receipt = audit.seal(GENESIS_HASH, entry, KEY)
 
-    assert entry_json == ('{"approval_id":"' + AID + '","at":"2026-01-01T00:00:00Z",'
-                          '"data":{"a":"é","b":2},"kind":"created","seq":1}')
+    assert entry_json == (
+        '{"approval_id":"' + AID + '","at":"2026-01-01T00:00:00Z",'
+        '"data":{"a":"é","b":2},"kind":"created","seq":1}'
+    )
     expected = hashlib.sha256(("0" * 64).encode() + entry_json.encode("utf-8")).hexdigest()
     assert digest == expected
     assert receipt == hmac.new(KEY, expected.encode(), hashlib.sha256).hexdigest()
@@ -70,7 +81,7 @@ def flip(text: str, index: int) -> str:
     """Change one character of ``text`` at ``index`` (a different hex digit / letter)."""
     ch = text[index]
     new = "0" if ch != "0" else "1"
-    return text[:index] + new + text[index + 1:]
+    return text[:index] + new + text[index + 1 :]
 
 
 def replace_entry_byte(row: AuditRow) -> AuditRow:
@@ -79,17 +90,49 @@ def replace_entry_byte(row: AuditRow) -> AuditRow:
     return dataclasses.replace(row, entry=row.entry.replace('"n":3', '"n":4'))
 
 
-@pytest.mark.parametrize(("tamper", "first_bad"), [
-    (lambda rows: rows[:2] + [replace_entry_byte(rows[2])] + rows[3:], 3),
-    (lambda rows: rows[:2] + [dataclasses.replace(rows[2], entry_hash=flip(rows[2].entry_hash, 10))]
-     + rows[3:], 3),
-    (lambda rows: rows[:2] + [dataclasses.replace(rows[2], receipt=flip(rows[2].receipt, 0))]
-     + rows[3:], 3),
-    (lambda rows: rows[:2] + [dataclasses.replace(rows[2], kind="resolved")] + rows[3:], 3),
-    (lambda rows: rows[:2] + [dataclasses.replace(rows[2], entry=rows[2].entry.replace(
-        '"operator_id":103', '"operator_id": 103'))] + rows[3:], 3),
-], ids=["entry_one_byte", "entry_hash_one_byte", "receipt_one_byte", "kind_column",
-        "non_canonical_spacing"])
+@pytest.mark.parametrize(
+    ("tamper", "first_bad"),
+    [
+        (lambda rows: rows[:2] + [replace_entry_byte(rows[2])] + rows[3:], 3),
+        (
+            lambda rows: (
+                rows[:2]
+                + [dataclasses.replace(rows[2], entry_hash=flip(rows[2].entry_hash, 10))]
+                + rows[3:]
+            ),
+            3,
+        ),
+        (
+            lambda rows: (
+                rows[:2]
+                + [dataclasses.replace(rows[2], receipt=flip(rows[2].receipt, 0))]
+                + rows[3:]
+            ),
+            3,
+        ),
+        (lambda rows: rows[:2] + [dataclasses.replace(rows[2], kind="resolved")] + rows[3:], 3),
+        (
+            lambda rows: (
+                rows[:2]
+                + [
+                    dataclasses.replace(
+                        rows[2],
+                        entry=rows[2].entry.replace('"operator_id":103', '"operator_id": 103'),
+                    )
+                ]
+                + rows[3:]
+            ),
+            3,
+        ),
+    ],
+    ids=[
+        "entry_one_byte",
+        "entry_hash_one_byte",
+        "receipt_one_byte",
+        "kind_column",
+        "non_canonical_spacing",
+    ],
+)
 def test_audit_verify_detects_changed_row(tamper: Any, first_bad: int) -> None:
     result = audit.verify(tamper(chain()), KEY)
 
@@ -138,8 +181,11 @@ def test_audit_verify_detects_swapped_rows_rechained() -> None:
     for seq, entry_json in ((3, entry4), (4, entry3)):
         digest = audit.chain_hash(prev, entry_json.encode())
         kind = json.loads(entry_json)["kind"]
-        forged.append(AuditRow(seq, AID, kind, entry_json, prev, digest,
-                               audit.receipt(b"attacker-key", digest)))
+        forged.append(
+            AuditRow(
+                seq, AID, kind, entry_json, prev, digest, audit.receipt(b"attacker-key", digest)
+            )
+        )
         prev = digest
 
     result = audit.verify(rows[:2] + forged + rows[4:], None)
@@ -210,20 +256,36 @@ def test_audit_export_round_trip_null_approval_id() -> None:
     assert audit.verify([row], KEY).ok
 
 
-@pytest.mark.parametrize("line", ['{"seq": 1}', "[]", "not json", '{"seq":"x","approval_id":null,'
-                                  '"kind":"k","entry":"{}","prev_hash":"","entry_hash":"",'
-                                  '"receipt":""}'],
-                         ids=["missing_keys", "array", "not_json", "seq_not_int"])
+@pytest.mark.parametrize(
+    "line",
+    [
+        '{"seq": 1}',
+        "[]",
+        "not json",
+        '{"seq":"x","approval_id":null,'
+        '"kind":"k","entry":"{}","prev_hash":"","entry_hash":"",'
+        '"receipt":""}',
+    ],
+    ids=["missing_keys", "array", "not_json", "seq_not_int"],
+)
 def test_audit_parse_export_line_bad_input_raises_documented_errors(line: str) -> None:
     with pytest.raises((ValueError, KeyError, TypeError)):
         audit.parse_export_line(line)
 
 
-@pytest.mark.parametrize(("field", "value"), [
-    ("seq", "1"), ("seq", 1.9), ("seq", True), ("kind", 5), ("entry", {"seq": 1}),
-    ("prev_hash", None), ("approval_id", 7)])
-def test_audit_parse_export_line_takes_each_field_as_written_only(field: str,
-                                                                 value: Any) -> None:
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("seq", "1"),
+        ("seq", 1.9),
+        ("seq", True),
+        ("kind", 5),
+        ("entry", {"seq": 1}),
+        ("prev_hash", None),
+        ("approval_id", 7),
+    ],
+)
+def test_audit_parse_export_line_takes_each_field_as_written_only(field: str, value: Any) -> None:
     """Security review: ``"seq": "1"`` or ``1.9`` was coerced with int() (the Node verifier of
     docs/auditing.md refuses them, so the two verifiers disagreed); other fields with str()."""
     row = chain(1)[0]
@@ -237,7 +299,9 @@ def test_audit_verify_names_an_entry_holding_nan_instead_of_crashing() -> None:
     """Security review: ``NaN`` inside an entry crashed ``audit verify`` with a bare
     ValueError instead of naming the entry."""
     rows = chain(2)
-    bad = dataclasses.replace(rows[1], entry=rows[1].entry.replace('"data":{', '"data":{"x":NaN,', 1))
+    bad = dataclasses.replace(
+        rows[1], entry=rows[1].entry.replace('"data":{', '"data":{"x":NaN,', 1)
+    )
     result = audit.verify([rows[0], bad], KEY)
     assert (result.ok, result.first_bad_seq) == (False, 2), result
     assert result.reason == "entry is not valid JSON", result
@@ -246,6 +310,9 @@ def test_audit_verify_names_an_entry_holding_nan_instead_of_crashing() -> None:
 def test_audit_receipt_object_shape() -> None:
     row = chain(1)[0]
 
-    assert audit.receipt_object(row) == {"seq": 1, "entry_hash": row.entry_hash,
-                                         "receipt": row.receipt, "alg": "hmac-sha256"}
-
+    assert audit.receipt_object(row) == {
+        "seq": 1,
+        "entry_hash": row.entry_hash,
+        "receipt": row.receipt,
+        "alg": "hmac-sha256",
+    }

@@ -28,6 +28,7 @@ SEGMENT = 4  # runs 1-4, 5-8, 9-12, ...: seq 8 ends a run, 9 starts one
 
 def make_db(path: Path, n: int = ENTRIES) -> Path:
     """A gate database (schema from the real Store) holding a sealed chain of ``n`` entries."""
+
     async def create() -> None:
         store = Store(path)
         await store.open()
@@ -38,8 +39,11 @@ def make_db(path: Path, n: int = ENTRIES) -> Path:
     conn.executemany(
         "INSERT INTO audit_log (seq, approval_id, kind, entry, prev_hash, entry_hash, receipt)"
         " VALUES (?, ?, ?, ?, ?, ?, ?)",
-        [(r.seq, r.approval_id, r.kind, r.entry, r.prev_hash, r.entry_hash, r.receipt)
-         for r in chain(n)])
+        [
+            (r.seq, r.approval_id, r.kind, r.entry, r.prev_hash, r.entry_hash, r.receipt)
+            for r in chain(n)
+        ],
+    )
     conn.close()
     return path
 
@@ -48,44 +52,65 @@ def sql(*statements: str) -> Callable[[sqlite3.Connection], None]:
     def run(conn: sqlite3.Connection) -> None:
         for statement in statements:
             conn.execute(statement)
+
     return run
 
 
 def change_entry(seq: int) -> Callable[[sqlite3.Connection], None]:
     def run(conn: sqlite3.Connection) -> None:
         (entry,) = conn.execute("SELECT entry FROM audit_log WHERE seq = ?", (seq,)).fetchone()
-        conn.execute("UPDATE audit_log SET entry = ? WHERE seq = ?",
-                     (entry.replace("Zoë", "Zoe"), seq))
+        conn.execute(
+            "UPDATE audit_log SET entry = ? WHERE seq = ?", (entry.replace("Zoë", "Zoe"), seq)
+        )
+
     return run
 
 
 def swap_entries(a: int, b: int) -> Callable[[sqlite3.Connection], None]:
     def run(conn: sqlite3.Connection) -> None:
-        rows = {seq: rest for seq, *rest in conn.execute(
-            "SELECT seq, approval_id, kind, entry, prev_hash, entry_hash, receipt FROM audit_log"
-            " WHERE seq IN (?, ?)", (a, b))}
+        rows = {
+            seq: rest
+            for seq, *rest in conn.execute(
+                "SELECT seq, approval_id, kind, entry, prev_hash, entry_hash, receipt FROM audit_log"
+                " WHERE seq IN (?, ?)",
+                (a, b),
+            )
+        }
         for seq, other in ((a, b), (b, a)):
-            conn.execute("UPDATE audit_log SET approval_id = ?, kind = ?, entry = ?, "
-                         "prev_hash = ?, entry_hash = ?, receipt = ? WHERE seq = ?",
-                         (*rows[other], seq))
+            conn.execute(
+                "UPDATE audit_log SET approval_id = ?, kind = ?, entry = ?, "
+                "prev_hash = ?, entry_hash = ?, receipt = ? WHERE seq = ?",
+                (*rows[other], seq),
+            )
+
     return run
 
 
 def insert_forged(seq: int) -> Callable[[sqlite3.Connection], None]:
     def run(conn: sqlite3.Connection) -> None:
         row = forge(audit.GENESIS_HASH, seq)
-        conn.execute("INSERT INTO audit_log (seq, approval_id, kind, entry, prev_hash, "
-                     "entry_hash, receipt) VALUES (?, ?, ?, ?, ?, ?, ?)",
-                     (row.seq, row.approval_id, row.kind, row.entry, row.prev_hash,
-                      row.entry_hash, row.receipt))
+        conn.execute(
+            "INSERT INTO audit_log (seq, approval_id, kind, entry, prev_hash, "
+            "entry_hash, receipt) VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (
+                row.seq,
+                row.approval_id,
+                row.kind,
+                row.entry,
+                row.prev_hash,
+                row.entry_hash,
+                row.receipt,
+            ),
+        )
+
     return run
 
 
 def set_column(seq: int, column: str) -> Callable[[sqlite3.Connection], None]:
     def run(conn: sqlite3.Connection) -> None:
-        (value,) = conn.execute(f"SELECT {column} FROM audit_log WHERE seq = ?",
-                                (seq,)).fetchone()
+        (value,) = conn.execute(f"SELECT {column} FROM audit_log WHERE seq = ?", (seq,)).fetchone()
         conn.execute(f"UPDATE audit_log SET {column} = ? WHERE seq = ?", (flip(value, 5), seq))
+
     return run
 
 
@@ -136,14 +161,15 @@ def test_parallel_verify_wrong_key_fails_the_first_entry(tmp_path: Path) -> None
     assert result.wrong_key and "the key given does not match this log" in result.reason
     assert result == audit.verify(DatabaseRows(db), b"another-key")
     assert verify_database(db, None, workers=2, segment_rows=SEGMENT) == audit.VerifyResult(
-        True, ENTRIES)  # no key: only the chain
+        True, ENTRIES
+    )  # no key: only the chain
 
 
 def test_parallel_verify_empty_and_missing_database(tmp_path: Path) -> None:
     db = make_db(tmp_path / "gate.db", 0)
-    assert verify_database(db, KEY, workers=2, segment_rows=SEGMENT) == audit.VerifyResult(
-        True, 0)
+    assert verify_database(db, KEY, workers=2, segment_rows=SEGMENT) == audit.VerifyResult(True, 0)
     from gate.errors import GateError
+
     with pytest.raises(GateError) as info:
         verify_database(tmp_path / "nope.db", KEY)
     assert info.value.code == "no_database"
@@ -162,8 +188,7 @@ def rotated_chain(n: int = ENTRIES, rotation: int = ROTATION) -> list[audit.Audi
     for seq in range(1, n + 1):
         kind = "receipt_key_rotated" if seq == rotation else "decision"
         approval_id = None if seq == rotation else "01KDWZ8B00J3Q9V5X7Z2M4N6PR"
-        data = ({"previous_key_last_seq": seq - 1} if seq == rotation
-                else {"n": seq, "note": "Zoë"})
+        data = {"previous_key_last_seq": seq - 1} if seq == rotation else {"n": seq, "note": "Zoë"}
         entry = audit.make_entry(seq, kind, approval_id, 1767225600000 + seq, data)
         key = OLD_KEY if seq < rotation else NEW_KEY
         entry_json, digest, receipt = audit.seal(prev, entry, key)
@@ -178,19 +203,26 @@ def rotated_db(path: Path, rows: list[audit.AuditRow]) -> Path:
     conn.executemany(
         "INSERT INTO audit_log (seq, approval_id, kind, entry, prev_hash, entry_hash, receipt)"
         " VALUES (?, ?, ?, ?, ?, ?, ?)",
-        [(r.seq, r.approval_id, r.kind, r.entry, r.prev_hash, r.entry_hash, r.receipt)
-         for r in rows])
+        [
+            (r.seq, r.approval_id, r.kind, r.entry, r.prev_hash, r.entry_hash, r.receipt)
+            for r in rows
+        ],
+    )
     conn.close()
     return path
 
 
 def rereceipt(seq: int, key: bytes) -> Callable[[sqlite3.Connection], None]:
     """Give entry ``seq`` a receipt made with ``key`` (what the holder of that key can do)."""
+
     def run(conn: sqlite3.Connection) -> None:
-        (digest,) = conn.execute("SELECT entry_hash FROM audit_log WHERE seq = ?",
-                                 (seq,)).fetchone()
-        conn.execute("UPDATE audit_log SET receipt = ? WHERE seq = ?",
-                     (audit.receipt(key, digest), seq))
+        (digest,) = conn.execute(
+            "SELECT entry_hash FROM audit_log WHERE seq = ?", (seq,)
+        ).fetchone()
+        conn.execute(
+            "UPDATE audit_log SET receipt = ? WHERE seq = ?", (audit.receipt(key, digest), seq)
+        )
+
     return run
 
 
@@ -203,16 +235,21 @@ SPAN_CASES: dict[str, tuple[Callable[[sqlite3.Connection], None], int | None, bo
     "rotation_receipted_with_the_old_key": (rereceipt(ROTATION, OLD_KEY), ROTATION, False),
     "rotation_with_an_unknown_key": (rereceipt(ROTATION, b"third"), ROTATION, True),
     "entry_1_with_an_unknown_key": (rereceipt(1, b"third"), 1, True),
-    "rotation_kind_removed": (sql(f"UPDATE audit_log SET kind = 'decision' WHERE seq = "
-                                  f"{ROTATION}"), ROTATION, False),
+    "rotation_kind_removed": (
+        sql(f"UPDATE audit_log SET kind = 'decision' WHERE seq = {ROTATION}"),
+        ROTATION,
+        False,
+    ),
 }
 
 
 @pytest.mark.parametrize("name", sorted(SPAN_CASES))
-@pytest.mark.parametrize("keys", [(OLD_KEY, NEW_KEY), (NEW_KEY, OLD_KEY)],
-                         ids=["old_first", "new_first"])
+@pytest.mark.parametrize(
+    "keys", [(OLD_KEY, NEW_KEY), (NEW_KEY, OLD_KEY)], ids=["old_first", "new_first"]
+)
 def test_b02_04_each_span_verifies_with_its_own_key_in_parallel_as_sequentially(
-        tmp_path: Path, name: str, keys: tuple[bytes, bytes]) -> None:
+    tmp_path: Path, name: str, keys: tuple[bytes, bytes]
+) -> None:
     tamper, first_bad, wrong_key = SPAN_CASES[name]
     db = rotated_db(tmp_path / "gate.db", rotated_chain())
     conn = sqlite3.connect(db, isolation_level=None)
@@ -267,6 +304,7 @@ def test_b02_04_a_held_receipt_is_checked_with_the_key_of_its_span(tmp_path: Pat
     tail = audit.receipt_object(rows[-1])
     shortened = rows[:-3]
     short = audit.verify(shortened, (OLD_KEY, NEW_KEY))
-    problem = audit.check_receipt(shortened, tail,
-                                  audit.span_keys(short, (OLD_KEY, NEW_KEY), tail["seq"]))
+    problem = audit.check_receipt(
+        shortened, tail, audit.span_keys(short, (OLD_KEY, NEW_KEY), tail["seq"])
+    )
     assert problem is not None and problem[1].startswith("missing: "), problem

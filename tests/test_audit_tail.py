@@ -62,12 +62,12 @@ class History:
     resolved: str
     middle: str
     last: str
-    created: dict[str, Any]            # the 201 answer for ``middle``
+    created: dict[str, Any]  # the 201 answer for ``middle``
     replayed: tuple[int, dict[str, Any]]  # the same create again, same Idempotency-Key
-    fetched: dict[str, Any]            # GET of ``middle`` once acked
-    fetched_resolved: dict[str, Any]   # GET of ``resolved``
-    kept: Path                         # ``hitl-gate request --json`` output for ``last``
-    heads: list[tuple[int, str]]       # every event=audit_head the daemon logged, in order
+    fetched: dict[str, Any]  # GET of ``middle`` once acked
+    fetched_resolved: dict[str, Any]  # GET of ``resolved``
+    kept: Path  # ``hitl-gate request --json`` output for ``last``
+    heads: list[tuple[int, str]]  # every event=audit_head the daemon logged, in order
 
     def entry_hash(self, seq: int) -> str:
         return str(_scalar(self.db, f"SELECT entry_hash FROM audit_log WHERE seq = {seq}"))
@@ -104,8 +104,10 @@ def _scalar(db: Path, sql: str) -> Any:
 
 
 def _acked(api: Any, approval_id: str) -> dict[str, Any]:
-    return wait_until(lambda: (a := api.get(approval_id))["dispatch"]["delivered_at"] and a,
-                      what=f"dispatch ack of {approval_id}")
+    return wait_until(
+        lambda: (a := api.get(approval_id))["dispatch"]["delivered_at"] and a,
+        what=f"dispatch ack of {approval_id}",
+    )
 
 
 @pytest.fixture(scope="module")
@@ -121,8 +123,11 @@ def history(tmp_path_factory: pytest.TempPathFactory) -> Iterator[History]:
         status, answer, _ = post_decision(gate.callback_url, decision_body(dispatch))
         assert (status, answer["resolved"]) == (200, True), answer
 
-        body = {"pipeline": "p", "step": "q1",
-                "draft": {"content_type": "text/plain", "body": "tail: middle\n"}}
+        body = {
+            "pipeline": "p",
+            "step": "q1",
+            "draft": {"content_type": "text/plain", "body": "tail: middle\n"},
+        }
         key = {"Idempotency-Key": "tail-middle"}
         status, created = api.call("POST", "/v1/approvals", body, key)
         assert status == 201, created
@@ -131,8 +136,20 @@ def history(tmp_path_factory: pytest.TempPathFactory) -> Iterator[History]:
         fetched = _acked(api, middle)
 
         kept = directory / "last-approval.json"  # what a pipeline keeps of its request
-        proc = run_cli("request", "-c", str(gate.config), "--api-url", gate.api_url,
-                       "--pipeline", "p", "--step", "q1", "--draft", "tail: last", "--json")
+        proc = run_cli(
+            "request",
+            "-c",
+            str(gate.config),
+            "--api-url",
+            gate.api_url,
+            "--pipeline",
+            "p",
+            "--step",
+            "q1",
+            "--draft",
+            "tail: last",
+            "--json",
+        )
         assert proc.returncode == 0, proc.stderr
         kept.write_bytes(proc.stdout)
         last = json.loads(proc.stdout)["approval_id"]
@@ -147,8 +164,21 @@ def history(tmp_path_factory: pytest.TempPathFactory) -> Iterator[History]:
             pass  # no head logged at all: the tests that need heads say so
         assert gate.stop() == 0
         heads = [(int(m.group(1)), m.group(2)) for m in HEAD.finditer(gate.log())]
-        yield History(directory, gate.config, db, relay.url, resolved, middle, last, created,
-                      replayed, fetched, fetched_resolved, kept, heads)
+        yield History(
+            directory,
+            gate.config,
+            db,
+            relay.url,
+            resolved,
+            middle,
+            last,
+            created,
+            replayed,
+            fetched,
+            fetched_resolved,
+            kept,
+            heads,
+        )
     finally:
         if gate.proc is not None and gate.proc.poll() is None:
             gate.stop()
@@ -166,9 +196,12 @@ def verify(config: Path, *args: str) -> tuple[int, str]:
 def receipt_of(history: History, seq: int) -> dict[str, Any]:
     """The receipt of entry ``seq`` as the gate hands it out (HMAC of its hash)."""
     entry_hash = history.entry_hash(seq)
-    return {"seq": seq, "entry_hash": entry_hash, "alg": "hmac-sha256",
-            "receipt": hmac.new(RECEIPT_KEY.encode(), entry_hash.encode(),
-                                hashlib.sha256).hexdigest()}
+    return {
+        "seq": seq,
+        "entry_hash": entry_hash,
+        "alg": "hmac-sha256",
+        "receipt": hmac.new(RECEIPT_KEY.encode(), entry_hash.encode(), hashlib.sha256).hexdigest(),
+    }
 
 
 # ---- the anchors the gate hands out ----------------------------------------------------------
@@ -196,17 +229,19 @@ def test_b02_03_the_created_receipt_is_read_through_an_index(history) -> None:
 
     conn = sqlite3.connect(f"file:{history.db}?mode=ro", uri=True)
     try:
-        plan = " ".join(str(row[-1]) for row in conn.execute(
-            f"EXPLAIN QUERY PLAN {CREATED_ENTRY_SQL}", (history.middle,)))
+        plan = " ".join(
+            str(row[-1])
+            for row in conn.execute(f"EXPLAIN QUERY PLAN {CREATED_ENTRY_SQL}", (history.middle,))
+        )
     finally:
         conn.close()
     assert "USING INDEX audit_log_created" in plan, plan
 
 
-def test_b02_03_an_approval_from_before_the_upgrade_carries_its_created_receipt(
-        history) -> None:
+def test_b02_03_an_approval_from_before_the_upgrade_carries_its_created_receipt(history) -> None:
     """A database of schema 2 (no index yet): the gate adds the index on start (migration
     3) and answers the created receipt of approvals made before, from their log entries."""
+
     def schema_2(conn: sqlite3.Connection) -> None:
         conn.execute("DROP INDEX audit_log_created")
         conn.execute("PRAGMA user_version = 2")
@@ -231,17 +266,30 @@ def test_b02_03_the_gate_logs_the_chain_head_once_per_commit(history) -> None:
 def test_b02_03_an_honest_log_passes_with_every_anchor(history) -> None:
     heads = [arg for seq, _ in history.heads for arg in ("--expect-head", history.head(seq))]
     code, out = verify(history.config, "--expect", str(history.kept), *heads)
-    assert (code, out) == (0, "ok: 8 entries, chain and receipts intact; holds the receipt for "
-                              "entry 7; holds the logged heads at entries 1, 2, 4, 5, 6, 7, 8\n"
-                              "ok: 3 approvals match the audit log\n")
+    assert (code, out) == (
+        0,
+        "ok: 8 entries, chain and receipts intact; holds the receipt for "
+        "entry 7; holds the logged heads at entries 1, 2, 4, 5, 6, 7, 8\n"
+        "ok: 3 approvals match the audit log\n",
+    )
     # an export too, offline, with the receipt key
     export = history.directory / "honest.jsonl"
     proc = run_cli("audit", "export", "-c", str(history.config), "-o", str(export))
     assert proc.returncode == 0, proc.stderr
-    proc = run_cli("audit", "verify", "--file", str(export), "--key-env", "HITL_RECEIPT_KEY",
-                   "--expect-head", history.head(8))
+    proc = run_cli(
+        "audit",
+        "verify",
+        "--file",
+        str(export),
+        "--key-env",
+        "HITL_RECEIPT_KEY",
+        "--expect-head",
+        history.head(8),
+    )
     assert (proc.returncode, proc.stdout.decode()) == (
-        0, "ok: 8 entries, chain and receipts intact; holds the logged head at entry 8\n")
+        0,
+        "ok: 8 entries, chain and receipts intact; holds the logged head at entry 8\n",
+    )
 
 
 # ---- (a) the last dispatch_ack deleted -------------------------------------------------------
@@ -251,38 +299,54 @@ def test_b02_03_a_deleted_last_dispatch_ack_is_caught_by_the_records_check(histo
     """Entry 8 (the relay's ack of ``last``) deleted: nothing in the rows names it, the
     chain left over is intact. The outbox still says the dispatch was delivered (left so,
     the gate does not send it again), so the records check names it."""
+
     def delete_ack(conn: sqlite3.Connection) -> None:
-        assert conn.execute("DELETE FROM audit_log WHERE seq = 8 AND kind = 'dispatch_ack'"
-                            ).rowcount == 1
+        assert (
+            conn.execute("DELETE FROM audit_log WHERE seq = 8 AND kind = 'dispatch_ack'").rowcount
+            == 1
+        )
 
     config = history.copy("ack-deleted", delete_ack)
     code, out = verify(config)
     assert (code, out) == (
-        1, f"TAMPERED: approval {history.last}: its outbox row says the relay acked the "
-           "dispatch of revision 1 (after 1 attempt), but the audit log holds no dispatch_ack "
-           "entry for it (deleted?); the audit log itself verified (7 entries)\n")
+        1,
+        f"TAMPERED: approval {history.last}: its outbox row says the relay acked the "
+        "dispatch of revision 1 (after 1 attempt), but the audit log holds no dispatch_ack "
+        "entry for it (deleted?); the audit log itself verified (7 entries)\n",
+    )
     doctor = run_cli("doctor", "-c", str(config))
     assert doctor.returncode == 1, doctor.stdout
-    assert (f"FAIL audit: TAMPERED: approval {history.last}: its outbox row says the relay "
-            "acked") in doctor.stdout.decode(), doctor.stdout
+    assert (
+        f"FAIL audit: TAMPERED: approval {history.last}: its outbox row says the relay acked"
+    ) in doctor.stdout.decode(), doctor.stdout
     # a logged head catches it too
     assert verify(config, "--expect-head", history.head(8)) == (
-        1, "TAMPERED: entry 8: missing: the log ends at entry 7, but the gate logged entry 8 "
-           f"as its head (entries deleted from the tail) (--expect-head {history.head(8)})\n")
+        1,
+        "TAMPERED: entry 8: missing: the log ends at entry 7, but the gate logged entry 8 "
+        f"as its head (entries deleted from the tail) (--expect-head {history.head(8)})\n",
+    )
 
 
 def test_b02_03_a_deleted_ack_with_its_outbox_row_reset_needs_a_logged_head(history) -> None:
     """The same deletion with the outbox row set back to "never delivered": the rows agree
     with the log again (the gate would dispatch it once more on start); only a head logged
     after the ack shows the deletion."""
+
     def delete_ack_and_reset(conn: sqlite3.Connection) -> None:
         assert conn.execute("DELETE FROM audit_log WHERE seq = 8").rowcount == 1
-        assert conn.execute("UPDATE outbox SET delivered_at = NULL, attempts = 0 "
-                            "WHERE approval_id = ?", (history.last,)).rowcount == 1
+        assert (
+            conn.execute(
+                "UPDATE outbox SET delivered_at = NULL, attempts = 0 WHERE approval_id = ?",
+                (history.last,),
+            ).rowcount
+            == 1
+        )
 
     config = history.copy("ack-deleted-reset", delete_ack_and_reset)
-    assert verify(config) == (0, "ok: 7 entries, chain and receipts intact\n"
-                                 "ok: 3 approvals match the audit log\n")
+    assert verify(config) == (
+        0,
+        "ok: 7 entries, chain and receipts intact\nok: 3 approvals match the audit log\n",
+    )
     code, out = verify(config, "--expect-head", history.head(8))
     assert code == 1 and out.startswith("TAMPERED: entry 8: missing: "), out
 
@@ -292,30 +356,41 @@ def test_b02_03_a_deleted_ack_with_its_outbox_row_reset_needs_a_logged_head(hist
 
 def _erase(approval_id: str) -> Callable[[sqlite3.Connection], None]:
     def erase(conn: sqlite3.Connection) -> None:
-        assert conn.execute("DELETE FROM audit_log WHERE approval_id = ?",
-                            (approval_id,)).rowcount == 2
+        assert (
+            conn.execute("DELETE FROM audit_log WHERE approval_id = ?", (approval_id,)).rowcount
+            == 2
+        )
         for table in ("outbox", "revisions", "decisions", "approvals"):
             conn.execute(f"DELETE FROM {table} WHERE approval_id = ?", (approval_id,))
+
     return erase
 
 
 def test_b02_03_an_erased_pending_approval_is_caught_by_its_receipt_or_a_logged_head(
-        history) -> None:
+    history,
+) -> None:
     """``last`` erased whole (its rows and entries 7-8): the chain and the records agree,
     so ``audit verify -c`` alone passes; the created receipt the pipeline kept, and any head
     logged from entry 7 on, catch it."""
     config = history.copy("erased", _erase(history.last))
-    assert verify(config) == (0, "ok: 6 entries, chain and receipts intact\n"
-                                 "ok: 2 approvals match the audit log\n")
+    assert verify(config) == (
+        0,
+        "ok: 6 entries, chain and receipts intact\nok: 2 approvals match the audit log\n",
+    )
     assert verify(config, "--expect", str(history.kept)) == (
-        1, "TAMPERED: entry 7: missing: the log ends at entry 6, but a receipt for entry 7 "
-           f"exists (entries deleted from the tail) (receipt {history.kept})\n")
+        1,
+        "TAMPERED: entry 7: missing: the log ends at entry 6, but a receipt for entry 7 "
+        f"exists (entries deleted from the tail) (receipt {history.kept})\n",
+    )
     for seq in (7, 8):
-        assert verify(config, "--expect-head", history.head(6), "--expect-head",
-                      history.head(seq)) == (
-            1, f"TAMPERED: entry {seq}: missing: the log ends at entry 6, but the gate logged "
-               f"entry {seq} as its head (entries deleted from the tail) "
-               f"(--expect-head {history.head(seq)})\n")
+        assert verify(
+            config, "--expect-head", history.head(6), "--expect-head", history.head(seq)
+        ) == (
+            1,
+            f"TAMPERED: entry {seq}: missing: the log ends at entry 6, but the gate logged "
+            f"entry {seq} as its head (entries deleted from the tail) "
+            f"(--expect-head {history.head(seq)})\n",
+        )
 
 
 def test_b02_03_a_tail_erased_after_the_last_anchor_held_is_not_caught(history) -> None:
@@ -325,8 +400,10 @@ def test_b02_03_a_tail_erased_after_the_last_anchor_held_is_not_caught(history) 
     middle = history.directory / "middle.json"
     middle.write_text(json.dumps(history.created), encoding="utf-8")
     assert verify(config, "--expect", str(middle), "--expect-head", history.head(6)) == (
-        0, "ok: 6 entries, chain and receipts intact; holds the receipt for entry 5; holds "
-           "the logged head at entry 6\nok: 2 approvals match the audit log\n")
+        0,
+        "ok: 6 entries, chain and receipts intact; holds the receipt for entry 5; holds "
+        "the logged head at entry 6\nok: 2 approvals match the audit log\n",
+    )
 
 
 def test_b02_03_a_rewritten_log_does_not_hold_the_logged_head(history) -> None:
@@ -345,8 +422,9 @@ def test_b02_03_a_rewritten_log_does_not_hold_the_logged_head(history) -> None:
         text, digest, receipt = audit.seal(prev, entry, b"not-the-receipt-key")
         row.update(seq=seq, entry=text, prev_hash=prev, entry_hash=digest, receipt=receipt)
         prev = digest
-    export.write_text("".join(json.dumps(row, ensure_ascii=False) + "\n" for row in kept),
-                      encoding="utf-8")
+    export.write_text(
+        "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in kept), encoding="utf-8"
+    )
     env = {k: v for k, v in gate_env().items() if k != "HITL_RECEIPT_KEY"}
 
     def verify_file(*args: str) -> tuple[int, str]:
@@ -355,8 +433,10 @@ def test_b02_03_a_rewritten_log_does_not_hold_the_logged_head(history) -> None:
 
     assert verify_file() == (0, "ok: 6 entries, chain intact\n")
     assert verify_file("--expect-head", history.head(6)) == (
-        1, "TAMPERED: entry 6: entry hash differs from the logged head's (the log was "
-           f"rewritten up to here) (--expect-head {history.head(6)})\n")
+        1,
+        "TAMPERED: entry 6: entry hash differs from the logged head's (the log was "
+        f"rewritten up to here) (--expect-head {history.head(6)})\n",
+    )
     code, out = verify_file("--expect-head", history.head(8))
     assert code == 1 and out.startswith("TAMPERED: entry 8: missing: the log ends at entry 6"), out
 
@@ -364,11 +444,14 @@ def test_b02_03_a_rewritten_log_does_not_hold_the_logged_head(history) -> None:
 # ---- usage -----------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("value", ["8", "x:" + "a" * 64, "0:" + "a" * 64, "8:" + "a" * 63,
-                                   "8:" + "g" * 64, "-1:" + "a" * 64, ""])
+@pytest.mark.parametrize(
+    "value",
+    ["8", "x:" + "a" * 64, "0:" + "a" * 64, "8:" + "a" * 63, "8:" + "g" * 64, "-1:" + "a" * 64, ""],
+)
 def test_b02_03_expect_head_that_is_no_seq_and_hash_is_a_usage_error(history, value) -> None:
     proc = run_cli("audit", "verify", "-c", str(history.config), "--expect-head", value)
     assert (proc.returncode, proc.stdout) == (2, b""), proc.stdout
     assert proc.stderr.decode() == (
         f"Error: --expect-head: {value!r} is not SEQ:HASH (an audit entry's seq, 1 or more, "
-        "and its entry hash, 64 hex digits, as the gate logs them in event=audit_head)\n")
+        "and its entry hash, 64 hex digits, as the gate logs them in event=audit_head)\n"
+    )

@@ -47,8 +47,13 @@ def test_quick_run_measures_every_section(tmp_path: Path) -> None:
     official = ROOT / "bench" / "results.json"
     before = official.stat().st_mtime_ns if official.exists() else None
     out = tmp_path / "results.json"
-    proc = subprocess.run([sys.executable, "-m", "bench.run", "--quick", "--out", str(out)],
-                          cwd=ROOT, capture_output=True, timeout=850, check=False)
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench.run", "--quick", "--out", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        timeout=850,
+        check=False,
+    )
     report = proc.stdout.decode("utf-8", "replace")
     assert proc.returncode == 0, report[-3000:] + proc.stderr.decode("utf-8", "replace")[-6000:]
     assert "targets" in report and str(out) in report
@@ -130,9 +135,15 @@ def test_dbgen_writes_the_rows_the_gate_writes(tmp_path: Path) -> None:
         daemon.start(timeout=60)
         client = HttpClient(daemon.api_url, API_TOKEN)
         try:
-            status, answer, _ = client.request("POST", "/v1/approvals", {
-                "pipeline": PIPELINE, "step": STEP,
-                "draft": {"content_type": CONTENT_TYPE, "body": draft_body(0)}})
+            status, answer, _ = client.request(
+                "POST",
+                "/v1/approvals",
+                {
+                    "pipeline": PIPELINE,
+                    "step": STEP,
+                    "draft": {"content_type": CONTENT_TYPE, "body": draft_body(0)},
+                },
+            )
         finally:
             client.close()
         assert status == 201, answer
@@ -147,24 +158,35 @@ def test_dbgen_writes_the_rows_the_gate_writes(tmp_path: Path) -> None:
     [approval] = _rows(gate_db, "approvals")
     [outbox] = _rows(gate_db, "outbox")
     made = tmp_path / "made.db"
-    dbgen.add_pending(made, 1, lambda i: approval["created_at"],
-                      lambda i: approval["expires_at"], RECEIPT_KEY.encode("utf-8"),
-                      ack_delay_ms=outbox["delivered_at"] - approval["created_at"])
+    dbgen.add_pending(
+        made,
+        1,
+        lambda i: approval["created_at"],
+        lambda i: approval["expires_at"],
+        RECEIPT_KEY.encode("utf-8"),
+        ack_delay_ms=outbox["delivered_at"] - approval["created_at"],
+    )
 
     ids = ("approval_id", "run_id")
     assert [_without(r, *ids) for r in _rows(made, "approvals")] == [_without(approval, *ids)]
-    assert [_without(r, "approval_id", "nonce") for r in _rows(made, "revisions")] == \
-        [_without(r, "approval_id", "nonce") for r in _rows(gate_db, "revisions")]
-    assert [_without(r, "approval_id") for r in _rows(made, "outbox")] == \
-        [_without(outbox, "approval_id")]
+    assert [_without(r, "approval_id", "nonce") for r in _rows(made, "revisions")] == [
+        _without(r, "approval_id", "nonce") for r in _rows(gate_db, "revisions")
+    ]
+    assert [_without(r, "approval_id") for r in _rows(made, "outbox")] == [
+        _without(outbox, "approval_id")
+    ]
 
     def entries(db: Path) -> list[dict[str, Any]]:
         out = []
         for row in _rows(db, "audit_log"):
             entry = json.loads(row["entry"])
             entry.pop("approval_id")
-            out.append({**_without(row, "approval_id", "entry", "prev_hash", "entry_hash",
-                                   "receipt"), "entry": entry})
+            out.append(
+                {
+                    **_without(row, "approval_id", "entry", "prev_hash", "entry_hash", "receipt"),
+                    "entry": entry,
+                }
+            )
         return out
 
     assert entries(made) == entries(gate_db)

@@ -17,9 +17,11 @@ from gate.cli import main
 from tests.support import API_TOKEN, ROOT, gate_env, run_cli
 
 EXAMPLE = ROOT / "config.example.yaml"
-ENV = {"HITL_RELAY_SECRET": "relay-secret-cli-4d0b9e7a2c5f1836",
-       "HITL_API_TOKEN": "api-token-cli-8e3a6c1f0b9d2754a1",
-       "HITL_RECEIPT_KEY": "receipt-key-cli-2f7c5a0e8d1b4963"}
+ENV = {
+    "HITL_RELAY_SECRET": "relay-secret-cli-4d0b9e7a2c5f1836",
+    "HITL_API_TOKEN": "api-token-cli-8e3a6c1f0b9d2754a1",
+    "HITL_RECEIPT_KEY": "receipt-key-cli-2f7c5a0e8d1b4963",
+}
 UNKNOWN_ID = "01ARZ3NDEKTSV4RRFFQ69G5FAV"
 
 # Structurally valid YAML with many errors at once (each must be named by its YAML path).
@@ -74,14 +76,13 @@ def test_check_config_example_is_valid():
 def test_check_config_lists_every_error_with_its_yaml_path(tmp_path):
     config = tmp_path / "bad.yaml"
     config.write_text(MANY_ERRORS, encoding="utf-8")
-    result = invoke(["check-config", "-c", str(config)],
-                    env={**ENV, "HITL_RELAY_SECRET": None})
+    result = invoke(["check-config", "-c", str(config)], env={**ENV, "HITL_RELAY_SECRET": None})
     assert result.exit_code == 2
     assert result.stdout == ""
     lines = result.stderr.splitlines()
     prefix = f"{config}: "
     assert all(line.startswith(prefix) for line in lines), lines
-    found = [line[len(prefix):] for line in lines]
+    found = [line[len(prefix) :] for line in lines]
     expected_paths = [
         "relay.bogus_key: ",
         "relay.security.allowed_users[1]: ",
@@ -100,15 +101,18 @@ def test_check_config_lists_every_error_with_its_yaml_path(tmp_path):
 def test_check_config_bad_required_value_does_not_hide_other_errors(tmp_path):
     """SPEC §5: every error listed, even when a required value (relay.url) is itself bad."""
     config = tmp_path / "bad.yaml"
-    config.write_text(MANY_ERRORS.replace("http://127.0.0.1:9/", "ftp://nowhere"),
-                      encoding="utf-8")
-    result = invoke(["check-config", "-c", str(config)],
-                    env={**ENV, "HITL_RELAY_SECRET": None})
+    config.write_text(MANY_ERRORS.replace("http://127.0.0.1:9/", "ftp://nowhere"), encoding="utf-8")
+    result = invoke(["check-config", "-c", str(config)], env={**ENV, "HITL_RELAY_SECRET": None})
     assert result.exit_code == 2
     found = [line.removeprefix(f"{config}: ") for line in result.stderr.splitlines()]
-    for path in ("relay.url: ", "relay.bogus_key: ", "relay.security.allowed_users[1]: ",
-                 "pipelines[0].steps[0].approvers[1]: ", "pipelines[0].steps[0].quorum: ",
-                 "relay.secret_env: "):
+    for path in (
+        "relay.url: ",
+        "relay.bogus_key: ",
+        "relay.security.allowed_users[1]: ",
+        "pipelines[0].steps[0].approvers[1]: ",
+        "pipelines[0].steps[0].quorum: ",
+        "relay.secret_env: ",
+    ):
         assert sum(line.startswith(path) for line in found) == 1, (path, found)
     assert len(found) == 6, found
 
@@ -121,8 +125,9 @@ def test_check_config_missing_env_var_is_named(var):
     lines = result.stderr.splitlines()
     assert len(lines) == 1, lines
     assert var in lines[0]
-    assert re.match(rf"{re.escape(str(EXAMPLE))}: \S+_env: environment variable {var} is not set$",
-                    lines[0]), lines[0]
+    assert re.match(
+        rf"{re.escape(str(EXAMPLE))}: \S+_env: environment variable {var} is not set$", lines[0]
+    ), lines[0]
 
 
 def test_check_config_missing_file():
@@ -134,21 +139,38 @@ def test_check_config_missing_file():
 # ---- request: usage and unreachable gate ----------------------------------------------------
 
 
-@pytest.mark.parametrize("draft_args", [
-    ["--draft", "x", "--draft-file", "-"],
-    [],
-])
+@pytest.mark.parametrize(
+    "draft_args",
+    [
+        ["--draft", "x", "--draft-file", "-"],
+        [],
+    ],
+)
 def test_request_needs_exactly_one_draft_source(draft_args):
-    result = invoke(["request", "-c", str(EXAMPLE), "--pipeline", "p", "--step", "s",
-                     *draft_args], env=dict(ENV))
+    result = invoke(
+        ["request", "-c", str(EXAMPLE), "--pipeline", "p", "--step", "s", *draft_args],
+        env=dict(ENV),
+    )
     assert result.exit_code == 2
     assert result.stdout == ""
     assert one_error_line(result.stderr) == "Error: give exactly one of --draft or --draft-file"
 
 
 def test_request_unreadable_draft_file_is_usage_error(tmp_path):
-    result = invoke(["request", "-c", str(EXAMPLE), "--pipeline", "p", "--step", "s",
-                     "--draft-file", str(tmp_path / "missing.txt")], env=dict(ENV))
+    result = invoke(
+        [
+            "request",
+            "-c",
+            str(EXAMPLE),
+            "--pipeline",
+            "p",
+            "--step",
+            "s",
+            "--draft-file",
+            str(tmp_path / "missing.txt"),
+        ],
+        env=dict(ENV),
+    )
     assert result.exit_code == 2
     assert one_error_line(result.stderr).startswith("Error: --draft-file: cannot read ")
 
@@ -157,45 +179,100 @@ def test_request_unreadable_draft_file_is_usage_error(tmp_path):
 def test_request_spend_out_of_range_is_usage_error(spend):
     """A spend above 1e15 is refused by the API (its sums must stay finite); the CLI says so
     before sending anything."""
-    result = invoke(["request", "-c", str(EXAMPLE), "--pipeline", "p", "--step", "s",
-                     "--draft", "x", "--spend", spend], env=dict(ENV))
+    result = invoke(
+        [
+            "request",
+            "-c",
+            str(EXAMPLE),
+            "--pipeline",
+            "p",
+            "--step",
+            "s",
+            "--draft",
+            "x",
+            "--spend",
+            spend,
+        ],
+        env=dict(ENV),
+    )
     assert result.exit_code == 2
     assert one_error_line(result.stderr) == (
-        "Error: --spend: must be a finite number >= 0 and <= 1e+15")
+        "Error: --spend: must be a finite number >= 0 and <= 1e+15"
+    )
 
 
 @pytest.mark.parametrize("key", ["", " ", "a\nb", "tab\there", "x" * 201])
 def test_request_idempotency_key_the_api_would_refuse_is_a_usage_error(key):
     """Regression (new-user review): an empty key was dropped silently (two approvals for
     two runs), a newline gave aiohttp's traceback."""
-    result = invoke(["request", "-c", str(EXAMPLE), "--pipeline", "p", "--step", "s",
-                     "--draft", "x", "--idempotency-key", key], env=dict(ENV))
+    result = invoke(
+        [
+            "request",
+            "-c",
+            str(EXAMPLE),
+            "--pipeline",
+            "p",
+            "--step",
+            "s",
+            "--draft",
+            "x",
+            "--idempotency-key",
+            key,
+        ],
+        env=dict(ENV),
+    )
     assert result.exit_code == 2
     assert one_error_line(result.stderr) == (
-        "Error: --idempotency-key: must be 1-200 characters, not blank, without control "
-        "characters")
+        "Error: --idempotency-key: must be 1-200 characters, not blank, without control characters"
+    )
 
 
 @pytest.mark.parametrize("identity", ["", " ", " alice@example.com"])
 def test_relay_as_an_identity_no_dispatch_can_name_is_a_usage_error(identity):
     """Regression (new-user review): ``relay --as ''`` started, then logged not_in_scope for
     every dispatch and never decided."""
-    proc = run_cli("relay", "--listen", "127.0.0.1:0", "--secret-env", "HITL_RELAY_SECRET",
-                   "--as", identity, "--auto", "approve")
+    proc = run_cli(
+        "relay",
+        "--listen",
+        "127.0.0.1:0",
+        "--secret-env",
+        "HITL_RELAY_SECRET",
+        "--as",
+        identity,
+        "--auto",
+        "approve",
+    )
     assert proc.returncode == 2, proc.stderr
     assert one_error_line(proc.stderr.decode()) == (
-        f"Error: --as: {identity!r} is not an identity (empty, or spaces around it)")
+        f"Error: --as: {identity!r} is not an identity (empty, or spaces around it)"
+    )
 
 
 def test_request_permit_out_in_a_missing_directory_is_refused_before_the_create(tmp_path):
     """Regression (new-user review): the approval was created (a human asked) and only the
     save failed at the end."""
     target = tmp_path / "missing" / "permit.jws"
-    result = invoke(["request", "-c", str(EXAMPLE), "--pipeline", "p", "--step", "s",
-                     "--draft", "x", "--wait", "--permit-out", str(target)], env=dict(ENV))
+    result = invoke(
+        [
+            "request",
+            "-c",
+            str(EXAMPLE),
+            "--pipeline",
+            "p",
+            "--step",
+            "s",
+            "--draft",
+            "x",
+            "--wait",
+            "--permit-out",
+            str(target),
+        ],
+        env=dict(ENV),
+    )
     assert result.exit_code == 2
     assert one_error_line(result.stderr) == (
-        f"Error: --permit-out: {target.parent} is not a directory this user can write to")
+        f"Error: --permit-out: {target.parent} is not a directory this user can write to"
+    )
 
 
 def _closed_port() -> int:
@@ -209,8 +286,19 @@ def test_request_gate_unreachable_is_one_error_line(tmp_path, api_url):
     """Without --wait: one error line, exit 1. With --wait the create is retried (the gate
     may be restarting) until --timeout: exit 4, saying how to find the request later."""
     url = api_url.format(port=_closed_port(), tmp=tmp_path)
-    args = ("request", "-c", str(EXAMPLE), "--api-url", url, "--pipeline", "p", "--step", "s",
-            "--draft", "hello")
+    args = (
+        "request",
+        "-c",
+        str(EXAMPLE),
+        "--api-url",
+        url,
+        "--pipeline",
+        "p",
+        "--step",
+        "s",
+        "--draft",
+        "hello",
+    )
     proc = run_cli(*args)
     assert proc.returncode == 1
     assert proc.stdout == b""
@@ -220,21 +308,27 @@ def test_request_gate_unreachable_is_one_error_line(tmp_path, api_url):
     assert proc.returncode == 4
     assert proc.stdout == b""
     err = proc.stderr.decode("utf-8").splitlines()
-    assert err[0].startswith(f"the gate cannot take the request now (cannot reach the gate "
-                             f"at {url}"), err
-    assert re.fullmatch(r"Error: the gate did not take the request within 1 s: nothing may "
-                        r"fire; run the same command again with --idempotency-key "
-                        r"hitl-request-\S+ to find it if it lands later", err[-1]), err
+    assert err[0].startswith(
+        f"the gate cannot take the request now (cannot reach the gate at {url}"
+    ), err
+    assert re.fullmatch(
+        r"Error: the gate did not take the request within 1 s: nothing may "
+        r"fire; run the same command again with --idempotency-key "
+        r"hitl-request-\S+ to find it if it lands later",
+        err[-1],
+    ), err
 
 
-@pytest.mark.parametrize("url", ["notaurl", "127.0.0.1:8090", "ftp://host:21", "unix:",
-                                 "http://host:99999", "http://"])
+@pytest.mark.parametrize(
+    "url", ["notaurl", "127.0.0.1:8090", "ftp://host:21", "unix:", "http://host:99999", "http://"]
+)
 def test_malformed_api_url_is_a_usage_error_naming_the_option(url):
     """Regression (new-user review): ``--api-url notaurl`` said "cannot reach the gate"."""
     proc = run_cli("list", "-c", str(EXAMPLE), "--api-url", url)
     assert proc.returncode == 2, proc.stderr
     assert one_error_line(proc.stderr.decode()) == (
-        f"Error: --api-url: {url!r} is not http://host:port, https://host:port or unix:/path")
+        f"Error: --api-url: {url!r} is not http://host:port, https://host:port or unix:/path"
+    )
 
 
 def test_api_commands_read_the_token_from_the_credentials_directory(gate, tmp_path):
@@ -245,24 +339,38 @@ def test_api_commands_read_the_token_from_the_credentials_directory(gate, tmp_pa
     (creds / "HITL_API_TOKEN").write_text(API_TOKEN + "\n", encoding="utf-8")
     env = {k: v for k, v in gate_env().items() if k != "HITL_API_TOKEN"}
     env["CREDENTIALS_DIRECTORY"] = str(creds)
-    proc = run_cli("list", "-c", str(gate.config), "--api-url", gate.api_url, "--state", "all",
-                   env=env)
+    proc = run_cli(
+        "list", "-c", str(gate.config), "--api-url", gate.api_url, "--state", "all", env=env
+    )
     assert proc.returncode == 0, proc.stderr
     (creds / "HITL_API_TOKEN").unlink()
     proc = run_cli("list", "-c", str(gate.config), "--api-url", gate.api_url, env=env)
     assert proc.returncode == 2
     assert one_error_line(proc.stderr.decode()) == (
         "Error: api.token_env: environment variable HITL_API_TOKEN is not set (nor is there a "
-        f"credential file {creds / 'HITL_API_TOKEN'})")
+        f"credential file {creds / 'HITL_API_TOKEN'})"
+    )
 
 
 def test_request_without_token_is_usage_error():
-    proc = run_cli("request", "-c", str(EXAMPLE), "--api-url", "http://127.0.0.1:1",
-                   "--pipeline", "p", "--step", "s", "--draft", "x",
-                   env={k: v for k, v in os.environ.items() if k != "HITL_API_TOKEN"})
+    proc = run_cli(
+        "request",
+        "-c",
+        str(EXAMPLE),
+        "--api-url",
+        "http://127.0.0.1:1",
+        "--pipeline",
+        "p",
+        "--step",
+        "s",
+        "--draft",
+        "x",
+        env={k: v for k, v in os.environ.items() if k != "HITL_API_TOKEN"},
+    )
     assert proc.returncode == 2
     assert one_error_line(proc.stderr.decode()) == (
-        "Error: api.token_env: environment variable HITL_API_TOKEN is not set")
+        "Error: api.token_env: environment variable HITL_API_TOKEN is not set"
+    )
 
 
 # ---- show / cancel / list against a running gate --------------------------------------------
@@ -309,8 +417,17 @@ def test_show_and_cancel(gate):
 # ---- help ---------------------------------------------------------------------------------
 
 COMMANDS = [
-    [], ["serve"], ["check-config"], ["request"], ["list"], ["show"], ["cancel"],
-    ["audit"], ["audit", "verify"], ["audit", "export"], ["relay"],
+    [],
+    ["serve"],
+    ["check-config"],
+    ["request"],
+    ["list"],
+    ["show"],
+    ["cancel"],
+    ["audit"],
+    ["audit", "verify"],
+    ["audit", "export"],
+    ["relay"],
 ]
 
 
@@ -327,8 +444,7 @@ def test_help_of_spec_verify_command():
     result = invoke(["verify", "--help"])
     assert result.exit_code == 0, result.output
     assert result.stdout.startswith("Usage: ")
-    for option in ("--secret-env", "--approver", "--listen", "--public-url", "--timeout",
-                   "--json"):
+    for option in ("--secret-env", "--approver", "--listen", "--public-url", "--timeout", "--json"):
         assert option in result.stdout, option
 
 

@@ -223,12 +223,10 @@ def test_config_cross_field_errors(tmp_path: Path) -> None:
         " (same as relay.operators[0] after trim and casefold)",
         "relay.security.allowed_users[3]: operator 999 is not defined in relay.operators",
         "relay.security.allowed_users[4]: operator 111 is listed twice",
-        "receipts.key_env: must differ from relay.secret_env"
-        " (HITL_RELAY_SECRET is used for both)",
+        "receipts.key_env: must differ from relay.secret_env (HITL_RELAY_SECRET is used for both)",
         "pipelines[0].steps[1].name: duplicate step name 'send-followup'"
         " (also pipelines[0].steps[0])",
-        "pipelines[1].name: duplicate pipeline name 'invoice-due-diligence'"
-        " (also pipelines[0])",
+        "pipelines[1].name: duplicate pipeline name 'invoice-due-diligence' (also pipelines[0])",
         "pipelines[1].steps[1].name: duplicate step name 'send-followup'"
         " (also pipelines[1].steps[0])",
     ]
@@ -267,8 +265,9 @@ def test_config_values_the_gate_could_never_use_are_refused(tmp_path: Path) -> N
     data["relay"]["security"]["allowed_users"] = [biggest, 222, 333]
     data["relay"]["security"]["max_skew"] = "1h"
     for s in range(len(data["pipelines"][0]["steps"])):
-        step(data, s)["approvers"] = [biggest if a == 111 else a
-                                      for a in step(data, s).get("approvers", [])] or [biggest]
+        step(data, s)["approvers"] = [
+            biggest if a == 111 else a for a in step(data, s).get("approvers", [])
+        ] or [biggest]
     step(data, 1)["name"] = "s" * 200
     config = load_config(write(tmp_path, data, "limits.yaml"))
     assert config.relay.operators[0].id == biggest
@@ -278,15 +277,21 @@ def test_config_storage_path_that_can_never_be_a_database(tmp_path: Path) -> Non
     """Regression (new-user review): ``path: /tmp`` passed check-config, then serve failed
     with "unable to open database file"."""
     (tmp_path / "afile").write_text("x", encoding="utf-8")
-    for path, message in [(str(tmp_path), f"{tmp_path} is a directory"),
-                          (str(tmp_path / "afile" / "gate.db"),
-                           f"{tmp_path / 'afile'} is not a directory")]:
+    for path, message in [
+        (str(tmp_path), f"{tmp_path} is a directory"),
+        (str(tmp_path / "afile" / "gate.db"), f"{tmp_path / 'afile'} is not a directory"),
+    ]:
         data = example_data()
         data["storage"]["path"] = path
         errors = config_errors(write(tmp_path, data))
-        assert errors == [f"storage.path: {message}" + (
-            "; name the database file in it (e.g. gate.db)" if "is a directory" in message
-            else "")], errors
+        assert errors == [
+            f"storage.path: {message}"
+            + (
+                "; name the database file in it (e.g. gate.db)"
+                if "is a directory" in message
+                else ""
+            )
+        ], errors
     data = example_data()
     data["storage"]["path"] = str(tmp_path / "new" / "dirs" / "gate.db")  # created by serve
     load_config(write(tmp_path, data))
@@ -471,10 +476,16 @@ def test_config_duplicate_yaml_key_refused(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("content", "expected"),
     [
-        ("", "top level: expected a mapping with sections relay, api, storage, receipts and"
-             " pipelines, got an empty file"),
-        ("- relay\n", "top level: expected a mapping with sections relay, api, storage, receipts"
-                      " and pipelines, got a list"),
+        (
+            "",
+            "top level: expected a mapping with sections relay, api, storage, receipts and"
+            " pipelines, got an empty file",
+        ),
+        (
+            "- relay\n",
+            "top level: expected a mapping with sections relay, api, storage, receipts"
+            " and pipelines, got a list",
+        ),
     ],
     ids=["empty", "list"],
 )
@@ -534,8 +545,20 @@ def test_parse_duration_good(text: str | int | float, seconds: float) -> None:
         (float("inf"), "duration must be a finite number, got inf"),
         (10**400, "duration " + repr(10**400) + " is too large"),
     ],
-    ids=["words", "fraction", "days", "no-number", "empty", "negative", "bool", "zero-s", "zero",
-         "negative-number", "inf", "huge"],
+    ids=[
+        "words",
+        "fraction",
+        "days",
+        "no-number",
+        "empty",
+        "negative",
+        "bool",
+        "zero-s",
+        "zero",
+        "negative-number",
+        "inf",
+        "huge",
+    ],
 )
 def test_parse_duration_bad(text: Any, message: str) -> None:
     with pytest.raises(ValueError) as info:
@@ -581,8 +604,20 @@ def test_parse_listen_good(addr: str, parsed: tuple[str, ...]) -> None:
 
 @pytest.mark.parametrize(
     "addr",
-    ["", "8090", ":8090", "localhost", "host:port", "host:65536", "host:-1", "::1:8090", "[::1",
-     "[]:80", "unix:", "my host:80"],
+    [
+        "",
+        "8090",
+        ":8090",
+        "localhost",
+        "host:port",
+        "host:65536",
+        "host:-1",
+        "::1:8090",
+        "[::1",
+        "[]:80",
+        "unix:",
+        "my host:80",
+    ],
 )
 def test_parse_listen_bad(addr: str) -> None:
     with pytest.raises(ValueError) as info:
@@ -595,8 +630,11 @@ def test_parse_listen_bad(addr: str) -> None:
 
 def test_case_h04_secret_with_trailing_newline_refused() -> None:
     config = load_config(EXAMPLE)
-    environ = dict(ENV, HITL_RELAY_SECRET=ENV["HITL_RELAY_SECRET"] + "\n",
-                   HITL_API_TOKEN=" " + ENV["HITL_API_TOKEN"])
+    environ = dict(
+        ENV,
+        HITL_RELAY_SECRET=ENV["HITL_RELAY_SECRET"] + "\n",
+        HITL_API_TOKEN=" " + ENV["HITL_API_TOKEN"],
+    )
 
     with pytest.raises(ConfigError) as info:
         load_secrets(config, environ)
@@ -687,14 +725,16 @@ def test_config_listeners_and_public_url_checked(tmp_path: Path) -> None:
         "relay:\n"
         "  url: http://127.0.0.1:8091/\n"
         "  secret_env: HITL_RELAY_SECRET\n"
-        "  callback_addr: \"127.0.0.1:8090\"\n"
+        '  callback_addr: "127.0.0.1:8090"\n'
         "  public_url: http://gate.example.com/hitl/v0/decisions?x=1\n"
         "  operators: [{id: 1, identity: a@example.com}]\n"
         "  security: {allowed_users: [1], max_input_length: 1000000}\n"
-        "api: {listen: \"127.0.0.1:8090\", token_env: HITL_API_TOKEN}\n"
+        'api: {listen: "127.0.0.1:8090", token_env: HITL_API_TOKEN}\n'
         "storage: {path: x.db}\n"
         "receipts: {key_env: HITL_RECEIPT_KEY}\n"
-        "pipelines: [{name: p, steps: [{name: s}]}]\n", encoding="utf-8")
+        "pipelines: [{name: p, steps: [{name: s}]}]\n",
+        encoding="utf-8",
+    )
     with pytest.raises(ConfigError) as info:
         load_config(path)
     assert info.value.errors == [
@@ -716,8 +756,11 @@ def test_a_secret_pasted_into_an_env_key_is_refused_without_being_shown(tmp_path
     data["api"]["token_env"] = pasted
     config = tmp_path / "config.yaml"
     config.write_text(yaml.safe_dump(data), encoding="utf-8")
-    for command in (["check-config", "-c", str(config)], ["serve", "-c", str(config)],
-                    ["doctor", "-c", str(config)]):
+    for command in (
+        ["check-config", "-c", str(config)],
+        ["serve", "-c", str(config)],
+        ["doctor", "-c", str(config)],
+    ):
         proc = run_cli(*command)
         text = proc.stdout.decode() + proc.stderr.decode()
         assert proc.returncode != 0, (command, text)
@@ -725,8 +768,10 @@ def test_a_secret_pasted_into_an_env_key_is_refused_without_being_shown(tmp_path
         assert "api.token_env" in text, (command, text)
 
 
-@pytest.mark.parametrize("token", ["tok\x01en-value-0c7e2b9f4a1d6853", "two words, long enough",
-                                   "tökén-value-0c7e2b9f4a1d6853"])
+@pytest.mark.parametrize(
+    "token",
+    ["tok\x01en-value-0c7e2b9f4a1d6853", "two words, long enough", "tökén-value-0c7e2b9f4a1d6853"],
+)
 def test_api_token_must_be_printable_ascii(token):
     """Security review: check-config passed an API token holding ``\x01``; serve took it, and
     every client then failed to send it as a bearer token."""
@@ -735,5 +780,5 @@ def test_api_token_must_be_printable_ascii(token):
         load_secrets(config, {**ENV, "HITL_API_TOKEN": token})
     assert info.value.errors == [
         "api.token_env: HITL_API_TOKEN holds a space, a control or a non-ASCII character; an "
-        "HTTP bearer token is printable ASCII"]
-
+        "HTTP bearer token is printable ASCII"
+    ]

@@ -50,10 +50,12 @@ class Gate:
     clock: ManualClock
     config: Config
 
-    async def create(self, step: str = "q1", body: str = DRAFT,
-                     key: str | None = None, run_id: str | None = None) -> dict[str, Any]:
+    async def create(
+        self, step: str = "q1", body: str = DRAFT, key: str | None = None, run_id: str | None = None
+    ) -> dict[str, Any]:
         view, created = await self.service.create(
-            CreateRequest("p", step, run_id, "text/plain", body, None), key)
+            CreateRequest("p", step, run_id, "text/plain", body, None), key
+        )
         assert created
         return view
 
@@ -64,28 +66,44 @@ class Gate:
         wanted = full["revision"] if revision is None else revision
         return next(r for r in full["revisions"] if r["revision"] == wanted)
 
-    async def decision(self, approval_id: str, /, identity: str = ALICE, verb: str = "approve",
-                       *, revision: int | None = None, adjust_text: str | None = None,
-                       channel: str = "test", **overrides: Any) -> Decision:
+    async def decision(
+        self,
+        approval_id: str,
+        /,
+        identity: str = ALICE,
+        verb: str = "approve",
+        *,
+        revision: int | None = None,
+        adjust_text: str | None = None,
+        channel: str = "test",
+        **overrides: Any,
+    ) -> Decision:
         """A decision answering ``revision`` (current by default), parsed from wire bytes.
 
         ``overrides`` replace envelope fields (e.g. ``nonce``, ``payload_hash``, ``approval_id``).
         """
         rev = await self.revision(approval_id, revision)
-        body = build_decision(approval_id=approval_id, nonce=rev["nonce"], decision=verb,
-                              payload_hash=rev["payload_hash"], approver_id=identity,
-                              decided_at_ms=self.clock.now_ms(), channel=channel,
-                              adjust_text=adjust_text)
+        body = build_decision(
+            approval_id=approval_id,
+            nonce=rev["nonce"],
+            decision=verb,
+            payload_hash=rev["payload_hash"],
+            approver_id=identity,
+            decided_at_ms=self.clock.now_ms(),
+            channel=channel,
+            adjust_text=adjust_text,
+        )
         body.update(overrides)
         return parse_decision(wire_json(body))
 
-    async def decide(self, approval_id: str, /, identity: str = ALICE, verb: str = "approve",
-                     **kwargs: Any) -> dict[str, Any]:
-        return await self.service.decide(await self.decision(approval_id, identity, verb,
-                                                             **kwargs))
+    async def decide(
+        self, approval_id: str, /, identity: str = ALICE, verb: str = "approve", **kwargs: Any
+    ) -> dict[str, Any]:
+        return await self.service.decide(await self.decision(approval_id, identity, verb, **kwargs))
 
-    async def refused(self, approval_id: str, /, identity: str = ALICE, verb: str = "approve",
-                      **kwargs: Any) -> GateError:
+    async def refused(
+        self, approval_id: str, /, identity: str = ALICE, verb: str = "approve", **kwargs: Any
+    ) -> GateError:
         decision = await self.decision(approval_id, identity, verb, **kwargs)
         with pytest.raises(GateError) as info:
             await self.service.decide(decision)
@@ -111,8 +129,9 @@ async def make_gate(tmp_path: Path) -> AsyncIterator[MakeGate]:
     async def make(**config_overrides: Any) -> Gate:
         directory = tmp_path / f"gate{len(stores)}"
         directory.mkdir()
-        config = load_config(write_config(directory, "http://127.0.0.1:9/relay",
-                                          **config_overrides))
+        config = load_config(
+            write_config(directory, "http://127.0.0.1:9/relay", **config_overrides)
+        )
         store = Store(config.storage.path)
         await store.open()
         stores.append(store)
@@ -278,8 +297,11 @@ async def test_service_quorum2_needs_two_operators(gate: Gate) -> None:
 
     assert await gate.decide(aid, ALICE) == {"status": "recorded", "resolved": False}
     assert (await gate.service.get(aid))["quorum"] == {"required": 2, "collected": 1}
-    assert await gate.decide(aid, BOB) == {"status": "recorded", "resolved": True,
-                                           "outcome": "approved"}
+    assert await gate.decide(aid, BOB) == {
+        "status": "recorded",
+        "resolved": True,
+        "outcome": "approved",
+    }
 
 
 async def test_service_quorum2_skip_vetoes(gate: Gate) -> None:
@@ -371,10 +393,15 @@ async def test_service_duplicate_vs_already_decided(gate: Gate) -> None:
     # H09: same operator through another channel; H10: case and whitespace of the identity
     assert_refusal(await gate.refused(aid, ALICE, channel="slack"), 409, "duplicate", "duplicate")
     assert_refusal(await gate.refused(aid, "Alice@Example.COM "), 409, "duplicate", "duplicate")
-    assert_refusal(await gate.refused(aid, ALICE, "skip"), 409, "already_decided",
-                   "already_decided")
-    assert_refusal(await gate.refused(aid, ALICE, "adjust", adjust_text="x"), 409,
-                   "already_decided", "already_decided")
+    assert_refusal(
+        await gate.refused(aid, ALICE, "skip"), 409, "already_decided", "already_decided"
+    )
+    assert_refusal(
+        await gate.refused(aid, ALICE, "adjust", adjust_text="x"),
+        409,
+        "already_decided",
+        "already_decided",
+    )
     assert (await gate.service.get(aid))["quorum"]["collected"] == 1
 
     assert (await gate.decide(aid, BOB))["outcome"] == "approved"
@@ -406,8 +433,12 @@ async def test_service_refusals_change_nothing(gate: Gate) -> None:
     cyrillic_alice = "\u0430lice@example.com"  # Cyrillic а
 
     cases = [
-        (dict(approval_id="01KDWZ8B00J3Q9V5X7Z2M4N6PR"), 404, "unknown_approval",
-         "unknown_approval"),
+        (
+            dict(approval_id="01KDWZ8B00J3Q9V5X7Z2M4N6PR"),
+            404,
+            "unknown_approval",
+            "unknown_approval",
+        ),
         (dict(nonce=other_rev["nonce"]), 403, "forbidden", "nonce_mismatch"),
         (dict(nonce="0" * 32), 403, "forbidden", "nonce_mismatch"),
         (dict(payload_hash=REENCODED_HASH), 403, "forbidden", "payload_hash_mismatch"),  # H12
@@ -530,7 +561,10 @@ async def test_service_cancel(gate: Gate) -> None:
     with pytest.raises(Conflict) as info:
         await gate.service.cancel(aid)
     assert (info.value.status, info.value.code, info.value.extra) == (
-        409, "already_resolved", {"outcome": "cancelled"})
+        409,
+        "already_resolved",
+        {"outcome": "cancelled"},
+    )
     err = await gate.refused(aid, ALICE)
     assert_refusal(err, 409, "already_resolved", "already_resolved")
     assert err.extra == {"outcome": "cancelled"}
@@ -555,7 +589,10 @@ async def test_service_cancel_past_expires_at_resolves_timeout(gate: Gate) -> No
     with pytest.raises(Conflict) as info:
         await gate.service.cancel(aid)
     assert (info.value.status, info.value.code, info.value.extra) == (
-        409, "already_resolved", {"outcome": "timeout"})
+        409,
+        "already_resolved",
+        {"outcome": "timeout"},
+    )
     full = await gate.full(aid)
     assert (full["state"], full["outcome"]) == ("resolved", "timeout")
     assert [r.kind for r in await gate.audit_rows()] == ["created", "resolved"]
@@ -581,21 +618,23 @@ async def test_store_transactions_sharing_a_commit_roll_back_alone(gate: Gate) -
             if refuse:
                 raise Conflict("refused", f"transaction {n} refused")
             return int(row.seq)
+
         return transaction
 
-    results = await asyncio.gather(*(gate.store.transact(append(n, n % 3 == 1))
-                                     for n in range(30)), return_exceptions=True)
+    results = await asyncio.gather(
+        *(gate.store.transact(append(n, n % 3 == 1)) for n in range(30)), return_exceptions=True
+    )
     refused = [n for n, r in enumerate(results) if isinstance(r, Conflict)]
     assert refused == [n for n in range(30) if n % 3 == 1]
     rows = await gate.audit_rows()
-    assert [json.loads(r.entry)["data"]["n"] for r in rows] == [
-        n for n in range(30) if n % 3 != 1]
+    assert [json.loads(r.entry)["data"]["n"] for r in rows] == [n for n in range(30) if n % 3 != 1]
     assert sorted(r for r in results if isinstance(r, int)) == [r.seq for r in rows]
     assert audit.verify(rows, RECEIPT_KEY).ok
 
 
 async def test_b02_03_a_commit_logs_the_chain_head_it_kept_once(
-        gate: Gate, caplog: pytest.LogCaptureFixture) -> None:
+    gate: Gate, caplog: pytest.LogCaptureFixture
+) -> None:
     """One ``event=audit_head`` per group commit that appended entries, naming the newest
     entry the commit kept: a refused transaction's entry, rolled back to its SAVEPOINT, is
     not the head, whether or not a later one in the batch appended again."""
@@ -612,6 +651,7 @@ async def test_b02_03_a_commit_logs_the_chain_head_it_kept_once(
             if refuse:
                 raise Conflict("refused", f"transaction {n} refused")
             return int(row.seq)
+
         return transaction
 
     async def batch(*fns: Callable[[Any], Any]) -> list[Any]:
@@ -631,11 +671,12 @@ async def test_b02_03_a_commit_logs_the_chain_head_it_kept_once(
     # the head of the batch before (it logs once the batch's callers are answered)
     await gate.store.transact(lambda tx: None)
     rows = {json.loads(r.entry)["data"]["n"]: r for r in await gate.audit_rows()}
-    assert (kept_last[0], kept_last[2], kept_first[0]) == (rows[1].seq, rows[3].seq,
-                                                           rows[4].seq)
+    assert (kept_last[0], kept_last[2], kept_first[0]) == (rows[1].seq, rows[3].seq, rows[4].seq)
     heads = [r.getMessage() for r in caplog.records if "event=audit_head" in r.getMessage()]
-    assert heads == [f"event=audit_head seq={rows[3].seq} hash={rows[3].entry_hash}",
-                     f"event=audit_head seq={rows[4].seq} hash={rows[4].entry_hash}"]
+    assert heads == [
+        f"event=audit_head seq={rows[3].seq} hash={rows[3].entry_hash}",
+        f"event=audit_head seq={rows[4].seq} hash={rows[4].entry_hash}",
+    ]
 
 
 async def test_store_transaction_cancelled_before_it_ran_never_runs(gate: Gate) -> None:
@@ -694,8 +735,9 @@ async def test_service_wait_wakes_on_cancel_and_expiry(gate: Gate) -> None:
         assert await gate.service.expire_due() == 1
 
     async with asyncio.timeout(10):
-        a, b, _ = await asyncio.gather(gate.service.wait(one, 300), gate.service.wait(two, 300),
-                                       resolve_both())
+        a, b, _ = await asyncio.gather(
+            gate.service.wait(one, 300), gate.service.wait(two, 300), resolve_both()
+        )
     assert (a["outcome"], b["outcome"]) == ("cancelled", "timeout")
 
 
@@ -715,13 +757,15 @@ async def test_service_wait_returns_at_once_when_resolved_or_zero(gate: Gate) ->
 async def test_service_dispatch_ack_audited_once(gate: Gate) -> None:
     aid = (await gate.create("q1"))["approval_id"]
 
-    await gate.service.dispatch_result(aid, 1, acked=False, error="http_503",
-                                       retry_at_ms=NOW_MS + 1000)
+    await gate.service.dispatch_result(
+        aid, 1, acked=False, error="http_503", retry_at_ms=NOW_MS + 1000
+    )
     await gate.service.dispatch_result(aid, 1, acked=True, error=None, retry_at_ms=NOW_MS)
     await gate.service.dispatch_result(aid, 1, acked=True, error=None, retry_at_ms=NOW_MS)
 
-    acks = [json.loads(r.entry)["data"] for r in await gate.audit_rows()
-            if r.kind == "dispatch_ack"]
+    acks = [
+        json.loads(r.entry)["data"] for r in await gate.audit_rows() if r.kind == "dispatch_ack"
+    ]
     assert acks == [{"revision": 1, "attempts": 2}]
     view = await gate.service.get(aid)
     assert view["dispatch"]["attempts"] == 2
@@ -731,8 +775,9 @@ async def test_service_dispatch_ack_audited_once(gate: Gate) -> None:
 async def test_service_audit_chain_verifies_and_receipts_match(gate: Gate) -> None:
     ids = {}
     ids["approved"] = (await gate.create("q1"))["approval_id"]
-    await gate.service.dispatch_result(ids["approved"], 1, acked=True, error=None,
-                                       retry_at_ms=NOW_MS)
+    await gate.service.dispatch_result(
+        ids["approved"], 1, acked=True, error=None, retry_at_ms=NOW_MS
+    )
     await gate.decide(ids["approved"], BOB)
     ids["adjusted"] = (await gate.create("q2"))["approval_id"]
     await gate.decide(ids["adjusted"], ALICE, "adjust", adjust_text="Zoë's edit 👍\n")
@@ -796,8 +841,9 @@ def small_approval(**overrides: Any) -> dict[str, Any]:
         "revision": 1,
         "quorum_required": 2,
         "scope": [[ALICE_ID, ALICE], [BOB_ID, "Bob@Example.com"]],
-        "revisions": [{"revision": 1, "body": "v1", "payload_hash": "sha256:v1",
-                       "created_by": None}],
+        "revisions": [
+            {"revision": 1, "body": "v1", "payload_hash": "sha256:v1", "created_by": None}
+        ],
         "decisions": [],
     }
     approval.update(overrides)
@@ -805,27 +851,43 @@ def small_approval(**overrides: Any) -> dict[str, Any]:
 
 
 def small_decision(verb: str = "approve", **overrides: Any) -> Decision:
-    values: dict[str, Any] = dict(approval_id="a1", nonce="n1", decision=verb,
-                                  payload_hash="sha256:v1", approver_id=ALICE,
-                                  approver_display=None, approver_channel=None,
-                                  adjust_text=None, decided_at="2026-01-01T00:00:00Z")
+    values: dict[str, Any] = dict(
+        approval_id="a1",
+        nonce="n1",
+        decision=verb,
+        payload_hash="sha256:v1",
+        approver_id=ALICE,
+        approver_display=None,
+        approver_channel=None,
+        adjust_text=None,
+        decided_at="2026-01-01T00:00:00Z",
+    )
     values.update(overrides)
     return Decision(**values)
 
 
-def row(operator_id: int, verb: str = "approve", revision: int = 1,
-        adjust_text: str | None = None) -> dict[str, Any]:
-    return {"operator_id": operator_id, "decision": verb, "revision": revision,
-            "adjust_text": adjust_text}
+def row(
+    operator_id: int, verb: str = "approve", revision: int = 1, adjust_text: str | None = None
+) -> dict[str, Any]:
+    return {
+        "operator_id": operator_id,
+        "decision": verb,
+        "revision": revision,
+        "adjust_text": adjust_text,
+    }
 
 
-@pytest.mark.parametrize(("identity", "key"), [
-    ("alice@example.com", "alice@example.com"),
-    ("  Alice@Example.COM\t", "alice@example.com"),
-    ("STRASSE@example.com", "strasse@example.com"),
-    ("Straße@example.com", "strasse@example.com"),
-    ("\u0430lice@example.com", "\u0430lice@example.com"),
-], ids=["plain", "trim_case", "upper", "casefold_sharp_s", "cyrillic_kept"])
+@pytest.mark.parametrize(
+    ("identity", "key"),
+    [
+        ("alice@example.com", "alice@example.com"),
+        ("  Alice@Example.COM\t", "alice@example.com"),
+        ("STRASSE@example.com", "strasse@example.com"),
+        ("Straße@example.com", "strasse@example.com"),
+        ("\u0430lice@example.com", "\u0430lice@example.com"),
+    ],
+    ids=["plain", "trim_case", "upper", "casefold_sharp_s", "cyrillic_kept"],
+)
 def test_rules_identity_key(identity: str, key: str) -> None:
     assert rules.identity_key(identity) == key
 
@@ -834,23 +896,61 @@ def test_rules_check_state_ok() -> None:
     rules.check_state(small_approval(), 1, small_decision(), NOW_MS)
 
 
-@pytest.mark.parametrize(("overrides", "nonce_rev", "decision", "now", "expected"), [
-    (dict(state="resolved", outcome="approved"), 1, {}, NOW_MS,
-     (409, "already_resolved", "already_resolved")),
-    (dict(state="resolved", outcome="timeout"), 1, {}, NOW_MS, (410, "expired", "expired")),
-    ({}, 1, {}, NOW_MS + 1000, (410, "expired", "expired")),
-    ({}, 1, {}, NOW_MS + 999_999, (410, "expired", "expired")),
-    (dict(revision=2, revisions=[
-        {"revision": 1, "body": "v1", "payload_hash": "sha256:v1", "created_by": None},
-        {"revision": 2, "body": "v2", "payload_hash": "sha256:v2", "created_by": ALICE_ID}]),
-     1, {}, NOW_MS, (409, "superseded", "superseded")),
-    ({}, 1, {"payload_hash": "sha256:other"}, NOW_MS,
-     (403, "forbidden", "payload_hash_mismatch")),
-], ids=["resolved", "resolved_timeout", "at_expires_at", "past_expires_at", "superseded",
-        "hash_mismatch"])
-def test_rules_check_state_refusals(overrides: dict[str, Any], nonce_rev: int,
-                                    decision: dict[str, Any], now: int,
-                                    expected: tuple[int, str, str]) -> None:
+@pytest.mark.parametrize(
+    ("overrides", "nonce_rev", "decision", "now", "expected"),
+    [
+        (
+            dict(state="resolved", outcome="approved"),
+            1,
+            {},
+            NOW_MS,
+            (409, "already_resolved", "already_resolved"),
+        ),
+        (dict(state="resolved", outcome="timeout"), 1, {}, NOW_MS, (410, "expired", "expired")),
+        ({}, 1, {}, NOW_MS + 1000, (410, "expired", "expired")),
+        ({}, 1, {}, NOW_MS + 999_999, (410, "expired", "expired")),
+        (
+            dict(
+                revision=2,
+                revisions=[
+                    {"revision": 1, "body": "v1", "payload_hash": "sha256:v1", "created_by": None},
+                    {
+                        "revision": 2,
+                        "body": "v2",
+                        "payload_hash": "sha256:v2",
+                        "created_by": ALICE_ID,
+                    },
+                ],
+            ),
+            1,
+            {},
+            NOW_MS,
+            (409, "superseded", "superseded"),
+        ),
+        (
+            {},
+            1,
+            {"payload_hash": "sha256:other"},
+            NOW_MS,
+            (403, "forbidden", "payload_hash_mismatch"),
+        ),
+    ],
+    ids=[
+        "resolved",
+        "resolved_timeout",
+        "at_expires_at",
+        "past_expires_at",
+        "superseded",
+        "hash_mismatch",
+    ],
+)
+def test_rules_check_state_refusals(
+    overrides: dict[str, Any],
+    nonce_rev: int,
+    decision: dict[str, Any],
+    now: int,
+    expected: tuple[int, str, str],
+) -> None:
     with pytest.raises(GateError) as info:
         rules.check_state(small_approval(**overrides), nonce_rev, small_decision(**decision), now)
     assert (info.value.status, info.value.kind, info.value.code) == expected
@@ -858,10 +958,14 @@ def test_rules_check_state_refusals(overrides: dict[str, Any], nonce_rev: int,
 
 def test_rules_check_state_resolved_carries_outcome() -> None:
     with pytest.raises(GateError) as info:
-        rules.check_state(small_approval(state="resolved", outcome="skipped"), 1,
-                          small_decision(), NOW_MS)
-    assert info.value.body() == {"status": "already_resolved", "reason": "already_resolved",
-                                 "outcome": "skipped"}
+        rules.check_state(
+            small_approval(state="resolved", outcome="skipped"), 1, small_decision(), NOW_MS
+        )
+    assert info.value.body() == {
+        "status": "already_resolved",
+        "reason": "already_resolved",
+        "outcome": "skipped",
+    }
 
 
 def test_rules_check_approver() -> None:
@@ -875,18 +979,31 @@ def test_rules_check_approver() -> None:
         assert info.value.code == "approver_not_allowed"
 
 
-@pytest.mark.parametrize(("verb", "text", "reason"), [
-    ("approve", None, None),
-    ("skip", None, None),
-    ("adjust", "ok", None),
-    ("adjust", "x" * 10, None),
-    ("adjust", "x" * 11, "adjust_text_too_long"),
-    ("adjust", "👍" * 10, None),
-    ("adjust", None, "adjust_text_required"),
-    ("adjust", "", "adjust_text_required"),
-    ("adjust", " \t\r\n\u00a0", "adjust_text_required"),
-], ids=["approve", "skip", "short", "at_limit", "over_limit", "emoji_chars_not_bytes",
-        "null", "empty", "whitespace"])
+@pytest.mark.parametrize(
+    ("verb", "text", "reason"),
+    [
+        ("approve", None, None),
+        ("skip", None, None),
+        ("adjust", "ok", None),
+        ("adjust", "x" * 10, None),
+        ("adjust", "x" * 11, "adjust_text_too_long"),
+        ("adjust", "👍" * 10, None),
+        ("adjust", None, "adjust_text_required"),
+        ("adjust", "", "adjust_text_required"),
+        ("adjust", " \t\r\n\u00a0", "adjust_text_required"),
+    ],
+    ids=[
+        "approve",
+        "skip",
+        "short",
+        "at_limit",
+        "over_limit",
+        "emoji_chars_not_bytes",
+        "null",
+        "empty",
+        "whitespace",
+    ],
+)
 def test_rules_check_adjust_text(verb: str, text: str | None, reason: str | None) -> None:
     decision = small_decision(verb, adjust_text=text)
     if reason is None:
@@ -911,10 +1028,13 @@ def test_rules_check_not_decided() -> None:
 
 def test_rules_check_not_decided_only_current_revision() -> None:
     approval = small_approval(
-        revision=2, decisions=[row(ALICE_ID, revision=1)],
-        revisions=[{"revision": 1, "body": "v1", "payload_hash": "sha256:v1", "created_by": None},
-                   {"revision": 2, "body": "v2", "payload_hash": "sha256:v2",
-                    "created_by": BOB_ID}])
+        revision=2,
+        decisions=[row(ALICE_ID, revision=1)],
+        revisions=[
+            {"revision": 1, "body": "v1", "payload_hash": "sha256:v1", "created_by": None},
+            {"revision": 2, "body": "v2", "payload_hash": "sha256:v2", "created_by": BOB_ID},
+        ],
+    )
 
     rules.check_not_decided(approval, ALICE_ID, small_decision())  # decided rev 1 only
     with pytest.raises(GateError) as info:  # bob's adjust created rev 2: his approval
@@ -927,38 +1047,52 @@ def test_rules_verdict() -> None:
 
     assert rules.verdict(approval, 1, small_decision()) == rules.Verdict(1, "approve")
     assert rules.verdict(approval, 1, small_decision("skip")) == rules.Verdict(1, "skip")
-    assert rules.verdict(approval, 1, small_decision("adjust", adjust_text="v2")) == \
-        rules.Verdict(1, "adjust", "v2")
-    assert rules.verdict(approval, 1, small_decision("adjust", adjust_text="v1")) == \
-        rules.Verdict(1, "approve")
+    assert rules.verdict(approval, 1, small_decision("adjust", adjust_text="v2")) == rules.Verdict(
+        1, "adjust", "v2"
+    )
+    assert rules.verdict(approval, 1, small_decision("adjust", adjust_text="v1")) == rules.Verdict(
+        1, "approve"
+    )
 
 
 def test_rules_approvers_of() -> None:
     approval = small_approval(
         revision=2,
-        revisions=[{"revision": 1, "body": "v1", "payload_hash": "h1", "created_by": None},
-                   {"revision": 2, "body": "v2", "payload_hash": "h2", "created_by": BOB_ID}],
-        decisions=[row(ALICE_ID), row(CAROL_ID), row(BOB_ID, "adjust", 1, "v2"),
-                   row(ALICE_ID, "adjust", 2, "v2"), row(CAROL_ID, "skip", 2)])
+        revisions=[
+            {"revision": 1, "body": "v1", "payload_hash": "h1", "created_by": None},
+            {"revision": 2, "body": "v2", "payload_hash": "h2", "created_by": BOB_ID},
+        ],
+        decisions=[
+            row(ALICE_ID),
+            row(CAROL_ID),
+            row(BOB_ID, "adjust", 1, "v2"),
+            row(ALICE_ID, "adjust", 2, "v2"),
+            row(CAROL_ID, "skip", 2),
+        ],
+    )
 
     assert rules.approvers_of(approval, 1) == [ALICE_ID, CAROL_ID]
     assert rules.approvers_of(approval, 2) == [BOB_ID, ALICE_ID]
     assert rules.approvers_of(approval, 3) == []
 
 
-@pytest.mark.parametrize(("required", "collected", "revision", "effects", "outcome"), [
-    (1, 1, 1, ["approve"], "approved"),
-    (2, 1, 1, ["approve"], None),
-    (2, 2, 1, ["approve"], "approved"),
-    (1, 1, 2, ["adjust"], "adjusted"),
-    (2, 1, 2, ["adjust"], None),
-    (2, 2, 3, ["approve"], "adjusted"),
-    (3, 0, 1, ["skip"], "skipped"),
-    (1, 5, 2, ["skip"], "skipped"),
-], ids=["q1", "q2_half", "q2_full", "q1_adjust", "q2_adjust", "q2_rev3", "skip_veto",
-        "skip_wins"])
-def test_rules_outcome_after(required: int, collected: int, revision: int, effects: list[str],
-                             outcome: str | None) -> None:
+@pytest.mark.parametrize(
+    ("required", "collected", "revision", "effects", "outcome"),
+    [
+        (1, 1, 1, ["approve"], "approved"),
+        (2, 1, 1, ["approve"], None),
+        (2, 2, 1, ["approve"], "approved"),
+        (1, 1, 2, ["adjust"], "adjusted"),
+        (2, 1, 2, ["adjust"], None),
+        (2, 2, 3, ["approve"], "adjusted"),
+        (3, 0, 1, ["skip"], "skipped"),
+        (1, 5, 2, ["skip"], "skipped"),
+    ],
+    ids=["q1", "q2_half", "q2_full", "q1_adjust", "q2_adjust", "q2_rev3", "skip_veto", "skip_wins"],
+)
+def test_rules_outcome_after(
+    required: int, collected: int, revision: int, effects: list[str], outcome: str | None
+) -> None:
     assert rules.outcome_after(required, collected, revision, effects) == outcome
 
 

@@ -73,7 +73,8 @@ def test_docs_every_command_in_readme_table(path):
     documented = readme_table_commands()
 
     assert any(row == name or row.startswith(name + " ") for row in documented), (
-        f"`hitl-gate {name}` is missing from README.md's command table")
+        f"`hitl-gate {name}` is missing from README.md's command table"
+    )
 
 
 def test_docs_readme_table_has_no_unknown_command():
@@ -149,8 +150,12 @@ MODEL_KEYS = sorted(model_keys())
 def test_docs_model_walk_sees_nested_and_list_keys():
     keys = set(MODEL_KEYS)
 
-    assert {"relay.security.max_skew", "relay.operators[].identity",
-            "pipelines[].steps[].quorum", "http.body_timeout"} <= keys
+    assert {
+        "relay.security.max_skew",
+        "relay.operators[].identity",
+        "pipelines[].steps[].quorum",
+        "http.body_timeout",
+    } <= keys
 
 
 @pytest.mark.parametrize("key", MODEL_KEYS)
@@ -186,17 +191,23 @@ def _make(directory: Path, target: str, log: Path) -> list[str]:
     """Run the Makefile's ``target`` in ``directory`` with the fake python; return the
     venv/pip/python calls it made."""
     before = log.read_text(encoding="utf-8").splitlines() if log.exists() else []
-    result = subprocess.run(["make", "--no-print-directory", target,
-                             f"PYTHON={directory / 'fake-python'}"], cwd=directory,
-                            env={**os.environ, "MAKE_LOG": str(log)}, capture_output=True,
-                            text=True, timeout=60, check=False)
+    result = subprocess.run(
+        ["make", "--no-print-directory", target, f"PYTHON={directory / 'fake-python'}"],
+        cwd=directory,
+        env={**os.environ, "MAKE_LOG": str(log)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
-    return log.read_text(encoding="utf-8").splitlines()[len(before):]
+    return log.read_text(encoding="utf-8").splitlines()[len(before) :]
 
 
 @pytest.mark.skipif(shutil.which("make") is None, reason="needs make")
 def test_b02_10_make_demo_installs_the_runtime_only_and_make_test_adds_the_test_extras(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     """Item 10 of issue 12: ``make demo`` installed the test tools (~50 packages) with an
     editable install whose setuptools notice was printed. The demo installs the package and
     its runtime dependencies only, as a regular (not editable) install; ``make test`` adds
@@ -211,7 +222,11 @@ def test_b02_10_make_demo_installs_the_runtime_only_and_make_test_adds_the_test_
     demo, tests = "python scripts/demo.py", "python -m pytest"
     with_extras = "pip install --quiet -e .[test]"
     assert _make(tmp_path, "demo", log) == [
-        "venv", "pip install --quiet --upgrade pip", runtime, demo]
+        "venv",
+        "pip install --quiet --upgrade pip",
+        runtime,
+        demo,
+    ]
     assert _make(tmp_path, "test", log) == [with_extras, tests]
     assert _make(tmp_path, "demo", log) == [demo]
     assert _make(tmp_path, "test", log) == [tests]
@@ -223,7 +238,11 @@ def test_b02_10_make_demo_installs_the_runtime_only_and_make_test_adds_the_test_
     shutil.rmtree(tmp_path / ".venv")
     os.utime(tmp_path / "pyproject.toml", (time.time() - 5, time.time() - 5))
     assert _make(tmp_path, "test", log) == [
-        "venv", "pip install --quiet --upgrade pip", with_extras, tests]
+        "venv",
+        "pip install --quiet --upgrade pip",
+        with_extras,
+        tests,
+    ]
     assert _make(tmp_path, "demo", log) == [demo]
 
 
@@ -236,7 +255,10 @@ def test_docs_readme_map_matches_the_package_docstrings() -> None:
     block = readme.split("<!-- map:start -->\n```\n", 1)[1].split("```\n<!-- map:end -->", 1)[0]
     assert block == render(), "README's map is stale: run python scripts/devmap.py"
     shown = {name for name, _ in entries()}
-    packages = {f"gate/{p.parent.relative_to(ROOT / 'gate').as_posix()}/"
-                for p in (ROOT / "gate").rglob("__init__.py") if p.parent != ROOT / "gate"}
+    packages = {
+        f"gate/{p.parent.relative_to(ROOT / 'gate').as_posix()}/"
+        for p in (ROOT / "gate").rglob("__init__.py")
+        if p.parent != ROOT / "gate"
+    }
     assert packages <= shown
     assert all(text for _, text in entries()), "a package or module has no docstring"

@@ -21,9 +21,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from gate.protocol.canonical import canonical_json
 from gate.tools.doctor import CLOCK_WARN_S, RELEASE_DATE, RelayProbe, check_clock
 from gate.trust.keys import generate
-from gate.protocol.canonical import canonical_json
 from tests.badrelays import BadRelay, Misbehaviour
 from tests.support import (
     ROOT,
@@ -87,7 +87,8 @@ def test_doctor_all_pass_against_running_gate_and_relay(gate, relay, tmp_path):
 
 
 def test_database_is_created_owner_only_and_doctor_warns_when_others_can_read_it(
-        gate, relay, tmp_path):
+    gate, relay, tmp_path
+):
     """Security review: outside systemd (umask 022) the database, which holds drafts, final
     bodies, permits and the nonces of pending approvals, was created 0644, and doctor said
     nothing. It is created 0600 whatever the umask (SQLite gives -wal/-shm the same mode);
@@ -101,7 +102,8 @@ def test_database_is_created_owner_only_and_doctor_warns_when_others_can_read_it
     assert code == 0, lines
     assert line_of(lines, "database") == (
         f"WARN database: {db} is readable by others (mode 0644; it holds drafts, final "
-        f"bodies and permits): chmod 600 {db}")
+        f"bodies and permits): chmod 600 {db}"
+    )
 
 
 def test_doctor_fails_dispatch_when_the_relay_refuses_the_gates_signature(tmp_path):
@@ -118,8 +120,9 @@ def test_doctor_fails_dispatch_when_the_relay_refuses_the_gates_signature(tmp_pa
         try:
             api = gate.api()
             approval_id = api.create("q1", "never acked")["approval_id"]
-            wait_until(lambda: api.get(approval_id)["dispatch"]["attempts"] >= 1,
-                       what="a refused attempt")
+            wait_until(
+                lambda: api.get(approval_id)["dispatch"]["attempts"] >= 1, what="a refused attempt"
+            )
         finally:
             gate.stop()
         code, lines = doctor(config)
@@ -129,18 +132,23 @@ def test_doctor_fails_dispatch_when_the_relay_refuses_the_gates_signature(tmp_pa
     assert line_of(lines, "dispatch") == (
         "FAIL dispatch: 1 pending approval not delivered to the relay; latest error: relay "
         "answered HTTP 401 (the relay refused the gate's signature: do the relay and "
-        "relay.secret_env hold the same secret?)")
+        "relay.secret_env hold the same secret?)"
+    )
 
 
 RELAY_REFUSALS = {
     # a relay whose clock is 10 minutes ahead judges every fresh dispatch out of its window
     "clock-10-min-off": (
-        Misbehaviour(clock_offset_s=600), "timestamp_out_of_window",
+        Misbehaviour(clock_offset_s=600),
+        "timestamp_out_of_window",
         "the relay's clock and this host's differ by more than the relay accepts, 300 s in "
-        "hitl/v0: set both clocks by NTP; the secret is not the cause"),
+        "hitl/v0: set both clocks by NTP; the secret is not the cause",
+    ),
     "another-secret": (
-        Misbehaviour(secret="the-relay-holds-another-secret"), "signature_mismatch",
-        "the relay holds a different secret from relay.secret_env: give both the same secret"),
+        Misbehaviour(secret="the-relay-holds-another-secret"),
+        "signature_mismatch",
+        "the relay holds a different secret from relay.secret_env: give both the same secret",
+    ),
 }
 
 
@@ -157,8 +165,20 @@ def test_b02_07_relay_refusal_reason_reaches_last_error_log_hops_and_doctor(tmp_
         gate = GateProcess(config).start()
         try:
             error = f"relay answered HTTP 401: {reason}"
-            cli = CliProcess("request", "-c", str(config), "--api-url", gate.api_url,
-                             "--pipeline", "p", "--step", "q1", "--draft", "refused", "--wait")
+            cli = CliProcess(
+                "request",
+                "-c",
+                str(config),
+                "--api-url",
+                gate.api_url,
+                "--pipeline",
+                "p",
+                "--step",
+                "q1",
+                "--draft",
+                "refused",
+                "--wait",
+            )
             try:
                 cli.wait_for_line(re.escape(f"dispatch not acked yet: {error} (retrying)"))
             finally:
@@ -176,7 +196,8 @@ def test_b02_07_relay_refusal_reason_reaches_last_error_log_hops_and_doctor(tmp_
     assert code == 1, lines
     assert line_of(lines, "dispatch") == (
         f"FAIL dispatch: 1 pending approval not delivered to the relay; latest error: "
-        f"{error} ({hint})")
+        f"{error} ({hint})"
+    )
 
 
 def test_doctor_checks_signatures_with_a_signing_key(tmp_path, relay):
@@ -222,8 +243,9 @@ def test_doctor_tampered_audit_fails_audit(gate, relay, tmp_path):
     with sqlite3.connect(db, isolation_level=None) as conn:
         entry = json.loads(conn.execute("SELECT entry FROM audit_log WHERE seq = 2").fetchone()[0])
         entry["at"] = "2000-01-01T00:00:00Z"
-        conn.execute("UPDATE audit_log SET entry = ? WHERE seq = 2",
-                     (canonical_json(entry).decode("utf-8"),))
+        conn.execute(
+            "UPDATE audit_log SET entry = ? WHERE seq = 2", (canonical_json(entry).decode("utf-8"),)
+        )
     conn.close()
 
     code, lines = doctor(tmp_path / "config.yaml")
@@ -231,7 +253,8 @@ def test_doctor_tampered_audit_fails_audit(gate, relay, tmp_path):
     assert code == 1, lines
     assert line_of(lines, "audit") == (
         "FAIL audit: TAMPERED: entry 2: entry hash does not match its content (changed) "
-        "(1 entries before it verified)")
+        "(1 entries before it verified)"
+    )
     assert line_of(lines, "database").startswith("PASS database: ")
     assert line_of(lines, "relay").startswith("PASS relay: ")
 
@@ -245,7 +268,8 @@ def test_doctor_missing_secret_fails_secrets(gate, relay, tmp_path):
 
     assert code == 1, lines
     assert line_of(lines, "secrets") == (
-        "FAIL secrets: receipts.key_env: environment variable HITL_RECEIPT_KEY is not set")
+        "FAIL secrets: receipts.key_env: environment variable HITL_RECEIPT_KEY is not set"
+    )
     audit_line = line_of(lines, "audit")
     assert audit_line.startswith("PASS audit: ") and "receipts not checked" in audit_line
 
@@ -254,8 +278,11 @@ def test_doctor_checks_receipts_with_the_receipt_key_alone(gate, relay, tmp_path
     """Regression (operator review): with only HITL_RECEIPT_KEY set, the audit line said
     "receipts not checked: no receipt key" because the other secrets were missing."""
     resolve_one(gate, relay)
-    env = {k: v for k, v in gate_env().items()
-           if k not in ("HITL_RELAY_SECRET", "HITL_RELAY_SECRET_OLD", "HITL_API_TOKEN")}
+    env = {
+        k: v
+        for k, v in gate_env().items()
+        if k not in ("HITL_RELAY_SECRET", "HITL_RELAY_SECRET_OLD", "HITL_API_TOKEN")
+    }
     code, lines = doctor(tmp_path / "config.yaml", env)
     assert code == 1, lines  # the secrets check still fails
     assert line_of(lines, "secrets").startswith("FAIL secrets: relay.secret_env: ")
@@ -267,7 +294,8 @@ def test_doctor_checks_receipts_with_the_receipt_key_alone(gate, relay, tmp_path
     code, lines = doctor(tmp_path / "config.yaml", env)
     assert line_of(lines, "audit").startswith(
         "FAIL audit: the newest audit entry's receipt (seq 4) does not verify with "
-        "receipts.key_env (HITL_RECEIPT_KEY), so the gate refuses to start"), lines
+        "receipts.key_env (HITL_RECEIPT_KEY), so the gate refuses to start"
+    ), lines
 
 
 def test_doctor_invalid_config_fails_and_skips_the_rest(tmp_path):
@@ -329,8 +357,11 @@ class _OptionsOnly(socketserver.BaseRequestHandler):
             data += chunk
         if data.startswith(b"OPTIONS "):
             date = formatdate(time.time() - self.skew_s, usegmt=True)
-            self.request.sendall(f"HTTP/1.1 204 No Content\r\nDate: {date}\r\n"
-                                 "Connection: close\r\n\r\n".encode("ascii"))
+            self.request.sendall(
+                f"HTTP/1.1 204 No Content\r\nDate: {date}\r\nConnection: close\r\n\r\n".encode(
+                    "ascii"
+                )
+            )
 
 
 @pytest.fixture
@@ -345,10 +376,12 @@ def options_only() -> Iterator[tuple[str, type[_OptionsOnly]]]:
     server.server_close()
 
 
-@pytest.mark.parametrize(("skew_s", "clock"), [(0, "PASS"), (120, "WARN"), (400, "FAIL")],
-                         ids=["in-sync", "2-minutes-off", "beyond-max-skew"])
-def test_doctor_relay_answering_only_options_and_its_clock(tmp_path, options_only, skew_s,
-                                                           clock):
+@pytest.mark.parametrize(
+    ("skew_s", "clock"),
+    [(0, "PASS"), (120, "WARN"), (400, "FAIL")],
+    ids=["in-sync", "2-minutes-off", "beyond-max-skew"],
+)
+def test_doctor_relay_answering_only_options_and_its_clock(tmp_path, options_only, skew_s, clock):
     url, handler = options_only
     handler.skew_s = skew_s
     config = write_config(tmp_path, url)
@@ -370,12 +403,27 @@ def probe(date_s: float | None) -> RelayProbe:
     return RelayProbe("HEAD", 405, date_s, NOW, 0.01)
 
 
-@pytest.mark.parametrize(("date_s", "label"), [
-    (None, "PASS"), (NOW - 1, "PASS"), (NOW + CLOCK_WARN_S, "PASS"),
-    (NOW - CLOCK_WARN_S - 2, "WARN"), (NOW + 299, "WARN"), (NOW - 301, "FAIL"),
-    (NOW + 3600, "FAIL"),
-], ids=["no-date", "1s", "at-warn-limit", "past-warn-limit", "inside-max-skew",
-        "past-max-skew", "an-hour"])
+@pytest.mark.parametrize(
+    ("date_s", "label"),
+    [
+        (None, "PASS"),
+        (NOW - 1, "PASS"),
+        (NOW + CLOCK_WARN_S, "PASS"),
+        (NOW - CLOCK_WARN_S - 2, "WARN"),
+        (NOW + 299, "WARN"),
+        (NOW - 301, "FAIL"),
+        (NOW + 3600, "FAIL"),
+    ],
+    ids=[
+        "no-date",
+        "1s",
+        "at-warn-limit",
+        "past-warn-limit",
+        "inside-max-skew",
+        "past-max-skew",
+        "an-hour",
+    ],
+)
 def test_doctor_clock_against_relay_date(date_s, label):
     assert check_clock(NOW, probe(date_s), 300.0).label == label
 
@@ -384,15 +432,19 @@ def test_doctor_clock_before_release_date_fails():
     result = check_clock(0.0, None, 300.0)
 
     assert not result.ok
-    assert result.detail == (f"system clock says 1970-01-01T00:00:00Z, before this release "
-                             f"({RELEASE_DATE}); set the clock (NTP)")
+    assert result.detail == (
+        f"system clock says 1970-01-01T00:00:00Z, before this release "
+        f"({RELEASE_DATE}); set the clock (NTP)"
+    )
 
 
 def test_doctor_release_date_is_the_newest_changelog_date():
     text = (ROOT / "CHANGELOG.md").read_text(encoding="utf-8")
     dates = re.findall(r"^## .*?(\d{4}-\d{2}-\d{2})", text, re.MULTILINE)
 
-    assert dates and RELEASE_DATE == max(dates), "bump gate.tools.doctor.RELEASE_DATE with a release"
+    assert dates and RELEASE_DATE == max(dates), (
+        "bump gate.tools.doctor.RELEASE_DATE with a release"
+    )
 
 
 def test_doctor_leaves_nothing_beside_a_backup_copy(gate, relay, tmp_path):

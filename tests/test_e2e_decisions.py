@@ -196,8 +196,9 @@ def wait_delivered(gate: GateProcess, approval_id: str, revision: int = 1) -> di
     return wait_until(delivered, what=f"ack of {approval_id} revision {revision} recorded")
 
 
-def open_approval(gate: GateProcess, relay: CaptureRelay, step: str = "q1",
-                  body: str = DRAFT) -> tuple[str, dict[str, Any]]:
+def open_approval(
+    gate: GateProcess, relay: CaptureRelay, step: str = "q1", body: str = DRAFT
+) -> tuple[str, dict[str, Any]]:
     """Create an approval, wait for its dispatch and for the gate to record the ack.
 
     Returns ``(approval_id, dispatch envelope)``; from then on the approval object is stable
@@ -225,8 +226,13 @@ def unsigned_headers() -> dict[str, str]:
     return {"Content-Type": "application/json", "X-Hitl-Protocol": "hitl/v0"}
 
 
-def refused(gate: GateProcess, approval_id: str, send: Callable[[], Result],
-            status: int, answer: dict[str, Any]) -> None:
+def refused(
+    gate: GateProcess,
+    approval_id: str,
+    send: Callable[[], Result],
+    status: int,
+    answer: dict[str, Any],
+) -> None:
     """Run ``send``; assert it answers exactly ``(status, answer)`` and changed nothing."""
     api = gate.api()
     before = api.get(approval_id)
@@ -234,8 +240,14 @@ def refused(gate: GateProcess, approval_id: str, send: Callable[[], Result],
     assert api.get(approval_id) == before
 
 
-def refuse(gate: GateProcess, approval_id: str, body: dict[str, Any] | bytes, status: int,
-           answer: dict[str, Any], **kwargs: Any) -> None:
+def refuse(
+    gate: GateProcess,
+    approval_id: str,
+    body: dict[str, Any] | bytes,
+    status: int,
+    answer: dict[str, Any],
+    **kwargs: Any,
+) -> None:
     """Sign and POST ``body``; assert the exact refusal and that the approval is unchanged."""
     refused(gate, approval_id, lambda: post(gate, body, **kwargs), status, answer)
 
@@ -278,7 +290,12 @@ def audit_log(gate: GateProcess) -> dict[str | None, list[dict[str, Any]]]:
     """Return the decoded audit entries per approval id via ``hitl-gate audit export``."""
     done = subprocess.run(
         [sys.executable, "-m", "gate", "audit", "export", "-c", str(gate.config)],
-        capture_output=True, env=gate_env(), cwd=ROOT, timeout=DEADLINE_S, check=False)
+        capture_output=True,
+        env=gate_env(),
+        cwd=ROOT,
+        timeout=DEADLINE_S,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr.decode("utf-8", "replace")
     out: dict[str | None, list[dict[str, Any]]] = {}
     for line in done.stdout.decode("utf-8").splitlines():
@@ -332,7 +349,7 @@ def test_chunked_decision_body_over_64_kib_is_413_body_too_large(gate, relay):
         parts = urllib.parse.urlsplit(gate.callback_url)
         conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=DEADLINE_S)
         try:
-            chunks = (raw[i:i + 8192] for i in range(0, len(raw), 8192))
+            chunks = (raw[i : i + 8192] for i in range(0, len(raw), 8192))
             conn.request("POST", parts.path, body=chunks, headers=headers, encode_chunked=True)
             resp = conn.getresponse()
             return resp.status, as_json(resp.read())
@@ -359,8 +376,13 @@ def test_signed_decision_of_64_kib_plus_1_byte_is_413_body_too_large(gate, relay
 
 def test_case_h07_100000_unsigned_brackets_is_413_body_too_large(gate, relay):
     approval_id, _ = open_approval(gate, relay)
-    refused(gate, approval_id, lambda: post_raw(gate, b"[" * 100_000, unsigned_headers()),
-            413, TOO_LARGE)
+    refused(
+        gate,
+        approval_id,
+        lambda: post_raw(gate, b"[" * 100_000, unsigned_headers()),
+        413,
+        TOO_LARGE,
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -371,22 +393,30 @@ def test_case_h07_100000_unsigned_brackets_is_413_body_too_large(gate, relay):
 def test_missing_signature_header_is_401_signature_missing(gate, relay):
     approval_id, dispatch = open_approval(gate, relay)
     raw = wire_json(decision_body(dispatch))
-    refused(gate, approval_id, lambda: post_raw(gate, raw, unsigned_headers()),
-            401, unauthorized("signature_missing"))
+    refused(
+        gate,
+        approval_id,
+        lambda: post_raw(gate, raw, unsigned_headers()),
+        401,
+        unauthorized("signature_missing"),
+    )
     refuse(gate, approval_id, raw, 401, unauthorized("signature_missing"), header="")
     refuse(gate, approval_id, raw, 401, unauthorized("signature_missing"), header="   ")
 
 
-@pytest.mark.parametrize("make_header", [
-    pytest.param(lambda t, hex_: "garbage", id="no-equals"),
-    pytest.param(lambda t, hex_: f"v1={hex_}", id="no-t"),
-    pytest.param(lambda t, hex_: f"t={t}", id="no-v1"),
-    pytest.param(lambda t, hex_: f"t=abc,v1={hex_}", id="t-not-decimal"),
-    pytest.param(lambda t, hex_: f"t={t}.5,v1={hex_}", id="t-fractional"),
-    pytest.param(lambda t, hex_: f"t={t},t={t},v1={hex_}", id="t-twice"),
-    pytest.param(lambda t, hex_: f"t={t},v1={hex_[:-1]}", id="v1-63-hex"),
-    pytest.param(lambda t, hex_: f"t={t},v1={'z' * 64}", id="v1-not-hex"),
-])
+@pytest.mark.parametrize(
+    "make_header",
+    [
+        pytest.param(lambda t, hex_: "garbage", id="no-equals"),
+        pytest.param(lambda t, hex_: f"v1={hex_}", id="no-t"),
+        pytest.param(lambda t, hex_: f"t={t}", id="no-v1"),
+        pytest.param(lambda t, hex_: f"t=abc,v1={hex_}", id="t-not-decimal"),
+        pytest.param(lambda t, hex_: f"t={t}.5,v1={hex_}", id="t-fractional"),
+        pytest.param(lambda t, hex_: f"t={t},t={t},v1={hex_}", id="t-twice"),
+        pytest.param(lambda t, hex_: f"t={t},v1={hex_[:-1]}", id="v1-63-hex"),
+        pytest.param(lambda t, hex_: f"t={t},v1={'z' * 64}", id="v1-not-hex"),
+    ],
+)
 def test_malformed_signature_header_is_401_signature_malformed(gate, relay, make_header):
     approval_id, dispatch = open_approval(gate, relay)
     raw = wire_json(decision_body(dispatch))
@@ -397,27 +427,51 @@ def test_malformed_signature_header_is_401_signature_malformed(gate, relay, make
 
 def test_forged_signature_with_wrong_secret_is_401_signature_mismatch(gate, relay):
     approval_id, dispatch = open_approval(gate, relay)
-    refuse(gate, approval_id, decision_body(dispatch), 401, unauthorized("signature_mismatch"),
-           secret="not-the-relay-secret")
+    refuse(
+        gate,
+        approval_id,
+        decision_body(dispatch),
+        401,
+        unauthorized("signature_mismatch"),
+        secret="not-the-relay-secret",
+    )
 
 
 def test_timestamp_301_s_old_is_401_timestamp_out_of_window(gate, relay):
     approval_id, dispatch = open_approval(gate, relay)
-    refuse(gate, approval_id, decision_body(dispatch), 401,
-           unauthorized("timestamp_out_of_window"), t=int(time.time()) - 301)
+    refuse(
+        gate,
+        approval_id,
+        decision_body(dispatch),
+        401,
+        unauthorized("timestamp_out_of_window"),
+        t=int(time.time()) - 301,
+    )
 
 
 def test_timestamp_3600_s_ahead_is_401_timestamp_out_of_window(gate, relay):
     approval_id, dispatch = open_approval(gate, relay)
-    refuse(gate, approval_id, decision_body(dispatch), 401,
-           unauthorized("timestamp_out_of_window"), t=int(time.time()) + 3600)
+    refuse(
+        gate,
+        approval_id,
+        decision_body(dispatch),
+        401,
+        unauthorized("timestamp_out_of_window"),
+        t=int(time.time()) + 3600,
+    )
 
 
 def test_window_is_checked_before_hmac(gate, relay):
     approval_id, dispatch = open_approval(gate, relay)
-    refuse(gate, approval_id, decision_body(dispatch), 401,
-           unauthorized("timestamp_out_of_window"), t=int(time.time()) - 3600,
-           secret="not-the-relay-secret")
+    refuse(
+        gate,
+        approval_id,
+        decision_body(dispatch),
+        401,
+        unauthorized("timestamp_out_of_window"),
+        t=int(time.time()) - 3600,
+        secret="not-the-relay-secret",
+    )
 
 
 def test_case_h05_millisecond_timestamp_is_401_timestamp_out_of_window(gate, relay):
@@ -441,25 +495,47 @@ def test_case_h06_timestamps_299_s_either_side_are_accepted(gate, relay):
 def test_case_h06_timestamps_301_s_old_and_3600_s_ahead_are_refused(gate, relay):
     approval_id, dispatch = open_approval(gate, relay)
     for t in (int(time.time()) - 301, int(time.time()) + 3600):
-        refuse(gate, approval_id, decision_body(dispatch), 401,
-               unauthorized("timestamp_out_of_window"), t=t)
+        refuse(
+            gate,
+            approval_id,
+            decision_body(dispatch),
+            401,
+            unauthorized("timestamp_out_of_window"),
+            t=t,
+        )
 
 
 def test_signature_is_checked_before_the_body_is_parsed(gate, relay):
     approval_id, _ = open_approval(gate, relay)
     for raw in (b"not json at all", b"{", b"\xff\xfe\x00"):
-        refused(gate, approval_id, lambda raw=raw: post_raw(gate, raw, unsigned_headers()),
-                401, unauthorized("signature_missing"))
-        refuse(gate, approval_id, raw, 401, unauthorized("signature_mismatch"),
-               secret="not-the-relay-secret")
+        refused(
+            gate,
+            approval_id,
+            lambda raw=raw: post_raw(gate, raw, unsigned_headers()),
+            401,
+            unauthorized("signature_missing"),
+        )
+        refuse(
+            gate,
+            approval_id,
+            raw,
+            401,
+            unauthorized("signature_mismatch"),
+            secret="not-the-relay-secret",
+        )
 
 
 def test_case_h07_60000_unsigned_brackets_is_401_signature_missing(gate, relay):
     approval_id, _ = open_approval(gate, relay)
     raw = b"[" * 60_000
     assert len(raw) <= MAX_BODY
-    refused(gate, approval_id, lambda: post_raw(gate, raw, unsigned_headers()),
-            401, unauthorized("signature_missing"))
+    refused(
+        gate,
+        approval_id,
+        lambda: post_raw(gate, raw, unsigned_headers()),
+        401,
+        unauthorized("signature_missing"),
+    )
 
 
 def test_case_h07_60000_signed_brackets_is_400_invalid_json_never_500(gate, relay):
@@ -540,13 +616,15 @@ def test_case_h04_v1_for_previous_and_current_secret_are_accepted(gate, relay):
     _, dispatch = open_approval(gate, relay)
     raw = wire_json(decision_body(dispatch))
     t = int(time.time())
-    header = (f"t={t},v1={signing.compute(OLD_SECRET, t, raw)},"
-              f"v1={signing.compute(SECRET, t, raw)}")
+    header = f"t={t},v1={signing.compute(OLD_SECRET, t, raw)},v1={signing.compute(SECRET, t, raw)}"
     assert post(gate, raw, header=header) == (200, APPROVED)
 
 
-@pytest.mark.parametrize("junk", ["z" * 64, "0123abcd", "yQ77OMqcZwUcnDbflmyQsgSIglq8XttZqr="],
-                         ids=["not-hex", "too-short", "base64"])
+@pytest.mark.parametrize(
+    "junk",
+    ["z" * 64, "0123abcd", "yQ77OMqcZwUcnDbflmyQsgSIglq8XttZqr="],
+    ids=["not-hex", "too-short", "base64"],
+)
 def test_b02_08_malformed_v1_beside_a_valid_one_is_recorded(gate, relay, junk):
     """Item 8 of issue 12: a relay (or a proxy) adding a v1 the gate cannot read beside the
     right one had its decision refused signature_malformed; any v1 matching is enough."""
@@ -564,17 +642,32 @@ def test_b02_08_only_malformed_or_wrong_v1s_are_refused(gate, relay):
     raw = wire_json(decision_body(dispatch))
     t = int(time.time())
     right = signing.compute(SECRET, t, raw)
-    refuse(gate, approval_id, raw, 401, unauthorized("signature_mismatch"),
-           header=f"t={t},v1=zz,v1={signing.compute('not-the-relay-secret', t, raw)}")
-    refuse(gate, approval_id, raw, 401, unauthorized("signature_malformed"),
-           header=f"t={t},v1=zz,v1={right[:-1]}")
+    refuse(
+        gate,
+        approval_id,
+        raw,
+        401,
+        unauthorized("signature_mismatch"),
+        header=f"t={t},v1=zz,v1={signing.compute('not-the-relay-secret', t, raw)}",
+    )
+    refuse(
+        gate,
+        approval_id,
+        raw,
+        401,
+        unauthorized("signature_malformed"),
+        header=f"t={t},v1=zz,v1={right[:-1]}",
+    )
 
 
-@pytest.mark.parametrize("template", [
-    pytest.param("t={t}, v1={v1}", id="space-after-comma"),
-    pytest.param("t = {t} , v1 = {v1}", id="spaces-around-both"),
-    pytest.param("v1={v1},t={t}", id="v1-first"),
-])
+@pytest.mark.parametrize(
+    "template",
+    [
+        pytest.param("t={t}, v1={v1}", id="space-after-comma"),
+        pytest.param("t = {t} , v1 = {v1}", id="spaces-around-both"),
+        pytest.param("v1={v1},t={t}", id="v1-first"),
+    ],
+)
 def test_case_h04_signature_header_is_parsed_leniently(gate, relay, template):
     _, dispatch = open_approval(gate, relay)
     raw = wire_json(decision_body(dispatch))
@@ -590,23 +683,29 @@ def test_case_h04_signature_header_is_parsed_leniently(gate, relay, template):
 
 def test_protocol_header_hitl_v1_is_400(gate, relay):
     approval_id, dispatch = open_approval(gate, relay)
-    refuse(gate, approval_id, decision_body(dispatch), 400,
-           {"status": "invalid", "reason": "invalid_protocol", "field": "X-Hitl-Protocol"},
-           headers={"X-Hitl-Protocol": "hitl/v1"})
+    refuse(
+        gate,
+        approval_id,
+        decision_body(dispatch),
+        400,
+        {"status": "invalid", "reason": "invalid_protocol", "field": "X-Hitl-Protocol"},
+        headers={"X-Hitl-Protocol": "hitl/v1"},
+    )
 
 
 def test_protocol_header_absent_is_accepted(gate, relay):
     _, dispatch = open_approval(gate, relay)
     raw = wire_json(decision_body(dispatch))
-    headers = {"Content-Type": "application/json",
-               "X-Draftcat-Signature": signing.sign(SECRET, int(time.time()), raw)}
+    headers = {
+        "Content-Type": "application/json",
+        "X-Draftcat-Signature": signing.sign(SECRET, int(time.time()), raw),
+    }
     assert post_raw(gate, raw, headers) == (200, APPROVED)
 
 
 def test_decision_timeout_is_400_invalid_decision(gate, relay):
     approval_id, dispatch = open_approval(gate, relay)
-    refuse(gate, approval_id, decision_body(dispatch, decision="timeout"), 400,
-           invalid("decision"))
+    refuse(gate, approval_id, decision_body(dispatch, decision="timeout"), 400, invalid("decision"))
 
 
 def test_missing_nonce_is_400_invalid_nonce(gate, relay):
@@ -623,24 +722,28 @@ def _set(path: str, value: Any) -> Callable[[dict[str, Any]], None]:
         for key in parents:
             target = target[key]
         target[last] = value
+
     return mutate
 
 
-@pytest.mark.parametrize(("mutate", "field"), [
-    pytest.param(_set("protocol", "hitl/v1"), "protocol", id="protocol-v1"),
-    pytest.param(_set("approval_id", 123), "approval_id", id="approval_id-int"),
-    pytest.param(_set("nonce", ["n"]), "nonce", id="nonce-list"),
-    pytest.param(_set("nonce", ""), "nonce", id="nonce-empty"),
-    pytest.param(_set("decision", 1), "decision", id="decision-int"),
-    pytest.param(_set("decision", "APPROVE"), "decision", id="decision-not-in-set"),
-    pytest.param(_set("payload_hash", None), "payload_hash", id="payload_hash-null"),
-    pytest.param(_set("approver", "alice@example.com"), "approver", id="approver-string"),
-    pytest.param(_set("approver.id", 7), "approver.id", id="approver.id-int"),
-    pytest.param(_set("approver.channel", 7), "approver.channel", id="approver.channel-int"),
-    pytest.param(_set("adjust_text", 5), "adjust_text", id="adjust_text-int"),
-    pytest.param(_set("decided_at", 1767225600), "decided_at", id="decided_at-int"),
-    pytest.param(_set("decided_at", "yesterday"), "decided_at", id="decided_at-not-rfc3339"),
-])
+@pytest.mark.parametrize(
+    ("mutate", "field"),
+    [
+        pytest.param(_set("protocol", "hitl/v1"), "protocol", id="protocol-v1"),
+        pytest.param(_set("approval_id", 123), "approval_id", id="approval_id-int"),
+        pytest.param(_set("nonce", ["n"]), "nonce", id="nonce-list"),
+        pytest.param(_set("nonce", ""), "nonce", id="nonce-empty"),
+        pytest.param(_set("decision", 1), "decision", id="decision-int"),
+        pytest.param(_set("decision", "APPROVE"), "decision", id="decision-not-in-set"),
+        pytest.param(_set("payload_hash", None), "payload_hash", id="payload_hash-null"),
+        pytest.param(_set("approver", "alice@example.com"), "approver", id="approver-string"),
+        pytest.param(_set("approver.id", 7), "approver.id", id="approver.id-int"),
+        pytest.param(_set("approver.channel", 7), "approver.channel", id="approver.channel-int"),
+        pytest.param(_set("adjust_text", 5), "adjust_text", id="adjust_text-int"),
+        pytest.param(_set("decided_at", 1767225600), "decided_at", id="decided_at-int"),
+        pytest.param(_set("decided_at", "yesterday"), "decided_at", id="decided_at-not-rfc3339"),
+    ],
+)
 def test_wrong_field_type_is_400_naming_the_field(gate, relay, mutate, field):
     approval_id, dispatch = open_approval(gate, relay)
     body = decision_body(dispatch)
@@ -648,15 +751,18 @@ def test_wrong_field_type_is_400_naming_the_field(gate, relay, mutate, field):
     refuse(gate, approval_id, body, 400, invalid(field))
 
 
-@pytest.mark.parametrize("raw", [
-    pytest.param(b"not json", id="text"),
-    pytest.param(b"", id="empty"),
-    pytest.param(b"[1, 2]", id="array"),
-    pytest.param(b'"approve"', id="string"),
-    pytest.param(b'{"protocol": "hitl/v0", "protocol": "hitl/v0"}', id="duplicate-key"),
-    pytest.param(b'{"n": NaN}', id="nan"),
-    pytest.param(b'{"protocol": "hitl/v0\xff"}', id="invalid-utf8"),
-])
+@pytest.mark.parametrize(
+    "raw",
+    [
+        pytest.param(b"not json", id="text"),
+        pytest.param(b"", id="empty"),
+        pytest.param(b"[1, 2]", id="array"),
+        pytest.param(b'"approve"', id="string"),
+        pytest.param(b'{"protocol": "hitl/v0", "protocol": "hitl/v0"}', id="duplicate-key"),
+        pytest.param(b'{"n": NaN}', id="nan"),
+        pytest.param(b'{"protocol": "hitl/v0\xff"}', id="invalid-utf8"),
+    ],
+)
 def test_non_json_body_is_400_invalid_json(gate, relay, raw):
     approval_id, _ = open_approval(gate, relay)
     refuse(gate, approval_id, raw, 400, invalid("json"))
@@ -676,15 +782,25 @@ def test_unknown_fields_are_ignored(gate, relay):
 
 def test_unknown_approval_is_404_unknown_approval(gate, relay):
     approval_id, dispatch = open_approval(gate, relay)
-    refuse(gate, approval_id, decision_body(dispatch, approval_id="01KA0000000000000000000000"),
-           404, UNKNOWN_APPROVAL)
+    refuse(
+        gate,
+        approval_id,
+        decision_body(dispatch, approval_id="01KA0000000000000000000000"),
+        404,
+        UNKNOWN_APPROVAL,
+    )
 
 
 def test_nonce_of_another_approval_is_403_nonce_mismatch(gate, relay):
     approval_id, dispatch = open_approval(gate, relay)
     _, other = open_approval(gate, relay)
-    refuse(gate, approval_id, decision_body(dispatch, nonce=other["callback"]["nonce"]),
-           403, NONCE_MISMATCH)
+    refuse(
+        gate,
+        approval_id,
+        decision_body(dispatch, nonce=other["callback"]["nonce"]),
+        403,
+        NONCE_MISMATCH,
+    )
     refuse(gate, approval_id, decision_body(dispatch, nonce="0" * 32), 403, NONCE_MISMATCH)
 
 
@@ -692,8 +808,9 @@ def test_decision_on_resolved_approval_is_409_already_resolved_with_outcome(gate
     approval_id, dispatch = open_approval(gate, relay)
     assert post(gate, decision_body(dispatch, BOB)) == (200, APPROVED)
     refuse(gate, approval_id, decision_body(dispatch, CAROL), 409, already_resolved("approved"))
-    refuse(gate, approval_id, decision_body(dispatch, CAROL, "skip"), 409,
-           already_resolved("approved"))
+    refuse(
+        gate, approval_id, decision_body(dispatch, CAROL, "skip"), 409, already_resolved("approved")
+    )
 
 
 def test_decision_on_cancelled_approval_is_409_already_resolved_cancelled(gate, relay):
@@ -705,27 +822,40 @@ def test_decision_on_cancelled_approval_is_409_already_resolved_cancelled(gate, 
 
 def test_payload_hash_mismatch_is_403(gate, relay):
     approval_id, dispatch = open_approval(gate, relay)
-    refuse(gate, approval_id, decision_body(dispatch, payload_hash=sha256_hash("Hello, world")),
-           403, HASH_MISMATCH)
+    refuse(
+        gate,
+        approval_id,
+        decision_body(dispatch, payload_hash=sha256_hash("Hello, world")),
+        403,
+        HASH_MISMATCH,
+    )
 
 
 def test_case_h12_reencoded_hash_is_403_payload_hash_mismatch(gate, relay):
     approval_id, dispatch = open_approval(gate, relay, body=CAFE)
     assert dispatch["payload_hash"] == CAFE_HASH
     assert dispatch["draft"]["body"] == CAFE
-    refuse(gate, approval_id, decision_body(dispatch, payload_hash=CAFE_REENCODED_HASH),
-           403, HASH_MISMATCH)
+    refuse(
+        gate,
+        approval_id,
+        decision_body(dispatch, payload_hash=CAFE_REENCODED_HASH),
+        403,
+        HASH_MISMATCH,
+    )
     assert post(gate, decision_body(dispatch)) == (200, APPROVED)
     assert gate.api().get(approval_id)["final_body"] == CAFE
 
 
-@pytest.mark.parametrize("identity", [
-    pytest.param(DAVE, id="defined-not-allowed"),
-    pytest.param("op04@example.com", id="allowed-not-in-step"),
-    pytest.param("mallory@example.com", id="unknown"),
-    pytest.param(CYRILLIC_ALICE, id="cyrillic-lookalike"),
-    pytest.param("alice@example.com\u200b", id="zero-width-space"),
-])
+@pytest.mark.parametrize(
+    "identity",
+    [
+        pytest.param(DAVE, id="defined-not-allowed"),
+        pytest.param("op04@example.com", id="allowed-not-in-step"),
+        pytest.param("mallory@example.com", id="unknown"),
+        pytest.param(CYRILLIC_ALICE, id="cyrillic-lookalike"),
+        pytest.param("alice@example.com\u200b", id="zero-width-space"),
+    ],
+)
 def test_approver_out_of_scope_is_403_approver_not_allowed(gate, relay, identity):
     approval_id, dispatch = open_approval(gate, relay)
     refuse(gate, approval_id, decision_body(dispatch, identity), 403, NOT_ALLOWED)
@@ -742,12 +872,15 @@ def test_case_h11_relay_service_account_is_403_approver_not_allowed(gate, relay)
 # ---------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("text", [
-    pytest.param("", id="empty"),
-    pytest.param(" \t\n\r\u00a0\u3000 ", id="whitespace-only"),
-    pytest.param(None, id="null"),
-    pytest.param(KeyError, id="missing"),
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        pytest.param("", id="empty"),
+        pytest.param(" \t\n\r\u00a0\u3000 ", id="whitespace-only"),
+        pytest.param(None, id="null"),
+        pytest.param(KeyError, id="missing"),
+    ],
+)
 def test_adjust_without_text_is_422_adjust_text_required(gate, relay, text):
     approval_id, dispatch = open_approval(gate, relay)
     body = decision_body(dispatch, verb="adjust", adjust_text=None if text is KeyError else text)
@@ -759,8 +892,13 @@ def test_adjust_without_text_is_422_adjust_text_required(gate, relay, text):
 def test_adjust_text_over_max_input_length_is_422_adjust_text_too_long(gate, relay):
     approval_id, dispatch = open_approval(gate, relay)
     for text in ("x" * (MAX_INPUT_LENGTH + 1), "👍" * (MAX_INPUT_LENGTH + 1)):
-        refuse(gate, approval_id, decision_body(dispatch, verb="adjust", adjust_text=text),
-               422, TEXT_TOO_LONG)
+        refuse(
+            gate,
+            approval_id,
+            decision_body(dispatch, verb="adjust", adjust_text=text),
+            422,
+            TEXT_TOO_LONG,
+        )
 
 
 def test_adjust_text_of_max_input_length_characters_is_accepted(gate, relay):
@@ -786,8 +924,10 @@ def test_rate_limit_is_429_rate_limited_with_retry_after(start_gate, relay):
     status, answer, headers = post_decision(limited.callback_url, decision_body(dispatch, ALICE))
     retry_after = int(headers["retry-after"])
     assert 1 <= retry_after <= 60
-    assert (status, answer) == (429, {"status": "rate_limited", "reason": "rate_limited",
-                                      "retry_after": retry_after})
+    assert (status, answer) == (
+        429,
+        {"status": "rate_limited", "reason": "rate_limited", "retry_after": retry_after},
+    )
     assert api.get(approval_id) == before
     # the limit is per approver: bob still decides
     assert post(limited, decision_body(dispatch, BOB)) == (200, APPROVED)
@@ -805,8 +945,13 @@ def test_second_decision_by_same_approver_is_409_duplicate_or_already_decided(ga
     assert post(gate, decision_body(dispatch, ALICE)) == (200, RECORDED_PENDING)
     refuse(gate, approval_id, decision_body(dispatch, ALICE), 409, DUPLICATE)
     refuse(gate, approval_id, decision_body(dispatch, ALICE, "skip"), 409, ALREADY_DECIDED)
-    refuse(gate, approval_id, decision_body(dispatch, ALICE, "adjust", adjust_text="Other\n"),
-           409, ALREADY_DECIDED)
+    refuse(
+        gate,
+        approval_id,
+        decision_body(dispatch, ALICE, "adjust", adjust_text="Other\n"),
+        409,
+        ALREADY_DECIDED,
+    )
     assert gate.api().get(approval_id)["quorum"] == {"required": 2, "collected": 1}
 
 
@@ -831,8 +976,9 @@ def test_case_h08_same_signed_decision_concurrently_later_and_after_resolution(g
     assert sorted(results, key=lambda r: r[0]) == [(200, RECORDED_PENDING), (409, DUPLICATE)]
     refused(gate, approval_id, lambda: post_raw(gate, raw, headers), 409, DUPLICATE)
     assert post(gate, decision_body(dispatch, BOB)) == (200, APPROVED)
-    refused(gate, approval_id, lambda: post_raw(gate, raw, headers), 409,
-            already_resolved("approved"))
+    refused(
+        gate, approval_id, lambda: post_raw(gate, raw, headers), 409, already_resolved("approved")
+    )
     approval = gate.api().get(approval_id)
     assert [d["identity"] for d in approval["decisions"]] == [ALICE, BOB]
     entries = audit_entries(gate, approval_id)
@@ -881,7 +1027,10 @@ def test_skip_is_a_veto_on_quorum_2_after_one_approve(gate, relay):
     assert post(gate, decision_body(dispatch, BOB, "skip")) == (200, SKIPPED)
     approval = gate.api().wait_resolved(approval_id)
     assert (approval["state"], approval["outcome"], approval["final_body"]) == (
-        "resolved", "skipped", None)
+        "resolved",
+        "skipped",
+        None,
+    )
     refuse(gate, approval_id, decision_body(dispatch, CAROL), 409, already_resolved("skipped"))
 
 
@@ -890,17 +1039,25 @@ def test_adjust_with_quorum_1_resolves_adjusted_with_the_new_body(gate, relay):
     text = "Hello, adjusted world\n"
     assert post(gate, decision_body(dispatch, verb="adjust", adjust_text=text)) == (200, ADJUSTED)
     approval = gate.api().wait_resolved(approval_id)
-    assert (approval["outcome"], approval["final_body"], approval["payload_hash"],
-            approval["revision"], approval["quorum"]) == (
-        "adjusted", text, sha256_hash(text), 2, {"required": 1, "collected": 1})
+    assert (
+        approval["outcome"],
+        approval["final_body"],
+        approval["payload_hash"],
+        approval["revision"],
+        approval["quorum"],
+    ) == ("adjusted", text, sha256_hash(text), 2, {"required": 1, "collected": 1})
 
 
 def test_adjust_with_text_equal_to_current_body_counts_as_approve(gate, relay):
     approval_id, dispatch = open_approval(gate, relay)
     assert post(gate, decision_body(dispatch, verb="adjust", adjust_text=DRAFT)) == (200, APPROVED)
     approval = gate.api().wait_resolved(approval_id)
-    assert (approval["outcome"], approval["final_body"], approval["payload_hash"],
-            approval["revision"]) == ("approved", DRAFT, sha256_hash(DRAFT), 1)
+    assert (
+        approval["outcome"],
+        approval["final_body"],
+        approval["payload_hash"],
+        approval["revision"],
+    ) == ("approved", DRAFT, sha256_hash(DRAFT), 1)
 
 
 def test_adjust_with_quorum_2_redispatches_revision_2_and_supersedes_old_nonce(gate, relay):
@@ -908,7 +1065,9 @@ def test_adjust_with_quorum_2_redispatches_revision_2_and_supersedes_old_nonce(g
     text = "Hello, edited world\n"
     assert post(gate, decision_body(first, BOB)) == (200, RECORDED_PENDING)
     assert post(gate, decision_body(first, ALICE, "adjust", adjust_text=text)) == (
-        200, RECORDED_PENDING)
+        200,
+        RECORDED_PENDING,
+    )
 
     second = relay.wait_dispatch(approval_id, revision=2)
     assert second["quorum"] == {"required": 2, "collected": 1}
@@ -916,20 +1075,32 @@ def test_adjust_with_quorum_2_redispatches_revision_2_and_supersedes_old_nonce(g
     assert second["payload_hash"] == sha256_hash(text) != first["payload_hash"]
     assert second["callback"]["nonce"] != first["callback"]["nonce"]
     approval = wait_delivered(gate, approval_id, revision=2)
-    assert (approval["state"], approval["revision"], approval["quorum"],
-            approval["payload_hash"]) == ("pending", 2, {"required": 2, "collected": 1},
-                                          sha256_hash(text))
+    assert (
+        approval["state"],
+        approval["revision"],
+        approval["quorum"],
+        approval["payload_hash"],
+    ) == ("pending", 2, {"required": 2, "collected": 1}, sha256_hash(text))
 
     refuse(gate, approval_id, decision_body(first, BOB), 409, SUPERSEDED)
     refuse(gate, approval_id, decision_body(first, CAROL), 409, SUPERSEDED)
     refuse(gate, approval_id, decision_body(second, ALICE), 409, DUPLICATE)  # her edit counts
-    refuse(gate, approval_id, decision_body(second, BOB, payload_hash=first["payload_hash"]),
-           403, HASH_MISMATCH)
+    refuse(
+        gate,
+        approval_id,
+        decision_body(second, BOB, payload_hash=first["payload_hash"]),
+        403,
+        HASH_MISMATCH,
+    )
     assert post(gate, decision_body(second, BOB)) == (200, ADJUSTED)
     approval = gate.api().wait_resolved(approval_id)
-    assert (approval["outcome"], approval["final_body"], approval["payload_hash"],
-            approval["revision"], approval["quorum"]) == (
-        "adjusted", text, sha256_hash(text), 2, {"required": 2, "collected": 2})
+    assert (
+        approval["outcome"],
+        approval["final_body"],
+        approval["payload_hash"],
+        approval["revision"],
+        approval["quorum"],
+    ) == ("adjusted", text, sha256_hash(text), 2, {"required": 2, "collected": 2})
 
 
 # ---------------------------------------------------------------------------------------------
@@ -944,7 +1115,8 @@ def test_twenty_identical_decisions_in_parallel_record_exactly_once(gate, relay)
     results = post_concurrently(gate.callback_url, [(raw, headers)] * 20)
     assert Counter(json.dumps(r, sort_keys=True) for r in results) == Counter(
         [json.dumps((200, APPROVED), sort_keys=True)]
-        + [json.dumps((409, already_resolved("approved")), sort_keys=True)] * 19)
+        + [json.dumps((409, already_resolved("approved")), sort_keys=True)] * 19
+    )
     approval = gate.api().get(approval_id)
     assert len(approval["decisions"]) == 1
     assert approval["quorum"] == {"required": 1, "collected": 1}
@@ -959,9 +1131,13 @@ def test_case_h14_twenty_approvers_at_once_on_quorum_3_record_exactly_three(gate
     results = post_concurrently(gate.callback_url, requests)
     assert all(status < 500 for status, _ in results)
     assert sorted(json.dumps(r, sort_keys=True) for r in results) == sorted(
-        [json.dumps(r, sort_keys=True) for r in
-         [(200, RECORDED_PENDING)] * 2 + [(200, APPROVED)]
-         + [(409, already_resolved("approved"))] * 17])
+        [
+            json.dumps(r, sort_keys=True)
+            for r in [(200, RECORDED_PENDING)] * 2
+            + [(200, APPROVED)]
+            + [(409, already_resolved("approved"))] * 17
+        ]
+    )
     approval = gate.api().get(approval_id)
     assert (approval["state"], approval["outcome"]) == ("resolved", "approved")
     assert len(approval["decisions"]) == 3
@@ -973,16 +1149,23 @@ def test_case_h14_twenty_approvers_at_once_on_quorum_3_record_exactly_three(gate
     assert len(resolution_entries(entries)) == 1
 
 
-def _send_and_drop(url: str, raw: bytes, headers: dict[str, str], rng: random.Random,
-                   send_bytes: int | None = None) -> None:
+def _send_and_drop(
+    url: str, raw: bytes, headers: dict[str, str], rng: random.Random, send_bytes: int | None = None
+) -> None:
     """Send one HTTP request on a raw socket and close it at once (FIN or RST at random).
 
     ``send_bytes`` cuts the body short (the client dies mid-request); default: all of it.
     """
     parts = urllib.parse.urlsplit(url)
-    head = [f"POST {parts.path} HTTP/1.1", f"Host: {parts.hostname}:{parts.port}",
-            *(f"{k}: {v}" for k, v in headers.items()),
-            f"Content-Length: {len(raw)}", "Connection: close", "", ""]
+    head = [
+        f"POST {parts.path} HTTP/1.1",
+        f"Host: {parts.hostname}:{parts.port}",
+        *(f"{k}: {v}" for k, v in headers.items()),
+        f"Content-Length: {len(raw)}",
+        "Connection: close",
+        "",
+        "",
+    ]
     with socket.create_connection((parts.hostname, parts.port), timeout=DEADLINE_S) as sock:
         if rng.random() < 0.5:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
@@ -1003,8 +1186,9 @@ def _pass_through_writer(proc: GateProcess, opened: list[tuple[str, dict[str, An
 
 def test_case_h15_clients_closing_at_once_leave_each_decision_all_or_nothing(start_gate, relay):
     allowed = list(range(101, 121))
-    proc = start_gate("h15", steps=[
-        {"name": "q20", "quorum": 20, "approvers": allowed, "timeout": "1h"}])
+    proc = start_gate(
+        "h15", steps=[{"name": "q20", "quorum": 20, "approvers": allowed, "timeout": "1h"}]
+    )
     api = proc.api()
     rng = random.Random(20260101)
     opened = [open_approval(proc, relay, "q20") for _ in range(12)]
@@ -1052,7 +1236,10 @@ def test_case_h15_clients_closing_at_once_leave_each_decision_all_or_nothing(sta
     for aid, _ in opened:
         approval = api.get(aid)
         assert (approval["state"], approval["outcome"], len(approval["decisions"])) == (
-            "resolved", "approved", 20)
+            "resolved",
+            "approved",
+            20,
+        )
         assert sorted(d["identity"] for d in approval["decisions"]) == sorted(IDENTITIES)
         entries = audit.get(aid, [])
         assert len(decision_entries(entries)) == 20
@@ -1100,18 +1287,33 @@ def test_refused_decisions_change_neither_approval_nor_audit(gate, relay):
         (lambda: post(gate, raw, header="t=x"), 401, unauthorized("signature_malformed")),
         (lambda: post(gate, raw, t=now - 301), 401, unauthorized("timestamp_out_of_window")),
         (lambda: post(gate, raw, secret="forged"), 401, unauthorized("signature_mismatch")),
-        (lambda: post(gate, decision_body(dispatch, BOB, decision="timeout")), 400,
-         invalid("decision")),
-        (lambda: post(gate, decision_body(dispatch, BOB, approval_id="01KA" + "0" * 22)), 404,
-         UNKNOWN_APPROVAL),
+        (
+            lambda: post(gate, decision_body(dispatch, BOB, decision="timeout")),
+            400,
+            invalid("decision"),
+        ),
+        (
+            lambda: post(gate, decision_body(dispatch, BOB, approval_id="01KA" + "0" * 22)),
+            404,
+            UNKNOWN_APPROVAL,
+        ),
         (lambda: post(gate, decision_body(dispatch, BOB, nonce="0" * 32)), 403, NONCE_MISMATCH),
-        (lambda: post(gate, decision_body(dispatch, BOB, payload_hash=CAFE_HASH)), 403,
-         HASH_MISMATCH),
+        (
+            lambda: post(gate, decision_body(dispatch, BOB, payload_hash=CAFE_HASH)),
+            403,
+            HASH_MISMATCH,
+        ),
         (lambda: post(gate, decision_body(dispatch, RELAY_BOT)), 403, NOT_ALLOWED),
-        (lambda: post(gate, decision_body(dispatch, BOB, "adjust", adjust_text=" ")), 422,
-         TEXT_REQUIRED),
-        (lambda: post(gate, decision_body(dispatch, BOB, "adjust", adjust_text="z" * 51)), 422,
-         TEXT_TOO_LONG),
+        (
+            lambda: post(gate, decision_body(dispatch, BOB, "adjust", adjust_text=" ")),
+            422,
+            TEXT_REQUIRED,
+        ),
+        (
+            lambda: post(gate, decision_body(dispatch, BOB, "adjust", adjust_text="z" * 51)),
+            422,
+            TEXT_TOO_LONG,
+        ),
         (lambda: post(gate, decision_body(dispatch, ALICE)), 409, DUPLICATE),
         (lambda: post(gate, decision_body(dispatch, ALICE, "skip")), 409, ALREADY_DECIDED),
     ]
@@ -1135,7 +1337,9 @@ def test_daemon_log_has_no_traceback_and_no_secret_after_mixed_traffic(gate, rel
         status, _ = post(gate, raw, **kwargs)
         assert 400 <= status < 500
     assert post(gate, decision_body(dispatch, ALICE, "adjust", adjust_text="Edited\n")) == (
-        200, RECORDED_PENDING)
+        200,
+        RECORDED_PENDING,
+    )
     second = relay.wait_dispatch(approval_id, revision=2)
     assert post(gate, decision_body(second, BOB)) == (200, ADJUSTED)
     assert gate.api().wait_resolved(approval_id)["outcome"] == "adjusted"

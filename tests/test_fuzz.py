@@ -101,9 +101,14 @@ def fuzz(ci_examples: int) -> settings:
         derandomize=not explore,
         print_blob=True,
         database=DirectoryBasedExampleDatabase(str(ROOT / "var" / "hypothesis"))
-        if explore else None,
-        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
-                               HealthCheck.large_base_example, HealthCheck.filter_too_much],
+        if explore
+        else None,
+        suppress_health_check=[
+            HealthCheck.too_slow,
+            HealthCheck.data_too_large,
+            HealthCheck.large_base_example,
+            HealthCheck.filter_too_much,
+        ],
     )
 
 
@@ -119,10 +124,36 @@ def count_example(test: str) -> None:
 # Characters that break naive code: NUL, bidi overrides and marks, zero-width, BOM, line/para
 # separators, a ZWJ emoji sequence, combining marks, a Cyrillic look-alike, Arabic-Indic and
 # full-width digits, non-characters, astral, lone surrogates, JSON metacharacters.
-ODD_PIECES = ["\x00", "\u202e", "\u200f", "\u200b", "\ufeff", "\u2028", "\u2029", "\U0001f600",
-              "\U0001f469\u200d\U0001f469\u200d\U0001f467", "e\u0301", "a\u0300\u0316",
-              "\u0430", "\u0661\u0662\u0663", "\uff11\uff12", "\uffff", "\U0010ffff", "\ud800",
-              "\udfff", "\ud83d", '"', "\\", "\n", "\r", "\t", " ", "\x7f", "\x85", "\xa0"]
+ODD_PIECES = [
+    "\x00",
+    "\u202e",
+    "\u200f",
+    "\u200b",
+    "\ufeff",
+    "\u2028",
+    "\u2029",
+    "\U0001f600",
+    "\U0001f469\u200d\U0001f469\u200d\U0001f467",
+    "e\u0301",
+    "a\u0300\u0316",
+    "\u0430",
+    "\u0661\u0662\u0663",
+    "\uff11\uff12",
+    "\uffff",
+    "\U0010ffff",
+    "\ud800",
+    "\udfff",
+    "\ud83d",
+    '"',
+    "\\",
+    "\n",
+    "\r",
+    "\t",
+    " ",
+    "\x7f",
+    "\x85",
+    "\xa0",
+]
 
 
 def weighted(*choices: tuple[int, st.SearchStrategy[Any]]) -> st.SearchStrategy[Any]:
@@ -133,15 +164,20 @@ def weighted(*choices: tuple[int, st.SearchStrategy[Any]]) -> st.SearchStrategy[
 surrogates = st.characters(categories=["Cs"])
 odd_char = st.one_of(st.characters(), surrogates, st.sampled_from(ODD_PIECES))
 small_text = st.one_of(st.text(max_size=12), st.lists(odd_char, max_size=10).map("".join))
-huge_text = st.builds(lambda piece, n: piece * n, st.text(min_size=1, max_size=3)
-                      | st.sampled_from(ODD_PIECES), st.integers(500, 25_000))
+huge_text = st.builds(
+    lambda piece, n: piece * n,
+    st.text(min_size=1, max_size=3) | st.sampled_from(ODD_PIECES),
+    st.integers(500, 25_000),
+)
 odd_text = weighted((4, small_text), (1, huge_text))
-json_scalars = st.one_of(st.none(), st.booleans(), st.integers(-(2**70), 2**70), st.floats(),
-                         small_text)
+json_scalars = st.one_of(
+    st.none(), st.booleans(), st.integers(-(2**70), 2**70), st.floats(), small_text
+)
 json_values = st.recursive(
     json_scalars,
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(small_text, inner, max_size=4),
-    max_leaves=10)
+    max_leaves=10,
+)
 
 
 def deep(kind: str, depth: int, balanced: bool) -> bytes:
@@ -152,25 +188,56 @@ def deep(kind: str, depth: int, balanced: bool) -> bytes:
 
 
 CRAFTED = [
-    b"", b" ", b"null", b"[]", b"{}", b'""', b"0", b"-0", b"1e400", b"-1e400", b"NaN",
-    b'{"a":NaN}', b'{"a":Infinity}', b'{"a":-Infinity}', b'{"a":1}{"b":2}', b'{"a":1,}',
-    b"{'a':1}", b'{"a":1 // c\n}', b'{"\\ud800":1}', b'"\\udc00\\ud800"', b'{"a":"\\u0000"}',
-    b'{"a":"\xed\xa0\x80"}', b'{"a":"\xc0\x80"}', b'{"a":"\xff"}', b"\xfe\xff\x00{\x00}",
-    BOM + BOM + b"{}", BOM, b"\x00", b'{"protocol":"hitl/v0","protocol":"hitl/v0"}',
+    b"",
+    b" ",
+    b"null",
+    b"[]",
+    b"{}",
+    b'""',
+    b"0",
+    b"-0",
+    b"1e400",
+    b"-1e400",
+    b"NaN",
+    b'{"a":NaN}',
+    b'{"a":Infinity}',
+    b'{"a":-Infinity}',
+    b'{"a":1}{"b":2}',
+    b'{"a":1,}',
+    b"{'a':1}",
+    b'{"a":1 // c\n}',
+    b'{"\\ud800":1}',
+    b'"\\udc00\\ud800"',
+    b'{"a":"\\u0000"}',
+    b'{"a":"\xed\xa0\x80"}',
+    b'{"a":"\xc0\x80"}',
+    b'{"a":"\xff"}',
+    b"\xfe\xff\x00{\x00}",
+    BOM + BOM + b"{}",
+    BOM,
+    b"\x00",
+    b'{"protocol":"hitl/v0","protocol":"hitl/v0"}',
 ]
 raw_bodies = st.one_of(
     st.sampled_from(CRAFTED),
     st.binary(max_size=300),
     st.text(max_size=60).map(lambda s: s.encode("utf-8")),
     st.builds(deep, st.sampled_from(["[", "{"]), st.integers(1, 6000), st.booleans()),
-    st.builds(lambda n: b'{"protocol":"hitl/v0","approval_id":' + b"9" * n + b"}",
-              st.integers(1, 6000)),
-    st.builds(lambda v, enc: encode_json(v, enc), json_values, st.sampled_from(
-        ["compact", "ascii", "pretty", "bom", "utf16", "garbage", "nul"])),
+    st.builds(
+        lambda n: b'{"protocol":"hitl/v0","approval_id":' + b"9" * n + b"}", st.integers(1, 6000)
+    ),
+    st.builds(
+        lambda v, enc: encode_json(v, enc),
+        json_values,
+        st.sampled_from(["compact", "ascii", "pretty", "bom", "utf16", "garbage", "nul"]),
+    ),
 )
 # valid encodings (compact .. crlf) weigh twice the broken or boundary ones (dup .. pad)
-ENCODINGS = ["compact"] * 6 + ["ascii"] * 2 + ["pretty", "bom", "crlf",
-                                               "dup", "utf16", "garbage", "nul", "pad"]
+ENCODINGS = (
+    ["compact"] * 6
+    + ["ascii"] * 2
+    + ["pretty", "bom", "crlf", "dup", "utf16", "garbage", "nul", "pad"]
+)
 
 
 def encode_json(value: Any, encoding: str, pick: int = 0) -> bytes:
@@ -206,8 +273,9 @@ def encode_json(value: Any, encoding: str, pick: int = 0) -> bytes:
     return raw
 
 
-def apply_mutations(obj: dict[str, Any], mutations: list[tuple[Any, ...]],
-                    swaps: dict[str, Any] | None = None) -> dict[str, Any]:
+def apply_mutations(
+    obj: dict[str, Any], mutations: list[tuple[Any, ...]], swaps: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """Apply ``("set", path, value)`` / ``("del", path)`` / ``("swap", field)`` to ``obj``.
 
     ``path`` is ``field`` or ``parent.field``; a parent that is not an object is left alone.
@@ -230,37 +298,84 @@ def apply_mutations(obj: dict[str, Any], mutations: list[tuple[Any, ...]],
     return obj
 
 
-DECISION_PATHS = ["protocol", "approval_id", "nonce", "decision", "payload_hash", "approver",
-                  "approver.id", "approver.display", "approver.channel", "adjust_text",
-                  "decided_at", "extra", "approver.extra"]
-VERBS = weighted((6, st.sampled_from(["approve", "skip", "adjust"])), (1, st.sampled_from(
-    ["timeout", "APPROVE", " approve", "approve\x00", "", "reject"])), (1, small_text))
-IDENTITY = weighted((6, st.sampled_from([ALICE, BOB, CAROL, " Alice@Example.COM\t"])),
-                    (1, st.sampled_from([DAVE, "\u0430lice@example.com", "op04@example.com",
-                                         "relay-bot@example.com"])), (1, small_text))
-benign_mutation = st.tuples(st.just("set"), st.sampled_from(["extra", "approver.extra",
-                                                              "revision"]),
-                            json_values)  # unknown fields are ignored (v0 is additive)
+DECISION_PATHS = [
+    "protocol",
+    "approval_id",
+    "nonce",
+    "decision",
+    "payload_hash",
+    "approver",
+    "approver.id",
+    "approver.display",
+    "approver.channel",
+    "adjust_text",
+    "decided_at",
+    "extra",
+    "approver.extra",
+]
+VERBS = weighted(
+    (6, st.sampled_from(["approve", "skip", "adjust"])),
+    (1, st.sampled_from(["timeout", "APPROVE", " approve", "approve\x00", "", "reject"])),
+    (1, small_text),
+)
+IDENTITY = weighted(
+    (6, st.sampled_from([ALICE, BOB, CAROL, " Alice@Example.COM\t"])),
+    (
+        1,
+        st.sampled_from(
+            [DAVE, "\u0430lice@example.com", "op04@example.com", "relay-bot@example.com"]
+        ),
+    ),
+    (1, small_text),
+)
+benign_mutation = st.tuples(
+    st.just("set"), st.sampled_from(["extra", "approver.extra", "revision"]), json_values
+)  # unknown fields are ignored (v0 is additive)
 decision_mutation = st.one_of(
     benign_mutation,
     st.tuples(st.just("set"), st.sampled_from(DECISION_PATHS), json_values),
     st.tuples(st.just("set"), st.sampled_from(DECISION_PATHS), odd_text),
     st.tuples(st.just("del"), st.sampled_from(DECISION_PATHS)),
     st.tuples(st.just("swap"), st.sampled_from(["approval_id", "nonce", "payload_hash"])),
-    st.tuples(st.just("set"), st.just("decided_at"), st.sampled_from(
-        ["2026-01-01", "2026-01-01T00:00:00+14:00", "2026-13-01T00:00:00Z", "now", "",
-         "2026-01-01T00:00:00.123456789Z", "\u0662\u0660\u0662\u0666-01-01"])),
+    st.tuples(
+        st.just("set"),
+        st.just("decided_at"),
+        st.sampled_from(
+            [
+                "2026-01-01",
+                "2026-01-01T00:00:00+14:00",
+                "2026-13-01T00:00:00Z",
+                "now",
+                "",
+                "2026-01-01T00:00:00.123456789Z",
+                "\u0662\u0660\u0662\u0666-01-01",
+            ]
+        ),
+    ),
 )
 # none, only ignorable fields, or up to three of anything: enough envelopes stay well formed
 # to reach checks 6-14
-mutation_lists = weighted((2, st.just([])), (1, st.lists(benign_mutation, max_size=2)),
-                          (3, st.lists(decision_mutation, min_size=1, max_size=3)))
+mutation_lists = weighted(
+    (2, st.just([])),
+    (1, st.lists(benign_mutation, max_size=2)),
+    (3, st.lists(decision_mutation, min_size=1, max_size=3)),
+)
 SLOTS = ["q1", "q1", "q2", "q2", "resolved", "superseded", "unknown"]
 decision_recipe = weighted(
     # a real envelope for one of the pool's approvals, 0-3 fields mutated, encoded some way
-    (3, st.tuples(st.just("envelope"), st.sampled_from(SLOTS), IDENTITY, VERBS,
-                  st.none() | odd_text, mutation_lists, st.sampled_from(ENCODINGS),
-                  st.integers(0, 1000))),
+    (
+        3,
+        st.tuples(
+            st.just("envelope"),
+            st.sampled_from(SLOTS),
+            IDENTITY,
+            VERBS,
+            st.none() | odd_text,
+            mutation_lists,
+            st.sampled_from(ENCODINGS),
+            st.integers(0, 1000),
+        ),
+    ),
     (1, st.tuples(st.just("raw"), raw_bodies)),
 )
 
@@ -271,32 +386,101 @@ decision_recipe = weighted(
 VALID, INVALID, MAYBE = "valid", "invalid", "maybe"
 # Styles SPEC §2 requires accepting (spaces around , and =; several v1, one matching), and
 # styles it does not settle (the gate may refuse them, but never with a 5xx).
-VALID_STYLES = ["plain", "plain", "spaces", "both_secrets", "random_v1_first", "random_v1_last",
-                "zeros_as_sent", "malformed_v1_beside"]
-MAYBE_STYLES = ["upper_hex", "v1_first", "unknown_key", "trailing_comma", "tabs",
-                "leading_zeros", "t_twice_same"]
-T_TEXTS = ["ms", "negative", "huge", "overlong", "arabic", "arabic_signed", "fullwidth",
-           "fraction", "plus", "exponent", "hex", "empty", "inner_space", "zero", "nbsp"]
-STRUCTURES = ["no_t", "no_v1", "t_twice_diff", "v0_only", "semicolons", "no_equals",
-              "v1_empty", "equals_twice", "only_commas", "v1_63", "v1_65", "v1_nonhex",
-              "v1_bytes"]
+VALID_STYLES = [
+    "plain",
+    "plain",
+    "spaces",
+    "both_secrets",
+    "random_v1_first",
+    "random_v1_last",
+    "zeros_as_sent",
+    "malformed_v1_beside",
+]
+MAYBE_STYLES = [
+    "upper_hex",
+    "v1_first",
+    "unknown_key",
+    "trailing_comma",
+    "tabs",
+    "leading_zeros",
+    "t_twice_same",
+]
+T_TEXTS = [
+    "ms",
+    "negative",
+    "huge",
+    "overlong",
+    "arabic",
+    "arabic_signed",
+    "fullwidth",
+    "fraction",
+    "plus",
+    "exponent",
+    "hex",
+    "empty",
+    "inner_space",
+    "zero",
+    "nbsp",
+]
+STRUCTURES = [
+    "no_t",
+    "no_v1",
+    "t_twice_diff",
+    "v0_only",
+    "semicolons",
+    "no_equals",
+    "v1_empty",
+    "equals_twice",
+    "only_commas",
+    "v1_63",
+    "v1_65",
+    "v1_nonhex",
+    "v1_bytes",
+]
 header_bytes = st.binary(max_size=120).filter(lambda b: b"\r" not in b and b"\n" not in b)
-valid_sig = st.tuples(st.just("valid"), st.sampled_from([SECRET, SECRET, OLD_SECRET]),
-                      st.integers(-(MAX_SKEW - 10), MAX_SKEW - 10),
-                      st.sampled_from(VALID_STYLES))
+valid_sig = st.tuples(
+    st.just("valid"),
+    st.sampled_from([SECRET, SECRET, OLD_SECRET]),
+    st.integers(-(MAX_SKEW - 10), MAX_SKEW - 10),
+    st.sampled_from(VALID_STYLES),
+)
 sig_recipe = weighted(
     (3, valid_sig),
-    (1, st.tuples(st.just("maybe"), st.sampled_from([SECRET, OLD_SECRET]), st.integers(-60, 60),
-                  st.sampled_from(MAYBE_STYLES))),
+    (
+        1,
+        st.tuples(
+            st.just("maybe"),
+            st.sampled_from([SECRET, OLD_SECRET]),
+            st.integers(-60, 60),
+            st.sampled_from(MAYBE_STYLES),
+        ),
+    ),
     (1, st.tuples(st.just("many_v1"), st.integers(0, 55), st.integers(0, 55))),
-    (1, st.tuples(st.just("wrong_secret"), st.sampled_from(
-        [SECRET + " ", SECRET.upper(), API_TOKEN, RECEIPT_KEY, ""]) | small_text)),
-    (1, st.tuples(st.just("skew"), st.sampled_from([SECRET, OLD_SECRET]), st.one_of(
-        st.integers(MAX_SKEW + 30, 10**7), st.integers(-(10**7), -(MAX_SKEW + 5))))),
+    (
+        1,
+        st.tuples(
+            st.just("wrong_secret"),
+            st.sampled_from([SECRET + " ", SECRET.upper(), API_TOKEN, RECEIPT_KEY, ""])
+            | small_text,
+        ),
+    ),
+    (
+        1,
+        st.tuples(
+            st.just("skew"),
+            st.sampled_from([SECRET, OLD_SECRET]),
+            st.one_of(st.integers(MAX_SKEW + 30, 10**7), st.integers(-(10**7), -(MAX_SKEW + 5))),
+        ),
+    ),
     (1, st.tuples(st.just("t_text"), st.sampled_from(T_TEXTS))),
-    (1, st.tuples(st.just("mac"), st.sampled_from(["flip", "drop", "add", "nonhex", "body+1",
-                                                   "other_t", "other_body"]),
-                  st.integers(0, 63))),
+    (
+        1,
+        st.tuples(
+            st.just("mac"),
+            st.sampled_from(["flip", "drop", "add", "nonhex", "body+1", "other_t", "other_body"]),
+            st.integers(0, 63),
+        ),
+    ),
     (1, st.tuples(st.just("structure"), st.sampled_from(STRUCTURES))),
     (1, st.tuples(st.just("text"), odd_text)),
     (1, st.tuples(st.just("bytes"), header_bytes)),
@@ -304,11 +488,23 @@ sig_recipe = weighted(
 )
 PROTOCOL_HEADERS = weighted(
     (8, st.sampled_from([None, None, "hitl/v0"])),
-    (1, st.sampled_from([" hitl/v0 ", "HITL/V0", "hitl/v1", "", "hitl/v0x"])), (1, small_text))
-CONTENT_TYPES = st.one_of(st.sampled_from(
-    ["application/json", "application/json; charset=utf-8", "text/plain; charset=latin-1",
-     None, "application/x-www-form-urlencoded", "multipart/form-data; boundary=zz",
-     "application/json; charset=utf-16"]), small_text)
+    (1, st.sampled_from([" hitl/v0 ", "HITL/V0", "hitl/v1", "", "hitl/v0x"])),
+    (1, small_text),
+)
+CONTENT_TYPES = st.one_of(
+    st.sampled_from(
+        [
+            "application/json",
+            "application/json; charset=utf-8",
+            "text/plain; charset=latin-1",
+            None,
+            "application/x-www-form-urlencoded",
+            "multipart/form-data; boundary=zz",
+            "application/json; charset=utf-16",
+        ]
+    ),
+    small_text,
+)
 
 
 def to_arabic(digits: str) -> str:
@@ -325,9 +521,11 @@ def build_signature(recipe: tuple[Any, ...], raw: bytes, now: int) -> tuple[byte
     kind = recipe[0]
 
     def mac(secret: str, t: int | str, body: bytes = raw) -> str:
-        return hmac.new(secret.encode("utf-8", "surrogatepass"),
-                        str(t).encode("utf-8", "surrogatepass") + b"." + body,
-                        hashlib.sha256).hexdigest()
+        return hmac.new(
+            secret.encode("utf-8", "surrogatepass"),
+            str(t).encode("utf-8", "surrogatepass") + b"." + body,
+            hashlib.sha256,
+        ).hexdigest()
 
     def out(text: str, verdict: str) -> tuple[bytes, str]:
         return text.encode("utf-8", "surrogatepass"), verdict
@@ -374,37 +572,59 @@ def build_signature(recipe: tuple[Any, ...], raw: bytes, now: int) -> tuple[byte
         return out(f"t={now + skew},v1={mac(secret, now + skew)}", INVALID)
     if kind == "t_text":
         variants = {
-            "ms": str(now * 1000), "negative": f"-{now}", "huge": "9" * 20,
-            "overlong": "9" * 400, "arabic": to_arabic(str(now)),
-            "arabic_signed": "+" + to_arabic(str(now)), "fullwidth": "".join(
-                chr(0xFF10 + int(c)) for c in str(now)),
-            "fraction": f"{now}.5", "plus": f"+{now}", "exponent": f"{now / 1e9}e9",
-            "hex": hex(now), "empty": "", "inner_space": f"{str(now)[:3]} {str(now)[3:]}",
-            "zero": "0", "nbsp": f"\xa0{now}\xa0",
+            "ms": str(now * 1000),
+            "negative": f"-{now}",
+            "huge": "9" * 20,
+            "overlong": "9" * 400,
+            "arabic": to_arabic(str(now)),
+            "arabic_signed": "+" + to_arabic(str(now)),
+            "fullwidth": "".join(chr(0xFF10 + int(c)) for c in str(now)),
+            "fraction": f"{now}.5",
+            "plus": f"+{now}",
+            "exponent": f"{now / 1e9}e9",
+            "hex": hex(now),
+            "empty": "",
+            "inner_space": f"{str(now)[:3]} {str(now)[3:]}",
+            "zero": "0",
+            "nbsp": f"\xa0{now}\xa0",
         }
         t_text = variants[recipe[1]]
         # sign over both the literal text and the number it might be read as: neither may pass
         # (a no-break space around t is not SPEC's "spaces": a gate may or may not strip it)
-        return out(f"t={t_text},v1={mac(SECRET, t_text)},v1={mac(SECRET, now)}",
-                   MAYBE if recipe[1] == "nbsp" else INVALID)
+        return out(
+            f"t={t_text},v1={mac(SECRET, t_text)},v1={mac(SECRET, now)}",
+            MAYBE if recipe[1] == "nbsp" else INVALID,
+        )
     if kind == "mac":
         _, how, index = recipe
         good = mac(SECRET, now)
-        flipped = good[:index] + ("0" if good[index] != "0" else "1") + good[index + 1:]
-        bad = {"flip": flipped, "drop": good[:-1], "add": good + "0",
-               "nonhex": good[:index] + "g" + good[index + 1:],
-               "body+1": mac(SECRET, now, raw + b" "), "other_t": mac(SECRET, now + 1),
-               "other_body": mac(SECRET, now, b"{}" if raw != b"{}" else b"[]")}[how]
+        flipped = good[:index] + ("0" if good[index] != "0" else "1") + good[index + 1 :]
+        bad = {
+            "flip": flipped,
+            "drop": good[:-1],
+            "add": good + "0",
+            "nonhex": good[:index] + "g" + good[index + 1 :],
+            "body+1": mac(SECRET, now, raw + b" "),
+            "other_t": mac(SECRET, now + 1),
+            "other_body": mac(SECRET, now, b"{}" if raw != b"{}" else b"[]"),
+        }[how]
         return out(f"t={now},v1={bad}", INVALID)
     if kind == "structure":
         good = mac(SECRET, now)
         text = {
-            "no_t": f"v1={good}", "no_v1": f"t={now}", "t_twice_diff": f"t={now},t={now + 1},"
-            f"v1={good}", "v0_only": f"t={now},v0={good}", "semicolons": f"t={now};v1={good}",
-            "no_equals": f"t{now},v1{good}", "v1_empty": f"t={now},v1=",
-            "equals_twice": f"t=={now},v1=={good}", "only_commas": ",,,",
-            "v1_63": f"t={now},v1={good[:63]}", "v1_65": f"t={now},v1={good}0",
-            "v1_nonhex": f"t={now},v1={'z' * 64}", "v1_bytes": f"t={now},v1={good}\x80",
+            "no_t": f"v1={good}",
+            "no_v1": f"t={now}",
+            "t_twice_diff": f"t={now},t={now + 1},v1={good}",
+            "v0_only": f"t={now},v0={good}",
+            "semicolons": f"t={now};v1={good}",
+            "no_equals": f"t{now},v1{good}",
+            "v1_empty": f"t={now},v1=",
+            "equals_twice": f"t=={now},v1=={good}",
+            "only_commas": ",,,",
+            "v1_63": f"t={now},v1={good[:63]}",
+            "v1_65": f"t={now},v1={good}0",
+            "v1_nonhex": f"t={now},v1={'z' * 64}",
+            "v1_bytes": f"t={now},v1={good}\x80",
         }[recipe[1]]
         return out(text, INVALID)
     if kind == "text":
@@ -418,8 +638,11 @@ def build_signature(recipe: tuple[Any, ...], raw: bytes, now: int) -> tuple[byte
 # ---------------------------------------------------------------------------------------------
 
 NOW = 1_767_225_600
-FAKE = {"approval_id": "01KDV5Y7R1G3XK1QJ6W0AXJ3ZP", "nonce": "0" * 32,
-        "payload_hash": "sha256:" + "a" * 64}
+FAKE = {
+    "approval_id": "01KDV5Y7R1G3XK1QJ6W0AXJ3ZP",
+    "nonce": "0" * 32,
+    "payload_hash": "sha256:" + "a" * 64,
+}
 
 
 def pure_body(recipe: tuple[Any, ...]) -> bytes:
@@ -431,13 +654,18 @@ def pure_body(recipe: tuple[Any, ...]) -> bytes:
     return encode_json(apply_mutations(body, mutations, FAKE), encoding, pick)
 
 
-def fresh_envelope(target: dict[str, Any], identity: str, verb: str,
-                   adjust_text: str | None) -> dict[str, Any]:
+def fresh_envelope(
+    target: dict[str, Any], identity: str, verb: str, adjust_text: str | None
+) -> dict[str, Any]:
     return {
-        "protocol": "hitl/v0", "approval_id": target["approval_id"], "nonce": target["nonce"],
-        "decision": verb, "payload_hash": target["payload_hash"],
+        "protocol": "hitl/v0",
+        "approval_id": target["approval_id"],
+        "nonce": target["nonce"],
+        "decision": verb,
+        "payload_hash": target["payload_hash"],
         "approver": {"id": identity, "display": "Fuzz", "channel": "fuzz"},
-        "adjust_text": adjust_text, "decided_at": rfc3339(int(time.time() * 1000)),
+        "adjust_text": adjust_text,
+        "decided_at": rfc3339(int(time.time() * 1000)),
     }
 
 
@@ -447,25 +675,53 @@ def assert_storable(value: Any, where: str) -> None:
         try:
             value.encode("utf-8")
         except UnicodeEncodeError as exc:
-            raise AssertionError(f"{where} accepted a string that is not valid Unicode "
-                                 f"({value!r}): storing or hashing it raises {exc}") from None
+            raise AssertionError(
+                f"{where} accepted a string that is not valid Unicode "
+                f"({value!r}): storing or hashing it raises {exc}"
+            ) from None
 
 
 # Regressions found by this fuzzer (docs/fuzzing.md, finding 1): a JSON "\ud800" escape decodes
 # to a lone surrogate that passed check 5; SQLite (or SHA-256 of adjust_text) then raised
 # UnicodeEncodeError -> 500.
 Recipe = tuple[Any, ...]
-LONE_SURROGATE_NONCE: Recipe = ("envelope", "q1", ALICE, "approve", None,
-                                [("set", "nonce", "\ud800")], "ascii", 0)
+LONE_SURROGATE_NONCE: Recipe = (
+    "envelope",
+    "q1",
+    ALICE,
+    "approve",
+    None,
+    [("set", "nonce", "\ud800")],
+    "ascii",
+    0,
+)
 LONE_SURROGATE_ADJUST: Recipe = ("envelope", "q1", ALICE, "adjust", "x\udfff", [], "ascii", 0)
-LONE_SURROGATE_DISPLAY: Recipe = ("envelope", "q1", ALICE, "approve", None,
-                                  [("set", "approver.display", "\udc00")], "ascii", 0)
+LONE_SURROGATE_DISPLAY: Recipe = (
+    "envelope",
+    "q1",
+    ALICE,
+    "approve",
+    None,
+    [("set", "approver.display", "\udc00")],
+    "ascii",
+    0,
+)
 
 
 @fuzz(100)
-@given(header=st.one_of(odd_text, st.builds(
-    lambda r, raw: (build_signature(r, raw, NOW)[0] or b"").decode("utf-8", "surrogateescape"),
-    sig_recipe, st.binary(max_size=40))) | st.none())
+@given(
+    header=st.one_of(
+        odd_text,
+        st.builds(
+            lambda r, raw: (build_signature(r, raw, NOW)[0] or b"").decode(
+                "utf-8", "surrogateescape"
+            ),
+            sig_recipe,
+            st.binary(max_size=40),
+        ),
+    )
+    | st.none()
+)
 def test_signature_parse_raises_only_protocol_errors(header):
     count_example("pure_signature_parse")
     try:
@@ -480,8 +736,9 @@ def test_signature_parse_raises_only_protocol_errors(header):
 
 
 @fuzz(100)
-@given(recipe=sig_recipe, raw=st.one_of(st.binary(max_size=200), raw_bodies),
-       skew=st.integers(-2, 2))
+@given(
+    recipe=sig_recipe, raw=st.one_of(st.binary(max_size=200), raw_bodies), skew=st.integers(-2, 2)
+)
 def test_signature_verify_accepts_only_a_correct_mac_in_the_window(recipe, raw, skew):
     """``verify`` passes only when some v1 is the HMAC (computed here with hmac alone) of
     ``t.body`` under an active secret and ``|now - t| <= max_skew``; VALID recipes pass."""
@@ -497,14 +754,19 @@ def test_signature_verify_accepts_only_a_correct_mac_in_the_window(recipe, raw, 
     assert verdict != INVALID, "an invalid signature header was accepted"
     assert abs(NOW - parsed.t) <= MAX_SKEW
     t_text = getattr(parsed, "t_text", "") or str(parsed.t)  # the HMAC covers t as sent
-    expected = {hmac.new(s.encode(), t_text.encode() + b"." + raw,
-                         hashlib.sha256).hexdigest() for s in (SECRET, OLD_SECRET)}
+    expected = {
+        hmac.new(s.encode(), t_text.encode() + b"." + raw, hashlib.sha256).hexdigest()
+        for s in (SECRET, OLD_SECRET)
+    }
     assert expected & set(parsed.v1)
 
 
 @fuzz(50)
-@given(t=st.integers(0, 10**12), raw=st.binary(max_size=100),
-       spaces=st.lists(st.sampled_from(["", " ", "  "]), min_size=6, max_size=6))
+@given(
+    t=st.integers(0, 10**12),
+    raw=st.binary(max_size=100),
+    spaces=st.lists(st.sampled_from(["", " ", "  "]), min_size=6, max_size=6),
+)
 def test_signature_parse_is_lenient_about_spaces_around_separators(t, raw, spaces):
     count_example("pure_signature_spaces")
     mac = signing.compute(SECRET, t, raw)
@@ -536,19 +798,39 @@ def test_parse_decision_raises_only_protocol_errors_and_accepts_only_storable_te
         assert_storable(getattr(decision, name), f"parse_decision ({name})")
 
 
-CREATE_PATHS = ["pipeline", "step", "run_id", "draft", "draft.body", "draft.content_type",
-                "spend", "extra", "draft.extra"]
+CREATE_PATHS = [
+    "pipeline",
+    "step",
+    "run_id",
+    "draft",
+    "draft.body",
+    "draft.content_type",
+    "spend",
+    "extra",
+    "draft.extra",
+]
 create_mutation = st.one_of(
     st.tuples(st.just("set"), st.sampled_from(CREATE_PATHS), json_values),
     st.tuples(st.just("set"), st.sampled_from(CREATE_PATHS), odd_text),
     st.tuples(st.just("del"), st.sampled_from(CREATE_PATHS)),
-    st.tuples(st.just("set"), st.just("spend"), st.sampled_from(
-        [-1, 0, 0.5, 10**30, -0.0, True, "1", 1e308])),
+    st.tuples(
+        st.just("set"),
+        st.just("spend"),
+        st.sampled_from([-1, 0, 0.5, 10**30, -0.0, True, "1", 1e308]),
+    ),
 )
 create_recipe = weighted(
-    (3, st.tuples(st.just("request"), st.sampled_from(["q1", "q2", "q3", "nope"]), odd_text,
-                  st.lists(create_mutation, max_size=3), st.sampled_from(ENCODINGS),
-                  st.integers(0, 1000))),
+    (
+        3,
+        st.tuples(
+            st.just("request"),
+            st.sampled_from(["q1", "q2", "q3", "nope"]),
+            odd_text,
+            st.lists(create_mutation, max_size=3),
+            st.sampled_from(ENCODINGS),
+            st.integers(0, 1000),
+        ),
+    ),
     (1, st.tuples(st.just("raw"), raw_bodies)),
 )
 
@@ -559,15 +841,25 @@ def create_body(recipe: tuple[Any, ...]) -> bytes:
     _, step, draft, mutations, encoding, pick = recipe
     if encoding == "pad":
         encoding = "compact"  # 64 KiB is the decision limit, not the API's
-    request = {"pipeline": "p", "step": step, "run_id": f"fuzz-{pick}",
-               "draft": {"content_type": "text/plain", "body": draft}}
+    request = {
+        "pipeline": "p",
+        "step": step,
+        "run_id": f"fuzz-{pick}",
+        "draft": {"content_type": "text/plain", "body": draft},
+    }
     return encode_json(apply_mutations(request, mutations), encoding, pick)
 
 
 # Regression (finding 1): the same lone surrogate in a create's run_id or content_type -> 500.
 RUN_ID_SURROGATE: Recipe = ("request", "q1", "hello", [("set", "run_id", "\ud800")], "ascii", 0)
-CONTENT_TYPE_SURROGATE: Recipe = ("request", "q1", "hello",
-                                  [("set", "draft.content_type", "\udfff")], "ascii", 0)
+CONTENT_TYPE_SURROGATE: Recipe = (
+    "request",
+    "q1",
+    "hello",
+    [("set", "draft.content_type", "\udfff")],
+    "ascii",
+    0,
+)
 
 
 @fuzz(100)
@@ -621,8 +913,15 @@ def field_value(value: str | bytes) -> bytes:
     return bytes(b for b in raw if b not in CTL_BYTES)[:MAX_FIELD]
 
 
-def send(url: str, method: str, path: str, raw: bytes | None,
-         headers: dict[str, str | bytes], *, keep_ctl: bool = False) -> Reply:
+def send(
+    url: str,
+    method: str,
+    path: str,
+    raw: bytes | None,
+    headers: dict[str, str | bytes],
+    *,
+    keep_ctl: bool = False,
+) -> Reply:
     """One real HTTP request; header values are sent as ``field_value`` bytes (as they are
     with ``keep_ctl``)."""
     if not keep_ctl:
@@ -650,8 +949,11 @@ class Target:
     payload_hash: str
 
     def fields(self) -> dict[str, str]:
-        return {"approval_id": self.approval_id, "nonce": self.nonce,
-                "payload_hash": self.payload_hash}
+        return {
+            "approval_id": self.approval_id,
+            "nonce": self.nonce,
+            "payload_hash": self.payload_hash,
+        }
 
 
 class Bed:
@@ -664,8 +966,9 @@ class Bed:
     def __init__(self, gate: GateProcess, relay: CaptureRelay, db: Path) -> None:
         self.gate, self.relay = gate, relay
         self.api = gate.api()
-        self.db = sqlite3.connect(f"file:{db}?mode=ro", uri=True, isolation_level=None,
-                                  check_same_thread=False)
+        self.db = sqlite3.connect(
+            f"file:{db}?mode=ro", uri=True, isolation_level=None, check_same_thread=False
+        )
         self.log_seen = 0
         self.slots: dict[str, Target] = {}
 
@@ -673,8 +976,9 @@ class Bed:
         approval = self.api.create(step, f"fuzz draft {ULID()}\n")
         dispatch = self.relay.wait_dispatch(approval["approval_id"])
         self.settle()
-        return Target(dispatch["approval_id"], dispatch["callback"]["nonce"],
-                      dispatch["payload_hash"]), dispatch
+        return Target(
+            dispatch["approval_id"], dispatch["callback"]["nonce"], dispatch["payload_hash"]
+        ), dispatch
 
     def fill(self) -> None:
         self.slots["q1"] = self.open("q1")[0]
@@ -684,20 +988,25 @@ class Bed:
         assert status == 200
         self.slots["resolved"] = resolved
         old, dispatch = self.open("q2")
-        status, answer, _ = post_decision(self.gate.callback_url, decision_body(
-            dispatch, BOB, "adjust", adjust_text="edited by bob"))
+        status, answer, _ = post_decision(
+            self.gate.callback_url,
+            decision_body(dispatch, BOB, "adjust", adjust_text="edited by bob"),
+        )
         assert (status, answer) == (200, {"status": "recorded", "resolved": False})
         self.relay.wait_dispatch(old.approval_id, revision=2)
         self.settle()
         self.slots["superseded"] = old
-        self.slots["unknown"] = Target(str(ULID()), pysecrets.token_hex(16),
-                                       "sha256:" + hashlib.sha256(b"x").hexdigest())
+        self.slots["unknown"] = Target(
+            str(ULID()), pysecrets.token_hex(16), "sha256:" + hashlib.sha256(b"x").hexdigest()
+        )
 
     def settle(self) -> None:
         """Wait until the dispatcher has nothing left to write (every outbox row acked)."""
+
         def quiet() -> bool:
             row = self.db.execute("SELECT count(*) FROM outbox WHERE delivered_at IS NULL")
             return row.fetchone()[0] == 0
+
         wait_until(quiet, what="every dispatch acked")
 
     def snapshot(self) -> dict[str, tuple[int, str]]:
@@ -705,8 +1014,12 @@ class Bed:
         out = {}
         self.db.execute("BEGIN")
         try:
-            tables = [row[0] for row in self.db.execute(
-                "SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name")]
+            tables = [
+                row[0]
+                for row in self.db.execute(
+                    "SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name"
+                )
+            ]
             for table in tables:
                 rows = sorted(map(repr, self.db.execute(f'SELECT * FROM "{table}"')))
                 out[table] = (len(rows), hashlib.sha256("\n".join(rows).encode()).hexdigest())
@@ -729,26 +1042,27 @@ class Bed:
                 if len(self.gate.lines) != seen[0]:
                     seen[:] = [len(self.gate.lines), time.monotonic()]
                 return time.monotonic() - seen[1] >= quiet_s
+
             wait_until(quiet, what="the daemon's log to be quiet")
         lines = self.gate.log().splitlines()
-        fresh = "\n".join(lines[self.log_seen:])
+        fresh = "\n".join(lines[self.log_seen :])
         self.log_seen = len(lines)
         for needle in ("Traceback", "internal_error", "database is locked", *SECRET_VALUES):
             assert needle not in fresh, f"daemon log has {needle!r}:\n{fresh[-3000:]}"
 
 
 @pytest.fixture(scope="module")
-def bed(tmp_path_factory: pytest.TempPathFactory,
-        request: pytest.FixtureRequest) -> Iterator[Bed]:
+def bed(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> Iterator[Bed]:
     """One daemon for the module (rate limit out of the way, 24 h timeouts so nothing
     expires during a long run), its relay, and the pool; prints the counts at the end."""
     relay = CaptureRelay().start()
     directory = tmp_path_factory.mktemp("fuzz")
-    steps = [{"name": "q1", "quorum": 1, "approvers": [101, 102, 103], "timeout": "24h"},
-             {"name": "q2", "quorum": 2, "approvers": [101, 102, 103], "timeout": "24h"},
-             {"name": "q3", "quorum": 3, "approvers": [101, 102, 103, 104], "timeout": "24h"}]
-    config = write_config(directory, relay.url, steps=steps,
-                          security={"rate_limit": 1_000_000})
+    steps = [
+        {"name": "q1", "quorum": 1, "approvers": [101, 102, 103], "timeout": "24h"},
+        {"name": "q2", "quorum": 2, "approvers": [101, 102, 103], "timeout": "24h"},
+        {"name": "q3", "quorum": 3, "approvers": [101, 102, 103, 104], "timeout": "24h"},
+    ]
+    config = write_config(directory, relay.url, steps=steps, security={"rate_limit": 1_000_000})
     gate = GateProcess(config).start()
     bed = Bed(gate, relay, directory / "gate.db")
     try:
@@ -782,10 +1096,16 @@ def report(request: pytest.FixtureRequest) -> None:
 
 # SPEC §2's answers: HTTP status -> the ``status`` strings it may carry on the decision endpoint
 DECISION_ANSWERS = {
-    200: {"recorded"}, 400: {"invalid"}, 401: {"unauthorized"}, 403: {"forbidden"},
-    404: {"unknown_approval"}, 409: {"already_resolved", "superseded", "duplicate",
-                                     "already_decided"},
-    410: {"expired"}, 413: {"invalid"}, 422: {"invalid"}, 429: {"rate_limited"},
+    200: {"recorded"},
+    400: {"invalid"},
+    401: {"unauthorized"},
+    403: {"forbidden"},
+    404: {"unknown_approval"},
+    409: {"already_resolved", "superseded", "duplicate", "already_decided"},
+    410: {"expired"},
+    413: {"invalid"},
+    422: {"invalid"},
+    429: {"rate_limited"},
 }
 
 
@@ -815,16 +1135,33 @@ LATIN1_IDEMPOTENCY_KEY = ("key", b"caf\xe9")
 
 
 @fuzz(150)
-@example(recipe=LONE_SURROGATE_NONCE, sig=("valid", SECRET, 0, "plain"), proto=None,
-         ctype="application/json")
-@example(recipe=LONE_SURROGATE_ADJUST, sig=("valid", SECRET, 0, "plain"), proto=None,
-         ctype="application/json")
-@example(recipe=LONE_SURROGATE_DISPLAY, sig=("valid", SECRET, 0, "plain"), proto=None,
-         ctype="application/json")
-@given(recipe=decision_recipe, sig=weighted((1, valid_sig), (1, sig_recipe)),
-       proto=PROTOCOL_HEADERS, ctype=CONTENT_TYPES)
+@example(
+    recipe=LONE_SURROGATE_NONCE,
+    sig=("valid", SECRET, 0, "plain"),
+    proto=None,
+    ctype="application/json",
+)
+@example(
+    recipe=LONE_SURROGATE_ADJUST,
+    sig=("valid", SECRET, 0, "plain"),
+    proto=None,
+    ctype="application/json",
+)
+@example(
+    recipe=LONE_SURROGATE_DISPLAY,
+    sig=("valid", SECRET, 0, "plain"),
+    proto=None,
+    ctype="application/json",
+)
+@given(
+    recipe=decision_recipe,
+    sig=weighted((1, valid_sig), (1, sig_recipe)),
+    proto=PROTOCOL_HEADERS,
+    ctype=CONTENT_TYPES,
+)
 def test_decision_endpoint_never_5xx_never_2xx_unsigned_and_refusals_change_nothing(
-        bed, recipe, sig, proto, ctype):
+    bed, recipe, sig, proto, ctype
+):
     count_example("http_decisions")
     raw, target = decision_bytes(bed, recipe)
     header, verdict = build_signature(sig, raw, int(time.time()))
@@ -842,12 +1179,10 @@ def test_decision_endpoint_never_5xx_never_2xx_unsigned_and_refusals_change_noth
     answer = assert_error_shape(reply)
     note(f"answer {reply.status} {answer}")
     STATS[f"decisions.{reply.status}"] += 1
-    assert answer.get("status") in DECISION_ANSWERS.get(reply.status, set()), (reply.status,
-                                                                               answer)
+    assert answer.get("status") in DECISION_ANSWERS.get(reply.status, set()), (reply.status, answer)
     too_large = len(raw) > MAX_DECISION_BYTES
     if too_large:
-        assert (reply.status, answer) == (413, {"status": "invalid",
-                                                "reason": "body_too_large"})
+        assert (reply.status, answer) == (413, {"status": "invalid", "reason": "body_too_large"})
     elif verdict == INVALID:
         assert reply.status == 401, "a badly signed decision got past checks 2-4"
     elif verdict == VALID:
@@ -860,11 +1195,11 @@ def test_decision_endpoint_never_5xx_never_2xx_unsigned_and_refusals_change_noth
         after = bed.snapshot()
         assert after["decisions"][0] == before["decisions"][0] + 1
         decided = bed.db.execute(
-            "SELECT approval_id FROM decisions ORDER BY decision_id DESC LIMIT 1").fetchone()[0]
+            "SELECT approval_id FROM decisions ORDER BY decision_id DESC LIMIT 1"
+        ).fetchone()[0]
         pending = {bed.slots[s].approval_id: s for s in ("q1", "q2")}
         assert decided in pending, "a decision was recorded for an approval not pending"
-        assert target is not None and decided == json.loads(raw.removeprefix(BOM))[
-            "approval_id"]
+        assert target is not None and decided == json.loads(raw.removeprefix(BOM))["approval_id"]
         bed.settle()
         bed.slots[pending[decided]] = bed.open(pending[decided])[0]
     else:
@@ -876,19 +1211,35 @@ def test_decision_endpoint_never_5xx_never_2xx_unsigned_and_refusals_change_noth
 
 auth_recipe = weighted(
     (6, st.just(("valid",))),
-    (2, st.sampled_from([("absent",), ("maybe", f"bearer {API_TOKEN}"),
-                         ("maybe", f"Bearer   {API_TOKEN}  "), ("invalid", f"Basic {API_TOKEN}"),
-                         ("invalid", "Bearer"), ("invalid", f"Bearer {API_TOKEN}x"),
-                         ("invalid", f"Bearer {API_TOKEN[:-1]}"), ("invalid", API_TOKEN),
-                         ("invalid", f"Bearer {SECRET}")])),
+    (
+        2,
+        st.sampled_from(
+            [
+                ("absent",),
+                ("maybe", f"bearer {API_TOKEN}"),
+                ("maybe", f"Bearer   {API_TOKEN}  "),
+                ("invalid", f"Basic {API_TOKEN}"),
+                ("invalid", "Bearer"),
+                ("invalid", f"Bearer {API_TOKEN}x"),
+                ("invalid", f"Bearer {API_TOKEN[:-1]}"),
+                ("invalid", API_TOKEN),
+                ("invalid", f"Bearer {SECRET}"),
+            ]
+        ),
+    ),
     (1, st.tuples(st.just("invalid"), small_text.map(lambda s: "Bearer " + s))),
     (1, st.tuples(st.just("invalid"), header_bytes.map(lambda b: b"Bearer " + b))),
 )
 idempotency_recipe = weighted(
     (3, st.none()),
-    (2, st.sampled_from([("key", "fuzz-k1"), ("key", "fuzz-k2"), ("key", ""), ("key", " "),
-                         ("key", "k" * 201)])),
-    (1, st.tuples(st.just("key"), small_text)), (1, st.tuples(st.just("key"), header_bytes)),
+    (
+        2,
+        st.sampled_from(
+            [("key", "fuzz-k1"), ("key", "fuzz-k2"), ("key", ""), ("key", " "), ("key", "k" * 201)]
+        ),
+    ),
+    (1, st.tuples(st.just("key"), small_text)),
+    (1, st.tuples(st.just("key"), header_bytes)),
 )
 
 
@@ -909,8 +1260,9 @@ LATIN1_BEARER = ("invalid", b"Bearer caf\xe9")
 @fuzz(100)
 @example(recipe=RUN_ID_SURROGATE, auth=("valid",), key=None)
 @example(recipe=CONTENT_TYPE_SURROGATE, auth=("valid",), key=None)
-@example(recipe=("request", "q1", "hello", [], "compact", 0), auth=("valid",),
-         key=LATIN1_IDEMPOTENCY_KEY)
+@example(
+    recipe=("request", "q1", "hello", [], "compact", 0), auth=("valid",), key=LATIN1_IDEMPOTENCY_KEY
+)
 @given(recipe=create_recipe, auth=auth_recipe, key=idempotency_recipe)
 def test_create_never_5xx_and_only_a_201_adds_an_approval(bed, recipe, auth, key):
     count_example("http_create")
@@ -948,22 +1300,65 @@ def test_create_never_5xx_and_only_a_201_adds_an_approval(bed, recipe, auth, key
 
 
 def query_text(pairs: list[tuple[str, str]]) -> str:
-    return "&".join(urllib.parse.quote(k.encode("utf-8", "surrogatepass"), safe="") + "="
-                    + urllib.parse.quote(v.encode("utf-8", "surrogatepass"), safe="")
-                    for k, v in pairs)
+    return "&".join(
+        urllib.parse.quote(k.encode("utf-8", "surrogatepass"), safe="")
+        + "="
+        + urllib.parse.quote(v.encode("utf-8", "surrogatepass"), safe="")
+        for k, v in pairs
+    )
 
 
 QUERY_VALUES = st.one_of(
-    small_text, st.sampled_from(["pending", "resolved", "all", "PENDING", "", "0", "1", "500",
-                                 "501", "-1", "1e3", "nan", "inf", "0x10", "\u0661\u0662",
-                                 "9" * 1500, "p", " 5 ", "01KDV5Y7R1G3XK1QJ6W0AXJ3ZP"]))
+    small_text,
+    st.sampled_from(
+        [
+            "pending",
+            "resolved",
+            "all",
+            "PENDING",
+            "",
+            "0",
+            "1",
+            "500",
+            "501",
+            "-1",
+            "1e3",
+            "nan",
+            "inf",
+            "0x10",
+            "\u0661\u0662",
+            "9" * 1500,
+            "p",
+            " 5 ",
+            "01KDV5Y7R1G3XK1QJ6W0AXJ3ZP",
+        ]
+    ),
+)
 query_recipe = st.one_of(
-    st.lists(st.tuples(st.sampled_from(["state", "pipeline", "limit", "cursor", "wait", "x"]),
-                       QUERY_VALUES), max_size=5).map(query_text),
-    st.text(st.characters(codec="ascii", exclude_characters="# \r\n\t"), max_size=60)
-    .map(lambda s: urllib.parse.quote(s, safe="=&%+;")),
-    st.sampled_from(["%ff", "%ED%A0%80", "state=%ff", "cursor=%ED%A0%80", "limit=%00", "=",
-                     "&&", "state", "%", "%zz", "cursor=" + "%41" * 2000]),
+    st.lists(
+        st.tuples(
+            st.sampled_from(["state", "pipeline", "limit", "cursor", "wait", "x"]), QUERY_VALUES
+        ),
+        max_size=5,
+    ).map(query_text),
+    st.text(st.characters(codec="ascii", exclude_characters="# \r\n\t"), max_size=60).map(
+        lambda s: urllib.parse.quote(s, safe="=&%+;")
+    ),
+    st.sampled_from(
+        [
+            "%ff",
+            "%ED%A0%80",
+            "state=%ff",
+            "cursor=%ED%A0%80",
+            "limit=%00",
+            "=",
+            "&&",
+            "state",
+            "%",
+            "%zz",
+            "cursor=" + "%41" * 2000,
+        ]
+    ),
 )
 
 
@@ -992,8 +1387,11 @@ def test_list_with_random_query_never_5xx_and_changes_nothing(bed, query, auth):
 
 RAW_SEGMENTS = ("", ".", "..", "%", "%ff", "%ED%A0%80", "%2e%2E", "%00")  # sent as they are
 ROUTE_WORDS = ["v1", "approvals", "cancel", "healthz", "metrics", "hitl", "v0", "decisions"]
-path_segment = st.one_of(small_text, st.sampled_from(ROUTE_WORDS), st.sampled_from(
-    [*RAW_SEGMENTS, "a/b", "01KDV5Y7R1G3XK1QJ6W0AXJ3ZP", "x" * 1500]))
+path_segment = st.one_of(
+    small_text,
+    st.sampled_from(ROUTE_WORDS),
+    st.sampled_from([*RAW_SEGMENTS, "a/b", "01KDV5Y7R1G3XK1QJ6W0AXJ3ZP", "x" * 1500]),
+)
 
 
 def quote_segment(text: str) -> str:
@@ -1004,8 +1402,13 @@ def quote_segment(text: str) -> str:
 
 @fuzz(60)
 @example(segment="x", slot=None, action="get", wait="", auth=LATIN1_BEARER)
-@given(segment=path_segment, slot=st.sampled_from([None, None, "resolved", "superseded"]),
-       action=st.sampled_from(["get", "wait", "cancel"]), wait=QUERY_VALUES, auth=auth_recipe)
+@given(
+    segment=path_segment,
+    slot=st.sampled_from([None, None, "resolved", "superseded"]),
+    action=st.sampled_from(["get", "wait", "cancel"]),
+    wait=QUERY_VALUES,
+    auth=auth_recipe,
+)
 def test_get_wait_cancel_of_odd_ids_never_5xx(bed, segment, slot, action, wait, auth):
     """Unknown ids (random text) and resolved ones: a wait can never hang (nothing pending)."""
     count_example("http_get_wait_cancel")
@@ -1036,28 +1439,39 @@ def test_get_wait_cancel_of_odd_ids_never_5xx(bed, segment, slot, action, wait, 
 
 def is_metrics_read(listener: str, method: str, path: str, status: int) -> bool:
     """True for a successful read of the API listener's ``/metrics`` (not a JSON answer)."""
-    return listener == "api" and path == "/metrics" and method in ("GET", "HEAD") \
-        and status == 200
+    return listener == "api" and path == "/metrics" and method in ("GET", "HEAD") and status == 200
 
 
-ROUTES = [["v1", "approvals"], ["v1", "approvals", "{x}"], ["v1", "approvals", "{x}", "cancel"],
-          ["healthz"], ["metrics"], ["hitl", "v0", "decisions"], ["hitl", "v0", "{x}"]]
-route_segments = st.builds(lambda route, x: [x if part == "{x}" else part for part in route],
-                           st.sampled_from(ROUTES), path_segment)
+ROUTES = [
+    ["v1", "approvals"],
+    ["v1", "approvals", "{x}"],
+    ["v1", "approvals", "{x}", "cancel"],
+    ["healthz"],
+    ["metrics"],
+    ["hitl", "v0", "decisions"],
+    ["hitl", "v0", "{x}"],
+]
+route_segments = st.builds(
+    lambda route, x: [x if part == "{x}" else part for part in route],
+    st.sampled_from(ROUTES),
+    path_segment,
+)
 
 
 @fuzz(50)
-@example(listener="api", method="GET", segments=["v1", "approvals"], body=None,
-         auth=LATIN1_BEARER)
+@example(listener="api", method="GET", segments=["v1", "approvals"], body=None, auth=LATIN1_BEARER)
 @example(listener="api", method="GET", segments=["metrics"], body=None, auth=("valid",))
 @example(listener="api", method="HEAD", segments=["metrics"], body=None, auth=("valid",))
-@given(listener=st.sampled_from(["api", "callback"]),
-       method=st.sampled_from(["GET", "POST", "PUT", "DELETE", "PATCH", "OPTIONS", "HEAD"]),
-       segments=weighted((2, st.lists(path_segment, max_size=4)), (1, route_segments)),
-       body=st.none() | raw_bodies,
-       auth=auth_recipe)
-def test_any_method_and_path_on_either_listener_never_5xx(bed, listener, method, segments,
-                                                         body, auth):
+@given(
+    listener=st.sampled_from(["api", "callback"]),
+    method=st.sampled_from(["GET", "POST", "PUT", "DELETE", "PATCH", "OPTIONS", "HEAD"]),
+    segments=weighted((2, st.lists(path_segment, max_size=4)), (1, route_segments)),
+    body=st.none() | raw_bodies,
+    auth=auth_recipe,
+)
+def test_any_method_and_path_on_either_listener_never_5xx(
+    bed, listener, method, segments, body, auth
+):
     count_example("http_any_path")
     path = "/" + "/".join(quote_segment(s) for s in segments)
     assume(len(path) < MAX_FIELD)
@@ -1077,7 +1491,8 @@ def test_any_method_and_path_on_either_listener_never_5xx(bed, listener, method,
         # Regression (CI, stop 8): a valid bearer on GET /metrics is a 200 of Prometheus text,
         # the one answer of either listener that is not JSON (SPEC §3, issue 6 item 2)
         assert reply.headers.get("content-type", "").startswith(
-            ("text/plain; version=0.0.4", "application/openmetrics-text")), reply.headers
+            ("text/plain; version=0.0.4", "application/openmetrics-text")
+        ), reply.headers
         if method == "GET":
             assert b"hitl_gate_approvals_pending " in reply.raw, reply.raw[:300]
     elif method != "HEAD":
@@ -1088,28 +1503,46 @@ def test_any_method_and_path_on_either_listener_never_5xx(bed, listener, method,
 
 # ---- what HTTP's parser refuses ------------------------------------------------------------
 
-HEADER_NAMES = ["X-Draftcat-Signature", "X-Hitl-Protocol", "Content-Type", "Authorization",
-                "Idempotency-Key", "X-Anything"]
+HEADER_NAMES = [
+    "X-Draftcat-Signature",
+    "X-Hitl-Protocol",
+    "Content-Type",
+    "Authorization",
+    "Idempotency-Key",
+    "X-Anything",
+]
 # Regression (finding 4): aiohttp refuses a header holding a control byte (or a line over 8190
 # bytes) with 400 before the gate sees it, and logged it at ERROR with a traceback quoting the
 # header line verbatim: a bearer token with a stray control byte was written to the log.
 TOKEN_WITH_CTL = f"Bearer {API_TOKEN}\x01".encode()
-ctl_value = st.builds(lambda a, c, b: a + bytes([c]) + b, header_bytes,
-                      st.sampled_from(sorted(CTL_BYTES - {0x0A, 0x0D})), header_bytes)
+ctl_value = st.builds(
+    lambda a, c, b: a + bytes([c]) + b,
+    header_bytes,
+    st.sampled_from(sorted(CTL_BYTES - {0x0A, 0x0D})),
+    header_bytes,
+)
 long_value = st.builds(lambda n: b"a" * n, st.integers(8200, 20_000))
 
 
 @fuzz(10)
 @example(listener="api", name="Authorization", value=TOKEN_WITH_CTL, long_path=0)
-@given(listener=st.sampled_from(["api", "callback"]), name=st.sampled_from(HEADER_NAMES),
-       value=ctl_value | long_value, long_path=st.sampled_from([0, 0, 0, 9000, 20_000]))
+@given(
+    listener=st.sampled_from(["api", "callback"]),
+    name=st.sampled_from(HEADER_NAMES),
+    value=ctl_value | long_value,
+    long_path=st.sampled_from([0, 0, 0, 9000, 20_000]),
+)
 def test_request_http_refuses_is_400_and_leaves_no_traceback_or_secret_in_the_log(
-        bed, listener, name, value, long_path):
+    bed, listener, name, value, long_path
+):
     """Control bytes in a header, a header or request line over 8190 bytes: aiohttp's parser
     answers 400 (text/plain: the gate's code never runs) and nothing changes."""
     count_example("http_parser_refusals")
-    url, path = ((bed.gate.api_url, "/v1/approvals") if listener == "api"
-                 else (bed.gate.callback_url, "/hitl/v0/decisions"))
+    url, path = (
+        (bed.gate.api_url, "/v1/approvals")
+        if listener == "api"
+        else (bed.gate.callback_url, "/hitl/v0/decisions")
+    )
     path += "?x=" + "a" * long_path if long_path else ""
     raw = b"{}"
     headers: dict[str, str | bytes] = {name: value}

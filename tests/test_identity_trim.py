@@ -64,11 +64,14 @@ def _open(gate: GateProcess, relay: CaptureRelay, **extra: Any) -> tuple[str, di
 # ---- the gate: decisions and requested_by ----------------------------------------------------
 
 
-@pytest.mark.parametrize("identity", [ALICE + s for s in SEPARATORS] + [f"\x1f{ALICE}"],
-                         ids=["trailing_1c", "trailing_1d", "trailing_1e", "trailing_1f",
-                              "leading_1f"])
+@pytest.mark.parametrize(
+    "identity",
+    [ALICE + s for s in SEPARATORS] + [f"\x1f{ALICE}"],
+    ids=["trailing_1c", "trailing_1d", "trailing_1e", "trailing_1f", "leading_1f"],
+)
 def test_b02_09_identity_with_an_information_separator_is_not_the_operator(
-        gate: GateProcess, relay: CaptureRelay, identity: str) -> None:
+    gate: GateProcess, relay: CaptureRelay, identity: str
+) -> None:
     approval_id, dispatch = _open(gate, relay)
     before = gate.api().get(approval_id)
 
@@ -78,36 +81,49 @@ def test_b02_09_identity_with_an_information_separator_is_not_the_operator(
     assert gate.api().get(approval_id) == before
 
 
-@pytest.mark.parametrize("identity", ["\u3000Alice@Example.COM\u2029", f"\xa0{ALICE}\x85",
-                                      f"\u2002{ALICE}\u202f\t"])
+@pytest.mark.parametrize(
+    "identity", ["\u3000Alice@Example.COM\u2029", f"\xa0{ALICE}\x85", f"\u2002{ALICE}\u202f\t"]
+)
 def test_b02_09_identity_padded_with_white_space_is_the_operator(
-        gate: GateProcess, relay: CaptureRelay, identity: str) -> None:
+    gate: GateProcess, relay: CaptureRelay, identity: str
+) -> None:
     approval_id, dispatch = _open(gate, relay)
 
     status, answer, _ = post_decision(gate.callback_url, decision_body(dispatch, identity))
 
-    assert (status, answer) == (200, {"status": "recorded", "resolved": True,
-                                      "outcome": "approved"})
+    assert (status, answer) == (
+        200,
+        {"status": "recorded", "resolved": True, "outcome": "approved"},
+    )
     assert gate.api().get(approval_id)["decisions"][0]["identity"] == identity  # as sent
 
 
 @pytest.mark.parametrize("separator", SEPARATORS)
 def test_b02_09_requested_by_with_an_information_separator_is_no_operator(
-        gate: GateProcess, separator: str) -> None:
-    answer = gate.api().call("POST", "/v1/approvals", {
-        "pipeline": "p", "step": "q1", "draft": {"body": "x"}, "requested_by": ALICE + separator})
+    gate: GateProcess, separator: str
+) -> None:
+    answer = gate.api().call(
+        "POST",
+        "/v1/approvals",
+        {"pipeline": "p", "step": "q1", "draft": {"body": "x"}, "requested_by": ALICE + separator},
+    )
 
-    assert answer == (400, {"status": "invalid", "reason": "invalid_requested_by",
-                            "field": "requested_by"})
+    assert answer == (
+        400,
+        {"status": "invalid", "reason": "invalid_requested_by", "field": "requested_by"},
+    )
 
 
 def test_b02_09_requested_by_padded_with_white_space_is_the_operator(
-        gate: GateProcess, relay: CaptureRelay) -> None:
+    gate: GateProcess, relay: CaptureRelay
+) -> None:
     approval_id, dispatch = _open(gate, relay, requested_by=f"\u3000{ALICE}\u00a0")
 
     assert dispatch["approvers"] == ["bob@example.com", "carol@example.com"]
     assert post_decision(gate.callback_url, decision_body(dispatch, ALICE))[:2] == (
-        403, {"status": "forbidden", "reason": "self_approval"})
+        403,
+        {"status": "forbidden", "reason": "self_approval"},
+    )
 
 
 # ---- the config ------------------------------------------------------------------------------
@@ -117,36 +133,52 @@ def _identity_errors(tmp_path: Path, identity: str) -> list[str]:
     path = write_config(tmp_path, "http://127.0.0.1:9/")
     text = path.read_text(encoding="utf-8")
     # the first operator (alice, id 101) gets ``identity``, written as a YAML escape
-    path.write_text(text.replace("identity: alice@example.com",
-                                 f"identity: {json.dumps(identity)}", 1), encoding="utf-8")
+    path.write_text(
+        text.replace("identity: alice@example.com", f"identity: {json.dumps(identity)}", 1),
+        encoding="utf-8",
+    )
     with pytest.raises(ConfigError) as info:
         load_config(path)
     return [e for e in info.value.errors if e.startswith("relay.operators[0].")]
 
 
 @pytest.mark.parametrize("separator", SEPARATORS)
-def test_b02_09_config_identity_with_a_control_character_is_named(tmp_path: Path,
-                                                                  separator: str) -> None:
+def test_b02_09_config_identity_with_a_control_character_is_named(
+    tmp_path: Path, separator: str
+) -> None:
     assert _identity_errors(tmp_path, ALICE + separator) == [
         f"relay.operators[0].identity: has a control character (U+{ord(separator):04X}); an "
-        "identity is what the relay sends as approver.id"]
+        "identity is what the relay sends as approver.id"
+    ]
 
 
 @pytest.mark.parametrize("identity", [f"{ALICE}\u3000", f"\u2028{ALICE}", f" {ALICE}"])
-def test_b02_09_config_identity_with_white_space_around_it_is_named(tmp_path: Path,
-                                                                   identity: str) -> None:
+def test_b02_09_config_identity_with_white_space_around_it_is_named(
+    tmp_path: Path, identity: str
+) -> None:
     assert _identity_errors(tmp_path, identity) == [
-        "relay.operators[0].identity: has leading or trailing whitespace"]
+        "relay.operators[0].identity: has leading or trailing whitespace"
+    ]
 
 
 def test_b02_09_relay_as_with_a_control_character_is_a_usage_error() -> None:
-    proc = run_cli("relay", "--listen", "127.0.0.1:0", "--secret-env", "HITL_RELAY_SECRET",
-                   "--as", ALICE + "\x1f", "--auto", "approve")
+    proc = run_cli(
+        "relay",
+        "--listen",
+        "127.0.0.1:0",
+        "--secret-env",
+        "HITL_RELAY_SECRET",
+        "--as",
+        ALICE + "\x1f",
+        "--auto",
+        "approve",
+    )
 
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.decode() == (
-        f"Error: --as: {ALICE + chr(0x1f)!r} has a control character (U+001F); no dispatch "
-        "names such an identity\n")
+        f"Error: --as: {ALICE + chr(0x1F)!r} has a control character (U+001F); no dispatch "
+        "names such an identity\n"
+    )
 
 
 # ---- the reference relay and verify ----------------------------------------------------------
@@ -156,8 +188,10 @@ async def test_b02_09_reference_relay_decides_only_for_identities_in_scope() -> 
     async with aiohttp.ClientSession() as session:
         terminal = Terminal.open(asyncio.get_running_loop())  # deciders() reads nothing
         relay = Relay("s" * 32, [ALICE, "Bob@Example.com"], None, 300.0, session, terminal)
-        envelope = {"approval_id": "01KDWZ8B00J3Q9V5X7Z2M4N6PR",
-                    "approvers": [ALICE + "\x1f", "\u3000bob@example.com"]}
+        envelope = {
+            "approval_id": "01KDWZ8B00J3Q9V5X7Z2M4N6PR",
+            "approvers": [ALICE + "\x1f", "\u3000bob@example.com"],
+        }
 
         assert relay.deciders(envelope) == ["Bob@Example.com"]
 
@@ -187,8 +221,9 @@ def _vector(case_id: str) -> dict[str, Any]:
     return case
 
 
-@pytest.mark.parametrize("case_id", ["approver_id_only_unicode_white_space",
-                                     "approver_id_only_information_separator"])
+@pytest.mark.parametrize(
+    "case_id", ["approver_id_only_unicode_white_space", "approver_id_only_information_separator"]
+)
 def test_b02_09_decision_parse_vectors_use_white_space(case_id: str) -> None:
     case = _vector(case_id)
     raw = case["body_utf8"].encode("utf-8")

@@ -42,8 +42,10 @@ def _module_name(path: Path) -> str:
 
 
 def all_modules() -> list[Module]:
-    return [Module(_module_name(p), p, ast.parse(p.read_text(encoding="utf-8"), str(p)))
-            for p in sorted(GATE.rglob("*.py"))]
+    return [
+        Module(_module_name(p), p, ast.parse(p.read_text(encoding="utf-8"), str(p)))
+        for p in sorted(GATE.rglob("*.py"))
+    ]
 
 
 MODULES = all_modules()
@@ -71,8 +73,9 @@ def imports_of(module: Module) -> set[str]:
 
 def hits(imported: set[str], forbidden: tuple[str, ...]) -> list[str]:
     """The imported names equal to, or inside, a forbidden module."""
-    return sorted(name for name in imported
-                  for bad in forbidden if name == bad or name.startswith(bad + "."))
+    return sorted(
+        name for name in imported for bad in forbidden if name == bad or name.startswith(bad + ".")
+    )
 
 
 def under(prefix: str) -> list[Module]:
@@ -83,8 +86,19 @@ def ids(modules: list[Module]) -> list[str]:
     return [m.rel for m in modules]
 
 
-PROTOCOL_FORBIDDEN = ("asyncio", "aiohttp", "aiosqlite", "sqlite3", "socket", "time",
-                      "gate.store", "gate.core", "gate.web", "gate.clock", "gate.daemon.dispatch")
+PROTOCOL_FORBIDDEN = (
+    "asyncio",
+    "aiohttp",
+    "aiosqlite",
+    "sqlite3",
+    "socket",
+    "time",
+    "gate.store",
+    "gate.core",
+    "gate.web",
+    "gate.clock",
+    "gate.daemon.dispatch",
+)
 CORE_FORBIDDEN = ("aiohttp", "sqlite3", "aiosqlite", "click")
 SQL_DRIVERS = ("sqlite3", "aiosqlite")
 CLOCK_READS = {"now", "utcnow", "today", "time", "time_ns", "monotonic", "perf_counter"}
@@ -95,15 +109,24 @@ CLOCK_READS = {"now", "utcnow", "today", "time", "time_ns", "monotonic", "perf_c
 
 def test_layers_modules_found() -> None:
     names = {m.name for m in MODULES}
-    for expected in ("gate.protocol.signing", "gate.protocol.envelope", "gate.protocol.canonical",
-                     "gate.core.rules", "gate.core.service", "gate.store.db", "gate.web.callback",
-                     "gate.audit.chain"):
+    for expected in (
+        "gate.protocol.signing",
+        "gate.protocol.envelope",
+        "gate.protocol.canonical",
+        "gate.core.rules",
+        "gate.core.service",
+        "gate.store.db",
+        "gate.web.callback",
+        "gate.audit.chain",
+    ):
         assert expected in names
 
 
 def test_layers_import_scanner_sees_relative_and_from_imports() -> None:
-    tree = ast.parse("from . import store\nfrom ..store import db\nimport sqlite3 as s\n"
-                     "from gate import store as st\n")
+    tree = ast.parse(
+        "from . import store\nfrom ..store import db\nimport sqlite3 as s\n"
+        "from gate import store as st\n"
+    )
     fake = Module("gate.web.fake", GATE / "web" / "fake.py", tree)
 
     found = imports_of(fake)
@@ -127,7 +150,8 @@ def test_layers_protocol_reads_no_clock(module: Module) -> None:
     calls = [
         f"{ast.unparse(node.func)} (line {node.lineno})"
         for node in ast.walk(module.tree)
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
         and node.func.attr in CLOCK_READS
     ]
 
@@ -141,15 +165,27 @@ def test_layers_core_has_no_http_sql_or_cli(module: Module) -> None:
     assert not bad, f"{module.rel}: core/ has no aiohttp, no SQL driver, no click; imports {bad}"
 
 
-ROUTE_CALLS = {"add_get", "add_post", "add_put", "add_patch", "add_delete", "add_head",
-               "add_route", "add_routes", "add_view"}
+ROUTE_CALLS = {
+    "add_get",
+    "add_post",
+    "add_put",
+    "add_patch",
+    "add_delete",
+    "add_head",
+    "add_route",
+    "add_routes",
+    "add_view",
+}
 
 
 def registers_routes(module: Module) -> bool:
     """True when the module adds routes (``router.add_*``) or builds a ``RouteTableDef``."""
     for node in ast.walk(module.tree):
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
-                and node.func.attr in ROUTE_CALLS:
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr in ROUTE_CALLS
+        ):
             return True
         if isinstance(node, ast.Attribute) and node.attr == "RouteTableDef":
             return True
@@ -209,8 +245,10 @@ CLIENT = under("gate.client")
 
 @pytest.mark.parametrize("module", under("gate.core"), ids=ids(under("gate.core")))
 def test_layers_core_imports_neither_the_daemon_nor_prometheus(module: Module) -> None:
-    bad = hits(imports_of(module), ("gate.daemon", "gate.web", "gate.cli", "prometheus_client",
-                                    "gate.metrics"))
+    bad = hits(
+        imports_of(module),
+        ("gate.daemon", "gate.web", "gate.cli", "prometheus_client", "gate.metrics"),
+    )
 
     assert not bad, f"{module.rel}: core/ is the rules, run by the daemon, not part of it: {bad}"
 
@@ -226,16 +264,20 @@ def test_layers_web_does_not_import_the_daemon(module: Module) -> None:
 def test_layers_relays_are_untrusted_peers(module: Module) -> None:
     """A relay (tools/reference_relay, and any relay added under tools/) speaks hitl/v0 to the
     gate: it may use gate.protocol, never the gate's rules, store or daemon."""
-    bad = hits(imports_of(module), ("gate.core", "gate.store", "gate.daemon", "gate.web",
-                                    "gate.audit", "gate.trust") + SQL_DRIVERS)
+    bad = hits(
+        imports_of(module),
+        ("gate.core", "gate.store", "gate.daemon", "gate.web", "gate.audit", "gate.trust")
+        + SQL_DRIVERS,
+    )
 
     assert not bad, f"{module.rel} is a relay (an untrusted peer) and imports {bad}"
 
 
 @pytest.mark.parametrize("module", CLIENT, ids=ids(CLIENT))
 def test_layers_client_speaks_only_the_pipeline_api(module: Module) -> None:
-    bad = hits(imports_of(module), ("gate.store", "gate.daemon", "gate.web", "gate.tools")
-               + SQL_DRIVERS)
+    bad = hits(
+        imports_of(module), ("gate.store", "gate.daemon", "gate.web", "gate.tools") + SQL_DRIVERS
+    )
 
     assert not bad, f"{module.rel} runs in a pipeline, not in the daemon, and imports {bad}"
 

@@ -62,11 +62,18 @@ def relay() -> Iterator[CaptureRelay]:
 def gate(relay: CaptureRelay, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GateProcess]:
     """One daemon with small limits: 1000-byte drafts, rate limit 3/min, 3 s for headers and
     2 s for a body."""
-    config = write_config(tmp_path_factory.mktemp("limits"), relay.url,
-                          api={"max_draft_bytes": MAX_DRAFT}, security={"rate_limit": 3})
+    config = write_config(
+        tmp_path_factory.mktemp("limits"),
+        relay.url,
+        api={"max_draft_bytes": MAX_DRAFT},
+        security={"rate_limit": 3},
+    )
     text = config.read_text(encoding="utf-8")
-    config.write_text(text + f"http:\n  header_timeout: {HEADER_TIMEOUT_S:g}s\n"
-                             f"  body_timeout: {BODY_TIMEOUT_S:g}s\n", encoding="utf-8")
+    config.write_text(
+        text + f"http:\n  header_timeout: {HEADER_TIMEOUT_S:g}s\n"
+        f"  body_timeout: {BODY_TIMEOUT_S:g}s\n",
+        encoding="utf-8",
+    )
     proc = GateProcess(config).start()
     yield proc
     assert proc.stop() == 0
@@ -85,8 +92,9 @@ def connect(url: str) -> socket.socket:
     return socket.create_connection(host_port(url), timeout=DEADLINE_S)
 
 
-def read_response(sock: socket.socket, timeout: float = DEADLINE_S,
-                  data: bytes = b"") -> tuple[int, dict[str, str], bytes]:
+def read_response(
+    sock: socket.socket, timeout: float = DEADLINE_S, data: bytes = b""
+) -> tuple[int, dict[str, str], bytes]:
     """Read one HTTP/1.1 response (Content-Length framed) from a raw socket; ``data`` is what
     was already received of it."""
     sock.settimeout(timeout)
@@ -129,8 +137,11 @@ def closed_by_peer(sock: socket.socket, timeout: float) -> bool:
 
 
 def create_raw(gate: GateProcess, body: str) -> tuple[int, Any]:
-    return gate.api().call("POST", "/v1/approvals", {
-        "pipeline": "p", "step": "q1", "draft": {"content_type": "text/plain", "body": body}})
+    return gate.api().call(
+        "POST",
+        "/v1/approvals",
+        {"pipeline": "p", "step": "q1", "draft": {"content_type": "text/plain", "body": body}},
+    )
 
 
 @pytest.mark.parametrize("unit", ["x", "é", "€", "👍"])
@@ -146,15 +157,19 @@ def test_draft_of_exactly_max_draft_bytes_is_accepted_one_byte_more_is_413(gate,
 def test_announced_oversized_bodies_are_refused_at_once_without_reading_them(gate):
     """A Content-Length over the limit is answered 413 before a single body byte is sent."""
     cases = [
-        (gate.api_url, "/v1/approvals", {"Authorization": f"Bearer {API_TOKEN}"},
-         DRAFT_TOO_LARGE),
+        (gate.api_url, "/v1/approvals", {"Authorization": f"Bearer {API_TOKEN}"}, DRAFT_TOO_LARGE),
         (gate.callback_url, "/hitl/v0/decisions", {}, BODY_TOO_LARGE),
     ]
     for url, path, extra, expected in cases:
         sock = connect(url)
         try:
-            head = [f"POST {path} HTTP/1.1", "Host: gate", "Content-Type: application/json",
-                    "Content-Length: 50000000", *(f"{k}: {v}" for k, v in extra.items())]
+            head = [
+                f"POST {path} HTTP/1.1",
+                "Host: gate",
+                "Content-Type: application/json",
+                "Content-Length: 50000000",
+                *(f"{k}: {v}" for k, v in extra.items()),
+            ]
             sock.sendall(("\r\n".join(head) + "\r\n\r\n").encode("ascii"))
             status, _, body = read_response(sock, timeout=5)
             # 413 at once: waiting for the body would have answered 408 after body_timeout
@@ -164,19 +179,33 @@ def test_announced_oversized_bodies_are_refused_at_once_without_reading_them(gat
 
 
 def test_chunked_draft_request_over_the_read_cap_is_413(gate):
-    payload = json.dumps({"pipeline": "p", "step": "q1",
-                          "draft": {"content_type": "text/plain", "body": "x" * 300_000}})
+    payload = json.dumps(
+        {
+            "pipeline": "p",
+            "step": "q1",
+            "draft": {"content_type": "text/plain", "body": "x" * 300_000},
+        }
+    )
+
     def chunks() -> Iterator[bytes]:
         data = payload.encode()
         for i in range(0, len(data), 8192):
-            yield data[i:i + 8192]
+            yield data[i : i + 8192]
+
     host, port = host_port(gate.api_url)
     conn = http.client.HTTPConnection(host, port, timeout=DEADLINE_S)
     try:
-        conn.request("POST", "/v1/approvals", body=chunks(), encode_chunked=True,
-                     headers={"Authorization": f"Bearer {API_TOKEN}",
-                              "Content-Type": "application/json",
-                              "Transfer-Encoding": "chunked"})
+        conn.request(
+            "POST",
+            "/v1/approvals",
+            body=chunks(),
+            encode_chunked=True,
+            headers={
+                "Authorization": f"Bearer {API_TOKEN}",
+                "Content-Type": "application/json",
+                "Transfer-Encoding": "chunked",
+            },
+        )
         resp = conn.getresponse()
         assert (resp.status, json.loads(resp.read())) == (413, DRAFT_TOO_LARGE)
     except (BrokenPipeError, ConnectionResetError):
@@ -188,8 +217,9 @@ def test_chunked_draft_request_over_the_read_cap_is_413(gate):
 def test_oversized_header_is_refused_and_the_daemon_keeps_serving(gate):
     sock = connect(gate.api_url)
     try:
-        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: gate\r\nX-Big: " + b"a" * 100_000
-                     + b"\r\n\r\n")
+        sock.sendall(
+            b"GET /healthz HTTP/1.1\r\nHost: gate\r\nX-Big: " + b"a" * 100_000 + b"\r\n\r\n"
+        )
         status, _, _ = read_response(sock, timeout=5)
         assert status in (400, 431)
     except (BrokenPipeError, ConnectionResetError):
@@ -212,8 +242,9 @@ def test_burst_from_one_approver_is_cut_at_the_rate_limit_with_retry_after(gate,
     ids = [api.create("q1", f"burst {i}\n")["approval_id"] for i in range(8)]
     dispatches = [relay.wait_dispatch(approval_id) for approval_id in ids]
     with ThreadPoolExecutor(8) as pool:
-        results = list(pool.map(lambda d: post_decision(gate.callback_url, decision_body(d)),
-                                dispatches))
+        results = list(
+            pool.map(lambda d: post_decision(gate.callback_url, decision_body(d)), dispatches)
+        )
     recorded = [i for i, (status, _, _) in enumerate(results) if status == 200]
     limited = [i for i, (status, _, _) in enumerate(results) if status == 429]
     assert len(recorded) == 3 and len(limited) == 5, [r[:2] for r in results]
@@ -221,13 +252,18 @@ def test_burst_from_one_approver_is_cut_at_the_rate_limit_with_retry_after(gate,
         status, answer, headers = results[i]
         retry_after = int(headers["retry-after"])
         assert 1 <= retry_after <= 60
-        assert answer == {"status": "rate_limited", "reason": "rate_limited",
-                          "retry_after": retry_after}
+        assert answer == {
+            "status": "rate_limited",
+            "reason": "rate_limited",
+            "retry_after": retry_after,
+        }
         approval = api.get(ids[i])
         assert approval["state"] == "pending" and approval["decisions"] == []
     for i in limited[:3]:
         assert post_decision(gate.callback_url, decision_body(dispatches[i], BOB))[:2] == (
-            200, APPROVED)
+            200,
+            APPROVED,
+        )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -270,7 +306,7 @@ class Trickler:
                 for sock in self.socks:
                     if sock in self.closed:
                         continue
-                    byte = self.prefix[sent:sent + 1] or b"a"
+                    byte = self.prefix[sent : sent + 1] or b"a"
                     try:
                         sock.send(byte)
                     except (BlockingIOError, BrokenPipeError, ConnectionResetError, OSError):
@@ -315,12 +351,17 @@ def test_slowloris_headers_are_cut_after_header_timeout_and_do_not_block_others(
         started = time.monotonic()
         approval_id = api.create("q1", "served while slow clients hang on\n")["approval_id"]
         dispatch = relay.wait_dispatch(approval_id)
-        assert post_decision(gate.callback_url, decision_body(dispatch, CAROL))[:2] \
-            == (200, APPROVED)
+        assert post_decision(gate.callback_url, decision_body(dispatch, CAROL))[:2] == (
+            200,
+            APPROVED,
+        )
         assert time.monotonic() - started < HEADER_TIMEOUT_S + 2
 
-        wait_until(lambda: len(slow.closed) == len(slow.socks), HEADER_TIMEOUT_S + 8,
-                   "every slow client to be disconnected")
+        wait_until(
+            lambda: len(slow.closed) == len(slow.socks),
+            HEADER_TIMEOUT_S + 8,
+            "every slow client to be disconnected",
+        )
         for sock in slow.socks:
             held = slow.closed[sock] - slow.opened[sock]
             assert HEADER_TIMEOUT_S - 0.5 <= held <= HEADER_TIMEOUT_S + 6, held
@@ -355,21 +396,25 @@ def test_keep_alive_connection_gets_a_fresh_header_timeout_after_each_answer(gat
         conn.close()
 
 
-def slow_body(url: str, path: str, body: bytes, extra: dict[str, str]) -> tuple[float, int,
-                                                                                dict[str, str],
-                                                                                bytes]:
+def slow_body(
+    url: str, path: str, body: bytes, extra: dict[str, str]
+) -> tuple[float, int, dict[str, str], bytes]:
     """Send complete headers, then the body one byte every 0.3 s until an answer comes."""
     sock = connect(url)
     try:
-        head = [f"POST {path} HTTP/1.1", "Host: gate", f"Content-Length: {len(body)}",
-                *(f"{k}: {v}" for k, v in extra.items())]
+        head = [
+            f"POST {path} HTTP/1.1",
+            "Host: gate",
+            f"Content-Length: {len(body)}",
+            *(f"{k}: {v}" for k, v in extra.items()),
+        ]
         sock.sendall(("\r\n".join(head) + "\r\n\r\n").encode("latin-1"))
         started = time.monotonic()
         sock.setblocking(False)
         got = b""
         for i in range(len(body)):
             try:
-                sock.send(body[i:i + 1])
+                sock.send(body[i : i + 1])
             except (BlockingIOError, BrokenPipeError, ConnectionResetError):
                 pass
             deadline = time.monotonic() + 0.3
@@ -399,9 +444,18 @@ def test_trickled_body_is_408_request_timeout_after_body_timeout(gate, relay):
     decision = wire_json(decision_body(dispatch))
     cases = [
         (gate.callback_url, "/hitl/v0/decisions", decision, sign_headers(decision)),
-        (gate.api_url, "/v1/approvals", json.dumps({"pipeline": "p", "step": "q1", "draft": {
-            "content_type": "text/plain", "body": "x" * 200}}).encode(),
-         {"Authorization": f"Bearer {API_TOKEN}", "Content-Type": "application/json"}),
+        (
+            gate.api_url,
+            "/v1/approvals",
+            json.dumps(
+                {
+                    "pipeline": "p",
+                    "step": "q1",
+                    "draft": {"content_type": "text/plain", "body": "x" * 200},
+                }
+            ).encode(),
+            {"Authorization": f"Bearer {API_TOKEN}", "Content-Type": "application/json"},
+        ),
     ]
     for url, path, body, headers in cases:
         elapsed, status, resp_headers, answer = slow_body(url, path, body, headers)
@@ -410,8 +464,7 @@ def test_trickled_body_is_408_request_timeout_after_body_timeout(gate, relay):
         assert BODY_TIMEOUT_S - 0.5 <= elapsed <= BODY_TIMEOUT_S + 6, elapsed
     # nothing was recorded from the slow decision; the approval is still decidable
     assert api.get(approval_id)["decisions"] == []
-    assert post_decision(gate.callback_url, decision_body(dispatch, CAROL))[:2] == (
-        200, APPROVED)
+    assert post_decision(gate.callback_url, decision_body(dispatch, CAROL))[:2] == (200, APPROVED)
 
 
 def test_long_poll_outlives_the_header_and_body_timeouts(gate):
@@ -441,11 +494,13 @@ class RedirectingRelay(CaptureRelay):
         raw = await request.read()
         status = int(json.loads(raw)["run_id"][1:])
         with self._cond:
-            self.received.append({"headers": dict(request.headers), "raw": raw,
-                                  "status": status, "at": time.time()})
+            self.received.append(
+                {"headers": dict(request.headers), "raw": raw, "status": status, "at": time.time()}
+            )
             self._cond.notify_all()
-        return web.json_response({"status": "moved"}, status=status,
-                                 headers={"Location": self.location})
+        return web.json_response(
+            {"status": "moved"}, status=status, headers={"Location": self.location}
+        )
 
 
 REDIRECTS = (301, 302, 303, 307, 308)
@@ -459,11 +514,13 @@ def test_dispatch_redirect_is_never_followed(tmp_path):
     proc = GateProcess(write_config(tmp_path, redirecting.url)).start()
     try:
         api = proc.api()
-        ids = {status: api.create("q1", run_id=f"r{status}")["approval_id"]
-               for status in REDIRECTS}
+        ids = {status: api.create("q1", run_id=f"r{status}")["approval_id"] for status in REDIRECTS}
         for status, approval_id in ids.items():
-            wait_until(lambda a=approval_id: len(redirecting.raw_for(a)) >= 2, DEADLINE_S,
-                       f"two attempts answered {status}")
+            wait_until(
+                lambda a=approval_id: len(redirecting.raw_for(a)) >= 2,
+                DEADLINE_S,
+                f"two attempts answered {status}",
+            )
             dispatch = api.get(approval_id)["dispatch"]
             assert dispatch["delivered_at"] is None
             assert dispatch["last_error"] == f"relay answered HTTP {status}"
@@ -501,10 +558,18 @@ def test_dispatch_never_sends_back_a_cookie_the_relay_set(tmp_path, relay):
 
 def test_http_section_values_must_be_positive_durations(tmp_path, relay):
     config = write_config(tmp_path, relay.url)
-    config.write_text(config.read_text(encoding="utf-8")
-                      + "http:\n  header_timeout: 0s\n  body_timeout: soon\n", encoding="utf-8")
-    done = subprocess.run([sys.executable, "-m", "gate", "check-config", "-c", str(config)],
-                          capture_output=True, text=True, env=gate_env(), cwd=ROOT,
-                          timeout=DEADLINE_S, check=False)
+    config.write_text(
+        config.read_text(encoding="utf-8") + "http:\n  header_timeout: 0s\n  body_timeout: soon\n",
+        encoding="utf-8",
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "gate", "check-config", "-c", str(config)],
+        capture_output=True,
+        text=True,
+        env=gate_env(),
+        cwd=ROOT,
+        timeout=DEADLINE_S,
+        check=False,
+    )
     assert done.returncode == 2
     assert "http.header_timeout" in done.stderr and "http.body_timeout" in done.stderr

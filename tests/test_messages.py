@@ -28,8 +28,10 @@ from gate.cli import main
 from tests.support import ROOT, CaptureRelay, GateProcess, gate_env, run_cli, write_config
 
 ALICE = "alice@example.com"
-STEPS = [{"name": "pair", "quorum": 2, "approvers": [101, 102], "timeout": "1h"},
-         {"name": "q1", "quorum": 1, "approvers": [101, 102], "timeout": "1h"}]
+STEPS = [
+    {"name": "pair", "quorum": 2, "approvers": [101, 102], "timeout": "1h"},
+    {"name": "q1", "quorum": 1, "approvers": [101, 102], "timeout": "1h"},
+]
 PROTOCOL_MD = ROOT / "docs" / "protocol.md"
 
 
@@ -53,26 +55,55 @@ def gate(tmp_path_factory: pytest.TempPathFactory, relay: CaptureRelay) -> Itera
 
 
 def test_b02_12_quorum_unreachable_answer_names_the_requester_and_who_is_left(
-        gate: GateProcess) -> None:
-    answer = gate.api().call("POST", "/v1/approvals", {
-        "pipeline": "p", "step": "pair", "draft": {"body": "x"},
-        "requested_by": " Alice@Example.com"})
+    gate: GateProcess,
+) -> None:
+    answer = gate.api().call(
+        "POST",
+        "/v1/approvals",
+        {
+            "pipeline": "p",
+            "step": "pair",
+            "draft": {"body": "x"},
+            "requested_by": " Alice@Example.com",
+        },
+    )
 
-    assert answer == (422, {"status": "invalid", "reason": "quorum_unreachable",
-                            "field": "requested_by", "requested_by": ALICE,
-                            "approvers_left": 1, "quorum_required": 2})
+    assert answer == (
+        422,
+        {
+            "status": "invalid",
+            "reason": "quorum_unreachable",
+            "field": "requested_by",
+            "requested_by": ALICE,
+            "approvers_left": 1,
+            "quorum_required": 2,
+        },
+    )
 
 
 def test_b02_12_request_says_who_asked_and_how_many_approvers_remain(gate: GateProcess) -> None:
-    proc = run_cli("request", "-c", str(gate.config), "--api-url", gate.api_url,
-                   "--pipeline", "p", "--step", "pair", "--draft", "x",
-                   "--requested-by", ALICE)
+    proc = run_cli(
+        "request",
+        "-c",
+        str(gate.config),
+        "--api-url",
+        gate.api_url,
+        "--pipeline",
+        "p",
+        "--step",
+        "pair",
+        "--draft",
+        "x",
+        "--requested-by",
+        ALICE,
+    )
 
     assert (proc.returncode, proc.stdout) == (1, b"")
     assert proc.stderr.decode() == (
         "Error: the gate answered HTTP 422 quorum_unreachable: quorum 2 cannot be met without "
         f"the requester {ALICE}: 1 other approver remains in scope (a requester may not "
-        "approve their own request unless the step sets allow_self_approval: true)\n")
+        "approve their own request unless the step sets allow_self_approval: true)\n"
+    )
 
 
 # ---- --draft-file: standard input, byte offsets ---------------------------------------------
@@ -80,25 +111,49 @@ def test_b02_12_request_says_who_asked_and_how_many_approvers_remain(gate: GateP
 
 def _request(gate: GateProcess, *args: str, **run: Any) -> subprocess.CompletedProcess[bytes]:
     return subprocess.run(
-        [sys.executable, "-m", "gate", "request", "-c", str(gate.config), "--api-url",
-         gate.api_url, "--pipeline", "p", "--step", "q1", *args],
-        capture_output=True, env=gate_env(), cwd=ROOT, timeout=20, check=False, **run)
+        [
+            sys.executable,
+            "-m",
+            "gate",
+            "request",
+            "-c",
+            str(gate.config),
+            "--api-url",
+            gate.api_url,
+            "--pipeline",
+            "p",
+            "--step",
+            "q1",
+            *args,
+        ],
+        capture_output=True,
+        env=gate_env(),
+        cwd=ROOT,
+        timeout=20,
+        check=False,
+        **run,
+    )
 
 
-@pytest.mark.parametrize(("raw", "offset"), [(b"\xff", 0), (b"Gr\xc3\xbc\xc3e", 4),
-                                             (b"ok\n" * 5 + b"\xed\xa0\x80", 15)],
-                         ids=["first_byte", "truncated_sequence", "surrogate"])
+@pytest.mark.parametrize(
+    ("raw", "offset"),
+    [(b"\xff", 0), (b"Gr\xc3\xbc\xc3e", 4), (b"ok\n" * 5 + b"\xed\xa0\x80", 15)],
+    ids=["first_byte", "truncated_sequence", "surrogate"],
+)
 def test_b02_12_draft_on_stdin_that_is_not_utf8_names_standard_input_and_the_offset(
-        gate: GateProcess, raw: bytes, offset: int) -> None:
+    gate: GateProcess, raw: bytes, offset: int
+) -> None:
     proc = _request(gate, "--draft-file", "-", input=raw)
 
     assert (proc.returncode, proc.stdout) == (2, b"")
     assert proc.stderr.decode() == (
-        f"Error: --draft-file: standard input is not valid UTF-8 (byte offset {offset})\n")
+        f"Error: --draft-file: standard input is not valid UTF-8 (byte offset {offset})\n"
+    )
 
 
-def test_b02_12_draft_file_that_is_not_utf8_gives_the_offset(gate: GateProcess,
-                                                            tmp_path: Path) -> None:
+def test_b02_12_draft_file_that_is_not_utf8_gives_the_offset(
+    gate: GateProcess, tmp_path: Path
+) -> None:
     draft = tmp_path / "mail.txt"
     draft.write_bytes("Grüße, ".encode() + b"\x80 rest")
 
@@ -106,7 +161,8 @@ def test_b02_12_draft_file_that_is_not_utf8_gives_the_offset(gate: GateProcess,
 
     assert proc.returncode == 2
     assert proc.stderr.decode() == (
-        f"Error: --draft-file: {draft} is not valid UTF-8 (byte offset 9)\n")
+        f"Error: --draft-file: {draft} is not valid UTF-8 (byte offset 9)\n"
+    )
 
 
 def _write_only_stdin() -> tuple[int, int]:
@@ -124,19 +180,41 @@ def test_b02_12_unreadable_standard_input_is_named(gate: GateProcess) -> None:
 
     assert proc.returncode == 2
     assert proc.stderr.decode() == (
-        "Error: --draft-file: cannot read standard input: Bad file descriptor\n")
+        "Error: --draft-file: cannot read standard input: Bad file descriptor\n"
+    )
 
 
 def test_b02_12_closed_standard_input_is_named(gate: GateProcess) -> None:
-    command = [sys.executable, "-m", "gate", "request", "-c", str(gate.config), "--api-url",
-               gate.api_url, "--pipeline", "p", "--step", "q1", "--draft-file", "-"]
+    command = [
+        sys.executable,
+        "-m",
+        "gate",
+        "request",
+        "-c",
+        str(gate.config),
+        "--api-url",
+        gate.api_url,
+        "--pipeline",
+        "p",
+        "--step",
+        "q1",
+        "--draft-file",
+        "-",
+    ]
     # `<&-`: the command starts with its standard input closed (Python's sys.stdin is None)
-    proc = subprocess.run(["sh", "-c", 'exec "$@" <&-', "sh", *command], capture_output=True,
-                          env=gate_env(), cwd=ROOT, timeout=20, check=False)
+    proc = subprocess.run(
+        ["sh", "-c", 'exec "$@" <&-', "sh", *command],
+        capture_output=True,
+        env=gate_env(),
+        cwd=ROOT,
+        timeout=20,
+        check=False,
+    )
 
     assert proc.returncode == 2
     assert proc.stderr.decode() == (
-        "Error: --draft-file: cannot read standard input: it is closed\n")
+        "Error: --draft-file: cannot read standard input: it is closed\n"
+    )
 
 
 def test_b02_12_permit_verify_names_standard_input(tmp_path: Path) -> None:
@@ -148,17 +226,33 @@ def test_b02_12_permit_verify_names_standard_input(tmp_path: Path) -> None:
     read_end, write_end = _write_only_stdin()
     try:
         proc = subprocess.run(
-            [sys.executable, "-m", "gate", "permit", "verify", str(permit), "--public-key",
-             str(tmp_path / "hitl-gate-ed25519.pub"), "--body-file", "-"],
-            stdin=write_end, capture_output=True, env=gate_env(), cwd=ROOT, timeout=20,
-            check=False)
+            [
+                sys.executable,
+                "-m",
+                "gate",
+                "permit",
+                "verify",
+                str(permit),
+                "--public-key",
+                str(tmp_path / "hitl-gate-ed25519.pub"),
+                "--body-file",
+                "-",
+            ],
+            stdin=write_end,
+            capture_output=True,
+            env=gate_env(),
+            cwd=ROOT,
+            timeout=20,
+            check=False,
+        )
     finally:
         os.close(read_end)
         os.close(write_end)
 
     assert proc.returncode == 2
     assert proc.stderr.decode() == (
-        "Error: --body-file: cannot read standard input: Bad file descriptor\n")
+        "Error: --body-file: cannot read standard input: Bad file descriptor\n"
+    )
 
 
 # ---- unknown config keys --------------------------------------------------------------------
@@ -169,12 +263,13 @@ def _check_config(tmp_path: Path, edit: Any) -> list[str]:
     data = yaml.safe_load(path.read_text(encoding="utf-8"))
     edit(data)
     path.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
-    result = CliRunner().invoke(main, ["check-config", "-c", str(path)], env=gate_env(),
-                                catch_exceptions=False)
+    result = CliRunner().invoke(
+        main, ["check-config", "-c", str(path)], env=gate_env(), catch_exceptions=False
+    )
     assert result.exit_code == 2
     prefix = f"{path}: "
     assert all(line.startswith(prefix) for line in result.stderr.splitlines()), result.stderr
-    return [line[len(prefix):] for line in result.stderr.splitlines()]
+    return [line[len(prefix) :] for line in result.stderr.splitlines()]
 
 
 def _rename(data: dict[str, Any], path: tuple[Any, ...], new: str) -> None:
@@ -185,21 +280,41 @@ def _rename(data: dict[str, Any], path: tuple[Any, ...], new: str) -> None:
     node[new] = node.pop(old)
 
 
-@pytest.mark.parametrize(("path", "typo", "expected"), [
-    (("pipelines", 0, "steps", 0, "quorum"), "qorum",
-     'pipelines[0].steps[0].qorum: unknown key; did you mean "quorum"?'),
-    (("relay", "secret_env"), "secret_evn",
-     'relay.secret_evn: unknown key; did you mean "secret_env"?'),
-    (("relay", "security", "allowed_users"), "allowed_user",
-     'relay.security.allowed_user: unknown key; did you mean "allowed_users"?'),
-    (("relay", "operators", 0, "identity"), "identiy",
-     'relay.operators[0].identiy: unknown key; did you mean "identity"?'),
-    (("pipelines",), "pipeline", 'pipeline: unknown key; did you mean "pipelines"?'),
-    (("api", "max_draft_bytes"), "max_draft_size",
-     'api.max_draft_size: unknown key; did you mean "max_draft_bytes"?'),
-], ids=["step", "relay", "security", "operator", "top_level", "api"])
+@pytest.mark.parametrize(
+    ("path", "typo", "expected"),
+    [
+        (
+            ("pipelines", 0, "steps", 0, "quorum"),
+            "qorum",
+            'pipelines[0].steps[0].qorum: unknown key; did you mean "quorum"?',
+        ),
+        (
+            ("relay", "secret_env"),
+            "secret_evn",
+            'relay.secret_evn: unknown key; did you mean "secret_env"?',
+        ),
+        (
+            ("relay", "security", "allowed_users"),
+            "allowed_user",
+            'relay.security.allowed_user: unknown key; did you mean "allowed_users"?',
+        ),
+        (
+            ("relay", "operators", 0, "identity"),
+            "identiy",
+            'relay.operators[0].identiy: unknown key; did you mean "identity"?',
+        ),
+        (("pipelines",), "pipeline", 'pipeline: unknown key; did you mean "pipelines"?'),
+        (
+            ("api", "max_draft_bytes"),
+            "max_draft_size",
+            'api.max_draft_size: unknown key; did you mean "max_draft_bytes"?',
+        ),
+    ],
+    ids=["step", "relay", "security", "operator", "top_level", "api"],
+)
 def test_b02_12_unknown_config_key_suggests_the_closest_one(
-        tmp_path: Path, path: tuple[Any, ...], typo: str, expected: str) -> None:
+    tmp_path: Path, path: tuple[Any, ...], typo: str, expected: str
+) -> None:
     errors = _check_config(tmp_path, lambda data: _rename(data, path, typo))
 
     assert expected in errors, errors
@@ -210,8 +325,10 @@ def test_b02_12_unknown_config_key_without_a_close_one_suggests_nothing(tmp_path
         data["relay"]["frobnicate"] = 1
         data["storage"]["sqlite"] = "x"  # close to no storage key
 
-    assert _check_config(tmp_path, add) == ["relay.frobnicate: unknown key",
-                                            "storage.sqlite: unknown key"]
+    assert _check_config(tmp_path, add) == [
+        "relay.frobnicate: unknown key",
+        "storage.sqlite: unknown key",
+    ]
 
 
 def test_b02_12_unknown_key_in_an_optional_section_suggests_too(tmp_path: Path) -> None:
@@ -221,7 +338,8 @@ def test_b02_12_unknown_key_in_an_optional_section_suggests_too(tmp_path: Path) 
 
     assert _check_config(tmp_path, add) == [
         'http.header_timout: unknown key; did you mean "header_timeout"?',
-        'budget.cap_todya: unknown key; did you mean "cap_today"?']
+        'budget.cap_todya: unknown key; did you mean "cap_today"?',
+    ]
 
 
 # ---- docs/protocol.md -----------------------------------------------------------------------

@@ -44,8 +44,9 @@ from tests.support import (
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
 
-def scrape_raw(gate: GateProcess, headers: dict[str, str] | None = None,
-               token: str | None = API_TOKEN) -> tuple[int, dict[str, str], bytes]:
+def scrape_raw(
+    gate: GateProcess, headers: dict[str, str] | None = None, token: str | None = API_TOKEN
+) -> tuple[int, dict[str, str], bytes]:
     hdrs = dict(headers or {})
     if token is not None:
         hdrs["Authorization"] = f"Bearer {token}"
@@ -58,8 +59,11 @@ def scrape(gate: GateProcess) -> tuple[dict[str, Any], Samples]:
     assert status == 200, raw
     assert headers["content-type"].startswith("text/plain; version=0.0.4"), headers
     families = {f.name: f for f in text_string_to_metric_families(raw.decode("utf-8"))}
-    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
-               for f in families.values() for s in f.samples}
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for f in families.values()
+        for s in f.samples
+    }
     return families, samples
 
 
@@ -93,12 +97,14 @@ def gate(tmp_path: Path, relay: CaptureRelay) -> Iterator[GateProcess]:
 
 def dispatches_settled(gate: GateProcess, relay: CaptureRelay) -> Samples:
     """Wait until every POST the relay answered is counted; return the samples then."""
+
     def settled() -> Samples | None:
         _, samples = scrape(gate)
         received = list(relay.received)
         if value(samples, "hitl_gate_dispatch_attempts_total") != len(received):
             return None
         return samples
+
     return wait_until(settled, what="dispatch attempts counted")
 
 
@@ -107,9 +113,18 @@ def test_metrics_count_what_happened_exactly(gate: GateProcess, relay: CaptureRe
     families, samples = scrape(gate)
     # every series exists at 0 before anything happened; scrape-time gauges are there too
     assert by_label(samples, "hitl_gate_approvals_created_total", "step") == {
-        "q1": 0, "q2": 0, "q3": 0, "short": 0}
+        "q1": 0,
+        "q2": 0,
+        "q3": 0,
+        "short": 0,
+    }
     assert by_label(samples, "hitl_gate_approvals_resolved_total", "outcome") == {
-        "approved": 0, "adjusted": 0, "skipped": 0, "timeout": 0, "cancelled": 0}
+        "approved": 0,
+        "adjusted": 0,
+        "skipped": 0,
+        "timeout": 0,
+        "cancelled": 0,
+    }
     assert value(samples, "hitl_gate_approvals_pending") == 0
     assert value(samples, "hitl_gate_oldest_pending_age_seconds") == 0
     assert value(samples, "hitl_gate_dispatch_attempts_total") == 0
@@ -120,16 +135,19 @@ def test_metrics_count_what_happened_exactly(gate: GateProcess, relay: CaptureRe
     a = api.create("q1", body="metrics A")["approval_id"]
     dispatch_a = relay.wait_dispatch(a)
     status, answer, _ = post_decision(gate.callback_url, decision_body(dispatch_a))
-    assert (status, answer) == (200, {"status": "recorded", "resolved": True,
-                                      "outcome": "approved"})
+    assert (status, answer) == (
+        200,
+        {"status": "recorded", "resolved": True, "outcome": "approved"},
+    )
     a_view = api.get(a)
     # two refusals: a replay (after parsing: logged with the approval_id), an unsigned one
     status, answer, _ = post_decision(gate.callback_url, decision_body(dispatch_a))
     assert (status, answer["reason"]) == (409, "already_resolved")
     status, answer, _ = post_decision(gate.callback_url, decision_body(dispatch_a), header="")
     assert (status, answer["reason"]) == (401, "signature_missing")
-    gate.wait_for_line(f"event=decision_refused status=409 reason=already_resolved "
-                       f"approval_id={a}$")
+    gate.wait_for_line(
+        f"event=decision_refused status=409 reason=already_resolved approval_id={a}$"
+    )
     gate.wait_for_line("event=decision_refused status=401 reason=signature_missing$")
 
     # C: cancelled after its dispatch; B: expires (step "short", 3 s)
@@ -157,21 +175,40 @@ def test_metrics_count_what_happened_exactly(gate: GateProcess, relay: CaptureRe
     after = time.time()
 
     assert by_label(samples, "hitl_gate_approvals_created_total", "step") == {
-        "q1": 3, "q2": 1, "q3": 0, "short": 1}
+        "q1": 3,
+        "q2": 1,
+        "q3": 0,
+        "short": 1,
+    }
     assert by_label(samples, "hitl_gate_approvals_resolved_total", "outcome") == {
-        "approved": 1, "adjusted": 0, "skipped": 0, "timeout": 1, "cancelled": 2}
+        "approved": 1,
+        "adjusted": 0,
+        "skipped": 0,
+        "timeout": 1,
+        "cancelled": 2,
+    }
     assert by_label(samples, "hitl_gate_decisions_accepted_total", "decision") == {
-        "approve": 1, "skip": 0, "adjust": 0}
+        "approve": 1,
+        "skip": 0,
+        "adjust": 0,
+    }
     assert by_label(samples, "hitl_gate_decisions_refused_total", "reason") == {
-        "already_resolved": 1, "signature_missing": 1}
+        "already_resolved": 1,
+        "signature_missing": 1,
+    }
 
     # time to decision: A only (timeouts and cancels are no decisions), exactly its times
     labels = {"pipeline": "p", "step": "q1"}
     assert value(samples, "hitl_gate_time_to_decision_seconds_count", **labels) == 1
-    assert value(samples, "hitl_gate_time_to_decision_seconds_sum", **labels) == (
-        ms(a_view["resolved_at"]) - ms(a_view["created_at"])) / 1000
-    assert not [k for k in samples if k[0] == "hitl_gate_time_to_decision_seconds_count"
-                and dict(k[1])["step"] != "q1"]
+    assert (
+        value(samples, "hitl_gate_time_to_decision_seconds_sum", **labels)
+        == (ms(a_view["resolved_at"]) - ms(a_view["created_at"])) / 1000
+    )
+    assert not [
+        k
+        for k in samples
+        if k[0] == "hitl_gate_time_to_decision_seconds_count" and dict(k[1])["step"] != "q1"
+    ]
 
     received = list(relay.received)
     acked = [r for r in received if 200 <= r["status"] < 300]
@@ -179,7 +216,10 @@ def test_metrics_count_what_happened_exactly(gate: GateProcess, relay: CaptureRe
     assert len(acked) == 4 and refused and len(acked) + len(refused) == len(received)
     assert value(samples, "hitl_gate_dispatch_attempts_total") == len(received)
     assert by_label(samples, "hitl_gate_dispatch_failures_total", "reason") == {
-        "http_status": len(refused), "timeout": 0, "connection": 0}
+        "http_status": len(refused),
+        "timeout": 0,
+        "connection": 0,
+    }
     assert value(samples, "hitl_gate_dispatch_ack_seconds_count") == 4
     assert value(samples, "hitl_gate_dispatch_ack_seconds_bucket", le="+Inf") == 4
     assert 0 < value(samples, "hitl_gate_dispatch_ack_seconds_sum") < 4 * 2.0
@@ -192,20 +232,28 @@ def test_metrics_count_what_happened_exactly(gate: GateProcess, relay: CaptureRe
     assert 0 <= value(samples, "hitl_gate_relay_last_ack_age_seconds") <= after - before_e + 0.01
 
 
-def test_metric_names_follow_prometheus_conventions(gate: GateProcess,
-                                                    relay: CaptureRelay) -> None:
+def test_metric_names_follow_prometheus_conventions(gate: GateProcess, relay: CaptureRelay) -> None:
     api = gate.api()
     created = api.create("q1", body="names")["approval_id"]
     post_decision(gate.callback_url, decision_body(relay.wait_dispatch(created)))
     families, samples = scrape(gate)
     assert set(families) == {
-        "hitl_gate_build_info", "hitl_gate_approvals_created", "hitl_gate_approvals_resolved",
-        "hitl_gate_decisions_accepted", "hitl_gate_decisions_refused",
-        "hitl_gate_dispatch_attempts", "hitl_gate_dispatch_failures",
-        "hitl_gate_dispatch_ack_seconds", "hitl_gate_time_to_decision_seconds",
-        "hitl_gate_approvals_pending", "hitl_gate_oldest_pending_age_seconds",
-        "hitl_gate_relay_up", "hitl_gate_relay_last_ack_timestamp_seconds",
-        "hitl_gate_relay_last_ack_age_seconds", "hitl_gate_writer_unanswered_seconds"}
+        "hitl_gate_build_info",
+        "hitl_gate_approvals_created",
+        "hitl_gate_approvals_resolved",
+        "hitl_gate_decisions_accepted",
+        "hitl_gate_decisions_refused",
+        "hitl_gate_dispatch_attempts",
+        "hitl_gate_dispatch_failures",
+        "hitl_gate_dispatch_ack_seconds",
+        "hitl_gate_time_to_decision_seconds",
+        "hitl_gate_approvals_pending",
+        "hitl_gate_oldest_pending_age_seconds",
+        "hitl_gate_relay_up",
+        "hitl_gate_relay_last_ack_timestamp_seconds",
+        "hitl_gate_relay_last_ack_age_seconds",
+        "hitl_gate_writer_unanswered_seconds",
+    }
     for family in families.values():
         assert family.documentation, family.name
         if family.type == "counter":
@@ -226,16 +274,20 @@ def test_metrics_need_the_bearer_token_and_speak_openmetrics(gate: GateProcess) 
     status, _, raw = scrape_raw(gate, token="wrong")
     assert status == 401 and b'"token_invalid"' in raw
     status, headers, raw = scrape_raw(
-        gate, {"Accept": "application/openmetrics-text; version=1.0.0"})
+        gate, {"Accept": "application/openmetrics-text; version=1.0.0"}
+    )
     assert status == 200
     assert headers["content-type"].startswith("application/openmetrics-text"), headers
     assert raw.endswith(b"# EOF\n")
     for accept in ("text/plain; version=abc", "application/openmetrics-text; q=0", "*/*"):
         status, headers, raw = scrape_raw(gate, {"Accept": accept})
         assert (status, headers["content-type"]) == (
-            200, "text/plain; version=0.0.4; charset=utf-8"), (accept, raw)
-    status, headers, raw = http_request(gate.api_url + "/metrics", "HEAD",
-                                        headers={"Authorization": f"Bearer {API_TOKEN}"})
+            200,
+            "text/plain; version=0.0.4; charset=utf-8",
+        ), (accept, raw)
+    status, headers, raw = http_request(
+        gate.api_url + "/metrics", "HEAD", headers={"Authorization": f"Bearer {API_TOKEN}"}
+    )
     assert (status, raw) == (200, b"")
 
 
@@ -247,8 +299,9 @@ def _closed_port() -> int:
 
 async def test_dispatch_failures_are_classified() -> None:
     async with aiohttp.ClientSession() as session:
-        result = await post_signed(session, f"http://127.0.0.1:{_closed_port()}/relay", b"{}",
-                                   "s", int(time.time()), 2.0)
+        result = await post_signed(
+            session, f"http://127.0.0.1:{_closed_port()}/relay", b"{}", "s", int(time.time()), 2.0
+        )
     assert (result.status, result.failure) == (None, "connection")
 
 
@@ -261,8 +314,7 @@ OPERATING = ROOT / "docs" / "operating.md"
 PROMQL_WORDS = {"sum", "rate", "increase", "by", "and", "or", "unless", "max", "min", "avg"}
 
 
-def test_b02_11_writer_gauge_shows_a_stalled_writer(gate: GateProcess,
-                                                    relay: CaptureRelay) -> None:
+def test_b02_11_writer_gauge_shows_a_stalled_writer(gate: GateProcess, relay: CaptureRelay) -> None:
     """A stuck database writer made /healthz answer 503 but nothing a Prometheus alert could
     use: ``hitl_gate_writer_unanswered_seconds`` is the age of the oldest write the writer
     process has not answered (0 when none waits); /metrics answers meanwhile (reads do not
@@ -272,19 +324,23 @@ def test_b02_11_writer_gauge_shows_a_stalled_writer(gate: GateProcess,
     created: dict[str, Any] = {}
     os.kill(pid, signal.SIGSTOP)
     try:
-        holder = threading.Thread(target=lambda: created.update(gate.api().create("q1")),
-                                  daemon=True)
+        holder = threading.Thread(
+            target=lambda: created.update(gate.api().create("q1")), daemon=True
+        )
         holder.start()
         waited = wait_until(
             lambda: value(scrape(gate)[1], "hitl_gate_writer_unanswered_seconds"),
-            what="the held create to show in the writer gauge")
+            what="the held create to show in the writer gauge",
+        )
         assert waited > 0 and not created  # the create is still waiting for the writer
     finally:
         os.kill(pid, signal.SIGCONT)
     holder.join(DEADLINE_S)
     assert created["state"] == "pending"
-    wait_until(lambda: value(scrape(gate)[1], "hitl_gate_writer_unanswered_seconds") == 0,
-               what="the gauge back at 0 once the writer answered")
+    wait_until(
+        lambda: value(scrape(gate)[1], "hitl_gate_writer_unanswered_seconds") == 0,
+        what="the gauge back at 0 once the writer answered",
+    )
 
 
 def _rules() -> list[dict[str, Any]]:
@@ -296,8 +352,9 @@ def _series_names(expr: str) -> set[str]:
     """The series names a PromQL expression selects (label matchers, ranges, ``by (...)``
     lists and numbers left out)."""
     bare = re.sub(r"\{[^}]*\}|\[[^\]]*\]|\bby\s*\([^)]*\)", " ", expr)
-    return {word for word in re.findall(r"[A-Za-z_:][A-Za-z0-9_:]*", bare)
-            if word not in PROMQL_WORDS}
+    return {
+        word for word in re.findall(r"[A-Za-z_:][A-Za-z0-9_:]*", bare) if word not in PROMQL_WORDS
+    }
 
 
 def _scrape_config() -> str:
@@ -309,7 +366,8 @@ def _scrape_config() -> str:
 
 
 def test_b02_11_alert_rules_use_only_metrics_the_running_gate_exposes(
-        gate: GateProcess, relay: CaptureRelay) -> None:
+    gate: GateProcess, relay: CaptureRelay
+) -> None:
     """Every hitl_gate_* series an alert selects is in a real scrape (after one dispatch was
     acked, so the relay gauges exist); the only other series is Prometheus' own ``up`` of
     the job named in docs/operating.md's scrape config."""
@@ -319,12 +377,17 @@ def test_b02_11_alert_rules_use_only_metrics_the_running_gate_exposes(
     def with_relay_gauges() -> set[str] | None:
         names = {name for name, _ in scrape(gate)[1]}
         return names if "hitl_gate_relay_up" in names else None
+
     exposed = wait_until(with_relay_gauges, what="the relay gauges")
     job = yaml.safe_load(_scrape_config())["scrape_configs"][0]["job_name"]
     rules = _rules()
     assert {rule["alert"] for rule in rules} == {
-        "HitlGateDown", "HitlGateRelayUnreachable", "HitlGateDispatchFailureRate",
-        "HitlGateApprovalWaitingLong", "HitlGateWriterStalled"}
+        "HitlGateDown",
+        "HitlGateRelayUnreachable",
+        "HitlGateDispatchFailureRate",
+        "HitlGateApprovalWaitingLong",
+        "HitlGateWriterStalled",
+    }
     for rule in rules:
         names = _series_names(rule["expr"])
         assert names, rule
@@ -346,9 +409,18 @@ def test_b02_11_alert_rules_and_scrape_config_pass_promtool(tmp_path: Path) -> N
         pytest.skip("needs promtool (Debian: apt-get install --no-install-recommends prometheus)")
     config = tmp_path / "prometheus.yml"
     config.write_text(_scrape_config(), encoding="utf-8")
-    for args in (["check", "rules", str(ALERTS)], ["test", "rules", str(ALERT_TESTS)],
-                 ["check", "config", "--syntax-only", str(config)]):
-        result = subprocess.run([promtool, *args], capture_output=True, text=True, timeout=60,
-                                check=False, cwd=ALERTS.parent)
+    for args in (
+        ["check", "rules", str(ALERTS)],
+        ["test", "rules", str(ALERT_TESTS)],
+        ["check", "config", "--syntax-only", str(config)],
+    ):
+        result = subprocess.run(
+            [promtool, *args],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+            cwd=ALERTS.parent,
+        )
         assert result.returncode == 0, (args, result.stdout + result.stderr)
         assert "SUCCESS" in result.stdout + result.stderr, (args, result.stdout)

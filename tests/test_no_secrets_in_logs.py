@@ -54,8 +54,12 @@ RECEIPT_KEY = marker("receipt-key")
 WRONG_SECRET = marker("wrong-secret")
 WRONG_TOKEN = marker("wrong-token")
 URL_SIGNATURE = marker("url-sig")
-ENV = {"HITL_RELAY_SECRET": RELAY_SECRET, "HITL_RELAY_SECRET_OLD": OLD_RELAY_SECRET,
-       "HITL_API_TOKEN": API_TOKEN, "HITL_RECEIPT_KEY": RECEIPT_KEY}
+ENV = {
+    "HITL_RELAY_SECRET": RELAY_SECRET,
+    "HITL_RELAY_SECRET_OLD": OLD_RELAY_SECRET,
+    "HITL_API_TOKEN": API_TOKEN,
+    "HITL_RECEIPT_KEY": RECEIPT_KEY,
+}
 
 
 def DebugGate(config: Path, env: dict[str, str]) -> GateProcess:  # noqa: N802
@@ -76,8 +80,9 @@ class ScriptedRelay(CaptureRelay):
         if delay:
             await asyncio.sleep(delay)
         with self._cond:
-            self.received.append({"headers": dict(request.headers), "raw": raw,
-                                  "status": status, "at": time.time()})
+            self.received.append(
+                {"headers": dict(request.headers), "raw": raw, "status": status, "at": time.time()}
+            )
             self._cond.notify_all()
         return web.json_response({"status": "ok"}, status=status)
 
@@ -96,8 +101,15 @@ class Scenario:
         self.gate = gate
         self.relay = relay
         self.api = Api(gate.api_url, API_TOKEN)
-        self.sensitive: set[str] = {RELAY_SECRET, OLD_RELAY_SECRET, API_TOKEN, RECEIPT_KEY,
-                                    WRONG_SECRET, WRONG_TOKEN, URL_SIGNATURE}
+        self.sensitive: set[str] = {
+            RELAY_SECRET,
+            OLD_RELAY_SECRET,
+            API_TOKEN,
+            RECEIPT_KEY,
+            WRONG_SECRET,
+            WRONG_TOKEN,
+            URL_SIGNATURE,
+        }
 
     def draft(self, kind: str = "draft") -> str:
         text = f"Dear customer,\n{marker(kind)}\nregards\n"
@@ -111,12 +123,19 @@ class Scenario:
         self.sensitive.add(dispatch["callback"]["nonce"])
         return approval_id, dispatch
 
-    def decide(self, dispatch: dict[str, Any], identity: str = "alice@example.com",
-               verb: str = "approve", secret: str = RELAY_SECRET,
-               **overrides: Any) -> tuple[int, Any]:
-        status, answer, _ = post_decision(self.gate.callback_url,
-                                          decision_body(dispatch, identity, verb, **overrides),
-                                          secret=secret)
+    def decide(
+        self,
+        dispatch: dict[str, Any],
+        identity: str = "alice@example.com",
+        verb: str = "approve",
+        secret: str = RELAY_SECRET,
+        **overrides: Any,
+    ) -> tuple[int, Any]:
+        status, answer, _ = post_decision(
+            self.gate.callback_url,
+            decision_body(dispatch, identity, verb, **overrides),
+            secret=secret,
+        )
         return status, answer
 
 
@@ -154,21 +173,33 @@ def run_scenarios(s: Scenario) -> None:
     ]
     assert all(status >= 400 for status, _ in refused), refused
     stale = wire_json(decision_body(dispatch))
-    assert http_request(s.gate.callback_url, "POST", stale,
-                        sign_headers(stale, RELAY_SECRET, int(time.time()) - 3600))[0] == 401
+    assert (
+        http_request(
+            s.gate.callback_url,
+            "POST",
+            stale,
+            sign_headers(stale, RELAY_SECRET, int(time.time()) - 3600),
+        )[0]
+        == 401
+    )
     junk = f'{{"protocol": "hitl/v0", "note": "{s.draft("junk").splitlines()[1]}"'.encode()
-    assert http_request(s.gate.callback_url, "POST", junk,
-                        sign_headers(junk, RELAY_SECRET))[0] == 400
+    assert (
+        http_request(s.gate.callback_url, "POST", junk, sign_headers(junk, RELAY_SECRET))[0] == 400
+    )
     huge = (s.draft("huge") * 4000).encode()
-    assert http_request(s.gate.callback_url, "POST", huge, sign_headers(huge, RELAY_SECRET))[
-        0] == 413
+    assert (
+        http_request(s.gate.callback_url, "POST", huge, sign_headers(huge, RELAY_SECRET))[0] == 413
+    )
     assert s.decide(dispatch)[0] == 200
     assert s.decide(dispatch)[0] == 409  # duplicate
     assert s.decide(dispatch, "bob@example.com", verb="skip")[0] == 200
 
     # refused API calls
-    body = {"pipeline": "p", "step": "q1", "draft": {"content_type": "text/plain",
-                                                      "body": s.draft()}}
+    body = {
+        "pipeline": "p",
+        "step": "q1",
+        "draft": {"content_type": "text/plain", "body": s.draft()},
+    }
     assert Api(s.gate.api_url, WRONG_TOKEN).call("POST", "/v1/approvals", body)[0] == 401
     assert Api(s.gate.api_url, None).call("GET", "/v1/approvals")[0] == 401
     assert Api(s.gate.api_url, f"{API_TOKEN}x").call("GET", "/v1/approvals")[0] == 401
@@ -178,8 +209,14 @@ def run_scenarios(s: Scenario) -> None:
     assert api.call("POST", "/v1/approvals", body, key)[0] == 201
     changed = dict(body, draft={"content_type": "text/plain", "body": s.draft()})
     assert api.call("POST", "/v1/approvals", changed, key)[0] == 409
-    assert api.call("POST", "/v1/approvals", dict(body, draft={
-        "content_type": "text/plain", "body": s.draft("big") * 100_000}))[0] == 413
+    assert (
+        api.call(
+            "POST",
+            "/v1/approvals",
+            dict(body, draft={"content_type": "text/plain", "body": s.draft("big") * 100_000}),
+        )[0]
+        == 413
+    )
 
     # expiry, cancel
     short, _ = s.open("short")
@@ -191,8 +228,11 @@ def run_scenarios(s: Scenario) -> None:
     relay.script = {"r500": (500, 0.0), "slow": (202, 3.0)}
     for run_id in relay.script:
         approval_id = api.create("q1", s.draft(), run_id=run_id)["approval_id"]
-        wait_until(lambda a=approval_id: api.get(a)["dispatch"]["last_error"], DEADLINE_S,
-                   f"a failed dispatch ({run_id})")
+        wait_until(
+            lambda a=approval_id: api.get(a)["dispatch"]["last_error"],
+            DEADLINE_S,
+            f"a failed dispatch ({run_id})",
+        )
     relay.script = {}
 
 
@@ -214,13 +254,35 @@ def test_no_secret_token_key_or_draft_in_any_log_line(tmp_path: Path, relay: Scr
         # the CLI client, waiting for a decision
         draft = scenario.draft("cli")
         cli = subprocess.Popen(
-            [sys.executable, "-m", "gate", "request", "-c", str(config), "--api-url",
-             gate.api_url, "--pipeline", "p", "--step", "q1", "--draft", draft, "--wait",
-             "--timeout", "20"],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=gate_env(**ENV), cwd=ROOT)
-        dispatch = wait_until(lambda: next((d for d in relay.dispatches()
-                                            if d["draft"]["body"] == draft), None),
-                              DEADLINE_S, "the CLI's dispatch")
+            [
+                sys.executable,
+                "-m",
+                "gate",
+                "request",
+                "-c",
+                str(config),
+                "--api-url",
+                gate.api_url,
+                "--pipeline",
+                "p",
+                "--step",
+                "q1",
+                "--draft",
+                draft,
+                "--wait",
+                "--timeout",
+                "20",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=gate_env(**ENV),
+            cwd=ROOT,
+        )
+        dispatch = wait_until(
+            lambda: next((d for d in relay.dispatches() if d["draft"]["body"] == draft), None),
+            DEADLINE_S,
+            "the CLI's dispatch",
+        )
         scenario.sensitive.add(dispatch["callback"]["nonce"])
         assert scenario.decide(dispatch)[0] == 200
         out, err = cli.communicate(timeout=DEADLINE_S)
@@ -248,14 +310,18 @@ def test_unreachable_relay_with_a_signed_url_does_not_log_the_url_signature(tmp_
         api = Api(gate.api_url, API_TOKEN)
         draft = f"body {marker('unreachable')}\n"
         approval_id = api.create("q1", draft)["approval_id"]
-        wait_until(lambda: api.get(approval_id)["dispatch"]["attempts"] >= 2, DEADLINE_S,
-                   "two failed attempts")
+        wait_until(
+            lambda: api.get(approval_id)["dispatch"]["attempts"] >= 2,
+            DEADLINE_S,
+            "two failed attempts",
+        )
         assert gate.stop() == 0
     finally:
         if gate.proc and gate.proc.poll() is None:
             gate.kill9()
-    assert_nothing_sensitive(gate.log(), {*ENV.values(), URL_SIGNATURE, draft.strip()},
-                             "the daemon")
+    assert_nothing_sensitive(
+        gate.log(), {*ENV.values(), URL_SIGNATURE, draft.strip()}, "the daemon"
+    )
 
 
 @pytest.fixture
@@ -283,15 +349,18 @@ def garbage_relay() -> Iterator[int]:
 
 @pytest.mark.parametrize("shape", ["percent-encoded-query", "userinfo-and-query"])
 def test_relay_url_secrets_stay_out_of_last_error_logs_and_doctor(
-        tmp_path: Path, garbage_relay: int, shape: str) -> None:
+    tmp_path: Path, garbage_relay: int, shape: str
+) -> None:
     """Security review: with a Power Automate-style URL (``sp=%2Ftriggers...&sig=...``) or one
     with userinfo, aiohttp's error text carried the URL in a form the redaction did not match
     (yarl decodes %2F; it drops the userinfo), so the signature reached ``dispatch.last_error``
     (readable with the API token), the log and ``doctor``'s output."""
     password = marker("url-password")
     if shape == "percent-encoded-query":
-        url = (f"http://127.0.0.1:{garbage_relay}/hook?api-version=1&sp=%2Ftriggers%2Fmanual"
-               f"%2Frun&sig={URL_SIGNATURE}")
+        url = (
+            f"http://127.0.0.1:{garbage_relay}/hook?api-version=1&sp=%2Ftriggers%2Fmanual"
+            f"%2Frun&sig={URL_SIGNATURE}"
+        )
         sensitive = {URL_SIGNATURE}
     else:
         url = f"http://user:{password}@127.0.0.1:{garbage_relay}/hook?sig={URL_SIGNATURE}"
@@ -301,8 +370,9 @@ def test_relay_url_secrets_stay_out_of_last_error_logs_and_doctor(
     try:
         api = Api(gate.api_url, API_TOKEN)
         approval_id = api.create("q1", "body\n")["approval_id"]
-        error = wait_until(lambda: api.get(approval_id)["dispatch"]["last_error"], DEADLINE_S,
-                           "a failed attempt")
+        error = wait_until(
+            lambda: api.get(approval_id)["dispatch"]["last_error"], DEADLINE_S, "a failed attempt"
+        )
         for value in sensitive:
             assert value not in error, error
         assert "<redacted>" in error, error
@@ -311,9 +381,14 @@ def test_relay_url_secrets_stay_out_of_last_error_logs_and_doctor(
         if gate.proc and gate.proc.poll() is None:
             gate.kill9()
     assert_nothing_sensitive(gate.log(), sensitive, "the daemon")
-    doctor = subprocess.run([sys.executable, "-m", "gate", "doctor", "-c", str(config)],
-                            capture_output=True, env=gate_env(**ENV), cwd=ROOT, timeout=60,
-                            check=False)
+    doctor = subprocess.run(
+        [sys.executable, "-m", "gate", "doctor", "-c", str(config)],
+        capture_output=True,
+        env=gate_env(**ENV),
+        cwd=ROOT,
+        timeout=60,
+        check=False,
+    )
     text = doctor.stdout.decode() + doctor.stderr.decode()
     assert "relay" in text
     for value in sensitive:

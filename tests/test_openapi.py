@@ -65,8 +65,13 @@ from tests.support import (  # noqa: E402
 
 SPEC_PATH = ROOT / "docs" / "openapi.yaml"
 HTTP_METHODS = ("get", "put", "post", "delete", "options", "head", "patch", "trace")
-CHECK_NAMES = ("not_a_server_error", "status_code_conformance", "content_type_conformance",
-               "response_schema_conformance", "response_headers_conformance")
+CHECK_NAMES = (
+    "not_a_server_error",
+    "status_code_conformance",
+    "content_type_conformance",
+    "response_schema_conformance",
+    "response_headers_conformance",
+)
 # per operation in the fuzzing phase (the coverage phase adds its own cases); raise it for a
 # deeper local run: HITL_OPENAPI_EXAMPLES=500 pytest tests/test_openapi.py
 MAX_EXAMPLES = int(os.environ.get("HITL_OPENAPI_EXAMPLES", "20"))
@@ -114,18 +119,21 @@ def _spec_routes(spec: dict[str, Any]) -> tuple[set[tuple[str, str]], set[tuple[
 def _app_routes(app: Any) -> set[tuple[str, str]]:
     """(METHOD, path template) of every route; the HEAD aiohttp adds beside a GET is implied."""
     routes = {(route.method, route.resource.canonical) for route in app.router.routes()}
-    return {(method, path) for method, path in routes
-            if not (method == "HEAD" and ("GET", path) in routes)}
+    return {
+        (method, path)
+        for method, path in routes
+        if not (method == "HEAD" and ("GET", path) in routes)
+    }
 
 
 def test_every_registered_route_is_in_the_spec_and_vice_versa(tmp_path: Path) -> None:
     config = load_config(write_config(tmp_path, "http://127.0.0.1:9/relay"))
     secrets = load_secrets(config, ENV)
-    service = GateService(config, secrets.receipt_key, Store(config.storage.path),
-                          SystemClock())
+    service = GateService(config, secrets.receipt_key, Store(config.storage.path), SystemClock())
     api_app = create_api_app(service, ApiSettings(secrets.api_token, config.api.max_draft_bytes))
     callback_app = create_callback_app(
-        service, CallbackSettings(secrets.relay_secrets, config.relay.security.max_skew))
+        service, CallbackSettings(secrets.relay_secrets, config.relay.security.max_skew)
+    )
 
     spec_api, spec_callback = _spec_routes(load_spec())
 
@@ -138,7 +146,10 @@ def test_spec_security_bearer_on_v1_and_metrics_and_decision_statuses_complete()
     spec = load_spec()
     assert spec["security"] == [{"bearerAuth": []}]
     assert spec["components"]["securitySchemes"]["bearerAuth"] == {
-        **spec["components"]["securitySchemes"]["bearerAuth"], "type": "http", "scheme": "bearer"}
+        **spec["components"]["securitySchemes"]["bearerAuth"],
+        "type": "http",
+        "scheme": "bearer",
+    }
     for path, item in spec["paths"].items():
         for method, operation in item.items():
             if method not in HTTP_METHODS:
@@ -149,7 +160,8 @@ def test_spec_security_bearer_on_v1_and_metrics_and_decision_statuses_complete()
                 assert "401" in operation["responses"], (method, path)
     decision = spec["paths"][DECISIONS_PATH]["post"]
     assert {"200", "400", "401", "403", "404", "409", "410", "413", "422", "429"} <= set(
-        decision["responses"])
+        decision["responses"]
+    )
     header_names = {p["name"] for p in decision["parameters"] if p["in"] == "header"}
     assert header_names == {SIGNATURE_HEADER, "X-Hitl-Protocol"}
 
@@ -176,18 +188,21 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
     gate = GateProcess(write_config(tmp_path_factory.mktemp("openapi"), relay.url)).start()
     try:
         assert gate.callback_url.endswith(DECISIONS_PATH)
-        state = Live(gate, relay, gate.api_url, gate.callback_url[:-len(DECISIONS_PATH)])
+        state = Live(gate, relay, gate.api_url, gate.callback_url[: -len(DECISIONS_PATH)])
         api = gate.api()
-        state.api_ids = [api.create(step, body=f"api run {step}")["approval_id"]
-                         for step in ("q1", "q2", "q3")]
+        state.api_ids = [
+            api.create(step, body=f"api run {step}")["approval_id"] for step in ("q1", "q2", "q3")
+        ]
         for n, step in enumerate(("q1", "q2", "q3", "q3", "q3")):
             created = api.create(step, body=f"decision run {n}")
             dispatch = relay.wait_dispatch(created["approval_id"])
-            state.decision_targets.append({
-                "approval_id": created["approval_id"],
-                "nonce": dispatch["callback"]["nonce"],
-                "payload_hash": dispatch["payload_hash"],
-            })
+            state.decision_targets.append(
+                {
+                    "approval_id": created["approval_id"],
+                    "nonce": dispatch["callback"]["nonce"],
+                    "payload_hash": dispatch["payload_hash"],
+                }
+            )
         LIVE[:] = [state]
         yield state
     finally:
@@ -198,24 +213,27 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
 
 
 def _config(**extra: Any) -> Any:
-    return schemathesis.Config.from_dict({
-        "request-timeout": 20,
-        "suppress-health-check": ["too_slow", "filter_too_much", "data_too_large"],
-        "generation": {"max-examples": MAX_EXAMPLES, "database": "none"},
-        "phases": {"stateful": {"enabled": False}},
-        **extra,
-    })
+    return schemathesis.Config.from_dict(
+        {
+            "request-timeout": 20,
+            "suppress-health-check": ["too_slow", "filter_too_much", "data_too_large"],
+            "generation": {"max-examples": MAX_EXAMPLES, "database": "none"},
+            "phases": {"stateful": {"enabled": False}},
+            **extra,
+        }
+    )
 
 
 # Both schemas load at import (see the module docstring); the hooks draw from ``LIVE``, set by
 # the ``live`` fixture before any case is generated.
 LIVE: list[Live] = []
 
-API_SCHEMA = schemathesis.openapi.from_path(SPEC_PATH, config=_config(
-    auth={"openapi": {"bearerAuth": {"bearer": API_TOKEN}}})).include(
-    path_regex=r"^/(v1/|healthz$|metrics$)")
+API_SCHEMA = schemathesis.openapi.from_path(
+    SPEC_PATH, config=_config(auth={"openapi": {"bearerAuth": {"bearer": API_TOKEN}}})
+).include(path_regex=r"^/(v1/|healthz$|metrics$)")
 DECISION_SCHEMA = schemathesis.openapi.from_path(SPEC_PATH, config=_config()).include(
-    path=DECISIONS_PATH)
+    path=DECISIONS_PATH
+)
 
 
 @API_SCHEMA.hook("flatmap_body")
@@ -223,8 +241,11 @@ def configured_pipeline(context: Any, body: Any) -> Any:
     """A generated pipeline/step is (almost) never configured: also send configured ones (and
     configured requesters), so 201/200/409/413/422 and the approval object are exercised."""
     op = context.operation
-    if op is None or (op.method.upper(), op.path) != ("POST", "/v1/approvals") or \
-            not isinstance(body, dict):
+    if (
+        op is None
+        or (op.method.upper(), op.path) != ("POST", "/v1/approvals")
+        or not isinstance(body, dict)
+    ):
         return st.just(body)
 
     def configured(step: str, who: str | None) -> dict[str, Any]:
@@ -243,8 +264,12 @@ def known_approval(context: Any, params: Any) -> Any:
     """Also ask about (and cancel) approvals that exist."""
     if not isinstance(params, dict) or "approval_id" not in params or not LIVE:
         return st.just(params)
-    return st.one_of(st.just(params), st.sampled_from(LIVE[0].api_ids).map(
-        lambda approval_id: {**params, "approval_id": approval_id}))
+    return st.one_of(
+        st.just(params),
+        st.sampled_from(LIVE[0].api_ids).map(
+            lambda approval_id: {**params, "approval_id": approval_id}
+        ),
+    )
 
 
 @API_SCHEMA.hook("map_query")
@@ -252,8 +277,12 @@ def short_long_poll(context: Any, query: Any) -> Any:
     """A valid ``wait`` on a pending approval really waits: keep the run bounded."""
     if isinstance(query, dict):
         wait = query.get("wait")
-        if isinstance(wait, int | float) and not isinstance(wait, bool) and \
-                math.isfinite(wait) and 0.2 < wait <= 300:
+        if (
+            isinstance(wait, int | float)
+            and not isinstance(wait, bool)
+            and math.isfinite(wait)
+            and 0.2 < wait <= 300
+        ):
             query = {**query, "wait": 0.2}
     return query
 
@@ -267,14 +296,19 @@ def real_target(context: Any, body: Any) -> Any:
 
     def aimed(target: dict[str, str], who: str, keep_hash: bool) -> dict[str, Any]:
         approver = body.get("approver")
-        out = {**body, "approval_id": target["approval_id"], "nonce": target["nonce"],
-               "approver": {**(approver if isinstance(approver, dict) else {}), "id": who}}
+        out = {
+            **body,
+            "approval_id": target["approval_id"],
+            "nonce": target["nonce"],
+            "approver": {**(approver if isinstance(approver, dict) else {}), "id": who},
+        }
         if not keep_hash:
             out["payload_hash"] = target["payload_hash"]
         return out
 
-    aimed_body = st.builds(aimed, st.sampled_from(LIVE[0].decision_targets),
-                           st.sampled_from(APPROVERS), st.booleans())
+    aimed_body = st.builds(
+        aimed, st.sampled_from(LIVE[0].decision_targets), st.sampled_from(APPROVERS), st.booleans()
+    )
     return st.one_of(st.just(body), aimed_body, aimed_body)
 
 
@@ -304,8 +338,9 @@ def test_decision_endpoint_conforms_to_openapi(case: Any, live: Live) -> None:
     assert unsigned.status_code == expected, unsigned.text
     # signed with the test secret over the same bytes: checks 5-14 decide
     signed_headers = {SIGNATURE_HEADER: signing.sign(SECRET, int(time.time()), raw)}
-    signed = case.call_and_validate(base_url=live.callback_base, headers=signed_headers,
-                                    data=raw, checks=checks())
+    signed = case.call_and_validate(
+        base_url=live.callback_base, headers=signed_headers, data=raw, checks=checks()
+    )
     assert signed.status_code < 500, signed.text
 
 
@@ -314,31 +349,47 @@ def test_approval_objects_through_their_lifecycle_match_the_schema(live: Live) -
     drive a few through real decisions and validate every answer against the document."""
 
     def api(method: str, path: str, body: Any = None) -> Any:
-        response = requests.request(method, live.api_base + path, json=body, timeout=20,
-                                    headers={"Authorization": f"Bearer {API_TOKEN}"})
+        response = requests.request(
+            method,
+            live.api_base + path,
+            json=body,
+            timeout=20,
+            headers={"Authorization": f"Bearer {API_TOKEN}"},
+        )
         route = path.partition("?")[0]
-        template = route if route == "/v1/approvals" else (
-            "/v1/approvals/{approval_id}/cancel" if route.endswith("/cancel")
-            else "/v1/approvals/{approval_id}")
+        template = (
+            route
+            if route == "/v1/approvals"
+            else (
+                "/v1/approvals/{approval_id}/cancel"
+                if route.endswith("/cancel")
+                else "/v1/approvals/{approval_id}"
+            )
+        )
         API_SCHEMA[template][method].validate_response(response)
         return response.json()
 
     def decide(dispatch: dict[str, Any], who: str, verb: str, **extra: Any) -> dict[str, Any]:
-        status, answer, _ = post_decision(live.gate.callback_url,
-                                          decision_body(dispatch, who, verb, **extra))
+        status, answer, _ = post_decision(
+            live.gate.callback_url, decision_body(dispatch, who, verb, **extra)
+        )
         assert status == 200, answer
         return answer
 
     def create(step: str, body: str) -> tuple[str, dict[str, Any]]:
-        created = api("POST", "/v1/approvals", {"pipeline": "p", "step": step,
-                                                "draft": {"body": body}})
+        created = api(
+            "POST", "/v1/approvals", {"pipeline": "p", "step": step, "draft": {"body": body}}
+        )
         return created["approval_id"], live.relay.wait_dispatch(created["approval_id"])
 
     approved, dispatch = create("q1", "approve me")
     decide(dispatch, "alice@example.com", "approve")
     view = api("GET", f"/v1/approvals/{approved}?wait=5")
     assert (view["outcome"], len(view["decisions"]), view["final_body"]) == (
-        "approved", 1, "approve me")
+        "approved",
+        1,
+        "approve me",
+    )
     assert view["receipt"] is not None
 
     adjusted, dispatch = create("q2", "adjust me")
@@ -346,8 +397,7 @@ def test_approval_objects_through_their_lifecycle_match_the_schema(live: Live) -
     second = live.relay.wait_dispatch(adjusted, revision=2)
     decide(second, "bob@example.com", "approve")
     view = api("GET", f"/v1/approvals/{adjusted}?wait=5")
-    assert (view["outcome"], view["revision"], view["final_body"]) == (
-        "adjusted", 2, "adjusted")
+    assert (view["outcome"], view["revision"], view["final_body"]) == ("adjusted", 2, "adjusted")
 
     skipped, dispatch = create("q3", "skip me")
     decide(dispatch, "carol@example.com", "approve")
@@ -367,68 +417,193 @@ def test_approval_objects_through_their_lifecycle_match_the_schema(live: Live) -
 # Each must get the documented 4xx, with a body the document describes.
 
 _CREATE = b'{"pipeline":"p","step":"q1","draft":{"body":"x"}'
-_ENVELOPE = ('{"protocol":"hitl/v0","approval_id":%s,"nonce":"n","decision":"approve",'
-             '"payload_hash":"sha256:00","approver":{"id":%s},"decided_at":"2026-08-02T09:31:05Z"}')
+_ENVELOPE = (
+    '{"protocol":"hitl/v0","approval_id":%s,"nonce":"n","decision":"approve",'
+    '"payload_hash":"sha256:00","approver":{"id":%s},"decided_at":"2026-08-02T09:31:05Z"}'
+)
 _UNSIGNED: dict[str, Any] = {SIGNATURE_HEADER: None}
 
 
-def _envelope(approval_id: str = '"01J9ZQ3V6W8X2Y4A5B7C9D1E3F"',
-              approver: str = '"alice@example.com"') -> bytes:
+def _envelope(
+    approval_id: str = '"01J9ZQ3V6W8X2Y4A5B7C9D1E3F"', approver: str = '"alice@example.com"'
+) -> bytes:
     """A decision body (for an approval that does not exist); latin-1, so a ``\\xff`` in an
     argument stays one raw byte (invalid UTF-8)."""
     return (_ENVELOPE % (approval_id, approver)).encode("latin-1")
 
 
 BEYOND_GENERATION = [
-    pytest.param("api", "GET", {"Authorization": b"Bearer \xff"}, b"", 401, "token_invalid",
-                 id="api-bearer-token-not-utf8"),
-    pytest.param("api", "POST", {"Idempotency-Key": b"\xff\xfe"}, _CREATE + b"}", 400,
-                 "invalid_idempotency_key", id="api-idempotency-key-not-utf8"),
-    pytest.param("api", "POST", {}, _CREATE + b',"spend":1' + b"0" * 400 + b"}", 400,
-                 "invalid_spend", id="api-spend-huge-integer"),
-    pytest.param("api", "POST", {},
-                 b'{"pipeline":"p","step":"q1","draft":{"body":"x","content_type":"\\udfff"}}',
-                 400, "invalid_draft.content_type", id="api-content-type-lone-surrogate"),
+    pytest.param(
+        "api",
+        "GET",
+        {"Authorization": b"Bearer \xff"},
+        b"",
+        401,
+        "token_invalid",
+        id="api-bearer-token-not-utf8",
+    ),
+    pytest.param(
+        "api",
+        "POST",
+        {"Idempotency-Key": b"\xff\xfe"},
+        _CREATE + b"}",
+        400,
+        "invalid_idempotency_key",
+        id="api-idempotency-key-not-utf8",
+    ),
+    pytest.param(
+        "api",
+        "POST",
+        {},
+        _CREATE + b',"spend":1' + b"0" * 400 + b"}",
+        400,
+        "invalid_spend",
+        id="api-spend-huge-integer",
+    ),
+    pytest.param(
+        "api",
+        "POST",
+        {},
+        b'{"pipeline":"p","step":"q1","draft":{"body":"x","content_type":"\\udfff"}}',
+        400,
+        "invalid_draft.content_type",
+        id="api-content-type-lone-surrogate",
+    ),
     # new-user review 2026-11-30: stored with the CRLF, then sent to relays (header injection
     # for a relay that puts it in a header)
-    pytest.param("api", "POST", {},
-                 b'{"pipeline":"p","step":"q1","draft":{"body":"x",'
-                 b'"content_type":"text/plain\\r\\nX-Injected: 1"}}',
-                 400, "invalid_draft.content_type", id="api-content-type-control-characters"),
-    pytest.param("api", "POST", {}, _CREATE + b',"run_id":"\\ud800"}', 400, "invalid_run_id",
-                 id="api-run-id-lone-surrogate"),
-    pytest.param("api", "POST", {},
-                 b'{"pipeline":"p","step":"q1","draft":{"body":"\\udc00"}}', 400,
-                 "invalid_draft.body", id="api-draft-body-lone-surrogate"),
-    pytest.param("api", "POST", {}, b'{"pipeline":"p","step":"q1","draft":{"body":"\xff"}}',
-                 400, "invalid_json", id="api-body-not-utf8"),
-    pytest.param("api", "POST", {}, b"[" * 100_000 + b"]" * 100_000, 400, "invalid_json",
-                 id="api-body-deeply-nested"),
-    pytest.param("callback", "POST", {}, _envelope(approval_id='"\\ud800"'), 400,
-                 "invalid_approval_id", id="decision-approval-id-lone-surrogate"),
-    pytest.param("callback", "POST", {}, _envelope(approver='"\\udfff"'), 400,
-                 "invalid_approver.id", id="decision-approver-lone-surrogate"),
-    pytest.param("callback", "POST", {"X-Hitl-Protocol": b"\xff"}, _envelope(), 400,
-                 "invalid_protocol", id="decision-protocol-header-not-utf8"),
-    pytest.param("callback", "POST", {SIGNATURE_HEADER: b"t=1,v1=\xff"}, _envelope(), 401,
-                 "signature_malformed", id="decision-signature-not-utf8"),
-    pytest.param("callback", "POST", {}, _envelope(approver='"\xff"'), 400, "invalid_json",
-                 id="decision-body-not-utf8"),
-    pytest.param("callback", "POST", {}, b"[" * 30_000 + b"]" * 30_000, 400, "invalid_json",
-                 id="decision-body-deeply-nested"),
-    pytest.param("callback", "POST", {},
-                 _envelope()[:-1] + b',"nonce":"again"}', 400, "invalid_json",
-                 id="decision-duplicate-key"),
-    pytest.param("callback", "POST", _UNSIGNED, b" " * (MAX_DECISION_BYTES + 1), 413,
-                 "body_too_large", id="decision-unsigned-over-64k"),
+    pytest.param(
+        "api",
+        "POST",
+        {},
+        b'{"pipeline":"p","step":"q1","draft":{"body":"x",'
+        b'"content_type":"text/plain\\r\\nX-Injected: 1"}}',
+        400,
+        "invalid_draft.content_type",
+        id="api-content-type-control-characters",
+    ),
+    pytest.param(
+        "api",
+        "POST",
+        {},
+        _CREATE + b',"run_id":"\\ud800"}',
+        400,
+        "invalid_run_id",
+        id="api-run-id-lone-surrogate",
+    ),
+    pytest.param(
+        "api",
+        "POST",
+        {},
+        b'{"pipeline":"p","step":"q1","draft":{"body":"\\udc00"}}',
+        400,
+        "invalid_draft.body",
+        id="api-draft-body-lone-surrogate",
+    ),
+    pytest.param(
+        "api",
+        "POST",
+        {},
+        b'{"pipeline":"p","step":"q1","draft":{"body":"\xff"}}',
+        400,
+        "invalid_json",
+        id="api-body-not-utf8",
+    ),
+    pytest.param(
+        "api",
+        "POST",
+        {},
+        b"[" * 100_000 + b"]" * 100_000,
+        400,
+        "invalid_json",
+        id="api-body-deeply-nested",
+    ),
+    pytest.param(
+        "callback",
+        "POST",
+        {},
+        _envelope(approval_id='"\\ud800"'),
+        400,
+        "invalid_approval_id",
+        id="decision-approval-id-lone-surrogate",
+    ),
+    pytest.param(
+        "callback",
+        "POST",
+        {},
+        _envelope(approver='"\\udfff"'),
+        400,
+        "invalid_approver.id",
+        id="decision-approver-lone-surrogate",
+    ),
+    pytest.param(
+        "callback",
+        "POST",
+        {"X-Hitl-Protocol": b"\xff"},
+        _envelope(),
+        400,
+        "invalid_protocol",
+        id="decision-protocol-header-not-utf8",
+    ),
+    pytest.param(
+        "callback",
+        "POST",
+        {SIGNATURE_HEADER: b"t=1,v1=\xff"},
+        _envelope(),
+        401,
+        "signature_malformed",
+        id="decision-signature-not-utf8",
+    ),
+    pytest.param(
+        "callback",
+        "POST",
+        {},
+        _envelope(approver='"\xff"'),
+        400,
+        "invalid_json",
+        id="decision-body-not-utf8",
+    ),
+    pytest.param(
+        "callback",
+        "POST",
+        {},
+        b"[" * 30_000 + b"]" * 30_000,
+        400,
+        "invalid_json",
+        id="decision-body-deeply-nested",
+    ),
+    pytest.param(
+        "callback",
+        "POST",
+        {},
+        _envelope()[:-1] + b',"nonce":"again"}',
+        400,
+        "invalid_json",
+        id="decision-duplicate-key",
+    ),
+    pytest.param(
+        "callback",
+        "POST",
+        _UNSIGNED,
+        b" " * (MAX_DECISION_BYTES + 1),
+        413,
+        "body_too_large",
+        id="decision-unsigned-over-64k",
+    ),
 ]
 
 
-@pytest.mark.parametrize(("listener", "method", "headers", "body", "status", "reason"),
-                         BEYOND_GENERATION)
+@pytest.mark.parametrize(
+    ("listener", "method", "headers", "body", "status", "reason"), BEYOND_GENERATION
+)
 def test_inputs_beyond_generation_get_documented_answers(
-        live: Live, listener: str, method: str, headers: dict[str, Any], body: bytes,
-        status: int, reason: str) -> None:
+    live: Live,
+    listener: str,
+    method: str,
+    headers: dict[str, Any],
+    body: bytes,
+    status: int,
+    reason: str,
+) -> None:
     sent = {"Content-Type": "application/json", **headers}
     if listener == "api":
         base, path, schema = live.api_base, "/v1/approvals", API_SCHEMA
@@ -440,8 +615,7 @@ def test_inputs_beyond_generation_get_documented_answers(
 
     response = requests.request(method, base + path, headers=sent, data=body, timeout=20)
 
-    assert (response.status_code, response.json().get("reason")) == (status, reason), \
-        response.text
+    assert (response.status_code, response.json().get("reason")) == (status, reason), response.text
     operation = schema[path][method]
     assert str(status) in operation.responses.status_codes
     operation.validate_response(response)

@@ -27,7 +27,13 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from gate.daemon.dispatch import BACKOFF_BASE_S, BACKOFF_CAP_S, backoff_s, post_signed, relay_session
+from gate.daemon.dispatch import (
+    BACKOFF_BASE_S,
+    BACKOFF_CAP_S,
+    backoff_s,
+    post_signed,
+    relay_session,
+)
 from tests.badrelays import PermissiveServer
 from tests.support import (
     DEADLINE_S,
@@ -45,8 +51,10 @@ from tests.support import (
 
 UNAVAILABLE = {"status": "unavailable", "reason": "storage_unavailable"}
 APPROVED = {"status": "recorded", "resolved": True, "outcome": "approved"}
-FAILED = re.compile(r"event=dispatch_failed approval_id=(\S+) revision=(\d+) attempt=(\d+) "
-                    r"error=.* retry_in_s=([\d.]+)")
+FAILED = re.compile(
+    r"event=dispatch_failed approval_id=(\S+) revision=(\d+) attempt=(\d+) "
+    r"error=.* retry_in_s=([\d.]+)"
+)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -85,8 +93,15 @@ class ScriptedRelay(CaptureRelay):
         run_id = json.loads(raw).get("run_id")
         status, delay = self.script.get(run_id, (self.status, self.delay_s))
         with self._cond:
-            self.received.append({"headers": dict(request.headers), "raw": raw,
-                                  "status": status, "at": time.time(), "run_id": run_id})
+            self.received.append(
+                {
+                    "headers": dict(request.headers),
+                    "raw": raw,
+                    "status": status,
+                    "at": time.time(),
+                    "run_id": run_id,
+                }
+            )
             self._cond.notify_all()
         if delay:
             await asyncio.sleep(delay)
@@ -142,6 +157,7 @@ def assert_log_clean(gate: GateProcess) -> None:
 
 def test_backoff_doubles_from_half_a_second_to_a_one_minute_cap_with_equal_jitter():
     import random
+
     rng = random.Random(7)
     for attempt in range(1, 20):
         ceiling = min(BACKOFF_CAP_S, BACKOFF_BASE_S * 2 ** (attempt - 1))
@@ -151,7 +167,8 @@ def test_backoff_doubles_from_half_a_second_to_a_one_minute_cap_with_equal_jitte
 
 
 def test_relay_down_for_a_long_stretch_retries_with_backoff_and_delivers_all_when_back(
-        tmp_path, scripted):
+    tmp_path, scripted
+):
     """Relay unreachable (connection refused) for ~8 s: every pending approval is retried with
     growing delays, none is lost; after the relay returns each is delivered exactly once;
     one that expired meanwhile is resolved ``timeout`` and never dispatched."""
@@ -185,8 +202,11 @@ def test_relay_down_for_a_long_stretch_retries_with_backoff_and_delivers_all_whe
 
         scripted.up()
         for approval_id in pending:
-            wait_until(lambda a=approval_id: api.get(a)["dispatch"]["delivered_at"],
-                       30, f"delivery of {approval_id}")
+            wait_until(
+                lambda a=approval_id: api.get(a)["dispatch"]["delivered_at"],
+                30,
+                f"delivery of {approval_id}",
+            )
         for i, approval_id in enumerate(pending):
             assert scripted.count(f"pending-{i}") == 1
             env = scripted.wait_dispatch(approval_id)
@@ -219,16 +239,22 @@ def test_relay_status_other_than_2xx_is_not_an_ack_and_is_retried(tmp_path, scri
         api = gate.api()
         ids = {status: create(api, run_id=f"s{status}") for status in NOT_ACKS}
         for status, approval_id in ids.items():
-            wait_until(lambda s=status: scripted.count(f"s{s}") >= 3, DEADLINE_S,
-                       f"three attempts answered {status}")
+            wait_until(
+                lambda s=status: scripted.count(f"s{s}") >= 3,
+                DEADLINE_S,
+                f"three attempts answered {status}",
+            )
             dispatch = api.get(approval_id)["dispatch"]
             assert dispatch["delivered_at"] is None
             assert dispatch["last_error"] == f"relay answered HTTP {status}"
         # the relay recovers: the next retry is the ack
         scripted.script = {}
         for status, approval_id in ids.items():
-            wait_until(lambda a=approval_id: api.get(a)["dispatch"]["delivered_at"], DEADLINE_S,
-                       f"the ack after {status}")
+            wait_until(
+                lambda a=approval_id: api.get(a)["dispatch"]["delivered_at"],
+                DEADLINE_S,
+                f"the ack after {status}",
+            )
         assert gate.stop() == 0
         assert_log_clean(gate)
     finally:
@@ -238,26 +264,40 @@ def test_relay_status_other_than_2xx_is_not_an_ack_and_is_retried(tmp_path, scri
 
 # what a relay answers a dispatch with -> what the gate keeps of it (item 7 of issue 12)
 RELAY_REFUSAL_ANSWERS = {
-    "spec-reason": (401, {"status": "unauthorized", "reason": "timestamp_out_of_window"},
-                    "relay answered HTTP 401: timestamp_out_of_window"),
-    "busy-5xx": (503, {"status": "unavailable", "reason": "flow paused for maintenance"},
-                 "relay answered HTTP 503: flow paused for maintenance"),
+    "spec-reason": (
+        401,
+        {"status": "unauthorized", "reason": "timestamp_out_of_window"},
+        "relay answered HTTP 401: timestamp_out_of_window",
+    ),
+    "busy-5xx": (
+        503,
+        {"status": "unavailable", "reason": "flow paused for maintenance"},
+        "relay answered HTTP 503: flow paused for maintenance",
+    ),
     # controls, escapes, quotes, backslash and non-ASCII never reach a log line or a terminal
     "hostile-characters": (
-        401, {"reason": "bad\x1b[2J\r\nevent=forged approval_id=X 'q' \"d\" \\ caf\u00e9\u202e"},
-        "relay answered HTTP 401: bad?[2J event=forged approval_id=X ?q? ?d? ? caf?"),
+        401,
+        {"reason": "bad\x1b[2J\r\nevent=forged approval_id=X 'q' \"d\" \\ caf\u00e9\u202e"},
+        "relay answered HTTP 401: bad?[2J event=forged approval_id=X ?q? ?d? ? caf?",
+    ),
     "long": (401, {"reason": "x" * 1000}, "relay answered HTTP 401: " + "x" * 100),
     "no-letter-or-digit": (401, {"reason": "\u0000\u0007 ..."}, "relay answered HTTP 401"),
     "reason-not-a-string": (401, {"reason": {"code": 7}}, "relay answered HTTP 401"),
     "json-array": (401, ["signature_mismatch"], "relay answered HTTP 401"),
     "plain-text": (401, "Unauthorized\n", "relay answered HTTP 401"),
     # the body beyond 4 KiB is never read: a big answer keeps no reason
-    "big-body": (401, {"reason": "signature_mismatch", "pad": "p" * 10_000},
-                 "relay answered HTTP 401"),
+    "big-body": (
+        401,
+        {"reason": "signature_mismatch", "pad": "p" * 10_000},
+        "relay answered HTTP 401",
+    ),
     "deeply-nested": (401, "[" * 4000, "relay answered HTTP 401"),
     # a relay echoing its URL's secret query value gets it redacted, as connection errors are
-    "echoes-url-secret": (401, {"reason": "sig=url-secret-77aa is not ours"},
-                          "relay answered HTTP 401: sig=<redacted> is not ours"),
+    "echoes-url-secret": (
+        401,
+        {"reason": "sig=url-secret-77aa is not ours"},
+        "relay answered HTTP 401: sig=<redacted> is not ours",
+    ),
 }
 
 
@@ -272,8 +312,14 @@ async def test_b02_07_relay_refusal_reason_is_kept_bounded_and_sanitised(case: s
     try:
         async with relay_session() as session:
             # "via=relay": a query value that is also a word of the error's own text
-            result = await post_signed(session, server.url + "hook?sig=url-secret-77aa&via=relay",
-                                       b"{}", "secret", int(time.time()), 5.0)
+            result = await post_signed(
+                session,
+                server.url + "hook?sig=url-secret-77aa&via=relay",
+                b"{}",
+                "secret",
+                int(time.time()),
+                5.0,
+            )
     finally:
         server.stop()
     assert (result.status, result.error, result.failure) == (status, expected, "http_status")
@@ -281,15 +327,22 @@ async def test_b02_07_relay_refusal_reason_is_kept_bounded_and_sanitised(case: s
 
 
 def test_relay_2xx_variants_are_acks(tmp_path, scripted):
-    scripted.script = {"s200": (200, 0.0), "s201": (201, 0.0), "s204": (204, 0.0),
-                       "s299": (299, 0.0)}
+    scripted.script = {
+        "s200": (200, 0.0),
+        "s201": (201, 0.0),
+        "s204": (204, 0.0),
+        "s299": (299, 0.0),
+    }
     gate = GateProcess(write_config(tmp_path, scripted.url)).start()
     try:
         api = gate.api()
         ids = {run_id: create(api, run_id=run_id) for run_id in scripted.script}
         for run_id, approval_id in ids.items():
-            wait_until(lambda a=approval_id: api.get(a)["dispatch"]["delivered_at"],
-                       DEADLINE_S, f"ack of {run_id}")
+            wait_until(
+                lambda a=approval_id: api.get(a)["dispatch"]["delivered_at"],
+                DEADLINE_S,
+                f"ack of {run_id}",
+            )
             assert api.get(approval_id)["dispatch"]["attempts"] == 1
             assert scripted.count(run_id) == 1
         assert gate.stop() == 0
@@ -304,27 +357,38 @@ def test_slow_relay_times_out_is_retried_and_does_not_hold_other_dispatches(tmp_
     yet: it ends only at its timeout), so it held none of them. (Was a wall-clock bound of
     1.5 s with a 2 s timeout: at risk on a loaded host, flaky-test audit.)"""
     scripted.script = {"slow": (202, 8.0)}
-    gate = GateProcess(write_config(tmp_path, scripted.url,
-                                    relay={"dispatch_timeout": "5s"})).start()
+    gate = GateProcess(
+        write_config(tmp_path, scripted.url, relay={"dispatch_timeout": "5s"})
+    ).start()
     try:
         api = gate.api()
         slow = create(api, run_id="slow")
         wait_until(lambda: scripted.count("slow") == 1, DEADLINE_S, "the slow dispatch")
         fast = [create(api, run_id=f"fast-{i}") for i in range(5)]
         for approval_id in fast:
-            wait_until(lambda a=approval_id: api.get(a)["dispatch"]["delivered_at"],
-                       DEADLINE_S, "a fast ack")
+            wait_until(
+                lambda a=approval_id: api.get(a)["dispatch"]["delivered_at"],
+                DEADLINE_S,
+                "a fast ack",
+            )
         held = api.get(slow)["dispatch"]
-        assert (held["attempts"], held["delivered_at"]) == (0, None), \
+        assert (held["attempts"], held["delivered_at"]) == (0, None), (
             "the fast dispatches waited for the slow relay answer"
-        wait_until(lambda: api.get(slow)["dispatch"]["attempts"] >= 1, DEADLINE_S,
-                   "the slow attempt's timeout")
+        )
+        wait_until(
+            lambda: api.get(slow)["dispatch"]["attempts"] >= 1,
+            DEADLINE_S,
+            "the slow attempt's timeout",
+        )
         dispatch = api.get(slow)["dispatch"]
         assert dispatch["delivered_at"] is None
         assert dispatch["last_error"] == "no answer within 5 s"
         scripted.script = {}
-        wait_until(lambda: api.get(slow)["dispatch"]["delivered_at"], DEADLINE_S,
-                   "the ack once the relay is fast")
+        wait_until(
+            lambda: api.get(slow)["dispatch"]["delivered_at"],
+            DEADLINE_S,
+            "the ack once the relay is fast",
+        )
         assert gate.stop() == 0
         assert_log_clean(gate)
     finally:
@@ -367,8 +431,12 @@ class DiskFull(Fault):
     def __init__(self, base: Path) -> None:
         super().__init__(base / "mnt")
         self.dir.mkdir()
-        done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m,mode=0700", "tmpfs",
-                               str(self.dir)], capture_output=True, text=True, check=False)
+        done = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", "size=8m,mode=0700", "tmpfs", str(self.dir)],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
         if done.returncode != 0:
             pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
         self.filler = self.dir / "filler"
@@ -385,8 +453,10 @@ class DiskFull(Fault):
         self.filler.unlink()
 
     def teardown(self) -> None:
-        if subprocess.run(["umount", str(self.dir)], capture_output=True,
-                          check=False).returncode != 0:
+        if (
+            subprocess.run(["umount", str(self.dir)], capture_output=True, check=False).returncode
+            != 0
+        ):
             subprocess.run(["umount", "-l", str(self.dir)], capture_output=True, check=False)
 
 
@@ -400,11 +470,17 @@ class ReadOnly(Fault):
         self.dir.mkdir()
         probe = self.dir / "probe"
         probe.touch()
-        done = subprocess.run(["chattr", "+i", str(probe)], capture_output=True, text=True,
-                              check=False) if shutil.which("chattr") else None
+        done = (
+            subprocess.run(
+                ["chattr", "+i", str(probe)], capture_output=True, text=True, check=False
+            )
+            if shutil.which("chattr")
+            else None
+        )
         if done is None or done.returncode != 0:
-            pytest.skip("chattr +i is not available here"
-                        + (f": {done.stderr.strip()}" if done else ""))
+            pytest.skip(
+                "chattr +i is not available here" + (f": {done.stderr.strip()}" if done else "")
+            )
         subprocess.run(["chattr", "-i", str(probe)], check=True)
         probe.unlink()
 
@@ -468,13 +544,20 @@ def integrity(db: Path) -> str:
 
 
 def audit_verify(config: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "gate", "audit", "verify", "-c", str(config)],
-                          capture_output=True, text=True, env=gate_env(), cwd=ROOT,
-                          timeout=DEADLINE_S, check=False)
+    return subprocess.run(
+        [sys.executable, "-m", "gate", "audit", "verify", "-c", str(config)],
+        capture_output=True,
+        text=True,
+        env=gate_env(),
+        cwd=ROOT,
+        timeout=DEADLINE_S,
+        check=False,
+    )
 
 
 def test_database_refusing_writes_answers_503_changes_nothing_and_recovers_without_restart(
-        fault: Fault, scripted: ScriptedRelay):
+    fault: Fault, scripted: ScriptedRelay
+):
     """Writes answer 503 storage_unavailable, /healthz reports it, reads keep working, the
     failed transactions leave nothing behind, a relay ack that cannot be recorded is not
     re-sent, and once the fault is fixed the same daemon writes again; the file is intact."""
@@ -493,9 +576,15 @@ def test_database_refusing_writes_answers_503_changes_nothing_and_recovers_witho
         wait_until(lambda: scripted.count("held") == 1, what="the held dispatch")
         fault.apply(gate)  # while the relay holds its answer
 
-        status, answer = api.call("POST", "/v1/approvals", {
-            "pipeline": "p", "step": "q1", "draft": {"content_type": "text/plain",
-                                                     "body": "refused\n"}})
+        status, answer = api.call(
+            "POST",
+            "/v1/approvals",
+            {
+                "pipeline": "p",
+                "step": "q1",
+                "draft": {"content_type": "text/plain", "body": "refused\n"},
+            },
+        )
         assert (status, answer) == (503, UNAVAILABLE)
         status, answer, _ = post_decision(gate.callback_url, decision_body(env))
         assert (status, answer) == (503, UNAVAILABLE)
@@ -508,9 +597,18 @@ def test_database_refusing_writes_answers_503_changes_nothing_and_recovers_witho
         assert status == 200 and len(listed["items"]) == 2
 
         # the relay acked "held" during the fault: recording is retried, the POST is not
-        wait_until(lambda: len(re.findall(
-            rf"event=dispatch_failed approval_id={held} reason=storage_unavailable",
-            gate.log())) >= 2, what="two failed attempts to record the held ack")
+        wait_until(
+            lambda: (
+                len(
+                    re.findall(
+                        rf"event=dispatch_failed approval_id={held} reason=storage_unavailable",
+                        gate.log(),
+                    )
+                )
+                >= 2
+            ),
+            what="two failed attempts to record the held ack",
+        )
         assert scripted.count("held") == 1
 
         fault.clear(gate)
@@ -537,9 +635,9 @@ def test_database_refusing_writes_answers_503_changes_nothing_and_recovers_witho
     assert verified.returncode == 0, verified.stdout + verified.stderr
 
 
-
 def test_a_dispatch_that_cannot_be_built_is_retried_with_backoff_not_in_a_hot_loop(
-        tmp_path, scripted):
+    tmp_path, scripted
+):
     """A fault while building one dispatch (here: a stored budget that no longer encodes as
     JSON, as two ``spend`` values of 1.7e308 once summed to infinity) is recorded as that
     attempt's failure and retried with backoff; before, the dispatcher's task died, was started
@@ -551,23 +649,36 @@ def test_a_dispatch_that_cannot_be_built_is_retried_with_backoff_not_in_a_hot_lo
     try:
         api = gate.api()
         poison = create(api, run_id="poison")
-        wait_until(lambda: api.get(poison)["dispatch"]["attempts"] >= 1, DEADLINE_S,
-                   "the first (refused) attempt")
+        wait_until(
+            lambda: api.get(poison)["dispatch"]["attempts"] >= 1,
+            DEADLINE_S,
+            "the first (refused) attempt",
+        )
         with contextlib.closing(sqlite3.connect(tmp_path / "gate.db", timeout=30)) as conn:
-            conn.execute("UPDATE approvals SET budget = ? WHERE approval_id = ?",
-                         ('{"unit": "EUR", "spent_today": 1e999, "cap_today": 20.0,'
-                          ' "spent_pipeline": 0.0, "cap_pipeline": null, "this_request": 1.0}',
-                          poison))
+            conn.execute(
+                "UPDATE approvals SET budget = ? WHERE approval_id = ?",
+                (
+                    '{"unit": "EUR", "spent_today": 1e999, "cap_today": 20.0,'
+                    ' "spent_pipeline": 0.0, "cap_pipeline": null, "this_request": 1.0}',
+                    poison,
+                ),
+            )
             conn.commit()
-        wait_until(lambda: "could not be built" in (api.get(poison)["dispatch"]["last_error"]
-                                                    or ""), DEADLINE_S, "the failure recorded")
+        wait_until(
+            lambda: "could not be built" in (api.get(poison)["dispatch"]["last_error"] or ""),
+            DEADLINE_S,
+            "the failure recorded",
+        )
         dispatch = api.get(poison)["dispatch"]
         assert dispatch["last_error"] == "the dispatch could not be built (ValueError)"
         assert dispatch["delivered_at"] is None
 
         other = create(api, run_id="other")
-        wait_until(lambda: api.get(other)["dispatch"]["delivered_at"], DEADLINE_S,
-                   "the other approval's ack")
+        wait_until(
+            lambda: api.get(other)["dispatch"]["delivered_at"],
+            DEADLINE_S,
+            "the other approval's ack",
+        )
         # backoff, not a loop: 0.5 s doubling means a handful of attempts by now, not thousands
         attempts = api.get(poison)["dispatch"]["attempts"]
         assert 2 <= attempts <= 6, attempts
@@ -580,8 +691,7 @@ def test_a_dispatch_that_cannot_be_built_is_retried_with_backoff_not_in_a_hot_lo
             gate.stop()
 
 
-def test_out_of_file_descriptors_is_logged_once_a_minute_and_the_gate_recovers(
-        tmp_path, scripted):
+def test_out_of_file_descriptors_is_logged_once_a_minute_and_the_gate_recovers(tmp_path, scripted):
     """Security review: with its file descriptors exhausted by idle connections, asyncio
     logged "socket.accept() out of system resource" with a traceback ~700 times a second
     (115,000 lines in 25 s), which would also push real events out of journald's rate

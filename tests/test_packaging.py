@@ -22,8 +22,15 @@ def test_packaging_wheel_installs_and_runs_outside_the_tree():
     env = dict(os.environ, PYTHON=sys.executable, BUILD_PYTHON=sys.executable)
     env.pop("KEEP", None)
 
-    proc = subprocess.run(["bash", str(SCRIPT)], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=840, check=False)
+    proc = subprocess.run(
+        ["bash", str(SCRIPT)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=840,
+        check=False,
+    )
 
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0, output

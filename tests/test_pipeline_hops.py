@@ -7,18 +7,34 @@ from typing import Any
 from gate.client.request import hops
 
 
-def approval(revision: int, delivered: str | None, decisions: list[dict[str, Any]],
-             state: str = "pending") -> dict[str, Any]:
-    return {"approval_id": "01KDWZ8B00J3Q9V5X7Z2M4N6PR", "state": state, "outcome": None,
-            "revision": revision, "payload_hash": "sha256:" + "0" * 64, "receipt": None,
-            "dispatch": {"revision": revision, "attempts": 1, "delivered_at": delivered,
-                         "last_error": None},
-            "decisions": decisions}
+def approval(
+    revision: int, delivered: str | None, decisions: list[dict[str, Any]], state: str = "pending"
+) -> dict[str, Any]:
+    return {
+        "approval_id": "01KDWZ8B00J3Q9V5X7Z2M4N6PR",
+        "state": state,
+        "outcome": None,
+        "revision": revision,
+        "payload_hash": "sha256:" + "0" * 64,
+        "receipt": None,
+        "dispatch": {
+            "revision": revision,
+            "attempts": 1,
+            "delivered_at": delivered,
+            "last_error": None,
+        },
+        "decisions": decisions,
+    }
 
 
 def decision(verb: str, who: str, revision: int) -> dict[str, Any]:
-    return {"decision": verb, "identity": who, "operator_id": 102, "revision": revision,
-            "channel": "terminal"}
+    return {
+        "decision": verb,
+        "identity": who,
+        "operator_id": 102,
+        "revision": revision,
+        "channel": "terminal",
+    }
 
 
 def test_an_adjust_is_reported_before_the_dispatch_of_the_revision_it_made() -> None:
@@ -27,8 +43,10 @@ def test_an_adjust_is_reported_before_the_dispatch_of_the_revision_it_made() -> 
     before = approval(1, "2026-11-30T10:00:00Z", [])
     after = approval(2, "2026-11-30T10:00:05Z", [decision("adjust", "bob@example.com", 1)])
     lines = hops(before, after)
-    assert [line.split(" ", 2)[:2] for line in lines] == [["decision", "adjust"],
-                                                          ["dispatched", "revision"]], lines
+    assert [line.split(" ", 2)[:2] for line in lines] == [
+        ["decision", "adjust"],
+        ["dispatched", "revision"],
+    ], lines
     assert lines[1].startswith("dispatched revision 2 to the relay"), lines
 
 

@@ -40,8 +40,12 @@ NOW = 1767225600
 DRAFT = "Café — naïve résumé 👍\n"
 DRAFT_HASH = "sha256:c0b8d811c2edb85cfa2cdeee45b1e680c3ee5c286d28c69150649868aa07dfdc"
 REENCODED_HASH = "sha256:97fe2d5aaf6ba5731999ef64fb912e726246917fb4af150dedfb9eb743487796"
-VECTOR_FILES = ("signature.json", "payload_hash.json", "signature_header.json",
-                "decision_parse.json")
+VECTOR_FILES = (
+    "signature.json",
+    "payload_hash.json",
+    "signature_header.json",
+    "decision_parse.json",
+)
 
 
 def load_cases(name: str) -> list[Any]:
@@ -129,7 +133,10 @@ def test_vector_signature_header(case: dict[str, Any]) -> None:
         with pytest.raises(ProtocolError) as info:
             signing.verify(*args)
         assert (info.value.code, info.value.status, info.value.kind) == (
-            case["reason"], 401, "unauthorized")
+            case["reason"],
+            401,
+            "unauthorized",
+        )
 
 
 @pytest.mark.parametrize("case", load_cases("decision_parse.json"))
@@ -145,7 +152,10 @@ def test_vector_decision_parse(case: dict[str, Any]) -> None:
         with pytest.raises(ProtocolError) as info:
             parse_decision(raw)
         assert (info.value.code, info.value.status, info.value.kind) == (
-            case["reason"], 400, "invalid")
+            case["reason"],
+            400,
+            "invalid",
+        )
         assert info.value.body()["reason"] == case["reason"]
 
 
@@ -176,18 +186,31 @@ def test_signing_window_uses_fractional_now() -> None:
         signing.check_window(NOW, NOW + 300.001, 300)
 
 
-@pytest.mark.parametrize("header", [
-    "t=" + "9" * 21 + ",v1=" + "a" * 64,
-    "t=1767225600,v1=" + "a" * 64 + ",x" * 3000,
-    "=,=,=",
-    ",,,,",
-    "t==1767225600,v1=" + "a" * 64,
-    "t=1767225600,v1=" + "a" * 65,
-    "t=1767225600,v1=\x00",
-    "t=١٧٦٧٢٢٥٦٠٠,v1=" + "a" * 64,
-    "\u00a0",
-], ids=["t_21_digits", "too_long", "only_equals", "only_commas", "double_equals",
-        "v1_65_hex", "v1_nul", "t_arabic_digits", "nbsp_only"])
+@pytest.mark.parametrize(
+    "header",
+    [
+        "t=" + "9" * 21 + ",v1=" + "a" * 64,
+        "t=1767225600,v1=" + "a" * 64 + ",x" * 3000,
+        "=,=,=",
+        ",,,,",
+        "t==1767225600,v1=" + "a" * 64,
+        "t=1767225600,v1=" + "a" * 65,
+        "t=1767225600,v1=\x00",
+        "t=١٧٦٧٢٢٥٦٠٠,v1=" + "a" * 64,
+        "\u00a0",
+    ],
+    ids=[
+        "t_21_digits",
+        "too_long",
+        "only_equals",
+        "only_commas",
+        "double_equals",
+        "v1_65_hex",
+        "v1_nul",
+        "t_arabic_digits",
+        "nbsp_only",
+    ],
+)
 def test_signing_parse_malformed_never_leaks_valueerror(header: str) -> None:
     with pytest.raises(ProtocolError) as info:
         signing.parse(header)
@@ -214,8 +237,7 @@ def test_b02_08_malformed_v1_is_ignored_when_another_v1_is_well_formed() -> None
             parsed = signing.verify(header, body, ["test-secret-new"], NOW, 300)
             assert parsed.v1 == (good,), header
         with pytest.raises(ProtocolError) as info:
-            signing.verify(f"t={NOW},v1={junk},v1={'0' * 64}", body, ["test-secret-new"],
-                           NOW, 300)
+            signing.verify(f"t={NOW},v1={junk},v1={'0' * 64}", body, ["test-secret-new"], NOW, 300)
         assert info.value.code == "signature_mismatch"
         with pytest.raises(ProtocolError) as info:
             signing.parse(f"t={NOW},v1={junk},v1={junk}")
@@ -272,29 +294,44 @@ def test_wire_json_signed_bytes_roundtrip() -> None:
 # --------------------------------------------------------------------------- envelopes
 
 
-@pytest.mark.parametrize(("ms", "text"), [
-    (0, "1970-01-01T00:00:00Z"),
-    (1767225600000, "2026-01-01T00:00:00Z"),
-    (1767225600001, "2026-01-01T00:00:00.001Z"),
-    (1767225600010, "2026-01-01T00:00:00.01Z"),
-    (1767225600100, "2026-01-01T00:00:00.1Z"),
-    (1767225600250, "2026-01-01T00:00:00.25Z"),
-    (1767225600999, "2026-01-01T00:00:00.999Z"),
-    (1767229199000, "2026-01-01T00:59:59Z"),
-    (1772323200000, "2026-03-01T00:00:00Z"),
-], ids=["epoch", "now", "1ms", "10ms", "100ms", "250ms", "999ms", "59m59s", "march"])
+@pytest.mark.parametrize(
+    ("ms", "text"),
+    [
+        (0, "1970-01-01T00:00:00Z"),
+        (1767225600000, "2026-01-01T00:00:00Z"),
+        (1767225600001, "2026-01-01T00:00:00.001Z"),
+        (1767225600010, "2026-01-01T00:00:00.01Z"),
+        (1767225600100, "2026-01-01T00:00:00.1Z"),
+        (1767225600250, "2026-01-01T00:00:00.25Z"),
+        (1767225600999, "2026-01-01T00:00:00.999Z"),
+        (1767229199000, "2026-01-01T00:59:59Z"),
+        (1772323200000, "2026-03-01T00:00:00Z"),
+    ],
+    ids=["epoch", "now", "1ms", "10ms", "100ms", "250ms", "999ms", "59m59s", "march"],
+)
 def test_rfc3339_formats_utc_z(ms: int, text: str) -> None:
     assert rfc3339(ms) == text
 
 
 def dispatch_kwargs(**overrides: Any) -> dict[str, Any]:
     kwargs: dict[str, Any] = dict(
-        approval_id="01KDWZ8B00J3Q9V5X7Z2M4N6PR", run_id="run-1", pipeline="p", step="q1",
-        issued_at_ms=1767225600000, expires_at_ms=1767229200000, risk="high",
-        quorum_required=2, quorum_collected=0, approvers=["alice@example.com", "bob@example.com"],
-        payload_hash=DRAFT_HASH, content_type="text/plain", body=DRAFT,
+        approval_id="01KDWZ8B00J3Q9V5X7Z2M4N6PR",
+        run_id="run-1",
+        pipeline="p",
+        step="q1",
+        issued_at_ms=1767225600000,
+        expires_at_ms=1767229200000,
+        risk="high",
+        quorum_required=2,
+        quorum_collected=0,
+        approvers=["alice@example.com", "bob@example.com"],
+        payload_hash=DRAFT_HASH,
+        content_type="text/plain",
+        body=DRAFT,
         callback_url="https://gate.example.com/hitl/v0/decisions",
-        nonce="6f1c2a9e0b7d4e3f8a5b1c0d2e4f6a7b", revision=1)
+        nonce="6f1c2a9e0b7d4e3f8a5b1c0d2e4f6a7b",
+        revision=1,
+    )
     kwargs.update(overrides)
     return kwargs
 
@@ -316,8 +353,10 @@ def test_build_dispatch_fields() -> None:
         "payload_hash": DRAFT_HASH,
         "draft": {"content_type": "text/plain", "body": DRAFT},
         "actions": [{"verb": "approve"}, {"verb": "skip"}, {"verb": "adjust", "accepts": "text"}],
-        "callback": {"url": "https://gate.example.com/hitl/v0/decisions",
-                     "nonce": "6f1c2a9e0b7d4e3f8a5b1c0d2e4f6a7b"},
+        "callback": {
+            "url": "https://gate.example.com/hitl/v0/decisions",
+            "nonce": "6f1c2a9e0b7d4e3f8a5b1c0d2e4f6a7b",
+        },
         "revision": 1,
     }
     assert "budget" not in env
@@ -341,27 +380,48 @@ def test_build_dispatch_actions_not_shared_mutable() -> None:
 
 
 def test_build_decision_parses_back() -> None:
-    body = build_decision(approval_id="a1", nonce="n1", decision="adjust",
-                          payload_hash=DRAFT_HASH, approver_id="alice@example.com",
-                          decided_at_ms=1767225600250, channel="cli", adjust_text="new\n")
+    body = build_decision(
+        approval_id="a1",
+        nonce="n1",
+        decision="adjust",
+        payload_hash=DRAFT_HASH,
+        approver_id="alice@example.com",
+        decided_at_ms=1767225600250,
+        channel="cli",
+        adjust_text="new\n",
+    )
 
     decision = parse_decision(wire_json(body))
-    assert decision == Decision(approval_id="a1", nonce="n1", decision="adjust",
-                                payload_hash=DRAFT_HASH, approver_id="alice@example.com",
-                                approver_display=None, approver_channel="cli",
-                                adjust_text="new\n", decided_at="2026-01-01T00:00:00.25Z")
+    assert decision == Decision(
+        approval_id="a1",
+        nonce="n1",
+        decision="adjust",
+        payload_hash=DRAFT_HASH,
+        approver_id="alice@example.com",
+        approver_display=None,
+        approver_channel="cli",
+        adjust_text="new\n",
+        decided_at="2026-01-01T00:00:00.25Z",
+    )
 
 
 def test_parse_decision_drops_adjust_text_unless_adjust() -> None:
-    body = build_decision(approval_id="a1", nonce="n1", decision="approve",
-                          payload_hash=DRAFT_HASH, approver_id="alice@example.com",
-                          decided_at_ms=0, adjust_text="ignored")
+    body = build_decision(
+        approval_id="a1",
+        nonce="n1",
+        decision="approve",
+        payload_hash=DRAFT_HASH,
+        approver_id="alice@example.com",
+        decided_at_ms=0,
+        adjust_text="ignored",
+    )
 
     assert parse_decision(wire_json(body)).adjust_text is None
 
 
-@pytest.mark.parametrize("raw", [b"[" * 100_000, b'{"a":' * 50_000],
-                         ids=["deep_array", "deep_object"])
+@pytest.mark.parametrize(
+    "raw", [b"[" * 100_000, b'{"a":' * 50_000], ids=["deep_array", "deep_object"]
+)
 def test_decode_json_deep_nesting_is_invalid_json(raw: bytes) -> None:
     with pytest.raises(ProtocolError) as info:
         decode_json(raw)

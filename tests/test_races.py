@@ -97,18 +97,28 @@ def gate(relay: CaptureRelay, tmp_path_factory: pytest.TempPathFactory) -> Itera
     """The daemon every race runs against; at the end: clean stop, clean log, whole database
     consistent, audit chain intact."""
     directory = tmp_path_factory.mktemp("races")
-    proc = GateProcess(write_config(directory, relay.url, steps=RACE_STEPS,
-                                    security={"rate_limit": 1_000_000,
-                                              "max_input_length": 200})).start()
+    proc = GateProcess(
+        write_config(
+            directory,
+            relay.url,
+            steps=RACE_STEPS,
+            security={"rate_limit": 1_000_000, "max_input_length": 200},
+        )
+    ).start()
     yield proc
     assert proc.stop() == 0
     assert_log_clean(proc)
     with contextlib.closing(ro_connect(directory / "gate.db")) as conn:
         problems, _ = check_database(conn)
     assert problems == {"duplicates": [], "problems": []}
-    done = subprocess.run([sys.executable, "-m", "gate", "audit", "verify", "-c",
-                           str(proc.config)], capture_output=True, env=gate_env(), cwd=ROOT,
-                          timeout=DEADLINE_S * 3, check=False)
+    done = subprocess.run(
+        [sys.executable, "-m", "gate", "audit", "verify", "-c", str(proc.config)],
+        capture_output=True,
+        env=gate_env(),
+        cwd=ROOT,
+        timeout=DEADLINE_S * 3,
+        check=False,
+    )
     assert done.returncode == 0, (done.stdout, done.stderr)
 
 
@@ -145,21 +155,32 @@ def create(gate: GateProcess, step: str, body: str) -> dict[str, Any]:
     return gate.api().create(step, body)
 
 
-def decision(gate: GateProcess, dispatch: dict[str, Any], op: int, verb: str = "approve",
-             identity: str | None = None, adjust_text: str | None = None,
-             copies: int = 1) -> list[Req]:
+def decision(
+    gate: GateProcess,
+    dispatch: dict[str, Any],
+    op: int,
+    verb: str = "approve",
+    identity: str | None = None,
+    adjust_text: str | None = None,
+    copies: int = 1,
+) -> list[Req]:
     """``copies`` identical requests (same bytes, same signature header) of one decision."""
     body = decision_body(dispatch, identity or IDENT[op], verb, adjust_text=adjust_text)
     raw = wire_json(body)
     headers = sign_headers(raw)
-    return [Req((dispatch["approval_id"], op, verb), gate.callback_url, raw, headers)
-            for _ in range(copies)]
+    return [
+        Req((dispatch["approval_id"], op, verb), gate.callback_url, raw, headers)
+        for _ in range(copies)
+    ]
 
 
 def cancel(gate: GateProcess, approval_id: str) -> Req:
-    return Req((approval_id, "cancel", "cancel"),
-               f"{gate.api_url}/v1/approvals/{approval_id}/cancel", b"",
-               {"Authorization": f"Bearer {API_TOKEN}"})
+    return Req(
+        (approval_id, "cancel", "cancel"),
+        f"{gate.api_url}/v1/approvals/{approval_id}/cancel",
+        b"",
+        {"Authorization": f"Bearer {API_TOKEN}"},
+    )
 
 
 def fire(requests: list[Req], at: Callable[[], float] | None = None) -> tuple[float, float]:
@@ -244,8 +265,11 @@ class Expiring:
         earliest = max(not_before_ms, int(time.time() * 1000) + 15)
         deadline = time.monotonic() + DEADLINE_S
         while True:
-            upcoming = [self.expires[a] for a in list(self.ids)
-                        if a not in decided and self.expires[a] >= earliest]
+            upcoming = [
+                self.expires[a]
+                for a in list(self.ids)
+                if a not in decided and self.expires[a] >= earliest
+            ]
             if upcoming:
                 return min(upcoming) / 1000 - 0.01
             assert time.monotonic() < deadline, "the expiring stream stalled"
@@ -263,13 +287,18 @@ def db_rows(gate: GateProcess, sql: str, args: tuple[Any, ...] = ()) -> list[dic
 
 
 def audit_kinds(gate: GateProcess, approval_id: str) -> Counter[str]:
-    return Counter(r["kind"] for r in db_rows(
-        gate, "SELECT kind FROM audit_log WHERE approval_id = ?", (approval_id,)))
+    return Counter(
+        r["kind"]
+        for r in db_rows(gate, "SELECT kind FROM audit_log WHERE approval_id = ?", (approval_id,))
+    )
 
 
 def resolution(gate: GateProcess, approval_id: str) -> dict[str, Any]:
-    rows = db_rows(gate, "SELECT entry FROM audit_log WHERE approval_id = ? AND kind = "
-                   "'resolved'", (approval_id,))
+    rows = db_rows(
+        gate,
+        "SELECT entry FROM audit_log WHERE approval_id = ? AND kind = 'resolved'",
+        (approval_id,),
+    )
     assert len(rows) == 1, f"{approval_id} has {len(rows)} resolved entries"
     return json.loads(rows[0]["entry"])["data"]
 
@@ -283,8 +312,9 @@ def expiring_decisions(gate: GateProcess, relay: CaptureRelay, ids: list[str]) -
     return out
 
 
-def check_expiring(gate: GateProcess, expiring: Expiring, requests: list[Req],
-                   window: tuple[float, float]) -> None:
+def check_expiring(
+    gate: GateProcess, expiring: Expiring, requests: list[Req], window: tuple[float, float]
+) -> None:
     """Each expiring approval resolved once: ``approved`` by exactly one 200 that came in
     before ``expires_at`` (the other answers 409 already_resolved), or ``timeout`` at or after
     ``expires_at`` (its decisions 410 expired). At least one approval reached its ``expires_at``
@@ -309,12 +339,19 @@ def check_expiring(gate: GateProcess, expiring: Expiring, requests: list[Req],
             assert approval["outcome"] == "approved"
             assert [(r.status, r.answer) for r in accepted] == [(200, resolved("approved"))]
             assert len(approval["decisions"]) == 1
-            assert rfc3339_ms(approval["decisions"][0]["recorded_at"]) < \
-                expiring.expires[approval_id]
-            assert all((r.status, r.answer) == (409, already_resolved("approved"))
-                       for r in mine if r.status != 200)
-    assert during >= 1, ("no approval expired while the race ran", window,
-                         sorted(expiring.expires.values()))
+            assert (
+                rfc3339_ms(approval["decisions"][0]["recorded_at"]) < expiring.expires[approval_id]
+            )
+            assert all(
+                (r.status, r.answer) == (409, already_resolved("approved"))
+                for r in mine
+                if r.status != 200
+            )
+    assert during >= 1, (
+        "no approval expired while the race ran",
+        window,
+        sorted(expiring.expires.values()),
+    )
 
 
 def no_5xx(requests: list[Req]) -> None:
@@ -322,8 +359,9 @@ def no_5xx(requests: list[Req]) -> None:
     assert bad == []
 
 
-def start_race(gate: GateProcess, relay: CaptureRelay, step: str,
-               body: str) -> tuple[Expiring, list[dict[str, Any]], list[str]]:
+def start_race(
+    gate: GateProcess, relay: CaptureRelay, step: str, body: str
+) -> tuple[Expiring, list[dict[str, Any]], list[str]]:
     """Start the expiring stream, open ``RACED`` approvals on ``step``; return the stream,
     their dispatches and the expiring approvals that get decisions too."""
     expiring = Expiring(gate)
@@ -369,8 +407,9 @@ def test_approve_race_records_exactly_quorum_and_resolves_once(gate, relay, quor
         accepted = [r for r in mine if r.status == 200]
         winners = [r.who[1] for r in accepted]
         assert len(accepted) == quorum and len(set(winners)) == quorum
-        assert sorted(r.answer == resolved("approved") for r in accepted) == \
-            [False] * (quorum - 1) + [True]
+        assert sorted(r.answer == resolved("approved") for r in accepted) == [False] * (
+            quorum - 1
+        ) + [True]
         assert all(r.answer in (RECORDED_PENDING, resolved("approved")) for r in accepted)
         for r in mine:
             if r.status == 200:
@@ -379,8 +418,7 @@ def test_approve_race_records_exactly_quorum_and_resolves_once(gate, relay, quor
             if r.answer == DUPLICATE:
                 assert r.who[1] in winners  # only an operator already recorded
         if quorum == 1:
-            assert all(r.answer == already_resolved("approved") for r in mine
-                       if r.status != 200)
+            assert all(r.answer == already_resolved("approved") for r in mine if r.status != 200)
         approval = api.get(approval_id)
         assert (approval["state"], approval["outcome"]) == ("resolved", "approved")
         assert approval["quorum"] == {"required": quorum, "collected": quorum}
@@ -408,17 +446,18 @@ def test_mixed_race_resolves_exactly_once_and_stores_exactly_the_accepted(gate, 
     requests: list[Req] = []
     for dispatch in dispatches:
         current = dispatch["draft"]["body"]
-        requests += (decision(gate, dispatch, 101, "approve", copies=2)
-                     + decision(gate, dispatch, 101, "skip")
-                     + decision(gate, dispatch, 101, "adjust", adjust_text="alice's edit")
-                     + decision(gate, dispatch, 102, "approve", copies=2)
-                     + decision(gate, dispatch, 103, "skip", copies=2)
-                     + decision(gate, dispatch, 104, "adjust", adjust_text="op04's edit",
-                                copies=2)
-                     + decision(gate, dispatch, 105, "adjust", adjust_text=current)
-                     + decision(gate, dispatch, 105, "approve")
-                     + decision(gate, dispatch, 106, "approve")
-                     + [cancel(gate, dispatch["approval_id"])])
+        requests += (
+            decision(gate, dispatch, 101, "approve", copies=2)
+            + decision(gate, dispatch, 101, "skip")
+            + decision(gate, dispatch, 101, "adjust", adjust_text="alice's edit")
+            + decision(gate, dispatch, 102, "approve", copies=2)
+            + decision(gate, dispatch, 103, "skip", copies=2)
+            + decision(gate, dispatch, 104, "adjust", adjust_text="op04's edit", copies=2)
+            + decision(gate, dispatch, 105, "adjust", adjust_text=current)
+            + decision(gate, dispatch, 105, "approve")
+            + decision(gate, dispatch, 106, "approve")
+            + [cancel(gate, dispatch["approval_id"])]
+        )
     requests += expiring_decisions(gate, relay, decided)
     window = fire(requests, at=fire_at(expiring, decided))
     no_5xx(requests)
@@ -430,8 +469,11 @@ def test_mixed_race_resolves_exactly_once_and_stores_exactly_the_accepted(gate, 
         approval = api.get(approval_id)
         outcome = approval["outcome"]
         assert approval["state"] == "resolved"
-        resolving = [r for r in mine if r.status == 200 and (
-            r.who[1] == "cancel" or r.answer.get("resolved"))]
+        resolving = [
+            r
+            for r in mine
+            if r.status == 200 and (r.who[1] == "cancel" or r.answer.get("resolved"))
+        ]
         assert len(resolving) == 1, [(r.who, r.answer) for r in resolving]
         won = resolving[0]
         if won.who[1] == "cancel":
@@ -442,10 +484,14 @@ def test_mixed_race_resolves_exactly_once_and_stores_exactly_the_accepted(gate, 
         assert resolution(gate, approval_id)["outcome"] == outcome
 
         accepted = [r for r in mine if r.status == 200 and r.who[1] != "cancel"]
-        stored = db_rows(gate, "SELECT * FROM decisions WHERE approval_id = ? ORDER BY "
-                         "decision_id", (approval_id,))
-        assert sorted((d["operator_id"], d["decision"]) for d in stored) == \
-            sorted((r.who[1], r.who[2]) for r in accepted)
+        stored = db_rows(
+            gate,
+            "SELECT * FROM decisions WHERE approval_id = ? ORDER BY decision_id",
+            (approval_id,),
+        )
+        assert sorted((d["operator_id"], d["decision"]) for d in stored) == sorted(
+            (r.who[1], r.who[2]) for r in accepted
+        )
         assert len({r.who[1] for r in accepted}) == len(accepted)  # one per operator
         assert audit_kinds(gate, approval_id)["decision"] == len(stored)
         first_body = dispatch["draft"]["body"]
@@ -465,18 +511,28 @@ def test_mixed_race_resolves_exactly_once_and_stores_exactly_the_accepted(gate, 
             if r.status == 200:
                 continue
             if r.who[1] == "cancel":
-                assert (r.status, r.answer) == (409, {"status": "conflict",  # pipeline API
-                                                      "reason": "already_resolved",
-                                                      "outcome": outcome})
+                assert (r.status, r.answer) == (
+                    409,
+                    {
+                        "status": "conflict",  # pipeline API
+                        "reason": "already_resolved",
+                        "outcome": outcome,
+                    },
+                )
                 continue
             assert r.status == 409, (r.who, r.status, r.answer)
-            assert r.answer in (DUPLICATE, ALREADY_DECIDED, SUPERSEDED,
-                                already_resolved(outcome)), (r.who, r.answer)
+            assert r.answer in (
+                DUPLICATE,
+                ALREADY_DECIDED,
+                SUPERSEDED,
+                already_resolved(outcome),
+            ), (r.who, r.answer)
             if r.answer == SUPERSEDED:
                 assert model.revision > 1  # only once an adjust made a new revision
             if r.answer in (DUPLICATE, ALREADY_DECIDED):
                 assert r.who[1] in {a.who[1] for a in accepted} or (
-                    model.revision > 1 and model.bodies[2][1] == r.who[1])
+                    model.revision > 1 and model.bodies[2][1] == r.who[1]
+                )
     check_expiring(gate, expiring, requests, window)
 
 
@@ -512,13 +568,21 @@ def test_dispatch_burst_each_approval_is_sent_once_and_acked_once(gate, relay):
     ``dispatch_ack`` audit entry (SPEC §7: one entry per dispatch ack). A dispatch already
     acked is never sent again: the dispatcher's list of due rows can be read just before an
     in-flight attempt records its ack, and must not start that attempt again."""
-    requests = [Req(("create", n, "create"), f"{gate.api_url}/v1/approvals",
-                    json.dumps({"pipeline": "p", "step": "r2",
-                                "draft": {"content_type": "text/plain",
-                                          "body": f"burst {n}\n"}}).encode("utf-8"),
-                    {"Authorization": f"Bearer {API_TOKEN}",
-                     "Content-Type": "application/json"})
-                for n in range(200)]
+    requests = [
+        Req(
+            ("create", n, "create"),
+            f"{gate.api_url}/v1/approvals",
+            json.dumps(
+                {
+                    "pipeline": "p",
+                    "step": "r2",
+                    "draft": {"content_type": "text/plain", "body": f"burst {n}\n"},
+                }
+            ).encode("utf-8"),
+            {"Authorization": f"Bearer {API_TOKEN}", "Content-Type": "application/json"},
+        )
+        for n in range(200)
+    ]
     relay.delay_s = 0.02
     try:
         fire(requests)
@@ -530,8 +594,12 @@ def test_dispatch_burst_each_approval_is_sent_once_and_acked_once(gate, relay):
         marks = ", ".join("?" for _ in ids)
 
         def all_acked() -> bool:
-            rows = db_rows(gate, f"SELECT COUNT(*) AS n FROM outbox WHERE approval_id IN "
-                           f"({marks}) AND delivered_at IS NOT NULL", tuple(ids))
+            rows = db_rows(
+                gate,
+                f"SELECT COUNT(*) AS n FROM outbox WHERE approval_id IN "
+                f"({marks}) AND delivered_at IS NOT NULL",
+                tuple(ids),
+            )
             return rows[0]["n"] == len(ids)
 
         wait_until(all_acked, what="every burst dispatch acked and recorded")
@@ -539,16 +607,25 @@ def test_dispatch_burst_each_approval_is_sent_once_and_acked_once(gate, relay):
         # started from a stale list of due rows has been sent and recorded too
         sentinel = create(gate, "r1", "sentinel\n")["approval_id"]
         relay.wait_dispatch(sentinel)
-        wait_until(lambda: gate.api().get(sentinel)["dispatch"]["delivered_at"],
-                   what="the sentinel's ack recorded")
+        wait_until(
+            lambda: gate.api().get(sentinel)["dispatch"]["delivered_at"],
+            what="the sentinel's ack recorded",
+        )
     finally:
         relay.delay_s = 0.0
     received = Counter(r["approval_id"] for r in relay.dispatches(acked_only=False))
-    acks = Counter(r["approval_id"] for r in db_rows(
-        gate, f"SELECT approval_id FROM audit_log WHERE kind = 'dispatch_ack' AND approval_id "
-        f"IN ({marks})", tuple(ids)))
-    outbox = db_rows(gate, f"SELECT approval_id, attempts FROM outbox WHERE approval_id IN "
-                     f"({marks})", tuple(ids))
+    acks = Counter(
+        r["approval_id"]
+        for r in db_rows(
+            gate,
+            f"SELECT approval_id FROM audit_log WHERE kind = 'dispatch_ack' AND approval_id "
+            f"IN ({marks})",
+            tuple(ids),
+        )
+    )
+    outbox = db_rows(
+        gate, f"SELECT approval_id, attempts FROM outbox WHERE approval_id IN ({marks})", tuple(ids)
+    )
     assert {r["approval_id"]: r["attempts"] for r in outbox} == dict.fromkeys(ids, 1)
     assert {a: received[a] for a in ids if received[a] != 1} == {}, "sent more than once"
     assert {a: acks[a] for a in ids if acks[a] != 1} == {}, "dispatch_ack entries per approval"

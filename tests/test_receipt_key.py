@@ -41,9 +41,11 @@ OLD = "receipt-key-old-5b1e0c9d3a7f2e64"
 NEW = "receipt-key-new-a7d42f1c8e0b5d93"
 OLD_VAR = "HITL_RECEIPT_KEY_OLD"
 ROTATED = "receipt_key_rotated"
-REFUSAL = ("receipts.key_env: HITL_RECEIPT_KEY does not verify the newest audit entry's "
-           "receipt (seq {seq}); a typo? To rotate the key, set receipts.previous_key_env to "
-           "the variable holding the old key")
+REFUSAL = (
+    "receipts.key_env: HITL_RECEIPT_KEY does not verify the newest audit entry's "
+    "receipt (seq {seq}); a typo? To rotate the key, set receipts.previous_key_env to "
+    "the variable holding the old key"
+)
 NO_MATCH = "the key given does not match this log"
 # keys the log was not written with (32 bytes: shorter ones are refused or warned about)
 TYPO = "a-typo-key-77-0f3d8c1a6e2b94572c"
@@ -87,16 +89,21 @@ def set_receipts(config: Path, **receipts: Any) -> Path:
 
 def not_log_lines(stderr: bytes) -> list[str]:
     """stderr lines that are not the daemon's log lines (``<UTC time> <LEVEL> ...``)."""
-    return [line for line in stderr.decode().splitlines()
-            if not (line[:4].isdigit() and line[10:11] == "T" and " event=" in line)]
+    return [
+        line
+        for line in stderr.decode().splitlines()
+        if not (line[:4].isdigit() and line[10:11] == "T" and " event=" in line)
+    ]
 
 
 def serve_refused(config: Path, env: dict[str, str]) -> tuple[int, list[str]]:
     """Run ``serve`` until it exits or starts listening; a start is a failure (the daemon is
     stopped). Returns (exit code, stderr lines that are not log lines)."""
     proc = CliProcess("serve", "-c", str(config), env=env)
-    wait_until(lambda: proc.proc.poll() is not None or "event=listening " in proc.log(),
-               what="serve to exit or to listen")
+    wait_until(
+        lambda: proc.proc.poll() is not None or "event=listening " in proc.log(),
+        what="serve to exit or to listen",
+    )
     if proc.proc.poll() is None:
         proc.stop()
         raise AssertionError("the gate started:\n" + proc.log())
@@ -145,12 +152,15 @@ def test_b02_04_serve_refuses_another_receipt_key_and_writes_nothing(tmp_path, r
 
     # a previous key declared that does not match either: refused the same way, nothing written
     set_receipts(config, previous_key_env=OLD_VAR)
-    code, lines = serve_refused(
-        config, gate_env(HITL_RECEIPT_KEY=TYPO, **{OLD_VAR: OLDER_TYPO}))
-    assert (code, lines) == (2, [
-        f"{config}: receipts.key_env: neither HITL_RECEIPT_KEY nor receipts.previous_key_env "
-        f"({OLD_VAR}) verifies the newest audit entry's receipt (seq 4); a typo? "
-        "receipts.previous_key_env must hold the key the log was written with"])
+    code, lines = serve_refused(config, gate_env(HITL_RECEIPT_KEY=TYPO, **{OLD_VAR: OLDER_TYPO}))
+    assert (code, lines) == (
+        2,
+        [
+            f"{config}: receipts.key_env: neither HITL_RECEIPT_KEY nor receipts.previous_key_env "
+            f"({OLD_VAR}) verifies the newest audit entry's receipt (seq 4); a typo? "
+            "receipts.previous_key_env must hold the key the log was written with"
+        ],
+    )
     assert audit_rows(db) == before
 
     # the right key, with a previous key declared: starts, writes nothing (no rotation)
@@ -169,12 +179,15 @@ def test_b02_04_declared_rotation_writes_one_entry_and_verifies_each_span(tmp_pa
     assert kinds.count(ROTATED) == 1 and kinds[rotation - 1] == ROTATED
     seq, approval_id, _, entry, _, entry_hash, receipt = rows[rotation - 1][:7]
     assert approval_id is None
-    assert json.loads(entry)["data"] == {"previous_key_last_seq": rotation - 1,
-                                         "key_env": "HITL_RECEIPT_KEY",
-                                         "previous_key_env": OLD_VAR}
+    assert json.loads(entry)["data"] == {
+        "previous_key_last_seq": rotation - 1,
+        "key_env": "HITL_RECEIPT_KEY",
+        "previous_key_env": OLD_VAR,
+    }
     # each entry is receipted with the key of its span, the rotation with the new one
-    assert [row[6] for row in rows] == [mac(OLD if row[0] < rotation else NEW, row[5])
-                                        for row in rows]
+    assert [row[6] for row in rows] == [
+        mac(OLD if row[0] < rotation else NEW, row[5]) for row in rows
+    ]
     assert OLD not in entry and NEW not in entry
 
     # a restart with the same declaration writes nothing more
@@ -187,20 +200,30 @@ def test_b02_04_declared_rotation_writes_one_entry_and_verifies_each_span(tmp_pa
     assert proc.returncode == 0, (proc.stdout, proc.stderr)
     assert proc.stdout.decode().splitlines()[0] == (
         f"ok: {len(rows)} entries, chain and receipts intact (receipt keys: {OLD_VAR} for "
-        f"entries 1-{rotation - 1}, HITL_RECEIPT_KEY from entry {rotation})")
+        f"entries 1-{rotation - 1}, HITL_RECEIPT_KEY from entry {rotation})"
+    )
 
     export = tmp_path / "audit.jsonl"
-    assert run_cli("audit", "export", "-c", str(config), "-o", str(export),
-                   env=env).returncode == 0
+    assert run_cli("audit", "export", "-c", str(config), "-o", str(export), env=env).returncode == 0
     for order in ((OLD_VAR, "HITL_RECEIPT_KEY"), ("HITL_RECEIPT_KEY", OLD_VAR)):
-        proc = run_cli("audit", "verify", "--file", str(export), "--key-env", order[0],
-                       "--key-env", order[1], env=env)
+        proc = run_cli(
+            "audit",
+            "verify",
+            "--file",
+            str(export),
+            "--key-env",
+            order[0],
+            "--key-env",
+            order[1],
+            env=env,
+        )
         assert proc.returncode == 0, (order, proc.stdout, proc.stderr)
         assert proc.stdout.decode().startswith(f"ok: {len(rows)} entries, chain and receipts")
 
     # one key alone: named as the key that does not match, not as tampering
-    proc = run_cli("audit", "verify", "--file", str(export), "--key-env", "HITL_RECEIPT_KEY",
-                   env=env)
+    proc = run_cli(
+        "audit", "verify", "--file", str(export), "--key-env", "HITL_RECEIPT_KEY", env=env
+    )
     assert (proc.returncode, proc.stdout) == (1, b""), proc.stderr
     assert NO_MATCH in proc.stderr.decode() and "entry 1" in proc.stderr.decode()
     proc = run_cli("audit", "verify", "--file", str(export), "--key-env", OLD_VAR, env=env)
@@ -209,8 +232,9 @@ def test_b02_04_declared_rotation_writes_one_entry_and_verifies_each_span(tmp_pa
     assert f"entry {rotation}" in proc.stderr.decode(), proc.stderr
 
     proc = run_cli("doctor", "-c", str(config), env=env, timeout=60)
-    audit_line = next(line for line in proc.stdout.decode().splitlines()
-                      if line.split(" ", 2)[1] == "audit:")
+    audit_line = next(
+        line for line in proc.stdout.decode().splitlines() if line.split(" ", 2)[1] == "audit:"
+    )
     assert audit_line.startswith("PASS audit: "), audit_line
 
 
@@ -218,8 +242,11 @@ def forged_after(rows: list[tuple[Any, ...]], kind: str, key: str) -> tuple[Any,
     """An entry chained after ``rows`` and receipted with ``key`` (what someone holding that
     key and write access to the file or an export can make)."""
     seq, prev = rows[-1][0] + 1, rows[-1][5]
-    data = ({"previous_key_last_seq": seq - 1} if kind == ROTATED
-            else {"operator_id": 101, "decision": "approve"})
+    data = (
+        {"previous_key_last_seq": seq - 1}
+        if kind == ROTATED
+        else {"operator_id": 101, "decision": "approve"}
+    )
     entry = audit.make_entry(seq, kind, None, 1767225600000, data)
     entry_json, digest, _ = audit.seal(prev, entry, key.encode())
     return (seq, None, kind, entry_json, prev, digest, mac(key, digest), None, None)
@@ -229,15 +256,28 @@ def test_b02_04_old_key_cannot_vouch_for_entries_after_the_rotation(tmp_path, re
     config, env, rotation = rotated_log(tmp_path, relay)
     rows = audit_rows(db_of(config))
     last = rows[-1][0]
-    for kind, reason in (("decision", "receipt does not match"),
-                         (ROTATED, "receipt key an earlier span of this log used")):
+    for kind, reason in (
+        ("decision", "receipt does not match"),
+        (ROTATED, "receipt key an earlier span of this log used"),
+    ):
         forged = forged_after(rows, kind, OLD)
         # in an export, verified with both keys
         export = tmp_path / f"forged-{kind}.jsonl"
-        export.write_text("".join(audit.export_line(audit.AuditRow(*row)) + "\n"
-                                  for row in [*rows, forged]), encoding="utf-8")
-        proc = run_cli("audit", "verify", "--file", str(export), "--key-env", OLD_VAR,
-                       "--key-env", "HITL_RECEIPT_KEY", env=env)
+        export.write_text(
+            "".join(audit.export_line(audit.AuditRow(*row)) + "\n" for row in [*rows, forged]),
+            encoding="utf-8",
+        )
+        proc = run_cli(
+            "audit",
+            "verify",
+            "--file",
+            str(export),
+            "--key-env",
+            OLD_VAR,
+            "--key-env",
+            "HITL_RECEIPT_KEY",
+            env=env,
+        )
         assert proc.returncode == 1, (proc.stdout, proc.stderr)
         out = proc.stdout.decode()
         assert out.startswith(f"TAMPERED: entry {last + 1}: ") and reason in out, out
@@ -259,8 +299,7 @@ def test_b02_04_old_key_cannot_vouch_for_entries_after_the_rotation(tmp_path, re
         assert f"entry {rotation}" in lines[0] and "audit verify" in lines[0], lines
 
 
-def test_b02_04_wrong_key_on_a_fresh_log_says_the_key_given_does_not_match(gate, relay,
-                                                                           tmp_path):
+def test_b02_04_wrong_key_on_a_fresh_log_says_the_key_given_does_not_match(gate, relay, tmp_path):
     resolve_one(gate, relay)
     assert gate.stop() == 0
     wrong = gate_env(HITL_RECEIPT_KEY=NOT_THIS, OTHER_KEY=NOT_THIS)
@@ -289,8 +328,9 @@ def test_b02_04_doctor_names_the_receipt_key_settings(tmp_path, relay):
 
     def audit_line(env: dict[str, str]) -> tuple[int, str]:
         proc = run_cli("doctor", "-c", str(config), env=env, timeout=60)
-        line = next(line for line in proc.stdout.decode().splitlines()
-                    if line.split(" ", 2)[1] == "audit:")
+        line = next(
+            line for line in proc.stdout.decode().splitlines() if line.split(" ", 2)[1] == "audit:"
+        )
         return proc.returncode, line
 
     code, line = audit_line(gate_env(HITL_RECEIPT_KEY=TYPO))
@@ -305,10 +345,10 @@ def test_b02_04_doctor_names_the_receipt_key_settings(tmp_path, relay):
     conn = sqlite3.connect(copy_dir / "gate.db", isolation_level=None)
     conn.execute("UPDATE audit_log SET receipt = ? WHERE seq = 1", ("0" * 64,))
     conn.close()
-    proc = run_cli("doctor", "-c", str(shutil.copy(config, copy_dir / "config.yaml")),
-                   timeout=60)
-    changed = next(line for line in proc.stdout.decode().splitlines()
-                   if line.split(" ", 2)[1] == "audit:")
+    proc = run_cli("doctor", "-c", str(shutil.copy(config, copy_dir / "config.yaml")), timeout=60)
+    changed = next(
+        line for line in proc.stdout.decode().splitlines() if line.split(" ", 2)[1] == "audit:"
+    )
     assert changed.startswith("FAIL audit: ") and "was changed" in changed, changed
 
     # a rotation declared but not written yet (the gate writes it at its next start)
@@ -331,19 +371,22 @@ def test_b02_04_check_config_checks_previous_key_env(tmp_path, relay):
     proc = run_cli("check-config", "-c", str(config))
     assert proc.returncode == 2
     assert proc.stderr.decode().splitlines() == [
-        f"{config}: receipts.previous_key_env: environment variable {OLD_VAR} is not set"]
+        f"{config}: receipts.previous_key_env: environment variable {OLD_VAR} is not set"
+    ]
     same = gate_env(**{OLD_VAR: gate_env()["HITL_RECEIPT_KEY"]})
     proc = run_cli("check-config", "-c", str(config), env=same)
     assert proc.returncode == 2
     assert proc.stderr.decode().splitlines() == [
         f"{config}: receipts.previous_key_env: {OLD_VAR} has the same value as "
-        "HITL_RECEIPT_KEY (receipts.key_env); each secret must be distinct"]
+        "HITL_RECEIPT_KEY (receipts.key_env); each secret must be distinct"
+    ]
     set_receipts(config, previous_key_env="HITL_RECEIPT_KEY")
     proc = run_cli("check-config", "-c", str(config))
     assert proc.returncode == 2
     assert proc.stderr.decode().splitlines() == [
         f"{config}: receipts.previous_key_env: must differ from receipts.key_env "
-        "(HITL_RECEIPT_KEY is used for both)"]
+        "(HITL_RECEIPT_KEY is used for both)"
+    ]
     set_receipts(config, previous_key_env=OLD_VAR)
     proc = run_cli("check-config", "-c", str(config), env=gate_env(**{OLD_VAR: OLD}))
     assert proc.returncode == 0, proc.stderr

@@ -40,7 +40,7 @@ NODE = shutil.which("node")
 SECRET = "n8n-relay-test-secret"
 APPROVER = "alice@example.com"
 NOW = 1_767_225_600
-DRAFT = "Grüße, Zoë · 1.240,00 € · ✅\r\nline two <b>&amp;</b> \"quoted\"\n\n"
+DRAFT = 'Grüße, Zoë · 1.240,00 € · ✅\r\nline two <b>&amp;</b> "quoted"\n\n'
 
 # Runs one Code node's jsCode the way n8n's Code node does ("Run Once for All Items"),
 # with $input, $(name), $env, require and a Date frozen at the case's now_ms.
@@ -86,44 +86,82 @@ def _nodes() -> dict[str, dict[str, Any]]:
 def _run_code(node_name: str, cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
     code = _nodes()[node_name]["parameters"]["jsCode"]
     assert NODE is not None
-    proc = subprocess.run([NODE, "-e", HARNESS], input=json.dumps({"code": code, "cases": cases}),
-                          capture_output=True, text=True, timeout=60, check=False)
+    proc = subprocess.run(
+        [NODE, "-e", HARNESS],
+        input=json.dumps({"code": code, "cases": cases}),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout)
 
 
 def _webhook_item(raw: bytes, headers: dict[str, str]) -> dict[str, Any]:
     """What n8n's Webhook node (v2, option Raw Body) emits: headers lowercased, body base64."""
-    return {"json": {"headers": {k.lower(): v for k, v in headers.items()}, "params": {},
-                     "query": {}, "body": {}},
-            "binary": {"data": {"data": base64.b64encode(raw).decode("ascii"),
-                                "mimeType": "application/json"}}}
+    return {
+        "json": {
+            "headers": {k.lower(): v for k, v in headers.items()},
+            "params": {},
+            "query": {},
+            "body": {},
+        },
+        "binary": {
+            "data": {"data": base64.b64encode(raw).decode("ascii"), "mimeType": "application/json"}
+        },
+    }
 
 
-def _verify_case(raw: bytes, headers: dict[str, str], now_s: float = NOW,
-                 env: dict[str, str] | None = None) -> dict[str, Any]:
-    return {"item": _webhook_item(raw, headers), "refs": {}, "now_ms": int(now_s * 1000),
-            "env": {"HITL_RELAY_SECRET": SECRET} if env is None else env}
+def _verify_case(
+    raw: bytes, headers: dict[str, str], now_s: float = NOW, env: dict[str, str] | None = None
+) -> dict[str, Any]:
+    return {
+        "item": _webhook_item(raw, headers),
+        "refs": {},
+        "now_ms": int(now_s * 1000),
+        "env": {"HITL_RELAY_SECRET": SECRET} if env is None else env,
+    }
 
 
 def _dispatch(body: str = DRAFT, **overrides: Any) -> dict[str, Any]:
     envelope = build_dispatch(
-        approval_id="01KDWZ8B00J3Q9V5X7Z2M4N6PR", run_id="run-1", pipeline="invoices",
-        step="send", issued_at_ms=NOW * 1000, expires_at_ms=(NOW + 3600) * 1000, risk="normal",
-        quorum_required=1, quorum_collected=0, approvers=["Alice@Example.com ", "bob@example.com"],
-        payload_hash=payload_hash(body), content_type="text/plain", body=body,
+        approval_id="01KDWZ8B00J3Q9V5X7Z2M4N6PR",
+        run_id="run-1",
+        pipeline="invoices",
+        step="send",
+        issued_at_ms=NOW * 1000,
+        expires_at_ms=(NOW + 3600) * 1000,
+        risk="normal",
+        quorum_required=1,
+        quorum_collected=0,
+        approvers=["Alice@Example.com ", "bob@example.com"],
+        payload_hash=payload_hash(body),
+        content_type="text/plain",
+        body=body,
         callback_url="http://127.0.0.1:9/hitl/v0/decisions",
-        nonce="6f1c2a9e0b7d4e3f8a5b1c0d2e4f6a7b", revision=1,
-        budget={"unit": "EUR", "spent_today": 4.12, "cap_today": 20.0, "spent_pipeline": 0.38,
-                "cap_pipeline": 2.0, "this_request": None})
+        nonce="6f1c2a9e0b7d4e3f8a5b1c0d2e4f6a7b",
+        revision=1,
+        budget={
+            "unit": "EUR",
+            "spent_today": 4.12,
+            "cap_today": 20.0,
+            "spent_pipeline": 0.38,
+            "cap_pipeline": 2.0,
+            "this_request": None,
+        },
+    )
     envelope.update(overrides)
     return envelope
 
 
 def _signed(envelope: dict[str, Any], t: int = NOW, secret: str = SECRET) -> tuple[bytes, dict]:
     raw = wire_json(envelope)
-    return raw, {"Content-Type": "application/json; charset=utf-8",
-                 "X-Hitl-Protocol": "hitl/v0", "X-Draftcat-Signature": signing.sign(secret, t, raw)}
+    return raw, {
+        "Content-Type": "application/json; charset=utf-8",
+        "X-Hitl-Protocol": "hitl/v0",
+        "X-Draftcat-Signature": signing.sign(secret, t, raw),
+    }
 
 
 # --- the workflow's shape ----------------------------------------------------------------
@@ -136,7 +174,7 @@ def test_workflow_verifies_before_it_answers() -> None:
     assert hook["type"] == "n8n-nodes-base.webhook"
     assert hook["parameters"]["httpMethod"] == "POST"
     assert hook["parameters"]["responseMode"] == "responseNode"  # answer after verifying
-    assert hook["parameters"]["options"]["rawBody"] is True       # the exact bytes
+    assert hook["parameters"]["options"]["rawBody"] is True  # the exact bytes
     conn = wf["connections"]
     nexts = {name: [t["node"] for branch in c["main"] for t in branch] for name, c in conn.items()}
     assert nexts["Dispatch webhook"] == ["Verify signature"]
@@ -153,8 +191,13 @@ def test_workflow_verifies_before_it_answers() -> None:
     while name in nexts:
         (name,) = nexts[name]
         chain.append(name)
-    assert chain == ["Prepare for the human", "Notify approver (replace me)", "Human decision",
-                     "Build and sign decision", "POST decision to gate"]
+    assert chain == [
+        "Prepare for the human",
+        "Notify approver (replace me)",
+        "Human decision",
+        "Build and sign decision",
+        "POST decision to gate",
+    ]
     assert nodes["Human decision"]["type"] == "n8n-nodes-base.wait"
     assert nodes["Human decision"]["parameters"]["resume"] == "form"
 
@@ -162,12 +205,14 @@ def test_workflow_verifies_before_it_answers() -> None:
 def test_workflow_posts_the_signed_string_raw() -> None:
     post = _nodes()["POST decision to gate"]["parameters"]
     assert post["method"] == "POST" and post["url"] == "={{ $json.url }}"
-    assert post["contentType"] == "raw"           # never n8n's JSON re-encoding
-    assert post["body"] == "={{ $json.body }}"    # the exact string that was signed
+    assert post["contentType"] == "raw"  # never n8n's JSON re-encoding
+    assert post["body"] == "={{ $json.body }}"  # the exact string that was signed
     assert post["rawContentType"].startswith("application/json")
     headers = {h["name"]: h["value"] for h in post["headerParameters"]["parameters"]}
-    assert headers == {"X-Hitl-Protocol": "hitl/v0",
-                       "X-Draftcat-Signature": "={{ $json.signature }}"}
+    assert headers == {
+        "X-Hitl-Protocol": "hitl/v0",
+        "X-Draftcat-Signature": "={{ $json.signature }}",
+    }
     assert os.access(PROVE, os.X_OK)
 
 
@@ -183,8 +228,7 @@ def test_verify_node_matches_the_signature_header_vectors() -> None:
     vectors = _header_vectors()
     cases = []
     for v in vectors:
-        raw = (bytes.fromhex(v["body_hex"]) if "body_hex" in v
-               else v["body_utf8"].encode("utf-8"))
+        raw = bytes.fromhex(v["body_hex"]) if "body_hex" in v else v["body_utf8"].encode("utf-8")
         headers = {} if v["header"] is None else {"X-Draftcat-Signature": v["header"]}
         env = {"HITL_RELAY_SECRET": v["secrets"][0]}
         if len(v["secrets"]) > 1:
@@ -199,7 +243,9 @@ def test_verify_node_matches_the_signature_header_vectors() -> None:
             assert answer["status"] != 401, (v["id"], answer)
         else:
             assert (answer["status"], answer["answer"]) == (
-                401, {"status": "unauthorized", "reason": v["reason"]}), v["id"]
+                401,
+                {"status": "unauthorized", "reason": v["reason"]},
+            ), v["id"]
 
 
 @needs_node
@@ -214,30 +260,42 @@ def test_verify_node_accepts_a_gate_dispatch_and_refuses_the_rest() -> None:
         _verify_case(raw, headers),
         _verify_case(raw, headers, now_s=NOW + 300),
         _verify_case(stale_raw, stale_headers),
-        _verify_case(raw + b"\n", headers),                                   # bytes changed
+        _verify_case(raw + b"\n", headers),  # bytes changed
         _verify_case(raw, {**headers, "X-Draftcat-Signature": signing.sign("other", NOW, raw)}),
-        _verify_case(raw, headers, env={}),                                  # no secret set
-        _verify_case(raw, headers, env={"HITL_RELAY_SECRET": "new",          # rotation
-                                        "HITL_RELAY_SECRET_PREVIOUS": SECRET}),
+        _verify_case(raw, headers, env={}),  # no secret set
+        _verify_case(
+            raw,
+            headers,
+            env={
+                "HITL_RELAY_SECRET": "new",  # rotation
+                "HITL_RELAY_SECRET_PREVIOUS": SECRET,
+            },
+        ),
         _verify_case(hash_raw, hash_headers),
         _verify_case(big_raw, big_headers),
         _verify_case(bom, {**headers, "X-Draftcat-Signature": signing.sign(SECRET, NOW, bom)}),
         _verify_case(raw, {**headers, "X-Hitl-Protocol": "hitl/v1"}),
         # lenient parse like the gate's; the HMAC covers t exactly as sent (leading zeros)
-        _verify_case(raw, {**headers, "X-Draftcat-Signature":
-                           f" v1 = {signing.compute(SECRET, f'00{NOW}', raw)} , t = 00{NOW} "}),
+        _verify_case(
+            raw,
+            {
+                **headers,
+                "X-Draftcat-Signature": f" v1 = {signing.compute(SECRET, f'00{NOW}', raw)} , t = 00{NOW} ",
+            },
+        ),
     ]
     results = [out["result"][0]["json"] for out in _run_code("Verify signature", cases)]
     ok = results[0]
     assert ok["ok"] is True and ok["status"] == 202
-    assert ok["dispatch"] == json.loads(raw)          # nothing lost or changed by parsing
-    assert ok["dispatch"]["draft"]["body"] == DRAFT   # CR LF, non-ASCII, trailing newlines
-    assert results[1]["ok"] is True                    # window is inclusive
-    assert results[9]["ok"] is True                    # UTF-8 BOM tolerated
+    assert ok["dispatch"] == json.loads(raw)  # nothing lost or changed by parsing
+    assert ok["dispatch"]["draft"]["body"] == DRAFT  # CR LF, non-ASCII, trailing newlines
+    assert results[1]["ok"] is True  # window is inclusive
+    assert results[9]["ok"] is True  # UTF-8 BOM tolerated
     assert results[6]["ok"] is True
     assert results[11]["ok"] is True
-    refused = {i: (r["status"], r["answer"]["reason"]) for i, r in enumerate(results)
-               if not r["ok"]}
+    refused = {
+        i: (r["status"], r["answer"]["reason"]) for i, r in enumerate(results) if not r["ok"]
+    }
     assert refused == {
         2: (401, "timestamp_out_of_window"),
         3: (401, "signature_mismatch"),
@@ -253,24 +311,29 @@ def test_verify_node_accepts_a_gate_dispatch_and_refuses_the_rest() -> None:
 
 
 def _verified(envelope: dict[str, Any]) -> dict[str, Any]:
-    return {"json": {"ok": True, "status": 202, "answer": {"status": "accepted"},
-                     "dispatch": envelope}}
+    return {
+        "json": {"ok": True, "status": 202, "answer": {"status": "accepted"}, "dispatch": envelope}
+    }
 
 
 @needs_node
 def test_prepare_node_checks_the_approver_and_escapes_the_draft() -> None:
     refs = {"Verify signature": _verified(_dispatch())}
     base = {"item": {"json": {}}, "refs": refs, "now_ms": NOW * 1000}
-    outs = _run_code("Prepare for the human", [
-        {**base, "env": {"HITL_APPROVER_ID": "  ALICE@example.com"}},
-        {**base, "env": {"HITL_APPROVER_ID": "mallory@example.com"}},
-        {**base, "env": {}},
-    ])
+    outs = _run_code(
+        "Prepare for the human",
+        [
+            {**base, "env": {"HITL_APPROVER_ID": "  ALICE@example.com"}},
+            {**base, "env": {"HITL_APPROVER_ID": "mallory@example.com"}},
+            {**base, "env": {}},
+        ],
+    )
     (shown,) = outs[0]["result"]
     assert shown["json"]["draft_body"] == DRAFT
     assert shown["json"]["draft_html"] == (
         "<pre>Grüße, Zoë · 1.240,00 € · ✅\r\nline two &lt;b&gt;&amp;amp;&lt;/b&gt; "
-        "&quot;quoted&quot;\n\n</pre>")
+        "&quot;quoted&quot;\n\n</pre>"
+    )
     assert "mallory@example.com is not among" in outs[1]["error"]
     assert "HITL_APPROVER_ID" in outs[2]["error"]
 
@@ -279,22 +342,28 @@ def test_prepare_node_checks_the_approver_and_escapes_the_draft() -> None:
 def test_build_node_signs_exactly_the_bytes_it_sends() -> None:
     envelope = _dispatch()
     refs = {"Verify signature": _verified(envelope)}
-    env = {"HITL_RELAY_SECRET": SECRET, "HITL_APPROVER_ID": APPROVER,
-           "HITL_APPROVER_DISPLAY": "Alïce"}
+    env = {
+        "HITL_RELAY_SECRET": SECRET,
+        "HITL_APPROVER_ID": APPROVER,
+        "HITL_APPROVER_DISPLAY": "Alïce",
+    }
     now_ms = NOW * 1000 + 789
 
     def case(human: dict[str, Any]) -> dict[str, Any]:
         return {"item": {"json": human}, "refs": refs, "env": env, "now_ms": now_ms}
 
     edited = "Grüße — edited\r\n"
-    outs = _run_code("Build and sign decision", [
-        case({"Decision": "approve", "Adjusted text": None}),
-        case({"Decision": "adjust", "Adjusted text": edited}),
-        case({"Decision": "Skip "}),
-        case({}),                                          # the wait ran out: no decision
-        case({"Decision": "adjust", "Adjusted text": "  "}),
-        case({"Decision": "timeout"}),
-    ])
+    outs = _run_code(
+        "Build and sign decision",
+        [
+            case({"Decision": "approve", "Adjusted text": None}),
+            case({"Decision": "adjust", "Adjusted text": edited}),
+            case({"Decision": "Skip "}),
+            case({}),  # the wait ran out: no decision
+            case({"Decision": "adjust", "Adjusted text": "  "}),
+            case({"Decision": "timeout"}),
+        ],
+    )
     decisions = []
     for out in outs[:3]:
         (item,) = out["result"]
@@ -302,7 +371,7 @@ def test_build_node_signs_exactly_the_bytes_it_sends() -> None:
         assert sent["url"] == envelope["callback"]["url"]
         body = sent["body"].encode("utf-8")
         parsed = signing.verify(sent["signature"], body, [SECRET], now=NOW, max_skew=300)
-        assert parsed.t == NOW                             # seconds, not milliseconds
+        assert parsed.t == NOW  # seconds, not milliseconds
         decision = parse_decision(body)
         assert decision.approval_id == envelope["approval_id"]
         assert decision.nonce == envelope["callback"]["nonce"]
@@ -322,15 +391,19 @@ def test_build_node_signs_exactly_the_bytes_it_sends() -> None:
 
 def _n8n_installed() -> bool:
     return (CACHE / f".installed-n8n-{N8N_VERSION}").is_file() and (
-        CACHE / "node_modules" / ".bin" / "n8n").exists()
+        CACHE / "node_modules" / ".bin" / "n8n"
+    ).exists()
 
 
 _CACHE_SHOWN = CACHE.relative_to(ROOT) if CACHE.is_relative_to(ROOT) else CACHE
 needs_n8n = pytest.mark.skipif(
     not (os.environ.get("HITL_TEST_N8N") == "1" or _n8n_installed()),
-    reason=("n8n relay proof not enabled: set HITL_TEST_N8N=1 (the first run installs "
-            f"n8n@{N8N_VERSION} from npm into {_CACHE_SHOWN}, 6-7 min and 1.3 GB; later runs "
-            "reuse it: 25-45 s per case)"))
+    reason=(
+        "n8n relay proof not enabled: set HITL_TEST_N8N=1 (the first run installs "
+        f"n8n@{N8N_VERSION} from npm into {_CACHE_SHOWN}, 6-7 min and 1.3 GB; later runs "
+        "reuse it: 25-45 s per case)"
+    ),
+)
 
 
 @needs_n8n
@@ -340,8 +413,14 @@ def test_n8n_workflow_passes_hitl_gate_verify(human: str) -> None:
     gate_bin = os.environ.get("HITL_GATE_BIN") or str(Path(sys.executable).parent / "hitl-gate")
     env = {**os.environ, "HITL_GATE_BIN": gate_bin, "HITL_N8N_HUMAN": human}
     started = time.monotonic()
-    proc = subprocess.run(["bash", str(PROVE), "--json"], capture_output=True, text=True,
-                          env=env, timeout=1700, check=False)
+    proc = subprocess.run(
+        ["bash", str(PROVE), "--json"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=1700,
+        check=False,
+    )
     elapsed = time.monotonic() - started
     print(proc.stderr, file=sys.stderr)
     print(f"prove.sh ({human}) took {elapsed:.1f} s", file=sys.stderr)
@@ -350,7 +429,13 @@ def test_n8n_workflow_passes_hitl_gate_verify(human: str) -> None:
     failed = [c for c in report["checks"] if not c["ok"]]
     assert report["ok"] is True and not failed, failed
     names = [c["name"] for c in report["checks"]]
-    assert {"relay.ack", "relay.decision_signed", "relay.decision_accepted",
-            "relay.refuses_bad_signature", "relay.refuses_stale_timestamp",
-            "gate.replay_refused", "gate.mutated_hash_refused",
-            "gate.out_of_scope_refused"} <= set(names)
+    assert {
+        "relay.ack",
+        "relay.decision_signed",
+        "relay.decision_accepted",
+        "relay.refuses_bad_signature",
+        "relay.refuses_stale_timestamp",
+        "gate.replay_refused",
+        "gate.mutated_hash_refused",
+        "gate.out_of_scope_refused",
+    } <= set(names)

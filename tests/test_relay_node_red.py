@@ -21,18 +21,31 @@ ROOT = Path(__file__).resolve().parent.parent
 RELAY_DIR = ROOT / "conformance" / "relays" / "node-red"
 PROVE = RELAY_DIR / "prove.sh"
 FLOW = RELAY_DIR / "flow.json"
-SIGNATURE_CHECK = ("const refusal = checkSignature(header, raw, secrets, Date.now() / 1000);"
-                   " // hitl:signature-check")
-CHECKS = ("relay.ack", "relay.decision_received", "relay.decision_signed",
-          "relay.decision_in_window", "relay.nonce", "relay.payload_hash_echo",
-          "relay.approver_in_scope", "relay.decision_accepted", "relay.refuses_bad_signature",
-          "relay.refuses_stale_timestamp", "gate.replay_refused", "gate.mutated_hash_refused",
-          "gate.out_of_scope_refused")
+SIGNATURE_CHECK = (
+    "const refusal = checkSignature(header, raw, secrets, Date.now() / 1000);"
+    " // hitl:signature-check"
+)
+CHECKS = (
+    "relay.ack",
+    "relay.decision_received",
+    "relay.decision_signed",
+    "relay.decision_in_window",
+    "relay.nonce",
+    "relay.payload_hash_echo",
+    "relay.approver_in_scope",
+    "relay.decision_accepted",
+    "relay.refuses_bad_signature",
+    "relay.refuses_stale_timestamp",
+    "gate.replay_refused",
+    "gate.mutated_hash_refused",
+    "gate.out_of_scope_refused",
+)
 LINE = re.compile(r"^(PASS|FAIL)  (\S+)", re.MULTILINE)
 
 needs_node = pytest.mark.skipif(
     shutil.which("node") is None or shutil.which("npm") is None,
-    reason="node and npm are needed to install and run Node-RED (CI has them)")
+    reason="node and npm are needed to install and run Node-RED (CI has them)",
+)
 
 
 def _gate_bin() -> str:
@@ -45,9 +58,16 @@ def _prove(flow: Path | None = None, timeout_s: float = 540) -> tuple[int, str, 
     env = {**os.environ, "HITL_GATE_BIN": _gate_bin(), "HITL_VERIFY_TIMEOUT": "30"}
     if flow is not None:
         env["HITL_FLOW_FILE"] = str(flow)
-    proc = subprocess.run(["bash", str(PROVE)], env=env, stdin=subprocess.DEVNULL,
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                          timeout=timeout_s, check=False)
+    proc = subprocess.run(
+        ["bash", str(PROVE)],
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=timeout_s,
+        check=False,
+    )
     results = {name: verdict for verdict, name in LINE.findall(proc.stdout)}
     return proc.returncode, proc.stdout, results
 
@@ -88,7 +108,8 @@ def test_node_red_relay_without_signature_check_fails_verify(tmp_path: Path) -> 
     (verify_node,) = [n for n in flow if n.get("name") == "verify dispatch signature"]
     assert verify_node["func"].count(SIGNATURE_CHECK) == 1
     verify_node["func"] = verify_node["func"].replace(
-        SIGNATURE_CHECK, "const refusal = null; // signature check disabled by the test")
+        SIGNATURE_CHECK, "const refusal = null; // signature check disabled by the test"
+    )
     broken = tmp_path / "flow-without-signature-check.json"
     broken.write_text(json.dumps(flow), encoding="utf-8")
 

@@ -40,8 +40,10 @@ DEADLINE_S = 30.0
 
 def _needs(*tools: str) -> pytest.MarkDecorator:
     missing = [tool for tool in tools if shutil.which(tool) is None]
-    return pytest.mark.skipif(bool(missing), reason=f"shell relay needs {', '.join(missing)} "
-                              "(apt-get install socat jq curl openssl)")
+    return pytest.mark.skipif(
+        bool(missing),
+        reason=f"shell relay needs {', '.join(missing)} (apt-get install socat jq curl openssl)",
+    )
 
 
 needs_handler = _needs("sh", "jq", "curl", "openssl")
@@ -50,8 +52,12 @@ needs_listener = _needs("sh", "socat", "jq", "curl", "openssl")
 
 def _env(tmp_path: Path, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RELAY_", "HITL_"))}
-    env.update(HITL_RELAY_SECRET=SECRET, RELAY_APPROVER=APPROVER,
-               RELAY_STATE=str(tmp_path / "state"), TMPDIR=str(tmp_path))
+    env.update(
+        HITL_RELAY_SECRET=SECRET,
+        RELAY_APPROVER=APPROVER,
+        RELAY_STATE=str(tmp_path / "state"),
+        TMPDIR=str(tmp_path),
+    )
     env.update(extra)
     return env
 
@@ -66,8 +72,12 @@ class ShellRelay:
         with self.log_path.open("wb") as log:
             self.proc = subprocess.Popen(
                 ["sh", str(RELAY_SH), "serve", f"127.0.0.1:{self.port}"],
-                env=_env(tmp_path, **env), stdin=subprocess.DEVNULL, stdout=log,
-                stderr=subprocess.STDOUT, start_new_session=True)
+                env=_env(tmp_path, **env),
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
 
     def wait_ready(self) -> None:
         deadline = time.monotonic() + DEADLINE_S
@@ -104,14 +114,33 @@ def shell_relay(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Shel
 
 
 @needs_listener
-@pytest.mark.parametrize("shell_relay", ["approve", "adjust:Grüße — edited by sh ✅"],
-                         indirect=True)
+@pytest.mark.parametrize(
+    "shell_relay", ["approve", "adjust:Grüße — edited by sh ✅"], indirect=True
+)
 def test_shell_relay_passes_verify(shell_relay: ShellRelay) -> None:
     env = {**os.environ, "HITL_RELAY_SECRET": SECRET}
     proc = subprocess.run(
-        [sys.executable, "-m", "gate", "verify", shell_relay.url, "--secret-env",
-         "HITL_RELAY_SECRET", "--approver", APPROVER, "--timeout", "30", "--json"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=100, check=False)
+        [
+            sys.executable,
+            "-m",
+            "gate",
+            "verify",
+            shell_relay.url,
+            "--secret-env",
+            "HITL_RELAY_SECRET",
+            "--approver",
+            APPROVER,
+            "--timeout",
+            "30",
+            "--json",
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=100,
+        check=False,
+    )
     context = f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}\nrelay log:\n{shell_relay.log()}"
     assert proc.returncode == 0, context
     report = json.loads(proc.stdout)
@@ -119,12 +148,18 @@ def test_shell_relay_passes_verify(shell_relay: ShellRelay) -> None:
     failed = [c for c in report["checks"] if not c["ok"]]
     assert failed == [], context
     names = {c["name"] for c in report["checks"]}
-    assert {"relay.ack", "relay.decision_signed", "relay.payload_hash_echo",
-            "relay.refuses_bad_signature", "relay.refuses_stale_timestamp",
-            "gate.replay_refused"} <= names
+    assert {
+        "relay.ack",
+        "relay.decision_signed",
+        "relay.payload_hash_echo",
+        "relay.refuses_bad_signature",
+        "relay.refuses_stale_timestamp",
+        "gate.replay_refused",
+    } <= names
 
 
 # --- the per-connection handler alone (stdin -> stdout), no socat --------------------------
+
 
 class CallbackServer(ThreadingHTTPServer):
     """Stands in for the gate's decision endpoint: records each POST, answers 200."""
@@ -166,14 +201,23 @@ def callback() -> Iterator[CallbackServer]:
 
 
 def _dispatch(callback_url: str, body: str = "Hi Anna — ✅\r\n") -> bytes:
-    return json.dumps({
-        "protocol": "hitl/v0", "approval_id": "01TESTSHELLRELAY0000000000", "run_id": "r",
-        "pipeline": "p", "step": "s", "risk": "low", "approvers": [APPROVER],
-        "quorum": {"required": 1, "collected": 0},
-        "payload_hash": "sha256:" + hashlib.sha256(body.encode("utf-8")).hexdigest(),
-        "draft": {"content_type": "text/plain", "body": body},
-        "callback": {"url": callback_url, "nonce": secrets.token_hex(16)}, "revision": 1,
-    }, ensure_ascii=False).encode("utf-8")
+    return json.dumps(
+        {
+            "protocol": "hitl/v0",
+            "approval_id": "01TESTSHELLRELAY0000000000",
+            "run_id": "r",
+            "pipeline": "p",
+            "step": "s",
+            "risk": "low",
+            "approvers": [APPROVER],
+            "quorum": {"required": 1, "collected": 0},
+            "payload_hash": "sha256:" + hashlib.sha256(body.encode("utf-8")).hexdigest(),
+            "draft": {"content_type": "text/plain", "body": body},
+            "callback": {"url": callback_url, "nonce": secrets.token_hex(16)},
+            "revision": 1,
+        },
+        ensure_ascii=False,
+    ).encode("utf-8")
 
 
 def _handle(tmp_path: Path, body: bytes, signature: str | None) -> tuple[int, dict[str, Any]]:
@@ -181,9 +225,15 @@ def _handle(tmp_path: Path, body: bytes, signature: str | None) -> tuple[int, di
     if signature is not None:
         head += f"X-Draftcat-Signature: {signature}\r\n"
     with (tmp_path / "handler.log").open("ab") as log:  # not a pipe: the background job keeps it
-        proc = subprocess.run(["sh", str(RELAY_SH)], input=head.encode() + b"\r\n" + body,
-                              stdout=subprocess.PIPE, stderr=log, env=_env(tmp_path),
-                              timeout=DEADLINE_S, check=False)
+        proc = subprocess.run(
+            ["sh", str(RELAY_SH)],
+            input=head.encode() + b"\r\n" + body,
+            stdout=subprocess.PIPE,
+            stderr=log,
+            env=_env(tmp_path),
+            timeout=DEADLINE_S,
+            check=False,
+        )
     status_line, _, rest = proc.stdout.partition(b"\r\n")
     return int(status_line.split()[1]), json.loads(rest.partition(b"\r\n\r\n")[2])
 
@@ -193,15 +243,25 @@ def test_handler_refuses_unsigned_stale_forged_and_oversized(tmp_path: Path) -> 
     body = _dispatch("http://127.0.0.1:9/never")
     now = int(time.time())
     assert _handle(tmp_path, body, None) == (
-        401, {"status": "unauthorized", "reason": "signature_missing"})
+        401,
+        {"status": "unauthorized", "reason": "signature_missing"},
+    )
     assert _handle(tmp_path, body, f"t={now}") == (
-        401, {"status": "unauthorized", "reason": "signature_malformed"})
+        401,
+        {"status": "unauthorized", "reason": "signature_malformed"},
+    )
     assert _handle(tmp_path, body, signing.sign(SECRET, now - 301, body)) == (
-        401, {"status": "unauthorized", "reason": "timestamp_out_of_window"})
+        401,
+        {"status": "unauthorized", "reason": "timestamp_out_of_window"},
+    )
     assert _handle(tmp_path, body, signing.sign(SECRET, now * 1000, body)) == (
-        401, {"status": "unauthorized", "reason": "timestamp_out_of_window"})
+        401,
+        {"status": "unauthorized", "reason": "timestamp_out_of_window"},
+    )
     assert _handle(tmp_path, body, signing.sign("another-secret", now, body)) == (
-        401, {"status": "unauthorized", "reason": "signature_mismatch"})
+        401,
+        {"status": "unauthorized", "reason": "signature_mismatch"},
+    )
     big = b" " * (64 * 1024 + 1)
     assert _handle(tmp_path, big, signing.sign(SECRET, now, big))[0] == 413
     lying = json.loads(body)
@@ -213,7 +273,8 @@ def test_handler_refuses_unsigned_stale_forged_and_oversized(tmp_path: Path) -> 
 
 @needs_handler
 def test_handler_accepts_rotated_secret_and_posts_a_signed_decision(
-        tmp_path: Path, callback: CallbackServer) -> None:
+    tmp_path: Path, callback: CallbackServer
+) -> None:
     url = f"http://127.0.0.1:{callback.server_address[1]}/hitl/v0/decisions"
     body = _dispatch(url)
     now = int(time.time())
@@ -239,7 +300,8 @@ def test_handler_accepts_rotated_secret_and_posts_a_signed_decision(
 
 @needs_handler
 def test_b02_08_handler_skips_a_malformed_v1_like_the_gate(
-        tmp_path: Path, callback: CallbackServer) -> None:
+    tmp_path: Path, callback: CallbackServer
+) -> None:
     """Item 8 of issue 12 (conformance/vectors/signature_header.json, the *_v1_* cases): a v1
     that is not 64 hex digits is skipped when another is well formed; with none well formed
     the header is signature_malformed (the template answered signature_mismatch)."""
@@ -249,10 +311,14 @@ def test_b02_08_handler_skips_a_malformed_v1_like_the_gate(
     good = signing.compute(SECRET, now, body)
     wrong = signing.compute("another-secret", now, body)
     assert _handle(tmp_path, body, f"t={now},v1={good[:-1]},v1={wrong}") == (
-        401, {"status": "unauthorized", "reason": "signature_mismatch"})
+        401,
+        {"status": "unauthorized", "reason": "signature_mismatch"},
+    )
     for junk in (good[:-1], "z" * 64, good + "0", ""):
         assert _handle(tmp_path, body, f"t={now},v1={junk},v1={junk}") == (
-            401, {"status": "unauthorized", "reason": "signature_malformed"}), junk
+            401,
+            {"status": "unauthorized", "reason": "signature_malformed"},
+        ), junk
     assert _handle(tmp_path, body, f"t={now},v1=zz,v1={good}") == (202, {"status": "accepted"})
     assert callback.arrived.wait(DEADLINE_S), (tmp_path / "handler.log").read_text()
 
@@ -268,8 +334,10 @@ def _ask_on_a_terminal(tmp_path: Path, callback: CallbackServer, draft: str) -> 
 
     url = f"http://127.0.0.1:{callback.server_address[1]}/hitl/v0/decisions"
     body = _dispatch(url, draft)
-    head = (f"POST / HTTP/1.1\r\nHost: relay\r\nContent-Length: {len(body)}\r\n"
-            f"X-Draftcat-Signature: {signing.sign(SECRET, int(time.time()), body)}\r\n\r\n")
+    head = (
+        f"POST / HTTP/1.1\r\nHost: relay\r\nContent-Length: {len(body)}\r\n"
+        f"X-Draftcat-Signature: {signing.sign(SECRET, int(time.time()), body)}\r\n\r\n"
+    )
     master, slave = pty.openpty()
 
     def controlling_terminal() -> None:
@@ -284,10 +352,15 @@ def _ask_on_a_terminal(tmp_path: Path, callback: CallbackServer, draft: str) -> 
     wrapper = 'sh "$1"; exec sleep 120 >/dev/null'
     try:
         with (tmp_path / "handler.log").open("ab") as log:
-            proc = subprocess.Popen(["sh", "-c", wrapper, "wrapper", str(RELAY_SH)],
-                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
-                                    env=_env(tmp_path, RELAY_AUTO="ask"), pass_fds=(slave,),
-                                    preexec_fn=controlling_terminal)  # noqa: PLW1509
+            proc = subprocess.Popen(
+                ["sh", "-c", wrapper, "wrapper", str(RELAY_SH)],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=log,
+                env=_env(tmp_path, RELAY_AUTO="ask"),
+                pass_fds=(slave,),
+                preexec_fn=controlling_terminal,
+            )  # noqa: PLW1509
         assert proc.stdin is not None and proc.stdout is not None
         proc.stdin.write(head.encode() + body)
         proc.stdin.close()
@@ -314,16 +387,21 @@ def _ask_on_a_terminal(tmp_path: Path, callback: CallbackServer, draft: str) -> 
 
 @needs_handler
 def test_ask_mode_shows_control_and_invisible_characters_of_a_draft(
-        tmp_path: Path, callback: CallbackServer) -> None:
+    tmp_path: Path, callback: CallbackServer
+) -> None:
     """Security review: ``ask`` printed the draft raw on the terminal, so ``"...ATTACKER\\r
     \\x1b[2K..."`` showed only its harmless second half. It now shows every control, format
     (bidi, zero-width) and line-separator character as ``<U+XXXX>``, with a warning. The
     handler runs with a pseudo-terminal as its controlling terminal (its /dev/tty)."""
-    draft = ("Transfer 12000 EUR to ATTACKER\r\x1b[2KTransfer 12 EUR to ACME\n"
-             "tab\tkept \u202eevil\u202c zero\u200bwidth \u2028 end\n")
+    draft = (
+        "Transfer 12000 EUR to ATTACKER\r\x1b[2KTransfer 12 EUR to ACME\n"
+        "tab\tkept \u202eevil\u202c zero\u200bwidth \u2028 end\n"
+    )
     text = _ask_on_a_terminal(tmp_path, callback, draft)
-    assert ("Transfer 12000 EUR to ATTACKER<U+000D><U+001B>[2KTransfer 12 EUR to ACME\n"
-            "tab\tkept <U+202E>evil<U+202C> zero<U+200B>width <U+2028> end\n") in text, text
+    assert (
+        "Transfer 12000 EUR to ATTACKER<U+000D><U+001B>[2KTransfer 12 EUR to ACME\n"
+        "tab\tkept <U+202E>evil<U+202C> zero<U+200B>width <U+2028> end\n"
+    ) in text, text
     assert "warning: the draft holds 6 control or invisible characters" in text, text
     for raw in ("\x1b", "\u202e", "\u200b", "\u2028"):
         assert raw not in text, repr(raw)
@@ -332,12 +410,17 @@ def test_ask_mode_shows_control_and_invisible_characters_of_a_draft(
 
 
 @needs_handler
-@pytest.mark.parametrize(("draft", "said"), [
-    ("", "(the draft is empty)"),
-    (" \n\t\n  ", "(the draft is only whitespace, 6 characters)"),
-], ids=["empty", "whitespace"])
+@pytest.mark.parametrize(
+    ("draft", "said"),
+    [
+        ("", "(the draft is empty)"),
+        (" \n\t\n  ", "(the draft is only whitespace, 6 characters)"),
+    ],
+    ids=["empty", "whitespace"],
+)
 def test_b02_05_relay_shell_ask_says_when_the_draft_is_empty_or_whitespace(
-        tmp_path: Path, callback: CallbackServer, draft: str, said: str) -> None:
+    tmp_path: Path, callback: CallbackServer, draft: str, said: str
+) -> None:
     """Issue 12 item 5: ``ask`` showed an empty or whitespace-only draft as nothing between
     its two ``==`` lines; it says so in words where the draft would be."""
     text = _ask_on_a_terminal(tmp_path, callback, draft)
@@ -387,8 +470,12 @@ class PtyShellRelay(ShellRelay):
                 self.proc = subprocess.Popen(
                     ["sh", str(RELAY_SH), "serve", f"127.0.0.1:{self.port}"],
                     env=_env(tmp_path, RELAY_AUTO="ask", HITL_RELAY_SECRET=GATE_SECRET),
-                    stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                    pass_fds=(slave,), preexec_fn=controlling_terminal)  # noqa: PLW1509
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    pass_fds=(slave,),
+                    preexec_fn=controlling_terminal,
+                )  # noqa: PLW1509
         finally:
             os.close(slave)
         self._reader = threading.Thread(target=self._read_screen, daemon=True)
@@ -415,8 +502,9 @@ class PtyShellRelay(ShellRelay):
         """Type ``text`` on the terminal's keyboard (``\\n`` is Enter)."""
         os.write(self.master, text.encode("utf-8"))
 
-    def wait_screen(self, text: str, start: int = 0,
-                    undecided: Callable[[], None] | None = None) -> int:
+    def wait_screen(
+        self, text: str, start: int = 0, undecided: Callable[[], None] | None = None
+    ) -> int:
         """Wait until ``text`` shows at or after offset ``start``; return where it ends.
         ``undecided`` is called on every look and raises when a decision came too early."""
         deadline = time.monotonic() + DEADLINE_S
@@ -428,7 +516,8 @@ class PtyShellRelay(ShellRelay):
                 if undecided is not None:
                     undecided()
                 assert time.monotonic() < deadline and self.proc.poll() is None, (
-                    f"no {text!r} on the terminal; screen:\n{self.screen}\nlog:\n{self.log()}")
+                    f"no {text!r} on the terminal; screen:\n{self.screen}\nlog:\n{self.log()}"
+                )
                 self._cond.wait(0.2)
 
     def stop(self) -> None:
@@ -463,6 +552,7 @@ def _undecided(gate: GateProcess, approval_id: str) -> Callable[[], None]:
     def check() -> None:
         approval = gate.api().get(approval_id)
         assert approval["decisions"] == [], f"decided before the answer was typed: {approval}"
+
     return check
 
 
@@ -489,7 +579,9 @@ def test_b02_01_shell_keys_typed_before_the_prompt_are_discarded(asking) -> None
     relay.type("s\n")  # the answer, typed after the prompt: "s", not "strays"
     approval = api.wait_resolved(first)
     assert (approval["outcome"], _decisions(approval)) == (
-        "skipped", [("alice@example.com", "skip", 1)])
+        "skipped",
+        [("alice@example.com", "skip", 1)],
+    )
 
     relay.type("s\nstray")  # between two prompts: a stray key, then half a line
     mark = relay.wait_screen("s\nstray", end)
@@ -498,16 +590,24 @@ def test_b02_01_shell_keys_typed_before_the_prompt_are_discarded(asking) -> None
     relay.type("a\n")
     approval = api.wait_resolved(second)
     assert (approval["outcome"], _decisions(approval)) == (
-        "approved", [("alice@example.com", "approve", 1)])
+        "approved",
+        [("alice@example.com", "approve", 1)],
+    )
     assert "Not taken" not in relay.screen, relay.screen
 
 
 @needs_listener
-@pytest.mark.parametrize(("answer", "outcome", "verb"), [
-    ("  APPROVE \t", "approved", "approve"), ("S", "skipped", "skip"),
-], ids=["approve-word", "skip-key"])
+@pytest.mark.parametrize(
+    ("answer", "outcome", "verb"),
+    [
+        ("  APPROVE \t", "approved", "approve"),
+        ("S", "skipped", "skip"),
+    ],
+    ids=["approve-word", "skip-key"],
+)
 def test_b02_01_shell_only_a_choice_is_taken_and_abort_does_not_approve(
-        asking, answer: str, outcome: str, verb: str) -> None:
+    asking, answer: str, outcome: str, verb: str
+) -> None:
     """Issue 12 item 1, shell relay: ask matched ``a*``, so ``abort`` (or anything starting
     with ``a``) approved. Only ``a``/``approve``, ``s``/``skip``, ``e``/``edit``/``adjust``
     are taken (any case, trimmed); anything else gets a ``Not taken`` line and the prompt
@@ -523,33 +623,38 @@ def test_b02_01_shell_only_a_choice_is_taken_and_abort_does_not_approve(
     relay.type(answer + "\n")
     approval = gate.api().wait_resolved(approval_id)
     assert (approval["outcome"], _decisions(approval)) == (
-        outcome, [("alice@example.com", verb, 1)])
+        outcome,
+        [("alice@example.com", verb, 1)],
+    )
 
 
 @needs_listener
 @pytest.mark.parametrize(("risk", "word"), [("high", "approve"), ("critical", "Edit")])
-def test_b02_01_shell_high_risk_takes_the_whole_word_only(
-        asking, risk: str, word: str) -> None:
+def test_b02_01_shell_high_risk_takes_the_whole_word_only(asking, risk: str, word: str) -> None:
     """Issue 12 item 1, shell relay: at a risk other than low/normal one key must not decide;
     the prompt says to type the whole word, and ``a``, ``s``, ``e`` are refused with that
     hint. The whole word (any case) is taken; ``edit`` then asks for the new text."""
     relay, start_gate = asking
-    steps = [{"name": "pay", "quorum": 1, "approvers": [101, 102], "timeout": "1h",
-              "risk": risk}]
+    steps = [{"name": "pay", "quorum": 1, "approvers": [101, 102], "timeout": "1h", "risk": risk}]
     gate = start_gate(steps)
     approval_id = gate.api().create("pay", "Pay 12,000.00 EUR to ACME\n")["approval_id"]
     undecided = _undecided(gate, approval_id)
     mark = relay.wait_screen(_whole_word_prompt(risk), 0, undecided)
     for key in ("a", "s", "e", "appr"):
         relay.type(key + "\n")
-        mark = relay.wait_screen(_whole_word_hint(risk) + _whole_word_prompt(risk), mark,
-                                 undecided)
+        mark = relay.wait_screen(_whole_word_hint(risk) + _whole_word_prompt(risk), mark, undecided)
     relay.type(word + "\n")
     if word == "Edit":
         relay.wait_screen("Type the new text (one line): ", mark, undecided)
         relay.type("Pay 1,200.00 EUR to ACME\n")
     approval = gate.api().wait_resolved(approval_id)
-    expected = ("approved", "approve", "Pay 12,000.00 EUR to ACME\n") if word == "approve" \
+    expected = (
+        ("approved", "approve", "Pay 12,000.00 EUR to ACME\n")
+        if word == "approve"
         else ("adjusted", "adjust", "Pay 1,200.00 EUR to ACME\n")
+    )
     assert (approval["outcome"], _decisions(approval), approval["final_body"]) == (
-        expected[0], [("alice@example.com", expected[1], 1)], expected[2])
+        expected[0],
+        [("alice@example.com", expected[1], 1)],
+        expected[2],
+    )

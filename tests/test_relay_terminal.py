@@ -57,10 +57,24 @@ class PtyRelay:
     def __init__(self, *args: str, tty_stderr: bool = False) -> None:
         self.master, slave = os.openpty()
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "gate", "relay", "--listen", "127.0.0.1:0", "--secret-env",
-             "HITL_RELAY_SECRET", *args],
-            stdin=slave, stdout=slave, stderr=slave if tty_stderr else subprocess.PIPE,
-            env=gate_env(), cwd=ROOT, start_new_session=True)
+            [
+                sys.executable,
+                "-m",
+                "gate",
+                "relay",
+                "--listen",
+                "127.0.0.1:0",
+                "--secret-env",
+                "HITL_RELAY_SECRET",
+                *args,
+            ],
+            stdin=slave,
+            stdout=slave,
+            stderr=slave if tty_stderr else subprocess.PIPE,
+            env=gate_env(),
+            cwd=ROOT,
+            start_new_session=True,
+        )
         os.close(slave)
         self._raw = b""
         self.lines: list[str] = []
@@ -70,8 +84,11 @@ class PtyRelay:
             self._threads.append(threading.Thread(target=self._read_log, daemon=True))
         for thread in self._threads:
             thread.start()
-        self.url = (self.wait_screen(LISTENING) if tty_stderr else self.wait_log(
-            r"event=relay_listening url=(http://127\.0\.0\.1:\d+/)")).group(1)
+        self.url = (
+            self.wait_screen(LISTENING)
+            if tty_stderr
+            else self.wait_log(r"event=relay_listening url=(http://127\.0\.0\.1:\d+/)")
+        ).group(1)
 
     def _read_screen(self) -> None:
         while True:
@@ -97,8 +114,9 @@ class PtyRelay:
         with self._cond:
             return self._raw.decode("utf-8", "replace").replace("\r\n", "\n")
 
-    def _wait(self, find: Callable[[], re.Match[str] | None], what: str,
-              timeout: float) -> re.Match[str]:
+    def _wait(
+        self, find: Callable[[], re.Match[str] | None], what: str, timeout: float
+    ) -> re.Match[str]:
         deadline = time.monotonic() + timeout
         with self._cond:
             while True:
@@ -107,22 +125,26 @@ class PtyRelay:
                     return found
                 remaining = deadline - time.monotonic()
                 if remaining <= 0 or self.proc.poll() is not None:
-                    raise AssertionError(f"no {what}; screen:\n{self.screen}\nlog:\n"
-                                         + "\n".join(self.lines))
+                    raise AssertionError(
+                        f"no {what}; screen:\n{self.screen}\nlog:\n" + "\n".join(self.lines)
+                    )
                 self._cond.wait(min(remaining, 0.2))
 
-    def wait_screen(self, pattern: str | re.Pattern[str], start: int = 0,
-                    timeout: float = DEADLINE_S) -> re.Match[str]:
+    def wait_screen(
+        self, pattern: str | re.Pattern[str], start: int = 0, timeout: float = DEADLINE_S
+    ) -> re.Match[str]:
         """Wait until ``pattern`` shows on the screen at or after offset ``start``."""
         regex = re.compile(pattern if isinstance(pattern, re.Pattern) else re.escape(pattern))
-        return self._wait(lambda: regex.search(self.screen, start), f"{regex.pattern!r}",
-                          timeout)
+        return self._wait(lambda: regex.search(self.screen, start), f"{regex.pattern!r}", timeout)
 
     def wait_log(self, pattern: str, timeout: float = DEADLINE_S) -> re.Match[str]:
         """Wait until a stderr line matches the regular expression ``pattern``."""
         regex = re.compile(pattern)
-        return self._wait(lambda: next(filter(None, map(regex.search, self.lines)), None),
-                          f"log line {pattern!r}", timeout)
+        return self._wait(
+            lambda: next(filter(None, map(regex.search, self.lines)), None),
+            f"log line {pattern!r}",
+            timeout,
+        )
 
     def log(self) -> str:
         with self._cond:
@@ -193,8 +215,15 @@ class Tap(ThreadingHTTPServer):
     def dispatch(self, approval_id: str, revision: int) -> dict[str, Any]:
         def find() -> dict[str, Any] | None:
             with self.cond:
-                return next((d for d in self.seen if d["approval_id"] == approval_id
-                             and d.get("revision") == revision), None)
+                return next(
+                    (
+                        d
+                        for d in self.seen
+                        if d["approval_id"] == approval_id and d.get("revision") == revision
+                    ),
+                    None,
+                )
+
         return wait_until(find, what=f"dispatch of {approval_id} revision {revision}")
 
 
@@ -203,8 +232,9 @@ class _Forward(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:  # noqa: N802
         raw = self.rfile.read(int(self.headers["Content-Length"]))
-        headers = {k: v for k, v in self.headers.items()
-                   if k.lower().startswith(("x-", "content-type"))}
+        headers = {
+            k: v for k, v in self.headers.items() if k.lower().startswith(("x-", "content-type"))
+        }
         status, _, answer = http_request(self.server.target, "POST", raw, headers)
         if 200 <= status < 300:
             with self.server.cond:
@@ -264,7 +294,9 @@ def test_b02_01_keys_typed_before_the_prompt_are_discarded(tmp_path, pty_relay, 
     relay.type("a\n")  # taken as "a", not as "straya"
     approval = resolved(gate, second)
     assert (approval["outcome"], decisions(approval)) == (
-        "approved", [("alice@example.com", "approve", 1)])
+        "approved",
+        [("alice@example.com", "approve", 1)],
+    )
     assert relay.stop() == 0
 
 
@@ -272,8 +304,7 @@ def test_b02_01_high_risk_takes_the_whole_word_only(tmp_path, pty_relay, gates):
     """Issue 12 item 1: on a ``risk: high`` step one key must not approve; the prompt says
     exactly what to type, and a single ``a`` is refused with that hint."""
     relay = pty_relay("--as", "alice@example.com")
-    steps = [{"name": "pay", "quorum": 1, "approvers": [101, 102], "timeout": "1h",
-              "risk": "high"}]
+    steps = [{"name": "pay", "quorum": 1, "approvers": [101, 102], "timeout": "1h", "risk": "high"}]
     gate = gates(write_config(tmp_path, relay.url, steps=steps))
     api = gate.api()
     approval_id = api.create("pay", "Pay 12,000.00 EUR to ACME\n")["approval_id"]
@@ -286,7 +317,9 @@ def test_b02_01_high_risk_takes_the_whole_word_only(tmp_path, pty_relay, gates):
     relay.type("approve\n")
     approval = resolved(gate, approval_id)
     assert (approval["outcome"], decisions(approval)) == (
-        "approved", [("alice@example.com", "approve", 1)])
+        "approved",
+        [("alice@example.com", "approve", 1)],
+    )
     assert relay.stop() == 0
 
 
@@ -294,12 +327,21 @@ def test_b02_01_piped_stdin_is_a_script_answered_in_order(tmp_path, clis, gates)
     """Issue 12 item 1, the choice written down: stdin that is not a terminal is a script.
     Its lines answer the prompts in order, however early they were written (nothing is
     discarded), with the same words as a terminal (a risk high step needs ``approve``)."""
-    relay = clis("relay", "--listen", "127.0.0.1:0", "--secret-env", "HITL_RELAY_SECRET",
-                 "--as", "alice@example.com", stdin=b"s\na\napprove\n")
+    relay = clis(
+        "relay",
+        "--listen",
+        "127.0.0.1:0",
+        "--secret-env",
+        "HITL_RELAY_SECRET",
+        "--as",
+        "alice@example.com",
+        stdin=b"s\na\napprove\n",
+    )
     url = relay.wait_for_line(r"event=relay_listening url=(http://127\.0\.0\.1:\d+/)").group(1)
-    steps = [{"name": "q1", "quorum": 1, "approvers": [101, 102], "timeout": "1h"},
-             {"name": "pay", "quorum": 1, "approvers": [101, 102], "timeout": "1h",
-              "risk": "high"}]
+    steps = [
+        {"name": "q1", "quorum": 1, "approvers": [101, 102], "timeout": "1h"},
+        {"name": "pay", "quorum": 1, "approvers": [101, 102], "timeout": "1h", "risk": "high"},
+    ]
     gate = gates(write_config(tmp_path, url, steps=steps))
     api = gate.api()
     first = api.create("q1", "Eins")["approval_id"]
@@ -307,7 +349,9 @@ def test_b02_01_piped_stdin_is_a_script_answered_in_order(tmp_path, clis, gates)
     second = api.create("pay", "Zwei")["approval_id"]
     approval = resolved(gate, second)
     assert (approval["outcome"], decisions(approval)) == (
-        "approved", [("alice@example.com", "approve", 1)])
+        "approved",
+        [("alice@example.com", "approve", 1)],
+    )
     assert relay.stop() == 0
     assert "Not taken: at risk high type the whole word" in relay.stdout.decode()
 
@@ -331,19 +375,24 @@ def test_b02_02_own_edit_is_not_asked_about_again(tmp_path, pty_relay, gates):
     mark = relay.wait_screen(ONE_KEY_PROMPT, bobs.end()).end()
     relay.type("a\n")
     approval = resolved(gate, approval_id)
-    assert (approval["outcome"], decisions(approval)) == ("adjusted", [
-        ("alice@example.com", "adjust", 1), ("bob@example.com", "approve", 2)])
+    assert (approval["outcome"], decisions(approval)) == (
+        "adjusted",
+        [("alice@example.com", "adjust", 1), ("bob@example.com", "approve", 2)],
+    )
     relay.wait_screen("Recorded: the approval is resolved adjusted.", mark)
     assert relay.stop() == 0
     screen = relay.screen
     assert prompts(screen) == [("1", "alice@example.com"), ("2", "bob@example.com")], screen
-    assert (f"Approval {approval_id} revision 2: not asking alice@example.com, whose "
-            "decision on it is recorded") in screen, screen
+    assert (
+        f"Approval {approval_id} revision 2: not asking alice@example.com, whose "
+        "decision on it is recorded"
+    ) in screen, screen
     assert "answer=409" not in relay.log(), relay.log()
 
 
 def test_b02_02_prompt_on_screen_is_withdrawn_when_a_newer_revision_arrives(
-        tmp_path, pty_relay, gates):
+    tmp_path, pty_relay, gates
+):
     """Issue 12 item 2: bob's prompt about revision 1 stayed on screen after carol's edit
     (elsewhere) made revision 2, waiting for a key the gate would refuse (409 superseded).
     It is withdrawn with a line saying why, and bob is asked about revision 2."""
@@ -354,19 +403,24 @@ def test_b02_02_prompt_on_screen_is_withdrawn_when_a_newer_revision_arrives(
         approval_id = gate.api().create("q2", "Alter Text\n")["approval_id"]
         relay.wait_screen(ONE_KEY_PROMPT)
         first = tap.dispatch(approval_id, 1)
-        status, answer, _ = post_decision(gate.callback_url, decision_body(
-            first, "carol@example.com", "adjust", adjust_text="Carols Text\n"))
+        status, answer, _ = post_decision(
+            gate.callback_url,
+            decision_body(first, "carol@example.com", "adjust", adjust_text="Carols Text\n"),
+        )
         assert (status, answer) == (200, {"status": "recorded", "resolved": False})
-        relay.wait_screen(f"Approval {approval_id} revision 1 was superseded by revision 2; "
-                          "not asking again.")
+        relay.wait_screen(
+            f"Approval {approval_id} revision 1 was superseded by revision 2; not asking again."
+        )
         bobs = relay.wait_screen(re.compile(r"revision 2\n(.*) you are bob@example\.com\n"))
         assert bobs.group(1).startswith("approvals: 1 of 2 collected  expires "), bobs.group(0)
         body = relay.wait_screen("Carols Text", bobs.end())
         mark = relay.wait_screen(ONE_KEY_PROMPT, body.end()).end()
         relay.type("a\n")
         approval = resolved(gate, approval_id)
-        assert (approval["outcome"], decisions(approval)) == ("adjusted", [
-            ("carol@example.com", "adjust", 1), ("bob@example.com", "approve", 2)])
+        assert (approval["outcome"], decisions(approval)) == (
+            "adjusted",
+            [("carol@example.com", "adjust", 1), ("bob@example.com", "approve", 2)],
+        )
         relay.wait_screen("Recorded: the approval is resolved adjusted.", mark)
     finally:
         tap.shutdown()
@@ -386,8 +440,12 @@ def test_b02_02_prompt_on_screen_is_withdrawn_at_expiry(tmp_path, pty_relay, gat
     first = api.create("short", "Läuft ab")["approval_id"]  # times out after 3 s
     relay.wait_screen(ONE_KEY_PROMPT)
     second = api.create("q1", "Bleibt")["approval_id"]
-    relay.wait_screen(re.compile(rf"Approval {first} expired at \S+ while waiting for an "
-                                 r"answer; not asking any more\."))
+    relay.wait_screen(
+        re.compile(
+            rf"Approval {first} expired at \S+ while waiting for an "
+            r"answer; not asking any more\."
+        )
+    )
     mark = relay.wait_screen(ONE_KEY_PROMPT, relay.wait_screen("Bleibt").end()).end()
     relay.type("a\n")
     assert resolved(gate, second)["outcome"] == "approved"
@@ -400,18 +458,32 @@ def test_b02_02_prompt_on_screen_is_withdrawn_at_expiry(tmp_path, pty_relay, gat
 def test_b02_02_auto_relay_sends_nothing_the_gate_would_refuse(tmp_path, clis, gates):
     """Issue 12 item 2 with ``--auto``: after alice's automatic edit, bob's decision went to
     revision 1 (409 superseded) and alice's to revision 2 (409 duplicate)."""
-    relay = clis("relay", "--listen", "127.0.0.1:0", "--secret-env", "HITL_RELAY_SECRET",
-                 "--as", "alice@example.com", "--as", "bob@example.com", "--auto",
-                 "adjust:Neu\n")
+    relay = clis(
+        "relay",
+        "--listen",
+        "127.0.0.1:0",
+        "--secret-env",
+        "HITL_RELAY_SECRET",
+        "--as",
+        "alice@example.com",
+        "--as",
+        "bob@example.com",
+        "--auto",
+        "adjust:Neu\n",
+    )
     url = relay.wait_for_line(r"event=relay_listening url=(http://127\.0\.0\.1:\d+/)").group(1)
     gate = gates(write_config(tmp_path, url))
     approval_id = gate.api().create("q2", "Alt\n")["approval_id"]
     approval = resolved(gate, approval_id)
     assert (approval["outcome"], approval["final_body"]) == ("adjusted", "Neu\n")
-    assert decisions(approval) == [("alice@example.com", "adjust", 1),
-                                   ("bob@example.com", "adjust", 2)]
-    relay.wait_for_line(rf"event=decision_sent approval_id={approval_id} "
-                        r"approver=bob@example.com decision=adjust answer=200")
+    assert decisions(approval) == [
+        ("alice@example.com", "adjust", 1),
+        ("bob@example.com", "adjust", 2),
+    ]
+    relay.wait_for_line(
+        rf"event=decision_sent approval_id={approval_id} "
+        r"approver=bob@example.com decision=adjust answer=200"
+    )
     assert relay.stop() == 0
     assert "answer=409" not in relay.log(), relay.log()
 
@@ -434,20 +506,26 @@ def test_b02_12_relay_prompt_reads_in_words_and_holds_log_lines(tmp_path, pty_re
     approval_id = gate.api().create("q2", "Rechnung bezahlen\n", spend=120)["approval_id"]
     relay.wait_screen(ONE_KEY_PROMPT)
     raw = b'{"protocol":"hitl/v0"}'
-    status, _, _ = http_request(relay.url, "POST", raw,
-                                sign_headers(raw, secret="not-the-relay-secret"))
+    status, _, _ = http_request(
+        relay.url, "POST", raw, sign_headers(raw, secret="not-the-relay-secret")
+    )
     assert status == 401  # its WARNING was logged before this answer came
     relay.type("a\n")
     relay.wait_screen("Recorded; the quorum is not complete yet.")
     relay.wait_screen("event=dispatch_refused reason=signature_mismatch")
     assert relay.stop() == 0
     screen = relay.screen
-    block = screen[screen.index("=" * 72):screen.index(ONE_KEY_PROMPT) + len(ONE_KEY_PROMPT)]
-    assert re.search(r"\napprovals: 0 of 2 collected  expires \S+Z  you are "
-                     r"alice@example\.com\n", block), block
-    assert ("\nbudget: spend 120 EUR of 500 EUR left today (all pipelines: cap 500 EUR, "
-            "0 EUR spent)\nbudget: spend 120 EUR of 100 EUR left today, 20 EUR over the cap "
-            "(pipeline p: cap 100 EUR, 0 EUR spent)\n") in block, block
+    block = screen[screen.index("=" * 72) : screen.index(ONE_KEY_PROMPT) + len(ONE_KEY_PROMPT)]
+    assert re.search(
+        r"\napprovals: 0 of 2 collected  expires \S+Z  you are "
+        r"alice@example\.com\n",
+        block,
+    ), block
+    assert (
+        "\nbudget: spend 120 EUR of 500 EUR left today (all pipelines: cap 500 EUR, "
+        "0 EUR spent)\nbudget: spend 120 EUR of 100 EUR left today, 20 EUR over the cap "
+        "(pipeline p: cap 100 EUR, 0 EUR spent)\n"
+    ) in block, block
     assert "Rechnung bezahlen" in block and "event=" not in block, block
     assert " INFO " not in screen, screen
     after = screen.index(ONE_KEY_PROMPT) + len(ONE_KEY_PROMPT)
@@ -455,27 +533,71 @@ def test_b02_12_relay_prompt_reads_in_words_and_holds_log_lines(tmp_path, pty_re
     assert approval_id in screen
 
 
-@pytest.mark.parametrize(("budget", "lines"), [
-    ({"unit": "EUR", "spent_today": 4.12, "cap_today": 20.0, "spent_pipeline": 0.38,
-      "cap_pipeline": 2.0, "this_request": None},
-     ["budget: 15.88 EUR of 20 EUR left today, the request names no spend "
-      "(all pipelines: cap 20 EUR, 4.12 EUR spent)",
-      "budget: 1.62 EUR of 2 EUR left today, the request names no spend "
-      "(pipeline inv: cap 2 EUR, 0.38 EUR spent)"]),
-    ({"unit": "EUR", "spent_today": 380, "cap_today": 500, "spent_pipeline": 0,
-      "cap_pipeline": None, "this_request": 120},
-     ["budget: spend 120 EUR of 120 EUR left today (all pipelines: cap 500 EUR, "
-      "380 EUR spent)"]),
-    ({"unit": "USD", "spent_today": 0.1 + 0.2, "cap_today": None, "spent_pipeline": 0.3,
-      "cap_pipeline": 0.25, "this_request": 0.5},
-     ["budget: spend 0.5 USD of 0 USD left today, 0.5 USD over the cap (pipeline inv: "
-      "cap 0.25 USD, 0.3 USD spent)"]),
-    ({"unit": "EUR", "spent_today": 0, "cap_today": None, "spent_pipeline": 0,
-      "cap_pipeline": None, "this_request": 7},
-     ["budget: spend 7 EUR (no cap)"]),
-    ({"unit": "EUR\x1b[2K", "cap_today": "lots", "this_request": True},
-     ['budget: {"unit": "EUR\\u001b[2K", "cap_today": "lots", "this_request": true}']),
-], ids=["no-spend", "spend-fits", "over-already", "no-cap", "odd-types"])
+@pytest.mark.parametrize(
+    ("budget", "lines"),
+    [
+        (
+            {
+                "unit": "EUR",
+                "spent_today": 4.12,
+                "cap_today": 20.0,
+                "spent_pipeline": 0.38,
+                "cap_pipeline": 2.0,
+                "this_request": None,
+            },
+            [
+                "budget: 15.88 EUR of 20 EUR left today, the request names no spend "
+                "(all pipelines: cap 20 EUR, 4.12 EUR spent)",
+                "budget: 1.62 EUR of 2 EUR left today, the request names no spend "
+                "(pipeline inv: cap 2 EUR, 0.38 EUR spent)",
+            ],
+        ),
+        (
+            {
+                "unit": "EUR",
+                "spent_today": 380,
+                "cap_today": 500,
+                "spent_pipeline": 0,
+                "cap_pipeline": None,
+                "this_request": 120,
+            },
+            [
+                "budget: spend 120 EUR of 120 EUR left today (all pipelines: cap 500 EUR, "
+                "380 EUR spent)"
+            ],
+        ),
+        (
+            {
+                "unit": "USD",
+                "spent_today": 0.1 + 0.2,
+                "cap_today": None,
+                "spent_pipeline": 0.3,
+                "cap_pipeline": 0.25,
+                "this_request": 0.5,
+            },
+            [
+                "budget: spend 0.5 USD of 0 USD left today, 0.5 USD over the cap (pipeline inv: "
+                "cap 0.25 USD, 0.3 USD spent)"
+            ],
+        ),
+        (
+            {
+                "unit": "EUR",
+                "spent_today": 0,
+                "cap_today": None,
+                "spent_pipeline": 0,
+                "cap_pipeline": None,
+                "this_request": 7,
+            },
+            ["budget: spend 7 EUR (no cap)"],
+        ),
+        (
+            {"unit": "EUR\x1b[2K", "cap_today": "lots", "this_request": True},
+            ['budget: {"unit": "EUR\\u001b[2K", "cap_today": "lots", "this_request": true}'],
+        ),
+    ],
+    ids=["no-spend", "spend-fits", "over-already", "no-cap", "odd-types"],
+)
 def test_b02_12_relay_budget_in_words(budget, lines):
     """Issue 12 item 12: the dispatch's ``budget`` object (docs/protocol.md) in words."""
     assert budget_lines(budget, "inv") == lines
@@ -488,19 +610,35 @@ def signed_dispatch(body: str) -> tuple[bytes, dict[str, str]]:
     """A dispatch of ``body`` signed with the test secret, as the gate sends it."""
     now = int(time.time() * 1000)
     envelope = build_dispatch(
-        approval_id="01KDWZ8B00J3Q9V5X7Z2M4N6PR", run_id="run-1", pipeline="p", step="q1",
-        issued_at_ms=now, expires_at_ms=now + 3_600_000, risk="normal", quorum_required=1,
-        quorum_collected=0, approvers=["alice@example.com"], payload_hash=payload_hash(body),
-        content_type="text/plain", body=body, callback_url="http://127.0.0.1:9/hitl/v0/decisions",
-        nonce="b02n05" + "0" * 26, revision=1)
+        approval_id="01KDWZ8B00J3Q9V5X7Z2M4N6PR",
+        run_id="run-1",
+        pipeline="p",
+        step="q1",
+        issued_at_ms=now,
+        expires_at_ms=now + 3_600_000,
+        risk="normal",
+        quorum_required=1,
+        quorum_collected=0,
+        approvers=["alice@example.com"],
+        payload_hash=payload_hash(body),
+        content_type="text/plain",
+        body=body,
+        callback_url="http://127.0.0.1:9/hitl/v0/decisions",
+        nonce="b02n05" + "0" * 26,
+        revision=1,
+    )
     raw = wire_json(envelope)
     return raw, sign_headers(raw, SECRET)
 
 
-@pytest.mark.parametrize(("body", "said"), [
-    ("", "(the draft is empty)"),
-    (" \n\t\n  ", "(the draft is only whitespace, 6 characters: 3 spaces, 2 newlines, 1 tab)"),
-], ids=["empty", "whitespace"])
+@pytest.mark.parametrize(
+    ("body", "said"),
+    [
+        ("", "(the draft is empty)"),
+        (" \n\t\n  ", "(the draft is only whitespace, 6 characters: 3 spaces, 2 newlines, 1 tab)"),
+    ],
+    ids=["empty", "whitespace"],
+)
 def test_b02_05_relay_says_when_the_draft_is_empty_or_whitespace(pty_relay, body, said):
     """Issue 12 item 5: an empty or whitespace-only draft showed as nothing between two
     separator lines. The relay says so in words, where the draft would be."""

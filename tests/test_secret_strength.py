@@ -20,16 +20,19 @@ from gate.cli import main
 from tests.support import ENV, ROOT, CaptureRelay, GateProcess, gate_env, run_cli, write_config
 
 # (YAML path, variable) of every secret the test config names (tests.support.write_config)
-SECRETS = [("relay.secret_env", "HITL_RELAY_SECRET"),
-           ("relay.previous_secret_env", "HITL_RELAY_SECRET_OLD"),
-           ("api.token_env", "HITL_API_TOKEN"),
-           ("receipts.key_env", "HITL_RECEIPT_KEY")]
+SECRETS = [
+    ("relay.secret_env", "HITL_RELAY_SECRET"),
+    ("relay.previous_secret_env", "HITL_RELAY_SECRET_OLD"),
+    ("api.token_env", "HITL_API_TOKEN"),
+    ("receipts.key_env", "HITL_RECEIPT_KEY"),
+]
 FIX = "openssl rand -hex 32"
 
 
 def check_config(config: Path, **env: str) -> Result:
-    return CliRunner().invoke(main, ["check-config", "-c", str(config)],
-                              env={**gate_env(), **env}, catch_exceptions=False)
+    return CliRunner().invoke(
+        main, ["check-config", "-c", str(config)], env={**gate_env(), **env}, catch_exceptions=False
+    )
 
 
 def too_short(where: str, var: str, size: int) -> str:
@@ -52,7 +55,8 @@ def config(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.mark.parametrize(("where", "var"), SECRETS, ids=[w for w, _ in SECRETS])
 @pytest.mark.parametrize("value", ["x", "0123456789abcde"], ids=["1_byte", "15_bytes"])
 def test_b02_06_check_config_refuses_a_secret_shorter_than_16_bytes(
-        config: Path, where: str, var: str, value: str) -> None:
+    config: Path, where: str, var: str, value: str
+) -> None:
     result = check_config(config, **{var: value})
 
     assert result.exit_code == 2
@@ -79,7 +83,8 @@ def test_b02_06_check_config_names_every_short_secret_at_once(config: Path) -> N
 @pytest.mark.parametrize(("where", "var"), SECRETS, ids=[w for w, _ in SECRETS])
 @pytest.mark.parametrize("size", [16, 31])
 def test_b02_06_check_config_warns_about_a_secret_shorter_than_32_bytes(
-        config: Path, where: str, var: str, size: int) -> None:
+    config: Path, where: str, var: str, size: int
+) -> None:
     value = "k" * size
 
     result = check_config(config, **{var: value})
@@ -96,16 +101,16 @@ def test_b02_06_check_config_is_quiet_about_32_bytes(config: Path) -> None:
     assert (result.exit_code, result.stderr) == (0, "")
 
 
-def test_b02_06_secret_from_a_credential_file_is_measured_too(config: Path,
-                                                              tmp_path: Path) -> None:
+def test_b02_06_secret_from_a_credential_file_is_measured_too(config: Path, tmp_path: Path) -> None:
     creds = tmp_path / "creds"
     creds.mkdir(mode=0o700)
     (creds / "HITL_RECEIPT_KEY").write_text("short\n", encoding="utf-8")  # 5 bytes + newline
     env = {k: v for k, v in gate_env().items() if k != "HITL_RECEIPT_KEY"}
     env["CREDENTIALS_DIRECTORY"] = str(creds)
 
-    result = CliRunner().invoke(main, ["check-config", "-c", str(config)], env=env,
-                                catch_exceptions=False)
+    result = CliRunner().invoke(
+        main, ["check-config", "-c", str(config)], env=env, catch_exceptions=False
+    )
 
     assert result.exit_code == 2
     assert result.stderr == f"{config}: {too_short('receipts.key_env', 'HITL_RECEIPT_KEY', 5)}\n"
@@ -114,18 +119,24 @@ def test_b02_06_secret_from_a_credential_file_is_measured_too(config: Path,
 def test_b02_06_previous_receipt_key_is_measured_too(config: Path, tmp_path: Path) -> None:
     """receipts.previous_key_env (batch 02 item 4) is in the same table of secrets."""
     rotating = tmp_path / "rotating.yaml"
-    rotating.write_text(config.read_text(encoding="utf-8").replace(
-        "key_env: HITL_RECEIPT_KEY", "key_env: HITL_RECEIPT_KEY\n  previous_key_env: HITL_OLD_KEY"),
-        encoding="utf-8")
+    rotating.write_text(
+        config.read_text(encoding="utf-8").replace(
+            "key_env: HITL_RECEIPT_KEY",
+            "key_env: HITL_RECEIPT_KEY\n  previous_key_env: HITL_OLD_KEY",
+        ),
+        encoding="utf-8",
+    )
 
     result = check_config(rotating, HITL_OLD_KEY="old")
     assert result.exit_code == 2
     assert result.stderr == (
-        f"{rotating}: {too_short('receipts.previous_key_env', 'HITL_OLD_KEY', 3)}\n")
+        f"{rotating}: {too_short('receipts.previous_key_env', 'HITL_OLD_KEY', 3)}\n"
+    )
     result = check_config(rotating, HITL_OLD_KEY="o" * 20)
     assert result.exit_code == 0, result.stderr
     assert result.stderr == (
-        f"{rotating}: warning: {weak('receipts.previous_key_env', 'HITL_OLD_KEY', 20)}\n")
+        f"{rotating}: warning: {weak('receipts.previous_key_env', 'HITL_OLD_KEY', 20)}\n"
+    )
 
 
 # ---- serve and doctor -----------------------------------------------------------------------
@@ -145,10 +156,12 @@ def relay() -> Iterator[CaptureRelay]:
     r.stop()
 
 
-def test_b02_06_serve_starts_with_a_weak_secret_and_logs_a_warning(tmp_path: Path,
-                                                                   relay: CaptureRelay) -> None:
-    gate = GateProcess(write_config(tmp_path, relay.url),
-                       gate_env(HITL_RECEIPT_KEY="r" * 20)).start()
+def test_b02_06_serve_starts_with_a_weak_secret_and_logs_a_warning(
+    tmp_path: Path, relay: CaptureRelay
+) -> None:
+    gate = GateProcess(
+        write_config(tmp_path, relay.url), gate_env(HITL_RECEIPT_KEY="r" * 20)
+    ).start()
     try:
         line = gate.wait_for_line("event=weak_secret").string
     finally:
@@ -158,7 +171,8 @@ def test_b02_06_serve_starts_with_a_weak_secret_and_logs_a_warning(tmp_path: Pat
 
 
 def test_b02_06_doctor_fails_a_short_secret_and_warns_about_a_weak_one(
-        tmp_path: Path, relay: CaptureRelay) -> None:
+    tmp_path: Path, relay: CaptureRelay
+) -> None:
     config = write_config(tmp_path, relay.url)
 
     def secrets_line(**env: str) -> tuple[int, str]:
@@ -169,13 +183,17 @@ def test_b02_06_doctor_fails_a_short_secret_and_warns_about_a_weak_one(
         return proc.returncode, found[0]
 
     code, line = secrets_line(HITL_RELAY_SECRET_OLD="old")
-    assert (code, line) == (1, "FAIL secrets: " + too_short("relay.previous_secret_env",
-                                                            "HITL_RELAY_SECRET_OLD", 3))
+    assert (code, line) == (
+        1,
+        "FAIL secrets: " + too_short("relay.previous_secret_env", "HITL_RELAY_SECRET_OLD", 3),
+    )
     code, line = secrets_line(HITL_RELAY_SECRET="s" * 24)
     assert code == 0, line
-    assert line == ("WARN secrets: HITL_RELAY_SECRET, HITL_RELAY_SECRET_OLD, HITL_API_TOKEN, "
-                    "HITL_RECEIPT_KEY set and distinct; but "
-                    + weak("relay.secret_env", "HITL_RELAY_SECRET", 24))
+    assert line == (
+        "WARN secrets: HITL_RELAY_SECRET, HITL_RELAY_SECRET_OLD, HITL_API_TOKEN, "
+        "HITL_RECEIPT_KEY set and distinct; but "
+        + weak("relay.secret_env", "HITL_RELAY_SECRET", 24)
+    )
 
 
 # ---- the secrets we ship ---------------------------------------------------------------------

@@ -14,10 +14,9 @@ from typing import Any
 import pytest
 import yaml
 
-from gate.trust import keys
-from gate.trust import permit
 from gate.core.requests import CreateRequest, parse_create
 from gate.protocol.canonical import canonical_json
+from gate.trust import keys, permit
 from tests.support import (
     ROOT,
     CliProcess,
@@ -33,8 +32,13 @@ ALICE, BOB, CAROL = "alice@example.com", "bob@example.com", "carol@example.com"
 STEPS = [
     {"name": "q2", "quorum": 2, "approvers": [101, 102, 103], "timeout": "1h"},
     {"name": "pair", "quorum": 2, "approvers": [101, 102], "timeout": "1h"},
-    {"name": "selfok", "quorum": 1, "approvers": [101, 102], "timeout": "1h",
-     "allow_self_approval": True},
+    {
+        "name": "selfok",
+        "quorum": 1,
+        "approvers": [101, 102],
+        "timeout": "1h",
+        "allow_self_approval": True,
+    },
 ]
 SELF = {"status": "forbidden", "reason": "self_approval"}
 
@@ -62,9 +66,9 @@ def test_self_approval_refused_and_quorum_2_counts_only_others(gate: Any, relay:
 
     before = api.get(approval_id)
     for verb, extra in (("approve", {}), ("skip", {}), ("adjust", {"adjust_text": "mine"})):
-        status, answer, _ = post_decision(gate.callback_url,
-                                          decision_body(dispatch, " Alice@Example.com ", verb,
-                                                        **extra))
+        status, answer, _ = post_decision(
+            gate.callback_url, decision_body(dispatch, " Alice@Example.com ", verb, **extra)
+        )
         assert (status, answer) == (403, SELF), verb
     assert api.get(approval_id) == before  # a refused decision changes nothing
 
@@ -74,16 +78,21 @@ def test_self_approval_refused_and_quorum_2_counts_only_others(gate: Any, relay:
     status, answer, _ = post_decision(gate.callback_url, decision_body(dispatch, ALICE))
     assert (status, answer) == (403, SELF)  # still refused with one approval in
     status, answer, _ = post_decision(gate.callback_url, decision_body(dispatch, CAROL))
-    assert (status, answer) == (200, {"status": "recorded", "resolved": True,
-                                      "outcome": "approved"})
+    assert (status, answer) == (
+        200,
+        {"status": "recorded", "resolved": True, "outcome": "approved"},
+    )
 
     final = api.get(approval_id)
     assert final["quorum"] == {"required": 2, "collected": 2}
     assert [d["identity"] for d in final["decisions"]] == [BOB, CAROL]
-    claims = permit.verify(final["permit"], [keys.load_public_key(gate.public)],
-                           "pay 1.250,00 €", 0).claims
-    assert claims["approved_by"] == [{"operator_id": 102, "identity": BOB},
-                                     {"operator_id": 103, "identity": CAROL}]
+    claims = permit.verify(
+        final["permit"], [keys.load_public_key(gate.public)], "pay 1.250,00 €", 0
+    ).claims
+    assert claims["approved_by"] == [
+        {"operator_id": 102, "identity": BOB},
+        {"operator_id": 103, "identity": CAROL},
+    ]
     assert claims["requested_by"] == ALICE
 
     assert gate.stop() == 0
@@ -105,12 +114,13 @@ def test_self_approval_allowed_by_step(gate: Any, relay: Any) -> None:
     dispatch = relay.wait_dispatch(created["approval_id"])
 
     status, answer, _ = post_decision(gate.callback_url, decision_body(dispatch, ALICE))
-    assert (status, answer) == (200, {"status": "recorded", "resolved": True,
-                                      "outcome": "approved"})
+    assert (status, answer) == (
+        200,
+        {"status": "recorded", "resolved": True, "outcome": "approved"},
+    )
 
 
-def test_self_approval_requester_outside_scope_decides_nothing_else(gate: Any,
-                                                                    relay: Any) -> None:
+def test_self_approval_requester_outside_scope_decides_nothing_else(gate: Any, relay: Any) -> None:
     # carol is an operator but not an approver of "pair": alice and bob decide as usual
     api = gate.api()
     created = api.create("pair", "needs both", requested_by=CAROL)
@@ -122,19 +132,42 @@ def test_self_approval_requester_outside_scope_decides_nothing_else(gate: Any,
         assert (status, answer["resolved"]) == (200, resolved)
 
 
-@pytest.mark.parametrize(("body", "status", "answer"), [
-    ({"step": "pair", "requested_by": ALICE}, 422,
-     {"status": "invalid", "reason": "quorum_unreachable", "field": "requested_by",
-      "requested_by": ALICE, "approvers_left": 1, "quorum_required": 2}),
-    ({"step": "q2", "requested_by": "mallory@example.com"}, 400,
-     {"status": "invalid", "reason": "invalid_requested_by", "field": "requested_by"}),
-    ({"step": "q2", "requested_by": "  "}, 400,
-     {"status": "invalid", "reason": "invalid_requested_by", "field": "requested_by"}),
-    ({"step": "q2", "requested_by": 101}, 400,
-     {"status": "invalid", "reason": "invalid_requested_by", "field": "requested_by"}),
-], ids=["quorum_unreachable", "unknown_identity", "blank", "not_a_string"])
-def test_self_approval_create_refusals(gate: Any, body: dict[str, Any], status: int,
-                                       answer: dict[str, Any]) -> None:
+@pytest.mark.parametrize(
+    ("body", "status", "answer"),
+    [
+        (
+            {"step": "pair", "requested_by": ALICE},
+            422,
+            {
+                "status": "invalid",
+                "reason": "quorum_unreachable",
+                "field": "requested_by",
+                "requested_by": ALICE,
+                "approvers_left": 1,
+                "quorum_required": 2,
+            },
+        ),
+        (
+            {"step": "q2", "requested_by": "mallory@example.com"},
+            400,
+            {"status": "invalid", "reason": "invalid_requested_by", "field": "requested_by"},
+        ),
+        (
+            {"step": "q2", "requested_by": "  "},
+            400,
+            {"status": "invalid", "reason": "invalid_requested_by", "field": "requested_by"},
+        ),
+        (
+            {"step": "q2", "requested_by": 101},
+            400,
+            {"status": "invalid", "reason": "invalid_requested_by", "field": "requested_by"},
+        ),
+    ],
+    ids=["quorum_unreachable", "unknown_identity", "blank", "not_a_string"],
+)
+def test_self_approval_create_refusals(
+    gate: Any, body: dict[str, Any], status: int, answer: dict[str, Any]
+) -> None:
     payload = {"pipeline": "p", "draft": {"body": "x"}, **body}
 
     assert gate.api().call("POST", "/v1/approvals", payload) == (status, answer)
@@ -142,9 +175,22 @@ def test_self_approval_create_refusals(gate: Any, body: dict[str, Any], status: 
 
 
 def test_self_approval_cli_requested_by(gate: Any, relay: Any) -> None:
-    cli = CliProcess("request", "-c", str(gate.config), "--api-url", gate.api_url,
-                     "--pipeline", "p", "--step", "q2", "--draft", "via the CLI",
-                     "--requested-by", BOB, "--wait")
+    cli = CliProcess(
+        "request",
+        "-c",
+        str(gate.config),
+        "--api-url",
+        gate.api_url,
+        "--pipeline",
+        "p",
+        "--step",
+        "q2",
+        "--draft",
+        "via the CLI",
+        "--requested-by",
+        BOB,
+        "--wait",
+    )
     approval_id = cli.wait_for_line(r"requested approval (\S+)").group(1)
     dispatch = relay.wait_dispatch(approval_id)
     assert post_decision(gate.callback_url, decision_body(dispatch, BOB))[:2] == (403, SELF)
@@ -163,18 +209,34 @@ def test_self_approval_idempotency_key_includes_requested_by(gate: Any) -> None:
     assert api.call("POST", "/v1/approvals", {**body, "requested_by": ALICE}, key)[0] == 201
     assert api.call("POST", "/v1/approvals", {**body, "requested_by": ALICE}, key)[0] == 200
     assert api.call("POST", "/v1/approvals", {**body, "requested_by": BOB}, key) == (
-        409, {"status": "conflict", "reason": "idempotency_key_reused"})
+        409,
+        {"status": "conflict", "reason": "idempotency_key_reused"},
+    )
 
 
 def test_self_approval_request_hash_unchanged_without_requested_by() -> None:
     old_style = CreateRequest("p", "s", None, "text/plain", "x", None)
     assert parse_create({"pipeline": "p", "step": "s", "draft": {"body": "x"}}) == old_style
     # Idempotency-Keys stored before requested_by existed still match after an upgrade
-    assert old_style.request_hash() == hashlib.sha256(canonical_json({
-        "pipeline": "p", "step": "s", "run_id": None, "content_type": "text/plain",
-        "body": "x", "spend": None})).hexdigest()
-    assert CreateRequest("p", "s", None, "text/plain", "x", None,
-                         ALICE).request_hash() != old_style.request_hash()
+    assert (
+        old_style.request_hash()
+        == hashlib.sha256(
+            canonical_json(
+                {
+                    "pipeline": "p",
+                    "step": "s",
+                    "run_id": None,
+                    "content_type": "text/plain",
+                    "body": "x",
+                    "spend": None,
+                }
+            )
+        ).hexdigest()
+    )
+    assert (
+        CreateRequest("p", "s", None, "text/plain", "x", None, ALICE).request_hash()
+        != old_style.request_hash()
+    )
 
 
 # ---- config validation ------------------------------------------------------------------------
@@ -185,14 +247,17 @@ def _config_with(tmp_path: Path, steps: list[dict[str, Any]]) -> Path:
 
 
 def test_self_approval_check_config_rejects_unreachable_quorum(tmp_path: Path) -> None:
-    config = _config_with(tmp_path, [
-        {"name": "a", "quorum": 2, "approvers": [101, 102], "allow_self_approval": False},
-        {"name": "b", "quorum": 1, "approvers": [101], "allow_self_approval": False},
-        {"name": "c", "quorum": 2, "approvers": [101, 102, 103], "allow_self_approval": False},
-        {"name": "d", "quorum": 2, "approvers": [101, 102], "allow_self_approval": True},
-        {"name": "e", "quorum": 2, "approvers": [101, 102]},
-        {"name": "f", "allow_self_approval": "yes"},
-    ])
+    config = _config_with(
+        tmp_path,
+        [
+            {"name": "a", "quorum": 2, "approvers": [101, 102], "allow_self_approval": False},
+            {"name": "b", "quorum": 1, "approvers": [101], "allow_self_approval": False},
+            {"name": "c", "quorum": 2, "approvers": [101, 102, 103], "allow_self_approval": False},
+            {"name": "d", "quorum": 2, "approvers": [101, 102], "allow_self_approval": True},
+            {"name": "e", "quorum": 2, "approvers": [101, 102]},
+            {"name": "f", "allow_self_approval": "yes"},
+        ],
+    )
     proc = run_cli("check-config", "-c", str(config))
 
     assert proc.returncode == 2
@@ -210,8 +275,12 @@ def test_self_approval_check_config_rejects_unreachable_quorum(tmp_path: Path) -
 
 def test_self_approval_config_keys_documented_in_example() -> None:
     text = (ROOT / "config.example.yaml").read_text(encoding="utf-8")
-    for key in ("allow_self_approval:", "trusted_public_keys:", "permit_lifetime:",
-                "signing_key_file:"):
+    for key in (
+        "allow_self_approval:",
+        "trusted_public_keys:",
+        "permit_lifetime:",
+        "signing_key_file:",
+    ):
         assert key in text
     data = yaml.safe_load(text)
     assert data["receipts"]["permit_lifetime"] == "15m"

@@ -27,11 +27,11 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.serialization import load_pem_public_key
 
 from gate.audit import chain as audit
-from gate.trust import keys
 from gate.audit.chain import GENESIS_HASH, AuditRow
 from gate.protocol.canonical import canonical_json
 from gate.store import Store
 from gate.store.schema import MIGRATIONS
+from gate.trust import keys
 from tests.support import (
     RECEIPT_KEY,
     ROOT,
@@ -55,13 +55,15 @@ KEY_ID_RE = re.compile(r"ed25519:[0-9a-f]{16}")
 # ---- helpers shared with test_permits.py and test_self_approval.py ---------------------------
 
 
-def sign_config(config: Path, *, lifetime: str = "15m", key_dir: str = "keys",
-                trusted: tuple[str, ...] = ()) -> tuple[Path, str]:
+def sign_config(
+    config: Path, *, lifetime: str = "15m", key_dir: str = "keys", trusted: tuple[str, ...] = ()
+) -> tuple[Path, str]:
     """Give ``config`` a fresh signing key under ``key_dir`` (next to it); return (pub, key id)."""
     _, public, kid = keys.generate(config.parent / key_dir)
     data = yaml.safe_load(config.read_text(encoding="utf-8"))
-    data["receipts"].update(signing_key_file=f"{key_dir}/{keys.PRIVATE_KEY_NAME}",
-                            permit_lifetime=lifetime)
+    data["receipts"].update(
+        signing_key_file=f"{key_dir}/{keys.PRIVATE_KEY_NAME}", permit_lifetime=lifetime
+    )
     if trusted:
         data["receipts"]["trusted_public_keys"] = list(trusted)
     config.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
@@ -114,7 +116,8 @@ def test_signed_audit_vector_key_id_is_sha256_of_raw_public_key() -> None:
     public_raw = bytes.fromhex(key["public_raw_hex"])
     # RFC 8032 7.1 TEST 1
     assert key["public_raw_hex"] == (
-        "d75a980182b10ab7d54bfed3c964073a0ee172f3daa62325af021a68f707511a")
+        "d75a980182b10ab7d54bfed3c964073a0ee172f3daa62325af021a68f707511a"
+    )
     assert keys.raw_public(private.public_key()) == public_raw
     assert key["key_id"] == "ed25519:" + hashlib.sha256(public_raw).hexdigest()[:16]
     assert keys.key_id(load_pem_public_key(key["public_pem"].encode())) == key["key_id"]  # type: ignore[arg-type]
@@ -124,13 +127,18 @@ def test_signed_audit_vector_key_id_is_sha256_of_raw_public_key() -> None:
 def test_signed_audit_vector_by_hand(case: dict[str, Any]) -> None:
     """Recompute every field with hashlib/hmac/cryptography only, as another implementation
     would."""
-    entry_bytes = json.dumps(case["entry_object"], sort_keys=True, separators=(",", ":"),
-                             ensure_ascii=False).encode("utf-8")
+    entry_bytes = json.dumps(
+        case["entry_object"], sort_keys=True, separators=(",", ":"), ensure_ascii=False
+    ).encode("utf-8")
     assert entry_bytes.decode("utf-8") == case["canonical_entry"]
     digest = hashlib.sha256(case["prev_hash"].encode("ascii") + entry_bytes).hexdigest()
     assert digest == case["entry_hash"]
-    assert hmac.new(VEC["receipt_key_utf8"].encode(), digest.encode("ascii"),
-                    hashlib.sha256).hexdigest() == case["receipt"]
+    assert (
+        hmac.new(
+            VEC["receipt_key_utf8"].encode(), digest.encode("ascii"), hashlib.sha256
+        ).hexdigest()
+        == case["receipt"]
+    )
     private = Ed25519PrivateKey.from_private_bytes(bytes.fromhex(VEC["key"]["private_seed_hex"]))
     signature = private.sign(digest.encode("ascii"))
     assert signature.hex() == case["signature"]  # Ed25519 is deterministic
@@ -140,20 +148,34 @@ def test_signed_audit_vector_by_hand(case: dict[str, Any]) -> None:
 
 def test_signed_audit_vector_through_gate_code() -> None:
     signer = keys.Signer.from_private_key(
-        Ed25519PrivateKey.from_private_bytes(bytes.fromhex(VEC["key"]["private_seed_hex"])))
+        Ed25519PrivateKey.from_private_bytes(bytes.fromhex(VEC["key"]["private_seed_hex"]))
+    )
     key = VEC["receipt_key_utf8"].encode()
     rows, prev = [], GENESIS_HASH
     for case in VEC["rows"]:
         obj = case["entry_object"]
-        entry = audit.make_entry(obj["seq"], obj["kind"], obj["approval_id"],
-                                 _ms(obj["at"]), obj["data"])
+        entry = audit.make_entry(
+            obj["seq"], obj["kind"], obj["approval_id"], _ms(obj["at"]), obj["data"]
+        )
         assert canonical_json(entry).decode() == case["canonical_entry"]
         entry_json, digest, receipt = audit.seal(prev, entry, key)
-        assert (entry_json, digest, receipt) == (case["canonical_entry"], case["entry_hash"],
-                                                 case["receipt"])
+        assert (entry_json, digest, receipt) == (
+            case["canonical_entry"],
+            case["entry_hash"],
+            case["receipt"],
+        )
         assert audit.sign(signer, digest) == (case["key_id"], case["signature"])
-        row = AuditRow(obj["seq"], obj["approval_id"], obj["kind"], entry_json, prev, digest,
-                       receipt, case["key_id"], case["signature"])
+        row = AuditRow(
+            obj["seq"],
+            obj["approval_id"],
+            obj["kind"],
+            entry_json,
+            prev,
+            digest,
+            receipt,
+            case["key_id"],
+            case["signature"],
+        )
         assert audit.export_line(row) == case["export_line"]
         assert audit.parse_export_line(case["export_line"]) == row
         rows.append(row)
@@ -175,8 +197,19 @@ def test_signed_audit_vector_verifies_with_openssl(tmp_path: Path) -> None:
     (tmp_path / "hitl-gate-ed25519.pub").write_text(VEC["key"]["public_pem"], encoding="ascii")
     (tmp_path / "msg").write_bytes(case["entry_hash"].encode("ascii"))
     (tmp_path / "sig").write_bytes(bytes.fromhex(case["signature"]))
-    cmd = ["openssl", "pkeyutl", "-verify", "-pubin", "-inkey", "hitl-gate-ed25519.pub",
-           "-rawin", "-in", "msg", "-sigfile", "sig"]
+    cmd = [
+        "openssl",
+        "pkeyutl",
+        "-verify",
+        "-pubin",
+        "-inkey",
+        "hitl-gate-ed25519.pub",
+        "-rawin",
+        "-in",
+        "msg",
+        "-sigfile",
+        "sig",
+    ]
     proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, check=False)
     assert proc.returncode == 0 and "Signature Verified Successfully" in proc.stdout, proc
 
@@ -209,17 +242,21 @@ def test_signed_audit_unsigned_prefix_before_signing_was_enabled_verifies() -> N
     rows = signed_chain([None, None, s, s])
 
     assert audit.verify(rows, b"k", keys.trusted([s.public_key])) == audit.VerifyResult(
-        True, 4, signed=2)
+        True, 4, signed=2
+    )
 
 
-@pytest.mark.parametrize(("layout", "first_bad", "reason"), [
-    ("SSNS", 3, "not signed, after signed entries"),
-    ("SSSN", 4, "not signed, after signed entries"),
-    ("NNNN", 4, "not signed: no entry of this log is signed"),
-    ("SSXS", 3, "which is not a trusted public key"),
-], ids=["gap_after_signed", "unsigned_tail", "nothing_signed", "untrusted_key"])
-def test_signed_audit_verify_requires_signatures(layout: str, first_bad: int,
-                                                 reason: str) -> None:
+@pytest.mark.parametrize(
+    ("layout", "first_bad", "reason"),
+    [
+        ("SSNS", 3, "not signed, after signed entries"),
+        ("SSSN", 4, "not signed, after signed entries"),
+        ("NNNN", 4, "not signed: no entry of this log is signed"),
+        ("SSXS", 3, "which is not a trusted public key"),
+    ],
+    ids=["gap_after_signed", "unsigned_tail", "nothing_signed", "untrusted_key"],
+)
+def test_signed_audit_verify_requires_signatures(layout: str, first_bad: int, reason: str) -> None:
     s, x = new_signer(), new_signer()
     rows = signed_chain([{"S": s, "N": None, "X": x}[c] for c in layout])
 
@@ -249,8 +286,19 @@ def test_signed_audit_rechained_forgery_fails_on_signature() -> None:
     for row in rows[1:]:
         entry_json = row.entry.replace('"n":2', '"n":9')
         digest = audit.chain_hash(prev, entry_json.encode())
-        forged.append(AuditRow(row.seq, AID, row.kind, entry_json, prev, digest, row.receipt,
-                               row.key_id, row.signature))
+        forged.append(
+            AuditRow(
+                row.seq,
+                AID,
+                row.kind,
+                entry_json,
+                prev,
+                digest,
+                row.receipt,
+                row.key_id,
+                row.signature,
+            )
+        )
         prev = digest
 
     result = audit.verify(forged, None, keys.trusted([s.public_key]))
@@ -276,8 +324,10 @@ def test_signed_audit_check_receipt() -> None:
 
 
 def test_signed_audit_old_export_lines_parse_as_unsigned() -> None:
-    line = ('{"seq":1,"approval_id":null,"kind":"created","entry":"{}","prev_hash":"0",'
-            '"entry_hash":"1","receipt":"2"}')
+    line = (
+        '{"seq":1,"approval_id":null,"kind":"created","entry":"{}","prev_hash":"0",'
+        '"entry_hash":"1","receipt":"2"}'
+    )
 
     row = audit.parse_export_line(line)
     assert (row.key_id, row.signature) == (None, None)
@@ -291,8 +341,10 @@ async def test_signed_audit_migration_2_keeps_old_entries(tmp_path: Path) -> Non
     conn.execute("PRAGMA user_version = 1")
     entry = audit.make_entry(1, "created", AID, T0, {"pipeline": "p"})
     entry_json, digest, receipt = audit.seal(GENESIS_HASH, entry, b"k")
-    conn.execute("INSERT INTO audit_log VALUES (1, ?, 'created', ?, ?, ?, ?)",
-                 (AID, entry_json, GENESIS_HASH, digest, receipt))
+    conn.execute(
+        "INSERT INTO audit_log VALUES (1, ?, 'created', ?, ?, ?, ?)",
+        (AID, entry_json, GENESIS_HASH, digest, receipt),
+    )
     conn.close()
 
     store = Store(path)
@@ -302,14 +354,16 @@ async def test_signed_audit_migration_2_keeps_old_entries(tmp_path: Path) -> Non
         rows = [row async for row in store.audit_rows()]
         s = new_signer()
         await store.transact(
-            lambda tx: tx.append_audit("resolved", AID, T0 + 1, {"outcome": "approved"}, b"k", s))
+            lambda tx: tx.append_audit("resolved", AID, T0 + 1, {"outcome": "approved"}, b"k", s)
+        )
         rows = [row async for row in store.audit_rows()]
     finally:
         await store.close()
     assert (rows[0].key_id, rows[0].signature) == (None, None)
     assert rows[1].key_id == s.key_id
     assert audit.verify(rows, b"k", keys.trusted([s.public_key])) == audit.VerifyResult(
-        True, 2, signed=1)
+        True, 2, signed=1
+    )
 
 
 # ---- keygen -----------------------------------------------------------------------------------
@@ -331,12 +385,14 @@ def test_keygen_writes_0600_private_key_and_prints_key_id(tmp_path: Path) -> Non
     assert keys.key_id(keys.load_private_key(private).public_key()) == kid
     assert proc.stderr.decode().splitlines() == [
         f"wrote {private} (private key, mode 0600: receipts.signing_key_file)",
-        f"wrote {public} (public key: give it to verifiers)"]
+        f"wrote {public} (public key: give it to verifiers)",
+    ]
 
     again = run_cli("keygen", "--out", str(out))
     assert again.returncode == 1
-    assert again.stderr.decode() == (f"Error: {private} already exists; refusing to overwrite "
-                                     "a key\n")
+    assert again.stderr.decode() == (
+        f"Error: {private} already exists; refusing to overwrite a key\n"
+    )
     assert keys.key_id(keys.load_public_key(public)) == kid
 
 
@@ -374,7 +430,8 @@ def test_check_config_names_a_bad_signing_key_file(tmp_path: Path) -> None:
         assert proc.stderr.decode().splitlines()[-2:] == [
             f"{config}: receipts.signing_key_file: {tmp_path}/keys/{keys.PRIVATE_KEY_NAME}: "
             "mode 0644 lets other users read or change the private key; chmod 600 it",
-            f"{config}: receipts.trusted_public_keys[0]: {tmp_path}/nowhere.pub: no such file"]
+            f"{config}: receipts.trusted_public_keys[0]: {tmp_path}/nowhere.pub: no such file",
+        ]
 
 
 # ---- a real signed gate and its export --------------------------------------------------------
@@ -396,13 +453,15 @@ class SignedHistory:
         for verb in ("approve", "skip", "cancel"):
             approval_id = api.create("q1", f"signed {verb} ✓")["approval_id"]
             dispatch = self.relay.wait_dispatch(approval_id)
-            wait_until(lambda a=approval_id: api.get(a)["dispatch"]["delivered_at"],
-                       what="dispatch ack")
+            wait_until(
+                lambda a=approval_id: api.get(a)["dispatch"]["delivered_at"], what="dispatch ack"
+            )
             if verb == "cancel":
                 assert api.call("POST", f"/v1/approvals/{approval_id}/cancel")[0] == 200
             else:
-                status, answer, _ = post_decision(self.gate.callback_url,
-                                                  decision_body(dispatch, verb=verb))
+                status, answer, _ = post_decision(
+                    self.gate.callback_url, decision_body(dispatch, verb=verb)
+                )
                 assert (status, answer["resolved"]) == (200, True)
             self.receipts.append(api.get(approval_id)["receipt"])
         assert self.gate.stop() == 0
@@ -442,27 +501,38 @@ def test_signed_audit_every_entry_and_receipt_is_signed(history: SignedHistory) 
     for receipt, seq in zip(history.receipts, (4, 8, 11), strict=True):
         entry_hash = rows[seq - 1]["entry_hash"]
         assert receipt == {
-            "seq": seq, "entry_hash": entry_hash, "alg": "hmac-sha256",
-            "receipt": hmac.new(RECEIPT_KEY.encode(), entry_hash.encode(),
-                                hashlib.sha256).hexdigest(),
-            "key_id": history.key_id, "signature": rows[seq - 1]["signature"],
-            "signature_alg": "ed25519"}
+            "seq": seq,
+            "entry_hash": entry_hash,
+            "alg": "hmac-sha256",
+            "receipt": hmac.new(
+                RECEIPT_KEY.encode(), entry_hash.encode(), hashlib.sha256
+            ).hexdigest(),
+            "key_id": history.key_id,
+            "signature": rows[seq - 1]["signature"],
+            "signature_alg": "ed25519",
+        }
 
 
 def test_signed_audit_export_verifies_with_public_key_only(history: SignedHistory) -> None:
     assert verify_export(history.export, history.public) == (
-        0, "ok: 11 entries, chain and signatures intact\n")
-    assert verify_export(history.export, history.public,
-                         expect=(history.receipt_file(2),)) == (
-        0, "ok: 11 entries, chain and signatures intact; holds the receipt for entry 11\n")
+        0,
+        "ok: 11 entries, chain and signatures intact\n",
+    )
+    assert verify_export(history.export, history.public, expect=(history.receipt_file(2),)) == (
+        0,
+        "ok: 11 entries, chain and signatures intact; holds the receipt for entry 11\n",
+    )
     proc = run_cli("audit", "verify", "-c", str(history.config))
     assert (proc.returncode, proc.stdout.decode()) == (
-        0, "ok: 11 entries, chain, receipts and signatures intact\n"
-           "ok: 3 approvals match the audit log\n"), proc.stderr
+        0,
+        "ok: 11 entries, chain, receipts and signatures intact\n"
+        "ok: 3 approvals match the audit log\n",
+    ), proc.stderr
 
 
 def test_signed_audit_verify_of_the_database_needs_no_private_key(
-        history: SignedHistory, tmp_path: Path) -> None:
+    history: SignedHistory, tmp_path: Path
+) -> None:
     """Regression (operator review): a copy of the config elsewhere (its relative
     signing_key_file missing there) could not verify: exit 2 for the private key, which a
     verifier never needs. With --public-key it verifies; without, the error says so."""
@@ -472,8 +542,10 @@ def test_signed_audit_verify_of_the_database_needs_no_private_key(
     elsewhere.write_text(yaml.safe_dump(data), encoding="utf-8")
     proc = run_cli("audit", "verify", "-c", str(elsewhere), "--public-key", str(history.public))
     assert (proc.returncode, proc.stdout.decode()) == (
-        0, "ok: 11 entries, chain, receipts and signatures intact\n"
-           "ok: 3 approvals match the audit log\n"), proc.stderr
+        0,
+        "ok: 11 entries, chain, receipts and signatures intact\n"
+        "ok: 3 approvals match the audit log\n",
+    ), proc.stderr
     proc = run_cli("audit", "verify", "-c", str(elsewhere))
     err = proc.stderr.decode()
     assert proc.returncode == 2 and "receipts.signing_key_file: " in err, err
@@ -509,29 +581,50 @@ def _strip(lines: list[str], which: Callable[[int], bool]) -> list[str]:
 
 
 TAMPERS: list[tuple[str, Callable[[list[str]], list[str]], str]] = [
-    ("change_a_byte", _change_byte,
-     "TAMPERED: entry 3: entry hash does not match its content (changed)"),
-    ("change_and_rechain", lambda ls: _rechain_from(ls, 2),
-     "TAMPERED: entry 3: signature does not verify with key {kid} (changed or forged)"),
-    ("drop_a_line", lambda ls: ls[:5] + ls[6:],
-     "TAMPERED: entry 7: expected entry 6, found 7 (deleted or inserted entry)"),
-    ("swap_two_lines", lambda ls: ls[:4] + [ls[5], ls[4]] + ls[6:],
-     "TAMPERED: entry 6: expected entry 5, found 6 (deleted or inserted entry)"),
-    ("insert_a_line", lambda ls: ls[:4] + [ls[3]] + ls[4:],
-     "TAMPERED: entry 4: expected entry 5, found 4 (deleted or inserted entry)"),
-    ("strip_last_signature", lambda ls: _strip(ls, lambda i: i == 10),
-     "TAMPERED: entry 11: not signed, after signed entries (signature stripped, or entry "
-     "added without the signing key)"),
-    ("strip_every_signature", lambda ls: _strip(ls, lambda i: True),
-     "TAMPERED: entry 11: not signed: no entry of this log is signed, so nothing proves who "
-     "wrote it"),
+    (
+        "change_a_byte",
+        _change_byte,
+        "TAMPERED: entry 3: entry hash does not match its content (changed)",
+    ),
+    (
+        "change_and_rechain",
+        lambda ls: _rechain_from(ls, 2),
+        "TAMPERED: entry 3: signature does not verify with key {kid} (changed or forged)",
+    ),
+    (
+        "drop_a_line",
+        lambda ls: ls[:5] + ls[6:],
+        "TAMPERED: entry 7: expected entry 6, found 7 (deleted or inserted entry)",
+    ),
+    (
+        "swap_two_lines",
+        lambda ls: ls[:4] + [ls[5], ls[4]] + ls[6:],
+        "TAMPERED: entry 6: expected entry 5, found 6 (deleted or inserted entry)",
+    ),
+    (
+        "insert_a_line",
+        lambda ls: ls[:4] + [ls[3]] + ls[4:],
+        "TAMPERED: entry 4: expected entry 5, found 4 (deleted or inserted entry)",
+    ),
+    (
+        "strip_last_signature",
+        lambda ls: _strip(ls, lambda i: i == 10),
+        "TAMPERED: entry 11: not signed, after signed entries (signature stripped, or entry "
+        "added without the signing key)",
+    ),
+    (
+        "strip_every_signature",
+        lambda ls: _strip(ls, lambda i: True),
+        "TAMPERED: entry 11: not signed: no entry of this log is signed, so nothing proves who "
+        "wrote it",
+    ),
 ]
 
 
 @pytest.mark.parametrize(("name", "tamper", "message"), TAMPERS, ids=[t[0] for t in TAMPERS])
 def test_signed_audit_tampered_export_names_first_bad_entry(
-        history: SignedHistory, name: str, tamper: Callable[[list[str]], list[str]],
-        message: str) -> None:
+    history: SignedHistory, name: str, tamper: Callable[[list[str]], list[str]], message: str
+) -> None:
     path = history.write(f"{name}.jsonl", tamper(list(history.lines)))
 
     code, out = verify_export(path, history.public)
@@ -546,34 +639,49 @@ def test_signed_audit_dropped_tail_is_caught_by_expect(history: SignedHistory) -
 
     # the log alone cannot show a deleted tail ...
     assert verify_export(path, history.public) == (
-        0, "ok: 8 entries, chain and signatures intact\n")
+        0,
+        "ok: 8 entries, chain and signatures intact\n",
+    )
     # ... whoever holds a later receipt can
     assert verify_export(path, history.public, expect=(last_receipt,)) == (
-        1, "TAMPERED: entry 11: missing: the log ends at entry 8, but a receipt for entry 11 "
-           f"exists (entries deleted from the tail) (receipt {last_receipt})\n")
+        1,
+        "TAMPERED: entry 11: missing: the log ends at entry 8, but a receipt for entry 11 "
+        f"exists (entries deleted from the tail) (receipt {last_receipt})\n",
+    )
     # an earlier receipt is still held; an approval object works as a receipt file too
     approval = history.directory / "approval.json"
     approval.write_text(json.dumps({"approval_id": "x", "receipt": history.receipts[1]}))
     assert verify_export(path, history.public, expect=(approval,)) == (
-        0, "ok: 8 entries, chain and signatures intact; holds the receipt for entry 8\n")
+        0,
+        "ok: 8 entries, chain and signatures intact; holds the receipt for entry 8\n",
+    )
 
 
 def test_audit_verify_of_an_empty_export_or_without_keys_says_what_it_did_not_prove(
-        history: SignedHistory) -> None:
+    history: SignedHistory,
+) -> None:
     """Security review: an empty export answered "ok: 0 entries" (exit 0), and a re-chained
     forgery verified without any key printed a plain "ok". An empty export is refused (an
     export of a gate that did anything is never empty); without --public-key or --key-env
     the verdict says that nothing authenticated the entries."""
     empty = history.write("empty.jsonl", [])
     assert verify_export(empty, history.public) == (
-        1, "TAMPERED: the export holds no entries (nothing to verify)\n")
-    proc = run_cli("audit", "verify", "--file", str(history.write("all.jsonl", history.lines)),
-                   env=no_secret_env())
+        1,
+        "TAMPERED: the export holds no entries (nothing to verify)\n",
+    )
+    proc = run_cli(
+        "audit",
+        "verify",
+        "--file",
+        str(history.write("all.jsonl", history.lines)),
+        env=no_secret_env(),
+    )
     assert proc.returncode == 0
     assert proc.stdout.decode() == f"ok: {len(history.lines)} entries, chain intact\n"
     assert proc.stderr.decode() == (
         "warning: no key was given, so nothing authenticated the entries: anyone can re-chain "
-        "an edited log; verify with --public-key (or --key-env)\n")
+        "an edited log; verify with --public-key (or --key-env)\n"
+    )
 
 
 def test_signed_audit_made_up_receipt_is_not_genuine(history: SignedHistory) -> None:
@@ -581,17 +689,21 @@ def test_signed_audit_made_up_receipt_is_not_genuine(history: SignedHistory) -> 
 
     code, out = verify_export(history.export, history.public, expect=(forged,))
     assert code == 1
-    assert out == (f"TAMPERED: entry 12: the receipt's signature does not verify with key "
-                   f"{history.key_id} (changed or forged) (not a genuine receipt) "
-                   f"(receipt {forged})\n")
+    assert out == (
+        f"TAMPERED: entry 12: the receipt's signature does not verify with key "
+        f"{history.key_id} (changed or forged) (not a genuine receipt) "
+        f"(receipt {forged})\n"
+    )
 
 
 def test_signed_audit_wrong_public_key(history: SignedHistory, tmp_path: Path) -> None:
     _, other, other_id = keys.generate(tmp_path)
 
     assert verify_export(history.export, other) == (
-        1, f"TAMPERED: entry 1: signed by key {history.key_id}, which is not a trusted public "
-           "key (0 entries before it verified)\n")
+        1,
+        f"TAMPERED: entry 1: signed by key {history.key_id}, which is not a trusted public "
+        "key (0 entries before it verified)\n",
+    )
     # rotation: trusting both keys is fine
     assert verify_export(history.export, other, history.public)[0] == 0
     assert other_id != history.key_id
@@ -600,8 +712,11 @@ def test_signed_audit_wrong_public_key(history: SignedHistory, tmp_path: Path) -
 def test_signed_audit_usage_errors(history: SignedHistory, tmp_path: Path) -> None:
     private = history.directory / "keys" / keys.PRIVATE_KEY_NAME
     code, out = verify_export(history.export, private)
-    assert (code, out) == (2, f"Error: --public-key: {private}: is a private key; give the "
-                              "public key file (hitl-gate-ed25519.pub)\n")
+    assert (code, out) == (
+        2,
+        f"Error: --public-key: {private}: is a private key; give the "
+        "public key file (hitl-gate-ed25519.pub)\n",
+    )
     bogus = tmp_path / "bogus.json"
     bogus.write_text('{"seq": 3}')
     code, out = verify_export(history.export, history.public, expect=(bogus,))
@@ -609,14 +724,20 @@ def test_signed_audit_usage_errors(history: SignedHistory, tmp_path: Path) -> No
 
 
 @pytest.mark.skipif(shutil.which("node") is None, reason="node not installed")
-def test_signed_audit_docs_node_snippet_verifies_export(history: SignedHistory,
-                                                        tmp_path: Path) -> None:
+def test_signed_audit_docs_node_snippet_verifies_export(
+    history: SignedHistory, tmp_path: Path
+) -> None:
     script = tmp_path / "verify-audit.mjs"
     script.write_text(doc_block("node-audit"), encoding="utf-8")
 
     def node(export: Path) -> tuple[int, str]:
-        proc = subprocess.run(["node", str(script), str(export), str(history.public)],
-                              capture_output=True, text=True, timeout=60, check=False)
+        proc = subprocess.run(
+            ["node", str(script), str(export), str(history.public)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
         return proc.returncode, proc.stdout + proc.stderr
 
     assert node(history.export) == (0, "ok: 11 entries\n")
@@ -639,8 +760,9 @@ def test_signed_audit_enable_then_rotate_key(tmp_path: Path) -> None:
                 api = gate.api()
                 approval_id = api.create("q1", "rotate me")["approval_id"]
                 dispatch = relay.wait_dispatch(approval_id)
-                wait_until(lambda: api.get(approval_id)["dispatch"]["delivered_at"],
-                           what="dispatch ack")
+                wait_until(
+                    lambda: api.get(approval_id)["dispatch"]["delivered_at"], what="dispatch ack"
+                )
                 status, _, _ = post_decision(gate.callback_url, decision_body(dispatch))
                 assert status == 200
             finally:
@@ -649,8 +771,9 @@ def test_signed_audit_enable_then_rotate_key(tmp_path: Path) -> None:
         one_approval()  # unsigned: before signing was enabled
         first_pub, first_id = sign_config(config, key_dir="k1")
         one_approval()
-        second_pub, second_id = sign_config(config, key_dir="k2",
-                                            trusted=(f"k1/{keys.PUBLIC_KEY_NAME}",))
+        second_pub, second_id = sign_config(
+            config, key_dir="k2", trusted=(f"k1/{keys.PUBLIC_KEY_NAME}",)
+        )
         one_approval()
     finally:
         relay.stop()
@@ -661,15 +784,21 @@ def test_signed_audit_enable_then_rotate_key(tmp_path: Path) -> None:
 
     export = tmp_path / "audit.jsonl"
     assert verify_export(export, first_pub, second_pub) == (
-        0, "ok: 12 entries, chain and signatures intact\n")
+        0,
+        "ok: 12 entries, chain and signatures intact\n",
+    )
     assert verify_export(export, second_pub) == (
-        1, f"TAMPERED: entry 5: signed by key {first_id}, which is not a trusted public key "
-           "(4 entries before it verified)\n")
+        1,
+        f"TAMPERED: entry 5: signed by key {first_id}, which is not a trusted public key "
+        "(4 entries before it verified)\n",
+    )
     # the gate's own config trusts both (signing key + trusted_public_keys)
     proc = run_cli("audit", "verify", "-c", str(config))
     assert (proc.returncode, proc.stdout.decode()) == (
-        0, "ok: 12 entries, chain, receipts and signatures intact\n"
-           "ok: 3 approvals match the audit log\n"), proc.stderr
+        0,
+        "ok: 12 entries, chain, receipts and signatures intact\n"
+        "ok: 3 approvals match the audit log\n",
+    ), proc.stderr
 
 
 def test_audit_verify_input_it_cannot_read_is_not_tampering(tmp_path: Path) -> None:
@@ -689,8 +818,9 @@ def test_audit_verify_input_it_cannot_read_is_not_tampering(tmp_path: Path) -> N
         (["--file", str(garbage)], 1, "TAMPERED: line 1 of"),
     ]
     for args, code, text in cases:
-        proc = run_cli("audit", "verify", *args, env=no_secret_env() if "--file" in args
-                       else gate_env())
+        proc = run_cli(
+            "audit", "verify", *args, env=no_secret_env() if "--file" in args else gate_env()
+        )
         out = proc.stdout.decode() + proc.stderr.decode()
         assert proc.returncode == code, (args, out)
         assert text in out, (args, out)

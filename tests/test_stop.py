@@ -48,11 +48,12 @@ from tests.support import (
 APPROVED = {"status": "recorded", "resolved": True, "outcome": "approved"}
 
 
-def config_with(directory: Path, relay_url: str, shutdown_timeout: str,
-                **relay: Any) -> Path:
+def config_with(directory: Path, relay_url: str, shutdown_timeout: str, **relay: Any) -> Path:
     config = write_config(directory, relay_url, relay=relay or None)
-    config.write_text(config.read_text(encoding="utf-8")
-                      + f"http:\n  shutdown_timeout: {shutdown_timeout}\n", encoding="utf-8")
+    config.write_text(
+        config.read_text(encoding="utf-8") + f"http:\n  shutdown_timeout: {shutdown_timeout}\n",
+        encoding="utf-8",
+    )
     return config
 
 
@@ -135,8 +136,9 @@ def daemon_has_read(sock: socket.socket) -> bool:
     return False
 
 
-def in_flight(url: str, method: str = "GET", body: bytes | None = None,
-              headers: dict[str, str] | None = None) -> InBackground:
+def in_flight(
+    url: str, method: str = "GET", body: bytes | None = None, headers: dict[str, str] | None = None
+) -> InBackground:
     """Send a request on a connection of our own and wait (with a deadline) until the daemon
     has read it; the answer is awaited in the background: ``(status, json)``. (A sleep stood
     in for "it reached the daemon" before: at risk on a loaded host.)"""
@@ -165,9 +167,15 @@ def decision_in_flight(callback_url: str, body: dict[str, Any]) -> InBackground:
 
 
 def audit_verify(config: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "gate", "audit", "verify", "-c", str(config)],
-                          capture_output=True, text=True, env=gate_env(), cwd=ROOT,
-                          timeout=DEADLINE_S, check=False)
+    return subprocess.run(
+        [sys.executable, "-m", "gate", "audit", "verify", "-c", str(config)],
+        capture_output=True,
+        text=True,
+        env=gate_env(),
+        cwd=ROOT,
+        timeout=DEADLINE_S,
+        check=False,
+    )
 
 
 def assert_clean_stop(proc: GateProcess, code: int) -> None:
@@ -197,8 +205,11 @@ def cleanup() -> Iterator[list[GateProcess]]:
 
 def delivered(proc: GateProcess, approval_id: str) -> None:
     api = proc.api()
-    wait_until(lambda: api.get(approval_id)["dispatch"]["delivered_at"], DEADLINE_S,
-               f"ack of {approval_id}")
+    wait_until(
+        lambda: api.get(approval_id)["dispatch"]["delivered_at"],
+        DEADLINE_S,
+        f"ack of {approval_id}",
+    )
 
 
 def test_refused_asks_again_when_a_connect_races_the_close() -> None:
@@ -234,8 +245,7 @@ def test_refused_asks_again_when_a_connect_races_the_close() -> None:
             break
 
 
-def test_sigterm_lands_an_in_flight_decision_fully_and_answers_long_polls(
-        tmp_path, relay, cleanup):
+def test_sigterm_lands_an_in_flight_decision_fully_and_answers_long_polls(tmp_path, relay, cleanup):
     config = config_with(tmp_path, relay.url, "8s")
     proc = GateProcess(config).start()
     cleanup.append(proc)
@@ -246,8 +256,10 @@ def test_sigterm_lands_an_in_flight_decision_fully_and_answers_long_polls(
     delivered(proc, decided)
     delivered(proc, polled)
 
-    long_poll = in_flight(f"{proc.api_url}/v1/approvals/{polled}?wait=120",
-                          headers={"Authorization": f"Bearer {API_TOKEN}"})
+    long_poll = in_flight(
+        f"{proc.api_url}/v1/approvals/{polled}?wait=120",
+        headers={"Authorization": f"Bearer {API_TOKEN}"},
+    )
     lock = WriteLock(tmp_path / "gate.db")
     try:
         # in flight: the daemon has read it; its transaction waits on the lock
@@ -258,8 +270,9 @@ def test_sigterm_lands_an_in_flight_decision_fully_and_answers_long_polls(
         proc.proc.send_signal(signal.SIGTERM)
         proc.wait_for_line("event=stopping")
         # both listeners stop accepting at once
-        wait_until(lambda: refused(proc.api_url) and refused(proc.callback_url), 5,
-                   "both listeners closed")
+        wait_until(
+            lambda: refused(proc.api_url) and refused(proc.callback_url), 5, "both listeners closed"
+        )
         # the long-poll is answered with the approval as it stands, without waiting 120 s
         long_poll.wait(5)
         assert long_poll.error is None and long_poll.result[0] == 200, long_poll.error
@@ -276,20 +289,24 @@ def test_sigterm_lands_an_in_flight_decision_fully_and_answers_long_polls(
 
     db = tmp_path / "gate.db"
     assert rows(db, "SELECT state, outcome FROM approvals WHERE approval_id = ?", decided) == [
-        ("resolved", "approved")]
+        ("resolved", "approved")
+    ]
     assert rows(db, "SELECT decision FROM decisions WHERE approval_id = ?", decided) == [
-        ("approve",)]
-    kinds = [k for (k,) in rows(db, "SELECT kind FROM audit_log WHERE approval_id = ? "
-                                    "ORDER BY seq", decided)]
+        ("approve",)
+    ]
+    kinds = [
+        k
+        for (k,) in rows(
+            db, "SELECT kind FROM audit_log WHERE approval_id = ? ORDER BY seq", decided
+        )
+    ]
     assert kinds == ["created", "dispatch_ack", "decision", "resolved"]
-    assert rows(db, "SELECT state FROM approvals WHERE approval_id = ?", polled) == [
-        ("pending",)]
+    assert rows(db, "SELECT state FROM approvals WHERE approval_id = ?", polled) == [("pending",)]
     verified = audit_verify(config)
     assert verified.returncode == 0, verified.stdout + verified.stderr
 
 
-def test_decision_held_past_the_shutdown_timeout_is_not_recorded_at_all(
-        tmp_path, relay, cleanup):
+def test_decision_held_past_the_shutdown_timeout_is_not_recorded_at_all(tmp_path, relay, cleanup):
     config = config_with(tmp_path, relay.url, "1s")
     proc = GateProcess(config).start()
     cleanup.append(proc)
@@ -313,10 +330,12 @@ def test_decision_held_past_the_shutdown_timeout_is_not_recorded_at_all(
 
     db = tmp_path / "gate.db"
     assert rows(db, "SELECT state FROM approvals WHERE approval_id = ?", approval_id) == [
-        ("pending",)]
+        ("pending",)
+    ]
     assert rows(db, "SELECT COUNT(*) FROM decisions") == [(0,)]
     assert rows(db, "SELECT COUNT(*) FROM audit_log WHERE kind IN ('decision', 'resolved')") == [
-        (0,)]
+        (0,)
+    ]
     assert rows(db, "PRAGMA integrity_check") == [("ok",)]
 
     # nothing was burnt: after a restart the same decision is recorded
@@ -338,8 +357,14 @@ class HangingRelay(CaptureRelay):
     async def _handle(self, request: web.Request) -> web.Response:
         raw = await request.read()
         with self._cond:
-            self.received.append({"headers": dict(request.headers), "raw": raw,
-                                  "status": self.status, "at": time.time()})
+            self.received.append(
+                {
+                    "headers": dict(request.headers),
+                    "raw": raw,
+                    "status": self.status,
+                    "at": time.time(),
+                }
+            )
             self._cond.notify_all()
         until = time.monotonic() + self.delay_s
         while time.monotonic() < until and not self.release.is_set():
@@ -347,8 +372,7 @@ class HangingRelay(CaptureRelay):
         return web.json_response({"status": "ok"}, status=self.status)
 
 
-def test_sigterm_stops_the_dispatcher_mid_dispatch_and_the_restart_sends_again(
-        tmp_path, cleanup):
+def test_sigterm_stops_the_dispatcher_mid_dispatch_and_the_restart_sends_again(tmp_path, cleanup):
     relay = HangingRelay().start()
     relay.delay_s = 30.0
     try:
@@ -362,8 +386,9 @@ def test_sigterm_stops_the_dispatcher_mid_dispatch_and_the_restart_sends_again(
         # the relay holds its answer 30 s (margin for a loaded host)
         assert time.monotonic() - started < 15, "the stop waited for the relay"
         db = tmp_path / "gate.db"
-        assert rows(db, "SELECT delivered_at FROM outbox WHERE approval_id = ?",
-                    approval_id) == [(None,)]
+        assert rows(db, "SELECT delivered_at FROM outbox WHERE approval_id = ?", approval_id) == [
+            (None,)
+        ]
 
         relay.delay_s = 0.0
         again = GateProcess(config).start()
@@ -378,7 +403,8 @@ def test_sigterm_stops_the_dispatcher_mid_dispatch_and_the_restart_sends_again(
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_stop_is_prompt_with_idle_keep_alive_connections_and_long_polls(
-        tmp_path, relay, cleanup, sig):
+    tmp_path, relay, cleanup, sig
+):
     proc = GateProcess(config_with(tmp_path, relay.url, "10s")).start()
     cleanup.append(proc)
     api = proc.api()
@@ -387,9 +413,13 @@ def test_stop_is_prompt_with_idle_keep_alive_connections_and_long_polls(
     idle = [socket.create_connection((parts.hostname, parts.port)) for _ in range(5)]
     try:
         delivered(proc, approval_id)
-        polls = [in_flight(f"{proc.api_url}/v1/approvals/{approval_id}?wait=120",
-                           headers={"Authorization": f"Bearer {API_TOKEN}"})
-                 for _ in range(5)]  # each read by the daemon: waiting there
+        polls = [
+            in_flight(
+                f"{proc.api_url}/v1/approvals/{approval_id}?wait=120",
+                headers={"Authorization": f"Bearer {API_TOKEN}"},
+            )
+            for _ in range(5)
+        ]  # each read by the daemon: waiting there
         started = time.monotonic()
         assert proc.proc is not None
         proc.proc.send_signal(sig)
@@ -414,8 +444,7 @@ def test_unix_socket_api_is_removed_on_stop(tmp_path, relay):
     gate.start()
     try:
         assert gate.api_url == f"unix:{sock}" and sock.is_socket()
-        done = run_cli("list", "-c", str(gate.config), "--api-url", gate.api_url,
-                       "--state", "all")
+        done = run_cli("list", "-c", str(gate.config), "--api-url", gate.api_url, "--state", "all")
         assert done.returncode == 0, done.stderr
         assert gate.stop() == 0
         assert not sock.exists()

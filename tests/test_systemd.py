@@ -26,9 +26,9 @@ import pytest
 import yaml
 
 from gate.config import load_config, load_secrets
+from gate.daemon.sdnotify import Notifier, socket_address, watchdog_interval
 from gate.errors import ConfigError
 from gate.protocol import signing
-from gate.daemon.sdnotify import Notifier, socket_address, watchdog_interval
 from tests.support import (
     API_TOKEN,
     DEADLINE_S,
@@ -74,15 +74,15 @@ class NotifySocket:
             self.address = str(path)
         self.messages: list[list[str]] = []
 
-    def receive_until(self, predicate: Any, what: str,
-                      timeout: float = DEADLINE_S) -> list[str]:
+    def receive_until(self, predicate: Any, what: str, timeout: float = DEADLINE_S) -> list[str]:
         """Receive until a message satisfies ``predicate(message)``; return that message."""
         deadline = time.monotonic() + timeout
         while True:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                raise AssertionError(f"no notify message {what} within {timeout} s; got "
-                                     f"{self.messages}")
+                raise AssertionError(
+                    f"no notify message {what} within {timeout} s; got {self.messages}"
+                )
             self.sock.settimeout(remaining)
             try:
                 data = self.sock.recv(4096)
@@ -101,7 +101,7 @@ def field(message: list[str], key: str) -> str | None:
     """The value of ``KEY=`` in a notify message, or None."""
     for line in message:
         if line.startswith(key + "="):
-            return line[len(key) + 1:]
+            return line[len(key) + 1 :]
     return None
 
 
@@ -111,8 +111,12 @@ class SpawnedGate(GateProcess):
     def spawn(self) -> SpawnedGate:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "gate", "serve", "-c", str(self.config)],
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-            env=self.env, cwd=ROOT)
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            env=self.env,
+            cwd=ROOT,
+        )
         threading.Thread(target=self._read, daemon=True).start()
         return self
 
@@ -151,8 +155,9 @@ def notify(tmp_path: Path) -> Any:
 
 
 @pytest.mark.parametrize("abstract", [False, True], ids=["path", "abstract"])
-def test_notify_ready_watchdog_stopping(tmp_path: Path, relay: CaptureRelay,
-                                        abstract: bool) -> None:
+def test_notify_ready_watchdog_stopping(
+    tmp_path: Path, relay: CaptureRelay, abstract: bool
+) -> None:
     sock = NotifySocket(tmp_path, abstract=abstract)
     try:
         env = gate_env(NOTIFY_SOCKET=sock.address, WATCHDOG_USEC="200000")
@@ -185,8 +190,9 @@ def test_notify_ready_watchdog_stopping(tmp_path: Path, relay: CaptureRelay,
         sock.close()
 
 
-def test_notify_status_when_start_fails(tmp_path: Path, relay: CaptureRelay,
-                                        notify: NotifySocket) -> None:
+def test_notify_status_when_start_fails(
+    tmp_path: Path, relay: CaptureRelay, notify: NotifySocket
+) -> None:
     """A bind that fails: no READY=1, a STATUS= saying so, exit 1."""
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
@@ -195,7 +201,8 @@ def test_notify_status_when_start_fails(tmp_path: Path, relay: CaptureRelay,
         config = write_config(tmp_path, relay.url, api={"listen": f"127.0.0.1:{port}"})
         gate = SpawnedGate(config, gate_env(NOTIFY_SOCKET=notify.address)).spawn()
         failed = notify.receive_until(
-            lambda m: (field(m, "STATUS") or "").startswith("failed to start"), "failure")
+            lambda m: (field(m, "STATUS") or "").startswith("failed to start"), "failure"
+        )
         assert gate.proc is not None and gate.proc.wait(DEADLINE_S) == 1
     assert all("READY=1" not in m for m in notify.messages), notify.messages
     assert field(failed, "STATUS") == "failed to start: OSError"
@@ -232,12 +239,15 @@ def test_sdnotify_addresses_and_watchdog_rules(tmp_path: Path) -> None:
 
 def test_serve_reads_credentials_directory(tmp_path: Path, relay: CaptureRelay) -> None:
     """Secrets only as credential files, each with the trailing newline editors add."""
-    creds = write_credentials(tmp_path / "creds", {
-        "HITL_RELAY_SECRET": SECRET.encode() + b"\n",
-        "HITL_RELAY_SECRET_OLD": OLD_SECRET.encode(),  # no newline: fine too
-        "HITL_API_TOKEN": API_TOKEN.encode() + b"\n",
-        "HITL_RECEIPT_KEY": RECEIPT_KEY.encode() + b"\n",
-    })
+    creds = write_credentials(
+        tmp_path / "creds",
+        {
+            "HITL_RELAY_SECRET": SECRET.encode() + b"\n",
+            "HITL_RELAY_SECRET_OLD": OLD_SECRET.encode(),  # no newline: fine too
+            "HITL_API_TOKEN": API_TOKEN.encode() + b"\n",
+            "HITL_RECEIPT_KEY": RECEIPT_KEY.encode() + b"\n",
+        },
+    )
     env = env_with_credentials(creds, *ENV)
     gate = GateProcess(write_config(tmp_path, relay.url), env).start()
     try:
@@ -245,8 +255,9 @@ def test_serve_reads_credentials_directory(tmp_path: Path, relay: CaptureRelay) 
         approval = api.create()
         dispatch = relay.wait_dispatch(approval["approval_id"])
         record = relay.raw_for(approval["approval_id"])[0]
-        signing.verify(record["headers"]["X-Draftcat-Signature"], record["raw"], [SECRET],
-                       time.time(), 300)  # signed with the secret without its newline
+        signing.verify(
+            record["headers"]["X-Draftcat-Signature"], record["raw"], [SECRET], time.time(), 300
+        )  # signed with the secret without its newline
         status, answer, _ = post_decision(gate.callback_url, decision_body(dispatch))
         assert (status, answer["outcome"]) == (200, "approved")
         assert api.get(approval["approval_id"])["receipt"] is not None
@@ -256,16 +267,21 @@ def test_serve_reads_credentials_directory(tmp_path: Path, relay: CaptureRelay) 
         assert value not in gate.log()
 
 
-@pytest.mark.parametrize("content, problem", [
-    (b"tok-3f9a\n\n", "has leading or trailing whitespace"),
-    (b"tok-3f9a\r\n", "has leading or trailing whitespace"),
-    (b" tok-3f9a\n", "has leading or trailing whitespace"),
-    (b"tok-3f9a \n", "has leading or trailing whitespace"),
-    (b"\n", "is empty"),
-    (b"tok-\xff\n", "is not valid UTF-8"),
-], ids=["two-newlines", "crlf", "leading-space", "trailing-space", "only-newline", "not-utf8"])
-def test_credential_with_other_whitespace_refused(tmp_path: Path, content: bytes,
-                                                  problem: str) -> None:
+@pytest.mark.parametrize(
+    "content, problem",
+    [
+        (b"tok-3f9a\n\n", "has leading or trailing whitespace"),
+        (b"tok-3f9a\r\n", "has leading or trailing whitespace"),
+        (b" tok-3f9a\n", "has leading or trailing whitespace"),
+        (b"tok-3f9a \n", "has leading or trailing whitespace"),
+        (b"\n", "is empty"),
+        (b"tok-\xff\n", "is not valid UTF-8"),
+    ],
+    ids=["two-newlines", "crlf", "leading-space", "trailing-space", "only-newline", "not-utf8"],
+)
+def test_credential_with_other_whitespace_refused(
+    tmp_path: Path, content: bytes, problem: str
+) -> None:
     creds = write_credentials(tmp_path / "creds", {"HITL_API_TOKEN": content})
     env = env_with_credentials(creds, "HITL_API_TOKEN")
     config = write_config(tmp_path, "http://127.0.0.1:9/relay")
@@ -278,12 +294,19 @@ def test_credential_with_other_whitespace_refused(tmp_path: Path, content: bytes
 
 def test_credentials_rules(tmp_path: Path) -> None:
     config = load_config(write_config(tmp_path, "http://127.0.0.1:9/relay"))
-    creds = write_credentials(tmp_path / "creds", {
-        "HITL_RELAY_SECRET": b"from-file-secret-9a4c2e7f1b0d8356\n",
-        "HITL_API_TOKEN": b"from-file-token-3e8b0d5a2c7f9146\n"})
-    env = {"CREDENTIALS_DIRECTORY": str(creds),
-           "HITL_RELAY_SECRET": "from-env-secret-6f1d3b8e0a4c9275",
-           "HITL_RELAY_SECRET_OLD": OLD_SECRET, "HITL_RECEIPT_KEY": RECEIPT_KEY}
+    creds = write_credentials(
+        tmp_path / "creds",
+        {
+            "HITL_RELAY_SECRET": b"from-file-secret-9a4c2e7f1b0d8356\n",
+            "HITL_API_TOKEN": b"from-file-token-3e8b0d5a2c7f9146\n",
+        },
+    )
+    env = {
+        "CREDENTIALS_DIRECTORY": str(creds),
+        "HITL_RELAY_SECRET": "from-env-secret-6f1d3b8e0a4c9275",
+        "HITL_RELAY_SECRET_OLD": OLD_SECRET,
+        "HITL_RECEIPT_KEY": RECEIPT_KEY,
+    }
     secrets = load_secrets(config, env)
     # a set variable wins
     assert secrets.relay_secrets == ("from-env-secret-6f1d3b8e0a4c9275", OLD_SECRET)
@@ -294,12 +317,14 @@ def test_credentials_rules(tmp_path: Path) -> None:
         load_secrets(config, env)
     assert caught.value.errors == [
         "receipts.key_env: environment variable HITL_RECEIPT_KEY is not set (nor is there a "
-        f"credential file {creds / 'HITL_RECEIPT_KEY'})"]
+        f"credential file {creds / 'HITL_RECEIPT_KEY'})"
+    ]
     (creds / "HITL_RECEIPT_KEY").mkdir()
     with pytest.raises(ConfigError) as caught:
         load_secrets(config, env)
     assert caught.value.errors == [
-        f"receipts.key_env: credential file {creds / 'HITL_RECEIPT_KEY'} is a directory"]
+        f"receipts.key_env: credential file {creds / 'HITL_RECEIPT_KEY'} is a directory"
+    ]
 
 
 # ---- SIGHUP reload ---------------------------------------------------------------------------
@@ -323,8 +348,9 @@ def edit_config(path: Path, change: Any) -> None:
     path.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
 
 
-def reload_gate(tmp_path: Path, relay: CaptureRelay,
-                sock: NotifySocket) -> tuple[GateProcess, Path, Path]:
+def reload_gate(
+    tmp_path: Path, relay: CaptureRelay, sock: NotifySocket
+) -> tuple[GateProcess, Path, Path]:
     """A gate whose API token is a credential file (rotatable), ready per NOTIFY_SOCKET."""
     creds = write_credentials(tmp_path / "creds", {"HITL_API_TOKEN": API_TOKEN.encode()})
     env = env_with_credentials(creds, "HITL_API_TOKEN", NOTIFY_SOCKET=sock.address)
@@ -335,17 +361,24 @@ def reload_gate(tmp_path: Path, relay: CaptureRelay,
     return gate, config, creds
 
 
-def test_sighup_reload_applies_to_new_work_only(tmp_path: Path, relay: CaptureRelay,
-                                                notify: NotifySocket) -> None:
+def test_sighup_reload_applies_to_new_work_only(
+    tmp_path: Path, relay: CaptureRelay, notify: NotifySocket
+) -> None:
     gate, config, creds = reload_gate(tmp_path, relay, notify)
     try:
         api = gate.api()
         # created before the reload: q2 = quorum 2 among alice, bob, carol
         pending = api.create(step="q2")
         old_dispatch = relay.wait_dispatch(pending["approval_id"])
-        status, answer = api.call("POST", "/v1/approvals", {
-            "pipeline": "p", "step": "deploy",
-            "draft": {"content_type": "text/plain", "body": "x"}})
+        status, answer = api.call(
+            "POST",
+            "/v1/approvals",
+            {
+                "pipeline": "p",
+                "step": "deploy",
+                "draft": {"content_type": "text/plain", "body": "x"},
+            },
+        )
         assert (status, answer["reason"]) == (404, "unknown_step")
 
         def change(data: dict[str, Any]) -> None:
@@ -375,28 +408,31 @@ def test_sighup_reload_applies_to_new_work_only(tmp_path: Path, relay: CaptureRe
         deploy = api.create(step="deploy")
         assert deploy["approvers"] == ["erin@example.com"]
         dispatch = relay.wait_dispatch(deploy["approval_id"])
-        status, answer, _ = post_decision(gate.callback_url,
-                                          decision_body(dispatch, "erin@example.com"))
+        status, answer, _ = post_decision(
+            gate.callback_url, decision_body(dispatch, "erin@example.com")
+        )
         assert (status, answer["outcome"]) == (200, "approved")
         # new work on q2 uses the new quorum and scope: carol is out
         fresh = api.create(step="q2")
         assert fresh["quorum"]["required"] == 1
-        assert fresh["approvers"] == ["alice@example.com", "bob@example.com",
-                                      "erin@example.com"]
+        assert fresh["approvers"] == ["alice@example.com", "bob@example.com", "erin@example.com"]
         fresh_dispatch = relay.wait_dispatch(fresh["approval_id"])
-        status, answer, _ = post_decision(gate.callback_url,
-                                          decision_body(fresh_dispatch, "carol@example.com"))
+        status, answer, _ = post_decision(
+            gate.callback_url, decision_body(fresh_dispatch, "carol@example.com")
+        )
         assert (status, answer["reason"]) == (403, "approver_not_allowed")
 
         # the approval pending since before the reload keeps its scope and quorum (2)
         still = api.get(pending["approval_id"])
         assert still["quorum"]["required"] == 2
         assert "carol@example.com" in still["approvers"]
-        status, answer, _ = post_decision(gate.callback_url,
-                                          decision_body(old_dispatch, "carol@example.com"))
+        status, answer, _ = post_decision(
+            gate.callback_url, decision_body(old_dispatch, "carol@example.com")
+        )
         assert (status, answer) == (200, {"status": "recorded", "resolved": False})
-        status, answer, _ = post_decision(gate.callback_url,
-                                          decision_body(old_dispatch, "bob@example.com"))
+        status, answer, _ = post_decision(
+            gate.callback_url, decision_body(old_dispatch, "bob@example.com")
+        )
         assert (status, answer["outcome"]) == (200, "approved")
         assert NEW_TOKEN not in gate.log() and API_TOKEN not in gate.log()
     finally:
@@ -404,7 +440,8 @@ def test_sighup_reload_applies_to_new_work_only(tmp_path: Path, relay: CaptureRe
 
 
 def test_sighup_reload_refuses_bad_config_and_keeps_serving(
-        tmp_path: Path, relay: CaptureRelay, notify: NotifySocket) -> None:
+    tmp_path: Path, relay: CaptureRelay, notify: NotifySocket
+) -> None:
     gate, config, creds = reload_gate(tmp_path, relay, notify)
     original = config.read_text(encoding="utf-8")
     api = gate.api()
@@ -416,7 +453,8 @@ def test_sighup_reload_refuses_bad_config_and_keeps_serving(
             data["bogus"] = 1
             data["pipelines"][0]["steps"][0]["quorum"] = 5
             data["pipelines"][0]["steps"].append(
-                {"name": "deploy", "quorum": 1, "approvers": [4242]})
+                {"name": "deploy", "quorum": 1, "approvers": [4242]}
+            )
             data["api"]["listen"] = "127.0.0.1:1"
 
         edit_config(config, break_it)
@@ -425,8 +463,10 @@ def test_sighup_reload_refuses_bad_config_and_keeps_serving(
         gate.wait_for_line(r"event=reload_refused error=bogus: unknown key")
         gate.wait_for_line(r"event=reload_refused error=pipelines\[0\]\.steps\[0\]\.quorum")
         gate.wait_for_line(r"event=reload_refused error=pipelines\[0\]\.steps\[4\]\.approvers")
-        gate.wait_for_line(r"event=reload_refused error=api\.listen: cannot change while "
-                           r"running \(restart to apply it\)")
+        gate.wait_for_line(
+            r"event=reload_refused error=api\.listen: cannot change while "
+            r"running \(restart to apply it\)"
+        )
         gate.wait_for_line(r"event=reload_refused errors=5 kept=running_config")
         approval = api.create(step="q1")  # the running config: q1 is quorum 1, no deploy
         assert approval["quorum"]["required"] == 1
@@ -438,16 +478,20 @@ def test_sighup_reload_refuses_bad_config_and_keeps_serving(
         config.write_text(original, encoding="utf-8")
         edit_config(config, lambda d: d["api"].update({"listen": "127.0.0.1:1"}))
         reload_and_wait(gate, notify)
-        gate.wait_for_line(r"event=reload_refused error=api\.listen: cannot change while "
-                           r"running \(restart to apply it\)")
+        gate.wait_for_line(
+            r"event=reload_refused error=api\.listen: cannot change while "
+            r"running \(restart to apply it\)"
+        )
         assert api.call("GET", "/healthz")[0] == 200
 
         # 3. a secret that went missing: refused, the running token still works
         config.write_text(original, encoding="utf-8")
         (creds / "HITL_API_TOKEN").unlink()
         reload_and_wait(gate, notify)
-        gate.wait_for_line(r"event=reload_refused error=api\.token_env: environment variable "
-                           r"HITL_API_TOKEN is not set \(nor is there a credential file")
+        gate.wait_for_line(
+            r"event=reload_refused error=api\.token_env: environment variable "
+            r"HITL_API_TOKEN is not set \(nor is there a credential file"
+        )
         assert api.call("GET", "/v1/approvals")[0] == 200
 
         # 4. fixed again: the reload goes through
@@ -464,8 +508,9 @@ def test_sighup_reload_refuses_bad_config_and_keeps_serving(
 
 
 @pytest.mark.parametrize("how", ["backup", "vacuum-into"])
-def test_backup_while_running(tmp_path: Path, relay: CaptureRelay, gate: GateProcess,
-                              how: str) -> None:
+def test_backup_while_running(
+    tmp_path: Path, relay: CaptureRelay, gate: GateProcess, how: str
+) -> None:
     api = gate.api()
     done = api.create()
     dispatch = relay.wait_dispatch(done["approval_id"])
@@ -478,8 +523,9 @@ def test_backup_while_running(tmp_path: Path, relay: CaptureRelay, gate: GatePro
     statement = f".backup '{copy}'" if how == "backup" else f"VACUUM INTO '{copy}'"
     cli = shutil.which("sqlite3")
     if cli is not None:  # the commands exactly as documented
-        result = subprocess.run([cli, str(db), statement], capture_output=True, text=True,
-                                timeout=60, check=False)
+        result = subprocess.run(
+            [cli, str(db), statement], capture_output=True, text=True, timeout=60, check=False
+        )
         assert result.returncode == 0, result.stderr
     else:  # the same SQLite operations through Python's sqlite3
         with closing(sqlite3.connect(db)) as src:
@@ -525,21 +571,35 @@ def _unit_copy(tmp_path: Path) -> Path:
 
 def test_unit_declares_notify_credentials_and_directories() -> None:
     lines = set(UNIT.read_text(encoding="utf-8").splitlines())
-    for line in ("Type=notify", "NotifyAccess=main", "WatchdogSec=30s",
-                 "ExecReload=/bin/kill -HUP $MAINPID", "DynamicUser=yes",
-                 "StateDirectory=hitl-gate", "ConfigurationDirectory=hitl-gate",
-                 "LoadCredential=HITL_RELAY_SECRET:/etc/hitl-gate/credentials/HITL_RELAY_SECRET",
-                 "LoadCredential=HITL_API_TOKEN:/etc/hitl-gate/credentials/HITL_API_TOKEN",
-                 "LoadCredential=HITL_RECEIPT_KEY:/etc/hitl-gate/credentials/HITL_RECEIPT_KEY",
-                 "NoNewPrivileges=yes", "ProtectSystem=strict", "CapabilityBoundingSet="):
+    for line in (
+        "Type=notify",
+        "NotifyAccess=main",
+        "WatchdogSec=30s",
+        "ExecReload=/bin/kill -HUP $MAINPID",
+        "DynamicUser=yes",
+        "StateDirectory=hitl-gate",
+        "ConfigurationDirectory=hitl-gate",
+        "LoadCredential=HITL_RELAY_SECRET:/etc/hitl-gate/credentials/HITL_RELAY_SECRET",
+        "LoadCredential=HITL_API_TOKEN:/etc/hitl-gate/credentials/HITL_API_TOKEN",
+        "LoadCredential=HITL_RECEIPT_KEY:/etc/hitl-gate/credentials/HITL_RECEIPT_KEY",
+        "NoNewPrivileges=yes",
+        "ProtectSystem=strict",
+        "CapabilityBoundingSet=",
+    ):
         assert line in lines, line
 
 
 def test_systemd_analyze_verify(tmp_path: Path) -> None:
     tool = _analyze()
     unit = _unit_copy(tmp_path)
-    result = subprocess.run([tool, "verify", str(unit)], capture_output=True, text=True,
-                            timeout=60, check=False, cwd=tmp_path)
+    result = subprocess.run(
+        [tool, "verify", str(unit)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        cwd=tmp_path,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "hitl-gate.service" not in result.stderr, result.stderr  # no warning about it
 
@@ -560,12 +620,20 @@ def test_b02_11_shipped_unit_verifies_once_its_program_is_installed(tmp_path: Pa
     tool = _analyze()
     program = _exec_start_program()
     text = (ROOT / "docs" / "operating.md").read_text(encoding="utf-8")
-    assert (f"`systemd-analyze verify /etc/systemd/system/hitl-gate.service` passes once "
-            f"`{program}` exists") in " ".join(text.split())
+    assert (
+        f"`systemd-analyze verify /etc/systemd/system/hitl-gate.service` passes once "
+        f"`{program}` exists"
+    ) in " ".join(text.split())
     missing = f"hitl-gate.service: Command {program} is not executable: No such file or directory"
     if not program.exists():
-        result = subprocess.run([tool, "verify", str(UNIT)], capture_output=True, text=True,
-                                timeout=60, check=False, cwd=tmp_path)
+        result = subprocess.run(
+            [tool, "verify", str(UNIT)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+            cwd=tmp_path,
+        )
         assert result.returncode != 0
         complaints = [line for line in result.stderr.splitlines() if "hitl-gate" in line]
         assert complaints == [missing], result.stderr
@@ -573,16 +641,21 @@ def test_b02_11_shipped_unit_verifies_once_its_program_is_installed(tmp_path: Pa
     exe = Path(sys.executable).parent / "hitl-gate"
     unshare = shutil.which("unshare")
     if not exe.exists() or unshare is None or os.geteuid() != 0:
-        pytest.skip("verifying with the program in place needs root, unshare(1) and the venv's "
-                    "hitl-gate")
+        pytest.skip(
+            "verifying with the program in place needs root, unshare(1) and the venv's hitl-gate"
+        )
     directory = tmp_path / "bin"
     directory.mkdir()
     (directory / program.name).symlink_to(exe)
-    script = (f'mount --bind "{directory}" "{program.parent}" && '
-              f'exec "{tool}" verify "{UNIT}"')
-    result = subprocess.run([unshare, "--mount", "--propagation", "private", "sh", "-c", script],
-                            capture_output=True, text=True, timeout=60, check=False,
-                            cwd=tmp_path)
+    script = f'mount --bind "{directory}" "{program.parent}" && exec "{tool}" verify "{UNIT}"'
+    result = subprocess.run(
+        [unshare, "--mount", "--propagation", "private", "sh", "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        cwd=tmp_path,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "hitl-gate.service" not in result.stderr, result.stderr
 
@@ -590,14 +663,21 @@ def test_b02_11_shipped_unit_verifies_once_its_program_is_installed(tmp_path: Pa
 def test_systemd_analyze_security_exposure_at_most_2(tmp_path: Path) -> None:
     tool = _analyze()
     unit = _unit_copy(tmp_path)
-    result = subprocess.run([tool, "security", "--offline=yes", "--no-pager", str(unit)],
-                            capture_output=True, text=True, timeout=60, check=False,
-                            cwd=tmp_path)
+    result = subprocess.run(
+        [tool, "security", "--offline=yes", "--no-pager", str(unit)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        cwd=tmp_path,
+    )
     output = result.stdout + result.stderr
     match = re.search(r"Overall exposure level for hitl-gate\.service: (\d+\.\d+)", output)
     assert match, output
     score = float(match.group(1))
     assert score <= 2.0, output
-    documented = re.search(r"exposure level \*\*(\d+\.\d+)\*\*",
-                           (ROOT / "docs" / "operating.md").read_text(encoding="utf-8"))
+    documented = re.search(
+        r"exposure level \*\*(\d+\.\d+)\*\*",
+        (ROOT / "docs" / "operating.md").read_text(encoding="utf-8"),
+    )
     assert documented and float(documented.group(1)) <= 2.0

@@ -35,32 +35,79 @@ APPROVED = {"status": "recorded", "resolved": True, "outcome": "approved"}
 
 
 def openssl(*args: str, cwd: Path) -> None:
-    done = subprocess.run(["openssl", *args], cwd=cwd, capture_output=True, text=True,
-                          check=False)
+    done = subprocess.run(["openssl", *args], cwd=cwd, capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stderr
 
 
 def make_ca(directory: Path, name: str) -> None:
     """``<name>.key`` and a self-signed CA certificate ``<name>.pem``."""
-    openssl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
-            "-keyout", f"{name}.key", "-out", f"{name}.pem", "-days", "2",
-            "-subj", f"/CN={name}", "-addext", "basicConstraints=critical,CA:TRUE",
-            "-addext", "keyUsage=critical,keyCertSign,cRLSign",
-            "-addext", "subjectKeyIdentifier=hash", cwd=directory)
+    openssl(
+        "req",
+        "-x509",
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:P-256",
+        "-nodes",
+        "-keyout",
+        f"{name}.key",
+        "-out",
+        f"{name}.pem",
+        "-days",
+        "2",
+        "-subj",
+        f"/CN={name}",
+        "-addext",
+        "basicConstraints=critical,CA:TRUE",
+        "-addext",
+        "keyUsage=critical,keyCertSign,cRLSign",
+        "-addext",
+        "subjectKeyIdentifier=hash",
+        cwd=directory,
+    )
 
 
 def make_server_cert(directory: Path, ca: str, name: str, san: str) -> None:
     """``<name>.key`` and ``<name>.pem`` for ``san`` (e.g. ``IP:127.0.0.1``), signed by ``ca``."""
-    openssl("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
-            "-keyout", f"{name}.key", "-out", f"{name}.csr", "-subj", f"/CN={name}",
-            cwd=directory)
+    openssl(
+        "req",
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:P-256",
+        "-nodes",
+        "-keyout",
+        f"{name}.key",
+        "-out",
+        f"{name}.csr",
+        "-subj",
+        f"/CN={name}",
+        cwd=directory,
+    )
     (directory / f"{name}.ext").write_text(
         f"subjectAltName={san}\nbasicConstraints=critical,CA:FALSE\n"
         "keyUsage=critical,digitalSignature\nextendedKeyUsage=serverAuth\n"
-        "subjectKeyIdentifier=hash\nauthorityKeyIdentifier=keyid,issuer\n", encoding="ascii")
-    openssl("x509", "-req", "-in", f"{name}.csr", "-CA", f"{ca}.pem", "-CAkey", f"{ca}.key",
-            "-CAcreateserial", "-out", f"{name}.pem", "-days", "2", "-extfile", f"{name}.ext",
-            cwd=directory)
+        "subjectKeyIdentifier=hash\nauthorityKeyIdentifier=keyid,issuer\n",
+        encoding="ascii",
+    )
+    openssl(
+        "x509",
+        "-req",
+        "-in",
+        f"{name}.csr",
+        "-CA",
+        f"{ca}.pem",
+        "-CAkey",
+        f"{ca}.key",
+        "-CAcreateserial",
+        "-out",
+        f"{name}.pem",
+        "-days",
+        "2",
+        "-extfile",
+        f"{name}.ext",
+        cwd=directory,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -112,8 +159,9 @@ def not_acked_for_tls(proc: GateProcess, relay: CaptureRelay, expected: str) -> 
     the relay's HTTP layer, and last_error names the verification failure."""
     api = proc.api()
     approval_id = api.create("q1")["approval_id"]
-    wait_until(lambda: api.get(approval_id)["dispatch"]["attempts"] >= 2, DEADLINE_S,
-               "two failed attempts")
+    wait_until(
+        lambda: api.get(approval_id)["dispatch"]["attempts"] >= 2, DEADLINE_S, "two failed attempts"
+    )
     dispatch = api.get(approval_id)["dispatch"]
     assert dispatch["delivered_at"] is None
     assert expected in dispatch["last_error"], dispatch["last_error"]
@@ -173,17 +221,26 @@ def test_certificate_for_another_name_is_refused_even_with_ca_file(tmp_path, pki
         relay.stop()
 
 
-@pytest.mark.parametrize("content, expected", [
-    (None, "relay.ca_file: cannot read CA bundle"),
-    ("not a certificate\n", "is not a PEM bundle of CA certificates"),
-])
+@pytest.mark.parametrize(
+    "content, expected",
+    [
+        (None, "relay.ca_file: cannot read CA bundle"),
+        ("not a certificate\n", "is not a PEM bundle of CA certificates"),
+    ],
+)
 def test_unusable_ca_file_is_a_config_error(tmp_path, content, expected):
     if content is not None:
         (tmp_path / "ca.pem").write_text(content, encoding="ascii")
     config = write_config(tmp_path, "https://relay.example.com/hook", relay={"ca_file": "ca.pem"})
-    done = subprocess.run([sys.executable, "-m", "gate", "check-config", "-c", str(config)],
-                          capture_output=True, text=True, env=gate_env(), cwd=ROOT,
-                          timeout=DEADLINE_S, check=False)
+    done = subprocess.run(
+        [sys.executable, "-m", "gate", "check-config", "-c", str(config)],
+        capture_output=True,
+        text=True,
+        env=gate_env(),
+        cwd=ROOT,
+        timeout=DEADLINE_S,
+        check=False,
+    )
     assert done.returncode == 2
     assert expected in done.stderr, done.stderr
     assert "relay.ca_file:" in done.stderr

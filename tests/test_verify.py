@@ -25,8 +25,14 @@ import pytest
 
 from gate.protocol import DECISIONS_PATH
 from gate.tools.conformance import runner
-from gate.tools.conformance.checks import ACK_LIMIT_S, Observed, judge_ack, judge_decision, judge_refusal
-from gate.tools.conformance.checks import probe
+from gate.tools.conformance.checks import (
+    ACK_LIMIT_S,
+    Observed,
+    judge_ack,
+    judge_decision,
+    judge_refusal,
+    probe,
+)
 from tests.badrelays import (
     BadRelay,
     Misbehaviour,
@@ -42,16 +48,33 @@ OUTSIDER = "mallory@example.com"
 WRONG_HASH = "sha256:" + "0" * 64
 WRONG_NONCE = "f" * 32
 ALL_CHECKS = [
-    "relay.ack", "relay.decision_received", "relay.decision_signed", "relay.decision_in_window",
-    "relay.nonce", "relay.payload_hash_echo", "relay.approver_in_scope",
-    "relay.decision_accepted", "relay.refuses_bad_signature", "relay.refuses_stale_timestamp",
-    "gate.replay_refused", "gate.mutated_hash_refused", "gate.out_of_scope_refused",
+    "relay.ack",
+    "relay.decision_received",
+    "relay.decision_signed",
+    "relay.decision_in_window",
+    "relay.nonce",
+    "relay.payload_hash_echo",
+    "relay.approver_in_scope",
+    "relay.decision_accepted",
+    "relay.refuses_bad_signature",
+    "relay.refuses_stale_timestamp",
+    "gate.replay_refused",
+    "gate.mutated_hash_refused",
+    "gate.out_of_scope_refused",
 ]
-GATE_SIDE = frozenset({"gate.replay_refused", "gate.mutated_hash_refused",
-                       "gate.out_of_scope_refused"})
-DECISION_SIDE = frozenset({"relay.decision_signed", "relay.decision_in_window",
-                           "relay.nonce", "relay.payload_hash_echo",
-                           "relay.approver_in_scope", "relay.decision_accepted"})
+GATE_SIDE = frozenset(
+    {"gate.replay_refused", "gate.mutated_hash_refused", "gate.out_of_scope_refused"}
+)
+DECISION_SIDE = frozenset(
+    {
+        "relay.decision_signed",
+        "relay.decision_in_window",
+        "relay.nonce",
+        "relay.payload_hash_echo",
+        "relay.approver_in_scope",
+        "relay.decision_accepted",
+    }
+)
 REFERENCE = "reference"
 NEVER_TIMEOUT_S = 3.0
 GRACE_S = 3.0
@@ -81,79 +104,133 @@ SCENARIOS: dict[str, Scenario] = {
     "reference-text": Scenario(None, text=True),
     "reference-public-url": Scenario(None, public_url=True),
     # a relay that waits for its human inside the dispatch request: acks after 8 s
-    "holds-ack-8s": Scenario(Misbehaviour(hold_s=8.0), frozenset({"relay.ack"}),
-                             {"relay.ack": "HTTP 202 after"}),
+    "holds-ack-8s": Scenario(
+        Misbehaviour(hold_s=8.0), frozenset({"relay.ack"}), {"relay.ack": "HTTP 202 after"}
+    ),
     "echoes-wrong-hash": Scenario(
         Misbehaviour(payload_hash=WRONG_HASH),
-        frozenset({"relay.payload_hash_echo", "relay.decision_accepted"}), skips=GATE_SIDE,
-        observed={"relay.payload_hash_echo": WRONG_HASH,
-         "relay.decision_accepted": "payload_hash_mismatch"}),
+        frozenset({"relay.payload_hash_echo", "relay.decision_accepted"}),
+        skips=GATE_SIDE,
+        observed={
+            "relay.payload_hash_echo": WRONG_HASH,
+            "relay.decision_accepted": "payload_hash_mismatch",
+        },
+    ),
     "echoes-wrong-hash-text": Scenario(
         Misbehaviour(payload_hash=WRONG_HASH),
-        frozenset({"relay.payload_hash_echo", "relay.decision_accepted"}), skips=GATE_SIDE,
-        text=True),
+        frozenset({"relay.payload_hash_echo", "relay.decision_accepted"}),
+        skips=GATE_SIDE,
+        text=True,
+    ),
     # verifies dispatches with the shared secret but signs its decisions with another one:
     # the decision's t is correct, so only the signature check (and what follows) fails
     "signs-with-wrong-secret": Scenario(
         Misbehaviour(sign_secret="not-the-shared-secret"),
-        frozenset({"relay.decision_signed", "relay.decision_accepted"}), skips=GATE_SIDE,
-        observed={"relay.decision_signed": "signature_mismatch",
-         "relay.decision_accepted": "signature_mismatch"}),
+        frozenset({"relay.decision_signed", "relay.decision_accepted"}),
+        skips=GATE_SIDE,
+        observed={
+            "relay.decision_signed": "signature_mismatch",
+            "relay.decision_accepted": "signature_mismatch",
+        },
+    ),
     "answers-out-of-scope": Scenario(
         Misbehaviour(approver=OUTSIDER),
-        frozenset({"relay.approver_in_scope", "relay.decision_accepted"}), skips=GATE_SIDE,
-        observed={"relay.approver_in_scope": OUTSIDER, "relay.decision_accepted": "approver_not_allowed"}),
+        frozenset({"relay.approver_in_scope", "relay.decision_accepted"}),
+        skips=GATE_SIDE,
+        observed={
+            "relay.approver_in_scope": OUTSIDER,
+            "relay.decision_accepted": "approver_not_allowed",
+        },
+    ),
     "echoes-wrong-nonce": Scenario(
         Misbehaviour(nonce=WRONG_NONCE),
-        frozenset({"relay.nonce", "relay.decision_accepted"}), skips=GATE_SIDE,
-        observed={"relay.nonce": WRONG_NONCE, "relay.decision_accepted": "nonce_mismatch"}),
+        frozenset({"relay.nonce", "relay.decision_accepted"}),
+        skips=GATE_SIDE,
+        observed={"relay.nonce": WRONG_NONCE, "relay.decision_accepted": "nonce_mismatch"},
+    ),
     "signs-in-milliseconds": Scenario(
         Misbehaviour(ms_timestamps=True),
-        frozenset({"relay.decision_in_window", "relay.decision_accepted"}), skips=GATE_SIDE,
-        observed={"relay.decision_in_window": "away",
-         "relay.decision_accepted": "timestamp_out_of_window"}),
+        frozenset({"relay.decision_in_window", "relay.decision_accepted"}),
+        skips=GATE_SIDE,
+        observed={
+            "relay.decision_in_window": "away",
+            "relay.decision_accepted": "timestamp_out_of_window",
+        },
+    ),
     # checks the timestamp but not the HMAC: forwards a badly signed dispatch to its human
     "forwards-bad-signature": Scenario(
-        Misbehaviour(verify_hmac=False), frozenset({"relay.refuses_bad_signature"}),
-        {"relay.refuses_bad_signature": "a decision came back"}),
+        Misbehaviour(verify_hmac=False),
+        frozenset({"relay.refuses_bad_signature"}),
+        {"relay.refuses_bad_signature": "a decision came back"},
+    ),
     "forwards-stale-timestamp": Scenario(
-        Misbehaviour(verify_window=False), frozenset({"relay.refuses_stale_timestamp"}),
-        {"relay.refuses_stale_timestamp": "a decision came back"}),
+        Misbehaviour(verify_window=False),
+        frozenset({"relay.refuses_stale_timestamp"}),
+        {"relay.refuses_stale_timestamp": "a decision came back"},
+    ),
     "verifies-nothing": Scenario(
         Misbehaviour(verify_hmac=False, verify_window=False),
         frozenset({"relay.refuses_bad_signature", "relay.refuses_stale_timestamp"}),
-        {"relay.refuses_bad_signature": "a decision came back",
-         "relay.refuses_stale_timestamp": "a decision came back"}),
+        {
+            "relay.refuses_bad_signature": "a decision came back",
+            "relay.refuses_stale_timestamp": "a decision came back",
+        },
+    ),
     # answers 401 as it should, but shows the refused dispatches to its human anyway
     "refuses-but-forwards": Scenario(
         Misbehaviour(forward_refused=True),
         frozenset({"relay.refuses_bad_signature", "relay.refuses_stale_timestamp"}),
-        {"relay.refuses_bad_signature": "a decision came back",
-         "relay.refuses_stale_timestamp": "a decision came back"}),
+        {
+            "relay.refuses_bad_signature": "a decision came back",
+            "relay.refuses_stale_timestamp": "a decision came back",
+        },
+    ),
     "never-answers": Scenario(
-        Misbehaviour(answer=False), frozenset({"relay.decision_received"}),
+        Misbehaviour(answer=False),
+        frozenset({"relay.decision_received"}),
         skips=DECISION_SIDE | GATE_SIDE,
         observed={"relay.decision_received": f"no decision arrived within {NEVER_TIMEOUT_S:g} s"},
-        timeout=NEVER_TIMEOUT_S),
+        timeout=NEVER_TIMEOUT_S,
+    ),
     # configured with another secret: refuses even the real dispatch, so nothing is acked
     "refuses-everything": Scenario(
         Misbehaviour(secret="a-different-secret"),
-        frozenset({"relay.ack", "relay.decision_received"}), skips=DECISION_SIDE | GATE_SIDE,
-        observed={"relay.ack": "HTTP 401", "relay.decision_received": "not acked"}, timeout=60.0),
+        frozenset({"relay.ack", "relay.decision_received"}),
+        skips=DECISION_SIDE | GATE_SIDE,
+        observed={"relay.ack": "HTTP 401", "relay.decision_received": "not acked"},
+        timeout=60.0,
+    ),
     # Regression (review): answers the dispatch 500 yet decides: the decision is judged (it
     # was accepted), not reported as missing "because the dispatch was not acked"
     "acks-500-then-decides": Scenario(
-        Misbehaviour(ack_status=500), frozenset({"relay.ack"}),
-        observed={"relay.ack": "HTTP 500",
-                  "relay.decision_received": "although the dispatch was not acked",
-                  "relay.decision_accepted": 'gate answered 200 {"status": "recorded"'}),
+        Misbehaviour(ack_status=500),
+        frozenset({"relay.ack"}),
+        observed={
+            "relay.ack": "HTTP 500",
+            "relay.decision_received": "although the dispatch was not acked",
+            "relay.decision_accepted": 'gate answered 200 {"status": "recorded"',
+        },
+    ),
     # nothing listens at RELAY_URL: a failed check (exit 1), not a usage error
     "unreachable": Scenario(
-        None, frozenset({"relay.ack", "relay.decision_received", "relay.refuses_bad_signature",
-                         "relay.refuses_stale_timestamp"}), skips=DECISION_SIDE | GATE_SIDE,
-        observed={"relay.ack": "ClientConnectorError", "relay.decision_received": "not acked",
-         "relay.refuses_bad_signature": "answered no dispatch"},
-        timeout=60.0, unreachable=True),
+        None,
+        frozenset(
+            {
+                "relay.ack",
+                "relay.decision_received",
+                "relay.refuses_bad_signature",
+                "relay.refuses_stale_timestamp",
+            }
+        ),
+        skips=DECISION_SIDE | GATE_SIDE,
+        observed={
+            "relay.ack": "ClientConnectorError",
+            "relay.decision_received": "not acked",
+            "relay.refuses_bad_signature": "answered no dispatch",
+        },
+        timeout=60.0,
+        unreachable=True,
+    ),
 }
 FAILING = [name for name, s in SCENARIOS.items() if s.fails and not s.text]
 
@@ -172,8 +249,9 @@ class Result:
         try:
             return json.loads(self.stdout)
         except ValueError as exc:
-            raise AssertionError(f"stdout is not JSON ({exc}):\n{self.stdout}\n"
-                                 f"stderr:\n{self.stderr}") from exc
+            raise AssertionError(
+                f"stdout is not JSON ({exc}):\n{self.stdout}\nstderr:\n{self.stderr}"
+            ) from exc
 
 
 class Run:
@@ -215,20 +293,38 @@ class Fleet:
     public_port: int = 0
 
 
-def verify_args(url: str, timeout: float, *, as_json: bool = True,
-                extra: tuple[str, ...] = ()) -> tuple[str, ...]:
+def verify_args(
+    url: str, timeout: float, *, as_json: bool = True, extra: tuple[str, ...] = ()
+) -> tuple[str, ...]:
     """The CLI arguments of one verify run."""
-    args = (url, "--secret-env", "HITL_RELAY_SECRET", "--approver", APPROVER,
-            "--timeout", f"{timeout:g}", *extra)
+    args = (
+        url,
+        "--secret-env",
+        "HITL_RELAY_SECRET",
+        "--approver",
+        APPROVER,
+        "--timeout",
+        f"{timeout:g}",
+        *extra,
+    )
     return (*args, "--json") if as_json else args
 
 
 @pytest.fixture(scope="module")
 def fleet() -> Iterator[Fleet]:
     """Start every relay and every scenario's verify run at once (they run in parallel)."""
-    reference = CliProcess("relay", "--listen", "127.0.0.1:0", "--secret-env",
-                           "HITL_RELAY_SECRET", "--auto", "approve", "--as", APPROVER,
-                           env=gate_env())
+    reference = CliProcess(
+        "relay",
+        "--listen",
+        "127.0.0.1:0",
+        "--secret-env",
+        "HITL_RELAY_SECRET",
+        "--auto",
+        "approve",
+        "--as",
+        APPROVER,
+        env=gate_env(),
+    )
     relays: dict[str, BadRelay] = {}
     runs: dict[str, Run] = {}
     try:
@@ -238,16 +334,21 @@ def fleet() -> Iterator[Fleet]:
             extra: tuple[str, ...] = ()
             if scenario.public_url:
                 fl.public_port = free_port()
-                extra = ("--listen", f"127.0.0.1:{fl.public_port}",
-                         "--public-url", f"http://localhost:{fl.public_port}/")
+                extra = (
+                    "--listen",
+                    f"127.0.0.1:{fl.public_port}",
+                    "--public-url",
+                    f"http://localhost:{fl.public_port}/",
+                )
             target = url
             if scenario.unreachable:
                 target = f"http://127.0.0.1:{free_port()}/relay"
             if scenario.relay is not None:
                 relays[name] = BadRelay(scenario.relay).start()
                 target = relays[name].url + "relay"
-            runs[name] = Run(*verify_args(target, scenario.timeout, as_json=not scenario.text,
-                                          extra=extra))
+            runs[name] = Run(
+                *verify_args(target, scenario.timeout, as_json=not scenario.text, extra=extra)
+            )
         yield fl
     finally:
         for run in runs.values():
@@ -341,7 +442,8 @@ def test_relay_on_another_secret_is_told_to_check_the_secret_first(fleet: Fleet)
     the usual cause is simply a relay holding another secret."""
     ack = {c["name"]: c for c in fleet.runs["refuses-everything"].result().report()["checks"]}
     assert ack["relay.ack"]["fix"].startswith(
-        "check that the relay holds the same secret as --secret-env (the most common cause)")
+        "check that the relay holds the same secret as --secret-env (the most common cause)"
+    )
 
 
 def test_holding_relay_really_acked_late(fleet: Fleet) -> None:
@@ -370,8 +472,7 @@ def test_never_answering_relay_fails_after_timeout(fleet: Fleet) -> None:
     # default --timeout; on a loaded 2-core host the process exit itself lagged past +8 s)
     waited = _exit_after_real_dispatch(fleet, "never-answers")
     assert NEVER_TIMEOUT_S + GRACE_S - 0.1 <= waited < NEVER_TIMEOUT_S + GRACE_S + 20, waited
-    assert "--timeout" in {c["name"]: c for c in report["checks"]}[
-        "relay.decision_received"]["fix"]
+    assert "--timeout" in {c["name"]: c for c in report["checks"]}["relay.decision_received"]["fix"]
     assert fleet.relays["never-answers"].decided() == []
     assert [d["status"] for d in fleet.relays["never-answers"].dispatches] == [401, 401, 202]
 
@@ -385,8 +486,15 @@ def test_unacked_dispatch_is_not_waited_for(fleet: Fleet) -> None:
     assert fleet.relays["refuses-everything"].decided() == []
 
 
-@pytest.mark.parametrize("name", ["forwards-bad-signature", "forwards-stale-timestamp",
-                                  "verifies-nothing", "refuses-but-forwards"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "forwards-bad-signature",
+        "forwards-stale-timestamp",
+        "verifies-nothing",
+        "refuses-but-forwards",
+    ],
+)
 def test_forwarding_relays_really_forwarded(fleet: Fleet, name: str) -> None:
     """Sanity of the setup: these relays did answer the bad dispatches (else the test proves
     nothing), and their decision for the real dispatch was accepted."""
@@ -413,8 +521,9 @@ def test_failing_relay_text_report(fleet: Fleet) -> None:
     skipped = {m.group(1) for line in lines if (m := re.match(r"SKIP\s+(\S+)\s+not run: ", line))}
     assert skipped == set(scenario.skips), result.stdout
     passed = len(ALL_CHECKS) - len(scenario.fails) - len(scenario.skips)
-    assert lines[-1] == (f"{passed}/{len(ALL_CHECKS)} checks passed, {len(scenario.skips)} "
-                         "not run: NOT CONFORMANT")
+    assert lines[-1] == (
+        f"{passed}/{len(ALL_CHECKS)} checks passed, {len(scenario.skips)} not run: NOT CONFORMANT"
+    )
 
 
 # ---- the gate-side negative checks can fail ---------------------------------------------------
@@ -436,22 +545,36 @@ def server_factory() -> Iterator[Any]:
         server = PermissiveServer(status, answer).start()
         started.append(server)
         return server
+
     yield make
     for server in started:
         server.stop()
 
 
-async def _probe(url: str, name: str, status: int, reasons: tuple[str, ...],
-                 body: bytes = b'{"protocol":"hitl/v0"}',
-                 headers: dict[str, str] | None = None) -> Any:
+async def _probe(
+    url: str,
+    name: str,
+    status: int,
+    reasons: tuple[str, ...],
+    body: bytes = b'{"protocol":"hitl/v0"}',
+    headers: dict[str, str] | None = None,
+) -> Any:
     async with aiohttp.ClientSession(trust_env=False) as session:
-        return await probe(session, url, body, headers or {"X-Draftcat-Signature": "t=1,v1=ab"},
-                           name, status, reasons)
+        return await probe(
+            session,
+            url,
+            body,
+            headers or {"X-Draftcat-Signature": "t=1,v1=ab"},
+            name,
+            status,
+            reasons,
+        )
 
 
 @pytest.mark.parametrize(("name", "status", "reasons"), EXPECTATIONS)
 async def test_probe_fails_against_a_gate_that_accepts_everything(
-        server_factory: Any, name: str, status: int, reasons: tuple[str, ...]) -> None:
+    server_factory: Any, name: str, status: int, reasons: tuple[str, ...]
+) -> None:
     server = server_factory()
     body = b'{"protocol":"hitl/v0","approval_id":"x"}'
     headers = {"X-Draftcat-Signature": "t=1,v1=" + "a" * 64, "X-Hitl-Protocol": "hitl/v0"}
@@ -468,10 +591,10 @@ async def test_probe_fails_against_a_gate_that_accepts_everything(
 
 @pytest.mark.parametrize(("name", "status", "reasons"), EXPECTATIONS)
 async def test_probe_fails_against_a_gate_that_refuses_for_another_reason(
-        server_factory: Any, name: str, status: int, reasons: tuple[str, ...]) -> None:
+    server_factory: Any, name: str, status: int, reasons: tuple[str, ...]
+) -> None:
     # a gate that refuses everything (e.g. a broken signature check) must not pass either
-    unauthorized = server_factory(401, {"status": "unauthorized",
-                                        "reason": "signature_mismatch"})
+    unauthorized = server_factory(401, {"status": "unauthorized", "reason": "signature_mismatch"})
     result = await _probe(unauthorized.url, name, status, reasons)
     assert result.ok is False and result.fix, result
     # right status, wrong reason
@@ -490,7 +613,8 @@ async def test_probe_fails_against_a_gate_that_refuses_for_another_reason(
 
 @pytest.mark.parametrize(("name", "status", "reasons"), EXPECTATIONS)
 async def test_probe_passes_on_the_spec_answer(
-        server_factory: Any, name: str, status: int, reasons: tuple[str, ...]) -> None:
+    server_factory: Any, name: str, status: int, reasons: tuple[str, ...]
+) -> None:
     for reason in reasons:
         server = server_factory(status, {"status": "x", "reason": reason})
         result = await _probe(server.url, name, status, reasons)
@@ -498,25 +622,34 @@ async def test_probe_passes_on_the_spec_answer(
 
 
 async def test_probe_fails_when_the_gate_is_unreachable() -> None:
-    result = await _probe(f"http://127.0.0.1:{free_port()}/hitl/v0/decisions",
-                          "gate.replay_refused", 409, ("already_resolved",))
+    result = await _probe(
+        f"http://127.0.0.1:{free_port()}/hitl/v0/decisions",
+        "gate.replay_refused",
+        409,
+        ("already_resolved",),
+    )
     assert result.ok is False and "no answer" in result.observed and result.fix
 
 
-async def test_verify_reports_a_permissive_gate(fleet: Fleet, server_factory: Any,
-                                                monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_verify_reports_a_permissive_gate(
+    fleet: Fleet, server_factory: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The whole run, with the reference relay's real decision as template, but the gate-side
     probes sent to a server that accepts everything: all three gate checks must FAIL."""
     permissive = server_factory()
     original = runner._gate_side
 
-    async def redirected(checks: Any, service: Any, session: Any, secret: str, local_url: str,
-                         decision: Any) -> None:
-        await original(checks, service, session, secret,
-                       permissive.url.rstrip("/") + DECISIONS_PATH, decision)
+    async def redirected(
+        checks: Any, service: Any, session: Any, secret: str, local_url: str, decision: Any
+    ) -> None:
+        await original(
+            checks, service, session, secret, permissive.url.rstrip("/") + DECISIONS_PATH, decision
+        )
+
     monkeypatch.setattr(runner, "_gate_side", redirected)
-    report = await runner.run_verify(fleet.reference_url, SECRET, APPROVER, "127.0.0.1:0", None,
-                                     15.0)
+    report = await runner.run_verify(
+        fleet.reference_url, SECRET, APPROVER, "127.0.0.1:0", None, 15.0
+    )
     data = report.as_json()
     assert report.ok is False
     assert [c["name"] for c in data["checks"]] == ALL_CHECKS
@@ -528,8 +661,7 @@ async def test_verify_reports_a_permissive_gate(fleet: Fleet, server_factory: An
     # crafted ones differ from an acceptable decision only in the field under test
     replay, mutated, outsider = (json.loads(r["raw"]) for r in permissive.requests())
     for request in permissive.requests():
-        assert signature_valid(request["headers"]["x-draftcat-signature"], request["raw"],
-                               SECRET)
+        assert signature_valid(request["headers"]["x-draftcat-signature"], request["raw"], SECRET)
     assert replay["approver"]["id"] == APPROVER
     assert replay["approval_id"] != mutated["approval_id"] == outsider["approval_id"]
     assert mutated["nonce"] == outsider["nonce"]
@@ -548,8 +680,11 @@ def test_judge_ack() -> None:
     assert judge_ack(200, None, ACK_LIMIT_S).ok  # 5 s inclusive
     late = judge_ack(202, None, ACK_LIMIT_S + 0.01)
     assert not late.ok and "HTTP 202" in late.observed and late.fix
-    for status, error in [(None, "no answer within 10 s"), (401, "relay answered HTTP 401"),
-                          (None, "ClientConnectorError: refused")]:
+    for status, error in [
+        (None, "no answer within 10 s"),
+        (401, "relay answered HTTP 401"),
+        (None, "ClientConnectorError: refused"),
+    ]:
         result = judge_ack(status, error, 0.1)
         assert result.name == "relay.ack" and not result.ok and result.fix
         assert error in result.observed
@@ -572,8 +707,11 @@ def _obs(raw: bytes = b"{}", status: int = 200) -> Observed:
 
 def test_judge_refusal() -> None:
     name = "relay.refuses_bad_signature"
-    for status, error in [(401, "relay answered HTTP 401"), (400, "relay answered HTTP 400"),
-                          (None, "no answer within 10 s")]:
+    for status, error in [
+        (401, "relay answered HTTP 401"),
+        (400, "relay answered HTTP 400"),
+        (None, "no answer within 10 s"),
+    ]:
         result = judge_refusal(name, status, error, "a bad signature", [])
         assert result.ok and result.name == name and result.fix == "", result
     accepted = judge_refusal(name, 202, None, "a bad signature", [])
@@ -588,27 +726,51 @@ NONCE = "0123456789abcdef" * 2
 HASH = sha256_hash("Grüße\r\n")
 
 
-def _decision(*, secret: str = SECRET, t: int | None = None, header: str | None = None,
-              status: int = 200, raw: bytes | None = None, protocol_header: str = "hitl/v0",
-              **fields: Any) -> Observed:
-    body = {"protocol": "hitl/v0", "approval_id": "01J0", "nonce": NONCE, "decision": "approve",
-            "payload_hash": HASH, "approver": {"id": APPROVER, "display": None, "channel": "x"},
-            "adjust_text": None, "decided_at": "2026-01-01T00:00:00Z"}
+def _decision(
+    *,
+    secret: str = SECRET,
+    t: int | None = None,
+    header: str | None = None,
+    status: int = 200,
+    raw: bytes | None = None,
+    protocol_header: str = "hitl/v0",
+    **fields: Any,
+) -> Observed:
+    body = {
+        "protocol": "hitl/v0",
+        "approval_id": "01J0",
+        "nonce": NONCE,
+        "decision": "approve",
+        "payload_hash": HASH,
+        "approver": {"id": APPROVER, "display": None, "channel": "x"},
+        "adjust_text": None,
+        "decided_at": "2026-01-01T00:00:00Z",
+    }
     body.update(fields)
     data = raw if raw is not None else json.dumps(body).encode("utf-8")
     ts = int(time.time()) if t is None else t
-    headers = {"content-type": "application/json", "x-hitl-protocol": protocol_header,
-               "x-draftcat-signature": header if header is not None
-               else f"t={ts},v1={hmac_hex(secret, ts, data)}"}
+    headers = {
+        "content-type": "application/json",
+        "x-hitl-protocol": protocol_header,
+        "x-draftcat-signature": header
+        if header is not None
+        else f"t={ts},v1={hmac_hex(secret, ts, data)}",
+    }
     if header == "":
         del headers["x-draftcat-signature"]
-    return Observed(data, headers, time.time(), status,
-                    {"status": "recorded"} if status == 200 else {"status": "forbidden"})
+    return Observed(
+        data,
+        headers,
+        time.time(),
+        status,
+        {"status": "recorded"} if status == 200 else {"status": "forbidden"},
+    )
 
 
 def _judge(decision: Observed, now: float | None = None) -> dict[str, Any]:
-    results = judge_decision(decision, SECRET, time.time() if now is None else now, 300.0,
-                             NONCE, HASH, APPROVER)
+    results = judge_decision(
+        decision, SECRET, time.time() if now is None else now, 300.0, NONCE, HASH, APPROVER
+    )
     for r in results:
         assert r.observed, r
         assert bool(r.fix) != r.ok, r  # a failure says what to do; a pass says nothing
@@ -621,20 +783,34 @@ def _failed(decision: Observed, now: float | None = None) -> set[str]:
 
 def test_judge_decision_accepts_a_conformant_decision() -> None:
     judged = _judge(_decision())
-    assert list(judged) == ["relay.decision_signed", "relay.decision_in_window", "relay.nonce",
-                            "relay.payload_hash_echo", "relay.approver_in_scope",
-                            "relay.decision_accepted"]
+    assert list(judged) == [
+        "relay.decision_signed",
+        "relay.decision_in_window",
+        "relay.nonce",
+        "relay.payload_hash_echo",
+        "relay.approver_in_scope",
+        "relay.decision_accepted",
+    ]
     assert all(r.ok for r in judged.values())
     # identities compare after trim + casefold; BOM, several v1 (rotation) and no protocol
     # header are all fine
     assert _failed(_decision(approver={"id": "  ALICE@Example.com ", "channel": "x"})) == set()
-    raw = b"\xef\xbb\xbf" + json.dumps({"protocol": "hitl/v0", "nonce": NONCE,
-                                        "payload_hash": HASH,
-                                        "approver": {"id": APPROVER}}).encode()
+    raw = (
+        b"\xef\xbb\xbf"
+        + json.dumps(
+            {
+                "protocol": "hitl/v0",
+                "nonce": NONCE,
+                "payload_hash": HASH,
+                "approver": {"id": APPROVER},
+            }
+        ).encode()
+    )
     assert _failed(_decision(raw=raw)) == set()
     t = int(time.time())
-    data = json.dumps({"protocol": "hitl/v0", "nonce": NONCE, "payload_hash": HASH,
-                       "approver": {"id": APPROVER}}).encode()
+    data = json.dumps(
+        {"protocol": "hitl/v0", "nonce": NONCE, "payload_hash": HASH, "approver": {"id": APPROVER}}
+    ).encode()
     rotated = f"t={t}, v1={hmac_hex('old', t, data)} , v1={hmac_hex(SECRET, t, data)}"
     assert _failed(_decision(raw=data, header=rotated)) == set()
     no_header = _decision()
@@ -661,13 +837,16 @@ def test_judge_decision_signature() -> None:
     assert {n for n, r in judged.items() if not r.ok} == {"relay.decision_signed"}
     # no usable header: neither can be checked
     for header in ["", "garbage", "t=abc,v1=" + "0" * 64, "t=1"]:
-        assert _failed(_decision(header=header)) == {"relay.decision_signed",
-                                                     "relay.decision_in_window"}, header
+        assert _failed(_decision(header=header)) == {
+            "relay.decision_signed",
+            "relay.decision_in_window",
+        }, header
     # signed over other bytes than those sent
     data = json.dumps({"protocol": "hitl/v0"}).encode()
     t = int(time.time())
     assert "relay.decision_signed" in _failed(
-        _decision(header=f"t={t},v1={hmac_hex(SECRET, t, data + b' ')}"))
+        _decision(header=f"t={t},v1={hmac_hex(SECRET, t, data + b' ')}")
+    )
 
 
 def test_judge_decision_fields() -> None:
@@ -681,8 +860,13 @@ def test_judge_decision_fields() -> None:
     refused = _judge(_decision(status=403))["relay.decision_accepted"]
     assert not refused.ok and "403" in refused.observed
     assert _failed(_decision(raw=b"not json", status=400)) == {
-        "relay.decision_parses", "relay.protocol", "relay.nonce", "relay.payload_hash_echo",
-        "relay.approver_in_scope", "relay.decision_accepted"}
+        "relay.decision_parses",
+        "relay.protocol",
+        "relay.nonce",
+        "relay.payload_hash_echo",
+        "relay.approver_in_scope",
+        "relay.decision_accepted",
+    }
 
 
 # ---- usage errors -----------------------------------------------------------------------------
@@ -700,10 +884,14 @@ def test_usage_errors_exit_2(relay: Any) -> None:
     busy.listen()
     port = busy.getsockname()[1]
     cases: list[tuple[tuple[str, ...], tuple[str, ...]]] = [
-        ((relay.url, "--secret-env", "HITL_VERIFY_NOT_SET", "--approver", APPROVER),
-         ("--secret-env", "HITL_VERIFY_NOT_SET")),
-        ((relay.url, "--secret-env", "HITL_EMPTY", "--approver", APPROVER),
-         ("--secret-env", "HITL_EMPTY")),
+        (
+            (relay.url, "--secret-env", "HITL_VERIFY_NOT_SET", "--approver", APPROVER),
+            ("--secret-env", "HITL_VERIFY_NOT_SET"),
+        ),
+        (
+            (relay.url, "--secret-env", "HITL_EMPTY", "--approver", APPROVER),
+            ("--secret-env", "HITL_EMPTY"),
+        ),
         (("127.0.0.1:8091", *ok), ("RELAY_URL",)),
         (("ftp://127.0.0.1/relay", *ok), ("RELAY_URL",)),
         ((relay.url, *ok, "--listen", "unix:/tmp/hitl-verify.sock"), ("--listen", "unix")),
@@ -720,10 +908,17 @@ def test_usage_errors_exit_2(relay: Any) -> None:
         (("http://127.0.0.1:99999/", *ok), ("RELAY_URL",)),
     ]
     try:
-        procs = [subprocess.Popen([sys.executable, "-m", "gate", "verify", *args],
-                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                  stdin=subprocess.DEVNULL, env=env, cwd=ROOT)
-                 for args, _ in cases]
+        procs = [
+            subprocess.Popen(
+                [sys.executable, "-m", "gate", "verify", *args],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                stdin=subprocess.DEVNULL,
+                env=env,
+                cwd=ROOT,
+            )
+            for args, _ in cases
+        ]
         outputs = [proc.communicate(timeout=60) for proc in procs]
     finally:
         busy.close()

@@ -61,11 +61,11 @@ class Handler:
         assert tx is not None
         if command.name == "append":
             (label, refuse) = command.args
-            row = tx.append_audit("test", None, 0, {"label": label, "setting": self.setting},
-                                  KEY)
+            row = tx.append_audit("test", None, 0, {"label": label, "setting": self.setting}, KEY)
             if refuse:
-                raise Conflict("refused_on_purpose", f"{label} refused after writing",
-                               extra={"label": label})
+                raise Conflict(
+                    "refused_on_purpose", f"{label} refused after writing", extra={"label": label}
+                )
             return row.seq
         if command.name == "hold":
             os.write(self.entered_w, b"x")
@@ -93,8 +93,7 @@ def audit_labels(db: Path) -> list[tuple[str, str]]:
         rows = conn.execute("SELECT entry FROM audit_log ORDER BY seq").fetchall()
     finally:
         conn.close()
-    return [(json.loads(r[0])["data"]["label"], json.loads(r[0])["data"]["setting"])
-            for r in rows]
+    return [(json.loads(r[0])["data"]["label"], json.loads(r[0])["data"]["setting"]) for r in rows]
 
 
 async def cancelled_in_socket(store: Store, *tasks: asyncio.Task[Any]) -> None:
@@ -127,24 +126,29 @@ async def forked(tmp_path: Path) -> Any:
 
 
 async def test_writer_process_is_another_process_and_commits_every_answered_job(
-        forked: Any, tmp_path: Path) -> None:
+    forked: Any, tmp_path: Path
+) -> None:
     store, _ = forked
     pid = await store.transact(Command("pid"))
     assert pid != os.getpid() and pid in children(os.getpid())
-    seqs = await asyncio.gather(*(store.transact(Command("append", (f"j{n}", False)))
-                                  for n in range(50)))
+    seqs = await asyncio.gather(
+        *(store.transact(Command("append", (f"j{n}", False))) for n in range(50))
+    )
     assert sorted(seqs) == list(range(1, 51))
     # answered = committed: a fresh connection sees every one of them
     assert sorted(label for label, _ in audit_labels(tmp_path / "gate.db")) == sorted(
-        f"j{n}" for n in range(50))
+        f"j{n}" for n in range(50)
+    )
 
 
 async def test_writer_process_refusal_crosses_the_process_boundary_and_rolls_back_alone(
-        forked: Any, tmp_path: Path) -> None:
+    forked: Any, tmp_path: Path
+) -> None:
     store, _ = forked
     results = await asyncio.gather(
         *(store.transact(Command("append", (f"j{n}", n % 3 == 1))) for n in range(9)),
-        return_exceptions=True)
+        return_exceptions=True,
+    )
     refused = [r for r in results if isinstance(r, Exception)]
     assert len(refused) == 3
     for error in refused:
@@ -152,7 +156,13 @@ async def test_writer_process_refusal_crosses_the_process_boundary_and_rolls_bac
         assert (error.status, error.code) == (409, "refused_on_purpose")
         assert error.extra["label"] in {"j1", "j4", "j7"}
     assert sorted(label for label, _ in audit_labels(tmp_path / "gate.db")) == [
-        "j0", "j2", "j3", "j5", "j6", "j8"]
+        "j0",
+        "j2",
+        "j3",
+        "j5",
+        "j6",
+        "j8",
+    ]
     # the chain stays whole: what committed links up in seq order
     assert sorted(r for r in results if isinstance(r, int)) == [1, 2, 3, 4, 5, 6]
 
@@ -176,8 +186,7 @@ async def test_writer_process_cancelled_job_never_runs(forked: Any, tmp_path: Pa
     assert [label for label, _ in audit_labels(tmp_path / "gate.db")] == ["after"]
 
 
-async def test_writer_process_applies_configuration_in_order(forked: Any,
-                                                            tmp_path: Path) -> None:
+async def test_writer_process_applies_configuration_in_order(forked: Any, tmp_path: Path) -> None:
     store, _ = forked
     first = asyncio.create_task(store.transact(Command("append", ("before", False))))
     await asyncio.sleep(0)  # sent before the new setting
@@ -201,7 +210,8 @@ async def test_writer_process_gone_refuses_writes_503(forked: Any) -> None:
 
 
 async def test_writer_process_error_that_cannot_cross_fails_its_job_only(
-        forked: Any, tmp_path: Path) -> None:
+    forked: Any, tmp_path: Path
+) -> None:
     """A transaction raising StopIteration (a future refuses it) or an error that does not
     unpickle fails that caller with an error; the channel and every other job go on."""
     store, _ = forked
@@ -219,12 +229,16 @@ async def test_thread_writer_error_a_future_refuses_fails_its_job_only(tmp_path:
     store = Store(tmp_path / "gate.db")
     await store.open()
     try:
+
         def stop(tx: Any) -> None:
             raise StopIteration
 
-        results = await asyncio.wait_for(asyncio.gather(
-            store.transact(stop), store.transact(lambda tx: "next"),
-            return_exceptions=True), 10)
+        results = await asyncio.wait_for(
+            asyncio.gather(
+                store.transact(stop), store.transact(lambda tx: "next"), return_exceptions=True
+            ),
+            10,
+        )
         assert not isinstance(results[0], StopIteration) and isinstance(results[0], Exception)
         assert results[1] == "next"
     finally:
@@ -232,7 +246,8 @@ async def test_thread_writer_error_a_future_refuses_fails_its_job_only(tmp_path:
 
 
 async def test_writer_process_cancel_behind_a_reload_or_a_full_batch_is_honoured(
-        forked: Any, tmp_path: Path) -> None:
+    forked: Any, tmp_path: Path
+) -> None:
     """Cancels queued behind where a batch was cut (a reload, or MAX_BATCH jobs) still
     reach the jobs of that batch before they run."""
     store, handler = forked
@@ -241,8 +256,9 @@ async def test_writer_process_cancel_behind_a_reload_or_a_full_batch_is_honoured
     behind_reload = asyncio.create_task(store.transact(Command("append", ("r", False))))
     await asyncio.sleep(0)
     store.apply(Command("configure", ("reloaded",)))
-    many = [asyncio.create_task(store.transact(Command("append", (f"m{n}", False))))
-            for n in range(300)]
+    many = [
+        asyncio.create_task(store.transact(Command("append", (f"m{n}", False)))) for n in range(300)
+    ]
     await asyncio.sleep(0)  # all sent (one write at the next loop turn)
     await cancelled_in_socket(store, behind_reload, many[5])
     os.write(handler.release_w, b"x")
@@ -255,7 +271,8 @@ async def test_writer_process_cancel_behind_a_reload_or_a_full_batch_is_honoured
 
 
 async def test_writer_process_cancel_during_a_batch_stops_a_later_job_of_it(
-        forked: Any, tmp_path: Path) -> None:
+    forked: Any, tmp_path: Path
+) -> None:
     store, handler = forked
     held = asyncio.create_task(store.transact(Command("hold")))
     later = asyncio.create_task(store.transact(Command("append", ("later", False))))
@@ -268,26 +285,26 @@ async def test_writer_process_cancel_during_a_batch_stops_a_later_job_of_it(
 
 
 async def test_writer_process_survives_a_configuration_it_cannot_apply(
-        forked: Any, tmp_path: Path) -> None:
+    forked: Any, tmp_path: Path
+) -> None:
     store, _ = forked
     store.apply(Command("configure", ("broken",)))
     assert await store.transact(Command("append", ("after", False))) == 1
     assert audit_labels(tmp_path / "gate.db") == [("after", "start")]
 
 
-async def test_writer_process_holds_the_database_lock_too(forked: Any,
-                                                          tmp_path: Path) -> None:
+async def test_writer_process_holds_the_database_lock_too(forked: Any, tmp_path: Path) -> None:
     """After a kill -9 of the daemon the writer may still finish a batch: it keeps the
     lock file open, so no second gate starts on the file until it is gone as well."""
     store, _ = forked
     pid = await store.transact(Command("pid"))
     lock = str(tmp_path / "gate.db.lock")
-    assert any(os.readlink(f"/proc/{pid}/fd/{fd}") == lock
-               for fd in os.listdir(f"/proc/{pid}/fd"))
+    assert any(os.readlink(f"/proc/{pid}/fd/{fd}") == lock for fd in os.listdir(f"/proc/{pid}/fd"))
 
 
 async def test_writer_process_that_stops_answering_makes_the_health_check_fail(
-        forked: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    forked: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     """A stuck writer (stopped, or blocked in the kernel) holds writes without failing
     them; /healthz (``check_writable``) says so once the oldest unanswered transaction is
     older than ``STALL_S``, and recovers when the writer answers again. The log says so
@@ -322,17 +339,21 @@ async def test_writer_process_that_stops_answering_makes_the_health_check_fail(
     stalled = [m for m in messages if "event=writer_stalled" in m]
     assert len(stalled) == 1 and f"pid={pid} " in stalled[0] and "transactions=1" in stalled[0]
     assert [m for m in messages if "event=writer_answering_again" in m] == [
-        f"event=writer_answering_again pid={pid}"]
+        f"event=writer_answering_again pid={pid}"
+    ]
 
 
 # ---- the daemon ------------------------------------------------------------------------------
 
 
-def test_serve_runs_one_writer_process_which_ends_with_the_gate(gate: GateProcess,
-                                                               relay: CaptureRelay) -> None:
+def test_serve_runs_one_writer_process_which_ends_with_the_gate(
+    gate: GateProcess, relay: CaptureRelay
+) -> None:
     writer = writer_pid(gate)
-    assert Path(f"/proc/{writer}/cmdline").read_bytes() == Path(
-        f"/proc/{gate.proc.pid}/cmdline").read_bytes()  # a fork of the daemon
+    assert (
+        Path(f"/proc/{writer}/cmdline").read_bytes()
+        == Path(f"/proc/{gate.proc.pid}/cmdline").read_bytes()
+    )  # a fork of the daemon
     # told apart by name (ps -o comm, top) and by the listening line
     assert Path(f"/proc/{writer}/comm").read_text(encoding="ascii").strip() == "hitl-gate-db"
     gate.wait_for_line(rf"event=listening .* writer_pid={writer}\b")
@@ -345,7 +366,8 @@ def test_serve_runs_one_writer_process_which_ends_with_the_gate(gate: GateProces
 
 
 def test_writer_process_killed_stops_the_gate_with_exit_1_for_a_restart(
-        gate: GateProcess, tmp_path: Path, relay: CaptureRelay) -> None:
+    gate: GateProcess, tmp_path: Path, relay: CaptureRelay
+) -> None:
     """A lost writer is not a state the gate can serve in: it stops cleanly and exits 1,
     so systemd (Restart=on-failure) starts it again with a new writer."""
     approval = gate.api().create()
@@ -358,8 +380,9 @@ def test_writer_process_killed_stops_the_gate_with_exit_1_for_a_restart(
     assert "event=stopped" in log and "Traceback" not in log
     # the cause comes first: nothing it caused is logged before it
     assert log.index("event=writer_exited") < min(
-        (log.index(word) for word in ("storage_unavailable", "event=stopping")
-         if word in log), default=len(log))
+        (log.index(word) for word in ("storage_unavailable", "event=stopping") if word in log),
+        default=len(log),
+    )
     assert not running(writer)
     again = GateProcess(write_config(tmp_path, relay.url)).start()
     try:  # nothing answered was lost
@@ -369,7 +392,8 @@ def test_writer_process_killed_stops_the_gate_with_exit_1_for_a_restart(
 
 
 def test_a_stopped_writer_left_by_a_killed_gate_is_named_when_the_next_start_is_refused(
-        tmp_path: Path, relay: CaptureRelay) -> None:
+    tmp_path: Path, relay: CaptureRelay
+) -> None:
     """After kill -9 of a gate whose writer is stopped (SIGSTOP, or blocked in the kernel),
     the writer keeps the database lock: the next start is refused, naming its pid (new-user
     review: the error did not say who held it), and starts once the writer is gone."""

@@ -11,9 +11,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gate.audit import spans as audit_spans
-from gate.trust import keys
 from gate.protocol.canonical import canonical_json
 from gate.protocol.envelope import reject_json_constant, rfc3339
+from gate.trust import keys
 
 GENESIS_HASH = "0" * 64
 RECEIPT_ALG = "hmac-sha256"
@@ -24,8 +24,9 @@ _HEX128 = re.compile(r"[0-9a-f]{128}")
 # NaN/Infinity are no JSON: an entry holding one is "not valid JSON", not a crash later
 _DECODER = json.JSONDecoder(parse_constant=reject_json_constant)
 _RAW_DECODE = _DECODER.raw_decode
-_CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False,
-                              allow_nan=False)
+_CANONICAL = json.JSONEncoder(
+    sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+)
 
 Signer = keys.Signer  # what ``WriteTx.append_audit`` signs with
 # HMAC receipt keys for ``verify``: one key, several (each checks its own span of the log,
@@ -70,11 +71,17 @@ class VerifyResult:
     spans: tuple[tuple[int, int], ...] = field(default=(), compare=False)
 
 
-def make_entry(seq: int, kind: str, approval_id: str | None, at_ms: int,
-               data: dict[str, Any]) -> dict[str, Any]:
+def make_entry(
+    seq: int, kind: str, approval_id: str | None, at_ms: int, data: dict[str, Any]
+) -> dict[str, Any]:
     """Return the entry object that is canonicalized and chained (``seq`` is part of it)."""
-    return {"seq": seq, "kind": kind, "approval_id": approval_id, "at": rfc3339(at_ms),
-            "data": data}
+    return {
+        "seq": seq,
+        "kind": kind,
+        "approval_id": approval_id,
+        "at": rfc3339(at_ms),
+        "data": data,
+    }
 
 
 def chain_hash(prev_hash: str, entry_json: bytes) -> str:
@@ -99,8 +106,9 @@ def sign(signer: Signer, entry_hash: str) -> tuple[str, str]:
     return signer.key_id, signer.sign(entry_hash.encode("ascii")).hex()
 
 
-def signature_problem(public_keys: keys.PublicKeys, entry_hash: str, key_id: str | None,
-                      signature: str | None) -> str | None:
+def signature_problem(
+    public_keys: keys.PublicKeys, entry_hash: str, key_id: str | None, signature: str | None
+) -> str | None:
     """Return why a signature over ``entry_hash`` does not verify, or None when it does."""
     if key_id is None or signature is None:
         return "not signed"
@@ -108,7 +116,8 @@ def signature_problem(public_keys: keys.PublicKeys, entry_hash: str, key_id: str
     if key is None:
         return f"signed by key {key_id}, which is not a trusted public key"
     if not _HEX128.fullmatch(signature) or not keys.verify_signature(
-            key, bytes.fromhex(signature), entry_hash.encode("ascii")):
+        key, bytes.fromhex(signature), entry_hash.encode("ascii")
+    ):
         return f"signature does not verify with key {key_id} (changed or forged)"
     return None
 
@@ -116,8 +125,12 @@ def signature_problem(public_keys: keys.PublicKeys, entry_hash: str, key_id: str
 def receipt_object(row: AuditRow) -> dict[str, Any]:
     """Return the receipt handed to pipelines: ``{seq, entry_hash, receipt, alg}``, plus
     ``key_id``, ``signature`` and ``signature_alg`` (``ed25519``) when the entry is signed."""
-    out: dict[str, Any] = {"seq": row.seq, "entry_hash": row.entry_hash,
-                           "receipt": row.receipt, "alg": RECEIPT_ALG}
+    out: dict[str, Any] = {
+        "seq": row.seq,
+        "entry_hash": row.entry_hash,
+        "receipt": row.receipt,
+        "alg": RECEIPT_ALG,
+    }
     if row.signature is not None:
         out.update(key_id=row.key_id, signature=row.signature, signature_alg=SIGNATURE_ALG)
     return out
@@ -132,9 +145,13 @@ def receipt_keys(key: ReceiptKeyArg) -> tuple[bytes, ...]:
     return tuple(key)
 
 
-def verify(rows: Iterable[AuditRow], key: ReceiptKeyArg,
-           public_keys: keys.PublicKeys | None = None, *,
-           leading_unknown: bool = False) -> VerifyResult:
+def verify(
+    rows: Iterable[AuditRow],
+    key: ReceiptKeyArg,
+    public_keys: keys.PublicKeys | None = None,
+    *,
+    leading_unknown: bool = False,
+) -> VerifyResult:
     """Recompute the chain over ``rows`` (ascending seq); with ``key`` (one HMAC receipt key,
     or several distinct ones in any order) check every receipt with the key of its span
     (``gate.audit.spans.Spans``; ``leading_unknown`` as there); with ``public_keys``
@@ -169,9 +186,12 @@ def verify(rows: Iterable[AuditRow], key: ReceiptKeyArg,
             if problem is None:
                 signed += 1
             elif problem != "not signed" or signed:
-                reason = (problem if problem != "not signed" else
-                          "not signed, after signed entries (signature stripped, or "
-                          "entry added without the signing key)")
+                reason = (
+                    problem
+                    if problem != "not signed"
+                    else "not signed, after signed entries (signature stripped, or "
+                    "entry added without the signing key)"
+                )
         if reason is not None:
             return VerifyResult(False, checked, row.seq, reason, signed, wrong_key)
         prev = digest
@@ -182,25 +202,44 @@ def verify(rows: Iterable[AuditRow], key: ReceiptKeyArg,
     if unmatched is not None:
         return VerifyResult(False, checked, unmatched[0], unmatched[1], signed, True)
     if public_keys is not None and last is not None and not signed:
-        return VerifyResult(False, checked, last.seq, "not signed: no entry of this log is "
-                            "signed, so nothing proves who wrote it", signed)
+        return VerifyResult(
+            False,
+            checked,
+            last.seq,
+            "not signed: no entry of this log is signed, so nothing proves who wrote it",
+            signed,
+        )
     return VerifyResult(True, checked, signed=signed, spans=tuple(spans.starts))
 
 
-_PREV_BROKEN = ("prev_hash does not match the previous entry (entry deleted, inserted or "
-                "reordered)")
+_PREV_BROKEN = "prev_hash does not match the previous entry (entry deleted, inserted or reordered)"
 
 
 def _row_problem(row: AuditRow, prev: str, expected_seq: int) -> tuple[str | None, str]:
     """Return ``(why row is bad or None, its recomputed hash)``: ``verify``'s per-entry
     checks before the receipt's."""
-    return _entry_problem(row.seq, row.approval_id, row.kind, row.entry, row.prev_hash,
-                          row.entry_hash, prev, expected_seq)
+    return _entry_problem(
+        row.seq,
+        row.approval_id,
+        row.kind,
+        row.entry,
+        row.prev_hash,
+        row.entry_hash,
+        prev,
+        expected_seq,
+    )
 
 
-def _entry_problem(seq: int, approval_id: str | None, kind: str, entry_text: str,
-                   prev_hash: str, entry_hash: str, prev: str,
-                   expected_seq: int) -> tuple[str | None, str]:
+def _entry_problem(
+    seq: int,
+    approval_id: str | None,
+    kind: str,
+    entry_text: str,
+    prev_hash: str,
+    entry_hash: str,
+    prev: str,
+    expected_seq: int,
+) -> tuple[str | None, str]:
     if seq != expected_seq:
         return f"expected entry {expected_seq}, found {seq} (deleted or inserted entry)", ""
     if prev_hash != prev:
@@ -266,24 +305,44 @@ def verify_segment(rows: Iterable[Sequence[Any]], key: ReceiptKeyArg) -> Segment
         seq, approval_id, kind, entry_text, prev_hash, entry_hash, receipt_hex = row[:7]
         if first is None:
             first, prev, expected = (seq, prev_hash), prev_hash, seq
-        reason, digest = _entry_problem(seq, approval_id, kind, entry_text, prev_hash,
-                                        entry_hash, prev, expected)
+        reason, digest = _entry_problem(
+            seq, approval_id, kind, entry_text, prev_hash, entry_hash, prev, expected
+        )
         wrong_key = False
         if reason is None:
             found = spans.check(seq, kind, digest, receipt_hex)
             if found is not None:
                 reason, wrong_key = found
         if reason is not None:
-            return Segment(first[0], first[1], expected - 1 if checked else None,
-                           prev if checked else None, checked, (seq, reason), wrong_key,
-                           spans.initial, tuple(spans.starts), spans.current)
+            return Segment(
+                first[0],
+                first[1],
+                expected - 1 if checked else None,
+                prev if checked else None,
+                checked,
+                (seq, reason),
+                wrong_key,
+                spans.initial,
+                tuple(spans.starts),
+                spans.current,
+            )
         prev = digest
         expected += 1
         checked += 1
     if first is None:
         return Segment(None, None, None, None, 0)
-    return Segment(first[0], first[1], expected - 1, prev, checked, None, False, spans.initial,
-                   tuple(spans.starts), spans.current)
+    return Segment(
+        first[0],
+        first[1],
+        expected - 1,
+        prev,
+        checked,
+        None,
+        False,
+        spans.initial,
+        tuple(spans.starts),
+        spans.current,
+    )
 
 
 def stitch(segments: Iterable[Segment]) -> VerifyResult:
@@ -298,9 +357,12 @@ def stitch(segments: Iterable[Segment]) -> VerifyResult:
         if segment.first_seq is None:
             continue
         if segment.first_seq != expected:
-            return VerifyResult(False, checked, segment.first_seq,
-                                f"expected entry {expected}, found {segment.first_seq} "
-                                "(deleted or inserted entry)")
+            return VerifyResult(
+                False,
+                checked,
+                segment.first_seq,
+                f"expected entry {expected}, found {segment.first_seq} (deleted or inserted entry)",
+            )
         if segment.first_prev != prev:
             return VerifyResult(False, checked, segment.first_seq, _PREV_BROKEN)
         begins = bool(segment.starts) and segment.starts[0][0] == segment.first_seq
@@ -309,13 +371,19 @@ def stitch(segments: Iterable[Segment]) -> VerifyResult:
             return VerifyResult(False, checked, segment.first_seq, audit_spans.RECEIPT_MISMATCH)
         for seq, index in segment.starts:  # each rotation is to a key no earlier span used
             if index in used:
-                return VerifyResult(False, checked + seq - segment.first_seq, seq,
-                                    audit_spans.OLD_KEY)
+                return VerifyResult(
+                    False, checked + seq - segment.first_seq, seq, audit_spans.OLD_KEY
+                )
             used.add(index)
             starts.append((seq, index))
         if segment.problem is not None:
-            return VerifyResult(False, checked + segment.checked, segment.problem[0],
-                                segment.problem[1], wrong_key=segment.wrong_key)
+            return VerifyResult(
+                False,
+                checked + segment.checked,
+                segment.problem[0],
+                segment.problem[1],
+                wrong_key=segment.wrong_key,
+            )
         checked += segment.checked
         current = segment.end_key
         assert segment.last_seq is not None and segment.last_hash is not None
@@ -329,20 +397,30 @@ def span_keys(result: VerifyResult, key: ReceiptKeyArg, seq: object) -> tuple[by
     return audit_spans.keys_for(result.spans, receipt_keys(key), result.checked, seq)
 
 
-def receipt_problem(rows: Iterable[AuditRow], held: Mapping[str, Any], key: ReceiptKeyArg,
-                    public_keys: keys.PublicKeys | None) -> tuple[int, str] | None:
+def receipt_problem(
+    rows: Iterable[AuditRow],
+    held: Mapping[str, Any],
+    key: ReceiptKeyArg,
+    public_keys: keys.PublicKeys | None,
+) -> tuple[int, str] | None:
     """``check_receipt``, with a ``held`` object that is no receipt reported as a problem at
     its ``seq`` (0 when it has none) instead of raised: ``(seq, reason)`` or None."""
     try:
         return check_receipt(rows, held, key, public_keys)
     except ValueError as exc:
         seq = held.get("seq")
-        return (seq if isinstance(seq, int) and not isinstance(seq, bool) else 0,
-                f"not a receipt ({exc})")
+        return (
+            seq if isinstance(seq, int) and not isinstance(seq, bool) else 0,
+            f"not a receipt ({exc})",
+        )
 
 
-def check_receipt(rows: Iterable[AuditRow], held: Mapping[str, Any], key: ReceiptKeyArg = None,
-                  public_keys: keys.PublicKeys | None = None) -> tuple[int, str] | None:
+def check_receipt(
+    rows: Iterable[AuditRow],
+    held: Mapping[str, Any],
+    key: ReceiptKeyArg = None,
+    public_keys: keys.PublicKeys | None = None,
+) -> tuple[int, str] | None:
     """Check that a verified log ``rows`` holds the receipt ``held`` (``audit verify --expect``).
 
     ``held`` is a receipt object (``{seq, entry_hash, ...}``). Returns ``(seq, reason)`` for
@@ -353,16 +431,23 @@ def check_receipt(rows: Iterable[AuditRow], held: Mapping[str, Any], key: Receip
     Raises ValueError when ``held`` is not a receipt object.
     """
     seq, entry_hash = held.get("seq"), held.get("entry_hash")
-    if isinstance(seq, bool) or not isinstance(seq, int) or seq < 1 or not isinstance(
-            entry_hash, str) or not _HEX64.fullmatch(entry_hash):
+    if (
+        isinstance(seq, bool)
+        or not isinstance(seq, int)
+        or seq < 1
+        or not isinstance(entry_hash, str)
+        or not _HEX64.fullmatch(entry_hash)
+    ):
         raise ValueError("not a receipt (needs an integer seq and a 64-hex entry_hash)")
     candidates = receipt_keys(key)
-    if candidates and not any(audit_spans.matches(k, entry_hash, str(held.get("receipt")))
-                              for k in candidates):
+    if candidates and not any(
+        audit_spans.matches(k, entry_hash, str(held.get("receipt"))) for k in candidates
+    ):
         return seq, "the receipt's HMAC does not match the receipt key (not a genuine receipt)"
     if public_keys is not None and held.get("signature") is not None:
-        problem = signature_problem(public_keys, entry_hash, held.get("key_id"),
-                                    str(held["signature"]))
+        problem = signature_problem(
+            public_keys, entry_hash, held.get("key_id"), str(held["signature"])
+        )
         if problem is not None:
             return seq, f"the receipt's {problem} (not a genuine receipt)"
     found, end = None, 0
@@ -372,15 +457,18 @@ def check_receipt(rows: Iterable[AuditRow], held: Mapping[str, Any], key: Receip
             found = row
             break
     if found is None:
-        return seq, (f"missing: the log ends at entry {end}, but a receipt for entry {seq} "
-                     "exists (entries deleted from the tail)")
+        return seq, (
+            f"missing: the log ends at entry {end}, but a receipt for entry {seq} "
+            "exists (entries deleted from the tail)"
+        )
     if not hmac.compare_digest(found.entry_hash, entry_hash):
         return seq, "entry hash differs from the receipt's (the entry was replaced)"
     return None
 
 
-def head_problem(rows: Iterable[AuditRow], heads: Iterable[tuple[int, str]]
-                 ) -> tuple[tuple[int, str], str] | None:
+def head_problem(
+    rows: Iterable[AuditRow], heads: Iterable[tuple[int, str]]
+) -> tuple[tuple[int, str], str] | None:
     """Check that a verified log ``rows`` (ascending seq) holds every chain head in
     ``heads``: ``(seq, entry_hash)`` pairs as the gate logs them after each commit that
     appended entries (``event=audit_head``; ``audit verify --expect-head``), in one pass.
@@ -399,15 +487,18 @@ def head_problem(rows: Iterable[AuditRow], heads: Iterable[tuple[int, str]]
             if head[0] < row.seq:  # a verified log has no gap: only an entry before seq 1
                 return head, f"missing: the log holds no entry {head[0]}"
             if not hmac.compare_digest(row.entry_hash, head[1]):
-                return head, ("entry hash differs from the logged head's (the log was "
-                              "rewritten up to here)")
+                return head, (
+                    "entry hash differs from the logged head's (the log was rewritten up to here)"
+                )
             index += 1
         if index == len(wanted):
             return None
     if index < len(wanted):
         head = wanted[index]
-        return head, (f"missing: the log ends at entry {end}, but the gate logged entry "
-                      f"{head[0]} as its head (entries deleted from the tail)")
+        return head, (
+            f"missing: the log ends at entry {end}, but the gate logged entry "
+            f"{head[0]} as its head (entries deleted from the tail)"
+        )
     return None
 
 
@@ -418,10 +509,19 @@ def export_line(row: AuditRow) -> str:
     receipt, key_id and signature (null when the entry is not signed).
     """
     return json.dumps(
-        {"seq": row.seq, "approval_id": row.approval_id, "kind": row.kind, "entry": row.entry,
-         "prev_hash": row.prev_hash, "entry_hash": row.entry_hash, "receipt": row.receipt,
-         "key_id": row.key_id, "signature": row.signature},
-        ensure_ascii=False, separators=(",", ":"),
+        {
+            "seq": row.seq,
+            "approval_id": row.approval_id,
+            "kind": row.kind,
+            "entry": row.entry,
+            "prev_hash": row.prev_hash,
+            "entry_hash": row.entry_hash,
+            "receipt": row.receipt,
+            "key_id": row.key_id,
+            "signature": row.signature,
+        },
+        ensure_ascii=False,
+        separators=(",", ":"),
     )
 
 
@@ -446,5 +546,10 @@ def parse_export_line(line: str) -> AuditRow:
     texts = [obj[name] for name in ("kind", "entry", "prev_hash", "entry_hash", "receipt")]
     if not all(isinstance(text, str) for text in texts):
         raise TypeError("kind, entry, prev_hash, entry_hash and receipt must be strings")
-    return AuditRow(seq, _optional_text(obj, "approval_id"), *texts,
-                    _optional_text(obj, "key_id"), _optional_text(obj, "signature"))
+    return AuditRow(
+        seq,
+        _optional_text(obj, "approval_id"),
+        *texts,
+        _optional_text(obj, "key_id"),
+        _optional_text(obj, "signature"),
+    )

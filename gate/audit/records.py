@@ -36,8 +36,12 @@ from gate.audit import chain as audit
 from gate.protocol.canonical import payload_hash
 from gate.store.auditlog import ApprovalRecord
 
-_CREATED_FIELDS = (("pipeline", "pipeline"), ("step", "step"), ("quorum_required", "quorum"),
-                   ("expires_at", "expires_at"))
+_CREATED_FIELDS = (
+    ("pipeline", "pipeline"),
+    ("step", "step"),
+    ("quorum_required", "quorum"),
+    ("expires_at", "expires_at"),
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,26 +85,34 @@ def _problem(record: ApprovalRecord) -> str | None:
     entries = [(e, _data(e)) for e in record.entries]
     created = [(e, d) for e, d in entries if e.kind == "created"]
     if row is None and not record.entries:
-        return ("rows in the revisions, decisions or outbox table for an approval that "
-                "neither the approvals table nor the audit log has")
+        return (
+            "rows in the revisions, decisions or outbox table for an approval that "
+            "neither the approvals table nor the audit log has"
+        )
     if row is None:
         first = record.entries[0].seq
         return f"named by audit entry {first} but missing from the approvals table (deleted?)"
     if len(created) != 1:
-        return (f"{len(created)} created entries in the audit log (expected 1)" if created
-                else "no created entry in the audit log (row inserted outside the gate?)")
+        return (
+            f"{len(created)} created entries in the audit log (expected 1)"
+            if created
+            else "no created entry in the audit log (row inserted outside the gate?)"
+        )
     entry, data = created[0]
     for column, field in _CREATED_FIELDS:
         if row[column] != data.get(field):
-            return (f"{column} is {row[column]!r} in the approvals table but "
-                    f"{data.get(field)!r} in audit entry {entry.seq}")
+            return (
+                f"{column} is {row[column]!r} in the approvals table but "
+                f"{data.get(field)!r} in audit entry {entry.seq}"
+            )
     logged = {1: (entry.seq, data.get("payload_hash"))}
     decisions = []
     for e, d in entries:
         if e.kind != "decision":
             continue
-        decisions.append((d.get("revision"), d.get("operator_id"), d.get("decision"),
-                          d.get("payload_hash")))
+        decisions.append(
+            (d.get("revision"), d.get("operator_id"), d.get("decision"), d.get("payload_hash"))
+        )
         if d.get("new_revision") is not None:
             logged[d["new_revision"]] = (e.seq, d.get("new_payload_hash"))
     reason = _revisions_problem(row, record.revisions, logged)
@@ -115,9 +127,11 @@ def _problem(record: ApprovalRecord) -> str | None:
     return reason
 
 
-def _dispatches_problem(dispatches: list[tuple[Any, Any, Any]],
-                        entries: list[tuple[audit.AuditRow, dict[str, Any]]],
-                        logged: dict[Any, tuple[int, Any]]) -> str | None:
+def _dispatches_problem(
+    dispatches: list[tuple[Any, Any, Any]],
+    entries: list[tuple[audit.AuditRow, dict[str, Any]]],
+    logged: dict[Any, tuple[int, Any]],
+) -> str | None:
     """The outbox rows ``(revision, attempts, delivered_at)`` against the ``dispatch_ack``
     entries: an acked dispatch has its entry (same attempts), an entry its acked dispatch
     (when the outbox holds the revision's row); one ack per revision, each of a logged one.
@@ -128,71 +142,99 @@ def _dispatches_problem(dispatches: list[tuple[Any, Any, Any]],
             acks.setdefault(d.get("revision"), []).append((e, d))
     for revision, found in acks.items():
         if len(found) > 1:
-            return (f"{len(found)} dispatch_ack entries for revision {revision} in the audit "
-                    "log (expected at most 1)")
+            return (
+                f"{len(found)} dispatch_ack entries for revision {revision} in the audit "
+                "log (expected at most 1)"
+            )
         if revision not in logged:
-            return (f"audit entry {found[0][0].seq} records the relay's ack of revision "
-                    f"{revision}, which the audit log does not hold")
+            return (
+                f"audit entry {found[0][0].seq} records the relay's ack of revision "
+                f"{revision}, which the audit log does not hold"
+            )
     for revision, attempts, delivered_at in dispatches:
         if revision not in logged:
-            return (f"its outbox row dispatches revision {revision}, which the audit log "
-                    "does not hold")
+            return (
+                f"its outbox row dispatches revision {revision}, which the audit log does not hold"
+            )
         ack = acks.get(revision)
         if delivered_at is None:
             if ack is not None:
-                return (f"its outbox row says the dispatch of revision {revision} was never "
-                        f"acked, but audit entry {ack[0][0].seq} records the relay's ack")
+                return (
+                    f"its outbox row says the dispatch of revision {revision} was never "
+                    f"acked, but audit entry {ack[0][0].seq} records the relay's ack"
+                )
             continue
         if ack is None:
             plural = "" if attempts == 1 else "s"
-            return (f"its outbox row says the relay acked the dispatch of revision {revision} "
-                    f"(after {attempts} attempt{plural}), but the audit log holds no "
-                    "dispatch_ack entry for it (deleted?)")
+            return (
+                f"its outbox row says the relay acked the dispatch of revision {revision} "
+                f"(after {attempts} attempt{plural}), but the audit log holds no "
+                "dispatch_ack entry for it (deleted?)"
+            )
         entry, data = ack[0]
         if data.get("attempts") != attempts:
-            return (f"its outbox row counts {attempts!r} attempts for the acked dispatch of "
-                    f"revision {revision}, audit entry {entry.seq} "
-                    f"{data.get('attempts')!r}")
+            return (
+                f"its outbox row counts {attempts!r} attempts for the acked dispatch of "
+                f"revision {revision}, audit entry {entry.seq} "
+                f"{data.get('attempts')!r}"
+            )
     return None
 
 
-def _rules_problem(row: dict[str, Any], created: dict[str, Any], created_seq: int,
-                   entries: list[tuple[audit.AuditRow, dict[str, Any]]],
-                   logged: dict[Any, tuple[int, Any]]) -> str | None:
+def _rules_problem(
+    row: dict[str, Any],
+    created: dict[str, Any],
+    created_seq: int,
+    entries: list[tuple[audit.AuditRow, dict[str, Any]]],
+    logged: dict[Any, tuple[int, Any]],
+) -> str | None:
     """The log against itself and the frozen scope: what the gate never writes, whatever the
     rows said while it ran (rows loosened, the approval resolved, the rows put back)."""
     approvers = created.get("approvers")
     scope = [pair[0] for pair in json.loads(row["scope"])]
     if scope != approvers:
-        return (f"scope holds operators {scope} in the approvals table but audit entry "
-                f"{created_seq} froze {approvers}")
+        return (
+            f"scope holds operators {scope} in the approvals table but audit entry "
+            f"{created_seq} froze {approvers}"
+        )
     for e, d in entries:
         if e.kind == "decision":
             if d.get("operator_id") not in approvers:
-                return (f"audit entry {e.seq} records a decision by operator "
-                        f"{d.get('operator_id')}, outside the approvers {approvers} of "
-                        f"entry {created_seq}")
+                return (
+                    f"audit entry {e.seq} records a decision by operator "
+                    f"{d.get('operator_id')}, outside the approvers {approvers} of "
+                    f"entry {created_seq}"
+                )
             revision = d.get("revision")
             if revision not in logged or d.get("payload_hash") != logged[revision][1]:
-                return (f"audit entry {e.seq} decided payload {d.get('payload_hash')} of "
-                        f"revision {revision}, which the log does not hold for it")
+                return (
+                    f"audit entry {e.seq} decided payload {d.get('payload_hash')} of "
+                    f"revision {revision}, which the log does not hold for it"
+                )
         elif e.kind == "resolved":
             if d.get("quorum") != created.get("quorum"):
-                return (f"audit entry {e.seq} resolved with quorum {d.get('quorum')}, entry "
-                        f"{created_seq} froze quorum {created.get('quorum')}")
+                return (
+                    f"audit entry {e.seq} resolved with quorum {d.get('quorum')}, entry "
+                    f"{created_seq} froze quorum {created.get('quorum')}"
+                )
             outside = [op for op in d.get("approved_by") or [] if op not in approvers]
             if outside:
-                return (f"audit entry {e.seq} counts operators {outside} outside the "
-                        f"approvers {approvers} of entry {created_seq}")
+                return (
+                    f"audit entry {e.seq} counts operators {outside} outside the "
+                    f"approvers {approvers} of entry {created_seq}"
+                )
     return None
 
 
-def _revisions_problem(row: dict[str, Any], revisions: list[tuple[Any, Any, Any]],
-                       logged: dict[Any, tuple[int, Any]]) -> str | None:
+def _revisions_problem(
+    row: dict[str, Any], revisions: list[tuple[Any, Any, Any]], logged: dict[Any, tuple[int, Any]]
+) -> str | None:
     stored = {revision: (body, digest) for revision, body, digest in revisions}
     if sorted(stored) != sorted(logged):
-        return (f"revisions {sorted(stored)} in the revisions table but {sorted(logged)} "
-                "in the audit log")
+        return (
+            f"revisions {sorted(stored)} in the revisions table but {sorted(logged)} "
+            "in the audit log"
+        )
     for revision, (body, digest) in sorted(stored.items()):
         seq, expected = logged[revision]
         try:
@@ -200,29 +242,40 @@ def _revisions_problem(row: dict[str, Any], revisions: list[tuple[Any, Any, Any]
         except UnicodeEncodeError:
             actual = "(not UTF-8 text)"
         if actual != expected:
-            return (f"revision {revision}'s body hashes to {actual}, audit entry {seq} "
-                    f"holds {expected} (the draft was changed)")
+            return (
+                f"revision {revision}'s body hashes to {actual}, audit entry {seq} "
+                f"holds {expected} (the draft was changed)"
+            )
         if digest != expected:
-            return (f"revision {revision}'s payload_hash is {digest} in the revisions "
-                    f"table but {expected} in audit entry {seq}")
+            return (
+                f"revision {revision}'s payload_hash is {digest} in the revisions "
+                f"table but {expected} in audit entry {seq}"
+            )
     if row["revision"] != max(logged):
-        return (f"current revision is {row['revision']} in the approvals table but "
-                f"{max(logged)} in the audit log")
+        return (
+            f"current revision is {row['revision']} in the approvals table but "
+            f"{max(logged)} in the audit log"
+        )
     return None
 
 
-def _decisions_problem(stored: list[tuple[Any, Any, Any, Any]],
-                       logged: list[tuple[Any, ...]]) -> str | None:
+def _decisions_problem(
+    stored: list[tuple[Any, Any, Any, Any]], logged: list[tuple[Any, ...]]
+) -> str | None:
     in_table, in_log = Counter(map(repr, stored)), Counter(map(repr, logged))
     if in_table == in_log:
         return None
     extra = [d for d in stored if in_table[repr(d)] > in_log[repr(d)]]
     if extra:
-        return (f"decision {_decision_text(extra[0])} is in the decisions table but not in "
-                "the audit log")
+        return (
+            f"decision {_decision_text(extra[0])} is in the decisions table but not in "
+            "the audit log"
+        )
     missing = [d for d in logged if in_log[repr(d)] > in_table[repr(d)]]
-    return (f"decision {_decision_text(missing[0])} of the audit log is missing from the "
-            "decisions table")
+    return (
+        f"decision {_decision_text(missing[0])} of the audit log is missing from the "
+        "decisions table"
+    )
 
 
 def _decision_text(decision: tuple[Any, ...]) -> str:
@@ -230,26 +283,35 @@ def _decision_text(decision: tuple[Any, ...]) -> str:
     return f"{verdict!r} by operator {operator_id} on revision {revision}"
 
 
-def _resolution_problem(row: dict[str, Any],
-                        entries: list[tuple[audit.AuditRow, dict[str, Any]]]) -> str | None:
+def _resolution_problem(
+    row: dict[str, Any], entries: list[tuple[audit.AuditRow, dict[str, Any]]]
+) -> str | None:
     resolved = [(e, d) for e, d in entries if e.kind == "resolved"]
     if len(resolved) > 1:
         return f"{len(resolved)} resolved entries in the audit log (expected at most 1)"
     if not resolved:
         if row["state"] != "pending":
-            return (f"state is {row['state']!r} ({row['outcome']}) in the approvals table "
-                    "but the audit log holds no resolution")
+            return (
+                f"state is {row['state']!r} ({row['outcome']}) in the approvals table "
+                "but the audit log holds no resolution"
+            )
         return None
     entry, data = resolved[0]
     if row["state"] != "resolved":
-        return (f"state is {row['state']!r} in the approvals table but audit entry "
-                f"{entry.seq} resolved it {data.get('outcome')!r}")
+        return (
+            f"state is {row['state']!r} in the approvals table but audit entry "
+            f"{entry.seq} resolved it {data.get('outcome')!r}"
+        )
     if row["outcome"] != data.get("outcome"):
-        return (f"outcome is {row['outcome']!r} in the approvals table but "
-                f"{data.get('outcome')!r} in audit entry {entry.seq}")
+        return (
+            f"outcome is {row['outcome']!r} in the approvals table but "
+            f"{data.get('outcome')!r} in audit entry {entry.seq}"
+        )
     if row["revision"] != data.get("revision"):
-        return (f"resolved at revision {data.get('revision')} in audit entry {entry.seq} "
-                f"but the approvals table's current revision is {row['revision']}")
+        return (
+            f"resolved at revision {data.get('revision')} in audit entry {entry.seq} "
+            f"but the approvals table's current revision is {row['revision']}"
+        )
     try:
         receipt = json.loads(row["receipt"]) if row["receipt"] is not None else None
     except ValueError:

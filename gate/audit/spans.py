@@ -17,43 +17,55 @@ from collections.abc import Sequence
 
 ROTATED = "receipt_key_rotated"
 RECEIPT_MISMATCH = "receipt does not match (changed, or a different receipt key)"
-OLD_KEY = ("a receipt_key_rotated entry receipted with a receipt key an earlier span of this "
-           "log used (a rotation is always to a new key: forged with a retired key?)")
+OLD_KEY = (
+    "a receipt_key_rotated entry receipted with a receipt key an earlier span of this "
+    "log used (a rotation is always to a new key: forged with a retired key?)"
+)
 
 
 def matches(key: bytes, entry_hash: str, receipt_hex: str) -> bool:
     """True when ``receipt_hex`` is HMAC-SHA256(``key``, ``entry_hash`` as ASCII), in hex
     (constant time; a receipt that is not ASCII never matches)."""
     return receipt_hex.isascii() and hmac.compare_digest(
-        hmac.digest(key, entry_hash.encode("ascii"), "sha256").hex(), receipt_hex)
+        hmac.digest(key, entry_hash.encode("ascii"), "sha256").hex(), receipt_hex
+    )
 
 
 def no_match(count: int) -> str:
     """The start of every wrong-key reason, for ``count`` keys given."""
-    return ("the key given does not match this log" if count == 1
-            else "the keys given do not match this log")
+    return (
+        "the key given does not match this log"
+        if count == 1
+        else "the keys given do not match this log"
+    )
 
 
 def first_mismatch(count: int) -> str:
     """Why entry 1's receipt verifies with no key given (a wrong key, not tampering)."""
-    return (f"{no_match(count)}: entry 1's receipt does not verify with "
-            f"{'it' if count == 1 else 'any of them'} (a wrong key is the likely cause: a "
-            "typo, another gate's log, or a log whose receipt key was rotated, which needs "
-            "every key it used; with the right key, entry 1's receipt was changed)")
+    return (
+        f"{no_match(count)}: entry 1's receipt does not verify with "
+        f"{'it' if count == 1 else 'any of them'} (a wrong key is the likely cause: a "
+        "typo, another gate's log, or a log whose receipt key was rotated, which needs "
+        "every key it used; with the right key, entry 1's receipt was changed)"
+    )
 
 
 def rotation_mismatch(count: int, seq: int) -> str:
     """Why the rotation entry ``seq`` verifies with no key given that is new to the log."""
-    return (f"{no_match(count)} from entry {seq} on: that entry starts a new receipt key "
-            "(receipt_key_rotated) and verifies with no key given that the entries before it "
-            "did not use; give the key the gate used from there (its receipts.key_env after "
-            "the rotation)")
+    return (
+        f"{no_match(count)} from entry {seq} on: that entry starts a new receipt key "
+        "(receipt_key_rotated) and verifies with no key given that the entries before it "
+        "did not use; give the key the gate used from there (its receipts.key_env after "
+        "the rotation)"
+    )
 
 
 def no_span(count: int) -> str:
     """Why no span at all verified (``Spans(leading_unknown=True)`` at the end of a log)."""
-    return (f"{no_match(count)}: neither entry 1 nor any receipt_key_rotated entry verifies "
-            f"with {'it' if count == 1 else 'any of them'}")
+    return (
+        f"{no_match(count)}: neither entry 1 nor any receipt_key_rotated entry verifies "
+        f"with {'it' if count == 1 else 'any of them'}"
+    )
 
 
 class Spans:
@@ -81,8 +93,9 @@ class Spans:
         self.used: set[int] = set()
         self.starts: list[tuple[int, int]] = []
 
-    def check(self, seq: int, kind: str, entry_hash: str,
-              receipt_hex: str) -> tuple[str, bool] | None:
+    def check(
+        self, seq: int, kind: str, entry_hash: str, receipt_hex: str
+    ) -> tuple[str, bool] | None:
         """None when the entry's receipt verifies with the key of its span, else ``(reason,
         wrong_key)``: ``wrong_key`` when no key given can be the right one for the first
         entry of a span (entry 1, or a rotation), which is far likelier a wrong key than
@@ -135,12 +148,15 @@ class Spans:
         self.starts.append((seq, index))
 
     def _which(self, entry_hash: str, receipt_hex: str) -> int | None:
-        return next((index for index, key in enumerate(self.keys)
-                     if matches(key, entry_hash, receipt_hex)), None)
+        return next(
+            (index for index, key in enumerate(self.keys) if matches(key, entry_hash, receipt_hex)),
+            None,
+        )
 
 
-def keys_for(spans: Sequence[tuple[int, int]], keys: Sequence[bytes], last_seq: int,
-             seq: object) -> tuple[bytes, ...] | None:
+def keys_for(
+    spans: Sequence[tuple[int, int]], keys: Sequence[bytes], last_seq: int, seq: object
+) -> tuple[bytes, ...] | None:
     """The keys a receipt for entry ``seq`` may be made with, given the ``spans`` (``(first
     seq, key index)``) of a verified log ending at ``last_seq``: the key of the span that
     holds it; after the end (a deleted tail), that of the last span or any key no span used

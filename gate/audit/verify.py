@@ -42,20 +42,22 @@ def read_export(path: Path) -> list[audit.AuditRow]:
     try:
         text = Path(path).read_text(encoding="utf-8")
     except OSError as exc:
-        raise GateError("unreadable_export",
-                        f"cannot read {path}: {exc.strerror or exc}") from None
+        raise GateError("unreadable_export", f"cannot read {path}: {exc.strerror or exc}") from None
     except UnicodeDecodeError as exc:
-        raise GateError("unreadable_export", f"cannot read {path}: not UTF-8 text (byte "
-                        f"{exc.start})") from None
+        raise GateError(
+            "unreadable_export", f"cannot read {path}: not UTF-8 text (byte {exc.start})"
+        ) from None
     for number, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
         try:
             rows.append(audit.parse_export_line(line))
         except (ValueError, KeyError, TypeError):
-            raise GateError("bad_export_line", f"line {number} of {path} is not an audit "
-                            "export line (changed, or not an export)",
-                            extra={"line": number}) from None
+            raise GateError(
+                "bad_export_line",
+                f"line {number} of {path} is not an audit export line (changed, or not an export)",
+                extra={"line": number},
+            ) from None
     return rows
 
 
@@ -74,12 +76,22 @@ def read_expected(path: Path) -> tuple[Path, dict[str, Any]]:
     except (OSError, UnicodeDecodeError, ValueError) as exc:
         raise GateError("bad_receipt", f"cannot read a receipt from {path}: {exc}") from None
     if isinstance(obj, dict):
-        held = next((obj[name] for name in ("receipt", "created_receipt")
-                     if isinstance(obj.get(name), dict)), None)
+        held = next(
+            (
+                obj[name]
+                for name in ("receipt", "created_receipt")
+                if isinstance(obj.get(name), dict)
+            ),
+            None,
+        )
         obj = held if held is not None else obj
     seq = obj.get("seq") if isinstance(obj, dict) else None
-    if (not isinstance(obj, dict) or isinstance(seq, bool) or not isinstance(seq, int)
-            or not isinstance(obj.get("entry_hash"), str)):
+    if (
+        not isinstance(obj, dict)
+        or isinstance(seq, bool)
+        or not isinstance(seq, int)
+        or not isinstance(obj.get("entry_hash"), str)
+    ):
         raise GateError("bad_receipt", f"{path} holds no receipt (seq, entry_hash)")
     return Path(path), obj
 
@@ -94,14 +106,22 @@ def parse_head(text: str) -> tuple[int, str]:
     text when it is not a seq of 1 or more and 64 hex digits."""
     match = _HEAD.fullmatch(text.strip())
     if match is None or int(match.group(1)) < 1:
-        raise GateError("bad_head", f"{text!r} is not SEQ:HASH (an audit entry's seq, 1 or "
-                        "more, and its entry hash, 64 hex digits, as the gate logs them in "
-                        "event=audit_head)")
+        raise GateError(
+            "bad_head",
+            f"{text!r} is not SEQ:HASH (an audit entry's seq, 1 or "
+            "more, and its entry hash, 64 hex digits, as the gate logs them in "
+            "event=audit_head)",
+        )
     return int(match.group(1)), match.group(2).lower()
 
 
-def verify_database(path: Path, key: audit.ReceiptKeyArg, *, workers: int | None = None,
-                    segment_rows: int = SEGMENT_ROWS) -> audit.VerifyResult:
+def verify_database(
+    path: Path,
+    key: audit.ReceiptKeyArg,
+    *,
+    workers: int | None = None,
+    segment_rows: int = SEGMENT_ROWS,
+) -> audit.VerifyResult:
     """``audit verify`` of a database without public keys: the chain and (with ``key``: one
     receipt key, or several, each for its own span) every HMAC receipt, with the same answer
     as ``audit.verify`` over ``DatabaseRows``.
@@ -120,15 +140,17 @@ def verify_database(path: Path, key: audit.ReceiptKeyArg, *, workers: int | None
         return audit.VerifyResult(True, 0)
     low, high = min(bounds[0], 1), bounds[1]
     key = audit.receipt_keys(key)
-    ranges = [(start, min(start + segment_rows - 1, high))
-              for start in range(low, high + 1, segment_rows)]
+    ranges = [
+        (start, min(start + segment_rows - 1, high)) for start in range(low, high + 1, segment_rows)
+    ]
     count = workers if workers is not None else min(MAX_WORKERS, _usable_cpus())
     if count <= 1 or len(ranges) == 1:
         return audit.stitch(_segment(_verify_range(str(path), lo, hi, key)) for lo, hi in ranges)
     # fork is cheapest; only safe while this process runs one thread
     method = "fork" if threading.active_count() == 1 else "spawn"
-    with ProcessPoolExecutor(min(count, len(ranges)),
-                             mp_context=multiprocessing.get_context(method)) as pool:
+    with ProcessPoolExecutor(
+        min(count, len(ranges)), mp_context=multiprocessing.get_context(method)
+    ) as pool:
         futures = [pool.submit(_verify_range, str(path), lo, hi, key) for lo, hi in ranges]
         try:
             return audit.stitch(_segment(future.result()) for future in futures)
@@ -140,22 +162,50 @@ def verify_database(path: Path, key: audit.ReceiptKeyArg, *, workers: int | None
 def _segment(outcome: tuple[Any, ...] | str) -> audit.Segment:
     if isinstance(outcome, str):  # a worker's read error, passed back as text
         raise Unavailable("storage_unavailable", outcome)
-    (first_seq, first_prev, last_seq, last_hash, checked, problem, wrong_key, initial_key,
-     starts, end_key) = outcome
-    return audit.Segment(first_seq, first_prev, last_seq, last_hash, checked,
-                         None if problem is None else (int(problem[0]), str(problem[1])),
-                         wrong_key, initial_key, tuple(starts), end_key)
+    (
+        first_seq,
+        first_prev,
+        last_seq,
+        last_hash,
+        checked,
+        problem,
+        wrong_key,
+        initial_key,
+        starts,
+        end_key,
+    ) = outcome
+    return audit.Segment(
+        first_seq,
+        first_prev,
+        last_seq,
+        last_hash,
+        checked,
+        None if problem is None else (int(problem[0]), str(problem[1])),
+        wrong_key,
+        initial_key,
+        tuple(starts),
+        end_key,
+    )
 
 
-def _verify_range(path: str, low: int, high: int,
-                  key: tuple[bytes, ...]) -> tuple[Any, ...] | str:
+def _verify_range(path: str, low: int, high: int, key: tuple[bytes, ...]) -> tuple[Any, ...] | str:
     """Worker: verify entries ``low..high``; the Segment as a plain tuple, or the error."""
     try:
         seg = audit.verify_segment(auditlog.read_range(Path(path), low, high), key)
     except GateError as exc:
         return exc.message
-    return (seg.first_seq, seg.first_prev, seg.last_seq, seg.last_hash, seg.checked,
-            seg.problem, seg.wrong_key, seg.initial_key, seg.starts, seg.end_key)
+    return (
+        seg.first_seq,
+        seg.first_prev,
+        seg.last_seq,
+        seg.last_hash,
+        seg.checked,
+        seg.problem,
+        seg.wrong_key,
+        seg.initial_key,
+        seg.starts,
+        seg.end_key,
+    )
 
 
 def _usable_cpus() -> int:

@@ -22,11 +22,20 @@ from gate.errors import ConfigError, GateError
 T = TypeVar("T")
 
 CONFIG_OPTION = click.option(
-    "-c", "--config", "config_path", required=True, type=click.Path(dir_okay=False),
-    envvar="HITL_GATE_CONFIG", help="Path to the YAML config (env HITL_GATE_CONFIG).")
+    "-c",
+    "--config",
+    "config_path",
+    required=True,
+    type=click.Path(dir_okay=False),
+    envvar="HITL_GATE_CONFIG",
+    help="Path to the YAML config (env HITL_GATE_CONFIG).",
+)
 API_URL_OPTION = click.option(
-    "--api-url", envvar="HITL_GATE_API_URL", default=None,
-    help="Reach the API here instead of api.listen (http://host:port or unix:/path).")
+    "--api-url",
+    envvar="HITL_GATE_API_URL",
+    default=None,
+    help="Reach the API here instead of api.listen (http://host:port or unix:/path).",
+)
 
 
 def fail(message: str, code: int = 1) -> NoReturn:
@@ -110,14 +119,16 @@ def _relay_secret(var: str) -> str:
     if not secret:
         fail(f"--secret-env: environment variable {var} is not set", 2)
     if secret != secret.strip():
-        fail(f"--secret-env: {var} has leading or trailing whitespace (often a trailing "
-             "newline); remove it", 2)
+        fail(
+            f"--secret-env: {var} has leading or trailing whitespace (often a trailing "
+            "newline); remove it",
+            2,
+        )
     return secret
 
 
 def _client(config_path: str, api_url: str | None, config: Any = None) -> Any:
     from gate.client.api import ApiClient, api_base
-
     from gate.config import read_api_token
 
     if config is None:
@@ -129,8 +140,7 @@ def _client(config_path: str, api_url: str | None, config: Any = None) -> Any:
     if not token.isprintable():
         fail(f"api.token_env: {config.api.token_env} has control characters; remove them", 2)
     if api_url is not None and not _valid_api_url(api_url):
-        fail(f"--api-url: {api_url!r} is not http://host:port, https://host:port or "
-             "unix:/path", 2)
+        fail(f"--api-url: {api_url!r} is not http://host:port, https://host:port or unix:/path", 2)
     return ApiClient(api_url or api_base(config), token)
 
 
@@ -159,12 +169,20 @@ def main() -> None:
 
 @main.command()
 @CONFIG_OPTION
-@click.option("--log-level", default="INFO", show_default=True,
-              type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
-@click.option("--log-format", default="text", show_default=True,
-              type=click.Choice(["text", "json"]),
-              help="text: one key=value line per event, for people; json: one JSON object "
-                   "per line (ts, level, logger, event, fields), for journald and collectors.")
+@click.option(
+    "--log-level",
+    default="INFO",
+    show_default=True,
+    type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
+)
+@click.option(
+    "--log-format",
+    default="text",
+    show_default=True,
+    type=click.Choice(["text", "json"]),
+    help="text: one key=value line per event, for people; json: one JSON object "
+    "per line (ts, level, logger, event, fields), for journald and collectors.",
+)
 def serve(config_path: str, log_level: str, log_format: str) -> None:
     """Run the daemon: relay callback listener + pipeline API. Logs to stderr.
 
@@ -228,8 +246,10 @@ def check_config(config_path: str) -> None:
     for warning in secrets.warnings:
         click.echo(f"{config_path}: warning: {warning}", err=True)
     steps = sum(len(p.steps) for p in config.pipelines)
-    click.echo(f"{config_path}: ok ({len(config.pipelines)} pipelines, {steps} steps, "
-               f"{len(config.relay.operators)} operators)")
+    click.echo(
+        f"{config_path}: ok ({len(config.pipelines)} pipelines, {steps} steps, "
+        f"{len(config.relay.operators)} operators)"
+    )
 
 
 @main.command()
@@ -278,8 +298,9 @@ def _draft_source(draft_file: str | None) -> str:
     return f"--draft-file: {_input_name(draft_file)}"
 
 
-def _check_not_blank(config: Any, pipeline: str, step: str, text: str,
-                     draft_file: str | None) -> None:
+def _check_not_blank(
+    config: Any, pipeline: str, step: str, text: str, draft_file: str | None
+) -> None:
     """Exit 2 on a draft that is empty or only White_Space unless the step (in this config)
     allows it; a step this config does not know is left to the gate (404 or its own rule)."""
     from gate.protocol.whitespace import is_blank
@@ -288,8 +309,11 @@ def _check_not_blank(config: Any, pipeline: str, step: str, text: str,
     if found is None or found[1].allow_empty_draft or not is_blank(text):
         return
     what = "empty" if text == "" else "only white space"
-    fail(f"{_draft_source(draft_file)} is {what}: nothing to approve (allow_empty_draft: true "
-         "on the step allows it)", 2)
+    fail(
+        f"{_draft_source(draft_file)} is {what}: nothing to approve (allow_empty_draft: true "
+        "on the step allows it)",
+        2,
+    )
 
 
 def _read_draft(draft: str | None, draft_file: str | None) -> str:
@@ -302,8 +326,10 @@ def _read_draft(draft: str | None, draft_file: str | None) -> str:
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError as exc:  # exc.start: the first byte that is not UTF-8
-        fail(f"--draft-file: {_input_name(draft_file)} is not valid UTF-8 (byte offset "
-             f"{exc.start})", 2)
+        fail(
+            f"--draft-file: {_input_name(draft_file)} is not valid UTF-8 (byte offset {exc.start})",
+            2,
+        )
 
 
 @main.command()
@@ -315,24 +341,49 @@ def _read_draft(draft: str | None, draft_file: str | None) -> str:
 @click.option("--draft", default=None, help="The draft text to approve.")
 @click.option("--draft-file", default=None, help="Read the draft from a file, or - for stdin.")
 @click.option("--content-type", default="text/plain", show_default=True)
-@click.option("--spend", type=float, default=None,
-              help="Cost of the action, in budget.unit (a number >= 0).")
+@click.option(
+    "--spend", type=float, default=None, help="Cost of the action, in budget.unit (a number >= 0)."
+)
 @click.option("--idempotency-key", default=None, help="Retry-safe key: same key, same approval.")
-@click.option("--requested-by", default=None,
-              help="Identity of the operator asking; they may not approve it themselves.")
+@click.option(
+    "--requested-by",
+    default=None,
+    help="Identity of the operator asking; they may not approve it themselves.",
+)
 @click.option("--wait", is_flag=True, help="Block until resolved; print the final body.")
-@click.option("--timeout", type=click.FloatRange(min=0), default=None,
-              help="With --wait: give up waiting after SEC seconds (exit 4).")
-@click.option("--permit-out", type=click.Path(dir_okay=False), default=None,
-              help="With --wait: save the execution permit (JWS) here when approved/adjusted; "
-                   "any other outcome removes FILE.")
+@click.option(
+    "--timeout",
+    type=click.FloatRange(min=0),
+    default=None,
+    help="With --wait: give up waiting after SEC seconds (exit 4).",
+)
+@click.option(
+    "--permit-out",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="With --wait: save the execution permit (JWS) here when approved/adjusted; "
+    "any other outcome removes FILE.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the approval object as JSON.")
 @click.option("--quiet", is_flag=True, help="Do not report hops on stderr.")
-def request(config_path: str, api_url: str | None, pipeline: str, step: str,
-            run_id: str | None, draft: str | None, draft_file: str | None, content_type: str,
-            spend: float | None, idempotency_key: str | None, requested_by: str | None,
-            wait: bool, timeout: float | None, permit_out: str | None, as_json: bool,
-            quiet: bool) -> None:
+def request(
+    config_path: str,
+    api_url: str | None,
+    pipeline: str,
+    step: str,
+    run_id: str | None,
+    draft: str | None,
+    draft_file: str | None,
+    content_type: str,
+    spend: float | None,
+    idempotency_key: str | None,
+    requested_by: str | None,
+    wait: bool,
+    timeout: float | None,
+    permit_out: str | None,
+    as_json: bool,
+    quiet: bool,
+) -> None:
     """Ask for approval of a draft; with --wait, block and print the final body.
 
     Exit 0 approved/adjusted, 3 skipped, 4 timeout, 5 cancelled, 1 gate error, 2 usage.
@@ -355,10 +406,13 @@ def request(config_path: str, api_url: str | None, pipeline: str, step: str,
         if not folder.is_dir() or not os.access(folder, os.W_OK | os.X_OK):
             fail(f"--permit-out: {folder} is not a directory this user can write to", 2)
     if idempotency_key is not None and (
-            is_blank(idempotency_key) or len(idempotency_key) > 200
-            or any(ord(c) < 0x20 or ord(c) == 0x7F for c in idempotency_key)):
-        fail("--idempotency-key: must be 1-200 characters, not blank, without control "
-             "characters", 2)
+        is_blank(idempotency_key)
+        or len(idempotency_key) > 200
+        or any(ord(c) < 0x20 or ord(c) == 0x7F for c in idempotency_key)
+    ):
+        fail(
+            "--idempotency-key: must be 1-200 characters, not blank, without control characters", 2
+        )
     text = _read_draft(draft, draft_file)
     config = _config(config_path)
     _check_not_blank(config, pipeline, step, text, draft_file)
@@ -367,8 +421,11 @@ def request(config_path: str, api_url: str | None, pipeline: str, step: str,
     if spend is not None and not (math.isfinite(spend) and 0 <= spend <= MAX_SPEND):
         fail(f"--spend: must be a finite number >= 0 and <= {MAX_SPEND:g}", 2)
     created: dict[str, str] = {}
-    body: dict[str, Any] = {"pipeline": pipeline, "step": step,
-                            "draft": {"content_type": content_type, "body": text}}
+    body: dict[str, Any] = {
+        "pipeline": pipeline,
+        "step": step,
+        "draft": {"content_type": content_type, "body": text},
+    }
     if run_id:
         body["run_id"] = run_id
     if spend is not None:
@@ -400,14 +457,19 @@ def request(config_path: str, api_url: str | None, pipeline: str, step: str,
                 approval, new = await api.create(body, idempotency_key)
             created["id"] = approval["approval_id"]
             if new:
-                report(f"requested approval {approval['approval_id']} for {pipeline}/{step} "
-                       f"(quorum {approval['quorum']['required']}, {approval['payload_hash']})")
+                report(
+                    f"requested approval {approval['approval_id']} for {pipeline}/{step} "
+                    f"(quorum {approval['quorum']['required']}, {approval['payload_hash']})"
+                )
             else:
-                state = approval["state"] + (f", outcome {approval['outcome']}"
-                                             if approval["state"] == "resolved" else "")
-                report(f"already requested: approval {approval['approval_id']} for "
-                       f"{pipeline}/{step} (the same request with Idempotency-Key "
-                       f"{key} was made before; state {state})")
+                state = approval["state"] + (
+                    f", outcome {approval['outcome']}" if approval["state"] == "resolved" else ""
+                )
+                report(
+                    f"already requested: approval {approval['approval_id']} for "
+                    f"{pipeline}/{step} (the same request with Idempotency-Key "
+                    f"{key} was made before; state {state})"
+                )
             if not wait:
                 return dict(approval)
             return await wait_for_outcome(api, approval, left(), report)
@@ -415,17 +477,24 @@ def request(config_path: str, api_url: str | None, pipeline: str, step: str,
     def left_behind() -> str:
         if "id" not in created:
             if wait:  # an attempt may have landed with its answer unseen
-                return ("no approval was seen created (to find one that landed after all, "
-                        f"run the same command with --idempotency-key {key})")
+                return (
+                    "no approval was seen created (to find one that landed after all, "
+                    f"run the same command with --idempotency-key {key})"
+                )
             return "no approval was created"
-        return (f"approval {created['id']} is still pending on the gate; the action must not "
-                f"fire (cancel it with: {_cancel_command(config_path, api_url, created['id'])})")
+        return (
+            f"approval {created['id']} is still pending on the gate; the action must not "
+            f"fire (cancel it with: {_cancel_command(config_path, api_url, created['id'])})"
+        )
 
     result = run(go(), left_behind)
     if result is None:
-        fail(f"the gate did not take the request within {timeout:g} s: nothing may fire; run "
-             f"the same command again with --idempotency-key {key} to find it if it lands "
-             "later", 4)
+        fail(
+            f"the gate did not take the request within {timeout:g} s: nothing may fire; run "
+            f"the same command again with --idempotency-key {key} to find it if it lands "
+            "later",
+            4,
+        )
     if as_json:
         click.echo(json.dumps(result, ensure_ascii=False, indent=2))
     if not wait:
@@ -433,9 +502,12 @@ def request(config_path: str, api_url: str | None, pipeline: str, step: str,
             click.echo(result["approval_id"])
         return
     if result["state"] != "resolved":
-        click.echo(f"Error: still pending after {timeout:g} s: approval {result['approval_id']}"
-                   " (the action must not fire; cancel it with: "
-                   f"{_cancel_command(config_path, api_url, result['approval_id'])})", err=True)
+        click.echo(
+            f"Error: still pending after {timeout:g} s: approval {result['approval_id']}"
+            " (the action must not fire; cancel it with: "
+            f"{_cancel_command(config_path, api_url, result['approval_id'])})",
+            err=True,
+        )
         sys.exit(4)
     if permit_out is not None:
         _save_permit(Path(permit_out), result, report)
@@ -456,8 +528,8 @@ def _cancel_command(config_path: str | None, api_url: str | None, approval_id: s
 
 
 def _save_permit(path: Path, approval: dict[str, Any], report: Any) -> None:
-    from gate.trust import permit
     from gate.protocol.envelope import rfc3339
+    from gate.trust import permit
 
     try:
         if approval["final_body"] is None:
@@ -465,14 +537,18 @@ def _save_permit(path: Path, approval: dict[str, Any], report: Any) -> None:
             return
         if not approval.get("permit"):
             path.unlink(missing_ok=True)  # an older permit must not pass for this approval
-            fail(f"approval {approval['approval_id']} is {approval['outcome']} but the gate "
-                 "issued no permit (receipts.signing_key_file is not configured)")
+            fail(
+                f"approval {approval['approval_id']} is {approval['outcome']} but the gate "
+                "issued no permit (receipts.signing_key_file is not configured)"
+            )
         exp = permit.unverified_expiry(approval["permit"])
         if exp is not None and exp <= time.time():  # a replay long after the resolution
             path.unlink(missing_ok=True)
-            fail(f"the permit of approval {approval['approval_id']} expired at "
-                 f"{rfc3339(exp * 1000)}: the action must not fire on it; request again with "
-                 "a new Idempotency-Key")
+            fail(
+                f"the permit of approval {approval['approval_id']} expired at "
+                f"{rfc3339(exp * 1000)}: the action must not fire on it; request again with "
+                "a new Idempotency-Key"
+            )
         permit.save(path, approval["permit"])
     except OSError as exc:
         fail(f"--permit-out: cannot write {path}: {exc.strerror or exc}")
@@ -482,18 +558,30 @@ def _save_permit(path: Path, approval: dict[str, Any], report: Any) -> None:
 @main.command("list")
 @CONFIG_OPTION
 @API_URL_OPTION
-@click.option("--state", type=click.Choice(["pending", "resolved", "all"]), default="pending",
-              show_default=True)
+@click.option(
+    "--state",
+    type=click.Choice(["pending", "resolved", "all"]),
+    default="pending",
+    show_default=True,
+)
 @click.option("--pipeline", default=None)
 @click.option("--limit", type=click.IntRange(1, 500), default=50, show_default=True)
 @click.option("--cursor", default=None, help="next_cursor from the previous page.")
 @click.option("--json", "as_json", is_flag=True)
-def list_cmd(config_path: str, api_url: str | None, state: str, pipeline: str | None,
-             limit: int, cursor: str | None, as_json: bool) -> None:
+def list_cmd(
+    config_path: str,
+    api_url: str | None,
+    state: str,
+    pipeline: str | None,
+    limit: int,
+    cursor: str | None,
+    as_json: bool,
+) -> None:
     """List approvals, one line each (or JSON).
 
     Example: hitl-gate list -c config.example.yaml --state pending
     """
+
     async def go() -> Any:
         async with _client(config_path, api_url) as api:
             return await api.list(state, pipeline, limit, cursor)
@@ -505,12 +593,15 @@ def list_cmd(config_path: str, api_url: str | None, state: str, pipeline: str | 
     if not page["items"]:  # said on stderr: stdout stays one line per approval
         which = "" if state == "all" else f"{state} "
         where = f" in pipeline {pipeline}" if pipeline else ""
-        click.echo(f"no {which}approvals{where}" + (" after that cursor" if cursor else ""),
-                   err=True)
+        click.echo(
+            f"no {which}approvals{where}" + (" after that cursor" if cursor else ""), err=True
+        )
     for a in page["items"]:
-        click.echo(f"{a['approval_id']}  {a['state']:8}  {a['outcome'] or '-':9}  "
-                   f"{a['pipeline']}/{a['step']}  {a['quorum']['collected']}/"
-                   f"{a['quorum']['required']}  expires {a['expires_at']}")
+        click.echo(
+            f"{a['approval_id']}  {a['state']:8}  {a['outcome'] or '-':9}  "
+            f"{a['pipeline']}/{a['step']}  {a['quorum']['collected']}/"
+            f"{a['quorum']['required']}  expires {a['expires_at']}"
+        )
     if page["next_cursor"]:
         click.echo(f"next page: --cursor {page['next_cursor']}")
 
@@ -524,6 +615,7 @@ def show(config_path: str, api_url: str | None, approval_id: str) -> None:
 
     Example: hitl-gate show -c config.example.yaml 01JABCDEF...
     """
+
     async def go() -> Any:
         async with _client(config_path, api_url) as api:
             return await api.get(approval_id)
@@ -549,8 +641,10 @@ def cancel(config_path: str, api_url: str | None, approval_id: str) -> None:
             except ClientError as exc:
                 if exc.code == "already_resolved" and "outcome" in exc.extra:
                     # whether the action may have fired depends on the outcome: say it
-                    fail(f"approval {approval_id} is already resolved (outcome "
-                         f"{exc.extra['outcome']}); nothing changed (HTTP 409 already_resolved)")
+                    fail(
+                        f"approval {approval_id} is already resolved (outcome "
+                        f"{exc.extra['outcome']}); nothing changed (HTTP 409 already_resolved)"
+                    )
                 raise
 
     result = run(go())
@@ -566,31 +660,71 @@ def audit() -> None:
 
 
 @audit.command("verify")
-@click.option("-c", "--config", "config_path", type=click.Path(dir_okay=False), default=None,
-              envvar="HITL_GATE_CONFIG", help="Verify the database named by this config.")
-@click.option("--file", "export_file", type=click.Path(dir_okay=False), default=None,
-              help="Verify an export (JSON Lines) instead of the database.")
-@click.option("--key-env", "key_envs", multiple=True,
-              help="Env var with a receipt key (default: the config's receipts.key_env and "
-                   "receipts.previous_key_env); repeat for a log whose key was rotated: each "
-                   "entry is checked with the key of its span.")
-@click.option("--public-key", "public_key_files", multiple=True,
-              type=click.Path(dir_okay=False),
-              help="Ed25519 public key (PEM) trusted for entry signatures; repeat for rotated "
-                   "keys. No secret needed.")
-@click.option("--expect", "expect_files", multiple=True, type=click.Path(dir_okay=False),
-              help="A receipt (JSON, or an approval object holding one) the log must hold; "
-                   "catches a deleted tail. Repeatable.")
-@click.option("--records/--no-records", default=True, show_default=True,
-              help="With -c: also check the approvals, revisions and decisions tables against "
-                   "the verified log (names the first approval that disagrees).")
-@click.option("--expect-head", "expect_heads", multiple=True, metavar="SEQ:HASH",
-              callback=lambda _ctx, _param, values: _expect_heads(values),
-              help="A chain head the gate logged (event=audit_head seq=SEQ hash=HASH) that "
-                   "the log must hold; catches a deleted or rewritten tail. Repeatable.")
-def audit_verify(config_path: str | None, export_file: str | None, key_envs: tuple[str, ...],
-                 public_key_files: tuple[str, ...], expect_files: tuple[str, ...],
-                 records: bool, expect_heads: list[tuple[int, str]]) -> None:
+@click.option(
+    "-c",
+    "--config",
+    "config_path",
+    type=click.Path(dir_okay=False),
+    default=None,
+    envvar="HITL_GATE_CONFIG",
+    help="Verify the database named by this config.",
+)
+@click.option(
+    "--file",
+    "export_file",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Verify an export (JSON Lines) instead of the database.",
+)
+@click.option(
+    "--key-env",
+    "key_envs",
+    multiple=True,
+    help="Env var with a receipt key (default: the config's receipts.key_env and "
+    "receipts.previous_key_env); repeat for a log whose key was rotated: each "
+    "entry is checked with the key of its span.",
+)
+@click.option(
+    "--public-key",
+    "public_key_files",
+    multiple=True,
+    type=click.Path(dir_okay=False),
+    help="Ed25519 public key (PEM) trusted for entry signatures; repeat for rotated "
+    "keys. No secret needed.",
+)
+@click.option(
+    "--expect",
+    "expect_files",
+    multiple=True,
+    type=click.Path(dir_okay=False),
+    help="A receipt (JSON, or an approval object holding one) the log must hold; "
+    "catches a deleted tail. Repeatable.",
+)
+@click.option(
+    "--records/--no-records",
+    default=True,
+    show_default=True,
+    help="With -c: also check the approvals, revisions and decisions tables against "
+    "the verified log (names the first approval that disagrees).",
+)
+@click.option(
+    "--expect-head",
+    "expect_heads",
+    multiple=True,
+    metavar="SEQ:HASH",
+    callback=lambda _ctx, _param, values: _expect_heads(values),
+    help="A chain head the gate logged (event=audit_head seq=SEQ hash=HASH) that "
+    "the log must hold; catches a deleted or rewritten tail. Repeatable.",
+)
+def audit_verify(
+    config_path: str | None,
+    export_file: str | None,
+    key_envs: tuple[str, ...],
+    public_key_files: tuple[str, ...],
+    expect_files: tuple[str, ...],
+    records: bool,
+    expect_heads: list[tuple[int, str]],
+) -> None:
     """Recompute the audit chain, every receipt and every signature; name the first bad entry.
 
     With --public-key (or a config with receipts.signing_key_file/trusted_public_keys)
@@ -619,9 +753,11 @@ def audit_verify(config_path: str | None, export_file: str | None, key_envs: tup
         try:  # with --public-key the private signing key is not needed (nor read)
             public.update(_receipt_keys(config, private=not public).public)
         except ConfigError as exc:
-            hint = ("; to verify without the private key, give its public key with "
-                    "--public-key" if any(e.startswith("receipts.signing_key_file")
-                                          for e in exc.errors) else "")
+            hint = (
+                "; to verify without the private key, give its public key with --public-key"
+                if any(e.startswith("receipts.signing_key_file") for e in exc.errors)
+                else ""
+            )
             fail("; ".join(exc.errors) + hint, 2)
     try:
         expected = [read_expected(Path(f)) for f in expect_files]
@@ -651,8 +787,10 @@ def audit_verify(config_path: str | None, export_file: str | None, key_envs: tup
     if result.wrong_key:  # not tampering: far likelier a wrong key (b02-04)
         fail(f"{where} ({', '.join(names)}): {result.reason}")
     if not result.ok:
-        click.echo(f"TAMPERED: entry {result.first_bad_seq}: {result.reason} "
-                   f"({result.checked} entries before it verified)")
+        click.echo(
+            f"TAMPERED: entry {result.first_bad_seq}: {result.reason} "
+            f"({result.checked} entries before it verified)"
+        )
         sys.exit(1)
     holders = [(f"receipt {path}", held) for path, held in expected]
     if config is not None:  # the database keeps each resolution's receipt with its approval
@@ -665,8 +803,9 @@ def audit_verify(config_path: str | None, export_file: str | None, key_envs: tup
         if stored is not None:
             holders.append((f"the receipt stored with approval {stored[0]}", stored[1]))
     for source, held in holders:
-        problem = audit_mod.receipt_problem(rows, held, audit_mod.span_keys(
-            result, key, held.get("seq")), public or None)
+        problem = audit_mod.receipt_problem(
+            rows, held, audit_mod.span_keys(result, key, held.get("seq")), public or None
+        )
         if problem is not None:
             click.echo(f"TAMPERED: entry {problem[0]}: {problem[1]} ({source})")
             sys.exit(1)
@@ -675,26 +814,39 @@ def audit_verify(config_path: str | None, export_file: str | None, key_envs: tup
         (seq, entry_hash), reason = problem_head
         click.echo(f"TAMPERED: entry {seq}: {reason} (--expect-head {seq}:{entry_hash})")
         sys.exit(1)
-    matched = (_check_records(config.storage.path, result.checked)
-               if config is not None and records else None)
+    matched = (
+        _check_records(config.storage.path, result.checked)
+        if config is not None and records
+        else None
+    )
     checked = ["chain"] + ["receipts"] * bool(key) + ["signatures"] * bool(public)
     what = ", ".join(checked[:-1]) + f" and {checked[-1]}" if len(checked) > 1 else checked[0]
     held_note = "".join(f"; holds the receipt for entry {held['seq']}" for _, held in expected)
     held_note += _heads_note(expect_heads)
-    click.echo(f"ok: {result.checked} entries, {what} intact{_spans_note(result, names)}"
-               f"{held_note}")
+    click.echo(
+        f"ok: {result.checked} entries, {what} intact{_spans_note(result, names)}{held_note}"
+    )
     if matched is not None:
         newer = f" ({matched.newer} written since, not checked)" if matched.newer else ""
         click.echo(f"ok: {matched.checked} approvals match the audit log{newer}")
-    if config is not None and not key_envs and result.spans and (
-            names[result.spans[-1][1]] != config.receipts.key_env):
-        click.echo(f"warning: the newest entries are receipted with receipts.previous_key_env's"
-                   f" key ({names[result.spans[-1][1]]}), not receipts.key_env's: the gate "
-                   "writes the receipt_key_rotated entry at its next start", err=True)
+    if (
+        config is not None
+        and not key_envs
+        and result.spans
+        and (names[result.spans[-1][1]] != config.receipts.key_env)
+    ):
+        click.echo(
+            f"warning: the newest entries are receipted with receipts.previous_key_env's"
+            f" key ({names[result.spans[-1][1]]}), not receipts.key_env's: the gate "
+            "writes the receipt_key_rotated entry at its next start",
+            err=True,
+        )
     if not key and not public:
-        click.echo("warning: no key was given, so nothing authenticated the entries: anyone "
-                   "can re-chain an edited log; verify with --public-key (or --key-env)",
-                   err=True)
+        click.echo(
+            "warning: no key was given, so nothing authenticated the entries: anyone "
+            "can re-chain an edited log; verify with --public-key (or --key-env)",
+            err=True,
+        )
 
 
 def _expect_heads(values: tuple[str, ...]) -> list[tuple[int, str]]:
@@ -717,8 +869,9 @@ def _heads_note(heads: list[tuple[int, str]]) -> str:
     return f"; holds the logged heads at entries {', '.join(map(str, seqs))}"
 
 
-def _verify_keys(config: Any, key_envs: tuple[str, ...]) -> tuple[str, list[str],
-                                                                    tuple[bytes, ...]]:
+def _verify_keys(
+    config: Any, key_envs: tuple[str, ...]
+) -> tuple[str, list[str], tuple[bytes, ...]]:
     """``audit verify``'s receipt keys: ``(where they were named, variable names, keys)``.
     ``--key-env`` given: those variables; else, with ``-c``, ``receipts.key_env`` and
     ``receipts.previous_key_env``. A variable holding the same key as an earlier one is
@@ -727,9 +880,9 @@ def _verify_keys(config: Any, key_envs: tuple[str, ...]) -> tuple[str, list[str]
         where, wanted = "--key-env", list(key_envs)
     elif config is not None:
         wanted = [config.receipts.key_env] + [config.receipts.previous_key_env] * bool(
-            config.receipts.previous_key_env)
-        where = "receipts.key_env" + (" and receipts.previous_key_env" if len(wanted) > 1
-                                      else "")
+            config.receipts.previous_key_env
+        )
+        where = "receipts.key_env" + (" and receipts.previous_key_env" if len(wanted) > 1 else "")
     else:
         return "", [], ()
     names: list[str] = []
@@ -750,8 +903,10 @@ def _spans_note(result: Any, names: list[str]) -> str:
     spans = result.spans
     if len(spans) < 2:
         return ""
-    parts = [f"{names[index]} for entries {first}-{spans[i + 1][0] - 1}"
-             for i, (first, index) in enumerate(spans[:-1])]
+    parts = [
+        f"{names[index]} for entries {first}-{spans[i + 1][0] - 1}"
+        for i, (first, index) in enumerate(spans[:-1])
+    ]
     parts.append(f"{names[spans[-1][1]]} from entry {spans[-1][0]}")
     return f" (receipt keys: {', '.join(parts)})"
 
@@ -768,8 +923,10 @@ def _check_records(path: Path, up_to_seq: int) -> Any:
         fail(exc.message)
     if records.problem is not None:
         approval_id, reason = records.problem
-        click.echo(f"TAMPERED: approval {approval_id}: {reason}; the audit log itself "
-                   f"verified ({up_to_seq} entries)")
+        click.echo(
+            f"TAMPERED: approval {approval_id}: {reason}; the audit log itself "
+            f"verified ({up_to_seq} entries)"
+        )
         sys.exit(1)
     return records
 
@@ -801,8 +958,13 @@ def audit_export(config_path: str, output: str) -> None:
 
 
 @main.command()
-@click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False),
-              help="Directory for the key pair (created 0700 if missing).")
+@click.option(
+    "--out",
+    "out_dir",
+    required=True,
+    type=click.Path(file_okay=False),
+    help="Directory for the key pair (created 0700 if missing).",
+)
 def keygen(out_dir: str) -> None:
     """Write a new Ed25519 key pair for signed audit entries and permits; print its key id.
 
@@ -819,8 +981,9 @@ def keygen(out_dir: str) -> None:
         private_path, public_path, kid = generate(Path(out_dir))
     except GateError as exc:
         fail(exc.message)
-    click.echo(f"wrote {private_path} (private key, mode 0600: receipts.signing_key_file)",
-               err=True)
+    click.echo(
+        f"wrote {private_path} (private key, mode 0600: receipts.signing_key_file)", err=True
+    )
     click.echo(f"wrote {public_path} (public key: give it to verifiers)", err=True)
     click.echo(kid)
 
@@ -836,16 +999,28 @@ def permit() -> None:
 
 @permit.command("verify")
 @click.argument("permit_file", type=click.Path(dir_okay=False))
-@click.option("--public-key", "public_key_files", multiple=True, required=True,
-              type=click.Path(dir_okay=False),
-              help="The gate's Ed25519 public key (PEM); repeat to trust rotated keys.")
-@click.option("--body-file", required=True,
-              help="The exact body about to be executed (file, or - for stdin).")
+@click.option(
+    "--public-key",
+    "public_key_files",
+    multiple=True,
+    required=True,
+    type=click.Path(dir_okay=False),
+    help="The gate's Ed25519 public key (PEM); repeat to trust rotated keys.",
+)
+@click.option(
+    "--body-file", required=True, help="The exact body about to be executed (file, or - for stdin)."
+)
 @click.option("--pipeline", default=None, help="Also require the permit to be for this pipeline.")
 @click.option("--step", default=None, help="Also require the permit to be for this step.")
 @click.option("--json", "as_json", is_flag=True, help="Print the verified claims as JSON.")
-def permit_verify(permit_file: str, public_key_files: tuple[str, ...], body_file: str,
-                  pipeline: str | None, step: str | None, as_json: bool) -> None:
+def permit_verify(
+    permit_file: str,
+    public_key_files: tuple[str, ...],
+    body_file: str,
+    pipeline: str | None,
+    step: str | None,
+    as_json: bool,
+) -> None:
     """Check a permit's signature, expiry, and that the body hashes to its payload_hash.
 
     Exit 0 valid (execute), 1 invalid (do not execute; the reason is printed), 2 usage.
@@ -855,8 +1030,8 @@ def permit_verify(permit_file: str, public_key_files: tuple[str, ...], body_file
     Example: hitl-gate permit verify permit.jws --public-key hitl-gate-ed25519.pub
     --body-file mail.txt --pipeline invoices --step send-followup
     """
-    from gate.trust import permit as permit_mod
     from gate.protocol.envelope import rfc3339
+    from gate.trust import permit as permit_mod
 
     public = _public_keys(public_key_files)
     try:
@@ -865,43 +1040,60 @@ def permit_verify(permit_file: str, public_key_files: tuple[str, ...], body_file
         fail(f"cannot read {permit_file}: {exc.strerror or exc}", 2)
     body = _read_input("--body-file", body_file)
     try:
-        verified = permit_mod.verify(token, public, body, time.time(), pipeline=pipeline,
-                                     step=step)
+        verified = permit_mod.verify(token, public, body, time.time(), pipeline=pipeline, step=step)
     except permit_mod.PermitError as exc:
         click.echo(f"INVALID: {exc.code}: {exc.message}")
         sys.exit(1)
     claims = verified.claims
-    unchecked = [name for name, given in (("pipeline", pipeline), ("step", step))
-                 if given is None]
+    unchecked = [name for name, given in (("pipeline", pipeline), ("step", step)) if given is None]
     if unchecked:
         what = " or ".join(unchecked)
         flags = " and ".join(f"--{name}" for name in unchecked)
-        click.echo(f"warning: the permit is for {claims['pipeline']}/{claims['step']}; {flags} "
-                   f"{'were' if len(unchecked) > 1 else 'was'} not given, so a permit for "
-                   f"another {what} would pass too", err=True)
+        click.echo(
+            f"warning: the permit is for {claims['pipeline']}/{claims['step']}; {flags} "
+            f"{'were' if len(unchecked) > 1 else 'was'} not given, so a permit for "
+            f"another {what} would pass too",
+            err=True,
+        )
     if as_json:
         click.echo(json.dumps(claims, ensure_ascii=False, indent=2))
         return
-    approvers = ", ".join(str(a.get("identity") or a.get("operator_id"))
-                          for a in claims["approved_by"])
-    click.echo(f"ok: permit for approval {claims['approval_id']} ({claims['pipeline']}/"
-               f"{claims['step']}, {claims['outcome']} by {approvers}), body "
-               f"{claims['payload_hash']}, valid until {rfc3339(claims['exp'] * 1000)}")
+    approvers = ", ".join(
+        str(a.get("identity") or a.get("operator_id")) for a in claims["approved_by"]
+    )
+    click.echo(
+        f"ok: permit for approval {claims['approval_id']} ({claims['pipeline']}/"
+        f"{claims['step']}, {claims['outcome']} by {approvers}), body "
+        f"{claims['payload_hash']}, valid until {rfc3339(claims['exp'] * 1000)}"
+    )
 
 
 @main.command()
-@click.option("--listen", default="127.0.0.1:8091", show_default=True,
-              help="host:port to receive dispatches on (port 0: any free port).")
+@click.option(
+    "--listen",
+    default="127.0.0.1:8091",
+    show_default=True,
+    help="host:port to receive dispatches on (port 0: any free port).",
+)
 @click.option("--secret-env", required=True, help="Env var holding the shared relay secret.")
-@click.option("--as", "identities", multiple=True,
-              help="Decide as this identity (repeat for several approvers). Default: the first "
-                   "approver in the dispatch.")
-@click.option("--auto", default=None,
-              help="Decide without asking: approve, skip or adjust:TEXT.")
-@click.option("--max-skew", type=float, default=300.0, show_default=True,
-              help="Refuse dispatches signed more than this many seconds away.")
-def relay(listen: str, secret_env: str, identities: tuple[str, ...], auto: str | None,
-          max_skew: float) -> None:
+@click.option(
+    "--as",
+    "identities",
+    multiple=True,
+    help="Decide as this identity (repeat for several approvers). Default: the first "
+    "approver in the dispatch.",
+)
+@click.option("--auto", default=None, help="Decide without asking: approve, skip or adjust:TEXT.")
+@click.option(
+    "--max-skew",
+    type=float,
+    default=300.0,
+    show_default=True,
+    help="Refuse dispatches signed more than this many seconds away.",
+)
+def relay(
+    listen: str, secret_env: str, identities: tuple[str, ...], auto: str | None, max_skew: float
+) -> None:
     """Reference relay: verify each dispatch, ask a human on this terminal (or decide
     automatically with --auto), sign the decision and post it back.
 
@@ -937,8 +1129,9 @@ def relay(listen: str, secret_env: str, identities: tuple[str, ...], auto: str |
             fail(f"--as: {identity!r} is not an identity (empty, or spaces around it)", 2)
         problem = identity_problem(identity)
         if problem is not None:
-            fail(f"--as: {identity!r} {problem.split(';')[0]}; no dispatch names such an "
-                 "identity", 2)
+            fail(
+                f"--as: {identity!r} {problem.split(';')[0]}; no dispatch names such an identity", 2
+            )
     # asking on a terminal: INFO lines would land in the drafts and prompts (issue 12)
     logs.configure("WARNING" if auto_decision is None and sys.stderr.isatty() else "INFO")
     try:
@@ -948,8 +1141,12 @@ def relay(listen: str, secret_env: str, identities: tuple[str, ...], auto: str |
 
 
 # where ``verify``'s ephemeral config takes each setting from
-_VERIFY_OPTIONS = (("relay.operators", "--approver"), ("relay.public_url", "--public-url"),
-                   ("relay.url", "RELAY_URL"), ("relay.callback_addr", "--listen"))
+_VERIFY_OPTIONS = (
+    ("relay.operators", "--approver"),
+    ("relay.public_url", "--public-url"),
+    ("relay.url", "RELAY_URL"),
+    ("relay.callback_addr", "--listen"),
+)
 
 
 def _verify_option(error: str) -> str:
@@ -966,19 +1163,41 @@ def _verify_option(error: str) -> str:
 @main.command()
 @click.argument("relay_url")
 @click.option("--secret-env", required=True, help="Env var holding the shared relay secret.")
-@click.option("--approver", required=True,
-              help="Identity the relay will report as approver (the human, or the auto account).")
-@click.option("--listen", default="127.0.0.1:0", show_default=True,
-              help="host:port for the ephemeral gate's decision endpoint (port 0: any free port).")
-@click.option("--public-url", default=None,
-              help="Base URL the relay calls back (default http://<listen>). A relay in the "
-                   "cloud (Power Automate, n8n cloud) needs a public URL that reaches --listen, "
-                   "e.g. through a tunnel or reverse proxy.")
-@click.option("--timeout", type=click.FloatRange(min=1), default=120.0, show_default=True,
-              help="Seconds to wait for the relay's decision (a human may be answering).")
+@click.option(
+    "--approver",
+    required=True,
+    help="Identity the relay will report as approver (the human, or the auto account).",
+)
+@click.option(
+    "--listen",
+    default="127.0.0.1:0",
+    show_default=True,
+    help="host:port for the ephemeral gate's decision endpoint (port 0: any free port).",
+)
+@click.option(
+    "--public-url",
+    default=None,
+    help="Base URL the relay calls back (default http://<listen>). A relay in the "
+    "cloud (Power Automate, n8n cloud) needs a public URL that reaches --listen, "
+    "e.g. through a tunnel or reverse proxy.",
+)
+@click.option(
+    "--timeout",
+    type=click.FloatRange(min=1),
+    default=120.0,
+    show_default=True,
+    help="Seconds to wait for the relay's decision (a human may be answering).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
-def verify(relay_url: str, secret_env: str, approver: str, listen: str,
-           public_url: str | None, timeout: float, as_json: bool) -> None:
+def verify(
+    relay_url: str,
+    secret_env: str,
+    approver: str,
+    listen: str,
+    public_url: str | None,
+    timeout: float,
+    as_json: bool,
+) -> None:
     """Conformance test of a live relay (SPEC §6): PASS/FAIL per check.
 
     Starts an ephemeral gate (the real decision handler over HTTP), dispatches a synthetic
@@ -1006,6 +1225,7 @@ def verify(relay_url: str, secret_env: str, approver: str, listen: str,
         fail(f"--listen: cannot listen on {listen}: {exc}", 2)
     except ConfigError as exc:  # the ephemeral gate's config is built from the arguments
         fail("; ".join(_verify_option(error) for error in exc.errors), 2)
-    click.echo(json.dumps(report.as_json(), ensure_ascii=False, indent=2) if as_json
-               else report.as_text())
+    click.echo(
+        json.dumps(report.as_json(), ensure_ascii=False, indent=2) if as_json else report.as_text()
+    )
     sys.exit(0 if report.ok else 1)

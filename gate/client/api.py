@@ -60,48 +60,66 @@ class ApiClient:
             self._base = base.rstrip("/")
         self._display = base
         self._session = aiohttp.ClientSession(
-            connector=self._connector, headers={"Authorization": f"Bearer {token}"},
-            timeout=aiohttp.ClientTimeout(total=None, sock_connect=10), trust_env=False)
+            connector=self._connector,
+            headers={"Authorization": f"Bearer {token}"},
+            timeout=aiohttp.ClientTimeout(total=None, sock_connect=10),
+            trust_env=False,
+        )
 
     async def __aenter__(self) -> ApiClient:
         return self
 
-    async def __aexit__(self, et: type[BaseException] | None, ev: BaseException | None,
-                        tb: TracebackType | None) -> None:
+    async def __aexit__(
+        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
+    ) -> None:
         await self._session.close()
 
-    async def _call(self, method: str, path: str, *, body: Any = None,
-                    params: dict[str, str] | None = None,
-                    headers: dict[str, str] | None = None) -> tuple[int, Any]:
+    async def _call(
+        self,
+        method: str,
+        path: str,
+        *,
+        body: Any = None,
+        params: dict[str, str] | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> tuple[int, Any]:
         url = self._base + path
         data = None if body is None else json.dumps(body, ensure_ascii=False).encode("utf-8")
         hdrs = dict(headers or {})
         if data is not None:
             hdrs["Content-Type"] = "application/json; charset=utf-8"
         try:
-            async with self._session.request(method, url, data=data, params=params,
-                                             headers=hdrs) as resp:
+            async with self._session.request(
+                method, url, data=data, params=params, headers=hdrs
+            ) as resp:
                 text = await resp.text(encoding="utf-8")
                 status = resp.status
         except aiohttp.ClientError as exc:
-            raise ClientError("gate_unreachable",
-                              f"cannot reach the gate at {self._display}: {exc}", status=0) from exc
+            raise ClientError(
+                "gate_unreachable", f"cannot reach the gate at {self._display}: {exc}", status=0
+            ) from exc
         try:
             answer = json.loads(text) if text else {}
         except ValueError:
-            raise ClientError("bad_answer", f"the gate answered HTTP {status} without JSON",
-                              status=status) from None
+            raise ClientError(
+                "bad_answer", f"the gate answered HTTP {status} without JSON", status=status
+            ) from None
         if status >= 400:
             reason = answer.get("reason", "error") if isinstance(answer, dict) else "error"
             message = answer.get("message") if isinstance(answer, dict) else None
             detail = _detail(answer) if isinstance(answer, dict) else None
-            raise ClientError(str(reason), message or f"the gate answered HTTP {status} {reason}"
-                              + (f": {detail}" if detail else ""),
-                              status=status, extra=answer if isinstance(answer, dict) else None)
+            raise ClientError(
+                str(reason),
+                message
+                or f"the gate answered HTTP {status} {reason}" + (f": {detail}" if detail else ""),
+                status=status,
+                extra=answer if isinstance(answer, dict) else None,
+            )
         return status, answer
 
-    async def create(self, body: dict[str, Any],
-                     idempotency_key: str | None = None) -> tuple[Any, bool]:
+    async def create(
+        self, body: dict[str, Any], idempotency_key: str | None = None
+    ) -> tuple[Any, bool]:
         """POST /v1/approvals; returns ``(approval object, created)``: ``created`` is False when
         the gate answered 200, i.e. the same request with this Idempotency-Key was made before
         (SPEC §3) and the object is that earlier approval as it stands now."""
@@ -114,8 +132,7 @@ class ApiClient:
         params = None if wait is None else {"wait": f"{wait:g}"}
         return (await self._call("GET", f"/v1/approvals/{approval_id}", params=params))[1]
 
-    async def list(self, state: str, pipeline: str | None, limit: int,
-                   cursor: str | None) -> Any:
+    async def list(self, state: str, pipeline: str | None, limit: int, cursor: str | None) -> Any:
         """GET /v1/approvals with filters; returns ``{items, next_cursor}``."""
         params = {"state": state, "limit": str(limit)}
         if pipeline:

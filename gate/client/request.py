@@ -42,38 +42,57 @@ def hops(before: dict[str, Any] | None, after: dict[str, Any]) -> list[str]:
         new_dispatch.get("delivered_at") != old_dispatch.get("delivered_at")
         or new_dispatch.get("revision") != old_dispatch.get("revision")
     ):
-        lines.append(f"dispatched revision {new_dispatch.get('revision')} to the relay "
-                     f"(attempt {new_dispatch.get('attempts')}, acked {new_dispatch['delivered_at']})")
+        lines.append(
+            f"dispatched revision {new_dispatch.get('revision')} to the relay "
+            f"(attempt {new_dispatch.get('attempts')}, acked {new_dispatch['delivered_at']})"
+        )
     elif new_dispatch.get("last_error") and new_dispatch.get("last_error") != old_dispatch.get(
-            "last_error"):
+        "last_error"
+    ):
         lines.append(f"dispatch not acked yet: {new_dispatch['last_error']} (retrying)")
     seen = len((before or {}).get("decisions") or [])
     new_decisions = (after.get("decisions") or [])[seen:]
-    if new_decisions and not lines and not new_dispatch.get("delivered_at") and not (
-            old_dispatch.get("delivered_at")) and not seen:
+    if (
+        new_decisions
+        and not lines
+        and not new_dispatch.get("delivered_at")
+        and not (old_dispatch.get("delivered_at"))
+        and not seen
+    ):
         # the relay answered before the gate had recorded its ack: the decision proves delivery
-        lines.append(f"dispatched revision {new_decisions[0]['revision']} to the relay "
-                     "(decision arrived before the ack was recorded)")
-    decided = [f"decision {d['decision']} by {d['identity']} (operator {d['operator_id']}, "
-               f"revision {d['revision']}, via {d.get('channel') or 'relay'})"
-               for d in new_decisions]
+        lines.append(
+            f"dispatched revision {new_decisions[0]['revision']} to the relay "
+            "(decision arrived before the ack was recorded)"
+        )
+    decided = [
+        f"decision {d['decision']} by {d['identity']} (operator {d['operator_id']}, "
+        f"revision {d['revision']}, via {d.get('channel') or 'relay'})"
+        for d in new_decisions
+    ]
     if (old_dispatch.get("revision") or 1) < (new_dispatch.get("revision") or 1):
         lines[:0] = decided  # an adjust made the revision just dispatched: cause first
     else:
         lines.extend(decided)
     if after["state"] == "resolved" and (before or {}).get("state") != "resolved":
         receipt = after.get("receipt") or {}
-        lines.append(f"resolved: {after['outcome']} (revision {after['revision']}, "
-                     f"{after['payload_hash']})")
+        lines.append(
+            f"resolved: {after['outcome']} (revision {after['revision']}, {after['payload_hash']})"
+        )
         if receipt:
-            lines.append(f"receipt: audit entry {receipt.get('seq')} "
-                         f"{receipt.get('alg')}={receipt.get('receipt')}")
+            lines.append(
+                f"receipt: audit entry {receipt.get('seq')} "
+                f"{receipt.get('alg')}={receipt.get('receipt')}"
+            )
     return lines
 
 
-async def create_with_retry(api: ApiClient, body: dict[str, Any], idempotency_key: str,
-                            timeout_s: float | None, report: Callable[[str], None]
-                            ) -> tuple[Any, bool] | None:
+async def create_with_retry(
+    api: ApiClient,
+    body: dict[str, Any],
+    idempotency_key: str,
+    timeout_s: float | None,
+    report: Callable[[str], None],
+) -> tuple[Any, bool] | None:
     """POST the create until the gate takes it; return ``(approval, created)`` as
     ``ApiClient.create``, or None when ``timeout_s`` seconds passed first. Each attempt is
     cut at the deadline (a stuck gate cannot hold it longer), but the last one gets at least
@@ -88,8 +107,7 @@ async def create_with_retry(api: ApiClient, body: dict[str, Any], idempotency_ke
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     outage = 0
     while True:
-        limit = (None if deadline is None
-                 else max(deadline - time.monotonic(), LAST_ATTEMPT_S))
+        limit = None if deadline is None else max(deadline - time.monotonic(), LAST_ATTEMPT_S)
         try:
             return await asyncio.wait_for(api.create(body, idempotency_key), limit)
         except TimeoutError:
@@ -98,17 +116,20 @@ async def create_with_retry(api: ApiClient, body: dict[str, Any], idempotency_ke
             if not _transient(exc):
                 raise
             if outage == 0:
-                report(f"the gate cannot take the request now ({exc.message}); retrying with "
-                       f"Idempotency-Key {idempotency_key} every {RETRY_CAP_S:g} s at most "
-                       "(Ctrl-C stops)")
+                report(
+                    f"the gate cannot take the request now ({exc.message}); retrying with "
+                    f"Idempotency-Key {idempotency_key} every {RETRY_CAP_S:g} s at most "
+                    "(Ctrl-C stops)"
+                )
             outage += 1
             if deadline is not None and time.monotonic() >= deadline:
                 return None
             await asyncio.sleep(_pause(outage, deadline))
 
 
-async def wait_for_outcome(api: ApiClient, approval: dict[str, Any], timeout_s: float | None,
-                           report: Callable[[str], None]) -> dict[str, Any]:
+async def wait_for_outcome(
+    api: ApiClient, approval: dict[str, Any], timeout_s: float | None, report: Callable[[str], None]
+) -> dict[str, Any]:
     """Long-poll until the approval resolves or ``timeout_s`` passes; report each hop.
 
     Polls every 0.5 s until the dispatch is acked, every ``PARTIAL_POLL_S`` while a quorum
@@ -142,9 +163,11 @@ async def wait_for_outcome(api: ApiClient, approval: dict[str, Any], timeout_s: 
             if not _transient(exc):
                 raise
             if outage == 0:
-                report(f"the gate is unreachable ({exc.message}); approval "
-                       f"{current['approval_id']} stays pending there: retrying every "
-                       f"{RETRY_CAP_S:g} s at most (Ctrl-C stops waiting)")
+                report(
+                    f"the gate is unreachable ({exc.message}); approval "
+                    f"{current['approval_id']} stays pending there: retrying every "
+                    f"{RETRY_CAP_S:g} s at most (Ctrl-C stops waiting)"
+                )
             outage += 1
             await asyncio.sleep(_pause(outage, deadline))
             continue

@@ -45,9 +45,11 @@ from gate.errors import ConfigError
 
 # Neutral stand-ins for required values whose own error is already listed: with them the
 # cross-field and secret checks still run, so one run lists every error (SPEC §5).
-_STAND_INS = {("relay", "url"): "http://invalid.invalid/",
-              ("relay", "callback_addr"): "127.0.0.1:0",
-              ("storage", "path"): "invalid.db"}
+_STAND_INS = {
+    ("relay", "url"): "http://invalid.invalid/",
+    ("relay", "callback_addr"): "127.0.0.1:0",
+    ("storage", "path"): "invalid.db",
+}
 
 __all__ = [
     "ApiConfig",
@@ -76,8 +78,10 @@ def raw_mapping(path: str | os.PathLike[str]) -> dict[str, Any] | None:
     """The config file's YAML as plain data (before any validation), or None when it cannot
     be read or is not a mapping. For comparing two versions of a file (SIGHUP reload)."""
     try:
-        data = yaml.load(Path(path).read_text(encoding="utf-8-sig"),  # noqa: S506
-                         Loader=_Loader)
+        data = yaml.load(
+            Path(path).read_text(encoding="utf-8-sig"),  # noqa: S506
+            Loader=_Loader,
+        )
     except (OSError, UnicodeDecodeError, yaml.YAMLError):
         return None
     return data if isinstance(data, dict) else None

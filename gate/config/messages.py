@@ -95,8 +95,12 @@ def _pydantic_error(err: Mapping[str, Any], root: type[BaseModel] | None = None)
         one_of = "one of " if " or " in expected else ""
         message = f"must be {one_of}{expected}, got {_describe(value)}"
     elif kind in ("greater_than_equal", "greater_than", "less_than_equal", "less_than"):
-        op = {"greater_than_equal": ">=", "greater_than": ">", "less_than_equal": "<=",
-              "less_than": "<"}[kind]
+        op = {
+            "greater_than_equal": ">=",
+            "greater_than": ">",
+            "less_than_equal": "<=",
+            "less_than": "<",
+        }[kind]
         bound = next(iter(ctx.values()), "?")
         if isinstance(bound, float) and bound.is_integer():
             bound = int(bound)

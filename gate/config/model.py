@@ -41,8 +41,9 @@ _PositiveInt = Annotated[int, Field(strict=True, ge=1)]
 _Amount = Annotated[float, Field(strict=True, ge=0, allow_inf_nan=False)]
 _Text = Annotated[str, Field(strict=True, min_length=1)]
 # pipeline and step names: what the pipeline API accepts (gate.core.requests.MAX_NAME_CHARS)
-_Name = Annotated[str, Field(strict=True, min_length=1, max_length=200),
-                  AfterValidator(_check_name)]
+_Name = Annotated[
+    str, Field(strict=True, min_length=1, max_length=200), AfterValidator(_check_name)
+]
 _EnvName = Annotated[str, Field(strict=True, min_length=1), AfterValidator(_check_env_name)]
 _HttpUrl = Annotated[str, Field(strict=True, min_length=1), AfterValidator(_check_http_url)]
 _Duration = Annotated[float, BeforeValidator(parse_duration)]
@@ -89,8 +90,7 @@ class Security(BaseModel):
     @classmethod
     def _skew_bounded(cls, value: float) -> float:
         if value > MAX_SKEW_S:
-            raise ValueError(f"must be at most {MAX_SKEW_S:g} seconds (1h), got {value:g} "
-                             "seconds")
+            raise ValueError(f"must be at most {MAX_SKEW_S:g} seconds (1h), got {value:g} seconds")
         return value
 
 
@@ -183,8 +183,7 @@ class StorageConfig(BaseModel):
         # what can be told without touching anything: serve creates a missing file and
         # its directories, but cannot open a directory as a database
         if path.is_dir():
-            raise ValueError(f"{path} is a directory; name the database file in it "
-                             "(e.g. gate.db)")
+            raise ValueError(f"{path} is a directory; name the database file in it (e.g. gate.db)")
         for parent in path.parents:
             if parent.exists():
                 if not parent.is_dir():
@@ -273,9 +272,7 @@ class Config(BaseModel):
     api: ApiConfig
     storage: StorageConfig
     receipts: ReceiptsConfig
-    http: Annotated[HttpConfig, BeforeValidator(_none_as_empty)] = Field(
-        default_factory=HttpConfig
-    )
+    http: Annotated[HttpConfig, BeforeValidator(_none_as_empty)] = Field(default_factory=HttpConfig)
     budget: Annotated[BudgetConfig, BeforeValidator(_none_as_empty)] = Field(
         default_factory=BudgetConfig
     )

@@ -60,8 +60,9 @@ def load_secrets(config: Config, environ: Mapping[str, str]) -> Secrets:
     return secrets
 
 
-def read_receipt_key(config: Config, environ: Mapping[str, str], *,
-                     previous: bool = False) -> bytes | None:
+def read_receipt_key(
+    config: Config, environ: Mapping[str, str], *, previous: bool = False
+) -> bytes | None:
     """The HMAC receipt key alone (``receipts.key_env``, or its credential file; with
     ``previous`` the one of ``receipts.previous_key_env``), or None when it is not
     configured, unset or unusable: for tools that check receipts without the other secrets
@@ -78,12 +79,14 @@ def read_api_token(config: Config, environ: Mapping[str, str]) -> tuple[str | No
     """The pipeline API token alone (``api.token_env``, or its file in
     ``$CREDENTIALS_DIRECTORY``), for the CLI's API commands: ``(token, None)`` or
     ``(None, error naming api.token_env)``."""
-    return _read_one("api.token_env", config.api.token_env, environ,
-                     environ.get(CREDENTIALS_DIRECTORY) or None)
+    return _read_one(
+        "api.token_env", config.api.token_env, environ, environ.get(CREDENTIALS_DIRECTORY) or None
+    )
 
 
-def _read_one(where: str, name: str, environ: Mapping[str, str],
-              credentials: str | None) -> tuple[str | None, str | None]:
+def _read_one(
+    where: str, name: str, environ: Mapping[str, str], credentials: str | None
+) -> tuple[str | None, str | None]:
     """``(value, None)`` for a usable secret, ``(None, error)`` otherwise."""
     value = environ.get(name)
     if value is None and credentials is not None:
@@ -95,18 +98,27 @@ def _read_one(where: str, name: str, environ: Mapping[str, str],
             if file_value == "":
                 return None, f"{where}: credential file {file} is empty"
             if file_value != file_value.strip():
-                return None, (f"{where}: credential file {file} has leading or trailing "
-                              "whitespace (beyond one trailing newline); remove it")
+                return None, (
+                    f"{where}: credential file {file} has leading or trailing "
+                    "whitespace (beyond one trailing newline); remove it"
+                )
             return file_value, None
     if value is None:
-        return None, (f"{where}: environment variable {name} is not set"
-                      + (f" (nor is there a credential file {Path(credentials, name)})"
-                         if credentials is not None else ""))
+        return None, (
+            f"{where}: environment variable {name} is not set"
+            + (
+                f" (nor is there a credential file {Path(credentials, name)})"
+                if credentials is not None
+                else ""
+            )
+        )
     if value == "":
         return None, f"{where}: environment variable {name} is empty"
     if value != value.strip():
-        return None, (f"{where}: {name} has leading or trailing whitespace (often a trailing "
-                      "newline); remove it")
+        return None, (
+            f"{where}: {name} has leading or trailing whitespace (often a trailing "
+            "newline); remove it"
+        )
     if not _is_utf8(value):
         return None, f"{where}: {name} is not valid UTF-8"
     return value, None
@@ -128,8 +140,10 @@ def _read_secrets(config: Config, environ: Mapping[str, str]) -> tuple[Secrets |
             if size < MIN_SECRET_BYTES:
                 errors.append(_too_short(where, name, size))
             elif size < GOOD_SECRET_BYTES:
-                warnings.append(f"{where}: {name} is {size} bytes; {GOOD_SECRET_BYTES} or more "
-                                f"are recommended: {MAKE_SECRET}")
+                warnings.append(
+                    f"{where}: {name} is {size} bytes; {GOOD_SECRET_BYTES} or more "
+                    f"are recommended: {MAKE_SECRET}"
+                )
     # A pipeline token or receipt key equal to a relay secret could sign decisions (SPEC §3, §5).
     names = dict(wanted)
     relay_keys = [w for w in ("relay.secret_env", "relay.previous_secret_env") if w in values]
@@ -153,8 +167,10 @@ def _read_secrets(config: Config, environ: Mapping[str, str]) -> tuple[Secrets |
     if token is not None and not all("!" <= c <= "~" for c in token):
         # sent as "Authorization: Bearer <token>": a control character or a space there
         # makes every client request invalid (the value is not shown)
-        errors.append(f"api.token_env: {names['api.token_env']} holds a space, a control or a "
-                      "non-ASCII character; an HTTP bearer token is printable ASCII")
+        errors.append(
+            f"api.token_env: {names['api.token_env']} holds a space, a control or a "
+            "non-ASCII character; an HTTP bearer token is printable ASCII"
+        )
     if errors:
         return None, errors
     relay = [values["relay.secret_env"]]
@@ -164,16 +180,21 @@ def _read_secrets(config: Config, environ: Mapping[str, str]) -> tuple[Secrets |
         relay_secrets=tuple(relay),
         api_token=values["api.token_env"],
         receipt_key=values["receipts.key_env"].encode("utf-8"),
-        previous_receipt_key=(values["receipts.previous_key_env"].encode("utf-8")
-                              if "receipts.previous_key_env" in values else None),
+        previous_receipt_key=(
+            values["receipts.previous_key_env"].encode("utf-8")
+            if "receipts.previous_key_env" in values
+            else None
+        ),
         warnings=tuple(warnings),
     )
     return secrets, []
 
 
 def _too_short(where: str, name: str, size: int) -> str:
-    return (f"{where}: {name} is {size} byte{'' if size == 1 else 's'}; use at least "
-            f"{MIN_SECRET_BYTES} ({GOOD_SECRET_BYTES} recommended): {MAKE_SECRET}")
+    return (
+        f"{where}: {name} is {size} byte{'' if size == 1 else 's'}; use at least "
+        f"{MIN_SECRET_BYTES} ({GOOD_SECRET_BYTES} recommended): {MAKE_SECRET}"
+    )
 
 
 def _secret_vars(config: Config) -> list[tuple[str, str]]:

@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-
 from urllib.parse import urlsplit
 
 from gate.config.model import Config, StepConfig
+from gate.config.secrets import _secret_vars
 from gate.config.values import identity_problem, parse_listen
 from gate.protocol import DECISIONS_PATH
 from gate.protocol.whitespace import is_blank
-from gate.config.secrets import _secret_vars
-
 
 MAX_INPUT_LENGTH_LIMIT = 60_000  # an adjust_text must fit a 64 KiB decision body
 
@@ -22,21 +20,33 @@ def _check_listeners(config: Config) -> list[str]:
     relay = config.relay
     callback = parse_listen(relay.callback_addr)
     api = parse_listen(config.api.listen)
-    if api[0] == "tcp" and callback[0] == "tcp" and api[2] == callback[2] != 0 and (
-            api[1] == callback[1] or "0.0.0.0" in (api[1], callback[1])):
-        errors.append(f"api.listen: {config.api.listen} is the same address as "
-                      f"relay.callback_addr ({relay.callback_addr}); use two ports")
+    if (
+        api[0] == "tcp"
+        and callback[0] == "tcp"
+        and api[2] == callback[2] != 0
+        and (api[1] == callback[1] or "0.0.0.0" in (api[1], callback[1]))
+    ):
+        errors.append(
+            f"api.listen: {config.api.listen} is the same address as "
+            f"relay.callback_addr ({relay.callback_addr}); use two ports"
+        )
     if relay.public_url is not None:
         parts = urlsplit(relay.public_url)
         if parts.query or parts.fragment:
-            errors.append("relay.public_url: must not have a query or fragment (it is a base "
-                          "URL; /hitl/v0/decisions is appended)")
+            errors.append(
+                "relay.public_url: must not have a query or fragment (it is a base "
+                "URL; /hitl/v0/decisions is appended)"
+            )
         if parts.path.rstrip("/").endswith(DECISIONS_PATH):
-            errors.append(f"relay.public_url: give the base URL without {DECISIONS_PATH} "
-                          "(the gate appends it)")
+            errors.append(
+                f"relay.public_url: give the base URL without {DECISIONS_PATH} "
+                "(the gate appends it)"
+            )
     if relay.security.max_input_length > MAX_INPUT_LENGTH_LIMIT:
-        errors.append(f"relay.security.max_input_length: at most {MAX_INPUT_LENGTH_LIMIT} "
-                      "(a decision body is limited to 64 KiB)")
+        errors.append(
+            f"relay.security.max_input_length: at most {MAX_INPUT_LENGTH_LIMIT} "
+            "(a decision body is limited to 64 KiB)"
+        )
     return errors
 
 
@@ -126,8 +136,11 @@ def _self_approval_unreachable(step: StepConfig, in_scope: int) -> bool:
     existed stay valid); such a request is refused at creation instead (422
     ``quorum_unreachable``).
     """
-    return ("allow_self_approval" in step.model_fields_set and not step.allow_self_approval
-            and step.quorum > in_scope - 1)
+    return (
+        "allow_self_approval" in step.model_fields_set
+        and not step.allow_self_approval
+        and step.quorum > in_scope - 1
+    )
 
 
 def _check_ids(

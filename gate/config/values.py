@@ -92,20 +92,24 @@ def parse_listen(addr: str) -> tuple[str, str, int] | tuple[str, str]:
 def _looks_like_a_secret(value: str) -> bool:
     """True for text shaped like a key or token (16+ characters, no spaces, digits and
     lower-case letters, no ``_`` or characters a name cannot hold): printed nowhere."""
-    return (len(value) >= 16 and not any(c.isspace() for c in value)
-            and any(c.isdigit() for c in value) and any(c.islower() for c in value)
-            and ("_" not in value or not _ENV_NAME.fullmatch(value)))
+    return (
+        len(value) >= 16
+        and not any(c.isspace() for c in value)
+        and any(c.isdigit() for c in value)
+        and any(c.islower() for c in value)
+        and ("_" not in value or not _ENV_NAME.fullmatch(value))
+    )
 
 
 def _check_env_name(value: str) -> str:
     if _looks_like_a_secret(value):  # a secret pasted where its variable's NAME belongs
-        raise ValueError("looks like a secret value, not the name of an environment variable "
-                         "(not shown; put the secret in a variable, e.g. HITL_API_TOKEN, and "
-                         "its name here)")
-    if not _ENV_NAME.fullmatch(value):
         raise ValueError(
-            f"{value!r} is not an environment variable name (letters, digits and _)"
+            "looks like a secret value, not the name of an environment variable "
+            "(not shown; put the secret in a variable, e.g. HITL_API_TOKEN, and "
+            "its name here)"
         )
+    if not _ENV_NAME.fullmatch(value):
+        raise ValueError(f"{value!r} is not an environment variable name (letters, digits and _)")
     return value
 
 
@@ -123,8 +127,10 @@ def identity_problem(identity: str) -> str | None:
         return "has leading or trailing whitespace"
     bad = next((c for c in identity if unicodedata.category(c) == "Cc"), None)
     if bad is not None:
-        return (f"has a control character (U+{ord(bad):04X}); an identity is what the relay "
-                "sends as approver.id")
+        return (
+            f"has a control character (U+{ord(bad):04X}); an identity is what the relay "
+            "sends as approver.id"
+        )
     return None
 
 

@@ -31,7 +31,11 @@ class RateLimiter:
             seen.popleft()
         if len(seen) >= self.per_minute:
             retry_after = max(1, math.ceil((seen[0] + WINDOW_MS - now_ms) / 1000))
-            raise refuse(429, "rate_limited", "rate_limited",
-                         f"more than {self.per_minute} decisions a minute from this approver",
-                         retry_after=retry_after)
+            raise refuse(
+                429,
+                "rate_limited",
+                "rate_limited",
+                f"more than {self.per_minute} decisions a minute from this approver",
+                retry_after=retry_after,
+            )
         seen.append(now_ms)

@@ -19,8 +19,9 @@ MAX_SPEND = 1e15
 
 
 def _bad(field: str, message: str) -> GateError:
-    return GateError(f"invalid_{field}", message, status=400, kind="invalid",
-                     extra={"field": field})
+    return GateError(
+        f"invalid_{field}", message, status=400, kind="invalid", extra={"field": field}
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,9 +57,11 @@ def quorum_unreachable_message(requester: str, approvers_left: int, quorum: int)
     """The human line for 422 ``quorum_unreachable`` (the gate's error, and what ``hitl-gate
     request`` prints from the answer's ``requested_by``/``approvers_left``/``quorum_required``)."""
     noun = "approver remains" if approvers_left == 1 else "approvers remain"
-    return (f"quorum {quorum} cannot be met without the requester {requester}: "
-            f"{approvers_left} other {noun} in scope (a requester may not approve their own "
-            "request unless the step sets allow_self_approval: true)")
+    return (
+        f"quorum {quorum} cannot be met without the requester {requester}: "
+        f"{approvers_left} other {noun} in scope (a requester may not approve their own "
+        "request unless the step sets allow_self_approval: true)"
+    )
 
 
 def check_draft(req: CreateRequest, allow_empty_draft: bool) -> None:
@@ -67,8 +70,13 @@ def check_draft(req: CreateRequest, allow_empty_draft: bool) -> None:
     400 ``draft_empty`` with ``field`` ``draft.body`` (the body itself is never changed)."""
     if not allow_empty_draft and is_blank(req.body):
         what = "empty" if req.body == "" else "only white space"
-        raise GateError("draft_empty", f"draft.body is {what}: nothing to approve",
-                        status=400, kind="invalid", extra={"field": "draft.body"})
+        raise GateError(
+            "draft_empty",
+            f"draft.body is {what}: nothing to approve",
+            status=400,
+            kind="invalid",
+            extra={"field": "draft.body"},
+        )
 
 
 def _name(obj: dict[str, Any], key: str, *, required: bool) -> str | None:
@@ -118,8 +126,7 @@ def parse_create(obj: Any) -> CreateRequest:
         raise _bad("draft.content_type", "draft.content_type must be a short non-empty string")
     if any(ord(c) < 0x20 or ord(c) == 0x7F for c in content_type):
         # relays may put it in a header or a card: no CR/LF (header injection), no escapes
-        raise _bad("draft.content_type", "draft.content_type must not contain control "
-                   "characters")
+        raise _bad("draft.content_type", "draft.content_type must not contain control characters")
     try:
         content_type.encode("utf-8")
     except UnicodeEncodeError:

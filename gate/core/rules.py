@@ -32,8 +32,9 @@ class Verdict:
     new_body: str | None = None
 
 
-def check_state(approval: dict[str, Any], nonce_revision: int, decision: Decision,
-                now_ms: int) -> None:
+def check_state(
+    approval: dict[str, Any], nonce_revision: int, decision: Decision, now_ms: int
+) -> None:
     """SPEC §2 checks 8, 9, 10 against a loaded approval (see ``Store.fetch_approval``).
 
     Raises 409 ``already_resolved`` (+ outcome), 410 ``expired`` (resolved as timeout or
@@ -42,18 +43,31 @@ def check_state(approval: dict[str, Any], nonce_revision: int, decision: Decisio
     if approval["state"] == "resolved":
         if approval["outcome"] == "timeout":
             raise refuse(410, "expired", "expired", "the approval expired before this decision")
-        raise refuse(409, "already_resolved", "already_resolved", "the approval is resolved",
-                     outcome=approval["outcome"])
+        raise refuse(
+            409,
+            "already_resolved",
+            "already_resolved",
+            "the approval is resolved",
+            outcome=approval["outcome"],
+        )
     if now_ms >= approval["expires_at"]:
         raise refuse(410, "expired", "expired", "the approval is past its expires_at")
     if nonce_revision != approval["revision"]:
-        raise refuse(409, "superseded", "superseded",
-                     f"nonce is for revision {nonce_revision}; the current revision is "
-                     f"{approval['revision']}")
+        raise refuse(
+            409,
+            "superseded",
+            "superseded",
+            f"nonce is for revision {nonce_revision}; the current revision is "
+            f"{approval['revision']}",
+        )
     current = current_revision(approval)
     if decision.payload_hash != current["payload_hash"]:
-        raise refuse(403, "forbidden", "payload_hash_mismatch",
-                     "payload_hash does not match the current revision's hash")
+        raise refuse(
+            403,
+            "forbidden",
+            "payload_hash_mismatch",
+            "payload_hash does not match the current revision's hash",
+        )
 
 
 def current_revision(approval: dict[str, Any]) -> dict[str, Any]:
@@ -74,8 +88,12 @@ def check_not_requester(approval: dict[str, Any], identity: str) -> None:
     if not requester or approval.get("allow_self_approval"):
         return
     if identity_key(identity) == identity_key(requester):
-        raise refuse(403, "forbidden", "self_approval",
-                     "the operator who requested this approval may not decide it")
+        raise refuse(
+            403,
+            "forbidden",
+            "self_approval",
+            "the operator who requested this approval may not decide it",
+        )
 
 
 def check_approver(approval: dict[str, Any], identity: str) -> int:
@@ -88,8 +106,12 @@ def check_approver(approval: dict[str, Any], identity: str) -> int:
     for operator_id, scoped_identity in approval["scope"]:
         if identity_key(scoped_identity) == key:
             return int(operator_id)
-    raise refuse(403, "forbidden", "approver_not_allowed",
-                 "approver is not an operator in scope for this step")
+    raise refuse(
+        403,
+        "forbidden",
+        "approver_not_allowed",
+        "approver is not an operator in scope for this step",
+    )
 
 
 def check_adjust_text(decision: Decision, max_input_length: int) -> None:
@@ -101,8 +123,12 @@ def check_adjust_text(decision: Decision, max_input_length: int) -> None:
     if text is None or is_blank(text):
         raise refuse(422, "invalid", "adjust_text_required", "adjust needs a non-blank adjust_text")
     if len(text) > max_input_length:
-        raise refuse(422, "invalid", "adjust_text_too_long",
-                     f"adjust_text is longer than {max_input_length} characters")
+        raise refuse(
+            422,
+            "invalid",
+            "adjust_text_too_long",
+            f"adjust_text is longer than {max_input_length} characters",
+        )
 
 
 def _prior(approval: dict[str, Any], operator_id: int) -> tuple[str, str | None] | None:
@@ -123,8 +149,9 @@ def check_not_decided(approval: dict[str, Any], operator_id: int, decision: Deci
         return
     if prior == (decision.decision, decision.adjust_text):
         raise refuse(409, "duplicate", "duplicate", "this decision was already recorded")
-    raise refuse(409, "already_decided", "already_decided",
-                 "this approver already decided this revision")
+    raise refuse(
+        409, "already_decided", "already_decided", "this approver already decided this revision"
+    )
 
 
 def verdict(approval: dict[str, Any], operator_id: int, decision: Decision) -> Verdict:
@@ -152,15 +179,17 @@ def approvers_of(approval: dict[str, Any], revision: int) -> list[int]:
         if row["revision"] != revision or row["operator_id"] in out:
             continue
         if row["decision"] == "approve" or (
-            row["decision"] == "adjust" and rev_row is not None
+            row["decision"] == "adjust"
+            and rev_row is not None
             and row["adjust_text"] == rev_row["body"]
         ):
             out.append(int(row["operator_id"]))
     return out
 
 
-def outcome_after(quorum_required: int, collected: int, revision: int,
-                  effects: Sequence[str]) -> str | None:
+def outcome_after(
+    quorum_required: int, collected: int, revision: int, effects: Sequence[str]
+) -> str | None:
     """Return the outcome once a decision is counted, or None while quorum is not met.
 
     ``effects`` are the effects applied (``skip`` vetoes). Reaching quorum on revision 1

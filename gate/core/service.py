@@ -12,7 +12,6 @@ from typing import Any
 
 from ulid import ULID
 
-from gate.trust import permit
 from gate.audit.chain import AuditRow, receipt_object
 from gate.audit.spans import ROTATED, matches
 from gate.core import rules
@@ -20,18 +19,20 @@ from gate.core.ratelimit import RateLimiter
 from gate.core.requests import CreateRequest, check_draft, quorum_unreachable_message
 from gate.core.views import approval_view
 from gate.errors import ConfigError, Conflict, GateError, NotFound
-from gate.trust.keys import ReceiptKeys, load_receipt_keys
 from gate.protocol.canonical import payload_hash
 from gate.protocol.envelope import Decision
 from gate.store import Command, Store, WriteTx
+from gate.trust import permit
+from gate.trust.keys import ReceiptKeys, load_receipt_keys
 
 log = logging.getLogger(__name__)
 
 DAY_MS = 86_400_000
 EXPIRE_BATCH = 500
 # the write transactions of the gate, by name (``GateService.run_command``)
-TRANSACTIONS = frozenset({"create", "decide", "expire", "cancel", "dispatch_result",
-                          "configure", "receipt_key"})  # "configure": outside a transaction
+TRANSACTIONS = frozenset(
+    {"create", "decide", "expire", "cancel", "dispatch_result", "configure", "receipt_key"}
+)  # "configure": outside a transaction
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,8 +61,10 @@ class Resolution:
     def __reduce__(self) -> tuple[type[Resolution], tuple[Any, ...]]:
         # pickled back from the writer process: fields by position (cheaper than the
         # generic state of a slotted dataclass)
-        return (Resolution, (self.pipeline, self.step, self.outcome, self.created_at_ms,
-                             self.resolved_at_ms))
+        return (
+            Resolution,
+            (self.pipeline, self.step, self.outcome, self.created_at_ms, self.resolved_at_ms),
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,9 +93,16 @@ class GateService:
     the workers there is new work.
     """
 
-    def __init__(self, config: Any, receipt_key: bytes, store: Store, clock: Any, *,
-                 receipt_keys: ReceiptKeys | None = None,
-                 previous_receipt_key: bytes | None = None) -> None:
+    def __init__(
+        self,
+        config: Any,
+        receipt_key: bytes,
+        store: Store,
+        clock: Any,
+        *,
+        receipt_keys: ReceiptKeys | None = None,
+        previous_receipt_key: bytes | None = None,
+    ) -> None:
         self.config = config
         self.store = store
         self.clock = clock
@@ -139,11 +149,18 @@ class GateService:
             raise NotFound("unknown_step", f"step {step!r} is not configured in {pipeline!r}")
         _, step_cfg = found
         scope = tuple((op.id, op.identity) for op in self.config.scope(step_cfg))
-        return Policy(step_cfg.quorum, scope, step_cfg.timeout, step_cfg.risk,
-                      step_cfg.allow_self_approval, step_cfg.allow_empty_draft)
+        return Policy(
+            step_cfg.quorum,
+            scope,
+            step_cfg.timeout,
+            step_cfg.risk,
+            step_cfg.allow_self_approval,
+            step_cfg.allow_empty_draft,
+        )
 
-    def requester(self, req: CreateRequest, policy: Policy) -> tuple[tuple[int, str] | None,
-                                                                      Policy]:
+    def requester(
+        self, req: CreateRequest, policy: Policy
+    ) -> tuple[tuple[int, str] | None, Policy]:
         """Resolve ``requested_by`` to ``(operator id, identity)`` and the policy it leaves.
 
         Without self-approval the requester leaves the frozen scope (the relay does not ask
@@ -157,27 +174,39 @@ class GateService:
             return None, policy
         op = self.config.operator_by_identity(req.requested_by)
         if op is None:
-            raise GateError("invalid_requested_by",
-                            "requested_by is not the identity of a configured operator",
-                            status=400, kind="invalid", extra={"field": "requested_by"})
+            raise GateError(
+                "invalid_requested_by",
+                "requested_by is not the identity of a configured operator",
+                status=400,
+                kind="invalid",
+                extra={"field": "requested_by"},
+            )
         if policy.allow_self_approval:
             return (op.id, op.identity), policy
         others = tuple(pair for pair in policy.scope if pair[0] != op.id)
         if len(others) < policy.quorum:
-            raise GateError("quorum_unreachable",
-                            quorum_unreachable_message(op.identity, len(others), policy.quorum),
-                            status=422, kind="invalid",
-                            extra={"field": "requested_by", "requested_by": op.identity,
-                                   "approvers_left": len(others),
-                                   "quorum_required": policy.quorum})
+            raise GateError(
+                "quorum_unreachable",
+                quorum_unreachable_message(op.identity, len(others), policy.quorum),
+                status=422,
+                kind="invalid",
+                extra={
+                    "field": "requested_by",
+                    "requested_by": op.identity,
+                    "approvers_left": len(others),
+                    "quorum_required": policy.quorum,
+                },
+            )
         return (op.id, op.identity), dataclasses.replace(policy, scope=others)
 
-    def _audit(self, tx: WriteTx, kind: str, approval_id: str | None, now: int,
-               data: dict[str, Any]) -> AuditRow:
+    def _audit(
+        self, tx: WriteTx, kind: str, approval_id: str | None, now: int, data: dict[str, Any]
+    ) -> AuditRow:
         return tx.append_audit(kind, approval_id, now, data, self._receipt_key, self._signer)
 
-    def _budget(self, tx: WriteTx, pipeline: str, now_ms: int,
-                spend: float | None) -> dict[str, Any] | None:
+    def _budget(
+        self, tx: WriteTx, pipeline: str, now_ms: int, spend: float | None
+    ) -> dict[str, Any] | None:
         budget = self.config.budget
         found = next(p for p in self.config.pipelines if p.name == pipeline)
         if budget.cap_today is None and found.budget_cap is None:
@@ -192,8 +221,9 @@ class GateService:
             "this_request": spend,
         }
 
-    async def create(self, req: CreateRequest,
-                     idempotency_key: str | None) -> tuple[dict[str, Any], bool]:
+    async def create(
+        self, req: CreateRequest, idempotency_key: str | None
+    ) -> tuple[dict[str, Any], bool]:
         """Record a new approval and its dispatch in one transaction (outbox); never waits on the relay.
 
         Returns ``(approval object, created)``; ``created`` is False when the same
@@ -205,57 +235,78 @@ class GateService:
         check_draft(req, policy.allow_empty_draft)
         requester, policy = self.requester(req, policy)
         digest = payload_hash(req.body)
-        full, created_now = await self.store.transact(Command("create", (
-            req, idempotency_key, requester, policy, req.request_hash(), digest)))
+        full, created_now = await self.store.transact(
+            Command("create", (req, idempotency_key, requester, policy, req.request_hash(), digest))
+        )
         if not created_now:
             return approval_view(full), False
-        log.info("event=created approval_id=%s pipeline=%s step=%s payload_hash=%s quorum=%d",
-                 full["approval_id"], req.pipeline, req.step, digest, policy.quorum)
+        log.info(
+            "event=created approval_id=%s pipeline=%s step=%s payload_hash=%s quorum=%d",
+            full["approval_id"],
+            req.pipeline,
+            req.step,
+            digest,
+            policy.quorum,
+        )
         self.dispatch_wakeup.set()
         self.expiry_wakeup.set()
         return approval_view(full), True
 
-    def _tx_create(self, tx: WriteTx, req: CreateRequest, idempotency_key: str | None,
-                   requester: tuple[int, str] | None, policy: Policy, request_hash: str,
-                   digest: str) -> tuple[dict[str, Any], bool]:
+    def _tx_create(
+        self,
+        tx: WriteTx,
+        req: CreateRequest,
+        idempotency_key: str | None,
+        requester: tuple[int, str] | None,
+        policy: Policy,
+        request_hash: str,
+        digest: str,
+    ) -> tuple[dict[str, Any], bool]:
         if idempotency_key is not None:
             seen = tx.approval_by_idempotency_key(idempotency_key)
             if seen is not None:
                 if seen["request_hash"] != request_hash:
-                    raise Conflict("idempotency_key_reused",
-                                   "Idempotency-Key was used before with a different body")
+                    raise Conflict(
+                        "idempotency_key_reused",
+                        "Idempotency-Key was used before with a different body",
+                    )
                 found = tx.load_approval(seen["approval_id"])
                 assert found is not None
                 return found, False
         now = self.clock.now_ms()
         approval_id = str(ULID())
         expires_at = now + int(policy.timeout_s * 1000)
-        tx.insert_approval({
-            "approval_id": approval_id,
-            "run_id": req.run_id or str(ULID()),
-            "pipeline": req.pipeline,
-            "step": req.step,
-            "risk": policy.risk,
-            "content_type": req.content_type,
-            "quorum_required": policy.quorum,
-            "scope": [list(pair) for pair in policy.scope],
-            "budget": self._budget(tx, req.pipeline, now, req.spend),
-            "spend": req.spend,
-            "revision": 1,
-            "state": "pending",
-            "created_at": now,
-            "expires_at": expires_at,
-            "idempotency_key": idempotency_key,
-            "request_hash": request_hash,
-            "requested_by": requester[1] if requester else None,
-            "requested_by_id": requester[0] if requester else None,
-            "allow_self_approval": int(policy.allow_self_approval),
-        })
+        tx.insert_approval(
+            {
+                "approval_id": approval_id,
+                "run_id": req.run_id or str(ULID()),
+                "pipeline": req.pipeline,
+                "step": req.step,
+                "risk": policy.risk,
+                "content_type": req.content_type,
+                "quorum_required": policy.quorum,
+                "scope": [list(pair) for pair in policy.scope],
+                "budget": self._budget(tx, req.pipeline, now, req.spend),
+                "spend": req.spend,
+                "revision": 1,
+                "state": "pending",
+                "created_at": now,
+                "expires_at": expires_at,
+                "idempotency_key": idempotency_key,
+                "request_hash": request_hash,
+                "requested_by": requester[1] if requester else None,
+                "requested_by_id": requester[0] if requester else None,
+                "allow_self_approval": int(policy.allow_self_approval),
+            }
+        )
         tx.insert_revision(approval_id, 1, req.body, digest, new_nonce(), now, None)
         tx.enqueue_dispatch(approval_id, 1, now)
         created: dict[str, Any] = {
-            "pipeline": req.pipeline, "step": req.step, "revision": 1,
-            "payload_hash": digest, "quorum": policy.quorum,
+            "pipeline": req.pipeline,
+            "step": req.step,
+            "revision": 1,
+            "payload_hash": digest,
+            "quorum": policy.quorum,
             "approvers": [op_id for op_id, _ in policy.scope],
             "expires_at": expires_at,
         }
@@ -285,27 +336,44 @@ class GateService:
         outcome, seq, since = await self.store.transact(Command("receipt_key"))
         receipts = self.config.receipts
         if outcome == "mismatch" and receipts.previous_key_env is None:
-            raise ConfigError([f"receipts.key_env: {receipts.key_env} does not verify the "
-                               f"newest audit entry's receipt (seq {seq}); a typo? To rotate "
-                               "the key, set receipts.previous_key_env to the variable "
-                               "holding the old key"])
+            raise ConfigError(
+                [
+                    f"receipts.key_env: {receipts.key_env} does not verify the "
+                    f"newest audit entry's receipt (seq {seq}); a typo? To rotate "
+                    "the key, set receipts.previous_key_env to the variable "
+                    "holding the old key"
+                ]
+            )
         if outcome == "mismatch":
-            raise ConfigError([f"receipts.key_env: neither {receipts.key_env} nor "
-                               f"receipts.previous_key_env ({receipts.previous_key_env}) "
-                               f"verifies the newest audit entry's receipt (seq {seq}); a "
-                               "typo? receipts.previous_key_env must hold the key the log "
-                               "was written with"])
+            raise ConfigError(
+                [
+                    f"receipts.key_env: neither {receipts.key_env} nor "
+                    f"receipts.previous_key_env ({receipts.previous_key_env}) "
+                    f"verifies the newest audit entry's receipt (seq {seq}); a "
+                    "typo? receipts.previous_key_env must hold the key the log "
+                    "was written with"
+                ]
+            )
         if outcome == "forged":
-            raise GateError("audit_tampered", (
-                f"receipts.previous_key_env: the newest audit entry (seq {seq}) is receipted "
-                f"with {receipts.previous_key_env}'s key, but this log went over to "
-                f"{receipts.key_env}'s key at entry {since}: an entry after that receipted "
-                "with the retired key is forged; nothing was written (hitl-gate audit verify "
-                "-c names it)"))
+            raise GateError(
+                "audit_tampered",
+                (
+                    f"receipts.previous_key_env: the newest audit entry (seq {seq}) is receipted "
+                    f"with {receipts.previous_key_env}'s key, but this log went over to "
+                    f"{receipts.key_env}'s key at entry {since}: an entry after that receipted "
+                    "with the retired key is forged; nothing was written (hitl-gate audit verify "
+                    "-c names it)"
+                ),
+            )
         if outcome == "rotated":
-            log.info("event=receipt_key_rotated seq=%d previous_key_last_seq=%d key_env=%s "
-                     "previous_key_env=%s", seq, seq - 1, receipts.key_env,
-                     receipts.previous_key_env)
+            log.info(
+                "event=receipt_key_rotated seq=%d previous_key_last_seq=%d key_env=%s "
+                "previous_key_env=%s",
+                seq,
+                seq - 1,
+                receipts.key_env,
+                receipts.previous_key_env,
+            )
             return int(seq)
         return None
 
@@ -321,14 +389,28 @@ class GateService:
         previous = self._previous_receipt_key
         if previous is None or not matches(previous, last.entry_hash, last.receipt):
             return "mismatch", last.seq, None
-        since = next((seq for seq, digest, receipt in tx.audit_span_starts(ROTATED)
-                      if matches(self._receipt_key, digest, receipt)), None)
+        since = next(
+            (
+                seq
+                for seq, digest, receipt in tx.audit_span_starts(ROTATED)
+                if matches(self._receipt_key, digest, receipt)
+            ),
+            None,
+        )
         if since is not None:
             return "forged", last.seq, since
         receipts = self.config.receipts
-        row = self._audit(tx, ROTATED, None, self.clock.now_ms(), {
-            "previous_key_last_seq": last.seq, "key_env": receipts.key_env,
-            "previous_key_env": receipts.previous_key_env})
+        row = self._audit(
+            tx,
+            ROTATED,
+            None,
+            self.clock.now_ms(),
+            {
+                "previous_key_last_seq": last.seq,
+                "key_env": receipts.key_env,
+                "previous_key_env": receipts.previous_key_env,
+            },
+        )
         return "rotated", row.seq, None
 
     # ---- decide ----------------------------------------------------------------
@@ -346,33 +428,51 @@ class GateService:
         """``decide`` that also returns what was resolved (for metrics), read in the same
         transaction: no second read of the approval. Raises as ``decide``."""
         operator_id, revision, outcome, new_revision, resolution = await self.store.transact(
-            Command("decide", (decision,)))
-        log.info("event=decision approval_id=%s operator_id=%d decision=%s revision=%d "
-                 "payload_hash=%s", decision.approval_id, operator_id, decision.decision,
-                 revision, decision.payload_hash)
+            Command("decide", (decision,))
+        )
+        log.info(
+            "event=decision approval_id=%s operator_id=%d decision=%s revision=%d payload_hash=%s",
+            decision.approval_id,
+            operator_id,
+            decision.decision,
+            revision,
+            decision.payload_hash,
+        )
         if outcome is not None:
-            log.info("event=resolved approval_id=%s outcome=%s revision=%d",
-                     decision.approval_id, outcome, new_revision or revision)
+            log.info(
+                "event=resolved approval_id=%s outcome=%s revision=%d",
+                decision.approval_id,
+                outcome,
+                new_revision or revision,
+            )
             self._notify(decision.approval_id)
-            return DecisionResult({"status": "recorded", "resolved": True, "outcome": outcome},
-                                  resolution)
+            return DecisionResult(
+                {"status": "recorded", "resolved": True, "outcome": outcome}, resolution
+            )
         if new_revision is not None:
             self.dispatch_wakeup.set()
         return DecisionResult({"status": "recorded", "resolved": False}, None)
 
-    def _tx_decide(self, tx: WriteTx, decision: Decision) -> tuple[
-            int, int, str | None, int | None, Resolution | None]:
+    def _tx_decide(
+        self, tx: WriteTx, decision: Decision
+    ) -> tuple[int, int, str | None, int | None, Resolution | None]:
         now = self.clock.now_ms()
-        approval = tx.load_approval(decision.approval_id, outbox=False,
-                                     created_receipt=False)
+        approval = tx.load_approval(decision.approval_id, outbox=False, created_receipt=False)
         if approval is None:
-            raise GateError("unknown_approval", "no approval with this approval_id",
-                            status=404, kind="unknown_approval")
-        nonce_revision = next((int(r["revision"]) for r in approval["revisions"]
-                               if r["nonce"] == decision.nonce), None)
+            raise GateError(
+                "unknown_approval",
+                "no approval with this approval_id",
+                status=404,
+                kind="unknown_approval",
+            )
+        nonce_revision = next(
+            (int(r["revision"]) for r in approval["revisions"] if r["nonce"] == decision.nonce),
+            None,
+        )
         if nonce_revision is None:
-            raise rules.refuse(403, "forbidden", "nonce_mismatch",
-                               "nonce does not belong to this approval")
+            raise rules.refuse(
+                403, "forbidden", "nonce_mismatch", "nonce does not belong to this approval"
+            )
         rules.check_state(approval, nonce_revision, decision, now)
         rules.check_not_requester(approval, decision.approver_id)
         operator_id = rules.check_approver(approval, decision.approver_id)
@@ -382,66 +482,118 @@ class GateService:
         verdict = rules.verdict(approval, operator_id, decision)
         revision = approval["revision"]
         outcome, new_revision = self._record(tx, approval, decision, verdict, now)
-        resolution = None if outcome is None else Resolution(
-            approval["pipeline"], approval["step"], outcome, int(approval["created_at"]), now)
+        resolution = (
+            None
+            if outcome is None
+            else Resolution(
+                approval["pipeline"], approval["step"], outcome, int(approval["created_at"]), now
+            )
+        )
         return operator_id, revision, outcome, new_revision, resolution
 
-    def _record(self, tx: WriteTx, approval: dict[str, Any], decision: Decision,
-                verdict: rules.Verdict, now: int) -> tuple[str | None, int | None]:
+    def _record(
+        self,
+        tx: WriteTx,
+        approval: dict[str, Any],
+        decision: Decision,
+        verdict: rules.Verdict,
+        now: int,
+    ) -> tuple[str | None, int | None]:
         revision = approval["revision"]
         row = {
-            "approval_id": approval["approval_id"], "revision": revision,
-            "operator_id": verdict.operator_id, "identity": decision.approver_id,
-            "display": decision.approver_display, "channel": decision.approver_channel,
-            "decision": decision.decision, "payload_hash": decision.payload_hash,
-            "adjust_text": decision.adjust_text, "decided_at": decision.decided_at,
+            "approval_id": approval["approval_id"],
+            "revision": revision,
+            "operator_id": verdict.operator_id,
+            "identity": decision.approver_id,
+            "display": decision.approver_display,
+            "channel": decision.approver_channel,
+            "decision": decision.decision,
+            "payload_hash": decision.payload_hash,
+            "adjust_text": decision.adjust_text,
+            "decided_at": decision.decided_at,
             "recorded_at": now,
         }
         tx.insert_decision(row)
         approval["decisions"].append(row)
         audit_data: dict[str, Any] = {
-            "operator_id": verdict.operator_id, "decision": decision.decision,
-            "revision": revision, "payload_hash": decision.payload_hash,
-            "nonce": decision.nonce, "effect": verdict.effect,
+            "operator_id": verdict.operator_id,
+            "decision": decision.decision,
+            "revision": revision,
+            "payload_hash": decision.payload_hash,
+            "nonce": decision.nonce,
+            "effect": verdict.effect,
         }
         new_revision = None
         if verdict.effect == "adjust":
             assert verdict.new_body is not None
             new_revision = revision + 1
             new_hash = payload_hash(verdict.new_body)
-            tx.insert_revision(approval["approval_id"], new_revision, verdict.new_body,
-                               new_hash, new_nonce(), now, verdict.operator_id)
+            tx.insert_revision(
+                approval["approval_id"],
+                new_revision,
+                verdict.new_body,
+                new_hash,
+                new_nonce(),
+                now,
+                verdict.operator_id,
+            )
             tx.set_revision(approval["approval_id"], new_revision)
             approval["revision"] = new_revision
-            approval["revisions"].append({"revision": new_revision, "body": verdict.new_body,
-                                          "payload_hash": new_hash,
-                                          "created_by": verdict.operator_id})
+            approval["revisions"].append(
+                {
+                    "revision": new_revision,
+                    "body": verdict.new_body,
+                    "payload_hash": new_hash,
+                    "created_by": verdict.operator_id,
+                }
+            )
             audit_data["new_revision"] = new_revision
             audit_data["new_payload_hash"] = new_hash
         self._audit(tx, "decision", approval["approval_id"], now, audit_data)
         collected = rules.approvers_of(approval, approval["revision"])
-        outcome = rules.outcome_after(approval["quorum_required"], len(collected),
-                                      approval["revision"], [verdict.effect])
+        outcome = rules.outcome_after(
+            approval["quorum_required"], len(collected), approval["revision"], [verdict.effect]
+        )
         if outcome is not None:
             self._resolve(tx, approval, outcome, now, collected)
         elif new_revision is not None:
             tx.enqueue_dispatch(approval["approval_id"], new_revision, now)
         return outcome, new_revision
 
-    def _resolve(self, tx: WriteTx, approval: dict[str, Any], outcome: str, now: int,
-                 approved_by: Sequence[int]) -> None:
+    def _resolve(
+        self,
+        tx: WriteTx,
+        approval: dict[str, Any],
+        outcome: str,
+        now: int,
+        approved_by: Sequence[int],
+    ) -> None:
         current = rules.current_revision(approval)
         fires = outcome in permit.FIRING_OUTCOMES
-        row = self._audit(tx, "resolved", approval["approval_id"], now, {
-            "outcome": outcome, "revision": approval["revision"],
-            "payload_hash": current["payload_hash"],
-            "approved_by": list(approved_by) if fires else [],
-            "quorum": approval["quorum_required"],
-        })
+        row = self._audit(
+            tx,
+            "resolved",
+            approval["approval_id"],
+            now,
+            {
+                "outcome": outcome,
+                "revision": approval["revision"],
+                "payload_hash": current["payload_hash"],
+                "approved_by": list(approved_by) if fires else [],
+                "quorum": approval["quorum_required"],
+            },
+        )
         issued = None
         if fires and self._signer is not None:
-            claims = permit.claims_for(approval, outcome, approved_by, row.seq, row.entry_hash,
-                                       now, self.config.receipts.permit_lifetime)
+            claims = permit.claims_for(
+                approval,
+                outcome,
+                approved_by,
+                row.seq,
+                row.entry_hash,
+                now,
+                self.config.receipts.permit_lifetime,
+            )
             issued = permit.issue(self._signer, claims)
         # one UPDATE, guarded on state: when it finds the approval no longer pending, the
         # Conflict rolls this job back, the audit entry above included
@@ -485,8 +637,11 @@ class GateService:
         log.info("event=resolved approval_id=%s outcome=%s", approval_id, outcome)
         self._notify(approval_id)
         if outcome == "timeout":
-            raise Conflict("already_resolved", "the approval expired before it was cancelled",
-                           extra={"outcome": "timeout"})
+            raise Conflict(
+                "already_resolved",
+                "the approval expired before it was cancelled",
+                extra={"outcome": "timeout"},
+            )
         return approval_view(full)
 
     def _tx_cancel(self, tx: WriteTx, approval_id: str) -> tuple[str, dict[str, Any]]:
@@ -495,8 +650,11 @@ class GateService:
         if approval is None:
             raise NotFound("unknown_approval", "no approval with this approval_id")
         if approval["state"] == "resolved":
-            raise Conflict("already_resolved", "the approval is already resolved",
-                           extra={"outcome": approval["outcome"]})
+            raise Conflict(
+                "already_resolved",
+                "the approval is already resolved",
+                extra={"outcome": approval["outcome"]},
+            )
         outcome = "timeout" if now >= approval["expires_at"] else "cancelled"
         self._resolve(tx, approval, outcome, now, [])
         full = tx.load_approval(approval_id)
@@ -505,22 +663,36 @@ class GateService:
 
     # ---- dispatch bookkeeping ------------------------------------------------------
 
-    async def dispatch_result(self, approval_id: str, revision: int, *, acked: bool,
-                              error: str | None, retry_at_ms: int) -> None:
+    async def dispatch_result(
+        self, approval_id: str, revision: int, *, acked: bool, error: str | None, retry_at_ms: int
+    ) -> None:
         """Record one dispatch attempt; an ack writes a ``dispatch_ack`` audit entry."""
 
-        await self.store.transact(Command("dispatch_result", (
-            approval_id, revision, acked, error, retry_at_ms)))
+        await self.store.transact(
+            Command("dispatch_result", (approval_id, revision, acked, error, retry_at_ms))
+        )
 
-    def _tx_dispatch_result(self, tx: WriteTx, approval_id: str, revision: int, acked: bool,
-                            error: str | None, retry_at_ms: int) -> None:
+    def _tx_dispatch_result(
+        self,
+        tx: WriteTx,
+        approval_id: str,
+        revision: int,
+        acked: bool,
+        error: str | None,
+        retry_at_ms: int,
+    ) -> None:
         now = self.clock.now_ms()
         attempts = tx.dispatch_attempted(
-            approval_id, revision, delivered_at=now if acked else None,
-            next_attempt_at=now if acked else retry_at_ms, error=error)
+            approval_id,
+            revision,
+            delivered_at=now if acked else None,
+            next_attempt_at=now if acked else retry_at_ms,
+            error=error,
+        )
         if acked and attempts > 0:
-            self._audit(tx, "dispatch_ack", approval_id, now,
-                        {"revision": revision, "attempts": attempts})
+            self._audit(
+                tx, "dispatch_ack", approval_id, now, {"revision": revision, "attempts": attempts}
+            )
 
     # ---- reads -----------------------------------------------------------------
 
@@ -551,14 +723,17 @@ class GateService:
             else:
                 self._waiters[approval_id] = (event, count - 1)
 
-    async def list(self, state: str, pipeline: str | None, limit: int,
-                   cursor: str | None) -> dict[str, Any]:
+    async def list(
+        self, state: str, pipeline: str | None, limit: int, cursor: str | None
+    ) -> dict[str, Any]:
         """Return ``{items, next_cursor}``; ``next_cursor`` is None on the last page."""
         rows = await self.store.list_approvals(state, pipeline, limit + 1, cursor)
         more = len(rows) > limit
         rows = rows[:limit]
-        return {"items": [approval_view(r) for r in rows],
-                "next_cursor": rows[-1]["approval_id"] if more and rows else None}
+        return {
+            "items": [approval_view(r) for r in rows],
+            "next_cursor": rows[-1]["approval_id"] if more and rows else None,
+        }
 
     def _notify(self, approval_id: str) -> None:
         waiter = self._waiters.get(approval_id)

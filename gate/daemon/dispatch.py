@@ -48,8 +48,11 @@ def relay_session(ca_file: Path | None = None) -> aiohttp.ClientSession:
     tls: ssl.SSLContext | bool = True
     if ca_file is not None:
         tls = ssl.create_default_context(cafile=str(ca_file))
-    return aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=tls), trust_env=False,
-                                 cookie_jar=aiohttp.DummyCookieJar())
+    return aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(ssl=tls),
+        trust_env=False,
+        cookie_jar=aiohttp.DummyCookieJar(),
+    )
 
 
 def backoff_s(attempts: int, rng: random.Random) -> float:
@@ -79,8 +82,16 @@ class Dispatcher:
     failures by reason, ack latency, the relay's last ack.
     """
 
-    def __init__(self, service: GateService, session: aiohttp.ClientSession, relay_url: str,
-                 secret: str, timeout_s: float, *, metrics: Metrics | None = None) -> None:
+    def __init__(
+        self,
+        service: GateService,
+        session: aiohttp.ClientSession,
+        relay_url: str,
+        secret: str,
+        timeout_s: float,
+        *,
+        metrics: Metrics | None = None,
+    ) -> None:
         self.service = service
         self.metrics = metrics if metrics is not None else metrics_for(service)
         self.session = session
@@ -105,8 +116,9 @@ class Dispatcher:
                 try:
                     now = self.service.clock.now_ms()
                     room = MAX_IN_FLIGHT - len(self._in_flight)
-                    due, next_at = await store.dispatch_plan(now, min(BATCH, room + BATCH)
-                                                             if room > 0 else 0)
+                    due, next_at = await store.dispatch_plan(
+                        now, min(BATCH, room + BATCH) if room > 0 else 0
+                    )
                     for row in due:
                         key = (row["approval_id"], int(row["revision"]))
                         if key in self._in_flight or len(self._in_flight) >= MAX_IN_FLIGHT:
@@ -119,8 +131,9 @@ class Dispatcher:
                         if delay <= 0.002 and self._in_flight:
                             delay = IDLE_S  # everything due is in flight; a finish wakes us
                 except GateError as exc:
-                    log.error("event=dispatch_loop_failed reason=%s message=%s", exc.code,
-                              exc.message)
+                    log.error(
+                        "event=dispatch_loop_failed reason=%s message=%s", exc.code, exc.message
+                    )
                     delay = 1.0
                 # asyncio.timeout, not wait_for: on Python 3.11 wait_for swallows a cancel that
                 # lands as the wake-up fires, and the stopping daemon would wait here forever
@@ -144,31 +157,50 @@ class Dispatcher:
                 result = await self._send(key, attempts_before)
             if result is not None:
                 self._unrecorded[key] = result  # until recorded
-                await self.service.dispatch_result(key[0], key[1], acked=result.acked,
-                                                   error=result.error,
-                                                   retry_at_ms=result.retry_at_ms)
+                await self.service.dispatch_result(
+                    key[0],
+                    key[1],
+                    acked=result.acked,
+                    error=result.error,
+                    retry_at_ms=result.retry_at_ms,
+                )
                 self._unrecorded.pop(key, None)
         except GateError as exc:  # storage trouble: logged; the row stays due and is retried
-            log.error("event=dispatch_failed approval_id=%s reason=%s message=%s", key[0],
-                      exc.code, exc.message)
+            log.error(
+                "event=dispatch_failed approval_id=%s reason=%s message=%s",
+                key[0],
+                exc.code,
+                exc.message,
+            )
             await asyncio.sleep(STORAGE_RETRY_S)  # stays in flight: no hot loop while it lasts
         except Exception as exc:  # a fault building this one dispatch: a failed attempt
             await self._record_fault(key, attempts_before, exc)
 
-    async def _record_fault(self, key: tuple[str, int], attempts_before: int,
-                            exc: Exception) -> None:
+    async def _record_fault(
+        self, key: tuple[str, int], attempts_before: int, exc: Exception
+    ) -> None:
         """Record an attempt that failed before anything was sent (a bug, or a stored row the
         envelope cannot carry) as a failed attempt with the usual backoff: it is retried, the
         pipeline sees ``last_error``, and other dispatches go on. Logged with its traceback."""
         attempt = attempts_before + 1
         retry_at = self.service.clock.now_ms() + int(backoff_s(attempt, self._rng) * 1000)
-        log.error("event=dispatch_failed approval_id=%s revision=%d attempt=%d "
-                  "reason=internal_error retry_in_s=%.1f", key[0], key[1], attempt,
-                  (retry_at - self.service.clock.now_ms()) / 1000, exc_info=exc)
+        log.error(
+            "event=dispatch_failed approval_id=%s revision=%d attempt=%d "
+            "reason=internal_error retry_in_s=%.1f",
+            key[0],
+            key[1],
+            attempt,
+            (retry_at - self.service.clock.now_ms()) / 1000,
+            exc_info=exc,
+        )
         try:
             await self.service.dispatch_result(
-                key[0], key[1], acked=False, retry_at_ms=retry_at,
-                error=f"the dispatch could not be built ({type(exc).__name__})")
+                key[0],
+                key[1],
+                acked=False,
+                retry_at_ms=retry_at,
+                error=f"the dispatch could not be built ({type(exc).__name__})",
+            )
         except Exception:  # cannot record it either: wait before the row is read again
             await asyncio.sleep(STORAGE_RETRY_S)
 
@@ -179,26 +211,43 @@ class Dispatcher:
         full = await self.service.store.fetch_approval(approval_id)
         if full is None or full["state"] != "pending" or full["revision"] != revision:
             return None
-        if any(o["revision"] == revision and o["delivered_at"] is not None
-               for o in full["outbox"]):
+        if any(o["revision"] == revision and o["delivered_at"] is not None for o in full["outbox"]):
             return None  # acked meanwhile: the due rows were read before that ack was recorded
         if self.service.clock.now_ms() >= full["expires_at"]:
             return None  # the expiry scheduler resolves it as timeout; never dispatch after
         body = wire_json(dispatch_envelope(full, revision, self.callback_url))
-        result = await post_signed(self.session, self.relay_url, body, self.secret,
-                                   self.service.clock.now_ms() // 1000, self.timeout_s)
+        result = await post_signed(
+            self.session,
+            self.relay_url,
+            body,
+            self.secret,
+            self.service.clock.now_ms() // 1000,
+            self.timeout_s,
+        )
         acked = result.error is None
-        self.metrics.dispatch_result(acked, result.elapsed_s, result.failure,
-                                     self.service.clock.now_ms())
+        self.metrics.dispatch_result(
+            acked, result.elapsed_s, result.failure, self.service.clock.now_ms()
+        )
         attempt = attempts_before + 1
         retry_at = self.service.clock.now_ms() + int(backoff_s(attempt, self._rng) * 1000)
         if acked:
-            log.info("event=dispatched approval_id=%s revision=%d attempt=%d status=%s",
-                     approval_id, revision, attempt, result.status)
+            log.info(
+                "event=dispatched approval_id=%s revision=%d attempt=%d status=%s",
+                approval_id,
+                revision,
+                attempt,
+                result.status,
+            )
         else:
-            log.warning("event=dispatch_failed approval_id=%s revision=%d attempt=%d error=%r "
-                        "retry_in_s=%.1f", approval_id, revision, attempt, result.error,
-                        (retry_at - self.service.clock.now_ms()) / 1000)
+            log.warning(
+                "event=dispatch_failed approval_id=%s revision=%d attempt=%d error=%r "
+                "retry_in_s=%.1f",
+                approval_id,
+                revision,
+                attempt,
+                result.error,
+                (retry_at - self.service.clock.now_ms()) / 1000,
+            )
         return _Result(acked, result.error, retry_at)
 
 
@@ -215,14 +264,23 @@ def dispatch_envelope(full: dict[str, Any], revision: int, callback_url: str) ->
     """Return the SPEC §2 dispatch envelope for ``revision`` of a loaded approval."""
     rev = next(r for r in full["revisions"] if r["revision"] == revision)
     return build_dispatch(
-        approval_id=full["approval_id"], run_id=full["run_id"], pipeline=full["pipeline"],
-        step=full["step"], issued_at_ms=full["created_at"], expires_at_ms=full["expires_at"],
-        risk=full["risk"], quorum_required=full["quorum_required"],
+        approval_id=full["approval_id"],
+        run_id=full["run_id"],
+        pipeline=full["pipeline"],
+        step=full["step"],
+        issued_at_ms=full["created_at"],
+        expires_at_ms=full["expires_at"],
+        risk=full["risk"],
+        quorum_required=full["quorum_required"],
         quorum_collected=len(approvers_of(full, revision)),
         approvers=[identity for _, identity in full["scope"]],
-        payload_hash=rev["payload_hash"], content_type=full["content_type"],
-        body=rev["body"], callback_url=callback_url, nonce=rev["nonce"],
-        revision=revision, budget=full["budget"],
+        payload_hash=rev["payload_hash"],
+        content_type=full["content_type"],
+        body=rev["body"],
+        callback_url=callback_url,
+        nonce=rev["nonce"],
+        revision=revision,
+        budget=full["budget"],
     )
 
 
@@ -238,8 +296,16 @@ class SendResult:
     failure: str | None = None
 
 
-async def post_signed(session: aiohttp.ClientSession, url: str, body: bytes, secret: str,
-                      t: int, timeout_s: float, *, signature: str | None = None) -> SendResult:
+async def post_signed(
+    session: aiohttp.ClientSession,
+    url: str,
+    body: bytes,
+    secret: str,
+    t: int,
+    timeout_s: float,
+    *,
+    signature: str | None = None,
+) -> SendResult:
     """POST ``body`` signed at unix second ``t`` (or with ``signature`` as given, for tests of
     relays); redirects are never followed; an ack is any 2xx within ``timeout_s`` seconds."""
     headers = {
@@ -249,21 +315,30 @@ async def post_signed(session: aiohttp.ClientSession, url: str, body: bytes, sec
     }
     started = time.monotonic()
     try:
-        async with session.post(url, data=body, headers=headers, allow_redirects=False,
-                                timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
+        async with session.post(
+            url,
+            data=body,
+            headers=headers,
+            allow_redirects=False,
+            timeout=aiohttp.ClientTimeout(total=timeout_s),
+        ) as resp:
             status = resp.status
             if 200 <= status < 300:
                 return SendResult(status, None, time.monotonic() - started)
             reason = relay_reason(await _answer_head(resp))  # the relay's words: redacted
-            error = f"relay answered HTTP {status}" + (f": {redact(reason, url)}" if reason
-                                                       else "")
+            error = f"relay answered HTTP {status}" + (f": {redact(reason, url)}" if reason else "")
             return SendResult(status, error, time.monotonic() - started, "http_status")
     except TimeoutError:
-        return SendResult(None, f"no answer within {timeout_s:g} s", time.monotonic() - started,
-                          "timeout")
+        return SendResult(
+            None, f"no answer within {timeout_s:g} s", time.monotonic() - started, "timeout"
+        )
     except aiohttp.ClientError as exc:
-        return SendResult(None, redact(f"{type(exc).__name__}: {exc}", url)[:MAX_ERROR_CHARS],
-                          time.monotonic() - started, "connection")
+        return SendResult(
+            None,
+            redact(f"{type(exc).__name__}: {exc}", url)[:MAX_ERROR_CHARS],
+            time.monotonic() - started,
+            "connection",
+        )
 
 
 async def _answer_head(resp: aiohttp.ClientResponse) -> bytes:
@@ -294,9 +369,13 @@ def redact(text: str, url: str) -> str:
         parsed = URL(url)
     except (TypeError, ValueError):
         return text
-    secrets: set[str] = {parsed.raw_query_string, parsed.query_string,
-                         unquote(parsed.raw_query_string), parsed.raw_fragment,
-                         parsed.fragment}
+    secrets: set[str] = {
+        parsed.raw_query_string,
+        parsed.query_string,
+        unquote(parsed.raw_query_string),
+        parsed.raw_fragment,
+        parsed.fragment,
+    }
     for value in (parsed.raw_password, parsed.password):
         if value:
             secrets.add(value)

@@ -18,12 +18,12 @@ from aiohttp.http_exceptions import HttpProcessingError
 
 from gate.clock import Clock, SystemClock
 from gate.config import Config, Secrets, load, parse_listen, raw_mapping
-from gate.daemon.expiry import run_expiry
 from gate.core.service import GateService
 from gate.daemon.dispatch import Dispatcher, relay_session
+from gate.daemon.expiry import run_expiry
+from gate.daemon.sdnotify import Notifier
 from gate.errors import ConfigError, Unavailable
 from gate.protocol import DECISIONS_PATH
-from gate.daemon.sdnotify import Notifier
 from gate.store import Store
 from gate.web import api as api_web
 from gate.web import callback as callback_web
@@ -37,8 +37,9 @@ STOPPING = web.AppKey("stopping", asyncio.Event)
 
 
 @contextlib.asynccontextmanager
-async def _workers(service: GateService, config: Config,
-                   secrets: Secrets) -> AsyncIterator[Dispatcher]:
+async def _workers(
+    service: GateService, config: Config, secrets: Secrets
+) -> AsyncIterator[Dispatcher]:
     """Open the store, settle the receipt key against the audit log (which may refuse the
     start: ``GateService.settle_receipt_key``), and run the dispatcher and the expiry
     scheduler; on exit stop both (an in-flight dispatch is abandoned: its row stays un-acked
@@ -47,10 +48,17 @@ async def _workers(service: GateService, config: Config,
     try:
         await service.settle_receipt_key()
         async with relay_session(config.relay.ca_file) as session:
-            dispatcher = Dispatcher(service, session, config.relay.url,
-                                    secrets.relay_secrets[0], config.relay.dispatch_timeout)
-            tasks = [asyncio.create_task(dispatcher.run(), name="dispatcher"),
-                     asyncio.create_task(run_expiry(service), name="expiry")]
+            dispatcher = Dispatcher(
+                service,
+                session,
+                config.relay.url,
+                secrets.relay_secrets[0],
+                config.relay.dispatch_timeout,
+            )
+            tasks = [
+                asyncio.create_task(dispatcher.run(), name="dispatcher"),
+                asyncio.create_task(run_expiry(service), name="expiry"),
+            ]
             try:
                 yield dispatcher
             finally:
@@ -62,13 +70,15 @@ async def _workers(service: GateService, config: Config,
         await service.store.close()
 
 
-def create_apps(service: GateService, config: Config,
-                secrets: Secrets) -> tuple[web.Application, web.Application]:
+def create_apps(
+    service: GateService, config: Config, secrets: Secrets
+) -> tuple[web.Application, web.Application]:
     """Return ``(api_app, callback_app)`` over one GateService, with ``http.body_timeout``
     set and the API's long-polls answered early once ``app[STOPPING]`` is set."""
     api_app = create_api_app(service, ApiSettings(secrets.api_token, config.api.max_draft_bytes))
     callback_app = create_callback_app(
-        service, CallbackSettings(secrets.relay_secrets, config.relay.security.max_skew))
+        service, CallbackSettings(secrets.relay_secrets, config.relay.security.max_skew)
+    )
     stopping = asyncio.Event()
     for app in (api_app, callback_app):
         app[BODY_TIMEOUT] = config.http.body_timeout
@@ -132,13 +142,13 @@ class _ServerLog(logging.LoggerAdapter):  # type: ignore[type-arg]
     traceback and without the offending bytes (they may hold a token). Anything else keeps
     its traceback."""
 
-    def exception(self, msg: object, *args: object, exc_info: Any = True,
-                  **kwargs: Any) -> None:
+    def exception(self, msg: object, *args: object, exc_info: Any = True, **kwargs: Any) -> None:
         exc = exc_info if isinstance(exc_info, BaseException) else sys.exc_info()[1]
         if isinstance(exc, HttpProcessingError):
             peer = args[0] if args else None
-            self.logger.info("event=bad_request peer=%s status=%s error=%s", peer, exc.code,
-                             type(exc).__name__)
+            self.logger.info(
+                "event=bad_request peer=%s status=%s error=%s", peer, exc.code, type(exc).__name__
+            )
         else:
             self.logger.error(msg, *args, exc_info=exc_info, **kwargs)
 
@@ -152,13 +162,22 @@ def _runner(app: web.Application, config: Config) -> web.AppRunner:
     waiting for a complete request, from connect or from the previous answer), and which
     gives in-flight requests ``http.shutdown_timeout`` to finish on stop. aiohttp already
     bounds a header line to 8190 bytes and a request to 128 headers (400 beyond)."""
-    return web.AppRunner(app, access_log=None, keepalive_timeout=config.http.header_timeout,
-                         shutdown_timeout=config.http.shutdown_timeout, logger=_SERVER_LOG)
+    return web.AppRunner(
+        app,
+        access_log=None,
+        keepalive_timeout=config.http.header_timeout,
+        shutdown_timeout=config.http.shutdown_timeout,
+        logger=_SERVER_LOG,
+    )
 
 
-async def serve(config: Config, secrets: Secrets, clock: Clock | None = None,
-                stop: asyncio.Event | None = None,
-                environ: Mapping[str, str] | None = None) -> None:
+async def serve(
+    config: Config,
+    secrets: Secrets,
+    clock: Clock | None = None,
+    stop: asyncio.Event | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> None:
     """Run the gate until SIGTERM/SIGINT (or ``stop`` is set), then stop cleanly.
 
     Order: open the store and workers, bind the callback and API listeners, log
@@ -188,8 +207,13 @@ async def serve(config: Config, secrets: Secrets, clock: Clock | None = None,
     try:
         store = Store(config.storage.path, writer_process=True)
         store.on_writer_lost = stop.set  # a lost writer: stop cleanly, exit 1 (a restart)
-        service = GateService(config, secrets.receipt_key, store, clock or SystemClock(),
-                              previous_receipt_key=secrets.previous_receipt_key)
+        service = GateService(
+            config,
+            secrets.receipt_key,
+            store,
+            clock or SystemClock(),
+            previous_receipt_key=secrets.previous_receipt_key,
+        )
         api_app, callback_app = create_apps(service, config, secrets)
         async with _workers(service, config, secrets) as dispatcher:
             api_runner = _runner(api_app, config)
@@ -206,15 +230,29 @@ async def serve(config: Config, secrets: Secrets, clock: Clock | None = None,
                 dispatcher.callback_url = _callback_url(config, callback_bound)
                 dispatcher.ready.set()
                 api_url = _api_url(_bound(api_runner))
-                log.info("event=listening callback=http://%s api=%s callback_url=%s db=%s "
-                         "writer_pid=%s", callback_bound, api_url, dispatcher.callback_url,
-                         config.storage.path, store.writer_pid)
+                log.info(
+                    "event=listening callback=http://%s api=%s callback_url=%s db=%s writer_pid=%s",
+                    callback_bound,
+                    api_url,
+                    dispatcher.callback_url,
+                    config.storage.path,
+                    store.writer_pid,
+                )
                 serving = f"serving: callback=http://{callback_bound} api={api_url}"
                 notifier.ready(serving)
                 ready = True
-                reloader = Reloader(config, secrets, env, service, api_app[api_web.SETTINGS],
-                                    callback_app[callback_web.SETTINGS], dispatcher,
-                                    callback_bound, notifier, serving)
+                reloader = Reloader(
+                    config,
+                    secrets,
+                    env,
+                    service,
+                    api_app[api_web.SETTINGS],
+                    callback_app[callback_web.SETTINGS],
+                    dispatcher,
+                    callback_bound,
+                    notifier,
+                    serving,
+                )
                 await _until_stopped(stop, hup, reloader.reload)
                 log.info("event=stopping")
             finally:
@@ -235,12 +273,15 @@ async def serve(config: Config, secrets: Secrets, clock: Clock | None = None,
         await asyncio.gather(watchdog, return_exceptions=True)
     log.info("event=stopped")
     if store is not None and store.writer_lost:
-        raise Unavailable("storage_unavailable", "the database writer process exited; the "
-                          "gate stopped (a restart starts a new writer)")
+        raise Unavailable(
+            "storage_unavailable",
+            "the database writer process exited; the gate stopped (a restart starts a new writer)",
+        )
 
 
-async def _until_stopped(stop: asyncio.Event, hup: asyncio.Event,
-                         reload: Callable[[], Any]) -> None:
+async def _until_stopped(
+    stop: asyncio.Event, hup: asyncio.Event, reload: Callable[[], Any]
+) -> None:
     """Wait for ``stop``; each time ``hup`` is set meanwhile, clear it and ``await reload()``.
     SIGHUPs arriving during a reload coalesce into one more reload after it."""
     while not stop.is_set():
@@ -286,8 +327,9 @@ def _raw_restart_changes(old: dict[str, Any] | None, new: dict[str, Any] | None)
             data = data.get(key) if isinstance(data, dict) else None
         return data
 
-    return [_RESTART_ERROR.format(path) for path, _ in RESTART_ONLY
-            if at(old, path) != at(new, path)]
+    return [
+        _RESTART_ERROR.format(path) for path, _ in RESTART_ONLY if at(old, path) != at(new, path)
+    ]
 
 
 class Reloader:
@@ -303,10 +345,19 @@ class Reloader:
     setting or of the receipt key. systemd sees ``RELOADING=1`` then ``READY=1`` either way.
     """
 
-    def __init__(self, config: Config, secrets: Secrets, environ: Mapping[str, str],
-                 service: GateService, api_settings: ApiSettings,
-                 callback_settings: CallbackSettings, dispatcher: Dispatcher,
-                 callback_bound: str, notifier: Notifier, serving: str) -> None:
+    def __init__(
+        self,
+        config: Config,
+        secrets: Secrets,
+        environ: Mapping[str, str],
+        service: GateService,
+        api_settings: ApiSettings,
+        callback_settings: CallbackSettings,
+        dispatcher: Dispatcher,
+        callback_bound: str,
+        notifier: Notifier,
+        serving: str,
+    ) -> None:
         self.config = config
         self.secrets = secrets
         self.environ = environ
@@ -332,11 +383,16 @@ class Reloader:
             config, secrets = load(source, self.environ)
         except ConfigError as exc:
             return list(exc.errors) + _raw_restart_changes(self._raw, raw)
-        errors = [_RESTART_ERROR.format(path)
-                  for path, get in RESTART_ONLY if get(config) != get(self.config)]
+        errors = [
+            _RESTART_ERROR.format(path)
+            for path, get in RESTART_ONLY
+            if get(config) != get(self.config)
+        ]
         if not hmac.compare_digest(secrets.receipt_key, self.secrets.receipt_key):
-            errors.append(f"receipts.key_env: the receipt key ({config.receipts.key_env})"
-                          " cannot change while running (restart to apply it)")
+            errors.append(
+                f"receipts.key_env: the receipt key ({config.receipts.key_env})"
+                " cannot change while running (restart to apply it)"
+            )
         if not errors:
             self._checked_raw = raw  # becomes the running file's YAML once applied
         return errors or (config, secrets)
@@ -350,17 +406,23 @@ class Reloader:
             for error in result:
                 log.error("event=reload_refused error=%s", error)
             log.error("event=reload_refused errors=%d kept=running_config", len(result))
-            self.notifier.ready(f"{self.serving} (last reload refused: {len(result)} "
-                                "errors, see the log; running config kept)")
+            self.notifier.ready(
+                f"{self.serving} (last reload refused: {len(result)} "
+                "errors, see the log; running config kept)"
+            )
             return False
         config, secrets = result
         for warning in secrets.warnings:
             log.warning("event=weak_secret warning=%s", warning)
         self.apply(config, secrets)
         steps = sum(len(p.steps) for p in config.pipelines)
-        log.info("event=reloaded pipelines=%d steps=%d operators=%d relay_secrets=%d",
-                 len(config.pipelines), steps, len(config.relay.operators),
-                 len(secrets.relay_secrets))
+        log.info(
+            "event=reloaded pipelines=%d steps=%d operators=%d relay_secrets=%d",
+            len(config.pipelines),
+            steps,
+            len(config.relay.operators),
+            len(secrets.relay_secrets),
+        )
         self.notifier.ready(f"{self.serving} (config reloaded)")
         return True
 

@@ -19,8 +19,9 @@ def payload_hash(body: str) -> str:
 
 
 # built once: ``json.dumps`` with options builds a new encoder on every call
-_CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False,
-                              allow_nan=False)
+_CANONICAL = json.JSONEncoder(
+    sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+)
 _WIRE = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
 
 

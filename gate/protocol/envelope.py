@@ -55,14 +55,26 @@ class Decision:
     def __reduce__(self) -> tuple[type[Decision], tuple[Any, ...]]:
         # pickled to the writer process with every decision: fields by position, not the
         # slower generic state of a slotted dataclass
-        return (Decision, (self.approval_id, self.nonce, self.decision, self.payload_hash,
-                           self.approver_id, self.approver_display, self.approver_channel,
-                           self.adjust_text, self.decided_at))
+        return (
+            Decision,
+            (
+                self.approval_id,
+                self.nonce,
+                self.decision,
+                self.payload_hash,
+                self.approver_id,
+                self.approver_display,
+                self.approver_channel,
+                self.adjust_text,
+                self.decided_at,
+            ),
+        )
 
 
 def _invalid(field: str, message: str) -> ProtocolError:
-    return ProtocolError(f"invalid_{field}", message, status=400, kind="invalid",
-                         extra={"field": field})
+    return ProtocolError(
+        f"invalid_{field}", message, status=400, kind="invalid", extra={"field": field}
+    )
 
 
 def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
@@ -87,11 +99,12 @@ def decode_json(raw: bytes) -> Any:
     ``invalid_json`` with a one-line message.
     """
     if raw.startswith(UTF8_BOM):
-        raw = raw[len(UTF8_BOM):]
+        raw = raw[len(UTF8_BOM) :]
     try:
         text = raw.decode("utf-8")
-        return json.loads(text, object_pairs_hook=_no_duplicates,
-                          parse_constant=reject_json_constant)
+        return json.loads(
+            text, object_pairs_hook=_no_duplicates, parse_constant=reject_json_constant
+        )
     except UnicodeDecodeError:
         raise _invalid("json", "body is not valid UTF-8") from None
     except RecursionError:
@@ -128,8 +141,10 @@ def _string(obj: dict[str, Any], key: str, field: str, limit: int, *, required: 
 
 # RFC 3339 §5.6 date-time: full date, "T" (or "t", or a space per its note), full time with
 # seconds and an optional fraction, then "Z"/"z" or a numeric offset
-_RFC3339 = re.compile(r"(\d{4}-\d{2}-\d{2})[Tt ](\d{2}:\d{2}:\d{2})(?:\.(\d+))?"
-                      r"([Zz]|[+-]\d{2}:\d{2})")
+_RFC3339 = re.compile(
+    r"(\d{4}-\d{2}-\d{2})[Tt ](\d{2}:\d{2}:\d{2})(?:\.(\d+))?"
+    r"([Zz]|[+-]\d{2}:\d{2})"
+)
 
 
 def _is_rfc3339(text: str) -> bool:

@@ -83,8 +83,10 @@ def parse(header: str | None) -> SignatureHeader:
     if t is None:
         raise _unauthorized("signature_malformed", "signature has no t")
     if not v1:
-        raise _unauthorized("signature_malformed", "signature v1 is not 64 hex digits"
-                            if malformed_v1 else "signature has no v1")
+        raise _unauthorized(
+            "signature_malformed",
+            "signature v1 is not 64 hex digits" if malformed_v1 else "signature has no v1",
+        )
     return SignatureHeader(t=t, v1=tuple(v1), t_text=t_text)
 
 

@@ -39,7 +39,6 @@ def is_trimmed(text: str) -> bool:
     return trim(text) == text
 
 
-
 def identity_key(identity: str) -> str:
     """The comparison form of an identity: White_Space-trimmed, then Unicode casefolded
     (SPEC §2 check 11: "identities compared after trim + casefold"). Look-alike characters

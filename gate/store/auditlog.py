@@ -43,8 +43,7 @@ class DatabaseRows:
                 for row in chunk:
                     yield audit.AuditRow(*row)
         except sqlite3.Error as exc:
-            raise Unavailable("storage_unavailable",
-                              f"database read failed: {exc}") from exc
+            raise Unavailable("storage_unavailable", f"database read failed: {exc}") from exc
         finally:
             conn.close()
 
@@ -72,7 +71,9 @@ def read_range(path: Path, low: int, high: int) -> Iterator[tuple[Any, ...]]:
     try:
         cursor = conn.execute(
             "SELECT seq, approval_id, kind, entry, prev_hash, entry_hash, receipt FROM audit_log"
-            " WHERE seq BETWEEN ? AND ? ORDER BY seq", (low, high))
+            " WHERE seq BETWEEN ? AND ? ORDER BY seq",
+            (low, high),
+        )
         while True:
             chunk = cursor.fetchmany(CHUNK)
             if not chunk:
@@ -100,8 +101,10 @@ def _audit_query(conn: sqlite3.Connection) -> str | None:
     try:
         version = int(conn.execute("PRAGMA user_version").fetchone()[0])
         if version > SCHEMA_VERSION:
-            raise Unavailable("storage_unavailable", f"database schema {version} is newer "
-                              f"than this gate ({SCHEMA_VERSION})")
+            raise Unavailable(
+                "storage_unavailable",
+                f"database schema {version} is newer than this gate ({SCHEMA_VERSION})",
+            )
         columns = {row[1] for row in conn.execute("PRAGMA table_info(audit_log)")}
     except sqlite3.Error as exc:
         raise Unavailable("storage_unavailable", f"cannot read database: {exc}") from exc
@@ -110,8 +113,10 @@ def _audit_query(conn: sqlite3.Connection) -> str | None:
     if not columns:
         return None
     signed = "key_id, signature" if "signature" in columns else "NULL, NULL"
-    return ("SELECT seq, approval_id, kind, entry, prev_hash, entry_hash, receipt, "
-            f"{signed} FROM audit_log ORDER BY seq")
+    return (
+        "SELECT seq, approval_id, kind, entry, prev_hash, entry_hash, receipt, "
+        f"{signed} FROM audit_log ORDER BY seq"
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,8 +148,18 @@ _RECORD_QUERIES = (
     "SELECT approval_id, revision, attempts, delivered_at FROM outbox"
     " ORDER BY approval_id, revision",
 )
-_APPROVAL_COLUMNS = ("approval_id", "pipeline", "step", "quorum_required", "revision", "state",
-                     "outcome", "expires_at", "receipt", "scope")
+_APPROVAL_COLUMNS = (
+    "approval_id",
+    "pipeline",
+    "step",
+    "quorum_required",
+    "revision",
+    "state",
+    "outcome",
+    "expires_at",
+    "receipt",
+    "scope",
+)
 
 
 def approval_records(path: Path) -> Iterator[ApprovalRecord]:
@@ -161,11 +176,18 @@ def approval_records(path: Path) -> Iterator[ApprovalRecord]:
     conn = _connect(path)
     try:
         conn.execute("BEGIN")  # one snapshot for the five cursors
-        approvals, revisions, decisions, outbox = (_grouped(conn.execute(q))
-                                                   for q in _RECORD_QUERIES)
-        entries = _grouped(conn.execute(sql.replace(
-            "FROM audit_log ORDER BY seq",
-            "FROM audit_log WHERE approval_id IS NOT NULL ORDER BY approval_id, seq")), 1)
+        approvals, revisions, decisions, outbox = (
+            _grouped(conn.execute(q)) for q in _RECORD_QUERIES
+        )
+        entries = _grouped(
+            conn.execute(
+                sql.replace(
+                    "FROM audit_log ORDER BY seq",
+                    "FROM audit_log WHERE approval_id IS NOT NULL ORDER BY approval_id, seq",
+                )
+            ),
+            1,
+        )
         streams = (approvals, revisions, decisions, entries, outbox)
         heads: list[Any] = [next(s, None) for s in streams]
         while any(head is not None for head in heads):
@@ -179,11 +201,13 @@ def approval_records(path: Path) -> Iterator[ApprovalRecord]:
                     parts.append([])
             rows, revs, decs, logged, sent = parts
             yield ApprovalRecord(
-                approval_id, dict(zip(_APPROVAL_COLUMNS, rows[0], strict=True)) if rows else None,
+                approval_id,
+                dict(zip(_APPROVAL_COLUMNS, rows[0], strict=True)) if rows else None,
                 [(r[1], r[2], r[3]) for r in revs],  # as stored: a wrong type disagrees
                 [(d[1], d[2], d[3], d[4]) for d in decs],
                 [audit.AuditRow(*row) for row in logged],
-                [(o[1], o[2], o[3]) for o in sent])
+                [(o[1], o[2], o[3]) for o in sent],
+            )
         conn.execute("COMMIT")
     except sqlite3.Error as exc:
         raise Unavailable("storage_unavailable", f"database read failed: {exc}") from exc

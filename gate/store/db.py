@@ -37,17 +37,19 @@ AUDIT_CHUNK = 2000
 IN_USE = "database in use by another hitl-gate process"
 # Primary SQLite result codes that mean "the environment refuses writes" (disk full, read-only
 # file or mount, I/O error, ...), as opposed to a constraint or a bug: they mark a storage fault.
-_FAULT_CODES = frozenset({
-    3,   # SQLITE_PERM
-    5,   # SQLITE_BUSY
-    6,   # SQLITE_LOCKED
-    8,   # SQLITE_READONLY
-    10,  # SQLITE_IOERR
-    11,  # SQLITE_CORRUPT
-    13,  # SQLITE_FULL
-    14,  # SQLITE_CANTOPEN
-    26,  # SQLITE_NOTADB
-})
+_FAULT_CODES = frozenset(
+    {
+        3,  # SQLITE_PERM
+        5,  # SQLITE_BUSY
+        6,  # SQLITE_LOCKED
+        8,  # SQLITE_READONLY
+        10,  # SQLITE_IOERR
+        11,  # SQLITE_CORRUPT
+        13,  # SQLITE_FULL
+        14,  # SQLITE_CANTOPEN
+        26,  # SQLITE_NOTADB
+    }
+)
 
 
 def _is_fault(exc: sqlite3.Error) -> bool:
@@ -85,8 +87,13 @@ class _Job:
 
     __slots__ = ("fn", "future", "cancelled", "id", "command")
 
-    def __init__(self, fn: Callable[[WriteTx], Any], future: asyncio.Future[Any] | None,
-                 job_id: int = 0, command: Command | None = None) -> None:
+    def __init__(
+        self,
+        fn: Callable[[WriteTx], Any],
+        future: asyncio.Future[Any] | None,
+        job_id: int = 0,
+        command: Command | None = None,
+    ) -> None:
         self.fn = fn
         self.future = future
         self.cancelled = False  # set by the caller when it stops waiting before the job ran
@@ -185,8 +192,9 @@ class Store:
         except (sqlite3.Error, OSError) as exc:
             await self._close_client()
             self._close_sync()
-            raise Unavailable("storage_unavailable",
-                              f"cannot open database {self.path}: {exc}") from exc
+            raise Unavailable(
+                "storage_unavailable", f"cannot open database {self.path}: {exc}"
+            ) from exc
         except BaseException:
             await self._close_client()
             self._close_sync()
@@ -194,8 +202,9 @@ class Store:
         self._loop = asyncio.get_running_loop()
         self._read_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gate-reader")
         if not self.writer_process:
-            self._thread = threading.Thread(target=self._run_writer, name="gate-writer",
-                                            daemon=True)
+            self._thread = threading.Thread(
+                target=self._run_writer, name="gate-writer", daemon=True
+            )
             self._thread.start()
 
     async def _start_writer_process(self) -> None:
@@ -240,8 +249,7 @@ class Store:
         # a new database (drafts, final bodies, permits, nonces of pending approvals) is
         # readable by its owner only, whatever the umask; SQLite gives -wal/-shm its mode
         with contextlib.suppress(FileExistsError):
-            os.close(os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC,
-                             0o600))
+            os.close(os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600))
         self._writer = _connect(self.path)
         mode = self._writer.execute("PRAGMA journal_mode = WAL").fetchone()[0]
         if str(mode).lower() != "wal":
@@ -281,8 +289,10 @@ class Store:
     def _migrate(conn: sqlite3.Connection) -> None:
         version = int(conn.execute("PRAGMA user_version").fetchone()[0])
         if version > SCHEMA_VERSION:
-            raise Unavailable("storage_unavailable",
-                              f"database schema {version} is newer than this gate ({SCHEMA_VERSION})")
+            raise Unavailable(
+                "storage_unavailable",
+                f"database schema {version} is newer than this gate ({SCHEMA_VERSION})",
+            )
         for index in range(version, SCHEMA_VERSION):
             conn.execute("BEGIN IMMEDIATE")
             try:
@@ -305,8 +315,9 @@ class Store:
         (``check_writable``), so a health check sees a full disk or a read-only file.
         """
         await self.check_writable()
-        return int(await self._read_call(
-            lambda conn: conn.execute("PRAGMA user_version").fetchone()[0]))
+        return int(
+            await self._read_call(lambda conn: conn.execute("PRAGMA user_version").fetchone()[0])
+        )
 
     async def check_writable(self) -> None:
         """Raise Unavailable while the last write failed on a storage fault, or while the
@@ -319,8 +330,10 @@ class Store:
         if self._client is not None:
             stalled = self._client.stalled_s()
             if stalled > writerproc.STALL_S:
-                raise Unavailable("storage_unavailable", "the database writer process has "
-                                  f"not answered for {stalled:.0f} s")
+                raise Unavailable(
+                    "storage_unavailable",
+                    f"the database writer process has not answered for {stalled:.0f} s",
+                )
         if self.write_fault is None:
             return
         if time.monotonic() - self._probed_at >= PROBE_INTERVAL_S and not self._probing:
@@ -335,8 +348,7 @@ class Store:
             finally:
                 self._probing = False
         if self.write_fault is not None:
-            raise Unavailable("storage_unavailable",
-                              f"database refuses writes: {self.write_fault}")
+            raise Unavailable("storage_unavailable", f"database refuses writes: {self.write_fault}")
 
     def _faulted(self, exc: sqlite3.Error) -> None:
         if _is_fault(exc):
@@ -371,8 +383,7 @@ class Store:
         if self._thread is None or self._loop is None:
             raise Unavailable("storage_unavailable", "database is not open")
         if isinstance(command, Command):
-            fn: Callable[[WriteTx], Any] = functools.partial(self.run_command,
-                                                             command=command)
+            fn: Callable[[WriteTx], Any] = functools.partial(self.run_command, command=command)
         else:
             fn = command
         future: asyncio.Future[Any] = self._loop.create_future()
@@ -405,8 +416,9 @@ class Store:
         if self._handler is not None:
             self._handler(None, command)  # type: ignore[arg-type]
 
-    def run_jobs(self, batch: list[_Job], before_job: Callable[[], None]
-                 ) -> list[tuple[_Job, Any, BaseException | None]]:
+    def run_jobs(
+        self, batch: list[_Job], before_job: Callable[[], None]
+    ) -> list[tuple[_Job, Any, BaseException | None]]:
         """Writer process side: run ``batch`` as one group commit (``_run_batch``);
         ``before_job()`` is called before each job, once the transaction began."""
         return self._run_batch(batch, before_job)
@@ -445,8 +457,9 @@ class Store:
             self._deliver(answers)
             self.log_head()
 
-    def _run_batch(self, batch: list[_Job], before_job: Callable[[], None] | None = None
-                   ) -> list[tuple[_Job, Any, BaseException | None]]:
+    def _run_batch(
+        self, batch: list[_Job], before_job: Callable[[], None] | None = None
+    ) -> list[tuple[_Job, Any, BaseException | None]]:
         """Run ``batch`` in one transaction; return each job's (result, error).
         ``before_job()`` runs before each job, after ``BEGIN IMMEDIATE`` succeeded (which may
         have waited on the lock): the writer process reads the cancellations that arrived
@@ -489,15 +502,20 @@ class Store:
                         conn.execute("ROLLBACK TO job")
                         conn.execute("RELEASE job")
                     if conn.in_transaction:  # e.g. a constraint: this job alone fails
-                        answers.append((job, None, Unavailable(
-                            "storage_unavailable", f"database write failed: {exc}")))
+                        answers.append(
+                            (
+                                job,
+                                None,
+                                Unavailable("storage_unavailable", f"database write failed: {exc}"),
+                            )
+                        )
                         continue
                 # the transaction is lost: fail what ran, run the rest in a new one
                 _rollback_quietly(conn)
                 self._faulted(exc)
                 error = Unavailable("storage_unavailable", f"database write failed: {exc}")
                 answers += [(j, None, error) for j, _ in done] + [(job, None, error)]
-                rest = batch[index + 1:]
+                rest = batch[index + 1 :]
                 return answers + (self._run_batch(rest, before_job) if rest else [])
             done.append((job, result))
         try:
@@ -540,8 +558,9 @@ class Store:
         """Return the approval with its revisions, decisions and dispatch, or None."""
         return await self._read_call(_snapshot, load_full, approval_id)
 
-    async def list_approvals(self, state: str, pipeline: str | None, limit: int,
-                             after: str | None) -> list[dict[str, Any]]:
+    async def list_approvals(
+        self, state: str, pipeline: str | None, limit: int, after: str | None
+    ) -> list[dict[str, Any]]:
         """Return up to ``limit`` approvals ordered by approval_id (ULID: creation order).
 
         ``state`` is pending|resolved|all; ``after`` is the cursor (last approval_id seen).
@@ -573,35 +592,43 @@ class Store:
         def run(conn: sqlite3.Connection) -> Any:
             row = conn.execute(sql, args).fetchone()
             return None if row is None else row[0]
+
         return await self._read_call(run)
 
     async def pending_summary(self) -> tuple[int, int | None]:
         """Return ``(number of pending approvals, earliest created_at in unix ms or None)``."""
+
         def run(conn: sqlite3.Connection) -> tuple[int, int | None]:
             count, oldest = conn.execute(
                 "SELECT COUNT(*), MIN(created_at) FROM approvals INDEXED BY"
-                " approvals_pending_expiry WHERE state = 'pending'").fetchone()
+                " approvals_pending_expiry WHERE state = 'pending'"
+            ).fetchone()
             return int(count), None if oldest is None else int(oldest)
+
         return await self._read_call(run)
 
     async def next_expiry(self) -> int | None:
         """Return the earliest ``expires_at`` (unix ms) among pending approvals, or None."""
         value = await self._scalar(
             "SELECT MIN(expires_at) FROM approvals INDEXED BY approvals_pending_expiry"
-            " WHERE state = 'pending'")
+            " WHERE state = 'pending'"
+        )
         return None if value is None else int(value)
 
-    async def dispatch_plan(self, now_ms: int, limit: int) -> tuple[list[dict[str, Any]],
-                                                                    int | None]:
+    async def dispatch_plan(
+        self, now_ms: int, limit: int
+    ) -> tuple[list[dict[str, Any]], int | None]:
         """Return ``(due, next_at)`` from one snapshot (one thread hop): up to ``limit``
         un-acked outbox rows due at ``now_ms`` for pending approvals' current revision
         (``approval_id``, ``revision``, ``attempts``, ``next_attempt_at``; earliest first),
         and the earliest ``next_attempt_at`` (unix ms) of any un-acked live dispatch, due
         or not, or None when there is none."""
+
         def run(conn: sqlite3.Connection) -> tuple[list[dict[str, Any]], int | None]:
             due = [dict(row) for row in conn.execute(_DUE_DISPATCHES, (now_ms, limit))]
             first = conn.execute(_NEXT_DISPATCH).fetchone()
             return due, None if first is None else int(first[0])
+
         return await self._read_call(_snapshot, run)
 
     async def audit_rows(self) -> AsyncIterator[audit.AuditRow]:
@@ -635,7 +662,9 @@ def audit_chunk(conn: sqlite3.Connection, after: int, limit: int) -> list[audit.
     """Return up to ``limit`` audit rows with seq > ``after``, ascending."""
     rows = conn.execute(
         "SELECT seq, approval_id, kind, entry, prev_hash, entry_hash, receipt, key_id,"
-        " signature FROM audit_log WHERE seq > ? ORDER BY seq LIMIT ?", (after, limit)).fetchall()
+        " signature FROM audit_log WHERE seq > ? ORDER BY seq LIMIT ?",
+        (after, limit),
+    ).fetchall()
     return [audit.AuditRow(*row) for row in rows]
 
 

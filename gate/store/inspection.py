@@ -61,13 +61,13 @@ def _read_only(path: Path) -> Iterator[sqlite3.Connection]:
             conn.execute("PRAGMA query_only = ON")
             yield conn
         except sqlite3.Error as exc:
-            raise Unavailable("storage_unavailable",
-                              f"cannot read database {path}: {exc}") from exc
+            raise Unavailable("storage_unavailable", f"cannot read database {path}: {exc}") from exc
 
 
 def _count(conn: sqlite3.Connection, table: str) -> int | None:
-    exists = conn.execute("SELECT 1 FROM sqlite_schema WHERE type = 'table' AND name = ?",
-                          (table,)).fetchone()
+    exists = conn.execute(
+        "SELECT 1 FROM sqlite_schema WHERE type = 'table' AND name = ?", (table,)
+    ).fetchone()
     if exists is None:
         return None
     return int(conn.execute(f"SELECT count(*) FROM {table}").fetchone()[0])
@@ -81,8 +81,9 @@ def inspect(path: Path) -> DatabaseInfo:
         rows = conn.execute(f"PRAGMA integrity_check({MAX_PROBLEMS})").fetchall()
         problems = tuple(str(r[0]) for r in rows if str(r[0]) != "ok")
         version = int(conn.execute("PRAGMA user_version").fetchone()[0])
-        return DatabaseInfo(problems, version, SCHEMA_VERSION, _count(conn, "approvals"),
-                            _count(conn, "audit_log"))
+        return DatabaseInfo(
+            problems, version, SCHEMA_VERSION, _count(conn, "approvals"), _count(conn, "audit_log")
+        )
 
 
 def integrity_check(path: Path) -> list[str]:
@@ -98,13 +99,16 @@ def audit_rows(path: Path) -> list[audit.AuditRow]:
     """
     with _read_only(path) as conn:
         if _count(conn, "audit_log") is None:
-            raise Unavailable("storage_unavailable", f"{path} has no audit_log table "
-                              "(not a hitl-gate database?)")
+            raise Unavailable(
+                "storage_unavailable", f"{path} has no audit_log table (not a hitl-gate database?)"
+            )
         columns = {str(r[1]) for r in conn.execute("PRAGMA table_info(audit_log)")}
         # A database from before signed entries (schema 1) has no key_id/signature yet.
         signed = ", key_id, signature" if {"key_id", "signature"} <= columns else ""
-        cur = conn.execute("SELECT seq, approval_id, kind, entry, prev_hash, entry_hash, receipt"
-                           f"{signed} FROM audit_log ORDER BY seq")
+        cur = conn.execute(
+            "SELECT seq, approval_id, kind, entry, prev_hash, entry_hash, receipt"
+            f"{signed} FROM audit_log ORDER BY seq"
+        )
         return [audit.AuditRow(*row) for row in cur]
 
 
@@ -118,7 +122,8 @@ def latest_stored_receipt(path: Path) -> tuple[str, dict[str, Any]] | None:
             return None
         row = conn.execute(
             "SELECT approval_id, receipt FROM approvals WHERE receipt IS NOT NULL"
-            " ORDER BY json_extract(receipt, '$.seq') DESC LIMIT 1").fetchone()
+            " ORDER BY json_extract(receipt, '$.seq') DESC LIMIT 1"
+        ).fetchone()
     if row is None:
         return None
     try:
@@ -135,12 +140,14 @@ def undelivered_dispatches(path: Path) -> tuple[int, str | None]:
     with _read_only(path) as conn:
         if _count(conn, "outbox") is None or _count(conn, "approvals") is None:
             return 0, None
-        count, = conn.execute(
+        (count,) = conn.execute(
             "SELECT count(*) FROM outbox o JOIN approvals a ON a.approval_id = o.approval_id"
             " WHERE a.state = 'pending' AND o.revision = a.revision AND o.delivered_at IS NULL"
-            " AND o.attempts > 0").fetchone()
+            " AND o.attempts > 0"
+        ).fetchone()
         row = conn.execute(
             "SELECT o.last_error FROM outbox o JOIN approvals a ON a.approval_id = o.approval_id"
             " WHERE a.state = 'pending' AND o.revision = a.revision AND o.delivered_at IS NULL"
-            " AND o.attempts > 0 ORDER BY o.next_attempt_at DESC LIMIT 1").fetchone()
+            " AND o.attempts > 0 ORDER BY o.next_attempt_at DESC LIMIT 1"
+        ).fetchone()
         return int(count), None if row is None else row[0]

@@ -18,11 +18,13 @@ def fetchall(conn: sqlite3.Connection, sql: str, args: tuple[Any, ...]) -> list[
 CREATED_ENTRY_SQL = (
     "SELECT seq, approval_id, kind, entry, prev_hash, entry_hash, receipt, key_id, signature"
     " FROM audit_log INDEXED BY audit_log_created WHERE approval_id = ? AND kind = 'created'"
-    " ORDER BY seq LIMIT 1")
+    " ORDER BY seq LIMIT 1"
+)
 
 
-def load_full(conn: sqlite3.Connection, approval_id: str, outbox: bool = True,
-              created_receipt: bool = True) -> dict[str, Any] | None:
+def load_full(
+    conn: sqlite3.Connection, approval_id: str, outbox: bool = True, created_receipt: bool = True
+) -> dict[str, Any] | None:
     """Return the approval with its revisions, decisions, (unless ``outbox`` is False)
     outbox rows and (unless ``created_receipt`` is False) ``created_receipt``: the receipt
     object (``gate.audit.chain.receipt_object``) of its ``created`` audit entry, read from the
@@ -36,16 +38,19 @@ def load_full(conn: sqlite3.Connection, approval_id: str, outbox: bool = True,
     approval["receipt"] = json.loads(approval["receipt"]) if approval["receipt"] else None
     if created_receipt:
         entry = conn.execute(CREATED_ENTRY_SQL, (approval_id,)).fetchone()
-        approval["created_receipt"] = (audit.receipt_object(audit.AuditRow(*entry))
-                                       if entry is not None else None)
+        approval["created_receipt"] = (
+            audit.receipt_object(audit.AuditRow(*entry)) if entry is not None else None
+        )
     approval["revisions"] = fetchall(
-        conn, "SELECT * FROM revisions WHERE approval_id = ? ORDER BY revision", (approval_id,))
+        conn, "SELECT * FROM revisions WHERE approval_id = ? ORDER BY revision", (approval_id,)
+    )
     approval["decisions"] = fetchall(
-        conn, "SELECT * FROM decisions WHERE approval_id = ? ORDER BY decision_id",
-        (approval_id,))
+        conn, "SELECT * FROM decisions WHERE approval_id = ? ORDER BY decision_id", (approval_id,)
+    )
     if outbox:
         approval["outbox"] = fetchall(
-            conn, "SELECT * FROM outbox WHERE approval_id = ? ORDER BY revision", (approval_id,))
+            conn, "SELECT * FROM outbox WHERE approval_id = ? ORDER BY revision", (approval_id,)
+        )
     return approval
 
 
@@ -85,8 +90,9 @@ class WriteTx:
         version = int(self._conn.execute("PRAGMA user_version").fetchone()[0])
         self._conn.execute(f"PRAGMA user_version = {version}")
 
-    def load_approval(self, approval_id: str, outbox: bool = True,
-                      created_receipt: bool = True) -> dict[str, Any] | None:
+    def load_approval(
+        self, approval_id: str, outbox: bool = True, created_receipt: bool = True
+    ) -> dict[str, Any] | None:
         """Return the full approval (as ``Store.fetch_approval``; without outbox rows when
         ``outbox`` is False, without ``created_receipt`` when that is False) as seen inside
         this transaction."""
@@ -95,18 +101,23 @@ class WriteTx:
     def approval_by_idempotency_key(self, key: str) -> dict[str, Any] | None:
         """Return ``{approval_id, request_hash}`` for an Idempotency-Key, or None."""
         return self._one(
-            "SELECT approval_id, request_hash FROM approvals WHERE idempotency_key = ?", (key,))
+            "SELECT approval_id, request_hash FROM approvals WHERE idempotency_key = ?", (key,)
+        )
 
     def revision_by_nonce(self, approval_id: str, nonce: str) -> int | None:
         """Return the revision number that ``nonce`` was issued for on this approval, or None."""
-        row = self._one("SELECT revision FROM revisions WHERE approval_id = ? AND nonce = ?",
-                        (approval_id, nonce))
+        row = self._one(
+            "SELECT revision FROM revisions WHERE approval_id = ? AND nonce = ?",
+            (approval_id, nonce),
+        )
         return None if row is None else int(row["revision"])
 
     def spent(self, since_ms: int, pipeline: str | None) -> float:
         """Return the summed ``spend`` of approvals that fired (approved/adjusted) since ``since_ms``."""
-        sql = ("SELECT COALESCE(SUM(spend), 0) AS s FROM approvals WHERE outcome IN "
-               "('approved', 'adjusted') AND resolved_at >= ?")
+        sql = (
+            "SELECT COALESCE(SUM(spend), 0) AS s FROM approvals WHERE outcome IN "
+            "('approved', 'adjusted') AND resolved_at >= ?"
+        )
         args: tuple[Any, ...] = (since_ms,)
         if pipeline is not None:
             sql += " AND pipeline = ?"
@@ -118,41 +129,62 @@ class WriteTx:
         """Insert an approvals row (``scope``/``budget`` given as Python values, stored as JSON)."""
         values = dict(row)
         values["scope"] = json.dumps(values["scope"], ensure_ascii=False)
-        values["budget"] = (json.dumps(values["budget"], ensure_ascii=False)
-                            if values.get("budget") is not None else None)
+        values["budget"] = (
+            json.dumps(values["budget"], ensure_ascii=False)
+            if values.get("budget") is not None
+            else None
+        )
         cols = ", ".join(values)
         marks = ", ".join("?" for _ in values)
-        self._conn.execute(f"INSERT INTO approvals ({cols}) VALUES ({marks})",
-                           tuple(values.values()))
+        self._conn.execute(
+            f"INSERT INTO approvals ({cols}) VALUES ({marks})", tuple(values.values())
+        )
 
-    def insert_revision(self, approval_id: str, revision: int, body: str, payload_hash: str,
-                        nonce: str, created_at: int, created_by: int | None) -> None:
+    def insert_revision(
+        self,
+        approval_id: str,
+        revision: int,
+        body: str,
+        payload_hash: str,
+        nonce: str,
+        created_at: int,
+        created_by: int | None,
+    ) -> None:
         """Insert a revision of the draft with its nonce."""
         self._conn.execute(
             "INSERT INTO revisions (approval_id, revision, body, payload_hash, nonce, created_at,"
             " created_by) VALUES (?, ?, ?, ?, ?, ?, ?)",
-            (approval_id, revision, body, payload_hash, nonce, created_at, created_by))
+            (approval_id, revision, body, payload_hash, nonce, created_at, created_by),
+        )
 
     def set_revision(self, approval_id: str, revision: int) -> None:
         """Make ``revision`` the approval's current revision."""
-        self._conn.execute("UPDATE approvals SET revision = ? WHERE approval_id = ?",
-                           (revision, approval_id))
+        self._conn.execute(
+            "UPDATE approvals SET revision = ? WHERE approval_id = ?", (revision, approval_id)
+        )
 
     def insert_decision(self, row: dict[str, Any]) -> None:
         """Insert an accepted decision; UNIQUE(approval_id, revision, operator_id) guards recounts."""
         cols = ", ".join(row)
         marks = ", ".join("?" for _ in row)
-        self._conn.execute(f"INSERT INTO decisions ({cols}) VALUES ({marks})",
-                           tuple(row.values()))
+        self._conn.execute(f"INSERT INTO decisions ({cols}) VALUES ({marks})", tuple(row.values()))
 
     def enqueue_dispatch(self, approval_id: str, revision: int, at_ms: int) -> None:
         """Add the outbox row for dispatching ``revision`` (due at ``at_ms``)."""
         self._conn.execute(
             "INSERT INTO outbox (approval_id, revision, next_attempt_at) VALUES (?, ?, ?)",
-            (approval_id, revision, at_ms))
+            (approval_id, revision, at_ms),
+        )
 
-    def dispatch_attempted(self, approval_id: str, revision: int, *, delivered_at: int | None,
-                           next_attempt_at: int, error: str | None) -> int:
+    def dispatch_attempted(
+        self,
+        approval_id: str,
+        revision: int,
+        *,
+        delivered_at: int | None,
+        next_attempt_at: int,
+        error: str | None,
+    ) -> int:
         """Count one attempt; set delivered_at or the next attempt time and last error.
 
         Returns the attempts so far. Already-acked rows are left alone (returns -1).
@@ -160,22 +192,32 @@ class WriteTx:
         cur = self._conn.execute(
             "UPDATE outbox SET attempts = attempts + 1, delivered_at = ?, next_attempt_at = ?,"
             " last_error = ? WHERE approval_id = ? AND revision = ? AND delivered_at IS NULL",
-            (delivered_at, next_attempt_at, error, approval_id, revision))
+            (delivered_at, next_attempt_at, error, approval_id, revision),
+        )
         if cur.rowcount != 1:
             return -1
-        row = self._one("SELECT attempts FROM outbox WHERE approval_id = ? AND revision = ?",
-                        (approval_id, revision))
+        row = self._one(
+            "SELECT attempts FROM outbox WHERE approval_id = ? AND revision = ?",
+            (approval_id, revision),
+        )
         return int(row["attempts"]) if row else -1
 
-    def resolve(self, approval_id: str, outcome: str, at_ms: int, receipt: dict[str, Any],
-                permit: str | None) -> bool:
+    def resolve(
+        self,
+        approval_id: str,
+        outcome: str,
+        at_ms: int,
+        receipt: dict[str, Any],
+        permit: str | None,
+    ) -> bool:
         """Mark a pending approval resolved with ``outcome`` at ``at_ms`` (unix ms), with its
         resolution ``receipt`` and execution ``permit`` (compact JWS, or None), in one
         statement; return False (nothing changed) if it was not pending."""
         cur = self._conn.execute(
             "UPDATE approvals SET state = 'resolved', outcome = ?, resolved_at = ?, receipt = ?,"
             " permit = ? WHERE approval_id = ? AND state = 'pending'",
-            (outcome, at_ms, json.dumps(receipt), permit, approval_id))
+            (outcome, at_ms, json.dumps(receipt), permit, approval_id),
+        )
         return cur.rowcount == 1
 
     def due_expiries(self, now_ms: int, limit: int) -> list[str]:
@@ -183,7 +225,9 @@ class WriteTx:
         rows = self._conn.execute(
             "SELECT approval_id FROM approvals INDEXED BY approvals_pending_expiry"
             " WHERE state = 'pending' AND expires_at <= ?"
-            " ORDER BY expires_at LIMIT ?", (now_ms, limit)).fetchall()
+            " ORDER BY expires_at LIMIT ?",
+            (now_ms, limit),
+        ).fetchall()
         return [row[0] for row in rows]
 
     def due_expiry_rows(self, now_ms: int, limit: int) -> list[dict[str, Any]]:
@@ -195,16 +239,25 @@ class WriteTx:
             " FROM approvals a INDEXED BY approvals_pending_expiry JOIN revisions r"
             " ON r.approval_id = a.approval_id AND r.revision = a.revision"
             " WHERE a.state = 'pending' AND a.expires_at <= ?"
-            " ORDER BY a.expires_at LIMIT ?", (now_ms, limit)).fetchall()
-        return [{"approval_id": aid, "revision": rev, "quorum_required": quorum,
-                 "revisions": [{"revision": rev, "payload_hash": digest}]}
-                for aid, rev, quorum, digest in rows]
+            " ORDER BY a.expires_at LIMIT ?",
+            (now_ms, limit),
+        ).fetchall()
+        return [
+            {
+                "approval_id": aid,
+                "revision": rev,
+                "quorum_required": quorum,
+                "revisions": [{"revision": rev, "payload_hash": digest}],
+            }
+            for aid, rev, quorum, digest in rows
+        ]
 
     def last_audit_row(self) -> audit.AuditRow | None:
         """Return the newest audit row (highest seq), or None when the log is empty."""
         row = self._conn.execute(
             "SELECT seq, approval_id, kind, entry, prev_hash, entry_hash, receipt, key_id,"
-            " signature FROM audit_log ORDER BY seq DESC LIMIT 1").fetchone()
+            " signature FROM audit_log ORDER BY seq DESC LIMIT 1"
+        ).fetchone()
         return None if row is None else audit.AuditRow(*row)
 
     def audit_span_starts(self, kind: str) -> list[tuple[int, str, str]]:
@@ -212,19 +265,27 @@ class WriteTx:
         (the receipt-key rotations: few), ascending. Scans the log once (no index on kind:
         run only at a start that rotates the receipt key)."""
         rows = self._conn.execute(
-            "SELECT seq, entry_hash, receipt FROM audit_log WHERE seq = 1 OR kind = ?"
-            " ORDER BY seq", (kind,)).fetchall()
+            "SELECT seq, entry_hash, receipt FROM audit_log WHERE seq = 1 OR kind = ? ORDER BY seq",
+            (kind,),
+        ).fetchall()
         return [(int(seq), str(digest), str(receipt)) for seq, digest, receipt in rows]
 
-    def append_audit(self, kind: str, approval_id: str | None, at_ms: int,
-                     data: dict[str, Any], key: bytes,
-                     signer: audit.Signer | None = None) -> audit.AuditRow:
+    def append_audit(
+        self,
+        kind: str,
+        approval_id: str | None,
+        at_ms: int,
+        data: dict[str, Any],
+        key: bytes,
+        signer: audit.Signer | None = None,
+    ) -> audit.AuditRow:
         """Append one hash-chained audit entry with its HMAC receipt and, with ``signer``,
         its Ed25519 signature and key id; return the stored row."""
         last = self._audit_tail
         if last is None:
             last = self._conn.execute(
-                "SELECT seq, entry_hash FROM audit_log ORDER BY seq DESC LIMIT 1").fetchone()
+                "SELECT seq, entry_hash FROM audit_log ORDER BY seq DESC LIMIT 1"
+            ).fetchone()
         prev_hash = last[1] if last else audit.GENESIS_HASH
         seq = (int(last[0]) if last else 0) + 1
         entry = audit.make_entry(seq, kind, approval_id, at_ms, data)
@@ -233,7 +294,9 @@ class WriteTx:
         self._conn.execute(
             "INSERT INTO audit_log (seq, approval_id, kind, entry, prev_hash, entry_hash, receipt,"
             " key_id, signature) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (seq, approval_id, kind, entry_json, prev_hash, digest, receipt, key_id, signature))
+            (seq, approval_id, kind, entry_json, prev_hash, digest, receipt, key_id, signature),
+        )
         self._audit_tail = self.appended_head = (seq, digest)  # set only once the row is in
-        return audit.AuditRow(seq, approval_id, kind, entry_json, prev_hash, digest, receipt,
-                              key_id, signature)
+        return audit.AuditRow(
+            seq, approval_id, kind, entry_json, prev_hash, digest, receipt, key_id, signature
+        )

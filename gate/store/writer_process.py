@@ -61,6 +61,7 @@ def _frame(message: Any) -> bytes:
 
 # ---- the web process's side -------------------------------------------------------------
 
+
 class WriterClient:
     """The web process's handle on the writer process: sends jobs, settles their futures.
 
@@ -68,8 +69,9 @@ class WriterClient:
     used from the event loop only.
     """
 
-    def __init__(self, store: Store, pid: int, reader: asyncio.StreamReader,
-                 writer: asyncio.StreamWriter) -> None:
+    def __init__(
+        self, store: Store, pid: int, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
         self._store = store
         self.pid = pid
         self._reader = reader
@@ -123,10 +125,14 @@ class WriterClient:
         if waited >= STALL_S:
             if not self._stall_logged:
                 self._stall_logged = True
-                log.error("event=writer_stalled pid=%d unanswered_s=%.0f transactions=%d "
-                          "(the database writer process is stopped or blocked; /healthz "
-                          "answers 503 until it answers again)", self.pid, waited,
-                          len(self._pending))
+                log.error(
+                    "event=writer_stalled pid=%d unanswered_s=%.0f transactions=%d "
+                    "(the database writer process is stopped or blocked; /healthz "
+                    "answers 503 until it answers again)",
+                    self.pid,
+                    waited,
+                    len(self._pending),
+                )
             delay = STALL_S
         else:
             delay = STALL_S - waited
@@ -181,7 +187,7 @@ class WriterClient:
                     self._stall_logged = False
                     log.warning("event=writer_answering_again pid=%d", self.pid)
         except Exception:  # noqa: BLE001 - EOF, a reset, a frame not understood: the writer
-            pass           # is lost either way, and no waiting caller may hang
+            pass  # is lost either way, and no waiting caller may hang
         self._broken = True
         if self._stall_timer is not None:
             self._stall_timer.cancel()
@@ -301,8 +307,9 @@ async def start(store: Store, open_writer: Callable[[], None]) -> WriterClient:
     except (asyncio.IncompleteReadError, OSError, EOFError) as exc:
         writer.close()
         await asyncio.to_thread(_reap, pid)
-        raise Unavailable("storage_unavailable",
-                          f"the database writer process did not start: {exc}") from exc
+        raise Unavailable(
+            "storage_unavailable", f"the database writer process did not start: {exc}"
+        ) from exc
     if error is not None:
         writer.close()
         await asyncio.to_thread(_reap, pid)
@@ -312,6 +319,7 @@ async def start(store: Store, open_writer: Callable[[], None]) -> WriterClient:
 
 
 # ---- the writer process -----------------------------------------------------------------
+
 
 def _child_signals(mask: Any) -> None:
     """Stop on the parent's word only: ignore the signals the web process handles (a
@@ -361,7 +369,7 @@ class _Frames:
             end = offset + _HEADER.size + size
             if len(view) < end:
                 break
-            messages.append(pickle.loads(view[offset + _HEADER.size:end]))
+            messages.append(pickle.loads(view[offset + _HEADER.size : end]))
             offset = end
         del self._buffer[:offset]
         return messages
@@ -443,8 +451,7 @@ def _child(store: Store, sock: socket.socket, open_writer: Callable[[], None]) -
             try:
                 data = _frame(("answers", items, store.write_fault))
             except Exception:  # noqa: BLE001 - a bug (an unpicklable result): answer it as one
-                data = _frame(("answers", [_picklable(item) for item in items],
-                               store.write_fault))
+                data = _frame(("answers", [_picklable(item) for item in items], store.write_fault))
             sock.sendall(data)
         except OSError:
             store.log_head()  # committed all the same
@@ -462,6 +469,7 @@ def _apply(store: Store, command: Command) -> None:
 def _runner(store: Store, command: Command) -> Callable[[Any], Any]:
     def run(tx: Any) -> Any:
         return store.run_command(tx, command)
+
     return run
 
 
@@ -479,12 +487,14 @@ def _portable(error: BaseException, command: str) -> BaseException:
         try:
             pickle.loads(pickle.dumps(error, protocol=pickle.HIGHEST_PROTOCOL))
         except Exception:  # noqa: BLE001 - e.g. an __init__ pickle cannot call
-            return GateError(error.code, error.message, status=error.status, kind=error.kind,
-                             extra=error.extra)
+            return GateError(
+                error.code, error.message, status=error.status, kind=error.kind, extra=error.extra
+            )
         return error
     log.error("event=writer_error command=%s", command, exc_info=error)
-    return RuntimeError(f"the write transaction {command!r} failed: "
-                        f"{type(error).__name__}: {error}")
+    return RuntimeError(
+        f"the write transaction {command!r} failed: {type(error).__name__}: {error}"
+    )
 
 
 def _picklable(item: tuple[int, bool, Any]) -> tuple[int, bool, Any]:

@@ -35,11 +35,11 @@ from gate.config import (
 from gate.config.secrets import _secret_vars
 from gate.daemon.dispatch import redact
 from gate.errors import ConfigError, GateError
-from gate.trust.keys import ReceiptKeys, load_receipt_keys
 from gate.protocol.envelope import rfc3339
 from gate.protocol.relay_answers import refusal_reason
 from gate.store import auditlog
 from gate.store import inspection as maintenance
+from gate.trust.keys import ReceiptKeys, load_receipt_keys
 
 # A system clock before this release's date is certainly wrong (e.g. a board without a
 # battery-backed clock that booted without NTP). Bump it with each release (CHANGELOG.md).
@@ -115,8 +115,12 @@ def check_config(path: str) -> tuple[Check, Config | None]:
         hint = f" (hitl-gate check-config -c {path} lists all)"
         return Check("config", False, _errors(exc.errors, hint)), None
     steps = sum(len(p.steps) for p in config.pipelines)
-    return Check("config", True, f"{config.source}: {len(config.pipelines)} pipelines, "
-                 f"{steps} steps, {len(config.relay.operators)} operators"), config
+    return Check(
+        "config",
+        True,
+        f"{config.source}: {len(config.pipelines)} pipelines, "
+        f"{steps} steps, {len(config.relay.operators)} operators",
+    ), config
 
 
 def check_secrets(config: Config, environ: Mapping[str, str]) -> tuple[Check, Secrets | None]:
@@ -151,8 +155,11 @@ def _exposed_credentials(directory: str | None) -> str:
             loose.append(f"{path} is mode {mode:04o}")
     if not loose:
         return ""
-    return ", ".join(loose[:3]) + (" and more" if len(loose) > 3 else "") + (
-        ": readable by other users (chmod go-rwx)")
+    return (
+        ", ".join(loose[:3])
+        + (" and more" if len(loose) > 3 else "")
+        + (": readable by other users (chmod go-rwx)")
+    )
 
 
 def check_keys(config: Config) -> tuple[Check, ReceiptKeys | None]:
@@ -178,35 +185,51 @@ def check_database(path: Path) -> Check:
         while not parent.exists() and parent != parent.parent:
             parent = parent.parent
         if os.access(parent, os.W_OK | os.X_OK):
-            return _warn("database", f"{path} does not exist yet; the gate creates it on "
-                         "first start")
+            return _warn(
+                "database", f"{path} does not exist yet; the gate creates it on first start"
+            )
         return Check("database", False, f"{path} does not exist and {parent} is not writable")
     try:
         info = maintenance.inspect(path)
     except GateError as exc:
         return Check("database", False, exc.message)
     if info.problems:
-        return Check("database", False, f"{path}: integrity_check: " + _errors(
-            list(info.problems)))
+        return Check("database", False, f"{path}: integrity_check: " + _errors(list(info.problems)))
     if info.schema_version > info.code_schema_version:
-        return Check("database", False, f"{path}: schema {info.schema_version} is newer than "
-                     f"this hitl-gate's ({info.code_schema_version}); upgrade hitl-gate")
-    counts = (f"{info.approvals} approvals, {info.audit_entries} audit entries"
-              if info.approvals is not None and info.audit_entries is not None else "no tables")
+        return Check(
+            "database",
+            False,
+            f"{path}: schema {info.schema_version} is newer than "
+            f"this hitl-gate's ({info.code_schema_version}); upgrade hitl-gate",
+        )
+    counts = (
+        f"{info.approvals} approvals, {info.audit_entries} audit entries"
+        if info.approvals is not None and info.audit_entries is not None
+        else "no tables"
+    )
     mode = path.stat().st_mode & 0o777
     if mode & 0o077:
-        return _warn("database", f"{path} is readable by others (mode {mode:04o}; it holds "
-                     f"drafts, final bodies and permits): chmod 600 {path}")
+        return _warn(
+            "database",
+            f"{path} is readable by others (mode {mode:04o}; it holds "
+            f"drafts, final bodies and permits): chmod 600 {path}",
+        )
     if info.schema_version < info.code_schema_version:
-        return _warn("database", f"{path}: integrity ok, schema {info.schema_version} (the "
-                     f"gate migrates it to {info.code_schema_version} on start), {counts}")
-    return Check("database", True, f"{path}: integrity ok, schema {info.schema_version}, "
-                 f"{counts}")
+        return _warn(
+            "database",
+            f"{path}: integrity ok, schema {info.schema_version} (the "
+            f"gate migrates it to {info.code_schema_version} on start), {counts}",
+        )
+    return Check("database", True, f"{path}: integrity ok, schema {info.schema_version}, {counts}")
 
 
-def check_audit(path: Path, receipt_key: bytes | None, keys: ReceiptKeys | None,
-                previous_key: bytes | None = None,
-                receipts: ReceiptsConfig | None = None) -> Check:
+def check_audit(
+    path: Path,
+    receipt_key: bytes | None,
+    keys: ReceiptKeys | None,
+    previous_key: bytes | None = None,
+    receipts: ReceiptsConfig | None = None,
+) -> Check:
     """Recompute the audit chain, its receipts (with the receipt key, and the previous one of
     a rotation: each entry with the key of its span, ``gate.audit.spans``) and its
     signatures (when the config names Ed25519 keys), then compare the approval records with
@@ -224,10 +247,10 @@ def check_audit(path: Path, receipt_key: bytes | None, keys: ReceiptKeys | None,
     public = keys.public if keys is not None and keys.public else None
     given = tuple(k for k in (receipt_key, previous_key) if k is not None)
     newest, pending = (rows[-1] if rows and receipt_key is not None else None), False
-    if newest is not None and not matches(receipt_key or b"", newest.entry_hash,
-                                          newest.receipt):
-        pending = previous_key is not None and matches(previous_key, newest.entry_hash,
-                                                       newest.receipt)
+    if newest is not None and not matches(receipt_key or b"", newest.entry_hash, newest.receipt):
+        pending = previous_key is not None and matches(
+            previous_key, newest.entry_hash, newest.receipt
+        )
         if not pending:
             return Check("audit", False, _key_mismatch(newest.seq, receipts))
     result = audit.verify(rows, given, public, leading_unknown=True)
@@ -235,46 +258,73 @@ def check_audit(path: Path, receipt_key: bytes | None, keys: ReceiptKeys | None,
         named = _key_names(receipts)
         # no span found although the newest entry verifies with a configured key (checked
         # above): the entry that began the newest span lost its receipt
-        caught = (f"; yet the newest entry (seq {newest.seq}) verifies with {named}: the "
-                  "receipt of the entry that began its span (entry 1 or a "
-                  "receipt_key_rotated entry) was changed"
-                  if newest is not None and result.first_bad_seq == newest.seq else "")
-        return Check("audit", False, f"entry {result.first_bad_seq}: {result.reason}{caught}"
-                     f" (check {named})")
+        caught = (
+            f"; yet the newest entry (seq {newest.seq}) verifies with {named}: the "
+            "receipt of the entry that began its span (entry 1 or a "
+            "receipt_key_rotated entry) was changed"
+            if newest is not None and result.first_bad_seq == newest.seq
+            else ""
+        )
+        return Check(
+            "audit", False, f"entry {result.first_bad_seq}: {result.reason}{caught} (check {named})"
+        )
     if not result.ok:
-        return Check("audit", False, f"TAMPERED: entry {result.first_bad_seq}: {result.reason} "
-                     f"({result.checked} entries before it verified)")
+        return Check(
+            "audit",
+            False,
+            f"TAMPERED: entry {result.first_bad_seq}: {result.reason} "
+            f"({result.checked} entries before it verified)",
+        )
     try:  # the database keeps each resolution's receipt with its approval: the log holds it
         stored = maintenance.latest_stored_receipt(path)
     except GateError as exc:
         return Check("audit", False, exc.message)
-    problem = None if stored is None else audit.receipt_problem(
-        rows, stored[1], audit.span_keys(result, given, stored[1].get("seq")), public)
+    problem = (
+        None
+        if stored is None
+        else audit.receipt_problem(
+            rows, stored[1], audit.span_keys(result, given, stored[1].get("seq")), public
+        )
+    )
     if problem is not None and stored is not None:
-        return Check("audit", False, f"TAMPERED: entry {problem[0]}: {problem[1]} (the "
-                     f"receipt stored with approval {stored[0]})")
+        return Check(
+            "audit",
+            False,
+            f"TAMPERED: entry {problem[0]}: {problem[1]} (the "
+            f"receipt stored with approval {stored[0]})",
+        )
     try:  # the approval rows say what the verified log says (gate.audit.records)
         records = audit_records.check(auditlog.approval_records(path), result.checked)
     except GateError as exc:
         return Check("audit", False, exc.message)
     if records.problem is not None:
-        return Check("audit", False, f"TAMPERED: approval {records.problem[0]}: "
-                     f"{records.problem[1]}; the audit log itself verified")
+        return Check(
+            "audit",
+            False,
+            f"TAMPERED: approval {records.problem[0]}: "
+            f"{records.problem[1]}; the audit log itself verified",
+        )
     what = ["chain"] + ["receipts"] * (receipt_key is not None) + ["signatures"] * bool(public)
-    detail = (f"{result.checked} entries, {', '.join(what)} intact; {records.checked} "
-              "approvals match it")
+    detail = (
+        f"{result.checked} entries, {', '.join(what)} intact; {records.checked} approvals match it"
+    )
     if receipt_key is None:
         detail += " (receipts not checked: no receipt key)"
     elif result.spans and result.spans[0][0] > 1:
         first = result.spans[0][0]
-        detail += (f" (receipts from entry {first}: entries 1-{first - 1} are receipted with "
-                   "a key retired by a rotation, which the config no longer names; audit "
-                   "verify --key-env checks them with it)")
+        detail += (
+            f" (receipts from entry {first}: entries 1-{first - 1} are receipted with "
+            "a key retired by a rotation, which the config no longer names; audit "
+            "verify --key-env checks them with it)"
+        )
     if pending:
         previous = receipts.previous_key_env if receipts is not None else "the previous key"
-        return _warn("audit", f"{detail}; the newest entries are receipted with "
-                     f"receipts.previous_key_env's key ({previous}): the gate writes the "
-                     "receipt_key_rotated entry at its next start")
+        return _warn(
+            "audit",
+            f"{detail}; the newest entries are receipted with "
+            f"receipts.previous_key_env's key ({previous}): the gate writes the "
+            "receipt_key_rotated entry at its next start",
+        )
     return Check("audit", True, detail)
 
 
@@ -290,16 +340,22 @@ def _key_names(receipts: ReceiptsConfig | None) -> str:
 def _key_mismatch(seq: int, receipts: ReceiptsConfig | None) -> str:
     """The doctor's words for a newest entry that no configured receipt key verifies."""
     current = f" ({receipts.key_env})" if receipts is not None else ""
-    previous = (f" nor with receipts.previous_key_env ({receipts.previous_key_env})"
-                if receipts is not None and receipts.previous_key_env is not None else "")
-    return (f"the newest audit entry's receipt (seq {seq}) does not verify with "
-            f"receipts.key_env{current}{previous}, so the gate refuses to start: set "
-            "receipts.key_env to the variable holding the key this log was written with, or, "
-            "to rotate the key, receipts.previous_key_env to that variable")
+    previous = (
+        f" nor with receipts.previous_key_env ({receipts.previous_key_env})"
+        if receipts is not None and receipts.previous_key_env is not None
+        else ""
+    )
+    return (
+        f"the newest audit entry's receipt (seq {seq}) does not verify with "
+        f"receipts.key_env{current}{previous}, so the gate refuses to start: set "
+        "receipts.key_env to the variable holding the key this log was written with, or, "
+        "to rotate the key, receipts.previous_key_env to that variable"
+    )
 
 
-async def probe_relay(url: str, timeout_s: float, ca_file: Path | None,
-                      now: Callable[[], float] = time.time) -> RelayProbe:
+async def probe_relay(
+    url: str, timeout_s: float, ca_file: Path | None, now: Callable[[], float] = time.time
+) -> RelayProbe:
     """Send HEAD, then OPTIONS if HEAD got no HTTP answer, to ``url`` (redirects not
     followed, TLS verified as for dispatches). Any HTTP status counts as an answer."""
     from gate.daemon.dispatch import relay_session
@@ -310,10 +366,18 @@ async def probe_relay(url: str, timeout_s: float, ca_file: Path | None,
         for method in ("HEAD", "OPTIONS"):
             try:
                 async with session.request(
-                        method, url, allow_redirects=False,
-                        timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
-                    return RelayProbe(method, resp.status, _date_s(resp.headers.get("Date")),
-                                      now(), time.monotonic() - started)
+                    method,
+                    url,
+                    allow_redirects=False,
+                    timeout=aiohttp.ClientTimeout(total=timeout_s),
+                ) as resp:
+                    return RelayProbe(
+                        method,
+                        resp.status,
+                        _date_s(resp.headers.get("Date")),
+                        now(),
+                        time.monotonic() - started,
+                    )
             except TimeoutError:
                 error = f"no answer within {timeout_s:g} s"
             except aiohttp.ClientError as exc:
@@ -323,7 +387,8 @@ async def probe_relay(url: str, timeout_s: float, ca_file: Path | None,
 
 def _client_error(exc: aiohttp.ClientError) -> str:
     if isinstance(exc, aiohttp.ClientConnectorError) and not isinstance(
-            exc, aiohttp.ClientSSLError):
+        exc, aiohttp.ClientSSLError
+    ):
         return f"cannot connect to {exc.host}:{exc.port}: {exc.os_error}"
     return f"{type(exc).__name__}: {exc}"
 
@@ -342,11 +407,15 @@ def check_relay(url: str, probe: RelayProbe) -> Check:
     where = safe_url(url)
     if probe.status is None:
         return Check("relay", False, f"{where} unreachable: {probe.error}")
-    detail = (f"{where} answered HTTP {probe.status} to {probe.method} in "
-              f"{probe.elapsed_s * 1000:.0f} ms")
+    detail = (
+        f"{where} answered HTTP {probe.status} to {probe.method} in {probe.elapsed_s * 1000:.0f} ms"
+    )
     if 300 <= probe.status < 400:
-        return _warn("relay", detail + "; redirects are not followed, so a dispatch answered "
-                     "with a redirect is never acked")
+        return _warn(
+            "relay",
+            detail + "; redirects are not followed, so a dispatch answered "
+            "with a redirect is never acked",
+        )
     return Check("relay", True, detail)
 
 
@@ -357,17 +426,28 @@ def check_clock(now_s: float, probe: RelayProbe | None, max_skew_s: float) -> Ch
     shown = rfc3339(int(now_s) * 1000)
     released = datetime.fromisoformat(RELEASE_DATE).replace(tzinfo=UTC).timestamp()
     if now_s < released:
-        return Check("clock", False, f"system clock says {shown}, before this release "
-                     f"({RELEASE_DATE}); set the clock (NTP)")
+        return Check(
+            "clock",
+            False,
+            f"system clock says {shown}, before this release ({RELEASE_DATE}); set the clock (NTP)",
+        )
     if probe is None or probe.date_s is None:
-        return Check("clock", True, f"{shown}, after this release ({RELEASE_DATE}); not "
-                     "compared with the relay's (no Date header from it)")
+        return Check(
+            "clock",
+            True,
+            f"{shown}, after this release ({RELEASE_DATE}); not "
+            "compared with the relay's (no Date header from it)",
+        )
     off = probe.now_s - probe.date_s
     direction = "ahead of" if off > 0 else "behind"
     detail = f"{shown}, {abs(off):.0f} s {direction} the relay's Date header"
     if abs(off) > max_skew_s:
-        return Check("clock", False, detail + f", more than relay.security.max_skew "
-                     f"({max_skew_s:g} s): signed messages would be refused; fix NTP")
+        return Check(
+            "clock",
+            False,
+            detail + f", more than relay.security.max_skew "
+            f"({max_skew_s:g} s): signed messages would be refused; fix NTP",
+        )
     if abs(off) > CLOCK_WARN_S:
         return _warn("clock", detail + f" (more than {CLOCK_WARN_S:g} s; check NTP)")
     return Check("clock", True, detail)
@@ -376,7 +456,7 @@ def check_clock(now_s: float, probe: RelayProbe | None, max_skew_s: float) -> Ch
 # what an un-acked dispatch's status most often means, for the dispatch check's hint
 _DISPATCH_HINTS = {
     401: "the relay refused the gate's signature: do the relay and relay.secret_env hold "
-         "the same secret?",
+    "the same secret?",
     403: "the relay refused the gate: its secret, or its allow-list?",
     404: "is relay.url the relay's dispatch path?",
     405: "is relay.url the relay's dispatch path (it must take POST)?",
@@ -385,14 +465,14 @@ _DISPATCH_HINTS = {
 # from the status: a relay whose clock is off refuses with 401 too
 _REASON_HINTS = {
     "timestamp_out_of_window": "the relay's clock and this host's differ by more than the "
-                               "relay accepts, 300 s in hitl/v0: set both clocks by NTP; the "
-                               "secret is not the cause",
+    "relay accepts, 300 s in hitl/v0: set both clocks by NTP; the "
+    "secret is not the cause",
     "signature_mismatch": "the relay holds a different secret from relay.secret_env: give "
-                          "both the same secret",
+    "both the same secret",
     "signature_malformed": "the relay could not read the gate's X-Draftcat-Signature header: "
-                           "does something between them rewrite it?",
+    "does something between them rewrite it?",
     "signature_missing": "the relay got no X-Draftcat-Signature header: does something "
-                         "between them drop it?",
+    "between them drop it?",
 }
 
 
@@ -420,33 +500,49 @@ def check_dispatch(path: Path) -> Check:
         return Check("dispatch", True, "every pending approval's dispatch was acked")
     hint = dispatch_hint(error)
     noun = "approval" if count == 1 else "approvals"
-    return Check("dispatch", False, f"{count} pending {noun} not delivered to the relay; "
-                 f"latest error: {error}" + (f" ({hint})" if hint else ""))
+    return Check(
+        "dispatch",
+        False,
+        f"{count} pending {noun} not delivered to the relay; "
+        f"latest error: {error}" + (f" ({hint})" if hint else ""),
+    )
 
 
-async def run_checks(config_path: str, environ: Mapping[str, str],
-                     now: Callable[[], float] = time.time) -> list[Check]:
+async def run_checks(
+    config_path: str, environ: Mapping[str, str], now: Callable[[], float] = time.time
+) -> list[Check]:
     """Run every check against the config at ``config_path`` and the secrets in ``environ``;
     return them in report order. Checks needing a valid config are SKIP (not ok) without one."""
     config_check, config = check_config(config_path)
     if config is None:
-        return [config_check] + [_skip(name, "needs a valid config", ok=False) for name in
-                                 ("secrets", "keys", "database", "audit", "relay",
-                                  "dispatch", "clock")]
+        return [config_check] + [
+            _skip(name, "needs a valid config", ok=False)
+            for name in ("secrets", "keys", "database", "audit", "relay", "dispatch", "clock")
+        ]
     secrets_check, secrets = check_secrets(config, environ)
     keys_check, keys = check_keys(config)
     path = config.storage.path
     database_check = await asyncio.to_thread(check_database, path)
     # the receipt key is checked on its own: other secrets missing do not hide it
-    receipt_key = (secrets.receipt_key if secrets is not None
-                   else read_receipt_key(config, environ))
-    previous_key = (secrets.previous_receipt_key if secrets is not None
-                    else read_receipt_key(config, environ, previous=True))
-    audit_check = await asyncio.to_thread(check_audit, path, receipt_key, keys, previous_key,
-                                          config.receipts)
-    probe = await probe_relay(config.relay.url, config.relay.dispatch_timeout,
-                              config.relay.ca_file, now)
-    return [config_check, secrets_check, keys_check, database_check, audit_check,
-            check_relay(config.relay.url, probe),
-            await asyncio.to_thread(check_dispatch, path),
-            check_clock(now(), probe, config.relay.security.max_skew)]
+    receipt_key = secrets.receipt_key if secrets is not None else read_receipt_key(config, environ)
+    previous_key = (
+        secrets.previous_receipt_key
+        if secrets is not None
+        else read_receipt_key(config, environ, previous=True)
+    )
+    audit_check = await asyncio.to_thread(
+        check_audit, path, receipt_key, keys, previous_key, config.receipts
+    )
+    probe = await probe_relay(
+        config.relay.url, config.relay.dispatch_timeout, config.relay.ca_file, now
+    )
+    return [
+        config_check,
+        secrets_check,
+        keys_check,
+        database_check,
+        audit_check,
+        check_relay(config.relay.url, probe),
+        await asyncio.to_thread(check_dispatch, path),
+        check_clock(now(), probe, config.relay.security.max_skew),
+    ]

@@ -78,14 +78,16 @@ def trusted(keys: Iterable[Ed25519PublicKey]) -> dict[str, Ed25519PublicKey]:
 
 def public_pem(key: Ed25519PublicKey) -> bytes:
     """Return the SubjectPublicKeyInfo PEM (``-----BEGIN PUBLIC KEY-----``) of ``key``."""
-    return key.public_bytes(serialization.Encoding.PEM,
-                            serialization.PublicFormat.SubjectPublicKeyInfo)
+    return key.public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+    )
 
 
 def private_pem(key: Ed25519PrivateKey) -> bytes:
     """Return the unencrypted PKCS#8 PEM (``-----BEGIN PRIVATE KEY-----``) of ``key``."""
-    return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                             serialization.NoEncryption())
+    return key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
 
 
 def generate(out_dir: Path) -> tuple[Path, Path, str]:
@@ -139,13 +141,16 @@ def load_private_key(path: Path) -> Ed25519PrivateKey:
     data = _read(path)
     mode = os.stat(path).st_mode
     if os.name == "posix" and mode & 0o027:
-        raise KeyFileError(f"{path}: mode {stat.S_IMODE(mode):04o} lets other users read or "
-                           "change the private key; chmod 600 it")
+        raise KeyFileError(
+            f"{path}: mode {stat.S_IMODE(mode):04o} lets other users read or "
+            "change the private key; chmod 600 it"
+        )
     try:
         key: Any = serialization.load_pem_private_key(data, password=None)
     except (ValueError, TypeError, UnsupportedAlgorithm):
-        raise KeyFileError(f"{path}: not an unencrypted PEM private key "
-                           "(make one with `hitl-gate keygen`)") from None
+        raise KeyFileError(
+            f"{path}: not an unencrypted PEM private key (make one with `hitl-gate keygen`)"
+        ) from None
     if not isinstance(key, Ed25519PrivateKey):
         raise KeyFileError(f"{path}: not an Ed25519 key")
     return key
@@ -159,8 +164,9 @@ def load_public_key(path: Path) -> Ed25519PublicKey:
     """
     data = _read(path)
     if b"PRIVATE KEY" in data:
-        raise KeyFileError(f"{path}: is a private key; give the public key file "
-                           f"({PUBLIC_KEY_NAME})")
+        raise KeyFileError(
+            f"{path}: is a private key; give the public key file ({PUBLIC_KEY_NAME})"
+        )
     try:
         key: Any = serialization.load_pem_public_key(data)
     except (ValueError, TypeError, UnsupportedAlgorithm):

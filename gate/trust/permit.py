@@ -21,9 +21,9 @@ from typing import Any
 import jwt
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-from gate.trust import keys
 from gate.errors import GateError
 from gate.protocol.canonical import HASH_PREFIX, canonical_json
+from gate.trust import keys
 
 ALG = "EdDSA"
 TYP = "hitl-permit+jwt"
@@ -32,8 +32,16 @@ FIRING_OUTCOMES = ("approved", "adjusted")
 MAX_TOKEN_CHARS = 16_384
 
 # claim -> JSON type; every one is required
-_STRING_CLAIMS = ("iss", "approval_id", "run_id", "pipeline", "step", "outcome", "payload_hash",
-                  "audit_entry_hash")
+_STRING_CLAIMS = (
+    "iss",
+    "approval_id",
+    "run_id",
+    "pipeline",
+    "step",
+    "outcome",
+    "payload_hash",
+    "audit_entry_hash",
+)
 _INT_CLAIMS = ("revision", "quorum", "audit_seq", "iat", "exp")
 
 
@@ -68,9 +76,15 @@ class Permit:
         return int(self.claims["exp"])
 
 
-def claims_for(approval: Mapping[str, Any], outcome: str, approved_by: Iterable[int],
-               audit_seq: int, audit_entry_hash: str, now_ms: int,
-               lifetime_s: float) -> dict[str, Any]:
+def claims_for(
+    approval: Mapping[str, Any],
+    outcome: str,
+    approved_by: Iterable[int],
+    audit_seq: int,
+    audit_entry_hash: str,
+    now_ms: int,
+    lifetime_s: float,
+) -> dict[str, Any]:
     """Return the claims of the permit for a loaded approval resolved ``outcome`` at ``now_ms``.
 
     ``approved_by`` are the operator ids whose approvals counted (identities are taken from
@@ -92,8 +106,9 @@ def claims_for(approval: Mapping[str, Any], outcome: str, approved_by: Iterable[
         "outcome": outcome,
         "revision": approval["revision"],
         "payload_hash": current["payload_hash"],
-        "approved_by": [{"operator_id": op_id, "identity": identities.get(op_id)}
-                        for op_id in approved_by],
+        "approved_by": [
+            {"operator_id": op_id, "identity": identities.get(op_id)} for op_id in approved_by
+        ],
         "quorum": approval["quorum_required"],
         "audit_seq": audit_seq,
         "audit_entry_hash": audit_entry_hash,
@@ -108,8 +123,12 @@ def claims_for(approval: Mapping[str, Any], outcome: str, approved_by: Iterable[
 def issue(signer: keys.Signer, claims: Mapping[str, Any]) -> str:
     """Return the compact JWS of ``claims``: header ``{"alg":"EdDSA","kid":<key id>,
     "typ":"hitl-permit+jwt"}`` (sorted keys), payload the canonical JSON of the claims."""
-    token: str = jwt.PyJWS().encode(canonical_json(dict(claims)), signer.private_key,
-                                    algorithm=ALG, headers={"kid": signer.key_id, "typ": TYP})
+    token: str = jwt.PyJWS().encode(
+        canonical_json(dict(claims)),
+        signer.private_key,
+        algorithm=ALG,
+        headers={"kid": signer.key_id, "typ": TYP},
+    )
     return token
 
 
@@ -119,9 +138,15 @@ def _as_trusted(public_keys: Iterable[Ed25519PublicKey] | keys.PublicKeys) -> ke
     return keys.trusted(public_keys)
 
 
-def verify(token: str, public_keys: Iterable[Ed25519PublicKey] | keys.PublicKeys,
-           body: str | bytes, now: float, *, pipeline: str | None = None,
-           step: str | None = None) -> Permit:
+def verify(
+    token: str,
+    public_keys: Iterable[Ed25519PublicKey] | keys.PublicKeys,
+    body: str | bytes,
+    now: float,
+    *,
+    pipeline: str | None = None,
+    step: str | None = None,
+) -> Permit:
     """Verify a permit before executing ``body``; return it, or raise PermitError.
 
     ``public_keys``: trusted Ed25519 public keys (a list, or ``{key id: key}``); ``body``:
@@ -152,13 +177,15 @@ def verify(token: str, public_keys: Iterable[Ed25519PublicKey] | keys.PublicKeys
     kid = header.get("kid")
     key = _as_trusted(public_keys).get(kid) if isinstance(kid, str) else None
     if key is None or not isinstance(kid, str):
-        raise PermitError("permit_unknown_key",
-                          f"signed by key {kid!r}, which is not a trusted public key")
+        raise PermitError(
+            "permit_unknown_key", f"signed by key {kid!r}, which is not a trusted public key"
+        )
     try:
         decoded = jws.decode_complete(token, key, algorithms=[ALG])
     except jwt.InvalidSignatureError:
-        raise PermitError("permit_bad_signature",
-                          f"signature does not verify with key {kid} (altered or forged)") from None
+        raise PermitError(
+            "permit_bad_signature", f"signature does not verify with key {kid} (altered or forged)"
+        ) from None
     except jwt.PyJWTError as exc:
         raise PermitError("permit_malformed", f"not a valid JWS: {exc}") from None
     claims = _claims(decoded["payload"])
@@ -168,17 +195,19 @@ def verify(token: str, public_keys: Iterable[Ed25519PublicKey] | keys.PublicKeys
         raise PermitError("permit_expired", f"expired at {claims['exp']} (now {int(now)})")
     for name, wanted in (("pipeline", pipeline), ("step", step)):
         if wanted is not None and claims[name] != wanted:
-            raise PermitError("permit_wrong_step",
-                              f"permit is for {name} {claims[name]!r}, not {wanted!r}")
+            raise PermitError(
+                "permit_wrong_step", f"permit is for {name} {claims[name]!r}, not {wanted!r}"
+            )
     try:
         raw = body.encode("utf-8") if isinstance(body, str) else bytes(body)
     except UnicodeEncodeError:
         raise PermitError("permit_body_mismatch", "the body is not valid Unicode") from None
     digest = HASH_PREFIX + hashlib.sha256(raw).hexdigest()
     if not hmac.compare_digest(digest, claims["payload_hash"]):
-        raise PermitError("permit_body_mismatch",
-                          f"the body hashes to {digest}, the permit allows "
-                          f"{claims['payload_hash']}")
+        raise PermitError(
+            "permit_body_mismatch",
+            f"the body hashes to {digest}, the permit allows {claims['payload_hash']}",
+        )
     return Permit(claims, dict(decoded["header"]), kid)
 
 

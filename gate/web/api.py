@@ -81,9 +81,12 @@ async def create_approval(request: web.Request) -> web.Response:
     raw = await read_body(request, settings.max_draft_bytes * 6 + 64 * 1024, "draft_too_large")
     req = parse_create(decode_json(raw))
     if req.draft_bytes() > settings.max_draft_bytes:
-        raise GateError("draft_too_large",
-                        f"draft.body is larger than {settings.max_draft_bytes} bytes",
-                        status=413, kind="invalid")
+        raise GateError(
+            "draft_too_large",
+            f"draft.body is larger than {settings.max_draft_bytes} bytes",
+            status=413,
+            kind="invalid",
+        )
     key = request.headers.get("Idempotency-Key")
     if key is not None and (is_blank(key) or len(key) > 200 or not _is_utf8(key)):
         raise _bad_query("idempotency_key", "Idempotency-Key must be 1-200 UTF-8 characters")
@@ -123,10 +126,10 @@ async def list_approvals(request: web.Request) -> web.Response:
         raise _bad_query("limit", f"limit must be between 1 and {MAX_LIMIT}")
     cursor = query.get("cursor") or None
     if cursor is not None and not ULID_RE.fullmatch(cursor):
-        raise _bad_query("cursor", "cursor must be the next_cursor of a previous page "
-                         "(an approval_id)")
-    result = await request.app[SERVICE].list(state, query.get("pipeline") or None, limit,
-                                             cursor)
+        raise _bad_query(
+            "cursor", "cursor must be the next_cursor of a previous page (an approval_id)"
+        )
+    result = await request.app[SERVICE].list(state, query.get("pipeline") or None, limit, cursor)
     return web.json_response(result)
 
 
@@ -146,20 +149,24 @@ async def healthz(request: web.Request) -> web.Response:
 async def get_metrics(request: web.Request) -> web.Response:
     """GET /metrics (bearer token, like /v1): Prometheus text, or OpenMetrics when the
     ``Accept`` header asks for it; pending approvals are read at scrape time."""
-    body, content_type = await request.app[METRICS].render(request.app[SERVICE],
-                                                           request.headers.get("Accept"))
+    body, content_type = await request.app[METRICS].render(
+        request.app[SERVICE], request.headers.get("Accept")
+    )
     return web.Response(body=body, headers={"Content-Type": content_type})
 
 
-def create_api_app(service: GateService, settings: ApiSettings, *,
-                   metrics: Metrics | None = None) -> web.Application:
+def create_api_app(
+    service: GateService, settings: ApiSettings, *, metrics: Metrics | None = None
+) -> web.Application:
     """Return the pipeline API app with its routes, auth and error middleware.
 
     ``metrics`` defaults to the service's own (``gate.metrics.metrics_for``), the one the
     callback app, the dispatcher and the expiry scheduler count in too.
     """
-    app = web.Application(middlewares=[error_middleware, auth_middleware],
-                          client_max_size=settings.max_draft_bytes * 6 + 128 * 1024)
+    app = web.Application(
+        middlewares=[error_middleware, auth_middleware],
+        client_max_size=settings.max_draft_bytes * 6 + 128 * 1024,
+    )
     app[SERVICE] = service
     app[SETTINGS] = settings
     app[METRICS] = metrics if metrics is not None else metrics_for(service)

@@ -12,8 +12,14 @@ from aiohttp import web
 from gate.core.service import GateService
 from gate.errors import GateError
 from gate.metrics import Metrics, metrics_for
-from gate.protocol import DECISIONS_PATH, MAX_DECISION_BYTES, PROTOCOL, PROTOCOL_HEADER
-from gate.protocol import SIGNATURE_HEADER, signing
+from gate.protocol import (
+    DECISIONS_PATH,
+    MAX_DECISION_BYTES,
+    PROTOCOL,
+    PROTOCOL_HEADER,
+    SIGNATURE_HEADER,
+    signing,
+)
 from gate.protocol.envelope import Decision, parse_decision
 from gate.protocol.errors import ProtocolError
 from gate.web.common import ULID_RE, error_middleware, read_body
@@ -68,8 +74,12 @@ def _refused(metrics: Metrics, status: int, reason: str, decision: Decision | No
     # only an approval_id shaped like a ULID is logged: a relay-chosen string never reaches a
     # log line, so it cannot forge fields or lines there
     if decision is not None and ULID_RE.fullmatch(decision.approval_id):
-        log.info("event=decision_refused status=%d reason=%s approval_id=%s", status, reason,
-                 decision.approval_id)
+        log.info(
+            "event=decision_refused status=%d reason=%s approval_id=%s",
+            status,
+            reason,
+            decision.approval_id,
+        )
     else:
         log.info("event=decision_refused status=%d reason=%s", status, reason)
 
@@ -80,26 +90,41 @@ async def _checked_decision(request: web.Request) -> Decision:
     settings = request.app[SETTINGS]
     raw = await read_body(request, MAX_DECISION_BYTES)  # check 1
     now_s = service.clock.now_ms() / 1000
-    signing.verify(request.headers.get(SIGNATURE_HEADER), raw, settings.relay_secrets, now_s,
-                   settings.max_skew_s)  # checks 2-4, over the raw received bytes
+    signing.verify(
+        request.headers.get(SIGNATURE_HEADER),
+        raw,
+        settings.relay_secrets,
+        now_s,
+        settings.max_skew_s,
+    )  # checks 2-4, over the raw received bytes
     protocol = request.headers.get(PROTOCOL_HEADER)
     if protocol is not None and protocol.strip() != PROTOCOL:
-        raise ProtocolError("invalid_protocol", f"{PROTOCOL_HEADER} must be {PROTOCOL}",
-                            status=400, kind="invalid", extra={"field": PROTOCOL_HEADER})
+        raise ProtocolError(
+            "invalid_protocol",
+            f"{PROTOCOL_HEADER} must be {PROTOCOL}",
+            status=400,
+            kind="invalid",
+            extra={"field": PROTOCOL_HEADER},
+        )
     return parse_decision(raw)  # check 5
 
 
-def create_callback_app(service: GateService, settings: CallbackSettings,
-                        outer_middlewares: Sequence[Any] = (), *,
-                        metrics: Metrics | None = None) -> web.Application:
+def create_callback_app(
+    service: GateService,
+    settings: CallbackSettings,
+    outer_middlewares: Sequence[Any] = (),
+    *,
+    metrics: Metrics | None = None,
+) -> web.Application:
     """Return the callback app: one route, the error middleware, bodies read by the handler.
 
     ``outer_middlewares`` run outside the error middleware (they see every final answer);
     ``hitl-gate verify`` uses one to observe what a relay sent. ``metrics`` defaults to the
     service's own (``gate.metrics.metrics_for``), shared with the API app.
     """
-    app = web.Application(middlewares=[*outer_middlewares, error_middleware],
-                          client_max_size=MAX_DECISION_BYTES * 4)
+    app = web.Application(
+        middlewares=[*outer_middlewares, error_middleware], client_max_size=MAX_DECISION_BYTES * 4
+    )
     app[SERVICE] = service
     app[SETTINGS] = settings
     app[METRICS] = metrics if metrics is not None else metrics_for(service)

@@ -51,8 +51,10 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         if exc.status < 400:
             raise
         reason = _HTTP_REASONS.get(exc.status, "http_error")
-        return web.json_response({"status": "invalid" if exc.status == 413 else reason,
-                                  "reason": reason}, status=exc.status)
+        return web.json_response(
+            {"status": "invalid" if exc.status == 413 else reason, "reason": reason},
+            status=exc.status,
+        )
     except Exception:
         log.exception("event=internal_error method=%s path=%s", request.method, request.path)
         return web.json_response({"status": "error", "reason": "internal_error"}, status=500)
@@ -80,16 +82,23 @@ async def read_body(request: web.Request, limit: int, reason: str = "body_too_la
             except TimeoutError:
                 # the answer says "Connection: close"; aiohttp then discards what still
                 # trickles in for at most its lingering time (10 s) and closes the connection
-                raise GateError("request_timeout",
-                                f"the request body did not arrive within {timeout_s:g} s",
-                                status=408, kind="invalid") from None
+                raise GateError(
+                    "request_timeout",
+                    f"the request body did not arrive within {timeout_s:g} s",
+                    status=408,
+                    kind="invalid",
+                ) from None
     except web.HTTPRequestEntityTooLarge:
         raise _too_large(reason, limit) from None
     except ConnectionResetError:
         # the client hung up before its body was complete: nothing was read, nothing is
         # recorded, and nobody is left to answer; not an internal error
-        raise GateError("client_disconnected", "the client closed the connection mid-body",
-                        status=400, kind="invalid") from None
+        raise GateError(
+            "client_disconnected",
+            "the client closed the connection mid-body",
+            status=400,
+            kind="invalid",
+        ) from None
     if len(raw) > limit:
         raise _too_large(reason, limit)
     return raw

@@ -104,8 +104,14 @@ SHORT_STEPS = ("s1", "s2", "s3")
 QUORUM = {s["name"]: s["quorum"] for s in STEPS}
 SECURITY = {"rate_limit": 1_000_000, "max_input_length": 200}
 MAX_OPEN = 150  # creates pause while this many approvals are open, so decisions catch up
-LOG_NEEDLES = ("Traceback", "database is locked", "internal_error", "event=expiry_failed",
-               "event=dispatch_loop_failed", "storage_unavailable")
+LOG_NEEDLES = (
+    "Traceback",
+    "database is locked",
+    "internal_error",
+    "event=expiry_failed",
+    "event=dispatch_loop_failed",
+    "storage_unavailable",
+)
 FIRED = ("approved", "adjusted")
 
 
@@ -134,8 +140,10 @@ def now_ms() -> int:
 def left_alone(envelope: dict[str, Any]) -> bool:
     """Whether the load leaves this approval to expire: 40 % of the short steps' approvals,
     chosen by a hash of the id (stable across workers)."""
-    return (envelope["step"] in SHORT_STEPS
-            and zlib.crc32(envelope["approval_id"].encode("ascii")) % 10 < 4)
+    return (
+        envelope["step"] in SHORT_STEPS
+        and zlib.crc32(envelope["approval_id"].encode("ascii")) % 10 < 4
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -143,8 +151,9 @@ def left_alone(envelope: dict[str, Any]) -> bool:
 # ---------------------------------------------------------------------------------------------
 
 
-def send(url: str, method: str, body: bytes | None, headers: dict[str, str],
-         timeout: float = 30.0) -> tuple[str, int | None, Any]:
+def send(
+    url: str, method: str, body: bytes | None, headers: dict[str, str], timeout: float = 30.0
+) -> tuple[str, int | None, Any]:
     """One real HTTP request. Returns ``(fate, status, json)``.
 
     ``fate`` is ``unsent`` when the connection could not be opened (the daemon cannot have
@@ -209,8 +218,7 @@ class FlakyRelay(CaptureRelay):
         arrived = time.time()
         raw = await request.read()
         try:  # a dispatch must be signed with the current secret (SPEC §2)
-            signing.verify(request.headers.get("X-Draftcat-Signature"), raw, [SECRET],
-                           arrived, 300)
+            signing.verify(request.headers.get("X-Draftcat-Signature"), raw, [SECRET], arrived, 300)
             ok_sig = True
         except GateError:
             ok_sig = False
@@ -229,8 +237,7 @@ class FlakyRelay(CaptureRelay):
                 self.acked_at[key].append(arrived)
             self.answers[status] += 1
         self.on_dispatch(envelope)
-        return web.json_response({"status": "ok" if status < 300 else "unavailable"},
-                                 status=status)
+        return web.json_response({"status": "ok" if status < 300 else "unavailable"}, status=status)
 
     def latest(self, approval_id: str) -> dict[str, Any] | None:
         """Return the envelope of the highest revision received for ``approval_id``."""
@@ -242,8 +249,9 @@ class FlakyRelay(CaptureRelay):
         """How many dispatches of (approval, revision) arrived in a millisecond after
         ``at_ms`` (unix ms)."""
         with self._cond:
-            return sum(int(t * 1000) > at_ms
-                       for t in self.arrived_at.get((approval_id, revision), []))
+            return sum(
+                int(t * 1000) > at_ms for t in self.arrived_at.get((approval_id, revision), [])
+            )
 
     def acked_after(self, approval_id: str, revision: int, at: float) -> bool:
         """True if a dispatch of (approval, revision) that arrived after ``at`` was acked."""
@@ -342,8 +350,9 @@ class Figures:
 
     @property
     def ok(self) -> bool:
-        return not (self.losses or self.duplicates or self.phantoms or self.five_xx
-                    or self.problems)
+        return not (
+            self.losses or self.duplicates or self.phantoms or self.five_xx or self.problems
+        )
 
     def report(self) -> str:
         """Return the figures as text, one line each, then up to 40 problems."""
@@ -416,8 +425,10 @@ def replay_decisions(quorum: int, first_body: str, rows: Iterable[dict[str, Any]
         if outcome is not None:
             problems.append(f"decision {row['decision_id']} recorded after resolution {outcome}")
         if int(row["revision"]) != revision:
-            problems.append(f"decision {row['decision_id']} on revision {row['revision']} "
-                            f"while revision {revision} was current")
+            problems.append(
+                f"decision {row['decision_id']} on revision {row['revision']} "
+                f"while revision {revision} was current"
+            )
         if row["decision"] == "skip":
             outcome = outcome or "skipped"
             continue
@@ -466,10 +477,14 @@ def check_database(conn: sqlite3.Connection) -> tuple[dict[str, list[str]], dict
         audit[r["approval_id"]].append(entry)
         audit_count += 1
 
-    for row in conn.execute("SELECT approval_id, revision, operator_id, COUNT(*) AS n FROM "
-                            "decisions GROUP BY 1, 2, 3 HAVING n > 1"):
-        dup(f"{row['approval_id']}: {row['n']} decisions by operator {row['operator_id']} "
-            f"on revision {row['revision']}")
+    for row in conn.execute(
+        "SELECT approval_id, revision, operator_id, COUNT(*) AS n FROM "
+        "decisions GROUP BY 1, 2, 3 HAVING n > 1"
+    ):
+        dup(
+            f"{row['approval_id']}: {row['n']} decisions by operator {row['operator_id']} "
+            f"on revision {row['revision']}"
+        )
 
     for aid, a in approvals.items():
         quorum = int(a["quorum_required"])
@@ -494,8 +509,10 @@ def check_database(conn: sqlite3.Connection) -> tuple[dict[str, list[str]], dict
                 bad(f"{aid}: revision {n} differs from the adjust that made it")
         resolved = [e for e in entries if e["kind"] == "resolved"]
         if len(resolved) > 1:
-            dup(f"{aid}: resolved {len(resolved)} times "
-                f"({', '.join(e['data']['outcome'] for e in resolved)})")
+            dup(
+                f"{aid}: resolved {len(resolved)} times "
+                f"({', '.join(e['data']['outcome'] for e in resolved)})"
+            )
         if a["state"] == "pending":
             if resolved:
                 bad(f"{aid}: pending but has a resolved audit entry")
@@ -518,34 +535,38 @@ def check_database(conn: sqlite3.Connection) -> tuple[dict[str, list[str]], dict
                 if sorted(data["approved_by"]) != sorted(expected):
                     dup(f"{aid}: approved_by {data['approved_by']}, counted {expected}")
                 if a["outcome"] in FIRED and len(data["approved_by"]) != quorum:
-                    dup(f"{aid}: {len(data['approved_by'])} approvals counted for quorum "
-                        f"{quorum}")
+                    dup(f"{aid}: {len(data['approved_by'])} approvals counted for quorum {quorum}")
                 receipt = json.loads(a["receipt"]) if a["receipt"] else None
                 if not receipt or receipt.get("seq") != resolved[0]["_seq"]:
                     bad(f"{aid}: receipt {receipt} is not the resolution's")
             if a["outcome"] == "timeout" and int(a["resolved_at"]) < int(a["expires_at"]):
-                bad(f"{aid}: timed out at {a['resolved_at']} before expires_at "
-                    f"{a['expires_at']}")
+                bad(f"{aid}: timed out at {a['resolved_at']} before expires_at {a['expires_at']}")
         if kinds["created"] != 1:
             bad(f"{aid}: {kinds['created']} created entries")
         else:
             created = next(e for e in entries if e["kind"] == "created")
             if created["data"]["expires_at"] != a["expires_at"]:
-                bad(f"{aid}: expires_at {a['expires_at']} but created with "
-                    f"{created['data']['expires_at']}")
+                bad(
+                    f"{aid}: expires_at {a['expires_at']} but created with "
+                    f"{created['data']['expires_at']}"
+                )
         if kinds["decision"] != len(rows):
             (dup if kinds["decision"] > len(rows) else bad)(
-                f"{aid}: {kinds['decision']} decision entries for {len(rows)} decisions")
+                f"{aid}: {kinds['decision']} decision entries for {len(rows)} decisions"
+            )
         for row in rows:
             if int(row["operator_id"]) not in scope:
                 bad(f"{aid}: decision by operator {row['operator_id']} outside the scope")
             if int(row["recorded_at"]) >= int(a["expires_at"]):
-                bad(f"{aid}: decision {row['decision_id']} recorded at {row['recorded_at']}, "
-                    f"not before expires_at {a['expires_at']}")
+                bad(
+                    f"{aid}: decision {row['decision_id']} recorded at {row['recorded_at']}, "
+                    f"not before expires_at {a['expires_at']}"
+                )
         # order by the chain, not by clock readings (each transaction reads the clock before
         # it waits for the writer): no decision entry after the resolution entry
-        if resolved and any(e["_seq"] > resolved[0]["_seq"] for e in entries
-                            if e["kind"] == "decision"):
+        if resolved and any(
+            e["_seq"] > resolved[0]["_seq"] for e in entries if e["kind"] == "decision"
+        ):
             bad(f"{aid}: a decision entry follows the resolution in the audit log")
         acks = Counter(int(e["data"]["revision"]) for e in entries if e["kind"] == "dispatch_ack")
         for n, count in acks.items():
@@ -554,12 +575,19 @@ def check_database(conn: sqlite3.Connection) -> tuple[dict[str, list[str]], dict
         for n, box in outbox.get(aid, {}).items():
             delivered = box["delivered_at"] is not None
             if delivered != (acks.get(n, 0) >= 1):
-                bad(f"{aid}: outbox revision {n} delivered={delivered} but "
-                    f"{acks.get(n, 0)} dispatch_ack entries")
+                bad(
+                    f"{aid}: outbox revision {n} delivered={delivered} but "
+                    f"{acks.get(n, 0)} dispatch_ack entries"
+                )
         if set(outbox.get(aid, {})) - set(revs):
             bad(f"{aid}: outbox rows for unknown revisions")
-    facts = {"approvals": approvals, "decisions": decisions, "outbox": outbox,
-             "revisions": revisions, "audit_count": audit_count}
+    facts = {
+        "approvals": approvals,
+        "decisions": decisions,
+        "outbox": outbox,
+        "revisions": revisions,
+        "audit_count": audit_count,
+    }
     return out, facts
 
 
@@ -571,10 +599,19 @@ def check_database(conn: sqlite3.Connection) -> tuple[dict[str, list[str]], dict
 class Soak:
     """One soak run: see the module docstring. ``run()`` returns the Figures."""
 
-    def __init__(self, kills: int, between: tuple[float, float], seed: int, *,
-                 workers: int = 4, fail_rate: float = 0.25, slow_rate: float = 0.1,
-                 drain_timeout: float = 90.0, workdir: Path | None = None,
-                 say: Callable[[str], None] = lambda _m: None) -> None:
+    def __init__(
+        self,
+        kills: int,
+        between: tuple[float, float],
+        seed: int,
+        *,
+        workers: int = 4,
+        fail_rate: float = 0.25,
+        slow_rate: float = 0.1,
+        drain_timeout: float = 90.0,
+        workdir: Path | None = None,
+        say: Callable[[str], None] = lambda _m: None,
+    ) -> None:
         self.kills = kills
         self.between = between
         self.seed = seed
@@ -660,18 +697,26 @@ class Soak:
         attempt = CreateAttempt(run_id, step, body)
         with self.lock:
             self.creates.append(attempt)
-        payload = {"pipeline": "p", "step": step, "run_id": run_id,
-                   "draft": {"content_type": "text/plain", "body": body}}
+        payload = {
+            "pipeline": "p",
+            "step": step,
+            "run_id": run_id,
+            "draft": {"content_type": "text/plain", "body": body},
+        }
         fate, status, answer = send(
-            api + "/v1/approvals", "POST", json.dumps(payload).encode("utf-8"),
-            {"Authorization": f"Bearer {API_TOKEN}", "Content-Type": "application/json"})
+            api + "/v1/approvals",
+            "POST",
+            json.dumps(payload).encode("utf-8"),
+            {"Authorization": f"Bearer {API_TOKEN}", "Content-Type": "application/json"},
+        )
         with self.lock:
             attempt.fate, attempt.status, attempt.answered_at = fate, status, time.time()
             if status == 201:
                 attempt.approval_id = answer["approval_id"]
                 attempt.expires_at = answer["expires_at"]
-                self.expires_first.setdefault(answer["approval_id"],
-                                              rfc3339_ms(answer["expires_at"]))
+                self.expires_first.setdefault(
+                    answer["approval_id"], rfc3339_ms(answer["expires_at"])
+                )
 
     def _pick(self, rng: random.Random) -> dict[str, Any] | None:
         with self.lock:
@@ -699,17 +744,31 @@ class Soak:
             verb = "skip"
         elif roll < 0.27:
             verb = "adjust"
-            text = (envelope["draft"]["body"] if rng.random() < 0.15
-                    else f"edited by {identity.strip()} {rng.randrange(10**6)}")
+            text = (
+                envelope["draft"]["body"]
+                if rng.random() < 0.15
+                else f"edited by {identity.strip()} {rng.randrange(10**6)}"
+            )
         body = build_decision(
-            approval_id=envelope["approval_id"], nonce=envelope["callback"]["nonce"],
-            decision=verb, payload_hash=envelope["payload_hash"], approver_id=identity,
-            decided_at_ms=now_ms(), channel=rng.choice(["teams", "slack", "mail"]),
-            adjust_text=text)
+            approval_id=envelope["approval_id"],
+            nonce=envelope["callback"]["nonce"],
+            decision=verb,
+            payload_hash=envelope["payload_hash"],
+            approver_id=identity,
+            decided_at_ms=now_ms(),
+            channel=rng.choice(["teams", "slack", "mail"]),
+            adjust_text=text,
+        )
         attempt = DecisionAttempt(
-            envelope["approval_id"], int(envelope.get("revision", 1)), identity,
-            IDENTITY_TO_OPERATOR[identity.strip().casefold()], verb, text, body["decided_at"],
-            wire_json(body))
+            envelope["approval_id"],
+            int(envelope.get("revision", 1)),
+            identity,
+            IDENTITY_TO_OPERATOR[identity.strip().casefold()],
+            verb,
+            text,
+            body["decided_at"],
+            wire_json(body),
+        )
         self._post_decision(attempt, callback)
 
     def _replay(self, rng: random.Random, callback: str) -> None:
@@ -719,17 +778,27 @@ class Soak:
             position = rng.choice(self.accepted)
             original = self.decisions[position]
         attempt = DecisionAttempt(
-            original.approval_id, original.revision, original.identity, original.operator_id,
-            original.verb, original.adjust_text, original.decided_at, original.raw,
-            replay_of=position)
+            original.approval_id,
+            original.revision,
+            original.identity,
+            original.operator_id,
+            original.verb,
+            original.adjust_text,
+            original.decided_at,
+            original.raw,
+            replay_of=position,
+        )
         self._post_decision(attempt, callback)
 
     def _post_decision(self, attempt: DecisionAttempt, callback: str) -> None:
         with self.lock:
             self.decisions.append(attempt)
             position = len(self.decisions) - 1
-        headers = {"Content-Type": "application/json", "X-Hitl-Protocol": "hitl/v0",
-                   "X-Draftcat-Signature": signing.sign(SECRET, int(time.time()), attempt.raw)}
+        headers = {
+            "Content-Type": "application/json",
+            "X-Hitl-Protocol": "hitl/v0",
+            "X-Draftcat-Signature": signing.sign(SECRET, int(time.time()), attempt.raw),
+        }
         fate, status, answer = send(callback, "POST", attempt.raw, headers)
         with self.lock:
             attempt.fate, attempt.status, attempt.answer = fate, status, answer
@@ -737,8 +806,7 @@ class Soak:
             if status == 200:
                 self.accepted.append(position)
         reason = answer.get("reason") if isinstance(answer, dict) else None
-        if (status == 200 and answer.get("resolved")) or reason in ("already_resolved",
-                                                                      "expired"):
+        if (status == 200 and answer.get("resolved")) or reason in ("already_resolved", "expired"):
             self._close(attempt.approval_id)
 
     def _cancel(self, rng: random.Random, api: str) -> None:
@@ -749,8 +817,12 @@ class Soak:
         attempt = CancelAttempt(aid)
         with self.lock:
             self.cancels.append(attempt)
-        fate, status, answer = send(api + f"/v1/approvals/{aid}/cancel", "POST", b"",
-                                    {"Authorization": f"Bearer {API_TOKEN}"})
+        fate, status, answer = send(
+            api + f"/v1/approvals/{aid}/cancel",
+            "POST",
+            b"",
+            {"Authorization": f"Bearer {API_TOKEN}"},
+        )
         with self.lock:
             attempt.fate, attempt.status, attempt.answer = fate, status, answer
             attempt.answered_at = time.time()
@@ -788,32 +860,50 @@ class Soak:
             created = [c for c in self.creates if c.status == 201 and c.answered_at < kill.at]
             accepted = [d for d in self.decisions if d.status == 200 and d.answered_at < kill.at]
         with contextlib.closing(ro_connect(self.db_path)) as conn:
-            ids = {r[0]: int(r[1]) for r in conn.execute(
-                "SELECT approval_id, expires_at FROM approvals")}
-            keys = {(r[0], int(r[1]), int(r[2])): (r[3], r[4], r[5]) for r in conn.execute(
-                "SELECT approval_id, revision, operator_id, decision, adjust_text, decided_at "
-                "FROM decisions")}
-            kill.unacked = [(r[0], int(r[1])) for r in conn.execute(
-                "SELECT o.approval_id, o.revision FROM outbox o JOIN approvals a "
-                "ON a.approval_id = o.approval_id WHERE o.delivered_at IS NULL "
-                "AND a.state = 'pending' AND a.revision = o.revision")]
-            kill.pending_expires = {r[0]: int(r[1]) for r in conn.execute(
-                "SELECT approval_id, expires_at FROM approvals WHERE state = 'pending'")}
+            ids = {
+                r[0]: int(r[1])
+                for r in conn.execute("SELECT approval_id, expires_at FROM approvals")
+            }
+            keys = {
+                (r[0], int(r[1]), int(r[2])): (r[3], r[4], r[5])
+                for r in conn.execute(
+                    "SELECT approval_id, revision, operator_id, decision, adjust_text, decided_at "
+                    "FROM decisions"
+                )
+            }
+            kill.unacked = [
+                (r[0], int(r[1]))
+                for r in conn.execute(
+                    "SELECT o.approval_id, o.revision FROM outbox o JOIN approvals a "
+                    "ON a.approval_id = o.approval_id WHERE o.delivered_at IS NULL "
+                    "AND a.state = 'pending' AND a.revision = o.revision"
+                )
+            ]
+            kill.pending_expires = {
+                r[0]: int(r[1])
+                for r in conn.execute(
+                    "SELECT approval_id, expires_at FROM approvals WHERE state = 'pending'"
+                )
+            }
         for c in created:
             if c.approval_id not in ids:
-                self._loss(f"kill {kill.index}: approval {c.approval_id} (201) is not in the "
-                           "database")
+                self._loss(
+                    f"kill {kill.index}: approval {c.approval_id} (201) is not in the database"
+                )
         for d in accepted:
             got = keys.get((d.approval_id, d.revision, d.operator_id))
             if got != (d.verb, d.adjust_text, d.decided_at):
-                self._loss(f"kill {kill.index}: accepted decision {d.approval_id} rev "
-                           f"{d.revision} by {d.identity!r} ({d.verb}) is not in the database")
+                self._loss(
+                    f"kill {kill.index}: accepted decision {d.approval_id} rev "
+                    f"{d.revision} by {d.identity!r} ({d.verb}) is not in the database"
+                )
         with self.lock:
             for aid, ms in ids.items():
                 first = self.expires_first.setdefault(aid, ms)
                 if first != ms:
-                    self.fig.problems.append(f"kill {kill.index}: {aid} expires_at moved "
-                                             f"{first} -> {ms}")
+                    self.fig.problems.append(
+                        f"kill {kill.index}: {aid} expires_at moved {first} -> {ms}"
+                    )
             self.fig.checks_at_kills += len(created) + len(accepted)
 
     def _loss(self, text: str) -> None:
@@ -829,8 +919,10 @@ class Soak:
         self.relay = FlakyRelay(f"{self.seed}-relay", self._on_dispatch).start()
         self.relay.fail_rate, self.relay.slow_rate = self.fail_rate, self.slow_rate
         self.config = write_config(self.dir, self.relay.url, steps=STEPS, security=SECURITY)
-        threads = [threading.Thread(target=self._worker, args=(i,), daemon=True,
-                                    name=f"soak-worker-{i}") for i in range(self.workers)]
+        threads = [
+            threading.Thread(target=self._worker, args=(i,), daemon=True, name=f"soak-worker-{i}")
+            for i in range(self.workers)
+        ]
         try:
             self._start_gate()
             for thread in threads:
@@ -843,8 +935,10 @@ class Soak:
                 kill.restarted_at = self._start_gate()
                 self.kill_log.append(kill)
                 self.fig.kills_survived = index
-                self.say(f"kill {index}/{self.kills}: {len(kill.unacked)} un-acked, "
-                         f"{len(kill.pending_expires)} pending; restarted")
+                self.say(
+                    f"kill {index}/{self.kills}: {len(kill.unacked)} un-acked, "
+                    f"{len(kill.pending_expires)} pending; restarted"
+                )
             self.stop.set()
             for thread in threads:
                 thread.join(60)
@@ -877,18 +971,23 @@ class Soak:
         marks = ", ".join("?" for _ in SHORT_STEPS)
         while True:
             with contextlib.closing(ro_connect(self.db_path)) as conn:
-                short = conn.execute(f"SELECT COUNT(*) FROM approvals WHERE state = 'pending' "
-                                     f"AND step IN ({marks})", SHORT_STEPS).fetchone()[0]
+                short = conn.execute(
+                    f"SELECT COUNT(*) FROM approvals WHERE state = 'pending' AND step IN ({marks})",
+                    SHORT_STEPS,
+                ).fetchone()[0]
                 unacked = conn.execute(
                     "SELECT COUNT(*) FROM outbox o JOIN approvals a ON a.approval_id = "
                     "o.approval_id WHERE o.delivered_at IS NULL AND a.state = 'pending' "
-                    "AND a.revision = o.revision").fetchone()[0]
+                    "AND a.revision = o.revision"
+                ).fetchone()[0]
             if short == 0 and unacked == 0:
                 return
             if time.monotonic() > deadline:
-                self._problem(f"after {self.drain_timeout:g} s of drain: {short} short approvals "
-                              f"still pending, {unacked} dispatches of pending approvals "
-                              "un-acked")
+                self._problem(
+                    f"after {self.drain_timeout:g} s of drain: {short} short approvals "
+                    f"still pending, {unacked} dispatches of pending approvals "
+                    "un-acked"
+                )
                 return
             time.sleep(0.2)
 
@@ -916,17 +1015,21 @@ class Soak:
                 fig.creates_201 += 1
                 if stored is None or stored["approval_id"] != c.approval_id:
                     self._loss(f"approval {c.approval_id} (201, run {c.run_id}) is missing")
-                elif (stored["step"] != c.step or rfc3339_ms(c.expires_at or "")
-                      != int(stored["expires_at"])):
-                    fig.problems.append(f"{c.approval_id}: stored step/expires_at differ from "
-                                        "the 201 answer")
+                elif stored["step"] != c.step or rfc3339_ms(c.expires_at or "") != int(
+                    stored["expires_at"]
+                ):
+                    fig.problems.append(
+                        f"{c.approval_id}: stored step/expires_at differ from the 201 answer"
+                    )
             elif c.fate == "indeterminate":
                 fig.creates_indeterminate += 1
                 fig.creates_indeterminate_committed += stored is not None
             elif stored is not None:
                 fig.phantoms += 1
-                fig.problems.append(f"PHANTOM approval {stored['approval_id']} from a create "
-                                    f"answered {c.status} ({c.fate})")
+                fig.problems.append(
+                    f"PHANTOM approval {stored['approval_id']} from a create "
+                    f"answered {c.status} ({c.fate})"
+                )
             if c.fate == "answered" and c.status not in (201,):
                 fig.problems.append(f"create {c.run_id} answered {c.status}")
             if c.status is not None and c.status >= 500:
@@ -940,8 +1043,9 @@ class Soak:
                 c = known_runs[a["run_id"]]
                 first = facts["revisions"][a["approval_id"]].get(1)
                 if first is None or first["body"] != c.body:
-                    fig.problems.append(f"{a['approval_id']}: stored draft differs from the "
-                                        "one sent")
+                    fig.problems.append(
+                        f"{a['approval_id']}: stored draft differs from the one sent"
+                    )
 
         # decisions: 200 -> stored exactly; every stored one was answered 200 or unanswered
         stored_keys: dict[tuple[str, int, int], dict[str, Any]] = {}
@@ -954,12 +1058,20 @@ class Soak:
         for d in self.decisions:
             if d.status is not None and d.status >= 500:
                 fig.five_xx += 1
-                fig.problems.append(f"5xx: decision on {d.approval_id} answered {d.status} "
-                                    f"{d.answer}")
+                fig.problems.append(
+                    f"5xx: decision on {d.approval_id} answered {d.status} {d.answer}"
+                )
             if d.replay_of is not None:
                 fig.replays_sent += 1
-            full_key = (d.approval_id, d.revision, d.operator_id, d.verb, d.adjust_text,
-                        d.decided_at, d.identity)
+            full_key = (
+                d.approval_id,
+                d.revision,
+                d.operator_id,
+                d.verb,
+                d.adjust_text,
+                d.decided_at,
+                d.identity,
+            )
             if d.status == 200:
                 accepted_per_key[(d.approval_id, d.revision, d.operator_id)] += 1
                 if accepted_per_key[(d.approval_id, d.revision, d.operator_id)] > 1:
@@ -967,48 +1079,70 @@ class Soak:
                     fig.problems.append(
                         f"DUPLICATE operator {d.operator_id} accepted twice on {d.approval_id} "
                         f"rev {d.revision} ({'re-sent' if d.replay_of is not None else 'new'} "
-                        f"{d.verb} by {d.identity!r})")
+                        f"{d.verb} by {d.identity!r})"
+                    )
                 fig.decisions_200 += 1
                 if d.answer.get("resolved"):
                     fig.decisions_resolving += 1
                     stored_outcome = approvals.get(d.approval_id, {}).get("outcome")
                     if stored_outcome != d.answer.get("outcome"):
-                        self._loss(f"{d.approval_id}: answered resolved "
-                                   f"{d.answer.get('outcome')}, stored {stored_outcome}")
+                        self._loss(
+                            f"{d.approval_id}: answered resolved "
+                            f"{d.answer.get('outcome')}, stored {stored_outcome}"
+                        )
                 row = stored_keys.get((d.approval_id, d.revision, d.operator_id))
-                if row is not None and (row["decision"], row["adjust_text"], row["decided_at"],
-                                        row["identity"]) == (d.verb, d.adjust_text,
-                                                             d.decided_at, d.identity):
+                if row is not None and (
+                    row["decision"],
+                    row["adjust_text"],
+                    row["decided_at"],
+                    row["identity"],
+                ) == (d.verb, d.adjust_text, d.decided_at, d.identity):
                     fig.decisions_verified += 1
                 else:
-                    self._loss(f"accepted decision {d.approval_id} rev {d.revision} by "
-                               f"{d.identity!r} ({d.verb}) is not in the database")
+                    self._loss(
+                        f"accepted decision {d.approval_id} rev {d.revision} by "
+                        f"{d.identity!r} ({d.verb}) is not in the database"
+                    )
             elif d.fate == "answered":
                 reason = (d.answer or {}).get("reason", f"http_{d.status}")
                 fig.refusals[f"{d.status} {reason}"] += 1
-                if reason not in ("duplicate", "already_decided", "already_resolved",
-                                  "superseded", "expired"):
-                    fig.problems.append(f"decision on {d.approval_id} by {d.identity!r} "
-                                        f"refused unexpectedly: {d.status} {d.answer}")
+                if reason not in (
+                    "duplicate",
+                    "already_decided",
+                    "already_resolved",
+                    "superseded",
+                    "expired",
+                ):
+                    fig.problems.append(
+                        f"decision on {d.approval_id} by {d.identity!r} "
+                        f"refused unexpectedly: {d.status} {d.answer}"
+                    )
             elif d.fate == "indeterminate":
                 fig.decisions_indeterminate += 1
             if d.fate in ("answered", "indeterminate") and d.status in (200, None):
                 sent_ok[full_key].append(d)
         for key, row in stored_keys.items():
-            full_key = key + (row["decision"], row["adjust_text"], row["decided_at"],
-                              row["identity"])
+            full_key = key + (
+                row["decision"],
+                row["adjust_text"],
+                row["decided_at"],
+                row["identity"],
+            )
             origin = sent_ok.get(full_key)
             if not origin:
                 fig.phantoms += 1
-                fig.problems.append(f"PHANTOM decision {row['decision_id']} on {key[0]}: no "
-                                    "request was accepted or left unanswered for it")
+                fig.problems.append(
+                    f"PHANTOM decision {row['decision_id']} on {key[0]}: no "
+                    "request was accepted or left unanswered for it"
+                )
             elif all(o.status is None for o in origin):
                 fig.decisions_indeterminate_committed += 1
 
         # cancels
         fig.cancels_attempted = len(self.cancels)
-        cancelled_ok = {c.approval_id for c in self.cancels
-                        if c.status == 200 or c.fate == "indeterminate"}
+        cancelled_ok = {
+            c.approval_id for c in self.cancels if c.status == 200 or c.fate == "indeterminate"
+        }
         for c in self.cancels:
             if c.status is not None and c.status >= 500:
                 fig.five_xx += 1
@@ -1016,10 +1150,13 @@ class Soak:
             if c.status == 200:
                 fig.cancels_200 += 1
                 if approvals.get(c.approval_id, {}).get("outcome") != "cancelled":
-                    self._loss(f"{c.approval_id}: cancel answered 200, stored "
-                               f"{approvals.get(c.approval_id, {}).get('outcome')}")
+                    self._loss(
+                        f"{c.approval_id}: cancel answered 200, stored "
+                        f"{approvals.get(c.approval_id, {}).get('outcome')}"
+                    )
             elif c.fate == "answered" and not (
-                    c.status == 409 and (c.answer or {}).get("reason") == "already_resolved"):
+                c.status == 409 and (c.answer or {}).get("reason") == "already_resolved"
+            ):
                 fig.problems.append(f"cancel of {c.approval_id} answered {c.status} {c.answer}")
         for a in approvals.values():
             if a["outcome"] == "cancelled" and a["approval_id"] not in cancelled_ok:
@@ -1041,8 +1178,10 @@ class Soak:
                 fig.expired_while_down += 1
                 a = approvals[aid]
                 if a["outcome"] != "timeout":
-                    fig.problems.append(f"{aid} expired while the daemon was down (kill "
-                                        f"{kill.index}) but resolved {a['outcome']}")
+                    fig.problems.append(
+                        f"{aid} expired while the daemon was down (kill "
+                        f"{kill.index}) but resolved {a['outcome']}"
+                    )
 
         # dispatch: un-acked at a kill -> re-sent by a later daemon and acked
         for kill in self.kill_log:
@@ -1054,13 +1193,15 @@ class Soak:
                     if self.relay.acked_after(aid, revision, kill.at):
                         fig.unacked_resent_acked += 1
                     else:
-                        fig.problems.append(f"{aid} rev {revision}: acked but never re-sent "
-                                            f"after kill {kill.index}")
+                        fig.problems.append(
+                            f"{aid} rev {revision}: acked but never re-sent after kill {kill.index}"
+                        )
                 elif a["state"] == "resolved" or int(a["revision"]) != revision:
                     fig.unacked_resolved_first += 1
                 else:
-                    fig.problems.append(f"{aid} rev {revision}: un-acked at kill {kill.index} "
-                                        "and still un-acked")
+                    fig.problems.append(
+                        f"{aid} rev {revision}: un-acked at kill {kill.index} and still un-acked"
+                    )
         for aid, boxes in outbox.items():
             for revision, box in boxes.items():
                 if box["delivered_at"] is None:
@@ -1068,8 +1209,10 @@ class Soak:
                 again = self.relay.arrived_after_ms(aid, revision, int(box["delivered_at"]))
                 if again:
                     fig.duplicates += 1
-                    fig.problems.append(f"DUPLICATE {aid} rev {revision} dispatched {again} "
-                                        "more time(s) after its ack was recorded")
+                    fig.problems.append(
+                        f"DUPLICATE {aid} rev {revision} dispatched {again} "
+                        "more time(s) after its ack was recorded"
+                    )
         for aid, a in approvals.items():
             if a["state"] == "pending":
                 box = outbox[aid].get(int(a["revision"]))
@@ -1087,12 +1230,18 @@ class Soak:
                 if needle in text:
                     line = next(ln for ln in text.splitlines() if needle in ln)
                     fig.problems.append(f"daemon {number} log has {needle!r}: {line[:200]}")
-        done = subprocess.run([sys.executable, "-m", "gate", "audit", "verify", "-c",
-                               str(self.config)], capture_output=True, env=gate_env(),
-                              cwd=ROOT, timeout=120, check=False)
+        done = subprocess.run(
+            [sys.executable, "-m", "gate", "audit", "verify", "-c", str(self.config)],
+            capture_output=True,
+            env=gate_env(),
+            cwd=ROOT,
+            timeout=120,
+            check=False,
+        )
         if done.returncode != 0:
-            fig.problems.append("audit verify exited "
-                                f"{done.returncode}: {done.stdout!r} {done.stderr!r}")
+            fig.problems.append(
+                f"audit verify exited {done.returncode}: {done.stdout!r} {done.stderr!r}"
+            )
 
 
 def run_soak(kills: int, between: tuple[float, float], seed: int, **options: Any) -> Figures:
@@ -1104,18 +1253,33 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m tests.soak.soak",
         description="Kill -9 the real gate under mixed load N times, then prove nothing was "
-                    "lost, doubled or invented. Exit 0 only with zero losses/problems.")
+        "lost, doubled or invented. Exit 0 only with zero losses/problems.",
+    )
     parser.add_argument("--kills", type=int, default=20, help="kill -9 + restart cycles")
-    parser.add_argument("--seconds-between", type=parse_range, default=(0.5, 3.0),
-                        metavar="A-B", help="random delay before each kill (s), e.g. 0.5-3")
+    parser.add_argument(
+        "--seconds-between",
+        type=parse_range,
+        default=(0.5, 3.0),
+        metavar="A-B",
+        help="random delay before each kill (s), e.g. 0.5-3",
+    )
     parser.add_argument("--seed", type=int, default=None, help="random seed (default: random)")
     parser.add_argument("--workers", type=int, default=4, help="load generator threads")
-    parser.add_argument("--fail-rate", type=float, default=0.25,
-                        help="share of dispatches the relay answers 503")
-    parser.add_argument("--drain-timeout", type=float, default=120.0,
-                        help="seconds allowed for expiries and re-dispatch after the load")
-    parser.add_argument("--workdir", type=Path, default=None,
-                        help="directory for config and database (default: a temp dir)")
+    parser.add_argument(
+        "--fail-rate", type=float, default=0.25, help="share of dispatches the relay answers 503"
+    )
+    parser.add_argument(
+        "--drain-timeout",
+        type=float,
+        default=120.0,
+        help="seconds allowed for expiries and re-dispatch after the load",
+    )
+    parser.add_argument(
+        "--workdir",
+        type=Path,
+        default=None,
+        help="directory for config and database (default: a temp dir)",
+    )
     parser.add_argument("--keep", action="store_true", help="keep the work directory")
     parser.add_argument("-q", "--quiet", action="store_true", help="no per-kill progress")
     args = parser.parse_args(argv)
@@ -1123,11 +1287,21 @@ def main(argv: list[str] | None = None) -> int:
     workdir = args.workdir
     if workdir is not None:
         workdir.mkdir(parents=True, exist_ok=True)
-    soak = Soak(args.kills, args.seconds_between, seed, workers=args.workers,
-                fail_rate=args.fail_rate, drain_timeout=args.drain_timeout, workdir=workdir,
-                say=(lambda _m: None) if args.quiet else (lambda m: print(m, flush=True)))
-    print(f"soak: {args.kills} kills, {args.seconds_between[0]:g}-{args.seconds_between[1]:g} "
-          f"s apart, seed {seed}, {args.workers} workers, work dir {soak.dir}", flush=True)
+    soak = Soak(
+        args.kills,
+        args.seconds_between,
+        seed,
+        workers=args.workers,
+        fail_rate=args.fail_rate,
+        drain_timeout=args.drain_timeout,
+        workdir=workdir,
+        say=(lambda _m: None) if args.quiet else (lambda m: print(m, flush=True)),
+    )
+    print(
+        f"soak: {args.kills} kills, {args.seconds_between[0]:g}-{args.seconds_between[1]:g} "
+        f"s apart, seed {seed}, {args.workers} workers, work dir {soak.dir}",
+        flush=True,
+    )
     figures = soak.run()
     print(figures.report(), flush=True)
     if figures.ok and not args.keep and args.workdir is None:

@@ -11,17 +11,22 @@ import aiohttp
 from gate.errors import GateError
 from gate.protocol import PROTOCOL, PROTOCOL_HEADER, SIGNATURE_HEADER, signing
 from gate.protocol.envelope import decode_json
-from gate.protocol.whitespace import identity_key
 from gate.protocol.relay_answers import refusal_reason
+from gate.protocol.whitespace import identity_key
 
 ACK_LIMIT_S = 5.0
 
 
 # the checks of the relay's decision, in report order (SPEC §6 relay side); reported as not
 # run when no decision arrived
-DECISION_CHECKS = ("relay.decision_signed", "relay.decision_in_window", "relay.nonce",
-                   "relay.payload_hash_echo", "relay.approver_in_scope",
-                   "relay.decision_accepted")
+DECISION_CHECKS = (
+    "relay.decision_signed",
+    "relay.decision_in_window",
+    "relay.nonce",
+    "relay.payload_hash_echo",
+    "relay.approver_in_scope",
+    "relay.decision_accepted",
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,51 +89,89 @@ def judge_ack(status: int | None, error: str | None, elapsed_s: float) -> CheckR
         return passed(name, f"HTTP {status} after {elapsed_s:.2f} s")
     what = error or f"HTTP {status}"
     if status is None and "within" not in what:  # no HTTP answer at all
-        return failed(name, f"{what} after {elapsed_s:.2f} s",
-                      "make the relay reachable at RELAY_URL from this host: is it running, "
-                      "on this port and path, and does it accept POST?")
+        return failed(
+            name,
+            f"{what} after {elapsed_s:.2f} s",
+            "make the relay reachable at RELAY_URL from this host: is it running, "
+            "on this port and path, and does it accept POST?",
+        )
     if status is None:
-        return failed(name, f"{what} (an ack must come within {ACK_LIMIT_S:g} s)",
-                      "answer the dispatch POST with any 2xx at once (within 5 s) and show the "
-                      "draft to the human afterwards; never hold the connection open for the "
-                      "human")
+        return failed(
+            name,
+            f"{what} (an ack must come within {ACK_LIMIT_S:g} s)",
+            "answer the dispatch POST with any 2xx at once (within 5 s) and show the "
+            "draft to the human afterwards; never hold the connection open for the "
+            "human",
+        )
     reason = (refusal_reason(error) or (status, None))[1]
     if status in (400, 401, 403) and reason == "timestamp_out_of_window":
-        return failed(name, f"{what} after {elapsed_s:.2f} s: a dispatch signed just now was "
-                      "refused as out of the relay's time window", "set the relay's clock "
-                      "and this host's by NTP: they differ by more than the relay accepts "
-                      "(300 s in hitl/v0); the secret is not the cause")
+        return failed(
+            name,
+            f"{what} after {elapsed_s:.2f} s: a dispatch signed just now was "
+            "refused as out of the relay's time window",
+            "set the relay's clock "
+            "and this host's by NTP: they differ by more than the relay accepts "
+            "(300 s in hitl/v0); the secret is not the cause",
+        )
     if status in (400, 401, 403):
-        return failed(name, f"{what} after {elapsed_s:.2f} s: a correctly signed dispatch was "
-                      "refused", "check that the relay holds the same secret as --secret-env "
-                      "(the most common cause), then that it verifies the signature over the "
-                      "exact raw body bytes received (never re-encoded JSON: 20.0 becomes 20), "
-                      "with the shared secret as UTF-8")
-    return failed(name, f"{what} after {elapsed_s:.2f} s",
-                  "answer the dispatch POST with any 2xx at once (within 5 s) and show the draft "
-                  "to the human afterwards; never hold the connection open for the human")
+        return failed(
+            name,
+            f"{what} after {elapsed_s:.2f} s: a correctly signed dispatch was refused",
+            "check that the relay holds the same secret as --secret-env "
+            "(the most common cause), then that it verifies the signature over the "
+            "exact raw body bytes received (never re-encoded JSON: 20.0 becomes 20), "
+            "with the shared secret as UTF-8",
+        )
+    return failed(
+        name,
+        f"{what} after {elapsed_s:.2f} s",
+        "answer the dispatch POST with any 2xx at once (within 5 s) and show the draft "
+        "to the human afterwards; never hold the connection open for the human",
+    )
 
 
-def judge_refusal(name: str, status: int | None, error: str | None, what: str,
-                  decisions: list[Observed], relay_answered: bool = True) -> CheckResult:
+def judge_refusal(
+    name: str,
+    status: int | None,
+    error: str | None,
+    what: str,
+    decisions: list[Observed],
+    relay_answered: bool = True,
+) -> CheckResult:
     """Relay refused a bad dispatch (non-2xx) and never produced a decision for it."""
     if decisions:
-        return failed(name, f"a decision came back for the dispatch with {what}",
-                      "verify X-Draftcat-Signature and its timestamp before showing anything to "
-                      "a human; a relay that forwards unverified requests lets anyone put fake "
-                      "approvals in front of people")
+        return failed(
+            name,
+            f"a decision came back for the dispatch with {what}",
+            "verify X-Draftcat-Signature and its timestamp before showing anything to "
+            "a human; a relay that forwards unverified requests lets anyone put fake "
+            "approvals in front of people",
+        )
     if status is not None and 200 <= status < 300:
-        return failed(name, f"HTTP {status}: the dispatch with {what} was accepted",
-                      "refuse (401) a dispatch whose HMAC does not match or whose t is more "
-                      "than 300 s from your clock")
+        return failed(
+            name,
+            f"HTTP {status}: the dispatch with {what} was accepted",
+            "refuse (401) a dispatch whose HMAC does not match or whose t is more "
+            "than 300 s from your clock",
+        )
     if status is None and not relay_answered:
-        return failed(name, f"not checked: the relay answered no dispatch ({error})",
-                      "make the relay reachable at RELAY_URL first")
+        return failed(
+            name,
+            f"not checked: the relay answered no dispatch ({error})",
+            "make the relay reachable at RELAY_URL first",
+        )
     return passed(name, f"refused ({error or f'HTTP {status}'}), no decision came back")
 
 
-def judge_decision(decision: Observed, secret: str, now_s: float, max_skew_s: float,
-                   nonce: str, payload_hash: str, approver: str) -> list[CheckResult]:
+def judge_decision(
+    decision: Observed,
+    secret: str,
+    now_s: float,
+    max_skew_s: float,
+    nonce: str,
+    payload_hash: str,
+    approver: str,
+) -> list[CheckResult]:
     """Check the relay's decision for the real dispatch: signed, in window, nonce, hash, approver,
     accepted by the gate (SPEC §6 relay side)."""
     results: list[CheckResult] = []
@@ -137,85 +180,141 @@ def judge_decision(decision: Observed, secret: str, now_s: float, max_skew_s: fl
         parsed: signing.SignatureHeader | None = signing.parse(header)
     except GateError as exc:
         parsed = None
-        results.append(failed("relay.decision_signed", f"{exc.code}: {exc.message}",
-                              "send X-Draftcat-Signature: t=<unix s>,v1=<hex HMAC-SHA256(secret, "
-                              "t + '.' + the exact body bytes you send)>"))
-        results.append(not_run("relay.decision_in_window", "the signature header is unusable",
-                               "fix relay.decision_signed first"))
+        results.append(
+            failed(
+                "relay.decision_signed",
+                f"{exc.code}: {exc.message}",
+                "send X-Draftcat-Signature: t=<unix s>,v1=<hex HMAC-SHA256(secret, "
+                "t + '.' + the exact body bytes you send)>",
+            )
+        )
+        results.append(
+            not_run(
+                "relay.decision_in_window",
+                "the signature header is unusable",
+                "fix relay.decision_signed first",
+            )
+        )
     if parsed is not None:
         try:
             signing.check_hmac(parsed, decision.raw, [secret])
             results.append(passed("relay.decision_signed", "HMAC over the received bytes matches"))
         except GateError as exc:
-            results.append(failed("relay.decision_signed", f"{exc.code}: {exc.message}",
-                                  "either the secret differs from the gate's, or the bytes "
-                                  "signed are not the bytes sent (serialize the body once, then "
-                                  "sign and send those same bytes): X-Draftcat-Signature: "
-                                  "t=<unix s>,v1=<hex HMAC-SHA256(secret, t + '.' + the exact "
-                                  "body bytes you send)>"))
+            results.append(
+                failed(
+                    "relay.decision_signed",
+                    f"{exc.code}: {exc.message}",
+                    "either the secret differs from the gate's, or the bytes "
+                    "signed are not the bytes sent (serialize the body once, then "
+                    "sign and send those same bytes): X-Draftcat-Signature: "
+                    "t=<unix s>,v1=<hex HMAC-SHA256(secret, t + '.' + the exact "
+                    "body bytes you send)>",
+                )
+            )
         # judged even when the HMAC does not match: the gate checks the window first (SPEC §2 #3)
         off = parsed.t - decision.received_at
-        relation = (f"{abs(off):.0f} s {'ahead of' if off > 0 else 'behind'} the gate's clock"
-                    if round(off) else "on time with the gate's clock")
+        relation = (
+            f"{abs(off):.0f} s {'ahead of' if off > 0 else 'behind'} the gate's clock"
+            if round(off)
+            else "on time with the gate's clock"
+        )
         try:
             signing.check_window(parsed.t, now_s, max_skew_s)
             results.append(passed("relay.decision_in_window", f"t is {relation}"))
         except GateError:
-            results.append(failed("relay.decision_in_window",
-                                  f"t={parsed.t} is {relation} (more than {max_skew_s:g} s away)",
-                                  "sign with the current unix time in seconds (not ms), and keep "
-                                  "the relay's clock in sync"))
+            results.append(
+                failed(
+                    "relay.decision_in_window",
+                    f"t={parsed.t} is {relation} (more than {max_skew_s:g} s away)",
+                    "sign with the current unix time in seconds (not ms), and keep "
+                    "the relay's clock in sync",
+                )
+            )
     protocol = decision.headers.get(PROTOCOL_HEADER.lower())
     try:
         body = decode_json(decision.raw)
     except GateError as exc:
         body = None
-        results.append(failed("relay.decision_parses", exc.message,
-                              "send the decision envelope as a UTF-8 JSON object"))
+        results.append(
+            failed(
+                "relay.decision_parses",
+                exc.message,
+                "send the decision envelope as a UTF-8 JSON object",
+            )
+        )
     if not isinstance(body, dict):
         body = {}
     if protocol not in (None, PROTOCOL) or body.get("protocol") != PROTOCOL:
-        results.append(failed("relay.protocol", f"protocol {body.get('protocol')!r}",
-                              f'send "protocol": "{PROTOCOL}"'))
+        results.append(
+            failed(
+                "relay.protocol",
+                f"protocol {body.get('protocol')!r}",
+                f'send "protocol": "{PROTOCOL}"',
+            )
+        )
     results.append(
-        passed("relay.nonce", "nonce is the dispatched one") if body.get("nonce") == nonce
-        else failed("relay.nonce", f"nonce {body.get('nonce')!r}",
-                    "echo callback.nonce from the dispatch unchanged"))
+        passed("relay.nonce", "nonce is the dispatched one")
+        if body.get("nonce") == nonce
+        else failed(
+            "relay.nonce",
+            f"nonce {body.get('nonce')!r}",
+            "echo callback.nonce from the dispatch unchanged",
+        )
+    )
     results.append(
         passed("relay.payload_hash_echo", "payload_hash matches the dispatch")
         if body.get("payload_hash") == payload_hash
-        else failed("relay.payload_hash_echo", f"payload_hash {body.get('payload_hash')!r}",
-                    "echo payload_hash from the dispatch byte for byte; never recompute it from a "
-                    "re-encoded draft"))
+        else failed(
+            "relay.payload_hash_echo",
+            f"payload_hash {body.get('payload_hash')!r}",
+            "echo payload_hash from the dispatch byte for byte; never recompute it from a "
+            "re-encoded draft",
+        )
+    )
     approver_obj = body.get("approver")
     got = approver_obj.get("id") if isinstance(approver_obj, dict) else None
     ok_approver = isinstance(got, str) and identity_key(got) == identity_key(approver)
     results.append(
-        passed("relay.approver_in_scope", f"approver.id {got!r}") if ok_approver
-        else failed("relay.approver_in_scope", f"approver.id {got!r}",
-                    f"report the human who decided as approver.id; expected {approver!r}, one of "
-                    "the dispatch's approvers"))
+        passed("relay.approver_in_scope", f"approver.id {got!r}")
+        if ok_approver
+        else failed(
+            "relay.approver_in_scope",
+            f"approver.id {got!r}",
+            f"report the human who decided as approver.id; expected {approver!r}, one of "
+            "the dispatch's approvers",
+        )
+    )
     accepted = decision.status == 200
     results.append(
-        passed("relay.decision_accepted",
-               f"gate answered 200 {_answer_text(decision.answer)}") if accepted
-        else failed("relay.decision_accepted",
-                    f"gate answered {decision.status} {_answer_text(decision.answer)}",
-                    "the gate refused this decision; the reason names the field or check"))
+        passed("relay.decision_accepted", f"gate answered 200 {_answer_text(decision.answer)}")
+        if accepted
+        else failed(
+            "relay.decision_accepted",
+            f"gate answered {decision.status} {_answer_text(decision.answer)}",
+            "the gate refused this decision; the reason names the field or check",
+        )
+    )
     return results
 
 
-async def probe(session: aiohttp.ClientSession, gate_url: str, body: bytes,
-                headers: dict[str, str], name: str, expect_status: int,
-                expect_reasons: tuple[str, ...]) -> CheckResult:
+async def probe(
+    session: aiohttp.ClientSession,
+    gate_url: str,
+    body: bytes,
+    headers: dict[str, str],
+    name: str,
+    expect_status: int,
+    expect_reasons: tuple[str, ...],
+) -> CheckResult:
     """POST a crafted decision to a gate over HTTP; pass only on the expected status and reason.
 
     Used for the gate-side checks (replay, mutated hash, out-of-scope approver); it fails
     for any other answer, so a gate that wrongly accepts is reported.
     """
     try:
-        async with session.post(gate_url, data=body, headers=headers,
-                                allow_redirects=False) as resp:
+        async with session.post(
+            gate_url, data=body, headers=headers, allow_redirects=False
+        ) as resp:
             status = resp.status
             text = await resp.text()
     except aiohttp.ClientError as exc:
@@ -228,5 +327,6 @@ async def probe(session: aiohttp.ClientSession, gate_url: str, body: bytes,
     if status == expect_status and reason in expect_reasons:
         return passed(name, f"refused {status} {reason}")
     want = f"{expect_status} {' or '.join(expect_reasons)}"
-    return failed(name, f"answered {status} {_answer_text(answer)}",
-                  f"must be refused with {want} (SPEC §2)")
+    return failed(
+        name, f"answered {status} {_answer_text(answer)}", f"must be refused with {want} (SPEC §2)"
+    )

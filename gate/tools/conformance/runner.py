@@ -26,8 +26,16 @@ from gate.protocol import DECISIONS_PATH, PROTOCOL, PROTOCOL_HEADER, SIGNATURE_H
 from gate.protocol.canonical import wire_json
 from gate.protocol.envelope import decode_json
 from gate.store import Store
-from gate.tools.conformance.checks import DECISION_CHECKS, CheckResult, Observed, judge_ack, judge_decision
-from gate.tools.conformance.checks import judge_refusal, not_run, probe
+from gate.tools.conformance.checks import (
+    DECISION_CHECKS,
+    CheckResult,
+    Observed,
+    judge_ack,
+    judge_decision,
+    judge_refusal,
+    not_run,
+    probe,
+)
 from gate.web.callback import CallbackSettings, create_callback_app
 from gate.web.common import Handler
 
@@ -39,8 +47,10 @@ MAX_SKEW_S = 300.0
 ACK_TIMEOUT_S = 10.0
 GRACE_S = 3.0
 STALE_BY_S = 3600
-DRAFT = ("hitl-gate conformance check — not a real request.\n"
-         "Grüße, Zoë · 1.240,00 € · ✅\r\nPlease approve so the check can finish.\n")
+DRAFT = (
+    "hitl-gate conformance check — not a real request.\n"
+    "Grüße, Zoë · 1.240,00 € · ✅\r\nPlease approve so the check can finish.\n"
+)
 
 
 @dataclass
@@ -57,8 +67,11 @@ class Report:
 
     def as_json(self) -> dict[str, Any]:
         """Return ``{"ok", "callback_url", "checks": [...]}``."""
-        return {"ok": self.ok, "callback_url": self.callback_url,
-                "checks": [c.as_json() for c in self.checks]}
+        return {
+            "ok": self.ok,
+            "callback_url": self.callback_url,
+            "checks": [c.as_json() for c in self.checks],
+        }
 
     def as_text(self) -> str:
         """Return the human-readable report: one line per check, fixes under failures."""
@@ -70,21 +83,31 @@ class Report:
                 lines.append(f"      fix: {c.fix}")
         passed_n = sum(c.ok for c in self.checks)
         skipped_n = sum(c.skipped for c in self.checks)
-        lines.append(f"{passed_n}/{len(self.checks)} checks passed"
-                     + (f", {skipped_n} not run" if skipped_n else "")
-                     + f": {'CONFORMANT' if self.ok else 'NOT CONFORMANT'}")
+        lines.append(
+            f"{passed_n}/{len(self.checks)} checks passed"
+            + (f", {skipped_n} not run" if skipped_n else "")
+            + f": {'CONFORMANT' if self.ok else 'NOT CONFORMANT'}"
+        )
         return "\n".join(lines)
 
 
-def _ephemeral_config(directory: Path, relay_url: str, listen: str, public_url: str | None,
-                      approver: str) -> Path:
+def _ephemeral_config(
+    directory: Path, relay_url: str, listen: str, public_url: str | None, approver: str
+) -> Path:
     config = {
         "relay": {
-            "url": relay_url, "secret_env": "HITL_VERIFY_SECRET", "callback_addr": listen,
-            "public_url": public_url, "dispatch_timeout": f"{ACK_TIMEOUT_S:g}s",
+            "url": relay_url,
+            "secret_env": "HITL_VERIFY_SECRET",
+            "callback_addr": listen,
+            "public_url": public_url,
+            "dispatch_timeout": f"{ACK_TIMEOUT_S:g}s",
             "operators": [{"id": 1, "identity": approver}, {"id": 2, "identity": OUTSIDER}],
-            "security": {"allowed_users": [1, 2], "max_input_length": 2000,
-                         "rate_limit": 1000, "max_skew": f"{MAX_SKEW_S:g}s"},
+            "security": {
+                "allowed_users": [1, 2],
+                "max_input_length": 2000,
+                "rate_limit": 1000,
+                "max_skew": f"{MAX_SKEW_S:g}s",
+            },
         },
         "api": {"listen": "127.0.0.1:0", "token_env": "HITL_VERIFY_TOKEN"},
         "storage": {"path": "verify.db"},
@@ -92,16 +115,28 @@ def _ephemeral_config(directory: Path, relay_url: str, listen: str, public_url: 
         # a budget puts floats (20.0, 0.0) in the dispatch: a relay that verifies re-encoded
         # JSON (20.0 -> 20) instead of the raw bytes fails here, as it would in production
         "budget": {"unit": "EUR", "cap_today": 20.0},
-        "pipelines": [{"name": PIPELINE, "budget_cap": 2.0, "steps": [
-            {"name": "verify", "quorum": 1, "approvers": [1], "timeout": "1h", "risk": "low"}]}],
+        "pipelines": [
+            {
+                "name": PIPELINE,
+                "budget_cap": 2.0,
+                "steps": [
+                    {
+                        "name": "verify",
+                        "quorum": 1,
+                        "approvers": [1],
+                        "timeout": "1h",
+                        "risk": "low",
+                    }
+                ],
+            }
+        ],
     }
     path = directory / "verify.yaml"
     path.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
     return path
 
 
-def _observer(seen: list[Observed], changed: asyncio.Event,
-              now: Callable[[], float]) -> Any:
+def _observer(seen: list[Observed], changed: asyncio.Event, now: Callable[[], float]) -> Any:
     @web.middleware
     async def observe(request: web.Request, handler: Handler) -> web.StreamResponse:
         try:
@@ -116,10 +151,18 @@ def _observer(seen: list[Observed], changed: asyncio.Event,
                 answer = json.loads(bytes(response.body))  # type: ignore[arg-type]
             except (ValueError, TypeError):
                 answer = None
-        seen.append(Observed(raw, {k.lower(): v for k, v in request.headers.items()}, received,
-                             response.status, answer))
+        seen.append(
+            Observed(
+                raw,
+                {k.lower(): v for k, v in request.headers.items()},
+                received,
+                response.status,
+                answer,
+            )
+        )
         changed.set()
         return response
+
     return observe
 
 
@@ -135,8 +178,9 @@ def _for(seen: list[Observed], approval_id: str) -> list[Observed]:
     return out
 
 
-async def _wait_for(seen: list[Observed], changed: asyncio.Event, approval_id: str,
-                    timeout_s: float) -> Observed | None:
+async def _wait_for(
+    seen: list[Observed], changed: asyncio.Event, approval_id: str, timeout_s: float
+) -> Observed | None:
     deadline = time.monotonic() + timeout_s
     while True:
         found = _for(seen, approval_id)
@@ -156,13 +200,22 @@ def _resign(template: dict[str, Any], secret: str, **fields: Any) -> tuple[bytes
     body = dict(template)
     body.update(fields)
     raw = wire_json(body)
-    headers = {"Content-Type": "application/json", PROTOCOL_HEADER: PROTOCOL,
-               SIGNATURE_HEADER: signing.sign(secret, int(time.time()), raw)}
+    headers = {
+        "Content-Type": "application/json",
+        PROTOCOL_HEADER: PROTOCOL,
+        SIGNATURE_HEADER: signing.sign(secret, int(time.time()), raw),
+    }
     return raw, headers
 
 
-async def run_verify(relay_url: str, secret: str, approver: str, listen: str,
-                     public_url: str | None, timeout_s: float) -> Report:
+async def run_verify(
+    relay_url: str,
+    secret: str,
+    approver: str,
+    listen: str,
+    public_url: str | None,
+    timeout_s: float,
+) -> Report:
     """Run every SPEC §6 check against the relay at ``relay_url``; return the report.
 
     Starts the real decision handler over HTTP on ``listen`` (reachable by the relay at
@@ -172,17 +225,20 @@ async def run_verify(relay_url: str, secret: str, approver: str, listen: str,
     out-of-scope approver. Raises OSError when ``listen`` cannot be bound.
     """
     with tempfile.TemporaryDirectory(prefix="hitl-verify-") as tmp:
-        config = load_config(_ephemeral_config(Path(tmp), relay_url, listen, public_url,
-                                               approver))
-        secrets_ = Secrets((secret,), pysecrets.token_hex(16),
-                           pysecrets.token_hex(16).encode("ascii"))
+        config = load_config(_ephemeral_config(Path(tmp), relay_url, listen, public_url, approver))
+        secrets_ = Secrets(
+            (secret,), pysecrets.token_hex(16), pysecrets.token_hex(16).encode("ascii")
+        )
         clock = SystemClock()
         service = GateService(config, secrets_.receipt_key, Store(config.storage.path), clock)
         await service.store.open()
         seen: list[Observed] = []
         changed = asyncio.Event()
-        app = create_callback_app(service, CallbackSettings((secret,), MAX_SKEW_S),
-                                  [_observer(seen, changed, lambda: clock.now_ms() / 1000)])
+        app = create_callback_app(
+            service,
+            CallbackSettings((secret,), MAX_SKEW_S),
+            [_observer(seen, changed, lambda: clock.now_ms() / 1000)],
+        )
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()
         try:
@@ -195,8 +251,19 @@ async def run_verify(relay_url: str, secret: str, approver: str, listen: str,
             callback_url = base.rstrip("/") + DECISIONS_PATH
             async with aiohttp.ClientSession(trust_env=False) as session:
                 report = Report(callback_url)
-                await _run(report, service, session, relay_url, secret, approver, local_url,
-                           callback_url, seen, changed, timeout_s)
+                await _run(
+                    report,
+                    service,
+                    session,
+                    relay_url,
+                    secret,
+                    approver,
+                    local_url,
+                    callback_url,
+                    seen,
+                    changed,
+                    timeout_s,
+                )
                 return report
         finally:
             await runner.cleanup()
@@ -205,15 +272,26 @@ async def run_verify(relay_url: str, secret: str, approver: str, listen: str,
 
 async def _create(service: GateService, run_id: str) -> dict[str, Any]:
     view, _ = await service.create(
-        CreateRequest(PIPELINE, "verify", run_id, "text/plain", DRAFT, None), None)
+        CreateRequest(PIPELINE, "verify", run_id, "text/plain", DRAFT, None), None
+    )
     full = await service.store.fetch_approval(view["approval_id"])
     assert full is not None
     return full
 
 
-async def _run(report: Report, service: GateService, session: aiohttp.ClientSession,
-               relay_url: str, secret: str, approver: str, local_url: str, callback_url: str,
-               seen: list[Observed], changed: asyncio.Event, timeout_s: float) -> None:
+async def _run(
+    report: Report,
+    service: GateService,
+    session: aiohttp.ClientSession,
+    relay_url: str,
+    secret: str,
+    approver: str,
+    local_url: str,
+    callback_url: str,
+    seen: list[Observed],
+    changed: asyncio.Event,
+    timeout_s: float,
+) -> None:
     checks = report.checks
     bad_sig = await _create(service, "conformance-bad-signature")
     stale = await _create(service, "conformance-stale-timestamp")
@@ -222,11 +300,13 @@ async def _run(report: Report, service: GateService, session: aiohttp.ClientSess
 
     body = wire_json(dispatch_envelope(bad_sig, 1, callback_url))
     forged = signing.sign("not-the-shared-secret-" + pysecrets.token_hex(8), now_s, body)
-    bad_result = await post_signed(session, relay_url, body, secret, now_s, ACK_TIMEOUT_S,
-                                   signature=forged)
+    bad_result = await post_signed(
+        session, relay_url, body, secret, now_s, ACK_TIMEOUT_S, signature=forged
+    )
     body = wire_json(dispatch_envelope(stale, 1, callback_url))
-    stale_result = await post_signed(session, relay_url, body, secret, now_s - STALE_BY_S,
-                                     ACK_TIMEOUT_S)
+    stale_result = await post_signed(
+        session, relay_url, body, secret, now_s - STALE_BY_S, ACK_TIMEOUT_S
+    )
     body = wire_json(dispatch_envelope(real, 1, callback_url))
     sent_at = time.time()
     ack = await post_signed(session, relay_url, body, secret, int(time.time()), ACK_TIMEOUT_S)
@@ -238,37 +318,80 @@ async def _run(report: Report, service: GateService, session: aiohttp.ClientSess
     wait_s = timeout_s if ack.error is None else GRACE_S if ack.status is not None else 0.0
     decision = await _wait_for(seen, changed, real["approval_id"], wait_s) if wait_s else None
     if decision is None:
-        checks.append(CheckResult(
-            "relay.decision_received", False,
-            "no decision arrived" + (f" within {timeout_s:g} s" if ack.error is None
-                                     else " (the dispatch was not acked)"),
-            f"POST one signed decision per approver to callback.url ({callback_url}); "
-            "raise --timeout if a human needs longer" if ack.error is None else
-            "fix relay.ack first: the gate retries a dispatch that is not acked"))
-        checks.extend(not_run(name, "no decision arrived", "fix relay.decision_received first")
-                      for name in DECISION_CHECKS)
+        checks.append(
+            CheckResult(
+                "relay.decision_received",
+                False,
+                "no decision arrived"
+                + (
+                    f" within {timeout_s:g} s"
+                    if ack.error is None
+                    else " (the dispatch was not acked)"
+                ),
+                f"POST one signed decision per approver to callback.url ({callback_url}); "
+                "raise --timeout if a human needs longer"
+                if ack.error is None
+                else "fix relay.ack first: the gate retries a dispatch that is not acked",
+            )
+        )
+        checks.extend(
+            not_run(name, "no decision arrived", "fix relay.decision_received first")
+            for name in DECISION_CHECKS
+        )
     else:
         late = "" if ack.error is None else " (although the dispatch was not acked)"
-        checks.append(CheckResult("relay.decision_received", True,
-                                  f"{decision.received_at - sent_at:.1f} s after the "
-                                  f"dispatch{late}"))
-        checks.extend(judge_decision(decision, secret, decision.received_at, MAX_SKEW_S,
-                                     revision["nonce"], revision["payload_hash"], approver))
+        checks.append(
+            CheckResult(
+                "relay.decision_received",
+                True,
+                f"{decision.received_at - sent_at:.1f} s after the dispatch{late}",
+            )
+        )
+        checks.extend(
+            judge_decision(
+                decision,
+                secret,
+                decision.received_at,
+                MAX_SKEW_S,
+                revision["nonce"],
+                revision["payload_hash"],
+                approver,
+            )
+        )
     # give a relay that wrongly forwarded the bad dispatches time to answer them too
     await asyncio.sleep(GRACE_S)
     answered = any(r.status is not None for r in (ack, bad_result, stale_result))
-    checks.append(judge_refusal("relay.refuses_bad_signature", bad_result.status,
-                                bad_result.error, "a bad signature",
-                                _for(seen, bad_sig["approval_id"]), answered))
-    checks.append(judge_refusal("relay.refuses_stale_timestamp", stale_result.status,
-                                stale_result.error, f"a timestamp {STALE_BY_S} s old",
-                                _for(seen, stale["approval_id"]), answered))
+    checks.append(
+        judge_refusal(
+            "relay.refuses_bad_signature",
+            bad_result.status,
+            bad_result.error,
+            "a bad signature",
+            _for(seen, bad_sig["approval_id"]),
+            answered,
+        )
+    )
+    checks.append(
+        judge_refusal(
+            "relay.refuses_stale_timestamp",
+            stale_result.status,
+            stale_result.error,
+            f"a timestamp {STALE_BY_S} s old",
+            _for(seen, stale["approval_id"]),
+            answered,
+        )
+    )
     await _gate_side(checks, service, session, secret, local_url, decision)
 
 
-async def _gate_side(checks: list[CheckResult], service: GateService,
-                     session: aiohttp.ClientSession, secret: str, local_url: str,
-                     decision: Observed | None) -> None:
+async def _gate_side(
+    checks: list[CheckResult],
+    service: GateService,
+    session: aiohttp.ClientSession,
+    secret: str,
+    local_url: str,
+    decision: Observed | None,
+) -> None:
     names = ("gate.replay_refused", "gate.mutated_hash_refused", "gate.out_of_scope_refused")
     template: Any = None
     if decision is not None and decision.status == 200:
@@ -277,25 +400,55 @@ async def _gate_side(checks: list[CheckResult], service: GateService,
         except Exception:  # noqa: BLE001 - an accepted decision always decodes
             template = None
     if not isinstance(template, dict):
-        checks.extend(not_run(name, "no accepted decision to use as a template",
-                              "make the relay's decision acceptable first "
-                              "(relay.decision_accepted)") for name in names)
+        checks.extend(
+            not_run(
+                name,
+                "no accepted decision to use as a template",
+                "make the relay's decision acceptable first (relay.decision_accepted)",
+            )
+            for name in names
+        )
         return
-    replay_headers = {k: v for k, v in decision.headers.items()
-                      if k in (SIGNATURE_HEADER.lower(), PROTOCOL_HEADER.lower(), "content-type")}
-    checks.append(await probe(session, local_url, decision.raw, replay_headers, names[0], 409,
-                              ("already_resolved", "duplicate")))
+    replay_headers = {
+        k: v
+        for k, v in decision.headers.items()
+        if k in (SIGNATURE_HEADER.lower(), PROTOCOL_HEADER.lower(), "content-type")
+    }
+    checks.append(
+        await probe(
+            session,
+            local_url,
+            decision.raw,
+            replay_headers,
+            names[0],
+            409,
+            ("already_resolved", "duplicate"),
+        )
+    )
     target = await _create(service, "conformance-probe")
     rev = target["revisions"][0]
     digest = rev["payload_hash"]
     mutated = digest[:-1] + ("0" if digest[-1] != "0" else "1")
-    raw, headers = _resign(template, secret, approval_id=target["approval_id"],
-                           nonce=rev["nonce"], payload_hash=mutated)
-    checks.append(await probe(session, local_url, raw, headers, names[1], 403,
-                              ("payload_hash_mismatch",)))
+    raw, headers = _resign(
+        template,
+        secret,
+        approval_id=target["approval_id"],
+        nonce=rev["nonce"],
+        payload_hash=mutated,
+    )
+    checks.append(
+        await probe(session, local_url, raw, headers, names[1], 403, ("payload_hash_mismatch",))
+    )
     approver_obj = dict(template.get("approver") or {})
     approver_obj["id"] = OUTSIDER
-    raw, headers = _resign(template, secret, approval_id=target["approval_id"],
-                           nonce=rev["nonce"], payload_hash=digest, approver=approver_obj)
-    checks.append(await probe(session, local_url, raw, headers, names[2], 403,
-                              ("approver_not_allowed",)))
+    raw, headers = _resign(
+        template,
+        secret,
+        approval_id=target["approval_id"],
+        nonce=rev["nonce"],
+        payload_hash=digest,
+        approver=approver_obj,
+    )
+    checks.append(
+        await probe(session, local_url, raw, headers, names[2], 403, ("approver_not_allowed",))
+    )

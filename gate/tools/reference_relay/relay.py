@@ -50,8 +50,8 @@ class AutoDecision:
         """Parse ``approve``, ``skip`` or ``adjust:TEXT``; raises ValueError otherwise."""
         if spec in ("approve", "skip"):
             return cls(spec)
-        if spec.startswith("adjust:") and spec[len("adjust:"):].strip():
-            return cls("adjust", spec[len("adjust:"):])
+        if spec.startswith("adjust:") and spec[len("adjust:") :].strip():
+            return cls("adjust", spec[len("adjust:") :])
         raise ValueError("use approve, skip or adjust:TEXT")
 
 
@@ -59,8 +59,15 @@ class Relay:
     """Holds the relay's secret, who it decides as, the dispatches already handled, what
     it knows of each approval (``Knowledge``) and the prompt on screen (``asking``)."""
 
-    def __init__(self, secret: str, identities: Sequence[str], auto: AutoDecision | None,
-                 max_skew: float, session: aiohttp.ClientSession, terminal: Terminal) -> None:
+    def __init__(
+        self,
+        secret: str,
+        identities: Sequence[str],
+        auto: AutoDecision | None,
+        max_skew: float,
+        session: aiohttp.ClientSession,
+        terminal: Terminal,
+    ) -> None:
         self.secret = secret
         self.identities = tuple(identities)
         self.auto = auto
@@ -77,28 +84,35 @@ class Relay:
         """Verify and ack a dispatch (202), queue it for a human; 401/400 when refused."""
         raw = await request.content.read(MAX_DISPATCH_BYTES + 1)
         if len(raw) > MAX_DISPATCH_BYTES:
-            return web.json_response({"status": "invalid", "reason": "body_too_large"},
-                                     status=413)
+            return web.json_response({"status": "invalid", "reason": "body_too_large"}, status=413)
         try:
-            signing.verify(request.headers.get(SIGNATURE_HEADER), raw, [self.secret],
-                           time.time(), self.max_skew)
+            signing.verify(
+                request.headers.get(SIGNATURE_HEADER),
+                raw,
+                [self.secret],
+                time.time(),
+                self.max_skew,
+            )
             envelope = decode_json(raw)
         except GateError as exc:
             log.warning("event=dispatch_refused reason=%s", exc.code)
             return web.json_response(exc.body(), status=exc.status)
         if not isinstance(envelope, dict) or envelope.get("protocol") != PROTOCOL:
-            return web.json_response({"status": "invalid", "reason": "invalid_protocol"},
-                                     status=400)
+            return web.json_response(
+                {"status": "invalid", "reason": "invalid_protocol"}, status=400
+            )
         missing = _missing_field(envelope)
         if missing is not None:  # say what is wrong, not a hash mismatch (new-user review)
             log.warning("event=dispatch_refused reason=invalid_dispatch field=%s", missing)
-            return web.json_response({"status": "invalid", "reason": "invalid_dispatch",
-                                      "field": missing}, status=400)
+            return web.json_response(
+                {"status": "invalid", "reason": "invalid_dispatch", "field": missing}, status=400
+            )
         body = envelope["draft"]["body"]
         if payload_hash(body) != envelope["payload_hash"]:
             log.warning("event=dispatch_refused reason=payload_hash_mismatch")
-            return web.json_response({"status": "invalid", "reason": "payload_hash_mismatch"},
-                                     status=400)
+            return web.json_response(
+                {"status": "invalid", "reason": "payload_hash_mismatch"}, status=400
+            )
         nonce = envelope["callback"]["nonce"]
         if nonce in self.handled:  # the gate re-sent a dispatch whose ack it missed
             return web.json_response({"status": "accepted", "duplicate": True}, status=202)
@@ -110,10 +124,17 @@ class Relay:
     def _newer(self, approval_id: str, revision: int) -> None:
         """Note that ``revision`` of the approval exists; a prompt on screen about an older
         one is withdrawn (issue 12 item 2)."""
-        if self.known.newer(approval_id, revision) and self.asking is not None and \
-                self.asking[0] == approval_id and self.asking[1] < revision:
-            _settle(self.asking[2], f"Approval {shown(approval_id)} revision {self.asking[1]} "
-                                    f"was superseded by revision {revision}; not asking again.")
+        if (
+            self.known.newer(approval_id, revision)
+            and self.asking is not None
+            and self.asking[0] == approval_id
+            and self.asking[1] < revision
+        ):
+            _settle(
+                self.asking[2],
+                f"Approval {shown(approval_id)} revision {self.asking[1]} "
+                f"was superseded by revision {revision}; not asking again.",
+            )
 
     def _tell(self, text: str) -> None:
         """A line for the human at the terminal (nothing with ``--auto``)."""
@@ -129,32 +150,44 @@ class Relay:
         keys = {identity_key(a) for a in approvers}
         chosen = [i for i in self.identities if identity_key(i) in keys]
         for other in set(self.identities) - set(chosen):
-            log.warning("event=not_in_scope identity=%s approval_id=%s", other,
-                        envelope.get("approval_id"))
+            log.warning(
+                "event=not_in_scope identity=%s approval_id=%s", other, envelope.get("approval_id")
+            )
         if not chosen:  # the human would otherwise see nothing at all
-            self._tell(f"\nApproval {shown(envelope.get('approval_id'))}: none of "
-                       f"{', '.join(self.identities)} is among its approvers "
-                       f"({shown(', '.join(approvers))}); not shown, nobody here can decide "
-                       "it (start the relay with --as one of them).")
+            self._tell(
+                f"\nApproval {shown(envelope.get('approval_id'))}: none of "
+                f"{', '.join(self.identities)} is among its approvers "
+                f"({shown(', '.join(approvers))}); not shown, nobody here can decide "
+                "it (start the relay with --as one of them)."
+            )
         return chosen
 
-    async def post_decision(self, envelope: dict[str, Any], identity: str, verb: str,
-                            text: str | None) -> tuple[int, Any]:
+    async def post_decision(
+        self, envelope: dict[str, Any], identity: str, verb: str, text: str | None
+    ) -> tuple[int, Any]:
         """Sign and POST one decision to the dispatch's callback URL; return (status, answer).
 
         Raises aiohttp.ClientError or TimeoutError when the gate cannot be reached.
         """
         decision = build_decision(
-            approval_id=envelope["approval_id"], nonce=envelope["callback"]["nonce"],
-            decision=verb, payload_hash=envelope["payload_hash"], approver_id=identity,
+            approval_id=envelope["approval_id"],
+            nonce=envelope["callback"]["nonce"],
+            decision=verb,
+            payload_hash=envelope["payload_hash"],
+            approver_id=identity,
             decided_at_ms=int(time.time() * 1000),
             channel="auto" if self.auto is not None else CHANNEL,
-            adjust_text=text if verb == "adjust" else None)
+            adjust_text=text if verb == "adjust" else None,
+        )
         body = wire_json(decision)
-        headers = {"Content-Type": "application/json; charset=utf-8", PROTOCOL_HEADER: PROTOCOL,
-                   SIGNATURE_HEADER: signing.sign(self.secret, int(time.time()), body)}
-        async with self.session.post(envelope["callback"]["url"], data=body, headers=headers,
-                                     allow_redirects=False) as resp:
+        headers = {
+            "Content-Type": "application/json; charset=utf-8",
+            PROTOCOL_HEADER: PROTOCOL,
+            SIGNATURE_HEADER: signing.sign(self.secret, int(time.time()), body),
+        }
+        async with self.session.post(
+            envelope["callback"]["url"], data=body, headers=headers, allow_redirects=False
+        ) as resp:
             text_answer = await resp.text()
             try:
                 answer = json.loads(text_answer)
@@ -162,8 +195,9 @@ class Relay:
                 answer = text_answer
             return resp.status, answer
 
-    async def deliver(self, envelope: dict[str, Any], identity: str, verb: str,
-                      text: str | None) -> tuple[int, Any] | None:
+    async def deliver(
+        self, envelope: dict[str, Any], identity: str, verb: str, text: str | None
+    ) -> tuple[int, Any] | None:
         """POST a decision, retrying with backoff while the gate is unreachable or answers 5xx,
         until the dispatch's ``expires_at``. Returns the last answer, or None if it never came."""
         deadline = expiry_of(envelope, time.time())
@@ -177,11 +211,21 @@ class Relay:
             except (aiohttp.ClientError, TimeoutError) as exc:
                 problem = f"{type(exc).__name__}: {exc}"
             if time.time() + delay >= deadline:
-                log.error("event=decision_lost approval_id=%s approver=%s error=%r (the approval "
-                          "expires at the gate)", envelope.get("approval_id"), identity, problem)
+                log.error(
+                    "event=decision_lost approval_id=%s approver=%s error=%r (the approval "
+                    "expires at the gate)",
+                    envelope.get("approval_id"),
+                    identity,
+                    problem,
+                )
                 return None
-            log.warning("event=decision_retry approval_id=%s approver=%s error=%r retry_in_s=%.0f",
-                        envelope.get("approval_id"), identity, problem, delay)
+            log.warning(
+                "event=decision_retry approval_id=%s approver=%s error=%r retry_in_s=%.0f",
+                envelope.get("approval_id"),
+                identity,
+                problem,
+                delay,
+            )
             await asyncio.sleep(delay)
             delay = min(delay * 2, RETRY_CAP_S)
 
@@ -192,28 +236,49 @@ class Relay:
             try:
                 await self._handle(envelope)
             except (KeyError, TypeError) as exc:
-                log.error("event=decision_failed approval_id=%s error=%r",
-                          envelope.get("approval_id"), exc)
+                log.error(
+                    "event=decision_failed approval_id=%s error=%r",
+                    envelope.get("approval_id"),
+                    exc,
+                )
 
     async def _handle(self, envelope: dict[str, Any]) -> None:
         approval_id, revision = envelope["approval_id"], revision_of(envelope)
-        log.info("event=dispatch_received approval_id=%s revision=%d payload_hash=%s quorum=%s",
-                 approval_id, revision, envelope["payload_hash"], _quorum_field(envelope))
+        log.info(
+            "event=dispatch_received approval_id=%s revision=%d payload_hash=%s quorum=%s",
+            approval_id,
+            revision,
+            envelope["payload_hash"],
+            _quorum_field(envelope),
+        )
         asked = False
         for identity in self.deciders(envelope):
             stale = self.known.stale(envelope, time.time())
             if stale is not None:
-                log.info("event=dispatch_stale approval_id=%s revision=%d reason=%r",
-                         approval_id, revision, stale)
-                self._tell(f"{stale}; not asking {identity}." if asked else
-                           f"\n{stale} before its turn; not shown.")
+                log.info(
+                    "event=dispatch_stale approval_id=%s revision=%d reason=%r",
+                    approval_id,
+                    revision,
+                    stale,
+                )
+                self._tell(
+                    f"{stale}; not asking {identity}."
+                    if asked
+                    else f"\n{stale} before its turn; not shown."
+                )
                 return
             if self.known.recorded(envelope, identity):
-                log.info("event=already_recorded approval_id=%s revision=%d approver=%s",
-                         approval_id, revision, identity)
-                self._tell(f"Approval {shown(approval_id)} revision {revision}: not asking "
-                           f"{identity}, whose decision on it is recorded (an edit counts as "
-                           "its editor's approval).")
+                log.info(
+                    "event=already_recorded approval_id=%s revision=%d approver=%s",
+                    approval_id,
+                    revision,
+                    identity,
+                )
+                self._tell(
+                    f"Approval {shown(approval_id)} revision {revision}: not asking "
+                    f"{identity}, whose decision on it is recorded (an edit counts as "
+                    "its editor's approval)."
+                )
                 continue
             asked = True
             sent = await self._decide(envelope, identity)
@@ -221,11 +286,13 @@ class Relay:
                 return
             self.known.learn(envelope, identity, sent)
             quorum = envelope.get("quorum")
-            if sent.status == 200 and isinstance(quorum, dict) and isinstance(
-                    quorum.get("collected"), int):
+            if (
+                sent.status == 200
+                and isinstance(quorum, dict)
+                and isinstance(quorum.get("collected"), int)
+            ):
                 # recorded, not resolved: the next approver's prompt shows the new count
-                envelope = {**envelope, "quorum": {**quorum,
-                                                   "collected": quorum["collected"] + 1}}
+                envelope = {**envelope, "quorum": {**quorum, "collected": quorum["collected"] + 1}}
 
     async def _decide(self, envelope: dict[str, Any], identity: str) -> Sent | None:
         """Ask (or auto-decide) until the gate takes an answer; None when nobody can answer
@@ -239,25 +306,39 @@ class Relay:
                 try:
                     verb, text = await self._ask(envelope, identity)
                 except Withdrawn as exc:
-                    log.info("event=prompt_withdrawn approval_id=%s revision=%d approver=%s "
-                             "reason=%r", envelope["approval_id"], revision_of(envelope), identity,
-                             str(exc))
+                    log.info(
+                        "event=prompt_withdrawn approval_id=%s revision=%d approver=%s reason=%r",
+                        envelope["approval_id"],
+                        revision_of(envelope),
+                        identity,
+                        str(exc),
+                    )
                     return None
                 except EOFError:
                     self.stdin_closed = True
-                    log.warning("event=stdin_closed reason=%r", "no human can answer on this "
-                                "terminal; dispatches stay undecided and expire at the gate")
+                    log.warning(
+                        "event=stdin_closed reason=%r",
+                        "no human can answer on this "
+                        "terminal; dispatches stay undecided and expire at the gate",
+                    )
                     return None
             result = await self.deliver(envelope, identity, verb, text)
             if result is None:
                 return None
             sent = Sent(verb, text, *result)
-            log.info("event=decision_sent approval_id=%s approver=%s decision=%s answer=%s %s",
-                     envelope.get("approval_id"), identity, verb, sent.status,
-                     json.dumps(sent.answer, ensure_ascii=False))
+            log.info(
+                "event=decision_sent approval_id=%s approver=%s decision=%s answer=%s %s",
+                envelope.get("approval_id"),
+                identity,
+                verb,
+                sent.status,
+                json.dumps(sent.answer, ensure_ascii=False),
+            )
             if sent.status == 422 and self.auto is None:
-                self.terminal.say(f"The gate refused that answer ({sent.fields.get('reason')}); "
-                                  "please answer again.")
+                self.terminal.say(
+                    f"The gate refused that answer ({sent.fields.get('reason')}); "
+                    "please answer again."
+                )
                 continue
             self._tell(verdict(verb, sent.status, sent.answer))
             return sent
@@ -273,9 +354,12 @@ class Relay:
             self.terminal.say(f"{now_stale}; not asking again.")
             raise Withdrawn(now_stale)
         timer = loop.call_later(
-            max(0.0, expiry_of(envelope, time.time()) - time.time()), _settle, stale,
+            max(0.0, expiry_of(envelope, time.time()) - time.time()),
+            _settle,
+            stale,
             f"Approval {shown(approval_id)} expired at {shown(envelope.get('expires_at'))} "
-            "while waiting for an answer; not asking any more.")
+            "while waiting for an answer; not asking any more.",
+        )
         self.asking = (approval_id, revision, stale)
         try:
             return await self.terminal.ask(envelope, identity, stale)
@@ -296,8 +380,9 @@ def _quorum_field(envelope: dict[str, Any]) -> str:
     return f"{quorum.get('collected')}/{quorum.get('required')}"
 
 
-async def run_relay(listen: str, secret: str, identities: Sequence[str],
-                    auto: AutoDecision | None, max_skew: float) -> None:
+async def run_relay(
+    listen: str, secret: str, identities: Sequence[str], auto: AutoDecision | None, max_skew: float
+) -> None:
     """Serve the relay on ``listen`` (``host:port``) until SIGINT/SIGTERM."""
     import signal
 
@@ -308,8 +393,9 @@ async def run_relay(listen: str, secret: str, identities: Sequence[str],
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30),
-                                     trust_env=False) as session:
+    async with aiohttp.ClientSession(
+        timeout=aiohttp.ClientTimeout(total=30), trust_env=False
+    ) as session:
         terminal = Terminal.open(loop, LogHold.install() if auto is None else None)
         relay = Relay(secret, identities, auto, max_skew, session, terminal)
         app = web.Application()
@@ -319,8 +405,12 @@ async def run_relay(listen: str, secret: str, identities: Sequence[str],
         site = web.TCPSite(runner, parsed[1], parsed[2])
         await site.start()
         host, port = runner.addresses[0][:2]
-        log.info("event=relay_listening url=http://%s:%d/ mode=%s", host, port,
-                 f"auto:{auto.verb}" if auto else "terminal")
+        log.info(
+            "event=relay_listening url=http://%s:%d/ mode=%s",
+            host,
+            port,
+            f"auto:{auto.verb}" if auto else "terminal",
+        )
         if auto is None:
             terminal.say(greeting(f"http://{host}:{port}/", identities, terminal.interactive))
         worker = asyncio.create_task(relay.work())

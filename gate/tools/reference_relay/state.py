@@ -76,8 +76,10 @@ class Knowledge:
             return f"Approval {shown(approval_id)} {self.closed[approval_id]}"
         newest = self.latest.get(approval_id, 0)
         if newest > revision:
-            return (f"Approval {shown(approval_id)} revision {revision} was superseded by "
-                    f"revision {newest}")
+            return (
+                f"Approval {shown(approval_id)} revision {revision} was superseded by "
+                f"revision {newest}"
+            )
         if now >= expiry_of(envelope, now):
             return f"Approval {shown(approval_id)} expired at {shown(envelope.get('expires_at'))}"
         return None
@@ -96,8 +98,9 @@ class Knowledge:
         reason, outcome = sent.fields.get("reason"), shown(sent.fields.get("outcome"))
         if (sent.status == 200 and sent.fields.get("resolved")) or reason == "already_resolved":
             self.closed[approval_id] = f"was resolved ({outcome})"
-        elif sent.status == 200 and sent.verb == "adjust" and \
-                sent.text != envelope["draft"]["body"]:
+        elif (
+            sent.status == 200 and sent.verb == "adjust" and sent.text != envelope["draft"]["body"]
+        ):
             self.decided.setdefault((approval_id, revision + 1), set()).add(_key(identity))
             self.newer(approval_id, revision + 1)
         elif sent.status == 200 or reason in ("duplicate", "already_decided"):

@@ -219,8 +219,9 @@ class Terminal:
         self.out.write(text + end)
         self.out.flush()
 
-    async def ask(self, envelope: dict[str, Any], identity: str,
-                  stale: asyncio.Future[str]) -> tuple[str, str | None]:
+    async def ask(
+        self, envelope: dict[str, Any], identity: str, stale: asyncio.Future[str]
+    ) -> tuple[str, str | None]:
         """Show the draft to ``identity`` and return ``(verb, adjust text or None)``.
 
         Only input given after the whole draft was written counts (a terminal's earlier

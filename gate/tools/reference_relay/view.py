@@ -22,8 +22,14 @@ KEYS = {"a": "approve", "s": "skip", "e": "adjust"}
 FINAL = frozenset({"already_resolved", "expired", "unknown_approval"})
 WORDS = {"approve": "approve", "skip": "skip", "edit": "adjust", "adjust": "adjust"}
 # whitespace a human knows by name; any other is shown as its code point
-_SPACE_NAMES = {" ": "space", "\t": "tab", "\n": "newline", "\r": "carriage return",
-                "\x0b": "vertical tab", "\x0c": "form feed"}
+_SPACE_NAMES = {
+    " ": "space",
+    "\t": "tab",
+    "\n": "newline",
+    "\r": "carriage return",
+    "\x0b": "vertical tab",
+    "\x0c": "form feed",
+}
 
 # Unicode categories a terminal does not show as themselves: controls (C0, DEL, C1: carriage
 # return, escape sequences), format characters (bidi overrides, zero-width), line and paragraph
@@ -86,15 +92,19 @@ def budget_lines(budget: object, pipeline: str) -> list[str]:
     if not budget:
         return []
     fields = ("spent_today", "cap_today", "spent_pipeline", "cap_pipeline", "this_request")
-    if not isinstance(budget, dict) or not isinstance(budget.get("unit", ""), str) or any(
-            budget.get(key) is not None and _number(budget.get(key)) is None for key in fields):
+    if (
+        not isinstance(budget, dict)
+        or not isinstance(budget.get("unit", ""), str)
+        or any(budget.get(key) is not None and _number(budget.get(key)) is None for key in fields)
+    ):
         return [f"budget: {shown(json.dumps(budget, ensure_ascii=False))}"]
     unit = shown(budget.get("unit") or "")
     spend = _number(budget.get("this_request"))
     lines = []
-    for scope, spent_key, cap_key in (("all pipelines", "spent_today", "cap_today"),
-                                      (f"pipeline {shown(pipeline)}", "spent_pipeline",
-                                       "cap_pipeline")):
+    for scope, spent_key, cap_key in (
+        ("all pipelines", "spent_today", "cap_today"),
+        (f"pipeline {shown(pipeline)}", "spent_pipeline", "cap_pipeline"),
+    ):
         cap = _number(budget.get(cap_key))
         if cap is None:
             continue
@@ -109,8 +119,9 @@ def budget_lines(budget: object, pipeline: str) -> list[str]:
             if spent > cap:
                 words += f", already {amount(spent - cap, unit)} over the cap"
             words += ", the request names no spend"
-        lines.append(f"budget: {words} ({scope}: cap {amount(cap, unit)}, "
-                     f"{amount(spent, unit)} spent)")
+        lines.append(
+            f"budget: {words} ({scope}: cap {amount(cap, unit)}, {amount(spent, unit)} spent)"
+        )
     if not lines and spend is not None:
         lines.append(f"budget: spend {amount(spend, unit)} (no cap)")
     return lines
@@ -123,16 +134,20 @@ def draft_lines(body: str) -> tuple[list[str], list[str]]:
     text, hidden = visible(body)
     warnings = []
     if hidden:
-        warnings.append(f"warning: the draft holds {hidden} control or invisible characters, "
-                        "shown as <U+XXXX>; the draft approved is exactly as sent, with them")
+        warnings.append(
+            f"warning: the draft holds {hidden} control or invisible characters, "
+            "shown as <U+XXXX>; the draft approved is exactly as sent, with them"
+        )
     if not body:
         return warnings, ["(the draft is empty)"]
     if is_blank(body):  # the gate's rule: only Unicode White_Space (issue 12, items 5 and 9)
         counts = Counter(body)
-        kinds = ", ".join(_count(n, _SPACE_NAMES.get(c) or f"U+{ord(c):04X}")
-                          for c, n in counts.items())
-        return warnings, [f"(the draft is only whitespace, {_count(len(body), 'character')}: "
-                          f"{kinds})"]
+        kinds = ", ".join(
+            _count(n, _SPACE_NAMES.get(c) or f"U+{ord(c):04X}") for c, n in counts.items()
+        )
+        return warnings, [
+            f"(the draft is only whitespace, {_count(len(body), 'character')}: {kinds})"
+        ]
     return warnings, [text]
 
 
@@ -207,16 +222,26 @@ def verdict(verb: str, status: int, answer: Any) -> str:
         return "Recorded; the quorum is not complete yet."
     reason = answer.get("reason") if isinstance(answer, dict) else None
     outcome = answer.get("outcome") if isinstance(answer, dict) else None
-    tail = (f"; the approval is resolved {shown(outcome)} without it." if outcome else
-            "; the approval timed out without it." if reason == "expired" else
-            "; the approval is resolved without it." if reason in FINAL else ".")
-    return (f"The gate did not record your {verb}: {shown(reason or 'refused')} "
-            f"(HTTP {status}){tail}")
+    tail = (
+        f"; the approval is resolved {shown(outcome)} without it."
+        if outcome
+        else "; the approval timed out without it."
+        if reason == "expired"
+        else "; the approval is resolved without it."
+        if reason in FINAL
+        else "."
+    )
+    return (
+        f"The gate did not record your {verb}: {shown(reason or 'refused')} (HTTP {status}){tail}"
+    )
 
 
 def greeting(url: str, identities: Sequence[str], interactive: bool) -> str:
     """The relay's first line at the terminal: where it listens, as whom and how it asks."""
     who = f"as {', '.join(identities)}" if identities else "as each dispatch's first approver"
-    how = ("on this terminal; keys typed before a prompt are discarded" if interactive else
-           "reading the answers from stdin (not a terminal): one line per prompt, in order")
+    how = (
+        "on this terminal; keys typed before a prompt are discarded"
+        if interactive
+        else "reading the answers from stdin (not a terminal): one line per prompt, in order"
+    )
     return f"hitl-gate relay listening on {url}; asking {who}, {how}. Ctrl-C stops."
