@@ -1,4 +1,5 @@
-"""Domain errors: a stable machine ``code`` plus a human message; HTTP and CLI answers carry the code."""
+"""Domain errors: a stable machine ``code`` plus a human message; HTTP and CLI answers carry the
+code."""
 
 from __future__ import annotations
 
@@ -41,7 +42,8 @@ class GateError(Exception):
 
 
 class ConfigError(GateError):
-    """The configuration is invalid. ``errors`` lists every problem as ``"<yaml.path>: <message>"``."""
+    """The configuration is invalid. ``errors`` lists every problem as ``"<yaml.path>:
+    <message>"``."""
 
     def __init__(self, errors: list[str]) -> None:
         super().__init__("config_invalid", "; ".join(errors), status=500, kind="error")

@@ -19,7 +19,8 @@ def relay() -> Iterator[CaptureRelay]:
 
 @pytest.fixture
 def gate(tmp_path, relay) -> Iterator[GateProcess]:
-    """A real ``hitl-gate serve`` on port 0 with the default test config, dispatching to ``relay``."""
+    """A real ``hitl-gate serve`` on port 0 with the default test config, dispatching to
+    ``relay``."""
     proc = GateProcess(write_config(tmp_path, relay.url)).start()
     yield proc
     if proc.proc and proc.proc.poll() is None:

@@ -390,7 +390,8 @@ def post_decision(
     header: str | None = None,
     headers: dict[str, str] | None = None,
 ) -> tuple[int, Any, dict[str, str]]:
-    """Sign (unless ``header`` is given) and POST a decision; returns ``(status, json, headers)``."""
+    """Sign (unless ``header`` is given) and POST a decision; returns ``(status, json,
+    headers)``."""
     raw = body if isinstance(body, bytes) else wire_json(body)
     hdrs = sign_headers(raw, secret, t, header)
     hdrs.update(headers or {})
@@ -609,7 +610,9 @@ class CliProcess:
             self.proc.wait(DEADLINE_S)
             for thread in self._threads:
                 thread.join(DEADLINE_S)
-            raise AssertionError(f"process did not exit within {timeout} s:\n{self.log()}")
+            raise AssertionError(
+                f"process did not exit within {timeout} s:\n{self.log()}"
+            ) from None
         for thread in self._threads:
             thread.join(DEADLINE_S)
         return code, self.stdout, self.log()

@@ -1,4 +1,5 @@
-"""Tests for gate.audit.chain (SPEC §7): seal/verify a hash chain, tamper detection, export round trip."""
+"""Tests for gate.audit.chain (SPEC §7): seal/verify a hash chain, tamper detection, export round
+trip."""
 
 from __future__ import annotations
 

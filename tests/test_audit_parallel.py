@@ -71,8 +71,8 @@ def swap_entries(a: int, b: int) -> Callable[[sqlite3.Connection], None]:
         rows = {
             seq: rest
             for seq, *rest in conn.execute(
-                "SELECT seq, approval_id, kind, entry, prev_hash, entry_hash, receipt FROM audit_log"
-                " WHERE seq IN (?, ?)",
+                "SELECT seq, approval_id, kind, entry, prev_hash, entry_hash, receipt"
+                " FROM audit_log WHERE seq IN (?, ?)",
                 (a, b),
             )
         }

@@ -259,7 +259,8 @@ ACKED_AT = 1_767_225_600_123
         (
             [{"revision": 1, "attempts": 2}],
             [(1, 3, ACKED_AT)],
-            "its outbox row counts 3 attempts for the acked dispatch of revision 1, audit entry 5 2",
+            "its outbox row counts 3 attempts for the acked dispatch of revision 1, "
+            "audit entry 5 2",
         ),
         (
             [{"revision": 1, "attempts": 2}],
@@ -275,7 +276,8 @@ ACKED_AT = 1_767_225_600_123
         (
             [{"revision": 3, "attempts": 1}],
             [],
-            "audit entry 5 records the relay's ack of revision 3, which the audit log does not hold",
+            "audit entry 5 records the relay's ack of revision 3, "
+            "which the audit log does not hold",
         ),
         (
             [],

@@ -1256,7 +1256,7 @@ def test_client_hanging_up_mid_body_is_not_an_internal_error(start_gate, relay):
     rng = random.Random(7)
     opened = [open_approval(proc, relay) for _ in range(4)]
     before = {aid: proc.api().get(aid) for aid, _ in opened}
-    for aid, dispatch in opened:
+    for _aid, dispatch in opened:
         raw = wire_json(decision_body(dispatch))
         for _ in range(5):  # FIN or RST at random, after half the body
             _send_and_drop(proc.callback_url, raw, sign_headers(raw), rng, len(raw) // 2)
@@ -1264,7 +1264,7 @@ def test_client_hanging_up_mid_body_is_not_an_internal_error(start_gate, relay):
     assert {aid: proc.api().get(aid) for aid, _ in opened} == before
     flush_log(proc)
     assert_daemon_log_clean(proc)
-    for aid, dispatch in opened:  # the approvals still take a whole decision
+    for _aid, dispatch in opened:  # the approvals still take a whole decision
         assert post(proc, decision_body(dispatch)) == (200, APPROVED)
 
 

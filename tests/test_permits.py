@@ -118,7 +118,8 @@ def test_permit_vector_checks(check: dict[str, Any]) -> None:
     assert info.value.code == check["expect"], info.value.message
 
 
-# ---- gate.trust.permit.verify: each refusal -------------------------------------------------------
+# ---- gate.trust.permit.verify: each refusal
+# -------------------------------------------------------
 
 
 def _forge(

@@ -1,4 +1,5 @@
-"""``gate.client.request.hops``: the lines ``request --wait`` prints, in the order things happened."""
+"""``gate.client.request.hops``: the lines ``request --wait`` prints, in the order things
+happened."""
 
 from __future__ import annotations
 

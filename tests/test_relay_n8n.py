@@ -280,7 +280,9 @@ def test_verify_node_accepts_a_gate_dispatch_and_refuses_the_rest() -> None:
             raw,
             {
                 **headers,
-                "X-Draftcat-Signature": f" v1 = {signing.compute(SECRET, f'00{NOW}', raw)} , t = 00{NOW} ",
+                "X-Draftcat-Signature": (
+                    f" v1 = {signing.compute(SECRET, f'00{NOW}', raw)} , t = 00{NOW} "
+                ),
             },
         ),
     ]

@@ -127,8 +127,8 @@ def daemon_has_read(sock: socket.socket) -> bool:
     """True once the daemon's end of our loopback connection ``sock`` holds no unread bytes
     (Linux /proc/net/tcp, the rx_queue of the entry whose local address is our peer): the
     request we sent has been read by the daemon, so it is in flight there."""
-    ours = "0100007F:%04X" % sock.getsockname()[1]
-    theirs = "0100007F:%04X" % sock.getpeername()[1]
+    ours = f"0100007F:{sock.getsockname()[1]:04X}"
+    theirs = f"0100007F:{sock.getpeername()[1]:04X}"
     for line in Path("/proc/net/tcp").read_text(encoding="ascii").splitlines()[1:]:
         fields = line.split()
         if fields[1] == theirs and fields[2] == ours:
@@ -231,8 +231,8 @@ def test_refused_asks_again_when_a_connect_races_the_close() -> None:
     for _ in range(150):
         listener = socket.create_server(("127.0.0.1", 0))
         listener.setblocking(False)
-        url = "http://127.0.0.1:%d/" % listener.getsockname()[1]
-        probes = [InBackground(lambda: until_refused(url)) for _ in range(4)]
+        url = f"http://127.0.0.1:{listener.getsockname()[1]}/"
+        probes = [InBackground(lambda url=url: until_refused(url)) for _ in range(4)]
         accepting_until = time.monotonic() + 0.02  # accept for a while, then close
         while time.monotonic() < accepting_until:
             with contextlib.suppress(BlockingIOError):

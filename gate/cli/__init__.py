@@ -92,7 +92,8 @@ def _config(path: str) -> Any:
 
 
 def _receipt_keys(config: Any, *, private: bool = True) -> Any:
-    """Load the config's Ed25519 keys (``gate.trust.keys.load_receipt_keys``); ConfigError if bad."""
+    """Load the config's Ed25519 keys (``gate.trust.keys.load_receipt_keys``); ConfigError if
+    bad."""
     from gate.trust.keys import load_receipt_keys
 
     return load_receipt_keys(config.receipts, private=private)

@@ -1,4 +1,5 @@
-"""GateService: create, decide, expire, cancel, wait. Reads the injectable clock; no HTTP, no SQL."""
+"""GateService: create, decide, expire, cancel, wait. Reads the injectable clock; no HTTP, no
+SQL."""
 
 from __future__ import annotations
 
@@ -224,7 +225,8 @@ class GateService:
     async def create(
         self, req: CreateRequest, idempotency_key: str | None
     ) -> tuple[dict[str, Any], bool]:
-        """Record a new approval and its dispatch in one transaction (outbox); never waits on the relay.
+        """Record a new approval and its dispatch in one transaction (outbox); never waits on the
+        relay.
 
         Returns ``(approval object, created)``; ``created`` is False when the same
         Idempotency-Key and body were seen before. Raises NotFound (404), GateError 400

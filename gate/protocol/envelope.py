@@ -32,7 +32,8 @@ def _utc_seconds(seconds: int) -> str:
 
 
 def rfc3339(ms: int) -> str:
-    """Format unix milliseconds as RFC 3339 UTC with ``Z``; fraction only when non-zero (like Go's RFC3339Nano)."""
+    """Format unix milliseconds as RFC 3339 UTC with ``Z``; fraction only when non-zero (like Go's
+    RFC3339Nano)."""
     base = _utc_seconds(ms // 1000)
     frac = ms % 1000
     return f"{base}.{frac:03d}".rstrip("0") + "Z" if frac else base + "Z"

@@ -1,4 +1,5 @@
-"""The whole schema as reviewed SQL; migrations applied in order, versioned by PRAGMA user_version."""
+"""The whole schema as reviewed SQL; migrations applied in order, versioned by PRAGMA
+user_version."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ MIGRATIONS: list[list[str]] = [
             risk            TEXT NOT NULL,
             content_type    TEXT NOT NULL,
             quorum_required INTEGER NOT NULL CHECK (quorum_required >= 1),
-            scope           TEXT NOT NULL,  -- JSON [[operator_id, identity], ...] frozen at creation
+            scope           TEXT NOT NULL,  -- JSON [[operator_id, identity], ...], frozen
             budget          TEXT,           -- JSON budget context sent to the relay, or NULL
             spend           REAL,
             revision        INTEGER NOT NULL DEFAULT 1,

@@ -1,4 +1,5 @@
-"""The statements of one write transaction (sync, run on the writer thread) and the approval loader."""
+"""The statements of one write transaction (sync, run on the writer thread) and the approval
+loader."""
 
 from __future__ import annotations
 
@@ -113,7 +114,8 @@ class WriteTx:
         return None if row is None else int(row["revision"])
 
     def spent(self, since_ms: int, pipeline: str | None) -> float:
-        """Return the summed ``spend`` of approvals that fired (approved/adjusted) since ``since_ms``."""
+        """Return the summed ``spend`` of approvals that fired (approved/adjusted) since
+        ``since_ms``."""
         sql = (
             "SELECT COALESCE(SUM(spend), 0) AS s FROM approvals WHERE outcome IN "
             "('approved', 'adjusted') AND resolved_at >= ?"
@@ -164,7 +166,8 @@ class WriteTx:
         )
 
     def insert_decision(self, row: dict[str, Any]) -> None:
-        """Insert an accepted decision; UNIQUE(approval_id, revision, operator_id) guards recounts."""
+        """Insert an accepted decision; UNIQUE(approval_id, revision, operator_id) guards
+        recounts."""
         cols = ", ".join(row)
         marks = ", ".join("?" for _ in row)
         self._conn.execute(f"INSERT INTO decisions ({cols}) VALUES ({marks})", tuple(row.values()))
@@ -221,7 +224,8 @@ class WriteTx:
         return cur.rowcount == 1
 
     def due_expiries(self, now_ms: int, limit: int) -> list[str]:
-        """Return ids of pending approvals with ``expires_at <= now_ms`` (uses the partial index)."""
+        """Return ids of pending approvals with ``expires_at <= now_ms`` (uses the partial
+        index)."""
         rows = self._conn.execute(
             "SELECT approval_id FROM approvals INDEXED BY approvals_pending_expiry"
             " WHERE state = 'pending' AND expires_at <= ?"
