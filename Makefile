@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 RUNTIME := $(VENV)/.installed-runtime
 TESTING := $(VENV)/.installed-test
 
-.PHONY: demo test venv clean
+.PHONY: demo test test-fast lint venv clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -35,6 +35,12 @@ demo: $(RUNTIME)
 
 test: $(TESTING)
 	$(BIN)/python -m pytest
+
+# The habits CI enforces (.ci/run runs this before `make test`).
+lint: $(TESTING)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
 
 clean:
 	rm -rf $(VENV) var build dist *.egg-info

@@ -180,7 +180,7 @@ def configure(level: str = "INFO", log_format: str = "text") -> None:
         raise ValueError(f"log format must be one of {', '.join(FORMATS)}")
     # no line shows the caller, thread or process: skip collecting them per record (the
     # logging HOWTO's "Optimization" switches; about a quarter of a line's cost)
-    logging._srcfile = None  # type: ignore[attr-defined]
+    logging._srcfile = None  # type: ignore[attr-defined,unused-ignore]
     logging.logThreads = False
     logging.logProcesses = False
     logging.logMultiprocessing = False

@@ -30,7 +30,7 @@ log = logging.getLogger(__name__)
 # A counter's ``<name>_created`` series (its creation time) would read as a second counter
 # next to ``hitl_gate_approvals_created_total``; this process exposes only hitl-gate's own
 # registries, so the process-wide switch is ours to turn.
-prometheus_client.disable_created_metrics()
+prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]
 
 OUTCOMES = ("approved", "adjusted", "skipped", "timeout", "cancelled")
 VERBS = ("approve", "skip", "adjust")
@@ -208,7 +208,7 @@ class Metrics:
         self._state.now_ms = now_ms
         self._state.writer_unanswered_s = service.store.writer_unanswered_s
         if wants_openmetrics(accept):
-            return openmetrics.generate_latest(self.registry), OPENMETRICS_CONTENT_TYPE
+            return openmetrics.generate_latest(self.registry), OPENMETRICS_CONTENT_TYPE  # type: ignore[no-untyped-call]
         return generate_latest(self.registry), TEXT_CONTENT_TYPE
 
 

@@ -14,6 +14,8 @@ from gate.config import (
     BudgetConfig,
     Config,
     Secrets,
+    TcpListen,
+    UnixListen,
     load,
     load_config,
     load_secrets,
@@ -590,12 +592,12 @@ def test_config_base60_duration_is_not_a_number(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("addr", "parsed"),
     [
-        ("127.0.0.1:8090", ("tcp", "127.0.0.1", 8090)),
-        ("localhost:0", ("tcp", "localhost", 0)),
-        ("0.0.0.0:65535", ("tcp", "0.0.0.0", 65535)),
-        ("[::1]:8090", ("tcp", "::1", 8090)),
-        ("unix:/run/hitl-gate.sock", ("unix", "/run/hitl-gate.sock")),
-        ("unix:var/api.sock", ("unix", "var/api.sock")),
+        ("127.0.0.1:8090", TcpListen("127.0.0.1", 8090)),
+        ("localhost:0", TcpListen("localhost", 0)),
+        ("0.0.0.0:65535", TcpListen("0.0.0.0", 65535)),
+        ("[::1]:8090", TcpListen("::1", 8090)),
+        ("unix:/run/hitl-gate.sock", UnixListen("/run/hitl-gate.sock")),
+        ("unix:var/api.sock", UnixListen("var/api.sock")),
     ],
 )
 def test_parse_listen_good(addr: str, parsed: tuple[str, ...]) -> None:

@@ -546,10 +546,15 @@ def parse_export_line(line: str) -> AuditRow:
     texts = [obj[name] for name in ("kind", "entry", "prev_hash", "entry_hash", "receipt")]
     if not all(isinstance(text, str) for text in texts):
         raise TypeError("kind, entry, prev_hash, entry_hash and receipt must be strings")
+    kind, entry, prev_hash, entry_hash, receipt = texts
     return AuditRow(
         seq,
         _optional_text(obj, "approval_id"),
-        *texts,
+        kind,
+        entry,
+        prev_hash,
+        entry_hash,
+        receipt,
         _optional_text(obj, "key_id"),
         _optional_text(obj, "signature"),
     )

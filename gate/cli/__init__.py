@@ -1209,14 +1209,14 @@ def verify(
     Example: hitl-gate verify http://127.0.0.1:8091/ --secret-env HITL_RELAY_SECRET
     --approver alice@example.com
     """
-    from gate.config import parse_listen
+    from gate.config import TcpListen, parse_listen
     from gate.tools.conformance.runner import run_verify
 
     secret = _relay_secret(secret_env)
     if not relay_url.startswith(("http://", "https://")):
         fail("RELAY_URL must be an http:// or https:// URL", 2)
     try:
-        if parse_listen(listen)[0] != "tcp":
+        if not isinstance(parse_listen(listen), TcpListen):
             raise ValueError("unix sockets cannot be reached by a relay")
     except ValueError as exc:
         fail(f"--listen: {exc}", 2)

@@ -8,7 +8,7 @@ from typing import Any
 
 import aiohttp
 
-from gate.config import Config, parse_listen
+from gate.config import Config, UnixListen, parse_listen
 from gate.core.requests import quorum_unreachable_message
 from gate.errors import GateError
 
@@ -23,14 +23,14 @@ def api_base(config: Config) -> str:
     A wildcard bind address (0.0.0.0, ::) is reached on loopback.
     """
     parsed = parse_listen(config.api.listen)
-    if parsed[0] == "unix":
-        return f"unix:{parsed[1]}"
-    host = parsed[1]
+    if isinstance(parsed, UnixListen):
+        return f"unix:{parsed.path}"
+    host = parsed.host
     if host in ("0.0.0.0", "", "::"):
         host = "127.0.0.1"
     if ":" in host:
         host = f"[{host}]"
-    return f"http://{host}:{parsed[2]}"
+    return f"http://{host}:{parsed.port}"
 
 
 def _detail(answer: dict[str, Any]) -> str | None:

@@ -24,7 +24,7 @@ LAST_ATTEMPT_S = 1.0
 def _pause(outage: int, deadline: float | None) -> float:
     """Seconds to wait after the ``outage``-th failed try in a row: ``RETRY_BASE_S``
     doubling to ``RETRY_CAP_S``, never past ``deadline`` (time.monotonic(), or None)."""
-    pause = min(RETRY_CAP_S, RETRY_BASE_S * 2 ** (outage - 1))
+    pause = min(RETRY_CAP_S, RETRY_BASE_S * float(2 ** (outage - 1)))
     return pause if deadline is None else min(pause, max(0.0, deadline - time.monotonic()))
 
 

@@ -39,7 +39,7 @@ from gate.config.secrets import (
     read_receipt_key,
 )
 from gate.config.validate import _cross_check
-from gate.config.values import parse_duration, parse_listen
+from gate.config.values import TcpListen, UnixListen, parse_duration, parse_listen
 from gate.config.yamlfile import _Loader, _yaml_error
 from gate.errors import ConfigError
 
@@ -71,6 +71,8 @@ __all__ = [
     "read_receipt_key",
     "parse_duration",
     "parse_listen",
+    "TcpListen",
+    "UnixListen",
 ]
 
 

@@ -7,7 +7,7 @@ from urllib.parse import urlsplit
 
 from gate.config.model import Config, StepConfig
 from gate.config.secrets import _secret_vars
-from gate.config.values import identity_problem, parse_listen
+from gate.config.values import TcpListen, identity_problem, parse_listen
 from gate.protocol import DECISIONS_PATH
 from gate.protocol.whitespace import is_blank
 
@@ -21,10 +21,10 @@ def _check_listeners(config: Config) -> list[str]:
     callback = parse_listen(relay.callback_addr)
     api = parse_listen(config.api.listen)
     if (
-        api[0] == "tcp"
-        and callback[0] == "tcp"
-        and api[2] == callback[2] != 0
-        and (api[1] == callback[1] or "0.0.0.0" in (api[1], callback[1]))
+        isinstance(api, TcpListen)
+        and isinstance(callback, TcpListen)
+        and api.port == callback.port != 0
+        and (api.host == callback.host or "0.0.0.0" in (api.host, callback.host))
     ):
         errors.append(
             f"api.listen: {config.api.listen} is the same address as "

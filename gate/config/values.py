@@ -6,6 +6,7 @@ import math
 import os
 import re
 import unicodedata
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -56,8 +57,23 @@ def parse_duration(text: str | int | float) -> float:
     return seconds
 
 
-def parse_listen(addr: str) -> tuple[str, str, int] | tuple[str, str]:
-    """Split a listen address into ``("tcp", host, port)`` or ``("unix", path)`` (SPEC §3).
+@dataclass(frozen=True, slots=True)
+class TcpListen:
+    """A ``host:port`` listen address; ``port`` 0 asks for an ephemeral port."""
+
+    host: str
+    port: int
+
+
+@dataclass(frozen=True, slots=True)
+class UnixListen:
+    """A ``unix:/path.sock`` listen address."""
+
+    path: str
+
+
+def parse_listen(addr: str) -> TcpListen | UnixListen:
+    """Parse a listen address into a ``TcpListen`` or a ``UnixListen`` (SPEC §3).
 
     ``host:port`` (port 0-65535, 0 = ephemeral; IPv6 hosts in brackets, ``[::1]:8090``,
     returned without brackets) or ``unix:/path.sock``. Raises ``ValueError`` with a one-line
@@ -69,7 +85,7 @@ def parse_listen(addr: str) -> tuple[str, str, int] | tuple[str, str]:
         path = addr[len("unix:") :]
         if not path.strip():
             raise ValueError("unix socket path is empty (use e.g. unix:/run/hitl-gate.sock)")
-        return ("unix", path)
+        return UnixListen(path)
     host, sep, port_text = addr.rpartition(":")
     if not sep or not host:
         raise ValueError(f"invalid address {addr!r} (use host:port, e.g. 127.0.0.1:8090)")
@@ -83,7 +99,7 @@ def parse_listen(addr: str) -> tuple[str, str, int] | tuple[str, str]:
         raise ValueError(f"invalid address {addr!r} (host contains whitespace)")
     if not _PORT.fullmatch(port_text) or int(port_text) > 65535:
         raise ValueError(f"invalid port in {addr!r} (use 0-65535)")
-    return ("tcp", host, int(port_text))
+    return TcpListen(host, int(port_text))
 
 
 # --------------------------------------------------------------------------- field validators
@@ -154,7 +170,7 @@ def _check_listen(value: str) -> str:
 
 
 def _check_tcp_addr(value: str) -> str:
-    if parse_listen(value)[0] != "tcp":
+    if not isinstance(parse_listen(value), TcpListen):
         raise ValueError("must be host:port (a unix socket is not allowed here)")
     return value
 

@@ -72,7 +72,8 @@ def check_state(
 
 def current_revision(approval: dict[str, Any]) -> dict[str, Any]:
     """Return the revision row that is current on ``approval``."""
-    for rev in approval["revisions"]:
+    revisions: list[dict[str, Any]] = approval["revisions"]
+    for rev in revisions:
         if rev["revision"] == approval["revision"]:
             return rev
     raise LookupError(f"approval {approval['approval_id']} has no current revision row")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import random
 import ssl
@@ -61,7 +62,7 @@ def backoff_s(attempts: int, rng: random.Random) -> float:
     Capped exponential (0.5 s doubling, capped at 60 s) with equal jitter: half fixed,
     half uniform random, so retries of many approvals spread out.
     """
-    ceiling = min(BACKOFF_CAP_S, BACKOFF_BASE_S * (2 ** max(0, attempts - 1)))
+    ceiling = min(BACKOFF_CAP_S, BACKOFF_BASE_S * float(2 ** max(0, attempts - 1)))
     return ceiling / 2 + rng.uniform(0, ceiling / 2)
 
 
@@ -125,7 +126,7 @@ class Dispatcher:
                             continue
                         task = asyncio.create_task(self._attempt(key, int(row["attempts"])))
                         self._in_flight[key] = task
-                        task.add_done_callback(lambda _t, k=key: self._done(k))
+                        task.add_done_callback(functools.partial(self._forget, key))
                     if next_at is not None:
                         delay = max(0.0, (next_at - self.service.clock.now_ms()) / 1000) + 0.002
                         if delay <= 0.002 and self._in_flight:
@@ -145,6 +146,10 @@ class Dispatcher:
                 task.cancel()
             if self._in_flight:
                 await asyncio.gather(*self._in_flight.values(), return_exceptions=True)
+
+    def _forget(self, key: tuple[str, int], _task: asyncio.Task[None]) -> None:
+        """Done-callback of an attempt's task: forget it and wake the loop."""
+        self._done(key)
 
     def _done(self, key: tuple[str, int]) -> None:
         self._in_flight.pop(key, None)

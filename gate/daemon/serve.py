@@ -17,7 +17,7 @@ from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
 from gate.clock import Clock, SystemClock
-from gate.config import Config, Secrets, load, parse_listen, raw_mapping
+from gate.config import Config, Secrets, UnixListen, load, parse_listen, raw_mapping
 from gate.core.service import GateService
 from gate.daemon.dispatch import Dispatcher, relay_session
 from gate.daemon.expiry import run_expiry
@@ -128,10 +128,10 @@ def _bound(runner: web.AppRunner) -> str:
 
 async def _site(runner: web.AppRunner, listen: str) -> web.BaseSite:
     parsed = parse_listen(listen)
-    if parsed[0] == "unix":
-        site: web.BaseSite = web.UnixSite(runner, parsed[1])
+    if isinstance(parsed, UnixListen):
+        site: web.BaseSite = web.UnixSite(runner, parsed.path)
     else:
-        site = web.TCPSite(runner, parsed[1], parsed[2])
+        site = web.TCPSite(runner, parsed.host, parsed.port)
     await site.start()
     return site
 
@@ -225,7 +225,7 @@ async def serve(
                 await _site(callback_runner, config.relay.callback_addr)
                 await _site(api_runner, config.api.listen)
                 listen = parse_listen(config.api.listen)
-                api_socket = Path(listen[1]) if listen[0] == "unix" else None
+                api_socket = Path(listen.path) if isinstance(listen, UnixListen) else None
                 callback_bound = _bound(callback_runner)
                 dispatcher.callback_url = _callback_url(config, callback_bound)
                 dispatcher.ready.set()

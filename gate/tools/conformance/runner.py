@@ -18,7 +18,7 @@ import yaml
 from aiohttp import web
 
 from gate.clock import SystemClock
-from gate.config import Secrets, load_config, parse_listen
+from gate.config import Secrets, TcpListen, load_config, parse_listen
 from gate.core.requests import CreateRequest
 from gate.core.service import GateService
 from gate.daemon.dispatch import dispatch_envelope, post_signed
@@ -243,7 +243,9 @@ async def run_verify(
         await runner.setup()
         try:
             parsed = parse_listen(config.relay.callback_addr)
-            site = web.TCPSite(runner, parsed[1], parsed[2])
+            if not isinstance(parsed, TcpListen):  # config validation allows host:port only
+                raise OSError("relay.callback_addr must be host:port")
+            site = web.TCPSite(runner, parsed.host, parsed.port)
             await site.start()
             host, port = runner.addresses[0][:2]
             local_url = f"http://{host}:{port}{DECISIONS_PATH}"
@@ -399,7 +401,7 @@ async def _gate_side(
             template = decode_json(decision.raw)
         except Exception:  # noqa: BLE001 - an accepted decision always decodes
             template = None
-    if not isinstance(template, dict):
+    if decision is None or not isinstance(template, dict):
         checks.extend(
             not_run(
                 name,

@@ -21,7 +21,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from gate.config import parse_listen
+from gate.config import TcpListen, parse_listen
 from gate.errors import GateError
 from gate.protocol import PROTOCOL, PROTOCOL_HEADER, SIGNATURE_HEADER, signing
 from gate.protocol.canonical import payload_hash, wire_json
@@ -387,7 +387,7 @@ async def run_relay(
     import signal
 
     parsed = parse_listen(listen)
-    if parsed[0] != "tcp":
+    if not isinstance(parsed, TcpListen):
         raise OSError("the reference relay listens on host:port only")
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -402,7 +402,7 @@ async def run_relay(
         app.router.add_post("/{tail:.*}", relay.receive)
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()
-        site = web.TCPSite(runner, parsed[1], parsed[2])
+        site = web.TCPSite(runner, parsed.host, parsed.port)
         await site.start()
         host, port = runner.addresses[0][:2]
         log.info(
