@@ -11,7 +11,7 @@ import asyncio
 import dataclasses
 import json
 import logging
-import threading
+import os
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -28,7 +28,7 @@ from gate.core.service import GateService
 from gate.errors import Conflict, GateError, NotFound
 from gate.protocol.canonical import payload_hash, wire_json
 from gate.protocol.envelope import Decision, build_decision, parse_decision, rfc3339
-from gate.store import Store
+from gate.store import Command, Store, WriteTx
 from tests.support import write_config
 
 NOW_MS = 1767225600000
@@ -611,57 +611,102 @@ async def test_store_refuses_a_database_opened_by_another_gate(gate: Gate) -> No
     await again.close()
 
 
-async def test_store_transactions_sharing_a_commit_roll_back_alone(gate: Gate) -> None:
-    def append(n: int, refuse: bool) -> Callable[[Any], int]:
-        def transaction(tx: Any) -> int:
+class StoreHandler:
+    """Store-level transactions by name, bound to a bare Store as ``GateService.run_command``
+    is (``Store.bind``); with a writer process its copy runs in the writer. ``hold`` blocks
+    the writer on a pipe the test writes to, after saying so on another pipe (this
+    synchronises across the fork as well as with a thread)."""
+
+    def __init__(self) -> None:
+        self.entered_r, self.entered_w = os.pipe()
+        self.release_r, self.release_w = os.pipe()
+
+    def __call__(self, tx: WriteTx | None, command: Command) -> Any:
+        assert tx is not None
+        if command.name == "append":  # args: (n, refuse)
+            n, refuse = command.args
             row = tx.append_audit("note", None, NOW_MS, {"n": n}, RECEIPT_KEY)
             if refuse:
                 raise Conflict("refused", f"transaction {n} refused")
             return int(row.seq)
+        if command.name == "hold":
+            os.write(self.entered_w, b"x")
+            os.read(self.release_r, 1)
+            return "held"
+        if command.name == "noop":
+            return None
+        raise ValueError(command.name)
 
-        return transaction
+    def entered(self) -> Awaitable[bytes]:
+        """Wait (off the loop) until the writer is inside ``hold``."""
+        return asyncio.to_thread(os.read, self.entered_r, 1)
 
+    def release(self) -> None:
+        os.write(self.release_w, b"x")
+
+
+@pytest.fixture(params=[False, True], ids=["thread_writer", "process_writer"])
+def writer_process(request: pytest.FixtureRequest) -> bool:
+    """Both writers: a thread of this process, and a forked process (``gate serve``'s)."""
+    return bool(request.param)
+
+
+@pytest.fixture
+async def bare_store(
+    tmp_path: Path, writer_process: bool
+) -> AsyncIterator[tuple[Store, StoreHandler]]:
+    """A Store on its own file with ``StoreHandler`` bound, in both writer modes."""
+    store = Store(tmp_path / "bare.db", writer_process=writer_process)
+    handler = StoreHandler()
+    store.bind(handler)
+    await store.open()
+    try:
+        yield store, handler
+    finally:
+        os.write(handler.release_w, b"x" * 8)  # never leave the writer blocked in ``hold``
+        await store.close()
+
+
+def append(n: Any, refuse: bool = False) -> Command:
+    return Command("append", (n, refuse))
+
+
+async def store_audit_rows(store: Store) -> list[audit.AuditRow]:
+    return [row async for row in store.audit_rows()]
+
+
+async def test_store_transactions_sharing_a_commit_roll_back_alone(
+    bare_store: tuple[Store, StoreHandler],
+) -> None:
+    store, _ = bare_store
     results = await asyncio.gather(
-        *(gate.store.transact(append(n, n % 3 == 1)) for n in range(30)), return_exceptions=True
+        *(store.transact(append(n, n % 3 == 1)) for n in range(30)), return_exceptions=True
     )
     refused = [n for n, r in enumerate(results) if isinstance(r, Conflict)]
     assert refused == [n for n in range(30) if n % 3 == 1]
-    rows = await gate.audit_rows()
+    rows = await store_audit_rows(store)
     assert [json.loads(r.entry)["data"]["n"] for r in rows] == [n for n in range(30) if n % 3 != 1]
     assert sorted(r for r in results if isinstance(r, int)) == [r.seq for r in rows]
     assert audit.verify(rows, RECEIPT_KEY).ok
 
 
+@pytest.mark.parametrize("writer_process", [False], ids=["thread_writer"])
 async def test_b02_03_a_commit_logs_the_chain_head_it_kept_once(
-    gate: Gate, caplog: pytest.LogCaptureFixture
+    bare_store: tuple[Store, StoreHandler], caplog: pytest.LogCaptureFixture
 ) -> None:
     """One ``event=audit_head`` per group commit that appended entries, naming the newest
     entry the commit kept: a refused transaction's entry, rolled back to its SAVEPOINT, is
-    not the head, whether or not a later one in the batch appended again."""
-    caplog.set_level(logging.INFO, logger="gate.store.db")
-    inside, release = threading.Event(), threading.Event()
+    not the head, whether or not a later one in the batch appended again. (Thread writer
+    only: a writer process logs the line in its own process, out of caplog's reach.)"""
+    store, handler = bare_store
+    caplog.set_level(logging.INFO, logger="gate.store.batch")
 
-    def hold(tx: Any) -> None:  # keeps the writer busy while the next batch queues up
-        inside.set()
-        release.wait(10)
-
-    def append(n: int, refuse: bool = False) -> Callable[[Any], int]:
-        def transaction(tx: Any) -> int:
-            row = tx.append_audit("note", None, NOW_MS, {"n": n}, RECEIPT_KEY)
-            if refuse:
-                raise Conflict("refused", f"transaction {n} refused")
-            return int(row.seq)
-
-        return transaction
-
-    async def batch(*fns: Callable[[Any], Any]) -> list[Any]:
-        inside.clear()
-        release.clear()
-        held = asyncio.create_task(gate.store.transact(hold))
-        assert await asyncio.to_thread(inside.wait, 10)
-        tasks = [asyncio.create_task(gate.store.transact(fn)) for fn in fns]
+    async def batch(*commands: Command) -> list[Any]:
+        held = asyncio.create_task(store.transact(Command("hold")))
+        await handler.entered()  # the writer is busy while the next batch queues up
+        tasks = [asyncio.create_task(store.transact(c)) for c in commands]
         await asyncio.sleep(0)  # one loop turn: each task has queued its job (no timing)
-        release.set()
+        handler.release()
         await held
         return await asyncio.gather(*tasks, return_exceptions=True)
 
@@ -669,8 +714,8 @@ async def test_b02_03_a_commit_logs_the_chain_head_it_kept_once(
     kept_first = await batch(append(4), append(5, refuse=True))
     # appends nothing, so logs nothing; and the writer answers it only after it logged
     # the head of the batch before (it logs once the batch's callers are answered)
-    await gate.store.transact(lambda tx: None)
-    rows = {json.loads(r.entry)["data"]["n"]: r for r in await gate.audit_rows()}
+    await store.transact(Command("noop"))
+    rows = {json.loads(r.entry)["data"]["n"]: r for r in await store_audit_rows(store)}
     assert (kept_last[0], kept_last[2], kept_first[0]) == (rows[1].seq, rows[3].seq, rows[4].seq)
     heads = [r.getMessage() for r in caplog.records if "event=audit_head" in r.getMessage()]
     assert heads == [
@@ -679,28 +724,23 @@ async def test_b02_03_a_commit_logs_the_chain_head_it_kept_once(
     ]
 
 
-async def test_store_transaction_cancelled_before_it_ran_never_runs(gate: Gate) -> None:
-    release = threading.Event()
-    ran: list[str] = []
-
-    def hold(tx: Any) -> None:
-        release.wait(10)
-        ran.append("hold")
-
-    def never(tx: Any) -> None:
-        ran.append("never")
-
-    held = asyncio.create_task(gate.store.transact(hold))
-    await asyncio.sleep(0.05)  # the writer thread is inside ``hold``
-    cancelled = asyncio.create_task(gate.store.transact(never))
+async def test_store_transaction_cancelled_before_it_ran_never_runs(
+    bare_store: tuple[Store, StoreHandler],
+) -> None:
+    store, handler = bare_store
+    held = asyncio.create_task(store.transact(Command("hold")))
+    await handler.entered()  # the writer is inside ``hold``
+    cancelled = asyncio.create_task(store.transact(append("never")))
     await asyncio.sleep(0.05)
     cancelled.cancel()
     with pytest.raises(asyncio.CancelledError):
         await cancelled
-    release.set()
-    await held
-    await gate.store.transact(lambda tx: None)  # the queue has drained past ``never``
-    assert ran == ["hold"]
+    while store.unsent_bytes:  # a writer process: the cancel frame is in its socket
+        await asyncio.sleep(0.001)
+    handler.release()
+    assert await held == "held"
+    await store.transact(Command("noop"))  # the queue has drained past ``never``
+    assert await store_audit_rows(store) == []
 
 
 # --------------------------------------------------------------------------- wait

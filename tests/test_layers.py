@@ -115,7 +115,7 @@ def test_layers_modules_found() -> None:
         "gate.protocol.canonical",
         "gate.core.rules",
         "gate.core.service",
-        "gate.store.db",
+        "gate.store.facade",
         "gate.web.callback",
         "gate.audit.chain",
     ):

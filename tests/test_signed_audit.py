@@ -29,7 +29,7 @@ from cryptography.hazmat.primitives.serialization import load_pem_public_key
 from gate.audit import chain as audit
 from gate.audit.chain import GENESIS_HASH, AuditRow
 from gate.protocol.canonical import canonical_json
-from gate.store import Store
+from gate.store import Command, Store
 from gate.store.schema import MIGRATIONS
 from gate.trust import keys
 from tests.support import (
@@ -353,9 +353,10 @@ async def test_signed_audit_migration_2_keeps_old_entries(tmp_path: Path) -> Non
         assert await store.schema_version() == len(MIGRATIONS) >= 2  # 2 and what followed
         rows = [row async for row in store.audit_rows()]
         s = new_signer()
-        await store.transact(
-            lambda tx: tx.append_audit("resolved", AID, T0 + 1, {"outcome": "approved"}, b"k", s)
+        store.bind(
+            lambda tx, _: tx.append_audit("resolved", AID, T0 + 1, {"outcome": "approved"}, b"k", s)
         )
+        await store.transact(Command("resolve"))
         rows = [row async for row in store.audit_rows()]
     finally:
         await store.close()

@@ -227,20 +227,19 @@ async def test_writer_process_error_that_cannot_cross_fails_its_job_only(
 
 async def test_thread_writer_error_a_future_refuses_fails_its_job_only(tmp_path: Path) -> None:
     store = Store(tmp_path / "gate.db")
+    store.bind(Handler())
     await store.open()
     try:
-
-        def stop(tx: Any) -> None:
-            raise StopIteration
-
         results = await asyncio.wait_for(
             asyncio.gather(
-                store.transact(stop), store.transact(lambda tx: "next"), return_exceptions=True
+                store.transact(Command("stop_iteration")),
+                store.transact(Command("pid")),
+                return_exceptions=True,
             ),
             10,
         )
         assert not isinstance(results[0], StopIteration) and isinstance(results[0], Exception)
-        assert results[1] == "next"
+        assert results[1] == os.getpid()
     finally:
         await store.close()
 

@@ -10,7 +10,7 @@ from typing import Any
 
 from gate.audit import chain as audit
 from gate.errors import Unavailable
-from gate.store.db import BUSY_TIMEOUT_MS
+from gate.store.connection import BUSY_TIMEOUT_MS
 from gate.store.schema import SCHEMA_VERSION
 
 CHUNK = 1000

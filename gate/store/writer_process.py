@@ -2,11 +2,12 @@
 
 ``gate serve`` forks one writer process when it opens the database (``Store(...,
 writer_process=True)``), before any thread starts. The child owns the one write connection
-and runs the same batch runner as the writer thread (``Store._run_batch``: one ``BEGIN
-IMMEDIATE``, a SAVEPOINT per transaction, one COMMIT = one fsync per batch), on *commands*
-(``Command``: a transaction's name and picklable arguments) instead of closures; its copy
-of the service, forked with it, runs them (``Store.bind``). Each caller is answered only
-after the commit, as before.
+and runs the same batch runner as the writer thread (``gate.store.batch.run_batch``: one
+``BEGIN IMMEDIATE``, a SAVEPOINT per transaction, one COMMIT = one fsync per batch) on
+*commands* (``Command``: a transaction's name and picklable arguments); its copy of the
+bound handler (the service), forked with it, runs them (``Store.bind``). Each caller is
+answered only after the commit, as with the thread. ``WriterClient`` implements
+``gate.store.facade.Writer``.
 
 Wire, over one ``socketpair`` (both ways): frames of a 4-byte big-endian length and a
 pickle. Web process -> writer: ``("job", id, command)``, ``("cancel", id)`` (the caller
@@ -20,8 +21,8 @@ The writer exits when the web process closes its end (after the queued jobs ran)
 disappears; it keeps the inherited ``<db>.lock`` open until then, so no second gate starts
 on the file while it may still write. If the writer dies, ``event=writer_exited`` (with its
 exit status) is logged, every write is refused 503 ``storage_unavailable`` and the gate
-stops cleanly and exits 1 (``Store.on_writer_lost``): systemd's ``Restart=on-failure``
-starts it again with a new writer.
+stops cleanly and exits 1 (``Store.on_writer_lost``, called through ``start``'s
+``on_lost``): systemd's ``Restart=on-failure`` starts it again with a new writer.
 """
 
 from __future__ import annotations
@@ -36,12 +37,13 @@ import socket
 import struct
 from collections import deque
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import Any
 
 from gate.errors import GateError, Unavailable
-
-if TYPE_CHECKING:
-    from gate.store.db import Command, Store
+from gate.store import batch
+from gate.store.batch import MAX_BATCH, PROBE, Answer, Command, Faults, Handler, Job
+from gate.store.connection import open_writer, rollback_quietly
 
 log = logging.getLogger(__name__)
 
@@ -65,14 +67,23 @@ def _frame(message: Any) -> bytes:
 class WriterClient:
     """The web process's handle on the writer process: sends jobs, settles their futures.
 
-    Created by ``start``; ``transact`` is ``Store.transact`` in this mode. Not thread-safe:
-    used from the event loop only.
+    Created by ``start``; ``transact`` is ``Store.transact`` in this mode. ``faults`` mirrors
+    the writer's (each answer frame carries its ``write_fault``); ``lost`` is set, and
+    ``on_lost()`` called once, when the writer process is lost unexpectedly. Not
+    thread-safe: used from the event loop only.
     """
 
     def __init__(
-        self, store: Store, pid: int, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+        self,
+        pid: int,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        faults: Faults,
+        on_lost: Callable[[], None],
     ) -> None:
-        self._store = store
+        self.faults = faults
+        self._on_lost = on_lost
+        self.lost = False
         self.pid = pid
         self._reader = reader
         self._writer = writer
@@ -178,7 +189,7 @@ class WriterClient:
                 kind, items, write_fault = message
                 if kind != "answers":
                     raise ValueError(f"unexpected frame {kind!r} from the writer process")
-                self._store.write_fault = write_fault
+                self.faults.write_fault = write_fault
                 for job_id, ok, value in items:
                     waiting = self._pending.pop(job_id, None)
                     if waiting is not None:
@@ -198,16 +209,16 @@ class WriterClient:
             status = await asyncio.to_thread(_reap, self.pid)
             self._reaped = True
             log.error("event=writer_exited pid=%d %s", self.pid, _exit_text(status))
-            self._store.write_fault = WRITER_GONE
-            self._store.writer_lost = True
+            self.faults.write_fault = WRITER_GONE
+            self.lost = True
         self.gone = WRITER_GONE
         error = Unavailable("storage_unavailable", f"database write failed: {WRITER_GONE}")
         pending, self._pending = self._pending, {}
         for future, _ in pending.values():
             if not future.done():
                 future.set_exception(error)
-        if not self._closing and self._store.on_writer_lost is not None:
-            self._store.on_writer_lost()
+        if not self._closing:
+            self._on_lost()
 
     async def close(self) -> None:
         """Let the writer finish what was sent, then end it and reap it (idempotent)."""
@@ -272,12 +283,16 @@ async def _read_frame(reader: asyncio.StreamReader) -> Any:
     return pickle.loads(await reader.readexactly(size))
 
 
-async def start(store: Store, open_writer: Callable[[], None]) -> WriterClient:
-    """Fork the writer process for ``store`` and return the web process's handle on it.
+async def start(
+    path: Path, handler: Handler | None, faults: Faults, on_lost: Callable[[], None]
+) -> WriterClient:
+    """Fork the writer process for the database ``path`` (prepared, its lock held by the
+    caller: the child inherits the lock fd) and return the web process's handle on it.
 
-    Call before any thread is started (fork copies only the calling thread). In the child,
-    ``open_writer()`` opens the write connection, then ``serve`` runs until the parent
-    closes its end. Raises Unavailable when the writer cannot open the database.
+    Call before any thread is started (fork copies only the calling thread). The child opens
+    its own write connection, then runs ``handler``'s copy on the commands it is sent until
+    the parent closes its end. ``faults`` and ``on_lost``: see ``WriterClient``. Raises
+    Unavailable when the writer cannot open the database.
     """
     parent_sock, child_sock = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     blocked = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
@@ -292,7 +307,7 @@ async def start(store: Store, open_writer: Callable[[], None]) -> WriterClient:
                 with contextlib.suppress(OSError):
                     with open("/proc/self/comm", "w", encoding="ascii") as comm:
                         comm.write(PROCESS_NAME)
-                code = _child(store, child_sock, open_writer)
+                code = _child(path, handler, child_sock)
             except BaseException:  # noqa: BLE001 - the child must not unwind into the parent's code
                 with contextlib.suppress(BaseException):
                     log.exception("event=writer_failed")
@@ -315,7 +330,7 @@ async def start(store: Store, open_writer: Callable[[], None]) -> WriterClient:
         await asyncio.to_thread(_reap, pid)
         raise Unavailable("storage_unavailable", error)
     log.debug("event=writer_started pid=%d", pid)
-    return WriterClient(store, pid, reader, writer)
+    return WriterClient(pid, reader, writer, faults, on_lost)
 
 
 # ---- the writer process -----------------------------------------------------------------
@@ -375,18 +390,21 @@ class _Frames:
         return messages
 
 
-def _child(store: Store, sock: socket.socket, open_writer: Callable[[], None]) -> int:
-    from gate.store.db import MAX_BATCH, PROBE, _Job  # the child's copy of the store module
-
+def _child(path: Path, handler: Handler | None, sock: socket.socket) -> int:
+    """The writer process's loop: open the write connection (the inherited lock fd stays
+    open: after a kill -9 of the web process the lock holds until the writer, which may
+    still finish a batch, is gone too), then take frames, run batches, send answers. Returns
+    the exit code once the web process has closed its end or is gone."""
     try:
-        open_writer()
+        conn = open_writer(path)
     except Exception as exc:  # noqa: BLE001 - reported to the parent, which raises it
-        sock.sendall(_frame(("ready", f"cannot open database {store.path}: {exc}")))
+        sock.sendall(_frame(("ready", f"cannot open database {path}: {exc}")))
         return 1
     sock.sendall(_frame(("ready", None)))
+    faults = Faults(path)
     frames = _Frames(sock)
     waiting: deque[Any] = deque()  # messages read but not handled yet, in order
-    jobs: dict[int, _Job] = {}  # the jobs of the batch being assembled or run
+    jobs: dict[int, Job] = {}  # the jobs of the batch being assembled or run
 
     def claim_cancels(messages: Any) -> list[Any]:
         # mark the jobs of this batch whose callers gave up; return the other messages
@@ -411,69 +429,68 @@ def _child(store: Store, sock: socket.socket, open_writer: Callable[[], None]) -
             if got is None:
                 return 0
             waiting.extend(got)
-        batch: list[_Job] = []
+        todo: list[Job] = []
         while waiting:
             kind = waiting[0][0]
             if kind == "job":
-                if len(batch) >= MAX_BATCH:
+                if len(todo) >= MAX_BATCH:
                     break
                 _, job_id, command = waiting.popleft()
-                job = _Job(_runner(store, command), None, job_id, command)
+                job = Job(command, None, job_id)
                 jobs[job_id] = job
-                batch.append(job)
+                todo.append(job)
             elif kind == "cancel":
                 cancelled = jobs.get(waiting.popleft()[1])
                 if cancelled is not None:
                     cancelled.cancelled = True
             elif kind == "apply":
-                if batch:  # the jobs sent before it run first
+                if todo:  # the jobs sent before it run first
                     break
-                _apply(store, waiting.popleft()[1])
+                _apply(handler, waiting.popleft()[1])
             else:
                 waiting.popleft()
-        if not batch:
+        if not todo:
             continue
         # cancels queued behind where the batch was cut (a reload, MAX_BATCH) count too
         rest = claim_cancels(waiting)
         waiting.clear()
         waiting.extend(rest)
+        head = None
+        answers: list[Answer]
         try:
-            answers = store.run_jobs(batch, before_job)
+            result = batch.run_batch(conn, todo, handler, faults, before_job)
+            answers, head = result.answers, result.head
         except Exception as exc:  # noqa: BLE001 - a bug in the batch runner: fail the batch,
             log.exception("event=writer_failed")  # keep serving (as the writer thread does)
-            store.abandon_batch()
-            answers = [(job, None, exc) for job in batch]
+            rollback_quietly(conn)
+            answers = [(job, None, exc) for job in todo]
         jobs.clear()
         if any(job.command == PROBE and error is None for job, _, error in answers):
-            store.writable_again()
+            faults.recovered()  # a probe committed: the storage fault is over
         items = [_answer(job, result, error) for job, result, error in answers]
         try:
             try:
-                data = _frame(("answers", items, store.write_fault))
+                data = _frame(("answers", items, faults.write_fault))
             except Exception:  # noqa: BLE001 - a bug (an unpicklable result): answer it as one
-                data = _frame(("answers", [_picklable(item) for item in items], store.write_fault))
+                data = _frame(("answers", [_picklable(item) for item in items], faults.write_fault))
             sock.sendall(data)
         except OSError:
-            store.log_head()  # committed all the same
+            batch.log_head(head)  # committed all the same
             return 0  # the web process is gone: nobody waits for these answers
-        store.log_head()  # after the answers: off the callers' path
+        batch.log_head(head)  # after the answers: off the callers' path
 
 
-def _apply(store: Store, command: Command) -> None:
+def _apply(handler: Handler | None, command: Command) -> None:
+    """Run a configuration ``command`` outside any transaction (``handler(None, command)``)."""
+    if handler is None:
+        return
     try:
-        store.apply_command(command)
+        handler(None, command)  # type: ignore[arg-type]  # the handler's ``tx`` may be None
     except Exception:  # noqa: BLE001 - a bug: keep the writer (and its old settings)
         log.exception("event=writer_error apply=%s", command.name)
 
 
-def _runner(store: Store, command: Command) -> Callable[[Any], Any]:
-    def run(tx: Any) -> Any:
-        return store.run_command(tx, command)
-
-    return run
-
-
-def _answer(job: Any, result: Any, error: BaseException | None) -> tuple[int, bool, Any]:
+def _answer(job: Job, result: Any, error: BaseException | None) -> tuple[int, bool, Any]:
     if error is None:
         return job.id, True, result
     return job.id, False, _portable(error, job.command.name)

@@ -1,0 +1,218 @@
+"""Group commit: the one batch runner both writers (thread and process) call.
+
+A batch runs inside one ``BEGIN IMMEDIATE`` transaction, each job in its own SAVEPOINT (a
+refused or failing one rolls back alone), and COMMITs once: one fsync for the batch. Only
+then are its callers answered (by the writer that called ``run_batch``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import sqlite3
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, NamedTuple
+
+from gate.errors import Unavailable
+from gate.store.connection import rollback_quietly
+from gate.store.tx import WriteTx
+
+log = logging.getLogger(__name__)
+
+MAX_BATCH = 256  # transactions sharing one COMMIT (one fsync)
+# Primary SQLite result codes that mean "the environment refuses writes" (disk full, read-only
+# file or mount, I/O error, ...), as opposed to a constraint or a bug: they mark a storage fault.
+_FAULT_CODES = frozenset(
+    {
+        3,  # SQLITE_PERM
+        5,  # SQLITE_BUSY
+        6,  # SQLITE_LOCKED
+        8,  # SQLITE_READONLY
+        10,  # SQLITE_IOERR
+        11,  # SQLITE_CORRUPT
+        13,  # SQLITE_FULL
+        14,  # SQLITE_CANTOPEN
+        26,  # SQLITE_NOTADB
+    }
+)
+
+
+class Command(NamedTuple):
+    """A write transaction by name, with picklable arguments (``Store.transact``).
+
+    ``name`` is ``"probe"`` (the store's own) or one the bound handler knows
+    (``Store.bind``; ``gate.core.service.TRANSACTIONS``).
+    """
+
+    name: str
+    args: tuple[Any, ...] = ()
+
+
+PROBE = Command("probe")
+
+# what runs a Command: ``handler(tx, command)`` in a transaction; it is also called with
+# ``tx`` None for ``Store.apply`` (typed as the service declares it, ``WriteTx``)
+Handler = Callable[[WriteTx, Command], Any]
+
+
+class Job:
+    """One transaction waiting for the writer: its command, its caller's future (the writer
+    thread) or id (the writer process), and whether the caller stopped waiting."""
+
+    __slots__ = ("command", "future", "cancelled", "id")
+
+    def __init__(
+        self, command: Command, future: asyncio.Future[Any] | None = None, job_id: int = 0
+    ) -> None:
+        self.command = command
+        self.future = future
+        self.cancelled = False  # set when the caller stops waiting before the job ran
+        self.id = job_id
+
+
+# (job, result, error): error None when the job committed with ``result``
+Answer = tuple[Job, Any, BaseException | None]
+
+
+@dataclass(frozen=True, slots=True)
+class BatchResult:
+    """What ``run_batch`` did: each job's answer (cancelled jobs have none), and the
+    ``(seq, entry_hash)`` of the newest audit entry its COMMIT kept, or None."""
+
+    answers: list[Answer]
+    head: tuple[int, str] | None
+
+
+def is_fault(exc: sqlite3.Error) -> bool:
+    """True for a failure of the storage itself (see ``_FAULT_CODES``)."""
+    code = getattr(exc, "sqlite_errorcode", None)
+    if code is None:
+        return isinstance(exc, sqlite3.OperationalError)
+    return (code & 0xFF) in _FAULT_CODES
+
+
+class Faults:
+    """The writer's storage-fault state: ``write_fault`` holds the last fault's message until
+    a write succeeds again. Logs ``event=storage_unavailable`` on the first fault and
+    ``event=storage_recovered`` when it is over."""
+
+    __slots__ = ("path", "write_fault")
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.write_fault: str | None = None
+
+    def faulted(self, exc: sqlite3.Error) -> None:
+        """Record ``exc`` if it is a storage fault (``is_fault``); else nothing."""
+        if is_fault(exc):
+            if self.write_fault is None:
+                log.error("event=storage_unavailable db=%s error=%s", self.path, exc)
+            self.write_fault = str(exc)
+
+    def recovered(self) -> None:
+        """A write reached the disk (or a probe committed): the fault, if any, is over."""
+        if self.write_fault is not None:
+            log.warning("event=storage_recovered db=%s", self.path)
+            self.write_fault = None
+
+
+def run_command(handler: Handler | None, tx: WriteTx, command: Command) -> Any:
+    """Run ``command`` in ``tx``: ``probe`` rewrites the header, anything else goes to
+    ``handler``. Raises RuntimeError when no handler is bound, else what the handler raises."""
+    if command == PROBE:
+        return tx.probe()
+    if handler is None:
+        raise RuntimeError(f"no handler bound for {command.name!r}")
+    return handler(tx, command)
+
+
+def _failed(exc: sqlite3.Error) -> Unavailable:
+    return Unavailable("storage_unavailable", f"database write failed: {exc}")
+
+
+def run_batch(
+    conn: sqlite3.Connection,
+    batch: list[Job],
+    handler: Handler | None,
+    faults: Faults,
+    before_job: Callable[[], None] | None = None,
+) -> BatchResult:
+    """Run ``batch`` in one transaction on ``conn``; return each job's (result, error).
+
+    ``before_job()`` runs before each job, after ``BEGIN IMMEDIATE`` succeeded (which may
+    have waited on the lock): the writer process reads the cancellations that arrived
+    meanwhile (the writer thread sees them set on the job directly); a cancelled job is
+    skipped. A job's exception (a refusal or a bug) rolls back that job alone; an sqlite3
+    error that loses the transaction fails the jobs that ran, and the rest run in a new one.
+    sqlite3 errors become Unavailable 503 ``storage_unavailable`` and are recorded in
+    ``faults``; a COMMIT that changed rows ends a fault.
+    """
+    answers: list[Answer] = []
+    try:
+        conn.execute("BEGIN IMMEDIATE")
+    except sqlite3.Error as exc:
+        faults.faulted(exc)
+        return BatchResult([(job, None, _failed(exc)) for job in batch], None)
+    changes = conn.total_changes
+    tx = WriteTx(conn)
+    done: list[tuple[Job, Any]] = []
+    for index, job in enumerate(batch):
+        if before_job is not None:
+            before_job()
+        if job.cancelled:
+            continue
+        tx.job_started()
+        try:
+            conn.execute("SAVEPOINT job")
+            try:
+                result = run_command(handler, tx, job.command)
+            except sqlite3.Error:
+                raise
+            except BaseException as exc:  # refused (GateError) or a bug: undo this job only
+                tx.forget_tail()
+                conn.execute("ROLLBACK TO job")
+                conn.execute("RELEASE job")
+                answers.append((job, None, exc))
+                continue
+            conn.execute("RELEASE job")
+        except sqlite3.Error as exc:
+            tx.forget_tail()
+            if not is_fault(exc) and conn.in_transaction:
+                with contextlib.suppress(sqlite3.Error):
+                    conn.execute("ROLLBACK TO job")
+                    conn.execute("RELEASE job")
+                if conn.in_transaction:  # e.g. a constraint: this job alone fails
+                    answers.append((job, None, _failed(exc)))
+                    continue
+            # the transaction is lost: fail what ran, run the rest in a new one
+            rollback_quietly(conn)
+            faults.faulted(exc)
+            error = _failed(exc)
+            answers += [(j, None, error) for j, _ in done] + [(job, None, error)]
+            rest = batch[index + 1 :]
+            if not rest:
+                return BatchResult(answers, None)
+            after = run_batch(conn, rest, handler, faults, before_job)
+            return BatchResult(answers + after.answers, after.head)
+        done.append((job, result))
+    try:
+        conn.execute("COMMIT")
+    except sqlite3.Error as exc:
+        rollback_quietly(conn)
+        faults.faulted(exc)
+        error = _failed(exc)
+        return BatchResult(answers + [(job, None, error) for job, _ in done], None)
+    if conn.total_changes != changes:  # rows reached the disk: the storage works
+        faults.recovered()
+    return BatchResult(answers + [(job, result, None) for job, result in done], tx.appended_head)
+
+
+def log_head(head: tuple[int, str] | None) -> None:
+    """After a batch's callers were answered (off their path): log the chain head its COMMIT
+    left, ``event=audit_head seq=N hash=H``, when it appended audit entries; else nothing.
+    An anchor held outside the database file (``audit verify --expect-head``)."""
+    if head is not None:
+        log.info("event=audit_head seq=%d hash=%s", *head)

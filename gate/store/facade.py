@@ -1,0 +1,272 @@
+"""Store: the gate's SQLite database behind one object (one writer, one reader)."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import time
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any, Protocol
+
+from gate.audit import chain as audit
+from gate.errors import Unavailable
+from gate.store import connection, writer_process
+from gate.store.batch import PROBE, Command, Faults, Handler
+from gate.store.reads import Reads
+from gate.store.tx import WriteTx
+from gate.store.writer_thread import ThreadWriter
+
+PROBE_INTERVAL_S = 1.0
+
+
+class Writer(Protocol):
+    """What runs the write transactions: ``writer_thread.ThreadWriter`` or
+    ``writer_process.WriterClient``. Both run ``batch.run_batch`` (group commit) and share
+    the store's ``batch.Faults``."""
+
+    @property
+    def pid(self) -> int | None:
+        """The writer process's pid; None for a thread."""
+
+    @property
+    def unsent_bytes(self) -> int:
+        """Bytes of frames not yet in the writer's socket (0 for a thread)."""
+
+    def stalled_s(self) -> float:
+        """Seconds the oldest unanswered transaction has waited (0.0: none, or a thread)."""
+
+    async def transact(self, command: Command) -> Any:
+        """Run ``command`` in a transaction; return its result after the COMMIT."""
+
+    def apply(self, command: Command) -> None:
+        """Run ``command`` outside any transaction, in order with the jobs sent."""
+
+    async def close(self) -> None:
+        """Finish what was sent, then stop (idempotent)."""
+
+
+class Store:
+    """The gate's SQLite database (WAL, synchronous=FULL).
+
+    All writes go through ``transact(command)``: the transaction runs synchronously on the
+    one writer, a thread of this process or (``writer_process=True``, what ``gate serve``
+    uses) a process of its own forked at ``open`` (``gate.store.writer_process``: the web
+    process's GIL is then not shared with the writer's work). Both group-commit
+    (``gate.store.batch``: a SAVEPOINT per transaction, one COMMIT per batch) and answer each
+    caller only after the COMMIT; a batch that appended audit entries then logs the chain
+    head, ``event=audit_head seq=N hash=H`` (``batch.log_head``). Reads (``gate.store.reads``)
+    use a second connection on its own thread and see the last committed state.
+
+    The database is held with an exclusive ``flock`` on ``<db>.lock`` while open, so a second
+    gate on the same file is refused (Unavailable, "database in use by another hitl-gate
+    process"). Storage faults (disk full, read-only file, I/O errors) make the failing batch
+    roll back and raise Unavailable (503 ``storage_unavailable``); writes succeed again as
+    soon as the fault is fixed. ``write_fault`` holds the last fault's message until a
+    write succeeds again (``check_writable`` probes for that).
+    """
+
+    def __init__(self, path: Path, *, writer_process: bool = False) -> None:
+        self.path = Path(path)
+        self.writer_process = writer_process
+        # the writer process was lost unexpectedly; ``on_writer_lost()`` is then called once
+        # (``gate serve`` stops, and exits 1 for a restart)
+        self.writer_lost = False
+        self.on_writer_lost: Callable[[], None] | None = None
+        self._handler: Handler | None = None
+        self._writer: Writer | None = None
+        self._reads = Reads()
+        self._faults = Faults(self.path)
+        self._lock_fd: int | None = None
+        self._probing = False
+        self._probed_at = 0.0
+
+    @property
+    def write_fault(self) -> str | None:
+        """The last storage fault's message, until a write succeeds again; else None."""
+        return self._faults.write_fault
+
+    @property
+    def writer_pid(self) -> int | None:
+        """The writer process's pid, or None (a writer thread, or not open)."""
+        return None if self._writer is None else self._writer.pid
+
+    @property
+    def writer_unanswered_s(self) -> float:
+        """Seconds the oldest transaction sent to the writer process has waited for its
+        answer (0.0 when none waits, and always with a writer thread): what the health check
+        compares with ``writer_process.STALL_S``, and ``/metrics`` shows."""
+        return 0.0 if self._writer is None else self._writer.stalled_s()
+
+    @property
+    def unsent_bytes(self) -> int:
+        """Bytes of jobs, cancellations and configuration sent to the writer process that
+        are not in its socket yet (0 with a writer thread). Once 0, their order is fixed:
+        the writer reads the cancellations in its socket before each job of a batch."""
+        return 0 if self._writer is None else self._writer.unsent_bytes
+
+    def bind(self, handler: Handler) -> None:
+        """Set what runs a ``Command`` other than ``probe``: ``handler(tx, command)`` on the
+        writer (in the writer process: the process's copy of it, forked at ``open``;
+        ``tx`` is None for a command sent with ``apply``). Call before ``open``."""
+        self._handler = handler
+
+    async def open(self) -> None:
+        """Open (creating if needed) the file, set WAL + synchronous=FULL, run migrations.
+
+        With ``writer_process`` this forks the writer process: call it before the process
+        starts any thread. Raises Unavailable when the file cannot be opened, is newer than
+        this code, or is in use by another running gate.
+        """
+        try:
+            if self.writer_process:
+                self._prepare().close()  # on this thread (no thread may exist at the fork);
+                # a connection must not cross a fork: the writer opens its own
+                self._writer = await writer_process.start(
+                    self.path, self._run_bound, self._faults, self._lost
+                )
+                self._reads.open(self.path)
+            else:
+                conn = await asyncio.to_thread(self._open_thread_sync)
+                loop = asyncio.get_running_loop()
+                self._writer = ThreadWriter(conn, self._run_bound, self._faults, loop)
+        except (sqlite3.Error, OSError) as exc:
+            await self.close()
+            raise Unavailable(
+                "storage_unavailable", f"cannot open database {self.path}: {exc}"
+            ) from exc
+        except BaseException:
+            await self.close()
+            raise
+
+    def _prepare(self) -> sqlite3.Connection:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._lock_fd = connection.lock(self.path)
+        return connection.prepare(self.path)
+
+    def _open_thread_sync(self) -> sqlite3.Connection:
+        conn = self._prepare()
+        try:
+            self._reads.open(self.path)
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    def _run_bound(self, tx: WriteTx, command: Command) -> Any:
+        # the handler bound when the writer runs the command (a writer process: its copy)
+        if self._handler is None:
+            raise RuntimeError(f"no handler bound for {command.name!r}")
+        return self._handler(tx, command)
+
+    def _lost(self) -> None:
+        self.writer_lost = True
+        if self.on_writer_lost is not None:
+            self.on_writer_lost()
+
+    async def close(self) -> None:
+        """Finish the queued transactions, close both connections, release the lock (idempotent)."""
+        writer, self._writer = self._writer, None
+        if writer is not None:
+            await writer.close()
+        self._reads.close()
+        fd, self._lock_fd = self._lock_fd, None
+        if fd is not None:
+            connection.release(fd)
+
+    async def schema_version(self) -> int:
+        """Return ``PRAGMA user_version`` (what ``/healthz`` reports).
+
+        Raises Unavailable 503 ``storage_unavailable`` while the database refuses writes
+        (``check_writable``), so a health check sees a full disk or a read-only file.
+        """
+        await self.check_writable()
+        return await self._reads.schema_version()
+
+    async def check_writable(self) -> None:
+        """Raise Unavailable while the last write failed on a storage fault, or while the
+        writer process has left a transaction unanswered for over ``writer_process.STALL_S``.
+
+        At most once per ``PROBE_INTERVAL_S`` a probe transaction rewrites the database
+        header (``PRAGMA user_version`` set to its own value, committed: it needs room in
+        the WAL and a writable file); once it commits, the fault is over.
+        """
+        stalled = self.writer_unanswered_s
+        if stalled > writer_process.STALL_S:
+            raise Unavailable(
+                "storage_unavailable",
+                f"the database writer process has not answered for {stalled:.0f} s",
+            )
+        if self._faults.write_fault is None:
+            return
+        if time.monotonic() - self._probed_at >= PROBE_INTERVAL_S and not self._probing:
+            self._probed_at = time.monotonic()
+            self._probing = True
+            try:
+                await self.transact(PROBE)
+            except Unavailable:
+                pass
+            else:
+                self._faults.recovered()
+            finally:
+                self._probing = False
+        if self._faults.write_fault is not None:
+            raise Unavailable(
+                "storage_unavailable", f"database refuses writes: {self._faults.write_fault}"
+            )
+
+    async def transact(self, command: Command) -> Any:
+        """Run ``command`` in a write transaction on the writer; return its result.
+
+        ``command`` is ``probe`` or a name the bound handler runs. Returns only after the
+        transaction committed (on disk with synchronous=FULL). An exception raised by the
+        transaction rolls back what it did (and only that) and is raised here; sqlite3
+        errors become Unavailable (503). A transaction commits whole or not at all: when the
+        caller is cancelled before it started, it never runs (a writer process: when the
+        cancellation reached its socket before the job started, see ``unsent_bytes``); once
+        it started, it finishes and commits. Raises TypeError for anything but a Command,
+        Unavailable when the store is not open.
+        """
+        if not isinstance(command, Command):
+            raise TypeError("a write transaction is a Command (see Store.bind)")
+        if self._writer is None:
+            raise Unavailable("storage_unavailable", "database is not open")
+        return await self._writer.transact(command)
+
+    def apply(self, command: Command) -> None:
+        """Have the writer process run ``command`` with its bound handler outside any
+        transaction (``tx`` None), after what was sent before it: configuration its copy
+        of the service must share. With a writer thread this does nothing (the thread
+        shares this process's objects: the caller has applied it already)."""
+        if self._writer is not None:
+            self._writer.apply(command)
+
+    # ---- reads (``gate.store.reads``) ------------------------------------------------
+
+    async def fetch_approval(self, approval_id: str) -> dict[str, Any] | None:
+        """Return the approval with its revisions, decisions and dispatch, or None."""
+        return await self._reads.fetch_approval(approval_id)
+
+    async def list_approvals(
+        self, state: str, pipeline: str | None, limit: int, after: str | None
+    ) -> list[dict[str, Any]]:
+        """``Reads.list_approvals``: a page of approvals in creation order."""
+        return await self._reads.list_approvals(state, pipeline, limit, after)
+
+    async def pending_summary(self) -> tuple[int, int | None]:
+        """Return ``(number of pending approvals, earliest created_at in unix ms or None)``."""
+        return await self._reads.pending_summary()
+
+    async def next_expiry(self) -> int | None:
+        """Return the earliest ``expires_at`` (unix ms) among pending approvals, or None."""
+        return await self._reads.next_expiry()
+
+    async def dispatch_plan(
+        self, now_ms: int, limit: int
+    ) -> tuple[list[dict[str, Any]], int | None]:
+        """``Reads.dispatch_plan``: the due dispatches and the next one's time."""
+        return await self._reads.dispatch_plan(now_ms, limit)
+
+    def audit_rows(self) -> AsyncIterator[audit.AuditRow]:
+        """Yield every audit row in ascending seq, in chunks (``Reads.audit_rows``)."""
+        return self._reads.audit_rows()

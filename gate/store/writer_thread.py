@@ -1,0 +1,135 @@
+"""The store's writer as a thread of this process (``Store(path)``; tests and tools).
+
+Implements ``gate.store.facade.Writer``: callers queue ``Job``s, the thread takes every job
+waiting (up to ``MAX_BATCH``), runs them with ``batch.run_batch`` (group commit) and answers
+the callers on their event loop once the batch committed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import queue
+import sqlite3
+import threading
+from typing import Any
+
+from gate.errors import Unavailable
+from gate.store import batch
+from gate.store.batch import MAX_BATCH, Answer, Command, Faults, Handler, Job
+from gate.store.connection import rollback_quietly
+
+log = logging.getLogger(__name__)
+
+
+class ThreadWriter:
+    """The writer thread on ``conn`` (which it owns and closes); answers on ``loop``.
+
+    ``handler`` runs the commands (``batch.run_command``); ``faults`` is shared with the
+    store, which probes with it. Has no process: ``pid`` None, nothing ever unsent or
+    unanswered past a stall, never ``lost``.
+    """
+
+    pid: int | None = None
+    lost = False
+
+    def __init__(
+        self,
+        conn: sqlite3.Connection,
+        handler: Handler | None,
+        faults: Faults,
+        loop: asyncio.AbstractEventLoop,
+    ) -> None:
+        self.faults = faults
+        self._conn = conn
+        self._handler = handler
+        self._loop = loop
+        self._queue: queue.SimpleQueue[Job | None] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = threading.Thread(
+            target=self._run, name="gate-writer", daemon=True
+        )
+        self._thread.start()
+
+    @property
+    def unsent_bytes(self) -> int:
+        """Always 0: a job is in the queue as soon as ``transact`` is called."""
+        return 0
+
+    def stalled_s(self) -> float:
+        """Always 0.0 (the thread shares this process: a stuck writer is a stuck gate)."""
+        return 0.0
+
+    async def transact(self, command: Command) -> Any:
+        """Queue ``command``; return its result once its batch committed. Cancelled before
+        it started, the job never runs; once started it finishes and commits. Raises what
+        the transaction raised, Unavailable 503 when closed or on a storage fault."""
+        if self._thread is None:
+            raise Unavailable("storage_unavailable", "database is not open")
+        future: asyncio.Future[Any] = self._loop.create_future()
+        job = Job(command, future)
+        self._queue.put(job)
+        try:
+            return await future
+        except asyncio.CancelledError:
+            job.cancelled = True
+            raise
+
+    def apply(self, command: Command) -> None:
+        """Nothing: the thread shares this process's objects, the caller applied it."""
+
+    async def close(self) -> None:
+        """Finish the queued transactions, stop the thread, close the connection."""
+        thread, self._thread = self._thread, None
+        if thread is not None:
+            self._queue.put(None)
+            await asyncio.get_running_loop().run_in_executor(None, thread.join)
+        with contextlib.suppress(sqlite3.Error):
+            self._conn.close()
+
+    def _run(self) -> None:
+        stopping = False
+        while not stopping:
+            first = self._queue.get()
+            if first is None:
+                break
+            jobs = [first]
+            while len(jobs) < MAX_BATCH:
+                try:
+                    job = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if job is None:
+                    stopping = True
+                    break
+                jobs.append(job)
+            head = None
+            try:
+                result = batch.run_batch(self._conn, jobs, self._handler, self.faults)
+                answers, head = result.answers, result.head
+            except Exception as exc:  # a bug in the batch runner: fail the batch, keep serving
+                log.exception("event=writer_failed")
+                rollback_quietly(self._conn)
+                answers = [(job, None, exc) for job in jobs]
+            self._deliver(answers)
+            batch.log_head(head)
+
+    def _deliver(self, answers: list[Answer]) -> None:
+        if not answers:
+            return
+        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits any more
+            self._loop.call_soon_threadsafe(_settle, answers)
+
+
+def _settle(answers: list[Answer]) -> None:
+    for job, result, error in answers:
+        future = job.future
+        if future is None or future.done():
+            continue
+        try:
+            if error is not None:
+                future.set_exception(error)
+            else:
+                future.set_result(result)
+        except (TypeError, ValueError) as exc:  # e.g. StopIteration: fail this caller alone
+            future.set_exception(RuntimeError(f"the write transaction failed: {exc}"))
