@@ -1,5 +1,5 @@
-"""The statements of one write transaction (sync, run on the writer thread) and the approval
-loader."""
+"""The statements of one write transaction (sync, run on the writer: a thread or the writer
+process) and the approval loader."""
 
 from __future__ import annotations
 
@@ -58,8 +58,9 @@ def load_full(
 class WriteTx:
     """The statements available inside one write transaction (``Store.transact``).
 
-    Synchronous: a transaction function runs whole on the store's writer thread, so a
-    transaction costs one thread hop however many statements it runs.
+    Synchronous: a transaction runs whole on the store's writer (its thread, or the writer
+    process), inside the batch's transaction and its own SAVEPOINT (``gate.store.batch``),
+    so a transaction costs one hop to the writer however many statements it runs.
     """
 
     def __init__(self, conn: sqlite3.Connection) -> None:
@@ -104,14 +105,6 @@ class WriteTx:
         return self._one(
             "SELECT approval_id, request_hash FROM approvals WHERE idempotency_key = ?", (key,)
         )
-
-    def revision_by_nonce(self, approval_id: str, nonce: str) -> int | None:
-        """Return the revision number that ``nonce`` was issued for on this approval, or None."""
-        row = self._one(
-            "SELECT revision FROM revisions WHERE approval_id = ? AND nonce = ?",
-            (approval_id, nonce),
-        )
-        return None if row is None else int(row["revision"])
 
     def spent(self, since_ms: int, pipeline: str | None) -> float:
         """Return the summed ``spend`` of approvals that fired (approved/adjusted) since
@@ -222,17 +215,6 @@ class WriteTx:
             (outcome, at_ms, json.dumps(receipt), permit, approval_id),
         )
         return cur.rowcount == 1
-
-    def due_expiries(self, now_ms: int, limit: int) -> list[str]:
-        """Return ids of pending approvals with ``expires_at <= now_ms`` (uses the partial
-        index)."""
-        rows = self._conn.execute(
-            "SELECT approval_id FROM approvals INDEXED BY approvals_pending_expiry"
-            " WHERE state = 'pending' AND expires_at <= ?"
-            " ORDER BY expires_at LIMIT ?",
-            (now_ms, limit),
-        ).fetchall()
-        return [row[0] for row in rows]
 
     def due_expiry_rows(self, now_ms: int, limit: int) -> list[dict[str, Any]]:
         """Return what resolving a due approval needs, oldest deadline first, one query:
