@@ -1,7 +1,9 @@
 """Tests for gate.core: the pure rules, the rate limiter, and GateService over a real SQLite Store.
 
 No mocks: a real config file (tests.support.write_config), a real Store in tmp_path, a real
-GateService, and a ManualClock so expiry is tested without sleeping. Nothing is dispatched
+GateService, and a ManualClock so expiry is tested without sleeping. Every store-backed test
+runs with both writers (``writer_process``: a thread, and a forked process as ``gate serve``
+uses; the clock is then in shared memory, ``SharedClock``). Nothing is dispatched
 (the Dispatcher is not started), so the relay URL is never contacted.
 """
 
@@ -11,7 +13,9 @@ import asyncio
 import dataclasses
 import json
 import logging
+import mmap
 import os
+import struct
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -121,9 +125,32 @@ class Gate:
 MakeGate = Callable[..., Awaitable[Gate]]
 
 
+class SharedClock(ManualClock):
+    """A ManualClock whose time lives in shared memory (an anonymous MAP_SHARED page), so the
+    writer process's copy of the service, forked at ``Store.open``, reads the time the test
+    sets: the ``_tx_*`` transactions read the clock in the writer."""
+
+    def __init__(self, start_ms: int) -> None:
+        self._page = mmap.mmap(-1, 8)
+        self._page[:8] = struct.pack("<q", int(start_ms))
+
+    def now_ms(self) -> int:
+        return int(struct.unpack("<q", self._page[:8])[0])
+
+    def advance(self, seconds: float) -> None:
+        self._page[:8] = struct.pack("<q", self.now_ms() + int(seconds * 1000))
+
+
+@pytest.fixture(params=[False, True], ids=["thread_writer", "process_writer"])
+def writer_process(request: pytest.FixtureRequest) -> bool:
+    """Both writers: a thread of this process, and a forked process (``gate serve``'s)."""
+    return bool(request.param)
+
+
 @pytest.fixture
-async def make_gate(tmp_path: Path) -> AsyncIterator[MakeGate]:
-    """Factory: ``await make_gate(security={...})`` -> a Gate on its own database file."""
+async def make_gate(tmp_path: Path, writer_process: bool) -> AsyncIterator[MakeGate]:
+    """Factory: ``await make_gate(security={...})`` -> a Gate on its own database file, in
+    each writer mode (``writer_process``)."""
     stores: list[Store] = []
 
     async def make(**config_overrides: Any) -> Gate:
@@ -132,11 +159,12 @@ async def make_gate(tmp_path: Path) -> AsyncIterator[MakeGate]:
         config = load_config(
             write_config(directory, "http://127.0.0.1:9/relay", **config_overrides)
         )
-        store = Store(config.storage.path)
+        store = Store(config.storage.path, writer_process=writer_process)
+        clock = SharedClock(NOW_MS)
+        service = GateService(config, RECEIPT_KEY, store, clock)  # binds before the fork
         await store.open()
         stores.append(store)
-        clock = ManualClock(NOW_MS)
-        return Gate(GateService(config, RECEIPT_KEY, store, clock), store, clock, config)
+        return Gate(service, store, clock, config)
 
     yield make
     for store in stores:
@@ -643,12 +671,6 @@ class StoreHandler:
 
     def release(self) -> None:
         os.write(self.release_w, b"x")
-
-
-@pytest.fixture(params=[False, True], ids=["thread_writer", "process_writer"])
-def writer_process(request: pytest.FixtureRequest) -> bool:
-    """Both writers: a thread of this process, and a forked process (``gate serve``'s)."""
-    return bool(request.param)
 
 
 @pytest.fixture
