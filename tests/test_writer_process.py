@@ -445,7 +445,7 @@ def test_writer_frames_end_when_the_gate_dies_with_answers_unread() -> None:
     """A killed daemon with answers still unread resets the socket (ECONNRESET): for the
     writer that is the end of the stream, not a crash with a traceback in the gate's log
     (found by the kill -9 soak)."""
-    from gate.store.writer_process import _Frames
+    from gate.store.writer_child import _Frames
 
     gate_end, writer_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     writer_end.sendall(b"an answer the daemon never read")

@@ -34,31 +34,21 @@ import os
 import pickle
 import signal
 import socket
-import struct
-from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from gate.errors import GateError, Unavailable
-from gate.store import batch
-from gate.store.batch import MAX_BATCH, PROBE, Answer, Command, Faults, Handler, Job
-from gate.store.connection import open_writer, rollback_quietly
+from gate.store import writer_child
+from gate.store.batch import Command, Faults, Handler
+from gate.store.writer_child import HEADER, MAX_FRAME, frame
 
 log = logging.getLogger(__name__)
 
-_HEADER = struct.Struct(">I")
-_MAX_FRAME = 1 << 30
 # a transaction unanswered this long (seconds) makes the health check fail: the writer is
 # stuck (stopped, or blocked in the kernel); busy_timeout alone may hold a batch 10 s
 STALL_S = 30.0
-PROCESS_NAME = "hitl-gate-db"  # the writer's name in ps -o comm / top (15 bytes at most)
 WRITER_GONE = "the database writer process exited (restart the gate)"
-
-
-def _frame(message: Any) -> bytes:
-    data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
-    return _HEADER.pack(len(data)) + data
 
 
 # ---- the web process's side -------------------------------------------------------------
@@ -108,7 +98,7 @@ class WriterClient:
             return  # failed with every pending job as soon as the loss is logged
         # the frames of one loop iteration leave in one write (one syscall for the many
         # decisions a busy iteration handles), at the start of the next
-        self._outgoing.append(_frame(message))
+        self._outgoing.append(frame(message))
         if len(self._outgoing) == 1:
             self._loop.call_soon(self._flush)
 
@@ -277,8 +267,8 @@ def _reap(pid: int) -> int | None:
 
 
 async def _read_frame(reader: asyncio.StreamReader) -> Any:
-    (size,) = _HEADER.unpack(await reader.readexactly(_HEADER.size))
-    if size > _MAX_FRAME:
+    (size,) = HEADER.unpack(await reader.readexactly(HEADER.size))
+    if size > MAX_FRAME:
         raise pickle.UnpicklingError(f"frame of {size} bytes")
     return pickle.loads(await reader.readexactly(size))
 
@@ -303,11 +293,7 @@ async def start(
             code = 1
             try:
                 parent_sock.close()
-                _child_signals(old_mask)
-                with contextlib.suppress(OSError):
-                    with open("/proc/self/comm", "w", encoding="ascii") as comm:
-                        comm.write(PROCESS_NAME)
-                code = _child(path, handler, child_sock)
+                code = writer_child.main(path, handler, child_sock, old_mask)
             except BaseException:  # noqa: BLE001 - the child must not unwind into the parent's code
                 with contextlib.suppress(BaseException):
                     log.exception("event=writer_failed")
@@ -331,194 +317,3 @@ async def start(
         raise Unavailable("storage_unavailable", error)
     log.debug("event=writer_started pid=%d", pid)
     return WriterClient(pid, reader, writer, faults, on_lost)
-
-
-# ---- the writer process -----------------------------------------------------------------
-
-
-def _child_signals(mask: Any) -> None:
-    """Stop on the parent's word only: ignore the signals the web process handles (a
-    terminal's ^C or systemd's SIGTERM reach the whole group), and drop the parent's
-    event-loop wake-up fd (a signal here must not wake the parent's loop)."""
-    signal.set_wakeup_fd(-1)
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, signal.SIG_IGN)
-    signal.pthread_sigmask(signal.SIG_SETMASK, mask)
-
-
-class _Frames:
-    """Frame reader over the writer's socket: ``take`` blocks for at least one frame and
-    also takes whatever else has arrived, so one batch takes every waiting job; ``poll``
-    never blocks."""
-
-    def __init__(self, sock: socket.socket) -> None:
-        self._sock = sock
-        self._buffer = bytearray()
-
-    def take(self) -> list[Any] | None:
-        """Return the next frames (at least one), or None at end of stream."""
-        while True:
-            messages = self.poll()
-            if messages:
-                return messages
-            try:
-                data = self._sock.recv(1 << 20)
-            except ConnectionError:  # the web process died with answers unread: the end
-                data = b""
-            if not data:
-                return None
-            self._buffer += data
-
-    def poll(self) -> list[Any]:
-        """Return the complete frames that have arrived (maybe none), without blocking."""
-        try:
-            data = self._sock.recv(1 << 20, socket.MSG_DONTWAIT)
-        except (BlockingIOError, ConnectionError):  # nothing yet; or the end (``take``)
-            data = b""
-        self._buffer += data
-        messages = []
-        view = self._buffer
-        offset = 0
-        while len(view) - offset >= _HEADER.size:
-            (size,) = _HEADER.unpack_from(view, offset)
-            end = offset + _HEADER.size + size
-            if len(view) < end:
-                break
-            messages.append(pickle.loads(view[offset + _HEADER.size : end]))
-            offset = end
-        del self._buffer[:offset]
-        return messages
-
-
-def _child(path: Path, handler: Handler | None, sock: socket.socket) -> int:
-    """The writer process's loop: open the write connection (the inherited lock fd stays
-    open: after a kill -9 of the web process the lock holds until the writer, which may
-    still finish a batch, is gone too), then take frames, run batches, send answers. Returns
-    the exit code once the web process has closed its end or is gone."""
-    try:
-        conn = open_writer(path)
-    except Exception as exc:  # noqa: BLE001 - reported to the parent, which raises it
-        sock.sendall(_frame(("ready", f"cannot open database {path}: {exc}")))
-        return 1
-    sock.sendall(_frame(("ready", None)))
-    faults = Faults(path)
-    frames = _Frames(sock)
-    waiting: deque[Any] = deque()  # messages read but not handled yet, in order
-    jobs: dict[int, Job] = {}  # the jobs of the batch being assembled or run
-
-    def claim_cancels(messages: Any) -> list[Any]:
-        # mark the jobs of this batch whose callers gave up; return the other messages
-        rest = []
-        for message in messages:
-            job = jobs.get(message[1]) if message[0] == "cancel" else None
-            if job is not None:
-                job.cancelled = True
-            else:
-                rest.append(message)
-        return rest
-
-    def before_job() -> None:
-        # before each job of a batch (the first once BEGIN IMMEDIATE got the lock, which may
-        # have taken a while): a caller that gave up meanwhile is not run, as with the
-        # writer thread. One non-blocking read when nothing arrived.
-        waiting.extend(claim_cancels(frames.poll()))
-
-    while True:
-        if not waiting:
-            got = frames.take()
-            if got is None:
-                return 0
-            waiting.extend(got)
-        todo: list[Job] = []
-        while waiting:
-            kind = waiting[0][0]
-            if kind == "job":
-                if len(todo) >= MAX_BATCH:
-                    break
-                _, job_id, command = waiting.popleft()
-                job = Job(command, None, job_id)
-                jobs[job_id] = job
-                todo.append(job)
-            elif kind == "cancel":
-                cancelled = jobs.get(waiting.popleft()[1])
-                if cancelled is not None:
-                    cancelled.cancelled = True
-            elif kind == "apply":
-                if todo:  # the jobs sent before it run first
-                    break
-                _apply(handler, waiting.popleft()[1])
-            else:
-                waiting.popleft()
-        if not todo:
-            continue
-        # cancels queued behind where the batch was cut (a reload, MAX_BATCH) count too
-        rest = claim_cancels(waiting)
-        waiting.clear()
-        waiting.extend(rest)
-        head = None
-        answers: list[Answer]
-        try:
-            result = batch.run_batch(conn, todo, handler, faults, before_job)
-            answers, head = result.answers, result.head
-        except Exception as exc:  # noqa: BLE001 - a bug in the batch runner: fail the batch,
-            log.exception("event=writer_failed")  # keep serving (as the writer thread does)
-            rollback_quietly(conn)
-            answers = [(job, None, exc) for job in todo]
-        jobs.clear()
-        if any(job.command == PROBE and error is None for job, _, error in answers):
-            faults.recovered()  # a probe committed: the storage fault is over
-        items = [_answer(job, result, error) for job, result, error in answers]
-        try:
-            try:
-                data = _frame(("answers", items, faults.write_fault))
-            except Exception:  # noqa: BLE001 - a bug (an unpicklable result): answer it as one
-                data = _frame(("answers", [_picklable(item) for item in items], faults.write_fault))
-            sock.sendall(data)
-        except OSError:
-            batch.log_head(head)  # committed all the same
-            return 0  # the web process is gone: nobody waits for these answers
-        batch.log_head(head)  # after the answers: off the callers' path
-
-
-def _apply(handler: Handler | None, command: Command) -> None:
-    """Run a configuration ``command`` outside any transaction (``handler(None, command)``)."""
-    if handler is None:
-        return
-    try:
-        handler(None, command)  # type: ignore[arg-type]  # the handler's ``tx`` may be None
-    except Exception:  # noqa: BLE001 - a bug: keep the writer (and its old settings)
-        log.exception("event=writer_error apply=%s", command.name)
-
-
-def _answer(job: Job, result: Any, error: BaseException | None) -> tuple[int, bool, Any]:
-    if error is None:
-        return job.id, True, result
-    return job.id, False, _portable(error, job.command.name)
-
-
-def _portable(error: BaseException, command: str) -> BaseException:
-    """``error`` as the web process can receive it: a GateError that survives pickling as
-    itself, another one as a plain GateError with the same code, status, kind and extra;
-    anything else (a bug: its traceback is logged here) as a RuntimeError naming it."""
-    if isinstance(error, GateError):
-        try:
-            pickle.loads(pickle.dumps(error, protocol=pickle.HIGHEST_PROTOCOL))
-        except Exception:  # noqa: BLE001 - e.g. an __init__ pickle cannot call
-            return GateError(
-                error.code, error.message, status=error.status, kind=error.kind, extra=error.extra
-            )
-        return error
-    log.error("event=writer_error command=%s", command, exc_info=error)
-    return RuntimeError(
-        f"the write transaction {command!r} failed: {type(error).__name__}: {error}"
-    )
-
-
-def _picklable(item: tuple[int, bool, Any]) -> tuple[int, bool, Any]:
-    job_id, ok, value = item
-    try:
-        pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
-    except Exception as exc:  # noqa: BLE001
-        log.error("event=writer_error error=unpicklable answer (%s)", exc)
-        return job_id, False, RuntimeError(f"unpicklable answer: {type(value).__name__}")
-    return item
