@@ -14,7 +14,7 @@ import sqlite3
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 from gate.errors import Unavailable
 from gate.store.connection import rollback_quietly
@@ -84,6 +84,32 @@ class BatchResult:
 
     answers: list[Answer]
     head: tuple[int, str] | None
+
+
+class Writer(Protocol):
+    """What runs the write transactions for ``Store``: ``writer_thread.ThreadWriter`` or
+    ``writer_process.WriterClient``. Both run ``run_batch`` (group commit) and record
+    storage faults in the store's ``Faults``."""
+
+    @property
+    def pid(self) -> int | None:
+        """The writer process's pid; None for a thread."""
+
+    @property
+    def unsent_bytes(self) -> int:
+        """Bytes of frames not yet in the writer's socket (0 for a thread)."""
+
+    def stalled_s(self) -> float:
+        """Seconds the oldest unanswered transaction has waited (0.0: none, or a thread)."""
+
+    async def transact(self, command: Command) -> Any:
+        """Run ``command`` in a transaction; return its result after the COMMIT."""
+
+    def apply(self, command: Command) -> None:
+        """Run ``command`` outside any transaction, in order with the jobs sent."""
+
+    async def close(self) -> None:
+        """Finish what was sent, then stop (idempotent)."""
 
 
 def is_fault(exc: sqlite3.Error) -> bool:

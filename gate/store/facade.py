@@ -7,43 +7,17 @@ import sqlite3
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from gate.audit import chain as audit
 from gate.errors import Unavailable
 from gate.store import connection, writer_process
-from gate.store.batch import PROBE, Command, Faults, Handler
+from gate.store.batch import PROBE, Command, Faults, Handler, Writer
 from gate.store.reads import Reads
 from gate.store.tx import WriteTx
 from gate.store.writer_thread import ThreadWriter
 
 PROBE_INTERVAL_S = 1.0
-
-
-class Writer(Protocol):
-    """What runs the write transactions: ``writer_thread.ThreadWriter`` or
-    ``writer_process.WriterClient``. Both run ``batch.run_batch`` (group commit) and share
-    the store's ``batch.Faults``."""
-
-    @property
-    def pid(self) -> int | None:
-        """The writer process's pid; None for a thread."""
-
-    @property
-    def unsent_bytes(self) -> int:
-        """Bytes of frames not yet in the writer's socket (0 for a thread)."""
-
-    def stalled_s(self) -> float:
-        """Seconds the oldest unanswered transaction has waited (0.0: none, or a thread)."""
-
-    async def transact(self, command: Command) -> Any:
-        """Run ``command`` in a transaction; return its result after the COMMIT."""
-
-    def apply(self, command: Command) -> None:
-        """Run ``command`` outside any transaction, in order with the jobs sent."""
-
-    async def close(self) -> None:
-        """Finish what was sent, then stop (idempotent)."""
 
 
 class Store:

@@ -7,7 +7,7 @@ and runs the same batch runner as the writer thread (``gate.store.batch.run_batc
 *commands* (``Command``: a transaction's name and picklable arguments); its copy of the
 bound handler (the service), forked with it, runs them (``Store.bind``). Each caller is
 answered only after the commit, as with the thread. ``WriterClient`` implements
-``gate.store.facade.Writer``.
+``gate.store.batch.Writer``.
 
 Wire, over one ``socketpair`` (both ways): frames of a 4-byte big-endian length and a
 pickle. Web process -> writer: ``("job", id, command)``, ``("cancel", id)`` (the caller

@@ -1,6 +1,6 @@
 """The store's writer as a thread of this process (``Store(path)``; tests and tools).
 
-Implements ``gate.store.facade.Writer``: callers queue ``Job``s, the thread takes every job
+Implements ``gate.store.batch.Writer``: callers queue ``Job``s, the thread takes every job
 waiting (up to ``MAX_BATCH``), runs them with ``batch.run_batch`` (group commit) and answers
 the callers on their event loop once the batch committed.
 """
