@@ -13,6 +13,8 @@ from gate.errors import Unavailable
 from gate.store.schema import MIGRATIONS, SCHEMA_VERSION
 
 log = logging.getLogger(__name__)
+# aiosqlite (still installed for tools) logs statements with parameters at DEBUG: never.
+logging.getLogger("aiosqlite").setLevel(logging.INFO)
 
 BUSY_TIMEOUT_MS = 10_000
 IN_USE = "database in use by another hitl-gate process"
