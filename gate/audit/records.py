@@ -21,7 +21,8 @@ the log: an approved draft's body, an outcome, a decision. Each approval must ha
   revision, only for revisions the log holds, none for a dispatch the outbox says was never
   acked. A deleted newest ack entry shows here while its outbox row still says delivered.
 
-Pure: takes ``ApprovalRecord``s (``gate.store.auditlog.approval_records``), reads nothing.
+Pure: takes ``ApprovalRecord``s (defined here, read by
+``gate.store.auditlog.approval_records``), reads nothing.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from __future__ import annotations
 import json
 from collections import Counter
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from gate.audit import chain as audit
@@ -44,7 +45,6 @@ from gate.audit.entries import (
     ResolvedData,
 )
 from gate.protocol.canonical import payload_hash
-from gate.store.auditlog import ApprovalRecord
 
 _CREATED_FIELDS = (
     ("pipeline", "pipeline"),
@@ -52,6 +52,26 @@ _CREATED_FIELDS = (
     ("quorum_required", "quorum"),
     ("expires_at", "expires_at"),
 )
+
+
+@dataclass(frozen=True, slots=True)
+class ApprovalRecord:
+    """One approval as the tables hold it, with its audit rows, for ``audit verify``'s
+    cross-check (``check``; read by ``gate.store.auditlog.approval_records``). ``approval``
+    is the approvals row as a dict (approval_id, pipeline, step, quorum_required, revision,
+    state, outcome, expires_at, receipt: JSON text, scope: JSON text) or None when only the
+    log names the approval;
+    ``revisions`` are ``(revision, body, payload_hash)``; ``decisions`` are ``(revision,
+    operator_id, decision, payload_hash)``, all as stored (an edited row may hold any type);
+    ``entries`` its audit rows in ascending seq; ``dispatches`` its outbox rows
+    ``(revision, attempts, delivered_at)`` as stored."""
+
+    approval_id: str
+    approval: dict[str, Any] | None
+    revisions: list[tuple[Any, Any, Any]]
+    decisions: list[tuple[Any, Any, Any, Any]]
+    entries: list[audit.AuditRow]
+    dispatches: list[tuple[Any, Any, Any]] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,11 +129,11 @@ def _problem(record: ApprovalRecord) -> str | None:
             else "no created entry in the audit log (row inserted outside the gate?)"
         )
     entry, data = created[0]
-    for column, field in _CREATED_FIELDS:
-        if row[column] != getattr(data, field):
+    for column, name in _CREATED_FIELDS:
+        if row[column] != getattr(data, name):
             return (
                 f"{column} is {row[column]!r} in the approvals table but "
-                f"{getattr(data, field)!r} in audit entry {entry.seq}"
+                f"{getattr(data, name)!r} in audit entry {entry.seq}"
             )
     logged: dict[Any, tuple[int, Any]] = {1: (entry.seq, data.payload_hash)}
     decisions = []

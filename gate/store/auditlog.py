@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from gate.audit import chain as audit
+from gate.audit.records import ApprovalRecord
 from gate.errors import Unavailable
 from gate.store.db import BUSY_TIMEOUT_MS
 from gate.store.schema import SCHEMA_VERSION
@@ -117,25 +117,6 @@ def _audit_query(conn: sqlite3.Connection) -> str | None:
         "SELECT seq, approval_id, kind, entry, prev_hash, entry_hash, receipt, "
         f"{signed} FROM audit_log ORDER BY seq"
     )
-
-
-@dataclass(frozen=True, slots=True)
-class ApprovalRecord:
-    """One approval as the tables hold it, with its audit rows, for ``audit verify``'s
-    cross-check (``gate.audit.records``). ``approval`` is the approvals row as a dict
-    (approval_id, pipeline, step, quorum_required, revision, state, outcome, expires_at,
-    receipt: JSON text, scope: JSON text) or None when only the log names the approval;
-    ``revisions`` are ``(revision, body, payload_hash)``; ``decisions`` are ``(revision,
-    operator_id, decision, payload_hash)``, all as stored (an edited row may hold any type);
-    ``entries`` its audit rows in ascending seq; ``dispatches`` its outbox rows
-    ``(revision, attempts, delivered_at)`` as stored."""
-
-    approval_id: str
-    approval: dict[str, Any] | None
-    revisions: list[tuple[Any, Any, Any]]
-    decisions: list[tuple[Any, Any, Any, Any]]
-    entries: list[audit.AuditRow]
-    dispatches: list[tuple[Any, Any, Any]] = field(default_factory=list)
 
 
 _RECORD_QUERIES = (
