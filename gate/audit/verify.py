@@ -1,4 +1,7 @@
-"""Read audit rows (database or export file) and receipts for ``audit verify``/``export``."""
+"""Verify an audit log: ``verify_database`` is the one check of a database (chain, receipts,
+signatures, the receipts held outside the log and stored with the approvals, logged heads, and
+the approval records), which ``hitl-gate audit verify -c`` and ``doctor`` only format;
+``verify_rows`` the same over an export's rows. Also reads exports and ``--expect`` files."""
 
 from __future__ import annotations
 
@@ -7,15 +10,18 @@ import multiprocessing
 import os
 import re
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from gate.audit import chain as audit
+from gate.audit import records as audit_records
 from gate.errors import GateError, Unavailable
-from gate.store import auditlog
+from gate.store import auditlog, inspection
 from gate.store.auditlog import DatabaseRows
+from gate.trust.keys import PublicKeys
 
 # entries per ``audit verify`` work unit; a log of one unit or less is verified in-process
 SEGMENT_ROWS = 50_000
@@ -115,14 +121,132 @@ def parse_head(text: str) -> tuple[int, str]:
     return int(match.group(1)), match.group(2).lower()
 
 
+@dataclass(frozen=True, slots=True)
+class AnchorProblem:
+    """A receipt or logged head held outside the chain that the verified log does not hold:
+    entry ``seq`` and why; ``source`` names the anchor (``receipt FILE``, ``the receipt
+    stored with approval ID``, ``--expect-head SEQ:HASH``)."""
+
+    seq: int
+    reason: str
+    source: str
+
+
+@dataclass(frozen=True, slots=True)
+class AuditReport:
+    """What ``verify_database``/``verify_rows`` found, stopping at the first failure:
+    ``chain`` (entries, receipts, signatures; not ok or ``wrong_key``: nothing after it was
+    checked), then ``anchor`` (the first anchor the log does not hold, else None), then
+    ``records`` (the approval records against the log; None when not checked)."""
+
+    chain: audit.VerifyResult
+    anchor: AnchorProblem | None = None
+    records: audit_records.RecordsResult | None = None
+
+    @property
+    def ok(self) -> bool:
+        """Every check that ran passed."""
+        return (
+            self.chain.ok
+            and self.anchor is None
+            and (self.records is None or self.records.problem is None)
+        )
+
+
 def verify_database(
+    path: Path,
+    keys: audit.ReceiptKeyArg,
+    *,
+    public_keys: PublicKeys | None = None,
+    expect: Sequence[tuple[str, dict[str, Any]]] = (),
+    expect_heads: Sequence[tuple[int, str]] = (),
+    records: bool = True,
+    leading_unknown: bool = False,
+) -> AuditReport:
+    """The one audit check of the database at ``path`` (``audit verify -c``, ``doctor``).
+
+    In order, stopping at the first failure: the chain with every receipt (``keys``: each
+    entry with the key of its span; ``leading_unknown`` as ``gate.audit.spans``) and, with
+    ``public_keys``, every signature (in parallel, ``verify_chain``, when there are no
+    public keys and no leading unknown span); then every receipt in ``expect`` (``(source,
+    receipt)`` pairs, in order), the newest resolution receipt the approvals table stores
+    (its source ``the receipt stored with approval ID``) and the chain heads
+    ``expect_heads`` (``(seq, entry_hash)``); then, with ``records``, every approval's rows
+    against the verified log (``gate.audit.records``). Reads only; a running gate may keep
+    writing (entries appended meanwhile are not checked). Raises GateError ``no_database``
+    when there is no file at ``path``, Unavailable when it cannot be read.
+    """
+    if not Path(path).exists():
+        raise GateError("no_database", f"no database at {path}")
+    rows = DatabaseRows(Path(path))
+    if public_keys or leading_unknown:
+        chain = audit.verify(rows, keys, public_keys or None, leading_unknown=leading_unknown)
+    else:  # entries checked in parallel, same answer
+        chain = verify_chain(Path(path), keys)
+    if not chain.ok or chain.wrong_key:
+        return AuditReport(chain)
+    anchors = list(expect)
+    stored = inspection.latest_stored_receipt(Path(path))
+    if stored is not None:  # the database keeps each resolution's receipt with its approval
+        anchors.append((f"the receipt stored with approval {stored[0]}", stored[1]))
+    anchor = _anchor_problem(rows, chain, keys, public_keys, anchors, expect_heads)
+    if anchor is not None or not records:
+        return AuditReport(chain, anchor)
+    matched = audit_records.check(auditlog.approval_records(Path(path)), chain.checked)
+    return AuditReport(chain, None, matched)
+
+
+def verify_rows(
+    rows: Iterable[audit.AuditRow],
+    keys: audit.ReceiptKeyArg,
+    *,
+    public_keys: PublicKeys | None = None,
+    expect: Sequence[tuple[str, dict[str, Any]]] = (),
+    expect_heads: Sequence[tuple[int, str]] = (),
+) -> AuditReport:
+    """``verify_database`` over the rows of an export (re-iterable, ascending seq): the
+    chain, receipts and signatures, then the anchors ``expect`` and ``expect_heads``; an
+    export holds no approval records. Raises GateError only as ``audit.verify`` does."""
+    rows = list(rows) if not isinstance(rows, Sequence) else rows
+    chain = audit.verify(rows, keys, public_keys or None)
+    if not chain.ok or chain.wrong_key:
+        return AuditReport(chain)
+    return AuditReport(
+        chain, _anchor_problem(rows, chain, keys, public_keys, list(expect), expect_heads)
+    )
+
+
+def _anchor_problem(
+    rows: Iterable[audit.AuditRow],
+    chain: audit.VerifyResult,
+    keys: audit.ReceiptKeyArg,
+    public_keys: PublicKeys | None,
+    anchors: Sequence[tuple[str, dict[str, Any]]],
+    heads: Sequence[tuple[int, str]],
+) -> AnchorProblem | None:
+    """The first receipt of ``anchors`` (then head of ``heads``) the verified ``rows`` do
+    not hold, else None."""
+    for source, held in anchors:
+        found = audit.receipt_problem(
+            rows, held, audit.span_keys(chain, keys, held.get("seq")), public_keys or None
+        )
+        if found is not None:
+            return AnchorProblem(found[0], found[1], source)
+    head = audit.head_problem(rows, heads) if heads else None
+    if head is not None:
+        (seq, entry_hash), reason = head
+        return AnchorProblem(seq, reason, f"--expect-head {seq}:{entry_hash}")
+    return None
+
+
+def verify_chain(
     path: Path,
     key: audit.ReceiptKeyArg,
     *,
     workers: int | None = None,
     segment_rows: int = SEGMENT_ROWS,
 ) -> audit.VerifyResult:
-    """``audit verify`` of a database without public keys: the chain and (with ``key``: one
+    """The chain of a database without public keys: the chain and (with ``key``: one
     receipt key, or several, each for its own span) every HMAC receipt, with the same answer
     as ``audit.verify`` over ``DatabaseRows``.
 

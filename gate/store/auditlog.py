@@ -1,4 +1,5 @@
-"""Stream a database's audit log for ``audit verify``/``export``: no lock, constant memory."""
+"""Stream a database's audit log for ``audit verify``/``export``: no lock, constant memory
+(``gate.store.readonly`` connections)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from typing import Any
 from gate.audit import chain as audit
 from gate.audit.records import ApprovalRecord
 from gate.errors import Unavailable
-from gate.store.db import BUSY_TIMEOUT_MS
+from gate.store import readonly
 from gate.store.schema import SCHEMA_VERSION
 
 CHUNK = 1000
@@ -86,13 +87,7 @@ def read_range(path: Path, low: int, high: int) -> Iterator[tuple[Any, ...]]:
 
 
 def _connect(path: Path) -> sqlite3.Connection:
-    try:
-        conn = sqlite3.connect(str(path), isolation_level=None)
-        conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
-        conn.execute("PRAGMA query_only = ON")
-        return conn
-    except sqlite3.Error as exc:
-        raise Unavailable("storage_unavailable", f"cannot open database {path}: {exc}") from exc
+    return readonly.connect(path)
 
 
 def _audit_query(conn: sqlite3.Connection) -> str | None:
@@ -105,18 +100,13 @@ def _audit_query(conn: sqlite3.Connection) -> str | None:
                 "storage_unavailable",
                 f"database schema {version} is newer than this gate ({SCHEMA_VERSION})",
             )
-        columns = {row[1] for row in conn.execute("PRAGMA table_info(audit_log)")}
+        if not conn.execute("PRAGMA table_info(audit_log)").fetchone():
+            return None
+        return f"SELECT {readonly.audit_columns(conn)} FROM audit_log ORDER BY seq"
     except sqlite3.Error as exc:
         raise Unavailable("storage_unavailable", f"cannot read database: {exc}") from exc
     finally:
         conn.close()
-    if not columns:
-        return None
-    signed = "key_id, signature" if "signature" in columns else "NULL, NULL"
-    return (
-        "SELECT seq, approval_id, kind, entry, prev_hash, entry_hash, receipt, "
-        f"{signed} FROM audit_log ORDER BY seq"
-    )
 
 
 _RECORD_QUERIES = (
