@@ -743,7 +743,8 @@ def audit_verify(
     Example: hitl-gate audit verify --file audit.jsonl --public-key hitl-gate-ed25519.pub
     --expect receipt.json
     """
-    from gate.audit.verify import read_expected, read_export, verify_database, verify_rows
+    from gate.audit.inputs import read_expected, read_export
+    from gate.audit.verify import verify_database, verify_rows
 
     if (config_path is None) == (export_file is None):
         fail("give exactly one of -c/--config or --file", 2)
@@ -841,7 +842,7 @@ def audit_verify(
 
 def _expect_heads(values: tuple[str, ...]) -> list[tuple[int, str]]:
     """``--expect-head`` values as ``(seq, entry_hash)``; a bad one exits 2 naming it."""
-    from gate.audit.verify import parse_head
+    from gate.audit.inputs import parse_head
 
     try:
         return [parse_head(value) for value in values]

@@ -231,9 +231,10 @@ def check_audit(
     """Recompute the audit chain, its receipts (with the receipt key, and the previous one of
     a rotation: each entry with the key of its span, ``gate.audit.spans``) and its
     signatures (when the config names Ed25519 keys), then compare the approval records with
-    it, as ``hitl-gate audit verify -c``. A newest entry that neither key verifies FAILs
-    naming the settings (the gate would refuse to start); one the previous key verifies
-    WARNs (the gate writes the rotation entry at its next start). Spans before the first
+    it: the one check ``hitl-gate audit verify -c`` runs (``gate.audit.verify.
+    verify_database``), formatted as the doctor's. A newest entry that neither key verifies
+    FAILs naming the settings (the gate would refuse to start); one the previous key
+    verifies WARNs (the gate writes the rotation entry at its next start). Spans before the first
     one whose key is configured (keys retired by earlier rotations) are checked for the
     chain only, and said so. ``receipts`` (the config's section) names the variables."""
     if not path.exists():
