@@ -1,4 +1,4 @@
-"""``audit verify`` in parallel (gate.audit.verify.verify_database): the log is cut into runs,
+"""``audit verify`` in parallel (gate.audit.verify.verify_chain): the log is cut into runs,
 each verified in its own process, and joined in order. The answer (first bad entry, reason,
 count) must equal the sequential ``audit.verify`` over the same database for every kind of
 tampering, wherever it falls relative to the cut: inside a run, at its first or last entry,
@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from gate.audit import chain as audit
-from gate.audit.verify import verify_database
+from gate.audit.verify import verify_chain as verify_database
 from gate.store import Store
 from gate.store.auditlog import DatabaseRows
 from tests.test_audit import KEY, chain, flip, forge

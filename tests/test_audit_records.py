@@ -11,8 +11,8 @@ import pytest
 
 from gate.audit import chain as audit
 from gate.audit import records as audit_records
+from gate.audit.records import ApprovalRecord
 from gate.protocol.canonical import payload_hash
-from gate.store.auditlog import ApprovalRecord
 
 KEY = b"receipt-key"
 FIRST, SECOND = "Pay 12 EUR to ACME\n", "Pay 12.50 EUR to ACME\n"

@@ -10,6 +10,9 @@
   ``gate.protocol`` but never the core, store or daemon; ``gate/client/*`` (the pipeline side)
   never reaches the store, daemon or web.
 - Only ``gate/store/*`` speaks SQL (imports sqlite3/aiosqlite).
+- Of the ``gate/audit/*`` modules, only ``audit/verify.py`` imports the store; chain, entries,
+  records and spans import no store, no sqlite3, no aiohttp (pure: the store's writer and
+  readers depend on them, never the other way round).
 """
 
 from __future__ import annotations
@@ -280,6 +283,28 @@ def test_layers_client_speaks_only_the_pipeline_api(module: Module) -> None:
     )
 
     assert not bad, f"{module.rel} runs in a pipeline, not in the daemon, and imports {bad}"
+
+
+AUDIT = under("gate.audit")
+AUDIT_PURE = [m for m in AUDIT if m.name != "gate.audit.verify"]
+
+
+@pytest.mark.parametrize("module", AUDIT_PURE, ids=ids(AUDIT_PURE))
+def test_layers_audit_chain_entries_records_spans_are_pure(module: Module) -> None:
+    bad = hits(imports_of(module), ("gate.store", "aiohttp") + SQL_DRIVERS)
+
+    assert not bad, f"{module.rel}: of audit/, only audit/verify.py reads the store; imports {bad}"
+
+
+def test_layers_audit_pure_modules_found() -> None:
+    names = {m.name for m in AUDIT_PURE}
+
+    assert names >= {
+        "gate.audit.chain",
+        "gate.audit.entries",
+        "gate.audit.records",
+        "gate.audit.spans",
+    }
 
 
 def test_layers_who_runs_what_rules_see_their_packages() -> None:

@@ -1,2 +1,3 @@
-"""The audit trail: hash chain and receipts (chain), the approval records checked against the log
-(records), and verifying a database (verify)."""
+"""The audit trail: hash chain and receipts (chain), typed entry payloads (entries), the approval
+records checked against the log (records), the one check of a database (verify) and what else
+it is given (inputs)."""

@@ -21,7 +21,8 @@ the log: an approved draft's body, an outcome, a decision. Each approval must ha
   revision, only for revisions the log holds, none for a dispatch the outbox says was never
   acked. A deleted newest ack entry shows here while its outbox row still says delivered.
 
-Pure: takes ``ApprovalRecord``s (``gate.store.auditlog.approval_records``), reads nothing.
+Pure: takes ``ApprovalRecord``s (defined here, read by
+``gate.store.auditlog.approval_records``), reads nothing.
 """
 
 from __future__ import annotations
@@ -29,12 +30,21 @@ from __future__ import annotations
 import json
 from collections import Counter
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from gate.audit import chain as audit
+from gate.audit.entries import (
+    CREATED,
+    DECISION,
+    DISPATCH_ACK,
+    RESOLVED,
+    CreatedData,
+    DecisionData,
+    DispatchAckData,
+    ResolvedData,
+)
 from gate.protocol.canonical import payload_hash
-from gate.store.auditlog import ApprovalRecord
 
 _CREATED_FIELDS = (
     ("pipeline", "pipeline"),
@@ -42,6 +52,26 @@ _CREATED_FIELDS = (
     ("quorum_required", "quorum"),
     ("expires_at", "expires_at"),
 )
+
+
+@dataclass(frozen=True, slots=True)
+class ApprovalRecord:
+    """One approval as the tables hold it, with its audit rows, for ``audit verify``'s
+    cross-check (``check``; read by ``gate.store.auditlog.approval_records``). ``approval``
+    is the approvals row as a dict (approval_id, pipeline, step, quorum_required, revision,
+    state, outcome, expires_at, receipt: JSON text, scope: JSON text) or None when only the
+    log names the approval;
+    ``revisions`` are ``(revision, body, payload_hash)``; ``decisions`` are ``(revision,
+    operator_id, decision, payload_hash)``, all as stored (an edited row may hold any type);
+    ``entries`` its audit rows in ascending seq; ``dispatches`` its outbox rows
+    ``(revision, attempts, delivered_at)`` as stored."""
+
+    approval_id: str
+    approval: dict[str, Any] | None
+    revisions: list[tuple[Any, Any, Any]]
+    decisions: list[tuple[Any, Any, Any, Any]]
+    entries: list[audit.AuditRow]
+    dispatches: list[tuple[Any, Any, Any]] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,7 +113,7 @@ def problem(record: ApprovalRecord) -> str | None:
 def _problem(record: ApprovalRecord) -> str | None:
     row = record.approval
     entries = [(e, _data(e)) for e in record.entries]
-    created = [(e, d) for e, d in entries if e.kind == "created"]
+    created = [(e, CreatedData.from_data(d)) for e, d in entries if e.kind == CREATED]
     if row is None and not record.entries:
         return (
             "rows in the revisions, decisions or outbox table for an approval that "
@@ -99,22 +129,21 @@ def _problem(record: ApprovalRecord) -> str | None:
             else "no created entry in the audit log (row inserted outside the gate?)"
         )
     entry, data = created[0]
-    for column, field in _CREATED_FIELDS:
-        if row[column] != data.get(field):
+    for column, name in _CREATED_FIELDS:
+        if row[column] != getattr(data, name):
             return (
                 f"{column} is {row[column]!r} in the approvals table but "
-                f"{data.get(field)!r} in audit entry {entry.seq}"
+                f"{getattr(data, name)!r} in audit entry {entry.seq}"
             )
-    logged = {1: (entry.seq, data.get("payload_hash"))}
+    logged: dict[Any, tuple[int, Any]] = {1: (entry.seq, data.payload_hash)}
     decisions = []
     for e, d in entries:
-        if e.kind != "decision":
+        if e.kind != DECISION:
             continue
-        decisions.append(
-            (d.get("revision"), d.get("operator_id"), d.get("decision"), d.get("payload_hash"))
-        )
-        if d.get("new_revision") is not None:
-            logged[d["new_revision"]] = (e.seq, d.get("new_payload_hash"))
+        made = DecisionData.from_data(d)
+        decisions.append((made.revision, made.operator_id, made.decision, made.payload_hash))
+        if made.new_revision is not None:
+            logged[made.new_revision] = (e.seq, made.new_payload_hash)
     reason = _revisions_problem(row, record.revisions, logged)
     if reason is None:
         reason = _decisions_problem(record.decisions, decisions)
@@ -136,10 +165,11 @@ def _dispatches_problem(
     entries: an acked dispatch has its entry (same attempts), an entry its acked dispatch
     (when the outbox holds the revision's row); one ack per revision, each of a logged one.
     An outbox row missing altogether is not named (the gate would not send it again)."""
-    acks: dict[Any, list[tuple[audit.AuditRow, dict[str, Any]]]] = {}
+    acks: dict[Any, list[tuple[audit.AuditRow, DispatchAckData]]] = {}
     for e, d in entries:
-        if e.kind == "dispatch_ack":
-            acks.setdefault(d.get("revision"), []).append((e, d))
+        if e.kind == DISPATCH_ACK:
+            logged_ack = DispatchAckData.from_data(d)
+            acks.setdefault(logged_ack.revision, []).append((e, logged_ack))
     for revision, found in acks.items():
         if len(found) > 1:
             return (
@@ -172,25 +202,24 @@ def _dispatches_problem(
                 "dispatch_ack entry for it (deleted?)"
             )
         entry, data = ack[0]
-        if data.get("attempts") != attempts:
+        if data.attempts != attempts:
             return (
                 f"its outbox row counts {attempts!r} attempts for the acked dispatch of "
-                f"revision {revision}, audit entry {entry.seq} "
-                f"{data.get('attempts')!r}"
+                f"revision {revision}, audit entry {entry.seq} {data.attempts!r}"
             )
     return None
 
 
 def _rules_problem(
     row: dict[str, Any],
-    created: dict[str, Any],
+    created: CreatedData,
     created_seq: int,
     entries: list[tuple[audit.AuditRow, dict[str, Any]]],
     logged: dict[Any, tuple[int, Any]],
 ) -> str | None:
     """The log against itself and the frozen scope: what the gate never writes, whatever the
     rows said while it ran (rows loosened, the approval resolved, the rows put back)."""
-    approvers = created.get("approvers")
+    approvers = created.approvers
     scope = [pair[0] for pair in json.loads(row["scope"])]
     if scope != approvers:
         return (
@@ -198,26 +227,28 @@ def _rules_problem(
             f"{created_seq} froze {approvers}"
         )
     for e, d in entries:
-        if e.kind == "decision":
-            if d.get("operator_id") not in approvers:
+        if e.kind == DECISION:
+            made = DecisionData.from_data(d)
+            if made.operator_id not in approvers:
                 return (
                     f"audit entry {e.seq} records a decision by operator "
-                    f"{d.get('operator_id')}, outside the approvers {approvers} of "
+                    f"{made.operator_id}, outside the approvers {approvers} of "
                     f"entry {created_seq}"
                 )
-            revision = d.get("revision")
-            if revision not in logged or d.get("payload_hash") != logged[revision][1]:
+            revision = made.revision
+            if revision not in logged or made.payload_hash != logged[revision][1]:
                 return (
-                    f"audit entry {e.seq} decided payload {d.get('payload_hash')} of "
+                    f"audit entry {e.seq} decided payload {made.payload_hash} of "
                     f"revision {revision}, which the log does not hold for it"
                 )
-        elif e.kind == "resolved":
-            if d.get("quorum") != created.get("quorum"):
+        elif e.kind == RESOLVED:
+            resolved = ResolvedData.from_data(d)
+            if resolved.quorum != created.quorum:
                 return (
-                    f"audit entry {e.seq} resolved with quorum {d.get('quorum')}, entry "
-                    f"{created_seq} froze quorum {created.get('quorum')}"
+                    f"audit entry {e.seq} resolved with quorum {resolved.quorum}, entry "
+                    f"{created_seq} froze quorum {created.quorum}"
                 )
-            outside = [op for op in d.get("approved_by") or [] if op not in approvers]
+            outside = [op for op in resolved.approved_by or [] if op not in approvers]
             if outside:
                 return (
                     f"audit entry {e.seq} counts operators {outside} outside the "
@@ -286,7 +317,7 @@ def _decision_text(decision: tuple[Any, ...]) -> str:
 def _resolution_problem(
     row: dict[str, Any], entries: list[tuple[audit.AuditRow, dict[str, Any]]]
 ) -> str | None:
-    resolved = [(e, d) for e, d in entries if e.kind == "resolved"]
+    resolved = [(e, ResolvedData.from_data(d)) for e, d in entries if e.kind == RESOLVED]
     if len(resolved) > 1:
         return f"{len(resolved)} resolved entries in the audit log (expected at most 1)"
     if not resolved:
@@ -300,16 +331,16 @@ def _resolution_problem(
     if row["state"] != "resolved":
         return (
             f"state is {row['state']!r} in the approvals table but audit entry "
-            f"{entry.seq} resolved it {data.get('outcome')!r}"
+            f"{entry.seq} resolved it {data.outcome!r}"
         )
-    if row["outcome"] != data.get("outcome"):
+    if row["outcome"] != data.outcome:
         return (
             f"outcome is {row['outcome']!r} in the approvals table but "
-            f"{data.get('outcome')!r} in audit entry {entry.seq}"
+            f"{data.outcome!r} in audit entry {entry.seq}"
         )
-    if row["revision"] != data.get("revision"):
+    if row["revision"] != data.revision:
         return (
-            f"resolved at revision {data.get('revision')} in audit entry {entry.seq} "
+            f"resolved at revision {data.revision} in audit entry {entry.seq} "
             f"but the approvals table's current revision is {row['revision']}"
         )
     try:

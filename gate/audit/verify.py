@@ -1,21 +1,25 @@
-"""Read audit rows (database or export file) and receipts for ``audit verify``/``export``."""
+"""Verify an audit log: ``verify_database`` is the one check of a database (chain, receipts,
+signatures, the receipts held outside the log and stored with the approvals, logged heads, and
+the approval records), which ``hitl-gate audit verify -c`` and ``doctor`` only format;
+``verify_rows`` the same over an export's rows (read by ``gate.audit.inputs``)."""
 
 from __future__ import annotations
 
-import json
 import multiprocessing
 import os
-import re
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from gate.audit import chain as audit
+from gate.audit import records as audit_records
 from gate.errors import GateError, Unavailable
-from gate.store import auditlog
+from gate.store import auditlog, inspection
 from gate.store.auditlog import DatabaseRows
+from gate.trust.keys import PublicKeys
 
 # entries per ``audit verify`` work unit; a log of one unit or less is verified in-process
 SEGMENT_ROWS = 50_000
@@ -32,97 +36,132 @@ async def read_database(path: Path) -> Iterable[audit.AuditRow]:
     return DatabaseRows(path)
 
 
-def read_export(path: Path) -> list[audit.AuditRow]:
-    """Return the rows of a JSON Lines export.
+@dataclass(frozen=True, slots=True)
+class AnchorProblem:
+    """A receipt or logged head held outside the chain that the verified log does not hold:
+    entry ``seq`` and why; ``source`` names the anchor (``receipt FILE``, ``the receipt
+    stored with approval ID``, ``--expect-head SEQ:HASH``)."""
 
-    Raises GateError ``unreadable_export`` when the file cannot be read as UTF-8 text,
-    ``bad_export_line`` naming the first line that is not an export line.
-    """
-    rows = []
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except OSError as exc:
-        raise GateError("unreadable_export", f"cannot read {path}: {exc.strerror or exc}") from None
-    except UnicodeDecodeError as exc:
-        raise GateError(
-            "unreadable_export", f"cannot read {path}: not UTF-8 text (byte {exc.start})"
-        ) from None
-    for number, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            rows.append(audit.parse_export_line(line))
-        except (ValueError, KeyError, TypeError):
-            raise GateError(
-                "bad_export_line",
-                f"line {number} of {path} is not an audit export line (changed, or not an export)",
-                extra={"line": number},
-            ) from None
-    return rows
+    seq: int
+    reason: str
+    source: str
 
 
-def read_expected(path: Path) -> tuple[Path, dict[str, Any]]:
-    """Return ``(path, receipt)`` from a receipt file for ``audit verify --expect``.
+@dataclass(frozen=True, slots=True)
+class AuditReport:
+    """What ``verify_database``/``verify_rows`` found, stopping at the first failure:
+    ``chain`` (entries, receipts, signatures; not ok or ``wrong_key``: nothing after it was
+    checked), then ``anchor`` (the first anchor the log does not hold, else None), then
+    ``records`` (the approval records against the log; None when not checked)."""
 
-    The file holds a receipt object (``{seq, entry_hash, receipt, alg, ...}``) or an
-    approval object (``hitl-gate request --json`` output, an API answer): its resolution
-    ``receipt`` when it has one, else its ``created_receipt`` (a pending approval). One is
-    enough: the entry hash at a receipt's seq commits to every entry before it, so the
-    resolution's receipt also holds the created entry in place. Raises GateError
-    ``bad_receipt`` when the file holds none of these.
-    """
-    try:
-        obj = json.loads(Path(path).read_text(encoding="utf-8-sig"))
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise GateError("bad_receipt", f"cannot read a receipt from {path}: {exc}") from None
-    if isinstance(obj, dict):
-        held = next(
-            (
-                obj[name]
-                for name in ("receipt", "created_receipt")
-                if isinstance(obj.get(name), dict)
-            ),
-            None,
+    chain: audit.VerifyResult
+    anchor: AnchorProblem | None = None
+    records: audit_records.RecordsResult | None = None
+
+    @property
+    def ok(self) -> bool:
+        """Every check that ran passed."""
+        return (
+            self.chain.ok
+            and self.anchor is None
+            and (self.records is None or self.records.problem is None)
         )
-        obj = held if held is not None else obj
-    seq = obj.get("seq") if isinstance(obj, dict) else None
-    if (
-        not isinstance(obj, dict)
-        or isinstance(seq, bool)
-        or not isinstance(seq, int)
-        or not isinstance(obj.get("entry_hash"), str)
-    ):
-        raise GateError("bad_receipt", f"{path} holds no receipt (seq, entry_hash)")
-    return Path(path), obj
-
-
-_HEAD = re.compile(r"([0-9]{1,18}):([0-9a-fA-F]{64})")
-
-
-def parse_head(text: str) -> tuple[int, str]:
-    """Return ``(seq, entry_hash)`` from ``SEQ:HASH`` (``audit verify --expect-head``): a
-    chain head as the gate logs it, ``event=audit_head seq=SEQ hash=HASH``. The hash is
-    taken in either case and returned lowercase. Raises GateError ``bad_head`` naming the
-    text when it is not a seq of 1 or more and 64 hex digits."""
-    match = _HEAD.fullmatch(text.strip())
-    if match is None or int(match.group(1)) < 1:
-        raise GateError(
-            "bad_head",
-            f"{text!r} is not SEQ:HASH (an audit entry's seq, 1 or "
-            "more, and its entry hash, 64 hex digits, as the gate logs them in "
-            "event=audit_head)",
-        )
-    return int(match.group(1)), match.group(2).lower()
 
 
 def verify_database(
+    path: Path,
+    keys: audit.ReceiptKeyArg,
+    *,
+    public_keys: PublicKeys | None = None,
+    expect: Sequence[tuple[str, dict[str, Any]]] = (),
+    expect_heads: Sequence[tuple[int, str]] = (),
+    records: bool = True,
+    leading_unknown: bool = False,
+) -> AuditReport:
+    """The one audit check of the database at ``path`` (``audit verify -c``, ``doctor``).
+
+    In order, stopping at the first failure: the chain with every receipt (``keys``: each
+    entry with the key of its span; ``leading_unknown`` as ``gate.audit.spans``) and, with
+    ``public_keys``, every signature (in parallel, ``verify_chain``, when there are no
+    public keys and no leading unknown span); then every receipt in ``expect`` (``(source,
+    receipt)`` pairs, in order), the newest resolution receipt the approvals table stores
+    (its source ``the receipt stored with approval ID``) and the chain heads
+    ``expect_heads`` (``(seq, entry_hash)``); then, with ``records``, every approval's rows
+    against the verified log (``gate.audit.records``). Reads only; a running gate may keep
+    writing (entries appended meanwhile are not checked). Raises GateError ``no_database``
+    when there is no file at ``path``, Unavailable when it cannot be read.
+    """
+    if not Path(path).exists():
+        raise GateError("no_database", f"no database at {path}")
+    rows = DatabaseRows(Path(path))
+    if public_keys or leading_unknown:
+        chain = audit.verify(rows, keys, public_keys or None, leading_unknown=leading_unknown)
+    else:  # entries checked in parallel, same answer
+        chain = verify_chain(Path(path), keys)
+    if not chain.ok or chain.wrong_key:
+        return AuditReport(chain)
+    anchors = list(expect)
+    stored = inspection.latest_stored_receipt(Path(path))
+    if stored is not None:  # the database keeps each resolution's receipt with its approval
+        anchors.append((f"the receipt stored with approval {stored[0]}", stored[1]))
+    anchor = _anchor_problem(rows, chain, keys, public_keys, anchors, expect_heads)
+    if anchor is not None or not records:
+        return AuditReport(chain, anchor)
+    matched = audit_records.check(auditlog.approval_records(Path(path)), chain.checked)
+    return AuditReport(chain, None, matched)
+
+
+def verify_rows(
+    rows: Iterable[audit.AuditRow],
+    keys: audit.ReceiptKeyArg,
+    *,
+    public_keys: PublicKeys | None = None,
+    expect: Sequence[tuple[str, dict[str, Any]]] = (),
+    expect_heads: Sequence[tuple[int, str]] = (),
+) -> AuditReport:
+    """``verify_database`` over the rows of an export (re-iterable, ascending seq): the
+    chain, receipts and signatures, then the anchors ``expect`` and ``expect_heads``; an
+    export holds no approval records. Raises GateError only as ``audit.verify`` does."""
+    rows = list(rows) if not isinstance(rows, Sequence) else rows
+    chain = audit.verify(rows, keys, public_keys or None)
+    if not chain.ok or chain.wrong_key:
+        return AuditReport(chain)
+    return AuditReport(
+        chain, _anchor_problem(rows, chain, keys, public_keys, list(expect), expect_heads)
+    )
+
+
+def _anchor_problem(
+    rows: Iterable[audit.AuditRow],
+    chain: audit.VerifyResult,
+    keys: audit.ReceiptKeyArg,
+    public_keys: PublicKeys | None,
+    anchors: Sequence[tuple[str, dict[str, Any]]],
+    heads: Sequence[tuple[int, str]],
+) -> AnchorProblem | None:
+    """The first receipt of ``anchors`` (then head of ``heads``) the verified ``rows`` do
+    not hold, else None."""
+    for source, held in anchors:
+        found = audit.receipt_problem(
+            rows, held, audit.span_keys(chain, keys, held.get("seq")), public_keys or None
+        )
+        if found is not None:
+            return AnchorProblem(found[0], found[1], source)
+    head = audit.head_problem(rows, heads) if heads else None
+    if head is not None:
+        (seq, entry_hash), reason = head
+        return AnchorProblem(seq, reason, f"--expect-head {seq}:{entry_hash}")
+    return None
+
+
+def verify_chain(
     path: Path,
     key: audit.ReceiptKeyArg,
     *,
     workers: int | None = None,
     segment_rows: int = SEGMENT_ROWS,
 ) -> audit.VerifyResult:
-    """``audit verify`` of a database without public keys: the chain and (with ``key``: one
+    """The chain of a database without public keys: the chain and (with ``key``: one
     receipt key, or several, each for its own span) every HMAC receipt, with the same answer
     as ``audit.verify`` over ``DatabaseRows``.
 

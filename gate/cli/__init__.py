@@ -743,8 +743,8 @@ def audit_verify(
     Example: hitl-gate audit verify --file audit.jsonl --public-key hitl-gate-ed25519.pub
     --expect receipt.json
     """
-    from gate.audit import chain as audit_mod
-    from gate.audit.verify import read_database, read_expected, read_export, verify_database
+    from gate.audit.inputs import read_expected, read_export
+    from gate.audit.verify import verify_database, verify_rows
 
     if (config_path is None) == (export_file is None):
         fail("give exactly one of -c/--config or --file", 2)
@@ -765,26 +765,31 @@ def audit_verify(
     except GateError as exc:
         fail(f"--expect: {exc.message}", 2)
     where, names, key = _verify_keys(config, key_envs)
+    anchors = [(f"receipt {path}", held) for path, held in expected]
     try:
         if config is not None:
-            rows = asyncio.run(read_database(config.storage.path))
+            report = verify_database(
+                config.storage.path,
+                key,
+                public_keys=public or None,
+                expect=anchors,
+                expect_heads=expect_heads,
+                records=records,
+            )
         else:
             rows = read_export(Path(str(export_file)))
             if not rows:
                 click.echo("TAMPERED: the export holds no entries (nothing to verify)")
                 sys.exit(1)
+            report = verify_rows(
+                rows, key, public_keys=public or None, expect=anchors, expect_heads=expect_heads
+            )
     except GateError as exc:
         if exc.code == "bad_export_line":  # a readable export that is not intact
             click.echo(f"TAMPERED: {exc.message}")
             sys.exit(1)
         fail(exc.message, 2 if exc.code in ("no_database", "unreadable_export") else 1)
-    try:
-        if config is not None and not public:  # entries checked in parallel, same answer
-            result = verify_database(config.storage.path, key)
-        else:
-            result = audit_mod.verify(rows, key, public or None)
-    except GateError as exc:
-        fail(exc.message)
+    result = report.chain
     if result.wrong_key:  # not tampering: far likelier a wrong key (b02-04)
         fail(f"{where} ({', '.join(names)}): {result.reason}")
     if not result.ok:
@@ -793,33 +798,18 @@ def audit_verify(
             f"({result.checked} entries before it verified)"
         )
         sys.exit(1)
-    holders = [(f"receipt {path}", held) for path, held in expected]
-    if config is not None:  # the database keeps each resolution's receipt with its approval
-        from gate.store.inspection import latest_stored_receipt
-
-        try:
-            stored = latest_stored_receipt(config.storage.path)
-        except GateError as exc:
-            fail(exc.message)
-        if stored is not None:
-            holders.append((f"the receipt stored with approval {stored[0]}", stored[1]))
-    for source, held in holders:
-        problem = audit_mod.receipt_problem(
-            rows, held, audit_mod.span_keys(result, key, held.get("seq")), public or None
-        )
-        if problem is not None:
-            click.echo(f"TAMPERED: entry {problem[0]}: {problem[1]} ({source})")
-            sys.exit(1)
-    problem_head = audit_mod.head_problem(rows, expect_heads) if expect_heads else None
-    if problem_head is not None:
-        (seq, entry_hash), reason = problem_head
-        click.echo(f"TAMPERED: entry {seq}: {reason} (--expect-head {seq}:{entry_hash})")
+    if report.anchor is not None:
+        anchor = report.anchor
+        click.echo(f"TAMPERED: entry {anchor.seq}: {anchor.reason} ({anchor.source})")
         sys.exit(1)
-    matched = (
-        _check_records(config.storage.path, result.checked)
-        if config is not None and records
-        else None
-    )
+    matched = report.records
+    if matched is not None and matched.problem is not None:
+        approval_id, reason = matched.problem
+        click.echo(
+            f"TAMPERED: approval {approval_id}: {reason}; the audit log itself "
+            f"verified ({result.checked} entries)"
+        )
+        sys.exit(1)
     checked = ["chain"] + ["receipts"] * bool(key) + ["signatures"] * bool(public)
     what = ", ".join(checked[:-1]) + f" and {checked[-1]}" if len(checked) > 1 else checked[0]
     held_note = "".join(f"; holds the receipt for entry {held['seq']}" for _, held in expected)
@@ -852,7 +842,7 @@ def audit_verify(
 
 def _expect_heads(values: tuple[str, ...]) -> list[tuple[int, str]]:
     """``--expect-head`` values as ``(seq, entry_hash)``; a bad one exits 2 naming it."""
-    from gate.audit.verify import parse_head
+    from gate.audit.inputs import parse_head
 
     try:
         return [parse_head(value) for value in values]
@@ -910,26 +900,6 @@ def _spans_note(result: Any, names: list[str]) -> str:
     ]
     parts.append(f"{names[spans[-1][1]]} from entry {spans[-1][0]}")
     return f" (receipt keys: {', '.join(parts)})"
-
-
-def _check_records(path: Path, up_to_seq: int) -> Any:
-    """``audit verify -c``'s cross-check of the approval records against the verified log
-    (``gate.audit.records``): exits 1 naming the first approval that disagrees."""
-    from gate.audit.records import check
-    from gate.store.auditlog import approval_records
-
-    try:
-        records = check(approval_records(Path(path)), up_to_seq)
-    except GateError as exc:
-        fail(exc.message)
-    if records.problem is not None:
-        approval_id, reason = records.problem
-        click.echo(
-            f"TAMPERED: approval {approval_id}: {reason}; the audit log itself "
-            f"verified ({up_to_seq} entries)"
-        )
-        sys.exit(1)
-    return records
 
 
 @audit.command("export")

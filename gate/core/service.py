@@ -14,6 +14,13 @@ from typing import Any
 from ulid import ULID
 
 from gate.audit.chain import AuditRow, receipt_object
+from gate.audit.entries import (
+    CreatedData,
+    DecisionData,
+    DispatchAckData,
+    ReceiptKeyRotatedData,
+    ResolvedData,
+)
 from gate.audit.spans import ROTATED, matches
 from gate.core import rules
 from gate.core.ratelimit import RateLimiter
@@ -303,19 +310,18 @@ class GateService:
         )
         tx.insert_revision(approval_id, 1, req.body, digest, new_nonce(), now, None)
         tx.enqueue_dispatch(approval_id, 1, now)
-        created: dict[str, Any] = {
-            "pipeline": req.pipeline,
-            "step": req.step,
-            "revision": 1,
-            "payload_hash": digest,
-            "quorum": policy.quorum,
-            "approvers": [op_id for op_id, _ in policy.scope],
-            "expires_at": expires_at,
-        }
-        if requester is not None:
-            created["requested_by"] = requester[0]
-            created["allow_self_approval"] = policy.allow_self_approval
-        self._audit(tx, "created", approval_id, now, created)
+        created = CreatedData(
+            pipeline=req.pipeline,
+            step=req.step,
+            revision=1,
+            payload_hash=digest,
+            quorum=policy.quorum,
+            approvers=[op_id for op_id, _ in policy.scope],
+            expires_at=expires_at,
+            requested_by=requester[0] if requester is not None else None,
+            allow_self_approval=policy.allow_self_approval if requester is not None else None,
+        )
+        self._audit(tx, created.kind, approval_id, now, created.to_data())
         full = tx.load_approval(approval_id)
         assert full is not None
         return full, True
@@ -402,17 +408,8 @@ class GateService:
         if since is not None:
             return "forged", last.seq, since
         receipts = self.config.receipts
-        row = self._audit(
-            tx,
-            ROTATED,
-            None,
-            self.clock.now_ms(),
-            {
-                "previous_key_last_seq": last.seq,
-                "key_env": receipts.key_env,
-                "previous_key_env": receipts.previous_key_env,
-            },
-        )
+        rotated = ReceiptKeyRotatedData(last.seq, receipts.key_env, receipts.previous_key_env)
+        row = self._audit(tx, rotated.kind, None, self.clock.now_ms(), rotated.to_data())
         return "rotated", row.seq, None
 
     # ---- decide ----------------------------------------------------------------
@@ -517,14 +514,14 @@ class GateService:
         }
         tx.insert_decision(row)
         approval["decisions"].append(row)
-        audit_data: dict[str, Any] = {
-            "operator_id": verdict.operator_id,
-            "decision": decision.decision,
-            "revision": revision,
-            "payload_hash": decision.payload_hash,
-            "nonce": decision.nonce,
-            "effect": verdict.effect,
-        }
+        audit_data = DecisionData(
+            operator_id=verdict.operator_id,
+            decision=decision.decision,
+            revision=revision,
+            payload_hash=decision.payload_hash,
+            nonce=decision.nonce,
+            effect=verdict.effect,
+        )
         new_revision = None
         if verdict.effect == "adjust":
             assert verdict.new_body is not None
@@ -549,9 +546,10 @@ class GateService:
                     "created_by": verdict.operator_id,
                 }
             )
-            audit_data["new_revision"] = new_revision
-            audit_data["new_payload_hash"] = new_hash
-        self._audit(tx, "decision", approval["approval_id"], now, audit_data)
+            audit_data = dataclasses.replace(
+                audit_data, new_revision=new_revision, new_payload_hash=new_hash
+            )
+        self._audit(tx, audit_data.kind, approval["approval_id"], now, audit_data.to_data())
         collected = rules.approvers_of(approval, approval["revision"])
         outcome = rules.outcome_after(
             approval["quorum_required"], len(collected), approval["revision"], [verdict.effect]
@@ -572,19 +570,14 @@ class GateService:
     ) -> None:
         current = rules.current_revision(approval)
         fires = outcome in permit.FIRING_OUTCOMES
-        row = self._audit(
-            tx,
-            "resolved",
-            approval["approval_id"],
-            now,
-            {
-                "outcome": outcome,
-                "revision": approval["revision"],
-                "payload_hash": current["payload_hash"],
-                "approved_by": list(approved_by) if fires else [],
-                "quorum": approval["quorum_required"],
-            },
+        resolved = ResolvedData(
+            outcome=outcome,
+            revision=approval["revision"],
+            payload_hash=current["payload_hash"],
+            approved_by=list(approved_by) if fires else [],
+            quorum=approval["quorum_required"],
         )
+        row = self._audit(tx, resolved.kind, approval["approval_id"], now, resolved.to_data())
         issued = None
         if fires and self._signer is not None:
             claims = permit.claims_for(
@@ -692,9 +685,8 @@ class GateService:
             error=error,
         )
         if acked and attempts > 0:
-            self._audit(
-                tx, "dispatch_ack", approval_id, now, {"revision": revision, "attempts": attempts}
-            )
+            ack = DispatchAckData(revision, attempts)
+            self._audit(tx, ack.kind, approval_id, now, ack.to_data())
 
     # ---- reads -----------------------------------------------------------------
 

@@ -1,16 +1,17 @@
-"""Stream a database's audit log for ``audit verify``/``export``: no lock, constant memory."""
+"""Stream a database's audit log for ``audit verify``/``export``: no lock, constant memory
+(``gate.store.readonly`` connections)."""
 
 from __future__ import annotations
 
 import sqlite3
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from gate.audit import chain as audit
+from gate.audit.records import ApprovalRecord
 from gate.errors import Unavailable
-from gate.store.connection import BUSY_TIMEOUT_MS
+from gate.store import readonly
 from gate.store.schema import SCHEMA_VERSION
 
 CHUNK = 1000
@@ -86,13 +87,7 @@ def read_range(path: Path, low: int, high: int) -> Iterator[tuple[Any, ...]]:
 
 
 def _connect(path: Path) -> sqlite3.Connection:
-    try:
-        conn = sqlite3.connect(str(path), isolation_level=None)
-        conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
-        conn.execute("PRAGMA query_only = ON")
-        return conn
-    except sqlite3.Error as exc:
-        raise Unavailable("storage_unavailable", f"cannot open database {path}: {exc}") from exc
+    return readonly.connect(path)
 
 
 def _audit_query(conn: sqlite3.Connection) -> str | None:
@@ -105,37 +100,13 @@ def _audit_query(conn: sqlite3.Connection) -> str | None:
                 "storage_unavailable",
                 f"database schema {version} is newer than this gate ({SCHEMA_VERSION})",
             )
-        columns = {row[1] for row in conn.execute("PRAGMA table_info(audit_log)")}
+        if not conn.execute("PRAGMA table_info(audit_log)").fetchone():
+            return None
+        return f"SELECT {readonly.audit_columns(conn)} FROM audit_log ORDER BY seq"
     except sqlite3.Error as exc:
         raise Unavailable("storage_unavailable", f"cannot read database: {exc}") from exc
     finally:
         conn.close()
-    if not columns:
-        return None
-    signed = "key_id, signature" if "signature" in columns else "NULL, NULL"
-    return (
-        "SELECT seq, approval_id, kind, entry, prev_hash, entry_hash, receipt, "
-        f"{signed} FROM audit_log ORDER BY seq"
-    )
-
-
-@dataclass(frozen=True, slots=True)
-class ApprovalRecord:
-    """One approval as the tables hold it, with its audit rows, for ``audit verify``'s
-    cross-check (``gate.audit.records``). ``approval`` is the approvals row as a dict
-    (approval_id, pipeline, step, quorum_required, revision, state, outcome, expires_at,
-    receipt: JSON text, scope: JSON text) or None when only the log names the approval;
-    ``revisions`` are ``(revision, body, payload_hash)``; ``decisions`` are ``(revision,
-    operator_id, decision, payload_hash)``, all as stored (an edited row may hold any type);
-    ``entries`` its audit rows in ascending seq; ``dispatches`` its outbox rows
-    ``(revision, attempts, delivered_at)`` as stored."""
-
-    approval_id: str
-    approval: dict[str, Any] | None
-    revisions: list[tuple[Any, Any, Any]]
-    decisions: list[tuple[Any, Any, Any, Any]]
-    entries: list[audit.AuditRow]
-    dispatches: list[tuple[Any, Any, Any]] = field(default_factory=list)
 
 
 _RECORD_QUERIES = (

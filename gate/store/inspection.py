@@ -2,8 +2,8 @@
 
 The daemon's ``Store`` opens read-write and runs migrations; an operator's health check must
 not do either (it may run as another user, or before an upgrade is meant to happen). These
-functions open the file with SQLite's ``mode=ro`` URI, so a missing file is an error, not a
-new empty database.
+functions open the file with ``gate.store.readonly.connect`` (``query_only``; never creates
+it), so a missing file is an error, not a new empty database.
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ from typing import Any
 
 from gate.audit import chain as audit
 from gate.errors import Unavailable
+from gate.store import readonly
 from gate.store.schema import SCHEMA_VERSION
 
-BUSY_TIMEOUT_MS = 5_000
 MAX_PROBLEMS = 20
 
 
@@ -40,25 +40,10 @@ class DatabaseInfo:
 
 @contextmanager
 def _read_only(path: Path) -> Iterator[sqlite3.Connection]:
-    """A connection that only reads the existing database at ``path``; Unavailable otherwise.
-
-    Opened ``mode=rw`` (never creates the file) with ``query_only``, not ``mode=ro``: on a
-    WAL-mode file SQLite creates ``-wal``/``-shm`` beside it, and only a connection that may
-    write removes them again on close (a read-only one left them behind next to a backup).
-    """
-    base = Path(path).absolute().as_uri()
-    try:
+    """A ``gate.store.readonly`` connection to the existing database at ``path``, closed on
+    exit; Unavailable when it cannot be opened or read."""
+    with closing(readonly.connect(path)) as conn:
         try:
-            conn = sqlite3.connect(base + "?mode=rw", uri=True, isolation_level=None)
-            conn.execute("PRAGMA schema_version").fetchone()  # opened for real
-        except sqlite3.Error:  # a file (or medium) we may not write: read-only after all
-            conn = sqlite3.connect(base + "?mode=ro", uri=True, isolation_level=None)
-    except sqlite3.Error as exc:
-        raise Unavailable("storage_unavailable", f"cannot open database {path}: {exc}") from exc
-    with closing(conn):
-        try:
-            conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
-            conn.execute("PRAGMA query_only = ON")
             yield conn
         except sqlite3.Error as exc:
             raise Unavailable("storage_unavailable", f"cannot read database {path}: {exc}") from exc
@@ -92,24 +77,19 @@ def integrity_check(path: Path) -> list[str]:
     return list(inspect(path).problems)
 
 
-def audit_rows(path: Path) -> list[audit.AuditRow]:
-    """Return every audit row (ascending seq) of the database at ``path``, read-only.
-
-    Raises Unavailable when the file cannot be opened or has no audit_log table.
-    """
+def newest_audit_row(path: Path) -> audit.AuditRow | None:
+    """Return the audit row with the highest seq of the database at ``path`` (None for an
+    empty log), read-only. Raises Unavailable when the file cannot be opened or has no
+    audit_log table."""
     with _read_only(path) as conn:
         if _count(conn, "audit_log") is None:
             raise Unavailable(
                 "storage_unavailable", f"{path} has no audit_log table (not a hitl-gate database?)"
             )
-        columns = {str(r[1]) for r in conn.execute("PRAGMA table_info(audit_log)")}
-        # A database from before signed entries (schema 1) has no key_id/signature yet.
-        signed = ", key_id, signature" if {"key_id", "signature"} <= columns else ""
-        cur = conn.execute(
-            "SELECT seq, approval_id, kind, entry, prev_hash, entry_hash, receipt"
-            f"{signed} FROM audit_log ORDER BY seq"
-        )
-        return [audit.AuditRow(*row) for row in cur]
+        row = conn.execute(
+            f"SELECT {readonly.audit_columns(conn)} FROM audit_log ORDER BY seq DESC LIMIT 1"
+        ).fetchone()
+        return None if row is None else audit.AuditRow(*row)
 
 
 def latest_stored_receipt(path: Path) -> tuple[str, dict[str, Any]] | None:

@@ -21,9 +21,8 @@ from pathlib import Path
 import aiohttp
 from yarl import URL
 
-from gate.audit import chain as audit
-from gate.audit import records as audit_records
 from gate.audit.spans import matches
+from gate.audit.verify import verify_database
 from gate.config import (
     Config,
     ReceiptsConfig,
@@ -37,7 +36,6 @@ from gate.daemon.dispatch import redact
 from gate.errors import ConfigError, GateError
 from gate.protocol.envelope import rfc3339
 from gate.protocol.relay_answers import refusal_reason
-from gate.store import auditlog
 from gate.store import inspection as maintenance
 from gate.trust.keys import ReceiptKeys, load_receipt_keys
 
@@ -233,27 +231,33 @@ def check_audit(
     """Recompute the audit chain, its receipts (with the receipt key, and the previous one of
     a rotation: each entry with the key of its span, ``gate.audit.spans``) and its
     signatures (when the config names Ed25519 keys), then compare the approval records with
-    it, as ``hitl-gate audit verify -c``. A newest entry that neither key verifies FAILs
-    naming the settings (the gate would refuse to start); one the previous key verifies
-    WARNs (the gate writes the rotation entry at its next start). Spans before the first
+    it: the one check ``hitl-gate audit verify -c`` runs (``gate.audit.verify.
+    verify_database``), formatted as the doctor's. A newest entry that neither key verifies
+    FAILs naming the settings (the gate would refuse to start); one the previous key
+    verifies WARNs (the gate writes the rotation entry at its next start). Spans before the first
     one whose key is configured (keys retired by earlier rotations) are checked for the
     chain only, and said so. ``receipts`` (the config's section) names the variables."""
     if not path.exists():
         return _skip("audit", "no database yet")
     try:
-        rows = maintenance.audit_rows(path)
+        newest = maintenance.newest_audit_row(path)
     except GateError as exc:
         return Check("audit", False, exc.message)
+    newest = newest if receipt_key is not None else None
     public = keys.public if keys is not None and keys.public else None
     given = tuple(k for k in (receipt_key, previous_key) if k is not None)
-    newest, pending = (rows[-1] if rows and receipt_key is not None else None), False
+    pending = False
     if newest is not None and not matches(receipt_key or b"", newest.entry_hash, newest.receipt):
         pending = previous_key is not None and matches(
             previous_key, newest.entry_hash, newest.receipt
         )
         if not pending:
             return Check("audit", False, _key_mismatch(newest.seq, receipts))
-    result = audit.verify(rows, given, public, leading_unknown=True)
+    try:  # the one check audit verify -c runs too (gate.audit.verify)
+        report = verify_database(path, given, public_keys=public, leading_unknown=True)
+    except GateError as exc:
+        return Check("audit", False, exc.message)
+    result = report.chain
     if result.wrong_key:
         named = _key_names(receipts)
         # no span found although the newest entry verifies with a configured key (checked
@@ -275,28 +279,13 @@ def check_audit(
             f"TAMPERED: entry {result.first_bad_seq}: {result.reason} "
             f"({result.checked} entries before it verified)",
         )
-    try:  # the database keeps each resolution's receipt with its approval: the log holds it
-        stored = maintenance.latest_stored_receipt(path)
-    except GateError as exc:
-        return Check("audit", False, exc.message)
-    problem = (
-        None
-        if stored is None
-        else audit.receipt_problem(
-            rows, stored[1], audit.span_keys(result, given, stored[1].get("seq")), public
-        )
-    )
-    if problem is not None and stored is not None:
+    if report.anchor is not None:
+        anchor = report.anchor
         return Check(
-            "audit",
-            False,
-            f"TAMPERED: entry {problem[0]}: {problem[1]} (the "
-            f"receipt stored with approval {stored[0]})",
+            "audit", False, f"TAMPERED: entry {anchor.seq}: {anchor.reason} ({anchor.source})"
         )
-    try:  # the approval rows say what the verified log says (gate.audit.records)
-        records = audit_records.check(auditlog.approval_records(path), result.checked)
-    except GateError as exc:
-        return Check("audit", False, exc.message)
+    records = report.records
+    assert records is not None  # verify_database checks them unless told not to
     if records.problem is not None:
         return Check(
             "audit",

@@ -1,0 +1,219 @@
+"""Typed ``data`` payloads of the audit entries the gate writes (created, decision, resolved,
+dispatch_ack, receipt_key_rotated): built by the writer (``gate.core.service``), read back by
+the records check (``gate.audit.records``).
+
+Pure. ``to_data()`` is the exact object the chain hashes (``gate.audit.chain.make_entry``
+canonicalises it: sorted keys, so field order does not matter, but the set of keys does: an
+optional field is left out, not written as null, exactly as the gate always wrote it).
+``from_data()`` reads a logged object back as logged, without validating it: a missing key
+reads None and a value of another type stays as it is, so that the records check compares
+it with the rows and names the disagreement (an entry from an edited database, or one the
+gate never wrote, must be reported, not raise here).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from gate.audit.spans import ROTATED
+
+CREATED = "created"
+DECISION = "decision"
+RESOLVED = "resolved"
+DISPATCH_ACK = "dispatch_ack"
+
+
+@dataclass(frozen=True, slots=True)
+class CreatedData:
+    """The ``created`` entry (SPEC §2, one per approval): what was frozen at creation.
+    ``revision`` is 1; ``payload_hash`` that of revision 1's body; ``quorum`` the approvals
+    needed; ``approvers`` the operator ids in scope, in scope order; ``expires_at`` unix ms,
+    UTC. ``requested_by`` (an operator id) and ``allow_self_approval`` are written only for
+    a request made by an operator (both or neither)."""
+
+    kind: ClassVar[str] = CREATED
+
+    pipeline: str
+    step: str
+    revision: int
+    payload_hash: str
+    quorum: int
+    approvers: Sequence[int]
+    expires_at: int
+    requested_by: int | None = None
+    allow_self_approval: bool | None = None
+
+    def to_data(self) -> dict[str, Any]:
+        """The entry's ``data`` object (keys as the gate writes them)."""
+        data: dict[str, Any] = {
+            "pipeline": self.pipeline,
+            "step": self.step,
+            "revision": self.revision,
+            "payload_hash": self.payload_hash,
+            "quorum": self.quorum,
+            "approvers": list(self.approvers),
+            "expires_at": self.expires_at,
+        }
+        if self.requested_by is not None:
+            data["requested_by"] = self.requested_by
+        if self.allow_self_approval is not None:
+            data["allow_self_approval"] = self.allow_self_approval
+        return data
+
+    @classmethod
+    def from_data(cls, data: Mapping[str, Any]) -> CreatedData:
+        """Read a logged ``data`` object back, as logged (module docstring)."""
+        return cls(
+            data.get("pipeline"),  # type: ignore[arg-type]  # as logged, unvalidated
+            data.get("step"),  # type: ignore[arg-type]
+            data.get("revision"),  # type: ignore[arg-type]
+            data.get("payload_hash"),  # type: ignore[arg-type]
+            data.get("quorum"),  # type: ignore[arg-type]
+            data.get("approvers"),  # type: ignore[arg-type]
+            data.get("expires_at"),  # type: ignore[arg-type]
+            data.get("requested_by"),
+            data.get("allow_self_approval"),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class DecisionData:
+    """A ``decision`` entry: one accepted decision (SPEC §2). ``revision`` and
+    ``payload_hash`` are what was decided on; ``effect`` is ``approve``, ``skip`` or
+    ``adjust``; an adjust also names the revision it made and that draft's payload hash
+    (``new_revision``, ``new_payload_hash``: both or neither)."""
+
+    kind: ClassVar[str] = DECISION
+
+    operator_id: int
+    decision: str
+    revision: int
+    payload_hash: str
+    nonce: str
+    effect: str
+    new_revision: int | None = None
+    new_payload_hash: str | None = None
+
+    def to_data(self) -> dict[str, Any]:
+        """The entry's ``data`` object (keys as the gate writes them)."""
+        data: dict[str, Any] = {
+            "operator_id": self.operator_id,
+            "decision": self.decision,
+            "revision": self.revision,
+            "payload_hash": self.payload_hash,
+            "nonce": self.nonce,
+            "effect": self.effect,
+        }
+        if self.new_revision is not None:
+            data["new_revision"] = self.new_revision
+            data["new_payload_hash"] = self.new_payload_hash
+        return data
+
+    @classmethod
+    def from_data(cls, data: Mapping[str, Any]) -> DecisionData:
+        """Read a logged ``data`` object back, as logged (module docstring)."""
+        return cls(
+            data.get("operator_id"),  # type: ignore[arg-type]  # as logged, unvalidated
+            data.get("decision"),  # type: ignore[arg-type]
+            data.get("revision"),  # type: ignore[arg-type]
+            data.get("payload_hash"),  # type: ignore[arg-type]
+            data.get("nonce"),  # type: ignore[arg-type]
+            data.get("effect"),  # type: ignore[arg-type]
+            data.get("new_revision"),
+            data.get("new_payload_hash"),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ResolvedData:
+    """The ``resolved`` entry (one per resolved approval): ``outcome`` at ``revision`` (its
+    ``payload_hash``), the operator ids counted (``approved_by``: empty for an outcome that
+    fires no permit) and the frozen ``quorum``."""
+
+    kind: ClassVar[str] = RESOLVED
+
+    outcome: str
+    revision: int
+    payload_hash: str
+    approved_by: Sequence[int]
+    quorum: int
+
+    def to_data(self) -> dict[str, Any]:
+        """The entry's ``data`` object (keys as the gate writes them)."""
+        return {
+            "outcome": self.outcome,
+            "revision": self.revision,
+            "payload_hash": self.payload_hash,
+            "approved_by": list(self.approved_by),
+            "quorum": self.quorum,
+        }
+
+    @classmethod
+    def from_data(cls, data: Mapping[str, Any]) -> ResolvedData:
+        """Read a logged ``data`` object back, as logged (module docstring)."""
+        return cls(
+            data.get("outcome"),  # type: ignore[arg-type]  # as logged, unvalidated
+            data.get("revision"),  # type: ignore[arg-type]
+            data.get("payload_hash"),  # type: ignore[arg-type]
+            data.get("approved_by"),  # type: ignore[arg-type]
+            data.get("quorum"),  # type: ignore[arg-type]
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class DispatchAckData:
+    """A ``dispatch_ack`` entry: the relay acked the dispatch of ``revision`` after
+    ``attempts`` attempts (written in the transaction that marks the outbox row delivered)."""
+
+    kind: ClassVar[str] = DISPATCH_ACK
+
+    revision: int
+    attempts: int
+
+    def to_data(self) -> dict[str, Any]:
+        """The entry's ``data`` object (keys as the gate writes them)."""
+        return {"revision": self.revision, "attempts": self.attempts}
+
+    @classmethod
+    def from_data(cls, data: Mapping[str, Any]) -> DispatchAckData:
+        """Read a logged ``data`` object back, as logged (module docstring)."""
+        return cls(
+            data.get("revision"),  # type: ignore[arg-type]  # as logged, unvalidated
+            data.get("attempts"),  # type: ignore[arg-type]
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ReceiptKeyRotatedData:
+    """The ``receipt_key_rotated`` entry (docs/auditing.md section 5, ``gate.audit.spans``):
+    the entries up to ``previous_key_last_seq`` are receipted with the key of the variable
+    ``previous_key_env``, this one and those after it with ``key_env``'s. Both names are
+    always written (``previous_key_env`` as null when unset)."""
+
+    kind: ClassVar[str] = ROTATED
+
+    previous_key_last_seq: int
+    key_env: str
+    previous_key_env: str | None
+
+    def to_data(self) -> dict[str, Any]:
+        """The entry's ``data`` object (keys as the gate writes them)."""
+        return {
+            "previous_key_last_seq": self.previous_key_last_seq,
+            "key_env": self.key_env,
+            "previous_key_env": self.previous_key_env,
+        }
+
+    @classmethod
+    def from_data(cls, data: Mapping[str, Any]) -> ReceiptKeyRotatedData:
+        """Read a logged ``data`` object back, as logged (module docstring)."""
+        return cls(
+            data.get("previous_key_last_seq"),  # type: ignore[arg-type]  # as logged
+            data.get("key_env"),  # type: ignore[arg-type]
+            data.get("previous_key_env"),
+        )
+
+
+EntryData = CreatedData | DecisionData | ResolvedData | DispatchAckData | ReceiptKeyRotatedData

@@ -1,0 +1,45 @@
+"""The one read-only opener of a gate database (``audit verify``/``export``, ``doctor``), and
+the audit_log column list of any schema version."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+from gate.errors import Unavailable
+from gate.store.connection import BUSY_TIMEOUT_MS
+
+AUDIT_COLUMNS = "seq, approval_id, kind, entry, prev_hash, entry_hash, receipt"
+
+
+def connect(path: Path) -> sqlite3.Connection:
+    """A connection (autocommit, ``query_only``, the Store's busy timeout: 10 s) that only
+    reads the existing database at ``path``; it takes no lock, so a running gate may keep
+    writing. Raises Unavailable (``storage_unavailable``) when it cannot be opened.
+
+    Opened ``mode=rw`` (never creates the file) with ``query_only``, not ``mode=ro``: on a
+    WAL-mode file SQLite creates ``-wal``/``-shm`` beside it, and only a connection that may
+    write removes them again on close (a read-only one left them behind next to a backup).
+    Only a file (or medium) it may not write is opened ``mode=ro``.
+    """
+    base = Path(path).absolute().as_uri()
+    try:
+        try:
+            conn = sqlite3.connect(base + "?mode=rw", uri=True, isolation_level=None)
+            conn.execute("PRAGMA schema_version").fetchone()  # opened for real
+        except sqlite3.Error:  # a file (or medium) we may not write: read-only after all
+            conn = sqlite3.connect(base + "?mode=ro", uri=True, isolation_level=None)
+        conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+        conn.execute("PRAGMA query_only = ON")
+        return conn
+    except sqlite3.Error as exc:
+        raise Unavailable("storage_unavailable", f"cannot open database {path}: {exc}") from exc
+
+
+def audit_columns(conn: sqlite3.Connection) -> str:
+    """The columns that make an ``AuditRow``, for a ``SELECT`` from audit_log: a log from
+    before signed entries (schema 1) has no key_id/signature yet, read as NULL. Raises
+    sqlite3.Error as the connection does."""
+    columns = {str(row[1]) for row in conn.execute("PRAGMA table_info(audit_log)")}
+    signed = "key_id, signature" if {"key_id", "signature"} <= columns else "NULL, NULL"
+    return f"{AUDIT_COLUMNS}, {signed}"
