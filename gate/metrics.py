@@ -14,7 +14,7 @@ import logging
 import re
 import weakref
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import prometheus_client
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -24,6 +24,9 @@ from prometheus_client.registry import Collector
 
 from gate import __version__
 from gate.errors import GateError
+
+if TYPE_CHECKING:
+    from gate.core.service import GateService
 
 log = logging.getLogger(__name__)
 
@@ -188,7 +191,7 @@ class Metrics:
 
     # ---- scrape ------------------------------------------------------------------
 
-    async def render(self, service: Any, accept: str | None) -> tuple[bytes, str]:
+    async def render(self, service: GateService, accept: str | None) -> tuple[bytes, str]:
         """Read the pending approvals, then return ``(body, content type)`` in the format the
         ``Accept`` header asks for (Prometheus text by default, or OpenMetrics).
 
@@ -196,7 +199,7 @@ class Metrics:
         """
         now_ms = service.clock.now_ms()
         try:
-            count, oldest_ms = await pending_summary(service.store)
+            count, oldest_ms = await service.pending_summary()
         except GateError as exc:
             log.warning("event=metrics_read_failed reason=%s", exc.code)
             self._state.pending = None
@@ -206,7 +209,7 @@ class Metrics:
                 None if oldest_ms is None else max(0, now_ms - oldest_ms) / 1000,
             )
         self._state.now_ms = now_ms
-        self._state.writer_unanswered_s = service.store.writer_unanswered_s
+        self._state.writer_unanswered_s = service.writer_unanswered_s
         if wants_openmetrics(accept):
             return openmetrics.generate_latest(self.registry), OPENMETRICS_CONTENT_TYPE  # type: ignore[no-untyped-call]
         return generate_latest(self.registry), TEXT_CONTENT_TYPE
@@ -229,13 +232,6 @@ def wants_openmetrics(accept: str | None) -> bool:
         except ValueError:
             return True
     return False
-
-
-async def pending_summary(store: Any) -> tuple[int, int | None]:
-    """Return ``(number of pending approvals, earliest created_at in unix ms or None)``:
-    one statement over the pending partial index (``Store.pending_summary``)."""
-    result: tuple[int, int | None] = await store.pending_summary()
-    return result
 
 
 class _StateCollector(Collector):

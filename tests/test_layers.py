@@ -6,6 +6,9 @@
 - ``gate/web/*`` request handlers never reach the store: a web module that registers routes,
   and every gate.web module it imports, must not import ``gate.store``; ``web/`` never imports
   the daemon (``gate/daemon/serve.py`` is the composition root that wires it).
+- Handler and metrics code (``gate/web/*``, ``gate/metrics.py``) never touches an attribute
+  named ``store``: health and scrape data come from ``GateService`` (``health()``,
+  ``pending_summary()``, ``writer_unanswered_s``).
 - ``gate/core/*`` imports neither the daemon nor prometheus; relays under ``gate/tools/`` use
   ``gate.protocol`` but never the core, store or daemon; ``gate/client/*`` (the pipeline side)
   never reaches the store, daemon or web.
@@ -225,6 +228,24 @@ def test_layers_web_handlers_do_not_import_store(module: Module) -> None:
     bad = hits(imports_of(module), ("gate.store",) + SQL_DRIVERS)
 
     assert not bad, f"{module.rel} handles requests and imports {bad}; go through GateService"
+
+
+NO_STORE_ATTRIBUTE = WEB + under("gate.metrics")
+
+
+@pytest.mark.parametrize("module", NO_STORE_ATTRIBUTE, ids=ids(NO_STORE_ATTRIBUTE))
+def test_layers_web_and_metrics_never_reach_the_store_through_the_service(module: Module) -> None:
+    reached = [
+        f"{ast.unparse(node)} (line {node.lineno})"
+        for node in ast.walk(module.tree)
+        if isinstance(node, ast.Attribute) and node.attr == "store"
+    ]
+
+    assert not reached, f"{module.rel} reaches the store; ask GateService instead: {reached}"
+
+
+def test_layers_store_attribute_rule_sees_its_modules() -> None:
+    assert {m.name for m in NO_STORE_ATTRIBUTE} >= {"gate.web.api", "gate.metrics"}
 
 
 @pytest.mark.parametrize("module", MODULES, ids=ids(MODULES))

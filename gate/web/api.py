@@ -142,7 +142,7 @@ async def cancel_approval(request: web.Request) -> web.Response:
 
 async def healthz(request: web.Request) -> web.Response:
     """GET /healthz (no auth): ``{"status": "ok", "schema_version": N}``; 503 if the DB is gone."""
-    version = await request.app[SERVICE].store.schema_version()
+    version = await request.app[SERVICE].health()
     return web.json_response({"status": "ok", "schema_version": version})
 
 
