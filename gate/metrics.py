@@ -3,16 +3,16 @@ gauges of the stored state computed at scrape time (``GET /metrics``).
 
 Every gate (one ``GateService``) has its own ``CollectorRegistry``, never the process-global
 one, so several gates in one process (tests, ``hitl-gate verify``) do not collide. The API
-app, the callback app, the dispatcher and the expiry scheduler find the same ``Metrics`` with
-``metrics_for(service)``. Labels only take values from the configuration or from closed sets
-(outcomes, decision verbs, refusal reasons): never an identity, an id or a body.
+app, the callback app, the dispatcher and the expiry scheduler are each handed the same
+``Metrics`` (``gate.daemon.app.build_gate``: no global lookup). Labels only take values from
+the configuration or from closed sets (outcomes, decision verbs, refusal reasons): never an
+identity, an id or a body.
 """
 
 from __future__ import annotations
 
 import logging
 import re
-import weakref
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -285,17 +285,3 @@ class _StateCollector(Collector):
                 "Seconds since the relay's latest ack (absent before the first since start).",
                 value=max(0, self.now_ms - self.last_ack_ms) / 1000,
             )
-
-
-_BY_SERVICE: weakref.WeakKeyDictionary[Any, Metrics] = weakref.WeakKeyDictionary()
-
-
-def metrics_for(service: Any) -> Metrics:
-    """Return the one ``Metrics`` of ``service`` (created on first use, with the service's
-    configured pipelines), so both apps and both workers share it without being wired."""
-    metrics = _BY_SERVICE.get(service)
-    if metrics is None:
-        config = getattr(service, "config", None)
-        metrics = Metrics(getattr(config, "pipelines", ()))
-        _BY_SERVICE[service] = metrics
-    return metrics

@@ -5,7 +5,7 @@
 - ``gate/core/*`` holds the rules: no aiohttp (web or client), no SQL driver, no click.
 - ``gate/web/*`` request handlers never reach the store: a web module that registers routes,
   and every gate.web module it imports, must not import ``gate.store``; ``web/`` never imports
-  the daemon (``gate/daemon/serve.py`` is the composition root that wires it).
+  the daemon (``gate/daemon/app.py``, ``build_gate``, is the composition root that wires it).
 - Handler and metrics code (``gate/web/*``, ``gate/metrics.py``) never touches an attribute
   named ``store``: health and scrape data come from ``GateService`` (``health()``,
   ``pending_summary()``, ``writer_unanswered_s``).
@@ -202,8 +202,8 @@ WEB_BY_NAME = {m.name: m for m in WEB}
 def handler_modules() -> list[Module]:
     """Web modules holding request handling code: those that register routes, and every
     gate.web module they import (middlewares, body readers), transitively. The composition
-    root (web/server.py: builds the Store and the GateService, registers no routes) is not
-    one of them."""
+    root (gate/daemon/app.py: builds the Store and the GateService, registers no routes) is
+    outside gate/web/ altogether."""
     found = {m.name for m in WEB if registers_routes(m)}
     todo = list(found)
     while todo:
