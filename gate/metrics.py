@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import prometheus_client
@@ -26,7 +26,8 @@ from gate import __version__
 from gate.errors import GateError
 
 if TYPE_CHECKING:
-    from gate.core.service import GateService
+    from gate.config import PipelineConfig
+    from gate.core.service import GateService, Resolution
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +69,7 @@ class Metrics:
     configured step, so each series exists at 0 before its first approval.
     """
 
-    def __init__(self, pipelines: Any = ()) -> None:
+    def __init__(self, pipelines: Iterable[PipelineConfig] = ()) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
         self.approvals_created = Counter(
@@ -174,7 +175,7 @@ class Metrics:
                 failure if failure in DISPATCH_FAILURES else "connection"
             ).inc()
 
-    def resolved_by_decision(self, resolution: Any) -> None:
+    def resolved_by_decision(self, resolution: Resolution) -> None:
         """Count a resolution by a decision and observe its time to decision.
 
         ``resolution`` is a ``gate.core.service.Resolution`` (pipeline, step, outcome,
