@@ -94,7 +94,6 @@ class Dispatcher:
     ) -> None:
         self.service = service
         self.metrics = metrics
-        self.session: aiohttp.ClientSession | None = None
         self.relay_url = relay_url
         self.secret = secret
         self.timeout_s = timeout_s
@@ -122,7 +121,6 @@ class Dispatcher:
     async def run(self, session: aiohttp.ClientSession) -> None:
         """Loop until cancelled: send what is due through ``session``, then sleep until the
         next due attempt. Sends nothing before ``start``."""
-        self.session = session
         await self.ready.wait()
         wakeup = self.service.dispatch_wakeup
         store = self.service.store
@@ -140,7 +138,9 @@ class Dispatcher:
                         key = (row["approval_id"], int(row["revision"]))
                         if key in self._in_flight or len(self._in_flight) >= MAX_IN_FLIGHT:
                             continue
-                        task = asyncio.create_task(self._attempt(key, int(row["attempts"])))
+                        task = asyncio.create_task(
+                            self._attempt(session, key, int(row["attempts"]))
+                        )
                         self._in_flight[key] = task
                         task.add_done_callback(functools.partial(self._forget, key))
                     if next_at is not None:
@@ -171,11 +171,13 @@ class Dispatcher:
         self._in_flight.pop(key, None)
         self.service.dispatch_wakeup.set()
 
-    async def _attempt(self, key: tuple[str, int], attempts_before: int) -> None:
+    async def _attempt(
+        self, session: aiohttp.ClientSession, key: tuple[str, int], attempts_before: int
+    ) -> None:
         try:
             result = self._unrecorded.pop(key, None)
             if result is None:
-                result = await self._send(key, attempts_before)
+                result = await self._send(session, key, attempts_before)
             if result is not None:
                 self._unrecorded[key] = result  # until recorded
                 await self.service.dispatch_result(
@@ -225,7 +227,9 @@ class Dispatcher:
         except Exception:  # cannot record it either: wait before the row is read again
             await asyncio.sleep(STORAGE_RETRY_S)
 
-    async def _send(self, key: tuple[str, int], attempts_before: int) -> _Result | None:
+    async def _send(
+        self, session: aiohttp.ClientSession, key: tuple[str, int], attempts_before: int
+    ) -> _Result | None:
         """POST one attempt; return its result to record, or None when nothing is to be sent
         (resolved, superseded or expired meanwhile)."""
         approval_id, revision = key
@@ -237,9 +241,8 @@ class Dispatcher:
         if self.service.clock.now_ms() >= full["expires_at"]:
             return None  # the expiry scheduler resolves it as timeout; never dispatch after
         body = wire_json(dispatch_envelope(full, revision, self.callback_url))
-        assert self.session is not None  # set by run(), which started this attempt
         result = await post_signed(
-            self.session,
+            session,
             self.relay_url,
             body,
             self.secret,
