@@ -8,9 +8,9 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from aiohttp import web
+from aiohttp.typedefs import Middleware
 
 from gate.clock import Clock, SystemClock
 from gate.config import Config, Secrets
@@ -90,7 +90,7 @@ def build_gate(
     *,
     writer_process: bool,
     clock: Clock | None = None,
-    callback_middlewares: Sequence[Any] = (),
+    callback_middlewares: Sequence[Middleware] = (),
 ) -> Gate:
     """Wire one gate over ``config`` and ``secrets``; nothing is opened or bound yet.
 

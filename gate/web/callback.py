@@ -5,9 +5,9 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from aiohttp import web
+from aiohttp.typedefs import Middleware
 
 from gate.core.service import GateService
 from gate.errors import GateError
@@ -120,7 +120,7 @@ def create_callback_app(
     service: GateService,
     settings: CallbackSettings,
     metrics: Metrics,
-    outer_middlewares: Sequence[Any] = (),
+    outer_middlewares: Sequence[Middleware] = (),
 ) -> web.Application:
     """Return the callback app: one route, the error middleware, bodies read by the handler.
 

@@ -15,6 +15,7 @@ from typing import Any
 
 import aiohttp
 from aiohttp import web
+from aiohttp.typedefs import Middleware
 
 from gate.clock import SystemClock
 from gate.config import Config, Secrets, TcpListen, config_from_mapping, parse_listen
@@ -135,7 +136,7 @@ def _ephemeral_config(
     return config_from_mapping(config, directory)
 
 
-def _observer(seen: list[Observed], changed: asyncio.Event, now: Callable[[], float]) -> Any:
+def _observer(seen: list[Observed], changed: asyncio.Event, now: Callable[[], float]) -> Middleware:
     @web.middleware
     async def observe(request: web.Request, handler: Handler) -> web.StreamResponse:
         try:
