@@ -3,18 +3,18 @@ gauges of the stored state computed at scrape time (``GET /metrics``).
 
 Every gate (one ``GateService``) has its own ``CollectorRegistry``, never the process-global
 one, so several gates in one process (tests, ``hitl-gate verify``) do not collide. The API
-app, the callback app, the dispatcher and the expiry scheduler find the same ``Metrics`` with
-``metrics_for(service)``. Labels only take values from the configuration or from closed sets
-(outcomes, decision verbs, refusal reasons): never an identity, an id or a body.
+app, the callback app, the dispatcher and the expiry scheduler are each handed the same
+``Metrics`` (``gate.daemon.app.build_gate``: no global lookup). Labels only take values from
+the configuration or from closed sets (outcomes, decision verbs, refusal reasons): never an
+identity, an id or a body.
 """
 
 from __future__ import annotations
 
 import logging
 import re
-import weakref
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING, Any
 
 import prometheus_client
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -24,6 +24,10 @@ from prometheus_client.registry import Collector
 
 from gate import __version__
 from gate.errors import GateError
+
+if TYPE_CHECKING:
+    from gate.config import PipelineConfig
+    from gate.core.service import GateService, Resolution
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +69,7 @@ class Metrics:
     configured step, so each series exists at 0 before its first approval.
     """
 
-    def __init__(self, pipelines: Any = ()) -> None:
+    def __init__(self, pipelines: Iterable[PipelineConfig] = ()) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
         self.approvals_created = Counter(
@@ -171,7 +175,7 @@ class Metrics:
                 failure if failure in DISPATCH_FAILURES else "connection"
             ).inc()
 
-    def resolved_by_decision(self, resolution: Any) -> None:
+    def resolved_by_decision(self, resolution: Resolution) -> None:
         """Count a resolution by a decision and observe its time to decision.
 
         ``resolution`` is a ``gate.core.service.Resolution`` (pipeline, step, outcome,
@@ -188,7 +192,7 @@ class Metrics:
 
     # ---- scrape ------------------------------------------------------------------
 
-    async def render(self, service: Any, accept: str | None) -> tuple[bytes, str]:
+    async def render(self, service: GateService, accept: str | None) -> tuple[bytes, str]:
         """Read the pending approvals, then return ``(body, content type)`` in the format the
         ``Accept`` header asks for (Prometheus text by default, or OpenMetrics).
 
@@ -196,7 +200,7 @@ class Metrics:
         """
         now_ms = service.clock.now_ms()
         try:
-            count, oldest_ms = await pending_summary(service.store)
+            count, oldest_ms = await service.pending_summary()
         except GateError as exc:
             log.warning("event=metrics_read_failed reason=%s", exc.code)
             self._state.pending = None
@@ -206,7 +210,7 @@ class Metrics:
                 None if oldest_ms is None else max(0, now_ms - oldest_ms) / 1000,
             )
         self._state.now_ms = now_ms
-        self._state.writer_unanswered_s = service.store.writer_unanswered_s
+        self._state.writer_unanswered_s = service.writer_unanswered_s
         if wants_openmetrics(accept):
             return openmetrics.generate_latest(self.registry), OPENMETRICS_CONTENT_TYPE  # type: ignore[no-untyped-call]
         return generate_latest(self.registry), TEXT_CONTENT_TYPE
@@ -229,13 +233,6 @@ def wants_openmetrics(accept: str | None) -> bool:
         except ValueError:
             return True
     return False
-
-
-async def pending_summary(store: Any) -> tuple[int, int | None]:
-    """Return ``(number of pending approvals, earliest created_at in unix ms or None)``:
-    one statement over the pending partial index (``Store.pending_summary``)."""
-    result: tuple[int, int | None] = await store.pending_summary()
-    return result
 
 
 class _StateCollector(Collector):
@@ -289,17 +286,3 @@ class _StateCollector(Collector):
                 "Seconds since the relay's latest ack (absent before the first since start).",
                 value=max(0, self.now_ms - self.last_ack_ms) / 1000,
             )
-
-
-_BY_SERVICE: weakref.WeakKeyDictionary[Any, Metrics] = weakref.WeakKeyDictionary()
-
-
-def metrics_for(service: Any) -> Metrics:
-    """Return the one ``Metrics`` of ``service`` (created on first use, with the service's
-    configured pipelines), so both apps and both workers share it without being wired."""
-    metrics = _BY_SERVICE.get(service)
-    if metrics is None:
-        config = getattr(service, "config", None)
-        metrics = Metrics(getattr(config, "pipelines", ()))
-        _BY_SERVICE[service] = metrics
-    return metrics

@@ -5,7 +5,12 @@
 - ``gate/core/*`` holds the rules: no aiohttp (web or client), no SQL driver, no click.
 - ``gate/web/*`` request handlers never reach the store: a web module that registers routes,
   and every gate.web module it imports, must not import ``gate.store``; ``web/`` never imports
-  the daemon (``gate/daemon/serve.py`` is the composition root that wires it).
+  the daemon (``gate/daemon/app.py``, ``build_gate``, is the composition root that wires it).
+- Handler and metrics code (``gate/web/*``, ``gate/metrics.py``) never touches an attribute
+  named ``store``: health and scrape data come from ``GateService`` (``health()``,
+  ``pending_summary()``, ``writer_unanswered_s``).
+- One composition root: only ``gate/daemon/app.py`` (``build_gate``) constructs the
+  GateService, the Metrics, the Dispatcher and the two apps.
 - ``gate/core/*`` imports neither the daemon nor prometheus; relays under ``gate/tools/`` use
   ``gate.protocol`` but never the core, store or daemon; ``gate/client/*`` (the pipeline side)
   never reaches the store, daemon or web.
@@ -202,8 +207,8 @@ WEB_BY_NAME = {m.name: m for m in WEB}
 def handler_modules() -> list[Module]:
     """Web modules holding request handling code: those that register routes, and every
     gate.web module they import (middlewares, body readers), transitively. The composition
-    root (web/server.py: builds the Store and the GateService, registers no routes) is not
-    one of them."""
+    root (gate/daemon/app.py: builds the Store and the GateService, registers no routes) is
+    outside gate/web/ altogether."""
     found = {m.name for m in WEB if registers_routes(m)}
     todo = list(found)
     while todo:
@@ -228,6 +233,64 @@ def test_layers_web_handlers_do_not_import_store(module: Module) -> None:
     bad = hits(imports_of(module), ("gate.store",) + SQL_DRIVERS)
 
     assert not bad, f"{module.rel} handles requests and imports {bad}; go through GateService"
+
+
+NO_STORE_ATTRIBUTE = WEB + under("gate.metrics")
+
+
+@pytest.mark.parametrize("module", NO_STORE_ATTRIBUTE, ids=ids(NO_STORE_ATTRIBUTE))
+def test_layers_web_and_metrics_never_reach_the_store_through_the_service(module: Module) -> None:
+    reached = [
+        f"{ast.unparse(node)} (line {node.lineno})"
+        for node in ast.walk(module.tree)
+        if isinstance(node, ast.Attribute) and node.attr == "store"
+    ]
+
+    assert not reached, f"{module.rel} reaches the store; ask GateService instead: {reached}"
+
+
+def test_layers_store_attribute_rule_sees_its_modules() -> None:
+    assert {m.name for m in NO_STORE_ATTRIBUTE} >= {"gate.web.api", "gate.metrics"}
+
+
+COMPOSITION_ROOT = "gate.daemon.app"
+WIRED_ONLY_THERE = {
+    "GateService",
+    "Metrics",
+    "Dispatcher",
+    "create_api_app",
+    "create_callback_app",
+    "run_expiry",
+}
+
+
+def constructions(module: Module) -> list[str]:
+    """Calls in ``module`` of a name in ``WIRED_ONLY_THERE`` (``X(...)`` or ``mod.X(...)``)."""
+    found = []
+    for node in ast.walk(module.tree):
+        if not isinstance(node, ast.Call):
+            continue
+        func = node.func
+        name = func.id if isinstance(func, ast.Name) else getattr(func, "attr", None)
+        if name in WIRED_ONLY_THERE:
+            found.append(f"{name} (line {node.lineno})")
+    return found
+
+
+@pytest.mark.parametrize("module", MODULES, ids=ids(MODULES))
+def test_layers_only_the_composition_root_wires_a_gate(module: Module) -> None:
+    if module.name == COMPOSITION_ROOT:
+        return
+
+    built = constructions(module)
+
+    assert not built, f"{module.rel} wires part of a gate by hand; use build_gate: {built}"
+
+
+def test_layers_composition_root_rule_sees_the_root() -> None:
+    (root,) = [m for m in MODULES if m.name == COMPOSITION_ROOT]
+
+    assert {c.split()[0] for c in constructions(root)} == WIRED_ONLY_THERE
 
 
 @pytest.mark.parametrize("module", MODULES, ids=ids(MODULES))

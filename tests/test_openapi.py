@@ -38,18 +38,14 @@ import requests  # noqa: E402  (a schemathesis dependency)
 from hypothesis import strategies as st  # noqa: E402
 from schemathesis.checks import CHECKS, load_all_checks  # noqa: E402
 
-from gate.clock import SystemClock  # noqa: E402
 from gate.config import load_config, load_secrets  # noqa: E402
-from gate.core.service import GateService  # noqa: E402
+from gate.daemon.app import build_gate  # noqa: E402
 from gate.protocol import (  # noqa: E402
     DECISIONS_PATH,
     MAX_DECISION_BYTES,
     SIGNATURE_HEADER,
     signing,
 )
-from gate.store import Store  # noqa: E402
-from gate.web.api import ApiSettings, create_api_app  # noqa: E402
-from gate.web.callback import CallbackSettings, create_callback_app  # noqa: E402
 from tests.support import (  # noqa: E402
     API_TOKEN,
     ENV,
@@ -129,11 +125,8 @@ def _app_routes(app: Any) -> set[tuple[str, str]]:
 def test_every_registered_route_is_in_the_spec_and_vice_versa(tmp_path: Path) -> None:
     config = load_config(write_config(tmp_path, "http://127.0.0.1:9/relay"))
     secrets = load_secrets(config, ENV)
-    service = GateService(config, secrets.receipt_key, Store(config.storage.path), SystemClock())
-    api_app = create_api_app(service, ApiSettings(secrets.api_token, config.api.max_draft_bytes))
-    callback_app = create_callback_app(
-        service, CallbackSettings(secrets.relay_secrets, config.relay.security.max_skew)
-    )
+    gate = build_gate(config, secrets, writer_process=False)
+    api_app, callback_app = gate.api_app, gate.callback_app
 
     spec_api, spec_callback = _spec_routes(load_spec())
 

@@ -63,6 +63,7 @@ __all__ = [
     "Security",
     "StepConfig",
     "StorageConfig",
+    "config_from_mapping",
     "load",
     "load_config",
     "load_secrets",
@@ -142,11 +143,29 @@ def _load(path: str | os.PathLike[str]) -> tuple[Config | None, list[str]]:
             "top level: expected a mapping with sections relay, api, storage, receipts and"
             f" pipelines, got {found}"
         ]
+    return _validate(data, source.parent, source)
+
+
+def config_from_mapping(data: Mapping[str, Any], base_dir: Path) -> Config:
+    """Validate ``data`` (a config file's content as plain data) exactly as ``load_config``
+    validates a file, without a file: relative paths resolve against ``base_dir``, and the
+    config's ``source`` is None (nothing to reload). Raises ``ConfigError`` listing every
+    problem as ``"<yaml.path>: <message>"``."""
+    config, errors = _validate(dict(data), base_dir, None)
+    if errors or config is None:
+        raise ConfigError(errors)
+    return config
+
+
+def _validate(
+    data: dict[str, Any], base_dir: Path, source: Path | None
+) -> tuple[Config | None, list[str]]:
+    """Return (config, errors) for a parsed mapping; see ``_load``."""
     errors: list[str] = []
     if "source" in data:
         data = {k: v for k, v in data.items() if k != "source"}
         errors.append(_unknown_key(("source",), Config))
-    context = {"base_dir": source.parent}
+    context = {"base_dir": base_dir}
     try:
         config = Config.model_validate(data, context=context)
     except ValidationError as exc:
@@ -171,7 +190,7 @@ def _load(path: str | os.PathLike[str]) -> tuple[Config | None, list[str]]:
     return _with_defaults(config, source), errors
 
 
-def _with_defaults(config: Config, source: Path) -> Config:
+def _with_defaults(config: Config, source: Path | None) -> Config:
     """Fill in step approvers (default: allowed_users) and record the source file."""
     allowed = config.relay.security.allowed_users
     pipelines = tuple(

@@ -729,6 +729,27 @@ class GateService:
             "next_cursor": rows[-1]["approval_id"] if more and rows else None,
         }
 
+    # ---- health (for /healthz and the /metrics scrape: neither reaches the store) ----
+
+    async def health(self) -> int:
+        """Return the database's schema version (``PRAGMA user_version``), what ``/healthz``
+        reports. Raises Unavailable 503 ``storage_unavailable`` while the database refuses
+        writes or the writer process has left a write unanswered too long
+        (``Store.schema_version``)."""
+        return await self.store.schema_version()
+
+    async def pending_summary(self) -> tuple[int, int | None]:
+        """Return ``(number of pending approvals, earliest created_at in unix ms or None)``:
+        one statement over the pending partial index (``Store.pending_summary``). Raises
+        GateError when the database cannot be read."""
+        return await self.store.pending_summary()
+
+    @property
+    def writer_unanswered_s(self) -> float:
+        """Seconds the oldest write sent to the writer process has waited for its answer
+        (0.0 when none waits, and always with a writer thread)."""
+        return self.store.writer_unanswered_s
+
     def _notify(self, approval_id: str) -> None:
         waiter = self._waiters.get(approval_id)
         if waiter is not None:

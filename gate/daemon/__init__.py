@@ -1,2 +1,3 @@
-"""What only ``hitl-gate serve`` runs: listeners, signals and reload (serve), the dispatch outbox
-(dispatch), the expiry scheduler (expiry), systemd notify (sdnotify)."""
+"""What only ``hitl-gate serve`` runs: the one composition root (app), listeners and signals
+(serve), SIGHUP reload (reload), the dispatch outbox (dispatch), the expiry scheduler (expiry),
+systemd notify (sdnotify)."""

@@ -20,7 +20,7 @@ from yarl import URL
 from gate.core.rules import approvers_of
 from gate.core.service import GateService
 from gate.errors import GateError
-from gate.metrics import Metrics, metrics_for
+from gate.metrics import Metrics
 from gate.protocol import PROTOCOL, PROTOCOL_HEADER, SIGNATURE_HEADER, signing
 from gate.protocol.canonical import wire_json
 from gate.protocol.envelope import build_dispatch
@@ -72,30 +72,28 @@ class Dispatcher:
     ``secret`` signs dispatches (the current relay secret); ``timeout_s`` bounds one
     attempt (an ack is any 2xx within it); redirects are never followed. Attempts are
     retried with capped exponential backoff and jitter until the approval resolves; none
-    starts at or after the approval's ``expires_at``. ``callback_url`` must be set and
-    ``ready`` set before anything is sent.
+    starts at or after the approval's ``expires_at``. Nothing is sent before ``start``
+    gives the public callback URL (once the callback listener is bound); ``run`` takes the
+    HTTP session (``relay_session``) the POSTs go through.
 
     When an attempt's result cannot be recorded (storage fault), it is kept in memory and
     recording is retried without POSTing again: a relay that acked is not sent duplicates
     for as long as the database refuses writes.
 
-    Every POST is counted in ``metrics`` (default: the service's, ``metrics_for``): attempts,
-    failures by reason, ack latency, the relay's last ack.
+    Every POST is counted in ``metrics`` (the gate's, ``gate.daemon.app.build_gate``):
+    attempts, failures by reason, ack latency, the relay's last ack.
     """
 
     def __init__(
         self,
         service: GateService,
-        session: aiohttp.ClientSession,
+        metrics: Metrics,
         relay_url: str,
         secret: str,
         timeout_s: float,
-        *,
-        metrics: Metrics | None = None,
     ) -> None:
         self.service = service
-        self.metrics = metrics if metrics is not None else metrics_for(service)
-        self.session = session
+        self.metrics = metrics
         self.relay_url = relay_url
         self.secret = secret
         self.timeout_s = timeout_s
@@ -105,8 +103,24 @@ class Dispatcher:
         self._in_flight: dict[tuple[str, int], asyncio.Task[None]] = {}
         self._unrecorded: dict[tuple[str, int], _Result] = {}
 
-    async def run(self) -> None:
-        """Loop until cancelled: send what is due, then sleep until the next due attempt."""
+    def start(self, callback_url: str) -> None:
+        """Let ``run`` send: dispatches carry ``callback_url`` (the public URL of the
+        callback listener, ``gate.daemon.app.callback_url``)."""
+        self.callback_url = callback_url
+        self.ready.set()
+
+    def reconfigure(self, relay_url: str, secret: str, timeout_s: float, callback_url: str) -> None:
+        """Use these for every attempt not yet sent (SIGHUP reload): the relay's URL, the
+        signing secret (the current relay secret), the per-attempt timeout in seconds and
+        the public callback URL. No await: an attempt sees all old or all new values."""
+        self.relay_url = relay_url
+        self.secret = secret
+        self.timeout_s = timeout_s
+        self.callback_url = callback_url
+
+    async def run(self, session: aiohttp.ClientSession) -> None:
+        """Loop until cancelled: send what is due through ``session``, then sleep until the
+        next due attempt. Sends nothing before ``start``."""
         await self.ready.wait()
         wakeup = self.service.dispatch_wakeup
         store = self.service.store
@@ -124,7 +138,9 @@ class Dispatcher:
                         key = (row["approval_id"], int(row["revision"]))
                         if key in self._in_flight or len(self._in_flight) >= MAX_IN_FLIGHT:
                             continue
-                        task = asyncio.create_task(self._attempt(key, int(row["attempts"])))
+                        task = asyncio.create_task(
+                            self._attempt(session, key, int(row["attempts"]))
+                        )
                         self._in_flight[key] = task
                         task.add_done_callback(functools.partial(self._forget, key))
                     if next_at is not None:
@@ -155,11 +171,13 @@ class Dispatcher:
         self._in_flight.pop(key, None)
         self.service.dispatch_wakeup.set()
 
-    async def _attempt(self, key: tuple[str, int], attempts_before: int) -> None:
+    async def _attempt(
+        self, session: aiohttp.ClientSession, key: tuple[str, int], attempts_before: int
+    ) -> None:
         try:
             result = self._unrecorded.pop(key, None)
             if result is None:
-                result = await self._send(key, attempts_before)
+                result = await self._send(session, key, attempts_before)
             if result is not None:
                 self._unrecorded[key] = result  # until recorded
                 await self.service.dispatch_result(
@@ -209,7 +227,9 @@ class Dispatcher:
         except Exception:  # cannot record it either: wait before the row is read again
             await asyncio.sleep(STORAGE_RETRY_S)
 
-    async def _send(self, key: tuple[str, int], attempts_before: int) -> _Result | None:
+    async def _send(
+        self, session: aiohttp.ClientSession, key: tuple[str, int], attempts_before: int
+    ) -> _Result | None:
         """POST one attempt; return its result to record, or None when nothing is to be sent
         (resolved, superseded or expired meanwhile)."""
         approval_id, revision = key
@@ -222,7 +242,7 @@ class Dispatcher:
             return None  # the expiry scheduler resolves it as timeout; never dispatch after
         body = wire_json(dispatch_envelope(full, revision, self.callback_url))
         result = await post_signed(
-            self.session,
+            session,
             self.relay_url,
             body,
             self.secret,

@@ -8,7 +8,7 @@ import logging
 
 from gate.core.service import GateService
 from gate.errors import GateError
-from gate.metrics import Metrics, metrics_for
+from gate.metrics import Metrics
 
 log = logging.getLogger(__name__)
 
@@ -16,15 +16,15 @@ MAX_SLEEP_S = 3600.0
 RETRY_AFTER_ERROR_S = 1.0
 
 
-async def run_expiry(service: GateService, *, metrics: Metrics | None = None) -> None:
+async def run_expiry(service: GateService, metrics: Metrics) -> None:
     """Resolve approvals as ``timeout`` when the gate's clock passes their ``expires_at``.
 
     Sleeps until the earliest deadline from the partial index, or until
     ``service.expiry_wakeup`` is set (a new approval may expire sooner). Runs until
     cancelled. Storage errors are logged and retried after a second. Each timeout counts in
-    ``metrics`` (default: the service's, ``metrics_for``) as resolved ``timeout``.
+    ``metrics`` (the gate's) as resolved ``timeout``.
     """
-    resolved = (metrics if metrics is not None else metrics_for(service)).approvals_resolved
+    resolved = metrics.approvals_resolved
     while True:
         service.expiry_wakeup.clear()
         try:

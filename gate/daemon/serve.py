@@ -1,121 +1,28 @@
-"""``hitl-gate serve``: build both apps, own the background workers, bind, run until a signal."""
+"""``hitl-gate serve``: bind the built gate's listeners, run its workers, handle signals."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
 import logging
 import os
 import signal
 import sys
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
-from gate.clock import Clock, SystemClock
-from gate.config import Config, Secrets, UnixListen, load, parse_listen, raw_mapping
-from gate.core.service import GateService
-from gate.daemon.dispatch import Dispatcher, relay_session
-from gate.daemon.expiry import run_expiry
+from gate.clock import Clock
+from gate.config import Config, Secrets, UnixListen, parse_listen
+from gate.daemon.app import STOPPING, Gate, build_gate, callback_url
+from gate.daemon.reload import Reloader
 from gate.daemon.sdnotify import Notifier
-from gate.errors import ConfigError, Unavailable
-from gate.protocol import DECISIONS_PATH
-from gate.store import Store
-from gate.web import api as api_web
-from gate.web import callback as callback_web
-from gate.web.api import ApiSettings, create_api_app
-from gate.web.callback import CallbackSettings, create_callback_app
-from gate.web.common import BODY_TIMEOUT, Handler
+from gate.errors import Unavailable
 
 log = logging.getLogger(__name__)
-
-STOPPING = web.AppKey("stopping", asyncio.Event)
-
-
-@contextlib.asynccontextmanager
-async def _workers(
-    service: GateService, config: Config, secrets: Secrets
-) -> AsyncIterator[Dispatcher]:
-    """Open the store, settle the receipt key against the audit log (which may refuse the
-    start: ``GateService.settle_receipt_key``), and run the dispatcher and the expiry
-    scheduler; on exit stop both (an in-flight dispatch is abandoned: its row stays un-acked
-    and is sent again after a restart) and close the database last."""
-    await service.store.open()
-    try:
-        await service.settle_receipt_key()
-        async with relay_session(config.relay.ca_file) as session:
-            dispatcher = Dispatcher(
-                service,
-                session,
-                config.relay.url,
-                secrets.relay_secrets[0],
-                config.relay.dispatch_timeout,
-            )
-            tasks = [
-                asyncio.create_task(dispatcher.run(), name="dispatcher"),
-                asyncio.create_task(run_expiry(service), name="expiry"),
-            ]
-            try:
-                yield dispatcher
-            finally:
-                for task in tasks:
-                    task.cancel()
-                await asyncio.gather(*tasks, return_exceptions=True)
-                log.info("event=workers_stopped")
-    finally:
-        await service.store.close()
-
-
-def create_apps(
-    service: GateService, config: Config, secrets: Secrets
-) -> tuple[web.Application, web.Application]:
-    """Return ``(api_app, callback_app)`` over one GateService, with ``http.body_timeout``
-    set and the API's long-polls answered early once ``app[STOPPING]`` is set."""
-    api_app = create_api_app(service, ApiSettings(secrets.api_token, config.api.max_draft_bytes))
-    callback_app = create_callback_app(
-        service, CallbackSettings(secrets.relay_secrets, config.relay.security.max_skew)
-    )
-    stopping = asyncio.Event()
-    for app in (api_app, callback_app):
-        app[BODY_TIMEOUT] = config.http.body_timeout
-        app[STOPPING] = stopping
-    api_app.middlewares.append(_end_long_polls_on_stop)
-    return api_app, callback_app
-
-
-@web.middleware
-async def _end_long_polls_on_stop(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """A long-poll (``GET ...?wait=``) still waiting when the gate stops is answered at once
-    with the approval as it stands (the client polls again), instead of holding the stop.
-
-    Runs innermost (after auth): ``handler`` is the route's own handler.
-    """
-    if request.method != "GET" or "wait" not in request.query:
-        return await handler(request)
-    poll = asyncio.ensure_future(handler(request))
-    stop = asyncio.ensure_future(request.app[STOPPING].wait())
-    try:
-        await asyncio.wait({poll, stop}, return_when=asyncio.FIRST_COMPLETED)
-    except BaseException:
-        poll.cancel()
-        raise
-    finally:
-        stop.cancel()
-    if poll.done():
-        return poll.result()
-    poll.cancel()
-    try:
-        return await poll  # it may have finished before the cancel reached it
-    except asyncio.CancelledError:
-        task = asyncio.current_task()
-        if task is not None and task.cancelling():
-            raise
-    rest = [(key, value) for key, value in request.query.items() if key != "wait"]
-    return await handler(request.clone(rel_url=request.rel_url.with_query(rest)))
 
 
 def _bound(runner: web.AppRunner) -> str:
@@ -203,19 +110,12 @@ async def serve(
     watchdog = asyncio.create_task(notifier.run_watchdog(), name="watchdog")
     notifier.status("starting: opening the database")
     ready = False
-    store: Store | None = None
+    gate: Gate | None = None
     try:
-        store = Store(config.storage.path, writer_process=True)
-        store.on_writer_lost = stop.set  # a lost writer: stop cleanly, exit 1 (a restart)
-        service = GateService(
-            config,
-            secrets.receipt_key,
-            store,
-            clock or SystemClock(),
-            previous_receipt_key=secrets.previous_receipt_key,
-        )
-        api_app, callback_app = create_apps(service, config, secrets)
-        async with _workers(service, config, secrets) as dispatcher:
+        gate = build_gate(config, secrets, writer_process=True, clock=clock)
+        gate.store.on_writer_lost = stop.set  # a lost writer: stop cleanly, exit 1 (a restart)
+        api_app, callback_app, dispatcher = gate.api_app, gate.callback_app, gate.dispatcher
+        async with gate.workers():
             api_runner = _runner(api_app, config)
             callback_runner = _runner(callback_app, config)
             await api_runner.setup()
@@ -227,8 +127,7 @@ async def serve(
                 listen = parse_listen(config.api.listen)
                 api_socket = Path(listen.path) if isinstance(listen, UnixListen) else None
                 callback_bound = _bound(callback_runner)
-                dispatcher.callback_url = _callback_url(config, callback_bound)
-                dispatcher.ready.set()
+                dispatcher.start(callback_url(config, callback_bound))
                 api_url = _api_url(_bound(api_runner))
                 log.info(
                     "event=listening callback=http://%s api=%s callback_url=%s db=%s writer_pid=%s",
@@ -236,23 +135,12 @@ async def serve(
                     api_url,
                     dispatcher.callback_url,
                     config.storage.path,
-                    store.writer_pid,
+                    gate.store.writer_pid,
                 )
                 serving = f"serving: callback=http://{callback_bound} api={api_url}"
                 notifier.ready(serving)
                 ready = True
-                reloader = Reloader(
-                    config,
-                    secrets,
-                    env,
-                    service,
-                    api_app[api_web.SETTINGS],
-                    callback_app[callback_web.SETTINGS],
-                    dispatcher,
-                    callback_bound,
-                    notifier,
-                    serving,
-                )
+                reloader = Reloader(gate, env, callback_bound, notifier, serving)
                 await _until_stopped(stop, hup, reloader.reload)
                 log.info("event=stopping")
             finally:
@@ -272,7 +160,7 @@ async def serve(
         watchdog.cancel()
         await asyncio.gather(watchdog, return_exceptions=True)
     log.info("event=stopped")
-    if store is not None and store.writer_lost:
+    if gate is not None and gate.store.writer_lost:
         raise Unavailable(
             "storage_unavailable",
             "the database writer process exited; the gate stopped (a restart starts a new writer)",
@@ -296,153 +184,6 @@ async def _until_stopped(
             return
         hup.clear()
         await reload()
-
-
-# What a reload cannot change in a running daemon: bound sockets, the open database, the
-# relay HTTP session (its CA bundle), the runners' timeouts, the app's body limit, and the
-# receipt keys (held by GateService; changing the HMAC key mid-log would also split the
-# audit trail between two keys). Changing any of them needs a restart.
-RESTART_ONLY: tuple[tuple[str, Callable[[Config], Any]], ...] = (
-    ("relay.callback_addr", lambda c: c.relay.callback_addr),
-    ("api.listen", lambda c: c.api.listen),
-    ("storage.path", lambda c: c.storage.path),
-    ("relay.ca_file", lambda c: c.relay.ca_file),
-    ("api.max_draft_bytes", lambda c: c.api.max_draft_bytes),
-    ("http", lambda c: c.http),
-    ("receipts", lambda c: c.receipts),
-)
-
-
-_RESTART_ERROR = "{}: cannot change while running (restart to apply it)"
-
-
-def _raw_restart_changes(old: dict[str, Any] | None, new: dict[str, Any] | None) -> list[str]:
-    """``RESTART_ONLY`` settings whose YAML differs between two versions of the file (for a
-    file that does not validate, so its typed values cannot be compared)."""
-    if old is None or new is None:
-        return []
-
-    def at(data: Any, dotted: str) -> Any:
-        for key in dotted.split("."):
-            data = data.get(key) if isinstance(data, dict) else None
-        return data
-
-    return [
-        _RESTART_ERROR.format(path) for path, _ in RESTART_ONLY if at(old, path) != at(new, path)
-    ]
-
-
-class Reloader:
-    """SIGHUP: re-read the config file and its secrets; apply them to new work, or refuse.
-
-    Applied on success (all at once, between two requests): operators, pipelines, steps,
-    budgets and limits (``service.config``), the rate limit, the relay secrets accepted on
-    decisions and the skew window, the API token, and the relay URL, signing secret,
-    timeout and public callback URL of future dispatches. A pending approval keeps the
-    scope and quorum frozen at its creation. Refused, with every error logged as
-    ``event=reload_refused`` and the running config kept: anything ``check-config`` or a
-    start would refuse (including missing secrets), and a change of a ``RESTART_ONLY``
-    setting or of the receipt key. systemd sees ``RELOADING=1`` then ``READY=1`` either way.
-    """
-
-    def __init__(
-        self,
-        config: Config,
-        secrets: Secrets,
-        environ: Mapping[str, str],
-        service: GateService,
-        api_settings: ApiSettings,
-        callback_settings: CallbackSettings,
-        dispatcher: Dispatcher,
-        callback_bound: str,
-        notifier: Notifier,
-        serving: str,
-    ) -> None:
-        self.config = config
-        self.secrets = secrets
-        self.environ = environ
-        self.service = service
-        self.api_settings = api_settings
-        self.callback_settings = callback_settings
-        self.dispatcher = dispatcher
-        self.callback_bound = callback_bound
-        self.notifier = notifier
-        self.serving = serving
-        # the running config's file as plain YAML, to name restart-only changes even in a
-        # new file that does not validate
-        self._raw = raw_mapping(config.source) if config.source is not None else None
-        self._checked_raw: dict[str, Any] | None = self._raw
-
-    def check(self) -> tuple[Config, Secrets] | list[str]:
-        """Load and validate the config file again; return it with its secrets, or errors."""
-        source = self.config.source
-        if source is None:
-            return ["the running config was not read from a file; nothing to reload"]
-        raw = raw_mapping(source)
-        try:
-            config, secrets = load(source, self.environ)
-        except ConfigError as exc:
-            return list(exc.errors) + _raw_restart_changes(self._raw, raw)
-        errors = [
-            _RESTART_ERROR.format(path)
-            for path, get in RESTART_ONLY
-            if get(config) != get(self.config)
-        ]
-        if not hmac.compare_digest(secrets.receipt_key, self.secrets.receipt_key):
-            errors.append(
-                f"receipts.key_env: the receipt key ({config.receipts.key_env})"
-                " cannot change while running (restart to apply it)"
-            )
-        if not errors:
-            self._checked_raw = raw  # becomes the running file's YAML once applied
-        return errors or (config, secrets)
-
-    async def reload(self) -> bool:
-        """Apply the config file as it is now; True if applied, False if refused."""
-        self.notifier.reloading()
-        log.info("event=reloading config=%s", self.config.source)
-        result = await asyncio.to_thread(self.check)
-        if isinstance(result, list):
-            for error in result:
-                log.error("event=reload_refused error=%s", error)
-            log.error("event=reload_refused errors=%d kept=running_config", len(result))
-            self.notifier.ready(
-                f"{self.serving} (last reload refused: {len(result)} "
-                "errors, see the log; running config kept)"
-            )
-            return False
-        config, secrets = result
-        for warning in secrets.warnings:
-            log.warning("event=weak_secret warning=%s", warning)
-        self.apply(config, secrets)
-        steps = sum(len(p.steps) for p in config.pipelines)
-        log.info(
-            "event=reloaded pipelines=%d steps=%d operators=%d relay_secrets=%d",
-            len(config.pipelines),
-            steps,
-            len(config.relay.operators),
-            len(secrets.relay_secrets),
-        )
-        self.notifier.ready(f"{self.serving} (config reloaded)")
-        return True
-
-    def apply(self, config: Config, secrets: Secrets) -> None:
-        """Swap the settings in place; no await, so no request sees half of them."""
-        self.service.reconfigure(config)
-        self.callback_settings.relay_secrets = secrets.relay_secrets
-        self.callback_settings.max_skew_s = config.relay.security.max_skew
-        self.api_settings.token = secrets.api_token
-        self.dispatcher.relay_url = config.relay.url
-        self.dispatcher.secret = secrets.relay_secrets[0]
-        self.dispatcher.timeout_s = config.relay.dispatch_timeout
-        self.dispatcher.callback_url = _callback_url(config, self.callback_bound)
-        self.config, self.secrets = config, secrets
-        self._raw = self._checked_raw
-
-
-def _callback_url(config: Config, callback_bound: str) -> str:
-    base = config.relay.public_url or f"http://{callback_bound}"
-    return base.rstrip("/") + DECISIONS_PATH
 
 
 def _api_url(bound: str) -> str:

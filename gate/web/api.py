@@ -11,7 +11,7 @@ from aiohttp import web
 from gate.core.requests import parse_create
 from gate.core.service import GateService
 from gate.errors import GateError
-from gate.metrics import Metrics, metrics_for
+from gate.metrics import Metrics
 from gate.protocol.envelope import decode_json
 from gate.protocol.whitespace import is_blank
 from gate.web.common import ULID_RE, Handler, error_middleware, read_body
@@ -26,11 +26,17 @@ STATES = ("pending", "resolved", "all")
 class ApiSettings:
     """The bearer token pipelines present and the largest draft body accepted (bytes, UTF-8).
 
-    Mutable: a config reload (SIGHUP) replaces ``token`` in place; each request reads it anew.
+    Mutable: a config reload (SIGHUP) replaces ``token`` (``reconfigure``); each request
+    reads it anew.
     """
 
     token: str
     max_draft_bytes: int
+
+    def reconfigure(self, token: str) -> None:
+        """Accept ``token`` from the next request on (SIGHUP reload); the draft limit needs a
+        restart."""
+        self.token = token
 
 
 SERVICE = web.AppKey("service", GateService)
@@ -142,7 +148,7 @@ async def cancel_approval(request: web.Request) -> web.Response:
 
 async def healthz(request: web.Request) -> web.Response:
     """GET /healthz (no auth): ``{"status": "ok", "schema_version": N}``; 503 if the DB is gone."""
-    version = await request.app[SERVICE].store.schema_version()
+    version = await request.app[SERVICE].health()
     return web.json_response({"status": "ok", "schema_version": version})
 
 
@@ -156,12 +162,12 @@ async def get_metrics(request: web.Request) -> web.Response:
 
 
 def create_api_app(
-    service: GateService, settings: ApiSettings, *, metrics: Metrics | None = None
+    service: GateService, settings: ApiSettings, metrics: Metrics
 ) -> web.Application:
     """Return the pipeline API app with its routes, auth and error middleware.
 
-    ``metrics`` defaults to the service's own (``gate.metrics.metrics_for``), the one the
-    callback app, the dispatcher and the expiry scheduler count in too.
+    ``metrics`` is the gate's one ``Metrics``, the one the callback app, the dispatcher and
+    the expiry scheduler count in too (``gate.daemon.app.build_gate`` wires them).
     """
     app = web.Application(
         middlewares=[error_middleware, auth_middleware],
@@ -169,7 +175,7 @@ def create_api_app(
     )
     app[SERVICE] = service
     app[SETTINGS] = settings
-    app[METRICS] = metrics if metrics is not None else metrics_for(service)
+    app[METRICS] = metrics
     app.router.add_post("/v1/approvals", create_approval)
     app.router.add_get("/v1/approvals", list_approvals)
     app.router.add_get("/v1/approvals/{approval_id}", get_approval)

@@ -5,13 +5,13 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from aiohttp import web
+from aiohttp.typedefs import Middleware
 
 from gate.core.service import GateService
 from gate.errors import GateError
-from gate.metrics import Metrics, metrics_for
+from gate.metrics import Metrics
 from gate.protocol import (
     DECISIONS_PATH,
     MAX_DECISION_BYTES,
@@ -31,11 +31,18 @@ log = logging.getLogger(__name__)
 class CallbackSettings:
     """Secrets accepted on decisions (current first, then previous) and the skew window (s).
 
-    Mutable: a config reload (SIGHUP) replaces both in place; each request reads them anew.
+    Mutable: a config reload (SIGHUP) replaces both (``reconfigure``); each request reads
+    them anew.
     """
 
     relay_secrets: Sequence[str]
     max_skew_s: float
+
+    def reconfigure(self, relay_secrets: Sequence[str], max_skew_s: float) -> None:
+        """Accept decisions signed with ``relay_secrets`` within ``max_skew_s`` seconds from
+        the next request on (SIGHUP reload). No await: a request sees both old or both new."""
+        self.relay_secrets = relay_secrets
+        self.max_skew_s = max_skew_s
 
 
 SERVICE = web.AppKey("service", GateService)
@@ -112,21 +119,20 @@ async def _checked_decision(request: web.Request) -> Decision:
 def create_callback_app(
     service: GateService,
     settings: CallbackSettings,
-    outer_middlewares: Sequence[Any] = (),
-    *,
-    metrics: Metrics | None = None,
+    metrics: Metrics,
+    outer_middlewares: Sequence[Middleware] = (),
 ) -> web.Application:
     """Return the callback app: one route, the error middleware, bodies read by the handler.
 
     ``outer_middlewares`` run outside the error middleware (they see every final answer);
-    ``hitl-gate verify`` uses one to observe what a relay sent. ``metrics`` defaults to the
-    service's own (``gate.metrics.metrics_for``), shared with the API app.
+    ``hitl-gate verify`` uses one to observe what a relay sent. ``metrics`` is the gate's one
+    ``Metrics``, shared with the API app (``gate.daemon.app.build_gate`` wires them).
     """
     app = web.Application(
         middlewares=[*outer_middlewares, error_middleware], client_max_size=MAX_DECISION_BYTES * 4
     )
     app[SERVICE] = service
     app[SETTINGS] = settings
-    app[METRICS] = metrics if metrics is not None else metrics_for(service)
+    app[METRICS] = metrics
     app.router.add_post(DECISIONS_PATH, post_decision)
     return app

@@ -14,18 +14,18 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-import yaml
 from aiohttp import web
+from aiohttp.typedefs import Middleware
 
 from gate.clock import SystemClock
-from gate.config import Secrets, TcpListen, load_config, parse_listen
+from gate.config import Config, Secrets, TcpListen, config_from_mapping, parse_listen
 from gate.core.requests import CreateRequest
 from gate.core.service import GateService
+from gate.daemon.app import build_gate, callback_url
 from gate.daemon.dispatch import dispatch_envelope, post_signed
 from gate.protocol import DECISIONS_PATH, PROTOCOL, PROTOCOL_HEADER, SIGNATURE_HEADER, signing
 from gate.protocol.canonical import wire_json
 from gate.protocol.envelope import decode_json
-from gate.store import Store
 from gate.tools.conformance.checks import (
     DECISION_CHECKS,
     CheckResult,
@@ -36,7 +36,6 @@ from gate.tools.conformance.checks import (
     not_run,
     probe,
 )
-from gate.web.callback import CallbackSettings, create_callback_app
 from gate.web.common import Handler
 
 log = logging.getLogger(__name__)
@@ -93,7 +92,10 @@ class Report:
 
 def _ephemeral_config(
     directory: Path, relay_url: str, listen: str, public_url: str | None, approver: str
-) -> Path:
+) -> Config:
+    """The ephemeral gate's config, validated as a config file would be (its database in
+    ``directory``): one pipeline, one step the ``approver`` (operator 1) alone may decide,
+    and an outsider (operator 2) allowed on the relay but out of the step's scope."""
     config = {
         "relay": {
             "url": relay_url,
@@ -131,12 +133,10 @@ def _ephemeral_config(
             }
         ],
     }
-    path = directory / "verify.yaml"
-    path.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
-    return path
+    return config_from_mapping(config, directory)
 
 
-def _observer(seen: list[Observed], changed: asyncio.Event, now: Callable[[], float]) -> Any:
+def _observer(seen: list[Observed], changed: asyncio.Event, now: Callable[[], float]) -> Middleware:
     @web.middleware
     async def observe(request: web.Request, handler: Handler) -> web.StreamResponse:
         try:
@@ -225,51 +225,50 @@ async def run_verify(
     out-of-scope approver. Raises OSError when ``listen`` cannot be bound.
     """
     with tempfile.TemporaryDirectory(prefix="hitl-verify-") as tmp:
-        config = load_config(_ephemeral_config(Path(tmp), relay_url, listen, public_url, approver))
+        config = _ephemeral_config(Path(tmp), relay_url, listen, public_url, approver)
         secrets_ = Secrets(
             (secret,), pysecrets.token_hex(16), pysecrets.token_hex(16).encode("ascii")
         )
         clock = SystemClock()
-        service = GateService(config, secrets_.receipt_key, Store(config.storage.path), clock)
-        await service.store.open()
         seen: list[Observed] = []
         changed = asyncio.Event()
-        app = create_callback_app(
-            service,
-            CallbackSettings((secret,), MAX_SKEW_S),
-            [_observer(seen, changed, lambda: clock.now_ms() / 1000)],
+        gate = build_gate(
+            config,
+            secrets_,
+            writer_process=False,
+            clock=clock,
+            callback_middlewares=[_observer(seen, changed, lambda: clock.now_ms() / 1000)],
         )
-        runner = web.AppRunner(app, access_log=None)
-        await runner.setup()
-        try:
-            parsed = parse_listen(config.relay.callback_addr)
-            if not isinstance(parsed, TcpListen):  # config validation allows host:port only
-                raise OSError("relay.callback_addr must be host:port")
-            site = web.TCPSite(runner, parsed.host, parsed.port)
-            await site.start()
-            host, port = runner.addresses[0][:2]
-            local_url = f"http://{host}:{port}{DECISIONS_PATH}"
-            base = config.relay.public_url or f"http://{host}:{port}"
-            callback_url = base.rstrip("/") + DECISIONS_PATH
-            async with aiohttp.ClientSession(trust_env=False) as session:
-                report = Report(callback_url)
-                await _run(
-                    report,
-                    service,
-                    session,
-                    relay_url,
-                    secret,
-                    approver,
-                    local_url,
-                    callback_url,
-                    seen,
-                    changed,
-                    timeout_s,
-                )
-                return report
-        finally:
-            await runner.cleanup()
-            await service.store.close()
+        async with gate.storage():
+            runner = web.AppRunner(gate.callback_app, access_log=None)
+            await runner.setup()
+            try:
+                parsed = parse_listen(config.relay.callback_addr)
+                if not isinstance(parsed, TcpListen):  # config validation allows host:port only
+                    raise OSError("relay.callback_addr must be host:port")
+                site = web.TCPSite(runner, parsed.host, parsed.port)
+                await site.start()
+                host, port = runner.addresses[0][:2]
+                local_url = f"http://{host}:{port}{DECISIONS_PATH}"
+                callback = callback_url(config, f"{host}:{port}")
+                async with aiohttp.ClientSession(trust_env=False) as session:
+                    report = Report(callback)
+                    await _run(
+                        report,
+                        gate.service,
+                        session,
+                        relay_url,
+                        secret,
+                        approver,
+                        local_url,
+                        callback,
+                        seen,
+                        changed,
+                        timeout_s,
+                    )
+                    return report
+            finally:
+                await runner.cleanup()
 
 
 async def _create(service: GateService, run_id: str) -> dict[str, Any]:

@@ -1,0 +1,178 @@
+"""The one composition root: ``build_gate`` wires store, service, metrics, dispatcher and both
+apps, for ``hitl-gate serve``, ``hitl-gate verify``'s ephemeral gate and in-process tests."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+
+from aiohttp import web
+from aiohttp.typedefs import Middleware
+
+from gate.clock import Clock, SystemClock
+from gate.config import Config, Secrets
+from gate.core.service import GateService
+from gate.daemon.dispatch import Dispatcher, relay_session
+from gate.daemon.expiry import run_expiry
+from gate.metrics import Metrics
+from gate.protocol import DECISIONS_PATH
+from gate.store import Store
+from gate.web.api import ApiSettings, create_api_app
+from gate.web.callback import CallbackSettings, create_callback_app
+from gate.web.common import BODY_TIMEOUT, Handler
+
+log = logging.getLogger(__name__)
+
+# set when the gate stops: the API's waiting long-polls are answered at once
+STOPPING = web.AppKey("stopping", asyncio.Event)
+
+
+@dataclass(frozen=True, slots=True)
+class Gate:
+    """One gate, wired and not yet running (``build_gate``).
+
+    ``config`` and ``secrets`` are the ones it was built with: a SIGHUP reload
+    (``gate.daemon.reload.Reloader``) changes the running settings through the objects'
+    ``reconfigure`` methods, not these fields, so read only restart-only settings here.
+    ``api_settings`` and ``callback_settings`` are the apps' own (``api_app[SETTINGS]``).
+    """
+
+    config: Config
+    secrets: Secrets
+    store: Store
+    service: GateService
+    metrics: Metrics
+    dispatcher: Dispatcher
+    api_settings: ApiSettings
+    callback_settings: CallbackSettings
+    api_app: web.Application
+    callback_app: web.Application
+
+    @contextlib.asynccontextmanager
+    async def storage(self) -> AsyncIterator[None]:
+        """Open the store (raises Unavailable when the database cannot be opened); close it
+        on exit."""
+        await self.store.open()
+        try:
+            yield
+        finally:
+            await self.store.close()
+
+    @contextlib.asynccontextmanager
+    async def workers(self) -> AsyncIterator[None]:
+        """Open the store, settle the receipt key against the audit log (which may refuse
+        the start: ``GateService.settle_receipt_key``), and run the dispatcher (idle until
+        ``dispatcher.start``) and the expiry scheduler; on exit stop both (an in-flight
+        dispatch is abandoned: its row stays un-acked and is sent again after a restart) and
+        close the database last."""
+        async with self.storage():
+            await self.service.settle_receipt_key()
+            async with relay_session(self.config.relay.ca_file) as session:
+                tasks = [
+                    asyncio.create_task(self.dispatcher.run(session), name="dispatcher"),
+                    asyncio.create_task(run_expiry(self.service, self.metrics), name="expiry"),
+                ]
+                try:
+                    yield
+                finally:
+                    for task in tasks:
+                        task.cancel()
+                    await asyncio.gather(*tasks, return_exceptions=True)
+                    log.info("event=workers_stopped")
+
+
+def build_gate(
+    config: Config,
+    secrets: Secrets,
+    *,
+    writer_process: bool,
+    clock: Clock | None = None,
+    callback_middlewares: Sequence[Middleware] = (),
+) -> Gate:
+    """Wire one gate over ``config`` and ``secrets``; nothing is opened or bound yet.
+
+    ``writer_process``: the store's writer runs in a forked process (``serve``) or a thread.
+    ``clock`` defaults to the system clock. ``callback_middlewares`` run outside the callback
+    app's error middleware (``hitl-gate verify`` observes what a relay sent with one). Both
+    apps share one ``Metrics`` (in its own registry), have ``http.body_timeout`` set, and
+    share ``STOPPING``: once set, the API's long-polls are answered early.
+    Raises ConfigError when a receipt key file in ``config.receipts`` cannot be used.
+    """
+    store = Store(config.storage.path, writer_process=writer_process)
+    service = GateService(
+        config,
+        secrets.receipt_key,
+        store,
+        clock or SystemClock(),
+        previous_receipt_key=secrets.previous_receipt_key,
+    )
+    metrics = Metrics(config.pipelines)
+    api_settings = ApiSettings(secrets.api_token, config.api.max_draft_bytes)
+    callback_settings = CallbackSettings(secrets.relay_secrets, config.relay.security.max_skew)
+    api_app = create_api_app(service, api_settings, metrics)
+    callback_app = create_callback_app(service, callback_settings, metrics, callback_middlewares)
+    stopping = asyncio.Event()
+    for app in (api_app, callback_app):
+        app[BODY_TIMEOUT] = config.http.body_timeout
+        app[STOPPING] = stopping
+    api_app.middlewares.append(_end_long_polls_on_stop)
+    dispatcher = Dispatcher(
+        service,
+        metrics,
+        config.relay.url,
+        secrets.relay_secrets[0],
+        config.relay.dispatch_timeout,
+    )
+    return Gate(
+        config,
+        secrets,
+        store,
+        service,
+        metrics,
+        dispatcher,
+        api_settings,
+        callback_settings,
+        api_app,
+        callback_app,
+    )
+
+
+def callback_url(config: Config, callback_bound: str) -> str:
+    """The decisions URL relays post to: ``relay.public_url`` (default
+    ``http://<callback_bound>``, the bound ``host:port``) plus ``/hitl/v0/decisions``."""
+    base = config.relay.public_url or f"http://{callback_bound}"
+    return base.rstrip("/") + DECISIONS_PATH
+
+
+@web.middleware
+async def _end_long_polls_on_stop(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """A long-poll (``GET ...?wait=``) still waiting when the gate stops is answered at once
+    with the approval as it stands (the client polls again), instead of holding the stop.
+
+    Runs innermost (after auth): ``handler`` is the route's own handler.
+    """
+    if request.method != "GET" or "wait" not in request.query:
+        return await handler(request)
+    poll = asyncio.ensure_future(handler(request))
+    stop = asyncio.ensure_future(request.app[STOPPING].wait())
+    try:
+        await asyncio.wait({poll, stop}, return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:
+        poll.cancel()
+        raise
+    finally:
+        stop.cancel()
+    if poll.done():
+        return poll.result()
+    poll.cancel()
+    try:
+        return await poll  # it may have finished before the cancel reached it
+    except asyncio.CancelledError:
+        task = asyncio.current_task()
+        if task is not None and task.cancelling():
+            raise
+    rest = [(key, value) for key, value in request.query.items() if key != "wait"]
+    return await handler(request.clone(rel_url=request.rel_url.with_query(rest)))
