@@ -327,8 +327,8 @@ def test_terminal_relay_shows_control_and_invisible_characters_of_a_draft(tmp_pa
     assert relay.stop() == 0
     shown = relay.stdout.decode()
     assert (
-        "Transfer 12000.00 EUR to ATTACKER<U+000D><U+001B>[2KTransfer 12.00 EUR to ACME\n"
-        "tab\tkept <U+202E>evil<U+202C> zero<U+200B>width <U+2028> del<U+007F> c1<U+009B> "
+        "\u2502 Transfer 12000.00 EUR to ATTACKER<U+000D><U+001B>[2KTransfer 12.00 EUR to ACME\n"
+        "\u2502 tab\tkept <U+202E>evil<U+202C> zero<U+200B>width <U+2028> del<U+007F> c1<U+009B> "
         "end\n"
     ) in shown, shown
     assert "warning: the draft holds 8 control or invisible characters" in shown, shown

@@ -234,3 +234,48 @@ def test_b02_09_decision_parse_vectors_use_white_space(case_id: str) -> None:
         with pytest.raises(ProtocolError) as info:
             parse_decision(raw)
         assert info.value.code == case["reason"]
+
+
+# ---- batch 02 relay review, item D: invisible characters in an identity ---------------------
+
+
+@pytest.mark.parametrize(
+    ("char", "kind"),
+    [
+        ("\u200b", "format"),  # zero-width space: "alice" twice, one invisible difference
+        ("\u202e", "format"),  # right-to-left override
+        ("\u2060", "format"),  # word joiner
+        ("\ue000", "private-use"),
+        ("\U000e0001", "format"),  # language tag
+        ("\u0378", "unassigned"),
+    ],
+)
+def test_b02_D_check_config_refuses_an_invisible_character_in_an_identity(
+    tmp_path: Path, char: str, kind: str
+) -> None:
+    """Item D: bob given ``alice@example.com\\u200b`` is a second operator that looks exactly
+    like alice. check-config exits 2 naming the YAML path and the code point."""
+    path = write_config(tmp_path, "http://127.0.0.1:9/")
+    text = path.read_text(encoding="utf-8")
+    written = f'identity: "{ALICE}\\U{ord(char):08X}"'  # a YAML escape
+    path.write_text(text.replace("identity: bob@example.com", written, 1), encoding="utf-8")
+    assert written in path.read_text(encoding="utf-8")
+    proc = run_cli("check-config", "-c", str(path))
+    assert proc.returncode == 2, proc.stderr
+    assert (
+        f"relay.operators[1].identity: has an invisible {kind} character (U+{ord(char):04X}); "
+        "an identity is what the relay sends as approver.id"
+    ) in proc.stderr.decode(), proc.stderr
+    assert b"Traceback" not in proc.stderr
+
+
+def test_b02_D_relay_as_with_a_zero_width_character_is_a_usage_error() -> None:
+    proc = run_cli(
+        "relay", "--listen", "127.0.0.1:0", "--secret-env", "HITL_RELAY_SECRET",
+        "--as", ALICE + "\u200b", "--auto", "approve",
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.decode() == (
+        f"Error: --as: {ALICE + chr(0x200B)!r} has an invisible format character (U+200B); "
+        "no dispatch names such an identity\n"
+    )

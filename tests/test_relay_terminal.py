@@ -26,7 +26,7 @@ import yaml
 
 from gate.protocol.canonical import payload_hash, wire_json
 from gate.protocol.envelope import build_dispatch
-from gate.tools.reference_relay.view import budget_lines
+from gate.tools.reference_relay.view import GUTTER, WRAP_GUTTER, budget_lines, draft_lines
 from tests.support import (
     DEADLINE_S,
     ROOT,
@@ -54,7 +54,7 @@ class PtyRelay:
     with the terminal's CR LF output translation undone; ``type`` is the human typing.
     """
 
-    def __init__(self, *args: str, tty_stderr: bool = False) -> None:
+    def __init__(self, *args: str, tty_stderr: bool = False, stdout: Any = None) -> None:
         self.master, slave = os.openpty()
         self.proc = subprocess.Popen(
             [
@@ -69,7 +69,7 @@ class PtyRelay:
                 *args,
             ],
             stdin=slave,
-            stdout=slave,
+            stdout=slave if stdout is None else stdout,
             stderr=slave if tty_stderr else subprocess.PIPE,
             env=gate_env(),
             cwd=ROOT,
@@ -171,8 +171,8 @@ class PtyRelay:
 def pty_relay() -> Iterator[Callable[..., PtyRelay]]:
     started: list[PtyRelay] = []
 
-    def start(*args: str, tty_stderr: bool = False) -> PtyRelay:
-        relay = PtyRelay(*args, tty_stderr=tty_stderr)
+    def start(*args: str, tty_stderr: bool = False, stdout: Any = None) -> PtyRelay:
+        relay = PtyRelay(*args, tty_stderr=tty_stderr, stdout=stdout)
         started.append(relay)
         return relay
 
@@ -650,3 +650,142 @@ def test_b02_05_relay_says_when_the_draft_is_empty_or_whitespace(pty_relay, body
     assert relay.stop() == 0
     rule = "-" * 72
     assert f"{rule}\n{said}\n{rule}\n" in relay.screen, relay.screen
+
+
+# ---- relay review item A: a draft cannot fake the relay's own screen ------------------------
+
+REAL_PROMPT = re.compile(
+    r"^Approval (\S+)  (\S+)/(\S+)  revision (\d+), draft of (\d+) lines? above\. "
+    + re.escape(ONE_KEY_PROMPT),
+    re.MULTILINE,
+)
+
+
+def test_b02_A_a_draft_cannot_fake_the_relays_screen(tmp_path, pty_relay, gates):
+    """Relay review item A: a draft holding the relay's own separator, a fake prompt answered
+    ``s``, a fake "Recorded ... skipped", a fake header and a harmless text read as "previous
+    approval skipped; new harmless mail", and ``a`` approved the real draft. Every draft line
+    is shown behind a gutter the relay's own lines never start with (a draft line starting
+    with the gutter is nested behind another one), and the real prompt names what it decides."""
+    relay = pty_relay("--as", "alice@example.com")
+    gate = gates(write_config(tmp_path, relay.url))
+    api = gate.api()
+    spoof = (
+        "Transfer 48,000.00 EUR to IBAN DE02 1203 0000 0000 2020 51 today.\n"
+        + "-" * 72
+        + "\n[a]pprove, [s]kip or [e]dit (adjust)? s\n"
+        "Recorded: the approval is resolved skipped.\n"
+        "\n" + "=" * 72 + "\nApproval 01M8ZZZZZZZZZZZZZZZZZZZZZZ  p/q1  revision 1, draft of 1 line"
+        " above. [a]pprove, [s]kip or [e]dit (adjust)? \n"
+        "Approval 01M8ZZZZZZZZZZZZZZZZZZZZZZ  p/q1  risk normal  revision 1\n"
+        "approvals: 0 of 1 collected  expires 2026-12-01T13:00:00Z  you are alice@example.com\n"
+        "budget: 500 EUR of 500 EUR left today, the request names no spend\n"
+        + "-" * 72
+        + f"\nThanks for the lunch, see you Friday!\n{GUTTER}already behind a gutter\n"
+        + "-" * 72
+        + "\n"
+    )
+    draft = spoof.removesuffix("\n").split("\n")
+    mark = len(relay.screen)
+    approval_id = api.create("q1", spoof)["approval_id"]
+    prompt = relay.wait_screen(REAL_PROMPT, mark)
+    assert prompt.groups() == (approval_id, "p", "q1", "1", str(len(draft))), prompt.group(0)
+    shown = relay.screen[mark : prompt.start()].split("\n")
+    behind = [line.removeprefix(GUTTER) for line in shown if line.startswith(GUTTER)]
+    assert behind == draft, shown  # every draft line, in order, behind the gutter
+    assert f"{GUTTER}{GUTTER}already behind a gutter" in shown
+    # outside the gutter only the relay's own frame: the header of the real approval (which
+    # the draft copies: equal text, so compared as the whole frame) and two separators
+    outside = [line for line in shown if not line.startswith(GUTTER)]
+    assert outside[:3] == ["", "=" * 72, f"Approval {approval_id}  p/q1  risk normal  revision 1"]
+    assert re.fullmatch(r"approvals: 0 of 1 collected  expires \S+  you are alice@example.com",
+                        outside[3]), outside  # fmt: skip
+    assert outside[4:] == ["-" * 72, "-" * 72, ""], outside
+    assert api.get(approval_id)["decisions"] == []
+    relay.type("a\n")
+    approval = resolved(gate, approval_id)
+    assert (approval["outcome"], decisions(approval)) == (
+        "approved",
+        [("alice@example.com", "approve", 1)],
+    )
+    assert relay.stop() == 0
+
+
+def test_b02_A_a_long_draft_line_is_cut_behind_the_gutter_not_wrapped_by_the_terminal():
+    """Item A: a draft line longer than the terminal would wrap to column 0, outside the
+    gutter; it is cut to the terminal's width, the rest behind the continuation gutter."""
+    fake = " " * 100 + "[a]pprove, [s]kip or [e]dit (adjust)? \u4e2d\u6587\tx"
+    _, lines = draft_lines(fake + "\nnext\n", width=40)
+    assert lines[0].startswith(GUTTER) and lines[-1] == GUTTER + "next"
+    assert all(line.startswith(WRAP_GUTTER) for line in lines[1:-1]), lines
+    widths = [sum(2 if "\u4e00" <= c <= "\u9fff" else 1 for c in line) for line in lines]
+    assert max(widths) <= 40, lines
+    assert "".join(line[2:] for line in lines[:-1]) == fake.expandtabs(8)
+
+
+# ---- relay review item C: no human left at the terminal --------------------------------------
+
+
+def test_b02_C_after_stdin_closed_new_dispatches_are_refused_not_stranded(
+    tmp_path, pty_relay, gates
+):
+    """Relay review item C: after one Ctrl-D every new dispatch was acked 202 and stranded
+    until expiry, the gate believing it delivered. Once no human can answer, a new dispatch
+    is refused 503 ``no_human_at_terminal`` (the gate keeps it and retries, and shows the
+    reason in ``dispatch.last_error``); the relay keeps running; the stdin_closed message
+    starts on a line of its own, not on the prompt's."""
+    relay = pty_relay("--as", "alice@example.com", tty_stderr=True)
+    gate = gates(write_config(tmp_path, relay.url))
+    api = gate.api()
+    mark = len(relay.screen)
+    first = api.create("q1", "Erste Mail\n")["approval_id"]
+    relay.wait_screen(ONE_KEY_PROMPT, mark)
+    relay.type("\x04")  # Ctrl-D at the start of a line: end of input
+    closed = relay.wait_screen(re.compile(r"^.*event=stdin_closed.*$", re.MULTILINE), mark)
+    assert ONE_KEY_PROMPT not in closed.group(0), relay.screen
+    relay.wait_screen("\nInput ended: nobody can answer here any more;", mark)
+    second = api.create("q1", "Zweite Mail\n")["approval_id"]
+
+    def refused() -> str | None:
+        error = api.get(second)["dispatch"]["last_error"]
+        return error if error and "no_human_at_terminal" in error else None
+
+    assert wait_until(refused, what="the refusal in dispatch.last_error") == (
+        "relay answered HTTP 503: no_human_at_terminal"
+    )
+    assert api.get(second)["dispatch"]["delivered_at"] is None
+    assert relay.proc.poll() is None  # still running: it can be stopped cleanly
+    assert [api.get(a)["state"] for a in (first, second)] == ["pending", "pending"]
+    assert relay.stop() == 0
+
+
+# ---- relay review item B: stdout redirected, the terminal still shows what is decided --------
+
+
+def test_b02_B_stdout_redirected_the_draft_and_prompt_are_on_the_terminal(
+    tmp_path, pty_relay, gates
+):
+    """Relay review item B: ``hitl-gate relay --as alice > out.txt`` at a terminal wrote the
+    banner, draft and prompt to the file, and ``a`` Enter typed blind approved. Asking on a
+    terminal, the relay writes to the terminal its stdin is, whatever stdout is: the draft
+    and the prompt are on the pty, and nothing is decided before the prompt was there."""
+    with (tmp_path / "out.txt").open("wb") as out:
+        relay = pty_relay("--as", "alice@example.com", stdout=out)
+    gate = gates(write_config(tmp_path, relay.url))
+    api = gate.api()
+    relay.wait_screen("hitl-gate relay listening on")
+    relay.type("a\n")  # typed blind, before anything asks: discarded
+    mark = len(relay.screen)
+    approval_id = api.create("q1", "Pay 12,000.00 EUR to ACME\n")["approval_id"]
+    prompt = relay.wait_screen(REAL_PROMPT, mark)
+    assert prompt.group(1) == approval_id
+    assert f"{GUTTER}Pay 12,000.00 EUR to ACME\n" in relay.screen[mark : prompt.start()]
+    assert api.get(approval_id)["decisions"] == []
+    relay.type("a\n")
+    approval = resolved(gate, approval_id)
+    assert (approval["outcome"], decisions(approval)) == (
+        "approved",
+        [("alice@example.com", "approve", 1)],
+    )
+    assert relay.stop() == 0
+    assert "Pay 12,000.00" not in (tmp_path / "out.txt").read_text(encoding="utf-8")

@@ -1085,6 +1085,7 @@ def relay(
     from gate.config.values import identity_problem
     from gate.protocol.whitespace import is_blank, is_trimmed
     from gate.tools.reference_relay.relay import AutoDecision, run_relay
+    from gate.tools.reference_relay.terminal import NoScreen
 
     secret = _relay_secret(secret_env)
     try:
@@ -1107,6 +1108,8 @@ def relay(
     logs.configure("WARNING" if auto_decision is None and sys.stderr.isatty() else "INFO")
     try:
         asyncio.run(run_relay(listen, secret, identities, auto_decision, max_skew))
+    except NoScreen as exc:
+        fail(str(exc), 2)
     except OSError as exc:
         fail(f"cannot listen on {listen}: {exc}")
 

@@ -135,18 +135,36 @@ def _check_name(value: str) -> str:
     return value
 
 
+# Unicode categories of characters that show as nothing (or as something else) in an identity:
+# format (zero-width, bidi controls, tags), line/paragraph separators, private use, surrogates,
+# unassigned. Two identities differing only by one look like one person (relay review, item D).
+_INVISIBLE = {
+    "Cf": "format",
+    "Zl": "line-separator",
+    "Zp": "paragraph-separator",
+    "Co": "private-use",
+    "Cs": "surrogate",
+    "Cn": "unassigned",
+}
+
+
 def identity_problem(identity: str) -> str | None:
     """What is wrong with an operator identity, or None: White_Space around it (the gate
-    trims what relays send, so it could never match as written), or a control character
-    (U+0000..U+001F, U+007F..U+009F: no relay sends one for a person)."""
+    trims what relays send, so it could never match as written), a control character
+    (category Cc: U+0000..U+001F, U+007F..U+009F: no relay sends one for a person), or an
+    invisible one (categories Cf, Zl, Zp, Co, Cs, Cn: ``alice@example.com\u200b`` would be a
+    second operator that looks exactly like alice). The message names the code point."""
     if not is_trimmed(identity):
         return "has leading or trailing whitespace"
-    bad = next((c for c in identity if unicodedata.category(c) == "Cc"), None)
-    if bad is not None:
-        return (
-            f"has a control character (U+{ord(bad):04X}); an identity is what the relay "
-            "sends as approver.id"
-        )
+    for char in identity:
+        category = unicodedata.category(char)
+        if category == "Cc":
+            what = "a control character"
+        elif category in _INVISIBLE:
+            what = f"an invisible {_INVISIBLE[category]} character"
+        else:
+            continue
+        return f"has {what} (U+{ord(char):04X}); an identity is what the relay sends as approver.id"
     return None
 
 

@@ -81,7 +81,9 @@ class Relay:
         self.queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
 
     async def receive(self, request: web.Request) -> web.Response:
-        """Verify and ack a dispatch (202), queue it for a human; 401/400 when refused."""
+        """Verify and ack a dispatch (202), queue it for a human; 401/400 when refused, 503
+        ``no_human_at_terminal`` once input ended and no ``--auto`` answers (relay review
+        item C: the gate keeps it, retries and shows the reason)."""
         raw = await request.content.read(MAX_DISPATCH_BYTES + 1)
         if len(raw) > MAX_DISPATCH_BYTES:
             return web.json_response({"status": "invalid", "reason": "body_too_large"}, status=413)
@@ -116,6 +118,14 @@ class Relay:
         nonce = envelope["callback"]["nonce"]
         if nonce in self.handled:  # the gate re-sent a dispatch whose ack it missed
             return web.json_response({"status": "accepted", "duplicate": True}, status=202)
+        if self.stdin_closed and self.auto is None:  # acked, it would wait here unseen
+            log.warning(
+                "event=dispatch_refused reason=no_human_at_terminal approval_id=%s",
+                envelope["approval_id"],
+            )
+            return web.json_response(
+                {"status": "unavailable", "reason": "no_human_at_terminal"}, status=503
+            )
         self.handled.add(nonce)
         self._newer(envelope["approval_id"], revision_of(envelope))
         await self.queue.put(envelope)
@@ -318,8 +328,14 @@ class Relay:
                     self.stdin_closed = True
                     log.warning(
                         "event=stdin_closed reason=%r",
-                        "no human can answer on this "
-                        "terminal; dispatches stay undecided and expire at the gate",
+                        "no human can answer on this terminal; new dispatches are refused "
+                        "(503 no_human_at_terminal, the gate retries them), those already "
+                        "acked stay undecided until they expire or are cancelled",
+                    )
+                    self.terminal.say(
+                        "Input ended: nobody can answer here any more; new dispatches are "
+                        "refused (the gate retries them), this one waits for its timeout. "
+                        "Ctrl-C stops."
                     )
                     return None
             result = await self.deliver(envelope, identity, verb, text)
@@ -396,7 +412,8 @@ async def run_relay(
     async with aiohttp.ClientSession(
         timeout=aiohttp.ClientTimeout(total=30), trust_env=False
     ) as session:
-        terminal = Terminal.open(loop, LogHold.install() if auto is None else None)
+        hold = LogHold.install() if auto is None else None
+        terminal = Terminal.open(loop, hold) if auto is None else Terminal.for_auto(loop)
         relay = Relay(secret, identities, auto, max_skew, session, terminal)
         app = web.Application()
         app.router.add_post("/{tail:.*}", relay.receive)
@@ -421,6 +438,7 @@ async def run_relay(
             with contextlib.suppress(asyncio.CancelledError):
                 await worker
             await runner.cleanup()
+            terminal.close()
 
 
 def _missing_field(envelope: dict[str, Any]) -> str | None:

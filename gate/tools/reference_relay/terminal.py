@@ -19,7 +19,7 @@ import threading
 from collections import deque
 from typing import Any, BinaryIO, TextIO
 
-from gate.tools.reference_relay.view import Choices, render
+from gate.tools.reference_relay.view import Choices, question, render
 
 log = logging.getLogger(__name__)
 
@@ -28,6 +28,31 @@ MAX_HELD_LOGS = 1000
 
 class Withdrawn(Exception):
     """The prompt went stale while it waited; ``str(exc)`` tells the human why."""
+
+
+class NoScreen(Exception):
+    """Stdin is a terminal, but that terminal cannot be written: nobody would see what they
+    answer (relay review item B). ``str(exc)`` is one line for the CLI."""
+
+
+def screen_of(fd: int) -> TextIO:
+    """Where drafts and prompts go when stdin (``fd``) is a terminal: stdout when it is that
+    same terminal (so ``| tee`` and ``> file`` never get them twice or alone), else the
+    terminal device of stdin (``os.ttyname``), opened for writing without becoming the
+    controlling terminal (``O_NOCTTY``). Raises NoScreen when it cannot be opened."""
+    stdout = sys.stdout
+    with contextlib.suppress(AttributeError, ValueError, OSError):
+        if os.isatty(stdout.fileno()) and os.path.samestat(os.fstat(stdout.fileno()), os.fstat(fd)):
+            return stdout
+    try:
+        name = os.ttyname(fd)
+        out = os.open(name, os.O_WRONLY | os.O_NOCTTY)
+    except OSError as exc:
+        raise NoScreen(
+            f"stdin is a terminal that cannot be written ({exc.strerror}): nobody would see "
+            "the drafts; use --auto, or pipe the answers into stdin"
+        ) from None
+    return open(out, "w", encoding="utf-8", errors="replace")  # noqa: SIM115 - closed by close()
 
 
 class _Lines:
@@ -200,19 +225,40 @@ class Terminal:
 
     @classmethod
     def open(cls, loop: asyncio.AbstractEventLoop, hold: LogHold | None = None) -> Terminal:
-        """The process's stdin and stdout."""
+        """The process's stdin, and where to show what it answers: the terminal stdin is
+        (``screen_of``, whatever stdout is), else stdout. Raises NoScreen when stdin is a
+        terminal that cannot be written."""
         stdin = sys.stdin
         fd: int | None = None
         with contextlib.suppress(AttributeError, ValueError, OSError):
             fd = stdin.fileno()
         if fd is not None and os.isatty(fd):
-            return cls(TtyLines(loop, fd), sys.stdout, hold)
+            return cls(TtyLines(loop, fd), screen_of(fd), hold)
         return cls(ScriptLines(loop, getattr(stdin, "buffer", None)), sys.stdout, hold)
+
+    @classmethod
+    def for_auto(cls, loop: asyncio.AbstractEventLoop) -> Terminal:
+        """With ``--auto`` nobody is asked: stdin is never read, lines go to stdout."""
+        return cls(ScriptLines(loop, None), sys.stdout)
+
+    def close(self) -> None:
+        """Close the terminal device opened for writing (never stdout itself)."""
+        if self.out is not sys.stdout:
+            with contextlib.suppress(OSError):
+                self.out.close()
 
     @property
     def interactive(self) -> bool:
         """True when stdin is a terminal."""
         return isinstance(self.lines, TtyLines)
+
+    def width(self) -> int | None:
+        """The columns of the terminal written to, or None (not a terminal, or no size)."""
+        try:
+            columns = os.get_terminal_size(self.out.fileno()).columns
+        except (AttributeError, ValueError, OSError):
+            return None
+        return columns if columns > 0 else None
 
     def say(self, text: str, end: str = "\n") -> None:
         """Write ``text`` (one or more lines) to the terminal."""
@@ -227,17 +273,19 @@ class Terminal:
         Only input given after the whole draft was written counts (a terminal's earlier
         input is flushed); a risk outside ``low``/``normal`` takes whole words only
         (``Choices``). Raises Withdrawn when ``stale`` is set while waiting (a line saying why
-        is shown) and EOFError at the end of input. Log records wait until it returns.
+        is shown) and EOFError at the end of input (the prompt's line ended first). Log
+        records wait until it returns.
         """
         choices = Choices.for_risk(envelope.get("risk"))
         if self.hold is not None:
             self.hold.hold(True)
         try:
             # written from a thread: a terminal paused with Ctrl-S must not stop the loop
-            await asyncio.to_thread(self.say, render(envelope, identity), "")
+            screen = render(envelope, identity, self.width())
+            await asyncio.to_thread(self.say, screen, "")
             self.lines.arm()
             while True:
-                self.say(choices.prompt, end="")
+                self.say(question(envelope, choices), end="")
                 verb = choices.parse(await self.lines.next(stale))
                 if verb is None:
                     self.say(choices.hint)
@@ -251,6 +299,9 @@ class Terminal:
                 return "adjust", "\n".join(lines) + "\n"
         except Withdrawn as exc:
             self.say(f"\n{exc}")
+            raise
+        except EOFError:  # end the prompt's line: what follows starts a line of its own
+            self.say("")
             raise
         finally:
             self.lines.disarm()

@@ -14,6 +14,13 @@ from gate.protocol.whitespace import is_blank
 
 RULE = "=" * 72
 SEPARATOR = "-" * 72
+# put by the relay before every line of a draft (relay review item A): no line the relay writes
+# itself starts with either, so nothing in a draft can pass for the relay's own screen; a
+# draft line that starts with one is shown behind another, visibly nested. WRAP_GUTTER starts
+# the rest of a draft line too long for the terminal.
+GUTTER = "\u2502 "
+WRAP_GUTTER = "\u2506 "
+TAB_SIZE = 8
 # risks (docs: ``risk`` of a step) at which one key answers; any other, ``high``, ``critical``
 # or one this relay does not know, needs the whole word
 ONE_KEY_RISKS = frozenset({"low", "normal"})
@@ -127,10 +134,13 @@ def budget_lines(budget: object, pipeline: str) -> list[str]:
     return lines
 
 
-def draft_lines(body: str) -> tuple[list[str], list[str]]:
+def draft_lines(body: str, width: int | None = None) -> tuple[list[str], list[str]]:
     """Return ``(warnings, lines)`` for a draft: what to say above it, and what to print
-    between the separators. The body is shown through ``visible``; an empty draft, or one of
-    whitespace only, is said in words (``(the draft is empty)``) instead of printing nothing."""
+    between the separators. The body is shown through ``visible``, every line behind
+    ``GUTTER`` (with ``width``, the terminal's columns, tabs are expanded and a line too long
+    for it goes on behind ``WRAP_GUTTER``, so the terminal never wraps draft text to column 0). An
+    empty draft, or one of whitespace only, is said in words (``(the draft is empty)``)
+    instead of printing nothing."""
     text, hidden = visible(body)
     warnings = []
     if hidden:
@@ -148,18 +158,55 @@ def draft_lines(body: str) -> tuple[list[str], list[str]]:
         return warnings, [
             f"(the draft is only whitespace, {_count(len(body), 'character')}: {kinds})"
         ]
-    return warnings, [text]
+    lines: list[str] = []
+    for line in text.split("\n")[: line_count(body)]:
+        lines.extend(_wrapped(line if width is None else line.expandtabs(TAB_SIZE), width))
+    return warnings, lines
+
+
+def line_count(body: str) -> int:
+    """How many lines the draft ``body`` has: a final newline ends the last line, it does
+    not start another (``"a\\nb\\n"`` has 2); an empty body has 0."""
+    return len(body.removesuffix("\n").split("\n")) if body else 0
+
+
+def _columns(char: str) -> int:
+    """Terminal columns ``char`` takes: 0 combining, 2 wide (East Asian W/F), else 1."""
+    if unicodedata.combining(char) or unicodedata.category(char) in ("Mn", "Me"):
+        return 0
+    return 2 if unicodedata.east_asian_width(char) in ("W", "F") else 1
+
+
+def _wrapped(line: str, width: int | None) -> list[str]:
+    """``line`` behind ``GUTTER``, cut into pieces that fit ``width`` columns (None: one
+    piece), the pieces after the first behind ``WRAP_GUTTER``."""
+    room = None if width is None else max(width - len(GUTTER), 8)
+    if room is None:
+        return [GUTTER + line]
+    pieces: list[str] = []
+    piece: list[str] = []
+    used = 0
+    for char in line:
+        cols = _columns(char)
+        if used + cols > room and piece:
+            pieces.append("".join(piece))
+            piece, used = [], 0
+        piece.append(char)
+        used += cols
+    pieces.append("".join(piece))
+    return [GUTTER + pieces[0]] + [WRAP_GUTTER + p for p in pieces[1:]]
 
 
 def _count(n: int, name: str) -> str:
     return f"{n} {name}" + ("s" if n != 1 and not name.startswith("U+") else "")
 
 
-def render(envelope: dict[str, Any], identity: str) -> str:
+def render(envelope: dict[str, Any], identity: str, width: int | None = None) -> str:
     """The whole block shown for one approver: header (approval, pipeline/step, risk,
-    revision; quorum, expiry, who answers; budget), then the draft between two separators."""
+    revision; quorum, expiry, who answers; budget), then the draft between two separators,
+    each line behind ``GUTTER`` (``draft_lines``; ``width``: the terminal's columns)."""
     draft = envelope.get("draft") or {}
-    warnings, body = draft_lines(str(draft.get("body", "")))
+    warnings, body = draft_lines(str(draft.get("body", "")), width)
     lines = [
         "",
         RULE,
@@ -212,6 +259,19 @@ class Choices:
         if word in WORDS:
             return WORDS[word]
         return None if self.whole_words else KEYS.get(word)
+
+
+def question(envelope: dict[str, Any], choices: Choices) -> str:
+    """The prompt, restating what is decided so that no text inside a draft can pass for it
+    (relay review item A): ``Approval ID  PIPELINE/STEP  revision N, draft of K lines above.
+    [a]pprove, [s]kip or [e]dit (adjust)? ``."""
+    draft = envelope.get("draft") or {}
+    count = line_count(str(draft.get("body", "") if isinstance(draft, dict) else ""))
+    return (
+        f"Approval {shown(envelope.get('approval_id'))}  {shown(envelope.get('pipeline'))}/"
+        f"{shown(envelope.get('step'))}  revision {shown(envelope.get('revision', 1))}, "
+        f"draft of {_count(count, 'line')} above. {choices.prompt}"
+    )
 
 
 def verdict(verb: str, status: int, answer: Any) -> str:
