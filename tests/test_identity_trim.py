@@ -31,6 +31,7 @@ from tests.support import (
     decision_body,
     post_decision,
     run_cli,
+    wait_until,
     write_config,
 )
 from tests.test_verify import APPROVER, _decision, _failed
@@ -57,8 +58,16 @@ def gate(tmp_path_factory: pytest.TempPathFactory, relay: CaptureRelay) -> Itera
 
 
 def _open(gate: GateProcess, relay: CaptureRelay, **extra: Any) -> tuple[str, dict[str, Any]]:
+    """Create an approval and return it with its dispatch once the gate has recorded the ack
+    (before that, a snapshot of the approval races the ack's ``delivered_at``/``attempts``)."""
     approval = gate.api().create("q1", "pay 12 EUR to ACME\n", **extra)
-    return approval["approval_id"], relay.wait_dispatch(approval["approval_id"])
+    approval_id = approval["approval_id"]
+    dispatch = relay.wait_dispatch(approval_id)
+    wait_until(
+        lambda: gate.api().get(approval_id)["dispatch"]["delivered_at"] is not None,
+        what="the gate to record the relay's ack",
+    )
+    return approval_id, dispatch
 
 
 # ---- the gate: decisions and requested_by ----------------------------------------------------
