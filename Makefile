@@ -36,6 +36,10 @@ demo: $(RUNTIME)
 test: $(TESTING)
 	$(BIN)/python -m pytest
 
+# The fast tier: no daemon, no other process, no real timeout (markers in tests/conftest.py).
+test-fast: $(TESTING)
+	$(BIN)/python -m pytest -m "not e2e and not slow and not toolchain"
+
 # The habits CI enforces (.ci/run runs this before `make test`).
 lint: $(TESTING)
 	$(BIN)/ruff check .
