@@ -33,8 +33,11 @@ venv: $(RUNTIME)
 demo: $(RUNTIME)
 	$(BIN)/python scripts/demo.py
 
+# Everything, on WORKERS pytest-xdist processes (--dist loadfile: a module stays on one
+# worker, so its module-scoped daemon is started once); WORKERS=0 runs in this process.
+WORKERS ?= 3
 test: $(TESTING)
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n $(WORKERS) --dist loadfile
 
 # The fast tier: no daemon, no other process, no real timeout (markers in tests/conftest.py).
 test-fast: $(TESTING)

@@ -220,7 +220,7 @@ def test_b02_10_make_demo_installs_the_runtime_only_and_make_test_adds_the_test_
     (tmp_path / "fake-python").chmod(0o755)
     log = tmp_path / "calls.log"
     runtime = "pip install --quiet ."
-    demo, tests = "python scripts/demo.py", "python -m pytest"
+    demo, tests = "python scripts/demo.py", "python -m pytest -n 3 --dist loadfile"
     with_extras = "pip install --quiet -e .[test]"
     assert _make(tmp_path, "demo", log) == [
         "venv",
@@ -245,6 +245,10 @@ def test_b02_10_make_demo_installs_the_runtime_only_and_make_test_adds_the_test_
         tests,
     ]
     assert _make(tmp_path, "demo", log) == [demo]
+    # the fast tier (issue 13) needs the same install and nothing more
+    assert _make(tmp_path, "test-fast", log) == [
+        "python -m pytest -m not e2e and not slow and not toolchain"
+    ]
 
 
 def test_docs_readme_map_matches_the_package_docstrings() -> None:
