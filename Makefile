@@ -33,9 +33,9 @@ venv: $(RUNTIME)
 demo: $(RUNTIME)
 	$(BIN)/python scripts/demo.py
 
-# Everything, on WORKERS pytest-xdist processes (--dist loadfile: a module stays on one
+# Everything, on WORKERS (one per core here) pytest-xdist processes (--dist loadfile: a module stays on one
 # worker, so its module-scoped daemon is started once); WORKERS=0 runs in this process.
-WORKERS ?= 3
+WORKERS ?= 2
 test: $(TESTING)
 	$(BIN)/python -m pytest -n $(WORKERS) --dist loadfile
 

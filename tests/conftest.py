@@ -84,6 +84,28 @@ def pytest_runtest_teardown(
     return result
 
 
+def _module_weight(item: pytest.Item) -> int:
+    """0 for a test needing a toolchain, 1 slow, 2 e2e, 3 the rest (the fast tier)."""
+    for weight, name in enumerate(("toolchain", "slow", "e2e")):
+        if item.get_closest_marker(name):
+            return weight
+    return 3
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under pytest-xdist (a worker collects), hand out the heaviest modules first: with
+    ``--dist loadfile`` a worker takes whole modules in collection order, and a wheel build
+    or a bench run started last is the run's long tail. Modules keep their own test order,
+    so a module-scoped daemon still serves one contiguous run of tests."""
+    if not hasattr(config, "workerinput"):
+        return
+    weight: dict[str, int] = {}
+    for item in items:
+        module = item.nodeid.split("::", 1)[0]
+        weight[module] = min(weight.get(module, 3), _module_weight(item))
+    items.sort(key=lambda item: weight[item.nodeid.split("::", 1)[0]])
+
+
 @pytest.fixture
 def relay() -> Iterator[CaptureRelay]:
     """A capturing relay on loopback, stopped after the test."""
