@@ -33,8 +33,8 @@ venv: $(RUNTIME)
 demo: $(RUNTIME)
 	$(BIN)/python scripts/demo.py
 
-# Everything, on WORKERS (one per core here) pytest-xdist processes (--dist loadfile: a module stays on one
-# worker, so its module-scoped daemon is started once); WORKERS=0 runs in this process.
+# Everything, on WORKERS pytest-xdist processes, one per core here (--dist loadfile: a module
+# stays on one worker, so its module-scoped daemon is started once); WORKERS=0: one process.
 WORKERS ?= 2
 test: $(TESTING)
 	$(BIN)/python -m pytest -n $(WORKERS) --dist loadfile
