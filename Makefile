@@ -33,8 +33,15 @@ venv: $(RUNTIME)
 demo: $(RUNTIME)
 	$(BIN)/python scripts/demo.py
 
+# Everything, on WORKERS pytest-xdist processes, one per core here (--dist loadfile: a module
+# stays on one worker, so its module-scoped daemon is started once); WORKERS=0: one process.
+WORKERS ?= 2
 test: $(TESTING)
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n $(WORKERS) --dist loadfile
+
+# The fast tier: no daemon, no other process, no real timeout (markers in tests/conftest.py).
+test-fast: $(TESTING)
+	$(BIN)/python -m pytest -m "not e2e and not slow and not toolchain"
 
 # The habits CI enforces (.ci/run runs this before `make test`).
 lint: $(TESTING)

@@ -1,12 +1,109 @@
-"""Shared fixtures: a capturing relay and a running gate wired to it."""
+"""Shared fixtures (a capturing relay and a running gate wired to it) and the test tiers.
+
+Tiers (markers registered in pyproject.toml; ``make test-fast`` deselects all three):
+
+- ``e2e``: starts a daemon or another process (``python -m gate ...``, a relay, a tool);
+- ``slow``: waits out real timeouts or backoffs, or takes more than 2 s;
+- ``toolchain``: needs an external toolchain (node/npm, mono, a wheel build, bench, soak).
+
+The tiers cannot rot: an audit hook (PEP 578) sees every process this interpreter starts
+(``subprocess.Popen``, hence ``subprocess.run``, asyncio subprocesses, ``GateProcess``,
+``CliProcess``, ...). A test that starts one without an ``e2e``, ``slow`` or ``toolchain``
+marker fails there, with the command line in the message.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+import sys
+from collections.abc import Callable, Generator, Iterator
 
 import pytest
 
 from tests.support import CaptureRelay, CliProcess, GateProcess, write_config
+
+TIER_MARKERS = ("e2e", "slow", "toolchain")
+
+_running: list[pytest.Item] = []  # the test being set up, run or torn down (at most one)
+_unmarked_spawns: dict[str, list[str]] = {}  # test id -> commands it started unmarked
+
+
+class UnmarkedProcessError(AssertionError):
+    """A test started a process but carries none of the markers ``e2e``, ``slow`` or
+    ``toolchain`` (see this module's docstring)."""
+
+
+def _audit(event: str, args: tuple[object, ...]) -> None:
+    """PEP 578 hook: refuse a ``subprocess.Popen`` made by a test without a tier marker.
+
+    Raising here makes the ``Popen`` call itself fail; the spawn is also recorded, so a
+    process started from another thread (where the error might be swallowed) still fails the
+    test at its teardown."""
+    if event != "subprocess.Popen" or not _running:
+        return
+    item = _running[-1]
+    if any(item.get_closest_marker(name) for name in TIER_MARKERS):
+        return
+    argv = args[1]
+    command = " ".join(map(str, argv)) if isinstance(argv, list | tuple) else str(argv)
+    _unmarked_spawns.setdefault(item.nodeid, []).append(command)
+    raise UnmarkedProcessError(
+        f"{item.nodeid} starts a process ({command[:200]}) but is not marked "
+        "e2e, slow or toolchain (tests/conftest.py; make test-fast would run it)"
+    )
+
+
+sys.addaudithook(_audit)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(
+    item: pytest.Item, nextitem: pytest.Item | None
+) -> Generator[None, object, object]:
+    """Remember which test is running, for the audit hook (fixtures included: a
+    module-scoped daemon is started during the setup of the module's first test)."""
+    _running.append(item)
+    try:
+        return (yield)
+    finally:
+        _running.remove(item)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(
+    item: pytest.Item, nextitem: pytest.Item | None
+) -> Generator[None, object, object]:
+    """Fail the test (as a teardown error) if it started a process without a tier marker."""
+    result = yield
+    spawned = _unmarked_spawns.pop(item.nodeid, None)
+    if spawned:
+        pytest.fail(
+            f"{item.nodeid} started {len(spawned)} process(es) without an e2e, slow or "
+            f"toolchain marker: {spawned[0][:200]}",
+            pytrace=False,
+        )
+    return result
+
+
+def _module_weight(item: pytest.Item) -> int:
+    """0 for a test needing a toolchain, 1 slow, 2 e2e, 3 the rest (the fast tier)."""
+    for weight, name in enumerate(("toolchain", "slow", "e2e")):
+        if item.get_closest_marker(name):
+            return weight
+    return 3
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under pytest-xdist (a worker collects), hand out the heaviest modules first: with
+    ``--dist loadfile`` a worker takes whole modules in collection order, and a wheel build
+    or a bench run started last is the run's long tail. Modules keep their own test order,
+    so a module-scoped daemon still serves one contiguous run of tests."""
+    if not hasattr(config, "workerinput"):
+        return
+    weight: dict[str, int] = {}
+    for item in items:
+        module = item.nodeid.split("::", 1)[0]
+        weight[module] = min(weight.get(module, 3), _module_weight(item))
+    items.sort(key=lambda item: weight[item.nodeid.split("::", 1)[0]])
 
 
 @pytest.fixture

@@ -43,6 +43,8 @@ from tests.support import (
     write_config,
 )
 
+pytestmark = pytest.mark.e2e
+
 HEAD = re.compile(r"event=audit_head seq=(\d+) hash=([0-9a-f]{64})\b")
 
 

@@ -33,6 +33,8 @@ from bench.common import (
     write_config,
 )
 
+pytestmark = pytest.mark.toolchain
+
 ROOT = Path(__file__).resolve().parent.parent
 SECTIONS = ["decisions", "roundtrip", "scale", "audit", "idle"]
 
@@ -42,6 +44,8 @@ def _latency(stats: dict[str, Any]) -> None:
         assert isinstance(stats[key], float), key
 
 
+@pytest.mark.e2e
+@pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_quick_run_measures_every_section(tmp_path: Path) -> None:
     official = ROOT / "bench" / "results.json"

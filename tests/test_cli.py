@@ -227,6 +227,7 @@ def test_request_idempotency_key_the_api_would_refuse_is_a_usage_error(key):
     )
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("identity", ["", " ", " alice@example.com"])
 def test_relay_as_an_identity_no_dispatch_can_name_is_a_usage_error(identity):
     """Regression (new-user review): ``relay --as ''`` started, then logged not_in_scope for
@@ -281,6 +282,7 @@ def _closed_port() -> int:
         return sock.getsockname()[1]
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("api_url", ["http://127.0.0.1:{port}", "unix:{tmp}/no-gate.sock"])
 def test_request_gate_unreachable_is_one_error_line(tmp_path, api_url):
     """Without --wait: one error line, exit 1. With --wait the create is retried (the gate
@@ -319,6 +321,7 @@ def test_request_gate_unreachable_is_one_error_line(tmp_path, api_url):
     ), err
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize(
     "url", ["notaurl", "127.0.0.1:8090", "ftp://host:21", "unix:", "http://host:99999", "http://"]
 )
@@ -331,6 +334,7 @@ def test_malformed_api_url_is_a_usage_error_naming_the_option(url):
     )
 
 
+@pytest.mark.e2e
 def test_api_commands_read_the_token_from_the_credentials_directory(gate, tmp_path):
     """Regression (operator review): check-config and serve read $CREDENTIALS_DIRECTORY, but
     ``request``/``list`` said the token variable was not set."""
@@ -352,6 +356,7 @@ def test_api_commands_read_the_token_from_the_credentials_directory(gate, tmp_pa
     )
 
 
+@pytest.mark.e2e
 def test_request_without_token_is_usage_error():
     proc = run_cli(
         "request",
@@ -376,6 +381,7 @@ def test_request_without_token_is_usage_error():
 # ---- show / cancel / list against a running gate --------------------------------------------
 
 
+@pytest.mark.e2e
 def test_show_and_cancel(gate):
     args = ["-c", str(gate.config), "--api-url", gate.api_url]
     for command in ("show", "cancel"):
@@ -456,6 +462,7 @@ def test_version_and_unknown_command():
     assert result.exit_code == 2
 
 
+@pytest.mark.e2e
 def test_console_entry_point_runs_as_module():
     proc = run_cli("--help")
     assert proc.returncode == 0

@@ -749,6 +749,7 @@ def test_config_listeners_and_public_url_checked(tmp_path: Path) -> None:
     ]
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("pasted", ["a9f8c0ffee1234567890abcdef", "s3cr3t-v4lue/with+b64=="])
 def test_a_secret_pasted_into_an_env_key_is_refused_without_being_shown(tmp_path, pasted):
     """Security review: a secret pasted where the config wants the NAME of a variable

@@ -204,6 +204,7 @@ def _make(directory: Path, target: str, log: Path) -> list[str]:
     return log.read_text(encoding="utf-8").splitlines()[len(before) :]
 
 
+@pytest.mark.e2e
 @pytest.mark.skipif(shutil.which("make") is None, reason="needs make")
 def test_b02_10_make_demo_installs_the_runtime_only_and_make_test_adds_the_test_extras(
     tmp_path: Path,
@@ -219,7 +220,7 @@ def test_b02_10_make_demo_installs_the_runtime_only_and_make_test_adds_the_test_
     (tmp_path / "fake-python").chmod(0o755)
     log = tmp_path / "calls.log"
     runtime = "pip install --quiet ."
-    demo, tests = "python scripts/demo.py", "python -m pytest"
+    demo, tests = "python scripts/demo.py", "python -m pytest -n 2 --dist loadfile"
     with_extras = "pip install --quiet -e .[test]"
     assert _make(tmp_path, "demo", log) == [
         "venv",
@@ -244,6 +245,10 @@ def test_b02_10_make_demo_installs_the_runtime_only_and_make_test_adds_the_test_
         tests,
     ]
     assert _make(tmp_path, "demo", log) == [demo]
+    # the fast tier (issue 13) needs the same install and nothing more
+    assert _make(tmp_path, "test-fast", log) == [
+        "python -m pytest -m not e2e and not slow and not toolchain"
+    ]
 
 
 def test_docs_readme_map_matches_the_package_docstrings() -> None:

@@ -72,6 +72,7 @@ def resolve_one(gate: GateProcess, relay: CaptureRelay) -> None:
 # --------------------------------------------------------------------------- whole runs
 
 
+@pytest.mark.e2e
 def test_doctor_all_pass_against_running_gate_and_relay(gate, relay, tmp_path):
     resolve_one(gate, relay)
 
@@ -86,6 +87,7 @@ def test_doctor_all_pass_against_running_gate_and_relay(gate, relay, tmp_path):
     assert "the relay's Date header" in line_of(lines, "clock")
 
 
+@pytest.mark.e2e
 def test_database_is_created_owner_only_and_doctor_warns_when_others_can_read_it(
     gate, relay, tmp_path
 ):
@@ -106,6 +108,7 @@ def test_database_is_created_owner_only_and_doctor_warns_when_others_can_read_it
     )
 
 
+@pytest.mark.e2e
 def test_doctor_fails_dispatch_when_the_relay_refuses_the_gates_signature(tmp_path):
     """New-user review: with the relay started on another secret every dispatch was answered
     401 and nothing was ever decided, yet doctor said PASS seven times. It now reads the
@@ -152,6 +155,7 @@ RELAY_REFUSALS = {
 }
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("case", list(RELAY_REFUSALS))
 def test_b02_07_relay_refusal_reason_reaches_last_error_log_hops_and_doctor(tmp_path, case):
     """Issue 12 item 7: a relay refusing every dispatch with 401 and a JSON ``reason`` was
@@ -200,6 +204,7 @@ def test_b02_07_relay_refusal_reason_reaches_last_error_log_hops_and_doctor(tmp_
     )
 
 
+@pytest.mark.e2e
 def test_doctor_checks_signatures_with_a_signing_key(tmp_path, relay):
     _, _, kid = generate(tmp_path / "keys")
     config = write_config(tmp_path, relay.url)
@@ -219,6 +224,7 @@ def test_doctor_checks_signatures_with_a_signing_key(tmp_path, relay):
     assert "chain, receipts, signatures intact" in line_of(lines, "audit")
 
 
+@pytest.mark.e2e
 def test_doctor_relay_down_fails_relay_and_writes_nothing(tmp_path):
     url = f"http://127.0.0.1:{closed_port()}/hook?sig=query-secret-5e1f"
     config = write_config(tmp_path, url, relay={"dispatch_timeout": "2s"})
@@ -236,6 +242,7 @@ def test_doctor_relay_down_fails_relay_and_writes_nothing(tmp_path):
     assert not (tmp_path / "gate.db").exists()  # doctor never creates the database
 
 
+@pytest.mark.e2e
 def test_doctor_tampered_audit_fails_audit(gate, relay, tmp_path):
     resolve_one(gate, relay)
     assert gate.stop() == 0
@@ -259,6 +266,7 @@ def test_doctor_tampered_audit_fails_audit(gate, relay, tmp_path):
     assert line_of(lines, "relay").startswith("PASS relay: ")
 
 
+@pytest.mark.e2e
 def test_doctor_missing_secret_fails_secrets(gate, relay, tmp_path):
     resolve_one(gate, relay)
     env = gate_env()
@@ -274,6 +282,7 @@ def test_doctor_missing_secret_fails_secrets(gate, relay, tmp_path):
     assert audit_line.startswith("PASS audit: ") and "receipts not checked" in audit_line
 
 
+@pytest.mark.e2e
 def test_doctor_checks_receipts_with_the_receipt_key_alone(gate, relay, tmp_path):
     """Regression (operator review): with only HITL_RECEIPT_KEY set, the audit line said
     "receipts not checked: no receipt key" because the other secrets were missing."""
@@ -298,6 +307,7 @@ def test_doctor_checks_receipts_with_the_receipt_key_alone(gate, relay, tmp_path
     ), lines
 
 
+@pytest.mark.e2e
 def test_doctor_invalid_config_fails_and_skips_the_rest(tmp_path):
     config = tmp_path / "bad.yaml"
     config.write_text("relay: {}\n", encoding="utf-8")
@@ -309,6 +319,7 @@ def test_doctor_invalid_config_fails_and_skips_the_rest(tmp_path):
     assert lines[1:] == [f"SKIP {name}: needs a valid config" for name in NAMES[1:]]
 
 
+@pytest.mark.e2e
 def test_doctor_database_failing_integrity_check(tmp_path):
     db = tmp_path / "gate.db"
     conn = sqlite3.connect(db, isolation_level=None)
@@ -329,6 +340,7 @@ def test_doctor_database_failing_integrity_check(tmp_path):
     assert line_of(lines, "audit").startswith("FAIL audit: ")  # no audit_log table
 
 
+@pytest.mark.e2e
 def test_doctor_not_a_database(tmp_path):
     (tmp_path / "gate.db").write_bytes(b"not sqlite at all\n" * 100)
     config = write_config(tmp_path, f"http://127.0.0.1:{closed_port()}/")
@@ -376,6 +388,7 @@ def options_only() -> Iterator[tuple[str, type[_OptionsOnly]]]:
     server.server_close()
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize(
     ("skew_s", "clock"),
     [(0, "PASS"), (120, "WARN"), (400, "FAIL")],
@@ -447,6 +460,7 @@ def test_doctor_release_date_is_the_newest_changelog_date():
     )
 
 
+@pytest.mark.e2e
 def test_doctor_leaves_nothing_beside_a_backup_copy(gate, relay, tmp_path):
     """Regression (operator review): doctor on a WAL-mode backup (sqlite3 ``.backup``) left
     ``-wal``/``-shm`` files beside it, though it promises to write nothing."""
@@ -472,6 +486,7 @@ def test_doctor_leaves_nothing_beside_a_backup_copy(gate, relay, tmp_path):
     assert sorted(p.name for p in backup_dir.iterdir()) == ["gate.db"]
 
 
+@pytest.mark.e2e
 def test_doctor_warns_about_a_credentials_directory_others_can_read(gate, relay, tmp_path):
     """Regression (operator review): secrets in a 0755 directory of 0644 files (a hand-made
     $CREDENTIALS_DIRECTORY) passed without a word; docs/operating.md asks for 0700/0600."""

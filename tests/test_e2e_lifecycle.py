@@ -49,6 +49,8 @@ from tests.support import (
     write_config,
 )
 
+pytestmark = pytest.mark.e2e
+
 # SPEC batch 01: the shared draft text and its payload hash (H02, H12).
 BATCH_DRAFT = "Café — naïve résumé 👍\n"
 BATCH_HASH = "sha256:c0b8d811c2edb85cfa2cdeee45b1e680c3ee5c286d28c69150649868aa07dfdc"

@@ -89,6 +89,7 @@ def _closed_port() -> int:
 # ---- the API ---------------------------------------------------------------------------------
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("body", BLANK, ids=[repr(b) for b in BLANK])
 def test_b02_05_api_refuses_a_blank_draft_and_creates_nothing(gate: GateProcess, body: str) -> None:
     before = gate.api().call("GET", "/v1/approvals?state=all&limit=500")[1]["items"]
@@ -97,6 +98,7 @@ def test_b02_05_api_refuses_a_blank_draft_and_creates_nothing(gate: GateProcess,
     assert gate.api().call("GET", "/v1/approvals?state=all&limit=500")[1]["items"] == before
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("body", NOT_BLANK, ids=[repr(b) for b in NOT_BLANK])
 def test_b02_05_api_takes_a_draft_of_characters_that_are_not_white_space(
     gate: GateProcess, relay: CaptureRelay, body: str
@@ -107,6 +109,7 @@ def test_b02_05_api_takes_a_draft_of_characters_that_are_not_white_space(
     assert relay.wait_dispatch(answer["approval_id"])["draft"]["body"] == body
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("body", ["", " \n"], ids=["empty", "white_space"])
 def test_b02_05_step_with_allow_empty_draft_takes_a_blank_draft(
     gate: GateProcess, relay: CaptureRelay, body: str
@@ -117,12 +120,14 @@ def test_b02_05_step_with_allow_empty_draft_takes_a_blank_draft(
     assert relay.wait_dispatch(answer["approval_id"])["draft"]["body"] == body  # as sent
 
 
+@pytest.mark.e2e
 def test_b02_05_blank_draft_of_an_unknown_step_is_still_404(gate: GateProcess) -> None:
     status, answer = _create(gate, "nope", "")
 
     assert (status, answer["reason"]) == (404, "unknown_step")
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize(
     ("text", "answer"),
     [
@@ -170,6 +175,7 @@ def _request(
 HINT = "(allow_empty_draft: true on the step allows it)"
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize(
     ("source", "stdin", "named"),
     [
@@ -202,6 +208,7 @@ def test_b02_05_cli_refuses_a_blank_draft_before_contacting_the_gate(
     assert err == f"Error: {named.format(**files)}: nothing to approve {HINT}\n"
 
 
+@pytest.mark.e2e
 def test_b02_05_cli_passes_a_blank_draft_when_the_step_allows_it(
     gate: GateProcess, relay: CaptureRelay
 ) -> None:
@@ -212,6 +219,7 @@ def test_b02_05_cli_passes_a_blank_draft_when_the_step_allows_it(
     assert relay.wait_dispatch(approval_id)["draft"]["body"] == ""
 
 
+@pytest.mark.e2e
 def test_b02_05_cli_leaves_a_step_it_does_not_know_to_the_gate(gate: GateProcess) -> None:
     code, out, err = _request(gate.config, gate.api_url, "nope", "--draft", "")
 
@@ -219,6 +227,7 @@ def test_b02_05_cli_leaves_a_step_it_does_not_know_to_the_gate(gate: GateProcess
     assert "404" in err and "unknown_step" in err, err
 
 
+@pytest.mark.e2e
 def test_b02_05_cli_takes_a_draft_that_is_not_white_space(gate: GateProcess) -> None:
     code, out, err = _request(gate.config, gate.api_url, "q1", "--draft", "\x1f")
 

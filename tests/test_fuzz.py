@@ -1134,6 +1134,7 @@ def decision_bytes(bed: Bed, recipe: tuple[Any, ...]) -> tuple[bytes, Target | N
 LATIN1_IDEMPOTENCY_KEY = ("key", b"caf\xe9")
 
 
+@pytest.mark.e2e
 @fuzz(150)
 @example(
     recipe=LONE_SURROGATE_NONCE,
@@ -1257,6 +1258,7 @@ def auth_header(recipe: tuple[Any, ...]) -> tuple[dict[str, str | bytes], str]:
 LATIN1_BEARER = ("invalid", b"Bearer caf\xe9")
 
 
+@pytest.mark.e2e
 @fuzz(100)
 @example(recipe=RUN_ID_SURROGATE, auth=("valid",), key=None)
 @example(recipe=CONTENT_TYPE_SURROGATE, auth=("valid",), key=None)
@@ -1362,6 +1364,7 @@ query_recipe = st.one_of(
 )
 
 
+@pytest.mark.e2e
 @fuzz(60)
 @example(query="state=all", auth=LATIN1_BEARER)
 @given(query=query_recipe, auth=auth_recipe)
@@ -1400,6 +1403,7 @@ def quote_segment(text: str) -> str:
     return urllib.parse.quote(text.encode("utf-8", "surrogatepass"), safe="")
 
 
+@pytest.mark.e2e
 @fuzz(60)
 @example(segment="x", slot=None, action="get", wait="", auth=LATIN1_BEARER)
 @given(
@@ -1458,6 +1462,7 @@ route_segments = st.builds(
 )
 
 
+@pytest.mark.e2e
 @fuzz(50)
 @example(listener="api", method="GET", segments=["v1", "approvals"], body=None, auth=LATIN1_BEARER)
 @example(listener="api", method="GET", segments=["metrics"], body=None, auth=("valid",))
@@ -1524,6 +1529,7 @@ ctl_value = st.builds(
 long_value = st.builds(lambda n: b"a" * n, st.integers(8200, 20_000))
 
 
+@pytest.mark.e2e
 @fuzz(10)
 @example(listener="api", name="Authorization", value=TOKEN_WITH_CTL, long_path=0)
 @given(

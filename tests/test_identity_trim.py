@@ -73,6 +73,7 @@ def _open(gate: GateProcess, relay: CaptureRelay, **extra: Any) -> tuple[str, di
 # ---- the gate: decisions and requested_by ----------------------------------------------------
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize(
     "identity",
     [ALICE + s for s in SEPARATORS] + [f"\x1f{ALICE}"],
@@ -90,6 +91,7 @@ def test_b02_09_identity_with_an_information_separator_is_not_the_operator(
     assert gate.api().get(approval_id) == before
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize(
     "identity", ["\u3000Alice@Example.COM\u2029", f"\xa0{ALICE}\x85", f"\u2002{ALICE}\u202f\t"]
 )
@@ -107,6 +109,7 @@ def test_b02_09_identity_padded_with_white_space_is_the_operator(
     assert gate.api().get(approval_id)["decisions"][0]["identity"] == identity  # as sent
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("separator", SEPARATORS)
 def test_b02_09_requested_by_with_an_information_separator_is_no_operator(
     gate: GateProcess, separator: str
@@ -123,6 +126,7 @@ def test_b02_09_requested_by_with_an_information_separator_is_no_operator(
     )
 
 
+@pytest.mark.e2e
 def test_b02_09_requested_by_padded_with_white_space_is_the_operator(
     gate: GateProcess, relay: CaptureRelay
 ) -> None:
@@ -170,6 +174,7 @@ def test_b02_09_config_identity_with_white_space_around_it_is_named(
     ]
 
 
+@pytest.mark.e2e
 def test_b02_09_relay_as_with_a_control_character_is_a_usage_error() -> None:
     proc = run_cli(
         "relay",

@@ -41,6 +41,8 @@ from tests.support import (
     write_config,
 )
 
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
 ALICE, BOB, CAROL = IDENTITIES[:3]
 APPROVED = {"status": "recorded", "resolved": True, "outcome": "approved"}
 DRAFT_TOO_LARGE = {"status": "invalid", "reason": "draft_too_large"}

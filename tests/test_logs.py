@@ -78,6 +78,7 @@ def relay() -> Iterator[CaptureRelay]:
     capture.stop()
 
 
+@pytest.mark.e2e
 def test_json_lines_carry_approval_ids_and_no_secrets(tmp_path: Path, relay: CaptureRelay) -> None:
     gate = JsonGate(write_config(tmp_path, relay.url), env=gate_env(**SECRETS)).start()
     secret = SECRETS["HITL_RELAY_SECRET"]
@@ -170,6 +171,7 @@ def test_json_lines_carry_approval_ids_and_no_secrets(tmp_path: Path, relay: Cap
     assert created["payload_hash"].startswith("sha256:") and created["quorum"] == 1
 
 
+@pytest.mark.e2e
 def test_config_errors_are_json_lines_too(tmp_path: Path) -> None:
     config = write_config(tmp_path, "http://127.0.0.1:9/relay")
     env = gate_env(**SECRETS)
@@ -183,6 +185,7 @@ def test_config_errors_are_json_lines_too(tmp_path: Path) -> None:
     assert any("HITL_API_TOKEN" in r["error"] for r in records)
 
 
+@pytest.mark.e2e
 def test_text_stays_the_default(tmp_path: Path, relay: CaptureRelay) -> None:
     gate = GateProcess(write_config(tmp_path, relay.url)).start()
     try:

@@ -54,6 +54,7 @@ def gate(tmp_path_factory: pytest.TempPathFactory, relay: CaptureRelay) -> Itera
 # ---- 422 quorum_unreachable -----------------------------------------------------------------
 
 
+@pytest.mark.e2e
 def test_b02_12_quorum_unreachable_answer_names_the_requester_and_who_is_left(
     gate: GateProcess,
 ) -> None:
@@ -81,6 +82,7 @@ def test_b02_12_quorum_unreachable_answer_names_the_requester_and_who_is_left(
     )
 
 
+@pytest.mark.e2e
 def test_b02_12_request_says_who_asked_and_how_many_approvers_remain(gate: GateProcess) -> None:
     proc = run_cli(
         "request",
@@ -135,6 +137,7 @@ def _request(gate: GateProcess, *args: str, **run: Any) -> subprocess.CompletedP
     )
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize(
     ("raw", "offset"),
     [(b"\xff", 0), (b"Gr\xc3\xbc\xc3e", 4), (b"ok\n" * 5 + b"\xed\xa0\x80", 15)],
@@ -151,6 +154,7 @@ def test_b02_12_draft_on_stdin_that_is_not_utf8_names_standard_input_and_the_off
     )
 
 
+@pytest.mark.e2e
 def test_b02_12_draft_file_that_is_not_utf8_gives_the_offset(
     gate: GateProcess, tmp_path: Path
 ) -> None:
@@ -170,6 +174,7 @@ def _write_only_stdin() -> tuple[int, int]:
     return os.pipe()
 
 
+@pytest.mark.e2e
 def test_b02_12_unreadable_standard_input_is_named(gate: GateProcess) -> None:
     read_end, write_end = _write_only_stdin()
     try:
@@ -184,6 +189,7 @@ def test_b02_12_unreadable_standard_input_is_named(gate: GateProcess) -> None:
     )
 
 
+@pytest.mark.e2e
 def test_b02_12_closed_standard_input_is_named(gate: GateProcess) -> None:
     command = [
         sys.executable,
@@ -217,6 +223,7 @@ def test_b02_12_closed_standard_input_is_named(gate: GateProcess) -> None:
     )
 
 
+@pytest.mark.e2e
 def test_b02_12_permit_verify_names_standard_input(tmp_path: Path) -> None:
     from gate.trust.keys import generate
 

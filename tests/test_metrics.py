@@ -108,6 +108,7 @@ def dispatches_settled(gate: GateProcess, relay: CaptureRelay) -> Samples:
     return wait_until(settled, what="dispatch attempts counted")
 
 
+@pytest.mark.e2e
 def test_metrics_count_what_happened_exactly(gate: GateProcess, relay: CaptureRelay) -> None:
     api = gate.api()
     families, samples = scrape(gate)
@@ -232,6 +233,7 @@ def test_metrics_count_what_happened_exactly(gate: GateProcess, relay: CaptureRe
     assert 0 <= value(samples, "hitl_gate_relay_last_ack_age_seconds") <= after - before_e + 0.01
 
 
+@pytest.mark.e2e
 def test_metric_names_follow_prometheus_conventions(gate: GateProcess, relay: CaptureRelay) -> None:
     api = gate.api()
     created = api.create("q1", body="names")["approval_id"]
@@ -268,6 +270,7 @@ def test_metric_names_follow_prometheus_conventions(gate: GateProcess, relay: Ca
     assert value(samples, "hitl_gate_build_info", version=__import__("gate").__version__) == 1
 
 
+@pytest.mark.e2e
 def test_metrics_need_the_bearer_token_and_speak_openmetrics(gate: GateProcess) -> None:
     status, _, raw = scrape_raw(gate, token=None)
     assert status == 401 and b'"token_missing"' in raw
@@ -314,6 +317,7 @@ OPERATING = ROOT / "docs" / "operating.md"
 PROMQL_WORDS = {"sum", "rate", "increase", "by", "and", "or", "unless", "max", "min", "avg"}
 
 
+@pytest.mark.e2e
 def test_b02_11_writer_gauge_shows_a_stalled_writer(gate: GateProcess, relay: CaptureRelay) -> None:
     """A stuck database writer made /healthz answer 503 but nothing a Prometheus alert could
     use: ``hitl_gate_writer_unanswered_seconds`` is the age of the oldest write the writer
@@ -365,6 +369,7 @@ def _scrape_config() -> str:
     return config
 
 
+@pytest.mark.e2e
 def test_b02_11_alert_rules_use_only_metrics_the_running_gate_exposes(
     gate: GateProcess, relay: CaptureRelay
 ) -> None:
@@ -398,6 +403,7 @@ def test_b02_11_alert_rules_use_only_metrics_the_running_gate_exposes(
         assert rule["annotations"]["summary"] and rule["annotations"]["description"], rule
 
 
+@pytest.mark.e2e
 def test_b02_11_alert_rules_and_scrape_config_pass_promtool(tmp_path: Path) -> None:
     """``promtool check rules`` and the rules' unit tests (each alert quiet, then firing), and
     the scrape config of docs/operating.md (syntax: its files live on the Prometheus host).

@@ -42,6 +42,8 @@ from tests.support import (
     write_config,
 )
 
+pytestmark = pytest.mark.e2e
+
 
 def marker(kind: str) -> str:
     return f"{kind}-{uuid.uuid4().hex}"

@@ -305,6 +305,7 @@ def real_target(context: Any, body: Any) -> Any:
     return st.one_of(st.just(body), aimed_body, aimed_body)
 
 
+@pytest.mark.e2e
 @API_SCHEMA.parametrize()
 def test_pipeline_api_conforms_to_openapi(case: Any, live: Live) -> None:
     case.call_and_validate(base_url=live.api_base, checks=checks())
@@ -317,6 +318,7 @@ def _raw_body(case: Any) -> bytes:
     return json.dumps(case.body, ensure_ascii=False, allow_nan=False).encode("utf-8")
 
 
+@pytest.mark.e2e
 @DECISION_SCHEMA.parametrize()
 def test_decision_endpoint_conforms_to_openapi(case: Any, live: Live) -> None:
     if case.method.upper() != case.operation.method.upper():
@@ -337,6 +339,7 @@ def test_decision_endpoint_conforms_to_openapi(case: Any, live: Live) -> None:
     assert signed.status_code < 500, signed.text
 
 
+@pytest.mark.e2e
 def test_approval_objects_through_their_lifecycle_match_the_schema(live: Live) -> None:
     """The generated runs rarely GET an approval that has decisions, revisions, a receipt:
     drive a few through real decisions and validate every answer against the document."""
@@ -585,6 +588,7 @@ BEYOND_GENERATION = [
 ]
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize(
     ("listener", "method", "headers", "body", "status", "reason"), BEYOND_GENERATION
 )

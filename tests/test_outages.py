@@ -166,6 +166,8 @@ def test_backoff_doubles_from_half_a_second_to_a_one_minute_cap_with_equal_jitte
     assert backoff_s(30, rng) <= 60.0
 
 
+@pytest.mark.slow
+@pytest.mark.e2e
 def test_relay_down_for_a_long_stretch_retries_with_backoff_and_delivers_all_when_back(
     tmp_path, scripted
 ):
@@ -229,6 +231,8 @@ def test_relay_down_for_a_long_stretch_retries_with_backoff_and_delivers_all_whe
 NOT_ACKS = (301, 302, 303, 307, 308, 400, 401, 404, 409, 429, 500, 502, 503)
 
 
+@pytest.mark.slow
+@pytest.mark.e2e
 def test_relay_status_other_than_2xx_is_not_an_ack_and_is_retried(tmp_path, scripted):
     """One approval per status, all at once: 3xx (redirects are not followed), 4xx and 5xx
     are retried; once the relay answers 2xx, each is acked on its next retry."""
@@ -326,6 +330,8 @@ async def test_b02_07_relay_refusal_reason_is_kept_bounded_and_sanitised(case: s
     assert len(server.requests()) == 1
 
 
+@pytest.mark.slow
+@pytest.mark.e2e
 def test_relay_2xx_variants_are_acks(tmp_path, scripted):
     scripted.script = {
         "s200": (200, 0.0),
@@ -351,6 +357,8 @@ def test_relay_2xx_variants_are_acks(tmp_path, scripted):
             gate.stop()
 
 
+@pytest.mark.slow
+@pytest.mark.e2e
 def test_slow_relay_times_out_is_retried_and_does_not_hold_other_dispatches(tmp_path, scripted):
     """``relay.dispatch_timeout`` is 5 s here; the relay holds one run for 8 s. The five
     other dispatches are acked while that attempt is still in flight (no attempt recorded
@@ -555,6 +563,8 @@ def audit_verify(config: Path) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.slow
+@pytest.mark.e2e
 def test_database_refusing_writes_answers_503_changes_nothing_and_recovers_without_restart(
     fault: Fault, scripted: ScriptedRelay
 ):
@@ -635,6 +645,8 @@ def test_database_refusing_writes_answers_503_changes_nothing_and_recovers_witho
     assert verified.returncode == 0, verified.stdout + verified.stderr
 
 
+@pytest.mark.slow
+@pytest.mark.e2e
 def test_a_dispatch_that_cannot_be_built_is_retried_with_backoff_not_in_a_hot_loop(
     tmp_path, scripted
 ):
@@ -691,6 +703,8 @@ def test_a_dispatch_that_cannot_be_built_is_retried_with_backoff_not_in_a_hot_lo
             gate.stop()
 
 
+@pytest.mark.slow
+@pytest.mark.e2e
 def test_out_of_file_descriptors_is_logged_once_a_minute_and_the_gate_recovers(tmp_path, scripted):
     """Security review: with its file descriptors exhausted by idle connections, asyncio
     logged "socket.accept() out of system resource" with a traceback ~700 times a second

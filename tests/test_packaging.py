@@ -14,6 +14,8 @@ import pytest
 
 from tests.support import ROOT
 
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.toolchain]
+
 SCRIPT = ROOT / "scripts" / "ci_wheel_check.sh"
 
 

@@ -258,6 +258,7 @@ def permit_verify(
     return proc.returncode, proc.stdout.decode(), proc.stderr.decode()
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize(("auto", "final"), [("approve", MAIL), ("adjust:Neuer Text €", None)])
 def test_permit_request_wait_permit_out_and_verify(
     tmp_path: Path, clis: Any, auto: str, final: str | None
@@ -346,6 +347,7 @@ def test_permit_request_wait_permit_out_and_verify(
         gate.stop()
 
 
+@pytest.mark.e2e
 def test_request_replayed_after_the_permit_expired_fails_instead_of_saving_it(
     tmp_path: Path, clis: Any
 ) -> None:
@@ -420,6 +422,7 @@ def approved(tmp_path: Path, relay: Any) -> Iterator[dict[str, Any]]:
         gate.stop()
 
 
+@pytest.mark.e2e
 def test_permit_verify_without_pipeline_and_step_warns_that_they_were_not_checked(
     approved: dict[str, Any],
 ) -> None:
@@ -449,6 +452,7 @@ def test_permit_verify_without_pipeline_and_step_warns_that_they_were_not_checke
     assert code == 1 and out.startswith("INVALID: permit_wrong_step"), out
 
 
+@pytest.mark.e2e
 def test_permit_quorum_2_names_both_approvers(approved: dict[str, Any]) -> None:
     claims = permit.verify(
         approved["token"], [keys.load_public_key(approved["public"])], MAIL, time.time()
@@ -462,6 +466,7 @@ def test_permit_quorum_2_names_both_approvers(approved: dict[str, Any]) -> None:
     assert claims["outcome"] == "approved"
 
 
+@pytest.mark.e2e
 def test_permit_expired_wrong_body_wrong_key_altered_claim(approved: dict[str, Any]) -> None:
     token, public = approved["token"], keys.load_public_key(approved["public"])
     claims = permit.verify(token, [public], MAIL, time.time()).claims
@@ -507,6 +512,8 @@ def test_permit_expired_wrong_body_wrong_key_altered_claim(approved: dict[str, A
     assert other_kid != approved["kid"]
 
 
+@pytest.mark.e2e
+@pytest.mark.toolchain
 @pytest.mark.skipif(shutil.which("node") is None, reason="node not installed")
 def test_permit_docs_node_snippet(approved: dict[str, Any]) -> None:
     script = approved["dir"] / "verify-permit.mjs"
@@ -530,6 +537,7 @@ def test_permit_docs_node_snippet(approved: dict[str, Any]) -> None:
     assert (proc.returncode, proc.stdout) == (1, "INVALID: body does not match the permit\n")
 
 
+@pytest.mark.e2e
 @pytest.mark.skipif(
     any(shutil.which(t) is None for t in ("openssl", "jq", "basenc")),
     reason="openssl, jq or basenc missing",
@@ -554,6 +562,7 @@ def test_permit_docs_openssl_recipe(approved: dict[str, Any]) -> None:
     assert lines[2] == f"body:         {expected}"
 
 
+@pytest.mark.e2e
 def test_permit_never_exists_for_skipped_timeout_cancelled(tmp_path: Path, relay: Any) -> None:
     gate, _, _ = signed_gate(tmp_path, relay.url)
     try:
@@ -607,6 +616,7 @@ def test_permit_never_exists_for_skipped_timeout_cancelled(tmp_path: Path, relay
         gate.stop()
 
 
+@pytest.mark.e2e
 def test_permit_out_without_signing_key_exits_1(gate: GateProcess, relay: Any) -> None:
     """New-user review: an older permit file at --permit-out was left in place on this exit
     (docs/auditing.md promises any outcome without a permit removes it)."""
@@ -643,6 +653,7 @@ def test_permit_out_without_signing_key_exits_1(gate: GateProcess, relay: Any) -
     assert "key_id" not in gate.api().get(approval_id)["receipt"]
 
 
+@pytest.mark.e2e
 def test_permit_out_needs_wait(tmp_path: Path) -> None:
     config = write_config(tmp_path, "http://127.0.0.1:9/relay")
     proc = run_cli(
@@ -662,6 +673,7 @@ def test_permit_out_needs_wait(tmp_path: Path) -> None:
     assert (proc.returncode, proc.stderr.decode()) == (2, "Error: --permit-out needs --wait\n")
 
 
+@pytest.mark.e2e
 def test_permit_lifetime_is_configurable(tmp_path: Path, relay: Any) -> None:
     gate, public, _ = signed_gate(tmp_path, relay.url, lifetime="90s")
     try:

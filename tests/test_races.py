@@ -51,6 +51,8 @@ from tests.support import (
     write_config,
 )
 
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
 OPS = list(range(101, 107))  # alice, bob, carol, op04, op05, op06
 IDENT = {op: IDENTITIES[op - 101] for op in OPS}
 RACE_STEPS = [

@@ -22,6 +22,7 @@ import sqlite3
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 from gate.audit import chain as audit
@@ -36,6 +37,8 @@ from tests.support import (
     wait_until,
     write_config,
 )
+
+pytestmark = pytest.mark.e2e
 
 OLD = "receipt-key-old-5b1e0c9d3a7f2e64"
 NEW = "receipt-key-new-a7d42f1c8e0b5d93"

@@ -28,6 +28,8 @@ from gate.protocol import signing
 from gate.protocol.canonical import payload_hash, wire_json
 from gate.protocol.envelope import build_dispatch, parse_decision
 
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.toolchain]
+
 ROOT = Path(__file__).resolve().parents[1]
 N8N_DIR = ROOT / "conformance" / "relays" / "n8n"
 WORKFLOW = N8N_DIR / "workflow.json"

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.toolchain]
+
 ROOT = Path(__file__).resolve().parent.parent
 RELAY_DIR = ROOT / "conformance" / "relays" / "node-red"
 PROVE = RELAY_DIR / "prove.sh"

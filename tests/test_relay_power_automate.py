@@ -29,13 +29,18 @@ SECRET = "power-automate-test-secret"
 APPROVER = "alice@example.com"
 DEADLINE_S = 60.0
 
-pytestmark = pytest.mark.skipif(
-    shutil.which("mcs") is None
-    or shutil.which("mono") is None
-    or not list(Path("/usr/lib/mono/gac/Newtonsoft.Json").glob("*/Newtonsoft.Json.dll")),
-    reason="the connector test needs Mono (apt-get install mono-mcs mono-runtime "
-    "libnewtonsoft-json-cil-dev libmono-system-net-http4.0-cil)",
-)
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.slow,
+    pytest.mark.toolchain,
+    pytest.mark.skipif(
+        shutil.which("mcs") is None
+        or shutil.which("mono") is None
+        or not list(Path("/usr/lib/mono/gac/Newtonsoft.Json").glob("*/Newtonsoft.Json.dll")),
+        reason="the connector test needs Mono (apt-get install mono-mcs mono-runtime "
+        "libnewtonsoft-json-cil-dev libmono-system-net-http4.0-cil)",
+    ),
+]
 
 
 def _env(tmp_path: Path) -> dict[str, str]:

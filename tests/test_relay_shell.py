@@ -31,6 +31,8 @@ from gate.protocol import signing
 from tests.support import SECRET as GATE_SECRET
 from tests.support import GateProcess, free_port, write_config
 
+pytestmark = pytest.mark.e2e
+
 ROOT = Path(__file__).resolve().parent.parent
 RELAY_SH = ROOT / "conformance" / "relays" / "shell" / "relay.sh"
 SECRET = "shell-relay-test-secret"

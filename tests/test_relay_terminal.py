@@ -264,6 +264,7 @@ def prompts(screen: str) -> list[tuple[str, str]]:
 # ---- item 1: keys typed before the prompt -------------------------------------------------
 
 
+@pytest.mark.e2e
 def test_b02_01_keys_typed_before_the_prompt_are_discarded(tmp_path, pty_relay, gates):
     """Issue 12 item 1: ``a`` Enter typed while no prompt was on screen approved the next
     request at once, unseen; a stray ``s`` skipped the one after. What is typed before the
@@ -300,6 +301,7 @@ def test_b02_01_keys_typed_before_the_prompt_are_discarded(tmp_path, pty_relay, 
     assert relay.stop() == 0
 
 
+@pytest.mark.e2e
 def test_b02_01_high_risk_takes_the_whole_word_only(tmp_path, pty_relay, gates):
     """Issue 12 item 1: on a ``risk: high`` step one key must not approve; the prompt says
     exactly what to type, and a single ``a`` is refused with that hint."""
@@ -323,6 +325,7 @@ def test_b02_01_high_risk_takes_the_whole_word_only(tmp_path, pty_relay, gates):
     assert relay.stop() == 0
 
 
+@pytest.mark.e2e
 def test_b02_01_piped_stdin_is_a_script_answered_in_order(tmp_path, clis, gates):
     """Issue 12 item 1, the choice written down: stdin that is not a terminal is a script.
     Its lines answer the prompts in order, however early they were written (nothing is
@@ -359,6 +362,7 @@ def test_b02_01_piped_stdin_is_a_script_answered_in_order(tmp_path, clis, gates)
 # ---- item 2: stale prompts ------------------------------------------------------------------
 
 
+@pytest.mark.e2e
 def test_b02_02_own_edit_is_not_asked_about_again(tmp_path, pty_relay, gates):
     """Issue 12 item 2: after alice's edit made revision 2 of a quorum-2 approval, the relay
     asked bob about revision 1 (409 superseded), then alice about revision 2 although her
@@ -390,6 +394,7 @@ def test_b02_02_own_edit_is_not_asked_about_again(tmp_path, pty_relay, gates):
     assert "answer=409" not in relay.log(), relay.log()
 
 
+@pytest.mark.e2e
 def test_b02_02_prompt_on_screen_is_withdrawn_when_a_newer_revision_arrives(
     tmp_path, pty_relay, gates
 ):
@@ -430,6 +435,7 @@ def test_b02_02_prompt_on_screen_is_withdrawn_when_a_newer_revision_arrives(
     assert "answer=409" not in relay.log(), relay.log()
 
 
+@pytest.mark.e2e
 def test_b02_02_prompt_on_screen_is_withdrawn_at_expiry(tmp_path, pty_relay, gates):
     """Issue 12 item 2: a prompt whose approval expired stayed on screen until a key was
     typed (410 expired). It is withdrawn when the dispatch's ``expires_at`` passes, and the
@@ -455,6 +461,7 @@ def test_b02_02_prompt_on_screen_is_withdrawn_at_expiry(tmp_path, pty_relay, gat
     assert relay.stop() == 0
 
 
+@pytest.mark.e2e
 def test_b02_02_auto_relay_sends_nothing_the_gate_would_refuse(tmp_path, clis, gates):
     """Issue 12 item 2 with ``--auto``: after alice's automatic edit, bob's decision went to
     revision 1 (409 superseded) and alice's to revision 2 (409 duplicate)."""
@@ -491,6 +498,7 @@ def test_b02_02_auto_relay_sends_nothing_the_gate_would_refuse(tmp_path, clis, g
 # ---- item 12: messages at the terminal ----------------------------------------------------
 
 
+@pytest.mark.e2e
 def test_b02_12_relay_prompt_reads_in_words_and_holds_log_lines(tmp_path, pty_relay, gates):
     """Issue 12 item 12: the quorum showed as a dict in an INFO line, the budget as raw
     JSON, and INFO lines interleaved with the draft and the prompt. With stderr on the
@@ -631,6 +639,7 @@ def signed_dispatch(body: str) -> tuple[bytes, dict[str, str]]:
     return raw, sign_headers(raw, SECRET)
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize(
     ("body", "said"),
     [

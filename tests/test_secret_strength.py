@@ -142,6 +142,7 @@ def test_b02_06_previous_receipt_key_is_measured_too(config: Path, tmp_path: Pat
 # ---- serve and doctor -----------------------------------------------------------------------
 
 
+@pytest.mark.e2e
 def test_b02_06_serve_refuses_a_short_secret(config: Path) -> None:
     proc = run_cli("serve", "-c", str(config), env=gate_env(HITL_API_TOKEN="t"))
 
@@ -156,6 +157,7 @@ def relay() -> Iterator[CaptureRelay]:
     r.stop()
 
 
+@pytest.mark.e2e
 def test_b02_06_serve_starts_with_a_weak_secret_and_logs_a_warning(
     tmp_path: Path, relay: CaptureRelay
 ) -> None:
@@ -170,6 +172,7 @@ def test_b02_06_serve_starts_with_a_weak_secret_and_logs_a_warning(
     assert "r" * 20 not in gate.log()
 
 
+@pytest.mark.e2e
 def test_b02_06_doctor_fails_a_short_secret_and_warns_about_a_weak_one(
     tmp_path: Path, relay: CaptureRelay
 ) -> None:

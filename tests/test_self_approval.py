@@ -54,6 +54,7 @@ def gate(tmp_path: Path, relay: Any) -> Any:
         proc.stop()
 
 
+@pytest.mark.e2e
 def test_self_approval_refused_and_quorum_2_counts_only_others(gate: Any, relay: Any) -> None:
     api = gate.api()
     created = api.create("q2", "pay 1.250,00 €", requested_by=ALICE)
@@ -107,6 +108,7 @@ def test_self_approval_refused_and_quorum_2_counts_only_others(gate: Any, relay:
     assert [e["data"]["operator_id"] for e in entries if e["kind"] == "decision"] == [102, 103]
 
 
+@pytest.mark.e2e
 def test_self_approval_allowed_by_step(gate: Any, relay: Any) -> None:
     api = gate.api()
     created = api.create("selfok", "my own change", requested_by=ALICE)
@@ -120,6 +122,7 @@ def test_self_approval_allowed_by_step(gate: Any, relay: Any) -> None:
     )
 
 
+@pytest.mark.e2e
 def test_self_approval_requester_outside_scope_decides_nothing_else(gate: Any, relay: Any) -> None:
     # carol is an operator but not an approver of "pair": alice and bob decide as usual
     api = gate.api()
@@ -132,6 +135,7 @@ def test_self_approval_requester_outside_scope_decides_nothing_else(gate: Any, r
         assert (status, answer["resolved"]) == (200, resolved)
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize(
     ("body", "status", "answer"),
     [
@@ -174,6 +178,7 @@ def test_self_approval_create_refusals(
     assert gate.api().call("GET", "/v1/approvals?state=all")[1]["items"] == []
 
 
+@pytest.mark.e2e
 def test_self_approval_cli_requested_by(gate: Any, relay: Any) -> None:
     cli = CliProcess(
         "request",
@@ -202,6 +207,7 @@ def test_self_approval_cli_requested_by(gate: Any, relay: Any) -> None:
     assert gate.api().get(approval_id)["requested_by"] == BOB
 
 
+@pytest.mark.e2e
 def test_self_approval_idempotency_key_includes_requested_by(gate: Any) -> None:
     api = gate.api()
     body = {"pipeline": "p", "step": "q2", "draft": {"body": "same"}}
@@ -246,6 +252,7 @@ def _config_with(tmp_path: Path, steps: list[dict[str, Any]]) -> Path:
     return write_config(tmp_path, "http://127.0.0.1:9/relay", steps=steps)
 
 
+@pytest.mark.e2e
 def test_self_approval_check_config_rejects_unreachable_quorum(tmp_path: Path) -> None:
     config = _config_with(
         tmp_path,

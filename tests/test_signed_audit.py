@@ -191,6 +191,7 @@ def _ms(rfc3339: str) -> int:
     return int(datetime.fromisoformat(rfc3339.replace("Z", "+00:00")).timestamp() * 1000)
 
 
+@pytest.mark.e2e
 @pytest.mark.skipif(shutil.which("openssl") is None, reason="openssl not installed")
 def test_signed_audit_vector_verifies_with_openssl(tmp_path: Path) -> None:
     case = VEC["rows"][1]
@@ -370,6 +371,7 @@ async def test_signed_audit_migration_2_keeps_old_entries(tmp_path: Path) -> Non
 # ---- keygen -----------------------------------------------------------------------------------
 
 
+@pytest.mark.e2e
 def test_keygen_writes_0600_private_key_and_prints_key_id(tmp_path: Path) -> None:
     out = tmp_path / "keys"
     proc = run_cli("keygen", "--out", str(out))
@@ -417,6 +419,7 @@ def _chmod(path: Path, mode: int) -> Path:
     return path
 
 
+@pytest.mark.e2e
 def test_check_config_names_a_bad_signing_key_file(tmp_path: Path) -> None:
     config = write_config(tmp_path, "http://127.0.0.1:9/relay")
     sign_config(config)
@@ -492,6 +495,7 @@ def history(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SignedHistory]
             h.gate.stop()
 
 
+@pytest.mark.e2e
 def test_signed_audit_every_entry_and_receipt_is_signed(history: SignedHistory) -> None:
     rows = [json.loads(line) for line in history.lines]
     assert [r["seq"] for r in rows] == list(range(1, 12))
@@ -514,6 +518,7 @@ def test_signed_audit_every_entry_and_receipt_is_signed(history: SignedHistory) 
         }
 
 
+@pytest.mark.e2e
 def test_signed_audit_export_verifies_with_public_key_only(history: SignedHistory) -> None:
     assert verify_export(history.export, history.public) == (
         0,
@@ -531,6 +536,7 @@ def test_signed_audit_export_verifies_with_public_key_only(history: SignedHistor
     ), proc.stderr
 
 
+@pytest.mark.e2e
 def test_signed_audit_verify_of_the_database_needs_no_private_key(
     history: SignedHistory, tmp_path: Path
 ) -> None:
@@ -622,6 +628,7 @@ TAMPERS: list[tuple[str, Callable[[list[str]], list[str]], str]] = [
 ]
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize(("name", "tamper", "message"), TAMPERS, ids=[t[0] for t in TAMPERS])
 def test_signed_audit_tampered_export_names_first_bad_entry(
     history: SignedHistory, name: str, tamper: Callable[[list[str]], list[str]], message: str
@@ -634,6 +641,7 @@ def test_signed_audit_tampered_export_names_first_bad_entry(
     assert len(out.splitlines()) == 1
 
 
+@pytest.mark.e2e
 def test_signed_audit_dropped_tail_is_caught_by_expect(history: SignedHistory) -> None:
     path = history.write("truncated.jsonl", history.lines[:8])
     last_receipt = history.receipt_file(2)
@@ -658,6 +666,7 @@ def test_signed_audit_dropped_tail_is_caught_by_expect(history: SignedHistory) -
     )
 
 
+@pytest.mark.e2e
 def test_audit_verify_of_an_empty_export_or_without_keys_says_what_it_did_not_prove(
     history: SignedHistory,
 ) -> None:
@@ -685,6 +694,7 @@ def test_audit_verify_of_an_empty_export_or_without_keys_says_what_it_did_not_pr
     )
 
 
+@pytest.mark.e2e
 def test_signed_audit_made_up_receipt_is_not_genuine(history: SignedHistory) -> None:
     forged = history.receipt_file(2, seq=12, entry_hash="ab" * 32)
 
@@ -697,6 +707,7 @@ def test_signed_audit_made_up_receipt_is_not_genuine(history: SignedHistory) -> 
     )
 
 
+@pytest.mark.e2e
 def test_signed_audit_wrong_public_key(history: SignedHistory, tmp_path: Path) -> None:
     _, other, other_id = keys.generate(tmp_path)
 
@@ -710,6 +721,7 @@ def test_signed_audit_wrong_public_key(history: SignedHistory, tmp_path: Path) -
     assert other_id != history.key_id
 
 
+@pytest.mark.e2e
 def test_signed_audit_usage_errors(history: SignedHistory, tmp_path: Path) -> None:
     private = history.directory / "keys" / keys.PRIVATE_KEY_NAME
     code, out = verify_export(history.export, private)
@@ -724,6 +736,8 @@ def test_signed_audit_usage_errors(history: SignedHistory, tmp_path: Path) -> No
     assert (code, out) == (2, f"Error: --expect: {bogus} holds no receipt (seq, entry_hash)\n")
 
 
+@pytest.mark.e2e
+@pytest.mark.toolchain
 @pytest.mark.skipif(shutil.which("node") is None, reason="node not installed")
 def test_signed_audit_docs_node_snippet_verifies_export(
     history: SignedHistory, tmp_path: Path
@@ -750,6 +764,7 @@ def test_signed_audit_docs_node_snippet_verifies_export(
 # ---- rotation and enabling signing on a running history, through the daemon -----------------
 
 
+@pytest.mark.e2e
 def test_signed_audit_enable_then_rotate_key(tmp_path: Path) -> None:
     relay = CaptureRelay().start()
     try:
@@ -802,6 +817,7 @@ def test_signed_audit_enable_then_rotate_key(tmp_path: Path) -> None:
     ), proc.stderr
 
 
+@pytest.mark.e2e
 def test_audit_verify_input_it_cannot_read_is_not_tampering(tmp_path: Path) -> None:
     """Regression (new-user review): a missing or undecodable export file and a config whose
     database does not exist exited 1, the code for "tampered", so a script could not tell a

@@ -1,6 +1,10 @@
 """Smoke: a decision round trip through the real daemon and the capturing relay."""
 
+import pytest
+
 from tests.support import decision_body, post_decision
+
+pytestmark = pytest.mark.e2e
 
 
 def test_e2e_approve_quorum_1(gate, relay):

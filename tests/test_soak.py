@@ -22,6 +22,8 @@ import pytest
 
 from tests.soak.soak import run_soak
 
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.toolchain]
+
 KILLS = 5
 SEED = int(os.environ.get("HITL_SOAK_SEED", "1729"))
 

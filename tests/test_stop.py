@@ -245,6 +245,8 @@ def test_refused_asks_again_when_a_connect_races_the_close() -> None:
             break
 
 
+@pytest.mark.slow
+@pytest.mark.e2e
 def test_sigterm_lands_an_in_flight_decision_fully_and_answers_long_polls(tmp_path, relay, cleanup):
     config = config_with(tmp_path, relay.url, "8s")
     proc = GateProcess(config).start()
@@ -306,6 +308,8 @@ def test_sigterm_lands_an_in_flight_decision_fully_and_answers_long_polls(tmp_pa
     assert verified.returncode == 0, verified.stdout + verified.stderr
 
 
+@pytest.mark.slow
+@pytest.mark.e2e
 def test_decision_held_past_the_shutdown_timeout_is_not_recorded_at_all(tmp_path, relay, cleanup):
     config = config_with(tmp_path, relay.url, "1s")
     proc = GateProcess(config).start()
@@ -372,6 +376,8 @@ class HangingRelay(CaptureRelay):
         return web.json_response({"status": "ok"}, status=self.status)
 
 
+@pytest.mark.slow
+@pytest.mark.e2e
 def test_sigterm_stops_the_dispatcher_mid_dispatch_and_the_restart_sends_again(tmp_path, cleanup):
     relay = HangingRelay().start()
     relay.delay_s = 30.0
@@ -401,6 +407,8 @@ def test_sigterm_stops_the_dispatcher_mid_dispatch_and_the_restart_sends_again(t
         relay.stop()
 
 
+@pytest.mark.slow
+@pytest.mark.e2e
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_stop_is_prompt_with_idle_keep_alive_connections_and_long_polls(
     tmp_path, relay, cleanup, sig
@@ -436,6 +444,8 @@ def test_stop_is_prompt_with_idle_keep_alive_connections_and_long_polls(
             sock.close()
 
 
+@pytest.mark.slow
+@pytest.mark.e2e
 def test_unix_socket_api_is_removed_on_stop(tmp_path, relay):
     """Regression (new-user review): with ``api.listen: unix:PATH`` the socket file stayed
     behind after a clean stop. The API works over it, and the file is gone after SIGTERM."""

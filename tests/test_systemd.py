@@ -154,6 +154,7 @@ def notify(tmp_path: Path) -> Any:
 # ---- sd_notify: the handshake with a real daemon --------------------------------------------
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("abstract", [False, True], ids=["path", "abstract"])
 def test_notify_ready_watchdog_stopping(
     tmp_path: Path, relay: CaptureRelay, abstract: bool
@@ -190,6 +191,7 @@ def test_notify_ready_watchdog_stopping(
         sock.close()
 
 
+@pytest.mark.e2e
 def test_notify_status_when_start_fails(
     tmp_path: Path, relay: CaptureRelay, notify: NotifySocket
 ) -> None:
@@ -237,6 +239,7 @@ def test_sdnotify_addresses_and_watchdog_rules(tmp_path: Path) -> None:
 # ---- credentials (LoadCredential=) ------------------------------------------------------------
 
 
+@pytest.mark.e2e
 def test_serve_reads_credentials_directory(tmp_path: Path, relay: CaptureRelay) -> None:
     """Secrets only as credential files, each with the trailing newline editors add."""
     creds = write_credentials(
@@ -267,6 +270,7 @@ def test_serve_reads_credentials_directory(tmp_path: Path, relay: CaptureRelay) 
         assert value not in gate.log()
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize(
     "content, problem",
     [
@@ -361,6 +365,7 @@ def reload_gate(
     return gate, config, creds
 
 
+@pytest.mark.e2e
 def test_sighup_reload_applies_to_new_work_only(
     tmp_path: Path, relay: CaptureRelay, notify: NotifySocket
 ) -> None:
@@ -439,6 +444,7 @@ def test_sighup_reload_applies_to_new_work_only(
         assert gate.stop() == 0
 
 
+@pytest.mark.e2e
 def test_sighup_reload_refuses_bad_config_and_keeps_serving(
     tmp_path: Path, relay: CaptureRelay, notify: NotifySocket
 ) -> None:
@@ -507,6 +513,7 @@ def test_sighup_reload_refuses_bad_config_and_keeps_serving(
 # ---- backup while running (docs/operating.md section 5) -------------------------------------
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("how", ["backup", "vacuum-into"])
 def test_backup_while_running(
     tmp_path: Path, relay: CaptureRelay, gate: GateProcess, how: str
@@ -589,6 +596,7 @@ def test_unit_declares_notify_credentials_and_directories() -> None:
         assert line in lines, line
 
 
+@pytest.mark.e2e
 def test_systemd_analyze_verify(tmp_path: Path) -> None:
     tool = _analyze()
     unit = _unit_copy(tmp_path)
@@ -611,6 +619,7 @@ def _exec_start_program() -> Path:
     return Path(match.group(1))
 
 
+@pytest.mark.e2e
 def test_b02_11_shipped_unit_verifies_once_its_program_is_installed(tmp_path: Path) -> None:
     """Item 11 of issue 12: docs/operating.md said `systemd-analyze verify` passes, but on
     the shipped unit it fails until ExecStart='s program exists. The doc now states that
@@ -660,6 +669,7 @@ def test_b02_11_shipped_unit_verifies_once_its_program_is_installed(tmp_path: Pa
     assert "hitl-gate.service" not in result.stderr, result.stderr
 
 
+@pytest.mark.e2e
 def test_systemd_analyze_security_exposure_at_most_2(tmp_path: Path) -> None:
     tool = _analyze()
     unit = _unit_copy(tmp_path)

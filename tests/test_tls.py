@@ -29,7 +29,10 @@ from tests.support import (
     write_config,
 )
 
-pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="needs openssl")
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.skipif(shutil.which("openssl") is None, reason="needs openssl"),
+]
 
 APPROVED = {"status": "recorded", "resolved": True, "outcome": "approved"}
 

@@ -371,6 +371,7 @@ def skipped_names(report: dict[str, Any]) -> set[str]:
 # ---- the real CLI against the reference relay -------------------------------------------------
 
 
+@pytest.mark.e2e
 def test_reference_relay_passes_every_check(fleet: Fleet) -> None:
     result = fleet.runs[REFERENCE].result()
     assert result.code == 0, result
@@ -387,6 +388,7 @@ def test_reference_relay_passes_every_check(fleet: Fleet) -> None:
     fleet.reference.wait_for_line(r"event=dispatch_refused reason=timestamp_out_of_window")
 
 
+@pytest.mark.e2e
 def test_reference_relay_text_report(fleet: Fleet) -> None:
     result = fleet.runs["reference-text"].result()
     assert result.code == 0, result
@@ -398,6 +400,7 @@ def test_reference_relay_text_report(fleet: Fleet) -> None:
     assert lines[-1] == f"{len(ALL_CHECKS)}/{len(ALL_CHECKS)} checks passed: CONFORMANT"
 
 
+@pytest.mark.e2e
 def test_public_url_is_the_callback_the_relay_uses(fleet: Fleet) -> None:
     result = fleet.runs["reference-public-url"].result()
     report = result.report()
@@ -409,6 +412,7 @@ def test_public_url_is_the_callback_the_relay_uses(fleet: Fleet) -> None:
 # ---- the real CLI against misbehaving relays --------------------------------------------------
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("name", FAILING)
 def test_misbehaving_relay_fails_exactly_the_right_checks(fleet: Fleet, name: str) -> None:
     scenario = SCENARIOS[name]
@@ -437,6 +441,7 @@ def test_misbehaving_relay_fails_exactly_the_right_checks(fleet: Fleet, name: st
         assert by_name[check_name]["observed"].startswith("not run"), by_name[check_name]
 
 
+@pytest.mark.e2e
 def test_relay_on_another_secret_is_told_to_check_the_secret_first(fleet: Fleet) -> None:
     """New-user review: the hint for a refused (401) dispatch spoke only of raw body bytes;
     the usual cause is simply a relay holding another secret."""
@@ -446,6 +451,7 @@ def test_relay_on_another_secret_is_told_to_check_the_secret_first(fleet: Fleet)
     )
 
 
+@pytest.mark.e2e
 def test_holding_relay_really_acked_late(fleet: Fleet) -> None:
     result = fleet.runs["holds-ack-8s"].result()
     ack = {c["name"]: c for c in result.report()["checks"]}["relay.ack"]
@@ -464,6 +470,7 @@ def _exit_after_real_dispatch(fleet: Fleet, name: str) -> float:
     return run.ended - fleet.relays[name].dispatches[-1]["at"]
 
 
+@pytest.mark.e2e
 def test_never_answering_relay_fails_after_timeout(fleet: Fleet) -> None:
     result = fleet.runs["never-answers"].result()
     report = result.report()
@@ -477,6 +484,7 @@ def test_never_answering_relay_fails_after_timeout(fleet: Fleet) -> None:
     assert [d["status"] for d in fleet.relays["never-answers"].dispatches] == [401, 401, 202]
 
 
+@pytest.mark.e2e
 def test_unacked_dispatch_is_not_waited_for(fleet: Fleet) -> None:
     # --timeout 60, but the relay refused the dispatch: there is no human to wait for
     # the bound is half of that --timeout: it tells "did not wait for the human" apart from
@@ -486,6 +494,7 @@ def test_unacked_dispatch_is_not_waited_for(fleet: Fleet) -> None:
     assert fleet.relays["refuses-everything"].decided() == []
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize(
     "name",
     [
@@ -505,6 +514,7 @@ def test_forwarding_relays_really_forwarded(fleet: Fleet, name: str) -> None:
     assert all(d["status"] == 200 for d in decided), decided
 
 
+@pytest.mark.e2e
 def test_failing_relay_text_report(fleet: Fleet) -> None:
     scenario = SCENARIOS["echoes-wrong-hash-text"]
     result = fleet.runs["echoes-wrong-hash-text"].result()
@@ -631,6 +641,7 @@ async def test_probe_fails_when_the_gate_is_unreachable() -> None:
     assert result.ok is False and "no answer" in result.observed and result.fix
 
 
+@pytest.mark.e2e
 async def test_verify_reports_a_permissive_gate(
     fleet: Fleet, server_factory: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -872,6 +883,7 @@ def test_judge_decision_fields() -> None:
 # ---- usage errors -----------------------------------------------------------------------------
 
 
+@pytest.mark.e2e
 def test_usage_errors_exit_2(relay: Any) -> None:
     """Each usage error exits 2 with one ``Error:`` line, no report, and no dispatch sent.
 

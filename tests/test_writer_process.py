@@ -345,6 +345,7 @@ async def test_writer_process_that_stops_answering_makes_the_health_check_fail(
 # ---- the daemon ------------------------------------------------------------------------------
 
 
+@pytest.mark.e2e
 def test_serve_runs_one_writer_process_which_ends_with_the_gate(
     gate: GateProcess, relay: CaptureRelay
 ) -> None:
@@ -364,6 +365,7 @@ def test_serve_runs_one_writer_process_which_ends_with_the_gate(
     wait_until(lambda: not running(writer), what="the writer process to exit")
 
 
+@pytest.mark.e2e
 def test_writer_process_killed_stops_the_gate_with_exit_1_for_a_restart(
     gate: GateProcess, tmp_path: Path, relay: CaptureRelay
 ) -> None:
@@ -390,6 +392,7 @@ def test_writer_process_killed_stops_the_gate_with_exit_1_for_a_restart(
         again.stop()
 
 
+@pytest.mark.e2e
 def test_a_stopped_writer_left_by_a_killed_gate_is_named_when_the_next_start_is_refused(
     tmp_path: Path, relay: CaptureRelay
 ) -> None:
@@ -416,6 +419,7 @@ def test_a_stopped_writer_left_by_a_killed_gate_is_named_when_the_next_start_is_
     assert again.stop() == 0
 
 
+@pytest.mark.e2e
 def test_reload_reaches_the_writer_process(tmp_path: Path, relay: CaptureRelay) -> None:
     """The rate limit is checked inside the decision's transaction, i.e. in the writer
     process: a SIGHUP that lowers it must reach the writer's copy of the config."""
