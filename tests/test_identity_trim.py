@@ -253,6 +253,7 @@ def test_b02_09_decision_parse_vectors_use_white_space(case_id: str) -> None:
 # ---- batch 02 relay review, item D: invisible characters in an identity ---------------------
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize(
     ("char", "kind"),
     [
@@ -283,6 +284,7 @@ def test_b02_D_check_config_refuses_an_invisible_character_in_an_identity(
     assert b"Traceback" not in proc.stderr
 
 
+@pytest.mark.e2e
 def test_b02_D_relay_as_with_a_zero_width_character_is_a_usage_error() -> None:
     proc = run_cli(
         "relay", "--listen", "127.0.0.1:0", "--secret-env", "HITL_RELAY_SECRET",

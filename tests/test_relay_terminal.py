@@ -670,6 +670,7 @@ REAL_PROMPT = re.compile(
 )
 
 
+@pytest.mark.e2e
 def test_b02_A_a_draft_cannot_fake_the_relays_screen(tmp_path, pty_relay, gates):
     """Relay review item A: a draft holding the relay's own separator, a fake prompt answered
     ``s``, a fake "Recorded ... skipped", a fake header and a harmless text read as "previous
@@ -735,6 +736,7 @@ def test_b02_A_a_long_draft_line_is_cut_behind_the_gutter_not_wrapped_by_the_ter
 # ---- relay review item C: no human left at the terminal --------------------------------------
 
 
+@pytest.mark.e2e
 def test_b02_C_after_stdin_closed_new_dispatches_are_refused_not_stranded(
     tmp_path, pty_relay, gates
 ):
@@ -771,6 +773,7 @@ def test_b02_C_after_stdin_closed_new_dispatches_are_refused_not_stranded(
 # ---- relay review item B: stdout redirected, the terminal still shows what is decided --------
 
 
+@pytest.mark.e2e
 def test_b02_B_stdout_redirected_the_draft_and_prompt_are_on_the_terminal(
     tmp_path, pty_relay, gates
 ):
