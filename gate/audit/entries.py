@@ -14,8 +14,8 @@ gate never wrote, must be reported, not raise here).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, ClassVar
+from dataclasses import dataclass, fields
+from typing import Any, ClassVar, TypeVar
 
 from gate.audit.spans import ROTATED
 
@@ -23,6 +23,17 @@ CREATED = "created"
 DECISION = "decision"
 RESOLVED = "resolved"
 DISPATCH_ACK = "dispatch_ack"
+
+
+_Entry = TypeVar("_Entry")
+
+
+def _as_logged(cls: type[_Entry], data: Mapping[str, Any]) -> _Entry:
+    """An entry payload of dataclass ``cls`` with each field read from a logged ``data``
+    object by its name, as logged and unvalidated: a missing key reads as None and a value
+    of another type is kept, so the records check reports it as a disagreement."""
+    names = [field.name for field in fields(cls)]  # type: ignore[arg-type]
+    return cls(**{name: data.get(name) for name in names})
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,17 +76,7 @@ class CreatedData:
     @classmethod
     def from_data(cls, data: Mapping[str, Any]) -> CreatedData:
         """Read a logged ``data`` object back, as logged (module docstring)."""
-        return cls(
-            data.get("pipeline"),  # type: ignore[arg-type]  # as logged, unvalidated
-            data.get("step"),  # type: ignore[arg-type]
-            data.get("revision"),  # type: ignore[arg-type]
-            data.get("payload_hash"),  # type: ignore[arg-type]
-            data.get("quorum"),  # type: ignore[arg-type]
-            data.get("approvers"),  # type: ignore[arg-type]
-            data.get("expires_at"),  # type: ignore[arg-type]
-            data.get("requested_by"),
-            data.get("allow_self_approval"),
-        )
+        return _as_logged(cls, data)
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,16 +115,7 @@ class DecisionData:
     @classmethod
     def from_data(cls, data: Mapping[str, Any]) -> DecisionData:
         """Read a logged ``data`` object back, as logged (module docstring)."""
-        return cls(
-            data.get("operator_id"),  # type: ignore[arg-type]  # as logged, unvalidated
-            data.get("decision"),  # type: ignore[arg-type]
-            data.get("revision"),  # type: ignore[arg-type]
-            data.get("payload_hash"),  # type: ignore[arg-type]
-            data.get("nonce"),  # type: ignore[arg-type]
-            data.get("effect"),  # type: ignore[arg-type]
-            data.get("new_revision"),
-            data.get("new_payload_hash"),
-        )
+        return _as_logged(cls, data)
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,13 +145,7 @@ class ResolvedData:
     @classmethod
     def from_data(cls, data: Mapping[str, Any]) -> ResolvedData:
         """Read a logged ``data`` object back, as logged (module docstring)."""
-        return cls(
-            data.get("outcome"),  # type: ignore[arg-type]  # as logged, unvalidated
-            data.get("revision"),  # type: ignore[arg-type]
-            data.get("payload_hash"),  # type: ignore[arg-type]
-            data.get("approved_by"),  # type: ignore[arg-type]
-            data.get("quorum"),  # type: ignore[arg-type]
-        )
+        return _as_logged(cls, data)
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,10 +165,7 @@ class DispatchAckData:
     @classmethod
     def from_data(cls, data: Mapping[str, Any]) -> DispatchAckData:
         """Read a logged ``data`` object back, as logged (module docstring)."""
-        return cls(
-            data.get("revision"),  # type: ignore[arg-type]  # as logged, unvalidated
-            data.get("attempts"),  # type: ignore[arg-type]
-        )
+        return _as_logged(cls, data)
 
 
 @dataclass(frozen=True, slots=True)
@@ -209,11 +192,7 @@ class ReceiptKeyRotatedData:
     @classmethod
     def from_data(cls, data: Mapping[str, Any]) -> ReceiptKeyRotatedData:
         """Read a logged ``data`` object back, as logged (module docstring)."""
-        return cls(
-            data.get("previous_key_last_seq"),  # type: ignore[arg-type]  # as logged
-            data.get("key_env"),  # type: ignore[arg-type]
-            data.get("previous_key_env"),
-        )
+        return _as_logged(cls, data)
 
 
 EntryData = CreatedData | DecisionData | ResolvedData | DispatchAckData | ReceiptKeyRotatedData
