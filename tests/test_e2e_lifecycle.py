@@ -134,6 +134,7 @@ def acked(gate: GateProcess, approval_id: str) -> dict[str, Any]:
 # ---- happy path with the real reference relay ---------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("auto", "code", "outcome"),
     [("approve", 0, "approved"), ("skip", 3, "skipped"), ("adjust:New text", 0, "adjusted")],
@@ -205,6 +206,7 @@ def test_request_wait_through_reference_relay(tmp_path, spawn, clis, auto, code,
     assert relay.stop() == 0  # SPEC §4: the reference relay exits 0 on SIGTERM
 
 
+@pytest.mark.slow
 def test_request_wait_reports_each_decision_of_a_quorum_as_it_lands(gate, relay, clis):
     """Regression (new-user review): with quorum 2, ``request --wait`` printed the first
     decision only when its 60 s long-poll chunk ended (the gate's long-poll wakes on the
@@ -239,6 +241,7 @@ def test_request_wait_reports_each_decision_of_a_quorum_as_it_lands(gate, relay,
     assert err.count("decision approve by") == 2, err
 
 
+@pytest.mark.slow
 def test_request_interrupted_prints_a_cancel_command_that_runs_as_printed(gate, relay, clis):
     """Regression (new-user review): the Ctrl-C hint said ``hitl-gate cancel ID`` without the
     config, which fails with "Missing option '-c'". The printed command must work as is."""
@@ -270,6 +273,7 @@ def test_request_interrupted_prints_a_cancel_command_that_runs_as_printed(gate, 
     assert (approval["state"], approval["outcome"]) == ("resolved", "cancelled")
 
 
+@pytest.mark.slow
 def test_terminal_relay_shows_the_quorum_collected_so_far(tmp_path, spawn, clis):
     """Regression (new-user review): with ``--as alice --as bob`` on a quorum-2 step, bob's
     prompt still read ``quorum 0/2`` after alice's approve was recorded."""
@@ -298,6 +302,7 @@ def test_terminal_relay_shows_the_quorum_collected_so_far(tmp_path, spawn, clis)
     assert shown == [("0", "alice@example.com"), ("1", "bob@example.com")], relay.stdout
 
 
+@pytest.mark.slow
 def test_terminal_relay_shows_control_and_invisible_characters_of_a_draft(tmp_path, spawn, clis):
     """Security review: a draft of ``"Transfer 12000 EUR to ATTACKER\r\x1b[2KTransfer 12 EUR to
     ACME"`` showed on a terminal as the second sentence only (carriage return, then "erase
@@ -338,6 +343,7 @@ def test_terminal_relay_shows_control_and_invisible_characters_of_a_draft(tmp_pa
         assert raw not in shown, repr(raw)
 
 
+@pytest.mark.slow
 def test_terminal_relay_says_when_the_gate_did_not_record_an_answer(tmp_path, spawn, clis):
     """Pipeline-author review: a human whose answer the gate refused saw it only in the
     relay's log, and a dispatch queued behind a prompt was still shown after its expiry. The
@@ -379,6 +385,7 @@ def test_terminal_relay_says_when_the_gate_did_not_record_an_answer(tmp_path, sp
     assert "before its turn; not shown." in shown, shown
 
 
+@pytest.mark.slow
 def test_terminal_relay_says_when_no_identity_of_its_own_may_decide(tmp_path, spawn, clis):
     """New-user review: ``relay --as carol`` for a step carol is no approver of acked the
     dispatch and only logged ``event=not_in_scope``: the human saw nothing while the
@@ -407,6 +414,7 @@ def test_terminal_relay_says_when_no_identity_of_its_own_may_decide(tmp_path, sp
     assert "Nicht für zoe" not in shown
 
 
+@pytest.mark.slow
 def test_reference_relay_names_what_a_dispatch_lacks(clis):
     """Regression (new-user review): a signed dispatch of just ``{"protocol": "hitl/v0"}``
     was refused ``payload_hash_mismatch``; the relay now names the missing field."""
@@ -511,6 +519,7 @@ def test_case_h02_dispatch_bytes_are_signed_and_unescaped(gate, relay):
 # ---- expiry (H13) ----------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_case_h13_expiry_exits_4_and_late_decision_is_410(gate, relay, clis):
     cli = clis(
         "request",
@@ -584,6 +593,7 @@ def test_relay_down_then_up_dispatch_is_retried_until_acked(gate, relay):
     )
 
 
+@pytest.mark.slow
 def test_dispatch_never_acked_ends_as_timeout(gate, relay):
     relay.status = 503
     approval_id = gate.api().create("short", "nobody will ever see this")["approval_id"]
@@ -631,6 +641,7 @@ class RedirectRelay:
         self.thread.join(10)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("status", [302, 307])
 def test_redirect_is_not_an_ack_and_is_not_followed(tmp_path, relay, spawn, status):
     redirect = RedirectRelay(status, relay.url)
@@ -723,6 +734,7 @@ def test_kill9_unacked_dispatch_is_resent_after_restart(gate, relay, spawn):
     )
 
 
+@pytest.mark.slow
 def test_kill9_expired_while_down_resolves_timeout_on_restart(gate, relay, spawn):
     approval = gate.api().create("short", "expires while the gate is down")
     approval_id = approval["approval_id"]
@@ -902,6 +914,7 @@ def test_h16_oversized_draft_is_413_and_nothing_stored(gate):
     assert db_scalar(db, "SELECT length(CAST(body AS BLOB)) FROM revisions") == 1048576
 
 
+@pytest.mark.slow
 def test_api_long_poll(gate, relay):
     api = gate.api()
     approval_id = api.create("q1", "wait for me")["approval_id"]
@@ -1046,6 +1059,7 @@ def test_request_wait_exits_5_when_cancelled_elsewhere(gate, relay, clis):
     assert re.search(r"^resolved: cancelled \(revision 1, ", stderr, re.M), stderr
 
 
+@pytest.mark.slow
 def test_request_wait_rides_out_a_gate_restart(tmp_path, relay, clis):
     """Pipeline-author review: ``request --wait`` exited 1 "cannot reach the gate" the moment
     the gate restarted, although the approval is durable and still pending (SPEC §8). It now
@@ -1087,6 +1101,7 @@ def test_request_wait_rides_out_a_gate_restart(tmp_path, relay, clis):
             gate.stop()
 
 
+@pytest.mark.slow
 def test_request_wait_retries_the_create_until_the_gate_takes_it(tmp_path, relay, clis):
     """New-user review: operating.md promised that ``request --wait`` retries a create with
     the same Idempotency-Key, but a gate that was down (or answered 503) at the create ended
@@ -1133,6 +1148,7 @@ def test_request_wait_retries_the_create_until_the_gate_takes_it(tmp_path, relay
         gate.stop()
 
 
+@pytest.mark.slow
 def test_request_wait_timeout_bounds_the_create_and_the_wait_together(tmp_path, relay, clis):
     """Review: the retried create and the wait after it each had the whole --timeout, so
     ``--timeout 8`` could end after ~13 s. One deadline now covers both."""
@@ -1167,6 +1183,7 @@ def test_request_wait_timeout_bounds_the_create_and_the_wait_together(tmp_path, 
         gate.stop()
 
 
+@pytest.mark.slow
 def test_request_wait_that_cannot_create_within_timeout_exits_4(tmp_path):
     """The --timeout bounds the create too (it was ignored while the create was refused or
     blocked): exit 4, and the command to find the request if it did land after all."""
@@ -1199,6 +1216,7 @@ def test_request_wait_that_cannot_create_within_timeout_exits_4(tmp_path):
     ), err
 
 
+@pytest.mark.slow
 def test_request_replayed_by_idempotency_key_says_so(gate, relay, clis):
     """Pipeline-author review: a request replayed with its Idempotency-Key printed "requested
     approval ..." like a new one, so ``request ... && send`` could not tell it fired before.
@@ -1239,6 +1257,7 @@ def test_request_replayed_by_idempotency_key_says_so(gate, relay, clis):
     ), waited.stderr
 
 
+@pytest.mark.slow
 def test_request_timeout_prints_the_cancel_command(gate, relay, clis):
     """Pipeline-author review: after ``--timeout`` the message said the action must not fire
     but, unlike Ctrl-C, not how to cancel the approval still pending on the gate."""
@@ -1329,6 +1348,7 @@ def _swap_rows(conn: sqlite3.Connection) -> None:
     conn.execute(f"UPDATE audit_log SET {sets} WHERE seq = 6", five)
 
 
+@pytest.mark.slow
 def test_audit_verify_detects_tampering_and_export_verifies(tmp_path, gate, relay):
     api = gate.api()
     ids = []
@@ -1447,6 +1467,7 @@ def test_audit_verify_detects_tampering_and_export_verifies(tmp_path, gate, rela
     assert proc.stdout.decode().startswith("TAMPERED: entry 5: ")
 
 
+@pytest.mark.slow
 def test_audit_verify_c_finds_approval_records_that_disagree_with_the_log(tmp_path, gate, relay):
     """Someone who can write the database file but holds no key can change a row, not the
     log: ``audit verify -c`` compares the approvals, revisions and decisions tables with the
@@ -1625,6 +1646,7 @@ def test_database_is_wal_and_versioned(gate, relay):
     assert db_scalar(db, "PRAGMA user_version") == SCHEMA_VERSION
 
 
+@pytest.mark.slow
 def test_restart_with_another_receipt_key_is_refused(tmp_path, relay):
     """New-user review: ``make demo`` with your own secrets on the demo's old database started
     silently and appended entries receipted with a new key, after which ``audit verify``

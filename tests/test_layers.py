@@ -366,6 +366,7 @@ def test_layers_audit_pure_modules_found() -> None:
         "gate.audit.chain",
         "gate.audit.entries",
         "gate.audit.records",
+        "gate.audit.record_checks",
         "gate.audit.spans",
     }
 

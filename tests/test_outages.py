@@ -27,6 +27,8 @@ from typing import Any
 import pytest
 from aiohttp import web
 
+from gate.config import load
+from gate.daemon.app import build_gate
 from gate.daemon.dispatch import (
     BACKOFF_BASE_S,
     BACKOFF_CAP_S,
@@ -37,6 +39,7 @@ from gate.daemon.dispatch import (
 from tests.badrelays import PermissiveServer
 from tests.support import (
     DEADLINE_S,
+    ENV,
     ROOT,
     Api,
     CaptureRelay,
@@ -164,6 +167,21 @@ def test_backoff_doubles_from_half_a_second_to_a_one_minute_cap_with_equal_jitte
         for _ in range(50):
             assert ceiling / 2 <= backoff_s(attempt, rng) <= ceiling
     assert backoff_s(30, rng) <= 60.0
+
+
+def test_backoff_base_and_cap_are_the_dispatchers_own_when_given(tmp_path):
+    """``build_gate(dispatch_backoff_s=...)`` (in-process tests) reaches the dispatcher's
+    delays; the default is the daemon's 0.5 s doubling to 60 s; a cap below the base is
+    refused."""
+    config, secrets = load(write_config(tmp_path, "http://127.0.0.1:9/relay"), ENV)
+    default = build_gate(config, secrets, writer_process=False).dispatcher
+    fast = build_gate(config, secrets, writer_process=False, dispatch_backoff_s=(0.01, 0.04))
+
+    assert (default.backoff_base_s, default.backoff_cap_s) == (BACKOFF_BASE_S, BACKOFF_CAP_S)
+    assert [fast.dispatcher._backoff_ms(1) <= 10 for _ in range(50)] == [True] * 50
+    assert 20 <= fast.dispatcher._backoff_ms(30) <= 40
+    with pytest.raises(ValueError, match="backoff needs 0 < base <= cap"):
+        build_gate(config, secrets, writer_process=False, dispatch_backoff_s=(1.0, 0.5))
 
 
 @pytest.mark.slow

@@ -22,29 +22,26 @@ the log: an approved draft's body, an outcome, a decision. Each approval must ha
   acked. A deleted newest ack entry shows here while its outbox row still says delivered.
 
 Pure: takes ``ApprovalRecord``s (defined here, read by
-``gate.store.auditlog.approval_records``), reads nothing.
+``gate.store.auditlog.approval_records``), reads nothing. This module finds each approval's
+``created`` entry and runs the comparisons in that order; each lives in
+``gate.audit.record_checks``.
 """
 
 from __future__ import annotations
 
 import json
-from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from gate.audit import chain as audit
+from gate.audit import record_checks as checks
 from gate.audit.entries import (
     CREATED,
     DECISION,
-    DISPATCH_ACK,
-    RESOLVED,
     CreatedData,
     DecisionData,
-    DispatchAckData,
-    ResolvedData,
 )
-from gate.protocol.canonical import payload_hash
 
 _CREATED_FIELDS = (
     ("pipeline", "pipeline"),
@@ -144,212 +141,16 @@ def _problem(record: ApprovalRecord) -> str | None:
         decisions.append((made.revision, made.operator_id, made.decision, made.payload_hash))
         if made.new_revision is not None:
             logged[made.new_revision] = (e.seq, made.new_payload_hash)
-    reason = _revisions_problem(row, record.revisions, logged)
+    reason = checks.revisions_problem(row, record.revisions, logged)
     if reason is None:
-        reason = _decisions_problem(record.decisions, decisions)
+        reason = checks.decisions_problem(record.decisions, decisions)
     if reason is None:
-        reason = _resolution_problem(row, entries)
+        reason = checks.resolution_problem(row, entries)
     if reason is None:
-        reason = _rules_problem(row, data, entry.seq, entries, logged)
+        reason = checks.rules_problem(row, data, entry.seq, entries, logged)
     if reason is None:
-        reason = _dispatches_problem(record.dispatches, entries, logged)
+        reason = checks.dispatches_problem(record.dispatches, entries, logged)
     return reason
-
-
-def _dispatches_problem(
-    dispatches: list[tuple[Any, Any, Any]],
-    entries: list[tuple[audit.AuditRow, dict[str, Any]]],
-    logged: dict[Any, tuple[int, Any]],
-) -> str | None:
-    """The outbox rows ``(revision, attempts, delivered_at)`` against the ``dispatch_ack``
-    entries: an acked dispatch has its entry (same attempts), an entry its acked dispatch
-    (when the outbox holds the revision's row); one ack per revision, each of a logged one.
-    An outbox row missing altogether is not named (the gate would not send it again)."""
-    acks: dict[Any, list[tuple[audit.AuditRow, DispatchAckData]]] = {}
-    for e, d in entries:
-        if e.kind == DISPATCH_ACK:
-            logged_ack = DispatchAckData.from_data(d)
-            acks.setdefault(logged_ack.revision, []).append((e, logged_ack))
-    for revision, found in acks.items():
-        if len(found) > 1:
-            return (
-                f"{len(found)} dispatch_ack entries for revision {revision} in the audit "
-                "log (expected at most 1)"
-            )
-        if revision not in logged:
-            return (
-                f"audit entry {found[0][0].seq} records the relay's ack of revision "
-                f"{revision}, which the audit log does not hold"
-            )
-    for revision, attempts, delivered_at in dispatches:
-        if revision not in logged:
-            return (
-                f"its outbox row dispatches revision {revision}, which the audit log does not hold"
-            )
-        ack = acks.get(revision)
-        if delivered_at is None:
-            if ack is not None:
-                return (
-                    f"its outbox row says the dispatch of revision {revision} was never "
-                    f"acked, but audit entry {ack[0][0].seq} records the relay's ack"
-                )
-            continue
-        if ack is None:
-            plural = "" if attempts == 1 else "s"
-            return (
-                f"its outbox row says the relay acked the dispatch of revision {revision} "
-                f"(after {attempts} attempt{plural}), but the audit log holds no "
-                "dispatch_ack entry for it (deleted?)"
-            )
-        entry, data = ack[0]
-        if data.attempts != attempts:
-            return (
-                f"its outbox row counts {attempts!r} attempts for the acked dispatch of "
-                f"revision {revision}, audit entry {entry.seq} {data.attempts!r}"
-            )
-    return None
-
-
-def _rules_problem(
-    row: dict[str, Any],
-    created: CreatedData,
-    created_seq: int,
-    entries: list[tuple[audit.AuditRow, dict[str, Any]]],
-    logged: dict[Any, tuple[int, Any]],
-) -> str | None:
-    """The log against itself and the frozen scope: what the gate never writes, whatever the
-    rows said while it ran (rows loosened, the approval resolved, the rows put back)."""
-    approvers = created.approvers
-    scope = [pair[0] for pair in json.loads(row["scope"])]
-    if scope != approvers:
-        return (
-            f"scope holds operators {scope} in the approvals table but audit entry "
-            f"{created_seq} froze {approvers}"
-        )
-    for e, d in entries:
-        if e.kind == DECISION:
-            made = DecisionData.from_data(d)
-            if made.operator_id not in approvers:
-                return (
-                    f"audit entry {e.seq} records a decision by operator "
-                    f"{made.operator_id}, outside the approvers {approvers} of "
-                    f"entry {created_seq}"
-                )
-            revision = made.revision
-            if revision not in logged or made.payload_hash != logged[revision][1]:
-                return (
-                    f"audit entry {e.seq} decided payload {made.payload_hash} of "
-                    f"revision {revision}, which the log does not hold for it"
-                )
-        elif e.kind == RESOLVED:
-            resolved = ResolvedData.from_data(d)
-            if resolved.quorum != created.quorum:
-                return (
-                    f"audit entry {e.seq} resolved with quorum {resolved.quorum}, entry "
-                    f"{created_seq} froze quorum {created.quorum}"
-                )
-            outside = [op for op in resolved.approved_by or [] if op not in approvers]
-            if outside:
-                return (
-                    f"audit entry {e.seq} counts operators {outside} outside the "
-                    f"approvers {approvers} of entry {created_seq}"
-                )
-    return None
-
-
-def _revisions_problem(
-    row: dict[str, Any], revisions: list[tuple[Any, Any, Any]], logged: dict[Any, tuple[int, Any]]
-) -> str | None:
-    stored = {revision: (body, digest) for revision, body, digest in revisions}
-    if sorted(stored) != sorted(logged):
-        return (
-            f"revisions {sorted(stored)} in the revisions table but {sorted(logged)} "
-            "in the audit log"
-        )
-    for revision, (body, digest) in sorted(stored.items()):
-        seq, expected = logged[revision]
-        try:
-            actual = payload_hash(body)
-        except UnicodeEncodeError:
-            actual = "(not UTF-8 text)"
-        if actual != expected:
-            return (
-                f"revision {revision}'s body hashes to {actual}, audit entry {seq} "
-                f"holds {expected} (the draft was changed)"
-            )
-        if digest != expected:
-            return (
-                f"revision {revision}'s payload_hash is {digest} in the revisions "
-                f"table but {expected} in audit entry {seq}"
-            )
-    if row["revision"] != max(logged):
-        return (
-            f"current revision is {row['revision']} in the approvals table but "
-            f"{max(logged)} in the audit log"
-        )
-    return None
-
-
-def _decisions_problem(
-    stored: list[tuple[Any, Any, Any, Any]], logged: list[tuple[Any, ...]]
-) -> str | None:
-    in_table, in_log = Counter(map(repr, stored)), Counter(map(repr, logged))
-    if in_table == in_log:
-        return None
-    extra = [d for d in stored if in_table[repr(d)] > in_log[repr(d)]]
-    if extra:
-        return (
-            f"decision {_decision_text(extra[0])} is in the decisions table but not in "
-            "the audit log"
-        )
-    missing = [d for d in logged if in_log[repr(d)] > in_table[repr(d)]]
-    return (
-        f"decision {_decision_text(missing[0])} of the audit log is missing from the "
-        "decisions table"
-    )
-
-
-def _decision_text(decision: tuple[Any, ...]) -> str:
-    revision, operator_id, verdict, _ = decision
-    return f"{verdict!r} by operator {operator_id} on revision {revision}"
-
-
-def _resolution_problem(
-    row: dict[str, Any], entries: list[tuple[audit.AuditRow, dict[str, Any]]]
-) -> str | None:
-    resolved = [(e, ResolvedData.from_data(d)) for e, d in entries if e.kind == RESOLVED]
-    if len(resolved) > 1:
-        return f"{len(resolved)} resolved entries in the audit log (expected at most 1)"
-    if not resolved:
-        if row["state"] != "pending":
-            return (
-                f"state is {row['state']!r} ({row['outcome']}) in the approvals table "
-                "but the audit log holds no resolution"
-            )
-        return None
-    entry, data = resolved[0]
-    if row["state"] != "resolved":
-        return (
-            f"state is {row['state']!r} in the approvals table but audit entry "
-            f"{entry.seq} resolved it {data.outcome!r}"
-        )
-    if row["outcome"] != data.outcome:
-        return (
-            f"outcome is {row['outcome']!r} in the approvals table but "
-            f"{data.outcome!r} in audit entry {entry.seq}"
-        )
-    if row["revision"] != data.revision:
-        return (
-            f"resolved at revision {data.revision} in audit entry {entry.seq} "
-            f"but the approvals table's current revision is {row['revision']}"
-        )
-    try:
-        receipt = json.loads(row["receipt"]) if row["receipt"] is not None else None
-    except ValueError:
-        receipt = None
-    if receipt != audit.receipt_object(entry):
-        return f"its stored receipt is not the receipt of audit entry {entry.seq}"
-    return None
 
 
 def _data(row: audit.AuditRow) -> dict[str, Any]:

@@ -15,7 +15,7 @@ from aiohttp.typedefs import Middleware
 from gate.clock import Clock, SystemClock
 from gate.config import Config, Secrets
 from gate.core.service import GateService
-from gate.daemon.dispatch import Dispatcher, relay_session
+from gate.daemon.dispatch import BACKOFF_BASE_S, BACKOFF_CAP_S, Dispatcher, relay_session
 from gate.daemon.expiry import run_expiry
 from gate.metrics import Metrics
 from gate.protocol import DECISIONS_PATH
@@ -91,6 +91,7 @@ def build_gate(
     writer_process: bool,
     clock: Clock | None = None,
     callback_middlewares: Sequence[Middleware] = (),
+    dispatch_backoff_s: tuple[float, float] = (BACKOFF_BASE_S, BACKOFF_CAP_S),
 ) -> Gate:
     """Wire one gate over ``config`` and ``secrets``; nothing is opened or bound yet.
 
@@ -99,7 +100,11 @@ def build_gate(
     app's error middleware (``hitl-gate verify`` observes what a relay sent with one). Both
     apps share one ``Metrics`` (in its own registry), have ``http.body_timeout`` set, and
     share ``STOPPING``: once set, the API's long-polls are answered early.
-    Raises ConfigError when a receipt key file in ``config.receipts`` cannot be used.
+    ``dispatch_backoff_s`` is the dispatcher's retry backoff ``(base, cap)`` in seconds
+    (``gate.daemon.dispatch.backoff_s``); ``serve`` and ``verify`` keep the default (0.5 s
+    doubling to 60 s: no config key sets it), in-process tests pass a small one.
+    Raises ConfigError when a receipt key file in ``config.receipts`` cannot be used;
+    ValueError unless ``0 < base <= cap``.
     """
     store = Store(config.storage.path, writer_process=writer_process)
     service = GateService(
@@ -125,6 +130,8 @@ def build_gate(
         config.relay.url,
         secrets.relay_secrets[0],
         config.relay.dispatch_timeout,
+        backoff_base_s=dispatch_backoff_s[0],
+        backoff_cap_s=dispatch_backoff_s[1],
     )
     return Gate(
         config,

@@ -56,13 +56,19 @@ def relay_session(ca_file: Path | None = None) -> aiohttp.ClientSession:
     )
 
 
-def backoff_s(attempts: int, rng: random.Random) -> float:
+def backoff_s(
+    attempts: int,
+    rng: random.Random,
+    base_s: float = BACKOFF_BASE_S,
+    cap_s: float = BACKOFF_CAP_S,
+) -> float:
     """Return the delay before retry number ``attempts`` (1-based), in seconds.
 
-    Capped exponential (0.5 s doubling, capped at 60 s) with equal jitter: half fixed,
-    half uniform random, so retries of many approvals spread out.
+    Capped exponential (``base_s`` doubling, capped at ``cap_s``: by default 0.5 s and 60 s)
+    with equal jitter: half fixed, half uniform random, so retries of many approvals spread
+    out (SPEC §2: "retry with capped exponential backoff and jitter until expiry").
     """
-    ceiling = min(BACKOFF_CAP_S, BACKOFF_BASE_S * float(2 ** max(0, attempts - 1)))
+    ceiling = min(cap_s, base_s * float(2 ** max(0, attempts - 1)))
     return ceiling / 2 + rng.uniform(0, ceiling / 2)
 
 
@@ -82,6 +88,11 @@ class Dispatcher:
 
     Every POST is counted in ``metrics`` (the gate's, ``gate.daemon.app.build_gate``):
     attempts, failures by reason, ack latency, the relay's last ack.
+
+    ``backoff_base_s`` and ``backoff_cap_s`` shape the retry delays (``backoff_s``); the
+    defaults are the daemon's (0.5 s doubling to 60 s), which no config key changes: only
+    in-process tests pass smaller ones, not to wait out real backoff. Raises ValueError
+    unless ``0 < backoff_base_s <= backoff_cap_s``.
     """
 
     def __init__(
@@ -91,7 +102,16 @@ class Dispatcher:
         relay_url: str,
         secret: str,
         timeout_s: float,
+        *,
+        backoff_base_s: float = BACKOFF_BASE_S,
+        backoff_cap_s: float = BACKOFF_CAP_S,
     ) -> None:
+        if not 0 < backoff_base_s <= backoff_cap_s:
+            raise ValueError(
+                f"backoff needs 0 < base <= cap, got base {backoff_base_s} s, cap {backoff_cap_s} s"
+            )
+        self.backoff_base_s = backoff_base_s
+        self.backoff_cap_s = backoff_cap_s
         self.service = service
         self.metrics = metrics
         self.relay_url = relay_url
@@ -102,6 +122,10 @@ class Dispatcher:
         self._rng = random.Random()
         self._in_flight: dict[tuple[str, int], asyncio.Task[None]] = {}
         self._unrecorded: dict[tuple[str, int], _Result] = {}
+
+    def _backoff_ms(self, attempts: int) -> int:
+        """The delay before retry number ``attempts`` (1-based), in whole milliseconds."""
+        return int(backoff_s(attempts, self._rng, self.backoff_base_s, self.backoff_cap_s) * 1000)
 
     def start(self, callback_url: str) -> None:
         """Let ``run`` send: dispatches carry ``callback_url`` (the public URL of the
@@ -206,7 +230,7 @@ class Dispatcher:
         envelope cannot carry) as a failed attempt with the usual backoff: it is retried, the
         pipeline sees ``last_error``, and other dispatches go on. Logged with its traceback."""
         attempt = attempts_before + 1
-        retry_at = self.service.clock.now_ms() + int(backoff_s(attempt, self._rng) * 1000)
+        retry_at = self.service.clock.now_ms() + self._backoff_ms(attempt)
         log.error(
             "event=dispatch_failed approval_id=%s revision=%d attempt=%d "
             "reason=internal_error retry_in_s=%.1f",
@@ -254,7 +278,7 @@ class Dispatcher:
             acked, result.elapsed_s, result.failure, self.service.clock.now_ms()
         )
         attempt = attempts_before + 1
-        retry_at = self.service.clock.now_ms() + int(backoff_s(attempt, self._rng) * 1000)
+        retry_at = self.service.clock.now_ms() + self._backoff_ms(attempt)
         if acked:
             log.info(
                 "event=dispatched approval_id=%s revision=%d attempt=%d status=%s",
