@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import math
 import os
 import shlex
 import sys
@@ -398,7 +397,12 @@ def request(
     from ulid import ULID
 
     from gate.client.request import EXIT_CODES, create_with_retry, wait_for_outcome
-    from gate.protocol.whitespace import is_blank
+    from gate.core.requests import (
+        MAX_SPEND,
+        has_control_characters,
+        idempotency_key_fits,
+        spend_problem,
+    )
 
     if permit_out is not None and not wait:
         fail("--permit-out needs --wait", 2)
@@ -407,9 +411,7 @@ def request(
         if not folder.is_dir() or not os.access(folder, os.W_OK | os.X_OK):
             fail(f"--permit-out: {folder} is not a directory this user can write to", 2)
     if idempotency_key is not None and (
-        is_blank(idempotency_key)
-        or len(idempotency_key) > 200
-        or any(ord(c) < 0x20 or ord(c) == 0x7F for c in idempotency_key)
+        not idempotency_key_fits(idempotency_key) or has_control_characters(idempotency_key)
     ):
         fail(
             "--idempotency-key: must be 1-200 characters, not blank, without control characters", 2
@@ -417,9 +419,7 @@ def request(
     text = _read_draft(draft, draft_file)
     config = _config(config_path)
     _check_not_blank(config, pipeline, step, text, draft_file)
-    from gate.core.requests import MAX_SPEND
-
-    if spend is not None and not (math.isfinite(spend) and 0 <= spend <= MAX_SPEND):
+    if spend is not None and spend_problem(spend) is not None:
         fail(f"--spend: must be a finite number >= 0 and <= {MAX_SPEND:g}", 2)
     created: dict[str, str] = {}
     body: dict[str, Any] = {
