@@ -7,9 +7,9 @@ import json
 import os
 import shlex
 import sys
-import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -24,13 +24,24 @@ from gate.cli import (
     run,
 )
 
+if TYPE_CHECKING:
+    from gate.client.request import RequestOptions, RequestProgress, RequestResult
 
-def _client(config_path: str, api_url: str | None, config: Any = None) -> Any:
-    from gate.client.api import ApiClient, api_base
+
+def _client(config_path: str, api_url: str | None) -> Any:
+    """An ``ApiClient`` for the config's API (or ``--api-url``); call it inside the loop."""
+    from gate.client.api import ApiClient
+
+    return ApiClient(*_api_target(read_config(config_path), api_url))
+
+
+def _api_target(config: Any, api_url: str | None) -> tuple[str, str]:
+    """``(API base URL, bearer token)``: ``--api-url`` or ``api.listen``, and the token as
+    ``serve`` reads it. Exits 2 on a token that is not set or has control characters, and
+    on an ``--api-url`` that is no http(s) or unix: URL."""
+    from gate.client.api import api_base
     from gate.config import read_api_token
 
-    if config is None:
-        config = read_config(config_path)
     # as serve reads it: the variable, else its file in $CREDENTIALS_DIRECTORY
     token, error = read_api_token(config, os.environ)
     if token is None:
@@ -39,7 +50,7 @@ def _client(config_path: str, api_url: str | None, config: Any = None) -> Any:
         fail(f"api.token_env: {config.api.token_env} has control characters; remove them", 2)
     if api_url is not None and not _valid_api_url(api_url):
         fail(f"--api-url: {api_url!r} is not http://host:port, https://host:port or unix:/path", 2)
-    return ApiClient(api_url or api_base(config), token)
+    return api_url or api_base(config), token
 
 
 def _valid_api_url(url: str) -> bool:
@@ -160,15 +171,43 @@ def request(
     Example: hitl-gate request -c config.example.yaml --pipeline invoice-due-diligence
     --step send-followup --draft-file mail.txt --wait
     """
-    from ulid import ULID
+    from gate.client.request import RequestOptions, RequestProgress, request_key, run_request
 
-    from gate.client.request import EXIT_CODES, create_with_retry, wait_for_outcome
-    from gate.core.requests import (
-        MAX_SPEND,
-        has_control_characters,
-        idempotency_key_fits,
-        spend_problem,
+    _check_request_options(wait, permit_out, idempotency_key, spend)
+    text = _read_draft(draft, draft_file)
+    config = read_config(config_path)
+    _check_not_blank(config, pipeline, step, text, draft_file)
+    _check_spend(spend)
+    opts = RequestOptions(
+        *_api_target(config, api_url),
+        pipeline,
+        step,
+        text,
+        content_type=content_type,
+        run_id=run_id,
+        spend=spend,
+        requested_by=requested_by,
+        idempotency_key=request_key(idempotency_key, wait),
+        wait=wait,
+        timeout_s=timeout,
+        permit_out=None if permit_out is None else Path(permit_out),
     )
+    progress = RequestProgress()
+    result = run(
+        run_request(opts, _reporter(quiet), progress),
+        lambda: _left_behind(opts, progress, config_path, api_url),
+    )
+    _print_request_result(result, opts, as_json, config_path, api_url)
+
+
+def _check_request_options(
+    wait: bool, permit_out: str | None, idempotency_key: str | None, spend: float | None
+) -> None:
+    """Exit 2 on a ``--permit-out`` without ``--wait`` or in a folder this user cannot
+    write to (checked before a human is asked, not after), and on an ``--idempotency-key``
+    the API would refuse (``gate.core.requests.idempotency_key_fits``) or that holds control
+    characters (aiohttp cannot send those in a header)."""
+    from gate.core.requests import has_control_characters, idempotency_key_fits
 
     if permit_out is not None and not wait:
         fail("--permit-out needs --wait", 2)
@@ -182,106 +221,85 @@ def request(
         fail(
             "--idempotency-key: must be 1-200 characters, not blank, without control characters", 2
         )
-    text = _read_draft(draft, draft_file)
-    config = read_config(config_path)
-    _check_not_blank(config, pipeline, step, text, draft_file)
+
+
+def _check_spend(spend: float | None) -> None:
+    """Exit 2 on a ``--spend`` the API would refuse (``gate.core.requests.spend_problem``)."""
+    from gate.core.requests import MAX_SPEND, spend_problem
+
     if spend is not None and spend_problem(spend) is not None:
         fail(f"--spend: must be a finite number >= 0 and <= {MAX_SPEND:g}", 2)
-    created: dict[str, str] = {}
-    body: dict[str, Any] = {
-        "pipeline": pipeline,
-        "step": step,
-        "draft": {"content_type": content_type, "body": text},
-    }
-    if run_id:
-        body["run_id"] = run_id
-    if spend is not None:
-        body["spend"] = spend
-    if requested_by is not None:
-        body["requested_by"] = requested_by
+
+
+def _reporter(quiet: bool) -> Callable[[str], None]:
+    """Where ``request`` reports what happens (hops): stderr, or nowhere with ``--quiet``."""
 
     def report(line: str) -> None:
         if not quiet:
             click.echo(line, err=True)
 
-    # --wait retries a create the gate cannot take now; a key of its own makes that safe
-    key = idempotency_key or (f"hitl-request-{ULID()}" if wait else None)
-    # one deadline for the create (retried) and the wait after it
-    deadline = None if timeout is None else time.monotonic() + timeout
+    return report
 
-    def left() -> float | None:
-        return None if deadline is None else max(0.0, deadline - time.monotonic())
 
-    async def go() -> dict[str, Any] | None:
-        async with _client(config_path, api_url, config) as api:
-            if wait:
-                assert key is not None
-                answered = await create_with_retry(api, body, key, left(), report)
-                if answered is None:
-                    return None
-                approval, new = answered
-            else:
-                approval, new = await api.create(body, idempotency_key)
-            created["id"] = approval["approval_id"]
-            if new:
-                report(
-                    f"requested approval {approval['approval_id']} for {pipeline}/{step} "
-                    f"(quorum {approval['quorum']['required']}, {approval['payload_hash']})"
-                )
-            else:
-                state = approval["state"] + (
-                    f", outcome {approval['outcome']}" if approval["state"] == "resolved" else ""
-                )
-                report(
-                    f"already requested: approval {approval['approval_id']} for "
-                    f"{pipeline}/{step} (the same request with Idempotency-Key "
-                    f"{key} was made before; state {state})"
-                )
-            if not wait:
-                return dict(approval)
-            return await wait_for_outcome(api, approval, left(), report)
+def _left_behind(
+    opts: RequestOptions, progress: RequestProgress, config_path: str, api_url: str | None
+) -> str:
+    """What an interrupted ``request`` (Ctrl-C) leaves on the gate, for the ``Interrupted``
+    line: nothing, maybe an approval (found again with the key), or a pending approval
+    (with the command that cancels it)."""
+    if progress.approval_id is None:
+        if opts.wait:  # an attempt may have landed with its answer unseen
+            return (
+                "no approval was seen created (to find one that landed after all, "
+                f"run the same command with --idempotency-key {opts.idempotency_key})"
+            )
+        return "no approval was created"
+    return (
+        f"approval {progress.approval_id} is still pending on the gate; the action must not "
+        f"fire (cancel it with: {_cancel_command(config_path, api_url, progress.approval_id)})"
+    )
 
-    def left_behind() -> str:
-        if "id" not in created:
-            if wait:  # an attempt may have landed with its answer unseen
-                return (
-                    "no approval was seen created (to find one that landed after all, "
-                    f"run the same command with --idempotency-key {key})"
-                )
-            return "no approval was created"
-        return (
-            f"approval {created['id']} is still pending on the gate; the action must not "
-            f"fire (cancel it with: {_cancel_command(config_path, api_url, created['id'])})"
-        )
 
-    result = run(go(), left_behind)
-    if result is None:
+def _print_request_result(
+    result: RequestResult,
+    opts: RequestOptions,
+    as_json: bool,
+    config_path: str,
+    api_url: str | None,
+) -> None:
+    """Print what ``request`` ended with and exit with its code (``EXIT_CODES``; 4 when the
+    gate did not take the request, or the approval is still pending, after ``--timeout``;
+    1 when ``--permit-out`` could not be honoured)."""
+    from gate.client.request import EXIT_CODES
+
+    approval = result.approval
+    if approval is None:
         fail(
-            f"the gate did not take the request within {timeout:g} s: nothing may fire; run "
-            f"the same command again with --idempotency-key {key} to find it if it lands "
-            "later",
+            f"the gate did not take the request within {opts.timeout_s:g} s: nothing may fire; "
+            f"run the same command again with --idempotency-key {opts.idempotency_key} to find "
+            "it if it lands later",
             4,
         )
     if as_json:
-        click.echo(json.dumps(result, ensure_ascii=False, indent=2))
-    if not wait:
+        click.echo(json.dumps(approval, ensure_ascii=False, indent=2))
+    if not opts.wait:
         if not as_json:
-            click.echo(result["approval_id"])
+            click.echo(approval["approval_id"])
         return
-    if result["state"] != "resolved":
+    if approval["state"] != "resolved":
         click.echo(
-            f"Error: still pending after {timeout:g} s: approval {result['approval_id']}"
-            " (the action must not fire; cancel it with: "
-            f"{_cancel_command(config_path, api_url, result['approval_id'])})",
+            f"Error: still pending after {opts.timeout_s:g} s: approval "
+            f"{approval['approval_id']} (the action must not fire; cancel it with: "
+            f"{_cancel_command(config_path, api_url, approval['approval_id'])})",
             err=True,
         )
         sys.exit(4)
-    if permit_out is not None:
-        _save_permit(Path(permit_out), result, report)
-    if result["final_body"] is not None and not as_json:
-        sys.stdout.write(result["final_body"])
+    if result.permit_error is not None:
+        fail(result.permit_error)
+    if approval["final_body"] is not None and not as_json:
+        sys.stdout.write(approval["final_body"])
         sys.stdout.flush()
-    sys.exit(EXIT_CODES[result["outcome"]])
+    sys.exit(EXIT_CODES[approval["outcome"]])
 
 
 def _cancel_command(config_path: str | None, api_url: str | None, approval_id: str) -> str:
@@ -292,34 +310,6 @@ def _cancel_command(config_path: str | None, api_url: str | None, approval_id: s
     if api_url:
         words += ["--api-url", api_url]
     return " ".join(shlex.quote(word) for word in [*words, approval_id])
-
-
-def _save_permit(path: Path, approval: dict[str, Any], report: Any) -> None:
-    from gate.protocol.envelope import rfc3339
-    from gate.trust import permit
-
-    try:
-        if approval["final_body"] is None:
-            path.unlink(missing_ok=True)  # no earlier permit may pass for this outcome's
-            return
-        if not approval.get("permit"):
-            path.unlink(missing_ok=True)  # an older permit must not pass for this approval
-            fail(
-                f"approval {approval['approval_id']} is {approval['outcome']} but the gate "
-                "issued no permit (receipts.signing_key_file is not configured)"
-            )
-        exp = permit.unverified_expiry(approval["permit"])
-        if exp is not None and exp <= time.time():  # a replay long after the resolution
-            path.unlink(missing_ok=True)
-            fail(
-                f"the permit of approval {approval['approval_id']} expired at "
-                f"{rfc3339(exp * 1000)}: the action must not fire on it; request again with "
-                "a new Idempotency-Key"
-            )
-        permit.save(path, approval["permit"])
-    except OSError as exc:
-        fail(f"--permit-out: cannot write {path}: {exc.strerror or exc}")
-    report(f"permit saved to {path}")
 
 
 @main.command("list")
