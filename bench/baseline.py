@@ -7,7 +7,7 @@ JSON parsing, no database): ``POST /hitl/v0/decisions`` answers 200
 ``{"status":"recorded",...}`` when the signature is valid and inside ±300 s, 401 otherwise,
 413 over 64 KiB. Prints ``listening http://127.0.0.1:PORT`` on stdout, then serves until
 SIGTERM. Deliberately imports nothing from the gate. Its process gets the garbage-collector
-settings the daemon's ``serve`` process gets (``gate.cli.tune_gc``, repeated here): the same
+settings the daemon's ``serve`` process gets (``gate.cli.daemon.tune_gc``, repeated here): the same
 stack, tuned the same way.
 """
 
@@ -84,7 +84,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.baseline")
     parser.add_argument("--secret-env", required=True)
     args = parser.parse_args()
-    gc.collect()  # as gate.cli.tune_gc does for the daemon
+    gc.collect()  # as gate.cli.daemon.tune_gc does for the daemon
     gc.freeze()
     gc.set_threshold(20_000, 20, 20)
     asyncio.run(serve(os.environ[args.secret_env].encode("utf-8")))

@@ -1,2 +1,2 @@
-"""The pipeline side: the API client (api) and request-with-wait (request); never runs inside the
-daemon."""
+"""The pipeline side: the API client (api), request-with-wait (request) and the hop lines it
+reports (hops); never runs inside the daemon."""

@@ -5,9 +5,18 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
+from ulid import ULID
+
 from gate.client.api import ApiClient, ClientError
+from gate.client.hops import hops
+from gate.protocol.envelope import rfc3339
+from gate.trust import permit
+
+Report = Callable[[str], None]
 
 EXIT_CODES = {"approved": 0, "adjusted": 0, "skipped": 3, "timeout": 4, "cancelled": 5}
 POLL_CHUNK_S = 60.0
@@ -31,59 +40,6 @@ def _pause(outage: int, deadline: float | None) -> float:
 def _transient(exc: ClientError) -> bool:
     """True for a failure that passes by itself: no connection, or 502/503/504."""
     return exc.code == "gate_unreachable" or exc.status in (502, 503, 504)
-
-
-def hops(before: dict[str, Any] | None, after: dict[str, Any]) -> list[str]:
-    """Return one human line per change between two approval objects (dispatch, decisions)."""
-    lines: list[str] = []
-    old_dispatch = (before or {}).get("dispatch") or {}
-    new_dispatch = after.get("dispatch") or {}
-    if new_dispatch.get("delivered_at") and (
-        new_dispatch.get("delivered_at") != old_dispatch.get("delivered_at")
-        or new_dispatch.get("revision") != old_dispatch.get("revision")
-    ):
-        lines.append(
-            f"dispatched revision {new_dispatch.get('revision')} to the relay "
-            f"(attempt {new_dispatch.get('attempts')}, acked {new_dispatch['delivered_at']})"
-        )
-    elif new_dispatch.get("last_error") and new_dispatch.get("last_error") != old_dispatch.get(
-        "last_error"
-    ):
-        lines.append(f"dispatch not acked yet: {new_dispatch['last_error']} (retrying)")
-    seen = len((before or {}).get("decisions") or [])
-    new_decisions = (after.get("decisions") or [])[seen:]
-    if (
-        new_decisions
-        and not lines
-        and not new_dispatch.get("delivered_at")
-        and not (old_dispatch.get("delivered_at"))
-        and not seen
-    ):
-        # the relay answered before the gate had recorded its ack: the decision proves delivery
-        lines.append(
-            f"dispatched revision {new_decisions[0]['revision']} to the relay "
-            "(decision arrived before the ack was recorded)"
-        )
-    decided = [
-        f"decision {d['decision']} by {d['identity']} (operator {d['operator_id']}, "
-        f"revision {d['revision']}, via {d.get('channel') or 'relay'})"
-        for d in new_decisions
-    ]
-    if (old_dispatch.get("revision") or 1) < (new_dispatch.get("revision") or 1):
-        lines[:0] = decided  # an adjust made the revision just dispatched: cause first
-    else:
-        lines.extend(decided)
-    if after["state"] == "resolved" and (before or {}).get("state") != "resolved":
-        receipt = after.get("receipt") or {}
-        lines.append(
-            f"resolved: {after['outcome']} (revision {after['revision']}, {after['payload_hash']})"
-        )
-        if receipt:
-            lines.append(
-                f"receipt: audit entry {receipt.get('seq')} "
-                f"{receipt.get('alg')}={receipt.get('receipt')}"
-            )
-    return lines
 
 
 async def create_with_retry(
@@ -178,3 +134,155 @@ async def wait_for_outcome(
             report(line)
         current = nxt
     return current
+
+
+@dataclass(frozen=True, slots=True)
+class RequestOptions:
+    """One ``hitl-gate request``: where the gate is, what to ask for, how long to wait.
+
+    ``api_base`` is ``http(s)://host:port`` or ``unix:/path``; ``spend`` is in
+    ``budget.unit``; ``timeout_s`` (seconds, None: no limit) is one deadline for the create
+    (retried) and the wait after it; ``permit_out`` needs ``wait``. With ``wait`` the
+    ``idempotency_key`` must be set (``request_key`` makes one).
+    """
+
+    api_base: str
+    token: str
+    pipeline: str
+    step: str
+    text: str
+    content_type: str = "text/plain"
+    run_id: str | None = None
+    spend: float | None = None
+    requested_by: str | None = None
+    idempotency_key: str | None = None
+    wait: bool = False
+    timeout_s: float | None = None
+    permit_out: Path | None = None
+
+    def create_body(self) -> dict[str, Any]:
+        """The JSON body of ``POST /v1/approvals`` (SPEC §3); an empty ``run_id`` is left out."""
+        body: dict[str, Any] = {
+            "pipeline": self.pipeline,
+            "step": self.step,
+            "draft": {"content_type": self.content_type, "body": self.text},
+        }
+        if self.run_id:
+            body["run_id"] = self.run_id
+        if self.spend is not None:
+            body["spend"] = self.spend
+        if self.requested_by is not None:
+            body["requested_by"] = self.requested_by
+        return body
+
+
+@dataclass(slots=True)
+class RequestProgress:
+    """How far a request got, for a caller interrupted mid-way (Ctrl-C): the id of the
+    approval the gate created (or found again), None until then."""
+
+    approval_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RequestResult:
+    """What a request ended with. ``approval`` is the last approval object seen (still
+    ``pending`` when ``timeout_s`` passed first), or None when the gate did not take the
+    create within ``timeout_s``; ``permit_error`` is the one line saying why
+    ``permit_out`` was not written (the action must not fire), else None."""
+
+    approval: dict[str, Any] | None
+    permit_error: str | None = None
+
+
+def request_key(given: str | None, wait: bool) -> str | None:
+    """The Idempotency-Key to send: ``given``, else with ``wait`` one of our own
+    (``hitl-request-<ULID>``), because a create the gate cannot take now is sent again and
+    a key makes that safe (SPEC §3); else None."""
+    return given or (f"hitl-request-{ULID()}" if wait else None)
+
+
+async def run_request(
+    opts: RequestOptions, report: Report, progress: RequestProgress | None = None
+) -> RequestResult:
+    """Create the approval (with ``wait``: retried, ``create_with_retry``), report it as new
+    or found again, then with ``wait`` wait for the outcome (``wait_for_outcome``) and apply
+    the permit-file policy (``save_permit``). One deadline, ``opts.timeout_s`` from now,
+    covers the create and the wait. Records the approval id in ``progress``. Raises
+    ClientError for what the gate refuses (or a failure that is not transient)."""
+    progress = progress if progress is not None else RequestProgress()
+    deadline = None if opts.timeout_s is None else time.monotonic() + opts.timeout_s
+
+    def left() -> float | None:
+        return None if deadline is None else max(0.0, deadline - time.monotonic())
+
+    async with ApiClient(opts.api_base, opts.token) as api:
+        if opts.wait:
+            assert opts.idempotency_key is not None
+            answered = await create_with_retry(
+                api, opts.create_body(), opts.idempotency_key, left(), report
+            )
+            if answered is None:
+                return RequestResult(None)
+            approval, new = answered
+        else:
+            approval, new = await api.create(opts.create_body(), opts.idempotency_key)
+        progress.approval_id = approval["approval_id"]
+        report(_created_line(opts, approval, new))
+        if not opts.wait:
+            return RequestResult(dict(approval))
+        final = await wait_for_outcome(api, approval, left(), report)
+    if final["state"] != "resolved" or opts.permit_out is None:
+        return RequestResult(final)
+    return RequestResult(final, save_permit(opts.permit_out, final, report))
+
+
+def _created_line(opts: RequestOptions, approval: dict[str, Any], new: bool) -> str:
+    """The line reporting a create: a new approval, or one the same key made before."""
+    if new:
+        return (
+            f"requested approval {approval['approval_id']} for {opts.pipeline}/{opts.step} "
+            f"(quorum {approval['quorum']['required']}, {approval['payload_hash']})"
+        )
+    state = approval["state"] + (
+        f", outcome {approval['outcome']}" if approval["state"] == "resolved" else ""
+    )
+    return (
+        f"already requested: approval {approval['approval_id']} for "
+        f"{opts.pipeline}/{opts.step} (the same request with Idempotency-Key "
+        f"{opts.idempotency_key} was made before; state {state})"
+    )
+
+
+def save_permit(path: Path, approval: dict[str, Any], report: Report) -> str | None:
+    """Apply ``--permit-out`` to a resolved approval: write its permit (JWS) to ``path``, or
+    remove ``path`` when the outcome carries none, so an older permit cannot pass for it.
+
+    Returns None when done (reports ``permit saved to PATH`` when written), else the one
+    line why not: an approved/adjusted approval without a permit (no signing key), a
+    permit already expired (a replay long after the resolution), or ``path`` not
+    writable.
+    """
+    try:
+        if approval["final_body"] is None:
+            path.unlink(missing_ok=True)  # no earlier permit may pass for this outcome's
+            return None
+        if not approval.get("permit"):
+            path.unlink(missing_ok=True)  # an older permit must not pass for this approval
+            return (
+                f"approval {approval['approval_id']} is {approval['outcome']} but the gate "
+                "issued no permit (receipts.signing_key_file is not configured)"
+            )
+        exp = permit.unverified_expiry(approval["permit"])
+        if exp is not None and exp <= time.time():
+            path.unlink(missing_ok=True)
+            return (
+                f"the permit of approval {approval['approval_id']} expired at "
+                f"{rfc3339(exp * 1000)}: the action must not fire on it; request again with "
+                "a new Idempotency-Key"
+            )
+        permit.save(path, approval["permit"])
+    except OSError as exc:
+        return f"--permit-out: cannot write {path}: {exc.strerror or exc}"
+    report(f"permit saved to {path}")
+    return None

@@ -16,6 +16,8 @@ MAX_NAME_CHARS = 200
 # of such values stays a finite float (sums of 1.7e308 overflowed to infinity, which no
 # dispatch can carry as JSON)
 MAX_SPEND = 1e15
+# the longest Idempotency-Key accepted, in characters (docs/openapi.yaml IdempotencyKey)
+MAX_IDEMPOTENCY_KEY_CHARS = 200
 
 
 def _bad(field: str, message: str) -> GateError:
@@ -51,6 +53,52 @@ class CreateRequest:
     def draft_bytes(self) -> int:
         """Return the draft body's size in bytes (UTF-8)."""
         return len(self.body.encode("utf-8"))
+
+
+def has_control_characters(text: str) -> bool:
+    """True when ``text`` holds a C0 control character (U+0000-U+001F) or DEL (U+007F):
+    text a relay may put in a header or a card (CR/LF would inject a header)."""
+    return any(ord(c) < 0x20 or ord(c) == 0x7F for c in text)
+
+
+def idempotency_key_fits(key: str) -> bool:
+    """The shape every ``Idempotency-Key`` must have (SPEC §3, docs/openapi.yaml): 1 to
+    ``MAX_IDEMPOTENCY_KEY_CHARS`` characters, not blank (not only White_Space). ``hitl-gate
+    request --idempotency-key`` applies it too, and also refuses control characters."""
+    return not is_blank(key) and len(key) <= MAX_IDEMPOTENCY_KEY_CHARS
+
+
+def check_idempotency_key(key: str | None) -> str | None:
+    """Return the API's ``Idempotency-Key`` header (None when absent) once it fits
+    (``idempotency_key_fits``) and is valid UTF-8 (aiohttp keeps header bytes that are not
+    UTF-8 as lone surrogates, which SQLite cannot bind). Raises GateError 400
+    ``invalid_idempotency_key`` (field ``idempotency_key``)."""
+    if key is not None and not (idempotency_key_fits(key) and _is_unicode(key)):
+        raise _bad(
+            "idempotency_key",
+            f"Idempotency-Key must be 1-{MAX_IDEMPOTENCY_KEY_CHARS} UTF-8 characters",
+        )
+    return key
+
+
+def spend_problem(spend: float) -> str | None:
+    """What is wrong with a ``spend`` (in ``budget.unit``), or None when it is in bounds: a
+    finite number >= 0 and <= ``MAX_SPEND``. The API (``parse_create``) answers with it;
+    ``hitl-gate request --spend`` refuses the same values."""
+    if not math.isfinite(spend) or spend < 0:
+        return "must be a number >= 0"
+    if spend > MAX_SPEND:
+        return f"is too large (at most {MAX_SPEND:g})"
+    return None
+
+
+def _is_unicode(text: str) -> bool:
+    """False for text holding a lone surrogate (it has no UTF-8 encoding)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def quorum_unreachable_message(requester: str, approvers_left: int, quorum: int) -> str:
@@ -124,7 +172,7 @@ def parse_create(obj: Any) -> CreateRequest:
         content_type = "text/plain"
     if not isinstance(content_type, str) or not content_type.strip() or len(content_type) > 200:
         raise _bad("draft.content_type", "draft.content_type must be a short non-empty string")
-    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in content_type):
+    if has_control_characters(content_type):
         # relays may put it in a header or a card: no CR/LF (header injection), no escapes
         raise _bad("draft.content_type", "draft.content_type must not contain control characters")
     try:
@@ -139,9 +187,8 @@ def parse_create(obj: Any) -> CreateRequest:
             spend = float(spend)  # an integer literal of 309+ digits does not fit a float
         except OverflowError:
             raise _bad("spend", "spend is too large") from None
-        if not math.isfinite(spend) or spend < 0:
-            raise _bad("spend", "spend must be a number >= 0")
-        if spend > MAX_SPEND:
-            raise _bad("spend", f"spend is too large (at most {MAX_SPEND:g})")
+        problem = spend_problem(spend)
+        if problem is not None:
+            raise _bad("spend", f"spend {problem}")
     assert pipeline is not None and step is not None
     return CreateRequest(pipeline, step, run_id, content_type, body, spend, requested_by)

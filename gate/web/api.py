@@ -8,12 +8,11 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
-from gate.core.requests import parse_create
+from gate.core.requests import check_idempotency_key, parse_create
 from gate.core.service import GateService
 from gate.errors import GateError
 from gate.metrics import Metrics
 from gate.protocol.envelope import decode_json
-from gate.protocol.whitespace import is_blank
 from gate.web.common import ULID_RE, Handler, error_middleware, read_body
 
 MAX_WAIT_S = 300.0
@@ -67,15 +66,6 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
     return await handler(request)
 
 
-def _is_utf8(text: str) -> bool:
-    """False for header text aiohttp decoded from bytes that are not UTF-8 (lone surrogates)."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
-
-
 def _bad_query(name: str, message: str) -> GateError:
     return GateError(f"invalid_{name}", message, status=400, kind="invalid", extra={"field": name})
 
@@ -93,9 +83,7 @@ async def create_approval(request: web.Request) -> web.Response:
             status=413,
             kind="invalid",
         )
-    key = request.headers.get("Idempotency-Key")
-    if key is not None and (is_blank(key) or len(key) > 200 or not _is_utf8(key)):
-        raise _bad_query("idempotency_key", "Idempotency-Key must be 1-200 UTF-8 characters")
+    key = check_idempotency_key(request.headers.get("Idempotency-Key"))
     view, created = await request.app[SERVICE].create(req, key)
     if created:
         request.app[METRICS].approvals_created.labels(req.pipeline, req.step).inc()

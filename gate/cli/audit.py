@@ -1,0 +1,381 @@
+"""``hitl-gate`` commands that check what the gate wrote and signed: ``audit verify``,
+``audit export``, ``permit verify``."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+
+from gate.cli import (
+    CONFIG_OPTION,
+    fail,
+    main,
+    public_keys,
+    read_config,
+    read_input,
+    receipt_keys,
+)
+from gate.errors import ConfigError, GateError
+
+
+@main.group()
+def audit() -> None:
+    """Audit trail: verify the hash chain and receipts, export JSON Lines.
+
+    Example: hitl-gate audit verify -c config.example.yaml
+    """
+
+
+@audit.command("verify")
+@click.option(
+    "-c",
+    "--config",
+    "config_path",
+    type=click.Path(dir_okay=False),
+    default=None,
+    envvar="HITL_GATE_CONFIG",
+    help="Verify the database named by this config.",
+)
+@click.option(
+    "--file",
+    "export_file",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Verify an export (JSON Lines) instead of the database.",
+)
+@click.option(
+    "--key-env",
+    "key_envs",
+    multiple=True,
+    help="Env var with a receipt key (default: the config's receipts.key_env and "
+    "receipts.previous_key_env); repeat for a log whose key was rotated: each "
+    "entry is checked with the key of its span.",
+)
+@click.option(
+    "--public-key",
+    "public_key_files",
+    multiple=True,
+    type=click.Path(dir_okay=False),
+    help="Ed25519 public key (PEM) trusted for entry signatures; repeat for rotated "
+    "keys. No secret needed.",
+)
+@click.option(
+    "--expect",
+    "expect_files",
+    multiple=True,
+    type=click.Path(dir_okay=False),
+    help="A receipt (JSON, or an approval object holding one) the log must hold; "
+    "catches a deleted tail. Repeatable.",
+)
+@click.option(
+    "--records/--no-records",
+    default=True,
+    show_default=True,
+    help="With -c: also check the approvals, revisions and decisions tables against "
+    "the verified log (names the first approval that disagrees).",
+)
+@click.option(
+    "--expect-head",
+    "expect_heads",
+    multiple=True,
+    metavar="SEQ:HASH",
+    callback=lambda _ctx, _param, values: _expect_heads(values),
+    help="A chain head the gate logged (event=audit_head seq=SEQ hash=HASH) that "
+    "the log must hold; catches a deleted or rewritten tail. Repeatable.",
+)
+def audit_verify(
+    config_path: str | None,
+    export_file: str | None,
+    key_envs: tuple[str, ...],
+    public_key_files: tuple[str, ...],
+    expect_files: tuple[str, ...],
+    records: bool,
+    expect_heads: list[tuple[int, str]],
+) -> None:
+    """Recompute the audit chain, every receipt and every signature; name the first bad entry.
+
+    With --public-key (or a config with receipts.signing_key_file/trusted_public_keys)
+    every entry must be signed by a trusted key, except entries written before signing
+    was enabled. With -c, also compare every approval's rows (state, outcome, receipt,
+    revisions and their bodies, decisions) with what the verified log says of it
+    (--no-records skips this). Across a rotation of the receipt key give every key the log
+    used (any order); a key that fits no entry 1 (or no rotation) is named as such, exit 1.
+    Exit 0 intact, 1 tampered, 2 usage.
+
+    --expect FILE and --expect-head SEQ:HASH anchor the log to what is held outside the
+    database (a receipt a pipeline kept, a head the gate logged): a tail deleted after an
+    anchor is named, one deleted after the newest anchor given is not.
+
+    Example: hitl-gate audit verify --file audit.jsonl --public-key hitl-gate-ed25519.pub
+    --expect receipt.json
+    """
+    from gate.audit.inputs import read_expected, read_export
+    from gate.audit.verify import verify_database, verify_rows
+
+    if (config_path is None) == (export_file is None):
+        fail("give exactly one of -c/--config or --file", 2)
+    config = read_config(config_path) if config_path else None
+    public = public_keys(public_key_files)
+    if config is not None:
+        try:  # with --public-key the private signing key is not needed (nor read)
+            public.update(receipt_keys(config, private=not public).public)
+        except ConfigError as exc:
+            hint = (
+                "; to verify without the private key, give its public key with --public-key"
+                if any(e.startswith("receipts.signing_key_file") for e in exc.errors)
+                else ""
+            )
+            fail("; ".join(exc.errors) + hint, 2)
+    try:
+        expected = [read_expected(Path(f)) for f in expect_files]
+    except GateError as exc:
+        fail(f"--expect: {exc.message}", 2)
+    where, names, key = _verify_keys(config, key_envs)
+    anchors = [(f"receipt {path}", held) for path, held in expected]
+    try:
+        if config is not None:
+            report = verify_database(
+                config.storage.path,
+                key,
+                public_keys=public or None,
+                expect=anchors,
+                expect_heads=expect_heads,
+                records=records,
+            )
+        else:
+            rows = read_export(Path(str(export_file)))
+            if not rows:
+                click.echo("TAMPERED: the export holds no entries (nothing to verify)")
+                sys.exit(1)
+            report = verify_rows(
+                rows, key, public_keys=public or None, expect=anchors, expect_heads=expect_heads
+            )
+    except GateError as exc:
+        if exc.code == "bad_export_line":  # a readable export that is not intact
+            click.echo(f"TAMPERED: {exc.message}")
+            sys.exit(1)
+        fail(exc.message, 2 if exc.code in ("no_database", "unreadable_export") else 1)
+    result = report.chain
+    if result.wrong_key:  # not tampering: far likelier a wrong key (b02-04)
+        fail(f"{where} ({', '.join(names)}): {result.reason}")
+    if not result.ok:
+        click.echo(
+            f"TAMPERED: entry {result.first_bad_seq}: {result.reason} "
+            f"({result.checked} entries before it verified)"
+        )
+        sys.exit(1)
+    if report.anchor is not None:
+        anchor = report.anchor
+        click.echo(f"TAMPERED: entry {anchor.seq}: {anchor.reason} ({anchor.source})")
+        sys.exit(1)
+    matched = report.records
+    if matched is not None and matched.problem is not None:
+        approval_id, reason = matched.problem
+        click.echo(
+            f"TAMPERED: approval {approval_id}: {reason}; the audit log itself "
+            f"verified ({result.checked} entries)"
+        )
+        sys.exit(1)
+    checked = ["chain"] + ["receipts"] * bool(key) + ["signatures"] * bool(public)
+    what = ", ".join(checked[:-1]) + f" and {checked[-1]}" if len(checked) > 1 else checked[0]
+    held_note = "".join(f"; holds the receipt for entry {held['seq']}" for _, held in expected)
+    held_note += _heads_note(expect_heads)
+    click.echo(
+        f"ok: {result.checked} entries, {what} intact{_spans_note(result, names)}{held_note}"
+    )
+    if matched is not None:
+        newer = f" ({matched.newer} written since, not checked)" if matched.newer else ""
+        click.echo(f"ok: {matched.checked} approvals match the audit log{newer}")
+    if (
+        config is not None
+        and not key_envs
+        and result.spans
+        and (names[result.spans[-1][1]] != config.receipts.key_env)
+    ):
+        click.echo(
+            f"warning: the newest entries are receipted with receipts.previous_key_env's"
+            f" key ({names[result.spans[-1][1]]}), not receipts.key_env's: the gate "
+            "writes the receipt_key_rotated entry at its next start",
+            err=True,
+        )
+    if not key and not public:
+        click.echo(
+            "warning: no key was given, so nothing authenticated the entries: anyone "
+            "can re-chain an edited log; verify with --public-key (or --key-env)",
+            err=True,
+        )
+
+
+def _expect_heads(values: tuple[str, ...]) -> list[tuple[int, str]]:
+    """``--expect-head`` values as ``(seq, entry_hash)``; a bad one exits 2 naming it."""
+    from gate.audit.inputs import parse_head
+
+    try:
+        return [parse_head(value) for value in values]
+    except GateError as exc:
+        fail(f"--expect-head: {exc.message}", 2)
+
+
+def _heads_note(heads: list[tuple[int, str]]) -> str:
+    """``; holds the logged head(s) at entr(y|ies) ...`` for the ok line ('' for none)."""
+    seqs = sorted({seq for seq, _ in heads})
+    if not seqs:
+        return ""
+    if len(seqs) == 1:
+        return f"; holds the logged head at entry {seqs[0]}"
+    return f"; holds the logged heads at entries {', '.join(map(str, seqs))}"
+
+
+def _verify_keys(
+    config: Any, key_envs: tuple[str, ...]
+) -> tuple[str, list[str], tuple[bytes, ...]]:
+    """``audit verify``'s receipt keys: ``(where they were named, variable names, keys)``.
+    ``--key-env`` given: those variables; else, with ``-c``, ``receipts.key_env`` and
+    ``receipts.previous_key_env``. A variable holding the same key as an earlier one is
+    dropped. Exits 2 when a variable is not set."""
+    if key_envs:
+        where, wanted = "--key-env", list(key_envs)
+    elif config is not None:
+        wanted = [config.receipts.key_env] + [config.receipts.previous_key_env] * bool(
+            config.receipts.previous_key_env
+        )
+        where = "receipts.key_env" + (" and receipts.previous_key_env" if len(wanted) > 1 else "")
+    else:
+        return "", [], ()
+    names: list[str] = []
+    keys: list[bytes] = []
+    for var in dict.fromkeys(wanted):
+        value = os.environ.get(var)
+        if not value:
+            fail(f"environment variable {var} (receipt key) is not set", 2)
+        if value.encode("utf-8") not in keys:
+            names.append(var)
+            keys.append(value.encode("utf-8"))
+    return where, names, tuple(keys)
+
+
+def _spans_note(result: Any, names: list[str]) -> str:
+    """`` (receipt keys: A for entries 1-4, B from entry 5)`` for a log whose receipt key
+    was rotated, else ""."""
+    spans = result.spans
+    if len(spans) < 2:
+        return ""
+    parts = [
+        f"{names[index]} for entries {first}-{spans[i + 1][0] - 1}"
+        for i, (first, index) in enumerate(spans[:-1])
+    ]
+    parts.append(f"{names[spans[-1][1]]} from entry {spans[-1][0]}")
+    return f" (receipt keys: {', '.join(parts)})"
+
+
+@audit.command("export")
+@CONFIG_OPTION
+@click.option("-o", "--output", default="-", help="Output file (default stdout).")
+def audit_export(config_path: str, output: str) -> None:
+    """Write the audit log as JSON Lines, one entry per line.
+
+    Example: hitl-gate audit export -c config.example.yaml -o audit.jsonl
+    """
+    from gate.audit import chain as audit_mod
+    from gate.audit.verify import read_database
+
+    config = read_config(config_path)
+    try:
+        rows = asyncio.run(read_database(config.storage.path))
+    except GateError as exc:
+        fail(exc.message)
+    lines = "".join(audit_mod.export_line(r) + "\n" for r in rows)
+    if output == "-":
+        sys.stdout.write(lines)
+    else:
+        try:
+            Path(output).write_text(lines, encoding="utf-8")
+        except OSError as exc:
+            fail(f"-o: cannot write {output}: {exc.strerror}")
+
+
+@main.group()
+def permit() -> None:
+    """Execution permits: verify one offline before executing the approved body.
+
+    Example: hitl-gate permit verify permit.jws --public-key hitl-gate-ed25519.pub
+    --body-file mail.txt --pipeline invoices --step send-followup
+    """
+
+
+@permit.command("verify")
+@click.argument("permit_file", type=click.Path(dir_okay=False))
+@click.option(
+    "--public-key",
+    "public_key_files",
+    multiple=True,
+    required=True,
+    type=click.Path(dir_okay=False),
+    help="The gate's Ed25519 public key (PEM); repeat to trust rotated keys.",
+)
+@click.option(
+    "--body-file", required=True, help="The exact body about to be executed (file, or - for stdin)."
+)
+@click.option("--pipeline", default=None, help="Also require the permit to be for this pipeline.")
+@click.option("--step", default=None, help="Also require the permit to be for this step.")
+@click.option("--json", "as_json", is_flag=True, help="Print the verified claims as JSON.")
+def permit_verify(
+    permit_file: str,
+    public_key_files: tuple[str, ...],
+    body_file: str,
+    pipeline: str | None,
+    step: str | None,
+    as_json: bool,
+) -> None:
+    """Check a permit's signature, expiry, and that the body hashes to its payload_hash.
+
+    Exit 0 valid (execute), 1 invalid (do not execute; the reason is printed), 2 usage.
+    Give --pipeline and --step of the action about to run: without them a permit of any
+    step passes (stderr then says so and names the permit's pipeline/step).
+
+    Example: hitl-gate permit verify permit.jws --public-key hitl-gate-ed25519.pub
+    --body-file mail.txt --pipeline invoices --step send-followup
+    """
+    from gate.protocol.envelope import rfc3339
+    from gate.trust import permit as permit_mod
+
+    public = public_keys(public_key_files)
+    try:
+        token = permit_mod.read(Path(permit_file))
+    except OSError as exc:
+        fail(f"cannot read {permit_file}: {exc.strerror or exc}", 2)
+    body = read_input("--body-file", body_file)
+    try:
+        verified = permit_mod.verify(token, public, body, time.time(), pipeline=pipeline, step=step)
+    except permit_mod.PermitError as exc:
+        click.echo(f"INVALID: {exc.code}: {exc.message}")
+        sys.exit(1)
+    claims = verified.claims
+    unchecked = [name for name, given in (("pipeline", pipeline), ("step", step)) if given is None]
+    if unchecked:
+        what = " or ".join(unchecked)
+        flags = " and ".join(f"--{name}" for name in unchecked)
+        click.echo(
+            f"warning: the permit is for {claims['pipeline']}/{claims['step']}; {flags} "
+            f"{'were' if len(unchecked) > 1 else 'was'} not given, so a permit for "
+            f"another {what} would pass too",
+            err=True,
+        )
+    if as_json:
+        click.echo(json.dumps(claims, ensure_ascii=False, indent=2))
+        return
+    approvers = ", ".join(
+        str(a.get("identity") or a.get("operator_id")) for a in claims["approved_by"]
+    )
+    click.echo(
+        f"ok: permit for approval {claims['approval_id']} ({claims['pipeline']}/"
+        f"{claims['step']}, {claims['outcome']} by {approvers}), body "
+        f"{claims['payload_hash']}, valid until {rfc3339(claims['exp'] * 1000)}"
+    )

@@ -1,0 +1,408 @@
+"""``hitl-gate`` commands of the pipeline side, over the API: ``request``, ``list``, ``show``,
+``cancel``."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import click
+
+from gate.cli import (
+    API_URL_OPTION,
+    CONFIG_OPTION,
+    fail,
+    input_name,
+    main,
+    read_config,
+    read_input,
+    run,
+)
+
+if TYPE_CHECKING:
+    from gate.client.request import RequestOptions, RequestProgress, RequestResult
+
+
+def _client(config_path: str, api_url: str | None) -> Any:
+    """An ``ApiClient`` for the config's API (or ``--api-url``); call it inside the loop."""
+    from gate.client.api import ApiClient
+
+    return ApiClient(*_api_target(read_config(config_path), api_url))
+
+
+def _api_target(config: Any, api_url: str | None) -> tuple[str, str]:
+    """``(API base URL, bearer token)``: ``--api-url`` or ``api.listen``, and the token as
+    ``serve`` reads it. Exits 2 on a token that is not set or has control characters, and
+    on an ``--api-url`` that is no http(s) or unix: URL."""
+    from gate.client.api import api_base
+    from gate.config import read_api_token
+
+    # as serve reads it: the variable, else its file in $CREDENTIALS_DIRECTORY
+    token, error = read_api_token(config, os.environ)
+    if token is None:
+        fail(error or f"api.token_env: {config.api.token_env} is not set", 2)
+    if not token.isprintable():
+        fail(f"api.token_env: {config.api.token_env} has control characters; remove them", 2)
+    if api_url is not None and not _valid_api_url(api_url):
+        fail(f"--api-url: {api_url!r} is not http://host:port, https://host:port or unix:/path", 2)
+    return api_url or api_base(config), token
+
+
+def _valid_api_url(url: str) -> bool:
+    """True for ``http(s)://host[:port][/prefix]`` or ``unix:/path`` (``--api-url``)."""
+    if url.startswith("unix:"):
+        return len(url) > len("unix:")
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - raises ValueError on a bad port
+    except ValueError:
+        return False
+    return parts.scheme in ("http", "https") and bool(parts.hostname)
+
+
+def _draft_source(draft_file: str | None) -> str:
+    """How an error names where the draft came from: ``--draft``, ``--draft-file: PATH`` or
+    ``--draft-file: standard input``."""
+    if draft_file is None:
+        return "--draft: the draft"
+    return f"--draft-file: {input_name(draft_file)}"
+
+
+def _check_not_blank(
+    config: Any, pipeline: str, step: str, text: str, draft_file: str | None
+) -> None:
+    """Exit 2 on a draft that is empty or only White_Space unless the step (in this config)
+    allows it; a step this config does not know is left to the gate (404 or its own rule)."""
+    from gate.protocol.whitespace import is_blank
+
+    found = config.find_step(pipeline, step)
+    if found is None or found[1].allow_empty_draft or not is_blank(text):
+        return
+    what = "empty" if text == "" else "only white space"
+    fail(
+        f"{_draft_source(draft_file)} is {what}: nothing to approve (allow_empty_draft: true "
+        "on the step allows it)",
+        2,
+    )
+
+
+def _read_draft(draft: str | None, draft_file: str | None) -> str:
+    if (draft is None) == (draft_file is None):
+        fail("give exactly one of --draft or --draft-file", 2)
+    if draft is not None:
+        return draft
+    assert draft_file is not None
+    raw = read_input("--draft-file", draft_file)
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:  # exc.start: the first byte that is not UTF-8
+        fail(
+            f"--draft-file: {input_name(draft_file)} is not valid UTF-8 (byte offset {exc.start})",
+            2,
+        )
+
+
+@main.command()
+@CONFIG_OPTION
+@API_URL_OPTION
+@click.option("--pipeline", required=True, help="Pipeline name from the config.")
+@click.option("--step", required=True, help="Step name within the pipeline.")
+@click.option("--run-id", default=None, help="Correlates the approval with the pipeline run.")
+@click.option("--draft", default=None, help="The draft text to approve.")
+@click.option("--draft-file", default=None, help="Read the draft from a file, or - for stdin.")
+@click.option("--content-type", default="text/plain", show_default=True)
+@click.option(
+    "--spend", type=float, default=None, help="Cost of the action, in budget.unit (a number >= 0)."
+)
+@click.option("--idempotency-key", default=None, help="Retry-safe key: same key, same approval.")
+@click.option(
+    "--requested-by",
+    default=None,
+    help="Identity of the operator asking; they may not approve it themselves.",
+)
+@click.option("--wait", is_flag=True, help="Block until resolved; print the final body.")
+@click.option(
+    "--timeout",
+    type=click.FloatRange(min=0),
+    default=None,
+    help="With --wait: give up waiting after SEC seconds (exit 4).",
+)
+@click.option(
+    "--permit-out",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="With --wait: save the execution permit (JWS) here when approved/adjusted; "
+    "any other outcome removes FILE.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the approval object as JSON.")
+@click.option("--quiet", is_flag=True, help="Do not report hops on stderr.")
+def request(
+    config_path: str,
+    api_url: str | None,
+    pipeline: str,
+    step: str,
+    run_id: str | None,
+    draft: str | None,
+    draft_file: str | None,
+    content_type: str,
+    spend: float | None,
+    idempotency_key: str | None,
+    requested_by: str | None,
+    wait: bool,
+    timeout: float | None,
+    permit_out: str | None,
+    as_json: bool,
+    quiet: bool,
+) -> None:
+    """Ask for approval of a draft; with --wait, block and print the final body.
+
+    Exit 0 approved/adjusted, 3 skipped, 4 timeout, 5 cancelled, 1 gate error, 2 usage.
+    A --timeout that elapses while the approval is still pending exits 4 too (the
+    approval stays pending on the gate; the action must not fire). With --permit-out,
+    an approved/adjusted approval without a permit (no signing key) exits 1.
+
+    Example: hitl-gate request -c config.example.yaml --pipeline invoice-due-diligence
+    --step send-followup --draft-file mail.txt --wait
+    """
+    from gate.client.request import RequestOptions, RequestProgress, request_key, run_request
+
+    _check_request_options(wait, permit_out, idempotency_key, spend)
+    text = _read_draft(draft, draft_file)
+    config = read_config(config_path)
+    _check_not_blank(config, pipeline, step, text, draft_file)
+    _check_spend(spend)
+    opts = RequestOptions(
+        *_api_target(config, api_url),
+        pipeline,
+        step,
+        text,
+        content_type=content_type,
+        run_id=run_id,
+        spend=spend,
+        requested_by=requested_by,
+        idempotency_key=request_key(idempotency_key, wait),
+        wait=wait,
+        timeout_s=timeout,
+        permit_out=None if permit_out is None else Path(permit_out),
+    )
+    progress = RequestProgress()
+    result = run(
+        run_request(opts, _reporter(quiet), progress),
+        lambda: _left_behind(opts, progress, config_path, api_url),
+    )
+    _print_request_result(result, opts, as_json, config_path, api_url)
+
+
+def _check_request_options(
+    wait: bool, permit_out: str | None, idempotency_key: str | None, spend: float | None
+) -> None:
+    """Exit 2 on a ``--permit-out`` without ``--wait`` or in a folder this user cannot
+    write to (checked before a human is asked, not after), and on an ``--idempotency-key``
+    the API would refuse (``gate.core.requests.idempotency_key_fits``) or that holds control
+    characters (aiohttp cannot send those in a header)."""
+    from gate.core.requests import has_control_characters, idempotency_key_fits
+
+    if permit_out is not None and not wait:
+        fail("--permit-out needs --wait", 2)
+    if permit_out is not None:  # before a human is asked, not after
+        folder = Path(permit_out).absolute().parent
+        if not folder.is_dir() or not os.access(folder, os.W_OK | os.X_OK):
+            fail(f"--permit-out: {folder} is not a directory this user can write to", 2)
+    if idempotency_key is not None and (
+        not idempotency_key_fits(idempotency_key) or has_control_characters(idempotency_key)
+    ):
+        fail(
+            "--idempotency-key: must be 1-200 characters, not blank, without control characters", 2
+        )
+
+
+def _check_spend(spend: float | None) -> None:
+    """Exit 2 on a ``--spend`` the API would refuse (``gate.core.requests.spend_problem``)."""
+    from gate.core.requests import MAX_SPEND, spend_problem
+
+    if spend is not None and spend_problem(spend) is not None:
+        fail(f"--spend: must be a finite number >= 0 and <= {MAX_SPEND:g}", 2)
+
+
+def _reporter(quiet: bool) -> Callable[[str], None]:
+    """Where ``request`` reports what happens (hops): stderr, or nowhere with ``--quiet``."""
+
+    def report(line: str) -> None:
+        if not quiet:
+            click.echo(line, err=True)
+
+    return report
+
+
+def _left_behind(
+    opts: RequestOptions, progress: RequestProgress, config_path: str, api_url: str | None
+) -> str:
+    """What an interrupted ``request`` (Ctrl-C) leaves on the gate, for the ``Interrupted``
+    line: nothing, maybe an approval (found again with the key), or a pending approval
+    (with the command that cancels it)."""
+    if progress.approval_id is None:
+        if opts.wait:  # an attempt may have landed with its answer unseen
+            return (
+                "no approval was seen created (to find one that landed after all, "
+                f"run the same command with --idempotency-key {opts.idempotency_key})"
+            )
+        return "no approval was created"
+    return (
+        f"approval {progress.approval_id} is still pending on the gate; the action must not "
+        f"fire (cancel it with: {_cancel_command(config_path, api_url, progress.approval_id)})"
+    )
+
+
+def _print_request_result(
+    result: RequestResult,
+    opts: RequestOptions,
+    as_json: bool,
+    config_path: str,
+    api_url: str | None,
+) -> None:
+    """Print what ``request`` ended with and exit with its code (``EXIT_CODES``; 4 when the
+    gate did not take the request, or the approval is still pending, after ``--timeout``;
+    1 when ``--permit-out`` could not be honoured)."""
+    from gate.client.request import EXIT_CODES
+
+    approval = result.approval
+    if approval is None:
+        fail(
+            f"the gate did not take the request within {opts.timeout_s:g} s: nothing may fire; "
+            f"run the same command again with --idempotency-key {opts.idempotency_key} to find "
+            "it if it lands later",
+            4,
+        )
+    if as_json:
+        click.echo(json.dumps(approval, ensure_ascii=False, indent=2))
+    if not opts.wait:
+        if not as_json:
+            click.echo(approval["approval_id"])
+        return
+    if approval["state"] != "resolved":
+        click.echo(
+            f"Error: still pending after {opts.timeout_s:g} s: approval "
+            f"{approval['approval_id']} (the action must not fire; cancel it with: "
+            f"{_cancel_command(config_path, api_url, approval['approval_id'])})",
+            err=True,
+        )
+        sys.exit(4)
+    if result.permit_error is not None:
+        fail(result.permit_error)
+    if approval["final_body"] is not None and not as_json:
+        sys.stdout.write(approval["final_body"])
+        sys.stdout.flush()
+    sys.exit(EXIT_CODES[approval["outcome"]])
+
+
+def _cancel_command(config_path: str | None, api_url: str | None, approval_id: str) -> str:
+    """The ``hitl-gate cancel`` command line for ``approval_id``, runnable as printed."""
+    words = ["hitl-gate", "cancel"]
+    if config_path:
+        words += ["-c", config_path]
+    if api_url:
+        words += ["--api-url", api_url]
+    return " ".join(shlex.quote(word) for word in [*words, approval_id])
+
+
+@main.command("list")
+@CONFIG_OPTION
+@API_URL_OPTION
+@click.option(
+    "--state",
+    type=click.Choice(["pending", "resolved", "all"]),
+    default="pending",
+    show_default=True,
+)
+@click.option("--pipeline", default=None)
+@click.option("--limit", type=click.IntRange(1, 500), default=50, show_default=True)
+@click.option("--cursor", default=None, help="next_cursor from the previous page.")
+@click.option("--json", "as_json", is_flag=True)
+def list_cmd(
+    config_path: str,
+    api_url: str | None,
+    state: str,
+    pipeline: str | None,
+    limit: int,
+    cursor: str | None,
+    as_json: bool,
+) -> None:
+    """List approvals, one line each (or JSON).
+
+    Example: hitl-gate list -c config.example.yaml --state pending
+    """
+
+    async def go() -> Any:
+        async with _client(config_path, api_url) as api:
+            return await api.list(state, pipeline, limit, cursor)
+
+    page = run(go())
+    if as_json:
+        click.echo(json.dumps(page, ensure_ascii=False, indent=2))
+        return
+    if not page["items"]:  # said on stderr: stdout stays one line per approval
+        which = "" if state == "all" else f"{state} "
+        where = f" in pipeline {pipeline}" if pipeline else ""
+        click.echo(
+            f"no {which}approvals{where}" + (" after that cursor" if cursor else ""), err=True
+        )
+    for a in page["items"]:
+        click.echo(
+            f"{a['approval_id']}  {a['state']:8}  {a['outcome'] or '-':9}  "
+            f"{a['pipeline']}/{a['step']}  {a['quorum']['collected']}/"
+            f"{a['quorum']['required']}  expires {a['expires_at']}"
+        )
+    if page["next_cursor"]:
+        click.echo(f"next page: --cursor {page['next_cursor']}")
+
+
+@main.command()
+@CONFIG_OPTION
+@API_URL_OPTION
+@click.argument("approval_id")
+def show(config_path: str, api_url: str | None, approval_id: str) -> None:
+    """Print one approval as JSON.
+
+    Example: hitl-gate show -c config.example.yaml 01JABCDEF...
+    """
+
+    async def go() -> Any:
+        async with _client(config_path, api_url) as api:
+            return await api.get(approval_id)
+
+    click.echo(json.dumps(run(go()), ensure_ascii=False, indent=2))
+
+
+@main.command()
+@CONFIG_OPTION
+@API_URL_OPTION
+@click.argument("approval_id")
+def cancel(config_path: str, api_url: str | None, approval_id: str) -> None:
+    """Withdraw a pending approval (resolves it as cancelled).
+
+    Example: hitl-gate cancel -c config.example.yaml 01JABCDEF...
+    """
+    from gate.client.api import ClientError
+
+    async def go() -> Any:
+        async with _client(config_path, api_url) as api:
+            try:
+                return await api.cancel(approval_id)
+            except ClientError as exc:
+                if exc.code == "already_resolved" and "outcome" in exc.extra:
+                    # whether the action may have fired depends on the outcome: say it
+                    fail(
+                        f"approval {approval_id} is already resolved (outcome "
+                        f"{exc.extra['outcome']}); nothing changed (HTTP 409 already_resolved)"
+                    )
+                raise
+
+    result = run(go())
+    click.echo(f"{result['approval_id']} cancelled")

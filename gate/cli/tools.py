@@ -1,0 +1,252 @@
+"""``hitl-gate`` commands that start separate programs: ``doctor``, ``keygen``, ``relay``,
+``verify``."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+from pathlib import Path
+
+import click
+
+from gate.cli import (
+    CONFIG_OPTION,
+    fail,
+    main,
+    run,
+)
+from gate.errors import ConfigError, GateError
+
+
+def _relay_secret(var: str) -> str:
+    """Return the relay secret from env ``var``; exit 2 if unset or padded with whitespace
+    (a trailing newline would silently break every signature: case H04)."""
+    secret = os.environ.get(var)
+    if not secret:
+        fail(f"--secret-env: environment variable {var} is not set", 2)
+    if secret != secret.strip():
+        fail(
+            f"--secret-env: {var} has leading or trailing whitespace (often a trailing "
+            "newline); remove it",
+            2,
+        )
+    return secret
+
+
+@main.command()
+@CONFIG_OPTION
+def doctor(config_path: str) -> None:
+    """Check a deployment: config, secrets, keys, database integrity, audit chain, relay
+    reachable, clock. One PASS/WARN/FAIL/SKIP line per check; writes nothing.
+
+    The relay counts as reachable when it answers HEAD or OPTIONS with any HTTP status
+    (405 too). The clock is compared with the relay's Date header. Exit 0 when no check
+    failed (warnings allowed), 1 otherwise.
+
+    Example: hitl-gate doctor -c /etc/hitl-gate/config.yaml
+    """
+    from gate.tools.doctor import run_checks
+
+    checks = run(run_checks(config_path, os.environ))
+    for check in checks:
+        click.echo(check.line())
+    sys.exit(0 if all(check.ok for check in checks) else 1)
+
+
+@main.command()
+@click.option(
+    "--out",
+    "out_dir",
+    required=True,
+    type=click.Path(file_okay=False),
+    help="Directory for the key pair (created 0700 if missing).",
+)
+def keygen(out_dir: str) -> None:
+    """Write a new Ed25519 key pair for signed audit entries and permits; print its key id.
+
+    DIR/hitl-gate-ed25519.key (private, PEM, mode 0600; never overwritten) goes to
+    receipts.signing_key_file; DIR/hitl-gate-ed25519.pub (public, PEM) goes to auditors and
+    to the tool that executes approved actions. Key id = "ed25519:" + the first 16 hex
+    digits of SHA-256 of the raw 32-byte public key.
+
+    Example: hitl-gate keygen --out /etc/hitl-gate/keys
+    """
+    from gate.trust.keys import generate
+
+    try:
+        private_path, public_path, kid = generate(Path(out_dir))
+    except GateError as exc:
+        fail(exc.message)
+    click.echo(
+        f"wrote {private_path} (private key, mode 0600: receipts.signing_key_file)", err=True
+    )
+    click.echo(f"wrote {public_path} (public key: give it to verifiers)", err=True)
+    click.echo(kid)
+
+
+@main.command()
+@click.option(
+    "--listen",
+    default="127.0.0.1:8091",
+    show_default=True,
+    help="host:port to receive dispatches on (port 0: any free port).",
+)
+@click.option("--secret-env", required=True, help="Env var holding the shared relay secret.")
+@click.option(
+    "--as",
+    "identities",
+    multiple=True,
+    help="Decide as this identity (repeat for several approvers). Default: the first "
+    "approver in the dispatch.",
+)
+@click.option("--auto", default=None, help="Decide without asking: approve, skip or adjust:TEXT.")
+@click.option(
+    "--max-skew",
+    type=float,
+    default=300.0,
+    show_default=True,
+    help="Refuse dispatches signed more than this many seconds away.",
+)
+def relay(
+    listen: str, secret_env: str, identities: tuple[str, ...], auto: str | None, max_skew: float
+) -> None:
+    """Reference relay: verify each dispatch, ask a human on this terminal (or decide
+    automatically with --auto), sign the decision and post it back.
+
+    At a terminal, keys typed before a draft and its prompt are on screen are discarded;
+    answer a, s or e (or approve, skip, edit), and on a step of risk high or critical the
+    whole word. Stdin that is no terminal (a pipe, a file) is a script: one line answers
+    each prompt, in order, however early it was written. A prompt whose approval went
+    stale (a newer revision, expired) is withdrawn with a line saying why.
+
+    Asking (no --auto) with stderr on a terminal, only warnings and errors are logged,
+    never inside a draft or prompt (they follow it); redirect stderr (2>relay.log) to keep
+    the INFO lines.
+
+    Example: HITL_RELAY_SECRET=... hitl-gate relay --secret-env HITL_RELAY_SECRET --auto approve
+    """
+    from gate import logs
+    from gate.config import parse_listen
+    from gate.config.values import identity_problem
+    from gate.protocol.whitespace import is_blank, is_trimmed
+    from gate.tools.reference_relay.relay import AutoDecision, run_relay
+    from gate.tools.reference_relay.terminal import NoScreen
+
+    secret = _relay_secret(secret_env)
+    try:
+        parse_listen(listen)
+    except ValueError as exc:
+        fail(f"--listen: {exc}", 2)
+    try:
+        auto_decision = AutoDecision.parse(auto) if auto else None
+    except ValueError as exc:
+        fail(f"--auto: {exc}", 2)
+    for identity in identities:  # a dispatch's scope never names such an identity
+        if is_blank(identity) or not is_trimmed(identity):
+            fail(f"--as: {identity!r} is not an identity (empty, or spaces around it)", 2)
+        problem = identity_problem(identity)
+        if problem is not None:
+            fail(
+                f"--as: {identity!r} {problem.split(';')[0]}; no dispatch names such an identity", 2
+            )
+    # asking on a terminal: INFO lines would land in the drafts and prompts (issue 12)
+    logs.configure("WARNING" if auto_decision is None and sys.stderr.isatty() else "INFO")
+    try:
+        asyncio.run(run_relay(listen, secret, identities, auto_decision, max_skew))
+    except NoScreen as exc:
+        fail(str(exc), 2)
+    except OSError as exc:
+        fail(f"cannot listen on {listen}: {exc}")
+
+
+# where ``verify``'s ephemeral config takes each setting from
+_VERIFY_OPTIONS = (
+    ("relay.operators", "--approver"),
+    ("relay.public_url", "--public-url"),
+    ("relay.url", "RELAY_URL"),
+    ("relay.callback_addr", "--listen"),
+)
+
+
+def _verify_option(error: str) -> str:
+    """A config error of ``verify``'s ephemeral gate, named by the argument it came from
+    (``relay.operators[0].identity: must not be empty`` -> ``--approver: must not be
+    empty``)."""
+    path, _, message = error.partition(": ")
+    for prefix, option in _VERIFY_OPTIONS:
+        if path.startswith(prefix):
+            return f"{option}: {message}"
+    return error
+
+
+@main.command()
+@click.argument("relay_url")
+@click.option("--secret-env", required=True, help="Env var holding the shared relay secret.")
+@click.option(
+    "--approver",
+    required=True,
+    help="Identity the relay will report as approver (the human, or the auto account).",
+)
+@click.option(
+    "--listen",
+    default="127.0.0.1:0",
+    show_default=True,
+    help="host:port for the ephemeral gate's decision endpoint (port 0: any free port).",
+)
+@click.option(
+    "--public-url",
+    default=None,
+    help="Base URL the relay calls back (default http://<listen>). A relay in the "
+    "cloud (Power Automate, n8n cloud) needs a public URL that reaches --listen, "
+    "e.g. through a tunnel or reverse proxy.",
+)
+@click.option(
+    "--timeout",
+    type=click.FloatRange(min=1),
+    default=120.0,
+    show_default=True,
+    help="Seconds to wait for the relay's decision (a human may be answering).",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+def verify(
+    relay_url: str,
+    secret_env: str,
+    approver: str,
+    listen: str,
+    public_url: str | None,
+    timeout: float,
+    as_json: bool,
+) -> None:
+    """Conformance test of a live relay (SPEC §6): PASS/FAIL per check.
+
+    Starts an ephemeral gate (the real decision handler over HTTP), dispatches a synthetic
+    approval (pipeline hitl-conformance) plus a badly signed and a stale one, waits for the
+    relay's decision, then checks replay, mutated-hash and out-of-scope refusals.
+    Exit 0 when every check passes, 1 when one fails, 2 for usage errors.
+
+    Example: hitl-gate verify http://127.0.0.1:8091/ --secret-env HITL_RELAY_SECRET
+    --approver alice@example.com
+    """
+    from gate.config import TcpListen, parse_listen
+    from gate.tools.conformance.runner import run_verify
+
+    secret = _relay_secret(secret_env)
+    if not relay_url.startswith(("http://", "https://")):
+        fail("RELAY_URL must be an http:// or https:// URL", 2)
+    try:
+        if not isinstance(parse_listen(listen), TcpListen):
+            raise ValueError("unix sockets cannot be reached by a relay")
+    except ValueError as exc:
+        fail(f"--listen: {exc}", 2)
+    try:
+        report = asyncio.run(run_verify(relay_url, secret, approver, listen, public_url, timeout))
+    except OSError as exc:
+        fail(f"--listen: cannot listen on {listen}: {exc}", 2)
+    except ConfigError as exc:  # the ephemeral gate's config is built from the arguments
+        fail("; ".join(_verify_option(error) for error in exc.errors), 2)
+    click.echo(
+        json.dumps(report.as_json(), ensure_ascii=False, indent=2) if as_json else report.as_text()
+    )
+    sys.exit(0 if report.ok else 1)
