@@ -12,10 +12,11 @@ from typing import Any
 from gate.clock import Clock
 from gate.config import Config
 from gate.core.ratelimit import RateLimiter
+from gate.core.receipt_key import refusal
 from gate.core.requests import CreateRequest, check_draft, quorum_unreachable_message
 from gate.core.transactions import EXPIRE_BATCH, Policy, Resolution, Transactions
 from gate.core.views import approval_view
-from gate.errors import ConfigError, Conflict, GateError, NotFound
+from gate.errors import Conflict, GateError, NotFound
 from gate.protocol.canonical import payload_hash
 from gate.protocol.envelope import Decision
 from gate.store import Command, Store
@@ -198,38 +199,12 @@ class GateService:
         verifies it but the log already went over to the current key (an entry forged with
         a retired key). Never logs a key.
         """
-        outcome, seq, since = await self.store.transact(Command("receipt_key"))
+        settled = await self.store.transact(Command("receipt_key"))
         receipts = self.config.receipts
-        if outcome == "mismatch" and receipts.previous_key_env is None:
-            raise ConfigError(
-                [
-                    f"receipts.key_env: {receipts.key_env} does not verify the "
-                    f"newest audit entry's receipt (seq {seq}); a typo? To rotate "
-                    "the key, set receipts.previous_key_env to the variable "
-                    "holding the old key"
-                ]
-            )
-        if outcome == "mismatch":
-            raise ConfigError(
-                [
-                    f"receipts.key_env: neither {receipts.key_env} nor "
-                    f"receipts.previous_key_env ({receipts.previous_key_env}) "
-                    f"verifies the newest audit entry's receipt (seq {seq}); a "
-                    "typo? receipts.previous_key_env must hold the key the log "
-                    "was written with"
-                ]
-            )
-        if outcome == "forged":
-            raise GateError(
-                "audit_tampered",
-                (
-                    f"receipts.previous_key_env: the newest audit entry (seq {seq}) is receipted "
-                    f"with {receipts.previous_key_env}'s key, but this log went over to "
-                    f"{receipts.key_env}'s key at entry {since}: an entry after that receipted "
-                    "with the retired key is forged; nothing was written (hitl-gate audit verify "
-                    "-c names it)"
-                ),
-            )
+        problem = refusal(settled, receipts)
+        if problem is not None:
+            raise problem
+        outcome, seq, _ = settled
         if outcome == "rotated":
             log.info(
                 "event=receipt_key_rotated seq=%d previous_key_last_seq=%d key_env=%s "

@@ -16,14 +16,13 @@ from gate.audit.entries import (
     CreatedData,
     DecisionData,
     DispatchAckData,
-    ReceiptKeyRotatedData,
     ResolvedData,
 )
-from gate.audit.spans import ROTATED, matches
 from gate.clock import Clock
 from gate.config import Config
 from gate.core import rules
 from gate.core.ratelimit import RateLimiter
+from gate.core.receipt_key import Settled, settle
 from gate.core.requests import CreateRequest
 from gate.errors import Conflict, GateError, NotFound
 from gate.protocol.canonical import payload_hash
@@ -211,32 +210,17 @@ class Transactions:
 
     # ---- receipt key -------------------------------------------------------------
 
-    def receipt_key(self, tx: WriteTx) -> tuple[str, int, int | None]:
-        """``GateService.settle_receipt_key``'s transaction: ``(outcome, seq, since)``;
-        outcome "empty", "current", "mismatch", "forged" (``since``: the first entry of the
-        current key's span) or "rotated" (``seq``: the rotation entry's)."""
-        last = tx.last_audit_row()
-        if last is None:
-            return "empty", 0, None
-        if matches(self._receipt_key, last.entry_hash, last.receipt):
-            return "current", last.seq, None
-        previous = self._previous_receipt_key
-        if previous is None or not matches(previous, last.entry_hash, last.receipt):
-            return "mismatch", last.seq, None
-        since = next(
-            (
-                seq
-                for seq, digest, receipt in tx.audit_span_starts(ROTATED)
-                if matches(self._receipt_key, digest, receipt)
-            ),
-            None,
+    def receipt_key(self, tx: WriteTx) -> Settled:
+        """``GateService.settle_receipt_key``'s transaction (``gate.core.receipt_key.settle``
+        with this gate's keys, at the gate's time)."""
+        return settle(
+            tx,
+            self._receipt_key,
+            self._previous_receipt_key,
+            self.config.receipts,
+            self.clock.now_ms(),
+            self._signer,
         )
-        if since is not None:
-            return "forged", last.seq, since
-        receipts = self.config.receipts
-        rotated = ReceiptKeyRotatedData(last.seq, receipts.key_env, receipts.previous_key_env)
-        row = self._audit(tx, rotated.kind, None, self.clock.now_ms(), rotated.to_data())
-        return "rotated", row.seq, None
 
     # ---- decide ----------------------------------------------------------------
 
