@@ -11,6 +11,7 @@ from typing import Any
 
 from gate.clock import Clock
 from gate.config import Config
+from gate.core.model import Approval
 from gate.core.ratelimit import RateLimiter
 from gate.core.receipt_key import refusal
 from gate.core.requests import CreateRequest, check_draft, quorum_unreachable_message
@@ -167,6 +168,8 @@ class GateService:
         check_draft(req, policy.allow_empty_draft)
         requester, policy = self.requester(req, policy)
         digest = payload_hash(req.body)
+        full: Approval
+        created_now: bool
         full, created_now = await self.store.transact(
             Command("create", (req, idempotency_key, requester, policy, req.request_hash(), digest))
         )
@@ -174,7 +177,7 @@ class GateService:
             return approval_view(full), False
         log.info(
             "event=created approval_id=%s pipeline=%s step=%s payload_hash=%s quorum=%d",
-            full["approval_id"],
+            full.approval_id,
             req.pipeline,
             req.step,
             digest,
@@ -283,6 +286,7 @@ class GateService:
         Raises NotFound 404 ``unknown_approval``; Conflict 409 ``already_resolved``.
         """
 
+        full: Approval
         outcome, full = await self.store.transact(Command("cancel", (approval_id,)))
         log.info("event=resolved approval_id=%s outcome=%s", approval_id, outcome)
         self._notify(approval_id)
@@ -343,7 +347,7 @@ class GateService:
         rows = rows[:limit]
         return {
             "items": [approval_view(r) for r in rows],
-            "next_cursor": rows[-1]["approval_id"] if more and rows else None,
+            "next_cursor": rows[-1].approval_id if more and rows else None,
         }
 
     # ---- health (for /healthz and the /metrics scrape: neither reaches the store) ----

@@ -21,6 +21,7 @@ from gate.audit.entries import (
 from gate.clock import Clock
 from gate.config import Config
 from gate.core import rules
+from gate.core.model import Approval, DecisionRow, Resolvable, Revision
 from gate.core.ratelimit import RateLimiter
 from gate.core.receipt_key import Settled, settle
 from gate.core.requests import CreateRequest
@@ -148,7 +149,7 @@ class Transactions:
         policy: Policy,
         request_hash: str,
         digest: str,
-    ) -> tuple[dict[str, Any], bool]:
+    ) -> tuple[Approval, bool]:
         """Insert the approval, its first revision, its dispatch and its ``created`` entry
         (outbox: nothing waits on the relay). Returns ``(loaded approval, created)``;
         ``created`` is False for an Idempotency-Key seen before with the same body. Raises
@@ -240,8 +241,7 @@ class Transactions:
                 kind="unknown_approval",
             )
         nonce_revision = next(
-            (int(r["revision"]) for r in approval["revisions"] if r["nonce"] == decision.nonce),
-            None,
+            (r.revision for r in approval.revisions if r.nonce == decision.nonce), None
         )
         if nonce_revision is None:
             raise rules.refuse(
@@ -254,41 +254,38 @@ class Transactions:
         self.rate.check(operator_id, now)
         rules.check_not_decided(approval, operator_id, decision)
         verdict = rules.verdict(approval, operator_id, decision)
-        revision = approval["revision"]
+        revision = approval.revision
         outcome, new_revision = self._record(tx, approval, decision, verdict, now)
         resolution = (
             None
             if outcome is None
-            else Resolution(
-                approval["pipeline"], approval["step"], outcome, int(approval["created_at"]), now
-            )
+            else Resolution(approval.pipeline, approval.step, outcome, approval.created_at, now)
         )
         return operator_id, revision, outcome, new_revision, resolution
 
     def _record(
         self,
         tx: WriteTx,
-        approval: dict[str, Any],
+        approval: Approval,
         decision: Decision,
         verdict: rules.Verdict,
         now: int,
     ) -> tuple[str | None, int | None]:
-        revision = approval["revision"]
-        row = {
-            "approval_id": approval["approval_id"],
-            "revision": revision,
-            "operator_id": verdict.operator_id,
-            "identity": decision.approver_id,
-            "display": decision.approver_display,
-            "channel": decision.approver_channel,
-            "decision": decision.decision,
-            "payload_hash": decision.payload_hash,
-            "adjust_text": decision.adjust_text,
-            "decided_at": decision.decided_at,
-            "recorded_at": now,
-        }
-        tx.insert_decision(row)
-        approval["decisions"].append(row)
+        revision = approval.revision
+        row = DecisionRow(
+            revision=revision,
+            operator_id=verdict.operator_id,
+            identity=decision.approver_id,
+            display=decision.approver_display,
+            channel=decision.approver_channel,
+            decision=decision.decision,
+            payload_hash=decision.payload_hash,
+            adjust_text=decision.adjust_text,
+            decided_at=decision.decided_at,
+            recorded_at=now,
+        )
+        tx.insert_decision(approval.approval_id, row)
+        approval = dataclasses.replace(approval, decisions=approval.decisions + (row,))
         audit_data = DecisionData(
             operator_id=verdict.operator_id,
             decision=decision.decision,
@@ -301,60 +298,72 @@ class Transactions:
         if verdict.effect == "adjust":
             assert verdict.new_body is not None
             new_revision = revision + 1
-            new_hash = payload_hash(verdict.new_body)
-            tx.insert_revision(
-                approval["approval_id"],
-                new_revision,
-                verdict.new_body,
-                new_hash,
-                new_nonce(),
-                now,
-                verdict.operator_id,
+            added = Revision(
+                revision=new_revision,
+                body=verdict.new_body,
+                payload_hash=payload_hash(verdict.new_body),
+                nonce=new_nonce(),
+                created_at=now,
+                created_by=verdict.operator_id,
             )
-            tx.set_revision(approval["approval_id"], new_revision)
-            approval["revision"] = new_revision
-            approval["revisions"].append(
-                {
-                    "revision": new_revision,
-                    "body": verdict.new_body,
-                    "payload_hash": new_hash,
-                    "created_by": verdict.operator_id,
-                }
+            tx.insert_revision(
+                approval.approval_id,
+                added.revision,
+                added.body,
+                added.payload_hash,
+                added.nonce,
+                added.created_at,
+                added.created_by,
+            )
+            tx.set_revision(approval.approval_id, new_revision)
+            approval = dataclasses.replace(
+                approval, revision=new_revision, revisions=approval.revisions + (added,)
             )
             audit_data = dataclasses.replace(
-                audit_data, new_revision=new_revision, new_payload_hash=new_hash
+                audit_data, new_revision=new_revision, new_payload_hash=added.payload_hash
             )
-        self._audit(tx, audit_data.kind, approval["approval_id"], now, audit_data.to_data())
-        collected = rules.approvers_of(approval, approval["revision"])
+        self._audit(tx, audit_data.kind, approval.approval_id, now, audit_data.to_data())
+        collected = rules.approvers_of(approval, approval.revision)
         outcome = rules.outcome_after(
-            approval["quorum_required"], len(collected), approval["revision"], [verdict.effect]
+            approval.quorum_required, len(collected), approval.revision, [verdict.effect]
         )
         if outcome is not None:
-            self._resolve(tx, approval, outcome, now, collected)
+            target = Resolvable(
+                approval.approval_id,
+                approval.revision,
+                rules.current_revision(approval).payload_hash,
+                approval.quorum_required,
+            )
+            self._resolve(tx, target, outcome, now, collected, approval)
         elif new_revision is not None:
-            tx.enqueue_dispatch(approval["approval_id"], new_revision, now)
+            tx.enqueue_dispatch(approval.approval_id, new_revision, now)
         return outcome, new_revision
 
     def _resolve(
         self,
         tx: WriteTx,
-        approval: dict[str, Any],
+        target: Resolvable,
         outcome: str,
         now: int,
-        approved_by: Sequence[int],
+        approved_by: Sequence[int] = (),
+        approval: Approval | None = None,
     ) -> None:
-        current = rules.current_revision(approval)
+        """Resolve ``target`` as ``outcome`` at ``now`` with its ``resolved`` audit entry;
+        an outcome that fires gets a permit (from the loaded ``approval``) on a gate with a
+        signing key. Raises Conflict ``already_resolved`` (rolling the job back) when the
+        approval is no longer pending."""
         fires = outcome in permit.FIRING_OUTCOMES
         resolved = ResolvedData(
             outcome=outcome,
-            revision=approval["revision"],
-            payload_hash=current["payload_hash"],
+            revision=target.revision,
+            payload_hash=target.payload_hash,
             approved_by=list(approved_by) if fires else [],
-            quorum=approval["quorum_required"],
+            quorum=target.quorum_required,
         )
-        row = self._audit(tx, resolved.kind, approval["approval_id"], now, resolved.to_data())
+        row = self._audit(tx, resolved.kind, target.approval_id, now, resolved.to_data())
         issued = None
         if fires and self._signer is not None:
+            assert approval is not None  # only a decision fires
             claims = permit.claims_for(
                 approval,
                 outcome,
@@ -367,7 +376,7 @@ class Transactions:
             issued = permit.issue(self._signer, claims)
         # one UPDATE, guarded on state: when it finds the approval no longer pending, the
         # Conflict rolls this job back, the audit entry above included
-        if not tx.resolve(approval["approval_id"], outcome, now, receipt_object(row), issued):
+        if not tx.resolve(target.approval_id, outcome, now, receipt_object(row), issued):
             raise Conflict("already_resolved", "approval was resolved concurrently")
 
     # ---- expire / cancel / dispatch bookkeeping --------------------------------------
@@ -377,11 +386,11 @@ class Transactions:
         ``timeout``, oldest deadline first; return their ids."""
         now = self.clock.now_ms()
         due = tx.due_expiry_rows(now, EXPIRE_BATCH)
-        for approval in due:  # a timeout fires nothing: no permit, so no full load
-            self._resolve(tx, approval, "timeout", now, [])
-        return [approval["approval_id"] for approval in due]
+        for target in due:  # a timeout fires nothing: no permit, so no full load
+            self._resolve(tx, target, "timeout", now)
+        return [target.approval_id for target in due]
 
-    def cancel(self, tx: WriteTx, approval_id: str) -> tuple[str, dict[str, Any]]:
+    def cancel(self, tx: WriteTx, approval_id: str) -> tuple[str, Approval]:
         """Resolve a pending approval ``cancelled`` (``timeout`` when past ``expires_at``);
         return ``(outcome, loaded approval)``. Raises NotFound 404 ``unknown_approval``,
         Conflict 409 ``already_resolved`` (with its ``outcome``)."""
@@ -389,14 +398,18 @@ class Transactions:
         approval = tx.load_approval(approval_id)
         if approval is None:
             raise NotFound("unknown_approval", "no approval with this approval_id")
-        if approval["state"] == "resolved":
+        if approval.state == "resolved":
             raise Conflict(
                 "already_resolved",
                 "the approval is already resolved",
-                extra={"outcome": approval["outcome"]},
+                extra={"outcome": approval.outcome},
             )
-        outcome = "timeout" if now >= approval["expires_at"] else "cancelled"
-        self._resolve(tx, approval, outcome, now, [])
+        outcome = "timeout" if now >= approval.expires_at else "cancelled"
+        current = rules.current_revision(approval)
+        target = Resolvable(
+            approval_id, approval.revision, current.payload_hash, approval.quorum_required
+        )
+        self._resolve(tx, target, outcome, now)
         full = tx.load_approval(approval_id)
         assert full is not None
         return outcome, full

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from gate.audit import chain as audit
+from gate.core.model import Approval
 from gate.errors import Unavailable
 from gate.store import connection, writer_process
 from gate.store.batch import PROBE, Command, Faults, Handler, Writer
@@ -217,13 +218,13 @@ class Store:
 
     # ---- reads (``gate.store.reads``) ------------------------------------------------
 
-    async def fetch_approval(self, approval_id: str) -> dict[str, Any] | None:
+    async def fetch_approval(self, approval_id: str) -> Approval | None:
         """Return the approval with its revisions, decisions and dispatch, or None."""
         return await self._reads.fetch_approval(approval_id)
 
     async def list_approvals(
         self, state: str, pipeline: str | None, limit: int, after: str | None
-    ) -> list[dict[str, Any]]:
+    ) -> list[Approval]:
         """``Reads.list_approvals``: a page of approvals in creation order."""
         return await self._reads.list_approvals(state, pipeline, limit, after)
 
