@@ -26,6 +26,7 @@ from gate.audit import chain as audit
 from gate.clock import ManualClock
 from gate.config import Config, load_config
 from gate.core import rules
+from gate.core.model import Approval, DecisionRow, Revision
 from gate.core.ratelimit import RateLimiter
 from gate.core.requests import CreateRequest, parse_create
 from gate.core.service import GateService
@@ -65,8 +66,7 @@ class Gate:
 
     async def revision(self, approval_id: str, revision: int | None = None) -> dict[str, Any]:
         """The stored revision row (body, payload_hash, nonce); the current one by default."""
-        full = await self.store.fetch_approval(approval_id)
-        assert full is not None
+        full = await self.full(approval_id)
         wanted = full["revision"] if revision is None else revision
         return next(r for r in full["revisions"] if r["revision"] == wanted)
 
@@ -117,9 +117,11 @@ class Gate:
         return [row async for row in self.store.audit_rows()]
 
     async def full(self, approval_id: str) -> dict[str, Any]:
+        """The stored approval (``gate.core.model.Approval``) as plain JSON values."""
         full = await self.store.fetch_approval(approval_id)
         assert full is not None
-        return full
+        loaded: dict[str, Any] = json.loads(json.dumps(dataclasses.asdict(full)))
+        return loaded
 
 
 MakeGate = Callable[..., Awaitable[Gate]]
@@ -885,7 +887,8 @@ async def test_service_audit_survives_reopen(make_gate: MakeGate) -> None:
         rows = [row async for row in store.audit_rows()]
         assert [r.kind for r in rows] == ["created", "decision", "resolved"]
         assert audit.verify(rows, RECEIPT_KEY).ok
-        assert (await store.fetch_approval(aid) or {})["outcome"] == "approved"
+        full = await store.fetch_approval(aid)
+        assert full is not None and full.outcome == "approved"
     finally:
         await store.close()
 
@@ -893,9 +896,10 @@ async def test_service_audit_survives_reopen(make_gate: MakeGate) -> None:
 # =========================================================================== pure rules
 
 
-def small_approval(**overrides: Any) -> dict[str, Any]:
-    """The shape ``Store.fetch_approval`` returns, reduced to what the rules read."""
-    approval: dict[str, Any] = {
+def small_approval(**overrides: Any) -> Approval:
+    """The shape ``Store.fetch_approval`` returns, reduced to what the rules read
+    (``revisions`` given as dicts; nonces and times the rules do not read are filled in)."""
+    values: dict[str, Any] = {
         "approval_id": "a1",
         "state": "pending",
         "outcome": None,
@@ -908,8 +912,37 @@ def small_approval(**overrides: Any) -> dict[str, Any]:
         ],
         "decisions": [],
     }
-    approval.update(overrides)
-    return approval
+    values.update(overrides)
+    revisions = tuple(
+        Revision(
+            r["revision"], r["body"], r["payload_hash"], f"n{r['revision']}", 0, r["created_by"]
+        )
+        for r in values.pop("revisions")
+    )
+    return Approval(
+        **{
+            "run_id": "r1",
+            "pipeline": "p",
+            "step": "s",
+            "risk": "low",
+            "content_type": "text/plain",
+            "budget": None,
+            "spend": None,
+            "created_at": NOW_MS - 1000,
+            "resolved_at": None,
+            "idempotency_key": None,
+            "request_hash": "",
+            "receipt": None,
+            "requested_by": None,
+            "requested_by_id": None,
+            "allow_self_approval": False,
+            "permit": None,
+            **values,
+            "scope": tuple((int(op_id), str(identity)) for op_id, identity in values["scope"]),
+            "decisions": tuple(values["decisions"]),
+            "revisions": revisions,
+        }
+    )
 
 
 def small_decision(verb: str = "approve", **overrides: Any) -> Decision:
@@ -930,13 +963,19 @@ def small_decision(verb: str = "approve", **overrides: Any) -> Decision:
 
 def row(
     operator_id: int, verb: str = "approve", revision: int = 1, adjust_text: str | None = None
-) -> dict[str, Any]:
-    return {
-        "operator_id": operator_id,
-        "decision": verb,
-        "revision": revision,
-        "adjust_text": adjust_text,
-    }
+) -> DecisionRow:
+    return DecisionRow(
+        revision=revision,
+        operator_id=operator_id,
+        identity=f"op{operator_id}@example.com",
+        display=None,
+        channel=None,
+        decision=verb,
+        payload_hash=f"sha256:v{revision}",
+        adjust_text=adjust_text,
+        decided_at="2026-01-01T00:00:00Z",
+        recorded_at=NOW_MS,
+    )
 
 
 @pytest.mark.parametrize(

@@ -15,6 +15,8 @@
   ``gate.protocol`` but never the core, store or daemon; ``gate/client/*`` (the pipeline side)
   never reaches the store, daemon or web.
 - Only ``gate/store/*`` speaks SQL (imports sqlite3/aiosqlite).
+- Of ``gate/core/``, the store imports only ``gate/core/model.py`` (the values it returns),
+  and ``model.py`` imports nothing but the standard library.
 - Of the ``gate/audit/*`` modules, only ``audit/verify.py`` imports the store; chain, entries,
   records and spans import no store, no sqlite3, no aiohttp (pure: the store's writer and
   readers depend on them, never the other way round).
@@ -23,6 +25,7 @@
 from __future__ import annotations
 
 import ast
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -374,3 +377,28 @@ def test_layers_audit_pure_modules_found() -> None:
 def test_layers_who_runs_what_rules_see_their_packages() -> None:
     assert {m.name for m in RELAYS} >= {"gate.tools.reference_relay.relay"}
     assert {m.name for m in CLIENT} >= {"gate.client.api", "gate.client.request"}
+
+
+STORE = under("gate.store")
+MODEL = "gate.core.model"
+
+
+@pytest.mark.parametrize("module", STORE, ids=ids(STORE))
+def test_layers_store_imports_of_core_only_the_model(module: Module) -> None:
+    bad = [name for name in hits(imports_of(module), ("gate.core",)) if name != MODEL]
+    bad = [name for name in bad if not name.startswith(MODEL + ".")]
+
+    assert not bad, f"{module.rel}: the store returns gate.core.model values, nothing more: {bad}"
+
+
+def test_layers_model_imports_only_the_standard_library() -> None:
+    (model,) = [m for m in MODULES if m.name == MODEL]
+    outside = sorted(
+        name
+        for name in imports_of(model)
+        if name.split(".")[0] not in sys.stdlib_module_names
+        and name != "__future__"
+        and not name.startswith("__future__.")
+    )
+
+    assert not outside, f"{model.rel} holds plain values; imports {outside}"

@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from gate.core.model import Approval, Revision
 from gate.protocol.canonical import canonical_json
 from gate.trust import keys, permit
 from tests.support import (
@@ -208,16 +209,33 @@ def test_permit_verify_pipeline_step_and_bytes_body() -> None:
 
 
 def test_permit_claims_for_refuses_outcomes_that_do_not_fire() -> None:
-    approval = {
-        "approval_id": "a",
-        "run_id": "r",
-        "pipeline": "p",
-        "step": "s",
-        "revision": 1,
-        "quorum_required": 1,
-        "scope": [],
-        "revisions": [{"revision": 1, "payload_hash": "sha256:00"}],
-    }
+    approval = Approval(
+        approval_id="a",
+        run_id="r",
+        pipeline="p",
+        step="s",
+        risk="low",
+        content_type="text/plain",
+        quorum_required=1,
+        scope=(),
+        budget=None,
+        spend=None,
+        revision=1,
+        state="pending",
+        outcome=None,
+        created_at=0,
+        expires_at=1,
+        resolved_at=None,
+        idempotency_key=None,
+        request_hash="",
+        receipt=None,
+        requested_by=None,
+        requested_by_id=None,
+        allow_self_approval=False,
+        permit=None,
+        revisions=(Revision(1, "", "sha256:00", "n1", 0, None),),
+        decisions=(),
+    )
     for outcome in ("skipped", "timeout", "cancelled"):
         with pytest.raises(ValueError, match="no permit exists"):
             permit.claims_for(approval, outcome, [], 1, "0" * 64, 0, 900)

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from gate.core.model import Approval, Revision
 from gate.errors import GateError
 from gate.protocol.envelope import Decision
 from gate.protocol.whitespace import identity_key, is_blank
@@ -32,36 +33,32 @@ class Verdict:
     new_body: str | None = None
 
 
-def check_state(
-    approval: dict[str, Any], nonce_revision: int, decision: Decision, now_ms: int
-) -> None:
+def check_state(approval: Approval, nonce_revision: int, decision: Decision, now_ms: int) -> None:
     """SPEC §2 checks 8, 9, 10 against a loaded approval (see ``Store.fetch_approval``).
 
     Raises 409 ``already_resolved`` (+ outcome), 410 ``expired`` (resolved as timeout or
     past ``expires_at`` on the gate's clock), 409 ``superseded``, 403 ``payload_hash_mismatch``.
     """
-    if approval["state"] == "resolved":
-        if approval["outcome"] == "timeout":
+    if approval.state == "resolved":
+        if approval.outcome == "timeout":
             raise refuse(410, "expired", "expired", "the approval expired before this decision")
         raise refuse(
             409,
             "already_resolved",
             "already_resolved",
             "the approval is resolved",
-            outcome=approval["outcome"],
+            outcome=approval.outcome,
         )
-    if now_ms >= approval["expires_at"]:
+    if now_ms >= approval.expires_at:
         raise refuse(410, "expired", "expired", "the approval is past its expires_at")
-    if nonce_revision != approval["revision"]:
+    if nonce_revision != approval.revision:
         raise refuse(
             409,
             "superseded",
             "superseded",
-            f"nonce is for revision {nonce_revision}; the current revision is "
-            f"{approval['revision']}",
+            f"nonce is for revision {nonce_revision}; the current revision is {approval.revision}",
         )
-    current = current_revision(approval)
-    if decision.payload_hash != current["payload_hash"]:
+    if decision.payload_hash != current_revision(approval).payload_hash:
         raise refuse(
             403,
             "forbidden",
@@ -70,23 +67,23 @@ def check_state(
         )
 
 
-def current_revision(approval: dict[str, Any]) -> dict[str, Any]:
-    """Return the revision row that is current on ``approval``."""
-    revisions: list[dict[str, Any]] = approval["revisions"]
-    for rev in revisions:
-        if rev["revision"] == approval["revision"]:
-            return rev
-    raise LookupError(f"approval {approval['approval_id']} has no current revision row")
+def current_revision(approval: Approval) -> Revision:
+    """Return the revision that is current on ``approval``; raises LookupError when its row
+    is missing."""
+    found = approval.revision_row(approval.revision)
+    if found is None:
+        raise LookupError(f"approval {approval.approval_id} has no current revision row")
+    return found
 
 
-def check_not_requester(approval: dict[str, Any], identity: str) -> None:
+def check_not_requester(approval: Approval, identity: str) -> None:
     """No self-approval: refuse every decision by the operator named as ``requested_by``.
 
     Runs just before check 11 unless the step allowed self-approval when the approval was
     created. Raises 403 ``forbidden`` / ``self_approval``.
     """
-    requester = approval.get("requested_by")
-    if not requester or approval.get("allow_self_approval"):
+    requester = approval.requested_by
+    if not requester or approval.allow_self_approval:
         return
     if identity_key(identity) == identity_key(requester):
         raise refuse(
@@ -97,14 +94,14 @@ def check_not_requester(approval: dict[str, Any], identity: str) -> None:
         )
 
 
-def check_approver(approval: dict[str, Any], identity: str) -> int:
+def check_approver(approval: Approval, identity: str) -> int:
     """SPEC §2 check 11: map the identity to an operator in the approval's frozen scope.
 
     The scope (allowed_users ∩ step approvers) was fixed when the approval was created.
     Returns the operator id; raises 403 ``approver_not_allowed``.
     """
     key = identity_key(identity)
-    for operator_id, scoped_identity in approval["scope"]:
+    for operator_id, scoped_identity in approval.scope:
         if identity_key(scoped_identity) == key:
             return int(operator_id)
     raise refuse(
@@ -132,18 +129,17 @@ def check_adjust_text(decision: Decision, max_input_length: int) -> None:
         )
 
 
-def _prior(approval: dict[str, Any], operator_id: int) -> tuple[str, str | None] | None:
+def _prior(approval: Approval, operator_id: int) -> tuple[str, str | None] | None:
     """Return what ``operator_id`` already decided on the current revision, or None."""
-    revision = approval["revision"]
-    for row in approval["decisions"]:
-        if row["revision"] == revision and row["operator_id"] == operator_id:
-            return row["decision"], row["adjust_text"]
-    if current_revision(approval)["created_by"] == operator_id:
+    for row in approval.decisions:
+        if row.revision == approval.revision and row.operator_id == operator_id:
+            return row.decision, row.adjust_text
+    if current_revision(approval).created_by == operator_id:
         return "approve", None  # their adjust counts as their approval of this revision
     return None
 
 
-def check_not_decided(approval: dict[str, Any], operator_id: int, decision: Decision) -> None:
+def check_not_decided(approval: Approval, operator_id: int, decision: Decision) -> None:
     """SPEC §2 check 14: 409 ``duplicate`` for the same decision again, else ``already_decided``."""
     prior = _prior(approval, operator_id)
     if prior is None:
@@ -155,36 +151,34 @@ def check_not_decided(approval: dict[str, Any], operator_id: int, decision: Deci
     )
 
 
-def verdict(approval: dict[str, Any], operator_id: int, decision: Decision) -> Verdict:
+def verdict(approval: Approval, operator_id: int, decision: Decision) -> Verdict:
     """Return the effect of an accepted decision (an adjust to the same body is an approve)."""
     if decision.decision == "skip":
         return Verdict(operator_id, "skip")
     if decision.decision == "adjust":
         assert decision.adjust_text is not None
-        if decision.adjust_text != current_revision(approval)["body"]:
+        if decision.adjust_text != current_revision(approval).body:
             return Verdict(operator_id, "adjust", decision.adjust_text)
     return Verdict(operator_id, "approve")
 
 
-def approvers_of(approval: dict[str, Any], revision: int) -> list[int]:
+def approvers_of(approval: Approval, revision: int) -> list[int]:
     """Return the distinct operators whose approval counts on ``revision``, in order.
 
     Counted: ``approve`` decisions and same-body ``adjust`` decisions on the revision,
     plus the operator whose adjust created it (SPEC §2 "Quorum and outcomes").
     """
     out: list[int] = []
-    rev_row = next((r for r in approval["revisions"] if r["revision"] == revision), None)
-    if rev_row is not None and rev_row["created_by"] is not None:
-        out.append(int(rev_row["created_by"]))
-    for row in approval["decisions"]:
-        if row["revision"] != revision or row["operator_id"] in out:
+    rev_row = approval.revision_row(revision)
+    if rev_row is not None and rev_row.created_by is not None:
+        out.append(rev_row.created_by)
+    for row in approval.decisions:
+        if row.revision != revision or row.operator_id in out:
             continue
-        if row["decision"] == "approve" or (
-            row["decision"] == "adjust"
-            and rev_row is not None
-            and row["adjust_text"] == rev_row["body"]
+        if row.decision == "approve" or (
+            row.decision == "adjust" and rev_row is not None and row.adjust_text == rev_row.body
         ):
-            out.append(int(row["operator_id"]))
+            out.append(row.operator_id)
     return out
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from gate.core.model import Approval
 from gate.core.rules import approvers_of, current_revision
 from gate.protocol.envelope import rfc3339
 
@@ -12,8 +13,8 @@ def _ts(ms: int | None) -> str | None:
     return None if ms is None else rfc3339(int(ms))
 
 
-def approval_view(full: dict[str, Any]) -> dict[str, Any]:
-    """Return the SPEC §3 approval object for a ``Store.fetch_approval`` result.
+def approval_view(full: Approval) -> dict[str, Any]:
+    """Return the SPEC §3 approval object (JSON-ready) for a ``Store.fetch_approval`` result.
 
     ``final_body`` is set only for ``approved``/``adjusted`` (the action may fire);
     ``payload_hash`` is the current revision's hash; ``created_receipt`` the receipt of the
@@ -23,50 +24,50 @@ def approval_view(full: dict[str, Any]) -> dict[str, Any]:
     requesting operator's identity, or None.
     """
     current = current_revision(full)
-    fired = full["outcome"] in ("approved", "adjusted")
-    out_rows = [o for o in full["outbox"] if o["revision"] == full["revision"]] or full["outbox"]
+    fired = full.outcome in ("approved", "adjusted")
+    out_rows = [o for o in full.outbox if o.revision == full.revision] or list(full.outbox)
     latest = out_rows[-1] if out_rows else None
     return {
-        "approval_id": full["approval_id"],
-        "run_id": full["run_id"],
-        "pipeline": full["pipeline"],
-        "step": full["step"],
-        "state": full["state"],
-        "outcome": full["outcome"],
-        "risk": full["risk"],
+        "approval_id": full.approval_id,
+        "run_id": full.run_id,
+        "pipeline": full.pipeline,
+        "step": full.step,
+        "state": full.state,
+        "outcome": full.outcome,
+        "risk": full.risk,
         "quorum": {
-            "required": full["quorum_required"],
-            "collected": len(approvers_of(full, full["revision"])),
+            "required": full.quorum_required,
+            "collected": len(approvers_of(full, full.revision)),
         },
-        "approvers": [identity for _, identity in full["scope"]],
-        "revision": full["revision"],
-        "payload_hash": current["payload_hash"],
-        "content_type": full["content_type"],
-        "final_body": current["body"] if fired else None,
-        "created_at": _ts(full["created_at"]),
-        "expires_at": _ts(full["expires_at"]),
-        "resolved_at": _ts(full["resolved_at"]),
+        "approvers": [identity for _, identity in full.scope],
+        "revision": full.revision,
+        "payload_hash": current.payload_hash,
+        "content_type": full.content_type,
+        "final_body": current.body if fired else None,
+        "created_at": _ts(full.created_at),
+        "expires_at": _ts(full.expires_at),
+        "resolved_at": _ts(full.resolved_at),
         "decisions": [
             {
-                "operator_id": d["operator_id"],
-                "identity": d["identity"],
-                "decision": d["decision"],
-                "revision": d["revision"],
-                "payload_hash": d["payload_hash"],
-                "channel": d["channel"],
-                "decided_at": d["decided_at"],
-                "recorded_at": _ts(d["recorded_at"]),
+                "operator_id": d.operator_id,
+                "identity": d.identity,
+                "decision": d.decision,
+                "revision": d.revision,
+                "payload_hash": d.payload_hash,
+                "channel": d.channel,
+                "decided_at": d.decided_at,
+                "recorded_at": _ts(d.recorded_at),
             }
-            for d in full["decisions"]
+            for d in full.decisions
         ],
         "dispatch": {
-            "revision": latest["revision"] if latest else None,
-            "attempts": int(latest["attempts"]) if latest else 0,  # of this revision
-            "delivered_at": _ts(latest["delivered_at"]) if latest else None,
-            "last_error": latest["last_error"] if latest else None,
+            "revision": latest.revision if latest else None,
+            "attempts": int(latest.attempts) if latest else 0,  # of this revision
+            "delivered_at": _ts(latest.delivered_at) if latest else None,
+            "last_error": latest.last_error if latest else None,
         },
-        "receipt": full["receipt"],
-        "created_receipt": full.get("created_receipt"),
-        "requested_by": full.get("requested_by"),
-        "permit": full.get("permit") if fired else None,
+        "receipt": full.receipt,
+        "created_receipt": full.created_receipt,
+        "requested_by": full.requested_by,
+        "permit": full.permit if fired else None,
     }

@@ -17,6 +17,7 @@ from urllib.parse import quote, unquote
 import aiohttp
 from yarl import URL
 
+from gate.core.model import Approval
 from gate.core.rules import approvers_of
 from gate.core.service import GateService
 from gate.errors import GateError
@@ -258,11 +259,11 @@ class Dispatcher:
         (resolved, superseded or expired meanwhile)."""
         approval_id, revision = key
         full = await self.service.store.fetch_approval(approval_id)
-        if full is None or full["state"] != "pending" or full["revision"] != revision:
+        if full is None or full.state != "pending" or full.revision != revision:
             return None
-        if any(o["revision"] == revision and o["delivered_at"] is not None for o in full["outbox"]):
+        if any(o.revision == revision and o.delivered_at is not None for o in full.outbox):
             return None  # acked meanwhile: the due rows were read before that ack was recorded
-        if self.service.clock.now_ms() >= full["expires_at"]:
+        if self.service.clock.now_ms() >= full.expires_at:
             return None  # the expiry scheduler resolves it as timeout; never dispatch after
         body = wire_json(dispatch_envelope(full, revision, self.callback_url))
         result = await post_signed(
@@ -309,27 +310,27 @@ class _Result:
     retry_at_ms: int
 
 
-def dispatch_envelope(full: dict[str, Any], revision: int, callback_url: str) -> dict[str, Any]:
+def dispatch_envelope(full: Approval, revision: int, callback_url: str) -> dict[str, Any]:
     """Return the SPEC §2 dispatch envelope for ``revision`` of a loaded approval."""
-    rev = next(r for r in full["revisions"] if r["revision"] == revision)
+    rev = next(r for r in full.revisions if r.revision == revision)
     return build_dispatch(
-        approval_id=full["approval_id"],
-        run_id=full["run_id"],
-        pipeline=full["pipeline"],
-        step=full["step"],
-        issued_at_ms=full["created_at"],
-        expires_at_ms=full["expires_at"],
-        risk=full["risk"],
-        quorum_required=full["quorum_required"],
+        approval_id=full.approval_id,
+        run_id=full.run_id,
+        pipeline=full.pipeline,
+        step=full.step,
+        issued_at_ms=full.created_at,
+        expires_at_ms=full.expires_at,
+        risk=full.risk,
+        quorum_required=full.quorum_required,
         quorum_collected=len(approvers_of(full, revision)),
-        approvers=[identity for _, identity in full["scope"]],
-        payload_hash=rev["payload_hash"],
-        content_type=full["content_type"],
-        body=rev["body"],
+        approvers=[identity for _, identity in full.scope],
+        payload_hash=rev.payload_hash,
+        content_type=full.content_type,
+        body=rev.body,
         callback_url=callback_url,
-        nonce=rev["nonce"],
+        nonce=rev.nonce,
         revision=revision,
-        budget=full["budget"],
+        budget=full.budget,
     )
 
 

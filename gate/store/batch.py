@@ -44,7 +44,7 @@ class Command(NamedTuple):
     """A write transaction by name, with picklable arguments (``Store.transact``).
 
     ``name`` is ``"probe"`` (the store's own) or one the bound handler knows
-    (``Store.bind``; ``gate.core.service.TRANSACTIONS``).
+    (``Store.bind``; ``gate.core.transactions.TABLE``).
     """
 
     name: str

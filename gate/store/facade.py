@@ -4,20 +4,19 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
-import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
 from gate.audit import chain as audit
+from gate.core.model import Approval
 from gate.errors import Unavailable
 from gate.store import connection, writer_process
-from gate.store.batch import PROBE, Command, Faults, Handler, Writer
+from gate.store.batch import Command, Faults, Handler, Writer
+from gate.store.health import WriteHealth
 from gate.store.reads import Reads
 from gate.store.tx import WriteTx
 from gate.store.writer_thread import ThreadWriter
-
-PROBE_INTERVAL_S = 1.0
 
 
 class Store:
@@ -52,8 +51,7 @@ class Store:
         self._reads = Reads()
         self._faults = Faults(self.path)
         self._lock_fd: int | None = None
-        self._probing = False
-        self._probed_at = 0.0
+        self._health = WriteHealth(self._faults)
 
     @property
     def write_fault(self) -> str | None:
@@ -159,35 +157,9 @@ class Store:
 
     async def check_writable(self) -> None:
         """Raise Unavailable while the last write failed on a storage fault, or while the
-        writer process has left a transaction unanswered for over ``writer_process.STALL_S``.
-
-        At most once per ``PROBE_INTERVAL_S`` a probe transaction rewrites the database
-        header (``PRAGMA user_version`` set to its own value, committed: it needs room in
-        the WAL and a writable file); once it commits, the fault is over.
-        """
-        stalled = self.writer_unanswered_s
-        if stalled > writer_process.STALL_S:
-            raise Unavailable(
-                "storage_unavailable",
-                f"the database writer process has not answered for {stalled:.0f} s",
-            )
-        if self._faults.write_fault is None:
-            return
-        if time.monotonic() - self._probed_at >= PROBE_INTERVAL_S and not self._probing:
-            self._probed_at = time.monotonic()
-            self._probing = True
-            try:
-                await self.transact(PROBE)
-            except Unavailable:
-                pass
-            else:
-                self._faults.recovered()
-            finally:
-                self._probing = False
-        if self._faults.write_fault is not None:
-            raise Unavailable(
-                "storage_unavailable", f"database refuses writes: {self._faults.write_fault}"
-            )
+        writer process has left a transaction unanswered for over ``writer_process.STALL_S``
+        (``gate.store.health``: a probe transaction at most once a second ends a fault)."""
+        await self._health.check(self.writer_unanswered_s, self.transact)
 
     async def transact(self, command: Command) -> Any:
         """Run ``command`` in a write transaction on the writer; return its result.
@@ -217,13 +189,13 @@ class Store:
 
     # ---- reads (``gate.store.reads``) ------------------------------------------------
 
-    async def fetch_approval(self, approval_id: str) -> dict[str, Any] | None:
+    async def fetch_approval(self, approval_id: str) -> Approval | None:
         """Return the approval with its revisions, decisions and dispatch, or None."""
         return await self._reads.fetch_approval(approval_id)
 
     async def list_approvals(
         self, state: str, pipeline: str | None, limit: int, after: str | None
-    ) -> list[dict[str, Any]]:
+    ) -> list[Approval]:
         """``Reads.list_approvals``: a page of approvals in creation order."""
         return await self._reads.list_approvals(state, pipeline, limit, after)
 

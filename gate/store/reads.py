@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from gate.audit import chain as audit
+from gate.core.model import Approval
 from gate.errors import Unavailable
 from gate.store.connection import open_reader
 from gate.store.tx import load_full
@@ -71,13 +72,13 @@ class Reads:
         """Return ``PRAGMA user_version``."""
         return int(await self.call(lambda conn: conn.execute("PRAGMA user_version").fetchone()[0]))
 
-    async def fetch_approval(self, approval_id: str) -> dict[str, Any] | None:
+    async def fetch_approval(self, approval_id: str) -> Approval | None:
         """Return the approval with its revisions, decisions and dispatch, or None."""
         return await self.call(_snapshot, load_full, approval_id)
 
     async def list_approvals(
         self, state: str, pipeline: str | None, limit: int, after: str | None
-    ) -> list[dict[str, Any]]:
+    ) -> list[Approval]:
         """Return up to ``limit`` approvals ordered by approval_id (ULID: creation order).
 
         ``state`` is pending|resolved|all; ``after`` is the cursor (last approval_id seen).
@@ -99,7 +100,7 @@ class Reads:
         sql += " ORDER BY approval_id LIMIT ?"
         args.append(limit)
 
-        def page(conn: sqlite3.Connection) -> list[dict[str, Any]]:
+        def page(conn: sqlite3.Connection) -> list[Approval]:
             ids = [row[0] for row in conn.execute(sql, args).fetchall()]
             return [full for full in (load_full(conn, i) for i in ids) if full is not None]
 

@@ -8,6 +8,28 @@ import sqlite3
 from typing import Any
 
 from gate.audit import chain as audit
+from gate.core.model import Approval, DecisionRow, Dispatch, Resolvable, Revision
+
+# the columns of the model's fields, in their order (``gate.core.model``)
+_APPROVAL_SQL = (
+    "SELECT approval_id, run_id, pipeline, step, risk, content_type, quorum_required, scope,"
+    " budget, spend, revision, state, outcome, created_at, expires_at, resolved_at,"
+    " idempotency_key, request_hash, receipt, requested_by, requested_by_id,"
+    " allow_self_approval, permit FROM approvals WHERE approval_id = ?"
+)
+_REVISIONS_SQL = (
+    "SELECT revision, body, payload_hash, nonce, created_at, created_by FROM revisions"
+    " WHERE approval_id = ? ORDER BY revision"
+)
+_DECISIONS_SQL = (
+    "SELECT revision, operator_id, identity, display, channel, decision, payload_hash,"
+    " adjust_text, decided_at, recorded_at FROM decisions WHERE approval_id = ?"
+    " ORDER BY decision_id"
+)
+_OUTBOX_SQL = (
+    "SELECT revision, attempts, next_attempt_at, delivered_at, last_error FROM outbox"
+    " WHERE approval_id = ? ORDER BY revision"
+)
 
 
 def fetchall(conn: sqlite3.Connection, sql: str, args: tuple[Any, ...]) -> list[dict[str, Any]]:
@@ -25,34 +47,53 @@ CREATED_ENTRY_SQL = (
 
 def load_full(
     conn: sqlite3.Connection, approval_id: str, outbox: bool = True, created_receipt: bool = True
-) -> dict[str, Any] | None:
+) -> Approval | None:
     """Return the approval with its revisions, decisions, (unless ``outbox`` is False)
     outbox rows and (unless ``created_receipt`` is False) ``created_receipt``: the receipt
     object (``gate.audit.chain.receipt_object``) of its ``created`` audit entry, read from the
     log itself (None when the log holds no such entry), or None."""
-    rows = fetchall(conn, "SELECT * FROM approvals WHERE approval_id = ?", (approval_id,))
-    if not rows:
+    row = conn.execute(_APPROVAL_SQL, (approval_id,)).fetchone()
+    if row is None:
         return None
-    approval = rows[0]
-    approval["scope"] = json.loads(approval["scope"])
-    approval["budget"] = json.loads(approval["budget"]) if approval["budget"] else None
-    approval["receipt"] = json.loads(approval["receipt"]) if approval["receipt"] else None
+    receipt = None
     if created_receipt:
         entry = conn.execute(CREATED_ENTRY_SQL, (approval_id,)).fetchone()
-        approval["created_receipt"] = (
-            audit.receipt_object(audit.AuditRow(*entry)) if entry is not None else None
-        )
-    approval["revisions"] = fetchall(
-        conn, "SELECT * FROM revisions WHERE approval_id = ? ORDER BY revision", (approval_id,)
+        receipt = audit.receipt_object(audit.AuditRow(*entry)) if entry is not None else None
+    return Approval(
+        approval_id=row[0],
+        run_id=row[1],
+        pipeline=row[2],
+        step=row[3],
+        risk=row[4],
+        content_type=row[5],
+        quorum_required=row[6],
+        scope=tuple((int(op_id), str(identity)) for op_id, identity in json.loads(row[7])),
+        budget=json.loads(row[8]) if row[8] else None,
+        spend=row[9],
+        revision=row[10],
+        state=row[11],
+        outcome=row[12],
+        created_at=row[13],
+        expires_at=row[14],
+        resolved_at=row[15],
+        idempotency_key=row[16],
+        request_hash=row[17],
+        receipt=json.loads(row[18]) if row[18] else None,
+        requested_by=row[19],
+        requested_by_id=row[20],
+        allow_self_approval=bool(row[21]),
+        permit=row[22],
+        revisions=tuple(
+            Revision(*r) for r in conn.execute(_REVISIONS_SQL, (approval_id,)).fetchall()
+        ),
+        decisions=tuple(
+            DecisionRow(*r) for r in conn.execute(_DECISIONS_SQL, (approval_id,)).fetchall()
+        ),
+        outbox=tuple(Dispatch(*r) for r in conn.execute(_OUTBOX_SQL, (approval_id,)).fetchall())
+        if outbox
+        else (),
+        created_receipt=receipt,
     )
-    approval["decisions"] = fetchall(
-        conn, "SELECT * FROM decisions WHERE approval_id = ? ORDER BY decision_id", (approval_id,)
-    )
-    if outbox:
-        approval["outbox"] = fetchall(
-            conn, "SELECT * FROM outbox WHERE approval_id = ? ORDER BY revision", (approval_id,)
-        )
-    return approval
 
 
 class WriteTx:
@@ -94,7 +135,7 @@ class WriteTx:
 
     def load_approval(
         self, approval_id: str, outbox: bool = True, created_receipt: bool = True
-    ) -> dict[str, Any] | None:
+    ) -> Approval | None:
         """Return the full approval (as ``Store.fetch_approval``; without outbox rows when
         ``outbox`` is False, without ``created_receipt`` when that is False) as seen inside
         this transaction."""
@@ -158,12 +199,27 @@ class WriteTx:
             "UPDATE approvals SET revision = ? WHERE approval_id = ?", (revision, approval_id)
         )
 
-    def insert_decision(self, row: dict[str, Any]) -> None:
+    def insert_decision(self, approval_id: str, row: DecisionRow) -> None:
         """Insert an accepted decision; UNIQUE(approval_id, revision, operator_id) guards
         recounts."""
-        cols = ", ".join(row)
-        marks = ", ".join("?" for _ in row)
-        self._conn.execute(f"INSERT INTO decisions ({cols}) VALUES ({marks})", tuple(row.values()))
+        self._conn.execute(
+            "INSERT INTO decisions (approval_id, revision, operator_id, identity, display,"
+            " channel, decision, payload_hash, adjust_text, decided_at, recorded_at)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                approval_id,
+                row.revision,
+                row.operator_id,
+                row.identity,
+                row.display,
+                row.channel,
+                row.decision,
+                row.payload_hash,
+                row.adjust_text,
+                row.decided_at,
+                row.recorded_at,
+            ),
+        )
 
     def enqueue_dispatch(self, approval_id: str, revision: int, at_ms: int) -> None:
         """Add the outbox row for dispatching ``revision`` (due at ``at_ms``)."""
@@ -216,27 +272,18 @@ class WriteTx:
         )
         return cur.rowcount == 1
 
-    def due_expiry_rows(self, now_ms: int, limit: int) -> list[dict[str, Any]]:
+    def due_expiry_rows(self, now_ms: int, limit: int) -> list[Resolvable]:
         """Return what resolving a due approval needs, oldest deadline first, one query:
-        ``approval_id``, ``revision``, ``quorum_required`` and ``revisions`` (the current one,
-        with its ``payload_hash``), for pending approvals with ``expires_at <= now_ms``."""
+        pending approvals with ``expires_at <= now_ms`` (unix ms), at most ``limit``."""
         rows = self._conn.execute(
-            "SELECT a.approval_id, a.revision, a.quorum_required, r.payload_hash"
+            "SELECT a.approval_id, a.revision, r.payload_hash, a.quorum_required"
             " FROM approvals a INDEXED BY approvals_pending_expiry JOIN revisions r"
             " ON r.approval_id = a.approval_id AND r.revision = a.revision"
             " WHERE a.state = 'pending' AND a.expires_at <= ?"
             " ORDER BY a.expires_at LIMIT ?",
             (now_ms, limit),
         ).fetchall()
-        return [
-            {
-                "approval_id": aid,
-                "revision": rev,
-                "quorum_required": quorum,
-                "revisions": [{"revision": rev, "payload_hash": digest}],
-            }
-            for aid, rev, quorum, digest in rows
-        ]
+        return [Resolvable(*row) for row in rows]
 
     def last_audit_row(self) -> audit.AuditRow | None:
         """Return the newest audit row (highest seq), or None when the log is empty."""

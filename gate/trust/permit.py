@@ -21,6 +21,7 @@ from typing import Any
 import jwt
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
+from gate.core.model import Approval
 from gate.errors import GateError
 from gate.protocol.canonical import HASH_PREFIX, canonical_json
 from gate.trust import keys
@@ -77,7 +78,7 @@ class Permit:
 
 
 def claims_for(
-    approval: Mapping[str, Any],
+    approval: Approval,
     outcome: str,
     approved_by: Iterable[int],
     audit_seq: int,
@@ -94,29 +95,29 @@ def claims_for(
     """
     if outcome not in FIRING_OUTCOMES:
         raise ValueError(f"no permit exists for outcome {outcome!r}")
-    identities = {int(op_id): identity for op_id, identity in approval["scope"]}
-    current = next(r for r in approval["revisions"] if r["revision"] == approval["revision"])
+    identities = {int(op_id): identity for op_id, identity in approval.scope}
+    current = next(r for r in approval.revisions if r.revision == approval.revision)
     iat = now_ms // 1000
     claims: dict[str, Any] = {
         "iss": ISSUER,
-        "approval_id": approval["approval_id"],
-        "run_id": approval["run_id"],
-        "pipeline": approval["pipeline"],
-        "step": approval["step"],
+        "approval_id": approval.approval_id,
+        "run_id": approval.run_id,
+        "pipeline": approval.pipeline,
+        "step": approval.step,
         "outcome": outcome,
-        "revision": approval["revision"],
-        "payload_hash": current["payload_hash"],
+        "revision": approval.revision,
+        "payload_hash": current.payload_hash,
         "approved_by": [
             {"operator_id": op_id, "identity": identities.get(op_id)} for op_id in approved_by
         ],
-        "quorum": approval["quorum_required"],
+        "quorum": approval.quorum_required,
         "audit_seq": audit_seq,
         "audit_entry_hash": audit_entry_hash,
         "iat": iat,
         "exp": iat + max(1, int(lifetime_s)),
     }
-    if approval.get("requested_by"):
-        claims["requested_by"] = approval["requested_by"]
+    if approval.requested_by:
+        claims["requested_by"] = approval.requested_by
     return claims
 
 

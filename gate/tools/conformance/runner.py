@@ -19,6 +19,7 @@ from aiohttp.typedefs import Middleware
 
 from gate.clock import SystemClock
 from gate.config import Config, Secrets, TcpListen, config_from_mapping, parse_listen
+from gate.core.model import Approval
 from gate.core.requests import CreateRequest
 from gate.core.service import GateService
 from gate.daemon.app import build_gate, callback_url
@@ -271,7 +272,7 @@ async def run_verify(
                 await runner.cleanup()
 
 
-async def _create(service: GateService, run_id: str) -> dict[str, Any]:
+async def _create(service: GateService, run_id: str) -> Approval:
     view, _ = await service.create(
         CreateRequest(PIPELINE, "verify", run_id, "text/plain", DRAFT, None), None
     )
@@ -313,11 +314,11 @@ async def _run(
     ack = await post_signed(session, relay_url, body, secret, int(time.time()), ACK_TIMEOUT_S)
     checks.append(judge_ack(ack.status, ack.error, ack.elapsed_s))
 
-    revision = real["revisions"][0]
+    revision = real.revisions[0]
     # a human may need --timeout; a relay that answered the dispatch non-2xx may still have
     # passed it on (GRACE_S); one that gave no HTTP answer at all is not waited for
     wait_s = timeout_s if ack.error is None else GRACE_S if ack.status is not None else 0.0
-    decision = await _wait_for(seen, changed, real["approval_id"], wait_s) if wait_s else None
+    decision = await _wait_for(seen, changed, real.approval_id, wait_s) if wait_s else None
     if decision is None:
         checks.append(
             CheckResult(
@@ -354,8 +355,8 @@ async def _run(
                 secret,
                 decision.received_at,
                 MAX_SKEW_S,
-                revision["nonce"],
-                revision["payload_hash"],
+                revision.nonce,
+                revision.payload_hash,
                 approver,
             )
         )
@@ -368,7 +369,7 @@ async def _run(
             bad_result.status,
             bad_result.error,
             "a bad signature",
-            _for(seen, bad_sig["approval_id"]),
+            _for(seen, bad_sig.approval_id),
             answered,
         )
     )
@@ -378,7 +379,7 @@ async def _run(
             stale_result.status,
             stale_result.error,
             f"a timestamp {STALE_BY_S} s old",
-            _for(seen, stale["approval_id"]),
+            _for(seen, stale.approval_id),
             answered,
         )
     )
@@ -427,14 +428,14 @@ async def _gate_side(
         )
     )
     target = await _create(service, "conformance-probe")
-    rev = target["revisions"][0]
-    digest = rev["payload_hash"]
+    rev = target.revisions[0]
+    digest = rev.payload_hash
     mutated = digest[:-1] + ("0" if digest[-1] != "0" else "1")
     raw, headers = _resign(
         template,
         secret,
-        approval_id=target["approval_id"],
-        nonce=rev["nonce"],
+        approval_id=target.approval_id,
+        nonce=rev.nonce,
         payload_hash=mutated,
     )
     checks.append(
@@ -445,8 +446,8 @@ async def _gate_side(
     raw, headers = _resign(
         template,
         secret,
-        approval_id=target["approval_id"],
-        nonce=rev["nonce"],
+        approval_id=target.approval_id,
+        nonce=rev.nonce,
         payload_hash=digest,
         approver=approver_obj,
     )

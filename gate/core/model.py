@@ -1,0 +1,113 @@
+"""The gate's stored values, as the store returns them: an approval with its revisions,
+decisions and dispatches. Frozen values; stdlib only (the store depends on this module)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+# a JSON object as stored (budget context, receipt objects): passed through unchanged
+JsonObject = dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Revision:
+    """One revision of the draft (table ``revisions``): ``body`` and its ``payload_hash``
+    (``sha256:<hex>``), the ``nonce`` a decision on it must carry (32 hex), ``created_at``
+    (unix ms, UTC) and ``created_by``: the operator id whose adjust made it (None for
+    revision 1)."""
+
+    revision: int
+    body: str
+    payload_hash: str
+    nonce: str
+    created_at: int
+    created_by: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class DecisionRow:
+    """An accepted decision (table ``decisions``, SPEC §2): the operator it counted for,
+    the ``identity``, ``display`` and ``channel`` as the relay sent them, ``decision``
+    (approve|skip|adjust), the ``payload_hash`` it answered, ``adjust_text``,
+    ``decided_at`` (RFC 3339 text as sent) and ``recorded_at`` (unix ms, the gate's clock)."""
+
+    revision: int
+    operator_id: int
+    identity: str
+    display: str | None
+    channel: str | None
+    decision: str
+    payload_hash: str
+    adjust_text: str | None
+    decided_at: str
+    recorded_at: int
+
+
+@dataclass(frozen=True, slots=True)
+class Dispatch:
+    """The outbox row of one revision's dispatch: ``attempts`` so far, ``next_attempt_at``
+    and ``delivered_at`` (the relay's ack; None before it), both unix ms, and the
+    ``last_error``."""
+
+    revision: int
+    attempts: int
+    next_attempt_at: int
+    delivered_at: int | None
+    last_error: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Approval:
+    """One approval as stored (table ``approvals``, SPEC §3), with its ``revisions`` and
+    ``decisions`` in order and its ``outbox`` rows (empty when loaded without them).
+
+    ``scope`` is the frozen ``(operator id, identity)`` list of who may decide; times are
+    unix ms, UTC; ``budget`` the budget context sent to the relay (or None); ``receipt``
+    the receipt object of the resolution's audit entry and ``created_receipt`` that of the
+    ``created`` entry (None when not loaded or absent); ``permit`` the compact JWS execution
+    permit; ``requested_by``/``requested_by_id`` the requesting operator, if named.
+    """
+
+    approval_id: str
+    run_id: str
+    pipeline: str
+    step: str
+    risk: str
+    content_type: str
+    quorum_required: int
+    scope: tuple[tuple[int, str], ...]
+    budget: JsonObject | None
+    spend: float | None
+    revision: int
+    state: str
+    outcome: str | None
+    created_at: int
+    expires_at: int
+    resolved_at: int | None
+    idempotency_key: str | None
+    request_hash: str
+    receipt: JsonObject | None
+    requested_by: str | None
+    requested_by_id: int | None
+    allow_self_approval: bool
+    permit: str | None
+    revisions: tuple[Revision, ...]
+    decisions: tuple[DecisionRow, ...]
+    outbox: tuple[Dispatch, ...] = ()
+    created_receipt: JsonObject | None = None
+
+    def revision_row(self, revision: int) -> Revision | None:
+        """Return revision ``revision`` of the draft, or None."""
+        return next((r for r in self.revisions if r.revision == revision), None)
+
+
+@dataclass(frozen=True, slots=True)
+class Resolvable:
+    """What resolving a pending approval without a permit needs (expiry, cancel): its id,
+    current ``revision`` with that revision's ``payload_hash``, and ``quorum_required``."""
+
+    approval_id: str
+    revision: int
+    payload_hash: str
+    quorum_required: int
