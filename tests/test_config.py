@@ -125,12 +125,13 @@ def _model_keys(model: type[pydantic.BaseModel], prefix: str) -> set[str]:
     for name, info in model.model_fields.items():
         if model is Config and name == "source":
             continue
-        keys.add(prefix + name)
+        key = info.alias or name
+        keys.add(prefix + key)
         inner = info.annotation
         args = getattr(inner, "__args__", ())
         for candidate in (inner, *args):
             if isinstance(candidate, type) and issubclass(candidate, pydantic.BaseModel):
-                keys |= _model_keys(candidate, prefix + name + ".")
+                keys |= _model_keys(candidate, prefix + key + ".")
     return keys
 
 
@@ -146,8 +147,29 @@ def _yaml_keys(value: Any, prefix: str) -> set[str]:
     return keys
 
 
+def _commented_example() -> dict[str, Any]:
+    """The example's commented-out sections: its lines that start with ``#|``, as YAML."""
+    lines = [
+        line[3:] if line.startswith("#| ") else line[2:]
+        for line in EXAMPLE.read_text(encoding="utf-8").splitlines()
+        if line.startswith("#|")
+    ]
+    data = yaml.safe_load("\n".join(lines)) or {}
+    assert isinstance(data, dict)
+    return data
+
+
 def test_example_documents_every_key() -> None:
-    assert _model_keys(Config, "") == _yaml_keys(example_data(), "")
+    documented = _yaml_keys(example_data(), "") | _yaml_keys(_commented_example(), "")
+    assert _model_keys(Config, "") == documented
+
+
+def test_example_commented_sections_are_valid(tmp_path: Path) -> None:
+    """What the example shows commented out loads when uncommented (issue 14)."""
+    data = example_data() | _commented_example()
+    for item in data["delegations"]:
+        item["until"] = "2999-01-01T00:00:00Z"  # the example's date passes; the shape stays
+    assert load_config(write(tmp_path, data)).delegations[0].to == 333
 
 
 # --------------------------------------------------------------------------- every error at once
@@ -167,6 +189,9 @@ def test_config_many_errors_listed_together(tmp_path: Path) -> None:
         "relay.security.colour: unknown key",
         "pipelines[0].steps[1].timeout: invalid duration '30 minutes' (use e.g. 90s, 30m, 4h)",
         "pipelines[0].steps[0].approvers[1]: operator 999 is not defined in relay.operators",
+        # the example escalates send-followup to 333 (issue 14)
+        "pipelines[0].steps[0].escalate[0].to[0]: operator 333 is not in"
+        " relay.security.allowed_users",
         "pipelines[0].steps[1].approvers[2]: operator 333 is not in relay.security.allowed_users",
         "pipelines[0].steps[1].quorum: quorum 4 is larger than the 2 operators in scope",
         "relay.secret_env: environment variable HITL_RELAY_SECRET is not set",

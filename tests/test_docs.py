@@ -118,7 +118,7 @@ def model_keys(model: type[BaseModel] = Config, prefix: str = "") -> set[str]:
     for name, field in model.model_fields.items():
         if not prefix and name in NOT_IN_YAML:
             continue
-        path = f"{prefix}{name}"
+        path = f"{prefix}{field.alias or name}"
         out.add(path)
         models, is_list = _models_in(field.annotation)
         for sub in models:
@@ -141,7 +141,10 @@ def yaml_keys(node: Any, prefix: str = "") -> set[str]:
 
 
 def example_keys() -> set[str]:
-    return yaml_keys(yaml.safe_load(EXAMPLE.read_text(encoding="utf-8")))
+    """Keys of the example config, with those of its commented-out ``#|`` sections."""
+    text = EXAMPLE.read_text(encoding="utf-8")
+    commented = "\n".join(line[3:] for line in text.splitlines() if line.startswith("#| "))
+    return yaml_keys(yaml.safe_load(text)) | yaml_keys(yaml.safe_load(commented) or {})
 
 
 MODEL_KEYS = sorted(model_keys())

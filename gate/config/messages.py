@@ -48,17 +48,25 @@ def _model_in(annotation: Any) -> type[BaseModel] | None:
     return None
 
 
+def _field(model: type[BaseModel], key: str) -> Any:
+    """The field of ``model`` that the YAML key ``key`` sets (its alias, else its name)."""
+    for name, field in model.model_fields.items():
+        if (field.alias or name) == key:
+            return field
+    return None
+
+
 def _keys_at(root: type[BaseModel], loc: Sequence[int | str]) -> list[str]:
     """The YAML keys the model at ``loc`` (a mapping's path; list indexes skipped) accepts."""
     model: type[BaseModel] | None = root
     for part in loc:
         if isinstance(part, int):
             continue  # an item of a list: the same model as the list's
-        field = model.model_fields.get(part) if model is not None else None
+        field = _field(model, part) if model is not None else None
         model = _model_in(field.annotation) if field is not None else None
         if model is None:
             return []
-    keys = list(model.model_fields) if model is not None else []
+    keys = [f.alias or k for k, f in model.model_fields.items()] if model is not None else []
     return [k for k in keys if k != "source"] if model is root else keys
 
 

@@ -16,6 +16,7 @@ from pydantic import (
     field_validator,
 )
 
+from gate.config.followups import Delegation, EscalationLevel
 from gate.config.values import (
     _check_env_name,
     _check_http_url,
@@ -50,6 +51,10 @@ _Duration = Annotated[float, BeforeValidator(parse_duration)]
 _PathText = Annotated[Path, BeforeValidator(_check_path_text)]
 _Timeout = Annotated[float, BeforeValidator(parse_duration), Field(gt=0)]
 _FROZEN = ConfigDict(extra="forbid", frozen=True)
+
+
+def _none_as_list(value: object) -> object:
+    return () if value is None else value
 
 
 # --------------------------------------------------------------------------- models
@@ -114,6 +119,8 @@ class RelayConfig(BaseModel):
     public_url: _HttpUrl | None = None
     dispatch_timeout: _Duration = 10.0
     ca_file: _PathText | None = None
+    notices: Annotated[bool, Field(strict=True)] = False
+    notice_url: _HttpUrl | None = None
     operators: Annotated[tuple[Operator, ...], AfterValidator(_non_empty)]
     security: Security
 
@@ -121,6 +128,14 @@ class RelayConfig(BaseModel):
     @classmethod
     def _strip_slash(cls, value: str | None) -> str | None:
         return value.rstrip("/") if value is not None else None
+
+    @property
+    def notice_target(self) -> str | None:
+        """Where resolution notices go: ``notice_url``, else ``url`` when ``notices`` is on,
+        else None (no notices)."""
+        if self.notice_url is not None:
+            return self.notice_url
+        return self.url if self.notices else None
 
     @field_validator("ca_file")
     @classmethod
@@ -251,6 +266,20 @@ class StepConfig(BaseModel):
     risk: Literal["low", "normal", "high", "critical"] = "normal"
     allow_self_approval: Annotated[bool, Field(strict=True)] = False
     allow_empty_draft: Annotated[bool, Field(strict=True)] = False
+    skip_reason: Literal["required", "optional"] = "optional"
+    remind_after: _Duration | None = None
+    remind_every: _Duration | None = None
+    escalate: tuple[EscalationLevel, ...] = ()
+
+    @property
+    def first_reminder_s(self) -> float | None:
+        """Seconds from creation to the first reminder, or None when the step has none."""
+        return self.remind_after if self.remind_after is not None else self.remind_every
+
+    @property
+    def reminder_interval_s(self) -> float | None:
+        """Seconds between reminders after the first, or None for a single reminder."""
+        return self.remind_every
 
 
 class PipelineConfig(BaseModel):
@@ -277,6 +306,7 @@ class Config(BaseModel):
         default_factory=BudgetConfig
     )
     pipelines: Annotated[tuple[PipelineConfig, ...], AfterValidator(_non_empty)]
+    delegations: Annotated[tuple[Delegation, ...], BeforeValidator(_none_as_list)] = ()
     source: Path | None = None
 
     def find_step(self, pipeline: str, step: str) -> tuple[PipelineConfig, StepConfig] | None:

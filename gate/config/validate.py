@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from urllib.parse import urlsplit
 
+from gate.config.followups import check_delegations, check_step_followups
 from gate.config.model import Config, StepConfig
 from gate.config.secrets import _secret_vars
 from gate.config.values import TcpListen, identity_problem, parse_listen
@@ -125,6 +127,8 @@ def _cross_check(config: Config) -> list[str]:
                     f" ({len(in_scope)} in scope, and with allow_self_approval: false a"
                     " requester's own decisions do not count)"
                 )
+            errors += check_step_followups(where, step, in_scope, config)
+    errors += check_delegations(config.delegations, config, int(time.time() * 1000))
     return errors
 
 

@@ -8,11 +8,14 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gate.protocol import PROTOCOL
 from gate.protocol.errors import ProtocolError
 from gate.protocol.whitespace import is_blank
+
+if TYPE_CHECKING:
+    from gate.protocol.followup import FollowUp
 
 VERBS = ("approve", "skip", "adjust")
 ACTIONS: list[dict[str, str]] = [
@@ -52,6 +55,9 @@ class Decision:
     approver_channel: str | None
     adjust_text: str | None
     decided_at: str
+    # additive (issue 14): why, as the relay sent it (None: absent or null); check 12 judges
+    # blank and length
+    reason: str | None = None
 
     def __reduce__(self) -> tuple[type[Decision], tuple[Any, ...]]:
         # pickled to the writer process with every decision: fields by position, not the
@@ -68,6 +74,7 @@ class Decision:
                 self.approver_channel,
                 self.adjust_text,
                 self.decided_at,
+                self.reason,
             ),
         )
 
@@ -166,7 +173,8 @@ def _is_rfc3339(text: str) -> bool:
 def parse_decision(raw: bytes) -> Decision:
     """Parse a decision body (SPEC §2 check 5): JSON object, ``protocol`` hitl/v0, required
     fields with the right types, ``decision`` in approve|skip|adjust (a relay never sends
-    ``timeout``). Unknown fields are ignored. Raises ProtocolError 400 ``invalid_<field>``.
+    ``timeout``). Unknown fields are ignored. ``reason`` (additive, issue 14) is a string or
+    null/absent. Raises ProtocolError 400 ``invalid_<field>``.
     """
     obj = decode_json(raw)
     if not isinstance(obj, dict):
@@ -193,6 +201,11 @@ def parse_decision(raw: bytes) -> Decision:
         raise _invalid("adjust_text", "adjust_text must be a string or null")
     if adjust_text is not None and not _is_unicode(adjust_text):
         raise _invalid("adjust_text", "adjust_text is not valid Unicode (lone surrogate)")
+    reason = obj.get("reason")
+    if reason is not None and not isinstance(reason, str):
+        raise _invalid("reason", "reason must be a string or null")
+    if reason is not None and not _is_unicode(reason):
+        raise _invalid("reason", "reason is not valid Unicode (lone surrogate)")
     decided_at = _string(obj, "decided_at", "decided_at", MAX_LABEL_CHARS, required=True)
     assert decided_at is not None
     if not _is_rfc3339(decided_at):
@@ -208,6 +221,7 @@ def parse_decision(raw: bytes) -> Decision:
         approver_channel=channel,
         adjust_text=adjust_text if decision == "adjust" else None,
         decided_at=decided_at,
+        reason=reason,
     )
 
 
@@ -230,11 +244,14 @@ def build_dispatch(
     nonce: str,
     revision: int,
     budget: dict[str, Any] | None = None,
+    followup: FollowUp | None = None,
 ) -> dict[str, Any]:
     """Return the dispatch envelope (SPEC §2 "Dispatch") as a dict ready for ``wire_json``.
 
     ``budget`` is included only when a cap is configured. ``revision`` is an additive
     field (v0 ignores unknown fields) telling relays which revision the nonce is for.
+    ``followup`` adds issue 14's additive fields (reminder, escalation, delegates, a
+    required skip reason); without it, or with an empty one, the envelope is unchanged.
     """
     envelope: dict[str, Any] = {
         "protocol": PROTOCOL,
@@ -255,6 +272,8 @@ def build_dispatch(
     }
     if budget is not None:
         envelope["budget"] = budget
+    if followup is not None:
+        followup.apply(envelope)
     return envelope
 
 
@@ -269,9 +288,11 @@ def build_decision(
     display: str | None = None,
     channel: str | None = None,
     adjust_text: str | None = None,
+    reason: str | None = None,
 ) -> dict[str, Any]:
-    """Return a decision envelope (SPEC §2 "Decision") as a dict; used by relays and tests."""
-    return {
+    """Return a decision envelope (SPEC §2 "Decision") as a dict; used by relays and tests.
+    ``reason`` (issue 14) is included only when given."""
+    envelope = {
         "protocol": PROTOCOL,
         "approval_id": approval_id,
         "nonce": nonce,
@@ -281,3 +302,6 @@ def build_decision(
         "adjust_text": adjust_text,
         "decided_at": rfc3339(decided_at_ms),
     }
+    if reason is not None:
+        envelope["reason"] = reason
+    return envelope

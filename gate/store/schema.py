@@ -105,6 +105,38 @@ MIGRATIONS: list[list[str]] = [
     [
         "CREATE INDEX audit_log_created ON audit_log (approval_id) WHERE kind = 'created'",
     ],
+    # 4: issue 14 - a decision's reason and principal (delegation); an approval's follow-up
+    # plan (reminders, escalation levels), frozen at creation like its scope, and where it
+    # stands; the sends that are not a revision's first dispatch (reminders, escalations,
+    # resolution notices), each its own row so a level or reminder is queued exactly once
+    [
+        "ALTER TABLE decisions ADD COLUMN reason TEXT",
+        "ALTER TABLE decisions ADD COLUMN on_behalf_of INTEGER",  # the principal's operator id
+        # JSON {"remind_after_ms", "remind_every_ms", "levels": [[after_ms, [[id, identity]...]]]}
+        "ALTER TABLE approvals ADD COLUMN followups TEXT",
+        "ALTER TABLE approvals ADD COLUMN reminders_sent INTEGER NOT NULL DEFAULT 0",
+        "ALTER TABLE approvals ADD COLUMN escalation_level INTEGER NOT NULL DEFAULT 0",
+        "ALTER TABLE approvals ADD COLUMN next_followup_at INTEGER",  # unix ms, or NULL
+        "CREATE INDEX approvals_followup_due ON approvals (next_followup_at)"
+        " WHERE state = 'pending' AND next_followup_at IS NOT NULL",
+        """
+        CREATE TABLE followup_outbox (
+            approval_id     TEXT NOT NULL REFERENCES approvals (approval_id),
+            kind            TEXT NOT NULL CHECK (kind IN ('reminder', 'escalation', 'notice')),
+            n               INTEGER NOT NULL,  -- reminder count, escalation level; 1 for notice
+            revision        INTEGER NOT NULL,
+            attempts        INTEGER NOT NULL DEFAULT 0,
+            next_attempt_at INTEGER NOT NULL,
+            give_up_at      INTEGER NOT NULL,  -- unix ms: not delivered by then = failed
+            delivered_at    INTEGER,
+            failed_at       INTEGER,
+            last_error      TEXT,
+            PRIMARY KEY (approval_id, kind, n)
+        )
+        """,
+        "CREATE INDEX followup_outbox_due ON followup_outbox (next_attempt_at)"
+        " WHERE delivered_at IS NULL AND failed_at IS NULL",
+    ],
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)
