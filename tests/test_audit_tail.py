@@ -245,6 +245,18 @@ def test_b02_03_an_approval_from_before_the_upgrade_carries_its_created_receipt(
     3) and answers the created receipt of approvals made before, from their log entries."""
 
     def schema_2(conn: sqlite3.Connection) -> None:
+        # undo migration 4 (issue 14), then 3, so the start really migrates from 2
+        conn.execute("DROP TABLE followup_outbox")
+        conn.execute("DROP INDEX approvals_followup_due")
+        for table, column in (
+            ("decisions", "reason"),
+            ("decisions", "on_behalf_of"),
+            ("approvals", "followups"),
+            ("approvals", "reminders_sent"),
+            ("approvals", "escalation_level"),
+            ("approvals", "next_followup_at"),
+        ):
+            conn.execute(f"ALTER TABLE {table} DROP COLUMN {column}")
         conn.execute("DROP INDEX audit_log_created")
         conn.execute("PRAGMA user_version = 2")
 
