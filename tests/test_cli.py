@@ -201,10 +201,12 @@ def test_request_spend_out_of_range_is_usage_error(spend):
     )
 
 
-@pytest.mark.parametrize("key", ["", " ", "a\nb", "tab\there", "x" * 201])
+@pytest.mark.parametrize("key", ["", " ", "a\nb", "tab\there", "x" * 201, "ab\udcffcd"], ids=repr)
 def test_request_idempotency_key_the_api_would_refuse_is_a_usage_error(key):
     """Regression (new-user review): an empty key was dropped silently (two approvals for
-    two runs), a newline gave aiohttp's traceback."""
+    two runs), a newline gave aiohttp's traceback. Issue 13 review: a key that is not UTF-8
+    (``$'ab\\xffcd'``: Python's argv holds the byte as a lone surrogate) was sent as ``abcd``
+    (aiohttp drops the byte), so two different keys became one on the gate."""
     result = invoke(
         [
             "request",
@@ -223,7 +225,8 @@ def test_request_idempotency_key_the_api_would_refuse_is_a_usage_error(key):
     )
     assert result.exit_code == 2
     assert one_error_line(result.stderr) == (
-        "Error: --idempotency-key: must be 1-200 characters, not blank, without control characters"
+        "Error: --idempotency-key: must be 1-200 UTF-8 characters, not blank, without control"
+        " characters"
     )
 
 

@@ -843,3 +843,20 @@ def test_audit_verify_input_it_cannot_read_is_not_tampering(tmp_path: Path) -> N
         assert text in out, (args, out)
         assert "Traceback" not in out and len(out.strip().splitlines()) == 1, out
     assert not (tmp_path / "never-created.db").exists()  # verify creates nothing
+
+
+def test_b02_followup_unauthenticated_receipt_is_not_called_a_deleted_tail() -> None:
+    """New-user review (batch 02 follow-up): ``audit verify --file X --expect fake.json``
+    without a key reported a made-up receipt as a deleted tail. Without a receipt key or a
+    public key the receipt is not authenticated, and the verdict must say so."""
+    s = new_signer()
+    rows = signed_chain([s, s, s, s])
+    made_up = {"seq": 9, "entry_hash": "ab" * 32, "receipt": "cd" * 32}
+    seq, reason = audit.check_receipt(rows, made_up, None, None) or (0, "")
+    assert seq == 9 and reason.startswith("missing: the log ends at entry 4")
+    assert "not authenticated" in reason and "(entries deleted from the tail)" not in reason
+    unsigned_with_public = audit.check_receipt(rows, made_up, None, keys.trusted([s.public_key]))
+    assert unsigned_with_public is not None and "not authenticated" in unsigned_with_public[1]
+    held = audit.receipt_object(rows[3])  # genuine and signed: authenticated by its signature
+    seq, reason = audit.check_receipt(rows[:2], held, None, keys.trusted([s.public_key])) or (0, "")
+    assert "entries deleted from the tail" in reason

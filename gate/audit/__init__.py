@@ -1,3 +1,4 @@
 """The audit trail: hash chain and receipts (chain), typed entry payloads (entries), the approval
 records checked against the log (records, with its comparisons in record_checks), the one check
-of a database (verify) and what else it is given (inputs)."""
+of a database (verify), what else it is given (inputs) and what the CLI says of its report
+(report)."""

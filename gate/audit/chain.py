@@ -427,7 +427,8 @@ def check_receipt(
     the first problem, or None when the log holds it: an entry at ``seq`` whose hash equals
     the receipt's. With ``key`` (one key, or the keys it may be made with: ``span_keys``)
     the receipt's HMAC, with ``public_keys`` its signature (if it has one) must verify too,
-    so a made-up receipt is not mistaken for a deleted tail.
+    so a made-up receipt is not mistaken for a deleted tail; with neither, a receipt beyond
+    the log's end is reported as unauthenticated, not as a deleted tail.
     Raises ValueError when ``held`` is not a receipt object.
     """
     seq, entry_hash = held.get("seq"), held.get("entry_hash")
@@ -444,7 +445,9 @@ def check_receipt(
         audit_spans.matches(k, entry_hash, str(held.get("receipt"))) for k in candidates
     ):
         return seq, "the receipt's HMAC does not match the receipt key (not a genuine receipt)"
-    if public_keys is not None and held.get("signature") is not None:
+    signed = public_keys is not None and held.get("signature") is not None
+    if signed:
+        assert public_keys is not None
         problem = signature_problem(
             public_keys, entry_hash, held.get("key_id"), str(held["signature"])
         )
@@ -457,6 +460,13 @@ def check_receipt(
             found = row
             break
     if found is None:
+        if not candidates and not signed:  # nothing says the receipt is the gate's
+            return seq, (
+                f"missing: the log ends at entry {end}, but the receipt names entry {seq}; "
+                "the receipt was not authenticated (no receipt key, and no signature checked"
+                " with a public key): either entries were deleted from the tail or the"
+                " receipt is not this gate's; give --key-env or --public-key to tell which"
+            )
         return seq, (
             f"missing: the log ends at entry {end}, but a receipt for entry {seq} "
             "exists (entries deleted from the tail)"

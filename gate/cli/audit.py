@@ -117,6 +117,7 @@ def audit_verify(
     --expect receipt.json
     """
     from gate.audit.inputs import read_expected, read_export
+    from gate.audit.report import KeysUsed, verdict
     from gate.audit.verify import verify_database, verify_rows
 
     if (config_path is None) == (export_file is None):
@@ -162,55 +163,24 @@ def audit_verify(
             click.echo(f"TAMPERED: {exc.message}")
             sys.exit(1)
         fail(exc.message, 2 if exc.code in ("no_database", "unreadable_export") else 1)
-    result = report.chain
-    if result.wrong_key:  # not tampering: far likelier a wrong key (b02-04)
-        fail(f"{where} ({', '.join(names)}): {result.reason}")
-    if not result.ok:
-        click.echo(
-            f"TAMPERED: entry {result.first_bad_seq}: {result.reason} "
-            f"({result.checked} entries before it verified)"
-        )
-        sys.exit(1)
-    if report.anchor is not None:
-        anchor = report.anchor
-        click.echo(f"TAMPERED: entry {anchor.seq}: {anchor.reason} ({anchor.source})")
-        sys.exit(1)
-    matched = report.records
-    if matched is not None and matched.problem is not None:
-        approval_id, reason = matched.problem
-        click.echo(
-            f"TAMPERED: approval {approval_id}: {reason}; the audit log itself "
-            f"verified ({result.checked} entries)"
-        )
-        sys.exit(1)
-    checked = ["chain"] + ["receipts"] * bool(key) + ["signatures"] * bool(public)
-    what = ", ".join(checked[:-1]) + f" and {checked[-1]}" if len(checked) > 1 else checked[0]
-    held_note = "".join(f"; holds the receipt for entry {held['seq']}" for _, held in expected)
-    held_note += _heads_note(expect_heads)
-    click.echo(
-        f"ok: {result.checked} entries, {what} intact{_spans_note(result, names)}{held_note}"
+    keys = KeysUsed(
+        where,
+        tuple(names),
+        bool(key),
+        bool(public),
+        config.receipts.key_env if config is not None and not key_envs else None,
     )
-    if matched is not None:
-        newer = f" ({matched.newer} written since, not checked)" if matched.newer else ""
-        click.echo(f"ok: {matched.checked} approvals match the audit log{newer}")
-    if (
-        config is not None
-        and not key_envs
-        and result.spans
-        and (names[result.spans[-1][1]] != config.receipts.key_env)
-    ):
-        click.echo(
-            f"warning: the newest entries are receipted with receipts.previous_key_env's"
-            f" key ({names[result.spans[-1][1]]}), not receipts.key_env's: the gate "
-            "writes the receipt_key_rotated entry at its next start",
-            err=True,
-        )
-    if not key and not public:
-        click.echo(
-            "warning: no key was given, so nothing authenticated the entries: anyone "
-            "can re-chain an edited log; verify with --public-key (or --key-env)",
-            err=True,
-        )
+    said = verdict(
+        report,
+        keys,
+        held_seqs=[held["seq"] for _, held in expected],
+        head_seqs=[s for s, _ in expect_heads],
+    )
+    for line in said.out:
+        click.echo(line)
+    for line in said.err:
+        click.echo(line, err=True)
+    sys.exit(said.exit_code)
 
 
 def _expect_heads(values: tuple[str, ...]) -> list[tuple[int, str]]:
@@ -221,16 +191,6 @@ def _expect_heads(values: tuple[str, ...]) -> list[tuple[int, str]]:
         return [parse_head(value) for value in values]
     except GateError as exc:
         fail(f"--expect-head: {exc.message}", 2)
-
-
-def _heads_note(heads: list[tuple[int, str]]) -> str:
-    """``; holds the logged head(s) at entr(y|ies) ...`` for the ok line ('' for none)."""
-    seqs = sorted({seq for seq, _ in heads})
-    if not seqs:
-        return ""
-    if len(seqs) == 1:
-        return f"; holds the logged head at entry {seqs[0]}"
-    return f"; holds the logged heads at entries {', '.join(map(str, seqs))}"
 
 
 def _verify_keys(
@@ -259,20 +219,6 @@ def _verify_keys(
             names.append(var)
             keys.append(value.encode("utf-8"))
     return where, names, tuple(keys)
-
-
-def _spans_note(result: Any, names: list[str]) -> str:
-    """`` (receipt keys: A for entries 1-4, B from entry 5)`` for a log whose receipt key
-    was rotated, else ""."""
-    spans = result.spans
-    if len(spans) < 2:
-        return ""
-    parts = [
-        f"{names[index]} for entries {first}-{spans[i + 1][0] - 1}"
-        for i, (first, index) in enumerate(spans[:-1])
-    ]
-    parts.append(f"{names[spans[-1][1]]} from entry {spans[-1][0]}")
-    return f" (receipt keys: {', '.join(parts)})"
 
 
 @audit.command("export")

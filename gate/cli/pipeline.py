@@ -205,9 +205,11 @@ def _check_request_options(
 ) -> None:
     """Exit 2 on a ``--permit-out`` without ``--wait`` or in a folder this user cannot
     write to (checked before a human is asked, not after), and on an ``--idempotency-key``
-    the API would refuse (``gate.core.requests.idempotency_key_fits``) or that holds control
-    characters (aiohttp cannot send those in a header)."""
-    from gate.core.requests import has_control_characters, idempotency_key_fits
+    the API would refuse (``gate.core.requests.check_idempotency_key``: shape and UTF-8; a
+    non-UTF-8 argv byte would be dropped on the way, making two keys one) or that holds
+    control characters (aiohttp cannot send those in a header)."""
+    from gate.core.requests import check_idempotency_key, has_control_characters
+    from gate.errors import GateError
 
     if permit_out is not None and not wait:
         fail("--permit-out needs --wait", 2)
@@ -215,11 +217,16 @@ def _check_request_options(
         folder = Path(permit_out).absolute().parent
         if not folder.is_dir() or not os.access(folder, os.W_OK | os.X_OK):
             fail(f"--permit-out: {folder} is not a directory this user can write to", 2)
-    if idempotency_key is not None and (
-        not idempotency_key_fits(idempotency_key) or has_control_characters(idempotency_key)
-    ):
+    try:
+        check_idempotency_key(idempotency_key)
+        refused = idempotency_key is not None and has_control_characters(idempotency_key)
+    except GateError:
+        refused = True
+    if refused:
         fail(
-            "--idempotency-key: must be 1-200 characters, not blank, without control characters", 2
+            "--idempotency-key: must be 1-200 UTF-8 characters, not blank, without control"
+            " characters",
+            2,
         )
 
 
