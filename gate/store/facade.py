@@ -207,6 +207,10 @@ class Store:
         """Return the earliest ``expires_at`` (unix ms) among pending approvals, or None."""
         return await self._reads.next_expiry()
 
+    async def next_followup(self) -> int | None:
+        """Return the earliest ``next_followup_at`` (unix ms) of a pending approval, or None."""
+        return await self._reads.next_followup()
+
     async def dispatch_plan(
         self, now_ms: int, limit: int
     ) -> tuple[list[dict[str, Any]], int | None]:

@@ -130,6 +130,19 @@ class Reads:
 
         return await self.call(run)
 
+    async def next_followup(self) -> int | None:
+        """Return the earliest ``next_followup_at`` (unix ms) among pending approvals, or
+        None (issue 14: one lookup in the partial index ``approvals_followup_due``)."""
+
+        def run(conn: sqlite3.Connection) -> int | None:
+            row = conn.execute(
+                "SELECT MIN(next_followup_at) FROM approvals INDEXED BY approvals_followup_due"
+                " WHERE state = 'pending' AND next_followup_at IS NOT NULL"
+            ).fetchone()
+            return None if row is None or row[0] is None else int(row[0])
+
+        return await self.call(run)
+
     async def dispatch_plan(
         self, now_ms: int, limit: int
     ) -> tuple[list[dict[str, Any]], int | None]:
