@@ -39,7 +39,8 @@ from tests.test_core import (  # noqa: F401  (fixtures)
     make_gate,
     writer_process,
 )
-from tests.test_e2e_lifecycle import spawn  # noqa: F401  (fixture)
+from tests.test_e2e_lifecycle import epoch, spawn  # noqa: F401  (fixture)
+from tests.test_metrics import scrape, value
 
 S = 1000  # ms
 
@@ -309,6 +310,11 @@ def test_daemon_reminds_and_escalates_in_order(tmp_path, relay, spawn) -> None: 
     ]
     view = api.get(approval_id)
     assert view["escalation"]["level"] == 2 and view["reminders_sent"] >= 1
+    # issue 14 §5: the oldest pending age per step, read at the scrape
+    families, samples = scrape(gate)
+    age = value(samples, "hitl_gate_step_oldest_pending_age_seconds", pipeline="p", step="fu")
+    assert 4 <= age <= time.time() - epoch(view["created_at"]) + 0.01
+    assert families["hitl_gate_step_oldest_pending_age_seconds"].documentation
 
     status, answer, _ = post_decision(gate.callback_url, decision_body(dispatch, BOB))
     assert (status, answer) == (

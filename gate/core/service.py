@@ -28,6 +28,9 @@ __all__ = ["DecisionResult", "GateService", "Policy", "Resolution"]
 
 log = logging.getLogger(__name__)
 
+# (pipeline, step, oldest pending created_at in unix ms) per step: ``oldest_pending_by_step``
+StepAges = list[tuple[str, str, int]]
+
 
 @dataclass(frozen=True, slots=True)
 class DecisionResult:
@@ -388,6 +391,12 @@ class GateService:
         one statement over the pending partial index (``Store.pending_summary``). Raises
         GateError when the database cannot be read."""
         return await self.store.pending_summary()
+
+    async def oldest_pending_by_step(self) -> StepAges:
+        """Return ``(pipeline, step, oldest pending created_at in unix ms)`` per step with a
+        pending approval (``Store.oldest_pending_by_step``; issue 14 §5). Raises GateError
+        when the database cannot be read."""
+        return await self.store.oldest_pending_by_step()
 
     @property
     def writer_unanswered_s(self) -> float:
