@@ -11,6 +11,7 @@ this schedule: these tests read the rows it is given.
 from __future__ import annotations
 
 import json
+import re
 import sqlite3
 import time
 from pathlib import Path
@@ -310,6 +311,11 @@ def test_daemon_reminds_and_escalates_in_order(tmp_path, relay, spawn) -> None: 
     ]
     view = api.get(approval_id)
     assert view["escalation"]["level"] == 2 and view["reminders_sent"] >= 1
+    listed = run_cli("list", "-c", str(config), "--api-url", gate.api_url)
+    assert listed.returncode == 0, listed.stderr
+    assert re.search(
+        rf"^{approval_id} .* reminded \d+  escalated level 2$", listed.stdout.decode(), re.M
+    ), listed.stdout
     # issue 14 §5: the oldest pending age per step, read at the scrape
     families, samples = scrape(gate)
     age = value(samples, "hitl_gate_step_oldest_pending_age_seconds", pipeline="p", step="fu")
