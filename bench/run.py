@@ -5,7 +5,7 @@
     python -m bench.run --only decisions,idle --out /tmp/r.json
     python -m bench.run --only decisions --profile /tmp/prof   # py-spy on the c=64 gate run
 
-Sections: decisions, roundtrip, scale, audit, idle (see bench/README.md). Only a full run
+Sections: decisions, roundtrip, scale, audit, idle, followups (see bench/README.md). Only a full run
 (no --quick, no --only) in which every section ran writes bench/results.json; any other run
 writes to --out or to a file in the temp directory. Exit 0 when every section ran (targets
 met or not), 1 when a section failed.
@@ -68,7 +68,7 @@ from bench.common import (
     write_config,
 )
 
-SECTIONS = ("decisions", "roundtrip", "scale", "audit", "idle")
+SECTIONS = ("decisions", "roundtrip", "scale", "audit", "idle", "followups")
 RESULTS_PATH = ROOT / "bench" / "results.json"
 HOUR_MS = 3_600_000
 
@@ -785,6 +785,13 @@ class Bench:
             "threads": n_threads,
             "gate_exit_code": rc,
         }
+
+    def followups(self) -> dict[str, Any]:
+        """Start time and idle CPU with ``scale_pending`` approvals with reminders and
+        escalation levels against the same without (``bench.followups``, issue 14)."""
+        from bench import followups
+
+        return followups.run(self)
 
     def close(self) -> None:
         """Stop the shared helper processes."""

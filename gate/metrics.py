@@ -201,14 +201,20 @@ class Metrics:
         now_ms = service.clock.now_ms()
         try:
             count, oldest_ms = await service.pending_summary()
+            by_step = await service.oldest_pending_by_step()
         except GateError as exc:
             log.warning("event=metrics_read_failed reason=%s", exc.code)
             self._state.pending = None
+            self._state.pending_by_step = []
         else:
             self._state.pending = (
                 count,
                 None if oldest_ms is None else max(0, now_ms - oldest_ms) / 1000,
             )
+            self._state.pending_by_step = [
+                (pipeline, step, max(0, now_ms - oldest) / 1000)
+                for pipeline, step, oldest in by_step
+            ]
         self._state.now_ms = now_ms
         self._state.writer_unanswered_s = service.writer_unanswered_s
         if wants_openmetrics(accept):
@@ -236,12 +242,14 @@ def wants_openmetrics(accept: str | None) -> bool:
 
 
 class _StateCollector(Collector):
-    """Gauges computed at scrape time: pending approvals and their oldest age, the writer's
+    """Gauges computed at scrape time: pending approvals and their oldest age (also per
+    step), the writer's
     oldest unanswered write (read by ``Metrics.render`` just before), relay up and last ack
     age (from dispatch results)."""
 
     def __init__(self) -> None:
         self.pending: tuple[int, float | None] | None = None
+        self.pending_by_step: list[tuple[str, str, float]] = []
         self.last_attempt_acked: bool | None = None
         self.last_ack_ms: int | None = None
         self.writer_unanswered_s: float | None = None
@@ -261,6 +269,16 @@ class _StateCollector(Collector):
                 "Age of the oldest pending approval (0 when none is pending).",
                 value=oldest_age_s or 0.0,
             )
+        if self.pending_by_step:
+            family = GaugeMetricFamily(
+                "hitl_gate_step_oldest_pending_age_seconds",
+                "Age of the oldest pending approval of each step (no series for a step with "
+                "none pending).",
+                labels=["pipeline", "step"],
+            )
+            for pipeline, step, age_s in self.pending_by_step:
+                family.add_metric([pipeline, step], age_s)
+            yield family
         if self.writer_unanswered_s is not None:
             yield GaugeMetricFamily(
                 "hitl_gate_writer_unanswered_seconds",

@@ -36,7 +36,7 @@ from bench.common import (
 pytestmark = pytest.mark.toolchain
 
 ROOT = Path(__file__).resolve().parent.parent
-SECTIONS = ["decisions", "roundtrip", "scale", "audit", "idle"]
+SECTIONS = ["decisions", "roundtrip", "scale", "audit", "idle", "followups"]
 
 
 def _latency(stats: dict[str, Any]) -> None:

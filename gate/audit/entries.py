@@ -1,6 +1,6 @@
 """Typed ``data`` payloads of the audit entries the gate writes (created, decision, resolved,
-dispatch_ack, receipt_key_rotated): built by the writer (``gate.core.service``), read back by
-the records check (``gate.audit.records``).
+dispatch_ack, escalated, receipt_key_rotated): built by the writer (``gate.core.service``),
+read back by the records check (``gate.audit.records``).
 
 Pure. ``to_data()`` is the exact object the chain hashes (``gate.audit.chain.make_entry``
 canonicalises it: sorted keys, so field order does not matter, but the set of keys does: an
@@ -23,6 +23,7 @@ CREATED = "created"
 DECISION = "decision"
 RESOLVED = "resolved"
 DISPATCH_ACK = "dispatch_ack"
+ESCALATED = "escalated"
 
 
 _Entry = TypeVar("_Entry")
@@ -169,6 +170,29 @@ class DispatchAckData:
 
 
 @dataclass(frozen=True, slots=True)
+class EscalatedData:
+    """An ``escalated`` entry (issue 14 §2): escalation ``level`` (1, 2, ...) widened the
+    approver scope by the operator ids ``added`` (possibly none); ``approvers`` is the whole
+    new scope, operator ids in scope order (like ``created``'s). Check 11 uses it from this
+    entry on."""
+
+    kind: ClassVar[str] = ESCALATED
+
+    level: int
+    added: Sequence[int]
+    approvers: Sequence[int]
+
+    def to_data(self) -> dict[str, Any]:
+        """The entry's ``data`` object (keys as the gate writes them)."""
+        return {"level": self.level, "added": list(self.added), "approvers": list(self.approvers)}
+
+    @classmethod
+    def from_data(cls, data: Mapping[str, Any]) -> EscalatedData:
+        """Read a logged ``data`` object back, as logged (module docstring)."""
+        return _as_logged(cls, data)
+
+
+@dataclass(frozen=True, slots=True)
 class ReceiptKeyRotatedData:
     """The ``receipt_key_rotated`` entry (docs/auditing.md section 5, ``gate.audit.spans``):
     the entries up to ``previous_key_last_seq`` are receipted with the key of the variable
@@ -195,4 +219,11 @@ class ReceiptKeyRotatedData:
         return _as_logged(cls, data)
 
 
-EntryData = CreatedData | DecisionData | ResolvedData | DispatchAckData | ReceiptKeyRotatedData
+EntryData = (
+    CreatedData
+    | DecisionData
+    | ResolvedData
+    | DispatchAckData
+    | EscalatedData
+    | ReceiptKeyRotatedData
+)

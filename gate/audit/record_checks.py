@@ -18,10 +18,12 @@ from gate.audit import chain as audit
 from gate.audit.entries import (
     DECISION,
     DISPATCH_ACK,
+    ESCALATED,
     RESOLVED,
     CreatedData,
     DecisionData,
     DispatchAckData,
+    EscalatedData,
     ResolvedData,
 )
 from gate.protocol.canonical import payload_hash
@@ -89,22 +91,25 @@ def rules_problem(
     logged: dict[Any, tuple[int, Any]],
 ) -> str | None:
     """The log against itself and the frozen scope: what the gate never writes, whatever the
-    rows said while it ran (rows loosened, the approval resolved, the rows put back)."""
-    approvers = created.approvers
-    scope = [pair[0] for pair in json.loads(row["scope"])]
-    if scope != approvers:
-        return (
-            f"scope holds operators {scope} in the approvals table but audit entry "
-            f"{created_seq} froze {approvers}"
-        )
+    rows said while it ran (rows loosened, the approval resolved, the rows put back). The
+    scope is the one frozen in ``created`` widened by each ``escalated`` entry in order
+    (issue 14: levels 1, 2, ... each adding operators not yet in it); a decision is checked
+    against the scope as it stood at its entry, the row's scope and the counted approvers
+    against the last."""
+    approvers = list(created.approvers)
     for e, d in entries:
-        if e.kind == DECISION:
+        if e.kind == ESCALATED:
+            reason = _escalation_problem(e.seq, EscalatedData.from_data(d), approvers)
+            if reason is not None:
+                return reason
+            approvers = list(EscalatedData.from_data(d).approvers)
+        elif e.kind == DECISION:
             made = DecisionData.from_data(d)
             if made.operator_id not in approvers:
                 return (
                     f"audit entry {e.seq} records a decision by operator "
                     f"{made.operator_id}, outside the approvers {approvers} of "
-                    f"entry {created_seq}"
+                    f"entry {created_seq}{_widened(approvers, created)}"
                 )
             revision = made.revision
             if revision not in logged or made.payload_hash != logged[revision][1]:
@@ -123,8 +128,33 @@ def rules_problem(
             if outside:
                 return (
                     f"audit entry {e.seq} counts operators {outside} outside the "
-                    f"approvers {approvers} of entry {created_seq}"
+                    f"approvers {approvers} of entry {created_seq}{_widened(approvers, created)}"
                 )
+    scope = [pair[0] for pair in json.loads(row["scope"])]
+    if scope != approvers:
+        return (
+            f"scope holds operators {scope} in the approvals table but audit entry "
+            f"{created_seq} froze {list(created.approvers)}{_widened(approvers, created)}"
+        )
+    return None
+
+
+def _widened(approvers: list[Any], created: CreatedData) -> str:
+    """`` (widened to [...] by escalation)`` when ``approvers`` is no longer the frozen scope."""
+    return (
+        "" if approvers == list(created.approvers) else f" (widened to {approvers} by escalation)"
+    )
+
+
+def _escalation_problem(seq: int, data: EscalatedData, before: list[Any]) -> str | None:
+    """An ``escalated`` entry the gate would not write after scope ``before``: the whole new
+    scope must be ``before`` plus the operators ``added``, none of them already in it."""
+    added = list(data.added)
+    if any(op in before for op in added) or list(data.approvers) != before + added:
+        return (
+            f"audit entry {seq} widens the approvers {before} by {added} to "
+            f"{list(data.approvers)} (escalation level {data.level!r}), which the gate never writes"
+        )
     return None
 
 

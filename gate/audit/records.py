@@ -13,7 +13,8 @@ the log: an approved draft's body, an outcome, a decision. Each approval must ha
 - a ``resolved`` entry if and only if the row is resolved, with the row's outcome and
   revision, and the row's stored receipt being that entry's receipt;
 - a log that keeps the gate's own rules: decisions and counted approvers within the
-  approvers frozen in ``created`` (and the row's scope the same operators), each decision
+  approvers frozen in ``created``, widened by each ``escalated`` entry before them (issue 14;
+  each adds operators not yet in scope), and the row's scope the same operators, each decision
   on a payload the log holds for its revision, the resolution with the frozen quorum (a
   row loosened while the gate ran, then put back, leaves this trace);
 - a ``dispatch_ack`` entry for every dispatch its outbox rows say the relay acked (the

@@ -364,10 +364,22 @@ def list_cmd(
         click.echo(
             f"{a['approval_id']}  {a['state']:8}  {a['outcome'] or '-':9}  "
             f"{a['pipeline']}/{a['step']}  {a['quorum']['collected']}/"
-            f"{a['quorum']['required']}  expires {a['expires_at']}"
+            f"{a['quorum']['required']}  expires {a['expires_at']}{_followup_text(a)}"
         )
     if page["next_cursor"]:
         click.echo(f"next page: --cursor {page['next_cursor']}")
+
+
+def _followup_text(approval: dict[str, Any]) -> str:
+    """``  reminded N  escalated level L`` for an approval with reminders or escalation
+    (issue 14; nothing otherwise, so those lines read as before)."""
+    text = ""
+    if approval.get("reminders_sent"):
+        text += f"  reminded {approval['reminders_sent']}"
+    escalation = approval.get("escalation")
+    if isinstance(escalation, dict) and escalation.get("level"):
+        text += f"  escalated level {escalation['level']}"
+    return text
 
 
 @main.command()

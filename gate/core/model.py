@@ -96,6 +96,8 @@ class Approval:
     decisions: tuple[DecisionRow, ...]
     outbox: tuple[Dispatch, ...] = ()
     created_receipt: JsonObject | None = None
+    reminders_sent: int = 0  # issue 14: reminder times passed (missed ones coalesce)
+    escalation_level: int = 0  # issue 14: escalation levels applied to ``scope``
 
     def revision_row(self, revision: int) -> Revision | None:
         """Return revision ``revision`` of the draft, or None."""

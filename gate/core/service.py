@@ -11,11 +11,12 @@ from typing import Any
 
 from gate.clock import Clock
 from gate.config import Config
+from gate.core.followups import followup_plan
 from gate.core.model import Approval
 from gate.core.ratelimit import RateLimiter
 from gate.core.receipt_key import refusal
 from gate.core.requests import CreateRequest, check_draft, quorum_unreachable_message
-from gate.core.transactions import EXPIRE_BATCH, Policy, Resolution, Transactions
+from gate.core.transactions import EXPIRE_BATCH, FOLLOWUP_BATCH, Policy, Resolution, Transactions
 from gate.core.views import approval_view
 from gate.errors import Conflict, GateError, NotFound
 from gate.protocol.canonical import payload_hash
@@ -26,6 +27,9 @@ from gate.trust.keys import ReceiptKeys, load_receipt_keys
 __all__ = ["DecisionResult", "GateService", "Policy", "Resolution"]
 
 log = logging.getLogger(__name__)
+
+# (pipeline, step, oldest pending created_at in unix ms) per step: ``oldest_pending_by_step``
+StepAges = list[tuple[str, str, int]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,6 +114,7 @@ class GateService:
             step_cfg.risk,
             step_cfg.allow_self_approval,
             step_cfg.allow_empty_draft,
+            followup_plan(self.config, step_cfg),
         )
 
     def requester(
@@ -151,7 +156,8 @@ class GateService:
                     "quorum_required": policy.quorum,
                 },
             )
-        return (op.id, op.identity), dataclasses.replace(policy, scope=others)
+        plan = policy.followups.without(op.id) if policy.followups is not None else None
+        return (op.id, op.identity), dataclasses.replace(policy, scope=others, followups=plan)
 
     async def create(
         self, req: CreateRequest, idempotency_key: str | None
@@ -278,6 +284,27 @@ class GateService:
             if len(ids) < EXPIRE_BATCH:
                 return total
 
+    async def followups_due(self) -> tuple[int, int]:
+        """Apply the due escalation levels and queue the due reminders of pending approvals
+        (issue 14 §2; ``Transactions.followups``), in batches of 500 per transaction.
+        Returns ``(levels applied, reminders queued)``; wakes the dispatcher when anything
+        was queued."""
+        levels = reminders = 0
+        while True:
+            done = await self.store.transact(Command("followups", ()))
+            for approval_id, applied, reminder in done:
+                for level in applied:
+                    log.info("event=escalated approval_id=%s level=%d", approval_id, level)
+                if reminder:
+                    log.info("event=reminder_queued approval_id=%s n=%d", approval_id, reminder)
+                levels += len(applied)
+                reminders += 1 if reminder else 0
+            if len(done) < FOLLOWUP_BATCH:
+                break
+        if levels or reminders:
+            self.dispatch_wakeup.set()
+        return levels, reminders
+
     async def cancel(self, approval_id: str) -> dict[str, Any]:
         """Resolve a pending approval as ``cancelled`` (the pipeline withdrew).
 
@@ -364,6 +391,12 @@ class GateService:
         one statement over the pending partial index (``Store.pending_summary``). Raises
         GateError when the database cannot be read."""
         return await self.store.pending_summary()
+
+    async def oldest_pending_by_step(self) -> StepAges:
+        """Return ``(pipeline, step, oldest pending created_at in unix ms)`` per step with a
+        pending approval (``Store.oldest_pending_by_step``; issue 14 §5). Raises GateError
+        when the database cannot be read."""
+        return await self.store.oldest_pending_by_step()
 
     @property
     def writer_unanswered_s(self) -> float:

@@ -21,6 +21,8 @@ from gate.audit.entries import (
 from gate.clock import Clock
 from gate.config import Config
 from gate.core import rules
+from gate.core.followup_tx import handle_due
+from gate.core.followups import Plan, next_followup_at
 from gate.core.model import Approval, DecisionRow, Resolvable, Revision
 from gate.core.ratelimit import RateLimiter
 from gate.core.receipt_key import Settled, settle
@@ -34,6 +36,7 @@ from gate.trust.keys import Signer
 
 DAY_MS = 86_400_000
 EXPIRE_BATCH = 500  # approvals resolved ``timeout`` per transaction
+FOLLOWUP_BATCH = 500  # approvals whose due follow-ups one transaction handles
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +49,7 @@ class Policy:
     risk: str
     allow_self_approval: bool = False
     allow_empty_draft: bool = False
+    followups: Plan | None = None  # reminders and escalation levels (issue 14)
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,6 +193,7 @@ class Transactions:
                 "requested_by": requester[1] if requester else None,
                 "requested_by_id": requester[0] if requester else None,
                 "allow_self_approval": int(policy.allow_self_approval),
+                **self._followup_columns(policy.followups, now, expires_at),
             }
         )
         tx.insert_revision(approval_id, 1, req.body, digest, new_nonce(), now, None)
@@ -208,6 +213,17 @@ class Transactions:
         full = tx.load_approval(approval_id)
         assert full is not None
         return full, True
+
+    @staticmethod
+    def _followup_columns(plan: Plan | None, now: int, expires_at: int) -> dict[str, Any]:
+        """The frozen follow-up plan and its first due time (issue 14); nothing for a step
+        without reminders or levels, so its approvals row is written as before."""
+        if plan is None:
+            return {}
+        return {
+            "followups": plan.to_json(),
+            "next_followup_at": next_followup_at(plan, now, expires_at, 0, 0),
+        }
 
     # ---- receipt key -------------------------------------------------------------
 
@@ -437,6 +453,11 @@ class Transactions:
             ack = DispatchAckData(revision, attempts)
             self._audit(tx, ack.kind, approval_id, now, ack.to_data())
 
+    def followups(self, tx: WriteTx) -> list[tuple[str, tuple[int, ...], int]]:
+        """Handle the due reminders and escalation levels of up to ``FOLLOWUP_BATCH`` pending
+        approvals at the gate's time (``gate.core.followup_tx.handle_due``, issue 14 §2)."""
+        return handle_due(tx, self.clock.now_ms(), FOLLOWUP_BATCH, self._audit)
+
 
 # The write transactions by name (``Command.name``): the one table ``Transactions.run`` reads.
 # "configure" runs outside a transaction (``Store.apply``), "receipt_key" once at start.
@@ -446,6 +467,7 @@ TABLE: dict[str, Callable[..., Any]] = {
     "expire": Transactions.expire,
     "cancel": Transactions.cancel,
     "dispatch_result": Transactions.dispatch_result,
+    "followups": Transactions.followups,
     "configure": Transactions.configure,
     "receipt_key": Transactions.receipt_key,
 }

@@ -70,4 +70,11 @@ def approval_view(full: Approval) -> dict[str, Any]:
         "created_receipt": full.created_receipt,
         "requested_by": full.requested_by,
         "permit": full.permit if fired else None,
+        "reminders_sent": full.reminders_sent,
+        "escalation": {
+            "level": full.escalation_level,
+            "approvers": [identity for _, identity in full.scope],
+        }
+        if full.escalation_level
+        else None,
     }

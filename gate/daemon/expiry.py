@@ -1,4 +1,5 @@
-"""One expiry scheduler driven by the earliest pending ``expires_at`` (no task per approval)."""
+"""One scheduler driven by the earliest pending ``expires_at`` and ``next_followup_at``: expiry,
+reminders and escalation levels (issue 14), with no task per approval."""
 
 from __future__ import annotations
 
@@ -19,10 +20,11 @@ RETRY_AFTER_ERROR_S = 1.0
 async def run_expiry(service: GateService, metrics: Metrics) -> None:
     """Resolve approvals as ``timeout`` when the gate's clock passes their ``expires_at``.
 
-    Sleeps until the earliest deadline from the partial index, or until
-    ``service.expiry_wakeup`` is set (a new approval may expire sooner). Runs until
-    cancelled. Storage errors are logged and retried after a second. Each timeout counts in
-    ``metrics`` (the gate's) as resolved ``timeout``.
+    Then apply the due reminders and escalation levels (``GateService.followups_due``,
+    issue 14). Sleeps until the earliest deadline or follow-up (one lookup in each partial
+    index), or until ``service.expiry_wakeup`` is set (a new approval may be due sooner).
+    Runs until cancelled. Storage errors are logged and retried after a second. Each
+    timeout counts in ``metrics`` (the gate's) as resolved ``timeout``.
     """
     resolved = metrics.approvals_resolved
     while True:
@@ -32,7 +34,11 @@ async def run_expiry(service: GateService, metrics: Metrics) -> None:
             if expired:
                 resolved.labels("timeout").inc(expired)
                 log.info("event=expired count=%d", expired)
-            next_at = await service.store.next_expiry()
+            next_followup = await service.store.next_followup()
+            if next_followup is not None and next_followup <= service.clock.now_ms():
+                await service.followups_due()  # a write only when one is due
+                next_followup = await service.store.next_followup()
+            next_at = _earliest(await service.store.next_expiry(), next_followup)
         except GateError as exc:
             log.error("event=expiry_failed reason=%s message=%s", exc.code, exc.message)
             next_at = service.clock.now_ms() + int(RETRY_AFTER_ERROR_S * 1000)
@@ -43,3 +49,8 @@ async def run_expiry(service: GateService, metrics: Metrics) -> None:
         with contextlib.suppress(TimeoutError):  # not wait_for: it can swallow a cancel (3.11)
             async with asyncio.timeout(delay):
                 await service.expiry_wakeup.wait()
+
+
+def _earliest(*times: int | None) -> int | None:
+    """The earliest of ``times`` (unix ms) that is not None, or None."""
+    return min((t for t in times if t is not None), default=None)

@@ -207,6 +207,14 @@ class Store:
         """Return the earliest ``expires_at`` (unix ms) among pending approvals, or None."""
         return await self._reads.next_expiry()
 
+    async def oldest_pending_by_step(self) -> list[tuple[str, str, int]]:
+        """``Reads.oldest_pending_by_step``: each step's oldest pending ``created_at``."""
+        return await self._reads.oldest_pending_by_step()
+
+    async def next_followup(self) -> int | None:
+        """Return the earliest ``next_followup_at`` (unix ms) of a pending approval, or None."""
+        return await self._reads.next_followup()
+
     async def dispatch_plan(
         self, now_ms: int, limit: int
     ) -> tuple[list[dict[str, Any]], int | None]:

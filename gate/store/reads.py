@@ -130,6 +130,33 @@ class Reads:
 
         return await self.call(run)
 
+    async def oldest_pending_by_step(self) -> list[tuple[str, str, int]]:
+        """Return ``(pipeline, step, earliest created_at in unix ms)`` of every step with a
+        pending approval (issue 14 §5): one statement over the pending partial index, reading
+        each pending row once (no per-step index without a migration)."""
+
+        def run(conn: sqlite3.Connection) -> list[tuple[str, str, int]]:
+            rows = conn.execute(
+                "SELECT pipeline, step, MIN(created_at) FROM approvals INDEXED BY"
+                " approvals_pending_expiry WHERE state = 'pending' GROUP BY pipeline, step"
+            ).fetchall()
+            return [(str(p), str(s), int(oldest)) for p, s, oldest in rows]
+
+        return await self.call(run)
+
+    async def next_followup(self) -> int | None:
+        """Return the earliest ``next_followup_at`` (unix ms) among pending approvals, or
+        None (issue 14: one lookup in the partial index ``approvals_followup_due``)."""
+
+        def run(conn: sqlite3.Connection) -> int | None:
+            row = conn.execute(
+                "SELECT MIN(next_followup_at) FROM approvals INDEXED BY approvals_followup_due"
+                " WHERE state = 'pending' AND next_followup_at IS NOT NULL"
+            ).fetchone()
+            return None if row is None or row[0] is None else int(row[0])
+
+        return await self.call(run)
+
     async def dispatch_plan(
         self, now_ms: int, limit: int
     ) -> tuple[list[dict[str, Any]], int | None]:

@@ -9,13 +9,15 @@ from typing import Any
 
 from gate.audit import chain as audit
 from gate.core.model import Approval, DecisionRow, Dispatch, Resolvable, Revision
+from gate.store.followup_tx import FollowupStatements
 
 # the columns of the model's fields, in their order (``gate.core.model``)
 _APPROVAL_SQL = (
     "SELECT approval_id, run_id, pipeline, step, risk, content_type, quorum_required, scope,"
     " budget, spend, revision, state, outcome, created_at, expires_at, resolved_at,"
     " idempotency_key, request_hash, receipt, requested_by, requested_by_id,"
-    " allow_self_approval, permit FROM approvals WHERE approval_id = ?"
+    " allow_self_approval, permit, reminders_sent, escalation_level FROM approvals"
+    " WHERE approval_id = ?"
 )
 _REVISIONS_SQL = (
     "SELECT revision, body, payload_hash, nonce, created_at, created_by FROM revisions"
@@ -93,10 +95,12 @@ def load_full(
         if outbox
         else (),
         created_receipt=receipt,
+        reminders_sent=int(row[23]),
+        escalation_level=int(row[24]),
     )
 
 
-class WriteTx:
+class WriteTx(FollowupStatements):
     """The statements available inside one write transaction (``Store.transact``).
 
     Synchronous: a transaction runs whole on the store's writer (its thread, or the writer
