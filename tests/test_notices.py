@@ -326,3 +326,59 @@ def test_kill9_before_delivery_keeps_the_notice_and_sends_it_after_restart(tmp_p
         lambda: notice_row(config, approval_id)["delivered_at"] is not None,
         what="the notice recorded as delivered after the restart",
     )
+
+
+# ---- the reference relay ---------------------------------------------------------------
+
+
+@pytest.mark.e2e
+def test_reference_relay_drops_the_prompt_of_an_approval_resolved_elsewhere(tmp_path):
+    from tests.test_relay_terminal import ONE_KEY_PROMPT, PtyRelay, Tap
+
+    relay = PtyRelay("--as", "alice@example.com")
+    tap = Tap(relay.url)
+    gate = GateProcess(write_config(tmp_path, tap.url, relay={"notices": True})).start()
+    try:
+        api = gate.api()
+        skipped = api.create("q1", "Bob skips this elsewhere\n")["approval_id"]
+        relay.wait_screen(ONE_KEY_PROMPT)
+        dispatch = tap.dispatch(skipped, 1)
+        status, _, _ = post_decision(
+            gate.callback_url, decision_body(dispatch, "bob@example.com", "skip")
+        )
+        assert status == 200
+        mark = relay.wait_screen(
+            f"Approval {skipped} resolved elsewhere: skipped by bob@example.com;"
+            " not asking any more."
+        ).end()
+
+        cancelled = api.create("q1", "The pipeline withdraws this\n")["approval_id"]
+        mark = relay.wait_screen(ONE_KEY_PROMPT, relay.wait_screen("withdraws", mark).end()).end()
+        assert api.call("POST", f"/v1/approvals/{cancelled}/cancel")[0] == 200
+        mark = relay.wait_screen(
+            f"Approval {cancelled} resolved elsewhere: cancelled; not asking any more.", mark
+        ).end()
+
+        answered = api.create("q1", "Alice answers this one\n")["approval_id"]
+        mark = relay.wait_screen(ONE_KEY_PROMPT, relay.wait_screen("answers", mark).end()).end()
+        relay.type("a\n")
+        assert api.wait_resolved(answered)["outcome"] == "approved"
+        relay.wait_screen("Recorded: the approval is resolved approved.", mark)
+        relay.wait_log(rf"event=notice_received approval_id={answered} outcome=approved")
+
+        # a notice is never a request: three drafts were shown, and an unsigned one is refused
+        assert relay.screen.count(ONE_KEY_PROMPT) == 3
+        unsigned = json.dumps({"protocol": "hitl/v0", "type": "notice"}).encode()
+        status, _, answer = http_request(
+            relay.url,
+            "POST",
+            unsigned,
+            {"Content-Type": "application/json", "X-Hitl-Protocol": "hitl/v0"},
+        )
+        assert status == 401, answer
+    finally:
+        tap.shutdown()
+        tap.server_close()
+        gate.stop()
+    assert relay.stop() == 0
+    assert "answer=409" not in relay.log() and "answer=410" not in relay.log()
