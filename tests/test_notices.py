@@ -382,3 +382,77 @@ def test_reference_relay_drops_the_prompt_of_an_approval_resolved_elsewhere(tmp_
         gate.stop()
     assert relay.stop() == 0
     assert "answer=409" not in relay.log() and "answer=410" not in relay.log()
+
+
+@pytest.mark.e2e
+def test_reminder_and_escalation_rows_are_sent_as_the_current_dispatch_or_dropped(gate, relay):
+    """The sender's side of the ``followup_outbox`` contract (issue 14 §2): rows queued as the
+    scheduler queues them (here written into the file by the test) go out as the current
+    revision's dispatch plus their fields; a row of a resolved approval is dropped."""
+    api = gate.api()
+    pending = api.create("q2", "remind us")["approval_id"]
+    first = relay.wait_dispatch(pending)
+    assert post_decision(gate.callback_url, decision_body(first, "bob@example.com"))[0] == 200
+    done = api.create("q1", "already answered")["approval_id"]
+    assert post_decision(gate.callback_url, decision_body(relay.wait_dispatch(done)))[0] == 200
+    api.wait_resolved(done)
+    db = gate.config.parent / "gate.db"
+    conn = sqlite3.connect(db, isolation_level=None)
+    try:
+        now = int(time.time() * 1000)
+        rows = [
+            (pending, "reminder", 1, now, now + 3_600_000),
+            (pending, "escalation", 1, now, now + 3_600_000),
+            (done, "reminder", 1, now, now + 3_600_000),
+        ]
+        conn.executemany(
+            "INSERT INTO followup_outbox (approval_id, kind, n, revision, next_attempt_at,"
+            " give_up_at) VALUES (?, ?, ?, 1, ?, ?)",
+            rows,
+        )
+    finally:
+        conn.close()
+    api.create("q1", "wake the dispatcher")  # a new dispatch wakes its loop
+
+    def sent(field: str) -> dict[str, Any] | None:
+        return next(
+            (b for b in relay.dispatches() if b["approval_id"] == pending and field in b), None
+        )
+
+    reminder = wait_until(lambda: sent("reminder"), what="the reminder")
+    escalation = wait_until(lambda: sent("escalation"), what="the escalation")
+    assert reminder["callback"]["nonce"] == first["callback"]["nonce"]
+    assert (reminder["reminder"], reminder["awaiting"]) == (
+        1,
+        ["alice@example.com", "carol@example.com"],
+    )
+    assert reminder["quorum"] == {"required": 2, "collected": 1}
+    # the dispatch as it stands now: the same request, with the quorum collected so far
+    same = {k: v for k, v in reminder.items() if k not in ("reminder", "awaiting", "quorum")}
+    assert same == {k: v for k, v in first.items() if k != "quorum"}
+    assert escalation["escalation"] == 1 and "reminder" not in escalation
+    dropped = wait_until(
+        lambda: [
+            r
+            for r in db_rows(
+                gate.config, "SELECT * FROM followup_outbox WHERE approval_id = ?", done
+            )
+            if r["failed_at"] is not None
+        ],
+        what="the reminder of a resolved approval dropped",
+    )
+    assert (dropped[0]["last_error"], dropped[0]["attempts"]) == ("resolved", 0)
+    assert not [
+        b
+        for b in relay.dispatches(acked_only=False)
+        if b["approval_id"] == done and "reminder" in b
+    ]
+    wait_until(
+        lambda: all(
+            r["delivered_at"] is not None
+            for r in db_rows(
+                gate.config, "SELECT * FROM followup_outbox WHERE approval_id = ?", pending
+            )
+        ),
+        what="reminder and escalation recorded as delivered",
+    )

@@ -145,6 +145,8 @@ class FollowUpSender:
         now = d.service.clock.now_ms()
         if full is None:
             return _Outcome(False, "unknown approval", None)
+        if kind != "notice" and (full.state != "pending" or now >= full.expires_at):
+            return _Outcome(False, "resolved", None)  # a reminder of nothing pending: dropped
         if now >= int(row["give_up_at"]):
             return _Outcome(False, "not delivered before it was given up", None)
         if kind == "notice":
@@ -153,8 +155,6 @@ class FollowUpSender:
                 return _Outcome(False, "notices are turned off", None)
             envelope = notice_envelope(full, notes, d.service.config.relay.operators)
         else:
-            if full.state != "pending" or now >= full.expires_at:
-                return _Outcome(False, "resolved", None)
             url = d.relay_url
             envelope = followup_envelope(full, kind, n, notes, d.callback_url)
         result = await post_signed(
