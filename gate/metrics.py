@@ -24,6 +24,7 @@ from prometheus_client.registry import Collector
 
 from gate import __version__
 from gate.errors import GateError
+from gate.followup_metrics import FollowUpMetrics
 
 if TYPE_CHECKING:
     from gate.config import PipelineConfig
@@ -137,6 +138,7 @@ class Metrics:
         self._time_to_decision: dict[tuple[str, str], Any] = {}
         for reason in DISPATCH_FAILURES:
             self.dispatch_failures.labels(reason)
+        self.followups = FollowUpMetrics(r)  # issue 14: notices, reminders, escalations
         self._state = _StateCollector()
         r.register(self._state)
 

@@ -336,6 +336,22 @@ class GateService:
             Command("dispatch_result", (approval_id, revision, acked, error, retry_at_ms))
         )
 
+    async def followup_result(
+        self,
+        key: tuple[str, str, int],
+        *,
+        acked: bool,
+        error: str | None,
+        retry_at_ms: int | None,
+    ) -> str | None:
+        """Record one attempt of the reminder, escalation or notice ``key`` = (approval_id,
+        kind, n) (issue 14; ``Transactions.followup_result``): ``retry_at_ms`` None drops it
+        unsent as failed. Returns ``"delivered"``, ``"retry"``, ``"failed"`` or None."""
+        result: str | None = await self.store.transact(
+            Command("followup_result", (key, acked, error, retry_at_ms))
+        )
+        return result
+
     # ---- reads -----------------------------------------------------------------
 
     async def get(self, approval_id: str) -> dict[str, Any]:
@@ -405,6 +421,8 @@ class GateService:
         return self.store.writer_unanswered_s
 
     def _notify(self, approval_id: str) -> None:
+        if self.config.relay.notice_target is not None:
+            self.dispatch_wakeup.set()  # its notice was queued with the resolution (issue 14)
         waiter = self._waiters.get(approval_id)
         if waiter is not None:
             waiter[0].set()

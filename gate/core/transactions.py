@@ -37,6 +37,7 @@ from gate.trust.keys import Signer
 DAY_MS = 86_400_000
 EXPIRE_BATCH = 500  # approvals resolved ``timeout`` per transaction
 FOLLOWUP_BATCH = 500  # approvals whose due follow-ups one transaction handles
+NOTICE_GIVE_UP_MS = 3_600_000  # a resolution notice is retried for an hour (issue 14 §4)
 
 
 @dataclass(frozen=True, slots=True)
@@ -394,6 +395,10 @@ class Transactions:
         # Conflict rolls this job back, the audit entry above included
         if not tx.resolve(target.approval_id, outcome, now, receipt_object(row), issued):
             raise Conflict("already_resolved", "approval was resolved concurrently")
+        if self.config.relay.notice_target is not None:  # issue 14 §4: in this transaction
+            tx.enqueue_followup(
+                target.approval_id, "notice", 1, target.revision, now, now + NOTICE_GIVE_UP_MS
+            )
 
     # ---- expire / cancel / dispatch bookkeeping --------------------------------------
 
@@ -458,6 +463,22 @@ class Transactions:
         approvals at the gate's time (``gate.core.followup_tx.handle_due``, issue 14 §2)."""
         return handle_due(tx, self.clock.now_ms(), FOLLOWUP_BATCH, self._audit)
 
+    def followup_result(
+        self,
+        tx: WriteTx,
+        key: tuple[str, str, int],
+        acked: bool,
+        error: str | None,
+        retry_at_ms: int | None,
+    ) -> str | None:
+        """Record one attempt of the follow-up send ``key`` = (approval_id, kind, n) at the
+        gate's now (issue 14): delivered, retried at ``retry_at_ms``, or failed once that is
+        None (dropped unsent, ``error`` says why) or not before the row's ``give_up_at``.
+        Returns ``"delivered"``/``"retry"``/``"failed"``, None when nothing changed."""
+        return tx.followup_attempted(
+            key, self.clock.now_ms(), acked=acked, error=error, retry_at_ms=retry_at_ms
+        )
+
 
 # The write transactions by name (``Command.name``): the one table ``Transactions.run`` reads.
 # "configure" runs outside a transaction (``Store.apply``), "receipt_key" once at start.
@@ -468,6 +489,7 @@ TABLE: dict[str, Callable[..., Any]] = {
     "cancel": Transactions.cancel,
     "dispatch_result": Transactions.dispatch_result,
     "followups": Transactions.followups,
+    "followup_result": Transactions.followup_result,
     "configure": Transactions.configure,
     "receipt_key": Transactions.receipt_key,
 }

@@ -17,6 +17,7 @@ from gate.config import Config, Secrets
 from gate.core.service import GateService
 from gate.daemon.dispatch import BACKOFF_BASE_S, BACKOFF_CAP_S, Dispatcher, relay_session
 from gate.daemon.expiry import run_expiry
+from gate.daemon.followups import FollowUpSender
 from gate.metrics import Metrics
 from gate.protocol import DECISIONS_PATH
 from gate.store import Store
@@ -133,6 +134,7 @@ def build_gate(
         backoff_base_s=dispatch_backoff_s[0],
         backoff_cap_s=dispatch_backoff_s[1],
     )
+    dispatcher.followups = FollowUpSender(dispatcher)  # reminders, escalations, notices
     return Gate(
         config,
         secrets,

@@ -11,7 +11,7 @@ import ssl
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 from urllib.parse import quote, unquote
 
 import aiohttp
@@ -36,6 +36,16 @@ BATCH = 64
 IDLE_S = 3600.0
 MAX_ERROR_CHARS = 300
 STORAGE_RETRY_S = 1.0
+
+
+class SideOutbox(Protocol):
+    """Another outbox the dispatcher's loop drains (``gate.daemon.followups.FollowUpSender``):
+    ``launch_due`` starts what is due at unix ms ``now_ms`` and returns when to look again
+    (unix ms; None: at a wake-up); ``stop`` ends what is in flight."""
+
+    async def launch_due(self, session: aiohttp.ClientSession, now_ms: int) -> int | None: ...
+
+    async def stop(self) -> None: ...
 
 
 def relay_session(ca_file: Path | None = None) -> aiohttp.ClientSession:
@@ -123,6 +133,8 @@ class Dispatcher:
         self._rng = random.Random()
         self._in_flight: dict[tuple[str, int], asyncio.Task[None]] = {}
         self._unrecorded: dict[tuple[str, int], _Result] = {}
+        # the follow-up sends this loop drains too (``gate.daemon.followups``; build_gate)
+        self.followups: SideOutbox | None = None
 
     def _backoff_ms(self, attempts: int) -> int:
         """The delay before retry number ``attempts`` (1-based), in whole milliseconds."""
@@ -172,6 +184,11 @@ class Dispatcher:
                         delay = max(0.0, (next_at - self.service.clock.now_ms()) / 1000) + 0.002
                         if delay <= 0.002 and self._in_flight:
                             delay = IDLE_S  # everything due is in flight; a finish wakes us
+                    if self.followups is not None:
+                        side_at = await self.followups.launch_due(session, now)
+                        if side_at is not None:
+                            side_s = max(0.0, (side_at - self.service.clock.now_ms()) / 1000)
+                            delay = min(delay, side_s + 0.002)
                 except GateError as exc:
                     log.error(
                         "event=dispatch_loop_failed reason=%s message=%s", exc.code, exc.message
@@ -187,6 +204,8 @@ class Dispatcher:
                 task.cancel()
             if self._in_flight:
                 await asyncio.gather(*self._in_flight.values(), return_exceptions=True)
+            if self.followups is not None:
+                await self.followups.stop()
 
     def _forget(self, key: tuple[str, int], _task: asyncio.Task[None]) -> None:
         """Done-callback of an attempt's task: forget it and wake the loop."""

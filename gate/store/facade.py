@@ -221,6 +221,18 @@ class Store:
         """``Reads.dispatch_plan``: the due dispatches and the next one's time."""
         return await self._reads.dispatch_plan(now_ms, limit)
 
+    async def followup_plan(
+        self, now_ms: int, limit: int
+    ) -> tuple[list[dict[str, Any]], int | None]:
+        """``Reads.followup_plan``: the due follow-up sends and the next one's time."""
+        return await self._reads.followup_plan(now_ms, limit)
+
+    async def followup_subject(
+        self, approval_id: str
+    ) -> tuple[Approval | None, list[dict[str, Any]]]:
+        """``Reads.followup_subject``: an approval and its decisions' reasons and principals."""
+        return await self._reads.followup_subject(approval_id)
+
     def audit_rows(self) -> AsyncIterator[audit.AuditRow]:
         """Yield every audit row in ascending seq, in chunks (``Reads.audit_rows``)."""
         return self._reads.audit_rows()

@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 from gate.audit import chain as audit
 from gate.core.model import Approval
 from gate.errors import Unavailable
+from gate.store import followups
 from gate.store.connection import open_reader
 from gate.store.tx import load_full
 
@@ -170,6 +171,26 @@ class Reads:
             due = [dict(row) for row in conn.execute(_DUE_DISPATCHES, (now_ms, limit))]
             first = conn.execute(_NEXT_DISPATCH).fetchone()
             return due, None if first is None else int(first[0])
+
+        return await self.call(_snapshot, run)
+
+    async def followup_plan(
+        self, now_ms: int, limit: int
+    ) -> tuple[list[dict[str, Any]], int | None]:
+        """``gate.store.followups.plan`` from one snapshot: the due reminder, escalation and
+        notice sends and the next one's time (unix ms)."""
+        return await self.call(_snapshot, followups.plan, now_ms, limit)
+
+    async def followup_subject(
+        self, approval_id: str
+    ) -> tuple[Approval | None, list[dict[str, Any]]]:
+        """From one snapshot: the approval a follow-up send is about (with its dispatch
+        rows; None when unknown) and its decisions with reason and principal
+        (``gate.store.followups.decision_notes``)."""
+
+        def run(conn: sqlite3.Connection) -> tuple[Approval | None, list[dict[str, Any]]]:
+            full = load_full(conn, approval_id, outbox=True, created_receipt=False)
+            return full, [] if full is None else followups.decision_notes(conn, approval_id)
 
         return await self.call(_snapshot, run)
 

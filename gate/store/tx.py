@@ -9,6 +9,7 @@ from typing import Any
 
 from gate.audit import chain as audit
 from gate.core.model import Approval, DecisionRow, Dispatch, Resolvable, Revision
+from gate.store import followups
 from gate.store.followup_tx import FollowupStatements
 
 # the columns of the model's fields, in their order (``gate.core.model``)
@@ -257,6 +258,27 @@ class WriteTx(FollowupStatements):
             (approval_id, revision),
         )
         return int(row["attempts"]) if row else -1
+
+    def enqueue_followup(
+        self, approval_id: str, kind: str, n: int, revision: int, at_ms: int, give_up_at_ms: int
+    ) -> bool:
+        """Queue a reminder, escalation or notice (``gate.store.followups.insert``); False
+        when that (approval, kind, n) is queued already."""
+        return followups.insert(self._conn, approval_id, kind, n, revision, at_ms, give_up_at_ms)
+
+    def followup_attempted(
+        self,
+        key: tuple[str, str, int],
+        now_ms: int,
+        *,
+        acked: bool,
+        error: str | None,
+        retry_at_ms: int | None,
+    ) -> str | None:
+        """Record one attempt of a follow-up send (``gate.store.followups.attempted``)."""
+        return followups.attempted(
+            self._conn, key, now_ms, acked=acked, error=error, retry_at_ms=retry_at_ms
+        )
 
     def resolve(
         self,

@@ -4,7 +4,8 @@ It verifies every dispatch's signature and timestamp, acks at once (202) without
 holding the connection, shows the draft to a human (or decides by ``--auto``), signs
 one decision per approver and posts it to the dispatch's callback URL. Nobody is asked
 about a revision known to be stale (superseded, resolved, expired), nor an identity whose
-decision on it is recorded; a prompt that goes stale on screen is withdrawn.
+decision on it is recorded; a prompt that goes stale on screen is withdrawn, as is one whose
+approval a signed resolution notice (issue 14) says ended elsewhere.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from gate.protocol.envelope import build_decision, decode_json
 from gate.protocol.whitespace import identity_key
 from gate.tools.reference_relay.state import Knowledge, Sent, expiry_of, revision_of
 from gate.tools.reference_relay.terminal import LogHold, Terminal, Withdrawn
-from gate.tools.reference_relay.view import greeting, shown, verdict
+from gate.tools.reference_relay.view import greeting, resolved_elsewhere, shown, verdict
 
 log = logging.getLogger(__name__)
 
@@ -103,6 +104,8 @@ class Relay:
             return web.json_response(
                 {"status": "invalid", "reason": "invalid_protocol"}, status=400
             )
+        if envelope.get("type") == "notice":  # issue 14 §4: never shown as a request
+            return self._notice(envelope)
         missing = _missing_field(envelope)
         if missing is not None:  # say what is wrong, not a hash mismatch (new-user review)
             log.warning("event=dispatch_refused reason=invalid_dispatch field=%s", missing)
@@ -130,6 +133,22 @@ class Relay:
         self._newer(envelope["approval_id"], revision_of(envelope))
         await self.queue.put(envelope)
         return web.json_response({"status": "accepted"}, status=202)
+
+    def _notice(self, notice: dict[str, Any]) -> web.Response:
+        """A signed resolution notice (docs/protocol.md "Notices"): the approval is closed
+        here (nothing queued about it is shown) and its prompt on screen, if any, is dropped
+        with a line saying how it ended. Acked 200; 400 ``invalid_notice`` without an
+        ``approval_id`` or ``outcome``. A repeat is the same notice."""
+        approval_id, outcome = notice.get("approval_id"), notice.get("outcome")
+        if not isinstance(approval_id, str) or not isinstance(outcome, str):
+            log.warning("event=notice_refused reason=invalid_notice")
+            return web.json_response({"status": "invalid", "reason": "invalid_notice"}, status=400)
+        log.info("event=notice_received approval_id=%s outcome=%s", approval_id, shown(outcome))
+        line = resolved_elsewhere(notice)
+        self.known.closed.setdefault(approval_id, f"was resolved elsewhere ({shown(outcome)})")
+        if self.asking is not None and self.asking[0] == approval_id:
+            _settle(self.asking[2], f"{line}; not asking any more.")
+        return web.json_response({"status": "accepted"}, status=200)
 
     def _newer(self, approval_id: str, revision: int) -> None:
         """Note that ``revision`` of the approval exists; a prompt on screen about an older

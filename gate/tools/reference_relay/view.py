@@ -296,6 +296,23 @@ def verdict(verb: str, status: int, answer: Any) -> str:
     )
 
 
+def resolved_elsewhere(notice: dict[str, Any]) -> str:
+    """How a resolution notice (issue 14) says an approval ended, for the terminal:
+    ``Approval 01J… resolved elsewhere: skipped by bob@… (reason: …)``."""
+    outcome = notice.get("outcome")
+    text = f"Approval {shown(notice.get('approval_id'))} resolved elsewhere: {shown(outcome)}"
+    deciders = [d for d in notice.get("decided_by") or () if isinstance(d, dict)]
+    if outcome in ("approved", "adjusted", "skipped") and deciders:
+        last = deciders[-1]
+        text += f" by {shown(last.get('identity'))}"
+        if isinstance(last.get("on_behalf_of"), str):
+            text += f" on behalf of {shown(last['on_behalf_of'])}"
+    reason = notice.get("reason")
+    if isinstance(reason, str):
+        text += f" (reason: {shown(reason)})"
+    return text
+
+
 def greeting(url: str, identities: Sequence[str], interactive: bool) -> str:
     """The relay's first line at the terminal: where it listens, as whom and how it asks."""
     who = f"as {', '.join(identities)}" if identities else "as each dispatch's first approver"
