@@ -111,8 +111,16 @@ def decision_entry(gate: GateProcess, approval_id: str) -> dict[str, Any]:
 def open_approval(
     gate: GateProcess, relay: CaptureRelay, step: str = "q1"
 ) -> tuple[str, dict[str, Any]]:
-    approval = gate.api().create(step, "Hallo Anna,\nRechnung 2026-114 ist fällig.\n")
-    return approval["approval_id"], relay.wait_dispatch(approval["approval_id"])
+    """Create an approval and wait for its dispatch and the gate's record of the ack (from
+    then on only a decision changes the approval and its rows)."""
+    api = gate.api()
+    approval_id = api.create(step, "Hallo Anna,\nRechnung 2026-114 ist fällig.\n")["approval_id"]
+    dispatch = relay.wait_dispatch(approval_id)
+    wait_until(
+        lambda: api.get(approval_id)["dispatch"]["delivered_at"] is not None,
+        what=f"the ack of {approval_id} recorded",
+    )
+    return approval_id, dispatch
 
 
 def decide(gate: GateProcess, body: dict[str, Any]) -> tuple[int, Any]:
