@@ -390,6 +390,38 @@ def test_build_node_signs_exactly_the_bytes_it_sends() -> None:
     assert "unknown decision" in outs[5]["error"]
 
 
+@needs_node
+def test_build_node_passes_a_reason_through() -> None:
+    """Issue 14 §1: the form's Reason becomes the decision's ``reason`` (left out when blank,
+    so such a decision is as before); a skip without one on a step that requires it is not
+    sent."""
+    envelope = _dispatch()
+    required = dict(envelope, actions=[{"verb": "approve"}, {"verb": "skip", "reason": "required"}])
+    env = {"HITL_RELAY_SECRET": SECRET, "HITL_APPROVER_ID": APPROVER}
+
+    def case(dispatch: dict[str, Any], human: dict[str, Any]) -> dict[str, Any]:
+        refs = {"Verify signature": _verified(dispatch)}
+        return {"item": {"json": human}, "refs": refs, "env": env, "now_ms": NOW * 1000}
+
+    outs = _run_code(
+        "Build and sign decision",
+        [
+            case(envelope, {"Decision": "skip", "Reason": "Betrag falsch: 1.200,00 €\n"}),
+            case(envelope, {"Decision": "approve", "Reason": "  "}),
+            case(required, {"Decision": "skip", "Reason": "zu spät"}),
+            case(required, {"Decision": "skip", "Reason": " "}),
+        ],
+    )
+    sent = [json.loads(out["result"][0]["json"]["body"]) for out in outs[:3]]
+    assert [(b["decision"], b.get("reason", "absent")) for b in sent] == [
+        ("skip", "Betrag falsch: 1.200,00 €\n"),
+        ("approve", "absent"),
+        ("skip", "zu spät"),
+    ]
+    assert parse_decision(outs[0]["result"][0]["json"]["body"].encode()).reason == sent[0]["reason"]
+    assert "needs a reason" in outs[3]["error"]
+
+
 # --- the real thing: n8n 1.82.3 + hitl-gate verify (slow, gated) -------------------------
 
 

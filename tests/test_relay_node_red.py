@@ -123,3 +123,58 @@ def test_node_red_relay_without_signature_check_fails_verify(tmp_path: Path) -> 
     # everything else still works: only the missing check is reported
     assert results["relay.ack"] == results["relay.decision_accepted"] == "PASS", out
     assert "NOT CONFORMANT" in out
+
+
+_RUN_BUILD = r"""
+const crypto = require("crypto");
+const [func, cases] = JSON.parse(require("fs").readFileSync(0, "utf8"));
+const out = cases.map(msg => {
+    const errors = [];
+    const node = { error: m => errors.push(String(m)), warn: () => {}, status: () => {} };
+    const env = { get: k => ({ HITL_RELAY_SECRET: "s".repeat(32) })[k] };
+    const result = new Function("msg", "node", "env", "crypto", func)(msg, node, env, crypto);
+    return result ? { body: result.payload.toString("utf8") } : { errors };
+});
+process.stdout.write(JSON.stringify(out));
+"""
+
+
+@needs_node
+def test_build_node_passes_a_reason_through() -> None:
+    """Issue 14 §1: ``msg.decision.reason`` becomes the decision's ``reason`` (left out when
+    absent or blank, so such a decision is as before); another type is not sent."""
+    func = next(n for n in _load_flow() if n.get("name") == "build + sign decision")["func"]
+    hitl = {
+        "approval_id": "01J0000000000000000000000A",
+        "nonce": "n" * 32,
+        "payload_hash": "sha256:" + "0" * 64,
+        "callback_url": "http://127.0.0.1:1/hitl/v0/decisions",
+        "approvers": ["alice@example.com"],
+    }
+
+    def msg(verb: str, **extra: object) -> dict[str, object]:
+        return {"hitl": hitl, "decision": {"verb": verb, "approver": {"id": "alice@example.com"}}
+                | extra}  # fmt: skip
+
+    cases = [
+        msg("skip", reason="Betrag falsch: 1.200,00 €"),
+        msg("skip"),
+        msg("approve", reason=" \n"),
+        msg("skip", reason=12),
+    ]
+    proc = subprocess.run(
+        ["node", "-e", _RUN_BUILD],
+        input=json.dumps([func, cases]),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    outs = json.loads(proc.stdout)
+    sent = [json.loads(o["body"]) for o in outs[:3]]
+    assert [(b["decision"], b.get("reason", "absent")) for b in sent] == [
+        ("skip", "Betrag falsch: 1.200,00 €"),
+        ("skip", "absent"),
+        ("approve", "absent"),
+    ]
+    assert "reason must be a string" in outs[3]["errors"][0]

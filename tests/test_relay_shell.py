@@ -439,6 +439,10 @@ ONE_KEY_PROMPT = "decide as alice@example.com: [a]pprove, [s]kip or [e]dit (adju
 ONE_KEY_HINT = "Not taken: type a, s or e (or approve, skip, edit).\n"
 
 
+OPTIONAL_REASON_PROMPT = "Why skip? What should change (optional, one line; empty for none): "
+REQUIRED_REASON_PROMPT = "Why skip? What should change (required, one line): "
+
+
 def _whole_word_prompt(risk: str) -> str:
     return f"decide as alice@example.com. Risk {risk}: type the whole word approve, skip or edit: "
 
@@ -579,6 +583,8 @@ def test_b02_01_shell_keys_typed_before_the_prompt_are_discarded(asking) -> None
     shown = relay.screen[mark:end]
     assert shown.index("Erste Mail: bitte lesen") < shown.index(ONE_KEY_PROMPT), shown
     relay.type("s\n")  # the answer, typed after the prompt: "s", not "strays"
+    end = relay.wait_screen(OPTIONAL_REASON_PROMPT, end)
+    relay.type("\n")  # no reason
     approval = api.wait_resolved(first)
     assert (approval["outcome"], _decisions(approval)) == (
         "skipped",
@@ -623,6 +629,9 @@ def test_b02_01_shell_only_a_choice_is_taken_and_abort_does_not_approve(
         relay.type(wrong + "\n")
         mark = relay.wait_screen(ONE_KEY_HINT + ONE_KEY_PROMPT, mark, undecided)
     relay.type(answer + "\n")
+    if verb == "skip":
+        relay.wait_screen(OPTIONAL_REASON_PROMPT, mark, undecided)
+        relay.type("\n")
     approval = gate.api().wait_resolved(approval_id)
     assert (approval["outcome"], _decisions(approval)) == (
         outcome,
@@ -659,4 +668,31 @@ def test_b02_01_shell_high_risk_takes_the_whole_word_only(asking, risk: str, wor
         expected[0],
         [("alice@example.com", expected[1], 1)],
         expected[2],
+    )
+
+
+@needs_listener
+def test_shell_relay_asks_a_required_skip_reason_and_sends_it(asking) -> None:
+    """Issue 14 §1, shell relay: on a ``skip_reason: required`` step a skip asks for its
+    reason until a line that is not only whitespace is typed, and sends it as ``reason``."""
+    relay, start_gate = asking
+    steps = [
+        {"name": "need", "quorum": 1, "approvers": [101, 102], "timeout": "1h"}
+        | {"skip_reason": "required"}
+    ]
+    gate = start_gate(steps)
+    approval_id = gate.api().create("need", "Rechnung 2026-114\n")["approval_id"]
+    undecided = _undecided(gate, approval_id)
+    mark = relay.wait_screen(ONE_KEY_PROMPT, 0, undecided)
+    relay.type("s\n")
+    mark = relay.wait_screen(REQUIRED_REASON_PROMPT, mark, undecided)
+    relay.type("   \n")
+    mark = relay.wait_screen(
+        "This step needs a reason for a skip.\n" + REQUIRED_REASON_PROMPT, mark, undecided
+    )
+    relay.type("Betrag falsch: 1.200,00 €\n")
+    approval = gate.api().wait_resolved(approval_id)
+    assert (approval["outcome"], [(d["decision"], d["reason"]) for d in approval["decisions"]]) == (
+        "skipped",
+        [("skip", "Betrag falsch: 1.200,00 €")],
     )

@@ -44,6 +44,8 @@ from tests.support import (
 LISTENING = re.compile(r"listening on (http://127\.0\.0\.1:\d+/)")
 ONE_KEY_PROMPT = "[a]pprove, [s]kip or [e]dit (adjust)? "
 WHOLE_WORD_PROMPT = "Risk high: type the whole word approve, skip or edit: "
+OPTIONAL_REASON_PROMPT = "Why skip? What should change (optional, one line; empty for none): "
+REQUIRED_REASON_PROMPT = "Why skip? What should change (required, one line): "
 
 
 class PtyRelay:
@@ -282,6 +284,8 @@ def test_b02_01_keys_typed_before_the_prompt_are_discarded(tmp_path, pty_relay, 
     approval = api.get(first)
     assert (approval["state"], approval["decisions"]) == ("pending", []), approval
     relay.type("s\n")  # the answer, typed after the prompt
+    relay.wait_screen(OPTIONAL_REASON_PROMPT, mark)
+    relay.type("\n")  # no reason
     approval = resolved(gate, first)
     assert approval["outcome"] == "skipped", approval
     assert decisions(approval) == [("alice@example.com", "skip", 1)]
@@ -338,7 +342,7 @@ def test_b02_01_piped_stdin_is_a_script_answered_in_order(tmp_path, clis, gates)
         "HITL_RELAY_SECRET",
         "--as",
         "alice@example.com",
-        stdin=b"s\na\napprove\n",
+        stdin=b"s\n\na\napprove\n",  # skip, no reason; "a" is not taken at risk high
     )
     url = relay.wait_for_line(r"event=relay_listening url=(http://127\.0\.0\.1:\d+/)").group(1)
     steps = [
@@ -801,3 +805,91 @@ def test_b02_B_stdout_redirected_the_draft_and_prompt_are_on_the_terminal(
     )
     assert relay.stop() == 0
     assert "Pay 12,000.00" not in (tmp_path / "out.txt").read_text(encoding="utf-8")
+
+
+# ---- issue 14: a skip's reason ------------------------------------------------------------
+
+REASON_STEPS = [
+    {"name": "q1", "quorum": 1, "approvers": [101, 102], "timeout": "1h"},
+    {
+        "name": "need",
+        "quorum": 1,
+        "approvers": [101, 102],
+        "timeout": "1h",
+        "skip_reason": "required",
+    },
+]
+
+
+def reasons(approval: dict[str, Any]) -> list[tuple[str, str, str | None]]:
+    return [(d["identity"], d["decision"], d["reason"]) for d in approval["decisions"]]
+
+
+@pytest.mark.e2e
+def test_relay_asks_a_skip_reason_and_sends_what_was_typed(tmp_path, pty_relay, gates):
+    """Issue 14 §1: on a ``skip_reason: required`` step the relay asks until a reason is
+    typed (an empty line is not one) and sends it; elsewhere it asks too, and an empty line
+    sends none."""
+    relay = pty_relay("--as", "alice@example.com")
+    gate = gates(write_config(tmp_path, relay.url, steps=REASON_STEPS))
+    api = gate.api()
+
+    mark = len(relay.screen)
+    need = api.create("need", "Rechnung 2026-114: 1.240,00 €\n")["approval_id"]
+    relay.wait_screen(ONE_KEY_PROMPT, mark)
+    relay.type("s\n")
+    relay.wait_screen(REQUIRED_REASON_PROMPT, mark)
+    relay.type("  \n")  # only whitespace: no reason, asked again
+    again = relay.wait_screen("This step needs a reason for a skip.", mark).end()
+    relay.wait_screen(REQUIRED_REASON_PROMPT, again)
+    assert api.get(need)["decisions"] == []
+    relay.type("Betrag falsch: laut Rechnung 1.200,00 €\n")
+    approval = resolved(gate, need)
+    assert (approval["outcome"], reasons(approval)) == (
+        "skipped",
+        [("alice@example.com", "skip", "Betrag falsch: laut Rechnung 1.200,00 €")],
+    )
+
+    mark = len(relay.screen)
+    plain = api.create("q1", "Zweite Mail\n")["approval_id"]
+    relay.wait_screen(ONE_KEY_PROMPT, mark)
+    relay.type("s\n")
+    relay.wait_screen(OPTIONAL_REASON_PROMPT, mark)
+    relay.type("\n")
+    approval = resolved(gate, plain)
+    assert reasons(approval) == [("alice@example.com", "skip", None)]
+
+
+@pytest.mark.e2e
+def test_relay_auto_skip_sends_its_reason(tmp_path, clis, gates):
+    """Issue 14 §1: ``--auto skip:REASON`` skips with that reason, also on a step that
+    requires one."""
+    relay = clis(
+        "relay",
+        "--listen",
+        "127.0.0.1:0",
+        "--secret-env",
+        "HITL_RELAY_SECRET",
+        "--as",
+        "alice@example.com",
+        "--auto",
+        "skip:Bitte Betrag prüfen",
+    )
+    url = relay.wait_for_line(r"event=relay_listening url=(http://127\.0\.0\.1:\d+/)").group(1)
+    gate = gates(write_config(tmp_path, url, steps=REASON_STEPS))
+    approval_id = gate.api().create("need", "Eins\n")["approval_id"]
+    approval = resolved(gate, approval_id)
+    assert (approval["outcome"], reasons(approval)) == (
+        "skipped",
+        [("alice@example.com", "skip", "Bitte Betrag prüfen")],
+    )
+    assert relay.stop() == 0
+    assert "Bitte Betrag" not in relay.log()  # a reason is not logged, like a draft
+
+
+@pytest.mark.parametrize("spec", ["skip:", "skip:  ", "adjust:"])
+def test_relay_auto_refuses_an_empty_reason_or_text(spec: str) -> None:
+    from gate.tools.reference_relay.relay import AutoDecision
+
+    with pytest.raises(ValueError, match=r"use approve, skip, skip:REASON or adjust:TEXT"):
+        AutoDecision.parse(spec)

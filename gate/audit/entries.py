@@ -85,7 +85,8 @@ class DecisionData:
     """A ``decision`` entry: one accepted decision (SPEC §2). ``revision`` and
     ``payload_hash`` are what was decided on; ``effect`` is ``approve``, ``skip`` or
     ``adjust``; an adjust also names the revision it made and that draft's payload hash
-    (``new_revision``, ``new_payload_hash``: both or neither)."""
+    (``new_revision``, ``new_payload_hash``: both or neither). ``reason`` (issue 14) is
+    written only when the decision had one, so entries without it are as before."""
 
     kind: ClassVar[str] = DECISION
 
@@ -97,6 +98,7 @@ class DecisionData:
     effect: str
     new_revision: int | None = None
     new_payload_hash: str | None = None
+    reason: str | None = None
 
     def to_data(self) -> dict[str, Any]:
         """The entry's ``data`` object (keys as the gate writes them)."""
@@ -111,6 +113,8 @@ class DecisionData:
         if self.new_revision is not None:
             data["new_revision"] = self.new_revision
             data["new_payload_hash"] = self.new_payload_hash
+        if self.reason is not None:
+            data["reason"] = self.reason
         return data
 
     @classmethod

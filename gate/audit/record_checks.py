@@ -217,6 +217,25 @@ def decisions_problem(
     )
 
 
+def reasons_problem(
+    stored: list[tuple[Any, Any, Any]], logged: list[tuple[Any, Any, Any, Any]]
+) -> str | None:
+    """The decisions table's ``(revision, operator_id, reason)`` against the ``decision``
+    entries' ``(seq, revision, operator_id, reason)`` (issue 14; an entry without ``reason``
+    reads None): for each logged decision, the row of the same revision and operator holds
+    the same reason. Run after ``decisions_problem`` (the same decisions on both sides). The
+    message never quotes a reason (treated like a draft)."""
+    table = {(revision, operator_id): reason for revision, operator_id, reason in stored}
+    for seq, revision, operator_id, reason in logged:
+        key = (revision, operator_id)
+        if key in table and table[key] != reason:
+            return (
+                f"the reason of the decision by operator {operator_id} on revision "
+                f"{revision} differs between the decisions table and audit entry {seq}"
+            )
+    return None
+
+
 def _decision_text(decision: tuple[Any, ...]) -> str:
     revision, operator_id, verdict, _ = decision
     return f"{verdict!r} by operator {operator_id} on revision {revision}"

@@ -62,7 +62,8 @@ class ApprovalRecord:
     ``revisions`` are ``(revision, body, payload_hash)``; ``decisions`` are ``(revision,
     operator_id, decision, payload_hash)``, all as stored (an edited row may hold any type);
     ``entries`` its audit rows in ascending seq; ``dispatches`` its outbox rows
-    ``(revision, attempts, delivered_at)`` as stored."""
+    ``(revision, attempts, delivered_at)`` as stored; ``reasons`` its decisions'
+    ``(revision, operator_id, reason)`` as stored (issue 14)."""
 
     approval_id: str
     approval: dict[str, Any] | None
@@ -70,6 +71,7 @@ class ApprovalRecord:
     decisions: list[tuple[Any, Any, Any, Any]]
     entries: list[audit.AuditRow]
     dispatches: list[tuple[Any, Any, Any]] = field(default_factory=list)
+    reasons: list[tuple[Any, Any, Any]] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,16 +137,20 @@ def _problem(record: ApprovalRecord) -> str | None:
             )
     logged: dict[Any, tuple[int, Any]] = {1: (entry.seq, data.payload_hash)}
     decisions = []
+    reasons = []
     for e, d in entries:
         if e.kind != DECISION:
             continue
         made = DecisionData.from_data(d)
         decisions.append((made.revision, made.operator_id, made.decision, made.payload_hash))
+        reasons.append((e.seq, made.revision, made.operator_id, made.reason))
         if made.new_revision is not None:
             logged[made.new_revision] = (e.seq, made.new_payload_hash)
     reason = checks.revisions_problem(row, record.revisions, logged)
     if reason is None:
         reason = checks.decisions_problem(record.decisions, decisions)
+    if reason is None:
+        reason = checks.reasons_problem(record.reasons, reasons)
     if reason is None:
         reason = checks.resolution_problem(row, entries)
     if reason is None:

@@ -142,7 +142,11 @@ def _read_draft(draft: str | None, draft_file: str | None) -> str:
     "any other outcome removes FILE.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the approval object as JSON.")
-@click.option("--quiet", is_flag=True, help="Do not report hops on stderr.")
+@click.option(
+    "--quiet",
+    is_flag=True,
+    help="Do not report hops on stderr (a skip's reason is still printed there).",
+)
 def request(
     config_path: str,
     api_url: str | None,
@@ -277,6 +281,7 @@ def _print_request_result(
     """Print what ``request`` ended with and exit with its code (``EXIT_CODES``; 4 when the
     gate did not take the request, or the approval is still pending, after ``--timeout``;
     1 when ``--permit-out`` could not be honoured)."""
+    from gate.client.hops import skip_reason_lines
     from gate.client.request import EXIT_CODES
 
     approval = result.approval
@@ -303,6 +308,8 @@ def _print_request_result(
         sys.exit(4)
     if result.permit_error is not None:
         fail(result.permit_error)
+    for line in skip_reason_lines(approval):  # the answer, not a hop: even with --quiet
+        click.echo(line, err=True)
     if approval["final_body"] is not None and not as_json:
         sys.stdout.write(approval["final_body"])
         sys.stdout.flush()
@@ -350,6 +357,8 @@ def list_cmd(
         async with _client(config_path, api_url) as api:
             return await api.list(state, pipeline, limit, cursor)
 
+    from gate.client.hops import reason_summary
+
     page = run(go())
     if as_json:
         click.echo(json.dumps(page, ensure_ascii=False, indent=2))
@@ -365,6 +374,7 @@ def list_cmd(
             f"{a['approval_id']}  {a['state']:8}  {a['outcome'] or '-':9}  "
             f"{a['pipeline']}/{a['step']}  {a['quorum']['collected']}/"
             f"{a['quorum']['required']}  expires {a['expires_at']}{_followup_text(a)}"
+            + reason_summary(a)
         )
     if page["next_cursor"]:
         click.echo(f"next page: --cursor {page['next_cursor']}")

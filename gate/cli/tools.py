@@ -101,7 +101,12 @@ def keygen(out_dir: str) -> None:
     help="Decide as this identity (repeat for several approvers). Default: the first "
     "approver in the dispatch.",
 )
-@click.option("--auto", default=None, help="Decide without asking: approve, skip or adjust:TEXT.")
+@click.option(
+    "--auto",
+    default=None,
+    help="Decide without asking: approve, skip, skip:REASON (a skip with its reason) or "
+    "adjust:TEXT.",
+)
 @click.option(
     "--max-skew",
     type=float,

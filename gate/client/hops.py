@@ -1,9 +1,50 @@
 """The lines ``hitl-gate request --wait`` reports on stderr: one per change between two views
-of an approval (dispatched, decided, resolved, receipted)."""
+of an approval (dispatched, decided, resolved, receipted), and a skip's reason."""
 
 from __future__ import annotations
 
+import json
+import unicodedata
 from typing import Any
+
+# what a terminal does not show as itself (controls, escape sequences, bidi overrides, line
+# separators, surrogates, unassigned): shown as <U+XXXX>, as the reference relay shows a draft
+_HIDDEN_CATEGORIES = frozenset({"Cc", "Cf", "Zl", "Zp", "Cs", "Cn"})
+
+
+def visible(text: str) -> str:
+    """``text`` (a reason: untrusted, from a relay) with every character a terminal would not
+    show as itself replaced by ``<U+XXXX>``; newline and tab are kept."""
+    return "".join(
+        f"<U+{ord(c):04X}>"
+        if c not in "\n\t" and unicodedata.category(c) in _HIDDEN_CATEGORIES
+        else c
+        for c in text
+    )
+
+
+def skip_reason_lines(approval: dict[str, Any]) -> list[str]:
+    """``skipped by IDENTITY: REASON`` for the skip of a ``skipped`` approval object that
+    carries a reason (issue 14; ``visible``, may span lines); [] for any other outcome or a
+    skip without one (so such a skip reports exactly as before)."""
+    if approval.get("outcome") != "skipped":
+        return []
+    return [
+        f"skipped by {visible(str(d['identity']))}: {visible(d['reason'])}"
+        for d in approval.get("decisions") or []
+        if d.get("decision") == "skip" and isinstance(d.get("reason"), str)
+    ]
+
+
+def reason_summary(approval: dict[str, Any]) -> str:
+    """One line for ``hitl-gate list``: ``  reason "TEXT"`` (JSON-quoted, ``visible``) of the
+    approval's last decision with a reason, or "" when none has one (issue 14)."""
+    reasons = [
+        d["reason"] for d in approval.get("decisions") or [] if isinstance(d.get("reason"), str)
+    ]
+    if not reasons:
+        return ""
+    return "  reason " + json.dumps(visible(reasons[-1]), ensure_ascii=False)
 
 
 def hops(before: dict[str, Any] | None, after: dict[str, Any]) -> list[str]:

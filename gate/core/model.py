@@ -30,7 +30,8 @@ class DecisionRow:
     """An accepted decision (table ``decisions``, SPEC §2): the operator it counted for,
     the ``identity``, ``display`` and ``channel`` as the relay sent them, ``decision``
     (approve|skip|adjust), the ``payload_hash`` it answered, ``adjust_text``,
-    ``decided_at`` (RFC 3339 text as sent) and ``recorded_at`` (unix ms, the gate's clock)."""
+    ``decided_at`` (RFC 3339 text as sent), ``recorded_at`` (unix ms, the gate's clock) and
+    the ``reason`` (issue 14; None when none, or only White_Space, was sent)."""
 
     revision: int
     operator_id: int
@@ -42,6 +43,7 @@ class DecisionRow:
     adjust_text: str | None
     decided_at: str
     recorded_at: int
+    reason: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from gate.config import Config
 from gate.core.model import Approval, Revision
 from gate.errors import GateError
 from gate.protocol.envelope import Decision
@@ -127,6 +128,37 @@ def check_adjust_text(decision: Decision, max_input_length: int) -> None:
             "adjust_text_too_long",
             f"adjust_text is longer than {max_input_length} characters",
         )
+
+
+def skip_reason_required(config: Config, pipeline: str, step: str) -> bool:
+    """Whether the step's config in force says ``skip_reason: required`` (issue 14). Read at
+    the decision and at each dispatch, not frozen at creation (docs/design.md, "Reasons"); a
+    step no longer configured requires none."""
+    found = config.find_step(pipeline, step)
+    return found is not None and found[1].skip_reason == "required"
+
+
+def check_reason(decision: Decision, max_input_length: int, required: bool) -> str | None:
+    """SPEC §2 check 12, after ``check_adjust_text`` (issue 14): return the decision's reason
+    as it is recorded: None when absent or only Unicode White_Space (``is_blank``, the
+    adjust_text rule), else the text as sent. Raises 422 ``invalid`` / ``reason_too_long``
+    beyond ``max_input_length`` characters, and ``reason_required`` for a skip without one
+    when ``required`` (the step's ``skip_reason: required``)."""
+    reason = decision.reason
+    if reason is not None and is_blank(reason):
+        reason = None
+    if reason is not None and len(reason) > max_input_length:
+        raise refuse(
+            422,
+            "invalid",
+            "reason_too_long",
+            f"reason is longer than {max_input_length} characters",
+        )
+    if reason is None and required and decision.decision == "skip":
+        raise refuse(
+            422, "invalid", "reason_required", "this step needs a non-blank reason on a skip"
+        )
+    return reason
 
 
 def _prior(approval: Approval, operator_id: int) -> tuple[str, str | None] | None:

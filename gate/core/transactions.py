@@ -268,6 +268,12 @@ class Transactions:
         rules.check_not_requester(approval, decision.approver_id)
         operator_id = rules.check_approver(approval, decision.approver_id)
         rules.check_adjust_text(decision, self.config.relay.security.max_input_length)
+        reason = rules.check_reason(
+            decision,
+            self.config.relay.security.max_input_length,
+            rules.skip_reason_required(self.config, approval.pipeline, approval.step),
+        )
+        decision = dataclasses.replace(decision, reason=reason)  # blank: recorded as None
         self.rate.check(operator_id, now)
         rules.check_not_decided(approval, operator_id, decision)
         verdict = rules.verdict(approval, operator_id, decision)
@@ -300,6 +306,7 @@ class Transactions:
             adjust_text=decision.adjust_text,
             decided_at=decision.decided_at,
             recorded_at=now,
+            reason=decision.reason,
         )
         tx.insert_decision(approval.approval_id, row)
         approval = dataclasses.replace(approval, decisions=approval.decisions + (row,))
@@ -310,6 +317,7 @@ class Transactions:
             payload_hash=decision.payload_hash,
             nonce=decision.nonce,
             effect=verdict.effect,
+            reason=decision.reason,
         )
         new_revision = None
         if verdict.effect == "adjust":

@@ -57,6 +57,7 @@ def approval_view(full: Approval) -> dict[str, Any]:
                 "channel": d.channel,
                 "decided_at": d.decided_at,
                 "recorded_at": _ts(d.recorded_at),
+                "reason": d.reason,
             }
             for d in full.decisions
         ],

@@ -19,12 +19,14 @@ from yarl import URL
 
 from gate.core.model import Approval
 from gate.core.rules import approvers_of
+from gate.core.rules import skip_reason_required as step_requires_reason
 from gate.core.service import GateService
 from gate.errors import GateError
 from gate.metrics import Metrics
 from gate.protocol import PROTOCOL, PROTOCOL_HEADER, SIGNATURE_HEADER, signing
 from gate.protocol.canonical import wire_json
 from gate.protocol.envelope import build_dispatch
+from gate.protocol.followup import FollowUp
 from gate.protocol.relay_answers import MAX_ANSWER_BYTES, relay_reason
 
 log = logging.getLogger(__name__)
@@ -284,7 +286,8 @@ class Dispatcher:
             return None  # acked meanwhile: the due rows were read before that ack was recorded
         if self.service.clock.now_ms() >= full.expires_at:
             return None  # the expiry scheduler resolves it as timeout; never dispatch after
-        body = wire_json(dispatch_envelope(full, revision, self.callback_url))
+        required = step_requires_reason(self.service.config, full.pipeline, full.step)
+        body = wire_json(dispatch_envelope(full, revision, self.callback_url, required))
         result = await post_signed(
             session,
             self.relay_url,
@@ -329,10 +332,14 @@ class _Result:
     retry_at_ms: int
 
 
-def dispatch_envelope(full: Approval, revision: int, callback_url: str) -> dict[str, Any]:
-    """Return the SPEC §2 dispatch envelope for ``revision`` of a loaded approval."""
+def dispatch_envelope(
+    full: Approval, revision: int, callback_url: str, skip_reason_required: bool = False
+) -> dict[str, Any]:
+    """Return the SPEC §2 dispatch envelope for ``revision`` of a loaded approval; with
+    ``skip_reason_required`` (the step's ``skip_reason: required``, issue 14) its skip action
+    says so (``gate.protocol.followup.FollowUp``), else it is byte-for-byte as before."""
     rev = next(r for r in full.revisions if r.revision == revision)
-    return build_dispatch(
+    envelope = build_dispatch(
         approval_id=full.approval_id,
         run_id=full.run_id,
         pipeline=full.pipeline,
@@ -351,6 +358,8 @@ def dispatch_envelope(full: Approval, revision: int, callback_url: str) -> dict[
         revision=revision,
         budget=full.budget,
     )
+    FollowUp(skip_reason_required=skip_reason_required).apply(envelope)
+    return envelope
 
 
 @dataclass(frozen=True, slots=True)

@@ -114,7 +114,7 @@ _RECORD_QUERIES = (
     " receipt, scope FROM approvals ORDER BY approval_id",
     "SELECT approval_id, revision, body, payload_hash FROM revisions"
     " ORDER BY approval_id, revision",
-    "SELECT approval_id, revision, operator_id, decision, payload_hash FROM decisions"
+    "SELECT approval_id, revision, operator_id, decision, payload_hash, {reason} FROM decisions"
     " ORDER BY approval_id, revision, operator_id",
     "SELECT approval_id, revision, attempts, delivered_at FROM outbox"
     " ORDER BY approval_id, revision",
@@ -148,7 +148,8 @@ def approval_records(path: Path) -> Iterator[ApprovalRecord]:
     try:
         conn.execute("BEGIN")  # one snapshot for the five cursors
         approvals, revisions, decisions, outbox = (
-            _grouped(conn.execute(q)) for q in _RECORD_QUERIES
+            _grouped(conn.execute(q.replace("{reason}", _reason_column(conn))))
+            for q in _RECORD_QUERIES
         )
         entries = _grouped(
             conn.execute(
@@ -178,12 +179,20 @@ def approval_records(path: Path) -> Iterator[ApprovalRecord]:
                 [(d[1], d[2], d[3], d[4]) for d in decs],
                 [audit.AuditRow(*row) for row in logged],
                 [(o[1], o[2], o[3]) for o in sent],
+                [(d[1], d[2], d[5]) for d in decs],
             )
         conn.execute("COMMIT")
     except sqlite3.Error as exc:
         raise Unavailable("storage_unavailable", f"database read failed: {exc}") from exc
     finally:
         conn.close()
+
+
+def _reason_column(conn: sqlite3.Connection) -> str:
+    """``reason`` of the decisions table, or NULL in a database from before issue 14
+    (schema < 4: read as it is, not migrated). Raises sqlite3.Error as the connection does."""
+    columns = {str(row[1]) for row in conn.execute("PRAGMA table_info(decisions)")}
+    return "reason" if "reason" in columns else "NULL"
 
 
 _NOTHING = object()  # no approval_id seen yet (a NULL one is an id here too)

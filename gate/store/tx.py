@@ -26,7 +26,7 @@ _REVISIONS_SQL = (
 )
 _DECISIONS_SQL = (
     "SELECT revision, operator_id, identity, display, channel, decision, payload_hash,"
-    " adjust_text, decided_at, recorded_at FROM decisions WHERE approval_id = ?"
+    " adjust_text, decided_at, recorded_at, reason FROM decisions WHERE approval_id = ?"
     " ORDER BY decision_id"
 )
 _OUTBOX_SQL = (
@@ -209,8 +209,8 @@ class WriteTx(FollowupStatements):
         recounts."""
         self._conn.execute(
             "INSERT INTO decisions (approval_id, revision, operator_id, identity, display,"
-            " channel, decision, payload_hash, adjust_text, decided_at, recorded_at)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            " channel, decision, payload_hash, adjust_text, decided_at, recorded_at, reason)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (
                 approval_id,
                 row.revision,
@@ -223,6 +223,7 @@ class WriteTx(FollowupStatements):
                 row.adjust_text,
                 row.decided_at,
                 row.recorded_at,
+                row.reason,
             ),
         )
 

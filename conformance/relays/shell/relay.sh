@@ -4,7 +4,8 @@
 # Run:  HITL_RELAY_SECRET=... RELAY_APPROVER=alice@example.com ./relay.sh serve 127.0.0.1:8194
 # Without "serve" the script is socat's per-connection handler: HTTP request on stdin, answer on
 # stdout. Env: HITL_RELAY_SECRET (required), RELAY_APPROVER (default: first approver in the
-# dispatch), RELAY_AUTO=approve|skip|adjust:TEXT|ask (default approve; ask prompts on /dev/tty),
+# dispatch), RELAY_AUTO=approve|skip|skip:REASON|adjust:TEXT|ask (default approve; ask prompts
+# on /dev/tty, a skip's reason too),
 # RELAY_STATE (directory remembering handled nonces). Details and limits: README.md beside it.
 set -uf
 export LC_ALL=C
@@ -14,8 +15,8 @@ STATE=${RELAY_STATE:-${TMPDIR:-/tmp}/hitl-relay-shell.$(id -u)}
 log() { printf 'relay.sh: %s\n' "$*" >&2; }
 hmac() { openssl dgst -sha256 -hmac "$SECRET" | awk '{printf "%s", $NF}'; }  # stdin -> hex
 
-case ${RELAY_AUTO:=approve} in approve|skip|ask|adjust:?*) ;; *)
-  log "RELAY_AUTO must be approve, skip, adjust:TEXT or ask"; exit 2 ;; esac
+case ${RELAY_AUTO:=approve} in approve|skip|ask|adjust:?*|skip:?*) ;; *)
+  log "RELAY_AUTO must be approve, skip, skip:REASON, adjust:TEXT or ask"; exit 2 ;; esac
 if [ "${1:-}" = serve ]; then  # the listener: socat forks one handler (this script) per connection
   addr=${2:-127.0.0.1:8194} self=$(cd "$(dirname "$0")" && pwd)/$(basename "$0")
   # socat says when it listens (-d -d: "listening on ..."), or why it cannot (port taken)
@@ -139,9 +140,10 @@ ask() {  # show the draft on /dev/tty (fd 3), then set verb (and text) from the 
       a) [ -n "$whole" ] || verb=approve ;; s) [ -n "$whole" ] || verb=skip ;;
       e) [ -n "$whole" ] || verb=adjust ;;
     esac
-    case $verb in approve|skip) return 0 ;; adjust) break ;; esac
+    case $verb in approve) return 0 ;; skip|adjust) break ;; esac
     printf '%s\n' "$hint" >&3
   done
+  [ "$verb" = skip ] && ask_reason && return 0
   [ "$verb" = adjust ] && printf 'Type the new text (one line): ' >&3 &&
     IFS= read -r text <&3 && text="${text%"$CR"}
 " && return 0
@@ -149,11 +151,30 @@ ask() {  # show the draft on /dev/tty (fd 3), then set verb (and text) from the 
   return 1
 }
 
+ask_reason() {  # a skip's reason, one line (issue 14): until one is typed when the dispatch's
+  # skip action says "reason":"required", else an empty line is none
+  required=$(jq -r '[.actions[]? | select(.verb == "skip" and .reason == "required")] | length' \
+    "$d") || return 1
+  while :; do
+    if [ "$required" -gt 0 ]; then
+      printf 'Why skip? What should change (required, one line): ' >&3
+    else
+      printf 'Why skip? What should change (optional, one line; empty for none): ' >&3
+    fi
+    IFS= read -r text <&3 || return 1
+    text=${text%"$CR"}
+    [ -n "$(printf '%s' "$text" | tr -d '[:space:]')" ] && return 0
+    text='' && [ "$required" -eq 0 ] && return 0
+    printf 'This step needs a reason for a skip.\n' >&3
+  done
+}
+
 decide() {
   d=$tmp/dispatch verb=$RELAY_AUTO text=''
   id=$(jq -r .approval_id "$d")
   who=${RELAY_APPROVER:-$(jq -r '.approvers[0] // empty' "$d")}
-  case $verb in adjust:*) text=${verb#adjust:} verb=adjust ;; esac
+  case $verb in adjust:*) text=${verb#adjust:} verb=adjust ;; skip:*) text=${verb#skip:} verb=skip ;;
+  esac
   if [ "$verb" = ask ]; then
     (: <>/dev/tty) 2>/dev/null || { log "ask: no terminal, $id left undecided"; return 1; }
     until mkdir "$STATE/.tty" 2>/dev/null; do sleep 1; done  # one prompt at a time
@@ -166,7 +187,8 @@ decide() {
     --arg now "$(date -u +%Y-%m-%dT%H:%M:%SZ)" \
     '{protocol: "hitl/v0", approval_id, nonce: .callback.nonce, decision: $v, payload_hash,
       approver: {id: $who, display: $who, channel: "shell"},
-      adjust_text: (if $v == "adjust" then $text else null end), decided_at: $now}' \
+      adjust_text: (if $v == "adjust" then $text else null end), decided_at: $now}
+      + (if $v == "skip" and $text != "" then {reason: $text} else {} end)' \
     "$d" > "$tmp/decision" || return 1
   ts=$(date +%s)
   mac=$({ printf '%s.' "$ts"; cat "$tmp/decision"; } | hmac)

@@ -27,7 +27,7 @@ from gate.errors import GateError
 from gate.protocol import PROTOCOL, PROTOCOL_HEADER, SIGNATURE_HEADER, signing
 from gate.protocol.canonical import payload_hash, wire_json
 from gate.protocol.envelope import build_decision, decode_json
-from gate.protocol.whitespace import identity_key
+from gate.protocol.whitespace import identity_key, is_blank
 from gate.tools.reference_relay.state import Knowledge, Sent, expiry_of, revision_of
 from gate.tools.reference_relay.terminal import LogHold, Terminal, Withdrawn
 from gate.tools.reference_relay.view import greeting, resolved_elsewhere, shown, verdict
@@ -41,19 +41,23 @@ RETRY_CAP_S = 30.0
 
 @dataclass(frozen=True, slots=True)
 class AutoDecision:
-    """What ``--auto`` decides: ``verb`` approve|skip|adjust and, for adjust, ``text``."""
+    """What ``--auto`` decides: ``verb`` approve|skip|adjust and ``text``: for adjust the
+    new text, for skip its reason (issue 14; None: a skip without one)."""
 
     verb: str
     text: str | None = None
 
     @classmethod
     def parse(cls, spec: str) -> AutoDecision:
-        """Parse ``approve``, ``skip`` or ``adjust:TEXT``; raises ValueError otherwise."""
+        """Parse ``approve``, ``skip``, ``skip:REASON`` or ``adjust:TEXT``; raises ValueError
+        otherwise (also for an empty or blank REASON or TEXT)."""
         if spec in ("approve", "skip"):
             return cls(spec)
-        if spec.startswith("adjust:") and spec[len("adjust:") :].strip():
-            return cls("adjust", spec[len("adjust:") :])
-        raise ValueError("use approve, skip or adjust:TEXT")
+        for verb in ("adjust", "skip"):
+            prefix = verb + ":"
+            if spec.startswith(prefix) and not is_blank(spec[len(prefix) :]):
+                return cls(verb, spec[len(prefix) :])
+        raise ValueError("use approve, skip, skip:REASON or adjust:TEXT")
 
 
 class Relay:
@@ -195,6 +199,7 @@ class Relay:
         self, envelope: dict[str, Any], identity: str, verb: str, text: str | None
     ) -> tuple[int, Any]:
         """Sign and POST one decision to the dispatch's callback URL; return (status, answer).
+        ``text`` is an adjust's new text or a skip's reason (issue 14), else ignored.
 
         Raises aiohttp.ClientError or TimeoutError when the gate cannot be reached.
         """
@@ -207,6 +212,7 @@ class Relay:
             decided_at_ms=int(time.time() * 1000),
             channel="auto" if self.auto is not None else CHANNEL,
             adjust_text=text if verb == "adjust" else None,
+            reason=text if verb == "skip" else None,
         )
         body = wire_json(decision)
         headers = {

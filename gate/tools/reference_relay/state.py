@@ -18,8 +18,8 @@ from gate.tools.reference_relay.view import shown
 
 @dataclass(frozen=True, slots=True)
 class Sent:
-    """A decision the gate answered: ``verb``, ``text`` (adjust only), HTTP ``status`` and
-    the decoded ``answer`` (a dict, or the raw text when it was no JSON)."""
+    """A decision the gate answered: ``verb``, ``text`` (an adjust's text, a skip's reason),
+    HTTP ``status`` and the decoded ``answer`` (a dict, or the raw text when it was no JSON)."""
 
     verb: str
     text: str | None

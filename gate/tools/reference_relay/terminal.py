@@ -19,7 +19,14 @@ import threading
 from collections import deque
 from typing import Any, BinaryIO, TextIO
 
-from gate.tools.reference_relay.view import Choices, question, render
+from gate.protocol.whitespace import is_blank
+from gate.tools.reference_relay.view import (
+    Choices,
+    question,
+    reason_question,
+    render,
+    skip_reason_required,
+)
 
 log = logging.getLogger(__name__)
 
@@ -265,10 +272,24 @@ class Terminal:
         self.out.write(text + end)
         self.out.flush()
 
+    async def _reason(self, required: bool, stale: asyncio.Future[str]) -> str | None:
+        """One line: a skip's reason, or None for an empty (only whitespace) one, asked
+        again while ``required``. Raises Withdrawn and EOFError as ``ask`` does."""
+        while True:
+            self.say(reason_question(required), end="")
+            line = await self.lines.next(stale)
+            if not is_blank(line):
+                return line
+            if not required:
+                return None
+            self.say("This step needs a reason for a skip.")
+
     async def ask(
         self, envelope: dict[str, Any], identity: str, stale: asyncio.Future[str]
     ) -> tuple[str, str | None]:
-        """Show the draft to ``identity`` and return ``(verb, adjust text or None)``.
+        """Show the draft to ``identity`` and return ``(verb, text)``: an adjust's new text, a
+        skip's reason (asked on one line; required when the dispatch's skip action says so,
+        else an empty line is none: issue 14), None for an approve.
 
         Only input given after the whole draft was written counts (a terminal's earlier
         input is flushed); a risk outside ``low``/``normal`` takes whole words only
@@ -290,6 +311,8 @@ class Terminal:
                 if verb is None:
                     self.say(choices.hint)
                     continue
+                if verb == "skip":
+                    return verb, await self._reason(skip_reason_required(envelope), stale)
                 if verb != "adjust":
                     return verb, None
                 self.say("Type the new text; end with a line holding only '.'")

@@ -274,6 +274,23 @@ def question(envelope: dict[str, Any], choices: Choices) -> str:
     )
 
 
+def skip_reason_required(envelope: dict[str, Any]) -> bool:
+    """Whether the dispatch's skip action says ``"reason": "required"`` (issue 14: the step
+    has ``skip_reason: required``; a skip without a reason is refused 422)."""
+    actions = envelope.get("actions")
+    return isinstance(actions, list) and any(
+        isinstance(a, dict) and a.get("verb") == "skip" and a.get("reason") == "required"
+        for a in actions
+    )
+
+
+def reason_question(required: bool) -> str:
+    """The prompt for a skip's reason (one line; issue 14)."""
+    if required:
+        return "Why skip? What should change (required, one line): "
+    return "Why skip? What should change (optional, one line; empty for none): "
+
+
 def verdict(verb: str, status: int, answer: Any) -> str:
     """One line telling the human at the terminal what the gate did with their answer."""
     if status == 200 and isinstance(answer, dict):
