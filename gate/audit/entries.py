@@ -84,7 +84,9 @@ class DecisionData:
     """A ``decision`` entry: one accepted decision (SPEC §2). ``revision`` and
     ``payload_hash`` are what was decided on; ``effect`` is ``approve``, ``skip`` or
     ``adjust``; an adjust also names the revision it made and that draft's payload hash
-    (``new_revision``, ``new_payload_hash``: both or neither)."""
+    (``new_revision``, ``new_payload_hash``: both or neither). ``on_behalf_of`` (the
+    principal's operator id) is written only for a delegate's decision (issue 14 §3), so
+    every other entry is as the gate always wrote it."""
 
     kind: ClassVar[str] = DECISION
 
@@ -96,6 +98,7 @@ class DecisionData:
     effect: str
     new_revision: int | None = None
     new_payload_hash: str | None = None
+    on_behalf_of: int | None = None
 
     def to_data(self) -> dict[str, Any]:
         """The entry's ``data`` object (keys as the gate writes them)."""
@@ -110,6 +113,8 @@ class DecisionData:
         if self.new_revision is not None:
             data["new_revision"] = self.new_revision
             data["new_payload_hash"] = self.new_payload_hash
+        if self.on_behalf_of is not None:
+            data["on_behalf_of"] = self.on_behalf_of
         return data
 
     @classmethod

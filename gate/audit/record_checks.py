@@ -89,7 +89,9 @@ def rules_problem(
     logged: dict[Any, tuple[int, Any]],
 ) -> str | None:
     """The log against itself and the frozen scope: what the gate never writes, whatever the
-    rows said while it ran (rows loosened, the approval resolved, the rows put back)."""
+    rows said while it ran (rows loosened, the approval resolved, the rows put back). A
+    delegate's decision (``on_behalf_of`` set) is within the scope when its principal is;
+    the delegate then counts as an approver."""
     approvers = created.approvers
     scope = [pair[0] for pair in json.loads(row["scope"])]
     if scope != approvers:
@@ -97,10 +99,19 @@ def rules_problem(
             f"scope holds operators {scope} in the approvals table but audit entry "
             f"{created_seq} froze {approvers}"
         )
+    delegates: set[Any] = set()  # deciders let in by a delegation (issue 14 §3)
     for e, d in entries:
         if e.kind == DECISION:
             made = DecisionData.from_data(d)
-            if made.operator_id not in approvers:
+            principal = made.on_behalf_of
+            if principal is not None and principal not in approvers:
+                return (
+                    f"audit entry {e.seq} records a decision on behalf of operator "
+                    f"{principal}, outside the approvers {approvers} of entry {created_seq}"
+                )
+            if principal is not None:
+                delegates.add(made.operator_id)
+            elif made.operator_id not in approvers:
                 return (
                     f"audit entry {e.seq} records a decision by operator "
                     f"{made.operator_id}, outside the approvers {approvers} of "
@@ -119,7 +130,9 @@ def rules_problem(
                     f"audit entry {e.seq} resolved with quorum {resolved.quorum}, entry "
                     f"{created_seq} froze quorum {created.quorum}"
                 )
-            outside = [op for op in resolved.approved_by or [] if op not in approvers]
+            outside = [
+                op for op in resolved.approved_by or [] if op not in approvers + list(delegates)
+            ]
             if outside:
                 return (
                     f"audit entry {e.seq} counts operators {outside} outside the "
@@ -165,12 +178,11 @@ def revisions_problem(
     return None
 
 
-def decisions_problem(
-    stored: list[tuple[Any, Any, Any, Any]], logged: list[tuple[Any, ...]]
-) -> str | None:
-    """The decisions table's ``(revision, operator_id, decision, payload_hash)`` rows against
-    the ``decision`` entries' (as a multiset, compared by ``repr``): names the first extra row,
-    else the first logged decision missing from the table."""
+def decisions_problem(stored: list[tuple[Any, ...]], logged: list[tuple[Any, ...]]) -> str | None:
+    """The decisions table's ``(revision, operator_id, decision, payload_hash)`` rows (with
+    ``on_behalf_of`` appended for a delegate's decision) against the ``decision`` entries'
+    (as a multiset, compared by ``repr``): names the first extra row, else the first logged
+    decision missing from the table."""
     in_table, in_log = Counter(map(repr, stored)), Counter(map(repr, logged))
     if in_table == in_log:
         return None
@@ -188,8 +200,10 @@ def decisions_problem(
 
 
 def _decision_text(decision: tuple[Any, ...]) -> str:
-    revision, operator_id, verdict, _ = decision
-    return f"{verdict!r} by operator {operator_id} on revision {revision}"
+    revision, operator_id, verdict = decision[:3]
+    principal = decision[4] if len(decision) > 4 else None
+    behalf = "" if principal is None else f" on behalf of operator {principal}"
+    return f"{verdict!r} by operator {operator_id}{behalf} on revision {revision}"
 
 
 def resolution_problem(

@@ -30,7 +30,9 @@ class DecisionRow:
     """An accepted decision (table ``decisions``, SPEC §2): the operator it counted for,
     the ``identity``, ``display`` and ``channel`` as the relay sent them, ``decision``
     (approve|skip|adjust), the ``payload_hash`` it answered, ``adjust_text``,
-    ``decided_at`` (RFC 3339 text as sent) and ``recorded_at`` (unix ms, the gate's clock)."""
+    ``decided_at`` (RFC 3339 text as sent), ``recorded_at`` (unix ms, the gate's clock) and
+    ``on_behalf_of``: the principal's operator id when a delegate decided (issue 14 §3),
+    else None."""
 
     revision: int
     operator_id: int
@@ -42,6 +44,7 @@ class DecisionRow:
     adjust_text: str | None
     decided_at: str
     recorded_at: int
+    on_behalf_of: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

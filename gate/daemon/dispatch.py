@@ -17,6 +17,7 @@ from urllib.parse import quote, unquote
 import aiohttp
 from yarl import URL
 
+from gate.core.delegation import delegates_for
 from gate.core.model import Approval
 from gate.core.rules import approvers_of
 from gate.core.service import GateService
@@ -25,6 +26,7 @@ from gate.metrics import Metrics
 from gate.protocol import PROTOCOL, PROTOCOL_HEADER, SIGNATURE_HEADER, signing
 from gate.protocol.canonical import wire_json
 from gate.protocol.envelope import build_dispatch
+from gate.protocol.followup import FollowUp
 from gate.protocol.relay_answers import MAX_ANSWER_BYTES, relay_reason
 
 log = logging.getLogger(__name__)
@@ -265,7 +267,8 @@ class Dispatcher:
             return None  # acked meanwhile: the due rows were read before that ack was recorded
         if self.service.clock.now_ms() >= full.expires_at:
             return None  # the expiry scheduler resolves it as timeout; never dispatch after
-        body = wire_json(dispatch_envelope(full, revision, self.callback_url))
+        delegates = delegates_for(full, self.service.config, self.service.clock.now_ms())
+        body = wire_json(dispatch_envelope(full, revision, self.callback_url, delegates))
         result = await post_signed(
             session,
             self.relay_url,
@@ -310,8 +313,18 @@ class _Result:
     retry_at_ms: int
 
 
-def dispatch_envelope(full: Approval, revision: int, callback_url: str) -> dict[str, Any]:
-    """Return the SPEC §2 dispatch envelope for ``revision`` of a loaded approval."""
+def dispatch_envelope(
+    full: Approval,
+    revision: int,
+    callback_url: str,
+    delegates: tuple[tuple[str, str], ...] = (),
+) -> dict[str, Any]:
+    """Return the SPEC §2 dispatch envelope for ``revision`` of a loaded approval.
+
+    ``delegates`` are the (delegate identity, principal identity) pairs in force
+    (``gate.core.delegation.delegates_for``): the delegates join ``approvers`` and the pairs
+    go out as ``delegates`` (issue 14 §3); with none the envelope is as before.
+    """
     rev = next(r for r in full.revisions if r.revision == revision)
     return build_dispatch(
         approval_id=full.approval_id,
@@ -331,6 +344,7 @@ def dispatch_envelope(full: Approval, revision: int, callback_url: str) -> dict[
         nonce=rev.nonce,
         revision=revision,
         budget=full.budget,
+        followup=FollowUp(delegates=delegates) if delegates else None,
     )
 
 

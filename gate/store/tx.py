@@ -23,7 +23,7 @@ _REVISIONS_SQL = (
 )
 _DECISIONS_SQL = (
     "SELECT revision, operator_id, identity, display, channel, decision, payload_hash,"
-    " adjust_text, decided_at, recorded_at FROM decisions WHERE approval_id = ?"
+    " adjust_text, decided_at, recorded_at, on_behalf_of FROM decisions WHERE approval_id = ?"
     " ORDER BY decision_id"
 )
 _OUTBOX_SQL = (
@@ -204,8 +204,8 @@ class WriteTx:
         recounts."""
         self._conn.execute(
             "INSERT INTO decisions (approval_id, revision, operator_id, identity, display,"
-            " channel, decision, payload_hash, adjust_text, decided_at, recorded_at)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            " channel, decision, payload_hash, adjust_text, decided_at, recorded_at,"
+            " on_behalf_of) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (
                 approval_id,
                 row.revision,
@@ -218,6 +218,7 @@ class WriteTx:
                 row.adjust_text,
                 row.decided_at,
                 row.recorded_at,
+                row.on_behalf_of,
             ),
         )
 
