@@ -97,6 +97,13 @@ class Metrics:
             ["reason"],
             registry=r,
         )
+        self.delegated_decisions = Counter(
+            "hitl_gate_delegated_decisions",
+            "Decisions recorded from a delegate on behalf of an operator in scope "
+            "(delegations, issue 14).",
+            ["pipeline", "step"],
+            registry=r,
+        )
         self.dispatch_attempts = Counter(
             "hitl_gate_dispatch_attempts", "Dispatch POSTs sent to the relay.", registry=r
         )
@@ -148,6 +155,11 @@ class Metrics:
         """Count a recorded decision by its verb (``approve``, ``skip``, ``adjust``)."""
         child = self._accepted.get(verb)
         (child if child is not None else self.decisions_accepted.labels(verb)).inc()
+
+    def delegated(self, pipeline: str, step: str) -> None:
+        """Count a decision a delegate made on behalf of an operator in scope (issue 14 §3);
+        ``pipeline`` and ``step`` come from the config (bounded label values)."""
+        self.delegated_decisions.labels(pipeline, step).inc()
 
     def resolved(self, outcome: str) -> None:
         """Count a resolution by its outcome (``OUTCOMES``)."""

@@ -249,6 +249,7 @@ def test_metric_names_follow_prometheus_conventions(gate: GateProcess, relay: Ca
         "hitl_gate_dispatch_failures",
         "hitl_gate_dispatch_ack_seconds",
         "hitl_gate_time_to_decision_seconds",
+        "hitl_gate_delegated_decisions",
         "hitl_gate_approvals_pending",
         "hitl_gate_oldest_pending_age_seconds",
         "hitl_gate_relay_up",

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 import yaml
 
+from gate.daemon.dispatch import dispatch_envelope
 from gate.daemon.followups import awaiting, followup_envelope, notice_envelope
 from gate.protocol import signing
 from gate.protocol.envelope import rfc3339
@@ -164,12 +165,14 @@ def test_notice_envelope_names_deciders_principals_and_the_resolving_reason():
     assert cancelled["reason"] is None  # a cancel or a timeout has no deciding reason
     with pytest.raises(ValueError, match="not resolved"):
         notice_envelope(_replace(full, state="pending", outcome=None, resolved_at=None), notes)
-    reminder = followup_envelope(
-        _replace(full, state="pending"), "reminder", 2, notes[:1], "https://g/hitl/v0/decisions"
-    )
+    pending = _replace(full, state="pending")
+    base = dispatch_envelope(pending, 2, "https://g/hitl/v0/decisions")
+    reminder = followup_envelope(base, pending, "reminder", 2, notes[:1])
     assert (reminder["reminder"], reminder["awaiting"]) == (2, ["bob@example.com"])
     assert reminder["callback"]["nonce"] == "n2" and reminder["revision"] == 2
-    escalation = followup_envelope(full, "escalation", 1, notes, "https://g/hitl/v0/decisions")
+    escalation = followup_envelope(
+        dispatch_envelope(full, 2, "https://g/hitl/v0/decisions"), full, "escalation", 1, notes
+    )
     assert escalation["escalation"] == 1 and "reminder" not in escalation
 
 

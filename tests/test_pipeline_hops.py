@@ -57,3 +57,17 @@ def test_the_first_dispatch_comes_before_the_decisions_on_it() -> None:
     lines = hops(before, after)
     assert lines[0].startswith("dispatched revision 1 to the relay"), lines
     assert lines[1].startswith("decision approve by alice@example.com"), lines
+
+
+def test_a_delegates_decision_says_on_whose_behalf() -> None:
+    before = approval(1, "2026-11-30T10:00:00Z", [])
+    delegated = decision("approve", "op04@example.com", 1) | {
+        "operator_id": 104,
+        "on_behalf_of": {"operator_id": 102, "identity": "bob@example.com"},
+    }
+    own = decision("approve", "alice@example.com", 1) | {"operator_id": 101, "on_behalf_of": None}
+    assert hops(before, approval(1, "2026-11-30T10:00:00Z", [own, delegated])) == [
+        "decision approve by alice@example.com (operator 101, revision 1, via terminal)",
+        "decision approve by op04@example.com on behalf of bob@example.com (operator 104, "
+        "revision 1, via terminal)",
+    ]

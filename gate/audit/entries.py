@@ -86,7 +86,9 @@ class DecisionData:
     ``payload_hash`` are what was decided on; ``effect`` is ``approve``, ``skip`` or
     ``adjust``; an adjust also names the revision it made and that draft's payload hash
     (``new_revision``, ``new_payload_hash``: both or neither). ``reason`` (issue 14) is
-    written only when the decision had one, so entries without it are as before."""
+    written only when the decision had one, and ``on_behalf_of`` (the principal's operator
+    id) only for a delegate's decision (issue 14 §3), so entries without them are as the
+    gate always wrote them."""
 
     kind: ClassVar[str] = DECISION
 
@@ -99,6 +101,7 @@ class DecisionData:
     new_revision: int | None = None
     new_payload_hash: str | None = None
     reason: str | None = None
+    on_behalf_of: int | None = None
 
     def to_data(self) -> dict[str, Any]:
         """The entry's ``data`` object (keys as the gate writes them)."""
@@ -115,6 +118,8 @@ class DecisionData:
             data["new_payload_hash"] = self.new_payload_hash
         if self.reason is not None:
             data["reason"] = self.reason
+        if self.on_behalf_of is not None:
+            data["on_behalf_of"] = self.on_behalf_of
         return data
 
     @classmethod

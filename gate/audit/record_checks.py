@@ -95,8 +95,10 @@ def rules_problem(
     scope is the one frozen in ``created`` widened by each ``escalated`` entry in order
     (issue 14: levels 1, 2, ... each adding operators not yet in it); a decision is checked
     against the scope as it stood at its entry, the row's scope and the counted approvers
-    against the last."""
+    against the last. A delegate's decision (``on_behalf_of`` set) is within the scope when
+    its principal is; the delegate then counts as an approver."""
     approvers = list(created.approvers)
+    delegates: set[Any] = set()  # deciders let in by a delegation (issue 14 §3)
     for e, d in entries:
         if e.kind == ESCALATED:
             reason = _escalation_problem(e.seq, EscalatedData.from_data(d), approvers)
@@ -105,7 +107,15 @@ def rules_problem(
             approvers = list(EscalatedData.from_data(d).approvers)
         elif e.kind == DECISION:
             made = DecisionData.from_data(d)
-            if made.operator_id not in approvers:
+            principal = made.on_behalf_of
+            if principal is not None and principal not in approvers:
+                return (
+                    f"audit entry {e.seq} records a decision on behalf of operator "
+                    f"{principal}, outside the approvers {approvers} of entry {created_seq}"
+                )
+            if principal is not None:
+                delegates.add(made.operator_id)
+            elif made.operator_id not in approvers:
                 return (
                     f"audit entry {e.seq} records a decision by operator "
                     f"{made.operator_id}, outside the approvers {approvers} of "
@@ -124,7 +134,9 @@ def rules_problem(
                     f"audit entry {e.seq} resolved with quorum {resolved.quorum}, entry "
                     f"{created_seq} froze quorum {created.quorum}"
                 )
-            outside = [op for op in resolved.approved_by or [] if op not in approvers]
+            outside = [
+                op for op in resolved.approved_by or [] if op not in approvers + list(delegates)
+            ]
             if outside:
                 return (
                     f"audit entry {e.seq} counts operators {outside} outside the "
@@ -195,12 +207,11 @@ def revisions_problem(
     return None
 
 
-def decisions_problem(
-    stored: list[tuple[Any, Any, Any, Any]], logged: list[tuple[Any, ...]]
-) -> str | None:
-    """The decisions table's ``(revision, operator_id, decision, payload_hash)`` rows against
-    the ``decision`` entries' (as a multiset, compared by ``repr``): names the first extra row,
-    else the first logged decision missing from the table."""
+def decisions_problem(stored: list[tuple[Any, ...]], logged: list[tuple[Any, ...]]) -> str | None:
+    """The decisions table's ``(revision, operator_id, decision, payload_hash)`` rows (with
+    ``on_behalf_of`` appended for a delegate's decision) against the ``decision`` entries'
+    (as a multiset, compared by ``repr``): names the first extra row, else the first logged
+    decision missing from the table."""
     in_table, in_log = Counter(map(repr, stored)), Counter(map(repr, logged))
     if in_table == in_log:
         return None
@@ -237,8 +248,10 @@ def reasons_problem(
 
 
 def _decision_text(decision: tuple[Any, ...]) -> str:
-    revision, operator_id, verdict, _ = decision
-    return f"{verdict!r} by operator {operator_id} on revision {revision}"
+    revision, operator_id, verdict = decision[:3]
+    principal = decision[4] if len(decision) > 4 else None
+    behalf = "" if principal is None else f" on behalf of operator {principal}"
+    return f"{verdict!r} by operator {operator_id}{behalf} on revision {revision}"
 
 
 def resolution_problem(

@@ -9,14 +9,16 @@ the log: an approved draft's body, an outcome, a decision. Each approval must ha
 - exactly the revisions the log names (revision 1 in ``created``, each later one in the
   ``decision`` entry that made it), each body hashing to the payload hash the log holds;
   the row's current revision is the last of them;
-- exactly the decisions the log holds (revision, operator, decision, payload hash);
+- exactly the decisions the log holds (revision, operator, decision, payload hash, and the
+  principal of a delegate's decision);
 - a ``resolved`` entry if and only if the row is resolved, with the row's outcome and
   revision, and the row's stored receipt being that entry's receipt;
 - a log that keeps the gate's own rules: decisions and counted approvers within the
   approvers frozen in ``created``, widened by each ``escalated`` entry before them (issue 14;
-  each adds operators not yet in scope), and the row's scope the same operators, each decision
-  on a payload the log holds for its revision, the resolution with the frozen quorum (a
-  row loosened while the gate ran, then put back, leaves this trace);
+  each adds operators not yet in scope; a delegate's decision: its principal within them),
+  and the row's scope the same operators, each decision on a payload the log holds for its
+  revision, the resolution with the frozen quorum (a row loosened while the gate ran, then
+  put back, leaves this trace);
 - a ``dispatch_ack`` entry for every dispatch its outbox rows say the relay acked (the
   gate writes both in one transaction), with the attempts counted then; at most one per
   revision, only for revisions the log holds, none for a dispatch the outbox says was never
@@ -60,7 +62,8 @@ class ApprovalRecord:
     state, outcome, expires_at, receipt: JSON text, scope: JSON text) or None when only the
     log names the approval;
     ``revisions`` are ``(revision, body, payload_hash)``; ``decisions`` are ``(revision,
-    operator_id, decision, payload_hash)``, all as stored (an edited row may hold any type);
+    operator_id, decision, payload_hash)`` with ``on_behalf_of`` appended when not null
+    (a delegate's decision, issue 14 §3), all as stored (an edited row may hold any type);
     ``entries`` its audit rows in ascending seq; ``dispatches`` its outbox rows
     ``(revision, attempts, delivered_at)`` as stored; ``reasons`` its decisions'
     ``(revision, operator_id, reason)`` as stored (issue 14)."""
@@ -68,7 +71,7 @@ class ApprovalRecord:
     approval_id: str
     approval: dict[str, Any] | None
     revisions: list[tuple[Any, Any, Any]]
-    decisions: list[tuple[Any, Any, Any, Any]]
+    decisions: list[tuple[Any, ...]]
     entries: list[audit.AuditRow]
     dispatches: list[tuple[Any, Any, Any]] = field(default_factory=list)
     reasons: list[tuple[Any, Any, Any]] = field(default_factory=list)
@@ -142,7 +145,9 @@ def _problem(record: ApprovalRecord) -> str | None:
         if e.kind != DECISION:
             continue
         made = DecisionData.from_data(d)
-        decisions.append((made.revision, made.operator_id, made.decision, made.payload_hash))
+        made_row = (made.revision, made.operator_id, made.decision, made.payload_hash)
+        behalf = () if made.on_behalf_of is None else (made.on_behalf_of,)
+        decisions.append(made_row + behalf)
         reasons.append((e.seq, made.revision, made.operator_id, made.reason))
         if made.new_revision is not None:
             logged[made.new_revision] = (e.seq, made.new_payload_hash)

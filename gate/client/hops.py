@@ -79,8 +79,8 @@ def hops(before: dict[str, Any] | None, after: dict[str, Any]) -> list[str]:
             "(decision arrived before the ack was recorded)"
         )
     decided = [
-        f"decision {d['decision']} by {d['identity']} (operator {d['operator_id']}, "
-        f"revision {d['revision']}, via {d.get('channel') or 'relay'})"
+        f"decision {d['decision']} by {d['identity']}{_on_behalf_of(d)} (operator "
+        f"{d['operator_id']}, revision {d['revision']}, via {d.get('channel') or 'relay'})"
         for d in new_decisions
     ]
     if (old_dispatch.get("revision") or 1) < (new_dispatch.get("revision") or 1):
@@ -98,3 +98,12 @@ def hops(before: dict[str, Any] | None, after: dict[str, Any]) -> list[str]:
                 f"{receipt.get('alg')}={receipt.get('receipt')}"
             )
     return lines
+
+
+def _on_behalf_of(decision: dict[str, Any]) -> str:
+    """`` on behalf of IDENTITY`` for a delegate's decision (issue 14 §3), else ""."""
+    principal = decision.get("on_behalf_of")
+    if not isinstance(principal, dict):
+        return ""
+    who = principal.get("identity") or f"operator {principal.get('operator_id')}"
+    return f" on behalf of {who}"

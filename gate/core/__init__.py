@@ -1,1 +1,2 @@
-"""The gate's rules: create, decide (quorum, skip veto, adjust revisions), expire, cancel."""
+"""The gate's rules: create, decide (quorum, skip veto, adjust revisions, delegation), expire,
+cancel."""

@@ -31,7 +31,9 @@ class DecisionRow:
     the ``identity``, ``display`` and ``channel`` as the relay sent them, ``decision``
     (approve|skip|adjust), the ``payload_hash`` it answered, ``adjust_text``,
     ``decided_at`` (RFC 3339 text as sent), ``recorded_at`` (unix ms, the gate's clock) and
-    the ``reason`` (issue 14; None when none, or only White_Space, was sent)."""
+    the ``reason`` (issue 14; None when none, or only White_Space, was sent) and
+    ``on_behalf_of``: the principal's operator id when a delegate decided (issue 14 §3),
+    else None."""
 
     revision: int
     operator_id: int
@@ -44,6 +46,7 @@ class DecisionRow:
     decided_at: str
     recorded_at: int
     reason: str | None = None
+    on_behalf_of: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -34,10 +34,12 @@ StepAges = list[tuple[str, str, int]]
 
 @dataclass(frozen=True, slots=True)
 class DecisionResult:
-    """``GateService.record_decision``: the 200 body (SPEC §2) and the resolution, if any."""
+    """``GateService.record_decision``: the 200 body (SPEC §2), the resolution, if any, and
+    ``delegated``: ``(pipeline, step)`` of a delegate's decision (issue 14 §3), else None."""
 
     answer: dict[str, Any]
     resolution: Resolution | None
+    delegated: tuple[str, str] | None = None
 
 
 class GateService:
@@ -240,17 +242,24 @@ class GateService:
     async def record_decision(self, decision: Decision) -> DecisionResult:
         """``decide`` that also returns what was resolved (for metrics), read in the same
         transaction: no second read of the approval. Raises as ``decide``."""
-        operator_id, revision, outcome, new_revision, resolution = await self.store.transact(
-            Command("decide", (decision,))
-        )
+        (
+            operator_id,
+            revision,
+            outcome,
+            new_revision,
+            resolution,
+            delegated,
+        ) = await self.store.transact(Command("decide", (decision,)))
         log.info(
-            "event=decision approval_id=%s operator_id=%d decision=%s revision=%d payload_hash=%s",
+            "event=decision approval_id=%s operator_id=%d decision=%s revision=%d payload_hash=%s"
+            + ("" if delegated is None else f" on_behalf_of={int(delegated[0])}"),
             decision.approval_id,
             operator_id,
             decision.decision,
             revision,
             decision.payload_hash,
         )
+        step = None if delegated is None else (delegated[1], delegated[2])
         if outcome is not None:
             log.info(
                 "event=resolved approval_id=%s outcome=%s revision=%d",
@@ -260,11 +269,11 @@ class GateService:
             )
             self._notify(decision.approval_id)
             return DecisionResult(
-                {"status": "recorded", "resolved": True, "outcome": outcome}, resolution
+                {"status": "recorded", "resolved": True, "outcome": outcome}, resolution, step
             )
         if new_revision is not None:
             self.dispatch_wakeup.set()
-        return DecisionResult({"status": "recorded", "resolved": False}, None)
+        return DecisionResult({"status": "recorded", "resolved": False}, None, step)
 
     # ---- expire / cancel -------------------------------------------------------
 

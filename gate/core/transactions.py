@@ -21,6 +21,7 @@ from gate.audit.entries import (
 from gate.clock import Clock
 from gate.config import Config
 from gate.core import rules
+from gate.core.delegation import check_decider
 from gate.core.followup_tx import handle_due
 from gate.core.followups import Plan, next_followup_at
 from gate.core.model import Approval, DecisionRow, Resolvable, Revision
@@ -244,10 +245,12 @@ class Transactions:
 
     def decide(
         self, tx: WriteTx, decision: Decision
-    ) -> tuple[int, int, str | None, int | None, Resolution | None]:
+    ) -> tuple[int, int, str | None, int | None, Resolution | None, tuple[int, str, str] | None]:
         """SPEC §2 checks 6-14 and the recording of an accepted decision. Returns
         ``(operator id, revision decided, outcome or None, new revision or None,
-        resolution or None)``; raises GateError with the SPEC §2 status and reason."""
+        resolution or None, delegated)``; ``delegated`` is ``(principal's operator id,
+        pipeline, step)`` for a delegate's decision (check 11 with ``config.delegations``,
+        issue 14 §3), else None. Raises GateError with the SPEC §2 status and reason."""
         now = self.clock.now_ms()
         approval = tx.load_approval(decision.approval_id, outbox=False, created_receipt=False)
         if approval is None:
@@ -266,7 +269,8 @@ class Transactions:
             )
         rules.check_state(approval, nonce_revision, decision, now)
         rules.check_not_requester(approval, decision.approver_id)
-        operator_id = rules.check_approver(approval, decision.approver_id)
+        decider = check_decider(approval, decision.approver_id, self.config, now)
+        operator_id = decider.operator_id
         rules.check_adjust_text(decision, self.config.relay.security.max_input_length)
         reason = rules.check_reason(
             decision,
@@ -278,13 +282,20 @@ class Transactions:
         rules.check_not_decided(approval, operator_id, decision)
         verdict = rules.verdict(approval, operator_id, decision)
         revision = approval.revision
-        outcome, new_revision = self._record(tx, approval, decision, verdict, now)
+        outcome, new_revision = self._record(
+            tx, approval, decision, verdict, now, decider.on_behalf_of
+        )
         resolution = (
             None
             if outcome is None
             else Resolution(approval.pipeline, approval.step, outcome, approval.created_at, now)
         )
-        return operator_id, revision, outcome, new_revision, resolution
+        delegated = (
+            None
+            if decider.on_behalf_of is None
+            else (decider.on_behalf_of, approval.pipeline, approval.step)
+        )
+        return operator_id, revision, outcome, new_revision, resolution, delegated
 
     def _record(
         self,
@@ -293,6 +304,7 @@ class Transactions:
         decision: Decision,
         verdict: rules.Verdict,
         now: int,
+        on_behalf_of: int | None = None,
     ) -> tuple[str | None, int | None]:
         revision = approval.revision
         row = DecisionRow(
@@ -307,6 +319,7 @@ class Transactions:
             decided_at=decision.decided_at,
             recorded_at=now,
             reason=decision.reason,
+            on_behalf_of=on_behalf_of,
         )
         tx.insert_decision(approval.approval_id, row)
         approval = dataclasses.replace(approval, decisions=approval.decisions + (row,))
@@ -318,6 +331,7 @@ class Transactions:
             nonce=decision.nonce,
             effect=verdict.effect,
             reason=decision.reason,
+            on_behalf_of=on_behalf_of,
         )
         new_revision = None
         if verdict.effect == "adjust":

@@ -21,9 +21,12 @@ def approval_view(full: Approval) -> dict[str, Any]:
     approval's ``created`` audit entry (a pipeline keeps it: ``audit verify --expect``
     then shows whether the log still holds that entry); ``permit`` (compact JWS) only for
     ``approved``/``adjusted`` on a gate with a signing key; ``requested_by`` is the
-    requesting operator's identity, or None.
+    requesting operator's identity, or None; ``decisions[].on_behalf_of`` is
+    ``{"operator_id", "identity"}`` of the principal a delegate decided for (issue 14 §3),
+    else None.
     """
     current = current_revision(full)
+    scope = dict(full.scope)
     fired = full.outcome in ("approved", "adjusted")
     out_rows = [o for o in full.outbox if o.revision == full.revision] or list(full.outbox)
     latest = out_rows[-1] if out_rows else None
@@ -58,6 +61,9 @@ def approval_view(full: Approval) -> dict[str, Any]:
                 "decided_at": d.decided_at,
                 "recorded_at": _ts(d.recorded_at),
                 "reason": d.reason,
+                "on_behalf_of": None
+                if d.on_behalf_of is None
+                else {"operator_id": d.on_behalf_of, "identity": scope.get(d.on_behalf_of)},
             }
             for d in full.decisions
         ],

@@ -17,6 +17,7 @@ from urllib.parse import quote, unquote
 import aiohttp
 from yarl import URL
 
+from gate.core.delegation import delegates_for
 from gate.core.model import Approval
 from gate.core.rules import approvers_of
 from gate.core.rules import skip_reason_required as step_requires_reason
@@ -273,6 +274,19 @@ class Dispatcher:
         except Exception:  # cannot record it either: wait before the row is read again
             await asyncio.sleep(STORAGE_RETRY_S)
 
+    def envelope_for(self, full: Approval, revision: int) -> dict[str, Any]:
+        """The dispatch envelope of ``revision`` as the config in force makes it now: the
+        step's required skip reason and the delegations in force (issue 14), for the
+        revision's first dispatch and for its reminders and escalations alike."""
+        config, now = self.service.config, self.service.clock.now_ms()
+        return dispatch_envelope(
+            full,
+            revision,
+            self.callback_url,
+            skip_reason_required=step_requires_reason(config, full.pipeline, full.step),
+            delegates=delegates_for(full, config, now),
+        )
+
     async def _send(
         self, session: aiohttp.ClientSession, key: tuple[str, int], attempts_before: int
     ) -> _Result | None:
@@ -286,8 +300,7 @@ class Dispatcher:
             return None  # acked meanwhile: the due rows were read before that ack was recorded
         if self.service.clock.now_ms() >= full.expires_at:
             return None  # the expiry scheduler resolves it as timeout; never dispatch after
-        required = step_requires_reason(self.service.config, full.pipeline, full.step)
-        body = wire_json(dispatch_envelope(full, revision, self.callback_url, required))
+        body = wire_json(self.envelope_for(full, revision))
         result = await post_signed(
             session,
             self.relay_url,
@@ -333,11 +346,20 @@ class _Result:
 
 
 def dispatch_envelope(
-    full: Approval, revision: int, callback_url: str, skip_reason_required: bool = False
+    full: Approval,
+    revision: int,
+    callback_url: str,
+    skip_reason_required: bool = False,
+    delegates: tuple[tuple[str, str], ...] = (),
 ) -> dict[str, Any]:
-    """Return the SPEC §2 dispatch envelope for ``revision`` of a loaded approval; with
-    ``skip_reason_required`` (the step's ``skip_reason: required``, issue 14) its skip action
-    says so (``gate.protocol.followup.FollowUp``), else it is byte-for-byte as before."""
+    """Return the SPEC §2 dispatch envelope for ``revision`` of a loaded approval.
+
+    With ``skip_reason_required`` (the step's ``skip_reason: required``, issue 14) its skip
+    action says so; ``delegates`` are the (delegate identity, principal identity) pairs in
+    force (``gate.core.delegation.delegates_for``): the delegates join ``approvers`` and the
+    pairs go out as ``delegates`` (issue 14 §3). With neither the envelope is byte-for-byte
+    as before (``gate.protocol.followup.FollowUp``).
+    """
     rev = next(r for r in full.revisions if r.revision == revision)
     envelope = build_dispatch(
         approval_id=full.approval_id,
@@ -357,8 +379,8 @@ def dispatch_envelope(
         nonce=rev.nonce,
         revision=revision,
         budget=full.budget,
+        followup=FollowUp(delegates=delegates, skip_reason_required=skip_reason_required),
     )
-    FollowUp(skip_reason_required=skip_reason_required).apply(envelope)
     return envelope
 
 

@@ -16,7 +16,7 @@ from typing import Any
 import aiohttp
 
 from gate.core.model import Approval
-from gate.daemon.dispatch import Dispatcher, backoff_s, dispatch_envelope, post_signed
+from gate.daemon.dispatch import Dispatcher, backoff_s, post_signed
 from gate.errors import GateError
 from gate.protocol.canonical import wire_json
 from gate.protocol.followup import FollowUp, build_notice
@@ -156,7 +156,7 @@ class FollowUpSender:
             envelope = notice_envelope(full, notes, d.service.config.relay.operators)
         else:
             url = d.relay_url
-            envelope = followup_envelope(full, kind, n, notes, d.callback_url)
+            envelope = followup_envelope(d.envelope_for(full, full.revision), full, kind, n, notes)
         result = await post_signed(
             session, url, wire_json(envelope), d.secret, now // 1000, d.timeout_s
         )
@@ -214,12 +214,16 @@ class FollowUpSender:
 
 
 def followup_envelope(
-    full: Approval, kind: str, n: int, notes: Sequence[dict[str, Any]], callback_url: str
+    envelope: dict[str, Any],
+    full: Approval,
+    kind: str,
+    n: int,
+    notes: Sequence[dict[str, Any]],
 ) -> dict[str, Any]:
-    """The current revision's dispatch (``dispatch_envelope``: same nonce, same revision,
-    ``approvers`` the approval's scope as widened) plus issue 14's ``reminder``/``awaiting``
-    (kind ``reminder``, n-th) or ``escalation`` (kind ``escalation``, level n)."""
-    envelope = dispatch_envelope(full, full.revision, callback_url)
+    """``envelope``, the current revision's dispatch (``Dispatcher.envelope_for``: same nonce,
+    same revision, ``approvers`` the approval's scope as widened), plus issue 14's
+    ``reminder``/``awaiting`` (kind ``reminder``, n-th) or ``escalation`` (kind
+    ``escalation``, level n)."""
     if kind == "reminder":
         FollowUp(reminder=n, awaiting=awaiting(full, notes)).apply(envelope)
     else:

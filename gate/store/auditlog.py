@@ -114,8 +114,8 @@ _RECORD_QUERIES = (
     " receipt, scope FROM approvals ORDER BY approval_id",
     "SELECT approval_id, revision, body, payload_hash FROM revisions"
     " ORDER BY approval_id, revision",
-    "SELECT approval_id, revision, operator_id, decision, payload_hash, {reason} FROM decisions"
-    " ORDER BY approval_id, revision, operator_id",
+    "SELECT approval_id, revision, operator_id, decision, payload_hash, reason, on_behalf_of"
+    " FROM decisions ORDER BY approval_id, revision, operator_id",
     "SELECT approval_id, revision, attempts, delivered_at FROM outbox"
     " ORDER BY approval_id, revision",
 )
@@ -148,8 +148,7 @@ def approval_records(path: Path) -> Iterator[ApprovalRecord]:
     try:
         conn.execute("BEGIN")  # one snapshot for the five cursors
         approvals, revisions, decisions, outbox = (
-            _grouped(conn.execute(q.replace("{reason}", _reason_column(conn))))
-            for q in _RECORD_QUERIES
+            _grouped(conn.execute(_for_schema(conn, q))) for q in _RECORD_QUERIES
         )
         entries = _grouped(
             conn.execute(
@@ -176,7 +175,7 @@ def approval_records(path: Path) -> Iterator[ApprovalRecord]:
                 approval_id,
                 dict(zip(_APPROVAL_COLUMNS, rows[0], strict=True)) if rows else None,
                 [(r[1], r[2], r[3]) for r in revs],  # as stored: a wrong type disagrees
-                [(d[1], d[2], d[3], d[4]) for d in decs],
+                [(d[1], d[2], d[3], d[4]) + (() if d[6] is None else (d[6],)) for d in decs],
                 [audit.AuditRow(*row) for row in logged],
                 [(o[1], o[2], o[3]) for o in sent],
                 [(d[1], d[2], d[5]) for d in decs],
@@ -188,11 +187,17 @@ def approval_records(path: Path) -> Iterator[ApprovalRecord]:
         conn.close()
 
 
-def _reason_column(conn: sqlite3.Connection) -> str:
-    """``reason`` of the decisions table, or NULL in a database from before issue 14
-    (schema < 4: read as it is, not migrated). Raises sqlite3.Error as the connection does."""
+def _for_schema(conn: sqlite3.Connection, sql: str) -> str:
+    """``sql`` for this database: before migration 4 (issue 14) the decisions table has no
+    ``reason`` and ``on_behalf_of`` columns, read as NULL (schema < 4: read as it is, not
+    migrated). Raises sqlite3.Error as the connection does."""
+    if " on_behalf_of" not in sql:
+        return sql
     columns = {str(row[1]) for row in conn.execute("PRAGMA table_info(decisions)")}
-    return "reason" if "reason" in columns else "NULL"
+    for column in ("reason", "on_behalf_of"):
+        if column not in columns:
+            sql = sql.replace(f" {column}", " NULL")
+    return sql
 
 
 _NOTHING = object()  # no approval_id seen yet (a NULL one is an id here too)

@@ -26,7 +26,8 @@ _REVISIONS_SQL = (
 )
 _DECISIONS_SQL = (
     "SELECT revision, operator_id, identity, display, channel, decision, payload_hash,"
-    " adjust_text, decided_at, recorded_at, reason FROM decisions WHERE approval_id = ?"
+    " adjust_text, decided_at, recorded_at, reason, on_behalf_of FROM decisions"
+    " WHERE approval_id = ?"
     " ORDER BY decision_id"
 )
 _OUTBOX_SQL = (
@@ -209,8 +210,8 @@ class WriteTx(FollowupStatements):
         recounts."""
         self._conn.execute(
             "INSERT INTO decisions (approval_id, revision, operator_id, identity, display,"
-            " channel, decision, payload_hash, adjust_text, decided_at, recorded_at, reason)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            " channel, decision, payload_hash, adjust_text, decided_at, recorded_at, reason,"
+            " on_behalf_of) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (
                 approval_id,
                 row.revision,
@@ -224,6 +225,7 @@ class WriteTx(FollowupStatements):
                 row.decided_at,
                 row.recorded_at,
                 row.reason,
+                row.on_behalf_of,
             ),
         )
 

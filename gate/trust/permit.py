@@ -89,13 +89,16 @@ def claims_for(
     """Return the claims of the permit for a loaded approval resolved ``outcome`` at ``now_ms``.
 
     ``approved_by`` are the operator ids whose approvals counted (identities are taken from
-    the approval's frozen scope); ``audit_seq``/``audit_entry_hash`` name the ``resolved``
-    audit entry. ``iat`` is the resolution time and ``exp`` = ``iat + lifetime_s``, both unix
-    seconds. Raises ValueError for an outcome that does not fire.
+    the approval's frozen scope, a delegate's from their decision); ``audit_seq`` and
+    ``audit_entry_hash`` name the ``resolved`` audit entry. ``iat`` is the resolution time
+    and ``exp`` = ``iat + lifetime_s``, both unix seconds. Raises ValueError for an
+    outcome that does not fire.
     """
     if outcome not in FIRING_OUTCOMES:
         raise ValueError(f"no permit exists for outcome {outcome!r}")
     identities = {int(op_id): identity for op_id, identity in approval.scope}
+    for row in approval.decisions:  # a delegate (issue 14 §3) is not in the scope
+        identities.setdefault(row.operator_id, row.identity)
     current = next(r for r in approval.revisions if r.revision == approval.revision)
     iat = now_ms // 1000
     claims: dict[str, Any] = {

@@ -71,6 +71,8 @@ async def post_decision(request: web.Request) -> web.Response:
         _refused(metrics, 500, "internal_error", decision)
         raise
     metrics.accepted(decision.decision)
+    if result.delegated is not None:
+        metrics.delegated(*result.delegated)
     if result.resolution is not None:
         metrics.resolved_by_decision(result.resolution)
     return web.json_response(result.answer)
