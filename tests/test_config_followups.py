@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from gate.config import load_config
-from gate.config.followups import format_duration
+from gate.config.followups import ended_delegations, format_duration
 from tests.test_config import config_errors, example_data, step, write
 
 FUTURE = "2999-01-01T00:00:00Z"
@@ -100,7 +100,6 @@ def test_every_bad_value_is_listed_with_its_path(tmp_path: Path) -> None:
         "pipelines[0].steps[0].escalate[2].after: 5h is not before the step's timeout (4h):"
         " this level would never be reached",
         "pipelines[0].steps[0].escalate[2].to: adds nobody (every operator is already in scope)",
-        "delegations[0].until: 2020-01-01T00:00:00Z is in the past (the delegation has ended)",
         "delegations[2]: the same delegation as delegations[1]",
         "delegations[3].from: operator 999 is not defined in relay.operators",
         "delegations[3].to: operator 999 is not defined in relay.operators",
@@ -176,3 +175,23 @@ def test_delegation_unknown_key_suggests_from(tmp_path: Path) -> None:
 )
 def test_format_duration(seconds: float, text: str) -> None:
     assert format_duration(seconds) == text
+
+
+def test_an_ended_delegation_loads_and_is_named_by_ended_delegations(tmp_path: Path) -> None:
+    """Time passing must not make a valid file invalid for the daemon (a restart after a crash
+    would fail): an ended delegation loads; ``ended_delegations`` names it for check-config
+    (an error there), serve, reload and doctor (a warning)."""
+    data = _data()
+    data["delegations"] = [
+        {"from": 222, "to": 333, "until": FUTURE},
+        {"from": 111, "to": 333, "until": "2020-01-01T00:00:00Z"},
+    ]
+    config = load_config(write(tmp_path, data))
+    now_ms = int(datetime(2026, 12, 1, tzinfo=UTC).timestamp() * 1000)
+    assert ended_delegations(config.delegations, now_ms) == [
+        "delegations[1].until: 2020-01-01T00:00:00Z is in the past (the delegation has ended)"
+    ]
+    assert ended_delegations(config.delegations, config.delegations[0].until_ms - 1) == [
+        "delegations[1].until: 2020-01-01T00:00:00Z is in the past (the delegation has ended)"
+    ]
+    assert len(ended_delegations(config.delegations, config.delegations[0].until_ms)) == 2

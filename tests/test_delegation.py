@@ -272,7 +272,21 @@ def test_sighup_adds_a_delegation_and_it_ends_at_until(
     after = api.create("q1", body="after until, dispatched")["approval_id"]
     envelope = relay.wait_dispatch(after)
     assert "delegates" not in envelope and envelope["approvers"] == [ALICE, BOB, CAROL]
-    # a config naming an ended delegation does not load (config error), so neither does
-    # ``audit verify -c`` with it: the operator removes the entry
-    configure(gate.config, [])
+    # the file still names the ended delegation: time passing must not break what reads it
+    # (an ended delegation is check-config's error, everyone else's warning, and ignored)
     audit_verified(gate)
+    gate.proc.send_signal(signal.SIGHUP)
+    wait_until(lambda: gate.log().count("event=reloaded ") == 3, what="the third reload")
+    assert "event=delegation_ended warning=delegations[0].until: " in gate.log()
+    checked = run_cli("check-config", "-c", str(gate.config))
+    assert checked.returncode == 2, checked.stderr
+    assert (
+        f"{gate.config}: delegations[0].until: {utc(until_ms)} is in the past".encode()
+        in checked.stderr
+    )
+    # and a restart (systemd after a crash) starts, with the warning
+    assert gate.stop() == 0
+    again = GateProcess(gate.config).start()
+    stop.append(again)
+    again.wait_for_line(r"event=delegation_ended ")
+    assert again.api().get(after)["state"] == "pending"

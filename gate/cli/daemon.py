@@ -6,6 +6,7 @@ import asyncio
 import logging
 import os
 import sys
+import time
 from typing import NoReturn
 
 import click
@@ -66,6 +67,7 @@ def serve(config_path: str, log_level: str, log_format: str) -> None:
     """
     from gate import logs
     from gate.config import load
+    from gate.config.followups import ended_delegations
     from gate.daemon.serve import serve as serve_forever
 
     logs.configure(log_level, log_format)
@@ -86,6 +88,8 @@ def serve(config_path: str, log_level: str, log_format: str) -> None:
         stop(2, "config_invalid", [f"{config_path}: {line}" for line in exc.errors])
     for warning in secrets.warnings:
         logging.getLogger("gate.cli").warning("event=weak_secret warning=%s", warning)
+    for ended in ended_delegations(config.delegations, int(time.time() * 1000)):
+        logging.getLogger("gate.cli").warning("event=delegation_ended warning=%s", ended)
     tune_gc()
     try:
         asyncio.run(serve_forever(config, secrets))
@@ -108,10 +112,14 @@ def check_config(config_path: str) -> None:
     Example: hitl-gate check-config -c config.example.yaml
     """
     from gate.config import load
+    from gate.config.followups import ended_delegations
 
     try:
         config, secrets = load(config_path, os.environ)
         receipt_keys(config)
+        ended = ended_delegations(config.delegations, int(time.time() * 1000))
+        if ended:
+            raise ConfigError(ended)
     except ConfigError as exc:
         for line in exc.errors:
             click.echo(f"{config_path}: {line}", err=True)

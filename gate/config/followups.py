@@ -139,10 +139,10 @@ def check_step_followups(
     return errors
 
 
-def check_delegations(delegations: Sequence[Delegation], config: Config, now_ms: int) -> list[str]:
+def check_delegations(delegations: Sequence[Delegation], config: Config) -> list[str]:
     """Errors of the ``delegations`` list: unknown ids, a delegate outside allowed_users, a
-    delegation to oneself or listed twice, ``until`` not in the future (``now_ms``: unix ms),
-    and cycles (A to B and B to A, or longer)."""
+    delegation to oneself or listed twice, and cycles (A to B and B to A, or longer). An
+    ended delegation is not among them: see ``ended_delegations``."""
     errors: list[str] = []
     defined = {op.id for op in config.relay.operators}
     allowed = set(config.relay.security.allowed_users)
@@ -163,9 +163,6 @@ def check_delegations(delegations: Sequence[Delegation], config: Config, now_ms:
         if item.from_ == item.to:
             errors.append(f"{at}.to: operator {item.to} cannot delegate to themselves")
             bad = True
-        if item.until_ms <= now_ms:
-            when = item.until.strftime("%Y-%m-%dT%H:%M:%SZ")
-            errors.append(f"{at}.until: {when} is in the past (the delegation has ended)")
         pair = (item.from_, item.to)
         if pair in seen:
             errors.append(f"{at}: the same delegation as delegations[{seen[pair]}]")
@@ -205,3 +202,17 @@ def _find_cycle(edges: dict[int, set[int]]) -> list[int] | None:
             if found is not None:
                 return found
     return None
+
+
+def ended_delegations(delegations: Sequence[Delegation], now_ms: int) -> list[str]:
+    """``delegations[i].until: ... is in the past`` for each delegation whose ``until`` is not
+    after ``now_ms`` (unix ms). ``check-config`` reports them as errors (exit 2: the file
+    says something no longer true); ``serve``, a SIGHUP reload and ``doctor`` as warnings,
+    and the gate ignores them: a file that was valid must not stop a restart because time
+    passed (issue 14 §3, docs/design.md)."""
+    out: list[str] = []
+    for i, item in enumerate(delegations):
+        if item.until_ms <= now_ms:
+            when = item.until.strftime("%Y-%m-%dT%H:%M:%SZ")
+            out.append(f"delegations[{i}].until: {when} is in the past (the delegation has ended)")
+    return out

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from urllib.parse import urlsplit
 
@@ -128,7 +127,7 @@ def _cross_check(config: Config) -> list[str]:
                     " requester's own decisions do not count)"
                 )
             errors += check_step_followups(where, step, in_scope, config)
-    errors += check_delegations(config.delegations, config, int(time.time() * 1000))
+    errors += check_delegations(config.delegations, config)
     return errors
 
 

@@ -9,6 +9,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from gate.config import Config, Secrets, load, raw_mapping
+from gate.config.followups import ended_delegations
 from gate.daemon.app import Gate, callback_url
 from gate.daemon.sdnotify import Notifier
 from gate.errors import ConfigError
@@ -128,6 +129,8 @@ class Reloader:
         config, secrets = result
         for warning in secrets.warnings:
             log.warning("event=weak_secret warning=%s", warning)
+        for ended in ended_delegations(config.delegations, self.gate.service.clock.now_ms()):
+            log.warning("event=delegation_ended warning=%s", ended)
         self.apply(config, secrets)
         steps = sum(len(p.steps) for p in config.pipelines)
         log.info(

@@ -31,6 +31,7 @@ from gate.config import (
     load_secrets,
     read_receipt_key,
 )
+from gate.config.followups import ended_delegations
 from gate.config.secrets import _secret_vars
 from gate.daemon.dispatch import redact
 from gate.errors import ConfigError, GateError
@@ -113,12 +114,14 @@ def check_config(path: str) -> tuple[Check, Config | None]:
         hint = f" (hitl-gate check-config -c {path} lists all)"
         return Check("config", False, _errors(exc.errors, hint)), None
     steps = sum(len(p.steps) for p in config.pipelines)
-    return Check(
-        "config",
-        True,
+    detail = (
         f"{config.source}: {len(config.pipelines)} pipelines, "
-        f"{steps} steps, {len(config.relay.operators)} operators",
-    ), config
+        f"{steps} steps, {len(config.relay.operators)} operators"
+    )
+    ended = ended_delegations(config.delegations, int(time.time() * 1000))
+    if ended:  # ignored by the gate; check-config refuses the file until they are removed
+        return _warn("config", f"{detail}; but {'; '.join(ended)}"), config
+    return Check("config", True, detail), config
 
 
 def check_secrets(config: Config, environ: Mapping[str, str]) -> tuple[Check, Secrets | None]:
