@@ -342,7 +342,7 @@ def test_b02_01_piped_stdin_is_a_script_answered_in_order(tmp_path, clis, gates)
         "HITL_RELAY_SECRET",
         "--as",
         "alice@example.com",
-        stdin=b"s\n\na\napprove\n",  # skip, no reason; "a" is not taken at risk high
+        stdin=b"s\na\napprove\n",
     )
     url = relay.wait_for_line(r"event=relay_listening url=(http://127\.0\.0\.1:\d+/)").group(1)
     steps = [
@@ -885,6 +885,36 @@ def test_relay_auto_skip_sends_its_reason(tmp_path, clis, gates):
     )
     assert relay.stop() == 0
     assert "Bitte Betrag" not in relay.log()  # a reason is not logged, like a draft
+
+
+@pytest.mark.e2e
+def test_a_script_gives_a_reason_only_where_the_step_requires_one(tmp_path, clis, gates):
+    """Issue 14 §1, piped stdin: scripts written before reasons existed answer as before (a
+    skip on an optional step takes no reason line); on a ``skip_reason: required`` step the
+    line after the skip is its reason."""
+    relay = clis(
+        "relay",
+        "--listen",
+        "127.0.0.1:0",
+        "--secret-env",
+        "HITL_RELAY_SECRET",
+        "--as",
+        "alice@example.com",
+        stdin="s\ns\nBetrag prüfen\na\n".encode(),
+    )
+    url = relay.wait_for_line(r"event=relay_listening url=(http://127\.0\.0\.1:\d+/)").group(1)
+    gate = gates(write_config(tmp_path, url, steps=REASON_STEPS))
+    api = gate.api()
+    answered = []
+    for step in ("q1", "need", "q1"):
+        approval = resolved(gate, api.create(step, f"{step}\n")["approval_id"])
+        answered.append((approval["outcome"], reasons(approval)))
+    assert answered == [
+        ("skipped", [("alice@example.com", "skip", None)]),
+        ("skipped", [("alice@example.com", "skip", "Betrag prüfen")]),
+        ("approved", [("alice@example.com", "approve", None)]),
+    ]
+    assert relay.stop() == 0
 
 
 @pytest.mark.parametrize("spec", ["skip:", "skip:  ", "adjust:"])

@@ -289,7 +289,8 @@ class Terminal:
     ) -> tuple[str, str | None]:
         """Show the draft to ``identity`` and return ``(verb, text)``: an adjust's new text, a
         skip's reason (asked on one line; required when the dispatch's skip action says so,
-        else an empty line is none: issue 14), None for an approve.
+        else an empty line is none: issue 14; a script is asked only for a required one, so
+        scripts written before reasons existed answer as before), None for an approve.
 
         Only input given after the whole draft was written counts (a terminal's earlier
         input is flushed); a risk outside ``low``/``normal`` takes whole words only
@@ -312,7 +313,10 @@ class Terminal:
                     self.say(choices.hint)
                     continue
                 if verb == "skip":
-                    return verb, await self._reason(skip_reason_required(envelope), stale)
+                    required = skip_reason_required(envelope)
+                    if not (self.interactive or required):
+                        return verb, None  # a script's next line answers the next prompt
+                    return verb, await self._reason(required, stale)
                 if verb != "adjust":
                     return verb, None
                 self.say("Type the new text; end with a line holding only '.'")
