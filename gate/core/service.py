@@ -16,7 +16,8 @@ from gate.core.model import Approval
 from gate.core.ratelimit import RateLimiter
 from gate.core.receipt_key import refusal
 from gate.core.requests import CreateRequest, check_draft, quorum_unreachable_message
-from gate.core.transactions import EXPIRE_BATCH, FOLLOWUP_BATCH, Policy, Resolution, Transactions
+from gate.core.resolve_tx import Resolution
+from gate.core.transactions import EXPIRE_BATCH, FOLLOWUP_BATCH, Policy, Transactions
 from gate.core.views import approval_view
 from gate.errors import Conflict, GateError, NotFound
 from gate.protocol.canonical import payload_hash
