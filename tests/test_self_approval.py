@@ -24,6 +24,7 @@ from tests.support import (
     decision_body,
     post_decision,
     run_cli,
+    wait_until,
     write_config,
 )
 from tests.test_signed_audit import export_of, sign_config
@@ -65,6 +66,11 @@ def test_self_approval_refused_and_quorum_2_counts_only_others(gate: Any, relay:
     assert dispatch["approvers"] == [BOB, CAROL]
     assert dispatch["quorum"] == {"required": 2, "collected": 0}
 
+    # the snapshot after the gate recorded the relay's ack (it raced delivered_at/attempts)
+    wait_until(
+        lambda: api.get(approval_id)["dispatch"]["delivered_at"] is not None,
+        what="the gate to record the relay's ack",
+    )
     before = api.get(approval_id)
     for verb, extra in (("approve", {}), ("skip", {}), ("adjust", {"adjust_text": "mine"})):
         status, answer, _ = post_decision(

@@ -16,7 +16,8 @@ from gate.core.model import Approval
 from gate.core.ratelimit import RateLimiter
 from gate.core.receipt_key import refusal
 from gate.core.requests import CreateRequest, check_draft, quorum_unreachable_message
-from gate.core.transactions import EXPIRE_BATCH, FOLLOWUP_BATCH, Policy, Resolution, Transactions
+from gate.core.resolve_tx import Resolution
+from gate.core.transactions import EXPIRE_BATCH, FOLLOWUP_BATCH, Policy, Transactions
 from gate.core.views import approval_view
 from gate.errors import Conflict, GateError, NotFound
 from gate.protocol.canonical import payload_hash
@@ -365,7 +366,7 @@ class GateService:
 
     async def get(self, approval_id: str) -> dict[str, Any]:
         """Return the approval object; raises NotFound 404 ``unknown_approval``."""
-        full = await self.store.fetch_approval(approval_id)
+        full = await self.store.reads.fetch_approval(approval_id)
         if full is None:
             raise NotFound("unknown_approval", "no approval with this approval_id")
         return approval_view(full)
@@ -394,7 +395,7 @@ class GateService:
         self, state: str, pipeline: str | None, limit: int, cursor: str | None
     ) -> dict[str, Any]:
         """Return ``{items, next_cursor}``; ``next_cursor`` is None on the last page."""
-        rows = await self.store.list_approvals(state, pipeline, limit + 1, cursor)
+        rows = await self.store.reads.list_approvals(state, pipeline, limit + 1, cursor)
         more = len(rows) > limit
         rows = rows[:limit]
         return {
@@ -415,13 +416,13 @@ class GateService:
         """Return ``(number of pending approvals, earliest created_at in unix ms or None)``:
         one statement over the pending partial index (``Store.pending_summary``). Raises
         GateError when the database cannot be read."""
-        return await self.store.pending_summary()
+        return await self.store.reads.pending_summary()
 
     async def oldest_pending_by_step(self) -> StepAges:
         """Return ``(pipeline, step, oldest pending created_at in unix ms)`` per step with a
         pending approval (``Store.oldest_pending_by_step``; issue 14 §5). Raises GateError
         when the database cannot be read."""
-        return await self.store.oldest_pending_by_step()
+        return await self.store.reads.oldest_pending_by_step()
 
     @property
     def writer_unanswered_s(self) -> float:

@@ -171,7 +171,7 @@ class Dispatcher:
                 try:
                     now = self.service.clock.now_ms()
                     room = MAX_IN_FLIGHT - len(self._in_flight)
-                    due, next_at = await store.dispatch_plan(
+                    due, next_at = await store.reads.dispatch_plan(
                         now, min(BATCH, room + BATCH) if room > 0 else 0
                     )
                     for row in due:
@@ -293,7 +293,7 @@ class Dispatcher:
         """POST one attempt; return its result to record, or None when nothing is to be sent
         (resolved, superseded or expired meanwhile)."""
         approval_id, revision = key
-        full = await self.service.store.fetch_approval(approval_id)
+        full = await self.service.store.reads.fetch_approval(approval_id)
         if full is None or full.state != "pending" or full.revision != revision:
             return None
         if any(o.revision == revision and o.delivered_at is not None for o in full.outbox):

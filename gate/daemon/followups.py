@@ -74,7 +74,7 @@ class FollowUpSender:
         service = self.dispatcher.service
         if len(self._in_flight) >= MAX_IN_FLIGHT:
             return None
-        due, next_at = await service.store.followup_plan(now_ms, BATCH)
+        due, next_at = await service.store.reads.followup_plan(now_ms, BATCH)
         for row in due:
             key: Key = (str(row["approval_id"]), str(row["kind"]), int(row["n"]))
             if key in self._in_flight or len(self._in_flight) >= MAX_IN_FLIGHT:
@@ -141,7 +141,7 @@ class FollowUpSender:
         """POST one attempt (or decide not to: a drop) and return what to record."""
         d = self.dispatcher
         approval_id, kind, n = key
-        full, notes = await d.service.store.followup_subject(approval_id)
+        full, notes = await d.service.store.reads.followup_subject(approval_id)
         now = d.service.clock.now_ms()
         if full is None:
             return _Outcome(False, "unknown approval", None)

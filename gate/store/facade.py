@@ -2,21 +2,17 @@
 
 from __future__ import annotations
 
-import asyncio
-import sqlite3
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
 from gate.audit import chain as audit
-from gate.core.model import Approval
 from gate.errors import Unavailable
-from gate.store import connection, writer_process
+from gate.store import opening
 from gate.store.batch import Command, Faults, Handler, Writer
 from gate.store.health import WriteHealth
 from gate.store.reads import Reads
 from gate.store.tx import WriteTx
-from gate.store.writer_thread import ThreadWriter
 
 
 class Store:
@@ -48,9 +44,10 @@ class Store:
         self.on_writer_lost: Callable[[], None] | None = None
         self._handler: Handler | None = None
         self._writer: Writer | None = None
-        self._reads = Reads()
+        # every read but the audit rows: ``store.reads.fetch_approval(...)`` and so on
+        self.reads = Reads()
         self._faults = Faults(self.path)
-        self._lock_fd: int | None = None
+        self._locks: list[int] = []  # the flock on <db>.lock while open
         self._health = WriteHealth(self._faults)
 
     @property
@@ -84,46 +81,23 @@ class Store:
         self._handler = handler
 
     async def open(self) -> None:
-        """Open (creating if needed) the file, set WAL + synchronous=FULL, run migrations.
-
-        With ``writer_process`` this forks the writer process: call it before the process
-        starts any thread. Raises Unavailable when the file cannot be opened, is newer than
-        this code, or is in use by another running gate.
-        """
+        """Open (creating if needed) the file, set WAL + synchronous=FULL, run migrations,
+        start the writer (``gate.store.opening.start``: with ``writer_process`` it forks, so
+        call it before the process starts any thread). Raises Unavailable when the file
+        cannot be opened, is newer than this code, or is in use by another running gate."""
         try:
-            if self.writer_process:
-                self._prepare().close()  # on this thread (no thread may exist at the fork);
-                # a connection must not cross a fork: the writer opens its own
-                self._writer = await writer_process.start(
-                    self.path, self._run_bound, self._faults, self._lost
-                )
-                self._reads.open(self.path)
-            else:
-                conn = await asyncio.to_thread(self._open_thread_sync)
-                loop = asyncio.get_running_loop()
-                self._writer = ThreadWriter(conn, self._run_bound, self._faults, loop)
-        except (sqlite3.Error, OSError) as exc:
-            await self.close()
-            raise Unavailable(
-                "storage_unavailable", f"cannot open database {self.path}: {exc}"
-            ) from exc
+            self._writer = await opening.start(
+                self.path,
+                self.writer_process,
+                self._run_bound,
+                self._faults,
+                self._lost,
+                self.reads,
+                self._locks,
+            )
         except BaseException:
             await self.close()
             raise
-
-    def _prepare(self) -> sqlite3.Connection:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._lock_fd = connection.lock(self.path)
-        return connection.prepare(self.path)
-
-    def _open_thread_sync(self) -> sqlite3.Connection:
-        conn = self._prepare()
-        try:
-            self._reads.open(self.path)
-        except BaseException:
-            conn.close()
-            raise
-        return conn
 
     def _run_bound(self, tx: WriteTx, command: Command) -> Any:
         # the handler bound when the writer runs the command (a writer process: its copy)
@@ -139,12 +113,7 @@ class Store:
     async def close(self) -> None:
         """Finish the queued transactions, close both connections, release the lock (idempotent)."""
         writer, self._writer = self._writer, None
-        if writer is not None:
-            await writer.close()
-        self._reads.close()
-        fd, self._lock_fd = self._lock_fd, None
-        if fd is not None:
-            connection.release(fd)
+        await opening.stop(writer, self.reads, self._locks)
 
     async def schema_version(self) -> int:
         """Return ``PRAGMA user_version`` (what ``/healthz`` reports).
@@ -153,7 +122,7 @@ class Store:
         (``check_writable``), so a health check sees a full disk or a read-only file.
         """
         await self.check_writable()
-        return await self._reads.schema_version()
+        return await self.reads.schema_version()
 
     async def check_writable(self) -> None:
         """Raise Unavailable while the last write failed on a storage fault, or while the
@@ -187,52 +156,8 @@ class Store:
         if self._writer is not None:
             self._writer.apply(command)
 
-    # ---- reads (``gate.store.reads``) ------------------------------------------------
-
-    async def fetch_approval(self, approval_id: str) -> Approval | None:
-        """Return the approval with its revisions, decisions and dispatch, or None."""
-        return await self._reads.fetch_approval(approval_id)
-
-    async def list_approvals(
-        self, state: str, pipeline: str | None, limit: int, after: str | None
-    ) -> list[Approval]:
-        """``Reads.list_approvals``: a page of approvals in creation order."""
-        return await self._reads.list_approvals(state, pipeline, limit, after)
-
-    async def pending_summary(self) -> tuple[int, int | None]:
-        """Return ``(number of pending approvals, earliest created_at in unix ms or None)``."""
-        return await self._reads.pending_summary()
-
-    async def next_expiry(self) -> int | None:
-        """Return the earliest ``expires_at`` (unix ms) among pending approvals, or None."""
-        return await self._reads.next_expiry()
-
-    async def oldest_pending_by_step(self) -> list[tuple[str, str, int]]:
-        """``Reads.oldest_pending_by_step``: each step's oldest pending ``created_at``."""
-        return await self._reads.oldest_pending_by_step()
-
-    async def next_followup(self) -> int | None:
-        """Return the earliest ``next_followup_at`` (unix ms) of a pending approval, or None."""
-        return await self._reads.next_followup()
-
-    async def dispatch_plan(
-        self, now_ms: int, limit: int
-    ) -> tuple[list[dict[str, Any]], int | None]:
-        """``Reads.dispatch_plan``: the due dispatches and the next one's time."""
-        return await self._reads.dispatch_plan(now_ms, limit)
-
-    async def followup_plan(
-        self, now_ms: int, limit: int
-    ) -> tuple[list[dict[str, Any]], int | None]:
-        """``Reads.followup_plan``: the due follow-up sends and the next one's time."""
-        return await self._reads.followup_plan(now_ms, limit)
-
-    async def followup_subject(
-        self, approval_id: str
-    ) -> tuple[Approval | None, list[dict[str, Any]]]:
-        """``Reads.followup_subject``: an approval and its decisions' reasons and principals."""
-        return await self._reads.followup_subject(approval_id)
+    # ---- reads: ``store.reads`` (``gate.store.reads.Reads``) -----------------------
 
     def audit_rows(self) -> AsyncIterator[audit.AuditRow]:
         """Yield every audit row in ascending seq, in chunks (``Reads.audit_rows``)."""
-        return self._reads.audit_rows()
+        return self.reads.audit_rows()

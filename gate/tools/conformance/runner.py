@@ -276,7 +276,7 @@ async def _create(service: GateService, run_id: str) -> Approval:
     view, _ = await service.create(
         CreateRequest(PIPELINE, "verify", run_id, "text/plain", DRAFT, None), None
     )
-    full = await service.store.fetch_approval(view["approval_id"])
+    full = await service.store.reads.fetch_approval(view["approval_id"])
     assert full is not None
     return full
 

@@ -1,0 +1,162 @@
+"""The ``decide`` write transaction (SPEC §2 checks 6-14): refuse, or record the decision,
+make the adjust's revision, and resolve at quorum or on a veto. Runs on the store's writer
+with the state ``Transactions`` owns (``t``)."""
+
+from __future__ import annotations
+
+import dataclasses
+import secrets as pysecrets
+from typing import TYPE_CHECKING
+
+from gate.audit.entries import DecisionData
+from gate.core import rules
+from gate.core.delegation import check_decider
+from gate.core.model import Approval, DecisionRow, Resolvable, Revision
+from gate.core.resolve_tx import Resolution
+from gate.errors import GateError
+from gate.protocol.canonical import payload_hash
+from gate.protocol.envelope import Decision
+from gate.store import WriteTx
+
+if TYPE_CHECKING:
+    from gate.core.transactions import Transactions
+
+
+def new_nonce() -> str:
+    """Return a fresh 128-bit nonce as 32 lowercase hex digits."""
+    return pysecrets.token_hex(16)
+
+
+def decide(
+    t: Transactions, tx: WriteTx, decision: Decision
+) -> tuple[int, int, str | None, int | None, Resolution | None, tuple[int, str, str] | None]:
+    """SPEC §2 checks 6-14 and the recording of an accepted decision. Returns
+    ``(operator id, revision decided, outcome or None, new revision or None,
+    resolution or None, delegated)``; ``delegated`` is ``(principal's operator id,
+    pipeline, step)`` for a delegate's decision (check 11 with ``config.delegations``,
+    issue 14 §3), else None. Raises GateError with the SPEC §2 status and reason."""
+    now = t.clock.now_ms()
+    approval = tx.load_approval(decision.approval_id, outbox=False, created_receipt=False)
+    if approval is None:
+        raise GateError(
+            "unknown_approval",
+            "no approval with this approval_id",
+            status=404,
+            kind="unknown_approval",
+        )
+    nonce_revision = next(
+        (r.revision for r in approval.revisions if r.nonce == decision.nonce), None
+    )
+    if nonce_revision is None:
+        raise rules.refuse(
+            403, "forbidden", "nonce_mismatch", "nonce does not belong to this approval"
+        )
+    rules.check_state(approval, nonce_revision, decision, now)
+    rules.check_not_requester(approval, decision.approver_id)
+    decider = check_decider(approval, decision.approver_id, t.config, now)
+    operator_id = decider.operator_id
+    rules.check_adjust_text(decision, t.config.relay.security.max_input_length)
+    reason = rules.check_reason(
+        decision,
+        t.config.relay.security.max_input_length,
+        rules.skip_reason_required(t.config, approval.pipeline, approval.step),
+    )
+    decision = dataclasses.replace(decision, reason=reason)  # blank: recorded as None
+    t.rate.check(operator_id, now)
+    rules.check_not_decided(approval, operator_id, decision)
+    verdict = rules.verdict(approval, operator_id, decision)
+    revision = approval.revision
+    outcome, new_revision = _record(t, tx, approval, decision, verdict, now, decider.on_behalf_of)
+    resolution = (
+        None
+        if outcome is None
+        else Resolution(approval.pipeline, approval.step, outcome, approval.created_at, now)
+    )
+    delegated = (
+        None
+        if decider.on_behalf_of is None
+        else (decider.on_behalf_of, approval.pipeline, approval.step)
+    )
+    return operator_id, revision, outcome, new_revision, resolution, delegated
+
+
+def _record(
+    t: Transactions,
+    tx: WriteTx,
+    approval: Approval,
+    decision: Decision,
+    verdict: rules.Verdict,
+    now: int,
+    on_behalf_of: int | None = None,
+) -> tuple[str | None, int | None]:
+    revision = approval.revision
+    row = DecisionRow(
+        revision=revision,
+        operator_id=verdict.operator_id,
+        identity=decision.approver_id,
+        display=decision.approver_display,
+        channel=decision.approver_channel,
+        decision=decision.decision,
+        payload_hash=decision.payload_hash,
+        adjust_text=decision.adjust_text,
+        decided_at=decision.decided_at,
+        recorded_at=now,
+        reason=decision.reason,
+        on_behalf_of=on_behalf_of,
+    )
+    tx.insert_decision(approval.approval_id, row)
+    approval = dataclasses.replace(approval, decisions=approval.decisions + (row,))
+    audit_data = DecisionData(
+        operator_id=verdict.operator_id,
+        decision=decision.decision,
+        revision=revision,
+        payload_hash=decision.payload_hash,
+        nonce=decision.nonce,
+        effect=verdict.effect,
+        reason=decision.reason,
+        on_behalf_of=on_behalf_of,
+    )
+    new_revision = None
+    if verdict.effect == "adjust":
+        assert verdict.new_body is not None
+        new_revision = revision + 1
+        added = Revision(
+            revision=new_revision,
+            body=verdict.new_body,
+            payload_hash=payload_hash(verdict.new_body),
+            nonce=new_nonce(),
+            created_at=now,
+            created_by=verdict.operator_id,
+        )
+        tx.insert_revision(
+            approval.approval_id,
+            added.revision,
+            added.body,
+            added.payload_hash,
+            added.nonce,
+            added.created_at,
+            added.created_by,
+        )
+        tx.set_revision(approval.approval_id, new_revision)
+        approval = dataclasses.replace(
+            approval, revision=new_revision, revisions=approval.revisions + (added,)
+        )
+        audit_data = dataclasses.replace(
+            audit_data, new_revision=new_revision, new_payload_hash=added.payload_hash
+        )
+    t.audit(tx, audit_data.kind, approval.approval_id, now, audit_data.to_data())
+    collected = rules.approvers_of(approval, approval.revision)
+    outcome = rules.outcome_after(
+        approval.quorum_required, len(collected), approval.revision, [verdict.effect]
+    )
+    if outcome is not None:
+        target = Resolvable(
+            approval.approval_id,
+            approval.revision,
+            rules.current_revision(approval).payload_hash,
+            approval.quorum_required,
+        )
+        t.resolve(tx, target, outcome, now, collected, approval)
+    elif new_revision is not None:
+        tx.enqueue_dispatch(approval.approval_id, new_revision, now)
+    return outcome, new_revision

@@ -1,0 +1,91 @@
+"""How an approval resolves (SPEC §2 "Quorum and outcomes"): the ``resolved`` audit entry,
+the permit of an outcome that fires, the guarded state change and the resolution notice
+(issue 14 §4), all in the caller's write transaction."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from gate.audit.chain import AuditRow, receipt_object
+from gate.audit.entries import ResolvedData
+from gate.config import Config
+from gate.core.model import Approval, Resolvable
+from gate.errors import Conflict
+from gate.store import WriteTx
+from gate.trust import permit
+from gate.trust.keys import Signer
+
+NOTICE_GIVE_UP_MS = 3_600_000  # a resolution notice is retried for an hour (issue 14 §4)
+
+# append one audit entry: (tx, kind, approval_id, now, data) -> its row
+AuditFn = Callable[[WriteTx, str, "str | None", int, dict[str, Any]], AuditRow]
+
+
+@dataclass(frozen=True, slots=True)
+class Resolution:
+    """An approval a decision resolved: its pipeline and step, outcome, and creation and
+    resolution times (unix ms, UTC, the gate's clock)."""
+
+    pipeline: str
+    step: str
+    outcome: str
+    created_at_ms: int
+    resolved_at_ms: int
+
+    def __reduce__(self) -> tuple[type[Resolution], tuple[str, str, str, int, int]]:
+        # pickled back from the writer process: fields by position (cheaper than the
+        # generic state of a slotted dataclass)
+        return (
+            Resolution,
+            (self.pipeline, self.step, self.outcome, self.created_at_ms, self.resolved_at_ms),
+        )
+
+
+def resolve(
+    tx: WriteTx,
+    target: Resolvable,
+    outcome: str,
+    now: int,
+    *,
+    audit: AuditFn,
+    signer: Signer | None,
+    config: Config,
+    approved_by: Sequence[int] = (),
+    approval: Approval | None = None,
+) -> None:
+    """Resolve ``target`` as ``outcome`` at ``now`` with its ``resolved`` audit entry;
+    an outcome that fires gets a permit (from the loaded ``approval``) on a gate with a
+    signing key. Raises Conflict ``already_resolved`` (rolling the job back) when the
+    approval is no longer pending."""
+    fires = outcome in permit.FIRING_OUTCOMES
+    resolved = ResolvedData(
+        outcome=outcome,
+        revision=target.revision,
+        payload_hash=target.payload_hash,
+        approved_by=list(approved_by) if fires else [],
+        quorum=target.quorum_required,
+    )
+    row = audit(tx, resolved.kind, target.approval_id, now, resolved.to_data())
+    issued = None
+    if fires and signer is not None:
+        assert approval is not None  # only a decision fires
+        claims = permit.claims_for(
+            approval,
+            outcome,
+            approved_by,
+            row.seq,
+            row.entry_hash,
+            now,
+            config.receipts.permit_lifetime,
+        )
+        issued = permit.issue(signer, claims)
+    # one UPDATE, guarded on state: when it finds the approval no longer pending, the
+    # Conflict rolls this job back, the audit entry above included
+    if not tx.resolve(target.approval_id, outcome, now, receipt_object(row), issued):
+        raise Conflict("already_resolved", "approval was resolved concurrently")
+    if config.relay.notice_target is not None:  # issue 14 §4: in this transaction
+        tx.enqueue_followup(
+            target.approval_id, "notice", 1, target.revision, now, now + NOTICE_GIVE_UP_MS
+        )
