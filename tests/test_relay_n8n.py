@@ -182,12 +182,26 @@ def test_workflow_verifies_before_it_answers() -> None:
     assert nexts["Dispatch webhook"] == ["Verify signature"]
     assert nexts["Verify signature"] == ["Signature valid?"]
     ok_branch, bad_branch = conn["Signature valid?"]["main"]
-    assert [t["node"] for t in ok_branch] == ["Ack 202"]
+    assert [t["node"] for t in ok_branch] == ["Is it a notice?"]
     assert [t["node"] for t in bad_branch] == ["Refuse (401/400/413)"]
     assert "Refuse (401/400/413)" not in nexts  # a refused dispatch goes nowhere
+    # issue 14 §4: a verified notice is acked 200 and closes the card, never reaches the human
+    notice_branch, dispatch_branch = conn["Is it a notice?"]["main"]
+    assert [t["node"] for t in notice_branch] == ["Ack notice 200"]
+    assert [t["node"] for t in dispatch_branch] == ["Ack 202"]
+    assert nexts["Ack notice 200"] == ["Close the card (replace me)"]
+    assert "Close the card (replace me)" not in nexts
+    (cond,) = nodes["Is it a notice?"]["parameters"]["conditions"]["conditions"]
+    assert (cond["leftValue"], cond["rightValue"]) == ("={{ $json.kind }}", "notice")
+    assert cond["operator"] == {"type": "string", "operation": "equals"}
     respond = [n for n in nodes.values() if n["type"] == "n8n-nodes-base.respondToWebhook"]
-    assert sorted(n["name"] for n in respond) == ["Ack 202", "Refuse (401/400/413)"]
+    assert sorted(n["name"] for n in respond) == [
+        "Ack 202",
+        "Ack notice 200",
+        "Refuse (401/400/413)",
+    ]
     assert nodes["Ack 202"]["parameters"]["options"]["responseCode"] == 202
+    assert nodes["Ack notice 200"]["parameters"]["options"]["responseCode"] == 200
     # ack -> ... -> human -> sign -> POST, in one chain
     chain, name = [], "Ack 202"
     while name in nexts:
@@ -290,7 +304,7 @@ def test_verify_node_accepts_a_gate_dispatch_and_refuses_the_rest() -> None:
     ]
     results = [out["result"][0]["json"] for out in _run_code("Verify signature", cases)]
     ok = results[0]
-    assert ok["ok"] is True and ok["status"] == 202
+    assert ok["ok"] is True and ok["status"] == 202 and ok["kind"] == "dispatch"
     assert ok["dispatch"] == json.loads(raw)  # nothing lost or changed by parsing
     assert ok["dispatch"]["draft"]["body"] == DRAFT  # CR LF, non-ASCII, trailing newlines
     assert results[1]["ok"] is True  # window is inclusive
@@ -309,6 +323,52 @@ def test_verify_node_accepts_a_gate_dispatch_and_refuses_the_rest() -> None:
         8: (413, "body_too_large"),
         10: (400, "invalid_protocol"),
     }
+
+
+@needs_node
+def test_verify_node_acks_a_signed_notice_and_refuses_a_forged_one() -> None:
+    """Issue 14 §4: the gate's notices (conformance/vectors/followup.json) pass the same
+    signature and window check as a dispatch and come out as ``kind: notice`` with 200 (the
+    "Is it a notice?" branch), never as a dispatch; forged, stale or unsigned ones get 401, one
+    without an approval id or outcome 400 ``invalid_notice``."""
+    vectors = json.loads((VECTORS / "followup.json").read_text(encoding="utf-8"))["cases"]
+    signed = [c for c in vectors if c["id"].startswith("notice_")]
+    assert len(signed) >= 2
+    env = {"HITL_RELAY_SECRET": signed[0]["secret"]}
+    cases = [
+        _verify_case(
+            c["body_utf8"].encode("utf-8"), {"X-Draftcat-Signature": c["header"]}, c["t"], env
+        )  # fmt: skip
+        for c in signed
+    ]
+    raw = signed[0]["body_utf8"].encode("utf-8")
+    t = signed[0]["t"]
+    secret = signed[0]["secret"]
+    no_outcome = wire_json({**json.loads(raw), "outcome": None})
+    cases += [
+        _verify_case(raw, {}, t, env),
+        _verify_case(raw, {"X-Draftcat-Signature": signing.sign("forged", t, raw)}, t, env),
+        _verify_case(raw, {"X-Draftcat-Signature": signing.sign(secret, t - 301, raw)}, t, env),
+        _verify_case(
+            no_outcome, {"X-Draftcat-Signature": signing.sign(secret, t, no_outcome)}, t, env
+        ),
+    ]
+    results = [out["result"][0]["json"] for out in _run_code("Verify signature", cases)]
+    for case, got in zip(signed, results, strict=False):
+        assert (got["ok"], got["kind"], got["status"], got["answer"]) == (
+            True,
+            "notice",
+            200,
+            {"status": "ok"},
+        ), case["id"]
+        assert got["notice"] == json.loads(case["body_utf8"])
+        assert "dispatch" not in got  # nothing for the human chain
+    assert [(r["ok"], r["status"], r["answer"]["reason"]) for r in results[len(signed) :]] == [
+        (False, 401, "signature_missing"),
+        (False, 401, "signature_mismatch"),
+        (False, 401, "timestamp_out_of_window"),
+        (False, 400, "invalid_notice"),
+    ]
 
 
 # --- "Prepare for the human" and "Build and sign decision" under Node.js -------------------

@@ -2,7 +2,9 @@
 
 prove.sh installs node-red 4.1.x (cached in .node/), starts it on loopback, deploys flow.json
 through the admin API and runs ``hitl-gate verify`` against it. A second run deploys the same
-flow with its signature check disabled, to prove the negative path is real.
+flow with its signature check disabled, to prove the negative path is real. A third serves the
+flow behind a real gate with ``relay.notices: true``: a resolution notice (issue 14 §4) closes
+the flow's pending item.
 """
 
 from __future__ import annotations
@@ -13,9 +15,22 @@ import re
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+
+from tests.support import (
+    SECRET,
+    GateProcess,
+    decision_body,
+    http_request,
+    post_decision,
+    sign_headers,
+    wait_until,
+    write_config,
+)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.toolchain]
 
@@ -178,3 +193,114 @@ def test_build_node_passes_a_reason_through() -> None:
         ("approve", "absent"),
     ]
     assert "reason must be a string" in outs[3]["errors"][0]
+
+
+TAB = "4a1c7e0d2b9f0001"  # the flow's tab: flow context lives under this id
+
+
+class NodeRed:
+    """prove.sh with HITL_PROVE_SERVE=1: Node-RED on loopback running ``flow.json`` with the
+    placeholder human step deciding nothing, until its stdin is closed."""
+
+    def __init__(self) -> None:
+        env = {
+            **os.environ,
+            "HITL_GATE_BIN": _gate_bin(),
+            "HITL_PROVE_SERVE": "1",
+            "HITL_AUTO_DECISION": "",
+            "HITL_RELAY_SECRET": SECRET,
+        }
+        self.proc = subprocess.Popen(
+            ["bash", str(PROVE)],
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+        )
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()  # prove.sh's own deadlines bound this
+        assert line.startswith("READY http://127.0.0.1:"), (line, self.proc.poll())
+        self.base = line.split()[1]
+
+    def pending(self) -> dict[str, Any]:
+        """The flow's ``hitl_pending`` context (approval_id -> item), read with the admin API."""
+        status, _, raw = http_request(f"{self.base}/context/flow/{TAB}/hitl_pending")
+        assert status == 200, (status, raw)
+        value = json.loads(raw)  # {"msg": JSON text, "format": "Object"}
+        if value.get("format") == "undefined":  # not set yet
+            return {}
+        assert value.get("format") == "Object", value
+        return json.loads(value["msg"])
+
+    def stop(self) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.close()  # prove.sh stops Node-RED and exits
+        assert self.proc.stdout is not None
+        self.proc.stdout.close()
+        assert self.proc.wait(60) == 0
+
+
+@pytest.fixture
+def node_red() -> Iterator[NodeRed]:
+    relay = NodeRed()
+    try:
+        yield relay
+    finally:
+        relay.stop()
+
+
+@needs_node
+@pytest.mark.timeout(300)
+def test_a_notice_closes_the_pending_item(node_red: NodeRed, tmp_path: Path) -> None:
+    """Issue 14 §4 (done-when): the gate's signed notice, after a cancel and after a decision
+    made elsewhere, removes the approval's pending item; an unsigned notice is refused 401 and
+    changes nothing; a notice is never shown as a request."""
+    config = write_config(tmp_path, node_red.base + "/hitl", relay={"notices": True})
+    gate = GateProcess(config).start()
+    try:
+        api = gate.api()
+        cancelled = api.create("q1", "The pipeline withdraws this\n")["approval_id"]
+        decided = api.create("q1", "Bob skips this elsewhere\n")["approval_id"]
+        items = wait_until(
+            lambda: (p := node_red.pending()) and {cancelled, decided} <= p.keys() and p,
+            what="both approvals pending in the flow",
+        )
+
+        forged = json.dumps(
+            {
+                "protocol": "hitl/v0",
+                "type": "notice",
+                "approval_id": cancelled,
+                "outcome": "cancelled",
+            }  # fmt: skip
+        ).encode()
+        for headers in (
+            sign_headers(forged, "not-the-secret-" * 3),
+            {"Content-Type": "application/json"},
+        ):
+            status, _, answer = http_request(node_red.base + "/hitl", "POST", forged, headers)
+            assert status == 401, answer
+        assert node_red.pending().keys() == items.keys()
+
+        assert api.call("POST", f"/v1/approvals/{cancelled}/cancel")[0] == 200
+        wait_until(lambda: cancelled not in node_red.pending(), what="the cancelled item gone")
+        assert decided in node_red.pending()
+
+        dispatch = {
+            "approval_id": decided,
+            "callback": {"nonce": items[decided]["nonce"]},
+            "payload_hash": items[decided]["payload_hash"],
+        }
+        status, answer, _ = post_decision(
+            gate.callback_url, decision_body(dispatch, "bob@example.com", "skip")
+        )
+        assert status == 200, answer
+        wait_until(lambda: not node_red.pending(), what="the decided item gone")
+
+        gate.wait_for_line(rf"event=followup_sent approval_id={decided} kind=notice ")
+        # nothing was taken for a request: no decision came back from the flow
+        assert api.get(cancelled)["outcome"] == "cancelled"
+        assert [d["identity"] for d in api.get(decided)["decisions"]] == ["bob@example.com"]
+    finally:
+        gate.stop()

@@ -451,6 +451,62 @@ def _whole_word_hint(risk: str) -> str:
     return f"Not taken: at risk {risk} type the whole word approve, skip or edit.\n"
 
 
+def _notice(approval_id: str = "01TESTSHELLRELAY0000000000", **extra: Any) -> bytes:
+    """A resolution notice as the gate sends it (docs/protocol.md "Notices")."""
+    notice = {
+        "protocol": "hitl/v0",
+        "type": "notice",
+        "approval_id": approval_id,
+        "run_id": "r",
+        "pipeline": "p",
+        "step": "s",
+        "outcome": "skipped",
+        "resolved_at": "2026-01-01T00:31:05Z",
+        "revision": 1,
+        "payload_hash": "sha256:" + "0" * 64,
+        "decided_by": [{"identity": "bob@example.com", "decision": "skip", "on_behalf_of": None}],
+        "reason": "Betrag falsch",
+    }
+    return json.dumps(notice | extra, ensure_ascii=False).encode("utf-8")
+
+
+@needs_handler
+def test_handler_acks_a_signed_notice_and_refuses_an_unsigned_one(tmp_path: Path) -> None:
+    """Issue 14 §4: a notice is checked like a dispatch (401 unsigned, forged or stale), acked
+    200 when signed, remembered as resolved (``.done/ID``: a queued prompt about it is never
+    shown) and never taken for a request (no nonce remembered, no decision); 400 without an
+    outcome. Nothing is remembered for a refused one."""
+    now = int(time.time())
+    notice = _notice()
+    state = tmp_path / "state"
+    assert _handle(tmp_path, notice, None) == (
+        401,
+        {"status": "unauthorized", "reason": "signature_missing"},
+    )
+    assert _handle(tmp_path, notice, signing.sign("another-secret", now, notice)) == (
+        401,
+        {"status": "unauthorized", "reason": "signature_mismatch"},
+    )
+    assert _handle(tmp_path, notice, signing.sign(SECRET, now - 301, notice))[0] == 401
+    bad = _notice(outcome=None)
+    assert _handle(tmp_path, bad, signing.sign(SECRET, now, bad)) == (
+        400,
+        {"status": "invalid", "reason": "envelope"},
+    )
+    assert not state.exists() or not any(state.iterdir())
+
+    for _ in range(2):  # the gate retries a notice whose ack it missed: the same notice
+        assert _handle(tmp_path, notice, signing.sign(SECRET, now, notice)) == (
+            200,
+            {"status": "accepted"},
+        )
+    assert sorted(p.name for p in state.iterdir()) == [".done"]  # no nonce: not a request
+    assert [p.name for p in (state / ".done").iterdir()] == ["01TESTSHELLRELAY0000000000"]
+    log = (tmp_path / "handler.log").read_text(encoding="utf-8")
+    assert "notice: approval 01TESTSHELLRELAY0000000000 skipped; not asking any more" in log
+    assert "Betrag falsch" not in log  # a reason is a human's words: never logged
+
+
 class PtyShellRelay(ShellRelay):
     """``relay.sh serve`` with ``RELAY_AUTO=ask`` and a pseudo-terminal as its session's
     controlling terminal: every handler socat forks asks there. The test is the human at the
@@ -539,8 +595,11 @@ def asking(tmp_path: Path) -> Iterator[tuple[PtyShellRelay, Callable[..., GatePr
     relay = PtyShellRelay(tmp_path)
     started: list[GateProcess] = []
 
-    def gate(steps: list[dict[str, Any]] | None = None) -> GateProcess:
-        proc = GateProcess(write_config(tmp_path, relay.url, steps=steps)).start()
+    def gate(
+        steps: list[dict[str, Any]] | None = None, relay_cfg: dict[str, Any] | None = None
+    ) -> GateProcess:
+        config = write_config(tmp_path, relay.url, steps=steps, relay=relay_cfg)
+        proc = GateProcess(config).start()
         started.append(proc)
         return proc
 
@@ -696,3 +755,32 @@ def test_shell_relay_asks_a_required_skip_reason_and_sends_it(asking) -> None:
         "skipped",
         [("skip", "Betrag falsch: 1.200,00 €")],
     )
+
+
+@needs_listener
+def test_shell_relay_drops_the_prompt_of_an_approval_resolved_elsewhere(asking) -> None:
+    """Issue 14 §4, shell relay: with ``relay.notices: true`` the gate's notice drops the
+    prompt on the terminal about that approval with a line saying how it ended; an approval
+    queued behind it and resolved meanwhile is never shown; the terminal then asks the next
+    one as usual."""
+    relay, start_gate = asking
+    gate = start_gate(relay_cfg={"notices": True})
+    api = gate.api()
+    cancelled = api.create("q1", "Die Pipeline zieht das zurück\n")["approval_id"]
+    mark = relay.wait_screen(ONE_KEY_PROMPT, 0, _undecided(gate, cancelled))
+    queued = api.create("q1", "Wartet in der Schlange\n")["approval_id"]
+    gate.wait_for_line(rf"event=dispatched approval_id={queued} revision=1 .*status=202")
+    assert api.call("POST", f"/v1/approvals/{queued}/cancel")[0] == 200
+    gate.wait_for_line(rf"event=followup_sent approval_id={queued} kind=notice ")
+    assert api.call("POST", f"/v1/approvals/{cancelled}/cancel")[0] == 200
+    mark = relay.wait_screen(
+        f"Approval {cancelled} resolved elsewhere: cancelled; not asking any more.\n", mark
+    )
+
+    answered = api.create("q1", "Alice beantwortet diese\n")["approval_id"]
+    end = relay.wait_screen(ONE_KEY_PROMPT, mark, _undecided(gate, answered))
+    assert "Alice beantwortet diese" in relay.screen[mark:end]
+    relay.type("a\n")
+    assert api.wait_resolved(answered)["outcome"] == "approved"
+    assert "Wartet in der Schlange" not in relay.screen  # resolved before its turn: not shown
+    assert relay.screen.count(ONE_KEY_PROMPT) == 2

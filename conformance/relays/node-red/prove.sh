@@ -2,15 +2,22 @@
 # Prove the Node-RED relay template conforms: install node-red 4.1.x (cached in .node/), start it
 # on 127.0.0.1 (free port, temporary userDir), deploy flow.json through the admin API with the
 # automatic human step, run `hitl-gate verify` against it, stop Node-RED.
+# With HITL_PROVE_SERVE=1 it runs no verify: once the flow answers it prints one line
+# `READY http://127.0.0.1:PORT` on stdout and keeps Node-RED running until its stdin ends
+# (the end of a pipe, Ctrl-D), then stops it (how tests/test_relay_node_red.py puts a real gate
+# in front of the flow).
 #
 # Exit code: verify's (0 conformant, 1 a check failed, 2 usage); 3 when the set-up failed
-# before verify could run (install, start, deploy).
+# before verify could run (install, start, deploy); 0 for a serve run that stopped cleanly.
 #
 # Environment (all optional):
 #   HITL_GATE_BIN          hitl-gate to run (default: <repo>/.venv/bin/hitl-gate)
 #   HITL_FLOW_FILE         flow to deploy (default: flow.json beside this script)
 #   HITL_RELAY_SECRET      shared secret (default: a random one for this run)
 #   HITL_APPROVER_ID       identity the automatic human step decides as (default below)
+#   HITL_AUTO_DECISION     the placeholder human step's decision (default approve; empty: none,
+#                          the approval stays pending in the flow)
+#   HITL_PROVE_SERVE       1: no verify; serve until stdin ends (above)
 #   HITL_VERIFY_TIMEOUT    seconds verify waits for the decision (default 30)
 #   HITL_NODE_RED_CACHE    where node-red is installed (default: .node/ beside this script)
 #   NODE_RED_VERSION       npm version range (default ~4.1.0; 5.x needs Node 22.9)
@@ -25,6 +32,8 @@ CACHE=${HITL_NODE_RED_CACHE:-$HERE/.node}
 VERSION=${NODE_RED_VERSION:-~4.1.0}
 APPROVER=${HITL_APPROVER_ID:-conformance-bot@example.com}
 VERIFY_TIMEOUT=${HITL_VERIFY_TIMEOUT:-30}
+AUTO_DECISION=${HITL_AUTO_DECISION-approve}
+SERVE=${HITL_PROVE_SERVE:-}
 START_DEADLINE_S=60
 READY_DEADLINE_S=30
 
@@ -118,7 +127,7 @@ t0=$(now)
     # Node-RED's http request node honours proxy variables: the gate is on loopback.
     exec env -u http_proxy -u https_proxy -u HTTP_PROXY -u HTTPS_PROXY \
         NO_PROXY=127.0.0.1,localhost no_proxy=127.0.0.1,localhost \
-        HITL_AUTO_DECISION=approve HITL_APPROVER_ID="$APPROVER" \
+        HITL_AUTO_DECISION="$AUTO_DECISION" HITL_APPROVER_ID="$APPROVER" \
         node "$CACHE/node_modules/node-red/red.js" --userDir "$WORK" \
         --settings "$WORK/settings.js" --port 0
 ) > "$WORK/node-red.log" 2>&1 &
@@ -170,6 +179,13 @@ while :; do
 done
 t_deploy=$(took "$t0")
 say "deploy: ${t_deploy} s (unsigned probe of /hitl answered HTTP $status)"
+
+if [ "$SERVE" = 1 ]; then
+    printf 'READY %s\n' "$BASE"
+    while IFS= read -r _; do :; done  # until stdin ends
+    stop_node_red
+    exit 0
+fi
 
 # --- verify ----------------------------------------------------------------------------------------
 t0=$(now)

@@ -78,20 +78,6 @@ want=$({ printf '%s.' "$t"; cat "$tmp/dispatch"; } | hmac | hmac) ok=''  # t exa
 for v in $v1s; do [ "$(printf %s "$v" | hmac)" = "$want" ] && ok=1; done
 [ -n "$ok" ] || reply '401 Unauthorized' signature_mismatch
 
-# 3. the envelope (one jq run: jq starts slowly): fields we use, payload_hash really is the
-#    draft's, each nonce handled once
-jq -ej 'if .protocol == "hitl/v0" and (.approval_id|type) == "string" and (.callback.url|type) ==
-  "string" and (.callback.nonce|test("^[A-Za-z0-9_-]{1,128}$")) and (.draft.body|type) == "string"
-  and (.payload_hash|test("^sha256:[0-9a-f]{64}$")) then .payload_hash, "\n", .callback.nonce,
-  "\n", .draft.body else false end' "$tmp/dispatch" > "$tmp/fields" 2>/dev/null ||
-  reply '400 Bad Request' '{"status":"invalid","reason":"envelope"}'
-{ read -r want_hash; read -r nonce; hash=sha256:$(openssl dgst -sha256 | awk '{print $NF}'); } \
-  < "$tmp/fields"
-[ "$hash" = "$want_hash" ] || reply '400 Bad Request' '{"status":"invalid","reason":"payload_hash"}'
-mkdir -p "$STATE" || reply '500 Internal Server Error' '{"status":"error","reason":"state"}'
-mkdir "$STATE/$nonce" 2>/dev/null || reply '202 Accepted' '{"status":"accepted","duplicate":true}'
-
-# 4. decide, build, sign and POST in the background (own temp dir, not holding the socket)
 # what a terminal would not show as itself (controls such as CR and ESC, bidi and zero-width
 # format characters, line separators) is shown as <U+XXXX>; `line` marks newline and tab too
 SHOW='def hex: if . < 16 then "0123456789ABCDEF"[.:.+1]
@@ -101,6 +87,44 @@ SHOW='def hex: if . < 16 then "0123456789ABCDEF"[.:.+1]
   def line: tostring | visible | gsub("(?<c>[\\n\\t])"; .c | mark);
   def hidden: [match("(?![\\n\\t])[\\p{Cc}\\p{Cf}\\p{Zl}\\p{Zp}\\p{Cs}\\p{Cn}]"; "g")] | length;'
 
+# 3. the envelope (one jq run: jq starts slowly): fields we use, payload_hash really is the
+#    draft's, each nonce handled once. A resolution notice ("type":"notice", issue 14 §4: no
+#    callback, nonce or draft) is never a request: step 3a.
+jq -ej "$SHOW"'if .type == "notice" then (if .protocol == "hitl/v0" and (.approval_id|type) ==
+  "string" and (.approval_id|test("^[A-Za-z0-9_-]{1,128}$")) and (.outcome|type) == "string"
+  then "notice\n", .approval_id, "\n", (.outcome|line), "\n", ("Approval \(.approval_id) resolved elsewhere: "
+  + (.outcome|line) + (if (.outcome|IN("approved", "adjusted", "skipped")) and
+  ((.decided_by|type) == "array") and (.decided_by|length) > 0 then " by " +
+  (.decided_by[-1].identity|line) + (if (.decided_by[-1].on_behalf_of|type) == "string" then
+  " on behalf of " + (.decided_by[-1].on_behalf_of|line) else "" end) else "" end) + (if
+  (.reason|type) == "string" then " (reason: \(.reason|line))" else "" end)
+  + "; not asking any more."), "\n" else false end)
+  elif .protocol == "hitl/v0" and (.approval_id|type) == "string" and (.callback.url|type) ==
+  "string" and (.callback.nonce|test("^[A-Za-z0-9_-]{1,128}$")) and (.draft.body|type) == "string"
+  and (.payload_hash|test("^sha256:[0-9a-f]{64}$")) then .payload_hash, "\n", .callback.nonce,
+  "\n", .draft.body else false end' "$tmp/dispatch" > "$tmp/fields" 2>/dev/null ||
+  reply '400 Bad Request' '{"status":"invalid","reason":"envelope"}'
+if [ "$(head -n 1 "$tmp/fields")" = notice ]; then
+  # 3a. the approval ended elsewhere, for good: remember it (a queued prompt about it is never
+  #     shown), drop its prompt if it is the one on the terminal, with a line there; ack 200.
+  #     A repeat (the gate retries a missed ack) does the same again. No reason in the log.
+  { read -r _; read -r id; IFS= read -r outcome; IFS= read -r said; } < "$tmp/fields"
+  mkdir -p "$STATE/.done" && : > "$STATE/.done/$id" ||
+    reply '500 Internal Server Error' '{"status":"error","reason":"state"}'
+  log "notice: approval $id $outcome; not asking any more"
+  if IFS=' ' read -r asked pid < "$STATE/.asking" 2>/dev/null && [ "$asked" = "$id" ]; then
+    kill -TERM "$pid" 2>/dev/null &&
+      { printf '\n%s\n' "$said" > /dev/tty; } 2>/dev/null
+  fi
+  reply '200 OK' '{"status":"accepted"}'
+fi
+{ read -r want_hash; read -r nonce; hash=sha256:$(openssl dgst -sha256 | awk '{print $NF}'); } \
+  < "$tmp/fields"
+[ "$hash" = "$want_hash" ] || reply '400 Bad Request' '{"status":"invalid","reason":"payload_hash"}'
+mkdir -p "$STATE" || reply '500 Internal Server Error' '{"status":"error","reason":"state"}'
+mkdir "$STATE/$nonce" 2>/dev/null || reply '202 Accepted' '{"status":"accepted","duplicate":true}'
+
+# 4. decide, build, sign and POST in the background (own temp dir, not holding the socket)
 drain() {  # discard what was typed so far, whole lines and half a line: read the terminal's
   # input queue without waiting (non-canonical, MIN 0 TIME 0: a read returns what is there)
   mode=$(stty -g <&3) && stty -icanon min 0 time 0 <&3 && cat <&3 >/dev/null &&
@@ -179,8 +203,13 @@ decide() {
     (: <>/dev/tty) 2>/dev/null || { log "ask: no terminal, $id left undecided"; return 1; }
     until mkdir "$STATE/.tty" 2>/dev/null; do sleep 1; done  # one prompt at a time
     mode=''  # the terminal's settings while drain has changed them: put back on any exit
-    trap '[ -z "$mode" ] || stty "$mode" <&3; rmdir "$STATE/.tty"; rm -rf "$tmp"' EXIT
+    trap '[ -z "$mode" ] || stty "$mode" <&3; rm -f "$STATE/.asking"; rmdir "$STATE/.tty"
+      rm -rf "$tmp"' EXIT
+    trap 'exit 143' TERM  # a notice about this approval drops the prompt (step 3a)
     exec 3<>/dev/tty
+    # resolved elsewhere while it waited for the terminal: never shown
+    [ ! -e "$STATE/.done/$id" ] || { log "$id resolved elsewhere, not asking"; return 1; }
+    printf '%s %s\n' "$id" "$(exec sh -c 'echo "$PPID"')" > "$STATE/.asking"
     ask || return 1
   fi
   jq -c --arg v "$verb" --arg who "$who" --arg text "$text" \
