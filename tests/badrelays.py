@@ -145,6 +145,8 @@ class Misbehaviour:
     - ``ack_status``: the status a verified dispatch is answered with (a 5xx still decides).
     - ``clock_offset_s``: how far the relay's clock is off (seconds, + ahead): it judges the
       dispatch's ``t`` and signs its decisions by that clock.
+    - ``blind_notices``: ack any body with ``"type":"notice"`` (issue 14) at once, unverified
+      (a relay that does not understand notices and acks what it does not know).
     """
 
     verify_hmac: bool = True
@@ -160,6 +162,7 @@ class Misbehaviour:
     ms_timestamps: bool = False
     ack_status: int = 202
     clock_offset_s: float = 0.0
+    blind_notices: bool = False
 
 
 class BadRelay(LoopServer):
@@ -206,6 +209,8 @@ class BadRelay(LoopServer):
             envelope = json.loads(raw)
         except ValueError:
             return web.json_response({"status": "invalid", "reason": "not_json"}, status=400)
+        if self.m.blind_notices and isinstance(envelope, dict) and envelope.get("type") == "notice":
+            return web.json_response({"status": "accepted"}, status=200)
         problem = self._problem(request.headers.get(SIGNATURE_HEADER), raw)
         status = 401 if problem else self.m.ack_status
         with self._cond:

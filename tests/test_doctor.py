@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+import signal
 import socket
 import socketserver
 import sqlite3
@@ -38,7 +39,17 @@ from tests.support import (
     write_config,
 )
 
-NAMES = ["config", "secrets", "keys", "database", "audit", "relay", "dispatch", "clock"]
+NAMES = [
+    "config",
+    "followups",
+    "secrets",
+    "keys",
+    "database",
+    "audit",
+    "relay",
+    "dispatch",
+    "clock",
+]
 
 
 def doctor(config: Path, env: dict[str, str] | None = None) -> tuple[int, list[str]]:
@@ -85,6 +96,93 @@ def test_doctor_all_pass_against_running_gate_and_relay(gate, relay, tmp_path):
     assert "chain, receipts intact" in line_of(lines, "audit")
     assert "answered HTTP 405 to HEAD" in line_of(lines, "relay")  # POST-only relay: reachable
     assert "the relay's Date header" in line_of(lines, "clock")
+    assert line_of(lines, "followups") == (
+        "PASS followups: 0 steps remind, 0 steps escalate, 0 delegations in force, no notices"
+    )
+
+
+@pytest.mark.e2e
+def test_doctor_names_followups_and_warns_of_a_given_up_notice(tmp_path, relay):
+    """Issue 14: the followups line says what the config plans (the notice URL redacted);
+    a notice given up (here: notices turned off by a reload before it was acked) is a
+    dispatch WARN naming how many, and doctor still exits 0."""
+    steps = [
+        {"name": "q1", "quorum": 1, "approvers": [101, 102], "timeout": "1h"},
+        {
+            "name": "fu",
+            "quorum": 1,
+            "approvers": [101],
+            "timeout": "1h",
+            "remind_after": "30m",
+            "escalate": [{"after": "40m", "to": [102]}, {"after": "50m", "to": [103]}],
+        },
+        {"name": "r2", "quorum": 1, "approvers": [101], "timeout": "1h", "remind_every": "20m"},
+    ]
+    config = write_config(
+        tmp_path,
+        relay.url,
+        steps=steps,
+        relay={"notices": True, "notice_url": "http://user:pw@127.0.0.1:9/notices?token=s3"},
+    )
+    data = yaml.safe_load(config.read_text(encoding="utf-8"))
+    data["delegations"] = [{"from": 101, "to": 104, "until": "2099-01-01T00:00:00Z"}]
+    config.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
+    gate = GateProcess(config).start()
+    try:
+        api = gate.api()
+        approval_id = api.create("q1")["approval_id"]
+        dispatch = relay.wait_dispatch(approval_id)
+        status, answer, _ = post_decision(gate.callback_url, decision_body(dispatch))
+        assert status == 200, answer
+        db = tmp_path / "gate.db"
+
+        def notice_row() -> sqlite3.Row | None:
+            conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+            conn.row_factory = sqlite3.Row
+            try:
+                return conn.execute(
+                    "SELECT * FROM followup_outbox WHERE approval_id = ? AND kind = 'notice'",
+                    (approval_id,),
+                ).fetchone()
+            finally:
+                conn.close()
+
+        # nothing listens on port 9: the attempt fails; then notices are turned off
+        wait_until(lambda: (r := notice_row()) is not None and r["attempts"] >= 1)
+        data["relay"]["notices"] = False
+        del data["relay"]["notice_url"]
+        config.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
+        assert gate.proc is not None
+        gate.proc.send_signal(signal.SIGHUP)
+        gate.wait_for_line(r"event=reloaded ")
+        row = wait_until(
+            lambda: (r := notice_row()) is not None and r["failed_at"] is not None and r,
+            timeout=30,
+            what="the notice given up",
+        )
+        assert row["last_error"] == "notices are turned off"
+        followups_line = (
+            "PASS followups: 2 steps remind, 1 step escalates (2 levels), "
+            "1 delegation in force, no notices"
+        )
+        code, lines = doctor(config)
+        assert code == 0, lines
+        assert line_of(lines, "followups") == followups_line
+        assert line_of(lines, "dispatch") == (
+            "WARN dispatch: every pending approval's dispatch was acked; but 1 follow-up send "
+            "given up in the last 24 h (1 notice); latest error: notices are turned off"
+        )
+        # with notices on, the line names where they go, without credentials or query
+        data["relay"]["notices"] = True
+        data["relay"]["notice_url"] = "http://user:pw@127.0.0.1:9/notices?token=s3"
+        config.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
+        code, lines = doctor(config)
+        assert line_of(lines, "followups") == followups_line.replace(
+            "no notices", "notices to http://127.0.0.1:9/notices?<redacted>"
+        )
+        assert "s3" not in "\n".join(lines) and "pw" not in "\n".join(lines)
+    finally:
+        gate.stop()
 
 
 @pytest.mark.e2e

@@ -33,6 +33,12 @@ from gate.tools.conformance.checks import (
     judge_refusal,
     probe,
 )
+from gate.tools.conformance.notices import (
+    NOTICE_CHECKS,
+    judge_no_decision,
+    judge_notice_ack,
+    judge_notice_refusal,
+)
 from tests.badrelays import (
     BadRelay,
     Misbehaviour,
@@ -97,12 +103,26 @@ class Scenario:
     text: bool = False
     public_url: bool = False
     unreachable: bool = False
+    notices: bool = False  # verify --notices (issue 14): the notice checks follow
+
+    @property
+    def checks(self) -> list[str]:
+        """Every check the run reports, in report order."""
+        return ALL_CHECKS + list(NOTICE_CHECKS) if self.notices else ALL_CHECKS
 
 
 SCENARIOS: dict[str, Scenario] = {
     REFERENCE: Scenario(None),
     "reference-text": Scenario(None, text=True),
     "reference-public-url": Scenario(None, public_url=True),
+    "reference-notices": Scenario(None, notices=True),
+    # an honest v0 relay that acks whatever it does not understand, notices unverified
+    "acks-notices-blindly": Scenario(
+        Misbehaviour(blind_notices=True),
+        frozenset({"relay.notice_refuses_bad_signature"}),
+        {"relay.notice_refuses_bad_signature": "a notice with a bad signature was accepted"},
+        notices=True,
+    ),
     # a relay that waits for its human inside the dispatch request: acks after 8 s
     "holds-ack-8s": Scenario(
         Misbehaviour(hold_s=8.0), frozenset({"relay.ack"}), {"relay.ack": "HTTP 202 after"}
@@ -340,6 +360,8 @@ def fleet() -> Iterator[Fleet]:
                     "--public-url",
                     f"http://localhost:{fl.public_port}/",
                 )
+            if scenario.notices:
+                extra = (*extra, "--notices")
             target = url
             if scenario.unreachable:
                 target = f"http://127.0.0.1:{free_port()}/relay"
@@ -389,6 +411,20 @@ def test_reference_relay_passes_every_check(fleet: Fleet) -> None:
 
 
 @pytest.mark.e2e
+def test_reference_relay_passes_the_notice_checks(fleet: Fleet) -> None:
+    result = fleet.runs["reference-notices"].result()
+    assert result.code == 0, result
+    report = result.report()
+    assert [c["name"] for c in report["checks"]] == ALL_CHECKS + list(NOTICE_CHECKS)
+    assert failed_names(report) == set() and skipped_names(report) == set(), report
+    by_name = {c["name"]: c for c in report["checks"]}
+    assert by_name["relay.notice_ack"]["observed"].startswith("HTTP 200 after")
+    assert "401" in by_name["relay.notice_refuses_bad_signature"]["observed"]
+    # the reference relay took the signed notice as a notice, not as a request
+    fleet.reference.wait_for_line(r"event=notice_received approval_id=\S+ outcome=cancelled")
+
+
+@pytest.mark.e2e
 def test_reference_relay_text_report(fleet: Fleet) -> None:
     result = fleet.runs["reference-text"].result()
     assert result.code == 0, result
@@ -426,7 +462,7 @@ def test_misbehaving_relay_fails_exactly_the_right_checks(fleet: Fleet, name: st
     assert failed_names(report) == set(scenario.fails), json.dumps(report, indent=1)
     assert skipped_names(report) == set(scenario.skips), json.dumps(report, indent=1)
     # every check is always reported, in the same order (review: 7 instead of 13 before)
-    assert [c["name"] for c in report["checks"]] == ALL_CHECKS
+    assert [c["name"] for c in report["checks"]] == scenario.checks
     for check in report["checks"]:
         assert check["observed"], check  # what the relay did
         if check["ok"]:
@@ -945,3 +981,17 @@ def test_usage_errors_exit_2(relay: Any) -> None:
             assert word in errors[0], (args, errors[0])
     time.sleep(0.2)
     assert relay.received == [], "a usage error still dispatched"
+
+
+def test_notice_judges() -> None:
+    assert judge_notice_ack(200, None, 0.1).ok
+    late = judge_notice_ack(200, None, ACK_LIMIT_S + 0.5)
+    assert not late.ok and late.fix
+    assert not judge_notice_ack(404, "HTTP 404", 0.1).ok
+    assert judge_notice_refusal(401, "HTTP 401").ok
+    accepted = judge_notice_refusal(202, None)
+    assert not accepted.ok and "accepted" in accepted.observed
+    assert not judge_notice_refusal(None, "ClientConnectorError").ok
+    assert judge_no_decision([], 3.0).ok
+    answered = judge_no_decision([_obs()], 3.0)
+    assert not answered.ok and '"type":"notice"' in answered.fix

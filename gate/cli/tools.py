@@ -214,6 +214,12 @@ def _verify_option(error: str) -> str:
     show_default=True,
     help="Seconds to wait for the relay's decision (a human may be answering).",
 )
+@click.option(
+    "--notices",
+    is_flag=True,
+    help="The relay claims notice support (relay.notices): also check that it acks a "
+    "signed resolution notice, refuses a badly signed one and never answers one.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 def verify(
     relay_url: str,
@@ -222,13 +228,17 @@ def verify(
     listen: str,
     public_url: str | None,
     timeout: float,
+    notices: bool,
     as_json: bool,
 ) -> None:
     """Conformance test of a live relay (SPEC §6): PASS/FAIL per check.
 
     Starts an ephemeral gate (the real decision handler over HTTP), dispatches a synthetic
     approval (pipeline hitl-conformance) plus a badly signed and a stale one, waits for the
-    relay's decision, then checks replay, mutated-hash and out-of-scope refusals.
+    relay's decision, then checks replay, mutated-hash and out-of-scope refusals. With
+    --notices, then sends the relay a signed resolution notice (must be acked 2xx within
+    5 s), the same notice badly signed (must be refused) and waits that no decision comes
+    back for it (issue 14).
     Exit 0 when every check passes, 1 when one fails, 2 for usage errors.
 
     Example: hitl-gate verify http://127.0.0.1:8091/ --secret-env HITL_RELAY_SECRET
@@ -246,7 +256,9 @@ def verify(
     except ValueError as exc:
         fail(f"--listen: {exc}", 2)
     try:
-        report = asyncio.run(run_verify(relay_url, secret, approver, listen, public_url, timeout))
+        report = asyncio.run(
+            run_verify(relay_url, secret, approver, listen, public_url, timeout, notices)
+        )
     except OSError as exc:
         fail(f"--listen: cannot listen on {listen}: {exc}", 2)
     except ConfigError as exc:  # the ephemeral gate's config is built from the arguments

@@ -131,3 +131,30 @@ def undelivered_dispatches(path: Path) -> tuple[int, str | None]:
             " AND o.attempts > 0 ORDER BY o.next_attempt_at DESC LIMIT 1"
         ).fetchone()
         return int(count), None if row is None else row[0]
+
+
+def failed_followups(path: Path, since_ms: int) -> tuple[dict[str, int], str | None]:
+    """Return ``({kind: count}, last error of the latest)`` of the ``followup_outbox`` rows
+    (notices, reminders, escalations; issue 14) of the database at ``path`` given up at or
+    after ``since_ms`` (unix ms), read-only; rows dropped because their approval resolved
+    (``last_error`` ``resolved``) are not failures. ``({}, None)`` when there are none (or no
+    table yet)."""
+    with _read_only(path) as conn:
+        exists = conn.execute(
+            "SELECT 1 FROM sqlite_schema WHERE type = 'table' AND name = 'followup_outbox'"
+        ).fetchone()
+        if exists is None:
+            return {}, None
+        where = "failed_at >= ? AND coalesce(last_error, '') <> 'resolved'"
+        counts = {
+            str(kind): int(n)
+            for kind, n in conn.execute(
+                f"SELECT kind, count(*) FROM followup_outbox WHERE {where} GROUP BY kind",
+                (since_ms,),
+            )
+        }
+        row = conn.execute(
+            f"SELECT last_error FROM followup_outbox WHERE {where} ORDER BY failed_at DESC LIMIT 1",
+            (since_ms,),
+        ).fetchone()
+        return counts, None if row is None else row[0]

@@ -38,6 +38,7 @@ from gate.errors import ConfigError, GateError
 from gate.protocol.envelope import rfc3339
 from gate.protocol.relay_answers import refusal_reason
 from gate.store import inspection as maintenance
+from gate.tools.doctor_followups import followup_failures, followups_summary
 from gate.trust.keys import ReceiptKeys, load_receipt_keys
 
 # A system clock before this release's date is certainly wrong (e.g. a board without a
@@ -478,17 +479,22 @@ def dispatch_hint(error: str | None) -> str:
     return _REASON_HINTS.get(reason or "") or _DISPATCH_HINTS.get(status, "")
 
 
-def check_dispatch(path: Path) -> Check:
+def check_dispatch(path: Path, now_ms: int | None = None) -> Check:
     """Pending approvals whose dispatch the relay never acked: reachable is not enough if it
     refuses what the gate sends (a different secret answers 401 to every dispatch, a clock
-    off by minutes too: the relay's reason, when it gives one, tells them apart)."""
+    off by minutes too: the relay's reason, when it gives one, tells them apart). With
+    ``now_ms`` (unix ms), also the follow-up sends (notices, reminders, escalations; issue
+    14) given up in the 24 h before it: a WARN naming how many when nothing else fails."""
     if not path.exists():
         return _skip("dispatch", "no database yet")
     try:
         count, error = maintenance.undelivered_dispatches(path)
+        given_up = None if now_ms is None else followup_failures(path, now_ms)
     except GateError as exc:
         return Check("dispatch", False, exc.message)
     if count == 0:
+        if given_up is not None:
+            return _warn("dispatch", f"every pending approval's dispatch was acked; but {given_up}")
         return Check("dispatch", True, "every pending approval's dispatch was acked")
     hint = dispatch_hint(error)
     noun = "approval" if count == 1 else "approvals"
@@ -496,7 +502,9 @@ def check_dispatch(path: Path) -> Check:
         "dispatch",
         False,
         f"{count} pending {noun} not delivered to the relay; "
-        f"latest error: {error}" + (f" ({hint})" if hint else ""),
+        f"latest error: {error}"
+        + (f" ({hint})" if hint else "")
+        + (f"; and {given_up}" if given_up is not None else ""),
     )
 
 
@@ -509,7 +517,16 @@ async def run_checks(
     if config is None:
         return [config_check] + [
             _skip(name, "needs a valid config", ok=False)
-            for name in ("secrets", "keys", "database", "audit", "relay", "dispatch", "clock")
+            for name in (
+                "followups",
+                "secrets",
+                "keys",
+                "database",
+                "audit",
+                "relay",
+                "dispatch",
+                "clock",
+            )
         ]
     secrets_check, secrets = check_secrets(config, environ)
     keys_check, keys = check_keys(config)
@@ -528,13 +545,15 @@ async def run_checks(
     probe = await probe_relay(
         config.relay.url, config.relay.dispatch_timeout, config.relay.ca_file, now
     )
+    now_ms = int(now() * 1000)
     return [
         config_check,
+        Check("followups", True, followups_summary(config, now_ms, safe_url)),
         secrets_check,
         keys_check,
         database_check,
         audit_check,
         check_relay(config.relay.url, probe),
-        await asyncio.to_thread(check_dispatch, path),
+        await asyncio.to_thread(check_dispatch, path, now_ms),
         check_clock(now(), probe, config.relay.security.max_skew),
     ]

@@ -37,6 +37,7 @@ from gate.tools.conformance.checks import (
     not_run,
     probe,
 )
+from gate.tools.conformance.notices import check_notices
 from gate.web.common import Handler
 
 log = logging.getLogger(__name__)
@@ -216,6 +217,7 @@ async def run_verify(
     listen: str,
     public_url: str | None,
     timeout_s: float,
+    notices: bool = False,
 ) -> Report:
     """Run every SPEC §6 check against the relay at ``relay_url``; return the report.
 
@@ -223,7 +225,9 @@ async def run_verify(
     ``public_url``, default the bound address), dispatches one real approval plus one with
     a bad signature and one with a stale timestamp, waits up to ``timeout_s`` seconds for
     the human's decision, then probes the gate with a replay, a mutated payload hash and an
-    out-of-scope approver. Raises OSError when ``listen`` cannot be bound.
+    out-of-scope approver. With ``notices`` (a relay that claims notice support, issue 14),
+    then checks its resolution notices (``gate.tools.conformance.notices``). Raises OSError
+    when ``listen`` cannot be bound.
     """
     with tempfile.TemporaryDirectory(prefix="hitl-verify-") as tmp:
         config = _ephemeral_config(Path(tmp), relay_url, listen, public_url, approver)
@@ -267,6 +271,19 @@ async def run_verify(
                         changed,
                         timeout_s,
                     )
+                    if notices:
+                        target = await _create(gate.service, "conformance-notice")
+                        report.checks.extend(
+                            await check_notices(
+                                gate.service,
+                                session,
+                                relay_url,
+                                secret,
+                                target,
+                                lambda approval_id: _for(seen, approval_id),
+                                GRACE_S,
+                            )
+                        )
                     return report
             finally:
                 await runner.cleanup()
