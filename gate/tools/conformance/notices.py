@@ -114,7 +114,7 @@ async def check_notices(
     endpoint about it). Raises GateError when the ephemeral gate cannot cancel it.
     """
     await service.cancel(full.approval_id)
-    cancelled = await service.store.fetch_approval(full.approval_id)
+    cancelled = await service.store.reads.fetch_approval(full.approval_id)
     assert cancelled is not None
     body = notice_for(cancelled)
     ack = await post_signed(session, relay_url, body, secret, int(time.time()), ACK_LIMIT_S)
