@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable, Generator, Iterator
+from pathlib import Path
 
 import pytest
 
@@ -122,6 +123,23 @@ def gate(tmp_path, relay) -> Iterator[GateProcess]:
     yield proc
     if proc.proc and proc.proc.poll() is None:
         proc.stop()
+
+
+@pytest.fixture
+def spawn() -> Iterator[Callable[[Path], GateProcess]]:
+    """Start gates on given configs (restarts, custom configs); each still running after the
+    test is stopped."""
+    procs: list[GateProcess] = []
+
+    def start(config: Path) -> GateProcess:
+        proc = GateProcess(config)
+        procs.append(proc)
+        return proc.start()
+
+    yield start
+    for proc in procs:
+        if proc.proc is not None and proc.proc.poll() is None:
+            proc.stop()
 
 
 @pytest.fixture

@@ -18,7 +18,7 @@ import signal
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -96,22 +96,6 @@ def add_pipeline(config: Path, name: str, steps: list[dict[str, Any]]) -> Path:
     data["pipelines"].append({"name": name, "steps": steps})
     config.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
     return config
-
-
-@pytest.fixture
-def spawn() -> Iterator[Callable[[Path], GateProcess]]:
-    """Start extra gates (restarts, custom configs); each is stopped after the test."""
-    procs: list[GateProcess] = []
-
-    def start(config: Path) -> GateProcess:
-        proc = GateProcess(config)
-        procs.append(proc)
-        return proc.start()
-
-    yield start
-    for proc in procs:
-        if proc.proc is not None and proc.proc.poll() is None:
-            proc.stop()
 
 
 def start_reference_relay(clis: Callable[..., CliProcess], auto: str) -> tuple[CliProcess, str]:

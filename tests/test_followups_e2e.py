@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +26,6 @@ from gate.protocol import signing
 from tests.support import (
     SECRET,
     CaptureRelay,
-    GateProcess,
     decision_body,
     post_decision,
     run_cli,
@@ -102,22 +101,6 @@ def refusing_relay() -> Iterator[RefusingRelay]:
     r = RefusingRelay({("reminder", 1)}).start()
     yield r
     r.stop()
-
-
-@pytest.fixture
-def spawn() -> Iterator[Callable[[Path], GateProcess]]:
-    """Start gates (a restart is a second one); each still running is stopped after."""
-    procs: list[GateProcess] = []
-
-    def start(config: Path) -> GateProcess:
-        proc = GateProcess(config)
-        procs.append(proc)
-        return proc.start()
-
-    yield start
-    for proc in procs:
-        if proc.proc is not None and proc.proc.poll() is None:
-            proc.stop()
 
 
 def db_rows(config: Path, sql: str, *args: Any) -> list[sqlite3.Row]:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
-from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -86,22 +85,6 @@ def notice_row(config: Path, approval_id: str) -> sqlite3.Row | None:
         approval_id,
     )
     return rows[0] if rows else None
-
-
-@pytest.fixture
-def spawn() -> Iterator[Callable[[Path], GateProcess]]:
-    """Start gates (restarts, custom configs); each is stopped after the test."""
-    procs: list[GateProcess] = []
-
-    def start(config: Path) -> GateProcess:
-        proc = GateProcess(config)
-        procs.append(proc)
-        return proc.start()
-
-    yield start
-    for proc in procs:
-        if proc.proc is not None and proc.proc.poll() is None:
-            proc.stop()
 
 
 # ---- the notice body (pure: the envelope builders over stored values) -------------------
