@@ -40,7 +40,7 @@ from tests.test_core import (  # noqa: F401  (fixtures)
     make_gate,
     writer_process,
 )
-from tests.test_e2e_lifecycle import epoch, spawn  # noqa: F401  (fixture)
+from tests.test_e2e_lifecycle import epoch
 from tests.test_metrics import scrape, value
 
 S = 1000  # ms
