@@ -91,7 +91,7 @@ def notice_row(config: Path, approval_id: str) -> sqlite3.Row | None:
 
 
 def test_notice_envelope_names_deciders_principals_and_the_resolving_reason():
-    from gate.core.model import Approval, Revision
+    from gate.core.model import Approval, DecisionRow, Revision
 
     full = Approval(
         approval_id="01KDWZ8B00J3Q9V5X7Z2M4N6PR",
@@ -123,14 +123,16 @@ def test_notice_envelope_names_deciders_principals_and_the_resolving_reason():
         ),
         decisions=(),
     )
-    notes = [
-        {"revision": 1, "operator_id": 101, "identity": "Alice@example.com",
-         "decision": "adjust", "reason": "typo", "on_behalf_of": None},
-        {"revision": 2, "operator_id": 999, "identity": "dave@example.com",
-         "decision": "skip", "reason": "Wrong amount", "on_behalf_of": 102},
-    ]  # fmt: skip
+    adjust = DecisionRow(
+        1, 101, "Alice@example.com", None, None, "adjust", "sha256:1", "b", "t", 0, reason="typo"
+    )
+    skip = DecisionRow(
+        2, 999, "dave@example.com", None, None, "skip", "sha256:2", None, "t", 0,
+        reason="Wrong amount", on_behalf_of=102,
+    )  # fmt: skip
+    full = _replace(full, decisions=(adjust, skip))
 
-    body = notice_envelope(full, notes)
+    body = notice_envelope(full)
 
     assert list(body) == NOTICE_KEYS
     assert body["type"] == "notice" and "callback" not in body and "nonce" not in body
@@ -142,19 +144,21 @@ def test_notice_envelope_names_deciders_principals_and_the_resolving_reason():
     assert (body["revision"], body["payload_hash"]) == (2, "sha256:2")
     assert body["resolved_at"] == rfc3339(1_767_225_605_000)
     # nobody is awaited on revision 2: alice made it, dave decided for bob
-    assert awaiting(full, notes) == ()
-    assert awaiting(full, notes[:1]) == ("bob@example.com",)
-    cancelled = notice_envelope(_replace(full, outcome="cancelled"), [{**notes[0], "revision": 2}])
+    assert awaiting(full) == ()
+    assert awaiting(_replace(full, decisions=(adjust,))) == ("bob@example.com",)
+    cancelled = notice_envelope(
+        _replace(full, outcome="cancelled", decisions=(_replace(adjust, revision=2),))
+    )
     assert cancelled["reason"] is None  # a cancel or a timeout has no deciding reason
     with pytest.raises(ValueError, match="not resolved"):
-        notice_envelope(_replace(full, state="pending", outcome=None, resolved_at=None), notes)
-    pending = _replace(full, state="pending")
+        notice_envelope(_replace(full, state="pending", outcome=None, resolved_at=None))
+    pending = _replace(full, state="pending", decisions=(adjust,))
     base = dispatch_envelope(pending, 2, "https://g/hitl/v0/decisions")
-    reminder = followup_envelope(base, pending, "reminder", 2, notes[:1])
+    reminder = followup_envelope(base, pending, "reminder", 2)
     assert (reminder["reminder"], reminder["awaiting"]) == (2, ["bob@example.com"])
     assert reminder["callback"]["nonce"] == "n2" and reminder["revision"] == 2
     escalation = followup_envelope(
-        dispatch_envelope(full, 2, "https://g/hitl/v0/decisions"), full, "escalation", 1, notes
+        dispatch_envelope(full, 2, "https://g/hitl/v0/decisions"), full, "escalation", 1
     )
     assert escalation["escalation"] == 1 and "reminder" not in escalation
 

@@ -141,7 +141,7 @@ class FollowUpSender:
         """POST one attempt (or decide not to: a drop) and return what to record."""
         d = self.dispatcher
         approval_id, kind, n = key
-        full, notes = await d.service.store.reads.followup_subject(approval_id)
+        full = await d.service.store.reads.fetch_approval(approval_id)
         now = d.service.clock.now_ms()
         if full is None:
             return _Outcome(False, "unknown approval", None)
@@ -153,10 +153,10 @@ class FollowUpSender:
             url = d.service.config.relay.notice_target
             if url is None:
                 return _Outcome(False, "notices are turned off", None)
-            envelope = notice_envelope(full, notes, d.service.config.relay.operators)
+            envelope = notice_envelope(full, d.service.config.relay.operators)
         else:
             url = d.relay_url
-            envelope = followup_envelope(d.envelope_for(full, full.revision), full, kind, n, notes)
+            envelope = followup_envelope(d.envelope_for(full, full.revision), full, kind, n)
         result = await post_signed(
             session, url, wire_json(envelope), d.secret, now // 1000, d.timeout_s
         )
@@ -218,34 +218,31 @@ def followup_envelope(
     full: Approval,
     kind: str,
     n: int,
-    notes: Sequence[dict[str, Any]],
 ) -> dict[str, Any]:
     """``envelope``, the current revision's dispatch (``Dispatcher.envelope_for``: same nonce,
     same revision, ``approvers`` the approval's scope as widened), plus issue 14's
     ``reminder``/``awaiting`` (kind ``reminder``, n-th) or ``escalation`` (kind
     ``escalation``, level n)."""
     if kind == "reminder":
-        FollowUp(reminder=n, awaiting=awaiting(full, notes)).apply(envelope)
+        FollowUp(reminder=n, awaiting=awaiting(full)).apply(envelope)
     else:
         FollowUp(escalation=n).apply(envelope)
     return envelope
 
 
-def awaiting(full: Approval, notes: Sequence[dict[str, Any]]) -> tuple[str, ...]:
+def awaiting(full: Approval) -> tuple[str, ...]:
     """Identities in the approval's scope that have not decided its current revision: no
     decision of theirs or on their behalf on it, and not the adjust that made it."""
     revision = full.revision_row(full.revision)
     decided = {revision.created_by} if revision is not None else set()
-    for note in notes:
-        if note["revision"] == full.revision:
-            decided.add(note["operator_id"])
-            decided.add(note["on_behalf_of"])
+    for row in full.decisions:
+        if row.revision == full.revision:
+            decided.add(row.operator_id)
+            decided.add(row.on_behalf_of)
     return tuple(identity for op_id, identity in full.scope if op_id not in decided)
 
 
-def notice_envelope(
-    full: Approval, notes: Sequence[dict[str, Any]], operators: Sequence[Any] = ()
-) -> dict[str, Any]:
+def notice_envelope(full: Approval, operators: Sequence[Any] = ()) -> dict[str, Any]:
     """The resolution notice of a resolved approval (``build_notice``, docs/protocol.md
     "Notices"): ``decided_by`` the decisions that count on the final revision (the adjust
     that made it, then the decisions on it), each with the principal's identity when made
@@ -257,14 +254,15 @@ def notice_envelope(
     final = full.revision
     rev = full.revision_row(final)
     assert rev is not None
-    counted = [note for note in notes if note["revision"] == final]
+    rows = full.decisions  # in the order recorded
+    counted = [row for row in rows if row.revision == final]
     if rev.created_by is not None:
         made = [
-            note
-            for note in notes
-            if note["revision"] == final - 1
-            and note["operator_id"] == rev.created_by
-            and note["decision"] == "adjust"
+            row
+            for row in rows
+            if row.revision == final - 1
+            and row.operator_id == rev.created_by
+            and row.decision == "adjust"
         ]
         counted = made[-1:] + counted
     identity_of = _identities(full, operators)
@@ -279,13 +277,13 @@ def notice_envelope(
         payload_hash=rev.payload_hash,
         decided_by=[
             {
-                "identity": note["identity"],
-                "decision": note["decision"],
-                "on_behalf_of": identity_of(note["on_behalf_of"]),
+                "identity": row.identity,
+                "decision": row.decision,
+                "on_behalf_of": identity_of(row.on_behalf_of),
             }
-            for note in counted
+            for row in counted
         ],
-        reason=notes[-1]["reason"] if notes and full.outcome in DECIDING_OUTCOMES else None,
+        reason=rows[-1].reason if rows and full.outcome in DECIDING_OUTCOMES else None,
     )
 
 

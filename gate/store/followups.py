@@ -21,9 +21,6 @@ _NEXT = """
     SELECT next_attempt_at FROM followup_outbox INDEXED BY followup_outbox_due
     WHERE delivered_at IS NULL AND failed_at IS NULL
     ORDER BY next_attempt_at LIMIT 1"""
-_DECISION_NOTES = """
-    SELECT revision, operator_id, identity, decision, reason, on_behalf_of
-    FROM decisions WHERE approval_id = ? ORDER BY decision_id"""
 
 
 def insert(
@@ -95,10 +92,3 @@ def plan(
     due = [dict(row) for row in conn.execute(_DUE, (now_ms, limit))]
     first = conn.execute(_NEXT).fetchone()
     return due, None if first is None else int(first[0])
-
-
-def decision_notes(conn: sqlite3.Connection, approval_id: str) -> list[dict[str, Any]]:
-    """An approval's decisions as a notice needs them: ``revision, operator_id, identity,
-    decision, reason, on_behalf_of`` (the principal's operator id or None), in the order
-    recorded."""
-    return [dict(row) for row in conn.execute(_DECISION_NOTES, (approval_id,))]

@@ -181,19 +181,6 @@ class Reads:
         notice sends and the next one's time (unix ms)."""
         return await self.call(_snapshot, followups.plan, now_ms, limit)
 
-    async def followup_subject(
-        self, approval_id: str
-    ) -> tuple[Approval | None, list[dict[str, Any]]]:
-        """From one snapshot: the approval a follow-up send is about (with its dispatch
-        rows; None when unknown) and its decisions with reason and principal
-        (``gate.store.followups.decision_notes``)."""
-
-        def run(conn: sqlite3.Connection) -> tuple[Approval | None, list[dict[str, Any]]]:
-            full = load_full(conn, approval_id, outbox=True, created_receipt=False)
-            return full, [] if full is None else followups.decision_notes(conn, approval_id)
-
-        return await self.call(_snapshot, run)
-
     async def audit_rows(self) -> AsyncIterator[audit.AuditRow]:
         """Yield every audit row in ascending seq (with its key id and signature, if signed),
         read in chunks of ``AUDIT_CHUNK`` (constant memory)."""
