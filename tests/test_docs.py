@@ -142,9 +142,10 @@ def yaml_keys(node: Any, prefix: str = "") -> set[str]:
 
 def example_keys() -> set[str]:
     """Keys of the example config, with those of its commented-out ``#|`` sections."""
+    from tests.test_config import _commented_example
+
     text = EXAMPLE.read_text(encoding="utf-8")
-    commented = "\n".join(line[3:] for line in text.splitlines() if line.startswith("#| "))
-    return yaml_keys(yaml.safe_load(text)) | yaml_keys(yaml.safe_load(commented) or {})
+    return yaml_keys(yaml.safe_load(text)) | yaml_keys(_commented_example())
 
 
 MODEL_KEYS = sorted(model_keys())
