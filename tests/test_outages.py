@@ -178,8 +178,8 @@ def test_backoff_base_and_cap_are_the_dispatchers_own_when_given(tmp_path):
     fast = build_gate(config, secrets, writer_process=False, dispatch_backoff_s=(0.01, 0.04))
 
     assert (default.backoff_base_s, default.backoff_cap_s) == (BACKOFF_BASE_S, BACKOFF_CAP_S)
-    assert [fast.dispatcher._backoff_ms(1) <= 10 for _ in range(50)] == [True] * 50
-    assert 20 <= fast.dispatcher._backoff_ms(30) <= 40
+    assert [fast.dispatcher.backoff_ms(1) <= 10 for _ in range(50)] == [True] * 50
+    assert 20 <= fast.dispatcher.backoff_ms(30) <= 40
     with pytest.raises(ValueError, match="backoff needs 0 < base <= cap"):
         build_gate(config, secrets, writer_process=False, dispatch_backoff_s=(1.0, 0.5))
 

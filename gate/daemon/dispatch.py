@@ -139,8 +139,9 @@ class Dispatcher:
         # the follow-up sends this loop drains too (``gate.daemon.followups``; build_gate)
         self.followups: SideOutbox | None = None
 
-    def _backoff_ms(self, attempts: int) -> int:
-        """The delay before retry number ``attempts`` (1-based), in whole milliseconds."""
+    def backoff_ms(self, attempts: int) -> int:
+        """The delay before retry number ``attempts`` (1-based), in whole milliseconds: the
+        one retry schedule of dispatches and follow-up sends (reminders, notices)."""
         return int(backoff_s(attempts, self._rng, self.backoff_base_s, self.backoff_cap_s) * 1000)
 
     def start(self, callback_url: str) -> None:
@@ -253,7 +254,7 @@ class Dispatcher:
         envelope cannot carry) as a failed attempt with the usual backoff: it is retried, the
         pipeline sees ``last_error``, and other dispatches go on. Logged with its traceback."""
         attempt = attempts_before + 1
-        retry_at = self.service.clock.now_ms() + self._backoff_ms(attempt)
+        retry_at = self.service.clock.now_ms() + self.backoff_ms(attempt)
         log.error(
             "event=dispatch_failed approval_id=%s revision=%d attempt=%d "
             "reason=internal_error retry_in_s=%.1f",
@@ -314,7 +315,7 @@ class Dispatcher:
             acked, result.elapsed_s, result.failure, self.service.clock.now_ms()
         )
         attempt = attempts_before + 1
-        retry_at = self.service.clock.now_ms() + self._backoff_ms(attempt)
+        retry_at = self.service.clock.now_ms() + self.backoff_ms(attempt)
         if acked:
             log.info(
                 "event=dispatched approval_id=%s revision=%d attempt=%d status=%s",

@@ -8,7 +8,6 @@ import asyncio
 import contextlib
 import functools
 import logging
-import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -16,7 +15,7 @@ from typing import Any
 import aiohttp
 
 from gate.core.model import Approval
-from gate.daemon.dispatch import Dispatcher, backoff_s, post_signed
+from gate.daemon.dispatch import Dispatcher, post_signed
 from gate.errors import GateError
 from gate.protocol.canonical import wire_json
 from gate.protocol.followup import FollowUp, build_notice
@@ -59,12 +58,6 @@ class FollowUpSender:
         self.dispatcher = dispatcher
         self._in_flight: dict[Key, asyncio.Task[None]] = {}
         self._unrecorded: dict[Key, _Outcome] = {}
-        self._rng = random.Random()
-
-    def _backoff_ms(self, attempts: int) -> int:
-        """The dispatcher's backoff before retry number ``attempts``, in whole ms."""
-        d = self.dispatcher
-        return int(backoff_s(attempts, self._rng, d.backoff_base_s, d.backoff_cap_s) * 1000)
 
     async def launch_due(self, session: aiohttp.ClientSession, now_ms: int) -> int | None:
         """Start an attempt for each row due at ``now_ms`` (unix ms) that is not in flight;
@@ -124,7 +117,7 @@ class FollowUpSender:
                 *key,
                 exc_info=exc,
             )
-            retry_at = service.clock.now_ms() + self._backoff_ms(int(row["attempts"]) + 1)
+            retry_at = service.clock.now_ms() + self.dispatcher.backoff_ms(int(row["attempts"]) + 1)
             with contextlib.suppress(Exception):
                 await service.followup_result(
                     key,
@@ -161,7 +154,7 @@ class FollowUpSender:
             session, url, wire_json(envelope), d.secret, now // 1000, d.timeout_s
         )
         attempt = int(row["attempts"]) + 1
-        retry_at = d.service.clock.now_ms() + self._backoff_ms(attempt)
+        retry_at = d.service.clock.now_ms() + self.dispatcher.backoff_ms(attempt)
         if result.error is None:
             log.info(
                 "event=followup_sent approval_id=%s kind=%s n=%d attempt=%d status=%s",
