@@ -45,6 +45,7 @@ VECTOR_FILES = (
     "payload_hash.json",
     "signature_header.json",
     "decision_parse.json",
+    "question.json",
 )
 
 

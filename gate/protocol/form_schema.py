@@ -38,6 +38,8 @@ _KEYWORDS: dict[str, frozenset[str]] = {
     "boolean": _COMMON | {"default"},
     "array": _COMMON | {"items", "minItems", "maxItems"},
 }
+_A = {"string": "a string", "enum": "an enum", "number": "a number", "integer": "an integer"}
+_A |= {"boolean": "a boolean", "array": "an array"}
 _DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
 
 
@@ -117,7 +119,7 @@ def _property(prop: Any, path: str, max_options: int) -> dict[str, Any]:
     kind = _kind(prop, path)
     for key in prop:
         if key not in _KEYWORDS[kind]:
-            raise schema_error(f"{path}.{key}", f"{path}.{key} is not allowed for a {kind}")
+            raise schema_error(f"{path}.{key}", f"{path}.{key} is not allowed for {_A[kind]}")
     _text(prop, "title", path, MAX_TITLE_CHARS)
     _text(prop, "description", path, MAX_DESCRIPTION_CHARS)
     if kind == "string":
