@@ -46,14 +46,22 @@ _DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
 def schema_error(path: str, message: str) -> ProtocolError:
     """400 ``invalid_schema`` with ``field`` = ``path`` (issue 15)."""
     return ProtocolError(
-        "invalid_schema", message, status=400, kind="invalid", extra={"field": path}
+        "invalid_schema",
+        message,
+        status=400,
+        kind="invalid",
+        extra={"field": path, "message": message},
     )
 
 
 def value_error(path: str, message: str) -> ProtocolError:
     """422 ``invalid_value`` with ``field`` = ``path`` (issue 15, answer check 12)."""
     return ProtocolError(
-        "invalid_value", message, status=422, kind="invalid", extra={"field": path}
+        "invalid_value",
+        message,
+        status=422,
+        kind="invalid",
+        extra={"field": path, "message": message},
     )
 
 

@@ -75,7 +75,11 @@ class QuestionSpec:
 
 def _refuse(name: str, path: str, message: str) -> ProtocolError:
     return ProtocolError(
-        f"invalid_{name}", message, status=400, kind="invalid", extra={"field": path}
+        f"invalid_{name}",
+        message,
+        status=400,
+        kind="invalid",
+        extra={"field": path, "message": message},
     )
 
 
@@ -119,7 +123,7 @@ def parse_question(
             f"{at} is longer than {max_text_chars} characters",
             status=413,
             kind="invalid",
-            extra={"field": at},
+            extra={"field": at, "message": f"{at} is longer than {max_text_chars} characters"},
         )
     reason = obj.get("reason")
     at = prefix + "reason"
