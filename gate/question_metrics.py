@@ -37,7 +37,9 @@ class QuestionMetrics:
             registry=registry,
         )
         self.pending = Gauge(
-            "hitl_gate_questions_pending", "Questions pending (read at scrape time).", registry=registry
+            "hitl_gate_questions_pending",
+            "Questions pending (read at scrape time).",
+            registry=registry,
         )
         for outcome in QUESTION_OUTCOMES:
             self.resolved.labels(outcome)
