@@ -179,6 +179,12 @@ def parse_decision(raw: bytes) -> Decision:
     obj = decode_json(raw)
     if not isinstance(obj, dict):
         raise _invalid("json", "body must be a JSON object")
+    return decision_from_obj(obj)
+
+
+def decision_from_obj(obj: dict[str, Any]) -> Decision:
+    """``parse_decision`` after decoding: check 5 on a decoded JSON object (issue 15's
+    ``parse_callback`` decodes once, then routes here or to the answer parse)."""
     protocol = _string(obj, "protocol", "protocol", MAX_LABEL_CHARS, required=True)
     if protocol != PROTOCOL:
         raise _invalid("protocol", f"protocol must be {PROTOCOL!r}")

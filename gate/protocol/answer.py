@@ -1,0 +1,117 @@
+"""Issue 15's answer envelope: a relay's ``decision: "answer"`` to a question (check 5) and
+its builder for relays and tests. Pure; ``gate.protocol.question`` re-exports all of it."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from gate.protocol import PROTOCOL
+from gate.protocol.envelope import (
+    MAX_ID_CHARS,
+    MAX_IDENTITY_CHARS,
+    MAX_LABEL_CHARS,
+    _invalid,
+    _is_rfc3339,
+    _string,
+    rfc3339,
+)
+
+ANSWER = "answer"
+"""The decision verb of an answer envelope."""
+KIND = "question"
+"""The ``kind`` of a question dispatch and of its answer."""
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """An answer envelope that passed check 5 (shape only; nothing about state or type)."""
+
+    question_id: str
+    nonce: str
+    request_hash: str
+    value: Any
+    approver_id: str
+    approver_display: str | None
+    approver_channel: str | None
+    decided_at: str
+
+
+def is_answer(obj: Mapping[str, Any]) -> bool:
+    """True when a decoded callback body is an answer (``decision == "answer"``), issue 15."""
+    return obj.get("decision") == ANSWER
+
+
+def parse_answer(obj: Mapping[str, Any]) -> Answer:
+    """Check 5 for an answer (issue 15, "Wire"): ``protocol`` hitl/v0; ``kind`` absent or
+    ``question``; required strings ``question_id``, ``nonce``, ``decision`` (``answer``),
+    ``request_hash``, ``approver.id``, ``decided_at`` (RFC 3339); ``value`` present (typed at
+    check 12). Unknown fields are ignored. An answer naming an ``approval_id`` but no
+    ``question_id`` is 400 ``invalid_question_id`` (answers are for questions). Raises
+    ProtocolError 400 ``invalid_<field>``.
+    """
+    body = dict(obj)
+    protocol = _string(body, "protocol", "protocol", MAX_LABEL_CHARS, required=True)
+    if protocol != PROTOCOL:
+        raise _invalid("protocol", f"protocol must be {PROTOCOL!r}")
+    if body.get("kind", KIND) != KIND:
+        raise _invalid("kind", f"kind must be {KIND!r} for an answer")
+    if body.get("question_id") is None and body.get("approval_id") is not None:
+        raise _invalid(
+            "question_id",
+            "an answer names a question_id; approvals take approve, skip or adjust",
+        )
+    question_id = _string(body, "question_id", "question_id", MAX_ID_CHARS, required=True)
+    nonce = _string(body, "nonce", "nonce", MAX_ID_CHARS, required=True)
+    decision = _string(body, "decision", "decision", MAX_LABEL_CHARS, required=True)
+    if decision != ANSWER:
+        raise _invalid("decision", "decision must be answer")
+    hash_ = _string(body, "request_hash", "request_hash", MAX_LABEL_CHARS, required=True)
+    if "value" not in body:
+        raise _invalid("value", "value is required")
+    approver = body.get("approver")
+    if not isinstance(approver, dict):
+        raise _invalid("approver", "approver must be an object with an id")
+    approver_id = _string(approver, "id", "approver.id", MAX_IDENTITY_CHARS, required=True)
+    display = _string(approver, "display", "approver.display", MAX_LABEL_CHARS, required=False)
+    channel = _string(approver, "channel", "approver.channel", MAX_LABEL_CHARS, required=False)
+    decided_at = _string(body, "decided_at", "decided_at", MAX_LABEL_CHARS, required=True)
+    if decided_at is None or not _is_rfc3339(decided_at):
+        raise _invalid("decided_at", "decided_at must be an RFC 3339 timestamp")
+    assert question_id and nonce and hash_ and approver_id
+    return Answer(
+        question_id=question_id,
+        nonce=nonce,
+        request_hash=hash_,
+        value=body["value"],
+        approver_id=approver_id,
+        approver_display=display,
+        approver_channel=channel,
+        decided_at=decided_at,
+    )
+
+
+def build_answer(
+    *,
+    question_id: str,
+    nonce: str,
+    request_hash: str,
+    value: Any,
+    approver_id: str,
+    decided_at_ms: int,
+    display: str | None = None,
+    channel: str | None = None,
+) -> dict[str, Any]:
+    """Return an answer envelope (issue 15, "Wire") as a dict; for relays and tests."""
+    return {
+        "protocol": PROTOCOL,
+        "kind": KIND,
+        "question_id": question_id,
+        "nonce": nonce,
+        "decision": ANSWER,
+        "request_hash": request_hash,
+        "value": value,
+        "approver": {"id": approver_id, "display": display, "channel": channel},
+        "decided_at": rfc3339(decided_at_ms),
+    }

@@ -1,0 +1,306 @@
+"""Issue 15's form questions: the schema a pipeline may ask with (a flat subset of MCP
+elicitation's ``requestedSchema``) and the check of a form answer against it. Pure.
+
+Errors name the JSON path of the offending part: ``schema.properties.amount.maximum`` at
+creation (400 ``invalid_schema``), ``value.amount`` for an answer (422 ``invalid_value``).
+"""
+
+from __future__ import annotations
+
+import re
+import urllib.parse
+from collections.abc import Callable, Mapping
+from datetime import date
+from typing import Any
+
+from gate.protocol.envelope import _is_unicode
+from gate.protocol.errors import ProtocolError
+from gate.protocol.whitespace import WHITE_SPACE, is_blank
+
+MAX_PROPERTIES = 50
+"""At most this many properties in one form (issue 15 contract, "Pipeline API")."""
+MAX_TITLE_CHARS = 200
+"""A property's ``title`` (and each ``enumNames`` label) is at most this many characters."""
+MAX_DESCRIPTION_CHARS = 2000
+"""A property's ``description`` is at most this many characters."""
+MAX_ENUM_CHARS = 200
+"""Each enum value is at most this many characters, like a choice's option."""
+PROPERTY_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
+"""What a property name must fully match: it becomes ``value.<name>`` in error paths."""
+FORMATS = ("email", "uri", "date")
+
+_COMMON = frozenset({"type", "title", "description"})
+_KEYWORDS: dict[str, frozenset[str]] = {
+    "string": _COMMON | {"minLength", "maxLength", "format"},
+    "enum": _COMMON | {"enum", "enumNames"},
+    "number": _COMMON | {"minimum", "maximum"},
+    "integer": _COMMON | {"minimum", "maximum"},
+    "boolean": _COMMON | {"default"},
+    "array": _COMMON | {"items", "minItems", "maxItems"},
+}
+_DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
+
+
+def schema_error(path: str, message: str) -> ProtocolError:
+    """400 ``invalid_schema`` with ``field`` = ``path`` (issue 15)."""
+    return ProtocolError(
+        "invalid_schema", message, status=400, kind="invalid", extra={"field": path}
+    )
+
+
+def value_error(path: str, message: str) -> ProtocolError:
+    """422 ``invalid_value`` with ``field`` = ``path`` (issue 15, answer check 12)."""
+    return ProtocolError(
+        "invalid_value", message, status=422, kind="invalid", extra={"field": path}
+    )
+
+
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _text(prop: Mapping[str, Any], key: str, path: str, limit: int) -> None:
+    if key not in prop:
+        return
+    value = prop[key]
+    if not isinstance(value, str) or not _is_unicode(value):
+        raise schema_error(f"{path}.{key}", f"{path}.{key} must be a string")
+    if len(value) > limit:
+        raise schema_error(f"{path}.{key}", f"{path}.{key} is longer than {limit} characters")
+
+
+def _labels(values: Any, path: str, limit: int, *, distinct: bool, most: int) -> None:
+    if not isinstance(values, list) or not values:
+        raise schema_error(path, f"{path} must be a non-empty list of strings")
+    if len(values) > most:
+        raise schema_error(path, f"{path} has more than {most} entries")
+    for i, item in enumerate(values):
+        where = f"{path}[{i}]"
+        if not isinstance(item, str) or not _is_unicode(item) or is_blank(item):
+            raise schema_error(where, f"{where} must be a non-blank string")
+        if len(item) > limit:
+            raise schema_error(where, f"{where} is longer than {limit} characters")
+        if distinct and item in values[:i]:
+            raise schema_error(where, f"{where} repeats {item!r}")
+
+
+def _bounds(
+    prop: Mapping[str, Any], low: str, high: str, path: str, check: Callable[[Any], bool]
+) -> None:
+    for key in (low, high):
+        if key in prop and not check(prop[key]):
+            kind = "a non-negative integer" if check is _is_count else "a number"
+            raise schema_error(f"{path}.{key}", f"{path}.{key} must be {kind}")
+    if low in prop and high in prop and prop[low] > prop[high]:
+        raise schema_error(f"{path}.{low}", f"{path}.{low} is greater than {high}")
+
+
+def _kind(prop: Mapping[str, Any], path: str) -> str:
+    kind = prop.get("type")
+    if kind == "string" and "enum" in prop:
+        return "enum"
+    if kind not in _KEYWORDS or kind == "enum":
+        raise schema_error(
+            f"{path}.type",
+            f"{path}.type must be string, number, integer, boolean or array (nothing nested)",
+        )
+    return str(kind)
+
+
+def _property(prop: Any, path: str, max_options: int) -> dict[str, Any]:
+    if not isinstance(prop, dict):
+        raise schema_error(path, f"{path} must be an object")
+    kind = _kind(prop, path)
+    for key in prop:
+        if key not in _KEYWORDS[kind]:
+            raise schema_error(f"{path}.{key}", f"{path}.{key} is not allowed for a {kind}")
+    _text(prop, "title", path, MAX_TITLE_CHARS)
+    _text(prop, "description", path, MAX_DESCRIPTION_CHARS)
+    if kind == "string":
+        _bounds(prop, "minLength", "maxLength", path, _is_count)
+        if "format" in prop and prop["format"] not in FORMATS:
+            raise schema_error(f"{path}.format", f"{path}.format must be email, uri or date")
+    elif kind in ("number", "integer"):
+        _bounds(prop, "minimum", "maximum", path, _is_number)
+    elif kind == "boolean":
+        if "default" in prop and not isinstance(prop["default"], bool):
+            raise schema_error(f"{path}.default", f"{path}.default must be true or false")
+    elif kind == "enum":
+        _labels(prop["enum"], f"{path}.enum", MAX_ENUM_CHARS, distinct=True, most=max_options)
+        if "enumNames" in prop:
+            names = f"{path}.enumNames"
+            _labels(prop["enumNames"], names, MAX_TITLE_CHARS, distinct=False, most=max_options)
+            if len(prop["enumNames"]) != len(prop["enum"]):
+                raise schema_error(names, f"{names} must have one label per enum value")
+    else:  # array: a multi enum
+        items, where = prop.get("items"), f"{path}.items"
+        if not isinstance(items, dict) or items.get("type") != "string" or "enum" not in items:
+            raise schema_error(where, f"{where} must be {{type: string, enum: [...]}}")
+        for key in items:
+            if key not in ("type", "enum"):
+                raise schema_error(f"{where}.{key}", f"{where}.{key} is not allowed")
+        _labels(items["enum"], f"{where}.enum", MAX_ENUM_CHARS, distinct=True, most=max_options)
+        _bounds(prop, "minItems", "maxItems", path, _is_count)
+        if prop.get("minItems", 0) > len(items["enum"]):
+            raise schema_error(f"{path}.minItems", f"{path}.minItems is more than the choices")
+    return dict(prop)
+
+
+def parse_schema(schema: Any, *, max_options: int, path: str = "schema") -> dict[str, Any]:
+    """Validate a form schema (issue 15): ``{"type": "object", "properties": {name: prop},
+    "required"?: [names]}`` with flat properties (string with min/maxLength and format
+    email|uri|date, number/integer with minimum/maximum, boolean with default, single enum,
+    multi enum); ``max_options`` bounds each enum. Returns it as a new dict (the normalized
+    form is the accepted one: nothing is added). Raises 400 ``invalid_schema`` naming the
+    JSON path for anything else: unknown keywords, nesting, min > max, unknown required names.
+    """
+    if not isinstance(schema, dict):
+        raise schema_error(path, f"{path} must be an object")
+    for key in schema:
+        if key not in ("type", "properties", "required"):
+            raise schema_error(f"{path}.{key}", f"{path}.{key} is not allowed")
+    if schema.get("type") != "object":
+        raise schema_error(f"{path}.type", f"{path}.type must be 'object'")
+    props, where = schema.get("properties"), f"{path}.properties"
+    if not isinstance(props, dict) or not props:
+        raise schema_error(where, f"{where} must be an object with at least one property")
+    if len(props) > MAX_PROPERTIES:
+        raise schema_error(where, f"{where} has more than {MAX_PROPERTIES} properties")
+    out: dict[str, Any] = {"type": "object", "properties": {}}
+    for name, prop in props.items():
+        if PROPERTY_NAME.fullmatch(name) is None:
+            raise schema_error(f"{where}.{name}", f"{where}: {name!r} is not a valid name")
+        out["properties"][name] = _property(prop, f"{where}.{name}", max_options)
+    if "required" in schema:
+        required, where = schema["required"], f"{path}.required"
+        if not isinstance(required, list):
+            raise schema_error(where, f"{where} must be a list of property names")
+        for i, name in enumerate(required):
+            if not isinstance(name, str) or name not in props:
+                raise schema_error(f"{where}[{i}]", f"{where}[{i}] is not a property of the form")
+            if name in required[:i]:
+                raise schema_error(f"{where}[{i}]", f"{where}[{i}] repeats {name!r}")
+        out["required"] = list(required)
+    return out
+
+
+def _plausible_email(text: str) -> bool:
+    """A plausibility check, not RFC 5322: one ``@``, a non-empty local part, a domain with a
+    dot inside it, no White_Space anywhere."""
+    local, at, domain = text.partition("@")
+    if not at or not local or "@" in domain or any(c in WHITE_SPACE for c in text):
+        return False
+    return "." in domain.strip(".") and not domain.startswith(".") and not domain.endswith(".")
+
+
+def _absolute_uri(text: str) -> bool:
+    """An absolute URI with a scheme and a host part (``urllib.parse``), no White_Space."""
+    if any(c in WHITE_SPACE for c in text):
+        return False
+    try:
+        parts = urllib.parse.urlsplit(text)
+    except ValueError:
+        return False
+    return bool(parts.scheme and parts.netloc)
+
+
+def _real_date(text: str) -> bool:
+    if _DATE.fullmatch(text) is None:
+        return False
+    try:
+        date.fromisoformat(text)
+    except ValueError:
+        return False
+    return True
+
+
+_FORMAT_CHECKS = {
+    "email": (_plausible_email, "an email address"),
+    "uri": (_absolute_uri, "an absolute URI (scheme://host...)"),
+    "date": (_real_date, "a date (YYYY-MM-DD)"),
+}
+
+
+def _string_value(prop: Mapping[str, Any], value: Any, at: str, required: bool, cap: int) -> None:
+    if not isinstance(value, str) or not _is_unicode(value):
+        raise value_error(at, f"{at} must be a string")
+    if required and is_blank(value):
+        raise value_error(at, f"{at} must not be blank")
+    longest = min(cap, prop.get("maxLength", cap))
+    if len(value) > longest:
+        raise value_error(at, f"{at} is longer than {longest} characters")
+    if len(value) < prop.get("minLength", 0):
+        raise value_error(at, f"{at} is shorter than {prop['minLength']} characters")
+    if "format" in prop:
+        check, what = _FORMAT_CHECKS[prop["format"]]
+        if not check(value):
+            raise value_error(at, f"{at} must be {what}")
+
+
+def _field_value(prop: Mapping[str, Any], value: Any, at: str, required: bool, cap: int) -> None:
+    kind = "enum" if "enum" in prop else prop["type"]
+    if kind == "string":
+        _string_value(prop, value, at, required, cap)
+    elif kind == "enum":
+        if not isinstance(value, str) or value not in prop["enum"]:
+            raise value_error(at, f"{at}: {value!r} is not one of its options")
+    elif kind == "boolean":
+        if not isinstance(value, bool):
+            raise value_error(at, f"{at} must be true or false")
+    elif kind in ("number", "integer"):
+        if kind == "integer" and isinstance(value, float):
+            hint = f": send {int(value)}, not {value!r}" if value.is_integer() else ""
+            raise value_error(at, f"{at} must be an integer{hint}")
+        if not _is_number(value) or (kind == "integer" and not isinstance(value, int)):
+            raise value_error(
+                at, f"{at} must be {'an integer' if kind == 'integer' else 'a number'}"
+            )
+        if "minimum" in prop and value < prop["minimum"]:
+            raise value_error(at, f"{at} must be at least {prop['minimum']}")
+        if "maximum" in prop and value > prop["maximum"]:
+            raise value_error(at, f"{at} must be at most {prop['maximum']}")
+    else:  # array of enum strings
+        choices = prop["items"]["enum"]
+        if not isinstance(value, list):
+            raise value_error(at, f"{at} must be a list of its options")
+        for i, item in enumerate(value):
+            if not isinstance(item, str) or item not in choices:
+                raise value_error(at, f"{at}[{i}]: {item!r} is not one of its options")
+            if item in value[:i]:
+                raise value_error(at, f"{at}: {item!r} is chosen twice")
+        if len(value) < prop.get("minItems", 0):
+            raise value_error(at, f"{at} must choose at least {prop['minItems']}")
+        if "maxItems" in prop and len(value) > prop["maxItems"]:
+            raise value_error(at, f"{at} must choose at most {prop['maxItems']}")
+
+
+def check_form_value(
+    schema: Mapping[str, Any], value: Any, *, max_answer_chars: int
+) -> dict[str, Any]:
+    """Check a form answer (issue 15, answer check 12) against a schema from ``parse_schema``:
+    an object with only declared properties (first unknown one, in the order sent, is named),
+    every required one present, each fitting its property (in the schema's order). A required
+    string must not be blank; every string is at most ``max_answer_chars`` characters. ``null``
+    is not a value: leave an optional property out instead. Returns the value as a new dict;
+    raises 422 ``invalid_value`` with ``field`` ``value`` or ``value.<property>``.
+    """
+    if not isinstance(value, dict):
+        raise value_error("value", "value must be an object (the form's fields)")
+    props: Mapping[str, Any] = schema["properties"]
+    for name in value:
+        if name not in props:
+            at = f"value.{name}"
+            raise value_error(at, f"{at} is not a field of this form")
+    required = set(schema.get("required", ()))
+    for name, prop in props.items():
+        at = f"value.{name}"
+        if name not in value:
+            if name in required:
+                raise value_error(at, f"{at} is required")
+            continue
+        _field_value(prop, value[name], at, name in required, max_answer_chars)
+    return dict(value)
