@@ -4,13 +4,13 @@ answer and report each hop (issue 15). The create and the wait are ``request``'s
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass
 from typing import Any
 
 from gate.client.api import ApiClient
 from gate.client.request import Report, create_with_retry, wait_for_outcome
+from gate.protocol.question import QuestionSpec, answer_text
 
 # issue 15: a question ends answered, timeout or cancelled (no 3: nobody "skips" a question)
 EXIT_CODES = {"answered": 0, "timeout": 4, "cancelled": 5}
@@ -125,14 +125,10 @@ def _created_line(opts: AskOptions, question: dict[str, Any], new: bool) -> str:
 
 
 def answer_output(question: dict[str, Any]) -> str:
-    """What ``ask`` prints on stdout for an answered question (issue 15 contract, "CLI"): the
-    text of a free text or single choice answer, compact JSON (UTF-8, not escaped) of a
-    multi choice or form answer; "" when there is no answer."""
+    """What ``ask`` prints on stdout for an answered question (issue 15 contract, "CLI";
+    ``gate.protocol.question.answer_text``): the text of a free text or single choice answer,
+    compact JSON of a multi choice or form answer; "" when there is no answer."""
     answer = question.get("answer")
     if not isinstance(answer, dict):
         return ""
-    value = answer.get("value")
-    response_type = (question.get("question") or {}).get("response_type")
-    if response_type in ("free_text", "single_choice") and isinstance(value, str):
-        return value
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    return answer_text(QuestionSpec.from_json(question["question"]), answer.get("value"))
