@@ -58,14 +58,6 @@ STEPS = [
 ]
 
 
-# The tests below that ask a gate need its /v1/questions API and question dispatch (branch
-# qgate, issue 15), not merged when they were written: strict, so they fail the day it lands
-# and this mark must go.
-NEEDS_GATE_API = pytest.mark.xfail(
-    strict=True, reason="issue 15: the gate's /v1/questions API (branch qgate) is not merged yet"
-)
-
-
 def start_gate(tmp_path: Path, spawn: Any, relay_url: str) -> Any:
     return spawn(write_config(tmp_path, relay_url, steps=STEPS, relay={"questions": True}))
 
@@ -99,7 +91,6 @@ def auto_relay(clis: Any, *extra: str) -> tuple[CliProcess, str]:
     return relay, relay.wait_for_line(LISTENING).group(1)
 
 
-@NEEDS_GATE_API
 @pytest.mark.parametrize(
     ("args", "auto_answer", "printed"),
     [
@@ -119,7 +110,7 @@ def auto_relay(clis: Any, *extra: str) -> tuple[CliProcess, str]:
         pytest.param(
             ["--text", "PO details?", "--schema", "FORM"],
             '{"po":"2026-114","amount":12}',
-            '{"po":"2026-114","amount":12}\n',
+            '{"amount":12,"po":"2026-114"}\n',  # the gate keeps the canonical JSON
             id="form",
         ),
     ],
@@ -141,7 +132,6 @@ def test_ask_wait_prints_the_auto_relays_answer(tmp_path, clis, spawn, args, aut
     relay.stop()
 
 
-@NEEDS_GATE_API
 def test_ask_interactive_multi_choice_refused_locally_then_accepted(tmp_path, pty_relay, spawn):
     relay = pty_relay("--as", "alice@example.com")
     gate = start_gate(tmp_path, spawn, relay.url)
@@ -173,7 +163,6 @@ def test_ask_interactive_multi_choice_refused_locally_then_accepted(tmp_path, pt
     relay.wait_screen("Recorded: question ")
 
 
-@NEEDS_GATE_API
 def test_ask_interactive_relay_asks_again_on_the_gates_422(tmp_path, pty_relay, spawn):
     """The step takes at most 5 characters: the relay's own check (which cannot know that)
     passes a longer answer, the gate refuses it 422, the relay says so and asks again."""
@@ -192,7 +181,6 @@ def test_ask_interactive_relay_asks_again_on_the_gates_422(tmp_path, pty_relay, 
     assert (code, out.decode()) == (0, "ok\n"), err
 
 
-@NEEDS_GATE_API
 def test_ask_exit_4_when_the_question_times_out(tmp_path, clis, spawn):
     """--auto without --auto-answer refuses questions (503 no_auto_answer): nobody answers,
     the step's 3 s timeout resolves it as timeout."""
@@ -206,7 +194,6 @@ def test_ask_exit_4_when_the_question_times_out(tmp_path, clis, spawn):
     relay.wait_for_line("reason=no_auto_answer")
 
 
-@NEEDS_GATE_API
 def test_ask_exit_4_when_still_pending_after_timeout(tmp_path, clis, spawn):
     relay, url = auto_relay(clis)
     gate = start_gate(tmp_path, spawn, url)
@@ -221,7 +208,6 @@ def test_ask_exit_4_when_still_pending_after_timeout(tmp_path, clis, spawn):
     ), done.stderr.decode()
 
 
-@NEEDS_GATE_API
 def test_ask_exit_5_when_cancelled_with_questions_cancel(tmp_path, clis, spawn):
     relay, url = auto_relay(clis)
     gate = start_gate(tmp_path, spawn, url)
