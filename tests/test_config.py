@@ -165,11 +165,22 @@ def test_example_documents_every_key() -> None:
 
 
 def test_example_commented_sections_are_valid(tmp_path: Path) -> None:
-    """What the example shows commented out loads when uncommented (issue 14)."""
-    data = example_data() | _commented_example()
+    """What the example shows commented out loads when uncommented (issues 14 and 15): the
+    delegations as they are, the question pipeline added to the pipelines, with a relay that
+    declared question support."""
+    commented = _commented_example()
+    data = example_data() | {"delegations": commented["delegations"]}
     for item in data["delegations"]:
         item["until"] = "2999-01-01T00:00:00Z"  # the example's date passes; the shape stays
-    assert load_config(write(tmp_path, data)).delegations[0].to == 333
+    data["pipelines"] += commented["pipelines"]
+    data["relay"]["questions"] = True
+
+    config = load_config(write(tmp_path, data))
+
+    assert config.delegations[0].to == 333
+    found = config.find_step("supplier-choice", "pick-supplier")
+    assert found is not None and found[1].is_question
+    assert config.relay.question_target == config.relay.url
 
 
 # --------------------------------------------------------------------------- every error at once
@@ -222,7 +233,7 @@ def test_config_schema_errors_listed_together(tmp_path: Path) -> None:
         " (letters, digits and _)",
         "budget.cap_today: must be >= 0, got -1",
         "pipelines[0].name: has leading or trailing whitespace",
-        "pipelines[0].steps[0].type: must be 'approval', got string 'manual'",
+        "pipelines[0].steps[0].type: must be one of 'approval' or 'question', got string 'manual'",
         "pipelines[0].steps[0].risk: must be one of 'low', 'normal', 'high' or 'critical',"
         " got string 'medium'",
         "pipelines[0].steps[1].approvers[1]: expected an integer, got string 'bob'",

@@ -121,6 +121,8 @@ class RelayConfig(BaseModel):
     ca_file: _PathText | None = None
     notices: Annotated[bool, Field(strict=True)] = False
     notice_url: _HttpUrl | None = None
+    questions: Annotated[bool, Field(strict=True)] = False
+    question_url: _HttpUrl | None = None
     operators: Annotated[tuple[Operator, ...], AfterValidator(_non_empty)]
     security: Security
 
@@ -136,6 +138,14 @@ class RelayConfig(BaseModel):
         if self.notice_url is not None:
             return self.notice_url
         return self.url if self.notices else None
+
+    @property
+    def question_target(self) -> str | None:
+        """Where questions are dispatched (issue 15): ``question_url``, else ``url`` when
+        ``questions`` is on, else None (no relay declared question support)."""
+        if self.question_url is not None:
+            return self.question_url
+        return self.url if self.questions else None
 
     @field_validator("ca_file")
     @classmethod
@@ -253,12 +263,17 @@ class StepConfig(BaseModel):
     ``allow_self_approval``: may the operator named as ``requested_by`` decide (default false);
     ``allow_empty_draft``: may a draft be empty or only White_Space (default false: refused
     400 ``draft_empty``, and by ``hitl-gate request`` before it is sent).
+
+    ``type: question`` (issue 15) makes it a question step: ``approvers`` may answer,
+    ``max_options`` (default 50) bounds a choice question's options and
+    ``max_answer_chars`` (default 2000) a free-text answer and each form string field;
+    approval-only keys are refused there (``gate.config.questions``).
     """
 
     model_config = _FROZEN
 
     name: _Name
-    type: Literal["approval"] = "approval"
+    type: Literal["approval", "question"] = "approval"
     channel: Literal["relay"] = "relay"
     quorum: _PositiveInt = 1
     approvers: Annotated[tuple[_Int, ...], AfterValidator(_non_empty)] = ()
@@ -270,6 +285,13 @@ class StepConfig(BaseModel):
     remind_after: _Duration | None = None
     remind_every: _Duration | None = None
     escalate: tuple[EscalationLevel, ...] = ()
+    max_options: Annotated[int, Field(strict=True, ge=1, le=1000)] = 50
+    max_answer_chars: Annotated[int, Field(strict=True, ge=1, le=60_000)] = 2000
+
+    @property
+    def is_question(self) -> bool:
+        """True for a question step (issue 15), False for an approval step."""
+        return self.type == "question"
 
     @property
     def first_reminder_s(self) -> float | None:

@@ -7,6 +7,7 @@ from urllib.parse import urlsplit
 
 from gate.config.followups import check_delegations, check_step_followups
 from gate.config.model import Config, StepConfig
+from gate.config.questions import check_question_step
 from gate.config.secrets import _secret_vars
 from gate.config.values import TcpListen, identity_problem, parse_listen
 from gate.protocol import DECISIONS_PATH
@@ -126,7 +127,10 @@ def _cross_check(config: Config) -> list[str]:
                     f" ({len(in_scope)} in scope, and with allow_self_approval: false a"
                     " requester's own decisions do not count)"
                 )
-            errors += check_step_followups(where, step, in_scope, config)
+            if step.is_question:
+                errors += check_question_step(where, step, config)
+            else:
+                errors += check_step_followups(where, step, in_scope, config)
     errors += check_delegations(config.delegations, config)
     return errors
 

@@ -118,3 +118,86 @@ class Resolvable:
     revision: int
     payload_hash: str
     quorum_required: int
+
+
+@dataclass(frozen=True, slots=True)
+class QuestionVersion:
+    """One version of a question (table ``question_versions``, issue 15): ``question`` the
+    normalized question object as dispatched and hashed (``QuestionSpec.to_json``), its
+    ``request_hash`` (``sha256:<hex>``), the ``nonce`` an answer to it must carry (32 hex)
+    and ``created_at`` (unix ms, UTC)."""
+
+    version: int
+    question: JsonObject
+    request_hash: str
+    nonce: str
+    created_at: int
+
+
+@dataclass(frozen=True, slots=True)
+class QuestionAnswer:
+    """The winning answer of a question (issue 15): the ``value`` (decoded JSON), the
+    ``operator_id`` it counted for, ``identity``/``display``/``channel`` as the relay sent
+    them, the ``version`` answered, ``decided_at`` (RFC 3339 text as sent) and
+    ``recorded_at`` (unix ms, the gate's clock)."""
+
+    value: Any
+    operator_id: int
+    identity: str
+    display: str | None
+    channel: str | None
+    version: int
+    decided_at: str
+    recorded_at: int
+
+
+@dataclass(frozen=True, slots=True)
+class Question:
+    """One question as stored (table ``questions``, issue 15) with its ``versions`` in order
+    and its ``outbox`` rows (``Dispatch``, ``revision`` = the question's version).
+
+    ``scope`` is the frozen ``(operator id, identity)`` list of who may answer; times are
+    unix ms, UTC; ``answer`` the winning answer (None unless ``outcome`` is answered);
+    ``receipt`` the receipt object of the ``question_resolved`` entry and
+    ``created_receipt`` that of ``question_created`` (None when absent)."""
+
+    question_id: str
+    run_id: str
+    pipeline: str
+    step: str
+    risk: str
+    scope: tuple[tuple[int, str], ...]
+    version: int
+    state: str
+    outcome: str | None
+    created_at: int
+    expires_at: int
+    resolved_at: int | None
+    idempotency_key: str | None
+    request_body_hash: str
+    requested_by: str | None
+    requested_by_id: int | None
+    answer: QuestionAnswer | None
+    receipt: JsonObject | None
+    versions: tuple[QuestionVersion, ...]
+    outbox: tuple[Dispatch, ...] = ()
+    created_receipt: JsonObject | None = None
+
+    @property
+    def current(self) -> QuestionVersion:
+        """The current version (the last one)."""
+        return self.versions[-1]
+
+    def version_row(self, version: int) -> QuestionVersion | None:
+        """Return version ``version`` of the question, or None."""
+        return next((v for v in self.versions if v.version == version), None)
+
+
+@dataclass(frozen=True, slots=True)
+class DueQuestion:
+    """What resolving a due question needs (expiry): its id and current ``version`` with that
+    version's ``request_hash``."""
+
+    question_id: str
+    version: int
+    request_hash: str

@@ -12,9 +12,9 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from gate.audit import chain as audit
-from gate.core.model import Approval
+from gate.core.model import Approval, Question
 from gate.errors import Unavailable
-from gate.store import followups
+from gate.store import followups, questions
 from gate.store.connection import open_reader
 from gate.store.tx import load_full
 
@@ -180,6 +180,32 @@ class Reads:
         """``gate.store.followups.plan`` from one snapshot: the due reminder, escalation and
         notice sends and the next one's time (unix ms)."""
         return await self.call(_snapshot, followups.plan, now_ms, limit)
+
+    # ---- questions (issue 15): ``gate.store.questions`` ----------------------------
+
+    async def fetch_question(self, question_id: str) -> Question | None:
+        """The question with its versions and dispatches, or None."""
+        return await self.call(_snapshot, questions.load, question_id)
+
+    async def list_questions(
+        self, state: str, pipeline: str | None, limit: int, after: str | None
+    ) -> list[Question]:
+        """A page of questions (``gate.store.questions.page``) from one snapshot."""
+        return await self.call(_snapshot, questions.page, state, pipeline, limit, after)
+
+    async def next_question_expiry(self) -> int | None:
+        """The earliest ``expires_at`` (unix ms) of a pending question, or None."""
+        return await self.call(questions.next_expiry)
+
+    async def pending_questions(self) -> int:
+        """How many questions are pending."""
+        return await self.call(questions.pending_count)
+
+    async def question_dispatch_plan(
+        self, now_ms: int, limit: int
+    ) -> tuple[list[dict[str, Any]], int | None]:
+        """``gate.store.questions.dispatch_plan`` from one snapshot."""
+        return await self.call(_snapshot, questions.dispatch_plan, now_ms, limit)
 
     async def audit_rows(self) -> AsyncIterator[audit.AuditRow]:
         """Yield every audit row in ascending seq (with its key id and signature, if signed),

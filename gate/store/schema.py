@@ -137,6 +137,70 @@ MIGRATIONS: list[list[str]] = [
         "CREATE INDEX followup_outbox_due ON followup_outbox (next_attempt_at)"
         " WHERE delivered_at IS NULL AND failed_at IS NULL",
     ],
+    # 5: issue 15 - questions: a pipeline asks a person for a typed answer. Their own tables
+    # (no approval code path reads them), ids from the same ULID generator as approvals
+    [
+        """
+        CREATE TABLE questions (
+            question_id       TEXT PRIMARY KEY,
+            run_id            TEXT NOT NULL,
+            pipeline          TEXT NOT NULL,
+            step              TEXT NOT NULL,
+            risk              TEXT NOT NULL,
+            scope             TEXT NOT NULL,  -- JSON [[operator_id, identity], ...], frozen
+            version           INTEGER NOT NULL DEFAULT 1,
+            state             TEXT NOT NULL CHECK (state IN ('pending', 'resolved')),
+            outcome           TEXT CHECK (outcome IN ('answered', 'timeout', 'cancelled')),
+            created_at        INTEGER NOT NULL,  -- unix ms, UTC
+            expires_at        INTEGER NOT NULL,
+            resolved_at       INTEGER,
+            idempotency_key   TEXT UNIQUE,
+            request_body_hash TEXT NOT NULL,     -- idempotency compare of the create body
+            requested_by      TEXT,
+            requested_by_id   INTEGER,
+            answer            TEXT,     -- canonical JSON of the winning answer's value
+            answered_by       INTEGER,  -- operator id
+            answer_identity   TEXT,     -- as the relay sent it
+            answer_display    TEXT,
+            answer_channel    TEXT,
+            answer_version    INTEGER,
+            answered_at       TEXT,     -- the relay's decided_at, as sent
+            answer_recorded_at INTEGER, -- unix ms, the gate's clock
+            receipt           TEXT,     -- JSON receipt of the question_resolved entry
+            CHECK ((state = 'pending') = (outcome IS NULL))
+        )
+        """,
+        "CREATE INDEX questions_pending_expiry ON questions (expires_at) WHERE state = 'pending'",
+        "CREATE INDEX questions_state ON questions (state, question_id)",
+        """
+        CREATE TABLE question_versions (
+            question_id  TEXT NOT NULL REFERENCES questions (question_id),
+            version      INTEGER NOT NULL,
+            question     TEXT NOT NULL,  -- canonical JSON of the normalized question
+            request_hash TEXT NOT NULL,
+            nonce        TEXT NOT NULL UNIQUE,
+            created_at   INTEGER NOT NULL,
+            PRIMARY KEY (question_id, version)
+        )
+        """,
+        """
+        CREATE TABLE question_outbox (
+            question_id     TEXT NOT NULL REFERENCES questions (question_id),
+            version         INTEGER NOT NULL,
+            attempts        INTEGER NOT NULL DEFAULT 0,
+            next_attempt_at INTEGER NOT NULL,
+            delivered_at    INTEGER,
+            last_error      TEXT,
+            PRIMARY KEY (question_id, version)
+        )
+        """,
+        "CREATE INDEX question_outbox_due ON question_outbox (next_attempt_at)"
+        " WHERE delivered_at IS NULL",
+        # a question's audit entries carry its question_id in audit_log.approval_id (one id
+        # space: ULIDs never collide); its question_created entry found without a scan
+        "CREATE INDEX audit_log_question_created ON audit_log (approval_id)"
+        " WHERE kind = 'question_created'",
+    ],
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)
