@@ -25,6 +25,7 @@ from prometheus_client.registry import Collector
 from gate import __version__
 from gate.errors import GateError
 from gate.followup_metrics import FollowUpMetrics
+from gate.question_metrics import QuestionMetrics
 
 if TYPE_CHECKING:
     from gate.config import PipelineConfig
@@ -146,6 +147,7 @@ class Metrics:
         for reason in DISPATCH_FAILURES:
             self.dispatch_failures.labels(reason)
         self.followups = FollowUpMetrics(r)  # issue 14: notices, reminders, escalations
+        self.questions = QuestionMetrics(r)  # issue 15
         self._state = _StateCollector()
         r.register(self._state)
 
@@ -165,6 +167,22 @@ class Metrics:
         """Count a resolution by its outcome (``OUTCOMES``)."""
         child = self._resolved.get(outcome)
         (child if child is not None else self.approvals_resolved.labels(outcome)).inc()
+
+    def question_created(self, pipeline: str, step: str) -> None:
+        """Count a created question (issue 15)."""
+        self.questions.created.labels(pipeline, step).inc()
+
+    def question_resolved(self, outcome: str) -> None:
+        """Count a resolved question by outcome (issue 15)."""
+        self.questions.resolved.labels(outcome).inc()
+
+    def question_resolved_many(self, outcome: str, count: int) -> None:
+        """Count ``count`` questions resolved with ``outcome`` (the expiry batch)."""
+        self.questions.resolved.labels(outcome).inc(count)
+
+    def answer(self, result: str) -> None:
+        """Count an answer: ``accepted`` or its refusal reason (issue 15)."""
+        self.questions.answer(result)
 
     def refused(self, reason: str) -> None:
         """Count a refused decision; a reason outside ``[a-z0-9_.:]{1,64}`` counts as ``other``."""
@@ -216,6 +234,7 @@ class Metrics:
         try:
             count, oldest_ms = await service.pending_summary()
             by_step = await service.oldest_pending_by_step()
+            self.questions.pending.set(await service.pending_questions())
         except GateError as exc:
             log.warning("event=metrics_read_failed reason=%s", exc.code)
             self._state.pending = None

@@ -13,7 +13,7 @@ from gate.core import rules
 from gate.core.delegation import check_decider
 from gate.core.model import Approval, DecisionRow, Resolvable, Revision
 from gate.core.resolve_tx import Resolution
-from gate.errors import GateError
+from gate.errors import Conflict, GateError
 from gate.protocol.canonical import payload_hash
 from gate.protocol.envelope import Decision
 from gate.store import WriteTx
@@ -38,6 +38,11 @@ def decide(
     now = t.clock.now_ms()
     approval = tx.load_approval(decision.approval_id, outbox=False, created_receipt=False)
     if approval is None:
+        if tx.load_question(decision.approval_id, outbox=False) is not None:  # issue 15
+            raise Conflict(
+                "wrong_kind",
+                "approve, skip and adjust are for approvals; a question takes decision answer",
+            )
         raise GateError(
             "unknown_approval",
             "no approval with this approval_id",

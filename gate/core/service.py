@@ -13,6 +13,7 @@ from gate.clock import Clock
 from gate.config import Config
 from gate.core.followups import followup_plan
 from gate.core.model import Approval
+from gate.core.question_service import QuestionMethods
 from gate.core.ratelimit import RateLimiter
 from gate.core.receipt_key import refusal
 from gate.core.requests import CreateRequest, check_draft, quorum_unreachable_message
@@ -43,8 +44,8 @@ class DecisionResult:
     delegated: tuple[str, str] | None = None
 
 
-class GateService:
-    """The gate's rules over a Store.
+class GateService(QuestionMethods):
+    """The gate's rules over a Store (the questions' methods: ``QuestionMethods``, issue 15).
 
     ``config`` is a ``gate.config.Config``; ``receipt_key`` the HMAC receipt key (bytes);
     ``previous_receipt_key`` the one before a declared rotation (``receipts.previous_key_env``,
@@ -173,6 +174,7 @@ class GateService:
         ``draft_empty`` (a blank draft on a step without ``allow_empty_draft``), Conflict 409
         ``idempotency_key_reused`` (SPEC §3).
         """
+        self.check_approval_step(req.pipeline, req.step)
         policy = self.policy(req.pipeline, req.step)
         check_draft(req, policy.allow_empty_draft)
         requester, policy = self.requester(req, policy)

@@ -21,6 +21,14 @@ from gate.core.decide_tx import decide, new_nonce
 from gate.core.followup_tx import handle_due
 from gate.core.followups import Plan, next_followup_at
 from gate.core.model import Approval, Resolvable
+from gate.core.question_tx import (
+    answer_question,
+    cancel_question,
+    create_question,
+    expire_questions,
+    question_dispatch_result,
+    revise_question,
+)
 from gate.core.ratelimit import RateLimiter
 from gate.core.receipt_key import Settled, settle
 from gate.core.requests import CreateRequest
@@ -323,6 +331,12 @@ TABLE: dict[str, Callable[..., Any]] = {
     "dispatch_result": Transactions.dispatch_result,
     "followups": Transactions.followups,
     "followup_result": Transactions.followup_result,
+    "create_question": create_question,  # issue 15: gate.core.question_tx
+    "revise_question": revise_question,
+    "cancel_question": cancel_question,
+    "expire_questions": expire_questions,
+    "answer_question": answer_question,
+    "question_dispatch_result": question_dispatch_result,
     "configure": Transactions.configure,
     "receipt_key": Transactions.receipt_key,
 }

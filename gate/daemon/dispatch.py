@@ -138,6 +138,12 @@ class Dispatcher:
         self._unrecorded: dict[tuple[str, int], _Result] = {}
         # the follow-up sends this loop drains too (``gate.daemon.followups``; build_gate)
         self.followups: SideOutbox | None = None
+        # further side outboxes drained the same way (issue 15: questions' dispatches)
+        self.side_outboxes: tuple[SideOutbox, ...] = ()
+
+    def sides(self) -> tuple[SideOutbox, ...]:
+        """Every side outbox this loop drains: the follow-ups, then ``side_outboxes``."""
+        return ((self.followups,) if self.followups is not None else ()) + self.side_outboxes
 
     def backoff_ms(self, attempts: int) -> int:
         """The delay before retry number ``attempts`` (1-based), in whole milliseconds: the
@@ -188,8 +194,8 @@ class Dispatcher:
                         delay = max(0.0, (next_at - self.service.clock.now_ms()) / 1000) + 0.002
                         if delay <= 0.002 and self._in_flight:
                             delay = IDLE_S  # everything due is in flight; a finish wakes us
-                    if self.followups is not None:
-                        side_at = await self.followups.launch_due(session, now)
+                    for side in self.sides():
+                        side_at = await side.launch_due(session, now)
                         if side_at is not None:
                             side_s = max(0.0, (side_at - self.service.clock.now_ms()) / 1000)
                             delay = min(delay, side_s + 0.002)
@@ -208,8 +214,8 @@ class Dispatcher:
                 task.cancel()
             if self._in_flight:
                 await asyncio.gather(*self._in_flight.values(), return_exceptions=True)
-            if self.followups is not None:
-                await self.followups.stop()
+            for side in self.sides():
+                await side.stop()
 
     def _forget(self, key: tuple[str, int], _task: asyncio.Task[None]) -> None:
         """Done-callback of an attempt's task: forget it and wake the loop."""

@@ -34,11 +34,18 @@ async def run_expiry(service: GateService, metrics: Metrics) -> None:
             if expired:
                 resolved.labels("timeout").inc(expired)
                 log.info("event=expired count=%d", expired)
+            timed_out = await service.expire_questions()  # issue 15: the same scheduler
+            if timed_out:
+                metrics.question_resolved_many("timeout", timed_out)
             next_followup = await service.store.reads.next_followup()
             if next_followup is not None and next_followup <= service.clock.now_ms():
                 await service.followups_due()  # a write only when one is due
                 next_followup = await service.store.reads.next_followup()
-            next_at = _earliest(await service.store.reads.next_expiry(), next_followup)
+            next_at = _earliest(
+                await service.store.reads.next_expiry(),
+                next_followup,
+                await service.next_question_expiry(),
+            )
         except GateError as exc:
             log.error("event=expiry_failed reason=%s message=%s", exc.code, exc.message)
             next_at = service.clock.now_ms() + int(RETRY_AFTER_ERROR_S * 1000)

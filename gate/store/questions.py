@@ -137,8 +137,7 @@ def next_expiry(conn: sqlite3.Connection) -> int | None:
 def pending_count(conn: sqlite3.Connection) -> int:
     """How many questions are pending."""
     row = conn.execute(
-        "SELECT COUNT(*) FROM questions INDEXED BY questions_pending_expiry"
-        " WHERE state = 'pending'"
+        "SELECT COUNT(*) FROM questions INDEXED BY questions_pending_expiry WHERE state = 'pending'"
     ).fetchone()
     return int(row[0])
 
@@ -201,8 +200,7 @@ class QuestionStatements:
             "UPDATE questions SET version = ? WHERE question_id = ?", (version, question_id)
         )
         self._conn.execute(
-            "INSERT INTO question_outbox (question_id, version, next_attempt_at)"
-            " VALUES (?, ?, ?)",
+            "INSERT INTO question_outbox (question_id, version, next_attempt_at) VALUES (?, ?, ?)",
             (question_id, version, created_at),
         )
 

@@ -168,6 +168,9 @@ def create_api_app(
     app.router.add_get("/v1/approvals", list_approvals)
     app.router.add_get("/v1/approvals/{approval_id}", get_approval)
     app.router.add_post("/v1/approvals/{approval_id}/cancel", cancel_approval)
+    from gate.web.questions import add_question_routes  # it imports this module's keys
+
+    add_question_routes(app)  # issue 15
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/metrics", get_metrics)
     return app

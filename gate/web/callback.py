@@ -20,8 +20,10 @@ from gate.protocol import (
     SIGNATURE_HEADER,
     signing,
 )
-from gate.protocol.envelope import Decision, parse_decision
+from gate.protocol.callback import parse_callback
+from gate.protocol.envelope import Decision
 from gate.protocol.errors import ProtocolError
+from gate.protocol.question import Answer
 from gate.web.common import ULID_RE, error_middleware, read_body
 
 log = logging.getLogger(__name__)
@@ -62,7 +64,10 @@ async def post_decision(request: web.Request) -> web.Response:
     service = request.app[SERVICE]
     decision: Decision | None = None
     try:
-        decision = await _checked_decision(request)
+        parsed = await _checked_decision(request)
+        if isinstance(parsed, Answer):  # issue 15: a question's answer
+            return await _answer(request, parsed)
+        decision = parsed
         result = await service.record_decision(decision)
     except GateError as exc:
         _refused(metrics, exc.status, exc.code, decision)
@@ -75,6 +80,27 @@ async def post_decision(request: web.Request) -> web.Response:
         metrics.delegated(*result.delegated)
     if result.resolution is not None:
         metrics.resolved_by_decision(result.resolution)
+    return web.json_response(result.answer)
+
+
+async def _answer(request: web.Request, answer: Answer) -> web.Response:
+    """Checks 6-13 of issue 15's answer table in ``GateService.record_answer``; counted as
+    answers (``Metrics.answer``), logged with the question_id, never the value."""
+    metrics = request.app[METRICS]
+    try:
+        result = await request.app[SERVICE].record_answer(answer)
+    except GateError as exc:
+        metrics.answer(exc.code)
+        if ULID_RE.fullmatch(answer.question_id):
+            log.info(
+                "event=answer_refused status=%d reason=%s question_id=%s",
+                exc.status,
+                exc.code,
+                answer.question_id,
+            )
+        raise
+    metrics.answer("accepted")
+    metrics.question_resolved("answered")
     return web.json_response(result.answer)
 
 
@@ -93,8 +119,9 @@ def _refused(metrics: Metrics, status: int, reason: str, decision: Decision | No
         log.info("event=decision_refused status=%d reason=%s", status, reason)
 
 
-async def _checked_decision(request: web.Request) -> Decision:
-    """SPEC §2 checks 1-5: size, signature, window, HMAC, then the parsed envelope."""
+async def _checked_decision(request: web.Request) -> Decision | Answer:
+    """SPEC §2 checks 1-5: size, signature, window, HMAC, then the parsed envelope (a
+    decision, or since issue 15 a question's answer: ``parse_callback``)."""
     service = request.app[SERVICE]
     settings = request.app[SETTINGS]
     raw = await read_body(request, MAX_DECISION_BYTES)  # check 1
@@ -115,7 +142,7 @@ async def _checked_decision(request: web.Request) -> Decision:
             kind="invalid",
             extra={"field": PROTOCOL_HEADER},
         )
-    return parse_decision(raw)  # check 5
+    return parse_callback(raw)  # check 5
 
 
 def create_callback_app(

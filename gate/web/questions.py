@@ -1,0 +1,108 @@
+"""The pipeline API's question routes (issue 15): POST/GET /v1/questions, GET
+/v1/questions/{id}[?wait=], POST /v1/questions/{id}/cancel and /revise. Thin handlers: read,
+bound, one service call, ``json_response``."""
+
+from __future__ import annotations
+
+import math
+
+from aiohttp import web
+
+from gate.core.requests import check_idempotency_key
+from gate.errors import GateError
+from gate.protocol.envelope import decode_json
+from gate.web.api import METRICS, SERVICE, SETTINGS
+from gate.web.common import ULID_RE, read_body
+
+MAX_WAIT_S = 300.0
+DEFAULT_LIMIT = 50
+MAX_LIMIT = 500
+STATES = ("pending", "resolved", "all")
+
+
+def _bad_query(name: str, message: str) -> GateError:
+    return GateError(f"invalid_{name}", message, status=400, kind="invalid", extra={"field": name})
+
+
+def _body_limit(request: web.Request) -> int:
+
+    # the text's JSON escaping can grow it up to 6x; the text itself is checked by the service
+    return request.app[SETTINGS].max_draft_bytes * 6 + 64 * 1024
+
+
+async def create_question(request: web.Request) -> web.Response:
+    """POST /v1/questions: 201 new question, 200 same Idempotency-Key and body."""
+
+    raw = await read_body(request, _body_limit(request), "question_too_large")
+    body = decode_json(raw)
+    key = check_idempotency_key(request.headers.get("Idempotency-Key"))
+    view, created = await request.app[SERVICE].create_question(body, key)
+    if created:
+        request.app[METRICS].question_created(view["pipeline"], view["step"])
+    return web.json_response(view, status=201 if created else 200)
+
+
+async def get_question(request: web.Request) -> web.Response:
+    """GET /v1/questions/{id}[?wait=SECONDS]: long-polls up to 300 s for the resolution."""
+
+    service = request.app[SERVICE]
+    question_id = request.match_info["question_id"]
+    wait = request.query.get("wait")
+    if wait is None:
+        return web.json_response(await service.get_question(question_id))
+    try:
+        seconds = float(wait)
+    except ValueError:
+        raise _bad_query("wait", "wait must be a number of seconds") from None
+    if not math.isfinite(seconds) or not 0 <= seconds <= MAX_WAIT_S:
+        raise _bad_query("wait", f"wait must be between 0 and {MAX_WAIT_S:g} seconds")
+    return web.json_response(await service.wait_question(question_id, seconds))
+
+
+async def list_questions(request: web.Request) -> web.Response:
+    """GET /v1/questions?state=&pipeline=&limit=&cursor= -> ``{items, next_cursor}``."""
+
+    query = request.query
+    state = query.get("state", "all")
+    if state not in STATES:
+        raise _bad_query("state", "state must be pending, resolved or all")
+    try:
+        limit = int(query.get("limit", DEFAULT_LIMIT))
+    except ValueError:
+        raise _bad_query("limit", "limit must be an integer") from None
+    if not 1 <= limit <= MAX_LIMIT:
+        raise _bad_query("limit", f"limit must be between 1 and {MAX_LIMIT}")
+    cursor = query.get("cursor") or None
+    if cursor is not None and not ULID_RE.fullmatch(cursor):
+        raise _bad_query("cursor", "cursor must be the next_cursor of a previous page")
+    result = await request.app[SERVICE].list_questions(
+        state, query.get("pipeline") or None, limit, cursor
+    )
+    return web.json_response(result)
+
+
+async def cancel_question(request: web.Request) -> web.Response:
+    """POST /v1/questions/{id}/cancel: resolve ``cancelled``; 409 when already resolved."""
+
+    view = await request.app[SERVICE].cancel_question(request.match_info["question_id"])
+    request.app[METRICS].question_resolved("cancelled")
+    return web.json_response(view)
+
+
+async def revise_question(request: web.Request) -> web.Response:
+    """POST /v1/questions/{id}/revise: version n+1 of a pending question, dispatched again."""
+
+    raw = await read_body(request, _body_limit(request), "question_too_large")
+    view = await request.app[SERVICE].revise_question(
+        request.match_info["question_id"], decode_json(raw)
+    )
+    return web.json_response(view)
+
+
+def add_question_routes(app: web.Application) -> None:
+    """Register the question routes on the pipeline API ``app`` (``create_api_app``)."""
+    app.router.add_post("/v1/questions", create_question)
+    app.router.add_get("/v1/questions", list_questions)
+    app.router.add_get("/v1/questions/{question_id}", get_question)
+    app.router.add_post("/v1/questions/{question_id}/cancel", cancel_question)
+    app.router.add_post("/v1/questions/{question_id}/revise", revise_question)
