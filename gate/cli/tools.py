@@ -108,6 +108,12 @@ def keygen(out_dir: str) -> None:
     "adjust:TEXT.",
 )
 @click.option(
+    "--auto-answer",
+    default=None,
+    help="With --auto: answer every question with VALUE, read as JSON when that fits the "
+    "question (a number, a list, a form's object), else as plain text.",
+)
+@click.option(
     "--max-skew",
     type=float,
     default=300.0,
@@ -115,7 +121,12 @@ def keygen(out_dir: str) -> None:
     help="Refuse dispatches signed more than this many seconds away.",
 )
 def relay(
-    listen: str, secret_env: str, identities: tuple[str, ...], auto: str | None, max_skew: float
+    listen: str,
+    secret_env: str,
+    identities: tuple[str, ...],
+    auto: str | None,
+    auto_answer: str | None,
+    max_skew: float,
 ) -> None:
     """Reference relay: verify each dispatch, ask a human on this terminal (or decide
     automatically with --auto), sign the decision and post it back.
@@ -125,6 +136,12 @@ def relay(
     whole word. Stdin that is no terminal (a pipe, a file) is a script: one line answers
     each prompt, in order, however early it was written. A prompt whose approval went
     stale (a newer revision, expired) is withdrawn with a line saying why.
+
+    A question (issue 15) is shown apart, under a QUESTION header, and answered by its
+    type: a line of text, the number of an option, comma-separated numbers, or one line
+    per form field; an answer that does not fit is refused here and asked again, as is one
+    the gate refuses (422). With --auto, questions get --auto-answer (without it they are
+    refused 503 no_auto_answer).
 
     Asking (no --auto) with stderr on a terminal, only warnings and errors are logged,
     never inside a draft or prompt (they follow it); redirect stderr (2>relay.log) to keep
@@ -148,6 +165,8 @@ def relay(
         auto_decision = AutoDecision.parse(auto) if auto else None
     except ValueError as exc:
         fail(f"--auto: {exc}", 2)
+    if auto_answer is not None and auto_decision is None:
+        fail("--auto-answer needs --auto (without it, questions are asked on the terminal)", 2)
     for identity in identities:  # a dispatch's scope never names such an identity
         if is_blank(identity) or not is_trimmed(identity):
             fail(f"--as: {identity!r} is not an identity (empty, or spaces around it)", 2)
@@ -159,7 +178,7 @@ def relay(
     # asking on a terminal: INFO lines would land in the drafts and prompts (issue 12)
     logs.configure("WARNING" if auto_decision is None and sys.stderr.isatty() else "INFO")
     try:
-        asyncio.run(run_relay(listen, secret, identities, auto_decision, max_skew))
+        asyncio.run(run_relay(listen, secret, identities, auto_decision, max_skew, auto_answer))
     except NoScreen as exc:
         fail(str(exc), 2)
     except OSError as exc:

@@ -144,3 +144,35 @@ class ApiClient:
     async def cancel(self, approval_id: str) -> Any:
         """POST /v1/approvals/{id}/cancel; returns the resolved approval."""
         return (await self._call("POST", f"/v1/approvals/{approval_id}/cancel"))[1]
+
+    # ---- questions (issue 15): their own endpoints, never the approvals' ----------------
+
+    async def create_question(
+        self, body: dict[str, Any], idempotency_key: str | None = None
+    ) -> tuple[Any, bool]:
+        """POST /v1/questions; returns ``(question object, created)`` as ``create`` does for
+        approvals (``created`` False: the gate answered 200, an earlier create with this
+        Idempotency-Key; issue 15)."""
+        headers = {"Idempotency-Key": idempotency_key} if idempotency_key else None
+        status, answer = await self._call("POST", "/v1/questions", body=body, headers=headers)
+        return answer, status == 201
+
+    async def get_question(self, question_id: str, wait: float | None = None) -> Any:
+        """GET /v1/questions/{id}, long-polling up to ``wait`` seconds when given."""
+        params = None if wait is None else {"wait": f"{wait:g}"}
+        return (await self._call("GET", f"/v1/questions/{question_id}", params=params))[1]
+
+    async def list_questions(
+        self, state: str, pipeline: str | None, limit: int, cursor: str | None
+    ) -> Any:
+        """GET /v1/questions with filters; returns ``{items, next_cursor}``."""
+        params = {"state": state, "limit": str(limit)}
+        if pipeline:
+            params["pipeline"] = pipeline
+        if cursor:
+            params["cursor"] = cursor
+        return (await self._call("GET", "/v1/questions", params=params))[1]
+
+    async def cancel_question(self, question_id: str) -> Any:
+        """POST /v1/questions/{id}/cancel; returns the resolved question."""
+        return (await self._call("POST", f"/v1/questions/{question_id}/cancel"))[1]

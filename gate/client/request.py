@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -13,6 +13,7 @@ from ulid import ULID
 
 from gate.client.api import ApiClient, ClientError
 from gate.client.hops import hops
+from gate.client.question_hops import question_hops
 from gate.protocol.envelope import rfc3339
 from gate.trust import permit
 
@@ -48,6 +49,7 @@ async def create_with_retry(
     idempotency_key: str,
     timeout_s: float | None,
     report: Callable[[str], None],
+    create: Callable[[dict[str, Any], str], Awaitable[tuple[Any, bool]]] | None = None,
 ) -> tuple[Any, bool] | None:
     """POST the create until the gate takes it; return ``(approval, created)`` as
     ``ApiClient.create``, or None when ``timeout_s`` seconds passed first. Each attempt is
@@ -58,14 +60,17 @@ async def create_with_retry(
     While the gate cannot be reached or answers 502/503/504, says so once and tries again
     with backoff (``RETRY_BASE_S`` doubling to ``RETRY_CAP_S``), always with
     ``idempotency_key``: an attempt that landed although its answer was lost is found again
-    (200), never created twice (SPEC §3). Other errors are raised (ClientError).
+    (200), never created twice (SPEC §3). Other errors are raised (ClientError). ``create``
+    is the call that creates (default ``api.create``, an approval; ``api.create_question``
+    for ``ask``, issue 15).
     """
+    send = create or api.create
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     outage = 0
     while True:
         limit = None if deadline is None else max(deadline - time.monotonic(), LAST_ATTEMPT_S)
         try:
-            return await asyncio.wait_for(api.create(body, idempotency_key), limit)
+            return await asyncio.wait_for(send(body, idempotency_key), limit)
         except TimeoutError:
             return None
         except ClientError as exc:
@@ -84,7 +89,12 @@ async def create_with_retry(
 
 
 async def wait_for_outcome(
-    api: ApiClient, approval: dict[str, Any], timeout_s: float | None, report: Callable[[str], None]
+    api: ApiClient,
+    approval: dict[str, Any],
+    timeout_s: float | None,
+    report: Callable[[str], None],
+    *,
+    kind: str = "approval",
 ) -> dict[str, Any]:
     """Long-poll until the approval resolves or ``timeout_s`` passes; report each hop.
 
@@ -96,12 +106,15 @@ async def wait_for_outcome(
     approval is durable on the gate (SPEC §8), so waiting goes on. Other errors are raised.
 
     Returns the last approval object seen (``state`` may still be ``pending`` if the
-    client-side timeout elapsed first).
+    client-side timeout elapsed first). With ``kind="question"`` the same loop waits for a
+    question (``api.get_question``, ``question_hops``; issue 15).
     """
+    key, get = ("question_id", api.get_question) if kind == "question" else ("approval_id", api.get)
+    diff = question_hops if kind == "question" else hops
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     current = approval
     outage = 0  # failed polls in a row while the gate cannot be reached
-    for line in hops(None, current):
+    for line in diff(None, current):
         report(line)
     while current["state"] != "resolved":
         remaining = POLL_CHUNK_S if deadline is None else deadline - time.monotonic()
@@ -114,14 +127,14 @@ async def wait_for_outcome(
         elif (current.get("quorum") or {}).get("required", 1) > 1:
             chunk = min(chunk, PARTIAL_POLL_S)
         try:
-            nxt = await api.get(current["approval_id"], wait=chunk)
+            nxt = await get(current[key], wait=chunk)
         except ClientError as exc:
             if not _transient(exc):
                 raise
             if outage == 0:
                 report(
-                    f"the gate is unreachable ({exc.message}); approval "
-                    f"{current['approval_id']} stays pending there: retrying every "
+                    f"the gate is unreachable ({exc.message}); {kind} "
+                    f"{current[key]} stays pending there: retrying every "
                     f"{RETRY_CAP_S:g} s at most (Ctrl-C stops waiting)"
                 )
             outage += 1
@@ -130,7 +143,7 @@ async def wait_for_outcome(
         if outage:
             report("the gate is reachable again")
             outage = 0
-        for line in hops(current, nxt):
+        for line in diff(current, nxt):
             report(line)
         current = nxt
     return current
@@ -195,11 +208,12 @@ class RequestResult:
     permit_error: str | None = None
 
 
-def request_key(given: str | None, wait: bool) -> str | None:
+def request_key(given: str | None, wait: bool, prefix: str = "hitl-request") -> str | None:
     """The Idempotency-Key to send: ``given``, else with ``wait`` one of our own
-    (``hitl-request-<ULID>``), because a create the gate cannot take now is sent again and
-    a key makes that safe (SPEC §3); else None."""
-    return given or (f"hitl-request-{ULID()}" if wait else None)
+    (``<prefix>-<ULID>``: ``hitl-request-…``, ``hitl-ask-…`` for a question), because a
+    create the gate cannot take now is sent again and a key makes that safe (SPEC §3);
+    else None."""
+    return given or (f"{prefix}-{ULID()}" if wait else None)
 
 
 async def run_request(

@@ -6,7 +6,8 @@
 # stdout. Env: HITL_RELAY_SECRET (required), RELAY_APPROVER (default: first approver in the
 # dispatch), RELAY_AUTO=approve|skip|skip:REASON|adjust:TEXT|ask (default approve; ask prompts
 # on /dev/tty, a skip's reason too),
-# RELAY_STATE (directory remembering handled nonces). Details and limits: README.md beside it.
+# RELAY_STATE (directory remembering handled nonces), RELAY_ANSWER (the answer to every question,
+# issue 15: text, or JSON for a multi choice or a form). Details and limits: README.md beside it.
 set -uf
 export LC_ALL=C
 SECRET=${HITL_RELAY_SECRET:?HITL_RELAY_SECRET is not set}
@@ -99,6 +100,12 @@ jq -ej "$SHOW"'if .type == "notice" then (if .protocol == "hitl/v0" and (.approv
   " on behalf of " + (.decided_by[-1].on_behalf_of|line) else "" end) else "" end) + (if
   (.reason|type) == "string" then " (reason: \(.reason|line))" else "" end)
   + "; not asking any more."), "\n" else false end)
+  elif .kind == "question" then (if .protocol == "hitl/v0" and (.question_id|type) == "string"
+  and (.question_id|test("^[A-Za-z0-9_-]{1,128}$")) and (.callback.url|type) == "string" and
+  (.callback.nonce|test("^[A-Za-z0-9_-]{1,128}$")) and (.request_hash|type) == "string" and
+  (.request_hash|test("^sha256:[0-9a-f]{64}$")) and (.question.text|type) == "string" and
+  (.question.response_type|type) == "string" then "question\n", .callback.nonce, "\n"
+  else false end)
   elif .protocol == "hitl/v0" and (.approval_id|type) == "string" and (.callback.url|type) ==
   "string" and (.callback.nonce|test("^[A-Za-z0-9_-]{1,128}$")) and (.draft.body|type) == "string"
   and (.payload_hash|test("^sha256:[0-9a-f]{64}$")) then .payload_hash, "\n", .callback.nonce,
@@ -118,9 +125,19 @@ if [ "$(head -n 1 "$tmp/fields")" = notice ]; then
   fi
   reply '200 OK' '{"status":"accepted"}'
 fi
-{ read -r want_hash; read -r nonce; hash=sha256:$(openssl dgst -sha256 | awk '{print $NF}'); } \
-  < "$tmp/fields"
-[ "$hash" = "$want_hash" ] || reply '400 Bad Request' '{"status":"invalid","reason":"payload_hash"}'
+if [ "$(head -n 1 "$tmp/fields")" = question ]; then
+  # 3b. a question (issue 15): its request_hash is echoed, not recomputed (jq's numbers are
+  #     not the gate's canonical JSON); answered by RELAY_ANSWER only (step 4b)
+  nonce=$(sed -n 2p "$tmp/fields") kind=question
+  [ -n "${RELAY_ANSWER+set}" ] ||
+    reply '503 Service Unavailable' '{"status":"unavailable","reason":"no_answer_configured"}'
+else
+  { read -r want_hash; read -r nonce; hash=sha256:$(openssl dgst -sha256 | awk '{print $NF}'); } \
+    < "$tmp/fields"
+  [ "$hash" = "$want_hash" ] ||
+    reply '400 Bad Request' '{"status":"invalid","reason":"payload_hash"}'
+  kind=approval
+fi
 mkdir -p "$STATE" || reply '500 Internal Server Error' '{"status":"error","reason":"state"}'
 mkdir "$STATE/$nonce" 2>/dev/null || reply '202 Accepted' '{"status":"accepted","duplicate":true}'
 
@@ -227,6 +244,33 @@ decide() {
     "$(jq -r .callback.url "$d")")
   log "$id: $verb as $who -> HTTP $code $(cat "$tmp/answer" 2>/dev/null)"
 }
+answer() {  # 4b. a question (issue 15): print it on stderr, answer RELAY_ANSWER as its type
+  # wants (the text for free text and a single choice, JSON for a multi choice or a form)
+  d=$tmp/dispatch
+  id=$(jq -r .question_id "$d")
+  who=${RELAY_APPROVER:-$(jq -r '.approvers[0] // empty' "$d")}
+  jq -r "$SHOW"'"QUESTION \(.question_id|line) \(.pipeline|line)/\(.step|line) version \(.version|line) (\(.question.response_type|line)): \(.question.text|line)"
+    + (if (.question.options|type) == "array" then " options: " + ([.question.options[] | line]
+    | join(" | ")) else "" end)' "$d" >&2
+  jq -c --arg a "$RELAY_ANSWER" --arg who "$who" --arg now "$(date -u +%Y-%m-%dT%H:%M:%SZ)" \
+    '{protocol: "hitl/v0", kind: "question", question_id, nonce: .callback.nonce,
+      decision: "answer", request_hash,
+      value: (if .question.response_type == "free_text" or .question.response_type ==
+        "single_choice" then $a else ($a | fromjson) end),
+      approver: {id: $who, display: $who, channel: "shell"}, decided_at: $now}' \
+    "$d" > "$tmp/decision" || { log "RELAY_ANSWER is not JSON for question $id"; return 1; }
+  ts=$(date +%s)
+  mac=$({ printf '%s.' "$ts"; cat "$tmp/decision"; } | hmac)
+  code=$(curl -sS --proto =http,https --max-time 30 --retry 4 -o "$tmp/answer" -w '%{http_code}' \
+    -H 'Content-Type: application/json; charset=utf-8' -H 'X-Hitl-Protocol: hitl/v0' \
+    -H "X-Draftcat-Signature: t=$ts,v1=$mac" --data-binary @"$tmp/decision" \
+    "$(jq -r .callback.url "$d")")
+  log "question $id: answer as $who -> HTTP $code $(cat "$tmp/answer" 2>/dev/null)"
+}
 trap - EXIT
+if [ "$kind" = question ]; then
+  ( trap 'rm -rf "$tmp"' EXIT; answer ) </dev/null >&2 &
+  reply '202 Accepted' '{"status":"accepted"}'
+fi
 ( trap 'rm -rf "$tmp"' EXIT; decide ) </dev/null >&2 &
 reply '202 Accepted' '{"status":"accepted"}'

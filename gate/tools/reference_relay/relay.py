@@ -15,7 +15,7 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,6 +28,7 @@ from gate.protocol import PROTOCOL, PROTOCOL_HEADER, SIGNATURE_HEADER, signing
 from gate.protocol.canonical import payload_hash, wire_json
 from gate.protocol.envelope import build_decision, decode_json
 from gate.protocol.whitespace import identity_key, is_blank
+from gate.tools.reference_relay.questions import QuestionDesk
 from gate.tools.reference_relay.state import Knowledge, Sent, expiry_of, revision_of
 from gate.tools.reference_relay.terminal import LogHold, Terminal, Withdrawn
 from gate.tools.reference_relay.view import greeting, resolved_elsewhere, shown, verdict
@@ -72,6 +73,7 @@ class Relay:
         max_skew: float,
         session: aiohttp.ClientSession,
         terminal: Terminal,
+        auto_answer: str | None = None,
     ) -> None:
         self.secret = secret
         self.identities = tuple(identities)
@@ -84,6 +86,7 @@ class Relay:
         self.asking: tuple[str, int, asyncio.Future[str]] | None = None  # prompt on screen
         self.stdin_closed = False
         self.queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        self.questions = QuestionDesk(self, auto_answer)  # issue 15: questions, apart
 
     async def receive(self, request: web.Request) -> web.Response:
         """Verify and ack a dispatch (202), queue it for a human; 401/400 when refused, 503
@@ -110,6 +113,8 @@ class Relay:
             )
         if envelope.get("type") == "notice":  # issue 14 §4: never shown as a request
             return self._notice(envelope)
+        if envelope.get("kind") == "question":  # issue 15: never read as an approval
+            return self.questions.receive(envelope)
         missing = _missing_field(envelope)
         if missing is not None:  # say what is wrong, not a hash mismatch (new-user review)
             log.warning("event=dispatch_refused reason=invalid_dispatch field=%s", missing)
@@ -214,14 +219,22 @@ class Relay:
             adjust_text=text if verb == "adjust" else None,
             reason=text if verb == "skip" else None,
         )
-        body = wire_json(decision)
+        return await self.post_signed(envelope["callback"]["url"], decision)
+
+    async def post_signed(self, url: str, message: dict[str, Any]) -> tuple[int, Any]:
+        """Sign ``message`` (a decision or an answer) with a fresh ``t`` and POST it to
+        ``url`` without following redirects; return (status, decoded answer or its text).
+
+        Raises aiohttp.ClientError or TimeoutError when the gate cannot be reached.
+        """
+        body = wire_json(message)
         headers = {
             "Content-Type": "application/json; charset=utf-8",
             PROTOCOL_HEADER: PROTOCOL,
             SIGNATURE_HEADER: signing.sign(self.secret, int(time.time()), body),
         }
         async with self.session.post(
-            envelope["callback"]["url"], data=body, headers=headers, allow_redirects=False
+            url, data=body, headers=headers, allow_redirects=False
         ) as resp:
             text_answer = await resp.text()
             try:
@@ -235,11 +248,29 @@ class Relay:
     ) -> tuple[int, Any] | None:
         """POST a decision, retrying with backoff while the gate is unreachable or answers 5xx,
         until the dispatch's ``expires_at``. Returns the last answer, or None if it never came."""
+        return await self.deliver_with(
+            envelope, identity, lambda: self.post_decision(envelope, identity, verb, text)
+        )
+
+    async def deliver_with(
+        self,
+        envelope: dict[str, Any],
+        identity: str,
+        send: Callable[[], Awaitable[tuple[int, Any]]],
+    ) -> tuple[int, Any] | None:
+        """``send()`` (a decision's or an answer's POST) until the gate answers below 500,
+        retrying with backoff while it is unreachable or answers 5xx, until the dispatch's
+        ``expires_at``. Returns the last answer, or None if it never came."""
+        subject = (
+            f"question_id={envelope.get('question_id')}"
+            if envelope.get("kind") == "question"
+            else f"approval_id={envelope.get('approval_id')}"
+        )
         deadline = expiry_of(envelope, time.time())
         delay = 1.0
         while True:
             try:
-                status, answer = await self.post_decision(envelope, identity, verb, text)
+                status, answer = await send()
                 if status < 500:
                     return status, answer
                 problem = f"HTTP {status}"
@@ -247,16 +278,15 @@ class Relay:
                 problem = f"{type(exc).__name__}: {exc}"
             if time.time() + delay >= deadline:
                 log.error(
-                    "event=decision_lost approval_id=%s approver=%s error=%r (the approval "
-                    "expires at the gate)",
-                    envelope.get("approval_id"),
+                    "event=decision_lost %s approver=%s error=%r (it expires at the gate)",
+                    subject,
                     identity,
                     problem,
                 )
                 return None
             log.warning(
-                "event=decision_retry approval_id=%s approver=%s error=%r retry_in_s=%.0f",
-                envelope.get("approval_id"),
+                "event=decision_retry %s approver=%s error=%r retry_in_s=%.0f",
+                subject,
                 identity,
                 problem,
                 delay,
@@ -269,11 +299,15 @@ class Relay:
         while True:
             envelope = await self.queue.get()
             try:
-                await self._handle(envelope)
+                if envelope.get("kind") == "question":
+                    await self.questions.handle(envelope)
+                else:
+                    await self._handle(envelope)
             except (KeyError, TypeError) as exc:
                 log.error(
-                    "event=decision_failed approval_id=%s error=%r",
+                    "event=decision_failed approval_id=%s question_id=%s error=%r",
                     envelope.get("approval_id"),
+                    envelope.get("question_id"),
                     exc,
                 )
 
@@ -422,9 +456,15 @@ def _quorum_field(envelope: dict[str, Any]) -> str:
 
 
 async def run_relay(
-    listen: str, secret: str, identities: Sequence[str], auto: AutoDecision | None, max_skew: float
+    listen: str,
+    secret: str,
+    identities: Sequence[str],
+    auto: AutoDecision | None,
+    max_skew: float,
+    auto_answer: str | None = None,
 ) -> None:
-    """Serve the relay on ``listen`` (``host:port``) until SIGINT/SIGTERM."""
+    """Serve the relay on ``listen`` (``host:port``) until SIGINT/SIGTERM; with ``auto``,
+    ``auto_answer`` answers every question (issue 15)."""
     import signal
 
     parsed = parse_listen(listen)
@@ -439,7 +479,7 @@ async def run_relay(
     ) as session:
         hold = LogHold.install() if auto is None else None
         terminal = Terminal.open(loop, hold) if auto is None else Terminal.for_auto(loop)
-        relay = Relay(secret, identities, auto, max_skew, session, terminal)
+        relay = Relay(secret, identities, auto, max_skew, session, terminal, auto_answer)
         app = web.Application()
         app.router.add_post("/{tail:.*}", relay.receive)
         runner = web.AppRunner(app, access_log=None)

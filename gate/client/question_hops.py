@@ -1,0 +1,47 @@
+"""The lines ``hitl-gate ask --wait`` reports on stderr: one per change between two views of
+a question (dispatched, answered, resolved, receipted). Never the question's text nor the
+answer's value (issue 15: treated like a draft; the answer goes to stdout only)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gate.client.hops import visible
+
+
+def question_hops(before: dict[str, Any] | None, after: dict[str, Any]) -> list[str]:
+    """One human line per change from ``before`` (None: nothing seen yet) to ``after``, two
+    question objects of ``GET /v1/questions/{id}`` (issue 15)."""
+    lines: list[str] = []
+    old = (before or {}).get("dispatch") or {}
+    new = after.get("dispatch") or {}
+    version = new.get("version") or after.get("version")
+    old_version = old.get("version") or (before or {}).get("version")
+    if new.get("delivered_at") and (
+        new.get("delivered_at") != old.get("delivered_at") or version != old_version
+    ):
+        lines.append(
+            f"dispatched question version {version} to the relay "
+            f"(attempt {new.get('attempts')}, acked {new['delivered_at']})"
+        )
+    elif new.get("last_error") and new.get("last_error") != old.get("last_error"):
+        lines.append(f"dispatch not acked yet: {new['last_error']} (retrying)")
+    answer = after.get("answer")
+    if isinstance(answer, dict) and not isinstance((before or {}).get("answer"), dict):
+        lines.append(
+            f"answered by {visible(str(answer.get('identity')))} (operator "
+            f"{answer.get('operator_id')}, version {answer.get('version')}, via "
+            f"{visible(str(answer.get('channel') or 'relay'))})"
+        )
+    if after["state"] == "resolved" and (before or {}).get("state") != "resolved":
+        lines.append(
+            f"resolved: {after['outcome']} (version {after.get('version')}, "
+            f"{after.get('request_hash')})"
+        )
+        receipt = after.get("receipt") or {}
+        if receipt:
+            lines.append(
+                f"receipt: audit entry {receipt.get('seq')} "
+                f"{receipt.get('alg')}={receipt.get('receipt')}"
+            )
+    return lines

@@ -1,0 +1,342 @@
+"""The reference relay's questions (issue 15): take a signed question dispatch (its signature
+and window were checked by ``Relay.receive``, as for approvals), ack it at once, ask the one
+answerer in scope on the terminal (or answer with ``--auto-answer``), check the answer with
+``gate.protocol.question.check_value`` before sending it, post it signed (``build_answer``)
+and ask again when the gate refuses the value (422). Nothing here ever decides an approval.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import hashlib
+import json
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+from aiohttp import web
+
+from gate.errors import GateError
+from gate.protocol.canonical import canonical_json
+from gate.protocol.question import QuestionSpec, build_answer, check_value
+from gate.protocol.whitespace import identity_key
+from gate.tools.reference_relay.question_view import (
+    OMIT,
+    answer_prompt,
+    field_prompt,
+    form_fields,
+    gate_refusal,
+    line,
+    parse_choice,
+    parse_field,
+    render_question,
+)
+from gate.tools.reference_relay.state import expiry_of
+from gate.tools.reference_relay.terminal import Withdrawn
+
+if TYPE_CHECKING:
+    from gate.tools.reference_relay.relay import Relay
+
+log = logging.getLogger(__name__)
+
+# the relay does not know the step's max_answer_chars: it checks against what a 64 KiB
+# answer envelope can hold, and the gate's 422 for a longer answer than the step takes is
+# shown and asked again
+LOCAL_MAX_ANSWER_CHARS = 60_000
+
+
+def _invalid(field: str) -> web.Response:
+    log.warning("event=dispatch_refused reason=invalid_dispatch kind=question field=%s", field)
+    return web.json_response(
+        {"status": "invalid", "reason": "invalid_dispatch", "field": field}, status=400
+    )
+
+
+def version_of(envelope: dict[str, Any]) -> int:
+    """The question dispatch's ``version`` (1 when absent or not an integer)."""
+    version = envelope.get("version")
+    return version if isinstance(version, int) and not isinstance(version, bool) else 1
+
+
+def question_hash(envelope: dict[str, Any]) -> str:
+    """The ``request_hash`` the dispatch's own fields give (issue 15 "Wire"): SHA-256 of the
+    canonical JSON of ``{question_id, version, question}``, so what is shown is what the
+    answer's echoed hash covers."""
+    body = {
+        "question_id": envelope.get("question_id"),
+        "version": envelope.get("version"),
+        "question": envelope.get("question"),
+    }
+    return "sha256:" + hashlib.sha256(canonical_json(body)).hexdigest()
+
+
+def auto_value(spec: QuestionSpec, given: str) -> Any:
+    """The ``--auto-answer`` VALUE for this question: VALUE read as JSON when that fits the
+    question, else VALUE as plain text when that fits; raises GateError (422
+    ``invalid_value``) with the JSON reading's reason when neither does."""
+    try:
+        candidates: list[Any] = [json.loads(given), given]
+    except ValueError:
+        candidates = [given]
+    error: GateError | None = None
+    for value in candidates:
+        try:
+            return check_value(spec, value, max_answer_chars=LOCAL_MAX_ANSWER_CHARS)
+        except GateError as exc:
+            error = error or exc
+    assert error is not None
+    raise error
+
+
+def _settle(future: asyncio.Future[str], reason: str) -> None:
+    if not future.done():
+        future.set_result(reason)
+
+
+class QuestionDesk:
+    """The questions side of a ``Relay``: receives, asks, answers. ``auto_answer`` is the
+    ``--auto-answer`` VALUE (None: ask on the terminal, or refuse with ``--auto`` alone)."""
+
+    def __init__(self, relay: Relay, auto_answer: str | None) -> None:
+        self.relay = relay
+        self.auto_answer = auto_answer
+
+    def receive(self, envelope: dict[str, Any]) -> web.Response:
+        """Check a question dispatch's fields and hash, ack it (202) and queue it; 400
+        ``invalid_dispatch`` naming the field, 400 ``request_hash_mismatch``, 503 when nobody
+        here can answer (input ended, or ``--auto`` without ``--auto-answer``)."""
+        relay = self.relay
+        for name in ("question_id", "request_hash"):
+            if not isinstance(envelope.get(name), str):
+                return _invalid(name)
+        question, callback = envelope.get("question"), envelope.get("callback")
+        if not isinstance(question, dict):
+            return _invalid("question")
+        try:
+            QuestionSpec.from_json(question)
+        except (KeyError, TypeError, ValueError):
+            return _invalid("question")
+        for child in ("url", "nonce"):
+            if not isinstance(callback, dict) or not isinstance(callback.get(child), str):
+                return _invalid(f"callback.{child}")
+        if not isinstance(envelope.get("approvers"), list):
+            return _invalid("approvers")
+        if question_hash(envelope) != envelope["request_hash"]:
+            log.warning("event=dispatch_refused reason=request_hash_mismatch kind=question")
+            return web.json_response(
+                {"status": "invalid", "reason": "request_hash_mismatch"}, status=400
+            )
+        nonce = envelope["callback"]["nonce"]
+        if nonce in relay.handled:  # the gate re-sent a dispatch whose ack it missed
+            return web.json_response({"status": "accepted", "duplicate": True}, status=202)
+        unable = relay.auto is not None and self.auto_answer is None
+        if unable or (relay.stdin_closed and relay.auto is None):
+            reason = "no_auto_answer" if unable else "no_human_at_terminal"
+            log.warning(
+                "event=dispatch_refused reason=%s question_id=%s", reason, envelope["question_id"]
+            )
+            return web.json_response({"status": "unavailable", "reason": reason}, status=503)
+        relay.handled.add(nonce)
+        relay._newer(envelope["question_id"], version_of(envelope))
+        relay.queue.put_nowait(envelope)
+        return web.json_response({"status": "accepted"}, status=202)
+
+    def _stale(self, envelope: dict[str, Any]) -> str | None:
+        """Why nobody should answer this dispatch any more, or None while it is current."""
+        known, qid, version = self.relay.known, envelope["question_id"], version_of(envelope)
+        if qid in known.closed:
+            return f"Question {line(qid)} {known.closed[qid]}"
+        if known.latest.get(qid, 0) > version:
+            return f"Question {line(qid)} version {version} was superseded by a newer version"
+        if time.time() >= expiry_of(envelope, time.time()):
+            return f"Question {line(qid)} expired at {line(envelope.get('expires_at'))}"
+        return None
+
+    def _answerer(self, envelope: dict[str, Any]) -> str | None:
+        """Who answers: the first ``--as`` identity in scope, else the first approver."""
+        approvers = [a for a in envelope["approvers"] if isinstance(a, str)]
+        if not self.relay.identities:
+            return approvers[0] if approvers else None
+        keys = {identity_key(a) for a in approvers}
+        return next((i for i in self.relay.identities if identity_key(i) in keys), None)
+
+    async def handle(self, envelope: dict[str, Any]) -> None:
+        """Ask (or auto-answer) until the gate records an answer or says nobody needs one."""
+        relay, qid = self.relay, envelope["question_id"]
+        spec = QuestionSpec.from_json(envelope["question"])
+        log.info(
+            "event=question_received question_id=%s version=%d request_hash=%s type=%s",
+            qid,
+            version_of(envelope),
+            envelope["request_hash"],
+            spec.response_type,
+        )
+        identity = self._answerer(envelope)
+        if identity is None:
+            log.warning("event=not_in_scope question_id=%s", qid)
+            relay._tell(
+                f"\nQuestion {line(qid)}: none of {', '.join(relay.identities)} may answer "
+                "it; not shown (start the relay with --as one of its approvers)."
+            )
+            return
+        while True:
+            stale = self._stale(envelope)
+            if stale is not None:
+                relay._tell(f"\n{stale}; not asking.")
+                return
+            value = await self._value(envelope, spec, identity)
+            if value is OMIT:
+                return
+            result = await relay.deliver_with(
+                envelope, identity, functools.partial(self._post, envelope, identity, value)
+            )
+            if result is None:
+                return
+            status, answer = result
+            fields = answer if isinstance(answer, dict) else {}
+            log.info(
+                "event=answer_sent question_id=%s approver=%s answer=%s reason=%s",
+                qid,
+                identity,
+                status,
+                fields.get("reason"),
+            )
+            if status == 422 and relay.auto is None:
+                relay.terminal.say(f"The gate refused that answer: {gate_refusal(answer)}.")
+                relay.terminal.say("Please answer again.")
+                continue
+            relay._tell(self._verdict(envelope, status, fields))
+            return
+
+    def _verdict(self, envelope: dict[str, Any], status: int, fields: dict[str, Any]) -> str:
+        """Remember what the gate's answer says and put it in one line for the terminal."""
+        qid, known, reason = envelope["question_id"], self.relay.known, fields.get("reason")
+        if status == 200 or reason == "duplicate":
+            known.closed[qid] = "was answered"
+            return f"Recorded: question {line(qid)} is answered."
+        if reason == "superseded":
+            known.newer(qid, version_of(envelope) + 1)
+            return (
+                f"Question {line(qid)} version {version_of(envelope)} was superseded by a "
+                "newer version; your answer was not recorded (the new version is asked "
+                "when it arrives)."
+            )
+        if reason in ("already_resolved", "expired", "unknown_question"):
+            outcome = line(fields.get("outcome") or reason)
+            known.closed[qid] = f"was resolved ({outcome})"
+            return f"Question {line(qid)} is already resolved ({outcome}); dropped."
+        return (
+            f"The gate did not record your answer to question {line(qid)}: "
+            f"{gate_refusal(fields)} (HTTP {status})."
+        )
+
+    async def _post(self, envelope: dict[str, Any], identity: str, value: Any) -> tuple[int, Any]:
+        message = build_answer(
+            question_id=envelope["question_id"],
+            nonce=envelope["callback"]["nonce"],
+            request_hash=envelope["request_hash"],
+            value=value,
+            approver_id=identity,
+            decided_at_ms=int(time.time() * 1000),
+            channel="auto" if self.relay.auto is not None else "terminal",
+        )
+        return await self.relay.post_signed(envelope["callback"]["url"], message)
+
+    async def _value(self, envelope: dict[str, Any], spec: QuestionSpec, identity: str) -> Any:
+        """A value that passed ``check_value``, or ``OMIT`` when none will come (the auto
+        answer does not fit, input ended, the prompt was withdrawn)."""
+        relay = self.relay
+        if relay.auto is not None:
+            assert self.auto_answer is not None
+            try:
+                return auto_value(spec, self.auto_answer)
+            except GateError as exc:
+                log.error(
+                    "event=auto_answer_refused question_id=%s field=%s reason=%r",
+                    envelope["question_id"],
+                    exc.extra.get("field"),
+                    exc.message,
+                )
+                return OMIT
+        if relay.stdin_closed:
+            return OMIT
+        try:
+            return await self._prompt(envelope, spec, identity)
+        except Withdrawn as exc:
+            log.info(
+                "event=prompt_withdrawn question_id=%s reason=%r", envelope["question_id"], str(exc)
+            )
+        except EOFError:
+            relay.stdin_closed = True
+            log.warning("event=stdin_closed reason=%r", "no human can answer on this terminal")
+            relay.terminal.say("Input ended: nobody can answer here any more. Ctrl-C stops.")
+        return OMIT
+
+    async def _prompt(self, envelope: dict[str, Any], spec: QuestionSpec, identity: str) -> Any:
+        """Show the question and read an answer until one passes ``check_value``; withdrawn
+        (Withdrawn) when it goes stale on screen (a newer version, expiry)."""
+        relay, terminal = self.relay, self.relay.terminal
+        loop = asyncio.get_running_loop()
+        stale: asyncio.Future[str] = loop.create_future()
+        timer = loop.call_later(
+            max(0.0, expiry_of(envelope, time.time()) - time.time()),
+            _settle,
+            stale,
+            f"Question {line(envelope['question_id'])} expired while waiting for an answer; "
+            "not asking any more.",
+        )
+        relay.asking = (envelope["question_id"], version_of(envelope), stale)
+        if terminal.hold is not None:
+            terminal.hold.hold(True)
+        try:
+            screen = render_question(envelope, identity, terminal.width())
+            await asyncio.to_thread(terminal.say, screen, "")
+            terminal.lines.arm()
+            while True:
+                value = await self._read(envelope, spec, stale)
+                try:
+                    return check_value(spec, value, max_answer_chars=LOCAL_MAX_ANSWER_CHARS)
+                except GateError as exc:
+                    terminal.say(f"Not taken: {line(exc.message)}.")
+        except Withdrawn as exc:
+            terminal.say(f"\n{exc}")
+            raise
+        except EOFError:
+            terminal.say("")
+            raise
+        finally:
+            timer.cancel()
+            relay.asking = None
+            terminal.lines.disarm()
+            if terminal.hold is not None:
+                terminal.hold.hold(False)
+
+    async def _read(
+        self, envelope: dict[str, Any], spec: QuestionSpec, stale: asyncio.Future[str]
+    ) -> Any:
+        """One typed answer of the question's type (not yet checked)."""
+        terminal = self.relay.terminal
+        kind = spec.response_type
+        if kind != "form":
+            while True:
+                terminal.say(answer_prompt(envelope), end="")
+                text = await terminal.lines.next(stale)
+                if kind == "free_text":
+                    return text
+                typed = parse_choice(text, list(spec.options or ()), kind == "multi_choice")
+                if typed.hint is None:
+                    return typed.value
+                terminal.say(typed.hint)
+        terminal.say(answer_prompt(envelope))
+        value: dict[str, Any] = {}
+        for name, prop, required in form_fields(envelope["question"]):
+            while True:
+                terminal.say(field_prompt(name, prop, required), end="")
+                typed = parse_field(await terminal.lines.next(stale), prop, required)
+                if typed.hint is None:
+                    break
+                terminal.say(typed.hint)
+            if typed.value is not OMIT:
+                value[name] = typed.value
+        return value
