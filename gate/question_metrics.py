@@ -13,31 +13,33 @@ _REASON = re.compile(r"[a-z0-9_.:]{1,64}")
 
 
 class QuestionMetrics:
-    """``hitl_questions_created_total{pipeline,step}``, ``hitl_questions_resolved_total
-    {outcome}``, ``hitl_answers_total{result}`` (``accepted`` or the refusal reason) and the
-    gauge ``hitl_questions_pending`` (read at scrape time)."""
+    """``hitl_gate_questions_created_total{pipeline,step}``, ``hitl_gate_questions_resolved_total
+    {outcome}``, ``hitl_gate_answers_total{result}`` (``accepted`` or the refusal reason) and the
+    gauge ``hitl_gate_questions_pending`` (read at scrape time)."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
         self.created = Counter(
-            "hitl_questions_created",
+            "hitl_gate_questions_created",
             "Questions created, by pipeline and step.",
             ["pipeline", "step"],
             registry=registry,
         )
         self.resolved = Counter(
-            "hitl_questions_resolved",
+            "hitl_gate_questions_resolved",
             "Questions resolved, by outcome (answered, timeout, cancelled).",
             ["outcome"],
             registry=registry,
         )
         self.answers = Counter(
-            "hitl_answers",
+            "hitl_gate_answers",
             "Answers received: accepted, or refused by reason.",
             ["result"],
             registry=registry,
         )
         self.pending = Gauge(
-            "hitl_questions_pending", "Questions pending (read at scrape time).", registry=registry
+            "hitl_gate_questions_pending",
+            "Questions pending (read at scrape time).",
+            registry=registry,
         )
         for outcome in QUESTION_OUTCOMES:
             self.resolved.labels(outcome)

@@ -257,6 +257,10 @@ def test_metric_names_follow_prometheus_conventions(gate: GateProcess, relay: Ca
         "hitl_gate_relay_last_ack_age_seconds",
         "hitl_gate_writer_unanswered_seconds",
         "hitl_gate_notices",
+        "hitl_gate_questions_created",  # issue 15
+        "hitl_gate_questions_resolved",
+        "hitl_gate_questions_pending",
+        "hitl_gate_answers",
         "hitl_gate_reminders_sent",
         "hitl_gate_escalations",
         "hitl_gate_followups_failed",
