@@ -147,6 +147,9 @@ class Misbehaviour:
       dispatch's ``t`` and signs its decisions by that clock.
     - ``blind_notices``: ack any body with ``"type":"notice"`` (issue 14) at once, unverified
       (a relay that does not understand notices and acks what it does not know).
+    - Questions (issue 15; ``kind: "question"``) are answered with the first option (free
+      text: a fixed text) unless ``answer_questions`` is False; ``request_hash`` / ``value``:
+      what to send instead of the dispatch's hash and the honest value.
     """
 
     verify_hmac: bool = True
@@ -163,6 +166,9 @@ class Misbehaviour:
     ack_status: int = 202
     clock_offset_s: float = 0.0
     blind_notices: bool = False
+    answer_questions: bool = True
+    request_hash: str | None = None
+    value: Any = None
 
 
 class BadRelay(LoopServer):
@@ -217,8 +223,11 @@ class BadRelay(LoopServer):
             self.dispatches.append(
                 {"envelope": envelope, "refused": problem, "status": status, "at": time.monotonic()}
             )
-        if self.m.answer and (problem is None or self.m.forward_refused):
-            task = asyncio.get_running_loop().create_task(self._decide(envelope))
+        question = isinstance(envelope, dict) and envelope.get("kind") == "question"
+        answers = self.m.answer_questions if question else self.m.answer
+        if answers and (problem is None or self.m.forward_refused):
+            act = self._answer(envelope) if question else self._decide(envelope)
+            task = asyncio.get_running_loop().create_task(act)
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
         if problem:
@@ -227,22 +236,48 @@ class BadRelay(LoopServer):
             await asyncio.sleep(self.m.hold_s)
         return web.json_response({"status": "accepted"}, status=self.m.ack_status)
 
-    async def _decide(self, envelope: dict[str, Any]) -> None:
+    async def _answer(self, envelope: dict[str, Any]) -> None:
+        """Answer a question (issue 15): ``decision: "answer"`` with a typed value."""
+        question = envelope["question"]
+        options = question.get("options") or []
+        honest: Any = "ok" if not options else options[0]
+        if question["response_type"] == "multi_choice":
+            honest = [options[0]]
+        body = {
+            "protocol": "hitl/v0",
+            "kind": "question",
+            "question_id": envelope["question_id"],
+            "nonce": self.m.nonce or envelope["callback"]["nonce"],
+            "decision": "answer",
+            "request_hash": self.m.request_hash or envelope["request_hash"],
+            "value": honest if self.m.value is None else self.m.value,
+            "approver": self._approver(envelope),
+            "decided_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        }
+        await self._post(envelope, body)
+
+    def _approver(self, envelope: dict[str, Any]) -> dict[str, Any]:
         approvers = envelope.get("approvers") or ["nobody@example.com"]
+        return {
+            "id": self.m.approver or approvers[0],
+            "display": "Test Human",
+            "channel": "bad-relay",
+        }
+
+    async def _decide(self, envelope: dict[str, Any]) -> None:
         body = {
             "protocol": "hitl/v0",
             "approval_id": envelope["approval_id"],
             "nonce": self.m.nonce or envelope["callback"]["nonce"],
             "decision": "approve",
             "payload_hash": self.m.payload_hash or envelope["payload_hash"],
-            "approver": {
-                "id": self.m.approver or approvers[0],
-                "display": "Test Human",
-                "channel": "bad-relay",
-            },
+            "approver": self._approver(envelope),
             "adjust_text": None,
             "decided_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         }
+        await self._post(envelope, body)
+
+    async def _post(self, envelope: dict[str, Any], body: dict[str, Any]) -> None:
         raw = json.dumps(body, ensure_ascii=False).encode("utf-8")
         t = int(self._now() * 1000) if self.m.ms_timestamps else int(self._now())
         secret = self.m.sign_secret or self.m.secret

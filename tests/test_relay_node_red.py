@@ -56,6 +56,21 @@ CHECKS = (
     "gate.replay_refused",
     "gate.mutated_hash_refused",
     "gate.out_of_scope_refused",
+    # verify --questions (issue 15): the flow's question path
+    "question.ack",
+    "question.answer_received",
+    "question.answer_signed",
+    "question.answer_in_window",
+    "question.nonce",
+    "question.request_hash_echo",
+    "question.approver_in_scope",
+    "question.value_typed",
+    "question.answer_accepted",
+    "question.refuses_bad_signature",
+    "question.replay_refused",
+    "question.wrong_type_refused",
+    "question.mutated_hash_refused",
+    "question.as_approval_refused",
 )
 LINE = re.compile(r"^(PASS|FAIL)  (\S+)", re.MULTILINE)
 
@@ -105,6 +120,12 @@ def test_flow_reads_raw_body_and_keeps_the_secret_out() -> None:
         assert funcs[name]["libs"] == [{"var": "crypto", "module": "crypto"}]
         assert 'env.get("HITL_RELAY_SECRET")' in funcs[name]["func"]
     assert "HITL_AUTO_DECISION" in funcs["HUMAN STEP (placeholder: replace me)"]["func"]
+    assert "HITL_AUTO_ANSWER" in funcs["QUESTION STEP (placeholder: replace me)"]["func"]
+    # issue 15: a question goes to the question step (output 4), never to the human step
+    (verify_node,) = [n for n in flow if n.get("name") == "verify dispatch signature"]
+    question_step = funcs["QUESTION STEP (placeholder: replace me)"]["id"]
+    assert verify_node["wires"][3] == [question_step]
+    assert all(question_step not in w for w in verify_node["wires"][:3])
     assert not any("credentials" in n for n in flow)  # the secret comes from the environment
 
 
@@ -113,7 +134,7 @@ def test_flow_reads_raw_body_and_keeps_the_secret_out() -> None:
 def test_node_red_relay_is_conformant() -> None:
     rc, out, results = _prove()
     assert rc == 0, out
-    assert re.search(r"^13/13 checks passed: CONFORMANT$", out, re.MULTILINE), out
+    assert re.search(r"^27/27 checks passed: CONFORMANT$", out, re.MULTILINE), out
     assert results == dict.fromkeys(CHECKS, "PASS"), out
     assert "timings: install" in out
 
@@ -135,8 +156,10 @@ def test_node_red_relay_without_signature_check_fails_verify(tmp_path: Path) -> 
     assert rc == 1, out
     assert results["relay.refuses_bad_signature"] == "FAIL", out
     assert results["relay.refuses_stale_timestamp"] == "FAIL", out
+    assert results["question.refuses_bad_signature"] == "FAIL", out  # the same check guards both
     # everything else still works: only the missing check is reported
     assert results["relay.ack"] == results["relay.decision_accepted"] == "PASS", out
+    assert results["question.answer_accepted"] == results["question.value_typed"] == "PASS", out
     assert "NOT CONFORMANT" in out
 
 
@@ -193,6 +216,69 @@ def test_build_node_passes_a_reason_through() -> None:
         ("approve", "absent"),
     ]
     assert "reason must be a string" in outs[3]["errors"][0]
+
+
+_RUN_QUESTION_STEP = r"""
+const [func, dispatches] = JSON.parse(require("fs").readFileSync(0, "utf8"));
+const out = dispatches.map(d => {
+    const node = { error: () => {}, warn: () => {}, status: () => {} };
+    const vars = { HITL_AUTO_ANSWER: "Grüße aus dem Test", HITL_APPROVER_ID: "alice@example.com" };
+    const env = { get: k => vars[k] };
+    const msg = { payload: d, hitl: { question_id: d.question_id } };
+    const result = new Function("msg", "node", "env", func)(msg, node, env);
+    return result.answer.value;
+});
+process.stdout.write(JSON.stringify(out));
+"""
+
+
+@needs_node
+def test_question_step_demo_mode_answers_every_type_with_a_value_that_fits() -> None:
+    """Issue 15: the placeholder's demo/test mode answers a choice with its first option, free
+    text with HITL_AUTO_ANSWER, and a form with values built from its schema; each value
+    passes the gate's own check (``check_value``)."""
+    from gate.protocol.question import check_value, parse_question
+
+    func = next(
+        n for n in _load_flow() if n.get("name") == "QUESTION STEP (placeholder: replace me)"
+    )["func"]
+    schema = {
+        "type": "object",
+        "properties": {
+            "name": {"type": "string", "minLength": 30, "maxLength": 40},
+            "email": {"type": "string", "format": "email"},
+            "site": {"type": "string", "format": "uri"},
+            "when": {"type": "string", "format": "date"},
+            "amount": {"type": "number", "minimum": 2.5, "maximum": 100},
+            "count": {"type": "integer", "minimum": 1.5},
+            "below": {"type": "integer", "maximum": -3},
+            "ok": {"type": "boolean"},
+            "colour": {"type": "string", "enum": ["rot", "grün"]},
+            "tags": {"type": "array", "items": {"type": "string", "enum": ["a", "b", "c"]},
+                     "minItems": 2},
+        },
+        "required": ["name", "email", "amount", "tags"],
+    }  # fmt: skip
+    questions = [
+        {"text": "Warum?", "response_type": "free_text"},
+        {"text": "Welcher?", "response_type": "single_choice", "options": ["Müller", "Ørsted"]},
+        {"text": "Welche?", "response_type": "multi_choice", "options": ["x", "y"]},
+        {"text": "Formular", "response_type": "form", "schema": schema},
+    ]
+    dispatches = [{"question_id": f"q{i}", "question": q} for i, q in enumerate(questions)]
+    proc = subprocess.run(
+        ["node", "-e", _RUN_QUESTION_STEP],
+        input=json.dumps([func, dispatches]),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    values = json.loads(proc.stdout)
+    assert values[:3] == ["Grüße aus dem Test", "Müller", ["x"]]
+    for question, value in zip(questions, values, strict=True):
+        spec = parse_question(question, max_text_chars=1000, max_options=50)
+        check_value(spec, value, max_answer_chars=2000)  # raises on a value that does not fit
 
 
 TAB = "4a1c7e0d2b9f0001"  # the flow's tab: flow context lives under this id

@@ -239,6 +239,12 @@ def _verify_option(error: str) -> str:
     help="The relay claims notice support (relay.notices): also check that it acks a "
     "signed resolution notice, refuses a badly signed one and never answers one.",
 )
+@click.option(
+    "--questions",
+    is_flag=True,
+    help="The relay declares question support (relay.questions, issue 15): also ask it a "
+    "single-choice question, judge its answer and probe the gate's answer checks.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 def verify(
     relay_url: str,
@@ -248,6 +254,7 @@ def verify(
     public_url: str | None,
     timeout: float,
     notices: bool,
+    questions: bool,
     as_json: bool,
 ) -> None:
     """Conformance test of a live relay (SPEC §6): PASS/FAIL per check.
@@ -257,7 +264,10 @@ def verify(
     relay's decision, then checks replay, mutated-hash and out-of-scope refusals. With
     --notices, then sends the relay a signed resolution notice (must be acked 2xx within
     5 s), the same notice badly signed (must be refused) and waits that no decision comes
-    back for it (issue 14).
+    back for it (issue 14). With --questions, then asks the relay a single-choice question
+    (options yes, no, später), judges its answer and checks that the gate refuses that
+    answer replayed, with a wrong-typed value, with a mutated request_hash and turned into
+    an approve (issue 15).
     Exit 0 when every check passes, 1 when one fails, 2 for usage errors.
 
     Example: hitl-gate verify http://127.0.0.1:8091/ --secret-env HITL_RELAY_SECRET
@@ -276,7 +286,7 @@ def verify(
         fail(f"--listen: {exc}", 2)
     try:
         report = asyncio.run(
-            run_verify(relay_url, secret, approver, listen, public_url, timeout, notices)
+            run_verify(relay_url, secret, approver, listen, public_url, timeout, notices, questions)
         )
     except OSError as exc:
         fail(f"--listen: cannot listen on {listen}: {exc}", 2)

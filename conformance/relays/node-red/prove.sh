@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Prove the Node-RED relay template conforms: install node-red 4.1.x (cached in .node/), start it
 # on 127.0.0.1 (free port, temporary userDir), deploy flow.json through the admin API with the
-# automatic human step, run `hitl-gate verify` against it, stop Node-RED.
+# automatic human and question steps, run `hitl-gate verify --questions` against it, stop Node-RED.
 # With HITL_PROVE_SERVE=1 it runs no verify: once the flow answers it prints one line
 # `READY http://127.0.0.1:PORT` on stdout and keeps Node-RED running until its stdin ends
 # (the end of a pipe, Ctrl-D), then stops it (how tests/test_relay_node_red.py puts a real gate
@@ -17,6 +17,8 @@
 #   HITL_APPROVER_ID       identity the automatic human step decides as (default below)
 #   HITL_AUTO_DECISION     the placeholder human step's decision (default approve; empty: none,
 #                          the approval stays pending in the flow)
+#   HITL_AUTO_ANSWER       the placeholder question step's demo/test mode (default ok: a choice
+#                          gets its first option, free text this text; empty: no answer)
 #   HITL_PROVE_SERVE       1: no verify; serve until stdin ends (above)
 #   HITL_VERIFY_TIMEOUT    seconds verify waits for the decision (default 30)
 #   HITL_NODE_RED_CACHE    where node-red is installed (default: .node/ beside this script)
@@ -33,6 +35,7 @@ VERSION=${NODE_RED_VERSION:-~4.1.0}
 APPROVER=${HITL_APPROVER_ID:-conformance-bot@example.com}
 VERIFY_TIMEOUT=${HITL_VERIFY_TIMEOUT:-30}
 AUTO_DECISION=${HITL_AUTO_DECISION-approve}
+AUTO_ANSWER=${HITL_AUTO_ANSWER-ok}
 SERVE=${HITL_PROVE_SERVE:-}
 START_DEADLINE_S=60
 READY_DEADLINE_S=30
@@ -127,7 +130,8 @@ t0=$(now)
     # Node-RED's http request node honours proxy variables: the gate is on loopback.
     exec env -u http_proxy -u https_proxy -u HTTP_PROXY -u HTTPS_PROXY \
         NO_PROXY=127.0.0.1,localhost no_proxy=127.0.0.1,localhost \
-        HITL_AUTO_DECISION="$AUTO_DECISION" HITL_APPROVER_ID="$APPROVER" \
+        HITL_AUTO_DECISION="$AUTO_DECISION" HITL_AUTO_ANSWER="$AUTO_ANSWER" \
+        HITL_APPROVER_ID="$APPROVER" \
         node "$CACHE/node_modules/node-red/red.js" --userDir "$WORK" \
         --settings "$WORK/settings.js" --port 0
 ) > "$WORK/node-red.log" 2>&1 &
@@ -191,7 +195,7 @@ fi
 t0=$(now)
 set +e
 "$GATE" verify "$BASE/hitl" --secret-env HITL_RELAY_SECRET --approver "$APPROVER" \
-    --timeout "$VERIFY_TIMEOUT"
+    --timeout "$VERIFY_TIMEOUT" --questions
 rc=$?
 set -e
 t_verify=$(took "$t0")

@@ -163,17 +163,19 @@ def judge_refusal(
     return passed(name, f"refused ({error or f'HTTP {status}'}), no decision came back")
 
 
-def judge_decision(
+def judge_signature(
     decision: Observed,
     secret: str,
     now_s: float,
     max_skew_s: float,
-    nonce: str,
-    payload_hash: str,
-    approver: str,
+    signed: str = "relay.decision_signed",
+    in_window: str = "relay.decision_in_window",
 ) -> list[CheckResult]:
-    """Check the relay's decision for the real dispatch: signed, in window, nonce, hash, approver,
-    accepted by the gate (SPEC §6 relay side)."""
+    """Check the signature header of a relay's callback (a decision, or since issue 15 an
+    answer): the HMAC over the received bytes (check ``signed``) and its ``t`` within
+    ``max_skew_s`` seconds of ``now_s`` (unix s, the gate's clock at receipt; check
+    ``in_window``). SPEC §2 checks 1-3.
+    """
     results: list[CheckResult] = []
     header = decision.headers.get(SIGNATURE_HEADER.lower())
     try:
@@ -182,7 +184,7 @@ def judge_decision(
         parsed = None
         results.append(
             failed(
-                "relay.decision_signed",
+                signed,
                 f"{exc.code}: {exc.message}",
                 "send X-Draftcat-Signature: t=<unix s>,v1=<hex HMAC-SHA256(secret, "
                 "t + '.' + the exact body bytes you send)>",
@@ -190,19 +192,19 @@ def judge_decision(
         )
         results.append(
             not_run(
-                "relay.decision_in_window",
+                in_window,
                 "the signature header is unusable",
-                "fix relay.decision_signed first",
+                f"fix {signed} first",
             )
         )
     if parsed is not None:
         try:
             signing.check_hmac(parsed, decision.raw, [secret])
-            results.append(passed("relay.decision_signed", "HMAC over the received bytes matches"))
+            results.append(passed(signed, "HMAC over the received bytes matches"))
         except GateError as exc:
             results.append(
                 failed(
-                    "relay.decision_signed",
+                    signed,
                     f"{exc.code}: {exc.message}",
                     "either the secret differs from the gate's, or the bytes "
                     "signed are not the bytes sent (serialize the body once, then "
@@ -220,16 +222,31 @@ def judge_decision(
         )
         try:
             signing.check_window(parsed.t, now_s, max_skew_s)
-            results.append(passed("relay.decision_in_window", f"t is {relation}"))
+            results.append(passed(in_window, f"t is {relation}"))
         except GateError:
             results.append(
                 failed(
-                    "relay.decision_in_window",
+                    in_window,
                     f"t={parsed.t} is {relation} (more than {max_skew_s:g} s away)",
                     "sign with the current unix time in seconds (not ms), and keep "
                     "the relay's clock in sync",
                 )
             )
+    return results
+
+
+def judge_decision(
+    decision: Observed,
+    secret: str,
+    now_s: float,
+    max_skew_s: float,
+    nonce: str,
+    payload_hash: str,
+    approver: str,
+) -> list[CheckResult]:
+    """Check the relay's decision for the real dispatch: signed, in window, nonce, hash, approver,
+    accepted by the gate (SPEC §6 relay side)."""
+    results = judge_signature(decision, secret, now_s, max_skew_s)
     protocol = decision.headers.get(PROTOCOL_HEADER.lower())
     try:
         body = decode_json(decision.raw)

@@ -38,6 +38,7 @@ from gate.tools.conformance.checks import (
     probe,
 )
 from gate.tools.conformance.notices import check_notices
+from gate.tools.conformance.questions import add_question_step, check_questions
 from gate.web.common import Handler
 
 log = logging.getLogger(__name__)
@@ -93,11 +94,17 @@ class Report:
 
 
 def _ephemeral_config(
-    directory: Path, relay_url: str, listen: str, public_url: str | None, approver: str
+    directory: Path,
+    relay_url: str,
+    listen: str,
+    public_url: str | None,
+    approver: str,
+    questions: bool = False,
 ) -> Config:
     """The ephemeral gate's config, validated as a config file would be (its database in
     ``directory``): one pipeline, one step the ``approver`` (operator 1) alone may decide,
-    and an outsider (operator 2) allowed on the relay but out of the step's scope."""
+    and an outsider (operator 2) allowed on the relay but out of the step's scope. With
+    ``questions``, also a question step (``questions.add_question_step``, issue 15)."""
     config = {
         "relay": {
             "url": relay_url,
@@ -135,6 +142,8 @@ def _ephemeral_config(
             }
         ],
     }
+    if questions:
+        add_question_step(config)
     return config_from_mapping(config, directory)
 
 
@@ -218,6 +227,7 @@ async def run_verify(
     public_url: str | None,
     timeout_s: float,
     notices: bool = False,
+    questions: bool = False,
 ) -> Report:
     """Run every SPEC §6 check against the relay at ``relay_url``; return the report.
 
@@ -226,11 +236,13 @@ async def run_verify(
     a bad signature and one with a stale timestamp, waits up to ``timeout_s`` seconds for
     the human's decision, then probes the gate with a replay, a mutated payload hash and an
     out-of-scope approver. With ``notices`` (a relay that claims notice support, issue 14),
-    then checks its resolution notices (``gate.tools.conformance.notices``). Raises OSError
-    when ``listen`` cannot be bound.
+    then checks its resolution notices (``gate.tools.conformance.notices``). With
+    ``questions`` (a relay that declares question support, issue 15), then asks it a
+    question and probes the gate's answer checks (``gate.tools.conformance.questions``).
+    Raises OSError when ``listen`` cannot be bound.
     """
     with tempfile.TemporaryDirectory(prefix="hitl-verify-") as tmp:
-        config = _ephemeral_config(Path(tmp), relay_url, listen, public_url, approver)
+        config = _ephemeral_config(Path(tmp), relay_url, listen, public_url, approver, questions)
         secrets_ = Secrets(
             (secret,), pysecrets.token_hex(16), pysecrets.token_hex(16).encode("ascii")
         )
@@ -281,6 +293,23 @@ async def run_verify(
                                 secret,
                                 target,
                                 lambda approval_id: _for(seen, approval_id),
+                                GRACE_S,
+                            )
+                        )
+                    if questions:
+                        report.checks.extend(
+                            await check_questions(
+                                gate.service,
+                                session,
+                                relay_url,
+                                secret,
+                                approver,
+                                local_url,
+                                callback,
+                                seen,
+                                changed,
+                                timeout_s,
+                                MAX_SKEW_S,
                                 GRACE_S,
                             )
                         )
