@@ -297,10 +297,20 @@ def check_audit(
             f"TAMPERED: approval {records.problem[0]}: "
             f"{records.problem[1]}; the audit log itself verified",
         )
+    asked = report.questions
+    if asked is not None and asked.problem is not None:  # issue 15
+        return Check(
+            "audit",
+            False,
+            f"TAMPERED: question {asked.problem[0]}: {asked.problem[1]}; the audit log "
+            "itself verified",
+        )
     what = ["chain"] + ["receipts"] * (receipt_key is not None) + ["signatures"] * bool(public)
     detail = (
         f"{result.checked} entries, {', '.join(what)} intact; {records.checked} approvals match it"
     )
+    if asked is not None and asked.checked:
+        detail += f", {asked.checked} questions too"
     if receipt_key is None:
         detail += " (receipts not checked: no receipt key)"
     elif result.spans and result.spans[0][0] > 1:
