@@ -19,11 +19,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from gate.protocol.question import build_answer
 from tests.support import (
     CaptureRelay,
     GateProcess,
+    free_port,
     post_decision,
     run_cli,
     wait_until,
@@ -361,3 +363,43 @@ def test_audit_questions_doctor_passes_a_database_with_questions(
     out = proc.stdout.decode()
     assert proc.returncode == 0, out + proc.stderr.decode()
     assert "PASS audit: " in out and "1 approvals match it, 5 questions too" in out, out
+    assert "PASS question dispatch: every pending question's dispatch was acked" in out, out
+    assert "question relay" not in out  # questions go to relay.url, probed by the relay check
+
+
+def test_audit_questions_doctor_probes_a_separate_question_relay(
+    history: History, relay: CaptureRelay, tmp_path: Path
+) -> None:
+    config = history.copy(tmp_path)
+    data = yaml.safe_load(config.read_text(encoding="utf-8"))
+    data["relay"]["question_url"] = f"http://127.0.0.1:{free_port()}/questions"
+    config.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
+
+    proc = run_cli("doctor", "-c", str(config), timeout=60)
+
+    out = proc.stdout.decode()
+    assert proc.returncode == 1, out
+    assert "PASS relay: " in out, out
+    assert f"FAIL question relay: {data['relay']['question_url']} unreachable: " in out, out
+
+
+def test_audit_questions_doctor_names_an_undelivered_question(
+    history: History, relay: CaptureRelay, tmp_path: Path
+) -> None:
+    config = history.copy(tmp_path)
+    _edit(
+        config.parent / "gate.db",
+        "UPDATE question_outbox SET delivered_at = NULL, attempts = 3,"
+        " last_error = 'relay answered HTTP 401: signature_mismatch' WHERE question_id = ?",
+        history.ids["pending"],
+    )
+
+    proc = run_cli("doctor", "-c", str(config), timeout=60)
+
+    out = proc.stdout.decode()
+    assert proc.returncode == 1, out
+    assert (
+        "FAIL question dispatch: 1 pending question not delivered to the question relay; "
+        "latest error: relay answered HTTP 401: signature_mismatch (the relay holds a "
+        "different secret from relay.secret_env"
+    ) in out, out
