@@ -370,6 +370,8 @@ def test_layers_audit_pure_modules_found() -> None:
         "gate.audit.entries",
         "gate.audit.records",
         "gate.audit.record_checks",
+        "gate.audit.question_records",
+        "gate.audit.question_record_checks",
         "gate.audit.report",
         "gate.audit.spans",
     }

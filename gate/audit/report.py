@@ -74,6 +74,16 @@ def verdict(
                 f"verified ({result.checked} entries)",
             ),
         )
+    questions = report.questions
+    if questions is not None and questions.problem is not None:
+        question_id, reason = questions.problem
+        return Verdict(
+            1,
+            (
+                f"TAMPERED: question {question_id}: {reason}; the audit log itself "
+                f"verified ({result.checked} entries)",
+            ),
+        )
     checked = ["chain"] + ["receipts"] * keys.receipt_key + ["signatures"] * keys.public_key
     what = ", ".join(checked[:-1]) + f" and {checked[-1]}" if len(checked) > 1 else checked[0]
     notes = "".join(f"; holds the receipt for entry {seq}" for seq in held_seqs)
@@ -82,6 +92,9 @@ def verdict(
     if matched is not None:
         newer = f" ({matched.newer} written since, not checked)" if matched.newer else ""
         out.append(f"ok: {matched.checked} approvals match the audit log{newer}")
+    if questions is not None and (questions.checked or questions.newer):  # issue 15
+        newer = f" ({questions.newer} written since, not checked)" if questions.newer else ""
+        out.append(f"ok: {questions.checked} questions match the audit log{newer}")
     return Verdict(0, tuple(out), _warnings(result, keys))
 
 

@@ -15,9 +15,10 @@ from pathlib import Path
 from typing import Any
 
 from gate.audit import chain as audit
+from gate.audit import question_records
 from gate.audit import records as audit_records
 from gate.errors import GateError, Unavailable
-from gate.store import auditlog, inspection
+from gate.store import auditlog, inspection, question_audit
 from gate.store.auditlog import DatabaseRows
 from gate.trust.keys import PublicKeys
 
@@ -52,11 +53,14 @@ class AuditReport:
     """What ``verify_database``/``verify_rows`` found, stopping at the first failure:
     ``chain`` (entries, receipts, signatures; not ok or ``wrong_key``: nothing after it was
     checked), then ``anchor`` (the first anchor the log does not hold, else None), then
-    ``records`` (the approval records against the log; None when not checked)."""
+    ``records`` (the approval records against the log; None when not checked), then
+    ``questions`` (the question records, issue 15; None when not checked, or when the
+    approvals' already failed)."""
 
     chain: audit.VerifyResult
     anchor: AnchorProblem | None = None
     records: audit_records.RecordsResult | None = None
+    questions: audit_records.RecordsResult | None = None
 
     @property
     def ok(self) -> bool:
@@ -65,6 +69,7 @@ class AuditReport:
             self.chain.ok
             and self.anchor is None
             and (self.records is None or self.records.problem is None)
+            and (self.questions is None or self.questions.problem is None)
         )
 
 
@@ -85,11 +90,13 @@ def verify_database(
     ``public_keys``, every signature (in parallel, ``verify_chain``, when there are no
     public keys and no leading unknown span); then every receipt in ``expect`` (``(source,
     receipt)`` pairs, in order), the newest resolution receipt the approvals table stores
-    (its source ``the receipt stored with approval ID``) and the chain heads
-    ``expect_heads`` (``(seq, entry_hash)``); then, with ``records``, every approval's rows
-    against the verified log (``gate.audit.records``). Reads only; a running gate may keep
-    writing (entries appended meanwhile are not checked). Raises GateError ``no_database``
-    when there is no file at ``path``, Unavailable when it cannot be read.
+    (its source ``the receipt stored with approval ID``), the questions table's (``... with
+    question ID``, issue 15) and the chain heads ``expect_heads`` (``(seq, entry_hash)``);
+    then, with ``records``, every approval's rows against the verified log
+    (``gate.audit.records``), then every question's (``gate.audit.question_records``).
+    Reads only; a running gate may keep writing (entries appended meanwhile are not
+    checked). Raises GateError ``no_database`` when there is no file at ``path``,
+    Unavailable when it cannot be read.
     """
     if not Path(path).exists():
         raise GateError("no_database", f"no database at {path}")
@@ -104,11 +111,17 @@ def verify_database(
     stored = inspection.latest_stored_receipt(Path(path))
     if stored is not None:  # the database keeps each resolution's receipt with its approval
         anchors.append((f"the receipt stored with approval {stored[0]}", stored[1]))
+    asked = question_audit.latest_stored_receipt(Path(path))
+    if asked is not None:  # and each question's, issue 15
+        anchors.append((f"the receipt stored with question {asked[0]}", asked[1]))
     anchor = _anchor_problem(rows, chain, keys, public_keys, anchors, expect_heads)
     if anchor is not None or not records:
         return AuditReport(chain, anchor)
     matched = audit_records.check(auditlog.approval_records(Path(path)), chain.checked)
-    return AuditReport(chain, None, matched)
+    if matched.problem is not None:
+        return AuditReport(chain, None, matched)
+    asked_ok = question_records.check(question_audit.question_records(Path(path)), chain.checked)
+    return AuditReport(chain, None, matched, asked_ok)
 
 
 def verify_rows(

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from gate.audit import chain as audit
+from gate.audit.question_entries import QUESTION_KINDS
 from gate.audit.records import ApprovalRecord
 from gate.errors import Unavailable
 from gate.store import readonly
@@ -131,14 +132,17 @@ _APPROVAL_COLUMNS = (
     "receipt",
     "scope",
 )
+# a question's entries carry its question_id in audit_log.approval_id (issue 15): they are
+# checked with the questions' rows (gate.store.question_audit), not as an approval's
+_NOT_QUESTIONS = "kind NOT IN (" + ", ".join(f"'{kind}'" for kind in QUESTION_KINDS) + ")"
 
 
 def approval_records(path: Path) -> Iterator[ApprovalRecord]:
-    """Yield every approval named by the approvals table or the audit log of the database at
-    ``path``, in approval_id order, with its revisions, decisions, outbox rows and audit
-    rows, all read in one snapshot (one read transaction: a running gate may keep writing).
-    Streams:
-    memory grows with one approval, not the database (SQLite sorts the log by approval).
+    """Yield every approval named by the approvals table or the audit log (a question's
+    entries aside, issue 15) of the database at ``path``, in approval_id order, with its
+    revisions, decisions, outbox rows and audit rows, all read in one snapshot (one read
+    transaction: a running gate may keep writing). Streams: memory grows with one
+    approval, not the database (SQLite sorts the log by approval).
     Raises Unavailable when it cannot be read; yields nothing for a database without
     tables yet."""
     sql = _audit_query(_connect(path))
@@ -154,7 +158,8 @@ def approval_records(path: Path) -> Iterator[ApprovalRecord]:
             conn.execute(
                 sql.replace(
                     "FROM audit_log ORDER BY seq",
-                    "FROM audit_log WHERE approval_id IS NOT NULL ORDER BY approval_id, seq",
+                    f"FROM audit_log WHERE approval_id IS NOT NULL AND {_NOT_QUESTIONS}"
+                    " ORDER BY approval_id, seq",
                 )
             ),
             1,

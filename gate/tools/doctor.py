@@ -2,9 +2,10 @@
 
 Checks, in order: the config, its secret variables, its Ed25519 key files, the database
 (``PRAGMA integrity_check``, schema version), the audit chain (hashes, receipts, signatures),
-the relay URL (reachable: any HTTP answer to HEAD or OPTIONS), and the clock (after this
-release's date, and close to the relay's ``Date`` header). Nothing is written: the database
-is opened read-only and nothing is dispatched.
+the relay URL (reachable: any HTTP answer to HEAD or OPTIONS), the dispatches, for a config
+that asks questions (issue 15) a separate question relay URL and the questions' dispatches,
+and the clock (after this release's date, and close to the relay's ``Date`` header).
+Nothing is written: the database is opened read-only and nothing is dispatched.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import asyncio
 import os
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 from pathlib import Path
@@ -39,6 +40,11 @@ from gate.protocol.envelope import rfc3339
 from gate.protocol.relay_answers import refusal_reason
 from gate.store import inspection as maintenance
 from gate.tools.doctor_followups import followup_failures, followups_summary
+from gate.tools.doctor_questions import (
+    asks_questions,
+    check_question_dispatch,
+    separate_question_url,
+)
 from gate.trust.keys import ReceiptKeys, load_receipt_keys
 
 # A system clock before this release's date is certainly wrong (e.g. a board without a
@@ -297,10 +303,20 @@ def check_audit(
             f"TAMPERED: approval {records.problem[0]}: "
             f"{records.problem[1]}; the audit log itself verified",
         )
+    asked = report.questions
+    if asked is not None and asked.problem is not None:  # issue 15
+        return Check(
+            "audit",
+            False,
+            f"TAMPERED: question {asked.problem[0]}: {asked.problem[1]}; the audit log "
+            "itself verified",
+        )
     what = ["chain"] + ["receipts"] * (receipt_key is not None) + ["signatures"] * bool(public)
     detail = (
         f"{result.checked} entries, {', '.join(what)} intact; {records.checked} approvals match it"
     )
+    if asked is not None and asked.checked:
+        detail += f", {asked.checked} questions too"
     if receipt_key is None:
         detail += " (receipts not checked: no receipt key)"
     elif result.spans and result.spans[0][0] > 1:
@@ -546,6 +562,17 @@ async def run_checks(
         config.relay.url, config.relay.dispatch_timeout, config.relay.ca_file, now
     )
     now_ms = int(now() * 1000)
+    asked: list[Check] = []  # issue 15: only for a config that asks questions
+    if asks_questions(config):
+        url = separate_question_url(config)
+        if url is not None:
+            found = check_relay(
+                url,
+                await probe_relay(url, config.relay.dispatch_timeout, config.relay.ca_file, now),
+            )
+            asked.append(replace(found, name="question relay"))
+        ok, detail = await asyncio.to_thread(check_question_dispatch, path, dispatch_hint)
+        asked.append(Check("question dispatch", ok, detail))
     return [
         config_check,
         Check("followups", True, followups_summary(config, now_ms, safe_url)),
@@ -555,5 +582,6 @@ async def run_checks(
         audit_check,
         check_relay(config.relay.url, probe),
         await asyncio.to_thread(check_dispatch, path, now_ms),
+        *asked,
         check_clock(now(), probe, config.relay.security.max_skew),
     ]
