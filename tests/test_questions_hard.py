@@ -209,36 +209,52 @@ def _decision_to_question(gate: GateProcess, relay: CaptureRelay) -> dict[str, A
 
 
 REFUSALS = [
-    pytest.param(_unknown, 404, "unknown_question", None, id="unknown-question"),
-    pytest.param(_nonce_of_another, 403, "nonce_mismatch", None, id="nonce-of-another-question"),
-    pytest.param(_superseded, 409, "superseded", None, id="superseded-after-revise"),
-    pytest.param(_hash_mismatch, 403, "request_hash_mismatch", None, id="request-hash-mismatch"),
-    pytest.param(_approver("carol@example.com"), 403, "approver_not_allowed", None, id="carol"),
-    pytest.param(_approver("dave@example.com"), 403, "approver_not_allowed", None, id="dave"),
-    pytest.param(_approver("eve@example.com"), 403, "approver_not_allowed", None, id="stranger"),
+    pytest.param(_unknown, 404, "unknown_question:unknown_question", None, id="unknown-question"),
     pytest.param(
-        _approval_id_only, 400, "invalid_question_id", "question_id", id="approval-id-only"
+        _nonce_of_another, 403, "forbidden:nonce_mismatch", None, id="nonce-of-another-question"
     ),
-    pytest.param(_answer_to_approval, 409, "wrong_kind", None, id="answer-names-an-approval"),
-    pytest.param(_decision_to_question, 409, "wrong_kind", None, id="approve-names-a-question"),
+    pytest.param(_superseded, 409, "superseded:superseded", None, id="superseded-after-revise"),
+    pytest.param(
+        _hash_mismatch, 403, "forbidden:request_hash_mismatch", None, id="request-hash-mismatch"
+    ),
+    pytest.param(
+        _approver("carol@example.com"), 403, "forbidden:approver_not_allowed", None, id="carol"
+    ),
+    pytest.param(
+        _approver("dave@example.com"), 403, "forbidden:approver_not_allowed", None, id="dave"
+    ),
+    pytest.param(
+        _approver("eve@example.com"), 403, "forbidden:approver_not_allowed", None, id="stranger"
+    ),
+    pytest.param(
+        _approval_id_only, 400, "invalid:invalid_question_id", "question_id", id="approval-id-only"
+    ),
+    pytest.param(
+        _answer_to_approval, 409, "conflict:wrong_kind", None, id="answer-names-an-approval"
+    ),
+    pytest.param(
+        _decision_to_question, 409, "conflict:wrong_kind", None, id="approve-names-a-question"
+    ),
 ]
 
 
-@pytest.mark.parametrize(("make", "status", "reason", "field"), REFUSALS)
+@pytest.mark.parametrize(("make", "status", "word_reason", "field"), REFUSALS)
 def test_answer_refusal_is_exact_and_changes_nothing(
     gate: GateProcess,
     relay: CaptureRelay,
     make: Callable[[GateProcess, CaptureRelay], dict[str, Any]],
     status: int,
-    reason: str,
+    word_reason: str,
     field: str | None,
 ) -> None:
+    """``word_reason`` is ``"<status word>:<reason>"``: SPEC §2's answers of checks 6-13 use
+    the reason as the status word (``unknown_approval``, ``superseded``), 403s ``forbidden``."""
     body = make(gate, relay)
     before = snapshot(gate)
 
     got, out = post(gate, body)
 
-    assert (got, out["reason"]) == (status, reason), out
+    assert (got, f"{out['status']}:{out['reason']}") == (status, word_reason), out
     if field is not None:
         assert out["field"] == field, out
     assert snapshot(gate) == before
