@@ -680,3 +680,25 @@ def test_revise_refusal_changes_nothing(
     if field is not None:
         assert out["field"] == field
     assert snapshot(gate) == before
+
+
+def test_revise_keeps_the_deadline_and_changes_hash_and_nonce(
+    gate: GateProcess, relay: CaptureRelay
+) -> None:
+    q = ask(gate, response_type="single_choice", options=["acme", "globex"])
+    d1 = dispatch_of(relay, q["question_id"])
+
+    status, revised = gate.api().call(
+        "POST",
+        f"/v1/questions/{q['question_id']}/revise",
+        {"response_type": "free_text"},
+    )
+
+    assert status == 200, revised
+    assert (revised["expires_at"], revised["created_at"]) == (q["expires_at"], q["created_at"])
+    assert revised["question"] == {"text": "Which supplier?", "response_type": "free_text"}
+    d2 = dispatch_of(relay, q["question_id"], 2)
+    assert d2["expires_at"] == d1["expires_at"]
+    assert d2["request_hash"] != d1["request_hash"]
+    assert d2["callback"]["nonce"] != d1["callback"]["nonce"]
+    assert kinds_of(gate, q["question_id"]).count("question_revised") == 1
