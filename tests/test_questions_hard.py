@@ -702,3 +702,17 @@ def test_revise_keeps_the_deadline_and_changes_hash_and_nonce(
     assert d2["request_hash"] != d1["request_hash"]
     assert d2["callback"]["nonce"] != d1["callback"]["nonce"]
     assert kinds_of(gate, q["question_id"]).count("question_revised") == 1
+
+
+def test_question_text_and_answers_never_reach_the_log(
+    gate: GateProcess, relay: CaptureRelay
+) -> None:
+    q = ask(gate, text="Secret question 7d1f?", reason="secret reason 3b9e", **CHOICES)
+    d = dispatch_of(relay, q["question_id"])
+    assert post(gate, answer_body(d, "initech-4c2a"))[0] == 422
+    assert post(gate, answer_body(d, "globex"))[0] == 200
+    gate.wait_for_line(rf"event=question_answered question_id={q['question_id']}")
+
+    log = gate.log()
+    for secret in ("Secret question 7d1f", "secret reason 3b9e", "initech-4c2a", "globex"):
+        assert secret not in log, secret
