@@ -469,7 +469,8 @@ class CaptureRelay:
 
         def find() -> dict[str, Any] | None:
             for env in self.dispatches():
-                if env["approval_id"] == approval_id and env.get("revision", 1) == revision:
+                # .get: a question's dispatch (issue 15) names a question_id instead
+                if env.get("approval_id") == approval_id and env.get("revision", 1) == revision:
                     return env
             return None
 
@@ -478,7 +479,9 @@ class CaptureRelay:
     def raw_for(self, approval_id: str) -> list[dict[str, Any]]:
         """Return the raw records (headers, bytes, status) received for ``approval_id``."""
         with self._cond:
-            return [r for r in self.received if json.loads(r["raw"])["approval_id"] == approval_id]
+            return [
+                r for r in self.received if json.loads(r["raw"]).get("approval_id") == approval_id
+            ]
 
     def stop(self) -> None:
         """Stop the server and its loop."""

@@ -46,6 +46,7 @@ from gate.protocol import (  # noqa: E402
     SIGNATURE_HEADER,
     signing,
 )
+from gate.protocol.question import build_answer  # noqa: E402
 from tests.support import (  # noqa: E402
     API_TOKEN,
     ENV,
@@ -56,6 +57,7 @@ from tests.support import (  # noqa: E402
     GateProcess,
     decision_body,
     post_decision,
+    wait_until,
     write_config,
 )
 
@@ -72,6 +74,35 @@ CHECK_NAMES = (
 # deeper local run: HITL_OPENAPI_EXAMPLES=500 pytest tests/test_openapi.py
 MAX_EXAMPLES = int(os.environ.get("HITL_OPENAPI_EXAMPLES", "20"))
 STEPS = ("q1", "q2", "q3", "short")
+# the live daemon's steps: the default ones plus a question step (issue 15)
+LIVE_STEPS = [
+    {"name": "q1", "quorum": 1, "approvers": [101, 102, 103], "timeout": "1h"},
+    {"name": "q2", "quorum": 2, "approvers": [101, 102, 103], "timeout": "1h"},
+    {"name": "q3", "quorum": 3, "approvers": list(range(101, 121)), "timeout": "1h"},
+    {"name": "short", "quorum": 1, "approvers": [101, 102], "timeout": "3s"},
+    {"name": "ask", "type": "question", "approvers": [101, 102, 103], "timeout": "1h"},
+]
+QUESTION_BODIES = [
+    {"text": "Which PO?", "response_type": "free_text"},
+    {"text": "Which one?", "response_type": "single_choice", "options": ["acme", "globex"]},
+    {"text": "Which ones?", "response_type": "multi_choice", "options": ["a", "b", "c"]},
+    {
+        "text": "Fill in",
+        "response_type": "form",
+        "schema": {
+            "type": "object",
+            "properties": {"amount": {"type": "integer", "minimum": 1, "maximum": 100}},
+            "required": ["amount"],
+        },
+    },
+]
+# a value that fits each question body above, by response_type
+GOOD_VALUES = {
+    "free_text": "PO-1",
+    "single_choice": "globex",
+    "multi_choice": ["c", "a"],
+    "form": {"amount": 42},
+}
 # decision approvers: three in every step's scope, one in q3 only, one defined but not allowed
 APPROVERS = (*IDENTITIES[:3], IDENTITIES[10], "dave@example.com")
 
@@ -97,7 +128,7 @@ def test_openapi_yaml_parses_and_is_a_valid_openapi_document() -> None:
     schema = schemathesis.openapi.from_dict(spec)
     schema.validate()  # the OpenAPI meta-schema
     operations = [result.ok() for result in schema.get_all_operations()]
-    assert len(operations) == 7
+    assert len(operations) == 12  # 7 + the 5 question operations (issue 15)
 
 
 def _spec_routes(spec: dict[str, Any]) -> tuple[set[tuple[str, str]], set[tuple[str, str]]]:
@@ -172,13 +203,21 @@ class Live:
     callback_base: str
     api_ids: list[str] = field(default_factory=list)  # pending approvals for the API run
     decision_targets: list[dict[str, str]] = field(default_factory=list)  # dispatched facts
+    question_ids: list[str] = field(default_factory=list)  # questions for the API run
+    answer_targets: list[dict[str, Any]] = field(default_factory=list)  # dispatched questions
 
 
 @pytest.fixture(scope="module")
 def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
     """A real ``hitl-gate serve`` with a capturing relay, and a few pending approvals."""
     relay = CaptureRelay().start()
-    gate = GateProcess(write_config(tmp_path_factory.mktemp("openapi"), relay.url)).start()
+    config = write_config(
+        tmp_path_factory.mktemp("openapi"),
+        relay.url,
+        steps=LIVE_STEPS,
+        relay={"questions": True},
+    )
+    gate = GateProcess(config).start()
     try:
         assert gate.callback_url.endswith(DECISIONS_PATH)
         state = Live(gate, relay, gate.api_url, gate.callback_url[: -len(DECISIONS_PATH)])
@@ -196,6 +235,23 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
                     "payload_hash": dispatch["payload_hash"],
                 }
             )
+        for n, body in enumerate(QUESTION_BODIES * 2):
+            status, created = api.call(
+                "POST", "/v1/questions", {"pipeline": "p", "step": "ask", **body}
+            )
+            assert status == 201, created
+            if n < len(QUESTION_BODIES):
+                state.question_ids.append(created["question_id"])
+                continue
+            dispatch = wait_question_dispatch(relay, created["question_id"])
+            state.answer_targets.append(
+                {
+                    "question_id": created["question_id"],
+                    "nonce": dispatch["callback"]["nonce"],
+                    "request_hash": dispatch["request_hash"],
+                    "value": GOOD_VALUES[body["response_type"]],
+                }
+            )
         LIVE[:] = [state]
         yield state
     finally:
@@ -203,6 +259,21 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
         if gate.proc is not None and gate.proc.poll() is None:
             gate.stop()
         relay.stop()
+
+
+def wait_question_dispatch(
+    relay: CaptureRelay, question_id: str, version: int = 1
+) -> dict[str, Any]:
+    """The acked dispatch of ``question_id`` at ``version`` (waits with a deadline)."""
+
+    def find() -> dict[str, Any] | None:
+        for env in relay.dispatches():
+            if env.get("question_id") == question_id and env.get("version") == version:
+                return env
+        return None
+
+    found: dict[str, Any] = wait_until(find, what=f"dispatch of question {question_id}")
+    return found
 
 
 def _config(**extra: Any) -> Any:
@@ -234,6 +305,17 @@ def configured_pipeline(context: Any, body: Any) -> Any:
     """A generated pipeline/step is (almost) never configured: also send configured ones (and
     configured requesters), so 201/200/409/413/422 and the approval object are exercised."""
     op = context.operation
+    if op is not None and isinstance(body, dict):
+        route = (op.method.upper(), op.path)
+        if route == ("POST", "/v1/questions"):
+            question = st.builds(
+                lambda fields: {**body, "pipeline": "p", "step": "ask", **fields},
+                st.sampled_from(QUESTION_BODIES),
+            )
+            return st.one_of(st.just(body), question, question)
+        if route == ("POST", "/v1/questions/{question_id}/revise"):
+            revise = st.builds(lambda fields: {**body, **fields}, st.sampled_from(QUESTION_BODIES))
+            return st.one_of(st.just(body), revise)
     if (
         op is None
         or (op.method.upper(), op.path) != ("POST", "/v1/approvals")
@@ -254,7 +336,14 @@ def configured_pipeline(context: Any, body: Any) -> Any:
 
 @API_SCHEMA.hook("flatmap_path_parameters")
 def known_approval(context: Any, params: Any) -> Any:
-    """Also ask about (and cancel) approvals that exist."""
+    """Also ask about (and cancel) approvals and questions that exist."""
+    if isinstance(params, dict) and "question_id" in params and LIVE:
+        return st.one_of(
+            st.just(params),
+            st.sampled_from(LIVE[0].question_ids).map(
+                lambda question_id: {**params, "question_id": question_id}
+            ),
+        )
     if not isinstance(params, dict) or "approval_id" not in params or not LIVE:
         return st.just(params)
     return st.one_of(
@@ -299,6 +388,27 @@ def real_target(context: Any, body: Any) -> Any:
             out["payload_hash"] = target["payload_hash"]
         return out
 
+    if body.get("decision") == "answer":  # an answer envelope (issue 15)
+
+        def aimed_answer(target: dict[str, Any], who: str, keep: bool) -> dict[str, Any]:
+            approver = body.get("approver")
+            out = {
+                **body,
+                "question_id": target["question_id"],
+                "nonce": target["nonce"],
+                "approver": {**(approver if isinstance(approver, dict) else {}), "id": who},
+            }
+            if not keep:  # the real hash and a value that fits: recorded, then conflicts
+                out.update(request_hash=target["request_hash"], value=target["value"])
+            return out
+
+        answered = st.builds(
+            aimed_answer,
+            st.sampled_from(LIVE[0].answer_targets),
+            st.sampled_from(APPROVERS),
+            st.booleans(),
+        )
+        return st.one_of(st.just(body), answered, answered)
     aimed_body = st.builds(
         aimed, st.sampled_from(LIVE[0].decision_targets), st.sampled_from(APPROVERS), st.booleans()
     )
@@ -404,6 +514,80 @@ def test_approval_objects_through_their_lifecycle_match_the_schema(live: Live) -
     assert api("POST", f"/v1/approvals/{cancelled}/cancel")["outcome"] == "cancelled"
 
     page = api("GET", "/v1/approvals?state=resolved&limit=2")
+    assert len(page["items"]) == 2 and page["next_cursor"] is not None
+
+
+@pytest.mark.e2e
+def test_question_objects_through_their_lifecycle_match_the_schema(live: Live) -> None:
+    """Questions (issue 15) created, revised, answered with every type, cancelled, listed:
+    every answer validated against the document, the answers' 200 and 409 bodies too."""
+
+    def api(method: str, path: str, body: Any = None) -> Any:
+        response = requests.request(
+            method,
+            live.api_base + path,
+            json=body,
+            timeout=20,
+            headers={"Authorization": f"Bearer {API_TOKEN}"},
+        )
+        route = path.partition("?")[0]
+        template = "/v1/questions"
+        if route != template:
+            action = route.rsplit("/", 1)[1]
+            template = "/v1/questions/{question_id}" + (
+                f"/{action}" if action in ("cancel", "revise") else ""
+            )
+        API_SCHEMA[template][method].validate_response(response)
+        return response.json()
+
+    def answer(dispatch: dict[str, Any], value: Any) -> requests.Response:
+        body = build_answer(
+            question_id=dispatch["question_id"],
+            nonce=dispatch["callback"]["nonce"],
+            request_hash=dispatch["request_hash"],
+            value=value,
+            approver_id="alice@example.com",
+            decided_at_ms=int(time.time() * 1000),
+        )
+        raw = json.dumps(body).encode("utf-8")
+        response = requests.post(
+            live.gate.callback_url,
+            data=raw,
+            timeout=20,
+            headers={
+                "Content-Type": "application/json",
+                SIGNATURE_HEADER: signing.sign(SECRET, int(time.time()), raw),
+            },
+        )
+        DECISION_SCHEMA[DECISIONS_PATH]["POST"].validate_response(response)
+        return response
+
+    for fields in QUESTION_BODIES:
+        created = api("POST", "/v1/questions", {"pipeline": "p", "step": "ask", **fields})
+        dispatch = wait_question_dispatch(live.relay, created["question_id"])
+        value = GOOD_VALUES[fields["response_type"]]
+        assert answer(dispatch, value).status_code == 200
+        view = api("GET", f"/v1/questions/{created['question_id']}?wait=5")
+        assert (view["outcome"], view["answer"]["value"]) == ("answered", value)
+        assert view["receipt"] is not None
+        assert answer(dispatch, value).json()["reason"] == "duplicate"
+
+    revised = api("POST", "/v1/questions", {"pipeline": "p", "step": "ask", **QUESTION_BODIES[0]})
+    first = wait_question_dispatch(live.relay, revised["question_id"])
+    second = api(
+        "POST", f"/v1/questions/{revised['question_id']}/revise", {"text": "Which PO, really?"}
+    )
+    assert second["version"] == 2
+    assert answer(first, "PO-1").json()["reason"] == "superseded"
+    # check 9 (superseded) comes before check 12 (the value)
+    assert answer(first, "").json()["reason"] == "superseded"
+    bad = answer(wait_question_dispatch(live.relay, revised["question_id"], 2), "  ")
+    assert (bad.status_code, bad.json()["reason"]) == (422, "invalid_value")
+
+    assert api("POST", f"/v1/questions/{revised['question_id']}/cancel")["outcome"] == "cancelled"
+    again = api("POST", f"/v1/questions/{revised['question_id']}/cancel")
+    assert again["reason"] == "already_resolved"
+    page = api("GET", "/v1/questions?state=resolved&limit=2")
     assert len(page["items"]) == 2 and page["next_cursor"] is not None
 
 

@@ -257,7 +257,9 @@ def answer_question(t: Transactions, tx: WriteTx, answer: Answer) -> tuple[int, 
     if question is None:
         if tx.load_approval(answer.question_id, outbox=False, created_receipt=False) is not None:
             raise wrong_kind("an answer names a question_id; this id is an approval's")
-        raise _unknown()
+        # check 6 on the callback listener: SPEC §2's status word is the reason, as
+        # ``unknown_approval`` (the pipeline API's 404 stays ``not_found``)
+        raise refuse(404, "unknown_question", "unknown_question", "no question with this id")
     nonce_version = next((v.version for v in question.versions if v.nonce == answer.nonce), None)
     if nonce_version is None:
         raise refuse(403, "forbidden", "nonce_mismatch", "nonce does not belong to this question")
