@@ -5,7 +5,7 @@ Two layers:
 * fast, always (needs only ``node`` on PATH): the workflow's shape, and its Code nodes run
   under plain Node.js against the signature vectors and the gate's own parser/verifier;
 * slow, gated: ``prove.sh`` installs n8n 1.82.3, imports and activates the workflow in a
-  real n8n and runs ``hitl-gate verify`` against it; every check must PASS. Runs when
+  real n8n and runs ``hitl-gate verify --questions`` against it; every check must PASS. Runs when
   ``HITL_TEST_N8N=1`` or when the n8n cache (``conformance/relays/n8n/.node/``) is
   already installed.
 """
@@ -782,4 +782,19 @@ def test_n8n_workflow_passes_hitl_gate_verify(human: str) -> None:
         "gate.replay_refused",
         "gate.mutated_hash_refused",
         "gate.out_of_scope_refused",
+        # verify --questions (issue 15): the workflow's question path in its demo/test mode
+        "question.ack",
+        "question.answer_received",
+        "question.answer_signed",
+        "question.answer_in_window",
+        "question.nonce",
+        "question.request_hash_echo",
+        "question.approver_in_scope",
+        "question.value_typed",
+        "question.answer_accepted",
+        "question.refuses_bad_signature",
+        "question.replay_refused",
+        "question.wrong_type_refused",
+        "question.mutated_hash_refused",
+        "question.as_approval_refused",
     } <= set(names)
