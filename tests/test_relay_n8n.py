@@ -745,7 +745,7 @@ needs_n8n = pytest.mark.skipif(
     reason=(
         "n8n relay proof not enabled: set HITL_TEST_N8N=1 (the first run installs "
         f"n8n@{N8N_VERSION} from npm into {_CACHE_SHOWN}, 6-7 min and 1.3 GB; later runs "
-        "reuse it: 25-45 s per case)"
+        "reuse it: 25-50 s per case)"
     ),
 )
 
