@@ -5,7 +5,7 @@ Two layers:
 * fast, always (needs only ``node`` on PATH): the workflow's shape, and its Code nodes run
   under plain Node.js against the signature vectors and the gate's own parser/verifier;
 * slow, gated: ``prove.sh`` installs n8n 1.82.3, imports and activates the workflow in a
-  real n8n and runs ``hitl-gate verify`` against it; every check must PASS. Runs when
+  real n8n and runs ``hitl-gate verify --questions`` against it; every check must PASS. Runs when
   ``HITL_TEST_N8N=1`` or when the n8n cache (``conformance/relays/n8n/.node/``) is
   already installed.
 """
@@ -25,8 +25,16 @@ from typing import Any
 import pytest
 
 from gate.protocol import signing
+from gate.protocol.callback import parse_callback
 from gate.protocol.canonical import payload_hash, wire_json
 from gate.protocol.envelope import build_dispatch, parse_decision
+from gate.protocol.question import (
+    Answer,
+    build_question_dispatch,
+    check_value,
+    parse_question,
+    request_hash,
+)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.toolchain]
 
@@ -188,7 +196,14 @@ def test_workflow_verifies_before_it_answers() -> None:
     # issue 14 §4: a verified notice is acked 200 and closes the card, never reaches the human
     notice_branch, dispatch_branch = conn["Is it a notice?"]["main"]
     assert [t["node"] for t in notice_branch] == ["Ack notice 200"]
-    assert [t["node"] for t in dispatch_branch] == ["Ack 202"]
+    assert [t["node"] for t in dispatch_branch] == ["Is it a question?"]
+    # issue 15: a verified question is acked 202 on its own path, never reaches the approval chain
+    question_branch, approval_branch = conn["Is it a question?"]["main"]
+    assert [t["node"] for t in question_branch] == ["Ack question 202"]
+    assert [t["node"] for t in approval_branch] == ["Ack 202"]
+    (qcond,) = nodes["Is it a question?"]["parameters"]["conditions"]["conditions"]
+    assert (qcond["leftValue"], qcond["rightValue"]) == ("={{ $json.kind }}", "question")
+    assert qcond["operator"] == {"type": "string", "operation": "equals"}
     assert nexts["Ack notice 200"] == ["Close the card (replace me)"]
     assert "Close the card (replace me)" not in nexts
     (cond,) = nodes["Is it a notice?"]["parameters"]["conditions"]["conditions"]
@@ -198,9 +213,11 @@ def test_workflow_verifies_before_it_answers() -> None:
     assert sorted(n["name"] for n in respond) == [
         "Ack 202",
         "Ack notice 200",
+        "Ack question 202",
         "Refuse (401/400/413)",
     ]
     assert nodes["Ack 202"]["parameters"]["options"]["responseCode"] == 202
+    assert nodes["Ack question 202"]["parameters"]["options"]["responseCode"] == 202
     assert nodes["Ack notice 200"]["parameters"]["options"]["responseCode"] == 200
     # ack -> ... -> human -> sign -> POST, in one chain
     chain, name = [], "Ack 202"
@@ -214,6 +231,18 @@ def test_workflow_verifies_before_it_answers() -> None:
         "Build and sign decision",
         "POST decision to gate",
     ]
+    # ack question -> question step -> sign the answer -> the same raw POST
+    chain, name = [], "Ack question 202"
+    while name in nexts:
+        (name,) = nexts[name]
+        chain.append(name)
+    assert chain == [
+        "Question step (replace me)",
+        "Build and sign answer",
+        "POST decision to gate",
+    ]
+    assert nodes["Question step (replace me)"]["type"] == "n8n-nodes-base.code"
+    assert "$env.HITL_AUTO_ANSWER" in nodes["Question step (replace me)"]["parameters"]["jsCode"]
     assert nodes["Human decision"]["type"] == "n8n-nodes-base.wait"
     assert nodes["Human decision"]["parameters"]["resume"] == "form"
 
@@ -482,6 +511,225 @@ def test_build_node_passes_a_reason_through() -> None:
     assert "needs a reason" in outs[3]["error"]
 
 
+# --- the question path (issue 15) under Node.js -----------------------------------------
+
+QUESTION_ID = "01KDWZ8B00J3Q9V5X7Z2M4N6PR"
+FORM_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "minLength": 30, "maxLength": 40},
+        "note": {"type": "string"},
+        "email": {"type": "string", "format": "email"},
+        "site": {"type": "string", "format": "uri"},
+        "when": {"type": "string", "format": "date"},
+        "amount": {"type": "number", "minimum": 2.5, "maximum": 100},
+        "count": {"type": "integer", "minimum": 1.5},
+        "below": {"type": "integer", "maximum": -3.5},
+        "ok": {"type": "boolean"},
+        "colour": {"type": "string", "enum": ["rot", "grün"], "enumNames": ["Rot", "Grün"]},
+        "tags": {"type": "array", "items": {"type": "string", "enum": ["a", "b", "c"]},
+                 "minItems": 2, "maxItems": 3},
+    },
+    "required": ["name", "email", "amount", "tags", "when"],
+}  # fmt: skip
+QUESTIONS: list[dict[str, Any]] = [
+    {"text": "Warum?", "reason": "Der Agent weiß es nicht.", "response_type": "free_text"},
+    {"text": "Welcher?", "response_type": "single_choice", "options": ["Müller", "Ørsted"]},
+    {"text": "Welche?", "response_type": "multi_choice", "options": ["x", "y", "z"]},
+    {"text": "Formular", "response_type": "form", "schema": FORM_SCHEMA},
+]
+
+
+def _question(asked: dict[str, Any], version: int = 1, **overrides: Any) -> dict[str, Any]:
+    """A question dispatch exactly as the gate builds it (gate.protocol.question)."""
+    spec = parse_question(asked, max_text_chars=1000, max_options=50)
+    envelope = build_question_dispatch(
+        question_id=QUESTION_ID,
+        run_id="run-1",
+        pipeline="invoices",
+        step="pick-supplier",
+        issued_at_ms=NOW * 1000,
+        expires_at_ms=(NOW + 3600) * 1000,
+        risk="normal",
+        version=version,
+        spec=spec,
+        request_hash=request_hash(QUESTION_ID, version, spec),
+        approvers=["Alice@Example.com ", "bob@example.com"],
+        callback_url="http://127.0.0.1:9/hitl/v0/decisions",
+        nonce="0123456789abcdef0123456789abcdef",
+    )
+    envelope.update(overrides)
+    return envelope
+
+
+def _verified_question(envelope: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "json": {
+            "ok": True,
+            "kind": "question",
+            "status": 202,
+            "answer": {"status": "accepted"},
+            "question": envelope,
+        }
+    }
+
+
+@needs_node
+def test_verify_node_routes_a_signed_question_apart_and_refuses_the_rest() -> None:
+    """Issue 15: a signed question dispatch passes the same signature and window check as a
+    dispatch and comes out as ``kind: question`` with 202 (the "Is it a question?" branch),
+    the whole dispatch under ``question`` and nothing under ``dispatch`` (the approval
+    chain's input); a forged, stale or unsigned one is 401, a malformed one 400."""
+    envelope = _question(QUESTIONS[1])
+    raw, headers = _signed(envelope)
+    forged_raw, forged_headers = _signed(envelope, secret="not-the-secret")
+    stale_raw, stale_headers = _signed(envelope, t=NOW - 301)
+
+    def malformed(**overrides: Any) -> dict[str, Any]:
+        return _verify_case(*_signed(_question(QUESTIONS[1], **overrides)))
+
+    no_options = {"text": "Welcher?", "response_type": "single_choice"}
+    cases = [
+        _verify_case(raw, headers),
+        _verify_case(forged_raw, forged_headers),
+        _verify_case(stale_raw, stale_headers),
+        _verify_case(raw, {}),
+        malformed(question_id=""),
+        malformed(request_hash=None),
+        malformed(question=no_options),
+        malformed(question={"text": "Formular", "response_type": "form"}),
+        malformed(callback={"url": "http://127.0.0.1:9/hitl/v0/decisions"}),
+        malformed(approvers="alice@example.com"),
+    ]
+    results = [out["result"][0]["json"] for out in _run_code("Verify signature", cases)]
+    ok = results[0]
+    assert (ok["ok"], ok["kind"], ok["status"], ok["answer"]) == (
+        True,
+        "question",
+        202,
+        {"status": "accepted"},
+    )
+    assert ok["question"] == json.loads(raw)  # nothing lost or changed by parsing
+    assert "dispatch" not in ok  # nothing for the approval chain
+    assert [(r["ok"], r["status"], r["answer"]["reason"]) for r in results[1:]] == [
+        (False, 401, "signature_mismatch"),
+        (False, 401, "timestamp_out_of_window"),
+        (False, 401, "signature_missing"),
+        (False, 400, "invalid_question_id"),
+        (False, 400, "invalid_request_hash"),
+        (False, 400, "invalid_question"),
+        (False, 400, "invalid_question"),
+        (False, 400, "invalid_callback"),
+        (False, 400, "invalid_approvers"),
+    ]
+
+
+@needs_node
+def test_question_step_demo_mode_answers_every_type_with_a_value_that_fits() -> None:
+    """Issue 15: only with HITL_AUTO_ANSWER set does the placeholder answer by itself: a
+    choice with its first option, free text with HITL_AUTO_ANSWER's text, a form with values
+    built from its schema; each value passes the gate's own check (``check_value``).
+    Unset or blank, it answers nothing (no item: nothing is sent)."""
+    dispatches = [_question(q) for q in QUESTIONS]
+
+    def case(envelope: dict[str, Any], auto: str | None) -> dict[str, Any]:
+        env = {} if auto is None else {"HITL_AUTO_ANSWER": auto}
+        refs = {"Verify signature": _verified_question(envelope)}
+        return {"item": {"json": {}}, "refs": refs, "env": env, "now_ms": NOW * 1000}
+
+    outs = _run_code(
+        "Question step (replace me)",
+        [case(d, "Grüße aus dem Test 🙂") for d in dispatches]
+        + [case(dispatches[1], None), case(dispatches[0], "  ")],
+    )
+    values = []
+    for out in outs[: len(QUESTIONS)]:
+        (item,) = out["result"]
+        values.append(item["json"]["value"])
+    assert values[:3] == ["Grüße aus dem Test 🙂", "Müller", ["x"]]
+    form = values[3]
+    assert set(form) == set(FORM_SCHEMA["properties"])
+    assert (form["when"], form["count"], form["below"], form["tags"]) == (
+        "2026-01-01",
+        2,
+        -4,
+        ["a", "b"],
+    )
+    for question, value in zip(QUESTIONS, values, strict=True):
+        spec = parse_question(question, max_text_chars=1000, max_options=50)
+        check_value(spec, value, max_answer_chars=2000)  # raises on a value that does not fit
+    assert outs[len(QUESTIONS) :] == [{"result": []}, {"result": []}]
+
+
+@needs_node
+def test_build_answer_node_signs_exactly_the_bytes_it_sends() -> None:
+    """Issue 15: "Build and sign answer" serializes a ``decision: answer`` envelope once and
+    signs those bytes; it echoes question_id, callback.nonce and request_hash as received
+    (also for version 2, whose hash differs), passes the gate's answer parse (check 5) and
+    keeps the value's type; no value: nothing sent; an approver out of scope: not sent."""
+    env = {
+        "HITL_RELAY_SECRET": SECRET,
+        "HITL_APPROVER_ID": APPROVER,
+        "HITL_APPROVER_DISPLAY": "Alïce",
+    }
+    form_value = {"amount": 20.5, "count": 2, "ok": False, "tags": ["a", "b"]}
+    picks: list[tuple[dict[str, Any], int, Any]] = [
+        (QUESTIONS[0], 1, 'Zoë sagt: "ja"\r\n'),
+        (QUESTIONS[1], 2, "Ørsted"),
+        (QUESTIONS[2], 1, ["z", "x"]),
+        (QUESTIONS[3], 1, form_value),
+    ]
+
+    def case(envelope: dict[str, Any], answered: dict[str, Any], **more: str) -> dict[str, Any]:
+        refs = {"Verify signature": _verified_question(envelope)}
+        return {
+            "item": {"json": answered},
+            "refs": refs,
+            "env": {**env, **more},
+            "now_ms": NOW * 1000 + 789,
+        }
+
+    dispatches = [_question(q, version=v) for q, v, _ in picks]
+    outs = _run_code(
+        "Build and sign answer",
+        [case(d, {"value": value}) for d, (_, _, value) in zip(dispatches, picks, strict=True)]
+        + [
+            case(dispatches[0], {}),  # the question step gave no value: nothing is sent
+            case(dispatches[1], {"value": "Ørsted"}, HITL_APPROVER_ID="mallory@example.com"),
+            case(dispatches[1], {"value": "Ørsted"}, HITL_APPROVER_ID=" "),
+        ],
+    )
+    for envelope, (_, _, value), out in zip(dispatches, picks, outs, strict=False):
+        (item,) = out["result"]
+        sent = item["json"]
+        assert sent["url"] == envelope["callback"]["url"]
+        body = sent["body"].encode("utf-8")
+        parsed = signing.verify(sent["signature"], body, [SECRET], now=NOW, max_skew=300)
+        assert parsed.t == NOW  # seconds, not milliseconds
+        answer = parse_callback(body)
+        assert isinstance(answer, Answer)
+        assert answer.question_id == envelope["question_id"]
+        assert answer.nonce == envelope["callback"]["nonce"]
+        assert answer.request_hash == envelope["request_hash"]  # echoed, never recomputed
+        assert answer.value == value and type(answer.value) is type(value)
+        assert (answer.approver_id, answer.approver_display, answer.approver_channel) == (
+            APPROVER,
+            "Alïce",
+            "n8n",
+        )
+        assert answer.decided_at == "2026-01-01T00:00:00Z"
+        raw = json.loads(body)
+        assert (raw["kind"], raw["decision"]) == ("question", "answer")
+        assert not {"approval_id", "payload_hash", "adjust_text"} & set(raw)
+    assert (
+        _question(QUESTIONS[1], version=2)["request_hash"]
+        != _question(QUESTIONS[1])["request_hash"]
+    )
+    assert outs[4] == {"result": []}
+    assert "mallory@example.com is not among this question's approvers" in outs[5]["error"]
+    assert "HITL_APPROVER_ID" in outs[6]["error"]
+
+
 # --- the real thing: n8n 1.82.3 + hitl-gate verify (slow, gated) -------------------------
 
 
@@ -497,7 +745,7 @@ needs_n8n = pytest.mark.skipif(
     reason=(
         "n8n relay proof not enabled: set HITL_TEST_N8N=1 (the first run installs "
         f"n8n@{N8N_VERSION} from npm into {_CACHE_SHOWN}, 6-7 min and 1.3 GB; later runs "
-        "reuse it: 25-45 s per case)"
+        "reuse it: 25-50 s per case)"
     ),
 )
 
@@ -534,4 +782,19 @@ def test_n8n_workflow_passes_hitl_gate_verify(human: str) -> None:
         "gate.replay_refused",
         "gate.mutated_hash_refused",
         "gate.out_of_scope_refused",
+        # verify --questions (issue 15): the workflow's question path in its demo/test mode
+        "question.ack",
+        "question.answer_received",
+        "question.answer_signed",
+        "question.answer_in_window",
+        "question.nonce",
+        "question.request_hash_echo",
+        "question.approver_in_scope",
+        "question.value_typed",
+        "question.answer_accepted",
+        "question.refuses_bad_signature",
+        "question.replay_refused",
+        "question.wrong_type_refused",
+        "question.mutated_hash_refused",
+        "question.as_approval_refused",
     } <= set(names)

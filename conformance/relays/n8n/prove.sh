@@ -2,12 +2,16 @@
 # Prove that workflow.json is a conformant hitl/v0 relay: install n8n 1.82.3 (cached in
 # .node/ beside this script), start it on 127.0.0.1 with a throw-away user folder and
 # SQLite, import + activate a copy of the workflow through n8n's own CLI, run
-# `hitl-gate verify` against its webhook, stop n8n.
+# `hitl-gate verify --questions` against its webhook (the question checks too, issue 15),
+# stop n8n.
 #
 #   HITL_N8N_HUMAN=auto (default)  the copy's human step ("Human decision", a Wait form)
 #                                  is replaced by a Code node that always approves
 #   HITL_N8N_HUMAN=form            the template is kept as is; a scripted "human" opens the
 #                                  Wait node's form over HTTP and submits "approve"
+#   Questions (both modes): the template's "Question step (replace me)" answers in its
+#   demo/test mode, on because this script sets HITL_AUTO_ANSWER (default ok; a choice gets
+#   its first option; empty: no answer, and verify's question checks fail).
 #
 # Exit code = hitl-gate verify's (0 conformant, 1 not); 2 = usage, 3 = setup failed.
 # Verify's report goes to stdout (extra arguments are passed to it, e.g. --json); phase
@@ -114,6 +118,7 @@ export N8N_LOG_LEVEL="${N8N_LOG_LEVEL:-warn}"
 export N8N_BLOCK_ENV_ACCESS_IN_NODE=false      # the Code nodes read $env (false is 1.x's default)
 export NODE_FUNCTION_ALLOW_BUILTIN=crypto      # HMAC + timingSafeEqual in the Code nodes
 export HITL_RELAY_SECRET="$SECRET" HITL_APPROVER_ID="$APPROVER" HITL_APPROVER_DISPLAY="Alice (prove.sh)"
+export HITL_AUTO_ANSWER="${HITL_AUTO_ANSWER-ok}"   # the question step's demo/test mode (issue 15)
 unset HITL_RELAY_SECRET_PREVIOUS
 
 # the copy that is imported (see HITL_N8N_HUMAN above)
@@ -203,7 +208,7 @@ fi
 T="$(now)"
 set +e
 "$GATE" verify "$BASE/webhook/$WEBHOOK_PATH" --secret-env HITL_RELAY_SECRET \
-  --approver "$APPROVER" --timeout "$VERIFY_TIMEOUT" "$@"
+  --approver "$APPROVER" --timeout "$VERIFY_TIMEOUT" --questions "$@"
 RC=$?
 set -e
 say "verify: $(since "$T") s, exit $RC"
