@@ -24,7 +24,7 @@ import aiohttp
 import pytest
 
 from gate.protocol import DECISIONS_PATH
-from gate.tools.conformance import runner
+from gate.tools.conformance import ephemeral, probes, runner
 from gate.tools.conformance.checks import (
     ACK_LIMIT_S,
     Observed,
@@ -684,7 +684,7 @@ async def test_verify_reports_a_permissive_gate(
     """The whole run, with the reference relay's real decision as template, but the gate-side
     probes sent to a server that accepts everything: all three gate checks must FAIL."""
     permissive = server_factory()
-    original = runner._gate_side
+    original = runner.gate_side
 
     async def redirected(
         checks: Any, service: Any, session: Any, secret: str, local_url: str, decision: Any
@@ -693,7 +693,7 @@ async def test_verify_reports_a_permissive_gate(
             checks, service, session, secret, permissive.url.rstrip("/") + DECISIONS_PATH, decision
         )
 
-    monkeypatch.setattr(runner, "_gate_side", redirected)
+    monkeypatch.setattr(runner, "gate_side", redirected)
     report = await runner.run_verify(
         fleet.reference_url, SECRET, APPROVER, "127.0.0.1:0", None, 15.0
     )
@@ -712,11 +712,11 @@ async def test_verify_reports_a_permissive_gate(
     assert replay["approver"]["id"] == APPROVER
     assert replay["approval_id"] != mutated["approval_id"] == outsider["approval_id"]
     assert mutated["nonce"] == outsider["nonce"]
-    assert outsider["payload_hash"] == sha256_hash(runner.DRAFT)
+    assert outsider["payload_hash"] == sha256_hash(probes.DRAFT)
     assert mutated["payload_hash"] != outsider["payload_hash"]
     assert mutated["payload_hash"][:-1] == outsider["payload_hash"][:-1]
     assert mutated["approver"]["id"] == APPROVER
-    assert outsider["approver"]["id"] == runner.OUTSIDER
+    assert outsider["approver"]["id"] == ephemeral.OUTSIDER
 
 
 # ---- judges, directly -------------------------------------------------------------------------

@@ -1,6 +1,6 @@
 """``hitl-gate`` commands: each parses, calls one function, prints; errors become one line.
 The group, ``fail``, ``run`` and shared options live here; the commands in daemon, pipeline,
-audit and tools.
+ask, questions, audit and tools (what the API-side ones share: common).
 
 Importing this package registers every command on ``main`` (the modules import the group
 from here, then this package imports them at its end).
@@ -119,4 +119,4 @@ def read_input(option: str, path: str) -> bytes:
 
 
 # each module registers its commands on ``main`` when imported
-from gate.cli import audit, daemon, pipeline, questions, tools  # noqa: E402, F401
+from gate.cli import ask, audit, daemon, pipeline, questions, tools  # noqa: E402, F401

@@ -4,10 +4,7 @@
 from __future__ import annotations
 
 import json
-import os
-import shlex
 import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -23,48 +20,19 @@ from gate.cli import (
     read_input,
     run,
 )
+from gate.cli.common import (
+    api_client,
+    api_target,
+    cancel_command,
+    check_request_options,
+    echo_page,
+    reporter,
+)
+
+CANCEL = ("hitl-gate", "cancel")  # the command that cancels an approval
 
 if TYPE_CHECKING:
     from gate.client.request import RequestOptions, RequestProgress, RequestResult
-
-
-def _client(config_path: str, api_url: str | None) -> Any:
-    """An ``ApiClient`` for the config's API (or ``--api-url``); call it inside the loop."""
-    from gate.client.api import ApiClient
-
-    return ApiClient(*_api_target(read_config(config_path), api_url))
-
-
-def _api_target(config: Any, api_url: str | None) -> tuple[str, str]:
-    """``(API base URL, bearer token)``: ``--api-url`` or ``api.listen``, and the token as
-    ``serve`` reads it. Exits 2 on a token that is not set or has control characters, and
-    on an ``--api-url`` that is no http(s) or unix: URL."""
-    from gate.client.api import api_base
-    from gate.config import read_api_token
-
-    # as serve reads it: the variable, else its file in $CREDENTIALS_DIRECTORY
-    token, error = read_api_token(config, os.environ)
-    if token is None:
-        fail(error or f"api.token_env: {config.api.token_env} is not set", 2)
-    if not token.isprintable():
-        fail(f"api.token_env: {config.api.token_env} has control characters; remove them", 2)
-    if api_url is not None and not _valid_api_url(api_url):
-        fail(f"--api-url: {api_url!r} is not http://host:port, https://host:port or unix:/path", 2)
-    return api_url or api_base(config), token
-
-
-def _valid_api_url(url: str) -> bool:
-    """True for ``http(s)://host[:port][/prefix]`` or ``unix:/path`` (``--api-url``)."""
-    if url.startswith("unix:"):
-        return len(url) > len("unix:")
-    from urllib.parse import urlsplit
-
-    try:
-        parts = urlsplit(url)
-        parts.port  # noqa: B018 - raises ValueError on a bad port
-    except ValueError:
-        return False
-    return parts.scheme in ("http", "https") and bool(parts.hostname)
 
 
 def _draft_source(draft_file: str | None) -> str:
@@ -177,13 +145,13 @@ def request(
     """
     from gate.client.request import RequestOptions, RequestProgress, request_key, run_request
 
-    _check_request_options(wait, permit_out, idempotency_key, spend)
+    check_request_options(wait, permit_out, idempotency_key, spend)
     text = _read_draft(draft, draft_file)
     config = read_config(config_path)
     _check_not_blank(config, pipeline, step, text, draft_file)
     _check_spend(spend)
     opts = RequestOptions(
-        *_api_target(config, api_url),
+        *api_target(config, api_url),
         pipeline,
         step,
         text,
@@ -198,40 +166,10 @@ def request(
     )
     progress = RequestProgress()
     result = run(
-        run_request(opts, _reporter(quiet), progress),
+        run_request(opts, reporter(quiet), progress),
         lambda: _left_behind(opts, progress, config_path, api_url),
     )
     _print_request_result(result, opts, as_json, config_path, api_url)
-
-
-def _check_request_options(
-    wait: bool, permit_out: str | None, idempotency_key: str | None, spend: float | None
-) -> None:
-    """Exit 2 on a ``--permit-out`` without ``--wait`` or in a folder this user cannot
-    write to (checked before a human is asked, not after), and on an ``--idempotency-key``
-    the API would refuse (``gate.core.requests.check_idempotency_key``: shape and UTF-8; a
-    non-UTF-8 argv byte would be dropped on the way, making two keys one) or that holds
-    control characters (aiohttp cannot send those in a header)."""
-    from gate.core.requests import check_idempotency_key, has_control_characters
-    from gate.errors import GateError
-
-    if permit_out is not None and not wait:
-        fail("--permit-out needs --wait", 2)
-    if permit_out is not None:  # before a human is asked, not after
-        folder = Path(permit_out).absolute().parent
-        if not folder.is_dir() or not os.access(folder, os.W_OK | os.X_OK):
-            fail(f"--permit-out: {folder} is not a directory this user can write to", 2)
-    try:
-        check_idempotency_key(idempotency_key)
-        refused = idempotency_key is not None and has_control_characters(idempotency_key)
-    except GateError:
-        refused = True
-    if refused:
-        fail(
-            "--idempotency-key: must be 1-200 UTF-8 characters, not blank, without control"
-            " characters",
-            2,
-        )
 
 
 def _check_spend(spend: float | None) -> None:
@@ -240,16 +178,6 @@ def _check_spend(spend: float | None) -> None:
 
     if spend is not None and spend_problem(spend) is not None:
         fail(f"--spend: must be a finite number >= 0 and <= {MAX_SPEND:g}", 2)
-
-
-def _reporter(quiet: bool) -> Callable[[str], None]:
-    """Where ``request`` reports what happens (hops): stderr, or nowhere with ``--quiet``."""
-
-    def report(line: str) -> None:
-        if not quiet:
-            click.echo(line, err=True)
-
-    return report
 
 
 def _left_behind(
@@ -265,9 +193,10 @@ def _left_behind(
                 f"run the same command with --idempotency-key {opts.idempotency_key})"
             )
         return "no approval was created"
+    command = cancel_command(CANCEL, config_path, api_url, progress.approval_id)
     return (
         f"approval {progress.approval_id} is still pending on the gate; the action must not "
-        f"fire (cancel it with: {_cancel_command(config_path, api_url, progress.approval_id)})"
+        f"fire (cancel it with: {command})"
     )
 
 
@@ -302,7 +231,7 @@ def _print_request_result(
         click.echo(
             f"Error: still pending after {opts.timeout_s:g} s: approval "
             f"{approval['approval_id']} (the action must not fire; cancel it with: "
-            f"{_cancel_command(config_path, api_url, approval['approval_id'])})",
+            f"{cancel_command(CANCEL, config_path, api_url, approval['approval_id'])})",
             err=True,
         )
         sys.exit(4)
@@ -314,16 +243,6 @@ def _print_request_result(
         sys.stdout.write(approval["final_body"])
         sys.stdout.flush()
     sys.exit(EXIT_CODES[approval["outcome"]])
-
-
-def _cancel_command(config_path: str | None, api_url: str | None, approval_id: str) -> str:
-    """The ``hitl-gate cancel`` command line for ``approval_id``, runnable as printed."""
-    words = ["hitl-gate", "cancel"]
-    if config_path:
-        words += ["-c", config_path]
-    if api_url:
-        words += ["--api-url", api_url]
-    return " ".join(shlex.quote(word) for word in [*words, approval_id])
 
 
 @main.command("list")
@@ -354,7 +273,7 @@ def list_cmd(
     """
 
     async def go() -> Any:
-        async with _client(config_path, api_url) as api:
+        async with api_client(config_path, api_url) as api:
             return await api.list(state, pipeline, limit, cursor)
 
     from gate.client.hops import reason_summary
@@ -363,21 +282,19 @@ def list_cmd(
     if as_json:
         click.echo(json.dumps(page, ensure_ascii=False, indent=2))
         return
-    if not page["items"]:  # said on stderr: stdout stays one line per approval
-        which = "" if state == "all" else f"{state} "
-        where = f" in pipeline {pipeline}" if pipeline else ""
-        click.echo(
-            f"no {which}approvals{where}" + (" after that cursor" if cursor else ""), err=True
-        )
-    for a in page["items"]:
-        click.echo(
+    echo_page(
+        page,
+        "approvals",
+        state,
+        pipeline,
+        cursor,
+        lambda a: (
             f"{a['approval_id']}  {a['state']:8}  {a['outcome'] or '-':9}  "
             f"{a['pipeline']}/{a['step']}  {a['quorum']['collected']}/"
             f"{a['quorum']['required']}  expires {a['expires_at']}{_followup_text(a)}"
             + reason_summary(a)
-        )
-    if page["next_cursor"]:
-        click.echo(f"next page: --cursor {page['next_cursor']}")
+        ),
+    )
 
 
 def _followup_text(approval: dict[str, Any]) -> str:
@@ -403,7 +320,7 @@ def show(config_path: str, api_url: str | None, approval_id: str) -> None:
     """
 
     async def go() -> Any:
-        async with _client(config_path, api_url) as api:
+        async with api_client(config_path, api_url) as api:
             return await api.get(approval_id)
 
     click.echo(json.dumps(run(go()), ensure_ascii=False, indent=2))
@@ -421,7 +338,7 @@ def cancel(config_path: str, api_url: str | None, approval_id: str) -> None:
     from gate.client.api import ClientError
 
     async def go() -> Any:
-        async with _client(config_path, api_url) as api:
+        async with api_client(config_path, api_url) as api:
             try:
                 return await api.cancel(approval_id)
             except ClientError as exc:

@@ -1,282 +1,15 @@
-"""``hitl-gate`` commands for questions (issue 15), over the API: ``ask`` and ``questions
-list|show|cancel``. Kept apart from the approval commands, as questions are on the gate."""
+"""``hitl-gate questions list|show|cancel`` (issue 15), over the API: the approval commands'
+list, show and cancel for questions, kept apart from them as questions are on the gate."""
 
 from __future__ import annotations
 
 import json
-import shlex
-import sys
 from typing import Any
 
 import click
 
-from gate.cli import (
-    API_URL_OPTION,
-    CONFIG_OPTION,
-    fail,
-    input_name,
-    main,
-    read_config,
-    read_input,
-    run,
-)
-from gate.cli.pipeline import _api_target, _check_request_options, _reporter
-
-
-def _read_text(text: str | None, text_file: str | None) -> str:
-    """The question's text from ``--text`` or ``--text-file`` (``-``: stdin); exit 2 unless
-    exactly one is given, on a file that cannot be read or is not UTF-8, and on a text
-    that is empty or only white space (nothing to ask; the gate refuses it too)."""
-    from gate.protocol.whitespace import is_blank
-
-    if (text is None) == (text_file is None):
-        fail("give exactly one of --text or --text-file", 2)
-    source = "--text"
-    if text_file is not None:
-        source = f"--text-file: {input_name(text_file)}"
-        raw = read_input("--text-file", text_file)
-        try:
-            text = raw.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            fail(f"{source} is not valid UTF-8 (byte offset {exc.start})", 2)
-    assert text is not None
-    if is_blank(text):
-        fail(f"{source}: the question is {'empty' if not text else 'only white space'}", 2)
-    return text
-
-
-def _read_schema(path: str) -> dict[str, Any]:
-    """The ``--schema`` file as a JSON object; exit 2 with one line naming the file and what
-    is wrong (cannot be read, not UTF-8, not JSON, a key twice, not an object). Whether it is
-    a form schema the gate accepts is the gate's check (400 ``invalid_schema`` naming the
-    JSON path, issue 15)."""
-    from gate.protocol.envelope import reject_json_constant
-
-    name = input_name(path)
-    raw = read_input("--schema", path)
-    try:
-        schema = json.loads(
-            raw.decode("utf-8-sig"),
-            object_pairs_hook=_unique_keys,
-            parse_constant=reject_json_constant,
-        )
-    except UnicodeDecodeError as exc:
-        fail(f"--schema: {name} is not valid UTF-8 (byte offset {exc.start})", 2)
-    except RecursionError:
-        fail(f"--schema: {name} nests too deeply", 2)
-    except ValueError as exc:
-        fail(f"--schema: {name} is not JSON: {exc}", 2)
-    if not isinstance(schema, dict):
-        fail(f"--schema: {name} holds a JSON {_json_kind(schema)}, not an object", 2)
-    return schema
-
-
-def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    """``object_pairs_hook``: a JSON object, ValueError on a key given twice (JSON would keep
-    the last one silently)."""
-    out: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in out:
-            raise ValueError(f"the key {key!r} is given twice")
-        out[key] = value
-    return out
-
-
-def _json_kind(value: Any) -> str:
-    """``array``, ``string``, ``number``, ``boolean`` or ``null``: what a JSON value is."""
-    if isinstance(value, list):
-        return "array"
-    if isinstance(value, str):
-        return "string"
-    if isinstance(value, bool):
-        return "boolean"
-    return "null" if value is None else "number"
-
-
-def _response_type(choices: tuple[str, ...], multi: bool, schema: str | None) -> str:
-    """The question's ``response_type`` from the options given (issue 15 contract, "CLI");
-    exit 2 naming the option on a combination that means nothing."""
-    from gate.protocol.whitespace import is_blank
-
-    if schema is not None and choices:
-        fail(
-            "--choice and --schema exclude each other (choices ask for one of them, a schema "
-            "for a form)",
-            2,
-        )
-    if multi and not choices:
-        fail("--multi needs --choice (the options to choose from)", 2)
-    seen: set[str] = set()
-    for choice in choices:
-        if is_blank(choice):
-            fail("--choice: an option must not be empty or only white space", 2)
-        if choice in seen:
-            fail(f"--choice: {choice!r} is given twice", 2)
-        seen.add(choice)
-    if schema is not None:
-        return "form"
-    if choices:
-        return "multi_choice" if multi else "single_choice"
-    return "free_text"
-
-
-@main.command()
-@CONFIG_OPTION
-@API_URL_OPTION
-@click.option("--pipeline", required=True, help="Pipeline name from the config.")
-@click.option("--step", required=True, help="Question step within the pipeline.")
-@click.option("--run-id", default=None, help="Correlates the question with the pipeline run.")
-@click.option("--text", default=None, help="The question to ask.")
-@click.option("--text-file", default=None, help="Read the question from a file, or - for stdin.")
-@click.option("--reason", default=None, help="Why the pipeline asks (shown to the person).")
-@click.option(
-    "--choice",
-    "choices",
-    multiple=True,
-    help="An option to choose from (repeat): a single choice, or with --multi several.",
-)
-@click.option("--multi", is_flag=True, help="With --choice: any number of options may be chosen.")
-@click.option(
-    "--schema", default=None, help="A form: JSON file with its schema (flat object of fields)."
-)
-@click.option("--idempotency-key", default=None, help="Retry-safe key: same key, same question.")
-@click.option("--requested-by", default=None, help="Identity of the operator asking.")
-@click.option("--wait", is_flag=True, help="Block until answered; print the answer.")
-@click.option(
-    "--timeout",
-    type=click.FloatRange(min=0),
-    default=None,
-    help="With --wait: give up waiting after SEC seconds (exit 4).",
-)
-@click.option("--json", "as_json", is_flag=True, help="Print the question object as JSON.")
-@click.option("--quiet", is_flag=True, help="Do not report hops on stderr.")
-def ask(
-    config_path: str,
-    api_url: str | None,
-    pipeline: str,
-    step: str,
-    run_id: str | None,
-    text: str | None,
-    text_file: str | None,
-    reason: str | None,
-    choices: tuple[str, ...],
-    multi: bool,
-    schema: str | None,
-    idempotency_key: str | None,
-    requested_by: str | None,
-    wait: bool,
-    timeout: float | None,
-    as_json: bool,
-    quiet: bool,
-) -> None:
-    """Ask a person a question; with --wait, block and print the answer.
-
-    No --choice or --schema: free text. --choice (repeated): a single choice, with --multi
-    a multi choice. --schema FILE: a form. The answer goes to stdout: the text of a free
-    text or single choice answer, compact JSON of a multi choice or form answer; --json
-    prints the whole question object instead. Without --wait, prints the question id.
-
-    Exit 0 answered, 4 timeout (also: still pending after --timeout), 5 cancelled, 1 gate
-    error, 2 usage.
-
-    Example: hitl-gate ask -c config.yaml --pipeline supplier-choice --step pick-supplier
-    --text "Which supplier?" --choice Acme --choice Globex --wait
-    """
-    from gate.client.ask import AskOptions, AskProgress, run_ask
-    from gate.client.request import request_key
-
-    response_type = _response_type(choices, multi, schema)
-    _check_request_options(wait, None, idempotency_key, None)
-    body_text = _read_text(text, text_file)
-    form = _read_schema(schema) if schema is not None else None
-    config = read_config(config_path)
-    opts = AskOptions(
-        *_api_target(config, api_url),
-        pipeline,
-        step,
-        body_text,
-        response_type=response_type,
-        reason=reason,
-        options=choices,
-        schema=form,
-        run_id=run_id,
-        requested_by=requested_by,
-        idempotency_key=request_key(idempotency_key, wait, "hitl-ask"),
-        wait=wait,
-        timeout_s=timeout,
-    )
-    progress = AskProgress()
-    question = run(
-        run_ask(opts, _reporter(quiet), progress),
-        lambda: _left_behind(opts, progress, config_path, api_url),
-    )
-    _print_ask_result(question, opts, as_json, config_path, api_url)
-
-
-def _left_behind(opts: Any, progress: Any, config_path: str, api_url: str | None) -> str:
-    """What an interrupted ``ask`` (Ctrl-C) leaves on the gate, for the ``Interrupted`` line."""
-    if progress.question_id is None:
-        if opts.wait:
-            return (
-                "no question was seen created (to find one that landed after all, run the "
-                f"same command with --idempotency-key {opts.idempotency_key})"
-            )
-        return "no question was created"
-    return (
-        f"question {progress.question_id} is still pending on the gate (cancel it with: "
-        f"{_cancel_command(config_path, api_url, progress.question_id)})"
-    )
-
-
-def _print_ask_result(
-    question: dict[str, Any] | None, opts: Any, as_json: bool, config_path: str, api_url: str | None
-) -> None:
-    """Print what ``ask`` ended with and exit with its code (``EXIT_CODES``; 4 when the gate
-    did not take the question, or it is still pending, after ``--timeout``)."""
-    from gate.client.ask import EXIT_CODES, answer_output
-
-    if question is None:
-        fail(
-            f"the gate did not take the question within {opts.timeout_s:g} s; run the same "
-            f"command again with --idempotency-key {opts.idempotency_key} to find it if it "
-            "lands later",
-            4,
-        )
-    if as_json:
-        click.echo(json.dumps(question, ensure_ascii=False, indent=2))
-    if not opts.wait:
-        if not as_json:
-            click.echo(question["question_id"])
-        return
-    if question["state"] != "resolved":
-        click.echo(
-            f"Error: still pending after {opts.timeout_s:g} s: question "
-            f"{question['question_id']} (cancel it with: "
-            f"{_cancel_command(config_path, api_url, question['question_id'])})",
-            err=True,
-        )
-        sys.exit(4)
-    if question["outcome"] == "answered" and not as_json:
-        click.echo(answer_output(question))
-    sys.exit(EXIT_CODES[question["outcome"]])
-
-
-def _cancel_command(config_path: str | None, api_url: str | None, question_id: str) -> str:
-    """The ``hitl-gate questions cancel`` command line for ``question_id``, runnable as
-    printed."""
-    words = ["hitl-gate", "questions", "cancel"]
-    if config_path:
-        words += ["-c", config_path]
-    if api_url:
-        words += ["--api-url", api_url]
-    return " ".join(shlex.quote(word) for word in [*words, question_id])
-
-
-def _client(config_path: str, api_url: str | None) -> Any:
-    """An ``ApiClient`` for the config's API (or ``--api-url``); call it inside the loop."""
-    from gate.client.api import ApiClient
-
-    return ApiClient(*_api_target(read_config(config_path), api_url))
+from gate.cli import API_URL_OPTION, CONFIG_OPTION, fail, main, run
+from gate.cli.common import api_client, echo_page
 
 
 @main.group()
@@ -315,27 +48,25 @@ def list_questions(
     """
 
     async def go() -> Any:
-        async with _client(config_path, api_url) as api:
+        async with api_client(config_path, api_url) as api:
             return await api.list_questions(state, pipeline, limit, cursor)
 
     page = run(go())
     if as_json:
         click.echo(json.dumps(page, ensure_ascii=False, indent=2))
         return
-    if not page["items"]:  # said on stderr: stdout stays one line per question
-        which = "" if state == "all" else f"{state} "
-        where = f" in pipeline {pipeline}" if pipeline else ""
-        click.echo(
-            f"no {which}questions{where}" + (" after that cursor" if cursor else ""), err=True
-        )
-    for q in page["items"]:
-        click.echo(
+    echo_page(
+        page,
+        "questions",
+        state,
+        pipeline,
+        cursor,
+        lambda q: (
             f"{q['question_id']}  {q['state']:8}  {q['outcome'] or '-':9}  "
             f"{q['pipeline']}/{q['step']}  {(q.get('question') or {}).get('response_type')}  "
             f"version {q.get('version')}  expires {q['expires_at']}"
-        )
-    if page["next_cursor"]:
-        click.echo(f"next page: --cursor {page['next_cursor']}")
+        ),
+    )
 
 
 @questions.command("show")
@@ -349,7 +80,7 @@ def show_question(config_path: str, api_url: str | None, question_id: str) -> No
     """
 
     async def go() -> Any:
-        async with _client(config_path, api_url) as api:
+        async with api_client(config_path, api_url) as api:
             return await api.get_question(question_id)
 
     click.echo(json.dumps(run(go()), ensure_ascii=False, indent=2))
@@ -367,7 +98,7 @@ def cancel_question(config_path: str, api_url: str | None, question_id: str) -> 
     from gate.client.api import ClientError
 
     async def go() -> Any:
-        async with _client(config_path, api_url) as api:
+        async with api_client(config_path, api_url) as api:
             try:
                 return await api.cancel_question(question_id)
             except ClientError as exc:

@@ -153,7 +153,8 @@ def relay(
     from gate.config import parse_listen
     from gate.config.values import identity_problem
     from gate.protocol.whitespace import is_blank, is_trimmed
-    from gate.tools.reference_relay.relay import AutoDecision, run_relay
+    from gate.tools.reference_relay.relay import AutoDecision
+    from gate.tools.reference_relay.server import run_relay
     from gate.tools.reference_relay.terminal import NoScreen
 
     secret = _relay_secret(secret_env)

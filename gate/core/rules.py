@@ -3,7 +3,7 @@ No I/O, no clock."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -101,8 +101,15 @@ def check_approver(approval: Approval, identity: str) -> int:
     The scope (allowed_users ∩ step approvers) was fixed when the approval was created.
     Returns the operator id; raises 403 ``approver_not_allowed``.
     """
+    return operator_in_scope(approval.scope, identity)
+
+
+def operator_in_scope(scope: Iterable[tuple[int, str]], identity: str) -> int:
+    """Check 11 for an approval (SPEC §2) or a question (issue 15): the operator id of
+    ``identity`` in a frozen ``(operator id, identity)`` scope, matched trimmed and casefolded
+    (``identity_key``). Raises 403 ``approver_not_allowed``."""
     key = identity_key(identity)
-    for operator_id, scoped_identity in approval.scope:
+    for operator_id, scoped_identity in scope:
         if identity_key(scoped_identity) == key:
             return int(operator_id)
     raise refuse(

@@ -21,8 +21,8 @@ from gate.core.decide_tx import decide, new_nonce
 from gate.core.followup_tx import handle_due
 from gate.core.followups import Plan, next_followup_at
 from gate.core.model import Approval, Resolvable
+from gate.core.question_answer_tx import answer_question
 from gate.core.question_tx import (
-    answer_question,
     cancel_question,
     create_question,
     expire_questions,

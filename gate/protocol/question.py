@@ -1,8 +1,9 @@
 """Issue 15's questions on the wire: the normalized question, its request hash, the dispatch,
 the answer envelope (check 5) and the typing of an answer's value (check 12). Pure.
 
-The form schema and form values live in ``gate.protocol.form_schema``, the answer envelope in
-``gate.protocol.answer`` (re-exported here: import them from this module).
+The form schema lives in ``gate.protocol.form_schema``, form values in
+``gate.protocol.form_value``, the answer envelope in ``gate.protocol.answer`` (re-exported
+here: import them from this module).
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ from gate.protocol.answer import parse_answer as parse_answer
 from gate.protocol.canonical import HASH_PREFIX, canonical_json, wire_json
 from gate.protocol.envelope import _is_unicode, rfc3339
 from gate.protocol.errors import ProtocolError
-from gate.protocol.form_schema import check_form_value, parse_schema, value_error
+from gate.protocol.form_schema import parse_schema
+from gate.protocol.form_value import check_form_value, value_error
 from gate.protocol.whitespace import is_blank
 
 RESPONSE_TYPES = ("free_text", "single_choice", "multi_choice", "form")

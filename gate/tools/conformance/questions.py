@@ -25,6 +25,7 @@ from gate.protocol import PROTOCOL_HEADER, SIGNATURE_HEADER, signing
 from gate.protocol.canonical import wire_json
 from gate.protocol.envelope import decode_json
 from gate.protocol.question import QuestionSpec, build_question_dispatch
+from gate.tools.conformance.callbacks import resign, wait_for
 from gate.tools.conformance.checks import (
     CheckResult,
     Observed,
@@ -57,7 +58,7 @@ Lookup = Callable[[str], list[Observed]]
 
 
 def add_question_step(config: dict[str, Any]) -> None:
-    """Give the ephemeral gate's config mapping (``runner._ephemeral_config``'s, before
+    """Give the ephemeral gate's config mapping (``ephemeral.ephemeral_config``'s, before
     validation) question support: ``relay.questions: true`` (questions go to RELAY_URL) and
     a question step ``question`` in its one pipeline that operator 1 (``--approver``) alone
     may answer."""
@@ -78,22 +79,6 @@ def for_question(seen: list[Observed], question_id: str) -> list[Observed]:
         if isinstance(body, dict) and body.get("question_id") == question_id:
             out.append(obs)
     return out
-
-
-async def _wait(lookup: Lookup, changed: asyncio.Event, key: str, wait_s: float) -> Observed | None:
-    deadline = time.monotonic() + wait_s
-    while True:
-        found = lookup(key)
-        if found:
-            return found[0]
-        left = deadline - time.monotonic()
-        if left <= 0:
-            return None
-        changed.clear()
-        try:
-            await asyncio.wait_for(changed.wait(), timeout=left)
-        except TimeoutError:
-            return None
 
 
 async def _ask(service: GateService, run_id: str) -> Question:
@@ -134,21 +119,6 @@ def dispatch_body(full: Question, callback_url: str) -> bytes:
     )
 
 
-def _resign(
-    template: dict[str, Any], secret: str, changes: dict[str, Any], drop: tuple[str, ...] = ()
-) -> tuple[bytes, dict[str, str]]:
-    """``template`` without the ``drop`` keys, updated with ``changes``, signed now."""
-    body = {k: v for k, v in template.items() if k not in drop}
-    body.update(changes)
-    raw = wire_json(body)
-    headers = {
-        "Content-Type": "application/json",
-        PROTOCOL_HEADER: "hitl/v0",
-        SIGNATURE_HEADER: signing.sign(secret, int(time.time()), raw),
-    }
-    return raw, headers
-
-
 async def _probes(
     service: GateService,
     session: aiohttp.ClientSession,
@@ -187,7 +157,7 @@ async def _probes(
     mutated = digest[:-1] + ("0" if digest[-1] != "0" else "1")
     # the hash and the kind probes first: if the gate wrongly took the wrong-typed value,
     # the probe question would be answered and the later probes would say so as well
-    raw, hdrs = _resign(template, secret, {**aimed, "request_hash": mutated})
+    raw, hdrs = resign(template, secret, {**aimed, "request_hash": mutated})
     hash_probe = await probe(
         session, local_url, raw, hdrs, PROBES[2], 403, ("request_hash_mismatch",)
     )
@@ -197,12 +167,12 @@ async def _probes(
         "decision": "approve",
         "payload_hash": digest,
     }
-    raw, hdrs = _resign(
+    raw, hdrs = resign(
         template, secret, as_approval, drop=("question_id", "kind", "value", "request_hash")
     )
     kind_probe = await probe(session, local_url, raw, hdrs, PROBES[3], 409, ("wrong_kind",))
     wrong_type = {**aimed, "request_hash": digest, "value": len(OPTIONS)}  # a number, no option
-    raw, hdrs = _resign(template, secret, wrong_type)
+    raw, hdrs = resign(template, secret, wrong_type)
     type_probe = await probe(session, local_url, raw, hdrs, PROBES[1], 422, ("invalid_value",))
     return [replay, type_probe, hash_probe, kind_probe]
 
@@ -244,7 +214,7 @@ async def check_questions(
     checks = [replace(judge_ack(ack.status, ack.error, ack.elapsed_s), name="question.ack")]
     wait_s = timeout_s if ack.error is None else grace_s if ack.status is not None else 0.0
     lookup: Lookup = lambda key: for_question(seen, key)  # noqa: E731
-    answer = await _wait(lookup, changed, real.question_id, wait_s) if wait_s else None
+    answer = await wait_for(lookup, changed, real.question_id, wait_s) if wait_s else None
     if answer is None:
         checks.append(
             failed(

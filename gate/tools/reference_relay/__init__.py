@@ -1,2 +1,4 @@
-"""The reference relay (``hitl-gate relay``): the HTTP receiver and decision sender (relay), what
-it knows of each approval (state), the terminal it asks on (terminal) and what it shows (view)."""
+"""The reference relay (``hitl-gate relay``): the HTTP receiver (relay), run by server, its
+approvals and questions desks (approvals; questions, question_prompt), the signed sending with
+retries (delivery), what it knows of each approval (state), the terminal it asks on (terminal)
+and what it shows (view, question_view)."""

@@ -7,10 +7,8 @@ and ask again when the gate refuses the value (422). Nothing here ever decides a
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import hashlib
-import json
 import logging
 import time
 from typing import TYPE_CHECKING, Any
@@ -19,20 +17,16 @@ from aiohttp import web
 
 from gate.errors import GateError
 from gate.protocol.canonical import canonical_json
-from gate.protocol.question import QuestionSpec, build_answer, check_value
+from gate.protocol.question import QuestionSpec, build_answer
 from gate.protocol.whitespace import identity_key
+from gate.tools.reference_relay.delivery import deliver_with
+from gate.tools.reference_relay.question_prompt import auto_value, prompt_value
 from gate.tools.reference_relay.question_view import (
     OMIT,
-    answer_prompt,
-    field_prompt,
-    form_fields,
     gate_refusal,
     line,
-    parse_choice,
-    parse_field,
-    render_question,
 )
-from gate.tools.reference_relay.state import expiry_of
+from gate.tools.reference_relay.state import expiry_of, version_of
 from gate.tools.reference_relay.terminal import Withdrawn
 
 if TYPE_CHECKING:
@@ -40,23 +34,12 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-# the relay does not know the step's max_answer_chars: it checks against what a 64 KiB
-# answer envelope can hold, and the gate's 422 for a longer answer than the step takes is
-# shown and asked again
-LOCAL_MAX_ANSWER_CHARS = 60_000
-
 
 def _invalid(field: str) -> web.Response:
     log.warning("event=dispatch_refused reason=invalid_dispatch kind=question field=%s", field)
     return web.json_response(
         {"status": "invalid", "reason": "invalid_dispatch", "field": field}, status=400
     )
-
-
-def version_of(envelope: dict[str, Any]) -> int:
-    """The question dispatch's ``version`` (1 when absent or not an integer)."""
-    version = envelope.get("version")
-    return version if isinstance(version, int) and not isinstance(version, bool) else 1
 
 
 def question_hash(envelope: dict[str, Any]) -> str:
@@ -69,29 +52,6 @@ def question_hash(envelope: dict[str, Any]) -> str:
         "question": envelope.get("question"),
     }
     return "sha256:" + hashlib.sha256(canonical_json(body)).hexdigest()
-
-
-def auto_value(spec: QuestionSpec, given: str) -> Any:
-    """The ``--auto-answer`` VALUE for this question: VALUE read as JSON when that fits the
-    question, else VALUE as plain text when that fits; raises GateError (422
-    ``invalid_value``) with the JSON reading's reason when neither does."""
-    try:
-        candidates: list[Any] = [json.loads(given), given]
-    except ValueError:
-        candidates = [given]
-    error: GateError | None = None
-    for value in candidates:
-        try:
-            return check_value(spec, value, max_answer_chars=LOCAL_MAX_ANSWER_CHARS)
-        except GateError as exc:
-            error = error or exc
-    assert error is not None
-    raise error
-
-
-def _settle(future: asyncio.Future[str], reason: str) -> None:
-    if not future.done():
-        future.set_result(reason)
 
 
 class QuestionDesk:
@@ -188,7 +148,7 @@ class QuestionDesk:
             value = await self._value(envelope, spec, identity)
             if value is OMIT:
                 return
-            result = await relay.deliver_with(
+            result = await deliver_with(
                 envelope, identity, functools.partial(self._post, envelope, identity, value)
             )
             if result is None:
@@ -262,7 +222,7 @@ class QuestionDesk:
         if relay.stdin_closed:
             return OMIT
         try:
-            return await self._prompt(envelope, spec, identity)
+            return await prompt_value(relay, envelope, spec, identity)
         except Withdrawn as exc:
             log.info(
                 "event=prompt_withdrawn question_id=%s reason=%r", envelope["question_id"], str(exc)
@@ -272,71 +232,3 @@ class QuestionDesk:
             log.warning("event=stdin_closed reason=%r", "no human can answer on this terminal")
             relay.terminal.say("Input ended: nobody can answer here any more. Ctrl-C stops.")
         return OMIT
-
-    async def _prompt(self, envelope: dict[str, Any], spec: QuestionSpec, identity: str) -> Any:
-        """Show the question and read an answer until one passes ``check_value``; withdrawn
-        (Withdrawn) when it goes stale on screen (a newer version, expiry)."""
-        relay, terminal = self.relay, self.relay.terminal
-        loop = asyncio.get_running_loop()
-        stale: asyncio.Future[str] = loop.create_future()
-        timer = loop.call_later(
-            max(0.0, expiry_of(envelope, time.time()) - time.time()),
-            _settle,
-            stale,
-            f"Question {line(envelope['question_id'])} expired while waiting for an answer; "
-            "not asking any more.",
-        )
-        relay.asking = (envelope["question_id"], version_of(envelope), stale)
-        if terminal.hold is not None:
-            terminal.hold.hold(True)
-        try:
-            screen = render_question(envelope, identity, terminal.width())
-            await asyncio.to_thread(terminal.say, screen, "")
-            terminal.lines.arm()
-            while True:
-                value = await self._read(envelope, spec, stale)
-                try:
-                    return check_value(spec, value, max_answer_chars=LOCAL_MAX_ANSWER_CHARS)
-                except GateError as exc:
-                    terminal.say(f"Not taken: {line(exc.message)}.")
-        except Withdrawn as exc:
-            terminal.say(f"\n{exc}")
-            raise
-        except EOFError:
-            terminal.say("")
-            raise
-        finally:
-            timer.cancel()
-            relay.asking = None
-            terminal.lines.disarm()
-            if terminal.hold is not None:
-                terminal.hold.hold(False)
-
-    async def _read(
-        self, envelope: dict[str, Any], spec: QuestionSpec, stale: asyncio.Future[str]
-    ) -> Any:
-        """One typed answer of the question's type (not yet checked)."""
-        terminal = self.relay.terminal
-        kind = spec.response_type
-        if kind != "form":
-            while True:
-                terminal.say(answer_prompt(envelope), end="")
-                text = await terminal.lines.next(stale)
-                if kind == "free_text":
-                    return text
-                typed = parse_choice(text, list(spec.options or ()), kind == "multi_choice")
-                if typed.hint is None:
-                    return typed.value
-                terminal.say(typed.hint)
-        terminal.say(answer_prompt(envelope))
-        value: dict[str, Any] = {}
-        for name, prop, required in form_fields(envelope["question"]):
-            while True:
-                terminal.say(field_prompt(name, prop, required), end="")
-                typed = parse_field(await terminal.lines.next(stale), prop, required)
-                if typed.hint is None:
-                    break
-                terminal.say(typed.hint)
-            if typed.value is not OMIT:
-                value[name] = typed.value
-        return value

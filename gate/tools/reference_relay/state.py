@@ -8,6 +8,7 @@ rules mirror SPEC §2 "Quorum and outcomes" as seen from one relay (issue 12 ite
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -36,6 +37,12 @@ def revision_of(envelope: dict[str, Any]) -> int:
     """The dispatch's ``revision`` (an additive hitl/v0 field; 1 when absent)."""
     revision = envelope.get("revision")
     return revision if isinstance(revision, int) and not isinstance(revision, bool) else 1
+
+
+def version_of(envelope: dict[str, Any]) -> int:
+    """The question dispatch's ``version`` (1 when absent or not an integer)."""
+    version = envelope.get("version")
+    return version if isinstance(version, int) and not isinstance(version, bool) else 1
 
 
 def expiry_of(envelope: dict[str, Any], now: float) -> float:
@@ -112,3 +119,10 @@ class Knowledge:
             self.closed[approval_id] = "timed out"
         elif reason == "unknown_approval":
             self.closed[approval_id] = "is not known to the gate"
+
+
+def settle(future: asyncio.Future[str], reason: str) -> None:
+    """Withdraw a prompt: set ``reason`` (why it went stale) on its future, unless already
+    set."""
+    if not future.done():
+        future.set_result(reason)

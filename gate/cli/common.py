@@ -1,0 +1,132 @@
+"""What the API-side commands (``request``, ``list``, ``show``, ``cancel``, ``ask``,
+``questions list|show|cancel``) share: where the API is and its client, the checks of
+``--idempotency-key`` and ``--permit-out``, the hop reporter, the runnable cancel command
+line and the one-line-per-item page printer."""
+
+from __future__ import annotations
+
+import os
+import shlex
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import click
+
+from gate.cli import fail, read_config
+
+
+def api_client(config_path: str, api_url: str | None) -> Any:
+    """An ``ApiClient`` for the config's API (or ``--api-url``); call it inside the loop.
+    Exits 2 as ``api_target`` does."""
+    from gate.client.api import ApiClient
+
+    return ApiClient(*api_target(read_config(config_path), api_url))
+
+
+def api_target(config: Any, api_url: str | None) -> tuple[str, str]:
+    """``(API base URL, bearer token)``: ``--api-url`` or ``api.listen``, and the token as
+    ``serve`` reads it. Exits 2 on a token that is not set or has control characters, and
+    on an ``--api-url`` that is no http(s) or unix: URL."""
+    from gate.client.api import api_base
+    from gate.config import read_api_token
+
+    # as serve reads it: the variable, else its file in $CREDENTIALS_DIRECTORY
+    token, error = read_api_token(config, os.environ)
+    if token is None:
+        fail(error or f"api.token_env: {config.api.token_env} is not set", 2)
+    if not token.isprintable():
+        fail(f"api.token_env: {config.api.token_env} has control characters; remove them", 2)
+    if api_url is not None and not valid_api_url(api_url):
+        fail(f"--api-url: {api_url!r} is not http://host:port, https://host:port or unix:/path", 2)
+    return api_url or api_base(config), token
+
+
+def valid_api_url(url: str) -> bool:
+    """True for ``http(s)://host[:port][/prefix]`` or ``unix:/path`` (``--api-url``)."""
+    if url.startswith("unix:"):
+        return len(url) > len("unix:")
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - raises ValueError on a bad port
+    except ValueError:
+        return False
+    return parts.scheme in ("http", "https") and bool(parts.hostname)
+
+
+def check_request_options(
+    wait: bool, permit_out: str | None, idempotency_key: str | None, spend: float | None
+) -> None:
+    """Exit 2 on a ``--permit-out`` without ``--wait`` or in a folder this user cannot
+    write to (checked before a human is asked, not after), and on an ``--idempotency-key``
+    the API would refuse (``gate.core.requests.check_idempotency_key``: shape and UTF-8; a
+    non-UTF-8 argv byte would be dropped on the way, making two keys one) or that holds
+    control characters (aiohttp cannot send those in a header). ``spend`` is not checked
+    here (``request`` checks it apart)."""
+    from gate.core.requests import check_idempotency_key, has_control_characters
+    from gate.errors import GateError
+
+    if permit_out is not None and not wait:
+        fail("--permit-out needs --wait", 2)
+    if permit_out is not None:  # before a human is asked, not after
+        folder = Path(permit_out).absolute().parent
+        if not folder.is_dir() or not os.access(folder, os.W_OK | os.X_OK):
+            fail(f"--permit-out: {folder} is not a directory this user can write to", 2)
+    try:
+        check_idempotency_key(idempotency_key)
+        refused = idempotency_key is not None and has_control_characters(idempotency_key)
+    except GateError:
+        refused = True
+    if refused:
+        fail(
+            "--idempotency-key: must be 1-200 UTF-8 characters, not blank, without control"
+            " characters",
+            2,
+        )
+
+
+def reporter(quiet: bool) -> Callable[[str], None]:
+    """Where ``request`` and ``ask`` report what happens (hops): stderr, or nowhere with
+    ``--quiet``."""
+
+    def report(line: str) -> None:
+        if not quiet:
+            click.echo(line, err=True)
+
+    return report
+
+
+def cancel_command(
+    command: Sequence[str], config_path: str | None, api_url: str | None, item_id: str
+) -> str:
+    """The command line ``command`` (e.g. ``("hitl-gate", "cancel")``) with ``-c`` and
+    ``--api-url`` as given and ``item_id``, shell-quoted: runnable as printed."""
+    words = list(command)
+    if config_path:
+        words += ["-c", config_path]
+    if api_url:
+        words += ["--api-url", api_url]
+    return " ".join(shlex.quote(word) for word in [*words, item_id])
+
+
+def echo_page(
+    page: dict[str, Any],
+    noun: str,
+    state: str,
+    pipeline: str | None,
+    cursor: str | None,
+    line: Callable[[dict[str, Any]], str],
+) -> None:
+    """Print one page of a list (``{"items", "next_cursor"}``): ``line(item)`` per item on
+    stdout, then ``next page: --cursor C``; an empty page is said on stderr ("no pending
+    <noun> in pipeline P"), so stdout stays one line per item."""
+    if not page["items"]:
+        which = "" if state == "all" else f"{state} "
+        where = f" in pipeline {pipeline}" if pipeline else ""
+        click.echo(f"no {which}{noun}{where}" + (" after that cursor" if cursor else ""), err=True)
+    for item in page["items"]:
+        click.echo(line(item))
+    if page["next_cursor"]:
+        click.echo(f"next page: --cursor {page['next_cursor']}")

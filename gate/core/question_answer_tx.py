@@ -1,0 +1,118 @@
+"""The answer transaction (issue 15): checks 6-13 of the answer table in order, then the
+first valid answer recorded with its ``question_answered`` and ``question_resolved`` entries.
+Runs on the store's writer with the state ``Transactions`` owns (``t``)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from gate.audit.question_entries import QuestionAnsweredData
+from gate.core.model import Question, QuestionAnswer
+from gate.core.question_tx import resolve_question
+from gate.core.rules import operator_in_scope, refuse
+from gate.errors import Conflict, GateError
+from gate.protocol.canonical import canonical_json
+from gate.protocol.question import Answer, QuestionSpec, check_value, value_hash
+from gate.protocol.whitespace import identity_key
+from gate.store import WriteTx
+
+if TYPE_CHECKING:
+    from gate.core.transactions import Transactions
+
+
+def _check_resolved(question: Question, answer: Answer, now: int) -> None:
+    """Check 8: not resolved (the winner's own answer again is 409 ``duplicate``)."""
+    won = question.answer
+    if (
+        won is not None
+        and identity_key(won.identity) == identity_key(answer.approver_id)
+        and value_hash(won.value) == value_hash(answer.value)
+    ):
+        raise refuse(409, "duplicate", "duplicate", "this answer was already recorded")
+    if question.outcome == "timeout" or (
+        question.state == "pending" and now >= question.expires_at
+    ):
+        raise refuse(410, "expired", "expired", "the question expired before this answer")
+    if question.state == "resolved":
+        raise refuse(
+            409,
+            "already_resolved",
+            "already_resolved",
+            "the question is resolved",
+            outcome=question.outcome,
+        )
+
+
+def _max_answer_chars(t: Transactions, question: Question) -> int:
+    found = t.config.find_step(question.pipeline, question.step)
+    return found[1].max_answer_chars if found is not None else 2000
+
+
+def answer_question(t: Transactions, tx: WriteTx, answer: Answer) -> tuple[int, int, str]:
+    """Checks 6-13 of issue 15's answer table, in order, and the recording of the first valid
+    answer with its ``question_answered`` and ``question_resolved`` entries. Returns
+    ``(operator id, version answered, pipeline)``. Raises GateError with the table's status
+    and reason (nothing changes); an answer naming an approval is 409 ``wrong_kind``."""
+    now = t.clock.now_ms()
+    question = tx.load_question(answer.question_id, outbox=False)
+    if question is None:
+        if tx.load_approval(answer.question_id, outbox=False, created_receipt=False) is not None:
+            raise wrong_kind("an answer names a question_id; this id is an approval's")
+        # check 6 on the callback listener: SPEC §2's status word is the reason, as
+        # ``unknown_approval`` (the pipeline API's 404 stays ``not_found``)
+        raise refuse(404, "unknown_question", "unknown_question", "no question with this id")
+    nonce_version = next((v.version for v in question.versions if v.nonce == answer.nonce), None)
+    if nonce_version is None:
+        raise refuse(403, "forbidden", "nonce_mismatch", "nonce does not belong to this question")
+    _check_resolved(question, answer, now)
+    current = question.current
+    if nonce_version != current.version:
+        raise refuse(
+            409,
+            "superseded",
+            "superseded",
+            f"nonce is for version {nonce_version}; the current version is {current.version}",
+        )
+    if answer.request_hash != current.request_hash:
+        raise refuse(
+            403,
+            "forbidden",
+            "request_hash_mismatch",
+            "request_hash does not match the current version's hash",
+        )
+    operator_id = operator_in_scope(question.scope, answer.approver_id)  # check 11
+    value = check_value(
+        QuestionSpec.from_json(current.question),
+        answer.value,
+        max_answer_chars=_max_answer_chars(t, question),
+    )
+    t.rate.check(operator_id, now)
+    row = QuestionAnswer(
+        value=value,
+        operator_id=operator_id,
+        identity=answer.approver_id,
+        display=answer.approver_display,
+        channel=answer.approver_channel,
+        version=current.version,
+        decided_at=answer.decided_at,
+        recorded_at=now,
+    )
+    if not tx.record_question_answer(
+        question.question_id, canonical_json(value).decode("utf-8"), row
+    ):
+        raise refuse(409, "already_resolved", "already_resolved", "the question is resolved")
+    digest = value_hash(value)
+    answered = QuestionAnsweredData(
+        operator_id, current.version, current.request_hash, answer.nonce, digest
+    )
+    t.audit(tx, answered.kind, question.question_id, now, answered.to_data())
+    resolve_question(
+        t, tx, question.question_id, current.version, current.request_hash, "answered", now, digest
+    )
+    return operator_id, current.version, question.pipeline
+
+
+def wrong_kind(message: str) -> GateError:
+    """409 ``wrong_kind``: an answer for an approval, or a decision for a question (issue 15):
+    refused after check 5, nothing recorded."""
+    return Conflict("wrong_kind", message)

@@ -1,0 +1,203 @@
+"""The reference relay's approvals: ask each decider in scope about a dispatch on the terminal
+(or decide by ``--auto``), sign the decision, deliver it and say what the gate answered; a
+prompt that goes stale on screen (a newer revision, expiry) is withdrawn (issue 12 item 2)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+from gate.protocol.envelope import build_decision
+from gate.tools.reference_relay.delivery import deliver_with
+from gate.tools.reference_relay.state import Sent, expiry_of, revision_of, settle
+from gate.tools.reference_relay.terminal import Withdrawn
+from gate.tools.reference_relay.view import shown, verdict
+
+if TYPE_CHECKING:
+    from gate.tools.reference_relay.relay import Relay
+
+# the relay's log lines keep the logger name they had before this module was split out
+log = logging.getLogger("gate.tools.reference_relay.relay")
+
+CHANNEL = "terminal"
+
+
+class ApprovalDesk:
+    """The approvals side of a ``Relay`` (its state: who it decides as, ``known``, the
+    prompt on screen): asks, decides, delivers."""
+
+    def __init__(self, relay: Relay) -> None:
+        self.relay = relay
+
+    async def post_decision(
+        self, envelope: dict[str, Any], identity: str, verb: str, text: str | None
+    ) -> tuple[int, Any]:
+        """Sign and POST one decision to the dispatch's callback URL; return (status, answer).
+        ``text`` is an adjust's new text or a skip's reason (issue 14), else ignored.
+
+        Raises aiohttp.ClientError or TimeoutError when the gate cannot be reached.
+        """
+        decision = build_decision(
+            approval_id=envelope["approval_id"],
+            nonce=envelope["callback"]["nonce"],
+            decision=verb,
+            payload_hash=envelope["payload_hash"],
+            approver_id=identity,
+            decided_at_ms=int(time.time() * 1000),
+            channel="auto" if self.relay.auto is not None else CHANNEL,
+            adjust_text=text if verb == "adjust" else None,
+            reason=text if verb == "skip" else None,
+        )
+        return await self.relay.post_signed(envelope["callback"]["url"], decision)
+
+    async def deliver(
+        self, envelope: dict[str, Any], identity: str, verb: str, text: str | None
+    ) -> tuple[int, Any] | None:
+        """POST a decision, retrying with backoff while the gate is unreachable or answers 5xx,
+        until the dispatch's ``expires_at``. Returns the last answer, or None if it never came."""
+        return await deliver_with(
+            envelope, identity, lambda: self.post_decision(envelope, identity, verb, text)
+        )
+
+    async def handle(self, envelope: dict[str, Any]) -> None:
+        """Ask each decider in scope in turn (or auto-decide), skipping who is recorded and
+        stopping once the dispatch is stale."""
+        approval_id, revision = envelope["approval_id"], revision_of(envelope)
+        log.info(
+            "event=dispatch_received approval_id=%s revision=%d payload_hash=%s quorum=%s",
+            approval_id,
+            revision,
+            envelope["payload_hash"],
+            _quorum_field(envelope),
+        )
+        asked = False
+        for identity in self.relay.deciders(envelope):
+            stale = self.relay.known.stale(envelope, time.time())
+            if stale is not None:
+                log.info(
+                    "event=dispatch_stale approval_id=%s revision=%d reason=%r",
+                    approval_id,
+                    revision,
+                    stale,
+                )
+                self.relay._tell(
+                    f"{stale}; not asking {identity}."
+                    if asked
+                    else f"\n{stale} before its turn; not shown."
+                )
+                return
+            if self.relay.known.recorded(envelope, identity):
+                log.info(
+                    "event=already_recorded approval_id=%s revision=%d approver=%s",
+                    approval_id,
+                    revision,
+                    identity,
+                )
+                self.relay._tell(
+                    f"Approval {shown(approval_id)} revision {revision}: not asking "
+                    f"{identity}, whose decision on it is recorded (an edit counts as "
+                    "its editor's approval)."
+                )
+                continue
+            asked = True
+            sent = await self._decide(envelope, identity)
+            if sent is None:
+                return
+            self.relay.known.learn(envelope, identity, sent)
+            quorum = envelope.get("quorum")
+            if (
+                sent.status == 200
+                and isinstance(quorum, dict)
+                and isinstance(quorum.get("collected"), int)
+            ):
+                # recorded, not resolved: the next approver's prompt shows the new count
+                envelope = {**envelope, "quorum": {**quorum, "collected": quorum["collected"] + 1}}
+
+    async def _decide(self, envelope: dict[str, Any], identity: str) -> Sent | None:
+        """Ask (or auto-decide) until the gate takes an answer; None when nobody can answer
+        (input ended, the prompt was withdrawn, the gate could not be reached)."""
+        while True:
+            if self.relay.auto is not None:
+                verb, text = self.relay.auto.verb, self.relay.auto.text
+            elif self.relay.stdin_closed:
+                return None
+            else:
+                try:
+                    verb, text = await self._ask(envelope, identity)
+                except Withdrawn as exc:
+                    log.info(
+                        "event=prompt_withdrawn approval_id=%s revision=%d approver=%s reason=%r",
+                        envelope["approval_id"],
+                        revision_of(envelope),
+                        identity,
+                        str(exc),
+                    )
+                    return None
+                except EOFError:
+                    self.relay.stdin_closed = True
+                    log.warning(
+                        "event=stdin_closed reason=%r",
+                        "no human can answer on this terminal; new dispatches are refused "
+                        "(503 no_human_at_terminal, the gate retries them), those already "
+                        "acked stay undecided until they expire or are cancelled",
+                    )
+                    self.relay.terminal.say(
+                        "Input ended: nobody can answer here any more; new dispatches are "
+                        "refused (the gate retries them), this one waits for its timeout. "
+                        "Ctrl-C stops."
+                    )
+                    return None
+            result = await self.deliver(envelope, identity, verb, text)
+            if result is None:
+                return None
+            sent = Sent(verb, text, *result)
+            log.info(
+                "event=decision_sent approval_id=%s approver=%s decision=%s answer=%s %s",
+                envelope.get("approval_id"),
+                identity,
+                verb,
+                sent.status,
+                json.dumps(sent.answer, ensure_ascii=False),
+            )
+            if sent.status == 422 and self.relay.auto is None:
+                self.relay.terminal.say(
+                    f"The gate refused that answer ({sent.fields.get('reason')}); "
+                    "please answer again."
+                )
+                continue
+            self.relay._tell(verdict(verb, sent.status, sent.answer))
+            return sent
+
+    async def _ask(self, envelope: dict[str, Any], identity: str) -> tuple[str, str | None]:
+        """One prompt on the terminal, withdrawn (Withdrawn) when it goes stale while shown:
+        a newer revision arrives (``_newer``) or the dispatch's ``expires_at`` passes."""
+        approval_id, revision = envelope["approval_id"], revision_of(envelope)
+        loop = asyncio.get_running_loop()
+        stale: asyncio.Future[str] = loop.create_future()
+        now_stale = self.relay.known.stale(envelope, time.time())
+        if now_stale is not None:  # asked again (after a 422) about what went stale meanwhile
+            self.relay.terminal.say(f"{now_stale}; not asking again.")
+            raise Withdrawn(now_stale)
+        timer = loop.call_later(
+            max(0.0, expiry_of(envelope, time.time()) - time.time()),
+            settle,
+            stale,
+            f"Approval {shown(approval_id)} expired at {shown(envelope.get('expires_at'))} "
+            "while waiting for an answer; not asking any more.",
+        )
+        self.relay.asking = (approval_id, revision, stale)
+        try:
+            return await self.relay.terminal.ask(envelope, identity, stale)
+        finally:
+            timer.cancel()
+            self.relay.asking = None
+
+
+def _quorum_field(envelope: dict[str, Any]) -> str:
+    """``collected/required`` for a log line (``0/2``)."""
+    quorum = envelope.get("quorum")
+    quorum = quorum if isinstance(quorum, dict) else {}
+    return f"{quorum.get('collected')}/{quorum.get('required')}"

@@ -1,0 +1,122 @@
+"""The reference relay's question prompt (issue 15): show a question on the terminal and read
+an answer of its type until one passes ``gate.protocol.question.check_value``; and the
+``--auto-answer`` VALUE read for a question."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from typing import TYPE_CHECKING, Any
+
+from gate.errors import GateError
+from gate.protocol.question import QuestionSpec, check_value
+from gate.tools.reference_relay.question_view import (
+    OMIT,
+    answer_prompt,
+    field_prompt,
+    form_fields,
+    line,
+    parse_choice,
+    parse_field,
+    render_question,
+)
+from gate.tools.reference_relay.state import expiry_of, settle, version_of
+from gate.tools.reference_relay.terminal import Terminal, Withdrawn
+
+if TYPE_CHECKING:
+    from gate.tools.reference_relay.relay import Relay
+
+# the relay does not know the step's max_answer_chars: it checks against what a 64 KiB
+# answer envelope can hold, and the gate's 422 for a longer answer than the step takes is
+# shown and asked again
+LOCAL_MAX_ANSWER_CHARS = 60_000
+
+
+def auto_value(spec: QuestionSpec, given: str) -> Any:
+    """The ``--auto-answer`` VALUE for this question: VALUE read as JSON when that fits the
+    question, else VALUE as plain text when that fits; raises GateError (422
+    ``invalid_value``) with the JSON reading's reason when neither does."""
+    try:
+        candidates: list[Any] = [json.loads(given), given]
+    except ValueError:
+        candidates = [given]
+    error: GateError | None = None
+    for value in candidates:
+        try:
+            return check_value(spec, value, max_answer_chars=LOCAL_MAX_ANSWER_CHARS)
+        except GateError as exc:
+            error = error or exc
+    assert error is not None
+    raise error
+
+
+async def prompt_value(
+    relay: Relay, envelope: dict[str, Any], spec: QuestionSpec, identity: str
+) -> Any:
+    """Show the question and read an answer until one passes ``check_value``; withdrawn
+    (Withdrawn) when it goes stale on screen (a newer version, expiry)."""
+    terminal = relay.terminal
+    loop = asyncio.get_running_loop()
+    stale: asyncio.Future[str] = loop.create_future()
+    timer = loop.call_later(
+        max(0.0, expiry_of(envelope, time.time()) - time.time()),
+        settle,
+        stale,
+        f"Question {line(envelope['question_id'])} expired while waiting for an answer; "
+        "not asking any more.",
+    )
+    relay.asking = (envelope["question_id"], version_of(envelope), stale)
+    if terminal.hold is not None:
+        terminal.hold.hold(True)
+    try:
+        screen = render_question(envelope, identity, terminal.width())
+        await asyncio.to_thread(terminal.say, screen, "")
+        terminal.lines.arm()
+        while True:
+            value = await _read(terminal, envelope, spec, stale)
+            try:
+                return check_value(spec, value, max_answer_chars=LOCAL_MAX_ANSWER_CHARS)
+            except GateError as exc:
+                terminal.say(f"Not taken: {line(exc.message)}.")
+    except Withdrawn as exc:
+        terminal.say(f"\n{exc}")
+        raise
+    except EOFError:
+        terminal.say("")
+        raise
+    finally:
+        timer.cancel()
+        relay.asking = None
+        terminal.lines.disarm()
+        if terminal.hold is not None:
+            terminal.hold.hold(False)
+
+
+async def _read(
+    terminal: Terminal, envelope: dict[str, Any], spec: QuestionSpec, stale: asyncio.Future[str]
+) -> Any:
+    """One typed answer of the question's type (not yet checked)."""
+    kind = spec.response_type
+    if kind != "form":
+        while True:
+            terminal.say(answer_prompt(envelope), end="")
+            text = await terminal.lines.next(stale)
+            if kind == "free_text":
+                return text
+            typed = parse_choice(text, list(spec.options or ()), kind == "multi_choice")
+            if typed.hint is None:
+                return typed.value
+            terminal.say(typed.hint)
+    terminal.say(answer_prompt(envelope))
+    value: dict[str, Any] = {}
+    for name, prop, required in form_fields(envelope["question"]):
+        while True:
+            terminal.say(field_prompt(name, prop, required), end="")
+            typed = parse_field(await terminal.lines.next(stale), prop, required)
+            if typed.hint is None:
+                break
+            terminal.say(typed.hint)
+        if typed.value is not OMIT:
+            value[name] = typed.value
+    return value
