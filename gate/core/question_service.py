@@ -8,6 +8,7 @@ import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from gate.core.longpoll import long_poll
 from gate.core.model import Question
 from gate.core.question_requests import (
     parse_question_create,
@@ -138,23 +139,7 @@ class QuestionMethods:
 
     async def wait_question(self, question_id: str, seconds: float) -> dict[str, Any]:
         """The question object once resolved or after ``seconds``, whichever comes first."""
-        event, count = self._waiters.get(question_id, (asyncio.Event(), 0))
-        self._waiters[question_id] = (event, count + 1)
-        try:
-            view = await self.get_question(question_id)
-            if view["state"] == "resolved" or seconds <= 0:
-                return view
-            try:
-                await asyncio.wait_for(event.wait(), timeout=seconds)
-            except TimeoutError:
-                pass
-            return await self.get_question(question_id)
-        finally:
-            event, count = self._waiters.get(question_id, (event, 1))
-            if count <= 1:
-                self._waiters.pop(question_id, None)
-            else:
-                self._waiters[question_id] = (event, count - 1)
+        return await long_poll(self._waiters, question_id, self.get_question, seconds)
 
     async def list_questions(
         self, state: str, pipeline: str | None, limit: int, cursor: str | None

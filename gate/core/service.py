@@ -12,6 +12,7 @@ from typing import Any
 from gate.clock import Clock
 from gate.config import Config
 from gate.core.followups import followup_plan
+from gate.core.longpoll import long_poll
 from gate.core.model import Approval
 from gate.core.question_service import QuestionMethods
 from gate.core.ratelimit import RateLimiter
@@ -375,23 +376,7 @@ class GateService(QuestionMethods):
 
     async def wait(self, approval_id: str, seconds: float) -> dict[str, Any]:
         """Return the approval once resolved or after ``seconds``, whichever comes first."""
-        event, count = self._waiters.get(approval_id, (asyncio.Event(), 0))
-        self._waiters[approval_id] = (event, count + 1)
-        try:
-            view = await self.get(approval_id)
-            if view["state"] == "resolved" or seconds <= 0:
-                return view
-            try:
-                await asyncio.wait_for(event.wait(), timeout=seconds)
-            except TimeoutError:
-                pass
-            return await self.get(approval_id)
-        finally:
-            event, count = self._waiters.get(approval_id, (event, 1))
-            if count <= 1:
-                self._waiters.pop(approval_id, None)
-            else:
-                self._waiters[approval_id] = (event, count - 1)
+        return await long_poll(self._waiters, approval_id, self.get, seconds)
 
     async def list(
         self, state: str, pipeline: str | None, limit: int, cursor: str | None

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hmac
-import math
 from dataclasses import dataclass
 
 from aiohttp import web
@@ -13,12 +12,8 @@ from gate.core.service import GateService
 from gate.errors import GateError
 from gate.metrics import Metrics
 from gate.protocol.envelope import decode_json
-from gate.web.common import ULID_RE, Handler, error_middleware, read_body
-
-MAX_WAIT_S = 300.0
-DEFAULT_LIMIT = 50
-MAX_LIMIT = 500
-STATES = ("pending", "resolved", "all")
+from gate.web.common import Handler, error_middleware, read_body
+from gate.web.queries import list_query, wait_seconds
 
 
 @dataclass(slots=True)
@@ -66,10 +61,6 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
     return await handler(request)
 
 
-def _bad_query(name: str, message: str) -> GateError:
-    return GateError(f"invalid_{name}", message, status=400, kind="invalid", extra={"field": name})
-
-
 async def create_approval(request: web.Request) -> web.Response:
     """POST /v1/approvals: 201 new approval, 200 same Idempotency-Key and body (SPEC §3)."""
     settings = request.app[SETTINGS]
@@ -94,36 +85,16 @@ async def get_approval(request: web.Request) -> web.Response:
     """GET /v1/approvals/{id}[?wait=SECONDS]: long-polls up to 300 s for the resolution."""
     service = request.app[SERVICE]
     approval_id = request.match_info["approval_id"]
-    wait = request.query.get("wait")
-    if wait is None:
+    seconds = wait_seconds(request.query)
+    if seconds is None:
         return web.json_response(await service.get(approval_id))
-    try:
-        seconds = float(wait)
-    except ValueError:
-        raise _bad_query("wait", "wait must be a number of seconds") from None
-    if not math.isfinite(seconds) or not 0 <= seconds <= MAX_WAIT_S:
-        raise _bad_query("wait", f"wait must be between 0 and {MAX_WAIT_S:g} seconds")
     return web.json_response(await service.wait(approval_id, seconds))
 
 
 async def list_approvals(request: web.Request) -> web.Response:
     """GET /v1/approvals?state=&pipeline=&limit=&cursor= -> ``{items, next_cursor}``."""
-    query = request.query
-    state = query.get("state", "all")
-    if state not in STATES:
-        raise _bad_query("state", "state must be pending, resolved or all")
-    try:
-        limit = int(query.get("limit", DEFAULT_LIMIT))
-    except ValueError:
-        raise _bad_query("limit", "limit must be an integer") from None
-    if not 1 <= limit <= MAX_LIMIT:
-        raise _bad_query("limit", f"limit must be between 1 and {MAX_LIMIT}")
-    cursor = query.get("cursor") or None
-    if cursor is not None and not ULID_RE.fullmatch(cursor):
-        raise _bad_query(
-            "cursor", "cursor must be the next_cursor of a previous page (an approval_id)"
-        )
-    result = await request.app[SERVICE].list(state, query.get("pipeline") or None, limit, cursor)
+    q = list_query(request.query, "an approval_id")
+    result = await request.app[SERVICE].list(q.state, q.pipeline, q.limit, q.cursor)
     return web.json_response(result)
 
 

@@ -4,24 +4,13 @@ bound, one service call, ``json_response``."""
 
 from __future__ import annotations
 
-import math
-
 from aiohttp import web
 
 from gate.core.requests import check_idempotency_key
-from gate.errors import GateError
 from gate.protocol.envelope import decode_json
 from gate.web.api import METRICS, SERVICE, SETTINGS
-from gate.web.common import ULID_RE, read_body
-
-MAX_WAIT_S = 300.0
-DEFAULT_LIMIT = 50
-MAX_LIMIT = 500
-STATES = ("pending", "resolved", "all")
-
-
-def _bad_query(name: str, message: str) -> GateError:
-    return GateError(f"invalid_{name}", message, status=400, kind="invalid", extra={"field": name})
+from gate.web.common import read_body
+from gate.web.queries import list_query, wait_seconds
 
 
 def _body_limit(request: web.Request) -> int:
@@ -44,40 +33,18 @@ async def create_question(request: web.Request) -> web.Response:
 
 async def get_question(request: web.Request) -> web.Response:
     """GET /v1/questions/{id}[?wait=SECONDS]: long-polls up to 300 s for the resolution."""
-
     service = request.app[SERVICE]
     question_id = request.match_info["question_id"]
-    wait = request.query.get("wait")
-    if wait is None:
+    seconds = wait_seconds(request.query)
+    if seconds is None:
         return web.json_response(await service.get_question(question_id))
-    try:
-        seconds = float(wait)
-    except ValueError:
-        raise _bad_query("wait", "wait must be a number of seconds") from None
-    if not math.isfinite(seconds) or not 0 <= seconds <= MAX_WAIT_S:
-        raise _bad_query("wait", f"wait must be between 0 and {MAX_WAIT_S:g} seconds")
     return web.json_response(await service.wait_question(question_id, seconds))
 
 
 async def list_questions(request: web.Request) -> web.Response:
     """GET /v1/questions?state=&pipeline=&limit=&cursor= -> ``{items, next_cursor}``."""
-
-    query = request.query
-    state = query.get("state", "all")
-    if state not in STATES:
-        raise _bad_query("state", "state must be pending, resolved or all")
-    try:
-        limit = int(query.get("limit", DEFAULT_LIMIT))
-    except ValueError:
-        raise _bad_query("limit", "limit must be an integer") from None
-    if not 1 <= limit <= MAX_LIMIT:
-        raise _bad_query("limit", f"limit must be between 1 and {MAX_LIMIT}")
-    cursor = query.get("cursor") or None
-    if cursor is not None and not ULID_RE.fullmatch(cursor):
-        raise _bad_query("cursor", "cursor must be the next_cursor of a previous page")
-    result = await request.app[SERVICE].list_questions(
-        state, query.get("pipeline") or None, limit, cursor
-    )
+    q = list_query(request.query, "a question_id")
+    result = await request.app[SERVICE].list_questions(q.state, q.pipeline, q.limit, q.cursor)
     return web.json_response(result)
 
 
