@@ -7,6 +7,7 @@ import pytest
 from gate.tools.reference_relay.question_view import (
     OMIT,
     answer_prompt,
+    field_prompt,
     parse_choice,
     parse_field,
     render_question,
@@ -132,3 +133,53 @@ def test_question_view_prompt_names_the_question_and_the_range():
         "Question 01QID version 2, text of 1 line(s) above. "
         "Type the numbers of your choices, comma-separated (1-3): "
     )
+
+
+def test_question_screen_rule_is_plain_ascii_and_no_question_marks() -> None:
+    screen = render_question(dispatch({"text": "Why?", "response_type": "free_text"}), "a@x")
+
+    rule = screen.splitlines()[1]
+    assert rule.isascii() and "?" not in rule and len(rule) == 72
+
+
+def test_question_screen_counts_hidden_characters_everywhere_in_question_words() -> None:
+    question = {
+        "text": "Pick\u202e",  # 1
+        "reason": "because\nreally",  # 1 (newline, on one line)
+        "response_type": "form",
+        "schema": {
+            "type": "object",
+            "properties": {
+                "who": {
+                    "type": "string",
+                    "enum": ["a", "b"],
+                    "enumNames": ["A\x1b[2K", "B"],  # 1
+                    "title": "Who\u200b",  # 1
+                }
+            },
+            "required": ["who"],
+        },
+    }
+
+    screen = render_question(dispatch(question), "a@x")
+
+    assert (
+        "warning: the question holds 4 control or invisible characters, shown as <U+XXXX>; it "
+        "is asked, and your answer recorded against it, exactly as sent"
+    ) in screen
+    assert "draft" not in screen
+
+
+def test_question_screen_options_hidden_characters_are_counted() -> None:
+    question = {"text": "Pick", "response_type": "single_choice", "options": ["a\tb", "c\x7f"]}
+
+    assert "holds 2 control" in render_question(dispatch(question), "a@x")
+
+
+def test_form_field_prompt_leads_with_the_title() -> None:
+    prop = {"type": "integer", "title": "Amount in EUR", "minimum": 1, "maximum": 100}
+
+    assert field_prompt("amount", prop, True) == (
+        "Amount in EUR [amount] (integer, 1 to 100, required): "
+    )
+    assert field_prompt("amount", {"type": "integer"}, True) == "amount (integer, required): "

@@ -20,7 +20,13 @@ from gate.cli import (
     read_input,
     run,
 )
-from gate.cli.common import api_target, cancel_command, check_request_options, reporter
+from gate.cli.common import (
+    api_target,
+    cancel_command,
+    check_request_options,
+    reporter,
+    safe_json,
+)
 
 CANCEL = ("hitl-gate", "questions", "cancel")  # the command that cancels a question
 
@@ -245,7 +251,7 @@ def _print_ask_result(
             4,
         )
     if as_json:
-        click.echo(json.dumps(question, ensure_ascii=False, indent=2))
+        click.echo(safe_json(question))
     if not opts.wait:
         if not as_json:
             click.echo(question["question_id"])
@@ -259,5 +265,16 @@ def _print_ask_result(
         )
         sys.exit(4)
     if question["outcome"] == "answered" and not as_json:
-        click.echo(answer_output(question))
+        write_exact(answer_output(question) + "\n")
     sys.exit(EXIT_CODES[question["outcome"]])
+
+
+def write_exact(text: str) -> None:
+    """Write ``text`` to stdout as its UTF-8 bytes, nothing stripped or changed (click.echo
+    would strip ANSI sequences when stdout is no terminal but keep a carriage return: the
+    pipeline would get neither the answer recorded nor a safe one; new-user finding 2).
+    ``--json`` is the machine-safe form."""
+    sys.stdout.flush()
+    out = sys.stdout.buffer
+    out.write(text.encode("utf-8"))
+    out.flush()

@@ -5,8 +5,10 @@ line and the one-line-per-item page printer."""
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
+import unicodedata
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -14,6 +16,33 @@ from typing import Any
 import click
 
 from gate.cli import fail, read_config
+
+# what a terminal does not show as itself (as gate.client.hops.visible): in ``safe_json``
+# output written as a JSON escape, so JSON text carries no bidi override or line separator raw
+_HIDDEN_CATEGORIES = frozenset({"Cc", "Cf", "Zl", "Zp", "Cs", "Cn"})
+
+
+def safe_json(value: Any) -> str:
+    """``value`` as indented JSON text (non-ASCII letters kept as they are) with every
+    character a terminal would not show as itself (controls, bidi and other format
+    characters, line/paragraph separators, unassigned) written as a ``\\uXXXX`` escape (a
+    surrogate pair above U+FFFF): the same value for a JSON parser, nothing hidden or
+    reordered on a screen (new-user finding 2: ``ask --json`` is the machine-safe form)."""
+    text = json.dumps(value, ensure_ascii=False, indent=2)
+    # a newline here is the indent's own (json.dumps escapes those inside strings)
+    return "".join(
+        _escaped(c) if c != "\n" and unicodedata.category(c) in _HIDDEN_CATEGORIES else c
+        for c in text
+    )
+
+
+def _escaped(char: str) -> str:
+    """``char`` as JSON ``\\uXXXX`` escapes (two for a character above U+FFFF)."""
+    code = ord(char)
+    if code <= 0xFFFF:
+        return f"\\u{code:04x}"
+    code -= 0x10000
+    return f"\\u{0xD800 + (code >> 10):04x}\\u{0xDC00 + (code & 0x3FF):04x}"
 
 
 def api_client(config_path: str, api_url: str | None) -> Any:

@@ -3,13 +3,12 @@ list, show and cancel for questions, kept apart from them as questions are on th
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import click
 
 from gate.cli import API_URL_OPTION, CONFIG_OPTION, fail, main, run
-from gate.cli.common import api_client, echo_page
+from gate.cli.common import api_client, echo_page, safe_json
 
 
 @main.group()
@@ -53,7 +52,7 @@ def list_questions(
 
     page = run(go())
     if as_json:
-        click.echo(json.dumps(page, ensure_ascii=False, indent=2))
+        click.echo(safe_json(page))
         return
     echo_page(
         page,
@@ -83,7 +82,7 @@ def show_question(config_path: str, api_url: str | None, question_id: str) -> No
         async with api_client(config_path, api_url) as api:
             return await api.get_question(question_id)
 
-    click.echo(json.dumps(run(go()), ensure_ascii=False, indent=2))
+    click.echo(safe_json(run(go())))
 
 
 @questions.command("cancel")

@@ -23,6 +23,14 @@ def visible(text: str) -> str:
     )
 
 
+def one_line(text: object) -> str:
+    """``str(text)`` (chosen by a relay: an identity, a display name, a channel, an error it
+    answered) for a hop line: ``visible`` with newline and tab shown as ``<U+000A>`` and
+    ``<U+0009>`` too, so it stays on its line and cannot fake one of ours (new-user finding
+    8; the relay's own view shows a question's options so)."""
+    return visible(str(text)).replace("\n", "<U+000A>").replace("\t", "<U+0009>")
+
+
 def skip_reason_lines(approval: dict[str, Any]) -> list[str]:
     """``skipped by IDENTITY: REASON`` for the skip of a ``skipped`` approval object that
     carries a reason (issue 14; ``visible``, may span lines); [] for any other outcome or a
@@ -30,7 +38,7 @@ def skip_reason_lines(approval: dict[str, Any]) -> list[str]:
     if approval.get("outcome") != "skipped":
         return []
     return [
-        f"skipped by {visible(str(d['identity']))}: {visible(d['reason'])}"
+        f"skipped by {one_line(d['identity'])}: {visible(d['reason'])}"
         for d in approval.get("decisions") or []
         if d.get("decision") == "skip" and isinstance(d.get("reason"), str)
     ]
@@ -63,7 +71,7 @@ def hops(before: dict[str, Any] | None, after: dict[str, Any]) -> list[str]:
     elif new_dispatch.get("last_error") and new_dispatch.get("last_error") != old_dispatch.get(
         "last_error"
     ):
-        lines.append(f"dispatch not acked yet: {new_dispatch['last_error']} (retrying)")
+        lines.append(f"dispatch not acked yet: {one_line(new_dispatch['last_error'])} (retrying)")
     seen = len((before or {}).get("decisions") or [])
     new_decisions = (after.get("decisions") or [])[seen:]
     if (
@@ -79,8 +87,9 @@ def hops(before: dict[str, Any] | None, after: dict[str, Any]) -> list[str]:
             "(decision arrived before the ack was recorded)"
         )
     decided = [
-        f"decision {d['decision']} by {d['identity']}{_on_behalf_of(d)} (operator "
-        f"{d['operator_id']}, revision {d['revision']}, via {d.get('channel') or 'relay'})"
+        f"decision {one_line(d['decision'])} by {one_line(d['identity'])}{_on_behalf_of(d)} "
+        f"(operator {d['operator_id']}, revision {d['revision']}, via "
+        f"{one_line(d.get('channel') or 'relay')})"
         for d in new_decisions
     ]
     if (old_dispatch.get("revision") or 1) < (new_dispatch.get("revision") or 1):
@@ -106,4 +115,4 @@ def _on_behalf_of(decision: dict[str, Any]) -> str:
     if not isinstance(principal, dict):
         return ""
     who = principal.get("identity") or f"operator {principal.get('operator_id')}"
-    return f" on behalf of {who}"
+    return f" on behalf of {one_line(who)}"

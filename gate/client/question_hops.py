@@ -1,18 +1,23 @@
 """The lines ``hitl-gate ask --wait`` reports on stderr: one per change between two views of
-a question (dispatched, answered, resolved, receipted). Never the question's text nor the
-answer's value (issue 15: treated like a draft; the answer goes to stdout only)."""
+a question (revised, dispatched, answered, resolved, receipted). What a relay chose (identity,
+channel, its error) stays on one line, hidden characters shown as ``<U+XXXX>`` (``one_line``).
+Never the question's text nor the answer's value (issue 15: treated like a draft; the answer
+goes to stdout only)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from gate.client.hops import visible
+from gate.client.hops import one_line
 
 
 def question_hops(before: dict[str, Any] | None, after: dict[str, Any]) -> list[str]:
     """One human line per change from ``before`` (None: nothing seen yet) to ``after``, two
     question objects of ``GET /v1/questions/{id}`` (issue 15)."""
     lines: list[str] = []
+    if before is not None and after.get("version") != before.get("version"):
+        # a revise changed what the answer will be to (new-user finding 16): never the text
+        lines.append(f"question revised to version {after.get('version')}")
     old = (before or {}).get("dispatch") or {}
     new = after.get("dispatch") or {}
     version = new.get("version") or after.get("version")
@@ -25,13 +30,13 @@ def question_hops(before: dict[str, Any] | None, after: dict[str, Any]) -> list[
             f"(attempt {new.get('attempts')}, acked {new['delivered_at']})"
         )
     elif new.get("last_error") and new.get("last_error") != old.get("last_error"):
-        lines.append(f"dispatch not acked yet: {new['last_error']} (retrying)")
+        lines.append(f"dispatch not acked yet: {one_line(new['last_error'])} (retrying)")
     answer = after.get("answer")
     if isinstance(answer, dict) and not isinstance((before or {}).get("answer"), dict):
         lines.append(
-            f"answered by {visible(str(answer.get('identity')))} (operator "
+            f"answered by {one_line(answer.get('identity'))} (operator "
             f"{answer.get('operator_id')}, version {answer.get('version')}, via "
-            f"{visible(str(answer.get('channel') or 'relay'))})"
+            f"{one_line(answer.get('channel') or 'relay')})"
         )
     if after["state"] == "resolved" and (before or {}).get("state") != "resolved":
         lines.append(

@@ -114,9 +114,32 @@ async def _read(
         while True:
             terminal.say(field_prompt(name, prop, required), end="")
             typed = parse_field(await terminal.lines.next(stale), prop, required)
-            if typed.hint is None:
+            hint = typed.hint if typed.hint is not None else field_refusal(spec, name, typed.value)
+            if hint is None:
                 break
-            terminal.say(typed.hint)
+            terminal.say(hint)
         if typed.value is not OMIT:
             value[name] = typed.value
     return value
+
+
+def field_refusal(spec: QuestionSpec, name: str, typed: Any) -> str | None:
+    """The ``Not taken: ...`` line for one form field's typed value that ``check_value``
+    refuses (length, range, format, choices: the form's own check, on this field alone), or
+    None when it fits or was left out (``OMIT``); so a field is asked again at once, not after
+    the whole form (new-user finding 6)."""
+    schema = spec.schema or {}
+    prop = (schema.get("properties") or {}).get(name)
+    if typed is OMIT or not isinstance(prop, dict):
+        return None
+    required = [name] if name in (schema.get("required") or ()) else []
+    alone = QuestionSpec(
+        text=spec.text,
+        response_type="form",
+        schema={"type": "object", "properties": {name: prop}, "required": required},
+    )
+    try:
+        check_value(alone, {name: typed}, max_answer_chars=LOCAL_MAX_ANSWER_CHARS)
+    except GateError as exc:
+        return f"Not taken: {line(exc.message)}."
+    return None

@@ -9,7 +9,9 @@ from typing import Any
 
 from gate.tools.reference_relay.view import SEPARATOR, draft_lines, line_count, visible
 
-QUESTION_RULE = "?" * 72  # not the approvals' "=" rule: the two never look alike
+# not the approvals' "=" rule: the two never look alike; plain ASCII, and not "?" (a rule of
+# question marks reads as characters the terminal could not show: new-user finding 7)
+QUESTION_RULE = "#" * 72
 
 
 def line(value: object) -> str:
@@ -17,6 +19,30 @@ def line(value: object) -> str:
     too (an option or a title cannot fake a line of the relay's own)."""
     text = visible(str(value))[0]
     return text.replace("\n", "<U+000A>").replace("\t", "<U+0009>")
+
+
+def _hidden(value: object) -> int:
+    """How many characters of ``str(value)`` ``line`` shows as ``<U+XXXX>``."""
+    text = str(value)
+    return visible(text)[1] + text.count("\n") + text.count("\t")
+
+
+def hidden_count(question: dict[str, Any]) -> int:
+    """How many characters of everything shown of a question are shown as ``<U+XXXX>``: its
+    text (``visible``: newline and tab kept), and on one line each (``line``) its reason,
+    options and the form's field names, titles, descriptions, enum values and enumNames
+    (new-user finding 7: the text alone was counted)."""
+    count = visible(str(question.get("text", "")))[1]
+    shown: list[object] = []
+    if isinstance(question.get("reason"), str):
+        shown.append(question["reason"])
+    shown += list(question.get("options") or [])
+    for name, prop, _ in form_fields(question):
+        shown.append(name)
+        shown += [prop[k] for k in ("title", "description") if isinstance(prop.get(k), str)]
+        shown += list(prop.get("enum") or []) + list(prop.get("enumNames") or [])
+        shown += list((prop.get("items") or {}).get("enum") or [])
+    return count + sum(_hidden(v) for v in shown)
 
 
 def _subject(envelope: dict[str, Any]) -> str:
@@ -61,7 +87,16 @@ def render_question(envelope: dict[str, Any], identity: str, width: int | None =
     who answers), the reason, the text between separators (each line behind the gutter, as
     a draft), then the options numbered or the form's fields with their types and limits."""
     question = envelope.get("question") or {}
-    warnings, body = draft_lines(str(question.get("text", "")), width)
+    body = draft_lines(str(question.get("text", "")), width)[1]  # its warning is a draft's
+    hidden = hidden_count(question)
+    warnings = (
+        [
+            f"warning: the question holds {hidden} control or invisible characters, shown as "
+            "<U+XXXX>; it is asked, and your answer recorded against it, exactly as sent"
+        ]
+        if hidden
+        else []
+    )
     kind = question.get("response_type")
     lines = [
         "",
@@ -149,8 +184,12 @@ def parse_choice(text: str, options: list[str], multi: bool) -> Typed:
 
 
 def field_prompt(name: str, prop: dict[str, Any], required: bool) -> str:
-    """The prompt of one form field: ``amount (integer, 1 to 100, required): ``."""
-    return f"{line(name)} ({field_summary(prop, required)}): "
+    """The prompt of one form field: ``amount (integer, 1 to 100, required): ``; with a
+    ``title`` it leads: ``Amount in EUR [amount] (integer, ...): `` (new-user finding 6)."""
+    summary = f"({field_summary(prop, required)}): "
+    if isinstance(prop.get("title"), str) and prop["title"].strip():
+        return f"{line(prop['title'])} [{line(name)}] {summary}"
+    return f"{line(name)} {summary}"
 
 
 def parse_field(text: str, prop: dict[str, Any], required: bool) -> Typed:

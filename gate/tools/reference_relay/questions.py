@@ -65,7 +65,8 @@ class QuestionDesk:
     def receive(self, envelope: dict[str, Any]) -> web.Response:
         """Check a question dispatch's fields and hash, ack it (202) and queue it; 400
         ``invalid_dispatch`` naming the field, 400 ``request_hash_mismatch``, 503 when nobody
-        here can answer (input ended, or ``--auto`` without ``--auto-answer``)."""
+        here can answer (``_unable``: input ended, ``--auto`` without ``--auto-answer``, or
+        one that does not fit the question)."""
         relay = self.relay
         for name in ("question_id", "request_hash"):
             if not isinstance(envelope.get(name), str):
@@ -90,17 +91,33 @@ class QuestionDesk:
         nonce = envelope["callback"]["nonce"]
         if nonce in relay.handled:  # the gate re-sent a dispatch whose ack it missed
             return web.json_response({"status": "accepted", "duplicate": True}, status=202)
-        unable = relay.auto is not None and self.auto_answer is None
-        if unable or (relay.stdin_closed and relay.auto is None):
-            reason = "no_auto_answer" if unable else "no_human_at_terminal"
+        reason = self._unable(envelope)
+        if reason is not None:
             log.warning(
                 "event=dispatch_refused reason=%s question_id=%s", reason, envelope["question_id"]
             )
             return web.json_response({"status": "unavailable", "reason": reason}, status=503)
         relay.handled.add(nonce)
-        relay._newer(envelope["question_id"], version_of(envelope))
+        relay._newer(envelope["question_id"], version_of(envelope), "question")
         relay.queue.put_nowait(envelope)
         return web.json_response({"status": "accepted"}, status=202)
+
+    def _unable(self, envelope: dict[str, Any]) -> str | None:
+        """Why nobody here will answer this question, checked before it is acked (so the
+        gate keeps it, retries and shows why), or None: ``no_auto_answer`` (``--auto`` without
+        ``--auto-answer``), ``auto_answer_does_not_fit`` (``check_value`` refuses the
+        ``--auto-answer`` VALUE for it: new-user finding 5), ``no_human_at_terminal`` (input
+        ended: finding 14)."""
+        relay = self.relay
+        if relay.auto is None:
+            return "no_human_at_terminal" if relay.nobody_here() else None
+        if self.auto_answer is None:
+            return "no_auto_answer"
+        try:
+            auto_value(QuestionSpec.from_json(envelope["question"]), self.auto_answer)
+        except GateError:
+            return "auto_answer_does_not_fit"  # never the value or why (it names the value)
+        return None
 
     def _stale(self, envelope: dict[str, Any]) -> str | None:
         """Why nobody should answer this dispatch any more, or None while it is current."""
@@ -211,12 +228,10 @@ class QuestionDesk:
             assert self.auto_answer is not None
             try:
                 return auto_value(spec, self.auto_answer)
-            except GateError as exc:
+            except GateError:  # checked before the ack (``_unable``): cannot happen
                 log.error(
-                    "event=auto_answer_refused question_id=%s field=%s reason=%r",
+                    "event=auto_answer_refused question_id=%s reason=auto_answer_does_not_fit",
                     envelope["question_id"],
-                    exc.extra.get("field"),
-                    exc.message,
                 )
                 return OMIT
         if relay.stdin_closed:

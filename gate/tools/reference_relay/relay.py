@@ -131,7 +131,7 @@ class Relay:
         nonce = envelope["callback"]["nonce"]
         if nonce in self.handled:  # the gate re-sent a dispatch whose ack it missed
             return web.json_response({"status": "accepted", "duplicate": True}, status=202)
-        if self.stdin_closed and self.auto is None:  # acked, it would wait here unseen
+        if self.nobody_here():  # acked, it would wait here unseen
             log.warning(
                 "event=dispatch_refused reason=no_human_at_terminal approval_id=%s",
                 envelope["approval_id"],
@@ -143,6 +143,11 @@ class Relay:
         self._newer(envelope["approval_id"], revision_of(envelope))
         await self.queue.put(envelope)
         return web.json_response({"status": "accepted"}, status=202)
+
+    def nobody_here(self) -> bool:
+        """True when no human can answer a dispatch here: input ended (a prompt read its
+        end, or a script's stdin is at its end with no line left) and no ``--auto``."""
+        return self.auto is None and (self.stdin_closed or self.terminal.lines.ended())
 
     def _notice(self, notice: dict[str, Any]) -> web.Response:
         """A signed resolution notice (docs/protocol.md "Notices"): the approval is closed
@@ -160,19 +165,21 @@ class Relay:
             settle(self.asking[2], f"{line}; not asking any more.")
         return web.json_response({"status": "accepted"}, status=200)
 
-    def _newer(self, approval_id: str, revision: int) -> None:
+    def _newer(self, approval_id: str, revision: int, kind: str = "approval") -> None:
         """Note that ``revision`` of the approval exists; a prompt on screen about an older
-        one is withdrawn (issue 12 item 2)."""
+        one is withdrawn (issue 12 item 2). With ``kind="question"`` it is a question's
+        version, said in a question's words (issue 15, new-user finding 7)."""
         if (
             self.known.newer(approval_id, revision)
             and self.asking is not None
             and self.asking[0] == approval_id
             and self.asking[1] < revision
         ):
+            noun, step = ("Question", "version") if kind == "question" else ("Approval", "revision")
             settle(
                 self.asking[2],
-                f"Approval {shown(approval_id)} revision {self.asking[1]} "
-                f"was superseded by revision {revision}; not asking again.",
+                f"{noun} {shown(approval_id)} {step} {self.asking[1]} "
+                f"was superseded by {step} {revision}; not asking again.",
             )
 
     def _tell(self, text: str) -> None:

@@ -93,6 +93,10 @@ class _Lines:
         self.buffer.popleft()
         return line
 
+    def ended(self) -> bool:
+        """True when input ended and no line is left to read: nobody can answer here."""
+        return bool(self.buffer) and self.buffer[0] is None
+
     def arm(self) -> None:
         """Called when the draft is on screen, right before the first prompt line."""
 
@@ -145,8 +149,9 @@ class TtyLines(_Lines):
 
 
 class ScriptLines(_Lines):
-    """Stdin that is no terminal: a thread reads it line by line, in order, from the first
-    prompt on; nothing is discarded."""
+    """Stdin that is no terminal: a thread reads it line by line, in order, from the start
+    (``Terminal.open``: so a stdin already at its end is known before the first dispatch is
+    acked, new-user finding 14) or else the first prompt on; nothing is discarded."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, stream: BinaryIO | None) -> None:
         super().__init__(loop)
@@ -241,7 +246,9 @@ class Terminal:
             fd = stdin.fileno()
         if fd is not None and os.isatty(fd):
             return cls(TtyLines(loop, fd), screen_of(fd), hold)
-        return cls(ScriptLines(loop, getattr(stdin, "buffer", None)), sys.stdout, hold)
+        lines = ScriptLines(loop, getattr(stdin, "buffer", None))
+        lines.arm()  # read ahead: a script's lines wait in order, its end is known early
+        return cls(lines, sys.stdout, hold)
 
     @classmethod
     def for_auto(cls, loop: asyncio.AbstractEventLoop) -> Terminal:
