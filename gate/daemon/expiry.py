@@ -18,7 +18,9 @@ RETRY_AFTER_ERROR_S = 1.0
 
 
 async def run_expiry(service: GateService, metrics: Metrics) -> None:
-    """Resolve approvals as ``timeout`` when the gate's clock passes their ``expires_at``.
+    """Resolve approvals, then questions (issue 15), as ``timeout`` when the gate's clock
+    passes their ``expires_at``; each only when its earliest deadline has passed, so a
+    wake-up with nothing due writes nothing.
 
     Then apply the due reminders and escalation levels (``GateService.followups_due``,
     issue 14). Sleeps until the earliest deadline or follow-up (one lookup in each partial
@@ -30,22 +32,28 @@ async def run_expiry(service: GateService, metrics: Metrics) -> None:
     while True:
         service.expiry_wakeup.clear()
         try:
-            expired = await service.expire_due()
-            if expired:
-                resolved.labels("timeout").inc(expired)
-                log.info("event=expired count=%d", expired)
-            timed_out = await service.expire_questions()  # issue 15: the same scheduler
-            if timed_out:
-                metrics.question_resolved_many("timeout", timed_out)
-            next_followup = await service.store.reads.next_followup()
-            if next_followup is not None and next_followup <= service.clock.now_ms():
+            reads = service.store.reads
+            now = service.clock.now_ms()
+            # a wake-up with nothing due (each create wakes it) costs reads, never a write
+            # transaction: each kind is expired only when its earliest deadline has passed
+            next_expiry = await reads.next_expiry()
+            if next_expiry is not None and next_expiry <= now:
+                expired = await service.expire_due()
+                if expired:
+                    resolved.labels("timeout").inc(expired)
+                    log.info("event=expired count=%d", expired)
+                next_expiry = await reads.next_expiry()
+            next_question = await service.next_question_expiry()
+            if next_question is not None and next_question <= now:
+                timed_out = await service.expire_questions()  # issue 15: the same scheduler
+                if timed_out:
+                    metrics.question_resolved_many("timeout", timed_out)
+                next_question = await service.next_question_expiry()
+            next_followup = await reads.next_followup()
+            if next_followup is not None and next_followup <= now:
                 await service.followups_due()  # a write only when one is due
-                next_followup = await service.store.reads.next_followup()
-            next_at = _earliest(
-                await service.store.reads.next_expiry(),
-                next_followup,
-                await service.next_question_expiry(),
-            )
+                next_followup = await reads.next_followup()
+            next_at = _earliest(next_expiry, next_followup, next_question)
         except GateError as exc:
             log.error("event=expiry_failed reason=%s message=%s", exc.code, exc.message)
             next_at = service.clock.now_ms() + int(RETRY_AFTER_ERROR_S * 1000)
