@@ -14,9 +14,9 @@ import pytest
 from gate.protocol import signing
 from gate.protocol.callback import parse_callback
 from gate.protocol.canonical import wire_json
-from gate.protocol.envelope import Decision, build_decision, parse_decision
+from gate.protocol.envelope import Decision, build_decision, decode_json, parse_decision
 from gate.protocol.errors import ProtocolError
-from gate.protocol.form_schema import MAX_PROPERTIES
+from gate.protocol.form_schema import MAX_PROPERTIES, parse_schema
 from gate.protocol.question import (
     Answer,
     QuestionSpec,
@@ -309,6 +309,77 @@ def test_check_value_integer_float_with_fraction_and_large_numbers() -> None:
         "value.n must be at most 10"
     )
     assert check_value(spec, {"n": -(10**30)}, max_answer_chars=5) == {"n": -(10**30)}
+
+
+@pytest.mark.parametrize("number", ["1e999", "-1e999", "1E400", "123456789e999"])
+def test_decode_json_refuses_numbers_too_large_to_be_finite(number: str) -> None:
+    raw = b'{"value": {"amount": ' + number.encode() + b"}}"
+    got = _refusal(decode_json, raw)
+    assert got[:2] == (400, "invalid_json")
+    assert got[3] == "body is not valid JSON: a number is too large to be finite"
+    assert number not in got[3]
+    assert decode_json(b'{"a": 1e308, "b": 10000000000000000000000}') == {"a": 1e308, "b": 10**22}
+
+
+def test_non_finite_numbers_are_no_numbers_in_a_schema_or_a_value() -> None:
+    # decode_json refuses them; these are the checks behind it, for values built in Python
+    prop = {"type": "number", "maximum": float("inf")}
+    got = _refusal(parse_schema, {"type": "object", "properties": {"n": prop}}, max_options=5)
+    assert got[1:3] == ("invalid_schema", "schema.properties.n.maximum")
+    schema = {"type": "object", "properties": {"n": {"type": "number"}}}
+    spec = _question({"text": "q", "response_type": "form", "schema": schema})
+    for bad in (float("inf"), float("-inf"), float("nan")):
+        got = _refusal(check_value, spec, {"n": bad}, max_answer_chars=5)
+        assert got[:3] == (422, "invalid_value", "value.n")
+
+
+def test_duplicates_are_named_at_the_first_repeat_even_in_long_lists() -> None:
+    options = [f"o{i}" for i in range(999)] + ["o500"]
+    body = {"text": "q", "response_type": "single_choice", "options": options}
+    got = _refusal(_question, body, max_options=1000)
+    assert got[2:] == ("options[999]", "options[999] repeats 'o500'")
+    prop = {"type": "string", "enum": options}
+    got = _refusal(parse_schema, {"type": "object", "properties": {"e": prop}}, max_options=1000)
+    assert got[2:] == (
+        "schema.properties.e.enum[999]",
+        "schema.properties.e.enum[999] repeats 'o500'",
+    )
+
+
+@pytest.mark.parametrize(
+    ("prop", "required", "field"),
+    [
+        pytest.param({"type": "string", "minLength": 11}, False, "minLength", id="min-over-cap"),
+        pytest.param({"type": "string", "maxLength": 0}, True, "maxLength", id="required-max-0"),
+    ],
+)
+def test_form_schema_refuses_string_fields_no_answer_can_fill(
+    prop: dict[str, Any], required: bool, field: str
+) -> None:
+    schema: dict[str, Any] = {"type": "object", "properties": {"s": prop}}
+    if required:
+        schema["required"] = ["s"]
+    got = _refusal(parse_schema, schema, max_options=5, max_answer_chars=10)
+    assert got[:3] == (400, "invalid_schema", f"schema.properties.s.{field}")
+    # without the step's limit (a relay re-checking a dispatched schema) it parses as before
+    assert parse_schema(schema, max_options=5)["properties"]["s"] == prop
+
+
+@pytest.mark.parametrize(
+    ("prop", "required"),
+    [
+        pytest.param({"type": "string", "minLength": 10}, True, id="min-at-cap"),
+        pytest.param({"type": "string", "maxLength": 0}, False, id="optional-max-0"),
+        pytest.param({"type": "string", "enum": ["a" * 50]}, True, id="enum-is-not-free-text"),
+    ],
+)
+def test_form_schema_string_fields_an_answer_can_fill_are_accepted(
+    prop: dict[str, Any], required: bool
+) -> None:
+    schema: dict[str, Any] = {"type": "object", "properties": {"s": prop}}
+    if required:
+        schema["required"] = ["s"]
+    assert parse_schema(schema, max_options=5, max_answer_chars=10)["properties"]["s"] == prop
 
 
 # --------------------------------------------------------------------------- the envelopes

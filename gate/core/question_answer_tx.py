@@ -4,7 +4,7 @@ Runs on the store's writer with the state ``Transactions`` owns (``t``)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from gate.audit.question_entries import QuestionAnsweredData
 from gate.core.model import Question, QuestionAnswer
@@ -26,7 +26,7 @@ def _check_resolved(question: Question, answer: Answer, now: int) -> None:
     if (
         won is not None
         and identity_key(won.identity) == identity_key(answer.approver_id)
-        and value_hash(won.value) == value_hash(answer.value)
+        and _same_value(won.value, answer.value)
     ):
         raise refuse(409, "duplicate", "duplicate", "this answer was already recorded")
     if question.outcome == "timeout" or (
@@ -41,6 +41,16 @@ def _check_resolved(question: Question, answer: Answer, now: int) -> None:
             "the question is resolved",
             outcome=question.outcome,
         )
+
+
+def _same_value(won: Any, sent: Any) -> bool:
+    """The winner's value and a value as sent (not yet through check 12) have the same
+    canonical JSON; a value canonical JSON cannot hold (a lone surrogate) is simply not the
+    same, never an error (review finding 2)."""
+    try:
+        return value_hash(won) == value_hash(sent)
+    except (ValueError, TypeError):  # UnicodeEncodeError is a ValueError
+        return False
 
 
 def _max_answer_chars(t: Transactions, question: Question) -> int:
@@ -86,7 +96,8 @@ def answer_question(t: Transactions, tx: WriteTx, answer: Answer) -> tuple[int, 
         answer.value,
         max_answer_chars=_max_answer_chars(t, question),
     )
-    t.rate.check(operator_id, now)
+    stored, digest = canonical_json(value).decode("utf-8"), value_hash(value)
+    t.rate.check(operator_id, now)  # check 13, the last: nothing after it can refuse
     row = QuestionAnswer(
         value=value,
         operator_id=operator_id,
@@ -97,11 +108,8 @@ def answer_question(t: Transactions, tx: WriteTx, answer: Answer) -> tuple[int, 
         decided_at=answer.decided_at,
         recorded_at=now,
     )
-    if not tx.record_question_answer(
-        question.question_id, canonical_json(value).decode("utf-8"), row
-    ):
+    if not tx.record_question_answer(question.question_id, stored, row):
         raise refuse(409, "already_resolved", "already_resolved", "the question is resolved")
-    digest = value_hash(value)
     answered = QuestionAnsweredData(
         operator_id, current.version, current.request_hash, answer.nonce, digest
     )

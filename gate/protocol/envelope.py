@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -100,8 +101,19 @@ def reject_json_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
 
+def finite_float(text: str) -> float:
+    """``parse_float`` hook for ``json``: a number whose value is not finite (``1e999`` would
+    decode to infinity) is no JSON for the gate, like NaN; raises ValueError (the number is
+    not quoted: it may be part of an answer's value)."""
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError("a number is too large to be finite")
+    return value
+
+
 def decode_json(raw: bytes) -> Any:
-    """Decode raw bytes as UTF-8 (a leading BOM allowed) JSON; duplicate keys and NaN refused.
+    """Decode raw bytes as UTF-8 (a leading BOM allowed) JSON; duplicate keys, NaN and numbers
+    too large to be finite (``1e999``, issue 15) refused.
 
     The Content-Type and its charset are ignored (case H07). Raises ProtocolError 400
     ``invalid_json`` with a one-line message.
@@ -111,7 +123,10 @@ def decode_json(raw: bytes) -> Any:
     try:
         text = raw.decode("utf-8")
         return json.loads(
-            text, object_pairs_hook=_no_duplicates, parse_constant=reject_json_constant
+            text,
+            object_pairs_hook=_no_duplicates,
+            parse_constant=reject_json_constant,
+            parse_float=finite_float,
         )
     except UnicodeDecodeError:
         raise _invalid("json", "body is not valid UTF-8") from None

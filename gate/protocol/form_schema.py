@@ -8,6 +8,7 @@ creation (400 ``invalid_schema``).
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -57,8 +58,10 @@ def _is_count(value: Any) -> bool:
 
 
 def is_number(value: Any) -> bool:
-    """A JSON number: int or float, not bool."""
-    return isinstance(value, int | float) and not isinstance(value, bool)
+    """A JSON number: int or finite float, not bool (issue 15: an infinity is no number)."""
+    if isinstance(value, float):
+        return math.isfinite(value)
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _text(prop: Mapping[str, Any], key: str, path: str, limit: int) -> None:
@@ -76,14 +79,16 @@ def _labels(values: Any, path: str, limit: int, *, distinct: bool, most: int) ->
         raise schema_error(path, f"{path} must be a non-empty list of strings")
     if len(values) > most:
         raise schema_error(path, f"{path} has more than {most} entries")
+    seen: set[str] = set()
     for i, item in enumerate(values):
         where = f"{path}[{i}]"
         if not isinstance(item, str) or not _is_unicode(item) or is_blank(item):
             raise schema_error(where, f"{where} must be a non-blank string")
         if len(item) > limit:
             raise schema_error(where, f"{where} is longer than {limit} characters")
-        if distinct and item in values[:i]:
+        if distinct and item in seen:
             raise schema_error(where, f"{where} repeats {item!r}")
+        seen.add(item)
 
 
 def _bounds(
@@ -148,13 +153,39 @@ def _property(prop: Any, path: str, max_options: int) -> dict[str, Any]:
     return dict(prop)
 
 
-def parse_schema(schema: Any, *, max_options: int, path: str = "schema") -> dict[str, Any]:
+def _answerable(out: Mapping[str, Any], path: str, max_answer_chars: int) -> None:
+    """Refuse a string field no answer can fill (issue 15): a ``minLength`` above the step's
+    ``max_answer_chars``, or ``maxLength: 0`` on a required one (a required string must not
+    be blank)."""
+    required = set(out.get("required", ()))
+    for name, prop in out["properties"].items():
+        if prop["type"] != "string" or "enum" in prop:
+            continue
+        where = f"{path}.properties.{name}"
+        if prop.get("minLength", 0) > max_answer_chars:
+            raise schema_error(
+                f"{where}.minLength",
+                f"{where}.minLength is more than the step's max_answer_chars "
+                f"({max_answer_chars}): no answer could fill it",
+            )
+        if name in required and prop.get("maxLength") == 0:
+            raise schema_error(
+                f"{where}.maxLength",
+                f"{where}.maxLength is 0 but the field is required and must not be blank",
+            )
+
+
+def parse_schema(
+    schema: Any, *, max_options: int, path: str = "schema", max_answer_chars: int | None = None
+) -> dict[str, Any]:
     """Validate a form schema (issue 15): ``{"type": "object", "properties": {name: prop},
     "required"?: [names]}`` with flat properties (string with min/maxLength and format
     email|uri|date, number/integer with minimum/maximum, boolean with default, single enum,
-    multi enum); ``max_options`` bounds each enum. Returns it as a new dict (the normalized
-    form is the accepted one: nothing is added). Raises 400 ``invalid_schema`` naming the
-    JSON path for anything else: unknown keywords, nesting, min > max, unknown required names.
+    multi enum); ``max_options`` bounds each enum. With ``max_answer_chars`` (the step's), a
+    string field no answer can fill is refused too (``_answerable``). Returns it as a new dict
+    (the normalized form is the accepted one: nothing is added). Raises 400 ``invalid_schema``
+    naming the JSON path for anything else: unknown keywords, nesting, min > max, unknown
+    required names.
     """
     if not isinstance(schema, dict):
         raise schema_error(path, f"{path} must be an object")
@@ -183,4 +214,6 @@ def parse_schema(schema: Any, *, max_options: int, path: str = "schema") -> dict
             if name in required[:i]:
                 raise schema_error(f"{where}[{i}]", f"{where}[{i}] repeats {name!r}")
         out["required"] = list(required)
+    if max_answer_chars is not None:
+        _answerable(out, path, max_answer_chars)
     return out

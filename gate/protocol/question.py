@@ -90,26 +90,34 @@ def _options(value: Any, path: str, max_options: int) -> tuple[str, ...]:
         raise _refuse("options", path, f"{path} must be a non-empty list of strings")
     if len(value) > max_options:
         raise _refuse("options", path, f"{path} has more than {max_options} options")
+    seen: set[str] = set()
     for i, option in enumerate(value):
         at = f"{path}[{i}]"
         if not isinstance(option, str) or not _is_unicode(option) or is_blank(option):
             raise _refuse("options", at, f"{at} must be a non-blank string")
         if len(option) > MAX_OPTION_CHARS:
             raise _refuse("options", at, f"{at} is longer than {MAX_OPTION_CHARS} characters")
-        if option in value[:i]:
+        if option in seen:
             raise _refuse("options", at, f"{at} repeats {option!r}")
+        seen.add(option)
     return tuple(value)
 
 
 def parse_question(
-    obj: Mapping[str, Any], *, max_text_chars: int, max_options: int, prefix: str = ""
+    obj: Mapping[str, Any],
+    *,
+    max_text_chars: int,
+    max_options: int,
+    prefix: str = "",
+    max_answer_chars: int | None = None,
 ) -> QuestionSpec:
     """Validate the question fields of a create or revise body (issue 15, "Pipeline API"):
     ``text`` (non-blank string, at most ``max_text_chars`` characters, else 413
     ``question_too_large``), ``reason`` (optional string, at most MAX_REASON_CHARS),
     ``response_type`` (one of RESPONSE_TYPES), ``options`` (required for single/multi choice:
     distinct non-blank strings, at most ``max_options``; refused otherwise), ``schema``
-    (required for a form, refused otherwise; see ``form_schema.parse_schema``).
+    (required for a form, refused otherwise; see ``form_schema.parse_schema``; with the
+    step's ``max_answer_chars`` a string field no answer could fill is refused).
     Raises ProtocolError 400 ``invalid_<field>`` with ``field`` = the JSON path, prefixed by
     ``prefix`` (e.g. ``"question."``). The gate checks the byte size of ``text`` itself.
     """
@@ -153,7 +161,13 @@ def parse_question(
         response_type=str(kind),
         reason=reason,
         options=_options(options, prefix + "options", max_options) if kind in _CHOICES else None,
-        schema=parse_schema(schema, max_options=max_options, path=at) if kind == "form" else None,
+        schema=(
+            parse_schema(
+                schema, max_options=max_options, path=at, max_answer_chars=max_answer_chars
+            )
+            if kind == "form"
+            else None
+        ),
     )
 
 
