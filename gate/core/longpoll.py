@@ -8,7 +8,7 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-# id -> (event set when the request resolves, how many long-polls wait on it)
+# id -> (event set when the request resolves or changes, how many long-polls wait on it)
 Waiters = dict[str, tuple[asyncio.Event, int]]
 
 
@@ -19,8 +19,9 @@ async def long_poll(
     seconds: float,
 ) -> dict[str, Any]:
     """Return ``read(key)`` (an approval or question object) once its ``state`` is
-    ``resolved`` or after ``seconds``, whichever comes first; ``read`` raises what it raises
-    (e.g. NotFound for an unknown id)."""
+    ``resolved``, when ``wake`` is called for ``key`` (a question's revise: the view is then
+    pending, at its new version), or after ``seconds``, whichever comes first; ``read``
+    raises what it raises (e.g. NotFound for an unknown id)."""
     event, count = waiters.get(key, (asyncio.Event(), 0))
     waiters[key] = (event, count + 1)
     try:
@@ -38,3 +39,16 @@ async def long_poll(
             waiters.pop(key, None)
         else:
             waiters[key] = (event, count - 1)
+
+
+def wake(waiters: Waiters, key: str) -> None:
+    """Wake every long-poll waiting on ``key`` now (a resolution, or a question's revise,
+    issue 15). The set event is replaced by a fresh one, so a long-poll that starts after
+    this (the woken client polling again) waits for the next change instead of returning at
+    once."""
+    found = waiters.get(key)
+    if found is None:
+        return
+    event, count = found
+    event.set()
+    waiters[key] = (asyncio.Event(), count)

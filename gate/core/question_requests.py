@@ -69,10 +69,15 @@ def parse_question_create(obj: Any, *, max_bytes: int, max_options: int) -> Ques
     return QuestionRequest(pipeline, step, run_id, spec, requested_by)
 
 
-def parse_spec(obj: dict[str, Any], *, max_bytes: int, max_options: int) -> QuestionSpec:
+def parse_spec(
+    obj: dict[str, Any], *, max_bytes: int, max_options: int, max_answer_chars: int | None = None
+) -> QuestionSpec:
     """The question fields of ``obj`` (``gate.protocol.question.parse_question``) with the
-    text's byte limit. Raises GateError 400/413 as ``parse_question_create``."""
-    spec = parse_question(obj, max_text_chars=max_bytes, max_options=max_options)
+    text's byte limit; with the step's ``max_answer_chars``, a form field no answer could fill
+    is refused. Raises GateError 400/413 as ``parse_question_create``."""
+    spec = parse_question(
+        obj, max_text_chars=max_bytes, max_options=max_options, max_answer_chars=max_answer_chars
+    )
     check_text_bytes(spec, max_bytes)
     return spec
 

@@ -5,20 +5,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from gate.core.longpoll import long_poll
+from gate.core.longpoll import long_poll, wake
 from gate.core.model import Question
-from gate.core.question_requests import (
-    parse_question_create,
-    parse_spec,
-    revised_fields,
-)
+from gate.core.question_requests import parse_question_create, parse_spec
 from gate.core.question_tx import EXPIRE_BATCH, QuestionPolicy
 from gate.core.question_views import question_view
 from gate.errors import Conflict, GateError, NotFound
-from gate.protocol.question import Answer, QuestionSpec
+from gate.protocol.question import Answer
 from gate.store import Command, Store
 
 if TYPE_CHECKING:
@@ -103,14 +99,17 @@ class QuestionMethods:
         limit = self.config.api.max_draft_bytes
         req = parse_question_create(body, max_bytes=limit, max_options=MAX_OPTIONS_LIMIT)
         step = self._question_step(req.pipeline, req.step)
-        if req.spec.options is not None and len(req.spec.options) > step.max_options:
-            raise GateError(
-                "invalid_options",
-                f"options has more than {step.max_options} entries (the step's max_options)",
-                status=400,
-                kind="invalid",
-                extra={"field": "options"},
-            )
+        # again with the step's limits: its max_options bounds options and form enums, its
+        # max_answer_chars refuses form fields no answer could fill (review findings 3, 9)
+        req = replace(
+            req,
+            spec=parse_spec(
+                body,
+                max_bytes=limit,
+                max_options=step.max_options,
+                max_answer_chars=step.max_answer_chars,
+            ),
+        )
         requester = self._requester(req.requested_by)
         scope = tuple((op.id, op.identity) for op in self.config.scope(step))
         policy = QuestionPolicy(scope, step.timeout, step.risk, step.max_answer_chars)
@@ -171,24 +170,22 @@ class QuestionMethods:
     async def revise_question(self, question_id: str, body: Any) -> dict[str, Any]:
         """POST /v1/questions/{id}/revise: the question with the given fields replaced,
         validated as at creation, becomes version n+1 (new request hash, new nonce) and is
-        dispatched again. Raises as ``create_question`` and 404 ``unknown_question``, 409
-        ``already_resolved``."""
-        full = await self.store.reads.fetch_question(question_id)
-        if full is None:
-            raise NotFound("unknown_question", "no question with this question_id")
-        if full.state == "resolved":
+        dispatched again; the long-polls on it are woken with the new version. Raises as
+        ``create_question`` and 404 ``unknown_question``, 409 ``already_resolved`` (outcome
+        ``timeout`` when past ``expires_at``: then resolved so), 409 ``too_many_versions``."""
+        # the merge onto the current version happens in the write transaction: two revises
+        # racing each build on the other's result (review finding 1)
+        outcome, revised = await self.store.transact(
+            Command("revise_question", (question_id, body))
+        )
+        if outcome == "timeout":
+            log.info("event=question_resolved question_id=%s outcome=timeout", question_id)
+            self.wake_question(question_id)
             raise Conflict(
-                "already_resolved", "the question is resolved", extra={"outcome": full.outcome}
+                "already_resolved",
+                "the question expired before it was revised",
+                extra={"outcome": "timeout"},
             )
-        step = self.config.find_step(full.pipeline, full.step)
-        max_options = step[1].max_options if step is not None else 50
-        merged = revised_fields(QuestionSpec.from_json(full.current.question), body)
-        spec = parse_spec(
-            merged, max_bytes=self.config.api.max_draft_bytes, max_options=max_options
-        )
-        revised: Question = await self.store.transact(
-            Command("revise_question", (question_id, spec))
-        )
         log.info(
             "event=question_revised question_id=%s version=%d request_hash=%s",
             question_id,
@@ -196,6 +193,7 @@ class QuestionMethods:
             revised.current.request_hash,
         )
         self.dispatch_wakeup.set()
+        self.wake_question(question_id)  # long-polls return the new version (finding 6)
         return question_view(revised)
 
     async def record_answer(self, answer: Answer) -> AnswerResult:
@@ -246,7 +244,5 @@ class QuestionMethods:
         return await self.store.reads.pending_questions()
 
     def wake_question(self, question_id: str) -> None:
-        """Wake the long-polls waiting on ``question_id``."""
-        waiter = self._waiters.get(question_id)
-        if waiter is not None:
-            waiter[0].set()
+        """Wake the long-polls waiting on ``question_id`` (``longpoll.wake``)."""
+        wake(self._waiters, question_id)

@@ -6,7 +6,7 @@ cancel, expire and dispatch bookkeeping. Run on the store's writer with the stat
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ulid import ULID
 
@@ -19,7 +19,7 @@ from gate.audit.question_entries import (
 )
 from gate.core.decide_tx import new_nonce
 from gate.core.model import Question
-from gate.core.question_requests import QuestionRequest
+from gate.core.question_requests import QuestionRequest, parse_spec, revised_fields
 from gate.errors import Conflict, NotFound
 from gate.protocol.canonical import canonical_json
 from gate.protocol.question import QuestionSpec, request_hash
@@ -29,6 +29,9 @@ if TYPE_CHECKING:
     from gate.core.transactions import Transactions
 
 EXPIRE_BATCH = 500  # questions resolved ``timeout`` per transaction
+MAX_VERSIONS = 20
+"""A question has at most this many versions: a revise past it is 409 ``too_many_versions``
+(every load reads every version; review finding 4)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,18 +133,48 @@ def _check_pending(question: Question, what: str) -> None:
         )
 
 
-def revise_question(t: Transactions, tx: WriteTx, question_id: str, spec: QuestionSpec) -> Question:
-    """Make ``spec`` version n+1 of a pending question (new request hash and nonce), queue
-    its dispatch, write ``question_revised``. Raises NotFound 404 ``unknown_question``,
-    Conflict 409 ``already_resolved`` (+ outcome)."""
+def _step_limits(t: Transactions, question: Question) -> tuple[int, int]:
+    """``(max_options, max_answer_chars)`` of the question's step in the config in force (the
+    defaults when a reload removed the step)."""
+    found = t.config.find_step(question.pipeline, question.step)
+    if found is None:
+        return 50, 2000
+    return found[1].max_options, found[1].max_answer_chars
+
+
+def revise_question(
+    t: Transactions, tx: WriteTx, question_id: str, body: Any
+) -> tuple[str, Question]:
+    """Make the current version with ``body``'s fields replaced (a decoded revise body,
+    ``revised_fields``) version n+1 of a pending question, validated as at creation (new
+    request hash and nonce), queue its dispatch, write ``question_revised``. The merge reads
+    the current version inside this transaction, so racing revises build on each other.
+    Returns ``("revised", loaded question)``, or ``("timeout", ...)`` when ``expires_at`` has
+    passed (resolved ``timeout`` here, as ``cancel_question`` does). Raises NotFound 404
+    ``unknown_question``, Conflict 409 ``already_resolved`` (+ outcome) or
+    ``too_many_versions`` (at ``MAX_VERSIONS``), GateError 400/413 as at creation."""
     now = t.clock.now_ms()
     question = load_question(tx, question_id)
     _check_pending(question, "it cannot be revised")
+    current = question.current
+    if now >= question.expires_at:
+        resolve_question(t, tx, question_id, current.version, current.request_hash, "timeout", now)
+        return "timeout", load_question(tx, question_id)
+    if question.version >= MAX_VERSIONS:
+        message = f"the question has {MAX_VERSIONS} versions, the most it may have"
+        raise Conflict("too_many_versions", message, extra={"message": message})
+    max_options, max_answer_chars = _step_limits(t, question)
+    spec = parse_spec(
+        revised_fields(QuestionSpec.from_json(current.question), body),
+        max_bytes=t.config.api.max_draft_bytes,
+        max_options=max_options,
+        max_answer_chars=max_answer_chars,
+    )
     version = question.version + 1
     digest = _add_version(tx, question_id, version, spec, now)
     revised = QuestionRevisedData(version, digest)
     t.audit(tx, revised.kind, question_id, now, revised.to_data())
-    return load_question(tx, question_id)
+    return "revised", load_question(tx, question_id)
 
 
 def resolve_question(

@@ -1,0 +1,322 @@
+"""Questions' review findings over real HTTP (issue 15): concurrent revises all kept, a revise
+cap, a revise after the deadline resolves ``timeout``, a revise wakes long-polls, non-finite
+numbers refused as not JSON (never a 500), a step's ``max_options`` bounds form enums and its
+``max_answer_chars`` refuses unanswerable string fields at creation. Each refusal is read back
+from the real SQLite file as changing nothing."""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime
+from typing import Any
+
+import pytest
+
+from gate.core.question_tx import MAX_VERSIONS
+from gate.protocol.canonical import wire_json
+from gate.protocol.question import build_answer
+from tests.support import (
+    DEADLINE_S,
+    CaptureRelay,
+    GateProcess,
+    post_decision,
+    wait_until,
+    write_config,
+)
+
+pytestmark = pytest.mark.e2e
+
+COUNT_CHANGES = (
+    "SELECT COUNT(*) FROM audit_log WHERE kind NOT IN ('dispatch_ack', 'question_dispatch_ack')"
+)
+STEPS = [
+    {"name": "ask", "type": "question", "approvers": [101, 102], "timeout": "1h"},
+    {
+        "name": "tight",
+        "type": "question",
+        "approvers": [101, 102],
+        "timeout": "1h",
+        "max_options": 3,
+        "max_answer_chars": 10,
+    },
+    {"name": "brief", "type": "question", "approvers": [101], "timeout": "1s"},
+]
+AMOUNT_FORM = {
+    "type": "object",
+    "properties": {"amount": {"type": "number", "maximum": 100}},
+    "required": ["amount"],
+}
+
+
+@pytest.fixture(scope="module")
+def relay() -> Iterator[CaptureRelay]:
+    r = CaptureRelay().start()
+    yield r
+    r.stop()
+
+
+@pytest.fixture(scope="module")
+def gate(tmp_path_factory: pytest.TempPathFactory, relay: CaptureRelay) -> Iterator[GateProcess]:
+    config = write_config(
+        tmp_path_factory.mktemp("qreview"), relay.url, steps=STEPS, relay={"questions": True}
+    )
+    proc = GateProcess(config).start()
+    yield proc
+    proc.stop()
+
+
+def ask(gate: GateProcess, step: str = "ask", **fields: Any) -> dict[str, Any]:
+    body = {"pipeline": "p", "step": step, "text": "orig", **fields}
+    status, out = gate.api().call("POST", "/v1/questions", body)
+    assert status == 201, (status, out)
+    return out
+
+
+def revise(gate: GateProcess, question_id: str, body: dict[str, Any]) -> tuple[int, Any]:
+    return gate.api().call("POST", f"/v1/questions/{question_id}/revise", body)
+
+
+def dispatch_of(relay: CaptureRelay, question_id: str, version: int = 1) -> dict[str, Any]:
+    def seen() -> dict[str, Any] | None:
+        for d in relay.dispatches():
+            if d.get("question_id") == question_id and d.get("version") == version:
+                return d
+        return None
+
+    found: dict[str, Any] = wait_until(seen, what=f"dispatch of {question_id} v{version}")
+    return found
+
+
+def answer_raw(dispatch: dict[str, Any], value: Any, amount_text: str | None = None) -> bytes:
+    """A signed-ready answer body; ``amount_text`` replaces the JSON of ``value.amount`` (e.g.
+    ``1e999``, which no encoder writes)."""
+    body = build_answer(
+        question_id=dispatch["question_id"],
+        nonce=dispatch["callback"]["nonce"],
+        request_hash=dispatch["request_hash"],
+        value=value,
+        approver_id=dispatch["approvers"][0],
+        decided_at_ms=int(time.time() * 1000),
+    )
+    raw = wire_json(body)
+    if amount_text is not None:
+        raw = raw.replace(b'"amount":0', b'"amount":' + amount_text.encode())
+    return raw
+
+
+def db(gate: GateProcess, sql: str, *args: Any) -> list[tuple[Any, ...]]:
+    conn = sqlite3.connect(gate.config.parent / "gate.db")
+    try:
+        return conn.execute(sql, args).fetchall()
+    finally:
+        conn.close()
+
+
+def snapshot(gate: GateProcess) -> tuple[Any, ...]:
+    return (
+        db(gate, "SELECT * FROM questions ORDER BY question_id"),
+        db(gate, "SELECT * FROM question_versions ORDER BY question_id, version"),
+        db(gate, COUNT_CHANGES),
+    )
+
+
+def versions_of(gate: GateProcess, question_id: str) -> list[int]:
+    rows = db(gate, "SELECT version FROM question_versions WHERE question_id = ?", question_id)
+    return sorted(r[0] for r in rows)
+
+
+# ---- finding 1: concurrent revises ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("round_", range(3))
+def test_parallel_revises_of_different_fields_are_all_kept(gate: GateProcess, round_: int) -> None:
+    q = ask(gate, response_type="single_choice", options=["a", "b"])
+    changes: list[dict[str, Any]] = [
+        {"text": "newtext"},
+        {"reason": "because"},
+        {"options": ["c", "d", "e"]},
+    ]
+    barrier = threading.Barrier(len(changes))
+
+    def send(body: dict[str, Any]) -> tuple[int, Any]:
+        barrier.wait(DEADLINE_S)
+        return revise(gate, q["question_id"], body)
+
+    with ThreadPoolExecutor(len(changes)) as pool:
+        results = list(pool.map(send, changes))
+
+    assert [status for status, _ in results] == [200] * len(changes), results
+    assert sorted(out["version"] for _, out in results) == [2, 3, 4]
+    view = gate.api().call("GET", f"/v1/questions/{q['question_id']}")[1]
+    assert view["version"] == 4
+    assert view["question"] == {
+        "text": "newtext",
+        "reason": "because",
+        "response_type": "single_choice",
+        "options": ["c", "d", "e"],
+    }
+    assert versions_of(gate, q["question_id"]) == [1, 2, 3, 4]
+
+
+# ---- finding 4: the revise cap --------------------------------------------------------------
+
+
+def test_revise_past_the_version_cap_is_409_and_changes_nothing(gate: GateProcess) -> None:
+    q = ask(gate, response_type="free_text")
+    for n in range(2, MAX_VERSIONS + 1):
+        status, out = revise(gate, q["question_id"], {"text": f"try {n}"})
+        assert (status, out["version"]) == (200, n), out
+    before = snapshot(gate)
+
+    status, out = revise(gate, q["question_id"], {"text": "one more"})
+
+    assert (status, out["status"], out["reason"]) == (409, "conflict", "too_many_versions"), out
+    assert str(MAX_VERSIONS) in out["message"]
+    assert snapshot(gate) == before
+
+
+# ---- finding 5: a revise after the deadline -------------------------------------------------
+
+
+def test_revise_after_the_deadline_is_409_timeout_and_adds_no_version(gate: GateProcess) -> None:
+    q = ask(gate, step="brief", response_type="free_text")
+    deadline = datetime.fromisoformat(q["expires_at"].replace("Z", "+00:00")).timestamp()
+    wait_until(lambda: time.time() >= deadline + 0.05, what="the question's deadline")
+
+    status, out = revise(gate, q["question_id"], {"text": "too late"})
+
+    assert (status, out["reason"], out["outcome"]) == (409, "already_resolved", "timeout"), out
+    assert versions_of(gate, q["question_id"]) == [1]
+    view = gate.api().call("GET", f"/v1/questions/{q['question_id']}")[1]
+    assert (view["state"], view["outcome"], view["version"]) == ("resolved", "timeout", 1)
+
+
+# ---- finding 6: a revise wakes long-polls ---------------------------------------------------
+
+
+def test_revise_wakes_a_long_poll_with_the_new_version(gate: GateProcess) -> None:
+    q = ask(gate, response_type="free_text")
+    got: list[tuple[int, Any]] = []
+    # a wait far longer than the test's deadline: only a revise can end it in time
+    poll = threading.Thread(
+        target=lambda: got.append(
+            gate.api().call("GET", f"/v1/questions/{q['question_id']}?wait=300")
+        ),
+        daemon=True,
+    )
+    poll.start()
+
+    # the poll may not be registered yet when a revise lands: revise until it returns
+    for n in range(2, MAX_VERSIONS + 1):
+        assert revise(gate, q["question_id"], {"text": f"v{n}"})[0] == 200
+        poll.join(DEADLINE_S / MAX_VERSIONS)
+        if not poll.is_alive():
+            break
+
+    assert not poll.is_alive(), "the long-poll was not woken by a revise"
+    status, view = got[0]
+    assert (status, view["state"]) == (200, "pending")
+    assert view["version"] >= 2
+
+
+# ---- finding 2: non-finite numbers are not JSON ---------------------------------------------
+
+
+def test_non_finite_schema_bound_is_invalid_json(gate: GateProcess) -> None:
+    before = snapshot(gate)
+    raw = wire_json(
+        {
+            "pipeline": "p",
+            "step": "ask",
+            "text": "How much?",
+            "response_type": "form",
+            "schema": AMOUNT_FORM,
+        }
+    ).replace(b'"maximum":100', b'"maximum":1e999')
+
+    status, out = gate.api().call(
+        "POST", "/v1/questions", raw, headers={"Content-Type": "application/json"}
+    )
+
+    assert (status, out["status"], out["reason"]) == (400, "invalid", "invalid_json"), out
+    assert snapshot(gate) == before
+
+
+def test_non_finite_form_answer_is_invalid_json_before_and_after_the_win(
+    gate: GateProcess, relay: CaptureRelay
+) -> None:
+    q = ask(gate, response_type="form", schema=AMOUNT_FORM)
+    d = dispatch_of(relay, q["question_id"])
+    before = snapshot(gate)
+
+    for text in ("1e999", "-1e999"):
+        status, out, _ = post_decision(gate.callback_url, answer_raw(d, {"amount": 0}, text))
+        assert (status, out["status"], out["reason"]) == (400, "invalid", "invalid_json"), out
+    assert snapshot(gate) == before
+
+    status, out, _ = post_decision(gate.callback_url, answer_raw(d, {"amount": 5}))
+    assert status == 200, out
+    # the winner sends again with a non-finite value: refused as not JSON, never a 500
+    status, out, _ = post_decision(gate.callback_url, answer_raw(d, {"amount": 0}, "1e999"))
+    assert (status, out["reason"]) == (400, "invalid_json"), out
+    assert "Traceback" not in gate.log()
+
+
+# ---- findings 3 and 9: the step's limits bound a form at creation ----------------------------
+
+
+def _form(prop: dict[str, Any], required: bool = False) -> dict[str, Any]:
+    schema: dict[str, Any] = {"type": "object", "properties": {"f": prop}}
+    if required:
+        schema["required"] = ["f"]
+    return {"response_type": "form", "schema": schema}
+
+
+@pytest.mark.parametrize(
+    ("fields", "path"),
+    [
+        pytest.param(
+            _form({"type": "string", "enum": ["a", "b", "c", "d"]}), "enum", id="enum-over-step"
+        ),
+        pytest.param(
+            _form({"type": "array", "items": {"type": "string", "enum": ["a", "b", "c", "d"]}}),
+            "items.enum",
+            id="multi-enum-over-step",
+        ),
+        pytest.param(
+            _form({"type": "string", "minLength": 11}), "minLength", id="min-over-answer-chars"
+        ),
+        pytest.param(
+            _form({"type": "string", "maxLength": 0}, required=True),
+            "maxLength",
+            id="required-max-zero",
+        ),
+    ],
+)
+def test_form_the_step_cannot_answer_is_400_naming_the_path(
+    gate: GateProcess, fields: dict[str, Any], path: str
+) -> None:
+    before = snapshot(gate)
+
+    status, out = gate.api().call(
+        "POST", "/v1/questions", {"pipeline": "p", "step": "tight", "text": "q", **fields}
+    )
+
+    assert (status, out["reason"], out["field"]) == (
+        400,
+        "invalid_schema",
+        f"schema.properties.f.{path}",
+    ), out
+    assert snapshot(gate) == before
+
+
+def test_form_within_the_step_limits_is_created_and_revised(gate: GateProcess) -> None:
+    q = ask(gate, step="tight", **_form({"type": "string", "enum": ["a", "b", "c"]}))
+
+    status, out = revise(gate, q["question_id"], {"text": "again"})
+
+    assert (status, out["version"]) == (200, 2), out
