@@ -24,6 +24,17 @@ BATCH = 64
 STORAGE_RETRY_S = 1.0
 
 
+def still_due(full: Question, version: int, now_ms: int) -> bool:
+    """Whether ``version`` of ``full`` is still to be sent, as the approvals' dispatcher
+    decides (``Dispatcher._send``): the question is pending (not answered, cancelled or
+    expired since the plan was read), ``version`` is current, not acked meanwhile, and
+    ``expires_at`` has not passed (the expiry scheduler resolves it; never sent after). A row
+    not sent stays as it is: the plan reads only pending questions' current version."""
+    if full.state != "pending" or full.version != version or now_ms >= full.expires_at:
+        return False
+    return not any(o.revision == version and o.delivered_at is not None for o in full.outbox)
+
+
 class QuestionSender:
     """Sends the due rows of ``question_outbox`` for ``dispatcher`` (its secret, timeout,
     callback URL and backoff). Not acked: retried with ``Dispatcher.backoff_ms`` until the
@@ -93,7 +104,7 @@ class QuestionSender:
         try:
             full = await service.store.reads.fetch_question(question_id)
             url = service.config.relay.question_target
-            if full is None or url is None or full.version != version:
+            if full is None or url is None or not still_due(full, version, service.clock.now_ms()):
                 return
             body = self.envelope(full)
             now = service.clock.now_ms()
