@@ -208,6 +208,16 @@ TAMPERS = {
         "UPDATE questions SET answered_by = 102 WHERE question_id = ?",
         "answered_by is 102 in the questions table but 101 in audit entry",
     ),
+    "answer_identity_rewritten": (
+        "revised",
+        "UPDATE questions SET answer_identity = 'bob@example.com' WHERE question_id = ?",
+        "answer_identity in the questions table is not the identity of operator 101",
+    ),
+    "answer_identity_cleared": (
+        "answered",
+        "UPDATE questions SET answer_identity = NULL WHERE question_id = ?",
+        "answer_identity in the questions table is not the identity of operator",
+    ),
     "resolved_row_put_back_to_pending": (
         "timeout",
         "UPDATE questions SET state = 'pending', outcome = NULL, receipt = NULL"

@@ -26,6 +26,7 @@ from gate.audit.question_entries import (
 )
 from gate.protocol.canonical import canonical_json
 from gate.protocol.question import QuestionSpec, request_hash, value_hash
+from gate.protocol.whitespace import identity_key
 
 
 def versions_problem(
@@ -90,7 +91,8 @@ def answer_problem(
     """The row's answer against the ``question_answered`` entry: at most one entry, present
     if and only if the row holds an answer; the same operator (within the frozen approvers),
     version, request_hash, nonce of that version, and the stored answer hashing to the
-    entry's value_hash. Names what differs, never the value."""
+    entry's value_hash; the row's ``answer_identity`` that operator's identity in the frozen
+    scope. Names what differs, never the value nor an identity."""
     answered = [
         (e, QuestionAnsweredData.from_data(d)) for e, d in entries if e.kind == QUESTION_ANSWERED
     ]
@@ -119,6 +121,11 @@ def answer_problem(
                 f"{column} is {row[column]!r} in the questions table but "
                 f"{getattr(data, name)!r} in audit entry {entry.seq}"
             )
+    if not _same_identity(row, data.operator_id):
+        return (
+            f"answer_identity in the questions table is not the identity of operator "
+            f"{data.operator_id} (audit entry {entry.seq}) in the question's frozen scope"
+        )
     nonces = {v[0]: v[3] for v in versions}
     if nonces.get(data.version) != data.nonce:
         return (
@@ -131,6 +138,16 @@ def answer_problem(
             f"entry {entry.seq} (the answer was changed)"
         )
     return None
+
+
+def _same_identity(row: dict[str, Any], operator_id: int) -> bool:
+    """The row's ``answer_identity`` is, after trim + casefold, the identity the frozen
+    ``scope`` gives ``operator_id`` (check 11 made it so; review finding 8)."""
+    scope = {int(pair[0]): pair[1] for pair in json.loads(row["scope"])}
+    identity, frozen = row["answer_identity"], scope.get(operator_id)
+    if not isinstance(identity, str) or not isinstance(frozen, str):
+        return False
+    return identity_key(identity) == identity_key(frozen)
 
 
 def resolution_problem(

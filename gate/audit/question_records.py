@@ -11,9 +11,9 @@ row, not the log: a question's text, its answer, its outcome. Each question must
   request_hash``) to the request_hash the log holds, and stored exactly as the gate writes
   it; the row's current version the last of them;
 - an answer if and only if the log holds a ``question_answered`` entry: the same operator
-  (within the frozen scope), version, request_hash and nonce of that version, and the
-  stored answer hashing to the entry's ``value_hash`` (``gate.protocol.question.
-  value_hash``);
+  (within the frozen scope, the row's answer_identity that operator's), version,
+  request_hash and nonce of that version, and the stored answer hashing to the entry's
+  ``value_hash`` (``gate.protocol.question.value_hash``);
 - a ``question_resolved`` entry if and only if the row is resolved, with the row's outcome
   and version, that version's request_hash, the answer's value_hash (answered only), and the
   row's stored receipt being that entry's receipt;
@@ -61,8 +61,8 @@ class QuestionRecord:
     """One question as the tables hold it, with its audit rows (issue 15). ``question`` is
     the questions row as a dict (question_id, pipeline, step, version, state, outcome,
     expires_at, scope: JSON text, requested_by_id, answer: canonical JSON text or None,
-    answered_by, answer_version, receipt: JSON text) or None when only the log names the
-    question; ``versions`` its question_versions rows ``(version, question JSON text,
+    answered_by, answer_version, receipt: JSON text, answer_identity) or None when only the
+    log names the question; ``versions`` its question_versions rows ``(version, question JSON text,
     request_hash, nonce)``; ``dispatches`` its question_outbox rows ``(version, attempts,
     delivered_at)``; ``entries`` its audit rows in ascending seq; all as stored."""
 
