@@ -204,7 +204,8 @@ def test_form_schema_refusals_name_the_path(schema: Any, field: str, message: st
     [
         ("string", "", " must be an object"),
         ({"type": "object"}, ".type",
-         ".type must be string, number, integer, boolean or array (nothing nested)"),
+         ".type must be one of string, number, integer, boolean, array (a list of types such"
+         ' as ["string","null"] is not supported: leave the property out of required instead)'),
         ({**STRING, "pattern": "x"}, ".pattern", ".pattern is not allowed for a string"),
         ({**NUMBER, "default": 1}, ".default", ".default is not allowed for a number"),
         ({**STRING, "format": "ipv4"}, ".format", ".format must be email, uri or date"),

@@ -37,6 +37,11 @@ _KEYWORDS: dict[str, frozenset[str]] = {
     "boolean": _COMMON | {"default"},
     "array": _COMMON | {"items", "minItems", "maxItems"},
 }
+_TYPE_RULE = (
+    "must be one of string, number, integer, boolean, array"
+    ' (a list of types such as ["string","null"] is not supported:'
+    " leave the property out of required instead)"
+)
 _A = {"string": "a string", "enum": "an enum", "number": "a number", "integer": "an integer"}
 _A |= {"boolean": "a boolean", "array": "an array"}
 
@@ -101,12 +106,9 @@ def _kind(prop: Mapping[str, Any], path: str) -> str:
     kind = prop.get("type")
     if kind == "string" and "enum" in prop:
         return "enum"
-    if kind not in _KEYWORDS or kind == "enum":
-        raise schema_error(
-            f"{path}.type",
-            f"{path}.type must be string, number, integer, boolean or array (nothing nested)",
-        )
-    return str(kind)
+    if not isinstance(kind, str) or kind not in _KEYWORDS or kind == "enum":
+        raise schema_error(f"{path}.type", f"{path}.type {_TYPE_RULE}")
+    return kind
 
 
 def _property(prop: Any, path: str, max_options: int) -> dict[str, Any]:
