@@ -80,8 +80,10 @@ def test_vector_question(case: dict[str, Any]) -> None:
         assert request_hash(case["question_id"], case["version"], spec) == case["request_hash"]
     elif "value_hash" in case:
         assert _canonical(case["value"]) == case["canonical_utf8"].encode("utf-8")
-        digest = hashlib.sha256(case["canonical_utf8"].encode("utf-8")).hexdigest()
-        assert case["value_hash"] == "sha256:" + digest == value_hash(case["value"])
+        salt = bytes.fromhex(case["salt"])
+        digest = hashlib.sha256(salt + case["canonical_utf8"].encode("utf-8")).hexdigest()
+        assert case["value_hash"] == "sha256:" + digest == value_hash(case["value"], salt=salt)
+        assert value_hash(case["value"], salt=bytes(16)) != case["value_hash"]
     else:
         spec = _question(case["question"])
         cap = case["max_answer_chars"]

@@ -125,7 +125,8 @@ def answer_problem(
             f"audit entry {entry.seq} was answered with a nonce that is not version "
             f"{data.version}'s nonce in the question_versions table"
         )
-    if value_hash(json.loads(row["answer"])) != data.value_hash:
+    salt = bytes.fromhex(row["answer_salt"])
+    if value_hash(json.loads(row["answer"]), salt=salt) != data.value_hash:
         return (
             f"the answer in the questions table does not hash to the value_hash of audit "
             f"entry {entry.seq} (the answer was changed)"

@@ -26,7 +26,7 @@ def _check_resolved(question: Question, answer: Answer, now: int) -> None:
     if (
         won is not None
         and identity_key(won.identity) == identity_key(answer.approver_id)
-        and value_hash(won.value) == value_hash(answer.value)
+        and canonical_json(won.value) == canonical_json(answer.value)
     ):
         raise refuse(409, "duplicate", "duplicate", "this answer was already recorded")
     if question.outcome == "timeout" or (
@@ -101,7 +101,7 @@ def answer_question(t: Transactions, tx: WriteTx, answer: Answer) -> tuple[int, 
         question.question_id, canonical_json(value).decode("utf-8"), row
     ):
         raise refuse(409, "already_resolved", "already_resolved", "the question is resolved")
-    digest = value_hash(value)
+    digest = value_hash(value, salt=bytes.fromhex(question.answer_salt))
     answered = QuestionAnsweredData(
         operator_id, current.version, current.request_hash, answer.nonce, digest
     )

@@ -102,6 +102,7 @@ def create_question(
             "request_body_hash": body_hash,
             "requested_by": requester[1] if requester else None,
             "requested_by_id": requester[0] if requester else None,
+            "answer_salt": new_nonce(),  # 16 random bytes, hex (value_hash's salt)
         }
     )
     digest = _add_version(tx, question_id, 1, req.spec, now)

@@ -165,10 +165,13 @@ def request_hash(question_id: str, version: int, spec: QuestionSpec) -> str:
     return HASH_PREFIX + hashlib.sha256(canonical_json(body)).hexdigest()
 
 
-def value_hash(value: Any) -> str:
-    """``"sha256:" + hex(SHA-256(canonical_json(value)))``: what the audit trail keeps of an
-    answer instead of the value (issue 15, "Audit")."""
-    return HASH_PREFIX + hashlib.sha256(canonical_json(value)).hexdigest()
+def value_hash(value: Any, *, salt: bytes) -> str:
+    """``"sha256:" + hex(SHA-256(salt + canonical_json(value)))``: what the audit trail keeps
+    of an answer instead of the value (issue 15, "Audit"). ``salt`` is the question's 16
+    random bytes (its row's ``answer_salt``, never logged), so a short answer (yes/no, a
+    choice, a date) cannot be confirmed from an export by hashing guesses (new-user finding
+    B3); ``audit verify -c`` recomputes it with the row's salt."""
+    return HASH_PREFIX + hashlib.sha256(bytes(salt) + canonical_json(value)).hexdigest()
 
 
 def _choice(value: Any, options: tuple[str, ...], at: str) -> str:

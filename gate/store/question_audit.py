@@ -19,7 +19,7 @@ from gate.store.auditlog import _audit_query, _grouped
 
 _QUESTIONS = (
     "SELECT question_id, pipeline, step, version, state, outcome, expires_at, scope,"
-    " requested_by_id, answer, answered_by, answer_version, receipt FROM questions"
+    " requested_by_id, answer, answered_by, answer_version, receipt, answer_salt FROM questions"
     " ORDER BY question_id"
 )
 _QUESTION_COLUMNS = (
@@ -36,6 +36,7 @@ _QUESTION_COLUMNS = (
     "answered_by",
     "answer_version",
     "receipt",
+    "answer_salt",
 )
 _VERSIONS = (
     "SELECT question_id, version, question, request_hash, nonce FROM question_versions"

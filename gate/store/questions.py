@@ -20,7 +20,7 @@ _QUESTION_SQL = (
     "SELECT question_id, run_id, pipeline, step, risk, scope, version, state, outcome,"
     " created_at, expires_at, resolved_at, idempotency_key, request_body_hash, requested_by,"
     " requested_by_id, answer, answered_by, answer_identity, answer_display, answer_channel,"
-    " answer_version, answered_at, answer_recorded_at, receipt FROM questions"
+    " answer_version, answered_at, answer_recorded_at, receipt, answer_salt FROM questions"
     " WHERE question_id = ?"
 )
 _VERSIONS_SQL = (
@@ -97,6 +97,7 @@ def load(conn: sqlite3.Connection, question_id: str, outbox: bool = True) -> Que
         if outbox
         else (),
         created_receipt=audit.receipt_object(audit.AuditRow(*entry)) if entry else None,
+        answer_salt=row[25],
     )
 
 

@@ -167,6 +167,8 @@ MIGRATIONS: list[list[str]] = [
             answered_at       TEXT,     -- the relay's decided_at, as sent
             answer_recorded_at INTEGER, -- unix ms, the gate's clock
             receipt           TEXT,     -- JSON receipt of the question_resolved entry
+            answer_salt       TEXT NOT NULL,  -- 16 random bytes, hex: salts value_hash
+                                              -- (never in the log or the API)
             CHECK ((state = 'pending') = (outcome IS NULL))
         )
         """,
