@@ -21,7 +21,7 @@ from gate.core.decide_tx import new_nonce
 from gate.core.model import Question
 from gate.core.question_requests import QuestionRequest
 from gate.errors import Conflict, NotFound
-from gate.protocol.canonical import canonical_json
+from gate.protocol.canonical import wire_json
 from gate.protocol.question import QuestionSpec, request_hash
 from gate.store import WriteTx
 
@@ -57,7 +57,8 @@ def load_question(tx: WriteTx, question_id: str) -> Question:
 
 def _add_version(tx: WriteTx, question_id: str, version: int, spec: QuestionSpec, now: int) -> str:
     digest = request_hash(question_id, version, spec)
-    text = canonical_json(spec.to_json()).decode("utf-8")
+    # stored in the order given (a form's fields are shown in it); the hash is canonical
+    text = wire_json(spec.to_json()).decode("utf-8")
     tx.insert_question_version(question_id, version, text, digest, new_nonce(), now)
     return digest
 

@@ -190,8 +190,8 @@ class QuestionStatements:
         nonce: str,
         created_at: int,
     ) -> None:
-        """Insert version ``version`` (its canonical JSON, hash and nonce), make it current
-        and queue its dispatch due at ``created_at`` (unix ms)."""
+        """Insert version ``version`` (its JSON in the order given, hash and nonce), make it
+        current and queue its dispatch due at ``created_at`` (unix ms)."""
         self._conn.execute(
             "INSERT INTO question_versions (question_id, version, question, request_hash, nonce,"
             " created_at) VALUES (?, ?, ?, ?, ?, ?)",

@@ -178,7 +178,8 @@ MIGRATIONS: list[list[str]] = [
         CREATE TABLE question_versions (
             question_id  TEXT NOT NULL REFERENCES questions (question_id),
             version      INTEGER NOT NULL,
-            question     TEXT NOT NULL,  -- canonical JSON of the normalized question
+            question     TEXT NOT NULL,  -- JSON of the normalized question, in the order
+                                         -- given (a form's fields); hashed canonical
             request_hash TEXT NOT NULL,
             nonce        TEXT NOT NULL UNIQUE,
             created_at   INTEGER NOT NULL,

@@ -1,0 +1,128 @@
+"""Questions as a new user found them (issue 15, their report's findings), end to end: a real
+daemon with approvals at one capturing relay and questions at another, resolution notices on,
+signed answers, the SQLite file read back."""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from gate.protocol.question import build_answer
+from tests.support import (
+    CaptureRelay,
+    GateProcess,
+    post_decision,
+    wait_until,
+    write_config,
+)
+
+pytestmark = pytest.mark.e2e
+
+STEPS = [
+    {"name": "q1", "quorum": 1, "approvers": [101, 102, 103], "timeout": "1h"},
+    {"name": "ask", "type": "question", "approvers": [101, 102], "timeout": "1h"},
+]
+
+
+@pytest.fixture(scope="module")
+def relay() -> Iterator[CaptureRelay]:
+    """The approvals' relay (``relay.url``)."""
+    r = CaptureRelay().start()
+    yield r
+    r.stop()
+
+
+@pytest.fixture(scope="module")
+def qrelay() -> Iterator[CaptureRelay]:
+    """The questions' relay (``relay.question_url``)."""
+    r = CaptureRelay().start()
+    yield r
+    r.stop()
+
+
+@pytest.fixture(scope="module")
+def gate(
+    tmp_path_factory: pytest.TempPathFactory, relay: CaptureRelay, qrelay: CaptureRelay
+) -> Iterator[GateProcess]:
+    config = write_config(
+        tmp_path_factory.mktemp("qfind"),
+        relay.url,
+        steps=STEPS,
+        relay={"question_url": qrelay.url, "notices": True},
+    )
+    proc = GateProcess(config).start()
+    yield proc
+    proc.stop()
+
+
+def ask(gate: GateProcess, **fields: Any) -> dict[str, Any]:
+    body = {"pipeline": "p", "step": "ask", "text": "Which supplier?", **fields}
+    status, out = gate.api().call("POST", "/v1/questions", body)
+    assert status == 201, (status, out)
+    return dict(out)
+
+
+def dispatch_of(qrelay: CaptureRelay, question_id: str) -> dict[str, Any]:
+    found: list[dict[str, Any]] = []
+
+    def seen() -> bool:
+        found[:] = [
+            d
+            for d in qrelay.dispatches()
+            if d.get("question_id") == question_id and d.get("kind") == "question"
+        ]
+        return bool(found)
+
+    wait_until(seen, what="question dispatch")
+    return found[0]
+
+
+def answer(gate: GateProcess, dispatch: dict[str, Any], value: Any) -> tuple[int, Any]:
+    body = build_answer(
+        question_id=dispatch["question_id"],
+        nonce=dispatch["callback"]["nonce"],
+        request_hash=dispatch["request_hash"],
+        value=value,
+        approver_id=dispatch["approvers"][0],
+        decided_at_ms=int(time.time() * 1000),
+    )
+    status, out, _ = post_decision(gate.callback_url, body)
+    return status, out
+
+
+def db_rows(gate: GateProcess, sql: str, *args: Any) -> list[tuple[Any, ...]]:
+    conn = sqlite3.connect(gate.config.parent / "gate.db")
+    try:
+        return conn.execute(sql, args).fetchall()
+    finally:
+        conn.close()
+
+
+FORM = {
+    "type": "object",
+    "properties": {
+        "zeta": {"type": "string", "title": "Z"},
+        "alpha": {"type": "integer", "maximum": 9, "minimum": 1},
+        "mid": {"type": "boolean"},
+    },
+    "required": ["zeta"],
+}
+
+
+def test_form_properties_keep_the_order_given(gate: GateProcess, qrelay: CaptureRelay) -> None:
+    """B5: a form's fields come back in the order the pipeline gave them (and each
+    property's keywords too), in the dispatch and in GET /v1/questions/{id}."""
+    q = ask(gate, response_type="form", schema=FORM)
+    d = dispatch_of(qrelay, q["question_id"])
+    _, got = gate.api().call("GET", f"/v1/questions/{q['question_id']}")
+
+    for shown in (q["question"], d["question"], got["question"]):
+        assert list(shown["schema"]["properties"]) == ["zeta", "alpha", "mid"]
+        assert list(shown["schema"]["properties"]["alpha"]) == ["type", "maximum", "minimum"]
+        assert shown["schema"] == FORM
+    assert d["request_hash"] == q["request_hash"]
+    assert answer(gate, d, {"zeta": "z", "alpha": 3})[0] == 200
