@@ -30,6 +30,7 @@ from gate.protocol.question import (
     request_hash,
     value_hash,
 )
+from gate.protocol.question_notice import build_question_notice
 from tests.test_protocol import VECTORS, independent_header, load_cases
 
 QID = "01KDWZ8B00J3Q9V5X7Z2M4N6PR"
@@ -78,6 +79,12 @@ def test_vector_question(case: dict[str, Any]) -> None:
         spec = _question(case["question"])
         assert spec.to_json() == case["question"]
         assert request_hash(case["question_id"], case["version"], spec) == case["request_hash"]
+    elif "notice" in case:  # a question's resolution notice (new-user finding A2)
+        body = wire_json(build_question_notice(**case["notice"]))
+        assert body == case["body_utf8"].encode("utf-8")
+        assert independent_header(case["secret"], case["t"], body) == case["header"]
+        assert signing.sign(case["secret"], case["t"], body) == case["header"]
+        assert "approval_id" not in json.loads(body)
     elif "value_hash" in case:
         assert _canonical(case["value"]) == case["canonical_utf8"].encode("utf-8")
         salt = bytes.fromhex(case["salt"])

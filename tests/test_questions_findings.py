@@ -4,6 +4,7 @@ signed answers, the SQLite file read back."""
 
 from __future__ import annotations
 
+import json
 import sqlite3
 import time
 from collections.abc import Iterator
@@ -11,8 +12,10 @@ from typing import Any
 
 import pytest
 
+from gate.protocol import SIGNATURE_HEADER, signing
 from gate.protocol.question import build_answer
 from tests.support import (
+    SECRET,
     CaptureRelay,
     GateProcess,
     post_decision,
@@ -126,3 +129,57 @@ def test_form_properties_keep_the_order_given(gate: GateProcess, qrelay: Capture
         assert shown["schema"] == FORM
     assert d["request_hash"] == q["request_hash"]
     assert answer(gate, d, {"zeta": "z", "alpha": 3})[0] == 200
+
+
+def notices_of(r: CaptureRelay, question_id: str) -> list[dict[str, Any]]:
+    """The signed notices ``r`` received about ``question_id`` (signature checked)."""
+    found = []
+    for record in list(r.received):
+        body = json.loads(record["raw"])
+        if body.get("type") == "notice" and body.get("question_id") == question_id:
+            signing.verify(
+                record["headers"].get(SIGNATURE_HEADER), record["raw"], [SECRET], time.time(), 60
+            )
+            found.append(body)
+    return found
+
+
+def test_question_resolution_sends_a_signed_notice_to_the_question_relay(
+    gate: GateProcess, relay: CaptureRelay, qrelay: CaptureRelay
+) -> None:
+    """A2: with notices on, a question's resolution (cancelled, answered) is told to the
+    question relay as a signed notice with kind question, so it closes its prompt."""
+    cancelled = ask(gate, response_type="free_text")
+    dispatch_of(qrelay, cancelled["question_id"])
+    assert gate.api().call("POST", f"/v1/questions/{cancelled['question_id']}/cancel")[0] == 200
+    answered = ask(gate, response_type="single_choice", options=["acme", "globex"])
+    assert answer(gate, dispatch_of(qrelay, answered["question_id"]), "globex")[0] == 200
+
+    for question, outcome, by in ((cancelled, "cancelled", None),
+                                  (answered, "answered", "alice@example.com")):  # fmt: skip
+        qid = question["question_id"]
+        (notice,) = wait_until(lambda q=qid: notices_of(qrelay, q), what=f"{outcome} notice")
+        resolved = gate.api().call("GET", f"/v1/questions/{qid}")[1]
+        assert notice == {
+            "protocol": "hitl/v0",
+            "type": "notice",
+            "kind": "question",
+            "question_id": qid,
+            "run_id": question["run_id"],
+            "pipeline": "p",
+            "step": "ask",
+            "outcome": outcome,
+            "resolved_at": resolved["resolved_at"],
+            "version": 1,
+            "request_hash": question["request_hash"],
+            "answered_by": by,
+        }
+        assert not notices_of(relay, qid)  # the approvals' relay is not the question relay
+        wait_until(
+            lambda q=qid: db_rows(
+                gate,
+                "SELECT 1 FROM question_notices WHERE question_id = ? AND delivered_at IS NOT NULL",
+                q,
+            ),
+            what="the notice marked delivered",
+        )

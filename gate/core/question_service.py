@@ -252,6 +252,16 @@ class QuestionMethods:
             Command("question_dispatch_result", (question_id, version, acked, error, retry_at_ms))
         )
 
+    async def question_notice_result(
+        self, question_id: str, *, acked: bool, error: str | None, retry_at_ms: int | None
+    ) -> str | None:
+        """Record one attempt of a question's resolution notice (``retry_at_ms`` None drops
+        it as failed). Returns ``"delivered"``, ``"retry"``, ``"failed"`` or None."""
+        result: str | None = await self.store.transact(
+            Command("question_notice_result", (question_id, acked, error, retry_at_ms))
+        )
+        return result
+
     async def next_question_expiry(self) -> int | None:
         """The earliest ``expires_at`` (unix ms) of a pending question, or None."""
         return await self.store.reads.next_question_expiry()
@@ -261,7 +271,10 @@ class QuestionMethods:
         return await self.store.reads.pending_questions()
 
     def wake_question(self, question_id: str) -> None:
-        """Wake the long-polls waiting on ``question_id``."""
+        """Wake the long-polls waiting on ``question_id`` (resolved) and, notices on, the
+        dispatcher: its resolution notice was queued with the resolution."""
+        if self.config.relay.question_notice_target is not None:
+            self.dispatch_wakeup.set()
         waiter = self._waiters.get(question_id)
         if waiter is not None:
             waiter[0].set()

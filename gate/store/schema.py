@@ -199,6 +199,22 @@ MIGRATIONS: list[list[str]] = [
         """,
         "CREATE INDEX question_outbox_due ON question_outbox (next_attempt_at)"
         " WHERE delivered_at IS NULL",
+        # a question's resolution notice (with relay.notices): one per question, queued in
+        # the resolving transaction, retried like followup_outbox's notices for an hour
+        """
+        CREATE TABLE question_notices (
+            question_id     TEXT PRIMARY KEY REFERENCES questions (question_id),
+            version         INTEGER NOT NULL,  -- the question's final version
+            attempts        INTEGER NOT NULL DEFAULT 0,
+            next_attempt_at INTEGER NOT NULL,  -- unix ms
+            give_up_at      INTEGER NOT NULL,  -- unix ms: not delivered by then = failed
+            delivered_at    INTEGER,
+            failed_at       INTEGER,
+            last_error      TEXT
+        )
+        """,
+        "CREATE INDEX question_notices_due ON question_notices (next_attempt_at)"
+        " WHERE delivered_at IS NULL AND failed_at IS NULL",
         # a question's audit entries carry its question_id in audit_log.approval_id (one id
         # space: ULIDs never collide); its question_created entry found without a scan
         "CREATE INDEX audit_log_question_created ON audit_log (approval_id)"
