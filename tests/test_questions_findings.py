@@ -19,6 +19,7 @@ from tests.support import (
     CaptureRelay,
     GateProcess,
     post_decision,
+    run_cli,
     wait_until,
     write_config,
 )
@@ -183,3 +184,48 @@ def test_question_resolution_sends_a_signed_notice_to_the_question_relay(
             ),
             what="the notice marked delivered",
         )
+
+
+def test_too_many_options_says_why(gate: GateProcess) -> None:
+    """A4: the step's max_options refusal carries its message like the parser's."""
+    body = {"pipeline": "p", "step": "ask", "text": "Which?", "response_type": "single_choice"}
+    body["options"] = [f"o{i}" for i in range(51)]
+    status, out = gate.api().call("POST", "/v1/questions", body)
+    assert (status, out) == (
+        400,
+        {
+            "status": "invalid",
+            "reason": "invalid_options",
+            "field": "options",
+            "message": "options has more than 50 options (the step's max_options)",
+        },
+    )
+
+
+def _cli(gate: GateProcess, *args: str) -> tuple[int, str, str]:
+    proc = run_cli(*args, "-c", str(gate.config), "--api-url", gate.api_url)
+    return proc.returncode, proc.stdout.decode(), proc.stderr.decode()
+
+
+def test_cli_hints_the_other_kind_of_step_and_id(gate: GateProcess) -> None:
+    """A4: asking on an approval step, requesting on a question step, showing an id of the
+    other kind: one Error line that says which command to use."""
+    code, _, err = _cli(gate, "ask", "--pipeline", "p", "--step", "q1", "--text", "Which?")
+    assert (code, err) == (
+        1,
+        "Error: step 'q1' is an approval step: use hitl-gate request (POST /v1/approvals)\n",
+    )
+    code, _, err = _cli(gate, "request", "--pipeline", "p", "--step", "ask", "--draft", "x")
+    assert (code, err) == (
+        1,
+        "Error: step 'ask' is a question step: use hitl-gate ask (POST /v1/questions)\n",
+    )
+    question = ask(gate, response_type="free_text")["question_id"]
+    approval = gate.api().create(step="q1")["approval_id"]
+    code, _, err = _cli(gate, "questions", "show", approval)
+    assert (code, err) == (1, f"Error: {approval} is an approval: use hitl-gate show {approval}\n")
+    code, _, err = _cli(gate, "show", question)
+    assert (code, err) == (
+        1,
+        f"Error: {question} is a question: use hitl-gate questions show {question}\n",
+    )

@@ -39,14 +39,17 @@ class AnswerResult:
 
 def step_is(kind: str, found: Any) -> GateError:
     """400 ``step_is_question``/``step_is_approval`` (field ``step``): a request for the other
-    kind of step (issue 15)."""
-    other = "approval" if kind == "question" else "question"
+    kind of step (issue 15), with a ``message`` naming the command and endpoint to use (A4).
+    """
+    command = "ask" if kind == "question" else "request"
+    message = f"step {found!r} is {'a' if kind == 'question' else 'an'} {kind} step: use"
+    message += f" hitl-gate {command} (POST /v1/{kind}s)"
     return GateError(
         f"step_is_{kind}",
-        f"step {found!r} is a {kind} step; use /v1/{kind}s, not /v1/{other}s",
+        message,
         status=400,
         kind="invalid",
-        extra={"field": "step"},
+        extra={"field": "step", "message": message},
     )
 
 
@@ -103,12 +106,13 @@ class QuestionMethods:
         req = parse_question_create(body, max_bytes=limit, max_options=MAX_OPTIONS_LIMIT)
         step = self._question_step(req.pipeline, req.step)
         if req.spec.options is not None and len(req.spec.options) > step.max_options:
-            raise GateError(
+            message = f"options has more than {step.max_options} options (the step's max_options)"
+            raise GateError(  # with its message in the body, like the parser's refusals (A4)
                 "invalid_options",
-                f"options has more than {step.max_options} entries (the step's max_options)",
+                message,
                 status=400,
                 kind="invalid",
-                extra={"field": "options"},
+                extra={"field": "options", "message": message},
             )
         requester = self._requester(req.requested_by)
         scope = tuple((op.id, op.identity) for op in self.config.scope(step))
