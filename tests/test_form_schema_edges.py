@@ -111,3 +111,67 @@ def test_form_schema_property_type_refusal_names_the_path(kind: Any) -> None:
         "schema.properties.a.type",
     )
     assert err.message == TYPE_MESSAGE
+
+
+NFC, NFD = "M\u00fcller", "Mu\u0308ller"  # "Müller" composed and decomposed
+
+
+def _refused(body: dict[str, Any]) -> tuple[str, str, str]:
+    with pytest.raises(ProtocolError) as info:
+        parse_question({"text": "q", **body}, max_text_chars=1000, max_options=50)
+    err = info.value
+    assert err.status == 400 and err.extra["message"] == err.message
+    return err.code, str(err.extra["field"]), err.message
+
+
+@pytest.mark.parametrize(
+    ("bounds", "ok"),
+    [((1.5, 1.7), False), ((1.5, 1.5), False), ((0.1, 0.9), False), ((1.5, 2), True),
+     ((1, 1), True), ((-1.5, -1.2), False), ((2.0, 2.0), True)],
+)  # fmt: skip
+def test_integer_bounds_with_no_integer_between_are_refused(
+    bounds: tuple[float, float], ok: bool
+) -> None:
+    """B2: an integer field no answer can fill is refused at creation, naming the path."""
+    prop = {"type": "integer", "minimum": bounds[0], "maximum": bounds[1]}
+    schema = {"type": "object", "properties": {"n": prop}}
+    if ok:
+        assert _parse(schema).schema is not None
+        return
+    assert _refused({"response_type": "form", "schema": schema}) == (
+        "invalid_schema",
+        "schema.properties.n.minimum",
+        f"schema.properties.n.minimum: no integer lies between minimum {bounds[0]}"
+        f" and maximum {bounds[1]}",
+    )
+
+
+def test_options_equal_once_normalized_are_a_repeat() -> None:
+    """B2: "Müller" composed and decomposed look the same to a person: one is a repeat."""
+    got = _refused({"response_type": "single_choice", "options": [NFC, "x", NFD]})
+    assert got == (
+        "invalid_options",
+        "options[2]",
+        f"options[2] repeats {NFC!r} (the same text once Unicode-normalized, NFC)",
+    )
+    assert _refused({"response_type": "multi_choice", "options": ["a", "a"]})[2] == (
+        "options[1] repeats 'a'"
+    )
+
+
+@pytest.mark.parametrize(
+    ("prop", "field"),
+    [
+        ({"type": "string", "enum": [NFD, NFC]}, "enum[1]"),
+        ({"type": "array", "items": {"type": "string", "enum": [NFD, NFC]}}, "items.enum[1]"),
+    ],
+    ids=["single", "multi"],
+)
+def test_enum_values_equal_once_normalized_are_a_repeat(prop: dict[str, Any], field: str) -> None:
+    schema = {"type": "object", "properties": {"a": prop}}
+    where = f"schema.properties.a.{field}"
+    assert _refused({"response_type": "form", "schema": schema}) == (
+        "invalid_schema",
+        where,
+        f"{where} repeats {NFD!r} (the same text once Unicode-normalized, NFC)",
+    )

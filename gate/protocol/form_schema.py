@@ -8,7 +8,9 @@ creation (400 ``invalid_schema``).
 
 from __future__ import annotations
 
+import math
 import re
+import unicodedata
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -87,8 +89,23 @@ def _labels(values: Any, path: str, limit: int, *, distinct: bool, most: int) ->
             raise schema_error(where, f"{where} must be a non-blank string")
         if len(item) > limit:
             raise schema_error(where, f"{where} is longer than {limit} characters")
-        if distinct and item in values[:i]:
-            raise schema_error(where, f"{where} repeats {item!r}")
+        seen = repeated(values, i) if distinct else None
+        if seen is not None:
+            raise schema_error(where, f"{where} {seen}")
+
+
+def repeated(values: list[Any], i: int) -> str | None:
+    """How ``values[i]`` (a string) repeats an earlier entry: ``"repeats 'x'"``, or, when
+    equal only once both are Unicode-normalized (NFC: "Müller" composed and decomposed look
+    the same to a person), saying so; None when it is new (issue 15, new-user finding B2)."""
+    item = values[i]
+    if item in values[:i]:
+        return f"repeats {item!r}"
+    key = unicodedata.normalize("NFC", item)
+    for earlier in values[:i]:
+        if isinstance(earlier, str) and unicodedata.normalize("NFC", earlier) == key:
+            return f"repeats {earlier!r} (the same text once Unicode-normalized, NFC)"
+    return None
 
 
 def _bounds(
@@ -126,6 +143,14 @@ def _property(prop: Any, path: str, max_options: int) -> dict[str, Any]:
             raise schema_error(f"{path}.format", f"{path}.format must be email, uri or date")
     elif kind in ("number", "integer"):
         _bounds(prop, "minimum", "maximum", path, is_number)
+        low, high = prop.get("minimum"), prop.get("maximum")
+        if kind == "integer" and low is not None and high is not None:
+            finite = math.isfinite(low) and math.isfinite(high)
+            if finite and math.ceil(low) > math.floor(high):  # nothing could be answered (B2)
+                raise schema_error(
+                    f"{path}.minimum",
+                    f"{path}.minimum: no integer lies between minimum {low} and maximum {high}",
+                )
     elif kind == "boolean":
         if "default" in prop and not isinstance(prop["default"], bool):
             raise schema_error(f"{path}.default", f"{path}.default must be true or false")

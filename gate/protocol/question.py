@@ -23,7 +23,7 @@ from gate.protocol.answer import parse_answer as parse_answer
 from gate.protocol.canonical import HASH_PREFIX, canonical_json, wire_json
 from gate.protocol.envelope import _is_unicode, rfc3339
 from gate.protocol.errors import ProtocolError
-from gate.protocol.form_schema import parse_schema
+from gate.protocol.form_schema import parse_schema, repeated
 from gate.protocol.form_value import check_form_value, value_error
 from gate.protocol.whitespace import is_blank
 
@@ -96,8 +96,9 @@ def _options(value: Any, path: str, max_options: int) -> tuple[str, ...]:
             raise _refuse("options", at, f"{at} must be a non-blank string")
         if len(option) > MAX_OPTION_CHARS:
             raise _refuse("options", at, f"{at} is longer than {MAX_OPTION_CHARS} characters")
-        if option in value[:i]:
-            raise _refuse("options", at, f"{at} repeats {option!r}")
+        seen = repeated(value, i)
+        if seen is not None:
+            raise _refuse("options", at, f"{at} {seen}")
     return tuple(value)
 
 
