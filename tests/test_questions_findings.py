@@ -229,3 +229,22 @@ def test_cli_hints_the_other_kind_of_step_and_id(gate: GateProcess) -> None:
         1,
         f"Error: {question} is a question: use hitl-gate questions show {question}\n",
     )
+
+
+def test_a_blank_reason_is_no_reason(gate: GateProcess, qrelay: CaptureRelay) -> None:
+    """B4: a reason of only White_Space is stored and dispatched without ``reason``, from the
+    API and from ``hitl-gate ask --reason``."""
+    q = ask(gate, response_type="free_text", reason=" \u3000\n\t")
+    code, out, err = _cli(
+        gate, "ask", "--pipeline", "p", "--step", "ask", "--text", "PO?", "--reason", "  ", "--json"
+    )
+    assert code == 0, err
+    from_cli = json.loads(out)
+    for question in (q, from_cli):
+        qid = question["question_id"]
+        assert "reason" not in question["question"]
+        assert "reason" not in dispatch_of(qrelay, qid)["question"]
+        ((stored,),) = db_rows(
+            gate, "SELECT question FROM question_versions WHERE question_id = ?", qid
+        )
+        assert "reason" not in json.loads(stored)

@@ -107,7 +107,8 @@ def parse_question(
 ) -> QuestionSpec:
     """Validate the question fields of a create or revise body (issue 15, "Pipeline API"):
     ``text`` (non-blank string, at most ``max_text_chars`` characters, else 413
-    ``question_too_large``), ``reason`` (optional string, at most MAX_REASON_CHARS),
+    ``question_too_large``), ``reason`` (optional string, at most MAX_REASON_CHARS; only
+    White_Space is no reason: left out),
     ``response_type`` (one of RESPONSE_TYPES), ``options`` (required for single/multi choice:
     distinct non-blank strings, at most ``max_options``; refused otherwise), ``schema``
     (required for a form, refused otherwise; see ``form_schema.parse_schema``).
@@ -135,6 +136,8 @@ def parse_question(
             raise _refuse("reason", at, f"{at} must be a string")
         if len(reason) > MAX_REASON_CHARS:
             raise _refuse("reason", at, f"{at} is longer than {MAX_REASON_CHARS} characters")
+        if is_blank(reason):  # only White_Space: no reason, like a decision's (B4)
+            reason = None
     kind = obj.get("response_type")
     at = prefix + "response_type"
     if kind not in RESPONSE_TYPES:
