@@ -194,14 +194,26 @@ class Metrics:
         child.inc()
 
     def dispatch_result(
-        self, acked: bool, elapsed_s: float, failure: str | None, now_ms: int
+        self,
+        acked: bool,
+        elapsed_s: float,
+        failure: str | None,
+        now_ms: int,
+        *,
+        question: bool = False,
     ) -> None:
-        """Count one dispatch POST: its ack latency, or its failure reason."""
+        """Count one dispatch POST: its ack latency, or its failure reason. A question's
+        dispatch (``question``, issue 15) counts in the same counters and histogram; it sets
+        ``hitl_gate_question_relay_up``, not ``hitl_gate_relay_up`` (the approvals' relay)."""
         self.dispatch_attempts.inc()
-        self._state.last_attempt_acked = acked
+        if question:
+            self._state.question_attempt_acked = acked
+        else:
+            self._state.last_attempt_acked = acked
         if acked:
             self.dispatch_ack_seconds.observe(max(0.0, elapsed_s))
-            self._state.last_ack_ms = now_ms
+            if not question:
+                self._state.last_ack_ms = now_ms
         else:
             self.dispatch_failures.labels(
                 failure if failure in DISPATCH_FAILURES else "connection"
@@ -284,6 +296,7 @@ class _StateCollector(Collector):
         self.pending: tuple[int, float | None] | None = None
         self.pending_by_step: list[tuple[str, str, float]] = []
         self.last_attempt_acked: bool | None = None
+        self.question_attempt_acked: bool | None = None
         self.last_ack_ms: int | None = None
         self.writer_unanswered_s: float | None = None
         self.now_ms = 0
@@ -322,9 +335,16 @@ class _StateCollector(Collector):
         if self.last_attempt_acked is not None:
             yield GaugeMetricFamily(
                 "hitl_gate_relay_up",
-                "1 if the latest dispatch POST was acked, 0 if it failed (absent before the "
-                "first attempt since start).",
+                "1 if the latest approval dispatch POST was acked, 0 if it failed (absent "
+                "before the first attempt since start).",
                 value=1 if self.last_attempt_acked else 0,
+            )
+        if self.question_attempt_acked is not None:
+            yield GaugeMetricFamily(
+                "hitl_gate_question_relay_up",
+                "1 if the latest question dispatch POST was acked, 0 if it failed (issue 15; "
+                "absent before the first question attempt since start).",
+                value=1 if self.question_attempt_acked else 0,
             )
         if self.last_ack_ms is not None:
             yield GaugeMetricFamily(

@@ -10,6 +10,7 @@ could, then runs the real CLI.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 import sqlite3
@@ -65,10 +66,13 @@ class History:
     """The directory of the finished history (config, gate.db, keys) and its question ids
     by what happened to them."""
 
-    def __init__(self, directory: Path, ids: dict[str, str], public_key: Path) -> None:
+    def __init__(
+        self, directory: Path, ids: dict[str, str], public_key: Path, views: list[Any]
+    ) -> None:
         self.directory = directory
         self.ids = ids
         self.public_key = public_key
+        self.views = views  # GET /v1/questions/{id} of every question, at the end
 
     def copy(self, to: Path) -> Path:
         """A copy of the history under ``to``; returns its config path."""
@@ -149,11 +153,12 @@ def history(tmp_path_factory: pytest.TempPathFactory, relay: CaptureRelay) -> Hi
         api.create(step="q1")
         ids["answered"] = ask(response_type="single_choice", options=["acme", "globex"])
         answer(acked(ids["answered"]), "globex")  # the newest entries: answered, resolved
+        views = [api.call("GET", f"/v1/questions/{qid}")[1] for qid in ids.values()]
     finally:
         assert gate.stop() == 0
     kinds = _rows(db, "SELECT kind FROM audit_log ORDER BY seq DESC LIMIT 2")
     assert kinds == [("question_resolved",), ("question_answered",)]
-    return History(directory, ids, public)
+    return History(directory, ids, public, views)
 
 
 def verify_c(config: Path) -> tuple[int, str]:
@@ -262,9 +267,9 @@ def test_audit_questions_verify_c_names_a_question_row_made_outside_the_gate(
     _edit(
         db,
         "INSERT INTO questions (question_id, run_id, pipeline, step, risk, scope, version,"
-        " state, created_at, expires_at, request_body_hash) SELECT '01ZZZZZZZZZZZZZZZZZZZZZZZZ',"
-        " run_id, pipeline, step, risk, scope, 1, 'pending', created_at, expires_at, 'x'"
-        " FROM questions WHERE question_id = ?",
+        " state, created_at, expires_at, request_body_hash, answer_salt)"
+        " SELECT '01ZZZZZZZZZZZZZZZZZZZZZZZZ', run_id, pipeline, step, risk, scope, 1, 'pending',"
+        " created_at, expires_at, 'x', answer_salt FROM questions WHERE question_id = ?",
         history.ids["pending"],
     )
 
@@ -312,6 +317,39 @@ def test_audit_questions_deleted_newest_entries_are_caught_by_the_stored_receipt
 
     assert code == 1, out
     assert f"(the receipt stored with question {question_id})" in out, out
+
+
+def test_audit_questions_value_hash_is_salted_per_question(
+    history: History, tmp_path: Path
+) -> None:
+    """B3: a short answer cannot be recovered from an export by hashing guesses: the
+    value_hash is over a random 16-byte salt per question (kept in its row, never in the log
+    or the API) and the canonical JSON of the value."""
+    config = history.copy(tmp_path)
+    db = config.parent / "gate.db"
+    salts = dict(_rows(db, "SELECT question_id, answer_salt FROM questions"))
+    assert len(salts) == 5 and len(set(salts.values())) == 5
+    assert all(len(bytes.fromhex(salt)) == 16 for salt in salts.values())
+    qid = history.ids["answered"]
+    (answer,) = _rows(db, "SELECT answer FROM questions WHERE question_id = ?", qid)[0]
+    (entry,) = _rows(
+        db,
+        "SELECT entry FROM audit_log WHERE approval_id = ? AND kind = 'question_answered'",
+        qid,
+    )[0]
+    logged = json.loads(entry)["data"]["value_hash"]
+    canonical = answer.encode("utf-8")
+    assert canonical == b'"globex"'
+    salted = hashlib.sha256(bytes.fromhex(salts[qid]) + canonical).hexdigest()
+    assert logged == "sha256:" + salted
+    assert logged != "sha256:" + hashlib.sha256(canonical).hexdigest()
+    export = tmp_path / "audit.jsonl"
+    assert run_cli("audit", "export", "-c", str(config), "-o", str(export)).returncode == 0
+    text = export.read_text(encoding="utf-8")
+    views = json.dumps(history.views)
+    for salt in salts.values():
+        assert salt not in text and salt not in views
+    assert all("answer_salt" not in view for view in history.views)
 
 
 def test_audit_questions_export_verifies_offline_and_catches_an_edited_entry(

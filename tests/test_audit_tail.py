@@ -247,7 +247,7 @@ def test_b02_03_an_approval_from_before_the_upgrade_carries_its_created_receipt(
     def schema_2(conn: sqlite3.Connection) -> None:
         # undo migration 5 (issue 15), 4 (issue 14), then 3, so the start really migrates
         # from 2
-        for table in ("question_outbox", "question_versions", "questions"):
+        for table in ("question_notices", "question_outbox", "question_versions", "questions"):
             conn.execute(f"DROP TABLE {table}")  # their indexes go with them
         conn.execute("DROP INDEX audit_log_question_created")
         conn.execute("DROP TABLE followup_outbox")

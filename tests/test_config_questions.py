@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import signal
 from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from gate.config import load_config
 from gate.config.questions import NEEDS_RELAY
-from tests.support import run_cli
+from tests.support import CaptureRelay, GateProcess, run_cli, write_config
 from tests.test_config import config_errors, example_data, write
 
 
@@ -97,3 +99,85 @@ def test_check_config_exits_2_naming_the_question_step_without_relay(tmp_path: P
 
     assert proc.returncode == 2
     assert f"pipelines[1].steps[0].type: {NEEDS_RELAY}" in proc.stderr.decode()
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "message"),
+    [
+        ("allow_self_approval", False, "only for approval steps"),
+        ("allow_empty_draft", False, "only for approval steps"),
+        ("skip_reason", "optional", "only for approval steps"),
+        ("remind_after", None, "reminders/escalation are for approval steps"),
+        ("escalate", [], "reminders/escalation are for approval steps"),
+    ],
+)
+def test_question_step_refuses_approval_keys_present_at_their_default(
+    tmp_path: Path, key: str, value: Any, message: str
+) -> None:
+    """A3: config.example.yaml says these keys are refused on a question step: refused
+    when present at all, even at their approval default."""
+    errors = config_errors(write(tmp_path, question_config(**{key: value})))
+
+    assert len(errors) == 1, errors
+    assert errors[0].startswith(f"pipelines[1].steps[0].{key}: "), errors
+    assert message in errors[0]
+
+
+def test_question_step_takes_an_explicit_quorum_of_1(tmp_path: Path) -> None:
+    config = load_config(write(tmp_path, question_config(quorum=1, approvers=[111])))
+
+    found = config.find_step("ask", "pick")
+    assert found is not None and found[1].quorum == 1
+
+
+@pytest.mark.parametrize("key", ["max_options", "max_answer_chars"])
+def test_approval_step_refuses_question_limits(tmp_path: Path, key: str) -> None:
+    data = example_data()
+    data["pipelines"][0]["steps"][0][key] = 10
+
+    errors = config_errors(write(tmp_path, data))
+
+    assert errors == [f"pipelines[0].steps[0].{key}: only for type: question"], errors
+
+
+def test_bad_question_url_is_the_only_error(tmp_path: Path) -> None:
+    data = question_config()
+    data["relay"]["questions"] = False
+    data["relay"]["question_url"] = "ftp://x/"
+
+    errors = config_errors(write(tmp_path, data))
+
+    assert len(errors) == 1 and errors[0].startswith("relay.question_url"), errors
+
+
+def test_question_step_quorum_2_is_one_error_even_with_one_approver(tmp_path: Path) -> None:
+    errors = config_errors(write(tmp_path, question_config(quorum=2, approvers=[111])))
+
+    assert errors == [
+        "pipelines[1].steps[0].quorum: a question is answered once (first valid answer wins);"
+        " quorum must be 1, got 2"
+    ], errors
+
+
+@pytest.mark.e2e
+def test_refused_reload_logs_reload_refused_once(tmp_path: Path) -> None:
+    """A3: a SIGHUP with a bad question step logs each error once and one reload_refused."""
+    relay = CaptureRelay().start()
+    steps = [{"name": "ask", "type": "question", "approvers": [101], "timeout": "1h"}]
+    config = write_config(tmp_path, relay.url, steps=steps, relay={"questions": True})
+    gate = GateProcess(config).start()
+    try:
+        data = yaml.safe_load(config.read_text(encoding="utf-8"))
+        data["pipelines"][0]["steps"][0]["quorum"] = 2
+        config.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
+        assert gate.proc is not None
+        gate.proc.send_signal(signal.SIGHUP)
+        gate.wait_for_line(r"event=reload_refused errors=1 kept=running_config$")
+        assert gate.api().call("GET", "/healthz")[0] == 200  # still serving: log flushed
+        log = gate.log()
+    finally:
+        assert gate.stop() == 0
+        relay.stop()
+    assert log.count("event=reload_refused") == 1, log
+    assert log.count("pipelines[0].steps[0].quorum: ") == 1, log
+    assert "event=reload_error error=pipelines[0].steps[0].quorum: a question is answered" in log

@@ -375,6 +375,33 @@ def test_reference_relay_drops_the_prompt_of_an_approval_resolved_elsewhere(tmp_
 
 
 @pytest.mark.e2e
+def test_reference_relay_drops_the_prompt_of_a_question_resolved_elsewhere(tmp_path):
+    """Issue 15 (A2): a question's resolution notice (kind question) closes its prompt."""
+    from tests.test_relay_terminal import PtyRelay
+
+    relay = PtyRelay("--as", "alice@example.com")
+    steps = [{"name": "ask", "type": "question", "approvers": [101, 102], "timeout": "1h"}]
+    config = write_config(
+        tmp_path, relay.url, steps=steps, relay={"notices": True, "questions": True}
+    )
+    gate = GateProcess(config).start()
+    try:
+        body = {"pipeline": "p", "step": "ask", "text": "Which PO?", "response_type": "free_text"}
+        status, question = gate.api().call("POST", "/v1/questions", body)
+        assert status == 201, question
+        qid = question["question_id"]
+        mark = relay.wait_screen("Your answer (one line): ").end()
+        assert gate.api().call("POST", f"/v1/questions/{qid}/cancel")[0] == 200
+        relay.wait_screen(
+            f"Question {qid} resolved elsewhere: cancelled; not asking any more.", mark
+        )
+        relay.wait_log(rf"event=notice_received question_id={qid} outcome=cancelled")
+    finally:
+        gate.stop()
+    assert relay.stop() == 0
+
+
+@pytest.mark.e2e
 def test_reminder_and_escalation_rows_are_sent_as_the_current_dispatch_or_dropped(gate, relay):
     """The sender's side of the ``followup_outbox`` contract (issue 14 §2): rows queued as the
     scheduler queues them (here written into the file by the test) go out as the current

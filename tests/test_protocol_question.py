@@ -30,6 +30,7 @@ from gate.protocol.question import (
     request_hash,
     value_hash,
 )
+from gate.protocol.question_notice import build_question_notice
 from tests.test_protocol import VECTORS, independent_header, load_cases
 
 QID = "01KDWZ8B00J3Q9V5X7Z2M4N6PR"
@@ -78,10 +79,18 @@ def test_vector_question(case: dict[str, Any]) -> None:
         spec = _question(case["question"])
         assert spec.to_json() == case["question"]
         assert request_hash(case["question_id"], case["version"], spec) == case["request_hash"]
+    elif "notice" in case:  # a question's resolution notice (new-user finding A2)
+        body = wire_json(build_question_notice(**case["notice"]))
+        assert body == case["body_utf8"].encode("utf-8")
+        assert independent_header(case["secret"], case["t"], body) == case["header"]
+        assert signing.sign(case["secret"], case["t"], body) == case["header"]
+        assert "approval_id" not in json.loads(body)
     elif "value_hash" in case:
         assert _canonical(case["value"]) == case["canonical_utf8"].encode("utf-8")
-        digest = hashlib.sha256(case["canonical_utf8"].encode("utf-8")).hexdigest()
-        assert case["value_hash"] == "sha256:" + digest == value_hash(case["value"])
+        salt = bytes.fromhex(case["salt"])
+        digest = hashlib.sha256(salt + case["canonical_utf8"].encode("utf-8")).hexdigest()
+        assert case["value_hash"] == "sha256:" + digest == value_hash(case["value"], salt=salt)
+        assert value_hash(case["value"], salt=bytes(16)) != case["value_hash"]
     else:
         spec = _question(case["question"])
         cap = case["max_answer_chars"]
@@ -204,7 +213,8 @@ def test_form_schema_refusals_name_the_path(schema: Any, field: str, message: st
     [
         ("string", "", " must be an object"),
         ({"type": "object"}, ".type",
-         ".type must be string, number, integer, boolean or array (nothing nested)"),
+         ".type must be one of string, number, integer, boolean, array (a list of types such"
+         ' as ["string","null"] is not supported: leave the property out of required instead)'),
         ({**STRING, "pattern": "x"}, ".pattern", ".pattern is not allowed for a string"),
         ({**NUMBER, "default": 1}, ".default", ".default is not allowed for a number"),
         ({**STRING, "format": "ipv4"}, ".format", ".format must be email, uri or date"),

@@ -245,3 +245,5 @@ def test_question_cancel_and_idempotency(gate: GateProcess) -> None:
     listed = api.call("GET", "/v1/questions?state=resolved&limit=500")[1]
     assert q1["question_id"] in [item["question_id"] for item in listed["items"]]
     assert json.dumps(listed)  # JSON-ready
+    # notices are off here: no question notice is ever queued (A2)
+    assert db_rows(gate, "SELECT COUNT(*) FROM question_notices") == [(0,)]

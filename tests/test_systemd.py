@@ -466,11 +466,11 @@ def test_sighup_reload_refuses_bad_config_and_keeps_serving(
         edit_config(config, break_it)
         ready = reload_and_wait(gate, notify)
         assert "last reload refused" in (field(ready, "STATUS") or "")
-        gate.wait_for_line(r"event=reload_refused error=bogus: unknown key")
-        gate.wait_for_line(r"event=reload_refused error=pipelines\[0\]\.steps\[0\]\.quorum")
-        gate.wait_for_line(r"event=reload_refused error=pipelines\[0\]\.steps\[4\]\.approvers")
+        gate.wait_for_line(r"event=reload_error error=bogus: unknown key")
+        gate.wait_for_line(r"event=reload_error error=pipelines\[0\]\.steps\[0\]\.quorum")
+        gate.wait_for_line(r"event=reload_error error=pipelines\[0\]\.steps\[4\]\.approvers")
         gate.wait_for_line(
-            r"event=reload_refused error=api\.listen: cannot change while "
+            r"event=reload_error error=api\.listen: cannot change while "
             r"running \(restart to apply it\)"
         )
         gate.wait_for_line(r"event=reload_refused errors=5 kept=running_config")
@@ -485,7 +485,7 @@ def test_sighup_reload_refuses_bad_config_and_keeps_serving(
         edit_config(config, lambda d: d["api"].update({"listen": "127.0.0.1:1"}))
         reload_and_wait(gate, notify)
         gate.wait_for_line(
-            r"event=reload_refused error=api\.listen: cannot change while "
+            r"event=reload_error error=api\.listen: cannot change while "
             r"running \(restart to apply it\)"
         )
         assert api.call("GET", "/healthz")[0] == 200
@@ -495,7 +495,7 @@ def test_sighup_reload_refuses_bad_config_and_keeps_serving(
         (creds / "HITL_API_TOKEN").unlink()
         reload_and_wait(gate, notify)
         gate.wait_for_line(
-            r"event=reload_refused error=api\.token_env: environment variable "
+            r"event=reload_error error=api\.token_env: environment variable "
             r"HITL_API_TOKEN is not set \(nor is there a credential file"
         )
         assert api.call("GET", "/v1/approvals")[0] == 200

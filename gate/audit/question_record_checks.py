@@ -24,7 +24,6 @@ from gate.audit.question_entries import (
     QuestionDispatchAckData,
     QuestionResolvedData,
 )
-from gate.protocol.canonical import canonical_json
 from gate.protocol.question import QuestionSpec, request_hash, value_hash
 from gate.protocol.whitespace import identity_key
 
@@ -38,8 +37,9 @@ def versions_problem(
     logged: dict[Any, tuple[int, Any]],
 ) -> str | None:
     """The question_versions rows against ``logged`` (version -> ``(seq, request_hash)``):
-    the same versions, each stored question (canonical JSON, exactly as the gate writes it)
-    hashing to the logged request_hash, version 1 of the logged response_type, and the
+    the same versions, each stored question (JSON in the order given, holding exactly what
+    ``QuestionSpec.to_json`` holds: compared as parsed values) hashing to the logged
+    request_hash, version 1 of the logged response_type, and the
     row's current version the last logged one."""
     stored = {v[0]: v for v in versions}
     if created.version != 1 or sorted(stored) != sorted(logged):
@@ -51,7 +51,7 @@ def versions_problem(
         seq, expected = logged[version]
         obj = json.loads(text)
         spec = QuestionSpec.from_json(obj)
-        if canonical_json(spec.to_json()).decode("utf-8") != text:
+        if spec.to_json() != obj:
             return (
                 f"version {version}'s stored question is not as the gate writes it "
                 f"(the question was changed; audit entry {seq} holds its request_hash)"
@@ -132,7 +132,8 @@ def answer_problem(
             f"audit entry {entry.seq} was answered with a nonce that is not version "
             f"{data.version}'s nonce in the question_versions table"
         )
-    if value_hash(json.loads(row["answer"])) != data.value_hash:
+    salt = bytes.fromhex(row["answer_salt"])
+    if value_hash(json.loads(row["answer"]), salt=salt) != data.value_hash:
         return (
             f"the answer in the questions table does not hash to the value_hash of audit "
             f"entry {entry.seq} (the answer was changed)"

@@ -61,8 +61,8 @@ class QuestionRecord:
     """One question as the tables hold it, with its audit rows (issue 15). ``question`` is
     the questions row as a dict (question_id, pipeline, step, version, state, outcome,
     expires_at, scope: JSON text, requested_by_id, answer: canonical JSON text or None,
-    answered_by, answer_version, receipt: JSON text, answer_identity) or None when only the
-    log names the question; ``versions`` its question_versions rows ``(version, question JSON text,
+    answered_by, answer_version, receipt: JSON text, answer_identity, answer_salt: hex) or
+    None when only the log names the question; ``versions`` its question_versions rows ``(version, question JSON text,
     request_hash, nonce)``; ``dispatches`` its question_outbox rows ``(version, attempts,
     delivered_at)``; ``entries`` its audit rows in ascending seq; all as stored."""
 

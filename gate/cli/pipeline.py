@@ -319,9 +319,17 @@ def show(config_path: str, api_url: str | None, approval_id: str) -> None:
     Example: hitl-gate show -c config.example.yaml 01JABCDEF...
     """
 
+    from gate.cli.questions import other_kind_exists
+    from gate.client.api import ClientError
+
     async def go() -> Any:
         async with api_client(config_path, api_url) as api:
-            return await api.get(approval_id)
+            try:
+                return await api.get(approval_id)
+            except ClientError as exc:
+                if exc.status == 404 and await other_kind_exists(api.get_question, approval_id):
+                    fail(f"{approval_id} is a question: use hitl-gate questions show {approval_id}")
+                raise
 
     click.echo(json.dumps(run(go()), ensure_ascii=False, indent=2))
 

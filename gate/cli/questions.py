@@ -78,11 +78,29 @@ def show_question(config_path: str, api_url: str | None, question_id: str) -> No
     Example: hitl-gate questions show -c config.example.yaml 01JABCDEF...
     """
 
+    from gate.client.api import ClientError
+
     async def go() -> Any:
         async with api_client(config_path, api_url) as api:
-            return await api.get_question(question_id)
+            try:
+                return await api.get_question(question_id)
+            except ClientError as exc:
+                if exc.status == 404 and await other_kind_exists(api.get, question_id):
+                    fail(f"{question_id} is an approval: use hitl-gate show {question_id}")
+                raise
 
     click.echo(safe_json(run(go())))
+
+
+async def other_kind_exists(get: Any, item_id: str) -> bool:
+    """True when ``get(item_id)`` answers (the id is of the other kind: A4's hint)."""
+    from gate.client.api import ClientError
+
+    try:
+        await get(item_id)
+    except ClientError:
+        return False
+    return True
 
 
 @questions.command("cancel")

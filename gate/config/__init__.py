@@ -47,6 +47,8 @@ from gate.errors import ConfigError
 # cross-field and secret checks still run, so one run lists every error (SPEC §5).
 _STAND_INS = {
     ("relay", "url"): "http://invalid.invalid/",
+    # a bad question_url is its own error, not also "a question step needs a relay"
+    ("relay", "question_url"): "http://invalid.invalid/",
     ("relay", "callback_addr"): "127.0.0.1:0",
     ("storage", "path"): "invalid.db",
 }

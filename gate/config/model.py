@@ -147,6 +147,15 @@ class RelayConfig(BaseModel):
             return self.question_url
         return self.url if self.questions else None
 
+    @property
+    def question_notice_target(self) -> str | None:
+        """Where a question's resolution notice goes (issue 15): with notices on
+        (``notice_target`` set) and a question relay, ``question_url`` when set, else
+        ``notice_target``; None otherwise (no question notices)."""
+        if self.notice_target is None or self.question_target is None:
+            return None
+        return self.question_url if self.question_url is not None else self.notice_target
+
     @field_validator("ca_file")
     @classmethod
     def _ca_bundle(cls, value: Path | None, info: ValidationInfo) -> Path | None:

@@ -14,22 +14,27 @@ NEEDS_RELAY = (
     "a question step needs a relay that declared question support:"
     " set relay.questions: true or relay.question_url"
 )
-# keys of an approval step that a question step refuses when set to a non-default value
-_APPROVAL_ONLY = {
-    "allow_self_approval": False,
-    "allow_empty_draft": False,
-    "skip_reason": "optional",
-}
+# keys of an approval step that a question step refuses when present at all, even at their
+# default (config.example.yaml says they are refused; new-user finding A3)
+_APPROVAL_ONLY = ("allow_self_approval", "allow_empty_draft", "skip_reason")
 _FOLLOWUPS = ("remind_after", "remind_every", "escalate")
+# keys of a question step that an approval step refuses when present
+_QUESTION_ONLY = ("max_options", "max_answer_chars")
 
 
 def check_question_step(where: str, step: StepConfig, config: Config) -> list[str]:
-    """Errors of one step of ``type: question`` (``where`` is its YAML path,
-    ``pipelines[i].steps[j]``); [] for an approval step. Contract of issue 15 §Config:
-    quorum must be 1, reminders/escalation and approval-only keys are refused, and a
-    question relay must be configured (``relay.question_target``)."""
+    """Errors of one step's question-related keys (``where`` is its YAML path,
+    ``pipelines[i].steps[j]``). Contract of issue 15 §Config: on a question step quorum must
+    be 1 (``quorum: 1`` written out is harmless), reminders/escalation and approval-only keys
+    are refused when present at all, and a question relay must be configured
+    (``relay.question_target``); on an approval step ``max_options`` and
+    ``max_answer_chars`` are refused."""
     if not step.is_question:
-        return []
+        return [
+            f"{where}.{key}: only for type: question"
+            for key in _QUESTION_ONLY
+            if key in step.model_fields_set
+        ]
     errors: list[str] = []
     if config.relay.question_target is None:
         errors.append(f"{where}.type: {NEEDS_RELAY}")
@@ -39,9 +44,9 @@ def check_question_step(where: str, step: StepConfig, config: Config) -> list[st
             f" quorum must be 1, got {step.quorum}"
         )
     for key in _FOLLOWUPS:
-        if key in step.model_fields_set and getattr(step, key) not in (None, ()):
+        if key in step.model_fields_set:
             errors.append(f"{where}.{key}: reminders/escalation are for approval steps")
-    for key, default in _APPROVAL_ONLY.items():
-        if getattr(step, key) != default:
+    for key in _APPROVAL_ONLY:
+        if key in step.model_fields_set:
             errors.append(f"{where}.{key}: only for approval steps (a question step refuses it)")
     return errors

@@ -115,21 +115,22 @@ def _cross_check(config: Config) -> list[str]:
             else:
                 candidates = allowed
             in_scope = {i for i in candidates if i in allowed_set and i in defined}
-            if step.quorum > len(in_scope):
+            # a question step's quorum other than 1 is its own error (check_question_step)
+            quorum_checked = not step.is_question or step.quorum == 1
+            if quorum_checked and step.quorum > len(in_scope):
                 noun = "operator" if len(in_scope) == 1 else "operators"
                 errors.append(
                     f"{where}.quorum: quorum {step.quorum} is larger than the {len(in_scope)}"
                     f" {noun} in scope"
                 )
-            elif _self_approval_unreachable(step, len(in_scope)):
+            elif quorum_checked and _self_approval_unreachable(step, len(in_scope)):
                 errors.append(
                     f"{where}.quorum: quorum {step.quorum} cannot be met without the requester"
                     f" ({len(in_scope)} in scope, and with allow_self_approval: false a"
                     " requester's own decisions do not count)"
                 )
-            if step.is_question:
-                errors += check_question_step(where, step, config)
-            else:
+            errors += check_question_step(where, step, config)
+            if not step.is_question:
                 errors += check_step_followups(where, step, in_scope, config)
     errors += check_delegations(config.delegations, config)
     return errors

@@ -182,6 +182,7 @@ class Question:
     versions: tuple[QuestionVersion, ...]
     outbox: tuple[Dispatch, ...] = ()
     created_receipt: JsonObject | None = None
+    answer_salt: str = ""  # hex of the 16 random bytes value_hash is salted with (B3)
 
     @property
     def current(self) -> QuestionVersion:

@@ -48,7 +48,7 @@ def _same_value(won: Any, sent: Any) -> bool:
     canonical JSON; a value canonical JSON cannot hold (a lone surrogate) is simply not the
     same, never an error (review finding 2)."""
     try:
-        return value_hash(won) == value_hash(sent)
+        return canonical_json(won) == canonical_json(sent)
     except (ValueError, TypeError):  # UnicodeEncodeError is a ValueError
         return False
 
@@ -96,7 +96,8 @@ def answer_question(t: Transactions, tx: WriteTx, answer: Answer) -> tuple[int, 
         answer.value,
         max_answer_chars=_max_answer_chars(t, question),
     )
-    stored, digest = canonical_json(value).decode("utf-8"), value_hash(value)
+    stored = canonical_json(value).decode("utf-8")
+    digest = value_hash(value, salt=bytes.fromhex(question.answer_salt))
     t.rate.check(operator_id, now)  # check 13, the last: nothing after it can refuse
     row = QuestionAnswer(
         value=value,

@@ -36,14 +36,17 @@ class AnswerResult:
 
 def step_is(kind: str, found: Any) -> GateError:
     """400 ``step_is_question``/``step_is_approval`` (field ``step``): a request for the other
-    kind of step (issue 15)."""
-    other = "approval" if kind == "question" else "question"
+    kind of step (issue 15), with a ``message`` naming the command and endpoint to use (A4).
+    """
+    command = "ask" if kind == "question" else "request"
+    message = f"step {found!r} is {'a' if kind == 'question' else 'an'} {kind} step: use"
+    message += f" hitl-gate {command} (POST /v1/{kind}s)"
     return GateError(
         f"step_is_{kind}",
-        f"step {found!r} is a {kind} step; use /v1/{kind}s, not /v1/{other}s",
+        message,
         status=400,
         kind="invalid",
-        extra={"field": "step"},
+        extra={"field": "step", "message": message},
     )
 
 
@@ -235,6 +238,16 @@ class QuestionMethods:
             Command("question_dispatch_result", (question_id, version, acked, error, retry_at_ms))
         )
 
+    async def question_notice_result(
+        self, question_id: str, *, acked: bool, error: str | None, retry_at_ms: int | None
+    ) -> str | None:
+        """Record one attempt of a question's resolution notice (``retry_at_ms`` None drops
+        it as failed). Returns ``"delivered"``, ``"retry"``, ``"failed"`` or None."""
+        result: str | None = await self.store.transact(
+            Command("question_notice_result", (question_id, acked, error, retry_at_ms))
+        )
+        return result
+
     async def next_question_expiry(self) -> int | None:
         """The earliest ``expires_at`` (unix ms) of a pending question, or None."""
         return await self.store.reads.next_question_expiry()
@@ -244,5 +257,8 @@ class QuestionMethods:
         return await self.store.reads.pending_questions()
 
     def wake_question(self, question_id: str) -> None:
-        """Wake the long-polls waiting on ``question_id`` (``longpoll.wake``)."""
+        """Wake the long-polls waiting on ``question_id`` (``longpoll.wake``) and, notices
+        on, the dispatcher: its resolution notice was queued with the resolution."""
+        if self.config.relay.question_notice_target is not None:
+            self.dispatch_wakeup.set()
         wake(self._waiters, question_id)

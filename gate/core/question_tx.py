@@ -20,8 +20,9 @@ from gate.audit.question_entries import (
 from gate.core.decide_tx import new_nonce
 from gate.core.model import Question
 from gate.core.question_requests import QuestionRequest, parse_spec, revised_fields
+from gate.core.resolve_tx import NOTICE_GIVE_UP_MS
 from gate.errors import Conflict, NotFound
-from gate.protocol.canonical import canonical_json
+from gate.protocol.canonical import wire_json
 from gate.protocol.question import QuestionSpec, request_hash
 from gate.store import WriteTx
 
@@ -60,7 +61,8 @@ def load_question(tx: WriteTx, question_id: str) -> Question:
 
 def _add_version(tx: WriteTx, question_id: str, version: int, spec: QuestionSpec, now: int) -> str:
     digest = request_hash(question_id, version, spec)
-    text = canonical_json(spec.to_json()).decode("utf-8")
+    # stored in the order given (a form's fields are shown in it); the hash is canonical
+    text = wire_json(spec.to_json()).decode("utf-8")
     tx.insert_question_version(question_id, version, text, digest, new_nonce(), now)
     return digest
 
@@ -105,6 +107,7 @@ def create_question(
             "request_body_hash": body_hash,
             "requested_by": requester[1] if requester else None,
             "requested_by_id": requester[0] if requester else None,
+            "answer_salt": new_nonce(),  # 16 random bytes, hex (value_hash's salt)
         }
     )
     digest = _add_version(tx, question_id, 1, req.spec, now)
@@ -188,12 +191,15 @@ def resolve_question(
     value_digest: str | None = None,
 ) -> None:
     """Resolve ``question_id`` with ``outcome`` at ``now`` (unix ms): its
-    ``question_resolved`` entry, whose receipt becomes the question's. Raises Conflict 409
-    ``already_resolved`` when another transaction resolved it first."""
+    ``question_resolved`` entry, whose receipt becomes the question's, and (notices on) its
+    resolution notice queued in this transaction. Raises Conflict 409 ``already_resolved``
+    when another transaction resolved it first."""
     data = QuestionResolvedData(outcome, version, digest, value_digest)
     row = t.audit(tx, data.kind, question_id, now, data.to_data())
     if not tx.resolve_question(question_id, outcome, now, receipt_object(row)):
         raise Conflict("already_resolved", "question was resolved concurrently")
+    if t.config.relay.question_notice_target is not None:  # A2: the question relay is told
+        tx.queue_question_notice(question_id, version, now, now + NOTICE_GIVE_UP_MS)
 
 
 def cancel_question(t: Transactions, tx: WriteTx, question_id: str) -> tuple[str, Question]:
@@ -241,3 +247,18 @@ def question_dispatch_result(
     if acked and attempts > 0:
         ack = QuestionDispatchAckData(version)
         t.audit(tx, ack.kind, question_id, now, ack.to_data())
+
+
+def question_notice_result(
+    t: Transactions,
+    tx: WriteTx,
+    question_id: str,
+    acked: bool,
+    error: str | None,
+    retry_at_ms: int | None,
+) -> str | None:
+    """Record one attempt of a question's resolution notice (``retry_at_ms`` None: dropped
+    unsent, as failed). Returns ``"delivered"``, ``"retry"``, ``"failed"`` or None."""
+    return tx.question_notice_attempted(
+        question_id, t.clock.now_ms(), acked=acked, error=error, retry_at_ms=retry_at_ms
+    )

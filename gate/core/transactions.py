@@ -27,6 +27,7 @@ from gate.core.question_tx import (
     create_question,
     expire_questions,
     question_dispatch_result,
+    question_notice_result,
     revise_question,
 )
 from gate.core.ratelimit import RateLimiter
@@ -337,6 +338,7 @@ TABLE: dict[str, Callable[..., Any]] = {
     "expire_questions": expire_questions,
     "answer_question": answer_question,
     "question_dispatch_result": question_dispatch_result,
+    "question_notice_result": question_notice_result,
     "configure": Transactions.configure,
     "receipt_key": Transactions.receipt_key,
 }

@@ -18,6 +18,7 @@ from gate.core.service import GateService
 from gate.daemon.dispatch import BACKOFF_BASE_S, BACKOFF_CAP_S, Dispatcher, relay_session
 from gate.daemon.expiry import run_expiry
 from gate.daemon.followups import FollowUpSender
+from gate.daemon.question_notices import QuestionNoticeSender
 from gate.daemon.question_sender import QuestionSender
 from gate.metrics import Metrics
 from gate.protocol import DECISIONS_PATH
@@ -136,7 +137,8 @@ def build_gate(
         backoff_cap_s=dispatch_backoff_s[1],
     )
     dispatcher.followups = FollowUpSender(dispatcher)  # reminders, escalations, notices
-    dispatcher.side_outboxes = (QuestionSender(dispatcher),)  # issue 15: questions
+    # issue 15: questions' dispatches and their resolution notices
+    dispatcher.side_outboxes = (QuestionSender(dispatcher), QuestionNoticeSender(dispatcher))
     return Gate(
         config,
         secrets,

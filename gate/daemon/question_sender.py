@@ -109,6 +109,13 @@ class QuestionSender:
             body = self.envelope(full)
             now = service.clock.now_ms()
             result = await post_signed(session, url, body, d.secret, now // 1000, d.timeout_s)
+            d.metrics.dispatch_result(
+                result.error is None,
+                result.elapsed_s,
+                result.failure,
+                service.clock.now_ms(),
+                question=True,
+            )
             retry_at = service.clock.now_ms() + d.backoff_ms(attempts + 1)
             if result.error is None:
                 log.info(

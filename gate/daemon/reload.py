@@ -58,9 +58,10 @@ class Reloader:
     decisions and the skew window, the API token, and the relay URL, signing secret,
     timeout and public callback URL of future dispatches. A pending approval keeps the
     scope and quorum frozen at its creation. Refused, with every error logged as
-    ``event=reload_refused`` and the running config kept: anything ``check-config`` or a
-    start would refuse (including missing secrets), and a change of a ``RESTART_ONLY``
-    setting or of the receipt key. systemd sees ``RELOADING=1`` then ``READY=1`` either way.
+    ``event=reload_error`` then one ``event=reload_refused`` and the running config kept:
+    anything ``check-config`` or a start would refuse (including missing secrets), and a
+    change of a ``RESTART_ONLY`` setting or of the receipt key. systemd sees
+    ``RELOADING=1`` then ``READY=1`` either way.
 
     ``gate`` is the running gate (``build_gate``); ``environ`` holds the secrets read again;
     ``callback_bound`` is the callback listener's bound ``host:port``; ``serving`` the
@@ -118,8 +119,9 @@ class Reloader:
         log.info("event=reloading config=%s", self.config.source)
         result = await asyncio.to_thread(self.check)
         if isinstance(result, list):
+            # one event=reload_refused per refused reload; each error on its own line (A3)
             for error in result:
-                log.error("event=reload_refused error=%s", error)
+                log.error("event=reload_error error=%s", error)
             log.error("event=reload_refused errors=%d kept=running_config", len(result))
             self.notifier.ready(
                 f"{self.serving} (last reload refused: {len(result)} "

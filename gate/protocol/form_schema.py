@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import re
+import unicodedata
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -38,6 +39,11 @@ _KEYWORDS: dict[str, frozenset[str]] = {
     "boolean": _COMMON | {"default"},
     "array": _COMMON | {"items", "minItems", "maxItems"},
 }
+_TYPE_RULE = (
+    "must be one of string, number, integer, boolean, array"
+    ' (a list of types such as ["string","null"] is not supported:'
+    " leave the property out of required instead)"
+)
 _A = {"string": "a string", "enum": "an enum", "number": "a number", "integer": "an integer"}
 _A |= {"boolean": "a boolean", "array": "an array"}
 
@@ -79,16 +85,31 @@ def _labels(values: Any, path: str, limit: int, *, distinct: bool, most: int) ->
         raise schema_error(path, f"{path} must be a non-empty list of strings")
     if len(values) > most:
         raise schema_error(path, f"{path} has more than {most} entries")
-    seen: set[str] = set()
+    seen: dict[str, str] = {}
     for i, item in enumerate(values):
         where = f"{path}[{i}]"
         if not isinstance(item, str) or not _is_unicode(item) or is_blank(item):
             raise schema_error(where, f"{where} must be a non-blank string")
         if len(item) > limit:
             raise schema_error(where, f"{where} is longer than {limit} characters")
-        if distinct and item in seen:
-            raise schema_error(where, f"{where} repeats {item!r}")
-        seen.add(item)
+        seen_as = repeated(seen, item) if distinct else None
+        if seen_as is not None:
+            raise schema_error(where, f"{where} {seen_as}")
+
+
+def repeated(seen: dict[str, str], item: str) -> str | None:
+    """How ``item`` repeats an entry in ``seen`` (NFC form -> the entry as given), or None
+    when it is new, in which case it is added: ``"repeats 'x'"``, or, when equal only once
+    both are Unicode-normalized (NFC: "Müller" composed and decomposed look the same to a
+    person), saying so (issue 15, new-user finding B2). One dict lookup: O(n) per list."""
+    key = unicodedata.normalize("NFC", item)
+    earlier = seen.get(key)
+    if earlier is None:
+        seen[key] = item
+        return None
+    if earlier == item:
+        return f"repeats {item!r}"
+    return f"repeats {earlier!r} (the same text once Unicode-normalized, NFC)"
 
 
 def _bounds(
@@ -106,12 +127,9 @@ def _kind(prop: Mapping[str, Any], path: str) -> str:
     kind = prop.get("type")
     if kind == "string" and "enum" in prop:
         return "enum"
-    if kind not in _KEYWORDS or kind == "enum":
-        raise schema_error(
-            f"{path}.type",
-            f"{path}.type must be string, number, integer, boolean or array (nothing nested)",
-        )
-    return str(kind)
+    if not isinstance(kind, str) or kind not in _KEYWORDS or kind == "enum":
+        raise schema_error(f"{path}.type", f"{path}.type {_TYPE_RULE}")
+    return kind
 
 
 def _property(prop: Any, path: str, max_options: int) -> dict[str, Any]:
@@ -129,6 +147,14 @@ def _property(prop: Any, path: str, max_options: int) -> dict[str, Any]:
             raise schema_error(f"{path}.format", f"{path}.format must be email, uri or date")
     elif kind in ("number", "integer"):
         _bounds(prop, "minimum", "maximum", path, is_number)
+        low, high = prop.get("minimum"), prop.get("maximum")
+        if kind == "integer" and low is not None and high is not None:
+            finite = math.isfinite(low) and math.isfinite(high)
+            if finite and math.ceil(low) > math.floor(high):  # nothing could be answered (B2)
+                raise schema_error(
+                    f"{path}.minimum",
+                    f"{path}.minimum: no integer lies between minimum {low} and maximum {high}",
+                )
     elif kind == "boolean":
         if "default" in prop and not isinstance(prop["default"], bool):
             raise schema_error(f"{path}.default", f"{path}.default must be true or false")

@@ -23,7 +23,7 @@ from gate.protocol.answer import parse_answer as parse_answer
 from gate.protocol.canonical import HASH_PREFIX, canonical_json, wire_json
 from gate.protocol.envelope import _is_unicode, rfc3339
 from gate.protocol.errors import ProtocolError
-from gate.protocol.form_schema import parse_schema
+from gate.protocol.form_schema import parse_schema, repeated
 from gate.protocol.form_value import check_form_value, value_error
 from gate.protocol.whitespace import is_blank
 
@@ -90,16 +90,16 @@ def _options(value: Any, path: str, max_options: int) -> tuple[str, ...]:
         raise _refuse("options", path, f"{path} must be a non-empty list of strings")
     if len(value) > max_options:
         raise _refuse("options", path, f"{path} has more than {max_options} options")
-    seen: set[str] = set()
+    seen: dict[str, str] = {}
     for i, option in enumerate(value):
         at = f"{path}[{i}]"
         if not isinstance(option, str) or not _is_unicode(option) or is_blank(option):
             raise _refuse("options", at, f"{at} must be a non-blank string")
         if len(option) > MAX_OPTION_CHARS:
             raise _refuse("options", at, f"{at} is longer than {MAX_OPTION_CHARS} characters")
-        if option in seen:
-            raise _refuse("options", at, f"{at} repeats {option!r}")
-        seen.add(option)
+        seen_as = repeated(seen, option)
+        if seen_as is not None:
+            raise _refuse("options", at, f"{at} {seen_as}")
     return tuple(value)
 
 
@@ -113,7 +113,8 @@ def parse_question(
 ) -> QuestionSpec:
     """Validate the question fields of a create or revise body (issue 15, "Pipeline API"):
     ``text`` (non-blank string, at most ``max_text_chars`` characters, else 413
-    ``question_too_large``), ``reason`` (optional string, at most MAX_REASON_CHARS),
+    ``question_too_large``), ``reason`` (optional string, at most MAX_REASON_CHARS; only
+    White_Space is no reason: left out),
     ``response_type`` (one of RESPONSE_TYPES), ``options`` (required for single/multi choice:
     distinct non-blank strings, at most ``max_options``; refused otherwise), ``schema``
     (required for a form, refused otherwise; see ``form_schema.parse_schema``; with the
@@ -142,6 +143,8 @@ def parse_question(
             raise _refuse("reason", at, f"{at} must be a string")
         if len(reason) > MAX_REASON_CHARS:
             raise _refuse("reason", at, f"{at} is longer than {MAX_REASON_CHARS} characters")
+        if is_blank(reason):  # only White_Space: no reason, like a decision's (B4)
+            reason = None
     kind = obj.get("response_type")
     at = prefix + "response_type"
     if kind not in RESPONSE_TYPES:
@@ -179,10 +182,13 @@ def request_hash(question_id: str, version: int, spec: QuestionSpec) -> str:
     return HASH_PREFIX + hashlib.sha256(canonical_json(body)).hexdigest()
 
 
-def value_hash(value: Any) -> str:
-    """``"sha256:" + hex(SHA-256(canonical_json(value)))``: what the audit trail keeps of an
-    answer instead of the value (issue 15, "Audit")."""
-    return HASH_PREFIX + hashlib.sha256(canonical_json(value)).hexdigest()
+def value_hash(value: Any, *, salt: bytes) -> str:
+    """``"sha256:" + hex(SHA-256(salt + canonical_json(value)))``: what the audit trail keeps
+    of an answer instead of the value (issue 15, "Audit"). ``salt`` is the question's 16
+    random bytes (its row's ``answer_salt``, never logged), so a short answer (yes/no, a
+    choice, a date) cannot be confirmed from an export by hashing guesses (new-user finding
+    B3); ``audit verify -c`` recomputes it with the row's salt."""
+    return HASH_PREFIX + hashlib.sha256(bytes(salt) + canonical_json(value)).hexdigest()
 
 
 def _choice(value: Any, options: tuple[str, ...], at: str) -> str:

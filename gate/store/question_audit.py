@@ -19,8 +19,8 @@ from gate.store.auditlog import _audit_query, _grouped
 
 _QUESTIONS = (
     "SELECT question_id, pipeline, step, version, state, outcome, expires_at, scope,"
-    " requested_by_id, answer, answered_by, answer_version, receipt, answer_identity"
-    " FROM questions"
+    " requested_by_id, answer, answered_by, answer_version, receipt, answer_identity,"
+    " answer_salt FROM questions"
     " ORDER BY question_id"
 )
 _QUESTION_COLUMNS = (
@@ -38,6 +38,7 @@ _QUESTION_COLUMNS = (
     "answer_version",
     "receipt",
     "answer_identity",
+    "answer_salt",
 )
 _VERSIONS = (
     "SELECT question_id, version, question, request_hash, nonce FROM question_versions"

@@ -20,7 +20,7 @@ _QUESTION_SQL = (
     "SELECT question_id, run_id, pipeline, step, risk, scope, version, state, outcome,"
     " created_at, expires_at, resolved_at, idempotency_key, request_body_hash, requested_by,"
     " requested_by_id, answer, answered_by, answer_identity, answer_display, answer_channel,"
-    " answer_version, answered_at, answer_recorded_at, receipt FROM questions"
+    " answer_version, answered_at, answer_recorded_at, receipt, answer_salt FROM questions"
     " WHERE question_id = ?"
 )
 _VERSIONS_SQL = (
@@ -97,6 +97,7 @@ def load(conn: sqlite3.Connection, question_id: str, outbox: bool = True) -> Que
         if outbox
         else (),
         created_receipt=audit.receipt_object(audit.AuditRow(*entry)) if entry else None,
+        answer_salt=row[25],
     )
 
 
@@ -189,8 +190,8 @@ class QuestionStatements:
         nonce: str,
         created_at: int,
     ) -> None:
-        """Insert version ``version`` (its canonical JSON, hash and nonce), make it current
-        and queue its dispatch due at ``created_at`` (unix ms)."""
+        """Insert version ``version`` (its JSON in the order given, hash and nonce), make it
+        current and queue its dispatch due at ``created_at`` (unix ms)."""
         self._conn.execute(
             "INSERT INTO question_versions (question_id, version, question, request_hash, nonce,"
             " created_at) VALUES (?, ?, ?, ?, ?, ?)",

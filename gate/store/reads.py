@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 from gate.audit import chain as audit
 from gate.core.model import Approval, Question
 from gate.errors import Unavailable
-from gate.store import followups, questions
+from gate.store import followups, question_notices, questions
 from gate.store.connection import open_reader
 from gate.store.tx import load_full
 
@@ -206,6 +206,12 @@ class Reads:
     ) -> tuple[list[dict[str, Any]], int | None]:
         """``gate.store.questions.dispatch_plan`` from one snapshot."""
         return await self.call(_snapshot, questions.dispatch_plan, now_ms, limit)
+
+    async def question_notice_plan(
+        self, now_ms: int, limit: int
+    ) -> tuple[list[dict[str, Any]], int | None]:
+        """``gate.store.question_notices.plan`` from one snapshot (issue 15)."""
+        return await self.call(_snapshot, question_notices.plan, now_ms, limit)
 
     async def audit_rows(self) -> AsyncIterator[audit.AuditRow]:
         """Yield every audit row in ascending seq (with its key id and signature, if signed),

@@ -167,6 +167,8 @@ MIGRATIONS: list[list[str]] = [
             answered_at       TEXT,     -- the relay's decided_at, as sent
             answer_recorded_at INTEGER, -- unix ms, the gate's clock
             receipt           TEXT,     -- JSON receipt of the question_resolved entry
+            answer_salt       TEXT NOT NULL,  -- 16 random bytes, hex: salts value_hash
+                                              -- (never in the log or the API)
             CHECK ((state = 'pending') = (outcome IS NULL))
         )
         """,
@@ -176,7 +178,8 @@ MIGRATIONS: list[list[str]] = [
         CREATE TABLE question_versions (
             question_id  TEXT NOT NULL REFERENCES questions (question_id),
             version      INTEGER NOT NULL,
-            question     TEXT NOT NULL,  -- canonical JSON of the normalized question
+            question     TEXT NOT NULL,  -- JSON of the normalized question, in the order
+                                         -- given (a form's fields); hashed canonical
             request_hash TEXT NOT NULL,
             nonce        TEXT NOT NULL UNIQUE,
             created_at   INTEGER NOT NULL,
@@ -196,6 +199,22 @@ MIGRATIONS: list[list[str]] = [
         """,
         "CREATE INDEX question_outbox_due ON question_outbox (next_attempt_at)"
         " WHERE delivered_at IS NULL",
+        # a question's resolution notice (with relay.notices): one per question, queued in
+        # the resolving transaction, retried like followup_outbox's notices for an hour
+        """
+        CREATE TABLE question_notices (
+            question_id     TEXT PRIMARY KEY REFERENCES questions (question_id),
+            version         INTEGER NOT NULL,  -- the question's final version
+            attempts        INTEGER NOT NULL DEFAULT 0,
+            next_attempt_at INTEGER NOT NULL,  -- unix ms
+            give_up_at      INTEGER NOT NULL,  -- unix ms: not delivered by then = failed
+            delivered_at    INTEGER,
+            failed_at       INTEGER,
+            last_error      TEXT
+        )
+        """,
+        "CREATE INDEX question_notices_due ON question_notices (next_attempt_at)"
+        " WHERE delivered_at IS NULL AND failed_at IS NULL",
         # a question's audit entries carry its question_id in audit_log.approval_id (one id
         # space: ULIDs never collide); its question_created entry found without a scan
         "CREATE INDEX audit_log_question_created ON audit_log (approval_id)"

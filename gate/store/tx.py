@@ -11,6 +11,7 @@ from gate.audit import chain as audit
 from gate.core.model import Approval, DecisionRow, Dispatch, Resolvable, Revision
 from gate.store import followups
 from gate.store.followup_tx import FollowupStatements
+from gate.store.question_notices import QuestionNoticeStatements
 from gate.store.questions import QuestionStatements
 
 # the columns of the model's fields, in their order (``gate.core.model``)
@@ -103,7 +104,7 @@ def load_full(
     )
 
 
-class WriteTx(FollowupStatements, QuestionStatements):
+class WriteTx(FollowupStatements, QuestionStatements, QuestionNoticeStatements):
     """The statements available inside one write transaction (``Store.transact``).
 
     Synchronous: a transaction runs whole on the store's writer (its thread, or the writer

@@ -65,9 +65,16 @@ async def post_decision(request: web.Request) -> web.Response:
     decision: Decision | None = None
     try:
         parsed = await _checked_decision(request)
-        if isinstance(parsed, Answer):  # issue 15: a question's answer
-            return await _answer(request, parsed)
-        decision = parsed
+    except GateError as exc:
+        _refused(metrics, exc.status, exc.code, decision)
+        raise
+    except Exception:
+        _refused(metrics, 500, "internal_error", decision)
+        raise
+    if isinstance(parsed, Answer):  # issue 15: counted once, as an answer (Metrics.answer)
+        return await _answer(request, parsed)
+    decision = parsed
+    try:
         result = await service.record_decision(decision)
     except GateError as exc:
         _refused(metrics, exc.status, exc.code, decision)
@@ -84,8 +91,9 @@ async def post_decision(request: web.Request) -> web.Response:
 
 
 async def _answer(request: web.Request, answer: Answer) -> web.Response:
-    """Checks 6-13 of issue 15's answer table in ``GateService.record_answer``; counted as
-    answers (``Metrics.answer``), logged with the question_id, never the value."""
+    """Checks 6-13 of issue 15's answer table in ``GateService.record_answer``; counted once,
+    as answers (``Metrics.answer``: not in the decisions' refusals), logged with the
+    question_id, never the value."""
     metrics = request.app[METRICS]
     try:
         result = await request.app[SERVICE].record_answer(answer)
@@ -98,6 +106,9 @@ async def _answer(request: web.Request, answer: Answer) -> web.Response:
                 exc.code,
                 answer.question_id,
             )
+        raise
+    except Exception:
+        metrics.answer("internal_error")
         raise
     metrics.answer("accepted")
     metrics.question_resolved("answered")

@@ -153,7 +153,11 @@ class Relay:
         """A signed resolution notice (docs/protocol.md "Notices"): the approval is closed
         here (nothing queued about it is shown) and its prompt on screen, if any, is dropped
         with a line saying how it ended. Acked 200; 400 ``invalid_notice`` without an
-        ``approval_id`` or ``outcome``. A repeat is the same notice."""
+        ``approval_id`` or ``outcome``. A repeat is the same notice. A question's notice
+        (``kind: "question"``, issue 15) names its ``question_id`` and closes it the same way.
+        """
+        if notice.get("kind") == "question":
+            return self._question_notice(notice)
         approval_id, outcome = notice.get("approval_id"), notice.get("outcome")
         if not isinstance(approval_id, str) or not isinstance(outcome, str):
             log.warning("event=notice_refused reason=invalid_notice")
@@ -162,6 +166,21 @@ class Relay:
         line = resolved_elsewhere(notice)
         self.known.closed.setdefault(approval_id, f"was resolved elsewhere ({shown(outcome)})")
         if self.asking is not None and self.asking[0] == approval_id:
+            settle(self.asking[2], f"{line}; not asking any more.")
+        return web.json_response({"status": "accepted"}, status=200)
+
+    def _question_notice(self, notice: dict[str, Any]) -> web.Response:
+        """A question resolved elsewhere (issue 15): closed here, its prompt dropped."""
+        question_id, outcome = notice.get("question_id"), notice.get("outcome")
+        if not isinstance(question_id, str) or not isinstance(outcome, str):
+            log.warning("event=notice_refused reason=invalid_notice kind=question")
+            return web.json_response({"status": "invalid", "reason": "invalid_notice"}, status=400)
+        log.info("event=notice_received question_id=%s outcome=%s", question_id, shown(outcome))
+        by = notice.get("answered_by")
+        line = f"Question {shown(question_id)} resolved elsewhere: {shown(outcome)}"
+        line += f" by {shown(by)}" if isinstance(by, str) else ""
+        self.known.closed.setdefault(question_id, f"was resolved elsewhere ({shown(outcome)})")
+        if self.asking is not None and self.asking[0] == question_id:
             settle(self.asking[2], f"{line}; not asking any more.")
         return web.json_response({"status": "accepted"}, status=200)
 

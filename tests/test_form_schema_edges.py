@@ -1,0 +1,177 @@
+"""Issue 15's form schema and question fields at their edges (pure, fast tier): every JSON
+type at every keyword position comes out as a 400 ``ProtocolError`` and never as another
+exception (a new user's 500 with a traceback); questions no answer can satisfy are refused at
+creation."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from gate.protocol.errors import ProtocolError
+from gate.protocol.question import parse_question
+
+JSON_VALUES: tuple[Any, ...] = (None, True, 1, 1.5, "x", [], [1], {}, {"a": 1})
+"""One of each JSON type, empty and not: what the fuzz puts at every position."""
+
+PROPERTIES: dict[str, dict[str, Any]] = {
+    "string": {"type": "string", "title": "T", "description": "D", "minLength": 0,
+               "maxLength": 5, "format": "date"},
+    "number": {"type": "number", "title": "T", "description": "D", "minimum": 0, "maximum": 9},
+    "integer": {"type": "integer", "title": "T", "description": "D", "minimum": 0,
+                "maximum": 9},
+    "boolean": {"type": "boolean", "title": "T", "description": "D", "default": False},
+    "enum": {"type": "string", "title": "T", "description": "D", "enum": ["x", "y"],
+             "enumNames": ["X", "Y"]},
+    "array": {"type": "array", "title": "T", "description": "D",
+              "items": {"type": "string", "enum": ["x", "y"]}, "minItems": 0, "maxItems": 2},
+}  # fmt: skip
+"""One valid property of each kind, every keyword it takes present."""
+
+
+def _form(prop: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "object", "properties": {"a": prop}, "required": ["a"]}
+
+
+def _positions() -> Iterator[tuple[str, dict[str, Any]]]:
+    """(id, schema) with one JSON value put at one keyword position of a valid form."""
+    for kind, prop in PROPERTIES.items():
+        for key in [*prop, "unknown"]:
+            for value in JSON_VALUES:
+                changed = copy.deepcopy(prop)
+                changed[key] = value
+                yield f"{kind}.{key}={value!r}", _form(changed)
+        if kind == "array":
+            for key in ("type", "enum", "unknown"):
+                for value in JSON_VALUES:
+                    changed = copy.deepcopy(prop)
+                    changed["items"][key] = value
+                    yield f"array.items.{key}={value!r}", _form(changed)
+        for list_key in ("enum", "enumNames"):
+            if list_key in prop:
+                for value in JSON_VALUES:
+                    changed = copy.deepcopy(prop)
+                    changed[list_key] = ["x", value]
+                    yield f"{kind}.{list_key}[1]={value!r}", _form(changed)
+    for key in ("type", "properties", "required", "unknown"):
+        for value in JSON_VALUES:
+            schema = _form(PROPERTIES["string"])
+            schema[key] = value
+            yield f"schema.{key}={value!r}", schema
+    for value in JSON_VALUES:
+        yield f"schema.properties.a={value!r}", {"type": "object", "properties": {"a": value}}
+        yield f"schema.required[0]={value!r}", {**_form(PROPERTIES["string"]), "required": [value]}
+
+
+POSITIONS = list(_positions())
+
+
+def _parse(schema: Any) -> Any:
+    body = {"text": "q", "response_type": "form", "schema": schema}
+    return parse_question(body, max_text_chars=1000, max_options=50)
+
+
+def test_form_schema_fuzz_valid_forms_pass() -> None:
+    for prop in PROPERTIES.values():
+        assert _parse(_form(prop)).schema is not None
+
+
+@pytest.mark.parametrize(("schema"), [s for _, s in POSITIONS], ids=[i for i, _ in POSITIONS])
+def test_form_schema_fuzz_only_400_comes_out(schema: dict[str, Any]) -> None:
+    try:
+        _parse(schema)
+    except ProtocolError as err:
+        assert (err.status, err.code) == (400, "invalid_schema")
+        assert str(err.extra["field"]).startswith("schema")
+        assert err.extra["message"] == err.message
+
+
+TYPE_MESSAGE = (
+    "schema.properties.a.type must be one of string, number, integer, boolean, array"
+    ' (a list of types such as ["string","null"] is not supported:'
+    " leave the property out of required instead)"
+)
+
+
+@pytest.mark.parametrize(
+    "kind",
+    [["string", "null"], {"x": 1}, None, "object", "null", 3],
+    ids=["list", "object", "null", "nested", "null-string", "number"],
+)
+def test_form_schema_property_type_refusal_names_the_path(kind: Any) -> None:
+    with pytest.raises(ProtocolError) as info:
+        _parse({"type": "object", "properties": {"a": {"type": kind}}})
+    err = info.value
+    assert (err.status, err.code, err.extra["field"]) == (
+        400,
+        "invalid_schema",
+        "schema.properties.a.type",
+    )
+    assert err.message == TYPE_MESSAGE
+
+
+NFC, NFD = "M\u00fcller", "Mu\u0308ller"  # "Müller" composed and decomposed
+
+
+def _refused(body: dict[str, Any]) -> tuple[str, str, str]:
+    with pytest.raises(ProtocolError) as info:
+        parse_question({"text": "q", **body}, max_text_chars=1000, max_options=50)
+    err = info.value
+    assert err.status == 400 and err.extra["message"] == err.message
+    return err.code, str(err.extra["field"]), err.message
+
+
+@pytest.mark.parametrize(
+    ("bounds", "ok"),
+    [((1.5, 1.7), False), ((1.5, 1.5), False), ((0.1, 0.9), False), ((1.5, 2), True),
+     ((1, 1), True), ((-1.5, -1.2), False), ((2.0, 2.0), True)],
+)  # fmt: skip
+def test_integer_bounds_with_no_integer_between_are_refused(
+    bounds: tuple[float, float], ok: bool
+) -> None:
+    """B2: an integer field no answer can fill is refused at creation, naming the path."""
+    prop = {"type": "integer", "minimum": bounds[0], "maximum": bounds[1]}
+    schema = {"type": "object", "properties": {"n": prop}}
+    if ok:
+        assert _parse(schema).schema is not None
+        return
+    assert _refused({"response_type": "form", "schema": schema}) == (
+        "invalid_schema",
+        "schema.properties.n.minimum",
+        f"schema.properties.n.minimum: no integer lies between minimum {bounds[0]}"
+        f" and maximum {bounds[1]}",
+    )
+
+
+def test_options_equal_once_normalized_are_a_repeat() -> None:
+    """B2: "Müller" composed and decomposed look the same to a person: one is a repeat."""
+    got = _refused({"response_type": "single_choice", "options": [NFC, "x", NFD]})
+    assert got == (
+        "invalid_options",
+        "options[2]",
+        f"options[2] repeats {NFC!r} (the same text once Unicode-normalized, NFC)",
+    )
+    assert _refused({"response_type": "multi_choice", "options": ["a", "a"]})[2] == (
+        "options[1] repeats 'a'"
+    )
+
+
+@pytest.mark.parametrize(
+    ("prop", "field"),
+    [
+        ({"type": "string", "enum": [NFD, NFC]}, "enum[1]"),
+        ({"type": "array", "items": {"type": "string", "enum": [NFD, NFC]}}, "items.enum[1]"),
+    ],
+    ids=["single", "multi"],
+)
+def test_enum_values_equal_once_normalized_are_a_repeat(prop: dict[str, Any], field: str) -> None:
+    schema = {"type": "object", "properties": {"a": prop}}
+    where = f"schema.properties.a.{field}"
+    assert _refused({"response_type": "form", "schema": schema}) == (
+        "invalid_schema",
+        where,
+        f"{where} repeats {NFD!r} (the same text once Unicode-normalized, NFC)",
+    )
