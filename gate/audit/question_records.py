@@ -63,8 +63,9 @@ class QuestionRecord:
     expires_at, scope: JSON text, requested_by_id, answer: canonical JSON text or None,
     answered_by, answer_version, receipt: JSON text, answer_identity, answer_salt: hex) or
     None when only the log names the question; ``versions`` its question_versions rows
-    ``(version, question JSON text, request_hash, nonce)``; ``dispatches`` its question_outbox rows ``(version, attempts,
-    delivered_at)``; ``entries`` its audit rows in ascending seq; all as stored."""
+    ``(version, question JSON text, request_hash, nonce)``; ``dispatches`` its
+    question_outbox rows ``(version, attempts, delivered_at)``; ``entries`` its audit rows in
+    ascending seq; all as stored."""
 
     question_id: str
     question: dict[str, Any] | None
