@@ -187,7 +187,8 @@ def test_question_resolution_sends_a_signed_notice_to_the_question_relay(
 
 
 def test_too_many_options_says_why(gate: GateProcess) -> None:
-    """A4: the step's max_options refusal carries its message like the parser's."""
+    """A4: the step's max_options refusal carries its message like the parser's (the
+    parser itself applies the step's limit since review finding 3)."""
     body = {"pipeline": "p", "step": "ask", "text": "Which?", "response_type": "single_choice"}
     body["options"] = [f"o{i}" for i in range(51)]
     status, out = gate.api().call("POST", "/v1/questions", body)
@@ -197,7 +198,7 @@ def test_too_many_options_says_why(gate: GateProcess) -> None:
             "status": "invalid",
             "reason": "invalid_options",
             "field": "options",
-            "message": "options has more than 50 options (the step's max_options)",
+            "message": "options has more than 50 options",
         },
     )
 
