@@ -46,6 +46,7 @@ VECTOR_FILES = (
     "signature_header.json",
     "decision_parse.json",
     "question.json",
+    "approver_signature.json",
 )
 
 

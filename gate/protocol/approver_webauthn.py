@@ -1,0 +1,136 @@
+"""Approver signatures (issue 16): verify a WebAuthn (passkey) assertion with the ``webauthn``
+package, every refusal mapped to a stable detail code. Pure: no I/O, no clock."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+from collections.abc import Sequence
+
+from webauthn import verify_authentication_response
+from webauthn.helpers import (
+    decode_credential_public_key,
+    decoded_public_key_to_cryptography,
+    parse_authenticator_data,
+    parse_client_data_json,
+)
+from webauthn.helpers.exceptions import InvalidAuthenticationResponse, WebAuthnException
+from webauthn.helpers.structs import (
+    AuthenticationCredential,
+    AuthenticatorAssertionResponse,
+    AuthenticatorData,
+    ClientDataType,
+    CollectedClientData,
+    TokenBindingStatus,
+)
+
+from gate.protocol.approver_signature import ApproverAssertion, b64url, signature_invalid
+
+
+def _client_data(raw: bytes) -> CollectedClientData:
+    try:
+        data = parse_client_data_json(raw)
+    except (WebAuthnException, ValueError, TypeError):
+        raise signature_invalid(
+            "malformed", "client_data_json is not WebAuthn client data"
+        ) from None
+    if not isinstance(data.origin, str) or not isinstance(data.type, str):
+        raise signature_invalid("malformed", "client_data_json type and origin must be strings")
+    return data
+
+
+def _authenticator_data(raw: bytes) -> AuthenticatorData:
+    try:
+        return parse_authenticator_data(raw)
+    except (WebAuthnException, ValueError, TypeError, IndexError):
+        raise signature_invalid("malformed", "authenticator_data cannot be parsed") from None
+
+
+def _check_unsigned_claims(
+    assertion: ApproverAssertion, challenge: bytes, rp_id: str, origins: Sequence[str]
+) -> None:
+    """The checks before the signature, in order: type, challenge, origin, RP ID hash, UP, UV."""
+    client = _client_data(assertion.client_data_json)
+    if client.type != ClientDataType.WEBAUTHN_GET:
+        raise signature_invalid("wrong_type", "client data type is not webauthn.get")
+    if not hmac.compare_digest(client.challenge, challenge):
+        raise signature_invalid("challenge_mismatch", "the signed challenge is not this decision's")
+    if client.origin not in origins:
+        raise signature_invalid("origin_mismatch", "the assertion comes from an origin not allowed")
+    binding = client.token_binding
+    if binding is not None and binding.status not in (
+        TokenBindingStatus.SUPPORTED,
+        TokenBindingStatus.PRESENT,
+    ):
+        raise signature_invalid("malformed", "client data token binding status is not allowed")
+    auth = _authenticator_data(assertion.authenticator_data)
+    if not hmac.compare_digest(auth.rp_id_hash, hashlib.sha256(rp_id.encode("utf-8")).digest()):
+        raise signature_invalid("rp_id_mismatch", "the assertion is for another relying party")
+    if not auth.flags.up:
+        raise signature_invalid("user_not_present", "the authenticator saw no user presence")
+    if not auth.flags.uv:
+        raise signature_invalid("user_not_verified", "the authenticator did not verify the user")
+
+
+def verify_webauthn(
+    credential_public_key: bytes,
+    sign_count: int,
+    assertion: ApproverAssertion,
+    challenge: bytes,
+    rp_id: str,
+    origins: Sequence[str],
+) -> int:
+    """Verify a WebAuthn assertion over ``challenge`` (32 bytes, ``challenge_for``) and return
+    the authenticator's new signature counter (issue 16 §5).
+
+    ``credential_public_key`` is the COSE key as the ``webauthn`` package's registration
+    returns it; ``sign_count`` the counter stored for the credential; ``rp_id`` the relying
+    party id; ``origins`` the allowed origins (e.g. ``https://gate.example.com``). User
+    presence and user verification are both required. The signature is checked by
+    ``webauthn.verify_authentication_response``; the counter rule is applied after it, so only
+    a genuinely signed assertion is reported as ``counter_went_backwards``: a new counter
+    <= the stored one, when either is non-zero, means a cloned authenticator.
+
+    Raises 403 ``approver_signature_invalid`` with detail ``wrong_type``, ``malformed``,
+    ``challenge_mismatch``, ``origin_mismatch``, ``rp_id_mismatch``, ``user_not_present``,
+    ``user_not_verified``, ``bad_signature`` or ``counter_went_backwards`` (first failing,
+    in that order); ValueError for a stored key the package cannot use.
+    """
+    try:
+        decoded = decode_credential_public_key(credential_public_key)
+        decoded_public_key_to_cryptography(decoded)
+    except (WebAuthnException, ValueError, TypeError, KeyError, IndexError) as exc:
+        raise ValueError("the stored credential public key is not a usable COSE key") from exc
+    if assertion.type != "webauthn":
+        raise signature_invalid("wrong_type", "the credential is a passkey (WebAuthn)")
+    _check_unsigned_claims(assertion, challenge, rp_id, origins)
+    credential = AuthenticationCredential(
+        id=b64url(assertion.credential_id),
+        raw_id=assertion.credential_id,
+        response=AuthenticatorAssertionResponse(
+            client_data_json=assertion.client_data_json,
+            authenticator_data=assertion.authenticator_data,
+            signature=assertion.signature,
+            user_handle=assertion.user_handle,
+        ),
+    )
+    try:
+        verified = verify_authentication_response(
+            credential=credential,
+            expected_challenge=challenge,
+            expected_rp_id=rp_id,
+            expected_origin=list(origins),
+            credential_public_key=credential_public_key,
+            credential_current_sign_count=0,  # the counter rule is ours, after the signature
+            require_user_verification=True,
+        )
+    except (InvalidAuthenticationResponse, WebAuthnException, ValueError):
+        # every claim the package checks besides the signature passed above
+        raise signature_invalid("bad_signature", "the passkey signature does not verify") from None
+    new = verified.new_sign_count
+    if (new > 0 or sign_count > 0) and new <= sign_count:
+        raise signature_invalid(
+            "counter_went_backwards",
+            "the authenticator's counter did not increase: a cloned authenticator?",
+        )
+    return new
