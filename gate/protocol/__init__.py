@@ -1,5 +1,5 @@
-"""Pure hitl/v0: signing, payload hash, envelopes. No I/O, no clock reads (``now`` is an
-argument)."""
+"""Pure hitl/v0: signing, payload hash, envelopes, approver signatures (issue 16). No I/O, no
+clock reads (``now`` is an argument)."""
 
 PROTOCOL = "hitl/v0"
 SIGNATURE_HEADER = "X-Draftcat-Signature"
