@@ -71,3 +71,26 @@ def test_a_delegates_decision_says_on_whose_behalf() -> None:
         "decision approve by op04@example.com on behalf of bob@example.com (operator 104, "
         "revision 1, via terminal)",
     ]
+
+
+def _question(version: int, response_type: str) -> dict[str, Any]:
+    return {
+        "question_id": "01KDWZ8B00J3Q9V5X7Z2M4N6PR",
+        "state": "pending",
+        "version": version,
+        "question": {"text": "never printed", "response_type": response_type},
+        "dispatch": None,
+        "answer": None,
+    }
+
+
+def test_a_revise_that_changes_the_response_type_says_so() -> None:
+    """A pipeline that asked with --schema and parses stdout as JSON must be told when a
+    revise made the answer free text (second new-user pass, finding 1); never the text."""
+    from gate.client.question_hops import question_hops
+
+    lines = question_hops(_question(1, "form"), _question(2, "free_text"))
+    assert lines == ["question revised to version 2 (the answer is now free_text, was form)"]
+    assert question_hops(_question(1, "form"), _question(2, "form")) == [
+        "question revised to version 2"
+    ]

@@ -17,7 +17,13 @@ def question_hops(before: dict[str, Any] | None, after: dict[str, Any]) -> list[
     lines: list[str] = []
     if before is not None and after.get("version") != before.get("version"):
         # a revise changed what the answer will be to (new-user finding 16): never the text
-        lines.append(f"question revised to version {after.get('version')}")
+        line = f"question revised to version {after.get('version')}"
+        was = (before.get("question") or {}).get("response_type")
+        now = (after.get("question") or {}).get("response_type")
+        if was is not None and now is not None and now != was:
+            # what stdout will hold changes with it (second new-user pass, finding 1)
+            line += f" (the answer is now {one_line(now)}, was {one_line(was)})"
+        lines.append(line)
     old = (before or {}).get("dispatch") or {}
     new = after.get("dispatch") or {}
     version = new.get("version") or after.get("version")
