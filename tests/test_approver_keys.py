@@ -282,6 +282,19 @@ def test_required_step_needs_the_approvers_own_signature(
     verify = cli("audit", "verify", "-c", str(gate.config))
     assert verify.returncode == 0, verify.stderr + verify.stdout
 
+    # the row says who signed; the log is the proof: a row edited to unsigned shows
+    assert gate.stop() == 0
+    conn = sqlite3.connect(db_of(gate))
+    with conn:
+        conn.execute("UPDATE decisions SET credential_id = NULL WHERE approval_id = ?", (first,))
+    conn.close()
+    verify = cli("audit", "verify", "-c", str(gate.config))
+    assert verify.returncode == 1, verify.stderr + verify.stdout
+    assert (
+        b"decision 'approve' by operator 101 on revision 1 is in the decisions table but not"
+        b" in the audit log"
+    ) in verify.stdout
+
 
 @pytest.mark.e2e
 def test_batch_one_signature_for_two_approvals(
