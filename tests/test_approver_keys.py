@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
@@ -33,7 +34,7 @@ from tests.support import (
 )
 
 ADMIN_TOKEN = "test-admin-token-5d0c8b2e7a4f9136c1"
-ALICE, BOB = "alice@example.com", "bob@example.com"  # operators 101, 102
+ALICE, BOB, CAROL = "alice@example.com", "bob@example.com", "carol@example.com"  # 101-103
 STEPS = [
     {"name": "req", "approvers": [101, 102], "timeout": "1h", "approver_signature": "required"},
     {"name": "req2", "quorum": 2, "approvers": [101, 102], "approver_signature": "required"},
@@ -377,3 +378,43 @@ def test_admin_token_must_differ_from_the_pipeline_token(tmp_path: Path) -> None
         "api.admin_token_env: HITL_ADMIN has the same value as HITL_API_TOKEN (api.token_env);"
         " each secret must be distinct"
     ]
+
+
+@pytest.mark.e2e
+def test_a_delegate_signs_with_their_own_key(tmp_path: Path, relay: Any) -> None:
+    config = write_config(
+        tmp_path, relay.url, steps=STEPS, api={"admin_token_env": "HITL_ADMIN_TOKEN"}
+    )
+    data = yaml.safe_load(config.read_text(encoding="utf-8"))
+    data["delegations"] = [{"from": 101, "to": 103, "until": "2999-01-01T00:00:00Z"}]
+    config.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
+    gate = GateProcess(config, env=ENV).start()
+    try:
+        alice, alice_pub = new_key(tmp_path, "alice")
+        carol, carol_pub = new_key(tmp_path, "carol")
+        alice_id, carol_id = enrol(gate, 101, alice_pub), enrol(gate, 103, carol_pub)
+        approval_id = gate.api().create("req")["approval_id"]
+        dispatch = relay.wait_dispatch(approval_id)
+        reason = "  "  # recorded as none (only white space), signed exactly as sent
+        digest = digest_of(dispatch, "skip", reason=reason)
+
+        def skip(key: Ed25519PrivateKey, credential_id: str) -> tuple[int, Any]:
+            body = decision_body(
+                dispatch,
+                CAROL,
+                "skip",
+                reason=reason,
+                approver_assertion=assertion(key, credential_id, digest),
+            )
+            status, answer, _ = post_decision(gate.callback_url, body)
+            return status, answer
+
+        # the principal's key is not the delegate's: the one who decides signs
+        assert skip(alice, alice_id) == (403, refused("wrong_operator"))
+        status, answer = skip(carol, carol_id)
+        assert status == 200, answer
+        [decided] = gate.api().wait_resolved(approval_id)["decisions"]
+        assert decided["operator_id"] == 103 and decided["on_behalf_of"]["operator_id"] == 101
+        assert (decided["credential_id"], decided["reason"]) == (carol_id, None)
+    finally:
+        gate.stop()
