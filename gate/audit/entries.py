@@ -87,7 +87,9 @@ class DecisionData:
     ``adjust``; an adjust also names the revision it made and that draft's payload hash
     (``new_revision``, ``new_payload_hash``: both or neither). ``reason`` (issue 14) is
     written only when the decision had one, and ``on_behalf_of`` (the principal's operator
-    id) only for a delegate's decision (issue 14 §3), so entries without them are as the
+    id) only for a delegate's decision (issue 14 §3), and ``credential_id`` with
+    ``assertion`` (the ``approver_assertion`` object as received, so it can be re-verified
+    offline) only for a signed decision (issue 16), so entries without them are as the
     gate always wrote them."""
 
     kind: ClassVar[str] = DECISION
@@ -102,6 +104,8 @@ class DecisionData:
     new_payload_hash: str | None = None
     reason: str | None = None
     on_behalf_of: int | None = None
+    credential_id: str | None = None
+    assertion: Mapping[str, Any] | None = None
 
     def to_data(self) -> dict[str, Any]:
         """The entry's ``data`` object (keys as the gate writes them)."""
@@ -120,6 +124,9 @@ class DecisionData:
             data["reason"] = self.reason
         if self.on_behalf_of is not None:
             data["on_behalf_of"] = self.on_behalf_of
+        if self.credential_id is not None:
+            data["credential_id"] = self.credential_id
+            data["assertion"] = dict(self.assertion or {})
         return data
 
     @classmethod

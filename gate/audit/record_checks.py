@@ -249,9 +249,12 @@ def reasons_problem(
 
 def _decision_text(decision: tuple[Any, ...]) -> str:
     revision, operator_id, verdict = decision[:3]
-    principal = decision[4] if len(decision) > 4 else None
+    extras = decision[4:]
+    principal = next((x for x in extras if not isinstance(x, tuple)), None)
+    credential = next((x[1] for x in extras if isinstance(x, tuple)), None)
     behalf = "" if principal is None else f" on behalf of operator {principal}"
-    return f"{verdict!r} by operator {operator_id}{behalf} on revision {revision}"
+    signed = "" if credential is None else f" signed with credential {credential}"
+    return f"{verdict!r} by operator {operator_id}{behalf}{signed} on revision {revision}"
 
 
 def resolution_problem(

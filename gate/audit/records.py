@@ -63,7 +63,8 @@ class ApprovalRecord:
     log names the approval;
     ``revisions`` are ``(revision, body, payload_hash)``; ``decisions`` are ``(revision,
     operator_id, decision, payload_hash)`` with ``on_behalf_of`` appended when not null
-    (a delegate's decision, issue 14 §3), all as stored (an edited row may hold any type);
+    (a delegate's decision, issue 14 §3), then ``("credential_id", id)`` when not null (a
+    signed decision, issue 16), all as stored (an edited row may hold any type);
     ``entries`` its audit rows in ascending seq; ``dispatches`` its outbox rows
     ``(revision, attempts, delivered_at)`` as stored; ``reasons`` its decisions'
     ``(revision, operator_id, reason)`` as stored (issue 14)."""
@@ -147,7 +148,9 @@ def _problem(record: ApprovalRecord) -> str | None:
         made = DecisionData.from_data(d)
         made_row = (made.revision, made.operator_id, made.decision, made.payload_hash)
         behalf = () if made.on_behalf_of is None else (made.on_behalf_of,)
-        decisions.append(made_row + behalf)
+        # issue 16: the credential that signed it, tagged (on_behalf_of is optional too)
+        signed = () if made.credential_id is None else (("credential_id", made.credential_id),)
+        decisions.append(made_row + behalf + signed)
         reasons.append((e.seq, made.revision, made.operator_id, made.reason))
         if made.new_revision is not None:
             logged[made.new_revision] = (e.seq, made.new_payload_hash)

@@ -141,6 +141,11 @@ class ApiClient:
             params["cursor"] = cursor
         return (await self._call("GET", "/v1/approvals", params=params))[1]
 
+    async def admin(self, method: str, path: str, body: Any = None) -> Any:
+        """One admin API call (issue 16: ``/v1/admin/...``; the client must hold the admin
+        token); returns the decoded answer."""
+        return (await self._call(method, path, body=body))[1]
+
     async def cancel(self, approval_id: str) -> Any:
         """POST /v1/approvals/{id}/cancel; returns the resolved approval."""
         return (await self._call("POST", f"/v1/approvals/{approval_id}/cancel"))[1]

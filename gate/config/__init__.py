@@ -35,6 +35,7 @@ from gate.config.secrets import (
     Secrets,
     _read_secrets,
     load_secrets,
+    read_admin_token,
     read_api_token,
     read_receipt_key,
 )
@@ -70,6 +71,7 @@ __all__ = [
     "load_config",
     "load_secrets",
     "raw_mapping",
+    "read_admin_token",
     "read_api_token",
     "read_receipt_key",
     "parse_duration",

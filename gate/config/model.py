@@ -176,6 +176,8 @@ class ApiConfig(BaseModel):
 
     ``listen`` is ``host:port`` or ``unix:/path.sock`` (default ``127.0.0.1:8090``);
     ``token_env`` names the bearer-token variable; ``max_draft_bytes`` (default 262144).
+    ``admin_token_env`` (optional, issue 16) names the admin bearer-token variable: only it
+    opens ``/v1/admin/...`` (approver credentials); without it those routes answer 404.
     """
 
     model_config = _FROZEN
@@ -183,6 +185,7 @@ class ApiConfig(BaseModel):
     listen: Annotated[str, Field(strict=True), AfterValidator(_check_listen)] = "127.0.0.1:8090"
     token_env: _EnvName
     max_draft_bytes: _PositiveInt = 262144
+    admin_token_env: _EnvName | None = None
 
 
 class HttpConfig(BaseModel):
@@ -263,6 +266,11 @@ class BudgetConfig(BaseModel):
     cap_today: _Amount | None = None
 
 
+def _off_is_false(value: object) -> object:
+    """YAML 1.1 reads an unquoted ``off`` as boolean false: that is ``off``."""
+    return "off" if value is False else value
+
+
 class StepConfig(BaseModel):
     """One gated step (SPEC §5).
 
@@ -277,6 +285,10 @@ class StepConfig(BaseModel):
     ``max_options`` (default 50) bounds a choice question's options and
     ``max_answer_chars`` (default 2000) a free-text answer and each form string field;
     approval-only keys are refused there (``gate.config.questions``).
+
+    ``approver_signature`` (issue 16): ``off`` (default: decisions as before), ``optional``
+    (a valid ``approver_assertion`` is recorded, an invalid one refused) or ``required`` (a
+    decision without a valid one is refused 403); read at each decision and dispatch.
     """
 
     model_config = _FROZEN
@@ -291,6 +303,9 @@ class StepConfig(BaseModel):
     allow_self_approval: Annotated[bool, Field(strict=True)] = False
     allow_empty_draft: Annotated[bool, Field(strict=True)] = False
     skip_reason: Literal["required", "optional"] = "optional"
+    approver_signature: Annotated[
+        Literal["off", "optional", "required"], BeforeValidator(_off_is_false)
+    ] = "off"
     remind_after: _Duration | None = None
     remind_every: _Duration | None = None
     escalate: tuple[EscalationLevel, ...] = ()

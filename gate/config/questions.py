@@ -16,7 +16,12 @@ NEEDS_RELAY = (
 )
 # keys of an approval step that a question step refuses when present at all, even at their
 # default (config.example.yaml says they are refused; new-user finding A3)
-_APPROVAL_ONLY = ("allow_self_approval", "allow_empty_draft", "skip_reason")
+_APPROVAL_ONLY = (
+    "allow_self_approval",
+    "allow_empty_draft",
+    "skip_reason",
+    "approver_signature",
+)
 _FOLLOWUPS = ("remind_after", "remind_every", "escalate")
 # keys of a question step that an approval step refuses when present
 _QUESTION_ONLY = ("max_options", "max_answer_chars")

@@ -33,13 +33,15 @@ class Secrets:
 
     ``relay_secrets``: current relay HMAC secret first, then the previous one if configured;
     ``api_token``: pipeline bearer token; ``receipt_key``: receipt HMAC key as UTF-8 bytes;
-    ``previous_receipt_key``: the one before a rotation (``receipts.previous_key_env``) or None.
+    ``previous_receipt_key``: the one before a rotation (``receipts.previous_key_env``) or None;
+    ``admin_token``: the admin bearer token (``api.admin_token_env``, issue 16) or None.
     """
 
     relay_secrets: tuple[str, ...] = field(repr=False)
     api_token: str = field(repr=False)
     receipt_key: bytes = field(repr=False)
     previous_receipt_key: bytes | None = field(default=None, repr=False)
+    admin_token: str | None = field(default=None, repr=False)
     # "<yaml.path>: <VARIABLE> is N bytes; ..." for each secret shorter than
     # GOOD_SECRET_BYTES (never a value); not part of equality
     warnings: tuple[str, ...] = field(default=(), compare=False)
@@ -81,6 +83,18 @@ def read_api_token(config: Config, environ: Mapping[str, str]) -> tuple[str | No
     ``(None, error naming api.token_env)``."""
     return _read_one(
         "api.token_env", config.api.token_env, environ, environ.get(CREDENTIALS_DIRECTORY) or None
+    )
+
+
+def read_admin_token(config: Config, environ: Mapping[str, str]) -> tuple[str | None, str | None]:
+    """The admin token alone (``api.admin_token_env``, issue 16), for ``hitl-gate approvers``:
+    ``(token, None)`` or ``(None, error)``; the error says to set ``api.admin_token_env``
+    when the config names none."""
+    name = config.api.admin_token_env
+    if name is None:
+        return None, "set api.admin_token_env in the config (the admin token) to manage approvers"
+    return _read_one(
+        "api.admin_token_env", name, environ, environ.get(CREDENTIALS_DIRECTORY) or None
     )
 
 
@@ -147,8 +161,10 @@ def _read_secrets(config: Config, environ: Mapping[str, str]) -> tuple[Secrets |
     # A pipeline token or receipt key equal to a relay secret could sign decisions (SPEC §3, §5).
     names = dict(wanted)
     relay_keys = [w for w in ("relay.secret_env", "relay.previous_secret_env") if w in values]
+    # an admin token equal to the pipeline token would let a pipeline enrol keys (issue 16)
     for where, others in (
         ("api.token_env", relay_keys),
+        ("api.admin_token_env", [*relay_keys, "api.token_env"]),
         ("receipts.key_env", [*relay_keys, "api.token_env"]),
         ("receipts.previous_key_env", [*relay_keys, "api.token_env", "receipts.key_env"]),
     ):
@@ -163,14 +179,15 @@ def _read_secrets(config: Config, environ: Mapping[str, str]) -> tuple[Secrets |
                     f"{where}: {names[where]} has the same value as {names[other]}"
                     f" ({other}); each secret must be distinct"
                 )
-    token = values.get("api.token_env")
-    if token is not None and not all("!" <= c <= "~" for c in token):
-        # sent as "Authorization: Bearer <token>": a control character or a space there
-        # makes every client request invalid (the value is not shown)
-        errors.append(
-            f"api.token_env: {names['api.token_env']} holds a space, a control or a "
-            "non-ASCII character; an HTTP bearer token is printable ASCII"
-        )
+    for where in ("api.token_env", "api.admin_token_env"):
+        token = values.get(where)
+        if token is not None and not all("!" <= c <= "~" for c in token):
+            # sent as "Authorization: Bearer <token>": a control character or a space there
+            # makes every client request invalid (the value is not shown)
+            errors.append(
+                f"{where}: {names[where]} holds a space, a control or a "
+                "non-ASCII character; an HTTP bearer token is printable ASCII"
+            )
     if errors:
         return None, errors
     relay = [values["relay.secret_env"]]
@@ -186,6 +203,7 @@ def _read_secrets(config: Config, environ: Mapping[str, str]) -> tuple[Secrets |
             else None
         ),
         warnings=tuple(warnings),
+        admin_token=values.get("api.admin_token_env"),
     )
     return secrets, []
 
@@ -205,6 +223,8 @@ def _secret_vars(config: Config) -> list[tuple[str, str]]:
     if relay.previous_secret_env is not None:
         out.append(("relay.previous_secret_env", relay.previous_secret_env))
     out.append(("api.token_env", config.api.token_env))
+    if config.api.admin_token_env is not None:
+        out.append(("api.admin_token_env", config.api.admin_token_env))
     out.append(("receipts.key_env", config.receipts.key_env))
     if config.receipts.previous_key_env is not None:
         out.append(("receipts.previous_key_env", config.receipts.previous_key_env))

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 from gate.audit.entries import DecisionData
 from gate.core import rules
+from gate.core.approver_signature_check import Signed, check_approver_signature
 from gate.core.delegation import check_decider
 from gate.core.model import Approval, DecisionRow, Resolvable, Revision
 from gate.core.resolve_tx import Resolution
@@ -60,6 +61,8 @@ def decide(
     rules.check_not_requester(approval, decision.approver_id)
     decider = check_decider(approval, decision.approver_id, t.config, now)
     operator_id = decider.operator_id
+    # issue 16 §5: the approver's own signature, after check 11, before anything is recorded
+    signed = check_approver_signature(tx, t.config, approval, decision, nonce_revision, operator_id)
     rules.check_adjust_text(decision, t.config.relay.security.max_input_length)
     reason = rules.check_reason(
         decision,
@@ -71,7 +74,9 @@ def decide(
     rules.check_not_decided(approval, operator_id, decision)
     verdict = rules.verdict(approval, operator_id, decision)
     revision = approval.revision
-    outcome, new_revision = _record(t, tx, approval, decision, verdict, now, decider.on_behalf_of)
+    outcome, new_revision = _record(
+        t, tx, approval, decision, verdict, now, decider.on_behalf_of, signed
+    )
     resolution = (
         None
         if outcome is None
@@ -93,6 +98,7 @@ def _record(
     verdict: rules.Verdict,
     now: int,
     on_behalf_of: int | None = None,
+    signed: Signed | None = None,
 ) -> tuple[str | None, int | None]:
     revision = approval.revision
     row = DecisionRow(
@@ -108,6 +114,7 @@ def _record(
         recorded_at=now,
         reason=decision.reason,
         on_behalf_of=on_behalf_of,
+        credential_id=None if signed is None else signed.credential_id,
     )
     tx.insert_decision(approval.approval_id, row)
     approval = dataclasses.replace(approval, decisions=approval.decisions + (row,))
@@ -120,6 +127,8 @@ def _record(
         effect=verdict.effect,
         reason=decision.reason,
         on_behalf_of=on_behalf_of,
+        credential_id=None if signed is None else signed.credential_id,
+        assertion=None if signed is None else signed.assertion,
     )
     new_revision = None
     if verdict.effect == "adjust":

@@ -33,7 +33,8 @@ class DecisionRow:
     ``decided_at`` (RFC 3339 text as sent), ``recorded_at`` (unix ms, the gate's clock) and
     the ``reason`` (issue 14; None when none, or only White_Space, was sent) and
     ``on_behalf_of``: the principal's operator id when a delegate decided (issue 14 §3),
-    else None."""
+    else None; ``credential_id``: the approver credential whose signature it carried
+    (issue 16), else None."""
 
     revision: int
     operator_id: int
@@ -47,6 +48,7 @@ class DecisionRow:
     recorded_at: int
     reason: str | None = None
     on_behalf_of: int | None = None
+    credential_id: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -202,3 +204,21 @@ class DueQuestion:
     question_id: str
     version: int
     request_hash: str
+
+
+@dataclass(frozen=True, slots=True)
+class Credential:
+    """An approver credential (table ``approver_credentials``, issue 16): ``credential_id``
+    (base64url, no padding), the ``operator_id`` it belongs to, ``type`` (ed25519 |
+    webauthn), ``public_key`` (base64url: the raw 32 bytes of an Ed25519 key, the COSE key
+    of a passkey), ``sign_count`` (WebAuthn's last counter; 0 for Ed25519), ``label`` (or
+    None), ``created_at`` and ``revoked_at`` (unix ms; None while in force)."""
+
+    credential_id: str
+    operator_id: int
+    type: str
+    public_key: str
+    sign_count: int
+    label: str | None
+    created_at: int
+    revoked_at: int | None = None

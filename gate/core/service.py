@@ -11,6 +11,7 @@ from typing import Any
 
 from gate.clock import Clock
 from gate.config import Config
+from gate.core.credentials import CredentialMethods
 from gate.core.followups import followup_plan
 from gate.core.longpoll import long_poll
 from gate.core.model import Approval
@@ -45,7 +46,7 @@ class DecisionResult:
     delegated: tuple[str, str] | None = None
 
 
-class GateService(QuestionMethods):
+class GateService(QuestionMethods, CredentialMethods):
     """The gate's rules over a Store (the questions' methods: ``QuestionMethods``, issue 15).
 
     ``config`` is a ``gate.config.Config``; ``receipt_key`` the HMAC receipt key (bytes);

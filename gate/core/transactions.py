@@ -16,7 +16,7 @@ from gate.audit.entries import (
 )
 from gate.clock import Clock
 from gate.config import Config
-from gate.core import rules
+from gate.core import credentials, rules
 from gate.core.decide_tx import decide, new_nonce
 from gate.core.followup_tx import handle_due
 from gate.core.followups import Plan, next_followup_at
@@ -339,6 +339,9 @@ TABLE: dict[str, Callable[..., Any]] = {
     "answer_question": answer_question,
     "question_dispatch_result": question_dispatch_result,
     "question_notice_result": question_notice_result,
+    "enrol_credential": credentials.enrol,  # issue 16: gate.core.credentials
+    "revoke_credential": credentials.revoke,
+    "list_credentials": credentials.list_all,
     "configure": Transactions.configure,
     "receipt_key": Transactions.receipt_key,
 }

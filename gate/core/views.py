@@ -23,7 +23,8 @@ def approval_view(full: Approval) -> dict[str, Any]:
     ``approved``/``adjusted`` on a gate with a signing key; ``requested_by`` is the
     requesting operator's identity, or None; ``decisions[].on_behalf_of`` is
     ``{"operator_id", "identity"}`` of the principal a delegate decided for (issue 14 §3),
-    else None.
+    else None; ``decisions[].credential_id`` the approver credential that signed the
+    decision (issue 16), else None.
     """
     current = current_revision(full)
     scope = dict(full.scope)
@@ -64,6 +65,7 @@ def approval_view(full: Approval) -> dict[str, Any]:
                 "on_behalf_of": None
                 if d.on_behalf_of is None
                 else {"operator_id": d.on_behalf_of, "identity": scope.get(d.on_behalf_of)},
+                "credential_id": d.credential_id,
             }
             for d in full.decisions
         ],

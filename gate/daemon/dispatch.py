@@ -17,6 +17,7 @@ from urllib.parse import quote, unquote
 import aiohttp
 from yarl import URL
 
+from gate.core.approver_signature_check import step_mode
 from gate.core.delegation import delegates_for
 from gate.core.model import Approval
 from gate.core.rules import approvers_of
@@ -292,6 +293,7 @@ class Dispatcher:
             self.callback_url,
             skip_reason_required=step_requires_reason(config, full.pipeline, full.step),
             delegates=delegates_for(full, config, now),
+            approver_signature=step_mode(config, full.pipeline, full.step),
         )
 
     async def _send(
@@ -358,6 +360,7 @@ def dispatch_envelope(
     callback_url: str,
     skip_reason_required: bool = False,
     delegates: tuple[tuple[str, str], ...] = (),
+    approver_signature: str = "off",
 ) -> dict[str, Any]:
     """Return the SPEC §2 dispatch envelope for ``revision`` of a loaded approval.
 
@@ -365,7 +368,9 @@ def dispatch_envelope(
     action says so; ``delegates`` are the (delegate identity, principal identity) pairs in
     force (``gate.core.delegation.delegates_for``): the delegates join ``approvers`` and the
     pairs go out as ``delegates`` (issue 14 §3). With neither the envelope is byte-for-byte
-    as before (``gate.protocol.followup.FollowUp``).
+    as before (``gate.protocol.followup.FollowUp``). ``approver_signature`` (the step's,
+    issue 16) other than ``off`` goes out as the additive ``"approver_signature"`` (optional
+    | required), so a relay knows to have the approver sign; ``off`` adds nothing.
     """
     rev = next(r for r in full.revisions if r.revision == revision)
     envelope = build_dispatch(
@@ -388,6 +393,8 @@ def dispatch_envelope(
         budget=full.budget,
         followup=FollowUp(delegates=delegates, skip_reason_required=skip_reason_required),
     )
+    if approver_signature != "off":
+        envelope["approver_signature"] = approver_signature
     return envelope
 
 

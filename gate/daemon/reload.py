@@ -151,7 +151,7 @@ class Reloader:
         gate = self.gate
         gate.service.reconfigure(config)
         gate.callback_settings.reconfigure(secrets.relay_secrets, config.relay.security.max_skew)
-        gate.api_settings.reconfigure(secrets.api_token)
+        gate.api_settings.reconfigure(secrets.api_token, secrets.admin_token)
         gate.dispatcher.reconfigure(
             config.relay.url,
             secrets.relay_secrets[0],

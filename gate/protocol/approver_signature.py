@@ -48,6 +48,10 @@ DETAILS = (
     "wrong_type",
     "not_in_batch",
     "malformed",
+    # the gate's own checks of the credential (issue 16 step 2)
+    "unknown_credential",
+    "revoked",
+    "wrong_operator",
 )
 
 _B64URL = re.compile(r"[A-Za-z0-9_-]*={0,2}")

@@ -59,6 +59,10 @@ class Decision:
     # additive (issue 14): why, as the relay sent it (None: absent or null); check 12 judges
     # blank and length
     reason: str | None = None
+    # additive (issue 16): the ``approver_assertion`` JSON value as sent (None: absent or
+    # null). Its shape is parsed where the step's ``approver_signature`` is known (``off``
+    # ignores the field entirely): ``gate.core.approver_signature_check``
+    approver_assertion: Any = None
 
     def __reduce__(self) -> tuple[type[Decision], tuple[Any, ...]]:
         # pickled to the writer process with every decision: fields by position, not the
@@ -76,6 +80,7 @@ class Decision:
                 self.adjust_text,
                 self.decided_at,
                 self.reason,
+                self.approver_assertion,
             ),
         )
 
@@ -243,6 +248,7 @@ def decision_from_obj(obj: dict[str, Any]) -> Decision:
         adjust_text=adjust_text if decision == "adjust" else None,
         decided_at=decided_at,
         reason=reason,
+        approver_assertion=obj.get("approver_assertion"),
     )
 
 

@@ -115,8 +115,8 @@ _RECORD_QUERIES = (
     " receipt, scope FROM approvals ORDER BY approval_id",
     "SELECT approval_id, revision, body, payload_hash FROM revisions"
     " ORDER BY approval_id, revision",
-    "SELECT approval_id, revision, operator_id, decision, payload_hash, reason, on_behalf_of"
-    " FROM decisions ORDER BY approval_id, revision, operator_id",
+    "SELECT approval_id, revision, operator_id, decision, payload_hash, reason, on_behalf_of,"
+    " credential_id FROM decisions ORDER BY approval_id, revision, operator_id",
     "SELECT approval_id, revision, attempts, delivered_at FROM outbox"
     " ORDER BY approval_id, revision",
 )
@@ -180,7 +180,12 @@ def approval_records(path: Path) -> Iterator[ApprovalRecord]:
                 approval_id,
                 dict(zip(_APPROVAL_COLUMNS, rows[0], strict=True)) if rows else None,
                 [(r[1], r[2], r[3]) for r in revs],  # as stored: a wrong type disagrees
-                [(d[1], d[2], d[3], d[4]) + (() if d[6] is None else (d[6],)) for d in decs],
+                [
+                    (d[1], d[2], d[3], d[4])
+                    + (() if d[6] is None else (d[6],))
+                    + (() if d[7] is None else (("credential_id", d[7]),))  # issue 16
+                    for d in decs
+                ],
                 [audit.AuditRow(*row) for row in logged],
                 [(o[1], o[2], o[3]) for o in sent],
                 [(d[1], d[2], d[5]) for d in decs],
@@ -194,12 +199,13 @@ def approval_records(path: Path) -> Iterator[ApprovalRecord]:
 
 def _for_schema(conn: sqlite3.Connection, sql: str) -> str:
     """``sql`` for this database: before migration 4 (issue 14) the decisions table has no
-    ``reason`` and ``on_behalf_of`` columns, read as NULL (schema < 4: read as it is, not
-    migrated). Raises sqlite3.Error as the connection does."""
+    ``reason`` and ``on_behalf_of`` columns, before migration 6 (issue 16) no
+    ``credential_id``: each read as NULL (an older schema is read as it is, not migrated).
+    Raises sqlite3.Error as the connection does."""
     if " on_behalf_of" not in sql:
         return sql
     columns = {str(row[1]) for row in conn.execute("PRAGMA table_info(decisions)")}
-    for column in ("reason", "on_behalf_of"):
+    for column in ("reason", "on_behalf_of", "credential_id"):
         if column not in columns:
             sql = sql.replace(f" {column}", " NULL")
     return sql

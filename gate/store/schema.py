@@ -220,6 +220,24 @@ MIGRATIONS: list[list[str]] = [
         "CREATE INDEX audit_log_question_created ON audit_log (approval_id)"
         " WHERE kind = 'question_created'",
     ],
+    # 6: issue 16 - approvers' own credentials (Ed25519 keys now, passkeys next), owned by
+    # the gate and enrolled through the admin API; the credential that signed a decision
+    [
+        """
+        CREATE TABLE approver_credentials (
+            credential_id TEXT PRIMARY KEY,  -- base64url, no padding
+            operator_id   INTEGER NOT NULL,
+            type          TEXT NOT NULL CHECK (type IN ('ed25519', 'webauthn')),
+            public_key    TEXT NOT NULL,  -- base64url: raw 32 bytes (ed25519), COSE (webauthn)
+            sign_count    INTEGER NOT NULL DEFAULT 0,  -- webauthn's last signature counter
+            label         TEXT,
+            created_at    INTEGER NOT NULL,  -- unix ms
+            revoked_at    INTEGER            -- unix ms, NULL while in force
+        )
+        """,
+        "CREATE INDEX approver_credentials_operator ON approver_credentials (operator_id)",
+        "ALTER TABLE decisions ADD COLUMN credential_id TEXT",  # NULL: unsigned
+    ],
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)

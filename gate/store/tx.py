@@ -10,6 +10,7 @@ from typing import Any
 from gate.audit import chain as audit
 from gate.core.model import Approval, DecisionRow, Dispatch, Resolvable, Revision
 from gate.store import followups
+from gate.store.credentials import CredentialStatements
 from gate.store.followup_tx import FollowupStatements
 from gate.store.question_notices import QuestionNoticeStatements
 from gate.store.questions import QuestionStatements
@@ -28,7 +29,7 @@ _REVISIONS_SQL = (
 )
 _DECISIONS_SQL = (
     "SELECT revision, operator_id, identity, display, channel, decision, payload_hash,"
-    " adjust_text, decided_at, recorded_at, reason, on_behalf_of FROM decisions"
+    " adjust_text, decided_at, recorded_at, reason, on_behalf_of, credential_id FROM decisions"
     " WHERE approval_id = ?"
     " ORDER BY decision_id"
 )
@@ -104,7 +105,9 @@ def load_full(
     )
 
 
-class WriteTx(FollowupStatements, QuestionStatements, QuestionNoticeStatements):
+class WriteTx(
+    FollowupStatements, QuestionStatements, QuestionNoticeStatements, CredentialStatements
+):
     """The statements available inside one write transaction (``Store.transact``).
 
     Synchronous: a transaction runs whole on the store's writer (its thread, or the writer
@@ -213,7 +216,7 @@ class WriteTx(FollowupStatements, QuestionStatements, QuestionNoticeStatements):
         self._conn.execute(
             "INSERT INTO decisions (approval_id, revision, operator_id, identity, display,"
             " channel, decision, payload_hash, adjust_text, decided_at, recorded_at, reason,"
-            " on_behalf_of) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            " on_behalf_of, credential_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (
                 approval_id,
                 row.revision,
@@ -228,6 +231,7 @@ class WriteTx(FollowupStatements, QuestionStatements, QuestionNoticeStatements):
                 row.recorded_at,
                 row.reason,
                 row.on_behalf_of,
+                row.credential_id,
             ),
         )
 

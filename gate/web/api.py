@@ -26,17 +26,22 @@ class ApiSettings:
 
     token: str
     max_draft_bytes: int
+    # the admin token (``api.admin_token_env``, issue 16): the only key to ``/v1/admin/``;
+    # None: those routes answer 404
+    admin_token: str | None = None
 
-    def reconfigure(self, token: str) -> None:
-        """Accept ``token`` from the next request on (SIGHUP reload); the draft limit needs a
-        restart."""
+    def reconfigure(self, token: str, admin_token: str | None = None) -> None:
+        """Accept ``token`` (and ``admin_token`` on the admin routes) from the next request
+        on (SIGHUP reload); the draft limit needs a restart."""
         self.token = token
+        self.admin_token = admin_token
 
 
 SERVICE = web.AppKey("service", GateService)
 SETTINGS = web.AppKey("api_settings", ApiSettings)
 METRICS = web.AppKey("metrics", Metrics)
 OPEN_PATHS = frozenset({"/healthz"})
+ADMIN_PREFIX = "/v1/admin/"  # issue 16: only the admin token opens these, never the pipeline's
 
 
 def _unauthorized(reason: str, message: str) -> GateError:
@@ -45,18 +50,30 @@ def _unauthorized(reason: str, message: str) -> GateError:
 
 @web.middleware
 async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Require ``Authorization: Bearer <token>`` (constant-time compare) except on /healthz."""
+    """Require ``Authorization: Bearer <token>`` (constant-time compare) except on /healthz:
+    the pipeline token, or under ``/v1/admin/`` the admin token (issue 16: two disjoint
+    tokens; without an admin token configured those routes answer 404)."""
     if request.path in OPEN_PATHS:
         return await handler(request)
+    settings = request.app[SETTINGS]
+    admin = request.path.startswith(ADMIN_PREFIX)
+    if admin and settings.admin_token is None:
+        raise GateError(
+            "not_found",
+            "no admin API: api.admin_token_env is not set",
+            status=404,
+            kind="not_found",
+        )
     header = request.headers.get("Authorization", "")
     scheme, _, token = header.partition(" ")
     if scheme.lower() != "bearer" or not token.strip():
         raise _unauthorized("token_missing", "Authorization: Bearer <token> is required")
-    expected = request.app[SETTINGS].token.encode("utf-8")
+    expected = (settings.admin_token if admin else settings.token) or ""
+    expected_bytes = expected.encode("utf-8")
     # aiohttp keeps header bytes that are not UTF-8 as lone surrogates: encode them back as
     # they came (a non-UTF-8 token can never match; it must not be a 500)
     presented = token.strip().encode("utf-8", "surrogateescape")
-    if not hmac.compare_digest(presented, expected):
+    if not expected_bytes or not hmac.compare_digest(presented, expected_bytes):
         raise _unauthorized("token_invalid", "the API token is not valid")
     return await handler(request)
 
@@ -142,6 +159,9 @@ def create_api_app(
     from gate.web.questions import add_question_routes  # it imports this module's keys
 
     add_question_routes(app)  # issue 15
+    from gate.web.admin import add_admin_routes
+
+    add_admin_routes(app)  # issue 16
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/metrics", get_metrics)
     return app

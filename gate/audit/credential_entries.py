@@ -1,0 +1,74 @@
+"""Typed ``data`` of the approver-credential audit entries (issue 16): enrolment and
+revocation. Pure, like ``gate.audit.entries``: ``to_data()`` is what the chain hashes (an
+optional field is left out, never null), ``from_data()`` reads a logged object back as
+logged.
+
+Both carry no approval id (``audit_log.approval_id`` is NULL). The enrolment carries the
+public key itself, so an offline verifier of an export holds every key the log ever
+trusted, and when.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from gate.audit.entries import _as_logged
+
+CREDENTIAL_ENROLLED = "approver_credential_enrolled"
+CREDENTIAL_REVOKED = "approver_credential_revoked"
+CREDENTIAL_KINDS = (CREDENTIAL_ENROLLED, CREDENTIAL_REVOKED)
+
+
+@dataclass(frozen=True, slots=True)
+class CredentialEnrolledData:
+    """``approver_credential_enrolled``: operator ``operator_id`` may sign decisions with
+    ``credential_id`` from this entry on. ``type`` ed25519|webauthn; ``public_key``
+    base64url (raw 32 bytes for Ed25519, the COSE key for a passkey); ``label`` only when
+    one was given."""
+
+    kind: ClassVar[str] = CREDENTIAL_ENROLLED
+
+    operator_id: int
+    credential_id: str
+    type: str
+    public_key: str
+    label: str | None = None
+
+    def to_data(self) -> dict[str, Any]:
+        """The entry's ``data`` object (keys as the gate writes them)."""
+        data: dict[str, Any] = {
+            "operator_id": self.operator_id,
+            "credential_id": self.credential_id,
+            "type": self.type,
+            "public_key": self.public_key,
+        }
+        if self.label is not None:
+            data["label"] = self.label
+        return data
+
+    @classmethod
+    def from_data(cls, data: Mapping[str, Any]) -> CredentialEnrolledData:
+        """Read a logged ``data`` object back, as logged."""
+        return _as_logged(cls, data)
+
+
+@dataclass(frozen=True, slots=True)
+class CredentialRevokedData:
+    """``approver_credential_revoked``: ``credential_id`` of ``operator_id`` signs nothing
+    from this entry on."""
+
+    kind: ClassVar[str] = CREDENTIAL_REVOKED
+
+    operator_id: int
+    credential_id: str
+
+    def to_data(self) -> dict[str, Any]:
+        """The entry's ``data`` object (keys as the gate writes them)."""
+        return {"operator_id": self.operator_id, "credential_id": self.credential_id}
+
+    @classmethod
+    def from_data(cls, data: Mapping[str, Any]) -> CredentialRevokedData:
+        """Read a logged ``data`` object back, as logged."""
+        return _as_logged(cls, data)

@@ -1,0 +1,127 @@
+"""The approver-signature check of a decision (issue 16 §5): a step's ``approver_signature``
+(off | optional | required) against the decision's ``approver_assertion``, run inside the
+``decide`` transaction after SPEC §2 check 11 (scope) and before anything is recorded.
+
+Ed25519 credentials are verified here; a WebAuthn credential is refused
+(``wrong_type``) until passkey enrolment and its verification land (issue 16's next step).
+No I/O of its own: the credential is read through the transaction it is given.
+"""
+
+from __future__ import annotations
+
+import base64
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from gate.config import Config
+from gate.core.model import Approval
+from gate.errors import GateError
+from gate.protocol.approver_signature import (
+    challenge_for,
+    decision_digest,
+    parse_approver_assertion,
+    signature_invalid,
+    verify_ed25519,
+)
+from gate.protocol.envelope import Decision
+
+if TYPE_CHECKING:
+    from gate.store import WriteTx
+
+# the parts of an assertion the audit entry keeps, as received (what re-verification needs)
+_LOGGED_PARTS = (
+    "type",
+    "credential_id",
+    "signature",
+    "authenticator_data",
+    "client_data_json",
+    "user_handle",
+    "batch",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Signed:
+    """A decision whose assertion verified: the ``credential_id`` that signed it and the
+    ``assertion`` as logged (its known parts as received)."""
+
+    credential_id: str
+    assertion: dict[str, Any]
+
+
+def step_mode(config: Config, pipeline: str, step: str) -> str:
+    """The step's ``approver_signature`` in the config in force: off | optional | required
+    (``off`` for a step no longer configured: issue 16 §5 default)."""
+    found = config.find_step(pipeline, step)
+    return "off" if found is None else found[1].approver_signature
+
+
+def required_refusal() -> GateError:
+    """403 ``forbidden`` / ``approver_signature_required`` (issue 16 §5)."""
+    return GateError(
+        "approver_signature_required",
+        "this step requires the approver's own signature (approver_assertion)",
+        status=403,
+        kind="forbidden",
+    )
+
+
+def check_approver_signature(
+    tx: WriteTx,
+    config: Config,
+    approval: Approval,
+    decision: Decision,
+    revision: int,
+    operator_id: int,
+) -> Signed | None:
+    """Issue 16 §5, after SPEC §2 check 11: None when the step's mode is ``off`` (the field
+    is ignored entirely) or the mode is ``optional`` and no assertion came; else the
+    verified ``Signed``.
+
+    ``revision`` is the revision the decision's nonce belongs to; ``operator_id`` the
+    operator who actually decided (a delegate's own id, not the principal's). The digest
+    covers the texts as sent (``decision.reason`` before check 12 normalizes it). Raises
+    400 ``invalid_approver_assertion`` for a malformed assertion, 403 ``forbidden`` with
+    ``approver_signature_required`` (required, none sent) or ``approver_signature_invalid``
+    and a ``detail``: ``unknown_credential``, ``revoked``, ``wrong_operator``,
+    ``wrong_type``, ``not_in_batch`` or ``bad_signature``.
+    """
+    mode = step_mode(config, approval.pipeline, approval.step)
+    if mode == "off":
+        return None
+    assertion = parse_approver_assertion(decision.approver_assertion)
+    if assertion is None:
+        if mode == "required":
+            raise required_refusal()
+        return None
+    credential_id = assertion.credential_id_b64
+    credential = tx.load_credential(credential_id)
+    if credential is None:
+        raise signature_invalid("unknown_credential", "no approver credential with this id")
+    if credential.revoked_at is not None:
+        raise signature_invalid("revoked", "this approver credential is revoked")
+    if credential.operator_id != operator_id:
+        raise signature_invalid(
+            "wrong_operator", "this approver credential belongs to another operator"
+        )
+    if credential.type != "ed25519":
+        raise signature_invalid("wrong_type", "only Ed25519 credentials are verified yet")
+    digest = decision_digest(
+        approval_id=approval.approval_id,
+        revision=revision,
+        nonce=decision.nonce,
+        payload_hash=decision.payload_hash,
+        decision=decision.decision,
+        adjust_text=decision.adjust_text,
+        reason=decision.reason,
+    )
+    challenge = challenge_for(assertion, digest)
+    verify_ed25519(_raw(credential.public_key), assertion, challenge)
+    raw = decision.approver_assertion
+    assert isinstance(raw, dict)
+    logged = {part: raw[part] for part in _LOGGED_PARTS if raw.get(part) is not None}
+    return Signed(credential_id, logged)
+
+
+def _raw(b64: str) -> bytes:
+    return base64.urlsafe_b64decode(b64 + "=" * (-len(b64) % 4))

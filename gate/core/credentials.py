@@ -1,0 +1,189 @@
+"""Approver credentials (issue 16): the admin requests that enrol, list and revoke them, the
+write transactions that do it (each with its audit entry) and the ``GateService`` methods
+the admin API calls. No HTTP, no SQL of its own.
+
+Only Ed25519 keys are enrolled here; passkeys (``type: webauthn``) arrive through the
+invite page of issue 16's next step, into the same table.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import TYPE_CHECKING, Any
+
+from gate.audit.credential_entries import CredentialEnrolledData, CredentialRevokedData
+from gate.core.model import Credential
+from gate.errors import Conflict, GateError, NotFound
+from gate.protocol.approver_signature import b64url, load_ed25519_public_key
+from gate.protocol.envelope import rfc3339
+from gate.store import Command, Store
+
+if TYPE_CHECKING:
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+    from gate.config import Config
+    from gate.core.transactions import Transactions
+    from gate.store import WriteTx
+
+MAX_LABEL_CHARS = 200
+MAX_PEM_CHARS = 4096
+
+
+def _invalid(field: str, message: str) -> GateError:
+    return GateError(
+        f"invalid_{field}",
+        message,
+        status=400,
+        kind="invalid",
+        extra={"field": field, "message": message},
+    )
+
+
+def ed25519_credential_id(raw_public_key: bytes) -> str:
+    """The credential id of an Ed25519 key (issue 16; as conformance/vectors/
+    approver_signature.json uses it): base64url, unpadded, of the first 16 bytes of SHA-256
+    of the raw 32-byte public key."""
+    return b64url(hashlib.sha256(raw_public_key).digest()[:16])
+
+
+def parse_enrolment(obj: Any, config: Config) -> Credential:
+    """Check a ``POST /v1/admin/approvers`` body ``{"operator_id": int, "type": "ed25519",
+    "public_key": PEM text, "label"?: str}`` and return the credential to store (its
+    ``created_at`` 0: the transaction sets it). Raises 400 ``invalid_<field>`` naming the
+    field (``unknown_operator`` for an id the config does not define, naming it)."""
+    if not isinstance(obj, dict):
+        raise _invalid("json", "body must be a JSON object")
+    operator_id = obj.get("operator_id")
+    if isinstance(operator_id, bool) or not isinstance(operator_id, int):
+        raise _invalid("operator_id", "operator_id must be an integer")
+    if not any(op.id == operator_id for op in config.relay.operators):
+        message = f"operator id {operator_id} is not in relay.operators"
+        raise GateError(
+            "unknown_operator",
+            message,
+            status=400,
+            kind="invalid",
+            extra={"field": "operator_id", "message": message},
+        )
+    if obj.get("type", "ed25519") != "ed25519":
+        raise _invalid("type", "type must be ed25519 (passkeys are enrolled by invite)")
+    pem = obj.get("public_key")
+    if not isinstance(pem, str) or not 0 < len(pem) <= MAX_PEM_CHARS:
+        raise _invalid("public_key", "public_key must be an Ed25519 public key in PEM")
+    try:
+        key: Ed25519PublicKey = load_ed25519_public_key(pem)
+    except (ValueError, UnicodeEncodeError):
+        raise _invalid("public_key", "public_key is not an Ed25519 public key in PEM") from None
+    label = obj.get("label")
+    if label is not None and (
+        not isinstance(label, str) or not label.strip() or len(label) > MAX_LABEL_CHARS
+    ):
+        raise _invalid("label", f"label must be 1..{MAX_LABEL_CHARS} characters")
+    raw = key.public_bytes_raw()
+    return Credential(
+        credential_id=ed25519_credential_id(raw),
+        operator_id=operator_id,
+        type="ed25519",
+        public_key=b64url(raw),
+        sign_count=0,
+        label=label,
+        created_at=0,
+    )
+
+
+def credential_view(credential: Credential, config: Config) -> dict[str, Any]:
+    """The JSON object of one credential (``approvers list``): ids, the operator's
+    configured ``identity`` (None if no longer configured), type, public key (base64url),
+    label, ``created_at``/``revoked_at`` (RFC 3339 or None)."""
+    identity = next(
+        (op.identity for op in config.relay.operators if op.id == credential.operator_id), None
+    )
+    return {
+        "credential_id": credential.credential_id,
+        "operator_id": credential.operator_id,
+        "identity": identity,
+        "type": credential.type,
+        "public_key": credential.public_key,
+        "label": credential.label,
+        "created_at": rfc3339(credential.created_at),
+        "revoked_at": None if credential.revoked_at is None else rfc3339(credential.revoked_at),
+    }
+
+
+def enrol(t: Transactions, tx: WriteTx, credential: Credential) -> Credential:
+    """Store ``credential`` at the gate's now with its ``approver_credential_enrolled``
+    entry. Raises 409 ``credential_exists`` when its id is enrolled already."""
+    if tx.load_credential(credential.credential_id) is not None:
+        message = f"this key is enrolled already as {credential.credential_id}"
+        raise Conflict("credential_exists", message, extra={"message": message})
+    now = t.clock.now_ms()
+    stored = Credential(
+        credential.credential_id,
+        credential.operator_id,
+        credential.type,
+        credential.public_key,
+        credential.sign_count,
+        credential.label,
+        now,
+    )
+    tx.insert_credential(stored)
+    data = CredentialEnrolledData(
+        stored.operator_id, stored.credential_id, stored.type, stored.public_key, stored.label
+    )
+    t.audit(tx, data.kind, None, now, data.to_data())
+    return stored
+
+
+def revoke(t: Transactions, tx: WriteTx, credential_id: str) -> Credential:
+    """Revoke a credential at the gate's now with its ``approver_credential_revoked`` entry.
+    Raises 404 ``unknown_credential``, 409 ``credential_revoked`` when it already is."""
+    found = tx.load_credential(credential_id)
+    if found is None:
+        message = f"no approver credential {credential_id!r}"
+        raise NotFound("unknown_credential", message, extra={"message": message})
+    if found.revoked_at is not None:
+        message = f"credential {credential_id!r} is revoked already"
+        raise Conflict("credential_revoked", message, extra={"message": message})
+    now = t.clock.now_ms()
+    tx.revoke_credential(credential_id, now)
+    data = CredentialRevokedData(found.operator_id, credential_id)
+    t.audit(tx, data.kind, None, now, data.to_data())
+    return Credential(
+        found.credential_id,
+        found.operator_id,
+        found.type,
+        found.public_key,
+        found.sign_count,
+        found.label,
+        found.created_at,
+        now,
+    )
+
+
+def list_all(t: Transactions, tx: WriteTx) -> list[Credential]:
+    """Every credential, revoked ones included (read on the writer: one source of truth)."""
+    return tx.credentials()
+
+
+class CredentialMethods:
+    """The approver-credential methods of ``GateService`` (issue 16), for the admin API."""
+
+    config: Config
+    store: Store
+
+    async def enrol_credential(self, body: Any) -> dict[str, Any]:
+        """Enrol the key a ``POST /v1/admin/approvers`` body names; returns its view.
+        Raises as ``parse_enrolment`` and ``enrol``."""
+        credential = parse_enrolment(body, self.config)
+        stored = await self.store.transact(Command("enrol_credential", (credential,)))
+        return credential_view(stored, self.config)
+
+    async def revoke_credential(self, credential_id: str) -> dict[str, Any]:
+        """Revoke a credential; returns its view. Raises as ``revoke``."""
+        stored = await self.store.transact(Command("revoke_credential", (credential_id,)))
+        return credential_view(stored, self.config)
+
+    async def list_credentials(self) -> list[dict[str, Any]]:
+        """Every credential's view, by operator id then enrolment time."""
+        rows = await self.store.transact(Command("list_credentials", ()))
+        return [credential_view(row, self.config) for row in rows]
