@@ -159,3 +159,25 @@ def echo_page(
         click.echo(line(item))
     if page["next_cursor"]:
         click.echo(f"next page: --cursor {page['next_cursor']}")
+
+
+def list_options(fn: Any) -> Any:
+    """The options of a list command, the same for approvals and questions (SPEC §3 list
+    parameters): ``--state`` (default pending), ``--pipeline``, ``--limit`` 1..500 (default
+    50), ``--cursor``, ``--json`` (as ``as_json``)."""
+    for option in reversed(
+        (
+            click.option(
+                "--state",
+                type=click.Choice(["pending", "resolved", "all"]),
+                default="pending",
+                show_default=True,
+            ),
+            click.option("--pipeline", default=None),
+            click.option("--limit", type=click.IntRange(1, 500), default=50, show_default=True),
+            click.option("--cursor", default=None, help="next_cursor from the previous page."),
+            click.option("--json", "as_json", is_flag=True),
+        )
+    ):
+        fn = option(fn)
+    return fn

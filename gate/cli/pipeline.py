@@ -26,6 +26,7 @@ from gate.cli.common import (
     cancel_command,
     check_request_options,
     echo_page,
+    list_options,
     reporter,
 )
 
@@ -248,16 +249,7 @@ def _print_request_result(
 @main.command("list")
 @CONFIG_OPTION
 @API_URL_OPTION
-@click.option(
-    "--state",
-    type=click.Choice(["pending", "resolved", "all"]),
-    default="pending",
-    show_default=True,
-)
-@click.option("--pipeline", default=None)
-@click.option("--limit", type=click.IntRange(1, 500), default=50, show_default=True)
-@click.option("--cursor", default=None, help="next_cursor from the previous page.")
-@click.option("--json", "as_json", is_flag=True)
+@list_options
 def list_cmd(
     config_path: str,
     api_url: str | None,

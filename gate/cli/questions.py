@@ -8,7 +8,7 @@ from typing import Any
 import click
 
 from gate.cli import API_URL_OPTION, CONFIG_OPTION, fail, main, run
-from gate.cli.common import api_client, echo_page, safe_json
+from gate.cli.common import api_client, echo_page, list_options, safe_json
 
 
 @main.group()
@@ -22,16 +22,7 @@ def questions() -> None:
 @questions.command("list")
 @CONFIG_OPTION
 @API_URL_OPTION
-@click.option(
-    "--state",
-    type=click.Choice(["pending", "resolved", "all"]),
-    default="pending",
-    show_default=True,
-)
-@click.option("--pipeline", default=None)
-@click.option("--limit", type=click.IntRange(1, 500), default=50, show_default=True)
-@click.option("--cursor", default=None, help="next_cursor from the previous page.")
-@click.option("--json", "as_json", is_flag=True)
+@list_options
 def list_questions(
     config_path: str,
     api_url: str | None,
