@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import signal
 import sqlite3
 from pathlib import Path
 from typing import Any
@@ -418,3 +419,39 @@ def test_a_delegate_signs_with_their_own_key(tmp_path: Path, relay: Any) -> None
         assert (decided["credential_id"], decided["reason"]) == (carol_id, None)
     finally:
         gate.stop()
+
+
+@pytest.mark.e2e
+def test_approver_signature_is_frozen_when_the_approval_is_created(
+    signing_gate: Any, relay: Any, tmp_path: Path
+) -> None:
+    """A reload from ``required`` to ``off`` does not let the relay secret alone approve an
+    approval created under ``required`` (it is frozen at creation, like the scope); the
+    approvals created after the reload follow the new mode."""
+    gate, api = signing_gate, signing_gate.api()
+    before = api.create("req", "pay 1.250,00 EUR")["approval_id"]
+    dispatch = relay.wait_dispatch(before)
+    assert dispatch["approver_signature"] == "required"
+    assert rows(
+        db_of(gate), "SELECT approver_signature FROM approvals WHERE approval_id = ?", (before,)
+    ) == [("required",)]
+
+    relaxed = [dict(step, approver_signature="off") for step in STEPS]
+    write_config(tmp_path, relay.url, steps=relaxed, api={"admin_token_env": "HITL_ADMIN_TOKEN"})
+    assert gate.proc is not None
+    gate.proc.send_signal(signal.SIGHUP)
+    gate.wait_for_line(r"event=reloaded ")
+
+    status, answer, _ = post_decision(gate.callback_url, decision_body(dispatch, ALICE))
+    assert (status, answer) == (
+        403,
+        {"status": "forbidden", "reason": "approver_signature_required"},
+    )
+    # an approval created after the reload is off: no mark, the relay secret decides
+    assert "approver_signature" not in relay.wait_dispatch(
+        after := api.create("req", "pay 2,00 EUR")["approval_id"]
+    )
+    status, answer, _ = post_decision(
+        gate.callback_url, decision_body(relay.wait_dispatch(after), ALICE)
+    )
+    assert status == 200, answer

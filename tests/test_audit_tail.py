@@ -245,8 +245,10 @@ def test_b02_03_an_approval_from_before_the_upgrade_carries_its_created_receipt(
     3) and answers the created receipt of approvals made before, from their log entries."""
 
     def schema_2(conn: sqlite3.Connection) -> None:
-        # undo migration 6 (issue 16), 5 (issue 15), 4 (issue 14), then 3, so the start
-        # really migrates from 2
+        # undo migrations 7 and 6 (issue 16), 5 (issue 15), 4 (issue 14), then 3, so the
+        # start really migrates from 2
+        conn.execute("DROP TABLE approver_invites")
+        conn.execute("ALTER TABLE approvals DROP COLUMN approver_signature")
         conn.execute("DROP TABLE approver_credentials")  # its index goes with it
         conn.execute("ALTER TABLE decisions DROP COLUMN credential_id")
         for table in ("question_notices", "question_outbox", "question_versions", "questions"):

@@ -49,10 +49,14 @@ class Signed:
     assertion: dict[str, Any]
 
 
-def step_mode(config: Config, pipeline: str, step: str) -> str:
-    """The step's ``approver_signature`` in the config in force: off | optional | required
-    (``off`` for a step no longer configured: issue 16 §5 default)."""
-    found = config.find_step(pipeline, step)
+def step_mode(config: Config, approval: Approval) -> str:
+    """The approval's ``approver_signature``: off | optional | required, as frozen when it
+    was created (a reload changes it for new approvals only, like the scope); for one
+    created before migration 7, the step's in the config in force (``off`` for a step no
+    longer configured: issue 16 §5 default)."""
+    if approval.approver_signature is not None:
+        return approval.approver_signature
+    found = config.find_step(approval.pipeline, approval.step)
     return "off" if found is None else found[1].approver_signature
 
 
@@ -86,7 +90,7 @@ def check_approver_signature(
     and a ``detail``: ``unknown_credential``, ``revoked``, ``wrong_operator``,
     ``wrong_type``, ``not_in_batch`` or ``bad_signature``.
     """
-    mode = step_mode(config, approval.pipeline, approval.step)
+    mode = step_mode(config, approval)
     if mode == "off":
         return None
     assertion = parse_approver_assertion(decision.approver_assertion)

@@ -105,6 +105,9 @@ class Approval:
     created_receipt: JsonObject | None = None
     reminders_sent: int = 0  # issue 14: reminder times passed (missed ones coalesce)
     escalation_level: int = 0  # issue 14: escalation levels applied to ``scope``
+    # issue 16: the step's off | optional | required when it was created (None: created
+    # before migration 7; the config in force decides)
+    approver_signature: str | None = None
 
     def revision_row(self, revision: int) -> Revision | None:
         """Return revision ``revision`` of the draft, or None."""

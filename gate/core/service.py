@@ -121,6 +121,7 @@ class GateService(QuestionMethods, CredentialMethods):
             step_cfg.allow_self_approval,
             step_cfg.allow_empty_draft,
             followup_plan(self.config, step_cfg),
+            step_cfg.approver_signature,
         )
 
     def requester(

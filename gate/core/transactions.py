@@ -54,6 +54,7 @@ class Policy:
     allow_self_approval: bool = False
     allow_empty_draft: bool = False
     followups: Plan | None = None  # reminders and escalation levels (issue 14)
+    approver_signature: str = "off"  # issue 16: off | optional | required, frozen here
 
 
 class Transactions:
@@ -196,6 +197,7 @@ class Transactions:
                 "requested_by": requester[1] if requester else None,
                 "requested_by_id": requester[0] if requester else None,
                 "allow_self_approval": int(policy.allow_self_approval),
+                "approver_signature": policy.approver_signature,
                 **self._followup_columns(policy.followups, now, expires_at),
             }
         )

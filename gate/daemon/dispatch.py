@@ -293,7 +293,7 @@ class Dispatcher:
             self.callback_url,
             skip_reason_required=step_requires_reason(config, full.pipeline, full.step),
             delegates=delegates_for(full, config, now),
-            approver_signature=step_mode(config, full.pipeline, full.step),
+            approver_signature=step_mode(config, full),
         )
 
     async def _send(

@@ -238,6 +238,24 @@ MIGRATIONS: list[list[str]] = [
         "CREATE INDEX approver_credentials_operator ON approver_credentials (operator_id)",
         "ALTER TABLE decisions ADD COLUMN credential_id TEXT",  # NULL: unsigned
     ],
+    # 7: issue 16 - one-time invites to enrol a passkey (the token itself is never stored,
+    # only its SHA-256), and the step's approver_signature frozen when the approval is
+    # created (NULL: created before this migration, the config in force decides)
+    [
+        """
+        CREATE TABLE approver_invites (
+            invite_hash   TEXT PRIMARY KEY,  -- SHA-256 hex of the invite token
+            operator_id   INTEGER NOT NULL,
+            label         TEXT,              -- the label the enrolled credential gets
+            challenge     TEXT NOT NULL,     -- base64url: the registration challenge
+            created_at    INTEGER NOT NULL,  -- unix ms
+            expires_at    INTEGER NOT NULL,  -- unix ms
+            used_at       INTEGER,           -- unix ms, NULL while unused
+            credential_id TEXT               -- the credential enrolled with it
+        )
+        """,
+        "ALTER TABLE approvals ADD COLUMN approver_signature TEXT",
+    ],
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)

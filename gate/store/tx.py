@@ -20,7 +20,8 @@ _APPROVAL_SQL = (
     "SELECT approval_id, run_id, pipeline, step, risk, content_type, quorum_required, scope,"
     " budget, spend, revision, state, outcome, created_at, expires_at, resolved_at,"
     " idempotency_key, request_hash, receipt, requested_by, requested_by_id,"
-    " allow_self_approval, permit, reminders_sent, escalation_level FROM approvals"
+    " allow_self_approval, permit, reminders_sent, escalation_level, approver_signature"
+    " FROM approvals"
     " WHERE approval_id = ?"
 )
 _REVISIONS_SQL = (
@@ -102,6 +103,7 @@ def load_full(
         created_receipt=receipt,
         reminders_sent=int(row[23]),
         escalation_level=int(row[24]),
+        approver_signature=row[25],
     )
 
 
