@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 from typing import Any
+from urllib.parse import quote
 
 import click
 
@@ -59,7 +60,11 @@ def add_key(
     Example: hitl-gate approvers add-key -c config.yaml 101 --public-key alice.pub --label laptop
     """
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
-    from cryptography.hazmat.primitives.serialization import load_pem_public_key
+    from cryptography.hazmat.primitives.serialization import (
+        Encoding,
+        PublicFormat,
+        load_pem_public_key,
+    )
 
     pem = read_input("--public-key", public_key)
     try:
@@ -71,7 +76,8 @@ def add_key(
     body: dict[str, Any] = {
         "operator_id": operator_id,
         "type": "ed25519",
-        "public_key": pem.decode("ascii"),
+        # the key as PEM again: comments or other text around it in the file stay here
+        "public_key": loaded.public_bytes(Encoding.PEM, PublicFormat.SubjectPublicKeyInfo).decode(),
     }
     if label is not None:
         body["label"] = label
@@ -125,7 +131,9 @@ def revoke(config_path: str, api_url: str | None, credential_id: str) -> None:
 
     async def go() -> Any:
         async with _admin_client(config_path, api_url) as api:
-            return await api.admin("POST", f"/v1/admin/approvers/{credential_id}/revoke")
+            return await api.admin(
+                "POST", f"/v1/admin/approvers/{quote(credential_id, safe='')}/revoke"
+            )
 
     answer = run(go())
     click.echo(f"revoked {answer['credential_id']}", err=True)

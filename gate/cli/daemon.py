@@ -68,6 +68,7 @@ def serve(config_path: str, log_level: str, log_format: str) -> None:
     from gate import logs
     from gate.config import load
     from gate.config.followups import ended_delegations
+    from gate.config.validate import signing_warnings
     from gate.daemon.serve import serve as serve_forever
 
     logs.configure(log_level, log_format)
@@ -90,6 +91,8 @@ def serve(config_path: str, log_level: str, log_format: str) -> None:
         logging.getLogger("gate.cli").warning("event=weak_secret warning=%s", warning)
     for ended in ended_delegations(config.delegations, int(time.time() * 1000)):
         logging.getLogger("gate.cli").warning("event=delegation_ended warning=%s", ended)
+    for unsigned in signing_warnings(config):
+        logging.getLogger("gate.cli").warning("event=signing_unenrollable warning=%s", unsigned)
     tune_gc()
     try:
         asyncio.run(serve_forever(config, secrets))
@@ -113,6 +116,7 @@ def check_config(config_path: str) -> None:
     """
     from gate.config import load
     from gate.config.followups import ended_delegations
+    from gate.config.validate import signing_warnings
 
     try:
         config, secrets = load(config_path, os.environ)
@@ -124,7 +128,7 @@ def check_config(config_path: str) -> None:
         for line in exc.errors:
             click.echo(f"{config_path}: {line}", err=True)
         sys.exit(2)
-    for warning in secrets.warnings:
+    for warning in [*secrets.warnings, *signing_warnings(config)]:
         click.echo(f"{config_path}: warning: {warning}", err=True)
     steps = sum(len(p.steps) for p in config.pipelines)
     click.echo(

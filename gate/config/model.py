@@ -288,7 +288,8 @@ class StepConfig(BaseModel):
 
     ``approver_signature`` (issue 16): ``off`` (default: decisions as before), ``optional``
     (a valid ``approver_assertion`` is recorded, an invalid one refused) or ``required`` (a
-    decision without a valid one is refused 403); read at each decision and dispatch.
+    decision without a valid one is refused 403); frozen on each approval when it is created
+    (``approvals.approver_signature``): a reload changes new approvals only.
     """
 
     model_config = _FROZEN

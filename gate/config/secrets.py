@@ -165,8 +165,12 @@ def _read_secrets(config: Config, environ: Mapping[str, str]) -> tuple[Secrets |
     for where, others in (
         ("api.token_env", relay_keys),
         ("api.admin_token_env", [*relay_keys, "api.token_env"]),
-        ("receipts.key_env", [*relay_keys, "api.token_env"]),
-        ("receipts.previous_key_env", [*relay_keys, "api.token_env", "receipts.key_env"]),
+        # auditors hold the receipt key: as the admin token it would enrol keys (issue 16)
+        ("receipts.key_env", [*relay_keys, "api.token_env", "api.admin_token_env"]),
+        (
+            "receipts.previous_key_env",
+            [*relay_keys, "api.token_env", "api.admin_token_env", "receipts.key_env"],
+        ),
     ):
         for other in others:
             if (

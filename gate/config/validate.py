@@ -165,3 +165,20 @@ def _check_ids(
             errors.append(f"{where}[{i}]: operator {op_id} is not in relay.security.allowed_users")
         seen.add(op_id)
     return errors
+
+
+def signing_warnings(config: Config) -> list[str]:
+    """Issue 16: a step with ``approver_signature`` optional/required while
+    ``api.admin_token_env`` is unset: no credential can be enrolled (the admin API is off),
+    so on a ``required`` step every approval times out. One line per step, its YAML path
+    first; a warning, not an error (credentials enrolled before stay in the database)."""
+    if config.api.admin_token_env is not None:
+        return []
+    return [
+        f"pipelines[{i}].steps[{j}].approver_signature: {step.approver_signature}, but"
+        " api.admin_token_env is not set: no approver credential can be enrolled"
+        " (hitl-gate approvers needs the admin API)"
+        for i, pipeline in enumerate(config.pipelines)
+        for j, step in enumerate(pipeline.steps)
+        if step.approver_signature != "off"
+    ]

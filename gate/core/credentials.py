@@ -9,6 +9,7 @@ invite page of issue 16's next step, into the same table.
 from __future__ import annotations
 
 import hashlib
+import logging
 from typing import TYPE_CHECKING, Any
 
 from gate.audit.credential_entries import CredentialEnrolledData, CredentialRevokedData
@@ -17,6 +18,8 @@ from gate.errors import Conflict, GateError, NotFound
 from gate.protocol.approver_signature import b64url, load_ed25519_public_key
 from gate.protocol.envelope import rfc3339
 from gate.store import Command, Store
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
@@ -113,8 +116,14 @@ def credential_view(credential: Credential, config: Config) -> dict[str, Any]:
 def enrol(t: Transactions, tx: WriteTx, credential: Credential) -> Credential:
     """Store ``credential`` at the gate's now with its ``approver_credential_enrolled``
     entry. Raises 409 ``credential_exists`` when its id is enrolled already."""
-    if tx.load_credential(credential.credential_id) is not None:
+    existing = tx.load_credential(credential.credential_id)
+    if existing is not None:
         message = f"this key is enrolled already as {credential.credential_id}"
+        if existing.revoked_at is not None:
+            message = (
+                f"this key was enrolled as {credential.credential_id} and is revoked; a"
+                " revoked key is never trusted again: make a new key"
+            )
         raise Conflict("credential_exists", message, extra={"message": message})
     now = t.clock.now_ms()
     stored = Credential(
@@ -176,11 +185,22 @@ class CredentialMethods:
         Raises as ``parse_enrolment`` and ``enrol``."""
         credential = parse_enrolment(body, self.config)
         stored = await self.store.transact(Command("enrol_credential", (credential,)))
+        log.info(
+            "event=approver_credential_enrolled operator_id=%d credential_id=%s type=%s",
+            stored.operator_id,
+            stored.credential_id,
+            stored.type,
+        )
         return credential_view(stored, self.config)
 
     async def revoke_credential(self, credential_id: str) -> dict[str, Any]:
         """Revoke a credential; returns its view. Raises as ``revoke``."""
         stored = await self.store.transact(Command("revoke_credential", (credential_id,)))
+        log.info(
+            "event=approver_credential_revoked operator_id=%d credential_id=%s",
+            stored.operator_id,
+            stored.credential_id,
+        )
         return credential_view(stored, self.config)
 
     async def list_credentials(self) -> list[dict[str, Any]]:

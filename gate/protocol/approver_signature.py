@@ -194,6 +194,8 @@ def _bytes(obj: dict[str, Any], part: str, low: int, high: int, *, required: boo
         raise _invalid(part, f"{FIELD}.{part} is not valid base64url") from None
     if not low <= len(raw) <= high:
         raise _invalid(part, f"{FIELD}.{part} must decode to {low}..{high} bytes")
+    if b64url(raw) != bare:  # other unused trailing bits: one spelling per value
+        raise _invalid(part, f"{FIELD}.{part} is not canonical base64url (unused bits set)")
     return raw
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -27,6 +28,7 @@ from gate.protocol.question import Answer
 from gate.web.common import ULID_RE, error_middleware, read_body
 
 log = logging.getLogger(__name__)
+DETAIL_RE = re.compile(r"[a-z_]{1,40}")
 
 
 @dataclass(slots=True)
@@ -77,7 +79,7 @@ async def post_decision(request: web.Request) -> web.Response:
     try:
         result = await service.record_decision(decision)
     except GateError as exc:
-        _refused(metrics, exc.status, exc.code, decision)
+        _refused(metrics, exc.status, exc.code, decision, exc.extra.get("detail"))
         raise
     except Exception:
         _refused(metrics, 500, "internal_error", decision)
@@ -115,19 +117,28 @@ async def _answer(request: web.Request, answer: Answer) -> web.Response:
     return web.json_response(result.answer)
 
 
-def _refused(metrics: Metrics, status: int, reason: str, decision: Decision | None) -> None:
+def _refused(
+    metrics: Metrics,
+    status: int,
+    reason: str,
+    decision: Decision | None,
+    detail: object = None,
+) -> None:
     metrics.refused(reason)
     # only an approval_id shaped like a ULID is logged: a relay-chosen string never reaches a
-    # log line, so it cannot forge fields or lines there
+    # log line, so it cannot forge fields or lines there; a ``detail`` (issue 16's
+    # approver_signature_invalid: revoked, wrong_operator, ...) is one of the gate's own words
+    tail = f" detail={detail}" if isinstance(detail, str) and DETAIL_RE.fullmatch(detail) else ""
     if decision is not None and ULID_RE.fullmatch(decision.approval_id):
         log.info(
-            "event=decision_refused status=%d reason=%s approval_id=%s",
+            "event=decision_refused status=%d reason=%s approval_id=%s%s",
             status,
             reason,
             decision.approval_id,
+            tail,
         )
     else:
-        log.info("event=decision_refused status=%d reason=%s", status, reason)
+        log.info("event=decision_refused status=%d reason=%s%s", status, reason, tail)
 
 
 async def _checked_decision(request: web.Request) -> Decision | Answer:
