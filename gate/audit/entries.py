@@ -43,7 +43,9 @@ class CreatedData:
     ``revision`` is 1; ``payload_hash`` that of revision 1's body; ``quorum`` the approvals
     needed; ``approvers`` the operator ids in scope, in scope order; ``expires_at`` unix ms,
     UTC. ``requested_by`` (an operator id) and ``allow_self_approval`` are written only for
-    a request made by an operator (both or neither)."""
+    a request made by an operator (both or neither). ``approver_signature`` (issue 16:
+    ``optional`` or ``required``, frozen with the approval) is written only for a step
+    whose mode is not ``off``."""
 
     kind: ClassVar[str] = CREATED
 
@@ -56,6 +58,7 @@ class CreatedData:
     expires_at: int
     requested_by: int | None = None
     allow_self_approval: bool | None = None
+    approver_signature: str | None = None
 
     def to_data(self) -> dict[str, Any]:
         """The entry's ``data`` object (keys as the gate writes them)."""
@@ -72,6 +75,8 @@ class CreatedData:
             data["requested_by"] = self.requested_by
         if self.allow_self_approval is not None:
             data["allow_self_approval"] = self.allow_self_approval
+        if self.approver_signature is not None:
+            data["approver_signature"] = self.approver_signature
         return data
 
     @classmethod
@@ -90,7 +95,9 @@ class DecisionData:
     id) only for a delegate's decision (issue 14 §3), and ``credential_id`` with
     ``assertion`` (the ``approver_assertion`` object as received, so it can be re-verified
     offline) only for a signed decision (issue 16), so entries without them are as the
-    gate always wrote them."""
+    gate always wrote them. A signed decision also logs what its digest covered that the
+    entry does not hold as signed: ``adjust_text_sha256`` (an adjust's text as sent) and
+    ``reason_sha256`` (a reason sent blank, so recorded as none): lowercase hex SHA-256."""
 
     kind: ClassVar[str] = DECISION
 
@@ -106,6 +113,8 @@ class DecisionData:
     on_behalf_of: int | None = None
     credential_id: str | None = None
     assertion: Mapping[str, Any] | None = None
+    adjust_text_sha256: str | None = None
+    reason_sha256: str | None = None
 
     def to_data(self) -> dict[str, Any]:
         """The entry's ``data`` object (keys as the gate writes them)."""
@@ -127,6 +136,10 @@ class DecisionData:
         if self.credential_id is not None:
             data["credential_id"] = self.credential_id
             data["assertion"] = dict(self.assertion or {})
+            if self.adjust_text_sha256 is not None:
+                data["adjust_text_sha256"] = self.adjust_text_sha256
+            if self.reason_sha256 is not None:
+                data["reason_sha256"] = self.reason_sha256
         return data
 
     @classmethod

@@ -64,6 +64,13 @@ def verdict(
     if report.anchor is not None:
         anchor = report.anchor
         return Verdict(1, (f"TAMPERED: entry {anchor.seq}: {anchor.reason} ({anchor.source})",))
+    signed = report.signatures
+    if signed is not None and signed.findings:  # issue 16 §6: every finding, one line each
+        return Verdict(
+            1,
+            tuple(f"TAMPERED: approver signature: {f.line()}" for f in signed.findings)
+            + (f"(the audit log itself verified: {result.checked} entries)",),
+        )
     matched = report.records
     if matched is not None and matched.problem is not None:
         approval_id, reason = matched.problem
@@ -89,6 +96,8 @@ def verdict(
     notes = "".join(f"; holds the receipt for entry {seq}" for seq in held_seqs)
     notes += heads_note(head_seqs)
     out = [f"ok: {result.checked} entries, {what} intact{spans_note(result, keys.names)}{notes}"]
+    if signed is not None and signed.signed:
+        out.append(f"ok: {len(signed.signed)} approver signatures verified")
     if matched is not None:
         newer = f" ({matched.newer} written since, not checked)" if matched.newer else ""
         out.append(f"ok: {matched.checked} approvals match the audit log{newer}")

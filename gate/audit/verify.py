@@ -5,6 +5,7 @@ the approval records), which ``hitl-gate audit verify -c`` and ``doctor`` only f
 
 from __future__ import annotations
 
+import itertools
 import multiprocessing
 import os
 import threading
@@ -15,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from gate.audit import chain as audit
-from gate.audit import question_records
+from gate.audit import question_records, signature_checks
 from gate.audit import records as audit_records
 from gate.errors import GateError, Unavailable
 from gate.store import auditlog, inspection, question_audit
@@ -55,12 +56,14 @@ class AuditReport:
     checked), then ``anchor`` (the first anchor the log does not hold, else None), then
     ``records`` (the approval records against the log; None when not checked), then
     ``questions`` (the question records, issue 15; None when not checked, or when the
-    approvals' already failed)."""
+    approvals' already failed); ``signatures`` every approver signature the log holds,
+    re-verified (issue 16; None when the chain or an anchor failed)."""
 
     chain: audit.VerifyResult
     anchor: AnchorProblem | None = None
     records: audit_records.RecordsResult | None = None
     questions: audit_records.RecordsResult | None = None
+    signatures: signature_checks.SignatureReport | None = None
 
     @property
     def ok(self) -> bool:
@@ -70,6 +73,7 @@ class AuditReport:
             and self.anchor is None
             and (self.records is None or self.records.problem is None)
             and (self.questions is None or self.questions.problem is None)
+            and (self.signatures is None or not self.signatures.findings)
         )
 
 
@@ -115,13 +119,16 @@ def verify_database(
     if asked is not None:  # and each question's, issue 15
         anchors.append((f"the receipt stored with question {asked[0]}", asked[1]))
     anchor = _anchor_problem(rows, chain, keys, public_keys, anchors, expect_heads)
-    if anchor is not None or not records:
+    if anchor is not None:
         return AuditReport(chain, anchor)
+    signed = signature_checks.check(_verified(rows, chain))  # issue 16 §6
+    if not records:
+        return AuditReport(chain, signatures=signed)
     matched = audit_records.check(auditlog.approval_records(Path(path)), chain.checked)
     if matched.problem is not None:
-        return AuditReport(chain, None, matched)
+        return AuditReport(chain, None, matched, signatures=signed)
     asked_ok = question_records.check(question_audit.question_records(Path(path)), chain.checked)
-    return AuditReport(chain, None, matched, asked_ok)
+    return AuditReport(chain, None, matched, asked_ok, signed)
 
 
 def verify_rows(
@@ -139,9 +146,18 @@ def verify_rows(
     chain = audit.verify(rows, keys, public_keys or None)
     if not chain.ok or chain.wrong_key:
         return AuditReport(chain)
-    return AuditReport(
-        chain, _anchor_problem(rows, chain, keys, public_keys, list(expect), expect_heads)
-    )
+    anchor = _anchor_problem(rows, chain, keys, public_keys, list(expect), expect_heads)
+    if anchor is not None:
+        return AuditReport(chain, anchor)
+    return AuditReport(chain, signatures=signature_checks.check(_verified(rows, chain)))
+
+
+def _verified(
+    rows: Iterable[audit.AuditRow], chain: audit.VerifyResult
+) -> Iterable[audit.AuditRow]:
+    """The first ``chain.checked`` rows: those the chain check verified (a running gate may
+    have appended more since)."""
+    return itertools.islice(rows, chain.checked)
 
 
 def _anchor_problem(

@@ -119,4 +119,13 @@ def read_input(option: str, path: str) -> bytes:
 
 
 # each module registers its commands on ``main`` when imported
-from gate.cli import approvers, ask, audit, daemon, pipeline, questions, tools  # noqa: E402, F401
+from gate.cli import (  # noqa: E402, F401
+    approvers,
+    ask,
+    audit,
+    audit_signatures,
+    daemon,
+    pipeline,
+    questions,
+    tools,
+)

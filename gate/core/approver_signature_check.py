@@ -10,6 +10,7 @@ No I/O of its own: the credential is read through the transaction it is given.
 from __future__ import annotations
 
 import base64
+import hashlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -24,6 +25,7 @@ from gate.protocol.approver_signature import (
     verify_ed25519,
 )
 from gate.protocol.envelope import Decision
+from gate.protocol.whitespace import is_blank
 
 if TYPE_CHECKING:
     from gate.store import WriteTx
@@ -43,10 +45,14 @@ _LOGGED_PARTS = (
 @dataclass(frozen=True, slots=True)
 class Signed:
     """A decision whose assertion verified: the ``credential_id`` that signed it and the
-    ``assertion`` as logged (its known parts as received)."""
+    ``assertion`` as logged (its known parts as received); ``adjust_text_sha256`` and
+    ``reason_sha256`` the digest's text hashes the decision entry would not hold otherwise
+    (an adjust's text; a reason sent blank, recorded as none), else None."""
 
     credential_id: str
     assertion: dict[str, Any]
+    adjust_text_sha256: str | None = None
+    reason_sha256: str | None = None
 
 
 def step_mode(config: Config, approval: Approval) -> str:
@@ -124,7 +130,19 @@ def check_approver_signature(
     raw = decision.approver_assertion
     assert isinstance(raw, dict)
     logged = {part: raw[part] for part in _LOGGED_PARTS if raw.get(part) is not None}
-    return Signed(credential_id, logged)
+    return Signed(credential_id, logged, *_unlogged_hashes(decision))
+
+
+def _unlogged_hashes(decision: Decision) -> tuple[str | None, str | None]:
+    """What the digest covered that the decision entry does not log as signed, for offline
+    re-verification (``gate.audit.signature_checks``): the adjust text's SHA-256, and the
+    reason's when it was sent blank (check 12 records it as none)."""
+    text = decision.adjust_text if decision.decision == "adjust" else None
+    reason = decision.reason if decision.reason is not None and is_blank(decision.reason) else None
+    return (
+        None if text is None else hashlib.sha256(text.encode("utf-8")).hexdigest(),
+        None if reason is None else hashlib.sha256(reason.encode("utf-8")).hexdigest(),
+    )
 
 
 def _raw(b64: str) -> bytes:

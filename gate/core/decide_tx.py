@@ -129,6 +129,8 @@ def _record(
         on_behalf_of=on_behalf_of,
         credential_id=None if signed is None else signed.credential_id,
         assertion=None if signed is None else signed.assertion,
+        adjust_text_sha256=None if signed is None else signed.adjust_text_sha256,
+        reason_sha256=None if signed is None else signed.reason_sha256,
     )
     new_revision = None
     if verdict.effect == "adjust":

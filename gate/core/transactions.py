@@ -213,6 +213,9 @@ class Transactions:
             expires_at=expires_at,
             requested_by=requester[0] if requester is not None else None,
             allow_self_approval=policy.allow_self_approval if requester is not None else None,
+            approver_signature=None  # issue 16: only a signed step's entry says so
+            if policy.approver_signature == "off"
+            else policy.approver_signature,
         )
         self.audit(tx, created.kind, approval_id, now, created.to_data())
         full = tx.load_approval(approval_id)

@@ -85,6 +85,30 @@ def decision_digest(
     Raises ValueError for a decision outside approve|skip|adjust or a revision that is not a
     positive integer, UnicodeEncodeError for a lone surrogate.
     """
+    return decision_digest_of_hashes(
+        approval_id=approval_id,
+        revision=revision,
+        nonce=nonce,
+        payload_hash=payload_hash,
+        decision=decision,
+        adjust_text_sha256=None if adjust_text is None else _sha256_hex(adjust_text),
+        reason_sha256=None if reason is None else _sha256_hex(reason),
+    )
+
+
+def decision_digest_of_hashes(
+    *,
+    approval_id: str,
+    revision: int,
+    nonce: str,
+    payload_hash: str,
+    decision: str,
+    adjust_text_sha256: str | None = None,
+    reason_sha256: str | None = None,
+) -> bytes:
+    """``decision_digest`` from the texts' SHA-256 (lowercase hex) instead of the texts: what
+    an offline verifier of an audit export has (``gate.audit.signature_checks``). Same rules
+    (``adjust_text_sha256`` only for an adjust) and the same ValueError."""
     if decision not in VERBS:
         raise ValueError(f"decision must be one of {', '.join(VERBS)}")
     if isinstance(revision, bool) or not isinstance(revision, int) or revision < 1:
@@ -97,10 +121,10 @@ def decision_digest(
         "payload_hash": payload_hash,
         "decision": decision,
     }
-    if decision == "adjust" and adjust_text is not None:
-        signed["adjust_text_sha256"] = _sha256_hex(adjust_text)
-    if reason is not None:
-        signed["reason_sha256"] = _sha256_hex(reason)
+    if decision == "adjust" and adjust_text_sha256 is not None:
+        signed["adjust_text_sha256"] = adjust_text_sha256
+    if reason_sha256 is not None:
+        signed["reason_sha256"] = reason_sha256
     return hashlib.sha256(canonical_json(signed)).digest()
 
 

@@ -77,6 +77,31 @@ class Permit:
         return int(self.claims["exp"])
 
 
+def _approver(approval: Approval, operator_id: int, identity: str | None) -> dict[str, Any]:
+    """One ``approved_by`` item: ``operator_id``, ``identity`` and, for an approval the
+    approver signed (issue 16), the ``credential_id`` that signed it: of their approve of
+    the current revision, or of their adjust that made it (an adjust counts as approval)."""
+    item: dict[str, Any] = {"operator_id": operator_id, "identity": identity}
+    made = any(
+        r.revision == approval.revision and r.created_by == operator_id for r in approval.revisions
+    )
+    counted = next(
+        (
+            row
+            for row in approval.decisions
+            if row.operator_id == operator_id
+            and (
+                (row.revision == approval.revision and row.decision == "approve")
+                or (made and row.revision == approval.revision - 1 and row.decision == "adjust")
+            )
+        ),
+        None,
+    )
+    if counted is not None and counted.credential_id is not None:
+        item["credential_id"] = counted.credential_id
+    return item
+
+
 def claims_for(
     approval: Approval,
     outcome: str,
@@ -110,9 +135,7 @@ def claims_for(
         "outcome": outcome,
         "revision": approval.revision,
         "payload_hash": current.payload_hash,
-        "approved_by": [
-            {"operator_id": op_id, "identity": identities.get(op_id)} for op_id in approved_by
-        ],
+        "approved_by": [_approver(approval, op_id, identities.get(op_id)) for op_id in approved_by],
         "quorum": approval.quorum_required,
         "audit_seq": audit_seq,
         "audit_entry_hash": audit_entry_hash,

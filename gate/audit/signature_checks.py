@@ -1,0 +1,271 @@
+"""Re-verify every approver signature an audit log holds (issue 16 §6: proof that travels),
+with nothing but the log: ``audit verify`` runs it on the database and on an export.
+
+Walking the verified entries in seq order, each signed ``decision`` entry (one with a
+``credential_id``) must name a credential that
+
+- an ``approver_credential_enrolled`` entry before it enrolled (that entry carries the key),
+  and no ``approver_credential_revoked`` entry before it revoked;
+- belongs to the decision's ``operator_id`` (a delegate's own id for a delegate's decision);
+- signed ``challenge_for(assertion, decision_digest(...))``, the digest rebuilt from the
+  entry (approval id, revision, nonce, payload hash, decision, the reason as logged or
+  ``reason_sha256``, ``adjust_text_sha256``): Ed25519 with ``verify_ed25519``; a passkey
+  with ``verify_webauthn`` against the ``rp_id`` its enrolment logged, its client data's
+  own origin (which must be https, or http on localhost: the allowed origins are config,
+  not log) and its counter, which must increase in log order per credential from the
+  ``sign_count`` enrolled (both zero allowed: authenticators without counters).
+
+And a decision on an approval whose ``created`` entry says ``approver_signature:
+required`` must be signed. Pure: reads nothing but the rows it is given.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlsplit
+
+from gate.audit import chain as audit
+from gate.audit.credential_entries import CREDENTIAL_ENROLLED, CREDENTIAL_REVOKED
+from gate.audit.entries import CREATED, DECISION
+from gate.protocol.approver_signature import (
+    challenge_for,
+    decision_digest_of_hashes,
+    parse_approver_assertion,
+    signature_invalid,
+    verify_ed25519,
+)
+from gate.protocol.approver_webauthn import verify_webauthn
+from gate.protocol.errors import ProtocolError
+
+
+@dataclass(frozen=True, slots=True)
+class SignedDecision:
+    """One signed decision of the log, re-verified: entry ``seq``, ``approval_id``,
+    ``revision``, ``payload_hash``, ``decision``, ``operator_id``, ``credential_id``,
+    credential ``type`` (ed25519|webauthn, None when no enrolment names it) and ``problem``
+    (None: the signature verified; else why not)."""
+
+    seq: int
+    approval_id: str | None
+    revision: Any
+    payload_hash: Any
+    decision: Any
+    operator_id: Any
+    credential_id: str
+    type: str | None
+    problem: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    """A decision whose signature does not hold: entry ``seq``, its approval, operator and
+    credential (None for an unsigned decision on a ``required`` step) and ``reason``."""
+
+    seq: int
+    approval_id: str | None
+    operator_id: Any
+    credential_id: str | None
+    reason: str
+
+    def line(self) -> str:
+        """The one-line finding ``audit verify`` prints."""
+        credential = self.credential_id if self.credential_id is not None else "none"
+        return (
+            f"entry {self.seq}: approval {self.approval_id}, operator {self.operator_id}, "
+            f"credential {credential}: {self.reason}"
+        )
+
+
+@dataclass(slots=True)
+class SignatureReport:
+    """What ``check`` found: every signed decision (``signed``, in log order) and the
+    ``findings`` (signatures that do not hold, unsigned decisions on required steps)."""
+
+    signed: list[SignedDecision] = field(default_factory=list)
+    findings: list[Finding] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class _Credential:
+    data: Mapping[str, Any]
+    revoked_seq: int | None = None
+    counter: int = 0
+
+
+def check(rows: Iterable[audit.AuditRow]) -> SignatureReport:
+    """Re-verify every signed decision among ``rows`` (ascending seq, already verified by the
+    chain check: give only those) and find unsigned decisions on ``required`` steps (module
+    docstring). Never raises for what a row holds: a value the gate never writes is a
+    finding."""
+    report = SignatureReport()
+    credentials: dict[str, _Credential] = {}
+    modes: dict[str | None, Any] = {}
+    for row in rows:
+        if row.kind not in (CREATED, DECISION, CREDENTIAL_ENROLLED, CREDENTIAL_REVOKED):
+            continue
+        if not _may_matter(row, modes):  # most entries: one substring scan, no JSON parse
+            continue
+        data = _data(row)
+        if row.kind == CREATED:
+            if data.get("approver_signature") is not None:  # few: keep only those
+                modes[row.approval_id] = data.get("approver_signature")
+        elif row.kind == CREDENTIAL_ENROLLED:
+            credential_id = data.get("credential_id")
+            if isinstance(credential_id, str):
+                counter = data.get("sign_count")
+                credentials[credential_id] = _Credential(
+                    data, None, counter if isinstance(counter, int) else 0
+                )
+        elif row.kind == CREDENTIAL_REVOKED:
+            known = credentials.get(str(data.get("credential_id")))
+            if known is not None and known.revoked_seq is None:
+                known.revoked_seq = row.seq
+        elif data.get("credential_id") is not None or "assertion" in data:
+            report.signed.append(_signed(row, data, credentials, report.findings))
+        elif modes.get(row.approval_id) == "required":
+            report.findings.append(
+                Finding(
+                    row.seq,
+                    row.approval_id,
+                    data.get("operator_id"),
+                    None,
+                    "an unsigned decision on an approval whose step required the "
+                    "approver's signature",
+                )
+            )
+    return report
+
+
+def _may_matter(row: audit.AuditRow, modes: Mapping[str | None, Any]) -> bool:
+    """False for a ``created`` entry of an unsigned step and an unsigned ``decision`` on an
+    approval whose ``created`` said nothing: the entry text is canonical JSON, so a key
+    that is there appears as ``"name":`` (a text holding that string is merely parsed)."""
+    if row.kind == CREATED:
+        return '"approver_signature":' in row.entry
+    if row.kind == DECISION:
+        return (
+            row.approval_id in modes
+            or '"credential_id":' in row.entry
+            or '"assertion":' in row.entry
+        )
+    return True
+
+
+def _signed(
+    row: audit.AuditRow,
+    data: Mapping[str, Any],
+    credentials: dict[str, _Credential],
+    findings: list[Finding],
+) -> SignedDecision:
+    """Re-verify one signed decision entry; a failure is appended to ``findings``."""
+    credential_id = str(data.get("credential_id"))
+    known = credentials.get(credential_id)
+    problem = _problem(row, data, credential_id, known)
+    if problem is not None:
+        findings.append(
+            Finding(row.seq, row.approval_id, data.get("operator_id"), credential_id, problem)
+        )
+    return SignedDecision(
+        row.seq,
+        row.approval_id,
+        data.get("revision"),
+        data.get("payload_hash"),
+        data.get("decision"),
+        data.get("operator_id"),
+        credential_id,
+        None if known is None else str(known.data.get("type")),
+        problem,
+    )
+
+
+def _problem(
+    row: audit.AuditRow,
+    data: Mapping[str, Any],
+    credential_id: str,
+    known: _Credential | None,
+) -> str | None:
+    """Why a signed decision entry's signature does not hold, else None."""
+    if known is None:
+        return "no approver_credential_enrolled entry before it enrols this credential"
+    if known.revoked_seq is not None:
+        return f"the credential was revoked by entry {known.revoked_seq}, before this decision"
+    if known.data.get("operator_id") != data.get("operator_id"):
+        return (
+            f"the credential belongs to operator {known.data.get('operator_id')}, "
+            "not to the operator who decided"
+        )
+    if data.get("reason") is not None and data.get("reason_sha256") is not None:
+        return "the entry logs both a reason and reason_sha256 (the gate writes one)"
+    try:
+        assertion = parse_approver_assertion(data.get("assertion"))
+        if assertion is None or assertion.credential_id_b64 != credential_id:
+            return "the logged assertion does not name the entry's credential"
+        reason = data.get("reason")
+        digest = decision_digest_of_hashes(
+            approval_id=str(row.approval_id),
+            revision=data["revision"],
+            nonce=data["nonce"],
+            payload_hash=data["payload_hash"],
+            decision=data["decision"],
+            adjust_text_sha256=data.get("adjust_text_sha256"),
+            reason_sha256=data.get("reason_sha256") if reason is None else _sha256_hex(str(reason)),
+        )
+        challenge = challenge_for(assertion, digest)
+        if known.data.get("type") == "ed25519":
+            verify_ed25519(_unb64(str(known.data["public_key"])), assertion, challenge)
+            return None
+        if known.data.get("type") != "webauthn":
+            return f"the enrolment names credential type {known.data.get('type')!r}"
+        origin = _client_origin(assertion.client_data_json)
+        known.counter = verify_webauthn(
+            _unb64(str(known.data["public_key"])),
+            known.counter,
+            assertion,
+            challenge,
+            str(known.data.get("rp_id")),
+            (origin,),
+        )
+        return None
+    except ProtocolError as exc:
+        detail = exc.extra.get("detail") if exc.extra else None
+        return f"the approver's signature does not verify ({detail or exc.code}: {exc.message})"
+    except (KeyError, TypeError, ValueError, AttributeError, binascii.Error) as exc:
+        return f"the entry or its enrolment holds a value the gate never writes ({exc})"
+
+
+def _client_origin(client_data_json: bytes) -> str:
+    """The origin in a passkey's client data, after checking it is one a browser could have
+    signed for a gate: https, or http on localhost. Raises 403 ``approver_signature_invalid``
+    / ``origin_mismatch`` otherwise, ValueError for client data without an origin."""
+    origin = json.loads(client_data_json).get("origin")
+    if not isinstance(origin, str):
+        raise ValueError("client data holds no origin")
+    parts = urlsplit(origin)
+    if parts.scheme == "https" or (parts.scheme == "http" and parts.hostname == "localhost"):
+        return origin
+    raise signature_invalid(
+        "origin_mismatch", f"client data origin {origin!r} is neither https nor http://localhost"
+    )
+
+
+def _sha256_hex(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def _unb64(text: str) -> bytes:
+    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+
+
+def _data(row: audit.AuditRow) -> dict[str, Any]:
+    """The ``data`` object of an entry; {} when it has none."""
+    try:
+        data = json.loads(row.entry).get("data")
+    except (ValueError, AttributeError):
+        return {}
+    return data if isinstance(data, dict) else {}

@@ -1,0 +1,104 @@
+"""``hitl-gate audit signatures``: list the approver-signed decisions an audit log holds, each
+re-verified against the key its enrolment entry logged (issue 16 §6: proof that travels)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from collections.abc import Iterable
+from pathlib import Path
+
+import click
+
+from gate.audit.chain import AuditRow
+from gate.cli import fail, read_config
+from gate.cli.audit import audit
+from gate.errors import GateError
+
+_COLUMNS = (
+    "approval",
+    "revision",
+    "payload_hash",
+    "decision",
+    "operator",
+    "credential",
+    "type",
+    "verified",
+)
+
+
+@audit.command("signatures")
+@click.option(
+    "-c",
+    "--config",
+    "config_path",
+    type=click.Path(dir_okay=False),
+    default=None,
+    envvar="HITL_GATE_CONFIG",
+    help="Read the database named by this config.",
+)
+@click.option(
+    "--file",
+    "export_file",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Read an export (JSON Lines) instead of the database.",
+)
+@click.option("--approval", "approval_id", default=None, help="Only this approval's decisions.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per signed decision.")
+def audit_signatures(
+    config_path: str | None, export_file: str | None, approval_id: str | None, as_json: bool
+) -> None:
+    """List every approver-signed decision in the log, each signature re-verified.
+
+    One tab-separated line per signed decision: approval, revision, payload_hash,
+    decision, operator, credential, type, verified (yes, or no: why). The key is the one
+    the credential's approver_credential_enrolled entry logged, so an export alone is
+    enough. This does not check the chain itself: run `audit verify` on the same file
+    first (with --public-key or --key-env), so the entries read here are the gate's.
+    Exit 0 when every listed signature verifies, 1 when one does not, 2 usage.
+
+    Example: hitl-gate audit signatures --file audit.jsonl --approval 01J...
+    """
+    from gate.audit import signature_checks
+    from gate.audit.inputs import read_export
+    from gate.audit.verify import read_database
+
+    if (config_path is None) == (export_file is None):
+        fail("give exactly one of -c/--config or --file", 2)
+    try:
+        rows: Iterable[AuditRow]
+        if export_file is not None:
+            rows = read_export(Path(export_file))
+        else:
+            rows = asyncio.run(read_database(read_config(str(config_path)).storage.path))
+        report = signature_checks.check(rows)
+    except GateError as exc:
+        fail(exc.message, 2)
+    listed = [s for s in report.signed if approval_id is None or s.approval_id == approval_id]
+    for item in listed:
+        verified = "yes" if item.problem is None else f"no: {item.problem}"
+        values = (
+            item.approval_id,
+            item.revision,
+            item.payload_hash,
+            item.decision,
+            item.operator_id,
+            item.credential_id,
+            item.type,
+            verified,
+        )
+        if as_json:
+            obj = dict(zip(_COLUMNS, values, strict=True))
+            obj["verified"] = item.problem is None
+            obj["seq"] = item.seq
+            if item.problem is not None:
+                obj["problem"] = item.problem
+            click.echo(json.dumps(obj, ensure_ascii=False))
+        else:
+            click.echo("\t".join("-" if v is None else str(v) for v in values))
+    if not listed:
+        where = f" for approval {approval_id}" if approval_id is not None else ""
+        click.echo(f"no signed decisions{where}", err=True)
+    sys.exit(1 if any(item.problem is not None for item in listed) else 0)
