@@ -59,7 +59,8 @@ class ApprovalRecord:
     """One approval as the tables hold it, with its audit rows, for ``audit verify``'s
     cross-check (``check``; read by ``gate.store.auditlog.approval_records``). ``approval``
     is the approvals row as a dict (approval_id, pipeline, step, quorum_required, revision,
-    state, outcome, expires_at, receipt: JSON text, scope: JSON text) or None when only the
+    state, outcome, expires_at, receipt: JSON text, scope: JSON text, approver_signature)
+    or None when only the
     log names the approval;
     ``revisions`` are ``(revision, body, payload_hash)``; ``decisions`` are ``(revision,
     operator_id, decision, payload_hash)`` with ``on_behalf_of`` appended when not null
@@ -139,6 +140,16 @@ def _problem(record: ApprovalRecord) -> str | None:
                 f"{column} is {row[column]!r} in the approvals table but "
                 f"{getattr(data, name)!r} in audit entry {entry.seq}"
             )
+    # issue 16: the mode frozen at creation is the logged one (NULL: created before
+    # migration 7, when the entry names none)
+    mode = row.get("approver_signature")
+    if (mode, data.approver_signature) != (None, None) and mode != (
+        data.approver_signature or "off"
+    ):
+        return (
+            f"approver_signature is {mode!r} in the approvals table but "
+            f"{data.approver_signature or 'off'!r} in audit entry {entry.seq}"
+        )
     logged: dict[Any, tuple[int, Any]] = {1: (entry.seq, data.payload_hash)}
     decisions = []
     reasons = []

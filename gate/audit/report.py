@@ -91,6 +91,14 @@ def verdict(
                 f"verified ({result.checked} entries)",
             ),
         )
+    if report.credentials is not None:  # issue 16: the table the gate checks keys against
+        return Verdict(
+            1,
+            (
+                f"TAMPERED: {report.credentials}; the audit log itself verified "
+                f"({result.checked} entries)",
+            ),
+        )
     checked = ["chain"] + ["receipts"] * keys.receipt_key + ["signatures"] * keys.public_key
     what = ", ".join(checked[:-1]) + f" and {checked[-1]}" if len(checked) > 1 else checked[0]
     notes = "".join(f"; holds the receipt for entry {seq}" for seq in held_seqs)

@@ -89,10 +89,16 @@ class SignatureReport:
 
     signed: list[SignedDecision] = field(default_factory=list)
     findings: list[Finding] = field(default_factory=list)
+    # every credential the log enrolled, as the log leaves it (``gate.audit.credential_records``
+    # compares the approver_credentials table with it)
+    credentials: dict[str, LoggedCredential] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
-class _Credential:
+class LoggedCredential:
+    """A credential as the log holds it: its enrolment entry's ``data``, the seq of the entry
+    that revoked it (None: in force) and its last passkey ``counter``."""
+
     data: Mapping[str, Any]
     revoked_seq: int | None = None
     counter: int = 0
@@ -104,7 +110,7 @@ def check(rows: Iterable[audit.AuditRow]) -> SignatureReport:
     docstring). Never raises for what a row holds: a value the gate never writes is a
     finding."""
     report = SignatureReport()
-    credentials: dict[str, _Credential] = {}
+    credentials = report.credentials
     modes: dict[str | None, Any] = {}
     for row in rows:
         if row.kind not in (CREATED, DECISION, CREDENTIAL_ENROLLED, CREDENTIAL_REVOKED):
@@ -119,7 +125,7 @@ def check(rows: Iterable[audit.AuditRow]) -> SignatureReport:
             credential_id = data.get("credential_id")
             if isinstance(credential_id, str):
                 counter = data.get("sign_count")
-                credentials[credential_id] = _Credential(
+                credentials[credential_id] = LoggedCredential(
                     data, None, counter if isinstance(counter, int) else 0
                 )
         elif row.kind == CREDENTIAL_REVOKED:
@@ -160,7 +166,7 @@ def _may_matter(row: audit.AuditRow, modes: Mapping[str | None, Any]) -> bool:
 def _signed(
     row: audit.AuditRow,
     data: Mapping[str, Any],
-    credentials: dict[str, _Credential],
+    credentials: dict[str, LoggedCredential],
     findings: list[Finding],
 ) -> SignedDecision:
     """Re-verify one signed decision entry; a failure is appended to ``findings``."""
@@ -188,7 +194,7 @@ def _problem(
     row: audit.AuditRow,
     data: Mapping[str, Any],
     credential_id: str,
-    known: _Credential | None,
+    known: LoggedCredential | None,
 ) -> str | None:
     """Why a signed decision entry's signature does not hold, else None."""
     if known is None:

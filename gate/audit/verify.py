@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from gate.audit import chain as audit
-from gate.audit import question_records, signature_checks
+from gate.audit import credential_records, question_records, signature_checks
 from gate.audit import records as audit_records
 from gate.errors import GateError, Unavailable
 from gate.store import auditlog, inspection, question_audit
@@ -57,13 +57,16 @@ class AuditReport:
     ``records`` (the approval records against the log; None when not checked), then
     ``questions`` (the question records, issue 15; None when not checked, or when the
     approvals' already failed); ``signatures`` every approver signature the log holds,
-    re-verified (issue 16; None when the chain or an anchor failed)."""
+    re-verified (issue 16; None when the chain or an anchor failed); ``credentials`` why
+    the approver_credentials table disagrees with the log (None: it agrees, or not
+    checked)."""
 
     chain: audit.VerifyResult
     anchor: AnchorProblem | None = None
     records: audit_records.RecordsResult | None = None
     questions: audit_records.RecordsResult | None = None
     signatures: signature_checks.SignatureReport | None = None
+    credentials: str | None = None  # the approver_credentials table vs the log (issue 16)
 
     @property
     def ok(self) -> bool:
@@ -74,6 +77,7 @@ class AuditReport:
             and (self.records is None or self.records.problem is None)
             and (self.questions is None or self.questions.problem is None)
             and (self.signatures is None or not self.signatures.findings)
+            and self.credentials is None
         )
 
 
@@ -128,7 +132,9 @@ def verify_database(
     if matched.problem is not None:
         return AuditReport(chain, None, matched, signatures=signed)
     asked_ok = question_records.check(question_audit.question_records(Path(path)), chain.checked)
-    return AuditReport(chain, None, matched, asked_ok, signed)
+    enrolled, newer = inspection.credential_rows(Path(path), chain.checked)
+    credentials = credential_records.problem(enrolled, signed.credentials, newer)
+    return AuditReport(chain, None, matched, asked_ok, signed, credentials)
 
 
 def verify_rows(

@@ -112,7 +112,7 @@ def _audit_query(conn: sqlite3.Connection) -> str | None:
 
 _RECORD_QUERIES = (
     "SELECT approval_id, pipeline, step, quorum_required, revision, state, outcome, expires_at,"
-    " receipt, scope FROM approvals ORDER BY approval_id",
+    " receipt, scope, approver_signature FROM approvals ORDER BY approval_id",
     "SELECT approval_id, revision, body, payload_hash FROM revisions"
     " ORDER BY approval_id, revision",
     "SELECT approval_id, revision, operator_id, decision, payload_hash, reason, on_behalf_of,"
@@ -131,6 +131,7 @@ _APPROVAL_COLUMNS = (
     "expires_at",
     "receipt",
     "scope",
+    "approver_signature",
 )
 # a question's entries carry its question_id in audit_log.approval_id (issue 15): they are
 # checked with the questions' rows (gate.store.question_audit), not as an approval's
@@ -200,8 +201,13 @@ def approval_records(path: Path) -> Iterator[ApprovalRecord]:
 def _for_schema(conn: sqlite3.Connection, sql: str) -> str:
     """``sql`` for this database: before migration 4 (issue 14) the decisions table has no
     ``reason`` and ``on_behalf_of`` columns, before migration 6 (issue 16) no
-    ``credential_id``: each read as NULL (an older schema is read as it is, not migrated).
+    ``credential_id``, before migration 7 the approvals table no ``approver_signature``:
+    each read as NULL (an older schema is read as it is, not migrated).
     Raises sqlite3.Error as the connection does."""
+    if " approver_signature " in sql:  # migration 7 (issue 16): frozen at creation
+        approvals = {str(row[1]) for row in conn.execute("PRAGMA table_info(approvals)")}
+        if "approver_signature" not in approvals:
+            sql = sql.replace(" approver_signature ", " NULL ")
     if " on_behalf_of" not in sql:
         return sql
     columns = {str(row[1]) for row in conn.execute("PRAGMA table_info(decisions)")}

@@ -158,3 +158,30 @@ def failed_followups(path: Path, since_ms: int) -> tuple[dict[str, int], str | N
             (since_ms,),
         ).fetchone()
         return counts, None if row is None else row[0]
+
+
+def credential_rows(path: Path, after_seq: int) -> tuple[list[tuple[Any, ...]], set[str]]:
+    """The approver_credentials table (issue 16) of the database at ``path``, read-only:
+    ``(rows, newer)`` where rows are ``(credential_id, operator_id, type, public_key,
+    revoked_at)`` as stored, by credential_id, and ``newer`` the credential ids an
+    enrolment or revocation entry after ``after_seq`` names (written after the chain was
+    verified: not compared), read in one snapshot. ``([], set())`` before migration 6."""
+    with _read_only(path) as conn:
+        if _count(conn, "approver_credentials") is None:
+            return [], set()
+        conn.execute("BEGIN")
+        rows = conn.execute(
+            "SELECT credential_id, operator_id, type, public_key, revoked_at"
+            " FROM approver_credentials ORDER BY credential_id"
+        ).fetchall()
+        newer = {
+            str(row[0])
+            for row in conn.execute(
+                "SELECT json_extract(entry, '$.data.credential_id') FROM audit_log"
+                " WHERE seq > ? AND kind IN ('approver_credential_enrolled',"
+                " 'approver_credential_revoked')",
+                (after_seq,),
+            )
+        }
+        conn.execute("COMMIT")
+    return [tuple(row) for row in rows], newer

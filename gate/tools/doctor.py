@@ -311,6 +311,13 @@ def check_audit(
             f"TAMPERED: question {asked.problem[0]}: {asked.problem[1]}; the audit log "
             "itself verified",
         )
+    signed = report.signatures
+    if signed is not None and signed.findings:  # issue 16 §6
+        return Check("audit", False, f"TAMPERED: approver signature: {signed.findings[0].line()}")
+    if report.credentials is not None:
+        return Check(
+            "audit", False, f"TAMPERED: {report.credentials}; the audit log itself verified"
+        )
     what = ["chain"] + ["receipts"] * (receipt_key is not None) + ["signatures"] * bool(public)
     detail = (
         f"{result.checked} entries, {', '.join(what)} intact; {records.checked} approvals match it"
