@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 
 DEFAULT_RP_NAME = "hitl-gate"
 _LABEL = re.compile(r"(?!-)[a-z0-9-]{1,63}(?<!-)")
-_LOOPBACK_HOSTS = ("127.0.0.1", "::1", "localhost", "0.0.0.0", "::")
+_LOOPBACK_HOSTS = ("127.0.0.1", "::1", "localhost")
 
 
 class WebAuthnConfig(BaseModel):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import sqlite3
 from dataclasses import dataclass
+from pathlib import Path
 
 _COLUMNS = (
     "invite_hash, operator_id, label, challenge, created_at, expires_at, used_at, credential_id"
@@ -71,3 +72,31 @@ class InviteStatements:
             "UPDATE approver_credentials SET sign_count = ? WHERE credential_id = ?",
             (sign_count, credential_id),
         )
+
+
+def count_passkeys(path: Path) -> int:
+    """How many passkeys (``type`` webauthn, not revoked) the database at ``path`` holds;
+    0 for a database from before migration 6. Read-only (``gate.store.readonly``); raises
+    Unavailable when it cannot be opened."""
+    from gate.errors import Unavailable
+    from gate.store import readonly
+
+    conn = readonly.connect(path)
+    try:
+        return _count(conn)
+    except sqlite3.Error as exc:
+        raise Unavailable("storage_unavailable", f"cannot read {path}: {exc}") from exc
+    finally:
+        conn.close()
+
+
+def _count(conn: sqlite3.Connection) -> int:
+    found = conn.execute(
+        "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'approver_credentials'"
+    ).fetchone()
+    if found is None:
+        return 0
+    row = conn.execute(
+        "SELECT COUNT(*) FROM approver_credentials WHERE type = 'webauthn' AND revoked_at IS NULL"
+    ).fetchone()
+    return int(row[0])
