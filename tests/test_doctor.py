@@ -48,6 +48,7 @@ NAMES = [
     "audit",
     "relay",
     "dispatch",
+    "passkeys",
     "clock",
 ]
 

@@ -18,7 +18,8 @@ from gate.audit.entries import _as_logged
 
 CREDENTIAL_ENROLLED = "approver_credential_enrolled"
 CREDENTIAL_REVOKED = "approver_credential_revoked"
-CREDENTIAL_KINDS = (CREDENTIAL_ENROLLED, CREDENTIAL_REVOKED)
+INVITE_CREATED = "approver_invite_created"
+CREDENTIAL_KINDS = (CREDENTIAL_ENROLLED, CREDENTIAL_REVOKED, INVITE_CREATED)
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,7 +27,9 @@ class CredentialEnrolledData:
     """``approver_credential_enrolled``: operator ``operator_id`` may sign decisions with
     ``credential_id`` from this entry on. ``type`` ed25519|webauthn; ``public_key``
     base64url (raw 32 bytes for Ed25519, the COSE key for a passkey); ``label`` only when
-    one was given."""
+    one was given. A passkey's entry also has ``rp_id`` (what an assertion's rpIdHash is
+    checked against offline), ``origin`` (the registration's client-data origin) and
+    ``sign_count`` (the counter at registration); an Ed25519 entry has none of them."""
 
     kind: ClassVar[str] = CREDENTIAL_ENROLLED
 
@@ -35,6 +38,9 @@ class CredentialEnrolledData:
     type: str
     public_key: str
     label: str | None = None
+    rp_id: str | None = None
+    origin: str | None = None
+    sign_count: int | None = None
 
     def to_data(self) -> dict[str, Any]:
         """The entry's ``data`` object (keys as the gate writes them)."""
@@ -44,8 +50,10 @@ class CredentialEnrolledData:
             "type": self.type,
             "public_key": self.public_key,
         }
-        if self.label is not None:
-            data["label"] = self.label
+        for name in ("label", "rp_id", "origin", "sign_count"):
+            value = getattr(self, name)
+            if value is not None:
+                data[name] = value
         return data
 
     @classmethod
@@ -70,5 +78,35 @@ class CredentialRevokedData:
 
     @classmethod
     def from_data(cls, data: Mapping[str, Any]) -> CredentialRevokedData:
+        """Read a logged ``data`` object back, as logged."""
+        return _as_logged(cls, data)
+
+
+@dataclass(frozen=True, slots=True)
+class InviteCreatedData:
+    """``approver_invite_created``: a one-time passkey invite for ``operator_id``, usable
+    until ``expires_at`` (unix ms); ``invite_hash`` is the SHA-256 hex of the token (the
+    token itself appears only in the printed URL); ``label`` only when one was given."""
+
+    kind: ClassVar[str] = INVITE_CREATED
+
+    operator_id: int
+    expires_at: int
+    invite_hash: str
+    label: str | None = None
+
+    def to_data(self) -> dict[str, Any]:
+        """The entry's ``data`` object (keys as the gate writes them)."""
+        data: dict[str, Any] = {
+            "operator_id": self.operator_id,
+            "expires_at": self.expires_at,
+            "invite_hash": self.invite_hash,
+        }
+        if self.label is not None:
+            data["label"] = self.label
+        return data
+
+    @classmethod
+    def from_data(cls, data: Mapping[str, Any]) -> InviteCreatedData:
         """Read a logged ``data`` object back, as logged."""
         return _as_logged(cls, data)

@@ -1,6 +1,6 @@
-"""``hitl-gate approvers add-key|list|revoke`` (issue 16): approvers' Ed25519 keys, through
-the daemon's admin API (``/v1/admin/approvers``) with the admin token
-(``api.admin_token_env``), never the pipeline token."""
+"""``hitl-gate approvers add-key|list|revoke|invite`` (issue 16): approvers' Ed25519 keys and
+passkey invites, through the daemon's admin API (``/v1/admin/approvers``) with the admin
+token (``api.admin_token_env``), never the pipeline token."""
 
 from __future__ import annotations
 
@@ -137,3 +137,45 @@ def revoke(config_path: str, api_url: str | None, credential_id: str) -> None:
 
     answer = run(go())
     click.echo(f"revoked {answer['credential_id']}", err=True)
+
+
+@approvers.command("invite")
+@CONFIG_OPTION
+@API_URL_OPTION
+@click.argument("operator_id", type=int)
+@click.option(
+    "--ttl",
+    default="15m",
+    show_default=True,
+    help="How long the invite can be used: 60s..24h (e.g. 90s, 15m, 2h).",
+)
+@click.option("--label", default=None, help="A name for the passkey, e.g. 'alice phone'.")
+def invite(
+    config_path: str, api_url: str | None, operator_id: int, ttl: str, label: str | None
+) -> None:
+    """Print a one-time URL where OPERATOR_ID enrols a passkey (issue 16).
+
+    The URL is on the relay listener (relay.public_url) and is a secret until used: send it
+    to the approver only. Its expiry goes to stderr. Needs api.admin_token_env.
+
+    Example: hitl-gate approvers invite -c config.yaml 101 --ttl 15m --label phone
+    """
+    from gate.config.values import parse_duration
+
+    try:
+        seconds = parse_duration(ttl)
+    except (ValueError, TypeError):
+        fail(f"--ttl: {ttl!r} is not a duration (e.g. 15m)", 2)
+    if seconds != int(seconds) or not 60 <= seconds <= 86_400:
+        fail(f"--ttl: {ttl!r} must be a whole number of seconds from 60s to 24h", 2)
+    body: dict[str, Any] = {"operator_id": operator_id, "ttl_s": int(seconds)}
+    if label is not None:
+        body["label"] = label
+
+    async def go() -> Any:
+        async with _admin_client(config_path, api_url) as api:
+            return await api.admin("POST", "/v1/admin/approvers/invites", body)
+
+    answer = run(go())
+    click.echo(answer["url"])
+    click.echo(f"expires at {answer['expires_at']}", err=True)

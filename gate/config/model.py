@@ -29,6 +29,7 @@ from gate.config.values import (
     _resolve,
     parse_duration,
 )
+from gate.config.webauthn import WebAuthnConfig
 from gate.protocol.whitespace import identity_key
 
 # the largest value SQLite's INTEGER holds: operator ids are stored with every decision
@@ -354,6 +355,9 @@ class Config(BaseModel):
     )
     pipelines: Annotated[tuple[PipelineConfig, ...], AfterValidator(_non_empty)]
     delegations: Annotated[tuple[Delegation, ...], BeforeValidator(_none_as_list)] = ()
+    webauthn: Annotated[WebAuthnConfig, BeforeValidator(_none_as_empty)] = Field(
+        default_factory=WebAuthnConfig
+    )  # issue 16: passkeys' relying party (gate.config.webauthn)
     source: Path | None = None
 
     def find_step(self, pipeline: str, step: str) -> tuple[PipelineConfig, StepConfig] | None:

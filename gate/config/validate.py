@@ -10,6 +10,7 @@ from gate.config.model import Config, StepConfig
 from gate.config.questions import check_question_step
 from gate.config.secrets import _secret_vars
 from gate.config.values import TcpListen, identity_problem, parse_listen
+from gate.config.webauthn import check_webauthn
 from gate.protocol import DECISIONS_PATH
 from gate.protocol.whitespace import is_blank
 
@@ -83,6 +84,7 @@ def _cross_check(config: Config) -> list[str]:
     errors += _check_ids("relay.security.allowed_users", allowed, defined, None)
 
     errors += _check_listeners(config)
+    errors += check_webauthn(config)  # issue 16: passkeys
     env_names = _secret_vars(config)
     for j, (where, name) in enumerate(env_names):
         for other, other_name in env_names[:j]:

@@ -2,33 +2,40 @@
 (off | optional | required) against the decision's ``approver_assertion``, run inside the
 ``decide`` transaction after SPEC §2 check 11 (scope) and before anything is recorded.
 
-Ed25519 credentials are verified here; a WebAuthn credential is refused
-(``wrong_type``) until passkey enrolment and its verification land (issue 16's next step).
-No I/O of its own: the credential is read through the transaction it is given.
+Ed25519 credentials are verified with ``verify_ed25519``; passkeys with ``verify_webauthn``
+against the relying party in force (``gate.config.webauthn.resolve_webauthn``), their new
+signature counter stored in the same transaction. No I/O of its own: the credential is read
+and written through the transaction it is given.
 """
 
 from __future__ import annotations
 
 import base64
 import hashlib
+import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from gate.config import Config
-from gate.core.model import Approval
+from gate.config.webauthn import WebAuthnSettings
+from gate.core.model import Approval, Credential
 from gate.errors import GateError
 from gate.protocol.approver_signature import (
+    ApproverAssertion,
     challenge_for,
     decision_digest,
     parse_approver_assertion,
     signature_invalid,
     verify_ed25519,
 )
+from gate.protocol.approver_webauthn import verify_webauthn
 from gate.protocol.envelope import Decision
 from gate.protocol.whitespace import is_blank
 
 if TYPE_CHECKING:
     from gate.store import WriteTx
+
+log = logging.getLogger(__name__)
 
 # the parts of an assertion the audit entry keeps, as received (what re-verification needs)
 _LOGGED_PARTS = (
@@ -83,18 +90,23 @@ def check_approver_signature(
     decision: Decision,
     revision: int,
     operator_id: int,
+    webauthn: WebAuthnSettings | None = None,
 ) -> Signed | None:
     """Issue 16 §5, after SPEC §2 check 11: None when the step's mode is ``off`` (the field
     is ignored entirely) or the mode is ``optional`` and no assertion came; else the
     verified ``Signed``.
 
     ``revision`` is the revision the decision's nonce belongs to; ``operator_id`` the
-    operator who actually decided (a delegate's own id, not the principal's). The digest
+    operator who actually decided (a delegate's own id, not the principal's); ``webauthn``
+    the relying party passkeys are checked against (None: passkeys unavailable, a passkey's
+    assertion is refused ``rp_unavailable``). The digest
     covers the texts as sent (``decision.reason`` before check 12 normalizes it). Raises
     400 ``invalid_approver_assertion`` for a malformed assertion, 403 ``forbidden`` with
     ``approver_signature_required`` (required, none sent) or ``approver_signature_invalid``
     and a ``detail``: ``unknown_credential``, ``revoked``, ``wrong_operator``,
-    ``wrong_type``, ``not_in_batch`` or ``bad_signature``.
+    ``wrong_type``, ``not_in_batch``, ``bad_signature``, a passkey's
+    ``verify_webauthn`` details, ``counter_regressed`` (a passkey whose counter did not
+    increase: logged as ``event=approver_counter_regressed``) or ``rp_unavailable``.
     """
     mode = step_mode(config, approval)
     if mode == "off":
@@ -114,8 +126,6 @@ def check_approver_signature(
         raise signature_invalid(
             "wrong_operator", "this approver credential belongs to another operator"
         )
-    if credential.type != "ed25519":
-        raise signature_invalid("wrong_type", "only Ed25519 credentials are verified yet")
     digest = decision_digest(
         approval_id=approval.approval_id,
         revision=revision,
@@ -126,7 +136,12 @@ def check_approver_signature(
         reason=decision.reason,
     )
     challenge = challenge_for(assertion, digest)
-    verify_ed25519(_raw(credential.public_key), assertion, challenge)
+    if credential.type == "webauthn":
+        _check_passkey(tx, credential, assertion, challenge, webauthn)
+    elif credential.type == "ed25519":
+        verify_ed25519(_raw(credential.public_key), assertion, challenge)
+    else:
+        raise signature_invalid("wrong_type", f"unknown credential type {credential.type!r}")
     raw = decision.approver_assertion
     assert isinstance(raw, dict)
     logged = {part: raw[part] for part in _LOGGED_PARTS if raw.get(part) is not None}
@@ -143,6 +158,45 @@ def _unlogged_hashes(decision: Decision) -> tuple[str | None, str | None]:
         None if text is None else hashlib.sha256(text.encode("utf-8")).hexdigest(),
         None if reason is None else hashlib.sha256(reason.encode("utf-8")).hexdigest(),
     )
+
+
+def _check_passkey(
+    tx: WriteTx,
+    credential: Credential,
+    assertion: ApproverAssertion,
+    challenge: bytes,
+    webauthn: WebAuthnSettings | None,
+) -> None:
+    """Verify a passkey's assertion and store its new counter (issue 16 §5). The counter
+    must increase unless both it and the stored one are zero (authenticators without a
+    counter); a regression means a cloned authenticator: refused ``counter_regressed``."""
+    if webauthn is None:
+        raise signature_invalid(
+            "rp_unavailable", "passkeys are unavailable: no relying party is configured"
+        )
+    # the stored counter is compared here, after the signature verified (detail name of
+    # the contract: counter_regressed); the protocol layer is given 0 so it never refuses
+    new = verify_webauthn(
+        _raw(credential.public_key),
+        0,
+        assertion,
+        challenge,
+        webauthn.rp_id,
+        webauthn.origins,
+    )
+    stored = credential.sign_count
+    if (new > 0 or stored > 0) and new <= stored:
+        log.warning(
+            "event=approver_counter_regressed credential_id=%s operator_id=%d",
+            credential.credential_id,
+            credential.operator_id,
+        )
+        raise signature_invalid(
+            "counter_regressed",
+            "the authenticator's signature counter did not increase: a cloned authenticator?",
+        )
+    if new != stored:
+        tx.set_sign_count(credential.credential_id, new)
 
 
 def _raw(b64: str) -> bytes:

@@ -20,6 +20,7 @@ from gate.protocol.envelope import Decision
 from gate.store import WriteTx
 
 if TYPE_CHECKING:
+    from gate.config.webauthn import WebAuthnSettings
     from gate.core.transactions import Transactions
 
 
@@ -29,13 +30,14 @@ def new_nonce() -> str:
 
 
 def decide(
-    t: Transactions, tx: WriteTx, decision: Decision
+    t: Transactions, tx: WriteTx, decision: Decision, webauthn: WebAuthnSettings | None = None
 ) -> tuple[int, int, str | None, int | None, Resolution | None, tuple[int, str, str] | None]:
     """SPEC §2 checks 6-14 and the recording of an accepted decision. Returns
     ``(operator id, revision decided, outcome or None, new revision or None,
     resolution or None, delegated)``; ``delegated`` is ``(principal's operator id,
     pipeline, step)`` for a delegate's decision (check 11 with ``config.delegations``,
-    issue 14 §3), else None. Raises GateError with the SPEC §2 status and reason."""
+    issue 14 §3), else None. ``webauthn``: the passkeys' relying party (issue 16; None:
+    unavailable). Raises GateError with the SPEC §2 status and reason."""
     now = t.clock.now_ms()
     approval = tx.load_approval(decision.approval_id, outbox=False, created_receipt=False)
     if approval is None:
@@ -62,7 +64,9 @@ def decide(
     decider = check_decider(approval, decision.approver_id, t.config, now)
     operator_id = decider.operator_id
     # issue 16 §5: the approver's own signature, after check 11, before anything is recorded
-    signed = check_approver_signature(tx, t.config, approval, decision, nonce_revision, operator_id)
+    signed = check_approver_signature(
+        tx, t.config, approval, decision, nonce_revision, operator_id, webauthn
+    )
     rules.check_adjust_text(decision, t.config.relay.security.max_input_length)
     reason = rules.check_reason(
         decision,

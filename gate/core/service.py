@@ -13,6 +13,7 @@ from gate.clock import Clock
 from gate.config import Config
 from gate.core.credentials import CredentialMethods
 from gate.core.followups import followup_plan
+from gate.core.invites import InviteMethods
 from gate.core.longpoll import long_poll
 from gate.core.model import Approval
 from gate.core.question_service import QuestionMethods
@@ -46,7 +47,7 @@ class DecisionResult:
     delegated: tuple[str, str] | None = None
 
 
-class GateService(QuestionMethods, CredentialMethods):
+class GateService(QuestionMethods, CredentialMethods, InviteMethods):
     """The gate's rules over a Store (the questions' methods: ``QuestionMethods``, issue 15).
 
     ``config`` is a ``gate.config.Config``; ``receipt_key`` the HMAC receipt key (bytes);
@@ -255,7 +256,7 @@ class GateService(QuestionMethods, CredentialMethods):
             new_revision,
             resolution,
             delegated,
-        ) = await self.store.transact(Command("decide", (decision,)))
+        ) = await self.store.transact(Command("decide", (decision, self.webauthn())))
         log.info(
             "event=decision approval_id=%s operator_id=%d decision=%s revision=%d payload_hash=%s"
             + ("" if delegated is None else f" on_behalf_of={int(delegated[0])}"),

@@ -16,7 +16,7 @@ from gate.audit.entries import (
 )
 from gate.clock import Clock
 from gate.config import Config
-from gate.core import credentials, rules
+from gate.core import credentials, invites, rules
 from gate.core.decide_tx import decide, new_nonce
 from gate.core.followup_tx import handle_due
 from gate.core.followups import Plan, next_followup_at
@@ -347,6 +347,9 @@ TABLE: dict[str, Callable[..., Any]] = {
     "enrol_credential": credentials.enrol,  # issue 16: gate.core.credentials
     "revoke_credential": credentials.revoke,
     "list_credentials": credentials.list_all,
+    "create_invite": invites.create_invite,  # issue 16: passkeys, gate.core.invites
+    "invite_page": invites.invite_page,
+    "register_passkey": invites.register,
     "configure": Transactions.configure,
     "receipt_key": Transactions.receipt_key,
 }

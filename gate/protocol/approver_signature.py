@@ -52,6 +52,9 @@ DETAILS = (
     "unknown_credential",
     "revoked",
     "wrong_operator",
+    # a passkey's counter did not increase; no relying party for passkeys (issue 16 step 3)
+    "counter_regressed",
+    "rp_unavailable",
 )
 
 _B64URL = re.compile(r"[A-Za-z0-9_-]*={0,2}")

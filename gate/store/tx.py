@@ -12,6 +12,7 @@ from gate.core.model import Approval, DecisionRow, Dispatch, Resolvable, Revisio
 from gate.store import followups
 from gate.store.credentials import CredentialStatements
 from gate.store.followup_tx import FollowupStatements
+from gate.store.invites import InviteStatements
 from gate.store.question_notices import QuestionNoticeStatements
 from gate.store.questions import QuestionStatements
 
@@ -108,7 +109,11 @@ def load_full(
 
 
 class WriteTx(
-    FollowupStatements, QuestionStatements, QuestionNoticeStatements, CredentialStatements
+    FollowupStatements,
+    QuestionStatements,
+    QuestionNoticeStatements,
+    CredentialStatements,
+    InviteStatements,
 ):
     """The statements available inside one write transaction (``Store.transact``).
 

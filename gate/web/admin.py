@@ -35,8 +35,18 @@ async def revoke_approver_credential(request: web.Request) -> web.Response:
     return web.json_response(await request.app[SERVICE].revoke_credential(credential_id))
 
 
+async def create_invite(request: web.Request) -> web.Response:
+    """POST /v1/admin/approvers/invites ``{"operator_id", "ttl_s"?, "label"?}``: 201 ``{url,
+    operator_id, expires_at}`` (a one-time passkey invite, issue 16); 400
+    ``unknown_operator``/``invalid_<field>``, 409 ``webauthn_unavailable``."""
+    raw = await read_body(request, MAX_ADMIN_BODY, "body_too_large")
+    answer = await request.app[SERVICE].create_invite(decode_json(raw))
+    return web.json_response(answer, status=201)
+
+
 def add_admin_routes(app: web.Application) -> None:
     """Register the admin routes on the API app (auth: ``gate.web.api.auth_middleware``)."""
     app.router.add_post("/v1/admin/approvers", enrol_approver_key)
     app.router.add_get("/v1/admin/approvers", list_approver_credentials)
+    app.router.add_post("/v1/admin/approvers/invites", create_invite)
     app.router.add_post("/v1/admin/approvers/{credential_id}/revoke", revoke_approver_credential)

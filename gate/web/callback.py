@@ -26,6 +26,7 @@ from gate.protocol.envelope import Decision
 from gate.protocol.errors import ProtocolError
 from gate.protocol.question import Answer
 from gate.web.common import ULID_RE, error_middleware, read_body
+from gate.web.enrol import add_enrol_routes
 
 log = logging.getLogger(__name__)
 DETAIL_RE = re.compile(r"[a-z_]{1,40}")
@@ -186,4 +187,5 @@ def create_callback_app(
     app[SETTINGS] = settings
     app[METRICS] = metrics
     app.router.add_post(DECISIONS_PATH, post_decision)
+    add_enrol_routes(app, service)  # issue 16: passkey invites
     return app

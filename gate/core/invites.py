@@ -1,0 +1,262 @@
+"""Passkey enrolment by one-time invite (issue 16 §2): the admin request that creates an
+invite, what the invite page shows, and the registration that consumes it, each a write
+transaction with its audit entry, plus the ``GateService`` methods the admin API and the
+enrol page call. No HTTP, no SQL of its own.
+
+The token is 32 random bytes (base64url) that appear only in the URL; the database and the
+audit log keep its SHA-256. An invite is single use and expires (``ttl_s``, 60..86400 s).
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import secrets
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from gate.audit.credential_entries import CredentialEnrolledData, InviteCreatedData
+from gate.config.webauthn import WebAuthnSettings, resolve_webauthn
+from gate.core.model import Credential
+from gate.errors import Conflict, GateError, NotFound
+from gate.protocol.approver_signature import b64url
+from gate.protocol.envelope import rfc3339
+from gate.protocol.webauthn_registration import creation_options, verify_passkey
+from gate.store import Command, Store
+from gate.store.invites import Invite
+
+if TYPE_CHECKING:
+    from gate.config import Config
+    from gate.core.transactions import Transactions
+    from gate.store import WriteTx
+
+DEFAULT_TTL_S = 900
+MIN_TTL_S, MAX_TTL_S = 60, 86_400
+ENROL_PATH = "/enrol/"
+
+
+def token_hash(token: str) -> str:
+    """The SHA-256 hex of an invite token (what the database and the audit log keep)."""
+    return hashlib.sha256(token.encode("utf-8")).hexdigest()
+
+
+def user_handle(operator_id: int) -> bytes:
+    """The stable, opaque WebAuthn user handle of an operator: the first 16 bytes of
+    SHA-256 of ``"hitl-gate operator <id>"`` (never the identity itself)."""
+    return hashlib.sha256(f"hitl-gate operator {operator_id}".encode()).digest()[:16]
+
+
+def _invalid(field: str, message: str) -> GateError:
+    return GateError(
+        f"invalid_{field}", message, status=400, kind="invalid", extra={"field": field}
+    )
+
+
+def unavailable() -> GateError:
+    """409 ``webauthn_unavailable``: no relying party (issue 16)."""
+    message = (
+        "passkeys are unavailable: set relay.public_url to an https URL on a domain"
+        " (or webauthn.rp_id and webauthn.origins)"
+    )
+    return Conflict("webauthn_unavailable", message, extra={"message": message})
+
+
+def parse_invite_request(obj: Any, config: Config) -> tuple[int, int, str | None]:
+    """Check a ``POST /v1/admin/approvers/invites`` body ``{"operator_id": int, "ttl_s"?:
+    60..86400 (default 900), "label"?: str}``; returns ``(operator_id, ttl_s, label)``.
+    Raises 400 ``invalid_<field>``, or ``unknown_operator`` for an id not in
+    ``relay.operators``."""
+    from gate.core.credentials import MAX_LABEL_CHARS
+
+    if not isinstance(obj, dict):
+        raise _invalid("json", "body must be a JSON object")
+    operator_id = obj.get("operator_id")
+    if isinstance(operator_id, bool) or not isinstance(operator_id, int):
+        raise _invalid("operator_id", "operator_id must be an integer")
+    if not any(op.id == operator_id for op in config.relay.operators):
+        message = f"operator id {operator_id} is not in relay.operators"
+        raise GateError(
+            "unknown_operator",
+            message,
+            status=400,
+            kind="invalid",
+            extra={"field": "operator_id", "message": message},
+        )
+    ttl = obj.get("ttl_s", DEFAULT_TTL_S)
+    if isinstance(ttl, bool) or not isinstance(ttl, int) or not MIN_TTL_S <= ttl <= MAX_TTL_S:
+        raise _invalid("ttl_s", f"ttl_s must be an integer of seconds, {MIN_TTL_S}..{MAX_TTL_S}")
+    label = obj.get("label")
+    if label is not None and (
+        not isinstance(label, str) or not label.strip() or len(label) > MAX_LABEL_CHARS
+    ):
+        raise _invalid("label", f"label must be 1..{MAX_LABEL_CHARS} characters")
+    return operator_id, ttl, label
+
+
+def create_invite(
+    t: Transactions, tx: WriteTx, hashed: str, operator_id: int, ttl_s: int, label: str | None
+) -> Invite:
+    """Store a fresh invite (its registration challenge: 32 random bytes) at the gate's now
+    with its ``approver_invite_created`` entry."""
+    now = t.clock.now_ms()
+    challenge = b64url(secrets.token_bytes(32))
+    invite = Invite(hashed, operator_id, label, challenge, now, now + ttl_s * 1000)
+    tx.insert_invite(invite)
+    data = InviteCreatedData(operator_id, invite.expires_at, hashed, label)
+    t.audit(tx, data.kind, None, now, data.to_data())
+    return invite
+
+
+def usable_invite(t: Transactions, tx: WriteTx, hashed: str) -> Invite:
+    """The invite with this hash if it can still enrol. Raises 404 ``invite_unknown``, 410
+    ``invite_used`` or ``invite_expired`` (at the gate's now)."""
+    invite = tx.load_invite(hashed)
+    if invite is None:
+        raise NotFound("invite_unknown", "no such invite", extra={"message": "no such invite"})
+    if invite.used_at is not None:
+        raise GateError("invite_used", "this invite was used already", status=410, kind="gone")
+    if t.clock.now_ms() >= invite.expires_at:
+        raise GateError("invite_expired", "this invite has expired", status=410, kind="gone")
+    return invite
+
+
+def invite_page(t: Transactions, tx: WriteTx, hashed: str) -> tuple[Invite, list[str]]:
+    """The usable invite and the ids of its operator's passkeys in force (the page's
+    ``excludeCredentials``). Changes nothing; raises as ``usable_invite``."""
+    invite = usable_invite(t, tx, hashed)
+    own = [
+        c.credential_id
+        for c in tx.credentials()
+        if c.operator_id == invite.operator_id and c.type == "webauthn" and c.revoked_at is None
+    ]
+    return invite, own
+
+
+@dataclass(frozen=True, slots=True)
+class Registration:
+    """A verified passkey registration: the credential to store, the RP ID it is for and the
+    client-data ``origin`` it came from."""
+
+    credential: Credential
+    rp_id: str
+    origin: str
+
+
+def register(t: Transactions, tx: WriteTx, hashed: str, registration: Registration) -> Credential:
+    """Consume the invite and enrol the passkey, in one transaction: the invite must still
+    be usable (raises as ``usable_invite``) and the credential id new (409
+    ``credential_exists``); writes the ``approver_credential_enrolled`` entry."""
+    invite = usable_invite(t, tx, hashed)
+    cred = registration.credential
+    if tx.load_credential(cred.credential_id) is not None:
+        message = "this passkey is enrolled already"
+        raise Conflict("credential_exists", message, extra={"message": message})
+    now = t.clock.now_ms()
+    stored = Credential(
+        cred.credential_id,
+        invite.operator_id,
+        "webauthn",
+        cred.public_key,
+        cred.sign_count,
+        invite.label,
+        now,
+    )
+    tx.insert_credential(stored)
+    tx.use_invite(hashed, now, stored.credential_id)
+    data = CredentialEnrolledData(
+        stored.operator_id,
+        stored.credential_id,
+        "webauthn",
+        stored.public_key,
+        stored.label,
+        rp_id=registration.rp_id,
+        origin=registration.origin,
+        sign_count=stored.sign_count,
+    )
+    t.audit(tx, data.kind, None, now, data.to_data())
+    return stored
+
+
+class InviteMethods:
+    """The passkey-invite methods of ``GateService`` (issue 16). ``callback_bound`` is the
+    relay listener's bound ``host:port`` once ``serve`` bound it (the default origin)."""
+
+    config: Config
+    store: Store
+    callback_bound: str | None = None
+
+    def webauthn(self) -> WebAuthnSettings | None:
+        """The relying party in force (``resolve_webauthn``), None when unavailable."""
+        return resolve_webauthn(self.config, self.callback_bound)
+
+    async def create_invite(self, body: Any) -> dict[str, Any]:
+        """Create the invite a ``POST /v1/admin/approvers/invites`` body asks for; returns
+        ``{url, operator_id, expires_at (RFC 3339)}``. Raises as ``parse_invite_request``
+        and 409 ``webauthn_unavailable``."""
+        operator_id, ttl_s, label = parse_invite_request(body, self.config)
+        settings = self.webauthn()
+        if settings is None:
+            raise unavailable()
+        token = b64url(secrets.token_bytes(32))
+        invite = await self.store.transact(
+            Command("create_invite", (token_hash(token), operator_id, ttl_s, label))
+        )
+        base = self.config.relay.public_url or settings.origins[0]
+        return {
+            "url": base.rstrip("/") + ENROL_PATH + token,
+            "operator_id": operator_id,
+            "expires_at": rfc3339(invite.expires_at),
+        }
+
+    async def enrol_page(self, token: str) -> tuple[str, dict[str, Any]]:
+        """What the invite page of ``token`` shows: the operator's identity and the
+        registration options (``creation_options``). Changes nothing. Raises as
+        ``usable_invite`` and 409 ``webauthn_unavailable``."""
+        settings = self.webauthn()
+        if settings is None:
+            raise unavailable()
+        invite, own = await self.store.transact(Command("invite_page", (token_hash(token),)))
+        identity = self._identity(invite.operator_id)
+        options = creation_options(
+            rp_id=settings.rp_id,
+            rp_name=settings.rp_name,
+            user_id=user_handle(invite.operator_id),
+            user_name=identity,
+            challenge=unb64(invite.challenge),
+            exclude=[unb64(c) for c in own],
+        )
+        return identity, options
+
+    async def register_passkey(self, token: str, body: Any) -> dict[str, Any]:
+        """Verify the registration ``body`` against the invite of ``token`` and enrol it
+        (``register``); returns ``{credential_id, operator_id}``. Raises as
+        ``usable_invite``, ``verify_passkey`` (400 ``invalid_registration``), 409
+        ``credential_exists`` or ``webauthn_unavailable``; nothing is stored then."""
+        settings = self.webauthn()
+        if settings is None:
+            raise unavailable()
+        invite, _ = await self.store.transact(Command("invite_page", (token_hash(token),)))
+        verified = verify_passkey(body, unb64(invite.challenge), settings.rp_id, settings.origins)
+        credential = Credential(
+            verified.credential_id,
+            invite.operator_id,
+            "webauthn",
+            verified.public_key,
+            verified.sign_count,
+            invite.label,
+            0,
+        )
+        registration = Registration(credential, settings.rp_id, verified.origin)
+        stored = await self.store.transact(
+            Command("register_passkey", (token_hash(token), registration))
+        )
+        return {"credential_id": stored.credential_id, "operator_id": stored.operator_id}
+
+    def _identity(self, operator_id: int) -> str:
+        found = (op.identity for op in self.config.relay.operators if op.id == operator_id)
+        return next(found, f"operator {operator_id}")
+
+
+def unb64(text: str) -> bytes:
+    """Decode base64url with or without padding."""
+    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))

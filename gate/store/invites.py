@@ -1,0 +1,102 @@
+"""The passkey-invite statements of ``WriteTx`` (issue 16, table ``approver_invites`` of
+migration 7): create, look up, mark used; and a credential's WebAuthn counter. Sync, on the
+writer."""
+
+from __future__ import annotations
+
+import sqlite3
+from dataclasses import dataclass
+from pathlib import Path
+
+_COLUMNS = (
+    "invite_hash, operator_id, label, challenge, created_at, expires_at, used_at, credential_id"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Invite:
+    """One row of ``approver_invites``: ``invite_hash`` (SHA-256 hex of the token, never the
+    token), the ``operator_id`` it enrols, the ``label`` the credential gets (or None), the
+    registration ``challenge`` (base64url), ``created_at``/``expires_at``/``used_at`` (unix
+    ms; ``used_at`` None while unused) and the ``credential_id`` enrolled with it."""
+
+    invite_hash: str
+    operator_id: int
+    label: str | None
+    challenge: str
+    created_at: int
+    expires_at: int
+    used_at: int | None = None
+    credential_id: str | None = None
+
+
+class InviteStatements:
+    """The passkey-invite statements of ``WriteTx`` (issue 16)."""
+
+    _conn: sqlite3.Connection
+
+    def insert_invite(self, invite: Invite) -> None:
+        """Store a new, unused invite."""
+        self._conn.execute(
+            f"INSERT INTO approver_invites ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                invite.invite_hash,
+                invite.operator_id,
+                invite.label,
+                invite.challenge,
+                invite.created_at,
+                invite.expires_at,
+                invite.used_at,
+                invite.credential_id,
+            ),
+        )
+
+    def load_invite(self, invite_hash: str) -> Invite | None:
+        """The invite whose token hashes to ``invite_hash``, or None."""
+        row = self._conn.execute(
+            f"SELECT {_COLUMNS} FROM approver_invites WHERE invite_hash = ?", (invite_hash,)
+        ).fetchone()
+        return None if row is None else Invite(*row)
+
+    def use_invite(self, invite_hash: str, at_ms: int, credential_id: str) -> None:
+        """Mark the invite used at ``at_ms`` (unix ms) for ``credential_id``; the caller
+        checked it is unused."""
+        self._conn.execute(
+            "UPDATE approver_invites SET used_at = ?, credential_id = ? WHERE invite_hash = ?",
+            (at_ms, credential_id, invite_hash),
+        )
+
+    def set_sign_count(self, credential_id: str, sign_count: int) -> None:
+        """Store a passkey's last signature counter (issue 16 §5)."""
+        self._conn.execute(
+            "UPDATE approver_credentials SET sign_count = ? WHERE credential_id = ?",
+            (sign_count, credential_id),
+        )
+
+
+def count_passkeys(path: Path) -> int:
+    """How many passkeys (``type`` webauthn, not revoked) the database at ``path`` holds;
+    0 for a database from before migration 6. Read-only (``gate.store.readonly``); raises
+    Unavailable when it cannot be opened."""
+    from gate.errors import Unavailable
+    from gate.store import readonly
+
+    conn = readonly.connect(path)
+    try:
+        return _count(conn)
+    except sqlite3.Error as exc:
+        raise Unavailable("storage_unavailable", f"cannot read {path}: {exc}") from exc
+    finally:
+        conn.close()
+
+
+def _count(conn: sqlite3.Connection) -> int:
+    found = conn.execute(
+        "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'approver_credentials'"
+    ).fetchone()
+    if found is None:
+        return 0
+    row = conn.execute(
+        "SELECT COUNT(*) FROM approver_credentials WHERE type = 'webauthn' AND revoked_at IS NULL"
+    ).fetchone()
+    return int(row[0])

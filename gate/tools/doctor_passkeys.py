@@ -1,0 +1,50 @@
+"""``hitl-gate doctor``'s passkeys line (issue 16): the relying party passkeys are made
+for (RP ID, origins) and how many passkeys are enrolled; a warning when no relying party
+can be resolved while a step asks for approvers' signatures."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from gate.config import Config
+from gate.config.webauthn import resolve_webauthn
+from gate.errors import GateError
+from gate.store.invites import count_passkeys
+
+
+def signing_steps(config: Config) -> list[str]:
+    """``pipeline/step`` of every step whose ``approver_signature`` is not ``off``."""
+    return [
+        f"{pipe.name}/{step.name}"
+        for pipe in config.pipelines
+        for step in pipe.steps
+        if getattr(step, "approver_signature", "off") != "off"
+    ]
+
+
+def passkeys_summary(config: Config, path: Path) -> tuple[str, str]:
+    """``(level, detail)`` of the passkeys line: level "" (PASS), "WARN" or "FAIL".
+
+    Without ``relay.public_url`` the configured ``relay.callback_addr`` stands for the bound
+    address (a port 0 listener is resolved at start: reported as such)."""
+    settings = resolve_webauthn(config, config.relay.callback_addr)
+    count = 0
+    if path.exists():
+        try:
+            count = count_passkeys(path)
+        except GateError as exc:
+            return "FAIL", exc.message
+    enrolled = f"{count} passkey{'' if count == 1 else 's'} enrolled"
+    if settings is None:
+        steps = signing_steps(config)
+        if steps:
+            return "WARN", (
+                "passkeys unavailable (set relay.public_url to an https URL on a domain, or "
+                f"webauthn.rp_id and webauthn.origins); steps asking for signatures: "
+                f"{', '.join(steps[:5])}; {enrolled}"
+            )
+        return "", f"passkeys unavailable (no relay.public_url on a domain); {enrolled}"
+    origins = ", ".join(settings.origins)
+    if origins.endswith(":0"):
+        origins += " (the bound port at start)"
+    return "", f"rp_id {settings.rp_id}, origins {origins}; {enrolled}"

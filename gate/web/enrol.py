@@ -1,0 +1,113 @@
+"""The passkey enrolment pages on the relay (callback) listener (issue 16 §2): ``GET
+/enrol/{token}`` shows the invite, ``POST /enrol/{token}`` enrols the passkey the browser
+made, ``GET /enrol/static/{name}`` serves the page's script and style. Thin handlers: one
+service call each. Every answer under ``/enrol/`` carries ``SECURITY_HEADERS``; a GET never
+changes anything."""
+
+from __future__ import annotations
+
+import html
+import json
+from importlib import resources
+from string import Template
+
+from aiohttp import web
+
+from gate.core.service import GateService
+from gate.errors import GateError
+from gate.protocol.envelope import decode_json
+from gate.web.common import read_body
+
+ENROL_PREFIX = "/enrol/"
+MAX_REGISTRATION_BYTES = 64 * 1024
+SECURITY_HEADERS = {
+    "Content-Security-Policy": (
+        "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; "
+        "img-src 'self'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'"
+    ),
+    "Referrer-Policy": "no-referrer",
+    "X-Content-Type-Options": "nosniff",
+    "Cache-Control": "no-store",
+}
+_ASSETS = resources.files("gate.web") / "enrol_assets"
+_STATIC = {"enrol.js": "text/javascript", "enrol.css": "text/css"}
+_PAGE = Template((_ASSETS / "page.html").read_text(encoding="utf-8"))
+_GONE = {
+    "invite_used": ("Invite already used", "This invite was used already. Ask for a new one."),
+    "invite_expired": ("Invite expired", "This invite has expired. Ask for a new one."),
+    "invite_unknown": ("Unknown invite", "This invite does not exist. Check the link."),
+    "webauthn_unavailable": (
+        "Passkeys unavailable",
+        "This gate has no relying party for passkeys (relay.public_url / webauthn.rp_id).",
+    ),
+}
+
+SERVICE = web.AppKey("enrol_service", GateService)
+
+
+def _page(title: str, body: str, status: int) -> web.Response:
+    text = _PAGE.substitute(title=html.escape(title), body=body)
+    return web.Response(text=text, status=status, content_type="text/html", charset="utf-8")
+
+
+async def enrol_page(request: web.Request) -> web.Response:
+    """GET /enrol/{token}: the invite page (200: identity, a "Create passkey" button, the
+    options as a JSON data block), or a page without a button: 404 unknown, 410 used or
+    expired, 409 passkeys unavailable."""
+    try:
+        identity, options = await request.app[SERVICE].enrol_page(request.match_info["token"])
+    except GateError as exc:
+        title, text = _GONE.get(exc.code, ("Invite refused", exc.message))
+        return _page(title, f"<p>{html.escape(text)}</p>", exc.status)
+    data = json.dumps(options).replace("<", "\\u003c").replace(">", "\\u003e")
+    body = (
+        f'<p>Create a passkey to sign your decisions as <span class="identity">'
+        f"{html.escape(identity)}</span>.</p>\n"
+        '<button id="create" type="button">Create passkey</button>\n'
+        '<p id="status" role="status"></p>\n'
+        f'<script type="application/json" id="options">{data}</script>\n'
+        '<script src="/enrol/static/enrol.js"></script>'
+    )
+    return _page("Enrol a passkey", body, 200)
+
+
+async def register(request: web.Request) -> web.Response:
+    """POST /enrol/{token} (the credential as JSON, from an allowed ``Origin``): 200
+    ``{credential_id, operator_id}``; 403 ``origin_not_allowed``, 400
+    ``invalid_registration``, 404 ``invite_unknown``, 409 ``credential_exists`` /
+    ``webauthn_unavailable``, 410 ``invite_used``/``invite_expired``; nothing stored then."""
+    service = request.app[SERVICE]
+    settings = service.webauthn()
+    if settings is None or request.headers.get("Origin") not in settings.origins:
+        raise GateError(
+            "origin_not_allowed",
+            "the enrolment must come from the gate's own page (Origin)",
+            status=403,
+            kind="forbidden",
+        )
+    raw = await read_body(request, MAX_REGISTRATION_BYTES, "body_too_large")
+    answer = await service.register_passkey(request.match_info["token"], decode_json(raw))
+    return web.json_response(answer)
+
+
+async def static(request: web.Request) -> web.Response:
+    """GET /enrol/static/{name}: the page's script or style (404 for anything else)."""
+    name = request.match_info["name"]
+    if name not in _STATIC:
+        raise web.HTTPNotFound()
+    text = (_ASSETS / name).read_text(encoding="utf-8")
+    return web.Response(text=text, content_type=_STATIC[name], charset="utf-8")
+
+
+async def _security_headers(request: web.Request, response: web.StreamResponse) -> None:
+    if request.path.startswith(ENROL_PREFIX):
+        response.headers.update(SECURITY_HEADERS)
+
+
+def add_enrol_routes(app: web.Application, service: GateService) -> None:
+    """Register the enrolment routes and their headers on the callback app."""
+    app[SERVICE] = service
+    app.router.add_get(ENROL_PREFIX + "static/{name}", static)
+    app.router.add_get(ENROL_PREFIX + "{token}", enrol_page)
+    app.router.add_post(ENROL_PREFIX + "{token}", register)
+    app.on_response_prepare.append(_security_headers)
