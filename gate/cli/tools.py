@@ -120,6 +120,14 @@ def keygen(out_dir: str) -> None:
     show_default=True,
     help="Refuse dispatches signed more than this many seconds away.",
 )
+@click.option(
+    "--approver-key",
+    "approver_key_path",
+    default=None,
+    type=click.Path(dir_okay=False),
+    help="Sign every decision with this Ed25519 private key, PEM (issue 16; hitl-gate keygen "
+    "--out DIR writes DIR/hitl-gate-ed25519.key). Prints its credential id at start.",
+)
 def relay(
     listen: str,
     secret_env: str,
@@ -127,6 +135,7 @@ def relay(
     auto: str | None,
     auto_answer: str | None,
     max_skew: float,
+    approver_key_path: str | None,
 ) -> None:
     """Reference relay: verify each dispatch, ask a human on this terminal (or decide
     automatically with --auto), sign the decision and post it back.
@@ -147,12 +156,17 @@ def relay(
     never inside a draft or prompt (they follow it); redirect stderr (2>relay.log) to keep
     the INFO lines.
 
+    With --approver-key, each decision carries an approver_assertion signed by that key
+    (issue 16): enrol its public half once with hitl-gate approvers add-key; the credential
+    id is printed on stderr at start ("approver key: credential <id>").
+
     Example: HITL_RELAY_SECRET=... hitl-gate relay --secret-env HITL_RELAY_SECRET --auto approve
     """
     from gate import logs
     from gate.config import parse_listen
     from gate.config.values import identity_problem
     from gate.protocol.whitespace import is_blank, is_trimmed
+    from gate.tools.reference_relay.approver_key import ApproverKey
     from gate.tools.reference_relay.relay import AutoDecision
     from gate.tools.reference_relay.server import run_relay
     from gate.tools.reference_relay.terminal import NoScreen
@@ -176,10 +190,25 @@ def relay(
             fail(
                 f"--as: {identity!r} {problem.split(';')[0]}; no dispatch names such an identity", 2
             )
+    approver_key = None
+    if approver_key_path is not None:
+        try:
+            approver_key = ApproverKey.load(Path(approver_key_path))
+        except ValueError as exc:
+            fail(f"--approver-key: {exc}", 2)
+        click.echo(
+            f"approver key: credential {approver_key.credential_id} (enrol its public key: "
+            "hitl-gate approvers add-key)",
+            err=True,
+        )
     # asking on a terminal: INFO lines would land in the drafts and prompts (issue 12)
     logs.configure("WARNING" if auto_decision is None and sys.stderr.isatty() else "INFO")
     try:
-        asyncio.run(run_relay(listen, secret, identities, auto_decision, max_skew, auto_answer))
+        asyncio.run(
+            run_relay(
+                listen, secret, identities, auto_decision, max_skew, auto_answer, approver_key
+            )
+        )
     except NoScreen as exc:
         fail(str(exc), 2)
     except OSError as exc:

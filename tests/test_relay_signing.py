@@ -1,0 +1,166 @@
+"""Relays that sign (issue 16 part C): the reference relay's ``--approver-key`` signs every
+decision it posts with the approver's Ed25519 key, and the gate verifies it on a step whose
+``approver_signature`` is ``required``.
+
+Real processes throughout: ``hitl-gate keygen`` writes the key, ``python -m gate relay``
+signs, ``python -m gate serve`` verifies, ``hitl-gate approvers add-key`` enrols over the
+admin API; the SQLite file is read back.
+"""
+
+from __future__ import annotations
+
+import re
+import sqlite3
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cryptography.hazmat.primitives.serialization import load_pem_public_key
+
+from gate.protocol.approver_signature import ed25519_credential_id
+from tests.support import CliProcess, GateProcess, gate_env, run_cli, write_config
+
+ADMIN_TOKEN = "test-admin-token-6e1f9a3b8c2d7f40e5"
+ENV = gate_env(HITL_ADMIN_TOKEN=ADMIN_TOKEN)
+ALICE = "alice@example.com"  # operator 101
+STEPS = [
+    {"name": "req", "approvers": [101], "timeout": "1h", "approver_signature": "required"},
+]
+CREDENTIAL_LINE = r"approver key: credential (\S+) \(enrol its public key"
+
+
+@pytest.fixture
+def processes() -> Iterator[Callable[..., Any]]:
+    """Start ``CliProcess``/``GateProcess`` objects and stop every one at the end."""
+    started: list[Any] = []
+
+    def start(proc: Any) -> Any:
+        started.append(proc)
+        return proc
+
+    yield start
+    for proc in reversed(started):
+        if proc.proc is not None and proc.proc.poll() is None:
+            proc.stop()
+
+
+def keygen(directory: Path) -> tuple[Path, Path]:
+    """``hitl-gate keygen --out DIR``: the approver's private and public key files."""
+    done = run_cli("keygen", "--out", str(directory), env=ENV)
+    assert done.returncode == 0, done.stderr
+    return directory / "hitl-gate-ed25519.key", directory / "hitl-gate-ed25519.pub"
+
+
+def start_relay(start: Callable[..., Any], auto: str, *extra: str) -> tuple[CliProcess, str]:
+    relay = start(
+        CliProcess(
+            "relay",
+            "--listen",
+            "127.0.0.1:0",
+            "--secret-env",
+            "HITL_RELAY_SECRET",
+            "--auto",
+            auto,
+            "--as",
+            ALICE,
+            *extra,
+            env=ENV,
+        )
+    )
+    url = relay.wait_for_line(r"event=relay_listening url=(http://127\.0\.0\.1:\d+/)").group(1)
+    return relay, url
+
+
+def start_gate(start: Callable[..., Any], tmp_path: Path, relay_url: str) -> GateProcess:
+    config = write_config(
+        tmp_path, relay_url, steps=STEPS, api={"admin_token_env": "HITL_ADMIN_TOKEN"}
+    )
+    gate: GateProcess = start(GateProcess(config, env=ENV)).start()
+    return gate
+
+
+def enrol(gate: GateProcess, public_key: Path) -> str:
+    done = run_cli(
+        "approvers",
+        "add-key",
+        "-c",
+        str(gate.config),
+        "--api-url",
+        gate.api_url,
+        "101",
+        "--public-key",
+        str(public_key),
+        env=ENV,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout.decode().strip()
+
+
+def decisions(gate: GateProcess, approval_id: str) -> list[tuple[Any, ...]]:
+    conn = sqlite3.connect(f"file:{gate.config.parent / 'gate.db'}?mode=ro", uri=True)
+    try:
+        return conn.execute(
+            "SELECT decision, reason, credential_id FROM decisions WHERE approval_id = ?",
+            (approval_id,),
+        ).fetchall()
+    finally:
+        conn.close()
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize(
+    ("auto", "verb", "reason"),
+    [
+        ("approve", "approve", None),
+        ("skip:not this week", "skip", "not this week"),
+        ("adjust:Hello, édited world", "adjust", None),
+    ],
+    ids=["approve", "skip-with-reason", "adjust"],
+)
+def test_relay_approver_key_signs_each_decision_the_gate_requires(
+    tmp_path: Path, processes: Callable[..., Any], auto: str, verb: str, reason: str | None
+) -> None:
+    private, public = keygen(tmp_path / "keys")
+    relay, url = start_relay(processes, auto, "--approver-key", str(private))
+    printed = relay.wait_for_line(CREDENTIAL_LINE).group(1)
+    raw = load_pem_public_key(public.read_bytes()).public_bytes_raw()  # type: ignore[union-attr]
+    assert printed == ed25519_credential_id(raw)  # the id the gate enrols it under
+    gate = start_gate(processes, tmp_path, url)
+    assert enrol(gate, public) == printed
+
+    api = gate.api()
+    approval = api.create(step="req")
+    resolved = api.wait_resolved(approval["approval_id"])
+    assert resolved["outcome"] == {"approve": "approved", "skip": "skipped"}.get(verb, "adjusted")
+    assert decisions(gate, approval["approval_id"]) == [(verb, reason, printed)]
+    sent = rf"event=decision_sent approval_id={approval['approval_id']} .* answer=200 "
+    relay.wait_for_line(sent)
+
+
+@pytest.mark.e2e
+def test_relay_without_approver_key_is_refused_on_a_required_step(
+    tmp_path: Path, processes: Callable[..., Any]
+) -> None:
+    relay, url = start_relay(processes, "approve")
+    gate = start_gate(processes, tmp_path, url)
+    approval_id = gate.api().create(step="req")["approval_id"]
+    refused = rf"approval_id={approval_id} .* answer=403 .*approver_signature_required"
+    relay.wait_for_line(rf"event=decision_sent {refused}")
+    assert "approver key:" not in relay.log()
+    assert gate.api().get(approval_id)["state"] == "pending"
+    assert decisions(gate, approval_id) == []
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("which", ["public", "missing"])
+def test_relay_approver_key_that_is_no_private_key_is_one_line(tmp_path: Path, which: str) -> None:
+    _, public = keygen(tmp_path / "keys")
+    path = public if which == "public" else tmp_path / "nope.key"
+    done = run_cli(
+        "relay", "--secret-env", "HITL_RELAY_SECRET", "--approver-key", str(path), env=ENV
+    )
+    assert done.returncode == 2
+    expected = "is not an unencrypted private key in PEM" if which == "public" else "cannot read"
+    [line] = done.stderr.decode().strip().splitlines()
+    assert re.fullmatch(r"Error: --approver-key: .*", line) and expected in line, line
