@@ -9,6 +9,7 @@ admin API; the SQLite file is read back.
 
 from __future__ import annotations
 
+import json
 import re
 import sqlite3
 from collections.abc import Callable, Iterator
@@ -164,3 +165,87 @@ def test_relay_approver_key_that_is_no_private_key_is_one_line(tmp_path: Path, w
     expected = "is not an unencrypted private key in PEM" if which == "public" else "cannot read"
     [line] = done.stderr.decode().strip().splitlines()
     assert re.fullmatch(r"Error: --approver-key: .*", line) and expected in line, line
+
+
+# ---- hitl-gate verify --approver-public-key ---------------------------------------------------
+
+SIGNATURE_CHECKS = [
+    "relay.decision_signed_by_approver",
+    "gate.assertion_replay_refused",
+    "gate.assertion_not_in_batch_refused",
+    "gate.unsigned_decision_refused",
+]
+
+
+def verify_run(url: str, public_key: Path, timeout: float = 60) -> CliProcess:
+    return CliProcess(
+        "verify",
+        url,
+        "--secret-env",
+        "HITL_RELAY_SECRET",
+        "--approver",
+        ALICE,
+        "--timeout",
+        f"{timeout:g}",
+        "--approver-public-key",
+        str(public_key),
+        "--json",
+        env=ENV,
+    )
+
+
+@pytest.mark.e2e
+def test_verify_approver_public_key_passes_a_signing_relay_and_fails_one_that_does_not(
+    tmp_path: Path, processes: Callable[..., Any]
+) -> None:
+    private, public = keygen(tmp_path / "keys")
+    _, signing_url = start_relay(processes, "approve", "--approver-key", str(private))
+    plain, plain_url = start_relay(processes, "approve")
+    signing_run = processes(verify_run(signing_url, public))
+    plain_run = processes(verify_run(plain_url, public, timeout=5))
+
+    code, out, err = signing_run.finish(120)
+    assert code == 0, (out, err)
+    report = json.loads(out)
+    names = [c["name"] for c in report["checks"]]
+    assert names[-4:] == SIGNATURE_CHECKS, names
+    by_name = {c["name"]: c for c in report["checks"]}
+    assert all(c["ok"] for c in report["checks"]), report
+    raw = load_pem_public_key(public.read_bytes()).public_bytes_raw()  # type: ignore[union-attr]
+    assert by_name[SIGNATURE_CHECKS[0]]["observed"] == (
+        f"accepted and recorded with credential {ed25519_credential_id(raw)}"
+    )
+    assert by_name[SIGNATURE_CHECKS[1]]["observed"] == "refused 403 approver_signature_invalid"
+    assert by_name[SIGNATURE_CHECKS[2]]["observed"] == "refused 403 approver_signature_invalid"
+    assert by_name[SIGNATURE_CHECKS[3]]["observed"] == "refused 403 approver_signature_required"
+
+    code, out, err = plain_run.finish(120)
+    assert code == 1, (out, err)
+    checks = {c["name"]: c for c in json.loads(out)["checks"]}
+    assert checks["relay.decision_accepted"]["ok"] is False  # refused: no signature
+    signed = checks[SIGNATURE_CHECKS[0]]
+    assert (signed["ok"], signed["skipped"]) == (False, False)
+    assert signed["observed"] == "the decision has no approver_assertion"
+    for name in SIGNATURE_CHECKS[1:]:
+        assert checks[name]["skipped"] is True, checks[name]
+    plain.wait_for_line(r"answer=403 .*approver_signature_required")
+
+
+@pytest.mark.e2e
+def test_verify_approver_public_key_that_is_no_ed25519_key_is_one_line(tmp_path: Path) -> None:
+    private, _ = keygen(tmp_path / "keys")
+    done = run_cli(
+        "verify",
+        "http://127.0.0.1:9/",
+        "--secret-env",
+        "HITL_RELAY_SECRET",
+        "--approver",
+        ALICE,
+        "--approver-public-key",
+        str(private),
+        env=ENV,
+    )
+    assert done.returncode == 2
+    assert done.stderr.decode() == (
+        f"Error: --approver-public-key: {private} is not an Ed25519 public key in PEM\n"
+    )

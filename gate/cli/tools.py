@@ -215,6 +215,26 @@ def relay(
         fail(f"cannot listen on {listen}: {exc}")
 
 
+def _approver_public_key(path: str) -> str:
+    """The PEM text of ``verify --approver-public-key``; exit 2 with one line unless it is
+    a readable Ed25519 public key."""
+    from cryptography.exceptions import UnsupportedAlgorithm
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+    from cryptography.hazmat.primitives.serialization import load_pem_public_key
+
+    try:
+        pem = Path(path).read_bytes()[: 64 * 1024]
+    except OSError as exc:
+        fail(f"--approver-public-key: cannot read {path}: {exc.strerror or exc}", 2)
+    try:
+        loaded = load_pem_public_key(pem)
+    except (ValueError, TypeError, UnsupportedAlgorithm):
+        loaded = None
+    if not isinstance(loaded, Ed25519PublicKey):
+        fail(f"--approver-public-key: {path} is not an Ed25519 public key in PEM", 2)
+    return pem.decode("ascii")
+
+
 # where ``verify``'s ephemeral config takes each setting from
 _VERIFY_OPTIONS = (
     ("relay.operators", "--approver"),
@@ -275,6 +295,13 @@ def _verify_option(error: str) -> str:
     help="The relay declares question support (relay.questions, issue 15): also ask it a "
     "single-choice question, judge its answer and probe the gate's answer checks.",
 )
+@click.option(
+    "--approver-public-key",
+    "approver_public_key",
+    default=None,
+    help="The relay signs each decision as the approver (issue 16): this Ed25519 public key, "
+    "PEM, is enrolled for --approver on a step that requires approver signatures.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 def verify(
     relay_url: str,
@@ -285,6 +312,7 @@ def verify(
     timeout: float,
     notices: bool,
     questions: bool,
+    approver_public_key: str | None,
     as_json: bool,
 ) -> None:
     """Conformance test of a live relay (SPEC §6): PASS/FAIL per check.
@@ -297,7 +325,11 @@ def verify(
     back for it (issue 14). With --questions, then asks the relay a single-choice question
     (options yes, no, später), judges its answer and checks that the gate refuses that
     answer replayed, with a wrong-typed value, with a mutated request_hash and turned into
-    an approve (issue 15).
+    an approve (issue 15). With --approver-public-key, the step requires approver
+    signatures (issue 16): the relay's decision must carry an Ed25519 approver_assertion by
+    that key and be recorded with it, and the gate must refuse that assertion moved to
+    another approval, with a batch that does not list the decision, and a decision without
+    one.
     Exit 0 when every check passes, 1 when one fails, 2 for usage errors.
 
     Example: hitl-gate verify http://127.0.0.1:8091/ --secret-env HITL_RELAY_SECRET
@@ -307,6 +339,9 @@ def verify(
     from gate.tools.conformance.runner import run_verify
 
     secret = _relay_secret(secret_env)
+    public_pem = None
+    if approver_public_key is not None:
+        public_pem = _approver_public_key(approver_public_key)
     if not relay_url.startswith(("http://", "https://")):
         fail("RELAY_URL must be an http:// or https:// URL", 2)
     try:
@@ -316,7 +351,17 @@ def verify(
         fail(f"--listen: {exc}", 2)
     try:
         report = asyncio.run(
-            run_verify(relay_url, secret, approver, listen, public_url, timeout, notices, questions)
+            run_verify(
+                relay_url,
+                secret,
+                approver,
+                listen,
+                public_url,
+                timeout,
+                notices,
+                questions,
+                public_pem,
+            )
         )
     except OSError as exc:
         fail(f"--listen: cannot listen on {listen}: {exc}", 2)
