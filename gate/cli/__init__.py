@@ -1,6 +1,6 @@
 """``hitl-gate`` commands: each parses, calls one function, prints; errors become one line.
 The group, ``fail``, ``run`` and shared options live here; the commands in daemon, pipeline,
-ask, questions, audit and tools (what the API-side ones share: common).
+ask, questions, audit, tools and verify (what the API-side ones share: common).
 
 Importing this package registers every command on ``main`` (the modules import the group
 from here, then this package imports them at its end).
@@ -119,4 +119,13 @@ def read_input(option: str, path: str) -> bytes:
 
 
 # each module registers its commands on ``main`` when imported
-from gate.cli import approvers, ask, audit, daemon, pipeline, questions, tools  # noqa: E402, F401
+from gate.cli import (  # noqa: E402, F401
+    approvers,
+    ask,
+    audit,
+    daemon,
+    pipeline,
+    questions,
+    tools,
+    verify,
+)
