@@ -17,11 +17,21 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.serialization import load_pem_public_key
 
-from gate.protocol.approver_signature import ed25519_credential_id
-from tests.support import CliProcess, GateProcess, gate_env, run_cli, write_config
+from gate.protocol.approver_signature import (
+    ed25519_credential_id,
+    parse_approver_assertion,
+    verify_ed25519,
+)
+from gate.tools.reference_relay.approver_key import ApproverKey
+from tests.support import ROOT, CliProcess, GateProcess, gate_env, run_cli, write_config
 
+VECTORS = json.loads(
+    (ROOT / "conformance" / "vectors" / "approver_signature.json").read_text(encoding="utf-8")
+)["cases"]
 ADMIN_TOKEN = "test-admin-token-6e1f9a3b8c2d7f40e5"
 ENV = gate_env(HITL_ADMIN_TOKEN=ADMIN_TOKEN)
 ALICE = "alice@example.com"  # operator 101
@@ -107,6 +117,56 @@ def decisions(gate: GateProcess, approval_id: str) -> list[tuple[Any, ...]]:
         ).fetchall()
     finally:
         conn.close()
+
+
+def vector_key(tmp_path: Path) -> tuple[ApproverKey, dict[str, Any]]:
+    """The vectors' Ed25519 key (RFC 8032 TEST 1) as a private key PEM file, loaded."""
+    [case] = [c for c in VECTORS if c["id"] == "ed25519_approve"]
+    private = Ed25519PrivateKey.from_private_bytes(bytes.fromhex(case["key"]["private_seed_hex"]))
+    path = tmp_path / "approver.key"
+    path.write_bytes(
+        private.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    return ApproverKey.load(path), case
+
+
+def dispatch_of(case: dict[str, Any]) -> dict[str, Any]:
+    """A dispatch with the decision case's fields where a relay reads them."""
+    given = case["input"]
+    return {
+        "approval_id": given["approval_id"],
+        "revision": given["revision"],
+        "payload_hash": given["payload_hash"],
+        "callback": {"nonce": given["nonce"]},
+    }
+
+
+def test_approver_key_signs_the_known_answer_of_the_vectors(tmp_path: Path) -> None:
+    key, case = vector_key(tmp_path)
+    [decision] = [c for c in VECTORS if c["id"] == case["signs"]]
+    assert key.credential_id == case["approver_assertion"]["credential_id"]
+    assertion = key.assertion(dispatch_of(decision), decision["input"]["decision"], None, None)
+    assert assertion == case["approver_assertion"]  # Ed25519 is deterministic
+
+
+@pytest.mark.parametrize(
+    "case", [c for c in VECTORS if c["kind"] == "decision"], ids=lambda c: c["id"]
+)
+def test_approver_key_signs_each_vector_decisions_digest(
+    tmp_path: Path, case: dict[str, Any]
+) -> None:
+    key, signing = vector_key(tmp_path)
+    given = case["input"]
+    made = key.assertion(
+        dispatch_of(case), given["decision"], given.get("adjust_text"), given.get("reason")
+    )
+    parsed = parse_approver_assertion(made)
+    assert parsed is not None
+    verify_ed25519(signing["key"]["public_pem"], parsed, bytes.fromhex(case["digest_hex"]))
 
 
 @pytest.mark.e2e
