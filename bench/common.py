@@ -31,12 +31,15 @@ PYTHON = sys.executable
 SECRET_ENV = "BENCH_HITL_RELAY_SECRET"
 TOKEN_ENV = "BENCH_HITL_API_TOKEN"
 RECEIPT_ENV = "BENCH_HITL_RECEIPT_KEY"
+ADMIN_ENV = "BENCH_HITL_ADMIN_TOKEN"  # issue 16: enrols the approver keys of ``SIGNED_STEP``
 SECRET = "bench-relay-secret-3b9d7e0a51c4f826"
 API_TOKEN = "bench-api-token-5c1e08f3b2a9d647"
 RECEIPT_KEY = "bench-receipt-key-8a47c1f0e93d52b6"
+ADMIN_TOKEN = "bench-admin-token-7f3a91c0d2e84b65"
 
 PIPELINE = "bench"
 STEP = "q1"
+SIGNED_STEP = "q1s"  # as q1, with approver_signature: required (bench.signed)
 STEP_TIMEOUT = "4h"
 # Eight operators in scope of the quorum-1 step; decisions are spread over them.
 IDENTITIES = [f"op{n:02d}@bench.example" for n in range(1, 9)]
@@ -66,7 +69,9 @@ def draft_body(i: int) -> str:
 def bench_env(**extra: str) -> dict[str, str]:
     """Environment for every spawned process: this one plus the benchmark secrets."""
     env = dict(os.environ)
-    env.update({SECRET_ENV: SECRET, TOKEN_ENV: API_TOKEN, RECEIPT_ENV: RECEIPT_KEY})
+    env.update(
+        {SECRET_ENV: SECRET, TOKEN_ENV: API_TOKEN, RECEIPT_ENV: RECEIPT_KEY, ADMIN_ENV: ADMIN_TOKEN}
+    )
     env.update(extra)
     env.pop("PYTHONDEVMODE", None)
     env.pop("PYTHONTRACEMALLOC", None)
@@ -75,7 +80,8 @@ def bench_env(**extra: str) -> dict[str, str]:
 
 def write_config(directory: Path, relay_url: str, db_path: Path) -> Path:
     """Write a gate config into ``directory``: ports 0, one pipeline ``bench`` with the
-    quorum-1 step ``q1`` (8 approvers, 4 h timeout), no practical rate limit."""
+    quorum-1 step ``q1`` (8 approvers, 4 h timeout) and its twin ``q1s`` that requires
+    approver signatures (issue 16), an admin token, no practical rate limit."""
     operators = [
         {"id": op_id, "identity": ident}
         for op_id, ident in zip(OPERATOR_IDS, IDENTITIES, strict=True)
@@ -94,7 +100,7 @@ def write_config(directory: Path, relay_url: str, db_path: Path) -> Path:
                 "max_skew": "300s",
             },
         },
-        "api": {"listen": "127.0.0.1:0", "token_env": TOKEN_ENV},
+        "api": {"listen": "127.0.0.1:0", "token_env": TOKEN_ENV, "admin_token_env": ADMIN_ENV},
         "storage": {"path": str(db_path)},
         "receipts": {"key_env": RECEIPT_ENV},
         "pipelines": [
@@ -107,7 +113,15 @@ def write_config(directory: Path, relay_url: str, db_path: Path) -> Path:
                         "approvers": OPERATOR_IDS,
                         "timeout": STEP_TIMEOUT,
                         "risk": RISK,
-                    }
+                    },
+                    {
+                        "name": SIGNED_STEP,
+                        "quorum": 1,
+                        "approvers": OPERATOR_IDS,
+                        "timeout": STEP_TIMEOUT,
+                        "risk": RISK,
+                        "approver_signature": "required",
+                    },
                 ],
             }
         ],

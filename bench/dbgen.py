@@ -96,7 +96,8 @@ def add_pending(
         conn.executemany(
             "INSERT INTO approvals (approval_id, run_id, pipeline, step, risk, content_type,"
             " quorum_required, scope, budget, spend, revision, state, created_at, expires_at,"
-            " idempotency_key, request_hash) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+            " idempotency_key, request_hash, approver_signature)"
+            " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,'off')",  # q1: as the gate freezes it
             approvals,
         )
         conn.executemany(
@@ -294,7 +295,8 @@ def _records_from_log(conn: sqlite3.Connection, first_seq: int) -> None:
         conn.executemany(
             "INSERT INTO approvals (approval_id, run_id, pipeline, step, risk, content_type,"
             " quorum_required, scope, revision, state, outcome, created_at, expires_at,"
-            " resolved_at, request_hash, receipt) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+            " resolved_at, request_hash, receipt, approver_signature)"
+            " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,'off')",  # q1: as the gate freezes it
             approvals,
         )
         conn.executemany(

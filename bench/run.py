@@ -32,14 +32,14 @@ import sys
 import tempfile
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 
-from bench import dbgen
+from bench import dbgen, signed
 from bench.common import (
     API_TOKEN,
     CLK_TCK,
@@ -50,6 +50,7 @@ from bench.common import (
     RECEIPT_KEY,
     ROOT,
     SECRET_ENV,
+    SIGNED_STEP,
     STEP,
     TOKEN_ENV,
     Daemon,
@@ -275,7 +276,9 @@ class Bench:
             time.sleep(0.05)
 
     @staticmethod
-    def create_approvals(api_url: str, count: int, concurrency: int) -> dict[str, Any]:
+    def create_approvals(
+        api_url: str, count: int, concurrency: int, step: str = STEP
+    ) -> dict[str, Any]:
         """Create ``count`` approvals through the API (not a measured figure, reported as info)."""
 
         async def go() -> float:
@@ -292,8 +295,8 @@ class Bench:
                         body = json.dumps(
                             {
                                 "pipeline": PIPELINE,
-                                "step": STEP,
-                                "run_id": f"bench-{i}",
+                                "step": step,
+                                "run_id": f"bench-{step}-{i}",
                                 "draft": {"content_type": "text/plain", "body": draft_body(i)},
                             },
                             ensure_ascii=False,
@@ -337,6 +340,13 @@ class Bench:
             _progress(f"decisions: creating {total} approvals")
             out["create"] = self.create_approvals(gate.api_url, total, p.create_concurrency)
             captured = self.wait_captured(relay, total)
+            # issue 16: the signed rows' approvals on the step that requires signatures,
+            # created after the others so they are the last dispatches captured
+            keys = signed.Keys()
+            signed.enrol(gate.api_url, keys)
+            signed_total = sum(n for c, n in p.levels if c in signed.SIGNED_LEVELS)
+            self.create_approvals(gate.api_url, signed_total, p.create_concurrency, SIGNED_STEP)
+            signed_pool = iter(self.wait_captured(relay, total + signed_total)[total:])
             self.wait_delivered(db)
             time.sleep(0.5)
             pool = iter(captured)
@@ -368,6 +378,10 @@ class Bench:
                 else:
                     res = self.loadgen_decisions(gate.callback_url, bodies, concurrency)
                 res["server_cpu_ms"] = _per_answer(cpu_seconds(gate.pid) - cpu0, res)
+                if concurrency in signed.SIGNED_LEVELS:
+                    out.setdefault("signed", []).append(
+                        self.signed_level(gate, d, keys, signed_pool, concurrency, count, res)
+                    )
                 out["levels"].append(
                     {
                         "concurrency": concurrency,
@@ -390,8 +404,43 @@ class Bench:
         out["all_ok"] = all(
             lv["gate"]["ok"] == lv["decisions"] and lv["baseline"]["ok"] == lv["decisions"]
             for lv in out["levels"]
-        )
+        ) and all(lv["gate"]["ok"] == lv["decisions"] for lv in out.get("signed", []))
         return out
+
+    def signed_level(
+        self,
+        gate: Daemon,
+        d: Path,
+        keys: signed.Keys,
+        pool: Iterator[dict[str, Any]],
+        concurrency: int,
+        count: int,
+        unsigned: dict[str, Any],
+    ) -> dict[str, Any]:
+        """One ``decisions signed`` row (issue 16): ``count`` approves, each with an Ed25519
+        ``approver_assertion``, on the step that requires them, at ``concurrency``; with its
+        ratio to the ``unsigned`` row measured just before on the same daemon."""
+        envs = [next(pool) for _ in range(count)]
+        bodies = d / f"bodies-signed-c{concurrency}.txt"
+        bodies.write_bytes(
+            b"\n".join(
+                keys.decision(e, IDENTITIES[i % len(IDENTITIES)]) for i, e in enumerate(envs)
+            )
+            + b"\n"
+        )
+        _progress(f"decisions: c={concurrency} n={count} gate, signed")
+        cpu0 = cpu_seconds(gate.pid)
+        res = self.loadgen_decisions(gate.callback_url, bodies, concurrency)
+        res["server_cpu_ms"] = _per_answer(cpu_seconds(gate.pid) - cpu0, res)
+        return {
+            "concurrency": concurrency,
+            "decisions": count,
+            "gate": res,
+            "ratio_rps_to_unsigned": _ratio(res["rps"], unsigned["rps"]),
+            "ratio_p99_to_unsigned": _ratio(
+                res["latency_ms"].get("p99"), unsigned["latency_ms"].get("p99")
+            ),
+        }
 
     def profiled_load(
         self, gate: Daemon, bodies: Path, concurrency: int
@@ -933,6 +982,49 @@ def _table(title: str, header: list[str], rows: list[list[Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _signed_table(decisions: dict[str, Any]) -> str:
+    """The ``decisions signed`` rows (issue 16) next to the unsigned rows of the same run."""
+    unsigned = {lv["concurrency"]: lv["gate"] for lv in decisions["levels"]}
+    rows = []
+    for lv in decisions["signed"]:
+        g, u = lv["gate"], unsigned.get(lv["concurrency"], {})
+        rows.append(
+            [
+                lv["concurrency"],
+                lv["decisions"],
+                g["rps"],
+                u.get("rps"),
+                lv["ratio_rps_to_unsigned"],
+                g["latency_ms"].get("p50"),
+                g["latency_ms"].get("p99"),
+                (u.get("latency_ms") or {}).get("p99"),
+                lv["ratio_p99_to_unsigned"],
+                g.get("server_cpu_ms"),
+                u.get("server_cpu_ms"),
+                f"{g['ok']}/{lv['decisions']}",
+            ]
+        )
+    return _table(
+        "decisions signed (each with an Ed25519 approver_assertion on a required step, "
+        "issue 16; ratio = signed ÷ unsigned, same run and daemon)",
+        [
+            "c",
+            "n",
+            "signed/s",
+            "unsigned/s",
+            "ratio",
+            "s p50 ms",
+            "s p99 ms",
+            "u p99 ms",
+            "p99 ratio",
+            "s cpu ms",
+            "u cpu ms",
+            "ok",
+        ],
+        rows,
+    )
+
+
 def render(results: dict[str, Any]) -> str:
     """The human table of one results object."""
     s = results["sections"]
@@ -988,6 +1080,8 @@ def render(results: dict[str, Any]) -> str:
                 rows,
             )
         )
+        if s["decisions"].get("signed"):
+            out.append(_signed_table(s["decisions"]))
         if "profile" in s["decisions"]:
             prof = s["decisions"]["profile"]
             if "error" in prof:

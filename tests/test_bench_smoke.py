@@ -79,9 +79,17 @@ def test_quick_run_measures_every_section(tmp_path: Path) -> None:
             assert lv[side]["rps"] > 0
             _latency(lv[side]["latency_ms"])
         assert lv["ratio_rps"] > 0 and lv["ratio_p99"] > 0
+    # issue 16: signed rows at c=16 and c=64, every decision recorded, a ratio to unsigned
+    assert [lv["concurrency"] for lv in dec["signed"]] == [16, 64]
+    for lv in dec["signed"]:
+        assert lv["gate"]["ok"] == lv["decisions"] == lv["gate"]["requests"], lv["gate"]
+        _latency(lv["gate"]["latency_ms"])
+        assert lv["ratio_rps_to_unsigned"] > 0 and lv["ratio_p99_to_unsigned"] > 0
+    assert "decisions signed" in report
+    signed_n = sum(lv["decisions"] for lv in dec["signed"])
     assert dec["all_ok"] and dec["gate_exit_code"] == 0
-    assert dec["approved_in_db"] == sum(lv["decisions"] for lv in dec["levels"])
-    assert dec["create"]["count"] == dec["approved_in_db"]
+    assert dec["approved_in_db"] == sum(lv["decisions"] for lv in dec["levels"]) + signed_n
+    assert dec["create"]["count"] + signed_n == dec["approved_in_db"]
 
     rt = s["roundtrip"]
     # structure only: a failed round trip is counted under "error" and shown, not asserted

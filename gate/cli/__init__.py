@@ -1,6 +1,6 @@
 """``hitl-gate`` commands: each parses, calls one function, prints; errors become one line.
 The group, ``fail``, ``run`` and shared options live here; the commands in daemon, pipeline,
-ask, questions, audit and tools (what the API-side ones share: common).
+ask, questions, audit, tools and verify (what the API-side ones share: common).
 
 Importing this package registers every command on ``main`` (the modules import the group
 from here, then this package imports them at its end).
@@ -128,4 +128,5 @@ from gate.cli import (  # noqa: E402, F401
     pipeline,
     questions,
     tools,
+    verify,
 )

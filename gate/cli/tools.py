@@ -1,10 +1,9 @@
-"""``hitl-gate`` commands that start separate programs: ``doctor``, ``keygen``, ``relay``,
-``verify``."""
+"""``hitl-gate`` commands that start separate programs: ``doctor``, ``keygen``, ``relay``
+(``verify`` is in ``gate.cli.verify``)."""
 
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import sys
 from pathlib import Path
@@ -17,10 +16,10 @@ from gate.cli import (
     main,
     run,
 )
-from gate.errors import ConfigError, GateError
+from gate.errors import GateError
 
 
-def _relay_secret(var: str) -> str:
+def relay_secret(var: str) -> str:
     """Return the relay secret from env ``var``; exit 2 if unset or padded with whitespace
     (a trailing newline would silently break every signature: case H04)."""
     secret = os.environ.get(var)
@@ -120,6 +119,14 @@ def keygen(out_dir: str) -> None:
     show_default=True,
     help="Refuse dispatches signed more than this many seconds away.",
 )
+@click.option(
+    "--approver-key",
+    "approver_key_path",
+    default=None,
+    type=click.Path(dir_okay=False),
+    help="Sign every decision with this Ed25519 private key, PEM (issue 16; hitl-gate keygen "
+    "--out DIR writes DIR/hitl-gate-ed25519.key). Prints its credential id at start.",
+)
 def relay(
     listen: str,
     secret_env: str,
@@ -127,6 +134,7 @@ def relay(
     auto: str | None,
     auto_answer: str | None,
     max_skew: float,
+    approver_key_path: str | None,
 ) -> None:
     """Reference relay: verify each dispatch, ask a human on this terminal (or decide
     automatically with --auto), sign the decision and post it back.
@@ -147,17 +155,22 @@ def relay(
     never inside a draft or prompt (they follow it); redirect stderr (2>relay.log) to keep
     the INFO lines.
 
+    With --approver-key, each decision carries an approver_assertion signed by that key
+    (issue 16): enrol its public half once with hitl-gate approvers add-key; the credential
+    id is printed on stderr at start ("approver key: credential <id>").
+
     Example: HITL_RELAY_SECRET=... hitl-gate relay --secret-env HITL_RELAY_SECRET --auto approve
     """
     from gate import logs
     from gate.config import parse_listen
     from gate.config.values import identity_problem
     from gate.protocol.whitespace import is_blank, is_trimmed
+    from gate.tools.reference_relay.approver_key import ApproverKey
     from gate.tools.reference_relay.relay import AutoDecision
     from gate.tools.reference_relay.server import run_relay
     from gate.tools.reference_relay.terminal import NoScreen
 
-    secret = _relay_secret(secret_env)
+    secret = relay_secret(secret_env)
     try:
         parse_listen(listen)
     except ValueError as exc:
@@ -176,124 +189,26 @@ def relay(
             fail(
                 f"--as: {identity!r} {problem.split(';')[0]}; no dispatch names such an identity", 2
             )
+    approver_key = None
+    if approver_key_path is not None:
+        try:
+            approver_key = ApproverKey.load(Path(approver_key_path))
+        except ValueError as exc:
+            fail(f"--approver-key: {exc}", 2)
+        click.echo(
+            f"approver key: credential {approver_key.credential_id} (enrol its public key: "
+            "hitl-gate approvers add-key)",
+            err=True,
+        )
     # asking on a terminal: INFO lines would land in the drafts and prompts (issue 12)
     logs.configure("WARNING" if auto_decision is None and sys.stderr.isatty() else "INFO")
     try:
-        asyncio.run(run_relay(listen, secret, identities, auto_decision, max_skew, auto_answer))
+        asyncio.run(
+            run_relay(
+                listen, secret, identities, auto_decision, max_skew, auto_answer, approver_key
+            )
+        )
     except NoScreen as exc:
         fail(str(exc), 2)
     except OSError as exc:
         fail(f"cannot listen on {listen}: {exc}")
-
-
-# where ``verify``'s ephemeral config takes each setting from
-_VERIFY_OPTIONS = (
-    ("relay.operators", "--approver"),
-    ("relay.public_url", "--public-url"),
-    ("relay.url", "RELAY_URL"),
-    ("relay.callback_addr", "--listen"),
-)
-
-
-def _verify_option(error: str) -> str:
-    """A config error of ``verify``'s ephemeral gate, named by the argument it came from
-    (``relay.operators[0].identity: must not be empty`` -> ``--approver: must not be
-    empty``)."""
-    path, _, message = error.partition(": ")
-    for prefix, option in _VERIFY_OPTIONS:
-        if path.startswith(prefix):
-            return f"{option}: {message}"
-    return error
-
-
-@main.command()
-@click.argument("relay_url")
-@click.option("--secret-env", required=True, help="Env var holding the shared relay secret.")
-@click.option(
-    "--approver",
-    required=True,
-    help="Identity the relay will report as approver (the human, or the auto account).",
-)
-@click.option(
-    "--listen",
-    default="127.0.0.1:0",
-    show_default=True,
-    help="host:port for the ephemeral gate's decision endpoint (port 0: any free port).",
-)
-@click.option(
-    "--public-url",
-    default=None,
-    help="Base URL the relay calls back (default http://<listen>). A relay in the "
-    "cloud (Power Automate, n8n cloud) needs a public URL that reaches --listen, "
-    "e.g. through a tunnel or reverse proxy.",
-)
-@click.option(
-    "--timeout",
-    type=click.FloatRange(min=1),
-    default=120.0,
-    show_default=True,
-    help="Seconds to wait for the relay's decision (a human may be answering).",
-)
-@click.option(
-    "--notices",
-    is_flag=True,
-    help="The relay claims notice support (relay.notices): also check that it acks a "
-    "signed resolution notice, refuses a badly signed one and never answers one.",
-)
-@click.option(
-    "--questions",
-    is_flag=True,
-    help="The relay declares question support (relay.questions, issue 15): also ask it a "
-    "single-choice question, judge its answer and probe the gate's answer checks.",
-)
-@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
-def verify(
-    relay_url: str,
-    secret_env: str,
-    approver: str,
-    listen: str,
-    public_url: str | None,
-    timeout: float,
-    notices: bool,
-    questions: bool,
-    as_json: bool,
-) -> None:
-    """Conformance test of a live relay (SPEC §6): PASS/FAIL per check.
-
-    Starts an ephemeral gate (the real decision handler over HTTP), dispatches a synthetic
-    approval (pipeline hitl-conformance) plus a badly signed and a stale one, waits for the
-    relay's decision, then checks replay, mutated-hash and out-of-scope refusals. With
-    --notices, then sends the relay a signed resolution notice (must be acked 2xx within
-    5 s), the same notice badly signed (must be refused) and waits that no decision comes
-    back for it (issue 14). With --questions, then asks the relay a single-choice question
-    (options yes, no, später), judges its answer and checks that the gate refuses that
-    answer replayed, with a wrong-typed value, with a mutated request_hash and turned into
-    an approve (issue 15).
-    Exit 0 when every check passes, 1 when one fails, 2 for usage errors.
-
-    Example: hitl-gate verify http://127.0.0.1:8091/ --secret-env HITL_RELAY_SECRET
-    --approver alice@example.com
-    """
-    from gate.config import TcpListen, parse_listen
-    from gate.tools.conformance.runner import run_verify
-
-    secret = _relay_secret(secret_env)
-    if not relay_url.startswith(("http://", "https://")):
-        fail("RELAY_URL must be an http:// or https:// URL", 2)
-    try:
-        if not isinstance(parse_listen(listen), TcpListen):
-            raise ValueError("unix sockets cannot be reached by a relay")
-    except ValueError as exc:
-        fail(f"--listen: {exc}", 2)
-    try:
-        report = asyncio.run(
-            run_verify(relay_url, secret, approver, listen, public_url, timeout, notices, questions)
-        )
-    except OSError as exc:
-        fail(f"--listen: cannot listen on {listen}: {exc}", 2)
-    except ConfigError as exc:  # the ephemeral gate's config is built from the arguments
-        fail("; ".join(_verify_option(error) for error in exc.errors), 2)
-    click.echo(
-        json.dumps(report.as_json(), ensure_ascii=False, indent=2) if as_json else report.as_text()
-    )
-    sys.exit(0 if report.ok else 1)

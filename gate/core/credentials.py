@@ -8,14 +8,17 @@ invite page of issue 16's next step, into the same table.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 from typing import TYPE_CHECKING, Any
 
 from gate.audit.credential_entries import CredentialEnrolledData, CredentialRevokedData
 from gate.core.model import Credential
 from gate.errors import Conflict, GateError, NotFound
-from gate.protocol.approver_signature import b64url, load_ed25519_public_key
+from gate.protocol.approver_signature import (
+    b64url,
+    ed25519_credential_id,
+    load_ed25519_public_key,
+)
 from gate.protocol.envelope import rfc3339
 from gate.store import Command, Store
 
@@ -40,13 +43,6 @@ def _invalid(field: str, message: str) -> GateError:
         kind="invalid",
         extra={"field": field, "message": message},
     )
-
-
-def ed25519_credential_id(raw_public_key: bytes) -> str:
-    """The credential id of an Ed25519 key (issue 16; as conformance/vectors/
-    approver_signature.json uses it): base64url, unpadded, of the first 16 bytes of SHA-256
-    of the raw 32-byte public key."""
-    return b64url(hashlib.sha256(raw_public_key).digest()[:16])
 
 
 def parse_enrolment(obj: Any, config: Config) -> Credential:

@@ -283,6 +283,13 @@ def challenge_for(assertion: ApproverAssertion, digest: bytes) -> bytes:
     return batch_digest([bytes.fromhex(item) for item in assertion.batch])
 
 
+def ed25519_credential_id(raw_public_key: bytes) -> str:
+    """The credential id of an Ed25519 approver key (issue 16; as conformance/vectors/
+    approver_signature.json uses it): base64url, unpadded, of the first 16 bytes of SHA-256
+    of the raw 32-byte public key. Here, in the pure layer, so relays derive it too."""
+    return b64url(hashlib.sha256(raw_public_key).digest()[:16])
+
+
 def load_ed25519_public_key(key: bytes | str) -> Ed25519PublicKey:
     """An Ed25519 public key from its 32 raw bytes or a PEM (SubjectPublicKeyInfo) text.
 

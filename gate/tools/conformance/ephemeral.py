@@ -4,6 +4,7 @@ run uses (who is out of scope, how long to wait for an ack, the skew allowed).""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from gate.config import Config, config_from_mapping
 from gate.tools.conformance.questions import add_question_step
@@ -22,12 +23,14 @@ def ephemeral_config(
     public_url: str | None,
     approver: str,
     questions: bool = False,
+    signatures: bool = False,
 ) -> Config:
     """The ephemeral gate's config, validated as a config file would be (its database in
     ``directory``): one pipeline, one step the ``approver`` (operator 1) alone may decide,
     and an outsider (operator 2) allowed on the relay but out of the step's scope. With
-    ``questions``, also a question step (``questions.add_question_step``, issue 15)."""
-    config = {
+    ``questions``, also a question step (``questions.add_question_step``, issue 15). With
+    ``signatures``, the step is ``approver_signature: required`` (issue 16)."""
+    config: dict[str, Any] = {
         "relay": {
             "url": relay_url,
             "secret_env": "HITL_VERIFY_SECRET",
@@ -64,6 +67,8 @@ def ephemeral_config(
             }
         ],
     }
+    if signatures:
+        config["pipelines"][0]["steps"][0]["approver_signature"] = "required"
     if questions:
         add_question_step(config)
     return config_from_mapping(config, directory)

@@ -15,6 +15,7 @@ from aiohttp import web
 
 from gate.clock import SystemClock
 from gate.config import Secrets, TcpListen, parse_listen
+from gate.core.model import Approval
 from gate.core.service import GateService
 from gate.daemon.app import build_gate, callback_url
 from gate.daemon.dispatch import dispatch_envelope, post_signed
@@ -40,6 +41,7 @@ from gate.tools.conformance.notices import check_notices
 from gate.tools.conformance.probes import create_approval, gate_side
 from gate.tools.conformance.questions import check_questions
 from gate.tools.conformance.report import Report
+from gate.tools.conformance.signatures import check_signatures, enrol_key
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +57,7 @@ async def run_verify(
     timeout_s: float,
     notices: bool = False,
     questions: bool = False,
+    approver_public_key: str | None = None,
 ) -> Report:
     """Run every SPEC §6 check against the relay at ``relay_url``; return the report.
 
@@ -66,10 +69,16 @@ async def run_verify(
     then checks its resolution notices (``gate.tools.conformance.notices``). With
     ``questions`` (a relay that declares question support, issue 15), then asks it a
     question and probes the gate's answer checks (``gate.tools.conformance.questions``).
+    With ``approver_public_key`` (an Ed25519 public key PEM: a relay that signs, issue 16),
+    the step requires approver signatures, the key is enrolled for the approver and the
+    signature checks run (``gate.tools.conformance.signatures``).
     Raises OSError when ``listen`` cannot be bound.
     """
     with tempfile.TemporaryDirectory(prefix="hitl-verify-") as tmp:
-        config = ephemeral_config(Path(tmp), relay_url, listen, public_url, approver, questions)
+        signing_ = approver_public_key is not None
+        config = ephemeral_config(
+            Path(tmp), relay_url, listen, public_url, approver, questions, signing_
+        )
         secrets_ = Secrets(
             (secret,), pysecrets.token_hex(16), pysecrets.token_hex(16).encode("ascii")
         )
@@ -84,6 +93,9 @@ async def run_verify(
             callback_middlewares=[observer(seen, changed, lambda: clock.now_ms() / 1000)],
         )
         async with gate.storage():
+            credential_id = None
+            if approver_public_key is not None:
+                credential_id = await enrol_key(gate.service, 1, approver_public_key)
             runner = web.AppRunner(gate.callback_app, access_log=None)
             await runner.setup()
             try:
@@ -97,7 +109,7 @@ async def run_verify(
                 callback = callback_url(config, f"{host}:{port}")
                 async with aiohttp.ClientSession(trust_env=False) as session:
                     report = Report(callback)
-                    await _run(
+                    decision = await _run(
                         report,
                         gate.service,
                         session,
@@ -110,6 +122,12 @@ async def run_verify(
                         changed,
                         timeout_s,
                     )
+                    if credential_id is not None:
+                        report.checks.extend(
+                            await check_signatures(
+                                gate.service, session, secret, local_url, decision, credential_id
+                            )
+                        )
                     if notices:
                         target = await create_approval(gate.service, "conformance-notice")
                         report.checks.extend(
@@ -157,23 +175,27 @@ async def _run(
     seen: list[Observed],
     changed: asyncio.Event,
     timeout_s: float,
-) -> None:
+) -> Observed | None:
+    """The SPEC §6 checks of the relay's decision and the gate probes; returns the relay's
+    decision (None when none arrived)."""
     checks = report.checks
     bad_sig = await create_approval(service, "conformance-bad-signature")
     stale = await create_approval(service, "conformance-stale-timestamp")
     real = await create_approval(service, "conformance")
     now_s = int(time.time())
 
-    body = wire_json(dispatch_envelope(bad_sig, 1, callback_url))
+    body = wire_json(
+        dispatch_envelope(bad_sig, 1, callback_url, approver_signature=_signing(bad_sig))
+    )
     forged = signing.sign("not-the-shared-secret-" + pysecrets.token_hex(8), now_s, body)
     bad_result = await post_signed(
         session, relay_url, body, secret, now_s, ACK_TIMEOUT_S, signature=forged
     )
-    body = wire_json(dispatch_envelope(stale, 1, callback_url))
+    body = wire_json(dispatch_envelope(stale, 1, callback_url, approver_signature=_signing(stale)))
     stale_result = await post_signed(
         session, relay_url, body, secret, now_s - STALE_BY_S, ACK_TIMEOUT_S
     )
-    body = wire_json(dispatch_envelope(real, 1, callback_url))
+    body = wire_json(dispatch_envelope(real, 1, callback_url, approver_signature=_signing(real)))
     sent_at = time.time()
     ack = await post_signed(session, relay_url, body, secret, int(time.time()), ACK_TIMEOUT_S)
     checks.append(judge_ack(ack.status, ack.error, ack.elapsed_s))
@@ -249,3 +271,10 @@ async def _run(
         )
     )
     await gate_side(checks, service, session, secret, local_url, decision)
+    return decision
+
+
+def _signing(approval: Approval) -> str:
+    """The dispatch's ``approver_signature``: as frozen on the approval (issue 16; ``off``
+    adds nothing, so that dispatch is byte-for-byte as before)."""
+    return approval.approver_signature or "off"

@@ -36,10 +36,13 @@ class ApprovalDesk:
         self, envelope: dict[str, Any], identity: str, verb: str, text: str | None
     ) -> tuple[int, Any]:
         """Sign and POST one decision to the dispatch's callback URL; return (status, answer).
-        ``text`` is an adjust's new text or a skip's reason (issue 14), else ignored.
+        ``text`` is an adjust's new text or a skip's reason (issue 14), else ignored. With
+        the relay's ``--approver-key``, the decision carries its ``approver_assertion``.
 
         Raises aiohttp.ClientError or TimeoutError when the gate cannot be reached.
         """
+        adjust_text = text if verb == "adjust" else None
+        reason = text if verb == "skip" else None
         decision = build_decision(
             approval_id=envelope["approval_id"],
             nonce=envelope["callback"]["nonce"],
@@ -48,9 +51,12 @@ class ApprovalDesk:
             approver_id=identity,
             decided_at_ms=int(time.time() * 1000),
             channel="auto" if self.relay.auto is not None else CHANNEL,
-            adjust_text=text if verb == "adjust" else None,
-            reason=text if verb == "skip" else None,
+            adjust_text=adjust_text,
+            reason=reason,
         )
+        key = self.relay.approver_key
+        if key is not None:  # issue 16: signed by the approver's own key
+            decision["approver_assertion"] = key.assertion(envelope, verb, adjust_text, reason)
         return await self.relay.post_signed(envelope["callback"]["url"], decision)
 
     async def deliver(

@@ -29,6 +29,7 @@ from gate.protocol.canonical import payload_hash
 from gate.protocol.envelope import decode_json
 from gate.protocol.whitespace import identity_key, is_blank
 from gate.tools.reference_relay.approvals import ApprovalDesk
+from gate.tools.reference_relay.approver_key import ApproverKey
 from gate.tools.reference_relay.delivery import post_signed
 from gate.tools.reference_relay.questions import QuestionDesk
 from gate.tools.reference_relay.state import Knowledge, revision_of, settle
@@ -62,8 +63,10 @@ class AutoDecision:
 
 
 class Relay:
-    """Holds the relay's secret, who it decides as, the dispatches already handled, what
-    it knows of each approval (``Knowledge``) and the prompt on screen (``asking``)."""
+    """Holds the relay's secret, who it decides as, the approver key that signs its
+    decisions (``--approver-key``, issue 16; None: unsigned), the dispatches already
+    handled, what it knows of each approval (``Knowledge``) and the prompt on screen
+    (``asking``)."""
 
     def __init__(
         self,
@@ -74,8 +77,10 @@ class Relay:
         session: aiohttp.ClientSession,
         terminal: Terminal,
         auto_answer: str | None = None,
+        approver_key: ApproverKey | None = None,
     ) -> None:
         self.secret = secret
+        self.approver_key = approver_key  # issue 16: signs each decision when set
         self.identities = tuple(identities)
         self.auto = auto
         self.max_skew = max_skew

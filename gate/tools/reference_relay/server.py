@@ -13,6 +13,7 @@ import aiohttp
 from aiohttp import web
 
 from gate.config import TcpListen, parse_listen
+from gate.tools.reference_relay.approver_key import ApproverKey
 from gate.tools.reference_relay.relay import AutoDecision, Relay
 from gate.tools.reference_relay.terminal import LogHold, Terminal
 from gate.tools.reference_relay.view import greeting
@@ -28,9 +29,11 @@ async def run_relay(
     auto: AutoDecision | None,
     max_skew: float,
     auto_answer: str | None = None,
+    approver_key: ApproverKey | None = None,
 ) -> None:
     """Serve the relay on ``listen`` (``host:port``) until SIGINT/SIGTERM; with ``auto``,
-    ``auto_answer`` answers every question (issue 15)."""
+    ``auto_answer`` answers every question (issue 15); with ``approver_key`` every decision
+    is signed by it (issue 16)."""
     import signal
 
     parsed = parse_listen(listen)
@@ -45,7 +48,9 @@ async def run_relay(
     ) as session:
         hold = LogHold.install() if auto is None else None
         terminal = Terminal.open(loop, hold) if auto is None else Terminal.for_auto(loop)
-        relay = Relay(secret, identities, auto, max_skew, session, terminal, auto_answer)
+        relay = Relay(
+            secret, identities, auto, max_skew, session, terminal, auto_answer, approver_key
+        )
         app = web.Application()
         app.router.add_post("/{tail:.*}", relay.receive)
         runner = web.AppRunner(app, access_log=None)
@@ -59,6 +64,8 @@ async def run_relay(
             port,
             f"auto:{auto.verb}" if auto else "terminal",
         )
+        if approver_key is not None:
+            log.info("event=approver_key credential_id=%s", approver_key.credential_id)
         if auto is None:
             terminal.say(greeting(f"http://{host}:{port}/", identities, terminal.interactive))
         worker = asyncio.create_task(relay.work())
