@@ -61,6 +61,10 @@ async function enrol() {
   if (answer.ok) {
     document.getElementById("create").remove();
     document.querySelector("h1").textContent = "Passkey enrolled";
+    const who = document.querySelector("main p strong");
+    const lead = document.querySelector("main p");
+    if (lead && who) lead.textContent = "Decisions as " + who.textContent +
+      " can now be signed with this passkey (credential " + result.credential_id + ").";
     show("Passkey enrolled. You can close this page.", "ok");
   } else {
     show("The gate refused it: " + (result.message || result.reason || answer.status), "error");
