@@ -128,7 +128,8 @@ def test_openapi_yaml_parses_and_is_a_valid_openapi_document() -> None:
     schema = schemathesis.openapi.from_dict(spec)
     schema.validate()  # the OpenAPI meta-schema
     operations = [result.ok() for result in schema.get_all_operations()]
-    assert len(operations) == 15  # 7 + 5 question operations (issue 15) + 3 admin (issue 16)
+    # 7 + 5 question operations (issue 15) + 4 admin and 3 passkey-enrolment (issue 16)
+    assert len(operations) == 19
 
 
 def _spec_routes(spec: dict[str, Any]) -> tuple[set[tuple[str, str]], set[tuple[str, str]]]:
@@ -163,7 +164,12 @@ def test_every_registered_route_is_in_the_spec_and_vice_versa(tmp_path: Path) ->
 
     assert _app_routes(api_app) == spec_api
     assert _app_routes(callback_app) == spec_callback
-    assert spec_callback == {("POST", DECISIONS_PATH)}
+    assert spec_callback == {
+        ("POST", DECISIONS_PATH),
+        ("GET", "/enrol/{token}"),
+        ("POST", "/enrol/{token}"),
+        ("GET", "/enrol/static/{name}"),
+    }
 
 
 def test_spec_security_bearer_on_v1_and_metrics_and_decision_statuses_complete() -> None:
