@@ -107,3 +107,12 @@ def test_doctor_passkeys_line_names_the_relying_party(tmp_path: Path) -> None:
         "",
         "rp_id gate.example.com, origins https://gate.example.com; 0 passkeys enrolled",
     )
+
+
+def test_resolve_webauthn_http_public_url_only_on_localhost(tmp_path: Path) -> None:
+    config = config_with(tmp_path, {"public_url": "http://gate.example.com/"})
+    assert resolve_webauthn(config, "127.0.0.1:8089") is None  # browsers refuse it
+    config = config_with(tmp_path, {"public_url": "http://localhost:8089/"})
+    assert resolve_webauthn(config, "127.0.0.1:8089") == WebAuthnSettings(
+        "localhost", "hitl-gate", ("http://localhost:8089",)
+    )

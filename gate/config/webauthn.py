@@ -66,7 +66,8 @@ def origin_of(url: str) -> str:
 def resolve_webauthn(config: Config, callback_bound: str | None) -> WebAuthnSettings | None:
     """The passkey relying party of ``config`` (issue 16), or None when passkeys are
     unavailable (no domain to use: ``relay.public_url`` is unset or an IP address and no
-    ``webauthn.rp_id`` is configured).
+    ``webauthn.rp_id`` is configured; or the origin derived from ``relay.public_url`` is
+    http on a host other than localhost, which browsers refuse for WebAuthn).
 
     ``callback_bound`` is the relay listener's bound ``host:port`` (None before it is
     bound). Defaults: ``rp_id`` = the host of ``relay.public_url``, ``origins`` = its
@@ -82,6 +83,8 @@ def resolve_webauthn(config: Config, callback_bound: str | None) -> WebAuthnSett
         if rp_id is None and is_domain(host):
             rp_id = host
         if origins is None:
+            if _insecure(public):
+                return None  # browsers refuse WebAuthn on an http origin but localhost
             origins = (origin_of(public),)
     elif callback_bound is not None:
         host, _, port = callback_bound.rpartition(":")
@@ -94,10 +97,32 @@ def resolve_webauthn(config: Config, callback_bound: str | None) -> WebAuthnSett
     return WebAuthnSettings(rp_id, section.rp_name, tuple(origins))
 
 
+def _insecure(url: str) -> bool:
+    """True when ``url`` is http on a host other than ``localhost`` (not a secure context)."""
+    parts = urlsplit(url)
+    return parts.scheme == "http" and (parts.hostname or "").lower() != "localhost"
+
+
+def unavailable_reason(config: Config) -> str:
+    """Why ``resolve_webauthn`` found no relying party, naming the setting to change (one
+    line, for doctor and the 409 ``webauthn_unavailable`` message)."""
+    public = config.relay.public_url
+    if public is not None and config.webauthn.origins is None and _insecure(public):
+        host = urlsplit(public).hostname or ""
+        return (
+            f"relay.public_url is http on {host!r}: browsers allow passkeys only over https"
+            " (or http://localhost); set relay.public_url to an https URL"
+        )
+    return (
+        "set relay.public_url to an https URL on a domain (or webauthn.rp_id and webauthn.origins)"
+    )
+
+
 def check_webauthn(config: Config) -> list[str]:
     """check-config's errors for ``webauthn`` (one line each, YAML path first): ``rp_id``
     an IP or not a domain; ``origins[i]`` not an http(s) origin, http on a host other than
-    localhost, or a host that is neither ``rp_id`` nor a subdomain of it."""
+    localhost, or a host that is neither ``rp_id`` nor a subdomain of it; an empty
+    ``origins`` list (it would allow no origin)."""
     section = config.webauthn
     errors: list[str] = []
     rp_id = section.rp_id
@@ -108,6 +133,11 @@ def check_webauthn(config: Config) -> list[str]:
     if rp_id is None and config.relay.public_url is not None:
         host = (urlsplit(config.relay.public_url).hostname or "").lower()
         rp_id = host if is_domain(host) else None
+    if section.origins is not None and not section.origins:
+        errors.append(
+            "webauthn.origins: an empty list allows no origin"
+            " (omit it to use relay.public_url's origin)"
+        )
     for i, origin in enumerate(section.origins or ()):
         where = f"webauthn.origins[{i}]"
         parts = urlsplit(origin)

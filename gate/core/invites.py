@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from gate.audit.credential_entries import CredentialEnrolledData, InviteCreatedData
-from gate.config.webauthn import WebAuthnSettings, resolve_webauthn
+from gate.config.webauthn import WebAuthnSettings, resolve_webauthn, unavailable_reason
 from gate.core.model import Credential
 from gate.errors import Conflict, GateError, NotFound
 from gate.protocol.approver_signature import b64url
@@ -52,12 +52,10 @@ def _invalid(field: str, message: str) -> GateError:
     )
 
 
-def unavailable() -> GateError:
-    """409 ``webauthn_unavailable``: no relying party (issue 16)."""
-    message = (
-        "passkeys are unavailable: set relay.public_url to an https URL on a domain"
-        " (or webauthn.rp_id and webauthn.origins)"
-    )
+def unavailable(config: Config) -> GateError:
+    """409 ``webauthn_unavailable``: no relying party (issue 16); the message says which
+    setting to change (``unavailable_reason``)."""
+    message = f"passkeys are unavailable: {unavailable_reason(config)}"
     return Conflict("webauthn_unavailable", message, extra={"message": message})
 
 
@@ -196,7 +194,7 @@ class InviteMethods:
         operator_id, ttl_s, label = parse_invite_request(body, self.config)
         settings = self.webauthn()
         if settings is None:
-            raise unavailable()
+            raise unavailable(self.config)
         token = b64url(secrets.token_bytes(32))
         invite = await self.store.transact(
             Command("create_invite", (token_hash(token), operator_id, ttl_s, label))
@@ -214,7 +212,7 @@ class InviteMethods:
         ``usable_invite`` and 409 ``webauthn_unavailable``."""
         settings = self.webauthn()
         if settings is None:
-            raise unavailable()
+            raise unavailable(self.config)
         invite, own = await self.store.transact(Command("invite_page", (token_hash(token),)))
         identity = self._identity(invite.operator_id)
         options = creation_options(
@@ -234,7 +232,7 @@ class InviteMethods:
         ``credential_exists`` or ``webauthn_unavailable``; nothing is stored then."""
         settings = self.webauthn()
         if settings is None:
-            raise unavailable()
+            raise unavailable(self.config)
         invite, _ = await self.store.transact(Command("invite_page", (token_hash(token),)))
         verified = verify_passkey(body, unb64(invite.challenge), settings.rp_id, settings.origins)
         credential = Credential(

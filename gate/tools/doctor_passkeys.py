@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from gate.config import Config
-from gate.config.webauthn import resolve_webauthn
+from gate.config.webauthn import resolve_webauthn, unavailable_reason
 from gate.errors import GateError
 from gate.store.invites import count_passkeys
 
@@ -39,10 +39,12 @@ def passkeys_summary(config: Config, path: Path) -> tuple[str, str]:
         steps = signing_steps(config)
         if steps:
             return "WARN", (
-                "passkeys unavailable (set relay.public_url to an https URL on a domain, or "
-                f"webauthn.rp_id and webauthn.origins); steps asking for signatures: "
-                f"{', '.join(steps[:5])}; {enrolled}"
+                f"passkeys unavailable ({unavailable_reason(config)}); steps asking for "
+                f"signatures: {', '.join(steps[:5])}; {enrolled}"
             )
+        public = config.relay.public_url
+        if public is not None and public.startswith("http://"):  # meant for passkeys? say why
+            return "WARN", f"passkeys unavailable ({unavailable_reason(config)}); {enrolled}"
         return "", f"passkeys unavailable (no relay.public_url on a domain); {enrolled}"
     origins = ", ".join(settings.origins)
     if origins.endswith(":0"):
