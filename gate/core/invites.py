@@ -206,9 +206,10 @@ class InviteMethods:
             "expires_at": rfc3339(invite.expires_at),
         }
 
-    async def enrol_page(self, token: str) -> tuple[str, dict[str, Any]]:
-        """What the invite page of ``token`` shows: the operator's identity and the
-        registration options (``creation_options``). Changes nothing. Raises as
+    async def enrol_page(self, token: str) -> tuple[str, str, dict[str, Any]]:
+        """What the invite page of ``token`` shows: the operator's identity, the invite's
+        expiry (RFC 3339) and the registration options (``creation_options``). Changes
+        nothing. Raises as
         ``usable_invite`` and 409 ``webauthn_unavailable``."""
         settings = self.webauthn()
         if settings is None:
@@ -223,7 +224,7 @@ class InviteMethods:
             challenge=unb64(invite.challenge),
             exclude=[unb64(c) for c in own],
         )
-        return identity, options
+        return identity, rfc3339(invite.expires_at), options
 
     async def register_passkey(self, token: str, body: Any) -> dict[str, Any]:
         """Verify the registration ``body`` against the invite of ``token`` and enrol it

@@ -76,6 +76,9 @@ def creation_options(
     return loaded
 
 
+REGISTRATION_REFUSED = "the passkey registration does not verify for this invite"
+
+
 def registration_refused(message: str) -> ProtocolError:
     """400 ``invalid_registration``: the browser's answer did not verify (nothing stored)."""
     return ProtocolError(
@@ -88,8 +91,8 @@ def verify_passkey(
 ) -> VerifiedPasskey:
     """Verify a registration (``PublicKeyCredential`` JSON, as ``enrol.js`` posts it) made
     over ``challenge`` for ``rp_id`` on one of ``origins``, user verification required.
-    Raises 400 ``invalid_registration`` (one line saying why) for anything that does not
-    verify or parse."""
+    Raises 400 ``invalid_registration`` for anything that does not verify or parse, with
+    one fixed message (``REGISTRATION_REFUSED``: never the library's text)."""
     if not isinstance(credential, dict):
         raise registration_refused("the body must be the credential as JSON")
     try:
@@ -104,10 +107,15 @@ def verify_passkey(
         response = credential.get("response")
         assert isinstance(response, dict)
         client = parse_client_data_json(_b64(response["clientDataJSON"]))
-    except (InvalidRegistrationResponse, WebAuthnException) as exc:
-        raise registration_refused(f"the registration does not verify: {exc}") from None
-    except (ValueError, TypeError, KeyError, AssertionError):
-        raise registration_refused("the registration is not a WebAuthn credential") from None
+    except (
+        InvalidRegistrationResponse,
+        WebAuthnException,
+        ValueError,
+        TypeError,
+        KeyError,
+        AssertionError,
+    ):  # one fixed sentence: the library's text (e.g. "See __cause__ ...") is no answer
+        raise registration_refused(REGISTRATION_REFUSED) from None
     return VerifiedPasskey(
         b64url(verified.credential_id),
         b64url(verified.credential_public_key),

@@ -30,7 +30,7 @@ SECURITY_HEADERS = {
     "Cache-Control": "no-store",
 }
 _ASSETS = resources.files("gate.web") / "enrol_assets"
-_STATIC = {"enrol.js": "text/javascript", "enrol.css": "text/css"}
+_STATIC = {"enrol.js": "text/javascript", "enrol.css": "text/css", "favicon.svg": "image/svg+xml"}
 _PAGE = Template((_ASSETS / "page.html").read_text(encoding="utf-8"))
 _GONE = {
     "invite_used": ("Invite already used", "This invite was used already. Ask for a new one."),
@@ -51,11 +51,12 @@ def _page(title: str, body: str, status: int) -> web.Response:
 
 
 async def enrol_page(request: web.Request) -> web.Response:
-    """GET /enrol/{token}: the invite page (200: identity, a "Create passkey" button, the
-    options as a JSON data block), or a page without a button: 404 unknown, 410 used or
-    expired, 409 passkeys unavailable."""
+    """GET /enrol/{token} (a trailing slash is the same page): the invite page (200:
+    identity, expiry, a "Create passkey" button, the options as a JSON data block), or a
+    page without a button: 404 unknown, 410 used or expired, 409 passkeys unavailable."""
+    token = request.match_info["token"].rstrip("/")
     try:
-        identity, options = await request.app[SERVICE].enrol_page(request.match_info["token"])
+        identity, expires, options = await request.app[SERVICE].enrol_page(token)
     except GateError as exc:
         title, text = _GONE.get(exc.code, ("Invite refused", exc.message))
         return _page(title, f"<p>{html.escape(text)}</p>", exc.status)
@@ -63,6 +64,8 @@ async def enrol_page(request: web.Request) -> web.Response:
     body = (
         f'<p>Create a passkey to sign your decisions as <span class="identity">'
         f"{html.escape(identity)}</span>.</p>\n"
+        f'<p>This invite expires at <time id="expires" datetime="{html.escape(expires)}">'
+        f"{html.escape(expires)}</time>.</p>\n"
         '<button id="create" type="button">Create passkey</button>\n'
         '<p id="status" role="status"></p>\n'
         f'<script type="application/json" id="options">{data}</script>\n'
@@ -108,6 +111,6 @@ def add_enrol_routes(app: web.Application, service: GateService) -> None:
     """Register the enrolment routes and their headers on the callback app."""
     app[SERVICE] = service
     app.router.add_get(ENROL_PREFIX + "static/{name}", static)
-    app.router.add_get(ENROL_PREFIX + "{token}", enrol_page)
+    app.router.add_get(ENROL_PREFIX + "{token:[^/]+/?}", enrol_page)
     app.router.add_post(ENROL_PREFIX + "{token}", register)
     app.on_response_prepare.append(_security_headers)

@@ -17,15 +17,48 @@ function toB64url(buffer) {
   return btoa(raw).replace(/\+/g, "-").replace(/\//g, "_").replace(/=+$/, "");
 }
 
+const REFUSED = {
+  invite_expired: "This invite has expired. Ask for a new one.",
+  invite_used: "This invite was used already. Ask for a new one.",
+  invite_unknown: "This invite does not exist. Check the link.",
+  origin_not_allowed: "Open the link exactly as printed: this page must come from the gate itself.",
+  invalid_registration: "The gate could not verify this passkey. Try again, or ask for a new invite.",
+  credential_exists: "This passkey is enrolled already: you can sign with it.",
+  webauthn_unavailable: "This gate cannot enrol passkeys right now. Tell the person who invited you.",
+};
+const BROWSER = {
+  SecurityError:
+    "Open the link exactly as printed (http://localhost:…, not 127.0.0.1): passkeys need the host name the gate was set up with.",
+  NotAllowedError:
+    "The passkey was not created (cancelled, timed out, or this authenticator cannot verify you).",
+  InvalidStateError: "This authenticator holds a passkey for you already.",
+};
+
 function show(text, kind) {
   const status = document.getElementById("status");
   status.textContent = text;
   status.className = kind;
 }
 
+function expiresAt() {
+  const time = document.getElementById("expires");
+  const at = time ? Date.parse(time.getAttribute("datetime")) : NaN;
+  return Number.isNaN(at) ? null : at;
+}
+
+function expired() {
+  const at = expiresAt();
+  return at !== null && Date.now() >= at;
+}
+
 async function enrol() {
   const button = document.getElementById("create");
   button.disabled = true;
+  if (expired()) {  // never create a passkey the gate will refuse (it would be an orphan)
+    button.remove();
+    show(REFUSED.invite_expired, "error");
+    return;
+  }
   const options = JSON.parse(document.getElementById("options").textContent);
   options.challenge = fromB64url(options.challenge);
   options.user.id = fromB64url(options.user.id);
@@ -35,7 +68,7 @@ async function enrol() {
   try {
     credential = await navigator.credentials.create({ publicKey: options });
   } catch (err) {
-    show("No passkey was created: " + err.name, "error");
+    show(BROWSER[err.name] || ("No passkey was created (" + err.name + ")."), "error");
     button.disabled = false;
     return;
   }
@@ -51,27 +84,47 @@ async function enrol() {
     },
     clientExtensionResults: credential.getClientExtensionResults(),
   };
-  const answer = await fetch(window.location.pathname, {
-    method: "POST",
-    headers: { "Content-Type": "application/json" },
-    body: JSON.stringify(body),
-    credentials: "omit",
-  });
+  let answer;
+  try {
+    answer = await fetch(window.location.pathname.replace(/\/+$/, ""), {
+      method: "POST",
+      headers: { "Content-Type": "application/json" },
+      body: JSON.stringify(body),
+      credentials: "omit",
+    });
+  } catch (err) {
+    show("The gate could not be reached. Check the connection and try again.", "error");
+    button.disabled = false;
+    return;
+  }
   const result = await answer.json().catch(() => ({}));
   if (answer.ok) {
-    document.getElementById("create").remove();
+    button.remove();
+    const expiry = document.getElementById("expires");
+    if (expiry) expiry.parentElement.remove();
     document.querySelector("h1").textContent = "Passkey enrolled";
-    const who = document.querySelector("main p strong");
+    const who = document.querySelector("main .identity");
     const lead = document.querySelector("main p");
     if (lead && who) lead.textContent = "Decisions as " + who.textContent +
       " can now be signed with this passkey (credential " + result.credential_id + ").";
     show("Passkey enrolled. You can close this page.", "ok");
   } else {
-    show("The gate refused it: " + (result.message || result.reason || answer.status), "error");
+    const words = REFUSED[result.reason];
+    show(words || ("The gate refused the passkey (" + (result.reason || answer.status) + ")."),
+      "error");
+    if (!words || result.reason === "invalid_registration") button.disabled = false;
+    else button.remove();
   }
 }
 
+function showExpiry() {
+  const time = document.getElementById("expires");
+  const at = expiresAt();
+  if (time && at !== null) time.textContent = new Date(at).toLocaleString();
+}
+
 document.addEventListener("DOMContentLoaded", () => {
+  showExpiry();
   const button = document.getElementById("create");
   if (button) button.addEventListener("click", enrol);
 });
