@@ -40,7 +40,7 @@ from gate.protocol.envelope import rfc3339
 from gate.protocol.relay_answers import refusal_reason
 from gate.store import inspection as maintenance
 from gate.tools.doctor_followups import followup_failures, followups_summary
-from gate.tools.doctor_passkeys import passkeys_summary
+from gate.tools.doctor_passkeys import passkeys_findings, passkeys_summary
 from gate.tools.doctor_questions import (
     asks_questions,
     check_question_dispatch,
@@ -532,9 +532,10 @@ def check_dispatch(path: Path, now_ms: int | None = None) -> Check:
     )
 
 
-def _passkeys(config: Config, path: Path) -> Check:
+def _passkeys(config: Config, path: Path) -> list[Check]:
     level, detail = passkeys_summary(config, path)
-    return Check("passkeys", level != "FAIL", detail, "" if level == "FAIL" else level)
+    line = Check("passkeys", level != "FAIL", detail, "" if level == "FAIL" else level)
+    return [line, *(_warn("passkeys", found) for found in passkeys_findings(config, path))]
 
 
 async def run_checks(
@@ -597,6 +598,6 @@ async def run_checks(
         check_relay(config.relay.url, probe),
         await asyncio.to_thread(check_dispatch, path, now_ms),
         *asked,
-        _passkeys(config, path),  # issue 16
+        *_passkeys(config, path),  # issue 16
         check_clock(now(), probe, config.relay.security.max_skew),
     ]

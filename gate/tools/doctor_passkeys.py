@@ -9,7 +9,7 @@ from pathlib import Path
 from gate.config import Config
 from gate.config.webauthn import resolve_webauthn, unavailable_reason
 from gate.errors import GateError
-from gate.store.invites import count_passkeys
+from gate.store.invites import count_passkeys, credential_facts
 
 
 def signing_steps(config: Config) -> list[str]:
@@ -50,3 +50,38 @@ def passkeys_summary(config: Config, path: Path) -> tuple[str, str]:
     if origins.endswith(":0"):
         origins += " (the bound port at start)"
     return "", f"rp_id {settings.rp_id}, origins {origins}; {enrolled}"
+
+
+def passkeys_findings(config: Config, path: Path) -> list[str]:
+    """doctor's passkey warnings (issue 16), one line each: passkeys in force enrolled for
+    an RP ID other than the one in force (they cannot sign), and, per step with
+    ``approver_signature: required``, the operators in its scope holding no credential in
+    force (they cannot approve it). Nothing without a database."""
+    if not path.exists():
+        return []
+    try:
+        by_rp, holders = credential_facts(path)
+    except GateError:
+        return []  # the passkeys line reports it
+    settings = resolve_webauthn(config, config.relay.callback_addr)
+    out: list[str] = []
+    if settings is not None:
+        for rp_id, n in sorted(by_rp.items()):
+            if rp_id != settings.rp_id:
+                out.append(
+                    f"{n} passkeys were enrolled for rp_id {rp_id} and cannot sign for "
+                    f"{settings.rp_id}"
+                )
+    for i, pipe in enumerate(config.pipelines):
+        for j, step in enumerate(pipe.steps):
+            if getattr(step, "approver_signature", "off") != "required":
+                continue
+            missing = [op for op in config.scope(step) if op.id not in holders]
+            if missing:
+                names = ", ".join(f"{op.id} ({op.identity})" for op in missing[:10])
+                more = f" and {len(missing) - 10} more" if len(missing) > 10 else ""
+                out.append(
+                    f"pipelines[{i}].steps[{j}]: operators {names}{more} have no approver "
+                    "credential: they cannot approve"
+                )
+    return out
