@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import re
 import secrets
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -33,6 +34,18 @@ if TYPE_CHECKING:
 DEFAULT_TTL_S = 900
 MIN_TTL_S, MAX_TTL_S = 60, 86_400
 ENROL_PATH = "/enrol/"
+
+
+_TOKEN_RE = re.compile(r"[A-Za-z0-9_-]{43}")  # 32 bytes, base64url unpadded
+
+
+def _known_shape(token: str) -> str:
+    """``token_hash(token)``, or 404 ``invite_unknown`` without touching the database when
+    the token cannot be one the gate made (the enrol page is on the public listener: a
+    flood of made-up URLs costs no write transaction)."""
+    if not _TOKEN_RE.fullmatch(token):
+        raise NotFound("invite_unknown", "no such invite", extra={"message": "no such invite"})
+    return token_hash(token)
 
 
 def token_hash(token: str) -> str:
@@ -214,7 +227,7 @@ class InviteMethods:
         settings = self.webauthn()
         if settings is None:
             raise unavailable(self.config)
-        invite, own = await self.store.transact(Command("invite_page", (token_hash(token),)))
+        invite, own = await self.store.transact(Command("invite_page", (_known_shape(token),)))
         identity = self._identity(invite.operator_id)
         options = creation_options(
             rp_id=settings.rp_id,
@@ -234,7 +247,7 @@ class InviteMethods:
         settings = self.webauthn()
         if settings is None:
             raise unavailable(self.config)
-        invite, _ = await self.store.transact(Command("invite_page", (token_hash(token),)))
+        invite, _ = await self.store.transact(Command("invite_page", (_known_shape(token),)))
         verified = verify_passkey(body, unb64(invite.challenge), settings.rp_id, settings.origins)
         credential = Credential(
             verified.credential_id,
