@@ -222,7 +222,9 @@ def test_relay_approver_key_that_is_no_private_key_is_one_line(tmp_path: Path, w
         "relay", "--secret-env", "HITL_RELAY_SECRET", "--approver-key", str(path), env=ENV
     )
     assert done.returncode == 2
-    expected = "is not an unencrypted private key in PEM" if which == "public" else "cannot read"
+    expected = (
+        "this is a public key: give the private .key file" if which == "public" else "cannot read"
+    )
     [line] = done.stderr.decode().strip().splitlines()
     assert re.fullmatch(r"Error: --approver-key: .*", line) and expected in line, line
 

@@ -30,6 +30,37 @@ def _admin_client(config_path: str, api_url: str | None) -> Any:
     return ApiClient(api_url or api_base(config), token)
 
 
+def check_label(label: str | None) -> None:
+    """Exit 2 with one line when ``--label`` is longer than the admin API takes
+    (``gate.core.credentials.MAX_LABEL_CHARS``), before any call is made."""
+    from gate.core.credentials import MAX_LABEL_CHARS
+
+    if label is not None and len(label) > MAX_LABEL_CHARS:
+        fail(f"--label: {len(label)} characters; a label is at most {MAX_LABEL_CHARS}", 2)
+
+
+def invite_ttl_s(ttl: str) -> int:
+    """``--ttl`` of ``approvers invite`` in whole seconds, read like a config duration
+    (``gate.config.values.parse_duration``: ``15m``, ``1h30m``; a plain number is seconds).
+    Exits 2 with one line when it is no duration, or when it is outside 60 s..24 h (the admin
+    API's ``ttl_s`` range) or not whole seconds: 0 too, which is a duration, just not one an
+    invite can last."""
+    from gate.config.values import parse_duration
+
+    out_of_range = (
+        f"--ttl: {ttl!r} is out of range: an invite lasts 60s..24h (a plain number is seconds)"
+    )
+    try:
+        seconds = parse_duration(ttl)
+    except ValueError as exc:
+        # parse_duration says "invalid duration ..." for text that is no duration; anything
+        # else it refuses ("duration must be > 0", "... too large") is a duration out of range
+        fail(f"--ttl: {exc}" if str(exc).startswith("invalid") else out_of_range, 2)
+    if seconds != int(seconds) or not 60 <= seconds <= 86_400:
+        fail(out_of_range, 2)
+    return int(seconds)
+
+
 @main.group()
 def approvers() -> None:
     """Approvers' own keys (issue 16): enrol, list, revoke.
@@ -67,6 +98,9 @@ def add_key(
     )
 
     pem = read_input("--public-key", public_key)
+    if b"PRIVATE KEY-----" in pem:  # the .key of a keygen pair given for its .pub
+        fail(f"--public-key: {public_key}: this is a private key: give its public half (.pub)", 2)
+    check_label(label)
     try:
         loaded = load_pem_public_key(pem)
     except (ValueError, TypeError):
@@ -160,14 +194,8 @@ def invite(
 
     Example: hitl-gate approvers invite -c config.yaml 101 --ttl 15m --label phone
     """
-    from gate.config.values import parse_duration
-
-    try:
-        seconds = parse_duration(ttl)
-    except (ValueError, TypeError):
-        fail(f"--ttl: {ttl!r} is not a duration (e.g. 15m)", 2)
-    if seconds != int(seconds) or not 60 <= seconds <= 86_400:
-        fail(f"--ttl: {ttl!r} must be a whole number of seconds from 60s to 24h", 2)
+    seconds = invite_ttl_s(ttl)
+    check_label(label)
     body: dict[str, Any] = {"operator_id": operator_id, "ttl_s": int(seconds)}
     if label is not None:
         body["label"] = label

@@ -57,7 +57,8 @@ def audit_signatures(
     the credential's approver_credential_enrolled entry logged, so an export alone is
     enough. This does not check the chain itself: run `audit verify` on the same file
     first (with --public-key or --key-env), so the entries read here are the gate's.
-    Exit 0 when every listed signature verifies, 1 when one does not, 2 usage.
+    Exit 0 when every listed signature verifies, 1 when one does not or when --approval
+    names an approval without a signed decision in this log, 2 usage.
 
     Example: hitl-gate audit signatures --file audit.jsonl --approval 01J...
     """
@@ -98,7 +99,9 @@ def audit_signatures(
             click.echo(json.dumps(obj, ensure_ascii=False))
         else:
             click.echo("\t".join("-" if v is None else str(v) for v in values))
+    if not listed and approval_id is not None:  # asked about one approval: not proven here
+        click.echo(f"no signed decision for approval {approval_id} in this log", err=True)
+        sys.exit(1)
     if not listed:
-        where = f" for approval {approval_id}" if approval_id is not None else ""
-        click.echo(f"no signed decisions{where}", err=True)
+        click.echo("no signed decisions", err=True)
     sys.exit(1 if any(item.problem is not None for item in listed) else 0)

@@ -63,12 +63,17 @@ def doctor(config_path: str) -> None:
     help="Directory for the key pair (created 0700 if missing).",
 )
 def keygen(out_dir: str) -> None:
-    """Write a new Ed25519 key pair for signed audit entries and permits; print its key id.
+    """Write a new Ed25519 key pair for signed audit entries and permits, or for an
+    approver's own signature; print its key id.
 
     DIR/hitl-gate-ed25519.key (private, PEM, mode 0600; never overwritten) goes to
     receipts.signing_key_file; DIR/hitl-gate-ed25519.pub (public, PEM) goes to auditors and
     to the tool that executes approved actions. Key id = "ed25519:" + the first 16 hex
     digits of SHA-256 of the raw 32-byte public key.
+
+    The pair also serves as an approver's Ed25519 key (issue 16; one pair per approver, in
+    its own DIR): hitl-gate approvers add-key takes the .pub, hitl-gate relay --approver-key
+    the .key.
 
     Example: hitl-gate keygen --out /etc/hitl-gate/keys
     """
@@ -169,6 +174,7 @@ def relay(
     from gate.tools.reference_relay.relay import AutoDecision
     from gate.tools.reference_relay.server import run_relay
     from gate.tools.reference_relay.terminal import NoScreen
+    from gate.trust.keys import private_key_mode_problem
 
     secret = relay_secret(secret_env)
     try:
@@ -193,8 +199,12 @@ def relay(
     if approver_key_path is not None:
         try:
             approver_key = ApproverKey.load(Path(approver_key_path))
-        except ValueError as exc:
+            mode = os.stat(approver_key_path).st_mode
+        except (ValueError, OSError) as exc:
             fail(f"--approver-key: {exc}", 2)
+        problem = private_key_mode_problem(Path(approver_key_path), mode)
+        if problem is not None:  # like receipts.signing_key_file (new-user finding L1)
+            fail(f"--approver-key: {problem}", 2)
         click.echo(
             f"approver key: credential {approver_key.credential_id} (enrol its public key: "
             "hitl-gate approvers add-key)",

@@ -131,6 +131,19 @@ def _read(path: Path) -> bytes:
         raise KeyFileError(f"{path}: cannot read: {exc.strerror or exc}") from None
 
 
+def private_key_mode_problem(path: Path, mode: int) -> str | None:
+    """Why a private key file with ``st_mode`` ``mode`` must not be used, as one line naming
+    ``path``, or None when it is fine: others may neither read it nor its group change it
+    (0600 and 0640 pass). Used for ``receipts.signing_key_file`` and the reference relay's
+    ``--approver-key`` (issue 16)."""
+    if os.name == "posix" and mode & 0o027:
+        return (
+            f"{path}: mode {stat.S_IMODE(mode):04o} lets other users read or "
+            "change the private key; chmod 600 it"
+        )
+    return None
+
+
 def load_private_key(path: Path) -> Ed25519PrivateKey:
     """Load an unencrypted PEM (PKCS#8) Ed25519 private key.
 
@@ -139,12 +152,9 @@ def load_private_key(path: Path) -> Ed25519PrivateKey:
     Ed25519 key.
     """
     data = _read(path)
-    mode = os.stat(path).st_mode
-    if os.name == "posix" and mode & 0o027:
-        raise KeyFileError(
-            f"{path}: mode {stat.S_IMODE(mode):04o} lets other users read or "
-            "change the private key; chmod 600 it"
-        )
+    problem = private_key_mode_problem(path, os.stat(path).st_mode)
+    if problem is not None:
+        raise KeyFileError(problem)
     try:
         key: Any = serialization.load_pem_private_key(data, password=None)
     except (ValueError, TypeError, UnsupportedAlgorithm):

@@ -31,9 +31,10 @@ class Report:
     def as_text(self) -> str:
         """Return the human-readable report: one line per check, fixes under failures."""
         lines = [f"hitl/v0 conformance of the relay (callback {self.callback_url})"]
+        width = max((len(c.name) for c in self.checks), default=0)  # the longest name's
         for c in self.checks:
             label = "PASS" if c.ok else "SKIP" if c.skipped else "FAIL"
-            lines.append(f"{label}  {c.name:30} {c.observed}")
+            lines.append(f"{label}  {c.name:{width}} {c.observed}")
             if not c.ok and c.fix and not c.skipped:
                 lines.append(f"      fix: {c.fix}")
         passed_n = sum(c.ok for c in self.checks)

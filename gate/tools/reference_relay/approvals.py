@@ -79,6 +79,7 @@ class ApprovalDesk:
             envelope["payload_hash"],
             _quorum_field(envelope),
         )
+        self._warn_unsigned(envelope)
         asked = False
         for identity in self.relay.deciders(envelope):
             stale = self.relay.known.stale(envelope, time.time())
@@ -121,6 +122,27 @@ class ApprovalDesk:
             ):
                 # recorded, not resolved: the next approver's prompt shows the new count
                 envelope = {**envelope, "quorum": {**quorum, "collected": quorum["collected"] + 1}}
+
+    def _warn_unsigned(self, envelope: dict[str, Any]) -> None:
+        """Once per dispatch: a WARNING when its step asks for the approver's own signature
+        (``"approver_signature": "required"|"optional"``, issue 16) and this relay has no
+        ``--approver-key``: a required step refuses what it posts (403
+        ``approver_signature_required``), an optional one records it unsigned."""
+        mode = envelope.get("approver_signature")
+        if self.relay.approver_key is not None or mode not in ("required", "optional"):
+            return
+        effect = (
+            "the gate refuses its unsigned decisions"
+            if mode == "required"
+            else "its decisions are recorded unsigned"
+        )
+        log.warning(
+            "event=approver_signature_unsigned approval_id=%s approver_signature=%s hint=%r",
+            envelope["approval_id"],
+            mode,
+            f"this relay has no approver key, so {effect}: start it with --approver-key KEY "
+            "(enrolled with hitl-gate approvers add-key)",
+        )
 
     async def _decide(self, envelope: dict[str, Any], identity: str) -> Sent | None:
         """Ask (or auto-decide) until the gate takes an answer; None when nobody can answer

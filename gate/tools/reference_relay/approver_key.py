@@ -33,12 +33,16 @@ class ApproverKey:
     def load(cls, path: Path) -> ApproverKey:
         """Read an unencrypted Ed25519 private key PEM (``hitl-gate keygen --out DIR`` writes
         one: DIR/hitl-gate-ed25519.key). Raises ValueError with a one-line reason naming
-        ``path`` when it cannot be read or is not such a key."""
+        ``path`` when it cannot be read or is not such a key (a public key PEM is named as
+        one: the new-user slip of giving the .pub). The file's mode is the caller's check
+        (``hitl-gate relay`` refuses one others can read, as the gate does its own key)."""
         try:
             with path.open("rb") as handle:
                 pem = handle.read(MAX_KEY_FILE_BYTES + 1)
         except OSError as exc:
             raise ValueError(f"cannot read {path}: {exc.strerror or exc}") from None
+        if b"PUBLIC KEY-----" in pem and b"PRIVATE KEY-----" not in pem:
+            raise ValueError(f"{path}: this is a public key: give the private .key file")
         try:
             key = load_pem_private_key(pem, password=None)
         except (ValueError, TypeError, UnsupportedAlgorithm):

@@ -292,13 +292,15 @@ def reason_question(required: bool) -> str:
 
 
 def verdict(verb: str, status: int, answer: Any) -> str:
-    """One line telling the human at the terminal what the gate did with their answer."""
+    """One line telling the human at the terminal what the gate did with their answer; a
+    refusal shows its reason and, when the answer has one, its ``detail``."""
     if status == 200 and isinstance(answer, dict):
         if answer.get("resolved"):
             return f"Recorded: the approval is resolved {shown(answer.get('outcome'))}."
         return "Recorded; the quorum is not complete yet."
     reason = answer.get("reason") if isinstance(answer, dict) else None
     outcome = answer.get("outcome") if isinstance(answer, dict) else None
+    detail = answer.get("detail") if isinstance(answer, dict) else None
     tail = (
         f"; the approval is resolved {shown(outcome)} without it."
         if outcome
@@ -308,9 +310,10 @@ def verdict(verb: str, status: int, answer: Any) -> str:
         if reason in FINAL
         else "."
     )
-    return (
-        f"The gate did not record your {verb}: {shown(reason or 'refused')} (HTTP {status}){tail}"
-    )
+    said = shown(reason or "refused")
+    if isinstance(detail, str):  # e.g. approver_signature_invalid: wrong_operator (issue 16)
+        said += f": {shown(detail)}"
+    return f"The gate did not record your {verb}: {said} (HTTP {status}){tail}"
 
 
 def resolved_elsewhere(notice: dict[str, Any]) -> str:
