@@ -230,3 +230,21 @@ def test_enrol_page_expiry_icon_trailing_slash_and_fixed_refusal(tmp_path: Path)
             assert words in script
     finally:
         gate.stop()
+
+
+@pytest.mark.e2e
+def test_invite_url_opens_on_an_allowed_origin(tmp_path: Path) -> None:
+    """``relay.public_url`` on 127.0.0.1 (relays call back there) with the relying party
+    ``localhost``: the invite URL uses the allowed origin, since a page opened on
+    127.0.0.1 cannot make a passkey for localhost (the browser refuses: SecurityError)."""
+    path = config(
+        tmp_path,
+        {"public_url": "http://127.0.0.1:18089"},
+        webauthn={"rp_id": "localhost", "origins": ["http://localhost:18089"]},
+    )
+    gate = GateProcess(path, env=ENV).start()
+    try:
+        url, _ = invite(gate, "101")
+        assert url.startswith("http://localhost:18089/enrol/"), url
+    finally:
+        gate.stop()

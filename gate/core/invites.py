@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from gate.audit.credential_entries import CredentialEnrolledData, InviteCreatedData
-from gate.config.webauthn import WebAuthnSettings, resolve_webauthn, unavailable_reason
+from gate.config.webauthn import WebAuthnSettings, origin_of, resolve_webauthn, unavailable_reason
 from gate.core.model import Credential
 from gate.errors import Conflict, GateError, NotFound
 from gate.protocol.approver_signature import b64url
@@ -212,7 +212,11 @@ class InviteMethods:
         invite = await self.store.transact(
             Command("create_invite", (token_hash(token), operator_id, ttl_s, label))
         )
-        base = self.config.relay.public_url or settings.origins[0]
+        # the page must open on an allowed origin (WebAuthn checks it): public_url when it
+        # is one, else the first allowed origin (e.g. public_url on 127.0.0.1 and the
+        # relying party localhost)
+        public = self.config.relay.public_url
+        base = public if public and origin_of(public) in settings.origins else settings.origins[0]
         return {
             "url": base.rstrip("/") + ENROL_PATH + token,
             "operator_id": operator_id,
