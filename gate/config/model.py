@@ -124,6 +124,9 @@ class RelayConfig(BaseModel):
     notice_url: _HttpUrl | None = None
     questions: Annotated[bool, Field(strict=True)] = False
     question_url: _HttpUrl | None = None
+    # issue 17: serve POST /hitl/v0/credentials (the approvers' public credentials) to a relay
+    # that signs people in; off: that path answers 404
+    credentials: Annotated[bool, Field(strict=True)] = False
     operators: Annotated[tuple[Operator, ...], AfterValidator(_non_empty)]
     security: Security
 

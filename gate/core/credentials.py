@@ -203,3 +203,22 @@ class CredentialMethods:
         """Every credential's view, by operator id then enrolment time."""
         rows = await self.store.transact(Command("list_credentials", ()))
         return [credential_view(row, self.config) for row in rows]
+
+    async def credentials_in_force(self) -> list[dict[str, Any]]:
+        """The credentials not revoked, for the credentials channel (issue 17), read on the
+        read connection: ``credential_id``, ``operator_id``, ``identity`` (the operator's in
+        ``relay.operators``), ``type``, ``public_key``, ``label``, by credential_id. A
+        credential whose operator is no longer configured is left out (nobody to sign in)."""
+        identities = {op.id: op.identity for op in self.config.relay.operators}
+        return [
+            {
+                "credential_id": c.credential_id,
+                "operator_id": c.operator_id,
+                "identity": identities[c.operator_id],
+                "type": c.type,
+                "public_key": c.public_key,
+                "label": c.label,
+            }
+            for c in await self.store.reads.credentials_in_force()
+            if c.operator_id in identities
+        ]

@@ -55,3 +55,13 @@ class CredentialStatements:
             "UPDATE approver_credentials SET revoked_at = ? WHERE credential_id = ?",
             (at_ms, credential_id),
         )
+
+
+def in_force(conn: sqlite3.Connection) -> list[Credential]:
+    """Every credential not revoked, by credential_id (issue 17: the credentials channel);
+    on the read connection (``gate.store.reads.Reads.credentials_in_force``)."""
+    rows = conn.execute(
+        f"SELECT {_COLUMNS} FROM approver_credentials WHERE revoked_at IS NULL"
+        " ORDER BY credential_id"
+    ).fetchall()
+    return [Credential(*row) for row in rows]

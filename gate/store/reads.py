@@ -12,9 +12,9 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from gate.audit import chain as audit
-from gate.core.model import Approval, Question
+from gate.core.model import Approval, Credential, Question
 from gate.errors import Unavailable
-from gate.store import followups, question_notices, questions
+from gate.store import credentials, followups, question_notices, questions
 from gate.store.connection import open_reader
 from gate.store.tx import load_full
 
@@ -212,6 +212,10 @@ class Reads:
     ) -> tuple[list[dict[str, Any]], int | None]:
         """``gate.store.question_notices.plan`` from one snapshot (issue 15)."""
         return await self.call(_snapshot, question_notices.plan, now_ms, limit)
+
+    async def credentials_in_force(self) -> list[Credential]:
+        """The approver credentials not revoked, by credential_id (issue 17)."""
+        return await self.call(credentials.in_force)
 
     async def audit_rows(self) -> AsyncIterator[audit.AuditRow]:
         """Yield every audit row in ascending seq (with its key id and signature, if signed),

@@ -26,6 +26,7 @@ from gate.protocol.envelope import Decision
 from gate.protocol.errors import ProtocolError
 from gate.protocol.question import Answer
 from gate.web.common import ULID_RE, error_middleware, read_body
+from gate.web.credentials import add_credentials_routes
 from gate.web.enrol import add_enrol_routes
 
 log = logging.getLogger(__name__)
@@ -188,4 +189,5 @@ def create_callback_app(
     app[METRICS] = metrics
     app.router.add_post(DECISIONS_PATH, post_decision)
     add_enrol_routes(app, service)  # issue 16: passkey invites
+    add_credentials_routes(app, service, settings)  # issue 17: opt-in, relay.credentials
     return app

@@ -1,0 +1,97 @@
+"""The credentials channel on the relay (callback) listener (issue 17): ``POST
+/hitl/v0/credentials`` answers a relay that signs approvers in with their public credentials,
+signed with the relay secret. Off unless ``relay.credentials: true`` (404 then)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Protocol
+
+from aiohttp import web
+
+from gate.core.service import GateService
+from gate.errors import GateError
+from gate.protocol import MAX_DECISION_BYTES, PROTOCOL, PROTOCOL_HEADER, SIGNATURE_HEADER, signing
+from gate.protocol.credentials import (
+    CREDENTIALS_PATH,
+    build_credentials_answer,
+    parse_credentials_request,
+)
+from gate.protocol.errors import ProtocolError
+from gate.web.common import read_body
+
+log = logging.getLogger(__name__)
+
+
+class Secrets(Protocol):
+    """What the handler reads of ``gate.web.callback.CallbackSettings`` on each request (a
+    SIGHUP reload replaces both)."""
+
+    relay_secrets: Sequence[str]
+    max_skew_s: float
+
+
+SERVICE = web.AppKey("credentials_service", GateService)
+SETTINGS = web.AppKey("credentials_settings", Secrets)
+
+
+async def post_credentials(request: web.Request) -> web.Response:
+    """Answer a credentials request (issue 17): 404 ``not_found`` unless
+    ``relay.credentials`` is on; then SPEC §2 checks 1-4 exactly as for a decision (413
+    ``body_too_large``, 401 ``signature_missing``/``signature_malformed``/
+    ``timestamp_out_of_window``/``signature_mismatch``), an ``X-Hitl-Protocol`` other than
+    hitl/v0 400, a body ``parse_credentials_request`` refuses 400 naming the field. Answers
+    200 with ``build_credentials_answer`` (the relying party in force and the credentials in
+    force) signed with the first active relay secret at the gate's now. Logs
+    ``event=credentials_served count=N`` (never a key) or ``event=credentials_refused``."""
+    service = request.app[SERVICE]
+    if not service.config.relay.credentials:
+        raise web.HTTPNotFound()
+    settings = request.app[SETTINGS]
+    try:
+        raw = await read_body(request, MAX_DECISION_BYTES)
+        now_s = service.clock.now_ms() // 1000
+        signing.verify(
+            request.headers.get(SIGNATURE_HEADER),
+            raw,
+            settings.relay_secrets,
+            now_s,
+            settings.max_skew_s,
+        )
+        protocol = request.headers.get(PROTOCOL_HEADER)
+        if protocol is not None and protocol.strip() != PROTOCOL:
+            raise ProtocolError(
+                "invalid_protocol",
+                f"{PROTOCOL_HEADER} must be {PROTOCOL}",
+                status=400,
+                kind="invalid",
+                extra={"field": PROTOCOL_HEADER},
+            )
+        parse_credentials_request(raw)
+    except GateError as exc:
+        log.info("event=credentials_refused status=%d reason=%s", exc.status, exc.code)
+        raise
+    rp = service.webauthn()
+    served = await service.credentials_in_force()
+    body = build_credentials_answer(
+        None if rp is None else {"rp_id": rp.rp_id, "origins": rp.origins}, served, now_s
+    )
+    log.info("event=credentials_served count=%d", len(served))
+    return web.Response(
+        body=body,
+        content_type="application/json",
+        headers={
+            SIGNATURE_HEADER: signing.sign(settings.relay_secrets[0], now_s, body),
+            PROTOCOL_HEADER: PROTOCOL,
+            "Cache-Control": "no-store",
+        },
+    )
+
+
+def add_credentials_routes(app: web.Application, service: GateService, settings: Secrets) -> None:
+    """Register ``POST /hitl/v0/credentials`` on the callback app (always: whether it serves
+    is read from ``service.config`` per request, so a reload can turn it on or off)."""
+    app[SERVICE] = service
+    app[SETTINGS] = settings
+    app.router.add_post(CREDENTIALS_PATH, post_credentials)
