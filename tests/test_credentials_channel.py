@@ -7,6 +7,7 @@ admin API, and the answer compared with the SQLite file.
 from __future__ import annotations
 
 import json
+import signal
 import sqlite3
 import time
 from collections.abc import Iterator
@@ -233,12 +234,23 @@ def test_credentials_are_not_on_the_api_listener(gate: Any) -> None:
     assert (status, as_json(body)) == (404, {"status": "not_found", "reason": "not_found"})
 
 
-def test_credentials_off_by_default_answers_404(tmp_path: Path, relay: CaptureRelay) -> None:
-    proc = GateProcess(write_config(tmp_path, relay.url)).start()
+def test_credentials_off_by_default_answers_404_until_a_reload_turns_it_on(
+    tmp_path: Path, relay: CaptureRelay
+) -> None:
+    config = write_config(tmp_path, relay.url)
+    proc = GateProcess(config).start()
     try:
         status, headers, raw = ask(url_of(proc))
         assert (status, as_json(raw)) == (404, {"status": "not_found", "reason": "not_found"})
         assert "x-draftcat-signature" not in headers
         assert "event=credentials" not in proc.log()
+
+        write_config(tmp_path, relay.url, relay={"credentials": True})
+        assert proc.proc is not None
+        proc.proc.send_signal(signal.SIGHUP)
+        proc.wait_for_line(r"event=reloaded ")
+        answer, _, _ = served(proc)
+        assert answer.credentials == ()
+        proc.wait_for_line(r"event=credentials_served count=0\b")
     finally:
         proc.stop()

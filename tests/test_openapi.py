@@ -129,7 +129,8 @@ def test_openapi_yaml_parses_and_is_a_valid_openapi_document() -> None:
     schema.validate()  # the OpenAPI meta-schema
     operations = [result.ok() for result in schema.get_all_operations()]
     # 7 + 5 question operations (issue 15) + 4 admin and 3 passkey-enrolment (issue 16)
-    assert len(operations) == 19
+    # + the credentials channel (issue 17)
+    assert len(operations) == 20
 
 
 def _spec_routes(spec: dict[str, Any]) -> tuple[set[tuple[str, str]], set[tuple[str, str]]]:
@@ -169,6 +170,7 @@ def test_every_registered_route_is_in_the_spec_and_vice_versa(tmp_path: Path) ->
         ("GET", "/enrol/{token}"),
         ("POST", "/enrol/{token}"),
         ("GET", "/enrol/static/{name}"),
+        ("POST", "/hitl/v0/credentials"),
     }
 
 
