@@ -24,7 +24,7 @@ from gate.web.common import read_body
 log = logging.getLogger(__name__)
 
 
-class Secrets(Protocol):
+class ChannelSettings(Protocol):
     """What the handler reads of ``gate.web.callback.CallbackSettings`` on each request (a
     SIGHUP reload replaces both)."""
 
@@ -33,7 +33,7 @@ class Secrets(Protocol):
 
 
 SERVICE = web.AppKey("credentials_service", GateService)
-SETTINGS = web.AppKey("credentials_settings", Secrets)
+SETTINGS = web.AppKey("credentials_settings", ChannelSettings)
 
 
 async def post_credentials(request: web.Request) -> web.Response:
@@ -89,7 +89,9 @@ async def post_credentials(request: web.Request) -> web.Response:
     )
 
 
-def add_credentials_routes(app: web.Application, service: GateService, settings: Secrets) -> None:
+def add_credentials_routes(
+    app: web.Application, service: GateService, settings: ChannelSettings
+) -> None:
     """Register ``POST /hitl/v0/credentials`` on the callback app (always: whether it serves
     is read from ``service.config`` per request, so a reload can turn it on or off)."""
     app[SERVICE] = service
