@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import sqlite3
 from collections.abc import Callable, Iterator
@@ -12,9 +13,12 @@ from typing import Any
 import pytest
 import yaml
 
+from gate.inbox.gate_client import GateUnreachable
+from gate.inbox.gate_client import post_decision as post_decision_async
 from gate.protocol.canonical import payload_hash, wire_json
 from tests.support import (
     OLD_SECRET,
+    SECRET,
     CliProcess,
     GateProcess,
     as_json,
@@ -275,3 +279,28 @@ def test_inbox_killed_right_after_an_ack_has_the_row(gate: GateProcess, inbox: I
     row = inbox.item(approval["approval_id"])
     assert row is not None and row["state"] == "pending"
     assert json.loads(row["dispatch"])["draft"]["body"] == "acked means kept"
+
+
+def test_inbox_gate_client_posts_a_signed_decision_and_never_retries_an_answer(
+    gate: GateProcess, inbox: Inbox
+) -> None:
+    approval = gate.api().create("q1", body="approve me")
+    row = inbox.wait_item(approval["approval_id"], lambda r: True)
+    sent = dispatch_of(row)
+    decision = decision_body(sent, "bob@example.com", "approve")
+
+    status, answer = asyncio.run(post_decision_async(sent["callback"]["url"], decision, SECRET))
+    again = asyncio.run(post_decision_async(sent["callback"]["url"], decision, SECRET))
+
+    assert (status, answer["status"], answer["resolved"]) == (200, "recorded", True)
+    assert again == (409, again[1]) and again[1]["reason"] in ("duplicate", "already_resolved")
+    assert gate.api().get(approval["approval_id"])["outcome"] == "approved"
+    closed = inbox.wait_item(approval["approval_id"], lambda r: r["state"] != "pending")
+    assert (closed["state"], closed["outcome"]) == ("resolved", "approved")
+
+
+def test_inbox_gate_client_retries_only_an_unreachable_gate() -> None:
+    url = f"http://127.0.0.1:{free_port()}/hitl/v0/decisions"  # nothing listens there
+
+    with pytest.raises(GateUnreachable, match="cannot reach the gate"):
+        asyncio.run(post_decision_async(url, {"protocol": "hitl/v0"}, SECRET))
