@@ -31,6 +31,7 @@ ORDER = (
     "tools",
     "tools/conformance",
     "tools/reference_relay",
+    "inbox",
     "cli",
 )
 

@@ -256,6 +256,8 @@ def test_layers_store_attribute_rule_sees_its_modules() -> None:
     assert {m.name for m in NO_STORE_ATTRIBUTE} >= {"gate.web.api", "gate.metrics"}
 
 
+INBOX_DB = "gate.inbox.db"
+
 COMPOSITION_ROOT = "gate.daemon.app"
 WIRED_ONLY_THERE = {
     "GateService",
@@ -300,6 +302,8 @@ def test_layers_composition_root_rule_sees_the_root() -> None:
 def test_layers_only_store_speaks_sql(module: Module) -> None:
     bad = hits(imports_of(module), SQL_DRIVERS)
     if module.name == "gate.store" or module.name.startswith("gate.store."):
+        return
+    if module.name == INBOX_DB:  # the inbox's own file (issue 17), not the gate's
         return
 
     assert not bad, f"{module.rel} imports {bad}; only gate/store/ speaks SQL"
@@ -405,3 +409,47 @@ def test_layers_model_imports_only_the_standard_library() -> None:
     )
 
     assert not outside, f"{model.rel} holds plain values; imports {outside}"
+
+
+# --------------------------------------------------------------------------- the inbox
+# (issue 17: a separate program, a hitl/v0 relay with its own database)
+
+INBOX = under("gate.inbox")
+INBOX_ALLOWED_GATE = (
+    "gate.protocol",
+    "gate.config.values",
+    "gate.config.yamlfile",
+    "gate.config.webauthn",
+    "gate.config.messages",
+    "gate.config.secrets",
+    "gate.logs",
+    "gate.clock",
+    "gate.errors",
+    "gate.inbox",
+)
+
+
+@pytest.mark.parametrize("module", INBOX, ids=ids(INBOX))
+def test_layers_the_inbox_is_an_untrusted_peer(module: Module) -> None:
+    """The inbox is a relay: gate.protocol and the generic config helpers, never the gate's
+    rules, store, daemon, web, audit or trust; of its modules only db.py speaks SQL."""
+    imported = imports_of(module)
+    bad = hits(
+        imported,
+        ("gate.core", "gate.store", "gate.daemon", "gate.web", "gate.audit", "gate.trust"),
+    )
+    other = sorted(
+        name
+        for name in imported
+        if (name == "gate" or name.startswith("gate."))
+        and not any(name == ok or name.startswith(ok + ".") for ok in INBOX_ALLOWED_GATE)
+    )
+    sql = hits(imported, SQL_DRIVERS) if module.name != INBOX_DB else []
+
+    assert not bad and not other and not sql, (
+        f"{module.rel} is the inbox and imports {bad + other + sql}"
+    )
+
+
+def test_layers_inbox_rules_see_its_modules() -> None:
+    assert {m.name for m in INBOX} >= {"gate.inbox.db", "gate.inbox.relay", "gate.inbox.config"}

@@ -125,6 +125,7 @@ from gate.cli import (  # noqa: E402, F401
     audit,
     audit_signatures,
     daemon,
+    inbox,
     pipeline,
     questions,
     tools,

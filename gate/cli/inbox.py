@@ -1,0 +1,83 @@
+"""``hitl-gate inbox`` commands (issue 17): ``check-config`` and ``serve`` of the inbox, a
+separate program and hitl/v0 relay with its own config file."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import click
+
+from gate.cli import main
+
+INBOX_CONFIG_OPTION = click.option(
+    "-c",
+    "--config",
+    "config_path",
+    required=True,
+    type=click.Path(dir_okay=False),
+    envvar="HITL_INBOX_CONFIG",
+    help="Path to the inbox's YAML config (env HITL_INBOX_CONFIG).",
+)
+
+
+@main.group("inbox")
+def inbox() -> None:
+    """The inbox: a web relay where approvers see what waits for them (issue 17).
+
+    Example: hitl-gate inbox serve -c inbox.yaml
+    """
+
+
+@inbox.command("check-config")
+@INBOX_CONFIG_OPTION
+def check_config(config_path: str) -> None:
+    """Validate the inbox config and its secret variables; every error with its YAML path.
+
+    Exit 0 when valid, 2 otherwise.
+
+    Example: hitl-gate inbox check-config -c inbox.yaml
+    """
+    from gate.inbox.config import load_inbox
+
+    config, _, errors = load_inbox(config_path, os.environ)
+    if errors or config is None:
+        for line in errors:
+            click.echo(f"{config_path}: {line}", err=True)
+        sys.exit(2)
+    click.echo(f"{config_path}: ok (listen {config.listen}, database {config.database})")
+
+
+@inbox.command("serve")
+@INBOX_CONFIG_OPTION
+@click.option(
+    "--log-level",
+    type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
+    default="INFO",
+    show_default=True,
+)
+def serve(config_path: str, log_level: str) -> None:
+    """Run the inbox: its one listener (relay endpoint /hitl/v0/relay) and its database.
+
+    Logs to stderr (``event=inbox_ready url=…`` once listening). Exit 0 on SIGTERM/SIGINT,
+    1 when it cannot start (listen, database), 2 on a config error.
+
+    Example: hitl-gate inbox serve -c inbox.yaml
+    """
+    import asyncio
+
+    from gate import logs
+    from gate.inbox.config import load_inbox
+    from gate.inbox.serve import serve_inbox
+
+    logs.configure(log_level.upper(), "text")
+    config, secrets, errors = load_inbox(config_path, os.environ)
+    if errors or config is None or secrets is None:
+        for line in errors:
+            click.echo(f"{config_path}: {line}", err=True)
+        sys.exit(2)
+    try:
+        asyncio.run(serve_inbox(config, secrets))
+    except OSError as exc:
+        click.echo(f"Error: cannot start the inbox: {exc.strerror or exc}", err=True)
+        sys.exit(1)

@@ -1,0 +1,216 @@
+"""The inbox's YAML config (issue 17) -> a frozen, typed ``InboxConfig`` and its secrets.
+
+Every error is one line starting with its YAML path, as the gate's ``check-config`` says
+them; secrets come only from the environment (or ``$CREDENTIALS_DIRECTORY``), never the YAML.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Annotated
+from urllib.parse import urlsplit
+
+import yaml
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
+
+from gate.config.messages import _describe, _pydantic_error
+from gate.config.secrets import CREDENTIALS_DIRECTORY, MIN_SECRET_BYTES, _read_one
+from gate.config.values import (
+    TcpListen,
+    _check_env_name,
+    _check_http_url,
+    _check_path_text,
+    _check_tcp_addr,
+    _resolve,
+    parse_duration,
+    parse_listen,
+)
+from gate.config.webauthn import is_domain, is_ip, origin_of
+from gate.config.yamlfile import _Loader, _yaml_error
+
+EnvName = Annotated[str, Field(strict=True, min_length=1), AfterValidator(_check_env_name)]
+HttpUrl = Annotated[str, Field(strict=True, min_length=1), AfterValidator(_check_http_url)]
+Seconds = Annotated[float, BeforeValidator(parse_duration)]
+
+
+class GateSection(BaseModel):
+    """``gate``: the relay secret shared with the gate (by variable name), the one before a
+    rotation, the gate's relay listener base URL (credentials channel, decisions) and the
+    signature window (SPEC §2 check 3)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    secret_env: EnvName
+    previous_secret_env: EnvName | None = None
+    callback_url: HttpUrl
+    max_skew: Seconds = 300.0
+
+
+class WebAuthnSection(BaseModel):
+    """``webauthn``: the relying party; must match the gate's (defaults from public_url)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    rp_id: Annotated[str, Field(strict=True, min_length=1, max_length=253)] | None = None
+    origins: tuple[Annotated[str, Field(strict=True, min_length=1)], ...] | None = None
+
+
+class InboxConfig(BaseModel):
+    """The whole inbox config (issue 17 contract, part B). ``database`` is resolved against
+    the config file's folder; ``public_url`` defaults to ``http://<listen>``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    listen: Annotated[str, Field(strict=True), AfterValidator(_check_tcp_addr)] = "127.0.0.1:8095"
+    public_url: HttpUrl | None = None
+    database: Annotated[
+        Path,
+        BeforeValidator(_check_path_text),
+        AfterValidator(_resolve),
+        Field(validate_default=True),
+    ] = Path("var/inbox.db")
+    gate: GateSection
+    webauthn: WebAuthnSection = WebAuthnSection()
+    session_ttl: Seconds = 12 * 3600.0
+
+    @property
+    def base_url(self) -> str:
+        """What approvers open: ``public_url`` without a trailing ``/``; by default
+        ``http://<listen>``, with a loopback host said as ``localhost`` (a passkey needs a
+        domain, and browsers allow http there)."""
+        if self.public_url is not None:
+            return self.public_url.rstrip("/")
+        host, _, port = self.listen.rpartition(":")
+        if host.strip("[]") in ("127.0.0.1", "::1", "localhost"):
+            host = "localhost"
+        return f"http://{host}:{port}"
+
+
+@dataclass(frozen=True, slots=True)
+class InboxSecrets:
+    """The gate relay secrets, current first then the previous one; never shown by repr."""
+
+    relay_secrets: tuple[str, ...] = field(repr=False)
+
+
+@dataclass(frozen=True, slots=True)
+class RelyingParty:
+    """The passkey relying party in force: ``rp_id`` (a domain) and exact ``origins``."""
+
+    rp_id: str
+    origins: tuple[str, ...]
+
+
+def relying_party(config: InboxConfig) -> RelyingParty | None:
+    """``webauthn`` with its defaults (``rp_id``: the host of ``public_url``, never an IP;
+    ``origins``: its origin), or None when no domain is known (an IP and no ``rp_id``)."""
+    host = (urlsplit(config.base_url).hostname or "").lower()
+    rp_id = config.webauthn.rp_id or (host if is_domain(host) else None)
+    origins = config.webauthn.origins or (origin_of(config.base_url),)
+    return None if rp_id is None else RelyingParty(rp_id, tuple(origins))
+
+
+def load_inbox(
+    path: str | os.PathLike[str], environ: Mapping[str, str]
+) -> tuple[InboxConfig | None, InboxSecrets | None, list[str]]:
+    """Read and validate the inbox config at ``path`` and its secrets from ``environ``.
+
+    Returns ``(config, secrets, errors)``: errors lists every problem as ``"<yaml.path>:
+    <message>"`` (file and YAML syntax errors included); config and secrets are None when
+    there is any error. Never raises for bad input."""
+    source = Path(os.path.abspath(os.fspath(path)))
+    try:
+        text = source.read_text(encoding="utf-8-sig")
+    except FileNotFoundError:
+        return None, None, [f"config file not found: {source}"]
+    except UnicodeDecodeError as exc:
+        return None, None, [f"config file {source} is not valid UTF-8 (byte offset {exc.start})"]
+    except OSError as exc:
+        return None, None, [f"cannot read config file {source}: {exc.strerror or exc}"]
+    try:
+        data = yaml.load(text, Loader=_Loader)  # noqa: S506 - _Loader is a SafeLoader
+    except yaml.YAMLError as exc:
+        return None, None, [_yaml_error(exc)]
+    if not isinstance(data, dict):
+        found = "an empty file" if data is None else _describe(data)
+        return None, None, [f"top level: expected a mapping with a gate section, got {found}"]
+    try:
+        config = InboxConfig.model_validate(data, context={"base_dir": source.parent})
+    except ValidationError as exc:
+        return None, None, [_pydantic_error(e, InboxConfig) for e in exc.errors(include_url=False)]
+    errors = check_inbox(config)
+    secrets, secret_errors = _read_secrets(config, environ)
+    errors += secret_errors
+    if errors or secrets is None:
+        return None, None, errors
+    return config, secrets, []
+
+
+def check_inbox(config: InboxConfig) -> list[str]:
+    """Checks across fields, one line each with its YAML path: ``public_url`` a base URL
+    (no query or fragment), ``webauthn.rp_id`` a domain, each ``webauthn.origins[i]`` an
+    http(s) origin on ``rp_id`` or a subdomain (http only on localhost), a relying party
+    known at all (``public_url`` on a domain or ``webauthn.rp_id``)."""
+    errors: list[str] = []
+    if config.public_url is not None:
+        parts = urlsplit(config.public_url)
+        if parts.query or parts.fragment:
+            errors.append("public_url: must not have a query or fragment (it is a base URL)")
+    rp_id = config.webauthn.rp_id
+    if rp_id is not None and not is_domain(rp_id):
+        what = "an IP address" if is_ip(rp_id) else "not a lowercase domain name"
+        errors.append(f"webauthn.rp_id: {rp_id!r} is {what} (a passkey's RP ID is a domain)")
+        return errors
+    party = relying_party(config)
+    if party is None:
+        errors.append(
+            "webauthn.rp_id: public_url's host is an IP address; set public_url to a URL on a"
+            " domain (e.g. http://localhost:8095) or set webauthn.rp_id"
+        )
+        return errors
+    if config.webauthn.origins is not None and not config.webauthn.origins:
+        errors.append("webauthn.origins: an empty list allows no origin (omit it)")
+    for i, origin in enumerate(config.webauthn.origins or ()):
+        where, parts = f"webauthn.origins[{i}]", urlsplit(origin)
+        host = (parts.hostname or "").lower()
+        if parts.scheme not in ("http", "https") or not host or parts.path not in ("", "/"):
+            errors.append(f"{where}: {origin!r} is not an http(s) origin (scheme://host[:port])")
+        elif parts.scheme == "http" and host != "localhost":
+            errors.append(f"{where}: {origin!r} uses http on a host other than localhost")
+        elif host != party.rp_id and not host.endswith("." + party.rp_id):
+            errors.append(f"{where}: host {host!r} is neither {party.rp_id!r} nor a subdomain")
+    return errors
+
+
+def _read_secrets(
+    config: InboxConfig, environ: Mapping[str, str]
+) -> tuple[InboxSecrets | None, list[str]]:
+    """The relay secrets named by ``gate.secret_env`` (and ``previous_secret_env``): set,
+    clean, at least 16 bytes (as the gate requires of the same secret); never a value."""
+    credentials = environ.get(CREDENTIALS_DIRECTORY) or None
+    wanted = [("gate.secret_env", config.gate.secret_env)]
+    if config.gate.previous_secret_env is not None:
+        wanted.append(("gate.previous_secret_env", config.gate.previous_secret_env))
+    values: list[str] = []
+    errors: list[str] = []
+    for where, name in wanted:
+        value, error = _read_one(where, name, environ, credentials)
+        if error is not None:
+            errors.append(error)
+        elif value is not None and len(value.encode("utf-8")) < MIN_SECRET_BYTES:
+            errors.append(f"{where}: {name} is shorter than {MIN_SECRET_BYTES} bytes")
+        elif value is not None:
+            values.append(value)
+    if errors:
+        return None, errors
+    return InboxSecrets(tuple(values)), []
+
+
+def listen_address(config: InboxConfig) -> TcpListen:
+    """The parsed ``listen`` (validated host:port)."""
+    parsed = parse_listen(config.listen)
+    assert isinstance(parsed, TcpListen)  # _check_tcp_addr
+    return parsed

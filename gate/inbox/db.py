@@ -1,0 +1,363 @@
+"""The inbox's SQLite file (issue 17): the only module of gate/inbox that speaks SQL.
+
+One connection, used from one thread (every call runs there, in order: writes never race);
+WAL, ``synchronous=FULL``, the file created 0600, the schema versioned by ``PRAGMA
+user_version``. A function that changes something returns after its COMMIT, so what the
+relay endpoint acks is on disk. Rows come back as ``gate.inbox.model`` values.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sqlite3
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, TypeVar
+
+from gate.inbox.items import CLOSED, NOTICE_STATES, Incoming, item_from
+from gate.inbox.model import Change, DecisionRecord, Item, Session
+
+T = TypeVar("T")
+
+SCHEMA = """
+CREATE TABLE items (
+    approval_id   TEXT PRIMARY KEY,
+    kind          TEXT NOT NULL CHECK (kind IN ('approval', 'question')),
+    revision      INTEGER NOT NULL,
+    nonce         TEXT NOT NULL,
+    payload_hash  TEXT NOT NULL,
+    dispatch      TEXT NOT NULL,
+    previous_body TEXT,
+    state         TEXT NOT NULL CHECK (state IN ('pending', 'resolved', 'cancelled', 'expired')),
+    outcome       TEXT,
+    expires_at    INTEGER NOT NULL,
+    received_at   INTEGER NOT NULL,
+    updated_seq   INTEGER NOT NULL
+);
+CREATE INDEX items_updated_seq ON items (updated_seq);
+CREATE INDEX items_state_expiry ON items (state, expires_at);
+CREATE TABLE decisions (
+    id          INTEGER PRIMARY KEY AUTOINCREMENT,
+    approval_id TEXT NOT NULL,
+    revision    INTEGER NOT NULL,
+    identity    TEXT NOT NULL,
+    decision    TEXT NOT NULL,
+    http_status INTEGER NOT NULL,
+    answer      TEXT NOT NULL,
+    decided_at  INTEGER NOT NULL
+);
+CREATE INDEX decisions_identity ON decisions (identity, decided_at);
+CREATE TABLE sessions (
+    id_hash       TEXT PRIMARY KEY,
+    identity      TEXT NOT NULL,
+    operator_id   INTEGER NOT NULL,
+    credential_id TEXT NOT NULL,
+    csrf          TEXT NOT NULL,
+    created_at    INTEGER NOT NULL,
+    expires_at    INTEGER NOT NULL
+);
+"""
+MIGRATIONS = (SCHEMA,)  # user_version N means MIGRATIONS[:N] ran
+
+
+def _open(path: Path) -> sqlite3.Connection:
+    """Create (0600) or open the file, set WAL and synchronous=FULL, run what migrations
+    are missing, each in one transaction. Raises OSError / sqlite3.Error."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if not path.exists():
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600))
+    conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    conn.row_factory = sqlite3.Row
+    if conn.execute("PRAGMA journal_mode = WAL").fetchone()[0] != "wal":
+        raise OSError(f"cannot use WAL journal mode on {path}")
+    conn.execute("PRAGMA synchronous = FULL")
+    conn.execute("PRAGMA busy_timeout = 5000")
+    version = int(conn.execute("PRAGMA user_version").fetchone()[0])
+    if version > len(MIGRATIONS):
+        raise OSError(f"{path} has schema version {version}, newer than this inbox knows")
+    for number in range(version, len(MIGRATIONS)):
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            for statement in MIGRATIONS[number].split(";"):
+                if statement.strip():
+                    conn.execute(statement)
+            conn.execute(f"PRAGMA user_version = {number + 1}")
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+    return conn
+
+
+class InboxDb:
+    """The inbox database; open with ``await InboxDb.open(path)``, ``await close()``."""
+
+    def __init__(self, conn: sqlite3.Connection, executor: ThreadPoolExecutor) -> None:
+        self._conn = conn
+        self._executor = executor
+
+    @classmethod
+    async def open(cls, path: Path) -> InboxDb:
+        """Open (creating and migrating) the file at ``path``; raises OSError (naming the
+        file) when it cannot."""
+        executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="inbox-db")
+        try:
+            conn = await asyncio.get_running_loop().run_in_executor(executor, _open, path)
+        except sqlite3.Error as exc:
+            executor.shutdown(wait=False)
+            raise OSError(f"cannot open the database {path}: {exc}") from exc
+        except BaseException:
+            executor.shutdown(wait=False)
+            raise
+        return cls(conn, executor)
+
+    async def close(self) -> None:
+        """Close the connection and its thread."""
+        await self._run(self._conn.close)
+        self._executor.shutdown(wait=True)
+
+    async def _run(self, fn: Callable[..., T], *args: Any) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+
+    def _tx(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """Run ``fn`` in one write transaction (BEGIN IMMEDIATE … COMMIT)."""
+        self._conn.execute("BEGIN IMMEDIATE")
+        try:
+            result = fn(self._conn)
+        except BaseException:
+            self._conn.execute("ROLLBACK")
+            raise
+        self._conn.execute("COMMIT")
+        return result
+
+    # ------------------------------------------------------------------ items
+
+    async def receive(self, incoming: Incoming, raw: str, received_at: int) -> str:
+        """Keep a verified dispatch (``raw``: its JSON text exactly as received) and return
+        what happened: ``new`` (a row), ``same`` (a re-send with nothing new: no change),
+        ``updated`` (same revision and nonce, other bytes: a reminder or an escalation; the
+        stored dispatch replaced), ``revision`` (a newer revision or version replaced the
+        item; the body before kept in ``previous_body``; pending unless closed), ``stale``
+        (an older revision than the one kept: nothing changes). Returns after the COMMIT."""
+        return await self._run(self._tx, lambda c: _receive(c, incoming, raw, received_at))
+
+    async def close_item(self, approval_id: str, outcome: str) -> bool:
+        """A notice's ``outcome`` closes the item (resolved, cancelled or, for ``timeout``,
+        expired); False when the inbox has no such item or it is closed already."""
+        return await self._run(self._tx, lambda c: _close(c, approval_id, outcome))
+
+    async def expire_due(self, now_ms: int) -> int:
+        """Mark pending items past ``expires_at`` expired (bumping their ``updated_seq``);
+        returns how many."""
+        return await self._run(self._tx, lambda c: _expire(c, now_ms))
+
+    async def item(self, approval_id: str, now_ms: int) -> Item | None:
+        """One item (expired at read time when past its ``expires_at``), or None."""
+        rows = await self._run(_select, self._conn, "WHERE approval_id = ?", (approval_id,))
+        return _item(rows[0], now_ms) if rows else None
+
+    async def items(self, now_ms: int, state: str | None = None) -> list[Item]:
+        """Every item (or those in ``state`` as read at ``now_ms``), soonest expiry first."""
+        rows = await self._run(_select, self._conn, "ORDER BY expires_at, approval_id", ())
+        found = [_item(row, now_ms) for row in rows]
+        return [i for i in found if state is None or i.state == state]
+
+    async def changes_since(self, seq: int) -> list[Change]:
+        """Items changed after ``updated_seq`` ``seq``, in change order (live updates)."""
+        rows = await self._run(
+            _query,
+            self._conn,
+            "SELECT approval_id, state, revision, updated_seq FROM items"
+            " WHERE updated_seq > ? ORDER BY updated_seq",
+            (seq,),
+        )
+        return [Change(r["approval_id"], r["state"], r["revision"], r["updated_seq"]) for r in rows]
+
+    # ------------------------------------------------------------------ decisions, sessions
+
+    async def add_decision(self, record: DecisionRecord) -> None:
+        """Keep a decision posted for an approver and the gate's answer to it."""
+        await self._run(
+            self._tx,
+            lambda c: c.execute(
+                "INSERT INTO decisions (approval_id, revision, identity, decision, http_status,"
+                " answer, decided_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (
+                    record.approval_id,
+                    record.revision,
+                    record.identity,
+                    record.decision,
+                    record.status,
+                    json.dumps(record.answer, ensure_ascii=False),
+                    record.decided_at,
+                ),
+            ),
+        )
+
+    async def decisions_of(self, identity: str, limit: int = 50) -> list[DecisionRecord]:
+        """``identity``'s decisions, newest first (at most ``limit``)."""
+        rows = await self._run(
+            _query,
+            self._conn,
+            "SELECT * FROM decisions WHERE identity = ? ORDER BY decided_at DESC, id DESC LIMIT ?",
+            (identity, limit),
+        )
+        return [
+            DecisionRecord(
+                r["approval_id"],
+                r["revision"],
+                r["identity"],
+                r["decision"],
+                r["http_status"],
+                json.loads(r["answer"]),
+                r["decided_at"],
+            )
+            for r in rows
+        ]
+
+    async def add_session(self, id_hash: str, session: Session) -> None:
+        """Keep a session under the SHA-256 ``id_hash`` of its cookie's random id."""
+        await self._run(
+            self._tx,
+            lambda c: c.execute(
+                "INSERT INTO sessions VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (
+                    id_hash,
+                    session.identity,
+                    session.operator_id,
+                    session.credential_id,
+                    session.csrf,
+                    session.created_at,
+                    session.expires_at,
+                ),
+            ),
+        )
+
+    async def session(self, id_hash: str, now_ms: int) -> Session | None:
+        """The session under ``id_hash``, or None when there is none or it expired."""
+        rows = await self._run(
+            _query,
+            self._conn,
+            "SELECT * FROM sessions WHERE id_hash = ? AND expires_at > ?",
+            (id_hash, now_ms),
+        )
+        if not rows:
+            return None
+        r = rows[0]
+        return Session(
+            r["identity"],
+            r["operator_id"],
+            r["credential_id"],
+            r["csrf"],
+            r["created_at"],
+            r["expires_at"],
+        )
+
+    async def end_sessions(self, now_ms: int, id_hash: str | None = None) -> int:
+        """Delete the session ``id_hash`` (sign-out), or with None every expired one."""
+        args: tuple[Any, ...] = (id_hash,) if id_hash is not None else (now_ms,)
+        sql = (
+            "DELETE FROM sessions WHERE id_hash = ?"
+            if id_hash is not None
+            else "DELETE FROM sessions WHERE expires_at <= ?"
+        )
+        return await self._run(self._tx, lambda c: c.execute(sql, args).rowcount)
+
+
+def _query(conn: sqlite3.Connection, sql: str, args: tuple[Any, ...]) -> list[sqlite3.Row]:
+    return conn.execute(sql, args).fetchall()
+
+
+def _select(conn: sqlite3.Connection, where: str, args: tuple[Any, ...]) -> list[sqlite3.Row]:
+    return _query(conn, f"SELECT * FROM items {where}", args)  # noqa: S608 - fixed clauses
+
+
+def _item(row: sqlite3.Row, now_ms: int) -> Item:
+    return item_from(dict(row), json.loads(row["dispatch"]), now_ms)
+
+
+def _next_seq(conn: sqlite3.Connection) -> int:
+    return int(conn.execute("SELECT COALESCE(MAX(updated_seq), 0) + 1 FROM items").fetchone()[0])
+
+
+def _receive(conn: sqlite3.Connection, new: Incoming, raw: str, at: int) -> str:
+    old = conn.execute(
+        "SELECT revision, nonce, dispatch, state FROM items WHERE approval_id = ?",
+        (new.approval_id,),
+    ).fetchone()
+    if old is None:
+        conn.execute(
+            "INSERT INTO items VALUES (?, ?, ?, ?, ?, ?, NULL, 'pending', NULL, ?, ?, ?)",
+            (
+                new.approval_id,
+                new.kind,
+                new.revision,
+                new.nonce,
+                new.payload_hash,
+                raw,
+                new.expires_at,
+                at,
+                _next_seq(conn),
+            ),
+        )
+        return "new"
+    if new.revision < old["revision"]:
+        return "stale"
+    if new.revision == old["revision"] and new.nonce == old["nonce"]:
+        if raw == old["dispatch"]:
+            return "same"
+        conn.execute(
+            "UPDATE items SET dispatch = ?, expires_at = ?, updated_seq = ? WHERE approval_id = ?",
+            (raw, new.expires_at, _next_seq(conn), new.approval_id),
+        )
+        return "updated"
+    before = json.loads(old["dispatch"])
+    previous = (
+        (before.get("question") or {}).get("text")
+        if new.kind == "question"
+        else (before.get("draft") or {}).get("body")
+    )
+    state = old["state"] if old["state"] in CLOSED else "pending"
+    conn.execute(
+        "UPDATE items SET revision = ?, nonce = ?, payload_hash = ?, dispatch = ?,"
+        " previous_body = ?, state = ?, expires_at = ?, updated_seq = ? WHERE approval_id = ?",
+        (
+            new.revision,
+            new.nonce,
+            new.payload_hash,
+            raw,
+            previous,
+            state,
+            new.expires_at,
+            _next_seq(conn),
+            new.approval_id,
+        ),
+    )
+    return "revision"
+
+
+def _close(conn: sqlite3.Connection, approval_id: str, outcome: str) -> bool:
+    state = NOTICE_STATES.get(outcome, "resolved")
+    cursor = conn.execute(
+        "UPDATE items SET state = ?, outcome = ?, updated_seq = ?"
+        " WHERE approval_id = ? AND state NOT IN ('resolved', 'cancelled')",
+        (state, outcome, _next_seq(conn), approval_id),
+    )
+    return cursor.rowcount > 0
+
+
+def _expire(conn: sqlite3.Connection, now_ms: int) -> int:
+    due = conn.execute(
+        "SELECT approval_id FROM items WHERE state = 'pending' AND expires_at <= ?"
+        " ORDER BY expires_at",
+        (now_ms,),
+    ).fetchall()
+    for row in due:
+        conn.execute(
+            "UPDATE items SET state = 'expired', updated_seq = ? WHERE approval_id = ?",
+            (_next_seq(conn), row["approval_id"]),
+        )
+    return len(due)

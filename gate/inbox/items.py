@@ -1,0 +1,158 @@
+"""What the inbox reads from a dispatch (issue 17): the checks a dispatch must pass before it
+is kept, the columns its row stores, and the ``Item`` a stored row stands for. Pure: no I/O;
+``now`` is an argument."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from gate.inbox.model import Item
+from gate.protocol.canonical import payload_hash
+
+NOTICE_STATES = {
+    "approved": "resolved",
+    "adjusted": "resolved",
+    "skipped": "resolved",
+    "answered": "resolved",
+    "cancelled": "cancelled",
+    "timeout": "expired",
+}
+CLOSED = ("resolved", "cancelled")
+
+
+class DispatchRefused(ValueError):
+    """A signed dispatch the inbox cannot keep: ``reason`` (wire code) and ``field``."""
+
+    def __init__(self, reason: str, field: str | None = None) -> None:
+        super().__init__(reason if field is None else f"{reason}: {field}")
+        self.reason = reason
+        self.field = field
+
+    def body(self) -> dict[str, Any]:
+        """The 400 answer's JSON, as the reference relay says it."""
+        out: dict[str, Any] = {"status": "invalid", "reason": self.reason}
+        if self.field is not None:
+            out["field"] = self.field
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class Incoming:
+    """The columns of one dispatch: ``approval_id`` (a question's ``question_id``), ``kind``,
+    ``revision`` (a question's ``version``), ``nonce``, ``payload_hash`` (a question's
+    ``request_hash``), ``body`` (the draft, or the question's text) and ``expires_at`` ms."""
+
+    approval_id: str
+    kind: str
+    revision: int
+    nonce: str
+    payload_hash: str
+    body: str
+    expires_at: int
+
+
+def _ms(text: Any, field: str) -> int:
+    if isinstance(text, str):
+        try:
+            return int(datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp() * 1000)
+        except ValueError:
+            pass
+    raise DispatchRefused("invalid_dispatch", field)
+
+
+def _text(obj: Any, *path: str) -> str:
+    value = obj
+    for key in path:
+        value = value.get(key) if isinstance(value, dict) else None
+    if not isinstance(value, str):
+        raise DispatchRefused("invalid_dispatch", ".".join(path))
+    return value
+
+
+def _number(obj: dict[str, Any], key: str) -> int:
+    value = obj.get(key, 1)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise DispatchRefused("invalid_dispatch", key)
+    return value
+
+
+def read_dispatch(envelope: dict[str, Any]) -> Incoming:
+    """The columns of a verified dispatch (SPEC §2 "Dispatch"; a question's per
+    docs/protocol.md "Questions"). Raises ``DispatchRefused`` (400 ``invalid_dispatch`` naming
+    the first missing or mistyped field; ``payload_hash_mismatch`` when the draft does not
+    hash to ``payload_hash``)."""
+    question = envelope.get("kind") == "question"
+    key = "question_id" if question else "approval_id"
+    approval_id = _text(envelope, key)
+    nonce = _text(envelope, "callback", "nonce")
+    _text(envelope, "callback", "url")
+    if not isinstance(envelope.get("approvers"), list):
+        raise DispatchRefused("invalid_dispatch", "approvers")
+    expires_at = _ms(envelope.get("expires_at"), "expires_at")
+    if question:
+        body = _text(envelope, "question", "text")
+        return Incoming(
+            approval_id,
+            "question",
+            _number(envelope, "version"),
+            nonce,
+            _text(envelope, "request_hash"),
+            body,
+            expires_at,
+        )
+    body = _text(envelope, "draft", "body")
+    hashed = _text(envelope, "payload_hash")
+    if payload_hash(body) != hashed:
+        raise DispatchRefused("payload_hash_mismatch")
+    revision = _number(envelope, "revision")
+    return Incoming(approval_id, "approval", revision, nonce, hashed, body, expires_at)
+
+
+def _mapping(obj: dict[str, Any], key: str) -> dict[str, Any]:
+    value = obj.get(key)
+    return value if isinstance(value, dict) else {}
+
+
+def item_from(row: dict[str, Any], dispatch: dict[str, Any], now_ms: int) -> Item:
+    """The ``Item`` a stored row stands for; a pending item past ``expires_at`` at
+    ``now_ms`` reads as ``expired`` (the sweep commits it later)."""
+    state = row["state"]
+    if state == "pending" and row["expires_at"] <= now_ms:
+        state = "expired"
+    question = row["kind"] == "question"
+    quorum, draft = _mapping(dispatch, "quorum"), _mapping(dispatch, "draft")
+    body = _mapping(dispatch, "question").get("text", "") if question else draft.get("body", "")
+    actions = dispatch.get("actions")
+    actions = actions if isinstance(actions, list) else []
+    delegates = [d for d in dispatch.get("delegates") or [] if isinstance(d, dict)]
+    return Item(
+        approval_id=row["approval_id"],
+        kind=row["kind"],
+        pipeline=str(dispatch.get("pipeline", "")),
+        step=str(dispatch.get("step", "")),
+        risk=str(dispatch.get("risk", "")),
+        revision=row["revision"],
+        nonce=row["nonce"],
+        payload_hash=row["payload_hash"],
+        content_type="text/plain" if question else str(draft.get("content_type", "text/plain")),
+        body=str(body),
+        approvers=tuple(a for a in dispatch.get("approvers") or [] if isinstance(a, str)),
+        quorum_required=int(quorum.get("required", 1)),
+        quorum_collected=int(quorum.get("collected", 0)),
+        expires_at=row["expires_at"],
+        received_at=row["received_at"],
+        state=state,
+        updated_seq=row["updated_seq"],
+        dispatch=dispatch,
+        previous_body=row["previous_body"],
+        outcome=row["outcome"],
+        budget=dispatch.get("budget") if isinstance(dispatch.get("budget"), dict) else None,
+        skip_reason_required=any(
+            isinstance(a, dict) and a.get("verb") == "skip" and a.get("reason") == "required"
+            for a in actions
+        ),
+        approver_signature=str(dispatch.get("approver_signature", "off")),
+        delegates=tuple((str(d.get("identity")), str(d.get("on_behalf_of"))) for d in delegates),
+    )

@@ -1,0 +1,108 @@
+"""The inbox's relay endpoint ``POST /hitl/v0/relay`` (issue 17): the gate's dispatches and
+notices arrive here. Each is checked as the reference relay checks it (size, signature,
+window, shape: the same answers), kept in the inbox's database, and acked 200
+``{"status":"ok"}`` only after its row committed: nothing acked is lost."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from aiohttp import web
+
+from gate.errors import GateError
+from gate.inbox.db import InboxDb
+from gate.inbox.items import DispatchRefused, read_dispatch
+from gate.protocol import PROTOCOL, SIGNATURE_HEADER, signing
+from gate.protocol.envelope import decode_json
+
+log = logging.getLogger(__name__)
+
+RELAY_PATH = "/hitl/v0/relay"
+MAX_DISPATCH_BYTES = 4 * 1024 * 1024  # as the reference relay: a 256 KiB draft, JSON-escaped
+OK = {"status": "ok"}
+
+
+class RelayEndpoint:
+    """Holds the gate's relay ``secrets`` (current first), the signature window
+    ``max_skew`` (seconds), the database and the clock (``now_s``: unix seconds)."""
+
+    def __init__(
+        self,
+        db: InboxDb,
+        secrets: Sequence[str],
+        max_skew: float,
+        now_s: Callable[[], float] = time.time,
+    ) -> None:
+        self.db = db
+        self.secrets = tuple(secrets)
+        self.max_skew = max_skew
+        self.now_s = now_s
+
+    async def receive(self, request: web.Request) -> web.Response:
+        """Check a dispatch or notice and keep it. Answers: 413 ``body_too_large``; 401
+        ``unauthorized`` with the signature's reason (SPEC §2 checks 2-4, as the reference
+        relay answers); 400 ``invalid`` (no JSON object, not hitl/v0: ``invalid_protocol``; a
+        field missing: ``invalid_dispatch``/``invalid_notice`` naming it; a draft that does
+        not hash to ``payload_hash``); 200 ``{"status":"ok"}`` once committed."""
+        raw = await request.content.read(MAX_DISPATCH_BYTES + 1)
+        if len(raw) > MAX_DISPATCH_BYTES:
+            return web.json_response({"status": "invalid", "reason": "body_too_large"}, status=413)
+        try:
+            signing.verify(
+                request.headers.get(SIGNATURE_HEADER),
+                raw,
+                self.secrets,
+                self.now_s(),
+                self.max_skew,
+            )
+            envelope = decode_json(raw)
+        except GateError as exc:
+            log.warning("event=dispatch_refused reason=%s", exc.code)
+            return web.json_response(exc.body(), status=exc.status)
+        if not isinstance(envelope, dict) or envelope.get("protocol") != PROTOCOL:
+            log.warning("event=dispatch_refused reason=invalid_protocol")
+            return web.json_response(
+                {"status": "invalid", "reason": "invalid_protocol"}, status=400
+            )
+        if envelope.get("type") == "notice":
+            return await self._notice(envelope)
+        try:
+            incoming = read_dispatch(envelope)
+        except DispatchRefused as exc:
+            log.warning("event=dispatch_refused reason=%s field=%s", exc.reason, exc.field)
+            return web.json_response(exc.body(), status=400)
+        text = raw.decode("utf-8-sig")  # decode_json took it: UTF-8 (a BOM is no content)
+        now_ms = int(self.now_s() * 1000)
+        what = await self.db.receive(incoming, text, now_ms)
+        log.info(
+            "event=dispatch_kept %s=%s kind=%s revision=%d change=%s payload_hash=%s",
+            "question_id" if incoming.kind == "question" else "approval_id",
+            incoming.approval_id,
+            incoming.kind,
+            incoming.revision,
+            what,
+            incoming.payload_hash,
+        )
+        return web.json_response(OK, status=200)
+
+    async def _notice(self, notice: dict[str, Any]) -> web.Response:
+        """A resolution notice (docs/protocol.md "Notices"; a question's names its
+        ``question_id``) closes the item with its ``outcome``; 400 ``invalid_notice`` without
+        them. One for an item the inbox does not hold is acked too (nothing to close)."""
+        key = "question_id" if notice.get("kind") == "question" else "approval_id"
+        subject, outcome = notice.get(key), notice.get("outcome")
+        if not isinstance(subject, str) or not isinstance(outcome, str):
+            log.warning("event=notice_refused reason=invalid_notice")
+            return web.json_response({"status": "invalid", "reason": "invalid_notice"}, status=400)
+        closed = await self.db.close_item(subject, outcome)
+        log.info(
+            "event=notice_kept %s=%s outcome=%s closed=%s",
+            key,
+            subject,
+            outcome if outcome.isascii() and outcome.isprintable() else "?",
+            str(closed).lower(),
+        )
+        return web.json_response(OK, status=200)
