@@ -197,4 +197,5 @@ def diff_html(old: str, new: str) -> Markup:
             continue
         lines.extend(f"<del>- {marked_text(line)}</del>" for line in a[i1:i2])
         lines.extend(f"<ins>+ {marked_text(line)}</ins>" for line in b[j1:j2])
-    return Markup('<pre class="diff">{}</pre>').format(Markup("\n".join(lines)))
+    # each line is a block of its own: no newline between them (it would show as a blank line)
+    return Markup('<pre class="diff">{}</pre>').format(Markup("".join(lines)))
