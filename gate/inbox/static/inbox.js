@@ -65,11 +65,13 @@
   }
 
   function setUpSigning() {
+    const forms = document.querySelectorAll('form[data-sign]');
+    if (forms.length === 0) return;
     if (!canSign()) {
       say('This browser cannot use passkeys here; use one that supports them.');
       return;
     }
-    document.querySelectorAll('form[data-sign]').forEach((form) => {
+    forms.forEach((form) => {
       form.addEventListener('submit', (event) => {
         event.preventDefault();
         if (!form.reportValidity()) return;
