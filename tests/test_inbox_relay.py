@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import yaml
 
-from gate.inbox.gate_client import GateUnreachable
+from gate.inbox.gate_client import GateRefused, GateUnreachable, fetch_credentials
 from gate.inbox.gate_client import post_decision as post_decision_async
 from gate.protocol.canonical import payload_hash, wire_json
 from tests.support import (
@@ -304,3 +304,39 @@ def test_inbox_gate_client_retries_only_an_unreachable_gate() -> None:
 
     with pytest.raises(GateUnreachable, match="cannot reach the gate"):
         asyncio.run(post_decision_async(url, {"protocol": "hitl/v0"}, SECRET))
+
+
+@pytest.mark.e2e
+def test_inbox_gate_client_fetches_the_credentials_the_gate_serves(
+    tmp_path: Path, inbox: Inbox
+) -> None:
+    """The credentials channel end to end: off by default (404 from the gate), then with
+    ``relay.credentials: true`` a signed answer the client verifies; a wrong secret is
+    refused by the gate (401)."""
+    folder = tmp_path / "gate2"
+    folder.mkdir()
+    off = GateProcess(
+        write_config(folder, inbox.relay_url, steps=STEPS, relay={"questions": True})
+    ).start()
+    try:
+        base = off.callback_url.removesuffix("/hitl/v0/decisions")
+        with pytest.raises(GateRefused) as refused:
+            asyncio.run(fetch_credentials(base, [SECRET], 300))
+        assert refused.value.status == 404
+    finally:
+        off.stop()
+    on = GateProcess(
+        write_config(
+            folder, inbox.relay_url, steps=STEPS, relay={"credentials": True, "questions": True}
+        )
+    ).start()
+    try:
+        base = on.callback_url.removesuffix("/hitl/v0/decisions")
+        answer = asyncio.run(fetch_credentials(base, [SECRET], 300))
+        assert answer.credentials == ()  # none enrolled yet
+        assert answer.webauthn is not None and answer.webauthn.rp_id == "localhost"
+        with pytest.raises(GateRefused) as wrong:
+            asyncio.run(fetch_credentials(base, ["another-secret-of-32-bytes-000000"], 300))
+        assert (wrong.value.status, wrong.value.reason) == (401, "signature_mismatch")
+    finally:
+        on.stop()

@@ -346,6 +346,29 @@ def test_layers_relays_are_untrusted_peers(module: Module) -> None:
     assert not bad, f"{module.rel} is a relay (an untrusted peer) and imports {bad}"
 
 
+INBOX = under("gate.inbox")
+
+
+@pytest.mark.parametrize("module", INBOX, ids=ids(INBOX))
+def test_layers_inbox_is_an_untrusted_peer(module: Module) -> None:
+    """The inbox (issue 17) is a separate program, a hitl/v0 relay: gate.protocol, the generic
+    config helpers, logs and clock; never the gate's rules, store, daemon, web, audit, trust."""
+    bad = hits(
+        imports_of(module),
+        ("gate.core", "gate.store", "gate.daemon", "gate.web", "gate.audit", "gate.trust"),
+    )
+
+    assert not bad, f"{module.rel} is the inbox (an untrusted peer) and imports {bad}"
+
+
+def test_layers_inbox_render_is_pure() -> None:
+    """What the approver sees is decided without I/O (gate/inbox/render.py, issue 17)."""
+    render = next(m for m in INBOX if m.name == "gate.inbox.render")
+    bad = hits(imports_of(render), PROTOCOL_FORBIDDEN + ("aiohttp_jinja2", "jinja2"))
+
+    assert not bad, f"{render.rel} imports {bad}"
+
+
 @pytest.mark.parametrize("module", CLIENT, ids=ids(CLIENT))
 def test_layers_client_speaks_only_the_pipeline_api(module: Module) -> None:
     bad = hits(

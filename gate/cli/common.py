@@ -16,10 +16,11 @@ from typing import Any
 import click
 
 from gate.cli import fail, read_config
+from gate.protocol.display import HIDDEN_CATEGORIES
 
 # what a terminal does not show as itself (as gate.client.hops.visible): in ``safe_json``
 # output written as a JSON escape, so JSON text carries no bidi override or line separator raw
-_HIDDEN_CATEGORIES = frozenset({"Cc", "Cf", "Zl", "Zp", "Cs", "Cn"})
+_HIDDEN_CATEGORIES = HIDDEN_CATEGORIES  # one rule: gate.protocol.display
 
 
 def safe_json(value: Any) -> str:

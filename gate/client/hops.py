@@ -7,9 +7,11 @@ import json
 import unicodedata
 from typing import Any
 
+from gate.protocol.display import HIDDEN_CATEGORIES
+
 # what a terminal does not show as itself (controls, escape sequences, bidi overrides, line
 # separators, surrogates, unassigned): shown as <U+XXXX>, as the reference relay shows a draft
-_HIDDEN_CATEGORIES = frozenset({"Cc", "Cf", "Zl", "Zp", "Cs", "Cn"})
+_HIDDEN_CATEGORIES = HIDDEN_CATEGORIES  # one rule: gate.protocol.display
 
 
 def visible(text: str) -> str:

@@ -7,7 +7,6 @@ after it answered (an answer, even a 5xx, is what the approver is told)."""
 from __future__ import annotations
 
 import asyncio
-import importlib
 import json
 import logging
 import time
@@ -16,7 +15,7 @@ from typing import Any
 
 import aiohttp
 
-from gate.protocol import PROTOCOL, PROTOCOL_HEADER, SIGNATURE_HEADER, signing
+from gate.protocol import PROTOCOL, PROTOCOL_HEADER, SIGNATURE_HEADER, credentials, signing
 from gate.protocol.canonical import wire_json
 
 log = logging.getLogger(__name__)
@@ -91,15 +90,13 @@ async def fetch_credentials(
     secrets: Sequence[str],
     max_skew: float,
     session: aiohttp.ClientSession | None = None,
-) -> Any:
+) -> credentials.CredentialsAnswer:
     """Ask the gate at ``callback_url`` (its relay listener base) for the approvers' public
     credentials (issue 17, credentials channel): a signed ``credentials_request`` with the
     current secret, the answer's signature checked with ``secrets`` within ``max_skew``
-    seconds and parsed. Returns part A's ``CredentialsAnswer``. Raises GateUnreachable,
-    ``GateRefused`` for an answer other than 200, or ProtocolError (401/400) for an answer
-    whose signature or shape is wrong."""
-    # gate.protocol.credentials is part A of issue 17; the lead wires it at the merge
-    credentials: Any = importlib.import_module("gate.protocol.credentials")
+    seconds and parsed. Returns the ``gate.protocol.credentials.CredentialsAnswer``. Raises
+    GateUnreachable, ``GateRefused`` for an answer other than 200, or ProtocolError
+    (401/400) for an answer whose signature or shape is wrong."""
     body = credentials.build_credentials_request(int(time.time()))
     url = callback_url.rstrip("/") + CREDENTIALS_PATH
     status, raw, header = await _post(url, body, secrets[0], session)

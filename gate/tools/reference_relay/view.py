@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from gate.protocol.display import HIDDEN_CATEGORIES
 from gate.protocol.whitespace import is_blank
 
 RULE = "=" * 72
@@ -41,7 +42,7 @@ _SPACE_NAMES = {
 # Unicode categories a terminal does not show as themselves: controls (C0, DEL, C1: carriage
 # return, escape sequences), format characters (bidi overrides, zero-width), line and paragraph
 # separators, surrogates and unassigned code points. Newline and tab are shown as they are.
-_HIDDEN_CATEGORIES = frozenset({"Cc", "Cf", "Zl", "Zp", "Cs", "Cn"})
+_HIDDEN_CATEGORIES = HIDDEN_CATEGORIES  # one rule: gate.protocol.display
 
 
 def visible(text: str) -> tuple[str, int]:

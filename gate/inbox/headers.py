@@ -1,0 +1,40 @@
+"""The inbox's security headers (issue 17): a strict Content-Security-Policy (only its own
+script, style and images; no inline script or style, no frames, forms post only to it),
+no referrer, no MIME sniffing, and pages never cached."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+
+from aiohttp import web
+
+CSP = (
+    "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "
+    "connect-src 'self'; form-action 'self'; base-uri 'none'; frame-ancestors 'none'"
+)
+"""The one policy of every inbox response (issue 17 contract, part C 3)."""
+
+COMMON = {
+    "Content-Security-Policy": CSP,
+    "Referrer-Policy": "no-referrer",
+    "X-Content-Type-Options": "nosniff",
+}
+STATIC_PREFIX = "/static/"
+
+
+def security_headers(path: str) -> dict[str, str]:
+    """The headers for a response to ``path``: ``COMMON`` plus ``Cache-Control: no-store``
+    for every page and answer, ``no-cache`` (revalidate) for ``/static/`` assets."""
+    cache = "no-cache" if path.startswith(STATIC_PREFIX) else "no-store"
+    return {**COMMON, "Cache-Control": cache}
+
+
+async def _add_headers(request: web.Request, response: web.StreamResponse) -> None:
+    response.headers.update(security_headers(request.path))
+
+
+def install(app: web.Application) -> None:
+    """Add ``security_headers`` to every response of ``app`` (errors and static included),
+    through ``on_response_prepare``."""
+    hook: Callable[[web.Request, web.StreamResponse], Awaitable[None]] = _add_headers
+    app.on_response_prepare.append(hook)

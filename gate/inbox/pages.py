@@ -1,0 +1,255 @@
+"""The inbox's pages (issue 17): Jinja2 templates (autoescape on) and static assets from the
+package, one function per page taking ``gate.inbox.model`` values and returning the rendered
+``web.Response``, so request handlers stay thin. Every response gets ``headers.install``'s
+security headers.
+
+Forms post to the URLs below; a form the approver signs carries ``data-sign`` (its verb) and
+``data-challenge`` (the base64url WebAuthn challenge) or ``data-challenge-url`` (where
+``inbox.js`` POSTs the form's fields to get ``{"challenge": …}`` first: a skip's reason and
+an adjust's text are part of the decision digest, issue 16 §3).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import aiohttp_jinja2
+import jinja2
+from aiohttp import web
+from markupsafe import Markup
+
+from gate.inbox import headers
+from gate.inbox.model import DecisionRecord, Item, Session
+from gate.inbox.render import MARK_OPEN, diff_html, draft_view, marked_text
+from gate.inbox.words import answer_words, budget, form_fields, quorum, time_left
+from gate.protocol.display import code_point, is_hidden
+from gate.protocol.errors import ProtocolError
+
+STATIC = Path(__file__).resolve().parent / "static"
+VERBS = (("approve", "Approve"), ("skip", "Skip"), ("adjust", "Send adjusted draft"))
+HIGH_RISKS = frozenset({"high", "critical"})
+
+
+def item_url(approval_id: str) -> str:
+    """``/items/<id>``: an item's page (the id percent-encoded)."""
+    return f"/items/{quote(approval_id, safe='')}"
+
+
+def decide_url(approval_id: str) -> str:
+    """``/items/<id>/decide``: where an item's decision forms post."""
+    return item_url(approval_id) + "/decide"
+
+
+def challenge_url(approval_id: str) -> str:
+    """``/items/<id>/challenge``: where ``inbox.js`` gets a decision's challenge."""
+    return item_url(approval_id) + "/challenge"
+
+
+def answer_url(approval_id: str) -> str:
+    """``/items/<id>/answer``: where a question's form posts."""
+    return item_url(approval_id) + "/answer"
+
+
+def _marked_line(value: object) -> Markup:
+    return marked_text(str(value), keep="")
+
+
+def _shown(value: object) -> str:
+    """One-line plain text (a page title): hidden characters as ``U+XXXX`` text."""
+    return "".join(code_point(c) if is_hidden(c) else c for c in str(value))
+
+
+def setup_templates(app: web.Application) -> jinja2.Environment:
+    """Set ``app`` up to render the inbox's templates (from the package, autoescape on,
+    undefined names an error), serve ``/static/`` from the package and add the security
+    headers to every response. Returns the Jinja2 environment."""
+    env = aiohttp_jinja2.setup(
+        app,
+        loader=jinja2.PackageLoader("gate.inbox", "templates"),
+        autoescape=True,
+        undefined=jinja2.StrictUndefined,
+        filters={"marked": _marked_line, "shown": _shown},
+        default_helpers=False,
+    )
+    app.router.add_static("/static/", STATIC, name="static", append_version=False)
+    headers.install(app)
+    return env
+
+
+def _render(
+    request: web.Request, name: str, context: Mapping[str, Any], status: int = 200
+) -> web.Response:
+    base = {"session": None, "nav": "", "seq": 0}
+    return aiohttp_jinja2.render_template(name, request, {**base, **context}, status=status)
+
+
+def _risk_class(risk: str) -> str:
+    return "high" if risk.lower() in HIGH_RISKS else "normal"
+
+
+@dataclass(frozen=True, slots=True)
+class Row:
+    """One line of the waiting list."""
+
+    item: Item
+    url: str
+    quorum: str
+    left: str
+    budget: list[str]
+    risk_class: str
+
+
+def _facts(item: Item, now_ms: int) -> dict[str, Any]:
+    return {
+        "item": item,
+        "quorum": quorum(item.quorum_collected, item.quorum_required),
+        "left": time_left(item.expires_at, now_ms),
+        "budget": budget(item.budget),
+        "risk_class": _risk_class(item.risk),
+    }
+
+
+def signin_page(
+    request: web.Request,
+    *,
+    challenge: str,
+    csrf: str,
+    action: str = "/signin",
+    error: str | None = None,
+) -> web.Response:
+    """The sign-in page: one "Sign in with your passkey" button whose form carries the
+    WebAuthn ``challenge`` (base64url) and a pre-session ``csrf`` token; ``error`` in words."""
+    context = {"challenge": challenge, "csrf": csrf, "action": action, "error": error}
+    return _render(request, "signin.html", context, status=401 if error else 200)
+
+
+def waiting_page(
+    request: web.Request, *, items: Sequence[Item], session: Session, now_ms: int, seq: int
+) -> web.Response:
+    """What waits for the signed-in approver: pending ``items`` sorted by expiry (soonest
+    first), each with pipeline, step, risk, quorum progress, time left and budget; an empty
+    state in words. ``seq`` is the inbox's change counter the live updates poll from."""
+    pending = sorted((i for i in items if i.state == "pending"), key=lambda i: i.expires_at)
+    rows = [Row(url=item_url(i.approval_id), **_facts(i, now_ms)) for i in pending]
+    context = {"rows": rows, "session": session, "nav": "waiting", "seq": seq}
+    return _render(request, "waiting.html", context)
+
+
+def item_page(
+    request: web.Request,
+    *,
+    item: Item,
+    session: Session,
+    now_ms: int,
+    seq: int,
+    challenges: Mapping[str, str] | None = None,
+) -> web.Response:
+    """An approval: facts, the warning banner when the draft has marked characters, the diff
+    from the revision before after an adjust, the draft (``render.draft_view``), and while
+    pending the approve / skip (reason, required when the step says so) / adjust (textarea
+    holding the current body) forms. ``challenges`` maps a verb to its base64url challenge;
+    a verb without one gets ``data-challenge-url`` (``challenge_url``) instead."""
+    challenges = challenges or {}
+    forms = [
+        {
+            "verb": verb,
+            "label": label,
+            "action": decide_url(item.approval_id),
+            "challenge": challenges.get(verb, ""),
+            "challenge_url": None if verb in challenges else challenge_url(item.approval_id),
+        }
+        for verb, label in VERBS
+    ]
+    diff = None if item.previous_body is None else diff_html(item.previous_body, item.body)
+    context = {
+        **_facts(item, now_ms),
+        "draft": draft_view(item.body, item.content_type),
+        "diff": diff,
+        "forms": forms,
+        "session": session,
+        "seq": seq,
+    }
+    return _render(request, "item.html", context)
+
+
+def question_page(
+    request: web.Request, *, item: Item, session: Session, now_ms: int, seq: int
+) -> web.Response:
+    """A question (issue 15) from ``item.dispatch["question"]``: its text and reason
+    (marked), then free text / choices / the form's fields with the schema's limits
+    (``words.form_fields``); a schema the gate would not send is said, not shown."""
+    question: dict[str, Any] = item.dispatch.get("question") or {}
+    text = marked_text(str(question.get("text", "")))
+    reason = marked_text(str(question["reason"])) if question.get("reason") else None
+    options = [str(o) for o in question.get("options") or ()]
+    fields, schema_error = [], None
+    if question.get("response_type") == "form":
+        try:
+            fields = form_fields(question.get("schema"))
+        except ProtocolError as exc:
+            schema_error = str(exc)
+    marked = sum(str(part).count(MARK_OPEN) for part in (text, reason or ""))
+    marked += sum(_marked_line(o).count(MARK_OPEN) for o in options)
+    context = {
+        **_facts(item, now_ms),
+        "text": text,
+        "reason": reason,
+        "response_type": question.get("response_type"),
+        "options": options,
+        "fields": fields,
+        "schema_error": schema_error,
+        "marked": marked,
+        "action": answer_url(item.approval_id),
+        "session": session,
+        "seq": seq,
+    }
+    return _render(request, "question.html", context)
+
+
+def recent_page(
+    request: web.Request, *, decisions: Sequence[DecisionRecord], session: Session
+) -> web.Response:
+    """The signed-in approver's ``decisions``, newest first, with the gate's answer in words."""
+    rows = [
+        {
+            "record": d,
+            "url": item_url(d.approval_id),
+            "when": datetime.fromtimestamp(d.decided_at / 1000, UTC).strftime("%Y-%m-%d %H:%M"),
+            "words": answer_words(d.status, d.answer)[1],
+        }
+        for d in sorted(decisions, key=lambda d: d.decided_at, reverse=True)
+    ]
+    return _render(request, "recent.html", {"rows": rows, "session": session, "nav": "recent"})
+
+
+TITLES = {
+    "recorded": "Decision recorded",
+    "resolved": "Approval resolved",
+    "superseded": "A newer revision is waiting",
+    "expired": "Expired",
+    "already_decided": "Already decided",
+    "already_resolved": "Already resolved",
+    "cancelled": "Cancelled",
+    "refused": "Not recorded",
+}
+
+
+def message_page(
+    request: web.Request, *, record: DecisionRecord, session: Session | None = None
+) -> web.Response:
+    """The gate's answer to the approver's decision in words (``words.answer_words``):
+    recorded, resolved, superseded, expired, already decided; a link back to the item."""
+    kind, sentence = answer_words(record.status, record.answer)
+    context = {
+        "title": TITLES[kind],
+        "kind": kind,
+        "sentence": sentence,
+        "item_url": item_url(record.approval_id),
+        "session": session,
+    }
+    return _render(request, "message.html", context)

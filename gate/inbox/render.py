@@ -1,0 +1,201 @@
+"""How the inbox shows a draft and an adjust's diff as HTML (issue 17). Pure.
+
+Everything from a dispatch is untrusted: it is escaped, and every character a display would
+not show as itself (``gate.protocol.display``; newline and tab excepted) is shown as a
+visible ``<mark class="cc">U+XXXX</mark>`` whose title names it, so the approver sees what the
+payload hash covers. Markdown is rendered with raw HTML off, links as their text followed by
+the URL (nothing to click) and images as their description and URL (nothing loaded).
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from markdown_it import MarkdownIt
+from markdown_it.token import Token
+from markdown_it.utils import EnvType, OptionsDict
+from markupsafe import Markup, escape
+
+from gate.protocol.display import code_point, describe, is_hidden
+from gate.protocol.whitespace import is_blank
+
+MARK_OPEN = '<mark class="cc"'
+"""How every marked character starts in the HTML (the count of a warning banner)."""
+
+
+@dataclass(frozen=True, slots=True)
+class DraftView:
+    """A draft as the item page shows it: ``html`` (safe to insert), ``marked`` (how many
+    characters are shown as their code point: a warning banner when > 0) and ``format`` (how
+    it was shown: ``text``, ``markdown``, ``json`` or ``empty``)."""
+
+    html: Markup
+    marked: int
+    format: str
+
+
+def marked_text(text: str, *, keep: str = "\n\t") -> Markup:
+    """``text`` escaped for HTML with every hidden character (but those in ``keep``) replaced
+    by ``<mark class="cc" title="U+202E RIGHT-TO-LEFT OVERRIDE">U+202E</mark>``."""
+    out: list[str] = []
+    for char in text:
+        if char not in keep and is_hidden(char):
+            out.append(f'{MARK_OPEN} title="{escape(describe(char))}">{code_point(char)}</mark>')
+        else:
+            out.append(str(escape(char)))
+    return Markup("".join(out))
+
+
+def _count(html: str) -> int:
+    return html.count(MARK_OPEN)
+
+
+def _blank(body: str) -> Markup:
+    """An empty or whitespace-only draft in words: which whitespace, how many of each."""
+    if not body:
+        return Markup('<p class="draft-empty">The draft is empty.</p>')
+    counts: dict[str, int] = {}
+    for char in body:
+        counts[char] = counts.get(char, 0) + 1
+    names = {"\n": "newline", "\t": "tab", " ": "space"}
+    parts = ", ".join(f"{n} × {names.get(c) or describe(c)}" for c, n in counts.items())
+    return Markup('<p class="draft-empty">The draft holds only whitespace: {}.</p>').format(parts)
+
+
+def _pre(text: str) -> Markup:
+    return Markup('<pre class="draft-text">{}</pre>').format(marked_text(text))
+
+
+def _reject_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    keys = [key for key, _ in pairs]
+    if len(set(keys)) != len(keys):
+        raise ValueError("duplicate key")
+    return dict(pairs)
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def pretty_json(body: str) -> str | None:
+    """``body`` re-indented with 2 spaces (non-ASCII kept), or None when showing it so could
+    hide something: it does not parse, repeats a key (a parser would keep one of them) or
+    holds NaN/Infinity or a number too large for a float. Then it is shown as text."""
+    try:
+        value = json.loads(
+            body, object_pairs_hook=_reject_duplicates, parse_constant=_reject_constant
+        )
+        text = json.dumps(value, indent=2, ensure_ascii=False, allow_nan=False)
+    except (ValueError, RecursionError):
+        return None
+    return text
+
+
+def _markdown() -> MarkdownIt:
+    md = MarkdownIt("commonmark", {"html": False, "linkify": False, "typographer": False})
+    rules = md.add_render_rule
+    rules("text", _text_rule)
+    rules("code_inline", _code_inline_rule)
+    rules("code_block", _block_rule)
+    rules("fence", _block_rule)
+    rules("link_open", _link_open_rule)
+    rules("link_close", _link_close_rule)
+    rules("image", _image_rule)
+    return md
+
+
+def _text_rule(
+    self: Any, tokens: Sequence[Token], idx: int, opts: OptionsDict, env: EnvType
+) -> str:
+    return str(marked_text(tokens[idx].content))
+
+
+def _code_inline_rule(
+    self: Any, tokens: Sequence[Token], idx: int, opts: OptionsDict, env: EnvType
+) -> str:
+    return f"<code>{marked_text(tokens[idx].content)}</code>"
+
+
+def _block_rule(
+    self: Any, tokens: Sequence[Token], idx: int, opts: OptionsDict, env: EnvType
+) -> str:
+    # a fence's info string is not used: no class attribute comes from the draft
+    return f"<pre><code>{marked_text(tokens[idx].content)}</code></pre>\n"
+
+
+def _link_open_rule(
+    self: Any, tokens: Sequence[Token], idx: int, opts: OptionsDict, env: EnvType
+) -> str:
+    env.setdefault("links", []).append(str(tokens[idx].attrGet("href") or ""))
+    return '<span class="md-link">'
+
+
+def _link_close_rule(
+    self: Any, tokens: Sequence[Token], idx: int, opts: OptionsDict, env: EnvType
+) -> str:
+    href = env["links"].pop()
+    return f'</span> <span class="md-url">({marked_text(href)})</span>'
+
+
+def _image_rule(
+    self: Any, tokens: Sequence[Token], idx: int, opts: OptionsDict, env: EnvType
+) -> str:
+    token = tokens[idx]
+    alt = self.renderInlineAsText(token.children or [], opts, env)
+    src = str(token.attrGet("src") or "")
+    return (
+        f'<span class="md-image">[image: {marked_text(alt)}]</span> '
+        f'<span class="md-url">({marked_text(src)})</span>'
+    )
+
+
+_MD = _markdown()
+
+
+def draft_view(body: str, content_type: str) -> DraftView:
+    """Show ``body`` by its ``content_type`` (issue 17): ``text/markdown`` rendered safely,
+    ``application/json`` pretty-printed when that hides nothing (``pretty_json``), anything
+    else (``text/plain`` and unknown types) as preformatted text; an empty or whitespace-only
+    draft said in words. Parameters after ``;`` in the type are ignored. The whole body is
+    shown, however long."""
+    if is_blank(body):
+        return DraftView(_blank(body), 0, "empty")
+    kind = content_type.split(";", 1)[0].strip().lower()
+    if kind == "text/markdown":
+        html = Markup('<div class="draft-markdown">{}</div>').format(
+            Markup(_MD.render(body, {"links": []}))
+        )
+        return DraftView(html, _count(html), "markdown")
+    if kind == "application/json":
+        pretty = pretty_json(body)
+        if pretty is not None:
+            html = _pre(pretty)
+            return DraftView(html, _count(html), "json")
+    html = _pre(body)
+    return DraftView(html, _count(html), "text")
+
+
+def draft_html(body: str, content_type: str) -> Markup:
+    """The HTML of ``draft_view(body, content_type)`` (the contract's name)."""
+    return draft_view(body, content_type).html
+
+
+def diff_html(old: str, new: str) -> Markup:
+    """A line-level diff of two drafts (an adjust's revision before and after): a ``<pre
+    class="diff">`` whose lines are ``<del>`` (only in ``old``, prefixed ``-``), ``<ins>``
+    (only in ``new``, ``+``) or unchanged (two spaces), escaped and marked like a draft."""
+    a, b = old.split("\n"), new.split("\n")
+    lines: list[str] = []
+    matcher = difflib.SequenceMatcher(None, a, b, autojunk=False)
+    for tag, i1, i2, j1, j2 in matcher.get_opcodes():
+        if tag == "equal":
+            lines.extend(f'<span class="same">  {marked_text(line)}</span>' for line in a[i1:i2])
+            continue
+        lines.extend(f"<del>- {marked_text(line)}</del>" for line in a[i1:i2])
+        lines.extend(f"<ins>+ {marked_text(line)}</ins>" for line in b[j1:j2])
+    # each line is a block of its own: no newline between them (it would show as a blank line)
+    return Markup('<pre class="diff">{}</pre>').format(Markup("".join(lines)))

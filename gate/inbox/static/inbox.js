@@ -1,0 +1,122 @@
+// hitl-gate inbox (issue 17): passkey sign-in and signed decisions, live updates.
+// Plain JavaScript, no build step; everything behind feature checks: without it the
+// pages still read, and forms post as plain HTML forms.
+'use strict';
+(function () {
+  const b64urlToBytes = (text) => {
+    const b64 = text.replace(/-/g, '+').replace(/_/g, '/') + '==='.slice((text.length + 3) % 4);
+    return Uint8Array.from(atob(b64), (c) => c.charCodeAt(0));
+  };
+  const bytesToB64url = (buffer) => {
+    const bytes = new Uint8Array(buffer);
+    let text = '';
+    for (let i = 0; i < bytes.length; i += 1) text += String.fromCharCode(bytes[i]);
+    return btoa(text).replace(/\+/g, '-').replace(/\//g, '_').replace(/=+$/, '');
+  };
+  const say = (text) => {
+    const live = document.getElementById('sign-status') || document.getElementById('live');
+    if (live) live.textContent = text;
+  };
+  const fields = (form) => {
+    const out = {};
+    new FormData(form).forEach((value, key) => { out[key] = String(value); });
+    return out;
+  };
+  const postJson = async (url, csrf, body) => {
+    const answer = await fetch(url, {
+      method: 'POST', credentials: 'same-origin', redirect: 'follow',
+      headers: {'Content-Type': 'application/json', 'X-CSRF-Token': csrf},
+      body: JSON.stringify(body),
+    });
+    return answer;
+  };
+
+  const canSign = () => 'PublicKeyCredential' in window && navigator.credentials
+    && typeof navigator.credentials.get === 'function' && 'fetch' in window;
+
+  async function sign(form) {
+    const data = fields(form);
+    let challenge = form.dataset.challenge || '';
+    if (!challenge && form.dataset.challengeUrl) {
+      const got = await postJson(form.dataset.challengeUrl, data.csrf || '', data);
+      if (!got.ok) throw new Error('the inbox gave no challenge (' + got.status + ')');
+      challenge = (await got.json()).challenge || '';
+    }
+    if (!challenge) throw new Error('no challenge to sign');
+    const credential = await navigator.credentials.get({publicKey: {
+      challenge: b64urlToBytes(challenge), userVerification: 'required', timeout: 120000,
+    }});
+    const r = credential.response;
+    data.assertion = {
+      type: 'webauthn', credential_id: bytesToB64url(credential.rawId),
+      authenticator_data: bytesToB64url(r.authenticatorData),
+      client_data_json: bytesToB64url(r.clientDataJSON),
+      signature: bytesToB64url(r.signature),
+      user_handle: r.userHandle ? bytesToB64url(r.userHandle) : null,
+    };
+    const answer = await postJson(form.action, data.csrf || '', data);
+    const type = answer.headers.get('Content-Type') || '';
+    if (type.indexOf('application/json') === 0) {
+      const body = await answer.json();
+      if (body.location) { window.location.assign(body.location); return; }
+      throw new Error(body.message || body.reason || ('answer ' + answer.status));
+    }
+    window.location.assign(answer.url);
+  }
+
+  function setUpSigning() {
+    const forms = document.querySelectorAll('form[data-sign]');
+    if (forms.length === 0) return;
+    if (!canSign()) {
+      say('This browser cannot use passkeys here; use one that supports them.');
+      return;
+    }
+    forms.forEach((form) => {
+      form.addEventListener('submit', (event) => {
+        event.preventDefault();
+        if (!form.reportValidity()) return;
+        const button = form.querySelector('button[type="submit"]');
+        if (button) button.disabled = true;
+        say('Waiting for your passkey…');
+        sign(form).catch((error) => {
+          say('Not sent: ' + (error && error.message ? error.message : 'the passkey was not used') + '.');
+        }).finally(() => { if (button) button.disabled = false; });
+      });
+    });
+  }
+
+  function setUpLive() {
+    const marker = document.querySelector('[data-live-seq]');
+    if (!marker || !('fetch' in window)) return;
+    let seq = Number(marker.dataset.liveSeq) || 0;
+    const page = document.querySelector('article[data-approval-id]');
+    const apply = (change) => {
+      const [id, state] = change;
+      if (page && page.dataset.approvalId === id) {
+        say(state === 'pending' ? 'This item changed: reload the page to see the new revision.'
+          : 'This item is now ' + state + '.');
+        page.querySelectorAll('form[data-sign] button').forEach((b) => { b.disabled = state !== 'pending'; });
+        return;
+      }
+      document.querySelectorAll('li[data-approval-id]').forEach((row) => {
+        if (row.dataset.approvalId !== id) return;
+        if (state === 'pending') row.classList.add('changed');
+        else { row.classList.add('gone'); row.setAttribute('aria-label', 'now ' + state); }
+      });
+    };
+    const poll = async () => {
+      try {
+        const answer = await fetch('/live?since=' + encodeURIComponent(seq), {credentials: 'same-origin'});
+        if (answer.ok) {
+          const body = await answer.json();
+          (body.changed || []).forEach(apply);
+          if (typeof body.seq === 'number') seq = body.seq;
+        }
+      } catch (error) { /* offline: try again at the next tick */ }
+      window.setTimeout(poll, 5000);
+    };
+    window.setTimeout(poll, 5000);
+  }
+
+  document.addEventListener('DOMContentLoaded', () => { setUpSigning(); setUpLive(); });
+}());

@@ -1,0 +1,236 @@
+"""The inbox's pages (issue 17, gate/inbox/pages.py, templates, static, headers), served by
+the real templates through a tiny in-process aiohttp app with hostile item data
+(tests/inbox_pages_app.py): escaped, marked, complete, labelled, with the security headers."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import AsyncIterator
+from html.parser import HTMLParser
+
+import pytest
+from aiohttp.test_utils import TestClient, TestServer
+
+from gate.inbox import words
+from gate.inbox.headers import CSP
+from tests.inbox_pages_app import BIG_BODY, END, HIDDEN_IN_BIG, ITEMS, build_app
+
+
+@pytest.fixture
+async def client() -> AsyncIterator[TestClient[object, object]]:
+    async with TestClient(TestServer(build_app(), host="127.0.0.1", port=0)) as c:
+        yield c
+
+
+class Page(HTMLParser):
+    """Tags with attributes, label targets, the text, and the scripts of a page."""
+
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=True)
+        self.tags: list[tuple[str, dict[str, str | None]]] = []
+        self.text: list[str] = []
+        self.labelled: set[str] = set()
+        self.stack: list[str] = []
+        self.textarea: dict[str, str] = {}
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        a = dict(attrs)
+        self.tags.append((tag, a))
+        if tag == "label" and a.get("for"):
+            self.labelled.add(str(a["for"]))
+        self.stack.append(str(a.get("id") or "") if tag == "textarea" else "")
+
+    def handle_endtag(self, tag: str) -> None:
+        if self.stack:
+            self.stack.pop()
+
+    def handle_data(self, data: str) -> None:
+        self.text.append(data)
+        if self.stack and self.stack[-1]:
+            self.textarea[self.stack[-1]] = self.textarea.get(self.stack[-1], "") + data
+
+
+async def fetch(client: TestClient[object, object], path: str) -> tuple[str, Page, dict[str, str]]:
+    answer = await client.get(path)
+    assert answer.status == 200, path
+    html = await answer.text()
+    page = Page()
+    page.feed(html)
+    page.close()
+    return html, page, dict(answer.headers)
+
+
+PAGES = ["/", "/?empty=1", "/items/hostile", "/items/diff", "/items/question", "/recent"]
+PAGES += ["/message", "/message?n=1", "/signin"]
+
+
+@pytest.mark.parametrize("path", PAGES)
+async def test_inbox_pages_send_the_security_headers_and_no_inline_script_or_style(
+    client: TestClient[object, object], path: str
+) -> None:
+    html, page, headers = await fetch(client, path)
+    assert headers["Content-Security-Policy"] == CSP
+    assert headers["Referrer-Policy"] == "no-referrer"
+    assert headers["X-Content-Type-Options"] == "nosniff"
+    assert headers["Cache-Control"] == "no-store"
+    scripts = [a for tag, a in page.tags if tag == "script"]
+    assert scripts == [{"src": "/static/inbox.js", "defer": None}]
+    assert not [
+        tag for tag, _ in page.tags if tag in ("style", "img", "iframe", "a") and tag != "a"
+    ]
+    assert not [a for _, a in page.tags if "style" in a or any(k.startswith("on") for k in a)]
+    assert '<html lang="en">' in html and 'name="viewport"' in html
+
+
+@pytest.mark.parametrize("path", PAGES)
+async def test_inbox_pages_label_every_control(
+    client: TestClient[object, object], path: str
+) -> None:
+    _, page, _ = await fetch(client, path)
+    for tag, a in page.tags:
+        if tag in ("textarea", "select") or (tag == "input" and a.get("type") != "hidden"):
+            assert a.get("id") in page.labelled, (path, tag, a)
+
+
+@pytest.mark.parametrize("asset", ["inbox.css", "inbox.js", "favicon.svg"])
+async def test_inbox_static_assets_come_from_the_package(
+    client: TestClient[object, object], asset: str
+) -> None:
+    answer = await client.get(f"/static/{asset}")
+    assert answer.status == 200
+    assert answer.headers["Cache-Control"] == "no-cache"
+    assert answer.headers["Content-Security-Policy"] == CSP
+
+
+async def test_inbox_item_page_shows_the_whole_hostile_draft_marked_with_a_banner(
+    client: TestClient[object, object],
+) -> None:
+    html, page, _ = await fetch(client, "/items/hostile")
+    text = "".join(page.text)
+    assert END in text and "<script>window.__pwned=1</script>" in text
+    shown = BIG_BODY
+    for char in "\u202e\u202c\u200b\r\x1b":
+        shown = shown.replace(char, f"U+{ord(char):04X}")
+    assert shown in text  # the draft, complete, in one piece
+    assert html.count('<mark class="cc" title=') >= HIDDEN_IN_BIG
+    assert f"{HIDDEN_IN_BIG} characters in this draft" in " ".join(text.split())
+    assert 'title="U+202E RIGHT-TO-LEFT OVERRIDE">U+202E</mark>' in html
+    assert "pay&lt;b&gt;outs&lt;/b&gt;<mark" in html  # the pipeline's name, escaped and marked
+    assert "<title>pay&lt;b&gt;outs&lt;/b&gt;U+202E · refund" in html
+
+
+async def test_inbox_item_page_forms_carry_csrf_challenge_and_the_required_reason(
+    client: TestClient[object, object],
+) -> None:
+    html, page, _ = await fetch(client, "/items/hostile")
+    forms = [a for tag, a in page.tags if tag == "form" and a.get("data-sign")]
+    assert [f["data-sign"] for f in forms] == ["approve", "skip", "adjust"]
+    assert forms[0]["data-challenge"] == "Y2hhbGxlbmdlLWFwcHJvdmU"
+    assert forms[1]["data-challenge-url"] == "/items/hostile/challenge"
+    assert all(f["action"] == "/items/hostile/decide" for f in forms)
+    csrf = [a for tag, a in page.tags if tag == "input" and a.get("name") == "csrf"]
+    assert len(csrf) == 4 and {a["value"] for a in csrf} == {"csrf-token-0123456789abcdef"}
+    reason = next(a for tag, a in page.tags if tag == "textarea" and a.get("name") == "reason")
+    assert "required" in reason
+    assert page.textarea["adjust-text"] == "\n" + BIG_BODY  # the newline HTML drops, then all
+
+
+async def test_inbox_item_page_without_a_required_reason_and_with_a_diff(
+    client: TestClient[object, object],
+) -> None:
+    html, page, _ = await fetch(client, "/items/diff")
+    reason = next(a for tag, a in page.tags if tag == "textarea" and a.get("name") == "reason")
+    assert "required" not in reason
+    assert "What changed since revision 1" in html
+    assert "<del>- Amount: 1200 EUR</del>" in html
+    assert re.search(r"<ins>\+ Amount: 12<mark class=\"cc\"[^>]*>U\+200B</mark> EUR</ins>", html)
+    assert not [a for tag, a in page.tags if tag in ("a", "img") and "evil" in str(a)]
+
+
+async def test_inbox_waiting_page_lists_pending_items_by_expiry_with_their_facts(
+    client: TestClient[object, object],
+) -> None:
+    html, page, _ = await fetch(client, "/")
+    ids = [a["data-approval-id"] for tag, a in page.tags if tag == "li"]
+    assert ids == sorted(ITEMS, key=lambda k: ITEMS[k].expires_at)
+    text = " ".join("".join(page.text).split())
+    assert "Approvals: 1 of 2" in text and "Time left: 10 min" in text
+    assert "Budget today: 4.12 EUR of 20 EUR" in text and "Risk: high" in text
+    empty = " ".join("".join((await fetch(client, "/?empty=1"))[1].text).split())
+    assert "Nothing is waiting for you." in empty
+
+
+async def test_inbox_question_page_shows_the_form_with_the_schema_limits(
+    client: TestClient[object, object],
+) -> None:
+    html, page, _ = await fetch(client, "/items/question")
+    inputs = {a.get("name"): a for tag, a in page.tags if tag in ("input", "select")}
+    assert inputs["amount"]["type"] == "number"
+    assert (inputs["amount"]["min"], inputs["amount"]["max"], inputs["amount"]["step"]) == (
+        "0",
+        "100",
+        "any",
+    )
+    assert inputs["count"]["step"] == "1"
+    assert inputs["email"]["type"] == "email" and "required" in inputs["email"]
+    assert (inputs["note"]["minlength"], inputs["note"]["maxlength"]) == ("2", "500")
+    assert "required" not in inputs["note"]
+    assert inputs["urgent"]["type"] == "checkbox" and "checked" in inputs["urgent"]
+    assert "required" in inputs["channel"]
+    assert "&lt;script&gt;window.__pwned=1&lt;/script&gt;" in html
+    assert "2 characters of this question are marked" in " ".join("".join(page.text).split())
+
+
+async def test_inbox_message_page_says_the_gate_answer_in_words(
+    client: TestClient[object, object],
+) -> None:
+    _, page, _ = await fetch(client, "/message?n=1")
+    text = " ".join("".join(page.text).split())
+    assert "A newer revision is waiting" in text and words.ANSWERS["superseded"] in text
+
+
+@pytest.mark.parametrize(
+    ("status", "answer", "kind"),
+    [
+        (200, {"status": "recorded", "resolved": False}, "recorded"),
+        (200, {"status": "recorded", "resolved": True, "outcome": "approved"}, "resolved"),
+        (409, {"status": "conflict", "reason": "superseded"}, "superseded"),
+        (410, {"status": "gone", "reason": "expired"}, "expired"),
+        (409, {"status": "conflict", "reason": "duplicate"}, "already_decided"),
+        (409, {"status": "conflict", "reason": "already_decided"}, "already_decided"),
+        (409, {"reason": "already_resolved", "outcome": "cancelled"}, "cancelled"),
+        (409, {"reason": "already_resolved", "outcome": "approved"}, "already_resolved"),
+        (401, {"status": "unauthorized", "reason": "signature_mismatch"}, "refused"),
+    ],
+)
+def test_words_answer_words_names_the_gate_answer(
+    status: int, answer: dict[str, object], kind: str
+) -> None:
+    assert words.answer_words(status, answer)[0] == kind
+
+
+@pytest.mark.parametrize(
+    ("left_ms", "text"),
+    [
+        (0, "expired"),
+        (59_999, "less than a minute"),
+        (42 * 60_000, "42 min"),
+        (185 * 60_000, "3 h 5 min"),
+        (52 * 3_600_000, "2 d 4 h"),
+    ],
+)
+def test_words_time_left(left_ms: int, text: str) -> None:
+    assert words.time_left(1_000 + left_ms, 1_000) == text
+
+
+def test_words_budget_skips_what_is_absent_or_not_a_finite_number() -> None:
+    got = words.budget(
+        {
+            "unit": "EUR",
+            "spent_today": 0.1 + 0.2,
+            "cap_today": None,
+            "spent_pipeline": True,
+            "this_request": float("inf"),
+        }
+    )
+    assert got == ["today: 0.3 EUR"]
