@@ -59,7 +59,7 @@ def check_config(config_path: str) -> None:
 def serve(config_path: str, log_level: str) -> None:
     """Run the inbox: its one listener (relay endpoint /hitl/v0/relay) and its database.
 
-    Logs to stderr (``event=inbox_ready url=…`` once listening). Exit 0 on SIGTERM/SIGINT,
+    Logs to stderr (event=inbox_ready url=… once listening). Exit 0 on SIGTERM/SIGINT,
     1 when it cannot start (listen, database), 2 on a config error.
 
     Example: hitl-gate inbox serve -c inbox.yaml
