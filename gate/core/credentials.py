@@ -45,11 +45,10 @@ def _invalid(field: str, message: str) -> GateError:
     )
 
 
-def parse_enrolment(obj: Any, config: Config) -> Credential:
-    """Check a ``POST /v1/admin/approvers`` body ``{"operator_id": int, "type": "ed25519",
-    "public_key": PEM text, "label"?: str}`` and return the credential to store (its
-    ``created_at`` 0: the transaction sets it). Raises 400 ``invalid_<field>`` naming the
-    field (``unknown_operator`` for an id the config does not define, naming it)."""
+def parse_operator_id(obj: Any, config: Config) -> int:
+    """The ``operator_id`` of an admin request body (a JSON object): an id of
+    ``relay.operators``. Raises 400 ``invalid_json`` (not an object), ``invalid_operator_id``
+    (not an integer) or ``unknown_operator`` naming the id (issue 16)."""
     if not isinstance(obj, dict):
         raise _invalid("json", "body must be a JSON object")
     operator_id = obj.get("operator_id")
@@ -64,6 +63,15 @@ def parse_enrolment(obj: Any, config: Config) -> Credential:
             kind="invalid",
             extra={"field": "operator_id", "message": message},
         )
+    return operator_id
+
+
+def parse_enrolment(obj: Any, config: Config) -> Credential:
+    """Check a ``POST /v1/admin/approvers`` body ``{"operator_id": int, "type": "ed25519",
+    "public_key": PEM text, "label"?: str}`` and return the credential to store (its
+    ``created_at`` 0: the transaction sets it). Raises 400 ``invalid_<field>`` naming the
+    field (``unknown_operator`` for an id the config does not define, naming it)."""
+    operator_id = parse_operator_id(obj, config)
     if obj.get("type", "ed25519") != "ed25519":
         raise _invalid("type", "type must be ed25519 (passkeys are enrolled by invite)")
     pem = obj.get("public_key")

@@ -77,22 +77,9 @@ def parse_invite_request(obj: Any, config: Config) -> tuple[int, int, str | None
     60..86400 (default 900), "label"?: str}``; returns ``(operator_id, ttl_s, label)``.
     Raises 400 ``invalid_<field>``, or ``unknown_operator`` for an id not in
     ``relay.operators``."""
-    from gate.core.credentials import MAX_LABEL_CHARS
+    from gate.core.credentials import MAX_LABEL_CHARS, parse_operator_id
 
-    if not isinstance(obj, dict):
-        raise _invalid("json", "body must be a JSON object")
-    operator_id = obj.get("operator_id")
-    if isinstance(operator_id, bool) or not isinstance(operator_id, int):
-        raise _invalid("operator_id", "operator_id must be an integer")
-    if not any(op.id == operator_id for op in config.relay.operators):
-        message = f"operator id {operator_id} is not in relay.operators"
-        raise GateError(
-            "unknown_operator",
-            message,
-            status=400,
-            kind="invalid",
-            extra={"field": "operator_id", "message": message},
-        )
+    operator_id = parse_operator_id(obj, config)
     ttl = obj.get("ttl_s", DEFAULT_TTL_S)
     if isinstance(ttl, bool) or not isinstance(ttl, int) or not MIN_TTL_S <= ttl <= MAX_TTL_S:
         raise _invalid("ttl_s", f"ttl_s must be an integer of seconds, {MIN_TTL_S}..{MAX_TTL_S}")

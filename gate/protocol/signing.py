@@ -125,3 +125,19 @@ def verify(
     check_window(parsed.t, now, max_skew)
     check_hmac(parsed, body, secrets)
     return parsed
+
+
+def check_protocol_header(value: str | None) -> None:
+    """SPEC §2 check 5's header part: an ``X-Hitl-Protocol`` header, when sent, must name
+    ``hitl/v0`` (surrounding whitespace ignored). Raises ProtocolError 400
+    ``invalid_protocol`` with ``field`` the header's name."""
+    from gate.protocol import PROTOCOL, PROTOCOL_HEADER
+
+    if value is not None and value.strip() != PROTOCOL:
+        raise ProtocolError(
+            "invalid_protocol",
+            f"{PROTOCOL_HEADER} must be {PROTOCOL}",
+            status=400,
+            kind="invalid",
+            extra={"field": PROTOCOL_HEADER},
+        )

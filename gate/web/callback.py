@@ -16,14 +16,12 @@ from gate.metrics import Metrics
 from gate.protocol import (
     DECISIONS_PATH,
     MAX_DECISION_BYTES,
-    PROTOCOL,
     PROTOCOL_HEADER,
     SIGNATURE_HEADER,
     signing,
 )
 from gate.protocol.callback import parse_callback
 from gate.protocol.envelope import Decision
-from gate.protocol.errors import ProtocolError
 from gate.protocol.question import Answer
 from gate.web.common import ULID_RE, error_middleware, read_body
 from gate.web.credentials import add_credentials_routes
@@ -157,15 +155,7 @@ async def _checked_decision(request: web.Request) -> Decision | Answer:
         now_s,
         settings.max_skew_s,
     )  # checks 2-4, over the raw received bytes
-    protocol = request.headers.get(PROTOCOL_HEADER)
-    if protocol is not None and protocol.strip() != PROTOCOL:
-        raise ProtocolError(
-            "invalid_protocol",
-            f"{PROTOCOL_HEADER} must be {PROTOCOL}",
-            status=400,
-            kind="invalid",
-            extra={"field": PROTOCOL_HEADER},
-        )
+    signing.check_protocol_header(request.headers.get(PROTOCOL_HEADER))
     return parse_callback(raw)  # check 5
 
 

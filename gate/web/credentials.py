@@ -18,7 +18,6 @@ from gate.protocol.credentials import (
     build_credentials_answer,
     parse_credentials_request,
 )
-from gate.protocol.errors import ProtocolError
 from gate.web.common import read_body
 
 log = logging.getLogger(__name__)
@@ -59,15 +58,7 @@ async def post_credentials(request: web.Request) -> web.Response:
             now_s,
             settings.max_skew_s,
         )
-        protocol = request.headers.get(PROTOCOL_HEADER)
-        if protocol is not None and protocol.strip() != PROTOCOL:
-            raise ProtocolError(
-                "invalid_protocol",
-                f"{PROTOCOL_HEADER} must be {PROTOCOL}",
-                status=400,
-                kind="invalid",
-                extra={"field": PROTOCOL_HEADER},
-            )
+        signing.check_protocol_header(request.headers.get(PROTOCOL_HEADER))
         parse_credentials_request(raw)
     except GateError as exc:
         log.info("event=credentials_refused status=%d reason=%s", exc.status, exc.code)
