@@ -157,9 +157,9 @@ def test_enrol_list_revoke_through_the_admin_api(signing_gate: Any, tmp_path: Pa
     assert not_ed.returncode == 2 and not_ed.stderr.count(b"\n") == 1, not_ed.stderr
     assert b"not an Ed25519 public key" in not_ed.stderr
 
-    done = approvers(gate, "revoke", credential_id)
+    done = approvers(gate, "revoke", "--", credential_id)
     assert done.returncode == 0, done.stderr
-    twice = approvers(gate, "revoke", credential_id)
+    twice = approvers(gate, "revoke", "--", credential_id)
     assert twice.returncode == 1 and b"revoked already" in twice.stderr
     [(revoked_at,)] = rows(db_of(gate), "SELECT revoked_at FROM approver_credentials")
     assert revoked_at is not None
@@ -271,7 +271,7 @@ def test_required_step_needs_the_approvers_own_signature(
     assert (data["credential_id"], data["assertion"]) == (alice_id, signed)
 
     # a revoked key signs nothing
-    assert approvers(gate, "revoke", alice_id).returncode == 0
+    assert approvers(gate, "revoke", "--", alice_id).returncode == 0
     status, answer, _ = post_decision(
         gate.callback_url,
         decision_body(

@@ -6,6 +6,7 @@ check-config naming a signing step nobody can enrol a key for."""
 from __future__ import annotations
 
 import base64
+import json
 from pathlib import Path
 from typing import Any
 
@@ -114,7 +115,7 @@ def test_f6_f7_f9_f10_the_approvers_cli_and_the_log(tmp_path: Path, relay: Any) 
         assert odd.returncode == 1, odd.stderr
         assert b"unknown_credential" in odd.stderr or b"no approver credential" in odd.stderr
 
-        assert approvers("revoke", credential_id).returncode == 0
+        assert approvers("revoke", "--", credential_id).returncode == 0
         gate.wait_for_line(rf"event=approver_credential_revoked .*credential_id={credential_id}")
         # F7: enrolling a revoked key again says it is revoked
         again = approvers("add-key", "101", "--public-key", str(tmp_path / "alice.pub"))
@@ -151,3 +152,50 @@ def test_f11_check_config_warns_of_a_signing_step_without_the_admin_api(tmp_path
         b"pipelines[0].steps[0].approver_signature: required, but api.admin_token_env is not"
         b" set: no approver credential can be enrolled" in checked.stderr
     ), checked.stderr
+
+
+@pytest.mark.e2e
+def test_a_credential_id_that_begins_with_a_dash_is_revoked(tmp_path: Path, relay: Any) -> None:
+    """Base64url ids may begin with ``-`` (1 in 64 keys; CI met ``-ghEk…`` as "No such
+    option '-g'"): click reads such an id as options, so the usage error says to put it
+    after ``--``, which works."""
+    from gate.protocol.approver_signature import ed25519_credential_id
+
+    keys = []
+    while len(keys) < 2:
+        key = Ed25519PrivateKey.generate()
+        raw = key.public_key().public_bytes(
+            serialization.Encoding.Raw, serialization.PublicFormat.Raw
+        )
+        credential_id = ed25519_credential_id(raw)
+        if credential_id.startswith("-"):
+            keys.append(key)
+    config = write_config(
+        tmp_path, relay.url, steps=STEPS, api={"admin_token_env": "HITL_ADMIN_TOKEN"}
+    )
+    gate = GateProcess(config, env=ENV).start()
+    try:
+        base = ("-c", str(config), "--api-url", gate.api_url)
+        ids = []
+        for n, key in enumerate(keys):
+            pub = tmp_path / f"k{n}.pub"
+            pub.write_bytes(
+                key.public_key().public_bytes(
+                    serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+                )
+            )
+            added = run_cli(
+                "approvers", "add-key", *base, str(101 + n), "--public-key", str(pub), env=ENV
+            )
+            assert added.returncode == 0, added.stderr
+            ids.append(added.stdout.decode().strip())
+        plain = run_cli("approvers", "revoke", *base, ids[0], env=ENV)
+        assert plain.returncode == 2, plain.stderr  # read as options: a usage error ...
+        assert b"goes after '--'" in plain.stderr, plain.stderr  # ... that says what to do
+        for credential_id in ids:
+            dashed = run_cli("approvers", "revoke", *base, "--", credential_id, env=ENV)
+            assert dashed.returncode == 0, dashed.stderr
+        listed = run_cli("approvers", "list", *base, "--json", env=ENV)
+        assert all(item["revoked_at"] for item in json.loads(listed.stdout))
+    finally:
+        gate.stop()

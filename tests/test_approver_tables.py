@@ -35,7 +35,7 @@ def test_verify_compares_credentials_and_frozen_modes_with_the_log(
     alice_id = enrol(gate, 101, alice_pub)
     bob_id = enrol(gate, 102, bob_pub)
     revoked = run_cli(
-        "approvers", "revoke", "-c", str(config), "--api-url", gate.api_url, bob_id, env=ENV
+        "approvers", "revoke", "-c", str(config), "--api-url", gate.api_url, "--", bob_id, env=ENV
     )
     assert revoked.returncode == 0, revoked.stderr
     approval_id = gate.api().create("req", "pay 1.250,00 EUR")["approval_id"]

@@ -153,12 +153,33 @@ def list_(config_path: str, api_url: str | None, as_json: bool) -> None:
         )
 
 
-@approvers.command("revoke")
+class _IdCommand(click.Command):
+    """A command whose argument is a base64url credential id, which may begin with "-"
+    (1 key in 64): click reads such an id as options, so its error says to put it after
+    "--" instead of "No such option"."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        given = list(args)  # the parser consumes ``args``
+        try:
+            return super().parse_args(ctx, args)
+        except click.UsageError as exc:
+            if any(a.startswith("-") and not a.startswith("--") for a in given[1:]):
+                raise click.UsageError(
+                    f"{exc.format_message()} (a credential id that begins with '-' goes"
+                    " after '--': hitl-gate approvers revoke -c FILE -- ID)",
+                    ctx,
+                ) from None
+            raise
+
+
+@approvers.command("revoke", cls=_IdCommand)
 @CONFIG_OPTION
 @API_URL_OPTION
 @click.argument("credential_id")
 def revoke(config_path: str, api_url: str | None, credential_id: str) -> None:
     """Revoke an approver credential: it signs nothing from now on (an audit entry says so).
+
+    An id that begins with "-" goes after "--": hitl-gate approvers revoke -c FILE -- ID.
 
     Example: hitl-gate approvers revoke -c config.yaml If4x36FUomFia_hUBG_SJw
     """
