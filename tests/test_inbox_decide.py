@@ -92,6 +92,23 @@ def test_approve_through_the_inbox_releases_the_pipeline(world: InboxWorld) -> N
     assert (kept["approval_id"], kept["http_status"]) == (approval_id, 200)
     recent = alice.get("/recent").text
     assert f"/items/{approval_id}" in recent and "Pay 12 EUR" not in recent
+    [number] = [r["id"] for r in world.inbox.rows("SELECT id FROM decisions")]
+    assert signed_in(world, 103).get(f"/decisions/{number}").status == 404  # not carol's
+
+
+def test_an_unreachable_gate_is_said_and_the_row_kept(world: InboxWorld) -> None:
+    alice = signed_in(world, 101)
+    proc, approval_id = pipeline(world, "q1", "Pay 12 EUR")
+    assert world.gate is not None and world.gate.stop() == 0
+
+    answer = alice.decide(approval_id, world.passkeys[101])
+
+    assert (answer.status, answer.json()["reason"]) == (502, "gate_unreachable"), answer.text
+    assert world.inbox is not None
+    [kept] = world.inbox.rows("SELECT * FROM decisions")
+    assert (kept["http_status"], kept["answer"]) == (0, '{"error": "gate_unreachable"}')
+    assert "The gate could not be reached; it may not have" in alice.get("/recent").text
+    proc.stop()
 
 
 def test_skip_with_a_reason_ends_the_pipeline_with_exit_3(world: InboxWorld) -> None:
