@@ -14,6 +14,7 @@ from aiohttp import web
 
 from gate.inbox.config import InboxConfig, InboxSecrets, listen_address
 from gate.inbox.db import InboxDb
+from gate.inbox.mail import Mailer
 from gate.inbox.relay import RELAY_PATH, RelayEndpoint
 
 log = logging.getLogger(__name__)
@@ -48,9 +49,18 @@ async def serve_inbox(config: InboxConfig, secrets: InboxSecrets) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    endpoint = RelayEndpoint(db, secrets.relay_secrets, config.gate.max_skew)
+    mailer = (
+        None if config.mail is None else Mailer(config.mail, config.base_url, secrets.mail_login)
+    )
+    endpoint = RelayEndpoint(
+        db,
+        secrets.relay_secrets,
+        config.gate.max_skew,
+        on_new=None if mailer is None else mailer.item_arrived,
+    )
     runner = web.AppRunner(create_inbox_app(db, endpoint), access_log=None)
     sweeper: asyncio.Task[None] | None = None
+    mailing: asyncio.Task[None] | None = None
     try:
         await runner.setup()
         where = listen_address(config)
@@ -68,11 +78,15 @@ async def serve_inbox(config: InboxConfig, secrets: InboxSecrets) -> None:
             config.database,
         )
         sweeper = asyncio.create_task(sweep(db, stop))
+        if mailer is not None:
+            mailing = asyncio.create_task(mailer.run(stop))
         await stop.wait()
     finally:
         stop.set()
         if sweeper is not None:
             await sweeper
+        if mailing is not None:
+            await mailing
         await runner.cleanup()
         await db.close()
         log.info("event=inbox_stopped")
