@@ -212,6 +212,8 @@ def test_a_bulk_challenge_names_an_item_that_changed_and_posts_nothing(world: In
     assert "changed since you opened it" in got.json()["message"]
     one = client.post_json("/bulk/challenge", {"csrf": fields["csrf"], f"item:{ids['x 1']}": "1"})
     assert (one.status, one.json()["reason"]) == (422, "batch_size")
+    forged = client.post_json("/bulk/challenge", {**fields, "csrf": "forged"}, csrf="forged")
+    assert (forged.status, forged.json()["reason"]) == (403, "csrf_mismatch")
     assert world.gate_rows("SELECT COUNT(*) FROM decisions")[0][0] == 0
     for proc in pipelines:
         proc.proc.terminate()
@@ -287,6 +289,16 @@ def test_an_invalid_answer_is_the_form_again_in_words_and_nothing_is_posted(
     assert bad.status == 422, bad.text
     assert "Not sent:" in bad.text and "\u201camount\u201d" in bad.text, bad.text
     assert blank.status == 422 and "\u201cPO number\u201d must not be blank." in blank.text
+    path = f"/items/{urllib.parse.quote(question_id, safe='')}/answer"
+    good = urllib.parse.urlencode({"version": "1", "po": "A-1", "amount": "5"})
+    form = {"Content-Type": "application/x-www-form-urlencoded"}
+    no_csrf = client.request("POST", path, good.encode(), {**form, "Origin": client.origin})
+    csrf = field_value(client.get(path[: -len("/answer")]).text, "csrf")
+    elsewhere = client.request(
+        "POST", path, (good + f"&csrf={csrf}").encode(), {**form, "Origin": "http://evil.example"}
+    )
+    assert (no_csrf.status, no_csrf.json()["reason"]) == (403, "csrf_mismatch")
+    assert (elsewhere.status, elsewhere.json()["reason"]) == (403, "origin_not_allowed")
     assert world.inbox is not None
     assert world.inbox.rows("SELECT COUNT(*) FROM decisions")[0][0] == 0
     assert world.gate_rows("SELECT state FROM questions")[0]["state"] == "pending"
