@@ -111,7 +111,7 @@ def test_inbox_mails_each_approver_of_a_new_item_a_link_and_no_draft(
     try:
         approval = gate.api().create("q2", body="SECRET DRAFT: pay 12 EUR to ACME")
         approval_id = approval["approval_id"]
-        got = wait_until(lambda: smtp.received() if len(smtp.received()) >= 3 else None)
+        got = wait_until(lambda: smtp.received() if len(smtp.received()) >= 3 else None, timeout=60)
 
         assert sorted(to for rcpts, _ in got for to in rcpts) == [
             "alice@example.com",
@@ -131,7 +131,9 @@ def test_inbox_mails_each_approver_of_a_new_item_a_link_and_no_draft(
             assert "Time left: " in text
             assert "SECRET DRAFT" not in text and "ACME" not in message.as_string()
         sent = inbox.proc.log  # type: ignore[union-attr]
-        wait_until(lambda: sent().count("event=mail_sent") == 3, what="3 mail_sent lines")
+        wait_until(
+            lambda: sent().count("event=mail_sent") == 3, what="3 mail_sent lines", timeout=60
+        )
         assert "SECRET DRAFT" not in sent()
 
         # a re-send, a reminder-like update (same revision and nonce, other bytes) and a new
@@ -148,12 +150,14 @@ def test_inbox_mails_each_approver_of_a_new_item_a_link_and_no_draft(
         inbox.wait_item(approval_id, lambda r: r["revision"] == 2)
         # a barrier: the next new item's mails come after any the above would have queued
         barrier = gate.api().create("q1", body="next")["approval_id"]
-        wait_until(lambda: len(smtp.received()) >= 6 or None)
+        wait_until(lambda: len(smtp.received()) >= 6 or None, timeout=60)
 
         later = smtp.received()[3:]
         assert len(later) == 3
         assert all(barrier in body_of(m) for _, m in later)
-        wait_until(lambda: sent().count("event=mail_sent") == 6, what="6 mail_sent lines")
+        wait_until(
+            lambda: sent().count("event=mail_sent") == 6, what="6 mail_sent lines", timeout=60
+        )
     finally:
         gate.stop()
         inbox.stop()
@@ -168,7 +172,7 @@ def test_inbox_a_question_is_mailed_without_its_text(tmp_path: Path, smtp: SmtpS
             "POST", "/v1/questions", ask | {"response_type": "free_text"}
         )
         assert status == 201, question
-        got = wait_until(lambda: smtp.received() if len(smtp.received()) >= 2 else None)
+        got = wait_until(lambda: smtp.received() if len(smtp.received()) >= 2 else None, timeout=60)
         assert sorted(to for rcpts, _ in got for to in rcpts) == [
             "alice@example.com",
             "bob.private@example.org",
@@ -190,7 +194,9 @@ def test_inbox_with_its_smtp_server_down_logs_mail_failed_and_still_acks(tmp_pat
 
         inbox.wait_item(approval_id, lambda r: r["state"] == "pending")
         wait_until(lambda: gate.api().get(approval_id)["dispatch"]["delivered_at"])
-        line = inbox.proc.wait_for_line(r"event=mail_failed approval_id=(\S+) .*attempt=1")  # type: ignore[union-attr]
+        line = inbox.proc.wait_for_line(
+            r"event=mail_failed approval_id=(\S+) .*attempt=1", timeout=60
+        )  # type: ignore[union-attr]
         assert line.group(1) == approval_id
         assert "still kept" not in inbox.proc.log()  # type: ignore[union-attr]
     finally:
