@@ -102,8 +102,10 @@ async def serve_inbox(config: InboxConfig, secrets: InboxSecrets) -> None:
         stop.set()
         if sweeper is not None:
             await sweeper
-        if mailing is not None:
-            await mailing
+        if mailing is not None:  # best effort: a mail being sent is not waited for
+            mailing.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await mailing
         await runner.cleanup()
         await db.close()
         log.info("event=inbox_stopped")
