@@ -168,6 +168,36 @@ class Stack:
         assert proc.returncode == 0, proc.stderr
         return str(proc.stdout.decode().strip())
 
+    def ask(self, *args: str) -> CliProcess:
+        """A pipeline blocking on ``hitl-gate ask --wait`` (step ``ask``) with ``args``."""
+        return CliProcess(
+            "ask",
+            "-c",
+            str(self.gate.config),
+            "--api-url",
+            self.gate.api_url,
+            "--pipeline",
+            "p",
+            "--step",
+            "ask",
+            "--wait",
+            *args,
+            env=ENV,
+        )
+
+    def cancel(self, approval_id: str) -> None:
+        """``hitl-gate cancel APPROVAL_ID`` (exit 0)."""
+        proc = run_cli(
+            "cancel",
+            "-c",
+            str(self.gate.config),
+            "--api-url",
+            self.gate.api_url,
+            approval_id,
+            env=ENV,
+        )
+        assert proc.returncode == 0, proc.stderr
+
     def request(self, step: str, draft: str, *extra: str) -> CliProcess:
         """A pipeline blocking on ``hitl-gate request --wait`` (its draft on stdin)."""
         return CliProcess(
@@ -203,6 +233,8 @@ class Approver:
 
     name: str
     page: Any
+    cdp: Any
+    authenticator_id: str
     console: list[str] = field(default_factory=list)
     dialogs: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
@@ -213,6 +245,12 @@ class Approver:
         self.page.on("dialog", self._dialog)
         self.page.on("pageerror", lambda e: self.errors.append(str(e)))
         return self
+
+    def sign_counts(self) -> list[int]:
+        """The virtual authenticator's credentials' signature counters (CDP): each passkey
+        use adds one."""
+        got = self.cdp.send("WebAuthn.getCredentials", {"authenticatorId": self.authenticator_id})
+        return [int(c["signCount"]) for c in got["credentials"]]
 
     def _dialog(self, dialog: Any) -> None:
         self.dialogs.append(dialog.message)
@@ -243,8 +281,8 @@ class Browser:
         page = context.new_page()
         cdp = context.new_cdp_session(page)
         cdp.send("WebAuthn.enable")
-        cdp.send("WebAuthn.addVirtualAuthenticator", {"options": AUTHENTICATOR})
-        return Approver(name, page).watch()
+        added = cdp.send("WebAuthn.addVirtualAuthenticator", {"options": AUTHENTICATOR})
+        return Approver(name, page, cdp, added["authenticatorId"]).watch()
 
 
 @contextlib.contextmanager
