@@ -178,24 +178,45 @@ class InboxDb:
 
     # ------------------------------------------------------------------ decisions, sessions
 
-    async def add_decision(self, record: DecisionRecord) -> None:
-        """Keep a decision posted for an approver and the gate's answer to it."""
+    async def add_decision(self, record: DecisionRecord) -> int:
+        """Keep a decision for an approver (before it is posted: ``status`` 0, ``answer``
+        {}) and return its row id (``/decisions/<id>``)."""
+        return await self._run(
+            self._tx,
+            lambda c: int(
+                c.execute(
+                    "INSERT INTO decisions (approval_id, revision, identity, decision,"
+                    " http_status, answer, decided_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    (
+                        record.approval_id,
+                        record.revision,
+                        record.identity,
+                        record.decision,
+                        record.status,
+                        json.dumps(record.answer, ensure_ascii=False),
+                        record.decided_at,
+                    ),
+                ).lastrowid
+                or 0
+            ),
+        )
+
+    async def set_decision_answer(self, number: int, status: int, answer: dict[str, Any]) -> None:
+        """Record the gate's HTTP ``status`` and JSON ``answer`` on decision row ``number``."""
         await self._run(
             self._tx,
             lambda c: c.execute(
-                "INSERT INTO decisions (approval_id, revision, identity, decision, http_status,"
-                " answer, decided_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
-                (
-                    record.approval_id,
-                    record.revision,
-                    record.identity,
-                    record.decision,
-                    record.status,
-                    json.dumps(record.answer, ensure_ascii=False),
-                    record.decided_at,
-                ),
+                "UPDATE decisions SET http_status = ?, answer = ? WHERE id = ?",
+                (status, json.dumps(answer, ensure_ascii=False), number),
             ),
         )
+
+    async def decision(self, number: int) -> DecisionRecord | None:
+        """Decision row ``number``, or None."""
+        rows = await self._run(
+            _query, self._conn, "SELECT * FROM decisions WHERE id = ?", (number,)
+        )
+        return _decision(rows[0]) if rows else None
 
     async def decisions_of(self, identity: str, limit: int = 50) -> list[DecisionRecord]:
         """``identity``'s decisions, newest first (at most ``limit``)."""
@@ -205,18 +226,7 @@ class InboxDb:
             "SELECT * FROM decisions WHERE identity = ? ORDER BY decided_at DESC, id DESC LIMIT ?",
             (identity, limit),
         )
-        return [
-            DecisionRecord(
-                r["approval_id"],
-                r["revision"],
-                r["identity"],
-                r["decision"],
-                r["http_status"],
-                json.loads(r["answer"]),
-                r["decided_at"],
-            )
-            for r in rows
-        ]
+        return [_decision(r) for r in rows]
 
     async def add_session(self, id_hash: str, session: Session) -> None:
         """Keep a session under the SHA-256 ``id_hash`` of its cookie's random id."""
@@ -273,6 +283,18 @@ def _query(conn: sqlite3.Connection, sql: str, args: tuple[Any, ...]) -> list[sq
 
 def _select(conn: sqlite3.Connection, where: str, args: tuple[Any, ...]) -> list[sqlite3.Row]:
     return _query(conn, f"SELECT * FROM items {where}", args)  # noqa: S608 - fixed clauses
+
+
+def _decision(r: sqlite3.Row) -> DecisionRecord:
+    return DecisionRecord(
+        r["approval_id"],
+        r["revision"],
+        r["identity"],
+        r["decision"],
+        r["http_status"],
+        json.loads(r["answer"]),
+        r["decided_at"],
+    )
 
 
 def _item(row: sqlite3.Row, now_ms: int) -> Item:

@@ -236,6 +236,7 @@ TITLES = {
     "already_resolved": "Already resolved",
     "cancelled": "Cancelled",
     "refused": "Not recorded",
+    "sent": "Sent; no answer received",
 }
 
 
@@ -253,3 +254,16 @@ def message_page(
         "session": session,
     }
     return _render(request, "message.html", context)
+
+
+def plain_page(
+    request: web.Request,
+    *,
+    title: str,
+    sentence: str,
+    status: int = 200,
+    session: Session | None = None,
+) -> web.Response:
+    """A page of one ``sentence`` under ``title`` (e.g. the 404 page), answering ``status``."""
+    context = {"title": title, "kind": "refused", "sentence": sentence, "item_url": None}
+    return _render(request, "message.html", {**context, "session": session}, status=status)

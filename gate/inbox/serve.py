@@ -1,6 +1,7 @@
-"""Runs the inbox (``hitl-gate inbox serve``, issue 17): opens its database, serves its one
-listener (the relay endpoint; the pages come next), sweeps expired items, stops cleanly on
-SIGTERM/SIGINT."""
+"""Runs the inbox (``hitl-gate inbox serve``, issue 17): opens its database, fetches the
+approvers' credentials from the gate, serves its one listener (the relay endpoint and the
+pages), sweeps (expired items and sessions every 5 s, credentials every 60 s), stops cleanly
+on SIGTERM/SIGINT."""
 
 from __future__ import annotations
 
@@ -12,46 +13,62 @@ import time
 
 from aiohttp import web
 
-from gate.inbox.config import InboxConfig, InboxSecrets, listen_address
-from gate.inbox.db import InboxDb
+from gate.inbox.app import InboxState, create_inbox_app
+from gate.inbox.config import InboxConfig, InboxSecrets, listen_address, relying_party
+from gate.inbox.credentials_cache import CredentialsCache
+from gate.inbox.gate_client import fetch_credentials
 from gate.inbox.relay import RELAY_PATH, RelayEndpoint
+from gate.protocol.credentials import CredentialsAnswer
 
 log = logging.getLogger(__name__)
 
 SWEEP_EVERY_S = 5.0
-DB_KEY = web.AppKey("inbox_db", InboxDb)
+
+__all__ = ["SWEEP_EVERY_S", "create_inbox_app", "serve_inbox", "sweep"]
 
 
-def create_inbox_app(db: InboxDb, endpoint: RelayEndpoint) -> web.Application:
-    """The inbox's aiohttp app: ``POST /hitl/v0/relay`` (the gate's dispatches and notices)."""
-    app = web.Application(client_max_size=8 * 1024 * 1024)
-    app[DB_KEY] = db
-    app.router.add_post(RELAY_PATH, endpoint.receive)
-    return app
-
-
-async def sweep(db: InboxDb, stop: asyncio.Event, every_s: float = SWEEP_EVERY_S) -> None:
-    """Mark items past ``expires_at`` expired every ``every_s`` seconds until ``stop``."""
+async def sweep(state: InboxState, stop: asyncio.Event, every_s: float = SWEEP_EVERY_S) -> None:
+    """Every ``every_s`` seconds until ``stop``: mark items past ``expires_at`` expired, end
+    expired sessions, refresh the credentials when older than 60 s (or never fetched)."""
     while not stop.is_set():
-        count = await db.expire_due(int(time.time() * 1000))
+        now = int(time.time() * 1000)
+        count = await state.db.expire_due(now)
         if count:
             log.info("event=items_expired count=%d", count)
+        await state.db.end_sessions(now)
+        await state.credentials.refresh_if_due()
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), every_s)
 
 
+def credentials_cache(config: InboxConfig, secrets: InboxSecrets) -> CredentialsCache:
+    """The cache of the gate's credentials for this config (signed with the relay secret)."""
+
+    async def fetch() -> CredentialsAnswer:
+        return await fetch_credentials(
+            config.gate.callback_url, secrets.relay_secrets, config.gate.max_skew
+        )
+
+    return CredentialsCache(fetch, relying_party(config))
+
+
 async def serve_inbox(config: InboxConfig, secrets: InboxSecrets) -> None:
     """Serve until SIGTERM/SIGINT. Raises OSError when the database cannot be opened or
-    the listener cannot bind."""
+    the listener cannot bind. An unreachable gate is logged and retried by the sweep."""
+    from gate.inbox.db import InboxDb  # noqa: PLC0415 - only when serving
+
     db = await InboxDb.open(config.database)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     endpoint = RelayEndpoint(db, secrets.relay_secrets, config.gate.max_skew)
-    runner = web.AppRunner(create_inbox_app(db, endpoint), access_log=None)
+    cache = credentials_cache(config, secrets)
+    state = InboxState(db, config, secrets, relying_party(config), cache)
+    runner = web.AppRunner(create_inbox_app(state, endpoint), access_log=None)
     sweeper: asyncio.Task[None] | None = None
     try:
+        await cache.refresh()
         await runner.setup()
         where = listen_address(config)
         await web.TCPSite(runner, where.host, where.port).start()
@@ -67,7 +84,7 @@ async def serve_inbox(config: InboxConfig, secrets: InboxSecrets) -> None:
             RELAY_PATH,
             config.database,
         )
-        sweeper = asyncio.create_task(sweep(db, stop))
+        sweeper = asyncio.create_task(sweep(state, stop))
         await stop.wait()
     finally:
         stop.set()

@@ -72,6 +72,8 @@ ANSWERS = {
     "resolved": "Your decision was recorded and the approval is resolved.",
     "superseded": "This revision was replaced by a newer one: open the item again to decide on it.",
     "expired": "The approval expired before your decision reached the gate; nothing was recorded.",
+    "sent": "Sent to the gate; the gate's answer was not received. The gate has it if it"
+    " arrived: check the item before deciding again.",
     "already_decided": "You have already decided on this revision; nothing changed.",
     "already_resolved": "The approval was already resolved; nothing was recorded.",
     "cancelled": "The approval was cancelled; nothing was recorded.",
@@ -82,7 +84,10 @@ def answer_words(status: int, answer: Mapping[str, Any]) -> tuple[str, str]:
     """The gate's answer to a posted decision (docs/protocol.md, "Decisions": checks 8, 9,
     14 and "recorded") as ``(kind, sentence)``: ``kind`` one of ``ANSWERS``'s keys or
     ``refused``. 200 ``{"status":"recorded","resolved":true|false}`` is resolved or recorded;
-    a refusal is named by its reason code (``error``, else ``reason``)."""
+    a refusal is named by its reason code (``error``, else ``reason``). Status 0 is a
+    decision sent whose answer never came back (``sent``)."""
+    if status == 0:
+        return "sent", ANSWERS["sent"]
     if 200 <= status < 300:
         kind = "resolved" if answer.get("resolved") is True else "recorded"
         return kind, ANSWERS[kind]

@@ -1,0 +1,163 @@
+"""The inbox's aiohttp application (issue 17 contract, "App"): its shared state, the routes
+and the GET pages that only read (waiting, item, recent, a decision's record, live updates).
+Sign-in is ``gate.inbox.signin``, decisions ``gate.inbox.decide``; bulk approval and
+question answers register their own routes (``add_routes``) where marked below."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+
+from gate.inbox import pages
+from gate.inbox.auth import current_session, may_decide, require_session
+from gate.inbox.config import InboxConfig, InboxSecrets, RelyingParty
+from gate.inbox.credentials_cache import CredentialsCache
+from gate.inbox.db import InboxDb
+from gate.inbox.model import Item, Session
+from gate.inbox.relay import RELAY_PATH, RelayEndpoint
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+@dataclass
+class InboxState:
+    """What every handler shares: the database, the config and relay secrets, the inbox's
+    own relying party (None: nobody can sign in), the credentials cache and the clock
+    (unix ms). ``extra`` is for parts' in-memory state (sign-in challenges, rate limits)."""
+
+    db: InboxDb
+    config: InboxConfig
+    secrets: InboxSecrets
+    party: RelyingParty | None
+    credentials: CredentialsCache
+    now_ms: Callable[[], int] = _now_ms
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+STATE = web.AppKey("inbox_state", InboxState)
+
+
+def state_of(request: web.Request) -> InboxState:
+    """The app's ``InboxState``."""
+    return request.app[STATE]
+
+
+async def current_seq(state: InboxState) -> int:
+    """The inbox's change counter now (the highest ``updated_seq``; 0 with no items)."""
+    return max((i.updated_seq for i in await state.db.items(state.now_ms())), default=0)
+
+
+async def decidable(request: web.Request, session: Session) -> Item:
+    """The item ``{id}`` of the request when the session may decide it; else raises 404
+    (an item of another approver is not disclosed)."""
+    state = state_of(request)
+    item = await state.db.item(request.match_info["id"], state.now_ms())
+    if item is None or not may_decide(session, item):
+        raise web.HTTPNotFound(text="no such item", content_type="text/plain")
+    return item
+
+
+async def waiting(request: web.Request) -> web.Response:
+    """GET ``/``: the pending items the signed-in approver may decide."""
+    session = await require_session(request)
+    state = state_of(request)
+    items = [i for i in await state.db.items(state.now_ms(), "pending") if may_decide(session, i)]
+    seq = await current_seq(state)
+    return pages.waiting_page(request, items=items, session=session, now_ms=state.now_ms(), seq=seq)
+
+
+async def item(request: web.Request) -> web.Response:
+    """GET ``/items/{id}``: an approval's or a question's page (404 when not the session's)."""
+    session = await require_session(request)
+    state = state_of(request)
+    found = await decidable(request, session)
+    seq = await current_seq(state)
+    page = pages.question_page if found.kind == "question" else pages.item_page
+    return page(request, item=found, session=session, now_ms=state.now_ms(), seq=seq)
+
+
+async def recent(request: web.Request) -> web.Response:
+    """GET ``/recent``: the signed-in approver's decisions, newest first."""
+    session = await require_session(request)
+    decisions = await state_of(request).db.decisions_of(session.identity)
+    return pages.recent_page(request, decisions=decisions, session=session)
+
+
+async def decision(request: web.Request) -> web.Response:
+    """GET ``/decisions/{n}``: one of the session's own decision records in words (404
+    for another identity's or an unknown number)."""
+    session = await require_session(request)
+    try:
+        number = int(request.match_info["n"])
+    except ValueError:
+        raise web.HTTPNotFound(text="no such decision", content_type="text/plain") from None
+    found = await state_of(request).db.decision(number)
+    if found is None or found.identity != session.identity:
+        raise web.HTTPNotFound(text="no such decision", content_type="text/plain")
+    return pages.message_page(request, record=found, session=session)
+
+
+async def live(request: web.Request) -> web.Response:
+    """GET ``/live?since=SEQ``: ``{"seq": N, "changed": [[approval_id, state], …]}`` for the
+    items the session may decide changed after SEQ (401 JSON ``signed_out`` without one)."""
+    session = await require_session(request)
+    state = state_of(request)
+    try:
+        since = max(0, int(request.query.get("since", "0")))
+    except ValueError:
+        since = 0
+    changes = await state.db.changes_since(since)
+    seq = max((c.updated_seq for c in changes), default=since)
+    changed: list[list[str]] = []
+    for change in changes:
+        found = await state.db.item(change.approval_id, state.now_ms())
+        if found is not None and may_decide(session, found):
+            changed.append([change.approval_id, found.state])
+    return web.json_response({"seq": seq, "changed": changed})
+
+
+@web.middleware
+async def _not_found(request: web.Request, handler: Any) -> web.StreamResponse:
+    """A 404 or 405 in words (a page), not aiohttp's bare text."""
+    try:
+        response: web.StreamResponse = await handler(request)
+        return response
+    except web.HTTPNotFound:
+        session = await current_session(request) if STATE in request.app else None
+        return pages.plain_page(
+            request,
+            title="Not found",
+            sentence="There is nothing here for you: it may belong to another approver.",
+            status=404,
+            session=session,
+        )
+
+
+def create_inbox_app(state: InboxState, endpoint: RelayEndpoint) -> web.Application:
+    """The inbox's aiohttp app: the relay endpoint (``POST /hitl/v0/relay``), the templates
+    and static files, GET ``/``, ``/signin``, ``/items/{id}``, ``/decisions/{n}``,
+    ``/recent``, ``/live`` and POST ``/signin``, ``/signout``, ``/items/{id}/challenge``,
+    ``/items/{id}/decide``; bulk (``/bulk/*``) and answers (``/items/{id}/answer``) are
+    added by their modules. An unknown path answers the 404 page."""
+    from gate.inbox import decide, signin  # noqa: PLC0415 - they import STATE from here
+
+    app = web.Application(client_max_size=8 * 1024 * 1024, middlewares=[_not_found])
+    app[STATE] = state
+    app.router.add_post(RELAY_PATH, endpoint.receive)
+    pages.setup_templates(app)
+    app.router.add_get("/", waiting)
+    app.router.add_get("/items/{id}", item)
+    app.router.add_get("/decisions/{n}", decision)
+    app.router.add_get("/recent", recent)
+    app.router.add_get("/live", live)
+    signin.add_routes(app)
+    decide.add_routes(app)
+    # bulk.add_routes(app)    -- /bulk/challenge, /bulk/decide, /bulk/{n} (bulk approval)
+    # answers.add_routes(app) -- /items/{id}/answer (question answers)
+    return app

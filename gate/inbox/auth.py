@@ -1,0 +1,256 @@
+"""Sessions, CSRF and Origin checks of the inbox's pages (issue 17 contract, "Sessions").
+
+A session is a cookie (``hitl_inbox``; ``__Host-hitl_inbox`` with Secure under an https
+``base_url``; HttpOnly, SameSite=Strict, Path=/) holding 32 random bytes base64url; the
+database keeps only their SHA-256 hex. Every POST is checked by ``read_post`` (Origin, then a
+per-session CSRF token) before anything changes; GET routes never change anything."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import logging
+import secrets
+from html import escape
+from typing import Any
+from urllib.parse import parse_qsl, quote, urlsplit
+
+from aiohttp import web
+
+from gate.config.webauthn import origin_of
+from gate.inbox.model import Item, Session
+from gate.protocol.whitespace import identity_key
+
+log = logging.getLogger(__name__)
+
+COOKIE = "hitl_inbox"
+SECURE_COOKIE = "__Host-hitl_inbox"
+PRE_COOKIE = "hitl_inbox_pre"
+MAX_POST_BYTES = 512 * 1024
+CSRF_HEADER = "X-CSRF-Token"
+
+
+def new_token() -> str:
+    """32 random bytes, base64url without padding (a session id, a CSRF token)."""
+    return secrets.token_urlsafe(32)
+
+
+def token_hash(token: str) -> str:
+    """The SHA-256 hex of a cookie's token: what the database keeps."""
+    return hashlib.sha256(token.encode("ascii", "replace")).hexdigest()
+
+
+def _state(request: web.Request) -> Any:
+    from gate.inbox.app import STATE  # noqa: PLC0415 - app imports this module
+
+    return request.app[STATE]
+
+
+def is_https(request: web.Request) -> bool:
+    """True when the inbox's ``base_url`` is https (cookies get Secure and ``__Host-``)."""
+    return bool(_state(request).config.base_url.startswith("https://"))
+
+
+def cookie_name(request: web.Request) -> str:
+    """``__Host-hitl_inbox`` under https, else ``hitl_inbox``."""
+    return SECURE_COOKIE if is_https(request) else COOKIE
+
+
+def allowed_origins(request: web.Request) -> tuple[str, ...]:
+    """The inbox's own origins: its relying party's, or ``base_url``'s when it has none."""
+    state = _state(request)
+    if state.party is not None:
+        return tuple(state.party.origins)
+    return (origin_of(state.config.base_url),)
+
+
+def set_cookie(request: web.Request, response: web.StreamResponse, name: str, value: str) -> None:
+    """Set ``name`` HttpOnly, SameSite=Strict, Path=/ (Secure under https), for the
+    session's lifetime."""
+    ttl = int(_state(request).config.session_ttl)
+    response.set_cookie(
+        name,
+        value,
+        httponly=True,
+        samesite="Strict",
+        path="/",
+        secure=is_https(request),
+        max_age=ttl,
+    )
+
+
+def drop_cookie(request: web.Request, response: web.StreamResponse, name: str) -> None:
+    """Expire the cookie ``name`` (sign-out)."""
+    response.del_cookie(name, path="/", secure=is_https(request), samesite="Strict")
+
+
+async def start_session(
+    request: web.Request,
+    response: web.StreamResponse,
+    *,
+    identity: str,
+    operator_id: int,
+    credential_id: str,
+) -> Session:
+    """Create a session row (only the token's hash) for ``identity`` and set its cookie on
+    ``response``; returns the Session (its fresh CSRF token included)."""
+    state = _state(request)
+    token = new_token()
+    now = state.now_ms()
+    session = Session(
+        identity=identity,
+        operator_id=operator_id,
+        credential_id=credential_id,
+        csrf=new_token(),
+        created_at=now,
+        expires_at=now + int(state.config.session_ttl * 1000),
+    )
+    await state.db.add_session(token_hash(token), session)
+    set_cookie(request, response, cookie_name(request), token)
+    return session
+
+
+async def end_session(request: web.Request) -> None:
+    """Delete the request's session row, if any (sign-out)."""
+    token = request.cookies.get(cookie_name(request))
+    if token:
+        state = _state(request)
+        await state.db.end_sessions(state.now_ms(), token_hash(token))
+
+
+async def current_session(request: web.Request) -> Session | None:
+    """The request's session, or None: no cookie, unknown or expired, or its credential is
+    no longer in force at the gate (revoked: the row is deleted, ``event=inbox_session_ended
+    why=credential_revoked``). Cached on the request."""
+    if "inbox_session" in request:
+        cached: Session | None = request["inbox_session"]
+        return cached
+    state = _state(request)
+    token = request.cookies.get(cookie_name(request))
+    session = None
+    if token:
+        session = await state.db.session(token_hash(token), state.now_ms())
+        cache = state.credentials
+        if session is not None and cache.loaded and cache.lookup(session.credential_id) is None:
+            await state.db.end_sessions(state.now_ms(), token_hash(token))
+            log.info("event=inbox_session_ended why=credential_revoked")
+            session = None
+    request["inbox_session"] = session
+    return session
+
+
+def _cross_site_page(url: str) -> web.Response:
+    body = (
+        '<!doctype html><html lang="en"><head><meta charset="utf-8">'
+        f'<meta http-equiv="refresh" content="0;url={escape(url)}">'
+        "<title>hitl-gate inbox</title></head><body>"
+        f'<p><a href="{escape(url)}">Continue to the inbox</a></p></body></html>'
+    )
+    return web.Response(text=body, content_type="text/html")
+
+
+async def require_session(request: web.Request) -> Session:
+    """The request's session, else: a POST (or /live) raises 401 JSON ``signed_out``; a GET
+    from a cross-site link (``Sec-Fetch-Site: cross-site``, no ``r=1``: SameSite=Strict
+    withheld the cookie) answers a meta refresh to the same path with ``?r=1`` (a same-site
+    reload carries the cookie); any other GET raises 303 to ``/signin?next=<path>``."""
+    session = await current_session(request)
+    if session is not None:
+        return session
+    if request.method != "GET" or request.path == "/live":
+        raise web.HTTPUnauthorized(
+            text=json.dumps(
+                {
+                    "status": "refused",
+                    "reason": "signed_out",
+                    "message": "You are signed out: sign in again.",
+                }
+            ),
+            content_type="application/json",
+        )
+    if request.headers.get("Sec-Fetch-Site") == "cross-site" and request.query.get("r") != "1":
+        page = _cross_site_page(request.path + "?r=1")
+        raise web.HTTPOk(body=page.body, content_type="text/html")
+    raise web.HTTPSeeOther("/signin?next=" + quote(request.path, safe="/"))
+
+
+def refusal(status: int, reason: str, message: str) -> web.Response:
+    """A refusal as JSON for ``inbox.js``: ``{"status":"refused","reason","message"}``."""
+    body = {"status": "refused", "reason": reason, "message": message}
+    return web.json_response(body, status=status)
+
+
+def _json(reason: str, message: str) -> str:
+    return json.dumps({"status": "refused", "reason": reason, "message": message})
+
+
+def _forbidden(reason: str, message: str) -> web.HTTPForbidden:
+    return web.HTTPForbidden(text=_json(reason, message), content_type="application/json")
+
+
+def _origin_ok(request: web.Request) -> bool:
+    allowed = allowed_origins(request)
+    origin = request.headers.get("Origin")
+    if origin is not None:
+        return origin in allowed
+    referer = request.headers.get("Referer")
+    if not referer:
+        return False
+    parts = urlsplit(referer)
+    return f"{parts.scheme}://{parts.netloc}" in allowed
+
+
+async def read_post(request: web.Request, session: Session | None) -> dict[str, Any]:
+    """Read a POST's JSON or form-urlencoded body (at most 512 KiB, else 413
+    ``body_too_large``) and check it may act: the Origin header (or, without one, the
+    Referer's origin) is one of the inbox's origins (else 403 ``origin_not_allowed``), and
+    its ``csrf`` field equals the session's token — the pre-session cookie's without a
+    session — compared in constant time; a JSON body must ALSO carry it in ``X-CSRF-Token``
+    (else 403 ``csrf_mismatch``). Returns the fields (a form's as strings)."""
+    raw = await request.content.read(MAX_POST_BYTES + 1)
+    if len(raw) > MAX_POST_BYTES:
+        raise web.HTTPRequestEntityTooLarge(
+            MAX_POST_BYTES,
+            len(raw),
+            text=json.dumps(
+                {
+                    "status": "refused",
+                    "reason": "body_too_large",
+                    "message": "The form is too large.",
+                }
+            ),
+            content_type="application/json",
+        )
+    if not _origin_ok(request):
+        raise _forbidden("origin_not_allowed", "This form was not sent from the inbox's own pages.")
+    is_json = request.content_type == "application/json"
+    fields: dict[str, Any]
+    try:
+        if is_json:
+            loaded = json.loads(raw)
+            fields = loaded if isinstance(loaded, dict) else {}
+        else:
+            fields = dict(parse_qsl(raw.decode("utf-8"), keep_blank_values=True))
+    except (ValueError, UnicodeDecodeError):
+        fields = {}
+    expected = session.csrf if session is not None else request.cookies.get(PRE_COOKIE, "")
+    sent = fields.get("csrf")
+    ok = bool(expected) and isinstance(sent, str) and hmac.compare_digest(sent, expected)
+    if ok and is_json:
+        header = request.headers.get(CSRF_HEADER, "")
+        ok = hmac.compare_digest(header.encode(), expected.encode())
+    if not ok:
+        raise _forbidden(
+            "csrf_mismatch", "This form is out of date: reload the page and try again."
+        )
+    return fields
+
+
+def may_decide(session: Session, item: Item) -> bool:
+    """True when the session's identity (trimmed of White_Space and casefolded, as SPEC §2
+    check 11 compares) is one of ``item.approvers`` or a delegate identity of the item."""
+    key = identity_key(session.identity)
+    if any(identity_key(a) == key for a in item.approvers):
+        return True
+    return any(identity_key(delegate) == key for delegate, _ in item.delegates)

@@ -1,0 +1,117 @@
+"""The approvers' public credentials as the gate serves them (issue 17 contract,
+"Credentials cache"): fetched over the credentials channel at start, refreshed every 60 s by
+the sweep and on a sign-in with an unknown credential id (at most once per 5 s). Also says
+whether the gate's relying party and the inbox's agree (else nobody can sign in)."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Awaitable, Callable
+
+from gate.inbox.config import RelyingParty
+from gate.inbox.gate_client import GateRefused, GateUnreachable
+from gate.protocol.credentials import CredentialsAnswer, ServedCredential
+from gate.protocol.errors import ProtocolError
+from gate.protocol.whitespace import identity_key
+
+log = logging.getLogger(__name__)
+
+REFRESH_EVERY_S = 60.0
+UNKNOWN_EVERY_S = 5.0
+NOT_YET = "the gate has not answered the inbox's request for passkeys yet"
+
+Fetch = Callable[[], Awaitable[CredentialsAnswer]]
+
+
+def rp_problem(answer: CredentialsAnswer, party: RelyingParty | None) -> str | None:
+    """Why passkeys enrolled at the gate cannot sign in here, in words, or None when the
+    gate's relying party (``answer.webauthn``) has the inbox's ``rp_id`` and lists one of
+    the inbox's origins (issue 17 contract, "One relying party")."""
+    if party is None:
+        return "the inbox has no passkey relying party (set webauthn.rp_id or public_url)"
+    gate = answer.webauthn
+    if gate is None:
+        return "the gate has no passkey relying party (its webauthn section is off)"
+    if gate.rp_id != party.rp_id:
+        return f"the gate's passkeys are for {gate.rp_id!r}, the inbox is on {party.rp_id!r}"
+    if not any(origin in gate.origins for origin in party.origins):
+        return (
+            f"the gate's webauthn.origins do not list the inbox's origin {party.origins[0]!r},"
+            " so the gate would refuse its decisions"
+        )
+    return None
+
+
+class CredentialsCache:
+    """The credentials in force at the gate, keyed by credential id. ``fetch`` asks the gate
+    (``gate_client.fetch_credentials`` bound to the config); ``now_s`` is a monotonic clock
+    in seconds. Reads never do I/O; ``refresh``/``refresh_if_due``/``refresh_for_unknown``
+    do, and never raise for an unreachable or refusing gate (they log and keep the old data)."""
+
+    def __init__(
+        self,
+        fetch: Fetch,
+        party: RelyingParty | None,
+        now_s: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._fetch = fetch
+        self._party = party
+        self._now_s = now_s
+        self._by_id: dict[str, ServedCredential] = {}
+        self._problem: str | None = NOT_YET
+        self._fetched_at: float | None = None
+        self._unknown_at: float | None = None
+
+    @property
+    def problem(self) -> str | None:
+        """Why nobody can sign in, in words (rp mismatch, gate not answered yet), or None."""
+        return self._problem
+
+    @property
+    def loaded(self) -> bool:
+        """True once the gate answered at least once."""
+        return self._fetched_at is not None
+
+    def lookup(self, credential_id: str) -> ServedCredential | None:
+        """The credential in force with this base64url id, or None."""
+        return self._by_id.get(credential_id)
+
+    def of_identity(self, identity: str) -> list[ServedCredential]:
+        """The credentials in force of ``identity`` (compared trimmed and casefolded)."""
+        key = identity_key(identity)
+        return [c for c in self._by_id.values() if identity_key(c.identity) == key]
+
+    async def refresh(self) -> bool:
+        """Ask the gate now; True when it answered (the data replaced). On failure: one
+        WARNING ``event=credentials_unavailable`` and the data kept; on an rp mismatch one
+        ERROR ``event=inbox_rp_mismatch`` (only when the reason changes)."""
+        try:
+            answer = await self._fetch()
+        except (GateUnreachable, GateRefused, ProtocolError, OSError) as exc:
+            log.warning("event=credentials_unavailable error=%s", type(exc).__name__)
+            return False
+        self._fetched_at = self._now_s()
+        self._by_id = {c.credential_id: c for c in answer.credentials}
+        problem = rp_problem(answer, self._party)
+        if problem is not None and problem != self._problem:
+            log.error('event=inbox_rp_mismatch why="%s"', problem)
+        self._problem = problem
+        return True
+
+    async def refresh_if_due(self, every_s: float = REFRESH_EVERY_S) -> bool:
+        """``refresh`` when never fetched or the data is older than ``every_s`` seconds;
+        returns whether it asked the gate."""
+        if self._fetched_at is not None and self._now_s() - self._fetched_at < every_s:
+            return False
+        await self.refresh()
+        return True
+
+    async def refresh_for_unknown(self) -> bool:
+        """A sign-in named an unknown credential: ``refresh`` at most once per 5 s (a
+        passkey enrolled a moment ago signs in without waiting a minute)."""
+        now = self._now_s()
+        if self._unknown_at is not None and now - self._unknown_at < UNKNOWN_EVERY_S:
+            return False
+        self._unknown_at = now
+        return await self.refresh()

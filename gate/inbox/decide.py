@@ -1,0 +1,202 @@
+"""An approver's decision through the inbox (issue 17 contract, "Decisions"): the challenge
+to sign (the issue 16 decision digest of the revision SHOWN) and the signed decision, built
+from the stored dispatch, recorded BEFORE it is posted to the gate and updated with the
+gate's answer after (nothing the gate answered is lost; a kill -9 in between leaves the row
+"sent; the gate's answer was not received")."""
+
+from __future__ import annotations
+
+import logging
+from datetime import UTC, datetime
+from typing import Any
+
+from aiohttp import web
+
+from gate.inbox import auth
+from gate.inbox.app import decidable, state_of
+from gate.inbox.gate_client import GateUnreachable, post_decision
+from gate.inbox.model import DecisionRecord, Item, Session
+from gate.protocol import PROTOCOL
+from gate.protocol.approver_signature import (
+    VERBS,
+    b64url,
+    decision_digest,
+    parse_approver_assertion,
+)
+from gate.protocol.errors import ProtocolError
+from gate.protocol.whitespace import trim
+
+log = logging.getLogger(__name__)
+
+
+class Refused(Exception):
+    """A decision the inbox refuses before anything is posted: ``status``, ``reason``,
+    ``message`` (words)."""
+
+    def __init__(self, status: int, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.reason = reason
+        self.message = message
+
+    def response(self) -> web.Response:
+        """The JSON refusal for inbox.js."""
+        return auth.refusal(self.status, self.reason, self.message)
+
+
+def verb_fields(fields: dict[str, Any]) -> tuple[str, str | None, str | None]:
+    """The posted form's ``(verb, adjust_text, reason)``: ``reason`` is the text when not
+    blank (Unicode White_Space only) else None; ``adjust_text`` only for adjust (exactly as
+    typed). Raises Refused 400 ``invalid_decision`` for another verb or a non-text field."""
+    verb = fields.get("decision")
+    if verb not in VERBS:
+        raise Refused(400, "invalid_decision", "Choose approve, skip or adjust.")
+    reason, adjust = fields.get("reason"), fields.get("adjust_text")
+    if reason is not None and not isinstance(reason, str):
+        raise Refused(400, "invalid_decision", "The reason must be text.")
+    if adjust is not None and not isinstance(adjust, str):
+        raise Refused(400, "invalid_decision", "The adjusted draft must be text.")
+    return (
+        str(verb),
+        adjust if verb == "adjust" else None,
+        reason if reason is not None and trim(reason) else None,
+    )
+
+
+def check_open(item: Item, fields: dict[str, Any]) -> None:
+    """The item is pending (else 409 ``not_pending``, its state in words) and the posted
+    ``revision`` is the stored one (else 409 ``changed``): an approver never signs a
+    revision they did not see."""
+    if item.kind != "approval":
+        raise Refused(409, "not_an_approval", "This item is a question: answer it on its page.")
+    if item.state != "pending":
+        raise Refused(409, "not_pending", f"This item is now {item.state}.")
+    if str(fields.get("revision", "")) != str(item.revision):
+        raise Refused(
+            409,
+            "changed",
+            f"This item changed since you opened it: reload to see revision {item.revision}.",
+        )
+
+
+def digest_of(item: Item, verb: str, adjust_text: str | None, reason: str | None) -> bytes:
+    """The 32-byte decision digest (issue 16 §3) of ``item``'s stored revision."""
+    return decision_digest(
+        approval_id=item.approval_id,
+        revision=item.revision,
+        nonce=item.nonce,
+        payload_hash=item.payload_hash,
+        decision=verb,
+        adjust_text=adjust_text,
+        reason=reason,
+    )
+
+
+def _same(record: DecisionRecord, item: Item) -> bool:
+    return record.approval_id == item.approval_id and record.revision == item.revision
+
+
+async def _checked(request: web.Request) -> tuple[Session, Item, dict[str, Any]]:
+    session = await auth.require_session(request)
+    fields = await auth.read_post(request, session)
+    item = await decidable(request, session)
+    return session, item, fields
+
+
+async def challenge(request: web.Request) -> web.Response:
+    """POST ``/items/{id}/challenge``: ``{"challenge": b64url(decision_digest)}`` for the
+    posted verb, texts and revision (401 signed out, 403 Origin/CSRF, 404 not the
+    session's, 409 not pending or changed)."""
+    _, item, fields = await _checked(request)
+    try:
+        verb, adjust_text, reason = verb_fields(fields)
+        check_open(item, fields)
+    except Refused as refused:
+        return refused.response()
+    return web.json_response({"challenge": b64url(digest_of(item, verb, adjust_text, reason))})
+
+
+def decision_body(
+    item: Item,
+    identity: str,
+    verb: str,
+    adjust_text: str | None,
+    reason: str | None,
+    assertion: dict[str, Any],
+    decided_at_ms: int,
+) -> dict[str, Any]:
+    """The hitl/v0 decision (docs/protocol.md "Decision") for the stored dispatch, signed by
+    ``assertion``; ``approver.channel`` is ``inbox``."""
+    when = datetime.fromtimestamp(decided_at_ms / 1000, UTC)
+    return {
+        "protocol": PROTOCOL,
+        "approval_id": item.approval_id,
+        "nonce": item.nonce,
+        "decision": verb,
+        "payload_hash": item.payload_hash,
+        "approver": {"id": identity, "channel": "inbox"},
+        "adjust_text": adjust_text,
+        "reason": reason,
+        "decided_at": when.strftime("%Y-%m-%dT%H:%M:%S.") + f"{when.microsecond // 1000:03d}Z",
+        "approver_assertion": assertion,
+    }
+
+
+async def decide(request: web.Request) -> web.Response:
+    """POST ``/items/{id}/decide`` (JSON: the form's fields + ``assertion``): the checks of
+    ``challenge``, the assertion's credential one of the session identity's (else 403
+    ``wrong_credential``), not recorded already for this identity (409 ``already_decided``;
+    a row the gate's answer never reached does not count: the gate itself says);
+    then a row (status 0), the post to the dispatch's callback, the row updated with the
+    gate's answer; 200 ``{"location": "/decisions/<n>"}``. 502 ``gate_unreachable`` when
+    the gate could not be reached (the row stays "not answered")."""
+    session, item, fields = await _checked(request)
+    state = state_of(request)
+    try:
+        verb, adjust_text, reason = verb_fields(fields)
+        check_open(item, fields)
+        try:
+            assertion = parse_approver_assertion(fields.get("assertion"))
+        except ProtocolError as exc:
+            raise Refused(400, "invalid_assertion", "The passkey's answer is malformed.") from exc
+        if assertion is None:
+            raise Refused(400, "invalid_assertion", "Sign the decision with your passkey.")
+        own = {c.credential_id for c in state.credentials.of_identity(session.identity)}
+        if assertion.credential_id_b64 not in own:
+            raise Refused(403, "wrong_credential", "Sign with your own passkey.")
+        mine = await state.db.decisions_of(session.identity, limit=500)
+        if any(_same(d, item) and 200 <= d.status < 300 for d in mine):
+            raise Refused(409, "already_decided", "You already decided this item.")
+    except Refused as refused:
+        return refused.response()
+    now = state.now_ms()
+    body = decision_body(
+        item, session.identity, verb, adjust_text, reason, fields["assertion"], now
+    )
+    record = DecisionRecord(item.approval_id, item.revision, session.identity, verb, 0, {}, now)
+    number = await state.db.add_decision(record)
+    try:
+        status, answer = await post_decision(
+            str(item.dispatch["callback"]["url"]), body, state.secrets.relay_secrets[0]
+        )
+    except GateUnreachable:
+        log.warning("event=inbox_decision_unsent approval_id=%s", item.approval_id)
+        return auth.refusal(
+            502,
+            "gate_unreachable",
+            "The gate could not be reached: your decision was not recorded. Try again.",
+        )
+    await state.db.set_decision_answer(number, status, answer)
+    log.info(
+        "event=inbox_decision approval_id=%s decision=%s status=%d",
+        item.approval_id,
+        verb,
+        status,
+    )
+    return web.json_response({"location": f"/decisions/{number}"})
+
+
+def add_routes(app: web.Application) -> None:
+    """POST ``/items/{id}/challenge`` and ``/items/{id}/decide``."""
+    app.router.add_post("/items/{id}/challenge", challenge)
+    app.router.add_post("/items/{id}/decide", decide)

@@ -1,0 +1,232 @@
+"""Passkey sign-in at the inbox (issue 17 contract, "Sign-in"): usernameless WebAuthn with
+the passkeys the gate enrolled (one relying party). Challenges live in memory (5 min,
+single use, at most 1000 pending), each bound to a pre-session CSRF cookie; at most 10
+sign-in POSTs per client address per 5 minutes."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import logging
+import secrets
+import time
+from collections import OrderedDict, deque
+from dataclasses import dataclass
+
+from aiohttp import web
+
+from gate.inbox import auth, pages
+from gate.inbox.app import state_of
+from gate.protocol.approver_signature import parse_approver_assertion
+from gate.protocol.approver_webauthn import verify_webauthn
+from gate.protocol.errors import ProtocolError
+
+log = logging.getLogger(__name__)
+
+CHALLENGE_TTL_S = 300.0
+MAX_PENDING = 1000
+RATE_LIMIT = 10
+RATE_WINDOW_S = 300.0
+REASONS = {
+    "unknown_credential": "This passkey is not enrolled for any approver (or it was revoked).",
+    "not_a_passkey": "Only a passkey (WebAuthn) signs in here.",
+    "challenge_unknown": "This sign-in page is out of date or was used already: reload it.",
+    "rp_mismatch": "This passkey belongs to another site.",
+    "origin_mismatch": "The passkey was used on a page of another origin.",
+    "bad_signature": "The passkey's signature does not verify.",
+    "user_not_verified": "Your authenticator did not verify you (PIN, fingerprint or face).",
+    "malformed": "The browser sent a sign-in this inbox cannot read.",
+    "unavailable": "Nobody can sign in now: ",
+}
+DETAILS = {"rp_id_mismatch": "rp_mismatch", "origin_mismatch": "origin_mismatch"}
+DETAILS |= {"user_not_verified": "user_not_verified", "user_not_present": "user_not_verified"}
+DETAILS |= {"malformed": "malformed", "wrong_type": "malformed"}
+
+
+@dataclass(frozen=True, slots=True)
+class Pending:
+    """A challenge issued: the pre-session token's hash it is bound to, where to go after,
+    when it was issued (monotonic seconds)."""
+
+    pre_hash: str
+    next_path: str
+    issued_at: float
+
+
+class Challenges:
+    """Issued sign-in challenges (base64url → Pending), oldest first; single use."""
+
+    def __init__(self) -> None:
+        self._pending: OrderedDict[str, Pending] = OrderedDict()
+
+    def issue(self, pre_hash: str, next_path: str, now: float) -> str:
+        """A fresh 32-byte challenge (base64url) bound to ``pre_hash``; drops expired ones
+        and, above 1000 pending, the oldest."""
+        while self._pending:
+            oldest = next(iter(self._pending.values()))
+            if now - oldest.issued_at < CHALLENGE_TTL_S and len(self._pending) < MAX_PENDING:
+                break
+            self._pending.popitem(last=False)
+        challenge = secrets.token_urlsafe(32)
+        self._pending[challenge] = Pending(pre_hash, next_path, now)
+        return challenge
+
+    def take(self, challenge: str, now: float) -> Pending | None:
+        """The challenge's Pending, removed (single use), or None if unknown or expired."""
+        found = self._pending.pop(challenge, None)
+        if found is None or now - found.issued_at >= CHALLENGE_TTL_S:
+            return None
+        return found
+
+
+class RateLimit:
+    """At most ``RATE_LIMIT`` attempts per key (a client address) per ``RATE_WINDOW_S``."""
+
+    def __init__(self) -> None:
+        self._seen: dict[str, deque[float]] = {}
+
+    def retry_after(self, key: str, now: float) -> int:
+        """0 and the attempt counted when allowed; else the seconds until one is."""
+        seen = self._seen.setdefault(key, deque())
+        while seen and now - seen[0] >= RATE_WINDOW_S:
+            seen.popleft()
+        if len(seen) >= RATE_LIMIT:
+            return max(1, int(RATE_WINDOW_S - (now - seen[0])) + 1)
+        seen.append(now)
+        if len(self._seen) > 10_000:
+            self._seen = {k: v for k, v in self._seen.items() if v}
+        return 0
+
+
+def _safe_next(value: str | None) -> str:
+    """A local path to go to after sign-in (``/`` for anything else)."""
+    if not value or not value.startswith("/") or value.startswith("//") or "\\" in value:
+        return "/"
+    return value
+
+
+def _parts(request: web.Request) -> tuple[Challenges, RateLimit]:
+    extra = state_of(request).extra
+    challenges = extra.setdefault("signin_challenges", Challenges())
+    limits = extra.setdefault("signin_rate", RateLimit())
+    return challenges, limits
+
+
+async def signin_get(request: web.Request) -> web.Response:
+    """GET ``/signin[?next=/path]``: the sign-in page with a fresh challenge and a
+    pre-session CSRF token (cookie ``hitl_inbox_pre``); when passkeys cannot sign in here
+    (the relying parties differ, the gate has not answered), the page says why."""
+    state = state_of(request)
+    challenges, _ = _parts(request)
+    pre = auth.new_token()
+    next_path = _safe_next(request.query.get("next"))
+    challenge = challenges.issue(auth.token_hash(pre), next_path, time.monotonic())
+    problem = state.credentials.problem
+    error = None if problem is None else REASONS["unavailable"] + problem + "."
+    response = pages.signin_page(request, challenge=challenge, csrf=pre, error=error)
+    auth.set_cookie(request, response, auth.PRE_COOKIE, pre)
+    return response
+
+
+def _unb64(text: str) -> bytes:
+    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+
+
+def _refused(reason: str, extra: str = "") -> web.Response:
+    log.info("event=inbox_signin_refused reason=%s", reason)
+    return auth.refusal(401, reason, REASONS.get(reason, "Sign-in refused.") + extra)
+
+
+def _client_challenge(client_data_json: bytes) -> str | None:
+    try:
+        data = json.loads(client_data_json)
+        challenge = data.get("challenge") if isinstance(data, dict) else None
+    except ValueError:
+        return None
+    return challenge if isinstance(challenge, str) else None
+
+
+async def signin_post(request: web.Request) -> web.Response:
+    """POST ``/signin`` (JSON ``{csrf, assertion}`` from inbox.js): rate limit (429
+    ``rate_limited`` + Retry-After), Origin and pre-session CSRF (``auth.read_post``), then
+    the assertion: a webauthn credential in force at the gate, a challenge we issued (single
+    use, bound to the pre-session cookie), verified by ``verify_webauthn`` (UP+UV, the
+    inbox's origins and rp_id). Success: a session and its cookie, 200 ``{"location"}``.
+    Failure: 401 ``{"reason", "message"}`` and nothing stored."""
+    state = state_of(request)
+    challenges, limits = _parts(request)
+    wait = limits.retry_after(request.remote or "?", time.monotonic())
+    if wait:
+        log.info("event=inbox_signin_refused reason=rate_limited")
+        answer = auth.refusal(429, "rate_limited", "Too many sign-in attempts: wait a few minutes.")
+        answer.headers["Retry-After"] = str(wait)
+        return answer
+    fields = await auth.read_post(request, None)
+    try:
+        assertion = parse_approver_assertion(fields.get("assertion"))
+    except ProtocolError:
+        return _refused("malformed")
+    if assertion is None:
+        return _refused("malformed")
+    if assertion.type != "webauthn":
+        return _refused("not_a_passkey")
+    credential = state.credentials.lookup(assertion.credential_id_b64)
+    if credential is None and await state.credentials.refresh_for_unknown():
+        credential = state.credentials.lookup(assertion.credential_id_b64)
+    if credential is None:
+        return _refused("unknown_credential")
+    if credential.type != "webauthn":
+        return _refused("not_a_passkey")
+    if state.party is None or state.credentials.problem is not None:
+        return _refused("rp_mismatch", " " + (state.credentials.problem or ""))
+    sent = _client_challenge(assertion.client_data_json)
+    pending = None if sent is None else challenges.take(sent, time.monotonic())
+    pre = request.cookies.get(auth.PRE_COOKIE, "")
+    if pending is None or sent is None or pending.pre_hash != auth.token_hash(pre):
+        return _refused("challenge_unknown")
+    try:
+        key = base64.urlsafe_b64decode(
+            credential.public_key + "=" * (-len(credential.public_key) % 4)
+        )
+        challenge = base64.urlsafe_b64decode(sent + "=" * (-len(sent) % 4))
+        verify_webauthn(key, 0, assertion, challenge, state.party.rp_id, state.party.origins)
+    except ProtocolError as exc:
+        return _refused(DETAILS.get(str(exc.extra.get("detail")), "bad_signature"))
+    except (ValueError, binascii.Error):
+        return _refused("bad_signature")
+    response = web.json_response({"location": pending.next_path})
+    await auth.start_session(
+        request,
+        response,
+        identity=credential.identity,
+        operator_id=credential.operator_id,
+        credential_id=credential.credential_id,
+    )
+    auth.drop_cookie(request, response, auth.PRE_COOKIE)
+    log.info(
+        "event=inbox_signin identity=%s credential_id=%s",
+        credential.identity,
+        credential.credential_id,
+    )
+    return response
+
+
+async def signout(request: web.Request) -> web.Response:
+    """POST ``/signout`` (form, CSRF): delete the session row and its cookie; 303 to
+    ``/signin``. Without a session: 303 to ``/signin`` and nothing changes."""
+    session = await auth.current_session(request)
+    response = web.HTTPSeeOther("/signin")
+    if session is not None:
+        await auth.read_post(request, session)
+        await auth.end_session(request)
+        auth.drop_cookie(request, response, auth.cookie_name(request))
+        log.info("event=inbox_signout")
+    raise response
+
+
+def add_routes(app: web.Application) -> None:
+    """GET/POST ``/signin`` and POST ``/signout``."""
+    app.router.add_get("/signin", signin_get)
+    app.router.add_post("/signin", signin_post)
+    app.router.add_post("/signout", signout)
