@@ -30,6 +30,7 @@ from tests.support import (
     gate_env,
     http_request,
     run_cli,
+    wait_until,
     write_config,
 )
 from tests.test_passkeys_browser import ARGS, CHROMIUM, _playwright
@@ -49,17 +50,13 @@ AUTHENTICATOR = {
     "isUserVerified": True,
 }
 # operators of tests.support.write_config: 101 alice, 102 bob, 103 carol
+SIGNED = {"approver_signature": "required"}  # the gate verifies every passkey assertion
 STEPS: list[dict[str, Any]] = [
-    {"name": "one", "quorum": 1, "approvers": [101, 102], "timeout": "1h"},
-    {
-        "name": "why",
-        "quorum": 1,
-        "approvers": [101, 102],
-        "timeout": "1h",
-        "skip_reason": "required",
-    },
-    {"name": "two", "quorum": 2, "approvers": [101, 102], "timeout": "1h"},
-    {"name": "brief", "quorum": 1, "approvers": [101, 102], "timeout": "8s"},
+    {"name": "one", "quorum": 1, "approvers": [101, 102], "timeout": "1h", **SIGNED},
+    {"name": "why", "quorum": 1, "approvers": [101, 102], "timeout": "1h", **SIGNED}
+    | {"skip_reason": "required"},
+    {"name": "two", "quorum": 2, "approvers": [101, 102], "timeout": "1h", **SIGNED},
+    {"name": "brief", "quorum": 1, "approvers": [101, 102], "timeout": "8s", **SIGNED},
     {"name": "ask", "type": "question", "approvers": [101, 102], "timeout": "1h"},
 ]
 
@@ -91,6 +88,16 @@ class Inbox:
         """SIGTERM; a clean stop exits 0."""
         if self.proc is not None and self.proc.proc.poll() is None:
             assert self.proc.stop() == 0, self.proc.log()
+
+    def wait_item(self, approval_id: str) -> None:
+        """Wait (with a deadline) until the inbox's file has the item (its dispatch acked)."""
+
+        def kept() -> bool:
+            if not self.db.exists():
+                return False
+            return bool(self.rows("SELECT 1 FROM items WHERE approval_id = ?", approval_id))
+
+        wait_until(kept, what=f"the inbox's item {approval_id}")
 
     def rows(self, sql: str, *args: Any) -> list[sqlite3.Row]:
         """Read the inbox's SQLite file as it is on disk (a read-only connection)."""
@@ -395,6 +402,8 @@ def decide(who: Approver, verb: str) -> str:
 
 
 def pending(stack: Stack, step: str, draft: str) -> tuple[CliProcess, str]:
-    """A pipeline waiting on ``step`` and its approval id."""
+    """A pipeline waiting on ``step`` and its approval id, once the inbox keeps the item."""
     pipeline = stack.request(step, draft)
-    return pipeline, pipeline.wait_for_line(REQUESTED).group(1)
+    approval_id = pipeline.wait_for_line(REQUESTED).group(1)
+    stack.inbox.wait_item(approval_id)
+    return pipeline, approval_id

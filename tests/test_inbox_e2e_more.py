@@ -90,6 +90,7 @@ def test_inbox_e2e_question_answered_through_its_form(
     alice = enrolled(stack, browser, "alice", 101)
     asking = stack.ask("--text", "Which supplier?", "--choice", "Acme", "--choice", "Globex")
     question_id = asking.wait_for_line(r"asked question (\S+)").group(1)
+    stack.inbox.wait_item(question_id)
     open_item(alice, stack, question_id)
     page = alice.page
     assert "Which supplier?" in page.inner_text(".question-text")
