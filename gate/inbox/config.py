@@ -7,10 +7,11 @@ them; secrets come only from the environment (or ``$CREDENTIALS_DIRECTORY``), ne
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 from urllib.parse import urlsplit
 
 import yaml
@@ -58,6 +59,38 @@ class WebAuthnSection(BaseModel):
     origins: tuple[Annotated[str, Field(strict=True, min_length=1)], ...] | None = None
 
 
+MAIL_ADDRESS = re.compile(r"[^@\s<>()\[\],;:\"\\]+@[^@\s<>()\[\],;:\"\\]+\.[^@\s<>()\[\],;:\"\\]+")
+"""A plain ``local@domain.tld`` address: no display name, no spaces or line breaks (a mail
+header never carries anything the config did not say)."""
+
+
+def _check_address(value: str) -> str:
+    if not MAIL_ADDRESS.fullmatch(value):
+        raise ValueError(f"{value!r} is not a plain e-mail address (local@domain)")
+    return value
+
+
+MailAddress = Annotated[str, Field(strict=True, min_length=3), AfterValidator(_check_address)]
+
+
+class MailSection(BaseModel):
+    """``mail`` (optional, off when absent; issue 17): the SMTP server new items are
+    announced through — ``host``, ``port`` (587), ``security`` (``starttls``, ``tls`` or
+    ``none``), the login by variable names (``username_env`` and ``password_env``, both or
+    neither), the ``from`` address and ``addresses`` (identity -> address; an identity that
+    is itself an address is used as is)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    host: Annotated[str, Field(strict=True, min_length=1, max_length=253)]
+    port: Annotated[int, Field(strict=True, ge=1, le=65535)] = 587
+    security: Literal["starttls", "tls", "none"] = "starttls"
+    username_env: EnvName | None = None
+    password_env: EnvName | None = None
+    sender: MailAddress = Field(alias="from")
+    addresses: dict[Annotated[str, Field(strict=True, min_length=1)], MailAddress] = {}
+
+
 class InboxConfig(BaseModel):
     """The whole inbox config (issue 17 contract, part B). ``database`` is resolved against
     the config file's folder; ``public_url`` defaults to ``http://<listen>``."""
@@ -75,6 +108,7 @@ class InboxConfig(BaseModel):
     gate: GateSection
     webauthn: WebAuthnSection = WebAuthnSection()
     session_ttl: Seconds = 12 * 3600.0
+    mail: MailSection | None = None
 
     @property
     def base_url(self) -> str:
@@ -94,6 +128,7 @@ class InboxSecrets:
     """The gate relay secrets, current first then the previous one; never shown by repr."""
 
     relay_secrets: tuple[str, ...] = field(repr=False)
+    mail_login: tuple[str, str] | None = field(default=None, repr=False)  # (username, password)
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,9 +239,38 @@ def _read_secrets(
             errors.append(f"{where}: {name} is shorter than {MIN_SECRET_BYTES} bytes")
         elif value is not None:
             values.append(value)
+    login, mail_errors = _read_mail_login(config, environ, credentials)
+    errors += mail_errors
     if errors:
         return None, errors
-    return InboxSecrets(tuple(values)), []
+    return InboxSecrets(tuple(values), login), []
+
+
+def _read_mail_login(
+    config: InboxConfig, environ: Mapping[str, str], credentials: str | None
+) -> tuple[tuple[str, str] | None, list[str]]:
+    """``mail.username_env`` and ``mail.password_env`` (both or neither), read as the relay
+    secret is; ``(None, [])`` without mail or a login. Never says a value."""
+    mail = config.mail
+    if mail is None or (mail.username_env is None and mail.password_env is None):
+        return None, []
+    if mail.username_env is None or mail.password_env is None:
+        missing = "mail.username_env" if mail.username_env is None else "mail.password_env"
+        return None, [f"{missing}: set both mail.username_env and mail.password_env, or neither"]
+    found: list[str] = []
+    errors: list[str] = []
+    for where, name in (
+        ("mail.username_env", mail.username_env),
+        ("mail.password_env", mail.password_env),
+    ):
+        value, error = _read_one(where, name, environ, credentials)
+        if error is not None:
+            errors.append(error)
+        elif value is not None:
+            found.append(value)
+    if errors:
+        return None, errors
+    return (found[0], found[1]), []
 
 
 def listen_address(config: InboxConfig) -> TcpListen:

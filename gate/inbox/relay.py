@@ -27,7 +27,9 @@ OK = {"status": "ok"}
 
 class RelayEndpoint:
     """Holds the gate's relay ``secrets`` (current first), the signature window
-    ``max_skew`` (seconds), the database and the clock (``now_s``: unix seconds)."""
+    ``max_skew`` (seconds), the database and the clock (``now_s``: unix seconds);
+    ``on_new(approval_id, dispatch, expires_at_ms)`` is called once per NEW item, after its
+    row committed (mail; it must not block or raise)."""
 
     def __init__(
         self,
@@ -35,7 +37,9 @@ class RelayEndpoint:
         secrets: Sequence[str],
         max_skew: float,
         now_s: Callable[[], float] = time.time,
+        on_new: Callable[[str, dict[str, Any], int], None] | None = None,
     ) -> None:
+        self.on_new = on_new
         self.db = db
         self.secrets = tuple(secrets)
         self.max_skew = max_skew
@@ -86,6 +90,8 @@ class RelayEndpoint:
             what,
             incoming.payload_hash,
         )
+        if what == "new" and self.on_new is not None:
+            self.on_new(incoming.approval_id, envelope, incoming.expires_at)
         return web.json_response(OK, status=200)
 
     async def _notice(self, notice: dict[str, Any]) -> web.Response:

@@ -17,6 +17,7 @@ from gate.inbox.app import InboxState, create_inbox_app
 from gate.inbox.config import InboxConfig, InboxSecrets, listen_address, relying_party
 from gate.inbox.credentials_cache import CredentialsCache
 from gate.inbox.gate_client import fetch_credentials
+from gate.inbox.mail import Mailer
 from gate.inbox.relay import RELAY_PATH, RelayEndpoint
 from gate.protocol.credentials import CredentialsAnswer
 
@@ -62,11 +63,20 @@ async def serve_inbox(config: InboxConfig, secrets: InboxSecrets) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    endpoint = RelayEndpoint(db, secrets.relay_secrets, config.gate.max_skew)
+    mailer = (
+        None if config.mail is None else Mailer(config.mail, config.base_url, secrets.mail_login)
+    )
+    endpoint = RelayEndpoint(
+        db,
+        secrets.relay_secrets,
+        config.gate.max_skew,
+        on_new=None if mailer is None else mailer.item_arrived,
+    )
     cache = credentials_cache(config, secrets)
     state = InboxState(db, config, secrets, relying_party(config), cache)
     runner = web.AppRunner(create_inbox_app(state, endpoint), access_log=None)
     sweeper: asyncio.Task[None] | None = None
+    mailing: asyncio.Task[None] | None = None
     try:
         await cache.refresh()
         await runner.setup()
@@ -85,11 +95,15 @@ async def serve_inbox(config: InboxConfig, secrets: InboxSecrets) -> None:
             config.database,
         )
         sweeper = asyncio.create_task(sweep(state, stop))
+        if mailer is not None:
+            mailing = asyncio.create_task(mailer.run(stop))
         await stop.wait()
     finally:
         stop.set()
         if sweeper is not None:
             await sweeper
+        if mailing is not None:
+            await mailing
         await runner.cleanup()
         await db.close()
         log.info("event=inbox_stopped")

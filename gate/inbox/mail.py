@@ -1,0 +1,199 @@
+"""Mail to approvers when a new item arrives (issue 17; optional, off without ``mail``).
+
+On the FIRST dispatch of an approval or question (not a re-send, a reminder or a new
+revision: ``InboxDb.receive`` said ``new``) one mail per approver is queued: subject
+"Waiting for you: <pipeline> · <step>", body the item's link and the time left — never the
+draft, a question's text or a reason (mail leaves the host; the link only opens the item,
+after sign-in). A worker sends the queue with aiosmtplib; a failure is logged
+``event=mail_failed`` (no body, no password) and retried 3 times. Mail is best effort: a
+full queue or a restart may lose an unsent mail, never an item.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from email.message import EmailMessage
+from typing import Any
+
+import aiosmtplib
+
+from gate.inbox.config import MAIL_ADDRESS, MailSection
+from gate.inbox.words import time_left
+
+log = logging.getLogger(__name__)
+
+RETRIES = 3
+RETRY_DELAYS_S = (2.0, 10.0, 30.0)
+QUEUE_SIZE = 1000
+SEND_TIMEOUT_S = 30.0
+
+
+@dataclass(frozen=True, slots=True)
+class Mail:
+    """One mail to send: ``to`` (an address), ``identity`` (whom it is for, for the log),
+    ``approval_id`` (for the log), ``subject`` and plain-text ``body``."""
+
+    to: str
+    identity: str
+    approval_id: str
+    subject: str
+    body: str
+
+
+def _header_text(value: Any) -> str:
+    """A dispatch's name as header text: control characters (line breaks) dropped."""
+    return "".join(ch for ch in str(value) if ch.isprintable())[:200]
+
+
+def address_of(section: MailSection, identity: str) -> str | None:
+    """The address ``identity`` gets mail at: ``mail.addresses[identity]``, else the
+    identity itself when it is a plain e-mail address, else None (no mail)."""
+    listed = section.addresses.get(identity)
+    if listed is not None:
+        return listed
+    return identity if MAIL_ADDRESS.fullmatch(identity) else None
+
+
+def mails_for(
+    section: MailSection,
+    base_url: str,
+    approval_id: str,
+    dispatch: Mapping[str, Any],
+    expires_at_ms: int,
+    now_ms: int,
+) -> list[Mail]:
+    """The mails announcing a new item ``approval_id`` (a question's ``question_id``) whose
+    ``dispatch`` names its ``pipeline``, ``step`` and ``approvers``: one per approver with
+    an address (each address once), linking ``<base_url>/items/<approval_id>``. Reads
+    nothing else of the dispatch: no draft, question text or reason goes into a mail."""
+    subject = (
+        f"Waiting for you: {_header_text(dispatch.get('pipeline', ''))}"
+        f" \u00b7 {_header_text(dispatch.get('step', ''))}"
+    )
+    link = f"{base_url.rstrip('/')}/items/{approval_id}"
+    body = (
+        "Something is waiting for your decision.\n\n"
+        f"Open it (you sign in with your passkey): {link}\n"
+        f"Time left: {time_left(expires_at_ms, now_ms)}\n"
+    )
+    approvers = dispatch.get("approvers")
+    mails: list[Mail] = []
+    seen: set[str] = set()
+    for identity in approvers if isinstance(approvers, list) else []:
+        if not isinstance(identity, str):
+            continue
+        to = address_of(section, identity)
+        if to is None:
+            log.info("event=mail_no_address approval_id=%s identity=%s", approval_id, identity)
+        elif to.casefold() not in seen:
+            seen.add(to.casefold())
+            mails.append(Mail(to, identity, approval_id, subject, body))
+    return mails
+
+
+def message_of(mail: Mail, sender: str) -> EmailMessage:
+    """The RFC 5322 message for ``mail`` from ``sender``."""
+    message = EmailMessage()
+    message["From"] = sender
+    message["To"] = mail.to
+    message["Subject"] = mail.subject
+    message["Auto-Submitted"] = "auto-generated"
+    message.set_content(mail.body)
+    return message
+
+
+class Mailer:
+    """The mail queue and its worker: ``item_arrived`` queues (never blocks, never raises),
+    ``run(stop)`` sends until ``stop`` is set. ``login`` is ``(username, password)`` or
+    None; ``now_ms`` the clock; ``retry_delays_s`` the waits before each retry."""
+
+    def __init__(
+        self,
+        section: MailSection,
+        base_url: str,
+        login: tuple[str, str] | None = None,
+        now_ms: Callable[[], int] = lambda: int(time.time() * 1000),
+        retry_delays_s: tuple[float, ...] = RETRY_DELAYS_S,
+    ) -> None:
+        self.section = section
+        self.base_url = base_url
+        self._login = login
+        self.now_ms = now_ms
+        self.retry_delays_s = retry_delays_s
+        self.queue: asyncio.Queue[Mail] = asyncio.Queue(QUEUE_SIZE)
+
+    def item_arrived(self, approval_id: str, dispatch: Mapping[str, Any], expires_at: int) -> None:
+        """Queue the mails of a NEW item (see ``mails_for``); a full queue drops the mail
+        with ``event=mail_dropped`` (the item itself is kept: mail is best effort)."""
+        for mail in mails_for(
+            self.section, self.base_url, approval_id, dispatch, expires_at, self.now_ms()
+        ):
+            try:
+                self.queue.put_nowait(mail)
+            except asyncio.QueueFull:
+                log.warning(
+                    "event=mail_dropped approval_id=%s identity=%s why=queue_full",
+                    approval_id,
+                    mail.identity,
+                )
+
+    async def send(self, mail: Mail) -> None:
+        """Send one mail (raises ``aiosmtplib.SMTPException`` or OSError when it cannot)."""
+        section = self.section
+        await aiosmtplib.send(
+            message_of(mail, section.sender),
+            hostname=section.host,
+            port=section.port,
+            use_tls=section.security == "tls",
+            start_tls=True if section.security == "starttls" else False,
+            username=self._login[0] if self._login else None,
+            password=self._login[1] if self._login else None,
+            timeout=SEND_TIMEOUT_S,
+        )
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Send queued mails until ``stop``; each is tried once and retried ``RETRIES``
+        times, waiting ``retry_delays_s`` between (``event=mail_failed`` each time,
+        ``event=mail_given_up`` at the end)."""
+        stopping = asyncio.ensure_future(stop.wait())
+        try:
+            while not stop.is_set():
+                getting = asyncio.ensure_future(self.queue.get())
+                await asyncio.wait({getting, stopping}, return_when=asyncio.FIRST_COMPLETED)
+                if not getting.done():
+                    getting.cancel()
+                    break
+                await self._deliver(getting.result(), stop)
+        finally:
+            stopping.cancel()
+
+    async def _deliver(self, mail: Mail, stop: asyncio.Event) -> None:
+        for attempt in range(RETRIES + 1):
+            try:
+                await self.send(mail)
+            except (aiosmtplib.SMTPException, OSError) as exc:
+                log.warning(
+                    "event=mail_failed approval_id=%s identity=%s attempt=%d error=%s",
+                    mail.approval_id,
+                    mail.identity,
+                    attempt + 1,
+                    type(exc).__name__,
+                )
+            else:
+                log.info(
+                    "event=mail_sent approval_id=%s identity=%s", mail.approval_id, mail.identity
+                )
+                return
+            if attempt == RETRIES or stop.is_set():
+                break
+            delay = self.retry_delays_s[min(attempt, len(self.retry_delays_s) - 1)]
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), delay)
+        log.warning(
+            "event=mail_given_up approval_id=%s identity=%s", mail.approval_id, mail.identity
+        )

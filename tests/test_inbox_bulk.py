@@ -1,0 +1,118 @@
+"""Bulk approve at the inbox (issue 17), the pure part: the ticked fields -> checked stored
+items -> the batch challenge, which the gate's own digest rules reproduce."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+import pytest
+
+from gate.inbox.bulk import BulkRefused, batch_of, checked_items, picks_from
+from gate.inbox.items import item_from
+from gate.inbox.model import Item
+from gate.protocol.approver_signature import decision_digest
+from gate.protocol.canonical import payload_hash
+
+
+def item(n: int, *, revision: int = 1, state: str = "pending", kind: str = "approval") -> Item:
+    body = f"draft {n}"
+    dispatch: dict[str, Any] = {
+        "approval_id": f"01A{n}",
+        "pipeline": "p",
+        "step": f"s{n}",
+        "revision": revision,
+        "draft": {"body": body},
+        "payload_hash": payload_hash(body),
+        "approvers": ["alice@example.com"],
+        "callback": {"url": "http://127.0.0.1:1/", "nonce": f"nonce-{n}-{revision}"},
+    }
+    row = {
+        "approval_id": f"01A{n}",
+        "kind": kind,
+        "revision": revision,
+        "nonce": f"nonce-{n}-{revision}",
+        "payload_hash": payload_hash(body),
+        "state": state,
+        "expires_at": 10**13,
+        "received_at": 0,
+        "updated_seq": n,
+        "previous_body": None,
+        "outcome": None,
+    }
+    return item_from(row, dispatch, 0)
+
+
+def mine(i: Item) -> bool:
+    return "alice@example.com" in i.approvers
+
+
+def test_the_batch_challenge_is_the_gate_s_batch_digest_of_stored_approves() -> None:
+    stored = {f"01A{n}": item(n, revision=n) for n in range(1, 4)}
+    fields = {"csrf": "x", "item:01A1": "1", "item:01A2": "2", "item:01A3": "3"}
+
+    batch = batch_of(checked_items(picks_from(fields), stored, mine))
+
+    expected = [
+        decision_digest(
+            approval_id=i.approval_id,
+            revision=i.revision,
+            nonce=i.nonce,
+            payload_hash=i.payload_hash,
+            decision="approve",
+        ).hex()
+        for i in stored.values()
+    ]
+    assert list(batch.hexes) == expected
+    # issue 16 §4 by hand: SHA-256 of the sorted hex list's compact JSON
+    by_hand = hashlib.sha256(json.dumps(sorted(expected), separators=(",", ":")).encode())
+    assert batch.challenge == by_hand.digest()
+    assert [i.approval_id for i in batch.items] == ["01A1", "01A2", "01A3"]
+
+
+@pytest.mark.parametrize(
+    ("fields", "status", "reason"),
+    [
+        ({"item:01A1": "1"}, 422, "batch_size"),
+        ({f"item:01A{n}": "1" for n in range(51)}, 422, "batch_size"),
+        ({"item:01A1": "1", "item:01A2": "x"}, 400, "invalid_batch"),
+        ({"item:01A1": "1", "item:01A2": "0"}, 400, "invalid_batch"),
+        ({"item:01A1": "1", "item:": "1"}, 400, "invalid_batch"),
+    ],
+)
+def test_a_batch_that_is_not_as_the_page_sends_is_refused(
+    fields: dict[str, Any], status: int, reason: str
+) -> None:
+    with pytest.raises(BulkRefused) as exc:
+        picks_from(fields)
+    assert (exc.value.status, exc.value.reason) == (status, reason)
+
+
+def test_an_item_not_pending_changed_or_not_mine_is_named_in_words() -> None:
+    stored: dict[str, Item | None] = {
+        "01A1": item(1),
+        "01A2": item(2, state="expired"),
+        "01A3": item(3, revision=2),
+        "01A4": item(4, kind="question"),
+    }
+
+    def refused(*ids: str, shown: int = 1) -> BulkRefused:
+        with pytest.raises(BulkRefused) as exc:
+            checked_items([(i, shown) for i in ids], stored, mine)
+        return exc.value
+
+    expired = refused("01A1", "01A2")
+    assert (expired.status, expired.reason) == (409, "not_pending")
+    assert expired.message == "p \u00b7 s2 (01A2) is now expired."
+    changed = refused("01A1", "01A3")
+    assert changed.reason == "changed"
+    assert changed.message.endswith("changed since you opened it: reload to see revision 2.")
+    for other in ("01A4", "01A9"):
+        assert refused("01A1", other).reason == "not_available"
+    with pytest.raises(BulkRefused) as not_mine:
+        checked_items([("01A1", 1), ("01A1", 1)], stored, lambda i: False)
+    assert not_mine.value.reason == "not_available"
+    with pytest.raises(BulkRefused) as twice:
+        batch_of(checked_items([("01A1", 1), ("01A1", 1)], stored, mine))
+    assert twice.value.reason == "invalid_batch"

@@ -1,0 +1,276 @@
+"""Mail to approvers when a new item reaches the inbox (issue 17): a real gate dispatching to a
+real ``hitl-gate inbox serve`` that sends through a real SMTP server (aiosmtpd) on loopback."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Iterator
+from email import message_from_bytes, policy
+from email.message import Message
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from aiosmtpd.smtp import SMTP, Envelope, Session
+
+from gate.inbox.config import load_inbox
+from gate.inbox.mail import address_of, mails_for
+from gate.protocol.canonical import wire_json
+from tests.support import (
+    SECRET,
+    GateProcess,
+    decision_body,
+    free_port,
+    http_request,
+    post_decision,
+    sign_headers,
+    wait_until,
+    write_config,
+)
+from tests.test_inbox_relay import STEPS, Inbox, dispatch_of
+
+
+class SmtpServer:
+    """aiosmtpd on 127.0.0.1 (port 0) in a thread of its own; ``messages`` in arrival order."""
+
+    def __init__(self) -> None:
+        self.messages: list[tuple[list[str], Message]] = []
+        self._lock = threading.Lock()
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+        self._thread.start()
+        self._server = asyncio.run_coroutine_threadsafe(self._start(), self._loop).result(10)
+        self.port = int(self._server.sockets[0].getsockname()[1])
+
+    async def _start(self) -> asyncio.base_events.Server:
+        return await self._loop.create_server(lambda: SMTP(self), "127.0.0.1", 0)
+
+    async def handle_DATA(self, server: SMTP, session: Session, envelope: Envelope) -> str:  # noqa: N802 - aiosmtpd's hook name
+        content = envelope.original_content or b""
+        with self._lock:
+            self.messages.append(
+                (list(envelope.rcpt_tos), message_from_bytes(content, policy=policy.default))
+            )
+        return "250 OK"
+
+    def received(self) -> list[tuple[list[str], Message]]:
+        with self._lock:
+            return list(self.messages)
+
+    def stop(self) -> None:
+        self._server.close()
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10)
+        self._loop.close()
+
+
+def mail_config(inbox: Inbox, port: int) -> None:
+    data = yaml.safe_load(inbox.config.read_text("utf-8"))
+    data["mail"] = {
+        "host": "127.0.0.1",
+        "port": port,
+        "security": "none",
+        "from": "inbox@example.com",
+        "addresses": {"bob@example.com": "bob.private@example.org"},
+    }
+    inbox.config.write_text(yaml.safe_dump(data), "utf-8")
+
+
+@pytest.fixture
+def smtp() -> Iterator[SmtpServer]:
+    server = SmtpServer()
+    yield server
+    server.stop()
+
+
+def start(tmp_path: Path, smtp_port: int) -> tuple[Inbox, GateProcess]:
+    inbox = Inbox(tmp_path, free_port())
+    mail_config(inbox, smtp_port)
+    inbox.start()
+    folder = tmp_path / "gate"
+    folder.mkdir()
+    config = write_config(
+        folder, inbox.relay_url, steps=STEPS, relay={"notices": True, "questions": True}
+    )
+    return inbox, GateProcess(config).start()
+
+
+def body_of(message: Message) -> str:
+    payload = message.get_payload(decode=True)
+    assert isinstance(payload, bytes)
+    return payload.decode("utf-8")
+
+
+@pytest.mark.e2e
+def test_inbox_mails_each_approver_of_a_new_item_a_link_and_no_draft(
+    tmp_path: Path, smtp: SmtpServer
+) -> None:
+    inbox, gate = start(tmp_path, smtp.port)
+    try:
+        approval = gate.api().create("q2", body="SECRET DRAFT: pay 12 EUR to ACME")
+        approval_id = approval["approval_id"]
+        got = wait_until(lambda: smtp.received() if len(smtp.received()) >= 3 else None)
+
+        assert sorted(to for rcpts, _ in got for to in rcpts) == [
+            "alice@example.com",
+            "bob.private@example.org",  # mail.addresses wins over the identity itself
+            "carol@example.com",
+        ]
+        for _, message in got:
+            assert message["From"] == "inbox@example.com"
+            assert message["Subject"] == "Waiting for you: p \u00b7 q2"
+            text = body_of(message)
+            assert (
+                f"{inbox.relay_url.split('/hitl')[0]}/items/{approval_id}".replace(
+                    "127.0.0.1", "localhost"
+                )
+                in text
+            )
+            assert "Time left: " in text
+            assert "SECRET DRAFT" not in text and "ACME" not in message.as_string()
+        sent = inbox.proc.log  # type: ignore[union-attr]
+        wait_until(lambda: sent().count("event=mail_sent") == 3, what="3 mail_sent lines")
+        assert "SECRET DRAFT" not in sent()
+
+        # a re-send, a reminder-like update (same revision and nonce, other bytes) and a new
+        # revision (an adjust) are no NEW item: no mail
+        row = inbox.wait_item(approval_id, lambda r: True)
+        raw = row["dispatch"].encode("utf-8")
+        assert http_request(inbox.relay_url, "POST", raw, sign_headers(raw))[0] == 200
+        updated = dispatch_of(row) | {"reminder": {"count": 1}}
+        raw2 = wire_json(updated)
+        assert http_request(inbox.relay_url, "POST", raw2, sign_headers(raw2))[0] == 200
+        inbox.wait_item(approval_id, lambda r: r["updated_seq"] > row["updated_seq"])
+        adjust = decision_body(dispatch_of(row), "alice@example.com", "adjust", adjust_text="v2")
+        assert post_decision(gate.callback_url, adjust)[0] == 200
+        inbox.wait_item(approval_id, lambda r: r["revision"] == 2)
+        # a barrier: the next new item's mails come after any the above would have queued
+        barrier = gate.api().create("q1", body="next")["approval_id"]
+        wait_until(lambda: len(smtp.received()) >= 6 or None)
+
+        later = smtp.received()[3:]
+        assert len(later) == 3
+        assert all(barrier in body_of(m) for _, m in later)
+        wait_until(lambda: sent().count("event=mail_sent") == 6, what="6 mail_sent lines")
+    finally:
+        gate.stop()
+        inbox.stop()
+
+
+@pytest.mark.e2e
+def test_inbox_a_question_is_mailed_without_its_text(tmp_path: Path, smtp: SmtpServer) -> None:
+    inbox, gate = start(tmp_path, smtp.port)
+    try:
+        ask = {"pipeline": "p", "step": "ask", "text": "Which supplier, secretly?"}
+        status, question = gate.api().call(
+            "POST", "/v1/questions", ask | {"response_type": "free_text"}
+        )
+        assert status == 201, question
+        got = wait_until(lambda: smtp.received() if len(smtp.received()) >= 2 else None)
+        assert sorted(to for rcpts, _ in got for to in rcpts) == [
+            "alice@example.com",
+            "bob.private@example.org",
+        ]
+        assert all(m["Subject"] == "Waiting for you: p \u00b7 ask" for _, m in got)
+        assert all("secretly" not in m.as_string() for _, m in got)
+        assert all(question["question_id"] in body_of(m) for _, m in got)
+    finally:
+        gate.stop()
+        inbox.stop()
+
+
+@pytest.mark.e2e
+def test_inbox_with_its_smtp_server_down_logs_mail_failed_and_still_acks(tmp_path: Path) -> None:
+    inbox, gate = start(tmp_path, free_port())  # nothing listens there
+    try:
+        approval = gate.api().create("q1", body="still kept")
+        approval_id = approval["approval_id"]
+
+        inbox.wait_item(approval_id, lambda r: r["state"] == "pending")
+        wait_until(lambda: gate.api().get(approval_id)["dispatch"]["delivered_at"])
+        line = inbox.proc.wait_for_line(r"event=mail_failed approval_id=(\S+) .*attempt=1")  # type: ignore[union-attr]
+        assert line.group(1) == approval_id
+        assert "still kept" not in inbox.proc.log()  # type: ignore[union-attr]
+    finally:
+        gate.stop()
+        inbox.stop()
+
+
+def test_inbox_mail_config_errors_name_their_yaml_paths(tmp_path: Path) -> None:
+    path = tmp_path / "inbox.yaml"
+    base: dict[str, Any] = {
+        "gate": {"secret_env": "HITL_RELAY_SECRET", "callback_url": "http://127.0.0.1:8089"}
+    }
+    bad = {
+        "host": "smtp.example.com",
+        "port": 0,
+        "security": "ssl",
+        "from": "Inbox <inbox@example.com>",
+        "addresses": {"alice": "alice at example.com"},
+        "username_env": "SMTP_USER",
+    }
+    path.write_text(yaml.safe_dump(base | {"mail": bad}), "utf-8")
+    env = {"HITL_RELAY_SECRET": SECRET}
+
+    config, _, errors = load_inbox(path, env)
+
+    assert config is None
+    assert errors == [
+        "mail.port: must be >= 1, got 0",
+        "mail.security: must be one of 'starttls', 'tls' or 'none', got string 'ssl'",
+        "mail.from: 'Inbox <inbox@example.com>' is not a plain e-mail address (local@domain)",
+        "mail.addresses.alice: 'alice at example.com' is not a plain e-mail address (local@domain)",
+    ]
+    good = {"host": "smtp.example.com", "from": "inbox@example.com"}
+    path.write_text(yaml.safe_dump(base | {"mail": good | {"username_env": "SMTP_USER"}}), "utf-8")
+    assert load_inbox(path, env)[2] == [
+        "mail.password_env: set both mail.username_env and mail.password_env, or neither"
+    ]
+    login = {"username_env": "SMTP_USER", "password_env": "SMTP_PASSWORD"}
+    path.write_text(yaml.safe_dump(base | {"mail": good | login}), "utf-8")
+    assert load_inbox(path, env)[2] == [
+        "mail.username_env: environment variable SMTP_USER is not set",
+        "mail.password_env: environment variable SMTP_PASSWORD is not set",
+    ]
+    config, secrets, errors = load_inbox(
+        path, env | {"SMTP_USER": "inbox", "SMTP_PASSWORD": "pw-not-shown"}
+    )
+    assert errors == [] and config is not None and config.mail is not None
+    assert (config.mail.port, config.mail.security, config.mail.sender) == (
+        587,
+        "starttls",
+        "inbox@example.com",
+    )
+    assert secrets is not None and secrets.mail_login == ("inbox", "pw-not-shown")
+    assert "pw-not-shown" not in repr(secrets)
+
+
+def test_mails_for_reads_names_and_approvers_only(tmp_path: Path) -> None:
+    path = tmp_path / "inbox.yaml"
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "gate": {"secret_env": "S", "callback_url": "http://127.0.0.1:1"},
+                "mail": {"host": "h", "from": "a@b.example", "addresses": {"ops": "o@x.example"}},
+            }
+        ),
+        "utf-8",
+    )
+    config, _, errors = load_inbox(path, {"S": SECRET})
+    assert errors == [] and config is not None and config.mail is not None
+    dispatch = {
+        "pipeline": "pay\r\nBcc: evil@x.example",
+        "step": "send",
+        "approvers": ["ops", "no-address", "Eve@X.example", "eve@x.example", 7],
+        "draft": {"body": "the draft"},
+    }
+
+    mails = mails_for(config.mail, "https://inbox.example/", "01A", dispatch, 3_600_000, 0)
+
+    assert [m.to for m in mails] == ["o@x.example", "Eve@X.example"]  # each address once
+    assert mails[0].subject == "Waiting for you: payBcc: evil@x.example \u00b7 send"
+    assert "https://inbox.example/items/01A" in mails[0].body
+    assert "Time left: 1 h" in mails[0].body and "the draft" not in mails[0].body
+    assert address_of(config.mail, "no-address") is None
