@@ -21,24 +21,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
-from tests.support import (
-    CliProcess,
-    GateProcess,
-    free_port,
-    gate_env,
-    http_request,
-    run_cli,
-    wait_until,
-    write_config,
-)
+from tests.inbox_harness import ENV, InboxProcess, InboxWorld
+from tests.support import CliProcess, GateProcess, free_port, http_request, run_cli
 from tests.test_passkeys_browser import ARGS, CHROMIUM, _playwright
 
-ADMIN_TOKEN = "test-admin-token-inbox-e2e-4d81c7a2"
-ENV = gate_env(HITL_ADMIN_TOKEN=ADMIN_TOKEN)
 REQUESTED = r"requested approval (\S+)"
-READY = r"event=inbox_ready url=(\S+) relay_url=(\S+)"
 WIDTHS = (1280, 390)
 STEP_S = 5_000  # ms: one browser step (a click, a navigation, a selector)
 LIVE_S = 20_000  # ms: a change the page learns by polling /live (inbox.js polls every 5 s)
@@ -61,105 +49,44 @@ STEPS: list[dict[str, Any]] = [
 ]
 
 
-class Inbox:
-    """``hitl-gate inbox serve`` on a fixed port of 127.0.0.1 (the gate's ``relay.url`` and
-    ``webauthn.origins`` name it before it starts; a restart keeps it); approvers open it as
-    ``http://localhost:<port>``."""
-
-    def __init__(self, folder: Path, port: int, gate_base: str) -> None:
-        self.config = folder / "inbox.yaml"
-        self.db = folder / "var" / "inbox.db"
-        self.url = f"http://localhost:{port}"
-        self.relay_url = f"http://127.0.0.1:{port}/hitl/v0/relay"
-        config = {
-            "listen": f"127.0.0.1:{port}",
-            "gate": {"secret_env": "HITL_RELAY_SECRET", "callback_url": gate_base},
-        }
-        self.config.write_text(yaml.safe_dump(config), encoding="utf-8")
-        self.proc: CliProcess | None = None
-
-    def start(self) -> Inbox:
-        """Start and wait for ``event=inbox_ready``; returns self."""
-        self.proc = CliProcess("inbox", "serve", "-c", str(self.config), env=ENV)
-        self.proc.wait_for_line(READY)
-        return self
-
-    def stop(self) -> None:
-        """SIGTERM; a clean stop exits 0."""
-        if self.proc is not None and self.proc.proc.poll() is None:
-            assert self.proc.stop() == 0, self.proc.log()
-
-    def wait_item(self, approval_id: str) -> None:
-        """Wait (with a deadline) until the inbox's file has the item (its dispatch acked)."""
-
-        def kept() -> bool:
-            if not self.db.exists():
-                return False
-            return bool(self.rows("SELECT 1 FROM items WHERE approval_id = ?", approval_id))
-
-        wait_until(kept, what=f"the inbox's item {approval_id}")
-
-    def rows(self, sql: str, *args: Any) -> list[sqlite3.Row]:
-        """Read the inbox's SQLite file as it is on disk (a read-only connection)."""
-        conn = sqlite3.connect(f"file:{self.db}?mode=ro", uri=True)
-        conn.row_factory = sqlite3.Row
-        try:
-            return conn.execute(sql, args).fetchall()
-        finally:
-            conn.close()
-
-
-@dataclass
 class Stack:
-    """The real gate (credentials channel, notices, questions on; one relying party
-    ``localhost`` whose origins are the gate's relay listener AND the inbox) and the real
-    inbox, each a process on loopback, in ``folder``."""
+    """The real gate and the real inbox of ``tests.inbox_harness.InboxWorld`` (credentials
+    channel, notices, questions on; one relying party ``localhost`` whose origins are the
+    gate's relay listener AND the inbox) with this module's steps, plus the pipeline's
+    commands. No passkey is enrolled up front: approvers enrol in the browser."""
 
-    folder: Path
-    gate: GateProcess = field(init=False)
-    inbox: Inbox = field(init=False)
+    def __init__(self, folder: Path) -> None:
+        self.world = InboxWorld(folder, free_port(), free_port(), steps=list(STEPS))
 
-    def __post_init__(self) -> None:
-        inbox_port, gate_port = free_port(), free_port()
-        gate_dir = self.folder / "gate"
-        gate_dir.mkdir()
-        path = write_config(
-            gate_dir,
-            f"http://127.0.0.1:{inbox_port}/hitl/v0/relay",
-            steps=STEPS,
-            relay={
-                "notices": True,
-                "questions": True,
-                "credentials": True,
-                "callback_addr": f"127.0.0.1:{gate_port}",
-            },
-            api={"admin_token_env": "HITL_ADMIN_TOKEN"},
-        )
-        config = yaml.safe_load(path.read_text(encoding="utf-8"))
-        config["webauthn"] = {
-            "rp_id": "localhost",
-            "origins": [f"http://localhost:{gate_port}", f"http://localhost:{inbox_port}"],
-        }
-        path.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
-        self.gate = GateProcess(path, env=ENV)
-        inbox_dir = self.folder / "inbox"
-        inbox_dir.mkdir()
-        self.inbox = Inbox(inbox_dir, inbox_port, f"http://127.0.0.1:{gate_port}/")
+    @property
+    def gate(self) -> GateProcess:
+        """The running gate."""
+        assert self.world.gate is not None
+        return self.world.gate
+
+    @property
+    def inbox(self) -> InboxProcess:
+        """The running inbox (``.origin`` is where approvers open it)."""
+        assert self.world.inbox is not None
+        return self.world.inbox
 
     def start(self) -> Stack:
         """The gate first (the inbox fetches the credentials from it), then the inbox."""
-        self.gate.start()
-        self.inbox.start()
+        try:
+            self.world.start_gate()
+            self.world.start_inbox()
+        except BaseException:
+            self.world.stop()
+            raise
         return self
 
     def stop(self) -> None:
-        """Stop both (the inbox first); each must stop cleanly."""
-        self.inbox.stop()
-        if self.gate.proc is not None and self.gate.proc.poll() is None:
-            self.gate.stop()
+        """Stop both (the inbox first)."""
+        self.world.stop()
 
     def invite(self, operator_id: int, label: str) -> str:
-        """``hitl-gate approvers invite OPERATOR``: the one-time enrolment URL."""
+        """``hitl-gate approvers invite OPERATOR``: the one-time enrolment URL, as opened at
+        ``localhost`` (the relying party; the world's gate says 127.0.0.1 in public_url)."""
         proc = run_cli(
             "approvers",
             "invite",
@@ -173,7 +100,8 @@ class Stack:
             env=ENV,
         )
         assert proc.returncode == 0, proc.stderr
-        return str(proc.stdout.decode().strip())
+        url = str(proc.stdout.decode().strip())
+        return url.replace("http://127.0.0.1:", "http://localhost:", 1)
 
     def ask(self, *args: str) -> CliProcess:
         """A pipeline blocking on ``hitl-gate ask --wait`` (step ``ask``) with ``args``."""
@@ -352,11 +280,11 @@ def enrol(who: Approver, url: str) -> None:
     assert "Passkey enrolled" in who.page.inner_text("main")
 
 
-def sign_in(who: Approver, inbox: Inbox, path: str = "/") -> None:
+def sign_in(who: Approver, inbox: InboxProcess, path: str = "/") -> None:
     """Open ``path`` at the inbox, get sent to the sign-in page, press its button (the
     virtual authenticator answers) and land back on ``path``."""
     page = who.page
-    page.goto(inbox.url + path)
+    page.goto(inbox.origin + path)
     page.wait_for_url("**/signin**")
     page.click("form[data-sign=signin] button[type=submit]")
     page.wait_for_url(lambda url: "/signin" not in url, timeout=30_000)
@@ -380,14 +308,21 @@ def needs(feature: str, present: bool) -> None:
 
 def signin_ready(stack: Stack) -> None:
     """Skip unless the inbox answers its sign-in page (issue 17 part: sign-in)."""
-    status, _, _ = http_request(stack.inbox.url + "/signin")
+    status, _, _ = http_request(stack.inbox.origin + "/signin")
     needs("the inbox's sign-in page (GET /signin)", status == 200)
+
+
+def has_post_route(stack: Stack, path: str) -> bool:
+    """True when the inbox routes a POST of ``path`` (signed out: refused 401/403, not the
+    404/405 of a route that does not exist)."""
+    status, _, _ = http_request(stack.inbox.base + path, "POST", b"{}")
+    return status not in (404, 405)
 
 
 def open_item(who: Approver, stack: Stack, approval_id: str) -> None:
     """From the waiting page, follow the item's link (as a person would)."""
     page = who.page
-    page.goto(stack.inbox.url + "/")
+    page.goto(stack.inbox.origin + "/")
     page.click(f'li[data-approval-id="{approval_id}"] a')
     page.wait_for_selector(f'article[data-approval-id="{approval_id}"]')
 

@@ -56,7 +56,7 @@ def test_inbox_e2e_enrol_sign_in_approve_skip_and_adjust(
 ) -> None:
     signin_ready(stack)
     alice = enrolled(stack, browser, "alice", 101)
-    assert alice.page.url.rstrip("/") == stack.inbox.url
+    assert alice.page.url.rstrip("/") == stack.inbox.origin
     screenshot(alice.page, shots, "waiting-empty")
 
     # approve: the pipeline exits 0 with the body
@@ -95,7 +95,7 @@ def test_inbox_e2e_enrol_sign_in_approve_skip_and_adjust(
     decide(alice, "adjust")
     code, out, err = pipeline.finish()
     assert (code, out.decode()) == (0, "Hello Anna, kind regards"), err
-    alice.page.goto(stack.inbox.url + "/recent")
+    alice.page.goto(stack.inbox.origin + "/recent")
     screenshot(alice.page, shots, "recent")
     alice.assert_clean("approve, skip, adjust")
 
@@ -113,7 +113,7 @@ def test_inbox_e2e_quorum_two_in_two_browser_contexts_live(
     alice_list = alice.page.context.new_page()
     bob_list = bob.page.context.new_page()
     for tab in (alice_list, bob_list):
-        tab.goto(stack.inbox.url + "/")
+        tab.goto(stack.inbox.origin + "/")
         tab.wait_for_selector(row)
 
     open_item(alice, stack, approval_id)
@@ -135,7 +135,7 @@ def test_inbox_e2e_quorum_two_in_two_browser_contexts_live(
     for tab in (alice_list, bob_list):
         tab.wait_for_selector(f"{row}.gone", state="attached", timeout=LIVE_S)
     screenshot(alice_list, shots, "waiting-resolved")
-    bob.page.goto(stack.inbox.url + "/")
+    bob.page.goto(stack.inbox.origin + "/")
     assert bob.page.query_selector(row) is None
     alice.assert_clean("quorum alice")
     bob.assert_clean("quorum bob")

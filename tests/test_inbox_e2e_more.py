@@ -22,6 +22,7 @@ from tests.inbox_e2e import (
     artifacts,
     chromium,
     enrolled,
+    has_post_route,
     needs,
     open_item,
     pending,
@@ -61,7 +62,7 @@ def test_inbox_e2e_bulk_approves_five_items_with_one_passkey_use(
     alice = enrolled(stack, browser, "alice", 101)
     waiting = [pending(stack, "one", f"refund {n} of 5") for n in range(1, 6)]
     page = alice.page
-    page.goto(stack.inbox.url + "/")
+    page.goto(stack.inbox.origin + "/")
     needs("bulk approve (form[data-sign=bulk])", page.query_selector("form[data-sign=bulk]"))
     for _, approval_id in waiting:
         page.check(f'input[name="item:{approval_id}"]')
@@ -87,6 +88,7 @@ def test_inbox_e2e_question_answered_through_its_form(
     stack: Stack, browser: Browser, shots: Path
 ) -> None:
     signin_ready(stack)
+    needs("question answers (POST /items/<id>/answer)", has_post_route(stack, "/items/x/answer"))
     alice = enrolled(stack, browser, "alice", 101)
     asking = stack.ask("--text", "Which supplier?", "--choice", "Acme", "--choice", "Globex")
     question_id = asking.wait_for_line(r"asked question (\S+)").group(1)

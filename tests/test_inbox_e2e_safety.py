@@ -140,12 +140,12 @@ def test_inbox_e2e_forged_posts_and_gets_change_nothing(stack: Stack, browser: B
     open_item(alice, stack, approval_id)
     page = alice.page
     csrf = str(page.get_attribute("form.verb-approve input[name=csrf]", "value"))
-    base = f"{stack.inbox.url}/items/{approval_id}"
+    base = f"{stack.inbox.origin}/items/{approval_id}"
     fields = {"decision": "approve", "revision": "1"}
 
     # same origin, the session's cookie, no CSRF token (a form, then JSON with the body's
     # token but not the header): refused 403, nothing sent to the gate
-    same = {"Origin": stack.inbox.url}
+    same = {"Origin": stack.inbox.origin}
     for path in ("/challenge", "/decide"):
         refused(page.request.post(base + path, form=fields, headers=same), 403, "csrf_mismatch")
         json_body = {**fields, "csrf": csrf}
@@ -182,7 +182,7 @@ def test_inbox_e2e_forged_posts_and_gets_change_nothing(stack: Stack, browser: B
         "/signin?next=/items/" + approval_id,
         f"/items/{approval_id}",
     ):
-        got = page.goto(stack.inbox.url + path)
+        got = page.goto(stack.inbox.origin + path)
         assert got is not None and got.status in (200, 404, 405), (path, got.status)
     no_decision(stack, approval_id)
     assert stack.inbox.rows("SELECT * FROM decisions") == []
@@ -203,14 +203,14 @@ def test_inbox_e2e_restarted_inbox_keeps_pending_items_and_sessions(
     alice = enrolled(stack, browser, "alice", 101)
     first, first_id = pending(stack, "one", "first draft")
     second, second_id = pending(stack, "one", "second draft")
-    alice.page.goto(stack.inbox.url + "/")
+    alice.page.goto(stack.inbox.origin + "/")
     for approval_id in (first_id, second_id):
         alice.page.wait_for_selector(f'li[data-approval-id="{approval_id}"]')
 
-    stack.inbox.stop()
+    assert stack.inbox.stop() == 0, stack.inbox.log()
     stack.inbox.start()
 
-    alice.page.goto(stack.inbox.url + "/")  # the session survived the restart too
+    alice.page.goto(stack.inbox.origin + "/")  # the session survived the restart too
     for approval_id in (first_id, second_id):
         alice.page.wait_for_selector(f'li[data-approval-id="{approval_id}"]')
     open_item(alice, stack, second_id)
@@ -227,19 +227,19 @@ def test_inbox_e2e_pages_at_390px_need_no_horizontal_scroll(
     signin_ready(stack)
     phone = browser.approver("alice", width=390)
     page = phone.page
-    page.goto(stack.inbox.url + "/signin")
+    page.goto(stack.inbox.origin + "/signin")
     assert no_horizontal_scroll(page), "sign-in"
     screenshot(page, shots, "signin")
     enrol(phone, stack.invite(101, "alice phone"))
     sign_in(phone, stack.inbox)
     token = "https://example.com/" + "x" * 300  # one unbroken 320-character word
     _, approval_id = pending(stack, "one", f"See {token} and approve.\n" + "a long line " * 60)
-    page.goto(stack.inbox.url + "/")
+    page.goto(stack.inbox.origin + "/")
     page.wait_for_selector(f'li[data-approval-id="{approval_id}"]')
     assert no_horizontal_scroll(page), "waiting"
     open_item(phone, stack, approval_id)
     assert no_horizontal_scroll(page), "item"
     screenshot(page, shots, "item-long-lines")
-    page.goto(stack.inbox.url + "/recent")
+    page.goto(stack.inbox.origin + "/recent")
     assert no_horizontal_scroll(page), "recent"
     phone.assert_clean("390 px")
