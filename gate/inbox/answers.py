@@ -9,14 +9,22 @@ The pure part (``question_of``, ``value_from_form``, ``checked_value``, ``in_wor
 
 from __future__ import annotations
 
+import logging
 import math
 import re
 from collections.abc import Mapping
 from typing import Any
 
-from gate.inbox.model import Item
+from aiohttp import web
+
+from gate.inbox import auth, pages
+from gate.inbox.app import decidable, state_of
+from gate.inbox.gate_client import GateUnreachable, post_decision
+from gate.inbox.model import DecisionRecord, Item
 from gate.protocol.errors import ProtocolError
 from gate.protocol.question import QuestionSpec, build_answer, check_value, parse_question
+
+log = logging.getLogger(__name__)
 
 MAX_ANSWER_CHARS = 60_000
 """The inbox cannot know the step's ``max_answer_chars`` (default 2000, at most 60 000): it
@@ -152,3 +160,66 @@ def answer_envelope(item: Item, value: Any, identity: str, answered_at_ms: int) 
         decided_at_ms=answered_at_ms,
         channel="inbox",
     )
+
+
+async def answer(request: web.Request) -> web.Response:
+    """POST ``/items/{id}/answer`` (the question page's form: ``csrf``, ``version`` shown,
+    the answer's fields): session (else sign-in), Origin and CSRF (``auth.read_post``: 403,
+    nothing changes), the question the session may answer (else 404), pending (else 409 in
+    words), the version shown (else 409 "changed"), the value by the gate's rule (else the
+    form again, 422, the error in words, nothing posted); then a row (status 0), the answer
+    posted to the dispatch's callback, the row updated with the gate's answer, 303 to
+    ``/decisions/<n>``. A gate's 422 ``invalid_value`` (a step's lower ``max_answer_chars``)
+    shows the form again in words; an unreachable gate is a 502 page."""
+    session = await auth.require_session(request)
+    fields = await auth.read_post(request, session)
+    item = await decidable(request, session)
+    state = state_of(request)
+    now = state.now_ms()
+    seq = item.updated_seq
+
+    def again(words: str, status: int = 422) -> web.Response:
+        return pages.question_page(
+            request, item=item, session=session, now_ms=now, seq=seq, error=words, status=status
+        )
+
+    def said(title: str, words: str, status: int) -> web.Response:
+        return pages.plain_page(
+            request, title=title, sentence=words, status=status, session=session
+        )
+
+    if item.kind != "question":
+        return said("Not a question", "This item is an approval: decide it on its page.", 409)
+    if item.state != "pending":
+        return said("Not sent", f"This question is now {item.state}; nothing was sent.", 409)
+    if str(fields.get("version", "")) != str(item.revision):
+        words = f"This question changed since you opened it: reload to see version {item.revision}."
+        return said("Not sent", words, 409)
+    try:
+        spec = question_of(item)
+        value = checked_value(spec, fields)
+    except ProtocolError:
+        return said("Not sent", "This question cannot be answered here.", 409)
+    except AnswerInvalid as invalid:
+        return again(invalid.words)
+    body = answer_envelope(item, value, session.identity, now)
+    record = DecisionRecord(item.approval_id, item.revision, session.identity, "answer", 0, {}, now)
+    number = await state.db.add_decision(record)
+    try:
+        status, answered = await post_decision(
+            str(item.dispatch["callback"]["url"]), body, state.secrets.relay_secrets[0]
+        )
+    except GateUnreachable:
+        log.warning("event=inbox_answer_unsent question_id=%s", item.approval_id)
+        return said("Not sent", "The gate could not be reached: your answer was not recorded.", 502)
+    await state.db.set_decision_answer(number, status, answered)
+    log.info("event=inbox_answer question_id=%s status=%d", item.approval_id, status)
+    if status == 422 and answered.get("reason") == "invalid_value":
+        field = str(answered.get("field", "value"))
+        return again(in_words(spec, field, str(answered.get("message", "is not accepted"))))
+    raise web.HTTPSeeOther(f"/decisions/{number}")
+
+
+def add_routes(app: web.Application) -> None:
+    """POST ``/items/{id}/answer``."""
+    app.router.add_post("/items/{id}/answer", answer)

@@ -145,7 +145,7 @@ def create_inbox_app(state: InboxState, endpoint: RelayEndpoint) -> web.Applicat
     ``/recent``, ``/live`` and POST ``/signin``, ``/signout``, ``/items/{id}/challenge``,
     ``/items/{id}/decide``; bulk (``/bulk/*``) and answers (``/items/{id}/answer``) are
     added by their modules. An unknown path answers the 404 page."""
-    from gate.inbox import decide, signin  # noqa: PLC0415 - they import STATE from here
+    from gate.inbox import answers, bulk, decide, signin  # noqa: PLC0415 - they import STATE from here
 
     app = web.Application(client_max_size=8 * 1024 * 1024, middlewares=[_not_found])
     app[STATE] = state
@@ -158,6 +158,6 @@ def create_inbox_app(state: InboxState, endpoint: RelayEndpoint) -> web.Applicat
     app.router.add_get("/live", live)
     signin.add_routes(app)
     decide.add_routes(app)
-    # bulk.add_routes(app)    -- /bulk/challenge, /bulk/decide, /bulk/{n} (bulk approval)
-    # answers.add_routes(app) -- /items/{id}/answer (question answers)
+    bulk.add_routes(app)
+    answers.add_routes(app)
     return app

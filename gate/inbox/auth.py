@@ -207,7 +207,8 @@ async def read_post(request: web.Request, session: Session | None) -> dict[str, 
     Referer's origin) is one of the inbox's origins (else 403 ``origin_not_allowed``), and
     its ``csrf`` field equals the session's token — the pre-session cookie's without a
     session — compared in constant time; a JSON body must ALSO carry it in ``X-CSRF-Token``
-    (else 403 ``csrf_mismatch``). Returns the fields (a form's as strings)."""
+    (else 403 ``csrf_mismatch``). Returns the fields (a form's as strings; a name posted
+    more than once — checkboxes, a multi choice — as the list of its strings)."""
     raw = await request.content.read(MAX_POST_BYTES + 1)
     if len(raw) > MAX_POST_BYTES:
         raise web.HTTPRequestEntityTooLarge(
@@ -231,7 +232,7 @@ async def read_post(request: web.Request, session: Session | None) -> dict[str, 
             loaded = json.loads(raw)
             fields = loaded if isinstance(loaded, dict) else {}
         else:
-            fields = dict(parse_qsl(raw.decode("utf-8"), keep_blank_values=True))
+            fields = _form_fields(raw.decode("utf-8"))
     except (ValueError, UnicodeDecodeError):
         fields = {}
     expected = session.csrf if session is not None else request.cookies.get(PRE_COOKIE, "")
@@ -244,6 +245,20 @@ async def read_post(request: web.Request, session: Session | None) -> dict[str, 
         raise _forbidden(
             "csrf_mismatch", "This form is out of date: reload the page and try again."
         )
+    return fields
+
+
+def _form_fields(text: str) -> dict[str, Any]:
+    """A form-urlencoded body's fields: a name posted once -> its string, more than once ->
+    the list of its strings in the order sent (issue 17: a question's checkboxes)."""
+    fields: dict[str, Any] = {}
+    for name, value in parse_qsl(text, keep_blank_values=True):
+        if name not in fields:
+            fields[name] = value
+        elif isinstance(fields[name], list):
+            fields[name].append(value)
+        else:
+            fields[name] = [fields[name], value]
     return fields
 
 

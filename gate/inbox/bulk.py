@@ -11,16 +11,36 @@ request; the routes are added by ``add_routes``.
 
 from __future__ import annotations
 
+import logging
+import secrets
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gate.inbox.model import Item
-from gate.protocol.approver_signature import batch_digest, decision_digest
+import aiohttp_jinja2
+from aiohttp import web
+
+from gate.inbox import auth
+from gate.inbox.app import InboxState, state_of
+from gate.inbox.decide import decision_body
+from gate.inbox.gate_client import GateUnreachable, post_decision
+from gate.inbox.model import DecisionRecord, Item, Session
+from gate.inbox.words import answer_words
+from gate.protocol.approver_signature import (
+    b64url,
+    batch_digest,
+    decision_digest,
+    parse_approver_assertion,
+)
+from gate.protocol.errors import ProtocolError
+
+log = logging.getLogger(__name__)
 
 PREFIX = "item:"
 MIN_ITEMS = 2
 MAX_ITEMS = 50
+KEPT_MS = 5 * 60_000  # a challenged batch is kept this long for its decide
+MAX_KEPT = 1000
 
 
 class BulkRefused(ValueError):
@@ -137,3 +157,150 @@ def batch_of(items: list[Item]) -> Batch:
     except ValueError as exc:
         raise BulkRefused(400, "invalid_batch", "An item was selected twice.") from exc
     return Batch(tuple(items), digests, tuple(d.hex() for d in digests), challenge)
+
+
+Key = tuple[str, tuple[tuple[str, int], ...]]
+
+
+def _kept(state: InboxState) -> dict[Key, tuple[Batch, int]]:
+    """The batches challenged in the last ``KEPT_MS`` (in memory): decide posts exactly the
+    digests signed even when an item changed or closed in between (the gate then says so)."""
+    kept: dict[Key, tuple[Batch, int]] = state.extra.setdefault("bulk_batches", {})
+    now = state.now_ms()
+    for key in [k for k, (_, until) in kept.items() if until <= now]:
+        del kept[key]
+    return kept
+
+
+async def _stored(state: InboxState, picks: list[tuple[str, int]]) -> dict[str, Item | None]:
+    return {a: await state.db.item(a, state.now_ms()) for a, _ in picks}
+
+
+async def challenge(request: web.Request) -> web.Response:
+    """POST ``/bulk/challenge`` (JSON from inbox.js: the waiting page's form): 2..50 ticked
+    approvals the session may decide, each pending at the revision shown -> ``{"challenge":
+    b64url(batch_digest)}``; else the refusal in words naming the item (409), 422 for the
+    count, 401/403 from ``auth``. Nothing is posted or stored."""
+    session = await auth.require_session(request)
+    fields = await auth.read_post(request, session)
+    state = state_of(request)
+    try:
+        picks = picks_from(fields)
+        items = checked_items(
+            picks, await _stored(state, picks), lambda i: auth.may_decide(session, i)
+        )
+        batch = batch_of(items)
+    except BulkRefused as refused:
+        return auth.refusal(refused.status, refused.reason, refused.message)
+    kept = _kept(state)
+    if len(kept) >= MAX_KEPT:
+        kept.pop(next(iter(kept)))
+    kept[(session.identity, tuple(picks))] = (batch, state.now_ms() + KEPT_MS)
+    return web.json_response({"challenge": b64url(batch.challenge)})
+
+
+async def decide(request: web.Request) -> web.Response:
+    """POST ``/bulk/decide`` (JSON: the form's fields + ``assertion``): the batch challenged
+    for these items (or, when none is kept, checked again as ``challenge`` checks it), the
+    assertion's credential one of the session identity's (else 403 ``wrong_credential``,
+    nothing posted); then per item a row (status 0, the batch's id), the approve posted with
+    the same assertion plus ``"batch": [hex digests]``, the row updated with the gate's
+    answer (an item resolved elsewhere in between: the gate's answer, in words on the
+    results page); 200 ``{"location": "/bulk/<batch id>"}``."""
+    session = await auth.require_session(request)
+    fields = await auth.read_post(request, session)
+    state = state_of(request)
+    try:
+        picks = picks_from(fields)
+        found = _kept(state).pop((session.identity, tuple(picks)), None)
+        stored = await _stored(state, picks)
+        if found is None:
+            may = lambda i: auth.may_decide(session, i)  # noqa: E731
+            batch = batch_of(checked_items(picks, stored, may))
+        else:
+            batch = found[0]
+            if any(s is None or not auth.may_decide(session, s) for s in stored.values()):
+                raise BulkRefused(409, "not_available", "An item is no longer waiting for you.")
+        assertion = _assertion(fields, session, state)
+    except BulkRefused as refused:
+        return auth.refusal(refused.status, refused.reason, refused.message)
+    signed = dict(fields["assertion"]) | {"batch": list(batch.hexes)}
+    batch_id = secrets.token_urlsafe(12)
+    for item in batch.items:
+        await _post_one(state, session, item, signed, batch_id)
+    log.info(
+        "event=inbox_bulk batch_id=%s items=%d credential_id=%s",
+        batch_id,
+        len(batch.items),
+        assertion,
+    )
+    return web.json_response({"location": f"/bulk/{batch_id}"})
+
+
+def _assertion(fields: Mapping[str, Any], session: Session, state: InboxState) -> str:
+    """The posted assertion's credential id once it is one of the session identity's."""
+    try:
+        parsed = parse_approver_assertion(fields.get("assertion"))
+    except ProtocolError as exc:
+        raise BulkRefused(400, "invalid_assertion", "The passkey's answer is malformed.") from exc
+    if parsed is None:
+        raise BulkRefused(400, "invalid_assertion", "Sign the approvals with your passkey.")
+    own = {c.credential_id for c in state.credentials.of_identity(session.identity)}
+    if parsed.credential_id_b64 not in own:
+        raise BulkRefused(403, "wrong_credential", "Sign with your own passkey.")
+    return parsed.credential_id_b64
+
+
+async def _post_one(
+    state: InboxState, session: Session, item: Item, signed: dict[str, Any], batch_id: str
+) -> None:
+    """One approve of the batch: row first, then the post, then the gate's answer on the
+    row (``GateUnreachable``: the row stays status 0, "not answered")."""
+    now = state.now_ms()
+    body = decision_body(item, session.identity, "approve", None, None, signed, now)
+    record = DecisionRecord(
+        item.approval_id, item.revision, session.identity, "approve", 0, {}, now
+    )
+    number = await state.db.add_batch_decision(record, batch_id)
+    try:
+        status, answer = await post_decision(
+            str(item.dispatch["callback"]["url"]), body, state.secrets.relay_secrets[0]
+        )
+    except GateUnreachable:
+        log.warning(
+            "event=inbox_decision_unsent approval_id=%s batch_id=%s", item.approval_id, batch_id
+        )
+        return
+    await state.db.set_decision_answer(number, status, answer)
+
+
+async def results(request: web.Request) -> web.Response:
+    """GET ``/bulk/{n}``: each item of the session's own bulk approval ``n`` with the gate's
+    answer in words (404 for another identity's or an unknown one)."""
+    session = await auth.require_session(request)
+    state = state_of(request)
+    records = await state.db.batch(request.match_info["n"])
+    if not records or any(r.identity != session.identity for r in records):
+        raise web.HTTPNotFound(text="no such batch", content_type="text/plain")
+    rows = []
+    for record in records:
+        item = await state.db.item(record.approval_id, state.now_ms())
+        kind, sentence = answer_words(record.status, record.answer)
+        title = title_of(item) if item is not None else record.approval_id
+        rows.append(
+            {
+                "title": title,
+                "kind": kind,
+                "sentence": sentence,
+                "url": f"/items/{record.approval_id}",
+            }
+        )
+    context = {"rows": rows, "session": session, "nav": "", "seq": 0}
+    return aiohttp_jinja2.render_template("bulk.html", request, context)
+
+
+def add_routes(app: web.Application) -> None:
+    """POST ``/bulk/challenge``, ``/bulk/decide``; GET ``/bulk/{n}``."""
+    app.router.add_post("/bulk/challenge", challenge)
+    app.router.add_post("/bulk/decide", decide)
+    app.router.add_get("/bulk/{n}", results)

@@ -60,7 +60,11 @@ CREATE TABLE sessions (
     expires_at    INTEGER NOT NULL
 );
 """
-MIGRATIONS = (SCHEMA,)  # user_version N means MIGRATIONS[:N] ran
+BATCHES = """
+ALTER TABLE decisions ADD COLUMN batch_id TEXT;
+CREATE INDEX decisions_batch ON decisions (batch_id)
+"""  # issue 17: the decisions of one bulk approval (NULL for a single decision)
+MIGRATIONS = (SCHEMA, BATCHES)  # user_version N means MIGRATIONS[:N] ran
 
 
 def _open(path: Path) -> sqlite3.Connection:
@@ -200,6 +204,39 @@ class InboxDb:
                 or 0
             ),
         )
+
+    async def add_batch_decision(self, record: DecisionRecord, batch_id: str) -> int:
+        """``add_decision`` for one item of bulk approval ``batch_id`` (issue 17)."""
+        return await self._run(
+            self._tx,
+            lambda c: int(
+                c.execute(
+                    "INSERT INTO decisions (approval_id, revision, identity, decision,"
+                    " http_status, answer, decided_at, batch_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                    (
+                        record.approval_id,
+                        record.revision,
+                        record.identity,
+                        record.decision,
+                        record.status,
+                        json.dumps(record.answer, ensure_ascii=False),
+                        record.decided_at,
+                        batch_id,
+                    ),
+                ).lastrowid
+                or 0
+            ),
+        )
+
+    async def batch(self, batch_id: str) -> list[DecisionRecord]:
+        """The decisions of bulk approval ``batch_id`` in the order posted (none: [])."""
+        rows = await self._run(
+            _query,
+            self._conn,
+            "SELECT * FROM decisions WHERE batch_id = ? ORDER BY id",
+            (batch_id,),
+        )
+        return [_decision(r) for r in rows]
 
     async def set_decision_answer(self, number: int, status: int, answer: dict[str, Any]) -> None:
         """Record the gate's HTTP ``status`` and JSON ``answer`` on decision row ``number``."""

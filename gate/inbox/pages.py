@@ -178,11 +178,19 @@ def item_page(
 
 
 def question_page(
-    request: web.Request, *, item: Item, session: Session, now_ms: int, seq: int
+    request: web.Request,
+    *,
+    item: Item,
+    session: Session,
+    now_ms: int,
+    seq: int,
+    error: str | None = None,
+    status: int = 200,
 ) -> web.Response:
     """A question (issue 15) from ``item.dispatch["question"]``: its text and reason
     (marked), then free text / choices / the form's fields with the schema's limits
-    (``words.form_fields``); a schema the gate would not send is said, not shown."""
+    (``words.form_fields``); a schema the gate would not send is said, not shown. ``error``
+    (an answer refused, in words) is shown above the form, answering ``status`` (422)."""
     question: dict[str, Any] = item.dispatch.get("question") or {}
     text = marked_text(str(question.get("text", "")))
     reason = marked_text(str(question["reason"])) if question.get("reason") else None
@@ -207,8 +215,9 @@ def question_page(
         "action": answer_url(item.approval_id),
         "session": session,
         "seq": seq,
+        "error": error,
     }
-    return _render(request, "question.html", context)
+    return _render(request, "question.html", context, status=status)
 
 
 def recent_page(
