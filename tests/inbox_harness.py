@@ -39,11 +39,12 @@ ADMIN_TOKEN = "test-admin-token-inbox-3c9d1e7a52"
 ENV = gate_env(HITL_ADMIN_TOKEN=ADMIN_TOKEN)
 RP_ID = "localhost"
 READY = r"event=inbox_ready url=(\S+) relay_url=(\S+)"
+SIGNED = {"approver_signature": "required"}
 STEPS = [
-    {"name": "q1", "quorum": 1, "approvers": [101, 102, 103], "timeout": "1h"},
-    {"name": "q2", "quorum": 2, "approvers": [101, 102, 103], "timeout": "1h"},
+    {"name": "q1", "quorum": 1, "approvers": [101, 102, 103], "timeout": "1h", **SIGNED},
+    {"name": "q2", "quorum": 2, "approvers": [101, 102, 103], "timeout": "1h", **SIGNED},
     {"name": "skipr", "quorum": 1, "approvers": [101, 102], "timeout": "1h",
-     "skip_reason": "required"},
+     "skip_reason": "required", **SIGNED},
     {"name": "ask", "type": "question", "approvers": [101, 102], "timeout": "1h"},
 ]  # fmt: skip
 

@@ -149,7 +149,7 @@ async def decide(request: web.Request) -> web.Response:
     a row the gate's answer never reached does not count: the gate itself says);
     then a row (status 0), the post to the dispatch's callback, the row updated with the
     gate's answer; 200 ``{"location": "/decisions/<n>"}``. 502 ``gate_unreachable`` when
-    the gate could not be reached (the row stays "not answered")."""
+    the gate could not be reached (the row keeps status 0, its answer says so)."""
     session, item, fields = await _checked(request)
     state = state_of(request)
     try:
@@ -181,6 +181,7 @@ async def decide(request: web.Request) -> web.Response:
         )
     except GateUnreachable:
         log.warning("event=inbox_decision_unsent approval_id=%s", item.approval_id)
+        await state.db.set_decision_answer(number, 0, {"error": "gate_unreachable"})
         return auth.refusal(
             502,
             "gate_unreachable",

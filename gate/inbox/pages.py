@@ -246,6 +246,7 @@ TITLES = {
     "cancelled": "Cancelled",
     "refused": "Not recorded",
     "sent": "Sent; no answer received",
+    "unreachable": "The gate could not be reached",
 }
 
 

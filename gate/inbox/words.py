@@ -74,6 +74,8 @@ ANSWERS = {
     "expired": "The approval expired before your decision reached the gate; nothing was recorded.",
     "sent": "Sent to the gate; the gate's answer was not received. The gate has it if it"
     " arrived: check the item before deciding again.",
+    "unreachable": "The gate could not be reached; it may not have your decision. Open the"
+    " item and decide again.",
     "already_decided": "You have already decided on this revision; nothing changed.",
     "already_resolved": "The approval was already resolved; nothing was recorded.",
     "cancelled": "The approval was cancelled; nothing was recorded.",
@@ -87,7 +89,8 @@ def answer_words(status: int, answer: Mapping[str, Any]) -> tuple[str, str]:
     a refusal is named by its reason code (``error``, else ``reason``). Status 0 is a
     decision sent whose answer never came back (``sent``)."""
     if status == 0:
-        return "sent", ANSWERS["sent"]
+        kind = "unreachable" if answer.get("error") == "gate_unreachable" else "sent"
+        return kind, ANSWERS[kind]
     if 200 <= status < 300:
         kind = "resolved" if answer.get("resolved") is True else "recorded"
         return kind, ANSWERS[kind]

@@ -79,7 +79,8 @@
         if (button) button.disabled = true;
         say('Waiting for your passkey…');
         sign(form).catch((error) => {
-          say('Not sent: ' + (error && error.message ? error.message : 'the passkey was not used') + '.');
+          const again = form.dataset.sign === 'signin' ? ' Reload the page to try again.' : '';
+          say('Not sent: ' + (error && error.message ? error.message : 'the passkey was not used') + '.' + again);
         }).finally(() => { if (button) button.disabled = false; });
       });
     });
@@ -98,15 +99,19 @@
         page.querySelectorAll('form[data-sign] button').forEach((b) => { b.disabled = state !== 'pending'; });
         return;
       }
+      let known = false;
       document.querySelectorAll('li[data-approval-id]').forEach((row) => {
         if (row.dataset.approvalId !== id) return;
+        known = true;
         if (state === 'pending') row.classList.add('changed');
         else { row.classList.add('gone'); row.setAttribute('aria-label', 'now ' + state); }
       });
+      if (!known && !page && state === 'pending') say('A new item is waiting — reload the page to see it.');
     };
     const poll = async () => {
       try {
         const answer = await fetch('/live?since=' + encodeURIComponent(seq), {credentials: 'same-origin'});
+        if (answer.status === 401) { say('You are signed out: reload the page to sign in again.'); return; }
         if (answer.ok) {
           const body = await answer.json();
           (body.changed || []).forEach(apply);
