@@ -28,7 +28,7 @@ from tests.test_passkeys_browser import ARGS, CHROMIUM, _playwright
 
 REQUESTED = r"requested approval (\S+)"
 WIDTHS = (1280, 390)
-STEP_S = 5_000  # ms: one browser step (a click, a navigation, a selector)
+STEP_S = 10_000  # ms: one browser step (a click, a navigation, a selector) on a busy CI
 LIVE_S = 20_000  # ms: a change the page learns by polling /live (inbox.js polls every 5 s)
 AUTHENTICATOR = {
     "protocol": "ctap2",
