@@ -36,6 +36,7 @@ def test_signin_sets_a_strict_cookie_and_keeps_only_its_hash(world: InboxWorld) 
     assert page.status == 200 and "Sign in with your passkey" in page.text
     pre = [c for c in page.headers["set-cookie"] if c.startswith("hitl_inbox_pre=")]
     assert pre and "HttpOnly" in pre[0] and "SameSite=Strict" in pre[0], pre
+    assert "Max-Age=300" in pre[0], pre  # as long as its challenge
 
     answer = client.signin(world.passkeys[101], next_path="/recent")
 

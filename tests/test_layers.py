@@ -476,3 +476,6 @@ def test_layers_the_inbox_is_an_untrusted_peer(module: Module) -> None:
 
 def test_layers_inbox_rules_see_its_modules() -> None:
     assert {m.name for m in INBOX} >= {"gate.inbox.db", "gate.inbox.relay", "gate.inbox.config"}
+    assert {m.name for m in INBOX} >= {
+        f"gate.inbox.{name}" for name in ("app", "auth", "credentials_cache", "decide", "signin")
+    }

@@ -65,10 +65,16 @@ def allowed_origins(request: web.Request) -> tuple[str, ...]:
     return (origin_of(state.config.base_url),)
 
 
-def set_cookie(request: web.Request, response: web.StreamResponse, name: str, value: str) -> None:
-    """Set ``name`` HttpOnly, SameSite=Strict, Path=/ (Secure under https), for the
-    session's lifetime."""
-    ttl = int(_state(request).config.session_ttl)
+def set_cookie(
+    request: web.Request,
+    response: web.StreamResponse,
+    name: str,
+    value: str,
+    max_age_s: int | None = None,
+) -> None:
+    """Set ``name`` HttpOnly, SameSite=Strict, Path=/ (Secure under https), for
+    ``max_age_s`` seconds (default: the session's lifetime)."""
+    ttl = int(_state(request).config.session_ttl) if max_age_s is None else max_age_s
     response.set_cookie(
         name,
         value,

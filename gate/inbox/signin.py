@@ -125,7 +125,7 @@ async def signin_get(request: web.Request) -> web.Response:
     problem = state.credentials.problem
     error = None if problem is None else REASONS["unavailable"] + problem + "."
     response = pages.signin_page(request, challenge=challenge, csrf=pre, error=error)
-    auth.set_cookie(request, response, auth.PRE_COOKIE, pre)
+    auth.set_cookie(request, response, auth.PRE_COOKIE, pre, int(CHALLENGE_TTL_S))
     return response
 
 
