@@ -70,7 +70,7 @@ async def test_inbox_pages_send_the_security_headers_and_no_inline_script_or_sty
 ) -> None:
     html, page, headers = await fetch(client, path)
     assert headers["Content-Security-Policy"] == CSP
-    assert headers["Referrer-Policy"] == "no-referrer"
+    assert headers["Referrer-Policy"] == "same-origin"
     assert headers["X-Content-Type-Options"] == "nosniff"
     assert headers["Cache-Control"] == "no-store"
     scripts = [a for tag, a in page.tags if tag == "script"]

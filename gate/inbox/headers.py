@@ -16,7 +16,10 @@ CSP = (
 
 COMMON = {
     "Content-Security-Policy": CSP,
-    "Referrer-Policy": "no-referrer",
+    # same-origin, not no-referrer: under no-referrer Chromium sends ``Origin: null`` with a
+    # plain HTML form's POST (a question's answer), which read_post must refuse; no
+    # referrer ever leaves the inbox either way (issue 17, found by the browser e2e tests)
+    "Referrer-Policy": "same-origin",
     "X-Content-Type-Options": "nosniff",
 }
 STATIC_PREFIX = "/static/"

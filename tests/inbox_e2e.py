@@ -1,0 +1,368 @@
+"""Support for the inbox's real-browser end-to-end tests (issue 17, "Tests that must exist"):
+the real gate and the real ``hitl-gate inbox serve`` on loopback sharing one relying party
+(``localhost``), Debian's headless Chromium driven by Playwright with one virtual
+authenticator PER approver (a browser context each), enrolment at the gate's invite page,
+sign-in at the inbox, a pipeline blocking on ``hitl-gate request --wait`` and screenshots
+at 1280 and 390 px under ``$HITL_ARTIFACTS/inbox-e2e/``.
+
+Nothing is mocked: every party is a real process or a real browser; waits are conditions
+with deadlines (``page.wait_for_selector``/``wait_until``), never fixed sleeps.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import sqlite3
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.inbox_harness import ENV, InboxProcess, InboxWorld
+from tests.support import CliProcess, GateProcess, free_port, http_request, run_cli, wait_until
+from tests.test_passkeys_browser import ARGS, CHROMIUM, _playwright
+
+REQUESTED = r"requested approval (\S+)"
+WIDTHS = (1280, 390)
+STEP_S = 10_000  # ms: one browser step (a click, a navigation, a selector) on a busy CI
+LIVE_S = 20_000  # ms: a change the page learns by polling /live (inbox.js polls every 5 s)
+AUTHENTICATOR = {
+    "protocol": "ctap2",
+    "transport": "internal",
+    "hasResidentKey": True,
+    "hasUserVerification": True,
+    "isUserVerified": True,
+}
+# operators of tests.support.write_config: 101 alice, 102 bob, 103 carol
+SIGNED = {"approver_signature": "required"}  # the gate verifies every passkey assertion
+STEPS: list[dict[str, Any]] = [
+    {"name": "one", "quorum": 1, "approvers": [101, 102], "timeout": "1h", **SIGNED},
+    {"name": "why", "quorum": 1, "approvers": [101, 102], "timeout": "1h", **SIGNED}
+    | {"skip_reason": "required"},
+    {"name": "two", "quorum": 2, "approvers": [101, 102], "timeout": "1h", **SIGNED},
+    {"name": "brief", "quorum": 1, "approvers": [101, 102], "timeout": "8s", **SIGNED},
+    {"name": "ask", "type": "question", "approvers": [101, 102], "timeout": "1h"},
+]
+
+
+class Stack:
+    """The real gate and the real inbox of ``tests.inbox_harness.InboxWorld`` (credentials
+    channel, notices, questions on; one relying party ``localhost`` whose origins are the
+    gate's relay listener AND the inbox) with this module's steps, plus the pipeline's
+    commands. No passkey is enrolled up front: approvers enrol in the browser."""
+
+    def __init__(self, folder: Path) -> None:
+        self.world = InboxWorld(folder, free_port(), free_port(), steps=list(STEPS))
+
+    @property
+    def gate(self) -> GateProcess:
+        """The running gate."""
+        assert self.world.gate is not None
+        return self.world.gate
+
+    @property
+    def inbox(self) -> InboxProcess:
+        """The running inbox (``.origin`` is where approvers open it)."""
+        assert self.world.inbox is not None
+        return self.world.inbox
+
+    def start(self) -> Stack:
+        """The gate first (the inbox fetches the credentials from it), then the inbox."""
+        try:
+            self.world.start_gate()
+            self.world.start_inbox()
+        except BaseException:
+            self.world.stop()
+            raise
+        return self
+
+    def stop(self) -> None:
+        """Stop both (the inbox first)."""
+        self.world.stop()
+
+    def invite(self, operator_id: int, label: str) -> str:
+        """``hitl-gate approvers invite OPERATOR``: the one-time enrolment URL, as opened at
+        ``localhost`` (the relying party; the world's gate says 127.0.0.1 in public_url)."""
+        proc = run_cli(
+            "approvers",
+            "invite",
+            "-c",
+            str(self.gate.config),
+            "--api-url",
+            self.gate.api_url,
+            str(operator_id),
+            "--label",
+            label,
+            env=ENV,
+        )
+        assert proc.returncode == 0, proc.stderr
+        url = str(proc.stdout.decode().strip())
+        return url.replace("http://127.0.0.1:", "http://localhost:", 1)
+
+    def ask(self, *args: str) -> CliProcess:
+        """A pipeline blocking on ``hitl-gate ask --wait`` (step ``ask``) with ``args``."""
+        return CliProcess(
+            "ask",
+            "-c",
+            str(self.gate.config),
+            "--api-url",
+            self.gate.api_url,
+            "--pipeline",
+            "p",
+            "--step",
+            "ask",
+            "--wait",
+            *args,
+            env=ENV,
+        )
+
+    def cancel(self, approval_id: str) -> None:
+        """``hitl-gate cancel APPROVAL_ID`` (exit 0)."""
+        proc = run_cli(
+            "cancel",
+            "-c",
+            str(self.gate.config),
+            "--api-url",
+            self.gate.api_url,
+            approval_id,
+            env=ENV,
+        )
+        assert proc.returncode == 0, proc.stderr
+
+    def request(self, step: str, draft: str, *extra: str) -> CliProcess:
+        """A pipeline blocking on ``hitl-gate request --wait`` (its draft on stdin)."""
+        return CliProcess(
+            "request",
+            "-c",
+            str(self.gate.config),
+            "--api-url",
+            self.gate.api_url,
+            "--pipeline",
+            "p",
+            "--step",
+            step,
+            "--draft-file",
+            "-",
+            "--wait",
+            *extra,
+            stdin=draft.encode("utf-8"),
+            env=ENV,
+        )
+
+    def gate_rows(self, sql: str, *args: Any) -> list[tuple[Any, ...]]:
+        """Read the gate's SQLite file (read-only)."""
+        conn = sqlite3.connect(f"file:{self.gate.config.parent / 'gate.db'}?mode=ro", uri=True)
+        try:
+            return conn.execute(sql, args).fetchall()
+        finally:
+            conn.close()
+
+
+@dataclass
+class Approver:
+    """One approver's browser context, page and virtual authenticator (their own passkey)."""
+
+    name: str
+    page: Any
+    cdp: Any
+    authenticator_id: str
+    console: list[str] = field(default_factory=list)
+    dialogs: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    refusals: list[str] = field(default_factory=list)  # sign-ins refused, as the page said
+
+    def watch(self) -> Approver:
+        """Record console messages, dialogs (dismissed) and page errors."""
+        self.page.on("console", lambda m: self.console.append(f"{m.type}: {m.text}"))
+        self.page.on("dialog", self._dialog)
+        self.page.on("pageerror", lambda e: self.errors.append(str(e)))
+        return self
+
+    def sign_counts(self) -> list[int]:
+        """The virtual authenticator's credentials' signature counters (CDP): each passkey
+        use adds one."""
+        got = self.cdp.send("WebAuthn.getCredentials", {"authenticatorId": self.authenticator_id})
+        return [int(c["signCount"]) for c in got["credentials"]]
+
+    def _dialog(self, dialog: Any) -> None:
+        self.dialogs.append(dialog.message)
+        dialog.dismiss()
+
+    def assert_clean(self, where: str) -> None:
+        """No draft script ran (window probe), no dialog, no page error, no CSP violation."""
+        assert self.page.evaluate("typeof window.__pwned") == "undefined", where
+        assert self.dialogs == [], (where, self.dialogs)
+        assert self.errors == [], (where, self.errors)
+        refused = [m for m in self.console if "Content Security Policy" in m or "Refused" in m]
+        assert refused == [], (where, refused)
+
+
+class Browser:
+    """One headless Chromium; ``approver()`` opens a fresh context with its own authenticator."""
+
+    def __init__(self, chromium: Any) -> None:
+        self.chromium = chromium
+
+    def approver(self, name: str, width: int = 1280) -> Approver:
+        """A new browser context (cookies of its own) with a CDP virtual authenticator
+        (ctap2, internal, resident key, user verification) on its one page."""
+        context = self.chromium.new_context(
+            viewport={"width": width, "height": 900}, device_scale_factor=1
+        )
+        context.set_default_timeout(STEP_S)
+        page = context.new_page()
+        cdp = context.new_cdp_session(page)
+        cdp.send("WebAuthn.enable")
+        added = cdp.send("WebAuthn.addVirtualAuthenticator", {"options": AUTHENTICATOR})
+        return Approver(name, page, cdp, added["authenticatorId"]).watch()
+
+
+@contextlib.contextmanager
+def chromium() -> Iterator[Browser]:
+    """A headless Chromium (skipped when absent; a failure under HITL_CI=1)."""
+    sync_api = _playwright()
+    with sync_api.sync_playwright() as p:
+        launched = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=ARGS)
+        try:
+            yield Browser(launched)
+        finally:
+            launched.close()
+
+
+@contextlib.contextmanager
+def running(folder: Path) -> Iterator[Stack]:
+    """The real gate and inbox in ``folder``, started; stopped cleanly afterwards."""
+    both = Stack(folder).start()
+    try:
+        yield both
+    finally:
+        both.stop()
+
+
+def artifacts(tmp_path: Path) -> Path:
+    """Where screenshots go: ``$HITL_ARTIFACTS/inbox-e2e/`` (default: the test's tmp dir)."""
+    base = Path(os.environ.get("HITL_ARTIFACTS") or tmp_path / "artifacts")
+    directory = base / "inbox-e2e"
+    directory.mkdir(parents=True, exist_ok=True)
+    return directory
+
+
+def screenshot(page: Any, shots: Path, name: str, full_page: bool = True) -> list[Path]:
+    """Write ``<name>-1280.png`` and ``<name>-390.png`` of the page as it is now (the
+    viewport resized, then put back); returns the paths."""
+    before = page.viewport_size
+    written = []
+    for width in WIDTHS:
+        page.set_viewport_size({"width": width, "height": 900})
+        path = shots / f"{name}-{width}.png"
+        page.screenshot(path=str(path), full_page=full_page)
+        written.append(path)
+    page.set_viewport_size(before)
+    return written
+
+
+def no_horizontal_scroll(page: Any) -> bool:
+    """True when the document is no wider than the viewport."""
+    wide, shown = page.evaluate(
+        "() => [document.documentElement.scrollWidth, document.documentElement.clientWidth]"
+    )
+    return bool(wide <= shown)
+
+
+def enrol(who: Approver, url: str) -> None:
+    """Create a passkey at the gate's invite page (its ``#create`` button)."""
+    who.page.goto(url)
+    who.page.click("#create")
+    who.page.wait_for_selector("#status.ok", timeout=30_000)
+    assert "Passkey enrolled" in who.page.inner_text("main")
+
+
+def sign_in(who: Approver, inbox: InboxProcess, path: str = "/") -> None:
+    """Open ``path`` at the inbox, get sent to the sign-in page, press its button (the
+    virtual authenticator answers) and land back on ``path``. A refused sign-in (the page
+    says to reload) is retried as a person would, reloading, until a deadline; each refusal
+    is kept in ``who.refusals`` (a passkey enrolled moments ago can be unknown to the inbox
+    for up to 5 s: its credentials cache refreshes at most that often on an unknown id)."""
+    page = who.page
+    page.goto(inbox.origin + path)
+    page.wait_for_url("**/signin**")
+
+    def signed_in() -> bool:
+        page.click("form[data-sign=signin] button[type=submit]")
+        outcome = wait_until(lambda: _signin_outcome(page), timeout=30, what="sign-in")
+        if outcome == "in":
+            return True
+        who.refusals.append(str(page.text_content("#live")))
+        page.reload()
+        return False
+
+    wait_until(signed_in, timeout=40, what=f"{who.name} signed in")
+
+
+def _signin_outcome(page: Any) -> str | None:
+    """ "in" once the page left /signin, "refused" once it says to reload, else None."""
+    if "/signin" not in page.url:
+        return "in"
+    try:
+        said = page.text_content("#live") or ""
+    except Exception:  # noqa: BLE001 - the page is navigating away: not decided yet
+        return None
+    return "refused" if "Reload" in said else None
+
+
+def enrolled(
+    stack: Stack, browser: Browser, name: str, operator_id: int, width: int = 1280
+) -> Approver:
+    """A new approver context: enrolled at the gate for ``operator_id``, signed in at the inbox."""
+    who = browser.approver(name, width)
+    enrol(who, stack.invite(operator_id, f"{name} chromium"))
+    sign_in(who, stack.inbox)
+    return who
+
+
+def needs(feature: str, present: bool) -> None:
+    """Skip with the missing feature named (issue 17 parts built in parallel)."""
+    if not present:
+        pytest.skip(f"needs {feature}")
+
+
+def signin_ready(stack: Stack) -> None:
+    """Skip unless the inbox answers its sign-in page (issue 17 part: sign-in)."""
+    status, _, _ = http_request(stack.inbox.origin + "/signin")
+    needs("the inbox's sign-in page (GET /signin)", status == 200)
+
+
+def has_post_route(stack: Stack, path: str) -> bool:
+    """True when the inbox routes a POST of ``path`` (signed out: refused 401/403, not the
+    404/405 of a route that does not exist)."""
+    status, _, _ = http_request(stack.inbox.base + path, "POST", b"{}")
+    return status not in (404, 405)
+
+
+def open_item(who: Approver, stack: Stack, approval_id: str) -> None:
+    """From the waiting page, follow the item's link (as a person would)."""
+    page = who.page
+    page.goto(stack.inbox.origin + "/")
+    page.click(f'li[data-approval-id="{approval_id}"] a')
+    page.wait_for_selector(f'article[data-approval-id="{approval_id}"]')
+
+
+def decide(who: Approver, verb: str) -> str:
+    """Press the item page's ``verb`` button (its form signed with the passkey); wait for
+    the decision's page and return its text."""
+    page = who.page
+    page.click(f"form.verb-{verb} button[type=submit]")
+    page.wait_for_url(re.compile(r"/decisions/\d+$"), timeout=30_000)
+    return str(page.inner_text("main"))
+
+
+def pending(stack: Stack, step: str, draft: str) -> tuple[CliProcess, str]:
+    """A pipeline waiting on ``step`` and its approval id, once the inbox keeps the item."""
+    pipeline = stack.request(step, draft)
+    approval_id = pipeline.wait_for_line(REQUESTED).group(1)
+    stack.inbox.wait_item(approval_id)
+    return pipeline, approval_id
