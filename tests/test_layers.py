@@ -532,3 +532,31 @@ def test_layers_sdk_imports_the_standard_library_aiohttp_and_the_protocol(module
 
 def test_layers_sdk_rules_see_its_modules() -> None:
     assert {m.name for m in SDK} >= {"gate.sdk", "gate.sdk.transport", "gate.sdk.client"}
+
+
+# --------------------------------------------------------------------------- the MCP server
+# (issue 18: a client of the pipeline API through the SDK, like any agent)
+
+MCP = under("gate.mcp")
+MCP_ALLOWED_GATE = ("gate.sdk", "gate.mcp", "gate.logs", "gate.errors")
+
+
+@pytest.mark.parametrize("module", MCP, ids=ids(MCP))
+def test_layers_the_mcp_server_is_a_client_of_the_pipeline_api(module: Module) -> None:
+    """``hitl-gate mcp`` reaches the gate only through gate.sdk (the pipeline API): never
+    the rules, store, daemon, web, audit, trust, the inbox or the CLI; no SQL."""
+    imported = imports_of(module)
+    other = sorted(
+        name
+        for name in imported
+        if (name == "gate" or name.startswith("gate."))
+        and name not in ("gate", "gate.__version__")  # the version, nothing else
+        and not any(name == ok or name.startswith(ok + ".") for ok in MCP_ALLOWED_GATE)
+    )
+    sql = hits(imported, SQL_DRIVERS)
+
+    assert not other and not sql, f"{module.rel} is the MCP server and imports {other + sql}"
+
+
+def test_layers_mcp_rules_see_its_modules() -> None:
+    assert {m.name for m in MCP} >= {"gate.mcp.server", "gate.mcp.tools", "gate.mcp.auth"}

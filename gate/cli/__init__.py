@@ -126,6 +126,7 @@ from gate.cli import (  # noqa: E402, F401
     audit_signatures,
     daemon,
     inbox,
+    mcp,
     pipeline,
     questions,
     tools,
