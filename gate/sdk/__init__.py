@@ -9,6 +9,7 @@ Imports only the standard library, aiohttp and gate.protocol (gate.config lazily
 from __future__ import annotations
 
 from gate.sdk.client import AsyncGate
+from gate.sdk.decorator import JsonRenderer, Renderer, require_approval
 from gate.sdk.errors import (
     AdjustNotApplicable,
     ApprovalCancelled,
@@ -37,6 +38,9 @@ __all__ = [
     "GateRequestError",
     "GateUnavailable",
     "HitlGateError",
+    "JsonRenderer",
     "Question",
     "QuestionNotAnswered",
+    "Renderer",
+    "require_approval",
 ]
