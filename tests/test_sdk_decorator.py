@@ -331,3 +331,69 @@ async def test_sdk_decorator_async_adjust(gate: GateProcess, relay: CaptureRelay
         await waiting
 
     assert ran == [{"to": "dan-async", "Subject": "Hi"}]
+
+
+class Sentence:
+    """A renderer for people who read sentences: ``Pay AMOUNT to WHOM``."""
+
+    def render(self, fn: Callable[..., Any], arguments: dict[str, Any]) -> str:
+        return f"Pay {arguments['amount']} to {arguments['to']}"
+
+    def parse(self, fn: Callable[..., Any], text: str) -> dict[str, Any]:
+        words = text.split()
+        if len(words) != 4 or words[0] != "Pay" or words[2] != "to":
+            raise ValueError("write it as: Pay AMOUNT to WHOM")
+        return {"amount": int(words[1]), "to": words[3]}
+
+
+@pytest.mark.parametrize(
+    ("verb", "edit", "ran"),
+    [
+        ("approve", None, [("erin-text", 30)]),
+        ("adjust", "Pay 25 to erin-text", [("erin-text", 25)]),
+    ],
+    ids=["approve", "adjust"],
+)
+def test_sdk_decorator_custom_renderer_and_content_type(
+    gate: GateProcess, relay: CaptureRelay, verb: str, edit: str | None, ran: list[Any]
+) -> None:
+    calls: list[tuple[str, int]] = []
+    marker = f"erin-text-{verb}"
+
+    @require_approval(
+        Gate(gate.api_url, API_TOKEN),
+        pipeline="p",
+        step="q1",
+        renderer=Sentence(),
+        content_type="text/markdown",
+    )
+    def pay(to: str, amount: int) -> None:
+        calls.append((to, amount))
+
+    extra = {} if edit is None else {"adjust_text": edit.replace("erin-text", marker)}
+    seen: list[dict[str, Any]] = []
+    thread = in_thread(lambda: seen.append(decide(gate, relay, marker, verb, **extra)))
+    pay(marker, 30)
+    thread.join()
+
+    assert seen[0]["draft"] == {"content_type": "text/markdown", "body": f"Pay 30 to {marker}"}
+    assert calls == [(to.replace("erin-text", marker), n) for to, n in ran]
+
+
+def test_sdk_decorator_custom_renderer_refusal_names_why(
+    gate: GateProcess, relay: CaptureRelay
+) -> None:
+    calls: list[Any] = []
+
+    @require_approval(Gate(gate.api_url, API_TOKEN), pipeline="p", step="q1", renderer=Sentence())
+    def pay(to: str, amount: int) -> None:
+        calls.append((to, amount))
+
+    thread = in_thread(
+        lambda: decide(gate, relay, "frank-text", "adjust", adjust_text="Pay frank-text less")
+    )
+    with pytest.raises(AdjustNotApplicable, match="write it as: Pay AMOUNT to WHOM"):
+        pay("frank-text", 30)
+    thread.join()
+
+    assert calls == []

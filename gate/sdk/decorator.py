@@ -135,14 +135,18 @@ class _Gated:
         }
 
     def arguments_for(
-        self, approval: Approval, original: dict[str, Any]
+        self, approval: Approval, original: dict[str, Any], draft: str
     ) -> tuple[tuple[Any, ...], dict[str, Any]]:
-        """``(args, kwargs)`` to run with: the call's own on approved, the edit's on adjusted.
-        Raises the outcome's ApprovalNotGranted, or AdjustNotApplicable."""
+        """``(args, kwargs)`` to run with: the call's own when the final body is the draft as
+        sent (approved), else those parsed from the final body (adjusted: the approver's
+        edit; an approved body that differs from the draft is parsed the same way, so the
+        function never runs on arguments other than those approved). Raises the outcome's
+        ApprovalNotGranted, or AdjustNotApplicable."""
         approval.raise_for_outcome()
-        if approval.outcome == "approved":
+        if approval.body == draft:
             return self._split(original)
-        assert approval.body is not None  # adjusted: the final body is the approver's edit
+        if approval.body is None:
+            raise AdjustNotApplicable(approval, "the gate sent no final body")
         try:
             edited = self.renderer.parse(self.fn, approval.body)
         except (ValueError, TypeError, LookupError) as exc:
@@ -230,7 +234,7 @@ def require_approval(
                 approval = await agate.request_approval(
                     pipeline, step, draft, wait=wait, **gated.request(draft)
                 )
-                call_args, call_kwargs = gated.arguments_for(approval, original)
+                call_args, call_kwargs = gated.arguments_for(approval, original, draft)
                 return await cast(Callable[..., Coroutine[Any, Any, Any]], fn)(
                     *call_args, **call_kwargs
                 )
@@ -249,7 +253,7 @@ def require_approval(
             approval = sgate.request_approval(
                 pipeline, step, draft, wait=wait, **gated.request(draft)
             )
-            call_args, call_kwargs = gated.arguments_for(approval, original)
+            call_args, call_kwargs = gated.arguments_for(approval, original, draft)
             return fn(*call_args, **call_kwargs)
 
         return cast(F, run_sync)
