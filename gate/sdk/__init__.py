@@ -1,4 +1,6 @@
-"""The Python SDK of hitl-gate (issue 18): put a person between an agent and an action.
+"""The Python SDK (issue 18), imported by agents: the clients (client: AsyncGate; sync: Gate)
+on the one HTTP client of the pipeline API (transport, the CLI's too), what they return
+(models), one exception per outcome (errors) and the require_approval decorator (decorator).
 
 ``AsyncGate``/``Gate`` speak the pipeline API (SPEC §3); ``require_approval`` gates a
 function; ``Approval.raise_for_outcome()`` turns an outcome into a return or one exception.
@@ -9,6 +11,7 @@ Imports only the standard library, aiohttp and gate.protocol (gate.config lazily
 from __future__ import annotations
 
 from gate.sdk.client import AsyncGate
+from gate.sdk.decorator import JsonRenderer, Renderer, require_approval
 from gate.sdk.errors import (
     AdjustNotApplicable,
     ApprovalCancelled,
@@ -37,6 +40,9 @@ __all__ = [
     "GateRequestError",
     "GateUnavailable",
     "HitlGateError",
+    "JsonRenderer",
     "Question",
     "QuestionNotAnswered",
+    "Renderer",
+    "require_approval",
 ]
