@@ -23,17 +23,20 @@ from tests.support import ROOT, CaptureRelay, GateProcess, gate_env, wait_until
 MCP_TOKEN = "test-mcp-token-4b1e9c2d7a3f6085"
 
 
-def mcp_args(gate: GateProcess, *extra: str) -> list[str]:
-    """``-m gate mcp`` arguments for a server that talks to ``gate``."""
-    return ["-m", "gate", "mcp", "-c", str(gate.config), "--api-url", gate.api_url, *extra]
+def mcp_args(gate: GateProcess, *extra: str, api_url: str | None = None) -> list[str]:
+    """``-m gate mcp`` arguments for a server that talks to ``gate`` (or ``api_url``)."""
+    url = api_url or gate.api_url
+    return ["-m", "gate", "mcp", "-c", str(gate.config), "--api-url", url, *extra]
 
 
 @asynccontextmanager
-async def stdio_mcp(gate: GateProcess, errlog: TextIO) -> AsyncIterator[Client]:
-    """The MCP client over stdio of a fresh ``python -m gate mcp`` (its stderr in ``errlog``);
-    leaving the block ends the server process."""
+async def stdio_mcp(
+    gate: GateProcess, errlog: TextIO, api_url: str | None = None
+) -> AsyncIterator[Client]:
+    """The MCP client over stdio of a fresh ``python -m gate mcp`` (its stderr in ``errlog``)
+    talking to ``gate`` (or ``api_url``); leaving the block ends the server process."""
     params = StdioServerParameters(
-        command=sys.executable, args=mcp_args(gate), env=gate_env(), cwd=str(ROOT)
+        command=sys.executable, args=mcp_args(gate, api_url=api_url), env=gate_env(), cwd=str(ROOT)
     )
     async with Client(stdio_client(params, errlog=errlog)) as client:
         yield client

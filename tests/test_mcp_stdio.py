@@ -16,12 +16,21 @@ import pytest
 
 from gate.protocol.canonical import payload_hash
 from gate.protocol.question import build_answer
-from tests.mcp_support import dispatch_for, error_text, result_json, rows, stdio_mcp
+from tests.mcp_support import (
+    dispatch_for,
+    error_text,
+    mcp_args,
+    result_json,
+    rows,
+    stdio_mcp,
+)
 from tests.support import (
     CaptureRelay,
     GateProcess,
     decision_body,
+    free_port,
     post_decision,
+    run_cli,
     wait_until,
     write_config,
 )
@@ -87,6 +96,29 @@ async def test_mcp_stdio_lists_the_tools_saying_pending_is_never_yes(gate, errlo
     text = tools["request_approval"].description or ""
     assert "NOT YET, never yes" in text and "act on the returned body" in text
     assert tools["request_approval"].input_schema["properties"]["wait_seconds"]["maximum"] == 50
+    hints = {name: t.annotations for name, t in tools.items()}
+    assert hints["get_approval"] and hints["get_approval"].read_only_hint is True
+    assert hints["cancel_approval"] and hints["cancel_approval"].destructive_hint is True
+
+
+def test_mcp_stdio_ends_with_its_input_exit_0(gate):
+    done = run_cli(*mcp_args(gate)[2:], stdin=b"")
+
+    assert done.returncode == 0, done.stderr.decode()
+    err = done.stderr.decode()
+    assert "event=mcp_ready transport=stdio" in err and "event=mcp_stopped" in err
+    assert done.stdout == b""  # stdout is the MCP channel: nothing else is written there
+
+
+async def test_mcp_stdio_unreachable_gate_is_a_tool_error_nothing_decided(gate, errlog):
+    closed = f"http://127.0.0.1:{free_port()}"
+    call = {"pipeline": "p", "step": "q1", "draft": "x", "wait_seconds": 0}
+
+    async with stdio_mcp(gate, errlog, api_url=closed) as client:
+        result = await client.call_tool("request_approval", call)
+
+    assert result.is_error
+    assert "the gate is unreachable, nothing was decided" in error_text(result)
 
 
 @pytest.mark.parametrize(

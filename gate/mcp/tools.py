@@ -10,6 +10,7 @@ from typing import Annotated, Any, Literal
 
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
+from mcp.types import ToolAnnotations
 from pydantic import Field
 
 from gate.mcp.results import (
@@ -185,15 +186,18 @@ def register(server: MCPServer[Any], gate: AsyncGate) -> None:
             raise _refusal(exc, "pipeline") from exc
         return {"approvals": [pending_summary(a) for a in approvals]}
 
-    for fn, description in (
-        (request_approval, REQUEST_APPROVAL),
-        (get_approval, GET_APPROVAL),
-        (cancel_approval, CANCEL_APPROVAL),
-        (ask_human, ASK_HUMAN),
-        (get_question, GET_QUESTION),
-        (list_pending, LIST_PENDING),
+    asks = ToolAnnotations(read_only_hint=False, destructive_hint=False, open_world_hint=True)
+    reads = ToolAnnotations(read_only_hint=True, open_world_hint=False)
+    withdraws = ToolAnnotations(read_only_hint=False, destructive_hint=True, idempotent_hint=False)
+    for fn, description, hints in (
+        (request_approval, REQUEST_APPROVAL, asks),
+        (get_approval, GET_APPROVAL, reads),
+        (cancel_approval, CANCEL_APPROVAL, withdraws),
+        (ask_human, ASK_HUMAN, asks),
+        (get_question, GET_QUESTION, reads),
+        (list_pending, LIST_PENDING, reads),
     ):
-        server.add_tool(fn, description=description)
+        server.add_tool(fn, description=description, annotations=hints)
 
 
 def _log(tool: str, object_id: str, state: str, outcome: str | None) -> None:
