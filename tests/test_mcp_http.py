@@ -140,3 +140,72 @@ def test_mcp_http_the_right_token_is_accepted(server):
 
     assert status == 200, body
     assert b"hitl-gate" in body  # the server's name in the initialize result
+
+
+RELAY_LISTENING = r"event=relay_listening url=(http://127\.0\.0\.1:\d+/)"
+EDITED = "Hallo Anna, bitte PO 7 angeben."
+
+
+async def test_mcp_http_with_the_reference_relay_adjusts_and_answers(
+    tmp_path, clis, spawn, monkeypatch
+):
+    """The shipped pieces end to end: ``hitl-gate relay --auto adjust:…`` decides, the gate
+    resolves, ``hitl-gate mcp --http`` hands the agent the edited body to act on; a question
+    gets the relay's ``--auto-answer``."""
+    monkeypatch.setenv("HITL_MCP_TOKEN", MCP_TOKEN)
+    relay = clis(
+        "relay",
+        "--listen",
+        "127.0.0.1:0",
+        "--secret-env",
+        "HITL_RELAY_SECRET",
+        "--auto",
+        f"adjust:{EDITED}",
+        "--auto-answer",
+        "globex",
+    )
+    steps = [
+        {"name": "q1", "quorum": 1, "approvers": [101, 102], "timeout": "1h"},
+        {"name": "ask", "type": "question", "approvers": [101, 102], "timeout": "1h"},
+    ]
+    config = write_config(
+        tmp_path,
+        relay.wait_for_line(RELAY_LISTENING).group(1),
+        steps=steps,
+        relay={"questions": True},
+    )
+    gate = spawn(config)
+    server = clis(
+        *["mcp", "-c", str(config), "--api-url", gate.api_url],
+        *["--http", "127.0.0.1:0", "--token-env", "HITL_MCP_TOKEN"],
+    )
+    url = server.wait_for_line(LISTENING).group(1)
+
+    async with http_mcp(url) as client:
+        approval = result_json(
+            await client.call_tool(
+                "request_approval",
+                {"pipeline": "p", "step": "q1", "draft": "Hallo Anna", "wait_seconds": 20},
+            )
+        )
+        question = result_json(
+            await client.call_tool(
+                "ask_human",
+                {
+                    "pipeline": "p",
+                    "step": "ask",
+                    "text": "Which supplier?",
+                    "response_type": "single_choice",
+                    "options": ["acme", "globex"],
+                    "wait_seconds": 20,
+                },
+            )
+        )
+
+    assert (approval["outcome"], approval["allowed"], approval["body"]) == (
+        "adjusted",
+        True,
+        EDITED,
+    )
+    assert (question["outcome"], question["answer"]) == ("answered", "globex")
+    assert EDITED not in server.log() and "globex" not in server.log()
