@@ -13,6 +13,7 @@ from click.testing import CliRunner, Result
 from gate.cli import main
 from gate.mcp.auth import BearerAuth, bearer_matches
 from gate.mcp.results import approval_result, derive_key, question_result, refused_argument
+from gate.mcp.server import is_loopback
 from gate.sdk import Approval, Question
 
 BASE = ["mcp", "-c", "/nonexistent/config.yaml"]
@@ -182,3 +183,12 @@ def test_mcp_bearer_auth_refuses_before_the_app_and_passes_lifespan():
     assert sent[0]["status"] == 401 and sent[1]["body"] == (
         b'{"error": "unauthorized", "reason": "missing_token"}'
     )
+
+
+@pytest.mark.parametrize(
+    ("host", "loopback"),
+    [("127.0.0.1", True), ("127.8.0.1", True), ("::1", True), ("localhost", True),
+     ("0.0.0.0", False), ("::", False), ("192.168.1.5", False), ("gate.example", False)],
+)  # fmt: skip
+def test_mcp_http_warns_off_loopback(host, loopback):
+    assert is_loopback(host) is loopback

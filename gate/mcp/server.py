@@ -3,6 +3,7 @@ host starts it) and streamable HTTP on ``host:port`` behind a bearer token."""
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import signal
 import socket
@@ -58,6 +59,16 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
+def is_loopback(host: str) -> bool:
+    """True for ``localhost`` and loopback addresses (127.0.0.0/8, ::1)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 def _quiet_stop_server(config: Any) -> Any:
     """A uvicorn Server for which SIGTERM/SIGINT is a clean stop (exit 0, as ``serve``): the
     signal ends serving and is not raised again afterwards, as uvicorn does by default."""
@@ -83,6 +94,12 @@ async def serve_http(gate: AsyncGate, sock: socket.socket, token: str) -> None:
     app = BearerAuth(server.streamable_http_app(streamable_http_path=MCP_PATH, host=host), token)
     config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on")
     shown = f"[{host}]" if ":" in host else host
+    if not is_loopback(host):
+        log.warning(
+            "event=mcp_not_loopback host=%s: the bearer token crosses the network in plain "
+            "HTTP; put a TLS proxy in front",
+            host,
+        )
     log.info("event=mcp_listening url=http://%s:%d%s", shown, port, MCP_PATH)
     await _quiet_stop_server(config).serve(sockets=[sock])
     log.info("event=mcp_stopped transport=http")
