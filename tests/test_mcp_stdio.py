@@ -227,6 +227,25 @@ async def test_mcp_stdio_restart_mid_wait_joins_the_same_approval(gate, relay, e
     assert rows(gate, "SELECT COUNT(*) FROM approvals WHERE run_id = ?", run) == [(2,)]
 
 
+async def test_mcp_stdio_parallel_calls_are_separate_approvals(gate, relay, errlog):
+    """Two tool calls in flight at once in one run, different drafts: two approvals, each
+    with its own outcome (never one decision for both)."""
+    run = f"run-{time.monotonic_ns()}"
+    drafts = [f"pay acme {run}", f"pay globex {run}"]
+    async with stdio_mcp(gate, errlog) as client:
+        calls = [asyncio.create_task(request(client, d, run_id=run)) for d in drafts]
+        first, second = [await dispatch_for(relay, d) for d in drafts]
+        await asyncio.to_thread(decide, gate, second, "skip", reason=REASON)
+        await asyncio.to_thread(decide, gate, first, "approve")
+        got = [await c for c in calls]
+
+    assert [g["approval_id"] for g in got] == [first["approval_id"], second["approval_id"]]
+    assert [(g["outcome"], g["body"]) for g in got] == [
+        ("approved", drafts[0]),
+        ("skipped", None),
+    ]
+
+
 async def test_mcp_stdio_ask_human_gets_the_answer(gate, relay, errlog):
     text = f"Which supplier? {time.monotonic_ns()}"
     call = {
