@@ -205,6 +205,23 @@ async def test_mcp_stdio_cancel_approval(gate, errlog):
     assert again.is_error and error_text(again).count("approval_id:") == 1
 
 
+async def test_mcp_stdio_a_key_reused_for_another_draft_is_refused_naming_it(gate, errlog):
+    key = f"agent-key-{time.monotonic_ns()}"
+    async with stdio_mcp(gate, errlog) as client:
+        first = await request(client, f"draft A {key}", idempotency_key=key, wait_seconds=0)
+        same = await request(client, f"draft A {key}", idempotency_key=key, wait_seconds=0)
+        other = await client.call_tool(
+            "request_approval",
+            {"pipeline": "p", "step": "q1", "draft": f"draft B {key}", "idempotency_key": key},
+        )
+
+    assert same["approval_id"] == first["approval_id"]
+    assert other.is_error
+    assert ": idempotency_key: " in error_text(other)
+    assert "idempotency_key_reused" in error_text(other)
+    assert rows(gate, "SELECT COUNT(*) FROM approvals WHERE idempotency_key = ?", key) == [(1,)]
+
+
 async def test_mcp_stdio_restart_mid_wait_joins_the_same_approval(gate, relay, errlog):
     draft = f"restart me {time.monotonic_ns()}"
     run = f"run-{time.monotonic_ns()}"
