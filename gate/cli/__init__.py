@@ -127,6 +127,7 @@ from gate.cli import (  # noqa: E402, F401
     daemon,
     inbox,
     pipeline,
+    policy,  # issue 18
     questions,
     tools,
     verify,
