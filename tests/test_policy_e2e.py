@@ -8,6 +8,7 @@ the pipeline ``python -m gate request --wait``; decisions are real signed envelo
 
 from __future__ import annotations
 
+import base64
 import json
 import sqlite3
 from collections.abc import Iterator
@@ -18,9 +19,11 @@ import pytest
 
 from gate.protocol.canonical import payload_hash
 from tests.support import (
+    API_TOKEN,
     CaptureRelay,
     GateProcess,
     decision_body,
+    http_request,
     post_decision,
     run_cli,
     write_config,
@@ -28,6 +31,8 @@ from tests.support import (
 from tests.test_signed_audit import sign_config
 
 pytestmark = pytest.mark.e2e
+
+AUTH = {"Authorization": f"Bearer {API_TOKEN}"}
 
 INVOICE = json.dumps(
     {"function": "send_invoice", "arguments": {"amount": 40, "to": "a@example.com"}}
@@ -60,7 +65,13 @@ STEPS: list[dict[str, Any]] = [
         ],
     },
     {"name": "mail", "approvers": [101, 102], "timeout": "1h", "remember_approval": "1h"},
-    {"name": "wire", "approvers": [101, 102], "risk": "high", "timeout": "1h"},
+    {
+        "name": "wire",
+        "approvers": [101, 102],
+        "risk": "high",
+        "timeout": "1h",
+        "policy": [{"id": "no-weekend", "decide": "deny", "when": {"body_matches": "weekend"}}],
+    },
 ]
 
 
@@ -68,7 +79,7 @@ STEPS: list[dict[str, Any]] = [
 def gate(tmp_path: Path) -> Iterator[tuple[GateProcess, CaptureRelay, Path]]:
     relay = CaptureRelay().start()
     config = write_config(tmp_path, relay.url, steps=STEPS)
-    sign_config(config)
+    sign_config(config)  # the public key: keys/hitl-gate-ed25519.pub
     proc = GateProcess(config).start()
     try:
         yield proc, relay, config
@@ -117,7 +128,11 @@ def test_rule_approves_at_once_without_dispatch_and_audit_verifies(
     assert approval["final_body"] == INVOICE
     (decision,) = approval["decisions"]
     assert (decision["identity"], decision["operator_id"]) == ("policy:small-invoices", 0)
-    assert b"policy:small-invoices" in done.stderr
+    assert (
+        "decision approve by policy:small-invoices at creation (a policy rule of the step: no"
+        " person was asked)" in done.stderr.decode()
+    )
+    assert b"dispatched" not in done.stderr, done.stderr
     # the permit names the policy as its approver
     claims = json.loads(run_permit_claims(approval["permit"]))
     assert claims["approved_by"] == [{"operator_id": 0, "identity": "policy:small-invoices"}]
@@ -133,6 +148,19 @@ def test_rule_approves_at_once_without_dispatch_and_audit_verifies(
     assert entries[1][1]["by"] == "policy:small-invoices"
     assert entries[1][1]["rule"] == "small-invoices"
     assert entries[2][1]["approved_by"] == [0]
+    # the permit verifies offline for this body and step, as any permit does
+    permit_file = tmp_path / "permit.jws"
+    permit_file.write_text(approval["permit"], encoding="ascii")
+    checked = run_cli(
+        "permit", "verify", str(permit_file), "--public-key",
+        str(config.parent / "keys" / "hitl-gate-ed25519.pub"), "--body-file", str(draft),
+        "--pipeline", "p", "--step", "send",
+    )  # fmt: skip
+    assert checked.returncode == 0, checked.stderr
+    # counted as a resolution in the metrics
+    status, _, raw = http_request(proc.api_url + "/metrics", "GET", None, AUTH)
+    assert status == 200
+    assert 'hitl_gate_approvals_resolved_total{outcome="approved"} 1.0' in raw.decode()
     receipt = tmp_path / "receipt.json"
     receipt.write_text(json.dumps(approval["receipt"]), encoding="utf-8")
     verified = run_cli("audit", "verify", "-c", str(config), "--expect", str(receipt))
@@ -140,8 +168,6 @@ def test_rule_approves_at_once_without_dispatch_and_audit_verifies(
 
 
 def run_permit_claims(token: str) -> str:
-    import base64
-
     payload = token.split(".")[1]
     return base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)).decode()
 
@@ -179,6 +205,16 @@ def test_no_rule_matches_a_person_decides(
     )  # fmt: skip
     assert status == 201 and answer["state"] == "pending", answer
     relay.wait_dispatch(answer["approval_id"])
+    # a high-risk step takes deny rules: one matches, the other draft waits for a person
+    denied = api.create(step="wire", body="pay on the weekend\n")
+    assert (denied["outcome"], denied["decisions"][0]["identity"]) == (
+        "skipped",
+        "policy:no-weekend",
+    )
+    assert denied["decisions"][0]["reason"] is None
+    waiting = api.create(step="wire", body="pay on monday\n")
+    assert waiting["state"] == "pending"
+    relay.wait_dispatch(waiting["approval_id"])
 
 
 def test_remembered_approval(gate: tuple[GateProcess, CaptureRelay, Path], tmp_path: Path) -> None:
