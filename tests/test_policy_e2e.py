@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from gate.protocol.canonical import payload_hash
 from tests.support import (
@@ -80,6 +81,9 @@ def gate(tmp_path: Path) -> Iterator[tuple[GateProcess, CaptureRelay, Path]]:
     relay = CaptureRelay().start()
     config = write_config(tmp_path, relay.url, steps=STEPS)
     sign_config(config)  # the public key: keys/hitl-gate-ed25519.pub
+    data = yaml.safe_load(config.read_text(encoding="utf-8"))
+    data["pipelines"][0]["budget_cap"] = 50  # a day's spend on pipeline p
+    config.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
     proc = GateProcess(config).start()
     try:
         yield proc, relay, config
@@ -255,3 +259,20 @@ def test_idempotency_key_replays_the_policy_decision(
     s2, a2 = api.call("POST", "/v1/approvals", payload, headers={"Idempotency-Key": "k-1"})
     assert (s1, s2) == (201, 200)
     assert a1["approval_id"] == a2["approval_id"] and a2["outcome"] == "approved"
+
+
+def test_no_rule_approves_over_the_budget_cap(
+    gate: tuple[GateProcess, CaptureRelay, Path],
+) -> None:
+    """The rule allows 40 a request, the pipeline 50 a day: the second 40 goes to a person,
+    who sees the budget context."""
+    proc, relay, _ = gate
+    api = proc.api()
+    payload = {"pipeline": "p", "step": "send", "spend": 40,
+               "draft": {"content_type": "application/json", "body": INVOICE}}  # fmt: skip
+    status, first = api.call("POST", "/v1/approvals", payload)
+    assert (status, first["outcome"]) == (201, "approved"), first
+    status, second = api.call("POST", "/v1/approvals", payload)
+    assert (status, second["state"], second["decisions"]) == (201, "pending", []), second
+    dispatch = relay.wait_dispatch(second["approval_id"])
+    assert dispatch["budget"]["spent_pipeline"] == 40

@@ -74,7 +74,7 @@ rule_dicts = st.builds(
     whens,
     st.booleans(),
 )
-rule_lists = st.lists(rule_dicts, max_size=5).map(
+rule_lists = st.lists(rule_dicts, max_size=5, unique_by=lambda r: r["id"]).map(
     lambda rules: [PolicyRule.model_validate(r) for r in rules]
 )
 
@@ -276,3 +276,42 @@ def test_the_creation_transaction_refuses_an_approve_on_high_risk_again(risk: st
     assert policy_tx.verdict(tx, req, approve, "sha256:00", 0) is None
     deny = Policy(1, (), 60.0, risk, verdict=Verdict("r", "deny", "no"))
     assert policy_tx.verdict(tx, req, deny, "sha256:00", 0) == Verdict("r", "deny", "no")
+
+
+@pytest.mark.parametrize(
+    ("budget", "over"),
+    [
+        (None, False),
+        ({"this_request": None, "spent_today": 99, "cap_today": 1, "spent_pipeline": 0,
+          "cap_pipeline": None}, False),
+        ({"this_request": 10, "spent_today": 40, "cap_today": 50, "spent_pipeline": 0,
+          "cap_pipeline": None}, False),
+        ({"this_request": 10.5, "spent_today": 40, "cap_today": 50, "spent_pipeline": 0,
+          "cap_pipeline": None}, True),
+        ({"this_request": 10, "spent_today": 0, "cap_today": None, "spent_pipeline": 41,
+          "cap_pipeline": 50}, True),
+    ],
+)  # fmt: skip
+def test_the_creation_transaction_leaves_a_request_over_a_cap_to_a_person(
+    budget: dict[str, Any] | None, over: bool
+) -> None:
+    assert policy_tx.over_cap(budget) is over
+    req = CreateRequest("p", "s", None, "text/plain", "x", 10)
+    tx = cast(WriteTx, None)
+    approve = Policy(1, (), 60.0, "normal", verdict=Verdict("r", "approve"))
+    expected = None if over else Verdict("r", "approve")
+    assert policy_tx.verdict(tx, req, approve, "sha256:00", 0, budget) == expected
+    deny = Policy(1, (), 60.0, "normal", verdict=Verdict("r", "deny"))
+    assert policy_tx.verdict(tx, req, deny, "sha256:00", 0, budget) == Verdict("r", "deny")
+
+
+def test_a_deny_rule_gives_its_reason_where_skips_need_one() -> None:
+    step = {"skip_reason": "required", "policy": [{"id": "d", "decide": "deny"}]}
+    with pytest.raises(ConfigError) as info:
+        config_from_mapping(example_with_step(step), ROOT)
+    assert info.value.errors == [
+        "pipelines[0].steps[0].policy[0].reason: the step has skip_reason: required, so a deny"
+        " rule gives its reason too (what the pipeline should change)"
+    ]
+    step["policy"][0]["reason"] = "use the other account"
+    config_from_mapping(example_with_step(step), ROOT)

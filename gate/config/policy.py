@@ -127,7 +127,8 @@ def check_step_policy(where: str, step: StepConfig) -> list[str]:
     ``pipelines[i].steps[j]``), issue 18 §3 hard limits: rule ids unique in the step; a step
     of ``risk: high``/``critical`` may have deny rules only and no ``remember_approval``; on
     a step with quorum > 1 an approve rule needs ``allow_quorum: true`` and
-    ``remember_approval`` is refused; ``reason`` only on a deny rule."""
+    ``remember_approval`` is refused; ``reason`` only on a deny rule, and required on one
+    where the step has ``skip_reason: required``."""
     errors: list[str] = []
     seen: dict[str, int] = {}
     for k, rule in enumerate(step.policy):
@@ -151,6 +152,11 @@ def check_step_policy(where: str, step: StepConfig) -> list[str]:
             errors.append(f"{at}.allow_quorum: only for decide: approve")
         if rule.reason is not None and rule.decide != "deny":
             errors.append(f"{at}.reason: only for decide: deny (the skip's reason)")
+        elif rule.decide == "deny" and rule.reason is None and step.skip_reason == "required":
+            errors.append(
+                f"{at}.reason: the step has skip_reason: required, so a deny rule gives its"
+                " reason too (what the pipeline should change)"
+            )
     if step.remember_approval is not None:
         if step.risk in HIGH_RISKS:
             errors.append(

@@ -6,7 +6,8 @@ through ``Transactions.resolve``, as any decision resolves (receipt, permit)."""
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 from gate.audit.entries import POLICY_OPERATOR, DecisionData
 from gate.config import Config
@@ -42,21 +43,42 @@ def plan(config: Config, req: CreateRequest, policy: Policy) -> Policy:
 
 
 def verdict(
-    tx: WriteTx, req: CreateRequest, policy: Policy, digest: str, now: int
+    tx: WriteTx,
+    req: CreateRequest,
+    policy: Policy,
+    digest: str,
+    now: int,
+    budget: Mapping[str, Any] | None = None,
 ) -> rules.Verdict | None:
     """The policy decision on a new approval, or None (a person decides): the rules'
     verdict, else a remembered approval (``WriteTx.remembered_approval`` within the window;
     a query only on a step with ``remember_approval``). Enforced again here, whatever the
-    config said: nothing approves a step of risk high/critical, and nothing remembered
-    approves a quorum > 1."""
+    config said: nothing approves a step of risk high/critical, nothing remembered approves
+    a quorum > 1, and nothing approves a request whose ``spend`` takes the day's ``budget``
+    (the context ``Transactions`` sends the relay) over a cap: a person sees that."""
     found = policy.verdict
     if found is None and policy.remember_ms is not None:
-        earlier = tx.remembered_approval(req.pipeline, req.step, digest, now - policy.remember_ms)
+        since = now - policy.remember_ms
+        earlier = tx.remembered_approval(req.pipeline, req.step, req.content_type, digest, since)
         if earlier is not None:
             found = rules.remembered(earlier, policy.risk, policy.quorum)
-    if found is not None and found.decide == "approve" and policy.risk in HIGH_RISKS:
-        return None
+    if found is not None and found.decide == "approve":
+        if policy.risk in HIGH_RISKS or over_cap(budget):
+            return None
     return found
+
+
+def over_cap(budget: Mapping[str, Any] | None) -> bool:
+    """True when the request's spend (``this_request``) would take the day's spending over
+    ``cap_today`` or the pipeline's over ``cap_pipeline`` (budget context: units of
+    ``budget.unit``, SPEC §5 budget)."""
+    if budget is None or budget.get("this_request") is None:
+        return False
+    spend = float(budget["this_request"])
+    for spent, cap in (("spent_today", "cap_today"), ("spent_pipeline", "cap_pipeline")):
+        if budget.get(cap) is not None and float(budget[spent]) + spend > float(budget[cap]):
+            return True
+    return False
 
 
 def apply(

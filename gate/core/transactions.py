@@ -183,6 +183,7 @@ class Transactions:
         now = self.clock.now_ms()
         approval_id = str(ULID())
         expires_at = now + int(policy.timeout_s * 1000)
+        budget = self._budget(tx, req.pipeline, now, req.spend)
         tx.insert_approval(
             {
                 "approval_id": approval_id,
@@ -193,7 +194,7 @@ class Transactions:
                 "content_type": req.content_type,
                 "quorum_required": policy.quorum,
                 "scope": [list(pair) for pair in policy.scope],
-                "budget": self._budget(tx, req.pipeline, now, req.spend),
+                "budget": budget,
                 "spend": req.spend,
                 "revision": 1,
                 "state": "pending",
@@ -212,7 +213,7 @@ class Transactions:
         tx.insert_revision(approval_id, 1, req.body, digest, nonce, now, None)
         decided = None  # issue 18: a policy decides (no dispatch), or a person does
         if policy.verdict is not None or policy.remember_ms is not None:
-            decided = policy_tx.verdict(tx, req, policy, digest, now)
+            decided = policy_tx.verdict(tx, req, policy, digest, now, budget)
         if decided is None:
             tx.enqueue_dispatch(approval_id, 1, now)
         created = CreatedData(
