@@ -160,3 +160,15 @@ def test_check_config_lists_policy_errors_with_their_path(config: Path) -> None:
         )
         for line in lines
     ), lines
+
+
+def test_doctor_names_an_approve_rule_standing_in_for_a_quorum(config: Path) -> None:
+    done = run_cli("doctor", "-c", str(config))  # the relay is down: exit 1, lines still shown
+    config_line = next(
+        line for line in done.stdout.decode().splitlines() if line.split()[1:2] == ["config:"]
+    )
+    assert config_line.startswith("PASS config: "), config_line
+    assert config_line.endswith(
+        "; pipelines[0].steps[1].policy[0]: rule 'tiny' approves on its own a step that needs"
+        " quorum 2 (allow_quorum: true)"
+    ), config_line
