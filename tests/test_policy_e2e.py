@@ -132,6 +132,7 @@ def test_rule_approves_at_once_without_dispatch_and_audit_verifies(
     assert approval["final_body"] == INVOICE
     (decision,) = approval["decisions"]
     assert (decision["identity"], decision["operator_id"]) == ("policy:small-invoices", 0)
+    assert approval["quorum"] == {"required": 1, "collected": 0}  # no person approved
     assert (
         "decision approve by policy:small-invoices at creation (a policy rule of the step: no"
         " person was asked)" in done.stderr.decode()
