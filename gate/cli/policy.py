@@ -39,8 +39,8 @@ def policy_test(
 ) -> None:
     """Show which rule of the step's policy would decide this draft, creating nothing.
 
-    Prints ``policy:<id> would approve`` (or ``would deny``, with the reason), naming the
-    rule's YAML path, or ``no rule: a person decides``; a step with remember_approval adds
+    Prints "policy:<id> would approve" (or "would deny", with the reason), naming the
+    rule's YAML path, or "no rule: a person decides"; a step with remember_approval adds
     that a draft a person approved there within the window is approved (policy:remembered).
     Exit 0; 2 for bad input (an unknown pipeline or step, a question step, a draft that is
     no UTF-8, a negative spend), one line.
