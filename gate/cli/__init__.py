@@ -128,6 +128,7 @@ from gate.cli import (  # noqa: E402, F401
     inbox,
     mcp,
     pipeline,
+    policy,  # issue 18
     questions,
     tools,
     verify,
