@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         print(send_invoice(args.customer, args.amount, args.currency))
     except ApprovalDenied as exc:
-        print(f"not sent: skipped by {', '.join(exc.approval.decided_by)}: {exc.reason or '-'}")
+        print(f"not sent: skipped by {', '.join(exc.skipped_by)}: {exc.reason or '-'}")
         return 3
     except ApprovalTimedOut:
         print("not sent: nobody decided in time")

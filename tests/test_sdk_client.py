@@ -40,6 +40,7 @@ pytestmark = pytest.mark.e2e
 
 STEPS = [
     {"name": "q1", "quorum": 1, "approvers": [101, 102, 103], "timeout": "1h"},
+    {"name": "q2", "quorum": 2, "approvers": [101, 102, 103], "timeout": "1h"},
     {"name": "short", "quorum": 1, "approvers": [101, 102], "timeout": "2s"},
     {"name": "ask", "type": "question", "approvers": [101, 102], "timeout": "1h"},
 ]
@@ -151,7 +152,27 @@ async def test_sdk_async_skip_raises_denied_with_the_reason(
     with pytest.raises(ApprovalDenied, match="not on Fridays") as caught:
         final.raise_for_outcome()
     assert caught.value.reason == "not on Fridays" and caught.value.approval is final
+    assert caught.value.skipped_by == ("alice@example.com",)
     assert isinstance(caught.value, ApprovalNotGranted)
+
+
+async def test_sdk_async_skip_after_an_approve_names_only_the_skipper(
+    gate: GateProcess, relay: CaptureRelay
+) -> None:
+    async with AsyncGate(gate.api_url, API_TOKEN) as client:
+        made = await client.request_approval("p", "q2", "Two must agree\n", wait=0)
+        dispatch = await asyncio.to_thread(relay.wait_dispatch, made.id)
+        for who, verb in (("alice@example.com", "approve"), ("bob@example.com", "skip")):
+            body = decision_body(dispatch, identity=who, verb=verb)
+            status, out, _ = await asyncio.to_thread(post_decision, gate.callback_url, body)
+            assert status == 200, out
+        final = await client.get_approval(made.id, wait=30)
+
+    assert final.outcome == "skipped"
+    assert final.decided_by == ("alice@example.com", "bob@example.com")
+    with pytest.raises(ApprovalDenied, match="skipped by bob@example.com$") as caught:
+        final.raise_for_outcome()
+    assert caught.value.skipped_by == ("bob@example.com",) and caught.value.reason is None
 
 
 async def test_sdk_async_cancel(gate: GateProcess) -> None:

@@ -60,11 +60,17 @@ class ApprovalNotGranted(HitlGateError):
 
 
 class ApprovalDenied(ApprovalNotGranted):
-    """A person (or a policy) skipped the approval; ``reason`` is the skip's reason, or None."""
+    """A person (or a policy) skipped the approval; ``reason`` is the skip's reason, or None;
+    ``skipped_by`` the identities whose decision was a skip."""
 
     def __init__(self, approval: Approval) -> None:
         self.reason = approval.reason
-        who = ", ".join(approval.decided_by) or "an approver"
+        self.skipped_by = tuple(
+            str(d.get("identity"))
+            for d in approval.raw.get("decisions") or []
+            if isinstance(d, dict) and d.get("decision") == "skip"
+        )
+        who = ", ".join(self.skipped_by) or "an approver"
         text = f"approval {approval.id} was skipped by {who}"
         super().__init__(approval, text + (f": {self.reason}" if self.reason else ""))
 
