@@ -140,6 +140,8 @@ def _yaml_keys(value: Any, prefix: str) -> set[str]:
     if isinstance(value, dict):
         for key, inner in value.items():
             keys.add(prefix + key)
+            if (prefix + key).endswith(".when.arguments"):
+                continue  # issue 18: its keys are a JSON draft's paths, not config keys
             keys |= _yaml_keys(inner, prefix + key + ".")
     elif isinstance(value, list):
         for item in value:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
@@ -252,5 +253,29 @@ def test_credentials_off_by_default_answers_404_until_a_reload_turns_it_on(
         answer, _, _ = served(proc)
         assert answer.credentials == ()
         proc.wait_for_line(r"event=credentials_served count=0\b")
+    finally:
+        proc.stop()
+
+
+def test_a_reload_that_changes_the_relying_party_is_followed(
+    tmp_path: Path, relay: CaptureRelay
+) -> None:
+    # the relying party is resolved once per config, not per decision: a reload must still
+    # replace it (the answer names the one in force)
+    config = write_config(tmp_path, relay.url, relay={"credentials": True})
+    proc = GateProcess(config).start()
+    try:
+        first, _, _ = served(proc)
+        assert first.webauthn is not None and first.webauthn.rp_id == "localhost"
+        port = url_of(proc).rsplit(":", 1)[1].split("/")[0]
+        origins = [f"http://localhost:{port}", "http://localhost:9"]
+        data = yaml.safe_load(config.read_text(encoding="utf-8"))
+        data["webauthn"] = {"rp_id": "localhost", "origins": origins}
+        config.write_text(yaml.safe_dump(data), encoding="utf-8")
+        assert proc.proc is not None
+        proc.proc.send_signal(signal.SIGHUP)
+        proc.wait_for_line(r"event=reloaded ")
+        second, _, _ = served(proc)
+        assert second.webauthn is not None and list(second.webauthn.origins) == origins
     finally:
         proc.stop()

@@ -101,6 +101,8 @@ def _models_in(annotation: Any) -> tuple[list[type[BaseModel]], bool]:
     (``tuple[Operator, ...]``); looks through ``X | None`` and ``Annotated[...]``."""
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
         return [annotation], False
+    if typing.get_origin(annotation) is dict:  # a map's keys are the user's (issue 18)
+        return [], False
     models: list[type[BaseModel]] = []
     is_list = False
     for arg in typing.get_args(annotation):

@@ -20,6 +20,8 @@
 - Of the ``gate/audit/*`` modules, only ``audit/verify.py`` imports the store; chain, entries,
   records and spans import no store, no sqlite3, no aiohttp (pure: the store's writer and
   readers depend on them, never the other way round).
+- ``gate/sdk/*`` (issue 18, imported by agents) uses the standard library, aiohttp and
+  ``gate.protocol`` only; ``gate.config`` lazily (``from_config``), never at import.
 """
 
 from __future__ import annotations
@@ -479,3 +481,85 @@ def test_layers_inbox_rules_see_its_modules() -> None:
     assert {m.name for m in INBOX} >= {
         f"gate.inbox.{name}" for name in ("app", "auth", "credentials_cache", "decide", "signin")
     }
+
+
+# --------------------------------------------------------------------------- the SDK
+# (issue 18: gate/sdk runs inside an agent's process; the CLI's ApiClient is built on it)
+
+SDK = under("gate.sdk")
+# gate.config only inside a function (AsyncGate.from_config reads a gate config file)
+SDK_ALLOWED_GATE = ("gate.protocol", "gate.sdk", "gate.config")
+SDK_ALLOWED_THIRD_PARTY = ("aiohttp",)
+
+
+def _top_level_imports(module: Module) -> set[str]:
+    """The names imported when the module is imported (not inside functions or classes);
+    imports under ``if TYPE_CHECKING:`` are left out (they run only for the type checker)."""
+    deferred = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
+    top = ast.Module(
+        body=[
+            n
+            for n in module.tree.body
+            if not isinstance(n, deferred)
+            and not (isinstance(n, ast.If) and ast.unparse(n.test).endswith("TYPE_CHECKING"))
+        ],
+        type_ignores=[],
+    )
+    return imports_of(Module(module.name, module.path, top))
+
+
+@pytest.mark.parametrize("module", SDK, ids=ids(SDK))
+def test_layers_sdk_imports_the_standard_library_aiohttp_and_the_protocol(module: Module) -> None:
+    """An agent imports gate.sdk: it must not pull in the daemon's rules, store, web, audit,
+    trust, inbox or CLI (nor click, nor a SQL driver); gate.config only lazily."""
+    imported = imports_of(module)
+    gate_names = [n for n in imported if n == "gate" or n.startswith("gate.")]
+    bad = sorted(
+        n
+        for n in gate_names
+        if not any(n == ok or n.startswith(ok + ".") for ok in SDK_ALLOWED_GATE)
+    )
+    foreign = sorted(
+        n
+        for n in imported - set(gate_names)
+        if n.split(".")[0] not in sys.stdlib_module_names
+        and n.split(".")[0] not in SDK_ALLOWED_THIRD_PARTY
+        and n.split(".")[0] != "__future__"
+    )
+    eager_config = hits(_top_level_imports(module), ("gate.config",))
+
+    assert not bad and not foreign and not eager_config, (
+        f"{module.rel} is the SDK and imports {bad + foreign} (eagerly: {eager_config})"
+    )
+
+
+def test_layers_sdk_rules_see_its_modules() -> None:
+    assert {m.name for m in SDK} >= {"gate.sdk", "gate.sdk.transport", "gate.sdk.client"}
+
+
+# --------------------------------------------------------------------------- the MCP server
+# (issue 18: a client of the pipeline API through the SDK, like any agent)
+
+MCP = under("gate.mcp")
+MCP_ALLOWED_GATE = ("gate.sdk", "gate.mcp", "gate.logs", "gate.errors")
+
+
+@pytest.mark.parametrize("module", MCP, ids=ids(MCP))
+def test_layers_the_mcp_server_is_a_client_of_the_pipeline_api(module: Module) -> None:
+    """``hitl-gate mcp`` reaches the gate only through gate.sdk (the pipeline API): never
+    the rules, store, daemon, web, audit, trust, the inbox or the CLI; no SQL."""
+    imported = imports_of(module)
+    other = sorted(
+        name
+        for name in imported
+        if (name == "gate" or name.startswith("gate."))
+        and name not in ("gate", "gate.__version__")  # the version, nothing else
+        and not any(name == ok or name.startswith(ok + ".") for ok in MCP_ALLOWED_GATE)
+    )
+    sql = hits(imported, SQL_DRIVERS)
+
+    assert not other and not sql, f"{module.rel} is the MCP server and imports {other + sql}"
+
+
+def test_layers_mcp_rules_see_its_modules() -> None:
+    assert {m.name for m in MCP} >= {"gate.mcp.server", "gate.mcp.tools", "gate.mcp.auth"}

@@ -24,6 +24,8 @@ DECISION = "decision"
 RESOLVED = "resolved"
 DISPATCH_ACK = "dispatch_ack"
 ESCALATED = "escalated"
+# the operator id of a policy's decision (issue 18 §3): configured operator ids are >= 1
+POLICY_OPERATOR = 0
 
 
 _Entry = TypeVar("_Entry")
@@ -97,7 +99,10 @@ class DecisionData:
     offline) only for a signed decision (issue 16), so entries without them are as the
     gate always wrote them. A signed decision also logs what its digest covered that the
     entry does not hold as signed: ``adjust_text_sha256`` (an adjust's text as sent) and
-    ``reason_sha256`` (a reason sent blank, so recorded as none): lowercase hex SHA-256."""
+    ``reason_sha256`` (a reason sent blank, so recorded as none): lowercase hex SHA-256.
+    A policy's decision (issue 18 §3) has ``operator_id`` 0 (``POLICY_OPERATOR``, no
+    operator's id) and names its decider ``by`` (``policy:<rule id>``), the ``rule`` and, for
+    a remembered approval, the approval it remembers (``remembered_from``)."""
 
     kind: ClassVar[str] = DECISION
 
@@ -115,6 +120,9 @@ class DecisionData:
     assertion: Mapping[str, Any] | None = None
     adjust_text_sha256: str | None = None
     reason_sha256: str | None = None
+    by: str | None = None
+    rule: str | None = None
+    remembered_from: str | None = None
 
     def to_data(self) -> dict[str, Any]:
         """The entry's ``data`` object (keys as the gate writes them)."""
@@ -140,6 +148,11 @@ class DecisionData:
                 data["adjust_text_sha256"] = self.adjust_text_sha256
             if self.reason_sha256 is not None:
                 data["reason_sha256"] = self.reason_sha256
+        if self.by is not None:  # issue 18: a policy decided
+            data["by"] = self.by
+            data["rule"] = self.rule
+            if self.remembered_from is not None:
+                data["remembered_from"] = self.remembered_from
         return data
 
     @classmethod

@@ -19,6 +19,7 @@ from gate.audit.entries import (
     DECISION,
     DISPATCH_ACK,
     ESCALATED,
+    POLICY_OPERATOR,
     RESOLVED,
     CreatedData,
     DecisionData,
@@ -108,14 +109,19 @@ def rules_problem(
         elif e.kind == DECISION:
             made = DecisionData.from_data(d)
             principal = made.on_behalf_of
-            if principal is not None and principal not in approvers:
+            reason = _policy_problem(e.seq, made)
+            if reason is not None:
+                return reason
+            if made.by is not None:  # issue 18: a policy decided; it counts as its approver
+                delegates.add(POLICY_OPERATOR)
+            elif principal is not None and principal not in approvers:
                 return (
                     f"audit entry {e.seq} records a decision on behalf of operator "
                     f"{principal}, outside the approvers {approvers} of entry {created_seq}"
                 )
             if principal is not None:
                 delegates.add(made.operator_id)
-            elif made.operator_id not in approvers:
+            elif made.by is None and made.operator_id not in approvers:
                 return (
                     f"audit entry {e.seq} records a decision by operator "
                     f"{made.operator_id}, outside the approvers {approvers} of "
@@ -147,6 +153,25 @@ def rules_problem(
         return (
             f"scope holds operators {scope} in the approvals table but audit entry "
             f"{created_seq} froze {list(created.approvers)}{_widened(approvers, created)}"
+        )
+    return None
+
+
+def _policy_problem(seq: int, made: DecisionData) -> str | None:
+    """A decision entry the gate writes for a policy (issue 18 §3) only as operator
+    ``POLICY_OPERATOR`` ``by`` ``policy:<its rule>``, on revision 1, approve or skip; and no
+    operator's decision as operator ``POLICY_OPERATOR``."""
+    if made.by is None and made.operator_id != POLICY_OPERATOR:
+        return None
+    if (
+        made.operator_id != POLICY_OPERATOR
+        or made.by != f"policy:{made.rule}"
+        or made.revision != 1
+        or made.decision not in ("approve", "skip")
+    ):
+        return (
+            f"audit entry {seq} records a policy decision the gate never writes (operator "
+            f"{made.operator_id!r}, by {made.by!r}, revision {made.revision!r})"
         )
     return None
 

@@ -126,7 +126,9 @@ from gate.cli import (  # noqa: E402, F401
     audit_signatures,
     daemon,
     inbox,
+    mcp,
     pipeline,
+    policy,  # issue 18
     questions,
     tools,
     verify,

@@ -116,6 +116,7 @@ def check_config(config_path: str) -> None:
     """
     from gate.config import load
     from gate.config.followups import ended_delegations
+    from gate.config.policy import policy_notes
     from gate.config.validate import signing_warnings
 
     try:
@@ -130,6 +131,8 @@ def check_config(config_path: str) -> None:
         sys.exit(2)
     for warning in [*secrets.warnings, *signing_warnings(config)]:
         click.echo(f"{config_path}: warning: {warning}", err=True)
+    for note in policy_notes(config):  # issue 18: shown, as the config asked for it
+        click.echo(f"{config_path}: note: {note}", err=True)
     steps = sum(len(p.steps) for p in config.pipelines)
     click.echo(
         f"{config_path}: ok ({len(config.pipelines)} pipelines, {steps} steps, "

@@ -9,6 +9,9 @@ from typing import Any
 
 from gate.protocol.display import HIDDEN_CATEGORIES
 
+# the operator id of a policy's decision (issue 18; gate.audit.entries.POLICY_OPERATOR)
+POLICY_OPERATOR = 0
+
 # what a terminal does not show as itself (controls, escape sequences, bidi overrides, line
 # separators, surrogates, unassigned): shown as <U+XXXX>, as the reference relay shows a draft
 _HIDDEN_CATEGORIES = HIDDEN_CATEGORIES  # one rule: gate.protocol.display
@@ -76,8 +79,10 @@ def hops(before: dict[str, Any] | None, after: dict[str, Any]) -> list[str]:
         lines.append(f"dispatch not acked yet: {one_line(new_dispatch['last_error'])} (retrying)")
     seen = len((before or {}).get("decisions") or [])
     new_decisions = (after.get("decisions") or [])[seen:]
+    # issue 18: a policy's decision (operator 0) is made at creation; nothing was dispatched
+    by_people = [d for d in new_decisions if d.get("operator_id") != POLICY_OPERATOR]
     if (
-        new_decisions
+        by_people
         and not lines
         and not new_dispatch.get("delivered_at")
         and not (old_dispatch.get("delivered_at"))
@@ -92,6 +97,9 @@ def hops(before: dict[str, Any] | None, after: dict[str, Any]) -> list[str]:
         f"decision {one_line(d['decision'])} by {one_line(d['identity'])}{_on_behalf_of(d)} "
         f"(operator {d['operator_id']}, revision {d['revision']}, via "
         f"{one_line(d.get('channel') or 'relay')})"
+        if d.get("operator_id") != POLICY_OPERATOR
+        else f"decision {one_line(d['decision'])} by {one_line(d['identity'])} at creation"
+        " (a policy rule of the step: no person was asked)"
         for d in new_decisions
     ]
     if (old_dispatch.get("revision") or 1) < (new_dispatch.get("revision") or 1):

@@ -17,6 +17,7 @@ from pydantic import (
 )
 
 from gate.config.followups import Delegation, EscalationLevel
+from gate.config.policy import PolicyRule
 from gate.config.values import (
     _check_env_name,
     _check_http_url,
@@ -294,6 +295,10 @@ class StepConfig(BaseModel):
     (a valid ``approver_assertion`` is recorded, an invalid one refused) or ``required`` (a
     decision without a valid one is refused 403); frozen on each approval when it is created
     (``approvals.approver_signature``): a reload changes new approvals only.
+
+    ``policy`` (issue 18): rules that approve or deny at creation, ``remember_approval``
+    (seconds) a window in which a draft a person approved is approved again
+    (``gate.config.policy``, ``gate.core.policy``).
     """
 
     model_config = _FROZEN
@@ -316,6 +321,8 @@ class StepConfig(BaseModel):
     escalate: tuple[EscalationLevel, ...] = ()
     max_options: Annotated[int, Field(strict=True, ge=1, le=1000)] = 50
     max_answer_chars: Annotated[int, Field(strict=True, ge=1, le=60_000)] = 2000
+    policy: Annotated[tuple[PolicyRule, ...], BeforeValidator(_none_as_list)] = ()  # issue 18
+    remember_approval: _Duration | None = None  # issue 18: gate.config.policy
 
     @property
     def is_question(self) -> bool:

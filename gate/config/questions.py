@@ -21,6 +21,8 @@ _APPROVAL_ONLY = (
     "allow_empty_draft",
     "skip_reason",
     "approver_signature",
+    "policy",  # issue 18
+    "remember_approval",
 )
 _FOLLOWUPS = ("remind_after", "remind_every", "escalate")
 # keys of a question step that an approval step refuses when present

@@ -7,6 +7,7 @@ from urllib.parse import urlsplit
 
 from gate.config.followups import check_delegations, check_step_followups
 from gate.config.model import Config, StepConfig
+from gate.config.policy import check_step_policy
 from gate.config.questions import check_question_step
 from gate.config.secrets import _secret_vars
 from gate.config.values import TcpListen, identity_problem, parse_listen
@@ -134,6 +135,7 @@ def _cross_check(config: Config) -> list[str]:
             errors += check_question_step(where, step, config)
             if not step.is_question:
                 errors += check_step_followups(where, step, in_scope, config)
+                errors += check_step_policy(where, step)  # issue 18
     errors += check_delegations(config.delegations, config)
     return errors
 

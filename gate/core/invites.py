@@ -183,9 +183,16 @@ class InviteMethods:
     store: Store
     callback_bound: str | None = None
 
+    _webauthn_for: tuple[Config, str | None, WebAuthnSettings | None] | None = None
+
     def webauthn(self) -> WebAuthnSettings | None:
-        """The relying party in force (``resolve_webauthn``), None when unavailable."""
-        return resolve_webauthn(self.config, self.callback_bound)
+        """The relying party in force (``resolve_webauthn``), None when unavailable; resolved
+        once per config (a reload replaces ``config``) and bound address, not per decision."""
+        memo = self._webauthn_for
+        if memo is None or memo[0] is not self.config or memo[1] != self.callback_bound:
+            settings = resolve_webauthn(self.config, self.callback_bound)
+            memo = self._webauthn_for = (self.config, self.callback_bound, settings)
+        return memo[2]
 
     async def create_invite(self, body: Any) -> dict[str, Any]:
         """Create the invite a ``POST /v1/admin/approvers/invites`` body asks for; returns

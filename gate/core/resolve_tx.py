@@ -54,11 +54,13 @@ def resolve(
     config: Config,
     approved_by: Sequence[int] = (),
     approval: Approval | None = None,
+    notice: bool = True,
 ) -> None:
     """Resolve ``target`` as ``outcome`` at ``now`` with its ``resolved`` audit entry;
     an outcome that fires gets a permit (from the loaded ``approval``) on a gate with a
-    signing key. Raises Conflict ``already_resolved`` (rolling the job back) when the
-    approval is no longer pending."""
+    signing key; ``notice`` False queues no resolution notice (issue 18: a policy decided
+    an approval the relay never saw). Raises Conflict ``already_resolved`` (rolling the job
+    back) when the approval is no longer pending."""
     fires = outcome in permit.FIRING_OUTCOMES
     resolved = ResolvedData(
         outcome=outcome,
@@ -85,7 +87,7 @@ def resolve(
     # Conflict rolls this job back, the audit entry above included
     if not tx.resolve(target.approval_id, outcome, now, receipt_object(row), issued):
         raise Conflict("already_resolved", "approval was resolved concurrently")
-    if config.relay.notice_target is not None:  # issue 14 §4: in this transaction
+    if notice and config.relay.notice_target is not None:  # issue 14 §4: in this transaction
         tx.enqueue_followup(
             target.approval_id, "notice", 1, target.revision, now, now + NOTICE_GIVE_UP_MS
         )

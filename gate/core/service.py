@@ -11,6 +11,7 @@ from typing import Any
 
 from gate.clock import Clock
 from gate.config import Config
+from gate.core import policy_tx
 from gate.core.credentials import CredentialMethods
 from gate.core.followups import followup_plan
 from gate.core.invites import InviteMethods
@@ -182,6 +183,7 @@ class GateService(QuestionMethods, CredentialMethods, InviteMethods):
         policy = self.policy(req.pipeline, req.step)
         check_draft(req, policy.allow_empty_draft)
         requester, policy = self.requester(req, policy)
+        policy = policy_tx.plan(self.config, req, policy)  # issue 18: rules, remembered
         digest = payload_hash(req.body)
         full: Approval
         created_now: bool
@@ -198,6 +200,14 @@ class GateService(QuestionMethods, CredentialMethods, InviteMethods):
             digest,
             policy.quorum,
         )
+        if full.state == "resolved":  # issue 18: a policy decided it at once, no dispatch
+            log.info(
+                "event=resolved approval_id=%s outcome=%s revision=1 by=%s",
+                full.approval_id,
+                full.outcome,
+                full.decisions[0].identity if full.decisions else "",
+            )
+            return approval_view(full), True
         self.dispatch_wakeup.set()
         self.expiry_wakeup.set()
         return approval_view(full), True

@@ -16,11 +16,12 @@ from gate.audit.entries import (
 )
 from gate.clock import Clock
 from gate.config import Config
-from gate.core import credentials, invites, rules
+from gate.core import credentials, invites, policy_tx, rules
 from gate.core.decide_tx import decide, new_nonce
 from gate.core.followup_tx import handle_due
 from gate.core.followups import Plan, next_followup_at
 from gate.core.model import Approval, Resolvable
+from gate.core.policy import Verdict as PolicyVerdict
 from gate.core.question_answer_tx import answer_question
 from gate.core.question_tx import (
     cancel_question,
@@ -55,6 +56,8 @@ class Policy:
     allow_empty_draft: bool = False
     followups: Plan | None = None  # reminders and escalation levels (issue 14)
     approver_signature: str = "off"  # issue 16: off | optional | required, frozen here
+    verdict: PolicyVerdict | None = None  # issue 18: what the step's rules decided
+    remember_ms: int | None = None  # issue 18: the step's remember_approval window
 
 
 class Transactions:
@@ -115,6 +118,7 @@ class Transactions:
         now: int,
         approved_by: Sequence[int] = (),
         approval: Approval | None = None,
+        notice: bool = True,
     ) -> None:
         """``gate.core.resolve_tx.resolve`` with this writer's keys and config."""
         resolve(
@@ -127,6 +131,7 @@ class Transactions:
             config=self.config,
             approved_by=approved_by,
             approval=approval,
+            notice=notice,
         )
 
     def _budget(
@@ -159,8 +164,10 @@ class Transactions:
         digest: str,
     ) -> tuple[Approval, bool]:
         """Insert the approval, its first revision, its dispatch and its ``created`` entry
-        (outbox: nothing waits on the relay). Returns ``(loaded approval, created)``;
-        ``created`` is False for an Idempotency-Key seen before with the same body. Raises
+        (outbox: nothing waits on the relay); when a policy decides it (issue 18,
+        ``gate.core.policy_tx``), no dispatch but the decision and the resolution. Returns
+        ``(loaded approval, created)``; ``created`` is False for an Idempotency-Key seen
+        before with the same body. Raises
         Conflict 409 ``idempotency_key_reused`` for the key with another body (SPEC §3)."""
         if idempotency_key is not None:
             seen = tx.approval_by_idempotency_key(idempotency_key)
@@ -176,6 +183,7 @@ class Transactions:
         now = self.clock.now_ms()
         approval_id = str(ULID())
         expires_at = now + int(policy.timeout_s * 1000)
+        budget = self._budget(tx, req.pipeline, now, req.spend)
         tx.insert_approval(
             {
                 "approval_id": approval_id,
@@ -186,7 +194,7 @@ class Transactions:
                 "content_type": req.content_type,
                 "quorum_required": policy.quorum,
                 "scope": [list(pair) for pair in policy.scope],
-                "budget": self._budget(tx, req.pipeline, now, req.spend),
+                "budget": budget,
                 "spend": req.spend,
                 "revision": 1,
                 "state": "pending",
@@ -201,8 +209,13 @@ class Transactions:
                 **self._followup_columns(policy.followups, now, expires_at),
             }
         )
-        tx.insert_revision(approval_id, 1, req.body, digest, new_nonce(), now, None)
-        tx.enqueue_dispatch(approval_id, 1, now)
+        nonce = new_nonce()
+        tx.insert_revision(approval_id, 1, req.body, digest, nonce, now, None)
+        decided = None  # issue 18: a policy decides (no dispatch), or a person does
+        if policy.verdict is not None or policy.remember_ms is not None:
+            decided = policy_tx.verdict(tx, req, policy, digest, now, budget)
+        if decided is None:
+            tx.enqueue_dispatch(approval_id, 1, now)
         created = CreatedData(
             pipeline=req.pipeline,
             step=req.step,
@@ -218,6 +231,8 @@ class Transactions:
             else policy.approver_signature,
         )
         self.audit(tx, created.kind, approval_id, now, created.to_data())
+        if decided is not None:
+            policy_tx.apply(self, tx, approval_id, decided, nonce, digest, now)
         full = tx.load_approval(approval_id)
         assert full is not None
         return full, True

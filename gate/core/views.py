@@ -41,7 +41,8 @@ def approval_view(full: Approval) -> dict[str, Any]:
         "risk": full.risk,
         "quorum": {
             "required": full.quorum_required,
-            "collected": len(approvers_of(full, full.revision)),
+            # people only: a policy's approval (operator 0, issue 18) counts toward no quorum
+            "collected": len([op for op in approvers_of(full, full.revision) if op != 0]),
         },
         "approvers": [identity for _, identity in full.scope],
         "revision": full.revision,

@@ -165,6 +165,26 @@ class WriteTx(
             "SELECT approval_id, request_hash FROM approvals WHERE idempotency_key = ?", (key,)
         )
 
+    def remembered_approval(
+        self, pipeline: str, step: str, content_type: str, digest: str, since_ms: int
+    ) -> str | None:
+        """Issue 18 ``remember_approval``: the newest approval of ``pipeline``/``step`` a
+        person approved (outcome ``approved`` on revision 1, no policy decision: operator 0)
+        at or after ``since_ms`` whose draft has ``content_type`` and hashes to ``digest``;
+        its id, or None."""
+        row = self._one(
+            "SELECT a.approval_id FROM approvals a JOIN revisions r"
+            " ON r.approval_id = a.approval_id AND r.revision = 1"
+            " WHERE a.state = 'resolved' AND a.outcome = 'approved' AND a.revision = 1"
+            " AND a.pipeline = ? AND a.step = ? AND a.resolved_at >= ? AND r.payload_hash = ?"
+            " AND a.content_type = ?"
+            " AND NOT EXISTS (SELECT 1 FROM decisions d"
+            " WHERE d.approval_id = a.approval_id AND d.operator_id = 0)"
+            " ORDER BY a.resolved_at DESC LIMIT 1",
+            (pipeline, step, since_ms, digest, content_type),
+        )
+        return None if row is None else str(row["approval_id"])
+
     def spent(self, since_ms: int, pipeline: str | None) -> float:
         """Return the summed ``spend`` of approvals that fired (approved/adjusted) since
         ``since_ms``."""

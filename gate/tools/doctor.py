@@ -33,6 +33,7 @@ from gate.config import (
     read_receipt_key,
 )
 from gate.config.followups import ended_delegations
+from gate.config.policy import policy_notes
 from gate.config.secrets import _secret_vars
 from gate.daemon.dispatch import redact
 from gate.errors import ConfigError, GateError
@@ -126,6 +127,9 @@ def check_config(path: str) -> tuple[Check, Config | None]:
         f"{config.source}: {len(config.pipelines)} pipelines, "
         f"{steps} steps, {len(config.relay.operators)} operators"
     )
+    notes = policy_notes(config)  # issue 18: approve rules standing in for a quorum
+    if notes:
+        detail += "; " + "; ".join(notes)
     ended = ended_delegations(config.delegations, int(time.time() * 1000))
     if ended:  # ignored by the gate; check-config refuses the file until they are removed
         return _warn("config", f"{detail}; but {'; '.join(ended)}"), config

@@ -95,6 +95,8 @@ async def create_approval(request: web.Request) -> web.Response:
     view, created = await request.app[SERVICE].create(req, key)
     if created:
         request.app[METRICS].approvals_created.labels(req.pipeline, req.step).inc()
+        if view["state"] == "resolved":  # issue 18: a policy decided it at once
+            request.app[METRICS].resolved(view["outcome"])
     return web.json_response(view, status=201 if created else 200)
 
 

@@ -1,0 +1,120 @@
+"""``hitl-gate mcp`` (issue 18): the MCP server an agent host mounts, over stdio or (with
+``--http``) streamable HTTP behind a bearer token; it talks to the gate's pipeline API."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+
+import click
+
+from gate.cli import API_URL_OPTION, CONFIG_OPTION, fail, main, read_config
+
+MIN_TOKEN_BYTES = 16  # as the gate's own secrets: shorter is refused
+
+
+def parse_http(value: str) -> tuple[str, int]:
+    """``HOST:PORT``, ``[IPv6]:PORT`` or ``PORT`` (host 127.0.0.1) -> ``(host, port)``; exits 2
+    with one line naming ``--http`` otherwise."""
+    host, sep, port = value.rpartition(":")
+    if not sep:
+        host, port = "127.0.0.1", value
+    host = host.removeprefix("[").removesuffix("]") or "127.0.0.1"
+    if not port.isdigit() or int(port) > 65535:
+        fail(f"--http: {value!r} is not HOST:PORT (e.g. 127.0.0.1:8093)", 2)
+    return host, int(port)
+
+
+def http_token(token_env: str | None) -> str:
+    """The bearer token of ``--http`` from the variable ``--token-env`` names; exits 2 with
+    one line when it is not given, not set, shorter than 16 bytes or not printable."""
+    if token_env is None:
+        fail("--http needs --token-env NAME: the variable holding the bearer token", 2)
+    token = os.environ.get(token_env, "")
+    if not token:
+        fail(f"--token-env: {token_env} is not set", 2)
+    if not token.isprintable() or token != token.strip():
+        fail(f"--token-env: {token_env} has control characters or white space; remove them", 2)
+    if len(token.encode("utf-8")) < MIN_TOKEN_BYTES:
+        fail(
+            f"--token-env: {token_env} is shorter than {MIN_TOKEN_BYTES} bytes "
+            "(make one with `openssl rand -hex 32`)",
+            2,
+        )
+    return token
+
+
+@main.command("mcp")
+@CONFIG_OPTION
+@API_URL_OPTION
+@click.option(
+    "--http",
+    "http_addr",
+    default=None,
+    metavar="HOST:PORT",
+    help="Serve streamable HTTP at http://HOST:PORT/mcp instead of stdio (PORT alone: "
+    "127.0.0.1; port 0: any free port). Needs --token-env.",
+)
+@click.option(
+    "--token-env",
+    default=None,
+    metavar="NAME",
+    help="With --http: the variable holding the bearer token every request must carry.",
+)
+@click.option(
+    "--log-level",
+    type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
+    default="INFO",
+    show_default=True,
+)
+def mcp(
+    config_path: str,
+    api_url: str | None,
+    http_addr: str | None,
+    token_env: str | None,
+    log_level: str,
+) -> None:
+    """Run the MCP server: tools request_approval, get_approval, cancel_approval, ask_human,
+    get_question and list_pending for an agent host, over stdio (the host starts this
+    command) or with --http over streamable HTTP. Only approved/adjusted allow an action;
+    pending is never a yes. Logs go to stderr, never a draft or an answer.
+
+    Exit 0 when stdin ends (stdio) or on SIGTERM/SIGINT (HTTP), 1 when it cannot listen,
+    2 usage (e.g. --http without --token-env).
+
+    Example: hitl-gate mcp -c config.yaml
+    """
+    import asyncio
+
+    from gate import logs
+    from gate.cli.common import api_target
+    from gate.mcp.server import bind, serve_http, serve_stdio
+    from gate.sdk import AsyncGate
+
+    if token_env is not None and http_addr is None:
+        fail("--token-env: only with --http (over stdio the host starts this process)", 2)
+    target = http_addr and parse_http(http_addr)
+    token = http_token(token_env) if target else ""
+    url, api_token = api_target(read_config(config_path), api_url)
+    logs.configure(log_level.upper(), "text")
+    if log_level.upper() != "DEBUG":  # the mcp package's own INFO lines (session ids) are noise
+        logging.getLogger("mcp").setLevel(logging.WARNING)
+    sock = None
+    if target:
+        try:
+            sock = bind(*target)
+        except OSError as exc:
+            fail(f"--http: cannot listen on {http_addr}: {exc.strerror or exc}", 1)
+
+    async def serve() -> None:
+        async with AsyncGate(url, api_token) as gate:
+            if sock is None:
+                await serve_stdio(gate)
+            else:
+                await serve_http(gate, sock, token)
+
+    try:
+        asyncio.run(serve())
+    except KeyboardInterrupt:
+        sys.exit(0)

@@ -1,0 +1,101 @@
+"""``hitl-gate policy test`` (issue 18 §3): which of a step's policy rules would decide a
+draft, evaluated offline from the config (``gate.core.policy``); nothing is created, no gate
+is asked, no database read."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import click
+
+from gate.cli import CONFIG_OPTION, fail, input_name, main, read_config, read_input
+
+if TYPE_CHECKING:
+    from gate.config import Config
+
+
+@main.group("policy")
+def policy_group() -> None:
+    """Policy rules of approval steps (issue 18): see which rule would decide a draft.
+
+    Example: hitl-gate policy test -c config.yaml --pipeline p --step s --draft-file d.json
+    """
+
+
+@policy_group.command("test")
+@CONFIG_OPTION
+@click.option("--pipeline", required=True, help="The pipeline's name.")
+@click.option("--step", required=True, help="The approval step's name.")
+@click.option("--draft-file", required=True, help="The draft's body (UTF-8), - for stdin.")
+@click.option("--content-type", default="text/plain", show_default=True, help="The draft's.")
+@click.option("--spend", type=float, default=None, help="The request's spend (budget.unit).")
+def policy_test(
+    config_path: str,
+    pipeline: str,
+    step: str,
+    draft_file: str,
+    content_type: str,
+    spend: float | None,
+) -> None:
+    """Show which rule of the step's policy would decide this draft, creating nothing.
+
+    Prints "policy:<id> would approve" (or "would deny", with the reason), naming the
+    rule's YAML path, or "no rule: a person decides"; a step with remember_approval adds
+    that a draft a person approved there within the window is approved (policy:remembered).
+    Exit 0; 2 for bad input (an unknown pipeline or step, a question step, a draft that is
+    no UTF-8, a negative spend), one line.
+
+    Example: hitl-gate policy test -c config.yaml --pipeline agent-tools --step send-invoice
+    --draft-file invoice.json --content-type application/json --spend 40
+    """
+    from gate.core.policy import Facts, evaluate
+    from gate.core.requests import spend_problem
+    from gate.protocol.canonical import payload_hash
+
+    config = read_config(config_path)
+    found = config.find_step(pipeline, step)
+    if found is None:
+        known = any(p.name == pipeline for p in config.pipelines)
+        what = f"step {step!r} is not configured in {pipeline!r}" if known else (
+            f"pipeline {pipeline!r} is not configured"
+        )  # fmt: skip
+        fail(f"{config_path}: {what}", 2)
+    step_cfg = found[1]
+    if step_cfg.is_question:
+        fail(f"--step: {step!r} is a question step: policy decides approval steps only", 2)
+    if spend is not None and (problem := spend_problem(spend)) is not None:
+        fail(f"--spend: {problem}", 2)
+    raw = read_input("--draft-file", draft_file)
+    try:
+        body = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        fail(f"--draft-file: {input_name(draft_file)} is not UTF-8 text", 2)
+    at = _where(config, pipeline, step)
+    verdict = evaluate(
+        step_cfg.policy, Facts(content_type, body, spend), step_cfg.risk, step_cfg.quorum
+    )
+    click.echo(f"payload_hash {payload_hash(body)}")
+    if verdict is None:
+        click.echo("no rule: a person decides")
+    else:
+        index = next(k for k, r in enumerate(step_cfg.policy) if r.id == verdict.rule_id)
+        line = f"{verdict.by} would {verdict.decide} ({at}.policy[{index}])"
+        if verdict.reason is not None:
+            line += f"; reason: {verdict.reason}"
+        click.echo(line)
+    if verdict is None and step_cfg.remember_approval is not None:
+        from gate.config.followups import format_duration
+
+        click.echo(
+            "unless a person approved this same draft on this step within "
+            f"{format_duration(step_cfg.remember_approval)}: then policy:remembered approves it"
+        )
+
+
+def _where(config: Config, pipeline: str, step: str) -> str:
+    """The YAML path of ``pipeline``/``step``: ``pipelines[i].steps[j]``."""
+    for i, pipe in enumerate(config.pipelines):
+        for j, candidate in enumerate(pipe.steps):
+            if pipe.name == pipeline and candidate.name == step:
+                return f"pipelines[{i}].steps[{j}]"
+    return "?"

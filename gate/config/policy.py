@@ -1,0 +1,184 @@
+"""Per-step policy rules and remembered approvals in the config (issue 18 §3).
+
+The models (``PolicyRule`` with its ``when`` conditions and argument constraints) and the
+checks across fields that need the step (unique ids, the hard limits on ``risk: high`` /
+``critical`` and quorum > 1). Every error is a ``"<yaml.path>: <message>"`` line like the
+rest of ``gate.config``; the evaluation itself is ``gate.core.policy`` (pure).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING, Annotated, Any, Literal
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
+
+if TYPE_CHECKING:
+    from gate.config.model import Config, StepConfig
+
+HIGH_RISKS = ("high", "critical")
+# the rule id a remembered approval is decided by (``policy:remembered``): no rule may take it
+REMEMBERED = "remembered"
+MAX_RULE_ID_CHARS = 64
+MAX_RULE_REASON_CHARS = 500
+
+_FROZEN = ConfigDict(extra="forbid", frozen=True)
+_RULE_ID = re.compile(r"[a-z0-9_-]+")
+_Number = Annotated[float, Field(strict=True, allow_inf_nan=False)]
+
+
+def _one_or_list(value: object) -> object:
+    """``content_type: application/json`` is the list of one."""
+    return (value,) if isinstance(value, str) else value
+
+
+def argument_path(key: str) -> tuple[str, ...]:
+    """The path of an ``arguments`` key into a JSON draft: a JSON pointer (RFC 6901, starts
+    with ``/``: ``/items/0/sku``, ``~1`` for ``/``, ``~0`` for ``~``) or a dotted key
+    (``customer.country``). Raises ValueError for an empty key or an empty dotted segment."""
+    if key.startswith("/"):
+        return tuple(p.replace("~1", "/").replace("~0", "~") for p in key[1:].split("/"))
+    parts = tuple(key.split("."))
+    if not key or any(not p for p in parts):
+        raise ValueError(f"{key!r} is neither a JSON pointer (/a/b) nor a dotted key (a.b)")
+    return parts
+
+
+class ArgumentConstraint(BaseModel):
+    """What one argument of a JSON draft must be for the rule to match (all given must hold):
+    ``equals`` (JSON equality, true is not 1), ``one_of`` (a list of such values), ``glob``
+    (a string matched case-sensitively by ``fnmatch``), ``min`` / ``max`` (a number, bounds
+    inclusive). At least one is required."""
+
+    model_config = _FROZEN
+
+    equals: Any = None
+    one_of: tuple[Any, ...] | None = None
+    glob: Annotated[str, Field(strict=True)] | None = None
+    min: _Number | None = None
+    max: _Number | None = None
+
+    @model_validator(mode="after")
+    def _some(self) -> ArgumentConstraint:
+        if not self.model_fields_set:
+            raise ValueError("give at least one of equals, one_of, glob, min, max")
+        return self
+
+
+class PolicyWhen(BaseModel):
+    """The conditions of a rule; all given must hold (none given: the rule always matches).
+    ``max_spend`` (the request's ``spend`` <= it, in ``budget.unit``; a request without
+    ``spend`` does not match), ``max_draft_bytes`` (UTF-8 size of the draft), ``content_type``
+    (one or a list, exact), ``body_matches`` (a Python regular expression searched in the
+    body, compiled at load) and ``arguments`` (a JSON draft's values, ``argument_path``)."""
+
+    model_config = _FROZEN
+
+    max_spend: _Number | None = Field(default=None, ge=0)
+    max_draft_bytes: Annotated[int, Field(strict=True, ge=0)] | None = None
+    content_type: Annotated[tuple[str, ...], BeforeValidator(_one_or_list)] | None = None
+    body_matches: Annotated[str, Field(strict=True)] | None = None
+    arguments: dict[str, ArgumentConstraint] | None = None
+
+    @field_validator("body_matches")
+    @classmethod
+    def _compiles(cls, value: str | None) -> str | None:
+        if value is not None:
+            try:
+                re.compile(value)
+            except re.error as exc:
+                raise ValueError(f"not a valid regular expression ({exc})") from None
+        return value
+
+    @field_validator("arguments")
+    @classmethod
+    def _paths(cls, value: dict[str, ArgumentConstraint] | None) -> Any:
+        for key in value or {}:
+            argument_path(key)
+        return value
+
+
+class PolicyRule(BaseModel):
+    """One rule of a step's ``policy`` list: ``id`` ([a-z0-9_-]+, unique in the step; the
+    decider is ``policy:<id>``), ``decide`` approve|deny, ``when`` its conditions,
+    ``allow_quorum`` (an approve rule on a step with quorum > 1 must say so) and ``reason``
+    (a deny's reason, what should change: the pipeline gets it as a skip's reason)."""
+
+    model_config = _FROZEN
+
+    id: Annotated[str, Field(strict=True, min_length=1, max_length=MAX_RULE_ID_CHARS)]
+    decide: Literal["approve", "deny"]
+    when: PolicyWhen = Field(default_factory=PolicyWhen)
+    allow_quorum: Annotated[bool, Field(strict=True)] = False
+    reason: Annotated[str, Field(strict=True, min_length=1, max_length=500)] | None = None
+
+    @field_validator("id")
+    @classmethod
+    def _id(cls, value: str) -> str:
+        if not _RULE_ID.fullmatch(value):
+            raise ValueError("must match [a-z0-9_-]+")
+        if value == REMEMBERED:
+            raise ValueError(f"{REMEMBERED!r} is reserved (remember_approval decides by it)")
+        return value
+
+
+def check_step_policy(where: str, step: StepConfig) -> list[str]:
+    """Errors of one step's ``policy`` and ``remember_approval`` (``where`` its YAML path,
+    ``pipelines[i].steps[j]``), issue 18 §3 hard limits: rule ids unique in the step; a step
+    of ``risk: high``/``critical`` may have deny rules only and no ``remember_approval``; on
+    a step with quorum > 1 an approve rule needs ``allow_quorum: true`` and
+    ``remember_approval`` is refused; ``reason`` only on a deny rule, and required on one
+    where the step has ``skip_reason: required``."""
+    errors: list[str] = []
+    seen: dict[str, int] = {}
+    for k, rule in enumerate(step.policy):
+        at = f"{where}.policy[{k}]"
+        if rule.id in seen:
+            errors.append(
+                f"{at}.id: duplicate rule id {rule.id!r} (also {where}.policy[{seen[rule.id]}])"
+            )
+        seen.setdefault(rule.id, k)
+        if rule.decide == "approve" and step.risk in HIGH_RISKS:
+            errors.append(
+                f"{at}.decide: a step with risk: {step.risk} may have deny rules only"
+                " (nothing approves it but a person)"
+            )
+        elif rule.decide == "approve" and step.quorum > 1 and not rule.allow_quorum:
+            errors.append(
+                f"{at}.decide: the step needs quorum {step.quorum}; an approve rule would"
+                " stand in for every person: say allow_quorum: true to mean it"
+            )
+        if rule.allow_quorum and rule.decide != "approve":
+            errors.append(f"{at}.allow_quorum: only for decide: approve")
+        if rule.reason is not None and rule.decide != "deny":
+            errors.append(f"{at}.reason: only for decide: deny (the skip's reason)")
+        elif rule.decide == "deny" and rule.reason is None and step.skip_reason == "required":
+            errors.append(
+                f"{at}.reason: the step has skip_reason: required, so a deny rule gives its"
+                " reason too (what the pipeline should change)"
+            )
+    if step.remember_approval is not None:
+        if step.risk in HIGH_RISKS:
+            errors.append(
+                f"{where}.remember_approval: refused on a step with risk: {step.risk}"
+                " (every draft there is approved by a person)"
+            )
+        elif step.quorum > 1:
+            errors.append(
+                f"{where}.remember_approval: refused on a step with quorum {step.quorum}"
+                " (a remembered approval would stand in for every person)"
+            )
+    return errors
+
+
+def policy_notes(config: Config) -> list[str]:
+    """One line per approve rule that stands in for a quorum > 1 (``allow_quorum: true``),
+    its YAML path first: ``check-config`` and ``doctor`` show them (issue 18 §3)."""
+    return [
+        f"pipelines[{i}].steps[{j}].policy[{k}]: rule {rule.id!r} approves on its own a step"
+        f" that needs quorum {step.quorum} (allow_quorum: true)"
+        for i, pipeline in enumerate(config.pipelines)
+        for j, step in enumerate(pipeline.steps)
+        for k, rule in enumerate(step.policy)
+        if rule.decide == "approve" and rule.allow_quorum and step.quorum > 1
+    ]

@@ -1,0 +1,129 @@
+"""What the MCP tools answer (issue 18): an approval or a question as a small JSON object an
+agent reads at a glance, the idempotency key derived from a call, and the argument a gate
+refusal is about. Pure: no I/O, no clock."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+from gate.sdk import Approval, Question
+
+MAX_WAIT_S = 50
+"""The longest a tool call blocks, in seconds: well under common MCP client tool timeouts
+(60 s and more), so a human thinking never makes the host give up on the call."""
+DEFAULT_WAIT_S = 45
+ASK_AGAIN_AFTER_S = 1
+"""A pending answer's ``ask_again_after_seconds``: get_approval/get_question long-poll on
+their own (up to ``wait_seconds``), so asking again at once costs nothing."""
+
+GRANTED = ("approved", "adjusted")
+
+# the gate's reason code -> the tool argument it is about (its own ``field`` wins)
+REASON_ARGUMENT = {
+    "unknown_pipeline": "pipeline",
+    "unknown_step": "step",
+    "idempotency_key_reused": "idempotency_key",
+    "draft_too_large": "draft",
+    "question_too_large": "text",
+}
+# the gate's field (a JSON path of the request body) -> the tool argument
+FIELD_ARGUMENT = {
+    "draft.body": "draft",
+    "draft.content_type": "content_type",
+    "draft": "draft",
+    "body": "draft",
+}
+
+
+def derive_key(kind: str, run_id: str, pipeline: str, step: str, *parts: Any) -> str:
+    """The Idempotency-Key of a call made without one (issue 18): ``mcp-`` + SHA-256 hex of the
+    canonical JSON of ``[kind, run_id, pipeline, step, *parts]`` (for an approval the content
+    type and the draft). The same call in the same run joins the same approval after a restart
+    of the agent host or of this server; a different draft is a different approval. Only
+    derived when a ``run_id`` is given: without one the same draft would join an approval
+    resolved long ago, so each call then makes a new approval."""
+    material = json.dumps(
+        [kind, run_id, pipeline, step, *parts],
+        ensure_ascii=False,
+        separators=(",", ":"),
+        sort_keys=True,
+    )
+    return "mcp-" + hashlib.sha256(material.encode("utf-8")).hexdigest()
+
+
+def approval_result(approval: Approval) -> dict[str, Any]:
+    """The answer of request_approval/get_approval/cancel_approval.
+
+    Resolved: ``{approval_id, state: "resolved", outcome, allowed, body, content_type,
+    payload_hash, reason, decided_by, receipt, permit}`` where ``allowed`` is true only for
+    approved/adjusted and ``body`` (the final body; on adjust the edited text, the one to act
+    on) is set only then. Pending: ``{approval_id, state: "pending", outcome: null, allowed:
+    false, ask_again_after_seconds}``: "not yet", never "yes"."""
+    if approval.state != "resolved":
+        return {
+            "approval_id": approval.id,
+            "state": "pending",
+            "outcome": None,
+            "allowed": False,
+            "ask_again_after_seconds": ASK_AGAIN_AFTER_S,
+        }
+    allowed = approval.outcome in GRANTED
+    return {
+        "approval_id": approval.id,
+        "state": "resolved",
+        "outcome": approval.outcome,
+        "allowed": allowed,
+        "body": approval.body if allowed else None,
+        "content_type": approval.content_type,
+        "payload_hash": approval.payload_hash,
+        "reason": approval.reason,
+        "decided_by": list(approval.decided_by),
+        "receipt": approval.receipt,
+        "permit": approval.permit,
+    }
+
+
+def question_result(question: Question) -> dict[str, Any]:
+    """The answer of ask_human/get_question: resolved ``{question_id, state: "resolved",
+    outcome, answer, answered_by, receipt}`` (``answer`` a string, a list or an object by the
+    response type; null unless ``outcome`` is ``answered``), or pending ``{question_id,
+    state: "pending", outcome: null, ask_again_after_seconds}``."""
+    if question.state != "resolved":
+        return {
+            "question_id": question.id,
+            "state": "pending",
+            "outcome": None,
+            "ask_again_after_seconds": ASK_AGAIN_AFTER_S,
+        }
+    answered = question.outcome == "answered"
+    return {
+        "question_id": question.id,
+        "state": "resolved",
+        "outcome": question.outcome,
+        "answer": question.answer if answered else None,
+        "answered_by": question.answered_by if answered else None,
+        "receipt": question.receipt,
+    }
+
+
+def pending_summary(approval: Approval) -> dict[str, Any]:
+    """One line of list_pending: where it waits, never the draft."""
+    raw = approval.raw
+    return {
+        "approval_id": approval.id,
+        "pipeline": approval.pipeline,
+        "step": approval.step,
+        "run_id": approval.run_id,
+        "payload_hash": approval.payload_hash,
+        "expires_at": raw.get("expires_at"),
+    }
+
+
+def refused_argument(reason: str, field: str | None, default: str) -> str:
+    """The tool argument a gate refusal (``reason``, ``field``) is about, ``default`` when the
+    gate names none this tool has."""
+    if field:
+        return FIELD_ARGUMENT.get(field, field.split(".")[0])
+    return REASON_ARGUMENT.get(reason, default)

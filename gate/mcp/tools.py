@@ -1,0 +1,205 @@
+"""The MCP tools of ``hitl-gate mcp`` (issue 18): request_approval, get_approval,
+cancel_approval, ask_human, get_question and list_pending, each one call of the SDK's
+AsyncGate. Bad arguments and gate refusals are tool errors (``isError``) naming the argument;
+nothing a caller sent (a draft, a question, an answer) is logged."""
+
+from __future__ import annotations
+
+import logging
+from typing import Annotated, Any, Literal
+
+from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
+from mcp.types import ToolAnnotations
+from pydantic import Field
+
+from gate.mcp.results import (
+    DEFAULT_WAIT_S,
+    MAX_WAIT_S,
+    approval_result,
+    derive_key,
+    pending_summary,
+    question_result,
+    refused_argument,
+)
+from gate.sdk import AsyncGate, GateRequestError, GateUnavailable
+
+log = logging.getLogger(__name__)
+
+NOT_YET = (
+    'Only outcome "approved" or "adjusted" (allowed: true) permits the action; with "adjusted" '
+    'act on the returned body, not on your original draft. state "pending" means NOT YET, '
+    "never yes: do not act, call get_approval with the approval_id to keep waiting. "
+    '"skipped" (read reason: what the person wants changed), "timeout" and "cancelled" mean '
+    "do not act."
+)
+
+Wait = Annotated[
+    float,
+    Field(
+        ge=0,
+        le=MAX_WAIT_S,
+        description=f"Seconds to block waiting for a person (0 to {MAX_WAIT_S}); "
+        "still pending after that, the answer says so and you ask again.",
+    ),
+]
+Text = Annotated[str, Field(min_length=1)]
+
+REQUEST_APPROVAL = (
+    "Ask a person to approve an action before you take it (the hitl-gate). Send the draft "
+    "exactly as it would be sent or executed. Blocks up to wait_seconds. " + NOT_YET + " "
+    "Pass run_id (your task or conversation id): the same run_id, pipeline, step, content "
+    "type and draft then join the same approval even after a restart, instead of asking "
+    "twice; a different draft is a different approval. Without run_id and idempotency_key "
+    "each call asks anew."
+)
+GET_APPROVAL = (
+    "Wait up to wait_seconds for an approval made by request_approval and return it. " + NOT_YET
+)
+CANCEL_APPROVAL = (
+    "Withdraw a pending approval you no longer need (outcome cancelled: the action must "
+    "not be taken). Refused when it is already resolved."
+)
+ASK_HUMAN = (
+    "Ask a person a question (a step of type question) and wait up to wait_seconds for the "
+    "answer. response_type: free_text, single_choice or multi_choice (give options), or form "
+    "(give schema, a JSON form schema). state pending means no answer yet: call get_question "
+    "with the question_id. Outcome answered carries the answer; timeout or cancelled none."
+)
+GET_QUESTION = "Wait up to wait_seconds for a question asked with ask_human and return it."
+LIST_PENDING = (
+    "List the approvals still waiting for a person (optionally of one pipeline): their ids, "
+    "pipeline, step and expiry, never their drafts. Pending means not decided: never yes."
+)
+
+
+def _refusal(exc: GateRequestError | GateUnavailable, argument: str) -> ToolError:
+    """A gate refusal as a tool error naming the argument; unreachable as one saying nothing
+    was decided."""
+    if isinstance(exc, GateUnavailable):
+        return ToolError(f"the gate is unreachable, nothing was decided (ask again): {exc}")
+    return ToolError(f"{refused_argument(exc.reason, exc.field, argument)}: {exc.message}")
+
+
+def register(server: MCPServer[Any], gate: AsyncGate) -> None:
+    """Add the six tools to ``server``, each calling ``gate`` (the pipeline API, SPEC §3;
+    questions issue 15). Tool results are the dicts of gate.mcp.results."""
+
+    async def request_approval(
+        pipeline: Text,
+        step: Text,
+        draft: Text,
+        content_type: Text = "text/plain",
+        run_id: str | None = None,
+        idempotency_key: str | None = None,
+        wait_seconds: Wait = DEFAULT_WAIT_S,
+    ) -> dict[str, Any]:
+        key = idempotency_key
+        if key is None and run_id:
+            key = derive_key("approval", run_id, pipeline, step, content_type, draft)
+        try:
+            approval = await gate.request_approval(
+                pipeline,
+                step,
+                draft,
+                content_type=content_type,
+                run_id=run_id,
+                idempotency_key=key,
+                wait=wait_seconds,
+            )
+        except (GateRequestError, GateUnavailable) as exc:
+            raise _refusal(exc, "pipeline") from exc
+        _log("request_approval", approval.id, approval.state, approval.outcome)
+        return approval_result(approval)
+
+    async def get_approval(
+        approval_id: Text, wait_seconds: Wait = DEFAULT_WAIT_S
+    ) -> dict[str, Any]:
+        try:
+            approval = await gate.get_approval(approval_id, wait=wait_seconds)
+        except (GateRequestError, GateUnavailable) as exc:
+            raise _refusal(exc, "approval_id") from exc
+        _log("get_approval", approval.id, approval.state, approval.outcome)
+        return approval_result(approval)
+
+    async def cancel_approval(approval_id: Text) -> dict[str, Any]:
+        try:
+            approval = await gate.cancel_approval(approval_id)
+        except (GateRequestError, GateUnavailable) as exc:
+            raise _refusal(exc, "approval_id") from exc
+        _log("cancel_approval", approval.id, approval.state, approval.outcome)
+        return approval_result(approval)
+
+    async def ask_human(
+        pipeline: Text,
+        step: Text,
+        text: Text,
+        response_type: Literal["free_text", "single_choice", "multi_choice", "form"] = (
+            "free_text"
+        ),
+        options: list[str] | None = None,
+        schema: dict[str, Any] | None = None,
+        run_id: str | None = None,
+        idempotency_key: str | None = None,
+        wait_seconds: Wait = DEFAULT_WAIT_S,
+    ) -> dict[str, Any]:
+        if response_type in ("single_choice", "multi_choice") and not options:
+            raise ToolError(f"options: {response_type} needs the options to choose from")
+        if response_type == "form" and schema is None:
+            raise ToolError("schema: form needs a JSON form schema")
+        key = idempotency_key
+        if key is None and run_id:
+            key = derive_key(
+                "question", run_id, pipeline, step, text, response_type, options, schema
+            )
+        try:
+            question = await gate.ask(
+                pipeline,
+                step,
+                text,
+                response_type=response_type,
+                options=options,
+                schema=schema,
+                run_id=run_id,
+                idempotency_key=key,
+                wait=wait_seconds,
+            )
+        except (GateRequestError, GateUnavailable) as exc:
+            raise _refusal(exc, "pipeline") from exc
+        _log("ask_human", question.id, question.state, question.outcome)
+        return question_result(question)
+
+    async def get_question(
+        question_id: Text, wait_seconds: Wait = DEFAULT_WAIT_S
+    ) -> dict[str, Any]:
+        try:
+            question = await gate.get_question(question_id, wait=wait_seconds)
+        except (GateRequestError, GateUnavailable) as exc:
+            raise _refusal(exc, "question_id") from exc
+        _log("get_question", question.id, question.state, question.outcome)
+        return question_result(question)
+
+    async def list_pending(pipeline: str | None = None) -> dict[str, Any]:
+        try:
+            approvals = await gate.list_pending(pipeline)
+        except (GateRequestError, GateUnavailable) as exc:
+            raise _refusal(exc, "pipeline") from exc
+        return {"approvals": [pending_summary(a) for a in approvals]}
+
+    asks = ToolAnnotations(read_only_hint=False, destructive_hint=False, open_world_hint=True)
+    reads = ToolAnnotations(read_only_hint=True, open_world_hint=False)
+    withdraws = ToolAnnotations(read_only_hint=False, destructive_hint=True, idempotent_hint=False)
+    for fn, description, hints in (
+        (request_approval, REQUEST_APPROVAL, asks),
+        (get_approval, GET_APPROVAL, reads),
+        (cancel_approval, CANCEL_APPROVAL, withdraws),
+        (ask_human, ASK_HUMAN, asks),
+        (get_question, GET_QUESTION, reads),
+        (list_pending, LIST_PENDING, reads),
+    ):
+        server.add_tool(fn, description=description, annotations=hints)
+
+
+def _log(tool: str, object_id: str, state: str, outcome: str | None) -> None:
+    """One line per tool answer: ids and outcome only, never a draft, text or answer."""
+    log.info("event=mcp_tool tool=%s id=%s state=%s outcome=%s", tool, object_id, state, outcome)

@@ -1,0 +1,171 @@
+"""The one HTTP client of the pipeline API (SPEC §3): a call per endpoint, JSON in and out.
+
+Used by the SDK (``AsyncGate``) and, through ``gate.client.api.ApiClient``, by the CLI.
+Errors are the SDK's: ``GateUnavailable`` (no connection) and ``GateRequestError`` (an error
+answer, or one that is not JSON).
+"""
+
+from __future__ import annotations
+
+import json
+from types import TracebackType
+from typing import Any, Self
+
+import aiohttp
+
+from gate.sdk.errors import GateRequestError, GateUnavailable
+
+
+class Transport:
+    """Async pipeline API client: ``async with Transport(base, token) as t: await t.get(id)``.
+
+    ``base`` is ``http(s)://host:port[/prefix]`` or ``unix:/path`` (a Unix socket); ``token``
+    the pipeline API bearer token. The HTTP session is opened on the first call (inside the
+    running event loop) and closed by ``close()`` or leaving the ``async with``. Every method
+    returns the decoded JSON answer, or raises ``GateUnavailable`` / ``GateRequestError``.
+    """
+
+    def __init__(self, base: str, token: str) -> None:
+        self._unix = base[5:] if base.startswith("unix:") else None
+        self._base = "http://localhost" if self._unix is not None else base.rstrip("/")
+        self._display = base
+        self._token = token
+        self._session: aiohttp.ClientSession | None = None
+
+    def _open(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            connector: aiohttp.BaseConnector = (
+                aiohttp.UnixConnector(path=self._unix)
+                if self._unix is not None
+                else aiohttp.TCPConnector()
+            )
+            self._session = aiohttp.ClientSession(
+                connector=connector,
+                headers={"Authorization": f"Bearer {self._token}"},
+                timeout=aiohttp.ClientTimeout(total=None, sock_connect=10),
+                trust_env=False,
+            )
+        return self._session
+
+    async def close(self) -> None:
+        """Close the HTTP session (idempotent)."""
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
+
+    async def _call(
+        self,
+        method: str,
+        path: str,
+        *,
+        body: Any = None,
+        params: dict[str, str] | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> tuple[int, Any]:
+        """One HTTP call; returns ``(status, decoded JSON)`` for a status below 400.
+
+        Raises GateUnavailable when the gate cannot be reached, GateRequestError for an
+        error answer (its ``reason`` and ``field``) or an answer that is not JSON
+        (``bad_answer``)."""
+        url = self._base + path
+        data = None if body is None else json.dumps(body, ensure_ascii=False).encode("utf-8")
+        hdrs = dict(headers or {})
+        if data is not None:
+            hdrs["Content-Type"] = "application/json; charset=utf-8"
+        try:
+            async with self._open().request(
+                method, url, data=data, params=params, headers=hdrs
+            ) as resp:
+                text = await resp.text(encoding="utf-8")
+                status = resp.status
+        except aiohttp.ClientError as exc:
+            raise GateUnavailable(f"cannot reach the gate at {self._display}: {exc}") from exc
+        try:
+            answer = json.loads(text) if text else {}
+        except ValueError:
+            raise GateRequestError(
+                status, "bad_answer", message=f"the gate answered HTTP {status} without JSON"
+            ) from None
+        if status >= 400:
+            obj = answer if isinstance(answer, dict) else None
+            reason = (obj or {}).get("reason", "error")
+            field = (obj or {}).get("field")
+            message = (obj or {}).get("message")
+            raise GateRequestError(
+                status,
+                str(reason),
+                field if isinstance(field, str) else None,
+                message=message if isinstance(message, str) else None,
+                answer=obj,
+            )
+        return status, answer
+
+    # ---- approvals (SPEC §3) ----------------------------------------------------------
+
+    async def create(
+        self, body: dict[str, Any], idempotency_key: str | None = None
+    ) -> tuple[Any, bool]:
+        """POST /v1/approvals; returns ``(approval object, created)``: ``created`` is False when
+        the gate answered 200, i.e. the same request with this Idempotency-Key was made before
+        (SPEC §3) and the object is that earlier approval as it stands now."""
+        headers = {"Idempotency-Key": idempotency_key} if idempotency_key else None
+        status, answer = await self._call("POST", "/v1/approvals", body=body, headers=headers)
+        return answer, status == 201
+
+    async def get(self, approval_id: str, wait: float | None = None) -> Any:
+        """GET /v1/approvals/{id}, long-polling up to ``wait`` seconds when given."""
+        params = None if wait is None else {"wait": f"{wait:g}"}
+        return (await self._call("GET", f"/v1/approvals/{approval_id}", params=params))[1]
+
+    async def list(self, state: str, pipeline: str | None, limit: int, cursor: str | None) -> Any:
+        """GET /v1/approvals with filters; returns ``{items, next_cursor}``."""
+        params = {"state": state, "limit": str(limit)}
+        if pipeline:
+            params["pipeline"] = pipeline
+        if cursor:
+            params["cursor"] = cursor
+        return (await self._call("GET", "/v1/approvals", params=params))[1]
+
+    async def cancel(self, approval_id: str) -> Any:
+        """POST /v1/approvals/{id}/cancel; returns the resolved approval."""
+        return (await self._call("POST", f"/v1/approvals/{approval_id}/cancel"))[1]
+
+    # ---- questions (issue 15): their own endpoints, never the approvals' ----------------
+
+    async def create_question(
+        self, body: dict[str, Any], idempotency_key: str | None = None
+    ) -> tuple[Any, bool]:
+        """POST /v1/questions; returns ``(question object, created)`` as ``create`` does for
+        approvals (``created`` False: the gate answered 200, an earlier create with this
+        Idempotency-Key; issue 15)."""
+        headers = {"Idempotency-Key": idempotency_key} if idempotency_key else None
+        status, answer = await self._call("POST", "/v1/questions", body=body, headers=headers)
+        return answer, status == 201
+
+    async def get_question(self, question_id: str, wait: float | None = None) -> Any:
+        """GET /v1/questions/{id}, long-polling up to ``wait`` seconds when given."""
+        params = None if wait is None else {"wait": f"{wait:g}"}
+        return (await self._call("GET", f"/v1/questions/{question_id}", params=params))[1]
+
+    async def list_questions(
+        self, state: str, pipeline: str | None, limit: int, cursor: str | None
+    ) -> Any:
+        """GET /v1/questions with filters; returns ``{items, next_cursor}``."""
+        params = {"state": state, "limit": str(limit)}
+        if pipeline:
+            params["pipeline"] = pipeline
+        if cursor:
+            params["cursor"] = cursor
+        return (await self._call("GET", "/v1/questions", params=params))[1]
+
+    async def cancel_question(self, question_id: str) -> Any:
+        """POST /v1/questions/{id}/cancel; returns the resolved question."""
+        return (await self._call("POST", f"/v1/questions/{question_id}/cancel"))[1]

@@ -1,0 +1,211 @@
+"""``hitl-gate mcp --http`` (issue 18): streamable HTTP behind a bearer token. A real gate, a
+capturing relay, the MCP server as a process and the real MCP client of the ``mcp`` package
+over loopback; requests without the token or with a wrong one are refused before MCP sees
+them."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import time
+from collections.abc import Iterator
+
+import pytest
+from mcp import MCPError
+
+from tests.mcp_support import MCP_TOKEN, dispatch_for, http_mcp, result_json, rows
+from tests.support import (
+    CaptureRelay,
+    CliProcess,
+    GateProcess,
+    decision_body,
+    gate_env,
+    http_request,
+    post_decision,
+    wait_until,
+    write_config,
+)
+
+pytestmark = pytest.mark.e2e
+
+LISTENING = r"event=mcp_listening url=(http://127\.0\.0\.1:\d+/mcp)"
+INITIALIZE = json.dumps(
+    {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "initialize",
+        "params": {
+            "protocolVersion": "2025-06-18",
+            "capabilities": {},
+            "clientInfo": {"name": "probe", "version": "0"},
+        },
+    }
+).encode()
+
+
+@pytest.fixture(scope="module")
+def relay() -> Iterator[CaptureRelay]:
+    r = CaptureRelay().start()
+    yield r
+    r.stop()
+
+
+@pytest.fixture(scope="module")
+def gate(tmp_path_factory: pytest.TempPathFactory, relay: CaptureRelay) -> Iterator[GateProcess]:
+    proc = GateProcess(write_config(tmp_path_factory.mktemp("mcp-http"), relay.url)).start()
+    yield proc
+    proc.stop()
+
+
+@pytest.fixture(scope="module")
+def server(gate: GateProcess) -> Iterator[tuple[CliProcess, str]]:
+    env = gate_env(HITL_MCP_TOKEN=MCP_TOKEN)
+    args = ["mcp", "-c", str(gate.config), "--api-url", gate.api_url]
+    proc = CliProcess(*args, "--http", "127.0.0.1:0", "--token-env", "HITL_MCP_TOKEN", env=env)
+    url = proc.wait_for_line(LISTENING).group(1)
+    yield proc, url
+    assert proc.stop() == 0, proc.log()  # SIGTERM: a clean stop
+
+
+async def test_mcp_http_request_approval_approved(gate, relay, server):
+    proc, url = server
+    draft = f"Pay invoice 2026-114 ({time.monotonic_ns()})"
+    async with http_mcp(url) as client:
+        call = asyncio.create_task(
+            client.call_tool(
+                "request_approval",
+                {"pipeline": "p", "step": "q1", "draft": draft, "wait_seconds": 20},
+            )
+        )
+        dispatch = await dispatch_for(relay, draft)
+        status, _, _ = await asyncio.to_thread(
+            post_decision, gate.callback_url, decision_body(dispatch, "bob@example.com")
+        )
+        got = result_json(await call)
+
+    assert status == 200
+    assert (got["outcome"], got["allowed"], got["body"]) == ("approved", True, draft)
+    assert got["decided_by"] == ["bob@example.com"]
+    assert rows(
+        gate, "SELECT outcome FROM approvals WHERE approval_id = ?", got["approval_id"]
+    ) == [("approved",)]
+    assert MCP_TOKEN not in proc.log() and draft not in proc.log()
+
+
+@pytest.mark.parametrize(
+    ("headers", "reason"),
+    [
+        pytest.param({}, "missing_token", id="no-token"),
+        pytest.param({"Authorization": "Bearer wrong-token-0000000000"}, "wrong_token", id="wrong"),
+        pytest.param({"Authorization": f"Basic {MCP_TOKEN}"}, "wrong_token", id="not-bearer"),
+        pytest.param({"Authorization": f"Bearer {MCP_TOKEN}x"}, "wrong_token", id="longer"),
+    ],
+)
+def test_mcp_http_refuses_a_request_without_the_right_token(gate, server, headers, reason):
+    proc, url = server
+    before = rows(gate, "SELECT COUNT(*) FROM approvals")
+    hdrs = {"Content-Type": "application/json", "Accept": "application/json, text/event-stream"}
+
+    status, got_headers, body = http_request(url, "POST", INITIALIZE, {**hdrs, **headers})
+
+    assert status == 401
+    assert json.loads(body) == {"error": "unauthorized", "reason": reason}
+    assert got_headers["www-authenticate"].startswith("Bearer")
+    proc.wait_for_line(f"event=mcp_refused reason={reason}")
+    assert rows(gate, "SELECT COUNT(*) FROM approvals") == before
+
+
+async def test_mcp_http_client_with_a_wrong_token_cannot_call_a_tool(server):
+    proc, url = server
+    refused = len(re.findall("reason=wrong_token", proc.log()))
+
+    with pytest.raises(ExceptionGroup) as caught:
+        async with http_mcp(url, token="wrong-token-0000000000") as client:
+            await client.list_tools()
+
+    assert caught.group_contains(MCPError)  # the client's error: the server answered 401
+    wait_until(lambda: len(re.findall("reason=wrong_token", proc.log())) > refused)
+
+
+def test_mcp_http_the_right_token_is_accepted(server):
+    _, url = server
+    hdrs = {
+        "Content-Type": "application/json",
+        "Accept": "application/json, text/event-stream",
+        "Authorization": f"Bearer {MCP_TOKEN}",
+    }
+
+    status, _, body = http_request(url, "POST", INITIALIZE, hdrs)
+
+    assert status == 200, body
+    assert b"hitl-gate" in body  # the server's name in the initialize result
+
+
+RELAY_LISTENING = r"event=relay_listening url=(http://127\.0\.0\.1:\d+/)"
+EDITED = "Hallo Anna, bitte PO 7 angeben."
+
+
+async def test_mcp_http_with_the_reference_relay_adjusts_and_answers(
+    tmp_path, clis, spawn, monkeypatch
+):
+    """The shipped pieces end to end: ``hitl-gate relay --auto adjust:…`` decides, the gate
+    resolves, ``hitl-gate mcp --http`` hands the agent the edited body to act on; a question
+    gets the relay's ``--auto-answer``."""
+    monkeypatch.setenv("HITL_MCP_TOKEN", MCP_TOKEN)
+    relay = clis(
+        "relay",
+        "--listen",
+        "127.0.0.1:0",
+        "--secret-env",
+        "HITL_RELAY_SECRET",
+        "--auto",
+        f"adjust:{EDITED}",
+        "--auto-answer",
+        "globex",
+    )
+    steps = [
+        {"name": "q1", "quorum": 1, "approvers": [101, 102], "timeout": "1h"},
+        {"name": "ask", "type": "question", "approvers": [101, 102], "timeout": "1h"},
+    ]
+    config = write_config(
+        tmp_path,
+        relay.wait_for_line(RELAY_LISTENING).group(1),
+        steps=steps,
+        relay={"questions": True},
+    )
+    gate = spawn(config)
+    server = clis(
+        *["mcp", "-c", str(config), "--api-url", gate.api_url],
+        *["--http", "127.0.0.1:0", "--token-env", "HITL_MCP_TOKEN"],
+    )
+    url = server.wait_for_line(LISTENING).group(1)
+
+    async with http_mcp(url) as client:
+        approval = result_json(
+            await client.call_tool(
+                "request_approval",
+                {"pipeline": "p", "step": "q1", "draft": "Hallo Anna", "wait_seconds": 20},
+            )
+        )
+        question = result_json(
+            await client.call_tool(
+                "ask_human",
+                {
+                    "pipeline": "p",
+                    "step": "ask",
+                    "text": "Which supplier?",
+                    "response_type": "single_choice",
+                    "options": ["acme", "globex"],
+                    "wait_seconds": 20,
+                },
+            )
+        )
+
+    assert (approval["outcome"], approval["allowed"], approval["body"]) == (
+        "adjusted",
+        True,
+        EDITED,
+    )
+    assert (question["outcome"], question["answer"]) == ("answered", "globex")
+    assert EDITED not in server.log() and "globex" not in server.log()

@@ -1,0 +1,174 @@
+"""``hitl-gate policy test`` and what ``check-config`` shows of policy (issue 18 §3), run as
+real ``python -m gate`` processes on a config file; nothing is created (no database)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.support import run_cli, write_config
+
+pytestmark = pytest.mark.e2e
+
+STEPS: list[dict[str, Any]] = [
+    {
+        "name": "send",
+        "approvers": [101, 102],
+        "remember_approval": "90m",
+        "policy": [
+            {
+                "id": "no-prod",
+                "decide": "deny",
+                "reason": "not from here",
+                "when": {"body_matches": r"\bprod\b"},
+            },
+            {
+                "id": "small",
+                "decide": "approve",
+                "when": {
+                    "max_spend": 100,
+                    "content_type": "application/json",
+                    "arguments": {"amount": {"max": 100}},
+                },
+            },
+        ],  # fmt: skip
+    },
+    {
+        "name": "pair",
+        "quorum": 2,
+        "approvers": [101, 102, 103],
+        "policy": [
+            {
+                "id": "tiny",
+                "decide": "approve",
+                "allow_quorum": True,
+                "when": {"max_draft_bytes": 10},
+            }
+        ],  # fmt: skip
+    },
+    {"name": "ask", "type": "question", "approvers": [101]},
+]
+
+
+@pytest.fixture
+def config(tmp_path: Path) -> Path:
+    path = write_config(tmp_path, "http://127.0.0.1:9/relay", steps=STEPS)
+    data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    data["relay"]["questions"] = True
+    path.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
+    return path
+
+
+def policy_test(config: Path, step: str, draft: str, *extra: str) -> tuple[int, str, str]:
+    draft_file = config.parent / "draft"
+    draft_file.write_text(draft, encoding="utf-8")
+    done = run_cli(
+        "policy", "test", "-c", str(config), "--pipeline", "p", "--step", step,
+        "--draft-file", str(draft_file), *extra,
+    )  # fmt: skip
+    return done.returncode, done.stdout.decode(), done.stderr.decode()
+
+
+def test_policy_test_names_the_deciding_rule(config: Path) -> None:
+    code, out, err = policy_test(
+        config, "send", '{"amount": 40}', "--content-type", "application/json", "--spend", "40"
+    )
+    assert (code, err) == (0, "")
+    assert out.splitlines()[1] == "policy:small would approve (pipelines[0].steps[0].policy[1])"
+
+    code, out, _ = policy_test(
+        config, "send", '{"amount": 40, "env": "prod"}', "--content-type", "application/json",
+        "--spend", "40",
+    )  # fmt: skip
+    assert code == 0
+    assert out.splitlines()[1] == (
+        "policy:no-prod would deny (pipelines[0].steps[0].policy[0]); reason: not from here"
+    )
+
+    code, out, _ = policy_test(config, "send", '{"amount": 400}', "--spend", "40")
+    assert code == 0
+    assert out.splitlines()[1:] == [
+        "no rule: a person decides",
+        "unless a person approved this same draft on this step within 1h30m: then "
+        "policy:remembered approves it",
+    ]
+    assert not (config.parent / "gate.db").exists()  # nothing created
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--step", "nope"], "step 'nope' is not configured in 'p'"),
+        (["--pipeline", "nope"], "pipeline 'nope' is not configured"),
+        (["--step", "ask"], "--step: 'ask' is a question step"),
+        (["--spend", "-1"], "--spend: must be a number >= 0"),
+        (["--draft-file", "/nonexistent/x"], "--draft-file: cannot read /nonexistent/x"),
+    ],
+)
+def test_policy_test_bad_input_is_one_line_exit_2(
+    config: Path, args: list[str], message: str
+) -> None:
+    draft_file = config.parent / "draft"
+    draft_file.write_text("x", encoding="utf-8")
+    base = {"--pipeline": "p", "--step": "send", "--draft-file": str(draft_file)}
+    base.update(dict(zip(args[::2], args[1::2], strict=True)))
+    flat = [x for pair in base.items() for x in pair]
+    done = run_cli("policy", "test", "-c", str(config), *flat)
+    err = done.stderr.decode()
+    assert done.returncode == 2, err
+    assert len(err.splitlines()) == 1 and message in err, err
+
+
+def test_policy_test_draft_not_utf8(config: Path) -> None:
+    bad = config.parent / "bad"
+    bad.write_bytes(b"\xff\xfe")
+    done = run_cli(
+        "policy", "test", "-c", str(config), "--pipeline", "p", "--step", "send",
+        "--draft-file", str(bad),
+    )  # fmt: skip
+    assert done.returncode == 2
+    assert done.stderr.decode().strip() == f"Error: --draft-file: {bad} is not UTF-8 text"
+
+
+def test_check_config_shows_an_approve_rule_standing_in_for_a_quorum(config: Path) -> None:
+    done = run_cli("check-config", "-c", str(config))
+    assert done.returncode == 0, done.stderr
+    assert (
+        f"{config}: note: pipelines[0].steps[1].policy[0]: rule 'tiny' approves on its own a"
+        " step that needs quorum 2 (allow_quorum: true)"
+    ) in done.stderr.decode().splitlines()
+
+
+def test_check_config_lists_policy_errors_with_their_path(config: Path) -> None:
+    data = yaml.safe_load(config.read_text(encoding="utf-8"))
+    data["pipelines"][0]["steps"][1]["policy"][0].pop("allow_quorum")
+    data["pipelines"][0]["steps"][0]["policy"][0]["when"]["body_matches"] = "(["
+    config.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
+    done = run_cli("check-config", "-c", str(config))
+    lines = done.stderr.decode().splitlines()
+    assert done.returncode == 2
+    assert any(
+        line.startswith(f"{config}: pipelines[0].steps[0].policy[0].when.body_matches: ")
+        for line in lines
+    ), lines
+    assert any(
+        line.startswith(
+            f"{config}: pipelines[0].steps[1].policy[0].decide: the step needs quorum 2"
+        )
+        for line in lines
+    ), lines
+
+
+def test_doctor_names_an_approve_rule_standing_in_for_a_quorum(config: Path) -> None:
+    done = run_cli("doctor", "-c", str(config))  # the relay is down: exit 1, lines still shown
+    config_line = next(
+        line for line in done.stdout.decode().splitlines() if line.split()[1:2] == ["config:"]
+    )
+    assert config_line.startswith("PASS config: "), config_line
+    assert config_line.endswith(
+        "; pipelines[0].steps[1].policy[0]: rule 'tiny' approves on its own a step that needs"
+        " quorum 2 (allow_quorum: true)"
+    ), config_line
