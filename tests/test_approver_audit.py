@@ -23,7 +23,12 @@ import pytest
 from gate.audit import chain as audit
 from gate.audit.credential_entries import CredentialEnrolledData, CredentialRevokedData
 from gate.audit.entries import CreatedData, DecisionData
-from gate.protocol.approver_signature import ApproverAssertion, b64url, decision_digest
+from gate.protocol.approver_signature import (
+    ApproverAssertion,
+    b64url,
+    batch_digest,
+    decision_digest,
+)
 from gate.protocol.canonical import canonical_json
 from tests.support import (
     RECEIPT_KEY,
@@ -367,3 +372,59 @@ def test_offline_verify_of_passkey_assertions(tmp_path: Path) -> None:
     ]
     code, out, _ = signatures("--file", str(tmp_path / "audit.jsonl"), "--approval", cases[4][0])
     assert code == 0 and out.rstrip().endswith("\twebauthn\tyes"), out
+
+
+@pytest.mark.e2e
+def test_offline_verify_accepts_a_batch_assertion_on_each_of_its_items_and_nothing_else(
+    tmp_path: Path,
+) -> None:
+    """Issue 17: one batch assertion (one counter value) logged on each of its items
+    verifies; a single assertion, or another batch's, at that counter is a regression."""
+    auth = SoftAuthenticator()
+    credential_id = b64url(auth.credential_id)
+    enrolled = CredentialEnrolledData(101, credential_id, "webauthn", b64url(auth.cose_key))
+    log = Log()
+    log.add(
+        "approver_credential_enrolled",
+        None,
+        {**enrolled.to_data(), "rp_id": auth.rp_id, "origin": auth.origin, "sign_count": 3},
+    )
+    batch_ids = [f"01JBATCH{n}00000000000000000" for n in range(3)]
+    digests = {a: _approve_digest(a) for a in [*batch_ids, "01JCLONE000000000000000000"]}
+    hexes = [digests[a].hex() for a in batch_ids]
+    one = _wire(auth.sign(batch_digest([digests[a] for a in batch_ids]), 7)) | {"batch": hexes}
+    for approval_id in batch_ids:
+        _decision(log, approval_id, 101, credential_id, lambda _d: one)
+    single = _decision(
+        log, "01JSINGLE00000000000000000", 101, credential_id, lambda d: _wire(auth.sign(d, 7))
+    )
+    other = [digests[batch_ids[0]].hex(), digests["01JCLONE000000000000000000"].hex()]
+    clone = _wire(auth.sign(batch_digest([bytes.fromhex(h) for h in other]), 7))
+    cloned = _decision(
+        log, "01JCLONE000000000000000000", 101, credential_id, lambda _d: clone | {"batch": other}
+    )
+    code, said = verify_file(log.write(tmp_path / "audit.jsonl"))
+    assert code == 1, said
+    findings = [line for line in said.splitlines() if line.startswith("TAMPERED")]
+    head = "TAMPERED: approver signature: entry {}: approval {}, operator 101, credential {}: "
+    regressed = (
+        "the approver's signature does not verify (counter_went_backwards: the "
+        "authenticator's counter did not increase: a cloned authenticator?)"
+    )
+    assert findings == [
+        head.format(single, "01JSINGLE00000000000000000", credential_id) + regressed,
+        head.format(cloned, "01JCLONE000000000000000000", credential_id) + regressed,
+    ]
+    code, out, _ = signatures("--file", str(tmp_path / "audit.jsonl"))
+    verdicts = [line.split("\t")[-1][:3] for line in out.splitlines()]
+    assert verdicts == ["yes", "yes", "yes", "no:", "no:"], out
+
+
+def _approve_digest(approval_id: str) -> bytes:
+    return decision_digest(
+        approval_id=approval_id,
+        revision=1,
+        nonce="ab" * 16,
+        payload_hash="sha256:" + "cd" * 32,
+        decision="approve",
+    )

@@ -12,6 +12,7 @@ import pytest
 from gate.inbox.bulk import BulkRefused, batch_of, checked_items, picks_from
 from gate.inbox.items import item_from
 from gate.inbox.model import Item
+from gate.inbox.words import bulk_heading
 from gate.protocol.approver_signature import decision_digest
 from gate.protocol.canonical import payload_hash
 
@@ -116,3 +117,17 @@ def test_an_item_not_pending_changed_or_not_mine_is_named_in_words() -> None:
     with pytest.raises(BulkRefused) as twice:
         batch_of(checked_items([("01A1", 1), ("01A1", 1)], stored, mine))
     assert twice.value.reason == "invalid_batch"
+
+
+@pytest.mark.parametrize(
+    ("kinds", "said"),
+    [
+        (["resolved", "recorded", "resolved"], "All 3 approved"),
+        (["resolved", "refused", "refused", "recorded", "already_resolved"], "2 of 5 approved"),
+        (["refused", "refused"], "None of 2 approved"),
+        (["resolved", "sent"], "1 of 2 approved, 1 not answered"),
+        (["unreachable", "sent", "refused"], "None of 3 approved, 2 not answered"),
+    ],
+)
+def test_bulk_heading_says_how_many_the_gate_recorded(kinds: list[str], said: str) -> None:
+    assert bulk_heading(kinds) == said

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from tests.inbox_harness import ENV, RP_ID, STEPS, InboxClient, InboxWorld, field_value, start_world
-from tests.support import CliProcess, wait_until
+from tests.support import CliProcess, run_cli, wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -99,9 +99,9 @@ def bulk_fields(client: InboxClient, ids: list[str]) -> dict[str, str]:
 
 def batch_assertion(world: InboxWorld, challenge: str, origin: str, counter: bool) -> Any:
     """alice's assertion over a batch challenge. Without ``counter`` it is made as a synced
-    passkey makes it (signature counter 0, as Apple's and Google's report). A counter that
-    goes up is refused ``counter_regressed`` by the gate for every item after the first
-    (one assertion, one counter value: see test_bulk_with_a_counting_authenticator)."""
+    passkey makes it (signature counter 0, as Apple's and Google's report); with it, as a
+    hardware key makes it (a counter that goes up: one assertion, one counter value for
+    every item of the batch, see test_bulk_with_a_counting_authenticator)."""
     passkey = world.passkeys[101]
     if not counter:
         passkey.counter = -1  # assert_ adds 1: 0
@@ -141,32 +141,35 @@ def test_bulk_approve_of_five_items_with_one_assertion(world: InboxWorld) -> Non
     results = client.get(location)
     assert results.status == 200
     assert results.text.count('class="answer answer-resolved"') == 5, results.text
+    assert "<h1>All 5 approved</h1>" in results.text
     other = world.client()  # another approver's session does not see this batch
     assert other.signin(world.passkeys[102]).status == 200
     assert other.get(location).status == 404
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="gate (issue 16 check): a batch's one assertion has one counter value; the gate"
-    " compares it per decision, so items 2..n are refused counter_regressed",
-)
 def test_bulk_with_a_counting_authenticator(world: InboxWorld) -> None:
-    pipelines = [request(world, f"counted {n}") for n in range(2)]
-    ids = pending(world, 2)
+    pipelines = {f"counted {n}": request(world, f"counted {n}") for n in range(5)}
+    ids = pending(world, 5)
     client = signed_in(world)
+    before = world.passkeys[101].counter
 
     done = bulk_approve(world, client, bulk_fields(client, list(ids.values())), counter=True)
 
     assert done.status == 200, done.text
     assert world.inbox is not None
-    try:
-        kept = world.inbox.rows("SELECT http_status FROM decisions ORDER BY id")
-        assert [r["http_status"] for r in kept] == [200, 200]
-    finally:
-        for proc in pipelines:
-            proc.proc.terminate()
-            proc.finish()
+    kept = world.inbox.rows("SELECT http_status FROM decisions ORDER BY id")
+    assert [r["http_status"] for r in kept] == [200] * 5
+    for draft, proc in pipelines.items():
+        code, out, err = proc.finish()
+        assert (code, out.decode()) == (0, draft), err
+    [(count,)] = world.gate_rows("SELECT sign_count FROM approver_credentials WHERE sign_count > 0")
+    assert count == before + 1  # one assertion, one counter value, five decisions
+    assert world.gate is not None
+    config = str(world.gate.config)
+    verify = run_cli("audit", "verify", "-c", config, env=ENV)
+    assert verify.returncode == 0, verify.stdout.decode() + verify.stderr.decode()
+    listed = run_cli("audit", "signatures", "-c", config, env=ENV).stdout.decode().splitlines()
+    assert len(listed) == 5 and all(line.endswith("\twebauthn\tyes") for line in listed), listed
 
 
 def test_bulk_where_one_item_was_resolved_elsewhere_says_so_and_records_the_others(
@@ -190,6 +193,7 @@ def test_bulk_where_one_item_was_resolved_elsewhere_says_so_and_records_the_othe
     assert done.status == 200, done.text
     results = client.get(done.json()["location"]).text
     assert results.count("answer-resolved") == 2, results
+    assert "<h1>2 of 3 approved</h1>" in results and "Approved together" not in results
     assert "The approval was already resolved; nothing was recorded." in results
     for proc in pipelines.values():
         assert proc.finish()[0] == 0

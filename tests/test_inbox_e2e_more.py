@@ -55,13 +55,6 @@ def shots(tmp_path: Path) -> Path:
     return artifacts(tmp_path)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the gate refuses the 2nd decision of a batch 403 approver_signature_invalid "
-    "counter_regressed: one assertion (one counter) is posted with each decision of the batch "
-    "and gate/core/approver_signature_check.py wants a counter that increases per decision; "
-    "Chromium's authenticator counts (a software one at 0 does not)",
-)
 def test_inbox_e2e_bulk_approves_five_items_with_one_passkey_use(
     stack: Stack, browser: Browser, shots: Path
 ) -> None:

@@ -234,3 +234,58 @@ def test_words_budget_skips_what_is_absent_or_not_a_finite_number() -> None:
         }
     )
     assert got == ["today: 0.3 EUR"]
+
+
+@pytest.mark.parametrize(
+    ("answer", "said"),
+    [
+        (
+            {"reason": "approver_signature_invalid", "detail": "counter_regressed"},
+            "The gate refused your passkey's signature: its signature counter did not go up,"
+            " as a copied passkey's would not. Nothing was recorded.",
+        ),
+        (
+            {"reason": "approver_signature_invalid", "detail": "not_in_batch"},
+            "The gate refused your passkey's signature: this item was not among those your"
+            " passkey signed. Nothing was recorded.",
+        ),
+        (
+            {"reason": "approver_signature_invalid", "detail": "origin_mismatch"},
+            "The gate refused your passkey's signature: the gate does not accept passkeys used"
+            " at this inbox's address (its webauthn.origins must list it). Nothing was"
+            " recorded.",
+        ),
+        (
+            {"reason": "approver_signature_invalid", "detail": "something_new"},
+            "The gate refused your passkey's signature. Nothing was recorded.",
+        ),
+        (
+            {"reason": "approver_signature_required"},
+            "The gate requires your passkey's signature on this step. Nothing was recorded.",
+        ),
+        (
+            {"reason": "approver_not_allowed"},
+            "The gate does not count you among this step's approvers. Nothing was recorded.",
+        ),
+        (
+            {"reason": "signature_mismatch"},
+            "The gate refused the decision (it said \u201csignature_mismatch\u201d). Nothing was"
+            " recorded.",
+        ),
+        ({}, "The gate refused the decision. Nothing was recorded."),
+    ],
+    ids=[
+        "counter",
+        "not_in_batch",
+        "origin",
+        "unknown_detail",
+        "required",
+        "approver",
+        "other",
+        "none",
+    ],
+)
+def test_words_answer_words_says_a_refusal_in_words(answer: dict[str, object], said: str) -> None:
+    kind, sentence = words.answer_words(403, answer)
+    assert (kind, sentence) == ("refused", said)
+    assert "403" not in sentence and "approver_signature" not in sentence

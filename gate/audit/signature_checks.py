@@ -13,7 +13,9 @@ Walking the verified entries in seq order, each signed ``decision`` entry (one w
   with ``verify_webauthn`` against the ``rp_id`` its enrolment logged, its client data's
   own origin (which must be https, or http on localhost: the allowed origins are config,
   not log) and its counter, which must increase in log order per credential from the
-  ``sign_count`` enrolled (both zero allowed: authenticators without counters).
+  ``sign_count`` enrolled (both zero allowed: authenticators without counters), or stay
+  equal for the very batch assertion that set it (the same authenticator data, client data
+  and signature: another item of that batch, issue 17).
 
 And a decision on an approval whose ``created`` entry says ``approver_signature:
 required`` must be signed. Pure: reads nothing but the rows it is given.
@@ -34,13 +36,19 @@ from gate.audit import chain as audit
 from gate.audit.credential_entries import CREDENTIAL_ENROLLED, CREDENTIAL_REVOKED
 from gate.audit.entries import CREATED, DECISION
 from gate.protocol.approver_signature import (
+    ApproverAssertion,
     challenge_for,
     decision_digest_of_hashes,
     parse_approver_assertion,
     signature_invalid,
     verify_ed25519,
 )
-from gate.protocol.approver_webauthn import verify_webauthn
+from gate.protocol.approver_webauthn import (
+    assertion_sha256,
+    counter_increased,
+    repeats_batch,
+    verify_webauthn,
+)
 from gate.protocol.errors import ProtocolError
 
 
@@ -97,11 +105,13 @@ class SignatureReport:
 @dataclass(slots=True)
 class LoggedCredential:
     """A credential as the log holds it: its enrolment entry's ``data``, the seq of the entry
-    that revoked it (None: in force) and its last passkey ``counter``."""
+    that revoked it (None: in force), its last passkey ``counter`` and the batch assertion
+    that set it (``counter_assertion``, SHA-256 hex; None for a single decision)."""
 
     data: Mapping[str, Any]
     revoked_seq: int | None = None
     counter: int = 0
+    counter_assertion: str | None = None  # the batch assertion that set ``counter`` (issue 17)
 
 
 def check(rows: Iterable[audit.AuditRow]) -> SignatureReport:
@@ -229,20 +239,39 @@ def _problem(
         if known.data.get("type") != "webauthn":
             return f"the enrolment names credential type {known.data.get('type')!r}"
         origin = _client_origin(assertion.client_data_json)
-        known.counter = verify_webauthn(
+        new = verify_webauthn(
             _unb64(str(known.data["public_key"])),
-            known.counter,
+            0,  # the counter rule below, as the gate applies it
             assertion,
             challenge,
             str(known.data.get("rp_id")),
             (origin,),
         )
-        return None
+        return _counter_problem(known, assertion, new)
     except ProtocolError as exc:
         detail = exc.extra.get("detail") if exc.extra else None
         return f"the approver's signature does not verify ({detail or exc.code}: {exc.message})"
     except (KeyError, TypeError, ValueError, AttributeError, binascii.Error) as exc:
         return f"the entry or its enrolment holds a value the gate never writes ({exc})"
+
+
+def _counter_problem(known: LoggedCredential, assertion: ApproverAssertion, new: int) -> str | None:
+    """The counter rule in log order (issue 16 §5, issue 17): ``new`` must be above the
+    credential's last counter (both zero allowed), or equal to it for the very batch
+    assertion that set it (another item of that batch); ``known`` then takes ``new``."""
+    if counter_increased(known.counter, new):
+        if new != known.counter:
+            known.counter = new
+            known.counter_assertion = (
+                None if assertion.batch is None else assertion_sha256(assertion)
+            )
+        return None
+    if repeats_batch(assertion, known.counter, new, known.counter_assertion):
+        return None
+    return (
+        "the approver's signature does not verify (counter_went_backwards: the "
+        "authenticator's counter did not increase: a cloned authenticator?)"
+    )
 
 
 def _client_origin(client_data_json: bytes) -> str:

@@ -28,7 +28,12 @@ from gate.protocol.approver_signature import (
     signature_invalid,
     verify_ed25519,
 )
-from gate.protocol.approver_webauthn import verify_webauthn
+from gate.protocol.approver_webauthn import (
+    assertion_sha256,
+    counter_increased,
+    repeats_batch,
+    verify_webauthn,
+)
 from gate.protocol.envelope import Decision
 from gate.protocol.whitespace import is_blank
 
@@ -169,7 +174,10 @@ def _check_passkey(
 ) -> None:
     """Verify a passkey's assertion and store its new counter (issue 16 §5). The counter
     must increase unless both it and the stored one are zero (authenticators without a
-    counter); a regression means a cloned authenticator: refused ``counter_regressed``."""
+    counter); a regression means a cloned authenticator: refused ``counter_regressed``.
+    Issue 17: an equal counter is accepted for the very batch assertion that set it (its
+    ``assertion_sha256`` stored with the counter, in this transaction), so one tap decides
+    each item of a batch; anything else with that counter is still ``counter_regressed``."""
     if webauthn is None:
         raise signature_invalid(
             "rp_unavailable", "passkeys are unavailable: no relying party is configured"
@@ -185,7 +193,9 @@ def _check_passkey(
         webauthn.origins,
     )
     stored = credential.sign_count
-    if (new > 0 or stored > 0) and new <= stored:
+    if not counter_increased(stored, new):
+        if repeats_batch(assertion, stored, new, tx.counter_assertion(credential.credential_id)):
+            return  # the batch's one assertion, on another of its items (issue 17)
         log.warning(
             "event=approver_counter_regressed credential_id=%s operator_id=%d",
             credential.credential_id,
@@ -196,7 +206,8 @@ def _check_passkey(
             "the authenticator's signature counter did not increase: a cloned authenticator?",
         )
     if new != stored:
-        tx.set_sign_count(credential.credential_id, new)
+        batch = None if assertion.batch is None else assertion_sha256(assertion)
+        tx.set_sign_count(credential.credential_id, new, batch)
 
 
 def _raw(b64: str) -> bytes:

@@ -25,7 +25,7 @@ from gate.inbox.app import InboxState, state_of
 from gate.inbox.decide import decision_body
 from gate.inbox.gate_client import GateUnreachable, post_decision
 from gate.inbox.model import DecisionRecord, Item, Session
-from gate.inbox.words import answer_words
+from gate.inbox.words import answer_words, bulk_heading
 from gate.protocol.approver_signature import (
     b64url,
     batch_digest,
@@ -295,7 +295,13 @@ async def results(request: web.Request) -> web.Response:
                 "url": f"/items/{record.approval_id}",
             }
         )
-    context = {"rows": rows, "session": session, "nav": "", "seq": 0}
+    context = {
+        "rows": rows,
+        "heading": bulk_heading([str(r["kind"]) for r in rows]),
+        "session": session,
+        "nav": "",
+        "seq": 0,
+    }
     return aiohttp_jinja2.render_template("bulk.html", request, context)
 
 

@@ -106,7 +106,70 @@ def answer_words(status: int, answer: Mapping[str, Any]) -> tuple[str, str]:
         if kind == "already_resolved" and answer.get("outcome") == "cancelled":
             kind = "cancelled"
         return kind, ANSWERS[kind]
-    return "refused", f"The gate refused the decision ({status} {code or 'no reason given'})."
+    return "refused", refusal_words(code, answer.get("detail"))
+
+
+def bulk_heading(kinds: list[str]) -> str:
+    """What happened to a bulk approval, from each item's ``answer_words`` kind: ``"All 5
+    approved"``, ``"3 of 5 approved"``, ``"None of 2 approved"``, plus ``", 1 not
+    answered"`` for decisions whose answer never came back (``sent``, ``unreachable``).
+    Approved = the gate recorded it (``recorded`` or ``resolved``)."""
+    total = len(kinds)
+    done = sum(k in ("recorded", "resolved") for k in kinds)
+    unknown = sum(k in ("sent", "unreachable") for k in kinds)
+    if done == total:
+        said = f"All {total} approved"
+    elif done == 0:
+        said = f"None of {total} approved"
+    else:
+        said = f"{done} of {total} approved"
+    return said + (f", {unknown} not answered" if unknown else "")
+
+
+SIGNATURE_DETAILS = {
+    "bad_signature": "the signature does not match your passkey",
+    "challenge_mismatch": "your passkey signed something other than this decision",
+    "origin_mismatch": "the gate does not accept passkeys used at this inbox's address"
+    " (its webauthn.origins must list it)",
+    "rp_id_mismatch": "your passkey belongs to another site",
+    "user_not_present": "the authenticator did not confirm you were there",
+    "user_not_verified": "the authenticator did not verify you (PIN or biometrics)",
+    "counter_went_backwards": "its signature counter did not go up, as a copied passkey's"
+    " would not",
+    "counter_regressed": "its signature counter did not go up, as a copied passkey's would not",
+    "wrong_type": "it is not the kind of credential the gate enrolled for you",
+    "not_in_batch": "this item was not among those your passkey signed",
+    "malformed": "the passkey's answer was malformed",
+    "unknown_credential": "the gate does not know this passkey",
+    "revoked": "this passkey was revoked at the gate",
+    "wrong_operator": "this passkey belongs to another approver",
+    "rp_unavailable": "passkeys are not set up at the gate",
+}
+REFUSALS = {
+    "approver_signature_required": "The gate requires your passkey's signature on this step.",
+    "approver_not_allowed": "The gate does not count you among this step's approvers.",
+    "self_approval": "The gate does not let you approve your own request.",
+    "reason_required": "This step requires a reason to skip.",
+    "rate_limited": "The gate is receiving too many decisions from you; try again shortly.",
+    "payload_hash_mismatch": "The draft the inbox showed is not the one the gate holds.",
+}
+NOTHING = " Nothing was recorded."
+
+
+def refusal_words(code: str, detail: Any = None) -> str:
+    """A refusal of the gate (docs/protocol.md "Decisions", "Approver signatures") in words,
+    ending "Nothing was recorded.": 403 ``approver_signature_invalid`` says its ``detail``
+    (issue 16 §5) in words; a few reasons have their own sentence; any other names its
+    reason code in quotes (never a status number)."""
+    if code == "approver_signature_invalid":
+        why = SIGNATURE_DETAILS.get(detail) if isinstance(detail, str) else None
+        said = "The gate refused your passkey's signature" + ("." if why is None else f": {why}.")
+        return said + NOTHING
+    if code in REFUSALS:
+        return REFUSALS[code] + NOTHING
+    if code:
+        return f"The gate refused the decision (it said \u201c{code}\u201d)." + NOTHING
+    return "The gate refused the decision." + NOTHING
 
 
 @dataclass(frozen=True, slots=True)

@@ -134,3 +134,37 @@ def verify_webauthn(
             "the authenticator's counter did not increase: a cloned authenticator?",
         )
     return new
+
+
+def assertion_sha256(assertion: ApproverAssertion) -> str:
+    """The SHA-256 (lowercase hex) that identifies one passkey assertion (issue 17: a batch's
+    one assertion decides each of its items): over ``authenticator_data`` (which holds the
+    counter), ``client_data_json`` (the challenge) and ``signature``, each prefixed by its
+    length as 4 big-endian bytes."""
+    digest = hashlib.sha256()
+    for part in (assertion.authenticator_data, assertion.client_data_json, assertion.signature):
+        digest.update(len(part).to_bytes(4, "big"))
+        digest.update(part)
+    return digest.hexdigest()
+
+
+def counter_increased(stored: int, new: int) -> bool:
+    """The counter rule of issue 16 §5: the authenticator's ``new`` counter is above the
+    ``stored`` one, or both are zero (authenticators without a counter)."""
+    return new > stored or (new == 0 and stored == 0)
+
+
+def repeats_batch(
+    assertion: ApproverAssertion, stored: int, new: int, counter_assertion: str | None
+) -> bool:
+    """Issue 17: a counter equal to the stored one is accepted only for the very batch
+    assertion that set it: ``assertion`` carries a ``batch`` and its ``assertion_sha256`` is
+    ``counter_assertion``, the hash stored with the counter (None: set by a single
+    decision). The caller checked the signature and that this decision's digest is in the
+    batch (``challenge_for``)."""
+    return (
+        new == stored
+        and assertion.batch is not None
+        and counter_assertion is not None
+        and hmac.compare_digest(counter_assertion, assertion_sha256(assertion))
+    )

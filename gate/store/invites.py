@@ -66,12 +66,26 @@ class InviteStatements:
             (at_ms, credential_id, invite_hash),
         )
 
-    def set_sign_count(self, credential_id: str, sign_count: int) -> None:
-        """Store a passkey's last signature counter (issue 16 §5)."""
+    def set_sign_count(
+        self, credential_id: str, sign_count: int, counter_assertion: str | None = None
+    ) -> None:
+        """Store a passkey's last signature counter (issue 16 §5) and the SHA-256 hex of the
+        batch assertion that carried it (``assertion_sha256``; None for a single decision:
+        issue 17, migration 8)."""
         self._conn.execute(
-            "UPDATE approver_credentials SET sign_count = ? WHERE credential_id = ?",
-            (sign_count, credential_id),
+            "UPDATE approver_credentials SET sign_count = ?, counter_assertion = ?"
+            " WHERE credential_id = ?",
+            (sign_count, counter_assertion, credential_id),
         )
+
+    def counter_assertion(self, credential_id: str) -> str | None:
+        """The SHA-256 hex of the batch assertion that set the credential's counter, or None
+        (issue 17: read only when an assertion repeats the stored counter)."""
+        row = self._conn.execute(
+            "SELECT counter_assertion FROM approver_credentials WHERE credential_id = ?",
+            (credential_id,),
+        ).fetchone()
+        return None if row is None else row[0]
 
 
 def count_passkeys(path: Path) -> int:

@@ -256,6 +256,12 @@ MIGRATIONS: list[list[str]] = [
         """,
         "ALTER TABLE approvals ADD COLUMN approver_signature TEXT",
     ],
+    # 8: issue 17 - a batch's one passkey assertion decides each of its items: the SHA-256
+    # (hex, ``assertion_sha256``) of the batch assertion that set sign_count, so that very
+    # assertion is accepted again at the same counter (NULL: set by a single decision)
+    [
+        "ALTER TABLE approver_credentials ADD COLUMN counter_assertion TEXT",
+    ],
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)
