@@ -80,7 +80,8 @@
         say('Waiting for your passkey…');
         sign(form).catch((error) => {
           const again = form.dataset.sign === 'signin' ? ' Reload the page to try again.' : '';
-          say('Not sent: ' + (error && error.message ? error.message : 'the passkey was not used') + '.' + again);
+          const why = error && error.message ? error.message : 'the passkey was not used';
+          say('Not sent: ' + why + (/[.!?]$/.test(why) ? '' : '.') + again);
         }).finally(() => { if (button) button.disabled = false; });
       });
     });
