@@ -131,8 +131,12 @@ def test_inbox_e2e_quorum_two_in_two_browser_contexts_live(
     assert len(stack.gate_rows("SELECT 1 FROM decisions WHERE approval_id = ?", approval_id)) == 2
 
     # resolution removes the item from both open waiting pages without a reload
+    # (issue 17 finding: the row was only greyed out and stayed a link)
     for tab in (alice_list, bob_list):
         tab.wait_for_selector(f"{row}.gone", state="attached", timeout=LIVE_S)
+        assert tab.query_selector(f"{row} a") is None and tab.query_selector(f"{row} input") is None
+        assert "resolved" in tab.inner_text(row), tab.inner_text(row)
+        assert "resolved" in tab.inner_text("#live"), tab.inner_text("#live")
     screenshot(alice_list, shots, "waiting-resolved")
     bob.page.goto(stack.inbox.origin + "/")
     assert bob.page.query_selector(row) is None

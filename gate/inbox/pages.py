@@ -124,7 +124,7 @@ def _facts(item: Item, now_ms: int, approved_by: Sequence[str] = ()) -> dict[str
         "item": item,
         "quorum": quorum(collected(item, approved_by), item.quorum_required),
         "approved_by": list(approved_by),
-        "left": time_left(item.expires_at, now_ms),
+        "left": time_left(item.expires_at, now_ms) if item.state == "pending" else item.state,
         "budget": budget(item.budget),
         "risk_class": _risk_class(item.risk),
     }
