@@ -143,10 +143,10 @@ def closed_while_open(who: Approver, word: str) -> None:
         """() => {
           const state = document.getElementById('item-state');
           const draft = document.querySelector('.draft');
-          const forms = document.querySelector('section.forms');
+          const forms = [...document.querySelectorAll('article form')];
           return {role: state.getAttribute('role'), visible: !state.hidden,
                   first: !!(state.compareDocumentPosition(draft) & 4),
-                  formsHidden: !forms || forms.hidden,
+                  formsHidden: forms.every((f) => f.offsetParent === null),
                   left: document.querySelector('.facts .left dd').textContent};
         }"""
     )
