@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 from tests.inbox_harness import ENV, InboxProcess, InboxWorld
-from tests.support import CliProcess, GateProcess, free_port, http_request, run_cli, wait_until
+from tests.support import CliProcess, GateProcess, free_port, http_request, run_cli
 from tests.test_passkeys_browser import ARGS, CHROMIUM, _playwright
 
 REQUESTED = r"requested approval (\S+)"
@@ -173,7 +173,6 @@ class Approver:
     console: list[str] = field(default_factory=list)
     dialogs: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
-    refusals: list[str] = field(default_factory=list)  # sign-ins refused, as the page said
 
     def watch(self) -> Approver:
         """Record console messages, dialogs (dismissed) and page errors."""
@@ -283,35 +282,12 @@ def enrol(who: Approver, url: str) -> None:
 
 def sign_in(who: Approver, inbox: InboxProcess, path: str = "/") -> None:
     """Open ``path`` at the inbox, get sent to the sign-in page, press its button (the
-    virtual authenticator answers) and land back on ``path``. A refused sign-in (the page
-    says to reload) is retried as a person would, reloading, until a deadline; each refusal
-    is kept in ``who.refusals`` (a passkey enrolled moments ago can be unknown to the inbox
-    for up to 5 s: its credentials cache refreshes at most that often on an unknown id)."""
+    virtual authenticator answers) and land back on ``path``."""
     page = who.page
     page.goto(inbox.origin + path)
     page.wait_for_url("**/signin**")
-
-    def signed_in() -> bool:
-        page.click("form[data-sign=signin] button[type=submit]")
-        outcome = wait_until(lambda: _signin_outcome(page), timeout=30, what="sign-in")
-        if outcome == "in":
-            return True
-        who.refusals.append(str(page.text_content("#live")))
-        page.reload()
-        return False
-
-    wait_until(signed_in, timeout=40, what=f"{who.name} signed in")
-
-
-def _signin_outcome(page: Any) -> str | None:
-    """ "in" once the page left /signin, "refused" once it says to reload, else None."""
-    if "/signin" not in page.url:
-        return "in"
-    try:
-        said = page.text_content("#live") or ""
-    except Exception:  # noqa: BLE001 - the page is navigating away: not decided yet
-        return None
-    return "refused" if "Reload" in said else None
+    page.click("form[data-sign=signin] button[type=submit]")
+    page.wait_for_url(lambda url: "/signin" not in url, timeout=30_000)
 
 
 def enrolled(

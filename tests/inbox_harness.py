@@ -130,6 +130,7 @@ class InboxWorld:
     inbox_port: int
     steps: list[dict[str, Any]] = field(default_factory=lambda: list(STEPS))
     origins: list[str] | None = None  # the gate's webauthn.origins (default: both)
+    delegations: list[dict[str, Any]] | None = None  # the gate's delegations section
     gate: GateProcess | None = None
     inbox: InboxProcess | None = None
     passkeys: dict[int, SoftAuthenticator] = field(default_factory=dict)
@@ -166,6 +167,8 @@ class InboxWorld:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
         origins = self.origins or [self.gate_origin, self.inbox_origin]
         data["webauthn"] = {"rp_id": RP_ID, "origins": origins}
+        if self.delegations:
+            data["delegations"] = self.delegations
         path.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
         return path
 

@@ -175,6 +175,8 @@ async def _item(request: web.Request) -> web.Response:
     item = ITEMS.get(request.match_info["id"])
     if item is None:
         raise web.HTTPNotFound()
+    if "closed" in request.query:  # e.g. ?closed=cancelled: the item closed (not expired)
+        item = replace(item, state=request.query["closed"])
     if item.kind == "question":
         return pages.question_page(request, item=item, session=SESSION, now_ms=NOW_MS, seq=7)
     challenges = {"approve": "Y2hhbGxlbmdlLWFwcHJvdmU"}

@@ -76,7 +76,7 @@ def test_example_loads_without_errors() -> None:
     assert config.source == EXAMPLE
     assert config.relay.url == "http://127.0.0.1:8091/"
     assert config.relay.callback_addr == "127.0.0.1:8089"
-    assert config.relay.public_url == "http://127.0.0.1:8089"
+    assert config.relay.public_url == "http://localhost:8089"
     assert config.relay.dispatch_timeout == 10.0
     assert config.relay.previous_secret_env is None
     assert [(op.id, op.identity) for op in config.relay.operators] == [

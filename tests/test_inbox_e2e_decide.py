@@ -23,7 +23,6 @@ from tests.inbox_e2e import (
     chromium,
     decide,
     enrolled,
-    needs,
     open_item,
     pending,
     running,
@@ -120,11 +119,11 @@ def test_inbox_e2e_quorum_two_in_two_browser_contexts_live(
     said = decide(alice, "approve")
     assert "recorded" in said.lower() or "1 of 2" in said, said
 
-    # the second approver sees the progress on the item (a reload at most: the item page
-    # of an approval still pending learns nothing from /live about another's decision)
+    # the second approver sees the progress on the item and who approved (opened after
+    # alice's decision: the item page learns nothing from /live about another's decision)
     open_item(bob, stack, approval_id)
-    facts = "() => document.querySelector('dl.facts').innerText"
-    progress = "1 of 2" in bob.page.evaluate(facts)
+    facts = bob.page.evaluate("() => document.querySelector('dl.facts').innerText")
+    assert "1 of 2" in facts and "alice@example.com" in facts, facts
     screenshot(bob.page, shots, "item-quorum")
     decide(bob, "approve")
     code, out, err = pipeline.finish()
@@ -132,11 +131,14 @@ def test_inbox_e2e_quorum_two_in_two_browser_contexts_live(
     assert len(stack.gate_rows("SELECT 1 FROM decisions WHERE approval_id = ?", approval_id)) == 2
 
     # resolution removes the item from both open waiting pages without a reload
+    # (issue 17 finding: the row was only greyed out and stayed a link)
     for tab in (alice_list, bob_list):
         tab.wait_for_selector(f"{row}.gone", state="attached", timeout=LIVE_S)
+        assert tab.query_selector(f"{row} a") is None and tab.query_selector(f"{row} input") is None
+        assert "resolved" in tab.inner_text(row), tab.inner_text(row)
+        assert "resolved" in tab.inner_text("#live"), tab.inner_text("#live")
     screenshot(alice_list, shots, "waiting-resolved")
     bob.page.goto(stack.inbox.origin + "/")
     assert bob.page.query_selector(row) is None
     alice.assert_clean("quorum alice")
     bob.assert_clean("quorum bob")
-    needs("the quorum progress ('1 of 2') shown to the second approver", progress)

@@ -121,15 +121,35 @@ def bulk_approve(who: Approver, stack: Stack, shots: Path, approval_ids: list[st
 
 
 def closed_while_open(who: Approver, word: str) -> None:
-    """The open item page says ``word`` (learnt from /live, no reload) and disables its
-    buttons."""
+    """The open item page says ``word`` (learnt from /live, no reload) at the top of the page
+    (role=status, before the draft), hides its forms with their buttons disabled, and its
+    time left says ``word`` too (issue 17 finding: the state was at the bottom, under
+    disabled forms, while "Time left" still read "less than a minute")."""
     who.page.wait_for_function(
-        "(word) => (document.getElementById('sign-status') || {textContent: ''})"
+        "(word) => (document.getElementById('item-state') || {textContent: ''})"
         ".textContent.includes(word)",
         arg=word,
         timeout=LIVE_S,
     )
     assert who.page.evaluate(BUTTONS_DISABLED)
+    top = who.page.evaluate(
+        """() => {
+          const state = document.getElementById('item-state');
+          const draft = document.querySelector('.draft');
+          const forms = [...document.querySelectorAll('article form')];
+          return {role: state.getAttribute('role'), visible: !state.hidden,
+                  first: !!(state.compareDocumentPosition(draft) & 4),
+                  formsHidden: forms.every((f) => f.offsetParent === null),
+                  left: document.querySelector('.facts .left dd').textContent};
+        }"""
+    )
+    assert top == {
+        "role": "status",
+        "visible": True,
+        "first": True,
+        "formsHidden": True,
+        "left": word,
+    }, top
 
 
 def test_inbox_e2e_item_expiring_and_one_cancelled_while_the_page_is_open(

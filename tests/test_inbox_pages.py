@@ -289,3 +289,16 @@ def test_words_answer_words_says_a_refusal_in_words(answer: dict[str, object], s
     kind, sentence = words.answer_words(403, answer)
     assert (kind, sentence) == ("refused", said)
     assert "403" not in sentence and "approver_signature" not in sentence
+
+
+@pytest.mark.parametrize("state", ["expired", "cancelled"])
+async def test_inbox_closed_item_page_says_its_state_first_and_offers_no_form(
+    client: TestClient[object, object], state: str
+) -> None:
+    # issue 17 finding: the state was at the bottom, after the draft (off-screen on a phone)
+    html, page, _ = await fetch(client, f"/items/diff?closed={state}")
+    said = re.search(r'<p class="closed" id="item-state" role="status">([^<]*)</p>', html)
+    assert said and f"This approval is {state}" in said.group(1), html
+    assert html.index('id="item-state"') < html.index('class="draft"')
+    assert not [a for tag, a in page.tags if tag == "form" and a.get("data-sign")]
+    assert f'<div class="left"><dt>Time left</dt><dd>{state}</dd>' in html, html

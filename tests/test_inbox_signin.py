@@ -176,3 +176,31 @@ def test_rp_mismatch_is_said_on_the_signin_page(tmp_path: Path) -> None:
         assert sessions(world) == []
     finally:
         world.stop()
+
+
+def test_a_passkey_enrolled_just_after_another_signin_signs_in_at_once(tmp_path: Path) -> None:
+    # issue 17 finding: A's unknown id made the inbox ask the gate; B enrolled a moment later
+    # must not wait 5 s (only B's own id looked up within 5 s is answered from the cache)
+    world = start_world(tmp_path, enrol=())
+    try:
+        world.enrol(101)
+        assert world.client().signin(world.passkeys[101]).status == 200
+        world.enrol(102)
+
+        answer = world.client().signin(world.passkeys[102])
+
+        assert answer.status == 200, answer.text
+        assert [r["identity"] for r in sessions(world)] == [
+            "alice@example.com",
+            "bob@example.com",
+        ]
+    finally:
+        world.stop()
+
+
+def test_an_unknown_passkey_is_said_in_words_for_a_new_enrolment(world: InboxWorld) -> None:
+    answer = world.client().signin(SoftAuthenticator())
+    assert answer.json()["message"] == (
+        "The gate does not know this passkey: it was never enrolled, or it was revoked."
+        " If you enrolled it just now, try again."
+    ), answer.text

@@ -116,3 +116,13 @@ def test_resolve_webauthn_http_public_url_only_on_localhost(tmp_path: Path) -> N
     assert resolve_webauthn(config, "127.0.0.1:8089") == WebAuthnSettings(
         "localhost", "hitl-gate", ("http://localhost:8089",)
     )
+
+
+def test_the_example_config_gives_passkeys_a_relying_party_on_one_machine() -> None:
+    # issue 17 finding: the example's public_url was http://127.0.0.1:8089, an IP (never an
+    # RP id), so invites printed a link where passkeys do not work
+    example = Path(__file__).resolve().parent.parent / "config.example.yaml"
+    config = load_config(example)
+    assert resolve_webauthn(config, "127.0.0.1:8089") == WebAuthnSettings(
+        "localhost", "hitl-gate", ("http://localhost:8089",)
+    )

@@ -69,7 +69,12 @@ async def waiting(request: web.Request) -> web.Response:
     state = state_of(request)
     items = [i for i in await state.db.items(state.now_ms(), "pending") if may_decide(session, i)]
     seq = await current_seq(state)
-    return pages.waiting_page(request, items=items, session=session, now_ms=state.now_ms(), seq=seq)
+    seen = {
+        i.approval_id: await state.db.approvers_recorded(i.approval_id, i.revision) for i in items
+    }
+    return pages.waiting_page(
+        request, items=items, session=session, now_ms=state.now_ms(), seq=seq, approved_by=seen
+    )
 
 
 async def item(request: web.Request) -> web.Response:
@@ -78,8 +83,14 @@ async def item(request: web.Request) -> web.Response:
     state = state_of(request)
     found = await decidable(request, session)
     seq = await current_seq(state)
-    page = pages.question_page if found.kind == "question" else pages.item_page
-    return page(request, item=found, session=session, now_ms=state.now_ms(), seq=seq)
+    if found.kind == "question":
+        return pages.question_page(
+            request, item=found, session=session, now_ms=state.now_ms(), seq=seq
+        )
+    seen = await state.db.approvers_recorded(found.approval_id, found.revision)
+    return pages.item_page(
+        request, item=found, session=session, now_ms=state.now_ms(), seq=seq, approved_by=seen
+    )
 
 
 async def recent(request: web.Request) -> web.Response:
@@ -97,10 +108,16 @@ async def decision(request: web.Request) -> web.Response:
         number = int(request.match_info["n"])
     except ValueError:
         raise web.HTTPNotFound(text="no such decision", content_type="text/plain") from None
-    found = await state_of(request).db.decision(number)
+    state = state_of(request)
+    found = await state.db.decision(number)
     if found is None or found.identity != session.identity:
         raise web.HTTPNotFound(text="no such decision", content_type="text/plain")
-    return pages.message_page(request, record=found, session=session)
+    item = await state.db.item(found.approval_id, state.now_ms())
+    progress = None
+    if item is not None and item.kind == "approval" and item.revision == found.revision:
+        seen = await state.db.approvers_recorded(item.approval_id, item.revision)
+        progress = (pages.collected(item, seen), item.quorum_required)
+    return pages.message_page(request, record=found, session=session, progress=progress)
 
 
 async def live(request: web.Request) -> web.Response:

@@ -1,6 +1,7 @@
 """The approvers' public credentials as the gate serves them (issue 17 contract,
 "Credentials cache"): fetched over the credentials channel at start, refreshed every 60 s by
-the sweep and on a sign-in with an unknown credential id (at most once per 5 s). Also says
+the sweep and on a sign-in with an unknown credential id (unless that id was looked up within
+5 s; at most 2 such refreshes per second overall). Also says
 whether the gate's relying party and the inbox's agree (else nobody can sign in)."""
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ log = logging.getLogger(__name__)
 
 REFRESH_EVERY_S = 60.0
 UNKNOWN_EVERY_S = 5.0
+UNKNOWN_PER_S = 2
 NOT_YET = "the gate has not answered the inbox's request for passkeys yet"
 
 Fetch = Callable[[], Awaitable[CredentialsAnswer]]
@@ -61,7 +63,9 @@ class CredentialsCache:
         self._by_id: dict[str, ServedCredential] = {}
         self._problem: str | None = NOT_YET
         self._fetched_at: float | None = None
-        self._unknown_at: float | None = None
+        self._down = False
+        self._unknown_ids: dict[str, float] = {}
+        self._unknown_recent: list[float] = []
 
     @property
     def problem(self) -> str | None:
@@ -83,14 +87,21 @@ class CredentialsCache:
         return [c for c in self._by_id.values() if identity_key(c.identity) == key]
 
     async def refresh(self) -> bool:
-        """Ask the gate now; True when it answered (the data replaced). On failure: one
-        WARNING ``event=credentials_unavailable`` and the data kept; on an rp mismatch one
-        ERROR ``event=inbox_rp_mismatch`` (only when the reason changes)."""
+        """Ask the gate now; True when it answered (the data replaced). On failure the data
+        is kept; an outage is logged once when it starts (WARNING
+        ``event=credentials_unavailable``) and once when it ends (INFO
+        ``event=credentials_available``), not at each retry (issue 17 finding); on an rp
+        mismatch one ERROR ``event=inbox_rp_mismatch`` (only when the reason changes)."""
         try:
             answer = await self._fetch()
         except (GateUnreachable, GateRefused, ProtocolError, OSError) as exc:
-            log.warning("event=credentials_unavailable error=%s", type(exc).__name__)
+            if not self._down:
+                log.warning("event=credentials_unavailable error=%s", type(exc).__name__)
+            self._down = True
             return False
+        if self._down:
+            log.info("event=credentials_available")
+        self._down = False
         self._fetched_at = self._now_s()
         self._by_id = {c.credential_id: c for c in answer.credentials}
         problem = rp_problem(answer, self._party)
@@ -107,11 +118,18 @@ class CredentialsCache:
         await self.refresh()
         return True
 
-    async def refresh_for_unknown(self) -> bool:
-        """A sign-in named an unknown credential: ``refresh`` at most once per 5 s (a
-        passkey enrolled a moment ago signs in without waiting a minute)."""
+    async def refresh_for_unknown(self, credential_id: str) -> bool:
+        """A sign-in named an unknown credential id: ``refresh`` unless THIS id was looked up
+        within the last 5 s, and at most 2 such refreshes per second overall (issue 17
+        finding: a passkey enrolled a moment after another sign-in signs in at once). Returns
+        whether the gate answered."""
         now = self._now_s()
-        if self._unknown_at is not None and now - self._unknown_at < UNKNOWN_EVERY_S:
+        self._unknown_ids = {
+            k: at for k, at in self._unknown_ids.items() if now - at < UNKNOWN_EVERY_S
+        }
+        self._unknown_recent = [at for at in self._unknown_recent if now - at < 1.0]
+        if credential_id in self._unknown_ids or len(self._unknown_recent) >= UNKNOWN_PER_S:
             return False
-        self._unknown_at = now
+        self._unknown_ids[credential_id] = now
+        self._unknown_recent.append(now)
         return await self.refresh()

@@ -205,6 +205,20 @@ class InboxDb:
             ),
         )
 
+    async def approvers_recorded(self, approval_id: str, revision: int) -> list[str]:
+        """The distinct identities whose ``approve`` of ``revision`` the inbox posted and the
+        gate answered 2xx (recorded), first decided first (issue 17 finding: quorum progress;
+        a decision made through another relay is not here)."""
+        rows = await self._run(
+            _query,
+            self._conn,
+            "SELECT identity, MIN(decided_at) AS at FROM decisions WHERE approval_id = ?"
+            " AND revision = ? AND decision = 'approve' AND http_status BETWEEN 200 AND 299"
+            " GROUP BY identity ORDER BY at, identity",
+            (approval_id, revision),
+        )
+        return [str(r["identity"]) for r in rows]
+
     async def add_batch_decision(self, record: DecisionRecord, batch_id: str) -> int:
         """``add_decision`` for one item of bulk approval ``batch_id`` (issue 17)."""
         return await self._run(

@@ -26,7 +26,14 @@ from markupsafe import Markup
 from gate.inbox import headers
 from gate.inbox.model import DecisionRecord, Item, Session
 from gate.inbox.render import MARK_OPEN, diff_html, draft_view, marked_text
-from gate.inbox.words import answer_words, budget, form_fields, quorum, time_left
+from gate.inbox.words import (
+    answer_words,
+    budget,
+    form_fields,
+    outcome_title,
+    quorum,
+    time_left,
+)
 from gate.protocol.display import code_point, is_hidden
 from gate.protocol.errors import ProtocolError
 
@@ -102,13 +109,22 @@ class Row:
     left: str
     budget: list[str]
     risk_class: str
+    approved_by: list[str]
 
 
-def _facts(item: Item, now_ms: int) -> dict[str, Any]:
+def collected(item: Item, approved_by: Sequence[str] = ()) -> int:
+    """Approvals of ``item``'s current revision: the dispatch's ``quorum.collected`` plus the
+    distinct identities the inbox saw recorded (``db.approvers_recorded``), at most the
+    quorum (issue 17 finding: the gate does not re-send ``collected`` after a decision)."""
+    return min(item.quorum_required, item.quorum_collected + len(set(approved_by)))
+
+
+def _facts(item: Item, now_ms: int, approved_by: Sequence[str] = ()) -> dict[str, Any]:
     return {
         "item": item,
-        "quorum": quorum(item.quorum_collected, item.quorum_required),
-        "left": time_left(item.expires_at, now_ms),
+        "quorum": quorum(collected(item, approved_by), item.quorum_required),
+        "approved_by": list(approved_by),
+        "left": time_left(item.expires_at, now_ms) if item.state == "pending" else item.state,
         "budget": budget(item.budget),
         "risk_class": _risk_class(item.risk),
     }
@@ -129,13 +145,24 @@ def signin_page(
 
 
 def waiting_page(
-    request: web.Request, *, items: Sequence[Item], session: Session, now_ms: int, seq: int
+    request: web.Request,
+    *,
+    items: Sequence[Item],
+    session: Session,
+    now_ms: int,
+    seq: int,
+    approved_by: Mapping[str, Sequence[str]] | None = None,
 ) -> web.Response:
     """What waits for the signed-in approver: pending ``items`` sorted by expiry (soonest
-    first), each with pipeline, step, risk, quorum progress, time left and budget; an empty
-    state in words. ``seq`` is the inbox's change counter the live updates poll from."""
+    first), each with pipeline, step, risk, quorum progress (``approved_by``: approval id →
+    identities recorded through the inbox), time left and budget; an empty state in words.
+    ``seq`` is the inbox's change counter the live updates poll from."""
     pending = sorted((i for i in items if i.state == "pending"), key=lambda i: i.expires_at)
-    rows = [Row(url=item_url(i.approval_id), **_facts(i, now_ms)) for i in pending]
+    seen = approved_by or {}
+    rows = [
+        Row(url=item_url(i.approval_id), **_facts(i, now_ms, seen.get(i.approval_id, ())))
+        for i in pending
+    ]
     context = {"rows": rows, "session": session, "nav": "waiting", "seq": seq}
     return _render(request, "waiting.html", context)
 
@@ -148,12 +175,15 @@ def item_page(
     now_ms: int,
     seq: int,
     challenges: Mapping[str, str] | None = None,
+    approved_by: Sequence[str] = (),
 ) -> web.Response:
-    """An approval: facts, the warning banner when the draft has marked characters, the diff
-    from the revision before after an adjust, the draft (``render.draft_view``), and while
-    pending the approve / skip (reason, required when the step says so) / adjust (textarea
-    holding the current body) forms. ``challenges`` maps a verb to its base64url challenge;
-    a verb without one gets ``data-challenge-url`` (``challenge_url``) instead."""
+    """An approval: facts (quorum progress counts ``approved_by``, the identities whose approval
+    of this revision the inbox saw recorded, and names them), the warning banner when the draft
+    has marked characters, the diff from the revision before after an adjust, the draft
+    (``render.draft_view``), and while pending the approve / skip (reason, required when the
+    step says so) / adjust (textarea holding the current body) forms. ``challenges`` maps a verb
+    to its base64url challenge; a verb without one gets ``data-challenge-url``
+    (``challenge_url``) instead."""
     challenges = challenges or {}
     forms = [
         {
@@ -167,7 +197,7 @@ def item_page(
     ]
     diff = None if item.previous_body is None else diff_html(item.previous_body, item.body)
     context = {
-        **_facts(item, now_ms),
+        **_facts(item, now_ms, approved_by),
         "draft": draft_view(item.body, item.content_type),
         "diff": diff,
         "forms": forms,
@@ -251,13 +281,20 @@ TITLES = {
 
 
 def message_page(
-    request: web.Request, *, record: DecisionRecord, session: Session | None = None
+    request: web.Request,
+    *,
+    record: DecisionRecord,
+    session: Session | None = None,
+    progress: tuple[int, int] | None = None,
 ) -> web.Response:
     """The gate's answer to the approver's decision in words (``words.answer_words``):
-    recorded, resolved, superseded, expired, already decided; a link back to the item."""
+    recorded, resolved, superseded, expired, already decided; a link back to the item. The
+    title names the outcome (``words.outcome_title``; ``progress`` is the quorum's
+    (collected, required) now, None when unknown)."""
     kind, sentence = answer_words(record.status, record.answer)
+    title = outcome_title(kind, record.decision, record.revision, progress)
     context = {
-        "title": TITLES[kind],
+        "title": title or TITLES[kind],
         "kind": kind,
         "sentence": sentence,
         "item_url": item_url(record.approval_id),

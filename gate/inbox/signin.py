@@ -29,7 +29,10 @@ MAX_PENDING = 1000
 RATE_LIMIT = 10
 RATE_WINDOW_S = 300.0
 REASONS = {
-    "unknown_credential": "This passkey is not enrolled for any approver (or it was revoked).",
+    "unknown_credential": (
+        "The gate does not know this passkey: it was never enrolled, or it was revoked."
+        " If you enrolled it just now, try again."
+    ),
     "not_a_passkey": "Only a passkey (WebAuthn) signs in here.",
     "challenge_unknown": "This sign-in page is out of date or was used already: reload it.",
     "rp_mismatch": "This passkey belongs to another site.",
@@ -172,7 +175,9 @@ async def signin_post(request: web.Request) -> web.Response:
     if assertion.type != "webauthn":
         return _refused("not_a_passkey")
     credential = state.credentials.lookup(assertion.credential_id_b64)
-    if credential is None and await state.credentials.refresh_for_unknown():
+    if credential is None and await state.credentials.refresh_for_unknown(
+        assertion.credential_id_b64
+    ):
         credential = state.credentials.lookup(assertion.credential_id_b64)
     if credential is None:
         return _refused("unknown_credential")

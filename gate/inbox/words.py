@@ -172,6 +172,25 @@ def refusal_words(code: str, detail: Any = None) -> str:
     return "The gate refused the decision." + NOTHING
 
 
+def outcome_title(
+    kind: str, decision: str, revision: int, progress: tuple[int, int] | None = None
+) -> str | None:
+    """The decision page's title naming what the approver's decision did (issue 17 finding:
+    "Approval resolved" said nothing): ``Approved``, ``Approved: recorded, 1 of 2`` (a
+    quorum; ``progress`` is (collected, required), None when unknown), ``Skipped``,
+    ``Adjusted: revision N+1``; None when the gate did not record it (``kind`` other than
+    ``resolved``/``recorded``: the page keeps its generic title)."""
+    if kind not in ("resolved", "recorded"):
+        return None
+    if decision == "skip":
+        return "Skipped"
+    if decision == "adjust":
+        return f"Adjusted: revision {revision + 1}"
+    if kind == "resolved":
+        return "Approved"
+    return "Approved: recorded" + ("" if progress is None else f", {quorum(*progress)}")
+
+
 @dataclass(frozen=True, slots=True)
 class Field:
     """One control of a form question: ``name`` (the schema's property), ``label``, optional

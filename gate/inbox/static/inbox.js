@@ -80,7 +80,8 @@
         say('Waiting for your passkey…');
         sign(form).catch((error) => {
           const again = form.dataset.sign === 'signin' ? ' Reload the page to try again.' : '';
-          say('Not sent: ' + (error && error.message ? error.message : 'the passkey was not used') + '.' + again);
+          const why = error && error.message ? error.message : 'the passkey was not used';
+          say('Not sent: ' + why + (/[.!?]$/.test(why) ? '' : '.') + again);
         }).finally(() => { if (button) button.disabled = false; });
       });
     });
@@ -94,17 +95,29 @@
     const apply = (change) => {
       const [id, state] = change;
       if (page && page.dataset.approvalId === id) {
-        say(state === 'pending' ? 'This item changed: reload the page to see the new revision.'
-          : 'This item is now ' + state + '.');
-        page.querySelectorAll('form[data-sign] button').forEach((b) => { b.disabled = state !== 'pending'; });
+        page.querySelectorAll('form button').forEach((b) => { b.disabled = state !== 'pending'; });
+        if (state === 'pending') { say('This item changed: reload the page to see the new revision.'); return; }
+        // closed: the state at the top, the forms hidden, time left says so (issue 17)
+        const top = document.getElementById('item-state');
+        if (top) { top.textContent = 'This item is now ' + state + '; nothing is left to do.'; top.hidden = false; }
+        page.querySelectorAll('section.forms, form').forEach((f) => { f.hidden = true; });
+        const left = page.querySelector('.facts .left dd');
+        if (left) left.textContent = state;
         return;
       }
       let known = false;
       document.querySelectorAll('li[data-approval-id]').forEach((row) => {
         if (row.dataset.approvalId !== id) return;
         known = true;
-        if (state === 'pending') row.classList.add('changed');
-        else { row.classList.add('gone'); row.setAttribute('aria-label', 'now ' + state); }
+        if (state === 'pending') { row.classList.add('changed'); return; }
+        if (row.classList.contains('gone')) return;
+        // closed: the row becomes one line of text, no link, no checkbox (issue 17)
+        const what = row.querySelector('.what');
+        const text = (what ? what.textContent.trim() : 'An item') + ': '
+          + (state === 'resolved' ? 'resolved elsewhere' : state) + '.';
+        row.classList.add('gone');
+        row.textContent = text;
+        say(text);
       });
       if (!known && !page && state === 'pending') say('A new item is waiting — reload the page to see it.');
     };

@@ -1,0 +1,65 @@
+"""What an approver reads after deciding through the inbox (issue 17 findings of the first
+browser runs): quorum progress on the item page from the inbox's own recorded decisions, and
+the decision page naming the outcome. A real gate, the real inbox, software passkeys over
+real HTTP (see tests/test_inbox_decide.py for the pipeline side)."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+
+import pytest
+
+from tests.inbox_harness import InboxClient, InboxWorld, start_world
+from tests.test_inbox_decide import followed, pipeline, signed_in
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InboxWorld]:
+    started = start_world(tmp_path_factory.mktemp("progress"), enrol=(101, 102, 103))
+    yield started
+    started.stop()
+
+
+def approvals(client: InboxClient, approval_id: str) -> str:
+    page = client.get(f"/items/{approval_id}").text
+    found = re.search(r"<dt>Approvals</dt><dd>([^<]*)</dd>", page)
+    assert found, page
+    return found.group(1)
+
+
+def test_quorum_progress_counts_a_decision_recorded_through_the_inbox(world: InboxWorld) -> None:
+    alice, bob = signed_in(world, 101), signed_in(world, 102)
+    proc, approval_id = pipeline(world, "q2", "Pay 12 EUR")
+    assert approvals(bob, approval_id) == "0 of 2"
+
+    page = followed(alice, alice.decide(approval_id, world.passkeys[101]))
+
+    assert "<h1>Approved: recorded, 1 of 2</h1>" in page, page
+    assert approvals(bob, approval_id) == "1 of 2"
+    bob_page = bob.get(f"/items/{approval_id}").text
+    assert "<dt>Approved so far by</dt><dd>alice@example.com</dd>" in bob_page, bob_page
+    waiting = bob.get("/").text
+    assert "Approvals: 1 of 2" in waiting, waiting
+    proc.stop()
+
+
+def test_the_decision_page_names_the_outcome(world: InboxWorld) -> None:
+    alice = signed_in(world, 101)
+    approved, approved_id = pipeline(world, "q1", "Pay 1 EUR")
+    page = followed(alice, alice.decide(approved_id, world.passkeys[101]))
+    assert "<h1>Approved</h1>" in page, page
+    approved.finish()
+
+    skipped, skipped_id = pipeline(world, "q1", "Pay 2 EUR")
+    page = followed(alice, alice.decide(skipped_id, world.passkeys[101], "skip", reason="dup"))
+    assert "<h1>Skipped</h1>" in page, page
+    skipped.finish()
+
+    adjusted, adjusted_id = pipeline(world, "q1", "Pay 3 EUR")
+    answer = alice.decide(adjusted_id, world.passkeys[101], "adjust", adjust_text="Pay 4 EUR")
+    page = followed(alice, answer)
+    assert "<h1>Adjusted: revision 2</h1>" in page, page
+    adjusted.finish()
