@@ -7,14 +7,22 @@ review over the pure evaluator (``gate.core.policy``), and properties with hypot
 from __future__ import annotations
 
 import json
-from typing import Any
+from pathlib import Path
+from typing import Any, cast
 
 import pytest
+import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gate.config import config_from_mapping
 from gate.config.policy import PolicyRule
-from gate.core.policy import Facts, evaluate
+from gate.core import policy_tx
+from gate.core.policy import Facts, Verdict, evaluate
+from gate.core.requests import CreateRequest
+from gate.core.transactions import Policy
+from gate.errors import ConfigError
+from gate.store import WriteTx
 
 J = "application/json"
 SMALL = {"id": "small", "decide": "approve", "when": {"max_spend": 10}}
@@ -170,3 +178,89 @@ def test_a_rule_either_approves_or_denies_never_both_ways_open(
     f = Facts(ct, body, 1)
     if approves(when, f):
         assert verdict_of(when, f) == "no"
+
+
+# ---- the config refuses what a policy cannot do (review H3, L3, L4, H1) ---------------------
+
+ROOT = Path(__file__).resolve().parent.parent
+WHERE = "pipelines[0].steps[0]"
+
+
+def config_errors(step: dict[str, Any], operators: list[dict[str, Any]] | None = None) -> str:
+    data = yaml.safe_load((ROOT / "config.example.yaml").read_text(encoding="utf-8"))
+    data["pipelines"][0]["steps"] = [{"name": "s", "approvers": [111, 222, 333], **step}]
+    if operators is not None:
+        data["relay"]["operators"] = operators
+    try:
+        config_from_mapping(data, ROOT)
+    except ConfigError as exc:
+        return "\n".join(exc.errors)
+    return ""
+
+
+def test_config_refuses_a_policy_approve_where_a_signature_is_required() -> None:
+    """H3: a policy cannot sign: no approve rule and no remember_approval on a step with
+    ``approver_signature: required``; deny rules stay."""
+    step = {
+        "approver_signature": "required",
+        "remember_approval": "1h",
+        "policy": [{"id": "d", "decide": "deny"}, {"id": "a", "decide": "approve"}],
+    }
+    text = config_errors(step)
+    assert f"{WHERE}.policy[1].decide: the step has approver_signature: required" in text
+    assert f"{WHERE}.remember_approval: refused on a step with approver_signature" in text
+    assert f"{WHERE}.policy[0]" not in text
+    assert config_errors({"approver_signature": "required", "policy": step["policy"][:1]}) == ""
+
+
+def test_config_refuses_an_operator_named_like_a_policy() -> None:
+    """L3: ``policy:…`` is the name a policy decides by; no person may take it."""
+    data = yaml.safe_load((ROOT / "config.example.yaml").read_text(encoding="utf-8"))
+    operators = data["relay"]["operators"]
+    operators[1]["identity"] = "Policy:remembered"
+    assert "relay.operators[1].identity: starts with 'policy:'" in config_errors({}, operators)
+
+
+@pytest.mark.parametrize(
+    ("when", "path", "why"),
+    [
+        ({"body_matches": r"(a)\1"}, "when.body_matches", "RE2 cannot take"),
+        ({"body_matches": r"(?=a)b"}, "when.body_matches", "RE2 cannot take"),
+        ({"arguments": {"a": {"min": 5, "max": 1}}}, "when.arguments.a", "can never match"),
+        ({"arguments": {"a": {"one_of": []}}}, "when.arguments.a", "can never match"),
+        ({"arguments": {"a": {"glob": "/srv/../*"}}}, "when.arguments.a", "can never match"),
+        ({"arguments": {"a": {"glob": "* @x.com"}}}, "when.arguments.a", "can never match"),
+        ({"content_type": []}, "when.content_type", "can never match"),
+    ],
+)
+def test_config_refuses_rules_that_can_never_match(
+    when: dict[str, Any], path: str, why: str
+) -> None:
+    text = config_errors({"policy": [{"id": "r", "decide": "deny", "when": when}]})
+    assert f"{WHERE}.policy[0].{path}: " in text and why in text, text
+
+
+def test_the_creation_transaction_refuses_an_approve_where_a_signature_is_required() -> None:
+    """H3 again at decision time (a config changed under it): an approve verdict on a step
+    requiring approver signatures is dropped, a person decides; a deny stands."""
+    req = CreateRequest("p", "s", None, "text/plain", "x", None)
+    tx = cast(WriteTx, None)
+    approve = Policy(
+        1, (), 60.0, "normal", approver_signature="required", verdict=Verdict("r", "approve")
+    )
+    assert policy_tx.verdict(tx, req, approve, "sha256:00", 0) is None
+    deny = Policy(
+        1, (), 60.0, "normal", approver_signature="required", verdict=Verdict("r", "deny")
+    )
+    assert policy_tx.verdict(tx, req, deny, "sha256:00", 0) == Verdict("r", "deny")
+
+
+@pytest.mark.parametrize(
+    ("approvers", "expected"),
+    [((101,), True), ((101, 102), True), ((101, 104), False), ((104,), False), ((), False)],
+)
+def test_a_remembered_approval_stands_only_for_approvers_in_scope(
+    approvers: tuple[int, ...], expected: bool
+) -> None:
+    scope = ((101, "alice@example.com"), (102, "bob@example.com"))
+    assert policy_tx.in_scope(approvers, scope) is expected

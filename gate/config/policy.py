@@ -193,7 +193,8 @@ class PolicyRule(BaseModel):
 def check_step_policy(where: str, step: StepConfig) -> list[str]:
     """Errors of one step's ``policy`` and ``remember_approval`` (``where`` its YAML path,
     ``pipelines[i].steps[j]``), issue 18 §3 hard limits: rule ids unique in the step; a step
-    of ``risk: high``/``critical`` may have deny rules only and no ``remember_approval``; on
+    of ``risk: high``/``critical`` or ``approver_signature: required`` (a policy cannot sign,
+    review H3) may have deny rules only and no ``remember_approval``; on
     a step with quorum > 1 an approve rule needs ``allow_quorum: true`` and
     ``remember_approval`` is refused; ``reason`` only on a deny rule, and required on one
     where the step has ``skip_reason: required``."""
@@ -210,6 +211,11 @@ def check_step_policy(where: str, step: StepConfig) -> list[str]:
             errors.append(
                 f"{at}.decide: a step with risk: {step.risk} may have deny rules only"
                 " (nothing approves it but a person)"
+            )
+        elif rule.decide == "approve" and step.approver_signature == "required":
+            errors.append(
+                f"{at}.decide: the step has approver_signature: required and a policy cannot"
+                " sign: deny rules only there"
             )
         elif rule.decide == "approve" and step.quorum > 1 and not rule.allow_quorum:
             errors.append(
@@ -230,6 +236,11 @@ def check_step_policy(where: str, step: StepConfig) -> list[str]:
             errors.append(
                 f"{where}.remember_approval: refused on a step with risk: {step.risk}"
                 " (every draft there is approved by a person)"
+            )
+        elif step.approver_signature == "required":
+            errors.append(
+                f"{where}.remember_approval: refused on a step with approver_signature:"
+                " required (a policy cannot sign)"
             )
         elif step.quorum > 1:
             errors.append(
