@@ -122,6 +122,8 @@ PUBLIC = {"arguments": {"path": {"glob": "/srv/public/*"}}}
         ({"arguments": {"amount": {"max": 100}}}, J, '{"amount": 5000, "amount": 5}', False),
         ({"arguments": {"amount": {"max": 100}}}, J, '{"amount": -1e999}', False),
         ({"arguments": {"amount": {"max": 100}}}, J, '{"amount": NaN}', False),
+        ({"arguments": {"amount": {"max": 100}}}, J, '{"amount": -1e308}', False),  # > 2**53
+        ({"arguments": {"amount": {"max": 100}}}, J, '{"amount": -9007199254740992}', True),
         ({"arguments": {"amount": {"max": 100}}}, "text/plain", '{"amount": 5}', False),
         ({"content_type": "application/json"}, "Application/JSON; charset=utf-8", "{}", True),
         ({"body_matches": "^hello"}, J, '"hello"', False),  # an approve: raw text only

@@ -92,7 +92,7 @@ def json_type(value: Any) -> str:
 def judge(constraint: ArgumentConstraint, value: Any) -> bool | None:
     """Does ``value`` (a decoded JSON value) meet every part of ``constraint``? True, False,
     or ``UNKNOWN`` (None) when a part cannot be judged: a value of another JSON type than
-    ``equals``/``one_of`` give, no finite number for ``min``/``max``, no string or an
+    ``equals``/``one_of`` give, no finite ``number`` for ``min``/``max``, no string or an
     ``unjudgeable`` one for ``glob``. Any False wins over UNKNOWN."""
     answers: list[bool | None] = []
     given = constraint.model_fields_set
@@ -132,10 +132,16 @@ def json_equal(a: Any, b: Any) -> bool:
     return type(a) is type(b) and bool(a == b)
 
 
+# the largest magnitude a policy compares: 2**53, where JSON numbers stop being exact
+# across implementations (RFC 7493 I-JSON); beyond it a number cannot be evaluated
+MAX_NUMBER = 2**53
+
+
 def number(value: Any) -> bool:
-    """True for a finite JSON number (not a boolean)."""
+    """True for a finite JSON number (not a boolean) of magnitude <= ``MAX_NUMBER``."""
     return (
         isinstance(value, int | float)
         and not isinstance(value, bool)
         and (isinstance(value, int) or math.isfinite(value))
+        and abs(value) <= MAX_NUMBER
     )
