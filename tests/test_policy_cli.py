@@ -172,3 +172,27 @@ def test_doctor_names_an_approve_rule_standing_in_for_a_quorum(config: Path) -> 
         "; pipelines[0].steps[1].policy[0]: rule 'tiny' approves on its own a step that needs"
         " quorum 2 (allow_quorum: true)"
     ), config_line
+
+
+def test_policy_test_says_an_approve_over_a_budget_cap_goes_to_a_person(config: Path) -> None:
+    """Review L2: policy test knows the config's caps but not the day's spending; it says
+    that the gate drops an approve whose spend passes a cap at creation."""
+    data = yaml.safe_load(config.read_text(encoding="utf-8"))
+    data["pipelines"][0]["budget_cap"] = 5
+    config.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
+    code, out, err = policy_test(
+        config, "send", '{"amount": 40}', "--content-type", "application/json", "--spend", "8"
+    )
+    assert (code, err) == (0, "")
+    lines = out.splitlines()
+    assert lines[1] == "policy:small would approve (pipelines[0].steps[0].policy[1])"
+    assert lines[2] == (
+        "but spend 8 is over the pipeline's budget_cap 5: the gate leaves it to a person"
+    )
+    code, out, _ = policy_test(
+        config, "send", '{"amount": 4}', "--content-type", "application/json", "--spend", "4"
+    )
+    assert out.splitlines()[2] == (
+        "unless the day's spending with spend 4 passes the pipeline's budget_cap 5 at"
+        " creation: then a person decides"
+    )

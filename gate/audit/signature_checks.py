@@ -18,7 +18,8 @@ Walking the verified entries in seq order, each signed ``decision`` entry (one w
   and signature: another item of that batch, issue 17).
 
 And a decision on an approval whose ``created`` entry says ``approver_signature:
-required`` must be signed. Pure: reads nothing but the rows it is given.
+required`` must be signed, but for a policy's deny (issue 18: a policy may only deny there).
+Pure: reads nothing but the rows it is given.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from urllib.parse import urlsplit
 
 from gate.audit import chain as audit
 from gate.audit.credential_entries import CREDENTIAL_ENROLLED, CREDENTIAL_REVOKED
-from gate.audit.entries import CREATED, DECISION
+from gate.audit.entries import CREATED, DECISION, POLICY_OPERATOR
 from gate.protocol.approver_signature import (
     ApproverAssertion,
     challenge_for,
@@ -144,7 +145,7 @@ def check(rows: Iterable[audit.AuditRow]) -> SignatureReport:
                 known.revoked_seq = row.seq
         elif data.get("credential_id") is not None or "assertion" in data:
             report.signed.append(_signed(row, data, credentials, report.findings))
-        elif modes.get(row.approval_id) == "required":
+        elif modes.get(row.approval_id) == "required" and not _policy_skip(data):
             report.findings.append(
                 Finding(
                     row.seq,
@@ -156,6 +157,18 @@ def check(rows: Iterable[audit.AuditRow]) -> SignatureReport:
                 )
             )
     return report
+
+
+def _policy_skip(data: Mapping[str, Any]) -> bool:
+    """A policy's deny (issue 18: operator 0, ``by: policy:<rule id>``, decision skip): it
+    needs no signature on a ``required`` step, where a policy may only deny."""
+    by = data.get("by")
+    return (
+        data.get("operator_id") == POLICY_OPERATOR
+        and data.get("decision") == "skip"
+        and isinstance(by, str)
+        and by.startswith("policy:")
+    )
 
 
 def _may_matter(row: audit.AuditRow, modes: Mapping[str | None, Any]) -> bool:

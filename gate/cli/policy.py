@@ -41,7 +41,9 @@ def policy_test(
 
     Prints "policy:<id> would approve" (or "would deny", with the reason), naming the
     rule's YAML path, or "no rule: a person decides"; a step with remember_approval adds
-    that a draft a person approved there within the window is approved (policy:remembered).
+    that a draft a person approved there within the window is approved (policy:remembered);
+    with --spend and a budget cap, what the cap does (the gate leaves an approve to a person
+    when the spend takes the day's spending over a cap).
     Exit 0; 2 for bad input (an unknown pipeline or step, a question step, a draft that is
     no UTF-8, a negative spend), one line.
 
@@ -83,6 +85,9 @@ def policy_test(
         if verdict.reason is not None:
             line += f"; reason: {verdict.reason}"
         click.echo(line)
+    if (verdict is None or verdict.decide == "approve") and spend is not None:
+        for line in _cap_lines(config, pipeline, spend):
+            click.echo(line)
     if verdict is None and step_cfg.remember_approval is not None:
         from gate.config.followups import format_duration
 
@@ -90,6 +95,32 @@ def policy_test(
             "unless a person approved this same draft on this step within "
             f"{format_duration(step_cfg.remember_approval)}: then policy:remembered approves it"
         )
+
+
+def _cap_lines(config: Config, pipeline: str, spend: float) -> list[str]:
+    """What the budget caps do to an approve of ``spend`` (review L2): the gate drops an
+    approve whose spend takes the day's spending over ``budget.cap_today`` or the pipeline's
+    ``budget_cap`` at creation; offline only a spend over a cap on its own is certain."""
+    found = next(p for p in config.pipelines if p.name == pipeline)
+    caps = [
+        (name, cap)
+        for name, cap in (
+            ("budget.cap_today", config.budget.cap_today),
+            ("the pipeline's budget_cap", found.budget_cap),
+        )
+        if cap is not None
+    ]
+    over = [(name, cap) for name, cap in caps if spend > cap]
+    if over:
+        return [
+            f"but spend {spend:g} is over {name} {cap:g}: the gate leaves it to a person"
+            for name, cap in over
+        ]
+    return [
+        f"unless the day's spending with spend {spend:g} passes {name} {cap:g} at creation:"
+        " then a person decides"
+        for name, cap in caps
+    ]
 
 
 def _where(config: Config, pipeline: str, step: str) -> str:

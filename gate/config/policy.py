@@ -8,9 +8,11 @@ rest of ``gate.config``; the evaluation itself is ``gate.core.policy`` (pure).
 
 from __future__ import annotations
 
+import functools
 import re
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
+import re2
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
 if TYPE_CHECKING:
@@ -32,6 +34,61 @@ def _one_or_list(value: object) -> object:
     return (value,) if isinstance(value, str) else value
 
 
+# what ``*`` and ``?`` never match in a glob (one segment of an address or a path): the
+# separators of paths, addresses and lists, whitespace, control and format characters
+_SEGMENT = r"[^/@,;<>\\\s\p{Z}\p{Cc}\p{Cf}]"
+# a value (or a glob) holding one of these cannot be judged by a glob: list separators,
+# angle brackets, a backslash, whitespace, control or format characters; an empty, ``.`` or
+# ``..`` path segment (``//``, ``/./``, ``/../``); a final dot (``example.com.``)
+_UNJUDGEABLE = re2.compile(r"[,;<>\\\s\p{Z}\p{Cc}\p{Cf}]|//|(?:^|/)\.\.?(?:/|$)|\.$", re2.Options())
+
+
+def _re2_options() -> Any:
+    options = re2.Options()
+    options.log_errors = False  # a pattern RE2 refuses is a config error, not a stderr line
+    return options
+
+
+@functools.lru_cache(maxsize=1024)
+def body_pattern(source: str) -> Any:
+    """``source`` compiled by RE2 (linear time, no backtracking: issue 18 review H1), cached.
+    Raises ValueError naming why RE2 refuses it (backreferences, lookaround, too large)."""
+    try:
+        return re2.compile(source, _re2_options())
+    except re2.error as exc:
+        why = exc.args[0].decode("utf-8", "replace") if exc.args else str(exc)
+        raise ValueError(
+            f"RE2 cannot take this regular expression ({why}); RE2 has no backreferences"
+            " nor lookaround"
+        ) from None
+
+
+def unjudgeable(text: str) -> bool:
+    """True when a glob cannot judge ``text`` (``_UNJUDGEABLE``): an approve's glob never
+    matches it, a deny's always does (a policy fails closed, docs/design.md "Policy")."""
+    try:
+        return _UNJUDGEABLE.search(text) is not None
+    except UnicodeEncodeError:  # a lone surrogate (a JSON \ud800 escape)
+        return True
+
+
+@functools.lru_cache(maxsize=1024)
+def glob_pattern(glob: str) -> Any:
+    """``glob`` as an RE2 pattern matched against a whole casefolded value: ``*`` any run of
+    characters of one segment (``_SEGMENT``: never ``/ @ , ; < > \\``, whitespace, control or
+    format characters), ``?`` one such character, everything else itself (casefolded).
+    Raises ValueError for a glob that could never match (``unjudgeable``)."""
+    if unjudgeable(glob):
+        raise ValueError(
+            "this glob can never match: values holding , ; < > \\, whitespace, control"
+            " characters, an empty, . or .. path segment or a final dot are never judged"
+        )
+    out = []
+    for char in glob.casefold():
+        out.append(_SEGMENT + "*" if char == "*" else _SEGMENT if char == "?" else re.escape(char))
+    return re2.compile("".join(out), _re2_options())
+
+
 def argument_path(key: str) -> tuple[str, ...]:
     """The path of an ``arguments`` key into a JSON draft: a JSON pointer (RFC 6901, starts
     with ``/``: ``/items/0/sku``, ``~1`` for ``/``, ``~0`` for ``~``) or a dotted key
@@ -46,9 +103,9 @@ def argument_path(key: str) -> tuple[str, ...]:
 
 class ArgumentConstraint(BaseModel):
     """What one argument of a JSON draft must be for the rule to match (all given must hold):
-    ``equals`` (JSON equality, true is not 1), ``one_of`` (a list of such values), ``glob``
-    (a string matched case-sensitively by ``fnmatch``), ``min`` / ``max`` (a number, bounds
-    inclusive). At least one is required."""
+    ``equals`` (JSON equality, true is not 1), ``one_of`` (a list of such values, not empty),
+    ``glob`` (a string, ``glob_pattern``), ``min`` / ``max`` (a number, bounds inclusive,
+    ``min`` <= ``max``). At least one is required."""
 
     model_config = _FROZEN
 
@@ -62,6 +119,12 @@ class ArgumentConstraint(BaseModel):
     def _some(self) -> ArgumentConstraint:
         if not self.model_fields_set:
             raise ValueError("give at least one of equals, one_of, glob, min, max")
+        if self.one_of is not None and not self.one_of:
+            raise ValueError("one_of: [] can never match: give at least one value")
+        if self.min is not None and self.max is not None and self.min > self.max:
+            raise ValueError(f"min {self.min:g} > max {self.max:g} can never match")
+        if self.glob is not None:
+            glob_pattern(self.glob)
         return self
 
 
@@ -69,8 +132,9 @@ class PolicyWhen(BaseModel):
     """The conditions of a rule; all given must hold (none given: the rule always matches).
     ``max_spend`` (the request's ``spend`` <= it, in ``budget.unit``; a request without
     ``spend`` does not match), ``max_draft_bytes`` (UTF-8 size of the draft), ``content_type``
-    (one or a list, exact), ``body_matches`` (a Python regular expression searched in the
-    body, compiled at load) and ``arguments`` (a JSON draft's values, ``argument_path``)."""
+    (one or a list: the media type, parameters ignored, case-insensitive), ``body_matches``
+    (an RE2 regular expression searched in the body, compiled at load: ``body_pattern``) and
+    ``arguments`` (a JSON draft's values, ``argument_path``)."""
 
     model_config = _FROZEN
 
@@ -84,10 +148,14 @@ class PolicyWhen(BaseModel):
     @classmethod
     def _compiles(cls, value: str | None) -> str | None:
         if value is not None:
-            try:
-                re.compile(value)
-            except re.error as exc:
-                raise ValueError(f"not a valid regular expression ({exc})") from None
+            body_pattern(value)
+        return value
+
+    @field_validator("content_type")
+    @classmethod
+    def _media(cls, value: tuple[str, ...] | None) -> tuple[str, ...] | None:
+        if value is not None and not value:
+            raise ValueError("content_type: [] can never match: give at least one")
         return value
 
     @field_validator("arguments")
@@ -125,7 +193,8 @@ class PolicyRule(BaseModel):
 def check_step_policy(where: str, step: StepConfig) -> list[str]:
     """Errors of one step's ``policy`` and ``remember_approval`` (``where`` its YAML path,
     ``pipelines[i].steps[j]``), issue 18 §3 hard limits: rule ids unique in the step; a step
-    of ``risk: high``/``critical`` may have deny rules only and no ``remember_approval``; on
+    of ``risk: high``/``critical`` or ``approver_signature: required`` (a policy cannot sign,
+    review H3) may have deny rules only and no ``remember_approval``; on
     a step with quorum > 1 an approve rule needs ``allow_quorum: true`` and
     ``remember_approval`` is refused; ``reason`` only on a deny rule, and required on one
     where the step has ``skip_reason: required``."""
@@ -142,6 +211,11 @@ def check_step_policy(where: str, step: StepConfig) -> list[str]:
             errors.append(
                 f"{at}.decide: a step with risk: {step.risk} may have deny rules only"
                 " (nothing approves it but a person)"
+            )
+        elif rule.decide == "approve" and step.approver_signature == "required":
+            errors.append(
+                f"{at}.decide: the step has approver_signature: required and a policy cannot"
+                " sign: deny rules only there"
             )
         elif rule.decide == "approve" and step.quorum > 1 and not rule.allow_quorum:
             errors.append(
@@ -162,6 +236,11 @@ def check_step_policy(where: str, step: StepConfig) -> list[str]:
             errors.append(
                 f"{where}.remember_approval: refused on a step with risk: {step.risk}"
                 " (every draft there is approved by a person)"
+            )
+        elif step.approver_signature == "required":
+            errors.append(
+                f"{where}.remember_approval: refused on a step with approver_signature:"
+                " required (a policy cannot sign)"
             )
         elif step.quorum > 1:
             errors.append(

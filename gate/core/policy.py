@@ -12,24 +12,22 @@ a remembered approval never does.
 
 from __future__ import annotations
 
-import fnmatch
-import json
-import math
-import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from gate.config.policy import (
     HIGH_RISKS,
     REMEMBERED,
-    ArgumentConstraint,
     PolicyRule,
     PolicyWhen,
     argument_path,
+    body_pattern,
 )
+from gate.core.policy_values import UNKNOWN, UNREADABLE, is_json, judge, media_type, read_json
+from gate.core.policy_values import strings as json_strings
 
-_MISSING = object()
+_UNSET: Any = object()
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,20 +39,17 @@ class Facts:
     body: str
     spend: float | None = None
 
-    def draft_bytes(self) -> int:
-        """The body's size in bytes (UTF-8)."""
-        return len(self.body.encode("utf-8"))
+    def draft_bytes(self) -> int | None:
+        """The body's size in bytes (UTF-8); None for a body that is no Unicode text."""
+        try:
+            return len(self.body.encode("utf-8"))
+        except UnicodeEncodeError:
+            return None
 
     def document(self) -> Any:
-        """The body as JSON when the content type is JSON (``application/json``, ``*+json``,
-        parameters ignored) and it parses; else ``_MISSING`` (argument constraints fail)."""
-        media = self.content_type.split(";", 1)[0].strip().lower()
-        if media != "application/json" and not media.endswith("+json"):
-            return _MISSING
-        try:
-            return json.loads(self.body)
-        except ValueError:
-            return _MISSING
+        """The body read as strict JSON (``gate.core.policy_values.read_json``), whatever
+        the content type, or ``UNREADABLE``."""
+        return read_json(self.body)
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,13 +93,14 @@ def may_remember(risk: str, quorum: int) -> bool:
 def evaluate(rules: Sequence[PolicyRule], facts: Facts, risk: str, quorum: int) -> Verdict | None:
     """The verdict of ``rules`` (a step's ``policy``, in order) on ``facts``, or None when no
     rule decides: any matching deny wins (the first such), else the first matching approve
-    that the hard limits allow (``may_approve``), else None."""
-    document = _MISSING
-    if any(rule.when.arguments for rule in rules):
+    that the hard limits allow (``may_approve``), else None. A policy fails closed
+    (``matches``)."""
+    document = _UNSET
+    if any(rule.when.arguments or rule.when.body_matches is not None for rule in rules):
         document = facts.document()
     approve: PolicyRule | None = None
     for rule in rules:
-        if not matches(rule.when, facts, document):
+        if not matches(rule.when, facts, document, rule.decide):
             continue
         if rule.decide == "deny":
             return Verdict(rule.id, "deny", rule.reason)
@@ -121,67 +117,66 @@ def remembered(earlier_id: str, risk: str, quorum: int) -> Verdict | None:
     return Verdict(REMEMBERED, "approve", remembered_from=earlier_id)
 
 
-def matches(when: PolicyWhen, facts: Facts, document: Any = _MISSING) -> bool:
-    """True when every condition of ``when`` holds for ``facts`` (``document``: the body as
-    JSON, ``Facts.document``, for ``arguments``)."""
-    if when.max_spend is not None and (facts.spend is None or facts.spend > when.max_spend):
-        return False
-    if when.max_draft_bytes is not None and facts.draft_bytes() > when.max_draft_bytes:
-        return False
-    if when.content_type is not None and facts.content_type not in when.content_type:
-        return False
-    if when.body_matches is not None and re.search(when.body_matches, facts.body) is None:
-        return False
+def matches(
+    when: PolicyWhen, facts: Facts, document: Any = _UNSET, decide: str = "approve"
+) -> bool:
+    """Does a rule with conditions ``when`` deciding ``decide`` match ``facts``
+    (``document``: ``facts.document()``, read once per evaluation)? A policy fails closed:
+    an approve matches only when every condition is evaluated and holds; a deny when no
+    condition is evaluated and fails (each holds or cannot be evaluated)."""
+    if document is _UNSET:
+        document = facts.document() if when.arguments or when.body_matches else UNREADABLE
+    answers = conditions(when, facts, document, deny=decide == "deny")
+    if decide == "deny":
+        return all(answer is not False for answer in answers)
+    return all(answer is True for answer in answers)
+
+
+def conditions(when: PolicyWhen, facts: Facts, document: Any, *, deny: bool) -> list[bool | None]:
+    """Each condition of ``when`` judged on ``facts``: True (holds), False, or None (cannot
+    be evaluated). ``deny``: ``body_matches`` is tried on the raw text and, for a body that
+    is JSON, on every decoded string (a JSON content type whose body is no strict JSON:
+    None); an approve's on the raw text only (issue 18 review C2)."""
+    out: list[bool | None] = []
+    if when.max_spend is not None:
+        out.append(UNKNOWN if facts.spend is None else facts.spend <= when.max_spend)
+    if when.max_draft_bytes is not None:
+        size = facts.draft_bytes()
+        out.append(UNKNOWN if size is None else size <= when.max_draft_bytes)
+    if when.content_type is not None:
+        media = media_type(facts.content_type)
+        out.append(any(media == media_type(wanted) for wanted in when.content_type))
+    if when.body_matches is not None:
+        out.append(_body_matches(when.body_matches, facts, document, deny))
     for key, constraint in (when.arguments or {}).items():
-        if not holds(constraint, _lookup(document, argument_path(key))):
+        if document is UNREADABLE or not is_json(facts.content_type):
+            out.append(UNKNOWN)
+            continue
+        value = _lookup(document, argument_path(key))
+        out.append(UNKNOWN if value is _ABSENT else judge(constraint, value))
+    return out
+
+
+def _body_matches(source: str, facts: Facts, document: Any, deny: bool) -> bool | None:
+    pattern = body_pattern(source)
+    try:
+        if pattern.search(facts.body) is not None:
+            return True
+        if not deny:
             return False
-    return True
+        if document is UNREADABLE:
+            return UNKNOWN if is_json(facts.content_type) else False
+        return any(pattern.search(text) is not None for text in set(json_strings(document)))
+    except UnicodeEncodeError:  # a lone surrogate: no text RE2 can read
+        return UNKNOWN
 
 
-def holds(constraint: ArgumentConstraint, value: Any) -> bool:
-    """True when ``value`` (a JSON value; ``_MISSING`` when absent) meets every part of
-    ``constraint``."""
-    if value is _MISSING:
-        return False
-    given = constraint.model_fields_set
-    if "equals" in given and not json_equal(value, constraint.equals):
-        return False
-    if constraint.one_of is not None and not any(json_equal(value, v) for v in constraint.one_of):
-        return False
-    if constraint.glob is not None and not (
-        isinstance(value, str) and fnmatch.fnmatchcase(value, constraint.glob)
-    ):
-        return False
-    if constraint.min is not None and not (_number(value) and value >= constraint.min):
-        return False
-    return constraint.max is None or (_number(value) and value <= constraint.max)
-
-
-def json_equal(a: Any, b: Any) -> bool:
-    """JSON equality: ``true`` is not ``1``, ``1`` is ``1.0``; arrays and objects compared
-    member by member."""
-    if isinstance(a, bool) or isinstance(b, bool):
-        return isinstance(a, bool) and isinstance(b, bool) and a == b
-    if _number(a) and _number(b):
-        return bool(a == b)
-    if isinstance(a, list) and isinstance(b, list | tuple):
-        return len(a) == len(b) and all(json_equal(x, y) for x, y in zip(a, b, strict=True))
-    if isinstance(a, Mapping) and isinstance(b, Mapping):
-        return a.keys() == b.keys() and all(json_equal(a[k], b[k]) for k in a)
-    return type(a) is type(b) and bool(a == b)
-
-
-def _number(value: Any) -> bool:
-    return (
-        isinstance(value, int | float)
-        and not isinstance(value, bool)
-        and (isinstance(value, int) or math.isfinite(value))
-    )
+_ABSENT: Any = object()
 
 
 def _lookup(document: Any, path: tuple[str, ...]) -> Any:
     """The value at ``path`` in ``document`` (object keys; array indexes as decimal text),
-    or ``_MISSING``."""
+    or ``_ABSENT``."""
     value = document
     for part in path:
         if isinstance(value, dict) and part in value:
@@ -189,5 +184,5 @@ def _lookup(document: Any, path: tuple[str, ...]) -> Any:
         elif isinstance(value, list) and part.isdigit() and int(part) < len(value):
             value = value[int(part)]
         else:
-            return _MISSING
+            return _ABSENT
     return value

@@ -52,20 +52,36 @@ def verdict(
 ) -> rules.Verdict | None:
     """The policy decision on a new approval, or None (a person decides): the rules'
     verdict, else a remembered approval (``WriteTx.remembered_approval`` within the window;
-    a query only on a step with ``remember_approval``). Enforced again here, whatever the
-    config said: nothing approves a step of risk high/critical, nothing remembered approves
-    a quorum > 1, and nothing approves a request whose ``spend`` takes the day's ``budget``
-    (the context ``Transactions`` sends the relay) over a cap: a person sees that."""
+    a query only on a step with ``remember_approval``; the same ``spend``, its approvers all
+    ``in_scope``). Enforced again here, whatever the config said: nothing approves a step of
+    risk high/critical or with ``approver_signature: required`` (a policy cannot sign),
+    nothing remembered approves a quorum > 1, and nothing approves a request whose
+    ``spend`` takes the day's ``budget`` (the context ``Transactions`` sends the relay)
+    over a cap: a person sees that."""
     found = policy.verdict
     if found is None and policy.remember_ms is not None:
         since = now - policy.remember_ms
-        earlier = tx.remembered_approval(req.pipeline, req.step, req.content_type, digest, since)
-        if earlier is not None:
-            found = rules.remembered(earlier, policy.risk, policy.quorum)
+        earlier = tx.remembered_approval(
+            req.pipeline, req.step, req.content_type, digest, since, req.spend
+        )
+        if earlier is not None and in_scope(earlier[1], policy.scope):
+            found = rules.remembered(earlier[0], policy.risk, policy.quorum)
     if found is not None and found.decide == "approve":
-        if policy.risk in HIGH_RISKS or over_cap(budget):
+        if policy.risk in HIGH_RISKS or policy.approver_signature == "required":
+            return None
+        if over_cap(budget):
             return None
     return found
+
+
+def in_scope(approvers: tuple[int, ...], scope: tuple[tuple[int, str], ...]) -> bool:
+    """May a remembered approval by ``approvers`` (operator ids) stand for a new request whose
+    ``scope`` (allowed_users ∩ the step's approvers now, without the requester unless the
+    step allows self-approval: SPEC check 11) is given? Only when every one of them is in
+    it (review H2: an approver a reload removed; M1: the requester's own approval) and
+    there is at least one."""
+    allowed = {operator_id for operator_id, _ in scope}
+    return bool(approvers) and all(operator_id in allowed for operator_id in approvers)
 
 
 def over_cap(budget: Mapping[str, Any] | None) -> bool:

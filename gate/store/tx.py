@@ -166,24 +166,39 @@ class WriteTx(
         )
 
     def remembered_approval(
-        self, pipeline: str, step: str, content_type: str, digest: str, since_ms: int
-    ) -> str | None:
+        self,
+        pipeline: str,
+        step: str,
+        content_type: str,
+        digest: str,
+        since_ms: int,
+        spend: float | None = None,
+    ) -> tuple[str, tuple[int, ...]] | None:
         """Issue 18 ``remember_approval``: the newest approval of ``pipeline``/``step`` a
         person approved (outcome ``approved`` on revision 1, no policy decision: operator 0)
-        at or after ``since_ms`` whose draft has ``content_type`` and hashes to ``digest``;
-        its id, or None."""
+        at or after ``since_ms`` whose draft has ``content_type``, hashes to ``digest`` and
+        asked for the same ``spend`` (both none, or equal: review C5); its id and the
+        operator ids of its approve decisions, or None."""
         row = self._one(
             "SELECT a.approval_id FROM approvals a JOIN revisions r"
             " ON r.approval_id = a.approval_id AND r.revision = 1"
             " WHERE a.state = 'resolved' AND a.outcome = 'approved' AND a.revision = 1"
             " AND a.pipeline = ? AND a.step = ? AND a.resolved_at >= ? AND r.payload_hash = ?"
-            " AND a.content_type = ?"
+            " AND a.content_type = ? AND a.spend IS ?"
             " AND NOT EXISTS (SELECT 1 FROM decisions d"
             " WHERE d.approval_id = a.approval_id AND d.operator_id = 0)"
             " ORDER BY a.resolved_at DESC LIMIT 1",
-            (pipeline, step, since_ms, digest, content_type),
+            (pipeline, step, since_ms, digest, content_type, spend),
         )
-        return None if row is None else str(row["approval_id"])
+        if row is None:
+            return None
+        approval_id = str(row["approval_id"])
+        approvers = self._conn.execute(
+            "SELECT operator_id FROM decisions WHERE approval_id = ? AND revision = 1"
+            " AND decision = 'approve'",
+            (approval_id,),
+        ).fetchall()
+        return approval_id, tuple(int(r["operator_id"]) for r in approvers)
 
     def spent(self, since_ms: int, pipeline: str | None) -> float:
         """Return the summed ``spend`` of approvals that fired (approved/adjusted) since

@@ -1,0 +1,147 @@
+"""How a policy reads a draft (issue 18 §3, fail closed): the strict JSON reader, the
+strings of a JSON value, media types, and each argument constraint judged as holds /
+does not hold / cannot be judged. Pure: no I/O, no clock read."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from gate.config.policy import ArgumentConstraint, glob_pattern, unjudgeable
+from gate.protocol.envelope import finite_float, reject_json_constant
+
+
+class _Unreadable:
+    """The sentinel of a draft that is no strict JSON (``read_json``)."""
+
+    def __repr__(self) -> str:
+        return "UNREADABLE"
+
+
+UNREADABLE: Any = _Unreadable()
+# what ``judge`` answers for a constraint that cannot be evaluated
+UNKNOWN = None
+
+
+def media_type(content_type: str) -> str:
+    """The media type of ``content_type``: before ``;``, trimmed, casefolded (issue 18
+    review C4: ``TEXT/HTML; charset=utf-8`` is ``text/html``)."""
+    return content_type.split(";", 1)[0].strip().casefold()
+
+
+def is_json(content_type: str) -> bool:
+    """True for ``application/json`` and ``*+json`` media types."""
+    media = media_type(content_type)
+    return media == "application/json" or media.endswith("+json")
+
+
+def _unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise ValueError(f"duplicate key {key!r}")
+        out[key] = value
+    return out
+
+
+def read_json(body: str) -> Any:
+    """``body`` as strict JSON, or ``UNREADABLE``: a BOM, a comment, a trailing comma,
+    duplicate keys (review M2), NaN/Infinity, a number too large to be finite or beyond
+    Python's integer digits limit, nesting too deep for the parser (review L1)."""
+    try:
+        return json.loads(
+            body,
+            object_pairs_hook=_unique,
+            parse_constant=reject_json_constant,
+            parse_float=finite_float,
+        )
+    except (ValueError, RecursionError):
+        return UNREADABLE
+
+
+def strings(value: Any) -> Iterator[str]:
+    """Every string of a JSON ``value``: object keys and string values at any depth
+    (iterative: the depth is the parser's)."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            yield item
+        elif isinstance(item, dict):
+            yield from item.keys()
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+
+
+def json_type(value: Any) -> str:
+    """The JSON type of a decoded value: null, boolean, number, string, array, object."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int | float):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    return "array" if isinstance(value, list | tuple) else "object"
+
+
+def judge(constraint: ArgumentConstraint, value: Any) -> bool | None:
+    """Does ``value`` (a decoded JSON value) meet every part of ``constraint``? True, False,
+    or ``UNKNOWN`` (None) when a part cannot be judged: a value of another JSON type than
+    ``equals``/``one_of`` give, no finite ``number`` for ``min``/``max``, no string or an
+    ``unjudgeable`` one for ``glob``. Any False wins over UNKNOWN."""
+    answers: list[bool | None] = []
+    given = constraint.model_fields_set
+    if "equals" in given:
+        same = json_type(value) == json_type(constraint.equals)
+        answers.append(json_equal(value, constraint.equals) if same else UNKNOWN)
+    if constraint.one_of is not None:
+        if json_type(value) not in {json_type(v) for v in constraint.one_of}:
+            answers.append(UNKNOWN)
+        else:
+            answers.append(any(json_equal(value, v) for v in constraint.one_of))
+    if constraint.glob is not None:
+        if not isinstance(value, str) or unjudgeable(value):
+            answers.append(UNKNOWN)
+        else:
+            answers.append(glob_pattern(constraint.glob).fullmatch(value.casefold()) is not None)
+    if constraint.min is not None:
+        answers.append(bool(value >= constraint.min) if number(value) else UNKNOWN)
+    if constraint.max is not None:
+        answers.append(bool(value <= constraint.max) if number(value) else UNKNOWN)
+    if False in answers:
+        return False
+    return UNKNOWN if UNKNOWN in answers else True
+
+
+def json_equal(a: Any, b: Any) -> bool:
+    """JSON equality: ``true`` is not ``1``, ``1`` is ``1.0``; arrays and objects compared
+    member by member."""
+    if isinstance(a, bool) or isinstance(b, bool):
+        return isinstance(a, bool) and isinstance(b, bool) and a == b
+    if number(a) and number(b):
+        return bool(a == b)
+    if isinstance(a, list) and isinstance(b, list | tuple):
+        return len(a) == len(b) and all(json_equal(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, Mapping) and isinstance(b, Mapping):
+        return a.keys() == b.keys() and all(json_equal(a[k], b[k]) for k in a)
+    return type(a) is type(b) and bool(a == b)
+
+
+# the largest magnitude a policy compares: 2**53, where JSON numbers stop being exact
+# across implementations (RFC 7493 I-JSON); beyond it a number cannot be evaluated
+MAX_NUMBER = 2**53
+
+
+def number(value: Any) -> bool:
+    """True for a finite JSON number (not a boolean) of magnitude <= ``MAX_NUMBER``."""
+    return (
+        isinstance(value, int | float)
+        and not isinstance(value, bool)
+        and (isinstance(value, int) or math.isfinite(value))
+        and abs(value) <= MAX_NUMBER
+    )
