@@ -29,6 +29,13 @@ pytestmark = pytest.mark.e2e
 STEPS = [
     {"name": "q1", "quorum": 1, "approvers": [101, 102, 103], "timeout": "1h"},
     {"name": "ask", "type": "question", "approvers": [101, 102], "timeout": "1h"},
+    {
+        "name": "small",
+        "quorum": 1,
+        "approvers": [101, 102],
+        "timeout": "1h",
+        "policy": [{"id": "petty", "decide": "approve", "when": {"max_spend": 20}}],
+    },
 ]
 WRONG = "a-wrong-gate-token-0123456789abcdef"
 
@@ -74,6 +81,19 @@ async def test_mcp_request_approval_passes_spend_to_the_gate(gate, errlog):
         gate, "SELECT spend FROM approvals WHERE approval_id = ?", answer["approval_id"]
     ) == [(12.5,)]
     assert negative.is_error and "spend" in error_text(negative)
+
+
+async def test_mcp_spend_lets_a_max_spend_rule_decide(gate, errlog):
+    call = {"pipeline": "p", "step": "small", "wait_seconds": 0}
+    async with stdio_mcp(gate, errlog) as client:
+        cheap = result_json(
+            await client.call_tool("request_approval", {**call, "draft": "tea", "spend": 4})
+        )
+        unsaid = result_json(await client.call_tool("request_approval", {**call, "draft": "?"}))
+
+    assert (cheap["state"], cheap["outcome"], cheap["allowed"]) == ("resolved", "approved", True)
+    assert cheap["decided_by"] == ["policy:petty"]
+    assert unsaid["state"] == "pending"  # no spend: the rule cannot match, a person decides
 
 
 async def test_mcp_unknown_arguments_are_a_tool_error_naming_them(gate, errlog):
