@@ -9,7 +9,8 @@ approver as JSON and runs only once approved — with the approver's edit when t
     python examples/agent.py --pipeline billing --step send acme 120.50
 
 Exit codes as ``hitl-gate request --wait``: 0 sent, 3 skipped (the reason is printed),
-4 timed out, 5 cancelled, 1 the gate failed or refused, 6 the edit could not be applied.
+4 timed out, 5 cancelled, 1 the gate failed or refused, 6 the edit could not be applied;
+2 when HITL_GATE_URL or HITL_GATE_TOKEN is not set (one line).
 """
 
 from __future__ import annotations
@@ -29,15 +30,15 @@ from gate.sdk import (
 )
 
 
-def build_agent(gate: Gate, pipeline: str, step: str) -> Callable[[str, float, str], str]:
-    """The agent's one tool, gated: it runs only after a person approves the call."""
+def send_invoice(customer: str, amount: float, currency: str = "EUR") -> str:
+    """The agent's one risky tool: the real-world action (an API call to the billing system
+    would go here). Module-level, so the approver sees ``send_invoice``, not a nested name."""
+    return f"sent invoice to {customer}: {amount:.2f} {currency}"
 
-    @require_approval(gate, pipeline=pipeline, step=step)
-    def send_invoice(customer: str, amount: float, currency: str = "EUR") -> str:
-        # the real-world action would go here (an API call to the billing system)
-        return f"sent invoice to {customer}: {amount:.2f} {currency}"
 
-    return send_invoice
+def gated(gate: Gate, pipeline: str, step: str) -> Callable[[str, float, str], str]:
+    """``send_invoice`` gated: it runs only after a person approves the call."""
+    return require_approval(gate, pipeline=pipeline, step=step)(send_invoice)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -49,11 +50,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("amount", type=float)
     args = parser.parse_args(argv)
 
-    gate = Gate.from_env()  # HITL_GATE_URL and HITL_GATE_TOKEN
-    send_invoice = build_agent(gate, args.pipeline, args.step)
+    try:
+        gate = Gate.from_env()  # HITL_GATE_URL and HITL_GATE_TOKEN
+    except ValueError as exc:  # a variable is not set: one line, no traceback
+        print(f"agent.py: {exc}", file=sys.stderr)
+        return 2
+    invoice = gated(gate, args.pipeline, args.step)
     print(f"agent: asking to send {args.amount:.2f} {args.currency} to {args.customer}", flush=True)
     try:
-        print(send_invoice(args.customer, args.amount, args.currency))
+        print(invoice(args.customer, args.amount, args.currency))
     except ApprovalDenied as exc:
         print(f"not sent: skipped by {', '.join(exc.skipped_by)}: {exc.reason or '-'}")
         return 3

@@ -60,7 +60,7 @@ def start(tmp_path: Path, clis: Any, spawn: Any, auto: str) -> Any:
 
 
 EDIT = {
-    "function": "build_agent.<locals>.send_invoice",
+    "function": "send_invoice",
     "arguments": {"customer": "acme", "amount": 99, "currency": "EUR"},
 }
 

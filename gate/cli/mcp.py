@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import hmac
 import logging
 import os
 import sys
@@ -45,6 +46,34 @@ def http_token(token_env: str | None) -> str:
     return token
 
 
+def refuse_gate_token(token_env: str, token: str, api_token: str) -> None:
+    """Exit 2 with one line when the MCP bearer token (from ``token_env``) is the gate's own
+    pipeline API token (issue 18 review: the README says never; an MCP client would then
+    hold the gate's key). Compared in constant time; neither value is printed."""
+    if hmac.compare_digest(token.encode("utf-8"), api_token.encode("utf-8")):
+        fail(
+            f"--token-env: {token_env} holds the gate's own API token; give the MCP server "
+            "a token of its own (e.g. `openssl rand -hex 32`)",
+            2,
+        )
+
+
+def check_gate_token(url: str, api_token: str, token_env: str) -> None:
+    """Exit 2 with one line when the gate refuses this server's pipeline API token (one
+    cheap authenticated call, gate.mcp.startup); a gate that is down only logs a WARNING."""
+    import asyncio
+
+    from gate.mcp.startup import refused_status
+
+    status = asyncio.run(refused_status(url, api_token))
+    if status is not None:
+        fail(
+            f"the gate refused this MCP server's token (HTTP {status}): set api.token_env "
+            f"({token_env}) to the gate's pipeline API token",
+            2,
+        )
+
+
 @main.command("mcp")
 @CONFIG_OPTION
 @API_URL_OPTION
@@ -81,7 +110,8 @@ def mcp(
     pending is never a yes. Logs go to stderr, never a draft or an answer.
 
     Exit 0 when stdin ends (stdio) or on SIGTERM/SIGINT (HTTP), 1 when it cannot listen,
-    2 usage (e.g. --http without --token-env).
+    2 usage (e.g. --http without --token-env, the MCP token equal to the gate's) or when the
+    gate refuses this server's token at start (a gate that is down: a WARNING, it serves).
 
     Example: hitl-gate mcp -c config.yaml
     """
@@ -96,10 +126,14 @@ def mcp(
         fail("--token-env: only with --http (over stdio the host starts this process)", 2)
     target = http_addr and parse_http(http_addr)
     token = http_token(token_env) if target else ""
-    url, api_token = api_target(read_config(config_path), api_url)
+    config = read_config(config_path)
+    url, api_token = api_target(config, api_url)
+    if target and token_env is not None:
+        refuse_gate_token(token_env, token, api_token)
     logs.configure(log_level.upper(), "text")
     if log_level.upper() != "DEBUG":  # the mcp package's own INFO lines (session ids) are noise
         logging.getLogger("mcp").setLevel(logging.WARNING)
+    check_gate_token(url, api_token, config.api.token_env)
     sock = None
     if target:
         try:

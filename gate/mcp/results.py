@@ -127,3 +127,23 @@ def refused_argument(reason: str, field: str | None, default: str) -> str:
     if field:
         return FIELD_ARGUMENT.get(field, field.split(".")[0])
     return REASON_ARGUMENT.get(reason, default)
+
+
+# a refusal that is no argument's fault, or whose gate message names a CLI command
+TOKEN_REFUSED = (
+    "the gate refused this MCP server's token (HTTP {status}): not an argument's fault; "
+    "the operator must set the token hitl-gate mcp uses (api.token_env)"
+)
+WRONG_KIND = {
+    "step_is_question": "step: this step asks a question: use the ask_human tool",
+    "step_is_approval": "step: this step is an approval step: use the request_approval tool",
+}
+
+
+def refusal_text(status: int, reason: str) -> str | None:
+    """The tool error for a gate refusal that no argument name explains (issue 18 review):
+    401/403 (this server's gate token is refused) or a step of the other kind (the gate's
+    message names ``hitl-gate ask``; an agent needs the tool's name); None otherwise."""
+    if status in (401, 403):
+        return TOKEN_REFUSED.format(status=status)
+    return WRONG_KIND.get(reason)

@@ -30,11 +30,13 @@ INSTRUCTIONS = (
 
 def build_server(gate: AsyncGate) -> MCPServer[Any]:
     """The MCP server with the six tools of gate.mcp.tools, each calling ``gate``."""
-    server: MCPServer[Any] = MCPServer(
-        "hitl-gate", version=__version__, instructions=INSTRUCTIONS, log_level="WARNING"
+    return MCPServer(
+        "hitl-gate",
+        version=__version__,
+        instructions=INSTRUCTIONS,
+        log_level="WARNING",
+        tools=register(gate),
     )
-    register(server, gate)
-    return server
 
 
 async def serve_stdio(gate: AsyncGate) -> None:

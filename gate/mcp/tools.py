@@ -8,8 +8,8 @@ from __future__ import annotations
 import logging
 from typing import Annotated, Any, Literal
 
-from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
+from mcp.server.mcpserver.tools import Tool
 from mcp.types import ToolAnnotations
 from pydantic import Field
 
@@ -20,8 +20,10 @@ from gate.mcp.results import (
     derive_key,
     pending_summary,
     question_result,
+    refusal_text,
     refused_argument,
 )
+from gate.mcp.strict import strict_tool
 from gate.sdk import AsyncGate, GateRequestError, GateUnavailable
 
 log = logging.getLogger(__name__)
@@ -44,6 +46,15 @@ Wait = Annotated[
     ),
 ]
 Text = Annotated[str, Field(min_length=1)]
+Spend = Annotated[
+    float | None,
+    Field(
+        ge=0,
+        allow_inf_nan=False,
+        description="What the action costs, in the step's budget unit (a number >= 0); "
+        "a step's max_spend policy rule and budget read it.",
+    ),
+]
 
 REQUEST_APPROVAL = (
     "Ask a person to approve an action before you take it (the hitl-gate). Send the draft "
@@ -51,7 +62,8 @@ REQUEST_APPROVAL = (
     "Pass run_id (your task or conversation id): the same run_id, pipeline, step, content "
     "type and draft then join the same approval even after a restart, instead of asking "
     "twice; a different draft is a different approval. Without run_id and idempotency_key "
-    "each call asks anew."
+    "each call asks anew. Pass spend (a number >= 0 in the step's budget unit) when the "
+    "action costs something: the step's budget and max_spend rules read it."
 )
 GET_APPROVAL = (
     "Wait up to wait_seconds for an approval made by request_approval and return it. " + NOT_YET
@@ -78,12 +90,15 @@ def _refusal(exc: GateRequestError | GateUnavailable, argument: str) -> ToolErro
     was decided."""
     if isinstance(exc, GateUnavailable):
         return ToolError(f"the gate is unreachable, nothing was decided (ask again): {exc}")
+    if (text := refusal_text(exc.status, exc.reason)) is not None:
+        return ToolError(text)
     return ToolError(f"{refused_argument(exc.reason, exc.field, argument)}: {exc.message}")
 
 
-def register(server: MCPServer[Any], gate: AsyncGate) -> None:
-    """Add the six tools to ``server``, each calling ``gate`` (the pipeline API, SPEC §3;
-    questions issue 15). Tool results are the dicts of gate.mcp.results."""
+def register(gate: AsyncGate) -> list[Tool]:
+    """The six tools, each calling ``gate`` (the pipeline API, SPEC §3; questions issue 15),
+    for ``MCPServer(tools=…)``; an argument a tool does not take is a tool error naming it
+    (gate.mcp.strict). Tool results are the dicts of gate.mcp.results."""
 
     async def request_approval(
         pipeline: Text,
@@ -93,6 +108,7 @@ def register(server: MCPServer[Any], gate: AsyncGate) -> None:
         run_id: str | None = None,
         idempotency_key: str | None = None,
         wait_seconds: Wait = DEFAULT_WAIT_S,
+        spend: Spend = None,
     ) -> dict[str, Any]:
         key = idempotency_key
         if key is None and run_id:
@@ -105,6 +121,7 @@ def register(server: MCPServer[Any], gate: AsyncGate) -> None:
                 content_type=content_type,
                 run_id=run_id,
                 idempotency_key=key,
+                spend=spend,
                 wait=wait_seconds,
             )
         except (GateRequestError, GateUnavailable) as exc:
@@ -189,15 +206,17 @@ def register(server: MCPServer[Any], gate: AsyncGate) -> None:
     asks = ToolAnnotations(read_only_hint=False, destructive_hint=False, open_world_hint=True)
     reads = ToolAnnotations(read_only_hint=True, open_world_hint=False)
     withdraws = ToolAnnotations(read_only_hint=False, destructive_hint=True, idempotent_hint=False)
-    for fn, description, hints in (
-        (request_approval, REQUEST_APPROVAL, asks),
-        (get_approval, GET_APPROVAL, reads),
-        (cancel_approval, CANCEL_APPROVAL, withdraws),
-        (ask_human, ASK_HUMAN, asks),
-        (get_question, GET_QUESTION, reads),
-        (list_pending, LIST_PENDING, reads),
-    ):
-        server.add_tool(fn, description=description, annotations=hints)
+    return [
+        strict_tool(fn, description, hints)
+        for fn, description, hints in (
+            (request_approval, REQUEST_APPROVAL, asks),
+            (get_approval, GET_APPROVAL, reads),
+            (cancel_approval, CANCEL_APPROVAL, withdraws),
+            (ask_human, ASK_HUMAN, asks),
+            (get_question, GET_QUESTION, reads),
+            (list_pending, LIST_PENDING, reads),
+        )
+    ]
 
 
 def _log(tool: str, object_id: str, state: str, outcome: str | None) -> None:

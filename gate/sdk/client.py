@@ -99,11 +99,15 @@ class AsyncGate:
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Self:
         """A client for ``$HITL_GATE_URL`` with ``$HITL_GATE_TOKEN``; raises ValueError naming
-        the variable that is not set."""
+        the variable that is not set and both the SDK needs (the CLI's ``api.token_env``,
+        e.g. HITL_API_TOKEN, is not read here: set HITL_GATE_TOKEN to the same token)."""
         env = os.environ if environ is None else environ
         for name in (URL_ENV, TOKEN_ENV):
             if not env.get(name):
-                raise ValueError(f"{name} is not set")
+                raise ValueError(
+                    f"{name} is not set: the SDK needs {URL_ENV} (the gate's API URL) and "
+                    f"{TOKEN_ENV} (its pipeline API token)"
+                )
         return cls(env[URL_ENV], env[TOKEN_ENV])
 
     @classmethod
@@ -123,6 +127,10 @@ class AsyncGate:
     async def close(self) -> None:
         """Close the HTTP session (idempotent); ``async with`` does it."""
         await self._transport.close()
+
+    async def aclose(self) -> None:
+        """``close()`` under the name of aiohttp/httpx clients (issue 18 review)."""
+        await self.close()
 
     async def __aenter__(self) -> Self:
         return self

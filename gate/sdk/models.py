@@ -74,6 +74,11 @@ class Approval:
             raw=dict(obj),
         )
 
+    def __bool__(self) -> bool:
+        """Refused: ``if approval:`` would act on a pending one ("not yet"). Raises TypeError
+        pointing to ``granted`` or ``raise_for_outcome()`` (issue 18 review)."""
+        raise TypeError("use approval.granted or raise_for_outcome()")
+
     @property
     def granted(self) -> bool:
         """True only for a resolved ``approved`` or ``adjusted`` approval: the action may go
@@ -141,6 +146,10 @@ class Question:
             run_id=obj.get("run_id"),
             raw=dict(obj),
         )
+
+    def __bool__(self) -> bool:
+        """Refused, as for Approval: a pending question is no answer. Raises TypeError."""
+        raise TypeError("use question.outcome or raise_for_outcome()")
 
     def raise_for_outcome(self) -> Question:
         """Return self when answered; else raise QuestionNotAnswered (timeout, cancelled, or
