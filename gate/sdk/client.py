@@ -69,10 +69,38 @@ def _check_wait(wait: float | None) -> None:
         raise ValueError(f"wait must be None or seconds >= 0, got {wait!r}")
 
 
+MAX_KEY_CHARS = 200  # the gate's MAX_IDEMPOTENCY_KEY_CHARS (gate/core/requests.py)
+
+
+def check_id(value: str, argument: str) -> str:
+    """``value`` once it can be an approval/question id: a non-empty printable string with
+    no ``/`` and no ``..`` (one path segment). Raises ValueError starting ``<argument>: ``
+    (review 18c finding 11)."""
+    if not isinstance(value, str) or not value.strip() or not value.isprintable():
+        raise ValueError(f"{argument}: must be a non-empty printable id")
+    if "/" in value or ".." in value or "\\" in value:
+        raise ValueError(f"{argument}: an id has no '/', '\\' or '..'")
+    return value
+
+
+def check_key(key: str | None) -> str | None:
+    """``key`` (None: absent) once the gate would take it as an Idempotency-Key: 1-200
+    characters, not blank, printable (no newline or other control character; SPEC §3,
+    gate/core/requests.py). Raises ValueError starting ``idempotency_key: `` (review 18c
+    finding 12)."""
+    if key is None:
+        return None
+    if not isinstance(key, str) or not key.strip() or len(key) > MAX_KEY_CHARS:
+        raise ValueError(f"idempotency_key: must be 1-{MAX_KEY_CHARS} characters, not blank")
+    if not key.isprintable():
+        raise ValueError("idempotency_key: must not hold a newline or control character")
+    return key
+
+
 def _key(given: str | None, prefix: str) -> str:
     """``given``, else a fresh ``<prefix>-<uuid4 hex>``: every create carries a key, so a
     retried one is found again, never made twice (SPEC §3)."""
-    return given or f"{prefix}-{uuid.uuid4().hex}"
+    return check_key(given) or f"{prefix}-{uuid.uuid4().hex}"
 
 
 class AsyncGate:
@@ -172,13 +200,15 @@ class AsyncGate:
         """The approval ``approval_id``; with ``wait`` (seconds, None: until resolved) wait
         for its outcome first. Raises GateRequestError 404 ``not_found`` for an unknown id."""
         _check_wait(wait)
-        obj = await self._transport.get(approval_id)
+        obj = await self._transport.get(check_id(approval_id, "approval_id"))
         return Approval.from_json(await self._wait(self._transport.get, obj, "approval_id", wait))
 
     async def cancel_approval(self, approval_id: str) -> Approval:
         """Cancel a pending approval (outcome ``cancelled``); raises GateRequestError 409 when
         it is already resolved."""
-        return Approval.from_json(await self._transport.cancel(approval_id))
+        return Approval.from_json(
+            await self._transport.cancel(check_id(approval_id, "approval_id"))
+        )
 
     async def list_pending(self, pipeline: str | None = None) -> list[Approval]:
         """Every pending approval (of ``pipeline`` when given), oldest first, all pages."""
@@ -233,13 +263,14 @@ class AsyncGate:
     async def get_question(self, question_id: str, wait: float | None = None) -> Question:
         """The question ``question_id``; with ``wait`` wait for its answer first."""
         _check_wait(wait)
-        obj = await self._transport.get_question(question_id)
+        obj = await self._transport.get_question(check_id(question_id, "question_id"))
         get = self._transport.get_question
         return Question.from_json(await self._wait(get, obj, "question_id", wait))
 
     async def cancel_question(self, question_id: str) -> Question:
         """Cancel a pending question; raises GateRequestError 409 when already resolved."""
-        return Question.from_json(await self._transport.cancel_question(question_id))
+        qid = check_id(question_id, "question_id")
+        return Question.from_json(await self._transport.cancel_question(qid))
 
     # ---- the waiting ------------------------------------------------------------------
 

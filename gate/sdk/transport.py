@@ -10,10 +10,17 @@ from __future__ import annotations
 import json
 from types import TracebackType
 from typing import Any, Self
+from urllib.parse import quote
 
 import aiohttp
 
 from gate.sdk.errors import GateRequestError, GateUnavailable
+
+
+def _seg(value: str) -> str:
+    """``value`` as one percent-encoded URL path segment (``/`` included): an id can never
+    reach another endpoint (review 18c finding 11)."""
+    return quote(value, safe="")
 
 
 class Transport:
@@ -123,7 +130,7 @@ class Transport:
     async def get(self, approval_id: str, wait: float | None = None) -> Any:
         """GET /v1/approvals/{id}, long-polling up to ``wait`` seconds when given."""
         params = None if wait is None else {"wait": f"{wait:g}"}
-        return (await self._call("GET", f"/v1/approvals/{approval_id}", params=params))[1]
+        return (await self._call("GET", f"/v1/approvals/{_seg(approval_id)}", params=params))[1]
 
     async def list(self, state: str, pipeline: str | None, limit: int, cursor: str | None) -> Any:
         """GET /v1/approvals with filters; returns ``{items, next_cursor}``."""
@@ -136,7 +143,7 @@ class Transport:
 
     async def cancel(self, approval_id: str) -> Any:
         """POST /v1/approvals/{id}/cancel; returns the resolved approval."""
-        return (await self._call("POST", f"/v1/approvals/{approval_id}/cancel"))[1]
+        return (await self._call("POST", f"/v1/approvals/{_seg(approval_id)}/cancel"))[1]
 
     # ---- questions (issue 15): their own endpoints, never the approvals' ----------------
 
@@ -153,7 +160,7 @@ class Transport:
     async def get_question(self, question_id: str, wait: float | None = None) -> Any:
         """GET /v1/questions/{id}, long-polling up to ``wait`` seconds when given."""
         params = None if wait is None else {"wait": f"{wait:g}"}
-        return (await self._call("GET", f"/v1/questions/{question_id}", params=params))[1]
+        return (await self._call("GET", f"/v1/questions/{_seg(question_id)}", params=params))[1]
 
     async def list_questions(
         self, state: str, pipeline: str | None, limit: int, cursor: str | None
@@ -168,4 +175,4 @@ class Transport:
 
     async def cancel_question(self, question_id: str) -> Any:
         """POST /v1/questions/{id}/cancel; returns the resolved question."""
-        return (await self._call("POST", f"/v1/questions/{question_id}/cancel"))[1]
+        return (await self._call("POST", f"/v1/questions/{_seg(question_id)}/cancel"))[1]
