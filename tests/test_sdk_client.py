@@ -354,3 +354,19 @@ def test_sdk_refuses_ids_and_keys_the_gate_would_misread(
     assert client.get_question(question.id, wait=0).state == "pending"  # not cancelled
     assert rows(gate, "SELECT COUNT(*) FROM approvals") == before
     client.cancel_question(question.id)
+
+
+def test_sdk_async_gate_follows_the_running_loop(gate: GateProcess) -> None:
+    """Review 18c finding 9: one AsyncGate used from two ``asyncio.run`` calls works in both,
+    and every approval it made is returned (none made and then lost to a loop error)."""
+    client = AsyncGate(gate.api_url, API_TOKEN)
+    before = rows(gate, "SELECT COUNT(*) FROM approvals")[0][0]
+
+    first = asyncio.run(client.request_approval("p", "q1", "loop one", wait=0))
+    second = asyncio.run(client.request_approval("p", "q1", "loop two", wait=0))
+    asyncio.run(client.close())
+
+    assert first.state == second.state == "pending" and first.id != second.id
+    assert rows(gate, "SELECT COUNT(*) FROM approvals")[0][0] == before + 2
+    Gate(gate.api_url, API_TOKEN).cancel_approval(first.id)
+    Gate(gate.api_url, API_TOKEN).cancel_approval(second.id)

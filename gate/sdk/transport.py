@@ -7,6 +7,7 @@ answer, or one that is not JSON).
 
 from __future__ import annotations
 
+import asyncio
 import json
 from types import TracebackType
 from typing import Any, Self
@@ -43,13 +44,23 @@ class Transport:
         self._display = base
         self._token = token
         self._session: aiohttp.ClientSession | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     def _open(self) -> aiohttp.ClientSession:
+        """The HTTP session of the running event loop: one made in an earlier loop (a
+        former ``asyncio.run``) is left behind, never used across loops (review 18c
+        finding 9)."""
+        loop = asyncio.get_running_loop()
+        if self._session is not None and self._loop is not loop:
+            self._session.detach()  # its loop is gone or another one: it cannot be used here
+            self._session = None
         if self._session is None or self._session.closed:
+            self._loop = loop
+            # force_close: no keep-alive socket outlives the event loop it was made in
             connector: aiohttp.BaseConnector = (
-                aiohttp.UnixConnector(path=self._unix)
+                aiohttp.UnixConnector(path=self._unix, force_close=True)
                 if self._unix is not None
-                else aiohttp.TCPConnector()
+                else aiohttp.TCPConnector(force_close=True)
             )
             self._session = aiohttp.ClientSession(
                 connector=connector,
@@ -60,10 +71,13 @@ class Transport:
         return self._session
 
     async def close(self) -> None:
-        """Close the HTTP session (idempotent)."""
+        """Close the HTTP session (idempotent); one of another event loop is dropped."""
         if self._session is not None:
-            await self._session.close()
-            self._session = None
+            if self._loop is asyncio.get_running_loop():
+                await self._session.close()
+            else:
+                self._session.detach()
+        self._session = None
 
     async def __aenter__(self) -> Self:
         return self
