@@ -12,7 +12,7 @@ from click.testing import CliRunner, Result
 
 from gate.cli import main
 from gate.mcp.auth import BearerAuth, bearer_matches
-from gate.mcp.results import approval_result, derive_key, question_result, refused_argument
+from gate.mcp.results import approval_result, question_result, refused_argument
 from gate.mcp.server import is_loopback
 from gate.sdk import Approval, Question
 
@@ -114,21 +114,6 @@ def test_mcp_result_question_unanswered_has_no_answer():
     )
 
     assert question_result(q)["answer"] is None and question_result(q)["outcome"] == "timeout"
-
-
-def test_mcp_derived_key_is_the_same_for_the_same_call_and_differs_otherwise():
-    key = derive_key("approval", "run-1", "p", "q1", "text/plain", "Hallo")
-
-    assert key == derive_key("approval", "run-1", "p", "q1", "text/plain", "Hallo")
-    assert key.startswith("mcp-") and len(key) == 68
-    others = {
-        derive_key("approval", "run-2", "p", "q1", "text/plain", "Hallo"),
-        derive_key("approval", "run-1", "p", "q2", "text/plain", "Hallo"),
-        derive_key("approval", "run-1", "p", "q1", "text/markdown", "Hallo"),
-        derive_key("approval", "run-1", "p", "q1", "text/plain", "Hallo!"),
-        derive_key("question", "run-1", "p", "q1", "text/plain", "Hallo"),
-    }
-    assert key not in others and len(others) == 5
 
 
 @pytest.mark.parametrize(

@@ -226,22 +226,45 @@ async def test_mcp_stdio_restart_mid_wait_joins_the_same_approval(gate, relay, e
     draft = f"restart me {time.monotonic_ns()}"
     run = f"run-{time.monotonic_ns()}"
     async with stdio_mcp(gate, errlog) as client:
-        waiting = asyncio.create_task(request(client, draft, run_id=run, wait_seconds=40))
+        waiting = asyncio.create_task(
+            request(client, draft, run_id=run, idempotency_key=f"call-{run}", wait_seconds=40)
+        )
         dispatch = await dispatch_for(relay, draft)
         waiting.cancel()  # the host goes away mid-wait: the server process ends with it
         with pytest.raises(asyncio.CancelledError):
             await waiting
 
     async with stdio_mcp(gate, errlog) as client:  # a new server process, the same call
-        again = await request(client, draft, run_id=run, wait_seconds=0)
+        key = f"call-{run}"  # the host's tool-call id, the same on a retry
+        again = await request(client, draft, run_id=run, idempotency_key=key, wait_seconds=0)
         other = await request(client, draft + " (other)", run_id=run, wait_seconds=0)
         await asyncio.to_thread(decide, gate, dispatch, "approve")
-        got = await request(client, draft, run_id=run)
+        got = await request(client, draft, run_id=run, idempotency_key=key)
 
     assert again["approval_id"] == dispatch["approval_id"] == got["approval_id"]
     assert other["approval_id"] != dispatch["approval_id"]
     assert (got["outcome"], got["body"]) == ("approved", draft)
     assert rows(gate, "SELECT COUNT(*) FROM approvals WHERE run_id = ?", run) == [(2,)]
+
+
+async def test_mcp_stdio_without_a_key_the_same_call_is_asked_again(gate, relay, errlog):
+    """Review 18c findings 1, 13: run_id is a label; without an idempotency_key the same
+    draft in the same run is a new approval each time (never an old approval's yes), also
+    two at once and after a timeout."""
+    draft = f"pay acme 100 {time.monotonic_ns()}"
+    run = f"run-{time.monotonic_ns()}"
+    async with stdio_mcp(gate, errlog) as client:
+        first = await request(client, draft, run_id=run, wait_seconds=0)
+        await asyncio.to_thread(decide, gate, await dispatch_for(relay, draft), "approve")
+        again, parallel = await asyncio.gather(
+            request(client, draft, run_id=run, wait_seconds=0),
+            request(client, draft, run_id=run, wait_seconds=0),
+        )
+
+    ids = {first["approval_id"], again["approval_id"], parallel["approval_id"]}
+    assert len(ids) == 3
+    assert again["state"] == parallel["state"] == "pending"
+    assert rows(gate, "SELECT COUNT(*) FROM approvals WHERE run_id = ?", run) == [(3,)]
 
 
 async def test_mcp_stdio_parallel_calls_are_separate_approvals(gate, relay, errlog):
@@ -322,6 +345,19 @@ BAD_ARGUMENTS = [
      "response_type"),
     ("ask_human", {"pipeline": "p", "step": "ask", "text": "Form?", "response_type": "form"},
      "schema"),
+    # review 18c findings 11, 12: ids are path segments, keys are the gate's
+    ("cancel_approval", {"approval_id": "../questions/01JZZZZZZZZZZZZZZZZZZZZZZZ"},
+     "approval_id"),
+    ("get_approval", {"approval_id": "a/b", "wait_seconds": 0}, "approval_id"),
+    ("get_question", {"question_id": "..", "wait_seconds": 0}, "question_id"),
+    ("request_approval", {"pipeline": "p", "step": "q1", "draft": "x", "wait_seconds": 0,
+                          "idempotency_key": "a\nb"}, "idempotency_key"),
+    ("request_approval", {"pipeline": "p", "step": "q1", "draft": "x", "wait_seconds": 0,
+                          "idempotency_key": "k" * 100_000}, "idempotency_key"),
+    ("request_approval", {"pipeline": "p", "step": "q1", "draft": "x", "wait_seconds": 0,
+                          "idempotency_key": ""}, "idempotency_key"),
+    ("ask_human", {"pipeline": "p", "step": "ask", "text": "Which?", "wait_seconds": 0,
+                   "idempotency_key": " "}, "idempotency_key"),
 ]  # fmt: skip
 
 
@@ -343,3 +379,5 @@ async def test_mcp_stdio_bad_arguments_are_tool_errors_naming_the_argument(gate,
         assert re.search(rf"(: |\n){argument}(:|\n)", text), (tool, argument, text)
     assert rows(gate, "SELECT COUNT(*) FROM approvals") == before  # nothing was created
     assert rows(gate, "SELECT COUNT(*) FROM questions") == asked
+    errlog.seek(0)
+    assert "Traceback" not in errlog.read()

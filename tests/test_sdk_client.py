@@ -321,3 +321,52 @@ def test_sdk_rejects_a_bad_url_or_wait() -> None:
         Gate("ftp://x", API_TOKEN)
     with pytest.raises(ValueError, match="wait must be"):
         Gate("http://127.0.0.1:9", API_TOKEN).get_approval("x", wait=-1)
+
+
+# ---- review 18c findings 11, 12: ids are one path segment, keys the gate's rule ---------
+
+
+@pytest.mark.parametrize(
+    ("call", "argument"),
+    [
+        (lambda g, q: g.cancel_approval(f"../questions/{q}"), "approval_id"),
+        (lambda g, q: g.get_approval("a/b", wait=0), "approval_id"),
+        (lambda g, q: g.get_question("..", wait=0), "question_id"),
+        (lambda g, q: g.cancel_question(f"../approvals/{q}"), "question_id"),
+        (lambda g, q: g.request_approval("p", "q1", "x", idempotency_key="a\nb"),
+         "idempotency_key"),
+        (lambda g, q: g.request_approval("p", "q1", "x", idempotency_key="k" * 100_000),
+         "idempotency_key"),
+        (lambda g, q: g.request_approval("p", "q1", "x", idempotency_key=""), "idempotency_key"),
+        (lambda g, q: g.ask("p", "ask", "Which?", idempotency_key=" "), "idempotency_key"),
+    ],
+)  # fmt: skip
+def test_sdk_refuses_ids_and_keys_the_gate_would_misread(
+    gate: GateProcess, call: Any, argument: str
+) -> None:
+    client = Gate(gate.api_url, API_TOKEN)
+    question = client.ask("p", "ask", "Still there?", wait=0)
+    before = rows(gate, "SELECT COUNT(*) FROM approvals")
+
+    with pytest.raises(ValueError, match=f"^{argument}: "):
+        call(client, question.id)
+
+    assert client.get_question(question.id, wait=0).state == "pending"  # not cancelled
+    assert rows(gate, "SELECT COUNT(*) FROM approvals") == before
+    client.cancel_question(question.id)
+
+
+def test_sdk_async_gate_follows_the_running_loop(gate: GateProcess) -> None:
+    """Review 18c finding 9: one AsyncGate used from two ``asyncio.run`` calls works in both,
+    and every approval it made is returned (none made and then lost to a loop error)."""
+    client = AsyncGate(gate.api_url, API_TOKEN)
+    before = rows(gate, "SELECT COUNT(*) FROM approvals")[0][0]
+
+    first = asyncio.run(client.request_approval("p", "q1", "loop one", wait=0))
+    second = asyncio.run(client.request_approval("p", "q1", "loop two", wait=0))
+    asyncio.run(client.close())
+
+    assert first.state == second.state == "pending" and first.id != second.id
+    assert rows(gate, "SELECT COUNT(*) FROM approvals")[0][0] == before + 2
+    Gate(gate.api_url, API_TOKEN).cancel_approval(first.id)
+    Gate(gate.api_url, API_TOKEN).cancel_approval(second.id)

@@ -120,7 +120,7 @@ def test_sdk_decorator_runs_on_approve_with_the_call_as_drafted(
     draft = seen[0]["draft"]
     assert draft["content_type"] == "application/json"
     assert json.loads(draft["body"]) == {
-        "function": send_invoice.__qualname__,
+        "function": f"{__name__}.{send_invoice.__qualname__}",
         "arguments": {"customer": "acme-approve", "amount": 120.5, "currency": "EUR"},
     }
 
@@ -132,7 +132,8 @@ def test_sdk_decorator_runs_adjusted_arguments(gate: GateProcess, relay: Capture
     def pay(to: str, amount: float) -> None:
         ran.append((to, amount))
 
-    edit = json.dumps({"function": pay.__qualname__, "arguments": {"to": "bob-adj", "amount": 90}})
+    name = f"{__name__}.{pay.__qualname__}"
+    edit = json.dumps({"function": name, "arguments": {"to": "bob-adj", "amount": 90}})
     thread = in_thread(lambda: decide(gate, relay, "bob-adj", "adjust", adjust_text=edit))
     pay("bob-adj", 100.0)
     thread.join()
@@ -144,8 +145,8 @@ def test_sdk_decorator_runs_adjusted_arguments(gate: GateProcess, relay: Capture
     ("edit", "why"),
     [
         ("not json at all", "not JSON"),
-        ('{"arguments": {"to": "x", "amount": 1, "tip": 5}}', "does not take: tip"),
-        ('{"arguments": {"to": "x"}}', "do not fit"),
+        ('{"arguments": {"to": "x", "amount": 1, "tip": 5}}', "extra: tip"),
+        ('{"arguments": {"to": "x"}}', "missing: amount"),
         ('{"function": "other", "arguments": {"to": "x", "amount": 1}}', "names function"),
         ('["to", "x"]', '"arguments"'),
     ],
@@ -221,43 +222,49 @@ def test_sdk_decorator_gate_timeout_raises_timed_out(gate: GateProcess) -> None:
     assert ran == []
 
 
-def test_sdk_decorator_same_run_joins_the_same_approval(
+def test_sdk_decorator_same_run_asks_again_for_the_same_call(
     gate: GateProcess, relay: CaptureRelay, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """An agent that crashed while waiting and starts again with the same run id repeats
-    the call: it joins the approval it made and runs once that is approved."""
+    """An approval covers one call: the same run repeating the same call in this process
+    asks again (review finding 1); another run is apart too. A restarted process replaying
+    its calls rejoins them (tests/test_sdk_example.py)."""
     monkeypatch.setenv("HITL_RUN_ID", "run-restart-1")
     ran: list[str] = []
     client = Gate(gate.api_url, API_TOKEN)
 
-    def make() -> Callable[[str], None]:  # the function as each "process" decorates it
-        @require_approval(client, pipeline="p", step="q1", wait=0.2)
-        def refund(order: str) -> None:
-            ran.append(order)
-
-        return refund
+    @require_approval(client, pipeline="p", step="q1", wait=0.2)
+    def refund(order: str) -> None:
+        ran.append(order)
 
     with pytest.raises(ApprovalPending) as first:
-        make()("order-restart")
+        refund("order-restart")
     decide(gate, relay, "order-restart", "approve")
-    make()("order-restart")
+    with pytest.raises(ApprovalPending) as again:
+        refund("order-restart")
     monkeypatch.setenv("HITL_RUN_ID", "run-restart-2")
     with pytest.raises(ApprovalPending) as other_run:
-        make()("order-restart")
+        refund("order-restart")
 
-    assert ran == ["order-restart"]
-    assert len(dispatch_with(relay, "order-restart", 2)) == 2  # one per run, not per call
-    assert other_run.value.approval.id != first.value.approval.id
+    ids = {first.value.approval.id, again.value.approval.id, other_run.value.approval.id}
+    assert ran == [] and len(ids) == 3
+    assert len(dispatch_with(relay, "order-restart", 3)) == 3
+    client.cancel_approval(again.value.approval.id)
     client.cancel_approval(other_run.value.approval.id)
 
 
-def test_sdk_decorator_key_is_the_run_and_the_call() -> None:
-    draft = JsonRenderer().render(test_sdk_decorator_key_is_the_run_and_the_call, {"a": 1})
-    key = call_key("r", "p", "q1", "f", draft)
+def test_sdk_decorator_key_is_the_run_the_call_and_its_occurrence() -> None:
+    draft = JsonRenderer().render(test_sdk_decorator_refuses_a_mismatched_client, {"a": 1})
+    key = call_key("r", "p", "q1", "m.f", "", draft, 1)
 
-    assert key == call_key("r", "p", "q1", "f", draft)
-    assert len({key, call_key("r2", "p", "q1", "f", draft), call_key("r", "p", "q1", "g", draft)})
-    assert key != call_key("r", "p", "q1", "f", draft + " ")
+    assert key == call_key("r", "p", "q1", "m.f", "", draft, 1)
+    others = {
+        call_key("r2", "p", "q1", "m.f", "", draft, 1),
+        call_key("r", "p", "q1", "n.f", "", draft, 1),
+        call_key("r", "p", "q1", "m.f", "Obj()", draft, 1),
+        call_key("r", "p", "q1", "m.f", "", draft + " ", 1),
+        call_key("r", "p", "q1", "m.f", "", draft, 2),
+    }
+    assert key not in others and len(others) == 5
     assert key.startswith("hitl-sdk-call-") and len(key) == len("hitl-sdk-call-") + 64
 
 

@@ -60,7 +60,7 @@ def start(tmp_path: Path, clis: Any, spawn: Any, auto: str) -> Any:
 
 
 EDIT = {
-    "function": "send_invoice",
+    "function": "__main__.send_invoice",
     "arguments": {"customer": "acme", "amount": 99, "currency": "EUR"},
 }
 
@@ -72,8 +72,13 @@ EDIT = {
         ("adjust:" + json.dumps(EDIT), 0, "sent invoice to acme: 99.00 EUR\n"),
         ("skip:over budget", 3, "not sent: skipped by alice@example.com: over budget\n"),
         ("adjust:120 EUR is fine", 6, "the edit cannot be applied: the edited draft is not JSON"),
+        (
+            "adjust:" + json.dumps({**EDIT, "arguments": {**EDIT["arguments"], "amount": "99"}}),
+            6,
+            "argument 'amount' must stay float (the edit gives string)",
+        ),
     ],
-    ids=["approve", "adjust", "skip", "adjust-not-json"],
+    ids=["approve", "adjust", "skip", "adjust-not-json", "adjust-amount-a-string"],
 )
 def test_sdk_example_agent_against_the_reference_relay(
     tmp_path: Path, clis: Any, spawn: Any, auto: str, code: int, printed: str

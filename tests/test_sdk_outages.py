@@ -100,3 +100,50 @@ async def test_sdk_create_is_retried_with_its_key_until_the_gate_takes_it(
         assert conn.execute("SELECT COUNT(*) FROM approvals").fetchone() == (1,)
     finally:
         conn.close()
+
+
+def test_sdk_waits_are_bounded_against_a_gate_that_hangs(tmp_path: Path) -> None:
+    """Review 18c finding 6: a SIGSTOPped gate accepts connections but never answers; a call
+    with ``wait=2`` still ends within the wait + the transport's margin, raising
+    GateUnavailable ("did not answer within"): never a hang, never a yes."""
+    import os
+    import signal
+    import threading
+
+    from gate.sdk import Gate, GateUnavailable
+    from gate.sdk.transport import MARGIN_S
+
+    relay = CaptureRelay().start()
+    gate = GateProcess(write_config(tmp_path, relay.url)).start()
+    client = Gate(gate.api_url, API_TOKEN)
+    made = client.request_approval("p", "q1", "hang on", wait=0)
+    outcomes: dict[str, Any] = {}
+
+    def call(name: str, fn: Any) -> threading.Thread:
+        def run() -> None:
+            try:
+                outcomes[name] = fn()
+            except Exception as exc:  # the test reads what the call raised
+                outcomes[name] = exc
+
+        thread = threading.Thread(target=run, daemon=True)
+        thread.start()
+        return thread
+
+    os.kill(gate.proc.pid, signal.SIGSTOP)
+    try:
+        threads = [
+            call("create", lambda: client.request_approval("p", "q1", "hung", wait=2)),
+            call("wait", lambda: client.get_approval(made.id, wait=2)),
+        ]
+        for thread in threads:
+            thread.join(timeout=2 + MARGIN_S + 10)  # a bound, not a measurement
+        assert not any(t.is_alive() for t in threads), outcomes
+    finally:
+        os.kill(gate.proc.pid, signal.SIGCONT)
+        gate.stop()
+        relay.stop()
+
+    for name in ("create", "wait"):
+        assert isinstance(outcomes[name], GateUnavailable), outcomes
+        assert "did not answer within" in str(outcomes[name])

@@ -52,9 +52,12 @@ class ApiClient(Transport):
         body: Any = None,
         params: dict[str, str] | None = None,
         headers: dict[str, str] | None = None,
+        timeout: float | None = None,
     ) -> tuple[int, Any]:
         try:
-            return await super()._call(method, path, body=body, params=params, headers=headers)
+            return await super()._call(
+                method, path, body=body, params=params, headers=headers, timeout=timeout
+            )
         except GateUnavailable as exc:
             raise ClientError("gate_unreachable", str(exc), status=0) from exc
         except GateRequestError as exc:

@@ -4,8 +4,6 @@ refusal is about. Pure: no I/O, no clock."""
 
 from __future__ import annotations
 
-import hashlib
-import json
 from typing import Any
 
 from gate.sdk import Approval, Question
@@ -35,22 +33,6 @@ FIELD_ARGUMENT = {
     "draft": "draft",
     "body": "draft",
 }
-
-
-def derive_key(kind: str, run_id: str, pipeline: str, step: str, *parts: Any) -> str:
-    """The Idempotency-Key of a call made without one (issue 18): ``mcp-`` + SHA-256 hex of the
-    canonical JSON of ``[kind, run_id, pipeline, step, *parts]`` (for an approval the content
-    type and the draft). The same call in the same run joins the same approval after a restart
-    of the agent host or of this server; a different draft is a different approval. Only
-    derived when a ``run_id`` is given: without one the same draft would join an approval
-    resolved long ago, so each call then makes a new approval."""
-    material = json.dumps(
-        [kind, run_id, pipeline, step, *parts],
-        ensure_ascii=False,
-        separators=(",", ":"),
-        sort_keys=True,
-    )
-    return "mcp-" + hashlib.sha256(material.encode("utf-8")).hexdigest()
 
 
 def approval_result(approval: Approval) -> dict[str, Any]:

@@ -17,7 +17,6 @@ from gate.mcp.results import (
     DEFAULT_WAIT_S,
     MAX_WAIT_S,
     approval_result,
-    derive_key,
     pending_summary,
     question_result,
     refusal_text,
@@ -59,11 +58,11 @@ Spend = Annotated[
 REQUEST_APPROVAL = (
     "Ask a person to approve an action before you take it (the hitl-gate). Send the draft "
     "exactly as it would be sent or executed. Blocks up to wait_seconds. " + NOT_YET + " "
-    "Pass run_id (your task or conversation id): the same run_id, pipeline, step, content "
-    "type and draft then join the same approval even after a restart, instead of asking "
-    "twice; a different draft is a different approval. Without run_id and idempotency_key "
-    "each call asks anew. Pass spend (a number >= 0 in the step's budget unit) when the "
-    "action costs something: the step's budget and max_spend rules read it."
+    "Pass idempotency_key = your host's tool-call id: a retry of that same tool call (e.g. "
+    "after a restart) then joins its approval instead of asking twice. Without it every "
+    "call is a new approval, even with the same draft; run_id is only a label. Pass spend "
+    "(a number >= 0 in the step's budget unit) when the action costs something: the step's "
+    "budget and max_spend rules read it."
 )
 GET_APPROVAL = (
     "Wait up to wait_seconds for an approval made by request_approval and return it. " + NOT_YET
@@ -110,9 +109,6 @@ def register(gate: AsyncGate) -> list[Tool]:
         wait_seconds: Wait = DEFAULT_WAIT_S,
         spend: Spend = None,
     ) -> dict[str, Any]:
-        key = idempotency_key
-        if key is None and run_id:
-            key = derive_key("approval", run_id, pipeline, step, content_type, draft)
         try:
             approval = await gate.request_approval(
                 pipeline,
@@ -120,10 +116,12 @@ def register(gate: AsyncGate) -> list[Tool]:
                 draft,
                 content_type=content_type,
                 run_id=run_id,
-                idempotency_key=key,
+                idempotency_key=idempotency_key,
                 spend=spend,
                 wait=wait_seconds,
             )
+        except ValueError as exc:
+            raise ToolError(str(exc)) from None
         except (GateRequestError, GateUnavailable) as exc:
             raise _refusal(exc, "pipeline") from exc
         _log("request_approval", approval.id, approval.state, approval.outcome)
@@ -134,6 +132,8 @@ def register(gate: AsyncGate) -> list[Tool]:
     ) -> dict[str, Any]:
         try:
             approval = await gate.get_approval(approval_id, wait=wait_seconds)
+        except ValueError as exc:
+            raise ToolError(str(exc)) from None
         except (GateRequestError, GateUnavailable) as exc:
             raise _refusal(exc, "approval_id") from exc
         _log("get_approval", approval.id, approval.state, approval.outcome)
@@ -142,6 +142,8 @@ def register(gate: AsyncGate) -> list[Tool]:
     async def cancel_approval(approval_id: Text) -> dict[str, Any]:
         try:
             approval = await gate.cancel_approval(approval_id)
+        except ValueError as exc:
+            raise ToolError(str(exc)) from None
         except (GateRequestError, GateUnavailable) as exc:
             raise _refusal(exc, "approval_id") from exc
         _log("cancel_approval", approval.id, approval.state, approval.outcome)
@@ -164,11 +166,6 @@ def register(gate: AsyncGate) -> list[Tool]:
             raise ToolError(f"options: {response_type} needs the options to choose from")
         if response_type == "form" and schema is None:
             raise ToolError("schema: form needs a JSON form schema")
-        key = idempotency_key
-        if key is None and run_id:
-            key = derive_key(
-                "question", run_id, pipeline, step, text, response_type, options, schema
-            )
         try:
             question = await gate.ask(
                 pipeline,
@@ -178,9 +175,11 @@ def register(gate: AsyncGate) -> list[Tool]:
                 options=options,
                 schema=schema,
                 run_id=run_id,
-                idempotency_key=key,
+                idempotency_key=idempotency_key,
                 wait=wait_seconds,
             )
+        except ValueError as exc:
+            raise ToolError(str(exc)) from None
         except (GateRequestError, GateUnavailable) as exc:
             raise _refusal(exc, "pipeline") from exc
         _log("ask_human", question.id, question.state, question.outcome)
@@ -191,6 +190,8 @@ def register(gate: AsyncGate) -> list[Tool]:
     ) -> dict[str, Any]:
         try:
             question = await gate.get_question(question_id, wait=wait_seconds)
+        except ValueError as exc:
+            raise ToolError(str(exc)) from None
         except (GateRequestError, GateUnavailable) as exc:
             raise _refusal(exc, "question_id") from exc
         _log("get_question", question.id, question.state, question.outcome)

@@ -19,7 +19,7 @@ from typing import Any, Self
 
 from gate.sdk.errors import GateRequestError, GateUnavailable, HitlGateError
 from gate.sdk.models import Approval, Question
-from gate.sdk.transport import Transport
+from gate.sdk.transport import CALL_TIMEOUT_S, MARGIN_S, Transport
 
 log = logging.getLogger(__name__)
 
@@ -64,15 +64,56 @@ def _pause(outage: int, deadline: float | None) -> float:
     return pause if deadline is None else min(pause, max(0.0, deadline - time.monotonic()))
 
 
+def _deadline(wait: float | None) -> float | None:
+    """The monotonic time a call with ``wait`` seconds ends (None: until resolved)."""
+    return None if wait is None else time.monotonic() + wait
+
+
+def _bound(deadline: float | None) -> float:
+    """The timeout (seconds) of one plain request made before ``deadline``: what is left of
+    the wait + MARGIN_S, at most CALL_TIMEOUT_S (review 18c finding 6)."""
+    if deadline is None:
+        return CALL_TIMEOUT_S
+    return min(CALL_TIMEOUT_S, max(0.0, deadline - time.monotonic()) + MARGIN_S)
+
+
 def _check_wait(wait: float | None) -> None:
     if wait is not None and not wait >= 0:
         raise ValueError(f"wait must be None or seconds >= 0, got {wait!r}")
 
 
+MAX_KEY_CHARS = 200  # the gate's MAX_IDEMPOTENCY_KEY_CHARS (gate/core/requests.py)
+
+
+def check_id(value: str, argument: str) -> str:
+    """``value`` once it can be an approval/question id: a non-empty printable string with
+    no ``/`` and no ``..`` (one path segment). Raises ValueError starting ``<argument>: ``
+    (review 18c finding 11)."""
+    if not isinstance(value, str) or not value.strip() or not value.isprintable():
+        raise ValueError(f"{argument}: must be a non-empty printable id")
+    if "/" in value or ".." in value or "\\" in value:
+        raise ValueError(f"{argument}: an id has no '/', '\\' or '..'")
+    return value
+
+
+def check_key(key: str | None) -> str | None:
+    """``key`` (None: absent) once the gate would take it as an Idempotency-Key: 1-200
+    characters, not blank, printable (no newline or other control character; SPEC §3,
+    gate/core/requests.py). Raises ValueError starting ``idempotency_key: `` (review 18c
+    finding 12)."""
+    if key is None:
+        return None
+    if not isinstance(key, str) or not key.strip() or len(key) > MAX_KEY_CHARS:
+        raise ValueError(f"idempotency_key: must be 1-{MAX_KEY_CHARS} characters, not blank")
+    if not key.isprintable():
+        raise ValueError("idempotency_key: must not hold a newline or control character")
+    return key
+
+
 def _key(given: str | None, prefix: str) -> str:
     """``given``, else a fresh ``<prefix>-<uuid4 hex>``: every create carries a key, so a
     retried one is found again, never made twice (SPEC §3)."""
-    return given or f"{prefix}-{uuid.uuid4().hex}"
+    return check_key(given) or f"{prefix}-{uuid.uuid4().hex}"
 
 
 class AsyncGate:
@@ -173,20 +214,27 @@ class AsyncGate:
         if requested_by is not None:
             body["requested_by"] = requested_by
         key = _key(idempotency_key, "hitl-sdk")
-        obj = await self._create(self._transport.create, body, key, wait)
-        return Approval.from_json(await self._wait(self._transport.get, obj, "approval_id", wait))
+        deadline = _deadline(wait)
+        obj = await self._create(self._transport.create, body, key, deadline)
+        got = await self._wait(self._transport.get, obj, "approval_id", deadline)
+        return Approval.from_json(got)
 
     async def get_approval(self, approval_id: str, wait: float | None = None) -> Approval:
         """The approval ``approval_id``; with ``wait`` (seconds, None: until resolved) wait
         for its outcome first. Raises GateRequestError 404 ``not_found`` for an unknown id."""
         _check_wait(wait)
-        obj = await self._transport.get(approval_id)
-        return Approval.from_json(await self._wait(self._transport.get, obj, "approval_id", wait))
+        deadline = _deadline(wait)
+        aid = check_id(approval_id, "approval_id")
+        obj = await self._transport.get(aid, timeout=_bound(deadline))
+        got = await self._wait(self._transport.get, obj, "approval_id", deadline)
+        return Approval.from_json(got)
 
     async def cancel_approval(self, approval_id: str) -> Approval:
         """Cancel a pending approval (outcome ``cancelled``); raises GateRequestError 409 when
         it is already resolved."""
-        return Approval.from_json(await self._transport.cancel(approval_id))
+        return Approval.from_json(
+            await self._transport.cancel(check_id(approval_id, "approval_id"))
+        )
 
     async def list_pending(self, pipeline: str | None = None) -> list[Approval]:
         """Every pending approval (of ``pipeline`` when given), oldest first, all pages."""
@@ -234,40 +282,46 @@ class AsyncGate:
         if requested_by is not None:
             body["requested_by"] = requested_by
         key = _key(idempotency_key, "hitl-sdk-ask")
-        obj = await self._create(self._transport.create_question, body, key, wait)
+        deadline = _deadline(wait)
+        obj = await self._create(self._transport.create_question, body, key, deadline)
         get = self._transport.get_question
-        return Question.from_json(await self._wait(get, obj, "question_id", wait))
+        return Question.from_json(await self._wait(get, obj, "question_id", deadline))
 
     async def get_question(self, question_id: str, wait: float | None = None) -> Question:
         """The question ``question_id``; with ``wait`` wait for its answer first."""
         _check_wait(wait)
-        obj = await self._transport.get_question(question_id)
+        deadline = _deadline(wait)
+        qid = check_id(question_id, "question_id")
+        obj = await self._transport.get_question(qid, timeout=_bound(deadline))
         get = self._transport.get_question
-        return Question.from_json(await self._wait(get, obj, "question_id", wait))
+        return Question.from_json(await self._wait(get, obj, "question_id", deadline))
 
     async def cancel_question(self, question_id: str) -> Question:
         """Cancel a pending question; raises GateRequestError 409 when already resolved."""
-        return Question.from_json(await self._transport.cancel_question(question_id))
+        qid = check_id(question_id, "question_id")
+        return Question.from_json(await self._transport.cancel_question(qid))
 
     # ---- the waiting ------------------------------------------------------------------
 
     async def _create(
         self,
-        send: Callable[[Obj, str], Awaitable[tuple[Any, bool]]],
+        send: Callable[..., Awaitable[tuple[Any, bool]]],
         body: Obj,
         key: str,
-        wait: float | None,
+        deadline: float | None,
     ) -> Obj:
-        """POST the create; with a wait other than 0, retry transient failures (same key)
-        until the gate takes it or the wait is used up (then raise the last failure)."""
-        deadline = None if wait is None else time.monotonic() + wait
+        """POST the create; unless the wait is 0, retry transient failures (same key) until
+        the gate takes it or ``deadline`` (monotonic) passes (then raise the last failure).
+        Each attempt is bounded by what is left of the wait + MARGIN_S (at most
+        CALL_TIMEOUT_S): a gate that hangs never holds the caller past it."""
+        wait = None if deadline is None else deadline - time.monotonic()
         outage = 0
         while True:
             try:
-                obj, _ = await send(body, key)
+                obj, _ = await send(body, key, timeout=_bound(deadline))
                 return dict(obj)
             except (GateUnavailable, GateRequestError) as exc:
-                if not _transient(exc) or wait == 0:
+                if not _transient(exc) or (wait is not None and wait <= 0):
                     raise
                 if deadline is not None and time.monotonic() >= deadline:
                     raise
@@ -277,11 +331,11 @@ class AsyncGate:
                 await asyncio.sleep(_pause(outage, deadline))
 
     async def _wait(
-        self, get: Callable[..., Awaitable[Any]], obj: Obj, id_key: str, wait: float | None
+        self, get: Callable[..., Awaitable[Any]], obj: Obj, id_key: str, deadline: float | None
     ) -> Obj:
-        """Long-poll ``get`` until ``obj`` resolves or ``wait`` seconds pass; transient
-        failures are retried with backoff (the object is durable on the gate, SPEC §8)."""
-        deadline = None if wait is None else time.monotonic() + wait
+        """Long-poll ``get`` until ``obj`` resolves or ``deadline`` (monotonic; None: never)
+        passes; transient failures are retried with backoff (the object is durable on the
+        gate, SPEC §8)."""
         outage = 0
         while obj["state"] != "resolved":
             remaining = HOP_S if deadline is None else deadline - time.monotonic()

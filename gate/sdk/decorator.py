@@ -8,81 +8,56 @@ anything else raises, and the function does not run.
 
 from __future__ import annotations
 
+import copy
 import functools
 import hashlib
 import inspect
 import json
 import os
+import threading
 import uuid
 from collections.abc import Callable, Coroutine
-from typing import Any, Protocol, TypeVar, cast
+from typing import Any, TypeVar, cast
 
 from gate.sdk.client import AsyncGate
-from gate.sdk.errors import AdjustNotApplicable
+from gate.sdk.errors import AdjustNotApplicable, ArgumentsChanged
 from gate.sdk.models import Approval
+from gate.sdk.render import JsonRenderer, Renderer, check_edit, function_name
+
+__all__ = ["JsonRenderer", "Renderer", "call_key", "occurrence", "require_approval"]
 from gate.sdk.sync import Gate
 
 F = TypeVar("F", bound=Callable[..., Any])
 RUN_ID_ENV = "HITL_RUN_ID"
-# the receiver of a method is the object, not an argument a person can judge or edit
+# the receiver of a method is the object it runs on: shown and keyed, never editable
 RECEIVERS = ("self", "cls")
 
-
-class Renderer(Protocol):
-    """Turns a call into a draft and an approver's edit back into arguments.
-
-    ``render(fn, arguments)`` returns the draft text for ``arguments`` (parameter name ->
-    value, defaults applied); ``parse(fn, text)`` returns the arguments (a dict of parameter
-    name -> value) an edited draft stands for, or raises ValueError saying why it cannot.
-    """
-
-    def render(self, fn: Callable[..., Any], arguments: dict[str, Any]) -> str: ...
-
-    def parse(self, fn: Callable[..., Any], text: str) -> dict[str, Any]: ...
+_counts: dict[tuple[str, str, str, str], int] = {}
+_counts_lock = threading.Lock()
 
 
-class JsonRenderer:
-    """The default renderer: pretty JSON ``{"arguments": {...}, "function": qualname}``
-    (sorted keys, two-space indent, UTF-8 unescaped, newline-terminated), content type
-    ``application/json``. ``parse`` accepts an edit of that shape naming the same function."""
-
-    content_type = "application/json"
-
-    def render(self, fn: Callable[..., Any], arguments: dict[str, Any]) -> str:
-        """The draft for ``arguments``; raises TypeError naming an argument JSON cannot hold
-        (use a custom renderer for such functions)."""
-        for name, value in arguments.items():
-            try:
-                json.dumps(value, allow_nan=False)
-            except (TypeError, ValueError) as exc:
-                raise TypeError(
-                    f"require_approval: argument {name!r} of {fn.__qualname__} cannot be shown "
-                    f"as JSON ({exc}); pass renderer= to render it"
-                ) from None
-        doc = {"function": fn.__qualname__, "arguments": arguments}
-        return json.dumps(doc, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
-
-    def parse(self, fn: Callable[..., Any], text: str) -> dict[str, Any]:
-        """The arguments of an edited draft; raises ValueError when it is not JSON, not an
-        object with ``arguments`` (an object), or names another function."""
-        try:
-            doc = json.loads(text)
-        except ValueError as exc:
-            raise ValueError(f"the edited draft is not JSON ({exc})") from None
-        if not isinstance(doc, dict) or not isinstance(doc.get("arguments"), dict):
-            raise ValueError('the edited draft is not an object with "arguments" (an object)')
-        if doc.get("function", fn.__qualname__) != fn.__qualname__:
-            raise ValueError(
-                f"the edited draft names function {doc.get('function')!r}, not {fn.__qualname__!r}"
-            )
-        return dict(doc["arguments"])
+def occurrence(run_id: str, function: str, receiver: str, draft: str) -> int:
+    """The number (1, 2, 3 ...) of this call among the identical calls (same run, function,
+    receiver and draft) made by this process, counted under a lock across threads and tasks
+    (issue 18, review finding 1)."""
+    with _counts_lock:
+        n = _counts.get((run_id, function, receiver, draft), 0) + 1
+        _counts[(run_id, function, receiver, draft)] = n
+        return n
 
 
-def call_key(run_id: str, pipeline: str, step: str, qualname: str, draft: str) -> str:
+def call_key(
+    run_id: str, pipeline: str, step: str, function: str, receiver: str, draft: str, n: int
+) -> str:
     """The Idempotency-Key of a gated call: ``hitl-sdk-call-`` + SHA-256 (hex) of the JSON
-    array ``[run_id, pipeline, step, qualname, draft]``. The same run repeating the same call
-    (an agent restarted after a crash) joins the same approval; any other call is apart."""
-    material = json.dumps([run_id, pipeline, step, qualname, draft], ensure_ascii=False)
+    array ``[run_id, pipeline, step, function, receiver, draft, n]`` where ``function`` is
+    ``module.qualname``, ``receiver`` the ``repr`` of a method's ``self``/``cls`` ("" for a
+    function) and ``n`` the occurrence number of that identical call in this process. A
+    restarted agent replaying its calls in the same order joins the same approvals; a
+    second identical call, or a parallel one, is a new approval (never the reverse)."""
+    material = json.dumps(
+        [run_id, pipeline, step, function, receiver, draft, n], ensure_ascii=False
+    )
     return "hitl-sdk-call-" + hashlib.sha256(material.encode("utf-8")).hexdigest()
 
 
@@ -90,6 +65,23 @@ def _run_id(given: str | Callable[[], str | None] | None) -> str | None:
     """The run id: ``given`` (a string, or a callable returning one), else ``$HITL_RUN_ID``."""
     value = given() if callable(given) else given
     return value or os.environ.get(RUN_ID_ENV) or None
+
+
+def _takes_receiver(method: Callable[..., Any]) -> bool:
+    try:
+        return "receiver" in inspect.signature(method).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+class _Call:
+    """One call as drafted: its bound arguments (the receiver's object kept), the shown
+    arguments (deep copies), the receiver's repr and the draft text."""
+
+    def __init__(
+        self, arguments: dict[str, Any], copies: dict[str, Any], receiver: str | None, draft: str
+    ) -> None:
+        self.arguments, self.copies, self.receiver, self.draft = arguments, copies, receiver, draft
 
 
 class _Gated:
@@ -110,86 +102,116 @@ class _Gated:
         self.renderer, self.run_id, self.content_type = renderer, run_id, content_type
         params = list(self.sig.parameters)
         self.receiver = params[0] if params and params[0] in RECEIVERS else None
+        self.render_receiver = _takes_receiver(renderer.render)
+        self.parse_receiver = _takes_receiver(renderer.parse)
 
-    def draft(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[dict[str, Any], str]:
-        """``(bound arguments, draft text)`` of one call (defaults applied, receiver left
-        out of the draft). Raises TypeError for a call that does not fit the signature."""
+    def _render(self, arguments: dict[str, Any], receiver: str | None) -> str:
+        shown = {k: v for k, v in arguments.items() if k != self.receiver}
+        if self.render_receiver:
+            return str(cast(Any, self.renderer).render(self.fn, shown, receiver=receiver))
+        return self.renderer.render(self.fn, shown)
+
+    def draft(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> _Call:
+        """One call drafted: defaults applied, the arguments rendered from deep copies (what
+        a person sees cannot change under them). Raises TypeError for a call that does not
+        fit the signature or an argument that cannot be copied or rendered (naming it)."""
         bound = self.sig.bind(*args, **kwargs)
         bound.apply_defaults()
         arguments = dict(bound.arguments)
-        shown = {k: v for k, v in arguments.items() if k != self.receiver}
-        return arguments, self.renderer.render(self.fn, shown)
+        receiver = repr(arguments[self.receiver]) if self.receiver in arguments else None
+        copies: dict[str, Any] = {}
+        for name, value in arguments.items():
+            if name == self.receiver:
+                continue
+            try:
+                copies[name] = copy.deepcopy(value)
+            except Exception as exc:  # noqa: BLE001 - any failure to copy names the argument
+                raise TypeError(
+                    f"require_approval: argument {name!r} of {self.fn.__qualname__} cannot be "
+                    f"copied ({exc}); pass a copyable value"
+                ) from None
+        return _Call(arguments, copies, receiver, self._render(copies, receiver))
 
-    def request(self, draft: str) -> dict[str, Any]:
-        """The keyword arguments of ``request_approval`` for ``draft``."""
+    def request(self, call: _Call) -> dict[str, Any]:
+        """The keyword arguments of ``request_approval`` for ``call``."""
         run_id = _run_id(self.run_id)
-        key = (
-            call_key(run_id, self.pipeline, self.step, self.fn.__qualname__, draft)
-            if run_id
-            else f"hitl-sdk-call-{uuid.uuid4().hex}"  # no run id: a fresh approval per call
-        )
-        return {
-            "content_type": self.content_type,
-            "run_id": run_id,
-            "idempotency_key": key,
-        }
+        if run_id:
+            name, receiver = function_name(self.fn), call.receiver or ""
+            n = occurrence(run_id, name, receiver, call.draft)
+            key = call_key(run_id, self.pipeline, self.step, name, receiver, call.draft, n)
+        else:
+            key = f"hitl-sdk-call-{uuid.uuid4().hex}"  # no run id: a fresh approval per call
+        return {"content_type": self.content_type, "run_id": run_id, "idempotency_key": key}
 
     def arguments_for(
-        self, approval: Approval, original: dict[str, Any], draft: str
+        self, approval: Approval, call: _Call
     ) -> tuple[tuple[Any, ...], dict[str, Any]]:
-        """``(args, kwargs)`` to run with: the call's own when the final body is the draft as
-        sent (approved), else those parsed from the final body (adjusted: the approver's
-        edit; an approved body that differs from the draft is parsed the same way, so the
-        function never runs on arguments other than those approved). Raises the outcome's
-        ApprovalNotGranted, or AdjustNotApplicable."""
+        """``(args, kwargs)`` to run with. Approved (the body is the draft as sent): the
+        call's own arguments, only if rendering them now still gives that draft (else
+        AdjustNotApplicable: they changed during the wait). Adjusted (or another body): the
+        arguments parsed from the edit, which must name exactly the draft's arguments, each
+        with its JSON type. Raises the outcome's ApprovalNotGranted, or AdjustNotApplicable
+        (the function must not run). Issue 18, review findings 4, 5, 7, 8."""
         approval.raise_for_outcome()
-        if approval.body == draft:
-            return self._split(original)
+        if approval.body == call.draft:
+            try:
+                now = self._render(call.arguments, call.receiver)
+            except TypeError:
+                now = None
+            if now != call.draft:
+                raise ArgumentsChanged(approval, self._changed(call))
+            return self._split(call.arguments)
         if approval.body is None:
             raise AdjustNotApplicable(approval, "the gate sent no final body")
         try:
-            edited = self.renderer.parse(self.fn, approval.body)
+            if self.parse_receiver:
+                edited = cast(Any, self.renderer).parse(
+                    self.fn, approval.body, receiver=call.receiver
+                )
+            else:
+                edited = self.renderer.parse(self.fn, approval.body)
         except (ValueError, TypeError, LookupError) as exc:
             raise AdjustNotApplicable(approval, str(exc)) from None
         if not isinstance(edited, dict):
             raise AdjustNotApplicable(approval, "the renderer did not return arguments (a dict)")
+        shown = {k: v for k, v in call.arguments.items() if k != self.receiver}
+        why = check_edit(shown, edited)
+        if why is not None:
+            raise AdjustNotApplicable(approval, why)
         if self.receiver is not None:
-            if self.receiver in edited:
-                raise AdjustNotApplicable(approval, f"the edit may not set {self.receiver!r}")
-            edited = {self.receiver: original[self.receiver], **edited}
-        unknown = sorted(set(edited) - set(self.sig.parameters))
-        if unknown:
-            raise AdjustNotApplicable(
-                approval,
-                f"the edit names arguments {self.fn.__qualname__} does not take: "
-                f"{', '.join(unknown)}",
-            )
+            edited = {self.receiver: call.arguments[self.receiver], **edited}
         try:
-            args, kwargs = self._split(edited)
-            self.sig.bind(*args, **kwargs)
+            return self._split(edited)
         except TypeError as exc:
             raise AdjustNotApplicable(approval, f"the edited arguments do not fit: {exc}") from None
-        return args, kwargs
+
+    def _changed(self, call: _Call) -> list[str]:
+        """The arguments whose rendering now differs from the copy a person saw."""
+        names = []
+        for name, seen in call.copies.items():
+            try:
+                same = self._render({name: call.arguments[name]}, None) == self._render(
+                    {name: seen}, None
+                )
+            except TypeError:
+                same = False
+            if not same:
+                names.append(name)
+        return names
 
     def _split(self, arguments: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
-        """Arguments by name back into ``(args, kwargs)`` for a call, by parameter kind."""
-        args: list[Any] = []
-        kwargs: dict[str, Any] = {}
+        """Arguments by name back into ``(args, kwargs)`` as the signature binds them (every
+        parameter present, in order; ``*args`` a sequence, ``**kwargs`` an object)."""
+        ordered: dict[str, Any] = {}
         for name, param in self.sig.parameters.items():
-            if name not in arguments:
-                continue
             value = arguments[name]
-            if param.kind is param.POSITIONAL_ONLY:
-                args.append(value)
-            elif param.kind is param.VAR_POSITIONAL:
-                args.extend(value if isinstance(value, list | tuple) else [value])
-            elif param.kind is param.VAR_KEYWORD:
-                if not isinstance(value, dict):
-                    raise TypeError(f"**{name} must be an object")
-                kwargs.update(value)
-            else:
-                kwargs[name] = value
-        return tuple(args), kwargs
+            if param.kind is param.VAR_POSITIONAL and not isinstance(value, list | tuple):
+                raise TypeError(f"*{name} must be a list")
+            if param.kind is param.VAR_KEYWORD and not isinstance(value, dict):
+                raise TypeError(f"**{name} must be an object")
+            ordered[name] = tuple(value) if param.kind is param.VAR_POSITIONAL else value
+        bound = inspect.BoundArguments(self.sig, ordered)  # type: ignore[arg-type,unused-ignore]
+        return bound.args, bound.kwargs
 
 
 def require_approval(
@@ -205,18 +227,21 @@ def require_approval(
     """Decorate a function so that each call asks ``pipeline``/``step`` for approval first.
 
     A plain function needs a ``Gate``, an ``async def`` an ``AsyncGate`` (else TypeError at
-    decoration). Each call: its arguments (defaults applied; ``self``/``cls`` left out) are
-    rendered by ``renderer`` (default ``JsonRenderer``: pretty JSON of ``{"function":
-    qualname, "arguments": {...}}``, ``application/json``), the call blocks up to ``wait``
-    seconds (None: until resolved), then runs the function on approved, runs it with the
-    arguments parsed back from the edit on adjusted (AdjustNotApplicable when they cannot be:
+    decoration). Each call: its arguments (defaults applied, deep-copied) are rendered by
+    ``renderer`` (default ``JsonRenderer``: pretty JSON of ``{"function": module.qualname,
+    "arguments": {...}}`` plus ``"receiver": repr(self)`` for a method,
+    ``application/json``); the call blocks up to ``wait`` seconds (None: until resolved),
+    then runs the function on approved only if its arguments still render as approved (else
+    ArgumentsChanged), runs it with the arguments parsed back from the edit on adjusted (the
+    draft's argument names exactly, each keeping its JSON type, else AdjustNotApplicable:
     the function does not run), and raises ApprovalDenied (with the reason),
     ApprovalTimedOut, ApprovalCancelled or ApprovalPending otherwise.
 
     ``run_id`` (a string, a callable returning one, else ``$HITL_RUN_ID``) makes the call's
-    Idempotency-Key (``call_key``): an agent restarted with the same run id that repeats the
-    same call joins the same approval, and runs the function once it is approved. Without
-    any run id each call gets a fresh key: a new approval every time.
+    Idempotency-Key (``call_key``): run, function, receiver, draft and the occurrence number
+    of that identical call in this process. A restarted agent replaying its calls in the
+    same order joins the same approvals; a second or parallel identical call is a new
+    approval. Without any run id each call gets a fresh key (issue 18, review finding 1).
     """
     chosen = renderer if renderer is not None else JsonRenderer()
     ctype = content_type or getattr(chosen, "content_type", None) or "text/plain"
@@ -230,11 +255,11 @@ def require_approval(
 
             @functools.wraps(fn)
             async def run_async(*args: Any, **kwargs: Any) -> Any:
-                original, draft = gated.draft(args, kwargs)
+                call = gated.draft(args, kwargs)
                 approval = await agate.request_approval(
-                    pipeline, step, draft, wait=wait, **gated.request(draft)
+                    pipeline, step, call.draft, wait=wait, **gated.request(call)
                 )
-                call_args, call_kwargs = gated.arguments_for(approval, original, draft)
+                call_args, call_kwargs = gated.arguments_for(approval, call)
                 return await cast(Callable[..., Coroutine[Any, Any, Any]], fn)(
                     *call_args, **call_kwargs
                 )
@@ -249,11 +274,11 @@ def require_approval(
 
         @functools.wraps(fn)
         def run_sync(*args: Any, **kwargs: Any) -> Any:
-            original, draft = gated.draft(args, kwargs)
+            call = gated.draft(args, kwargs)
             approval = sgate.request_approval(
-                pipeline, step, draft, wait=wait, **gated.request(draft)
+                pipeline, step, call.draft, wait=wait, **gated.request(call)
             )
-            call_args, call_kwargs = gated.arguments_for(approval, original, draft)
+            call_args, call_kwargs = gated.arguments_for(approval, call)
             return fn(*call_args, **call_kwargs)
 
         return cast(F, run_sync)

@@ -119,3 +119,18 @@ class AdjustNotApplicable(HitlGateError):
         super().__init__(
             f"approval {approval.id} was adjusted, but the edit cannot be applied: {why}"
         )
+
+
+class ArgumentsChanged(AdjustNotApplicable):
+    """The call was approved, but its arguments changed while it waited (the agent's code
+    mutated an object it passed): rendering them now no longer gives the approved draft, so
+    the function did not run (issue 18, review finding 4). ``names`` the arguments."""
+
+    def __init__(self, approval: Approval, names: list[str]) -> None:
+        shown = ", ".join(names) if names else "?"
+        super().__init__(approval, f"the arguments changed while waiting ({shown})")
+        self.names = names
+        self.args = (
+            f"approval {approval.id} was approved, but the arguments changed while waiting "
+            f"({shown}); the function did not run",
+        )

@@ -7,13 +7,26 @@ answer, or one that is not JSON).
 
 from __future__ import annotations
 
+import asyncio
 import json
 from types import TracebackType
 from typing import Any, Self
+from urllib.parse import quote
 
 import aiohttp
 
 from gate.sdk.errors import GateRequestError, GateUnavailable
+
+# every request is bounded (review 18c finding 6): a long-poll by its wait plus this margin,
+# any other call by CALL_TIMEOUT_S; a gate that does not answer in time is GateUnavailable
+MARGIN_S = 10.0
+CALL_TIMEOUT_S = 30.0
+
+
+def _seg(value: str) -> str:
+    """``value`` as one percent-encoded URL path segment (``/`` included): an id can never
+    reach another endpoint (review 18c finding 11)."""
+    return quote(value, safe="")
 
 
 class Transport:
@@ -31,13 +44,23 @@ class Transport:
         self._display = base
         self._token = token
         self._session: aiohttp.ClientSession | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     def _open(self) -> aiohttp.ClientSession:
+        """The HTTP session of the running event loop: one made in an earlier loop (a
+        former ``asyncio.run``) is left behind, never used across loops (review 18c
+        finding 9)."""
+        loop = asyncio.get_running_loop()
+        if self._session is not None and self._loop is not loop:
+            self._session.detach()  # its loop is gone or another one: it cannot be used here
+            self._session = None
         if self._session is None or self._session.closed:
+            self._loop = loop
+            # force_close: no keep-alive socket outlives the event loop it was made in
             connector: aiohttp.BaseConnector = (
-                aiohttp.UnixConnector(path=self._unix)
+                aiohttp.UnixConnector(path=self._unix, force_close=True)
                 if self._unix is not None
-                else aiohttp.TCPConnector()
+                else aiohttp.TCPConnector(force_close=True)
             )
             self._session = aiohttp.ClientSession(
                 connector=connector,
@@ -48,10 +71,13 @@ class Transport:
         return self._session
 
     async def close(self) -> None:
-        """Close the HTTP session (idempotent)."""
+        """Close the HTTP session (idempotent); one of another event loop is dropped."""
         if self._session is not None:
-            await self._session.close()
-            self._session = None
+            if self._loop is asyncio.get_running_loop():
+                await self._session.close()
+            else:
+                self._session.detach()
+        self._session = None
 
     async def __aenter__(self) -> Self:
         return self
@@ -69,10 +95,13 @@ class Transport:
         body: Any = None,
         params: dict[str, str] | None = None,
         headers: dict[str, str] | None = None,
+        timeout: float | None = None,
     ) -> tuple[int, Any]:
         """One HTTP call; returns ``(status, decoded JSON)`` for a status below 400.
 
-        Raises GateUnavailable when the gate cannot be reached, GateRequestError for an
+        Bounded: ``timeout`` seconds, else a long-poll's ``wait`` + ``MARGIN_S``, else
+        ``CALL_TIMEOUT_S``. Raises GateUnavailable when the gate cannot be reached or does
+        not answer in time, GateRequestError for an
         error answer (its ``reason`` and ``field``) or an answer that is not JSON
         (``bad_answer``)."""
         url = self._base + path
@@ -80,14 +109,26 @@ class Transport:
         hdrs = dict(headers or {})
         if data is not None:
             hdrs["Content-Type"] = "application/json; charset=utf-8"
+        if timeout is None:
+            wait = (params or {}).get("wait")
+            timeout = float(wait) + MARGIN_S if wait is not None else CALL_TIMEOUT_S
         try:
             async with self._open().request(
-                method, url, data=data, params=params, headers=hdrs
+                method,
+                url,
+                data=data,
+                params=params,
+                headers=hdrs,
+                timeout=aiohttp.ClientTimeout(total=timeout, sock_connect=min(10.0, timeout)),
             ) as resp:
                 text = await resp.text(encoding="utf-8")
                 status = resp.status
         except aiohttp.ClientError as exc:
             raise GateUnavailable(f"cannot reach the gate at {self._display}: {exc}") from exc
+        except TimeoutError:
+            raise GateUnavailable(
+                f"the gate at {self._display} did not answer within {timeout:g} s"
+            ) from None
         try:
             answer = json.loads(text) if text else {}
         except ValueError:
@@ -111,19 +152,24 @@ class Transport:
     # ---- approvals (SPEC §3) ----------------------------------------------------------
 
     async def create(
-        self, body: dict[str, Any], idempotency_key: str | None = None
+        self, body: dict[str, Any], idempotency_key: str | None = None, timeout: float | None = None
     ) -> tuple[Any, bool]:
         """POST /v1/approvals; returns ``(approval object, created)``: ``created`` is False when
         the gate answered 200, i.e. the same request with this Idempotency-Key was made before
         (SPEC §3) and the object is that earlier approval as it stands now."""
         headers = {"Idempotency-Key": idempotency_key} if idempotency_key else None
-        status, answer = await self._call("POST", "/v1/approvals", body=body, headers=headers)
+        status, answer = await self._call(
+            "POST", "/v1/approvals", body=body, headers=headers, timeout=timeout
+        )
         return answer, status == 201
 
-    async def get(self, approval_id: str, wait: float | None = None) -> Any:
+    async def get(
+        self, approval_id: str, wait: float | None = None, timeout: float | None = None
+    ) -> Any:
         """GET /v1/approvals/{id}, long-polling up to ``wait`` seconds when given."""
         params = None if wait is None else {"wait": f"{wait:g}"}
-        return (await self._call("GET", f"/v1/approvals/{approval_id}", params=params))[1]
+        path = f"/v1/approvals/{_seg(approval_id)}"
+        return (await self._call("GET", path, params=params, timeout=timeout))[1]
 
     async def list(self, state: str, pipeline: str | None, limit: int, cursor: str | None) -> Any:
         """GET /v1/approvals with filters; returns ``{items, next_cursor}``."""
@@ -136,24 +182,29 @@ class Transport:
 
     async def cancel(self, approval_id: str) -> Any:
         """POST /v1/approvals/{id}/cancel; returns the resolved approval."""
-        return (await self._call("POST", f"/v1/approvals/{approval_id}/cancel"))[1]
+        return (await self._call("POST", f"/v1/approvals/{_seg(approval_id)}/cancel"))[1]
 
     # ---- questions (issue 15): their own endpoints, never the approvals' ----------------
 
     async def create_question(
-        self, body: dict[str, Any], idempotency_key: str | None = None
+        self, body: dict[str, Any], idempotency_key: str | None = None, timeout: float | None = None
     ) -> tuple[Any, bool]:
         """POST /v1/questions; returns ``(question object, created)`` as ``create`` does for
         approvals (``created`` False: the gate answered 200, an earlier create with this
         Idempotency-Key; issue 15)."""
         headers = {"Idempotency-Key": idempotency_key} if idempotency_key else None
-        status, answer = await self._call("POST", "/v1/questions", body=body, headers=headers)
+        status, answer = await self._call(
+            "POST", "/v1/questions", body=body, headers=headers, timeout=timeout
+        )
         return answer, status == 201
 
-    async def get_question(self, question_id: str, wait: float | None = None) -> Any:
+    async def get_question(
+        self, question_id: str, wait: float | None = None, timeout: float | None = None
+    ) -> Any:
         """GET /v1/questions/{id}, long-polling up to ``wait`` seconds when given."""
         params = None if wait is None else {"wait": f"{wait:g}"}
-        return (await self._call("GET", f"/v1/questions/{question_id}", params=params))[1]
+        path = f"/v1/questions/{_seg(question_id)}"
+        return (await self._call("GET", path, params=params, timeout=timeout))[1]
 
     async def list_questions(
         self, state: str, pipeline: str | None, limit: int, cursor: str | None
@@ -168,4 +219,4 @@ class Transport:
 
     async def cancel_question(self, question_id: str) -> Any:
         """POST /v1/questions/{id}/cancel; returns the resolved question."""
-        return (await self._call("POST", f"/v1/questions/{question_id}/cancel"))[1]
+        return (await self._call("POST", f"/v1/questions/{_seg(question_id)}/cancel"))[1]
