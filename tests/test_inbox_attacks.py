@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from gate.inbox.items import item_from
+from gate.inbox.signin import safe_next
 from gate.protocol.canonical import payload_hash
 from tests.inbox_harness import ENV, InboxClient, InboxWorld, start_world
 from tests.support import CliProcess, http_request, sign_headers
@@ -183,3 +184,18 @@ def test_inbox_a_stored_draft_that_is_not_the_signed_one_is_withheld() -> None:
 
     assert (lying.state, other_row.state, fine.state) == ("withheld", "withheld", "pending")
     assert other_row.payload_hash == payload_hash(signed)  # from the dispatch shown
+
+
+@pytest.mark.parametrize(
+    "value",
+    ["/\t/evil.example/", "/\n/evil.example/", "/\r/evil.example/", "//evil.example/",
+     "/\\evil.example/", "\\/evil.example/", "https://evil.example/", "/ /evil.example/",
+     "/\x00/evil.example/", "/\u2028/evil.example/", "", "evil.example", "/\x7f/x"],
+)  # fmt: skip
+def test_inbox_signin_next_that_could_leave_the_inbox_goes_home(value: str) -> None:
+    assert safe_next(value) == "/"
+
+
+@pytest.mark.parametrize("value", ["/", "/items/01ABC", "/recent?r=1", "/items/a%2Fb"])
+def test_inbox_signin_next_local_path_is_kept(value: str) -> None:
+    assert safe_next(value) == value

@@ -13,6 +13,7 @@ import secrets
 import time
 from collections import OrderedDict, deque
 from dataclasses import dataclass
+from urllib.parse import urlsplit, urlunsplit
 
 from aiohttp import web
 
@@ -99,9 +100,17 @@ class RateLimit:
         return 0
 
 
-def _safe_next(value: str | None) -> str:
-    """A local path to go to after sign-in (``/`` for anything else)."""
-    if not value or not value.startswith("/") or value.startswith("//") or "\\" in value:
+def safe_next(value: str | None) -> str:
+    """A local path to go to after sign-in, else ``/`` (review rev17a finding 3): it starts
+    with exactly one ``/``, has no backslash, whitespace or control character (a browser
+    drops a tab or newline, turning ``/\t/evil.example`` into ``//evil.example``), and
+    parsed and rebuilt it has no scheme or host and reads the same."""
+    if not value or not value.startswith("/") or value.startswith("//"):
+        return "/"
+    if any(c == "\\" or c.isspace() or not c.isprintable() for c in value):
+        return "/"
+    parts = urlsplit(value)
+    if parts.scheme or parts.netloc or urlunsplit(("", "", *parts[2:])) != value:
         return "/"
     return value
 
@@ -120,7 +129,7 @@ async def signin_get(request: web.Request) -> web.Response:
     state = state_of(request)
     challenges, _ = _parts(request)
     pre = auth.new_token()
-    next_path = _safe_next(request.query.get("next"))
+    next_path = safe_next(request.query.get("next"))
     challenge = challenges.issue(auth.token_hash(pre), next_path, time.monotonic())
     problem = state.credentials.problem
     error = None if problem is None else REASONS["unavailable"] + problem + "."
