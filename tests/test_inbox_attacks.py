@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import urllib.parse
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -199,3 +200,27 @@ def test_inbox_signin_next_that_could_leave_the_inbox_goes_home(value: str) -> N
 @pytest.mark.parametrize("value", ["/", "/items/01ABC", "/recent?r=1", "/items/a%2Fb"])
 def test_inbox_signin_next_local_path_is_kept(value: str) -> None:
     assert safe_next(value) == value
+
+
+def test_inbox_junk_signin_posts_do_not_lock_out_a_real_signin(tmp_path: Path) -> None:
+    fresh = start_world(tmp_path, enrol=(101,))
+    try:
+        attacker = fresh.client()
+        for n in range(12):  # no pre-session cookie, no CSRF token, no Origin
+            junk = attacker.request(
+                "POST", "/signin", b'{"csrf": "x"}', {"Content-Type": "application/json"}
+            )
+            assert junk.status == 403, (n, junk.text)
+
+        answer = fresh.client().signin(fresh.passkeys[101])
+
+        assert answer.status == 200, answer.text
+        victim = fresh.client()
+        for n in range(10):  # real tries that fail still count
+            failed = victim.signin(fresh.passkeys[101], rp_id="evil.example")
+            assert failed.status in (401, 429), (n, failed.text)
+        limited = victim.signin(fresh.passkeys[101])
+        assert (limited.status, limited.json()["reason"]) == (429, "rate_limited")
+        assert limited.header("Retry-After")
+    finally:
+        fresh.stop()
