@@ -5,7 +5,9 @@ loopback; the SQLite files are read as they are on disk."""
 
 from __future__ import annotations
 
+import http.client
 import json
+import re
 import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,9 +16,9 @@ from typing import Any
 import pytest
 
 from gate.inbox.items import item_from
-from gate.inbox.signin import safe_next
+from gate.inbox.signin import CHALLENGE_TTL_S, Challenges, safe_next
 from gate.protocol.canonical import payload_hash
-from tests.inbox_harness import ENV, InboxClient, InboxWorld, start_world
+from tests.inbox_harness import ENV, InboxClient, InboxWorld, field_value, start_world
 from tests.support import CliProcess, http_request, sign_headers
 
 pytestmark = pytest.mark.e2e
@@ -224,3 +226,47 @@ def test_inbox_junk_signin_posts_do_not_lock_out_a_real_signin(tmp_path: Path) -
         assert limited.header("Retry-After")
     finally:
         fresh.stop()
+
+
+def test_inbox_1000_signin_pages_from_elsewhere_do_not_flush_a_victims_challenge(
+    world: InboxWorld,
+) -> None:
+    victim = world.client()
+    page = victim.get("/signin")
+    challenge = re.search(r'data-challenge="([^"]+)"', page.text)
+    assert challenge, page.text
+    csrf = field_value(page.text, "csrf")
+    statuses: set[int] = set()
+    conn = http.client.HTTPConnection(
+        "127.0.0.1", world.inbox_port, timeout=30, source_address=("127.0.0.2", 0)
+    )
+    try:
+        for _ in range(1000):  # another address, no cookie: a fresh challenge each time
+            conn.request("GET", "/signin")
+            got = conn.getresponse()
+            got.read()
+            statuses.add(got.status)
+    finally:
+        conn.close()
+
+    signed = world.passkeys[101].assert_(challenge.group(1), victim.rp_id, victim.origin)
+    answer = victim.post_json("/signin", {"csrf": csrf, "assertion": signed})
+
+    assert answer.status == 200, answer.text
+    assert statuses <= {200, 429}
+
+
+def test_inbox_a_full_challenge_pool_refuses_new_pages_and_keeps_live_challenges() -> None:
+    pool = Challenges()
+    first = pool.issue("pre-0", "/", 0.0, "10.0.0.0")
+    for n in range(1, 1000):
+        assert pool.issue(f"pre-{n}", "/", 1.0, f"10.0.0.{n % 10}") is not None
+
+    refused = pool.issue("pre-late", "/", 2.0, "10.0.0.99")
+    replaced = pool.issue("pre-0b", "/", 2.0, "10.0.0.0", replaces="pre-0")
+
+    assert refused is None
+    assert first is not None and replaced is not None
+    assert pool.take(first, 3.0) is None  # its own page replaced it
+    later = pool.issue("pre-after", "/", 2.0 + CHALLENGE_TTL_S, "10.0.0.99")
+    assert later is not None  # expired ones make room

@@ -30,6 +30,7 @@ log = logging.getLogger(__name__)
 
 CHALLENGE_TTL_S = 300.0
 MAX_PENDING = 1000
+PER_ADDRESS = 100  # live challenges one client address may hold (review rev17a)
 RATE_LIMIT = 10
 RATE_WINDOW_S = 300.0
 REASONS = {
@@ -43,6 +44,7 @@ REASONS = {
     "malformed": "The browser sent a sign-in this inbox cannot read.",
     "unavailable": "Nobody can sign in now: ",
 }
+BUSY = "Too many sign-in pages are open right now; try again in a few minutes."
 DETAILS = {"rp_id_mismatch": "rp_mismatch", "origin_mismatch": "origin_mismatch"}
 DETAILS |= {"user_not_verified": "user_not_verified", "user_not_present": "user_not_verified"}
 DETAILS |= {"malformed": "malformed", "wrong_type": "malformed"}
@@ -56,24 +58,40 @@ class Pending:
     pre_hash: str
     next_path: str
     issued_at: float
+    address: str = "?"
 
 
 class Challenges:
-    """Issued sign-in challenges (base64url → Pending), oldest first; single use."""
+    """Issued sign-in challenges (base64url → Pending), oldest first; single use. One per
+    pre-session token (a new page replaces its own); at most ``PER_ADDRESS`` live per client
+    address (its own oldest makes room) and ``MAX_PENDING`` in all, where only expired ones
+    are evicted: a full pool refuses new pages rather than dropping someone's live
+    challenge (review rev17a finding 5)."""
 
     def __init__(self) -> None:
         self._pending: OrderedDict[str, Pending] = OrderedDict()
 
-    def issue(self, pre_hash: str, next_path: str, now: float) -> str:
-        """A fresh 32-byte challenge (base64url) bound to ``pre_hash``; drops expired ones
-        and, above 1000 pending, the oldest."""
+    def issue(
+        self, pre_hash: str, next_path: str, now: float, address: str = "?", replaces: str = ""
+    ) -> str | None:
+        """A fresh 32-byte challenge (base64url) bound to ``pre_hash``, or None when the pool
+        holds ``MAX_PENDING`` live challenges. ``replaces``: the hash of the pre-session
+        token the browser still holds (its challenge is dropped)."""
         while self._pending:
             oldest = next(iter(self._pending.values()))
-            if now - oldest.issued_at < CHALLENGE_TTL_S and len(self._pending) < MAX_PENDING:
+            if now - oldest.issued_at < CHALLENGE_TTL_S:
                 break
             self._pending.popitem(last=False)
+        mine = [k for k, p in self._pending.items() if p.address == address]
+        gone = [k for k in mine if self._pending[k].pre_hash == replaces and replaces]
+        rest = [k for k in mine if k not in gone]
+        gone += rest[: max(0, len(rest) - PER_ADDRESS + 1)]
+        for key in gone:
+            self._pending.pop(key, None)
+        if len(self._pending) >= MAX_PENDING:
+            return None
         challenge = secrets.token_urlsafe(32)
-        self._pending[challenge] = Pending(pre_hash, next_path, now)
+        self._pending[challenge] = Pending(pre_hash, next_path, now, address)
         return challenge
 
     def take(self, challenge: str, now: float) -> Pending | None:
@@ -142,7 +160,20 @@ async def signin_get(request: web.Request) -> web.Response:
     challenges, _ = _parts(request)
     pre = auth.new_token()
     next_path = safe_next(request.query.get("next"))
-    challenge = challenges.issue(auth.token_hash(pre), next_path, time.monotonic())
+    held = request.cookies.get(auth.PRE_COOKIE, "")
+    challenge = challenges.issue(
+        auth.token_hash(pre),
+        next_path,
+        time.monotonic(),
+        request.remote or "?",
+        auth.token_hash(held) if held else "",
+    )
+    if challenge is None:
+        log.info("event=inbox_signin_refused reason=too_many_pages")
+        title = "Try again in a few minutes"
+        busy = pages.plain_page(request, title=title, sentence=BUSY, status=429)
+        busy.headers["Retry-After"] = str(int(CHALLENGE_TTL_S))
+        return busy
     problem = state.credentials.problem
     error = None if problem is None else REASONS["unavailable"] + problem + "."
     response = pages.signin_page(request, challenge=challenge, csrf=pre, error=error)
