@@ -270,3 +270,15 @@ def test_inbox_a_full_challenge_pool_refuses_new_pages_and_keeps_live_challenges
     assert pool.take(first, 3.0) is None  # its own page replaced it
     later = pool.issue("pre-after", "/", 2.0 + CHALLENGE_TTL_S, "10.0.0.99")
     assert later is not None  # expired ones make room
+
+
+def test_inbox_a_wrong_method_is_answered_in_words(world: InboxWorld) -> None:
+    client = world.client()
+
+    page = client.get("/signout")
+    fetch = client.request("PUT", "/items/x/decide", b"{}", {"Content-Type": "application/json"})
+
+    assert page.status == 405 and "text/html" in (page.header("Content-Type") or "")
+    assert page.header("Content-Security-Policy") and fetch.header("Content-Security-Policy")
+    assert page.header("Allow") == "POST"
+    assert (fetch.status, fetch.json()["reason"]) == (405, "method_not_allowed")
