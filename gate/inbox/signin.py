@@ -64,9 +64,9 @@ class Pending:
 class Challenges:
     """Issued sign-in challenges (base64url → Pending), oldest first; single use. One per
     pre-session token (a new page replaces its own); at most ``PER_ADDRESS`` live per client
-    address (its own oldest makes room) and ``MAX_PENDING`` in all, where only expired ones
-    are evicted: a full pool refuses new pages rather than dropping someone's live
-    challenge (review rev17a finding 5)."""
+    address and ``MAX_PENDING`` in all. Only expired ones are evicted: a full pool (or
+    address) refuses new pages rather than dropping someone's live challenge (review
+    rev17a finding 5)."""
 
     def __init__(self) -> None:
         self._pending: OrderedDict[str, Pending] = OrderedDict()
@@ -75,8 +75,9 @@ class Challenges:
         self, pre_hash: str, next_path: str, now: float, address: str = "?", replaces: str = ""
     ) -> str | None:
         """A fresh 32-byte challenge (base64url) bound to ``pre_hash``, or None when the pool
-        holds ``MAX_PENDING`` live challenges. ``replaces``: the hash of the pre-session
-        token the browser still holds (its challenge is dropped)."""
+        holds ``MAX_PENDING`` live challenges or ``address`` holds ``PER_ADDRESS``.
+        ``replaces``: the hash of the pre-session token the browser still holds (its
+        challenge is dropped)."""
         while self._pending:
             oldest = next(iter(self._pending.values()))
             if now - oldest.issued_at < CHALLENGE_TTL_S:
@@ -84,11 +85,9 @@ class Challenges:
             self._pending.popitem(last=False)
         mine = [k for k, p in self._pending.items() if p.address == address]
         gone = [k for k in mine if self._pending[k].pre_hash == replaces and replaces]
-        rest = [k for k in mine if k not in gone]
-        gone += rest[: max(0, len(rest) - PER_ADDRESS + 1)]
         for key in gone:
             self._pending.pop(key, None)
-        if len(self._pending) >= MAX_PENDING:
+        if len(mine) - len(gone) >= PER_ADDRESS or len(self._pending) >= MAX_PENDING:
             return None
         challenge = secrets.token_urlsafe(32)
         self._pending[challenge] = Pending(pre_hash, next_path, now, address)
