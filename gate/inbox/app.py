@@ -13,7 +13,7 @@ from typing import Any
 from aiohttp import web
 
 from gate.inbox import pages
-from gate.inbox.auth import current_session, may_decide, require_session
+from gate.inbox.auth import current_session, may_decide, refusal, require_session
 from gate.inbox.config import InboxConfig, InboxSecrets, RelyingParty
 from gate.inbox.credentials_cache import CredentialsCache
 from gate.inbox.db import InboxDb
@@ -154,6 +154,20 @@ async def _not_found(request: web.Request, handler: Any) -> web.StreamResponse:
             status=404,
             session=session,
         )
+    except web.HTTPMethodNotAllowed as exc:  # review rev17a finding 7: in words, not bare text
+        return _wrong_method(request, exc)
+
+
+def _wrong_method(request: web.Request, exc: web.HTTPMethodNotAllowed) -> web.Response:
+    """405 in words: a page for a GET or HEAD, a JSON refusal ``method_not_allowed`` for
+    anything else (fetch routes); ``Allow`` kept."""
+    sentence = "This address does not answer that kind of request."
+    if request.method in ("GET", "HEAD"):
+        answer = pages.plain_page(request, title="Not here", sentence=sentence, status=405)
+    else:
+        answer = refusal(405, "method_not_allowed", sentence)
+    answer.headers["Allow"] = ",".join(sorted(exc.allowed_methods))
+    return answer
 
 
 def create_inbox_app(state: InboxState, endpoint: RelayEndpoint) -> web.Application:

@@ -19,6 +19,7 @@ from urllib.parse import parse_qsl, quote, urlsplit
 from aiohttp import web
 
 from gate.config.webauthn import origin_of
+from gate.inbox.body import read_whole
 from gate.inbox.model import Item, Session
 from gate.protocol.whitespace import identity_key
 
@@ -215,11 +216,11 @@ async def read_post(request: web.Request, session: Session | None) -> dict[str, 
     session — compared in constant time; a JSON body must ALSO carry it in ``X-CSRF-Token``
     (else 403 ``csrf_mismatch``). Returns the fields (a form's as strings; a name posted
     more than once — checkboxes, a multi choice — as the list of its strings)."""
-    raw = await request.content.read(MAX_POST_BYTES + 1)
-    if len(raw) > MAX_POST_BYTES:
+    raw = await read_whole(request, MAX_POST_BYTES)
+    if raw is None:
         raise web.HTTPRequestEntityTooLarge(
             MAX_POST_BYTES,
-            len(raw),
+            request.content_length or MAX_POST_BYTES + 1,
             text=json.dumps(
                 {
                     "status": "refused",

@@ -17,7 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
-from gate.inbox.items import CLOSED, NOTICE_STATES, Incoming, item_from
+from gate.inbox.items import CLOSED, NOTICE_STATES, Incoming, item_from, same_request
 from gate.inbox.model import Change, DecisionRecord, Item, Session
 
 T = TypeVar("T")
@@ -142,9 +142,11 @@ class InboxDb:
     async def receive(self, incoming: Incoming, raw: str, received_at: int) -> str:
         """Keep a verified dispatch (``raw``: its JSON text exactly as received) and return
         what happened: ``new`` (a row), ``same`` (a re-send with nothing new: no change),
-        ``updated`` (same revision and nonce, other bytes: a reminder or an escalation; the
-        stored dispatch replaced), ``revision`` (a newer revision or version replaced the
-        item; the body before kept in ``previous_body``; pending unless closed), ``stale``
+        ``updated`` (same nonce, other bytes asking the same thing: a reminder or an
+        escalation; the stored dispatch replaced), ``conflict`` (same nonce, but another
+        revision, hash, draft or question: nothing changes; review rev17a), ``revision`` (a
+        newer revision or version replaced the item; the body before kept in
+        ``previous_body``; pending unless closed), ``stale``
         (an older revision than the one kept: nothing changes). Returns after the COMMIT."""
         return await self._run(self._tx, lambda c: _receive(c, incoming, raw, received_at))
 
@@ -379,9 +381,11 @@ def _receive(conn: sqlite3.Connection, new: Incoming, raw: str, at: int) -> str:
         return "new"
     if new.revision < old["revision"]:
         return "stale"
-    if new.revision == old["revision"] and new.nonce == old["nonce"]:
+    if new.nonce == old["nonce"]:
         if raw == old["dispatch"]:
             return "same"
+        if not same_request(json.loads(old["dispatch"]), json.loads(raw)):
+            return "conflict"
         conn.execute(
             "UPDATE items SET dispatch = ?, expires_at = ?, updated_seq = ? WHERE approval_id = ?",
             (raw, new.expires_at, _next_seq(conn), new.approval_id),

@@ -51,7 +51,7 @@ async def _post(
                 async with client.post(
                     url, data=body, headers=headers, allow_redirects=False
                 ) as resp:
-                    raw = await resp.content.read(MAX_ANSWER_BYTES)
+                    raw = await _answer(resp)
                     return resp.status, raw, resp.headers.get(SIGNATURE_HEADER)
             except aiohttp.ClientConnectionError as exc:
                 if attempt + 1 == ATTEMPTS:
@@ -64,6 +64,18 @@ async def _post(
     finally:
         if own:
             await client.close()
+
+
+async def _answer(resp: aiohttp.ClientResponse) -> bytes:
+    """The gate's answer, read until its end (one ``read(n)`` returns only what has arrived
+    so far), at most MAX_ANSWER_BYTES (review rev17a finding 2)."""
+    data = b""
+    while len(data) < MAX_ANSWER_BYTES:
+        chunk = await resp.content.read(MAX_ANSWER_BYTES - len(data))
+        if not chunk:
+            break
+        data += chunk
+    return data
 
 
 async def post_decision(

@@ -20,6 +20,8 @@ NOTICE_STATES = {
     "timeout": "expired",
 }
 CLOSED = ("resolved", "cancelled")
+WITHHELD = "withheld"  # the stored dispatch is not the one its row says was signed
+WITHHELD_WHY = "its stored draft does not match what the gate signed"
 
 
 class DispatchRefused(ValueError):
@@ -110,6 +112,37 @@ def read_dispatch(envelope: dict[str, Any]) -> Incoming:
     return Incoming(approval_id, "approval", revision, nonce, hashed, body, expires_at)
 
 
+def signed_columns(dispatch: dict[str, Any], question: bool) -> tuple[int, str, str] | None:
+    """``(revision, nonce, payload_hash)`` read from ONE stored ``dispatch`` (a question's
+    ``version`` and ``request_hash``), or None when a field is missing or an approval's draft
+    body does not hash to its ``payload_hash``: what the page shows is what is signed
+    (review rev17a finding 1)."""
+    try:
+        if question:
+            return (
+                _number(dispatch, "version"),
+                _text(dispatch, "callback", "nonce"),
+                _text(dispatch, "request_hash"),
+            )
+        hashed = _text(dispatch, "payload_hash")
+        if payload_hash(_text(dispatch, "draft", "body")) != hashed:
+            return None
+        return _number(dispatch, "revision"), _text(dispatch, "callback", "nonce"), hashed
+    except DispatchRefused:
+        return None
+
+
+def same_request(before: dict[str, Any], after: dict[str, Any]) -> bool:
+    """Whether a re-send (same approval id and nonce) asks the same thing as the dispatch
+    kept: same kind, revision/version, payload_hash/request_hash, draft or question object
+    (body, content type…), pipeline, step and actions. Reminder, escalation, approvers,
+    delegates, quorum, expires_at and callback may change (docs/protocol.md "Reminders,
+    escalation, delegates"); anything else is a conflict (review rev17a finding 1)."""
+    fixed = ("kind", "revision", "version", "payload_hash", "request_hash", "draft",
+             "question", "pipeline", "step", "actions")  # fmt: skip
+    return all(before.get(key) == after.get(key) for key in fixed)
+
+
 def _mapping(obj: dict[str, Any], key: str) -> dict[str, Any]:
     value = obj.get(key)
     return value if isinstance(value, dict) else {}
@@ -124,6 +157,9 @@ def item_from(row: dict[str, Any], dispatch: dict[str, Any], now_ms: int) -> Ite
     question = row["kind"] == "question"
     quorum, draft = _mapping(dispatch, "quorum"), _mapping(dispatch, "draft")
     body = _mapping(dispatch, "question").get("text", "") if question else draft.get("body", "")
+    signed = signed_columns(dispatch, question)
+    if signed is None or signed != (row["revision"], row["nonce"], row["payload_hash"]):
+        state, row = WITHHELD, {**row, "outcome": WITHHELD_WHY}
     actions = dispatch.get("actions")
     actions = actions if isinstance(actions, list) else []
     delegates = [d for d in dispatch.get("delegates") or [] if isinstance(d, dict)]
@@ -133,9 +169,9 @@ def item_from(row: dict[str, Any], dispatch: dict[str, Any], now_ms: int) -> Ite
         pipeline=str(dispatch.get("pipeline", "")),
         step=str(dispatch.get("step", "")),
         risk=str(dispatch.get("risk", "")),
-        revision=row["revision"],
-        nonce=row["nonce"],
-        payload_hash=row["payload_hash"],
+        revision=signed[0] if signed else row["revision"],
+        nonce=signed[1] if signed else row["nonce"],
+        payload_hash=signed[2] if signed else row["payload_hash"],
         content_type="text/plain" if question else str(draft.get("content_type", "text/plain")),
         body=str(body),
         approvers=tuple(a for a in dispatch.get("approvers") or [] if isinstance(a, str)),

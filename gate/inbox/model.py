@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-ITEM_STATES = ("pending", "resolved", "cancelled", "expired")
+ITEM_STATES = ("pending", "resolved", "cancelled", "expired", "withheld")
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,6 +13,7 @@ from typing import Any
 from aiohttp import web
 
 from gate.errors import GateError
+from gate.inbox.body import read_whole
 from gate.inbox.db import InboxDb
 from gate.inbox.items import DispatchRefused, read_dispatch
 from gate.protocol import PROTOCOL, SIGNATURE_HEADER, signing
@@ -23,6 +24,7 @@ log = logging.getLogger(__name__)
 RELAY_PATH = "/hitl/v0/relay"
 MAX_DISPATCH_BYTES = 4 * 1024 * 1024  # as the reference relay: a 256 KiB draft, JSON-escaped
 OK = {"status": "ok"}
+CONFLICT = "dispatch_conflict"  # a re-send (same nonce) asking another thing (review rev17a)
 
 
 class RelayEndpoint:
@@ -50,9 +52,11 @@ class RelayEndpoint:
         ``unauthorized`` with the signature's reason (SPEC §2 checks 2-4, as the reference
         relay answers); 400 ``invalid`` (no JSON object, not hitl/v0: ``invalid_protocol``; a
         field missing: ``invalid_dispatch``/``invalid_notice`` naming it; a draft that does
-        not hash to ``payload_hash``); 200 ``{"status":"ok"}`` once committed."""
-        raw = await request.content.read(MAX_DISPATCH_BYTES + 1)
-        if len(raw) > MAX_DISPATCH_BYTES:
+        not hash to ``payload_hash``); 409 ``dispatch_conflict`` (a re-send with the nonce
+        kept but another revision, hash, draft or question: nothing changes); 200
+        ``{"status":"ok"}`` once committed."""
+        raw = await read_whole(request, MAX_DISPATCH_BYTES)
+        if raw is None:
             return web.json_response({"status": "invalid", "reason": "body_too_large"}, status=413)
         try:
             signing.verify(
@@ -81,6 +85,14 @@ class RelayEndpoint:
         text = raw.decode("utf-8-sig")  # decode_json took it: UTF-8 (a BOM is no content)
         now_ms = int(self.now_s() * 1000)
         what = await self.db.receive(incoming, text, now_ms)
+        if what == "conflict":
+            log.warning(
+                "event=dispatch_conflict approval_id=%s revision=%d payload_hash=%s",
+                incoming.approval_id,
+                incoming.revision,
+                incoming.payload_hash,
+            )
+            return web.json_response({"status": "invalid", "reason": CONFLICT}, status=409)
         log.info(
             "event=dispatch_kept %s=%s kind=%s revision=%d change=%s payload_hash=%s",
             "question_id" if incoming.kind == "question" else "approval_id",

@@ -1,7 +1,8 @@
 """Passkey sign-in at the inbox (issue 17 contract, "Sign-in"): usernameless WebAuthn with
 the passkeys the gate enrolled (one relying party). Challenges live in memory (5 min,
 single use, at most 1000 pending), each bound to a pre-session CSRF cookie; at most 10
-sign-in POSTs per client address per 5 minutes."""
+sign-in tries (past Origin and CSRF) per client address and 10 failed ones per credential
+per 5 minutes."""
 
 from __future__ import annotations
 
@@ -13,19 +14,23 @@ import secrets
 import time
 from collections import OrderedDict, deque
 from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 from aiohttp import web
 
 from gate.inbox import auth, pages
-from gate.inbox.app import state_of
-from gate.protocol.approver_signature import parse_approver_assertion
+from gate.inbox.app import InboxState, state_of
+from gate.protocol.approver_signature import ApproverAssertion, parse_approver_assertion
 from gate.protocol.approver_webauthn import verify_webauthn
+from gate.protocol.credentials import ServedCredential
 from gate.protocol.errors import ProtocolError
 
 log = logging.getLogger(__name__)
 
 CHALLENGE_TTL_S = 300.0
 MAX_PENDING = 1000
+PER_ADDRESS = 100  # live challenges one client address may hold (review rev17a)
 RATE_LIMIT = 10
 RATE_WINDOW_S = 300.0
 REASONS = {
@@ -42,6 +47,7 @@ REASONS = {
     "malformed": "The browser sent a sign-in this inbox cannot read.",
     "unavailable": "Nobody can sign in now: ",
 }
+BUSY = "Too many sign-in pages are open right now; try again in a few minutes."
 DETAILS = {"rp_id_mismatch": "rp_mismatch", "origin_mismatch": "origin_mismatch"}
 DETAILS |= {"user_not_verified": "user_not_verified", "user_not_present": "user_not_verified"}
 DETAILS |= {"malformed": "malformed", "wrong_type": "malformed"}
@@ -55,24 +61,39 @@ class Pending:
     pre_hash: str
     next_path: str
     issued_at: float
+    address: str = "?"
 
 
 class Challenges:
-    """Issued sign-in challenges (base64url → Pending), oldest first; single use."""
+    """Issued sign-in challenges (base64url → Pending), oldest first; single use. One per
+    pre-session token (a new page replaces its own); at most ``PER_ADDRESS`` live per client
+    address and ``MAX_PENDING`` in all. Only expired ones are evicted: a full pool (or
+    address) refuses new pages rather than dropping someone's live challenge (review
+    rev17a finding 5)."""
 
     def __init__(self) -> None:
         self._pending: OrderedDict[str, Pending] = OrderedDict()
 
-    def issue(self, pre_hash: str, next_path: str, now: float) -> str:
-        """A fresh 32-byte challenge (base64url) bound to ``pre_hash``; drops expired ones
-        and, above 1000 pending, the oldest."""
+    def issue(
+        self, pre_hash: str, next_path: str, now: float, address: str = "?", replaces: str = ""
+    ) -> str | None:
+        """A fresh 32-byte challenge (base64url) bound to ``pre_hash``, or None when the pool
+        holds ``MAX_PENDING`` live challenges or ``address`` holds ``PER_ADDRESS``.
+        ``replaces``: the hash of the pre-session token the browser still holds (its
+        challenge is dropped)."""
         while self._pending:
             oldest = next(iter(self._pending.values()))
-            if now - oldest.issued_at < CHALLENGE_TTL_S and len(self._pending) < MAX_PENDING:
+            if now - oldest.issued_at < CHALLENGE_TTL_S:
                 break
             self._pending.popitem(last=False)
+        mine = [k for k, p in self._pending.items() if p.address == address]
+        gone = [k for k in mine if self._pending[k].pre_hash == replaces and replaces]
+        for key in gone:
+            self._pending.pop(key, None)
+        if len(mine) - len(gone) >= PER_ADDRESS or len(self._pending) >= MAX_PENDING:
+            return None
         challenge = secrets.token_urlsafe(32)
-        self._pending[challenge] = Pending(pre_hash, next_path, now)
+        self._pending[challenge] = Pending(pre_hash, next_path, now, address)
         return challenge
 
     def take(self, challenge: str, now: float) -> Pending | None:
@@ -89,6 +110,15 @@ class RateLimit:
     def __init__(self) -> None:
         self._seen: dict[str, deque[float]] = {}
 
+    def blocked_for(self, key: str, now: float) -> int:
+        """0 when ``key`` may try now (nothing counted); else the seconds until it may."""
+        seen = self._seen.get(key)
+        while seen and now - seen[0] >= RATE_WINDOW_S:
+            seen.popleft()
+        if seen and len(seen) >= RATE_LIMIT:
+            return max(1, int(RATE_WINDOW_S - (now - seen[0])) + 1)
+        return 0
+
     def retry_after(self, key: str, now: float) -> int:
         """0 and the attempt counted when allowed; else the seconds until one is."""
         seen = self._seen.setdefault(key, deque())
@@ -102,9 +132,17 @@ class RateLimit:
         return 0
 
 
-def _safe_next(value: str | None) -> str:
-    """A local path to go to after sign-in (``/`` for anything else)."""
-    if not value or not value.startswith("/") or value.startswith("//") or "\\" in value:
+def safe_next(value: str | None) -> str:
+    """A local path to go to after sign-in, else ``/`` (review rev17a finding 3): it starts
+    with exactly one ``/``, has no backslash, whitespace or control character (a browser
+    drops a tab or newline, turning ``/<TAB>/evil.example`` into ``//evil.example``), and
+    parsed and rebuilt it has no scheme or host and reads the same."""
+    if not value or not value.startswith("/") or value.startswith("//"):
+        return "/"
+    if any(c == "\\" or c.isspace() or not c.isprintable() for c in value):
+        return "/"
+    parts = urlsplit(value)
+    if parts.scheme or parts.netloc or urlunsplit(("", "", *parts[2:])) != value:
         return "/"
     return value
 
@@ -123,8 +161,21 @@ async def signin_get(request: web.Request) -> web.Response:
     state = state_of(request)
     challenges, _ = _parts(request)
     pre = auth.new_token()
-    next_path = _safe_next(request.query.get("next"))
-    challenge = challenges.issue(auth.token_hash(pre), next_path, time.monotonic())
+    next_path = safe_next(request.query.get("next"))
+    held = request.cookies.get(auth.PRE_COOKIE, "")
+    challenge = challenges.issue(
+        auth.token_hash(pre),
+        next_path,
+        time.monotonic(),
+        request.remote or "?",
+        auth.token_hash(held) if held else "",
+    )
+    if challenge is None:
+        log.info("event=inbox_signin_refused reason=too_many_pages")
+        title = "Try again in a few minutes"
+        busy = pages.plain_page(request, title=title, sentence=BUSY, status=429)
+        busy.headers["Retry-After"] = str(int(CHALLENGE_TTL_S))
+        return busy
     problem = state.credentials.problem
     error = None if problem is None else REASONS["unavailable"] + problem + "."
     response = pages.signin_page(request, challenge=challenge, csrf=pre, error=error)
@@ -151,21 +202,36 @@ def _client_challenge(client_data_json: bytes) -> str | None:
 
 
 async def signin_post(request: web.Request) -> web.Response:
-    """POST ``/signin`` (JSON ``{csrf, assertion}`` from inbox.js): rate limit (429
-    ``rate_limited`` + Retry-After), Origin and pre-session CSRF (``auth.read_post``), then
-    the assertion: a webauthn credential in force at the gate, a challenge we issued (single
-    use, bound to the pre-session cookie), verified by ``verify_webauthn`` (UP+UV, the
-    inbox's origins and rp_id). Success: a session and its cookie, 200 ``{"location"}``.
-    Failure: 401 ``{"reason", "message"}`` and nothing stored."""
-    state = state_of(request)
+    """POST ``/signin`` (JSON ``{csrf, assertion}`` from inbox.js): Origin and pre-session
+    CSRF (``auth.read_post``: 403, not counted), then the rate limits (429 ``rate_limited``
+    + Retry-After: per client address, counting only tries that passed them; per credential,
+    counting failures), then the assertion: a webauthn credential in force at the gate, a
+    challenge we issued (single use, bound to the pre-session cookie), verified by
+    ``verify_webauthn`` (UP+UV, the inbox's origins and rp_id). Success: a session and its
+    cookie, 200 ``{"location"}``. Failure: 401 ``{"reason", "message"}`` and nothing stored."""
     challenges, limits = _parts(request)
+    fields = await auth.read_post(request, None)  # junk: 403, not counted (review rev17a)
     wait = limits.retry_after(request.remote or "?", time.monotonic())
     if wait:
-        log.info("event=inbox_signin_refused reason=rate_limited")
-        answer = auth.refusal(429, "rate_limited", "Too many sign-in attempts: wait a few minutes.")
-        answer.headers["Retry-After"] = str(wait)
-        return answer
-    fields = await auth.read_post(request, None)
+        return _rate_limited(wait)
+    return await _signin(request, fields, challenges)
+
+
+def _rate_limited(wait: int) -> web.Response:
+    log.info("event=inbox_signin_refused reason=rate_limited")
+    answer = auth.refusal(429, "rate_limited", "Too many sign-in attempts: wait a few minutes.")
+    answer.headers["Retry-After"] = str(wait)
+    return answer
+
+
+async def _signin(
+    request: web.Request, fields: dict[str, Any], challenges: Challenges
+) -> web.Response:
+    """The assertion's checks after Origin, CSRF and the per-address limit; a credential
+    with ``RATE_LIMIT`` failed tries in ``RATE_WINDOW_S`` is refused 429 until one expires
+    (review rev17a finding 4: a cap per credential beside the one per address)."""
+    state = state_of(request)
+    failures: RateLimit = state.extra.setdefault("signin_failures", RateLimit())
     try:
         assertion = parse_approver_assertion(fields.get("assertion"))
     except ProtocolError:
@@ -181,6 +247,22 @@ async def signin_post(request: web.Request) -> web.Response:
         credential = state.credentials.lookup(assertion.credential_id_b64)
     if credential is None:
         return _refused("unknown_credential")
+    wait = failures.blocked_for(credential.credential_id, time.monotonic())
+    if wait:
+        return _rate_limited(wait)
+    answer = await _verified(request, state, challenges, credential, assertion)
+    if answer.status != 200:
+        failures.retry_after(credential.credential_id, time.monotonic())
+    return answer
+
+
+async def _verified(
+    request: web.Request,
+    state: InboxState,
+    challenges: Challenges,
+    credential: ServedCredential,
+    assertion: ApproverAssertion,
+) -> web.Response:
     if credential.type != "webauthn":
         return _refused("not_a_passkey")
     if state.party is None or state.credentials.problem is not None:

@@ -62,6 +62,19 @@ class AutoDecision:
         raise ValueError("use approve, skip, skip:REASON or adjust:TEXT")
 
 
+async def _whole_body(request: web.Request) -> bytes | None:
+    """The whole dispatch (``content.read(n)`` gives only what has arrived so far: a large
+    draft was cut and refused ``signature_mismatch``; review rev17a finding 2), or None when
+    over MAX_DISPATCH_BYTES (the app's ``client_max_size`` is above it)."""
+    if request.content_length is not None and request.content_length > MAX_DISPATCH_BYTES:
+        return None
+    try:
+        raw = await request.read()
+    except web.HTTPRequestEntityTooLarge:
+        return None
+    return raw if len(raw) <= MAX_DISPATCH_BYTES else None
+
+
 class Relay:
     """Holds the relay's secret, who it decides as, the approver key that signs its
     decisions (``--approver-key``, issue 16; None: unsigned), the dispatches already
@@ -98,8 +111,8 @@ class Relay:
         """Verify and ack a dispatch (202), queue it for a human; 401/400 when refused, 503
         ``no_human_at_terminal`` once input ended and no ``--auto`` answers (relay review
         item C: the gate keeps it, retries and shows the reason)."""
-        raw = await request.content.read(MAX_DISPATCH_BYTES + 1)
-        if len(raw) > MAX_DISPATCH_BYTES:
+        raw = await _whole_body(request)
+        if raw is None:
             return web.json_response({"status": "invalid", "reason": "body_too_large"}, status=413)
         try:
             signing.verify(

@@ -14,7 +14,7 @@ from aiohttp import web
 
 from gate.config import TcpListen, parse_listen
 from gate.tools.reference_relay.approver_key import ApproverKey
-from gate.tools.reference_relay.relay import AutoDecision, Relay
+from gate.tools.reference_relay.relay import MAX_DISPATCH_BYTES, AutoDecision, Relay
 from gate.tools.reference_relay.terminal import LogHold, Terminal
 from gate.tools.reference_relay.view import greeting
 
@@ -51,7 +51,7 @@ async def run_relay(
         relay = Relay(
             secret, identities, auto, max_skew, session, terminal, auto_answer, approver_key
         )
-        app = web.Application()
+        app = web.Application(client_max_size=MAX_DISPATCH_BYTES + 1024)
         app.router.add_post("/{tail:.*}", relay.receive)
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()
