@@ -157,6 +157,12 @@ def test_draft_json_is_pretty_printed_with_two_spaces_and_marked() -> None:
         pytest.param('{"n": 1e400}', id="overflow"),
         pytest.param('{"a": 1', id="truncated"),
         pytest.param("[" * 100_000 + "]" * 100_000, id="deep"),
+        pytest.param('{"amount": 100.000000000000000001}', id="float-precision"),
+        pytest.param('{"po": 12345678901234567890.12}', id="float-digits"),
+        pytest.param('{"fee": 1e-400}', id="underflow"),
+        pytest.param('{"n": 1.50}', id="trailing-zero"),
+        pytest.param('{"n": 1E5}', id="exponent"),
+        pytest.param('{"n": -0}', id="negative-zero-int"),
     ],
 )
 def test_draft_json_that_pretty_printing_would_change_is_shown_as_sent(body: str) -> None:
@@ -164,6 +170,15 @@ def test_draft_json_that_pretty_printing_would_change_is_shown_as_sent(body: str
     view = draft_view(body, "application/json; charset=utf-8")
     assert view.format == "text"
     assert "".join(parse(view.html).text) == body
+
+
+def test_draft_json_numbers_shown_exactly_as_sent_stay_pretty() -> None:
+    """Issue 17 finding 6: pretty JSON only when every number reads as in the draft."""
+    body = '{"a": 12345678901234567890123, "b": -0.5, "c": 1e+100, "d": 0}'
+    pretty = pretty_json(body)
+    assert pretty is not None
+    for number in ("12345678901234567890123", "-0.5", "1e+100", "0"):
+        assert re.search(rf"(?<![\d.e+-]){re.escape(number)}(?![\d.e])", pretty), number
 
 
 @pytest.mark.parametrize(
