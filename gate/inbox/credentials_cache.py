@@ -89,7 +89,7 @@ class CredentialsCache:
         try:
             answer = await self._fetch()
         except (GateUnreachable, GateRefused, ProtocolError, OSError) as exc:
-            log.warning("event=credentials_unavailable error=%s", type(exc).__name__)
+            log.warning('event=credentials_unavailable error=%s why="%s"', type(exc).__name__, exc)
             return False
         self._fetched_at = self._now_s()
         self._by_id = {c.credential_id: c for c in answer.credentials}
