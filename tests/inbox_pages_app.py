@@ -144,6 +144,14 @@ ITEMS = {
         expires_at=NOW_MS + 30 * 60_000,
     ),
 }
+PLAIN = {
+    "plain-a": make_item(
+        "plain-a",
+        body="\n  Refund 12 EUR to ACME Ltd for order 4411.\nSecond line.",
+        dispatch={"run_id": "run-7", "issued_at": "2026-08-02T09:14:22Z", "requested_by": "carol"},
+    ),
+    "plain-b": make_item("plain-b", body="Refund 99 EUR to Globex for order " + "9" * 90),
+}
 RECORDS = [
     DecisionRecord(
         "diff",
@@ -168,11 +176,13 @@ RECORDS = [
 
 async def _waiting(request: web.Request) -> web.Response:
     items = [] if request.query.get("empty") else list(ITEMS.values())
+    if request.query.get("bulk"):
+        items += list(PLAIN.values())
     return pages.waiting_page(request, items=items, session=SESSION, now_ms=NOW_MS, seq=7)
 
 
 async def _item(request: web.Request) -> web.Response:
-    item = ITEMS.get(request.match_info["id"])
+    item = ITEMS.get(request.match_info["id"]) or PLAIN.get(request.match_info["id"])
     if item is None:
         raise web.HTTPNotFound()
     if item.kind == "question":

@@ -24,8 +24,9 @@ from aiohttp import web
 from markupsafe import Markup
 
 from gate.inbox import headers
+from gate.inbox.listing import row_facts
 from gate.inbox.model import DecisionRecord, Item, Session
-from gate.inbox.render import MARK_OPEN, diff_html, draft_view, marked_text
+from gate.inbox.render import MARK_OPEN, diff_html, draft_view, hidden_count, marked_text
 from gate.inbox.words import answer_words, budget, form_fields, quorum, time_left
 from gate.protocol.display import code_point, is_hidden
 from gate.protocol.errors import ProtocolError
@@ -102,6 +103,12 @@ class Row:
     left: str
     budget: list[str]
     risk_class: str
+    first_line: str = ""
+    requested: str = ""
+    run_id: str | None = None
+    requested_by: str | None = None
+    review: str | None = None
+    bulkable: bool = False
 
 
 def _facts(item: Item, now_ms: int) -> dict[str, Any]:
@@ -133,9 +140,11 @@ def waiting_page(
 ) -> web.Response:
     """What waits for the signed-in approver: pending ``items`` sorted by expiry (soonest
     first), each with pipeline, step, risk, quorum progress, time left and budget; an empty
-    state in words. ``seq`` is the inbox's change counter the live updates poll from."""
+    state in words. ``seq`` is the inbox's change counter the live updates poll from. Each
+    row also shows ``listing.row_facts`` (first line, request time, run id, requester) and
+    gets a bulk checkbox only when ``bulkable`` (issue 17 finding 2)."""
     pending = sorted((i for i in items if i.state == "pending"), key=lambda i: i.expires_at)
-    rows = [Row(url=item_url(i.approval_id), **_facts(i, now_ms)) for i in pending]
+    rows = [Row(url=item_url(i.approval_id), **_facts(i, now_ms), **row_facts(i)) for i in pending]
     context = {"rows": rows, "session": session, "nav": "waiting", "seq": seq}
     return _render(request, "waiting.html", context)
 
@@ -169,6 +178,7 @@ def item_page(
     context = {
         **_facts(item, now_ms),
         "draft": draft_view(item.body, item.content_type),
+        "hidden": hidden_count(item.body),  # said under the adjust box (finding 11)
         "diff": diff,
         "forms": forms,
         "session": session,
