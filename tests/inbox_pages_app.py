@@ -207,12 +207,22 @@ async def _signin(request: web.Request) -> web.Response:
     return pages.signin_page(request, challenge="c2lnbi1pbg", csrf="pre-session-csrf")
 
 
+REFUSAL = "This item changed since you opened it: reload to see revision 3."
+
+
+async def _challenge(request: web.Request) -> web.Response:
+    """Every challenge is refused as the inbox refuses one: JSON with a sentence."""
+    body = {"status": "refused", "reason": "changed", "message": REFUSAL}
+    return web.json_response(body, status=409)
+
+
 async def _live(request: web.Request) -> web.Response:
     return web.json_response({"seq": 7, "changed": []})
 
 
 def build_app() -> web.Application:
-    """The demo app: ``/``, ``/items/{id}``, ``/recent``, ``/message``, ``/signin``, ``/live``."""
+    """The demo app: ``/``, ``/items/{id}``, ``/recent``, ``/message``, ``/signin``, ``/live``,
+    and ``POST /items/{id}/challenge`` (always refused 409 with ``REFUSAL``)."""
     app = web.Application()
     pages.setup_templates(app)
     app.router.add_get("/", _waiting)
@@ -221,6 +231,7 @@ def build_app() -> web.Application:
     app.router.add_get("/message", _message)
     app.router.add_get("/signin", _signin)
     app.router.add_get("/live", _live)
+    app.router.add_post("/items/{id}/challenge", _challenge)
     return app
 
 
