@@ -261,6 +261,31 @@ def test_words_answer_words_names_the_gate_answer(
 
 
 @pytest.mark.parametrize(
+    ("detail", "words_"),
+    [
+        ("revoked", "your passkey was revoked: ask for a new invite"),
+        ("counter_regressed", "went backwards: it may have been copied; ask your administrator"),
+        ("origin_mismatch", "not allowed by the gate's passkey settings (webauthn.origins)"),
+    ],
+)
+def test_words_a_refused_passkey_signature_is_said_in_words_not_codes(
+    detail: str, words_: str
+) -> None:
+    """Issue 17 finding 7: "(403 approver_signature_invalid)" says nothing to an approver."""
+    answer = {"status": "forbidden", "error": "approver_signature_invalid", "detail": detail}
+    kind, sentence = words.answer_words(403, answer)
+    assert kind == "refused"
+    assert sentence.startswith("The gate refused the decision: ") and sentence.endswith(".")
+    assert words_ in sentence and "approver_signature_invalid" not in sentence
+    assert ".." not in sentence
+    for code in ("bad_signature", "not_in_batch", "unknown_credential", "rp_unavailable"):
+        other = words.answer_words(403, {**answer, "detail": code})[1]
+        assert code not in other and ".." not in other
+    unknown = words.answer_words(403, {**answer, "detail": "something_new"})[1]
+    assert unknown == "The gate refused the decision (403 approver_signature_invalid)."
+
+
+@pytest.mark.parametrize(
     ("left_ms", "text"),
     [
         (0, "expired"),

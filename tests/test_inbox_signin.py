@@ -116,8 +116,12 @@ def test_a_revoked_passkey_ends_its_session_at_the_next_request(world: InboxWorl
 
     home = alice.get("/")
 
-    assert (home.status, home.header("Location")) == (303, "/signin?next=/"), home.text
+    where = "/signin?next=/&why=revoked"  # issue 17 finding 7: the page says why
+    assert (home.status, home.header("Location")) == (303, where), home.text
     assert sessions(world) == []
+    page = alice.get(where)
+    assert page.status == 200
+    assert "Your passkey is no longer enrolled at the gate" in page.text
     assert alice.signin(world.passkeys[101]).json()["reason"] == "unknown_credential"
     assert world.inbox is not None
     assert "event=inbox_session_ended why=credential_revoked" in world.inbox.log()

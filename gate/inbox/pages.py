@@ -128,10 +128,13 @@ def signin_page(
     csrf: str,
     action: str = "/signin",
     error: str | None = None,
+    notice: str | None = None,
 ) -> web.Response:
     """The sign-in page: one "Sign in with your passkey" button whose form carries the
-    WebAuthn ``challenge`` (base64url) and a pre-session ``csrf`` token; ``error`` in words."""
+    WebAuthn ``challenge`` (base64url) and a pre-session ``csrf`` token; ``error`` in words
+    (status 401); ``notice`` why the approver was signed out (status 200)."""
     context = {"challenge": challenge, "csrf": csrf, "action": action, "error": error}
+    context["notice"] = notice
     return _render(request, "signin.html", context, status=401 if error else 200)
 
 

@@ -113,6 +113,12 @@ def _parts(request: web.Request) -> tuple[Challenges, RateLimit]:
     return challenges, limits
 
 
+REVOKED = (
+    "Your passkey is no longer enrolled at the gate, so your session ended: ask your"
+    " administrator for a new invite."
+)
+
+
 async def signin_get(request: web.Request) -> web.Response:
     """GET ``/signin[?next=/path]``: the sign-in page with a fresh challenge and a
     pre-session CSRF token (cookie ``hitl_inbox_pre``); when passkeys cannot sign in here
@@ -124,7 +130,8 @@ async def signin_get(request: web.Request) -> web.Response:
     challenge = challenges.issue(auth.token_hash(pre), next_path, time.monotonic())
     problem = state.credentials.problem
     error = None if problem is None else REASONS["unavailable"] + problem + "."
-    response = pages.signin_page(request, challenge=challenge, csrf=pre, error=error)
+    notice = REVOKED if request.query.get("why") == "revoked" else None
+    response = pages.signin_page(request, challenge=challenge, csrf=pre, error=error, notice=notice)
     auth.set_cookie(request, response, auth.PRE_COOKIE, pre, int(CHALLENGE_TTL_S))
     return response
 

@@ -82,11 +82,38 @@ ANSWERS = {
 }
 
 
+# the ``detail`` of 403 ``approver_signature_invalid`` in words (docs/protocol.md "Approver
+# signatures"; issue 17 finding 7): what the approver can do about it. One table: other
+# refusals worded for the pages go here too.
+SIGNATURE_WORDS = {
+    "revoked": "your passkey was revoked: ask for a new invite",
+    "unknown_credential": "the gate does not know this passkey: ask for a new invite",
+    "wrong_operator": "this passkey is enrolled for another approver: sign in with your own",
+    "counter_regressed": "your passkey's signature counter went backwards: it may have been"
+    " copied; ask your administrator",
+    "counter_went_backwards": "your passkey's signature counter went backwards: it may have"
+    " been copied; ask your administrator",
+    "origin_mismatch": "this inbox is not allowed by the gate's passkey settings"
+    " (webauthn.origins)",
+    "rp_id_mismatch": "your passkey is for another site than the gate's passkey settings"
+    " (webauthn.rp_id)",
+    "rp_unavailable": "the gate has no passkey settings (its webauthn section is off)",
+    "user_not_verified": "your passkey did not verify you (PIN or biometrics): try again",
+    "user_not_present": "your passkey was not touched: try again",
+    "challenge_mismatch": "the signature is not over this decision: reload the page and try again",
+    "not_in_batch": "the signature is not over this decision: reload the page and try again",
+    "bad_signature": "your passkey's signature did not verify: try again",
+    "wrong_type": "the gate takes another kind of signature for this step",
+    "malformed": "the inbox sent a signature the gate could not read",
+}
+
+
 def answer_words(status: int, answer: Mapping[str, Any]) -> tuple[str, str]:
     """The gate's answer to a posted decision (docs/protocol.md, "Decisions": checks 8, 9,
     14 and "recorded") as ``(kind, sentence)``: ``kind`` one of ``ANSWERS``'s keys or
     ``refused``. 200 ``{"status":"recorded","resolved":true|false}`` is resolved or recorded;
-    a refusal is named by its reason code (``error``, else ``reason``). Status 0 is a
+    a refusal is named by its reason code (``error``, else ``reason``), an
+    ``approver_signature_invalid`` by its ``detail`` in words (``SIGNATURE_WORDS``). Status 0 is a
     decision sent whose answer never came back (``sent``)."""
     if status == 0:
         kind = "unreachable" if answer.get("error") == "gate_unreachable" else "sent"
@@ -106,6 +133,9 @@ def answer_words(status: int, answer: Mapping[str, Any]) -> tuple[str, str]:
         if kind == "already_resolved" and answer.get("outcome") == "cancelled":
             kind = "cancelled"
         return kind, ANSWERS[kind]
+    signature = SIGNATURE_WORDS.get(str(answer.get("detail") or ""))
+    if code == "approver_signature_invalid" and signature is not None:
+        return "refused", f"The gate refused the decision: {signature}."
     return "refused", f"The gate refused the decision ({status} {code or 'no reason given'})."
 
 
