@@ -216,6 +216,22 @@ async def _challenge(request: web.Request) -> web.Response:
     return web.json_response(body, status=409)
 
 
+async def _answer_refused(request: web.Request) -> web.Response:
+    """The question form posted: shown again with what was sent and an error (422)."""
+    sent = await request.post()
+    fields = {key: sent.getall(key) for key in set(sent.keys())}
+    return pages.question_page(
+        request,
+        item=ITEMS["question"],
+        session=SESSION,
+        now_ms=NOW_MS,
+        seq=7,
+        error="Amount (EUR) must be at most 100.",
+        status=422,
+        submitted=fields,
+    )
+
+
 async def _live(request: web.Request) -> web.Response:
     return web.json_response({"seq": 7, "changed": []})
 
@@ -232,6 +248,7 @@ def build_app() -> web.Application:
     app.router.add_get("/signin", _signin)
     app.router.add_get("/live", _live)
     app.router.add_post("/items/{id}/challenge", _challenge)
+    app.router.add_post("/items/question/answer", _answer_refused)
     return app
 
 

@@ -232,6 +232,36 @@ async def test_inbox_question_page_shows_the_form_with_the_schema_limits(
     assert "2 characters of this question are marked" in " ".join("".join(page.text).split())
 
 
+async def test_inbox_question_form_refused_keeps_what_was_typed(
+    client: TestClient[object, object],
+) -> None:
+    """Issue 17 finding 10: an invalid answer shows the form again with the values sent."""
+    sent = [
+        ("csrf", "x"),
+        ("version", "1"),
+        ("amount", "150"),
+        ("count", "3"),
+        ("email", "a@example.com"),
+        ("note", "keep <this> text"),
+        ("channel", "sms"),
+        ("tags", "vip"),
+        ("tags", "repeat"),
+    ]  # fmt: skip  ("urgent" unticked: its default is ticked)
+    answer = await client.post("/items/question/answer", data=sent)
+    assert answer.status == 422
+    page = Page()
+    page.feed(await answer.text())
+    inputs = {a.get("id"): a for tag, a in page.tags if tag == "input"}
+    assert inputs["f-amount"]["value"] == "150" and inputs["f-count"]["value"] == "3"
+    assert inputs["f-email"]["value"] == "a@example.com"
+    assert inputs["f-note"]["value"] == "keep <this> text"
+    assert "checked" not in inputs["f-urgent"]
+    assert "checked" in inputs["f-tags-1"] and "checked" in inputs["f-tags-2"]
+    selected = [a.get("value") for tag, a in page.tags if tag == "option" and "selected" in a]
+    assert selected == ["sms"]
+    assert "Amount (EUR) must be at most 100." in "".join(page.text)
+
+
 async def test_inbox_message_page_says_the_gate_answer_in_words(
     client: TestClient[object, object],
 ) -> None:

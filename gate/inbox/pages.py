@@ -190,6 +190,15 @@ def item_page(
     return _render(request, "item.html", context)
 
 
+def _sent(submitted: Mapping[str, Any] | None) -> dict[str, list[str]]:
+    """The posted fields as lists of strings (empty when nothing was posted)."""
+    out: dict[str, list[str]] = {}
+    for key, value in (submitted or {}).items():
+        values = value if isinstance(value, list) else [value]
+        out[str(key)] = [str(v) for v in values]
+    return out
+
+
 def question_page(
     request: web.Request,
     *,
@@ -199,11 +208,14 @@ def question_page(
     seq: int,
     error: str | None = None,
     status: int = 200,
+    submitted: Mapping[str, Any] | None = None,
 ) -> web.Response:
     """A question (issue 15) from ``item.dispatch["question"]``: its text and reason
     (marked), then free text / choices / the form's fields with the schema's limits
     (``words.form_fields``); a schema the gate would not send is said, not shown. ``error``
-    (an answer refused, in words) is shown above the form, answering ``status`` (422)."""
+    (an answer refused, in words) is shown above the form, answering ``status`` (422), with
+    the values ``submitted`` (the posted fields, a string or a list of strings each) filled
+    in again: typed texts, ticked boxes, the chosen option (issue 17 finding 10)."""
     question: dict[str, Any] = item.dispatch.get("question") or {}
     text = marked_text(str(question.get("text", "")))
     reason = marked_text(str(question["reason"])) if question.get("reason") else None
@@ -224,6 +236,7 @@ def question_page(
         "options": options,
         "fields": fields,
         "schema_error": schema_error,
+        "sent": _sent(submitted),
         "marked": marked,
         "action": answer_url(item.approval_id),
         "session": session,
