@@ -144,6 +144,14 @@ ITEMS = {
         expires_at=NOW_MS + 30 * 60_000,
     ),
 }
+PLAIN = {
+    "plain-a": make_item(
+        "plain-a",
+        body="\n  Refund 12 EUR to ACME Ltd for order 4411.\nSecond line.",
+        dispatch={"run_id": "run-7", "issued_at": "2026-08-02T09:14:22Z", "requested_by": "carol"},
+    ),
+    "plain-b": make_item("plain-b", body="Refund 99 EUR to Globex for order " + "9" * 90),
+}
 RECORDS = [
     DecisionRecord(
         "diff",
@@ -168,11 +176,13 @@ RECORDS = [
 
 async def _waiting(request: web.Request) -> web.Response:
     items = [] if request.query.get("empty") else list(ITEMS.values())
+    if request.query.get("bulk"):
+        items += list(PLAIN.values())
     return pages.waiting_page(request, items=items, session=SESSION, now_ms=NOW_MS, seq=7)
 
 
 async def _item(request: web.Request) -> web.Response:
-    item = ITEMS.get(request.match_info["id"])
+    item = ITEMS.get(request.match_info["id"]) or PLAIN.get(request.match_info["id"])
     if item is None:
         raise web.HTTPNotFound()
     if "closed" in request.query:  # e.g. ?closed=cancelled: the item closed (not expired)
@@ -199,12 +209,38 @@ async def _signin(request: web.Request) -> web.Response:
     return pages.signin_page(request, challenge="c2lnbi1pbg", csrf="pre-session-csrf")
 
 
+REFUSAL = "This item changed since you opened it: reload to see revision 3."
+
+
+async def _challenge(request: web.Request) -> web.Response:
+    """Every challenge is refused as the inbox refuses one: JSON with a sentence."""
+    body = {"status": "refused", "reason": "changed", "message": REFUSAL}
+    return web.json_response(body, status=409)
+
+
+async def _answer_refused(request: web.Request) -> web.Response:
+    """The question form posted: shown again with what was sent and an error (422)."""
+    sent = await request.post()
+    fields = {key: sent.getall(key) for key in set(sent.keys())}
+    return pages.question_page(
+        request,
+        item=ITEMS["question"],
+        session=SESSION,
+        now_ms=NOW_MS,
+        seq=7,
+        error="Amount (EUR) must be at most 100.",
+        status=422,
+        submitted=fields,
+    )
+
+
 async def _live(request: web.Request) -> web.Response:
     return web.json_response({"seq": 7, "changed": []})
 
 
 def build_app() -> web.Application:
-    """The demo app: ``/``, ``/items/{id}``, ``/recent``, ``/message``, ``/signin``, ``/live``."""
+    """The demo app: ``/``, ``/items/{id}``, ``/recent``, ``/message``, ``/signin``, ``/live``,
+    and ``POST /items/{id}/challenge`` (always refused 409 with ``REFUSAL``)."""
     app = web.Application()
     pages.setup_templates(app)
     app.router.add_get("/", _waiting)
@@ -213,6 +249,8 @@ def build_app() -> web.Application:
     app.router.add_get("/message", _message)
     app.router.add_get("/signin", _signin)
     app.router.add_get("/live", _live)
+    app.router.add_post("/items/{id}/challenge", _challenge)
+    app.router.add_post("/items/question/answer", _answer_refused)
     return app
 
 

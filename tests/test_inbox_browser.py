@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from tests.inbox_pages_app import BIG_BODY, END, HIDDEN_IN_BIG, serve_in_thread
+from tests.inbox_pages_app import BIG_BODY, END, HIDDEN_IN_BIG, REFUSAL, serve_in_thread
 from tests.test_passkeys_browser import ARGS, CHROMIUM, _playwright
 
 WIDTHS = (1280, 390)
@@ -185,4 +185,22 @@ def test_inbox_browser_script_loads_under_the_csp_and_polls_live(chromium: Any, 
     with page.expect_request(lambda r: "/live?since=7" in r.url, timeout=15_000):
         watched.open(site + "/")
     watched.assert_clean("live polling")
+    page.context.close()
+
+
+@pytest.mark.e2e
+@pytest.mark.slow
+def test_inbox_browser_says_the_inbox_s_refusal_sentence(chromium: Any, site: str) -> None:
+    """Issue 17 finding 4: a refused challenge shows the inbox's ``message``, not its status
+    code, as one sentence (no doubled full stop)."""
+    watched = _page(chromium, 1280)
+    page = watched.page
+    watched.open(site + "/items/diff")
+    page.click("form.verb-skip button[type=submit]")
+    page.wait_for_function(
+        "() => (document.getElementById('sign-status').textContent || '').startsWith('Not sent')",
+        timeout=15_000,
+    )
+    assert page.text_content("#sign-status") == f"Not sent: {REFUSAL}"
+    watched.assert_clean("refused challenge")
     page.context.close()

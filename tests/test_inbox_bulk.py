@@ -17,14 +17,22 @@ from gate.protocol.approver_signature import decision_digest
 from gate.protocol.canonical import payload_hash
 
 
-def item(n: int, *, revision: int = 1, state: str = "pending", kind: str = "approval") -> Item:
-    body = f"draft {n}"
+def item(
+    n: int,
+    *,
+    revision: int = 1,
+    state: str = "pending",
+    kind: str = "approval",
+    body: str = "",
+    content_type: str = "text/plain",
+) -> Item:
+    body = body or f"draft {n}"
     dispatch: dict[str, Any] = {
         "approval_id": f"01A{n}",
         "pipeline": "p",
         "step": f"s{n}",
         "revision": revision,
-        "draft": {"body": body},
+        "draft": {"body": body, "content_type": content_type},
         "payload_hash": payload_hash(body),
         "approvers": ["alice@example.com"],
         "callback": {"url": "http://127.0.0.1:1/", "nonce": f"nonce-{n}-{revision}"},
@@ -131,3 +139,33 @@ def test_an_item_not_pending_changed_or_not_mine_is_named_in_words() -> None:
 )
 def test_bulk_heading_says_how_many_the_gate_recorded(kinds: list[str], said: str) -> None:
     assert bulk_heading(kinds) == said
+
+
+@pytest.mark.parametrize(
+    ("body", "content_type", "why"),
+    [
+        pytest.param("Pay \u202eRUE 00021\u202c", "text/plain", "hidden characters", id="bidi"),
+        pytest.param("Pay ACME\u200b Ltd", "text/plain", "hidden characters", id="zero-width"),
+        pytest.param(
+            "See [terms][t]\n\n[t]: https://example.com/t",
+            "text/markdown",
+            "markdown with hidden parts",
+            id="markdown-reference",
+        ),
+        pytest.param('{"amount": 1e-400}', "application/json", "JSON", id="json-fallback"),
+    ],
+)
+def test_an_item_that_must_be_opened_is_refused_in_a_batch_naming_it(
+    body: str, content_type: str, why: str
+) -> None:
+    """Issue 17 finding 2: a draft the list cannot show faithfully is never bulk-approved,
+    even when a crafted request ticks it (server-side)."""
+    stored: dict[str, Item | None] = {
+        "01A1": item(1),
+        "01A2": item(2, body=body, content_type=content_type),
+    }
+    with pytest.raises(BulkRefused) as exc:
+        checked_items([("01A1", 1), ("01A2", 1)], stored, mine)
+    assert (exc.value.status, exc.value.reason) == (409, "open_to_review")
+    assert exc.value.message.startswith("p \u00b7 s2 (01A2) must be opened")
+    assert why in exc.value.message

@@ -292,6 +292,7 @@ def test_an_invalid_answer_is_the_form_again_in_words_and_nothing_is_posted(
 
     assert bad.status == 422, bad.text
     assert "Not sent:" in bad.text and "\u201camount\u201d" in bad.text, bad.text
+    assert 'value="A-1"' in bad.text and 'value="500"' in bad.text  # kept (finding 10)
     assert blank.status == 422 and "\u201cPO number\u201d must not be blank." in blank.text
     path = f"/items/{urllib.parse.quote(question_id, safe='')}/answer"
     good = urllib.parse.urlencode({"version": "1", "po": "A-1", "amount": "5"})

@@ -160,6 +160,57 @@ async def test_inbox_waiting_page_lists_pending_items_by_expiry_with_their_facts
     assert "Nothing is waiting for you." in empty
 
 
+async def test_inbox_waiting_rows_tell_items_apart_and_hidden_drafts_get_no_checkbox(
+    client: TestClient[object, object],
+) -> None:
+    """Issue 17 finding 2: each row shows the draft's first line, the request time and the
+    run id / requester when the dispatch has them; a draft with hidden characters has no bulk
+    checkbox and says it must be opened."""
+    html, page, _ = await fetch(client, "/?bulk=1")
+    boxes = {
+        a.get("name") for tag, a in page.tags if tag == "input" and a.get("type") == "checkbox"
+    }
+    assert boxes == {"item:plain-a", "item:plain-b"}
+    rows = re.findall(r'<li class="item[^"]*" data-approval-id="([^"]+)".*?</li>', html, re.S)
+    assert len(rows) == 5
+    row_text = {
+        m.group(1): " ".join(re.sub(r"<[^>]+>", " ", m.group(0)).split())
+        for m in re.finditer(
+            r'<li class="item[^"]*" data-approval-id="([^"]+)".*?</li>', html, re.S
+        )
+    }
+    for hidden in ("hostile", "diff"):
+        assert "open to review: hidden characters" in row_text[hidden]
+    assert "open to review" not in row_text["plain-a"]
+    a = row_text["plain-a"]
+    assert "Refund 12 EUR to ACME Ltd for order 4411." in a and "Second line" not in a
+    assert "Requested 2026-08-02 09:14 UTC" in a
+    assert "run run-7" in a and "requested by carol" in a
+    b = row_text["plain-b"]
+    assert "Refund 99 EUR to Globex for order " + "9" * 45 + "\u2026" in b
+    assert "Requested " in b and "run " not in b
+    question = row_text["question"]
+    assert "open to review" not in question
+
+
+async def test_inbox_adjust_box_says_how_many_hidden_characters_it_keeps(
+    client: TestClient[object, object],
+) -> None:
+    """Issue 17 finding 11: the textarea shows the raw text (overrides applied): say so."""
+    _, page, _ = await fetch(client, "/items/hostile")
+    text = " ".join("".join(page.text).split())
+    assert (
+        "This text contains 5 hidden characters (see the warning above); they are kept unless"
+        " you delete them." in text
+    )
+    _, diff, _ = await fetch(client, "/items/diff")
+    assert "This text contains 1 hidden character (see the warning above); it is kept" in " ".join(
+        "".join(diff.text).split()
+    )
+    _, plain, _ = await fetch(client, "/items/plain-a")
+    assert "hidden character" not in " ".join("".join(plain.text).split())
+
+
 async def test_inbox_question_page_shows_the_form_with_the_schema_limits(
     client: TestClient[object, object],
 ) -> None:
@@ -179,6 +230,36 @@ async def test_inbox_question_page_shows_the_form_with_the_schema_limits(
     assert "required" in inputs["channel"]
     assert "&lt;script&gt;window.__pwned=1&lt;/script&gt;" in html
     assert "2 characters of this question are marked" in " ".join("".join(page.text).split())
+
+
+async def test_inbox_question_form_refused_keeps_what_was_typed(
+    client: TestClient[object, object],
+) -> None:
+    """Issue 17 finding 10: an invalid answer shows the form again with the values sent."""
+    sent = [
+        ("csrf", "x"),
+        ("version", "1"),
+        ("amount", "150"),
+        ("count", "3"),
+        ("email", "a@example.com"),
+        ("note", "keep <this> text"),
+        ("channel", "sms"),
+        ("tags", "vip"),
+        ("tags", "repeat"),
+    ]  # fmt: skip  ("urgent" unticked: its default is ticked)
+    answer = await client.post("/items/question/answer", data=sent)
+    assert answer.status == 422
+    page = Page()
+    page.feed(await answer.text())
+    inputs = {a.get("id"): a for tag, a in page.tags if tag == "input"}
+    assert inputs["f-amount"]["value"] == "150" and inputs["f-count"]["value"] == "3"
+    assert inputs["f-email"]["value"] == "a@example.com"
+    assert inputs["f-note"]["value"] == "keep <this> text"
+    assert "checked" not in inputs["f-urgent"]
+    assert "checked" in inputs["f-tags-1"] and "checked" in inputs["f-tags-2"]
+    selected = [a.get("value") for tag, a in page.tags if tag == "option" and "selected" in a]
+    assert selected == ["sms"]
+    assert "Amount (EUR) must be at most 100." in "".join(page.text)
 
 
 async def test_inbox_message_page_says_the_gate_answer_in_words(
@@ -207,6 +288,14 @@ def test_words_answer_words_names_the_gate_answer(
     status: int, answer: dict[str, object], kind: str
 ) -> None:
     assert words.answer_words(status, answer)[0] == kind
+
+
+def test_words_a_revoked_passkey_says_what_to_do() -> None:
+    """Issue 17 finding 7: "(403 approver_signature_invalid)" says nothing to an approver."""
+    answer = {"status": "forbidden", "error": "approver_signature_invalid", "detail": "revoked"}
+    kind, sentence = words.answer_words(403, answer)
+    assert kind == "refused" and "ask for a new invite" in sentence, sentence
+    assert "approver_signature_invalid" not in sentence and ".." not in sentence
 
 
 @pytest.mark.parametrize(

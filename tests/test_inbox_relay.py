@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import sqlite3
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -13,6 +14,7 @@ from typing import Any
 import pytest
 import yaml
 
+from gate.inbox.credentials_cache import CredentialsCache
 from gate.inbox.gate_client import GateRefused, GateUnreachable, fetch_credentials
 from gate.inbox.gate_client import post_decision as post_decision_async
 from gate.protocol.canonical import payload_hash, wire_json
@@ -308,7 +310,7 @@ def test_inbox_gate_client_retries_only_an_unreachable_gate() -> None:
 
 @pytest.mark.e2e
 def test_inbox_gate_client_fetches_the_credentials_the_gate_serves(
-    tmp_path: Path, inbox: Inbox
+    tmp_path: Path, inbox: Inbox, caplog: pytest.LogCaptureFixture
 ) -> None:
     """The credentials channel end to end: off by default (404 from the gate), then with
     ``relay.credentials: true`` a signed answer the client verifies; a wrong secret is
@@ -323,6 +325,16 @@ def test_inbox_gate_client_fetches_the_credentials_the_gate_serves(
         with pytest.raises(GateRefused) as refused:
             asyncio.run(fetch_credentials(base, [SECRET], 300))
         assert refused.value.status == 404
+        # issue 17 finding 3: the log line says what the gate answered and where
+        cache = CredentialsCache(lambda: fetch_credentials(base, [SECRET], 300), None)
+        with caplog.at_level(logging.WARNING, logger="gate.inbox.credentials_cache"):
+            assert asyncio.run(cache.refresh()) is False
+        line = " ".join(
+            r.getMessage() for r in caplog.records if "credentials_unavailable" in r.getMessage()
+        )
+        assert f"404 {refused.value.reason}" in line and refused.value.reason
+        assert f"{base}/hitl/v0/credentials" in line
+        assert SECRET not in line
     finally:
         off.stop()
     on = GateProcess(
@@ -338,5 +350,8 @@ def test_inbox_gate_client_fetches_the_credentials_the_gate_serves(
         with pytest.raises(GateRefused) as wrong:
             asyncio.run(fetch_credentials(base, ["another-secret-of-32-bytes-000000"], 300))
         assert (wrong.value.status, wrong.value.reason) == (401, "signature_mismatch")
+        assert str(wrong.value) == (
+            f"the gate answered 401 signature_mismatch at {base}/hitl/v0/credentials"
+        )
     finally:
         on.stop()

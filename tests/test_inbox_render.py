@@ -10,7 +10,16 @@ from html.parser import HTMLParser
 
 import pytest
 
-from gate.inbox.render import diff_html, draft_html, draft_view, marked_text, pretty_json
+from gate.inbox.render import (
+    diff_html,
+    draft_html,
+    draft_view,
+    first_line,
+    hidden_count,
+    marked_text,
+    pretty_json,
+    review_reason,
+)
 
 
 class Tags(HTMLParser):
@@ -157,6 +166,12 @@ def test_draft_json_is_pretty_printed_with_two_spaces_and_marked() -> None:
         pytest.param('{"n": 1e400}', id="overflow"),
         pytest.param('{"a": 1', id="truncated"),
         pytest.param("[" * 100_000 + "]" * 100_000, id="deep"),
+        pytest.param('{"amount": 100.000000000000000001}', id="float-precision"),
+        pytest.param('{"po": 12345678901234567890.12}', id="float-digits"),
+        pytest.param('{"fee": 1e-400}', id="underflow"),
+        pytest.param('{"n": 1.50}', id="trailing-zero"),
+        pytest.param('{"n": 1E5}', id="exponent"),
+        pytest.param('{"n": -0}', id="negative-zero-int"),
     ],
 )
 def test_draft_json_that_pretty_printing_would_change_is_shown_as_sent(body: str) -> None:
@@ -164,6 +179,15 @@ def test_draft_json_that_pretty_printing_would_change_is_shown_as_sent(body: str
     view = draft_view(body, "application/json; charset=utf-8")
     assert view.format == "text"
     assert "".join(parse(view.html).text) == body
+
+
+def test_draft_json_numbers_shown_exactly_as_sent_stay_pretty() -> None:
+    """Issue 17 finding 6: pretty JSON only when every number reads as in the draft."""
+    body = '{"a": 12345678901234567890123, "b": -0.5, "c": 1e+100, "d": 0}'
+    pretty = pretty_json(body)
+    assert pretty is not None
+    for number in ("12345678901234567890123", "-0.5", "1e+100", "0"):
+        assert re.search(rf"(?<![\d.e+-]){re.escape(number)}(?![\d.e])", pretty), number
 
 
 @pytest.mark.parametrize(
@@ -200,3 +224,56 @@ def test_diff_html_marks_deleted_and_inserted_lines_escaped() -> None:
 def test_diff_html_of_equal_drafts_has_no_change() -> None:
     html = diff_html("a\nb", "a\nb")
     assert "<del>" not in html and "<ins>" not in html
+
+
+@pytest.mark.parametrize(
+    ("body", "content_type", "why"),
+    [
+        ("Refund 12 EUR to ACME Ltd.", "text/plain", None),
+        ("Refund **12 EUR** to [ACME](https://acme.example).", "text/markdown", None),
+        ('{"amount": 12.5}', "application/json", None),
+        ("", "text/plain", None),
+        ("Pay \u202eRUE 00021\u202c", "text/plain", "hidden characters"),
+        ("Pay 12\u200b EUR", "text/markdown", "hidden characters"),
+        ('{"to": "X\u202e"}', "application/json", "hidden characters"),
+        (
+            "See [terms][t].\n\n[t]: https://e.example/t",
+            "text/markdown",
+            "markdown with hidden parts",
+        ),
+        (
+            '[terms](https://e.example/t "secret title")',
+            "text/markdown",
+            "markdown with hidden parts",
+        ),
+        ('{"a": 1, "a": 2}', "application/json", "JSON that is shown as sent, not as data"),
+        (
+            '{"fee": 1e-400}',
+            "application/json; charset=utf-8",
+            "JSON that is shown as sent, not as data",
+        ),
+    ],
+)
+def test_review_reason_says_why_a_draft_must_be_opened(
+    body: str, content_type: str, why: str | None
+) -> None:
+    """Issue 17 finding 2: what the waiting list cannot vouch for is opened, not bulk-approved."""
+    assert review_reason(body, content_type) == why
+
+
+def test_hidden_count_counts_what_the_draft_marks_but_newline_and_tab() -> None:
+    assert hidden_count("a\u202eb\u200b\n\tc\r") == 3
+    assert hidden_count("plain\n") == 0
+
+
+@pytest.mark.parametrize(
+    ("body", "line"),
+    [
+        ("\n\n  Refund 12 EUR  \nsecond", "Refund 12 EUR"),
+        ("x" * 100, "x" * 79 + "\u2026"),
+        ("", ""),
+        (" \n ", ""),
+    ],
+)
+def test_first_line_is_the_first_non_blank_line_truncated(body: str, line: str) -> None:
+    assert first_line(body) == line

@@ -116,8 +116,12 @@ def test_a_revoked_passkey_ends_its_session_at_the_next_request(world: InboxWorl
 
     home = alice.get("/")
 
-    assert (home.status, home.header("Location")) == (303, "/signin?next=/"), home.text
+    where = "/signin?next=/&why=revoked"  # issue 17 finding 7: the page says why
+    assert (home.status, home.header("Location")) == (303, where), home.text
     assert sessions(world) == []
+    page = alice.get(where)
+    assert page.status == 200
+    assert "Your passkey is no longer enrolled at the gate" in page.text
     assert alice.signin(world.passkeys[101]).json()["reason"] == "unknown_credential"
     assert world.inbox is not None
     assert "event=inbox_session_ended why=credential_revoked" in world.inbox.log()
@@ -141,6 +145,14 @@ def test_signed_out_pages_redirect_and_posts_answer_401(world: InboxWorld) -> No
     assert "<script" not in hop.text
     again = client.get("/items/01ABC?r=1", headers={"Sec-Fetch-Site": "cross-site"})
     assert again.status == 303 and again.header("Location") == "/signin?next=/items/01ABC"
+    # issue 17 finding 7: opened at 127.0.0.1, the page says where passkeys sign in
+    assert world.inbox is not None
+    origin = world.inbox.origin  # http://localhost:<port>
+    at_ip = client.get("/signin")
+    assert at_ip.status == 200
+    assert f"open {origin}/signin" in at_ip.text, at_ip.text
+    at_name = client.get("/signin", headers={"Host": origin.removeprefix("http://")})
+    assert at_name.status == 200 and "passkeys sign in only at" not in at_name.text
 
 
 def test_signout_ends_the_session(world: InboxWorld) -> None:

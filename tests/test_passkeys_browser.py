@@ -162,6 +162,8 @@ def enrol_in_browser(page: Any, url: str, shots: Path) -> None:
     page.click("#create")
     page.wait_for_selector("#status.ok", timeout=30_000)
     assert "Passkey enrolled" in page.inner_text("main")
+    # issue 17 finding 8: the page says who tells the approver where to sign in
+    assert "Your administrator will tell you where to sign in." in page.inner_text("main")
     page.screenshot(path=str(shots / "enrolled.png"))
 
 

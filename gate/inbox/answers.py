@@ -180,7 +180,14 @@ async def answer(request: web.Request) -> web.Response:
 
     def again(words: str, status: int = 422) -> web.Response:
         return pages.question_page(
-            request, item=item, session=session, now_ms=now, seq=seq, error=words, status=status
+            request,
+            item=item,
+            session=session,
+            now_ms=now,
+            seq=seq,
+            error=words,
+            status=status,
+            submitted=fields,  # what was typed is shown again (issue 17 finding 10)
         )
 
     def said(title: str, words: str, status: int) -> web.Response:

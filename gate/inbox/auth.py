@@ -142,6 +142,7 @@ async def current_session(request: web.Request) -> Session | None:
         if session is not None and cache.loaded and cache.lookup(session.credential_id) is None:
             await state.db.end_sessions(state.now_ms(), token_hash(token))
             log.info("event=inbox_session_ended why=credential_revoked")
+            request["inbox_revoked"] = True
             session = None
     request["inbox_session"] = session
     return session
@@ -161,7 +162,8 @@ async def require_session(request: web.Request) -> Session:
     """The request's session, else: a POST (or /live) raises 401 JSON ``signed_out``; a GET
     from a cross-site link (``Sec-Fetch-Site: cross-site``, no ``r=1``: SameSite=Strict
     withheld the cookie) answers a meta refresh to the same path with ``?r=1`` (a same-site
-    reload carries the cookie); any other GET raises 303 to ``/signin?next=<path>``."""
+    reload carries the cookie); any other GET raises 303 to ``/signin?next=<path>`` (plus
+    ``&why=revoked`` when the session just ended because its passkey was revoked)."""
     session = await current_session(request)
     if session is not None:
         return session
@@ -179,7 +181,8 @@ async def require_session(request: web.Request) -> Session:
     if request.headers.get("Sec-Fetch-Site") == "cross-site" and request.query.get("r") != "1":
         page = _cross_site_page(request.path + "?r=1")
         raise web.HTTPOk(body=page.body, content_type="text/html")
-    raise web.HTTPSeeOther("/signin?next=" + quote(request.path, safe="/"))
+    why = "&why=revoked" if request.get("inbox_revoked") else ""  # issue 17 finding 7
+    raise web.HTTPSeeOther("/signin?next=" + quote(request.path, safe="/") + why)
 
 
 def refusal(status: int, reason: str, message: str) -> web.Response:

@@ -25,6 +25,7 @@ from gate.inbox.app import InboxState, state_of
 from gate.inbox.decide import decision_body
 from gate.inbox.gate_client import GateUnreachable, post_decision
 from gate.inbox.model import DecisionRecord, Item, Session
+from gate.inbox.render import review_reason
 from gate.inbox.words import answer_words, bulk_heading
 from gate.protocol.approver_signature import (
     b64url,
@@ -111,7 +112,9 @@ def checked_items(
     (``may_decide``), still pending, at the revision shown. Raises ``BulkRefused`` 409 naming
     the first item that is not: ``not_available`` (unknown, a question, or not the session's
     to decide: said alike, its existence is not disclosed), ``not_pending`` ("… is now
-    expired") or ``changed`` ("… changed since you opened it: reload to see revision N")."""
+    expired"), ``changed`` ("… changed since you opened it: reload to see revision N") or
+    ``open_to_review`` (a draft ``render.review_reason`` says must be opened: issue 17
+    finding 2)."""
     items: list[Item] = []
     for approval_id, revision in picks:
         item = stored.get(approval_id)
@@ -131,6 +134,14 @@ def checked_items(
                 "changed",
                 f"{title_of(item)} ({approval_id}) changed since you opened it: reload to see"
                 f" revision {item.revision}.",
+            )
+        why = review_reason(item.body, item.content_type)
+        if why is not None:
+            raise BulkRefused(
+                409,
+                "open_to_review",
+                f"{title_of(item)} ({approval_id}) must be opened before it is approved:"
+                f" its draft has {why}.",
             )
         items.append(item)
     return items

@@ -96,7 +96,9 @@ class CredentialsCache:
             answer = await self._fetch()
         except (GateUnreachable, GateRefused, ProtocolError, OSError) as exc:
             if not self._down:
-                log.warning("event=credentials_unavailable error=%s", type(exc).__name__)
+                log.warning(
+                    'event=credentials_unavailable error=%s why="%s"', type(exc).__name__, exc
+                )
             self._down = True
             return False
         if self._down:

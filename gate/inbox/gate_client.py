@@ -113,19 +113,22 @@ async def fetch_credentials(
     url = callback_url.rstrip("/") + CREDENTIALS_PATH
     status, raw, header = await _post(url, body, secrets[0], session)
     if status != 200:
-        raise GateRefused(status, raw)
+        raise GateRefused(status, raw, url)
     return credentials.verify_credentials_answer(raw, header, secrets, time.time(), max_skew)
 
 
 class GateRefused(Exception):
     """The gate answered the credentials request with ``status`` (e.g. 404 ``not_found``:
-    ``relay.credentials`` is off; 401: the secrets differ) and its ``reason``."""
+    ``relay.credentials`` is off; 401: the secrets differ) and its ``reason``, at ``url``
+    (its text names all three, never a secret: issue 17 finding 3)."""
 
-    def __init__(self, status: int, raw: bytes) -> None:
+    def __init__(self, status: int, raw: bytes, url: str = "") -> None:
         try:
             reason = json.loads(raw).get("reason")
         except (ValueError, AttributeError):
             reason = None
         self.status = status
         self.reason = reason if isinstance(reason, str) else None
-        super().__init__(f"the gate answered {status} {self.reason or ''}".rstrip())
+        self.url = url
+        where = f" at {url}" if url else ""
+        super().__init__(f"the gate answered {status} {self.reason or 'without a reason'}{where}")

@@ -24,8 +24,9 @@ from aiohttp import web
 from markupsafe import Markup
 
 from gate.inbox import headers
+from gate.inbox.listing import row_facts
 from gate.inbox.model import DecisionRecord, Item, Session
-from gate.inbox.render import MARK_OPEN, diff_html, draft_view, marked_text
+from gate.inbox.render import MARK_OPEN, diff_html, draft_view, hidden_count, marked_text
 from gate.inbox.words import (
     answer_words,
     budget,
@@ -110,6 +111,12 @@ class Row:
     budget: list[str]
     risk_class: str
     approved_by: list[str]
+    first_line: str = ""
+    requested: str = ""
+    run_id: str | None = None
+    requested_by: str | None = None
+    review: str | None = None
+    bulkable: bool = False
 
 
 def collected(item: Item, approved_by: Sequence[str] = ()) -> int:
@@ -137,10 +144,13 @@ def signin_page(
     csrf: str,
     action: str = "/signin",
     error: str | None = None,
+    notice: str | None = None,
 ) -> web.Response:
     """The sign-in page: one "Sign in with your passkey" button whose form carries the
-    WebAuthn ``challenge`` (base64url) and a pre-session ``csrf`` token; ``error`` in words."""
+    WebAuthn ``challenge`` (base64url) and a pre-session ``csrf`` token; ``error`` in words
+    (status 401); ``notice`` why the approver was signed out (status 200)."""
     context = {"challenge": challenge, "csrf": csrf, "action": action, "error": error}
+    context["notice"] = notice
     return _render(request, "signin.html", context, status=401 if error else 200)
 
 
@@ -156,11 +166,17 @@ def waiting_page(
     """What waits for the signed-in approver: pending ``items`` sorted by expiry (soonest
     first), each with pipeline, step, risk, quorum progress (``approved_by``: approval id →
     identities recorded through the inbox), time left and budget; an empty state in words.
-    ``seq`` is the inbox's change counter the live updates poll from."""
+    ``seq`` is the inbox's change counter the live updates poll from. Each row also shows
+    ``listing.row_facts`` (first line, request time, run id, requester) and gets a bulk
+    checkbox only when ``bulkable`` (issue 17 finding 2)."""
     pending = sorted((i for i in items if i.state == "pending"), key=lambda i: i.expires_at)
     seen = approved_by or {}
     rows = [
-        Row(url=item_url(i.approval_id), **_facts(i, now_ms, seen.get(i.approval_id, ())))
+        Row(
+            url=item_url(i.approval_id),
+            **_facts(i, now_ms, seen.get(i.approval_id, ())),
+            **row_facts(i),
+        )
         for i in pending
     ]
     context = {"rows": rows, "session": session, "nav": "waiting", "seq": seq}
@@ -199,12 +215,22 @@ def item_page(
     context = {
         **_facts(item, now_ms, approved_by),
         "draft": draft_view(item.body, item.content_type),
+        "hidden": hidden_count(item.body),  # said under the adjust box (finding 11)
         "diff": diff,
         "forms": forms,
         "session": session,
         "seq": seq,
     }
     return _render(request, "item.html", context)
+
+
+def _sent(submitted: Mapping[str, Any] | None) -> dict[str, list[str]]:
+    """The posted fields as lists of strings (empty when nothing was posted)."""
+    out: dict[str, list[str]] = {}
+    for key, value in (submitted or {}).items():
+        values = value if isinstance(value, list) else [value]
+        out[str(key)] = [str(v) for v in values]
+    return out
 
 
 def question_page(
@@ -216,11 +242,14 @@ def question_page(
     seq: int,
     error: str | None = None,
     status: int = 200,
+    submitted: Mapping[str, Any] | None = None,
 ) -> web.Response:
     """A question (issue 15) from ``item.dispatch["question"]``: its text and reason
     (marked), then free text / choices / the form's fields with the schema's limits
     (``words.form_fields``); a schema the gate would not send is said, not shown. ``error``
-    (an answer refused, in words) is shown above the form, answering ``status`` (422)."""
+    (an answer refused, in words) is shown above the form, answering ``status`` (422), with
+    the values ``submitted`` (the posted fields, a string or a list of strings each) filled
+    in again: typed texts, ticked boxes, the chosen option (issue 17 finding 10)."""
     question: dict[str, Any] = item.dispatch.get("question") or {}
     text = marked_text(str(question.get("text", "")))
     reason = marked_text(str(question["reason"])) if question.get("reason") else None
@@ -241,6 +270,7 @@ def question_page(
         "options": options,
         "fields": fields,
         "schema_error": schema_error,
+        "sent": _sent(submitted),
         "marked": marked,
         "action": answer_url(item.approval_id),
         "session": session,

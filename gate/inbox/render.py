@@ -81,13 +81,33 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
 
+def _exact_float(source: str) -> float:
+    value = float(source)
+    if repr(value) != source:
+        raise ValueError("a number would be shown other than as sent")
+    return value
+
+
+def _exact_int(source: str) -> int:
+    value = int(source)
+    if str(value) != source:
+        raise ValueError("a number would be shown other than as sent")
+    return value
+
+
 def pretty_json(body: str) -> str | None:
     """``body`` re-indented with 2 spaces (non-ASCII kept), or None when showing it so could
-    hide something: it does not parse, repeats a key (a parser would keep one of them) or
-    holds NaN/Infinity or a number too large for a float. Then it is shown as text."""
+    hide something: it does not parse, repeats a key (a parser would keep one of them),
+    holds NaN/Infinity, or a number whose re-serialised text differs from its text in the
+    draft (``100.000000000000000001``, ``1e-400``, ``1.50``: issue 17 finding 6). Then it
+    is shown as text."""
     try:
         value = json.loads(
-            body, object_pairs_hook=_reject_duplicates, parse_constant=_reject_constant
+            body,
+            object_pairs_hook=_reject_duplicates,
+            parse_constant=_reject_constant,
+            parse_float=_exact_float,
+            parse_int=_exact_int,
         )
         text = json.dumps(value, indent=2, ensure_ascii=False, allow_nan=False)
     except (ValueError, RecursionError):
@@ -177,6 +197,53 @@ def draft_view(body: str, content_type: str) -> DraftView:
             return DraftView(html, _count(html), "json")
     html = _pre(body)
     return DraftView(html, _count(html), "text")
+
+
+def hidden_count(text: str, *, keep: str = "\n\t") -> int:
+    """How many characters of ``text`` (but those in ``keep``) a page marks as their code
+    point (``marked_text``): controls, direction overrides, zero-width, unassigned."""
+    return sum(1 for char in text if char not in keep and is_hidden(char))
+
+
+def _markdown_hides(body: str) -> bool:
+    """True when rendering ``body`` as markdown leaves part of its text unshown: a link
+    reference definition, or a link's or image's title."""
+    env: dict[str, Any] = {"links": []}
+    tokens = _MD.parse(body, env)
+    if env.get("references"):
+        return True
+    stack = list(tokens)
+    while stack:
+        token = stack.pop()
+        if token.attrGet("title"):
+            return True
+        stack.extend(token.children or [])
+    return False
+
+
+def review_reason(body: str, content_type: str) -> str | None:
+    """Why ``body`` must be opened and read before it is approved (never bulk-approved from
+    the waiting list, issue 17 finding 2), in words, or None: ``"hidden characters"`` (the
+    item page's warning), ``"markdown with hidden parts"`` (``text/markdown`` with a link
+    reference definition or a title the page does not show), ``"JSON that is shown as sent,
+    not as data"`` (``application/json`` that ``pretty_json`` will not pretty-print)."""
+    if hidden_count(body):
+        return "hidden characters"
+    if is_blank(body):
+        return None
+    kind = content_type.split(";", 1)[0].strip().lower()
+    if kind == "text/markdown" and _markdown_hides(body):
+        return "markdown with hidden parts"
+    if kind == "application/json" and pretty_json(body) is None:
+        return "JSON that is shown as sent, not as data"
+    return None
+
+
+def first_line(body: str, limit: int = 80) -> str:
+    """The first non-blank line of ``body``, stripped, cut to ``limit`` characters (the
+    last one then "…"); "" for a blank body. The waiting list's line per item (issue 17)."""
+    line = next((ln.strip() for ln in body.splitlines() if not is_blank(ln)), "")
+    return line if len(line) <= limit else line[: limit - 1] + "\u2026"
 
 
 def draft_html(body: str, content_type: str) -> Markup:

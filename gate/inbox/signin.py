@@ -154,6 +154,28 @@ def _parts(request: web.Request) -> tuple[Challenges, RateLimit]:
     return challenges, limits
 
 
+REVOKED = (
+    "Your passkey is no longer enrolled at the gate, so your session ended: ask your"
+    " administrator for a new invite."
+)
+
+
+def wrong_host(request: web.Request) -> str | None:
+    """A sentence when the page was opened at a loopback address (``127.0.0.1``, ``::1``)
+    that none of the inbox's origins names: a passkey cannot sign in there (its origin is
+    not allowed), so say where to open the inbox (issue 17 finding 7). None otherwise."""
+    party = state_of(request).party
+    host = (request.url.host or "").strip("[]").lower()
+    if party is None or not party.origins or host not in ("127.0.0.1", "::1"):
+        return None
+    if any((urlsplit(origin).hostname or "").lower() == host for origin in party.origins):
+        return None
+    return (
+        f"This page was opened at {request.host}; passkeys sign in only at"
+        f" {party.origins[0]}: open {party.origins[0]}/signin."
+    )
+
+
 async def signin_get(request: web.Request) -> web.Response:
     """GET ``/signin[?next=/path]``: the sign-in page with a fresh challenge and a
     pre-session CSRF token (cookie ``hitl_inbox_pre``); when passkeys cannot sign in here
@@ -178,7 +200,8 @@ async def signin_get(request: web.Request) -> web.Response:
         return busy
     problem = state.credentials.problem
     error = None if problem is None else REASONS["unavailable"] + problem + "."
-    response = pages.signin_page(request, challenge=challenge, csrf=pre, error=error)
+    notice = REVOKED if request.query.get("why") == "revoked" else wrong_host(request)
+    response = pages.signin_page(request, challenge=challenge, csrf=pre, error=error, notice=notice)
     auth.set_cookie(request, response, auth.PRE_COOKIE, pre, int(CHALLENGE_TTL_S))
     return response
 

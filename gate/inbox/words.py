@@ -82,11 +82,17 @@ ANSWERS = {
 }
 
 
+# the ``detail`` of 403 ``approver_signature_invalid`` in words (docs/protocol.md "Approver
+# signatures"; issue 17 finding 7): what the approver can do about it. One table: other
+# refusals worded for the pages go here too.
+
+
 def answer_words(status: int, answer: Mapping[str, Any]) -> tuple[str, str]:
     """The gate's answer to a posted decision (docs/protocol.md, "Decisions": checks 8, 9,
     14 and "recorded") as ``(kind, sentence)``: ``kind`` one of ``ANSWERS``'s keys or
     ``refused``. 200 ``{"status":"recorded","resolved":true|false}`` is resolved or recorded;
-    a refusal is named by its reason code (``error``, else ``reason``). Status 0 is a
+    a refusal is named by its reason code (``error``, else ``reason``), an
+    ``approver_signature_invalid`` by its ``detail`` in words (``refusal_words``). Status 0 is a
     decision sent whose answer never came back (``sent``)."""
     if status == 0:
         kind = "unreachable" if answer.get("error") == "gate_unreachable" else "sent"
@@ -140,9 +146,9 @@ SIGNATURE_DETAILS = {
     "wrong_type": "it is not the kind of credential the gate enrolled for you",
     "not_in_batch": "this item was not among those your passkey signed",
     "malformed": "the passkey's answer was malformed",
-    "unknown_credential": "the gate does not know this passkey",
-    "revoked": "this passkey was revoked at the gate",
-    "wrong_operator": "this passkey belongs to another approver",
+    "unknown_credential": "the gate does not know this passkey: ask for a new invite",
+    "revoked": "this passkey was revoked at the gate: ask for a new invite",
+    "wrong_operator": "this passkey belongs to another approver: sign in with your own",
     "rp_unavailable": "passkeys are not set up at the gate",
 }
 REFUSALS = {

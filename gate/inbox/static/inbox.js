@@ -31,6 +31,16 @@
     return answer;
   };
 
+  // the inbox's refusal sentence (JSON "message"), else its status (issue 17 finding 4)
+  const refusal = async (answer) => {
+    try {
+      const body = await answer.json();
+      if (body && typeof body.message === 'string' && body.message) return body.message;
+    } catch (error) { /* not JSON: say the status */ }
+    return 'the inbox answered ' + answer.status;
+  };
+  const sentence = (text) => text.replace(/[.\s]+$/, '') + '.';
+
   const canSign = () => 'PublicKeyCredential' in window && navigator.credentials
     && typeof navigator.credentials.get === 'function' && 'fetch' in window;
 
@@ -39,7 +49,7 @@
     let challenge = form.dataset.challenge || '';
     if (!challenge && form.dataset.challengeUrl) {
       const got = await postJson(form.dataset.challengeUrl, data.csrf || '', data);
-      if (!got.ok) throw new Error('the inbox gave no challenge (' + got.status + ')');
+      if (!got.ok) throw new Error(await refusal(got));
       challenge = (await got.json()).challenge || '';
     }
     if (!challenge) throw new Error('no challenge to sign');
@@ -80,8 +90,7 @@
         say('Waiting for your passkey…');
         sign(form).catch((error) => {
           const again = form.dataset.sign === 'signin' ? ' Reload the page to try again.' : '';
-          const why = error && error.message ? error.message : 'the passkey was not used';
-          say('Not sent: ' + why + (/[.!?]$/.test(why) ? '' : '.') + again);
+          say('Not sent: ' + sentence(error && error.message ? error.message : 'the passkey was not used') + again);
         }).finally(() => { if (button) button.disabled = false; });
       });
     });

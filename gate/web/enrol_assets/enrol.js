@@ -107,7 +107,7 @@ async function enrol() {
     const lead = document.querySelector("main p");
     if (lead && who) lead.textContent = "Decisions as " + who.textContent +
       " can now be signed with this passkey (credential " + result.credential_id + ").";
-    show("Passkey enrolled. You can close this page.", "ok");
+    show("Passkey enrolled. You can close this page. Your administrator will tell you where to sign in.", "ok");
   } else {
     const words = REFUSED[result.reason];
     show(words || ("The gate refused the passkey (" + (result.reason || answer.status) + ")."),
