@@ -6,7 +6,8 @@ nothing a caller sent (a draft, a question, an answer) is logged."""
 from __future__ import annotations
 
 import logging
-from typing import Annotated, Any, Literal
+from collections.abc import Awaitable
+from typing import Annotated, Any, Literal, TypeVar
 
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp.server.mcpserver.tools import Tool
@@ -24,6 +25,8 @@ from gate.mcp.results import (
 )
 from gate.mcp.strict import strict_tool
 from gate.sdk import AsyncGate, GateRequestError, GateUnavailable
+
+T = TypeVar("T")
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +97,18 @@ def _refusal(exc: GateRequestError | GateUnavailable, argument: str) -> ToolErro
     return ToolError(f"{refused_argument(exc.reason, exc.field, argument)}: {exc.message}")
 
 
+async def _gate_call(call: Awaitable[T], argument: str) -> T:
+    """Await one SDK call; a ValueError (an argument the SDK refuses: it names it) or a gate
+    refusal becomes the tool error (``_refusal``, naming ``argument`` when the gate blames no
+    other)."""
+    try:
+        return await call
+    except ValueError as exc:
+        raise ToolError(str(exc)) from None
+    except (GateRequestError, GateUnavailable) as exc:
+        raise _refusal(exc, argument) from exc
+
+
 def register(gate: AsyncGate) -> list[Tool]:
     """The six tools, each calling ``gate`` (the pipeline API, SPEC §3; questions issue 15),
     for ``MCPServer(tools=…)``; an argument a tool does not take is a tool error naming it
@@ -109,8 +124,8 @@ def register(gate: AsyncGate) -> list[Tool]:
         wait_seconds: Wait = DEFAULT_WAIT_S,
         spend: Spend = None,
     ) -> dict[str, Any]:
-        try:
-            approval = await gate.request_approval(
+        approval = await _gate_call(
+            gate.request_approval(
                 pipeline,
                 step,
                 draft,
@@ -119,33 +134,23 @@ def register(gate: AsyncGate) -> list[Tool]:
                 idempotency_key=idempotency_key,
                 spend=spend,
                 wait=wait_seconds,
-            )
-        except ValueError as exc:
-            raise ToolError(str(exc)) from None
-        except (GateRequestError, GateUnavailable) as exc:
-            raise _refusal(exc, "pipeline") from exc
+            ),
+            "pipeline",
+        )
         _log("request_approval", approval.id, approval.state, approval.outcome)
         return approval_result(approval)
 
     async def get_approval(
         approval_id: Text, wait_seconds: Wait = DEFAULT_WAIT_S
     ) -> dict[str, Any]:
-        try:
-            approval = await gate.get_approval(approval_id, wait=wait_seconds)
-        except ValueError as exc:
-            raise ToolError(str(exc)) from None
-        except (GateRequestError, GateUnavailable) as exc:
-            raise _refusal(exc, "approval_id") from exc
+        approval = await _gate_call(
+            gate.get_approval(approval_id, wait=wait_seconds), "approval_id"
+        )
         _log("get_approval", approval.id, approval.state, approval.outcome)
         return approval_result(approval)
 
     async def cancel_approval(approval_id: Text) -> dict[str, Any]:
-        try:
-            approval = await gate.cancel_approval(approval_id)
-        except ValueError as exc:
-            raise ToolError(str(exc)) from None
-        except (GateRequestError, GateUnavailable) as exc:
-            raise _refusal(exc, "approval_id") from exc
+        approval = await _gate_call(gate.cancel_approval(approval_id), "approval_id")
         _log("cancel_approval", approval.id, approval.state, approval.outcome)
         return approval_result(approval)
 
@@ -166,8 +171,8 @@ def register(gate: AsyncGate) -> list[Tool]:
             raise ToolError(f"options: {response_type} needs the options to choose from")
         if response_type == "form" and schema is None:
             raise ToolError("schema: form needs a JSON form schema")
-        try:
-            question = await gate.ask(
+        question = await _gate_call(
+            gate.ask(
                 pipeline,
                 step,
                 text,
@@ -177,23 +182,18 @@ def register(gate: AsyncGate) -> list[Tool]:
                 run_id=run_id,
                 idempotency_key=idempotency_key,
                 wait=wait_seconds,
-            )
-        except ValueError as exc:
-            raise ToolError(str(exc)) from None
-        except (GateRequestError, GateUnavailable) as exc:
-            raise _refusal(exc, "pipeline") from exc
+            ),
+            "pipeline",
+        )
         _log("ask_human", question.id, question.state, question.outcome)
         return question_result(question)
 
     async def get_question(
         question_id: Text, wait_seconds: Wait = DEFAULT_WAIT_S
     ) -> dict[str, Any]:
-        try:
-            question = await gate.get_question(question_id, wait=wait_seconds)
-        except ValueError as exc:
-            raise ToolError(str(exc)) from None
-        except (GateRequestError, GateUnavailable) as exc:
-            raise _refusal(exc, "question_id") from exc
+        question = await _gate_call(
+            gate.get_question(question_id, wait=wait_seconds), "question_id"
+        )
         _log("get_question", question.id, question.state, question.outcome)
         return question_result(question)
 
