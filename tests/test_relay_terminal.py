@@ -923,3 +923,45 @@ def test_relay_auto_refuses_an_empty_reason_or_text(spec: str) -> None:
 
     with pytest.raises(ValueError, match=r"use approve, skip, skip:REASON or adjust:TEXT"):
         AutoDecision.parse(spec)
+
+
+CI_STOP_23_CHILD = """
+import asyncio, sys
+from gate.tools.reference_relay.terminal import Terminal
+
+async def main() -> None:
+    terminal = Terminal.open(asyncio.get_running_loop())
+    never = asyncio.get_running_loop().create_future()
+    print(await terminal.lines.next(never), flush=True)  # the reader is back in its read
+
+asyncio.run(main())
+sys.exit(0)
+"""
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("attempt", range(3))
+def test_ci_stop_23_a_relay_reading_a_script_exits_cleanly(attempt):
+    """CI of stop 23: ``relay`` with an open stdin pipe stopped with exit -6. Its reader
+    thread sat in ``sys.stdin.buffer.readline()`` holding the buffered reader's lock, and
+    the interpreter's shutdown aborted (``Fatal Python error: _enter_buffered_busy``). The
+    reader must hold no Python-level lock while it waits: exit 0, no fatal error."""
+    with subprocess.Popen(
+        [sys.executable, "-c", CI_STOP_23_CHILD],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=ROOT,
+    ) as child:
+        _stop_while_reading(child)
+
+
+def _stop_while_reading(child: subprocess.Popen[bytes]) -> None:
+    assert child.stdin is not None and child.stdout is not None
+    child.stdin.write(b"first line\n")
+    child.stdin.flush()  # and the pipe stays open: the reader waits for more
+    assert child.stdout.readline() == b"first line\n"
+    returncode = child.wait(DEADLINE_S)  # stdin still open: nothing ends the reader
+    child.stdin.close()
+    assert child.stderr is not None
+    assert (returncode, child.stderr.read().decode()) == (0, "")

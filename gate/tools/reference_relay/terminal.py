@@ -17,7 +17,7 @@ import sys
 import termios
 import threading
 from collections import deque
-from typing import Any, BinaryIO, TextIO
+from typing import Any, TextIO
 
 from gate.protocol.whitespace import is_blank
 from gate.tools.reference_relay.view import (
@@ -151,11 +151,16 @@ class TtyLines(_Lines):
 class ScriptLines(_Lines):
     """Stdin that is no terminal: a thread reads it line by line, in order, from the start
     (``Terminal.open``: so a stdin already at its end is known before the first dispatch is
-    acked, new-user finding 14) or else the first prompt on; nothing is discarded."""
+    acked, new-user finding 14) or else the first prompt on; nothing is discarded.
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, stream: BinaryIO | None) -> None:
+    The thread reads the file descriptor ``fd`` with ``os.read`` (chunks of at most 64 KiB),
+    never through ``sys.stdin.buffer``: a daemon thread waiting inside the buffered reader
+    holds its lock, and the interpreter's shutdown then aborts the process (exit -6, CI of
+    stop 23)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, fd: int | None) -> None:
         super().__init__(loop)
-        self.stream = stream
+        self.fd = fd
         self.thread: threading.Thread | None = None
 
     def arm(self) -> None:
@@ -166,12 +171,17 @@ class ScriptLines(_Lines):
 
     def _read(self) -> None:
         with contextlib.suppress(RuntimeError):  # the loop closed: the relay is stopping
+            partial = b""
             try:
-                while self.stream is not None and (raw := self.stream.readline()):
-                    line = raw.decode("utf-8", "replace").rstrip("\n")
-                    self.loop.call_soon_threadsafe(self.push, line)
-            except (OSError, ValueError):  # stdin closed under us: as its end
+                while self.fd is not None and (data := os.read(self.fd, 65536)):
+                    *lines, partial = (partial + data).split(b"\n")
+                    for raw in lines:
+                        line = raw.decode("utf-8", "replace")
+                        self.loop.call_soon_threadsafe(self.push, line)
+            except OSError:  # stdin closed under us: as its end
                 pass
+            if partial:  # a last line without its newline
+                self.loop.call_soon_threadsafe(self.push, partial.decode("utf-8", "replace"))
             self.loop.call_soon_threadsafe(self.push, None)
 
 
@@ -246,7 +256,7 @@ class Terminal:
             fd = stdin.fileno()
         if fd is not None and os.isatty(fd):
             return cls(TtyLines(loop, fd), screen_of(fd), hold)
-        lines = ScriptLines(loop, getattr(stdin, "buffer", None))
+        lines = ScriptLines(loop, fd)
         lines.arm()  # read ahead: a script's lines wait in order, its end is known early
         return cls(lines, sys.stdout, hold)
 
