@@ -8,14 +8,16 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 from mcp import MCPError
 
 from tests.mcp_support import MCP_TOKEN, dispatch_for, http_mcp, result_json, rows
 from tests.support import (
+    DEADLINE_S,
     CaptureRelay,
     CliProcess,
     GateProcess,
@@ -23,6 +25,7 @@ from tests.support import (
     gate_env,
     http_request,
     post_decision,
+    run_cli,
     wait_until,
     write_config,
 )
@@ -209,3 +212,106 @@ async def test_mcp_http_with_the_reference_relay_adjusts_and_answers(
     )
     assert (question["outcome"], question["answer"]) == ("answered", "globex")
     assert EDITED not in server.log() and "globex" not in server.log()
+
+
+# ---- slow and idle clients (issue 18 review: 1100 idle connections exhausted the fds) -------
+
+
+@pytest.fixture
+def mcp_http(gate: GateProcess) -> Iterator[Callable[..., tuple[CliProcess, str]]]:
+    """Start ``mcp --http`` with extra arguments (the limits); stopped cleanly at the end."""
+    started: list[CliProcess] = []
+
+    def start(*limits: str) -> tuple[CliProcess, str]:
+        env = gate_env(HITL_MCP_TOKEN=MCP_TOKEN)
+        args = ["mcp", "-c", str(gate.config), "--api-url", gate.api_url, "--http", "127.0.0.1:0"]
+        proc = CliProcess(*args, "--token-env", "HITL_MCP_TOKEN", *limits, env=env)
+        started.append(proc)
+        return proc, proc.wait_for_line(LISTENING).group(1)
+
+    yield start
+    for proc in started:
+        assert proc.stop() == 0, proc.log()
+
+
+def _connect(url: str) -> socket.socket:
+    host, port = re.match(r"http://([\d.]+):(\d+)/", url).groups()  # type: ignore[union-attr]
+    return socket.create_connection((host, int(port)), timeout=DEADLINE_S)
+
+
+def _closed_by_server(sock: socket.socket) -> bool:
+    """True when the server closed ``sock`` without an answer (recv gives b"" or a reset);
+    blocks up to the socket's timeout for that."""
+    try:
+        return sock.recv(4096) == b""
+    except ConnectionResetError:
+        return True
+
+
+def test_mcp_http_closes_a_client_that_never_finishes_its_request(mcp_http):
+    """A request line and half the headers, then nothing: closed after the read timeout,
+    not held open forever (a slow client holds a file descriptor)."""
+    proc, url = mcp_http("--read-timeout", "1")
+    with _connect(url) as slow:
+        slow.sendall(b"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+        assert _closed_by_server(slow)
+    with _connect(url) as dribble:  # the token and a body promised, never sent: the same
+        head = f"POST /mcp HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {MCP_TOKEN}\r\n"
+        dribble.sendall(
+            f"{head}Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{{".encode()
+        )
+        assert _closed_by_server(dribble)
+    with _connect(url) as mute:  # connected, never a byte
+        assert _closed_by_server(mute)
+    assert proc.proc is not None and proc.proc.poll() is None
+
+
+def test_mcp_http_a_request_in_time_is_served_with_the_read_timeout(mcp_http):
+    """The timeout bounds reading a request, not answering it: a whole request is served."""
+    _, url = mcp_http("--read-timeout", "1")
+    status, _, _ = http_request(url, "POST", body=INITIALIZE)
+    assert status == 401  # the bearer check answered: the request was read and served
+
+
+def test_mcp_http_refuses_connections_over_its_cap_and_serves_again_after(mcp_http):
+    """Three idle connections fill ``--max-connections 3``: a fourth is closed at once
+    without an answer; once the idle ones are gone a request is served again."""
+    proc, url = mcp_http("--max-connections", "3")
+    idle = [_connect(url) for _ in range(3)]
+    try:
+        with _connect(url) as extra:
+            extra.sendall(b"GET /mcp HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert _closed_by_server(extra)
+    finally:
+        for sock in idle:
+            sock.close()
+    assert "event=mcp_connections_full limit=3" in proc.log()
+    status = wait_until(lambda: _status(url), what="a request served after the idle ones left")
+    assert status == 401
+
+
+def _status(url: str) -> int | None:
+    """The status of one unauthenticated POST, or None when the connection was refused."""
+    try:
+        return http_request(url, "POST", body=INITIALIZE)[0]
+    except OSError:
+        return None
+
+
+HTTP = ["--http", "127.0.0.1:0", "--token-env", "HITL_MCP_TOKEN"]
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        ([*HTTP, "--read-timeout", "0"], "--read-timeout: 0 is not from 1 to 3600 seconds"),
+        ([*HTTP, "--max-connections", "0"], "--max-connections: 0 is not from 1 to 10000"),
+        (["--read-timeout", "5"], "--read-timeout: only with --http"),
+        (["--max-connections", "5"], "--max-connections: only with --http"),
+    ],
+)
+def test_mcp_limits_are_checked(gate, args, said):
+    """Bad limits: one line naming the option, exit 2, nothing served."""
+    env = gate_env(HITL_MCP_TOKEN=MCP_TOKEN)
+    result = run_cli("mcp", "-c", str(gate.config), *args, env=env)
+    assert (result.returncode, result.stderr.decode().strip()) == (2, f"Error: {said}")

@@ -11,6 +11,7 @@ import sys
 import click
 
 from gate.cli import API_URL_OPTION, CONFIG_OPTION, fail, main, read_config
+from gate.mcp.guard import DEFAULT_MAX_CONNECTIONS, DEFAULT_READ_TIMEOUT_S
 
 MIN_TOKEN_BYTES = 16  # as the gate's own secrets: shorter is refused
 
@@ -74,6 +75,25 @@ def check_gate_token(url: str, api_token: str, token_env: str) -> None:
         )
 
 
+def http_limits(
+    http_addr: str | None, read_timeout: float | None, max_connections: int | None
+) -> tuple[float, int]:
+    """``(read timeout in seconds, connection cap)`` of ``--http`` (defaults of
+    gate.mcp.guard); exits 2 with one line naming the option when one is out of range or
+    given without ``--http``."""
+    for name, value in (("--read-timeout", read_timeout), ("--max-connections", max_connections)):
+        if value is not None and http_addr is None:
+            fail(f"{name}: only with --http", 2)
+    if read_timeout is not None and not 1 <= read_timeout <= 3600:
+        fail(f"--read-timeout: {read_timeout:g} is not from 1 to 3600 seconds", 2)
+    if max_connections is not None and not 1 <= max_connections <= 10000:
+        fail(f"--max-connections: {max_connections} is not from 1 to 10000", 2)
+    return (
+        DEFAULT_READ_TIMEOUT_S if read_timeout is None else read_timeout,
+        DEFAULT_MAX_CONNECTIONS if max_connections is None else max_connections,
+    )
+
+
 @main.command("mcp")
 @CONFIG_OPTION
 @API_URL_OPTION
@@ -92,6 +112,22 @@ def check_gate_token(url: str, api_token: str, token_env: str) -> None:
     help="With --http: the variable holding the bearer token every request must carry.",
 )
 @click.option(
+    "--read-timeout",
+    type=float,
+    default=None,
+    metavar="SECONDS",
+    help="With --http: a request must arrive whole within this time, else its connection "
+    f"is closed (1..3600; default {DEFAULT_READ_TIMEOUT_S:g}).",
+)
+@click.option(
+    "--max-connections",
+    type=int,
+    default=None,
+    metavar="N",
+    help="With --http: connections beyond N open ones are closed at once "
+    f"(1..10000; default {DEFAULT_MAX_CONNECTIONS}).",
+)
+@click.option(
     "--log-level",
     type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
     default="INFO",
@@ -102,6 +138,8 @@ def mcp(
     api_url: str | None,
     http_addr: str | None,
     token_env: str | None,
+    read_timeout: float | None,
+    max_connections: int | None,
     log_level: str,
 ) -> None:
     """Run the MCP server: tools request_approval, get_approval, cancel_approval, ask_human,
@@ -124,6 +162,7 @@ def mcp(
 
     if token_env is not None and http_addr is None:
         fail("--token-env: only with --http (over stdio the host starts this process)", 2)
+    limits = http_limits(http_addr, read_timeout, max_connections)
     target = http_addr and parse_http(http_addr)
     token = http_token(token_env) if target else ""
     config = read_config(config_path)
@@ -146,7 +185,7 @@ def mcp(
             if sock is None:
                 await serve_stdio(gate)
             else:
-                await serve_http(gate, sock, token)
+                await serve_http(gate, sock, token, *limits)
 
     try:
         asyncio.run(serve())

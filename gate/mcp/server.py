@@ -14,6 +14,7 @@ from mcp.server.mcpserver import MCPServer
 
 from gate import __version__
 from gate.mcp.auth import BearerAuth
+from gate.mcp.guard import DEFAULT_MAX_CONNECTIONS, DEFAULT_READ_TIMEOUT_S
 from gate.mcp.tools import register
 from gate.sdk import AsyncGate
 
@@ -85,16 +86,31 @@ def _quiet_stop_server(config: Any) -> Any:
     return Server(config)
 
 
-async def serve_http(gate: AsyncGate, sock: socket.socket, token: str) -> None:
+async def serve_http(
+    gate: AsyncGate,
+    sock: socket.socket,
+    token: str,
+    read_timeout: float = DEFAULT_READ_TIMEOUT_S,
+    max_connections: int = DEFAULT_MAX_CONNECTIONS,
+) -> None:
     """Serve MCP over streamable HTTP at ``http://<sock's address>/mcp`` until SIGTERM or
-    SIGINT; every request must carry ``Authorization: Bearer <token>`` (else 401). Logs
-    ``event=mcp_listening url=…`` once accepting."""
+    SIGINT; every request must carry ``Authorization: Bearer <token>`` (else 401). A request
+    must arrive whole within ``read_timeout`` seconds and at most ``max_connections`` are
+    open at once (gate.mcp.guard). Logs ``event=mcp_listening url=…`` once accepting."""
     import uvicorn
+
+    from gate.mcp.guard import guarded_protocol
 
     host, port = sock.getsockname()[:2]
     server = build_server(gate)
     app = BearerAuth(server.streamable_http_app(streamable_http_path=MCP_PATH, host=host), token)
-    config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on")
+    config = uvicorn.Config(
+        app,
+        http=guarded_protocol(read_timeout, max_connections),
+        log_level="warning",
+        access_log=False,
+        lifespan="on",
+    )
     shown = f"[{host}]" if ":" in host else host
     if not is_loopback(host):
         log.warning(
@@ -102,6 +118,13 @@ async def serve_http(gate: AsyncGate, sock: socket.socket, token: str) -> None:
             "HTTP; put a TLS proxy in front",
             host,
         )
-    log.info("event=mcp_listening url=http://%s:%d%s", shown, port, MCP_PATH)
+    log.info(
+        "event=mcp_listening url=http://%s:%d%s read_timeout_s=%g max_connections=%d",
+        shown,
+        port,
+        MCP_PATH,
+        read_timeout,
+        max_connections,
+    )
     await _quiet_stop_server(config).serve(sockets=[sock])
     log.info("event=mcp_stopped transport=http")
