@@ -16,12 +16,12 @@ from mcp import MCPError
 
 from tests.mcp_support import MCP_TOKEN, dispatch_for, http_mcp, result_json, rows
 from tests.support import (
-    CaptureRelay,
     CliProcess,
     GateProcess,
     decision_body,
     gate_env,
     http_request,
+    module_gate,
     post_decision,
     wait_until,
     write_config,
@@ -44,18 +44,7 @@ INITIALIZE = json.dumps(
 ).encode()
 
 
-@pytest.fixture(scope="module")
-def relay() -> Iterator[CaptureRelay]:
-    r = CaptureRelay().start()
-    yield r
-    r.stop()
-
-
-@pytest.fixture(scope="module")
-def gate(tmp_path_factory: pytest.TempPathFactory, relay: CaptureRelay) -> Iterator[GateProcess]:
-    proc = GateProcess(write_config(tmp_path_factory.mktemp("mcp-http"), relay.url)).start()
-    yield proc
-    proc.stop()
+relay, gate = module_gate("mcp-http")
 
 
 @pytest.fixture(scope="module")
