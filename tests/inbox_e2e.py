@@ -250,6 +250,28 @@ def artifacts(tmp_path: Path) -> Path:
     return directory
 
 
+def browser_fixtures() -> tuple[Any, Any, Any]:
+    """The three fixtures of a browser module, per test: ``stack`` (``running`` in the test's
+    tmp_path), ``browser`` (``chromium()``) and ``shots`` (``artifacts``). A module takes them
+    as ``stack, browser, shots = browser_fixtures()``."""
+
+    @pytest.fixture(name="stack")
+    def stack(tmp_path: Path) -> Iterator[Stack]:
+        with running(tmp_path) as both:
+            yield both
+
+    @pytest.fixture(name="browser")
+    def browser() -> Iterator[Browser]:
+        with chromium() as launched:
+            yield launched
+
+    @pytest.fixture(name="shots")
+    def shots(tmp_path: Path) -> Path:
+        return artifacts(tmp_path)
+
+    return stack, browser, shots
+
+
 def screenshot(page: Any, shots: Path, name: str, full_page: bool = True) -> list[Path]:
     """Write ``<name>-1280.png`` and ``<name>-390.png`` of the page as it is now (the
     viewport resized, then put back); returns the paths."""

@@ -20,10 +20,11 @@ import sys
 import threading
 import time
 import urllib.parse
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 from aiohttp import web
 
@@ -490,6 +491,31 @@ class CaptureRelay:
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(10)
         self._loop.close()
+
+
+def module_gate(name: str, **config: Any) -> tuple[Any, Any]:
+    """Two module-scoped fixtures, ``relay`` (a CaptureRelay on loopback) and ``gate`` (a real
+    ``hitl-gate serve`` on ``write_config(<tmp>/<name>N, relay.url, **config)``, dispatching
+    to it), both stopped after the module's last test. A module takes them as
+    ``relay, gate = module_gate("sdk", steps=STEPS)``; they stand in for conftest's
+    per-test ``relay`` and ``gate`` there."""
+
+    @pytest.fixture(scope="module", name="relay")
+    def relay() -> Iterator[CaptureRelay]:
+        r = CaptureRelay().start()
+        yield r
+        r.stop()
+
+    @pytest.fixture(scope="module", name="gate")
+    def gate(
+        tmp_path_factory: pytest.TempPathFactory, relay: CaptureRelay
+    ) -> Iterator[GateProcess]:
+        proc = GateProcess(write_config(tmp_path_factory.mktemp(name), relay.url, **config))
+        proc.start()
+        yield proc
+        proc.stop()
+
+    return relay, gate
 
 
 # ---- CLI subprocess helpers (used by test_e2e_lifecycle.py and test_cli.py) ----------------

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -18,9 +17,9 @@ from tests.support import (
     CliProcess,
     GateProcess,
     decision_body,
+    module_gate,
     post_decision,
     wait_until,
-    write_config,
 )
 
 pytestmark = pytest.mark.e2e
@@ -37,21 +36,7 @@ FAKE_SHOWN = "tty<U+001B>[2K<U+000D>resolved: cancelled<U+000A>"
 RAW_ANSWER = "line1\nline2\x1b[31mRED\x1b[0m\r\u202eevil"
 
 
-@pytest.fixture(scope="module")
-def relay() -> Iterator[CaptureRelay]:
-    r = CaptureRelay().start()
-    yield r
-    r.stop()
-
-
-@pytest.fixture(scope="module")
-def gate(tmp_path_factory: pytest.TempPathFactory, relay: CaptureRelay) -> Iterator[GateProcess]:
-    config = write_config(
-        tmp_path_factory.mktemp("out"), relay.url, steps=STEPS, relay={"questions": True}
-    )
-    proc = GateProcess(config).start()
-    yield proc
-    proc.stop()
+relay, gate = module_gate("out", steps=STEPS, relay={"questions": True})
 
 
 def _cli(gate: GateProcess, command: str, *args: str) -> CliProcess:

@@ -10,7 +10,6 @@ Real processes (gate, inbox, pipeline) and Debian's headless Chromium; see tests
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -19,13 +18,11 @@ from tests.inbox_e2e import (
     LIVE_S,
     Browser,
     Stack,
-    artifacts,
-    chromium,
+    browser_fixtures,
     decide,
     enrolled,
     open_item,
     pending,
-    running,
     screenshot,
     signin_ready,
 )
@@ -33,21 +30,7 @@ from tests.inbox_e2e import (
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 
-@pytest.fixture
-def stack(tmp_path: Path) -> Iterator[Stack]:
-    with running(tmp_path) as both:
-        yield both
-
-
-@pytest.fixture
-def browser() -> Iterator[Browser]:
-    with chromium() as launched:
-        yield launched
-
-
-@pytest.fixture
-def shots(tmp_path: Path) -> Path:
-    return artifacts(tmp_path)
+stack, browser, shots = browser_fixtures()
 
 
 def test_inbox_e2e_enrol_sign_in_approve_skip_and_adjust(

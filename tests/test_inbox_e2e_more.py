@@ -9,7 +9,6 @@ Real processes (gate, inbox, pipelines) and Debian's headless Chromium; see test
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -19,14 +18,12 @@ from tests.inbox_e2e import (
     Approver,
     Browser,
     Stack,
-    artifacts,
-    chromium,
+    browser_fixtures,
     enrolled,
     has_post_route,
     needs,
     open_item,
     pending,
-    running,
     screenshot,
     signin_ready,
 )
@@ -38,21 +35,7 @@ BUTTONS_DISABLED = """() => {
 }"""
 
 
-@pytest.fixture
-def stack(tmp_path: Path) -> Iterator[Stack]:
-    with running(tmp_path) as both:
-        yield both
-
-
-@pytest.fixture
-def browser() -> Iterator[Browser]:
-    with chromium() as launched:
-        yield launched
-
-
-@pytest.fixture
-def shots(tmp_path: Path) -> Path:
-    return artifacts(tmp_path)
+stack, browser, shots = browser_fixtures()
 
 
 def test_inbox_e2e_bulk_approves_five_items_with_one_passkey_use(

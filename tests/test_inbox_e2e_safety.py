@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import html
 import threading
-from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -21,15 +20,13 @@ import pytest
 from tests.inbox_e2e import (
     Browser,
     Stack,
-    artifacts,
-    chromium,
+    browser_fixtures,
     decide,
     enrol,
     enrolled,
     no_horizontal_scroll,
     open_item,
     pending,
-    running,
     screenshot,
     sign_in,
     signin_ready,
@@ -47,21 +44,7 @@ HOSTILE = (
 SHOWN = HOSTILE.replace("\u202e", "U+202E").replace("\u202c", "U+202C")
 
 
-@pytest.fixture
-def stack(tmp_path: Path) -> Iterator[Stack]:
-    with running(tmp_path) as both:
-        yield both
-
-
-@pytest.fixture
-def browser() -> Iterator[Browser]:
-    with chromium() as launched:
-        yield launched
-
-
-@pytest.fixture
-def shots(tmp_path: Path) -> Path:
-    return artifacts(tmp_path)
+stack, browser, shots = browser_fixtures()
 
 
 class Elsewhere:

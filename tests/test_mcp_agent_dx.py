@@ -19,6 +19,7 @@ from tests.support import (
     GateProcess,
     free_port,
     gate_env,
+    module_gate,
     run_cli,
     wait_until,
     write_config,
@@ -40,21 +41,7 @@ STEPS = [
 WRONG = "a-wrong-gate-token-0123456789abcdef"
 
 
-@pytest.fixture(scope="module")
-def relay() -> Iterator[CaptureRelay]:
-    r = CaptureRelay().start()
-    yield r
-    r.stop()
-
-
-@pytest.fixture(scope="module")
-def gate(tmp_path_factory: pytest.TempPathFactory, relay: CaptureRelay) -> Iterator[GateProcess]:
-    config = write_config(
-        tmp_path_factory.mktemp("mcpdx"), relay.url, steps=STEPS, relay={"questions": True}
-    )
-    proc = GateProcess(config).start()
-    yield proc
-    proc.stop()
+relay, gate = module_gate("mcpdx", steps=STEPS, relay={"questions": True})
 
 
 @pytest.fixture

@@ -18,12 +18,12 @@ from mcp import MCPError
 from tests.mcp_support import MCP_TOKEN, dispatch_for, http_mcp, result_json, rows
 from tests.support import (
     DEADLINE_S,
-    CaptureRelay,
     CliProcess,
     GateProcess,
     decision_body,
     gate_env,
     http_request,
+    module_gate,
     post_decision,
     run_cli,
     wait_until,
@@ -47,18 +47,7 @@ INITIALIZE = json.dumps(
 ).encode()
 
 
-@pytest.fixture(scope="module")
-def relay() -> Iterator[CaptureRelay]:
-    r = CaptureRelay().start()
-    yield r
-    r.stop()
-
-
-@pytest.fixture(scope="module")
-def gate(tmp_path_factory: pytest.TempPathFactory, relay: CaptureRelay) -> Iterator[GateProcess]:
-    proc = GateProcess(write_config(tmp_path_factory.mktemp("mcp-http"), relay.url)).start()
-    yield proc
-    proc.stop()
+relay, gate = module_gate("mcp-http")
 
 
 @pytest.fixture(scope="module")

@@ -25,14 +25,13 @@ from tests.mcp_support import (
     stdio_mcp,
 )
 from tests.support import (
-    CaptureRelay,
     GateProcess,
     decision_body,
     free_port,
+    module_gate,
     post_decision,
     run_cli,
     wait_until,
-    write_config,
 )
 
 pytestmark = pytest.mark.e2e
@@ -45,21 +44,7 @@ STEPS = [
 REASON = "Mention the PO number"
 
 
-@pytest.fixture(scope="module")
-def relay() -> Iterator[CaptureRelay]:
-    r = CaptureRelay().start()
-    yield r
-    r.stop()
-
-
-@pytest.fixture(scope="module")
-def gate(tmp_path_factory: pytest.TempPathFactory, relay: CaptureRelay) -> Iterator[GateProcess]:
-    config = write_config(
-        tmp_path_factory.mktemp("mcp"), relay.url, steps=STEPS, relay={"questions": True}
-    )
-    proc = GateProcess(config).start()
-    yield proc
-    proc.stop()
+relay, gate = module_gate("mcp", steps=STEPS, relay={"questions": True})
 
 
 @pytest.fixture

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -16,9 +15,9 @@ from tests.support import (
     CaptureRelay,
     GateProcess,
     decision_body,
+    module_gate,
     post_decision,
     wait_until,
-    write_config,
 )
 
 pytestmark = pytest.mark.e2e
@@ -33,21 +32,7 @@ STEPS = [
 ]
 
 
-@pytest.fixture(scope="module")
-def relay() -> Iterator[CaptureRelay]:
-    r = CaptureRelay().start()
-    yield r
-    r.stop()
-
-
-@pytest.fixture(scope="module")
-def gate(tmp_path_factory: pytest.TempPathFactory, relay: CaptureRelay) -> Iterator[GateProcess]:
-    config = write_config(
-        tmp_path_factory.mktemp("q"), relay.url, steps=STEPS, relay={"questions": True}
-    )
-    proc = GateProcess(config).start()
-    yield proc
-    proc.stop()
+relay, gate = module_gate("q", steps=STEPS, relay={"questions": True})
 
 
 def ask(gate: GateProcess, **fields: Any) -> dict[str, Any]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -23,6 +23,7 @@ from tests.support import (
     Api,
     CaptureRelay,
     GateProcess,
+    module_gate,
     post_decision,
     wait_until,
     write_config,
@@ -67,25 +68,9 @@ STEPS = [
 ]
 
 
-@pytest.fixture(scope="module")
-def relay() -> Iterator[CaptureRelay]:
-    r = CaptureRelay().start()
-    yield r
-    r.stop()
-
-
-@pytest.fixture(scope="module")
-def gate(tmp_path_factory: pytest.TempPathFactory, relay: CaptureRelay) -> Iterator[GateProcess]:
-    config = write_config(
-        tmp_path_factory.mktemp("qhard"),
-        relay.url,
-        steps=STEPS,
-        relay={"questions": True},
-        api={"max_draft_bytes": MAX_DRAFT_BYTES},
-    )
-    proc = GateProcess(config).start()
-    yield proc
-    proc.stop()
+relay, gate = module_gate(
+    "qhard", steps=STEPS, relay={"questions": True}, api={"max_draft_bytes": MAX_DRAFT_BYTES}
+)
 
 
 def ask(gate: GateProcess, step: str = "ask", **fields: Any) -> dict[str, Any]:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from typing import Any
@@ -23,9 +22,9 @@ from tests.support import (
     DEADLINE_S,
     CaptureRelay,
     GateProcess,
+    module_gate,
     post_decision,
     wait_until,
-    write_config,
 )
 
 pytestmark = pytest.mark.e2e
@@ -52,21 +51,7 @@ AMOUNT_FORM = {
 }
 
 
-@pytest.fixture(scope="module")
-def relay() -> Iterator[CaptureRelay]:
-    r = CaptureRelay().start()
-    yield r
-    r.stop()
-
-
-@pytest.fixture(scope="module")
-def gate(tmp_path_factory: pytest.TempPathFactory, relay: CaptureRelay) -> Iterator[GateProcess]:
-    config = write_config(
-        tmp_path_factory.mktemp("qreview"), relay.url, steps=STEPS, relay={"questions": True}
-    )
-    proc = GateProcess(config).start()
-    yield proc
-    proc.stop()
+relay, gate = module_gate("qreview", steps=STEPS, relay={"questions": True})
 
 
 def ask(gate: GateProcess, step: str = "ask", **fields: Any) -> dict[str, Any]:

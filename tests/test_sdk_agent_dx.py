@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -17,11 +16,9 @@ from gate.sdk import AsyncGate, Gate
 from tests.support import (
     API_TOKEN,
     ROOT,
-    CaptureRelay,
-    GateProcess,
     gate_env,
+    module_gate,
     wait_until,
-    write_config,
 )
 
 pytestmark = pytest.mark.e2e
@@ -32,21 +29,7 @@ STEPS = [
 ]
 
 
-@pytest.fixture(scope="module")
-def relay() -> Iterator[CaptureRelay]:
-    r = CaptureRelay().start()
-    yield r
-    r.stop()
-
-
-@pytest.fixture(scope="module")
-def gate(tmp_path_factory: pytest.TempPathFactory, relay: CaptureRelay) -> Iterator[GateProcess]:
-    config = write_config(
-        tmp_path_factory.mktemp("sdkdx"), relay.url, steps=STEPS, relay={"questions": True}
-    )
-    proc = GateProcess(config).start()
-    yield proc
-    proc.stop()
+relay, gate = module_gate("sdkdx", steps=STEPS, relay={"questions": True})
 
 
 def test_sdk_a_pending_approval_or_question_is_no_truth_value(gate):

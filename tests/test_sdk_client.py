@@ -7,7 +7,6 @@ import asyncio
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -31,9 +30,9 @@ from tests.support import (
     CaptureRelay,
     GateProcess,
     decision_body,
+    module_gate,
     post_decision,
     wait_until,
-    write_config,
 )
 
 pytestmark = pytest.mark.e2e
@@ -46,21 +45,7 @@ STEPS = [
 ]
 
 
-@pytest.fixture(scope="module")
-def relay() -> Iterator[CaptureRelay]:
-    r = CaptureRelay().start()
-    yield r
-    r.stop()
-
-
-@pytest.fixture(scope="module")
-def gate(tmp_path_factory: pytest.TempPathFactory, relay: CaptureRelay) -> Iterator[GateProcess]:
-    config = write_config(
-        tmp_path_factory.mktemp("sdk"), relay.url, steps=STEPS, relay={"questions": True}
-    )
-    proc = GateProcess(config).start()
-    yield proc
-    proc.stop()
+relay, gate = module_gate("sdk", steps=STEPS, relay={"questions": True})
 
 
 def decide(

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -27,9 +27,9 @@ from tests.support import (
     CaptureRelay,
     GateProcess,
     decision_body,
+    module_gate,
     post_decision,
     wait_until,
-    write_config,
 )
 
 pytestmark = pytest.mark.e2e
@@ -40,23 +40,8 @@ STEPS = [
 ]
 
 
-@pytest.fixture(scope="module")
-def relay() -> Iterator[CaptureRelay]:
-    r = CaptureRelay().start()
-    yield r
-    r.stop()
-
-
-@pytest.fixture(scope="module")
-def gate(tmp_path_factory: pytest.TempPathFactory, relay: CaptureRelay) -> Iterator[GateProcess]:
-    # an edit is a whole JSON document: allow more than the default test limit of 50
-    config = write_config(
-        tmp_path_factory.mktemp("deco"), relay.url, steps=STEPS, security={"max_input_length": 2000}
-    )
-    proc = GateProcess(config)
-    proc.start()
-    yield proc
-    proc.stop()
+# an edit is a whole JSON document: allow more than the default test limit of 50
+relay, gate = module_gate("deco", steps=STEPS, security={"max_input_length": 2000})
 
 
 def dispatch_with(relay: CaptureRelay, marker: str, count: int = 1) -> list[dict[str, Any]]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -20,9 +20,9 @@ from tests.support import (
     CaptureRelay,
     GateProcess,
     decision_body,
+    module_gate,
     post_decision,
     wait_until,
-    write_config,
 )
 
 pytestmark = pytest.mark.e2e
@@ -30,22 +30,7 @@ pytestmark = pytest.mark.e2e
 STEPS = [{"name": "q1", "quorum": 1, "approvers": [101, 102, 103], "timeout": "1h"}]
 
 
-@pytest.fixture(scope="module")
-def relay() -> Iterator[CaptureRelay]:
-    r = CaptureRelay().start()
-    yield r
-    r.stop()
-
-
-@pytest.fixture(scope="module")
-def gate(tmp_path_factory: pytest.TempPathFactory, relay: CaptureRelay) -> Iterator[GateProcess]:
-    config = write_config(
-        tmp_path_factory.mktemp("sdkf"), relay.url, steps=STEPS, security={"max_input_length": 2000}
-    )
-    proc = GateProcess(config)
-    proc.start()
-    yield proc
-    proc.stop()
+relay, gate = module_gate("sdkf", steps=STEPS, security={"max_input_length": 2000})
 
 
 def holding(relay: CaptureRelay, marker: str, count: int = 1) -> list[dict[str, Any]]:

@@ -16,13 +16,17 @@ from gate.errors import GateError
 from gate.inbox.body import read_whole
 from gate.inbox.db import InboxDb
 from gate.inbox.items import DispatchRefused, read_dispatch
-from gate.protocol import PROTOCOL, SIGNATURE_HEADER, signing
-from gate.protocol.envelope import decode_json
+from gate.protocol import SIGNATURE_HEADER
+from gate.protocol.relay_inbound import (
+    MAX_DISPATCH_BYTES,
+    is_notice,
+    notice_subject,
+    open_signed,
+)
 
 log = logging.getLogger(__name__)
 
 RELAY_PATH = "/hitl/v0/relay"
-MAX_DISPATCH_BYTES = 4 * 1024 * 1024  # as the reference relay: a 256 KiB draft, JSON-escaped
 OK = {"status": "ok"}
 CONFLICT = "dispatch_conflict"  # a re-send (same nonce) asking another thing (review rev17a)
 
@@ -59,23 +63,17 @@ class RelayEndpoint:
         if raw is None:
             return web.json_response({"status": "invalid", "reason": "body_too_large"}, status=413)
         try:
-            signing.verify(
+            envelope = open_signed(
                 request.headers.get(SIGNATURE_HEADER),
                 raw,
                 self.secrets,
                 self.now_s(),
                 self.max_skew,
             )
-            envelope = decode_json(raw)
         except GateError as exc:
             log.warning("event=dispatch_refused reason=%s", exc.code)
             return web.json_response(exc.body(), status=exc.status)
-        if not isinstance(envelope, dict) or envelope.get("protocol") != PROTOCOL:
-            log.warning("event=dispatch_refused reason=invalid_protocol")
-            return web.json_response(
-                {"status": "invalid", "reason": "invalid_protocol"}, status=400
-            )
-        if envelope.get("type") == "notice":
+        if is_notice(envelope):
             return await self._notice(envelope)
         try:
             incoming = read_dispatch(envelope)
@@ -110,11 +108,11 @@ class RelayEndpoint:
         """A resolution notice (docs/protocol.md "Notices"; a question's names its
         ``question_id``) closes the item with its ``outcome``; 400 ``invalid_notice`` without
         them. One for an item the inbox does not hold is acked too (nothing to close)."""
-        key = "question_id" if notice.get("kind") == "question" else "approval_id"
-        subject, outcome = notice.get(key), notice.get("outcome")
-        if not isinstance(subject, str) or not isinstance(outcome, str):
+        read = notice_subject(notice)
+        if read is None:
             log.warning("event=notice_refused reason=invalid_notice")
             return web.json_response({"status": "invalid", "reason": "invalid_notice"}, status=400)
+        key, subject, outcome = read
         closed = await self.db.close_item(subject, outcome)
         log.info(
             "event=notice_kept %s=%s outcome=%s closed=%s",

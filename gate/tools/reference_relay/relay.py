@@ -24,9 +24,15 @@ import aiohttp
 from aiohttp import web
 
 from gate.errors import GateError
-from gate.protocol import PROTOCOL, SIGNATURE_HEADER, signing
+from gate.protocol import SIGNATURE_HEADER
 from gate.protocol.canonical import payload_hash
-from gate.protocol.envelope import decode_json
+from gate.protocol.relay_inbound import (
+    INVALID_PROTOCOL,
+    MAX_DISPATCH_BYTES,
+    is_notice,
+    notice_subject,
+    open_signed,
+)
 from gate.protocol.whitespace import identity_key, is_blank
 from gate.tools.reference_relay.approvals import ApprovalDesk
 from gate.tools.reference_relay.approver_key import ApproverKey
@@ -37,8 +43,6 @@ from gate.tools.reference_relay.terminal import Terminal
 from gate.tools.reference_relay.view import resolved_elsewhere, shown
 
 log = logging.getLogger(__name__)
-
-MAX_DISPATCH_BYTES = 4 * 1024 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,22 +119,18 @@ class Relay:
         if raw is None:
             return web.json_response({"status": "invalid", "reason": "body_too_large"}, status=413)
         try:
-            signing.verify(
+            envelope = open_signed(
                 request.headers.get(SIGNATURE_HEADER),
                 raw,
                 [self.secret],
                 time.time(),
                 self.max_skew,
             )
-            envelope = decode_json(raw)
         except GateError as exc:
-            log.warning("event=dispatch_refused reason=%s", exc.code)
+            if exc.code != INVALID_PROTOCOL:  # answered, as ever, without a log line
+                log.warning("event=dispatch_refused reason=%s", exc.code)
             return web.json_response(exc.body(), status=exc.status)
-        if not isinstance(envelope, dict) or envelope.get("protocol") != PROTOCOL:
-            return web.json_response(
-                {"status": "invalid", "reason": "invalid_protocol"}, status=400
-            )
-        if envelope.get("type") == "notice":  # issue 14 §4: never shown as a request
+        if is_notice(envelope):  # issue 14 §4: never shown as a request
             return self._notice(envelope)
         if envelope.get("kind") == "question":  # issue 15: never read as an approval
             return self.questions.receive(envelope)
@@ -174,12 +174,14 @@ class Relay:
         ``approval_id`` or ``outcome``. A repeat is the same notice. A question's notice
         (``kind: "question"``, issue 15) names its ``question_id`` and closes it the same way.
         """
-        if notice.get("kind") == "question":
-            return self._question_notice(notice)
-        approval_id, outcome = notice.get("approval_id"), notice.get("outcome")
-        if not isinstance(approval_id, str) or not isinstance(outcome, str):
-            log.warning("event=notice_refused reason=invalid_notice")
+        read = notice_subject(notice)
+        if read is None:
+            kind = " kind=question" if notice.get("kind") == "question" else ""
+            log.warning("event=notice_refused reason=invalid_notice%s", kind)
             return web.json_response({"status": "invalid", "reason": "invalid_notice"}, status=400)
+        key, approval_id, outcome = read
+        if key == "question_id":
+            return self._question_notice(notice, approval_id, outcome)
         log.info("event=notice_received approval_id=%s outcome=%s", approval_id, shown(outcome))
         line = resolved_elsewhere(notice)
         self.known.closed.setdefault(approval_id, f"was resolved elsewhere ({shown(outcome)})")
@@ -187,12 +189,11 @@ class Relay:
             settle(self.asking[2], f"{line}; not asking any more.")
         return web.json_response({"status": "accepted"}, status=200)
 
-    def _question_notice(self, notice: dict[str, Any]) -> web.Response:
-        """A question resolved elsewhere (issue 15): closed here, its prompt dropped."""
-        question_id, outcome = notice.get("question_id"), notice.get("outcome")
-        if not isinstance(question_id, str) or not isinstance(outcome, str):
-            log.warning("event=notice_refused reason=invalid_notice kind=question")
-            return web.json_response({"status": "invalid", "reason": "invalid_notice"}, status=400)
+    def _question_notice(
+        self, notice: dict[str, Any], question_id: str, outcome: str
+    ) -> web.Response:
+        """A question (``question_id``) resolved elsewhere with ``outcome`` (issue 15): closed
+        here, its prompt dropped."""
         log.info("event=notice_received question_id=%s outcome=%s", question_id, shown(outcome))
         by = notice.get("answered_by")
         line = f"Question {shown(question_id)} resolved elsewhere: {shown(outcome)}"

@@ -13,8 +13,9 @@ import aiohttp
 from aiohttp import web
 
 from gate.config import TcpListen, parse_listen
+from gate.protocol.relay_inbound import MAX_DISPATCH_BYTES
 from gate.tools.reference_relay.approver_key import ApproverKey
-from gate.tools.reference_relay.relay import MAX_DISPATCH_BYTES, AutoDecision, Relay
+from gate.tools.reference_relay.relay import AutoDecision, Relay
 from gate.tools.reference_relay.terminal import LogHold, Terminal
 from gate.tools.reference_relay.view import greeting
 
