@@ -63,3 +63,43 @@ def test_the_decision_page_names_the_outcome(world: InboxWorld) -> None:
     page = followed(alice, answer)
     assert "<h1>Adjusted: revision 2</h1>" in page, page
     adjusted.finish()
+
+
+def test_a_skip_reason_is_kept_by_the_inbox_and_shown_escaped_never_logged(
+    world: InboxWorld,
+) -> None:
+    alice = signed_in(world, 101)
+    proc, approval_id = pipeline(world, "q1", "Pay 5 EUR")
+    reason = 'Wrong IBAN <b>"DE00"</b>\nask finance \u202e first'
+
+    answer = alice.decide(approval_id, world.passkeys[101], "skip", reason=reason)
+
+    page = followed(alice, answer)
+    shown = (
+        "Wrong IBAN &lt;b&gt;&#34;DE00&#34;&lt;/b&gt;\nask finance "
+        '<mark class="cc" title="U+202E RIGHT-TO-LEFT OVERRIDE">U+202E</mark> first'
+    )
+    assert f'<p class="reason">Your reason: {shown}</p>' in page, page
+    recent = alice.get("/recent").text
+    assert f'skip<span class="reason">: {shown}</span>' in recent, recent
+    assert world.inbox is not None
+    [kept] = world.inbox.rows(
+        "SELECT reason FROM decisions WHERE approval_id = ? AND decision = 'skip'", approval_id
+    )
+    assert kept["reason"] == reason
+    code, _, err = proc.finish()
+    assert code == 3, err
+    assert "Wrong IBAN" not in world.inbox.log()
+
+
+def test_an_approval_without_a_reason_shows_none(world: InboxWorld) -> None:
+    alice = signed_in(world, 101)
+    proc, approval_id = pipeline(world, "q1", "Pay 6 EUR")
+
+    page = followed(alice, alice.decide(approval_id, world.passkeys[101]))
+
+    assert 'class="reason"' not in page, page
+    assert world.inbox is not None
+    [kept] = world.inbox.rows("SELECT reason FROM decisions WHERE approval_id = ?", approval_id)
+    assert kept["reason"] is None
+    proc.finish()
