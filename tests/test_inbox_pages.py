@@ -147,6 +147,33 @@ async def test_inbox_item_page_without_a_required_reason_and_with_a_diff(
     assert not [a for tag, a in page.tags if tag in ("a", "img") and "evil" in str(a)]
 
 
+async def test_inbox_item_page_lists_the_link_reference_definitions_it_does_not_show(
+    client: TestClient[object, object],
+) -> None:
+    html, page, _ = await fetch(client, "/items/refs")
+
+    notice = html.split('<div class="warning references" role="alert">', 1)[1].split("</div>")[0]
+    assert "2 link reference definitions" in notice, notice
+    assert (
+        '<li>[sign in] <span class="md-url">https://evil.example/?q=&lt;script&gt;'
+        "window.__pwned=1&lt;/script&gt;</span> (title &#34;Bank&#34;)</li>"
+    ) in notice
+    assert (
+        '<li>[unused] <span class="md-url">https://second.example/<mark class="cc" '
+        'title="U+202E RIGHT-TO-LEFT OVERRIDE">U+202E</mark>exe.txt</span></li>'
+    ) in notice
+    assert not [a for tag, a in page.tags if tag == "a" and "example" in str(a)]
+    assert "1 character in this draft" in " ".join("".join(page.text).split())
+
+
+async def test_inbox_item_page_without_reference_definitions_has_no_such_notice(
+    client: TestClient[object, object],
+) -> None:
+    html, _, _ = await fetch(client, "/items/diff")
+
+    assert "reference definition" not in html
+
+
 async def test_inbox_waiting_page_lists_pending_items_by_expiry_with_their_facts(
     client: TestClient[object, object],
 ) -> None:
