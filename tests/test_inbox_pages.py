@@ -11,9 +11,9 @@ from html.parser import HTMLParser
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from gate.inbox import words
+from gate.inbox import pages, words
 from gate.inbox.headers import CSP
-from tests.inbox_pages_app import BIG_BODY, END, HIDDEN_IN_BIG, ITEMS, build_app
+from tests.inbox_pages_app import BIG_BODY, END, HIDDEN_IN_BIG, ITEMS, build_app, make_item
 
 
 @pytest.fixture
@@ -418,3 +418,32 @@ async def test_inbox_closed_item_page_says_its_state_first_and_offers_no_form(
     assert html.index('id="item-state"') < html.index('class="draft"')
     assert not [a for tag, a in page.tags if tag == "form" and a.get("data-sign")]
     assert f'<div class="left"><dt>Time left</dt><dd>{state}</dd>' in html, html
+
+
+@pytest.mark.parametrize(
+    ("dispatch", "collected_before", "recorded", "shown"),
+    [
+        ({}, 0, ["alice@example.com"], 1),
+        ({}, 1, ["alice@example.com"], 2),  # an adjust's revision: its author, then alice
+        ({"reminder": 1, "awaiting": ["bob@example.com"]}, 1, ["alice@example.com"], 1),
+        ({"reminder": 2, "awaiting": ["alice@example.com"]}, 0, ["alice@example.com"], 1),
+        ({"escalation": 1}, 1, ["alice@example.com"], 1),
+        ({"escalation": 1}, 0, ["alice@example.com", "bob@example.com"], 2),
+        ({}, 1, ["alice@example.com", "bob@example.com", "carol@example.com"], 3),
+    ],
+    ids=[
+        "dispatch-then-inbox",
+        "adjusted-then-inbox",
+        "reminder-after-the-inbox-approval",
+        "reminder-before-the-inbox-approval",
+        "escalation-counted-it",
+        "escalation-before-both",
+        "capped-at-the-quorum",
+    ],
+)
+def test_pages_collected_counts_each_approval_once(
+    dispatch: dict[str, object], collected_before: int, recorded: list[str], shown: int
+) -> None:
+    item = make_item("q", quorum_required=3, quorum_collected=collected_before, dispatch=dispatch)
+
+    assert pages.collected(item, recorded) == shown

@@ -122,7 +122,9 @@ async def decision(request: web.Request) -> web.Response:
 
 async def live(request: web.Request) -> web.Response:
     """GET ``/live?since=SEQ``: ``{"seq": N, "changed": [[approval_id, state], …]}`` for the
-    items the session may decide changed after SEQ (401 JSON ``signed_out`` without one)."""
+    items the session may decide changed after SEQ (401 JSON ``signed_out`` without one).
+    With ``&item=ID`` (an open item page) also ``"progress"``: ``pages.progress`` of that
+    approval, when the session may decide it (else left out, nothing disclosed)."""
     session = await require_session(request)
     state = state_of(request)
     try:
@@ -136,7 +138,14 @@ async def live(request: web.Request) -> web.Response:
         found = await state.db.item(change.approval_id, state.now_ms())
         if found is not None and may_decide(session, found):
             changed.append([change.approval_id, found.state])
-    return web.json_response({"seq": seq, "changed": changed})
+    body: dict[str, Any] = {"seq": seq, "changed": changed}
+    wanted = request.query.get("item")
+    if wanted is not None:
+        found = await state.db.item(wanted, state.now_ms())
+        if found is not None and found.kind == "approval" and may_decide(session, found):
+            seen = await state.db.approvers_recorded(found.approval_id, found.revision)
+            body["progress"] = pages.progress(found, seen)
+    return web.json_response(body)
 
 
 @web.middleware
