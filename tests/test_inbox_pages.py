@@ -11,8 +11,9 @@ from html.parser import HTMLParser
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from gate.inbox import pages, words
+from gate.inbox import words
 from gate.inbox.headers import CSP
+from gate.inbox.progress import collected
 from tests.inbox_pages_app import BIG_BODY, END, HIDDEN_IN_BIG, ITEMS, build_app, make_item
 
 
@@ -441,9 +442,9 @@ async def test_inbox_closed_item_page_says_its_state_first_and_offers_no_form(
         "capped-at-the-quorum",
     ],
 )
-def test_pages_collected_counts_each_approval_once(
+def test_progress_collected_counts_each_approval_once(
     dispatch: dict[str, object], collected_before: int, recorded: list[str], shown: int
 ) -> None:
     item = make_item("q", quorum_required=3, quorum_collected=collected_before, dispatch=dispatch)
 
-    assert pages.collected(item, recorded) == shown
+    assert collected(item, recorded) == shown

@@ -26,6 +26,7 @@ from markupsafe import Markup
 from gate.inbox import headers
 from gate.inbox.listing import row_facts
 from gate.inbox.model import DecisionRecord, Item, Session
+from gate.inbox.progress import collected
 from gate.inbox.render import MARK_OPEN, diff_html, draft_view, hidden_count, marked_text
 from gate.inbox.words import (
     answer_words,
@@ -117,37 +118,6 @@ class Row:
     requested_by: str | None = None
     review: str | None = None
     bulkable: bool = False
-
-
-def collected(item: Item, approved_by: Sequence[str] = ()) -> int:
-    """Approvals of ``item``'s current revision, at most the quorum: the stored dispatch's
-    ``quorum.collected`` (the gate's count when it sent it) plus the distinct identities the
-    inbox saw recorded (``db.approvers_recorded``) that it did not count yet. A reminder
-    carries ``awaiting`` (who had not decided then): only those of them count on top. An
-    escalation says neither: the larger of the two counts, never both (the gate sends no
-    count after each decision; docs/protocol.md "Reminders, escalation, delegates")."""
-    recorded = set(approved_by)
-    awaiting = item.dispatch.get("awaiting")
-    if isinstance(awaiting, list):
-        count = item.quorum_collected + len(recorded & {str(who) for who in awaiting})
-    elif "escalation" in item.dispatch:
-        count = max(item.quorum_collected, len(recorded))
-    else:
-        count = item.quorum_collected + len(recorded)
-    return min(item.quorum_required, count)
-
-
-def progress(item: Item, approved_by: Sequence[str] = ()) -> dict[str, Any]:
-    """An open item page's quorum progress for ``/live?item=…``: ``{"approval_id",
-    "revision", "quorum": "1 of 2", "approved_by": [identities recorded through the inbox,
-    first first, hidden characters as ``U+XXXX`` text]}`` (what the page's facts show,
-    ``collected``)."""
-    return {
-        "approval_id": item.approval_id,
-        "revision": item.revision,
-        "quorum": quorum(collected(item, approved_by), item.quorum_required),
-        "approved_by": [_shown(who) for who in approved_by],
-    }
 
 
 def _facts(item: Item, now_ms: int, approved_by: Sequence[str] = ()) -> dict[str, Any]:
