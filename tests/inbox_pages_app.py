@@ -152,6 +152,18 @@ PLAIN = {
     ),
     "plain-b": make_item("plain-b", body="Refund 99 EUR to Globex for order " + "9" * 90),
 }
+REFERENCES = {
+    "refs": make_item(
+        "refs",
+        step="customer-mail",
+        content_type="text/markdown",
+        body=(
+            "Please [sign in](https://bank.example) to confirm.\n\n"
+            '[sign in]: https://evil.example/?q=<script>window.__pwned=1</script> "Bank"\n'
+            "[unused]: https://second.example/\u202eexe.txt\n"
+        ),
+    ),
+}  # markdown whose link reference definitions the rendered draft does not show
 RECORDS = [
     DecisionRecord(
         "diff",
@@ -182,7 +194,8 @@ async def _waiting(request: web.Request) -> web.Response:
 
 
 async def _item(request: web.Request) -> web.Response:
-    item = ITEMS.get(request.match_info["id"]) or PLAIN.get(request.match_info["id"])
+    found = request.match_info["id"]
+    item = ITEMS.get(found) or PLAIN.get(found) or REFERENCES.get(found)
     if item is None:
         raise web.HTTPNotFound()
     if "closed" in request.query:  # e.g. ?closed=cancelled: the item closed (not expired)

@@ -43,11 +43,11 @@ def world(tmp_path: Path) -> Iterator[InboxWorld]:
     box.stop()
 
 
-def request(world: InboxWorld, draft: str, step: str = "signed") -> CliProcess:
+def request(world: InboxWorld, draft: str, step: str = "signed", *extra: str) -> CliProcess:
     assert world.gate is not None
     return CliProcess(
         "request", "-c", str(world.gate.config), "--api-url", world.gate.api_url,
-        "--pipeline", "p", "--step", step, "--draft", draft, "--wait", env=ENV,
+        "--pipeline", "p", "--step", step, "--draft", draft, "--wait", *extra, env=ENV,
     )  # fmt: skip
 
 
@@ -145,6 +145,33 @@ def test_bulk_approve_of_five_items_with_one_assertion(world: InboxWorld) -> Non
     other = world.client()  # another approver's session does not see this batch
     assert other.signin(world.passkeys[102]).status == 200
     assert other.get(location).status == 404
+
+
+def test_bulk_results_tell_items_of_one_step_apart_as_the_waiting_list_does(
+    world: InboxWorld,
+) -> None:
+    drafts = {"a": "Refund <b>7</b> EUR\nto ACME", "b": "Refund <b>8</b> EUR\nto ACME"}
+    pipelines = [request(world, d, "signed", "--run-id", f"run-{k}") for k, d in drafts.items()]
+    ids = pending(world, 2)
+    client = signed_in(world)
+
+    done = bulk_approve(world, client, bulk_fields(client, list(ids.values())))
+
+    assert done.status == 200, done.text
+    results = client.get(done.json()["location"]).text
+    for key, draft in drafts.items():
+        first = draft.split("\n")[0].replace("<", "&lt;").replace(">", "&gt;")
+        row = re.search(
+            rf'<li class="answer answer-resolved"><a href="/items/{ids[draft]}">'
+            r'<span class="what">p · signed</span></a>: '
+            rf'<span class="first-line">{re.escape(first)}</span> '
+            r'<span class="requested">\(requested \d{4}-\d\d-\d\d \d\d:\d\d UTC, '
+            rf"run run-{key}\)</span>: ",
+            results,
+        )
+        assert row, results
+    for proc in pipelines:
+        assert proc.finish()[0] == 0
 
 
 def test_bulk_with_a_counting_authenticator(world: InboxWorld) -> None:

@@ -98,15 +98,21 @@ def test_inbox_e2e_quorum_two_in_two_browser_contexts_live(
         tab.goto(stack.inbox.origin + "/")
         tab.wait_for_selector(row)
 
+    # bob has the item open before alice decides: his page follows the progress live
+    open_item(bob, stack, approval_id)
+    facts = "() => document.querySelector('dl.facts').innerText"
+    assert "0 of 2" in bob.page.evaluate(facts)
     open_item(alice, stack, approval_id)
     said = decide(alice, "approve")
     assert "recorded" in said.lower() or "1 of 2" in said, said
 
-    # the second approver sees the progress on the item and who approved (opened after
-    # alice's decision: the item page learns nothing from /live about another's decision)
-    open_item(bob, stack, approval_id)
-    facts = bob.page.evaluate("() => document.querySelector('dl.facts').innerText")
-    assert "1 of 2" in facts and "alice@example.com" in facts, facts
+    # the second approver sees the progress and who approved without a reload (/live?item=)
+    bob.page.wait_for_function(
+        "() => /1 of 2/.test(document.querySelector('dl.facts').innerText)"
+        " && document.querySelector('dl.facts').innerText.includes('alice@example.com')",
+        timeout=LIVE_S,
+    )
+    assert "Approvals: 1 of 2." in bob.page.inner_text("#sign-status")  # said, politely
     screenshot(bob.page, shots, "item-quorum")
     decide(bob, "approve")
     code, out, err = pipeline.finish()

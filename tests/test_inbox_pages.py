@@ -13,7 +13,8 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from gate.inbox import words
 from gate.inbox.headers import CSP
-from tests.inbox_pages_app import BIG_BODY, END, HIDDEN_IN_BIG, ITEMS, build_app
+from gate.inbox.progress import collected
+from tests.inbox_pages_app import BIG_BODY, END, HIDDEN_IN_BIG, ITEMS, build_app, make_item
 
 
 @pytest.fixture
@@ -145,6 +146,33 @@ async def test_inbox_item_page_without_a_required_reason_and_with_a_diff(
     assert "<del>- Amount: 1200 EUR</del>" in html
     assert re.search(r"<ins>\+ Amount: 12<mark class=\"cc\"[^>]*>U\+200B</mark> EUR</ins>", html)
     assert not [a for tag, a in page.tags if tag in ("a", "img") and "evil" in str(a)]
+
+
+async def test_inbox_item_page_lists_the_link_reference_definitions_it_does_not_show(
+    client: TestClient[object, object],
+) -> None:
+    html, page, _ = await fetch(client, "/items/refs")
+
+    notice = html.split('<div class="warning references" role="alert">', 1)[1].split("</div>")[0]
+    assert "2 link reference definitions" in notice, notice
+    assert (
+        '<li>[sign in] <span class="md-url">https://evil.example/?q=&lt;script&gt;'
+        "window.__pwned=1&lt;/script&gt;</span> (title &#34;Bank&#34;)</li>"
+    ) in notice
+    assert (
+        '<li>[unused] <span class="md-url">https://second.example/<mark class="cc" '
+        'title="U+202E RIGHT-TO-LEFT OVERRIDE">U+202E</mark>exe.txt</span></li>'
+    ) in notice
+    assert not [a for tag, a in page.tags if tag == "a" and "example" in str(a)]
+    assert "1 character in this draft" in " ".join("".join(page.text).split())
+
+
+async def test_inbox_item_page_without_reference_definitions_has_no_such_notice(
+    client: TestClient[object, object],
+) -> None:
+    html, _, _ = await fetch(client, "/items/diff")
+
+    assert "reference definition" not in html
 
 
 async def test_inbox_waiting_page_lists_pending_items_by_expiry_with_their_facts(
@@ -391,3 +419,32 @@ async def test_inbox_closed_item_page_says_its_state_first_and_offers_no_form(
     assert html.index('id="item-state"') < html.index('class="draft"')
     assert not [a for tag, a in page.tags if tag == "form" and a.get("data-sign")]
     assert f'<div class="left"><dt>Time left</dt><dd>{state}</dd>' in html, html
+
+
+@pytest.mark.parametrize(
+    ("dispatch", "collected_before", "recorded", "shown"),
+    [
+        ({}, 0, ["alice@example.com"], 1),
+        ({}, 1, ["alice@example.com"], 2),  # an adjust's revision: its author, then alice
+        ({"reminder": 1, "awaiting": ["bob@example.com"]}, 1, ["alice@example.com"], 1),
+        ({"reminder": 2, "awaiting": ["alice@example.com"]}, 0, ["alice@example.com"], 1),
+        ({"escalation": 1}, 1, ["alice@example.com"], 1),
+        ({"escalation": 1}, 0, ["alice@example.com", "bob@example.com"], 2),
+        ({}, 1, ["alice@example.com", "bob@example.com", "carol@example.com"], 3),
+    ],
+    ids=[
+        "dispatch-then-inbox",
+        "adjusted-then-inbox",
+        "reminder-after-the-inbox-approval",
+        "reminder-before-the-inbox-approval",
+        "escalation-counted-it",
+        "escalation-before-both",
+        "capped-at-the-quorum",
+    ],
+)
+def test_progress_collected_counts_each_approval_once(
+    dispatch: dict[str, object], collected_before: int, recorded: list[str], shown: int
+) -> None:
+    item = make_item("q", quorum_required=3, quorum_collected=collected_before, dispatch=dispatch)
+
+    assert collected(item, recorded) == shown

@@ -5,12 +5,13 @@ real HTTP (see tests/test_inbox_decide.py for the pipeline side)."""
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterator
 
 import pytest
 
-from tests.inbox_harness import InboxClient, InboxWorld, start_world
+from tests.inbox_harness import SIGNED, STEPS, InboxClient, InboxWorld, start_world
 from tests.test_inbox_decide import followed, pipeline, signed_in
 
 pytestmark = pytest.mark.e2e
@@ -18,7 +19,11 @@ pytestmark = pytest.mark.e2e
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InboxWorld]:
-    started = start_world(tmp_path_factory.mktemp("progress"), enrol=(101, 102, 103))
+    reminded = {"name": "q2r", "quorum": 2, "approvers": [101, 102, 103], "timeout": "1h",
+                "remind_every": "1s", **SIGNED}  # fmt: skip
+    started = start_world(
+        tmp_path_factory.mktemp("progress"), enrol=(101, 102, 103), steps=[*STEPS, reminded]
+    )
     yield started
     started.stop()
 
@@ -63,3 +68,92 @@ def test_the_decision_page_names_the_outcome(world: InboxWorld) -> None:
     page = followed(alice, answer)
     assert "<h1>Adjusted: revision 2</h1>" in page, page
     adjusted.finish()
+
+
+def test_a_skip_reason_is_kept_by_the_inbox_and_shown_escaped_never_logged(
+    world: InboxWorld,
+) -> None:
+    alice = signed_in(world, 101)
+    proc, approval_id = pipeline(world, "q1", "Pay 5 EUR")
+    reason = 'Wrong IBAN <b>"DE00"</b>\nask finance \u202e first'
+
+    answer = alice.decide(approval_id, world.passkeys[101], "skip", reason=reason)
+
+    page = followed(alice, answer)
+    shown = (
+        "Wrong IBAN &lt;b&gt;&#34;DE00&#34;&lt;/b&gt;\nask finance "
+        '<mark class="cc" title="U+202E RIGHT-TO-LEFT OVERRIDE">U+202E</mark> first'
+    )
+    assert f'<p class="reason">Your reason: {shown}</p>' in page, page
+    recent = alice.get("/recent").text
+    assert f'skip<span class="reason">: {shown}</span>' in recent, recent
+    assert world.inbox is not None
+    [kept] = world.inbox.rows(
+        "SELECT reason FROM decisions WHERE approval_id = ? AND decision = 'skip'", approval_id
+    )
+    assert kept["reason"] == reason
+    code, _, err = proc.finish()
+    assert code == 3, err
+    assert "Wrong IBAN" not in world.inbox.log()
+
+
+def test_an_approval_without_a_reason_shows_none(world: InboxWorld) -> None:
+    alice = signed_in(world, 101)
+    proc, approval_id = pipeline(world, "q1", "Pay 6 EUR")
+
+    page = followed(alice, alice.decide(approval_id, world.passkeys[101]))
+
+    assert 'class="reason"' not in page, page
+    assert world.inbox is not None
+    [kept] = world.inbox.rows("SELECT reason FROM decisions WHERE approval_id = ?", approval_id)
+    assert kept["reason"] is None
+    proc.finish()
+
+
+def live(client: InboxClient, approval_id: str) -> dict[str, object]:
+    answer = client.get(f"/live?since=0&item={approval_id}")
+    assert answer.status == 200, answer.text
+    body = answer.json()
+    assert isinstance(body, dict)
+    return body
+
+
+def test_live_reports_the_open_items_quorum_progress_and_who_approved(world: InboxWorld) -> None:
+    alice, bob = signed_in(world, 101), signed_in(world, 102)
+    proc, approval_id = pipeline(world, "q2", "Pay 13 EUR")
+    assert live(bob, approval_id)["progress"] == {
+        "approval_id": approval_id, "revision": 1, "quorum": "0 of 2", "approved_by": [],
+    }  # fmt: skip
+
+    followed(alice, alice.decide(approval_id, world.passkeys[101]))
+
+    assert live(bob, approval_id)["progress"] == {
+        "approval_id": approval_id, "revision": 1, "quorum": "1 of 2",
+        "approved_by": ["alice@example.com"],
+    }  # fmt: skip
+    assert set(bob.get("/live?since=0").json()) == {"seq", "changed"}  # as before without item
+    assert "progress" not in live(bob, "no-such-item")
+    followed(bob, bob.decide(approval_id, world.passkeys[102]))
+    assert proc.finish()[0] == 0
+
+
+def test_a_reminder_sent_after_an_inbox_approval_does_not_count_it_twice(
+    world: InboxWorld,
+) -> None:
+    alice, bob = signed_in(world, 101), signed_in(world, 102)
+    proc, approval_id = pipeline(world, "q2r", "Pay 14 EUR")
+    followed(alice, alice.decide(approval_id, world.passkeys[101]))
+    assert world.inbox is not None
+
+    def reminded_after_alice(row: object) -> bool:
+        dispatch = json.loads(row["dispatch"])  # type: ignore[index]
+        awaiting = dispatch.get("awaiting")
+        return awaiting is not None and "alice@example.com" not in awaiting
+
+    kept = world.inbox.wait_item(approval_id, reminded_after_alice)
+
+    assert json.loads(kept["dispatch"])["quorum"] == {"required": 2, "collected": 1}
+    assert approvals(bob, approval_id) == "1 of 2"
+    assert live(bob, approval_id)["progress"]["quorum"] == "1 of 2"  # type: ignore[index]
+    followed(bob, bob.decide(approval_id, world.passkeys[102]))
+    assert proc.finish()[0] == 0

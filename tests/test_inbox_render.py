@@ -18,6 +18,7 @@ from gate.inbox.render import (
     hidden_count,
     marked_text,
     pretty_json,
+    reference_definitions,
     review_reason,
 )
 
@@ -145,6 +146,47 @@ def test_draft_markdown_marks_hidden_characters_in_text_code_and_urls() -> None:
     assert view.marked == 4, view.html  # the URL's is percent-encoded: visible too
     assert "https://x.example/%E2%80%8B" in "".join(parse(view.html).text)
     assert "js" not in "".join(a.get("class") or "" for _, a in parse(view.html).tags)
+
+
+def test_reference_definitions_are_listed_exactly_as_written_duplicates_too() -> None:
+    body = (
+        "[click](x) and [more][Dup]\n\n"
+        '[x]: https://evil.example/\u00e4?a=1&b=<2> "Sign in"\n'
+        "> [Dup]: <https://a.example/b c>\n\n"
+        "- [dup]:\n  https://second.example/\u200b\n"
+    )
+
+    found = reference_definitions(body, "text/markdown; charset=utf-8")
+
+    assert [(d.label, d.url, d.title) for d in found] == [
+        ("x", "https://evil.example/\u00e4?a=1&b=<2>", "Sign in"),
+        ("Dup", "https://a.example/b c", ""),
+        ("dup", "https://second.example/\u200b", ""),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("body", "content_type"),
+    [
+        ("[x]: https://evil.example", "text/plain"),
+        ("[x]: https://evil.example", "application/json"),
+        ("[click](https://shown.example) [x]: not a definition", "text/markdown"),
+        ("[x]: javascript:alert(1)", "text/markdown"),  # not a definition: shown as text
+        ("", "text/markdown"),
+    ],
+    ids=["plain-text", "json", "inline-only", "bad-protocol-is-text", "empty"],
+)
+def test_reference_definitions_none_where_the_page_shows_everything(
+    body: str, content_type: str
+) -> None:
+    assert reference_definitions(body, content_type) == ()
+
+
+def test_draft_markdown_counts_hidden_characters_of_reference_definitions() -> None:
+    view = draft_view("Pay.\n\n[x]: https://e.example/\u202eexe.txt\n", "text/markdown")
+
+    assert view.marked == 1
+    assert [d.url for d in view.references] == ["https://e.example/\u202eexe.txt"]
 
 
 def test_draft_json_is_pretty_printed_with_two_spaces_and_marked() -> None:

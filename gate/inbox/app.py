@@ -13,6 +13,7 @@ from typing import Any
 from aiohttp import web
 
 from gate.inbox import pages
+from gate.inbox import progress as progress_of
 from gate.inbox.auth import current_session, may_decide, refusal, require_session
 from gate.inbox.config import InboxConfig, InboxSecrets, RelyingParty
 from gate.inbox.credentials_cache import CredentialsCache
@@ -116,13 +117,15 @@ async def decision(request: web.Request) -> web.Response:
     progress = None
     if item is not None and item.kind == "approval" and item.revision == found.revision:
         seen = await state.db.approvers_recorded(item.approval_id, item.revision)
-        progress = (pages.collected(item, seen), item.quorum_required)
+        progress = (progress_of.collected(item, seen), item.quorum_required)
     return pages.message_page(request, record=found, session=session, progress=progress)
 
 
 async def live(request: web.Request) -> web.Response:
     """GET ``/live?since=SEQ``: ``{"seq": N, "changed": [[approval_id, state], …]}`` for the
-    items the session may decide changed after SEQ (401 JSON ``signed_out`` without one)."""
+    items the session may decide changed after SEQ (401 JSON ``signed_out`` without one).
+    With ``&item=ID`` (an open item page) also ``"progress"``: ``progress.progress`` of that
+    approval, when the session may decide it (else left out, nothing disclosed)."""
     session = await require_session(request)
     state = state_of(request)
     try:
@@ -136,7 +139,14 @@ async def live(request: web.Request) -> web.Response:
         found = await state.db.item(change.approval_id, state.now_ms())
         if found is not None and may_decide(session, found):
             changed.append([change.approval_id, found.state])
-    return web.json_response({"seq": seq, "changed": changed})
+    body: dict[str, Any] = {"seq": seq, "changed": changed}
+    wanted = request.query.get("item")
+    if wanted is not None:
+        found = await state.db.item(wanted, state.now_ms())
+        if found is not None and found.kind == "approval" and may_decide(session, found):
+            seen = await state.db.approvers_recorded(found.approval_id, found.revision)
+            body["progress"] = progress_of.progress(found, seen)
+    return web.json_response(body)
 
 
 @web.middleware

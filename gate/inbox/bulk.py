@@ -3,7 +3,7 @@ batch (docs/protocol.md "Approver signatures", issue 16 §4). The waiting page p
 ``item:<approval_id>`` = the revision SHOWN per ticked item; the inbox answers the batch
 challenge (``batch_digest`` of each item's approve ``decision_digest``, from the STORED
 dispatches), then posts one decision per item, each with the same assertion and the batch's
-hex digests, and shows each item's answer in words.
+hex digests; ``bulk_results`` shows each item's answer in words.
 
 The pure part (``picks_from``, ``checked_items``, ``approve_digest``, ``batch_of``) takes no
 request; the routes are added by ``add_routes``.
@@ -17,7 +17,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import aiohttp_jinja2
 from aiohttp import web
 
 from gate.inbox import auth
@@ -26,7 +25,6 @@ from gate.inbox.decide import decision_body
 from gate.inbox.gate_client import GateUnreachable, post_decision
 from gate.inbox.model import DecisionRecord, Item, Session
 from gate.inbox.render import review_reason
-from gate.inbox.words import answer_words, bulk_heading
 from gate.protocol.approver_signature import (
     b64url,
     batch_digest,
@@ -285,39 +283,10 @@ async def _post_one(
     await state.db.set_decision_answer(number, status, answer)
 
 
-async def results(request: web.Request) -> web.Response:
-    """GET ``/bulk/{n}``: each item of the session's own bulk approval ``n`` with the gate's
-    answer in words (404 for another identity's or an unknown one)."""
-    session = await auth.require_session(request)
-    state = state_of(request)
-    records = await state.db.batch(request.match_info["n"])
-    if not records or any(r.identity != session.identity for r in records):
-        raise web.HTTPNotFound(text="no such batch", content_type="text/plain")
-    rows = []
-    for record in records:
-        item = await state.db.item(record.approval_id, state.now_ms())
-        kind, sentence = answer_words(record.status, record.answer)
-        title = title_of(item) if item is not None else record.approval_id
-        rows.append(
-            {
-                "title": title,
-                "kind": kind,
-                "sentence": sentence,
-                "url": f"/items/{record.approval_id}",
-            }
-        )
-    context = {
-        "rows": rows,
-        "heading": bulk_heading([str(r["kind"]) for r in rows]),
-        "session": session,
-        "nav": "",
-        "seq": 0,
-    }
-    return aiohttp_jinja2.render_template("bulk.html", request, context)
-
-
 def add_routes(app: web.Application) -> None:
-    """POST ``/bulk/challenge``, ``/bulk/decide``; GET ``/bulk/{n}``."""
+    """POST ``/bulk/challenge``, ``/bulk/decide``; GET ``/bulk/{n}`` (``bulk_results``)."""
+    from gate.inbox.bulk_results import results  # noqa: PLC0415 - it imports title_of from here
+
     app.router.add_post("/bulk/challenge", challenge)
     app.router.add_post("/bulk/decide", decide)
     app.router.add_get("/bulk/{n}", results)

@@ -1,4 +1,5 @@
-"""The inbox's SQLite file (issue 17): the only module of gate/inbox that speaks SQL.
+"""The inbox's SQLite file (issue 17): its queries (the schema and migrations are
+``gate.inbox.schema``; the two are the only modules of gate/inbox that speak SQL).
 
 One connection, used from one thread (every call runs there, in order: writes never race);
 WAL, ``synchronous=FULL``, the file created 0600, the schema versioned by ``PRAGMA
@@ -10,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import sqlite3
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -19,81 +19,9 @@ from typing import Any, TypeVar
 
 from gate.inbox.items import CLOSED, NOTICE_STATES, Incoming, item_from, same_request
 from gate.inbox.model import Change, DecisionRecord, Item, Session
+from gate.inbox.schema import open_file
 
 T = TypeVar("T")
-
-SCHEMA = """
-CREATE TABLE items (
-    approval_id   TEXT PRIMARY KEY,
-    kind          TEXT NOT NULL CHECK (kind IN ('approval', 'question')),
-    revision      INTEGER NOT NULL,
-    nonce         TEXT NOT NULL,
-    payload_hash  TEXT NOT NULL,
-    dispatch      TEXT NOT NULL,
-    previous_body TEXT,
-    state         TEXT NOT NULL CHECK (state IN ('pending', 'resolved', 'cancelled', 'expired')),
-    outcome       TEXT,
-    expires_at    INTEGER NOT NULL,
-    received_at   INTEGER NOT NULL,
-    updated_seq   INTEGER NOT NULL
-);
-CREATE INDEX items_updated_seq ON items (updated_seq);
-CREATE INDEX items_state_expiry ON items (state, expires_at);
-CREATE TABLE decisions (
-    id          INTEGER PRIMARY KEY AUTOINCREMENT,
-    approval_id TEXT NOT NULL,
-    revision    INTEGER NOT NULL,
-    identity    TEXT NOT NULL,
-    decision    TEXT NOT NULL,
-    http_status INTEGER NOT NULL,
-    answer      TEXT NOT NULL,
-    decided_at  INTEGER NOT NULL
-);
-CREATE INDEX decisions_identity ON decisions (identity, decided_at);
-CREATE TABLE sessions (
-    id_hash       TEXT PRIMARY KEY,
-    identity      TEXT NOT NULL,
-    operator_id   INTEGER NOT NULL,
-    credential_id TEXT NOT NULL,
-    csrf          TEXT NOT NULL,
-    created_at    INTEGER NOT NULL,
-    expires_at    INTEGER NOT NULL
-);
-"""
-BATCHES = """
-ALTER TABLE decisions ADD COLUMN batch_id TEXT;
-CREATE INDEX decisions_batch ON decisions (batch_id)
-"""  # issue 17: the decisions of one bulk approval (NULL for a single decision)
-MIGRATIONS = (SCHEMA, BATCHES)  # user_version N means MIGRATIONS[:N] ran
-
-
-def _open(path: Path) -> sqlite3.Connection:
-    """Create (0600) or open the file, set WAL and synchronous=FULL, run what migrations
-    are missing, each in one transaction. Raises OSError / sqlite3.Error."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if not path.exists():
-        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600))
-    conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
-    conn.row_factory = sqlite3.Row
-    if conn.execute("PRAGMA journal_mode = WAL").fetchone()[0] != "wal":
-        raise OSError(f"cannot use WAL journal mode on {path}")
-    conn.execute("PRAGMA synchronous = FULL")
-    conn.execute("PRAGMA busy_timeout = 5000")
-    version = int(conn.execute("PRAGMA user_version").fetchone()[0])
-    if version > len(MIGRATIONS):
-        raise OSError(f"{path} has schema version {version}, newer than this inbox knows")
-    for number in range(version, len(MIGRATIONS)):
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            for statement in MIGRATIONS[number].split(";"):
-                if statement.strip():
-                    conn.execute(statement)
-            conn.execute(f"PRAGMA user_version = {number + 1}")
-            conn.execute("COMMIT")
-        except BaseException:
-            conn.execute("ROLLBACK")
-            raise
-    return conn
 
 
 class InboxDb:
@@ -109,7 +37,7 @@ class InboxDb:
         file) when it cannot."""
         executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="inbox-db")
         try:
-            conn = await asyncio.get_running_loop().run_in_executor(executor, _open, path)
+            conn = await asyncio.get_running_loop().run_in_executor(executor, open_file, path)
         except sqlite3.Error as exc:
             executor.shutdown(wait=False)
             raise OSError(f"cannot open the database {path}: {exc}") from exc
@@ -186,26 +114,9 @@ class InboxDb:
 
     async def add_decision(self, record: DecisionRecord) -> int:
         """Keep a decision for an approver (before it is posted: ``status`` 0, ``answer``
-        {}) and return its row id (``/decisions/<id>``)."""
-        return await self._run(
-            self._tx,
-            lambda c: int(
-                c.execute(
-                    "INSERT INTO decisions (approval_id, revision, identity, decision,"
-                    " http_status, answer, decided_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
-                    (
-                        record.approval_id,
-                        record.revision,
-                        record.identity,
-                        record.decision,
-                        record.status,
-                        json.dumps(record.answer, ensure_ascii=False),
-                        record.decided_at,
-                    ),
-                ).lastrowid
-                or 0
-            ),
-        )
+        {}; ``reason`` as posted, None without one) and return its row id
+        (``/decisions/<id>``)."""
+        return await self._run(self._tx, lambda c: _insert_decision(c, record, None))
 
     async def approvers_recorded(self, approval_id: str, revision: int) -> list[str]:
         """The distinct identities whose ``approve`` of ``revision`` the inbox posted and the
@@ -223,26 +134,7 @@ class InboxDb:
 
     async def add_batch_decision(self, record: DecisionRecord, batch_id: str) -> int:
         """``add_decision`` for one item of bulk approval ``batch_id`` (issue 17)."""
-        return await self._run(
-            self._tx,
-            lambda c: int(
-                c.execute(
-                    "INSERT INTO decisions (approval_id, revision, identity, decision,"
-                    " http_status, answer, decided_at, batch_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                    (
-                        record.approval_id,
-                        record.revision,
-                        record.identity,
-                        record.decision,
-                        record.status,
-                        json.dumps(record.answer, ensure_ascii=False),
-                        record.decided_at,
-                        batch_id,
-                    ),
-                ).lastrowid
-                or 0
-            ),
-        )
+        return await self._run(self._tx, lambda c: _insert_decision(c, record, batch_id))
 
     async def batch(self, batch_id: str) -> list[DecisionRecord]:
         """The decisions of bulk approval ``batch_id`` in the order posted (none: [])."""
@@ -338,6 +230,25 @@ def _select(conn: sqlite3.Connection, where: str, args: tuple[Any, ...]) -> list
     return _query(conn, f"SELECT * FROM items {where}", args)  # noqa: S608 - fixed clauses
 
 
+def _insert_decision(conn: sqlite3.Connection, record: DecisionRecord, batch: str | None) -> int:
+    cursor = conn.execute(
+        "INSERT INTO decisions (approval_id, revision, identity, decision, http_status,"
+        " answer, decided_at, batch_id, reason) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        (
+            record.approval_id,
+            record.revision,
+            record.identity,
+            record.decision,
+            record.status,
+            json.dumps(record.answer, ensure_ascii=False),
+            record.decided_at,
+            batch,
+            record.reason,
+        ),
+    )
+    return int(cursor.lastrowid or 0)
+
+
 def _decision(r: sqlite3.Row) -> DecisionRecord:
     return DecisionRecord(
         r["approval_id"],
@@ -347,6 +258,7 @@ def _decision(r: sqlite3.Row) -> DecisionRecord:
         r["http_status"],
         json.loads(r["answer"]),
         r["decided_at"],
+        r["reason"],
     )
 
 

@@ -147,9 +147,10 @@ async def decide(request: web.Request) -> web.Response:
     ``challenge``, the assertion's credential one of the session identity's (else 403
     ``wrong_credential``), not recorded already for this identity (409 ``already_decided``;
     a row the gate's answer never reached does not count: the gate itself says);
-    then a row (status 0), the post to the dispatch's callback, the row updated with the
-    gate's answer; 200 ``{"location": "/decisions/<n>"}``. 502 ``gate_unreachable`` when
-    the gate could not be reached (the row keeps status 0, its answer says so)."""
+    then a row (status 0; the reason kept as posted: shown to the approver, never logged),
+    the post to the dispatch's callback, the row updated with the gate's answer; 200
+    ``{"location": "/decisions/<n>"}``. 502 ``gate_unreachable`` when the gate could not be
+    reached (the row keeps status 0, its answer says so)."""
     session, item, fields = await _checked(request)
     state = state_of(request)
     try:
@@ -173,7 +174,9 @@ async def decide(request: web.Request) -> web.Response:
     body = decision_body(
         item, session.identity, verb, adjust_text, reason, fields["assertion"], now
     )
-    record = DecisionRecord(item.approval_id, item.revision, session.identity, verb, 0, {}, now)
+    record = DecisionRecord(
+        item.approval_id, item.revision, session.identity, verb, 0, {}, now, reason
+    )
     number = await state.db.add_decision(record)
     try:
         status, answer = await post_decision(

@@ -50,7 +50,8 @@ class Item:
 @dataclass(frozen=True, slots=True)
 class DecisionRecord:
     """A decision the inbox posted for ``identity``: the gate's HTTP ``status`` and JSON
-    ``answer`` (what the page says in words), ``decided_at`` ms."""
+    ``answer`` (what the page says in words), ``decided_at`` ms, and the ``reason`` the
+    approver gave with it, as posted (None when none; shown to them, never logged)."""
 
     approval_id: str
     revision: int
@@ -59,6 +60,7 @@ class DecisionRecord:
     status: int
     answer: dict[str, Any] = field(hash=False, compare=False)
     decided_at: int = 0
+    reason: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,6 +26,7 @@ from markupsafe import Markup
 from gate.inbox import headers
 from gate.inbox.listing import row_facts
 from gate.inbox.model import DecisionRecord, Item, Session
+from gate.inbox.progress import collected
 from gate.inbox.render import MARK_OPEN, diff_html, draft_view, hidden_count, marked_text
 from gate.inbox.words import (
     answer_words,
@@ -117,13 +118,6 @@ class Row:
     requested_by: str | None = None
     review: str | None = None
     bulkable: bool = False
-
-
-def collected(item: Item, approved_by: Sequence[str] = ()) -> int:
-    """Approvals of ``item``'s current revision: the dispatch's ``quorum.collected`` plus the
-    distinct identities the inbox saw recorded (``db.approvers_recorded``), at most the
-    quorum (issue 17 finding: the gate does not re-send ``collected`` after a decision)."""
-    return min(item.quorum_required, item.quorum_collected + len(set(approved_by)))
 
 
 def _facts(item: Item, now_ms: int, approved_by: Sequence[str] = ()) -> dict[str, Any]:
@@ -283,13 +277,15 @@ def question_page(
 def recent_page(
     request: web.Request, *, decisions: Sequence[DecisionRecord], session: Session
 ) -> web.Response:
-    """The signed-in approver's ``decisions``, newest first, with the gate's answer in words."""
+    """The signed-in approver's ``decisions``, newest first, with the gate's answer in words
+    and the reason they gave (escaped and marked, its lines kept), if any."""
     rows = [
         {
             "record": d,
             "url": item_url(d.approval_id),
             "when": datetime.fromtimestamp(d.decided_at / 1000, UTC).strftime("%Y-%m-%d %H:%M"),
             "words": answer_words(d.status, d.answer)[1],
+            "reason": marked_text(d.reason) if d.reason is not None else None,
         }
         for d in sorted(decisions, key=lambda d: d.decided_at, reverse=True)
     ]
@@ -320,7 +316,8 @@ def message_page(
     """The gate's answer to the approver's decision in words (``words.answer_words``):
     recorded, resolved, superseded, expired, already decided; a link back to the item. The
     title names the outcome (``words.outcome_title``; ``progress`` is the quorum's
-    (collected, required) now, None when unknown)."""
+    (collected, required) now, None when unknown) and the page shows the reason the approver
+    gave (``record.reason``: escaped and marked, its lines kept), if any."""
     kind, sentence = answer_words(record.status, record.answer)
     title = outcome_title(kind, record.decision, record.revision, progress)
     context = {
@@ -329,6 +326,7 @@ def message_page(
         "sentence": sentence,
         "item_url": item_url(record.approval_id),
         "session": session,
+        "reason": marked_text(record.reason) if record.reason is not None else None,
     }
     return _render(request, "message.html", context)
 
@@ -343,4 +341,5 @@ def plain_page(
 ) -> web.Response:
     """A page of one ``sentence`` under ``title`` (e.g. the 404 page), answering ``status``."""
     context = {"title": title, "kind": "refused", "sentence": sentence, "item_url": None}
+    context["reason"] = None
     return _render(request, "message.html", {**context, "session": session}, status=status)

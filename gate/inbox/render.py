@@ -4,13 +4,14 @@ Everything from a dispatch is untrusted: it is escaped, and every character a di
 not show as itself (``gate.protocol.display``; newline and tab excepted) is shown as a
 visible ``<mark class="cc">U+XXXX</mark>`` whose title names it, so the approver sees what the
 payload hash covers. Markdown is rendered with raw HTML off, links as their text followed by
-the URL (nothing to click) and images as their description and URL (nothing loaded).
+the URL (nothing to click) and images as their description and URL (nothing loaded); its
+link reference definitions, which a rendering never shows, are listed apart
+(``reference_definitions``).
 """
 
 from __future__ import annotations
 
 import difflib
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -20,6 +21,7 @@ from markdown_it.token import Token
 from markdown_it.utils import EnvType, OptionsDict
 from markupsafe import Markup, escape
 
+from gate.inbox.jsonview import pretty_json
 from gate.protocol.display import code_point, describe, is_hidden
 from gate.protocol.whitespace import is_blank
 
@@ -28,14 +30,27 @@ MARK_OPEN = '<mark class="cc"'
 
 
 @dataclass(frozen=True, slots=True)
+class Definition:
+    """A markdown link reference definition (``[label]: url "title"``) as written in the
+    draft: ``label`` and ``url`` exactly as written (backslash escapes and entities
+    resolved, no percent-encoding), ``title`` "" when it has none."""
+
+    label: str
+    url: str
+    title: str
+
+
+@dataclass(frozen=True, slots=True)
 class DraftView:
     """A draft as the item page shows it: ``html`` (safe to insert), ``marked`` (how many
-    characters are shown as their code point: a warning banner when > 0) and ``format`` (how
-    it was shown: ``text``, ``markdown``, ``json`` or ``empty``)."""
+    characters are shown as their code point, in ``html`` and in ``references``: a warning
+    banner when > 0), ``format`` (how it was shown: ``text``, ``markdown``, ``json`` or
+    ``empty``) and ``references`` (``reference_definitions``: a notice listing them)."""
 
     html: Markup
     marked: int
     format: str
+    references: tuple[Definition, ...] = ()
 
 
 def marked_text(text: str, *, keep: str = "\n\t") -> Markup:
@@ -68,51 +83,6 @@ def _blank(body: str) -> Markup:
 
 def _pre(text: str) -> Markup:
     return Markup('<pre class="draft-text">{}</pre>').format(marked_text(text))
-
-
-def _reject_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    keys = [key for key, _ in pairs]
-    if len(set(keys)) != len(keys):
-        raise ValueError("duplicate key")
-    return dict(pairs)
-
-
-def _reject_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON")
-
-
-def _exact_float(source: str) -> float:
-    value = float(source)
-    if repr(value) != source:
-        raise ValueError("a number would be shown other than as sent")
-    return value
-
-
-def _exact_int(source: str) -> int:
-    value = int(source)
-    if str(value) != source:
-        raise ValueError("a number would be shown other than as sent")
-    return value
-
-
-def pretty_json(body: str) -> str | None:
-    """``body`` re-indented with 2 spaces (non-ASCII kept), or None when showing it so could
-    hide something: it does not parse, repeats a key (a parser would keep one of them),
-    holds NaN/Infinity, or a number whose re-serialised text differs from its text in the
-    draft (``100.000000000000000001``, ``1e-400``, ``1.50``: issue 17 finding 6). Then it
-    is shown as text."""
-    try:
-        value = json.loads(
-            body,
-            object_pairs_hook=_reject_duplicates,
-            parse_constant=_reject_constant,
-            parse_float=_exact_float,
-            parse_int=_exact_int,
-        )
-        text = json.dumps(value, indent=2, ensure_ascii=False, allow_nan=False)
-    except (ValueError, RecursionError):
-        return None
-    return text
 
 
 def _markdown() -> MarkdownIt:
@@ -176,12 +146,45 @@ def _image_rule(
 _MD = _markdown()
 
 
+class _AsWritten(MarkdownIt):
+    """A parser that keeps each link reference definition as a ``definition`` token with
+    its URL as written (``normalizeLink`` does not percent-encode): never used to render."""
+
+    def normalizeLink(self, url: str) -> str:  # noqa: N802 - markdown-it's name
+        return url
+
+
+_DEFINITIONS = _AsWritten("commonmark", {"html": False, "inline_definitions": True})
+
+
+def _is_markdown(content_type: str) -> bool:
+    return content_type.split(";", 1)[0].strip().lower() == "text/markdown"
+
+
+def reference_definitions(body: str, content_type: str) -> tuple[Definition, ...]:
+    """Every link reference definition of a ``text/markdown`` ``body`` (at any depth: in
+    quotes and list items too), in the order written, a repeated label each time (the
+    rendering uses the first and shows none of them); () for another content type or none.
+    Issue 17 leftover: the approver sees every URL the draft holds."""
+    if not _is_markdown(content_type):
+        return ()
+    return tuple(
+        Definition(str(t.meta["label"]), str(t.meta["url"]), str(t.meta["title"] or ""))
+        for t in _DEFINITIONS.parse(body, {})
+        if t.type == "definition"
+    )
+
+
+def _definitions_marked(found: Sequence[Definition]) -> int:
+    return sum(hidden_count(d.label + d.url + d.title, keep="") for d in found)
+
+
 def draft_view(body: str, content_type: str) -> DraftView:
     """Show ``body`` by its ``content_type`` (issue 17): ``text/markdown`` rendered safely,
     ``application/json`` pretty-printed when that hides nothing (``pretty_json``), anything
     else (``text/plain`` and unknown types) as preformatted text; an empty or whitespace-only
-    draft said in words. Parameters after ``;`` in the type are ignored. The whole body is
-    shown, however long."""
+    draft said in words. A markdown draft's view carries its ``reference_definitions``.
+    Parameters after ``;`` in the type are ignored. The whole body is shown, however long."""
     if is_blank(body):
         return DraftView(_blank(body), 0, "empty")
     kind = content_type.split(";", 1)[0].strip().lower()
@@ -189,7 +192,8 @@ def draft_view(body: str, content_type: str) -> DraftView:
         html = Markup('<div class="draft-markdown">{}</div>').format(
             Markup(_MD.render(body, {"links": []}))
         )
-        return DraftView(html, _count(html), "markdown")
+        found = reference_definitions(body, content_type)
+        return DraftView(html, _count(html) + _definitions_marked(found), "markdown", found)
     if kind == "application/json":
         pretty = pretty_json(body)
         if pretty is not None:

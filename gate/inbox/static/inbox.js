@@ -130,12 +130,31 @@
       });
       if (!known && !page && state === 'pending') say('A new item is waiting — reload the page to see it.');
     };
+    // an open approval's quorum progress: count and who, as the inbox knows them (issue 17)
+    const progress = (p) => {
+      if (!page || !p || p.approval_id !== page.dataset.approvalId) return;
+      if (String(p.revision) !== page.dataset.revision) return;
+      const count = document.querySelector('#quorum-progress dd');
+      if (count && typeof p.quorum === 'string' && count.textContent !== p.quorum) {
+        count.textContent = p.quorum;
+        say('Approvals: ' + p.quorum + '.');
+      }
+      const who = document.getElementById('approved-by');
+      const names = Array.isArray(p.approved_by) ? p.approved_by.map(String) : [];
+      if (who && who.querySelector('dd')) {
+        who.querySelector('dd').textContent = names.join(', ');
+        who.hidden = names.length === 0;
+      }
+    };
+    const url = () => '/live?since=' + encodeURIComponent(seq)
+      + (page ? '&item=' + encodeURIComponent(page.dataset.approvalId) : '');
     const poll = async () => {
       try {
-        const answer = await fetch('/live?since=' + encodeURIComponent(seq), {credentials: 'same-origin'});
+        const answer = await fetch(url(), {credentials: 'same-origin'});
         if (answer.status === 401) { say('You are signed out: reload the page to sign in again.'); return; }
         if (answer.ok) {
           const body = await answer.json();
+          progress(body.progress);
           (body.changed || []).forEach(apply);
           if (typeof body.seq === 'number') seq = body.seq;
         }

@@ -1,0 +1,58 @@
+"""The page of one bulk approval's results (issue 17, ``GET /bulk/{n}``): each item with the
+gate's answer in words, named as the waiting list names it (pipeline · step, the draft's
+first line, when it was requested and its run id), so items of one step are told apart."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import aiohttp_jinja2
+from aiohttp import web
+
+from gate.inbox import auth
+from gate.inbox.app import state_of
+from gate.inbox.bulk import title_of
+from gate.inbox.listing import row_facts
+from gate.inbox.model import DecisionRecord, Item
+from gate.inbox.pages import item_url
+from gate.inbox.words import answer_words, bulk_heading
+
+
+def result_row(record: DecisionRecord, item: Item | None) -> dict[str, Any]:
+    """One line of the results: ``title`` (``title_of``; the approval id when the inbox no
+    longer has the item), ``first_line``, ``requested`` and ``run_id``
+    (``listing.row_facts``: "", "" and None without the item), the answer's ``kind`` and
+    ``sentence`` (``words.answer_words``) and the item's ``url``."""
+    kind, sentence = answer_words(record.status, record.answer)
+    facts = row_facts(item) if item is not None else {}
+    return {
+        "title": title_of(item) if item is not None else record.approval_id,
+        "first_line": facts.get("first_line", ""),
+        "requested": facts.get("requested", ""),
+        "run_id": facts.get("run_id"),
+        "kind": kind,
+        "sentence": sentence,
+        "url": item_url(record.approval_id),
+    }
+
+
+async def results(request: web.Request) -> web.Response:
+    """GET ``/bulk/{n}``: each item of the session's own bulk approval ``n`` with the gate's
+    answer in words (404 for another identity's or an unknown one)."""
+    session = await auth.require_session(request)
+    state = state_of(request)
+    records = await state.db.batch(request.match_info["n"])
+    if not records or any(r.identity != session.identity for r in records):
+        raise web.HTTPNotFound(text="no such batch", content_type="text/plain")
+    rows = [
+        result_row(record, await state.db.item(record.approval_id, state.now_ms()))
+        for record in records
+    ]
+    context = {
+        "rows": rows,
+        "heading": bulk_heading([str(r["kind"]) for r in rows]),
+        "session": session,
+        "nav": "",
+        "seq": 0,
+    }
+    return aiohttp_jinja2.render_template("bulk.html", request, context)

@@ -1,0 +1,78 @@
+"""The inbox's SQLite schema and migrations (gate/inbox/schema.py, issue 17): an inbox file
+written before a migration opens, is migrated once in one transaction, keeps its rows, and a
+migration that fails leaves the file as it was. Real files, no process."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from gate.inbox.db import InboxDb
+from gate.inbox.model import DecisionRecord
+from gate.inbox.schema import MIGRATIONS
+
+
+def old_file(path: Path, version: int) -> None:
+    """An inbox file as an inbox of schema ``version`` left it, with one decision row."""
+    conn = sqlite3.connect(path, isolation_level=None)
+    for script in MIGRATIONS[:version]:
+        conn.executescript(script)
+    conn.execute(
+        "INSERT INTO decisions (approval_id, revision, identity, decision, http_status,"
+        " answer, decided_at) VALUES ('a1', 1, 'alice@example.com', 'skip', 200, '{}', 5)"
+    )
+    conn.execute(f"PRAGMA user_version = {version}")
+    conn.close()
+
+
+def user_version(path: Path) -> int:
+    conn = sqlite3.connect(path)
+    try:
+        return int(conn.execute("PRAGMA user_version").fetchone()[0])
+    finally:
+        conn.close()
+
+
+async def test_inbox_schema_reasons_migration_keeps_old_rows_without_a_reason(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "inbox.db"
+    old_file(path, 2)
+
+    db = await InboxDb.open(path)
+    try:
+        [before] = await db.decisions_of("alice@example.com")
+        number = await db.add_decision(
+            DecisionRecord("a2", 1, "alice@example.com", "skip", 0, {}, 9, "line 1\nline 2")
+        )
+        after = await db.decision(number)
+    finally:
+        await db.close()
+
+    assert user_version(path) == len(MIGRATIONS) == 3
+    assert (before.approval_id, before.decision, before.reason) == ("a1", "skip", None)
+    assert after is not None and after.reason == "line 1\nline 2"
+
+
+async def test_inbox_schema_reopening_a_migrated_file_runs_nothing_again(tmp_path: Path) -> None:
+    path = tmp_path / "inbox.db"
+    for _ in range(2):
+        db = await InboxDb.open(path)
+        await db.close()
+
+    assert user_version(path) == len(MIGRATIONS)
+
+
+async def test_inbox_schema_a_failed_migration_changes_nothing(tmp_path: Path) -> None:
+    path = tmp_path / "inbox.db"
+    old_file(path, 2)
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute("ALTER TABLE decisions ADD COLUMN reason INTEGER")  # what migration 3 adds
+    conn.close()
+
+    with pytest.raises(OSError, match="cannot open the database .*duplicate column name"):
+        await InboxDb.open(path)
+
+    assert user_version(path) == 2
