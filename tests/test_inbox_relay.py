@@ -355,3 +355,27 @@ def test_inbox_gate_client_fetches_the_credentials_the_gate_serves(
         )
     finally:
         on.stop()
+
+
+def test_inbox_refuses_a_question_whose_text_does_not_hash_to_its_request_hash(
+    gate: GateProcess, inbox: Inbox
+) -> None:
+    """The reference relay refuses 400 ``request_hash_mismatch`` (issue 15 "Wire"); the inbox
+    kept such a question (session 11 review): with the relay secret, a dispatch could show
+    one question while the answer's echoed hash covered another."""
+    body = {"pipeline": "p", "step": "ask", "text": "Which supplier?", "response_type": "free_text"}
+    status, question = gate.api().call("POST", "/v1/questions", body)
+    assert status == 201, question
+    sent = dispatch_of(inbox.wait_item(question["question_id"], lambda r: True))
+    forged = dict(sent, question_id="01FORGEDQUESTION000000000", question=dict(sent["question"]))
+    forged["question"]["text"] = "Pay the other supplier?"
+    raw = wire_json(forged)
+
+    status, _, answer = http_request(inbox.relay_url, "POST", raw, sign_headers(raw))
+
+    assert (status, as_json(answer)) == (
+        400,
+        {"status": "invalid", "reason": "request_hash_mismatch"},
+    )
+    assert inbox.item("01FORGEDQUESTION000000000") is None
+    assert "event=dispatch_refused reason=request_hash_mismatch" in inbox.proc.log()  # type: ignore[union-attr]

@@ -10,6 +10,7 @@ from typing import Any
 
 from gate.inbox.model import Item
 from gate.protocol.canonical import payload_hash
+from gate.protocol.relay_inbound import question_request_hash
 
 NOTICE_STATES = {
     "approved": "resolved",
@@ -84,7 +85,8 @@ def read_dispatch(envelope: dict[str, Any]) -> Incoming:
     """The columns of a verified dispatch (SPEC §2 "Dispatch"; a question's per
     docs/protocol.md "Questions"). Raises ``DispatchRefused`` (400 ``invalid_dispatch`` naming
     the first missing or mistyped field; ``payload_hash_mismatch`` when the draft does not
-    hash to ``payload_hash``)."""
+    hash to ``payload_hash``, ``request_hash_mismatch`` when a question's fields do not hash
+    to its ``request_hash``: issue 15 "Wire", as the reference relay)."""
     question = envelope.get("kind") == "question"
     key = "question_id" if question else "approval_id"
     approval_id = _text(envelope, key)
@@ -95,15 +97,11 @@ def read_dispatch(envelope: dict[str, Any]) -> Incoming:
     expires_at = _ms(envelope.get("expires_at"), "expires_at")
     if question:
         body = _text(envelope, "question", "text")
-        return Incoming(
-            approval_id,
-            "question",
-            _number(envelope, "version"),
-            nonce,
-            _text(envelope, "request_hash"),
-            body,
-            expires_at,
-        )
+        version = _number(envelope, "version")
+        hashed = _text(envelope, "request_hash")
+        if question_request_hash(envelope) != hashed:
+            raise DispatchRefused("request_hash_mismatch")
+        return Incoming(approval_id, "question", version, nonce, hashed, body, expires_at)
     body = _text(envelope, "draft", "body")
     hashed = _text(envelope, "payload_hash")
     if payload_hash(body) != hashed:

@@ -5,10 +5,12 @@ Pure: the caller reads the body whole and passes the clock in (``now``)."""
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from typing import Any
 
 from gate.protocol import PROTOCOL, signing
+from gate.protocol.canonical import canonical_json
 from gate.protocol.envelope import decode_json
 from gate.protocol.errors import ProtocolError
 
@@ -55,3 +57,17 @@ def notice_subject(notice: dict[str, Any]) -> tuple[str, str, str] | None:
     if not isinstance(subject, str) or not isinstance(outcome, str):
         return None
     return key, subject, outcome
+
+
+def question_request_hash(envelope: dict[str, Any]) -> str:
+    """The ``request_hash`` a question dispatch's own fields give (issue 15 "Wire";
+    docs/protocol.md "Questions"): ``"sha256:"`` + hex SHA-256 of the canonical JSON of
+    ``{question_id, version, question}`` as received. A relay refuses the dispatch (400
+    ``request_hash_mismatch``) when it differs from the dispatch's ``request_hash``: what it
+    shows is then what the answer's echoed hash covers."""
+    body = {
+        "question_id": envelope.get("question_id"),
+        "version": envelope.get("version"),
+        "question": envelope.get("question"),
+    }
+    return "sha256:" + hashlib.sha256(canonical_json(body)).hexdigest()

@@ -8,7 +8,6 @@ and ask again when the gate refuses the value (422). Nothing here ever decides a
 from __future__ import annotations
 
 import functools
-import hashlib
 import logging
 import time
 from typing import TYPE_CHECKING, Any
@@ -16,8 +15,8 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 
 from gate.errors import GateError
-from gate.protocol.canonical import canonical_json
 from gate.protocol.question import QuestionSpec, build_answer
+from gate.protocol.relay_inbound import question_request_hash
 from gate.protocol.whitespace import identity_key
 from gate.tools.reference_relay.delivery import deliver_with
 from gate.tools.reference_relay.question_prompt import auto_value, prompt_value
@@ -40,18 +39,6 @@ def _invalid(field: str) -> web.Response:
     return web.json_response(
         {"status": "invalid", "reason": "invalid_dispatch", "field": field}, status=400
     )
-
-
-def question_hash(envelope: dict[str, Any]) -> str:
-    """The ``request_hash`` the dispatch's own fields give (issue 15 "Wire"): SHA-256 of the
-    canonical JSON of ``{question_id, version, question}``, so what is shown is what the
-    answer's echoed hash covers."""
-    body = {
-        "question_id": envelope.get("question_id"),
-        "version": envelope.get("version"),
-        "question": envelope.get("question"),
-    }
-    return "sha256:" + hashlib.sha256(canonical_json(body)).hexdigest()
 
 
 class QuestionDesk:
@@ -83,7 +70,7 @@ class QuestionDesk:
                 return _invalid(f"callback.{child}")
         if not isinstance(envelope.get("approvers"), list):
             return _invalid("approvers")
-        if question_hash(envelope) != envelope["request_hash"]:
+        if question_request_hash(envelope) != envelope["request_hash"]:
             log.warning("event=dispatch_refused reason=request_hash_mismatch kind=question")
             return web.json_response(
                 {"status": "invalid", "reason": "request_hash_mismatch"}, status=400
