@@ -491,3 +491,21 @@ def test_no_command_help_shows_reStructuredText_markup():
 
     walk(main, "hitl-gate")
     assert found == []
+
+
+def test_every_command_module_is_named_in_the_lazy_group():
+    """``hitl-gate`` imports a command's module only when it runs (gate.cli.COMMANDS): every
+    command the modules register must be in that map, or it would be missing from the CLI."""
+    import importlib
+    import pkgutil
+
+    import gate.cli as cli
+
+    for module in pkgutil.iter_modules(cli.__path__):
+        importlib.import_module(f"gate.cli.{module.name}")
+    assert sorted(cli.main.commands) == sorted(cli.COMMANDS)
+    for name, modules in cli.COMMANDS.items():
+        assert cli.main.commands[name].callback is not None
+        assert any(
+            cli.main.commands[name].callback.__module__ == f"gate.cli.{m}" for m in modules
+        ), name

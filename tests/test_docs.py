@@ -35,9 +35,13 @@ NOT_IN_YAML = {"source"}  # Config.source: the file it was loaded from, set by l
 
 
 def command_paths(group: click.Group = main, prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
-    """Every command and group below ``group``, as name paths (``("audit", "verify")``)."""
+    """Every command and group below ``group``, as name paths (``("audit", "verify")``);
+    through click's own listing, so the lazily imported commands (gate.cli.COMMANDS) count."""
     out: list[tuple[str, ...]] = []
-    for name, command in sorted(group.commands.items()):
+    ctx = click.Context(group)
+    for name in group.list_commands(ctx):
+        command = group.get_command(ctx, name)
+        assert command is not None, name
         path = (*prefix, name)
         out.append(path)
         if isinstance(command, click.Group):

@@ -2,13 +2,15 @@
 The group, ``fail``, ``run`` and shared options live here; the commands in daemon, pipeline,
 ask, questions, audit, tools and verify (what the API-side ones share: common).
 
-Importing this package registers every command on ``main`` (the modules import the group
-from here, then this package imports them at its end).
+A command's module is imported only when that command runs (or help lists it): ``main`` is a
+``LazyGroup`` that knows each command's module by name (``COMMANDS``), and the module registers
+its commands on ``main`` when imported. A call then pays only for the imports it uses.
 """
 
 from __future__ import annotations
 
 import asyncio
+import importlib
 import sys
 from collections.abc import Callable, Coroutine
 from pathlib import Path
@@ -91,7 +93,45 @@ def public_keys(paths: tuple[str, ...], option: str = "--public-key") -> dict[st
     return out
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+# command name -> the modules that register it (a group's subcommands may live in two)
+COMMANDS: dict[str, tuple[str, ...]] = {
+    "approvers": ("approvers",),
+    "ask": ("ask",),
+    "audit": ("audit", "audit_signatures"),
+    "cancel": ("pipeline",),
+    "check-config": ("daemon",),
+    "doctor": ("tools",),
+    "inbox": ("inbox",),
+    "keygen": ("tools",),
+    "list": ("pipeline",),
+    "mcp": ("mcp",),
+    "permit": ("audit",),
+    "policy": ("policy",),  # issue 18
+    "questions": ("questions",),
+    "relay": ("tools",),
+    "request": ("pipeline",),
+    "serve": ("daemon",),
+    "show": ("pipeline",),
+    "verify": ("verify",),
+}
+
+
+class LazyGroup(click.Group):
+    """A click group whose commands are imported on first use (``COMMANDS``): ``hitl-gate
+    request`` does not import the daemon, the inbox or the MCP server."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        """Every command name, sorted, without importing any."""
+        return sorted(COMMANDS)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        """The command ``cmd_name``, importing its modules first; None when unknown."""
+        for module in COMMANDS.get(cmd_name, ()):
+            importlib.import_module(f"gate.cli.{module}")
+        return super().get_command(ctx, cmd_name)
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="hitl-gate")
 def main() -> None:
     """hitl-gate: a human between an automated pipeline and a real-world action.
@@ -116,20 +156,3 @@ def read_input(option: str, path: str) -> bytes:
         return sys.stdin.buffer.read()
     except OSError as exc:
         fail(f"{option}: cannot read {input_name(path)}: {exc.strerror or exc}", 2)
-
-
-# each module registers its commands on ``main`` when imported
-from gate.cli import (  # noqa: E402, F401
-    approvers,
-    ask,
-    audit,
-    audit_signatures,
-    daemon,
-    inbox,
-    mcp,
-    pipeline,
-    policy,  # issue 18
-    questions,
-    tools,
-    verify,
-)

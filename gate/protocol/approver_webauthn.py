@@ -6,28 +6,22 @@ from __future__ import annotations
 import hashlib
 import hmac
 from collections.abc import Sequence
-
-from webauthn import verify_authentication_response
-from webauthn.helpers import (
-    decode_credential_public_key,
-    decoded_public_key_to_cryptography,
-    parse_authenticator_data,
-    parse_client_data_json,
-)
-from webauthn.helpers.exceptions import InvalidAuthenticationResponse, WebAuthnException
-from webauthn.helpers.structs import (
-    AuthenticationCredential,
-    AuthenticatorAssertionResponse,
-    AuthenticatorData,
-    ClientDataType,
-    CollectedClientData,
-    TokenBindingStatus,
-)
+from typing import TYPE_CHECKING
 
 from gate.protocol.approver_signature import ApproverAssertion, b64url, signature_invalid
 
+if TYPE_CHECKING:
+    from webauthn.helpers.structs import AuthenticatorData, CollectedClientData
+
+# The ``webauthn`` package (and its ASN.1, CBOR and X.509 imports, ~0.17 s) is imported by the
+# functions that verify, not with this module: a gate or CLI call that verifies no passkey
+# never loads it.
+
 
 def _client_data(raw: bytes) -> CollectedClientData:
+    from webauthn.helpers import parse_client_data_json
+    from webauthn.helpers.exceptions import WebAuthnException
+
     try:
         data = parse_client_data_json(raw)
     except (WebAuthnException, ValueError, TypeError):
@@ -40,6 +34,9 @@ def _client_data(raw: bytes) -> CollectedClientData:
 
 
 def _authenticator_data(raw: bytes) -> AuthenticatorData:
+    from webauthn.helpers import parse_authenticator_data
+    from webauthn.helpers.exceptions import WebAuthnException
+
     try:
         return parse_authenticator_data(raw)
     except (WebAuthnException, ValueError, TypeError, IndexError):
@@ -50,6 +47,8 @@ def _check_unsigned_claims(
     assertion: ApproverAssertion, challenge: bytes, rp_id: str, origins: Sequence[str]
 ) -> None:
     """The checks before the signature, in order: type, challenge, origin, RP ID hash, UP, UV."""
+    from webauthn.helpers.structs import ClientDataType, TokenBindingStatus
+
     client = _client_data(assertion.client_data_json)
     if client.type != ClientDataType.WEBAUTHN_GET:
         raise signature_invalid("wrong_type", "client data type is not webauthn.get")
@@ -96,6 +95,11 @@ def verify_webauthn(
     ``user_not_verified``, ``bad_signature`` or ``counter_went_backwards`` (first failing,
     in that order); ValueError for a stored key the package cannot use.
     """
+    from webauthn import verify_authentication_response
+    from webauthn.helpers import decode_credential_public_key, decoded_public_key_to_cryptography
+    from webauthn.helpers.exceptions import InvalidAuthenticationResponse, WebAuthnException
+    from webauthn.helpers.structs import AuthenticationCredential, AuthenticatorAssertionResponse
+
     try:
         decoded = decode_credential_public_key(credential_public_key)
         decoded_public_key_to_cryptography(decoded)

@@ -9,27 +9,19 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from webauthn import generate_registration_options, options_to_json, verify_registration_response
-from webauthn.helpers import parse_client_data_json
-from webauthn.helpers.cose import COSEAlgorithmIdentifier
-from webauthn.helpers.exceptions import InvalidRegistrationResponse, WebAuthnException
-from webauthn.helpers.structs import (
-    AttestationConveyancePreference,
-    AuthenticatorSelectionCriteria,
-    PublicKeyCredentialDescriptor,
-    ResidentKeyRequirement,
-    UserVerificationRequirement,
-)
-
 from gate.protocol.approver_signature import b64url
 from gate.protocol.errors import ProtocolError
 
+# The ``webauthn`` package (~0.17 s to import) is imported by the two functions that use it,
+# not with this module: a gate that registers no passkey never loads it.
 TIMEOUT_MS = 300_000
-ALGORITHMS = (
-    COSEAlgorithmIdentifier.ECDSA_SHA_256,  # -7
-    COSEAlgorithmIdentifier.EDDSA,  # -8
-    COSEAlgorithmIdentifier.RSASSA_PKCS1_v1_5_SHA_256,  # -257
-)
+ALGORITHMS = (-7, -8, -257)  # COSE: ECDSA_SHA_256, EDDSA, RSASSA_PKCS1_v1_5_SHA_256
+
+
+def _algorithms() -> list[Any]:
+    from webauthn.helpers.cose import COSEAlgorithmIdentifier
+
+    return [COSEAlgorithmIdentifier(number) for number in ALGORITHMS]
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +48,15 @@ def creation_options(
     """The ``PublicKeyCredentialCreationOptions`` as JSON (binary parts base64url): ES256,
     EdDSA and RS256; user verification required, resident key preferred; attestation none;
     a 300 s timeout; ``exclude`` (raw credential ids) as ``excludeCredentials``."""
+    from webauthn import generate_registration_options, options_to_json
+    from webauthn.helpers.structs import (
+        AttestationConveyancePreference,
+        AuthenticatorSelectionCriteria,
+        PublicKeyCredentialDescriptor,
+        ResidentKeyRequirement,
+        UserVerificationRequirement,
+    )
+
     options = generate_registration_options(
         rp_id=rp_id,
         rp_name=rp_name,
@@ -70,7 +71,7 @@ def creation_options(
             user_verification=UserVerificationRequirement.REQUIRED,
         ),
         exclude_credentials=[PublicKeyCredentialDescriptor(id=raw) for raw in exclude],
-        supported_pub_key_algs=list(ALGORITHMS),
+        supported_pub_key_algs=_algorithms(),
     )
     loaded: dict[str, Any] = json.loads(options_to_json(options))
     return loaded
@@ -93,6 +94,10 @@ def verify_passkey(
     over ``challenge`` for ``rp_id`` on one of ``origins``, user verification required.
     Raises 400 ``invalid_registration`` for anything that does not verify or parse, with
     one fixed message (``REGISTRATION_REFUSED``: never the library's text)."""
+    from webauthn import verify_registration_response
+    from webauthn.helpers import parse_client_data_json
+    from webauthn.helpers.exceptions import InvalidRegistrationResponse, WebAuthnException
+
     if not isinstance(credential, dict):
         raise registration_refused("the body must be the credential as JSON")
     try:
@@ -102,7 +107,7 @@ def verify_passkey(
             expected_rp_id=rp_id,
             expected_origin=list(origins),
             require_user_verification=True,
-            supported_pub_key_algs=list(ALGORITHMS),
+            supported_pub_key_algs=_algorithms(),
         )
         response = credential.get("response")
         assert isinstance(response, dict)
