@@ -120,3 +120,23 @@ def test_is_notice_only_for_type_notice() -> None:
     assert is_notice({"type": "notice"})
     assert not is_notice({"type": "dispatch"})
     assert not is_notice({})
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"protocol":"hitl/v0","kind":"question","question":{"text":"a \\ud800 b"}}',
+        b'{"protocol":"hitl/v0","draft":{"body":"\\udfff"}}',
+        b'{"protocol":"hitl/v0","\\ud800":1}',
+        b'{"protocol":"hitl/v0","approvers":[["\\ud800"]]}',
+    ],
+)
+def test_open_signed_refuses_a_lone_surrogate_anywhere(body: bytes) -> None:
+    """Session 11 review: a signed question holding ``\\ud800`` reached the hash (UTF-8
+    encoding) and raised UnicodeEncodeError: a 500, not an answer. Such JSON is no UTF-8
+    text: 400 ``invalid_json`` before any field is read."""
+    with pytest.raises(ProtocolError) as caught:
+        open_signed(_signed(body), body, [SECRET], NOW, SKEW)
+
+    assert (caught.value.status, caught.value.code) == (400, "invalid_json")
+    assert "lone surrogate" in str(caught.value)

@@ -27,18 +27,45 @@ def open_signed(
 
     Runs SPEC §2 checks 2-4 (``signing.verify``: 401 ``signature_missing``,
     ``signature_malformed``, ``timestamp_out_of_window``, ``signature_mismatch``), then
-    decodes the body (``decode_json``: 400 ``invalid_json``), then check 5's body part: a JSON
-    object whose ``protocol`` is ``hitl/v0`` (400 ``invalid_protocol``, answered
-    ``{"status": "invalid", "reason": "invalid_protocol"}``). Raises ProtocolError with the
+    decodes the body (``decode_json``: 400 ``invalid_json``, also when any key or string
+    holds a lone surrogate such as ``\\ud800``: no UTF-8 text, it could not be hashed),
+    then check 5's body part: a JSON object whose ``protocol`` is ``hitl/v0`` (400
+    ``invalid_protocol``, answered ``{"status": "invalid", "reason": "invalid_protocol"}``). Raises ProtocolError with the
     first failing reason; returns the decoded object.
     """
     signing.verify(header, raw, secrets, now, max_skew)
     envelope = decode_json(raw)
+    if not _all_unicode(envelope):
+        raise ProtocolError(
+            "invalid_json",
+            "body is not valid JSON text: a string holds a lone surrogate",
+            status=400,
+            kind="invalid",
+            extra={"field": "json"},  # as decode_json's own invalid_json
+        )
     if not isinstance(envelope, dict) or envelope.get("protocol") != PROTOCOL:
         raise ProtocolError(
             INVALID_PROTOCOL, f"the body is no {PROTOCOL} object", status=400, kind="invalid"
         )
     return envelope
+
+
+def _all_unicode(value: Any) -> bool:
+    """False when a string anywhere in ``value`` (keys included) holds a lone surrogate."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError:
+                return False
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return True
 
 
 def is_notice(envelope: dict[str, Any]) -> bool:
