@@ -30,8 +30,8 @@ def open_signed(
     decodes the body (``decode_json``: 400 ``invalid_json``, also when any key or string
     holds a lone surrogate such as ``\\ud800``: no UTF-8 text, it could not be hashed),
     then check 5's body part: a JSON object whose ``protocol`` is ``hitl/v0`` (400
-    ``invalid_protocol``, answered ``{"status": "invalid", "reason": "invalid_protocol"}``). Raises ProtocolError with the
-    first failing reason; returns the decoded object.
+    ``invalid_protocol``, answered ``{"status": "invalid", "reason": "invalid_protocol"}``).
+    Raises ProtocolError with the first failing reason; returns the decoded object.
     """
     signing.verify(header, raw, secrets, now, max_skew)
     envelope = decode_json(raw)
