@@ -169,3 +169,18 @@ def test_an_item_that_must_be_opened_is_refused_in_a_batch_naming_it(
     assert (exc.value.status, exc.value.reason) == (409, "open_to_review")
     assert exc.value.message.startswith("p \u00b7 s2 (01A2) must be opened")
     assert why in exc.value.message
+
+
+def test_a_bulk_result_never_names_an_item_by_a_revision_it_did_not_approve() -> None:
+    """Revision 1 was approved in the batch; the item is now revision 2 (adjusted by another
+    approver): its line must not show revision 2's first line as what was approved."""
+    from gate.inbox.bulk_results import result_row
+    from gate.inbox.model import DecisionRecord
+
+    record = DecisionRecord("01A1", 1, "alice@example.com", "approve", 200, {"status": "recorded"})
+    same = result_row(record, item(1, body="Pay 10 EUR to ACME"))
+    now = result_row(record, item(1, revision=2, body="Pay 10000 EUR to EVIL"))
+
+    assert same["first_line"] == "Pay 10 EUR to ACME"
+    assert "EVIL" not in json.dumps(now), now
+    assert now["changed_to"] == 2

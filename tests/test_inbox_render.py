@@ -148,6 +148,23 @@ def test_draft_markdown_marks_hidden_characters_in_text_code_and_urls() -> None:
     assert "js" not in "".join(a.get("class") or "" for _, a in parse(view.html).tags)
 
 
+def test_draft_markdown_shows_link_and_image_titles_escaped_and_marked() -> None:
+    # a title is text of the draft (a tooltip wherever it is published) that could carry a
+    # URL or an instruction: the item page must show it, not only count it as "hidden parts"
+    body = (
+        '[docs](https://ok.example/ "https://evil.example/\u202ex <b>")\n\n'
+        "![chart](https://img.example/c.png 'wire \"all\" funds')\n\n"
+        '[ref][r]\n\n[r]: https://r.example/ "ref title"\n'
+    )
+    view = draft_view(body, "text/markdown")
+    assert_inert(view.html)
+    text = "".join(parse(view.html).text)
+    assert 'docs (https://ok.example/) (title "https://evil.example/U+202Ex <b>")' in text
+    assert '[image: chart] (https://img.example/c.png) (title "wire "all" funds")' in text
+    assert 'ref (https://r.example/) (title "ref title")' in text
+    assert view.marked == 1, view.html
+
+
 def test_reference_definitions_are_listed_exactly_as_written_duplicates_too() -> None:
     body = (
         "[click](x) and [more][Dup]\n\n"

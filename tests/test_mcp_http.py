@@ -262,6 +262,36 @@ def test_mcp_http_a_request_in_time_is_served_with_the_read_timeout(mcp_http):
     assert status == 401  # the bearer check answered: the request was read and served
 
 
+async def test_mcp_http_a_tool_call_waiting_longer_than_the_read_timeout_is_answered(
+    gate, relay, mcp_http
+):
+    """The read timeout bounds reading, never answering: with ``--read-timeout 1`` a tool
+    call the gate holds 3 s (nobody decides) is answered, the same client waits again
+    (keep-alive) and then gets the decision made meanwhile."""
+    _, url = mcp_http("--read-timeout", "1")
+    draft = f"Refund order 88 ({time.monotonic_ns()})"
+    async with http_mcp(url) as client:
+        first = result_json(
+            await client.call_tool(
+                "request_approval",
+                {"pipeline": "p", "step": "q1", "draft": draft, "wait_seconds": 3},
+            )
+        )
+        assert (first["state"], first["outcome"]) == ("pending", None), first
+        dispatch = await dispatch_for(relay, draft)
+        waiting = asyncio.create_task(
+            client.call_tool(
+                "get_approval", {"approval_id": first["approval_id"], "wait_seconds": 20}
+            )
+        )
+        status, _, _ = await asyncio.to_thread(
+            post_decision, gate.callback_url, decision_body(dispatch, "bob@example.com")
+        )
+        second = result_json(await waiting)
+    assert status == 200
+    assert (second["outcome"], second["body"]) == ("approved", draft)
+
+
 def test_mcp_http_refuses_connections_over_its_cap_and_serves_again_after(mcp_http):
     """Three idle connections fill ``--max-connections 3``: a fourth is closed at once
     without an answer; once the idle ones are gone a request is served again."""

@@ -4,8 +4,8 @@ Everything from a dispatch is untrusted: it is escaped, and every character a di
 not show as itself (``gate.protocol.display``; newline and tab excepted) is shown as a
 visible ``<mark class="cc">U+XXXX</mark>`` whose title names it, so the approver sees what the
 payload hash covers. Markdown is rendered with raw HTML off, links as their text followed by
-the URL (nothing to click) and images as their description and URL (nothing loaded); its
-link reference definitions, which a rendering never shows, are listed apart
+the URL and title (nothing to click) and images as their description, URL and title (nothing
+loaded); its link reference definitions, which a rendering never shows, are listed apart
 (``reference_definitions``).
 """
 
@@ -120,15 +120,16 @@ def _block_rule(
 def _link_open_rule(
     self: Any, tokens: Sequence[Token], idx: int, opts: OptionsDict, env: EnvType
 ) -> str:
-    env.setdefault("links", []).append(str(tokens[idx].attrGet("href") or ""))
+    token = tokens[idx]
+    env.setdefault("links", []).append((str(token.attrGet("href") or ""), _title(token)))
     return '<span class="md-link">'
 
 
 def _link_close_rule(
     self: Any, tokens: Sequence[Token], idx: int, opts: OptionsDict, env: EnvType
 ) -> str:
-    href = env["links"].pop()
-    return f'</span> <span class="md-url">({marked_text(href)})</span>'
+    href, title = env["links"].pop()
+    return f'</span> <span class="md-url">({marked_text(href)})</span>{title}'
 
 
 def _image_rule(
@@ -139,8 +140,15 @@ def _image_rule(
     src = str(token.attrGet("src") or "")
     return (
         f'<span class="md-image">[image: {marked_text(alt)}]</span> '
-        f'<span class="md-url">({marked_text(src)})</span>'
+        f'<span class="md-url">({marked_text(src)})</span>{_title(token)}'
     )
+
+
+def _title(token: Token) -> str:
+    """A link's or image's title as shown after its URL (escaped, marked), "" when none: a
+    rendering shows it only as a tooltip, so the page writes it out."""
+    title = str(token.attrGet("title") or "")
+    return f' <span class="md-title">(title &#34;{marked_text(title)}&#34;)</span>' if title else ""
 
 
 _MD = _markdown()
