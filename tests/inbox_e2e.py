@@ -46,6 +46,8 @@ STEPS: list[dict[str, Any]] = [
     {"name": "two", "quorum": 2, "approvers": [101, 102], "timeout": "1h", **SIGNED},
     {"name": "brief", "quorum": 1, "approvers": [101, 102], "timeout": "8s", **SIGNED},
     {"name": "ask", "type": "question", "approvers": [101, 102], "timeout": "1h"},
+    # reminded every second; decisions signed by the relay secret alone (a test's adjust)
+    {"name": "nag", "quorum": 2, "approvers": [101, 102], "timeout": "1h", "remind_every": "1s"},
 ]
 
 

@@ -8,6 +8,7 @@ Real processes (gate, inbox, pipelines) and Debian's headless Chromium; see test
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -27,6 +28,7 @@ from tests.inbox_e2e import (
     screenshot,
     signin_ready,
 )
+from tests.support import decision_body, post_decision
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 BUTTONS_DISABLED = """() => {
@@ -160,3 +162,36 @@ def test_inbox_e2e_item_expiring_and_one_cancelled_while_the_page_is_open(
     code, _, err = pipeline.finish()
     assert code == 5, err
     alice.assert_clean("expiry and cancel")
+
+
+def test_inbox_e2e_open_page_ignores_a_reminder_but_says_an_adjust_changed_it(
+    stack: Stack, browser: Browser, shots: Path
+) -> None:
+    signin_ready(stack)
+    alice = enrolled(stack, browser, "alice", 101)
+    pipeline, approval_id = pending(stack, "nag", "reminded, never changed")
+    open_item(alice, stack, approval_id)
+    changed = "This item changed"
+
+    def reminder_count(row: object) -> int:
+        return int(json.loads(row["dispatch"]).get("reminder", 0))  # type: ignore[index]
+
+    kept = stack.inbox.wait_item(approval_id, lambda r: reminder_count(r) >= 1)
+    # the page's next poll comes after the reminder was kept: it must not say "changed"
+    with alice.page.expect_response(lambda r: "/live?" in r.url, timeout=LIVE_S):
+        pass
+    with alice.page.expect_response(lambda r: "/live?" in r.url, timeout=LIVE_S):
+        pass
+    assert changed not in alice.page.inner_text("body")
+    assert not alice.page.evaluate(BUTTONS_DISABLED)
+
+    adjust = decision_body(
+        json.loads(kept["dispatch"]), "bob@example.com", "adjust", adjust_text="adjusted"
+    )
+    status, answer, _ = post_decision(stack.gate.callback_url, adjust)
+    assert status == 200, answer
+    alice.page.wait_for_function(
+        "(word) => document.body.innerText.includes(word)", arg=changed, timeout=LIVE_S
+    )
+    pipeline.stop()
+    alice.assert_clean("reminder and adjust")

@@ -144,7 +144,7 @@ def test_inbox_mails_each_approver_of_a_new_item_a_link_and_no_draft(
         updated = dispatch_of(row) | {"reminder": {"count": 1}}
         raw2 = wire_json(updated)
         assert http_request(inbox.relay_url, "POST", raw2, sign_headers(raw2))[0] == 200
-        inbox.wait_item(approval_id, lambda r: r["updated_seq"] > row["updated_seq"])
+        inbox.wait_item(approval_id, lambda r: dispatch_of(r).get("reminder") == {"count": 1})
         adjust = decision_body(dispatch_of(row), "alice@example.com", "adjust", adjust_text="v2")
         assert post_decision(gate.callback_url, adjust)[0] == 200
         inbox.wait_item(approval_id, lambda r: r["revision"] == 2)

@@ -71,7 +71,9 @@ class InboxDb:
         """Keep a verified dispatch (``raw``: its JSON text exactly as received) and return
         what happened: ``new`` (a row), ``same`` (a re-send with nothing new: no change),
         ``updated`` (same nonce, other bytes asking the same thing: a reminder or an
-        escalation; the stored dispatch replaced), ``conflict`` (same nonce, but another
+        escalation; the stored dispatch replaced, ``updated_seq`` kept: nothing the approver
+        reads changed, so ``/live`` does not report it; its quorum progress is read from the
+        stored dispatch on every poll), ``conflict`` (same nonce, but another
         revision, hash, draft or question: nothing changes; review rev17a), ``revision`` (a
         newer revision or version replaced the item; the body before kept in
         ``previous_body``; pending unless closed), ``stale``
@@ -299,8 +301,8 @@ def _receive(conn: sqlite3.Connection, new: Incoming, raw: str, at: int) -> str:
         if not same_request(json.loads(old["dispatch"]), json.loads(raw)):
             return "conflict"
         conn.execute(
-            "UPDATE items SET dispatch = ?, expires_at = ?, updated_seq = ? WHERE approval_id = ?",
-            (raw, new.expires_at, _next_seq(conn), new.approval_id),
+            "UPDATE items SET dispatch = ?, expires_at = ? WHERE approval_id = ?",
+            (raw, new.expires_at, new.approval_id),
         )
         return "updated"
     before = json.loads(old["dispatch"])
