@@ -16,7 +16,7 @@ import json
 import re
 import sqlite3
 import urllib.parse
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from http.cookies import SimpleCookie
 from pathlib import Path
@@ -383,3 +383,18 @@ def start_world(folder: Path, enrol: tuple[int, ...] = (101, 102), **kw: Any) ->
         world.stop()
         raise
     return world
+
+
+# a quorum-2 step the gate reminds about every second (issue 14), for progress and /live tests
+REMINDED_STEP = {"name": "q2r", "quorum": 2, "approvers": [101, 102, 103], "timeout": "1h",
+                 "remind_every": "1s", **SIGNED}  # fmt: skip
+
+
+def reminded_world(tmp_path_factory: Any, name: str) -> Iterator[InboxWorld]:
+    """A module's world (gate + inbox, alice, bob and carol enrolled) with ``REMINDED_STEP``
+    besides ``STEPS``; stopped after the module. Use as ``yield from`` in a fixture."""
+    started = start_world(
+        tmp_path_factory.mktemp(name), enrol=(101, 102, 103), steps=[*STEPS, REMINDED_STEP]
+    )
+    yield started
+    started.stop()

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.inbox_harness import SIGNED, STEPS, InboxWorld, start_world
+from tests.inbox_harness import InboxWorld, reminded_world
 from tests.test_inbox_decide import followed, pipeline, signed_in
 
 pytestmark = pytest.mark.e2e
@@ -18,13 +18,7 @@ pytestmark = pytest.mark.e2e
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InboxWorld]:
-    reminded = {"name": "q2r", "quorum": 2, "approvers": [101, 102, 103], "timeout": "1h",
-                "remind_every": "1s", **SIGNED}  # fmt: skip
-    started = start_world(
-        tmp_path_factory.mktemp("live"), enrol=(101, 102, 103), steps=[*STEPS, reminded]
-    )
-    yield started
-    started.stop()
+    yield from reminded_world(tmp_path_factory, "live")
 
 
 def reminded(row: object) -> int:
