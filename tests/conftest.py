@@ -10,10 +10,17 @@ The tiers cannot rot: an audit hook (PEP 578) sees every process this interprete
 (``subprocess.Popen``, hence ``subprocess.run``, asyncio subprocesses, ``GateProcess``,
 ``CliProcess``, ...). A test that starts one without an ``e2e``, ``slow`` or ``toolchain``
 marker fails there, with the command line in the message.
+
+No process outlives its module: every ``subprocess.Popen`` this interpreter makes is
+remembered, and when a module's last test has been torn down (its fixtures with it) any of
+them still running is stopped and that teardown fails, naming the command. A test that
+fails half-way still has its processes ended here.
 """
 
 from __future__ import annotations
 
+import signal
+import subprocess
 import sys
 from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
@@ -55,6 +62,37 @@ def _audit(event: str, args: tuple[object, ...]) -> None:
 
 sys.addaudithook(_audit)
 
+_children: list[subprocess.Popen[bytes]] = []  # every process started here, not yet reaped
+_popen_init = subprocess.Popen.__init__
+
+
+def _remembered_init(self: subprocess.Popen[bytes], *args: object, **kwargs: object) -> None:
+    """``subprocess.Popen.__init__``, then remember the process (see the module docstring)."""
+    _popen_init(self, *args, **kwargs)  # type: ignore[arg-type]
+    _children.append(self)
+
+
+subprocess.Popen.__init__ = _remembered_init  # type: ignore[method-assign]
+
+
+def _end_leftovers() -> list[str]:
+    """Stop (SIGTERM, then SIGKILL after 10 s) every remembered process still running, reap
+    those that ended, and return the command lines of the ones that had to be stopped."""
+    left: list[str] = []
+    for proc in _children:
+        if proc.poll() is not None:
+            continue
+        args = proc.args
+        left.append(" ".join(map(str, args)) if isinstance(args, list | tuple) else str(args))
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+    _children.clear()
+    return left
+
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_protocol(
@@ -75,6 +113,14 @@ def pytest_runtest_teardown(
 ) -> Generator[None, object, object]:
     """Fail the test (as a teardown error) if it started a process without a tier marker."""
     result = yield
+    if nextitem is None or nextitem.path != item.path:  # the module's fixtures are gone too
+        left = _end_leftovers()
+        if left:
+            pytest.fail(
+                f"{item.path.name} left {len(left)} process(es) running after its last test "
+                f"(now stopped): " + "; ".join(command[:200] for command in left),
+                pytrace=False,
+            )
     spawned = _unmarked_spawns.pop(item.nodeid, None)
     if spawned:
         pytest.fail(

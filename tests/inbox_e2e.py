@@ -59,6 +59,7 @@ class Stack:
 
     def __init__(self, folder: Path) -> None:
         self.world = InboxWorld(folder, free_port(), free_port(), steps=list(STEPS))
+        self.pipelines: list[CliProcess] = []  # stopped with the stack, even after a failure
 
     @property
     def gate(self) -> GateProcess:
@@ -83,7 +84,9 @@ class Stack:
         return self
 
     def stop(self) -> None:
-        """Stop both (the inbox first)."""
+        """Stop the pipelines still waiting, then both (the inbox first)."""
+        for pipeline in self.pipelines:
+            pipeline.stop()
         self.world.stop()
 
     def invite(self, operator_id: int, label: str) -> str:
@@ -107,7 +110,7 @@ class Stack:
 
     def ask(self, *args: str) -> CliProcess:
         """A pipeline blocking on ``hitl-gate ask --wait`` (step ``ask``) with ``args``."""
-        return CliProcess(
+        return self._pipeline(
             "ask",
             "-c",
             str(self.gate.config),
@@ -137,7 +140,7 @@ class Stack:
 
     def request(self, step: str, draft: str, *extra: str) -> CliProcess:
         """A pipeline blocking on ``hitl-gate request --wait`` (its draft on stdin)."""
-        return CliProcess(
+        return self._pipeline(
             "request",
             "-c",
             str(self.gate.config),
@@ -154,6 +157,12 @@ class Stack:
             stdin=draft.encode("utf-8"),
             env=ENV,
         )
+
+    def _pipeline(self, *args: str, stdin: bytes | None = None, env: dict[str, str]) -> CliProcess:
+        """A background ``hitl-gate`` command that this stack stops when it stops."""
+        pipeline = CliProcess(*args, stdin=stdin, env=env)
+        self.pipelines.append(pipeline)
+        return pipeline
 
     def gate_rows(self, sql: str, *args: Any) -> list[tuple[Any, ...]]:
         """Read the gate's SQLite file (read-only)."""
