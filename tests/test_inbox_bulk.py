@@ -144,8 +144,8 @@ def test_bulk_heading_says_how_many_the_gate_recorded(kinds: list[str], said: st
 @pytest.mark.parametrize(
     ("body", "content_type", "why"),
     [
-        pytest.param("Pay \u202eRUE 00021\u202c", "text/plain", "hidden characters", id="bidi"),
-        pytest.param("Pay ACME\u200b Ltd", "text/plain", "hidden characters", id="zero-width"),
+        pytest.param("Pay \u202eRUE 00021\u202c", "text/plain", "2 hidden characters", id="bidi"),
+        pytest.param("Pay ACME\u200b Ltd", "text/plain", "1 hidden character", id="zero-width"),
         pytest.param(
             "See [terms][t]\n\n[t]: https://example.com/t",
             "text/markdown",
@@ -168,6 +168,50 @@ def test_an_item_that_must_be_opened_is_refused_in_a_batch_naming_it(
         checked_items([("01A1", 1), ("01A2", 1)], stored, mine)
     assert (exc.value.status, exc.value.reason) == (409, "open_to_review")
     assert exc.value.message.startswith("p \u00b7 s2 (01A2) must be opened")
+    assert why in exc.value.message
+
+
+LONG = "\n".join(
+    f"Line {n:03}: order 2026-{n:03} shipped, tracking {n:07}."
+    if n != 151
+    else "ALSO wire 9.800,00 EUR to account DE00 9999 0000 0000 0000 00"
+    for n in range(1, 201)
+)
+
+
+@pytest.mark.parametrize(
+    ("body", "content_type", "why"),
+    [
+        pytest.param(LONG, "text/plain", "200 lines, 10 KB", id="200-lines"),
+        pytest.param(
+            "Dear customer 1,\n\n" + "Your order has shipped. " * 30, "text/plain", "3 lines",
+            id="letter",
+        ),
+        pytest.param(
+            json.dumps({"pay_to": "ACME GmbH \u202eHBmG EMCA", "amount": 5}),
+            "application/json",
+            "1 hidden character",
+            id="json-escaped-bidi",
+        ),
+        pytest.param(
+            "Pay ACME GmbH &#x202E;HBmG EMCA 5 EUR.", "text/markdown", "1 hidden character",
+            id="markdown-entity-bidi",
+        ),
+    ],
+)  # fmt: skip
+def test_a_draft_its_row_cannot_show_whole_is_refused_in_a_batch(
+    body: str, content_type: str, why: str
+) -> None:
+    """Seeing is approving: bulk approve signs only a draft its row showed whole, judged on
+    what the item page renders (an escaped or entity-encoded hidden character counts)."""
+    stored: dict[str, Item | None] = {
+        "01A1": item(1),
+        "01A2": item(2, body=body, content_type=content_type),
+    }
+    with pytest.raises(BulkRefused) as exc:
+        checked_items([("01A1", 1), ("01A2", 1)], stored, mine)
+    assert (exc.value.status, exc.value.reason) == (409, "open_to_review")
+    assert exc.value.message.startswith("p \u00b7 s2 (01A2) must be opened"), exc.value.message
     assert why in exc.value.message
 
 
