@@ -293,6 +293,8 @@ def test_hidden_count_counts_what_the_draft_marks_but_newline_and_tab() -> None:
     ("body", "line"),
     [
         ("\n\n  Refund 12 EUR  \nsecond", "Refund 12 EUR"),
+        ('{\n  "pay_to": "ACME",\n  "amount": 5\n}', '"pay_to": "ACME",'),
+        ("---\n***\n", "---"),
         ("x" * 100, "x" * 79 + "\u2026"),
         ("", ""),
         (" \n ", ""),

@@ -235,9 +235,11 @@ def markdown_hides(body: str) -> bool:
 
 
 def first_line(body: str, limit: int = 80) -> str:
-    """The first non-blank line of ``body``, stripped, cut to ``limit`` characters (the
-    last one then "…"); "" for a blank body. The waiting list's line per item (issue 17)."""
-    line = next((ln.strip() for ln in body.splitlines() if not is_blank(ln)), "")
+    """The first line of ``body`` that holds a letter or digit (else the first non-blank
+    one: a JSON draft's ``{`` tells nothing), stripped, cut to ``limit`` characters (the last
+    one then "…"); "" for a blank body. The waiting list's line per item."""
+    lines = [ln.strip() for ln in body.splitlines() if not is_blank(ln)]
+    line = next((ln for ln in lines if any(c.isalnum() for c in ln)), lines[0] if lines else "")
     return line if len(line) <= limit else line[: limit - 1] + "\u2026"
 
 
