@@ -141,6 +141,14 @@ def test_bulk_heading_says_how_many_the_gate_recorded(kinds: list[str], said: st
     assert bulk_heading(kinds) == said
 
 
+LONG = "\n".join(
+    f"Line {n:03}: order 2026-{n:03} shipped, tracking {n:07}."
+    if n != 151
+    else "ALSO wire 9.800,00 EUR to account DE00 9999 0000 0000 0000 00"
+    for n in range(1, 201)
+)
+
+
 @pytest.mark.parametrize(
     ("body", "content_type", "why"),
     [
@@ -153,35 +161,6 @@ def test_bulk_heading_says_how_many_the_gate_recorded(kinds: list[str], said: st
             id="markdown-reference",
         ),
         pytest.param('{"amount": 1e-400}', "application/json", "JSON", id="json-fallback"),
-    ],
-)
-def test_an_item_that_must_be_opened_is_refused_in_a_batch_naming_it(
-    body: str, content_type: str, why: str
-) -> None:
-    """Issue 17 finding 2: a draft the list cannot show faithfully is never bulk-approved,
-    even when a crafted request ticks it (server-side)."""
-    stored: dict[str, Item | None] = {
-        "01A1": item(1),
-        "01A2": item(2, body=body, content_type=content_type),
-    }
-    with pytest.raises(BulkRefused) as exc:
-        checked_items([("01A1", 1), ("01A2", 1)], stored, mine)
-    assert (exc.value.status, exc.value.reason) == (409, "open_to_review")
-    assert exc.value.message.startswith("p \u00b7 s2 (01A2) must be opened")
-    assert why in exc.value.message
-
-
-LONG = "\n".join(
-    f"Line {n:03}: order 2026-{n:03} shipped, tracking {n:07}."
-    if n != 151
-    else "ALSO wire 9.800,00 EUR to account DE00 9999 0000 0000 0000 00"
-    for n in range(1, 201)
-)
-
-
-@pytest.mark.parametrize(
-    ("body", "content_type", "why"),
-    [
         pytest.param(LONG, "text/plain", "200 lines, 10 KB", id="200-lines"),
         pytest.param(
             "Dear customer 1,\n\n" + "Your order has shipped. " * 30, "text/plain", "3 lines",
@@ -199,11 +178,12 @@ LONG = "\n".join(
         ),
     ],
 )  # fmt: skip
-def test_a_draft_its_row_cannot_show_whole_is_refused_in_a_batch(
+def test_an_item_that_must_be_opened_is_refused_in_a_batch_naming_it(
     body: str, content_type: str, why: str
 ) -> None:
     """Seeing is approving: bulk approve signs only a draft its row showed whole, judged on
-    what the item page renders (an escaped or entity-encoded hidden character counts)."""
+    what the item page renders (an escaped or entity-encoded hidden character counts), even
+    when a crafted request ticks another (server-side)."""
     stored: dict[str, Item | None] = {
         "01A1": item(1),
         "01A2": item(2, body=body, content_type=content_type),
@@ -211,7 +191,7 @@ def test_a_draft_its_row_cannot_show_whole_is_refused_in_a_batch(
     with pytest.raises(BulkRefused) as exc:
         checked_items([("01A1", 1), ("01A2", 1)], stored, mine)
     assert (exc.value.status, exc.value.reason) == (409, "open_to_review")
-    assert exc.value.message.startswith("p \u00b7 s2 (01A2) must be opened"), exc.value.message
+    assert exc.value.message.startswith("p \u00b7 s2 (01A2) must be opened")
     assert why in exc.value.message
 
 
