@@ -369,9 +369,10 @@ def decide(who: Approver, verb: str) -> str:
     return str(page.inner_text("main"))
 
 
-def pending(stack: Stack, step: str, draft: str) -> tuple[CliProcess, str]:
-    """A pipeline waiting on ``step`` and its approval id, once the inbox keeps the item."""
-    pipeline = stack.request(step, draft)
+def pending(stack: Stack, step: str, draft: str, *extra: str) -> tuple[CliProcess, str]:
+    """A pipeline waiting on ``step`` (``extra`` arguments to ``hitl-gate request``) and its
+    approval id, once the inbox keeps the item."""
+    pipeline = stack.request(step, draft, *extra)
     approval_id = pipeline.wait_for_line(REQUESTED).group(1)
     stack.inbox.wait_item(approval_id)
     return pipeline, approval_id

@@ -150,7 +150,8 @@ PLAIN = {
         body="\n  Refund 12 EUR to ACME Ltd for order 4411.\nSecond line.",
         dispatch={"run_id": "run-7", "issued_at": "2026-08-02T09:14:22Z", "requested_by": "carol"},
     ),
-    "plain-b": make_item("plain-b", body="Refund 99 EUR to Globex for order " + "9" * 90),
+    "plain-b": make_item("plain-b", body="Refund 99 EUR to Globex for order 9999."),
+    "plain-wide": make_item("plain-wide", body="Refund 99 EUR to Globex for order " + "9" * 90),
 }
 REFERENCES = {
     "refs": make_item(

@@ -141,11 +141,19 @@ def test_bulk_heading_says_how_many_the_gate_recorded(kinds: list[str], said: st
     assert bulk_heading(kinds) == said
 
 
+LONG = "\n".join(
+    f"Line {n:03}: order 2026-{n:03} shipped, tracking {n:07}."
+    if n != 151
+    else "ALSO wire 9.800,00 EUR to account DE00 9999 0000 0000 0000 00"
+    for n in range(1, 201)
+)
+
+
 @pytest.mark.parametrize(
     ("body", "content_type", "why"),
     [
-        pytest.param("Pay \u202eRUE 00021\u202c", "text/plain", "hidden characters", id="bidi"),
-        pytest.param("Pay ACME\u200b Ltd", "text/plain", "hidden characters", id="zero-width"),
+        pytest.param("Pay \u202eRUE 00021\u202c", "text/plain", "2 hidden characters", id="bidi"),
+        pytest.param("Pay ACME\u200b Ltd", "text/plain", "1 hidden character", id="zero-width"),
         pytest.param(
             "See [terms][t]\n\n[t]: https://example.com/t",
             "text/markdown",
@@ -153,13 +161,29 @@ def test_bulk_heading_says_how_many_the_gate_recorded(kinds: list[str], said: st
             id="markdown-reference",
         ),
         pytest.param('{"amount": 1e-400}', "application/json", "JSON", id="json-fallback"),
+        pytest.param(LONG, "text/plain", "200 lines, 10 KB", id="200-lines"),
+        pytest.param(
+            "Dear customer 1,\n\n" + "Your order has shipped. " * 30, "text/plain", "3 lines",
+            id="letter",
+        ),
+        pytest.param(
+            json.dumps({"pay_to": "ACME GmbH \u202eHBmG EMCA", "amount": 5}),
+            "application/json",
+            "1 hidden character",
+            id="json-escaped-bidi",
+        ),
+        pytest.param(
+            "Pay ACME GmbH &#x202E;HBmG EMCA 5 EUR.", "text/markdown", "1 hidden character",
+            id="markdown-entity-bidi",
+        ),
     ],
-)
+)  # fmt: skip
 def test_an_item_that_must_be_opened_is_refused_in_a_batch_naming_it(
     body: str, content_type: str, why: str
 ) -> None:
-    """Issue 17 finding 2: a draft the list cannot show faithfully is never bulk-approved,
-    even when a crafted request ticks it (server-side)."""
+    """Seeing is approving: bulk approve signs only a draft its row showed whole, judged on
+    what the item page renders (an escaped or entity-encoded hidden character counts), even
+    when a crafted request ticks another (server-side)."""
     stored: dict[str, Item | None] = {
         "01A1": item(1),
         "01A2": item(2, body=body, content_type=content_type),

@@ -15,6 +15,7 @@ import pytest
 
 from tests.inbox_harness import ENV, RP_ID, STEPS, InboxClient, InboxWorld, field_value, start_world
 from tests.support import CliProcess, run_cli, wait_until
+from tests.test_inbox_bulk import LONG
 
 pytestmark = pytest.mark.e2e
 
@@ -245,6 +246,33 @@ def test_a_bulk_challenge_names_an_item_that_changed_and_posts_nothing(world: In
     assert (one.status, one.json()["reason"]) == (422, "batch_size")
     forged = client.post_json("/bulk/challenge", {**fields, "csrf": "forged"}, csrf="forged")
     assert (forged.status, forged.json()["reason"]) == (403, "csrf_mismatch")
+    assert world.gate_rows("SELECT COUNT(*) FROM decisions")[0][0] == 0
+    for proc in pipelines:
+        proc.proc.terminate()
+        proc.finish()
+
+
+def test_a_forged_bulk_challenge_naming_a_long_draft_is_refused_open_to_review(
+    world: InboxWorld,
+) -> None:
+    """The waiting page offers no checkbox for a 200-line draft; a request that ticks it
+    anyway is refused by the inbox (the server decides, not the page) and nothing is signed,
+    posted or recorded at the gate."""
+    pipelines = [request(world, LONG), request(world, "short one")]
+    ids = pending(world, 2)
+    client = signed_in(world)
+    page = client.get("/")
+    assert f'name="item:{ids[LONG]}"' not in page.text
+    assert "Open to review: 200 lines, 10 KB" in page.text
+    fields = {"csrf": field_value(page.text, "csrf"), **{f"item:{i}": "1" for i in ids.values()}}
+
+    got = client.post_json("/bulk/challenge", fields)
+    decided = client.post_json("/bulk/decide", {**fields, "assertion": {"id": "x"}})
+
+    for answer in (got, decided):
+        assert (answer.status, answer.json()["reason"]) == (409, "open_to_review"), answer.text
+        assert f"p \u00b7 signed ({ids[LONG]}) must be opened" in answer.json()["message"]
+    assert "200 lines" in got.json()["message"]
     assert world.gate_rows("SELECT COUNT(*) FROM decisions")[0][0] == 0
     for proc in pipelines:
         proc.proc.terminate()

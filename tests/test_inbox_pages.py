@@ -191,34 +191,34 @@ async def test_inbox_waiting_page_lists_pending_items_by_expiry_with_their_facts
 async def test_inbox_waiting_rows_tell_items_apart_and_hidden_drafts_get_no_checkbox(
     client: TestClient[object, object],
 ) -> None:
-    """Issue 17 finding 2: each row shows the draft's first line, the request time and the
-    run id / requester when the dispatch has them; a draft with hidden characters has no bulk
-    checkbox and says it must be opened."""
+    """A short draft is shown WHOLE by its checkbox, with when, run id and requester; one with
+    hidden characters, too long or too wide has no checkbox and says why it must be opened."""
     html, page, _ = await fetch(client, "/?bulk=1")
     boxes = {
         a.get("name") for tag, a in page.tags if tag == "input" and a.get("type") == "checkbox"
     }
     assert boxes == {"item:plain-a", "item:plain-b"}
-    rows = re.findall(r'<li class="item[^"]*" data-approval-id="([^"]+)".*?</li>', html, re.S)
-    assert len(rows) == 5
     row_text = {
         m.group(1): " ".join(re.sub(r"<[^>]+>", " ", m.group(0)).split())
         for m in re.finditer(
             r'<li class="item[^"]*" data-approval-id="([^"]+)".*?</li>', html, re.S
         )
     }
+    assert len(row_text) == 6
     for hidden in ("hostile", "diff"):
-        assert "open to review: hidden characters" in row_text[hidden]
-    assert "open to review" not in row_text["plain-a"]
+        assert "Open to review: " in row_text[hidden] and " hidden character" in row_text[hidden]
+    assert "Open to review" not in row_text["plain-a"]
     a = row_text["plain-a"]
-    assert "Refund 12 EUR to ACME Ltd for order 4411." in a and "Second line" not in a
+    assert "Refund 12 EUR to ACME Ltd for order 4411. Second line." in a
     assert "Requested 2026-08-02 09:14 UTC" in a
     assert "run run-7" in a and "requested by carol" in a
     b = row_text["plain-b"]
-    assert "Refund 99 EUR to Globex for order " + "9" * 45 + "\u2026" in b
-    assert "Requested " in b and "run " not in b
+    assert "Refund 99 EUR to Globex for order 9999." in b and "run " not in b
+    wide = row_text["plain-wide"]
+    assert "Open to review: 1 line, 124 bytes, a line of 124 characters" in wide
+    assert "Refund 99 EUR to Globex for order " + "9" * 45 + "\u2026" in wide
     question = row_text["question"]
-    assert "open to review" not in question
+    assert "Open to review" not in question
 
 
 async def test_inbox_adjust_box_says_how_many_hidden_characters_it_keeps(

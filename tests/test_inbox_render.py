@@ -19,7 +19,6 @@ from gate.inbox.render import (
     marked_text,
     pretty_json,
     reference_definitions,
-    review_reason,
 )
 
 
@@ -285,41 +284,6 @@ def test_diff_html_of_equal_drafts_has_no_change() -> None:
     assert "<del>" not in html and "<ins>" not in html
 
 
-@pytest.mark.parametrize(
-    ("body", "content_type", "why"),
-    [
-        ("Refund 12 EUR to ACME Ltd.", "text/plain", None),
-        ("Refund **12 EUR** to [ACME](https://acme.example).", "text/markdown", None),
-        ('{"amount": 12.5}', "application/json", None),
-        ("", "text/plain", None),
-        ("Pay \u202eRUE 00021\u202c", "text/plain", "hidden characters"),
-        ("Pay 12\u200b EUR", "text/markdown", "hidden characters"),
-        ('{"to": "X\u202e"}', "application/json", "hidden characters"),
-        (
-            "See [terms][t].\n\n[t]: https://e.example/t",
-            "text/markdown",
-            "markdown with hidden parts",
-        ),
-        (
-            '[terms](https://e.example/t "secret title")',
-            "text/markdown",
-            "markdown with hidden parts",
-        ),
-        ('{"a": 1, "a": 2}', "application/json", "JSON that is shown as sent, not as data"),
-        (
-            '{"fee": 1e-400}',
-            "application/json; charset=utf-8",
-            "JSON that is shown as sent, not as data",
-        ),
-    ],
-)
-def test_review_reason_says_why_a_draft_must_be_opened(
-    body: str, content_type: str, why: str | None
-) -> None:
-    """Issue 17 finding 2: what the waiting list cannot vouch for is opened, not bulk-approved."""
-    assert review_reason(body, content_type) == why
-
-
 def test_hidden_count_counts_what_the_draft_marks_but_newline_and_tab() -> None:
     assert hidden_count("a\u202eb\u200b\n\tc\r") == 3
     assert hidden_count("plain\n") == 0
@@ -329,6 +293,8 @@ def test_hidden_count_counts_what_the_draft_marks_but_newline_and_tab() -> None:
     ("body", "line"),
     [
         ("\n\n  Refund 12 EUR  \nsecond", "Refund 12 EUR"),
+        ('{\n  "pay_to": "ACME",\n  "amount": 5\n}', '"pay_to": "ACME",'),
+        ("---\n***\n", "---"),
         ("x" * 100, "x" * 79 + "\u2026"),
         ("", ""),
         (" \n ", ""),

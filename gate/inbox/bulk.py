@@ -24,7 +24,7 @@ from gate.inbox.app import InboxState, state_of
 from gate.inbox.decide import decision_body
 from gate.inbox.gate_client import GateUnreachable, post_decision
 from gate.inbox.model import DecisionRecord, Item, Session
-from gate.inbox.render import review_reason
+from gate.inbox.seen import bulk_eligibility
 from gate.protocol.approver_signature import (
     b64url,
     batch_digest,
@@ -111,8 +111,8 @@ def checked_items(
     the first item that is not: ``not_available`` (unknown, a question, or not the session's
     to decide: said alike, its existence is not disclosed), ``not_pending`` ("… is now
     expired"), ``changed`` ("… changed since you opened it: reload to see revision N") or
-    ``open_to_review`` (a draft ``render.review_reason`` says must be opened: issue 17
-    finding 2)."""
+    ``open_to_review`` (a draft its row cannot show whole, ``seen.bulk_eligibility``:
+    bulk approve signs only what the approver saw)."""
     items: list[Item] = []
     for approval_id, revision in picks:
         item = stored.get(approval_id)
@@ -133,7 +133,7 @@ def checked_items(
                 f"{title_of(item)} ({approval_id}) changed since you opened it: reload to see"
                 f" revision {item.revision}.",
             )
-        why = review_reason(item.body, item.content_type)
+        why = bulk_eligibility(item.body, item.content_type).reason
         if why is not None:
             raise BulkRefused(
                 409,

@@ -7,8 +7,11 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
+from markupsafe import Markup
+
 from gate.inbox.model import Item
-from gate.inbox.render import first_line, review_reason
+from gate.inbox.render import first_line
+from gate.inbox.seen import bulk_eligibility, whole_draft_html
 
 
 def _text(dispatch: dict[str, Any], key: str) -> str | None:
@@ -33,17 +36,28 @@ def requested_at(item: Item) -> str:
 
 
 def row_facts(item: Item) -> dict[str, Any]:
-    """A waiting row's extra facts: ``first_line`` (the draft's, ≤ 80 characters; the
-    question's text for a question), ``requested`` (``requested_at``), ``run_id`` and
-    ``requested_by`` (None when the dispatch has none), ``review`` (why it must be opened,
-    ``render.review_reason``, approvals only) and ``bulkable`` (an approval with no
-    ``review``: it gets a checkbox)."""
-    review = review_reason(item.body, item.content_type) if item.kind == "approval" else None
+    """A waiting row's extra facts: ``first_line`` (of the draft as the item page shows it,
+    ``seen.visible_text``, ≤ 80 characters; the question's text for a question),
+    ``requested`` (``requested_at``), ``run_id`` and ``requested_by`` (None when the dispatch
+    has none), ``review`` (why it must be opened, ``seen.bulk_eligibility``, approvals only),
+    ``bulkable`` (an approval with no ``review``: it gets a checkbox) and ``whole`` (the whole
+    draft as the row shows it when ``bulkable``, else "")."""
+    if item.kind != "approval":
+        return {**_common(item, first_line(item.body)), "review": None, "bulkable": False,
+                "whole": Markup("")}  # fmt: skip
+    seen = bulk_eligibility(item.body, item.content_type)
     return {
-        "first_line": first_line(item.body),
+        **_common(item, first_line(seen.text)),
+        "review": seen.reason,
+        "bulkable": seen.bulkable,
+        "whole": whole_draft_html(seen),
+    }
+
+
+def _common(item: Item, line: str) -> dict[str, Any]:
+    return {
+        "first_line": line,
         "requested": requested_at(item),
         "run_id": _text(item.dispatch, "run_id"),
         "requested_by": _text(item.dispatch, "requested_by"),
-        "review": review,
-        "bulkable": item.kind == "approval" and review is None,
     }

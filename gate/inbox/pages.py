@@ -118,6 +118,7 @@ class Row:
     requested_by: str | None = None
     review: str | None = None
     bulkable: bool = False
+    whole: Markup = Markup("")
 
 
 def _facts(item: Item, now_ms: int, approved_by: Sequence[str] = ()) -> dict[str, Any]:
@@ -161,8 +162,8 @@ def waiting_page(
     first), each with pipeline, step, risk, quorum progress (``approved_by``: approval id →
     identities recorded through the inbox), time left and budget; an empty state in words.
     ``seq`` is the inbox's change counter the live updates poll from. Each row also shows
-    ``listing.row_facts`` (first line, request time, run id, requester) and gets a bulk
-    checkbox only when ``bulkable`` (issue 17 finding 2)."""
+    ``listing.row_facts`` (request time, run id, requester) and either the whole draft and a
+    bulk checkbox (``bulkable``) or its first line and why it must be opened (``review``)."""
     pending = sorted((i for i in items if i.state == "pending"), key=lambda i: i.expires_at)
     seen = approved_by or {}
     rows = [

@@ -183,7 +183,8 @@ def reference_definitions(body: str, content_type: str) -> tuple[Definition, ...
     )
 
 
-def _definitions_marked(found: Sequence[Definition]) -> int:
+def definitions_marked(found: Sequence[Definition]) -> int:
+    """How many characters of the reference definitions ``found`` a page marks."""
     return sum(hidden_count(d.label + d.url + d.title, keep="") for d in found)
 
 
@@ -201,7 +202,7 @@ def draft_view(body: str, content_type: str) -> DraftView:
             Markup(_MD.render(body, {"links": []}))
         )
         found = reference_definitions(body, content_type)
-        return DraftView(html, _count(html) + _definitions_marked(found), "markdown", found)
+        return DraftView(html, _count(html) + definitions_marked(found), "markdown", found)
     if kind == "application/json":
         pretty = pretty_json(body)
         if pretty is not None:
@@ -217,9 +218,9 @@ def hidden_count(text: str, *, keep: str = "\n\t") -> int:
     return sum(1 for char in text if char not in keep and is_hidden(char))
 
 
-def _markdown_hides(body: str) -> bool:
-    """True when rendering ``body`` as markdown leaves part of its text unshown: a link
-    reference definition, or a link's or image's title."""
+def markdown_hides(body: str) -> bool:
+    """True when rendering ``body`` as markdown leaves part of its text out of the draft's
+    HTML: a link reference definition (listed apart), or a link's or image's title."""
     env: dict[str, Any] = {"links": []}
     tokens = _MD.parse(body, env)
     if env.get("references"):
@@ -233,28 +234,12 @@ def _markdown_hides(body: str) -> bool:
     return False
 
 
-def review_reason(body: str, content_type: str) -> str | None:
-    """Why ``body`` must be opened and read before it is approved (never bulk-approved from
-    the waiting list, issue 17 finding 2), in words, or None: ``"hidden characters"`` (the
-    item page's warning), ``"markdown with hidden parts"`` (``text/markdown`` with a link
-    reference definition or a title the page does not show), ``"JSON that is shown as sent,
-    not as data"`` (``application/json`` that ``pretty_json`` will not pretty-print)."""
-    if hidden_count(body):
-        return "hidden characters"
-    if is_blank(body):
-        return None
-    kind = content_type.split(";", 1)[0].strip().lower()
-    if kind == "text/markdown" and _markdown_hides(body):
-        return "markdown with hidden parts"
-    if kind == "application/json" and pretty_json(body) is None:
-        return "JSON that is shown as sent, not as data"
-    return None
-
-
 def first_line(body: str, limit: int = 80) -> str:
-    """The first non-blank line of ``body``, stripped, cut to ``limit`` characters (the
-    last one then "…"); "" for a blank body. The waiting list's line per item (issue 17)."""
-    line = next((ln.strip() for ln in body.splitlines() if not is_blank(ln)), "")
+    """The first line of ``body`` that holds a letter or digit (else the first non-blank
+    one: a JSON draft's ``{`` tells nothing), stripped, cut to ``limit`` characters (the last
+    one then "…"); "" for a blank body. The waiting list's line per item."""
+    lines = [ln.strip() for ln in body.splitlines() if not is_blank(ln)]
+    line = next((ln for ln in lines if any(c.isalnum() for c in ln)), lines[0] if lines else "")
     return line if len(line) <= limit else line[: limit - 1] + "\u2026"
 
 
