@@ -275,3 +275,32 @@ def test_live_reports_a_cancel(world: InboxWorld) -> None:
     assert live["seq"] > first["seq"]
     code, _, _ = proc.finish()
     assert code == 5
+
+
+def test_a_lone_surrogate_in_a_posted_field_is_refused_and_changes_nothing(
+    world: InboxWorld,
+) -> None:
+    """A JSON post whose adjust_text or reason holds ``\\ud800`` (no UTF-8 text: it could be
+    neither signed nor sent to the gate) is 400 ``invalid_<field>`` with a sentence."""
+    alice = signed_in(world, 101)
+    proc, approval_id = pipeline(world, "q1", "Pay 12 EUR")
+    csrf, shown = alice.item_form(approval_id)
+    base = f"/items/{approval_id}"
+    fields = {"csrf": csrf, "decision": "adjust", "revision": shown}
+    got = alice.post_json(base + "/challenge", fields)
+    signed = world.passkeys[101].assert_(got.json()["challenge"], "localhost", alice.origin)
+    posts = [
+        ("invalid_adjust_text", base + "/challenge", {**fields, "adjust_text": "Pay \ud800"}),
+        ("invalid_adjust_text", base + "/decide", {**fields, "assertion": signed,
+                                                   "adjust_text": "\udfff"}),
+        ("invalid_reason", base + "/decide", {**fields, "decision": "skip",
+                                              "assertion": signed, "reason": "no \ud800"}),
+    ]  # fmt: skip
+    for reason, path, body in posts:
+        answer = alice.post_json(path, body)
+        assert (answer.status, answer.json()["reason"]) == (400, reason), answer.text
+        assert "lone surrogate" in answer.json()["message"]
+    assert gate_decisions(world, approval_id) == []
+    assert world.inbox is not None
+    assert world.inbox.rows("SELECT * FROM decisions") == []
+    proc.stop()
