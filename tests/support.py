@@ -493,12 +493,12 @@ class CaptureRelay:
         self._loop.close()
 
 
-def module_gate(name: str, **config: Any) -> tuple[Any, Any]:
+def module_gate(name: str, env: dict[str, str] | None = None, **config: Any) -> tuple[Any, Any]:
     """Two module-scoped fixtures, ``relay`` (a CaptureRelay on loopback) and ``gate`` (a real
     ``hitl-gate serve`` on ``write_config(<tmp>/<name>N, relay.url, **config)``, dispatching
-    to it), both stopped after the module's last test. A module takes them as
-    ``relay, gate = module_gate("sdk", steps=STEPS)``; they stand in for conftest's
-    per-test ``relay`` and ``gate`` there."""
+    to it, with ``env``, default ``gate_env()``), both stopped after the module's last test.
+    A module takes them as ``relay, gate = module_gate("sdk", steps=STEPS)``; they stand in
+    for conftest's per-test ``relay`` and ``gate`` there."""
 
     @pytest.fixture(scope="module", name="relay")
     def relay() -> Iterator[CaptureRelay]:
@@ -510,7 +510,8 @@ def module_gate(name: str, **config: Any) -> tuple[Any, Any]:
     def gate(
         tmp_path_factory: pytest.TempPathFactory, relay: CaptureRelay
     ) -> Iterator[GateProcess]:
-        proc = GateProcess(write_config(tmp_path_factory.mktemp(name), relay.url, **config))
+        config_path = write_config(tmp_path_factory.mktemp(name), relay.url, **config)
+        proc = GateProcess(config_path, env=env)
         proc.start()
         yield proc
         proc.stop()

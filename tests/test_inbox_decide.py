@@ -157,14 +157,23 @@ def test_a_revision_changed_after_the_challenge_is_refused(world: InboxWorld) ->
     proc.stop()
 
 
-def test_forged_posts_change_nothing(world: InboxWorld) -> None:
+def challenged(
+    world: InboxWorld, verb: str
+) -> tuple[InboxClient, CliProcess, str, dict[str, Any], Any]:
+    """Alice signed in, a pipeline waiting on a new q1 item, and her challenge for ``verb``
+    signed: ``(alice, pipeline process, approval_id, the form's fields, the assertion)``."""
     alice = signed_in(world, 101)
     proc, approval_id = pipeline(world, "q1", "Pay 12 EUR")
     csrf, shown = alice.item_form(approval_id)
-    base = f"/items/{approval_id}"
-    fields = {"csrf": csrf, "decision": "approve", "revision": shown}
-    got = alice.post_json(base + "/challenge", fields)
+    fields = {"csrf": csrf, "decision": verb, "revision": shown}
+    got = alice.post_json(f"/items/{approval_id}/challenge", fields)
     signed = world.passkeys[101].assert_(got.json()["challenge"], "localhost", alice.origin)
+    return alice, proc, approval_id, fields, signed
+
+
+def test_forged_posts_change_nothing(world: InboxWorld) -> None:
+    alice, proc, approval_id, fields, signed = challenged(world, "approve")
+    csrf, base = fields["csrf"], f"/items/{approval_id}"
     body = {**fields, "assertion": signed}
     forged = [
         ("csrf_mismatch", alice.post_json(base + "/decide", {**body, "csrf": ""}, csrf=csrf)),
@@ -275,3 +284,27 @@ def test_live_reports_a_cancel(world: InboxWorld) -> None:
     assert live["seq"] > first["seq"]
     code, _, _ = proc.finish()
     assert code == 5
+
+
+def test_a_lone_surrogate_in_a_posted_field_is_refused_and_changes_nothing(
+    world: InboxWorld,
+) -> None:
+    """A JSON post whose adjust_text or reason holds ``\\ud800`` (no UTF-8 text: it could be
+    neither signed nor sent to the gate) is 400 ``invalid_<field>`` with a sentence."""
+    alice, proc, approval_id, fields, signed = challenged(world, "adjust")
+    base = f"/items/{approval_id}"
+    posts = [
+        ("invalid_adjust_text", base + "/challenge", {**fields, "adjust_text": "Pay \ud800"}),
+        ("invalid_adjust_text", base + "/decide", {**fields, "assertion": signed,
+                                                   "adjust_text": "\udfff"}),
+        ("invalid_reason", base + "/decide", {**fields, "decision": "skip",
+                                              "assertion": signed, "reason": "no \ud800"}),
+    ]  # fmt: skip
+    for reason, path, body in posts:
+        answer = alice.post_json(path, body)
+        assert (answer.status, answer.json()["reason"]) == (400, reason), answer.text
+        assert "lone surrogate" in answer.json()["message"]
+    assert gate_decisions(world, approval_id) == []
+    assert world.inbox is not None
+    assert world.inbox.rows("SELECT * FROM decisions") == []
+    proc.stop()

@@ -56,6 +56,7 @@ from tests.support import (  # noqa: E402
     CaptureRelay,
     GateProcess,
     decision_body,
+    gate_env,
     post_decision,
     wait_until,
     write_config,
@@ -105,6 +106,7 @@ GOOD_VALUES = {
 }
 # decision approvers: three in every step's scope, one in q3 only, one defined but not allowed
 APPROVERS = (*IDENTITIES[:3], IDENTITIES[10], "dave@example.com")
+ADMIN_TOKEN = "test-admin-token-2f7c9e1a4b6d8035f2"
 
 
 def load_spec() -> dict[str, Any]:
@@ -223,9 +225,10 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
         tmp_path_factory.mktemp("openapi"),
         relay.url,
         steps=LIVE_STEPS,
-        relay={"questions": True},
+        relay={"questions": True, "credentials": True},
+        api={"admin_token_env": "HITL_ADMIN_TOKEN"},
     )
-    gate = GateProcess(config).start()
+    gate = GateProcess(config, env=gate_env(HITL_ADMIN_TOKEN=ADMIN_TOKEN)).start()
     try:
         assert gate.callback_url.endswith(DECISIONS_PATH)
         state = Live(gate, relay, gate.api_url, gate.callback_url[: -len(DECISIONS_PATH)])
@@ -455,6 +458,96 @@ def test_decision_endpoint_conforms_to_openapi(case: Any, live: Live) -> None:
         base_url=live.callback_base, headers=signed_headers, data=raw, checks=checks()
     )
     assert signed.status_code < 500, signed.text
+
+
+# =========================================================================== lone surrogates
+# Every operation of the document, on both listeners, with a lone surrogate (a JSON ``\ud800``
+# escape: no UTF-8 text) put into one generated string of each body: never a 5xx; on the
+# pipeline and admin APIs a body that got past the token is refused 400 ``invalid_<field>``.
+# Generated strings otherwise never hold one (hypothesis draws valid text). Query, path and
+# header values cannot carry one over HTTP (a URL and a header are bytes; the gate reads what
+# is not UTF-8 as U+FFFD, headers as before: ``BEYOND_GENERATION``). Deterministic (a fixed
+# seed, derandomized) and bounded: SURROGATE_EXAMPLES per operation, no coverage phase.
+
+SURROGATES = ("\ud800", "\udbff", "\udc00", "\udfff")
+SURROGATE_EXAMPLES = int(os.environ.get("HITL_SURROGATE_EXAMPLES", "6"))
+SURROGATE_SCHEMA = schemathesis.openapi.from_path(
+    SPEC_PATH,
+    config=schemathesis.Config.from_dict(
+        {
+            "request-timeout": 20,
+            "seed": 20261207,
+            "suppress-health-check": ["too_slow", "filter_too_much", "data_too_large"],
+            "generation": {
+                "max-examples": SURROGATE_EXAMPLES,
+                "database": "none",
+                "deterministic": True,
+            },
+            "phases": {"coverage": {"enabled": False}, "stateful": {"enabled": False}},
+        }
+    ),
+)
+CALLBACK_PATHS = {path for path, item in load_spec()["paths"].items() if "servers" in item}
+
+
+def _string_count(value: Any) -> int:
+    if isinstance(value, str):
+        return 1
+    if isinstance(value, dict):
+        return sum(_string_count(v) for v in value.values())
+    if isinstance(value, list):
+        return sum(_string_count(v) for v in value)
+    return 0
+
+
+def _with_surrogate(value: Any, target: int, char: str) -> tuple[Any, int]:
+    """``value`` with ``char`` put into the middle of its ``target``-th string (document
+    order); returns the copy and how many strings are left to skip."""
+    if isinstance(value, str):
+        if target == 0:
+            middle = len(value) // 2
+            return value[:middle] + char + value[middle:], -1
+        return value, target - 1
+    if isinstance(value, dict):
+        out = {}
+        for key, item in value.items():
+            out[key], target = _with_surrogate(item, target, char)
+        return out, target
+    if isinstance(value, list):
+        items = []
+        for item in value:
+            changed, target = _with_surrogate(item, target, char)
+            items.append(changed)
+        return items, target
+    return value, target
+
+
+@SURROGATE_SCHEMA.hook("flatmap_body")
+def one_lone_surrogate(context: Any, body: Any) -> Any:
+    """Put a lone surrogate into one of the body's strings (a body without strings as is)."""
+    count = _string_count(body)
+    if count == 0:
+        return st.just(body)
+    return st.builds(
+        lambda target, char: _with_surrogate(body, target, char)[0],
+        st.integers(0, count - 1),
+        st.sampled_from(SURROGATES),
+    )
+
+
+@pytest.mark.e2e
+@SURROGATE_SCHEMA.parametrize()
+def test_every_operation_with_a_lone_surrogate_answers_without_a_5xx(case: Any, live: Live) -> None:
+    path = case.operation.path
+    base = live.callback_base if path in CALLBACK_PATHS else live.api_base
+    token = ADMIN_TOKEN if path.startswith("/v1/admin/") else API_TOKEN
+    response = case.call(base_url=base, headers={"Authorization": f"Bearer {token}"})
+    assert response.status_code < 500, (case.method, path, response.text)
+    carried = _string_count(case.body) > 0 and isinstance(case.body, dict | list | str)
+    if carried and path.startswith("/v1/") and response.status_code not in (401, 404, 413):
+        answer = response.json()
+        assert (response.status_code, answer["reason"][:8]) == (400, "invalid_"), answer
+        assert "lone surrogate" in answer["message"], answer
 
 
 @pytest.mark.e2e

@@ -9,6 +9,7 @@ from typing import Any
 
 from gate.errors import GateError
 from gate.protocol.canonical import canonical_json
+from gate.protocol.envelope import is_unicode
 from gate.protocol.whitespace import is_blank
 
 MAX_NAME_CHARS = 200
@@ -73,7 +74,7 @@ def check_idempotency_key(key: str | None) -> str | None:
     (``idempotency_key_fits``) and is valid UTF-8 (aiohttp keeps header bytes that are not
     UTF-8 as lone surrogates, which SQLite cannot bind). Raises GateError 400
     ``invalid_idempotency_key`` (field ``idempotency_key``)."""
-    if key is not None and not (idempotency_key_fits(key) and _is_unicode(key)):
+    if key is not None and not (idempotency_key_fits(key) and is_unicode(key)):
         raise _bad(
             "idempotency_key",
             f"Idempotency-Key must be 1-{MAX_IDEMPOTENCY_KEY_CHARS} UTF-8 characters",
@@ -90,15 +91,6 @@ def spend_problem(spend: float) -> str | None:
     if spend > MAX_SPEND:
         return f"is too large (at most {MAX_SPEND:g})"
     return None
-
-
-def _is_unicode(text: str) -> bool:
-    """False for text holding a lone surrogate (it has no UTF-8 encoding)."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 def quorum_unreachable_message(requester: str, approvers_left: int, quorum: int) -> str:
@@ -137,10 +129,8 @@ def _name(obj: dict[str, Any], key: str, *, required: bool) -> str | None:
         raise _bad(key, f"{key} must be a non-empty string")
     if len(value) > MAX_NAME_CHARS:
         raise _bad(key, f"{key} is longer than {MAX_NAME_CHARS} characters")
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        raise _bad(key, f"{key} is not valid Unicode (lone surrogate)") from None
+    if not is_unicode(value):
+        raise _bad(key, f"{key} is not valid Unicode (lone surrogate)")
     return value
 
 
@@ -163,10 +153,8 @@ def parse_create(obj: Any) -> CreateRequest:
     body = draft.get("body")
     if not isinstance(body, str):
         raise _bad("draft.body", "draft.body must be a string")
-    try:
-        body.encode("utf-8")
-    except UnicodeEncodeError:
-        raise _bad("draft.body", "draft.body is not valid Unicode (lone surrogate)") from None
+    if not is_unicode(body):
+        raise _bad("draft.body", "draft.body is not valid Unicode (lone surrogate)")
     content_type = draft.get("content_type", "text/plain")
     if content_type is None:
         content_type = "text/plain"
@@ -175,10 +163,8 @@ def parse_create(obj: Any) -> CreateRequest:
     if has_control_characters(content_type):
         # relays may put it in a header or a card: no CR/LF (header injection), no escapes
         raise _bad("draft.content_type", "draft.content_type must not contain control characters")
-    try:
-        content_type.encode("utf-8")
-    except UnicodeEncodeError:
-        raise _bad("draft.content_type", "draft.content_type is not valid Unicode") from None
+    if not is_unicode(content_type):
+        raise _bad("draft.content_type", "draft.content_type is not valid Unicode")
     spend = obj.get("spend")
     if spend is not None:
         if isinstance(spend, bool) or not isinstance(spend, int | float):

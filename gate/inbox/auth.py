@@ -21,6 +21,8 @@ from aiohttp import web
 from gate.config.webauthn import origin_of
 from gate.inbox.body import read_whole
 from gate.inbox.model import Item, Session
+from gate.protocol.envelope import check_unicode
+from gate.protocol.errors import ProtocolError
 from gate.protocol.whitespace import identity_key
 
 log = logging.getLogger(__name__)
@@ -218,7 +220,8 @@ async def read_post(request: web.Request, session: Session | None) -> dict[str, 
     its ``csrf`` field equals the session's token — the pre-session cookie's without a
     session — compared in constant time; a JSON body must ALSO carry it in ``X-CSRF-Token``
     (else 403 ``csrf_mismatch``). Returns the fields (a form's as strings; a name posted
-    more than once — checkboxes, a multi choice — as the list of its strings)."""
+    more than once — checkboxes, a multi choice — as the list of its strings). A field holding
+    a lone surrogate is 400 ``invalid_<field>`` (``check_unicode``)."""
     raw = await read_whole(request, MAX_POST_BYTES)
     if raw is None:
         raise web.HTTPRequestEntityTooLarge(
@@ -255,6 +258,12 @@ async def read_post(request: web.Request, session: Session | None) -> dict[str, 
         raise _forbidden(
             "csrf_mismatch", "This form is out of date: reload the page and try again."
         )
+    try:  # a form's fields are UTF-8 decoded (never a surrogate); JSON may hold "\ud800"
+        check_unicode(fields)
+    except ProtocolError as exc:
+        raise web.HTTPBadRequest(
+            text=_json(exc.code, exc.message), content_type="application/json"
+        ) from None
     return fields
 
 

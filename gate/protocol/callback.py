@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from gate.protocol.envelope import Decision, _invalid, decision_from_obj, decode_json
+from gate.protocol.envelope import Decision, _invalid, decision_from_obj, decode_text_json
 from gate.protocol.errors import ProtocolError
 from gate.protocol.question import Answer, is_answer, parse_answer
 
@@ -15,7 +15,7 @@ def parse_callback(raw: bytes) -> Decision | Answer:
     ``invalid_approval_id`` saying a question takes ``decision: answer``. Raises
     ProtocolError 400 ``invalid_<field>`` (``invalid_json`` for a body that is no object).
     """
-    obj = decode_json(raw)
+    obj = decode_text_json(raw)
     if not isinstance(obj, dict):
         raise _invalid("json", "body must be a JSON object")
     if is_answer(obj):

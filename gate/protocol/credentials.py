@@ -10,7 +10,7 @@ from typing import Any
 
 from gate.protocol import PROTOCOL, signing
 from gate.protocol.canonical import canonical_json
-from gate.protocol.envelope import _is_rfc3339, decode_json, rfc3339
+from gate.protocol.envelope import _is_rfc3339, decode_text_json, is_unicode, rfc3339
 from gate.protocol.errors import ProtocolError
 
 CREDENTIALS_PATH = "/hitl/v0/credentials"
@@ -68,7 +68,7 @@ def _invalid(field: str, message: str) -> ProtocolError:
 def _envelope(raw: bytes, kind: str) -> dict[str, Any]:
     """The JSON object of ``raw`` with ``protocol`` hitl/v0, ``type`` ``kind`` and an RFC 3339
     ``issued_at`` (unknown fields ignored: v0 is additive)."""
-    obj = decode_json(raw)
+    obj = decode_text_json(raw)
     if not isinstance(obj, dict):
         raise _invalid("json", "body must be a JSON object")
     if obj.get("protocol") != PROTOCOL:
@@ -131,10 +131,8 @@ def _text(obj: Mapping[str, Any], key: str, field: str, limit: int) -> str:
         raise _invalid(field, f"{field} must be a non-empty string")
     if len(value) > limit:
         raise _invalid(field, f"{field} is longer than {limit} characters")
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        raise _invalid(field, f"{field} is not valid Unicode (lone surrogate)") from None
+    if not is_unicode(value):
+        raise _invalid(field, f"{field} is not valid Unicode (lone surrogate)")
     return value
 
 

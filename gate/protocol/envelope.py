@@ -141,13 +141,74 @@ def decode_json(raw: bytes) -> Any:
         raise _invalid("json", f"body is not valid JSON: {exc}") from None
 
 
-def _is_unicode(value: str) -> bool:
-    """False for a string holding a lone surrogate (a JSON ``\\ud800`` escape): not UTF-8."""
+def is_unicode(value: str) -> bool:
+    """False for a string holding a lone surrogate (a JSON ``\\ud800`` escape): not UTF-8.
+    The one test of it for every text the gate, its relays and its clients take in."""
     try:
         value.encode("utf-8")
     except UnicodeEncodeError:
         return False
     return True
+
+
+# a key that may name a field in a reason code (``invalid_<field>``); under any other key a
+# string is reported at the key's parent (``json`` at the top)
+_PLAIN_KEY = re.compile(r"[A-Za-z0-9_-]{1,64}")
+_INDEX = re.compile(r"\[\d+\]")
+
+
+def lone_surrogate_field(value: Any) -> str | None:
+    """The JSON path of the first string (in document order) of decoded JSON ``value`` that
+    holds a lone surrogate, or None when there is none: ``label``, ``draft.body``,
+    ``options[1]``, ``json`` for a top-level string or array. A key holding one, or a key that
+    is not a plain name (``[A-Za-z0-9_-]``, at most 64), is reported at its parent."""
+    stack: list[tuple[str, Any]] = [("json", value)]
+    while stack:
+        path, item = stack.pop()
+        if isinstance(item, str):
+            if not is_unicode(item):
+                return path
+        elif isinstance(item, dict):
+            children: list[tuple[str, Any]] = []
+            for key, child in item.items():
+                if not is_unicode(key):
+                    children.append((path, key))  # checked (and refused) as a string
+                    break
+                named = _PLAIN_KEY.fullmatch(key) is not None
+                inner = key if path == "json" else f"{path}.{key}"
+                children.append((inner if named else path, child))
+            stack.extend(reversed(children))
+        elif isinstance(item, list):
+            paths = [path if path == "json" else f"{path}[{i}]" for i in range(len(item))]
+            stack.extend(reversed(list(zip(paths, item, strict=True))))
+    return None
+
+
+def check_unicode(value: Any) -> None:
+    """Refuse decoded JSON ``value`` when any of its strings or keys holds a lone surrogate
+    (no UTF-8 text: it could be neither stored, hashed nor signed). Raises ProtocolError 400
+    ``invalid_<path>`` with ``field`` the path of the first (``lone_surrogate_field``) and a
+    ``message`` saying so; the reason leaves out list indices (``options[1]`` is
+    ``invalid_options``)."""
+    field = lone_surrogate_field(value)
+    if field is not None:
+        message = f"{field} holds a lone surrogate (such as \\ud800): not valid Unicode text"
+        raise ProtocolError(
+            "invalid_" + _INDEX.sub("", field),
+            message,
+            status=400,
+            kind="invalid",
+            extra={"field": field, "message": message},
+        )
+
+
+def decode_text_json(raw: bytes) -> Any:
+    """``decode_json``, then ``check_unicode``: how every JSON request body is read, so a
+    lone surrogate in any text field is refused 400 ``invalid_<field>`` before anything reads
+    or writes it."""
+    value = decode_json(raw)
+    check_unicode(value)
+    return value
 
 
 def _string(obj: dict[str, Any], key: str, field: str, limit: int, *, required: bool) -> str | None:
@@ -158,7 +219,7 @@ def _string(obj: dict[str, Any], key: str, field: str, limit: int, *, required: 
         return None
     if not isinstance(value, str):
         raise _invalid(field, f"{field} must be a string")
-    if not _is_unicode(value):
+    if not is_unicode(value):
         raise _invalid(field, f"{field} is not valid Unicode (lone surrogate)")
     if required and is_blank(value):
         raise _invalid(field, f"{field} must not be empty")
@@ -225,12 +286,12 @@ def decision_from_obj(obj: dict[str, Any]) -> Decision:
     adjust_text = obj.get("adjust_text")
     if adjust_text is not None and not isinstance(adjust_text, str):
         raise _invalid("adjust_text", "adjust_text must be a string or null")
-    if adjust_text is not None and not _is_unicode(adjust_text):
+    if adjust_text is not None and not is_unicode(adjust_text):
         raise _invalid("adjust_text", "adjust_text is not valid Unicode (lone surrogate)")
     reason = obj.get("reason")
     if reason is not None and not isinstance(reason, str):
         raise _invalid("reason", "reason must be a string or null")
-    if reason is not None and not _is_unicode(reason):
+    if reason is not None and not is_unicode(reason):
         raise _invalid("reason", "reason is not valid Unicode (lone surrogate)")
     decided_at = _string(obj, "decided_at", "decided_at", MAX_LABEL_CHARS, required=True)
     assert decided_at is not None

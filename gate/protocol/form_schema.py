@@ -14,7 +14,7 @@ import unicodedata
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from gate.protocol.envelope import _is_unicode
+from gate.protocol.envelope import is_unicode
 from gate.protocol.errors import ProtocolError
 from gate.protocol.whitespace import is_blank
 
@@ -74,7 +74,7 @@ def _text(prop: Mapping[str, Any], key: str, path: str, limit: int) -> None:
     if key not in prop:
         return
     value = prop[key]
-    if not isinstance(value, str) or not _is_unicode(value):
+    if not isinstance(value, str) or not is_unicode(value):
         raise schema_error(f"{path}.{key}", f"{path}.{key} must be a string")
     if len(value) > limit:
         raise schema_error(f"{path}.{key}", f"{path}.{key} is longer than {limit} characters")
@@ -88,7 +88,7 @@ def _labels(values: Any, path: str, limit: int, *, distinct: bool, most: int) ->
     seen: dict[str, str] = {}
     for i, item in enumerate(values):
         where = f"{path}[{i}]"
-        if not isinstance(item, str) or not _is_unicode(item) or is_blank(item):
+        if not isinstance(item, str) or not is_unicode(item) or is_blank(item):
             raise schema_error(where, f"{where} must be a non-blank string")
         if len(item) > limit:
             raise schema_error(where, f"{where} is longer than {limit} characters")

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from datetime import date
 from typing import Any
 
-from gate.protocol.envelope import _is_unicode
+from gate.protocol.envelope import is_unicode
 from gate.protocol.errors import ProtocolError
 from gate.protocol.form_schema import is_number
 from gate.protocol.whitespace import WHITE_SPACE, is_blank
@@ -69,7 +69,7 @@ _FORMAT_CHECKS = {
 
 
 def _string_value(prop: Mapping[str, Any], value: Any, at: str, required: bool, cap: int) -> None:
-    if not isinstance(value, str) or not _is_unicode(value):
+    if not isinstance(value, str) or not is_unicode(value):
         raise value_error(at, f"{at} must be a string")
     if required and is_blank(value):
         raise value_error(at, f"{at} must not be blank")

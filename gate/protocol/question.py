@@ -21,7 +21,7 @@ from gate.protocol.answer import build_answer as build_answer
 from gate.protocol.answer import is_answer as is_answer
 from gate.protocol.answer import parse_answer as parse_answer
 from gate.protocol.canonical import HASH_PREFIX, canonical_json, wire_json
-from gate.protocol.envelope import _is_unicode, rfc3339
+from gate.protocol.envelope import is_unicode, rfc3339
 from gate.protocol.errors import ProtocolError
 from gate.protocol.form_schema import parse_schema, repeated
 from gate.protocol.form_value import check_form_value, value_error
@@ -93,7 +93,7 @@ def _options(value: Any, path: str, max_options: int) -> tuple[str, ...]:
     seen: dict[str, str] = {}
     for i, option in enumerate(value):
         at = f"{path}[{i}]"
-        if not isinstance(option, str) or not _is_unicode(option) or is_blank(option):
+        if not isinstance(option, str) or not is_unicode(option) or is_blank(option):
             raise _refuse("options", at, f"{at} must be a non-blank string")
         if len(option) > MAX_OPTION_CHARS:
             raise _refuse("options", at, f"{at} is longer than {MAX_OPTION_CHARS} characters")
@@ -124,7 +124,7 @@ def parse_question(
     """
     text = obj.get("text")
     at = prefix + "text"
-    if not isinstance(text, str) or not _is_unicode(text):
+    if not isinstance(text, str) or not is_unicode(text):
         raise _refuse("text", at, f"{at} must be a string")
     if is_blank(text):
         raise _refuse("text", at, f"{at} must not be blank")
@@ -139,7 +139,7 @@ def parse_question(
     reason = obj.get("reason")
     at = prefix + "reason"
     if reason is not None:
-        if not isinstance(reason, str) or not _is_unicode(reason):
+        if not isinstance(reason, str) or not is_unicode(reason):
             raise _refuse("reason", at, f"{at} must be a string")
         if len(reason) > MAX_REASON_CHARS:
             raise _refuse("reason", at, f"{at} is longer than {MAX_REASON_CHARS} characters")
@@ -209,7 +209,7 @@ def check_value(spec: QuestionSpec, value: Any, *, max_answer_chars: int) -> Any
     """
     kind = spec.response_type
     if kind == "free_text":
-        if not isinstance(value, str) or not _is_unicode(value):
+        if not isinstance(value, str) or not is_unicode(value):
             raise value_error("value", "value must be a string (free text)")
         if is_blank(value):
             raise value_error("value", "value must not be blank")

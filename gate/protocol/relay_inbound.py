@@ -11,7 +11,7 @@ from typing import Any
 
 from gate.protocol import PROTOCOL, signing
 from gate.protocol.canonical import canonical_json
-from gate.protocol.envelope import decode_json
+from gate.protocol.envelope import decode_json, lone_surrogate_field
 from gate.protocol.errors import ProtocolError
 
 MAX_DISPATCH_BYTES = 4 * 1024 * 1024  # a 256 KiB draft, JSON-escaped, with room to spare
@@ -35,7 +35,7 @@ def open_signed(
     """
     signing.verify(header, raw, secrets, now, max_skew)
     envelope = decode_json(raw)
-    if not _all_unicode(envelope):
+    if lone_surrogate_field(envelope) is not None:
         raise ProtocolError(
             "invalid_json",
             "body is not valid JSON text: a string holds a lone surrogate",
@@ -48,24 +48,6 @@ def open_signed(
             INVALID_PROTOCOL, f"the body is no {PROTOCOL} object", status=400, kind="invalid"
         )
     return envelope
-
-
-def _all_unicode(value: Any) -> bool:
-    """False when a string anywhere in ``value`` (keys included) holds a lone surrogate."""
-    stack = [value]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, str):
-            try:
-                item.encode("utf-8")
-            except UnicodeEncodeError:
-                return False
-        elif isinstance(item, dict):
-            stack.extend(item.keys())
-            stack.extend(item.values())
-        elif isinstance(item, list):
-            stack.extend(item)
-    return True
 
 
 def is_notice(envelope: dict[str, Any]) -> bool:

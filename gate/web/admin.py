@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from gate.protocol.envelope import decode_json
+from gate.protocol.envelope import decode_text_json
 from gate.web.api import SERVICE
 from gate.web.common import read_body
 
@@ -19,7 +19,7 @@ async def enrol_approver_key(request: web.Request) -> web.Response:
     "label"?}``: 201 with the credential (``gate.core.credentials.credential_view``); 400
     ``unknown_operator``/``invalid_<field>``, 409 ``credential_exists``."""
     raw = await read_body(request, MAX_ADMIN_BODY, "body_too_large")
-    view = await request.app[SERVICE].enrol_credential(decode_json(raw))
+    view = await request.app[SERVICE].enrol_credential(decode_text_json(raw))
     return web.json_response(view, status=201)
 
 
@@ -40,7 +40,7 @@ async def create_invite(request: web.Request) -> web.Response:
     operator_id, expires_at}`` (a one-time passkey invite, issue 16); 400
     ``unknown_operator``/``invalid_<field>``, 409 ``webauthn_unavailable``."""
     raw = await read_body(request, MAX_ADMIN_BODY, "body_too_large")
-    answer = await request.app[SERVICE].create_invite(decode_json(raw))
+    answer = await request.app[SERVICE].create_invite(decode_text_json(raw))
     return web.json_response(answer, status=201)
 
 

@@ -11,7 +11,7 @@ from gate.core.requests import check_idempotency_key, parse_create
 from gate.core.service import GateService
 from gate.errors import GateError
 from gate.metrics import Metrics
-from gate.protocol.envelope import decode_json
+from gate.protocol.envelope import decode_text_json
 from gate.web.common import Handler, error_middleware, read_body
 from gate.web.queries import list_query, wait_seconds
 
@@ -83,7 +83,7 @@ async def create_approval(request: web.Request) -> web.Response:
     settings = request.app[SETTINGS]
     # a draft's JSON escaping can grow it up to 6x (\uXXXX); the draft itself is checked below
     raw = await read_body(request, settings.max_draft_bytes * 6 + 64 * 1024, "draft_too_large")
-    req = parse_create(decode_json(raw))
+    req = parse_create(decode_text_json(raw))
     if req.draft_bytes() > settings.max_draft_bytes:
         raise GateError(
             "draft_too_large",

@@ -15,7 +15,7 @@ from aiohttp import web
 
 from gate.core.service import GateService
 from gate.errors import GateError
-from gate.protocol.envelope import decode_json
+from gate.protocol.envelope import decode_text_json
 from gate.web.common import read_body
 
 ENROL_PREFIX = "/enrol/"
@@ -89,7 +89,7 @@ async def register(request: web.Request) -> web.Response:
             kind="forbidden",
         )
     raw = await read_body(request, MAX_REGISTRATION_BYTES, "body_too_large")
-    answer = await service.register_passkey(request.match_info["token"], decode_json(raw))
+    answer = await service.register_passkey(request.match_info["token"], decode_text_json(raw))
     return web.json_response(answer)
 
 

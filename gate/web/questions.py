@@ -7,7 +7,7 @@ from __future__ import annotations
 from aiohttp import web
 
 from gate.core.requests import check_idempotency_key
-from gate.protocol.envelope import decode_json
+from gate.protocol.envelope import decode_text_json
 from gate.web.api import METRICS, SERVICE, SETTINGS
 from gate.web.common import read_body
 from gate.web.queries import list_query, wait_seconds
@@ -23,7 +23,7 @@ async def create_question(request: web.Request) -> web.Response:
     """POST /v1/questions: 201 new question, 200 same Idempotency-Key and body."""
 
     raw = await read_body(request, _body_limit(request), "question_too_large")
-    body = decode_json(raw)
+    body = decode_text_json(raw)
     key = check_idempotency_key(request.headers.get("Idempotency-Key"))
     view, created = await request.app[SERVICE].create_question(body, key)
     if created:
@@ -61,7 +61,7 @@ async def revise_question(request: web.Request) -> web.Response:
 
     raw = await read_body(request, _body_limit(request), "question_too_large")
     view = await request.app[SERVICE].revise_question(
-        request.match_info["question_id"], decode_json(raw)
+        request.match_info["question_id"], decode_text_json(raw)
     )
     return web.json_response(view)
 
