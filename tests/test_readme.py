@@ -9,13 +9,22 @@ import os
 import re
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
-from tests.support import DEADLINE_S, ROOT
+from tests.support import (
+    DEADLINE_S,
+    ROOT,
+    CaptureRelay,
+    CliProcess,
+    GateProcess,
+    free_port,
+    gate_env,
+)
 from tests.test_config import _commented_example
 
 pytestmark = pytest.mark.e2e
@@ -26,6 +35,8 @@ DEMO_ENV = {
     "HITL_RELAY_SECRET": "demo-relay-secret-change-me-8f2c41d0",
     "HITL_API_TOKEN": "demo-api-token-change-me-5b7e93a1c6",
     "HITL_RECEIPT_KEY": "demo-receipt-key-change-me-2d94f0e7",
+    "HITL_ADMIN_TOKEN": "demo-admin-token-change-me-77c1e0a9",
+    "HITL_MCP_TOKEN": "readme-mcp-token-change-me-3e8a51c7",
 }
 
 
@@ -94,3 +105,63 @@ def test_readme_policy_test_example_prints_what_the_readme_shows(tmp_path: Path)
         done = bash(command, tmp_path, DEMO_ENV)
         assert (done.returncode, done.stderr) == (0, ""), command
         assert done.stdout.splitlines() == shown, command
+
+
+@pytest.fixture(scope="module")
+def example_gate(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GateProcess]:
+    """A real gate on config.example.yaml as ``config.yaml``, with the admin token the
+    README's approver section sets, on free loopback ports, dispatching to a capturing
+    relay."""
+    relay = CaptureRelay().start()
+    directory = tmp_path_factory.mktemp("readme")
+    data = example_with()
+    callback, api = free_port(), free_port()
+    data["relay"] |= {
+        "url": relay.url,
+        "callback_addr": f"127.0.0.1:{callback}",
+        "public_url": f"http://localhost:{callback}",
+    }
+    data["api"] |= {"listen": f"127.0.0.1:{api}", "admin_token_env": "HITL_ADMIN_TOKEN"}
+    config = directory / "config.yaml"
+    config.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
+    gate = GateProcess(config, env=gate_env(**DEMO_ENV)).start()
+    yield gate
+    gate.stop()
+    relay.stop()
+
+
+def test_readme_approver_signing_commands_run_on_the_example_config(
+    example_gate: GateProcess, tmp_path: Path
+) -> None:
+    """Every command of the section but two: the ``export`` of a fresh admin token (the
+    gate already has one) and ``hitl-gate relay`` (it serves until stopped)."""
+    runs = commands_and_outputs(section_block("### Approvers sign their own decisions"))
+    commands = [c for c, _ in runs if not c.startswith(("export ", "hitl-gate relay "))]
+    env = DEMO_ENV | {"HOME": str(tmp_path)}
+
+    assert [c.split()[1] for c in commands] == ["keygen", "approvers", "approvers", "approvers",
+                                                "audit"]  # fmt: skip
+    for command in commands:
+        done = bash(command, example_gate.config.parent, env)
+        assert done.returncode == 0, (command, done.stderr)
+
+
+def test_readme_mcp_python_client_runs_over_stdio_and_http(example_gate: GateProcess) -> None:
+    """The README's Python client, as written, against the example gate; only the HTTP
+    server's port differs (it listens on a free one)."""
+    code = section_block("### An agent host: `hitl-gate mcp`", "python")
+    args = ["mcp", "-c", str(example_gate.config), "--http", "127.0.0.1:0"]
+    server = CliProcess(*args, "--token-env", "HITL_MCP_TOKEN", env=gate_env(**DEMO_ENV))
+    try:
+        url = server.wait_for_line(r"event=mcp_listening url=(\S+)").group(1)
+        assert "http://127.0.0.1:8093/mcp" in code
+        done = bash(
+            f'exec {sys.executable} -c "$CODE"',
+            example_gate.config.parent,
+            DEMO_ENV | {"CODE": code.replace("http://127.0.0.1:8093/mcp", url)},
+        )
+    finally:
+        assert server.stop() == 0, server.log()
+
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["pending False", "['approval']"] * 2
