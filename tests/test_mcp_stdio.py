@@ -173,7 +173,7 @@ async def test_mcp_stdio_pending_then_get_approval(gate, relay, errlog):
         "allowed": False,
         "ask_again_after_seconds": 1,
     }
-    mine = [a for a in listed["approvals"] if a["approval_id"] == pending["approval_id"]]
+    mine = [a for a in listed["approvals"] if a.get("approval_id") == pending["approval_id"]]
     assert mine and mine[0]["step"] == "q1" and draft not in str(listed)
     assert (got["outcome"], got["body"]) == ("approved", draft)
 
@@ -366,3 +366,62 @@ async def test_mcp_stdio_bad_arguments_are_tool_errors_naming_the_argument(gate,
     assert rows(gate, "SELECT COUNT(*) FROM questions") == asked
     errlog.seek(0)
     assert "Traceback" not in errlog.read()
+
+
+async def test_mcp_stdio_list_pending_lists_questions_too_each_with_its_kind(gate, errlog):
+    draft = f"waiting {time.monotonic_ns()}"
+    async with stdio_mcp(gate, errlog) as client:
+        approval = await request(client, draft, wait_seconds=0)
+        question = result_json(
+            await client.call_tool(
+                "ask_human",
+                {"pipeline": "p", "step": "ask", "text": "Which one?", "wait_seconds": 0},
+            )
+        )
+        listed = result_json(await client.call_tool("list_pending", {"pipeline": "p"}))
+
+    items = {
+        (i["kind"], i.get("approval_id") or i.get("question_id")): i
+        for i in listed["approvals"] + listed["questions"]
+    }
+    mine = items[("approval", approval["approval_id"])]
+    asked = items[("question", question["question_id"])]
+    assert (mine["pipeline"], mine["step"]) == ("p", "q1")
+    assert (asked["pipeline"], asked["step"], asked["response_type"]) == ("p", "ask", "free_text")
+    assert asked["expires_at"] and mine["expires_at"]
+    assert {i["kind"] for i in listed["approvals"] + listed["questions"]} <= {
+        "approval",
+        "question",
+    }
+    assert draft not in str(listed) and "Which one?" not in str(listed)
+
+
+PLAIN_ERRORS = [
+    # (tool, arguments, the whole error text after "Error executing tool <tool>: ")
+    ("request_approval", {"pipeline": "p", "step": "q1", "draft": "x", "spend": "abc"},
+     "spend: must be a number"),
+    ("request_approval", {"pipeline": "p", "step": "q1", "draft": "x", "spend": -1},
+     "spend: must be at least 0"),
+    ("request_approval", {"pipeline": "p", "step": "q1", "draft": "x", "wait_seconds": 51},
+     "wait_seconds: must be at most 50"),
+    ("request_approval", {"pipeline": "p", "step": "q1"}, "draft: required"),
+    ("request_approval", {"pipeline": "p", "step": "q1", "draft": ""},
+     "draft: must not be empty"),
+    ("ask_human", {"pipeline": "p", "step": "ask", "text": "?", "response_type": "yes_no"},
+     "response_type: must be one of 'free_text', 'single_choice', 'multi_choice' or 'form'"),
+    ("ask_human", {"pipeline": "p", "step": "ask", "text": "?", "options": ["a", 1]},
+     "options[1]: must be a string"),
+    ("get_approval", {"approval_id": "x", "foo": 1},
+     "unknown argument: foo (this tool takes: approval_id, wait_seconds)"),
+]  # fmt: skip
+
+
+async def test_mcp_stdio_argument_errors_are_one_plain_line_per_argument(gate, errlog):
+    async with stdio_mcp(gate, errlog) as client:
+        results = [
+            (tool, want, await client.call_tool(tool, args)) for tool, args, want in PLAIN_ERRORS
+        ]
+
+    for tool, want, result in results:
+        assert result.is_error
+        assert error_text(result) == f"Error executing tool {tool}: {want}"

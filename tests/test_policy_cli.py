@@ -92,6 +92,8 @@ def test_policy_test_names_the_deciding_rule(config: Path) -> None:
     assert code == 0
     assert out.splitlines()[1:] == [
         "no rule: a person decides",
+        r"  no-prod: no match: body does not match body_matches '\bprod\b'",
+        "  small: no match: content_type text/plain is not application/json",
         "unless a person approved this same draft on this step within 1h30m: then "
         "policy:remembered approves it",
     ]
@@ -186,13 +188,68 @@ def test_policy_test_says_an_approve_over_a_budget_cap_goes_to_a_person(config: 
     assert (code, err) == (0, "")
     lines = out.splitlines()
     assert lines[1] == "policy:small would approve (pipelines[0].steps[0].policy[1])"
-    assert lines[2] == (
+    assert lines[4] == (
         "but spend 8 is over the pipeline's budget_cap 5: the gate leaves it to a person"
     )
     code, out, _ = policy_test(
         config, "send", '{"amount": 4}', "--content-type", "application/json", "--spend", "4"
     )
-    assert out.splitlines()[2] == (
+    assert out.splitlines()[4] == (
         "unless the day's spending with spend 4 passes the pipeline's budget_cap 5 at"
         " creation: then a person decides"
     )
+
+
+@pytest.mark.parametrize(
+    ("draft", "extra", "small"),
+    [
+        (
+            '{"amount": 40}',
+            ["--content-type", "application/json", "--spend", "400"],
+            "small: no match: spend 400 > max_spend 100",
+        ),
+        (
+            '{"amount": 40}',
+            ["--spend", "40"],
+            "small: no match: content_type text/plain is not application/json",
+        ),
+        (
+            '{"amount": 400}',
+            ["--content-type", "application/json", "--spend", "40"],
+            "small: no match: argument amount 400 > max 100",
+        ),
+        (
+            '{"amount": 40}',
+            ["--content-type", "application/json"],
+            "small: no match: no spend given for max_spend 100",
+        ),
+        (
+            '{"total": 40}',
+            ["--content-type", "application/json", "--spend", "40"],
+            "small: no match: argument amount is absent",
+        ),
+    ],
+    ids=["spend", "content-type", "argument", "no-spend", "absent-argument"],
+)
+def test_policy_test_says_why_each_rule_did_not_match(
+    config: Path, draft: str, extra: list[str], small: str
+) -> None:
+    code, out, err = policy_test(config, "send", draft, *extra)
+    assert (code, err) == (0, "")
+    assert out.splitlines()[1:4] == [
+        "no rule: a person decides",
+        r"  no-prod: no match: body does not match body_matches '\bprod\b'",
+        f"  {small}",
+    ]
+
+
+def test_policy_test_lists_every_rule_when_one_decides(config: Path) -> None:
+    code, out, _ = policy_test(
+        config, "send", '{"amount": 40}', "--content-type", "application/json", "--spend", "40"
+    )
+    assert code == 0
+    assert out.splitlines()[1:4] == [
+        "policy:small would approve (pipelines[0].steps[0].policy[1])",
+        r"  no-prod: no match: body does not match body_matches '\bprod\b'",
+        "  small: matches",
+    ]

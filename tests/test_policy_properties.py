@@ -18,7 +18,16 @@ from hypothesis import strategies as st
 from gate.config import config_from_mapping
 from gate.config.policy import HIGH_RISKS, PolicyRule
 from gate.core import policy_tx
-from gate.core.policy import Facts, Verdict, evaluate, matches, remembered
+from gate.core.policy import (
+    Facts,
+    Verdict,
+    evaluate,
+    first_failure,
+    judge_rules,
+    matches,
+    remembered,
+    verdict,
+)
 from gate.core.requests import CreateRequest
 from gate.core.transactions import Policy
 from gate.errors import ConfigError
@@ -218,6 +227,64 @@ def test_conditions(when: dict[str, Any], f: Facts, expected: bool) -> None:
     r = rule(when)
     assert matches(r.when, f, f.document()) is expected
     assert (evaluate([r], f, "normal", 1) is not None) is expected
+
+
+@pytest.mark.parametrize(
+    ("when", "f", "decide", "why"),
+    [
+        ({"max_spend": 10}, Facts("text/plain", "x", 10.5), "approve",
+         "spend 10.5 > max_spend 10"),
+        ({"max_spend": 10}, Facts("text/plain", "x", None), "approve",
+         "no spend given for max_spend 10"),
+        ({"max_draft_bytes": 2}, Facts("text/plain", "éa"), "approve",
+         "draft 3 bytes > max_draft_bytes 2"),
+        ({"content_type": ["a/b", "text/html"]}, Facts("TEXT/Plain; charset=utf-8", "x"),
+         "approve", "content_type text/plain is not a/b or text/html"),
+        ({"body_matches": r"\bprod\b"}, Facts("text/plain", "production"), "deny",
+         r"body does not match body_matches '\bprod\b'"),
+        ({"arguments": {"arguments.amount": {"min": 41}}}, JSON, "approve",
+         "argument arguments.amount 40 < min 41"),
+        ({"arguments": {"arguments.to": {"glob": "*@evil.test"}}}, JSON, "approve",
+         'argument arguments.to "a@example.com" does not match glob "*@evil.test"'),
+        ({"arguments": {"arguments.amount": {"one_of": [1, 2]}}}, JSON, "approve",
+         "argument arguments.amount 40 is not in [1,2]"),
+        ({"arguments": {"arguments.urgent": {"equals": 1}}}, JSON, "approve",
+         "argument arguments.urgent true is no number for equals 1"),
+        ({"arguments": {"arguments.to": {"max": 5}}}, JSON, "approve",
+         'argument arguments.to "a@example.com" is no number for max 5'),
+        ({"arguments": {"arguments.nope": {"equals": None}}}, JSON, "approve",
+         "argument arguments.nope is absent"),
+        ({"arguments": {"a": {"max": 1}}}, Facts("text/plain", "{}"), "approve",
+         "argument a: content_type text/plain is not JSON"),
+        ({"arguments": {"a": {"max": 1}}}, Facts("application/json", "{"), "approve",
+         "argument a: the draft is no strict JSON"),
+        # a deny matches what it cannot evaluate: only a condition that does not hold fails
+        ({"max_spend": 10, "content_type": "a/b"}, Facts("text/plain", "x"), "deny",
+         "content_type text/plain is not a/b"),
+    ],
+)  # fmt: skip
+def test_first_failure_names_the_values_compared(
+    when: dict[str, Any], f: Facts, decide: str, why: str
+) -> None:
+    r = rule(when, decide)
+    assert first_failure(r.when, f, f.document(), decide) == why
+    assert judge_rules([r], f, "normal", 1)[0].explain() == f"r: no match: {why}"
+
+
+@pytest.mark.parametrize(
+    ("risk", "quorum", "why"),
+    [
+        ("high", 1, "r: matches, but no rule approves a step of risk high"),
+        ("normal", 2, "r: matches, but it stands in for quorum 2 only with allow_quorum: true"),
+        ("normal", 1, "r: matches"),
+    ],
+)
+def test_judge_rules_names_the_hard_limit_that_keeps_a_match_from_deciding(
+    risk: str, quorum: int, why: str
+) -> None:
+    results = judge_rules([rule({})], Facts("text/plain", "x"), risk, quorum)
+    assert [result.explain() for result in results] == [why]
+    assert (verdict(results) is not None) is (why == "r: matches")
 
 
 def test_config_errors_name_the_yaml_path() -> None:

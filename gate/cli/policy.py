@@ -40,7 +40,9 @@ def policy_test(
     """Show which rule of the step's policy would decide this draft, creating nothing.
 
     Prints "policy:<id> would approve" (or "would deny", with the reason), naming the
-    rule's YAML path, or "no rule: a person decides"; a step with remember_approval adds
+    rule's YAML path, or "no rule: a person decides"; then each rule, in order, with
+    "matches" or why not: its first condition that failed and the values compared (e.g.
+    "small-invoices: no match: spend 400 > max_spend 100"); a step with remember_approval adds
     that a draft a person approved there within the window is approved (policy:remembered);
     with --spend and a budget cap, what the cap does (the gate leaves an approve to a person
     when the spend takes the day's spending over a cap).
@@ -50,7 +52,7 @@ def policy_test(
     Example: hitl-gate policy test -c config.yaml --pipeline agent-tools --step send-invoice
     --draft-file invoice.json --content-type application/json --spend 40
     """
-    from gate.core.policy import Facts, evaluate
+    from gate.core.policy import Facts, judge_rules, verdict
     from gate.core.requests import spend_problem
     from gate.protocol.canonical import payload_hash
 
@@ -73,22 +75,25 @@ def policy_test(
     except UnicodeDecodeError:
         fail(f"--draft-file: {input_name(draft_file)} is not UTF-8 text", 2)
     at = _where(config, pipeline, step)
-    verdict = evaluate(
+    results = judge_rules(
         step_cfg.policy, Facts(content_type, body, spend), step_cfg.risk, step_cfg.quorum
     )
+    decided = verdict(results)
     click.echo(f"payload_hash {payload_hash(body)}")
-    if verdict is None:
+    if decided is None:
         click.echo("no rule: a person decides")
     else:
-        index = next(k for k, r in enumerate(step_cfg.policy) if r.id == verdict.rule_id)
-        line = f"{verdict.by} would {verdict.decide} ({at}.policy[{index}])"
-        if verdict.reason is not None:
-            line += f"; reason: {verdict.reason}"
+        index = next(k for k, r in enumerate(step_cfg.policy) if r.id == decided.rule_id)
+        line = f"{decided.by} would {decided.decide} ({at}.policy[{index}])"
+        if decided.reason is not None:
+            line += f"; reason: {decided.reason}"
         click.echo(line)
-    if (verdict is None or verdict.decide == "approve") and spend is not None:
+    for result in results:
+        click.echo(f"  {result.explain()}")
+    if (decided is None or decided.decide == "approve") and spend is not None:
         for line in _cap_lines(config, pipeline, spend):
             click.echo(line)
-    if verdict is None and step_cfg.remember_approval is not None:
+    if decided is None and step_cfg.remember_approval is not None:
         from gate.config.followups import format_duration
 
         click.echo(

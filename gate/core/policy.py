@@ -19,12 +19,22 @@ from typing import Any
 from gate.config.policy import (
     HIGH_RISKS,
     REMEMBERED,
+    ArgumentConstraint,
     PolicyRule,
     PolicyWhen,
     argument_path,
     body_pattern,
 )
-from gate.core.policy_values import UNKNOWN, UNREADABLE, is_json, judge, media_type, read_json
+from gate.core.policy_values import (
+    UNKNOWN,
+    UNREADABLE,
+    Check,
+    is_json,
+    judge_parts,
+    media_type,
+    read_json,
+    shown,
+)
 from gate.core.policy_values import strings as json_strings
 
 _UNSET: Any = object()
@@ -90,23 +100,69 @@ def may_remember(risk: str, quorum: int) -> bool:
     return risk not in HIGH_RISKS and quorum <= 1
 
 
+@dataclass(frozen=True, slots=True)
+class RuleResult:
+    """One rule judged on a draft: ``matched`` (``matches``), and ``why`` it does not count:
+    the first condition that kept it from matching (``no match: spend 400 > max_spend
+    100``), or the hard limit that keeps a matching approve from deciding; None when it
+    counts."""
+
+    rule: PolicyRule
+    matched: bool
+    why: str | None
+
+    @property
+    def counts(self) -> bool:
+        """True when this rule takes part in the verdict (matched, within the hard limits)."""
+        return self.why is None
+
+    def explain(self) -> str:
+        """One line: ``<rule id>: matches`` or ``<rule id>: <why>``."""
+        return f"{self.rule.id}: {'matches' if self.why is None else self.why}"
+
+
+def judge_rules(
+    rules: Sequence[PolicyRule], facts: Facts, risk: str, quorum: int
+) -> list[RuleResult]:
+    """Each of ``rules`` (a step's ``policy``, in order) judged on ``facts`` (``RuleResult``):
+    the evaluation ``evaluate`` decides by, and ``policy test`` explains."""
+    document = _UNSET
+    if any(rule.when.arguments or rule.when.body_matches is not None for rule in rules):
+        document = facts.document()
+    out: list[RuleResult] = []
+    for rule in rules:
+        failed = first_failure(rule.when, facts, document, rule.decide)
+        if failed is not None:
+            out.append(RuleResult(rule, False, f"no match: {failed}"))
+        elif rule.decide == "approve" and not may_approve(risk, quorum, rule.allow_quorum):
+            out.append(RuleResult(rule, True, _hard_limit(risk, quorum)))
+        else:
+            out.append(RuleResult(rule, True, None))
+    return out
+
+
+def _hard_limit(risk: str, quorum: int) -> str:
+    if risk in HIGH_RISKS:
+        return f"matches, but no rule approves a step of risk {risk}"
+    return f"matches, but it stands in for quorum {quorum} only with allow_quorum: true"
+
+
 def evaluate(rules: Sequence[PolicyRule], facts: Facts, risk: str, quorum: int) -> Verdict | None:
     """The verdict of ``rules`` (a step's ``policy``, in order) on ``facts``, or None when no
     rule decides: any matching deny wins (the first such), else the first matching approve
     that the hard limits allow (``may_approve``), else None. A policy fails closed
     (``matches``)."""
-    document = _UNSET
-    if any(rule.when.arguments or rule.when.body_matches is not None for rule in rules):
-        document = facts.document()
-    approve: PolicyRule | None = None
-    for rule in rules:
-        if not matches(rule.when, facts, document, rule.decide):
-            continue
-        if rule.decide == "deny":
-            return Verdict(rule.id, "deny", rule.reason)
-        if approve is None and may_approve(risk, quorum, rule.allow_quorum):
-            approve = rule
-    return None if approve is None else Verdict(approve.id, "approve")
+    return verdict(judge_rules(rules, facts, risk, quorum))
+
+
+def verdict(results: Sequence[RuleResult]) -> Verdict | None:
+    """The verdict of rules judged by ``judge_rules``: the first counting deny, else the
+    first counting approve, else None."""
+    counting = [result.rule for result in results if result.counts]
+    deny = next((rule for rule in counting if rule.decide == "deny"), None)
+    if deny is not None:
+        return Verdict(deny.id, "deny", deny.reason)
+    return Verdict(counting[0].id, "approve") if counting else None
 
 
 def remembered(earlier_id: str, risk: str, quorum: int) -> Verdict | None:
@@ -124,40 +180,88 @@ def matches(
     (``document``: ``facts.document()``, read once per evaluation)? A policy fails closed:
     an approve matches only when every condition is evaluated and holds; a deny when no
     condition is evaluated and fails (each holds or cannot be evaluated)."""
+    return first_failure(when, facts, document, decide) is None
+
+
+def first_failure(
+    when: PolicyWhen, facts: Facts, document: Any = _UNSET, decide: str = "approve"
+) -> str | None:
+    """Why a rule with conditions ``when`` deciding ``decide`` does not match ``facts``: the
+    values its first failing condition compared (an approve's first condition that does not
+    hold or cannot be evaluated, a deny's first that does not hold), or None when it
+    matches (``matches``)."""
     if document is _UNSET:
         document = facts.document() if when.arguments or when.body_matches else UNREADABLE
-    answers = conditions(when, facts, document, deny=decide == "deny")
-    if decide == "deny":
-        return all(answer is not False for answer in answers)
-    return all(answer is True for answer in answers)
+    for check in conditions(when, facts, document, deny=decide == "deny"):
+        if check.answer is False:
+            return check.why
+        if check.answer is UNKNOWN and decide != "deny":
+            return check.why
+    return None
 
 
-def conditions(when: PolicyWhen, facts: Facts, document: Any, *, deny: bool) -> list[bool | None]:
-    """Each condition of ``when`` judged on ``facts``: True (holds), False, or None (cannot
-    be evaluated). ``deny``: ``body_matches`` is tried on the raw text and, for a body that
-    is JSON, on every decoded string (a JSON content type whose body is no strict JSON:
-    None); an approve's on the raw text only (issue 18 review C2)."""
-    out: list[bool | None] = []
+def conditions(when: PolicyWhen, facts: Facts, document: Any, *, deny: bool) -> list[Check]:
+    """Each condition of ``when`` judged on ``facts`` (a ``Check``: True holds, False, or
+    None cannot be evaluated, with the values compared). ``deny``: ``body_matches`` is tried
+    on the raw text and, for a body that is JSON, on every decoded string (a JSON content
+    type whose body is no strict JSON: None); an approve's on the raw text only (issue 18
+    review C2)."""
+    out: list[Check] = []
     if when.max_spend is not None:
-        out.append(UNKNOWN if facts.spend is None else facts.spend <= when.max_spend)
+        limit = shown(when.max_spend)
+        if facts.spend is None:
+            out.append(Check(UNKNOWN, f"no spend given for max_spend {limit}"))
+        else:
+            holds = facts.spend <= when.max_spend
+            sign = "<=" if holds else ">"
+            out.append(Check(holds, f"spend {shown(facts.spend)} {sign} max_spend {limit}"))
     if when.max_draft_bytes is not None:
         size = facts.draft_bytes()
-        out.append(UNKNOWN if size is None else size <= when.max_draft_bytes)
+        limit = shown(when.max_draft_bytes)
+        if size is None:
+            out.append(Check(UNKNOWN, f"the draft is no Unicode text for max_draft_bytes {limit}"))
+        else:
+            holds = size <= when.max_draft_bytes
+            sign = "<=" if holds else ">"
+            out.append(Check(holds, f"draft {size} bytes {sign} max_draft_bytes {limit}"))
     if when.content_type is not None:
         media = media_type(facts.content_type)
-        out.append(any(media == media_type(wanted) for wanted in when.content_type))
+        holds = any(media == media_type(wanted) for wanted in when.content_type)
+        wanted = " or ".join(when.content_type)
+        out.append(Check(holds, f"content_type {media} is {'' if holds else 'not '}{wanted}"))
     if when.body_matches is not None:
         out.append(_body_matches(when.body_matches, facts, document, deny))
     for key, constraint in (when.arguments or {}).items():
-        if document is UNREADABLE or not is_json(facts.content_type):
-            out.append(UNKNOWN)
-            continue
-        value = _lookup(document, argument_path(key))
-        out.append(UNKNOWN if value is _ABSENT else judge(constraint, value))
+        out.append(_argument(key, constraint, facts, document))
     return out
 
 
-def _body_matches(source: str, facts: Facts, document: Any, deny: bool) -> bool | None:
+def _argument(key: str, constraint: ArgumentConstraint, facts: Facts, document: Any) -> Check:
+    if not is_json(facts.content_type):
+        media = media_type(facts.content_type)
+        return Check(UNKNOWN, f"argument {key}: content_type {media} is not JSON")
+    if document is UNREADABLE:
+        return Check(UNKNOWN, f"argument {key}: the draft is no strict JSON")
+    value = _lookup(document, argument_path(key))
+    if value is _ABSENT:
+        return Check(UNKNOWN, f"argument {key} is absent")
+    parts = judge_parts(constraint, value)
+    failed = next((part for part in parts if part.answer is False), None)
+    failed = failed or next((part for part in parts if part.answer is UNKNOWN), None)
+    if failed is None:
+        return Check(True, f"argument {key} {shown(value)} meets its constraint")
+    return Check(failed.answer, f"argument {key} {failed.why}")
+
+
+def _body_matches(source: str, facts: Facts, document: Any, deny: bool) -> Check:
+    answer = _body_search(source, facts, document, deny)
+    if answer is UNKNOWN:
+        return Check(UNKNOWN, f"body_matches '{source}' on a body it cannot read")
+    verb = "matches" if answer else "does not match"
+    return Check(answer, f"body {verb} body_matches '{source}'")
+
+
+def _body_search(source: str, facts: Facts, document: Any, deny: bool) -> bool | None:
     pattern = body_pattern(source)
     try:
         if pattern.search(facts.body) is not None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from gate.config.policy import ArgumentConstraint, glob_pattern, unjudgeable
@@ -89,30 +90,79 @@ def json_type(value: Any) -> str:
     return "array" if isinstance(value, list | tuple) else "object"
 
 
-def judge(constraint: ArgumentConstraint, value: Any) -> bool | None:
-    """Does ``value`` (a decoded JSON value) meet every part of ``constraint``? True, False,
-    or ``UNKNOWN`` (None) when a part cannot be judged: a value of another JSON type than
-    ``equals``/``one_of`` give, no finite ``number`` for ``min``/``max``, no string or an
-    ``unjudgeable`` one for ``glob``. Any False wins over UNKNOWN."""
-    answers: list[bool | None] = []
+@dataclass(frozen=True, slots=True)
+class Check:
+    """One condition judged: ``answer`` True (holds), False, or ``UNKNOWN`` (None: cannot be
+    evaluated), and ``why``: the values it compared, in words (``spend 400 > max_spend
+    100``), what ``policy test`` prints for the first condition that kept a rule from
+    matching."""
+
+    answer: bool | None
+    why: str
+
+
+def shown(value: Any) -> str:
+    """``value`` (a decoded JSON value or a number) as it reads in an explanation: compact
+    JSON, at most 40 characters (longer: cut, with ``…``); a whole float without ``.0``."""
+    if isinstance(value, float) and value.is_integer() and abs(value) <= MAX_NUMBER:
+        value = int(value)
+    try:
+        text = json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    except (TypeError, ValueError):
+        text = repr(value)
+    return text if len(text) <= 40 else text[:39] + "…"
+
+
+def _bound(value: Any, bound: float, name: str, lower: bool) -> Check:
+    if not number(value):
+        return Check(UNKNOWN, f"{shown(value)} is no number for {name} {shown(bound)}")
+    holds = bool(value >= bound) if lower else bool(value <= bound)
+    sign = ("<" if lower else ">") if not holds else (">=" if lower else "<=")
+    return Check(holds, f"{shown(value)} {sign} {name} {shown(bound)}")
+
+
+def judge_parts(constraint: ArgumentConstraint, value: Any) -> list[Check]:
+    """Each part of ``constraint`` judged on ``value`` (a decoded JSON value), in the order
+    equals, one_of, glob, min, max: ``UNKNOWN`` when a part cannot be judged (a value of
+    another JSON type than ``equals``/``one_of`` give, no finite ``number`` for
+    ``min``/``max``, no string or an ``unjudgeable`` one for ``glob``)."""
+    out: list[Check] = []
     given = constraint.model_fields_set
     if "equals" in given:
-        same = json_type(value) == json_type(constraint.equals)
-        answers.append(json_equal(value, constraint.equals) if same else UNKNOWN)
+        wanted = shown(constraint.equals)
+        if json_type(value) != json_type(constraint.equals):
+            out.append(Check(UNKNOWN, f"{shown(value)} is no {json_type(constraint.equals)}"
+                             f" for equals {wanted}"))  # fmt: skip
+        else:
+            same = json_equal(value, constraint.equals)
+            out.append(Check(same, f"{shown(value)} {'is' if same else 'is not'} {wanted}"))
     if constraint.one_of is not None:
+        listed = shown(list(constraint.one_of))
         if json_type(value) not in {json_type(v) for v in constraint.one_of}:
-            answers.append(UNKNOWN)
+            out.append(Check(UNKNOWN, f"{shown(value)} is of no type in one_of {listed}"))
         else:
-            answers.append(any(json_equal(value, v) for v in constraint.one_of))
+            found = any(json_equal(value, v) for v in constraint.one_of)
+            out.append(Check(found, f"{shown(value)} is {'' if found else 'not '}in {listed}"))
     if constraint.glob is not None:
+        wanted = shown(constraint.glob)
         if not isinstance(value, str) or unjudgeable(value):
-            answers.append(UNKNOWN)
+            out.append(Check(UNKNOWN, f"{shown(value)} cannot be judged by glob {wanted}"))
         else:
-            answers.append(glob_pattern(constraint.glob).fullmatch(value.casefold()) is not None)
+            fits = glob_pattern(constraint.glob).fullmatch(value.casefold()) is not None
+            verb = "matches" if fits else "does not match"
+            out.append(Check(fits, f"{shown(value)} {verb} glob {wanted}"))
     if constraint.min is not None:
-        answers.append(bool(value >= constraint.min) if number(value) else UNKNOWN)
+        out.append(_bound(value, constraint.min, "min", lower=True))
     if constraint.max is not None:
-        answers.append(bool(value <= constraint.max) if number(value) else UNKNOWN)
+        out.append(_bound(value, constraint.max, "max", lower=False))
+    return out
+
+
+def judge(constraint: ArgumentConstraint, value: Any) -> bool | None:
+    """Does ``value`` (a decoded JSON value) meet every part of ``constraint``
+    (``judge_parts``)? True, False, or ``UNKNOWN`` (None) when a part cannot be judged. Any
+    False wins over UNKNOWN."""
+    answers = [part.answer for part in judge_parts(constraint, value)]
     if False in answers:
         return False
     return UNKNOWN if UNKNOWN in answers else True

@@ -91,15 +91,29 @@ def question_result(question: Question) -> dict[str, Any]:
 
 
 def pending_summary(approval: Approval) -> dict[str, Any]:
-    """One line of list_pending: where it waits, never the draft."""
-    raw = approval.raw
+    """One approval of list_pending (``kind: "approval"``): where it waits, never the draft."""
     return {
+        "kind": "approval",
         "approval_id": approval.id,
         "pipeline": approval.pipeline,
         "step": approval.step,
         "run_id": approval.run_id,
         "payload_hash": approval.payload_hash,
-        "expires_at": raw.get("expires_at"),
+        "expires_at": approval.raw.get("expires_at"),
+    }
+
+
+def pending_question_summary(question: Question) -> dict[str, Any]:
+    """One question of list_pending (``kind: "question"``): where it waits and what kind of
+    answer it takes, never its text."""
+    return {
+        "kind": "question",
+        "question_id": question.id,
+        "pipeline": question.pipeline,
+        "step": question.step,
+        "run_id": question.run_id,
+        "response_type": question.response_type,
+        "expires_at": question.raw.get("expires_at"),
     }
 
 

@@ -18,6 +18,7 @@ from gate.mcp.results import (
     DEFAULT_WAIT_S,
     MAX_WAIT_S,
     approval_result,
+    pending_question_summary,
     pending_summary,
     question_result,
     refusal_text,
@@ -82,8 +83,9 @@ ASK_HUMAN = (
 )
 GET_QUESTION = "Wait up to wait_seconds for a question asked with ask_human and return it."
 LIST_PENDING = (
-    "List the approvals still waiting for a person (optionally of one pipeline): their ids, "
-    "pipeline, step and expiry, never their drafts. Pending means not decided: never yes."
+    "List what still waits for a person (optionally of one pipeline): approvals under "
+    '"approvals" and questions under "questions", each item with its kind ("approval" or "question"), id, pipeline, step and '
+    "expiry, never a draft or question text. Pending means not decided: never yes."
 )
 
 
@@ -198,11 +200,12 @@ def register(gate: AsyncGate) -> list[Tool]:
         return question_result(question)
 
     async def list_pending(pipeline: str | None = None) -> dict[str, Any]:
-        try:
-            approvals = await gate.list_pending(pipeline)
-        except (GateRequestError, GateUnavailable) as exc:
-            raise _refusal(exc, "pipeline") from exc
-        return {"approvals": [pending_summary(a) for a in approvals]}
+        approvals = await _gate_call(gate.list_pending(pipeline), "pipeline")
+        questions = await _gate_call(gate.list_pending_questions(pipeline), "pipeline")
+        return {
+            "approvals": [pending_summary(a) for a in approvals],
+            "questions": [pending_question_summary(q) for q in questions],
+        }
 
     asks = ToolAnnotations(read_only_hint=False, destructive_hint=False, open_world_hint=True)
     reads = ToolAnnotations(read_only_hint=True, open_world_hint=False)

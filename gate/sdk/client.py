@@ -110,6 +110,21 @@ def check_key(key: str | None) -> str | None:
     return key
 
 
+async def _all_pages(
+    list_page: Callable[[str, str | None, int, str | None], Awaitable[Any]], pipeline: str | None
+) -> list[dict[str, Any]]:
+    """Every pending item of one list endpoint (``list_page(state, pipeline, limit,
+    cursor)``, e.g. ``Transport.list``), following ``next_cursor`` to the last page."""
+    out: list[dict[str, Any]] = []
+    cursor: str | None = None
+    while True:
+        page = await list_page("pending", pipeline, 100, cursor)
+        out.extend(page.get("items") or [])
+        cursor = page.get("next_cursor")
+        if not cursor:
+            return out
+
+
 def _key(given: str | None, prefix: str) -> str:
     """``given``, else a fresh ``<prefix>-<uuid4 hex>``: every create carries a key, so a
     retried one is found again, never made twice (SPEC §3)."""
@@ -238,14 +253,13 @@ class AsyncGate:
 
     async def list_pending(self, pipeline: str | None = None) -> list[Approval]:
         """Every pending approval (of ``pipeline`` when given), oldest first, all pages."""
-        out: list[Approval] = []
-        cursor: str | None = None
-        while True:
-            page = await self._transport.list("pending", pipeline, 100, cursor)
-            out.extend(Approval.from_json(item) for item in page.get("items") or [])
-            cursor = page.get("next_cursor")
-            if not cursor:
-                return out
+        items = await _all_pages(self._transport.list, pipeline)
+        return [Approval.from_json(item) for item in items]
+
+    async def list_pending_questions(self, pipeline: str | None = None) -> list[Question]:
+        """Every pending question (of ``pipeline`` when given), oldest first, all pages."""
+        items = await _all_pages(self._transport.list_questions, pipeline)
+        return [Question.from_json(item) for item in items]
 
     # ---- questions (issue 15) ---------------------------------------------------------
 

@@ -99,6 +99,10 @@ class Gate:
         """AsyncGate.list_pending, blocking."""
         return self._run(lambda g: g.list_pending(pipeline))
 
+    def list_pending_questions(self, pipeline: str | None = None) -> list[Question]:
+        """AsyncGate.list_pending_questions, blocking."""
+        return self._run(lambda g: g.list_pending_questions(pipeline))
+
     def ask(
         self,
         pipeline: str,
