@@ -84,8 +84,9 @@ ASK_HUMAN = (
 GET_QUESTION = "Wait up to wait_seconds for a question asked with ask_human and return it."
 LIST_PENDING = (
     "List what still waits for a person (optionally of one pipeline): approvals under "
-    '"approvals" and questions under "questions", each item with its kind ("approval" or "question"), id, pipeline, step and '
-    "expiry, never a draft or question text. Pending means not decided: never yes."
+    '"approvals" and questions under "questions", each item with its kind ("approval" or '
+    '"question"), id, pipeline, step and expiry, never a draft or question text. Pending '
+    "means not decided: never yes."
 )
 
 
