@@ -701,3 +701,40 @@ def test_question_text_and_answers_never_reach_the_log(
     log = gate.log()
     for secret in ("Secret question 7d1f", "secret reason 3b9e", "initech-4c2a", "globex"):
         assert secret not in log, secret
+
+
+BIG = 10**400
+HUGE_BOUNDS = [
+    pytest.param("integer", {"minimum": BIG}, "minimum", id="int-min-10**400"),
+    pytest.param("integer", {"minimum": -BIG, "maximum": BIG}, "minimum", id="int-both-huge"),
+    pytest.param("integer", {"minimum": 0.5, "maximum": BIG}, "maximum", id="int-half-to-huge"),
+    pytest.param("number", {"maximum": BIG}, "maximum", id="num-max-10**400"),
+    pytest.param("number", {"maximum": 2**53 + 1}, "maximum", id="num-max-2**53+1"),
+]
+
+
+@pytest.mark.parametrize(("kind", "bounds", "key"), HUGE_BOUNDS)
+def test_create_and_revise_refuse_bounds_beyond_2_53_and_change_nothing(
+    gate: GateProcess, kind: str, bounds: dict[str, Any], key: str
+) -> None:
+    """A bound no float holds answered 500 internal_error; it is 400 invalid_schema naming
+    the JSON path, on create and on revise, and nothing is created or changed."""
+    q = ask(gate, response_type="free_text")
+    schema = schema_with(n={"type": kind, **bounds})
+    body = {"pipeline": "p", "step": "ask", "text": "How many?", "response_type": "form"}
+    before = snapshot(gate)
+    for path, sent in (
+        ("/v1/questions", {**body, "schema": schema}),
+        (f"/v1/questions/{q['question_id']}/revise", {"response_type": "form", "schema": schema}),
+    ):
+        got, out = gate.api().call("POST", path, sent)
+        assert (got, out["reason"], out["field"]) == (
+            400,
+            "invalid_schema",
+            f"schema.properties.n.{key}",
+        ), out
+        assert out["message"] == (
+            f"schema.properties.n.{key} must be a number between -2**53 and 2**53"
+            " (±9007199254740992)"
+        )
+        assert snapshot(gate) == before
