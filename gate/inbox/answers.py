@@ -30,8 +30,8 @@ MAX_ANSWER_CHARS = 60_000
 """The inbox cannot know the step's ``max_answer_chars`` (default 2000, at most 60 000): it
 checks against the largest; a lower cap is the gate's 422, shown in words the same way."""
 MAX_OPTIONS = 1000
-_INTEGER = re.compile(r"[+-]?\d{1,30}")
-_NUMBER = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
+_INTEGER = re.compile(r"[+-]?[0-9]{1,30}")
+_NUMBER = re.compile(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?")
 
 
 class AnswerInvalid(ValueError):
