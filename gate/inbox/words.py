@@ -226,7 +226,7 @@ def _limits(
     for key, attr in pairs:
         value: Any = prop.get(key)
         if in_range(value):
-            out.append((attr, format(value, "g") if isinstance(value, float) else str(value)))
+            out.append((attr, number_text(value)))  # exact: "g" rounds 2**53 to 9.0072e+15
     return tuple(out)
 
 
