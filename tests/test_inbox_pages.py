@@ -12,9 +12,9 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from gate.inbox import words
-from gate.protocol.errors import ProtocolError
 from gate.inbox.headers import CSP
 from gate.inbox.progress import collected
+from gate.protocol.errors import ProtocolError
 from tests.inbox_pages_app import BIG_BODY, END, HIDDEN_IN_BIG, ITEMS, build_app, make_item
 
 

@@ -435,11 +435,18 @@ def test_long_poll_wait_elapses_pending(gate: GateProcess) -> None:
     assert (status, view["state"], view["outcome"], view["answer"]) == (200, "pending", None, None)
 
 
-@pytest.mark.parametrize("wait", ["-1", "301", "soon", "nan"])
+@pytest.mark.parametrize("wait", ["-1", "301", "soon", "nan", "%D9%A3", "1_0", "infinity"])
 def test_long_poll_bad_wait_is_400(gate: GateProcess, wait: str) -> None:
     q = ask(gate, response_type="free_text")
     status, out = gate.api().call("GET", f"/v1/questions/{q['question_id']}?wait={wait}")
     assert (status, out["reason"], out["field"]) == (400, "invalid_wait", "wait")
+
+
+@pytest.mark.parametrize("limit", ["%D9%A3", "%C2%B2", "1_0", "9" * 5000])
+def test_list_limit_of_other_than_ascii_digits_is_400(gate: GateProcess, limit: str) -> None:
+    """``int()`` took ``٣`` as 3 (and 5000 digits raised): a count is ASCII digits."""
+    status, out = gate.api().call("GET", f"/v1/questions?limit={limit}")
+    assert (status, out["reason"], out["field"]) == (400, "invalid_limit", "limit"), out
 
 
 # ---- the pipeline API's refusals ------------------------------------------------------------

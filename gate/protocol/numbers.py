@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Any
+from typing import Any, TypeGuard
 
 MAX_MAGNITUDE = 2**53
 """The largest magnitude of a number the gate takes: 9007199254740992."""
@@ -20,6 +20,12 @@ RANGE_WORDS = "between -2**53 and 2**53 (±9007199254740992)"
 """How an error says the range: ``... must be a number between -2**53 and 2**53 ...``."""
 
 ASCII_DIGITS = re.compile(r"[0-9]+")
+INTEGER_TEXT = re.compile(r"[+-]?[0-9]{1,30}")
+"""An integer as a person types it: ASCII digits, an optional sign (``int()`` alone also
+takes ``٣``, ``1_000`` and spaces)."""
+NUMBER_TEXT = re.compile(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?")
+"""A decimal number as a person types it (``float()`` alone also takes ``nan``, ``inf``,
+``1_0`` and non-ASCII digits)."""
 """What a count, a port or seconds written as text must fully match."""
 LIST_INDEX = re.compile(r"0|[1-9][0-9]*")
 """What a list index in a JSON pointer must fully match (RFC 6901: no sign, no leading
@@ -31,7 +37,7 @@ def is_json_number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
-def in_range(value: Any) -> bool:
+def in_range(value: Any) -> TypeGuard[int | float]:
     """True for a JSON number (not a bool) that is finite and within ±``MAX_MAGNITUDE``
     (inclusive). Never raises: an int of any size is compared exactly, never made a float."""
     if not is_json_number(value):
