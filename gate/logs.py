@@ -26,8 +26,8 @@ _KEY = re.compile(r"([A-Za-z_][A-Za-z0-9_.]*)=")
 _FIRST_KEY = re.compile(r"(?:^|(?<=\s))[A-Za-z_][A-Za-z0-9_.]*=")
 _NEXT_KEY = re.compile(r"\s+(?=[A-Za-z_][A-Za-z0-9_.]*=)")
 _QUOTED = re.compile(r"""'(?:[^'\\]|\\.)*'|"(?:[^"\\]|\\.)*\"""", re.DOTALL)
-_INT = re.compile(r"-?\d{1,18}")
-_FLOAT = re.compile(r"-?\d{1,18}\.\d+")
+_INT = re.compile(r"-?[0-9]{1,18}")
+_FLOAT = re.compile(r"-?[0-9]{1,18}\.[0-9]+")
 
 
 _second: tuple[int, str] = (-1, "")  # the last whole second formatted, and its text

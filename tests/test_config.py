@@ -823,3 +823,43 @@ def test_api_token_must_be_printable_ascii(token):
         "api.token_env: HITL_API_TOKEN holds a space, a control or a non-ASCII character; an "
         "HTTP bearer token is printable ASCII"
     ]
+
+
+RANGE = "must be a number between -2**53 and 2**53 (±9007199254740992)"
+
+
+def test_config_numbers_beyond_2_53_are_refused_with_their_path(tmp_path: Path) -> None:
+    """Every bound, limit and amount is a finite number within ±2**53 (docs/design.md
+    "Numbers"): a cap, a max_spend or an argument's min/max beyond it is refused with its
+    YAML path, not taken as an ever-true condition nor a number no float holds."""
+    data = example_data()
+    data["budget"]["cap_today"] = 10**400
+    data["pipelines"][0]["budget_cap"] = 2**53 + 1
+    step(data, 0)["policy"] = [
+        {
+            "id": "big",
+            "decide": "deny",
+            "when": {
+                "max_spend": 10**400,
+                "arguments": {"/a": {"min": -(10**400)}, "/b": {"max": 1e300}},
+            },
+        }
+    ]
+    path = write(tmp_path, data)
+    at = "pipelines[0].steps[0].policy[0].when"
+    assert config_errors(path) == [
+        f"budget.cap_today: {RANGE}, got a 401-digit number",
+        f"pipelines[0].budget_cap: {RANGE}, got 9007199254740993",
+        f"{at}.max_spend: {RANGE}, got a 401-digit number",
+        f"{at}.arguments./a.min: {RANGE}, got a 401-digit number",
+        f"{at}.arguments./b.max: {RANGE}, got 1e+300",
+    ]
+    # the limits themselves are fine
+    data["budget"]["cap_today"] = 2**53
+    data["pipelines"][0]["budget_cap"] = float(2**53)
+    step(data, 0)["policy"][0]["when"] = {
+        "max_spend": 2**53,
+        "arguments": {"/a": {"min": -(2**53)}, "/b": {"max": 2**53}},
+    }
+    config = load_config(write(tmp_path, data, "limits.yaml"))
+    assert config.budget.cap_today == 2**53

@@ -10,9 +10,11 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gate.protocol.errors import ProtocolError
-from gate.protocol.question import parse_question
+from gate.protocol.question import check_value, parse_question
 
 JSON_VALUES: tuple[Any, ...] = (None, True, 1, 1.5, "x", [], [1], {}, {"a": 1})
 """One of each JSON type, empty and not: what the fuzz puts at every position."""
@@ -175,3 +177,90 @@ def test_enum_values_equal_once_normalized_are_a_repeat(prop: dict[str, Any], fi
         where,
         f"{where} repeats {NFD!r} (the same text once Unicode-normalized, NFC)",
     )
+
+
+RANGE = "must be a number between -2**53 and 2**53 (±9007199254740992)"
+BIG = 10**400
+
+
+@pytest.mark.parametrize(
+    ("kind", "bounds", "key"),
+    [("integer", {"minimum": BIG}, "minimum"),
+     ("integer", {"minimum": -BIG, "maximum": BIG}, "minimum"),
+     ("integer", {"minimum": 0.5, "maximum": BIG}, "maximum"),
+     ("number", {"maximum": BIG}, "maximum"),
+     ("number", {"minimum": -(2**53) - 1}, "minimum"),
+     ("number", {"maximum": 2**53 + 1}, "maximum"),
+     ("integer", {"maximum": 1e300}, "maximum"),
+     ("number", {"minimum": -1e16}, "minimum")],
+    ids=["int-min-huge", "int-both-huge", "int-half-to-huge", "num-max-huge", "num-min-2**53-1",
+         "num-max-2**53+1", "int-max-1e300", "num-min--1e16"],
+)  # fmt: skip
+def test_form_schema_bounds_beyond_2_53_are_refused_naming_the_path(
+    kind: str, bounds: dict[str, Any], key: str
+) -> None:
+    """A bound no float holds (10**400) answered 500 (``math.isfinite`` on an int); every
+    bound is a finite number within ±2**53 (docs/design.md "Numbers")."""
+    schema = {"type": "object", "properties": {"n": {"type": kind, **bounds}}}
+    assert _refused({"response_type": "form", "schema": schema}) == (
+        "invalid_schema",
+        f"schema.properties.n.{key}",
+        f"schema.properties.n.{key} {RANGE}",
+    )
+
+
+@pytest.mark.parametrize("kind", ["integer", "number"])
+def test_form_schema_bounds_at_2_53_are_accepted(kind: str) -> None:
+    for low, high in ((-(2**53), 2**53), (-float(2**53), float(2**53)), (0, 2**53)):
+        prop = {"type": kind, "minimum": low, "maximum": high}
+        assert _parse(_form(prop)).schema is not None
+
+
+JSON_NUMBERS = st.one_of(
+    st.integers(),
+    st.integers(min_value=2**50, max_value=2**1400),
+    st.integers(min_value=-(2**1400), max_value=-(2**50)),
+    st.floats(),
+)
+"""Any JSON number, ints far beyond a float's range included (NaN and infinities too: a
+Python caller may pass them though JSON cannot)."""
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    st.sampled_from(sorted(PROPERTIES)),
+    st.sampled_from(["minimum", "maximum", "minLength", "maxLength", "minItems", "maxItems"]),
+    JSON_NUMBERS,
+    st.one_of(st.none(), JSON_NUMBERS),
+)
+def test_form_schema_any_number_at_a_numeric_keyword_is_accepted_or_400(
+    kind: str, key: str, value: Any, other: Any
+) -> None:
+    prop = copy.deepcopy(PROPERTIES[kind])
+    prop[key] = value
+    if other is not None:
+        prop["maximum" if key == "minimum" else "minimum"] = other
+    try:
+        _parse(_form(prop))
+    except ProtocolError as err:
+        assert (err.status, err.code) == (400, "invalid_schema")
+        assert str(err.extra["field"]).startswith("schema.properties.a.")
+
+
+@pytest.mark.parametrize("kind", ["integer", "number"])
+@pytest.mark.parametrize(
+    "value", [BIG, -BIG, 2**53 + 1, 1e300], ids=["big", "-big", "2**53+1", "1e300"]
+)
+def test_form_value_numbers_beyond_2_53_are_refused_as_invalid_value(kind: str, value: Any) -> None:
+    """A huge answer is refused by the answer check (422), never a 500."""
+    schema = {"type": "object", "properties": {"n": {"type": kind}}}
+    spec = _parse(schema)
+    if kind == "integer" and isinstance(value, float):
+        return  # a float for an integer field is refused as such (test_protocol_question)
+    what = "an integer" if kind == "integer" else "a number"
+    with pytest.raises(ProtocolError) as info:
+        check_value(spec, {"n": value}, max_answer_chars=5)
+    err = info.value
+    assert (err.status, err.code, err.extra["field"]) == (422, "invalid_value", "value.n")
+    assert err.message == f"value.n must be {what} {RANGE.removeprefix('must be a number ')}"
+    assert check_value(spec, {"n": 2**53}, max_answer_chars=5) == {"n": 2**53}

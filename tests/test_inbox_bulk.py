@@ -88,6 +88,7 @@ def test_the_batch_challenge_is_the_gate_s_batch_digest_of_stored_approves() -> 
         ({"item:01A1": "1", "item:01A2": "x"}, 400, "invalid_batch"),
         ({"item:01A1": "1", "item:01A2": "0"}, 400, "invalid_batch"),
         ({"item:01A1": "1", "item:": "1"}, 400, "invalid_batch"),
+        ({"item:01A1": "1", "item:01A2": "9" * 5000}, 400, "invalid_batch"),
     ],
 )
 def test_a_batch_that_is_not_as_the_page_sends_is_refused(

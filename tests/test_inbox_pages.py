@@ -14,6 +14,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from gate.inbox import words
 from gate.inbox.headers import CSP
 from gate.inbox.progress import collected
+from gate.protocol.errors import ProtocolError
 from tests.inbox_pages_app import BIG_BODY, END, HIDDEN_IN_BIG, ITEMS, build_app, make_item
 
 
@@ -448,3 +449,35 @@ def test_progress_collected_counts_each_approval_once(
     item = make_item("q", quorum_required=3, quorum_collected=collected_before, dispatch=dispatch)
 
     assert collected(item, recorded) == shown
+
+
+def test_words_form_fields_with_bounds_at_2_53_render_as_html_limits() -> None:
+    """A bound as large as the gate allows (±2**53) is shown; one beyond it (a hostile
+    dispatch: 10**400 made the question page answer 500) is a schema the gate would not
+    send, which the page says instead of the form."""
+    props = {
+        "amount": {"type": "number", "minimum": -(2**53), "maximum": 2**53},
+        "count": {"type": "integer", "minimum": 0, "maximum": float(2**53)},
+    }
+    fields = words.form_fields({"type": "object", "properties": props})
+    limits = {field.name: dict(field.attrs) for field in fields}
+    assert (limits["amount"]["min"], limits["amount"]["max"]) == (
+        "-9007199254740992",
+        "9007199254740992",
+    )
+    assert limits["count"]["max"] == "9007199254740992.0"
+    hostile = {"type": "object", "properties": {"n": {"type": "number", "maximum": 10**400}}}
+    with pytest.raises(ProtocolError) as info:
+        words.form_fields(hostile)
+    assert info.value.extra["field"] == "schema.properties.n.maximum"
+
+
+def test_words_budget_shows_a_number_beyond_2_53_as_its_exact_text() -> None:
+    """A relay shows any dispatch: an amount no float holds is shown as sent, never a 500."""
+    got = words.budget(
+        {"unit": "EUR", "spent_today": 10**400, "cap_today": 2**53, "this_request": -(2**60)}
+    )
+    assert got == [
+        f"today: {10**400} EUR of 9007199254740992 EUR",
+        f"this request: {-(2**60)} EUR",
+    ]

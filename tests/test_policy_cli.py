@@ -253,3 +253,22 @@ def test_policy_test_lists_every_rule_when_one_decides(config: Path) -> None:
         r"  no-prod: no match: body does not match body_matches '\bprod\b'",
         "  small: matches",
     ]
+
+
+@pytest.mark.parametrize("path", ["/items/²/qty", "/items/٣/qty", "/items/01/qty", "items.².qty"])
+def test_check_config_refuses_a_list_index_that_is_not_ascii_digits(
+    config: Path, path: str
+) -> None:
+    """A list index in a path is ASCII digits, no leading zero (RFC 6901): ``²`` passed
+    check-config, then every create with a list there answered 500."""
+    data = yaml.safe_load(config.read_text(encoding="utf-8"))
+    data["pipelines"][0]["steps"][0]["policy"][1]["when"]["arguments"] = {path: {"max": 5}}
+    config.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
+    done = run_cli("check-config", "-c", str(config))
+    assert done.returncode == 2
+    segment = path.replace(".", "/").split("/")[-2]
+    assert done.stderr.decode().splitlines() == [
+        f"{config}: pipelines[0].steps[0].policy[1].when.arguments: {path!r}: segment"
+        f" {segment!r} looks like a list index but is none: a list index is ASCII digits"
+        " 0-9 without a leading zero (0, 1, 12)",
+    ]

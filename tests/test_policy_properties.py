@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gate.config import config_from_mapping
-from gate.config.policy import HIGH_RISKS, PolicyRule
+from gate.config.policy import HIGH_RISKS, PolicyRule, argument_path
 from gate.core import policy_tx
 from gate.core.policy import (
     Facts,
@@ -383,3 +383,57 @@ def test_a_deny_rule_gives_its_reason_where_skips_need_one() -> None:
     ]
     step["policy"][0]["reason"] = "use the other account"
     config_from_mapping(example_with_step(step), ROOT)
+
+
+segments = st.one_of(
+    st.sampled_from(["0", "1", "2", "01", "00", "-1", "²", "٣", "１", "items", "qty", "", "~1"]),
+    st.text(alphabet=st.characters(categories=["Nd", "No", "Nl", "Ll"]), max_size=3),
+)
+argument_keys = st.one_of(
+    st.lists(segments, min_size=1, max_size=4).map(lambda parts: "/" + "/".join(parts)),
+    st.lists(segments, min_size=1, max_size=4).map(".".join),
+)
+json_values = st.recursive(
+    st.one_of(
+        st.none(),
+        st.booleans(),
+        st.integers(),
+        st.floats(allow_nan=False, allow_infinity=False),
+        st.text(max_size=5),
+    ),
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=4),
+        st.dictionaries(st.one_of(segments, st.text(max_size=3)), inner, max_size=4),
+    ),
+    max_leaves=12,
+)
+
+
+def _along(parts: list[str], data: st.DataObject) -> Any:
+    """A JSON value that follows ``parts`` where it likes: at each level a list (any
+    segment may be read as its index), an object holding the segment, or any value."""
+    if not parts:
+        return data.draw(json_values)
+    inner = _along(parts[1:], data)
+    shape = data.draw(st.sampled_from(["list", "object", "any"]))
+    if shape == "list":
+        return [inner] * data.draw(st.integers(1, 12))
+    return {parts[0]: inner} if shape == "object" else data.draw(json_values)
+
+
+@settings(max_examples=400, deadline=None)
+@given(argument_keys, st.sampled_from(["approve", "deny"]), st.data())
+def test_any_path_check_config_accepts_evaluates_on_any_json_draft(
+    key: str, decide: str, data: st.DataObject
+) -> None:
+    """A path the config takes never makes the evaluation raise, whatever the draft (``²``
+    passed ``str.isdigit`` and ``int("²")`` raised on every create with a list there)."""
+    rule = {"id": "r", "decide": decide, "when": {"arguments": {key: {"max": 5}}}}
+    try:
+        rules = [PolicyRule.model_validate(rule)]
+    except ValueError:  # pydantic's ValidationError: the config refuses the path
+        return
+    parts = list(argument_path(key))
+    facts = Facts("application/json", json.dumps(_along(parts, data)))
+    found = evaluate(rules, facts, "normal", 1)
+    assert found is None or found.decide == decide

@@ -435,11 +435,18 @@ def test_long_poll_wait_elapses_pending(gate: GateProcess) -> None:
     assert (status, view["state"], view["outcome"], view["answer"]) == (200, "pending", None, None)
 
 
-@pytest.mark.parametrize("wait", ["-1", "301", "soon", "nan"])
+@pytest.mark.parametrize("wait", ["-1", "301", "soon", "nan", "%D9%A3", "1_0", "infinity"])
 def test_long_poll_bad_wait_is_400(gate: GateProcess, wait: str) -> None:
     q = ask(gate, response_type="free_text")
     status, out = gate.api().call("GET", f"/v1/questions/{q['question_id']}?wait={wait}")
     assert (status, out["reason"], out["field"]) == (400, "invalid_wait", "wait")
+
+
+@pytest.mark.parametrize("limit", ["%D9%A3", "%C2%B2", "1_0", "9" * 5000])
+def test_list_limit_of_other_than_ascii_digits_is_400(gate: GateProcess, limit: str) -> None:
+    """``int()`` took ``٣`` as 3 (and 5000 digits raised): a count is ASCII digits."""
+    status, out = gate.api().call("GET", f"/v1/questions?limit={limit}")
+    assert (status, out["reason"], out["field"]) == (400, "invalid_limit", "limit"), out
 
 
 # ---- the pipeline API's refusals ------------------------------------------------------------
@@ -701,3 +708,40 @@ def test_question_text_and_answers_never_reach_the_log(
     log = gate.log()
     for secret in ("Secret question 7d1f", "secret reason 3b9e", "initech-4c2a", "globex"):
         assert secret not in log, secret
+
+
+BIG = 10**400
+HUGE_BOUNDS = [
+    pytest.param("integer", {"minimum": BIG}, "minimum", id="int-min-10**400"),
+    pytest.param("integer", {"minimum": -BIG, "maximum": BIG}, "minimum", id="int-both-huge"),
+    pytest.param("integer", {"minimum": 0.5, "maximum": BIG}, "maximum", id="int-half-to-huge"),
+    pytest.param("number", {"maximum": BIG}, "maximum", id="num-max-10**400"),
+    pytest.param("number", {"maximum": 2**53 + 1}, "maximum", id="num-max-2**53+1"),
+]
+
+
+@pytest.mark.parametrize(("kind", "bounds", "key"), HUGE_BOUNDS)
+def test_create_and_revise_refuse_bounds_beyond_2_53_and_change_nothing(
+    gate: GateProcess, kind: str, bounds: dict[str, Any], key: str
+) -> None:
+    """A bound no float holds answered 500 internal_error; it is 400 invalid_schema naming
+    the JSON path, on create and on revise, and nothing is created or changed."""
+    q = ask(gate, response_type="free_text")
+    schema = schema_with(n={"type": kind, **bounds})
+    body = {"pipeline": "p", "step": "ask", "text": "How many?", "response_type": "form"}
+    before = snapshot(gate)
+    for path, sent in (
+        ("/v1/questions", {**body, "schema": schema}),
+        (f"/v1/questions/{q['question_id']}/revise", {"response_type": "form", "schema": schema}),
+    ):
+        got, out = gate.api().call("POST", path, sent)
+        assert (got, out["reason"], out["field"]) == (
+            400,
+            "invalid_schema",
+            f"schema.properties.n.{key}",
+        ), out
+        assert out["message"] == (
+            f"schema.properties.n.{key} must be a number between -2**53 and 2**53"
+            " (±9007199254740992)"
+        )
+        assert snapshot(gate) == before

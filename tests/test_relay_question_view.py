@@ -38,6 +38,7 @@ def dispatch(question: dict) -> dict:
         pytest.param("1,3", True, ["Acme", "Initech"], None, id="multi"),
         pytest.param("1, 1", True, ["Acme", "Acme"], None, id="multi-twice-left-to-check"),
         pytest.param("4", False, None, "Not taken: type one number from 1 to 3.", id="range"),
+        pytest.param("²", False, None, "Not taken: type one number from 1 to 3.", id="superscript"),
         pytest.param("1,2", False, None, "Not taken: type one number from 1 to 3.", id="two"),
         pytest.param(
             "Acme", True, None, "Not taken: type numbers, comma-separated, from 1 to 3.", id="word"
@@ -60,6 +61,15 @@ def test_question_view_parse_choice(text, multi, value, hint):
         ({"type": "integer"}, True, "12.5", None, "Not taken: type a whole number."),
         ({"type": "number"}, True, "12.5", 12.5, None),
         ({"type": "number"}, True, "nan", None, "Not taken: type a number."),
+        ({"type": "integer"}, True, "٣", None, "Not taken: type a whole number."),
+        ({"type": "number"}, True, "1_0", None, "Not taken: type a number."),
+        (
+            {"type": "string", "enum": ["EUR", "USD"]},
+            True,
+            "²",
+            None,
+            "Not taken: type one number from 1 to 2.",
+        ),
         ({"type": "boolean"}, True, "Yes", True, None),
         ({"type": "boolean"}, True, "n", False, None),
         ({"type": "boolean"}, True, "maybe", None, "Not taken: type yes or no."),

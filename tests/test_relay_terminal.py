@@ -607,8 +607,12 @@ def test_b02_12_relay_prompt_reads_in_words_and_holds_log_lines(tmp_path, pty_re
             {"unit": "EUR\x1b[2K", "cap_today": "lots", "this_request": True},
             ['budget: {"unit": "EUR\\u001b[2K", "cap_today": "lots", "this_request": true}'],
         ),
+        (
+            {"unit": "EUR", "cap_today": 10**400, "this_request": 1},
+            [f'budget: {{"unit": "EUR", "cap_today": {10**400}, "this_request": 1}}'],
+        ),
     ],
-    ids=["no-spend", "spend-fits", "over-already", "no-cap", "odd-types"],
+    ids=["no-spend", "spend-fits", "over-already", "no-cap", "odd-types", "beyond-2**53"],
 )
 def test_b02_12_relay_budget_in_words(budget, lines):
     """Issue 12 item 12: the dispatch's ``budget`` object (docs/protocol.md) in words."""

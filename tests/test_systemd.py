@@ -220,6 +220,7 @@ def test_sdnotify_addresses_and_watchdog_rules(tmp_path: Path) -> None:
     assert watchdog_interval({"WATCHDOG_USEC": "30000000"}) == 15.0
     assert watchdog_interval({"WATCHDOG_USEC": "0"}) is None
     assert watchdog_interval({"WATCHDOG_USEC": "x"}) is None
+    assert watchdog_interval({"WATCHDOG_USEC": "²"}) is None  # int("²") raised
     me = str(os.getpid())
     assert watchdog_interval({"WATCHDOG_USEC": "200000", "WATCHDOG_PID": me}) == 0.1
     assert watchdog_interval({"WATCHDOG_USEC": "200000", "WATCHDOG_PID": "1"}) is None

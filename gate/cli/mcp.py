@@ -12,6 +12,7 @@ import click
 
 from gate.cli import API_URL_OPTION, CONFIG_OPTION, fail, main, read_config
 from gate.mcp.guard import DEFAULT_MAX_CONNECTIONS, DEFAULT_READ_TIMEOUT_S
+from gate.protocol.numbers import ascii_int
 
 MIN_TOKEN_BYTES = 16  # as the gate's own secrets: shorter is refused
 
@@ -23,9 +24,10 @@ def parse_http(value: str) -> tuple[str, int]:
     if not sep:
         host, port = "127.0.0.1", value
     host = host.removeprefix("[").removesuffix("]") or "127.0.0.1"
-    if not port.isdigit() or int(port) > 65535:
+    number = ascii_int(port)
+    if number is None or number > 65535:
         fail(f"--http: {value!r} is not HOST:PORT (e.g. 127.0.0.1:8093)", 2)
-    return host, int(port)
+    return host, number
 
 
 def http_token(token_env: str | None) -> str:

@@ -28,6 +28,7 @@ from gate.config.values import (
     _non_empty,
     _none_as_empty,
     _resolve,
+    check_bounded_number,
     parse_duration,
 )
 from gate.config.webauthn import WebAuthnConfig
@@ -41,7 +42,9 @@ MAX_SKEW_S = 3600.0
 _Int = Annotated[int, Field(strict=True, le=MAX_OPERATOR_ID)]
 _OperatorId = Annotated[int, Field(strict=True, ge=1, le=MAX_OPERATOR_ID)]
 _PositiveInt = Annotated[int, Field(strict=True, ge=1)]
-_Amount = Annotated[float, Field(strict=True, ge=0, allow_inf_nan=False)]
+_Amount = Annotated[
+    float, BeforeValidator(check_bounded_number), Field(strict=True, ge=0, allow_inf_nan=False)
+]
 _Text = Annotated[str, Field(strict=True, min_length=1)]
 # pipeline and step names: what the pipeline API accepts (gate.core.requests.MAX_NAME_CHARS)
 _Name = Annotated[

@@ -15,6 +15,9 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 import re2
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
+from gate.config.values import check_bounded_number
+from gate.protocol.numbers import looks_like_index
+
 if TYPE_CHECKING:
     from gate.config.model import Config, StepConfig
 
@@ -26,7 +29,9 @@ MAX_RULE_REASON_CHARS = 500
 
 _FROZEN = ConfigDict(extra="forbid", frozen=True)
 _RULE_ID = re.compile(r"[a-z0-9_-]+")
-_Number = Annotated[float, Field(strict=True, allow_inf_nan=False)]
+_Number = Annotated[
+    float, BeforeValidator(check_bounded_number), Field(strict=True, allow_inf_nan=False)
+]
 
 
 def _one_or_list(value: object) -> object:
@@ -92,12 +97,21 @@ def glob_pattern(glob: str) -> Any:
 def argument_path(key: str) -> tuple[str, ...]:
     """The path of an ``arguments`` key into a JSON draft: a JSON pointer (RFC 6901, starts
     with ``/``: ``/items/0/sku``, ``~1`` for ``/``, ``~0`` for ``~``) or a dotted key
-    (``customer.country``). Raises ValueError for an empty key or an empty dotted segment."""
+    (``customer.country``). A list index is ASCII digits without a leading zero (RFC 6901).
+    Raises ValueError for an empty key, an empty dotted segment, or a segment of only
+    numeric characters that is no such index (``²``, ``٣``, ``01``: ``looks_like_index``)."""
     if key.startswith("/"):
-        return tuple(p.replace("~1", "/").replace("~0", "~") for p in key[1:].split("/"))
-    parts = tuple(key.split("."))
-    if not key or any(not p for p in parts):
-        raise ValueError(f"{key!r} is neither a JSON pointer (/a/b) nor a dotted key (a.b)")
+        parts = tuple(p.replace("~1", "/").replace("~0", "~") for p in key[1:].split("/"))
+    else:
+        parts = tuple(key.split("."))
+        if not key or any(not p for p in parts):
+            raise ValueError(f"{key!r} is neither a JSON pointer (/a/b) nor a dotted key (a.b)")
+    for part in parts:
+        if looks_like_index(part):
+            raise ValueError(
+                f"{key!r}: segment {part!r} looks like a list index but is none: a list index"
+                " is ASCII digits 0-9 without a leading zero (0, 1, 12)"
+            )
     return parts
 
 

@@ -13,6 +13,7 @@ from urllib.parse import urlsplit
 
 from pydantic import ValidationInfo
 
+from gate.protocol.numbers import RANGE_WORDS, brief_number, in_range, is_json_number
 from gate.protocol.whitespace import is_trimmed
 
 # --------------------------------------------------------------------------- durations, addresses
@@ -115,6 +116,15 @@ def _looks_like_a_secret(value: str) -> bool:
         and any(c.islower() for c in value)
         and ("_" not in value or not _ENV_NAME.fullmatch(value))
     )
+
+
+def check_bounded_number(value: Any) -> Any:
+    """A bound, limit or amount must be within ±2**53 (docs/design.md "Numbers"); checked
+    before pydantic makes it a float (an int of 309+ digits fits none). Other values pass
+    on to the type's own check."""
+    if is_json_number(value) and not in_range(value):
+        raise ValueError(f"must be a number {RANGE_WORDS}, got {brief_number(value)}")
+    return value
 
 
 def _check_env_name(value: str) -> str:

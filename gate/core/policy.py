@@ -36,6 +36,7 @@ from gate.core.policy_values import (
     shown,
 )
 from gate.core.policy_values import strings as json_strings
+from gate.protocol.numbers import list_index
 
 _UNSET: Any = object()
 
@@ -279,14 +280,16 @@ _ABSENT: Any = object()
 
 
 def _lookup(document: Any, path: tuple[str, ...]) -> Any:
-    """The value at ``path`` in ``document`` (object keys; array indexes as decimal text),
-    or ``_ABSENT``."""
+    """The value at ``path`` in ``document`` (object keys; list indexes as ASCII decimal
+    text, ``gate.protocol.numbers.list_index``), or ``_ABSENT``."""
     value = document
     for part in path:
         if isinstance(value, dict) and part in value:
             value = value[part]
-        elif isinstance(value, list) and part.isdigit() and int(part) < len(value):
-            value = value[int(part)]
+        elif isinstance(value, list) and (index := list_index(part)) is not None:
+            if index >= len(value):
+                return _ABSENT
+            value = value[index]
         else:
             return _ABSENT
     return value

@@ -19,6 +19,8 @@ import socket
 import time
 from collections.abc import Mapping
 
+from gate.protocol.numbers import ascii_int
+
 log = logging.getLogger(__name__)
 
 
@@ -42,14 +44,13 @@ def watchdog_interval(environ: Mapping[str, str], pid: int | None = None) -> flo
     """Seconds between ``WATCHDOG=1`` pings: half of ``WATCHDOG_USEC``, or None when no
     watchdog is asked of this process (unset, invalid, zero, or ``WATCHDOG_PID`` is set and
     names another process)."""
-    usec = environ.get("WATCHDOG_USEC", "")
-    if not usec.isdigit() or int(usec) == 0:
+    usec = ascii_int(environ.get("WATCHDOG_USEC", ""))
+    if not usec:
         return None
     owner = environ.get("WATCHDOG_PID")
-    if owner:
-        if not owner.isdigit() or int(owner) != (os.getpid() if pid is None else pid):
-            return None
-    return int(usec) / 2 / 1_000_000
+    if owner and ascii_int(owner) != (os.getpid() if pid is None else pid):
+        return None
+    return usec / 2 / 1_000_000
 
 
 class Notifier:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import math
-import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -22,6 +21,7 @@ from gate.inbox.app import decidable, state_of
 from gate.inbox.gate_client import GateUnreachable, post_decision
 from gate.inbox.model import DecisionRecord, Item
 from gate.protocol.errors import ProtocolError
+from gate.protocol.numbers import INTEGER_TEXT, NUMBER_TEXT
 from gate.protocol.question import QuestionSpec, build_answer, check_value, parse_question
 
 log = logging.getLogger(__name__)
@@ -30,8 +30,6 @@ MAX_ANSWER_CHARS = 60_000
 """The inbox cannot know the step's ``max_answer_chars`` (default 2000, at most 60 000): it
 checks against the largest; a lower cap is the gate's 422, shown in words the same way."""
 MAX_OPTIONS = 1000
-_INTEGER = re.compile(r"[+-]?\d{1,30}")
-_NUMBER = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
 
 
 class AnswerInvalid(ValueError):
@@ -71,9 +69,9 @@ def _number(text: str, integer: bool) -> Any:
     """An ``<input type=number>`` as a JSON number; a text that is none stays a string (the
     gate's rule then says "must be a number")."""
     text = text.strip()
-    if _INTEGER.fullmatch(text):
+    if INTEGER_TEXT.fullmatch(text):
         return int(text)
-    if not integer and _NUMBER.fullmatch(text):
+    if not integer and NUMBER_TEXT.fullmatch(text):
         value = float(text)
         return value if math.isfinite(value) else text
     return text

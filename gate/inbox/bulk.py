@@ -32,6 +32,7 @@ from gate.protocol.approver_signature import (
     parse_approver_assertion,
 )
 from gate.protocol.errors import ProtocolError
+from gate.protocol.numbers import ascii_int
 
 log = logging.getLogger(__name__)
 
@@ -80,11 +81,12 @@ def picks_from(fields: Mapping[str, Any]) -> list[tuple[str, int]]:
             raise BulkRefused(
                 400, "invalid_batch", "A selected item was not sent as the page does."
             )
-        if not text.isdigit() or int(text) < 1:
+        revision = ascii_int(text)
+        if revision is None or revision < 1:
             raise BulkRefused(
                 400, "invalid_batch", "A selected item was not sent as the page does."
             )
-        picks.append((approval_id, int(text)))
+        picks.append((approval_id, revision))
     if len(picks) < MIN_ITEMS:
         raise BulkRefused(
             422, "batch_size", f"Select at least {MIN_ITEMS} items to approve them together."

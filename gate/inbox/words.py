@@ -8,7 +8,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gate.protocol.form_schema import is_number, parse_schema
+from gate.protocol.form_schema import parse_schema
+from gate.protocol.numbers import in_range, is_json_number, number_text
 
 MAX_FORM_OPTIONS = 1000
 """Bound on a form's enum when the inbox reads a schema (the gate's own bound is lower)."""
@@ -37,9 +38,10 @@ def quorum(collected: int, required: int) -> str:
 
 
 def _amount(value: Any, unit: str) -> str | None:
-    if not is_number(value) or not math.isfinite(float(value)):
+    """``value`` with at most 6 decimals; a number beyond ``in_range`` as its exact text."""
+    if not is_json_number(value) or (isinstance(value, float) and not math.isfinite(value)):
         return None
-    text = f"{float(value):.6f}".rstrip("0").rstrip(".")
+    text = f"{float(value):.6f}".rstrip("0").rstrip(".") if in_range(value) else number_text(value)
     return f"{text} {unit}".strip()
 
 
@@ -223,8 +225,8 @@ def _limits(
     out = []
     for key, attr in pairs:
         value: Any = prop.get(key)
-        if is_number(value) and math.isfinite(float(value)):
-            out.append((attr, format(value, "g") if isinstance(value, float) else str(value)))
+        if in_range(value):
+            out.append((attr, number_text(value)))  # exact: "g" rounds 2**53 to 9.0072e+15
     return tuple(out)
 
 

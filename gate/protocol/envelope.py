@@ -231,8 +231,8 @@ def _string(obj: dict[str, Any], key: str, field: str, limit: int, *, required: 
 # RFC 3339 §5.6 date-time: full date, "T" (or "t", or a space per its note), full time with
 # seconds and an optional fraction, then "Z"/"z" or a numeric offset
 _RFC3339 = re.compile(
-    r"(\d{4}-\d{2}-\d{2})[Tt ](\d{2}:\d{2}:\d{2})(?:\.(\d+))?"
-    r"([Zz]|[+-]\d{2}:\d{2})"
+    r"([0-9]{4}-[0-9]{2}-[0-9]{2})[Tt ]([0-9]{2}:[0-9]{2}:[0-9]{2})(?:\.([0-9]+))?"
+    r"([Zz]|[+-][0-9]{2}:[0-9]{2})"
 )
 
 

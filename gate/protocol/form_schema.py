@@ -16,6 +16,7 @@ from typing import Any
 
 from gate.protocol.envelope import is_unicode
 from gate.protocol.errors import ProtocolError
+from gate.protocol.numbers import RANGE_WORDS, in_range
 from gate.protocol.whitespace import is_blank
 
 MAX_PROPERTIES = 50
@@ -61,13 +62,6 @@ def schema_error(path: str, message: str) -> ProtocolError:
 
 def _is_count(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
-
-
-def is_number(value: Any) -> bool:
-    """A JSON number: int or finite float, not bool (issue 15: an infinity is no number)."""
-    if isinstance(value, float):
-        return math.isfinite(value)
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _text(prop: Mapping[str, Any], key: str, path: str, limit: int) -> None:
@@ -117,7 +111,7 @@ def _bounds(
 ) -> None:
     for key in (low, high):
         if key in prop and not check(prop[key]):
-            kind = "a non-negative integer" if check is _is_count else "a number"
+            kind = "a non-negative integer" if check is _is_count else f"a number {RANGE_WORDS}"
             raise schema_error(f"{path}.{key}", f"{path}.{key} must be {kind}")
     if low in prop and high in prop and prop[low] > prop[high]:
         raise schema_error(f"{path}.{low}", f"{path}.{low} is greater than {high}")
@@ -146,11 +140,10 @@ def _property(prop: Any, path: str, max_options: int) -> dict[str, Any]:
         if "format" in prop and prop["format"] not in FORMATS:
             raise schema_error(f"{path}.format", f"{path}.format must be email, uri or date")
     elif kind in ("number", "integer"):
-        _bounds(prop, "minimum", "maximum", path, is_number)
+        _bounds(prop, "minimum", "maximum", path, in_range)
         low, high = prop.get("minimum"), prop.get("maximum")
         if kind == "integer" and low is not None and high is not None:
-            finite = math.isfinite(low) and math.isfinite(high)
-            if finite and math.ceil(low) > math.floor(high):  # nothing could be answered (B2)
+            if math.ceil(low) > math.floor(high):  # nothing could be answered (B2)
                 raise schema_error(
                     f"{path}.minimum",
                     f"{path}.minimum: no integer lies between minimum {low} and maximum {high}",

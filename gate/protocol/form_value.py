@@ -14,10 +14,10 @@ from typing import Any
 
 from gate.protocol.envelope import is_unicode
 from gate.protocol.errors import ProtocolError
-from gate.protocol.form_schema import is_number
+from gate.protocol.numbers import RANGE_WORDS, in_range, is_json_number
 from gate.protocol.whitespace import WHITE_SPACE, is_blank
 
-_DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
+_DATE = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}")
 
 
 def value_error(path: str, message: str) -> ProtocolError:
@@ -98,10 +98,11 @@ def _field_value(prop: Mapping[str, Any], value: Any, at: str, required: bool, c
         if kind == "integer" and isinstance(value, float):
             hint = f": send {int(value)}, not {value!r}" if value.is_integer() else ""
             raise value_error(at, f"{at} must be an integer{hint}")
-        if not is_number(value) or (kind == "integer" and not isinstance(value, int)):
-            raise value_error(
-                at, f"{at} must be {'an integer' if kind == 'integer' else 'a number'}"
-            )
+        what = "an integer" if kind == "integer" else "a number"
+        if not is_json_number(value) or (kind == "integer" and not isinstance(value, int)):
+            raise value_error(at, f"{at} must be {what}")
+        if not in_range(value):
+            raise value_error(at, f"{at} must be {what} {RANGE_WORDS}")
         if "minimum" in prop and value < prop["minimum"]:
             raise value_error(at, f"{at} must be at least {prop['minimum']}")
         if "maximum" in prop and value > prop["maximum"]:

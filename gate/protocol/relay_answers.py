@@ -6,13 +6,15 @@ from __future__ import annotations
 import json
 import re
 
+from gate.protocol.numbers import ascii_int
+
 # a refusal's ``reason`` is read from at most this many bytes of the relay's answer and kept
 # to at most this many characters (docs/design.md, "Dispatch")
 MAX_ANSWER_BYTES = 4096
 MAX_REASON_CHARS = 100
 # printable ASCII but quotes, backslash and backtick: what a relay's reason may keep as is
 _UNSAFE = re.compile(r"[^ !#-&(-\[\]-_a-~]+")
-_REFUSED = re.compile(r"relay answered HTTP (\d{3}): (.+)")
+_REFUSED = re.compile(r"relay answered HTTP ([0-9]{3}): (.+)")
 
 
 def relay_reason(answer: bytes) -> str | None:
@@ -45,4 +47,5 @@ def refusal_reason(error: str | None) -> tuple[int, str | None] | None:
     if match is not None:
         return int(match.group(1)), match.group(2)
     digits = error.removeprefix("relay answered HTTP ")
-    return (int(digits), None) if digits.isdigit() else None
+    status = ascii_int(digits)
+    return None if status is None else (status, None)

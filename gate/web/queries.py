@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from gate.errors import GateError
+from gate.protocol.numbers import INTEGER_TEXT, NUMBER_TEXT
 from gate.web.common import ULID_RE
 
 MAX_WAIT_S = 300.0
@@ -28,10 +29,9 @@ def wait_seconds(query: Mapping[str, str]) -> float | None:
     wait = query.get("wait")
     if wait is None:
         return None
-    try:
-        seconds = float(wait)
-    except ValueError:
-        raise bad_query("wait", "wait must be a number of seconds") from None
+    if not NUMBER_TEXT.fullmatch(wait):
+        raise bad_query("wait", "wait must be a number of seconds")
+    seconds = float(wait)
     if not math.isfinite(seconds) or not 0 <= seconds <= MAX_WAIT_S:
         raise bad_query("wait", f"wait must be between 0 and {MAX_WAIT_S:g} seconds")
     return seconds
@@ -56,10 +56,12 @@ def list_query(query: Mapping[str, str], cursor_names: str) -> ListQuery:
     state = query.get("state", "all")
     if state not in STATES:
         raise bad_query("state", "state must be pending, resolved or all")
-    try:
-        limit = int(query.get("limit", DEFAULT_LIMIT))
-    except ValueError:
-        raise bad_query("limit", "limit must be an integer") from None
+    text = query.get("limit")
+    limit = DEFAULT_LIMIT if text is None else None
+    if text is not None and INTEGER_TEXT.fullmatch(text):
+        limit = int(text)
+    if limit is None:
+        raise bad_query("limit", "limit must be an integer")
     if not 1 <= limit <= MAX_LIMIT:
         raise bad_query("limit", f"limit must be between 1 and {MAX_LIMIT}")
     cursor = query.get("cursor") or None

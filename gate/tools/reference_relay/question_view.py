@@ -4,9 +4,11 @@ response type. Pure: no I/O; the answer's check is ``gate.protocol.question.chec
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
+from gate.protocol.numbers import INTEGER_TEXT, NUMBER_TEXT, ascii_int
 from gate.tools.reference_relay.view import SEPARATOR, draft_lines, line_count, visible
 
 # not the approvals' "=" rule: the two never look alike; plain ASCII, and not "?" (a rule of
@@ -166,9 +168,10 @@ def _numbers(text: str, count: int) -> list[int] | None:
     out = []
     for part in text.split(","):
         word = part.strip()
-        if not word.isdigit() or not 1 <= int(word) <= count:
+        number = ascii_int(word)
+        if number is None or not 1 <= number <= count:
             return None
-        out.append(int(word) - 1)
+        out.append(number - 1)
     return out
 
 
@@ -204,17 +207,12 @@ def parse_field(text: str, prop: dict[str, Any], required: bool) -> Typed:
         return Typed(text)
     if kind in ("number", "integer"):
         word = text.strip()
-        try:
+        if INTEGER_TEXT.fullmatch(word):
             return Typed(int(word))
-        except ValueError:
-            pass
-        if kind == "number":
-            try:
-                number = float(word)
-                if number == number and abs(number) != float("inf"):
-                    return Typed(number)
-            except ValueError:
-                pass
+        if kind == "number" and NUMBER_TEXT.fullmatch(word):
+            number = float(word)
+            if math.isfinite(number):
+                return Typed(number)
         return Typed(
             hint=f"Not taken: type {'a whole number' if kind == 'integer' else 'a number'}."
         )

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import math
 import unicodedata
 from collections import Counter
 from collections.abc import Sequence
@@ -11,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gate.protocol.display import HIDDEN_CATEGORIES
+from gate.protocol.numbers import in_range
 from gate.protocol.whitespace import is_blank
 
 RULE = "=" * 72
@@ -70,10 +70,9 @@ def shown(value: object) -> str:
 
 
 def _number(value: object) -> float | None:
-    """A JSON number as a float; None for null, booleans, text or a non-finite value."""
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    return float(value) if math.isfinite(value) else None
+    """A JSON number as a float; None for null, booleans, text, or a number beyond ±2**53
+    (``in_range``: the budget is then shown as its JSON, the numbers as sent)."""
+    return float(value) if in_range(value) else None
 
 
 def amount(value: float, unit: str) -> str:
