@@ -16,6 +16,12 @@ def _text(dispatch: dict[str, Any], key: str) -> str | None:
     return value if isinstance(value, str) and value else None
 
 
+def requested_by(item: Item) -> str | None:
+    """Who asked: the dispatch's ``requested_by`` (an operator's identity), None when the
+    pipeline named nobody."""
+    return _text(item.dispatch, "requested_by")
+
+
 def requested_at(item: Item) -> str:
     """When the item was requested, ``"YYYY-MM-DD HH:MM UTC"``: the dispatch's
     ``issued_at`` (RFC 3339, docs/protocol.md "Dispatch") when it parses, else when the
@@ -34,8 +40,8 @@ def requested_at(item: Item) -> str:
 
 def row_facts(item: Item) -> dict[str, Any]:
     """A waiting row's extra facts: ``first_line`` (the draft's, ≤ 80 characters; the
-    question's text for a question), ``requested`` (``requested_at``), ``run_id`` and
-    ``requested_by`` (None when the dispatch has none), ``review`` (why it must be opened,
+    question's text for a question), ``requested`` (``requested_at``), ``run_id`` (None
+    when the dispatch has none), ``review`` (why it must be opened,
     ``render.review_reason``, approvals only) and ``bulkable`` (an approval with no
     ``review``: it gets a checkbox)."""
     review = review_reason(item.body, item.content_type) if item.kind == "approval" else None
@@ -43,7 +49,6 @@ def row_facts(item: Item) -> dict[str, Any]:
         "first_line": first_line(item.body),
         "requested": requested_at(item),
         "run_id": _text(item.dispatch, "run_id"),
-        "requested_by": _text(item.dispatch, "requested_by"),
         "review": review,
         "bulkable": item.kind == "approval" and review is None,
     }
