@@ -654,25 +654,7 @@ def test_relay_verdict_reads_as_a_sentence(verb, status, answer, said):
 
 
 def test_relay_screen_names_who_asked():
-    envelope = build_dispatch(
-        approval_id="01KDWZ8B00J3Q9V5X7Z2M4N6PR",
-        run_id="run-1",
-        pipeline="p",
-        step="q1",
-        issued_at_ms=0,
-        expires_at_ms=3_600_000,
-        risk="normal",
-        quorum_required=1,
-        quorum_collected=0,
-        approvers=["alice@example.com"],
-        payload_hash=payload_hash("x"),
-        content_type="text/plain",
-        body="x",
-        callback_url="http://127.0.0.1:9/hitl/v0/decisions",
-        nonce="0" * 32,
-        revision=1,
-        requested_by="carol@example.com\x1b[2K",
-    )
+    envelope = {**json.loads(signed_dispatch("x")[0]), "requested_by": "carol@example.com\x1b[2K"}
 
     lines = render(envelope, "alice@example.com").split("\n")
     anonymous = render({**envelope, "requested_by": None}, "alice@example.com")

@@ -47,6 +47,12 @@ NOT_AN_OPERATOR = {"status": "invalid", "reason": "invalid_requested_by", "field
 MUST_BE = "requested_by must be the identity of an operator in relay.operators"
 
 
+def request_args(gate: Any, requested_by: str, draft: str) -> tuple[str, ...]:
+    """``hitl-gate request`` of ``draft`` at step q2 of ``gate``, asked by ``requested_by``."""
+    where = ("-c", str(gate.config), "--api-url", gate.api_url, "--pipeline", "p")
+    return ("request", *where, "--step", "q2", "--draft", draft, "--requested-by", requested_by)
+
+
 @pytest.fixture
 def gate(tmp_path: Path, relay: Any) -> Any:
     config = write_config(tmp_path, relay.url, steps=STEPS, relay={"questions": True})
@@ -199,22 +205,7 @@ def test_self_approval_create_refusals(
 
 @pytest.mark.e2e
 def test_self_approval_cli_requested_by(gate: Any, relay: Any) -> None:
-    cli = CliProcess(
-        "request",
-        "-c",
-        str(gate.config),
-        "--api-url",
-        gate.api_url,
-        "--pipeline",
-        "p",
-        "--step",
-        "q2",
-        "--draft",
-        "via the CLI",
-        "--requested-by",
-        BOB,
-        "--wait",
-    )
+    cli = CliProcess(*request_args(gate, BOB, "via the CLI"), "--wait")
     approval_id = cli.wait_for_line(r"requested approval (\S+)").group(1)
     dispatch = relay.wait_dispatch(approval_id)
     assert post_decision(gate.callback_url, decision_body(dispatch, BOB))[:2] == (403, SELF)
@@ -245,21 +236,7 @@ def test_self_approval_question_refuses_an_unknown_requester_in_words(gate: Any)
     ids=["unknown", "typo"],
 )
 def test_self_approval_cli_says_what_requested_by_must_be(gate: Any, who: str, said: str) -> None:
-    proc = run_cli(
-        "request",
-        "-c",
-        str(gate.config),
-        "--api-url",
-        gate.api_url,
-        "--pipeline",
-        "p",
-        "--step",
-        "q2",
-        "--draft",
-        "x",
-        "--requested-by",
-        who,
-    )
+    proc = run_cli(*request_args(gate, who, "x"))
 
     assert (proc.returncode, proc.stdout, proc.stderr.decode()) == (1, b"", f"Error: {said}\n")
 
