@@ -84,6 +84,12 @@ def signatures(*args: str) -> tuple[int, str, str]:
     return done.returncode, done.stdout.decode(), done.stderr.decode()
 
 
+def verdicts(out: str) -> list[str]:
+    """The first 3 characters of each row's ``verified`` column (under the header's)."""
+    header, *rows = out.splitlines()
+    return [row[header.index("verified") :][:3] for row in rows]
+
+
 def index_of(lines: list[str], kind: str, approval_id: str | None = None) -> int:
     return next(
         i
@@ -164,10 +170,13 @@ def test_signatures_travel_in_the_export(tmp_path: Path, relay: Any) -> None:
 
     code, out, err = signatures("--file", str(tmp_path / "audit.jsonl"), "--approval", signed)
     assert (code, err) == (0, ""), err
-    assert out.splitlines() == [
-        "\t".join(
-            [signed, "1", first["payload_hash"], "approve", "101", alice_id, "ed25519", "yes"]
-        )
+    row = [signed, "1", first["payload_hash"], "approve", "101", alice_id, "ed25519", "yes"]
+    header = ["approval", "revision", "payload_hash", "decision", "operator", "credential"]
+    header += ["type", "verified"]
+    widths = [max(len(h), len(v)) for h, v in zip(header, row, strict=True)]
+    assert out.splitlines() == [  # a header line, the columns aligned under it
+        "  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True)).rstrip(),
+        "  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip(),
     ]
     code, out, _ = signatures("--file", str(tmp_path / "audit.jsonl"), "--json")
     listed = [json.loads(line) for line in out.splitlines()]
@@ -198,7 +207,7 @@ def test_signatures_travel_in_the_export(tmp_path: Path, relay: Any) -> None:
     ) in said
     code, out, _ = signatures("--file", str(tampered), "--approval", signed)
     assert code == 1 and out.rstrip().endswith("does not verify)"), out
-    assert "\tno: the approver's signature does not verify (bad_signature" in out
+    assert "  no: the approver's signature does not verify (bad_signature" in out
     # with the gate's public key the re-chained entry is caught by the chain first
     code, said = verify_file(tampered, "--public-key", str(public))
     assert code == 1 and f"TAMPERED: entry {seq}: " in said, said
@@ -323,7 +332,7 @@ def test_offline_verify_finds_revoked_unknown_and_foreign_keys(tmp_path: Path) -
     ]
     code, out, _ = signatures("--file", str(tmp_path / "audit.jsonl"))
     assert code == 1
-    assert [line.split("\t")[-1][:3] for line in out.splitlines()] == ["yes", "no:", "no:", "no:"]
+    assert verdicts(out) == ["yes", "no:", "no:", "no:"]
 
 
 @pytest.mark.e2e
@@ -371,7 +380,7 @@ def test_offline_verify_of_passkey_assertions(tmp_path: Path) -> None:
         "another relying party)",
     ]
     code, out, _ = signatures("--file", str(tmp_path / "audit.jsonl"), "--approval", cases[4][0])
-    assert code == 0 and out.rstrip().endswith("\twebauthn\tyes"), out
+    assert code == 0 and out.rstrip().endswith("  webauthn  yes"), out
 
 
 @pytest.mark.e2e
@@ -416,8 +425,8 @@ def test_offline_verify_accepts_a_batch_assertion_on_each_of_its_items_and_nothi
         head.format(cloned, "01JCLONE000000000000000000", credential_id) + regressed,
     ]
     code, out, _ = signatures("--file", str(tmp_path / "audit.jsonl"))
-    verdicts = [line.split("\t")[-1][:3] for line in out.splitlines()]
-    assert verdicts == ["yes", "yes", "yes", "no:", "no:"], out
+    said = verdicts(out)
+    assert said == ["yes", "yes", "yes", "no:", "no:"], out
 
 
 def _approve_digest(approval_id: str) -> bytes:

@@ -903,10 +903,15 @@ def test_api_long_poll(gate, relay):
     api = gate.api()
     approval_id = api.create("q1", "wait for me")["approval_id"]
     assert api.get(approval_id, wait=2)["state"] == "pending"
-    for bad in ("301", "-1", "soon", "nan"):
+    for bad, said in (
+        ("301", "wait must be between 0 and 300 seconds"),
+        ("-1", "wait must be between 0 and 300 seconds"),
+        ("soon", "wait must be a number of seconds"),
+        ("nan", "wait must be between 0 and 300 seconds"),
+    ):
         assert api.call("GET", f"/v1/approvals/{approval_id}?wait={bad}") == (
             400,
-            {"status": "invalid", "reason": "invalid_wait", "field": "wait"},
+            {"status": "invalid", "reason": "invalid_wait", "field": "wait", "message": said},
         )
 
     # a long-poll in progress is woken by the resolution
@@ -975,12 +980,21 @@ def test_api_list_filters_and_paging(tmp_path, relay, spawn):
     assert {(a["pipeline"], a["state"]) for a in page["items"]} == {("p2", "pending")}
     assert api.call("GET", "/v1/approvals?state=open") == (
         400,
-        {"status": "invalid", "reason": "invalid_state", "field": "state"},
+        {
+            "status": "invalid",
+            "reason": "invalid_state",
+            "field": "state",
+            "message": "state must be pending, resolved or all",
+        },
     )
-    for limit in ("0", "501", "ten"):
+    for limit, said in (
+        ("0", "limit must be between 1 and 500"),
+        ("501", "limit must be between 1 and 500"),
+        ("ten", "limit must be an integer"),
+    ):
         assert api.call("GET", f"/v1/approvals?limit={limit}") == (
             400,
-            {"status": "invalid", "reason": "invalid_limit", "field": "limit"},
+            {"status": "invalid", "reason": "invalid_limit", "field": "limit", "message": said},
         )
     # Regression (new-user review): ``cursor=garbage`` answered an empty page, 200
     for cursor in ("garbage", p_ids[0].lower(), p_ids[0] + "0", "%20" + p_ids[0]):

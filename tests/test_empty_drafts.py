@@ -94,7 +94,9 @@ def _closed_port() -> int:
 def test_b02_05_api_refuses_a_blank_draft_and_creates_nothing(gate: GateProcess, body: str) -> None:
     before = gate.api().call("GET", "/v1/approvals?state=all&limit=500")[1]["items"]
 
-    assert _create(gate, "q1", body) == (400, EMPTY)
+    what = "empty" if body == "" else "only white space"
+    said = {**EMPTY, "message": f"draft.body is {what}: nothing to approve"}
+    assert _create(gate, "q1", body) == (400, said)
     assert gate.api().call("GET", "/v1/approvals?state=all&limit=500")[1]["items"] == before
 
 

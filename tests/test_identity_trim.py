@@ -122,7 +122,13 @@ def test_b02_09_requested_by_with_an_information_separator_is_no_operator(
 
     assert answer == (
         400,
-        {"status": "invalid", "reason": "invalid_requested_by", "field": "requested_by"},
+        {
+            "status": "invalid",
+            "reason": "invalid_requested_by",
+            "field": "requested_by",
+            "message": "requested_by must be the identity of an operator in relay.operators; "
+            f"did you mean {ALICE}?",
+        },
     )
 
 

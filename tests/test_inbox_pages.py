@@ -240,6 +240,27 @@ async def test_inbox_adjust_box_says_how_many_hidden_characters_it_keeps(
     assert "hidden character" not in " ".join("".join(plain.text).split())
 
 
+@pytest.mark.parametrize(
+    ("path", "said"),
+    [
+        ("/items/plain-a", "Requested by carol"),
+        ("/items/question", "Requested by dave@example.com"),
+        ("/items/plain-b", None),
+    ],
+    ids=["approval", "question", "nobody-named"],
+)
+async def test_inbox_item_page_says_who_asked(
+    client: TestClient[object, object], path: str, said: str | None
+) -> None:
+    _, page, _ = await fetch(client, path)
+    text = " ".join(" ".join(page.text).split())
+
+    if said is None:
+        assert "Requested by" not in text
+    else:
+        assert said in text
+
+
 async def test_inbox_question_page_shows_the_form_with_the_schema_limits(
     client: TestClient[object, object],
 ) -> None:

@@ -353,7 +353,7 @@ def test_reference_relay_drops_the_prompt_of_an_approval_resolved_elsewhere(tmp_
         mark = relay.wait_screen(ONE_KEY_PROMPT, relay.wait_screen("answers", mark).end()).end()
         relay.type("a\n")
         assert api.wait_resolved(answered)["outcome"] == "approved"
-        relay.wait_screen("Recorded: the approval is resolved approved.", mark)
+        relay.wait_screen("Recorded: approved; the approval is resolved.", mark)
         relay.wait_log(rf"event=notice_received approval_id={answered} outcome=approved")
 
         # a notice is never a request: three drafts were shown, and an unsigned one is refused

@@ -19,7 +19,12 @@ from tests.test_protocol import VECTORS, independent_header, load_cases
 CASES = load_cases("followup.json")
 
 
-def _dispatch(base: dict[str, Any], approvers: list[str], followup: FollowUp | None) -> bytes:
+def _dispatch(
+    base: dict[str, Any],
+    approvers: list[str],
+    followup: FollowUp | None,
+    requested_by: str | None = None,
+) -> bytes:
     envelope = build_dispatch(
         approval_id=base["approval_id"],
         run_id=base["run_id"],
@@ -38,6 +43,7 @@ def _dispatch(base: dict[str, Any], approvers: list[str], followup: FollowUp | N
         nonce=base["callback"]["nonce"],
         revision=base["revision"],
         followup=followup,
+        requested_by=requested_by,
     )
     return wire_json(envelope)
 
@@ -46,7 +52,7 @@ def test_followup_vectors_file_well_formed() -> None:
     data = json.loads((VECTORS / "followup.json").read_text(encoding="utf-8"))
     assert set(data) == {"description", "cases"}
     ids = [case["id"] for case in data["cases"]]
-    assert len(ids) == len(set(ids)) == 5
+    assert len(ids) == len(set(ids)) == 6
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -64,7 +70,8 @@ def test_vector_followup(case: dict[str, Any]) -> None:
             if key in spec:
                 spec[key] = tuple(spec[key])
         base = case["base"]
-        built = _dispatch(base, case.get("approvers", base["approvers"]), FollowUp(**spec))
+        approvers = case.get("approvers", base["approvers"])
+        built = _dispatch(base, approvers, FollowUp(**spec), case.get("requested_by"))
     assert built == body
 
 
@@ -75,6 +82,15 @@ def test_empty_followup_leaves_the_dispatch_unchanged() -> None:
         base, base["approvers"], None
     )
     assert json.loads(_dispatch(base, base["approvers"], None)) == base
+
+
+def test_dispatch_without_requested_by_is_unchanged() -> None:
+    """requested_by is additive: absent (never null) when the pipeline named nobody."""
+    base = CASES[0].values[0]["base"]
+    assert _dispatch(base, base["approvers"], None, None) == _dispatch(
+        base, base["approvers"], None
+    )
+    assert "requested_by" not in json.loads(_dispatch(base, base["approvers"], None))
 
 
 def test_notice_cannot_be_taken_for_a_dispatch() -> None:

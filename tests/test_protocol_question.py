@@ -518,3 +518,30 @@ def test_answer_text_per_type() -> None:
     assert answer_text(free, "PO 1\n") == "PO 1\n"
     assert answer_text(multi, ["東京", "b"]) == '["東京","b"]'
     assert answer_text(form, {"b": 1, "a": True}) == '{"b":1,"a":true}'
+
+
+def test_question_dispatch_names_who_asked_and_keeps_its_request_hash() -> None:
+    """requested_by is additive: it ends the dispatch when named, is absent otherwise, and
+    the request hash (over question_id, version and question) is the same either way."""
+    spec = _question({"text": "Wer?", "response_type": "free_text"})
+    common: dict[str, Any] = {
+        "question_id": QID,
+        "run_id": "run-7",
+        "pipeline": "p",
+        "step": "s",
+        "issued_at_ms": T_MS,
+        "expires_at_ms": T_MS + 3_600_000,
+        "risk": "normal",
+        "version": 1,
+        "spec": spec,
+        "request_hash": request_hash(QID, 1, spec),
+        "approvers": ["alice@example.com"],
+        "callback_url": "https://gate.example.com/hitl/v0/decisions",
+        "nonce": "6f1c2a9e0b7d4e3f8a5b1c0d2e4f6a7b",
+    }
+    named = build_question_dispatch(**common, requested_by="bob@example.com")
+    nobody = build_question_dispatch(**common)
+
+    assert list(named)[-1] == "requested_by" and named["requested_by"] == "bob@example.com"
+    assert "requested_by" not in nobody
+    assert {k: v for k, v in named.items() if k != "requested_by"} == nobody

@@ -193,3 +193,13 @@ def test_form_field_prompt_leads_with_the_title() -> None:
         "Amount in EUR [amount] (integer, 1 to 100, required): "
     )
     assert field_prompt("amount", {"type": "integer"}, True) == "amount (integer, required): "
+
+
+def test_question_view_names_who_asked():
+    asked = {**dispatch({"text": "Which PO?", "response_type": "free_text"}), "requested_by": "bob"}
+
+    screen = render_question(asked, "alice@example.com")
+    anonymous = render_question({**asked, "requested_by": None}, "alice@example.com")
+
+    assert screen.split("\n")[4] == "requested by bob"
+    assert "requested by" not in anonymous

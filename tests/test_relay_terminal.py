@@ -26,7 +26,14 @@ import yaml
 
 from gate.protocol.canonical import payload_hash, wire_json
 from gate.protocol.envelope import build_dispatch
-from gate.tools.reference_relay.view import GUTTER, WRAP_GUTTER, budget_lines, draft_lines
+from gate.tools.reference_relay.view import (
+    GUTTER,
+    WRAP_GUTTER,
+    budget_lines,
+    draft_lines,
+    render,
+    verdict,
+)
 from tests.support import (
     DEADLINE_S,
     ROOT,
@@ -290,7 +297,7 @@ def test_b02_01_keys_typed_before_the_prompt_are_discarded(tmp_path, pty_relay, 
     assert approval["outcome"] == "skipped", approval
     assert decisions(approval) == [("alice@example.com", "skip", 1)]
 
-    relay.wait_screen("Recorded: the approval is resolved skipped.", mark)
+    relay.wait_screen("Recorded: skipped; the approval is resolved.", mark)
     relay.type("s\nstray")  # a stray key, then half a line, between two prompts
     mark = len(relay.screen)
     second = api.create("q1", "Zweite Mail\n")["approval_id"]
@@ -387,7 +394,7 @@ def test_b02_02_own_edit_is_not_asked_about_again(tmp_path, pty_relay, gates):
         "adjusted",
         [("alice@example.com", "adjust", 1), ("bob@example.com", "approve", 2)],
     )
-    relay.wait_screen("Recorded: the approval is resolved adjusted.", mark)
+    relay.wait_screen("Recorded: adjusted; the approval is resolved.", mark)
     assert relay.stop() == 0
     screen = relay.screen
     assert prompts(screen) == [("1", "alice@example.com"), ("2", "bob@example.com")], screen
@@ -430,7 +437,7 @@ def test_b02_02_prompt_on_screen_is_withdrawn_when_a_newer_revision_arrives(
             "adjusted",
             [("carol@example.com", "adjust", 1), ("bob@example.com", "approve", 2)],
         )
-        relay.wait_screen("Recorded: the approval is resolved adjusted.", mark)
+        relay.wait_screen("Recorded: adjusted; the approval is resolved.", mark)
     finally:
         tap.shutdown()
         tap.server_close()
@@ -459,7 +466,7 @@ def test_b02_02_prompt_on_screen_is_withdrawn_at_expiry(tmp_path, pty_relay, gat
     mark = relay.wait_screen(ONE_KEY_PROMPT, relay.wait_screen("Bleibt").end()).end()
     relay.type("a\n")
     assert resolved(gate, second)["outcome"] == "approved"
-    relay.wait_screen("Recorded: the approval is resolved approved.", mark)
+    relay.wait_screen("Recorded: approved; the approval is resolved.", mark)
     assert resolved(gate, first)["outcome"] == "timeout"
     assert resolved(gate, first)["decisions"] == []
     assert relay.stop() == 0
@@ -619,6 +626,47 @@ def test_b02_12_relay_budget_in_words(budget, lines):
     assert budget_lines(budget, "inv") == lines
 
 
+@pytest.mark.parametrize(
+    ("verb", "status", "answer", "said"),
+    [
+        ("approve", 200, {"resolved": True, "outcome": "approved"},
+         "Recorded: approved; the approval is resolved."),
+        ("adjust", 200, {"resolved": True, "outcome": "adjusted"},
+         "Recorded: adjusted; the approval is resolved."),
+        ("skip", 200, {"resolved": True, "outcome": "skipped"},
+         "Recorded: skipped; the approval is resolved."),
+        ("approve", 200, {"resolved": False}, "Recorded; the quorum is not complete yet."),
+        (
+            "approve", 409, {"reason": "already_resolved", "outcome": "skipped"},
+            "The gate did not record your approve: already_resolved (HTTP 409); the approval "
+            "was already resolved: skipped.",
+        ),
+        (
+            "skip", 410, {"reason": "expired"},
+            "The gate did not record your skip: expired (HTTP 410); the approval timed out "
+            "without it.",
+        ),
+        (
+            "approve", 409, {"reason": "superseded"},
+            "The gate did not record your approve: superseded (HTTP 409).",
+        ),
+    ],
+    ids=["approved", "adjusted", "skipped", "quorum-open", "resolved-before", "expired", "other"],
+)  # fmt: skip
+def test_relay_verdict_reads_as_a_sentence(verb, status, answer, said):
+    assert verdict(verb, status, {"status": "x", **answer}) == said
+
+
+def test_relay_screen_names_who_asked():
+    envelope = {**json.loads(signed_dispatch("x")[0]), "requested_by": "carol@example.com\x1b[2K"}
+
+    lines = render(envelope, "alice@example.com").split("\n")
+    anonymous = render({**envelope, "requested_by": None}, "alice@example.com")
+
+    assert lines[4] == "requested by carol@example.com<U+001B>[2K"
+    assert "requested by" not in anonymous
+
+
 # ---- item 5 (relay part): blank drafts ----------------------------------------------------
 
 
@@ -692,7 +740,7 @@ def test_b02_A_a_draft_cannot_fake_the_relays_screen(tmp_path, pty_relay, gates)
         "Transfer 48,000.00 EUR to IBAN DE02 1203 0000 0000 2020 51 today.\n"
         + "-" * 72
         + "\n[a]pprove, [s]kip or [e]dit (adjust)? s\n"
-        "Recorded: the approval is resolved skipped.\n"
+        "Recorded: skipped; the approval is resolved.\n"
         "\n" + "=" * 72 + "\nApproval 01M8ZZZZZZZZZZZZZZZZZZZZZZ  p/q1  revision 1, draft of 1 line"
         " above. [a]pprove, [s]kip or [e]dit (adjust)? \n"
         "Approval 01M8ZZZZZZZZZZZZZZZZZZZZZZ  p/q1  risk normal  revision 1\n"

@@ -33,6 +33,7 @@ ALICE, BOB, CAROL = "alice@example.com", "bob@example.com", "carol@example.com"
 STEPS = [
     {"name": "q2", "quorum": 2, "approvers": [101, 102, 103], "timeout": "1h"},
     {"name": "pair", "quorum": 2, "approvers": [101, 102], "timeout": "1h"},
+    {"name": "ask", "type": "question", "approvers": [101, 102, 103], "timeout": "1h"},
     {
         "name": "selfok",
         "quorum": 1,
@@ -42,11 +43,19 @@ STEPS = [
     },
 ]
 SELF = {"status": "forbidden", "reason": "self_approval"}
+NOT_AN_OPERATOR = {"status": "invalid", "reason": "invalid_requested_by", "field": "requested_by"}
+MUST_BE = "requested_by must be the identity of an operator in relay.operators"
+
+
+def request_args(gate: Any, requested_by: str, draft: str) -> tuple[str, ...]:
+    """``hitl-gate request`` of ``draft`` at step q2 of ``gate``, asked by ``requested_by``."""
+    where = ("-c", str(gate.config), "--api-url", gate.api_url, "--pipeline", "p")
+    return ("request", *where, "--step", "q2", "--draft", draft, "--requested-by", requested_by)
 
 
 @pytest.fixture
 def gate(tmp_path: Path, relay: Any) -> Any:
-    config = write_config(tmp_path, relay.url, steps=STEPS)
+    config = write_config(tmp_path, relay.url, steps=STEPS, relay={"questions": True})
     public, _ = sign_config(config)
     proc = GateProcess(config).start()
     proc.public = public  # type: ignore[attr-defined]
@@ -160,20 +169,30 @@ def test_self_approval_requester_outside_scope_decides_nothing_else(gate: Any, r
         (
             {"step": "q2", "requested_by": "mallory@example.com"},
             400,
-            {"status": "invalid", "reason": "invalid_requested_by", "field": "requested_by"},
+            {**NOT_AN_OPERATOR, "message": f"{MUST_BE}, e.g. {ALICE}"},
+        ),
+        (
+            {"step": "q2", "requested_by": "alice@exmaple.com"},
+            400,
+            {**NOT_AN_OPERATOR, "message": f"{MUST_BE}; did you mean {ALICE}?"},
+        ),
+        (
+            {"step": "q2", "requested_by": "Carol"},
+            400,
+            {**NOT_AN_OPERATOR, "message": f"{MUST_BE}; did you mean {CAROL}?"},
         ),
         (
             {"step": "q2", "requested_by": "  "},
             400,
-            {"status": "invalid", "reason": "invalid_requested_by", "field": "requested_by"},
+            {**NOT_AN_OPERATOR, "message": "requested_by must be a non-empty string"},
         ),
         (
             {"step": "q2", "requested_by": 101},
             400,
-            {"status": "invalid", "reason": "invalid_requested_by", "field": "requested_by"},
+            {**NOT_AN_OPERATOR, "message": "requested_by must be a non-empty string"},
         ),
     ],
-    ids=["quorum_unreachable", "unknown_identity", "blank", "not_a_string"],
+    ids=["quorum_unreachable", "unknown_identity", "typo", "local_part", "blank", "not_a_string"],
 )
 def test_self_approval_create_refusals(
     gate: Any, body: dict[str, Any], status: int, answer: dict[str, Any]
@@ -186,22 +205,7 @@ def test_self_approval_create_refusals(
 
 @pytest.mark.e2e
 def test_self_approval_cli_requested_by(gate: Any, relay: Any) -> None:
-    cli = CliProcess(
-        "request",
-        "-c",
-        str(gate.config),
-        "--api-url",
-        gate.api_url,
-        "--pipeline",
-        "p",
-        "--step",
-        "q2",
-        "--draft",
-        "via the CLI",
-        "--requested-by",
-        BOB,
-        "--wait",
-    )
+    cli = CliProcess(*request_args(gate, BOB, "via the CLI"), "--wait")
     approval_id = cli.wait_for_line(r"requested approval (\S+)").group(1)
     dispatch = relay.wait_dispatch(approval_id)
     assert post_decision(gate.callback_url, decision_body(dispatch, BOB))[:2] == (403, SELF)
@@ -211,6 +215,59 @@ def test_self_approval_cli_requested_by(gate: Any, relay: Any) -> None:
 
     assert (code, stdout) == (0, b"via the CLI"), stderr
     assert gate.api().get(approval_id)["requested_by"] == BOB
+
+
+@pytest.mark.e2e
+def test_self_approval_question_refuses_an_unknown_requester_in_words(gate: Any) -> None:
+    body = {"pipeline": "p", "step": "ask", "text": "Which PO?", "response_type": "free_text"}
+
+    answer = gate.api().call("POST", "/v1/questions", {**body, "requested_by": "agent-7"})
+
+    assert answer == (400, {**NOT_AN_OPERATOR, "message": f"{MUST_BE}, e.g. {ALICE}"})
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize(
+    ("who", "said"),
+    [
+        ("agent-7", f"{MUST_BE}, e.g. {ALICE}"),
+        ("bob@exmaple.com", f"{MUST_BE}; did you mean {BOB}?"),
+    ],
+    ids=["unknown", "typo"],
+)
+def test_self_approval_cli_says_what_requested_by_must_be(gate: Any, who: str, said: str) -> None:
+    proc = run_cli(*request_args(gate, who, "x"))
+
+    assert (proc.returncode, proc.stdout, proc.stderr.decode()) == (1, b"", f"Error: {said}\n")
+
+
+@pytest.mark.e2e
+def test_self_approval_dispatch_names_the_requester(gate: Any, relay: Any) -> None:
+    api = gate.api()
+    asked = api.create("q2", "asked by carol", requested_by=" Carol@Example.com")["approval_id"]
+    anonymous = api.create("q2", "asked by nobody")["approval_id"]
+
+    assert relay.wait_dispatch(asked)["requested_by"] == CAROL  # the configured spelling
+    assert "requested_by" not in relay.wait_dispatch(anonymous)  # absent, as before
+
+
+@pytest.mark.e2e
+def test_self_approval_question_dispatch_names_the_requester(gate: Any, relay: Any) -> None:
+    body = {"pipeline": "p", "step": "ask", "text": "Which PO?", "response_type": "free_text"}
+    api = gate.api()
+    asked = api.call("POST", "/v1/questions", {**body, "requested_by": BOB})[1]["question_id"]
+    anonymous = api.call("POST", "/v1/questions", body)[1]["question_id"]
+
+    def dispatch_of(question_id: str) -> dict[str, Any]:
+        return wait_until(
+            lambda: next(
+                (d for d in relay.dispatches() if d.get("question_id") == question_id), None
+            ),
+            what=f"the dispatch of question {question_id}",
+        )
+
+    assert dispatch_of(asked)["requested_by"] == BOB
+    assert "requested_by" not in dispatch_of(anonymous)
 
 
 @pytest.mark.e2e

@@ -52,8 +52,9 @@ def audit_signatures(
 ) -> None:
     """List every approver-signed decision in the log, each signature re-verified.
 
-    One tab-separated line per signed decision: approval, revision, payload_hash,
-    decision, operator, credential, type, verified (yes, or no: why). The key is the one
+    A header line, then one line per signed decision, in aligned columns: approval,
+    revision, payload_hash, decision, operator, credential, type, verified (yes, or no:
+    why); --json for one object per line. The key is the one
     the credential's approver_credential_enrolled entry logged, so an export alone is
     enough. This does not check the chain itself: run `audit verify` on the same file
     first (with --public-key or --key-env), so the entries read here are the gate's.
@@ -78,6 +79,7 @@ def audit_signatures(
     except GateError as exc:
         fail(exc.message, 2)
     listed = [s for s in report.signed if approval_id is None or s.approval_id == approval_id]
+    table: list[tuple[str, ...]] = [_COLUMNS]
     for item in listed:
         verified = "yes" if item.problem is None else f"no: {item.problem}"
         values = (
@@ -98,10 +100,22 @@ def audit_signatures(
                 obj["problem"] = item.problem
             click.echo(json.dumps(obj, ensure_ascii=False))
         else:
-            click.echo("\t".join("-" if v is None else str(v) for v in values))
+            table.append(tuple("-" if v is None else str(v) for v in values))
+    if len(table) > 1:
+        for line in aligned(table):
+            click.echo(line)
     if not listed and approval_id is not None:  # asked about one approval: not proven here
         click.echo(f"no signed decision for approval {approval_id} in this log", err=True)
         sys.exit(1)
     if not listed:
         click.echo("no signed decisions", err=True)
     sys.exit(1 if any(item.problem is not None for item in listed) else 0)
+
+
+def aligned(rows: list[tuple[str, ...]]) -> list[str]:
+    """``rows`` (the first a header) as lines whose columns line up: each cell padded to its
+    column's widest, two spaces between columns, no trailing spaces."""
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return [
+        "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in rows
+    ]

@@ -13,6 +13,7 @@ from gate.core.model import Question
 from gate.core.question_requests import parse_question_create, parse_spec
 from gate.core.question_tx import EXPIRE_BATCH, QuestionPolicy
 from gate.core.question_views import question_view
+from gate.core.requests import not_an_operator
 from gate.errors import Conflict, GateError, NotFound
 from gate.protocol.question import Answer
 from gate.store import Command, Store
@@ -78,17 +79,13 @@ class QuestionMethods:
             raise step_is("question", step)
 
     def _requester(self, identity: str | None) -> tuple[int, str] | None:
+        """``(operator id, configured identity)`` of ``requested_by``, None when not given;
+        raises 400 ``invalid_requested_by`` (``not_an_operator``) when it names nobody."""
         if identity is None:
             return None
         op = self.config.operator_by_identity(identity)
         if op is None:
-            raise GateError(
-                "invalid_requested_by",
-                "requested_by is not the identity of a configured operator",
-                status=400,
-                kind="invalid",
-                extra={"field": "requested_by"},
-            )
+            raise not_an_operator(identity, [o.identity for o in self.config.relay.operators])
         return op.id, op.identity
 
     async def create_question(

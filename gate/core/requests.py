@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import math
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -101,6 +103,29 @@ def quorum_unreachable_message(requester: str, approvers_left: int, quorum: int)
         f"quorum {quorum} cannot be met without the requester {requester}: "
         f"{approvers_left} other {noun} in scope (a requester may not approve their own "
         "request unless the step sets allow_self_approval: true)"
+    )
+
+
+def not_an_operator(given: str, identities: Sequence[str]) -> GateError:
+    """400 ``invalid_requested_by`` for a ``requested_by`` that names no operator, saying what
+    it must be: the configured identity closest to ``given`` (a typo, or the part before
+    ``@``) when one is close, else the first of ``identities`` as an example."""
+    key = given.strip().casefold()
+    folded = {identity.casefold(): identity for identity in identities}
+    local = {identity.casefold().split("@")[0]: identity for identity in identities}
+    close = difflib.get_close_matches(key, folded, n=1, cutoff=0.85)
+    near = folded[close[0]] if close else None
+    if near is None:
+        close = difflib.get_close_matches(key, local, n=1, cutoff=0.85)
+        near = local[close[0]] if close else None
+    must = "requested_by must be the identity of an operator in relay.operators"
+    message = f"{must}; did you mean {near}?" if near else f"{must}, e.g. {identities[0]}"
+    return GateError(
+        "invalid_requested_by",
+        message,
+        status=400,
+        kind="invalid",
+        extra={"field": "requested_by", "message": message},
     )
 
 

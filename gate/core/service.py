@@ -138,35 +138,28 @@ class GateService(QuestionMethods, CredentialMethods, InviteMethods):
         answer names the requester's configured identity, ``approvers_left`` and
         ``quorum_required``).
         """
-        if req.requested_by is None:
+        found = self._requester(req.requested_by)
+        if found is None:
             return None, policy
-        op = self.config.operator_by_identity(req.requested_by)
-        if op is None:
-            raise GateError(
-                "invalid_requested_by",
-                "requested_by is not the identity of a configured operator",
-                status=400,
-                kind="invalid",
-                extra={"field": "requested_by"},
-            )
+        op_id, identity = found
         if policy.allow_self_approval:
-            return (op.id, op.identity), policy
-        others = tuple(pair for pair in policy.scope if pair[0] != op.id)
+            return found, policy
+        others = tuple(pair for pair in policy.scope if pair[0] != op_id)
         if len(others) < policy.quorum:
             raise GateError(
                 "quorum_unreachable",
-                quorum_unreachable_message(op.identity, len(others), policy.quorum),
+                quorum_unreachable_message(identity, len(others), policy.quorum),
                 status=422,
                 kind="invalid",
                 extra={
                     "field": "requested_by",
-                    "requested_by": op.identity,
+                    "requested_by": identity,
                     "approvers_left": len(others),
                     "quorum_required": policy.quorum,
                 },
             )
-        plan = policy.followups.without(op.id) if policy.followups is not None else None
-        return (op.id, op.identity), dataclasses.replace(policy, scope=others, followups=plan)
+        plan = policy.followups.without(op_id) if policy.followups is not None else None
+        return found, dataclasses.replace(policy, scope=others, followups=plan)
 
     async def create(
         self, req: CreateRequest, idempotency_key: str | None

@@ -392,6 +392,7 @@ def dispatch_envelope(
         revision=revision,
         budget=full.budget,
         followup=FollowUp(delegates=delegates, skip_reason_required=skip_reason_required),
+        requested_by=full.requested_by,
     )
     if approver_signature != "off":
         envelope["approver_signature"] = approver_signature

@@ -94,6 +94,7 @@ class QuestionSender:
                 approvers=[identity for _, identity in full.scope],
                 callback_url=self.dispatcher.callback_url,
                 nonce=current.nonce,
+                requested_by=full.requested_by,
             )
         )
 

@@ -19,6 +19,12 @@ def _text(dispatch: dict[str, Any], key: str) -> str | None:
     return value if isinstance(value, str) and value else None
 
 
+def requested_by(item: Item) -> str | None:
+    """Who asked: the dispatch's ``requested_by`` (an operator's identity), None when the
+    pipeline named nobody."""
+    return _text(item.dispatch, "requested_by")
+
+
 def requested_at(item: Item) -> str:
     """When the item was requested, ``"YYYY-MM-DD HH:MM UTC"``: the dispatch's
     ``issued_at`` (RFC 3339, docs/protocol.md "Dispatch") when it parses, else when the
@@ -38,8 +44,8 @@ def requested_at(item: Item) -> str:
 def row_facts(item: Item) -> dict[str, Any]:
     """A waiting row's extra facts: ``first_line`` (of the draft as the item page shows it,
     ``seen.visible_text``, ≤ 80 characters; the question's text for a question),
-    ``requested`` (``requested_at``), ``run_id`` and ``requested_by`` (None when the dispatch
-    has none), ``review`` (why it must be opened, ``seen.bulk_eligibility``, approvals only),
+    ``requested`` (``requested_at``), ``run_id`` (None when the dispatch has none),
+    ``review`` (why it must be opened, ``seen.bulk_eligibility``, approvals only),
     ``bulkable`` (an approval with no ``review``: it gets a checkbox) and ``whole`` (the whole
     draft as the row shows it when ``bulkable``, else "")."""
     if item.kind != "approval":
@@ -59,5 +65,4 @@ def _common(item: Item, line: str) -> dict[str, Any]:
         "first_line": line,
         "requested": requested_at(item),
         "run_id": _text(item.dispatch, "run_id"),
-        "requested_by": _text(item.dispatch, "requested_by"),
     }

@@ -24,7 +24,7 @@ from aiohttp import web
 from markupsafe import Markup
 
 from gate.inbox import headers
-from gate.inbox.listing import row_facts
+from gate.inbox.listing import requested_by, row_facts
 from gate.inbox.model import DecisionRecord, Item, Session
 from gate.inbox.progress import collected
 from gate.inbox.render import MARK_OPEN, diff_html, draft_view, hidden_count, marked_text
@@ -129,6 +129,7 @@ def _facts(item: Item, now_ms: int, approved_by: Sequence[str] = ()) -> dict[str
         "left": time_left(item.expires_at, now_ms) if item.state == "pending" else item.state,
         "budget": budget(item.budget),
         "risk_class": _risk_class(item.risk),
+        "requested_by": requested_by(item),
     }
 
 
@@ -162,8 +163,8 @@ def waiting_page(
     first), each with pipeline, step, risk, quorum progress (``approved_by``: approval id →
     identities recorded through the inbox), time left and budget; an empty state in words.
     ``seq`` is the inbox's change counter the live updates poll from. Each row also shows
-    ``listing.row_facts`` (request time, run id, requester) and either the whole draft and a
-    bulk checkbox (``bulkable``) or its first line and why it must be opened (``review``)."""
+    who asked (``_facts``), ``listing.row_facts`` (request time, run id) and either the whole
+    draft and a bulk checkbox (``bulkable``) or its first line and why it must be opened (``review``)."""
     pending = sorted((i for i in items if i.state == "pending"), key=lambda i: i.expires_at)
     seen = approved_by or {}
     rows = [

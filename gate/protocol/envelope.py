@@ -333,11 +333,14 @@ def build_dispatch(
     revision: int,
     budget: dict[str, Any] | None = None,
     followup: FollowUp | None = None,
+    requested_by: str | None = None,
 ) -> dict[str, Any]:
     """Return the dispatch envelope (SPEC §2 "Dispatch") as a dict ready for ``wire_json``.
 
     ``budget`` is included only when a cap is configured. ``revision`` is an additive
     field (v0 ignores unknown fields) telling relays which revision the nonce is for.
+    ``requested_by`` (additive: the identity of the operator who asked) is included only
+    when given; no hash covers it.
     ``followup`` adds issue 14's additive fields (reminder, escalation, delegates, a
     required skip reason); without it, or with an empty one, the envelope is unchanged.
     """
@@ -360,6 +363,8 @@ def build_dispatch(
     }
     if budget is not None:
         envelope["budget"] = budget
+    if requested_by is not None:
+        envelope["requested_by"] = requested_by
     if followup is not None:
         followup.apply(envelope)
     return envelope

@@ -249,11 +249,13 @@ def build_question_dispatch(
     approvers: Sequence[str],
     callback_url: str,
     nonce: str,
+    requested_by: str | None = None,
 ) -> dict[str, Any]:
     """Return a question dispatch (issue 15, "Wire") as a dict ready for ``wire_json``. It has
     ``kind: "question"`` and no ``approval_id``, ``draft``, ``payload_hash`` or ``quorum``:
-    an approval relay cannot take it for an approval."""
-    return {
+    an approval relay cannot take it for an approval. ``requested_by`` (additive: who asked)
+    ends it only when given; ``request_hash`` does not cover it."""
+    envelope = {
         "protocol": PROTOCOL,
         "kind": KIND,
         "question_id": question_id,
@@ -270,6 +272,9 @@ def build_question_dispatch(
         "actions": [{"verb": ANSWER, "accepts": spec.response_type}],
         "callback": {"url": callback_url, "nonce": nonce},
     }
+    if requested_by is not None:
+        envelope["requested_by"] = requested_by
+    return envelope
 
 
 def answer_text(spec: QuestionSpec, value: Any) -> str:

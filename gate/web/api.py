@@ -12,7 +12,7 @@ from gate.core.service import GateService
 from gate.errors import GateError
 from gate.metrics import Metrics
 from gate.protocol.envelope import decode_text_json
-from gate.web.common import Handler, error_middleware, read_body
+from gate.web.common import Handler, api_error_middleware, read_body
 from gate.web.queries import list_query, wait_seconds
 
 
@@ -148,7 +148,7 @@ def create_api_app(
     the expiry scheduler count in too (``gate.daemon.app.build_gate`` wires them).
     """
     app = web.Application(
-        middlewares=[error_middleware, auth_middleware],
+        middlewares=[api_error_middleware, auth_middleware],
         client_max_size=settings.max_draft_bytes * 6 + 128 * 1024,
     )
     app[SERVICE] = service

@@ -26,10 +26,13 @@ BODY_TIMEOUT = web.AppKey("body_timeout", float)
 _HTTP_REASONS = {404: "not_found", 405: "method_not_allowed", 413: "body_too_large"}
 
 
-def error_response(exc: GateError) -> web.Response:
+def error_response(exc: GateError, *, say_why: bool = False) -> web.Response:
     """Return the JSON answer for a GateError: ``{"status", "reason", ...}`` (+ Retry-After;
-    a 408 also closes the connection)."""
+    a 408 also closes the connection). With ``say_why`` a 400 also carries the error's
+    sentence as ``message`` (the pipeline API: what the sender must fix)."""
     body = exc.body()
+    if say_why and exc.status == 400:
+        body.setdefault("message", exc.message)
     headers = {}
     if "retry_after" in exc.extra:
         headers["Retry-After"] = str(exc.extra["retry_after"])
@@ -43,10 +46,20 @@ def error_response(exc: GateError) -> web.Response:
 async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     """Map GateError to its JSON answer, aiohttp HTTP errors to the same shape, anything
     unexpected to 500 ``internal_error`` (logged with its traceback, never sent)."""
+    return await _answer(request, handler, say_why=False)
+
+
+@web.middleware
+async def api_error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """``error_middleware`` for the pipeline API: every 400 also says why in ``message``."""
+    return await _answer(request, handler, say_why=True)
+
+
+async def _answer(request: web.Request, handler: Handler, *, say_why: bool) -> web.StreamResponse:
     try:
         return await handler(request)
     except GateError as exc:
-        return error_response(exc)
+        return error_response(exc, say_why=say_why)
     except web.HTTPException as exc:
         if exc.status < 400:
             raise

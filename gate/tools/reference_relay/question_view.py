@@ -9,7 +9,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from gate.protocol.numbers import INTEGER_TEXT, NUMBER_TEXT, ascii_int
-from gate.tools.reference_relay.view import SEPARATOR, draft_lines, line_count, visible
+from gate.tools.reference_relay.view import (
+    SEPARATOR,
+    draft_lines,
+    line_count,
+    requested_by_lines,
+    visible,
+)
 
 # not the approvals' "=" rule: the two never look alike; plain ASCII, and not "?" (a rule of
 # question marks reads as characters the terminal could not show: new-user finding 7)
@@ -107,6 +113,7 @@ def render_question(envelope: dict[str, Any], identity: str, width: int | None =
         f"{line(envelope.get('version', 1))}",
         f"answer: {line(kind)}  expires {line(envelope.get('expires_at'))}  you are "
         f"{line(identity)}",
+        *requested_by_lines(envelope),
     ]
     if isinstance(question.get("reason"), str):
         lines.append(f"why it is asked: {line(question['reason'])}")

@@ -201,10 +201,17 @@ def _count(n: int, name: str) -> str:
     return f"{n} {name}" + ("s" if n != 1 and not name.startswith("U+") else "")
 
 
+def requested_by_lines(envelope: dict[str, Any]) -> list[str]:
+    """``requested by IDENTITY`` when the dispatch names who asked (its additive
+    ``requested_by``), else nothing."""
+    who = envelope.get("requested_by")
+    return [f"requested by {shown(who)}"] if isinstance(who, str) else []
+
+
 def render(envelope: dict[str, Any], identity: str, width: int | None = None) -> str:
     """The whole block shown for one approver: header (approval, pipeline/step, risk,
-    revision; quorum, expiry, who answers; budget), then the draft between two separators,
-    each line behind ``GUTTER`` (``draft_lines``; ``width``: the terminal's columns)."""
+    revision; quorum, expiry, who answers; who asked; budget), then the draft between two
+    separators, each line behind ``GUTTER`` (``draft_lines``; ``width``: the terminal's columns)."""
     draft = envelope.get("draft") or {}
     warnings, body = draft_lines(str(draft.get("body", "")), width)
     lines = [
@@ -215,6 +222,7 @@ def render(envelope: dict[str, Any], identity: str, width: int | None = None) ->
         f"{shown(envelope.get('revision', 1))}",
         f"{quorum_words(envelope.get('quorum'))}  expires {shown(envelope.get('expires_at'))}"
         f"  you are {shown(identity)}",
+        *requested_by_lines(envelope),
         *budget_lines(envelope.get("budget"), str(envelope.get("pipeline"))),
         *warnings,
         SEPARATOR,
@@ -296,13 +304,13 @@ def verdict(verb: str, status: int, answer: Any) -> str:
     refusal shows its reason and, when the answer has one, its ``detail``."""
     if status == 200 and isinstance(answer, dict):
         if answer.get("resolved"):
-            return f"Recorded: the approval is resolved {shown(answer.get('outcome'))}."
+            return f"Recorded: {shown(answer.get('outcome'))}; the approval is resolved."
         return "Recorded; the quorum is not complete yet."
     reason = answer.get("reason") if isinstance(answer, dict) else None
     outcome = answer.get("outcome") if isinstance(answer, dict) else None
     detail = answer.get("detail") if isinstance(answer, dict) else None
     tail = (
-        f"; the approval is resolved {shown(outcome)} without it."
+        f"; the approval was already resolved: {shown(outcome)}."
         if outcome
         else "; the approval timed out without it."
         if reason == "expired"
