@@ -164,7 +164,8 @@ def waiting_page(
     identities recorded through the inbox), time left and budget; an empty state in words.
     ``seq`` is the inbox's change counter the live updates poll from. Each row also shows
     who asked (``_facts``), ``listing.row_facts`` (request time, run id) and either the whole
-    draft and a bulk checkbox (``bulkable``) or its first line and why it must be opened (``review``)."""
+    draft and a bulk checkbox (``bulkable``) or its first line and why it must be opened
+    (``review``)."""
     pending = sorted((i for i in items if i.state == "pending"), key=lambda i: i.expires_at)
     seen = approved_by or {}
     rows = [
