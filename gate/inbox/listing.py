@@ -7,7 +7,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from gate.inbox.model import Item
+from gate.inbox.model import DecisionRecord, Item
 from gate.inbox.render import first_line, review_reason
 
 
@@ -46,4 +46,21 @@ def row_facts(item: Item) -> dict[str, Any]:
         "requested_by": _text(item.dispatch, "requested_by"),
         "review": review,
         "bulkable": item.kind == "approval" and review is None,
+    }
+
+
+def decided_facts(record: DecisionRecord, item: Item | None) -> dict[str, Any]:
+    """How a page names the item ``record`` decided, as the waiting list names it:
+    ``first_line``, ``requested`` and ``run_id`` (``row_facts``: "", "" and None when the
+    inbox no longer has the item), the ``revision`` decided and ``changed_to``: the item's
+    revision now when it is another one (None when the same or unknown; then
+    ``first_line`` is "": the stored draft is not the one decided)."""
+    facts = row_facts(item) if item is not None else {}
+    changed_to = item.revision if item is not None and item.revision != record.revision else None
+    return {
+        "first_line": facts.get("first_line", "") if changed_to is None else "",
+        "revision": record.revision,
+        "changed_to": changed_to,
+        "requested": facts.get("requested", ""),
+        "run_id": facts.get("run_id"),
     }
