@@ -91,7 +91,8 @@ def test_approve_through_the_inbox_releases_the_pipeline(world: InboxWorld) -> N
     [kept] = world.inbox.rows("SELECT * FROM decisions")
     assert (kept["approval_id"], kept["http_status"]) == (approval_id, 200)
     recent = alice.get("/recent").text
-    assert f"/items/{approval_id}" in recent and "Pay 12 EUR" not in recent
+    assert f"/items/{approval_id}" in recent  # named as the waiting list names it
+    assert 'p · q1</span>: <span class="first-line">Pay 12 EUR to ACME</span>' in recent
     [number] = [r["id"] for r in world.inbox.rows("SELECT id FROM decisions")]
     assert signed_in(world, 103).get(f"/decisions/{number}").status == 404  # not carol's
 
