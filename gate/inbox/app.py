@@ -97,25 +97,8 @@ async def item(request: web.Request) -> web.Response:
     found = await decidable(request, session)
     seq = await current_seq(state)
     recorded = await state.db.recorded_on(found.approval_id)
-    if found.kind == "question":
-        return pages.question_page(
-            request,
-            item=found,
-            session=session,
-            now_ms=state.now_ms(),
-            seq=seq,
-            recorded=recorded,
-        )
     seen = await state.db.approvers_recorded(found.approval_id, found.revision)
-    return pages.item_page(
-        request,
-        item=found,
-        session=session,
-        now_ms=state.now_ms(),
-        seq=seq,
-        approved_by=seen,
-        recorded=recorded,
-    )
+    return pages.page_of(request, found, session, (state.now_ms(), seq), recorded, seen)
 
 
 async def recent(request: web.Request) -> web.Response:

@@ -235,6 +235,27 @@ def item_page(
     return _render(request, "item.html", context)
 
 
+def page_of(
+    request: web.Request,
+    item: Item,
+    session: Session,
+    when: tuple[int, int],
+    recorded: Sequence[DecisionRecord],
+    approved_by: Sequence[str],
+) -> web.Response:
+    """``item``'s own page: ``question_page`` for a question, else ``item_page``; ``when``
+    is (now ms, the live updates' seq)."""
+    now_ms, seq = when
+    if item.kind == "question":
+        return question_page(
+            request, item=item, session=session, now_ms=now_ms, seq=seq, recorded=recorded
+        )
+    return item_page(
+        request, item=item, session=session, now_ms=now_ms, seq=seq, approved_by=approved_by,
+        recorded=recorded,
+    )  # fmt: skip
+
+
 def _sent(submitted: Mapping[str, Any] | None) -> dict[str, list[str]]:
     """The posted fields as lists of strings (empty when nothing was posted)."""
     out: dict[str, list[str]] = {}
