@@ -376,3 +376,29 @@ def pending(stack: Stack, step: str, draft: str, *extra: str) -> tuple[CliProces
     approval_id = pipeline.wait_for_line(REQUESTED).group(1)
     stack.inbox.wait_item(approval_id)
     return pipeline, approval_id
+
+
+def in_view(who: Approver, locator: Any) -> bool:
+    """True when ``locator``'s box lies inside the viewport as the page is scrolled now:
+    what a person looking at the screen sees, not somewhere below."""
+    box = locator.bounding_box()
+    size = who.page.viewport_size
+    if box is None or size is None or box["width"] == 0 or box["height"] == 0:
+        return False
+    return bool(
+        box["x"] >= 0
+        and box["y"] >= 0
+        and box["x"] + box["width"] <= size["width"]
+        and box["y"] + box["height"] <= size["height"]
+    )
+
+
+def announced(who: Approver, locator: Any) -> bool:
+    """True when ``locator`` has the focus or sits in a live region (role status or alert,
+    or aria-live): a screen reader says it."""
+    return bool(
+        locator.evaluate(
+            """(el) => el === document.activeElement || el.contains(document.activeElement)
+              || !!el.closest('[role=status], [role=alert], [aria-live]')"""
+        )
+    )

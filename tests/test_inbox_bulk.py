@@ -131,8 +131,17 @@ def test_an_item_not_pending_changed_or_not_mine_is_named_in_words() -> None:
 @pytest.mark.parametrize(
     ("kinds", "said"),
     [
-        (["resolved", "recorded", "resolved"], "All 3 approved"),
-        (["resolved", "refused", "refused", "recorded", "already_resolved"], "2 of 5 approved"),
+        (["resolved", "resolved", "resolved"], "All 3 approved"),
+        (
+            ["resolved", "recorded", "resolved", "resolved"],
+            "4 decisions recorded: 3 approved, 1 waits for another approver",
+        ),
+        (
+            ["resolved", "refused", "refused", "recorded", "already_resolved"],
+            "2 of 5 decisions recorded: 1 approved, 1 waits for another approver",
+        ),
+        (["recorded", "recorded"], "2 decisions recorded: 2 wait for another approver"),
+        (["resolved", "refused"], "1 of 2 approved"),
         (["refused", "refused"], "None of 2 approved"),
         (["resolved", "sent"], "1 of 2 approved, 1 not answered"),
         (["unreachable", "sent", "refused"], "None of 3 approved, 2 not answered"),

@@ -364,3 +364,33 @@ def test_an_invalid_answer_is_the_form_again_in_words_and_nothing_is_posted(
     assert world.gate_rows("SELECT state FROM questions")[0]["state"] == "pending"
     proc.proc.terminate()
     proc.finish()
+
+
+def test_an_answer_is_said_as_answered_with_its_value_everywhere(
+    world: InboxWorld, tmp_path: Path
+) -> None:
+    schema = tmp_path / "form.json"
+    schema.write_text(json.dumps(FORM), encoding="utf-8")
+    choice = ask(world, "--text", "Supplier?", "--choice", "Acme", "--choice", "Globex AG")
+    form = ask(world, "--text", "PO details?", "--schema", str(schema))
+    ids = pending(world, 2)
+    client = signed_in(world)
+
+    answered = answer_form(client, ids["Supplier?"], [("value", "Globex AG")])
+    details = answer_form(client, ids["PO details?"], [("po", "A-1"), ("amount", "12")])
+
+    assert choice.finish()[0] == 0 and form.finish()[0] == 0
+    page = client.get(str(answered.header("Location"))).text
+    assert "<h1>Answered: Globex AG</h1>" in page, page
+    assert "Approved" not in page and "approval is resolved" not in page, page
+    assert "Supplier?" in page  # the decision page names what it answered
+    form_page = client.get(str(details.header("Location"))).text
+    assert "<h1>Answered: PO number: A-1; amount: 12</h1>" in form_page, form_page
+    assert world.inbox is not None
+    world.inbox.wait_item(ids["Supplier?"], lambda r: r["state"] == "resolved")
+    question = client.get(f"/items/{ids['Supplier?']}").text
+    assert "Your answer: Globex AG" in question, question
+    recent = client.get("/recent").text
+    assert 'answer<span class="sent">: Globex AG</span>' in recent, recent
+    assert 'answer<span class="sent">: PO number: A-1; amount: 12</span>' in recent, recent
+    assert "Supplier?" in recent and "p · ask" in recent, recent

@@ -18,9 +18,11 @@ from tests.inbox_e2e import (
     LIVE_S,
     Browser,
     Stack,
+    announced,
     browser_fixtures,
     decide,
     enrolled,
+    in_view,
     open_item,
     pending,
     screenshot,
@@ -131,3 +133,27 @@ def test_inbox_e2e_quorum_two_in_two_browser_contexts_live(
     assert bob.page.query_selector(row) is None
     alice.assert_clean("quorum alice")
     bob.assert_clean("quorum bob")
+
+
+def test_inbox_e2e_a_result_is_said_where_the_approver_looks(
+    stack: Stack, browser: Browser, shots: Path
+) -> None:
+    signin_ready(stack)
+    alice = enrolled(stack, browser, "alice", 101)
+    long_draft = "".join(f"Line {n}: the terms of the contract, at length.\n" for n in range(150))
+    pipeline, approval_id = pending(stack, "one", long_draft)
+    open_item(alice, stack, approval_id)
+    stack.gate.stop()  # the gate goes down while the page is open
+
+    alice.page.locator("form.verb-approve button[type=submit]").click()
+
+    said = alice.page.get_by_text("Not sent: The gate could not be reached")
+    said.wait_for(timeout=30_000)
+    assert in_view(alice, said), said.bounding_box()
+    assert announced(alice, said)
+    alice.page.set_viewport_size({"width": 390, "height": 900})
+    assert in_view(alice, said), said.bounding_box()
+    screenshot(alice.page, shots, "item-gate-down", full_page=False)
+    alice.assert_clean("gate down")
+    pipeline.proc.terminate()
+    pipeline.finish()

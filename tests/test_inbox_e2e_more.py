@@ -19,9 +19,11 @@ from tests.inbox_e2e import (
     Approver,
     Browser,
     Stack,
+    announced,
     browser_fixtures,
     enrolled,
     has_post_route,
+    in_view,
     needs,
     open_item,
     pending,
@@ -193,5 +195,9 @@ def test_inbox_e2e_open_page_ignores_a_reminder_but_says_an_adjust_changed_it(
     alice.page.wait_for_function(
         "(word) => document.body.innerText.includes(word)", arg=changed, timeout=LIVE_S
     )
+    assert alice.page.evaluate(BUTTONS_DISABLED)  # a changed item's forms are off at once
+    said = alice.page.get_by_text(changed)
+    assert in_view(alice, said) and announced(alice, said)
+    screenshot(alice.page, shots, "item-changed", full_page=False)
     pipeline.stop()
     alice.assert_clean("reminder and adjust")

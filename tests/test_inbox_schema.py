@@ -35,25 +35,29 @@ def user_version(path: Path) -> int:
         conn.close()
 
 
-async def test_inbox_schema_reasons_migration_keeps_old_rows_without_a_reason(
-    tmp_path: Path,
+@pytest.mark.parametrize(
+    ("version", "column", "value"),
+    [(2, "reason", "line 1\nline 2"), (3, "sent", "Pay 8 EUR")],
+)
+async def test_inbox_schema_a_migration_keeps_old_rows_without_its_column(
+    tmp_path: Path, version: int, column: str, value: str
 ) -> None:
     path = tmp_path / "inbox.db"
-    old_file(path, 2)
+    old_file(path, version)
 
     db = await InboxDb.open(path)
     try:
         [before] = await db.decisions_of("alice@example.com")
         number = await db.add_decision(
-            DecisionRecord("a2", 1, "alice@example.com", "skip", 0, {}, 9, "line 1\nline 2")
+            DecisionRecord("a2", 1, "alice@example.com", "skip", 0, {}, 9, **{column: value})
         )
         after = await db.decision(number)
     finally:
         await db.close()
 
-    assert user_version(path) == len(MIGRATIONS) == 3
-    assert (before.approval_id, before.decision, before.reason) == ("a1", "skip", None)
-    assert after is not None and after.reason == "line 1\nline 2"
+    assert user_version(path) == len(MIGRATIONS) == 4
+    assert (before.approval_id, before.decision, getattr(before, column)) == ("a1", "skip", None)
+    assert after is not None and getattr(after, column) == value
 
 
 async def test_inbox_schema_reopening_a_migrated_file_runs_nothing_again(tmp_path: Path) -> None:

@@ -9,6 +9,7 @@ The pure part (``question_of``, ``value_from_form``, ``checked_value``, ``in_wor
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 from collections.abc import Mapping
@@ -208,7 +209,10 @@ async def answer(request: web.Request) -> web.Response:
     except AnswerInvalid as invalid:
         return again(invalid.words)
     body = answer_envelope(item, value, session.identity, now)
-    record = DecisionRecord(item.approval_id, item.revision, session.identity, "answer", 0, {}, now)
+    sent = json.dumps(value, ensure_ascii=False)  # shown to the approver, never logged
+    record = DecisionRecord(
+        item.approval_id, item.revision, session.identity, "answer", 0, {}, now, sent=sent
+    )
     number = await state.db.add_decision(record)
     try:
         status, answered = await post_decision(

@@ -18,6 +18,7 @@ from gate.inbox.auth import current_session, may_decide, refusal, require_sessio
 from gate.inbox.config import InboxConfig, InboxSecrets, RelyingParty
 from gate.inbox.credentials_cache import CredentialsCache
 from gate.inbox.db import InboxDb
+from gate.inbox.decided import my_part
 from gate.inbox.model import Item, Session
 from gate.inbox.relay import RELAY_PATH, RelayEndpoint
 
@@ -73,8 +74,19 @@ async def waiting(request: web.Request) -> web.Response:
     seen = {
         i.approval_id: await state.db.approvers_recorded(i.approval_id, i.revision) for i in items
     }
+    mine = {}
+    for i in items:
+        part = my_part(session.identity, i, await state.db.recorded_on(i.approval_id))
+        if part is not None:
+            mine[i.approval_id] = part
     return pages.waiting_page(
-        request, items=items, session=session, now_ms=state.now_ms(), seq=seq, approved_by=seen
+        request,
+        items=items,
+        session=session,
+        now_ms=state.now_ms(),
+        seq=seq,
+        approved_by=seen,
+        mine=mine,
     )
 
 
@@ -84,21 +96,18 @@ async def item(request: web.Request) -> web.Response:
     state = state_of(request)
     found = await decidable(request, session)
     seq = await current_seq(state)
-    if found.kind == "question":
-        return pages.question_page(
-            request, item=found, session=session, now_ms=state.now_ms(), seq=seq
-        )
+    recorded = await state.db.recorded_on(found.approval_id)
     seen = await state.db.approvers_recorded(found.approval_id, found.revision)
-    return pages.item_page(
-        request, item=found, session=session, now_ms=state.now_ms(), seq=seq, approved_by=seen
-    )
+    return pages.page_of(request, found, session, (state.now_ms(), seq), recorded, seen)
 
 
 async def recent(request: web.Request) -> web.Response:
     """GET ``/recent``: the signed-in approver's decisions, newest first."""
     session = await require_session(request)
-    decisions = await state_of(request).db.decisions_of(session.identity)
-    return pages.recent_page(request, decisions=decisions, session=session)
+    state = state_of(request)
+    decisions = await state.db.decisions_of(session.identity)
+    items = {d.approval_id: await state.db.item(d.approval_id, state.now_ms()) for d in decisions}
+    return pages.recent_page(request, decisions=decisions, session=session, items=items)
 
 
 async def decision(request: web.Request) -> web.Response:
@@ -118,7 +127,7 @@ async def decision(request: web.Request) -> web.Response:
     if item is not None and item.kind == "approval" and item.revision == found.revision:
         seen = await state.db.approvers_recorded(item.approval_id, item.revision)
         progress = (progress_of.collected(item, seen), item.quorum_required)
-    return pages.message_page(request, record=found, session=session, progress=progress)
+    return pages.message_page(request, record=found, session=session, progress=progress, item=item)
 
 
 async def live(request: web.Request) -> web.Response:

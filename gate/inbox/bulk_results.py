@@ -12,7 +12,7 @@ from aiohttp import web
 from gate.inbox import auth
 from gate.inbox.app import state_of
 from gate.inbox.bulk import title_of
-from gate.inbox.listing import row_facts
+from gate.inbox.listing import decided_facts
 from gate.inbox.model import DecisionRecord, Item
 from gate.inbox.pages import item_url
 from gate.inbox.words import answer_words, bulk_heading
@@ -20,21 +20,13 @@ from gate.inbox.words import answer_words, bulk_heading
 
 def result_row(record: DecisionRecord, item: Item | None) -> dict[str, Any]:
     """One line of the results: ``title`` (``title_of``; the approval id when the inbox no
-    longer has the item), ``first_line``, ``requested`` and ``run_id``
-    (``listing.row_facts``: "", "" and None without the item), the answer's ``kind`` and
-    ``sentence`` (``words.answer_words``), the item's ``url``, the ``revision`` decided and
-    ``changed_to``: the item's revision now when it is another one (None when the same or
-    unknown; then ``first_line`` is "": the stored draft is not the one decided)."""
+    longer has the item), the item named by ``listing.decided_facts`` (first line, when it
+    was requested, run id, the revision decided and ``changed_to``), the answer's ``kind``
+    and ``sentence`` (``words.answer_words``) and the item's ``url``."""
     kind, sentence = answer_words(record.status, record.answer)
-    facts = row_facts(item) if item is not None else {}
-    changed_to = item.revision if item is not None and item.revision != record.revision else None
     return {
         "title": title_of(item) if item is not None else record.approval_id,
-        "first_line": facts.get("first_line", "") if changed_to is None else "",
-        "revision": record.revision,
-        "changed_to": changed_to,
-        "requested": facts.get("requested", ""),
-        "run_id": facts.get("run_id"),
+        **decided_facts(record, item),
         "kind": kind,
         "sentence": sentence,
         "url": item_url(record.approval_id),

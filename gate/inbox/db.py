@@ -134,6 +134,19 @@ class InboxDb:
         )
         return [str(r["identity"]) for r in rows]
 
+    async def recorded_on(self, approval_id: str) -> list[DecisionRecord]:
+        """Every decision on ``approval_id`` the gate answered 2xx (recorded), any
+        identity, first decided first: what the item's page says was decided through the
+        inbox (an adjust's final text, an answer)."""
+        rows = await self._run(
+            _query,
+            self._conn,
+            "SELECT * FROM decisions WHERE approval_id = ? AND http_status BETWEEN 200 AND 299"
+            " ORDER BY decided_at, id",
+            (approval_id,),
+        )
+        return [_decision(r) for r in rows]
+
     async def add_batch_decision(self, record: DecisionRecord, batch_id: str) -> int:
         """``add_decision`` for one item of bulk approval ``batch_id`` (issue 17)."""
         return await self._run(self._tx, lambda c: _insert_decision(c, record, batch_id))
@@ -235,7 +248,7 @@ def _select(conn: sqlite3.Connection, where: str, args: tuple[Any, ...]) -> list
 def _insert_decision(conn: sqlite3.Connection, record: DecisionRecord, batch: str | None) -> int:
     cursor = conn.execute(
         "INSERT INTO decisions (approval_id, revision, identity, decision, http_status,"
-        " answer, decided_at, batch_id, reason) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        " answer, decided_at, batch_id, reason, sent) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
         (
             record.approval_id,
             record.revision,
@@ -246,6 +259,7 @@ def _insert_decision(conn: sqlite3.Connection, record: DecisionRecord, batch: st
             record.decided_at,
             batch,
             record.reason,
+            record.sent,
         ),
     )
     return int(cursor.lastrowid or 0)
@@ -261,6 +275,7 @@ def _decision(r: sqlite3.Row) -> DecisionRecord:
         json.loads(r["answer"]),
         r["decided_at"],
         r["reason"],
+        r["sent"],
     )
 
 

@@ -175,7 +175,7 @@ async def decide(request: web.Request) -> web.Response:
         item, session.identity, verb, adjust_text, reason, fields["assertion"], now
     )
     record = DecisionRecord(
-        item.approval_id, item.revision, session.identity, verb, 0, {}, now, reason
+        item.approval_id, item.revision, session.identity, verb, 0, {}, now, reason, adjust_text
     )
     number = await state.db.add_decision(record)
     try:

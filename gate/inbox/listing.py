@@ -9,7 +9,7 @@ from typing import Any
 
 from markupsafe import Markup
 
-from gate.inbox.model import Item
+from gate.inbox.model import DecisionRecord, Item
 from gate.inbox.render import first_line
 from gate.inbox.seen import bulk_eligibility, whole_draft_html
 
@@ -65,4 +65,21 @@ def _common(item: Item, line: str) -> dict[str, Any]:
         "first_line": line,
         "requested": requested_at(item),
         "run_id": _text(item.dispatch, "run_id"),
+    }
+
+
+def decided_facts(record: DecisionRecord, item: Item | None) -> dict[str, Any]:
+    """How a page names the item ``record`` decided, as the waiting list names it:
+    ``first_line``, ``requested`` and ``run_id`` (``row_facts``: "", "" and None when the
+    inbox no longer has the item), the ``revision`` decided and ``changed_to``: the item's
+    revision now when it is another one (None when the same or unknown; then
+    ``first_line`` is "": the stored draft is not the one decided)."""
+    facts = row_facts(item) if item is not None else {}
+    changed_to = item.revision if item is not None and item.revision != record.revision else None
+    return {
+        "first_line": facts.get("first_line", "") if changed_to is None else "",
+        "revision": record.revision,
+        "changed_to": changed_to,
+        "requested": facts.get("requested", ""),
+        "run_id": facts.get("run_id"),
     }

@@ -51,7 +51,8 @@ class Item:
 class DecisionRecord:
     """A decision the inbox posted for ``identity``: the gate's HTTP ``status`` and JSON
     ``answer`` (what the page says in words), ``decided_at`` ms, and the ``reason`` the
-    approver gave with it, as posted (None when none; shown to them, never logged)."""
+    approver gave with it, as posted (None when none; shown to them, never logged), and
+    ``sent``: an adjust's text, or an answer's value as JSON text (None for the others)."""
 
     approval_id: str
     revision: int
@@ -61,6 +62,7 @@ class DecisionRecord:
     answer: dict[str, Any] = field(hash=False, compare=False)
     decided_at: int = 0
     reason: str | None = None
+    sent: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

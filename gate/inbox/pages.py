@@ -24,7 +24,8 @@ from aiohttp import web
 from markupsafe import Markup
 
 from gate.inbox import headers
-from gate.inbox.listing import requested_by, row_facts
+from gate.inbox.decided import final_text, my_part, sent_words, standing
+from gate.inbox.listing import decided_facts, requested_by, row_facts
 from gate.inbox.model import DecisionRecord, Item, Session
 from gate.inbox.progress import collected
 from gate.inbox.render import MARK_OPEN, diff_html, draft_view, hidden_count, marked_text
@@ -119,6 +120,7 @@ class Row:
     review: str | None = None
     bulkable: bool = False
     whole: Markup = Markup("")
+    standing: str | None = None  # the approver's own decision counts: "You approved; …"
 
 
 def _facts(item: Item, now_ms: int, approved_by: Sequence[str] = ()) -> dict[str, Any]:
@@ -158,6 +160,7 @@ def waiting_page(
     now_ms: int,
     seq: int,
     approved_by: Mapping[str, Sequence[str]] | None = None,
+    mine: Mapping[str, str] | None = None,
 ) -> web.Response:
     """What waits for the signed-in approver: pending ``items`` sorted by expiry (soonest
     first), each with pipeline, step, risk, quorum progress (``approved_by``: approval id →
@@ -165,18 +168,22 @@ def waiting_page(
     ``seq`` is the inbox's change counter the live updates poll from. Each row also shows
     who asked (``_facts``), ``listing.row_facts`` (request time, run id) and either the whole
     draft and a bulk checkbox (``bulkable``) or its first line and why it must be opened
-    (``review``)."""
+    (``review``). An item where the approver's own decision already counts (``mine``:
+    approval id → ``decided.my_part``) is listed apart, "Waiting for others", saying so ("You
+    approved; 1 more needed"), without a checkbox."""
     pending = sorted((i for i in items if i.state == "pending"), key=lambda i: i.expires_at)
-    seen = approved_by or {}
-    rows = [
-        Row(
-            url=item_url(i.approval_id),
-            **_facts(i, now_ms, seen.get(i.approval_id, ())),
-            **row_facts(i),
-        )
-        for i in pending
-    ]
-    context = {"rows": rows, "session": session, "nav": "waiting", "seq": seq}
+    seen, parts = approved_by or {}, mine or {}
+    rows, others = [], []
+    for i in pending:
+        facts = _facts(i, now_ms, seen.get(i.approval_id, ()))
+        part = parts.get(i.approval_id)
+        if part is None:
+            rows.append(Row(url=item_url(i.approval_id), **facts, **row_facts(i)))
+            continue
+        said = standing(part, i, collected(i, seen.get(i.approval_id, ())))[0]
+        listed = {**row_facts(i), "bulkable": False, "review": None}
+        others.append(Row(url=item_url(i.approval_id), **facts, **listed, standing=said))
+    context = {"rows": rows, "others": others, "session": session, "nav": "waiting", "seq": seq}
     return _render(request, "waiting.html", context)
 
 
@@ -189,6 +196,7 @@ def item_page(
     seq: int,
     challenges: Mapping[str, str] | None = None,
     approved_by: Sequence[str] = (),
+    recorded: Sequence[DecisionRecord] = (),
 ) -> web.Response:
     """An approval: facts (quorum progress counts ``approved_by``, the identities whose approval
     of this revision the inbox saw recorded, and names them), the warning banner when the draft
@@ -196,7 +204,10 @@ def item_page(
     (``render.draft_view``), and while pending the approve / skip (reason, required when the
     step says so) / adjust (textarea holding the current body) forms. ``challenges`` maps a verb
     to its base64url challenge; a verb without one gets ``data-challenge-url``
-    (``challenge_url``) instead."""
+    (``challenge_url``) instead. ``recorded`` (``db.recorded_on``) says whether the
+    approver's own decision already counts (then no forms, the page says so:
+    ``decided.standing``) and, once an adjust resolved it, the final text and its diff from
+    the draft asked (``decided.final_text``)."""
     challenges = challenges or {}
     forms = [
         {
@@ -209,8 +220,14 @@ def item_page(
         for verb, label in VERBS
     ]
     diff = None if item.previous_body is None else diff_html(item.previous_body, item.body)
+    part = my_part(session.identity, item, recorded) if item.state == "pending" else None
+    count = collected(item, approved_by)
+    final = final_text(item, recorded)
     context = {
         **_facts(item, now_ms, approved_by),
+        "mine": None if part is None else standing(part, item, count)[1],
+        "final": None if final is None else draft_view(final, item.content_type),
+        "final_diff": None if final is None else diff_html(item.body, final),
         "draft": draft_view(item.body, item.content_type),
         "hidden": hidden_count(item.body),  # said under the adjust box (finding 11)
         "diff": diff,
@@ -219,6 +236,27 @@ def item_page(
         "seq": seq,
     }
     return _render(request, "item.html", context)
+
+
+def page_of(
+    request: web.Request,
+    item: Item,
+    session: Session,
+    when: tuple[int, int],
+    recorded: Sequence[DecisionRecord],
+    approved_by: Sequence[str],
+) -> web.Response:
+    """``item``'s own page: ``question_page`` for a question, else ``item_page``; ``when``
+    is (now ms, the live updates' seq)."""
+    now_ms, seq = when
+    if item.kind == "question":
+        return question_page(
+            request, item=item, session=session, now_ms=now_ms, seq=seq, recorded=recorded
+        )
+    return item_page(
+        request, item=item, session=session, now_ms=now_ms, seq=seq, approved_by=approved_by,
+        recorded=recorded,
+    )  # fmt: skip
 
 
 def _sent(submitted: Mapping[str, Any] | None) -> dict[str, list[str]]:
@@ -240,13 +278,15 @@ def question_page(
     error: str | None = None,
     status: int = 200,
     submitted: Mapping[str, Any] | None = None,
+    recorded: Sequence[DecisionRecord] = (),
 ) -> web.Response:
     """A question (issue 15) from ``item.dispatch["question"]``: its text and reason
     (marked), then free text / choices / the form's fields with the schema's limits
     (``words.form_fields``); a schema the gate would not send is said, not shown. ``error``
     (an answer refused, in words) is shown above the form, answering ``status`` (422), with
     the values ``submitted`` (the posted fields, a string or a list of strings each) filled
-    in again: typed texts, ticked boxes, the chosen option (issue 17 finding 10)."""
+    in again: typed texts, ticked boxes, the chosen option. The answers recorded through the
+    inbox (``recorded``) are shown in words, the approver's own as "Your answer"."""
     question: dict[str, Any] = item.dispatch.get("question") or {}
     text = marked_text(str(question.get("text", "")))
     reason = marked_text(str(question["reason"])) if question.get("reason") else None
@@ -273,22 +313,45 @@ def question_page(
         "session": session,
         "seq": seq,
         "error": error,
+        "answers": [
+            (r.identity, _said(sent_words(r, item))) for r in recorded if r.decision == "answer"
+        ],
     }
     return _render(request, "question.html", context, status=status)
 
 
+def _said(words: str | None) -> Markup | None:
+    """What a decision sent, for a page: escaped, hidden characters marked, lines kept."""
+    return None if words is None else marked_text(words)
+
+
+def _named(record: DecisionRecord, item: Item | None) -> dict[str, Any] | None:
+    """What ``_named.html`` names a decided item by (None when the inbox lost the item)."""
+    return None if item is None else {"item": item, **decided_facts(record, item)}
+
+
 def recent_page(
-    request: web.Request, *, decisions: Sequence[DecisionRecord], session: Session
+    request: web.Request,
+    *,
+    decisions: Sequence[DecisionRecord],
+    session: Session,
+    items: Mapping[str, Item | None] | None = None,
 ) -> web.Response:
-    """The signed-in approver's ``decisions``, newest first, with the gate's answer in words
-    and the reason they gave (escaped and marked, its lines kept), if any."""
+    """The signed-in approver's ``decisions``, newest first, each naming its item as the
+    waiting list does (pipeline · step, first line, when it was requested: ``items`` maps an
+    approval id to the item the inbox keeps, None when gone), with what it sent (an adjust's
+    text, an answer in words: ``decided.sent_words``), the gate's answer in words and the
+    reason they gave (escaped and marked, its lines kept), if any."""
+    kept = items or {}
     rows = [
         {
             "record": d,
+            "named": _named(d, kept.get(d.approval_id)),
             "url": item_url(d.approval_id),
             "when": datetime.fromtimestamp(d.decided_at / 1000, UTC).strftime("%Y-%m-%d %H:%M"),
-            "words": answer_words(d.status, d.answer)[1],
+            "words": answer_words(d.status, d.answer, d.decision)[1],
             "reason": marked_text(d.reason) if d.reason is not None else None,
+            "sent": _said(sent_words(d, kept.get(d.approval_id))),
         }
         for d in sorted(decisions, key=lambda d: d.decided_at, reverse=True)
     ]
@@ -315,14 +378,18 @@ def message_page(
     record: DecisionRecord,
     session: Session | None = None,
     progress: tuple[int, int] | None = None,
+    item: Item | None = None,
 ) -> web.Response:
     """The gate's answer to the approver's decision in words (``words.answer_words``):
     recorded, resolved, superseded, expired, already decided; a link back to the item. The
     title names the outcome (``words.outcome_title``; ``progress`` is the quorum's
-    (collected, required) now, None when unknown) and the page shows the reason the approver
-    gave (``record.reason``: escaped and marked, its lines kept), if any."""
-    kind, sentence = answer_words(record.status, record.answer)
-    title = outcome_title(kind, record.decision, record.revision, progress)
+    (collected, required) now, None when unknown; an answer says its value), the page names
+    the item decided (``item``, None when the inbox no longer has it: pipeline · step, first
+    line, when it was requested) and shows the reason the approver gave (``record.reason``:
+    escaped and marked, its lines kept), if any."""
+    kind, sentence = answer_words(record.status, record.answer, record.decision)
+    sent = sent_words(record, item)
+    title = outcome_title(kind, record.decision, record.revision, progress, sent)
     context = {
         "title": title or TITLES[kind],
         "kind": kind,
@@ -330,6 +397,7 @@ def message_page(
         "item_url": item_url(record.approval_id),
         "session": session,
         "reason": marked_text(record.reason) if record.reason is not None else None,
+        "named": _named(record, item),
     }
     return _render(request, "message.html", context)
 
@@ -344,5 +412,5 @@ def plain_page(
 ) -> web.Response:
     """A page of one ``sentence`` under ``title`` (e.g. the 404 page), answering ``status``."""
     context = {"title": title, "kind": "refused", "sentence": sentence, "item_url": None}
-    context["reason"] = None
+    context["reason"] = context["named"] = None
     return _render(request, "message.html", {**context, "session": session}, status=status)

@@ -54,7 +54,10 @@ CREATE INDEX decisions_batch ON decisions (batch_id)
 REASONS = """
 ALTER TABLE decisions ADD COLUMN reason TEXT
 """  # the reason the approver gave with a decision, as posted (NULL: none; rows before it)
-MIGRATIONS = (SCHEMA, BATCHES, REASONS)  # user_version N means MIGRATIONS[:N] ran
+SENT = """
+ALTER TABLE decisions ADD COLUMN sent TEXT
+"""  # what the approver sent besides the verb: an adjust's text, an answer's value as JSON
+MIGRATIONS = (SCHEMA, BATCHES, REASONS, SENT)  # user_version N means MIGRATIONS[:N] ran
 
 
 def open_file(path: Path) -> sqlite3.Connection:

@@ -79,6 +79,7 @@ ANSWERS = {
     "unreachable": "The gate could not be reached; it may not have your decision. Open the"
     " item and decide again.",
     "already_decided": "You have already decided on this revision; nothing changed.",
+    "answered": "Your answer was recorded and the question is resolved.",
     "already_resolved": "The approval was already resolved; nothing was recorded.",
     "cancelled": "The approval was cancelled; nothing was recorded.",
 }
@@ -89,16 +90,19 @@ ANSWERS = {
 # refusals worded for the pages go here too.
 
 
-def answer_words(status: int, answer: Mapping[str, Any]) -> tuple[str, str]:
+def answer_words(status: int, answer: Mapping[str, Any], decision: str = "") -> tuple[str, str]:
     """The gate's answer to a posted decision (docs/protocol.md, "Decisions": checks 8, 9,
     14 and "recorded") as ``(kind, sentence)``: ``kind`` one of ``ANSWERS``'s keys or
     ``refused``. 200 ``{"status":"recorded","resolved":true|false}`` is resolved or recorded;
     a refusal is named by its reason code (``error``, else ``reason``), an
     ``approver_signature_invalid`` by its ``detail`` in words (``refusal_words``). Status 0 is a
-    decision sent whose answer never came back (``sent``)."""
+    decision sent whose answer never came back (``sent``). A recorded ``decision`` ``answer``
+    (a question's) is ``resolved``, said as an answer, not an approval."""
     if status == 0:
         kind = "unreachable" if answer.get("error") == "gate_unreachable" else "sent"
         return kind, ANSWERS[kind]
+    if 200 <= status < 300 and decision == "answer":
+        return "resolved", ANSWERS["answered"]
     if 200 <= status < 300:
         kind = "resolved" if answer.get("resolved") is True else "recorded"
         return kind, ANSWERS[kind]
@@ -119,13 +123,22 @@ def answer_words(status: int, answer: Mapping[str, Any]) -> tuple[str, str]:
 
 def bulk_heading(kinds: list[str]) -> str:
     """What happened to a bulk approval, from each item's ``answer_words`` kind: ``"All 5
-    approved"``, ``"3 of 5 approved"``, ``"None of 2 approved"``, plus ``", 1 not
-    answered"`` for decisions whose answer never came back (``sent``, ``unreachable``).
-    Approved = the gate recorded it (``recorded`` or ``resolved``)."""
+    approved"``, ``"3 of 5 approved"``, ``"None of 2 approved"``; when an approval was
+    recorded but its step needs another approver (``recorded``), it is not said approved:
+    ``"4 decisions recorded: 3 approved, 1 waits for another approver"`` (``"4 of 5
+    decisions recorded: …"`` when not all were); plus ``", 1 not answered"`` for decisions
+    whose answer never came back (``sent``, ``unreachable``)."""
     total = len(kinds)
-    done = sum(k in ("recorded", "resolved") for k in kinds)
+    approved = kinds.count("resolved")
+    waits = kinds.count("recorded")
+    done = approved + waits
     unknown = sum(k in ("sent", "unreachable") for k in kinds)
-    if done == total:
+    if waits:
+        of = f"{done} decisions" if done == total else f"{done} of {total} decisions"
+        parts = [f"{approved} approved"] if approved else []
+        parts.append(f"{waits} {'waits' if waits == 1 else 'wait'} for another approver")
+        said = f"{of} recorded: " + ", ".join(parts)
+    elif done == total:
         said = f"All {total} approved"
     elif done == 0:
         said = f"None of {total} approved"
@@ -181,15 +194,22 @@ def refusal_words(code: str, detail: Any = None) -> str:
 
 
 def outcome_title(
-    kind: str, decision: str, revision: int, progress: tuple[int, int] | None = None
+    kind: str,
+    decision: str,
+    revision: int,
+    progress: tuple[int, int] | None = None,
+    sent: str | None = None,
 ) -> str | None:
-    """The decision page's title naming what the approver's decision did (issue 17 finding:
-    "Approval resolved" said nothing): ``Approved``, ``Approved: recorded, 1 of 2`` (a
-    quorum; ``progress`` is (collected, required), None when unknown), ``Skipped``,
-    ``Adjusted: revision N+1``; None when the gate did not record it (``kind`` other than
-    ``resolved``/``recorded``: the page keeps its generic title)."""
+    """The decision page's title naming what the approver's decision did: ``Approved``,
+    ``Approved: recorded, 1 of 2`` (a quorum; ``progress`` is (collected, required), None
+    when unknown), ``Skipped``, ``Adjusted: revision N+1``, ``Answered: Globex AG`` (an
+    answer; ``sent`` is its value in words, ``decided.sent_words``); None when the gate did
+    not record it (``kind`` other than ``resolved``/``recorded``: the page keeps its generic
+    title)."""
     if kind not in ("resolved", "recorded"):
         return None
+    if decision == "answer":
+        return "Answered" if not sent else f"Answered: {sent}"
     if decision == "skip":
         return "Skipped"
     if decision == "adjust":

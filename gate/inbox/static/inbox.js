@@ -13,9 +13,25 @@
     for (let i = 0; i < bytes.length; i += 1) text += String.fromCharCode(bytes[i]);
     return btoa(text).replace(/\+/g, '-').replace(/\//g, '_').replace(/=+$/, '');
   };
-  const say = (text) => {
+  // what a button did or the page learned: the item page's notice pinned at the top of the
+  // window (focused when it answers a button), else the live region pinned at the bottom
+  const say = (text, focus) => {
     const live = document.getElementById('sign-status') || document.getElementById('live');
-    if (live) live.textContent = text;
+    if (!live) return;
+    live.textContent = text;
+    if (focus && live.tabIndex === -1) live.focus();
+  };
+  // an item that changed, closed or was decided already: every decision button off at once
+  let locked = false;
+  const lock = () => {
+    locked = true;
+    document.querySelectorAll('form[data-sign] button').forEach((b) => { b.disabled = true; });
+  };
+  const LOCKING = ['changed', 'not_pending', 'already_decided'];
+  const failure = (message, reason) => {
+    const error = new Error(message);
+    error.reason = typeof reason === 'string' ? reason : '';
+    return error;
   };
   const fields = (form) => {
     const out = {};
@@ -35,9 +51,11 @@
   const refusal = async (answer) => {
     try {
       const body = await answer.json();
-      if (body && typeof body.message === 'string' && body.message) return body.message;
+      if (body && typeof body.message === 'string' && body.message) {
+        return failure(body.message, body.reason);
+      }
     } catch (error) { /* not JSON: say the status */ }
-    return 'the inbox answered ' + answer.status;
+    return failure('the inbox answered ' + answer.status, '');
   };
   const sentence = (text) => text.replace(/[.\s]+$/, '') + '.';
 
@@ -49,7 +67,7 @@
     let challenge = form.dataset.challenge || '';
     if (!challenge && form.dataset.challengeUrl) {
       const got = await postJson(form.dataset.challengeUrl, data.csrf || '', data);
-      if (!got.ok) throw new Error(await refusal(got));
+      if (!got.ok) throw await refusal(got);
       challenge = (await got.json()).challenge || '';
     }
     if (!challenge) throw new Error('no challenge to sign');
@@ -69,7 +87,7 @@
     if (type.indexOf('application/json') === 0) {
       const body = await answer.json();
       if (body.location) { window.location.assign(body.location); return; }
-      throw new Error(body.message || body.reason || ('answer ' + answer.status));
+      throw failure(body.message || body.reason || ('answer ' + answer.status), body.reason);
     }
     window.location.assign(answer.url);
   }
@@ -87,11 +105,12 @@
         if (!form.reportValidity()) return;
         const button = form.querySelector('button[type="submit"]');
         if (button) button.disabled = true;
-        say('Waiting for your passkey…');
+        say('Waiting for your passkey…', true);
         sign(form).catch((error) => {
           const again = form.dataset.sign === 'signin' ? ' Reload the page to try again.' : '';
-          say('Not sent: ' + sentence(error && error.message ? error.message : 'the passkey was not used') + again);
-        }).finally(() => { if (button) button.disabled = false; });
+          if (error && LOCKING.indexOf(error.reason) >= 0) lock();
+          say('Not sent: ' + sentence(error && error.message ? error.message : 'the passkey was not used') + again, true);
+        }).finally(() => { if (button && !locked) button.disabled = false; });
       });
     });
   }
@@ -104,11 +123,13 @@
     const apply = (change) => {
       const [id, state] = change;
       if (page && page.dataset.approvalId === id) {
-        page.querySelectorAll('form button').forEach((b) => { b.disabled = state !== 'pending'; });
+        lock();
         if (state === 'pending') { say('This item changed: reload the page to see the new revision.'); return; }
         // closed: the state at the top, the forms hidden, time left says so (issue 17)
         const top = document.getElementById('item-state');
-        if (top) { top.textContent = 'This item is now ' + state + '; nothing is left to do.'; top.hidden = false; }
+        const now = 'This item is now ' + state + '; nothing is left to do.';
+        if (top) { top.textContent = now; top.hidden = false; }
+        say(now);
         page.querySelectorAll('section.forms, form').forEach((f) => { f.hidden = true; });
         const left = page.querySelector('.facts .left dd');
         if (left) left.textContent = state;
