@@ -20,13 +20,13 @@ RANGE_WORDS = "between -2**53 and 2**53 (±9007199254740992)"
 """How an error says the range: ``... must be a number between -2**53 and 2**53 ...``."""
 
 ASCII_DIGITS = re.compile(r"[0-9]+")
+"""What a count, a port or seconds written as text must fully match."""
 INTEGER_TEXT = re.compile(r"[+-]?[0-9]{1,30}")
 """An integer as a person types it: ASCII digits, an optional sign (``int()`` alone also
 takes ``٣``, ``1_000`` and spaces)."""
 NUMBER_TEXT = re.compile(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?")
 """A decimal number as a person types it (``float()`` alone also takes ``nan``, ``inf``,
 ``1_0`` and non-ASCII digits)."""
-"""What a count, a port or seconds written as text must fully match."""
 LIST_INDEX = re.compile(r"0|[1-9][0-9]*")
 """What a list index in a JSON pointer must fully match (RFC 6901: no sign, no leading
 zero, ASCII digits)."""
