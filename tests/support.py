@@ -286,6 +286,15 @@ def http_request(
         conn.close()
 
 
+def shown_time(wire: str) -> str:
+    """How the CLI and the reference relay print the API/wire time ``wire``: RFC 3339 UTC with
+    exactly three millisecond digits (computed here apart from the code under test)."""
+    from datetime import UTC, datetime
+
+    when = datetime.fromisoformat(wire.replace("Z", "+00:00")).astimezone(UTC)
+    return when.strftime("%Y-%m-%dT%H:%M:%S.") + f"{when.microsecond // 1000:03d}Z"
+
+
 def as_json(raw: bytes) -> Any:
     """Decode a JSON answer body (empty -> None)."""
     return json.loads(raw) if raw else None

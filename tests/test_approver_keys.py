@@ -31,6 +31,7 @@ from tests.support import (
     gate_env,
     post_decision,
     run_cli,
+    shown_time,
     write_config,
 )
 
@@ -163,6 +164,12 @@ def test_enrol_list_revoke_through_the_admin_api(signing_gate: Any, tmp_path: Pa
     assert twice.returncode == 1 and b"revoked already" in twice.stderr
     [(revoked_at,)] = rows(db_of(gate), "SELECT revoked_at FROM approver_credentials")
     assert revoked_at is not None
+    [item] = json.loads(approvers(gate, "list", "--json").stdout)
+    text = approvers(gate, "list").stdout.decode()
+    assert text == (
+        f"{credential_id}  101  {ALICE}  ed25519  revoked {shown_time(item['revoked_at'])}"
+        '  "alice laptop"\n'
+    )
 
     entries = [
         (kind, json.loads(entry)["data"])

@@ -6,6 +6,7 @@ commands that talk to a gate run as real ``python -m gate`` subprocesses.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import socket
@@ -14,7 +15,7 @@ import pytest
 from click.testing import CliRunner, Result
 
 from gate.cli import main
-from tests.support import API_TOKEN, ROOT, gate_env, run_cli
+from tests.support import API_TOKEN, ROOT, gate_env, run_cli, shown_time
 
 EXAMPLE = ROOT / "config.example.yaml"
 ENV = {
@@ -408,9 +409,13 @@ def test_show_and_cancel(gate):
     assert proc.returncode == 0, proc.stderr
     assert '"state": "pending"' in proc.stdout.decode()
 
+    expires_at = json.loads(proc.stdout)["expires_at"]
     proc = run_cli("list", *args, "--state", "pending")
     assert proc.returncode == 0, proc.stderr
-    assert [line.split()[0] for line in proc.stdout.decode().splitlines()] == [approval_id]
+    # the expiry as a person reads it: fixed width, three millisecond digits
+    assert proc.stdout.decode() == (
+        f"{approval_id}  pending   -          p/q1  0/1  expires {shown_time(expires_at)}\n"
+    )
 
     proc = run_cli("cancel", *args, approval_id)
     assert (proc.returncode, proc.stdout.decode()) == (0, f"{approval_id} cancelled\n")
@@ -509,3 +514,52 @@ def test_every_command_module_is_named_in_the_lazy_group():
         assert any(
             cli.main.commands[name].callback.__module__ == f"gate.cli.{m}" for m in modules
         ), name
+
+
+# ---- what a person reads: times fixed width ------------------------------------------------
+
+
+def test_list_lines_show_times_fixed_width_with_milliseconds():
+    from gate.cli.approvers import credential_line
+    from gate.cli.pipeline import approval_line
+    from gate.cli.questions import question_line
+
+    approval = {
+        "approval_id": UNKNOWN_ID,
+        "state": "pending",
+        "outcome": None,
+        "pipeline": "p",
+        "step": "q1",
+        "quorum": {"required": 2, "collected": 1},
+        "expires_at": "2026-12-07T10:20:16.4Z",
+        "decisions": [],
+    }
+    question = {
+        "question_id": UNKNOWN_ID,
+        "state": "resolved",
+        "outcome": "answered",
+        "pipeline": "p",
+        "step": "ask",
+        "question": {"response_type": "free_text"},
+        "version": 1,
+        "expires_at": "2026-12-07T10:20:16Z",
+    }
+    credential = {
+        "credential_id": "If4x36FUomFia_hUBG_SJw",
+        "operator_id": 101,
+        "identity": "alice@example.com",
+        "type": "ed25519",
+        "revoked_at": "2026-12-07T10:20:16.45Z",
+        "label": None,
+    }
+    assert approval_line(approval) == (
+        f"{UNKNOWN_ID}  pending   -          p/q1  1/2  expires 2026-12-07T10:20:16.400Z"
+    )
+    assert question_line(question) == (
+        f"{UNKNOWN_ID}  resolved  answered   p/ask  free_text  version 1  "
+        "expires 2026-12-07T10:20:16.000Z"
+    )
+    assert credential_line(credential) == (
+        "If4x36FUomFia_hUBG_SJw  101  alice@example.com  ed25519  "
+        "revoked 2026-12-07T10:20:16.450Z  -"
+    )

@@ -16,7 +16,14 @@ import pytest
 from gate.protocol import signing
 from gate.protocol.canonical import wire_json
 from gate.protocol.question import QuestionSpec, build_question_dispatch, request_hash
-from tests.support import SECRET, CliProcess, http_request, run_cli, write_config
+from tests.support import (
+    SECRET,
+    CliProcess,
+    http_request,
+    run_cli,
+    shown_time,
+    write_config,
+)
 from tests.test_relay_terminal import PtyRelay
 
 pytestmark = pytest.mark.e2e
@@ -232,7 +239,14 @@ def test_ask_exit_5_when_cancelled_with_questions_cancel(tmp_path, clis, spawn):
     listed = run_cli(
         "questions", "list", "-c", str(gate.config), "--api-url", gate.api_url, "--state", "all"
     )
-    assert listed.stdout.decode().startswith(f"{question_id}  resolved  cancelled  p/ask  ")
+    shown = run_cli(
+        "questions", "show", "-c", str(gate.config), "--api-url", gate.api_url, question_id
+    )
+    expires_at = json.loads(shown.stdout)["expires_at"]
+    assert listed.stdout.decode() == (
+        f"{question_id}  resolved  cancelled  p/ask  free_text  version 1  "
+        f"expires {shown_time(expires_at)}\n"
+    )
 
 
 def _signed_question(url: str, **change: Any) -> tuple[int, Any]:

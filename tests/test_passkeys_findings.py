@@ -21,7 +21,14 @@ import pytest
 import yaml
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from tests.support import GateProcess, gate_env, http_request, run_cli, write_config
+from tests.support import (
+    GateProcess,
+    gate_env,
+    http_request,
+    run_cli,
+    shown_time,
+    write_config,
+)
 
 ADMIN_TOKEN = "test-admin-token-findings-5d1e8a27c3"
 ENV = gate_env(HITL_ADMIN_TOKEN=ADMIN_TOKEN)
@@ -194,7 +201,9 @@ def test_enrol_page_expiry_icon_trailing_slash_and_fixed_refusal(tmp_path: Path)
         status, _, raw = http_request(url)
         page = raw.decode()
         assert status == 200
-        assert f'<time id="expires" datetime="{expires}">' in page, page
+        # the page carries the API's time; the CLI printed it fixed width
+        wire = page.split('<time id="expires" datetime="')[1].split('"')[0]
+        assert shown_time(wire) == expires, page
         assert '<link rel="icon" href="/enrol/static/favicon.svg"' in page
         base = url.split("/enrol/")[0]
         status, headers, raw = http_request(base + "/enrol/static/favicon.svg")

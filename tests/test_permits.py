@@ -345,10 +345,11 @@ def test_permit_request_wait_permit_out_and_verify(
 
         code, text, _ = permit_verify(out, public, body_file)
         assert code == 0
-        assert text.startswith(
+        until = datetime.fromtimestamp(claims["exp"], UTC)
+        assert text == (
             f"ok: permit for approval {approval_id} (p/q1, "
             f"{approval['outcome']} by alice@example.com), body "
-            f"{approval['payload_hash']}, valid until "
+            f"{approval['payload_hash']}, valid until {until:%Y-%m-%dT%H:%M:%S}.000Z\n"
         ), text
         if auto.startswith("adjust"):
             # the original draft is not what was approved
@@ -403,7 +404,7 @@ def test_request_replayed_after_the_permit_expired_fails_instead_of_saving_it(
         approval_id = first.stderr.decode().split()[2]
         assert again.stderr.decode().splitlines()[-1] == (
             f"Error: the permit of approval {approval_id} expired at "
-            f"{datetime.fromtimestamp(exp, UTC):%Y-%m-%dT%H:%M:%SZ}: the action must not fire "
+            f"{datetime.fromtimestamp(exp, UTC):%Y-%m-%dT%H:%M:%S}.000Z: the action must not fire "
             "on it; request again with a new Idempotency-Key"
         )
         assert not out.exists()

@@ -94,3 +94,16 @@ def test_a_revise_that_changes_the_response_type_says_so() -> None:
     assert question_hops(_question(1, "form"), _question(2, "form")) == [
         "question revised to version 2"
     ]
+
+
+def test_the_ack_time_is_shown_fixed_width_with_milliseconds() -> None:
+    from gate.client.question_hops import question_hops
+
+    assert hops(None, approval(1, "2026-12-07T10:20:16.4Z", [])) == [
+        "dispatched revision 1 to the relay (attempt 1, acked 2026-12-07T10:20:16.400Z)"
+    ]
+    acked = dict(_question(1, "free_text"), dispatch={"version": 1, "attempts": 2})
+    acked["dispatch"]["delivered_at"] = "2026-12-07T10:20:16Z"
+    assert question_hops(None, acked) == [
+        "dispatched question version 1 to the relay (attempt 2, acked 2026-12-07T10:20:16.000Z)"
+    ]

@@ -272,3 +272,19 @@ def test_check_config_refuses_a_list_index_that_is_not_ascii_digits(
         f" {segment!r} looks like a list index but is none: a list index is ASCII digits"
         " 0-9 without a leading zero (0, 1, 12)",
     ]
+
+
+def test_policy_test_sets_a_reasons_second_line_in(config: Path) -> None:
+    """A deny reason written over two lines in YAML is printed as one reason: its second
+    line set in under the first, not as a line of its own."""
+    data = yaml.safe_load(config.read_text(encoding="utf-8"))
+    data["pipelines"][0]["steps"][0]["policy"][0]["reason"] = "not from here\nuse staging"
+    config.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
+
+    code, out, err = policy_test(config, "send", "deploy to prod")
+
+    assert (code, err) == (0, "")
+    assert out.splitlines()[1:3] == [
+        "policy:no-prod would deny (pipelines[0].steps[0].policy[0]); reason: not from here",
+        "  use staging",
+    ]

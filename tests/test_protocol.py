@@ -32,6 +32,7 @@ from gate.protocol.envelope import (
     decode_json,
     parse_decision,
     rfc3339,
+    rfc3339_ms,
 )
 from gate.protocol.errors import ProtocolError
 
@@ -313,6 +314,20 @@ def test_wire_json_signed_bytes_roundtrip() -> None:
 )
 def test_rfc3339_formats_utc_z(ms: int, text: str) -> None:
     assert rfc3339(ms) == text
+
+
+@pytest.mark.parametrize(
+    ("ms", "text"),
+    [
+        (0, "1970-01-01T00:00:00.000Z"),
+        (1796638816400, "2026-12-07T10:20:16.400Z"),
+        (1796638816450, "2026-12-07T10:20:16.450Z"),
+        (1796638816395, "2026-12-07T10:20:16.395Z"),
+    ],
+    ids=["epoch", "400ms", "450ms", "395ms"],
+)
+def test_rfc3339_ms_is_fixed_width(ms: int, text: str) -> None:
+    assert rfc3339_ms(ms) == text
 
 
 def dispatch_kwargs(**overrides: Any) -> dict[str, Any]:

@@ -192,7 +192,9 @@ def test_reasons_skip_reason_reaches_request_wait(
     code, stdout, stderr = cli.finish()
     assert code == 3, stderr
     first, second = REASON.split("\n")
-    assert f"skipped by {BOB}: {first}\n{second}" in stderr
+    # the reason's second line is set in under the first: it reads as one reason, not as
+    # another line of output
+    assert f"skipped by {BOB}: {first}\n  {second}" in stderr
     if as_json:
         printed = json.loads(stdout)
         assert [(d["decision"], d["reason"]) for d in printed["decisions"]] == [("skip", REASON)]

@@ -80,7 +80,7 @@ def test_skip_reason_lines_only_for_a_skip_with_a_reason() -> None:
     skip = {"decision": "skip", "identity": "bob@example.com", "reason": "a\nb\x1b[2J\u202e"}
     plain = {"decision": "skip", "identity": "bob@example.com", "reason": None}
     assert skip_reason_lines(approval("skipped", skip)) == [
-        "skipped by bob@example.com: a\nb<U+001B>[2J<U+202E>"
+        "skipped by bob@example.com: a\n  b<U+001B>[2J<U+202E>"
     ]
     assert skip_reason_lines(approval("skipped", plain)) == []
     assert skip_reason_lines(approval("approved", dict(skip, decision="approve"))) == []

@@ -103,6 +103,7 @@ def test_question_view_shows_the_question_apart_with_options_numbered():
     )
 
     assert "QUESTION 01QID  p/ask  risk normal  version 2" in screen
+    assert "  expires 2030-01-01T00:00:00.000Z  " in screen
     assert "Approval" not in screen
     assert "why it is asked: two quotes" in screen
     assert f"{GUTTER}Which supplier?\n{GUTTER}They quoted within 2 %." in screen

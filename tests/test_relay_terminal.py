@@ -658,12 +658,19 @@ def test_relay_verdict_reads_as_a_sentence(verb, status, answer, said):
 
 
 def test_relay_screen_names_who_asked():
-    envelope = {**json.loads(signed_dispatch("x")[0]), "requested_by": "carol@example.com\x1b[2K"}
+    envelope = {
+        **json.loads(signed_dispatch("x")[0]),
+        "requested_by": "carol@example.com\x1b[2K",
+        "expires_at": "2026-12-07T10:20:16.4Z",
+    }
 
     lines = render(envelope, "alice@example.com").split("\n")
     anonymous = render({**envelope, "requested_by": None}, "alice@example.com")
 
     assert lines[4] == "requested by carol@example.com<U+001B>[2K"
+    assert lines[3] == (  # the expiry fixed width, as every time a person reads
+        "approvals: 0 of 1 collected  expires 2026-12-07T10:20:16.400Z  you are alice@example.com"
+    )
     assert "requested by" not in anonymous
 
 

@@ -145,12 +145,22 @@ def list_(config_path: str, api_url: str | None, as_json: bool) -> None:
         click.echo(safe_json(items))
         return
     for item in items:
-        state = "active" if item["revoked_at"] is None else f"revoked {item['revoked_at']}"
-        label = json.dumps(item["label"], ensure_ascii=True) if item["label"] else "-"
-        click.echo(
-            f"{item['credential_id']}  {item['operator_id']}  {item['identity'] or '-'}"
-            f"  {item['type']}  {state}  {label}"
-        )
+        click.echo(credential_line(item))
+
+
+def credential_line(item: dict[str, Any]) -> str:
+    """One credential of ``GET /v1/admin/approvers`` as ``approvers list`` prints it: id,
+    operator, identity, type, ``active`` or ``revoked TIME``, the label as JSON (one line)."""
+    from gate.protocol.display import display_time
+
+    state = (
+        "active" if item["revoked_at"] is None else f"revoked {display_time(item['revoked_at'])}"
+    )
+    label = json.dumps(item["label"], ensure_ascii=True) if item["label"] else "-"
+    return (
+        f"{item['credential_id']}  {item['operator_id']}  {item['identity'] or '-'}"
+        f"  {item['type']}  {state}  {label}"
+    )
 
 
 class _IdCommand(click.Command):
@@ -227,4 +237,6 @@ def invite(
 
     answer = run(go())
     click.echo(answer["url"])
-    click.echo(f"expires at {answer['expires_at']}", err=True)
+    from gate.protocol.display import display_time
+
+    click.echo(f"expires at {display_time(answer['expires_at'])}", err=True)

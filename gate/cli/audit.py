@@ -289,7 +289,7 @@ def permit_verify(
     Example: hitl-gate permit verify permit.jws --public-key hitl-gate-ed25519.pub
     --body-file mail.txt --pipeline invoices --step send-followup
     """
-    from gate.protocol.envelope import rfc3339
+    from gate.protocol.envelope import rfc3339_ms
     from gate.trust import permit as permit_mod
 
     public = public_keys(public_key_files)
@@ -323,5 +323,5 @@ def permit_verify(
     click.echo(
         f"ok: permit for approval {claims['approval_id']} ({claims['pipeline']}/"
         f"{claims['step']}, {claims['outcome']} by {approvers}), body "
-        f"{claims['payload_hash']}, valid until {rfc3339(claims['exp'] * 1000)}"
+        f"{claims['payload_hash']}, valid until {rfc3339_ms(claims['exp'] * 1000)}"
     )

@@ -268,24 +268,23 @@ def list_cmd(
         async with api_client(config_path, api_url) as api:
             return await api.list(state, pipeline, limit, cursor)
 
-    from gate.client.hops import reason_summary
-
     page = run(go())
     if as_json:
         click.echo(json.dumps(page, ensure_ascii=False, indent=2))
         return
-    echo_page(
-        page,
-        "approvals",
-        state,
-        pipeline,
-        cursor,
-        lambda a: (
-            f"{a['approval_id']}  {a['state']:8}  {a['outcome'] or '-':9}  "
-            f"{a['pipeline']}/{a['step']}  {a['quorum']['collected']}/"
-            f"{a['quorum']['required']}  expires {a['expires_at']}{_followup_text(a)}"
-            + reason_summary(a)
-        ),
+    echo_page(page, "approvals", state, pipeline, cursor, approval_line)
+
+
+def approval_line(a: dict[str, Any]) -> str:
+    """One approval object of a page as ``hitl-gate list`` prints it."""
+    from gate.client.hops import reason_summary
+    from gate.protocol.display import display_time
+
+    return (
+        f"{a['approval_id']}  {a['state']:8}  {a['outcome'] or '-':9}  "
+        f"{a['pipeline']}/{a['step']}  {a['quorum']['collected']}/"
+        f"{a['quorum']['required']}  expires {display_time(a['expires_at'])}"
+        f"{_followup_text(a)}" + reason_summary(a)
     )
 
 

@@ -45,17 +45,18 @@ def list_questions(
     if as_json:
         click.echo(safe_json(page))
         return
-    echo_page(
-        page,
-        "questions",
-        state,
-        pipeline,
-        cursor,
-        lambda q: (
-            f"{q['question_id']}  {q['state']:8}  {q['outcome'] or '-':9}  "
-            f"{q['pipeline']}/{q['step']}  {(q.get('question') or {}).get('response_type')}  "
-            f"version {q.get('version')}  expires {q['expires_at']}"
-        ),
+    echo_page(page, "questions", state, pipeline, cursor, question_line)
+
+
+def question_line(q: dict[str, Any]) -> str:
+    """One question object of a page as ``hitl-gate questions list`` prints it (never its
+    text nor its answer)."""
+    from gate.protocol.display import display_time
+
+    return (
+        f"{q['question_id']}  {q['state']:8}  {q['outcome'] or '-':9}  "
+        f"{q['pipeline']}/{q['step']}  {(q.get('question') or {}).get('response_type')}  "
+        f"version {q.get('version')}  expires {display_time(q['expires_at'])}"
     )
 
 

@@ -7,7 +7,7 @@ import json
 import unicodedata
 from typing import Any
 
-from gate.protocol.display import HIDDEN_CATEGORIES
+from gate.protocol.display import HIDDEN_CATEGORIES, display_time, hanging_indent
 
 # the operator id of a policy's decision (issue 18; gate.audit.entries.POLICY_OPERATOR)
 POLICY_OPERATOR = 0
@@ -38,12 +38,13 @@ def one_line(text: object) -> str:
 
 def skip_reason_lines(approval: dict[str, Any]) -> list[str]:
     """``skipped by IDENTITY: REASON`` for the skip of a ``skipped`` approval object that
-    carries a reason (issue 14; ``visible``, may span lines); [] for any other outcome or a
-    skip without one (so such a skip reports exactly as before)."""
+    carries a reason (``visible``; a reason over several lines has the later ones set in by
+    ``hanging_indent``); [] for any other outcome or a skip without one (so such a skip
+    reports exactly as before)."""
     if approval.get("outcome") != "skipped":
         return []
     return [
-        f"skipped by {one_line(d['identity'])}: {visible(d['reason'])}"
+        f"skipped by {one_line(d['identity'])}: {hanging_indent(visible(d['reason']))}"
         for d in approval.get("decisions") or []
         if d.get("decision") == "skip" and isinstance(d.get("reason"), str)
     ]
@@ -71,7 +72,8 @@ def hops(before: dict[str, Any] | None, after: dict[str, Any]) -> list[str]:
     ):
         lines.append(
             f"dispatched revision {new_dispatch.get('revision')} to the relay "
-            f"(attempt {new_dispatch.get('attempts')}, acked {new_dispatch['delivered_at']})"
+            f"(attempt {new_dispatch.get('attempts')}, acked "
+            f"{display_time(new_dispatch['delivered_at'])})"
         )
     elif new_dispatch.get("last_error") and new_dispatch.get("last_error") != old_dispatch.get(
         "last_error"

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from gate.client.hops import one_line
+from gate.protocol.display import display_time
 
 
 def question_hops(before: dict[str, Any] | None, after: dict[str, Any]) -> list[str]:
@@ -33,7 +34,7 @@ def question_hops(before: dict[str, Any] | None, after: dict[str, Any]) -> list[
     ):
         lines.append(
             f"dispatched question version {version} to the relay "
-            f"(attempt {new.get('attempts')}, acked {new['delivered_at']})"
+            f"(attempt {new.get('attempts')}, acked {display_time(new['delivered_at'])})"
         )
     elif new.get("last_error") and new.get("last_error") != old.get("last_error"):
         lines.append(f"dispatch not acked yet: {one_line(new['last_error'])} (retrying)")

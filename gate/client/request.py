@@ -14,7 +14,7 @@ from ulid import ULID
 from gate.client.api import ApiClient, ClientError
 from gate.client.hops import hops
 from gate.client.question_hops import question_hops
-from gate.protocol.envelope import rfc3339
+from gate.protocol.envelope import rfc3339_ms
 from gate.trust import permit
 
 Report = Callable[[str], None]
@@ -292,7 +292,7 @@ def save_permit(path: Path, approval: dict[str, Any], report: Report) -> str | N
             path.unlink(missing_ok=True)
             return (
                 f"the permit of approval {approval['approval_id']} expired at "
-                f"{rfc3339(exp * 1000)}: the action must not fire on it; request again with "
+                f"{rfc3339_ms(exp * 1000)}: the action must not fire on it; request again with "
                 "a new Idempotency-Key"
             )
         permit.save(path, approval["permit"])

@@ -5,11 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from gate.core.model import Question
-from gate.protocol.envelope import rfc3339
-
-
-def _ts(ms: int | None) -> str | None:
-    return None if ms is None else rfc3339(int(ms))
+from gate.core.views import api_time
 
 
 def question_view(full: Question) -> dict[str, Any]:
@@ -34,7 +30,7 @@ def question_view(full: Question) -> dict[str, Any]:
             "version": won.version,
             "request_hash": answered.request_hash if answered is not None else None,
             "decided_at": won.decided_at,
-            "recorded_at": _ts(won.recorded_at),
+            "recorded_at": api_time(won.recorded_at),
         }
     return {
         "question_id": full.question_id,
@@ -49,13 +45,13 @@ def question_view(full: Question) -> dict[str, Any]:
         "request_hash": current.request_hash,
         "question": current.question,
         "answer": answer,
-        "created_at": _ts(full.created_at),
-        "expires_at": _ts(full.expires_at),
-        "resolved_at": _ts(full.resolved_at),
+        "created_at": api_time(full.created_at),
+        "expires_at": api_time(full.expires_at),
+        "resolved_at": api_time(full.resolved_at),
         "requested_by": full.requested_by,
         "dispatch": {
             "attempts": int(latest.attempts) if latest else 0,
-            "delivered_at": _ts(latest.delivered_at) if latest else None,
+            "delivered_at": api_time(latest.delivered_at) if latest else None,
             "last_error": latest.last_error if latest else None,
         },
         "receipt": full.receipt,

@@ -9,7 +9,8 @@ from gate.core.rules import approvers_of, current_revision
 from gate.protocol.envelope import rfc3339
 
 
-def _ts(ms: int | None) -> str | None:
+def api_time(ms: int | None) -> str | None:
+    """Unix ms as an API time (``rfc3339``: the fraction only when not zero); None stays."""
     return None if ms is None else rfc3339(int(ms))
 
 
@@ -49,9 +50,9 @@ def approval_view(full: Approval) -> dict[str, Any]:
         "payload_hash": current.payload_hash,
         "content_type": full.content_type,
         "final_body": current.body if fired else None,
-        "created_at": _ts(full.created_at),
-        "expires_at": _ts(full.expires_at),
-        "resolved_at": _ts(full.resolved_at),
+        "created_at": api_time(full.created_at),
+        "expires_at": api_time(full.expires_at),
+        "resolved_at": api_time(full.resolved_at),
         "decisions": [
             {
                 "operator_id": d.operator_id,
@@ -61,7 +62,7 @@ def approval_view(full: Approval) -> dict[str, Any]:
                 "payload_hash": d.payload_hash,
                 "channel": d.channel,
                 "decided_at": d.decided_at,
-                "recorded_at": _ts(d.recorded_at),
+                "recorded_at": api_time(d.recorded_at),
                 "reason": d.reason,
                 "on_behalf_of": None
                 if d.on_behalf_of is None
@@ -73,7 +74,7 @@ def approval_view(full: Approval) -> dict[str, Any]:
         "dispatch": {
             "revision": latest.revision if latest else None,
             "attempts": int(latest.attempts) if latest else 0,  # of this revision
-            "delivered_at": _ts(latest.delivered_at) if latest else None,
+            "delivered_at": api_time(latest.delivered_at) if latest else None,
             "last_error": latest.last_error if latest else None,
         },
         "receipt": full.receipt,

@@ -7,7 +7,6 @@ gate's answer after (nothing the gate answered is lost; a kill -9 in between lea
 from __future__ import annotations
 
 import logging
-from datetime import UTC, datetime
 from typing import Any
 
 from aiohttp import web
@@ -23,6 +22,7 @@ from gate.protocol.approver_signature import (
     decision_digest,
     parse_approver_assertion,
 )
+from gate.protocol.envelope import rfc3339_ms
 from gate.protocol.errors import ProtocolError
 from gate.protocol.whitespace import trim
 
@@ -127,7 +127,6 @@ def decision_body(
 ) -> dict[str, Any]:
     """The hitl/v0 decision (docs/protocol.md "Decision") for the stored dispatch, signed by
     ``assertion``; ``approver.channel`` is ``inbox``."""
-    when = datetime.fromtimestamp(decided_at_ms / 1000, UTC)
     return {
         "protocol": PROTOCOL,
         "approval_id": item.approval_id,
@@ -137,7 +136,7 @@ def decision_body(
         "approver": {"id": identity, "channel": "inbox"},
         "adjust_text": adjust_text,
         "reason": reason,
-        "decided_at": when.strftime("%Y-%m-%dT%H:%M:%S.") + f"{when.microsecond // 1000:03d}Z",
+        "decided_at": rfc3339_ms(decided_at_ms),
         "approver_assertion": assertion,
     }
 

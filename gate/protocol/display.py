@@ -1,4 +1,5 @@
-"""Which characters a display does not show as themselves: one rule for every screen of the
+"""What a display shows: which characters are not shown as themselves, how a time is printed
+and how a text of several lines is set in; one rule for every screen of the
 project (the reference relay, the CLI's hop lines and ``--json``, the inbox's pages). Pure.
 
 Controls (C0, DEL, C1: carriage return, escape sequences), format characters (bidi overrides
@@ -12,6 +13,8 @@ keep lines.
 from __future__ import annotations
 
 import unicodedata
+
+from gate.protocol.envelope import rfc3339_ms, rfc3339_to_ms
 
 HIDDEN_CATEGORIES = frozenset({"Cc", "Cf", "Zl", "Zp", "Cs", "Cn"})
 """Unicode general categories of the characters shown as their code point instead."""
@@ -42,3 +45,19 @@ def describe(char: str) -> str:
     or its category in words when it has none (``"U+001B control character"``)."""
     name = unicodedata.name(char, "") or _CATEGORY_WORDS.get(unicodedata.category(char), "")
     return f"{code_point(char)} {name}".rstrip()
+
+
+def display_time(value: object) -> str:
+    """An RFC 3339 time as the API or a dispatch sends it (``2026-12-07T10:20:16.4Z``, a
+    fraction only when not zero) as every screen prints it: UTC, exactly three millisecond
+    digits (``2026-12-07T10:20:16.400Z``), so times line up. Anything else (None, a word, a
+    date without a time) is ``str(value)`` as it is."""
+    ms = rfc3339_to_ms(value) if isinstance(value, str) else None
+    return str(value) if ms is None else rfc3339_ms(ms)
+
+
+def hanging_indent(text: str, indent: str = "") -> str:
+    """``text`` (a reason, a label: given by a person, may span lines) for a line that
+    starts with ``indent``: each line after the first starts two spaces further in, so the
+    text reads as one item of the output, not as lines of its own."""
+    return text.replace("\n", "\n" + indent + "  ")

@@ -43,6 +43,13 @@ def rfc3339(ms: int) -> str:
     return f"{base}.{frac:03d}".rstrip("0") + "Z" if frac else base + "Z"
 
 
+def rfc3339_ms(ms: int) -> str:
+    """Format unix milliseconds as RFC 3339 UTC with exactly three fraction digits and ``Z``
+    (``2026-12-07T10:20:16.400Z``): fixed width, for what a person reads. The wire keeps
+    ``rfc3339``."""
+    return f"{_utc_seconds(ms // 1000)}.{ms % 1000:03d}Z"
+
+
 @dataclass(frozen=True, slots=True)
 class Decision:
     """A decision envelope that passed SPEC §2 check 5 (shape only; nothing about state)."""
@@ -239,16 +246,22 @@ _RFC3339 = re.compile(
 def _is_rfc3339(text: str) -> bool:
     """True when ``text`` is an RFC 3339 date-time of a real instant (``fromisoformat`` alone
     also takes a date, a time without seconds or offset, and ISO 8601's basic format)."""
+    return rfc3339_to_ms(text) is not None
+
+
+def rfc3339_to_ms(text: str) -> int | None:
+    """The instant of the RFC 3339 date-time ``text`` as unix milliseconds (a finer fraction
+    cut, not rounded); None when ``text`` is no RFC 3339 date-time of a real instant."""
     match = _RFC3339.fullmatch(text)
     if match is None:
-        return False
+        return None
     day, clock, fraction, offset = match.groups()
     offset = "+00:00" if offset in ("Z", "z") else offset
     try:
-        datetime.fromisoformat(f"{day}T{clock}.{(fraction or '0')[:6]:0<6}{offset}")
+        when = datetime.fromisoformat(f"{day}T{clock}.{(fraction or '0')[:6]:0<6}{offset}")
     except ValueError:
-        return False
-    return True
+        return None
+    return int(when.replace(microsecond=0).timestamp()) * 1000 + when.microsecond // 1000
 
 
 def parse_decision(raw: bytes) -> Decision:

@@ -37,7 +37,7 @@ from gate.config.policy import policy_notes
 from gate.config.secrets import _secret_vars
 from gate.daemon.dispatch import redact
 from gate.errors import ConfigError, GateError
-from gate.protocol.envelope import rfc3339
+from gate.protocol.envelope import rfc3339_ms
 from gate.protocol.relay_answers import refusal_reason
 from gate.store import inspection as maintenance
 from gate.tools.doctor_followups import followup_failures, followups_summary
@@ -444,7 +444,7 @@ def check_clock(now_s: float, probe: RelayProbe | None, max_skew_s: float) -> Ch
     """The clock is after this release's date and, when the relay sent a ``Date`` header,
     within CLOCK_WARN_S (warning) and ``max_skew_s`` (failure: decisions would be refused
     ``timestamp_out_of_window``) of it."""
-    shown = rfc3339(int(now_s) * 1000)
+    shown = rfc3339_ms(int(now_s * 1000))
     released = datetime.fromisoformat(RELEASE_DATE).replace(tzinfo=UTC).timestamp()
     if now_s < released:
         return Check(

@@ -10,6 +10,7 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any
 
+from gate.protocol.display import display_time
 from gate.protocol.envelope import build_decision
 from gate.tools.reference_relay.delivery import deliver_with
 from gate.tools.reference_relay.state import Sent, expiry_of, revision_of, settle
@@ -213,7 +214,8 @@ class ApprovalDesk:
             max(0.0, expiry_of(envelope, time.time()) - time.time()),
             settle,
             stale,
-            f"Approval {shown(approval_id)} expired at {shown(envelope.get('expires_at'))} "
+            f"Approval {shown(approval_id)} expired at "
+            f"{shown(display_time(envelope.get('expires_at')))} "
             "while waiting for an answer; not asking any more.",
         )
         self.relay.asking = (approval_id, revision, stale)

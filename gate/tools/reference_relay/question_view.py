@@ -8,6 +8,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from gate.protocol.display import display_time
 from gate.protocol.numbers import INTEGER_TEXT, NUMBER_TEXT, ascii_int
 from gate.tools.reference_relay.view import (
     SEPARATOR,
@@ -111,7 +112,7 @@ def render_question(envelope: dict[str, Any], identity: str, width: int | None =
         QUESTION_RULE,
         f"{_subject(envelope)}  risk {line(envelope.get('risk'))}  version "
         f"{line(envelope.get('version', 1))}",
-        f"answer: {line(kind)}  expires {line(envelope.get('expires_at'))}  you are "
+        f"answer: {line(kind)}  expires {line(display_time(envelope.get('expires_at')))}  you are "
         f"{line(identity)}",
         *requested_by_lines(envelope),
     ]

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 
 from gate.errors import GateError
+from gate.protocol.display import display_time
 from gate.protocol.question import QuestionSpec, build_answer
 from gate.protocol.relay_inbound import question_request_hash
 from gate.protocol.whitespace import identity_key
@@ -114,7 +115,8 @@ class QuestionDesk:
         if known.latest.get(qid, 0) > version:
             return f"Question {line(qid)} version {version} was superseded by a newer version"
         if time.time() >= expiry_of(envelope, time.time()):
-            return f"Question {line(qid)} expired at {line(envelope.get('expires_at'))}"
+            expires = display_time(envelope.get("expires_at"))
+            return f"Question {line(qid)} expired at {line(expires)}"
         return None
 
     def _answerer(self, envelope: dict[str, Any]) -> str | None:

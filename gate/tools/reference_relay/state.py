@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from gate.protocol.display import display_time
 from gate.protocol.whitespace import identity_key
 from gate.tools.reference_relay.view import shown
 
@@ -89,7 +90,8 @@ class Knowledge:
                 f"revision {newest}"
             )
         if now >= expiry_of(envelope, now):
-            return f"Approval {shown(approval_id)} expired at {shown(envelope.get('expires_at'))}"
+            expires = display_time(envelope.get("expires_at"))
+            return f"Approval {shown(approval_id)} expired at {shown(expires)}"
         return None
 
     def recorded(self, envelope: dict[str, Any], identity: str) -> bool:

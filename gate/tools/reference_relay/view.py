@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from gate.protocol.display import HIDDEN_CATEGORIES
+from gate.protocol.display import HIDDEN_CATEGORIES, display_time
 from gate.protocol.numbers import in_range
 from gate.protocol.whitespace import is_blank
 
@@ -220,8 +220,8 @@ def render(envelope: dict[str, Any], identity: str, width: int | None = None) ->
         f"Approval {shown(envelope.get('approval_id'))}  {shown(envelope.get('pipeline'))}/"
         f"{shown(envelope.get('step'))}  risk {shown(envelope.get('risk'))}  revision "
         f"{shown(envelope.get('revision', 1))}",
-        f"{quorum_words(envelope.get('quorum'))}  expires {shown(envelope.get('expires_at'))}"
-        f"  you are {shown(identity)}",
+        f"{quorum_words(envelope.get('quorum'))}  expires "
+        f"{shown(display_time(envelope.get('expires_at')))}  you are {shown(identity)}",
         *requested_by_lines(envelope),
         *budget_lines(envelope.get("budget"), str(envelope.get("pipeline"))),
         *warnings,
