@@ -363,7 +363,7 @@ def test_terminal_relay_says_when_the_gate_did_not_record_an_answer(tmp_path, sp
     assert "Erste Frage" in shown and "Zweite Frage" not in shown, shown
     assert (
         "The gate did not record your approve: already_resolved (HTTP 409); the approval "
-        "is resolved cancelled without it."
+        "was already resolved: cancelled."
     ) in shown, shown
     assert f"Approval {second} expired at " in shown, shown
     assert "before its turn; not shown." in shown, shown
@@ -865,10 +865,12 @@ def test_api_bad_bodies_are_400_naming_the_field(gate):
     api = gate.api()
     for body, field in BAD_BODIES:  # one gate for all cases: each answer is checked exactly
         status, answer = api.call("POST", "/v1/approvals", body)
+        message = answer.pop("message", None)  # every 400 of the pipeline API says why
         assert (status, answer) == (
             400,
             {"status": "invalid", "reason": f"invalid_{field}", "field": field},
         ), body
+        assert isinstance(message, str) and message.strip() and "Traceback" not in message
     assert api.call("GET", "/v1/approvals?state=all") == (200, {"items": [], "next_cursor": None})
     assert db_scalar(db_path(gate.config), "SELECT COUNT(*) FROM approvals") == 0
 
@@ -907,7 +909,7 @@ def test_api_long_poll(gate, relay):
         ("301", "wait must be between 0 and 300 seconds"),
         ("-1", "wait must be between 0 and 300 seconds"),
         ("soon", "wait must be a number of seconds"),
-        ("nan", "wait must be between 0 and 300 seconds"),
+        ("nan", "wait must be a number of seconds"),
     ):
         assert api.call("GET", f"/v1/approvals/{approval_id}?wait={bad}") == (
             400,
