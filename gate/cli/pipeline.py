@@ -291,7 +291,7 @@ def list_cmd(
 
 def _followup_text(approval: dict[str, Any]) -> str:
     """``  reminded N  escalated level L`` for an approval with reminders or escalation
-    (issue 14; nothing otherwise, so those lines read as before)."""
+    (nothing otherwise, so those lines read as before)."""
     text = ""
     if approval.get("reminders_sent"):
         text += f"  reminded {approval['reminders_sent']}"
