@@ -102,8 +102,8 @@ def _json_kind(value: Any) -> str:
 
 
 def _response_type(choices: tuple[str, ...], multi: bool, schema: str | None) -> str:
-    """The question's ``response_type`` from the options given;
-    exit 2 naming the option on a combination that means nothing."""
+    """The question's ``response_type`` from the options given; exit 2
+    naming the option on a combination that means nothing."""
     from gate.protocol.whitespace import is_blank
 
     if schema is not None and choices:

@@ -125,8 +125,8 @@ def _created_line(opts: AskOptions, question: dict[str, Any], new: bool) -> str:
 
 
 def answer_output(question: dict[str, Any]) -> str:
-    """What ``ask`` prints on stdout for an answered question ("CLI";
-    ``gate.protocol.question.answer_text``): the text of a free text or single choice answer,
+    """What ``ask`` prints on stdout for an answered question
+    (``gate.protocol.question.answer_text``): the text of a free text or single choice answer,
     compact JSON of a multi choice or form answer; "" when there is no answer."""
     answer = question.get("answer")
     if not isinstance(answer, dict):

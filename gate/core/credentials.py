@@ -3,7 +3,7 @@ write transactions that do it (each with its audit entry) and the ``GateService`
 the admin API calls. No HTTP, no SQL of its own.
 
 Only Ed25519 keys are enrolled here; passkeys (``type: webauthn``) arrive through the
-invite page of the next step, into the same table.
+passkey invite page (``gate.core.invites``), into the same table.
 """
 
 from __future__ import annotations
