@@ -283,6 +283,19 @@ def test_docs_readme_map_matches_the_package_docstrings() -> None:
 
 # "issue 15", "Issues 14 and 15", "batch 02", also wrapped across a line (and a comment's "#")
 TRACKER_REFERENCE = re.compile(r"\b(?:issues?\s+(?:#\s*)?\d+|batch\s+(?:#\s*)?0\d)", re.IGNORECASE)
+
+
+def _shipped(folder: Path) -> list[Path]:
+    """The files under ``folder`` but those a run makes (``.node/``, ``__pycache__/``)."""
+    made = {"node_modules", "__pycache__"}
+    return [
+        p
+        for p in folder.rglob("*")
+        if p.is_file()
+        and not any(part.startswith(".") or part in made for part in p.relative_to(ROOT).parts)
+    ]
+
+
 USER_FILES = sorted(
     {
         ROOT / "README.md",
@@ -290,8 +303,8 @@ USER_FILES = sorted(
         EXAMPLE,
         *(ROOT / "docs").rglob("*.md"),
         ROOT / "docs" / "openapi.yaml",
-        *(p for p in (ROOT / "examples").rglob("*") if p.is_file()),
-        *(p for p in (ROOT / "conformance").rglob("*") if p.is_file()),
+        *_shipped(ROOT / "examples"),
+        *_shipped(ROOT / "conformance"),
     }
 )
 
