@@ -31,7 +31,7 @@ PYTHON = sys.executable
 SECRET_ENV = "BENCH_HITL_RELAY_SECRET"
 TOKEN_ENV = "BENCH_HITL_API_TOKEN"
 RECEIPT_ENV = "BENCH_HITL_RECEIPT_KEY"
-ADMIN_ENV = "BENCH_HITL_ADMIN_TOKEN"  # issue 16: enrols the approver keys of ``SIGNED_STEP``
+ADMIN_ENV = "BENCH_HITL_ADMIN_TOKEN"  # enrols the approver keys of ``SIGNED_STEP``
 SECRET = "bench-relay-secret-3b9d7e0a51c4f826"
 API_TOKEN = "bench-api-token-5c1e08f3b2a9d647"
 RECEIPT_KEY = "bench-receipt-key-8a47c1f0e93d52b6"
@@ -81,7 +81,7 @@ def bench_env(**extra: str) -> dict[str, str]:
 def write_config(directory: Path, relay_url: str, db_path: Path) -> Path:
     """Write a gate config into ``directory``: ports 0, one pipeline ``bench`` with the
     quorum-1 step ``q1`` (8 approvers, 4 h timeout) and its twin ``q1s`` that requires
-    approver signatures (issue 16), an admin token, no practical rate limit."""
+    approver signatures, an admin token, no practical rate limit."""
     operators = [
         {"id": op_id, "identity": ident}
         for op_id, ident in zip(OPERATOR_IDS, IDENTITIES, strict=True)

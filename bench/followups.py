@@ -1,4 +1,4 @@
-"""The ``followups`` bench section (issue 14 §2): 100,000 pending approvals with reminders
+"""The ``followups`` bench section: 100,000 pending approvals with reminders
 and escalation levels must not change the idle daemon's CPU (~0) nor its start time.
 
 Two databases written by ``bench.dbgen`` (the same approvals), one of them then given a

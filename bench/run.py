@@ -340,7 +340,7 @@ class Bench:
             _progress(f"decisions: creating {total} approvals")
             out["create"] = self.create_approvals(gate.api_url, total, p.create_concurrency)
             captured = self.wait_captured(relay, total)
-            # issue 16: the signed rows' approvals on the step that requires signatures,
+            # the signed rows' approvals on the step that requires signatures,
             # created after the others so they are the last dispatches captured
             keys = signed.Keys()
             signed.enrol(gate.api_url, keys)
@@ -417,7 +417,7 @@ class Bench:
         count: int,
         unsigned: dict[str, Any],
     ) -> dict[str, Any]:
-        """One ``decisions signed`` row (issue 16): ``count`` approves, each with an Ed25519
+        """One ``decisions signed`` row: ``count`` approves, each with an Ed25519
         ``approver_assertion``, on the step that requires them, at ``concurrency``; with its
         ratio to the ``unsigned`` row measured just before on the same daemon."""
         envs = [next(pool) for _ in range(count)]
@@ -837,7 +837,7 @@ class Bench:
 
     def followups(self) -> dict[str, Any]:
         """Start time and idle CPU with ``scale_pending`` approvals with reminders and
-        escalation levels against the same without (``bench.followups``, issue 14)."""
+        escalation levels against the same without (``bench.followups``)."""
         from bench import followups
 
         return followups.run(self)
@@ -983,7 +983,7 @@ def _table(title: str, header: list[str], rows: list[list[Any]]) -> str:
 
 
 def _signed_table(decisions: dict[str, Any]) -> str:
-    """The ``decisions signed`` rows (issue 16) next to the unsigned rows of the same run."""
+    """The ``decisions signed`` rows next to the unsigned rows of the same run."""
     unsigned = {lv["concurrency"]: lv["gate"] for lv in decisions["levels"]}
     rows = []
     for lv in decisions["signed"]:
@@ -1006,7 +1006,7 @@ def _signed_table(decisions: dict[str, Any]) -> str:
         )
     return _table(
         "decisions signed (each with an Ed25519 approver_assertion on a required step, "
-        "issue 16; ratio = signed ÷ unsigned, same run and daemon)",
+        "ratio = signed ÷ unsigned, same run and daemon)",
         [
             "c",
             "n",

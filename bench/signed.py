@@ -1,4 +1,4 @@
-"""The ``decisions signed`` rows of the decisions section (issue 16): the same decision load
+"""The ``decisions signed`` rows of the decisions section: the same decision load
 where every decision carries an Ed25519 ``approver_assertion`` on a step with
 ``approver_signature: required``, so the gate also looks the credential up and verifies the
 signature. Measured in the same run and daemon as the unsigned rows, reported with their ratio.

@@ -1,5 +1,5 @@
 """An agent-style script (no LLM needed) whose risky action waits for a person: hitl-gate's
-Python SDK and its ``require_approval`` decorator (issue 18).
+Python SDK and its ``require_approval`` decorator.
 
 The agent decides to send an invoice; ``send_invoice`` is gated, so each call is shown to an
 approver as JSON and runs only once approved — with the approver's edit when they adjust it.

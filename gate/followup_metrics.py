@@ -1,4 +1,4 @@
-"""Counters of the follow-up sends (issue 14): resolution notices, reminders, escalations.
+"""Counters of the follow-up sends: resolution notices, reminders, escalations.
 
 Part of a gate's ``Metrics`` (``Metrics.followups``), in its registry; labels only from the
 config (pipeline, step, level) or closed sets.

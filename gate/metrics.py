@@ -100,8 +100,7 @@ class Metrics:
         )
         self.delegated_decisions = Counter(
             "hitl_gate_delegated_decisions",
-            "Decisions recorded from a delegate on behalf of an operator in scope "
-            "(delegations, issue 14).",
+            "Decisions recorded from a delegate on behalf of an operator in scope (delegations).",
             ["pipeline", "step"],
             registry=r,
         )
@@ -146,8 +145,8 @@ class Metrics:
         self._time_to_decision: dict[tuple[str, str], Any] = {}
         for reason in DISPATCH_FAILURES:
             self.dispatch_failures.labels(reason)
-        self.followups = FollowUpMetrics(r)  # issue 14: notices, reminders, escalations
-        self.questions = QuestionMetrics(r)  # issue 15
+        self.followups = FollowUpMetrics(r)  # notices, reminders, escalations
+        self.questions = QuestionMetrics(r)
         self._state = _StateCollector()
         r.register(self._state)
 
@@ -159,7 +158,7 @@ class Metrics:
         (child if child is not None else self.decisions_accepted.labels(verb)).inc()
 
     def delegated(self, pipeline: str, step: str) -> None:
-        """Count a decision a delegate made on behalf of an operator in scope (issue 14 §3);
+        """Count a decision a delegate made on behalf of an operator in scope;
         ``pipeline`` and ``step`` come from the config (bounded label values)."""
         self.delegated_decisions.labels(pipeline, step).inc()
 
@@ -169,11 +168,11 @@ class Metrics:
         (child if child is not None else self.approvals_resolved.labels(outcome)).inc()
 
     def question_created(self, pipeline: str, step: str) -> None:
-        """Count a created question (issue 15)."""
+        """Count a created question."""
         self.questions.created.labels(pipeline, step).inc()
 
     def question_resolved(self, outcome: str) -> None:
-        """Count a resolved question by outcome (issue 15)."""
+        """Count a resolved question by outcome."""
         self.questions.resolved.labels(outcome).inc()
 
     def question_resolved_many(self, outcome: str, count: int) -> None:
@@ -181,7 +180,7 @@ class Metrics:
         self.questions.resolved.labels(outcome).inc(count)
 
     def answer(self, result: str) -> None:
-        """Count an answer: ``accepted`` or its refusal reason (issue 15)."""
+        """Count an answer: ``accepted`` or its refusal reason."""
         self.questions.answer(result)
 
     def refused(self, reason: str) -> None:
@@ -203,7 +202,7 @@ class Metrics:
         question: bool = False,
     ) -> None:
         """Count one dispatch POST: its ack latency, or its failure reason. A question's
-        dispatch (``question``, issue 15) counts in the same counters and histogram; it sets
+        dispatch (``question``) counts in the same counters and histogram; it sets
         ``hitl_gate_question_relay_up``, not ``hitl_gate_relay_up`` (the approvals' relay)."""
         self.dispatch_attempts.inc()
         if question:
@@ -342,7 +341,7 @@ class _StateCollector(Collector):
         if self.question_attempt_acked is not None:
             yield GaugeMetricFamily(
                 "hitl_gate_question_relay_up",
-                "1 if the latest question dispatch POST was acked, 0 if it failed (issue 15; "
+                "1 if the latest question dispatch POST was acked, 0 if it failed ("
                 "absent before the first question attempt since start).",
                 value=1 if self.question_attempt_acked else 0,
             )

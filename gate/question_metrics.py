@@ -1,4 +1,4 @@
-"""Counters and the pending gauge of questions (issue 15), part of a gate's ``Metrics``
+"""Counters and the pending gauge of questions, part of a gate's ``Metrics``
 (``Metrics.questions``), in its registry. Labels only from the config (pipeline, step) or
 closed sets (outcomes, refusal reasons); never an id, an identity or an answer."""
 

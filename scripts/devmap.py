@@ -2,7 +2,7 @@
 
 ``python scripts/devmap.py`` prints the block that README.md holds between
 ``<!-- map:start -->`` and ``<!-- map:end -->``; ``tests/test_docs.py`` fails when the two
-differ, so the map cannot drift from the code it describes (issue 13).
+differ, so the map cannot drift from the code it describes.
 """
 
 from __future__ import annotations

@@ -145,9 +145,9 @@ class Misbehaviour:
     - ``ack_status``: the status a verified dispatch is answered with (a 5xx still decides).
     - ``clock_offset_s``: how far the relay's clock is off (seconds, + ahead): it judges the
       dispatch's ``t`` and signs its decisions by that clock.
-    - ``blind_notices``: ack any body with ``"type":"notice"`` (issue 14) at once, unverified
+    - ``blind_notices``: ack any body with ``"type":"notice"`` at once, unverified
       (a relay that does not understand notices and acks what it does not know).
-    - Questions (issue 15; ``kind: "question"``) are answered with the first option (free
+    - Questions (``kind: "question"``) are answered with the first option (free
       text: a fixed text) unless ``answer_questions`` is False; ``request_hash`` / ``value``:
       what to send instead of the dispatch's hash and the honest value.
     """
@@ -237,7 +237,7 @@ class BadRelay(LoopServer):
         return web.json_response({"status": "accepted"}, status=self.m.ack_status)
 
     async def _answer(self, envelope: dict[str, Any]) -> None:
-        """Answer a question (issue 15): ``decision: "answer"`` with a typed value."""
+        """Answer a question: ``decision: "answer"`` with a typed value."""
         question = envelope["question"]
         options = question.get("options") or []
         honest: Any = "ok" if not options else options[0]

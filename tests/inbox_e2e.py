@@ -1,4 +1,4 @@
-"""Support for the inbox's real-browser end-to-end tests (issue 17, "Tests that must exist"):
+"""Support for the inbox's real-browser end-to-end tests:
 the real gate and the real ``hitl-gate inbox serve`` on loopback sharing one relying party
 (``localhost``), Debian's headless Chromium driven by Playwright with one virtual
 authenticator PER approver (a browser context each), enrolment at the gate's invite page,
@@ -334,13 +334,13 @@ def enrolled(
 
 
 def needs(feature: str, present: bool) -> None:
-    """Skip with the missing feature named (issue 17 parts built in parallel)."""
+    """Skip with the missing feature named (parts of the inbox built in parallel)."""
     if not present:
         pytest.skip(f"needs {feature}")
 
 
 def signin_ready(stack: Stack) -> None:
-    """Skip unless the inbox answers its sign-in page (issue 17 part: sign-in)."""
+    """Skip unless the inbox answers its sign-in page."""
     status, _, _ = http_request(stack.inbox.origin + "/signin")
     needs("the inbox's sign-in page (GET /signin)", status == 200)
 

@@ -1,4 +1,4 @@
-"""A real gate with the inbox as its relay, for the inbox's HTTP and browser tests (issue 17).
+"""A real gate with the inbox as its relay, for the inbox's HTTP and browser tests.
 
 ``InboxWorld`` starts ``python -m gate serve`` (``relay.credentials: true``, notices and
 questions on, ``webauthn.origins`` = the gate relay's origin and the inbox's, an admin token)
@@ -385,7 +385,7 @@ def start_world(folder: Path, enrol: tuple[int, ...] = (101, 102), **kw: Any) ->
     return world
 
 
-# a quorum-2 step the gate reminds about every second (issue 14), for progress and /live tests
+# a quorum-2 step the gate reminds about every second, for progress and /live tests
 REMINDED_STEP = {"name": "q2r", "quorum": 2, "approvers": [101, 102, 103], "timeout": "1h",
                  "remind_every": "1s", **SIGNED}  # fmt: skip
 

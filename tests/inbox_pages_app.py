@@ -1,4 +1,4 @@
-"""A tiny aiohttp app built from ``gate.inbox.pages`` with hostile item data (issue 17): what
+"""A tiny aiohttp app built from ``gate.inbox.pages`` with hostile item data: what
 the page tests and the real-browser test serve. The real templates, static assets and
 security headers; the data is made here (no inbox database, no gate)."""
 

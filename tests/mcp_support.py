@@ -1,4 +1,4 @@
-"""Test support for ``hitl-gate mcp`` (issue 18): the real MCP client of the ``mcp`` package
+"""Test support for ``hitl-gate mcp``: the real MCP client of the ``mcp`` package
 connected to a real ``python -m gate mcp`` over stdio or streamable HTTP, and the gate's
 dispatches and SQLite file read back. Nothing mocked."""
 

@@ -482,7 +482,7 @@ class CaptureRelay:
 
         def find() -> dict[str, Any] | None:
             for env in self.dispatches():
-                # .get: a question's dispatch (issue 15) names a question_id instead
+                # .get: a question's dispatch names a question_id instead
                 if env.get("approval_id") == approval_id and env.get("revision", 1) == revision:
                     return env
             return None

@@ -1,4 +1,4 @@
-"""Proof that travels (issue 16 §6): ``audit verify`` (database and export) re-verifies every
+"""Proof that travels: ``audit verify`` (database and export) re-verifies every
 approver signature the log holds, ``audit signatures`` lists them, the ``created`` entry says
 a step is signed, and the permit names the credential of each counted approval.
 
@@ -387,7 +387,7 @@ def test_offline_verify_of_passkey_assertions(tmp_path: Path) -> None:
 def test_offline_verify_accepts_a_batch_assertion_on_each_of_its_items_and_nothing_else(
     tmp_path: Path,
 ) -> None:
-    """Issue 17: one batch assertion (one counter value) logged on each of its items
+    """One batch assertion (one counter value) logged on each of its items
     verifies; a single assertion, or another batch's, at that counter is a regression."""
     auth = SoftAuthenticator()
     credential_id = b64url(auth.credential_id)

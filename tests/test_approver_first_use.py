@@ -1,4 +1,4 @@
-"""A new user's first steps with approver keys (issue 16, new-user pass): the reference relay
+"""A new user's first steps with approver keys (new-user pass): the reference relay
 refuses a key file others can read and a public key given for its private one, warns when a
 signed step's dispatch reaches it without ``--approver-key``, and shows why the gate refused
 a signed decision; ``approvers add-key|invite`` say what is wrong with a private key, a TTL

@@ -1,4 +1,4 @@
-"""Approver-signed decisions, issue 16 step 2: Ed25519 approver keys owned by the gate,
+"""Approver-signed decisions: Ed25519 approver keys owned by the gate,
 enrolled through the admin API (``hitl-gate approvers``), and a step's
 ``approver_signature: off | optional | required`` enforced on the decision path.
 

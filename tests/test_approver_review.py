@@ -1,4 +1,4 @@
-"""Findings of the outside review of approver keys (issue 16, 2026-12-01), each a test:
+"""Findings of the outside review of approver keys (2026-12-01), each a test:
 secrets that must differ, credential ids in one spelling, the CLI with a PEM it did not
 write, revoked keys named as such, refusals and admin actions in the daemon's log, and
 check-config naming a signing step nobody can enrol a key for."""

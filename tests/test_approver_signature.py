@@ -1,4 +1,4 @@
-"""Issue 16, step 1: the pure protocol layer of approver signatures (not enforced yet).
+"""The pure protocol layer of approver signatures (not enforced yet).
 
 conformance/vectors/approver_signature.json is re-derived here with hashlib/json alone, then
 checked against gate.protocol; WebAuthn is exercised with a software authenticator written

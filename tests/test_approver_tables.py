@@ -1,4 +1,4 @@
-"""The review's F1 (issue 16, 2026-12-01): someone who can write the database file can swap
+"""The review's F1 (2026-12-01): someone who can write the database file can swap
 an approver's key, move it to another operator, add a key the log never enrolled, or turn a
 pending approval's frozen ``approver_signature`` off. The gate reads those tables when it
 decides, so ``audit verify -c`` compares them with the verified log and names what differs.

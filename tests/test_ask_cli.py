@@ -1,5 +1,5 @@
-"""``hitl-gate ask`` and ``hitl-gate questions``: what is refused before the gate is asked
-(issue 15). Each usage error is one ``Error:`` line naming the option (and the file), exit 2,
+"""``hitl-gate ask`` and ``hitl-gate questions``: what is refused before the gate is asked.
+Each usage error is one ``Error:`` line naming the option (and the file), exit 2,
 and nothing is sent: the config named does not even exist, so reaching it would say so."""
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ HASH2 = "sha256:" + "cd" * 32
 
 
 def _created_old(requester: tuple[int, str] | None, allow: bool) -> dict[str, Any]:
-    # the dict literal of GateService._tx_create before issue 13
+    # the dict literal of GateService._tx_create before the reshape
     created: dict[str, Any] = {
         "pipeline": "newsletter",
         "step": "send",

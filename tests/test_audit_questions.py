@@ -1,4 +1,4 @@
-"""Questions in the audit checks (issue 15): ``audit verify -c`` compares each question's rows
+"""Questions in the audit checks: ``audit verify -c`` compares each question's rows
 with its entries, the offline export verification covers question entries, ``doctor`` passes
 a healthy database with questions.
 

@@ -302,7 +302,7 @@ ACKED_AT = 1_767_225_600_123
 def test_b02_03_every_delivered_dispatch_needs_its_dispatch_ack_entry(
     acks: list[dict[str, Any]], outbox: list[tuple[Any, Any, Any]], reason: str | None
 ) -> None:
-    """Item 3 (issue 12): the newest ``dispatch_ack`` entry deleted left ``audit verify -c``
+    """Item 3: the newest ``dispatch_ack`` entry deleted left ``audit verify -c``
     at "intact"; the outbox, written in the same transaction, still says delivered."""
     record = _with_dispatches(adjusted_record(), acks, outbox)
     assert audit_records.problem(record) == reason

@@ -1,4 +1,4 @@
-"""Issue 12, batch 02, item 3: a consistent deletion of the newest audit entries.
+"""A consistent deletion of the newest audit entries.
 
 Whoever can write the database file can delete the newest entries of the audit log and the
 rows that name them: the chain left over is intact, so only something held **outside** the
@@ -245,7 +245,7 @@ def test_b02_03_an_approval_from_before_the_upgrade_carries_its_created_receipt(
     3) and answers the created receipt of approvals made before, from their log entries."""
 
     def schema_2(conn: sqlite3.Connection) -> None:
-        # undo migrations 7 and 6 (issue 16), 5 (issue 15), 4 (issue 14), then 3, so the
+        # undo migrations 7 and 6, 5, 4, then 3, so the
         # start really migrates from 2
         conn.execute("DROP TABLE approver_invites")
         conn.execute("ALTER TABLE approvals DROP COLUMN approver_signature")

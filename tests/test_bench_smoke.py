@@ -79,7 +79,7 @@ def test_quick_run_measures_every_section(tmp_path: Path) -> None:
             assert lv[side]["rps"] > 0
             _latency(lv[side]["latency_ms"])
         assert lv["ratio_rps"] > 0 and lv["ratio_p99"] > 0
-    # issue 16: signed rows at c=16 and c=64, every decision recorded, a ratio to unsigned
+    # signed rows at c=16 and c=64, every decision recorded, a ratio to unsigned
     assert [lv["concurrency"] for lv in dec["signed"]] == [16, 64]
     for lv in dec["signed"]:
         assert lv["gate"]["ok"] == lv["decisions"] == lv["gate"]["requests"], lv["gate"]

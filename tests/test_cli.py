@@ -205,7 +205,7 @@ def test_request_spend_out_of_range_is_usage_error(spend):
 @pytest.mark.parametrize("key", ["", " ", "a\nb", "tab\there", "x" * 201, "ab\udcffcd"], ids=repr)
 def test_request_idempotency_key_the_api_would_refuse_is_a_usage_error(key):
     """Regression (new-user review): an empty key was dropped silently (two approvals for
-    two runs), a newline gave aiohttp's traceback. Issue 13 review: a key that is not UTF-8
+    two runs), a newline gave aiohttp's traceback. Later: a key that is not UTF-8
     (``$'ab\\xffcd'``: Python's argv holds the byte as a lone surrogate) was sent as ``abcd``
     (aiohttp drops the byte), so two different keys became one on the gate."""
     result = invoke(

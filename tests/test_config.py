@@ -141,7 +141,7 @@ def _yaml_keys(value: Any, prefix: str) -> set[str]:
         for key, inner in value.items():
             keys.add(prefix + key)
             if (prefix + key).endswith(".when.arguments"):
-                continue  # issue 18: its keys are a JSON draft's paths, not config keys
+                continue  # its keys are a JSON draft's paths, not config keys
             keys |= _yaml_keys(inner, prefix + key + ".")
     elif isinstance(value, list):
         for item in value:
@@ -167,7 +167,7 @@ def test_example_documents_every_key() -> None:
 
 
 def test_example_commented_sections_are_valid(tmp_path: Path) -> None:
-    """What the example shows commented out loads when uncommented (issues 14 and 15): the
+    """What the example shows commented out loads when uncommented: the
     delegations as they are, the question pipeline added to the pipelines, with a relay that
     declared question support."""
     commented = _commented_example()
@@ -202,7 +202,7 @@ def test_config_many_errors_listed_together(tmp_path: Path) -> None:
         "relay.security.colour: unknown key",
         "pipelines[0].steps[1].timeout: invalid duration '30 minutes' (use e.g. 90s, 30m, 4h)",
         "pipelines[0].steps[0].approvers[1]: operator 999 is not defined in relay.operators",
-        # the example escalates send-followup to 333 (issue 14)
+        # the example escalates send-followup to 333
         "pipelines[0].steps[0].escalate[0].to[0]: operator 333 is not in"
         " relay.security.allowed_users",
         "pipelines[0].steps[1].approvers[2]: operator 333 is not in relay.security.allowed_users",

@@ -1,4 +1,4 @@
-"""Issue 14's config keys: skip_reason, reminders, escalation, delegations, notices. Every bad
+"""The config keys: skip_reason, reminders, escalation, delegations, notices. Every bad
 value is an error naming its YAML path, listed with the others; good values load typed."""
 
 from __future__ import annotations

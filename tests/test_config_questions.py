@@ -1,4 +1,4 @@
-"""Question steps in the config (issue 15): the question relay, the refusals, the limits."""
+"""Question steps in the config: the question relay, the refusals, the limits."""
 
 from __future__ import annotations
 

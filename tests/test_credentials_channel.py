@@ -1,4 +1,4 @@
-"""Issue 17, the credentials channel, gate side: ``POST /hitl/v0/credentials`` on the relay
+"""The credentials channel, gate side: ``POST /hitl/v0/credentials`` on the relay
 listener of a real daemon, asked with real signed requests, answered with a signed body that
 the relay-side ``verify_credentials_answer`` checks; keys enrolled and revoked through the
 admin API, and the answer compared with the SQLite file.
@@ -156,7 +156,7 @@ def test_credentials_lists_keys_in_force_and_not_revoked_ones(gate: Any) -> None
 
 def test_credentials_names_the_relying_party_in_force(gate: Any) -> None:
     answer, _, _ = served(gate)
-    # no relay.public_url and a loopback listener: issue 16's default relying party
+    # no relay.public_url and a loopback listener: the default relying party
     port = url_of(gate).rsplit(":", 1)[1].split("/")[0]
     assert answer.webauthn is not None
     assert (answer.webauthn.rp_id, answer.webauthn.origins) == (

@@ -1,4 +1,4 @@
-"""Delegation (out of office, issue 14 §3) through the real daemon on loopback: check 11 lets a
+"""Delegation (out of office) through the real daemon on loopback: check 11 lets a
 delegate in on behalf of a principal in scope, recorded in the decisions row, the audit entry
 and the approval object; one human counts once; no self-approval through a delegation;
 expiry and SIGHUP on the gate's clock; dispatches name the delegates in force."""

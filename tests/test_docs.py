@@ -105,7 +105,7 @@ def _models_in(annotation: Any) -> tuple[list[type[BaseModel]], bool]:
     (``tuple[Operator, ...]``); looks through ``X | None`` and ``Annotated[...]``."""
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
         return [annotation], False
-    if typing.get_origin(annotation) is dict:  # a map's keys are the user's (issue 18)
+    if typing.get_origin(annotation) is dict:  # a map's keys are the user's
         return [], False
     models: list[type[BaseModel]] = []
     is_list = False
@@ -219,7 +219,7 @@ def _make(directory: Path, target: str, log: Path) -> list[str]:
 def test_b02_10_make_demo_installs_the_runtime_only_and_make_test_adds_the_test_extras(
     tmp_path: Path,
 ) -> None:
-    """Item 10 of issue 12: ``make demo`` installed the test tools (~50 packages) with an
+    """``make demo`` installed the test tools (~50 packages) with an
     editable install whose setuptools notice was printed. The demo installs the package and
     its runtime dependencies only, as a regular (not editable) install; ``make test`` adds
     the [test] extra once, editable; neither reinstalls what the other did. The real
@@ -255,14 +255,14 @@ def test_b02_10_make_demo_installs_the_runtime_only_and_make_test_adds_the_test_
         tests,
     ]
     assert _make(tmp_path, "demo", log) == [demo]
-    # the fast tier (issue 13) needs the same install and nothing more
+    # the fast tier needs the same install and nothing more
     assert _make(tmp_path, "test-fast", log) == [
         "python -m pytest -m not e2e and not slow and not toolchain"
     ]
 
 
 def test_docs_readme_map_matches_the_package_docstrings() -> None:
-    """Issue 13: README's map of gate/ is what scripts/devmap.py makes of the docstrings, and
+    """README's map of gate/ is what scripts/devmap.py makes of the docstrings, and
     it names every package (a package added, moved or re-described shows up here)."""
     from scripts.devmap import entries, render
 
@@ -277,3 +277,66 @@ def test_docs_readme_map_matches_the_package_docstrings() -> None:
     }
     assert packages <= shown
     assert all(text for _, text in entries()), "a package or module has no docstring"
+
+
+# --------------------------------------------------------------------------- tracker numbers
+
+# "issue 15", "Issues 14 and 15", "batch 02", also wrapped across a line (and a comment's "#")
+TRACKER_REFERENCE = re.compile(r"\b(?:issues?\s+(?:#\s*)?\d+|batch\s+(?:#\s*)?0\d)", re.IGNORECASE)
+
+
+def _shipped(folder: Path) -> list[Path]:
+    """The files under ``folder`` but those a run makes (``.node/``, ``__pycache__/``)."""
+    made = {"node_modules", "__pycache__"}
+    return [
+        p
+        for p in folder.rglob("*")
+        if p.is_file()
+        and not any(part.startswith(".") or part in made for part in p.relative_to(ROOT).parts)
+    ]
+
+
+USER_FILES = sorted(
+    {
+        ROOT / "README.md",
+        ROOT / "CHANGELOG.md",
+        EXAMPLE,
+        *(ROOT / "docs").rglob("*.md"),
+        ROOT / "docs" / "openapi.yaml",
+        *_shipped(ROOT / "examples"),
+        *_shipped(ROOT / "conformance"),
+    }
+)
+
+
+def tracker_references(text: str) -> list[str]:
+    """Each ``issue N`` / ``batch 0N`` in ``text`` with a few words around it."""
+    return [
+        " ".join(text[max(0, m.start() - 30) : m.end() + 10].split())
+        for m in TRACKER_REFERENCE.finditer(text)
+    ]
+
+
+def test_docs_tracker_reference_scanner_finds_wrapped_and_plural_forms() -> None:
+    text = "a question (issue\n  15), for Issues 14 and 15; # batch\n# 02 item 4; no reissue 3"
+
+    assert len(tracker_references(text)) == 3
+    assert tracker_references("the batch of 3 approvals, issued 14 minutes ago") == []
+
+
+@pytest.mark.parametrize("path", USER_FILES, ids=lambda p: p.relative_to(ROOT).as_posix())
+def test_docs_user_files_cite_no_tracker_numbers(path: Path) -> None:
+    """Users have no tracker to look ``issue 16`` up in: a docs page links the section that
+    explains the feature instead."""
+    found = tracker_references(path.read_text(encoding="utf-8"))
+
+    assert not found, f"{path.relative_to(ROOT)} cites tracker numbers: {found}"
+
+
+@pytest.mark.parametrize("path", [(), *COMMANDS], ids=lambda p: " ".join(p) or "main")
+def test_docs_help_cites_no_tracker_numbers(path: tuple[str, ...]) -> None:
+    result = CliRunner().invoke(main, [*path, "--help"], catch_exceptions=False)
+
+    assert result.exit_code == 0, result.output
+    found = tracker_references(result.output)
+    assert not found, f"`hitl-gate {' '.join(path)} --help` cites tracker numbers: {found}"

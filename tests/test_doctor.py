@@ -104,7 +104,7 @@ def test_doctor_all_pass_against_running_gate_and_relay(gate, relay, tmp_path):
 
 @pytest.mark.e2e
 def test_doctor_names_followups_and_warns_of_a_given_up_notice(tmp_path, relay):
-    """Issue 14: the followups line says what the config plans (the notice URL redacted);
+    """The followups line says what the config plans (the notice URL redacted);
     a notice given up (here: notices turned off by a reload before it was acked) is a
     dispatch WARN naming how many, and doctor still exits 0."""
     steps = [
@@ -257,7 +257,7 @@ RELAY_REFUSALS = {
 @pytest.mark.e2e
 @pytest.mark.parametrize("case", list(RELAY_REFUSALS))
 def test_b02_07_relay_refusal_reason_reaches_last_error_log_hops_and_doctor(tmp_path, case):
-    """Issue 12 item 7: a relay refusing every dispatch with 401 and a JSON ``reason`` was
+    """A relay refusing every dispatch with 401 and a JSON ``reason`` was
     reported as a bare ``relay answered HTTP 401`` in ``dispatch.last_error``, the log and
     ``request --wait``, and doctor blamed the secret even when the clocks differed. The
     relay's reason now travels to all four, and doctor's hint follows it."""

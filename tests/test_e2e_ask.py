@@ -1,4 +1,4 @@
-"""``hitl-gate ask`` end to end (issue 15): a real gate, the real reference relay (``--auto
+"""``hitl-gate ask`` end to end: a real gate, the real reference relay (``--auto
 --auto-answer`` and at a real pseudo-terminal), the real pipeline command; real signed
 envelopes over loopback. Waits are conditions with deadlines."""
 

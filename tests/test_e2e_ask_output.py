@@ -1,4 +1,4 @@
-"""What ``hitl-gate ask --wait`` and ``request --wait`` print (issue 15, new-user findings 2, 8
+"""What ``hitl-gate ask --wait`` and ``request --wait`` print (new-user findings 2, 8
 and 16): stdout is the answer exactly as recorded, hop lines on stderr show what a relay chose
 on one line, a revise during the wait is a hop. A real gate, a capturing relay on loopback,
 signed answers and decisions posted as a relay would, the real pipeline command."""

@@ -628,7 +628,7 @@ def test_case_h04_v1_for_previous_and_current_secret_are_accepted(gate, relay):
     ids=["not-hex", "too-short", "base64"],
 )
 def test_b02_08_malformed_v1_beside_a_valid_one_is_recorded(gate, relay, junk):
-    """Item 8 of issue 12: a relay (or a proxy) adding a v1 the gate cannot read beside the
+    """A relay (or a proxy) adding a v1 the gate cannot read beside the
     right one had its decision refused signature_malformed; any v1 matching is enough."""
     _, dispatch = open_approval(gate, relay)
     raw = wire_json(decision_body(dispatch))

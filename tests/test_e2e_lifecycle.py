@@ -51,7 +51,7 @@ from tests.support import (
 
 pytestmark = pytest.mark.e2e
 
-# SPEC batch 01: the shared draft text and its payload hash (H02, H12).
+# the shared draft text and its payload hash (H02, H12).
 BATCH_DRAFT = "Café — naïve résumé 👍\n"
 BATCH_HASH = "sha256:c0b8d811c2edb85cfa2cdeee45b1e680c3ee5c286d28c69150649868aa07dfdc"
 
@@ -332,7 +332,7 @@ def test_terminal_relay_says_when_the_gate_did_not_record_an_answer(tmp_path, sp
     """Pipeline-author review: a human whose answer the gate refused saw it only in the
     relay's log, and a dispatch queued behind a prompt was still shown after its expiry. The
     terminal now says whether each answer was recorded, and skips a dispatch that expired
-    before its turn. (Batch 02 item 2: a prompt is withdrawn at its own expiry, so the
+    before its turn. (A prompt is withdrawn at its own expiry, so the
     refused answer here is one to an approval cancelled while its prompt waited.)"""
     relay = clis(
         "relay",
@@ -1654,7 +1654,7 @@ def test_database_is_wal_and_versioned(gate, relay):
 def test_restart_with_another_receipt_key_is_refused(tmp_path, relay):
     """New-user review: ``make demo`` with your own secrets on the demo's old database started
     silently and appended entries receipted with a new key, after which ``audit verify``
-    failed for every run. Since batch 02 item 4 the gate refuses to start (exit 2, one line
+    failed for every run. Now the gate refuses to start (exit 2, one line
     naming receipts.key_env) unless a rotation is declared (tests/test_receipt_key.py)."""
     config = write_config(tmp_path, relay.url)
     gate = GateProcess(config).start()

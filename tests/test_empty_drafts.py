@@ -1,4 +1,4 @@
-"""Blank drafts (issue 12, batch 02, item 5): a draft that is empty or only Unicode
+"""Blank drafts (item 5): a draft that is empty or only Unicode
 White_Space is refused at the gate (API 400 ``draft_empty``) and by ``hitl-gate request``
 before it contacts the gate, unless the step says ``allow_empty_draft: true``.
 

@@ -1,4 +1,4 @@
-"""Reminders and escalation levels (issue 14 §2): the schedule.
+"""Reminders and escalation levels: the schedule.
 
 Three layers, none mocked: the pure due computation (``gate.core.followups``) with explicit
 times; ``GateService`` over a real Store with a ManualClock (both writers, as tests/test_core.py)
@@ -316,7 +316,7 @@ def test_daemon_reminds_and_escalates_in_order(tmp_path, relay, spawn) -> None: 
     assert re.search(
         rf"^{approval_id} .* reminded \d+  escalated level 2$", listed.stdout.decode(), re.M
     ), listed.stdout
-    # issue 14 §5: the oldest pending age per step, read at the scrape
+    # the oldest pending age per step, read at the scrape
     families, samples = scrape(gate)
     age = value(samples, "hitl_gate_step_oldest_pending_age_seconds", pipeline="p", step="fu")
     assert 4 <= age <= time.time() - epoch(view["created_at"]) + 0.01

@@ -1,4 +1,4 @@
-"""Reminders and escalation reaching a relay, end to end (issue 14 §2, "Done when").
+"""Reminders and escalation reaching a relay, end to end.
 
 The real daemon (``python -m gate serve``) and a real HTTP peer on loopback that records
 every POST (a ``CaptureRelay`` that refuses the first attempt of reminder 1), real signed

@@ -1,4 +1,4 @@
-"""Issue 15's form schema and question fields at their edges (pure, fast tier): every JSON
+"""The form schema and question fields at their edges (pure, fast tier): every JSON
 type at every keyword position comes out as a 400 ``ProtocolError`` and never as another
 exception (a new user's 500 with a traceback); questions no answer can satisfy are refused at
 creation."""

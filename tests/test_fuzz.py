@@ -550,7 +550,7 @@ def build_signature(recipe: tuple[Any, ...], raw: bytes, now: int) -> tuple[byte
             "tabs": f"t=\t{t},\tv1={good}",
             "leading_zeros": f"t=00{t},v1={good}",  # MAC over the number, not t as sent
             "zeros_as_sent": f"t=00{t},v1={mac(secret, f'00{t}')}",
-            # a v1 that is not 64 hex digits beside the right one is skipped (issue 12 item 8)
+            # a v1 that is not 64 hex digits beside the right one is skipped
             "malformed_v1_beside": f"t={t},v1={random_v1[:-1]}g,v1={good},v1=",
             "t_twice_same": f"t={t},t={t},v1={good}",
         }
@@ -1494,7 +1494,7 @@ def test_any_method_and_path_on_either_listener_never_5xx(
     assert reply.status < 500, (reply.status, reply.raw[:300])
     if is_metrics_read(listener, method, path, reply.status):
         # Regression (CI, stop 8): a valid bearer on GET /metrics is a 200 of Prometheus text,
-        # the one answer of either listener that is not JSON (SPEC §3, issue 6 item 2)
+        # the one answer of either listener that is not JSON (SPEC §3)
         assert reply.headers.get("content-type", "").startswith(
             ("text/plain; version=0.0.4", "application/openmetrics-text")
         ), reply.headers

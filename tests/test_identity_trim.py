@@ -1,4 +1,4 @@
-"""Identity trimming (issue 12, batch 02, item 9): identities are compared after trimming
+"""Identity trimming (item 9): identities are compared after trimming
 exactly the Unicode White_Space characters, then casefolding (SPEC §2 check 11). Python's
 ``str.strip()`` also dropped U+001C..U+001F, so ``alice@example.com\\x1f`` counted as alice.
 
@@ -256,7 +256,7 @@ def test_b02_09_decision_parse_vectors_use_white_space(case_id: str) -> None:
         assert info.value.code == case["reason"]
 
 
-# ---- batch 02 relay review, item D: invisible characters in an identity ---------------------
+# ---- invisible characters in an identity ------------------------------------------------------
 
 
 @pytest.mark.e2e

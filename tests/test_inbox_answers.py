@@ -1,4 +1,4 @@
-"""A question's form at the inbox (issue 17): posted fields -> the typed answer value, checked
+"""A question's form at the inbox: posted fields -> the typed answer value, checked
 with the gate's own rule (``gate.protocol.question.check_value``), errors in words. Pure."""
 
 from __future__ import annotations

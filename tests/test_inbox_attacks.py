@@ -1,4 +1,4 @@
-"""An outside attacker against the inbox (issue 17, review rev17a): a forged re-send that
+"""An outside attacker against the inbox (review rev17a): a forged re-send that
 would show the approver another draft than the one signed, bodies larger than one read, a
 sign-in ``next`` that leaves the inbox. Real gate, real inbox, real signed envelopes on
 loopback; the SQLite files are read as they are on disk."""

@@ -1,4 +1,4 @@
-"""The inbox's pages in a real browser (issue 17): Debian's headless Chromium, driven by
+"""The inbox's pages in a real browser: Debian's headless Chromium, driven by
 Playwright for Python, opens the real templates and static assets served by a tiny aiohttp
 app built from ``gate.inbox.pages`` (tests/inbox_pages_app.py) with hostile item data, at
 1280 and 390 px wide. No script of a draft runs, no CSP violation is reported, every marked
@@ -191,7 +191,7 @@ def test_inbox_browser_script_loads_under_the_csp_and_polls_live(chromium: Any, 
 @pytest.mark.e2e
 @pytest.mark.slow
 def test_inbox_browser_says_the_inbox_s_refusal_sentence(chromium: Any, site: str) -> None:
-    """Issue 17 finding 4: a refused challenge shows the inbox's ``message``, not its status
+    """A refused challenge shows the inbox's ``message``, not its status
     code, as one sentence (no doubled full stop)."""
     watched = _page(chromium, 1280)
     page = watched.page

@@ -1,4 +1,4 @@
-"""Bulk approve at the inbox (issue 17), the pure part: the ticked fields -> checked stored
+"""Bulk approve at the inbox, the pure part: the ticked fields -> checked stored
 items -> the batch challenge, which the gate's own digest rules reproduce."""
 
 from __future__ import annotations
@@ -74,7 +74,7 @@ def test_the_batch_challenge_is_the_gate_s_batch_digest_of_stored_approves() -> 
         for i in stored.values()
     ]
     assert list(batch.hexes) == expected
-    # issue 16 §4 by hand: SHA-256 of the sorted hex list's compact JSON
+    # by hand: SHA-256 of the sorted hex list's compact JSON
     by_hand = hashlib.sha256(json.dumps(sorted(expected), separators=(",", ":")).encode())
     assert batch.challenge == by_hand.digest()
     assert [i.approval_id for i in batch.items] == ["01A1", "01A2", "01A3"]

@@ -1,4 +1,4 @@
-"""Bulk approve and question answers through the inbox (issue 17): the real gate, the real
+"""Bulk approve and question answers through the inbox: the real gate, the real
 ``hitl-gate inbox serve``, real pipelines (``hitl-gate request --wait``, ``hitl-gate ask
 --wait``) blocking on them, a software passkey enrolled at the gate's invite page."""
 

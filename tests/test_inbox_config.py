@@ -1,4 +1,4 @@
-"""``hitl-gate inbox check-config`` (issue 17): every error one line with its YAML path;
+"""``hitl-gate inbox check-config``: every error one line with its YAML path;
 secrets only from the environment."""
 
 from __future__ import annotations

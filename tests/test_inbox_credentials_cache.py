@@ -1,4 +1,4 @@
-"""The inbox's credentials cache (issue 17 findings): when it asks the gate again for an
+"""The inbox's credentials cache: when it asks the gate again for an
 unknown credential id, and how a gate outage is logged. The real ``CredentialsCache`` with
 an explicit monotonic clock and a fetch function standing in for the gate's channel."""
 

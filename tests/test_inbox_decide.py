@@ -1,4 +1,4 @@
-"""Decisions through the inbox (issue 17): a pipeline blocked on ``hitl-gate request
+"""Decisions through the inbox: a pipeline blocked on ``hitl-gate request
 --wait`` against a real gate whose relay is the real inbox; approvers sign in and sign each
 decision with a software passkey over real HTTP; the gate's and the inbox's SQLite files
 are read as they are on disk."""

@@ -1,4 +1,4 @@
-"""A delegate deciding through the inbox (issue 17 finding: untested): a real gate with a
+"""A delegate deciding through the inbox (untested): a real gate with a
 delegation in force (bob → op04), the real inbox, software passkeys over real HTTP; the
 gate's SQLite file read as it is on disk."""
 

@@ -1,4 +1,4 @@
-"""The inbox end to end in a real browser (issue 17, "Tests that must exist"): an approver
+"""The inbox end to end in a real browser: an approver
 enrols a passkey at the gate's invite page, signs in at the inbox with it, finds the item
 a pipeline waits on and approves, skips with a reason or adjusts it; the pipeline
 (``hitl-gate request --wait``) gets the outcome. Quorum 2 with two approvers in two browser
@@ -122,7 +122,7 @@ def test_inbox_e2e_quorum_two_in_two_browser_contexts_live(
     assert len(stack.gate_rows("SELECT 1 FROM decisions WHERE approval_id = ?", approval_id)) == 2
 
     # resolution removes the item from both open waiting pages without a reload
-    # (issue 17 finding: the row was only greyed out and stayed a link)
+    # (the row was only greyed out and stayed a link)
     for tab in (alice_list, bob_list):
         tab.wait_for_selector(f"{row}.gone", state="attached", timeout=LIVE_S)
         assert tab.query_selector(f"{row} a") is None and tab.query_selector(f"{row} input") is None

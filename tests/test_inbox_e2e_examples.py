@@ -1,4 +1,4 @@
-"""README's "Give your approvers an inbox" files (issue 17): examples/inbox/gate.yaml and
+"""README's "Give your approvers an inbox" files: examples/inbox/gate.yaml and
 examples/inbox/inbox.yaml pass their check-config and fit together (the gate's relay is the
 inbox, the inbox calls back the gate's listener, one relying party whose origins list both),
 so the few commands of the README work as written. The walk itself (enrol, sign in,

@@ -1,4 +1,4 @@
-"""More of the inbox end to end in a real browser (issue 17, "Tests that must exist"): bulk
+"""More of the inbox end to end in a real browser: bulk
 approve of 5 items with ONE passkey use; a question answered through its form (``hitl-gate
 ask --wait`` gets the answer); an item expiring and one cancelled while its page is open
 (the page says so without a reload and its buttons are disabled).
@@ -110,7 +110,7 @@ def bulk_approve(who: Approver, stack: Stack, shots: Path, approval_ids: list[st
 def closed_while_open(who: Approver, word: str) -> None:
     """The open item page says ``word`` (learnt from /live, no reload) at the top of the page
     (role=status, before the draft), hides its forms with their buttons disabled, and its
-    time left says ``word`` too (issue 17 finding: the state was at the bottom, under
+    time left says ``word`` too (the state was at the bottom, under
     disabled forms, while "Time left" still read "less than a minute")."""
     who.page.wait_for_function(
         "(word) => (document.getElementById('item-state') || {textContent: ''})"

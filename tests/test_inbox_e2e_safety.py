@@ -1,4 +1,4 @@
-"""The inbox's defences end to end in a real browser (issue 17, "Tests that must exist"): a
+"""The inbox's defences end to end in a real browser: a
 hostile draft renders inert and complete in the REAL inbox; a forged POST without the CSRF
 token, a POST from another origin (a page on 127.0.0.1 posting a form cross-site) and a GET
 of every decision URL change nothing (the gate's database has no decision); the inbox

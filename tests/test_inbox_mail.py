@@ -1,4 +1,4 @@
-"""Mail to approvers when a new item reaches the inbox (issue 17): a real gate dispatching to a
+"""Mail to approvers when a new item reaches the inbox: a real gate dispatching to a
 real ``hitl-gate inbox serve`` that sends through a real SMTP server (aiosmtpd) on loopback."""
 
 from __future__ import annotations

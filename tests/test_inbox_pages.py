@@ -1,4 +1,4 @@
-"""The inbox's pages (issue 17, gate/inbox/pages.py, templates, static, headers), served by
+"""The inbox's pages (gate/inbox/pages.py, templates, static, headers), served by
 the real templates through a tiny in-process aiohttp app with hostile item data
 (tests/inbox_pages_app.py): escaped, marked, complete, labelled, with the security headers."""
 
@@ -225,7 +225,7 @@ async def test_inbox_waiting_rows_tell_items_apart_and_hidden_drafts_get_no_chec
 async def test_inbox_adjust_box_says_how_many_hidden_characters_it_keeps(
     client: TestClient[object, object],
 ) -> None:
-    """Issue 17 finding 11: the textarea shows the raw text (overrides applied): say so."""
+    """The textarea shows the raw text (overrides applied): say so."""
     _, page, _ = await fetch(client, "/items/hostile")
     text = " ".join("".join(page.text).split())
     assert (
@@ -285,7 +285,7 @@ async def test_inbox_question_page_shows_the_form_with_the_schema_limits(
 async def test_inbox_question_form_refused_keeps_what_was_typed(
     client: TestClient[object, object],
 ) -> None:
-    """Issue 17 finding 10: an invalid answer shows the form again with the values sent."""
+    """An invalid answer shows the form again with the values sent."""
     sent = [
         ("csrf", "x"),
         ("version", "1"),
@@ -341,7 +341,7 @@ def test_words_answer_words_names_the_gate_answer(
 
 
 def test_words_a_revoked_passkey_says_what_to_do() -> None:
-    """Issue 17 finding 7: "(403 approver_signature_invalid)" says nothing to an approver."""
+    """A bare "(403 approver_signature_invalid)" says nothing to an approver."""
     answer = {"status": "forbidden", "error": "approver_signature_invalid", "detail": "revoked"}
     kind, sentence = words.answer_words(403, answer)
     assert kind == "refused" and "ask for a new invite" in sentence, sentence
@@ -434,7 +434,7 @@ def test_words_answer_words_says_a_refusal_in_words(answer: dict[str, object], s
 async def test_inbox_closed_item_page_says_its_state_first_and_offers_no_form(
     client: TestClient[object, object], state: str
 ) -> None:
-    # issue 17 finding: the state was at the bottom, after the draft (off-screen on a phone)
+    # the state was at the bottom, after the draft (off-screen on a phone)
     html, page, _ = await fetch(client, f"/items/diff?closed={state}")
     said = re.search(r'<p class="closed" id="item-state" role="status">([^<]*)</p>', html)
     assert said and f"This approval is {state}" in said.group(1), html

@@ -1,5 +1,5 @@
-"""What an approver reads after deciding through the inbox (issue 17 findings of the first
-browser runs): quorum progress on the item page from the inbox's own recorded decisions, and
+"""What an approver reads after deciding through the inbox (findings of the
+first browser runs): quorum progress on the item page from the inbox's own recorded decisions, and
 the decision page naming the outcome. A real gate, the real inbox, software passkeys over
 real HTTP (see tests/test_inbox_decide.py for the pipeline side)."""
 

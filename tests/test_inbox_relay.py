@@ -1,4 +1,4 @@
-"""The inbox as a hitl/v0 relay (issue 17, part B): a real gate dispatching to a real
+"""The inbox as a hitl/v0 relay: a real gate dispatching to a real
 ``hitl-gate inbox serve``, its SQLite file read as it is on disk."""
 
 from __future__ import annotations
@@ -325,7 +325,7 @@ def test_inbox_gate_client_fetches_the_credentials_the_gate_serves(
         with pytest.raises(GateRefused) as refused:
             asyncio.run(fetch_credentials(base, [SECRET], 300))
         assert refused.value.status == 404
-        # issue 17 finding 3: the log line says what the gate answered and where
+        # the log line says what the gate answered and where
         cache = CredentialsCache(lambda: fetch_credentials(base, [SECRET], 300), None)
         with caplog.at_level(logging.WARNING, logger="gate.inbox.credentials_cache"):
             assert asyncio.run(cache.refresh()) is False
@@ -360,7 +360,7 @@ def test_inbox_gate_client_fetches_the_credentials_the_gate_serves(
 def test_inbox_refuses_a_question_whose_text_does_not_hash_to_its_request_hash(
     gate: GateProcess, inbox: Inbox
 ) -> None:
-    """The reference relay refuses 400 ``request_hash_mismatch`` (issue 15 "Wire"); the inbox
+    """The reference relay refuses 400 ``request_hash_mismatch``; the inbox
     kept such a question (session 11 review): with the relay secret, a dispatch could show
     one question while the answer's echoed hash covered another."""
     body = {"pipeline": "p", "step": "ask", "text": "Which supplier?", "response_type": "free_text"}

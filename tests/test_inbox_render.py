@@ -1,4 +1,4 @@
-"""The inbox's draft and diff rendering (issue 17, gate/inbox/render.py): hostile drafts come
+"""The inbox's draft and diff rendering (gate/inbox/render.py): hostile drafts come
 out escaped, every hidden character marked and counted, markdown without raw HTML, clickable
 links or loaded images, JSON pretty only when that hides nothing, the whole body always."""
 
@@ -240,7 +240,7 @@ def test_draft_json_that_pretty_printing_would_change_is_shown_as_sent(body: str
 
 
 def test_draft_json_numbers_shown_exactly_as_sent_stay_pretty() -> None:
-    """Issue 17 finding 6: pretty JSON only when every number reads as in the draft."""
+    """Pretty JSON only when every number reads as in the draft."""
     body = '{"a": 12345678901234567890123, "b": -0.5, "c": 1e+100, "d": 0}'
     pretty = pretty_json(body)
     assert pretty is not None

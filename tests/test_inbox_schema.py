@@ -1,4 +1,4 @@
-"""The inbox's SQLite schema and migrations (gate/inbox/schema.py, issue 17): an inbox file
+"""The inbox's SQLite schema and migrations (gate/inbox/schema.py): an inbox file
 written before a migration opens, is migrated once in one transaction, keeps its rows, and a
 migration that fails leaves the file as it was. Real files, no process."""
 

@@ -1,4 +1,4 @@
-"""Sign-in and sessions at the inbox (issue 17): a real gate, the real ``hitl-gate inbox
+"""Sign-in and sessions at the inbox: a real gate, the real ``hitl-gate inbox
 serve``, passkeys enrolled through the gate's real invite page by a software authenticator,
 real assertions over HTTP, the inbox's SQLite file read as it is on disk."""
 
@@ -116,7 +116,7 @@ def test_a_revoked_passkey_ends_its_session_at_the_next_request(world: InboxWorl
 
     home = alice.get("/")
 
-    where = "/signin?next=/&why=revoked"  # issue 17 finding 7: the page says why
+    where = "/signin?next=/&why=revoked"  # the page says why
     assert (home.status, home.header("Location")) == (303, where), home.text
     assert sessions(world) == []
     page = alice.get(where)
@@ -145,7 +145,7 @@ def test_signed_out_pages_redirect_and_posts_answer_401(world: InboxWorld) -> No
     assert "<script" not in hop.text
     again = client.get("/items/01ABC?r=1", headers={"Sec-Fetch-Site": "cross-site"})
     assert again.status == 303 and again.header("Location") == "/signin?next=/items/01ABC"
-    # issue 17 finding 7: opened at 127.0.0.1, the page says where passkeys sign in
+    # opened at 127.0.0.1, the page says where passkeys sign in
     assert world.inbox is not None
     origin = world.inbox.origin  # http://localhost:<port>
     at_ip = client.get("/signin")
@@ -191,7 +191,7 @@ def test_rp_mismatch_is_said_on_the_signin_page(tmp_path: Path) -> None:
 
 
 def test_a_passkey_enrolled_just_after_another_signin_signs_in_at_once(tmp_path: Path) -> None:
-    # issue 17 finding: A's unknown id made the inbox ask the gate; B enrolled a moment later
+    # A's unknown id made the inbox ask the gate; B enrolled a moment later
     # must not wait 5 s (only B's own id looked up within 5 s is answered from the cache)
     world = start_world(tmp_path, enrol=())
     try:

@@ -20,7 +20,7 @@
 - Of the ``gate/audit/*`` modules, only ``audit/verify.py`` imports the store; chain, entries,
   records and spans import no store, no sqlite3, no aiohttp (pure: the store's writer and
   readers depend on them, never the other way round).
-- ``gate/sdk/*`` (issue 18, imported by agents) uses the standard library, aiohttp and
+- ``gate/sdk/*`` (imported by agents) uses the standard library, aiohttp and
   ``gate.protocol`` only; ``gate.config`` lazily (``from_config``), never at import.
 """
 
@@ -305,14 +305,14 @@ def test_layers_only_store_speaks_sql(module: Module) -> None:
     bad = hits(imports_of(module), SQL_DRIVERS)
     if module.name == "gate.store" or module.name.startswith("gate.store."):
         return
-    if module.name in INBOX_SQL:  # the inbox's own file (issue 17), not the gate's
+    if module.name in INBOX_SQL:  # the inbox's own file, not the gate's
         return
 
     assert not bad, f"{module.rel} imports {bad}; only gate/store/ speaks SQL"
 
 
 # --------------------------------------------------------------------------- who runs what
-# (issue 13: the packages are grouped by who runs them; these rules keep the picture true)
+# (the packages are grouped by who runs them; these rules keep the picture true)
 
 RELAYS = under("gate.tools.reference_relay")
 CLIENT = under("gate.client")
@@ -353,7 +353,7 @@ INBOX = under("gate.inbox")
 
 @pytest.mark.parametrize("module", INBOX, ids=ids(INBOX))
 def test_layers_inbox_is_an_untrusted_peer(module: Module) -> None:
-    """The inbox (issue 17) is a separate program, a hitl/v0 relay: gate.protocol, the generic
+    """The inbox is a separate program, a hitl/v0 relay: gate.protocol, the generic
     config helpers, logs and clock; never the gate's rules, store, daemon, web, audit, trust."""
     bad = hits(
         imports_of(module),
@@ -364,7 +364,7 @@ def test_layers_inbox_is_an_untrusted_peer(module: Module) -> None:
 
 
 def test_layers_inbox_render_is_pure() -> None:
-    """What the approver sees is decided without I/O (gate/inbox/render.py, issue 17)."""
+    """What the approver sees is decided without I/O (gate/inbox/render.py)."""
     render = next(m for m in INBOX if m.name == "gate.inbox.render")
     bad = hits(imports_of(render), PROTOCOL_FORBIDDEN + ("aiohttp_jinja2", "jinja2"))
 
@@ -437,7 +437,7 @@ def test_layers_model_imports_only_the_standard_library() -> None:
 
 
 # --------------------------------------------------------------------------- the inbox
-# (issue 17: a separate program, a hitl/v0 relay with its own database)
+# (a separate program, a hitl/v0 relay with its own database)
 
 INBOX = under("gate.inbox")
 INBOX_ALLOWED_GATE = (
@@ -485,7 +485,7 @@ def test_layers_inbox_rules_see_its_modules() -> None:
 
 
 # --------------------------------------------------------------------------- the SDK
-# (issue 18: gate/sdk runs inside an agent's process; the CLI's ApiClient is built on it)
+# (gate/sdk runs inside an agent's process; the CLI's ApiClient is built on it)
 
 SDK = under("gate.sdk")
 # gate.config only inside a function (AsyncGate.from_config reads a gate config file)
@@ -539,7 +539,7 @@ def test_layers_sdk_rules_see_its_modules() -> None:
 
 
 # --------------------------------------------------------------------------- the MCP server
-# (issue 18: a client of the pipeline API through the SDK, like any agent)
+# (a client of the pipeline API through the SDK, like any agent)
 
 MCP = under("gate.mcp")
 MCP_ALLOWED_GATE = ("gate.sdk", "gate.mcp", "gate.logs", "gate.errors")

@@ -1,4 +1,4 @@
-"""The one long-poll (``gate.core.longpoll``, SPEC §3 ``?wait=``, issue 15) in one event loop:
+"""The one long-poll (``gate.core.longpoll``, SPEC §3 ``?wait=``) in one event loop:
 ``wake`` returns every waiting poll at once and the next poll waits again (no spin)."""
 
 from __future__ import annotations

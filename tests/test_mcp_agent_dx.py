@@ -1,4 +1,4 @@
-"""``hitl-gate mcp`` as a new agent developer meets it (issue 18 review): ``spend`` and unknown
+"""``hitl-gate mcp`` as a new agent developer meets it: ``spend`` and unknown
 arguments of request_approval, a question step used with the wrong tool, the gate token
 refused (at start and later) and the MCP token equal to the gate's. The real MCP client over
 stdio, a real gate and a capturing relay on loopback; waits are conditions with deadlines."""

@@ -1,4 +1,4 @@
-"""``hitl-gate mcp`` (issue 18): what is refused before anything starts (one ``Error:`` line,
+"""``hitl-gate mcp``: what is refused before anything starts (one ``Error:`` line,
 exit 2), and the pure parts of the server: the results an agent reads, the derived
 idempotency key and the bearer check."""
 

@@ -1,4 +1,4 @@
-"""``hitl-gate mcp --http`` (issue 18): streamable HTTP behind a bearer token. A real gate, a
+"""``hitl-gate mcp --http``: streamable HTTP behind a bearer token. A real gate, a
 capturing relay, the MCP server as a process and the real MCP client of the ``mcp`` package
 over loopback; requests without the token or with a wrong one are refused before MCP sees
 them."""
@@ -203,7 +203,7 @@ async def test_mcp_http_with_the_reference_relay_adjusts_and_answers(
     assert EDITED not in server.log() and "globex" not in server.log()
 
 
-# ---- slow and idle clients (issue 18 review: 1100 idle connections exhausted the fds) -------
+# ---- slow and idle clients (1100 idle connections exhausted the fds) -------
 
 
 @pytest.fixture

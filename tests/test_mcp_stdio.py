@@ -1,4 +1,4 @@
-"""``hitl-gate mcp`` over stdio (issue 18): the real MCP client of the ``mcp`` package spawns
+"""``hitl-gate mcp`` over stdio: the real MCP client of the ``mcp`` package spawns
 ``python -m gate mcp``, which talks to a real gate; a capturing relay on loopback receives the
 dispatches and real signed decisions and answers go back. Waits are conditions with
 deadlines."""

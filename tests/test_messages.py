@@ -1,4 +1,4 @@
-"""Messages (issue 12, batch 02, item 12): what a person reads when something is refused.
+"""Messages (item 12): what a person reads when something is refused.
 
 - ``422 quorum_unreachable`` names the requester and how many approvers remain (answer
   fields and the ``request`` error line), through one real daemon;

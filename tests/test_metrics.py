@@ -257,7 +257,7 @@ def test_metric_names_follow_prometheus_conventions(gate: GateProcess, relay: Ca
         "hitl_gate_relay_last_ack_age_seconds",
         "hitl_gate_writer_unanswered_seconds",
         "hitl_gate_notices",
-        "hitl_gate_questions_created",  # issue 15
+        "hitl_gate_questions_created",
         "hitl_gate_questions_resolved",
         "hitl_gate_questions_pending",
         "hitl_gate_answers",
@@ -317,7 +317,7 @@ async def test_dispatch_failures_are_classified() -> None:
     assert (result.status, result.failure) == (None, "connection")
 
 
-# ---- monitoring: the writer gauge, and the shipped alert rules (item 11 of issue 12) ---------
+# ---- monitoring: the writer gauge, and the shipped alert rules ----------------------------
 
 ALERTS = ROOT / "deploy" / "prometheus" / "hitl-gate-alerts.yml"
 ALERT_TESTS = ROOT / "deploy" / "prometheus" / "hitl-gate-alerts.test.yml"

@@ -1,4 +1,4 @@
-"""Resolution notices (issue 14 §4): a relay that opted in gets a signed POST when an approval
+"""Resolution notices: a relay that opted in gets a signed POST when an approval
 resolves; one that did not gets none; retries, restarts and the reference relay.
 
 Real daemon (``python -m gate serve``), real HTTP peers on loopback, the real SQLite file.
@@ -376,7 +376,7 @@ def test_reference_relay_drops_the_prompt_of_an_approval_resolved_elsewhere(tmp_
 
 @pytest.mark.e2e
 def test_reference_relay_drops_the_prompt_of_a_question_resolved_elsewhere(tmp_path):
-    """Issue 15 (A2): a question's resolution notice (kind question) closes its prompt."""
+    """A question's resolution notice (kind question) closes its prompt."""
     from tests.test_relay_terminal import PtyRelay
 
     relay = PtyRelay("--as", "alice@example.com")
@@ -403,7 +403,7 @@ def test_reference_relay_drops_the_prompt_of_a_question_resolved_elsewhere(tmp_p
 
 @pytest.mark.e2e
 def test_reminder_and_escalation_rows_are_sent_as_the_current_dispatch_or_dropped(gate, relay):
-    """The sender's side of the ``followup_outbox`` contract (issue 14 §2): rows queued as the
+    """The sender's side of the ``followup_outbox`` contract: rows queued as the
     scheduler queues them (here written into the file by the test) go out as the current
     revision's dispatch plus their fields; a row of a resolved approval is dropped."""
     api = gate.api()

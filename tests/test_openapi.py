@@ -75,7 +75,7 @@ CHECK_NAMES = (
 # deeper local run: HITL_OPENAPI_EXAMPLES=500 pytest tests/test_openapi.py
 MAX_EXAMPLES = int(os.environ.get("HITL_OPENAPI_EXAMPLES", "20"))
 STEPS = ("q1", "q2", "q3", "short")
-# the live daemon's steps: the default ones plus a question step (issue 15)
+# the live daemon's steps: the default ones plus a question step
 LIVE_STEPS = [
     {"name": "q1", "quorum": 1, "approvers": [101, 102, 103], "timeout": "1h"},
     {"name": "q2", "quorum": 2, "approvers": [101, 102, 103], "timeout": "1h"},
@@ -130,8 +130,8 @@ def test_openapi_yaml_parses_and_is_a_valid_openapi_document() -> None:
     schema = schemathesis.openapi.from_dict(spec)
     schema.validate()  # the OpenAPI meta-schema
     operations = [result.ok() for result in schema.get_all_operations()]
-    # 7 + 5 question operations (issue 15) + 4 admin and 3 passkey-enrolment (issue 16)
-    # + the credentials channel (issue 17)
+    # 7 + 5 question operations + 4 admin and 3 passkey-enrolment
+    # + the credentials channel
     assert len(operations) == 20
 
 
@@ -399,7 +399,7 @@ def real_target(context: Any, body: Any) -> Any:
             out["payload_hash"] = target["payload_hash"]
         return out
 
-    if body.get("decision") == "answer":  # an answer envelope (issue 15)
+    if body.get("decision") == "answer":  # an answer envelope
 
         def aimed_answer(target: dict[str, Any], who: str, keep: bool) -> dict[str, Any]:
             approver = body.get("approver")
@@ -620,7 +620,7 @@ def test_approval_objects_through_their_lifecycle_match_the_schema(live: Live) -
 
 @pytest.mark.e2e
 def test_question_objects_through_their_lifecycle_match_the_schema(live: Live) -> None:
-    """Questions (issue 15) created, revised, answered with every type, cancelled, listed:
+    """Questions created, revised, answered with every type, cancelled, listed:
     every answer validated against the document, the answers' 200 and 409 bodies too."""
 
     def api(method: str, path: str, body: Any = None) -> Any:

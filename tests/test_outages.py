@@ -284,7 +284,7 @@ def test_relay_status_other_than_2xx_is_not_an_ack_and_is_retried(tmp_path, scri
             gate.stop()
 
 
-# what a relay answers a dispatch with -> what the gate keeps of it (item 7 of issue 12)
+# what a relay answers a dispatch with -> what the gate keeps of it
 RELAY_REFUSAL_ANSWERS = {
     "spec-reason": (
         401,
@@ -325,7 +325,7 @@ RELAY_REFUSAL_ANSWERS = {
 
 @pytest.mark.parametrize("case", list(RELAY_REFUSAL_ANSWERS))
 async def test_b02_07_relay_refusal_reason_is_kept_bounded_and_sanitised(case: str) -> None:
-    """The relay's JSON ``reason`` is kept with its HTTP status (item 7 of issue 12); it is
+    """The relay's JSON ``reason`` is kept with its HTTP status; it is
     at most 100 printable ASCII characters without quotes or backslashes, read from at most
     4 KiB of the answer, never the relay's whole body, and a secret of the relay URL is
     redacted from it."""

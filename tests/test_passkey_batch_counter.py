@@ -1,4 +1,4 @@
-"""A batch's one passkey assertion with a COUNTING authenticator (issue 17 finding): the gate
+"""A batch's one passkey assertion with a COUNTING authenticator: the gate
 accepts the very assertion that set a credential's counter again, at that counter, on
 another item of its batch, and nothing else (docs/protocol.md "Approver signatures"). The
 real gate (its dispatches received by the real inbox, read from the inbox's SQLite file),

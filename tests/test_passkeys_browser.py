@@ -1,4 +1,4 @@
-"""Passkeys in a real browser (issue 16): Debian's headless Chromium, driven by Playwright
+"""Passkeys in a real browser: Debian's headless Chromium, driven by Playwright
 for Python, with a CDP virtual authenticator (ctap2, internal, resident key, user
 verification) enrols a passkey through the gate's one-time invite page and signs decisions
 the gate accepts; a replayed assertion (counter not increased), a used and an expired
@@ -162,7 +162,7 @@ def enrol_in_browser(page: Any, url: str, shots: Path) -> None:
     page.click("#create")
     page.wait_for_selector("#status.ok", timeout=30_000)
     assert "Passkey enrolled" in page.inner_text("main")
-    # issue 17 finding 8: the page says who tells the approver where to sign in
+    # the page says who tells the approver where to sign in
     assert "Your administrator will tell you where to sign in." in page.inner_text("main")
     page.screenshot(path=str(shots / "enrolled.png"))
 

@@ -1,4 +1,4 @@
-"""The ``webauthn`` config section (issue 16: passkeys): ``resolve_webauthn``'s defaults,
+"""The ``webauthn`` config section (passkeys): ``resolve_webauthn``'s defaults,
 check-config's one-line errors with their YAML path, and doctor's passkeys line."""
 
 from __future__ import annotations
@@ -119,7 +119,7 @@ def test_resolve_webauthn_http_public_url_only_on_localhost(tmp_path: Path) -> N
 
 
 def test_the_example_config_gives_passkeys_a_relying_party_on_one_machine() -> None:
-    # issue 17 finding: the example's public_url was http://127.0.0.1:8089, an IP (never an
+    # the example's public_url was http://127.0.0.1:8089, an IP (never an
     # RP id), so invites printed a link where passkeys do not work
     example = Path(__file__).resolve().parent.parent / "config.example.yaml"
     config = load_config(example)

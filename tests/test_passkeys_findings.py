@@ -1,4 +1,4 @@
-"""Passkeys after a new user's first pass (issue 16 findings): an http ``relay.public_url``
+"""Passkeys after a new user's first pass: an http ``relay.public_url``
 on a domain makes passkeys unavailable (browsers refuse WebAuthn there), an empty
 ``webauthn.origins`` is a config error, doctor warns about passkeys enrolled for another RP
 ID and about operators of a ``required`` step with no credential, and the enrolment page

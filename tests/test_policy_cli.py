@@ -1,4 +1,4 @@
-"""``hitl-gate policy test`` and what ``check-config`` shows of policy (issue 18 §3), run as
+"""``hitl-gate policy test`` and what ``check-config`` shows of policy, run as
 real ``python -m gate`` processes on a config file; nothing is created (no database)."""
 
 from __future__ import annotations

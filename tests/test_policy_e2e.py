@@ -1,4 +1,4 @@
-"""Policy over the real daemon (issue 18 §3): a rule approves or denies at creation, a
+"""Policy over the real daemon: a rule approves or denies at creation, a
 remembered approval approves a draft a person approved before; no dispatch reaches the
 relay for them; ``audit verify`` accepts the entries; receipts and permits name the policy.
 

@@ -1,4 +1,4 @@
-"""A policy fails closed (issue 18 §3, the outside review): an approve rule matches only when
+"""A policy fails closed (the outside review): an approve rule matches only when
 every condition is evaluated and holds; a deny rule matches when each condition holds or
 cannot be evaluated (a draft that is no strict JSON, a value of another type, an argument
 that is absent, a glob value no wildcard may judge). Known answers for each finding of the

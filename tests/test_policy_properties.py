@@ -1,4 +1,4 @@
-"""Policy's hard limits as properties (issue 18 §3), over the pure evaluator
+"""Policy's hard limits as properties, over the pure evaluator
 (``gate.core.policy``) and the config loader (``gate.config``): no rule and no remembered
 approval ever approves a step of risk high/critical; a matching deny always wins; an approve
 stands in for a quorum > 1 only with ``allow_quorum``; and the known answers of each

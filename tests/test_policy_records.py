@@ -1,4 +1,4 @@
-"""``gate.audit.records`` on a policy's decision (issue 18 §3), records built by hand (pure):
+"""``gate.audit.records`` on a policy's decision, records built by hand (pure):
 the shape the gate writes passes; operator 0 in any other shape, or counted without a policy
 decision, is named."""
 

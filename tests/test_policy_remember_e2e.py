@@ -1,4 +1,4 @@
-"""What a remembered approval may stand for, over the real daemon (issue 18 §3, the outside
+"""What a remembered approval may stand for, over the real daemon (the outside
 review C5, M1, H2, H3): only the same spend, never an approver the request's scope leaves
 out now (the requester themself, SPEC check 11's self-approval rule; an approver a reload
 removed), and a deny rule on a step that requires approver signatures verifies.

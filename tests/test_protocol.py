@@ -230,7 +230,7 @@ def test_signing_parse_lowercases_v1_and_keeps_order() -> None:
 
 def test_b02_08_malformed_v1_is_ignored_when_another_v1_is_well_formed() -> None:
     """SPEC §2: "a signature matches if any v1 matches any configured secret". One v1 that
-    was not 64 hex digits made the whole header signature_malformed (item 8 of issue 12):
+    was not 64 hex digits made the whole header signature_malformed:
     it is now skipped when a well-formed v1 is present, wherever it stands; with none well
     formed the header stays malformed."""
     body = b'{"x":1}'

@@ -1,4 +1,4 @@
-"""Issue 17, the credentials channel's pure layer (``gate.protocol.credentials``).
+"""The credentials channel's pure layer (``gate.protocol.credentials``).
 
 conformance/vectors/credentials.json is re-derived here with hashlib/hmac/json alone, then
 the gate's builders, parsers and the relay-side verifier are checked against it.

@@ -1,4 +1,4 @@
-"""Issue 14's wire additions against conformance/vectors/followup.json: the follow-up fields of
+"""The wire additions against conformance/vectors/followup.json: the follow-up fields of
 a dispatch (reminder, escalation, delegates, a required skip reason) and resolution notices.
 The vectors were computed with json, hashlib and hmac alone; here the gate's own builders must
 produce the same bytes, and the signature is recomputed independently."""

@@ -1,4 +1,4 @@
-"""Issue 15's protocol layer of questions (pure, fast tier): the question fields and the form
+"""The protocol layer of questions (pure, fast tier): the question fields and the form
 schema with their exact JSON paths, the typing of answers (check 12), the answer envelope
 (check 5), the routing of a callback body, the builders, and conformance/vectors/question.json
 (hashes recomputed here with json and hashlib alone, from the contract's words)."""

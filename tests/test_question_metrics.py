@@ -1,4 +1,4 @@
-"""Questions in ``GET /metrics`` on a real daemon (issue 15): a question relay outage shows
+"""Questions in ``GET /metrics`` on a real daemon: a question relay outage shows
 in the dispatch counters and in its own up gauge, which its alert rule selects; a refused
 answer counts once, in ``hitl_gate_answers_total`` only."""
 

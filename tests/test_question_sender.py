@@ -1,4 +1,4 @@
-"""The question sender's last look before a POST (issue 15, review finding 7): a question
+"""The question sender's last look before a POST (review finding 7): a question
 resolved, revised, acked or expired between the dispatch plan and the attempt is not sent,
 exactly as the approvals' dispatcher decides (``Dispatcher._send``)."""
 

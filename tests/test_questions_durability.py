@@ -1,4 +1,4 @@
-"""Questions through expiry and kill -9 (issue 15): a question left alone resolves ``timeout``
+"""Questions through expiry and kill -9: a question left alone resolves ``timeout``
 at its ``expires_at`` and a later answer is 410 ``expired``; a pending question survives a
 SIGKILL of the daemon, is sent again if its dispatch was never acked, and still expires on its
 original ``expires_at``. Real daemons, a capturing relay, signed answers, the SQLite file."""

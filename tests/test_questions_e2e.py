@@ -1,4 +1,4 @@
-"""Questions end to end (issue 15): a real daemon, a capturing relay on loopback, signed
+"""Questions end to end: a real daemon, a capturing relay on loopback, signed
 answers, the SQLite file read back."""
 
 from __future__ import annotations

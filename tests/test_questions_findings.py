@@ -1,4 +1,4 @@
-"""Questions as a new user found them (issue 15, their report's findings), end to end: a real
+"""Questions as a new user found them (their report's findings), end to end: a real
 daemon with approvals at one capturing relay and questions at another, resolution notices on,
 signed answers, the SQLite file read back."""
 

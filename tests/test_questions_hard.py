@@ -1,4 +1,4 @@
-"""Questions' hard cases over real HTTP (issue 15): every refusal of the answer table and of the
+"""Questions' hard cases over real HTTP: every refusal of the answer table and of the
 pipeline API with its exact status, reason and field, each proven to change nothing (the
 question rows and the audit log read back from the real SQLite file); racing answers (exactly
 one wins); the long-poll woken by an answer and the one whose wait elapses."""

@@ -1,4 +1,4 @@
-"""Questions' review findings over real HTTP (issue 15): concurrent revises all kept, a revise
+"""Questions' review findings over real HTTP: concurrent revises all kept, a revise
 cap, a revise after the deadline resolves ``timeout``, a revise wakes long-polls, non-finite
 numbers refused as not JSON (never a 500), a step's ``max_options`` bounds form enums and its
 ``max_answer_chars`` refuses unanswerable string fields at creation. Each refusal is read back

@@ -1,4 +1,4 @@
-"""Reasons ("request changes", issue 14 §1) end to end: a decision's ``reason`` through SPEC §2
+"""Reasons ("request changes") end to end: a decision's ``reason`` through SPEC §2
 check 12, the decisions table, the audit entry (``audit verify -c``), the approval object,
 ``request --wait`` and ``list``, and the dispatch of a ``skip_reason: required`` step.
 

@@ -1,4 +1,4 @@
-"""The pure parts of reasons (issue 14 §1): SPEC §2 check 12's reason rule, the records
+"""The pure parts of reasons: SPEC §2 check 12's reason rule, the records
 cross-check of reasons, and the lines the pipeline side prints. No daemon, no I/O."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Batch 02 item 4: the HMAC receipt key (``receipts.key_env``) against an existing audit log.
+"""The HMAC receipt key (``receipts.key_env``) against an existing audit log.
 
 A gate started with another receipt key than the one its log was written with refuses to
 start (exit 2, one line naming ``receipts.key_env``) and writes nothing, unless a rotation

@@ -193,11 +193,11 @@ def test_workflow_verifies_before_it_answers() -> None:
     assert [t["node"] for t in ok_branch] == ["Is it a notice?"]
     assert [t["node"] for t in bad_branch] == ["Refuse (401/400/413)"]
     assert "Refuse (401/400/413)" not in nexts  # a refused dispatch goes nowhere
-    # issue 14 §4: a verified notice is acked 200 and closes the card, never reaches the human
+    # a verified notice is acked 200 and closes the card, never reaches the human
     notice_branch, dispatch_branch = conn["Is it a notice?"]["main"]
     assert [t["node"] for t in notice_branch] == ["Ack notice 200"]
     assert [t["node"] for t in dispatch_branch] == ["Is it a question?"]
-    # issue 15: a verified question is acked 202 on its own path, never reaches the approval chain
+    # a verified question is acked 202 on its own path, never reaches the approval chain
     question_branch, approval_branch = conn["Is it a question?"]["main"]
     assert [t["node"] for t in question_branch] == ["Ack question 202"]
     assert [t["node"] for t in approval_branch] == ["Ack 202"]
@@ -356,7 +356,7 @@ def test_verify_node_accepts_a_gate_dispatch_and_refuses_the_rest() -> None:
 
 @needs_node
 def test_verify_node_acks_a_signed_notice_and_refuses_a_forged_one() -> None:
-    """Issue 14 §4: the gate's notices (conformance/vectors/followup.json) pass the same
+    """The gate's notices (conformance/vectors/followup.json) pass the same
     signature and window check as a dispatch and come out as ``kind: notice`` with 200 (the
     "Is it a notice?" branch), never as a dispatch; forged, stale or unsigned ones get 401, one
     without an approval id or outcome 400 ``invalid_notice``."""
@@ -481,7 +481,7 @@ def test_build_node_signs_exactly_the_bytes_it_sends() -> None:
 
 @needs_node
 def test_build_node_passes_a_reason_through() -> None:
-    """Issue 14 §1: the form's Reason becomes the decision's ``reason`` (left out when blank,
+    """The form's Reason becomes the decision's ``reason`` (left out when blank,
     so such a decision is as before); a skip without one on a step that requires it is not
     sent."""
     envelope = _dispatch()
@@ -511,7 +511,7 @@ def test_build_node_passes_a_reason_through() -> None:
     assert "needs a reason" in outs[3]["error"]
 
 
-# --- the question path (issue 15) under Node.js -----------------------------------------
+# --- the question path under Node.js -----------------------------------------
 
 QUESTION_ID = "01KDWZ8B00J3Q9V5X7Z2M4N6PR"
 FORM_SCHEMA: dict[str, Any] = {
@@ -576,7 +576,7 @@ def _verified_question(envelope: dict[str, Any]) -> dict[str, Any]:
 
 @needs_node
 def test_verify_node_routes_a_signed_question_apart_and_refuses_the_rest() -> None:
-    """Issue 15: a signed question dispatch passes the same signature and window check as a
+    """A signed question dispatch passes the same signature and window check as a
     dispatch and comes out as ``kind: question`` with 202 (the "Is it a question?" branch),
     the whole dispatch under ``question`` and nothing under ``dispatch`` (the approval
     chain's input); a forged, stale or unsigned one is 401, a malformed one 400."""
@@ -626,7 +626,7 @@ def test_verify_node_routes_a_signed_question_apart_and_refuses_the_rest() -> No
 
 @needs_node
 def test_question_step_demo_mode_answers_every_type_with_a_value_that_fits() -> None:
-    """Issue 15: only with HITL_AUTO_ANSWER set does the placeholder answer by itself: a
+    """Only with HITL_AUTO_ANSWER set does the placeholder answer by itself: a
     choice with its first option, free text with HITL_AUTO_ANSWER's text, a form with values
     built from its schema; each value passes the gate's own check (``check_value``).
     Unset or blank, it answers nothing (no item: nothing is sent)."""
@@ -663,7 +663,7 @@ def test_question_step_demo_mode_answers_every_type_with_a_value_that_fits() -> 
 
 @needs_node
 def test_build_answer_node_signs_exactly_the_bytes_it_sends() -> None:
-    """Issue 15: "Build and sign answer" serializes a ``decision: answer`` envelope once and
+    """The node "Build and sign answer" serializes a ``decision: answer`` envelope once and
     signs those bytes; it echoes question_id, callback.nonce and request_hash as received
     (also for version 2, whose hash differs), passes the gate's answer parse (check 5) and
     keeps the value's type; no value: nothing sent; an approver out of scope: not sent."""
@@ -782,7 +782,7 @@ def test_n8n_workflow_passes_hitl_gate_verify(human: str) -> None:
         "gate.replay_refused",
         "gate.mutated_hash_refused",
         "gate.out_of_scope_refused",
-        # verify --questions (issue 15): the workflow's question path in its demo/test mode
+        # verify --questions: the workflow's question path in its demo/test mode
         "question.ack",
         "question.answer_received",
         "question.answer_signed",

@@ -3,7 +3,7 @@
 prove.sh installs node-red 4.1.x (cached in .node/), starts it on loopback, deploys flow.json
 through the admin API and runs ``hitl-gate verify`` against it. A second run deploys the same
 flow with its signature check disabled, to prove the negative path is real. A third serves the
-flow behind a real gate with ``relay.notices: true``: a resolution notice (issue 14 §4) closes
+flow behind a real gate with ``relay.notices: true``: a resolution notice closes
 the flow's pending item.
 """
 
@@ -56,7 +56,7 @@ CHECKS = (
     "gate.replay_refused",
     "gate.mutated_hash_refused",
     "gate.out_of_scope_refused",
-    # verify --questions (issue 15): the flow's question path
+    # verify --questions: the flow's question path
     "question.ack",
     "question.answer_received",
     "question.answer_signed",
@@ -121,7 +121,7 @@ def test_flow_reads_raw_body_and_keeps_the_secret_out() -> None:
         assert 'env.get("HITL_RELAY_SECRET")' in funcs[name]["func"]
     assert "HITL_AUTO_DECISION" in funcs["HUMAN STEP (placeholder: replace me)"]["func"]
     assert "HITL_AUTO_ANSWER" in funcs["QUESTION STEP (placeholder: replace me)"]["func"]
-    # issue 15: a question goes to the question step (output 4), never to the human step
+    # a question goes to the question step (output 4), never to the human step
     (verify_node,) = [n for n in flow if n.get("name") == "verify dispatch signature"]
     question_step = funcs["QUESTION STEP (placeholder: replace me)"]["id"]
     assert verify_node["wires"][3] == [question_step]
@@ -179,7 +179,7 @@ process.stdout.write(JSON.stringify(out));
 
 @needs_node
 def test_build_node_passes_a_reason_through() -> None:
-    """Issue 14 §1: ``msg.decision.reason`` becomes the decision's ``reason`` (left out when
+    """``msg.decision.reason`` becomes the decision's ``reason`` (left out when
     absent or blank, so such a decision is as before); another type is not sent."""
     func = next(n for n in _load_flow() if n.get("name") == "build + sign decision")["func"]
     hitl = {
@@ -234,7 +234,7 @@ process.stdout.write(JSON.stringify(out));
 
 @needs_node
 def test_question_step_demo_mode_answers_every_type_with_a_value_that_fits() -> None:
-    """Issue 15: the placeholder's demo/test mode answers a choice with its first option, free
+    """The placeholder's demo/test mode answers a choice with its first option, free
     text with HITL_AUTO_ANSWER, and a form with values built from its schema; each value
     passes the gate's own check (``check_value``)."""
     from gate.protocol.question import check_value, parse_question
@@ -339,7 +339,7 @@ def node_red() -> Iterator[NodeRed]:
 @needs_node
 @pytest.mark.timeout(300)
 def test_a_notice_closes_the_pending_item(node_red: NodeRed, tmp_path: Path) -> None:
-    """Issue 14 §4 (done-when): the gate's signed notice, after a cancel and after a decision
+    """The gate's signed notice, after a cancel and after a decision
     made elsewhere, removes the approval's pending item; an unsigned notice is refused 401 and
     changes nothing; a notice is never shown as a request."""
     config = write_config(tmp_path, node_red.base + "/hitl", relay={"notices": True})

@@ -1,4 +1,4 @@
-"""The reference relay and questions, as a new user found them (issue 15, findings 5, 6, 7,
+"""The reference relay and questions, as a new user found them (findings 5, 6, 7,
 14): a real relay process, signed question dispatches over loopback, a pseudo-terminal where
 the terminal is involved. Waits are conditions with deadlines."""
 

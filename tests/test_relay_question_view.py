@@ -1,4 +1,4 @@
-"""The reference relay's question screen and typed-answer parsers (issue 15): pure, no I/O."""
+"""The reference relay's question screen and typed-answer parsers: pure, no I/O."""
 
 from __future__ import annotations
 

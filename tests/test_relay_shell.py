@@ -2,8 +2,8 @@
 
 It passes ``python -m gate verify`` end to end behind socat, and its per-connection handler
 refuses what SPEC §2 says a relay must refuse. In ``ask`` mode, with a real pseudo-terminal
-as its /dev/tty, it shows the draft as it is and takes only an answer typed after it (issue 12
-item 1). Needs the Debian packages socat, jq, curl and openssl; skipped (with the reason)
+as its /dev/tty, it shows the draft as it is and takes only an answer typed after it.
+Needs the Debian packages socat, jq, curl and openssl; skipped (with the reason)
 where one is missing.
 """
 
@@ -304,7 +304,7 @@ def test_handler_accepts_rotated_secret_and_posts_a_signed_decision(
 def test_b02_08_handler_skips_a_malformed_v1_like_the_gate(
     tmp_path: Path, callback: CallbackServer
 ) -> None:
-    """Item 8 of issue 12 (conformance/vectors/signature_header.json, the *_v1_* cases): a v1
+    """(conformance/vectors/signature_header.json, the *_v1_* cases): a v1
     that is not 64 hex digits is skipped when another is well formed; with none well formed
     the header is signature_malformed (the template answered signature_mismatch)."""
     url = f"http://127.0.0.1:{callback.server_address[1]}/hitl/v0/decisions"
@@ -423,7 +423,7 @@ def test_ask_mode_shows_control_and_invisible_characters_of_a_draft(
 def test_b02_05_relay_shell_ask_says_when_the_draft_is_empty_or_whitespace(
     tmp_path: Path, callback: CallbackServer, draft: str, said: str
 ) -> None:
-    """Issue 12 item 5: ``ask`` showed an empty or whitespace-only draft as nothing between
+    """``ask`` showed an empty or whitespace-only draft as nothing between
     its two ``==`` lines; it says so in words where the draft would be."""
     text = _ask_on_a_terminal(tmp_path, callback, draft)
     assert f"\n{said}\n==\n" in text, text
@@ -431,7 +431,7 @@ def test_b02_05_relay_shell_ask_says_when_the_draft_is_empty_or_whitespace(
     assert json.loads(raw)["decision"] == "approve"
 
 
-# --- issue 12 item 1: answers typed before the draft, stray words, high risk ---------------
+# --- answers typed before the draft, stray words, high risk ---------------------------------
 # ``relay.sh serve`` in ask mode behind socat, in a session whose controlling terminal (the
 # handlers' /dev/tty) is a real pseudo-terminal; a real gate dispatches to it.
 
@@ -472,7 +472,7 @@ def _notice(approval_id: str = "01TESTSHELLRELAY0000000000", **extra: Any) -> by
 
 @needs_handler
 def test_handler_acks_a_signed_notice_and_refuses_an_unsigned_one(tmp_path: Path) -> None:
-    """Issue 14 §4: a notice is checked like a dispatch (401 unsigned, forged or stale), acked
+    """A notice is checked like a dispatch (401 unsigned, forged or stale), acked
     200 when signed, remembered as resolved (``.done/ID``: a queued prompt about it is never
     shown) and never taken for a request (no nonce remembered, no decision); 400 without an
     outcome. Nothing is remembered for a refused one."""
@@ -627,7 +627,7 @@ def _decisions(approval: dict[str, Any]) -> list[tuple[str, str, int]]:
 
 @needs_listener
 def test_b02_01_shell_keys_typed_before_the_prompt_are_discarded(asking) -> None:
-    """Issue 12 item 1, shell relay: ``a`` Enter typed while no prompt was on screen approved
+    """Shell relay: ``a`` Enter typed while no prompt was on screen approved
     the next request at once, unseen (ask read /dev/tty as it was). What is typed before the
     draft and its prompt are on screen, whole lines and half a line, is discarded; only the
     answer typed after the prompt counts, for the first request and for the next one."""
@@ -675,7 +675,7 @@ def test_b02_01_shell_keys_typed_before_the_prompt_are_discarded(asking) -> None
 def test_b02_01_shell_only_a_choice_is_taken_and_abort_does_not_approve(
     asking, answer: str, outcome: str, verb: str
 ) -> None:
-    """Issue 12 item 1, shell relay: ask matched ``a*``, so ``abort`` (or anything starting
+    """Shell relay: ask matched ``a*``, so ``abort`` (or anything starting
     with ``a``) approved. Only ``a``/``approve``, ``s``/``skip``, ``e``/``edit``/``adjust``
     are taken (any case, trimmed); anything else gets a ``Not taken`` line and the prompt
     again, and decides nothing."""
@@ -701,7 +701,7 @@ def test_b02_01_shell_only_a_choice_is_taken_and_abort_does_not_approve(
 @needs_listener
 @pytest.mark.parametrize(("risk", "word"), [("high", "approve"), ("critical", "Edit")])
 def test_b02_01_shell_high_risk_takes_the_whole_word_only(asking, risk: str, word: str) -> None:
-    """Issue 12 item 1, shell relay: at a risk other than low/normal one key must not decide;
+    """Shell relay: at a risk other than low/normal one key must not decide;
     the prompt says to type the whole word, and ``a``, ``s``, ``e`` are refused with that
     hint. The whole word (any case) is taken; ``edit`` then asks for the new text."""
     relay, start_gate = asking
@@ -732,7 +732,7 @@ def test_b02_01_shell_high_risk_takes_the_whole_word_only(asking, risk: str, wor
 
 @needs_listener
 def test_shell_relay_asks_a_required_skip_reason_and_sends_it(asking) -> None:
-    """Issue 14 §1, shell relay: on a ``skip_reason: required`` step a skip asks for its
+    """Shell relay: on a ``skip_reason: required`` step a skip asks for its
     reason until a line that is not only whitespace is typed, and sends it as ``reason``."""
     relay, start_gate = asking
     steps = [
@@ -759,7 +759,7 @@ def test_shell_relay_asks_a_required_skip_reason_and_sends_it(asking) -> None:
 
 @needs_listener
 def test_shell_relay_drops_the_prompt_of_an_approval_resolved_elsewhere(asking) -> None:
-    """Issue 14 §4, shell relay: with ``relay.notices: true`` the gate's notice drops the
+    """Shell relay: with ``relay.notices: true`` the gate's notice drops the
     prompt on the terminal about that approval with a line saying how it ended; an approval
     queued behind it and resolved meanwhile is never shown; the terminal then asks the next
     one as usual."""

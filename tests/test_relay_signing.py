@@ -1,4 +1,4 @@
-"""Relays that sign (issue 16 part C): the reference relay's ``--approver-key`` signs every
+"""Relays that sign: the reference relay's ``--approver-key`` signs every
 decision it posts with the approver's Ed25519 key, and the gate verifies it on a step whose
 ``approver_signature`` is ``required``.
 

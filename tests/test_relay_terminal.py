@@ -1,4 +1,4 @@
-"""The reference relay at a terminal (``hitl-gate relay`` without ``--auto``), batch 02.
+"""The reference relay at a terminal (``hitl-gate relay`` without ``--auto``).
 
 The relay runs as ``python -m gate relay`` with its stdin and stdout (and, where a test says
 so, its stderr) on the slave side of a real pseudo-terminal; the test is the human at the
@@ -275,7 +275,7 @@ def prompts(screen: str) -> list[tuple[str, str]]:
 
 @pytest.mark.e2e
 def test_b02_01_keys_typed_before_the_prompt_are_discarded(tmp_path, pty_relay, gates):
-    """Issue 12 item 1: ``a`` Enter typed while no prompt was on screen approved the next
+    """``a`` Enter typed while no prompt was on screen approved the next
     request at once, unseen; a stray ``s`` skipped the one after. What is typed before the
     whole draft and its prompt are on screen is discarded; the answer typed after counts."""
     relay = pty_relay("--as", "alice@example.com")
@@ -314,7 +314,7 @@ def test_b02_01_keys_typed_before_the_prompt_are_discarded(tmp_path, pty_relay, 
 
 @pytest.mark.e2e
 def test_b02_01_high_risk_takes_the_whole_word_only(tmp_path, pty_relay, gates):
-    """Issue 12 item 1: on a ``risk: high`` step one key must not approve; the prompt says
+    """On a ``risk: high`` step one key must not approve; the prompt says
     exactly what to type, and a single ``a`` is refused with that hint."""
     relay = pty_relay("--as", "alice@example.com")
     steps = [{"name": "pay", "quorum": 1, "approvers": [101, 102], "timeout": "1h", "risk": "high"}]
@@ -338,7 +338,7 @@ def test_b02_01_high_risk_takes_the_whole_word_only(tmp_path, pty_relay, gates):
 
 @pytest.mark.e2e
 def test_b02_01_piped_stdin_is_a_script_answered_in_order(tmp_path, clis, gates):
-    """Issue 12 item 1, the choice written down: stdin that is not a terminal is a script.
+    """The choice written down: stdin that is not a terminal is a script.
     Its lines answer the prompts in order, however early they were written (nothing is
     discarded), with the same words as a terminal (a risk high step needs ``approve``)."""
     relay = clis(
@@ -375,7 +375,7 @@ def test_b02_01_piped_stdin_is_a_script_answered_in_order(tmp_path, clis, gates)
 
 @pytest.mark.e2e
 def test_b02_02_own_edit_is_not_asked_about_again(tmp_path, pty_relay, gates):
-    """Issue 12 item 2: after alice's edit made revision 2 of a quorum-2 approval, the relay
+    """After alice's edit made revision 2 of a quorum-2 approval, the relay
     asked bob about revision 1 (409 superseded), then alice about revision 2 although her
     edit counts (409 duplicate). Now bob is asked about revision 2 only, with 1 of 2."""
     relay = pty_relay("--as", "alice@example.com", "--as", "bob@example.com")
@@ -409,7 +409,7 @@ def test_b02_02_own_edit_is_not_asked_about_again(tmp_path, pty_relay, gates):
 def test_b02_02_prompt_on_screen_is_withdrawn_when_a_newer_revision_arrives(
     tmp_path, pty_relay, gates
 ):
-    """Issue 12 item 2: bob's prompt about revision 1 stayed on screen after carol's edit
+    """Bob's prompt about revision 1 stayed on screen after carol's edit
     (elsewhere) made revision 2, waiting for a key the gate would refuse (409 superseded).
     It is withdrawn with a line saying why, and bob is asked about revision 2."""
     relay = pty_relay("--as", "bob@example.com")
@@ -448,7 +448,7 @@ def test_b02_02_prompt_on_screen_is_withdrawn_when_a_newer_revision_arrives(
 
 @pytest.mark.e2e
 def test_b02_02_prompt_on_screen_is_withdrawn_at_expiry(tmp_path, pty_relay, gates):
-    """Issue 12 item 2: a prompt whose approval expired stayed on screen until a key was
+    """A prompt whose approval expired stayed on screen until a key was
     typed (410 expired). It is withdrawn when the dispatch's ``expires_at`` passes, and the
     next prompt follows; a key typed then answers that one."""
     relay = pty_relay("--as", "alice@example.com")
@@ -474,7 +474,7 @@ def test_b02_02_prompt_on_screen_is_withdrawn_at_expiry(tmp_path, pty_relay, gat
 
 @pytest.mark.e2e
 def test_b02_02_auto_relay_sends_nothing_the_gate_would_refuse(tmp_path, clis, gates):
-    """Issue 12 item 2 with ``--auto``: after alice's automatic edit, bob's decision went to
+    """With ``--auto``: after alice's automatic edit, bob's decision went to
     revision 1 (409 superseded) and alice's to revision 2 (409 duplicate)."""
     relay = clis(
         "relay",
@@ -511,7 +511,7 @@ def test_b02_02_auto_relay_sends_nothing_the_gate_would_refuse(tmp_path, clis, g
 
 @pytest.mark.e2e
 def test_b02_12_relay_prompt_reads_in_words_and_holds_log_lines(tmp_path, pty_relay, gates):
-    """Issue 12 item 12: the quorum showed as a dict in an INFO line, the budget as raw
+    """The quorum showed as a dict in an INFO line, the budget as raw
     JSON, and INFO lines interleaved with the draft and the prompt. With stderr on the
     terminal too, the relay logs warnings only, and none inside a draft or prompt: a
     warning raised while the prompt waits (a forged dispatch) shows after the answer."""
@@ -622,7 +622,7 @@ def test_b02_12_relay_prompt_reads_in_words_and_holds_log_lines(tmp_path, pty_re
     ids=["no-spend", "spend-fits", "over-already", "no-cap", "odd-types", "beyond-2**53"],
 )
 def test_b02_12_relay_budget_in_words(budget, lines):
-    """Issue 12 item 12: the dispatch's ``budget`` object (docs/protocol.md) in words."""
+    """The dispatch's ``budget`` object (docs/protocol.md) in words."""
     assert budget_lines(budget, "inv") == lines
 
 
@@ -712,7 +712,7 @@ def signed_dispatch(body: str) -> tuple[bytes, dict[str, str]]:
     ids=["empty", "whitespace"],
 )
 def test_b02_05_relay_says_when_the_draft_is_empty_or_whitespace(pty_relay, body, said):
-    """Issue 12 item 5: an empty or whitespace-only draft showed as nothing between two
+    """An empty or whitespace-only draft showed as nothing between two
     separator lines. The relay says so in words, where the draft would be."""
     relay = pty_relay("--as", "alice@example.com")
     raw, headers = signed_dispatch(body)
@@ -866,7 +866,7 @@ def test_b02_B_stdout_redirected_the_draft_and_prompt_are_on_the_terminal(
     assert "Pay 12,000.00" not in (tmp_path / "out.txt").read_text(encoding="utf-8")
 
 
-# ---- issue 14: a skip's reason ------------------------------------------------------------
+# ---- a skip's reason ---------------------------------------------------------------------
 
 REASON_STEPS = [
     {"name": "q1", "quorum": 1, "approvers": [101, 102], "timeout": "1h"},
@@ -886,7 +886,7 @@ def reasons(approval: dict[str, Any]) -> list[tuple[str, str, str | None]]:
 
 @pytest.mark.e2e
 def test_relay_asks_a_skip_reason_and_sends_what_was_typed(tmp_path, pty_relay, gates):
-    """Issue 14 §1: on a ``skip_reason: required`` step the relay asks until a reason is
+    """On a ``skip_reason: required`` step the relay asks until a reason is
     typed (an empty line is not one) and sends it; elsewhere it asks too, and an empty line
     sends none."""
     relay = pty_relay("--as", "alice@example.com")
@@ -921,7 +921,7 @@ def test_relay_asks_a_skip_reason_and_sends_what_was_typed(tmp_path, pty_relay, 
 
 @pytest.mark.e2e
 def test_relay_auto_skip_sends_its_reason(tmp_path, clis, gates):
-    """Issue 14 §1: ``--auto skip:REASON`` skips with that reason, also on a step that
+    """``--auto skip:REASON`` skips with that reason, also on a step that
     requires one."""
     relay = clis(
         "relay",
@@ -948,7 +948,7 @@ def test_relay_auto_skip_sends_its_reason(tmp_path, clis, gates):
 
 @pytest.mark.e2e
 def test_a_script_gives_a_reason_only_where_the_step_requires_one(tmp_path, clis, gates):
-    """Issue 14 §1, piped stdin: scripts written before reasons existed answer as before (a
+    """Piped stdin: scripts written before reasons existed answer as before (a
     skip on an optional step takes no reason line); on a ``skip_reason: required`` step the
     line after the skip is its reason."""
     relay = clis(

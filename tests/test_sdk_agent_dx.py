@@ -1,4 +1,4 @@
-"""The SDK and examples/agent.py as a new agent developer meets them (issue 18 review): a
+"""The SDK and examples/agent.py as a new agent developer meets them: a
 pending Approval or Question is no truth value, the variables the SDK needs are named when
 missing, ``aclose``, and the example's gated function is module-level. A real gate and a
 capturing relay on loopback."""

@@ -1,4 +1,4 @@
-"""The SDK's clients (issue 18, gate/sdk): AsyncGate and Gate against a real daemon and a
+"""The SDK's clients (gate/sdk): AsyncGate and Gate against a real daemon and a
 capturing relay on loopback, decisions and answers signed and posted as a relay does."""
 
 from __future__ import annotations

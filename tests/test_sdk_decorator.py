@@ -1,4 +1,4 @@
-"""``require_approval`` (issue 18, gate/sdk/decorator.py) against a real daemon and a
+"""``require_approval`` (gate/sdk/decorator.py) against a real daemon and a
 capturing relay on loopback: the gated function runs only on approved, with the edited
 arguments on adjusted, never otherwise; the same run repeating a call joins its approval."""
 

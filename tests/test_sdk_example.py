@@ -1,4 +1,4 @@
-"""examples/agent.py (issue 18) run as an agent would be: a separate process against a real
+"""examples/agent.py run as an agent would be: a separate process against a real
 gate and the reference relay (``hitl-gate relay --auto ...``) or a capturing relay."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The reviewer's findings on ``require_approval`` (issue 18, review 18c), each against a real
+"""The reviewer's findings on ``require_approval`` (review 18c), each against a real
 daemon and a capturing relay on loopback: an approval covers one call, never a later or a
 parallel identical one; the draft shows (and the key holds) the receiver and the module;
 the function runs only on the arguments a person saw; an edit names exactly the draft's

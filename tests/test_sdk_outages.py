@@ -1,4 +1,4 @@
-"""The SDK rides out an unreachable gate (issue 18; as ``hitl-gate request --wait`` does):
+"""The SDK rides out an unreachable gate (as ``hitl-gate request --wait`` does):
 a wait goes on across a gate restart, and a create is retried with its Idempotency-Key until
 the gate takes it (one approval, not two). Real daemon, capturing relay, loopback."""
 

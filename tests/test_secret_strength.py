@@ -1,4 +1,4 @@
-"""Weak secrets (issue 12, batch 02, item 6): a relay secret, API token or receipt key shorter
+"""Weak secrets (item 6): a relay secret, API token or receipt key shorter
 than 16 bytes is refused by ``check-config`` and ``serve`` (exit 2, one line per secret naming
 its YAML path and variable); one shorter than 32 bytes is a warning (``check-config`` exit 0,
 ``doctor`` WARN, ``serve`` logs it). The demo's and the tests' own secrets are long enough.
@@ -117,7 +117,7 @@ def test_b02_06_secret_from_a_credential_file_is_measured_too(config: Path, tmp_
 
 
 def test_b02_06_previous_receipt_key_is_measured_too(config: Path, tmp_path: Path) -> None:
-    """receipts.previous_key_env (batch 02 item 4) is in the same table of secrets."""
+    """receipts.previous_key_env is in the same table of secrets."""
     rotating = tmp_path / "rotating.yaml"
     rotating.write_text(
         config.read_text(encoding="utf-8").replace(

@@ -103,7 +103,7 @@ class Scenario:
     text: bool = False
     public_url: bool = False
     unreachable: bool = False
-    notices: bool = False  # verify --notices (issue 14): the notice checks follow
+    notices: bool = False  # verify --notices: the notice checks follow
 
     @property
     def checks(self) -> list[str]:
@@ -524,7 +524,7 @@ def test_never_answering_relay_fails_after_timeout(fleet: Fleet) -> None:
 def test_unacked_dispatch_is_not_waited_for(fleet: Fleet) -> None:
     # --timeout 60, but the relay refused the dispatch: there is no human to wait for
     # the bound is half of that --timeout: it tells "did not wait for the human" apart from
-    # "waited", not how fast the machine is (GRACE_S + 8 failed under load, issue 12 review)
+    # "waited", not how fast the machine is (GRACE_S + 8 failed under load)
     waited = _exit_after_real_dispatch(fleet, "refuses-everything")
     assert waited < 30.0, waited
     assert fleet.relays["refuses-everything"].decided() == []
@@ -738,7 +738,7 @@ def test_judge_ack() -> None:
 
 
 def test_b02_07_verify_ack_hint_follows_the_relays_reason() -> None:
-    """Item 7 of issue 12: a relay refusing the real dispatch as timestamp_out_of_window was
+    """A relay refusing the real dispatch as timestamp_out_of_window was
     told to check its secret; its reason now picks the hint (the clocks differ)."""
     clock = judge_ack(401, "relay answered HTTP 401: timestamp_out_of_window", 0.1)
     assert not clock.ok and "timestamp_out_of_window" in clock.observed

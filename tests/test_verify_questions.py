@@ -1,4 +1,4 @@
-"""Tests for ``hitl-gate verify --questions`` (issue 15): the real CLI against the reference
+"""Tests for ``hitl-gate verify --questions``: the real CLI against the reference
 relay answering questions (``--auto-answer``), an independent honest relay, and relays that
 get one thing about questions wrong, proving each FAIL line is real; plus direct tests of the
 answer judges.

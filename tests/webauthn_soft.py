@@ -1,4 +1,4 @@
-"""A software WebAuthn authenticator for HTTP-level tests (issue 17): a P-256 key, ``none``
+"""A software WebAuthn authenticator for HTTP-level tests: a P-256 key, ``none``
 attestation, user present and verified, a signature counter that increases with every
 assertion. It answers exactly what a browser's ``navigator.credentials.create`` / ``get``
 would hand the page's script (base64url JSON), so tests post real registrations to the

@@ -1,4 +1,4 @@
-"""Typed ``data`` of the approver-credential audit entries (issue 16): enrolment and
+"""Typed ``data`` of the approver-credential audit entries: enrolment and
 revocation. Pure, like ``gate.audit.entries``: ``to_data()`` is what the chain hashes (an
 optional field is left out, never null), ``from_data()`` reads a logged object back as
 logged.

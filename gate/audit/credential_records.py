@@ -1,5 +1,5 @@
-"""The approver_credentials table against the verified audit log (issue 16; the review's
-F1): the gate reads the table when it checks a decision's signature, so a key swapped, moved
+"""The approver_credentials table against the verified audit log: the
+gate reads the table when it checks a decision's signature, so a key swapped, moved
 to another operator, un-revoked, added or deleted by whoever can write the database file is
 named by ``audit verify -c`` (like a decision row edited, ``gate.audit.records``). Pure."""
 

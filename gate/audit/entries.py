@@ -24,7 +24,7 @@ DECISION = "decision"
 RESOLVED = "resolved"
 DISPATCH_ACK = "dispatch_ack"
 ESCALATED = "escalated"
-# the operator id of a policy's decision (issue 18 §3): configured operator ids are >= 1
+# the operator id of a policy's decision: configured operator ids are >= 1
 POLICY_OPERATOR = 0
 
 
@@ -45,8 +45,8 @@ class CreatedData:
     ``revision`` is 1; ``payload_hash`` that of revision 1's body; ``quorum`` the approvals
     needed; ``approvers`` the operator ids in scope, in scope order; ``expires_at`` unix ms,
     UTC. ``requested_by`` (an operator id) and ``allow_self_approval`` are written only for
-    a request made by an operator (both or neither). ``approver_signature`` (issue 16:
-    ``optional`` or ``required``, frozen with the approval) is written only for a step
+    a request made by an operator (both or neither). ``approver_signature``
+    (``optional`` or ``required``, frozen with the approval) is written only for a step
     whose mode is not ``off``."""
 
     kind: ClassVar[str] = CREATED
@@ -92,15 +92,15 @@ class DecisionData:
     """A ``decision`` entry: one accepted decision (SPEC §2). ``revision`` and
     ``payload_hash`` are what was decided on; ``effect`` is ``approve``, ``skip`` or
     ``adjust``; an adjust also names the revision it made and that draft's payload hash
-    (``new_revision``, ``new_payload_hash``: both or neither). ``reason`` (issue 14) is
+    (``new_revision``, ``new_payload_hash``: both or neither). ``reason`` is
     written only when the decision had one, and ``on_behalf_of`` (the principal's operator
-    id) only for a delegate's decision (issue 14 §3), and ``credential_id`` with
+    id) only for a delegate's decision, and ``credential_id`` with
     ``assertion`` (the ``approver_assertion`` object as received, so it can be re-verified
-    offline) only for a signed decision (issue 16), so entries without them are as the
+    offline) only for a signed decision, so entries without them are as the
     gate always wrote them. A signed decision also logs what its digest covered that the
     entry does not hold as signed: ``adjust_text_sha256`` (an adjust's text as sent) and
     ``reason_sha256`` (a reason sent blank, so recorded as none): lowercase hex SHA-256.
-    A policy's decision (issue 18 §3) has ``operator_id`` 0 (``POLICY_OPERATOR``, no
+    A policy's decision has ``operator_id`` 0 (``POLICY_OPERATOR``, no
     operator's id) and names its decider ``by`` (``policy:<rule id>``), the ``rule`` and, for
     a remembered approval, the approval it remembers (``remembered_from``)."""
 
@@ -148,7 +148,7 @@ class DecisionData:
                 data["adjust_text_sha256"] = self.adjust_text_sha256
             if self.reason_sha256 is not None:
                 data["reason_sha256"] = self.reason_sha256
-        if self.by is not None:  # issue 18: a policy decided
+        if self.by is not None:  # a policy decided
             data["by"] = self.by
             data["rule"] = self.rule
             if self.remembered_from is not None:
@@ -213,7 +213,7 @@ class DispatchAckData:
 
 @dataclass(frozen=True, slots=True)
 class EscalatedData:
-    """An ``escalated`` entry (issue 14 §2): escalation ``level`` (1, 2, ...) widened the
+    """An ``escalated`` entry: escalation ``level`` (1, 2, ...) widened the
     approver scope by the operator ids ``added`` (possibly none); ``approvers`` is the whole
     new scope, operator ids in scope order (like ``created``'s). Check 11 uses it from this
     entry on."""

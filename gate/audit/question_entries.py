@@ -1,4 +1,4 @@
-"""Typed ``data`` payloads of the questions' audit entries (issue 15): question_created,
+"""Typed ``data`` payloads of the questions' audit entries: question_created,
 question_revised, question_dispatch_ack, question_answered, question_resolved. Built by the
 writer (``gate.core.question_tx``), read back by the records check.
 

@@ -1,4 +1,4 @@
-"""The comparisons of one question's rows with its audit entries (issue 15), one per table
+"""The comparisons of one question's rows with its audit entries, one per table
 (question_versions, the answer, the resolution, question_outbox); ``gate.audit.
 question_records`` runs them in order and says what each checks.
 

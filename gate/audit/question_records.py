@@ -1,5 +1,5 @@
-"""Cross-check of the question records against the audit log, for ``audit verify -c`` (issue
-15), as ``gate.audit.records`` does for approvals.
+"""Cross-check of the question records against the audit log, for ``audit verify -c``,
+as ``gate.audit.records`` does for approvals.
 
 Someone who can write the database file but holds no receipt or signing key can change a
 row, not the log: a question's text, its answer, its outcome. Each question must have:
@@ -58,7 +58,7 @@ _EDITED = (TypeError, ValueError, KeyError, AttributeError, IndexError)
 
 @dataclass(frozen=True, slots=True)
 class QuestionRecord:
-    """One question as the tables hold it, with its audit rows (issue 15). ``question`` is
+    """One question as the tables hold it, with its audit rows. ``question`` is
     the questions row as a dict (question_id, pipeline, step, version, state, outcome,
     expires_at, scope: JSON text, requested_by_id, answer: canonical JSON text or None,
     answered_by, answer_version, receipt: JSON text, answer_identity, answer_salt: hex) or

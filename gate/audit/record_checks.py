@@ -94,12 +94,12 @@ def rules_problem(
     """The log against itself and the frozen scope: what the gate never writes, whatever the
     rows said while it ran (rows loosened, the approval resolved, the rows put back). The
     scope is the one frozen in ``created`` widened by each ``escalated`` entry in order
-    (issue 14: levels 1, 2, ... each adding operators not yet in it); a decision is checked
+    (levels 1, 2, ... each adding operators not yet in it); a decision is checked
     against the scope as it stood at its entry, the row's scope and the counted approvers
     against the last. A delegate's decision (``on_behalf_of`` set) is within the scope when
     its principal is; the delegate then counts as an approver."""
     approvers = list(created.approvers)
-    delegates: set[Any] = set()  # deciders let in by a delegation (issue 14 §3)
+    delegates: set[Any] = set()  # deciders let in by a delegation
     for e, d in entries:
         if e.kind == ESCALATED:
             reason = _escalation_problem(e.seq, EscalatedData.from_data(d), approvers)
@@ -112,7 +112,7 @@ def rules_problem(
             reason = _policy_problem(e.seq, made)
             if reason is not None:
                 return reason
-            if made.by is not None:  # issue 18: a policy decided; it counts as its approver
+            if made.by is not None:  # a policy decided; it counts as its approver
                 delegates.add(POLICY_OPERATOR)
             elif principal is not None and principal not in approvers:
                 return (
@@ -158,7 +158,7 @@ def rules_problem(
 
 
 def _policy_problem(seq: int, made: DecisionData) -> str | None:
-    """A decision entry the gate writes for a policy (issue 18 §3) only as operator
+    """A decision entry the gate writes for a policy only as operator
     ``POLICY_OPERATOR`` ``by`` ``policy:<its rule>``, on revision 1, approve or skip; and no
     operator's decision as operator ``POLICY_OPERATOR``."""
     if made.by is None and made.operator_id != POLICY_OPERATOR:
@@ -257,7 +257,7 @@ def reasons_problem(
     stored: list[tuple[Any, Any, Any]], logged: list[tuple[Any, Any, Any, Any]]
 ) -> str | None:
     """The decisions table's ``(revision, operator_id, reason)`` against the ``decision``
-    entries' ``(seq, revision, operator_id, reason)`` (issue 14; an entry without ``reason``
+    entries' ``(seq, revision, operator_id, reason)`` (an entry without ``reason``
     reads None): for each logged decision, the row of the same revision and operator holds
     the same reason. Run after ``decisions_problem`` (the same decisions on both sides). The
     message never quotes a reason (treated like a draft)."""

@@ -14,8 +14,8 @@ the log: an approved draft's body, an outcome, a decision. Each approval must ha
 - a ``resolved`` entry if and only if the row is resolved, with the row's outcome and
   revision, and the row's stored receipt being that entry's receipt;
 - a log that keeps the gate's own rules: decisions and counted approvers within the
-  approvers frozen in ``created``, widened by each ``escalated`` entry before them (issue 14;
-  each adds operators not yet in scope; a delegate's decision: its principal within them),
+  approvers frozen in ``created``, widened by each ``escalated`` entry before them (each
+  adds operators not yet in scope; a delegate's decision: its principal within them),
   and the row's scope the same operators, each decision on a payload the log holds for its
   revision, the resolution with the frozen quorum (a row loosened while the gate ran, then
   put back, leaves this trace);
@@ -64,11 +64,11 @@ class ApprovalRecord:
     log names the approval;
     ``revisions`` are ``(revision, body, payload_hash)``; ``decisions`` are ``(revision,
     operator_id, decision, payload_hash)`` with ``on_behalf_of`` appended when not null
-    (a delegate's decision, issue 14 §3), then ``("credential_id", id)`` when not null (a
-    signed decision, issue 16), all as stored (an edited row may hold any type);
+    (a delegate's decision), then ``("credential_id", id)`` when not null (a
+    signed decision), all as stored (an edited row may hold any type);
     ``entries`` its audit rows in ascending seq; ``dispatches`` its outbox rows
     ``(revision, attempts, delivered_at)`` as stored; ``reasons`` its decisions'
-    ``(revision, operator_id, reason)`` as stored (issue 14)."""
+    ``(revision, operator_id, reason)`` as stored."""
 
     approval_id: str
     approval: dict[str, Any] | None
@@ -140,7 +140,7 @@ def _problem(record: ApprovalRecord) -> str | None:
                 f"{column} is {row[column]!r} in the approvals table but "
                 f"{getattr(data, name)!r} in audit entry {entry.seq}"
             )
-    # issue 16: the mode frozen at creation is the logged one (NULL: created before
+    # the mode frozen at creation is the logged one (NULL: created before
     # migration 7, when the entry names none)
     mode = row.get("approver_signature")
     if (mode, data.approver_signature) != (None, None) and mode != (
@@ -159,7 +159,7 @@ def _problem(record: ApprovalRecord) -> str | None:
         made = DecisionData.from_data(d)
         made_row = (made.revision, made.operator_id, made.decision, made.payload_hash)
         behalf = () if made.on_behalf_of is None else (made.on_behalf_of,)
-        # issue 16: the credential that signed it, tagged (on_behalf_of is optional too)
+        # the credential that signed it, tagged (on_behalf_of is optional too)
         signed = () if made.credential_id is None else (("credential_id", made.credential_id),)
         decisions.append(made_row + behalf + signed)
         reasons.append((e.seq, made.revision, made.operator_id, made.reason))

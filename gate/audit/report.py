@@ -65,7 +65,7 @@ def verdict(
         anchor = report.anchor
         return Verdict(1, (f"TAMPERED: entry {anchor.seq}: {anchor.reason} ({anchor.source})",))
     signed = report.signatures
-    if signed is not None and signed.findings:  # issue 16 §6: every finding, one line each
+    if signed is not None and signed.findings:  # every finding, one line each
         return Verdict(
             1,
             tuple(f"TAMPERED: approver signature: {f.line()}" for f in signed.findings)
@@ -91,7 +91,7 @@ def verdict(
                 f"verified ({result.checked} entries)",
             ),
         )
-    if report.credentials is not None:  # issue 16: the table the gate checks keys against
+    if report.credentials is not None:  # the table the gate checks keys against
         return Verdict(
             1,
             (
@@ -109,7 +109,7 @@ def verdict(
     if matched is not None:
         newer = f" ({matched.newer} written since, not checked)" if matched.newer else ""
         out.append(f"ok: {matched.checked} approvals match the audit log{newer}")
-    if questions is not None and (questions.checked or questions.newer):  # issue 15
+    if questions is not None and (questions.checked or questions.newer):
         newer = f" ({questions.newer} written since, not checked)" if questions.newer else ""
         out.append(f"ok: {questions.checked} questions match the audit log{newer}")
     return Verdict(0, tuple(out), _warnings(result, keys))

@@ -1,4 +1,4 @@
-"""Re-verify every approver signature an audit log holds (issue 16 §6: proof that travels),
+"""Re-verify every approver signature an audit log holds (proof that travels),
 with nothing but the log: ``audit verify`` runs it on the database and on an export.
 
 Walking the verified entries in seq order, each signed ``decision`` entry (one with a
@@ -15,10 +15,10 @@ Walking the verified entries in seq order, each signed ``decision`` entry (one w
   not log) and its counter, which must increase in log order per credential from the
   ``sign_count`` enrolled (both zero allowed: authenticators without counters), or stay
   equal for the very batch assertion that set it (the same authenticator data, client data
-  and signature: another item of that batch, issue 17).
+  and signature: another item of that batch).
 
 And a decision on an approval whose ``created`` entry says ``approver_signature:
-required`` must be signed, but for a policy's deny (issue 18: a policy may only deny there).
+required`` must be signed, but for a policy's deny (a policy may only deny there).
 Pure: reads nothing but the rows it is given.
 """
 
@@ -112,7 +112,7 @@ class LoggedCredential:
     data: Mapping[str, Any]
     revoked_seq: int | None = None
     counter: int = 0
-    counter_assertion: str | None = None  # the batch assertion that set ``counter`` (issue 17)
+    counter_assertion: str | None = None  # the batch assertion that set ``counter``
 
 
 def check(rows: Iterable[audit.AuditRow]) -> SignatureReport:
@@ -160,7 +160,7 @@ def check(rows: Iterable[audit.AuditRow]) -> SignatureReport:
 
 
 def _policy_skip(data: Mapping[str, Any]) -> bool:
-    """A policy's deny (issue 18: operator 0, ``by: policy:<rule id>``, decision skip): it
+    """A policy's deny (operator 0, ``by: policy:<rule id>``, decision skip): it
     needs no signature on a ``required`` step, where a policy may only deny."""
     by = data.get("by")
     return (
@@ -269,7 +269,7 @@ def _problem(
 
 
 def _counter_problem(known: LoggedCredential, assertion: ApproverAssertion, new: int) -> str | None:
-    """The counter rule in log order (issue 16 §5, issue 17): ``new`` must be above the
+    """The counter rule in log order: ``new`` must be above the
     credential's last counter (both zero allowed), or equal to it for the very batch
     assertion that set it (another item of that batch); ``known`` then takes ``new``."""
     if counter_increased(known.counter, new):

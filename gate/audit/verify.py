@@ -55,9 +55,9 @@ class AuditReport:
     ``chain`` (entries, receipts, signatures; not ok or ``wrong_key``: nothing after it was
     checked), then ``anchor`` (the first anchor the log does not hold, else None), then
     ``records`` (the approval records against the log; None when not checked), then
-    ``questions`` (the question records, issue 15; None when not checked, or when the
+    ``questions`` (the question records; None when not checked, or when the
     approvals' already failed); ``signatures`` every approver signature the log holds,
-    re-verified (issue 16; None when the chain or an anchor failed); ``credentials`` why
+    re-verified (None when the chain or an anchor failed); ``credentials`` why
     the approver_credentials table disagrees with the log (None: it agrees, or not
     checked)."""
 
@@ -66,7 +66,7 @@ class AuditReport:
     records: audit_records.RecordsResult | None = None
     questions: audit_records.RecordsResult | None = None
     signatures: signature_checks.SignatureReport | None = None
-    credentials: str | None = None  # the approver_credentials table vs the log (issue 16)
+    credentials: str | None = None  # the approver_credentials table vs the log
 
     @property
     def ok(self) -> bool:
@@ -99,7 +99,7 @@ def verify_database(
     public keys and no leading unknown span); then every receipt in ``expect`` (``(source,
     receipt)`` pairs, in order), the newest resolution receipt the approvals table stores
     (its source ``the receipt stored with approval ID``), the questions table's (``... with
-    question ID``, issue 15) and the chain heads ``expect_heads`` (``(seq, entry_hash)``);
+    question ID``) and the chain heads ``expect_heads`` (``(seq, entry_hash)``);
     then, with ``records``, every approval's rows against the verified log
     (``gate.audit.records``), then every question's (``gate.audit.question_records``).
     Reads only; a running gate may keep writing (entries appended meanwhile are not
@@ -120,12 +120,12 @@ def verify_database(
     if stored is not None:  # the database keeps each resolution's receipt with its approval
         anchors.append((f"the receipt stored with approval {stored[0]}", stored[1]))
     asked = question_audit.latest_stored_receipt(Path(path))
-    if asked is not None:  # and each question's, issue 15
+    if asked is not None:  # and each question's
         anchors.append((f"the receipt stored with question {asked[0]}", asked[1]))
     anchor = _anchor_problem(rows, chain, keys, public_keys, anchors, expect_heads)
     if anchor is not None:
         return AuditReport(chain, anchor)
-    signed = signature_checks.check(_verified(rows, chain))  # issue 16 §6
+    signed = signature_checks.check(_verified(rows, chain))
     if not records:
         return AuditReport(chain, signatures=signed)
     matched = audit_records.check(auditlog.approval_records(Path(path)), chain.checked)

@@ -106,7 +106,7 @@ COMMANDS: dict[str, tuple[str, ...]] = {
     "list": ("pipeline",),
     "mcp": ("mcp",),
     "permit": ("audit",),
-    "policy": ("policy",),  # issue 18
+    "policy": ("policy",),
     "questions": ("questions",),
     "relay": ("tools",),
     "request": ("pipeline",),

@@ -1,4 +1,4 @@
-"""``hitl-gate approvers add-key|list|revoke|invite`` (issue 16): approvers' Ed25519 keys and
+"""``hitl-gate approvers add-key|list|revoke|invite``: approvers' Ed25519 keys and
 passkey invites, through the daemon's admin API (``/v1/admin/approvers``) with the admin
 token (``api.admin_token_env``), never the pipeline token."""
 
@@ -63,7 +63,7 @@ def invite_ttl_s(ttl: str) -> int:
 
 @main.group()
 def approvers() -> None:
-    """Approvers' own keys (issue 16): enrol, list, revoke.
+    """Approvers' own keys: enrol, list, revoke.
 
     Example: hitl-gate approvers list -c /etc/hitl-gate/config.yaml
     """
@@ -218,7 +218,7 @@ def revoke(config_path: str, api_url: str | None, credential_id: str) -> None:
 def invite(
     config_path: str, api_url: str | None, operator_id: int, ttl: str, label: str | None
 ) -> None:
-    """Print a one-time URL where OPERATOR_ID enrols a passkey (issue 16).
+    """Print a one-time URL where OPERATOR_ID enrols a passkey.
 
     The URL is on the relay listener (relay.public_url) and is a secret until used: send it
     to the approver only. Its expiry goes to stderr. Needs api.admin_token_env.

@@ -1,4 +1,4 @@
-"""``hitl-gate ask`` (issue 15): ask a person a question over the API and print the typed
+"""``hitl-gate ask``: ask a person a question over the API and print the typed
 answer. Reads the question's text and form schema, picks the response type from the options,
 maps the outcome to the exit code."""
 
@@ -57,7 +57,7 @@ def _read_schema(path: str) -> dict[str, Any]:
     """The ``--schema`` file as a JSON object; exit 2 with one line naming the file and what
     is wrong (cannot be read, not UTF-8, not JSON, a key twice, not an object). Whether it is
     a form schema the gate accepts is the gate's check (400 ``invalid_schema`` naming the
-    JSON path, issue 15)."""
+    JSON path)."""
     from gate.protocol.envelope import reject_json_constant
 
     name = input_name(path)
@@ -102,8 +102,8 @@ def _json_kind(value: Any) -> str:
 
 
 def _response_type(choices: tuple[str, ...], multi: bool, schema: str | None) -> str:
-    """The question's ``response_type`` from the options given (issue 15 contract, "CLI");
-    exit 2 naming the option on a combination that means nothing."""
+    """The question's ``response_type`` from the options given; exit 2
+    naming the option on a combination that means nothing."""
     from gate.protocol.whitespace import is_blank
 
     if schema is not None and choices:

@@ -1,5 +1,5 @@
 """``hitl-gate audit signatures``: list the approver-signed decisions an audit log holds, each
-re-verified against the key its enrolment entry logged (issue 16 §6: proof that travels)."""
+re-verified against the key its enrolment entry logged (proof that travels)."""
 
 from __future__ import annotations
 

@@ -131,7 +131,7 @@ def check_config(config_path: str) -> None:
         sys.exit(2)
     for warning in [*secrets.warnings, *signing_warnings(config)]:
         click.echo(f"{config_path}: warning: {warning}", err=True)
-    for note in policy_notes(config):  # issue 18: shown, as the config asked for it
+    for note in policy_notes(config):  # shown, as the config asked for it
         click.echo(f"{config_path}: note: {note}", err=True)
     steps = sum(len(p.steps) for p in config.pipelines)
     click.echo(

@@ -1,4 +1,4 @@
-"""``hitl-gate inbox`` commands (issue 17): ``check-config`` and ``serve`` of the inbox, a
+"""``hitl-gate inbox`` commands: ``check-config`` and ``serve`` of the inbox, a
 separate program and hitl/v0 relay with its own config file."""
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ INBOX_CONFIG_OPTION = click.option(
 
 @main.group("inbox")
 def inbox() -> None:
-    """The inbox: a web relay where approvers see what waits for them (issue 17).
+    """The inbox: a web relay where approvers see what waits for them.
 
     Example: hitl-gate inbox serve -c inbox.yaml
     """

@@ -1,4 +1,4 @@
-"""``hitl-gate mcp`` (issue 18): the MCP server an agent host mounts, over stdio or (with
+"""``hitl-gate mcp``: the MCP server an agent host mounts, over stdio or (with
 ``--http``) streamable HTTP behind a bearer token; it talks to the gate's pipeline API."""
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ def http_token(token_env: str | None) -> str:
 
 def refuse_gate_token(token_env: str, token: str, api_token: str) -> None:
     """Exit 2 with one line when the MCP bearer token (from ``token_env``) is the gate's own
-    pipeline API token (issue 18 review: the README says never; an MCP client would then
+    pipeline API token (the README says never; an MCP client would then
     hold the gate's key). Compared in constant time; neither value is printed."""
     if hmac.compare_digest(token.encode("utf-8"), api_token.encode("utf-8")):
         fail(

@@ -290,7 +290,7 @@ def approval_line(a: dict[str, Any]) -> str:
 
 def _followup_text(approval: dict[str, Any]) -> str:
     """``  reminded N  escalated level L`` for an approval with reminders or escalation
-    (issue 14; nothing otherwise, so those lines read as before)."""
+    (nothing otherwise, so those lines read as before)."""
     text = ""
     if approval.get("reminders_sent"):
         text += f"  reminded {approval['reminders_sent']}"

@@ -1,4 +1,4 @@
-"""``hitl-gate policy test`` (issue 18 §3): which of a step's policy rules would decide a
+"""``hitl-gate policy test``: which of a step's policy rules would decide a
 draft, evaluated offline from the config (``gate.core.policy``); nothing is created, no gate
 is asked, no database read."""
 
@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 
 @main.group("policy")
 def policy_group() -> None:
-    """Policy rules of approval steps (issue 18): see which rule would decide a draft.
+    """Policy rules of approval steps: see which rule would decide a draft.
 
     Example: hitl-gate policy test -c config.yaml --pipeline p --step s --draft-file d.json
     """

@@ -1,4 +1,4 @@
-"""``hitl-gate questions list|show|cancel`` (issue 15), over the API: the approval commands'
+"""``hitl-gate questions list|show|cancel``, over the API: the approval commands'
 list, show and cancel for questions, kept apart from them as questions are on the gate."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from gate.cli.common import api_client, echo_page, list_options, safe_json
 
 @main.group()
 def questions() -> None:
-    """Operate on questions (issue 15): list, show, cancel.
+    """Operate on questions: list, show, cancel.
 
     Example: hitl-gate questions list -c config.example.yaml --state pending
     """

@@ -71,7 +71,7 @@ def keygen(out_dir: str) -> None:
     to the tool that executes approved actions. Key id = "ed25519:" + the first 16 hex
     digits of SHA-256 of the raw 32-byte public key.
 
-    The pair also serves as an approver's Ed25519 key (issue 16; one pair per approver, in
+    The pair also serves as an approver's Ed25519 key (one pair per approver, in
     its own DIR): hitl-gate approvers add-key takes the .pub, hitl-gate relay --approver-key
     the .key.
 
@@ -129,7 +129,7 @@ def keygen(out_dir: str) -> None:
     "approver_key_path",
     default=None,
     type=click.Path(dir_okay=False),
-    help="Sign every decision with this Ed25519 private key, PEM (issue 16; hitl-gate keygen "
+    help="Sign every decision with this Ed25519 private key, PEM (hitl-gate keygen "
     "--out DIR writes DIR/hitl-gate-ed25519.key). Prints its credential id at start.",
 )
 def relay(
@@ -150,7 +150,7 @@ def relay(
     each prompt, in order, however early it was written. A prompt whose approval went
     stale (a newer revision, expired) is withdrawn with a line saying why.
 
-    A question (issue 15) is shown apart, under a QUESTION header, and answered by its
+    A question is shown apart, under a QUESTION header, and answered by its
     type: a line of text, the number of an option, comma-separated numbers, or one line
     per form field; an answer that does not fit is refused here and asked again, as is one
     the gate refuses (422). With --auto, questions get --auto-answer (without it they are
@@ -160,8 +160,8 @@ def relay(
     never inside a draft or prompt (they follow it); redirect stderr (2>relay.log) to keep
     the INFO lines.
 
-    With --approver-key, each decision carries an approver_assertion signed by that key
-    (issue 16): enrol its public half once with hitl-gate approvers add-key; the credential
+    With --approver-key, each decision carries an approver_assertion signed by that key:
+    enrol its public half once with hitl-gate approvers add-key; the credential
     id is printed on stderr at start ("approver key: credential <id>").
 
     Example: HITL_RELAY_SECRET=... hitl-gate relay --secret-env HITL_RELAY_SECRET --auto approve
@@ -210,7 +210,7 @@ def relay(
             "hitl-gate approvers add-key)",
             err=True,
         )
-    # asking on a terminal: INFO lines would land in the drafts and prompts (issue 12)
+    # asking on a terminal: INFO lines would land in the drafts and prompts
     logs.configure("WARNING" if auto_decision is None and sys.stderr.isatty() else "INFO")
     try:
         asyncio.run(

@@ -92,14 +92,14 @@ def _verify_option(error: str) -> str:
 @click.option(
     "--questions",
     is_flag=True,
-    help="The relay declares question support (relay.questions, issue 15): also ask it a "
+    help="The relay declares question support (relay.questions): also ask it a "
     "single-choice question, judge its answer and probe the gate's answer checks.",
 )
 @click.option(
     "--approver-public-key",
     "approver_public_key",
     default=None,
-    help="The relay signs each decision as the approver (issue 16): this Ed25519 public key, "
+    help="The relay signs each decision as the approver: this Ed25519 public key, "
     "PEM, is enrolled for --approver on a step that requires approver signatures.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
@@ -122,11 +122,11 @@ def verify(
     relay's decision, then checks replay, mutated-hash and out-of-scope refusals. With
     --notices, then sends the relay a signed resolution notice (must be acked 2xx within
     5 s), the same notice badly signed (must be refused) and waits that no decision comes
-    back for it (issue 14). With --questions, then asks the relay a single-choice question
+    back for it. With --questions, then asks the relay a single-choice question
     (options yes, no, später), judges its answer and checks that the gate refuses that
     answer replayed, with a wrong-typed value, with a mutated request_hash and turned into
-    an approve (issue 15). With --approver-public-key, the step requires approver
-    signatures (issue 16): the relay's decision must carry an Ed25519 approver_assertion by
+    an approve. With --approver-public-key, the step requires approver
+    signatures: the relay's decision must carry an Ed25519 approver_assertion by
     that key and be recorded with it, and the gate must refuse that assertion moved to
     another approval, with a batch that does not list the decision, and a decision without
     one.

@@ -76,6 +76,6 @@ class ApiClient(Transport):
             ) from None
 
     async def admin(self, method: str, path: str, body: Any = None) -> Any:
-        """One admin API call (issue 16: ``/v1/admin/...``; the client must hold the admin
+        """One admin API call (``/v1/admin/...``; the client must hold the admin
         token); returns the decoded answer."""
         return (await self._call(method, path, body=body))[1]

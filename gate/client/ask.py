@@ -1,5 +1,5 @@
 """What ``hitl-gate ask`` does on the pipeline's side: create a question, then wait for its
-answer and report each hop (issue 15). The create and the wait are ``request``'s own
+answer and report each hop. The create and the wait are ``request``'s own
 (``create_with_retry``, ``wait_for_outcome``): one retry policy, one deadline rule."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from gate.client.api import ApiClient
 from gate.client.request import Report, create_with_retry, wait_for_outcome
 from gate.protocol.question import QuestionSpec, answer_text
 
-# issue 15: a question ends answered, timeout or cancelled (no 3: nobody "skips" a question)
+# a question ends answered, timeout or cancelled (no 3: nobody "skips" a question)
 EXIT_CODES = {"answered": 0, "timeout": 4, "cancelled": 5}
 
 
@@ -42,7 +42,7 @@ class AskOptions:
     timeout_s: float | None = None
 
     def create_body(self) -> dict[str, Any]:
-        """The JSON body of ``POST /v1/questions`` (issue 15 contract, "Pipeline API");
+        """The JSON body of ``POST /v1/questions``;
         absent optional fields are left out, never null."""
         body: dict[str, Any] = {
             "pipeline": self.pipeline,
@@ -125,8 +125,8 @@ def _created_line(opts: AskOptions, question: dict[str, Any], new: bool) -> str:
 
 
 def answer_output(question: dict[str, Any]) -> str:
-    """What ``ask`` prints on stdout for an answered question (issue 15 contract, "CLI";
-    ``gate.protocol.question.answer_text``): the text of a free text or single choice answer,
+    """What ``ask`` prints on stdout for an answered question
+    (``gate.protocol.question.answer_text``): the text of a free text or single choice answer,
     compact JSON of a multi choice or form answer; "" when there is no answer."""
     answer = question.get("answer")
     if not isinstance(answer, dict):

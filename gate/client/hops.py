@@ -9,7 +9,7 @@ from typing import Any
 
 from gate.protocol.display import HIDDEN_CATEGORIES, display_time, hanging_indent
 
-# the operator id of a policy's decision (issue 18; gate.audit.entries.POLICY_OPERATOR)
+# the operator id of a policy's decision (gate.audit.entries.POLICY_OPERATOR)
 POLICY_OPERATOR = 0
 
 # what a terminal does not show as itself (controls, escape sequences, bidi overrides, line
@@ -52,7 +52,7 @@ def skip_reason_lines(approval: dict[str, Any]) -> list[str]:
 
 def reason_summary(approval: dict[str, Any]) -> str:
     """One line for ``hitl-gate list``: ``  reason "TEXT"`` (JSON-quoted, ``visible``) of the
-    approval's last decision with a reason, or "" when none has one (issue 14)."""
+    approval's last decision with a reason, or "" when none has one."""
     reasons = [
         d["reason"] for d in approval.get("decisions") or [] if isinstance(d.get("reason"), str)
     ]
@@ -81,7 +81,7 @@ def hops(before: dict[str, Any] | None, after: dict[str, Any]) -> list[str]:
         lines.append(f"dispatch not acked yet: {one_line(new_dispatch['last_error'])} (retrying)")
     seen = len((before or {}).get("decisions") or [])
     new_decisions = (after.get("decisions") or [])[seen:]
-    # issue 18: a policy's decision (operator 0) is made at creation; nothing was dispatched
+    # a policy's decision (operator 0) is made at creation; nothing was dispatched
     by_people = [d for d in new_decisions if d.get("operator_id") != POLICY_OPERATOR]
     if (
         by_people
@@ -122,7 +122,7 @@ def hops(before: dict[str, Any] | None, after: dict[str, Any]) -> list[str]:
 
 
 def _on_behalf_of(decision: dict[str, Any]) -> str:
-    """`` on behalf of IDENTITY`` for a delegate's decision (issue 14 §3), else ""."""
+    """`` on behalf of IDENTITY`` for a delegate's decision, else ""."""
     principal = decision.get("on_behalf_of")
     if not isinstance(principal, dict):
         return ""

@@ -1,7 +1,7 @@
 """The lines ``hitl-gate ask --wait`` reports on stderr: one per change between two views of
 a question (revised, dispatched, answered, resolved, receipted). What a relay chose (identity,
 channel, its error) stays on one line, hidden characters shown as ``<U+XXXX>`` (``one_line``).
-Never the question's text nor the answer's value (issue 15: treated like a draft; the answer
+Never the question's text nor the answer's value (treated like a draft; the answer
 goes to stdout only)."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from gate.protocol.display import display_time
 
 def question_hops(before: dict[str, Any] | None, after: dict[str, Any]) -> list[str]:
     """One human line per change from ``before`` (None: nothing seen yet) to ``after``, two
-    question objects of ``GET /v1/questions/{id}`` (issue 15)."""
+    question objects of ``GET /v1/questions/{id}``."""
     lines: list[str] = []
     if before is not None and after.get("version") != before.get("version"):
         # a revise changed what the answer will be to (new-user finding 16): never the text

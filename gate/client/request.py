@@ -62,7 +62,7 @@ async def create_with_retry(
     ``idempotency_key``: an attempt that landed although its answer was lost is found again
     (200), never created twice (SPEC §3). Other errors are raised (ClientError). ``create``
     is the call that creates (default ``api.create``, an approval; ``api.create_question``
-    for ``ask``, issue 15).
+    for ``ask``).
     """
     send = create or api.create
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
@@ -107,7 +107,7 @@ async def wait_for_outcome(
 
     Returns the last approval object seen (``state`` may still be ``pending`` if the
     client-side timeout elapsed first). With ``kind="question"`` the same loop waits for a
-    question (``api.get_question``, ``question_hops``; issue 15).
+    question (``api.get_question``, ``question_hops``).
     """
     key, get = ("question_id", api.get_question) if kind == "question" else ("approval_id", api.get)
     diff = question_hops if kind == "question" else hops

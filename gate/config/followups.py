@@ -1,4 +1,4 @@
-"""When nobody answers: reminders, escalation levels and delegations in the config (issue 14).
+"""When nobody answers: reminders, escalation levels and delegations in the config.
 
 The models (``EscalationLevel``, ``Delegation``) and the checks across fields that need the
 whole config (operator ids, scopes, the step's timeout, delegation cycles). Every error is a
@@ -209,7 +209,7 @@ def ended_delegations(delegations: Sequence[Delegation], now_ms: int) -> list[st
     after ``now_ms`` (unix ms). ``check-config`` reports them as errors (exit 2: the file
     says something no longer true); ``serve``, a SIGHUP reload and ``doctor`` as warnings,
     and the gate ignores them: a file that was valid must not stop a restart because time
-    passed (issue 14 §3, docs/design.md)."""
+    passed (docs/design.md)."""
     out: list[str] = []
     for i, item in enumerate(delegations):
         if item.until_ms <= now_ms:

@@ -128,7 +128,7 @@ class RelayConfig(BaseModel):
     notice_url: _HttpUrl | None = None
     questions: Annotated[bool, Field(strict=True)] = False
     question_url: _HttpUrl | None = None
-    # issue 17: serve POST /hitl/v0/credentials (the approvers' public credentials) to a relay
+    # serve POST /hitl/v0/credentials (the approvers' public credentials) to a relay
     # that signs people in; off: that path answers 404
     credentials: Annotated[bool, Field(strict=True)] = False
     operators: Annotated[tuple[Operator, ...], AfterValidator(_non_empty)]
@@ -149,7 +149,7 @@ class RelayConfig(BaseModel):
 
     @property
     def question_target(self) -> str | None:
-        """Where questions are dispatched (issue 15): ``question_url``, else ``url`` when
+        """Where questions are dispatched: ``question_url``, else ``url`` when
         ``questions`` is on, else None (no relay declared question support)."""
         if self.question_url is not None:
             return self.question_url
@@ -157,7 +157,7 @@ class RelayConfig(BaseModel):
 
     @property
     def question_notice_target(self) -> str | None:
-        """Where a question's resolution notice goes (issue 15): with notices on
+        """Where a question's resolution notice goes: with notices on
         (``notice_target`` set) and a question relay, ``question_url`` when set, else
         ``notice_target``; None otherwise (no question notices)."""
         if self.notice_target is None or self.question_target is None:
@@ -184,7 +184,7 @@ class ApiConfig(BaseModel):
 
     ``listen`` is ``host:port`` or ``unix:/path.sock`` (default ``127.0.0.1:8090``);
     ``token_env`` names the bearer-token variable; ``max_draft_bytes`` (default 262144).
-    ``admin_token_env`` (optional, issue 16) names the admin bearer-token variable: only it
+    ``admin_token_env`` (optional) names the admin bearer-token variable: only it
     opens ``/v1/admin/...`` (approver credentials); without it those routes answer 404.
     """
 
@@ -289,17 +289,17 @@ class StepConfig(BaseModel):
     ``allow_empty_draft``: may a draft be empty or only White_Space (default false: refused
     400 ``draft_empty``, and by ``hitl-gate request`` before it is sent).
 
-    ``type: question`` (issue 15) makes it a question step: ``approvers`` may answer,
+    ``type: question`` makes it a question step: ``approvers`` may answer,
     ``max_options`` (default 50) bounds a choice question's options and
     ``max_answer_chars`` (default 2000) a free-text answer and each form string field;
     approval-only keys are refused there (``gate.config.questions``).
 
-    ``approver_signature`` (issue 16): ``off`` (default: decisions as before), ``optional``
+    ``approver_signature``: ``off`` (default: decisions as before), ``optional``
     (a valid ``approver_assertion`` is recorded, an invalid one refused) or ``required`` (a
     decision without a valid one is refused 403); frozen on each approval when it is created
     (``approvals.approver_signature``): a reload changes new approvals only.
 
-    ``policy`` (issue 18): rules that approve or deny at creation, ``remember_approval``
+    ``policy``: rules that approve or deny at creation, ``remember_approval``
     (seconds) a window in which a draft a person approved is approved again
     (``gate.config.policy``, ``gate.core.policy``).
     """
@@ -324,12 +324,12 @@ class StepConfig(BaseModel):
     escalate: tuple[EscalationLevel, ...] = ()
     max_options: Annotated[int, Field(strict=True, ge=1, le=1000)] = 50
     max_answer_chars: Annotated[int, Field(strict=True, ge=1, le=60_000)] = 2000
-    policy: Annotated[tuple[PolicyRule, ...], BeforeValidator(_none_as_list)] = ()  # issue 18
-    remember_approval: _Duration | None = None  # issue 18: gate.config.policy
+    policy: Annotated[tuple[PolicyRule, ...], BeforeValidator(_none_as_list)] = ()
+    remember_approval: _Duration | None = None  # gate.config.policy
 
     @property
     def is_question(self) -> bool:
-        """True for a question step (issue 15), False for an approval step."""
+        """True for a question step, False for an approval step."""
         return self.type == "question"
 
     @property
@@ -370,7 +370,7 @@ class Config(BaseModel):
     delegations: Annotated[tuple[Delegation, ...], BeforeValidator(_none_as_list)] = ()
     webauthn: Annotated[WebAuthnConfig, BeforeValidator(_none_as_empty)] = Field(
         default_factory=WebAuthnConfig
-    )  # issue 16: passkeys' relying party (gate.config.webauthn)
+    )  # passkeys' relying party (gate.config.webauthn)
     source: Path | None = None
 
     def find_step(self, pipeline: str, step: str) -> tuple[PipelineConfig, StepConfig] | None:

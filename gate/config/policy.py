@@ -1,4 +1,4 @@
-"""Per-step policy rules and remembered approvals in the config (issue 18 §3).
+"""Per-step policy rules and remembered approvals in the config.
 
 The models (``PolicyRule`` with its ``when`` conditions and argument constraints) and the
 checks across fields that need the step (unique ids, the hard limits on ``risk: high`` /
@@ -56,7 +56,7 @@ def _re2_options() -> Any:
 
 @functools.lru_cache(maxsize=1024)
 def body_pattern(source: str) -> Any:
-    """``source`` compiled by RE2 (linear time, no backtracking: issue 18 review H1), cached.
+    """``source`` compiled by RE2 (linear time, no backtracking), cached.
     Raises ValueError naming why RE2 refuses it (backreferences, lookaround, too large)."""
     try:
         return re2.compile(source, _re2_options())
@@ -206,7 +206,7 @@ class PolicyRule(BaseModel):
 
 def check_step_policy(where: str, step: StepConfig) -> list[str]:
     """Errors of one step's ``policy`` and ``remember_approval`` (``where`` its YAML path,
-    ``pipelines[i].steps[j]``), issue 18 §3 hard limits: rule ids unique in the step; a step
+    ``pipelines[i].steps[j]``), hard limits: rule ids unique in the step; a step
     of ``risk: high``/``critical`` or ``approver_signature: required`` (a policy cannot sign,
     review H3) may have deny rules only and no ``remember_approval``; on
     a step with quorum > 1 an approve rule needs ``allow_quorum: true`` and
@@ -266,7 +266,7 @@ def check_step_policy(where: str, step: StepConfig) -> list[str]:
 
 def policy_notes(config: Config) -> list[str]:
     """One line per approve rule that stands in for a quorum > 1 (``allow_quorum: true``),
-    its YAML path first: ``check-config`` and ``doctor`` show them (issue 18 §3)."""
+    its YAML path first: ``check-config`` and ``doctor`` show them."""
     return [
         f"pipelines[{i}].steps[{j}].policy[{k}]: rule {rule.id!r} approves on its own a step"
         f" that needs quorum {step.quorum} (allow_quorum: true)"

@@ -1,4 +1,4 @@
-"""Config checks of question steps (issue 15): approval-only keys refused, the question relay.
+"""Config checks of question steps: approval-only keys refused, the question relay.
 
 Every error is a ``"<yaml.path>: <message>"`` line like the rest of ``gate.config``.
 """
@@ -21,7 +21,7 @@ _APPROVAL_ONLY = (
     "allow_empty_draft",
     "skip_reason",
     "approver_signature",
-    "policy",  # issue 18
+    "policy",
     "remember_approval",
 )
 _FOLLOWUPS = ("remind_after", "remind_every", "escalate")
@@ -31,7 +31,7 @@ _QUESTION_ONLY = ("max_options", "max_answer_chars")
 
 def check_question_step(where: str, step: StepConfig, config: Config) -> list[str]:
     """Errors of one step's question-related keys (``where`` is its YAML path,
-    ``pipelines[i].steps[j]``). Contract of issue 15 §Config: on a question step quorum must
+    ``pipelines[i].steps[j]``). On a question step quorum must
     be 1 (``quorum: 1`` written out is harmless), reminders/escalation and approval-only keys
     are refused when present at all, and a question relay must be configured
     (``relay.question_target``); on an approval step ``max_options`` and

@@ -34,7 +34,7 @@ class Secrets:
     ``relay_secrets``: current relay HMAC secret first, then the previous one if configured;
     ``api_token``: pipeline bearer token; ``receipt_key``: receipt HMAC key as UTF-8 bytes;
     ``previous_receipt_key``: the one before a rotation (``receipts.previous_key_env``) or None;
-    ``admin_token``: the admin bearer token (``api.admin_token_env``, issue 16) or None.
+    ``admin_token``: the admin bearer token (``api.admin_token_env``) or None.
     """
 
     relay_secrets: tuple[str, ...] = field(repr=False)
@@ -87,7 +87,7 @@ def read_api_token(config: Config, environ: Mapping[str, str]) -> tuple[str | No
 
 
 def read_admin_token(config: Config, environ: Mapping[str, str]) -> tuple[str | None, str | None]:
-    """The admin token alone (``api.admin_token_env``, issue 16), for ``hitl-gate approvers``:
+    """The admin token alone (``api.admin_token_env``), for ``hitl-gate approvers``:
     ``(token, None)`` or ``(None, error)``; the error says to set ``api.admin_token_env``
     when the config names none."""
     name = config.api.admin_token_env
@@ -161,11 +161,11 @@ def _read_secrets(config: Config, environ: Mapping[str, str]) -> tuple[Secrets |
     # A pipeline token or receipt key equal to a relay secret could sign decisions (SPEC §3, §5).
     names = dict(wanted)
     relay_keys = [w for w in ("relay.secret_env", "relay.previous_secret_env") if w in values]
-    # an admin token equal to the pipeline token would let a pipeline enrol keys (issue 16)
+    # an admin token equal to the pipeline token would let a pipeline enrol keys
     for where, others in (
         ("api.token_env", relay_keys),
         ("api.admin_token_env", [*relay_keys, "api.token_env"]),
-        # auditors hold the receipt key: as the admin token it would enrol keys (issue 16)
+        # auditors hold the receipt key: as the admin token it would enrol keys
         ("receipts.key_env", [*relay_keys, "api.token_env", "api.admin_token_env"]),
         (
             "receipts.previous_key_env",

@@ -85,7 +85,7 @@ def _cross_check(config: Config) -> list[str]:
     errors += _check_ids("relay.security.allowed_users", allowed, defined, None)
 
     errors += _check_listeners(config)
-    errors += check_webauthn(config)  # issue 16: passkeys
+    errors += check_webauthn(config)  # passkeys
     env_names = _secret_vars(config)
     for j, (where, name) in enumerate(env_names):
         for other, other_name in env_names[:j]:
@@ -135,7 +135,7 @@ def _cross_check(config: Config) -> list[str]:
             errors += check_question_step(where, step, config)
             if not step.is_question:
                 errors += check_step_followups(where, step, in_scope, config)
-                errors += check_step_policy(where, step)  # issue 18
+                errors += check_step_policy(where, step)
     errors += check_delegations(config.delegations, config)
     return errors
 
@@ -172,7 +172,7 @@ def _check_ids(
 
 
 def signing_warnings(config: Config) -> list[str]:
-    """Issue 16: a step with ``approver_signature`` optional/required while
+    """A step with ``approver_signature`` optional/required while
     ``api.admin_token_env`` is unset: no credential can be enrolled (the admin API is off),
     so on a ``required`` step every approval times out. One line per step, its YAML path
     first; a warning, not an error (credentials enrolled before stay in the database)."""

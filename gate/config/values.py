@@ -163,11 +163,11 @@ def identity_problem(identity: str) -> str | None:
     trims what relays send, so it could never match as written), a control character
     (category Cc: U+0000..U+001F, U+007F..U+009F: no relay sends one for a person), or an
     invisible one (categories Cf, Zl, Zp, Co, Cs, Cn: ``alice@example.com\u200b`` would be a
-    second operator that looks exactly like alice), or a name starting ``policy:`` (issue 18:
-    a policy decides by that name). The message names the code point."""
+    second operator that looks exactly like alice), or a name starting ``policy:`` (a
+    policy decides by that name). The message names the code point."""
     if not is_trimmed(identity):
         return "has leading or trailing whitespace"
-    if identity.casefold().startswith("policy:"):  # issue 18: the name a policy decides by
+    if identity.casefold().startswith("policy:"):  # the name a policy decides by
         return "starts with 'policy:', the name a policy's decision is recorded by"
     for char in identity:
         category = unicodedata.category(char)

@@ -1,4 +1,4 @@
-"""The ``webauthn`` config section (issue 16: passkeys) and the one function that resolves
+"""The ``webauthn`` config section (passkeys) and the one function that resolves
 the relying party the gate uses: RP ID, RP name, allowed origins. Pure: no I/O."""
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ def origin_of(url: str) -> str:
 
 
 def resolve_webauthn(config: Config, callback_bound: str | None) -> WebAuthnSettings | None:
-    """The passkey relying party of ``config`` (issue 16), or None when passkeys are
+    """The passkey relying party of ``config``, or None when passkeys are
     unavailable (no domain to use: ``relay.public_url`` is unset or an IP address and no
     ``webauthn.rp_id`` is configured; or the origin derived from ``relay.public_url`` is
     http on a host other than localhost, which browsers refuse for WebAuthn).

@@ -1,4 +1,4 @@
-"""The approver-signature check of a decision (issue 16 §5): a step's ``approver_signature``
+"""The approver-signature check of a decision: a step's ``approver_signature``
 (off | optional | required) against the decision's ``approver_assertion``, run inside the
 ``decide`` transaction after SPEC §2 check 11 (scope) and before anything is recorded.
 
@@ -71,7 +71,7 @@ def step_mode(config: Config, approval: Approval) -> str:
     """The approval's ``approver_signature``: off | optional | required, as frozen when it
     was created (a reload changes it for new approvals only, like the scope); for one
     created before migration 7, the step's in the config in force (``off`` for a step no
-    longer configured: issue 16 §5 default)."""
+    longer configured)."""
     if approval.approver_signature is not None:
         return approval.approver_signature
     found = config.find_step(approval.pipeline, approval.step)
@@ -79,7 +79,7 @@ def step_mode(config: Config, approval: Approval) -> str:
 
 
 def required_refusal() -> GateError:
-    """403 ``forbidden`` / ``approver_signature_required`` (issue 16 §5)."""
+    """403 ``forbidden`` / ``approver_signature_required``."""
     return GateError(
         "approver_signature_required",
         "this step requires the approver's own signature (approver_assertion)",
@@ -97,7 +97,7 @@ def check_approver_signature(
     operator_id: int,
     webauthn: WebAuthnSettings | None = None,
 ) -> Signed | None:
-    """Issue 16 §5, after SPEC §2 check 11: None when the step's mode is ``off`` (the field
+    """After SPEC §2 check 11: None when the step's mode is ``off`` (the field
     is ignored entirely) or the mode is ``optional`` and no assertion came; else the
     verified ``Signed``.
 
@@ -172,10 +172,10 @@ def _check_passkey(
     challenge: bytes,
     webauthn: WebAuthnSettings | None,
 ) -> None:
-    """Verify a passkey's assertion and store its new counter (issue 16 §5). The counter
+    """Verify a passkey's assertion and store its new counter. The counter
     must increase unless both it and the stored one are zero (authenticators without a
     counter); a regression means a cloned authenticator: refused ``counter_regressed``.
-    Issue 17: an equal counter is accepted for the very batch assertion that set it (its
+    An equal counter is accepted for the very batch assertion that set it (its
     ``assertion_sha256`` stored with the counter, in this transaction), so one tap decides
     each item of a batch; anything else with that counter is still ``counter_regressed``."""
     if webauthn is None:
@@ -195,7 +195,7 @@ def _check_passkey(
     stored = credential.sign_count
     if not counter_increased(stored, new):
         if repeats_batch(assertion, stored, new, tx.counter_assertion(credential.credential_id)):
-            return  # the batch's one assertion, on another of its items (issue 17)
+            return  # the batch's one assertion, on another of its items
         log.warning(
             "event=approver_counter_regressed credential_id=%s operator_id=%d",
             credential.credential_id,

@@ -1,9 +1,9 @@
-"""Approver credentials (issue 16): the admin requests that enrol, list and revoke them, the
+"""Approver credentials: the admin requests that enrol, list and revoke them, the
 write transactions that do it (each with its audit entry) and the ``GateService`` methods
 the admin API calls. No HTTP, no SQL of its own.
 
 Only Ed25519 keys are enrolled here; passkeys (``type: webauthn``) arrive through the
-invite page of issue 16's next step, into the same table.
+passkey invite page (``gate.core.invites``), into the same table.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ def _invalid(field: str, message: str) -> GateError:
 def parse_operator_id(obj: Any, config: Config) -> int:
     """The ``operator_id`` of an admin request body (a JSON object): an id of
     ``relay.operators``. Raises 400 ``invalid_json`` (not an object), ``invalid_operator_id``
-    (not an integer) or ``unknown_operator`` naming the id (issue 16)."""
+    (not an integer) or ``unknown_operator`` naming the id."""
     if not isinstance(obj, dict):
         raise _invalid("json", "body must be a JSON object")
     operator_id = obj.get("operator_id")
@@ -179,7 +179,7 @@ def list_all(t: Transactions, tx: WriteTx) -> list[Credential]:
 
 
 class CredentialMethods:
-    """The approver-credential methods of ``GateService`` (issue 16), for the admin API."""
+    """The approver-credential methods of ``GateService``, for the admin API."""
 
     config: Config
     store: Store
@@ -213,7 +213,7 @@ class CredentialMethods:
         return [credential_view(row, self.config) for row in rows]
 
     async def credentials_in_force(self) -> list[dict[str, Any]]:
-        """The credentials not revoked, for the credentials channel (issue 17), read on the
+        """The credentials not revoked, for the credentials channel, read on the
         read connection: ``credential_id``, ``operator_id``, ``identity`` (the operator's in
         ``relay.operators``), ``type``, ``public_key``, ``label``, by credential_id. A
         credential whose operator is no longer configured is left out (nobody to sign in)."""

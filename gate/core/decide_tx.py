@@ -35,13 +35,13 @@ def decide(
     """SPEC §2 checks 6-14 and the recording of an accepted decision. Returns
     ``(operator id, revision decided, outcome or None, new revision or None,
     resolution or None, delegated)``; ``delegated`` is ``(principal's operator id,
-    pipeline, step)`` for a delegate's decision (check 11 with ``config.delegations``,
-    issue 14 §3), else None. ``webauthn``: the passkeys' relying party (issue 16; None:
+    pipeline, step)`` for a delegate's decision (check 11 with ``config.delegations``),
+    else None. ``webauthn``: the passkeys' relying party (None:
     unavailable). Raises GateError with the SPEC §2 status and reason."""
     now = t.clock.now_ms()
     approval = tx.load_approval(decision.approval_id, outbox=False, created_receipt=False)
     if approval is None:
-        if tx.load_question(decision.approval_id, outbox=False) is not None:  # issue 15
+        if tx.load_question(decision.approval_id, outbox=False) is not None:
             raise Conflict(
                 "wrong_kind",
                 "approve, skip and adjust are for approvals; a question takes decision answer",
@@ -63,7 +63,7 @@ def decide(
     rules.check_not_requester(approval, decision.approver_id)
     decider = check_decider(approval, decision.approver_id, t.config, now)
     operator_id = decider.operator_id
-    # issue 16 §5: the approver's own signature, after check 11, before anything is recorded
+    # the approver's own signature, after check 11, before anything is recorded
     signed = check_approver_signature(
         tx, t.config, approval, decision, nonce_revision, operator_id, webauthn
     )

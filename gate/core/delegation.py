@@ -1,4 +1,4 @@
-"""Delegation (out of office, issue 14 §3): SPEC §2 check 11 with the config's
+"""Delegation (out of office): SPEC §2 check 11 with the config's
 ``delegations``, and the delegates a dispatch names. Pure: the config and the gate's time
 (unix ms) are passed in; no I/O, no clock of its own."""
 
@@ -31,7 +31,7 @@ def in_force(delegations: Sequence[Delegation], now_ms: int) -> list[Delegation]
 
 
 def check_decider(approval: Approval, identity: str, config: Config, now_ms: int) -> Decider:
-    """SPEC §2 check 11 with delegations (issue 14 §3), after ``rules.check_not_requester``.
+    """SPEC §2 check 11 with delegations, after ``rules.check_not_requester``.
 
     The identity in the approval's scope decides as themselves. Otherwise the operator it
     maps to (``config.operator_by_identity``, in ``allowed_users``) decides on behalf of the

@@ -1,4 +1,4 @@
-"""The follow-up write transaction (issue 14 §2): due escalation levels and reminders of
+"""The follow-up write transaction: due escalation levels and reminders of
 pending approvals, run on the writer inside ``Transactions.followups``. No SQL of its own."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Reminders and escalation levels of one approval (issue 14 §2): the plan frozen at creation
+"""Reminders and escalation levels of one approval: the plan frozen at creation
 and what is due at a given time. Pure: times are arguments (unix ms, the gate's clock).
 
 The plan is stored as JSON in ``approvals.followups`` (migration 4):
@@ -101,7 +101,7 @@ def plan_for(
 
 
 def followup_plan(config: Config, step: StepConfig) -> Plan | None:
-    """``plan_for`` a configured ``step`` of ``config`` (issue 14 §2), or None."""
+    """``plan_for`` a configured ``step`` of ``config``, or None."""
     return plan_for(
         step.first_reminder_s,
         step.reminder_interval_s,
@@ -124,7 +124,7 @@ def reminder_at(plan: Plan, created_at: int, k: int) -> int | None:
 
 def reminders_reached(plan: Plan, created_at: int, expires_at: int, now: int) -> int:
     """How many reminder times have passed at ``now`` (before ``expires_at``): the count a
-    due reminder carries, missed ones coalesced (docs/design.md, issue 14)."""
+    due reminder carries, missed ones coalesced (docs/design.md)."""
     if plan.remind_after_ms is None:
         return 0
     until = min(now, expires_at - 1)

@@ -1,4 +1,4 @@
-"""Passkey enrolment by one-time invite (issue 16 §2): the admin request that creates an
+"""Passkey enrolment by one-time invite: the admin request that creates an
 invite, what the invite page shows, and the registration that consumes it, each a write
 transaction with its audit entry, plus the ``GateService`` methods the admin API and the
 enrol page call. No HTTP, no SQL of its own.
@@ -66,7 +66,7 @@ def _invalid(field: str, message: str) -> GateError:
 
 
 def unavailable(config: Config) -> GateError:
-    """409 ``webauthn_unavailable``: no relying party (issue 16); the message says which
+    """409 ``webauthn_unavailable``: no relying party; the message says which
     setting to change (``unavailable_reason``)."""
     message = f"passkeys are unavailable: {unavailable_reason(config)}"
     return Conflict("webauthn_unavailable", message, extra={"message": message})
@@ -176,7 +176,7 @@ def register(t: Transactions, tx: WriteTx, hashed: str, registration: Registrati
 
 
 class InviteMethods:
-    """The passkey-invite methods of ``GateService`` (issue 16). ``callback_bound`` is the
+    """The passkey-invite methods of ``GateService``. ``callback_bound`` is the
     relay listener's bound ``host:port`` once ``serve`` bound it (the default origin)."""
 
     config: Config

@@ -1,4 +1,4 @@
-"""One long-poll for approvals and questions (SPEC §3 ``?wait=``, issue 15): wait on the
+"""One long-poll for approvals and questions (SPEC §3 ``?wait=``): wait on the
 request's event until it is resolved or the wait elapses. Waiters are counted per id so the
 event lives exactly as long as someone waits on it."""
 
@@ -42,8 +42,8 @@ async def long_poll(
 
 
 def wake(waiters: Waiters, key: str) -> None:
-    """Wake every long-poll waiting on ``key`` now (a resolution, or a question's revise,
-    issue 15). The set event is replaced by a fresh one, so a long-poll that starts after
+    """Wake every long-poll waiting on ``key`` now (a resolution, or a question's revise).
+    The set event is replaced by a fresh one, so a long-poll that starts after
     this (the woken client polling again) waits for the next change instead of returning at
     once."""
     found = waiters.get(key)

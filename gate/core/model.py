@@ -31,10 +31,9 @@ class DecisionRow:
     the ``identity``, ``display`` and ``channel`` as the relay sent them, ``decision``
     (approve|skip|adjust), the ``payload_hash`` it answered, ``adjust_text``,
     ``decided_at`` (RFC 3339 text as sent), ``recorded_at`` (unix ms, the gate's clock) and
-    the ``reason`` (issue 14; None when none, or only White_Space, was sent) and
-    ``on_behalf_of``: the principal's operator id when a delegate decided (issue 14 §3),
-    else None; ``credential_id``: the approver credential whose signature it carried
-    (issue 16), else None."""
+    the ``reason`` (None when none, or only White_Space, was sent) and
+    ``on_behalf_of``: the principal's operator id when a delegate decided,
+    else None; ``credential_id``: the approver credential whose signature it carried, else None."""
 
     revision: int
     operator_id: int
@@ -103,9 +102,9 @@ class Approval:
     decisions: tuple[DecisionRow, ...]
     outbox: tuple[Dispatch, ...] = ()
     created_receipt: JsonObject | None = None
-    reminders_sent: int = 0  # issue 14: reminder times passed (missed ones coalesce)
-    escalation_level: int = 0  # issue 14: escalation levels applied to ``scope``
-    # issue 16: the step's off | optional | required when it was created (None: created
+    reminders_sent: int = 0  # reminder times passed (missed ones coalesce)
+    escalation_level: int = 0  # escalation levels applied to ``scope``
+    # the step's off | optional | required when it was created (None: created
     # before migration 7; the config in force decides)
     approver_signature: str | None = None
 
@@ -127,7 +126,7 @@ class Resolvable:
 
 @dataclass(frozen=True, slots=True)
 class QuestionVersion:
-    """One version of a question (table ``question_versions``, issue 15): ``question`` the
+    """One version of a question (table ``question_versions``): ``question`` the
     normalized question object as dispatched and hashed (``QuestionSpec.to_json``), its
     ``request_hash`` (``sha256:<hex>``), the ``nonce`` an answer to it must carry (32 hex)
     and ``created_at`` (unix ms, UTC)."""
@@ -141,7 +140,7 @@ class QuestionVersion:
 
 @dataclass(frozen=True, slots=True)
 class QuestionAnswer:
-    """The winning answer of a question (issue 15): the ``value`` (decoded JSON), the
+    """The winning answer of a question: the ``value`` (decoded JSON), the
     ``operator_id`` it counted for, ``identity``/``display``/``channel`` as the relay sent
     them, the ``version`` answered, ``decided_at`` (RFC 3339 text as sent) and
     ``recorded_at`` (unix ms, the gate's clock)."""
@@ -158,7 +157,7 @@ class QuestionAnswer:
 
 @dataclass(frozen=True, slots=True)
 class Question:
-    """One question as stored (table ``questions``, issue 15) with its ``versions`` in order
+    """One question as stored (table ``questions``) with its ``versions`` in order
     and its ``outbox`` rows (``Dispatch``, ``revision`` = the question's version).
 
     ``scope`` is the frozen ``(operator id, identity)`` list of who may answer; times are
@@ -211,7 +210,7 @@ class DueQuestion:
 
 @dataclass(frozen=True, slots=True)
 class Credential:
-    """An approver credential (table ``approver_credentials``, issue 16): ``credential_id``
+    """An approver credential (table ``approver_credentials``): ``credential_id``
     (base64url, no padding), the ``operator_id`` it belongs to, ``type`` (ed25519 |
     webauthn), ``public_key`` (base64url: the raw 32 bytes of an Ed25519 key, the COSE key
     of a passkey), ``sign_count`` (WebAuthn's last counter; 0 for Ed25519), ``label`` (or

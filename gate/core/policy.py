@@ -1,4 +1,4 @@
-"""Policy: which rule of a step decides a new approval, if any (issue 18 §3). Pure: no I/O,
+"""Policy: which rule of a step decides a new approval, if any. Pure: no I/O,
 no clock read; the creation transaction (``gate.core.policy_tx``) applies the verdict.
 
 Every rule that matches is found; any matching ``deny`` wins over any ``approve``; else the
@@ -91,7 +91,7 @@ class Verdict:
 
 
 def may_approve(risk: str, quorum: int, allow_quorum: bool) -> bool:
-    """The hard limit (issue 18 §3): may a rule approve a step of ``risk`` needing
+    """The hard limit: may a rule approve a step of ``risk`` needing
     ``quorum`` people? Never on high/critical; on quorum > 1 only with ``allow_quorum``."""
     return risk not in HIGH_RISKS and (quorum <= 1 or allow_quorum)
 
@@ -205,8 +205,7 @@ def conditions(when: PolicyWhen, facts: Facts, document: Any, *, deny: bool) -> 
     """Each condition of ``when`` judged on ``facts`` (a ``Check``: True holds, False, or
     None cannot be evaluated, with the values compared). ``deny``: ``body_matches`` is tried
     on the raw text and, for a body that is JSON, on every decoded string (a JSON content
-    type whose body is no strict JSON: None); an approve's on the raw text only (issue 18
-    review C2)."""
+    type whose body is no strict JSON: None); an approve's on the raw text only."""
     out: list[Check] = []
     if when.max_spend is not None:
         limit = shown(when.max_spend)

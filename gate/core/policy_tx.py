@@ -1,4 +1,4 @@
-"""A policy decides a new approval in its creation transaction (issue 18 §3): the rules'
+"""A policy decides a new approval in its creation transaction: the rules'
 verdict (``gate.core.policy``, evaluated before), else a remembered approval looked up here;
 then the decision row, its ``decision`` entry (``by: policy:<rule id>``) and the resolution
 through ``Transactions.resolve``, as any decision resolves (receipt, permit)."""

@@ -1,4 +1,4 @@
-"""How a policy reads a draft (issue 18 §3, fail closed): the strict JSON reader, the
+"""How a policy reads a draft (fail closed): the strict JSON reader, the
 strings of a JSON value, media types, and each argument constraint judged as holds /
 does not hold / cannot be judged. Pure: no I/O, no clock read."""
 
@@ -27,8 +27,8 @@ UNKNOWN = None
 
 
 def media_type(content_type: str) -> str:
-    """The media type of ``content_type``: before ``;``, trimmed, casefolded (issue 18
-    review C4: ``TEXT/HTML; charset=utf-8`` is ``text/html``)."""
+    """The media type of ``content_type``: before ``;``, trimmed, casefolded
+    (``TEXT/HTML; charset=utf-8`` is ``text/html``)."""
     return content_type.split(";", 1)[0].strip().casefold()
 
 

@@ -1,4 +1,4 @@
-"""The answer transaction (issue 15): checks 6-13 of the answer table in order, then the
+"""The answer transaction: checks 6-13 of the answer table in order, then the
 first valid answer recorded with its ``question_answered`` and ``question_resolved`` entries.
 Runs on the store's writer with the state ``Transactions`` owns (``t``)."""
 
@@ -59,7 +59,7 @@ def _max_answer_chars(t: Transactions, question: Question) -> int:
 
 
 def answer_question(t: Transactions, tx: WriteTx, answer: Answer) -> tuple[int, int, str]:
-    """Checks 6-13 of issue 15's answer table, in order, and the recording of the first valid
+    """Checks 6-13 of the answer table, in order, and the recording of the first valid
     answer with its ``question_answered`` and ``question_resolved`` entries. Returns
     ``(operator id, version answered, pipeline)``. Raises GateError with the table's status
     and reason (nothing changes); an answer naming an approval is 409 ``wrong_kind``."""
@@ -122,6 +122,6 @@ def answer_question(t: Transactions, tx: WriteTx, answer: Answer) -> tuple[int, 
 
 
 def wrong_kind(message: str) -> GateError:
-    """409 ``wrong_kind``: an answer for an approval, or a decision for a question (issue 15):
+    """409 ``wrong_kind``: an answer for an approval, or a decision for a question:
     refused after check 5, nothing recorded."""
     return Conflict("wrong_kind", message)

@@ -1,4 +1,4 @@
-"""The pipeline's question requests (issue 15, POST /v1/questions and .../revise): parsing and
+"""The pipeline's question requests (POST /v1/questions and .../revise): parsing and
 validation of the bodies; the question itself is checked by ``gate.protocol.question``."""
 
 from __future__ import annotations
@@ -83,8 +83,8 @@ def parse_spec(
 
 
 def revised_fields(current: QuestionSpec, body: Any) -> dict[str, Any]:
-    """The question a revise body asks for: the current one with the given fields replaced
-    (issue 15 "revise"). A new ``response_type`` drops the current ``options``/``schema``
+    """The question a revise body asks for: the current one with the given fields replaced.
+    A new ``response_type`` drops the current ``options``/``schema``
     unless given again (they belong to the old type). Raises GateError 400 ``invalid_json``
     for a body that is no object, ``invalid_revise`` when it names no question field."""
     if not isinstance(body, dict):

@@ -1,4 +1,4 @@
-"""The questions' half of ``GateService`` (issue 15): create, get, wait, list, cancel, revise,
+"""The questions' half of ``GateService``: create, get, wait, list, cancel, revise,
 record an answer, expire. Mixed into ``gate.core.service.GateService``; no HTTP, no SQL."""
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ class AnswerResult:
 
 def step_is(kind: str, found: Any) -> GateError:
     """400 ``step_is_question``/``step_is_approval`` (field ``step``): a request for the other
-    kind of step (issue 15), with a ``message`` naming the command and endpoint to use (A4).
+    kind of step, with a ``message`` naming the command and endpoint to use (A4).
     """
     command = "ask" if kind == "question" else "request"
     message = f"step {found!r} is {'a' if kind == 'question' else 'an'} {kind} step: use"
@@ -52,7 +52,7 @@ def step_is(kind: str, found: Any) -> GateError:
 
 
 class QuestionMethods:
-    """The question methods of ``GateService`` (issue 15). Uses the service's ``config``,
+    """The question methods of ``GateService``. Uses the service's ``config``,
     ``store``, ``clock``, wake-up events and long-poll waiters."""
 
     config: Config
@@ -197,7 +197,7 @@ class QuestionMethods:
         return question_view(revised)
 
     async def record_answer(self, answer: Answer) -> AnswerResult:
-        """Checks 6-13 of issue 15's answer table and the recording of the first valid answer,
+        """Checks 6-13 of the answer table and the recording of the first valid answer,
         in one transaction. Returns the 200 body ``{"status": "recorded", "resolved": true,
         "outcome": "answered"}``. Raises GateError with the table's status and reason."""
         operator_id, version, pipeline = await self.store.transact(

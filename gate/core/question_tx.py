@@ -1,4 +1,4 @@
-"""The questions' write transactions (issue 15) but the answer: create (idempotent), revise,
+"""The questions' write transactions but the answer: create (idempotent), revise,
 cancel, expire and dispatch bookkeeping. Run on the store's writer with the state
 ``Transactions`` owns (``t``); registered in ``transactions.TABLE``. The answer's checks:
 ``question_answer_tx``."""

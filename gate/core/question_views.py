@@ -1,4 +1,4 @@
-"""The question object of the pipeline API (issue 15), built from a loaded question."""
+"""The question object of the pipeline API, built from a loaded question."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from gate.core.views import api_time
 
 
 def question_view(full: Question) -> dict[str, Any]:
-    """The question object (JSON-ready; issue 15 "Question object", docs/openapi.yaml):
+    """The question object (JSON-ready; docs/openapi.yaml):
     the current version's ``question`` and ``request_hash``, the winning ``answer`` (None
     unless answered; its ``request_hash`` is that of the version answered), times as RFC
     3339 UTC, ``dispatch`` of the current version, the ``receipt`` of the resolution and

@@ -1,6 +1,6 @@
 """How an approval resolves (SPEC §2 "Quorum and outcomes"): the ``resolved`` audit entry,
-the permit of an outcome that fires, the guarded state change and the resolution notice
-(issue 14 §4), all in the caller's write transaction."""
+the permit of an outcome that fires, the guarded state change and the resolution notice,
+all in the caller's write transaction."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from gate.store import WriteTx
 from gate.trust import permit
 from gate.trust.keys import Signer
 
-NOTICE_GIVE_UP_MS = 3_600_000  # a resolution notice is retried for an hour (issue 14 §4)
+NOTICE_GIVE_UP_MS = 3_600_000  # a resolution notice is retried for an hour
 
 # append one audit entry: (tx, kind, approval_id, now, data) -> its row
 AuditFn = Callable[[WriteTx, str, "str | None", int, dict[str, Any]], AuditRow]
@@ -58,7 +58,7 @@ def resolve(
 ) -> None:
     """Resolve ``target`` as ``outcome`` at ``now`` with its ``resolved`` audit entry;
     an outcome that fires gets a permit (from the loaded ``approval``) on a gate with a
-    signing key; ``notice`` False queues no resolution notice (issue 18: a policy decided
+    signing key; ``notice`` False queues no resolution notice (a policy decided
     an approval the relay never saw). Raises Conflict ``already_resolved`` (rolling the job
     back) when the approval is no longer pending."""
     fires = outcome in permit.FIRING_OUTCOMES
@@ -87,7 +87,7 @@ def resolve(
     # Conflict rolls this job back, the audit entry above included
     if not tx.resolve(target.approval_id, outcome, now, receipt_object(row), issued):
         raise Conflict("already_resolved", "approval was resolved concurrently")
-    if notice and config.relay.notice_target is not None:  # issue 14 §4: in this transaction
+    if notice and config.relay.notice_target is not None:  # in this transaction
         tx.enqueue_followup(
             target.approval_id, "notice", 1, target.revision, now, now + NOTICE_GIVE_UP_MS
         )

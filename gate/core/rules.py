@@ -105,7 +105,7 @@ def check_approver(approval: Approval, identity: str) -> int:
 
 
 def operator_in_scope(scope: Iterable[tuple[int, str]], identity: str) -> int:
-    """Check 11 for an approval (SPEC §2) or a question (issue 15): the operator id of
+    """Check 11 for an approval (SPEC §2) or a question: the operator id of
     ``identity`` in a frozen ``(operator id, identity)`` scope, matched trimmed and casefolded
     (``identity_key``). Raises 403 ``approver_not_allowed``."""
     key = identity_key(identity)
@@ -138,7 +138,7 @@ def check_adjust_text(decision: Decision, max_input_length: int) -> None:
 
 
 def skip_reason_required(config: Config, pipeline: str, step: str) -> bool:
-    """Whether the step's config in force says ``skip_reason: required`` (issue 14). Read at
+    """Whether the step's config in force says ``skip_reason: required``. Read at
     the decision and at each dispatch, not frozen at creation (docs/design.md, "Reasons"); a
     step no longer configured requires none."""
     found = config.find_step(pipeline, step)
@@ -146,7 +146,7 @@ def skip_reason_required(config: Config, pipeline: str, step: str) -> bool:
 
 
 def check_reason(decision: Decision, max_input_length: int, required: bool) -> str | None:
-    """SPEC §2 check 12, after ``check_adjust_text`` (issue 14): return the decision's reason
+    """SPEC §2 check 12, after ``check_adjust_text``: return the decision's reason
     as it is recorded: None when absent or only Unicode White_Space (``is_blank``, the
     adjust_text rule), else the text as sent. Raises 422 ``invalid`` / ``reason_too_long``
     beyond ``max_input_length`` characters, and ``reason_required`` for a skip without one

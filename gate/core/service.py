@@ -41,7 +41,7 @@ StepAges = list[tuple[str, str, int]]
 @dataclass(frozen=True, slots=True)
 class DecisionResult:
     """``GateService.record_decision``: the 200 body (SPEC §2), the resolution, if any, and
-    ``delegated``: ``(pipeline, step)`` of a delegate's decision (issue 14 §3), else None."""
+    ``delegated``: ``(pipeline, step)`` of a delegate's decision, else None."""
 
     answer: dict[str, Any]
     resolution: Resolution | None
@@ -49,7 +49,7 @@ class DecisionResult:
 
 
 class GateService(QuestionMethods, CredentialMethods, InviteMethods):
-    """The gate's rules over a Store (the questions' methods: ``QuestionMethods``, issue 15).
+    """The gate's rules over a Store (the questions' methods: ``QuestionMethods``).
 
     ``config`` is a ``gate.config.Config``; ``receipt_key`` the HMAC receipt key (bytes);
     ``previous_receipt_key`` the one before a declared rotation (``receipts.previous_key_env``,
@@ -176,7 +176,7 @@ class GateService(QuestionMethods, CredentialMethods, InviteMethods):
         policy = self.policy(req.pipeline, req.step)
         check_draft(req, policy.allow_empty_draft)
         requester, policy = self.requester(req, policy)
-        policy = policy_tx.plan(self.config, req, policy)  # issue 18: rules, remembered
+        policy = policy_tx.plan(self.config, req, policy)  # rules, remembered
         digest = payload_hash(req.body)
         full: Approval
         created_now: bool
@@ -193,7 +193,7 @@ class GateService(QuestionMethods, CredentialMethods, InviteMethods):
             digest,
             policy.quorum,
         )
-        if full.state == "resolved":  # issue 18: a policy decided it at once, no dispatch
+        if full.state == "resolved":  # a policy decided it at once, no dispatch
             log.info(
                 "event=resolved approval_id=%s outcome=%s revision=1 by=%s",
                 full.approval_id,
@@ -305,7 +305,7 @@ class GateService(QuestionMethods, CredentialMethods, InviteMethods):
 
     async def followups_due(self) -> tuple[int, int]:
         """Apply the due escalation levels and queue the due reminders of pending approvals
-        (issue 14 §2; ``Transactions.followups``), in batches of 500 per transaction.
+        (``Transactions.followups``), in batches of 500 per transaction.
         Returns ``(levels applied, reminders queued)``; wakes the dispatcher when anything
         was queued."""
         levels = reminders = 0
@@ -364,7 +364,7 @@ class GateService(QuestionMethods, CredentialMethods, InviteMethods):
         retry_at_ms: int | None,
     ) -> str | None:
         """Record one attempt of the reminder, escalation or notice ``key`` = (approval_id,
-        kind, n) (issue 14; ``Transactions.followup_result``): ``retry_at_ms`` None drops it
+        kind, n) (``Transactions.followup_result``): ``retry_at_ms`` None drops it
         unsent as failed. Returns ``"delivered"``, ``"retry"``, ``"failed"`` or None."""
         result: str | None = await self.store.transact(
             Command("followup_result", (key, acked, error, retry_at_ms))
@@ -413,7 +413,7 @@ class GateService(QuestionMethods, CredentialMethods, InviteMethods):
 
     async def oldest_pending_by_step(self) -> StepAges:
         """Return ``(pipeline, step, oldest pending created_at in unix ms)`` per step with a
-        pending approval (``Store.oldest_pending_by_step``; issue 14 §5). Raises GateError
+        pending approval (``Store.oldest_pending_by_step``). Raises GateError
         when the database cannot be read."""
         return await self.store.reads.oldest_pending_by_step()
 
@@ -425,7 +425,7 @@ class GateService(QuestionMethods, CredentialMethods, InviteMethods):
 
     def _notify(self, approval_id: str) -> None:
         if self.config.relay.notice_target is not None:
-            self.dispatch_wakeup.set()  # its notice was queued with the resolution (issue 14)
+            self.dispatch_wakeup.set()  # its notice was queued with the resolution
         waiter = self._waiters.get(approval_id)
         if waiter is not None:
             waiter[0].set()

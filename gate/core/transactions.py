@@ -54,10 +54,10 @@ class Policy:
     risk: str
     allow_self_approval: bool = False
     allow_empty_draft: bool = False
-    followups: Plan | None = None  # reminders and escalation levels (issue 14)
-    approver_signature: str = "off"  # issue 16: off | optional | required, frozen here
-    verdict: PolicyVerdict | None = None  # issue 18: what the step's rules decided
-    remember_ms: int | None = None  # issue 18: the step's remember_approval window
+    followups: Plan | None = None  # reminders and escalation levels
+    approver_signature: str = "off"  # off | optional | required, frozen here
+    verdict: PolicyVerdict | None = None  # what the step's rules decided
+    remember_ms: int | None = None  # the step's remember_approval window
 
 
 class Transactions:
@@ -164,8 +164,8 @@ class Transactions:
         digest: str,
     ) -> tuple[Approval, bool]:
         """Insert the approval, its first revision, its dispatch and its ``created`` entry
-        (outbox: nothing waits on the relay); when a policy decides it (issue 18,
-        ``gate.core.policy_tx``), no dispatch but the decision and the resolution. Returns
+        (outbox: nothing waits on the relay); when a policy decides it
+        (``gate.core.policy_tx``), no dispatch but the decision and the resolution. Returns
         ``(loaded approval, created)``; ``created`` is False for an Idempotency-Key seen
         before with the same body. Raises
         Conflict 409 ``idempotency_key_reused`` for the key with another body (SPEC §3)."""
@@ -211,7 +211,7 @@ class Transactions:
         )
         nonce = new_nonce()
         tx.insert_revision(approval_id, 1, req.body, digest, nonce, now, None)
-        decided = None  # issue 18: a policy decides (no dispatch), or a person does
+        decided = None  # a policy decides (no dispatch), or a person does
         if policy.verdict is not None or policy.remember_ms is not None:
             decided = policy_tx.verdict(tx, req, policy, digest, now, budget)
         if decided is None:
@@ -226,7 +226,7 @@ class Transactions:
             expires_at=expires_at,
             requested_by=requester[0] if requester is not None else None,
             allow_self_approval=policy.allow_self_approval if requester is not None else None,
-            approver_signature=None  # issue 16: only a signed step's entry says so
+            approver_signature=None  # only a signed step's entry says so
             if policy.approver_signature == "off"
             else policy.approver_signature,
         )
@@ -239,7 +239,7 @@ class Transactions:
 
     @staticmethod
     def _followup_columns(plan: Plan | None, now: int, expires_at: int) -> dict[str, Any]:
-        """The frozen follow-up plan and its first due time (issue 14); nothing for a step
+        """The frozen follow-up plan and its first due time; nothing for a step
         without reminders or levels, so its approvals row is written as before."""
         if plan is None:
             return {}
@@ -322,7 +322,7 @@ class Transactions:
 
     def followups(self, tx: WriteTx) -> list[tuple[str, tuple[int, ...], int]]:
         """Handle the due reminders and escalation levels of up to ``FOLLOWUP_BATCH`` pending
-        approvals at the gate's time (``gate.core.followup_tx.handle_due``, issue 14 §2)."""
+        approvals at the gate's time (``gate.core.followup_tx.handle_due``)."""
         return handle_due(tx, self.clock.now_ms(), FOLLOWUP_BATCH, self.audit)
 
     def followup_result(
@@ -334,7 +334,7 @@ class Transactions:
         retry_at_ms: int | None,
     ) -> str | None:
         """Record one attempt of the follow-up send ``key`` = (approval_id, kind, n) at the
-        gate's now (issue 14): delivered, retried at ``retry_at_ms``, or failed once that is
+        gate's now: delivered, retried at ``retry_at_ms``, or failed once that is
         None (dropped unsent, ``error`` says why) or not before the row's ``give_up_at``.
         Returns ``"delivered"``/``"retry"``/``"failed"``, None when nothing changed."""
         return tx.followup_attempted(
@@ -352,17 +352,17 @@ TABLE: dict[str, Callable[..., Any]] = {
     "dispatch_result": Transactions.dispatch_result,
     "followups": Transactions.followups,
     "followup_result": Transactions.followup_result,
-    "create_question": create_question,  # issue 15: gate.core.question_tx
+    "create_question": create_question,  # gate.core.question_tx
     "revise_question": revise_question,
     "cancel_question": cancel_question,
     "expire_questions": expire_questions,
     "answer_question": answer_question,
     "question_dispatch_result": question_dispatch_result,
     "question_notice_result": question_notice_result,
-    "enrol_credential": credentials.enrol,  # issue 16: gate.core.credentials
+    "enrol_credential": credentials.enrol,  # gate.core.credentials
     "revoke_credential": credentials.revoke,
     "list_credentials": credentials.list_all,
-    "create_invite": invites.create_invite,  # issue 16: passkeys, gate.core.invites
+    "create_invite": invites.create_invite,  # passkeys, gate.core.invites
     "invite_page": invites.invite_page,
     "register_passkey": invites.register,
     "configure": Transactions.configure,

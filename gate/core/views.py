@@ -23,9 +23,9 @@ def approval_view(full: Approval) -> dict[str, Any]:
     then shows whether the log still holds that entry); ``permit`` (compact JWS) only for
     ``approved``/``adjusted`` on a gate with a signing key; ``requested_by`` is the
     requesting operator's identity, or None; ``decisions[].on_behalf_of`` is
-    ``{"operator_id", "identity"}`` of the principal a delegate decided for (issue 14 §3),
+    ``{"operator_id", "identity"}`` of the principal a delegate decided for,
     else None; ``decisions[].credential_id`` the approver credential that signed the
-    decision (issue 16), else None.
+    decision, else None.
     """
     current = current_revision(full)
     scope = dict(full.scope)
@@ -42,7 +42,7 @@ def approval_view(full: Approval) -> dict[str, Any]:
         "risk": full.risk,
         "quorum": {
             "required": full.quorum_required,
-            # people only: a policy's approval (operator 0, issue 18) counts toward no quorum
+            # people only: a policy's approval (operator 0) counts toward no quorum
             "collected": len([op for op in approvers_of(full, full.revision) if op != 0]),
         },
         "approvers": [identity for _, identity in full.scope],

@@ -137,7 +137,7 @@ def build_gate(
         backoff_cap_s=dispatch_backoff_s[1],
     )
     dispatcher.followups = FollowUpSender(dispatcher)  # reminders, escalations, notices
-    # issue 15: questions' dispatches and their resolution notices
+    # questions' dispatches and their resolution notices
     dispatcher.side_outboxes = (QuestionSender(dispatcher), QuestionNoticeSender(dispatcher))
     return Gate(
         config,

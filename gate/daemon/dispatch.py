@@ -139,7 +139,7 @@ class Dispatcher:
         self._unrecorded: dict[tuple[str, int], _Result] = {}
         # the follow-up sends this loop drains too (``gate.daemon.followups``; build_gate)
         self.followups: SideOutbox | None = None
-        # further side outboxes drained the same way (issue 15: questions' dispatches)
+        # further side outboxes drained the same way (questions' dispatches)
         self.side_outboxes: tuple[SideOutbox, ...] = ()
 
     def sides(self) -> tuple[SideOutbox, ...]:
@@ -284,7 +284,7 @@ class Dispatcher:
 
     def envelope_for(self, full: Approval, revision: int) -> dict[str, Any]:
         """The dispatch envelope of ``revision`` as the config in force makes it now: the
-        step's required skip reason and the delegations in force (issue 14), for the
+        step's required skip reason and the delegations in force, for the
         revision's first dispatch and for its reminders and escalations alike."""
         config, now = self.service.config, self.service.clock.now_ms()
         return dispatch_envelope(
@@ -364,12 +364,12 @@ def dispatch_envelope(
 ) -> dict[str, Any]:
     """Return the SPEC §2 dispatch envelope for ``revision`` of a loaded approval.
 
-    With ``skip_reason_required`` (the step's ``skip_reason: required``, issue 14) its skip
+    With ``skip_reason_required`` (the step's ``skip_reason: required``) its skip
     action says so; ``delegates`` are the (delegate identity, principal identity) pairs in
     force (``gate.core.delegation.delegates_for``): the delegates join ``approvers`` and the
-    pairs go out as ``delegates`` (issue 14 §3). With neither the envelope is byte-for-byte
-    as before (``gate.protocol.followup.FollowUp``). ``approver_signature`` (the step's,
-    issue 16) other than ``off`` goes out as the additive ``"approver_signature"`` (optional
+    pairs go out as ``delegates``. With neither the envelope is byte-for-byte
+    as before (``gate.protocol.followup.FollowUp``). ``approver_signature`` (the step's)
+    other than ``off`` goes out as the additive ``"approver_signature"`` (optional
     | required), so a relay knows to have the approver sign; ``off`` adds nothing.
     """
     rev = next(r for r in full.revisions if r.revision == revision)

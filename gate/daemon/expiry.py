@@ -1,5 +1,5 @@
 """One scheduler driven by the earliest pending ``expires_at`` and ``next_followup_at``: expiry,
-reminders and escalation levels (issue 14), with no task per approval."""
+reminders and escalation levels, with no task per approval."""
 
 from __future__ import annotations
 
@@ -18,12 +18,12 @@ RETRY_AFTER_ERROR_S = 1.0
 
 
 async def run_expiry(service: GateService, metrics: Metrics) -> None:
-    """Resolve approvals, then questions (issue 15), as ``timeout`` when the gate's clock
+    """Resolve approvals, then questions, as ``timeout`` when the gate's clock
     passes their ``expires_at``; each only when its earliest deadline has passed, so a
     wake-up with nothing due writes nothing.
 
-    Then apply the due reminders and escalation levels (``GateService.followups_due``,
-    issue 14). Sleeps until the earliest deadline or follow-up (one lookup in each partial
+    Then apply the due reminders and escalation levels (``GateService.followups_due``).
+    Sleeps until the earliest deadline or follow-up (one lookup in each partial
     index), or until ``service.expiry_wakeup`` is set (a new approval may be due sooner).
     Runs until cancelled. Storage errors are logged and retried after a second. Each
     timeout counts in ``metrics`` (the gate's) as resolved ``timeout``.
@@ -45,7 +45,7 @@ async def run_expiry(service: GateService, metrics: Metrics) -> None:
                 next_expiry = await reads.next_expiry()
             next_question = await service.next_question_expiry()
             if next_question is not None and next_question <= now:
-                timed_out = await service.expire_questions()  # issue 15: the same scheduler
+                timed_out = await service.expire_questions()  # the same scheduler
                 if timed_out:
                     metrics.question_resolved_many("timeout", timed_out)
                 next_question = await service.next_question_expiry()

@@ -1,4 +1,4 @@
-"""The sender of ``followup_outbox`` (issue 14): resolution notices, reminders and escalation
+"""The sender of ``followup_outbox``: resolution notices, reminders and escalation
 dispatches, drained by the dispatcher's loop with the dispatch's signing, timeout, backoff and
 redirect rules (``gate.daemon.dispatch``), and the envelopes they carry."""
 
@@ -213,7 +213,7 @@ def followup_envelope(
     n: int,
 ) -> dict[str, Any]:
     """``envelope``, the current revision's dispatch (``Dispatcher.envelope_for``: same nonce,
-    same revision, ``approvers`` the approval's scope as widened), plus issue 14's
+    same revision, ``approvers`` the approval's scope as widened), plus the
     ``reminder``/``awaiting`` (kind ``reminder``, n-th) or ``escalation`` (kind
     ``escalation``, level n)."""
     if kind == "reminder":

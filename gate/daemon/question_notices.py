@@ -1,4 +1,4 @@
-"""The sender of ``question_notices`` (issue 15): a question's resolution notice POSTed to
+"""The sender of ``question_notices``: a question's resolution notice POSTed to
 ``relay.question_notice_target`` with the dispatch's signing, timeout, backoff and redirect
 rules (``gate.daemon.dispatch``); drained by the dispatcher's loop as a side outbox."""
 

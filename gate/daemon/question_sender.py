@@ -1,4 +1,4 @@
-"""The sender of ``question_outbox`` (issue 15): each pending question's current version is
+"""The sender of ``question_outbox``: each pending question's current version is
 POSTed to ``relay.question_target`` with the dispatch's signing, timeout, backoff and ack rules
 (``gate.daemon.dispatch``); drained by the dispatcher's loop as a side outbox."""
 

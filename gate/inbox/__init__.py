@@ -1,4 +1,4 @@
-"""The inbox (``hitl-gate inbox``, issue 17): a separate program, a hitl/v0 relay that keeps
+"""The inbox (``hitl-gate inbox``): a separate program, a hitl/v0 relay that keeps
 what is waiting for approvers in its own SQLite file and shows it to them in a browser: its
 config (config), what it reads from a dispatch (items), storage (schema, its tables and
 migrations, and db, its queries: the only modules here that speak SQL), the relay endpoint

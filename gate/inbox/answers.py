@@ -1,6 +1,6 @@
-"""Answers to questions at the inbox (issue 17; docs/protocol.md "Questions"): the question
+"""Answers to questions at the inbox (docs/protocol.md "Questions"): the question
 page's plain HTML form turned into the typed answer value, checked with the gate's own rule
-(``gate.protocol.question.check_value``, answer check 12 of issue 15: one rule, two callers),
+(``gate.protocol.question.check_value``, answer check 12: one rule, two callers),
 and the answer envelope posted to the gate. An answer is not an approval: no passkey.
 
 The pure part (``question_of``, ``value_from_form``, ``checked_value``, ``in_words``,
@@ -186,7 +186,7 @@ async def answer(request: web.Request) -> web.Response:
             seq=seq,
             error=words,
             status=status,
-            submitted=fields,  # what was typed is shown again (issue 17 finding 10)
+            submitted=fields,  # what was typed is shown again
         )
 
     def said(title: str, words: str, status: int) -> web.Response:

@@ -1,4 +1,4 @@
-"""The inbox's aiohttp application (issue 17 contract, "App"): its shared state, the routes
+"""The inbox's aiohttp application: its shared state, the routes
 and the GET pages that only read (waiting, item, recent, a decision's record, live updates).
 Sign-in is ``gate.inbox.signin``, decisions ``gate.inbox.decide``; bulk approval and
 question answers register their own routes (``add_routes``) where marked below."""

@@ -1,4 +1,4 @@
-"""Sessions, CSRF and Origin checks of the inbox's pages (issue 17 contract, "Sessions").
+"""Sessions, CSRF and Origin checks of the inbox's pages.
 
 A session is a cookie (``hitl_inbox``; ``__Host-hitl_inbox`` with Secure under an https
 ``base_url``; HttpOnly, SameSite=Strict, Path=/) holding 32 random bytes base64url; the
@@ -183,7 +183,7 @@ async def require_session(request: web.Request) -> Session:
     if request.headers.get("Sec-Fetch-Site") == "cross-site" and request.query.get("r") != "1":
         page = _cross_site_page(request.path + "?r=1")
         raise web.HTTPOk(body=page.body, content_type="text/html")
-    why = "&why=revoked" if request.get("inbox_revoked") else ""  # issue 17 finding 7
+    why = "&why=revoked" if request.get("inbox_revoked") else ""
     raise web.HTTPSeeOther("/signin?next=" + quote(request.path, safe="/") + why)
 
 
@@ -269,7 +269,7 @@ async def read_post(request: web.Request, session: Session | None) -> dict[str, 
 
 def _form_fields(text: str) -> dict[str, Any]:
     """A form-urlencoded body's fields: a name posted once -> its string, more than once ->
-    the list of its strings in the order sent (issue 17: a question's checkboxes)."""
+    the list of its strings in the order sent (a question's checkboxes)."""
     fields: dict[str, Any] = {}
     for name, value in parse_qsl(text, keep_blank_values=True):
         if name not in fields:

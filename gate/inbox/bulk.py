@@ -1,5 +1,5 @@
-"""Bulk approve at the inbox (issue 17): several approvals with one passkey tap, signed as one
-batch (docs/protocol.md "Approver signatures", issue 16 §4). The waiting page posts one field
+"""Bulk approve at the inbox: several approvals with one passkey tap, signed as one
+batch (docs/protocol.md "Approver signatures"). The waiting page posts one field
 ``item:<approval_id>`` = the revision SHOWN per ticked item; the inbox answers the batch
 challenge (``batch_digest`` of each item's approve ``decision_digest``, from the STORED
 dispatches), then posts one decision per item, each with the same assertion and the batch's
@@ -148,8 +148,8 @@ def checked_items(
 
 
 def approve_digest(item: Item) -> bytes:
-    """The approve ``decision_digest`` of ``item``'s stored revision, nonce and payload hash
-    (issue 16 §3): no adjust text, no reason."""
+    """The approve ``decision_digest`` of ``item``'s stored revision, nonce and payload hash:
+    no adjust text, no reason."""
     return decision_digest(
         approval_id=item.approval_id,
         revision=item.revision,
@@ -160,8 +160,8 @@ def approve_digest(item: Item) -> bytes:
 
 
 def batch_of(items: list[Item]) -> Batch:
-    """The batch of checked ``items``: their approve digests and ``batch_digest`` (issue 16
-    §4; the same item twice is refused 400 ``invalid_batch``)."""
+    """The batch of checked ``items``: their approve digests and ``batch_digest`` (the
+    same item twice is refused 400 ``invalid_batch``)."""
     digests = tuple(approve_digest(i) for i in items)
     try:
         challenge = batch_digest(digests)

@@ -1,4 +1,4 @@
-"""The page of one bulk approval's results (issue 17, ``GET /bulk/{n}``): each item with the
+"""The page of one bulk approval's results (``GET /bulk/{n}``): each item with the
 gate's answer in words, named as the waiting list names it (pipeline · step, the draft's
 first line, when it was requested and its run id), so items of one step are told apart."""
 

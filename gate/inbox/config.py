@@ -1,4 +1,4 @@
-"""The inbox's YAML config (issue 17) -> a frozen, typed ``InboxConfig`` and its secrets.
+"""The inbox's YAML config -> a frozen, typed ``InboxConfig`` and its secrets.
 
 Every error is one line starting with its YAML path, as the gate's ``check-config`` says
 them; secrets come only from the environment (or ``$CREDENTIALS_DIRECTORY``), never the YAML.
@@ -74,7 +74,7 @@ MailAddress = Annotated[str, Field(strict=True, min_length=3), AfterValidator(_c
 
 
 class MailSection(BaseModel):
-    """``mail`` (optional, off when absent; issue 17): the SMTP server new items are
+    """``mail`` (optional, off when absent): the SMTP server new items are
     announced through — ``host``, ``port`` (587), ``security`` (``starttls``, ``tls`` or
     ``none``), the login by variable names (``username_env`` and ``password_env``, both or
     neither), the ``from`` address and ``addresses`` (identity -> address; an identity that
@@ -92,7 +92,7 @@ class MailSection(BaseModel):
 
 
 class InboxConfig(BaseModel):
-    """The whole inbox config (issue 17 contract, part B). ``database`` is resolved against
+    """The whole inbox config. ``database`` is resolved against
     the config file's folder; ``public_url`` defaults to ``http://<listen>``."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)

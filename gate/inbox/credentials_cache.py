@@ -1,5 +1,5 @@
-"""The approvers' public credentials as the gate serves them (issue 17 contract,
-"Credentials cache"): fetched over the credentials channel at start, refreshed every 60 s by
+"""The approvers' public credentials as the gate serves them:
+fetched over the credentials channel at start, refreshed every 60 s by
 the sweep and on a sign-in with an unknown credential id (unless that id was looked up within
 5 s; at most 2 such refreshes per second overall). Also says
 whether the gate's relying party and the inbox's agree (else nobody can sign in)."""
@@ -29,7 +29,7 @@ Fetch = Callable[[], Awaitable[CredentialsAnswer]]
 def rp_problem(answer: CredentialsAnswer, party: RelyingParty | None) -> str | None:
     """Why passkeys enrolled at the gate cannot sign in here, in words, or None when the
     gate's relying party (``answer.webauthn``) has the inbox's ``rp_id`` and lists one of
-    the inbox's origins (issue 17 contract, "One relying party")."""
+    the inbox's origins."""
     if party is None:
         return "the inbox has no passkey relying party (set webauthn.rp_id or public_url)"
     gate = answer.webauthn
@@ -90,7 +90,7 @@ class CredentialsCache:
         """Ask the gate now; True when it answered (the data replaced). On failure the data
         is kept; an outage is logged once when it starts (WARNING
         ``event=credentials_unavailable``) and once when it ends (INFO
-        ``event=credentials_available``), not at each retry (issue 17 finding); on an rp
+        ``event=credentials_available``), not at each retry; on an rp
         mismatch one ERROR ``event=inbox_rp_mismatch`` (only when the reason changes)."""
         try:
             answer = await self._fetch()
@@ -122,8 +122,8 @@ class CredentialsCache:
 
     async def refresh_for_unknown(self, credential_id: str) -> bool:
         """A sign-in named an unknown credential id: ``refresh`` unless THIS id was looked up
-        within the last 5 s, and at most 2 such refreshes per second overall (issue 17
-        finding: a passkey enrolled a moment after another sign-in signs in at once). Returns
+        within the last 5 s, and at most 2 such refreshes per second overall (a
+        passkey enrolled a moment after another sign-in signs in at once). Returns
         whether the gate answered."""
         now = self._now_s()
         self._unknown_ids = {

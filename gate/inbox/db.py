@@ -1,4 +1,4 @@
-"""The inbox's SQLite file (issue 17): its queries (the schema and migrations are
+"""The inbox's SQLite file: its queries (the schema and migrations are
 ``gate.inbox.schema``; the two are the only modules of gate/inbox that speak SQL).
 
 One connection, used from one thread (every call runs there, in order: writes never race);
@@ -122,7 +122,7 @@ class InboxDb:
 
     async def approvers_recorded(self, approval_id: str, revision: int) -> list[str]:
         """The distinct identities whose ``approve`` of ``revision`` the inbox posted and the
-        gate answered 2xx (recorded), first decided first (issue 17 finding: quorum progress;
+        gate answered 2xx (recorded), first decided first (quorum progress;
         a decision made through another relay is not here)."""
         rows = await self._run(
             _query,
@@ -148,7 +148,7 @@ class InboxDb:
         return [_decision(r) for r in rows]
 
     async def add_batch_decision(self, record: DecisionRecord, batch_id: str) -> int:
-        """``add_decision`` for one item of bulk approval ``batch_id`` (issue 17)."""
+        """``add_decision`` for one item of bulk approval ``batch_id``."""
         return await self._run(self._tx, lambda c: _insert_decision(c, record, batch_id))
 
     async def batch(self, batch_id: str) -> list[DecisionRecord]:

@@ -1,5 +1,5 @@
-"""An approver's decision through the inbox (issue 17 contract, "Decisions"): the challenge
-to sign (the issue 16 decision digest of the revision SHOWN) and the signed decision, built
+"""An approver's decision through the inbox: the challenge
+to sign (the decision digest of the revision SHOWN) and the signed decision, built
 from the stored dispatch, recorded BEFORE it is posted to the gate and updated with the
 gate's answer after (nothing the gate answered is lost; a kill -9 in between leaves the row
 "sent; the gate's answer was not received")."""
@@ -80,7 +80,7 @@ def check_open(item: Item, fields: dict[str, Any]) -> None:
 
 
 def digest_of(item: Item, verb: str, adjust_text: str | None, reason: str | None) -> bytes:
-    """The 32-byte decision digest (issue 16 §3) of ``item``'s stored revision."""
+    """The 32-byte decision digest of ``item``'s stored revision."""
     return decision_digest(
         approval_id=item.approval_id,
         revision=item.revision,

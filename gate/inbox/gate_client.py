@@ -1,4 +1,4 @@
-"""The inbox's signed calls to the gate (issue 17): a decision (or a question's answer)
+"""The inbox's signed calls to the gate: a decision (or a question's answer)
 posted to the dispatch's callback URL, and the approvers' public credentials fetched over
 the credentials channel (docs/protocol.md "Credentials"). Both are signed with the relay
 secret as SPEC §2 says; a call is retried only when the gate could not be reached, never
@@ -104,7 +104,7 @@ async def fetch_credentials(
     session: aiohttp.ClientSession | None = None,
 ) -> credentials.CredentialsAnswer:
     """Ask the gate at ``callback_url`` (its relay listener base) for the approvers' public
-    credentials (issue 17, credentials channel): a signed ``credentials_request`` with the
+    credentials (credentials channel): a signed ``credentials_request`` with the
     current secret, the answer's signature checked with ``secrets`` within ``max_skew``
     seconds and parsed. Returns the ``gate.protocol.credentials.CredentialsAnswer``. Raises
     GateUnreachable, ``GateRefused`` for an answer other than 200, or ProtocolError
@@ -120,7 +120,7 @@ async def fetch_credentials(
 class GateRefused(Exception):
     """The gate answered the credentials request with ``status`` (e.g. 404 ``not_found``:
     ``relay.credentials`` is off; 401: the secrets differ) and its ``reason``, at ``url``
-    (its text names all three, never a secret: issue 17 finding 3)."""
+    (its text names all three, never a secret)."""
 
     def __init__(self, status: int, raw: bytes, url: str = "") -> None:
         try:

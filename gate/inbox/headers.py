@@ -1,4 +1,4 @@
-"""The inbox's security headers (issue 17): a strict Content-Security-Policy (only its own
+"""The inbox's security headers: a strict Content-Security-Policy (only its own
 script, style and images; no inline script or style, no frames, forms post only to it),
 no referrer, no MIME sniffing, and pages never cached."""
 
@@ -12,13 +12,13 @@ CSP = (
     "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "
     "connect-src 'self'; form-action 'self'; base-uri 'none'; frame-ancestors 'none'"
 )
-"""The one policy of every inbox response (issue 17 contract, part C 3)."""
+"""The one policy of every inbox response."""
 
 COMMON = {
     "Content-Security-Policy": CSP,
     # same-origin, not no-referrer: under no-referrer Chromium sends ``Origin: null`` with a
     # plain HTML form's POST (a question's answer), which read_post must refuse; no
-    # referrer ever leaves the inbox either way (issue 17, found by the browser e2e tests)
+    # referrer ever leaves the inbox either way (found by the browser e2e tests)
     "Referrer-Policy": "same-origin",
     "X-Content-Type-Options": "nosniff",
 }

@@ -1,4 +1,4 @@
-"""What the inbox reads from a dispatch (issue 17): the checks a dispatch must pass before it
+"""What the inbox reads from a dispatch: the checks a dispatch must pass before it
 is kept, the columns its row stores, and the ``Item`` a stored row stands for. Pure: no I/O;
 ``now`` is an argument."""
 
@@ -86,7 +86,7 @@ def read_dispatch(envelope: dict[str, Any]) -> Incoming:
     docs/protocol.md "Questions"). Raises ``DispatchRefused`` (400 ``invalid_dispatch`` naming
     the first missing or mistyped field; ``payload_hash_mismatch`` when the draft does not
     hash to ``payload_hash``, ``request_hash_mismatch`` when a question's fields do not hash
-    to its ``request_hash``: issue 15 "Wire", as the reference relay)."""
+    to its ``request_hash``, as the reference relay)."""
     question = envelope.get("kind") == "question"
     key = "question_id" if question else "approval_id"
     approval_id = _text(envelope, key)

@@ -1,4 +1,4 @@
-"""Whether a JSON draft can be shown as data (issue 17 finding 6): re-indented only when
+"""Whether a JSON draft can be shown as data: re-indented only when
 that hides nothing the draft says. Pure."""
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ def pretty_json(body: str) -> str | None:
     """``body`` re-indented with 2 spaces (non-ASCII kept), or None when showing it so could
     hide something: it does not parse, repeats a key (a parser would keep one of them),
     holds NaN/Infinity, or a number whose re-serialised text differs from its text in the
-    draft (``100.000000000000000001``, ``1e-400``, ``1.50``: issue 17 finding 6). Then it
+    draft (``100.000000000000000001``, ``1e-400``, ``1.50``). Then it
     is shown as text."""
     try:
         value = json.loads(

@@ -1,5 +1,5 @@
-"""What a waiting-list row says about an item besides its pipeline and step (issue 17
-finding 2): enough to tell 14 rows of one "pipeline · step" apart, and whether the item may
+"""What a waiting-list row says about an item besides its pipeline and step:
+enough to tell 14 rows of one "pipeline · step" apart, and whether the item may
 be bulk-approved at all. Pure: reads the stored ``Item`` and its dispatch only."""
 
 from __future__ import annotations

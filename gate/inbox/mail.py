@@ -1,4 +1,4 @@
-"""Mail to approvers when a new item arrives (issue 17; optional, off without ``mail``).
+"""Mail to approvers when a new item arrives (optional, off without ``mail``).
 
 On the FIRST dispatch of an approval or question (not a re-send, a reminder or a new
 revision: ``InboxDb.receive`` said ``new``) one mail per approver is queued: subject

@@ -1,4 +1,4 @@
-"""What the inbox keeps and shows (issue 17): plain, immutable values shared by its storage
+"""What the inbox keeps and shows: plain, immutable values shared by its storage
 (``gate.inbox.db``), its relay endpoint and its pages (``gate.inbox.pages``). Times are unix
 milliseconds, UTC. No I/O."""
 

@@ -1,4 +1,4 @@
-"""The inbox's pages (issue 17): Jinja2 templates (autoescape on) and static assets from the
+"""The inbox's pages: Jinja2 templates (autoescape on) and static assets from the
 package, one function per page taking ``gate.inbox.model`` values and returning the rendered
 ``web.Response``, so request handlers stay thin. Every response gets ``headers.install``'s
 security headers.
@@ -6,7 +6,7 @@ security headers.
 Forms post to the URLs below; a form the approver signs carries ``data-sign`` (its verb) and
 ``data-challenge`` (the base64url WebAuthn challenge) or ``data-challenge-url`` (where
 ``inbox.js`` POSTs the form's fields to get ``{"challenge": …}`` first: a skip's reason and
-an adjust's text are part of the decision digest, issue 16 §3).
+an adjust's text are part of the decision digest).
 """
 
 from __future__ import annotations
@@ -280,7 +280,7 @@ def question_page(
     submitted: Mapping[str, Any] | None = None,
     recorded: Sequence[DecisionRecord] = (),
 ) -> web.Response:
-    """A question (issue 15) from ``item.dispatch["question"]``: its text and reason
+    """A question from ``item.dispatch["question"]``: its text and reason
     (marked), then free text / choices / the form's fields with the schema's limits
     (``words.form_fields``); a schema the gate would not send is said, not shown. ``error``
     (an answer refused, in words) is shown above the form, answering ``status`` (422), with

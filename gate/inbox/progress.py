@@ -1,4 +1,4 @@
-"""Quorum progress as the inbox knows it (issue 17): how many approvals an item's current
+"""Quorum progress as the inbox knows it: how many approvals an item's current
 revision has, from what the gate sent (the dispatch's ``quorum.collected``, a reminder's
 ``awaiting``) and the approvals the inbox itself saw recorded, counting each once. Pure."""
 

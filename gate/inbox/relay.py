@@ -1,4 +1,4 @@
-"""The inbox's relay endpoint ``POST /hitl/v0/relay`` (issue 17): the gate's dispatches and
+"""The inbox's relay endpoint ``POST /hitl/v0/relay``: the gate's dispatches and
 notices arrive here. Each is checked as the reference relay checks it (size, signature,
 window, shape: the same answers), kept in the inbox's database, and acked 200
 ``{"status":"ok"}`` only after its row committed: nothing acked is lost."""

@@ -1,4 +1,4 @@
-"""How the inbox shows a draft and an adjust's diff as HTML (issue 17). Pure.
+"""How the inbox shows a draft and an adjust's diff as HTML. Pure.
 
 Everything from a dispatch is untrusted: it is escaped, and every character a display would
 not show as itself (``gate.protocol.display``; newline and tab excepted) is shown as a
@@ -173,7 +173,7 @@ def reference_definitions(body: str, content_type: str) -> tuple[Definition, ...
     """Every link reference definition of a ``text/markdown`` ``body`` (at any depth: in
     quotes and list items too), in the order written, a repeated label each time (the
     rendering uses the first and shows none of them); () for another content type or none.
-    Issue 17 leftover: the approver sees every URL the draft holds."""
+    The approver sees every URL the draft holds."""
     if not _is_markdown(content_type):
         return ()
     return tuple(
@@ -189,7 +189,7 @@ def definitions_marked(found: Sequence[Definition]) -> int:
 
 
 def draft_view(body: str, content_type: str) -> DraftView:
-    """Show ``body`` by its ``content_type`` (issue 17): ``text/markdown`` rendered safely,
+    """Show ``body`` by its ``content_type``: ``text/markdown`` rendered safely,
     ``application/json`` pretty-printed when that hides nothing (``pretty_json``), anything
     else (``text/plain`` and unknown types) as preformatted text; an empty or whitespace-only
     draft said in words. A markdown draft's view carries its ``reference_definitions``.

@@ -1,4 +1,4 @@
-"""The inbox's SQLite schema and its migrations (issue 17): the whole schema as one reviewed
+"""The inbox's SQLite schema and its migrations: the whole schema as one reviewed
 SQL text, then additive migrations, and the one function that opens the file and runs what is
 missing. With ``gate.inbox.db`` (the queries), the only modules of gate/inbox that speak SQL.
 Times are unix milliseconds, UTC."""
@@ -50,7 +50,7 @@ CREATE TABLE sessions (
 BATCHES = """
 ALTER TABLE decisions ADD COLUMN batch_id TEXT;
 CREATE INDEX decisions_batch ON decisions (batch_id)
-"""  # issue 17: the decisions of one bulk approval (NULL for a single decision)
+"""  # the decisions of one bulk approval (NULL for a single decision)
 REASONS = """
 ALTER TABLE decisions ADD COLUMN reason TEXT
 """  # the reason the approver gave with a decision, as posted (NULL: none; rows before it)

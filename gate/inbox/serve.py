@@ -1,4 +1,4 @@
-"""Runs the inbox (``hitl-gate inbox serve``, issue 17): opens its database, fetches the
+"""Runs the inbox (``hitl-gate inbox serve``): opens its database, fetches the
 approvers' credentials from the gate, serves its one listener (the relay endpoint and the
 pages), sweeps (expired items and sessions every 5 s, credentials every 60 s), stops cleanly
 on SIGTERM/SIGINT."""

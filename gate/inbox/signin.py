@@ -1,4 +1,4 @@
-"""Passkey sign-in at the inbox (issue 17 contract, "Sign-in"): usernameless WebAuthn with
+"""Passkey sign-in at the inbox: usernameless WebAuthn with
 the passkeys the gate enrolled (one relying party). Challenges live in memory (5 min,
 single use, at most 1000 pending), each bound to a pre-session CSRF cookie; at most 10
 sign-in tries (past Origin and CSRF) per client address and 10 failed ones per credential
@@ -163,7 +163,7 @@ REVOKED = (
 def wrong_host(request: web.Request) -> str | None:
     """A sentence when the page was opened at a loopback address (``127.0.0.1``, ``::1``)
     that none of the inbox's origins names: a passkey cannot sign in there (its origin is
-    not allowed), so say where to open the inbox (issue 17 finding 7). None otherwise."""
+    not allowed), so say where to open the inbox. None otherwise."""
     party = state_of(request).party
     host = (request.url.host or "").strip("[]").lower()
     if party is None or not party.origins or host not in ("127.0.0.1", "::1"):

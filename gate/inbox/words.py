@@ -1,4 +1,4 @@
-"""What the inbox's pages say in words (issue 17): time left, quorum progress, a budget,
+"""What the inbox's pages say in words: time left, quorum progress, a budget,
 the gate's answer to a decision, a question's form fields. Pure: ``now`` is an argument."""
 
 from __future__ import annotations
@@ -86,7 +86,7 @@ ANSWERS = {
 
 
 # the ``detail`` of 403 ``approver_signature_invalid`` in words (docs/protocol.md "Approver
-# signatures"; issue 17 finding 7): what the approver can do about it. One table: other
+# signatures"): what the approver can do about it. One table: other
 # refusals worded for the pages go here too.
 
 
@@ -180,7 +180,7 @@ NOTHING = " Nothing was recorded."
 def refusal_words(code: str, detail: Any = None) -> str:
     """A refusal of the gate (docs/protocol.md "Decisions", "Approver signatures") in words,
     ending "Nothing was recorded.": 403 ``approver_signature_invalid`` says its ``detail``
-    (issue 16 §5) in words; a few reasons have their own sentence; any other names its
+    in words; a few reasons have their own sentence; any other names its
     reason code in quotes (never a status number)."""
     if code == "approver_signature_invalid":
         why = SIGNATURE_DETAILS.get(detail) if isinstance(detail, str) else None
@@ -251,7 +251,7 @@ def _limits(
 
 
 def form_fields(schema: Any) -> list[Field]:
-    """A form question's schema (issue 15, read with ``gate.protocol.form_schema``) as the
+    """A form question's schema (read with ``gate.protocol.form_schema``) as the
     controls the question page shows, in the schema's order, with the same limits as HTML
     attributes. Raises ``ProtocolError`` (400 ``invalid_schema``) for a schema the gate
     would not have sent."""

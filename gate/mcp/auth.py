@@ -1,4 +1,4 @@
-"""The bearer check of ``hitl-gate mcp --http`` (issue 18): an ASGI wrapper that answers 401
+"""The bearer check of ``hitl-gate mcp --http``: an ASGI wrapper that answers 401
 to every HTTP request without ``Authorization: Bearer <token>`` (compared in constant time)
 before the MCP app sees it. The token is never logged."""
 

@@ -1,4 +1,4 @@
-"""Limits on the connections of ``hitl-gate mcp --http`` (issue 18 review: uvicorn does not
+"""Limits on the connections of ``hitl-gate mcp --http`` (uvicorn does not
 time out a client that sends its request slowly, and 1100 idle connections exhausted a
 1024-descriptor limit).
 

@@ -1,4 +1,4 @@
-"""What the MCP tools answer (issue 18): an approval or a question as a small JSON object an
+"""What the MCP tools answer: an approval or a question as a small JSON object an
 agent reads at a glance, the idempotency key derived from a call, and the argument a gate
 refusal is about. Pure: no I/O, no clock."""
 
@@ -137,7 +137,7 @@ WRONG_KIND = {
 
 
 def refusal_text(status: int, reason: str) -> str | None:
-    """The tool error for a gate refusal that no argument name explains (issue 18 review):
+    """The tool error for a gate refusal that no argument name explains:
     401/403 (this server's gate token is refused) or a step of the other kind (the gate's
     message names ``hitl-gate ask``; an agent needs the tool's name); None otherwise."""
     if status in (401, 403):

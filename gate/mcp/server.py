@@ -1,4 +1,4 @@
-"""The MCP server of ``hitl-gate mcp`` (issue 18) and its two transports: stdio (the agent
+"""The MCP server of ``hitl-gate mcp`` and its two transports: stdio (the agent
 host starts it) and streamable HTTP on ``host:port`` behind a bearer token."""
 
 from __future__ import annotations

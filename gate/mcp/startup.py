@@ -1,4 +1,4 @@
-"""What ``hitl-gate mcp`` checks before it serves (issue 18 review): that the gate accepts its
+"""What ``hitl-gate mcp`` checks before it serves: that the gate accepts its
 pipeline API token, with one cheap authenticated call. A refused token stops the start (the
 CLI exits 2); a gate that is down does not (an agent host starts this server early): a
 WARNING, and the tools say "unreachable" until it is up. Tokens are never logged."""

@@ -1,4 +1,4 @@
-"""Strict MCP tools (issue 18 review): an argument a tool does not take is a tool error naming
+"""Strict MCP tools: an argument a tool does not take is a tool error naming
 it, not silently dropped (a misspelt ``spend`` would otherwise ask without it). The ``mcp``
 package validates a call's arguments with a pydantic model built from the function; here that
 model forbids extra keys (``additionalProperties: false`` in the published input schema too)

@@ -1,4 +1,4 @@
-"""The MCP tools of ``hitl-gate mcp`` (issue 18): request_approval, get_approval,
+"""The MCP tools of ``hitl-gate mcp``: request_approval, get_approval,
 cancel_approval, ask_human, get_question and list_pending, each one call of the SDK's
 AsyncGate. Bad arguments and gate refusals are tool errors (``isError``) naming the argument;
 nothing a caller sent (a draft, a question, an answer) is logged."""
@@ -113,7 +113,7 @@ async def _gate_call(call: Awaitable[T], argument: str) -> T:
 
 
 def register(gate: AsyncGate) -> list[Tool]:
-    """The six tools, each calling ``gate`` (the pipeline API, SPEC §3; questions issue 15),
+    """The six tools, each calling ``gate`` (the pipeline API, SPEC §3),
     for ``MCPServer(tools=…)``; an argument a tool does not take is a tool error naming it
     (gate.mcp.strict). Tool results are the dicts of gate.mcp.results."""
 

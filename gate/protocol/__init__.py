@@ -1,4 +1,4 @@
-"""Pure hitl/v0: signing, payload hash, envelopes, approver signatures (issue 16). No I/O, no
+"""Pure hitl/v0: signing, payload hash, envelopes, approver signatures. No I/O, no
 clock reads (``now`` is an argument)."""
 
 PROTOCOL = "hitl/v0"

@@ -1,4 +1,4 @@
-"""Issue 15's answer envelope: a relay's ``decision: "answer"`` to a question (check 5) and
+"""The answer envelope: a relay's ``decision: "answer"`` to a question (check 5) and
 its builder for relays and tests. Pure; ``gate.protocol.question`` re-exports all of it."""
 
 from __future__ import annotations
@@ -39,12 +39,12 @@ class Answer:
 
 
 def is_answer(obj: Mapping[str, Any]) -> bool:
-    """True when a decoded callback body is an answer (``decision == "answer"``), issue 15."""
+    """True when a decoded callback body is an answer (``decision == "answer"``)."""
     return obj.get("decision") == ANSWER
 
 
 def parse_answer(obj: Mapping[str, Any]) -> Answer:
-    """Check 5 for an answer (issue 15, "Wire"): ``protocol`` hitl/v0; ``kind`` absent or
+    """Check 5 for an answer: ``protocol`` hitl/v0; ``kind`` absent or
     ``question``; required strings ``question_id``, ``nonce``, ``decision`` (``answer``),
     ``request_hash``, ``approver.id``, ``decided_at`` (RFC 3339); ``value`` present (typed at
     check 12). Unknown fields are ignored. An answer naming an ``approval_id`` but no
@@ -103,7 +103,7 @@ def build_answer(
     display: str | None = None,
     channel: str | None = None,
 ) -> dict[str, Any]:
-    """Return an answer envelope (issue 15, "Wire") as a dict; for relays and tests."""
+    """Return an answer envelope as a dict; for relays and tests."""
     return {
         "protocol": PROTOCOL,
         "kind": KIND,

@@ -1,7 +1,7 @@
-"""Approver signatures (issue 16): the decision digest, batches, the ``approver_assertion``
+"""Approver signatures: the decision digest, batches, the ``approver_assertion``
 field and Ed25519 verification. Pure: no I/O, no clock; not enforced by the gate yet.
 
-The construction, for relay authors, is in docs/protocol.md ("Approver signatures (issue 16):
+The construction, for relay authors, is in docs/protocol.md ("Approver signatures:
 the construction"); known answers are in conformance/vectors/approver_signature.json.
 WebAuthn verification lives in ``approver_webauthn``.
 """
@@ -48,11 +48,11 @@ DETAILS = (
     "wrong_type",
     "not_in_batch",
     "malformed",
-    # the gate's own checks of the credential (issue 16 step 2)
+    # the gate's own checks of the credential
     "unknown_credential",
     "revoked",
     "wrong_operator",
-    # a passkey's counter did not increase; no relying party for passkeys (issue 16 step 3)
+    # a passkey's counter did not increase; no relying party for passkeys
     "counter_regressed",
     "rp_unavailable",
 )
@@ -75,7 +75,7 @@ def decision_digest(
     adjust_text: str | None = None,
     reason: str | None = None,
 ) -> bytes:
-    """Return the 32-byte SHA-256 an approver signs for one decision (issue 16 §3).
+    """Return the 32-byte SHA-256 an approver signs for one decision.
 
     The digest covers the canonical JSON (sorted keys, no spaces, UTF-8, non-ASCII unescaped:
     ``canonical_json``) of ``{"protocol": "hitl/v0", "approval_id", "revision" (integer, as
@@ -132,7 +132,7 @@ def decision_digest_of_hashes(
 
 
 def batch_digest(digests: Sequence[bytes]) -> bytes:
-    """Return the 32-byte SHA-256 one approver signs for several decisions (issue 16 §4).
+    """Return the 32-byte SHA-256 one approver signs for several decisions.
 
     It covers the canonical JSON of the items' digests as lowercase hex strings, sorted:
     ``["0a…","9f…"]`` (no spaces). In a browser that is
@@ -240,7 +240,7 @@ def _batch(obj: dict[str, Any]) -> tuple[str, ...] | None:
 
 
 def parse_approver_assertion(obj: object) -> ApproverAssertion | None:
-    """Parse a decision's additive ``approver_assertion`` (issue 16 §3, §4): None when the
+    """Parse a decision's additive ``approver_assertion``: None when the
     field is absent or null. Unknown keys are ignored (v0 is additive).
 
     Shapes: ``{"type": "ed25519", "credential_id", "signature"}`` (a 64-byte signature) or
@@ -284,7 +284,7 @@ def challenge_for(assertion: ApproverAssertion, digest: bytes) -> bytes:
 
 
 def ed25519_credential_id(raw_public_key: bytes) -> str:
-    """The credential id of an Ed25519 approver key (issue 16; as conformance/vectors/
+    """The credential id of an Ed25519 approver key (as conformance/vectors/
     approver_signature.json uses it): base64url, unpadded, of the first 16 bytes of SHA-256
     of the raw 32-byte public key. Here, in the pure layer, so relays derive it too."""
     return b64url(hashlib.sha256(raw_public_key).digest()[:16])

@@ -1,4 +1,4 @@
-"""Approver signatures (issue 16): verify a WebAuthn (passkey) assertion with the ``webauthn``
+"""Approver signatures: verify a WebAuthn (passkey) assertion with the ``webauthn``
 package, every refusal mapped to a stable detail code. Pure: no I/O, no clock."""
 
 from __future__ import annotations
@@ -80,7 +80,7 @@ def verify_webauthn(
     origins: Sequence[str],
 ) -> int:
     """Verify a WebAuthn assertion over ``challenge`` (32 bytes, ``challenge_for``) and return
-    the authenticator's new signature counter (issue 16 §5).
+    the authenticator's new signature counter.
 
     ``credential_public_key`` is the COSE key as the ``webauthn`` package's registration
     returns it; ``sign_count`` the counter stored for the credential; ``rp_id`` the relying
@@ -141,7 +141,7 @@ def verify_webauthn(
 
 
 def assertion_sha256(assertion: ApproverAssertion) -> str:
-    """The SHA-256 (lowercase hex) that identifies one passkey assertion (issue 17: a batch's
+    """The SHA-256 (lowercase hex) that identifies one passkey assertion (a batch's
     one assertion decides each of its items): over ``authenticator_data`` (which holds the
     counter), ``client_data_json`` (the challenge) and ``signature``, each prefixed by its
     length as 4 big-endian bytes."""
@@ -153,7 +153,7 @@ def assertion_sha256(assertion: ApproverAssertion) -> str:
 
 
 def counter_increased(stored: int, new: int) -> bool:
-    """The counter rule of issue 16 §5: the authenticator's ``new`` counter is above the
+    """The counter rule: the authenticator's ``new`` counter is above the
     ``stored`` one, or both are zero (authenticators without a counter)."""
     return new > stored or (new == 0 and stored == 0)
 
@@ -161,7 +161,7 @@ def counter_increased(stored: int, new: int) -> bool:
 def repeats_batch(
     assertion: ApproverAssertion, stored: int, new: int, counter_assertion: str | None
 ) -> bool:
-    """Issue 17: a counter equal to the stored one is accepted only for the very batch
+    """A counter equal to the stored one is accepted only for the very batch
     assertion that set it: ``assertion`` carries a ``batch`` and its ``assertion_sha256`` is
     ``counter_assertion``, the hash stored with the counter (None: set by a single
     decision). The caller checked the signature and that this decision's digest is in the

@@ -1,5 +1,5 @@
-"""What arrives at ``/hitl/v0/decisions``: a decision (approve, skip, adjust) or, since issue
-15, a question's answer. Decoded once, routed on ``decision == "answer"``. Pure."""
+"""What arrives at ``/hitl/v0/decisions``: a decision (approve, skip, adjust) or a
+question's answer. Decoded once, routed on ``decision == "answer"``. Pure."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from gate.protocol.question import Answer, is_answer, parse_answer
 
 
 def parse_callback(raw: bytes) -> Decision | Answer:
-    """Parse a callback body (SPEC §2 check 5, issue 15): an answer goes to
+    """Parse a callback body (SPEC §2 check 5): an answer goes to
     ``question.parse_answer``, anything else to the decision parse, unchanged. An approve,
     skip or adjust naming a ``question_id`` but no ``approval_id`` is 400
     ``invalid_approval_id`` saying a question takes ``decision: answer``. Raises

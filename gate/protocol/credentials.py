@@ -1,4 +1,4 @@
-"""The credentials channel (issue 17): a relay that signs approvers in asks the gate for their
+"""The credentials channel: a relay that signs approvers in asks the gate for their
 public credentials; both bodies are canonical JSON signed with the relay secret. Pure."""
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ _B64URL = re.compile(r"[A-Za-z0-9_-]+")
 @dataclass(frozen=True, slots=True)
 class RelyingParty:
     """The gate's passkey relying party: ``rp_id`` (a domain) and the exact ``origins``
-    (``scheme://host[:port]``) whose assertions it accepts (issue 16)."""
+    (``scheme://host[:port]``) whose assertions it accepts."""
 
     rp_id: str
     origins: tuple[str, ...]
@@ -83,7 +83,7 @@ def _envelope(raw: bytes, kind: str) -> dict[str, Any]:
 
 def build_credentials_request(issued_at_s: int) -> bytes:
     """The body a relay POSTs to ``/hitl/v0/credentials``: canonical JSON ``{"issued_at":
-    RFC 3339 UTC, "protocol": "hitl/v0", "type": "credentials_request"}`` (issue 17)."""
+    RFC 3339 UTC, "protocol": "hitl/v0", "type": "credentials_request"}``."""
     return canonical_json(
         {"protocol": PROTOCOL, "type": REQUEST_TYPE, "issued_at": rfc3339(issued_at_s * 1000)}
     )
@@ -102,7 +102,7 @@ def build_credentials_answer(
     issued_at_s: int,
 ) -> bytes:
     """The gate's answer body: canonical JSON ``{"protocol", "type": "credentials",
-    "issued_at", "webauthn": {"rp_id", "origins"} | null, "credentials": [...]}`` (issue 17).
+    "issued_at", "webauthn": {"rp_id", "origins"} | null, "credentials": [...]}``.
 
     ``rp`` needs ``rp_id`` and ``origins`` (other keys are dropped); each credential needs
     ``CREDENTIAL_FIELDS`` (others dropped). A credential with a non-null ``revoked_at`` is
@@ -181,7 +181,7 @@ def _credential(value: Any, i: int) -> ServedCredential:
 
 
 def parse_credentials_answer(raw: bytes) -> CredentialsAnswer:
-    """Parse the gate's answer strictly (issue 17): ``protocol``, ``type`` credentials,
+    """Parse the gate's answer strictly: ``protocol``, ``type`` credentials,
     ``issued_at`` RFC 3339, ``webauthn`` null or ``{rp_id, origins: [non-empty]}``,
     ``credentials`` a list of objects with every field of ``CREDENTIAL_FIELDS`` of the right
     type (``type`` ed25519|webauthn, ids and keys base64url, ``label`` string or null), no
@@ -205,7 +205,7 @@ def parse_credentials_answer(raw: bytes) -> CredentialsAnswer:
 def verify_credentials_answer(
     raw: bytes, header: str | None, secrets: Sequence[str], now_s: float, max_skew: float
 ) -> CredentialsAnswer:
-    """The relay side (issue 17): check the answer's signature header over the raw ``raw``
+    """The relay side: check the answer's signature header over the raw ``raw``
     bytes (SPEC §2 checks 2-4 with the relay's own ``secrets``, current first; ``now_s`` and
     ``max_skew`` in seconds), then parse it. Raises ProtocolError 401 (``signature_missing``,
     ``signature_malformed``, ``timestamp_out_of_window``, ``signature_mismatch``) or 400 as

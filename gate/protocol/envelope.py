@@ -63,10 +63,10 @@ class Decision:
     approver_channel: str | None
     adjust_text: str | None
     decided_at: str
-    # additive (issue 14): why, as the relay sent it (None: absent or null); check 12 judges
+    # additive: why, as the relay sent it (None: absent or null); check 12 judges
     # blank and length
     reason: str | None = None
-    # additive (issue 16): the ``approver_assertion`` JSON value as sent (None: absent or
+    # additive: the ``approver_assertion`` JSON value as sent (None: absent or
     # null). Its shape is parsed where the step's ``approver_signature`` is known (``off``
     # ignores the field entirely): ``gate.core.approver_signature_check``
     approver_assertion: Any = None
@@ -125,7 +125,7 @@ def finite_float(text: str) -> float:
 
 def decode_json(raw: bytes) -> Any:
     """Decode raw bytes as UTF-8 (a leading BOM allowed) JSON; duplicate keys, NaN and numbers
-    too large to be finite (``1e999``, issue 15) refused.
+    too large to be finite (``1e999``) refused.
 
     The Content-Type and its charset are ignored (case H07). Raises ProtocolError 400
     ``invalid_json`` with a one-line message.
@@ -267,7 +267,7 @@ def rfc3339_to_ms(text: str) -> int | None:
 def parse_decision(raw: bytes) -> Decision:
     """Parse a decision body (SPEC §2 check 5): JSON object, ``protocol`` hitl/v0, required
     fields with the right types, ``decision`` in approve|skip|adjust (a relay never sends
-    ``timeout``). Unknown fields are ignored. ``reason`` (additive, issue 14) is a string or
+    ``timeout``). Unknown fields are ignored. ``reason`` (additive) is a string or
     null/absent. Raises ProtocolError 400 ``invalid_<field>``.
     """
     obj = decode_json(raw)
@@ -277,7 +277,7 @@ def parse_decision(raw: bytes) -> Decision:
 
 
 def decision_from_obj(obj: dict[str, Any]) -> Decision:
-    """``parse_decision`` after decoding: check 5 on a decoded JSON object (issue 15's
+    """``parse_decision`` after decoding: check 5 on a decoded JSON object (the
     ``parse_callback`` decodes once, then routes here or to the answer parse)."""
     protocol = _string(obj, "protocol", "protocol", MAX_LABEL_CHARS, required=True)
     if protocol != PROTOCOL:
@@ -354,7 +354,7 @@ def build_dispatch(
     field (v0 ignores unknown fields) telling relays which revision the nonce is for.
     ``requested_by`` (additive: the identity of the operator who asked) is included only
     when given; no hash covers it.
-    ``followup`` adds issue 14's additive fields (reminder, escalation, delegates, a
+    ``followup`` adds the additive fields (reminder, escalation, delegates, a
     required skip reason); without it, or with an empty one, the envelope is unchanged.
     """
     envelope: dict[str, Any] = {
@@ -397,7 +397,7 @@ def build_decision(
     reason: str | None = None,
 ) -> dict[str, Any]:
     """Return a decision envelope (SPEC §2 "Decision") as a dict; used by relays and tests.
-    ``reason`` (issue 14) is included only when given."""
+    ``reason`` is included only when given."""
     envelope = {
         "protocol": PROTOCOL,
         "approval_id": approval_id,

@@ -1,4 +1,4 @@
-"""Issue 14's hitl/v0 additions that go out from the gate: the follow-up fields of a dispatch
+"""The hitl/v0 additions that go out from the gate: the follow-up fields of a dispatch
 (reminder, escalation, delegates, a required skip reason) and the resolution notice. Pure."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from gate.protocol.envelope import rfc3339
 
 @dataclass(frozen=True, slots=True)
 class FollowUp:
-    """Issue 14's additive dispatch fields; each is left out when it has its default.
+    """The additive dispatch fields; each is left out when it has its default.
 
     ``reminder``: n >= 1 for the n-th reminder, with ``awaiting`` (identities in scope that
     have not decided this revision); ``escalation``: the approver scope's level (>= 1 once
@@ -65,7 +65,7 @@ def build_notice(
     decided_by: Sequence[dict[str, Any]],
     reason: str | None,
 ) -> dict[str, Any]:
-    """Return a resolution notice (issue 14; docs/protocol.md "Notices") as a dict.
+    """Return a resolution notice (docs/protocol.md "Notices") as a dict.
 
     ``outcome`` is one of ``OUTCOMES``; ``payload_hash`` is the final revision's;
     ``decided_by`` lists ``{"identity", "decision", "on_behalf_of"}`` of the decisions on the

@@ -1,4 +1,4 @@
-"""Issue 15's form questions: the schema a pipeline may ask with (a flat subset of MCP
+"""The form questions: the schema a pipeline may ask with (a flat subset of MCP
 elicitation's ``requestedSchema``). Pure. The check of a form answer against it:
 ``gate.protocol.form_value``.
 
@@ -20,7 +20,7 @@ from gate.protocol.numbers import RANGE_WORDS, in_range
 from gate.protocol.whitespace import is_blank
 
 MAX_PROPERTIES = 50
-"""At most this many properties in one form (issue 15 contract, "Pipeline API")."""
+"""At most this many properties in one form."""
 MAX_TITLE_CHARS = 200
 """A property's ``title`` (and each ``enumNames`` label) is at most this many characters."""
 MAX_DESCRIPTION_CHARS = 2000
@@ -50,7 +50,7 @@ _A |= {"boolean": "a boolean", "array": "an array"}
 
 
 def schema_error(path: str, message: str) -> ProtocolError:
-    """400 ``invalid_schema`` with ``field`` = ``path`` (issue 15)."""
+    """400 ``invalid_schema`` with ``field`` = ``path``."""
     return ProtocolError(
         "invalid_schema",
         message,
@@ -95,7 +95,7 @@ def repeated(seen: dict[str, str], item: str) -> str | None:
     """How ``item`` repeats an entry in ``seen`` (NFC form -> the entry as given), or None
     when it is new, in which case it is added: ``"repeats 'x'"``, or, when equal only once
     both are Unicode-normalized (NFC: "Müller" composed and decomposed look the same to a
-    person), saying so (issue 15, new-user finding B2). One dict lookup: O(n) per list."""
+    person), saying so. One dict lookup: O(n) per list."""
     key = unicodedata.normalize("NFC", item)
     earlier = seen.get(key)
     if earlier is None:
@@ -173,7 +173,7 @@ def _property(prop: Any, path: str, max_options: int) -> dict[str, Any]:
 
 
 def _answerable(out: Mapping[str, Any], path: str, max_answer_chars: int) -> None:
-    """Refuse a string field no answer can fill (issue 15): a ``minLength`` above the step's
+    """Refuse a string field no answer can fill: a ``minLength`` above the step's
     ``max_answer_chars``, or ``maxLength: 0`` on a required one (a required string must not
     be blank)."""
     required = set(out.get("required", ()))
@@ -197,7 +197,7 @@ def _answerable(out: Mapping[str, Any], path: str, max_answer_chars: int) -> Non
 def parse_schema(
     schema: Any, *, max_options: int, path: str = "schema", max_answer_chars: int | None = None
 ) -> dict[str, Any]:
-    """Validate a form schema (issue 15): ``{"type": "object", "properties": {name: prop},
+    """Validate a form schema: ``{"type": "object", "properties": {name: prop},
     "required"?: [names]}`` with flat properties (string with min/maxLength and format
     email|uri|date, number/integer with minimum/maximum, boolean with default, single enum,
     multi enum); ``max_options`` bounds each enum. With ``max_answer_chars`` (the step's), a

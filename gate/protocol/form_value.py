@@ -1,4 +1,4 @@
-"""Issue 15's form answers: the check of a form answer's value against a schema that
+"""The form answers: the check of a form answer's value against a schema that
 ``gate.protocol.form_schema.parse_schema`` accepted, and the answer check's error. Pure.
 
 Errors name the JSON path of the offending part: ``value.amount`` (422 ``invalid_value``).
@@ -21,7 +21,7 @@ _DATE = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}")
 
 
 def value_error(path: str, message: str) -> ProtocolError:
-    """422 ``invalid_value`` with ``field`` = ``path`` (issue 15, answer check 12)."""
+    """422 ``invalid_value`` with ``field`` = ``path`` (answer check 12)."""
     return ProtocolError(
         "invalid_value",
         message,
@@ -125,7 +125,7 @@ def _field_value(prop: Mapping[str, Any], value: Any, at: str, required: bool, c
 def check_form_value(
     schema: Mapping[str, Any], value: Any, *, max_answer_chars: int
 ) -> dict[str, Any]:
-    """Check a form answer (issue 15, answer check 12) against a schema from ``parse_schema``:
+    """Check a form answer (answer check 12) against a schema from ``parse_schema``:
     an object with only declared properties (first unknown one, in the order sent, is named),
     every required one present, each fitting its property (in the schema's order). A required
     string must not be blank; every string is at most ``max_answer_chars`` characters. ``null``

@@ -1,4 +1,4 @@
-"""Issue 15's questions on the wire: the normalized question, its request hash, the dispatch,
+"""The questions on the wire: the normalized question, its request hash, the dispatch,
 the answer envelope (check 5) and the typing of an answer's value (check 12). Pure.
 
 The form schema lives in ``gate.protocol.form_schema``, form values in
@@ -37,7 +37,7 @@ _CHOICES = ("single_choice", "multi_choice")
 
 @dataclass(frozen=True, slots=True)
 class QuestionSpec:
-    """The normalized question, exactly as dispatched and hashed (issue 15).
+    """The normalized question, exactly as dispatched and hashed.
 
     ``options`` is set for single/multi choice only, ``schema`` (from
     ``form_schema.parse_schema``) for a form only; ``reason`` is None when not given.
@@ -111,7 +111,7 @@ def parse_question(
     prefix: str = "",
     max_answer_chars: int | None = None,
 ) -> QuestionSpec:
-    """Validate the question fields of a create or revise body (issue 15, "Pipeline API"):
+    """Validate the question fields of a create or revise body:
     ``text`` (non-blank string, at most ``max_text_chars`` characters, else 413
     ``question_too_large``), ``reason`` (optional string, at most MAX_REASON_CHARS; only
     White_Space is no reason: left out),
@@ -176,7 +176,7 @@ def parse_question(
 
 def request_hash(question_id: str, version: int, spec: QuestionSpec) -> str:
     """``"sha256:" + hex(SHA-256(canonical_json({"question_id", "version", "question"})))``
-    with ``question`` = ``spec.to_json()`` (issue 15, "Wire"). A relay echoes it, never
+    with ``question`` = ``spec.to_json()``. A relay echoes it, never
     recomputes it."""
     body = {"question_id": question_id, "version": version, "question": spec.to_json()}
     return HASH_PREFIX + hashlib.sha256(canonical_json(body)).hexdigest()
@@ -184,7 +184,7 @@ def request_hash(question_id: str, version: int, spec: QuestionSpec) -> str:
 
 def value_hash(value: Any, *, salt: bytes) -> str:
     """``"sha256:" + hex(SHA-256(salt + canonical_json(value)))``: what the audit trail keeps
-    of an answer instead of the value (issue 15, "Audit"). ``salt`` is the question's 16
+    of an answer instead of the value. ``salt`` is the question's 16
     random bytes (its row's ``answer_salt``, never logged), so a short answer (yes/no, a
     choice, a date) cannot be confirmed from an export by hashing guesses (new-user finding
     B3); ``audit verify -c`` recomputes it with the row's salt."""
@@ -200,7 +200,7 @@ def _choice(value: Any, options: tuple[str, ...], at: str) -> str:
 
 
 def check_value(spec: QuestionSpec, value: Any, *, max_answer_chars: int) -> Any:
-    """Check an answer's ``value`` against the question (issue 15, answer check 12): free text
+    """Check an answer's ``value`` against the question (answer check 12): free text
     is a non-blank string of at most ``max_answer_chars`` characters; a single choice is one
     of the options, exactly; a multi choice a non-empty list of distinct offered options (kept
     in the order sent); a form an object (``form_schema.check_form_value``). Returns the value.
@@ -251,7 +251,7 @@ def build_question_dispatch(
     nonce: str,
     requested_by: str | None = None,
 ) -> dict[str, Any]:
-    """Return a question dispatch (issue 15, "Wire") as a dict ready for ``wire_json``. It has
+    """Return a question dispatch as a dict ready for ``wire_json``. It has
     ``kind: "question"`` and no ``approval_id``, ``draft``, ``payload_hash`` or ``quorum``:
     an approval relay cannot take it for an approval. ``requested_by`` (additive: who asked)
     ends it only when given; ``request_hash`` does not cover it."""
@@ -278,7 +278,7 @@ def build_question_dispatch(
 
 
 def answer_text(spec: QuestionSpec, value: Any) -> str:
-    """What ``hitl-gate ask`` prints (issue 15, "CLI"): the string itself for free text and a
+    """What ``hitl-gate ask`` prints: the string itself for free text and a
     single choice, compact JSON (non-ASCII unescaped, keys as given) for a multi choice and a
     form."""
     if spec.response_type in ("free_text", "single_choice"):

@@ -1,5 +1,6 @@
-"""Issue 15's resolution notice of a question (gate -> question relay, with notices on):
-issue 14's notice, additive, naming a ``question_id`` instead of an ``approval_id``. Pure."""
+"""The resolution notice of a question (gate -> question relay, with notices on): the
+approvals' resolution notice, additive, naming a ``question_id`` instead of an
+``approval_id``. Pure."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ def build_question_notice(
     request_hash: str,
     answered_by: str | None,
 ) -> dict[str, Any]:
-    """Return the resolution notice of a question (docs/protocol.md "Questions (issue 15)",
+    """Return the resolution notice of a question (docs/protocol.md "Questions",
     "Notices") as a dict: ``type: "notice"``, ``kind: "question"``, the ``question_id`` and
     no ``approval_id``, ``outcome`` (``answered``, ``timeout``, ``cancelled``), ``version``
     and ``request_hash`` of the final version, ``answered_by`` the identity whose answer won

@@ -51,14 +51,14 @@ def open_signed(
 
 
 def is_notice(envelope: dict[str, Any]) -> bool:
-    """Whether an opened envelope is a resolution notice (``type: "notice"``, issue 14 §4;
+    """Whether an opened envelope is a resolution notice (``type: "notice"``;
     docs/protocol.md "Notices"): never to be read or shown as a request."""
     return envelope.get("type") == "notice"
 
 
 def notice_subject(notice: dict[str, Any]) -> tuple[str, str, str] | None:
     """``(key, subject, outcome)`` of a resolution notice (docs/protocol.md "Notices"): ``key``
-    is ``question_id`` for a question's notice (``kind: "question"``, issue 15), else
+    is ``question_id`` for a question's notice (``kind: "question"``), else
     ``approval_id``; ``subject`` its value and ``outcome`` the notice's, both strings. None
     when either is missing or no string: the relay answers 400 ``invalid_notice``."""
     key = "question_id" if notice.get("kind") == "question" else "approval_id"
@@ -69,8 +69,8 @@ def notice_subject(notice: dict[str, Any]) -> tuple[str, str, str] | None:
 
 
 def question_request_hash(envelope: dict[str, Any]) -> str:
-    """The ``request_hash`` a question dispatch's own fields give (issue 15 "Wire";
-    docs/protocol.md "Questions"): ``"sha256:"`` + hex SHA-256 of the canonical JSON of
+    """The ``request_hash`` a question dispatch's own fields give
+    (docs/protocol.md "Questions"): ``"sha256:"`` + hex SHA-256 of the canonical JSON of
     ``{question_id, version, question}`` as received. A relay refuses the dispatch (400
     ``request_hash_mismatch``) when it differs from the dispatch's ``request_hash``: what it
     shows is then what the answer's echoed hash covers."""

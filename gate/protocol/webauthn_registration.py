@@ -1,4 +1,4 @@
-"""Passkey registration (issue 16 §2) done by the ``webauthn`` package: the creation options
+"""Passkey registration done by the ``webauthn`` package: the creation options
 an invite page hands the browser, and the verification of what the browser returns. Pure:
 no I/O, no clock."""
 

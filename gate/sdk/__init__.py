@@ -1,4 +1,4 @@
-"""The Python SDK (issue 18), imported by agents: the clients (client: AsyncGate; sync: Gate)
+"""The Python SDK, imported by agents: the clients (client: AsyncGate; sync: Gate)
 on the one HTTP client of the pipeline API (transport, the CLI's too), what they return
 (models), one exception per outcome (errors) and the require_approval decorator (decorator).
 

@@ -1,4 +1,4 @@
-"""``AsyncGate``: the SDK's asynchronous client of the pipeline API (issue 18; SPEC §3).
+"""``AsyncGate``: the SDK's asynchronous client of the pipeline API (SPEC §3).
 
 Creates approvals and questions, waits for them in bounded long-polls, and retries what
 passes by itself (no connection, 502/503/504) as ``hitl-gate request --wait`` does: always
@@ -185,7 +185,7 @@ class AsyncGate:
         await self._transport.close()
 
     async def aclose(self) -> None:
-        """``close()`` under the name of aiohttp/httpx clients (issue 18 review)."""
+        """``close()`` under the name of aiohttp/httpx clients."""
         await self.close()
 
     async def __aenter__(self) -> Self:
@@ -261,7 +261,7 @@ class AsyncGate:
         items = await _all_pages(self._transport.list_questions, pipeline)
         return [Question.from_json(item) for item in items]
 
-    # ---- questions (issue 15) ---------------------------------------------------------
+    # ---- questions ---------------------------------------------------------
 
     async def ask(
         self,

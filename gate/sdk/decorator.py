@@ -1,4 +1,4 @@
-"""``require_approval``: a person approves each call of a function before it runs (issue 18).
+"""``require_approval``: a person approves each call of a function before it runs.
 
 The call's arguments are rendered as the draft (JSON by default, or a renderer's text); the
 call blocks until the approval resolves; the function runs only on approved (with the
@@ -38,8 +38,7 @@ _counts_lock = threading.Lock()
 
 def occurrence(run_id: str, function: str, receiver: str, draft: str) -> int:
     """The number (1, 2, 3 ...) of this call among the identical calls (same run, function,
-    receiver and draft) made by this process, counted under a lock across threads and tasks
-    (issue 18, review finding 1)."""
+    receiver and draft) made by this process, counted under a lock across threads and tasks."""
     with _counts_lock:
         n = _counts.get((run_id, function, receiver, draft), 0) + 1
         _counts[(run_id, function, receiver, draft)] = n
@@ -151,7 +150,7 @@ class _Gated:
         AdjustNotApplicable: they changed during the wait). Adjusted (or another body): the
         arguments parsed from the edit, which must name exactly the draft's arguments, each
         with its JSON type. Raises the outcome's ApprovalNotGranted, or AdjustNotApplicable
-        (the function must not run). Issue 18, review findings 4, 5, 7, 8."""
+        (the function must not run)."""
         approval.raise_for_outcome()
         if approval.body == call.draft:
             try:
@@ -241,7 +240,7 @@ def require_approval(
     Idempotency-Key (``call_key``): run, function, receiver, draft and the occurrence number
     of that identical call in this process. A restarted agent replaying its calls in the
     same order joins the same approvals; a second or parallel identical call is a new
-    approval. Without any run id each call gets a fresh key (issue 18, review finding 1).
+    approval. Without any run id each call gets a fresh key.
     """
     chosen = renderer if renderer is not None else JsonRenderer()
     ctype = content_type or getattr(chosen, "content_type", None) or "text/plain"

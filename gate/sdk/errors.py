@@ -1,4 +1,4 @@
-"""The SDK's exceptions (issue 18): one per way a call or an approval can end without a yes.
+"""The SDK's exceptions: one per way a call or an approval can end without a yes.
 
 ``HitlGateError`` is the base of all. The gate refused a call: ``GateRequestError``; it could
 not be reached: ``GateUnavailable``. An approval resolved without permission to act:
@@ -124,7 +124,7 @@ class AdjustNotApplicable(HitlGateError):
 class ArgumentsChanged(AdjustNotApplicable):
     """The call was approved, but its arguments changed while it waited (the agent's code
     mutated an object it passed): rendering them now no longer gives the approved draft, so
-    the function did not run (issue 18, review finding 4). ``names`` the arguments."""
+    the function did not run. ``names`` the arguments."""
 
     def __init__(self, approval: Approval, names: list[str]) -> None:
         shown = ", ".join(names) if names else "?"

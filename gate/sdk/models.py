@@ -1,5 +1,5 @@
-"""What the SDK returns (issue 18): ``Approval`` and ``Question``, frozen views of the
-pipeline API's objects (SPEC §3; issue 15 for questions), with the raw JSON kept."""
+"""What the SDK returns: ``Approval`` and ``Question``, frozen views of the
+pipeline API's objects (SPEC §3), with the raw JSON kept."""
 
 from __future__ import annotations
 
@@ -76,7 +76,7 @@ class Approval:
 
     def __bool__(self) -> bool:
         """Refused: ``if approval:`` would act on a pending one ("not yet"). Raises TypeError
-        pointing to ``granted`` or ``raise_for_outcome()`` (issue 18 review)."""
+        pointing to ``granted`` or ``raise_for_outcome()``."""
         raise TypeError("use approval.granted or raise_for_outcome()")
 
     @property
@@ -102,7 +102,7 @@ class Approval:
 
 @dataclass(frozen=True, slots=True)
 class Question:
-    """One question (issue 15) as the gate last showed it.
+    """One question as the gate last showed it.
 
     ``state`` is ``pending`` or ``resolved``; ``outcome`` (None while pending) ``answered``,
     ``timeout`` or ``cancelled``. ``answer`` is the answer's value (a string for free text
@@ -126,7 +126,7 @@ class Question:
 
     @classmethod
     def from_json(cls, obj: dict[str, Any]) -> Question:
-        """Build from the pipeline API's question object (issue 15)."""
+        """Build from the pipeline API's question object."""
         answer = obj.get("answer")
         answer = answer if isinstance(answer, dict) else None
         asked = obj.get("question")

@@ -1,5 +1,5 @@
-"""How ``require_approval`` shows a call as a draft and reads an approver's edit back (issue
-18): the ``Renderer`` protocol, the default ``JsonRenderer`` and the checks an edit must pass
+"""How ``require_approval`` shows a call as a draft and reads an approver's edit back:
+the ``Renderer`` protocol, the default ``JsonRenderer`` and the checks an edit must pass
 (the draft's argument names exactly, each with the JSON type it had)."""
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ class Renderer(Protocol):
 
 
 def function_name(fn: Callable[..., Any]) -> str:
-    """``module.qualname`` of ``fn``: what the draft shows and the key holds (issue 18)."""
+    """``module.qualname`` of ``fn``: what the draft shows and the key holds."""
     return f"{getattr(fn, '__module__', None) or '?'}.{fn.__qualname__}"
 
 
@@ -100,7 +100,7 @@ def json_kind(value: Any) -> str:
 def check_edit(shown: dict[str, Any], edited: dict[str, Any]) -> str | None:
     """Why ``edited`` cannot replace the draft's arguments ``shown``, or None: it must name
     exactly the same arguments (none missing, none extra) and keep each one's JSON type (a
-    number given for a float is fine; an int stays an int). Issue 18, review findings 5, 7."""
+    number given for a float is fine; an int stays an int)."""
     missing, extra = sorted(set(shown) - set(edited)), sorted(set(edited) - set(shown))
     if missing or extra:
         parts = [f"missing: {', '.join(missing)}"] if missing else []

@@ -1,4 +1,4 @@
-"""``Gate``: the synchronous twin of ``AsyncGate`` (issue 18), for code without an event loop.
+"""``Gate``: the synchronous twin of ``AsyncGate``, for code without an event loop.
 
 Each call runs the async client on its own short-lived event loop (``asyncio.run``); called
 from inside a running loop it refuses with a RuntimeError naming AsyncGate, since blocking

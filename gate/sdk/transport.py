@@ -184,14 +184,14 @@ class Transport:
         """POST /v1/approvals/{id}/cancel; returns the resolved approval."""
         return (await self._call("POST", f"/v1/approvals/{_seg(approval_id)}/cancel"))[1]
 
-    # ---- questions (issue 15): their own endpoints, never the approvals' ----------------
+    # ---- questions: their own endpoints, never the approvals' ----------------
 
     async def create_question(
         self, body: dict[str, Any], idempotency_key: str | None = None, timeout: float | None = None
     ) -> tuple[Any, bool]:
         """POST /v1/questions; returns ``(question object, created)`` as ``create`` does for
         approvals (``created`` False: the gate answered 200, an earlier create with this
-        Idempotency-Key; issue 15)."""
+        Idempotency-Key)."""
         headers = {"Idempotency-Key": idempotency_key} if idempotency_key else None
         status, answer = await self._call(
             "POST", "/v1/questions", body=body, headers=headers, timeout=timeout

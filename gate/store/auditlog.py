@@ -133,14 +133,14 @@ _APPROVAL_COLUMNS = (
     "scope",
     "approver_signature",
 )
-# a question's entries carry its question_id in audit_log.approval_id (issue 15): they are
+# a question's entries carry its question_id in audit_log.approval_id: they are
 # checked with the questions' rows (gate.store.question_audit), not as an approval's
 _NOT_QUESTIONS = "kind NOT IN (" + ", ".join(f"'{kind}'" for kind in QUESTION_KINDS) + ")"
 
 
 def approval_records(path: Path) -> Iterator[ApprovalRecord]:
     """Yield every approval named by the approvals table or the audit log (a question's
-    entries aside, issue 15) of the database at ``path``, in approval_id order, with its
+    entries aside) of the database at ``path``, in approval_id order, with its
     revisions, decisions, outbox rows and audit rows, all read in one snapshot (one read
     transaction: a running gate may keep writing). Streams: memory grows with one
     approval, not the database (SQLite sorts the log by approval).
@@ -184,7 +184,7 @@ def approval_records(path: Path) -> Iterator[ApprovalRecord]:
                 [
                     (d[1], d[2], d[3], d[4])
                     + (() if d[6] is None else (d[6],))
-                    + (() if d[7] is None else (("credential_id", d[7]),))  # issue 16
+                    + (() if d[7] is None else (("credential_id", d[7]),))
                     for d in decs
                 ],
                 [audit.AuditRow(*row) for row in logged],
@@ -199,12 +199,12 @@ def approval_records(path: Path) -> Iterator[ApprovalRecord]:
 
 
 def _for_schema(conn: sqlite3.Connection, sql: str) -> str:
-    """``sql`` for this database: before migration 4 (issue 14) the decisions table has no
-    ``reason`` and ``on_behalf_of`` columns, before migration 6 (issue 16) no
+    """``sql`` for this database: before migration 4 the decisions table has no
+    ``reason`` and ``on_behalf_of`` columns, before migration 6 no
     ``credential_id``, before migration 7 the approvals table no ``approver_signature``:
     each read as NULL (an older schema is read as it is, not migrated).
     Raises sqlite3.Error as the connection does."""
-    if " approver_signature " in sql:  # migration 7 (issue 16): frozen at creation
+    if " approver_signature " in sql:  # migration 7: frozen at creation
         approvals = {str(row[1]) for row in conn.execute("PRAGMA table_info(approvals)")}
         if "approver_signature" not in approvals:
             sql = sql.replace(" approver_signature ", " NULL ")

@@ -1,4 +1,4 @@
-"""The approver-credential statements of ``WriteTx`` (issue 16, table
+"""The approver-credential statements of ``WriteTx`` (table
 ``approver_credentials`` of migration 6): enrol, look up, list, revoke. Sync, on the writer."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ _COLUMNS = "credential_id, operator_id, type, public_key, sign_count, label, cre
 
 
 class CredentialStatements:
-    """The approver-credential statements of ``WriteTx`` (issue 16)."""
+    """The approver-credential statements of ``WriteTx``."""
 
     _conn: sqlite3.Connection
 
@@ -58,7 +58,7 @@ class CredentialStatements:
 
 
 def in_force(conn: sqlite3.Connection) -> list[Credential]:
-    """Every credential not revoked, by credential_id (issue 17: the credentials channel);
+    """Every credential not revoked, by credential_id (the credentials channel);
     on the read connection (``gate.store.reads.Reads.credentials_in_force``)."""
     rows = conn.execute(
         f"SELECT {_COLUMNS} FROM approver_credentials WHERE revoked_at IS NULL"

@@ -1,4 +1,4 @@
-"""The statements of a write transaction about reminders and escalation levels (issue 14 §2),
+"""The statements of a write transaction about reminders and escalation levels,
 mixed into ``gate.store.tx.WriteTx`` (sync, run on the writer)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The SQL of ``followup_outbox`` (migration 4, issue 14): the sends that are not a revision's
+"""The SQL of ``followup_outbox`` (migration 4): the sends that are not a revision's
 first dispatch (reminders, escalations, resolution notices), one row per (approval, kind, n).
 
 Plain functions over a connection: the writer's run through ``WriteTx``, the reads through

@@ -135,7 +135,7 @@ def undelivered_dispatches(path: Path) -> tuple[int, str | None]:
 
 def failed_followups(path: Path, since_ms: int) -> tuple[dict[str, int], str | None]:
     """Return ``({kind: count}, last error of the latest)`` of the ``followup_outbox`` rows
-    (notices, reminders, escalations; issue 14) of the database at ``path`` given up at or
+    (notices, reminders, escalations) of the database at ``path`` given up at or
     after ``since_ms`` (unix ms), read-only; rows dropped because their approval resolved
     (``last_error`` ``resolved``) are not failures. ``({}, None)`` when there are none (or no
     table yet)."""
@@ -161,7 +161,7 @@ def failed_followups(path: Path, since_ms: int) -> tuple[dict[str, int], str | N
 
 
 def credential_rows(path: Path, after_seq: int) -> tuple[list[tuple[Any, ...]], set[str]]:
-    """The approver_credentials table (issue 16) of the database at ``path``, read-only:
+    """The approver_credentials table of the database at ``path``, read-only:
     ``(rows, newer)`` where rows are ``(credential_id, operator_id, type, public_key,
     revoked_at)`` as stored, by credential_id, and ``newer`` the credential ids an
     enrolment or revocation entry after ``after_seq`` names (written after the chain was

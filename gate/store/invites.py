@@ -1,4 +1,4 @@
-"""The passkey-invite statements of ``WriteTx`` (issue 16, table ``approver_invites`` of
+"""The passkey-invite statements of ``WriteTx`` (table ``approver_invites`` of
 migration 7): create, look up, mark used; and a credential's WebAuthn counter. Sync, on the
 writer."""
 
@@ -31,7 +31,7 @@ class Invite:
 
 
 class InviteStatements:
-    """The passkey-invite statements of ``WriteTx`` (issue 16)."""
+    """The passkey-invite statements of ``WriteTx``."""
 
     _conn: sqlite3.Connection
 
@@ -69,9 +69,9 @@ class InviteStatements:
     def set_sign_count(
         self, credential_id: str, sign_count: int, counter_assertion: str | None = None
     ) -> None:
-        """Store a passkey's last signature counter (issue 16 §5) and the SHA-256 hex of the
+        """Store a passkey's last signature counter and the SHA-256 hex of the
         batch assertion that carried it (``assertion_sha256``; None for a single decision:
-        issue 17, migration 8)."""
+        migration 8)."""
         self._conn.execute(
             "UPDATE approver_credentials SET sign_count = ?, counter_assertion = ?"
             " WHERE credential_id = ?",
@@ -80,7 +80,7 @@ class InviteStatements:
 
     def counter_assertion(self, credential_id: str) -> str | None:
         """The SHA-256 hex of the batch assertion that set the credential's counter, or None
-        (issue 17: read only when an assertion repeats the stored counter)."""
+        (read only when an assertion repeats the stored counter)."""
         row = self._conn.execute(
             "SELECT counter_assertion FROM approver_credentials WHERE credential_id = ?",
             (credential_id,),
@@ -118,7 +118,7 @@ def _count(conn: sqlite3.Connection) -> int:
 
 def credential_facts(path: Path) -> tuple[dict[str, int], set[int]]:
     """``(passkeys in force by the rp_id of their enrolment entry, operator ids holding a
-    credential in force)`` of the database at ``path`` (doctor, issue 16); empty before
+    credential in force)`` of the database at ``path`` (doctor); empty before
     migration 6. Read-only; raises Unavailable when it cannot be read."""
     from gate.errors import Unavailable
     from gate.store import readonly

@@ -1,4 +1,4 @@
-"""Read the questions' rows for ``audit verify -c`` and ``doctor`` (issue 15), read-only: the
+"""Read the questions' rows for ``audit verify -c`` and ``doctor``, read-only: the
 records the audit check compares with the log, the newest receipt stored with a question, and
 the pending questions whose dispatch the question relay never acked."""
 

@@ -1,4 +1,4 @@
-"""The SQL of ``question_notices`` (migration 5, issue 15): a question's resolution notice,
+"""The SQL of ``question_notices`` (migration 5): a question's resolution notice,
 one row per question, queued in the resolving transaction when notices are on. The rules of
 ``followup_outbox``'s notices: retried with the dispatch backoff until ``give_up_at``."""
 

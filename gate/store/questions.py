@@ -1,4 +1,4 @@
-"""The SQL of questions (migration 5, issue 15): the ``questions``, ``question_versions`` and
+"""The SQL of questions (migration 5): the ``questions``, ``question_versions`` and
 ``question_outbox`` tables. The only place that speaks SQL about questions.
 
 Plain functions over a connection, used by the writer through ``QuestionStatements`` (mixed
@@ -155,7 +155,7 @@ def dispatch_plan(
 
 
 class QuestionStatements:
-    """The question statements of ``WriteTx`` (issue 15)."""
+    """The question statements of ``WriteTx``."""
 
     _conn: sqlite3.Connection
 

@@ -133,7 +133,7 @@ class Reads:
 
     async def oldest_pending_by_step(self) -> list[tuple[str, str, int]]:
         """Return ``(pipeline, step, earliest created_at in unix ms)`` of every step with a
-        pending approval (issue 14 §5): one statement over the pending partial index, reading
+        pending approval: one statement over the pending partial index, reading
         each pending row once (no per-step index without a migration)."""
 
         def run(conn: sqlite3.Connection) -> list[tuple[str, str, int]]:
@@ -147,7 +147,7 @@ class Reads:
 
     async def next_followup(self) -> int | None:
         """Return the earliest ``next_followup_at`` (unix ms) among pending approvals, or
-        None (issue 14: one lookup in the partial index ``approvals_followup_due``)."""
+        None (one lookup in the partial index ``approvals_followup_due``)."""
 
         def run(conn: sqlite3.Connection) -> int | None:
             row = conn.execute(
@@ -181,7 +181,7 @@ class Reads:
         notice sends and the next one's time (unix ms)."""
         return await self.call(_snapshot, followups.plan, now_ms, limit)
 
-    # ---- questions (issue 15): ``gate.store.questions`` ----------------------------
+    # ---- questions: ``gate.store.questions`` ----------------------------
 
     async def fetch_question(self, question_id: str) -> Question | None:
         """The question with its versions and dispatches, or None."""
@@ -210,11 +210,11 @@ class Reads:
     async def question_notice_plan(
         self, now_ms: int, limit: int
     ) -> tuple[list[dict[str, Any]], int | None]:
-        """``gate.store.question_notices.plan`` from one snapshot (issue 15)."""
+        """``gate.store.question_notices.plan`` from one snapshot."""
         return await self.call(_snapshot, question_notices.plan, now_ms, limit)
 
     async def credentials_in_force(self) -> list[Credential]:
-        """The approver credentials not revoked, by credential_id (issue 17)."""
+        """The approver credentials not revoked, by credential_id."""
         return await self.call(credentials.in_force)
 
     async def audit_rows(self) -> AsyncIterator[audit.AuditRow]:

@@ -105,7 +105,7 @@ MIGRATIONS: list[list[str]] = [
     [
         "CREATE INDEX audit_log_created ON audit_log (approval_id) WHERE kind = 'created'",
     ],
-    # 4: issue 14 - a decision's reason and principal (delegation); an approval's follow-up
+    # 4: a decision's reason and principal (delegation); an approval's follow-up
     # plan (reminders, escalation levels), frozen at creation like its scope, and where it
     # stands; the sends that are not a revision's first dispatch (reminders, escalations,
     # resolution notices), each its own row so a level or reminder is queued exactly once
@@ -137,7 +137,7 @@ MIGRATIONS: list[list[str]] = [
         "CREATE INDEX followup_outbox_due ON followup_outbox (next_attempt_at)"
         " WHERE delivered_at IS NULL AND failed_at IS NULL",
     ],
-    # 5: issue 15 - questions: a pipeline asks a person for a typed answer. Their own tables
+    # 5: questions: a pipeline asks a person for a typed answer. Their own tables
     # (no approval code path reads them), ids from the same ULID generator as approvals
     [
         """
@@ -220,7 +220,7 @@ MIGRATIONS: list[list[str]] = [
         "CREATE INDEX audit_log_question_created ON audit_log (approval_id)"
         " WHERE kind = 'question_created'",
     ],
-    # 6: issue 16 - approvers' own credentials (Ed25519 keys now, passkeys next), owned by
+    # 6: approvers' own credentials (Ed25519 keys now, passkeys next), owned by
     # the gate and enrolled through the admin API; the credential that signed a decision
     [
         """
@@ -238,7 +238,7 @@ MIGRATIONS: list[list[str]] = [
         "CREATE INDEX approver_credentials_operator ON approver_credentials (operator_id)",
         "ALTER TABLE decisions ADD COLUMN credential_id TEXT",  # NULL: unsigned
     ],
-    # 7: issue 16 - one-time invites to enrol a passkey (the token itself is never stored,
+    # 7: one-time invites to enrol a passkey (the token itself is never stored,
     # only its SHA-256), and the step's approver_signature frozen when the approval is
     # created (NULL: created before this migration, the config in force decides)
     [
@@ -256,7 +256,7 @@ MIGRATIONS: list[list[str]] = [
         """,
         "ALTER TABLE approvals ADD COLUMN approver_signature TEXT",
     ],
-    # 8: issue 17 - a batch's one passkey assertion decides each of its items: the SHA-256
+    # 8: a batch's one passkey assertion decides each of its items: the SHA-256
     # (hex, ``assertion_sha256``) of the batch assertion that set sign_count, so that very
     # assertion is accepted again at the same counter (NULL: set by a single decision)
     [

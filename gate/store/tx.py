@@ -174,7 +174,7 @@ class WriteTx(
         since_ms: int,
         spend: float | None = None,
     ) -> tuple[str, tuple[int, ...]] | None:
-        """Issue 18 ``remember_approval``: the newest approval of ``pipeline``/``step`` a
+        """``remember_approval``: the newest approval of ``pipeline``/``step`` a
         person approved (outcome ``approved`` on revision 1, no policy decision: operator 0)
         at or after ``since_ms`` whose draft has ``content_type``, hashes to ``digest`` and
         asked for the same ``spend`` (both none, or equal: review C5); its id and the

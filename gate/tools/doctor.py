@@ -3,7 +3,7 @@
 Checks, in order: the config, its secret variables, its Ed25519 key files, the database
 (``PRAGMA integrity_check``, schema version), the audit chain (hashes, receipts, signatures),
 the relay URL (reachable: any HTTP answer to HEAD or OPTIONS), the dispatches, for a config
-that asks questions (issue 15) a separate question relay URL and the questions' dispatches,
+that asks questions a separate question relay URL and the questions' dispatches,
 and the clock (after this release's date, and close to the relay's ``Date`` header).
 Nothing is written: the database is opened read-only and nothing is dispatched.
 """
@@ -127,7 +127,7 @@ def check_config(path: str) -> tuple[Check, Config | None]:
         f"{config.source}: {len(config.pipelines)} pipelines, "
         f"{steps} steps, {len(config.relay.operators)} operators"
     )
-    notes = policy_notes(config)  # issue 18: approve rules standing in for a quorum
+    notes = policy_notes(config)  # approve rules standing in for a quorum
     if notes:
         detail += "; " + "; ".join(notes)
     ended = ended_delegations(config.delegations, int(time.time() * 1000))
@@ -309,7 +309,7 @@ def check_audit(
             f"{records.problem[1]}; the audit log itself verified",
         )
     asked = report.questions
-    if asked is not None and asked.problem is not None:  # issue 15
+    if asked is not None and asked.problem is not None:
         return Check(
             "audit",
             False,
@@ -317,7 +317,7 @@ def check_audit(
             "itself verified",
         )
     signed = report.signatures
-    if signed is not None and signed.findings:  # issue 16 §6
+    if signed is not None and signed.findings:
         return Check("audit", False, f"TAMPERED: approver signature: {signed.findings[0].line()}")
     if report.credentials is not None:
         return Check(
@@ -511,8 +511,8 @@ def check_dispatch(path: Path, now_ms: int | None = None) -> Check:
     """Pending approvals whose dispatch the relay never acked: reachable is not enough if it
     refuses what the gate sends (a different secret answers 401 to every dispatch, a clock
     off by minutes too: the relay's reason, when it gives one, tells them apart). With
-    ``now_ms`` (unix ms), also the follow-up sends (notices, reminders, escalations; issue
-    14) given up in the 24 h before it: a WARN naming how many when nothing else fails."""
+    ``now_ms`` (unix ms), also the follow-up sends (notices, reminders, escalations)
+    given up in the 24 h before it: a WARN naming how many when nothing else fails."""
     if not path.exists():
         return _skip("dispatch", "no database yet")
     try:
@@ -581,7 +581,7 @@ async def run_checks(
         config.relay.url, config.relay.dispatch_timeout, config.relay.ca_file, now
     )
     now_ms = int(now() * 1000)
-    asked: list[Check] = []  # issue 15: only for a config that asks questions
+    asked: list[Check] = []  # only for a config that asks questions
     if asks_questions(config):
         url = separate_question_url(config)
         if url is not None:
@@ -602,6 +602,6 @@ async def run_checks(
         check_relay(config.relay.url, probe),
         await asyncio.to_thread(check_dispatch, path, now_ms),
         *asked,
-        *_passkeys(config, path),  # issue 16
+        *_passkeys(config, path),
         check_clock(now(), probe, config.relay.security.max_skew),
     ]

@@ -1,4 +1,4 @@
-"""``hitl-gate doctor``'s view of issue 14: what the config plans (reminders, escalation
+"""``hitl-gate doctor``'s view of follow-ups: what the config plans (reminders, escalation
 levels, delegations in force, where notices go) and the follow-up sends given up lately."""
 
 from __future__ import annotations

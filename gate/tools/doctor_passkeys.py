@@ -1,4 +1,4 @@
-"""``hitl-gate doctor``'s passkeys line (issue 16): the relying party passkeys are made
+"""``hitl-gate doctor``'s passkeys line: the relying party passkeys are made
 for (RP ID, origins) and how many passkeys are enrolled; a warning when no relying party
 can be resolved while a step asks for approvers' signatures."""
 
@@ -53,7 +53,7 @@ def passkeys_summary(config: Config, path: Path) -> tuple[str, str]:
 
 
 def passkeys_findings(config: Config, path: Path) -> list[str]:
-    """doctor's passkey warnings (issue 16), one line each: passkeys in force enrolled for
+    """doctor's passkey warnings, one line each: passkeys in force enrolled for
     an RP ID other than the one in force (they cannot sign), and, per step with
     ``approver_signature: required``, the operators in its scope holding no credential in
     force (they cannot approve it). Nothing without a database."""

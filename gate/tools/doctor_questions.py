@@ -1,4 +1,4 @@
-"""``hitl-gate doctor``'s question checks (issue 15), run only for a config that asks
+"""``hitl-gate doctor``'s question checks, run only for a config that asks
 questions (a ``type: question`` step or a question relay), so a deployment without questions
 gets the report it always got: the question relay reachable (``relay.question_url``, when it
 is not ``relay.url``, which the relay check probes already) and every pending question's

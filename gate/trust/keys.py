@@ -135,7 +135,7 @@ def private_key_mode_problem(path: Path, mode: int) -> str | None:
     """Why a private key file with ``st_mode`` ``mode`` must not be used, as one line naming
     ``path``, or None when it is fine: others may neither read it nor its group change it
     (0600 and 0640 pass). Used for ``receipts.signing_key_file`` and the reference relay's
-    ``--approver-key`` (issue 16)."""
+    ``--approver-key``."""
     if os.name == "posix" and mode & 0o027:
         return (
             f"{path}: mode {stat.S_IMODE(mode):04o} lets other users read or "

@@ -79,7 +79,7 @@ class Permit:
 
 def _approver(approval: Approval, operator_id: int, identity: str | None) -> dict[str, Any]:
     """One ``approved_by`` item: ``operator_id``, ``identity`` and, for an approval the
-    approver signed (issue 16), the ``credential_id`` that signed it: of their approve of
+    approver signed, the ``credential_id`` that signed it: of their approve of
     the current revision, or of their adjust that made it (an adjust counts as approval)."""
     item: dict[str, Any] = {"operator_id": operator_id, "identity": identity}
     made = any(
@@ -122,7 +122,7 @@ def claims_for(
     if outcome not in FIRING_OUTCOMES:
         raise ValueError(f"no permit exists for outcome {outcome!r}")
     identities = {int(op_id): identity for op_id, identity in approval.scope}
-    for row in approval.decisions:  # a delegate (issue 14 §3) is not in the scope
+    for row in approval.decisions:  # a delegate is not in the scope
         identities.setdefault(row.operator_id, row.identity)
     current = next(r for r in approval.revisions if r.revision == approval.revision)
     iat = now_ms // 1000

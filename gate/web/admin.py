@@ -1,4 +1,4 @@
-"""The admin API (issue 16) on the API listener, under ``/v1/admin/``: enrol, list and revoke
+"""The admin API on the API listener, under ``/v1/admin/``: enrol, list and revoke
 approvers' credentials. Only the admin token (``api.admin_token_env``) opens these routes
 (``gate.web.api.auth_middleware``); a pipeline token never does, so a pipeline cannot enrol
 a key and approve itself."""
@@ -37,7 +37,7 @@ async def revoke_approver_credential(request: web.Request) -> web.Response:
 
 async def create_invite(request: web.Request) -> web.Response:
     """POST /v1/admin/approvers/invites ``{"operator_id", "ttl_s"?, "label"?}``: 201 ``{url,
-    operator_id, expires_at}`` (a one-time passkey invite, issue 16); 400
+    operator_id, expires_at}`` (a one-time passkey invite); 400
     ``unknown_operator``/``invalid_<field>``, 409 ``webauthn_unavailable``."""
     raw = await read_body(request, MAX_ADMIN_BODY, "body_too_large")
     answer = await request.app[SERVICE].create_invite(decode_text_json(raw))

@@ -26,7 +26,7 @@ class ApiSettings:
 
     token: str
     max_draft_bytes: int
-    # the admin token (``api.admin_token_env``, issue 16): the only key to ``/v1/admin/``;
+    # the admin token (``api.admin_token_env``): the only key to ``/v1/admin/``;
     # None: those routes answer 404
     admin_token: str | None = None
 
@@ -41,7 +41,7 @@ SERVICE = web.AppKey("service", GateService)
 SETTINGS = web.AppKey("api_settings", ApiSettings)
 METRICS = web.AppKey("metrics", Metrics)
 OPEN_PATHS = frozenset({"/healthz"})
-ADMIN_PREFIX = "/v1/admin/"  # issue 16: only the admin token opens these, never the pipeline's
+ADMIN_PREFIX = "/v1/admin/"  # only the admin token opens these, never the pipeline's
 
 
 def _unauthorized(reason: str, message: str) -> GateError:
@@ -51,7 +51,7 @@ def _unauthorized(reason: str, message: str) -> GateError:
 @web.middleware
 async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     """Require ``Authorization: Bearer <token>`` (constant-time compare) except on /healthz:
-    the pipeline token, or under ``/v1/admin/`` the admin token (issue 16: two disjoint
+    the pipeline token, or under ``/v1/admin/`` the admin token (two disjoint
     tokens; without an admin token configured those routes answer 404)."""
     if request.path in OPEN_PATHS:
         return await handler(request)
@@ -95,7 +95,7 @@ async def create_approval(request: web.Request) -> web.Response:
     view, created = await request.app[SERVICE].create(req, key)
     if created:
         request.app[METRICS].approvals_created.labels(req.pipeline, req.step).inc()
-        if view["state"] == "resolved":  # issue 18: a policy decided it at once
+        if view["state"] == "resolved":  # a policy decided it at once
             request.app[METRICS].resolved(view["outcome"])
     return web.json_response(view, status=201 if created else 200)
 
@@ -160,10 +160,10 @@ def create_api_app(
     app.router.add_post("/v1/approvals/{approval_id}/cancel", cancel_approval)
     from gate.web.questions import add_question_routes  # it imports this module's keys
 
-    add_question_routes(app)  # issue 15
+    add_question_routes(app)
     from gate.web.admin import add_admin_routes
 
-    add_admin_routes(app)  # issue 16
+    add_admin_routes(app)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/metrics", get_metrics)
     return app

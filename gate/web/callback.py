@@ -73,7 +73,7 @@ async def post_decision(request: web.Request) -> web.Response:
     except Exception:
         _refused(metrics, 500, "internal_error", decision)
         raise
-    if isinstance(parsed, Answer):  # issue 15: counted once, as an answer (Metrics.answer)
+    if isinstance(parsed, Answer):  # counted once, as an answer (Metrics.answer)
         return await _answer(request, parsed)
     decision = parsed
     try:
@@ -93,7 +93,7 @@ async def post_decision(request: web.Request) -> web.Response:
 
 
 async def _answer(request: web.Request, answer: Answer) -> web.Response:
-    """Checks 6-13 of issue 15's answer table in ``GateService.record_answer``; counted once,
+    """Checks 6-13 of the answer table in ``GateService.record_answer``; counted once,
     as answers (``Metrics.answer``: not in the decisions' refusals), logged with the
     question_id, never the value."""
     metrics = request.app[METRICS]
@@ -126,7 +126,7 @@ def _refused(
 ) -> None:
     metrics.refused(reason)
     # only an approval_id shaped like a ULID is logged: a relay-chosen string never reaches a
-    # log line, so it cannot forge fields or lines there; a ``detail`` (issue 16's
+    # log line, so it cannot forge fields or lines there; a ``detail`` (an
     # approver_signature_invalid: revoked, wrong_operator, ...) is one of the gate's own words
     tail = f" detail={detail}" if isinstance(detail, str) and DETAIL_RE.fullmatch(detail) else ""
     if decision is not None and ULID_RE.fullmatch(decision.approval_id):
@@ -143,7 +143,7 @@ def _refused(
 
 async def _checked_decision(request: web.Request) -> Decision | Answer:
     """SPEC §2 checks 1-5: size, signature, window, HMAC, then the parsed envelope (a
-    decision, or since issue 15 a question's answer: ``parse_callback``)."""
+    decision, or a question's answer: ``parse_callback``)."""
     service = request.app[SERVICE]
     settings = request.app[SETTINGS]
     raw = await read_body(request, MAX_DECISION_BYTES)  # check 1
@@ -178,6 +178,6 @@ def create_callback_app(
     app[SETTINGS] = settings
     app[METRICS] = metrics
     app.router.add_post(DECISIONS_PATH, post_decision)
-    add_enrol_routes(app, service)  # issue 16: passkey invites
-    add_credentials_routes(app, service, settings)  # issue 17: opt-in, relay.credentials
+    add_enrol_routes(app, service)  # passkey invites
+    add_credentials_routes(app, service, settings)  # opt-in, relay.credentials
     return app

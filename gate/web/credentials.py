@@ -1,4 +1,4 @@
-"""The credentials channel on the relay (callback) listener (issue 17): ``POST
+"""The credentials channel on the relay (callback) listener: ``POST
 /hitl/v0/credentials`` answers a relay that signs approvers in with their public credentials,
 signed with the relay secret. Off unless ``relay.credentials: true`` (404 then)."""
 
@@ -36,7 +36,7 @@ SETTINGS = web.AppKey("credentials_settings", ChannelSettings)
 
 
 async def post_credentials(request: web.Request) -> web.Response:
-    """Answer a credentials request (issue 17): 404 ``not_found`` unless
+    """Answer a credentials request: 404 ``not_found`` unless
     ``relay.credentials`` is on; then SPEC §2 checks 1-4 exactly as for a decision (413
     ``body_too_large``, 401 ``signature_missing``/``signature_malformed``/
     ``timestamp_out_of_window``/``signature_mismatch``), an ``X-Hitl-Protocol`` other than

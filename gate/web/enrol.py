@@ -1,4 +1,4 @@
-"""The passkey enrolment pages on the relay (callback) listener (issue 16 §2): ``GET
+"""The passkey enrolment pages on the relay (callback) listener: ``GET
 /enrol/{token}`` shows the invite, ``POST /enrol/{token}`` enrols the passkey the browser
 made, ``GET /enrol/static/{name}`` serves the page's script and style. Thin handlers: one
 service call each. Every answer under ``/enrol/`` carries ``SECURITY_HEADERS``; a GET never

@@ -1,5 +1,5 @@
-"""The pipeline API's query parameters, read one way for approvals and questions (SPEC §3,
-issue 15): ``?wait=`` of a long-poll and ``state``/``pipeline``/``limit``/``cursor`` of a
+"""The pipeline API's query parameters, read one way for approvals and questions (SPEC §3):
+``?wait=`` of a long-poll and ``state``/``pipeline``/``limit``/``cursor`` of a
 list. Each bad value is 400 ``invalid_<name>`` naming the parameter in ``field``."""
 
 from __future__ import annotations

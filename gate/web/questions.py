@@ -1,4 +1,4 @@
-"""The pipeline API's question routes (issue 15): POST/GET /v1/questions, GET
+"""The pipeline API's question routes: POST/GET /v1/questions, GET
 /v1/questions/{id}[?wait=], POST /v1/questions/{id}/cancel and /revise. Thin handlers: read,
 bound, one service call, ``json_response``."""
 

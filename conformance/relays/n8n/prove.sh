@@ -2,7 +2,7 @@
 # Prove that workflow.json is a conformant hitl/v0 relay: install n8n 1.82.3 (cached in
 # .node/ beside this script), start it on 127.0.0.1 with a throw-away user folder and
 # SQLite, import + activate a copy of the workflow through n8n's own CLI, run
-# `hitl-gate verify --questions` against its webhook (the question checks too, issue 15),
+# `hitl-gate verify --questions` against its webhook (the question checks too),
 # stop n8n.
 #
 #   HITL_N8N_HUMAN=auto (default)  the copy's human step ("Human decision", a Wait form)
@@ -118,7 +118,7 @@ export N8N_LOG_LEVEL="${N8N_LOG_LEVEL:-warn}"
 export N8N_BLOCK_ENV_ACCESS_IN_NODE=false      # the Code nodes read $env (false is 1.x's default)
 export NODE_FUNCTION_ALLOW_BUILTIN=crypto      # HMAC + timingSafeEqual in the Code nodes
 export HITL_RELAY_SECRET="$SECRET" HITL_APPROVER_ID="$APPROVER" HITL_APPROVER_DISPLAY="Alice (prove.sh)"
-export HITL_AUTO_ANSWER="${HITL_AUTO_ANSWER-ok}"   # the question step's demo/test mode (issue 15)
+export HITL_AUTO_ANSWER="${HITL_AUTO_ANSWER-ok}"   # the question step's demo/test mode
 unset HITL_RELAY_SECRET_PREVIOUS
 
 # the copy that is imported (see HITL_N8N_HUMAN above)

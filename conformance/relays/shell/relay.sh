@@ -7,7 +7,7 @@
 # dispatch), RELAY_AUTO=approve|skip|skip:REASON|adjust:TEXT|ask (default approve; ask prompts
 # on /dev/tty, a skip's reason too),
 # RELAY_STATE (directory remembering handled nonces), RELAY_ANSWER (the answer to every question,
-# issue 15: text, or JSON for a multi choice or a form). Details and limits: README.md beside it.
+# text, or JSON for a multi choice or a form). Details and limits: README.md beside it.
 set -uf
 export LC_ALL=C
 SECRET=${HITL_RELAY_SECRET:?HITL_RELAY_SECRET is not set}
@@ -89,7 +89,7 @@ SHOW='def hex: if . < 16 then "0123456789ABCDEF"[.:.+1]
   def hidden: [match("(?![\\n\\t])[\\p{Cc}\\p{Cf}\\p{Zl}\\p{Zp}\\p{Cs}\\p{Cn}]"; "g")] | length;'
 
 # 3. the envelope (one jq run: jq starts slowly): fields we use, payload_hash really is the
-#    draft's, each nonce handled once. A resolution notice ("type":"notice", issue 14 §4: no
+#    draft's, each nonce handled once. A resolution notice ("type":"notice"; no
 #    callback, nonce or draft) is never a request: step 3a.
 jq -ej "$SHOW"'if .type == "notice" then (if .protocol == "hitl/v0" and (.approval_id|type) ==
   "string" and (.approval_id|test("^[A-Za-z0-9_-]{1,128}$")) and (.outcome|type) == "string"
@@ -126,7 +126,7 @@ if [ "$(head -n 1 "$tmp/fields")" = notice ]; then
   reply '200 OK' '{"status":"accepted"}'
 fi
 if [ "$(head -n 1 "$tmp/fields")" = question ]; then
-  # 3b. a question (issue 15): its request_hash is echoed, not recomputed (jq's numbers are
+  # 3b. a question: its request_hash is echoed, not recomputed (jq's numbers are
   #     not the gate's canonical JSON); answered by RELAY_ANSWER only (step 4b)
   nonce=$(sed -n 2p "$tmp/fields") kind=question
   [ -n "${RELAY_ANSWER+set}" ] ||
@@ -170,7 +170,7 @@ ask() {  # show the draft on /dev/tty (fd 3), then set verb (and text) from the 
     prompt="decide as $me: [a]pprove, [s]kip or [e]dit (adjust)? "
     hint='Not taken: type a, s or e (or approve, skip, edit).'
   fi
-  # only an answer typed after the whole draft was on screen counts (issue 12 item 1)
+  # only an answer typed after the whole draft was on screen counts
   drain || { log "ask: cannot discard what was typed ahead, $id left undecided"; return 1; }
   while printf '%s' "$prompt" >&3; do
     IFS= read -r ans <&3 || break
@@ -192,7 +192,7 @@ ask() {  # show the draft on /dev/tty (fd 3), then set verb (and text) from the 
   return 1
 }
 
-ask_reason() {  # a skip's reason, one line (issue 14): until one is typed when the dispatch's
+ask_reason() {  # a skip's reason, one line: until one is typed when the dispatch's
   # skip action says "reason":"required", else an empty line is none
   required=$(jq -r '[.actions[]? | select(.verb == "skip" and .reason == "required")] | length' \
     "$d") || return 1
@@ -244,7 +244,7 @@ decide() {
     "$(jq -r .callback.url "$d")")
   log "$id: $verb as $who -> HTTP $code $(cat "$tmp/answer" 2>/dev/null)"
 }
-answer() {  # 4b. a question (issue 15): print it on stderr, answer RELAY_ANSWER as its type
+answer() {  # 4b. a question: print it on stderr, answer RELAY_ANSWER as its type
   # wants (the text for free text and a single choice, JSON for a multi choice or a form)
   d=$tmp/dispatch
   id=$(jq -r .question_id "$d")

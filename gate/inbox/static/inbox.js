@@ -1,4 +1,4 @@
-// hitl-gate inbox (issue 17): passkey sign-in and signed decisions, live updates.
+// hitl-gate inbox: passkey sign-in and signed decisions, live updates.
 // Plain JavaScript, no build step; everything behind feature checks: without it the
 // pages still read, and forms post as plain HTML forms.
 'use strict';
@@ -47,7 +47,7 @@
     return answer;
   };
 
-  // the inbox's refusal sentence (JSON "message"), else its status (issue 17 finding 4)
+  // the inbox's refusal sentence (JSON "message"), else its status
   const refusal = async (answer) => {
     try {
       const body = await answer.json();
@@ -125,7 +125,7 @@
       if (page && page.dataset.approvalId === id) {
         lock();
         if (state === 'pending') { say('This item changed: reload the page to see the new revision.'); return; }
-        // closed: the state at the top, the forms hidden, time left says so (issue 17)
+        // closed: the state at the top, the forms hidden, time left says so
         const top = document.getElementById('item-state');
         const now = 'This item is now ' + state + '; nothing is left to do.';
         if (top) { top.textContent = now; top.hidden = false; }
@@ -141,7 +141,7 @@
         known = true;
         if (state === 'pending') { row.classList.add('changed'); return; }
         if (row.classList.contains('gone')) return;
-        // closed: the row becomes one line of text, no link, no checkbox (issue 17)
+        // closed: the row becomes one line of text, no link, no checkbox
         const what = row.querySelector('.what');
         const text = (what ? what.textContent.trim() : 'An item') + ': '
           + (state === 'resolved' ? 'resolved elsewhere' : state) + '.';
@@ -151,7 +151,7 @@
       });
       if (!known && !page && state === 'pending') say('A new item is waiting — reload the page to see it.');
     };
-    // an open approval's quorum progress: count and who, as the inbox knows them (issue 17)
+    // an open approval's quorum progress: count and who, as the inbox knows them
     const progress = (p) => {
       if (!page || !p || p.approval_id !== page.dataset.approvalId) return;
       if (String(p.revision) !== page.dataset.revision) return;

@@ -3,4 +3,4 @@ the run (runner), the ephemeral gate's config (ephemeral), the callbacks it reco
 (callbacks), the approvals and gate probes (probes), the judges (checks), the report (report),
 with --notices the resolution-notice checks (notices), with --questions the question run and
 gate probes (questions) and the judges of an answer (question_checks), with
---approver-public-key the approver-signature checks (signatures, issue 16)."""
+--approver-public-key the approver-signature checks (signatures)."""

@@ -171,7 +171,7 @@ def judge_signature(
     signed: str = "relay.decision_signed",
     in_window: str = "relay.decision_in_window",
 ) -> list[CheckResult]:
-    """Check the signature header of a relay's callback (a decision, or since issue 15 an
+    """Check the signature header of a relay's callback (a decision, or an
     answer): the HMAC over the received bytes (check ``signed``) and its ``t`` within
     ``max_skew_s`` seconds of ``now_s`` (unix s, the gate's clock at receipt; check
     ``in_window``). SPEC §2 checks 1-3.

@@ -28,8 +28,8 @@ def ephemeral_config(
     """The ephemeral gate's config, validated as a config file would be (its database in
     ``directory``): one pipeline, one step the ``approver`` (operator 1) alone may decide,
     and an outsider (operator 2) allowed on the relay but out of the step's scope. With
-    ``questions``, also a question step (``questions.add_question_step``, issue 15). With
-    ``signatures``, the step is ``approver_signature: required`` (issue 16)."""
+    ``questions``, also a question step (``questions.add_question_step``). With
+    ``signatures``, the step is ``approver_signature: required``."""
     config: dict[str, Any] = {
         "relay": {
             "url": relay_url,

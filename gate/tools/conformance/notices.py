@@ -1,5 +1,5 @@
-"""``hitl-gate verify --notices``: the checks of a relay that claims notice support (issue 14
-§4; docs/protocol.md "Notices"), run after the SPEC §6 checks."""
+"""``hitl-gate verify --notices``: the checks of a relay that claims notice support
+(docs/protocol.md "Notices"), run after the SPEC §6 checks."""
 
 from __future__ import annotations
 

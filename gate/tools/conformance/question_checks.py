@@ -1,4 +1,4 @@
-"""Judging a relay's answer to ``hitl-gate verify --questions``' synthetic question (issue 15):
+"""Judging a relay's answer to ``hitl-gate verify --questions``' synthetic question:
 one CheckResult per check, each with what to fix. Used by ``conformance.questions``."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from gate.protocol.question import QuestionSpec, check_value
 from gate.protocol.whitespace import identity_key
 from gate.tools.conformance.checks import CheckResult, Observed, failed, judge_signature, passed
 
-MAX_ANSWER_CHARS = 2000  # the step default (issue 15 §Config)
+MAX_ANSWER_CHARS = 2000  # the step default
 
 # the checks of the relay's answer, in report order; reported as not run without an answer
 ANSWER_CHECKS = (
@@ -36,7 +36,7 @@ def judge_answer(
 ) -> list[CheckResult]:
     """Check the relay's answer to ``full`` (``ANSWER_CHECKS``, in order): signed, in window,
     the dispatched nonce and request_hash echoed, ``approver`` reported, a value that fits
-    the question (``check_value``, issue 15 check 12), and accepted (200) by the gate."""
+    the question (``check_value``, answer check 12), and accepted (200) by the gate."""
     names = ANSWER_CHECKS
     results = judge_signature(answer, secret, answer.received_at, max_skew_s, *names[:2])
     try:

@@ -1,5 +1,5 @@
 """``hitl-gate verify --questions``: the checks of a relay that declares question support
-(issue 15; docs/protocol.md "Questions"), run after the SPEC §6 checks.
+(docs/protocol.md "Questions"), run after the SPEC §6 checks.
 
 The ephemeral gate gets one question step (``add_question_step``); ``check_questions`` asks
 the relay one synthetic single-choice question, judges its answer, then probes the gate's
@@ -98,7 +98,7 @@ async def _ask(service: GateService, run_id: str) -> Question:
 
 
 def dispatch_body(full: Question, callback_url: str) -> bytes:
-    """The wire bytes of the dispatch of ``full``'s current version (issue 15 "Wire")."""
+    """The wire bytes of the dispatch of ``full``'s current version."""
     current = full.current
     return wire_json(
         build_question_dispatch(
@@ -129,7 +129,7 @@ async def _probes(
     """The gate-side ``PROBES``: the relay's accepted answer replayed as received, then
     re-signed copies aimed at a second, pending question with a value of the wrong type, a
     mutated request_hash, and turned into an approve of an approval_id that is a question's
-    id. Each must be refused with its reason (issue 15 "Wire")."""
+    id. Each must be refused with its reason."""
     template: Any = None
     if answer is not None and answer.status == 200:
         try:

@@ -65,11 +65,11 @@ async def run_verify(
     ``public_url``, default the bound address), dispatches one real approval plus one with
     a bad signature and one with a stale timestamp, waits up to ``timeout_s`` seconds for
     the human's decision, then probes the gate with a replay, a mutated payload hash and an
-    out-of-scope approver. With ``notices`` (a relay that claims notice support, issue 14),
+    out-of-scope approver. With ``notices`` (a relay that claims notice support),
     then checks its resolution notices (``gate.tools.conformance.notices``). With
-    ``questions`` (a relay that declares question support, issue 15), then asks it a
+    ``questions`` (a relay that declares question support), then asks it a
     question and probes the gate's answer checks (``gate.tools.conformance.questions``).
-    With ``approver_public_key`` (an Ed25519 public key PEM: a relay that signs, issue 16),
+    With ``approver_public_key`` (an Ed25519 public key PEM: a relay that signs),
     the step requires approver signatures, the key is enrolled for the approver and the
     signature checks run (``gate.tools.conformance.signatures``).
     Raises OSError when ``listen`` cannot be bound.
@@ -275,6 +275,6 @@ async def _run(
 
 
 def _signing(approval: Approval) -> str:
-    """The dispatch's ``approver_signature``: as frozen on the approval (issue 16; ``off``
+    """The dispatch's ``approver_signature``: as frozen on the approval (``off``
     adds nothing, so that dispatch is byte-for-byte as before)."""
     return approval.approver_signature or "off"

@@ -1,4 +1,4 @@
-"""``hitl-gate verify --approver-public-key`` (issue 16): checks of a relay that signs each
+"""``hitl-gate verify --approver-public-key``: checks of a relay that signs each
 decision with the approver's Ed25519 key, and probes that the gate refuses such a signature
 moved to another approval, one whose batch does not list the decision, and none at all.
 
@@ -52,7 +52,7 @@ async def check_signatures(
     decision: Observed | None,
     credential_id: str,
 ) -> list[CheckResult]:
-    """The issue 16 checks, in ``SIGNATURE_CHECKS`` order: the relay's decision carried an
+    """The checks, in ``SIGNATURE_CHECKS`` order: the relay's decision carried an
     Ed25519 ``approver_assertion`` with the enrolled ``credential_id`` and was recorded with
     it; then, posted by verify with the relay secret to a fresh pending approval, that
     assertion as is (403 ``approver_signature_invalid``: it signs another decision), with a

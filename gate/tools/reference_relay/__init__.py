@@ -2,4 +2,4 @@
 approvals and questions desks (approvals; questions, question_prompt), the signed sending with
 retries (delivery), what it knows of each approval (state), the terminal it asks on (terminal)
 and what it shows (view, question_view); with --approver-key the approver's key that signs
-each decision (approver_key, issue 16)."""
+each decision (approver_key)."""

@@ -1,6 +1,6 @@
 """The reference relay's approvals: ask each decider in scope about a dispatch on the terminal
 (or decide by ``--auto``), sign the decision, deliver it and say what the gate answered; a
-prompt that goes stale on screen (a newer revision, expiry) is withdrawn (issue 12 item 2)."""
+prompt that goes stale on screen (a newer revision, expiry) is withdrawn."""
 
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ class ApprovalDesk:
         self, envelope: dict[str, Any], identity: str, verb: str, text: str | None
     ) -> tuple[int, Any]:
         """Sign and POST one decision to the dispatch's callback URL; return (status, answer).
-        ``text`` is an adjust's new text or a skip's reason (issue 14), else ignored. With
+        ``text`` is an adjust's new text or a skip's reason, else ignored. With
         the relay's ``--approver-key``, the decision carries its ``approver_assertion``.
 
         Raises aiohttp.ClientError or TimeoutError when the gate cannot be reached.
@@ -56,7 +56,7 @@ class ApprovalDesk:
             reason=reason,
         )
         key = self.relay.approver_key
-        if key is not None:  # issue 16: signed by the approver's own key
+        if key is not None:  # signed by the approver's own key
             decision["approver_assertion"] = key.assertion(envelope, verb, adjust_text, reason)
         return await self.relay.post_signed(envelope["callback"]["url"], decision)
 
@@ -126,7 +126,7 @@ class ApprovalDesk:
 
     def _warn_unsigned(self, envelope: dict[str, Any]) -> None:
         """Once per dispatch: a WARNING when its step asks for the approver's own signature
-        (``"approver_signature": "required"|"optional"``, issue 16) and this relay has no
+        (``"approver_signature": "required"|"optional"``) and this relay has no
         ``--approver-key``: a required step refuses what it posts (403
         ``approver_signature_required``), an optional one records it unsigned."""
         mode = envelope.get("approver_signature")

@@ -1,4 +1,4 @@
-"""The reference relay's approver key (issue 16, ``hitl-gate relay --approver-key``): an
+"""The reference relay's approver key (``hitl-gate relay --approver-key``): an
 Ed25519 private key that signs every decision the relay posts, as its ``approver_assertion``.
 
 The relay is an untrusted peer: it loads the key with ``cryptography`` itself and builds the
@@ -58,8 +58,8 @@ class ApproverKey:
         adjust_text: str | None,
         reason: str | None,
     ) -> dict[str, Any]:
-        """The ``approver_assertion`` for one decision on the dispatch ``envelope``
-        (issue 16 §3): ``{"type": "ed25519", "credential_id", "signature"}``, the signature
+        """The ``approver_assertion`` for one decision on the dispatch ``envelope``:
+        ``{"type": "ed25519", "credential_id", "signature"}``, the signature
         over ``decision_digest`` of the dispatch's approval_id, revision (1 when absent),
         callback nonce and payload_hash with the ``verb`` and texts exactly as posted."""
         revision = envelope.get("revision")

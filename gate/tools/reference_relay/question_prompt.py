@@ -1,4 +1,4 @@
-"""The reference relay's question prompt (issue 15): show a question on the terminal and read
+"""The reference relay's question prompt: show a question on the terminal and read
 an answer of its type until one passes ``gate.protocol.question.check_value``; and the
 ``--auto-answer`` VALUE read for a question."""
 

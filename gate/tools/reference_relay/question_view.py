@@ -1,4 +1,4 @@
-"""What the reference relay shows for a question (issue 15) and how it reads what is typed:
+"""What the reference relay shows for a question and how it reads what is typed:
 a block under its own ``QUESTION`` header, never like an approval's, and one parser per
 response type. Pure: no I/O; the answer's check is ``gate.protocol.question.check_value``."""
 

@@ -1,4 +1,4 @@
-"""The reference relay's questions (issue 15): take a signed question dispatch (its signature
+"""The reference relay's questions: take a signed question dispatch (its signature
 and window were checked by ``Relay.receive``, as for approvals), ack it at once, ask the one
 answerer in scope on the terminal (or answer with ``--auto-answer``), check the answer with
 ``gate.protocol.question.check_value`` before sending it, post it signed (``build_answer``)

@@ -8,7 +8,7 @@ holding the connection, shows the draft to a human (or decides by ``--auto``), s
 one decision per approver and posts it to the dispatch's callback URL. Nobody is asked
 about a revision known to be stale (superseded, resolved, expired), nor an identity whose
 decision on it is recorded; a prompt that goes stale on screen is withdrawn, as is one whose
-approval a signed resolution notice (issue 14) says ended elsewhere.
+approval a signed resolution notice says ended elsewhere.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True, slots=True)
 class AutoDecision:
     """What ``--auto`` decides: ``verb`` approve|skip|adjust and ``text``: for adjust the
-    new text, for skip its reason (issue 14; None: a skip without one)."""
+    new text, for skip its reason (None: a skip without one)."""
 
     verb: str
     text: str | None = None
@@ -81,7 +81,7 @@ async def _whole_body(request: web.Request) -> bytes | None:
 
 class Relay:
     """Holds the relay's secret, who it decides as, the approver key that signs its
-    decisions (``--approver-key``, issue 16; None: unsigned), the dispatches already
+    decisions (``--approver-key``; None: unsigned), the dispatches already
     handled, what it knows of each approval (``Knowledge``) and the prompt on screen
     (``asking``)."""
 
@@ -97,7 +97,7 @@ class Relay:
         approver_key: ApproverKey | None = None,
     ) -> None:
         self.secret = secret
-        self.approver_key = approver_key  # issue 16: signs each decision when set
+        self.approver_key = approver_key  # signs each decision when set
         self.identities = tuple(identities)
         self.auto = auto
         self.max_skew = max_skew
@@ -108,7 +108,7 @@ class Relay:
         self.asking: tuple[str, int, asyncio.Future[str]] | None = None  # prompt on screen
         self.stdin_closed = False
         self.queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
-        self.questions = QuestionDesk(self, auto_answer)  # issue 15: questions, apart
+        self.questions = QuestionDesk(self, auto_answer)  # questions, apart
         self.approvals = ApprovalDesk(self)
 
     async def receive(self, request: web.Request) -> web.Response:
@@ -130,9 +130,9 @@ class Relay:
             if exc.code != INVALID_PROTOCOL:  # answered, as ever, without a log line
                 log.warning("event=dispatch_refused reason=%s", exc.code)
             return web.json_response(exc.body(), status=exc.status)
-        if is_notice(envelope):  # issue 14 §4: never shown as a request
+        if is_notice(envelope):  # never shown as a request
             return self._notice(envelope)
-        if envelope.get("kind") == "question":  # issue 15: never read as an approval
+        if envelope.get("kind") == "question":  # never read as an approval
             return self.questions.receive(envelope)
         missing = _missing_field(envelope)
         if missing is not None:  # say what is wrong, not a hash mismatch (new-user review)
@@ -172,7 +172,7 @@ class Relay:
         here (nothing queued about it is shown) and its prompt on screen, if any, is dropped
         with a line saying how it ended. Acked 200; 400 ``invalid_notice`` without an
         ``approval_id`` or ``outcome``. A repeat is the same notice. A question's notice
-        (``kind: "question"``, issue 15) names its ``question_id`` and closes it the same way.
+        (``kind: "question"``) names its ``question_id`` and closes it the same way.
         """
         read = notice_subject(notice)
         if read is None:
@@ -192,7 +192,7 @@ class Relay:
     def _question_notice(
         self, notice: dict[str, Any], question_id: str, outcome: str
     ) -> web.Response:
-        """A question (``question_id``) resolved elsewhere with ``outcome`` (issue 15): closed
+        """A question (``question_id``) resolved elsewhere with ``outcome``: closed
         here, its prompt dropped."""
         log.info("event=notice_received question_id=%s outcome=%s", question_id, shown(outcome))
         by = notice.get("answered_by")
@@ -205,8 +205,8 @@ class Relay:
 
     def _newer(self, approval_id: str, revision: int, kind: str = "approval") -> None:
         """Note that ``revision`` of the approval exists; a prompt on screen about an older
-        one is withdrawn (issue 12 item 2). With ``kind="question"`` it is a question's
-        version, said in a question's words (issue 15, new-user finding 7)."""
+        one is withdrawn. With ``kind="question"`` it is a question's
+        version, said in a question's words."""
         if (
             self.known.newer(approval_id, revision)
             and self.asking is not None

@@ -33,8 +33,8 @@ async def run_relay(
     approver_key: ApproverKey | None = None,
 ) -> None:
     """Serve the relay on ``listen`` (``host:port``) until SIGINT/SIGTERM; with ``auto``,
-    ``auto_answer`` answers every question (issue 15); with ``approver_key`` every decision
-    is signed by it (issue 16)."""
+    ``auto_answer`` answers every question; with ``approver_key`` every decision
+    is signed by it."""
     import signal
 
     parsed = parse_listen(listen)

@@ -1,9 +1,8 @@
 """What the reference relay knows of each approval, and so whom not to ask about what.
 
 hitl/v0 tells a relay only what dispatches carry, what the gate answers to the relay's own
-decisions and, to a relay that opted in, how an approval ended (a resolution notice, issue
-14): that is all this remembers. The
-rules mirror SPEC §2 "Quorum and outcomes" as seen from one relay (issue 12 item 2).
+decisions and, to a relay that opted in, how an approval ended (a resolution notice):
+that is all this remembers. The rules mirror SPEC §2 "Quorum and outcomes" as seen from one relay.
 """
 
 from __future__ import annotations

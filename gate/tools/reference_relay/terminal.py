@@ -306,7 +306,7 @@ class Terminal:
     ) -> tuple[str, str | None]:
         """Show the draft to ``identity`` and return ``(verb, text)``: an adjust's new text, a
         skip's reason (asked on one line; required when the dispatch's skip action says so,
-        else an empty line is none: issue 14; a script is asked only for a required one, so
+        else an empty line is none; a script is asked only for a required one, so
         scripts written before reasons existed answer as before), None for an approve.
 
         Only input given after the whole draft was written counts (a terminal's earlier

@@ -150,7 +150,7 @@ def draft_lines(body: str, width: int | None = None) -> tuple[list[str], list[st
         )
     if not body:
         return warnings, ["(the draft is empty)"]
-    if is_blank(body):  # the gate's rule: only Unicode White_Space (issue 12, items 5 and 9)
+    if is_blank(body):  # the gate's rule: only Unicode White_Space
         counts = Counter(body)
         kinds = ", ".join(
             _count(n, _SPACE_NAMES.get(c) or f"U+{ord(c):04X}") for c, n in counts.items()
@@ -236,7 +236,7 @@ def render(envelope: dict[str, Any], identity: str, width: int | None = None) ->
 class Choices:
     """What an approver may type at a prompt: at risk ``low`` or ``normal`` one key (``a``,
     ``s``, ``e``) or the word; at any other risk only the whole word (``approve``, ``skip``,
-    ``edit``/``adjust``), so no stray key approves a high-risk action (issue 12 item 1)."""
+    ``edit``/``adjust``), so no stray key approves a high-risk action."""
 
     risk: str
     whole_words: bool
@@ -283,7 +283,7 @@ def question(envelope: dict[str, Any], choices: Choices) -> str:
 
 
 def skip_reason_required(envelope: dict[str, Any]) -> bool:
-    """Whether the dispatch's skip action says ``"reason": "required"`` (issue 14: the step
+    """Whether the dispatch's skip action says ``"reason": "required"`` (the step
     has ``skip_reason: required``; a skip without a reason is refused 422)."""
     actions = envelope.get("actions")
     return isinstance(actions, list) and any(
@@ -293,7 +293,7 @@ def skip_reason_required(envelope: dict[str, Any]) -> bool:
 
 
 def reason_question(required: bool) -> str:
-    """The prompt for a skip's reason (one line; issue 14)."""
+    """The prompt for a skip's reason (one line)."""
     if required:
         return "Why skip? What should change (required, one line): "
     return "Why skip? What should change (optional, one line; empty for none): "
@@ -319,13 +319,13 @@ def verdict(verb: str, status: int, answer: Any) -> str:
         else "."
     )
     said = shown(reason or "refused")
-    if isinstance(detail, str):  # e.g. approver_signature_invalid: wrong_operator (issue 16)
+    if isinstance(detail, str):  # e.g. approver_signature_invalid: wrong_operator
         said += f": {shown(detail)}"
     return f"The gate did not record your {verb}: {said} (HTTP {status}){tail}"
 
 
 def resolved_elsewhere(notice: dict[str, Any]) -> str:
-    """How a resolution notice (issue 14) says an approval ended, for the terminal:
+    """How a resolution notice says an approval ended, for the terminal:
     ``Approval 01J… resolved elsewhere: skipped by bob@… (reason: …)``."""
     outcome = notice.get("outcome")
     text = f"Approval {shown(notice.get('approval_id'))} resolved elsewhere: {shown(outcome)}"

@@ -1,4 +1,4 @@
-// hitl-gate passkey enrolment (issue 16): read the registration options from the page's JSON
+// hitl-gate passkey enrolment: read the registration options from the page's JSON
 // block, run navigator.credentials.create, post the credential back to this same URL.
 "use strict";
 
