@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.support import GateProcess, write_config
-from tests.test_passkeys_findings import ADMIN, ENV, cli, enrol, invite
+from tests.support import write_config
+from tests.test_passkeys_findings import ADMIN, cli, enrolled_at
 
 SIGNING = {"name": "req", "approvers": [101], "approver_signature": "required", "timeout": "1h",
            "escalate": [{"after": "10m", "to": [102, 103]}]}  # fmt: skip
@@ -37,13 +37,7 @@ def test_doctor_signers_warns_of_escalation_targets_and_delegates_without_a_pass
     tmp_path: Path,
 ) -> None:
     path = config(tmp_path)
-    gate = GateProcess(path, env=ENV).start()
-    try:
-        for operator in ("101", "102"):
-            status, answer = enrol(invite(gate, operator)[0])
-            assert status == 200, answer
-    finally:
-        gate.stop()
+    enrolled_at(path, "101", "102")
 
     _, out, err = cli("doctor", "-c", str(path))
 
