@@ -48,6 +48,16 @@ STEPS: list[dict[str, Any]] = [
     {"name": "ask", "type": "question", "approvers": [101, 102], "timeout": "1h"},
     # reminded every second; decisions signed by the relay secret alone (a test's adjust)
     {"name": "nag", "quorum": 2, "approvers": [101, 102], "timeout": "1h", "remind_every": "1s"},
+    # reminded every second and escalated to carol after 1 s
+    {
+        "name": "esc",
+        "quorum": 1,
+        "approvers": [101, 102],
+        "timeout": "1h",
+        "remind_every": "1s",
+        "escalate": [{"after": "1s", "to": [103]}],
+        **SIGNED,
+    },
 ]
 
 

@@ -29,6 +29,7 @@ from tests.support import (
     wait_until,
     write_config,
 )
+from tests.test_inbox_followups import reminded_after_escalation
 from tests.test_inbox_relay import STEPS, Inbox, dispatch_of
 
 
@@ -66,7 +67,7 @@ class SmtpServer:
         self._loop.close()
 
 
-def mail_config(inbox: Inbox, port: int) -> None:
+def mail_config(inbox: Inbox, port: int, on: list[str] | None = None) -> None:
     data = yaml.safe_load(inbox.config.read_text("utf-8"))
     data["mail"] = {
         "host": "127.0.0.1",
@@ -74,6 +75,7 @@ def mail_config(inbox: Inbox, port: int) -> None:
         "security": "none",
         "from": "inbox@example.com",
         "addresses": {"bob@example.com": "bob.private@example.org"},
+        **({} if on is None else {"on": on}),
     }
     inbox.config.write_text(yaml.safe_dump(data), "utf-8")
 
@@ -85,14 +87,22 @@ def smtp() -> Iterator[SmtpServer]:
     server.stop()
 
 
-def start(tmp_path: Path, smtp_port: int) -> tuple[Inbox, GateProcess]:
+def start(
+    tmp_path: Path,
+    smtp_port: int,
+    steps: list[dict[str, Any]] | None = None,
+    on: list[str] | None = None,
+) -> tuple[Inbox, GateProcess]:
     inbox = Inbox(tmp_path, free_port())
-    mail_config(inbox, smtp_port)
+    mail_config(inbox, smtp_port, on)
     inbox.start()
     folder = tmp_path / "gate"
     folder.mkdir()
     config = write_config(
-        folder, inbox.relay_url, steps=STEPS, relay={"notices": True, "questions": True}
+        folder,
+        inbox.relay_url,
+        steps=[*STEPS, *(steps or [])],
+        relay={"notices": True, "questions": True},
     )
     return inbox, GateProcess(config).start()
 
@@ -280,3 +290,98 @@ def test_mails_for_reads_names_and_approvers_only(tmp_path: Path) -> None:
     assert "https://inbox.example/items/01A" in mails[0].body
     assert "Time left: 1 h" in mails[0].body and "the draft" not in mails[0].body
     assert address_of(config.mail, "no-address") is None
+
+
+# alice and bob have it; carol joins at level 1 after 1 s; a reminder every second
+ESCALATING = {"name": "esc", "quorum": 1, "approvers": [101, 102], "timeout": "1h",
+              "remind_every": "1s", "escalate": [{"after": "1s", "to": [103]}]}  # fmt: skip
+
+
+def mails_of(smtp: SmtpServer, approval_id: str) -> list[tuple[list[str], Message]]:
+    return [(to, m) for to, m in smtp.received() if f"/items/{approval_id}" in body_of(m)]
+
+
+@pytest.mark.e2e
+def test_inbox_mails_whom_an_escalation_adds_and_no_reminder_by_default(
+    tmp_path: Path, smtp: SmtpServer
+) -> None:
+    inbox, gate = start(tmp_path, smtp.port, steps=[ESCALATING])
+    try:
+        approval_id = gate.api().create("esc", body="SECRET DRAFT: pay 40 EUR")["approval_id"]
+        gate_db = gate.config.parent / "gate.db"
+        wait_until(
+            lambda: reminded_after_escalation(gate_db, inbox.db, approval_id),
+            what="a reminder after the escalation at the inbox",
+        )
+        # a barrier: the next new item's mails come after any the above would have queued
+        barrier = gate.api().create("q1", body="next")["approval_id"]
+        wait_until(lambda: len(mails_of(smtp, barrier)) == 3 or None, timeout=60)
+
+        got = mails_of(smtp, approval_id)
+        assert [(to, m["Subject"]) for to, m in got] == [
+            (["alice@example.com"], "Waiting for you: p \u00b7 esc"),
+            (["bob.private@example.org"], "Waiting for you: p \u00b7 esc"),
+            (["carol@example.com"], "Escalated to you: p \u00b7 esc"),
+        ]  # the reminders mailed nobody: mail.on is [new, escalation] by default
+        text = body_of(got[2][1])
+        assert "Time left: " in text and "SECRET" not in got[2][1].as_string()
+    finally:
+        gate.stop()
+        inbox.stop()
+
+
+@pytest.mark.e2e
+def test_inbox_mails_a_reminder_to_whom_it_awaits_when_mail_on_says_reminder(
+    tmp_path: Path, smtp: SmtpServer
+) -> None:
+    reminded = {"name": "rem", "quorum": 2, "approvers": [101, 102], "timeout": "1h",
+                "remind_every": "1s"}  # fmt: skip
+    inbox, gate = start(tmp_path, smtp.port, steps=[reminded], on=["new", "reminder"])
+    try:
+        approval_id = gate.api().create("rem", body="SECRET DRAFT: pay 5 EUR")["approval_id"]
+
+        def reminded_twice() -> list[tuple[list[str], Message]] | None:
+            got = [m for m in mails_of(smtp, approval_id) if "Reminder 2" in m[1]["Subject"]]
+            return got if len(got) == 2 else None
+
+        second = wait_until(reminded_twice, what="reminder 2 mailed to alice and bob", timeout=60)
+        assert sorted(to for rcpts, _ in second for to in rcpts) == [
+            "alice@example.com",
+            "bob.private@example.org",
+        ]
+        for _, message in second:
+            assert message["Subject"] == "Reminder 2: p \u00b7 rem"
+            assert "Time left: " in body_of(message) and "SECRET" not in message.as_string()
+        news = [m for _, m in mails_of(smtp, approval_id) if m["Subject"].startswith("Waiting")]
+        assert len(news) == 2
+    finally:
+        gate.stop()
+        inbox.stop()
+
+
+def test_inbox_mail_on_errors_name_their_yaml_path(tmp_path: Path) -> None:
+    path = tmp_path / "inbox.yaml"
+    head = (
+        "gate: {secret_env: HITL_RELAY_SECRET, callback_url: 'http://127.0.0.1:8089'}\n"
+        "mail:\n  host: smtp.example.com\n  from: inbox@example.com\n"
+    )
+    env = {"HITL_RELAY_SECRET": SECRET}
+
+    path.write_text(head + "  on: [new, escalated]\n", "utf-8")  # YAML 1.1 reads `on` as true
+    assert load_inbox(path, env)[2] == [
+        "mail.on[1]: must be one of 'new', 'escalation' or 'reminder', got string 'escalated'"
+    ]
+    path.write_text(head + "  on: []\n", "utf-8")
+    assert load_inbox(path, env)[2] == [
+        "mail.on: an empty list mails nobody (leave out the mail section to send no mail)"
+    ]
+    path.write_text(head + "  on: new\n", "utf-8")
+    assert load_inbox(path, env)[2] == ["mail.on: expected a list, got string 'new'"]
+    path.write_text(head + "  on: [reminder, new]\n", "utf-8")
+    config, _, errors = load_inbox(path, env)
+    assert errors == [] and config is not None and config.mail is not None
+    assert config.mail.on == ("reminder", "new")
+    path.write_text(head, "utf-8")
+    config, _, errors = load_inbox(path, env)
+    assert config is not None and config.mail is not None
+    assert config.mail.on == ("new", "escalation")

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from gate.inbox.db import InboxDb
+from gate.inbox.followups import FollowUps
 from gate.inbox.model import DecisionRecord
 from gate.inbox.schema import MIGRATIONS
 
@@ -55,9 +56,33 @@ async def test_inbox_schema_a_migration_keeps_old_rows_without_its_column(
     finally:
         await db.close()
 
-    assert user_version(path) == len(MIGRATIONS) == 4
+    assert user_version(path) == len(MIGRATIONS) == 5
     assert (before.approval_id, before.decision, getattr(before, column)) == ("a1", "skip", None)
     assert after is not None and getattr(after, column) == value
+
+
+async def test_inbox_schema_an_item_kept_before_followups_reads_what_its_dispatch_says(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "inbox.db"
+    old_file(path, 4)
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute(
+        "INSERT INTO items VALUES ('a1', 'approval', 1, 'n1', 'sha256:00', ?, NULL, 'pending',"
+        " NULL, 9000, 5, 1)",
+        ('{"pipeline": "p", "step": "s", "reminder": 2, "escalation": 1}',),
+    )
+    conn.close()
+
+    db = await InboxDb.open(path)
+    try:
+        item = await db.item("a1", 0)
+    finally:
+        await db.close()
+
+    assert user_version(path) == len(MIGRATIONS)
+    assert item is not None  # its stored dispatch still says what it said
+    assert item.followups == FollowUps(2, 1, ())
 
 
 async def test_inbox_schema_reopening_a_migrated_file_runs_nothing_again(tmp_path: Path) -> None:

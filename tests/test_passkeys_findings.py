@@ -122,6 +122,18 @@ def post(url: str, body: Any, origin: str) -> tuple[int, Any]:
     return status, json.loads(raw)
 
 
+def enrolled_at(path: Path, *operators: str) -> None:
+    """Start a gate on the config at ``path``, enrol a passkey for each of ``operators``
+    through its invite page, stop it: its database then holds their credentials."""
+    gate = GateProcess(path, env=ENV).start()
+    try:
+        for operator in operators:
+            status, answer = enrol(invite(gate, operator)[0])
+            assert status == 200, answer
+    finally:
+        gate.stop()
+
+
 def doctor_lines(path: Path) -> list[str]:
     _, out, err = cli("doctor", "-c", str(path))
     return [line for line in (out + err).splitlines() if "passkeys" in line or "steps[" in line]
@@ -163,13 +175,7 @@ def test_doctor_warns_of_passkeys_for_another_rp_id_and_operators_without_one(
     tmp_path: Path,
 ) -> None:
     path = config(tmp_path)
-    gate = GateProcess(path, env=ENV).start()
-    try:
-        url, _ = invite(gate, "101")
-        status, answer = enrol(url)
-        assert status == 200, answer
-    finally:
-        gate.stop()
+    enrolled_at(path, "101")
     lines = doctor_lines(path)
     assert any(
         line.startswith("WARN")

@@ -15,7 +15,15 @@ from typing import Annotated, Literal
 from urllib.parse import urlsplit
 
 import yaml
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    model_validator,
+)
 
 from gate.config.messages import _describe, _pydantic_error
 from gate.config.secrets import CREDENTIALS_DIRECTORY, MIN_SECRET_BYTES, _read_one
@@ -73,12 +81,25 @@ def _check_address(value: str) -> str:
 MailAddress = Annotated[str, Field(strict=True, min_length=3), AfterValidator(_check_address)]
 
 
+def _check_mail_on(value: tuple[str, ...]) -> tuple[str, ...]:
+    if not value:
+        raise ValueError("an empty list mails nobody (leave out the mail section to send no mail)")
+    return value
+
+
+MailOn = Annotated[
+    tuple[Literal["new", "escalation", "reminder"], ...], AfterValidator(_check_mail_on)
+]
+
+
 class MailSection(BaseModel):
     """``mail`` (optional, off when absent): the SMTP server new items are
     announced through — ``host``, ``port`` (587), ``security`` (``starttls``, ``tls`` or
     ``none``), the login by variable names (``username_env`` and ``password_env``, both or
-    neither), the ``from`` address and ``addresses`` (identity -> address; an identity that
-    is itself an address is used as is)."""
+    neither), the ``from`` address, ``addresses`` (identity -> address; an identity that
+    is itself an address is used as is) and ``on``: what is mailed (``new`` items, the
+    approvers an ``escalation`` adds, each ``reminder`` to whom it awaits; default new and
+    escalation)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
@@ -89,6 +110,15 @@ class MailSection(BaseModel):
     password_env: EnvName | None = None
     sender: MailAddress = Field(alias="from")
     addresses: dict[Annotated[str, Field(strict=True, min_length=1)], MailAddress] = {}
+    on: MailOn = ("new", "escalation")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _yaml_on(cls, data: object) -> object:
+        """YAML 1.1 reads an unquoted ``on:`` key as the boolean true: take it as ``on``."""
+        if isinstance(data, dict) and True in data and "on" not in data:
+            return {("on" if key is True else key): value for key, value in data.items()}
+        return data
 
 
 class InboxConfig(BaseModel):

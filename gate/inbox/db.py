@@ -17,6 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
+from gate.inbox.followups import News, advance, first_seen, kept_of
 from gate.inbox.items import CLOSED, NOTICE_STATES, Incoming, item_from, same_request
 from gate.inbox.model import Change, DecisionRecord, Item, Session
 from gate.inbox.schema import open_file
@@ -67,9 +68,13 @@ class InboxDb:
 
     # ------------------------------------------------------------------ items
 
-    async def receive(self, incoming: Incoming, raw: str, received_at: int) -> str:
+    async def receive(
+        self, incoming: Incoming, raw: str, received_at: int
+    ) -> tuple[str, list[News]]:
         """Keep a verified dispatch (``raw``: its JSON text exactly as received) and return
-        what happened: ``new`` (a row), ``same`` (a re-send with nothing new: no change),
+        what happened, with whom it should tell what (``followups.first_seen`` for a new
+        item, ``followups.advance`` for a reminder or an escalation; [] otherwise): ``new``
+        (a row), ``same`` (a re-send with nothing new: no change),
         ``updated`` (same nonce, other bytes asking the same thing: a reminder or an
         escalation; the stored dispatch replaced, ``updated_seq`` kept: nothing the approver
         reads changed, so ``/live`` does not report it; its quorum progress is read from the
@@ -77,7 +82,9 @@ class InboxDb:
         revision, hash, draft or question: nothing changes; review rev17a), ``revision`` (a
         newer revision or version replaced the item; the body before kept in
         ``previous_body``; pending unless closed), ``stale``
-        (an older revision than the one kept: nothing changes). Returns after the COMMIT."""
+        (an older revision than the one kept: nothing changes). The highest reminder number and
+        escalation level seen, and whom escalations added, are kept in their columns across
+        every later dispatch. Returns after the COMMIT."""
         return await self._run(self._tx, lambda c: _receive(c, incoming, raw, received_at))
 
     async def close_item(self, approval_id: str, outcome: str) -> bool:
@@ -287,14 +294,18 @@ def _next_seq(conn: sqlite3.Connection) -> int:
     return int(conn.execute("SELECT COALESCE(MAX(updated_seq), 0) + 1 FROM items").fetchone()[0])
 
 
-def _receive(conn: sqlite3.Connection, new: Incoming, raw: str, at: int) -> str:
+def _receive(conn: sqlite3.Connection, new: Incoming, raw: str, at: int) -> tuple[str, list[News]]:
     old = conn.execute(
-        "SELECT revision, nonce, dispatch, state FROM items WHERE approval_id = ?",
+        "SELECT revision, nonce, dispatch, state, reminder, escalation, escalated_to FROM items"
+        " WHERE approval_id = ?",
         (new.approval_id,),
     ).fetchone()
     if old is None:
+        kept, news = first_seen(json.loads(raw))
         conn.execute(
-            "INSERT INTO items VALUES (?, ?, ?, ?, ?, ?, NULL, 'pending', NULL, ?, ?, ?)",
+            "INSERT INTO items (approval_id, kind, revision, nonce, payload_hash, dispatch,"
+            " state, expires_at, received_at, updated_seq, reminder, escalation)"
+            " VALUES (?, ?, ?, ?, ?, ?, 'pending', ?, ?, ?, ?, ?)",
             (
                 new.approval_id,
                 new.kind,
@@ -305,22 +316,27 @@ def _receive(conn: sqlite3.Connection, new: Incoming, raw: str, at: int) -> str:
                 new.expires_at,
                 at,
                 _next_seq(conn),
+                kept.reminder,
+                kept.escalation,
             ),
         )
-        return "new"
+        return "new", news
     if new.revision < old["revision"]:
-        return "stale"
+        return "stale", []
+    before = json.loads(old["dispatch"])
+    kept, news = advance(kept_of(dict(old), before), before, json.loads(raw))
+    followups = (kept.reminder, kept.escalation, json.dumps(list(kept.escalated_to)))
     if new.nonce == old["nonce"]:
         if raw == old["dispatch"]:
-            return "same"
-        if not same_request(json.loads(old["dispatch"]), json.loads(raw)):
-            return "conflict"
+            return "same", []
+        if not same_request(before, json.loads(raw)):
+            return "conflict", []
         conn.execute(
-            "UPDATE items SET dispatch = ?, expires_at = ? WHERE approval_id = ?",
-            (raw, new.expires_at, new.approval_id),
+            "UPDATE items SET dispatch = ?, expires_at = ?, reminder = ?, escalation = ?,"
+            " escalated_to = ? WHERE approval_id = ?",
+            (raw, new.expires_at, *followups, new.approval_id),
         )
-        return "updated"
-    before = json.loads(old["dispatch"])
+        return "updated", news
     previous = (
         (before.get("question") or {}).get("text")
         if new.kind == "question"
@@ -329,7 +345,8 @@ def _receive(conn: sqlite3.Connection, new: Incoming, raw: str, at: int) -> str:
     state = old["state"] if old["state"] in CLOSED else "pending"
     conn.execute(
         "UPDATE items SET revision = ?, nonce = ?, payload_hash = ?, dispatch = ?,"
-        " previous_body = ?, state = ?, expires_at = ?, updated_seq = ? WHERE approval_id = ?",
+        " previous_body = ?, state = ?, expires_at = ?, updated_seq = ?, reminder = ?,"
+        " escalation = ?, escalated_to = ? WHERE approval_id = ?",
         (
             new.revision,
             new.nonce,
@@ -339,10 +356,11 @@ def _receive(conn: sqlite3.Connection, new: Incoming, raw: str, at: int) -> str:
             state,
             new.expires_at,
             _next_seq(conn),
+            *followups,
             new.approval_id,
         ),
     )
-    return "revision"
+    return "revision", []
 
 
 def _close(conn: sqlite3.Connection, approval_id: str, outcome: str) -> bool:

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from gate.inbox.followups import kept_of
 from gate.inbox.model import Item
 from gate.protocol.canonical import payload_hash
 from gate.protocol.relay_inbound import question_request_hash
@@ -189,4 +190,5 @@ def item_from(row: dict[str, Any], dispatch: dict[str, Any], now_ms: int) -> Ite
         ),
         approver_signature=str(dispatch.get("approver_signature", "off")),
         delegates=tuple((str(d.get("identity")), str(d.get("on_behalf_of"))) for d in delegates),
+        followups=kept_of(row, dispatch),
     )

@@ -1,12 +1,14 @@
-"""Mail to approvers when a new item arrives (optional, off without ``mail``).
+"""Mail to approvers when a new item arrives, an escalation adds them or a reminder awaits
+them (optional, off without ``mail``; ``mail.on`` says which of the three).
 
-On the FIRST dispatch of an approval or question (not a re-send, a reminder or a new
-revision: ``InboxDb.receive`` said ``new``) one mail per approver is queued: subject
-"Waiting for you: <pipeline> · <step>", body the item's link and the time left — never the
-draft, a question's text or a reason (mail leaves the host; the link only opens the item,
-after sign-in). A worker sends the queue with aiosmtplib; a failure is logged
-``event=mail_failed`` (no body, no password) and retried 3 times. Mail is best effort: a
-full queue or a restart may lose an unsent mail, never an item.
+On the FIRST dispatch of an approval or question (not a re-send or a new revision:
+``InboxDb.receive`` said ``new``) one mail per approver is queued: subject "Waiting for you:
+<pipeline> · <step>"; on an escalation one per approver it ADDED ("Escalated to you: …");
+on a reminder one per approver it awaits ("Reminder 2: …"). The body is the item's link and
+the time left — never the draft, a question's text or a reason (mail leaves the host; the
+link only opens the item, after sign-in). A worker sends the queue with aiosmtplib; a
+failure is logged ``event=mail_failed`` (no body, no password) and retried 3 times. Mail is
+best effort: a full queue or a restart may lose an unsent mail, never an item.
 """
 
 from __future__ import annotations
@@ -23,11 +25,17 @@ from typing import Any
 import aiosmtplib
 
 from gate.inbox.config import MAIL_ADDRESS, MailSection
+from gate.inbox.followups import ESCALATION, NEW, REMINDER, News
 from gate.inbox.words import time_left
 
 log = logging.getLogger(__name__)
 
 RETRIES = 3
+SAID = {  # news kind -> (subject's start, the body's first sentence)
+    NEW: ("Waiting for you", "Something is waiting for your decision."),
+    ESCALATION: ("Escalated to you", "An escalation added you to the approvers of this item."),
+    REMINDER: ("Reminder {n}", "A reminder: this is still waiting for your decision."),
+}
 RETRY_DELAYS_S = (2.0, 10.0, 30.0)
 QUEUE_SIZE = 1000
 SEND_TIMEOUT_S = 30.0
@@ -66,27 +74,31 @@ def mails_for(
     dispatch: Mapping[str, Any],
     expires_at_ms: int,
     now_ms: int,
+    news: News | None = None,
 ) -> list[Mail]:
-    """The mails announcing a new item ``approval_id`` (a question's ``question_id``) whose
-    ``dispatch`` names its ``pipeline``, ``step`` and ``approvers``: one per approver with
-    an address (each address once), linking ``<base_url>/items/<approval_id>``. Reads
-    nothing else of the dispatch: no draft, question text or reason goes into a mail."""
+    """The mails telling ``news`` (default: a new item, to every approver ``dispatch``
+    names) of item ``approval_id`` (a question's ``question_id``) whose ``dispatch`` names
+    its ``pipeline`` and ``step``: one per identity of the news with an address (each address
+    once), linking ``<base_url>/items/<approval_id>``. Reads nothing else of the dispatch: no
+    draft, question text or reason goes into a mail."""
+    if news is None:
+        approvers = dispatch.get("approvers")
+        named = [a for a in approvers if isinstance(a, str)] if isinstance(approvers, list) else []
+        news = News(NEW, 0, tuple(named))
+    start, sentence = SAID[news.kind]
     subject = (
-        f"Waiting for you: {_header_text(dispatch.get('pipeline', ''))}"
+        f"{start.format(n=news.n)}: {_header_text(dispatch.get('pipeline', ''))}"
         f" \u00b7 {_header_text(dispatch.get('step', ''))}"
     )
     link = f"{base_url.rstrip('/')}/items/{approval_id}"
     body = (
-        "Something is waiting for your decision.\n\n"
+        f"{sentence}\n\n"
         f"Open it (you sign in with your passkey): {link}\n"
         f"Time left: {time_left(expires_at_ms, now_ms)}\n"
     )
-    approvers = dispatch.get("approvers")
     mails: list[Mail] = []
     seen: set[str] = set()
-    for identity in approvers if isinstance(approvers, list) else []:
-        if not isinstance(identity, str):
-            continue
+    for identity in news.identities:
         to = address_of(section, identity)
         if to is None:
             log.info("event=mail_no_address approval_id=%s identity=%s", approval_id, identity)
@@ -108,7 +120,7 @@ def message_of(mail: Mail, sender: str) -> EmailMessage:
 
 
 class Mailer:
-    """The mail queue and its worker: ``item_arrived`` queues (never blocks, never raises),
+    """The mail queue and its worker: ``tell`` queues (never blocks, never raises),
     ``run(stop)`` sends until ``stop`` is set. ``login`` is ``(username, password)`` or
     None; ``now_ms`` the clock; ``retry_delays_s`` the waits before each retry."""
 
@@ -127,11 +139,17 @@ class Mailer:
         self.retry_delays_s = retry_delays_s
         self.queue: asyncio.Queue[Mail] = asyncio.Queue(QUEUE_SIZE)
 
-    def item_arrived(self, approval_id: str, dispatch: Mapping[str, Any], expires_at: int) -> None:
-        """Queue the mails of a NEW item (see ``mails_for``); a full queue drops the mail
-        with ``event=mail_dropped`` (the item itself is kept: mail is best effort)."""
+    def tell(
+        self, approval_id: str, dispatch: Mapping[str, Any], expires_at: int, news: News
+    ) -> None:
+        """Queue the mails of ``news`` when ``mail.on`` lists its kind (see ``mails_for``);
+        a full queue drops the mail with ``event=mail_dropped`` (the item itself is kept:
+        mail is best effort)."""
+        if news.kind not in self.section.on:
+            return
+        now = self.now_ms()
         for mail in mails_for(
-            self.section, self.base_url, approval_id, dispatch, expires_at, self.now_ms()
+            self.section, self.base_url, approval_id, dispatch, expires_at, now, news
         ):
             try:
                 self.queue.put_nowait(mail)

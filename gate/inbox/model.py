@@ -7,6 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from gate.inbox.followups import FollowUps
+
 ITEM_STATES = ("pending", "resolved", "cancelled", "expired", "withheld")
 
 
@@ -19,7 +21,8 @@ class Item:
     listing. ``kind`` is ``approval`` or ``question``; ``previous_body`` the draft of the
     revision before an adjust (None before any); ``state`` one of ``ITEM_STATES`` and
     ``outcome`` the notice's outcome once closed; ``updated_seq`` the inbox-wide change
-    counter at its last change (live updates)."""
+    counter at its last change (live updates); ``followups`` the highest reminder and
+    escalation any of its dispatches carried, and whom the escalations added."""
 
     approval_id: str
     kind: str
@@ -45,6 +48,7 @@ class Item:
     skip_reason_required: bool = False
     approver_signature: str = "off"
     delegates: tuple[tuple[str, str], ...] = ()  # (delegate identity, on behalf of)
+    followups: FollowUps = FollowUps()  # reminders and escalations it has had
 
 
 @dataclass(frozen=True, slots=True)

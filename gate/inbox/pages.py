@@ -25,6 +25,7 @@ from markupsafe import Markup
 
 from gate.inbox import headers
 from gate.inbox.decided import final_text, my_part, sent_words, standing
+from gate.inbox.followups import followup_words
 from gate.inbox.listing import decided_facts, requested_by, row_facts
 from gate.inbox.model import DecisionRecord, Item, Session
 from gate.inbox.progress import collected
@@ -121,10 +122,13 @@ class Row:
     bulkable: bool = False
     whole: Markup = Markup("")
     standing: str | None = None  # the approver's own decision counts: "You approved; …"
+    followups: tuple[str, ...] = ()  # "Reminder 3", "Escalated to you" (followup_words)
 
 
-def _facts(item: Item, now_ms: int, approved_by: Sequence[str] = ()) -> dict[str, Any]:
+def _facts(item: Item, now_ms: int, viewer: str, approved_by: Sequence[str] = ()) -> dict[str, Any]:
+    pending = item.state == "pending"
     return {
+        "followups": followup_words(item.followups, viewer) if pending else (),
         "item": item,
         "quorum": quorum(collected(item, approved_by), item.quorum_required),
         "approved_by": list(approved_by),
@@ -175,7 +179,7 @@ def waiting_page(
     seen, parts = approved_by or {}, mine or {}
     rows, others = [], []
     for i in pending:
-        facts = _facts(i, now_ms, seen.get(i.approval_id, ()))
+        facts = _facts(i, now_ms, session.identity, seen.get(i.approval_id, ()))
         part = parts.get(i.approval_id)
         if part is None:
             rows.append(Row(url=item_url(i.approval_id), **facts, **row_facts(i)))
@@ -224,7 +228,7 @@ def item_page(
     count = collected(item, approved_by)
     final = final_text(item, recorded)
     context = {
-        **_facts(item, now_ms, approved_by),
+        **_facts(item, now_ms, session.identity, approved_by),
         "mine": None if part is None else standing(part, item, count)[1],
         "final": None if final is None else draft_view(final, item.content_type),
         "final_diff": None if final is None else diff_html(item.body, final),
@@ -300,7 +304,7 @@ def question_page(
     marked = sum(str(part).count(MARK_OPEN) for part in (text, reason or ""))
     marked += sum(_marked_line(o).count(MARK_OPEN) for o in options)
     context = {
-        **_facts(item, now_ms),
+        **_facts(item, now_ms, session.identity),
         "text": text,
         "reason": reason,
         "response_type": question.get("response_type"),

@@ -15,6 +15,7 @@ from aiohttp import web
 from gate.errors import GateError
 from gate.inbox.body import read_whole
 from gate.inbox.db import InboxDb
+from gate.inbox.followups import News
 from gate.inbox.items import DispatchRefused, read_dispatch
 from gate.protocol import SIGNATURE_HEADER
 from gate.protocol.relay_inbound import (
@@ -34,8 +35,9 @@ CONFLICT = "dispatch_conflict"  # a re-send (same nonce) asking another thing (r
 class RelayEndpoint:
     """Holds the gate's relay ``secrets`` (current first), the signature window
     ``max_skew`` (seconds), the database and the clock (``now_s``: unix seconds);
-    ``on_new(approval_id, dispatch, expires_at_ms)`` is called once per NEW item, after its
-    row committed (mail; it must not block or raise)."""
+    ``tell(approval_id, dispatch, expires_at_ms, news)`` is called, after the row committed,
+    once per ``News`` of a kept dispatch: a NEW item, approvers an escalation added, a new
+    reminder (mail; it must not block or raise)."""
 
     def __init__(
         self,
@@ -43,9 +45,9 @@ class RelayEndpoint:
         secrets: Sequence[str],
         max_skew: float,
         now_s: Callable[[], float] = time.time,
-        on_new: Callable[[str, dict[str, Any], int], None] | None = None,
+        tell: Callable[[str, dict[str, Any], int, News], None] | None = None,
     ) -> None:
-        self.on_new = on_new
+        self.tell = tell
         self.db = db
         self.secrets = tuple(secrets)
         self.max_skew = max_skew
@@ -82,7 +84,7 @@ class RelayEndpoint:
             return web.json_response(exc.body(), status=400)
         text = raw.decode("utf-8-sig")  # decode_json took it: UTF-8 (a BOM is no content)
         now_ms = int(self.now_s() * 1000)
-        what = await self.db.receive(incoming, text, now_ms)
+        what, news = await self.db.receive(incoming, text, now_ms)
         if what == "conflict":
             log.warning(
                 "event=dispatch_conflict approval_id=%s revision=%d payload_hash=%s",
@@ -100,8 +102,9 @@ class RelayEndpoint:
             what,
             incoming.payload_hash,
         )
-        if what == "new" and self.on_new is not None:
-            self.on_new(incoming.approval_id, envelope, incoming.expires_at)
+        if self.tell is not None:
+            for told in news:
+                self.tell(incoming.approval_id, envelope, incoming.expires_at, told)
         return web.json_response(OK, status=200)
 
     async def _notice(self, notice: dict[str, Any]) -> web.Response:

@@ -57,7 +57,12 @@ ALTER TABLE decisions ADD COLUMN reason TEXT
 SENT = """
 ALTER TABLE decisions ADD COLUMN sent TEXT
 """  # what the approver sent besides the verb: an adjust's text, an answer's value as JSON
-MIGRATIONS = (SCHEMA, BATCHES, REASONS, SENT)  # user_version N means MIGRATIONS[:N] ran
+FOLLOWUPS = """
+ALTER TABLE items ADD COLUMN reminder INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE items ADD COLUMN escalation INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE items ADD COLUMN escalated_to TEXT NOT NULL DEFAULT '[]'
+"""  # the highest reminder / escalation level seen, and whom escalations added (JSON list)
+MIGRATIONS = (SCHEMA, BATCHES, REASONS, SENT, FOLLOWUPS)  # user_version N means MIGRATIONS[:N] ran
 
 
 def open_file(path: Path) -> sqlite3.Connection:

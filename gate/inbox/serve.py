@@ -70,7 +70,7 @@ async def serve_inbox(config: InboxConfig, secrets: InboxSecrets) -> None:
         db,
         secrets.relay_secrets,
         config.gate.max_skew,
-        on_new=None if mailer is None else mailer.item_arrived,
+        tell=None if mailer is None else mailer.tell,
     )
     cache = credentials_cache(config, secrets)
     state = InboxState(db, config, secrets, relying_party(config), cache)

@@ -47,6 +47,7 @@ from gate.tools.doctor_questions import (
     check_question_dispatch,
     separate_question_url,
 )
+from gate.tools.doctor_signers import signers_findings
 from gate.trust.keys import ReceiptKeys, load_receipt_keys
 
 # A system clock before this release's date is certainly wrong (e.g. a board without a
@@ -536,10 +537,11 @@ def check_dispatch(path: Path, now_ms: int | None = None) -> Check:
     )
 
 
-def _passkeys(config: Config, path: Path) -> list[Check]:
+def _passkeys(config: Config, path: Path, now_ms: int) -> list[Check]:
     level, detail = passkeys_summary(config, path)
     line = Check("passkeys", level != "FAIL", detail, "" if level == "FAIL" else level)
-    return [line, *(_warn("passkeys", found) for found in passkeys_findings(config, path))]
+    found = [*passkeys_findings(config, path), *signers_findings(config, path, now_ms)]
+    return [line, *(_warn("passkeys", finding) for finding in found)]
 
 
 async def run_checks(
@@ -602,6 +604,6 @@ async def run_checks(
         check_relay(config.relay.url, probe),
         await asyncio.to_thread(check_dispatch, path, now_ms),
         *asked,
-        *_passkeys(config, path),
+        *_passkeys(config, path, now_ms),
         check_clock(now(), probe, config.relay.security.max_skew),
     ]

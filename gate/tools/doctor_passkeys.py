@@ -4,9 +4,11 @@ can be resolved while a step asks for approvers' signatures."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 from gate.config import Config
+from gate.config.model import Operator
 from gate.config.webauthn import resolve_webauthn, unavailable_reason
 from gate.errors import GateError
 from gate.store.invites import count_passkeys, credential_facts
@@ -20,6 +22,12 @@ def signing_steps(config: Config) -> list[str]:
         for step in pipe.steps
         if getattr(step, "approver_signature", "off") != "off"
     ]
+
+
+def operators_named(operators: Sequence[Operator], limit: int = 10) -> str:
+    """``101 (alice@…), 102 (bob@…) and 3 more``: the first ``limit`` by id and identity."""
+    names = ", ".join(f"{op.id} ({op.identity})" for op in operators[:limit])
+    return names + (f" and {len(operators) - limit} more" if len(operators) > limit else "")
 
 
 def passkeys_summary(config: Config, path: Path) -> tuple[str, str]:
@@ -78,10 +86,8 @@ def passkeys_findings(config: Config, path: Path) -> list[str]:
                 continue
             missing = [op for op in config.scope(step) if op.id not in holders]
             if missing:
-                names = ", ".join(f"{op.id} ({op.identity})" for op in missing[:10])
-                more = f" and {len(missing) - 10} more" if len(missing) > 10 else ""
                 out.append(
-                    f"pipelines[{i}].steps[{j}]: operators {names}{more} have no approver "
-                    "credential: they cannot approve"
+                    f"pipelines[{i}].steps[{j}]: operators {operators_named(missing)} have no"
+                    " approver credential: they cannot approve"
                 )
     return out
