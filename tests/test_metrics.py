@@ -58,6 +58,11 @@ def scrape(gate: GateProcess) -> tuple[dict[str, Any], Samples]:
     status, headers, raw = scrape_raw(gate)
     assert status == 200, raw
     assert headers["content-type"].startswith("text/plain; version=0.0.4"), headers
+    return parse_scrape(raw)
+
+
+def parse_scrape(raw: bytes) -> tuple[dict[str, Any], Samples]:
+    """A Prometheus text scrape as ``(families by name, {(sample name, sorted labels): value})``."""
     families = {f.name: f for f in text_string_to_metric_families(raw.decode("utf-8"))}
     samples = {
         (s.name, tuple(sorted(s.labels.items()))): s.value
