@@ -98,7 +98,8 @@ def schemas(draw: st.DrawFn) -> dict[str, Any]:
 
 
 class Form(HTMLParser):
-    """The question page's controls by name, and the text of each element by id."""
+    """The question page's controls by name, and the text of each element by id (a label's
+    as ``label:<the id it is for>``)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -111,9 +112,10 @@ class Form(HTMLParser):
         if tag in ("input", "select", "textarea") and found.get("name"):
             self.controls.setdefault(str(found["name"]), []).append(found)
         if tag not in ("input", "br", "img", "meta", "link"):
-            self._open.append(found.get("id"))
-            if found.get("id"):
-                self.by_id[str(found["id"])] = ""
+            ident = found.get("id") or (f"label:{found['for']}" if found.get("for") else None)
+            self._open.append(ident)
+            if ident:
+                self.by_id[ident] = ""
 
     def handle_endtag(self, tag: str) -> None:
         if tag not in ("input", "br", "img", "meta", "link") and self._open:
@@ -143,8 +145,8 @@ def page_of(app: web.Application, schema: dict[str, Any]) -> str:
 
 
 def expected_words(prop: dict[str, Any], required: bool) -> list[str]:
-    """What the limits next to a field must say: required, the bounds, the format."""
-    said = ["required"] if required and prop["type"] not in ("boolean", "array") else []
+    """What the limits next to a field must say: the bounds, the format, a choice."""
+    said = ["Choose one"] if required and "enum" in prop else []
     pairs = {
         "string": ("minLength", "maxLength"),
         "number": ("minimum", "maximum"),
@@ -167,6 +169,8 @@ def test_inbox_question_form_renders_every_schema_the_gate_accepts(
     assert "This form cannot be shown" not in "".join(form.by_id.values())
     for name, prop in schema["properties"].items():
         assert name in form.controls, (name, sorted(form.controls))
+        if name in schema["required"] and prop["type"] not in ("boolean", "array"):
+            assert "(required)" in form.by_id[f"label:f-{name}"], name  # an empty one is refused
         words = expected_words(prop, name in schema["required"])
         if not words:
             continue
@@ -196,9 +200,9 @@ def test_inbox_question_form_says_the_limits_in_words(templates: web.Application
     form.feed(page_of(templates, schema))
     said = {name: " ".join(form.by_id[f"f-{name}-l"].split()) for name in schema["properties"]}
     assert said == {
-        "note": "Required. 2 to 500 characters.",
+        "note": "2 to 500 characters.",
         "mail": "An e-mail address, such as name@example.com.",
-        "count": "Required. A whole number from 1 to 9.",
+        "count": "A whole number from 1 to 9.",
         "amount": "A number of at least 0.",
         "tags": "Choose at least 1.",
     }

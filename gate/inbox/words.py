@@ -263,10 +263,11 @@ def _span(low: Any, high: Any, unit: str = "") -> str:
 
 def limits_words(prop: Mapping[str, Any], required: bool) -> str | None:
     """What an answer to a parsed form property must be, in sentences, before any answer
-    was refused: ``Required. 2 to 500 characters.``, ``A whole number from 1 to 9.``, ``An
-    e-mail address, such as name@example.com.``, ``Choose at least 1.``; None when nothing
-    limits it (an optional text, a checkbox)."""
-    said = ["Required."] if required else []
+    was refused: ``2 to 500 characters.``, ``A whole number from 1 to 9.``, ``An e-mail
+    address, such as name@example.com.``, ``Choose at least 1.``, ``Choose one.`` (a
+    ``required`` list); None when nothing limits it (an optional text, a checkbox). That a
+    field is required its label says."""
+    said: list[str] = []
     kind = prop.get("type")
     if "enum" in prop:
         said += ["Choose one."] if required else []
@@ -315,11 +316,7 @@ def form_fields(schema: Any) -> list[Field]:
             "label": label,
             "description": prop.get("description"),
             "required": name in required,
-            # an unticked box (false) and no box ticked ([]) are answers: only required
-            # fields that can be left empty say "Required"
-            "limits": limits_words(
-                prop, name in required and prop.get("type") not in ("boolean", "array")
-            ),
+            "limits": limits_words(prop, name in required),
         }
         kind = prop.get("type")
         if "enum" in prop:
