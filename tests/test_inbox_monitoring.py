@@ -13,7 +13,7 @@ import pytest
 
 from tests.inbox_harness import InboxWorld, start_world
 from tests.support import API_TOKEN, http_request, wait_until
-from tests.test_metrics import Samples, parse_scrape, value
+from tests.test_metrics import INBOX_ALERTS, Samples, _rules, _series_names, parse_scrape, value
 
 pytestmark = pytest.mark.e2e
 
@@ -100,6 +100,11 @@ def test_inbox_metrics_need_the_token_and_count_signins_and_decisions(
     )
     text = scrape(world)[1].decode()
     assert "Pay 12 EUR" not in text and "alice" not in text and approval_id not in text
+    exposed = {name for name, _ in after}
+    for rule in _rules(INBOX_ALERTS):  # the shipped alerts use only series the inbox exposes
+        names = _series_names(rule["expr"]) - {"up"}
+        assert names <= exposed, (rule["alert"], names - exposed)
+        assert rule["labels"]["severity"] in ("critical", "warning"), rule
 
 
 def test_inbox_metrics_without_a_token_configured_answer_404_in_words(tmp_path: Path) -> None:
