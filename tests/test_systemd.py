@@ -579,9 +579,15 @@ def _unit_copy(tmp_path: Path, unit: Path = UNIT) -> Path:
     return copy
 
 
+def _assert_declares(unit: Path, *wanted: str) -> None:
+    lines = set(unit.read_text(encoding="utf-8").splitlines())
+    missing = [line for line in wanted if line not in lines]
+    assert not missing, (unit.name, missing)
+
+
 def test_unit_declares_notify_credentials_and_directories() -> None:
-    lines = set(UNIT.read_text(encoding="utf-8").splitlines())
-    for line in (
+    _assert_declares(
+        UNIT,
         "Type=notify",
         "NotifyAccess=main",
         "WatchdogSec=30s",
@@ -595,8 +601,7 @@ def test_unit_declares_notify_credentials_and_directories() -> None:
         "NoNewPrivileges=yes",
         "ProtectSystem=strict",
         "CapabilityBoundingSet=",
-    ):
-        assert line in lines, line
+    )
 
 
 def _hardening(unit: Path) -> set[str]:
@@ -608,14 +613,13 @@ def _hardening(unit: Path) -> set[str]:
 
 def test_inbox_unit_makes_the_gate_unit_s_hardening_choices() -> None:
     assert _hardening(INBOX_UNIT) == _hardening(UNIT)
-    lines = set(INBOX_UNIT.read_text(encoding="utf-8").splitlines())
-    for line in (
+    _assert_declares(
+        INBOX_UNIT,
         "ExecStart=/usr/local/bin/hitl-gate inbox serve -c /etc/hitl-gate-inbox/inbox.yaml",
         "DynamicUser=yes",
         "StateDirectory=hitl-gate-inbox",
         "LoadCredential=HITL_RELAY_SECRET:/etc/hitl-gate-inbox/credentials/HITL_RELAY_SECRET",
-    ):
-        assert line in lines, line
+    )
 
 
 @pytest.mark.e2e

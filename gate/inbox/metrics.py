@@ -25,38 +25,37 @@ class InboxMetrics:
             "Approvals and questions pending at the inbox (read at each scrape).",
             registry=r,
         )
-        self.decisions = Counter(
-            "hitl_inbox_decisions",
+        self.decisions = self._counter(
+            "decisions",
             "Decisions and answers posted through the inbox that the gate took (2xx), by verb.",
-            ["verb"],
-            registry=r,
+            "verb",
+            VERBS,
         )
-        self.signins = Counter(
-            "hitl_inbox_signins",
+        self.signins = self._counter(
+            "signins",
             "Passkey sign-ins: ok, or failed (refused, rate limited).",
-            ["result"],
-            registry=r,
+            "result",
+            SIGNIN_RESULTS,
         )
-        self.gate_errors = Counter(
-            "hitl_inbox_gate_errors",
+        self.gate_errors = self._counter(
+            "gate_errors",
             "Calls to the gate that failed: no answer, a 5xx, or (credentials) a wrong answer.",
-            ["call"],
-            registry=r,
+            "call",
+            CALLS,
         )
-        self.mails = Counter(
-            "hitl_inbox_mails",
+        self.mails = self._counter(
+            "mails",
             "Notification mails: sent, or failed (given up after the retries).",
-            ["result"],
-            registry=r,
+            "result",
+            MAIL_RESULTS,
         )
-        for verb in VERBS:
-            self.decisions.labels(verb)
-        for call in CALLS:
-            self.gate_errors.labels(call)
-        for result in SIGNIN_RESULTS:
-            self.signins.labels(result)
-        for result in MAIL_RESULTS:
-            self.mails.labels(result)
+
+    def _counter(self, name: str, doc: str, label: str, values: tuple[str, ...]) -> Counter:
+        """``hitl_inbox_<name>_total{<label>}`` with a series at 0 for each of ``values``."""
+        counter = Counter(f"hitl_inbox_{name}", doc, [label], registry=self.registry)
+        for value in values:
+            counter.labels(value)
+        return counter
 
     def gate_answered(self, verb: str, status: int) -> None:
         """Count the gate's answer to a decision or answer: a 2xx by ``verb``, a 5xx as a
