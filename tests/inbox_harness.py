@@ -131,6 +131,7 @@ class InboxWorld:
     steps: list[dict[str, Any]] = field(default_factory=lambda: list(STEPS))
     origins: list[str] | None = None  # the gate's webauthn.origins (default: both)
     delegations: list[dict[str, Any]] | None = None  # the gate's delegations section
+    inbox_config: dict[str, Any] = field(default_factory=dict)  # more keys of the inbox's YAML
     gate: GateProcess | None = None
     inbox: InboxProcess | None = None
     passkeys: dict[int, SoftAuthenticator] = field(default_factory=dict)
@@ -180,7 +181,10 @@ class InboxWorld:
     def start_inbox(self, **extra: Any) -> InboxProcess:
         """Start (or restart) the inbox on its fixed port with its database kept."""
         self.inbox = InboxProcess(
-            self.folder / "inbox", self.inbox_port, f"http://127.0.0.1:{self.gate_port}/", **extra
+            self.folder / "inbox",
+            self.inbox_port,
+            f"http://127.0.0.1:{self.gate_port}/",
+            **{**self.inbox_config, **extra},
         ).start()
         return self.inbox
 

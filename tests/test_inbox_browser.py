@@ -44,6 +44,32 @@ FOCUSED = """() => { const el = document.activeElement;
   return el ? (el.tagName + ':' + (el.textContent || '').trim().slice(0, 40)) : ''; }"""
 
 
+LIMITS = {
+    "amount": "A number from 0 to 100.",
+    "count": "A whole number from 1 to 9.",
+    "email": "At most 200 characters. An e-mail address, such as name@example.com.",
+    "note": "2 to 500 characters.",
+    "tags": "Choose at most 2.",
+}
+
+
+def _limits_beside_each_field(page: Any, width: int) -> None:
+    """Before anything was sent, each limited field of the question's form says its limits
+    in words, visible, between its label and its control, within the page's width."""
+    for name, words in LIMITS.items():
+        limits = page.locator(f"#f-{name}-l")
+        assert limits.is_visible(), name
+        assert " ".join(limits.inner_text().split()) == words, name
+        box = limits.bounding_box()
+        assert box is not None and box["x"] >= 0 and box["x"] + box["width"] <= width, name
+        control = page.locator(f"[name={name}]").first.bounding_box()
+        assert control is not None and box["y"] + box["height"] <= control["y"] + 1, name
+        assert control["y"] - (box["y"] + box["height"]) < 40, name  # beside it, not far off
+        described = page.locator(f"[name={name}]").first.get_attribute("aria-describedby")
+        if name != "tags":  # the group's fieldset carries it
+            assert f"f-{name}-l" in (described or "").split(), name
+
+
 @pytest.fixture
 def artifacts(tmp_path: Path) -> Path:
     base = Path(os.environ.get("HITL_ARTIFACTS") or tmp_path / "artifacts")
@@ -115,6 +141,8 @@ def test_inbox_browser_pages_are_inert_readable_and_labelled(
         )
         assert overflow[0] <= overflow[1], (name, width, overflow)
         assert page.evaluate(LABELLED) == [], (name, width)
+        if name == "question":
+            _limits_beside_each_field(page, width)
         full = name != "item"  # the 200 KiB draft is taller than a screenshot can be
         page.screenshot(path=str(artifacts / f"{name}-{width}.png"), full_page=full)
     page.context.close()

@@ -93,6 +93,25 @@ def test_inbox_check_config_secrets_only_from_the_environment(tmp_path: Path) ->
     assert code == 2 and "gate.secret_env: " in err and SECRET not in err
 
 
+def test_inbox_check_config_reads_the_metrics_token_as_a_secret(tmp_path: Path) -> None:
+    data = dict(GOOD, metrics_token_env="HITL_INBOX_METRICS_TOKEN")
+
+    short = check(tmp_path, data, {"HITL_INBOX_METRICS_TOKEN": "tiny"})
+    unset = check(tmp_path, data)
+    token = "metrics-token-0123456789abcdef"
+    config, secrets, errors = load_inbox(
+        tmp_path / "inbox.yaml", {"HITL_RELAY_SECRET": SECRET, "HITL_INBOX_METRICS_TOKEN": token}
+    )
+
+    assert short[0] == 2
+    assert "metrics_token_env: HITL_INBOX_METRICS_TOKEN is shorter than 16 bytes" in short[2]
+    assert "tiny" not in short[2]
+    assert unset[0] == 2 and "metrics_token_env: " in unset[2]
+    assert errors == [] and secrets is not None and config is not None
+    assert (secrets.relay_secrets, secrets.metrics_token) == ((SECRET,), token)
+    assert token not in repr(secrets)
+
+
 @pytest.mark.parametrize(
     ("webauthn", "public_url", "said"),
     [

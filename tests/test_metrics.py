@@ -58,6 +58,11 @@ def scrape(gate: GateProcess) -> tuple[dict[str, Any], Samples]:
     status, headers, raw = scrape_raw(gate)
     assert status == 200, raw
     assert headers["content-type"].startswith("text/plain; version=0.0.4"), headers
+    return parse_scrape(raw)
+
+
+def parse_scrape(raw: bytes) -> tuple[dict[str, Any], Samples]:
+    """A Prometheus text scrape as ``(families by name, {(sample name, sorted labels): value})``."""
     families = {f.name: f for f in text_string_to_metric_families(raw.decode("utf-8"))}
     samples = {
         (s.name, tuple(sorted(s.labels.items()))): s.value
@@ -321,6 +326,8 @@ async def test_dispatch_failures_are_classified() -> None:
 
 ALERTS = ROOT / "deploy" / "prometheus" / "hitl-gate-alerts.yml"
 ALERT_TESTS = ROOT / "deploy" / "prometheus" / "hitl-gate-alerts.test.yml"
+INBOX_ALERTS = ROOT / "deploy" / "prometheus" / "hitl-gate-inbox-alerts.yml"
+INBOX_ALERT_TESTS = ROOT / "deploy" / "prometheus" / "hitl-gate-inbox-alerts.test.yml"
 OPERATING = ROOT / "docs" / "operating.md"
 # PromQL words of the rules that are not series names
 PROMQL_WORDS = {"sum", "rate", "increase", "by", "and", "or", "unless", "max", "min", "avg"}
@@ -356,8 +363,8 @@ def test_b02_11_writer_gauge_shows_a_stalled_writer(gate: GateProcess, relay: Ca
     )
 
 
-def _rules() -> list[dict[str, Any]]:
-    groups = yaml.safe_load(ALERTS.read_text(encoding="utf-8"))["groups"]
+def _rules(path: Path = ALERTS) -> list[dict[str, Any]]:
+    groups = yaml.safe_load(path.read_text(encoding="utf-8"))["groups"]
     return [rule for group in groups for rule in group["rules"]]
 
 
@@ -417,9 +424,10 @@ def test_b02_11_alert_rules_use_only_metrics_the_running_gate_exposes(
 
 @pytest.mark.e2e
 def test_b02_11_alert_rules_and_scrape_config_pass_promtool(tmp_path: Path) -> None:
-    """``promtool check rules`` and the rules' unit tests (each alert quiet, then firing), and
-    the scrape config of docs/operating.md (syntax: its files live on the Prometheus host).
-    Skipped without promtool only outside CI (``.ci/run`` installs it: Debian ``prometheus``)."""
+    """``promtool check rules`` and the rules' unit tests (each alert quiet, then firing), the
+    gate's and the inbox's, and the scrape config of docs/operating.md (syntax: its files
+    live on the Prometheus host). Skipped without promtool only outside CI (``.ci/run``
+    installs it: Debian ``prometheus``)."""
     promtool = shutil.which("promtool")
     if promtool is None:
         if os.environ.get("HITL_CI") or os.environ.get("CI"):
@@ -430,6 +438,8 @@ def test_b02_11_alert_rules_and_scrape_config_pass_promtool(tmp_path: Path) -> N
     for args in (
         ["check", "rules", str(ALERTS)],
         ["test", "rules", str(ALERT_TESTS)],
+        ["check", "rules", str(INBOX_ALERTS)],
+        ["test", "rules", str(INBOX_ALERT_TESTS)],
         ["check", "config", "--syntax-only", str(config)],
     ):
         result = subprocess.run(

@@ -49,6 +49,8 @@ from tests.support import (
 )
 
 UNIT = ROOT / "systemd" / "hitl-gate.service"
+INBOX_UNIT = ROOT / "systemd" / "hitl-gate-inbox.service"
+UNITS = (UNIT, INBOX_UNIT)
 NEW_TOKEN = "rotated-api-token-5d21c8e0a3f94b67"
 
 
@@ -564,22 +566,28 @@ def _analyze() -> str:
     return tool
 
 
-def _unit_copy(tmp_path: Path) -> Path:
+def _unit_copy(tmp_path: Path, unit: Path = UNIT) -> Path:
     """The unit with ExecStart pointing at this venv's hitl-gate (which exists here)."""
     exe = Path(sys.executable).parent / "hitl-gate"
     if not exe.exists():
         pytest.skip(f"{exe} is not installed (pip install -e .)")
-    text = UNIT.read_text(encoding="utf-8")
+    text = unit.read_text(encoding="utf-8")
     text, count = re.subn(r"(?m)^ExecStart=\S+", f"ExecStart={exe}", text)
     assert count == 1
-    copy = tmp_path / "hitl-gate.service"
+    copy = tmp_path / unit.name
     copy.write_text(text, encoding="utf-8")
     return copy
 
 
+def _assert_declares(unit: Path, *wanted: str) -> None:
+    lines = set(unit.read_text(encoding="utf-8").splitlines())
+    missing = [line for line in wanted if line not in lines]
+    assert not missing, (unit.name, missing)
+
+
 def test_unit_declares_notify_credentials_and_directories() -> None:
-    lines = set(UNIT.read_text(encoding="utf-8").splitlines())
-    for line in (
+    _assert_declares(
+        UNIT,
         "Type=notify",
         "NotifyAccess=main",
         "WatchdogSec=30s",
@@ -593,14 +601,32 @@ def test_unit_declares_notify_credentials_and_directories() -> None:
         "NoNewPrivileges=yes",
         "ProtectSystem=strict",
         "CapabilityBoundingSet=",
-    ):
-        assert line in lines, line
+    )
+
+
+def _hardening(unit: Path) -> set[str]:
+    """The directives of ``unit`` from its ``# Hardening`` comment to ``[Install]``."""
+    text = unit.read_text(encoding="utf-8")
+    block = text.split("\n# Hardening", 1)[1].split("\n[Install]", 1)[0]
+    return {line for line in block.splitlines()[1:] if line and not line.startswith("#")}
+
+
+def test_inbox_unit_makes_the_gate_unit_s_hardening_choices() -> None:
+    assert _hardening(INBOX_UNIT) == _hardening(UNIT)
+    _assert_declares(
+        INBOX_UNIT,
+        "ExecStart=/usr/local/bin/hitl-gate inbox serve -c /etc/hitl-gate-inbox/inbox.yaml",
+        "DynamicUser=yes",
+        "StateDirectory=hitl-gate-inbox",
+        "LoadCredential=HITL_RELAY_SECRET:/etc/hitl-gate-inbox/credentials/HITL_RELAY_SECRET",
+    )
 
 
 @pytest.mark.e2e
-def test_systemd_analyze_verify(tmp_path: Path) -> None:
+@pytest.mark.parametrize("shipped", UNITS, ids=[u.name for u in UNITS])
+def test_systemd_analyze_verify(tmp_path: Path, shipped: Path) -> None:
     tool = _analyze()
-    unit = _unit_copy(tmp_path)
+    unit = _unit_copy(tmp_path, shipped)
     result = subprocess.run(
         [tool, "verify", str(unit)],
         capture_output=True,
@@ -610,7 +636,7 @@ def test_systemd_analyze_verify(tmp_path: Path) -> None:
         cwd=tmp_path,
     )
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "hitl-gate.service" not in result.stderr, result.stderr  # no warning about it
+    assert shipped.name not in result.stderr, result.stderr  # no warning about it
 
 
 def _exec_start_program() -> Path:
@@ -671,9 +697,10 @@ def test_b02_11_shipped_unit_verifies_once_its_program_is_installed(tmp_path: Pa
 
 
 @pytest.mark.e2e
-def test_systemd_analyze_security_exposure_at_most_2(tmp_path: Path) -> None:
+@pytest.mark.parametrize("shipped", UNITS, ids=[u.name for u in UNITS])
+def test_systemd_analyze_security_exposure_at_most_2(tmp_path: Path, shipped: Path) -> None:
     tool = _analyze()
-    unit = _unit_copy(tmp_path)
+    unit = _unit_copy(tmp_path, shipped)
     result = subprocess.run(
         [tool, "security", "--offline=yes", "--no-pager", str(unit)],
         capture_output=True,
@@ -683,7 +710,7 @@ def test_systemd_analyze_security_exposure_at_most_2(tmp_path: Path) -> None:
         cwd=tmp_path,
     )
     output = result.stdout + result.stderr
-    match = re.search(r"Overall exposure level for hitl-gate\.service: (\d+\.\d+)", output)
+    match = re.search(rf"Overall exposure level for {re.escape(shipped.name)}: (\d+\.\d+)", output)
     assert match, output
     score = float(match.group(1))
     assert score <= 2.0, output

@@ -18,8 +18,8 @@ from typing import Any
 from aiohttp import web
 
 from gate.inbox import auth, pages
-from gate.inbox.app import decidable, state_of
-from gate.inbox.gate_client import GateUnreachable, post_decision
+from gate.inbox.app import decidable, send_to_gate, state_of
+from gate.inbox.gate_client import GateUnreachable
 from gate.inbox.model import DecisionRecord, Item
 from gate.protocol.errors import ProtocolError
 from gate.protocol.numbers import INTEGER_TEXT, NUMBER_TEXT
@@ -215,9 +215,7 @@ async def answer(request: web.Request) -> web.Response:
     )
     number = await state.db.add_decision(record)
     try:
-        status, answered = await post_decision(
-            str(item.dispatch["callback"]["url"]), body, state.secrets.relay_secrets[0]
-        )
+        status, answered = await send_to_gate(state, item, body, "answer")
     except GateUnreachable:
         log.warning("event=inbox_answer_unsent question_id=%s", item.approval_id)
         return said("Not sent", "The gate could not be reached: your answer was not recorded.", 502)

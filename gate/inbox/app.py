@@ -19,6 +19,8 @@ from gate.inbox.config import InboxConfig, InboxSecrets, RelyingParty
 from gate.inbox.credentials_cache import CredentialsCache
 from gate.inbox.db import InboxDb
 from gate.inbox.decided import my_part
+from gate.inbox.gate_client import GateUnreachable, post_decision
+from gate.inbox.metrics import InboxMetrics
 from gate.inbox.model import Item, Session
 from gate.inbox.relay import RELAY_PATH, RelayEndpoint
 
@@ -30,8 +32,9 @@ def _now_ms() -> int:
 @dataclass
 class InboxState:
     """What every handler shares: the database, the config and relay secrets, the inbox's
-    own relying party (None: nobody can sign in), the credentials cache and the clock
-    (unix ms). ``extra`` is for parts' in-memory state (sign-in challenges, rate limits)."""
+    own relying party (None: nobody can sign in), the credentials cache, the clock
+    (unix ms) and the metrics. ``extra`` is for parts' in-memory state (sign-in
+    challenges, rate limits)."""
 
     db: InboxDb
     config: InboxConfig
@@ -39,6 +42,7 @@ class InboxState:
     party: RelyingParty | None
     credentials: CredentialsCache
     now_ms: Callable[[], int] = _now_ms
+    metrics: InboxMetrics = field(default_factory=InboxMetrics)
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -63,6 +67,23 @@ async def decidable(request: web.Request, session: Session) -> Item:
     if item is None or not may_decide(session, item):
         raise web.HTTPNotFound(text="no such item", content_type="text/plain")
     return item
+
+
+async def send_to_gate(
+    state: InboxState, item: Item, body: dict[str, Any], verb: str
+) -> tuple[int, dict[str, Any]]:
+    """POST a decision or an answer ``body`` to ``item``'s callback URL, signed with the
+    current relay secret (``gate_client.post_decision``): the gate's status and JSON answer,
+    counted in the metrics by ``verb``. Raises GateUnreachable (counted as a gate error)."""
+    try:
+        status, answer = await post_decision(
+            str(item.dispatch["callback"]["url"]), body, state.secrets.relay_secrets[0]
+        )
+    except GateUnreachable:
+        state.metrics.gate_failed("decision")
+        raise
+    state.metrics.gate_answered(verb, status)
+    return status, answer
 
 
 async def waiting(request: web.Request) -> web.Response:
@@ -193,9 +214,10 @@ def create_inbox_app(state: InboxState, endpoint: RelayEndpoint) -> web.Applicat
     """The inbox's aiohttp app: the relay endpoint (``POST /hitl/v0/relay``), the templates
     and static files, GET ``/``, ``/signin``, ``/items/{id}``, ``/decisions/{n}``,
     ``/recent``, ``/live`` and POST ``/signin``, ``/signout``, ``/items/{id}/challenge``,
-    ``/items/{id}/decide``; bulk (``/bulk/*``) and answers (``/items/{id}/answer``) are
-    added by their modules. An unknown path answers the 404 page."""
-    from gate.inbox import answers, bulk, decide, signin  # noqa: PLC0415 - they import STATE from here
+    ``/items/{id}/decide``; bulk (``/bulk/*``), answers (``/items/{id}/answer``) and
+    ``/healthz`` with ``/metrics`` (``monitoring``) are added by their modules. An unknown
+    path answers the 404 page."""
+    from gate.inbox import answers, bulk, decide, monitoring, signin  # noqa: PLC0415 - they import STATE from here
 
     app = web.Application(client_max_size=8 * 1024 * 1024, middlewares=[_not_found])
     app[STATE] = state
@@ -210,4 +232,5 @@ def create_inbox_app(state: InboxState, endpoint: RelayEndpoint) -> web.Applicat
     decide.add_routes(app)
     bulk.add_routes(app)
     answers.add_routes(app)
+    monitoring.add_routes(app)
     return app

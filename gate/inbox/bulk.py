@@ -20,9 +20,9 @@ from typing import Any
 from aiohttp import web
 
 from gate.inbox import auth
-from gate.inbox.app import InboxState, state_of
+from gate.inbox.app import InboxState, send_to_gate, state_of
 from gate.inbox.decide import decision_body
-from gate.inbox.gate_client import GateUnreachable, post_decision
+from gate.inbox.gate_client import GateUnreachable
 from gate.inbox.model import DecisionRecord, Item, Session
 from gate.inbox.seen import bulk_eligibility
 from gate.protocol.approver_signature import (
@@ -274,9 +274,7 @@ async def _post_one(
     )
     number = await state.db.add_batch_decision(record, batch_id)
     try:
-        status, answer = await post_decision(
-            str(item.dispatch["callback"]["url"]), body, state.secrets.relay_secrets[0]
-        )
+        status, answer = await send_to_gate(state, item, body, "approve")
     except GateUnreachable:
         log.warning(
             "event=inbox_decision_unsent approval_id=%s batch_id=%s", item.approval_id, batch_id

@@ -139,6 +139,7 @@ class InboxConfig(BaseModel):
     webauthn: WebAuthnSection = WebAuthnSection()
     session_ttl: Seconds = 12 * 3600.0
     mail: MailSection | None = None
+    metrics_token_env: EnvName | None = None
 
     @property
     def base_url(self) -> str:
@@ -155,10 +156,12 @@ class InboxConfig(BaseModel):
 
 @dataclass(frozen=True, slots=True)
 class InboxSecrets:
-    """The gate relay secrets, current first then the previous one; never shown by repr."""
+    """The gate relay secrets, current first then the previous one, the SMTP login and the
+    bearer token of ``GET /metrics`` (None: metrics off); never shown by repr."""
 
     relay_secrets: tuple[str, ...] = field(repr=False)
     mail_login: tuple[str, str] | None = field(default=None, repr=False)  # (username, password)
+    metrics_token: str | None = field(default=None, repr=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -253,13 +256,16 @@ def check_inbox(config: InboxConfig) -> list[str]:
 def _read_secrets(
     config: InboxConfig, environ: Mapping[str, str]
 ) -> tuple[InboxSecrets | None, list[str]]:
-    """The relay secrets named by ``gate.secret_env`` (and ``previous_secret_env``): set,
-    clean, at least 16 bytes (as the gate requires of the same secret); never a value."""
+    """The relay secrets named by ``gate.secret_env`` (and ``previous_secret_env``) and the
+    metrics token (``metrics_token_env``): set, clean, at least 16 bytes (as the gate
+    requires of the same secret and of its API token); never a value."""
     credentials = environ.get(CREDENTIALS_DIRECTORY) or None
     wanted = [("gate.secret_env", config.gate.secret_env)]
     if config.gate.previous_secret_env is not None:
         wanted.append(("gate.previous_secret_env", config.gate.previous_secret_env))
-    values: list[str] = []
+    if config.metrics_token_env is not None:
+        wanted.append(("metrics_token_env", config.metrics_token_env))
+    values: dict[str, str] = {}
     errors: list[str] = []
     for where, name in wanted:
         value, error = _read_one(where, name, environ, credentials)
@@ -268,12 +274,13 @@ def _read_secrets(
         elif value is not None and len(value.encode("utf-8")) < MIN_SECRET_BYTES:
             errors.append(f"{where}: {name} is shorter than {MIN_SECRET_BYTES} bytes")
         elif value is not None:
-            values.append(value)
+            values[where] = value
     login, mail_errors = _read_mail_login(config, environ, credentials)
     errors += mail_errors
     if errors:
         return None, errors
-    return InboxSecrets(tuple(values), login), []
+    token = values.pop("metrics_token_env", None)
+    return InboxSecrets(tuple(values.values()), login, token), []
 
 
 def _read_mail_login(

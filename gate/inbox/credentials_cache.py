@@ -22,6 +22,9 @@ REFRESH_EVERY_S = 60.0
 UNKNOWN_EVERY_S = 5.0
 UNKNOWN_PER_S = 2
 NOT_YET = "the gate has not answered the inbox's request for passkeys yet"
+PROBE_EVERY_S = 5.0
+FETCH_FAILURES = (GateUnreachable, GateRefused, ProtocolError, OSError)
+"""What a fetch of the credentials raises when the gate cannot be asked or answers wrong."""
 
 Fetch = Callable[[], Awaitable[CredentialsAnswer]]
 
@@ -64,6 +67,8 @@ class CredentialsCache:
         self._problem: str | None = NOT_YET
         self._fetched_at: float | None = None
         self._down = False
+        self._tried_at: float | None = None
+        self._failure: tuple[str, str] | None = None
         self._unknown_ids: dict[str, float] = {}
         self._unknown_recent: list[float] = []
 
@@ -92,9 +97,12 @@ class CredentialsCache:
         ``event=credentials_unavailable``) and once when it ends (INFO
         ``event=credentials_available``), not at each retry; on an rp
         mismatch one ERROR ``event=inbox_rp_mismatch`` (only when the reason changes)."""
+        self._tried_at = self._now_s()
         try:
             answer = await self._fetch()
-        except (GateUnreachable, GateRefused, ProtocolError, OSError) as exc:
+        except FETCH_FAILURES as exc:
+            unreachable = isinstance(exc, GateUnreachable | OSError)
+            self._failure = ("gate_unreachable" if unreachable else "gate_refused", str(exc))
             if not self._down:
                 log.warning(
                     'event=credentials_unavailable error=%s why="%s"', type(exc).__name__, exc
@@ -104,6 +112,7 @@ class CredentialsCache:
         if self._down:
             log.info("event=credentials_available")
         self._down = False
+        self._failure = None
         self._fetched_at = self._now_s()
         self._by_id = {c.credential_id: c for c in answer.credentials}
         problem = rp_problem(answer, self._party)
@@ -119,6 +128,15 @@ class CredentialsCache:
             return False
         await self.refresh()
         return True
+
+    async def reachability(self, every_s: float = PROBE_EVERY_S) -> tuple[str, str] | None:
+        """Why the gate cannot be asked now, as ``(reason, sentence)`` (``gate_unreachable``:
+        no answer; ``gate_refused``: an answer other than the credentials), or None when it
+        answered. Asks the gate again only when the last try (answered or not) is older than
+        ``every_s`` seconds, so a health check polled often never floods the gate."""
+        if self._tried_at is None or self._now_s() - self._tried_at >= every_s:
+            await self.refresh()
+        return self._failure
 
     async def refresh_for_unknown(self, credential_id: str) -> bool:
         """A sign-in named an unknown credential id: ``refresh`` unless THIS id was looked up

@@ -108,6 +108,15 @@ class InboxDb:
         found = [_item(row, now_ms) for row in rows]
         return [i for i in found if state is None or i.state == state]
 
+    async def health(self, now_ms: int) -> tuple[int, int]:
+        """``(schema version, items waiting)``: ``PRAGMA user_version`` and the pending items
+        not yet past ``expires_at`` at ``now_ms`` (one read over the state index). Raises
+        OSError when the file cannot be read."""
+        try:
+            return await self._run(_health, self._conn, now_ms)
+        except sqlite3.Error as exc:
+            raise OSError(f"the database cannot be read: {exc}") from exc
+
     async def changes_since(self, seq: int) -> list[Change]:
         """Items changed after ``updated_seq`` ``seq``, in change order (live updates)."""
         rows = await self._run(
@@ -284,6 +293,12 @@ def _decision(r: sqlite3.Row) -> DecisionRecord:
         r["reason"],
         r["sent"],
     )
+
+
+def _health(conn: sqlite3.Connection, now_ms: int) -> tuple[int, int]:
+    version = int(conn.execute("PRAGMA user_version").fetchone()[0])
+    sql = "SELECT COUNT(*) FROM items WHERE state = 'pending' AND expires_at > ?"
+    return version, int(conn.execute(sql, (now_ms,)).fetchone()[0])
 
 
 def _item(row: sqlite3.Row, now_ms: int) -> Item:

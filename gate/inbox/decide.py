@@ -12,8 +12,8 @@ from typing import Any
 from aiohttp import web
 
 from gate.inbox import auth
-from gate.inbox.app import decidable, state_of
-from gate.inbox.gate_client import GateUnreachable, post_decision
+from gate.inbox.app import decidable, send_to_gate, state_of
+from gate.inbox.gate_client import GateUnreachable
 from gate.inbox.model import DecisionRecord, Item, Session
 from gate.protocol import PROTOCOL
 from gate.protocol.approver_signature import (
@@ -178,9 +178,7 @@ async def decide(request: web.Request) -> web.Response:
     )
     number = await state.db.add_decision(record)
     try:
-        status, answer = await post_decision(
-            str(item.dispatch["callback"]["url"]), body, state.secrets.relay_secrets[0]
-        )
+        status, answer = await send_to_gate(state, item, body, verb)
     except GateUnreachable:
         log.warning("event=inbox_decision_unsent approval_id=%s", item.approval_id)
         await state.db.set_decision_answer(number, 0, {"error": "gate_unreachable"})

@@ -122,7 +122,8 @@ def message_of(mail: Mail, sender: str) -> EmailMessage:
 class Mailer:
     """The mail queue and its worker: ``tell`` queues (never blocks, never raises),
     ``run(stop)`` sends until ``stop`` is set. ``login`` is ``(username, password)`` or
-    None; ``now_ms`` the clock; ``retry_delays_s`` the waits before each retry."""
+    None; ``now_ms`` the clock; ``retry_delays_s`` the waits before each retry;
+    ``on_result`` is told of each mail sent (True) or given up (False)."""
 
     def __init__(
         self,
@@ -131,6 +132,7 @@ class Mailer:
         login: tuple[str, str] | None = None,
         now_ms: Callable[[], int] = lambda: int(time.time() * 1000),
         retry_delays_s: tuple[float, ...] = RETRY_DELAYS_S,
+        on_result: Callable[[bool], None] = lambda sent: None,
     ) -> None:
         self.section = section
         self.base_url = base_url
@@ -138,6 +140,7 @@ class Mailer:
         self.now_ms = now_ms
         self.retry_delays_s = retry_delays_s
         self.queue: asyncio.Queue[Mail] = asyncio.Queue(QUEUE_SIZE)
+        self.on_result = on_result
 
     def tell(
         self, approval_id: str, dispatch: Mapping[str, Any], expires_at: int, news: News
@@ -206,6 +209,7 @@ class Mailer:
                 log.info(
                     "event=mail_sent approval_id=%s identity=%s", mail.approval_id, mail.identity
                 )
+                self.on_result(True)
                 return
             if attempt == RETRIES or stop.is_set():
                 break
@@ -215,3 +219,4 @@ class Mailer:
         log.warning(
             "event=mail_given_up approval_id=%s identity=%s", mail.approval_id, mail.identity
         )
+        self.on_result(False)

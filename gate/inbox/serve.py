@@ -15,9 +15,10 @@ from aiohttp import web
 
 from gate.inbox.app import InboxState, create_inbox_app
 from gate.inbox.config import InboxConfig, InboxSecrets, listen_address, relying_party
-from gate.inbox.credentials_cache import CredentialsCache
+from gate.inbox.credentials_cache import FETCH_FAILURES, CredentialsCache
 from gate.inbox.gate_client import fetch_credentials
 from gate.inbox.mail import Mailer
+from gate.inbox.metrics import InboxMetrics
 from gate.inbox.relay import RELAY_PATH, RelayEndpoint
 from gate.protocol.credentials import CredentialsAnswer
 
@@ -42,13 +43,20 @@ async def sweep(state: InboxState, stop: asyncio.Event, every_s: float = SWEEP_E
             await asyncio.wait_for(stop.wait(), every_s)
 
 
-def credentials_cache(config: InboxConfig, secrets: InboxSecrets) -> CredentialsCache:
-    """The cache of the gate's credentials for this config (signed with the relay secret)."""
+def credentials_cache(
+    config: InboxConfig, secrets: InboxSecrets, metrics: InboxMetrics
+) -> CredentialsCache:
+    """The cache of the gate's credentials for this config (signed with the relay secret);
+    a fetch that fails counts as a ``credentials`` gate error in ``metrics``."""
 
     async def fetch() -> CredentialsAnswer:
-        return await fetch_credentials(
-            config.gate.callback_url, secrets.relay_secrets, config.gate.max_skew
-        )
+        try:
+            return await fetch_credentials(
+                config.gate.callback_url, secrets.relay_secrets, config.gate.max_skew
+            )
+        except FETCH_FAILURES:
+            metrics.gate_failed("credentials")
+            raise
 
     return CredentialsCache(fetch, relying_party(config))
 
@@ -63,8 +71,11 @@ async def serve_inbox(config: InboxConfig, secrets: InboxSecrets) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    metrics = InboxMetrics()
     mailer = (
-        None if config.mail is None else Mailer(config.mail, config.base_url, secrets.mail_login)
+        None
+        if config.mail is None
+        else Mailer(config.mail, config.base_url, secrets.mail_login, on_result=metrics.mailed)
     )
     endpoint = RelayEndpoint(
         db,
@@ -72,8 +83,8 @@ async def serve_inbox(config: InboxConfig, secrets: InboxSecrets) -> None:
         config.gate.max_skew,
         tell=None if mailer is None else mailer.tell,
     )
-    cache = credentials_cache(config, secrets)
-    state = InboxState(db, config, secrets, relying_party(config), cache)
+    cache = credentials_cache(config, secrets, metrics)
+    state = InboxState(db, config, secrets, relying_party(config), cache, metrics=metrics)
     runner = web.AppRunner(create_inbox_app(state, endpoint), access_log=None)
     sweeper: asyncio.Task[None] | None = None
     mailing: asyncio.Task[None] | None = None

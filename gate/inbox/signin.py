@@ -235,9 +235,9 @@ async def signin_post(request: web.Request) -> web.Response:
     challenges, limits = _parts(request)
     fields = await auth.read_post(request, None)  # junk: 403, not counted (review rev17a)
     wait = limits.retry_after(request.remote or "?", time.monotonic())
-    if wait:
-        return _rate_limited(wait)
-    return await _signin(request, fields, challenges)
+    answer = _rate_limited(wait) if wait else await _signin(request, fields, challenges)
+    state_of(request).metrics.signed_in(answer.status == 200)
+    return answer
 
 
 def _rate_limited(wait: int) -> web.Response:

@@ -224,7 +224,8 @@ class Field:
     """One control of a form question: ``name`` (the schema's property), ``label``, optional
     ``description``, ``control`` (``text``, ``email``, ``url``, ``date``, ``number``,
     ``checkbox``, ``select`` or ``checkboxes``), ``required``, HTML limits in ``attrs``
-    (minlength, maxlength, min, max, step) and ``choices`` ``(value, label)``."""
+    (minlength, maxlength, min, max, step), ``choices`` ``(value, label)`` and ``limits``:
+    what an answer must be, in words (``limits_words``), shown next to the control."""
 
     name: str
     label: str
@@ -234,9 +235,59 @@ class Field:
     attrs: tuple[tuple[str, str], ...] = ()
     choices: tuple[tuple[str, str], ...] = ()
     checked: bool = False
+    limits: str | None = None
 
 
 _FORMATS = {"email": "email", "uri": "url", "date": "date"}
+FORMAT_WORDS = {
+    "email": "An e-mail address, such as name@example.com.",
+    "uri": "A web address, such as https://example.com/page.",
+    "date": "A date, as YYYY-MM-DD.",
+}
+
+
+def _span(low: Any, high: Any, unit: str = "") -> str:
+    """``2 to 500 characters``, ``at least 2 characters``, ``exactly 3 characters``; the
+    bounds as ``number_text`` says them (exact); "" without either."""
+    tail = f" {unit}" if unit else ""
+    if low is not None and high is not None:
+        if low == high:
+            return f"exactly {number_text(low)}{tail}"
+        return f"{number_text(low)} to {number_text(high)}{tail}"
+    if low is not None:
+        return f"at least {number_text(low)}{tail}"
+    if high is not None:
+        return f"at most {number_text(high)}{tail}"
+    return ""
+
+
+def limits_words(prop: Mapping[str, Any], required: bool) -> str | None:
+    """What an answer to a parsed form property must be, in sentences, before any answer
+    was refused: ``2 to 500 characters.``, ``A whole number from 1 to 9.``, ``An e-mail
+    address, such as name@example.com.``, ``Choose at least 1.``, ``Choose one.`` (a
+    ``required`` list); None when nothing limits it (an optional text, a checkbox). That a
+    field is required its label says."""
+    said: list[str] = []
+    kind = prop.get("type")
+    if "enum" in prop:
+        said += ["Choose one."] if required else []
+    elif kind == "string":
+        length = _span(prop.get("minLength"), prop.get("maxLength"), "characters")
+        said += [length[0].upper() + length[1:] + "."] if length else []
+        said += [FORMAT_WORDS[prop["format"]]] if "format" in prop else []
+    elif kind in ("number", "integer"):
+        noun = "A whole number" if kind == "integer" else "A number"
+        low, high = prop.get("minimum"), prop.get("maximum")
+        span = _span(low, high)
+        if low is not None and high is not None and low != high:
+            span = "from " + span
+        elif span:
+            span = "of " + span
+        said.append(f"{noun} {span}".rstrip() + ".")
+    elif kind == "array":
+        span = _span(prop.get("minItems"), prop.get("maxItems"))
+        said += [f"Choose {span}."] if span else []
+    return " ".join(said) or None
 
 
 def _limits(
@@ -265,6 +316,7 @@ def form_fields(schema: Any) -> list[Field]:
             "label": label,
             "description": prop.get("description"),
             "required": name in required,
+            "limits": limits_words(prop, name in required),
         }
         kind = prop.get("type")
         if "enum" in prop:

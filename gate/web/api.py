@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hmac
 from dataclasses import dataclass
 
 from aiohttp import web
@@ -11,6 +10,7 @@ from gate.core.requests import check_idempotency_key, parse_create
 from gate.core.service import GateService
 from gate.errors import GateError
 from gate.metrics import Metrics
+from gate.protocol.bearer import bearer_problem
 from gate.protocol.envelope import decode_text_json
 from gate.web.common import Handler, api_error_middleware, read_body
 from gate.web.queries import list_query, wait_seconds
@@ -64,17 +64,12 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
             status=404,
             kind="not_found",
         )
-    header = request.headers.get("Authorization", "")
-    scheme, _, token = header.partition(" ")
-    if scheme.lower() != "bearer" or not token.strip():
-        raise _unauthorized("token_missing", "Authorization: Bearer <token> is required")
     expected = (settings.admin_token if admin else settings.token) or ""
-    expected_bytes = expected.encode("utf-8")
-    # aiohttp keeps header bytes that are not UTF-8 as lone surrogates: encode them back as
-    # they came (a non-UTF-8 token can never match; it must not be a 500)
-    presented = token.strip().encode("utf-8", "surrogateescape")
-    if not expected_bytes or not hmac.compare_digest(presented, expected_bytes):
-        raise _unauthorized("token_invalid", "the API token is not valid")
+    problem = bearer_problem(request.headers.get("Authorization", ""), expected)
+    if problem == "token_missing":
+        raise _unauthorized(problem, "Authorization: Bearer <token> is required")
+    if problem is not None:
+        raise _unauthorized(problem, "the API token is not valid")
     return await handler(request)
 
 
