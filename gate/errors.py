@@ -41,6 +41,14 @@ class GateError(Exception):
         return out
 
 
+def refused(code: str, field: str, message: str) -> GateError:
+    """400 ``code`` (kind ``invalid``) naming the request ``field`` at fault, with ``message``
+    (one sentence saying what it must be) in the answer body too."""
+    return GateError(
+        code, message, status=400, kind="invalid", extra={"field": field, "message": message}
+    )
+
+
 class ConfigError(GateError):
     """The configuration is invalid. ``errors`` lists every problem as ``"<yaml.path>:
     <message>"``."""

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from gate.audit.credential_entries import CredentialEnrolledData, CredentialRevokedData
 from gate.core.model import Credential
-from gate.errors import Conflict, GateError, NotFound
+from gate.errors import Conflict, GateError, NotFound, refused
 from gate.protocol.approver_signature import (
     b64url,
     ed25519_credential_id,
@@ -36,13 +36,7 @@ MAX_PEM_CHARS = 4096
 
 
 def _invalid(field: str, message: str) -> GateError:
-    return GateError(
-        f"invalid_{field}",
-        message,
-        status=400,
-        kind="invalid",
-        extra={"field": field, "message": message},
-    )
+    return refused(f"invalid_{field}", field, message)
 
 
 def parse_operator_id(obj: Any, config: Config) -> int:
@@ -56,13 +50,7 @@ def parse_operator_id(obj: Any, config: Config) -> int:
         raise _invalid("operator_id", "operator_id must be an integer")
     if not any(op.id == operator_id for op in config.relay.operators):
         message = f"operator id {operator_id} is not in relay.operators"
-        raise GateError(
-            "unknown_operator",
-            message,
-            status=400,
-            kind="invalid",
-            extra={"field": "operator_id", "message": message},
-        )
+        raise refused("unknown_operator", "operator_id", message)
     return operator_id
 
 

@@ -14,7 +14,7 @@ from gate.core.question_requests import parse_question_create, parse_spec
 from gate.core.question_tx import EXPIRE_BATCH, QuestionPolicy
 from gate.core.question_views import question_view
 from gate.core.requests import not_an_operator
-from gate.errors import Conflict, GateError, NotFound
+from gate.errors import Conflict, GateError, NotFound, refused
 from gate.protocol.question import Answer
 from gate.store import Command, Store
 
@@ -42,13 +42,7 @@ def step_is(kind: str, found: Any) -> GateError:
     command = "ask" if kind == "question" else "request"
     message = f"step {found!r} is {'a' if kind == 'question' else 'an'} {kind} step: use"
     message += f" hitl-gate {command} (POST /v1/{kind}s)"
-    return GateError(
-        f"step_is_{kind}",
-        message,
-        status=400,
-        kind="invalid",
-        extra={"field": "step", "message": message},
-    )
+    return refused(f"step_is_{kind}", "step", message)
 
 
 class QuestionMethods:

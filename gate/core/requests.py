@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from gate.errors import GateError
+from gate.errors import GateError, refused
 from gate.protocol.canonical import canonical_json
 from gate.protocol.envelope import is_unicode
 from gate.protocol.whitespace import is_blank
@@ -120,13 +120,7 @@ def not_an_operator(given: str, identities: Sequence[str]) -> GateError:
         near = local[close[0]] if close else None
     must = "requested_by must be the identity of an operator in relay.operators"
     message = f"{must}; did you mean {near}?" if near else f"{must}, e.g. {identities[0]}"
-    return GateError(
-        "invalid_requested_by",
-        message,
-        status=400,
-        kind="invalid",
-        extra={"field": "requested_by", "message": message},
-    )
+    return refused("invalid_requested_by", "requested_by", message)
 
 
 def check_draft(req: CreateRequest, allow_empty_draft: bool) -> None:
