@@ -3,7 +3,8 @@ the real gate and the real ``hitl-gate inbox serve`` on loopback sharing one rel
 (``localhost``), Debian's headless Chromium driven by Playwright with one virtual
 authenticator PER approver (a browser context each), enrolment at the gate's invite page,
 sign-in at the inbox, a pipeline blocking on ``hitl-gate request --wait`` and screenshots
-at 1280 and 390 px under ``$HITL_ARTIFACTS/inbox-e2e/``.
+at 1280 and 390 px under ``$HITL_ARTIFACTS/inbox-e2e/``; ``accessible`` runs axe-core (installed
+by ``npm ci --prefix tests/a11y``) in a page at both widths.
 
 Nothing is mocked: every party is a real process or a real browser; waits are conditions
 with deadlines (``page.wait_for_selector``/``wait_until``), never fixed sleeps.
@@ -29,6 +30,11 @@ from tests.test_passkeys_browser import ARGS, CHROMIUM, _playwright
 REQUESTED = r"requested approval (\S+)"
 WIDTHS = (1280, 390)
 STEP_S = 10_000  # ms: one browser step (a click, a navigation, a selector) on a busy CI
+AXE = Path(__file__).parent / "a11y" / "node_modules" / "axe-core" / "axe.min.js"
+AXE_RUN = """async () => (await axe.run(document, {resultTypes: ['violations']})).violations
+  .filter((v) => v.impact === 'serious' || v.impact === 'critical')
+  .map((v) => v.impact + ' ' + v.id + ': ' + v.help + ' at '
+    + v.nodes.map((n) => n.target.join(' ')).join(', '))"""
 LIVE_S = 20_000  # ms: a change the page learns by polling /live (inbox.js polls every 5 s)
 AUTHENTICATOR = {
     "protocol": "ctap2",
@@ -305,6 +311,26 @@ def screenshot(page: Any, shots: Path, name: str, full_page: bool = True) -> lis
         written.append(path)
     page.set_viewport_size(before)
     return written
+
+
+def accessible(page: Any, shots: Path, name: str) -> list[str]:
+    """axe-core's ``serious`` and ``critical`` violations of the page as it is now, at 1280
+    and 390 px (``"<name> 390px: serious color-contrast: ... at <selector>"``), after
+    ``screenshot(page, shots, name)``. axe-core missing: a skip (a failure under HITL_CI=1)."""
+    if not AXE.is_file():
+        missing = f"{AXE} is missing (npm ci --prefix tests/a11y)"
+        if os.environ.get("HITL_CI"):
+            pytest.fail(f"HITL_CI=1: {missing}")
+        pytest.skip(missing)
+    screenshot(page, shots, name)
+    before, found = page.viewport_size, []
+    if not page.evaluate("typeof window.axe === 'object'"):
+        page.evaluate(AXE.read_text(encoding="utf-8"))  # over CDP: the page's CSP stays on
+    for width in WIDTHS:
+        page.set_viewport_size({"width": width, "height": 900})
+        found += [f"{name} {width}px: {v}" for v in page.evaluate(AXE_RUN)]
+    page.set_viewport_size(before)
+    return found
 
 
 def no_horizontal_scroll(page: Any) -> bool:
