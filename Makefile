@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 RUNTIME := $(VENV)/.installed-runtime
 TESTING := $(VENV)/.installed-test
 
-.PHONY: demo test test-fast lint venv clean
+.PHONY: demo test test-fast lint venv clean axe
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -36,8 +36,18 @@ demo: $(RUNTIME)
 # Everything, on WORKERS pytest-xdist processes, one per core here (--dist loadfile: a module
 # stays on one worker, so its module-scoped daemon is started once); WORKERS=0: one process.
 WORKERS ?= 2
-test: $(TESTING)
+test: $(TESTING) axe
 	$(BIN)/python -m pytest -n $(WORKERS) --dist loadfile
+
+# axe-core (the exact version in tests/a11y/package-lock.json) checks the inbox's pages in the
+# browser tests; installed from the npm registry when npm is here and the lock file changed,
+# never fetched while the tests run (without npm those tests skip, and fail under HITL_CI=1).
+AXE_LOCK := tests/a11y/package-lock.json
+AXE_STAMP := tests/a11y/node_modules/.package-lock.json
+axe:
+	@if [ -f $(AXE_LOCK) ] && command -v npm >/dev/null 2>&1 \
+		&& ! [ $(AXE_STAMP) -nt $(AXE_LOCK) ]; then \
+		npm ci --prefix tests/a11y --no-audit --no-fund --silent; fi
 
 # The fast tier: no daemon, no other process, no real timeout (markers in tests/conftest.py).
 test-fast: $(TESTING)
