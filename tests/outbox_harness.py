@@ -30,7 +30,8 @@ from tests.support import DEADLINE_S, CaptureRelay, GateProcess, writer_pid
 class ScriptedRelay(CaptureRelay):
     """A capturing relay whose answer depends on the dispatch's ``run_id``.
 
-    ``script[run_id] = (status, delay_s)``; other run ids get ``status``/``delay_s``. Each
+    ``script[run_id] = (status, delay_s)`` (or ``script[f"{path} {run_id}"]`` for POSTs to
+    that path only); other run ids get ``status``/``delay_s``. Each
     dispatch is recorded when it arrives (``record["status"]`` is the status it will get).
     3xx answers carry ``Location: <location>``. ``down()`` closes the listener and every
     open connection (connection refused from then on); ``up()`` listens on the same port again.
@@ -56,7 +57,9 @@ class ScriptedRelay(CaptureRelay):
     async def _handle(self, request: web.Request) -> web.Response:
         raw = await request.read()
         run_id = json.loads(raw).get("run_id")
-        status, delay = self.script.get(run_id, (self.status, self.delay_s))
+        status, delay = self.script.get(
+            f"{request.path} {run_id}", self.script.get(run_id, (self.status, self.delay_s))
+        )
         with self._cond:
             self.received.append(
                 {
@@ -65,6 +68,7 @@ class ScriptedRelay(CaptureRelay):
                     "status": status,
                     "at": time.time(),
                     "run_id": run_id,
+                    "path": request.path,
                 }
             )
             self._cond.notify_all()
@@ -87,10 +91,18 @@ class ScriptedRelay(CaptureRelay):
         self._started.clear()
         self._call(self._serve())
 
-    def count(self, run_id: str) -> int:
-        """How many dispatches carrying ``run_id`` arrived."""
+    def count(self, run_id: str, path: str | None = None) -> int:
+        """How many dispatches carrying ``run_id`` arrived (at ``path``, when given)."""
+        return len(self.arrivals(run_id, path))
+
+    def arrivals(self, run_id: str, path: str | None = None) -> list[float]:
+        """When (``time.time()``) each POST carrying ``run_id`` arrived (at ``path``)."""
         with self._cond:
-            return sum(1 for r in self.received if r["run_id"] == run_id)
+            return [
+                r["at"]
+                for r in self.received
+                if r["run_id"] == run_id and path in (None, r["path"])
+            ]
 
 
 @pytest.fixture
