@@ -7,8 +7,8 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from gate.daemon.delivery import Outcome, Send
-from gate.daemon.dispatch import Dispatcher, SendResult
+from gate.daemon.delivery import ChannelBase, Outcome, Send, typed
+from gate.daemon.dispatch import SendResult
 from gate.protocol.canonical import wire_json
 
 # its lines keep the logger they always had
@@ -32,7 +32,7 @@ class DispatchRow:
         return f"approval_id={self.approval_id}"
 
 
-class ApprovalDispatch:
+class ApprovalDispatch(ChannelBase):
     """Approvals' dispatches for ``dispatcher`` (its relay URL, callback URL and metrics).
     None is sent for an approval resolved, revised, acked or expired since the plan was read:
     the expiry scheduler resolves it as timeout, and nothing is dispatched after."""
@@ -40,15 +40,9 @@ class ApprovalDispatch:
     failed_event = "dispatch_failed"
     log = log
 
-    def __init__(self, dispatcher: Dispatcher) -> None:
-        self.dispatcher = dispatcher
-
     async def due(self, now_ms: int, limit: int) -> tuple[list[DispatchRow], int | None]:
         rows, next_at = await self.dispatcher.service.store.reads.dispatch_plan(now_ms, limit)
-        due = [
-            DispatchRow(str(r["approval_id"]), int(r["revision"]), int(r["attempts"])) for r in rows
-        ]
-        return due, next_at
+        return typed(DispatchRow, rows), next_at
 
     async def build(self, row: DispatchRow) -> Send | None:
         service = self.dispatcher.service
@@ -98,9 +92,6 @@ class ApprovalDispatch:
             retry_at_ms=outcome.retry_at(),
         )
         return None
-
-    def ended(self, row: DispatchRow, state: str | None, outcome: Outcome) -> None:
-        """Nothing more: ``sent`` counted and logged the POST."""
 
     def what(self, row: DispatchRow) -> str:
         return "dispatch"

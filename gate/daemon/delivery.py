@@ -20,11 +20,12 @@ the loop's, so every channel has all of them:
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import logging
 from collections.abc import Hashable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, cast
 
 import aiohttp
 
@@ -125,6 +126,25 @@ class Channel(Protocol[Row]):
     def what(self, row: Row) -> str:
         """What a send of ``row`` is called in ``last_error`` (``dispatch``, ``notice``...)."""
         ...
+
+
+def typed(row_type: type[Row], rows: list[dict[str, Any]]) -> list[Row]:
+    """``rows`` as read by a plan (one dict a row) as ``row_type``, a frozen dataclass whose
+    fields are columns of the plan: the loop and the adapters never read a row by key."""
+    names = [field.name for field in dataclasses.fields(cast(Any, row_type))]
+    return [row_type(**{name: row[name] for name in names}) for row in rows]
+
+
+class ChannelBase:
+    """What every channel adapter starts from: its ``dispatcher`` (settings, service,
+    metrics) and an ``ended`` that logs and counts nothing (a dispatch is counted when
+    sent)."""
+
+    def __init__(self, dispatcher: Dispatcher) -> None:
+        self.dispatcher = dispatcher
+
+    def ended(self, row: Any, state: str | None, outcome: Outcome) -> None:
+        """Nothing to log or count once recorded."""
 
 
 class OutboxSender(Generic[Row]):

@@ -10,8 +10,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from gate.core.model import Approval
-from gate.daemon.delivery import Outcome, Send
-from gate.daemon.dispatch import Dispatcher, SendResult
+from gate.daemon.delivery import ChannelBase, Outcome, Send, typed
+from gate.daemon.dispatch import SendResult
 from gate.protocol.canonical import wire_json
 from gate.protocol.followup import FollowUp, build_notice
 
@@ -42,7 +42,7 @@ class FollowUpRow:
         return f"approval_id={self.approval_id} kind={self.kind} n={self.n}"
 
 
-class FollowUps:
+class FollowUps(ChannelBase):
     """The channel of ``followup_outbox`` for ``dispatcher`` (its relay URL, callback URL and
     metrics, as reconfigured by SIGHUP); drained by ``gate.daemon.delivery.OutboxSender``.
 
@@ -57,22 +57,9 @@ class FollowUps:
     failed_event = "followup_failed"
     log = log
 
-    def __init__(self, dispatcher: Dispatcher) -> None:
-        self.dispatcher = dispatcher
-
     async def due(self, now_ms: int, limit: int) -> tuple[list[FollowUpRow], int | None]:
         rows, next_at = await self.dispatcher.service.store.reads.followup_plan(now_ms, limit)
-        due = [
-            FollowUpRow(
-                str(r["approval_id"]),
-                str(r["kind"]),
-                int(r["n"]),
-                int(r["attempts"]),
-                int(r["give_up_at"]),
-            )
-            for r in rows
-        ]
-        return due, next_at
+        return typed(FollowUpRow, rows), next_at
 
     async def build(self, row: FollowUpRow) -> Send | Outcome:
         """The POST of ``row``, or a drop (an ``Outcome`` without a retry time)."""

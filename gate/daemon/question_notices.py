@@ -9,8 +9,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from gate.core.model import Question
-from gate.daemon.delivery import Outcome, Send
-from gate.daemon.dispatch import Dispatcher, SendResult
+from gate.daemon.delivery import ChannelBase, Outcome, Send, typed
+from gate.daemon.dispatch import SendResult
 from gate.protocol.canonical import wire_json
 from gate.protocol.question_notice import build_question_notice
 
@@ -54,7 +54,7 @@ class QuestionNoticeRow:
         return f"question_id={self.question_id}"
 
 
-class QuestionNotices:
+class QuestionNotices(ChannelBase):
     """The channel of ``question_notices`` for ``dispatcher``. Dropped as failed when notices
     or the question relay were turned off by a reload; retried until the row's
     ``give_up_at``; delivered and failed ones are counted in ``hitl_gate_notices_total`` like
@@ -63,17 +63,10 @@ class QuestionNotices:
     failed_event = "question_notice_failed"
     log = log
 
-    def __init__(self, dispatcher: Dispatcher) -> None:
-        self.dispatcher = dispatcher
-
     async def due(self, now_ms: int, limit: int) -> tuple[list[QuestionNoticeRow], int | None]:
         reads = self.dispatcher.service.store.reads
         rows, next_at = await reads.question_notice_plan(now_ms, limit)
-        due = [
-            QuestionNoticeRow(str(r["question_id"]), int(r["attempts"]), int(r["give_up_at"]))
-            for r in rows
-        ]
-        return due, next_at
+        return typed(QuestionNoticeRow, rows), next_at
 
     async def build(self, row: QuestionNoticeRow) -> Send | Outcome:
         """The POST of ``row``, or a drop (an ``Outcome`` without a retry time)."""

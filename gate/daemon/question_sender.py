@@ -8,8 +8,8 @@ import logging
 from dataclasses import dataclass
 
 from gate.core.model import Question
-from gate.daemon.delivery import Outcome, Send
-from gate.daemon.dispatch import Dispatcher, SendResult
+from gate.daemon.delivery import ChannelBase, Outcome, Send, typed
+from gate.daemon.dispatch import SendResult
 from gate.protocol.canonical import wire_json
 from gate.protocol.question import QuestionSpec, build_question_dispatch
 
@@ -46,7 +46,7 @@ class QuestionDispatchRow:
         return f"question_id={self.question_id} version={self.version}"
 
 
-class QuestionDispatch:
+class QuestionDispatch(ChannelBase):
     """The channel of ``question_outbox`` for ``dispatcher`` (its callback URL and metrics).
     Not acked: retried until the question resolves or expires (the plan reads only pending
     questions' current version). With no question target configured (a reload removed it)
@@ -55,19 +55,12 @@ class QuestionDispatch:
     failed_event = "question_dispatch_failed"
     log = log
 
-    def __init__(self, dispatcher: Dispatcher) -> None:
-        self.dispatcher = dispatcher
-
     async def due(self, now_ms: int, limit: int) -> tuple[list[QuestionDispatchRow], int | None]:
         service = self.dispatcher.service
         if service.config.relay.question_target is None:
             return [], None
         rows, next_at = await service.store.reads.question_dispatch_plan(now_ms, limit)
-        due = [
-            QuestionDispatchRow(str(r["question_id"]), int(r["version"]), int(r["attempts"]))
-            for r in rows
-        ]
-        return due, next_at
+        return typed(QuestionDispatchRow, rows), next_at
 
     async def build(self, row: QuestionDispatchRow) -> Send | None:
         service = self.dispatcher.service
@@ -138,9 +131,6 @@ class QuestionDispatch:
             retry_at_ms=outcome.retry_at(),
         )
         return None
-
-    def ended(self, row: QuestionDispatchRow, state: str | None, outcome: Outcome) -> None:
-        """Nothing more: ``sent`` counted and logged the POST."""
 
     def what(self, row: QuestionDispatchRow) -> str:
         return "dispatch"
