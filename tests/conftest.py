@@ -27,6 +27,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.outbox_harness import fault, scripted  # noqa: F401 (shared fixtures)
 from tests.support import CaptureRelay, CliProcess, GateProcess, write_config
 
 TIER_MARKERS = ("e2e", "slow", "toolchain")

@@ -564,3 +564,29 @@ def test_layers_the_mcp_server_is_a_client_of_the_pipeline_api(module: Module) -
 
 def test_layers_mcp_rules_see_its_modules() -> None:
     assert {m.name for m in MCP} >= {"gate.mcp.server", "gate.mcp.tools", "gate.mcp.auth"}
+
+
+# --------------------------------------------------------------------------- outbox channels
+
+# the channel adapters of the one delivery loop (gate/daemon/delivery.py, docs/design.md
+# "One sender"): each knows its own outbox only
+CHANNEL_MODULES = (
+    "gate.daemon.approval_dispatch",
+    "gate.daemon.followups",
+    "gate.daemon.question_sender",
+    "gate.daemon.question_notices",
+)
+CHANNELS = [m for m in MODULES if m.name in CHANNEL_MODULES]
+
+
+@pytest.mark.parametrize("module", CHANNELS, ids=ids(CHANNELS))
+def test_layers_outbox_channels_do_not_import_each_other(module: Module) -> None:
+    """A channel adapter uses the delivery loop and the dispatcher's settings, never another
+    channel: what two channels share belongs in the loop (``gate.daemon.delivery``)."""
+    others = tuple(name for name in CHANNEL_MODULES if name != module.name)
+    bad = hits(imports_of(module), others)
+    assert not bad, f"{module.rel} is an outbox channel and imports another one: {bad}"
+
+
+def test_layers_outbox_channel_rule_sees_every_channel() -> None:
+    assert {m.name for m in CHANNELS} == set(CHANNEL_MODULES)

@@ -15,11 +15,13 @@ from aiohttp.typedefs import Middleware
 from gate.clock import Clock, SystemClock
 from gate.config import Config, Secrets
 from gate.core.service import GateService
+from gate.daemon.approval_dispatch import ApprovalDispatch
+from gate.daemon.delivery import OutboxSender
 from gate.daemon.dispatch import BACKOFF_BASE_S, BACKOFF_CAP_S, Dispatcher, relay_session
 from gate.daemon.expiry import run_expiry
-from gate.daemon.followups import FollowUpSender
-from gate.daemon.question_notices import QuestionNoticeSender
-from gate.daemon.question_sender import QuestionSender
+from gate.daemon.followups import FollowUps
+from gate.daemon.question_notices import QuestionNotices
+from gate.daemon.question_sender import QuestionDispatch
 from gate.metrics import Metrics
 from gate.protocol import DECISIONS_PATH
 from gate.store import Store
@@ -136,9 +138,14 @@ def build_gate(
         backoff_base_s=dispatch_backoff_s[0],
         backoff_cap_s=dispatch_backoff_s[1],
     )
-    dispatcher.followups = FollowUpSender(dispatcher)  # reminders, escalations, notices
-    # questions' dispatches and their resolution notices
-    dispatcher.side_outboxes = (QuestionSender(dispatcher), QuestionNoticeSender(dispatcher))
+    # approvals' dispatches; their reminders, escalations and notices; questions' dispatches
+    # and their resolution notices: one delivery loop, one channel adapter each
+    dispatcher.outboxes = (
+        OutboxSender(dispatcher, ApprovalDispatch(dispatcher)),
+        OutboxSender(dispatcher, FollowUps(dispatcher)),
+        OutboxSender(dispatcher, QuestionDispatch(dispatcher)),
+        OutboxSender(dispatcher, QuestionNotices(dispatcher)),
+    )
     return Gate(
         config,
         secrets,

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
 import random
 import ssl
@@ -26,7 +25,6 @@ from gate.core.service import GateService
 from gate.errors import GateError
 from gate.metrics import Metrics
 from gate.protocol import PROTOCOL, PROTOCOL_HEADER, SIGNATURE_HEADER, signing
-from gate.protocol.canonical import wire_json
 from gate.protocol.envelope import build_dispatch
 from gate.protocol.followup import FollowUp
 from gate.protocol.relay_answers import MAX_ANSWER_BYTES, relay_reason
@@ -35,15 +33,12 @@ log = logging.getLogger(__name__)
 
 BACKOFF_BASE_S = 0.5
 BACKOFF_CAP_S = 60.0
-MAX_IN_FLIGHT = 32
-BATCH = 64
 IDLE_S = 3600.0
 MAX_ERROR_CHARS = 300
-STORAGE_RETRY_S = 1.0
 
 
-class SideOutbox(Protocol):
-    """Another outbox the dispatcher's loop drains (``gate.daemon.followups.FollowUpSender``):
+class Outbox(Protocol):
+    """An outbox the dispatcher's loop drains (``gate.daemon.delivery.OutboxSender``):
     ``launch_due`` starts what is due at unix ms ``now_ms`` and returns when to look again
     (unix ms; None: at a wake-up); ``stop`` ends what is in flight."""
 
@@ -88,7 +83,9 @@ def backoff_s(
 
 
 class Dispatcher:
-    """Delivers every un-acked outbox row of a pending approval's current revision.
+    """The loop that drains every outbox (``outboxes``: approvals' dispatches, follow-ups,
+    questions' dispatches and notices, each a ``gate.daemon.delivery.OutboxSender``), and
+    the settings their sends share.
 
     ``secret`` signs dispatches (the current relay secret); ``timeout_s`` bounds one
     attempt (an ack is any 2xx within it); redirects are never followed. Attempts are
@@ -97,12 +94,10 @@ class Dispatcher:
     gives the public callback URL (once the callback listener is bound); ``run`` takes the
     HTTP session (``relay_session``) the POSTs go through.
 
-    When an attempt's result cannot be recorded (storage fault), it is kept in memory and
-    recording is retried without POSTing again: a relay that acked is not sent duplicates
-    for as long as the database refuses writes.
-
-    Every POST is counted in ``metrics`` (the gate's, ``gate.daemon.app.build_gate``):
-    attempts, failures by reason, ack latency, the relay's last ack.
+    The delivery guarantees (in-flight cap, an unrecorded result recorded again without a
+    second POST, storage retry, a fault while building one send recorded with backoff) are
+    ``gate.daemon.delivery``'s. POSTs are counted in ``metrics`` (the gate's,
+    ``gate.daemon.app.build_gate``): attempts, failures by reason, ack latency, last ack.
 
     ``backoff_base_s`` and ``backoff_cap_s`` shape the retry delays (``backoff_s``); the
     defaults are the daemon's (0.5 s doubling to 60 s), which no config key changes: only
@@ -135,16 +130,9 @@ class Dispatcher:
         self.callback_url = ""
         self.ready = asyncio.Event()
         self._rng = random.Random()
-        self._in_flight: dict[tuple[str, int], asyncio.Task[None]] = {}
-        self._unrecorded: dict[tuple[str, int], _Result] = {}
-        # the follow-up sends this loop drains too (``gate.daemon.followups``; build_gate)
-        self.followups: SideOutbox | None = None
-        # further side outboxes drained the same way (questions' dispatches)
-        self.side_outboxes: tuple[SideOutbox, ...] = ()
-
-    def sides(self) -> tuple[SideOutbox, ...]:
-        """Every side outbox this loop drains: the follow-ups, then ``side_outboxes``."""
-        return ((self.followups,) if self.followups is not None else ()) + self.side_outboxes
+        # the outboxes this loop drains, in order (``gate.daemon.delivery.OutboxSender``s,
+        # one per channel; set by build_gate)
+        self.outboxes: tuple[Outbox, ...] = ()
 
     def backoff_ms(self, attempts: int) -> int:
         """The delay before retry number ``attempts`` (1-based), in whole milliseconds: the
@@ -167,39 +155,22 @@ class Dispatcher:
         self.callback_url = callback_url
 
     async def run(self, session: aiohttp.ClientSession) -> None:
-        """Loop until cancelled: send what is due through ``session``, then sleep until the
-        next due attempt. Sends nothing before ``start``."""
+        """Loop until cancelled: launch what is due in every outbox (``outboxes``, in order)
+        through ``session``, then sleep until the next due attempt or a wake-up. Sends
+        nothing before ``start``."""
         await self.ready.wait()
         wakeup = self.service.dispatch_wakeup
-        store = self.service.store
         try:
             while True:
                 wakeup.clear()
                 delay = IDLE_S
                 try:
                     now = self.service.clock.now_ms()
-                    room = MAX_IN_FLIGHT - len(self._in_flight)
-                    due, next_at = await store.reads.dispatch_plan(
-                        now, min(BATCH, room + BATCH) if room > 0 else 0
-                    )
-                    for row in due:
-                        key = (row["approval_id"], int(row["revision"]))
-                        if key in self._in_flight or len(self._in_flight) >= MAX_IN_FLIGHT:
-                            continue
-                        task = asyncio.create_task(
-                            self._attempt(session, key, int(row["attempts"]))
-                        )
-                        self._in_flight[key] = task
-                        task.add_done_callback(functools.partial(self._forget, key))
-                    if next_at is not None:
-                        delay = max(0.0, (next_at - self.service.clock.now_ms()) / 1000) + 0.002
-                        if delay <= 0.002 and self._in_flight:
-                            delay = IDLE_S  # everything due is in flight; a finish wakes us
-                    for side in self.sides():
-                        side_at = await side.launch_due(session, now)
-                        if side_at is not None:
-                            side_s = max(0.0, (side_at - self.service.clock.now_ms()) / 1000)
-                            delay = min(delay, side_s + 0.002)
+                    for outbox in self.outboxes:
+                        at = await outbox.launch_due(session, now)
+                        if at is not None:
+                            at_s = max(0.0, (at - self.service.clock.now_ms()) / 1000)
+                            delay = min(delay, at_s + 0.002)
                 except GateError as exc:
                     log.error(
                         "event=dispatch_loop_failed reason=%s message=%s", exc.code, exc.message
@@ -211,76 +182,8 @@ class Dispatcher:
                     async with asyncio.timeout(min(delay, IDLE_S)):
                         await wakeup.wait()
         finally:
-            for task in list(self._in_flight.values()):
-                task.cancel()
-            if self._in_flight:
-                await asyncio.gather(*self._in_flight.values(), return_exceptions=True)
-            for side in self.sides():
-                await side.stop()
-
-    def _forget(self, key: tuple[str, int], _task: asyncio.Task[None]) -> None:
-        """Done-callback of an attempt's task: forget it and wake the loop."""
-        self._done(key)
-
-    def _done(self, key: tuple[str, int]) -> None:
-        self._in_flight.pop(key, None)
-        self.service.dispatch_wakeup.set()
-
-    async def _attempt(
-        self, session: aiohttp.ClientSession, key: tuple[str, int], attempts_before: int
-    ) -> None:
-        try:
-            result = self._unrecorded.pop(key, None)
-            if result is None:
-                result = await self._send(session, key, attempts_before)
-            if result is not None:
-                self._unrecorded[key] = result  # until recorded
-                await self.service.dispatch_result(
-                    key[0],
-                    key[1],
-                    acked=result.acked,
-                    error=result.error,
-                    retry_at_ms=result.retry_at_ms,
-                )
-                self._unrecorded.pop(key, None)
-        except GateError as exc:  # storage trouble: logged; the row stays due and is retried
-            log.error(
-                "event=dispatch_failed approval_id=%s reason=%s message=%s",
-                key[0],
-                exc.code,
-                exc.message,
-            )
-            await asyncio.sleep(STORAGE_RETRY_S)  # stays in flight: no hot loop while it lasts
-        except Exception as exc:  # a fault building this one dispatch: a failed attempt
-            await self._record_fault(key, attempts_before, exc)
-
-    async def _record_fault(
-        self, key: tuple[str, int], attempts_before: int, exc: Exception
-    ) -> None:
-        """Record an attempt that failed before anything was sent (a bug, or a stored row the
-        envelope cannot carry) as a failed attempt with the usual backoff: it is retried, the
-        pipeline sees ``last_error``, and other dispatches go on. Logged with its traceback."""
-        attempt = attempts_before + 1
-        retry_at = self.service.clock.now_ms() + self.backoff_ms(attempt)
-        log.error(
-            "event=dispatch_failed approval_id=%s revision=%d attempt=%d "
-            "reason=internal_error retry_in_s=%.1f",
-            key[0],
-            key[1],
-            attempt,
-            (retry_at - self.service.clock.now_ms()) / 1000,
-            exc_info=exc,
-        )
-        try:
-            await self.service.dispatch_result(
-                key[0],
-                key[1],
-                acked=False,
-                retry_at_ms=retry_at,
-                error=f"the dispatch could not be built ({type(exc).__name__})",
-            )
-        except Exception:  # cannot record it either: wait before the row is read again
-            await asyncio.sleep(STORAGE_RETRY_S)
+            for outbox in self.outboxes:
+                await outbox.stop()
 
     def envelope_for(self, full: Approval, revision: int) -> dict[str, Any]:
         """The dispatch envelope of ``revision`` as the config in force makes it now: the
@@ -295,63 +198,6 @@ class Dispatcher:
             delegates=delegates_for(full, config, now),
             approver_signature=step_mode(config, full),
         )
-
-    async def _send(
-        self, session: aiohttp.ClientSession, key: tuple[str, int], attempts_before: int
-    ) -> _Result | None:
-        """POST one attempt; return its result to record, or None when nothing is to be sent
-        (resolved, superseded or expired meanwhile)."""
-        approval_id, revision = key
-        full = await self.service.store.reads.fetch_approval(approval_id)
-        if full is None or full.state != "pending" or full.revision != revision:
-            return None
-        if any(o.revision == revision and o.delivered_at is not None for o in full.outbox):
-            return None  # acked meanwhile: the due rows were read before that ack was recorded
-        if self.service.clock.now_ms() >= full.expires_at:
-            return None  # the expiry scheduler resolves it as timeout; never dispatch after
-        body = wire_json(self.envelope_for(full, revision))
-        result = await post_signed(
-            session,
-            self.relay_url,
-            body,
-            self.secret,
-            self.service.clock.now_ms() // 1000,
-            self.timeout_s,
-        )
-        acked = result.error is None
-        self.metrics.dispatch_result(
-            acked, result.elapsed_s, result.failure, self.service.clock.now_ms()
-        )
-        attempt = attempts_before + 1
-        retry_at = self.service.clock.now_ms() + self.backoff_ms(attempt)
-        if acked:
-            log.info(
-                "event=dispatched approval_id=%s revision=%d attempt=%d status=%s",
-                approval_id,
-                revision,
-                attempt,
-                result.status,
-            )
-        else:
-            log.warning(
-                "event=dispatch_failed approval_id=%s revision=%d attempt=%d error=%r "
-                "retry_in_s=%.1f",
-                approval_id,
-                revision,
-                attempt,
-                result.error,
-                (retry_at - self.service.clock.now_ms()) / 1000,
-            )
-        return _Result(acked, result.error, retry_at)
-
-
-@dataclass(frozen=True, slots=True)
-class _Result:
-    """An attempt's outcome waiting to be recorded (``GateService.dispatch_result``)."""
-
-    acked: bool
-    error: str | None
-    retry_at_ms: int
 
 
 def dispatch_envelope(

@@ -1,209 +1,134 @@
-"""The sender of ``followup_outbox``: resolution notices, reminders and escalation
-dispatches, drained by the dispatcher's loop with the dispatch's signing, timeout, backoff and
-redirect rules (``gate.daemon.dispatch``), and the envelopes they carry."""
+"""The channel of ``followup_outbox``: resolution notices, reminders and escalation
+dispatches, drained by ``gate.daemon.delivery.OutboxSender`` with the dispatch's signing,
+timeout, backoff and redirect rules, and the envelopes they carry."""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import functools
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import aiohttp
-
 from gate.core.model import Approval
-from gate.daemon.dispatch import Dispatcher, post_signed
-from gate.errors import GateError
+from gate.daemon.delivery import ChannelBase, Outcome, Send, typed
+from gate.daemon.dispatch import SendResult
 from gate.protocol.canonical import wire_json
 from gate.protocol.followup import FollowUp, build_notice
 
 log = logging.getLogger(__name__)
 
 Key = tuple[str, str, int]  # (approval_id, kind, n): the row's primary key
-MAX_IN_FLIGHT = 32
-BATCH = 64
-STORAGE_RETRY_S = 1.0
 DECIDING_OUTCOMES = ("approved", "adjusted", "skipped")
 
 
 @dataclass(frozen=True, slots=True)
-class _Outcome:
-    """An attempt's result waiting to be recorded: ``retry_at_ms`` None = drop it unsent
-    (``error`` says why); ``pipeline``/``step`` label its metric."""
+class FollowUpRow:
+    """A due ``followup_outbox`` row: the ``kind`` (``notice``, ``reminder``,
+    ``escalation``) and ``n`` of ``approval_id``, ``attempts`` so far, ``give_up_at`` (unix
+    ms: not delivered by then, failed)."""
 
-    acked: bool
-    error: str | None
-    retry_at_ms: int | None
-    pipeline: str = ""
-    step: str = ""
+    approval_id: str
+    kind: str
+    n: int
+    attempts: int
+    give_up_at: int
+
+    @property
+    def key(self) -> Key:
+        return (self.approval_id, self.kind, self.n)
+
+    @property
+    def log_id(self) -> str:
+        return f"approval_id={self.approval_id} kind={self.kind} n={self.n}"
 
 
-class FollowUpSender:
-    """Sends the due rows of ``followup_outbox`` for ``dispatcher`` (its session, relay URL,
-    secret, per-attempt timeout, callback URL and backoff, all as reconfigured by SIGHUP).
+class FollowUps(ChannelBase):
+    """The channel of ``followup_outbox`` for ``dispatcher`` (its relay URL, callback URL and
+    metrics, as reconfigured by SIGHUP); drained by ``gate.daemon.delivery.OutboxSender``.
 
     A notice goes to ``relay.notice_target`` of the config in force (dropped as failed when
     notices were turned off meanwhile); a reminder or an escalation goes to the relay's URL
     as the approval's current dispatch plus its follow-up fields, and is dropped (failed,
     ``last_error`` ``resolved``) once the approval resolved or expired. A row is retried with
-    the dispatch backoff until its ``give_up_at``, then failed (logged and counted). An
-    attempt whose result cannot be recorded (storage fault) is kept in memory and recorded
-    again without a second POST, as dispatches are. Rows are read again after a restart.
+    the dispatch backoff until its ``give_up_at``, then failed (logged and counted). Rows are
+    read again after a restart.
     """
 
-    def __init__(self, dispatcher: Dispatcher) -> None:
-        self.dispatcher = dispatcher
-        self._in_flight: dict[Key, asyncio.Task[None]] = {}
-        self._unrecorded: dict[Key, _Outcome] = {}
+    failed_event = "followup_failed"
+    log = log
 
-    async def launch_due(self, session: aiohttp.ClientSession, now_ms: int) -> int | None:
-        """Start an attempt for each row due at ``now_ms`` (unix ms) that is not in flight;
-        return when the loop should look again (unix ms), or None to wait for a wake-up (a
-        finished attempt sets ``dispatch_wakeup``). Raises GateError when the store cannot
-        be read."""
-        service = self.dispatcher.service
-        if len(self._in_flight) >= MAX_IN_FLIGHT:
-            return None
-        due, next_at = await service.store.reads.followup_plan(now_ms, BATCH)
-        for row in due:
-            key: Key = (str(row["approval_id"]), str(row["kind"]), int(row["n"]))
-            if key in self._in_flight or len(self._in_flight) >= MAX_IN_FLIGHT:
-                continue
-            task = asyncio.create_task(self._attempt(session, key, row))
-            self._in_flight[key] = task
-            task.add_done_callback(functools.partial(self._forget, key))
-        if next_at is not None and next_at <= now_ms and self._in_flight:
-            return None  # what is due is in flight (or waits for room): a finish wakes us
-        return next_at
+    async def due(self, now_ms: int, limit: int) -> tuple[list[FollowUpRow], int | None]:
+        rows, next_at = await self.dispatcher.service.store.reads.followup_plan(now_ms, limit)
+        return typed(FollowUpRow, rows), next_at
 
-    async def stop(self) -> None:
-        """Cancel the attempts in flight (their rows stay due: sent again after a restart)."""
-        tasks = list(self._in_flight.values())
-        for task in tasks:
-            task.cancel()
-        if tasks:
-            await asyncio.gather(*tasks, return_exceptions=True)
-
-    def _forget(self, key: Key, _task: asyncio.Task[None]) -> None:
-        self._in_flight.pop(key, None)
-        self.dispatcher.service.dispatch_wakeup.set()
-
-    async def _attempt(self, session: aiohttp.ClientSession, key: Key, row: dict[str, Any]) -> None:
-        service = self.dispatcher.service
-        try:
-            outcome = self._unrecorded.pop(key, None)
-            if outcome is None:
-                outcome = await self._send(session, key, row)
-            self._unrecorded[key] = outcome  # until recorded
-            state = await service.followup_result(
-                key, acked=outcome.acked, error=outcome.error, retry_at_ms=outcome.retry_at_ms
-            )
-            self._unrecorded.pop(key, None)
-            self._count(key, state, outcome)
-        except GateError as exc:  # storage trouble: the row stays due and is tried again
-            log.error(
-                "event=followup_failed approval_id=%s kind=%s n=%d reason=%s message=%s",
-                *key,
-                exc.code,
-                exc.message,
-            )
-            await asyncio.sleep(STORAGE_RETRY_S)
-        except Exception as exc:  # a fault building this one send: a failed attempt
-            log.error(
-                "event=followup_failed approval_id=%s kind=%s n=%d reason=internal_error",
-                *key,
-                exc_info=exc,
-            )
-            retry_at = service.clock.now_ms() + self.dispatcher.backoff_ms(int(row["attempts"]) + 1)
-            with contextlib.suppress(Exception):
-                await service.followup_result(
-                    key,
-                    acked=False,
-                    error=f"the {key[1]} could not be built ({type(exc).__name__})",
-                    retry_at_ms=retry_at,
-                )
-                return
-            await asyncio.sleep(STORAGE_RETRY_S)
-
-    async def _send(
-        self, session: aiohttp.ClientSession, key: Key, row: dict[str, Any]
-    ) -> _Outcome:
-        """POST one attempt (or decide not to: a drop) and return what to record."""
+    async def build(self, row: FollowUpRow) -> Send | Outcome:
+        """The POST of ``row``, or a drop (an ``Outcome`` without a retry time)."""
         d = self.dispatcher
-        approval_id, kind, n = key
-        full = await d.service.store.reads.fetch_approval(approval_id)
+        full = await d.service.store.reads.fetch_approval(row.approval_id)
         now = d.service.clock.now_ms()
         if full is None:
-            return _Outcome(False, "unknown approval", None)
-        if kind != "notice" and (full.state != "pending" or now >= full.expires_at):
-            return _Outcome(False, "resolved", None)  # a reminder of nothing pending: dropped
-        if now >= int(row["give_up_at"]):
-            return _Outcome(False, "not delivered before it was given up", None)
-        if kind == "notice":
+            return Outcome(False, "unknown approval", None)
+        if row.kind != "notice" and (full.state != "pending" or now >= full.expires_at):
+            return Outcome(False, "resolved", None)  # a reminder of nothing pending: dropped
+        if now >= row.give_up_at:
+            return Outcome(False, "not delivered before it was given up", None)
+        if row.kind == "notice":
             url = d.service.config.relay.notice_target
             if url is None:
-                return _Outcome(False, "notices are turned off", None)
+                return Outcome(False, "notices are turned off", None)
             envelope = notice_envelope(full, d.service.config.relay.operators)
         else:
             url = d.relay_url
-            envelope = followup_envelope(d.envelope_for(full, full.revision), full, kind, n)
-        result = await post_signed(
-            session, url, wire_json(envelope), d.secret, now // 1000, d.timeout_s
-        )
-        attempt = int(row["attempts"]) + 1
-        retry_at = d.service.clock.now_ms() + self.dispatcher.backoff_ms(attempt)
+            envelope = followup_envelope(d.envelope_for(full, full.revision), full, row.kind, row.n)
+        return Send(url, wire_json(envelope), full.pipeline, full.step)
+
+    def sent(
+        self, row: FollowUpRow, send: Send, result: SendResult, attempt: int, retry_at_ms: int
+    ) -> None:
         if result.error is None:
             log.info(
                 "event=followup_sent approval_id=%s kind=%s n=%d attempt=%d status=%s",
-                approval_id,
-                kind,
-                n,
+                row.approval_id,
+                row.kind,
+                row.n,
                 attempt,
                 result.status,
             )
         else:
             log.warning(
                 "event=followup_attempt_failed approval_id=%s kind=%s n=%d attempt=%d error=%r",
-                approval_id,
-                kind,
-                n,
+                row.approval_id,
+                row.kind,
+                row.n,
                 attempt,
                 result.error,
             )
-        return _Outcome(result.error is None, result.error, retry_at, full.pipeline, full.step)
 
-    def _count(self, key: Key, state: str | None, outcome: _Outcome) -> None:
+    async def record(self, row: FollowUpRow, outcome: Outcome) -> str | None:
+        return await self.dispatcher.service.followup_result(
+            row.key, acked=outcome.acked, error=outcome.error, retry_at_ms=outcome.retry_at_ms
+        )
+
+    def ended(self, row: FollowUpRow, state: str | None, outcome: Outcome) -> None:
         """Log and count a row that ended (delivered or failed)."""
-        approval_id, kind, n = key
         metrics = self.dispatcher.metrics.followups
         if state == "delivered":
-            if kind == "notice":
+            if row.kind == "notice":
                 metrics.notice("delivered")
             else:
-                metrics.delivered(kind, outcome.pipeline, outcome.step, n)
+                metrics.delivered(row.kind, outcome.pipeline, outcome.step, row.n)
         elif state == "failed":
             if outcome.error == "resolved":
-                log.info(
-                    "event=followup_dropped approval_id=%s kind=%s n=%d reason=resolved",
-                    approval_id,
-                    kind,
-                    n,
-                )
+                log.info("event=followup_dropped %s reason=resolved", row.log_id)
                 return
-            log.warning(
-                "event=followup_given_up approval_id=%s kind=%s n=%d error=%r",
-                approval_id,
-                kind,
-                n,
-                outcome.error,
-            )
-            if kind == "notice":
+            log.warning("event=followup_given_up %s error=%r", row.log_id, outcome.error)
+            if row.kind == "notice":
                 metrics.notice("failed")
             else:
-                metrics.failed(kind)
+                metrics.failed(row.kind)
+
+    def what(self, row: FollowUpRow) -> str:
+        return row.kind
 
 
 def followup_envelope(

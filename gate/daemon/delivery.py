@@ -1,0 +1,252 @@
+"""One outbox sender: the delivery loop every outbox shares, and the contract a channel
+adapter fills in (docs/design.md, "One sender").
+
+``OutboxSender(dispatcher, channel)`` drains one outbox for the dispatcher's loop: it caps the
+attempts in flight, launches one task per due row, POSTs what the channel built (signed with
+the dispatcher's secret, within its timeout, redirects never followed), computes the retry time
+with the dispatcher's backoff, and records the result through the channel. The guarantees are
+the loop's, so every channel has all of them:
+
+- an attempt whose result cannot be recorded (storage fault) is kept in memory and recorded
+  again without a second POST;
+- storage trouble (a GateError while reading or recording) leaves the row due; the task stays
+  in flight for ``STORAGE_RETRY_S``, so it is retried without a hot loop;
+- a fault while building one send (a bug, or a stored row the envelope cannot carry) is
+  recorded as that attempt's failure with the usual backoff, logged with its traceback;
+- give-up is the channel's: a channel drops a row by returning a ``Outcome`` with
+  ``retry_at_ms`` None from ``build`` (its ``give_up_at`` passed, its target turned off).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import functools
+import logging
+from collections.abc import Hashable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, cast
+
+import aiohttp
+
+from gate.daemon.dispatch import SendResult, post_signed
+from gate.errors import GateError
+
+if TYPE_CHECKING:
+    from gate.daemon.dispatch import Dispatcher
+
+MAX_IN_FLIGHT = 32
+BATCH = 64
+STORAGE_RETRY_S = 1.0
+
+
+class OutboxRow(Protocol):
+    """A due row as a channel reads it: its primary ``key``, the ``attempts`` recorded so far
+    and ``log_id``, the ``name=value`` fields that name it in log lines."""
+
+    @property
+    def key(self) -> Hashable: ...
+
+    @property
+    def attempts(self) -> int: ...
+
+    @property
+    def log_id(self) -> str: ...
+
+
+Row = TypeVar("Row", bound=OutboxRow)
+
+
+@dataclass(frozen=True, slots=True)
+class Send:
+    """One signed POST to build: ``body`` to ``url``; ``pipeline``/``step`` label metrics,
+    ``detail`` is more ``name=value`` fields for the channel's log line of the POST."""
+
+    url: str
+    body: bytes
+    pipeline: str = ""
+    step: str = ""
+    detail: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """An attempt's result to record: ``retry_at_ms`` (unix ms) is when to try again after a
+    failure; None drops the row unsent as failed (``error`` says why). ``pipeline``/``step``
+    label its metric."""
+
+    acked: bool
+    error: str | None
+    retry_at_ms: int | None
+    pipeline: str = ""
+    step: str = ""
+
+    def retry_at(self) -> int:
+        """``retry_at_ms`` of a channel that never drops a row (its dispatches are retried
+        until the request resolves); raises ValueError for a drop."""
+        if self.retry_at_ms is None:
+            raise ValueError("a dispatch is retried until its request resolves, never dropped")
+        return self.retry_at_ms
+
+
+class Channel(Protocol[Row]):
+    """What one outbox adds to the loop. ``failed_event`` is the log event of its failed
+    attempts (storage trouble, a fault while building), logged through ``log``, the
+    channel's own logger."""
+
+    failed_event: str
+    log: logging.Logger
+
+    async def due(self, now_ms: int, limit: int) -> tuple[list[Row], int | None]:
+        """Up to ``limit`` rows due at ``now_ms`` and the earliest next attempt (unix ms) of
+        any unsent row, due or not (None: none). Raises GateError when the store cannot be
+        read."""
+        ...
+
+    async def build(self, row: Row) -> Send | Outcome | None:
+        """The POST of ``row``; an ``Outcome`` to record without one (a drop); or None when
+        nothing is to be sent or recorded (resolved, superseded or acked meanwhile)."""
+        ...
+
+    def sent(
+        self, row: Row, send: Send, result: SendResult, attempt: int, retry_at_ms: int
+    ) -> None:
+        """Log (and count) the ``result`` of POSTing ``send``, attempt number ``attempt``."""
+        ...
+
+    async def record(self, row: Row, outcome: Outcome) -> str | None:
+        """Record ``outcome``; return the row's state when it ended (``"delivered"``,
+        ``"failed"``), ``"retry"``, or None."""
+        ...
+
+    def ended(self, row: Row, state: str | None, outcome: Outcome) -> None:
+        """Log and count a recorded attempt in state ``state`` (``record``'s answer)."""
+        ...
+
+    def what(self, row: Row) -> str:
+        """What a send of ``row`` is called in ``last_error`` (``dispatch``, ``notice``...)."""
+        ...
+
+
+def typed(row_type: type[Row], rows: list[dict[str, Any]]) -> list[Row]:
+    """``rows`` as read by a plan (one dict a row) as ``row_type``, a frozen dataclass whose
+    fields are columns of the plan: the loop and the adapters never read a row by key."""
+    names = [field.name for field in dataclasses.fields(cast(Any, row_type))]
+    return [row_type(**{name: row[name] for name in names}) for row in rows]
+
+
+class ChannelBase:
+    """What every channel adapter starts from: its ``dispatcher`` (settings, service,
+    metrics) and an ``ended`` that logs and counts nothing (a dispatch is counted when
+    sent)."""
+
+    def __init__(self, dispatcher: Dispatcher) -> None:
+        self.dispatcher = dispatcher
+
+    def ended(self, row: Any, state: str | None, outcome: Outcome) -> None:
+        """Nothing to log or count once recorded."""
+
+
+class OutboxSender(Generic[Row]):
+    """Drains ``channel``'s outbox for ``dispatcher`` (its session, secret, timeout, backoff,
+    clock and wake-up, all as reconfigured by SIGHUP): the loop in this module's docstring."""
+
+    def __init__(self, dispatcher: Dispatcher, channel: Channel[Row]) -> None:
+        self.dispatcher = dispatcher
+        self.channel = channel
+        self._in_flight: dict[Hashable, asyncio.Task[None]] = {}
+        self._unrecorded: dict[Hashable, Outcome] = {}
+
+    async def launch_due(self, session: aiohttp.ClientSession, now_ms: int) -> int | None:
+        """Start an attempt for each row due at ``now_ms`` (unix ms) that is not in flight;
+        return when the loop should look again (unix ms), or None to wait for a wake-up (a
+        finished attempt sets ``dispatch_wakeup``). Raises GateError when the store cannot
+        be read."""
+        if len(self._in_flight) >= MAX_IN_FLIGHT:
+            return None
+        due, next_at = await self.channel.due(now_ms, BATCH)
+        for row in due:
+            key = row.key
+            if key in self._in_flight or len(self._in_flight) >= MAX_IN_FLIGHT:
+                continue
+            task = asyncio.create_task(self._attempt(session, row))
+            self._in_flight[key] = task
+            task.add_done_callback(functools.partial(self._forget, key))
+        if next_at is not None and next_at <= now_ms and self._in_flight:
+            return None  # what is due is in flight (or waits for room): a finish wakes us
+        return next_at
+
+    async def stop(self) -> None:
+        """Cancel the attempts in flight (their rows stay due: sent again after a restart)."""
+        tasks = list(self._in_flight.values())
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    def _forget(self, key: Hashable, _task: asyncio.Task[None]) -> None:
+        """Done-callback of an attempt's task: forget it and wake the loop."""
+        self._in_flight.pop(key, None)
+        self.dispatcher.service.dispatch_wakeup.set()
+
+    async def _attempt(self, session: aiohttp.ClientSession, row: Row) -> None:
+        channel = self.channel
+        try:
+            outcome = self._unrecorded.pop(row.key, None)
+            if outcome is None:
+                outcome = await self._send(session, row)
+            if outcome is None:
+                return
+            self._unrecorded[row.key] = outcome  # until recorded
+            state = await channel.record(row, outcome)
+            self._unrecorded.pop(row.key, None)
+            channel.ended(row, state, outcome)
+        except GateError as exc:  # storage trouble: logged; the row stays due and is retried
+            channel.log.error(
+                "event=%s %s reason=%s message=%s",
+                channel.failed_event,
+                row.log_id,
+                exc.code,
+                exc.message,
+            )
+            await asyncio.sleep(STORAGE_RETRY_S)  # stays in flight: no hot loop while it lasts
+        except Exception as exc:  # a fault building this one send: a failed attempt
+            await self._record_fault(row, exc)
+
+    async def _send(self, session: aiohttp.ClientSession, row: Row) -> Outcome | None:
+        """Build and POST one attempt; return what to record (None: nothing)."""
+        d = self.dispatcher
+        built = await self.channel.build(row)
+        if not isinstance(built, Send):
+            return built
+        now = d.service.clock.now_ms()
+        result = await post_signed(
+            session, built.url, built.body, d.secret, now // 1000, d.timeout_s
+        )
+        attempt = row.attempts + 1
+        retry_at = d.service.clock.now_ms() + d.backoff_ms(attempt)
+        self.channel.sent(row, built, result, attempt, retry_at)
+        acked = result.error is None
+        return Outcome(acked, result.error, retry_at, built.pipeline, built.step)
+
+    async def _record_fault(self, row: Row, exc: Exception) -> None:
+        """Record an attempt that failed before anything was sent as a failed attempt with
+        the usual backoff: it is retried, ``last_error`` says so, and other rows go on.
+        Logged with its traceback; when it cannot be recorded either, the row waits
+        ``STORAGE_RETRY_S`` before it is read again."""
+        clock = self.dispatcher.service.clock
+        attempt = row.attempts + 1
+        retry_at = clock.now_ms() + self.dispatcher.backoff_ms(attempt)
+        self.channel.log.error(
+            "event=%s %s attempt=%d reason=internal_error retry_in_s=%.1f",
+            self.channel.failed_event,
+            row.log_id,
+            attempt,
+            (retry_at - clock.now_ms()) / 1000,
+            exc_info=exc,
+        )
+        error = f"the {self.channel.what(row)} could not be built ({type(exc).__name__})"
+        try:
+            await self.channel.record(row, Outcome(False, error, retry_at))
+        except Exception:  # cannot record it either: wait before the row is read again
+            await asyncio.sleep(STORAGE_RETRY_S)
