@@ -57,7 +57,10 @@ ALTER TABLE decisions ADD COLUMN reason TEXT
 SENT = """
 ALTER TABLE decisions ADD COLUMN sent TEXT
 """  # what the approver sent besides the verb: an adjust's text, an answer's value as JSON
-MIGRATIONS = (SCHEMA, BATCHES, REASONS, SENT)  # user_version N means MIGRATIONS[:N] ran
+ENDED = """
+ALTER TABLE sessions ADD COLUMN ended TEXT
+"""  # why a session ended before its time ('revoked'), kept so every later request says it
+MIGRATIONS = (SCHEMA, BATCHES, REASONS, SENT, ENDED)  # user_version N means MIGRATIONS[:N] ran
 
 
 def open_file(path: Path) -> sqlite3.Connection:
