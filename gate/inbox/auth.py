@@ -20,6 +20,7 @@ from aiohttp import web
 
 from gate.config.webauthn import origin_of
 from gate.inbox.body import read_whole
+from gate.inbox.decided import on_behalf_of
 from gate.inbox.model import Item, Session
 from gate.protocol.envelope import check_unicode
 from gate.protocol.errors import ProtocolError
@@ -288,4 +289,4 @@ def may_decide(session: Session, item: Item) -> bool:
     key = identity_key(session.identity)
     if any(identity_key(a) == key for a in item.approvers):
         return True
-    return any(identity_key(delegate) == key for delegate, _ in item.delegates)
+    return bool(on_behalf_of(session.identity, item))
