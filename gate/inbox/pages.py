@@ -423,6 +423,5 @@ def plain_page(
 ) -> web.Response:
     """A page of one ``sentence`` under ``title`` (e.g. the 404 page), answering ``status``."""
     context = {"title": title, "kind": "refused", "sentence": sentence, "item_url": None}
-    context["reason"] = context["named"] = None
-    context["behalf"] = ()
+    context["reason"] = context["named"] = context["behalf"] = None
     return _render(request, "message.html", {**context, "session": session}, status=status)
