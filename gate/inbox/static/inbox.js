@@ -22,6 +22,8 @@
     if (!live) return;
     live.textContent = text;
     if (focus && live.tabIndex === -1) live.focus();
+    // in the page's flow (beside its button): its whole text in view, not only its top
+    if (focus && own && own.scrollIntoView) own.scrollIntoView({block: 'nearest'});
   };
   // an item that changed, closed or was decided already: every decision button off at once
   let locked = false;
