@@ -11,6 +11,7 @@ see tests/inbox_e2e.py.
 from __future__ import annotations
 
 import base64
+import re
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,7 @@ from tests.inbox_e2e import (
     browser_fixtures,
     enrolled,
     in_view,
+    no_horizontal_scroll,
     screenshot,
     signin_ready,
 )
@@ -130,3 +132,32 @@ def test_inbox_e2e_signin_a_revoked_passkey_ends_the_open_tab_with_its_reason(
     assert "Your passkey is no longer enrolled at the gate" in page.inner_text("main")
     screenshot(page, shots, "signin-revoked-page", full_page=False)
     alice.assert_clean("a revoked passkey's session")
+
+
+def test_inbox_e2e_signin_the_invite_says_its_expiry_in_utc_and_leads_to_the_inbox(
+    stack: Stack, browser: Browser, shots: Path
+) -> None:
+    """The gate's invite page, the step before the first sign-in: its expiry in UTC (the
+    zone said, as the CLI prints it), and once the passkey is made, a link to the inbox (the
+    relying party's origin other than the gate's own) that signs in."""
+    signin_ready(stack)
+    alice = browser.approver("alice", 390)
+    page = alice.page
+    page.goto(stack.invite(101, "alice chromium"))
+    expires = page.locator("#expires")
+    assert re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d UTC", expires.inner_text()), (
+        expires.inner_text()
+    )
+    page.click("#create")
+    page.wait_for_selector("#status.ok", timeout=30_000)
+    link = page.get_by_role("link", name=stack.inbox.origin)
+    assert link.is_visible() and in_view(alice, link)
+    assert no_horizontal_scroll(page)  # the credential id, one long word, wraps
+    screenshot(page, shots, "enrolled-sign-in-at", full_page=False)
+
+    link.click()
+    page.wait_for_url("**/signin**")
+    press_sign_in(alice)
+    page.wait_for_url(lambda url: "/signin" not in url)
+    assert "alice@example.com" in page.inner_text("header")
+    alice.assert_clean("invite to first sign-in")
