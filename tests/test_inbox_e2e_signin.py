@@ -31,9 +31,6 @@ from tests.inbox_e2e import (
     screenshot,
     signin_ready,
 )
-from tests.inbox_harness import ENV
-from tests.support import run_cli
-from tests.webauthn_soft import SoftAuthenticator
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 NOT_USED = "No passkey was used"
@@ -46,6 +43,13 @@ def press_sign_in(who: Approver) -> Any:
     """Press the sign-in page's button; the notice it answers in."""
     who.page.click("form[data-sign=signin] button[type=submit]")
     return who.page.locator("#sign-status")
+
+
+def lands_signed_in(who: Approver) -> None:
+    """Press the sign-in button; the page goes on, signed in as alice."""
+    press_sign_in(who)
+    who.page.wait_for_url(lambda url: "/signin" not in url)
+    assert "alice@example.com" in who.page.inner_text("header")
 
 
 def said_in_words(who: Approver, notice: Any) -> str:
@@ -66,9 +70,7 @@ def test_inbox_e2e_signin_a_passkey_not_used_is_said_in_words_and_can_be_tried_a
     signin_ready(stack)
     alice = enrolled(stack, browser, "alice", 101)
     page = alice.page
-    [credential] = alice.cdp.send(
-        "WebAuthn.getCredentials", {"authenticatorId": alice.authenticator_id}
-    )["credentials"]
+    credential = alice.credential()
     page.context.clear_cookies()
     page.goto(stack.inbox.origin + "/")
     page.wait_for_url("**/signin**")
@@ -97,9 +99,7 @@ def test_inbox_e2e_signin_a_passkey_not_used_is_said_in_words_and_can_be_tried_a
         "WebAuthn.addCredential",
         {"authenticatorId": empty["authenticatorId"], "credential": credential},
     )
-    press_sign_in(alice)
-    page.wait_for_url(lambda url: "/signin" not in url)
-    assert "alice@example.com" in page.inner_text("header")
+    lands_signed_in(alice)
     alice.assert_clean("sign-in after a passkey that was not used")
 
 
@@ -110,17 +110,8 @@ def test_inbox_e2e_signin_a_revoked_passkey_ends_the_open_tab_with_its_reason(
     alice = enrolled(stack, browser, "alice", 101)
     page = alice.page
     assert "Waiting for you" in page.inner_text("h1")
-    [credential] = alice.cdp.send(
-        "WebAuthn.getCredentials", {"authenticatorId": alice.authenticator_id}
-    )["credentials"]
-    credential_id = base64.urlsafe_b64encode(base64.b64decode(credential["credentialId"]))
-    revoked = run_cli(
-        "approvers", "revoke", "-c", str(stack.gate.config), "--api-url", stack.gate.api_url,
-        "--", credential_id.decode().rstrip("="), env=ENV,
-    )  # fmt: skip
-    assert revoked.returncode == 0, revoked.stderr
-    # a sign-in with a passkey the inbox does not know makes it ask the gate at once
-    assert stack.world.client().signin(SoftAuthenticator()).status == 401
+    credential_id = base64.urlsafe_b64encode(base64.b64decode(alice.credential()["credentialId"]))
+    stack.world.revoke(credential_id.decode().rstrip("="))
 
     live = page.locator("#live")
     live.filter(has_text="Your passkey is no longer enrolled at the gate").wait_for(timeout=LIVE_S)
@@ -157,7 +148,5 @@ def test_inbox_e2e_signin_the_invite_says_its_expiry_in_utc_and_leads_to_the_inb
 
     link.click()
     page.wait_for_url("**/signin**")
-    press_sign_in(alice)
-    page.wait_for_url(lambda url: "/signin" not in url)
-    assert "alice@example.com" in page.inner_text("header")
+    lands_signed_in(alice)
     alice.assert_clean("invite to first sign-in")

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.inbox_harness import ENV, InboxWorld, start_world
-from tests.support import free_port, run_cli
+from tests.inbox_harness import InboxWorld, start_world
+from tests.support import free_port
 from tests.webauthn_soft import SoftAuthenticator
 
 pytestmark = pytest.mark.e2e
@@ -105,14 +105,7 @@ def test_a_revoked_passkey_ends_its_session_at_the_next_request(world: InboxWorl
     alice = world.client()
     assert alice.signin(world.passkeys[101]).status == 200
     assert alice.get("/").status == 200
-    assert world.gate is not None
-    revoked = run_cli(
-        "approvers", "revoke", "-c", str(world.gate.config), "--api-url", world.gate.api_url,
-        "--", world.passkeys[101].credential_id, env=ENV,
-    )  # fmt: skip
-    assert revoked.returncode == 0, revoked.stderr
-    # a sign-in with a credential the inbox does not know makes it ask the gate now
-    assert world.client().signin(SoftAuthenticator()).status == 401
+    world.revoke(world.passkeys[101].credential_id)
 
     home = alice.get("/")
 
@@ -132,13 +125,7 @@ def test_a_revoked_session_says_why_to_live_and_to_every_later_page(world: Inbox
     reason, and the next page loads still say it (the reason is not used up)."""
     alice = world.client()
     assert alice.signin(world.passkeys[101]).status == 200
-    assert world.gate is not None
-    revoked = run_cli(
-        "approvers", "revoke", "-c", str(world.gate.config), "--api-url", world.gate.api_url,
-        "--", world.passkeys[101].credential_id, env=ENV,
-    )  # fmt: skip
-    assert revoked.returncode == 0, revoked.stderr
-    assert world.client().signin(SoftAuthenticator()).status == 401  # the inbox asks the gate
+    world.revoke(world.passkeys[101].credential_id)
 
     polled = alice.get("/live?since=0")
 
