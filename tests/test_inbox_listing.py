@@ -52,8 +52,8 @@ def test_a_question_s_row_offers_no_checkbox() -> None:
         ("01j8z3k4q5r6s7t8v9w0x1y2z3", "01j8z3k4q5r6s7t8v9w0x1y2z3"),  # not the gate's upper case
         (
             "01J8Z3K4Q5R6S7T8V9W0X1Y2Z3",
-            "01J8Z3K4Q5R6S7T8V9W0X1Y2Z3 (in the gate's own id format: the gate makes one when"
-            " the pipeline names no run)",
+            "01J8Z3K4Q5R6S7T8V9W0X1Y2Z3, in the gate's own id format: the gate makes one when"
+            " the pipeline names no run",
         ),
         (None, None),
     ],

@@ -255,8 +255,8 @@ async def test_inbox_waiting_row_names_its_item_once(client: TestClient[object, 
             "/items/delegated",
             [
                 "Requested 2026-08-02 09:14 UTC",
-                f"Run {GATE_RUN} (in the gate's own id format: the gate makes one when the"
-                " pipeline names no run)",
+                f"Run {GATE_RUN}, in the gate's own id format: the gate makes one when the"
+                " pipeline names no run",
             ],
         ),
         ("/items/plain-b", ["Requested 2027-01-15 07:59 UTC"]),

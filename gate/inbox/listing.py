@@ -21,7 +21,7 @@ def _text(dispatch: dict[str, Any], key: str) -> str | None:
 
 
 GATE_RUN_ID = re.compile(r"[0-7][0-9A-HJKMNP-TV-Z]{25}")  # a ULID, as the gate writes one
-GATE_FORMAT = " (in the gate's own id format: the gate makes one when the pipeline names no run)"
+GATE_FORMAT = ", in the gate's own id format: the gate makes one when the pipeline names no run"
 
 
 def run_words(item: Item) -> str | None:
