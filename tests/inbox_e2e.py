@@ -208,6 +208,13 @@ class Approver:
         self.page.on("pageerror", lambda e: self.errors.append(str(e)))
         return self
 
+    def credential(self) -> dict[str, Any]:
+        """The one passkey the virtual authenticator holds (CDP ``WebAuthn.getCredentials``:
+        ``credentialId`` in base64, ``privateKey``, …), as ``WebAuthn.addCredential`` takes it."""
+        got = self.cdp.send("WebAuthn.getCredentials", {"authenticatorId": self.authenticator_id})
+        [only] = got["credentials"]
+        return dict(only)
+
     def sign_counts(self) -> list[int]:
         """The virtual authenticator's credentials' signature counters (CDP): each passkey
         use adds one."""

@@ -218,6 +218,17 @@ class InboxWorld:
         """Rows of the gate's own SQLite file."""
         return rows(self.folder / "gate" / "gate.db", sql, *args)
 
+    def revoke(self, credential_id: str) -> None:
+        """``hitl-gate approvers revoke CREDENTIAL_ID`` (exit 0), then a sign-in with a passkey
+        the inbox does not know, which makes it ask the gate for the credentials at once."""
+        assert self.gate is not None
+        revoked = run_cli(
+            "approvers", "revoke", "-c", str(self.gate.config), "--api-url", self.gate.api_url,
+            "--", credential_id, env=ENV,
+        )  # fmt: skip
+        assert revoked.returncode == 0, revoked.stderr
+        assert self.client().signin(SoftAuthenticator()).status == 401
+
     def client(self) -> InboxClient:
         """A fresh HTTP client (empty cookie jar) of the inbox."""
         return InboxClient(f"http://127.0.0.1:{self.inbox_port}", self.inbox_origin)

@@ -165,6 +165,14 @@ REFERENCES = {
         ),
     ),
 }  # markdown whose link reference definitions the rendered draft does not show
+GATE_RUN = "01J8Z3K4Q5R6S7T8V9W0X1Y2Z3"  # a run id in the gate's own format (a ULID)
+DELEGATED = {
+    "delegated": make_item(
+        "delegated",
+        delegates=(("night-shift.delegate.for.the.whole.team@example.com", "bob@example.com"),),
+        dispatch={"run_id": GATE_RUN, "issued_at": "2026-08-02T09:14:22Z"},
+    ),
+}  # a delegate in force and a run id the pipeline may not have given
 RECORDS = [
     DecisionRecord(
         "diff",
@@ -196,7 +204,7 @@ async def _waiting(request: web.Request) -> web.Response:
 
 async def _item(request: web.Request) -> web.Response:
     found = request.match_info["id"]
-    item = ITEMS.get(found) or PLAIN.get(found) or REFERENCES.get(found)
+    item = ITEMS.get(found) or PLAIN.get(found) or REFERENCES.get(found) or DELEGATED.get(found)
     if item is None:
         raise web.HTTPNotFound()
     if "closed" in request.query:  # e.g. ?closed=cancelled: the item closed (not expired)

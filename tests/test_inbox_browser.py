@@ -232,3 +232,44 @@ def test_inbox_browser_says_the_inbox_s_refusal_sentence(chromium: Any, site: st
     assert page.text_content("#sign-status") == f"Not sent: {REFUSAL}"
     watched.assert_clean("refused challenge")
     page.context.close()
+
+
+ONE_LINE = """(sel) => [...document.querySelectorAll(sel)].filter((el) => {
+  const range = document.createRange(); range.selectNodeContents(el);
+  return new Set([...range.getClientRects()].map((box) => Math.round(box.top))).size > 1;
+}).map((el) => el.textContent.trim())"""  # the elements whose text takes more than one line
+BROKEN_WORDS = """() => [...document.querySelectorAll('button, label, dt')].filter((el) =>
+  [...el.childNodes].filter((n) => n.nodeType === 3).some((n) => {
+    const text = n.textContent; let at = 0;
+    return text.split(/(\\s+)/).some((word) => {
+      const start = at; at += word.length;
+      if (word.trim().length < 2) return false;
+      const range = document.createRange(); range.setStart(n, start); range.setEnd(n, at);
+      return new Set([...range.getClientRects()].map((b) => Math.round(b.top))).size > 1;
+    });
+  })).map((el) => el.textContent.trim())"""  # a word of a button, label or term on two lines
+
+
+@pytest.mark.e2e
+@pytest.mark.slow
+def test_inbox_browser_words_of_terms_labels_and_buttons_never_break_inside(
+    chromium: Any, site: str, artifacts: Path
+) -> None:
+    """At 390 px a long value beside its term ("Delegate", "Pipeline") wraps the value, not
+    the term; buttons and labels break between words only."""
+    watched = _page(chromium, 390)
+    page = watched.page
+    for path in ("/items/delegated", "/items/plain-a", "/?bulk=1"):
+        watched.open(site + path)
+        assert page.evaluate(ONE_LINE, "dl.facts dt") == [], path
+        broken = page.evaluate(BROKEN_WORDS)
+        assert broken == [], (path, broken)
+        assert page.evaluate(
+            "() => document.documentElement.scrollWidth <= document.documentElement.clientWidth"
+        ), path
+    watched.open(site + "/items/delegated")
+    page.screenshot(path=str(artifacts / "item-delegated-390.png"), full_page=True)
+    page.set_viewport_size({"width": 1280, "height": 900})
+    page.screenshot(path=str(artifacts / "item-delegated-1280.png"), full_page=True)
+    watched.assert_clean("terms at 390 px")
+    page.context.close()

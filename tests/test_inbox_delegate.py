@@ -30,6 +30,7 @@ def test_a_delegate_in_force_sees_and_decides_the_principals_item(tmp_path: Path
         page = followed(op04, op04.decide(approval_id, world.passkeys[104]))
 
         assert "Your decision was recorded and the approval is resolved." in page
+        assert "Recorded on behalf of bob@example.com." in page  # whose decision it counts as
         code, out, err = proc.finish()
         assert (code, out.decode()) == (0, "Pay 5 EUR"), err
         recorded = world.gate_rows(

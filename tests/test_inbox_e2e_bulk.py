@@ -18,8 +18,10 @@ from tests.inbox_e2e import (
     WIDTHS,
     Browser,
     Stack,
+    announced,
     browser_fixtures,
     enrolled,
+    in_view,
     no_horizontal_scroll,
     pending,
     screenshot,
@@ -107,3 +109,46 @@ def test_inbox_e2e_bulk_offers_only_drafts_its_rows_show_whole(
     decided = {a for (a,) in stack.gate_rows("SELECT approval_id FROM decisions")}
     assert decided == {ids["short-1"], ids["short-2"]}
     alice.assert_clean("bulk-seen")
+
+
+def overlaps(a: Any, b: Any) -> bool:
+    """True when two bounding boxes share any area."""
+    return bool(
+        a["x"] < b["x"] + b["width"]
+        and b["x"] < a["x"] + a["width"]
+        and a["y"] < b["y"] + b["height"]
+        and b["y"] < a["y"] + a["height"]
+    )
+
+
+def test_inbox_e2e_bulk_result_sits_beside_its_button_and_goes_once_acted_on(
+    stack: Stack, browser: Browser, shots: Path
+) -> None:
+    """What the bulk button answered never covers the button, even with the button at the
+    bottom of the window, and goes away once the selection changes."""
+    signin_ready(stack)
+    ids = [pending(stack, "one", body)[1] for body in SHORT]
+    for width in WIDTHS:
+        alice = enrolled(stack, browser, f"alice{width}", 101, width)
+        page = alice.page
+        page.goto(stack.inbox.origin + "/")
+        page.check(f'input[name="item:{ids[0]}"]')  # one alone: the inbox refuses (2 to 50)
+        button = page.locator("form[data-sign=bulk] button[type=submit]")
+        box = button.bounding_box()
+        assert box is not None
+        # the window ends just below the button, as at the foot of a long list
+        page.set_viewport_size({"width": width, "height": int(box["y"] + box["height"] + 8)})
+        button.click()
+        said = page.get_by_text("Not sent: ")
+        said.wait_for()
+        assert "2" in said.inner_text(), said.inner_text()
+        assert in_view(alice, said) and announced(alice, said), width
+        assert in_view(alice, button), width
+        assert not overlaps(said.bounding_box(), button.bounding_box()), width
+        screenshot(page, shots, f"bulk-refused-at-{width}")
+
+        page.check(f'input[name="item:{ids[1]}"]')  # acted on: the result goes
+
+        assert page.get_by_text("Not sent: ").count() == 0, width
+        assert button.is_enabled()
+        alice.assert_clean(f"bulk refusal at {width}")

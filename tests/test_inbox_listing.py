@@ -4,8 +4,12 @@ its checkbox, or says in words why it must be opened ("Open to review: 200 lines
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
-from gate.inbox.listing import row_facts
+import pytest
+
+from gate.inbox.listing import decided_facts, row_facts
+from gate.inbox.model import DecisionRecord
 from tests.test_inbox_bulk import LONG, item
 
 
@@ -39,3 +43,29 @@ def test_a_question_s_row_offers_no_checkbox() -> None:
     facts = row_facts(item(1, kind="question"))
 
     assert (facts["bulkable"], facts["review"], facts["whole"]) == (False, None, "")
+
+
+@pytest.mark.parametrize(
+    ("run_id", "shown"),
+    [
+        ("run-7", "run-7"),
+        ("01j8z3k4q5r6s7t8v9w0x1y2z3", "01j8z3k4q5r6s7t8v9w0x1y2z3"),  # not the gate's upper case
+        (
+            "01J8Z3K4Q5R6S7T8V9W0X1Y2Z3",
+            "01J8Z3K4Q5R6S7T8V9W0X1Y2Z3, in the gate's own id format: the gate makes one when"
+            " the pipeline names no run",
+        ),
+        (None, None),
+    ],
+    ids=["named", "lower-case", "gate-format", "none"],
+)
+def test_a_run_id_in_the_gate_s_own_format_is_labelled_wherever_a_row_names_it(
+    run_id: str | None, shown: str | None
+) -> None:
+    got = item(1)
+    dispatch = {**got.dispatch, "run_id": run_id}
+    with_run = replace(got, dispatch=dispatch)
+
+    assert row_facts(with_run)["run_id"] == shown
+    record = DecisionRecord(got.approval_id, 1, "alice@example.com", "approve", 200, {})
+    assert decided_facts(record, with_run)["run_id"] == shown

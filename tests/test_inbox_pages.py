@@ -15,7 +15,15 @@ from gate.inbox import words
 from gate.inbox.headers import CSP
 from gate.inbox.progress import collected
 from gate.protocol.errors import ProtocolError
-from tests.inbox_pages_app import BIG_BODY, END, HIDDEN_IN_BIG, ITEMS, build_app, make_item
+from tests.inbox_pages_app import (
+    BIG_BODY,
+    END,
+    GATE_RUN,
+    HIDDEN_IN_BIG,
+    ITEMS,
+    build_app,
+    make_item,
+)
 
 
 @pytest.fixture
@@ -220,6 +228,51 @@ async def test_inbox_waiting_rows_tell_items_apart_and_hidden_drafts_get_no_chec
     assert "Refund 99 EUR to Globex for order " + "9" * 45 + "\u2026" in wide
     question = row_text["question"]
     assert "Open to review" not in question
+
+
+async def test_inbox_waiting_row_names_its_item_once(client: TestClient[object, object]) -> None:
+    """A row with a checkbox says "pipeline · step" once: the checkbox's label points at the
+    row's own words (aria-labelledby), it does not repeat them."""
+    html, page, _ = await fetch(client, "/?bulk=1")
+    for approval_id in ("plain-a", "plain-b"):
+        row = re.search(
+            rf'<li class="item[^"]*" data-approval-id="{approval_id}".*?</li>', html, re.S
+        )
+        assert row is not None
+        text = " ".join(re.sub(r"<[^>]+>", " ", row.group(0)).split())
+        assert text.count("billing · refund") == 1, text
+        box = re.search(r'<input type="checkbox"[^>]*aria-labelledby="([^"]+)"', row.group(0))
+        assert box is not None, row.group(0)
+        for target in box.group(1).split():
+            assert f'id="{target}"' in row.group(0), target
+
+
+@pytest.mark.parametrize(
+    ("path", "said"),
+    [
+        ("/items/plain-a", ["Requested 2026-08-02 09:14 UTC", "Run run-7"]),
+        (
+            "/items/delegated",
+            [
+                "Requested 2026-08-02 09:14 UTC",
+                f"Run {GATE_RUN}, in the gate's own id format: the gate makes one when the"
+                " pipeline names no run",
+            ],
+        ),
+        ("/items/plain-b", ["Requested 2027-01-15 07:59 UTC"]),
+    ],
+    ids=["run-given", "run-in-the-gate-format", "no-run"],
+)
+async def test_inbox_item_page_says_when_and_in_which_run_it_was_requested(
+    client: TestClient[object, object], path: str, said: list[str]
+) -> None:
+    _, page, _ = await fetch(client, path)
+    text = " ".join(" ".join(page.text).split())
+
+    for words_ in said:
+        assert words_ in text, text
+    if path == "/items/plain-b":
+        assert "Run " not in text
 
 
 async def test_inbox_adjust_box_says_how_many_hidden_characters_it_keeps(

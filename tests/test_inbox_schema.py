@@ -11,7 +11,7 @@ import pytest
 
 from gate.inbox.db import InboxDb
 from gate.inbox.followups import FollowUps
-from gate.inbox.model import DecisionRecord
+from gate.inbox.model import DecisionRecord, Session
 from gate.inbox.schema import MIGRATIONS
 
 
@@ -56,7 +56,7 @@ async def test_inbox_schema_a_migration_keeps_old_rows_without_its_column(
     finally:
         await db.close()
 
-    assert user_version(path) == len(MIGRATIONS) == 5
+    assert user_version(path) == len(MIGRATIONS) == 6
     assert (before.approval_id, before.decision, getattr(before, column)) == ("a1", "skip", None)
     assert after is not None and getattr(after, column) == value
 
@@ -83,6 +83,28 @@ async def test_inbox_schema_an_item_kept_before_followups_reads_what_its_dispatc
     assert user_version(path) == len(MIGRATIONS)
     assert item is not None  # its stored dispatch still says what it said
     assert item.followups == FollowUps(2, 1, ())
+
+
+async def test_inbox_schema_a_session_from_before_ended_stays_signed_in_until_revoked(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "inbox.db"
+    old_file(path, 4)
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute("INSERT INTO sessions VALUES ('h1', 'alice@example.com', 101, 'c1', 't', 1, 99)")
+    conn.close()
+
+    db = await InboxDb.open(path)
+    try:
+        kept = await db.session("h1", 10)
+        await db.end_revoked("h1")
+        after, why = await db.session("h1", 10), await db.session_ended("h1", 10)
+        expired = await db.session_ended("h1", 99)
+    finally:
+        await db.close()
+
+    assert kept == Session("alice@example.com", 101, "c1", "t", 1, 99)
+    assert (after, why, expired) == (None, "revoked", None)
 
 
 async def test_inbox_schema_reopening_a_migrated_file_runs_nothing_again(tmp_path: Path) -> None:

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.inbox_harness import ENV, InboxWorld, start_world
-from tests.support import free_port, run_cli
+from tests.inbox_harness import InboxWorld, start_world
+from tests.support import free_port
 from tests.webauthn_soft import SoftAuthenticator
 
 pytestmark = pytest.mark.e2e
@@ -105,26 +105,39 @@ def test_a_revoked_passkey_ends_its_session_at_the_next_request(world: InboxWorl
     alice = world.client()
     assert alice.signin(world.passkeys[101]).status == 200
     assert alice.get("/").status == 200
-    assert world.gate is not None
-    revoked = run_cli(
-        "approvers", "revoke", "-c", str(world.gate.config), "--api-url", world.gate.api_url,
-        "--", world.passkeys[101].credential_id, env=ENV,
-    )  # fmt: skip
-    assert revoked.returncode == 0, revoked.stderr
-    # a sign-in with a credential the inbox does not know makes it ask the gate now
-    assert world.client().signin(SoftAuthenticator()).status == 401
+    world.revoke(world.passkeys[101].credential_id)
 
     home = alice.get("/")
 
     where = "/signin?next=/&why=revoked"  # the page says why
     assert (home.status, home.header("Location")) == (303, where), home.text
-    assert sessions(world) == []
+    assert [r["ended"] for r in sessions(world)] == ["revoked"]  # kept to say why, never valid
     page = alice.get(where)
     assert page.status == 200
     assert "Your passkey is no longer enrolled at the gate" in page.text
     assert alice.signin(world.passkeys[101]).json()["reason"] == "unknown_credential"
     assert world.inbox is not None
     assert "event=inbox_session_ended why=credential_revoked" in world.inbox.log()
+
+
+def test_a_revoked_session_says_why_to_live_and_to_every_later_page(world: InboxWorld) -> None:
+    """An open tab's /live poll is the first request after the revocation: it answers the
+    reason, and the next page loads still say it (the reason is not used up)."""
+    alice = world.client()
+    assert alice.signin(world.passkeys[101]).status == 200
+    world.revoke(world.passkeys[101].credential_id)
+
+    polled = alice.get("/live?since=0")
+
+    assert polled.status == 401, polled.text
+    assert polled.json()["reason"] == "passkey_revoked", polled.text
+    assert "Your passkey is no longer enrolled at the gate" in polled.json()["message"]
+    assert alice.get("/live?since=0").json()["reason"] == "passkey_revoked"
+    for _ in range(2):
+        home = alice.get("/recent")
+        assert home.header("Location") == "/signin?next=/recent&why=revoked", home.text
+    assert alice.signin(world.passkeys[102]).status == 200  # another passkey: a new session
+    assert alice.get("/recent").status == 200
 
 
 def test_signed_out_pages_redirect_and_posts_answer_401(world: InboxWorld) -> None:

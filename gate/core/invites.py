@@ -206,16 +206,22 @@ class InviteMethods:
         invite = await self.store.transact(
             Command("create_invite", (token_hash(token), operator_id, ttl_s, label))
         )
-        # the page must open on an allowed origin (WebAuthn checks it): public_url when it
-        # is one, else the first allowed origin (e.g. public_url on 127.0.0.1 and the
-        # relying party localhost)
-        public = self.config.relay.public_url
-        base = public if public and origin_of(public) in settings.origins else settings.origins[0]
+        base = invite_base(self.config.relay.public_url, settings)
         return {
             "url": base.rstrip("/") + ENROL_PATH + token,
             "operator_id": operator_id,
             "expires_at": rfc3339(invite.expires_at),
         }
+
+    def sign_in_origins(self) -> tuple[str, ...]:
+        """Where an approver who just enrolled signs in: the relying party's origins other
+        than the invite page's own (``invite_base``), e.g. the inbox's; () when none or
+        passkeys are unavailable."""
+        settings = self.webauthn()
+        if settings is None:
+            return ()
+        own = origin_of(invite_base(self.config.relay.public_url, settings))
+        return tuple(o for o in settings.origins if o != own)
 
     async def enrol_page(self, token: str) -> tuple[str, str, dict[str, Any]]:
         """What the invite page of ``token`` shows: the operator's identity, the invite's
@@ -270,3 +276,12 @@ class InviteMethods:
 def unb64(text: str) -> bytes:
     """Decode base64url with or without padding."""
     return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+
+
+def invite_base(public_url: str | None, settings: WebAuthnSettings) -> str:
+    """Where an invite page opens: it must be an allowed origin (WebAuthn checks it), so
+    ``relay.public_url`` when it is one, else the first allowed origin (e.g. public_url on
+    127.0.0.1 and the relying party localhost)."""
+    if public_url and origin_of(public_url) in settings.origins:
+        return public_url
+    return settings.origins[0]

@@ -20,6 +20,7 @@ from aiohttp import web
 
 from gate.config.webauthn import origin_of
 from gate.inbox.body import read_whole
+from gate.inbox.decided import on_behalf_of
 from gate.inbox.model import Item, Session
 from gate.protocol.envelope import check_unicode
 from gate.protocol.errors import ProtocolError
@@ -32,6 +33,11 @@ SECURE_COOKIE = "__Host-hitl_inbox"
 PRE_COOKIE = "hitl_inbox_pre"
 MAX_POST_BYTES = 512 * 1024
 CSRF_HEADER = "X-CSRF-Token"
+SIGNED_OUT = ("signed_out", "You are signed out: sign in again.")
+REVOKED = (
+    "Your passkey is no longer enrolled at the gate, so your session ended: ask your"
+    " administrator for a new invite."
+)
 
 
 def new_token() -> str:
@@ -130,8 +136,9 @@ async def end_session(request: web.Request) -> None:
 
 async def current_session(request: web.Request) -> Session | None:
     """The request's session, or None: no cookie, unknown or expired, or its credential is
-    no longer in force at the gate (revoked: the row is deleted, ``event=inbox_session_ended
-    why=credential_revoked``). Cached on the request."""
+    no longer in force at the gate (revoked: the row is marked ended, ``event=inbox_session_ended
+    why=credential_revoked``, and ``request["inbox_revoked"]`` is set for this and every later
+    request of the cookie). Cached on the request."""
     if "inbox_session" in request:
         cached: Session | None = request["inbox_session"]
         return cached
@@ -142,10 +149,12 @@ async def current_session(request: web.Request) -> Session | None:
         session = await state.db.session(token_hash(token), state.now_ms())
         cache = state.credentials
         if session is not None and cache.loaded and cache.lookup(session.credential_id) is None:
-            await state.db.end_sessions(state.now_ms(), token_hash(token))
+            await state.db.end_revoked(token_hash(token))
             log.info("event=inbox_session_ended why=credential_revoked")
-            request["inbox_revoked"] = True
             session = None
+        if session is None:  # said to every later request of this cookie, not only the first
+            ended = await state.db.session_ended(token_hash(token), state.now_ms())
+            request["inbox_revoked"] = ended == "revoked"
     request["inbox_session"] = session
     return session
 
@@ -165,21 +174,14 @@ async def require_session(request: web.Request) -> Session:
     from a cross-site link (``Sec-Fetch-Site: cross-site``, no ``r=1``: SameSite=Strict
     withheld the cookie) answers a meta refresh to the same path with ``?r=1`` (a same-site
     reload carries the cookie); any other GET raises 303 to ``/signin?next=<path>`` (plus
-    ``&why=revoked`` when the session just ended because its passkey was revoked)."""
+    ``&why=revoked`` when the session ended because its passkey was revoked; a POST or
+    /live then answers 401 ``passkey_revoked`` with the sentence)."""
     session = await current_session(request)
     if session is not None:
         return session
     if request.method != "GET" or request.path == "/live":
-        raise web.HTTPUnauthorized(
-            text=json.dumps(
-                {
-                    "status": "refused",
-                    "reason": "signed_out",
-                    "message": "You are signed out: sign in again.",
-                }
-            ),
-            content_type="application/json",
-        )
+        said = ("passkey_revoked", REVOKED) if request.get("inbox_revoked") else SIGNED_OUT
+        raise web.HTTPUnauthorized(text=_json(*said), content_type="application/json")
     if request.headers.get("Sec-Fetch-Site") == "cross-site" and request.query.get("r") != "1":
         page = _cross_site_page(request.path + "?r=1")
         raise web.HTTPOk(body=page.body, content_type="text/html")
@@ -287,4 +289,4 @@ def may_decide(session: Session, item: Item) -> bool:
     key = identity_key(session.identity)
     if any(identity_key(a) == key for a in item.approvers):
         return True
-    return any(identity_key(delegate) == key for delegate, _ in item.delegates)
+    return bool(on_behalf_of(session.identity, item))

@@ -209,7 +209,8 @@ class InboxDb:
         await self._run(
             self._tx,
             lambda c: c.execute(
-                "INSERT INTO sessions VALUES (?, ?, ?, ?, ?, ?, ?)",
+                "INSERT INTO sessions (id_hash, identity, operator_id, credential_id, csrf,"
+                " created_at, expires_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
                 (
                     id_hash,
                     session.identity,
@@ -223,11 +224,12 @@ class InboxDb:
         )
 
     async def session(self, id_hash: str, now_ms: int) -> Session | None:
-        """The session under ``id_hash``, or None when there is none or it expired."""
+        """The session under ``id_hash``, or None when there is none, it expired or it
+        ended (``end_revoked``)."""
         rows = await self._run(
             _query,
             self._conn,
-            "SELECT * FROM sessions WHERE id_hash = ? AND expires_at > ?",
+            "SELECT * FROM sessions WHERE id_hash = ? AND expires_at > ? AND ended IS NULL",
             (id_hash, now_ms),
         )
         if not rows:
@@ -241,6 +243,22 @@ class InboxDb:
             r["created_at"],
             r["expires_at"],
         )
+
+    async def end_revoked(self, id_hash: str) -> None:
+        """End the session ``id_hash`` because its passkey was revoked: the row stays (never
+        valid again) until it expires, so every later request of its cookie can say why."""
+        sql = "UPDATE sessions SET ended = 'revoked' WHERE id_hash = ?"
+        await self._run(self._tx, lambda c: c.execute(sql, (id_hash,)))
+
+    async def session_ended(self, id_hash: str, now_ms: int) -> str | None:
+        """Why the unexpired session ``id_hash`` ended (``"revoked"``), None when it did not."""
+        rows = await self._run(
+            _query,
+            self._conn,
+            "SELECT ended FROM sessions WHERE id_hash = ? AND expires_at > ?",
+            (id_hash, now_ms),
+        )
+        return str(rows[0]["ended"]) if rows and rows[0]["ended"] is not None else None
 
     async def end_sessions(self, now_ms: int, id_hash: str | None = None) -> int:
         """Delete the session ``id_hash`` (sign-out), or with None every expired one."""

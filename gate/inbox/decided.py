@@ -10,6 +10,17 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from gate.inbox.model import DecisionRecord, Item
+from gate.protocol.whitespace import identity_key
+
+
+def on_behalf_of(identity: str, item: Item) -> tuple[str, ...]:
+    """Whom a decision by ``identity`` on ``item`` counts for when they decide as a delegate
+    (the dispatch's ``delegates``: identity and ``on_behalf_of``; the gate names no one in
+    its own scope there, as they decide as themselves): the principals, in the dispatch's
+    order; () for anyone else. Identities compare as SPEC §2 check 11 does."""
+    key = identity_key(identity)
+    found = [who for delegate, who in item.delegates if identity_key(delegate) == key]
+    return tuple(dict.fromkeys(found))
 
 
 def my_part(identity: str, item: Item, recorded: Sequence[DecisionRecord]) -> str | None:

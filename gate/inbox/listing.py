@@ -4,6 +4,7 @@ be bulk-approved at all. Pure: reads the stored ``Item`` and its dispatch only."
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, datetime
 from typing import Any
 
@@ -17,6 +18,21 @@ from gate.inbox.seen import bulk_eligibility, whole_draft_html
 def _text(dispatch: dict[str, Any], key: str) -> str | None:
     value = dispatch.get(key)
     return value if isinstance(value, str) and value else None
+
+
+GATE_RUN_ID = re.compile(r"[0-7][0-9A-HJKMNP-TV-Z]{25}")  # a ULID, as the gate writes one
+GATE_FORMAT = ", in the gate's own id format: the gate makes one when the pipeline names no run"
+
+
+def run_words(item: Item) -> str | None:
+    """The dispatch's ``run_id`` as a page shows it, None when it has none. The gate makes a
+    run id (a ULID) when the pipeline names none, and the dispatch does not say which it is:
+    an id in that format (26 upper-case Crockford base32 characters) is labelled so, never
+    shown bare as if the pipeline had named it."""
+    run_id = _text(item.dispatch, "run_id")
+    if run_id is None or not GATE_RUN_ID.fullmatch(run_id):
+        return run_id
+    return run_id + GATE_FORMAT
 
 
 def requested_by(item: Item) -> str | None:
@@ -44,7 +60,7 @@ def requested_at(item: Item) -> str:
 def row_facts(item: Item) -> dict[str, Any]:
     """A waiting row's extra facts: ``first_line`` (of the draft as the item page shows it,
     ``seen.visible_text``, ≤ 80 characters; the question's text for a question),
-    ``requested`` (``requested_at``), ``run_id`` (None when the dispatch has none),
+    ``requested`` (``requested_at``), ``run_id`` (``run_words``: None when there is none),
     ``review`` (why it must be opened, ``seen.bulk_eligibility``, approvals only),
     ``bulkable`` (an approval with no ``review``: it gets a checkbox) and ``whole`` (the whole
     draft as the row shows it when ``bulkable``, else "")."""
@@ -64,7 +80,7 @@ def _common(item: Item, line: str) -> dict[str, Any]:
     return {
         "first_line": line,
         "requested": requested_at(item),
-        "run_id": _text(item.dispatch, "run_id"),
+        "run_id": run_words(item),
     }
 
 

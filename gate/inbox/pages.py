@@ -24,9 +24,9 @@ from aiohttp import web
 from markupsafe import Markup
 
 from gate.inbox import headers
-from gate.inbox.decided import final_text, my_part, sent_words, standing
+from gate.inbox.decided import final_text, my_part, on_behalf_of, sent_words, standing
 from gate.inbox.followups import followup_words
-from gate.inbox.listing import decided_facts, requested_by, row_facts
+from gate.inbox.listing import decided_facts, requested_at, requested_by, row_facts, run_words
 from gate.inbox.model import DecisionRecord, Item, Session
 from gate.inbox.progress import collected
 from gate.inbox.render import MARK_OPEN, diff_html, draft_view, hidden_count, marked_text
@@ -139,6 +139,11 @@ def _facts(item: Item, now_ms: int, viewer: str, approved_by: Sequence[str] = ()
     }
 
 
+def _asked(item: Item) -> dict[str, Any]:
+    """An item page's "Requested" (when, UTC) and "Run" (``listing.run_words``) facts."""
+    return {"requested": requested_at(item), "run": run_words(item)}
+
+
 def signin_page(
     request: web.Request,
     *,
@@ -229,6 +234,7 @@ def item_page(
     final = final_text(item, recorded)
     context = {
         **_facts(item, now_ms, session.identity, approved_by),
+        **_asked(item),
         "mine": None if part is None else standing(part, item, count)[1],
         "final": None if final is None else draft_view(final, item.content_type),
         "final_diff": None if final is None else diff_html(item.body, final),
@@ -305,6 +311,7 @@ def question_page(
     marked += sum(_marked_line(o).count(MARK_OPEN) for o in options)
     context = {
         **_facts(item, now_ms, session.identity),
+        **_asked(item),
         "text": text,
         "reason": reason,
         "response_type": question.get("response_type"),
@@ -376,6 +383,9 @@ TITLES = {
 }
 
 
+RECORDED = ("recorded", "resolved")  # the gate recorded the decision: whom it counts for is said
+
+
 def message_page(
     request: web.Request,
     *,
@@ -402,6 +412,7 @@ def message_page(
         "session": session,
         "reason": marked_text(record.reason) if record.reason is not None else None,
         "named": _named(record, item),
+        "behalf": on_behalf_of(record.identity, item) if item and kind in RECORDED else (),
     }
     return _render(request, "message.html", context)
 
@@ -416,5 +427,5 @@ def plain_page(
 ) -> web.Response:
     """A page of one ``sentence`` under ``title`` (e.g. the 404 page), answering ``status``."""
     context = {"title": title, "kind": "refused", "sentence": sentence, "item_url": None}
-    context["reason"] = context["named"] = None
+    context["reason"] = context["named"] = context["behalf"] = None
     return _render(request, "message.html", {**context, "session": session}, status=status)

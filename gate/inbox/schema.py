@@ -62,7 +62,10 @@ ALTER TABLE items ADD COLUMN reminder INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE items ADD COLUMN escalation INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE items ADD COLUMN escalated_to TEXT NOT NULL DEFAULT '[]'
 """  # the highest reminder / escalation level seen, and whom escalations added (JSON list)
-MIGRATIONS = (SCHEMA, BATCHES, REASONS, SENT, FOLLOWUPS)  # user_version N means MIGRATIONS[:N] ran
+ENDED = """
+ALTER TABLE sessions ADD COLUMN ended TEXT
+"""  # why a session ended before its time ('revoked'), kept so every later request says it
+MIGRATIONS = (SCHEMA, BATCHES, REASONS, SENT, FOLLOWUPS, ENDED)  # user_version N means MIGRATIONS[:N] ran
 
 
 def open_file(path: Path) -> sqlite3.Connection:

@@ -154,12 +154,6 @@ def _parts(request: web.Request) -> tuple[Challenges, RateLimit]:
     return challenges, limits
 
 
-REVOKED = (
-    "Your passkey is no longer enrolled at the gate, so your session ended: ask your"
-    " administrator for a new invite."
-)
-
-
 def wrong_host(request: web.Request) -> str | None:
     """A sentence when the page was opened at a loopback address (``127.0.0.1``, ``::1``)
     that none of the inbox's origins names: a passkey cannot sign in there (its origin is
@@ -200,7 +194,7 @@ async def signin_get(request: web.Request) -> web.Response:
         return busy
     problem = state.credentials.problem
     error = None if problem is None else REASONS["unavailable"] + problem + "."
-    notice = REVOKED if request.query.get("why") == "revoked" else wrong_host(request)
+    notice = auth.REVOKED if request.query.get("why") == "revoked" else wrong_host(request)
     response = pages.signin_page(request, challenge=challenge, csrf=pre, error=error, notice=notice)
     auth.set_cookie(request, response, auth.PRE_COOKIE, pre, int(CHALLENGE_TTL_S))
     return response

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import html
 import json
+from datetime import UTC, datetime
 from importlib import resources
 from string import Template
 
@@ -65,13 +66,33 @@ async def enrol_page(request: web.Request) -> web.Response:
         f'<p>Create a passkey to sign your decisions as <span class="identity">'
         f"{html.escape(identity)}</span>.</p>\n"
         f'<p>This invite expires at <time id="expires" datetime="{html.escape(expires)}">'
-        f"{html.escape(expires)}</time>.</p>\n"
+        f"{html.escape(_utc(expires))}</time>.</p>\n"
         '<button id="create" type="button">Create passkey</button>\n'
         '<p id="status" role="status"></p>\n'
+        f"{_sign_in_at(request.app[SERVICE].sign_in_origins())}"
         f'<script type="application/json" id="options">{data}</script>\n'
         '<script src="/enrol/static/enrol.js"></script>'
     )
     return _page("Enrol a passkey", body, 200)
+
+
+def _utc(rfc3339: str) -> str:
+    """``2026-08-02T09:14:22Z`` as ``2026-08-02 09:14 UTC`` (the zone said, as the CLI
+    prints it), the text itself when it does not parse."""
+    try:
+        when = datetime.fromisoformat(rfc3339.replace("Z", "+00:00")).astimezone(UTC)
+    except ValueError:
+        return rfc3339
+    return when.strftime("%Y-%m-%d %H:%M UTC")
+
+
+def _sign_in_at(origins: tuple[str, ...]) -> str:
+    """The hidden paragraph enrol.js shows once the passkey is enrolled: where to sign in
+    (the relying party's other origins, e.g. the inbox), or "" when there is none."""
+    if not origins:
+        return ""
+    links = ", ".join(f'<a href="{html.escape(o)}/">{html.escape(o)}</a>' for o in origins)
+    return f'<p id="sign-in-at" hidden>Sign in with it at {links} to see what waits for you.</p>\n'
 
 
 async def register(request: web.Request) -> web.Response:

@@ -15,11 +15,15 @@
   };
   // what a button did or the page learned: the item page's notice pinned at the top of the
   // window (focused when it answers a button), else the live region pinned at the bottom
-  const say = (text, focus) => {
-    const live = document.getElementById('sign-status') || document.getElementById('live');
+  // (a form's own status line, beside its button, when it has one: it covers nothing)
+  const say = (text, focus, form) => {
+    const own = form ? form.querySelector('.form-status') : null;
+    const live = own || document.getElementById('sign-status') || document.getElementById('live');
     if (!live) return;
     live.textContent = text;
     if (focus && live.tabIndex === -1) live.focus();
+    // in the page's flow (beside its button): its whole text in view, not only its top
+    if (focus && own && own.scrollIntoView) own.scrollIntoView({block: 'nearest'});
   };
   // an item that changed, closed or was decided already: every decision button off at once
   let locked = false;
@@ -58,6 +62,18 @@
     return failure('the inbox answered ' + answer.status, '');
   };
   const sentence = (text) => text.replace(/[.\s]+$/, '') + '.';
+  // what the browser's WebAuthn error means, in words: never its own text (a W3C URL)
+  const PASSKEY = {
+    NotAllowedError: 'No passkey was used: it was cancelled, timed out, or this device holds no'
+      + ' passkey for the inbox. Use the device you enrolled on, or ask for a new invite.',
+    SecurityError: 'This browser refused the passkey at this address: open the inbox at the'
+      + ' address your administrator gave you.',
+    AbortError: 'No passkey was used: the request was stopped.',
+    InvalidStateError: 'No passkey was used: this authenticator cannot sign in here.',
+  };
+  const browserWords = (error) => PASSKEY[error.name]
+    || 'No passkey was used: this browser could not ask for one.';
+  const fromBrowser = (error) => typeof DOMException !== 'undefined' && error instanceof DOMException;
 
   const canSign = () => 'PublicKeyCredential' in window && navigator.credentials
     && typeof navigator.credentials.get === 'function' && 'fetch' in window;
@@ -105,12 +121,22 @@
         if (!form.reportValidity()) return;
         const button = form.querySelector('button[type="submit"]');
         if (button) button.disabled = true;
-        say('Waiting for your passkey…', true);
+        say('Waiting for your passkey…', true, form);
         sign(form).catch((error) => {
+          if (error && fromBrowser(error)) {  // nothing reached the inbox: the button works again
+            say(browserWords(error) + ' Nothing was sent.', true, form);
+            return;
+          }
+          // the inbox used the page's sign-in challenge up: a new page brings a new one
           const again = form.dataset.sign === 'signin' ? ' Reload the page to try again.' : '';
           if (error && LOCKING.indexOf(error.reason) >= 0) lock();
-          say('Not sent: ' + sentence(error && error.message ? error.message : 'the passkey was not used') + again, true);
+          say('Not sent: ' + sentence(error && error.message ? error.message : 'the passkey was not used') + again, true, form);
         }).finally(() => { if (button && !locked) button.disabled = false; });
+      });
+      // a result about the selection goes away once the selection changes
+      form.addEventListener('change', () => {
+        const own = form.querySelector('.form-status');
+        if (own) own.textContent = '';
       });
     });
   }
@@ -172,7 +198,13 @@
     const poll = async () => {
       try {
         const answer = await fetch(url(), {credentials: 'same-origin'});
-        if (answer.status === 401) { say('You are signed out: reload the page to sign in again.'); return; }
+        if (answer.status === 401) {  // a revoked passkey says so at once, not at the next page
+          const why = await refusal(answer);
+          lock();
+          say(why.reason === 'passkey_revoked' ? why.message
+            : 'You are signed out: reload the page to sign in again.', true);
+          return;
+        }
         if (answer.ok) {
           const body = await answer.json();
           progress(body.progress);

@@ -107,7 +107,10 @@ async function enrol() {
     const lead = document.querySelector("main p");
     if (lead && who) lead.textContent = "Decisions as " + who.textContent +
       " can now be signed with this passkey (credential " + result.credential_id + ").";
-    show("Passkey enrolled. You can close this page. Your administrator will tell you where to sign in.", "ok");
+    const next = document.getElementById("sign-in-at");
+    if (next) next.hidden = false;
+    show(next ? "Passkey enrolled." :
+      "Passkey enrolled. You can close this page. Your administrator will tell you where to sign in.", "ok");
   } else {
     const words = REFUSED[result.reason];
     show(words || ("The gate refused the passkey (" + (result.reason || answer.status) + ")."),
@@ -117,14 +120,7 @@ async function enrol() {
   }
 }
 
-function showExpiry() {
-  const time = document.getElementById("expires");
-  const at = expiresAt();
-  if (time && at !== null) time.textContent = new Date(at).toLocaleString();
-}
-
 document.addEventListener("DOMContentLoaded", () => {
-  showExpiry();
   const button = document.getElementById("create");
   if (button) button.addEventListener("click", enrol);
 });
