@@ -65,7 +65,8 @@ ALTER TABLE items ADD COLUMN escalated_to TEXT NOT NULL DEFAULT '[]'
 ENDED = """
 ALTER TABLE sessions ADD COLUMN ended TEXT
 """  # why a session ended before its time ('revoked'), kept so every later request says it
-MIGRATIONS = (SCHEMA, BATCHES, REASONS, SENT, FOLLOWUPS, ENDED)  # user_version N means MIGRATIONS[:N] ran
+# user_version N means MIGRATIONS[:N] ran
+MIGRATIONS = (SCHEMA, BATCHES, REASONS, SENT, FOLLOWUPS, ENDED)
 
 
 def open_file(path: Path) -> sqlite3.Connection:
