@@ -317,3 +317,21 @@ def test_audit_receipt_object_shape() -> None:
         "receipt": row.receipt,
         "alg": "hmac-sha256",
     }
+
+
+@pytest.mark.parametrize("separator", ["\u2028", "\u2029", "\x85"], ids=["LS", "PS", "NEL"])
+def test_audit_read_export_splits_lines_on_newline_only(tmp_path: Any, separator: str) -> None:
+    """An export is JSON Lines: records end at ``\\n``. A reason holding U+2028 (which JSON
+    keeps raw) made the reader split one record in two: every later export was
+    "TAMPERED" offline although nothing had changed."""
+    from gate.audit.inputs import read_export
+
+    entry = audit.make_entry(1, "note", None, T0, {"reason": f"first{separator}second"})
+    entry_json, digest, receipt = audit.seal(GENESIS_HASH, entry, KEY)
+    row = AuditRow(1, None, "note", entry_json, GENESIS_HASH, digest, receipt)
+    line = audit.export_line(row)
+    assert separator in line  # kept raw by the writer, as JSON allows
+    path = tmp_path / "export.jsonl"
+    path.write_text(f"{line}\n{line}\r\n", encoding="utf-8")  # a CRLF line is one too
+
+    assert read_export(path) == [row, row]

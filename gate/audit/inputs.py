@@ -27,7 +27,10 @@ def read_export(path: Path) -> list[audit.AuditRow]:
         raise GateError(
             "unreadable_export", f"cannot read {path}: not UTF-8 text (byte {exc.start})"
         ) from None
-    for number, line in enumerate(text.splitlines(), 1):
+    # JSON Lines: a record ends at "\n" (a "\r" before it is dropped), never at U+2028,
+    # U+2029 or U+0085, which JSON keeps raw inside strings and str.splitlines would split on
+    for number, line in enumerate(text.split("\n"), 1):
+        line = line.removesuffix("\r")
         if not line.strip():
             continue
         try:
