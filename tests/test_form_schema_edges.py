@@ -264,3 +264,26 @@ def test_form_value_numbers_beyond_2_53_are_refused_as_invalid_value(kind: str, 
     assert (err.status, err.code, err.extra["field"]) == (422, "invalid_value", "value.n")
     assert err.message == f"value.n must be {what} {RANGE.removeprefix('must be a number ')}"
     assert check_value(spec, {"n": 2**53}, max_answer_chars=5) == {"n": 2**53}
+
+
+@pytest.mark.parametrize(
+    ("kind", "key", "value"),
+    [("array", "maxItems", BIG), ("array", "minItems", 2**53 + 1),
+     ("string", "maxLength", 9007199254740993), ("string", "minLength", BIG)],
+    ids=["maxItems-huge", "minItems-2**53+1", "maxLength-2**53+1", "minLength-huge"],
+)  # fmt: skip
+def test_form_schema_counts_beyond_2_53_are_refused_naming_the_path(
+    kind: str, key: str, value: int
+) -> None:
+    """``maxItems: 10**400`` was accepted and a relay printed its 401 digits: a count keyword
+    follows the same rule as ``minimum``/``maximum`` (docs/design.md "Numbers")."""
+    prop = {k: v for k, v in PROPERTIES[kind].items() if k not in ("minItems", "minLength")}
+    prop[key] = value
+    field = f"schema.properties.a.{key}"
+    with pytest.raises(ProtocolError) as info:
+        _parse(_form(prop))
+    err = info.value
+    assert (err.status, err.code, err.extra["field"]) == (400, "invalid_schema", field)
+    assert err.message == f"{field} must be a non-negative integer up to 2**53 (9007199254740992)"
+    prop[key] = 2**53 if key.startswith("max") else 0
+    assert _parse(_form(prop)).schema is not None

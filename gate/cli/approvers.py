@@ -12,7 +12,7 @@ from urllib.parse import quote
 import click
 
 from gate.cli import API_URL_OPTION, CONFIG_OPTION, fail, main, read_config, read_input, run
-from gate.cli.common import safe_json, valid_api_url
+from gate.cli.common import NumberType, safe_json, valid_api_url
 
 
 def _admin_client(config_path: str, api_url: str | None) -> Any:
@@ -72,7 +72,7 @@ def approvers() -> None:
 @approvers.command("add-key")
 @CONFIG_OPTION
 @API_URL_OPTION
-@click.argument("operator_id", type=int)
+@click.argument("operator_id", type=NumberType(whole=True))
 @click.option(
     "--public-key",
     "public_key",
@@ -207,7 +207,7 @@ def revoke(config_path: str, api_url: str | None, credential_id: str) -> None:
 @approvers.command("invite")
 @CONFIG_OPTION
 @API_URL_OPTION
-@click.argument("operator_id", type=int)
+@click.argument("operator_id", type=NumberType(whole=True))
 @click.option(
     "--ttl",
     default="15m",

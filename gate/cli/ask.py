@@ -21,6 +21,7 @@ from gate.cli import (
     run,
 )
 from gate.cli.common import (
+    NumberType,
     api_target,
     cancel_command,
     check_request_options,
@@ -152,7 +153,7 @@ def _response_type(choices: tuple[str, ...], multi: bool, schema: str | None) ->
 @click.option("--wait", is_flag=True, help="Block until answered; print the answer.")
 @click.option(
     "--timeout",
-    type=click.FloatRange(min=0),
+    type=NumberType(low=0),
     default=None,
     help="With --wait: give up waiting after SEC seconds (exit 4).",
 )

@@ -6,6 +6,7 @@ line and the one-line-per-item page printer."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import shlex
 import unicodedata
@@ -175,10 +176,86 @@ def list_options(fn: Any) -> Any:
                 show_default=True,
             ),
             click.option("--pipeline", default=None),
-            click.option("--limit", type=click.IntRange(1, 500), default=50, show_default=True),
+            click.option(
+                "--limit",
+                type=NumberType(whole=True, low=1, high=500),
+                default=50,
+                show_default=True,
+            ),
             click.option("--cursor", default=None, help="next_cursor from the previous page."),
             click.option("--json", "as_json", is_flag=True),
         )
     ):
         fn = option(fn)
     return fn
+
+
+class _OptionError(click.ClickException):
+    """A refused option value: one ``Error: --option: ...`` line, exit 2 (no usage text)."""
+
+    exit_code = 2
+
+
+class NumberType(click.ParamType[float]):
+    """A number option or argument in ASCII digits (``gate.protocol.numbers``: click's FLOAT
+    and INT also take ``١٢``, ``1_0`` and `` 5 ``): ``whole`` for an int; ``low``/``high``
+    bound it, else it is within ±2**53; ``problem`` (e.g. the API's ``spend_problem``) says
+    what is wrong with a value instead of those bounds."""
+
+    def __init__(
+        self,
+        *,
+        whole: bool = False,
+        low: float = -math.inf,
+        high: float = math.inf,
+        problem: Callable[[float], str | None] | None = None,
+    ) -> None:
+        self.name = "integer" if whole else "number"
+        self.whole, self.low, self.high, self.problem = whole, low, high, problem
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        from gate.protocol.numbers import INTEGER_TEXT, NUMBER_TEXT, in_range
+
+        if not isinstance(value, str):
+            return value  # a default
+        name = "value"
+        if isinstance(param, click.Option):
+            name = param.opts[0]
+        elif param is not None:
+            name = param.human_readable_name
+        what = "a whole number" if self.whole else "a number"
+        if (INTEGER_TEXT if self.whole else NUMBER_TEXT).fullmatch(value) is None:
+            example = "12" if self.whole else "12 or 0.5"
+            raise _OptionError(
+                f"{name}: must be {what} in ASCII digits, such as {example} (got {value!r})"
+            )
+        number: float = int(value) if self.whole else float(value)
+        if self.problem is not None:
+            problem = self.problem(number)
+        elif not in_range(number) or not self.low <= number <= self.high:
+            problem = f"must be {what} {self._range()}"
+        else:
+            problem = None
+        if problem is not None:
+            raise _OptionError(f"{name}: {problem}")
+        return number
+
+    def _range(self) -> str:
+        from gate.protocol.numbers import MAX_MAGNITUDE, RANGE_WORDS
+
+        if self.high != math.inf:
+            return f"from {self.low:g} to {self.high:g}"
+        if self.low != -math.inf:
+            return f">= {self.low:g} and at most 2**53 ({MAX_MAGNITUDE})"
+        return RANGE_WORDS
+
+
+def spend_type() -> NumberType:
+    """``--spend``: a number the API takes (``gate.core.requests.spend_problem``)."""
+
+    def problem(spend: float) -> str | None:
+        from gate.core.requests import spend_problem
+
+        return spend_problem(spend)
+
+    return NumberType(problem=problem)

@@ -11,6 +11,7 @@ import sys
 import click
 
 from gate.cli import API_URL_OPTION, CONFIG_OPTION, fail, main, read_config
+from gate.cli.common import NumberType
 from gate.mcp.guard import DEFAULT_MAX_CONNECTIONS, DEFAULT_READ_TIMEOUT_S
 from gate.protocol.numbers import ascii_int
 
@@ -115,7 +116,7 @@ def http_limits(
 )
 @click.option(
     "--read-timeout",
-    type=float,
+    type=NumberType(),
     default=None,
     metavar="SECONDS",
     help="With --http: a request must arrive whole within this time, else its connection "
@@ -123,7 +124,7 @@ def http_limits(
 )
 @click.option(
     "--max-connections",
-    type=int,
+    type=NumberType(whole=True),
     default=None,
     metavar="N",
     help="With --http: connections beyond N open ones are closed at once "

@@ -21,6 +21,7 @@ from gate.cli import (
     run,
 )
 from gate.cli.common import (
+    NumberType,
     api_client,
     api_target,
     cancel_command,
@@ -28,6 +29,7 @@ from gate.cli.common import (
     echo_page,
     list_options,
     reporter,
+    spend_type,
 )
 
 CANCEL = ("hitl-gate", "cancel")  # the command that cancels an approval
@@ -88,7 +90,10 @@ def _read_draft(draft: str | None, draft_file: str | None) -> str:
 @click.option("--draft-file", default=None, help="Read the draft from a file, or - for stdin.")
 @click.option("--content-type", default="text/plain", show_default=True)
 @click.option(
-    "--spend", type=float, default=None, help="Cost of the action, in budget.unit (a number >= 0)."
+    "--spend",
+    type=spend_type(),
+    default=None,
+    help="Cost of the action, in budget.unit (a number >= 0).",
 )
 @click.option("--idempotency-key", default=None, help="Retry-safe key: same key, same approval.")
 @click.option(
@@ -99,7 +104,7 @@ def _read_draft(draft: str | None, draft_file: str | None) -> str:
 @click.option("--wait", is_flag=True, help="Block until resolved; print the final body.")
 @click.option(
     "--timeout",
-    type=click.FloatRange(min=0),
+    type=NumberType(low=0),
     default=None,
     help="With --wait: give up waiting after SEC seconds (exit 4).",
 )
@@ -150,7 +155,6 @@ def request(
     text = _read_draft(draft, draft_file)
     config = read_config(config_path)
     _check_not_blank(config, pipeline, step, text, draft_file)
-    _check_spend(spend)
     opts = RequestOptions(
         *api_target(config, api_url),
         pipeline,
@@ -171,14 +175,6 @@ def request(
         lambda: _left_behind(opts, progress, config_path, api_url),
     )
     _print_request_result(result, opts, as_json, config_path, api_url)
-
-
-def _check_spend(spend: float | None) -> None:
-    """Exit 2 on a ``--spend`` the API would refuse (``gate.core.requests.spend_problem``)."""
-    from gate.core.requests import MAX_SPEND, spend_problem
-
-    if spend is not None and spend_problem(spend) is not None:
-        fail(f"--spend: must be a finite number >= 0 and <= {MAX_SPEND:g}", 2)
 
 
 def _left_behind(

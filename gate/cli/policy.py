@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 import click
 
 from gate.cli import CONFIG_OPTION, fail, input_name, main, read_config, read_input
+from gate.cli.common import spend_type
 
 if TYPE_CHECKING:
     from gate.config import Config
@@ -28,7 +29,7 @@ def policy_group() -> None:
 @click.option("--step", required=True, help="The approval step's name.")
 @click.option("--draft-file", required=True, help="The draft's body (UTF-8), - for stdin.")
 @click.option("--content-type", default="text/plain", show_default=True, help="The draft's.")
-@click.option("--spend", type=float, default=None, help="The request's spend (budget.unit).")
+@click.option("--spend", type=spend_type(), default=None, help="The request's spend (budget.unit).")
 def policy_test(
     config_path: str,
     pipeline: str,
@@ -54,7 +55,6 @@ def policy_test(
     """
     from gate.client.hops import visible
     from gate.core.policy import Facts, judge_rules, verdict
-    from gate.core.requests import spend_problem
     from gate.protocol.canonical import payload_hash
     from gate.protocol.display import hanging_indent
 
@@ -69,8 +69,6 @@ def policy_test(
     step_cfg = found[1]
     if step_cfg.is_question:
         fail(f"--step: {step!r} is a question step: policy decides approval steps only", 2)
-    if spend is not None and (problem := spend_problem(spend)) is not None:
-        fail(f"--spend: {problem}", 2)
     raw = read_input("--draft-file", draft_file)
     try:
         body = raw.decode("utf-8")

@@ -16,6 +16,7 @@ from gate.cli import (
     main,
     run,
 )
+from gate.cli.common import NumberType
 from gate.errors import GateError
 
 
@@ -119,7 +120,7 @@ def keygen(out_dir: str) -> None:
 )
 @click.option(
     "--max-skew",
-    type=float,
+    type=NumberType(),
     default=300.0,
     show_default=True,
     help="Refuse dispatches signed more than this many seconds away.",

@@ -11,6 +11,7 @@ from pathlib import Path
 import click
 
 from gate.cli import fail, main
+from gate.cli.common import NumberType
 from gate.cli.tools import relay_secret
 from gate.errors import ConfigError
 
@@ -78,7 +79,7 @@ def _verify_option(error: str) -> str:
 )
 @click.option(
     "--timeout",
-    type=click.FloatRange(min=1),
+    type=NumberType(low=1),
     default=120.0,
     show_default=True,
     help="Seconds to wait for the relay's decision (a human may be answering).",

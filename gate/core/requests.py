@@ -88,9 +88,9 @@ def spend_problem(spend: float) -> str | None:
     """What is wrong with a ``spend`` (in ``budget.unit``), or None when it is in bounds: a
     finite number >= 0 and <= ``MAX_SPEND``. The API (``parse_create``) answers with it;
     ``hitl-gate request --spend`` refuses the same values."""
-    if not math.isfinite(spend) or spend < 0:
+    if math.isnan(spend) or spend < 0:
         return "must be a number >= 0"
-    if spend > MAX_SPEND:
+    if spend > MAX_SPEND:  # infinity too: the float of a number too large to hold
         return f"is too large (at most {MAX_SPEND:g})"
     return None
 

@@ -16,7 +16,7 @@ from typing import Any
 
 from gate.protocol.envelope import is_unicode
 from gate.protocol.errors import ProtocolError
-from gate.protocol.numbers import RANGE_WORDS, in_range
+from gate.protocol.numbers import MAX_MAGNITUDE, RANGE_WORDS, in_range
 from gate.protocol.whitespace import is_blank
 
 MAX_PROPERTIES = 50
@@ -60,8 +60,12 @@ def schema_error(path: str, message: str) -> ProtocolError:
     )
 
 
+_COUNT_WORDS = f"a non-negative integer up to 2**53 ({MAX_MAGNITUDE})"
+
+
 def _is_count(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+    """A length or item count: an int from 0 to 2**53 (the rule for numbers)."""
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_MAGNITUDE
 
 
 def _text(prop: Mapping[str, Any], key: str, path: str, limit: int) -> None:
@@ -111,7 +115,7 @@ def _bounds(
 ) -> None:
     for key in (low, high):
         if key in prop and not check(prop[key]):
-            kind = "a non-negative integer" if check is _is_count else f"a number {RANGE_WORDS}"
+            kind = _COUNT_WORDS if check is _is_count else f"a number {RANGE_WORDS}"
             raise schema_error(f"{path}.{key}", f"{path}.{key} must be {kind}")
     if low in prop and high in prop and prop[low] > prop[high]:
         raise schema_error(f"{path}.{low}", f"{path}.{low} is greater than {high}")
