@@ -6,9 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator
-from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -25,13 +22,6 @@ BOB = "bob@example.com"
 MUST_BE = "must be an operator's identity in relay.operators"
 
 relay, gate = module_gate("mcptools", steps=STEPS, relay={"questions": True})
-
-
-@pytest.fixture
-def errlog(tmp_path: Path) -> Iterator[Any]:
-    """The MCP server's stderr, kept in a file."""
-    with (tmp_path / "mcp.log").open("w+", encoding="utf-8") as f:
-        yield f
 
 
 async def test_mcp_tools_request_approval_names_who_asks(gate, relay, errlog):
