@@ -24,6 +24,7 @@ import subprocess
 import sys
 from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
+from typing import TextIO
 
 import pytest
 
@@ -170,6 +171,13 @@ def gate(tmp_path, relay) -> Iterator[GateProcess]:
     yield proc
     if proc.proc and proc.proc.poll() is None:
         proc.stop()
+
+
+@pytest.fixture
+def errlog(tmp_path: Path) -> Iterator[TextIO]:
+    """A file for an MCP server's stderr (``tests.mcp_support.stdio_mcp``), kept open."""
+    with (tmp_path / "mcp.log").open("w+", encoding="utf-8") as f:
+        yield f
 
 
 @pytest.fixture

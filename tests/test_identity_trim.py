@@ -126,8 +126,8 @@ def test_b02_09_requested_by_with_an_information_separator_is_no_operator(
             "status": "invalid",
             "reason": "invalid_requested_by",
             "field": "requested_by",
-            "message": "requested_by must be the identity of an operator in relay.operators; "
-            f"did you mean {ALICE}?",
+            "message": f'requested_by "{ALICE}<U+{ord(separator):04X}>" is not the identity'
+            f" of an operator in relay.operators; did you mean {ALICE}?",
         },
     )
 

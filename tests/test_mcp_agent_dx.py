@@ -6,7 +6,6 @@ stdio, a real gate and a capturing relay on loopback; waits are conditions with 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -42,12 +41,6 @@ WRONG = "a-wrong-gate-token-0123456789abcdef"
 
 
 relay, gate = module_gate("mcpdx", steps=STEPS, relay={"questions": True})
-
-
-@pytest.fixture
-def errlog(tmp_path: Path) -> Iterator[Any]:
-    with (tmp_path / "mcp.log").open("w+", encoding="utf-8") as f:
-        yield f
 
 
 def read(errlog: Any) -> str:

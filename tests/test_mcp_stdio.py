@@ -8,8 +8,6 @@ from __future__ import annotations
 import asyncio
 import re
 import time
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -45,13 +43,6 @@ REASON = "Mention the PO number"
 
 
 relay, gate = module_gate("mcp", steps=STEPS, relay={"questions": True})
-
-
-@pytest.fixture
-def errlog(tmp_path: Path) -> Iterator[Any]:
-    """The MCP server's stderr, kept in a file."""
-    with (tmp_path / "mcp.log").open("w+", encoding="utf-8") as f:
-        yield f
 
 
 def decide(gate: GateProcess, dispatch: dict[str, Any], verb: str, **extra: Any) -> None:

@@ -288,3 +288,23 @@ def test_policy_test_sets_a_reasons_second_line_in(config: Path) -> None:
         "policy:no-prod would deny (pipelines[0].steps[0].policy[0]); reason: not from here",
         "  use staging",
     ]
+
+
+@pytest.mark.parametrize(
+    ("draft", "problem"),
+    [
+        ('{"to": "a@example.com", "to": "b@example.com"}', 'duplicate key "to"'),
+        ('{"amount": NaN}', "NaN is not JSON"),
+    ],
+)
+def test_policy_test_says_a_deny_matched_a_draft_it_could_not_read(
+    config: Path, draft: str, problem: str
+) -> None:
+    code, out, err = policy_test(config, "send", draft, "--content-type", "application/json")
+    assert (code, err) == (0, "")
+    assert out.splitlines()[1:] == [
+        "policy:no-prod would deny (pipelines[0].steps[0].policy[0]); reason: not from here",
+        f"  no-prod: matches: the draft is not strict JSON ({problem}), and a deny rule holds"
+        " where it cannot check",
+        "  small: no match: no spend given for max_spend 100",
+    ]

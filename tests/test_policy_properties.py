@@ -257,7 +257,9 @@ def test_conditions(when: dict[str, Any], f: Facts, expected: bool) -> None:
         ({"arguments": {"a": {"max": 1}}}, Facts("text/plain", "{}"), "approve",
          "argument a: content_type text/plain is not JSON"),
         ({"arguments": {"a": {"max": 1}}}, Facts("application/json", "{"), "approve",
-         "argument a: the draft is no strict JSON"),
+         "argument a: the draft is not strict JSON (Expecting property name"
+         " enclosed in double quotes"
+         " at line 1 column 2)"),
         # a deny matches what it cannot evaluate: only a condition that does not hold fails
         ({"max_spend": 10, "content_type": "a/b"}, Facts("text/plain", "x"), "deny",
          "content_type text/plain is not a/b"),

@@ -146,10 +146,16 @@ def test_readme_approver_signing_commands_run_on_the_example_config(
         assert done.returncode == 0, (command, done.stderr)
 
 
-def test_readme_mcp_python_client_runs_over_stdio_and_http(example_gate: GateProcess) -> None:
+@pytest.mark.parametrize("wait", [0, 6], ids=["as_written", "waiting_longer_than_5s"])
+def test_readme_mcp_python_client_runs_over_stdio_and_http(
+    example_gate: GateProcess, wait: int
+) -> None:
     """The README's Python client, as written, against the example gate; only the HTTP
-    server's port differs (it listens on a free one)."""
+    server's port differs (it listens on a free one). Its HTTP client must outwait a tool
+    call: with ``wait_seconds`` 6 (nobody decides) the call blocks past httpx's default 5 s."""
     code = section_block("### An agent host: `hitl-gate mcp`", "python")
+    assert '"wait_seconds": 0,' in code
+    code = code.replace('"wait_seconds": 0,', f'"wait_seconds": {wait},')
     args = ["mcp", "-c", str(example_gate.config), "--http", "127.0.0.1:0"]
     server = CliProcess(*args, "--token-env", "HITL_MCP_TOKEN", env=gate_env(**DEMO_ENV))
     try:

@@ -44,7 +44,11 @@ STEPS = [
 ]
 SELF = {"status": "forbidden", "reason": "self_approval"}
 NOT_AN_OPERATOR = {"status": "invalid", "reason": "invalid_requested_by", "field": "requested_by"}
-MUST_BE = "requested_by must be the identity of an operator in relay.operators"
+
+
+def not_one(given: str) -> str:
+    """The start of the refusal of a ``requested_by`` that names no operator."""
+    return f'requested_by "{given}" is not the identity of an operator in relay.operators'
 
 
 def request_args(gate: Any, requested_by: str, draft: str) -> tuple[str, ...]:
@@ -169,17 +173,20 @@ def test_self_approval_requester_outside_scope_decides_nothing_else(gate: Any, r
         (
             {"step": "q2", "requested_by": "mallory@example.com"},
             400,
-            {**NOT_AN_OPERATOR, "message": f"{MUST_BE}, e.g. {ALICE}"},
+            {**NOT_AN_OPERATOR, "message": f"{not_one('mallory@example.com')}, e.g. {ALICE}"},
         ),
         (
             {"step": "q2", "requested_by": "alice@exmaple.com"},
             400,
-            {**NOT_AN_OPERATOR, "message": f"{MUST_BE}; did you mean {ALICE}?"},
+            {
+                **NOT_AN_OPERATOR,
+                "message": f"{not_one('alice@exmaple.com')}; did you mean {ALICE}?",
+            },
         ),
         (
             {"step": "q2", "requested_by": "Carol"},
             400,
-            {**NOT_AN_OPERATOR, "message": f"{MUST_BE}; did you mean {CAROL}?"},
+            {**NOT_AN_OPERATOR, "message": f"{not_one('Carol')}; did you mean {CAROL}?"},
         ),
         (
             {"step": "q2", "requested_by": "  "},
@@ -223,22 +230,41 @@ def test_self_approval_question_refuses_an_unknown_requester_in_words(gate: Any)
 
     answer = gate.api().call("POST", "/v1/questions", {**body, "requested_by": "agent-7"})
 
-    assert answer == (400, {**NOT_AN_OPERATOR, "message": f"{MUST_BE}, e.g. {ALICE}"})
+    assert answer == (400, {**NOT_AN_OPERATOR, "message": f"{not_one('agent-7')}, e.g. {ALICE}"})
 
 
 @pytest.mark.e2e
 @pytest.mark.parametrize(
     ("who", "said"),
     [
-        ("agent-7", f"{MUST_BE}, e.g. {ALICE}"),
-        ("bob@exmaple.com", f"{MUST_BE}; did you mean {BOB}?"),
+        ("agent-7", f"{not_one('agent-7')}, e.g. {ALICE}"),
+        ("bob@exmaple.com", f"{not_one('bob@exmaple.com')}; did you mean {BOB}?"),
+        # look-alike and hidden characters are shown by their code point
+        ("alice@example.c\u043em", f"{not_one('alice@example.c<U+043E>m')}; did you mean {ALICE}?"),
+        ("bob\u200b@example.com", f"{not_one('bob<U+200B>@example.com')}; did you mean {BOB}?"),
+        (
+            "carol@example.com\u202e",
+            f"{not_one('carol@example.com<U+202E>')}; did you mean {CAROL}?",
+        ),
+        # an operator's numeric id: the identity it stands for
+        ("101", f"101 is an operator id; requested_by takes the operator's identity: {ALICE}"),
+        (" 102 ", f"102 is an operator id; requested_by takes the operator's identity: {BOB}"),
     ],
-    ids=["unknown", "typo"],
+    ids=[
+        "unknown",
+        "typo",
+        "look_alike",
+        "zero_width",
+        "bidi",
+        "operator_id",
+        "operator_id_spaced",
+    ],
 )
 def test_self_approval_cli_says_what_requested_by_must_be(gate: Any, who: str, said: str) -> None:
     proc = run_cli(*request_args(gate, who, "x"))
 
     assert (proc.returncode, proc.stdout, proc.stderr.decode()) == (1, b"", f"Error: {said}\n")
+    assert not (who[1:] in gate.log() and "@" in who)  # an identity given is not logged
 
 
 @pytest.mark.e2e

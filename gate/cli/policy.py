@@ -43,7 +43,8 @@ def policy_test(
     Prints "policy:<id> would approve" (or "would deny", with the reason), naming the
     rule's YAML path, or "no rule: a person decides"; then each rule, in order, with
     "matches" or why not: its first condition that failed and the values compared (e.g.
-    "small-invoices: no match: spend 400 > max_spend 100"); a step with remember_approval adds
+    "small-invoices: no match: spend 400 > max_spend 100"), and a deny that matched only
+    because it could not check a condition says which; a step with remember_approval adds
     that a draft a person approved there within the window is approved (policy:remembered);
     with --spend and a budget cap, what the cap does (the gate leaves an approve to a person
     when the spend takes the day's spending over a cap).

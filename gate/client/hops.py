@@ -4,28 +4,18 @@ of an approval (dispatched, decided, resolved, receipted), and a skip's reason."
 from __future__ import annotations
 
 import json
-import unicodedata
 from typing import Any
 
-from gate.protocol.display import HIDDEN_CATEGORIES, display_time, hanging_indent
+from gate.protocol.display import display_time, hanging_indent, marked
 
 # the operator id of a policy's decision (gate.audit.entries.POLICY_OPERATOR)
 POLICY_OPERATOR = 0
-
-# what a terminal does not show as itself (controls, escape sequences, bidi overrides, line
-# separators, surrogates, unassigned): shown as <U+XXXX>, as the reference relay shows a draft
-_HIDDEN_CATEGORIES = HIDDEN_CATEGORIES  # one rule: gate.protocol.display
 
 
 def visible(text: str) -> str:
     """``text`` (a reason: untrusted, from a relay) with every character a terminal would not
     show as itself replaced by ``<U+XXXX>``; newline and tab are kept."""
-    return "".join(
-        f"<U+{ord(c):04X}>"
-        if c not in "\n\t" and unicodedata.category(c) in _HIDDEN_CATEGORIES
-        else c
-        for c in text
-    )
+    return marked(text)
 
 
 def one_line(text: object) -> str:

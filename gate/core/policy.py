@@ -34,6 +34,7 @@ from gate.core.policy_values import (
     media_type,
     read_json,
     shown,
+    unreadable,
 )
 from gate.core.policy_values import strings as json_strings
 from gate.protocol.numbers import list_index
@@ -111,6 +112,7 @@ class RuleResult:
     rule: PolicyRule
     matched: bool
     why: str | None
+    unchecked: str | None = None
 
     @property
     def counts(self) -> bool:
@@ -118,8 +120,16 @@ class RuleResult:
         return self.why is None
 
     def explain(self) -> str:
-        """One line: ``<rule id>: matches`` or ``<rule id>: <why>``."""
-        return f"{self.rule.id}: {'matches' if self.why is None else self.why}"
+        """One line: ``<rule id>: matches`` or ``<rule id>: <why>``; a deny that matched
+        only because a condition could not be evaluated (``unchecked``) says which."""
+        if self.why is not None:
+            return f"{self.rule.id}: {self.why}"
+        if self.unchecked is not None:
+            return (
+                f"{self.rule.id}: matches: {self.unchecked}, and a deny rule holds where it"
+                " cannot check"
+            )
+        return f"{self.rule.id}: matches"
 
 
 def judge_rules(
@@ -132,13 +142,13 @@ def judge_rules(
         document = facts.document()
     out: list[RuleResult] = []
     for rule in rules:
-        failed = first_failure(rule.when, facts, document, rule.decide)
+        failed, unchecked = _first_failure(rule.when, facts, document, rule.decide)
         if failed is not None:
             out.append(RuleResult(rule, False, f"no match: {failed}"))
         elif rule.decide == "approve" and not may_approve(risk, quorum, rule.allow_quorum):
             out.append(RuleResult(rule, True, _hard_limit(risk, quorum)))
         else:
-            out.append(RuleResult(rule, True, None))
+            out.append(RuleResult(rule, True, None, unchecked))
     return out
 
 
@@ -191,14 +201,25 @@ def first_failure(
     values its first failing condition compared (an approve's first condition that does not
     hold or cannot be evaluated, a deny's first that does not hold), or None when it
     matches (``matches``)."""
+    return _first_failure(when, facts, document, decide)[0]
+
+
+def _first_failure(
+    when: PolicyWhen, facts: Facts, document: Any, decide: str
+) -> tuple[str | None, str | None]:
+    """``first_failure``, and for a deny that matches, its first condition that could not be
+    evaluated (or None)."""
     if document is _UNSET:
         document = facts.document() if when.arguments or when.body_matches else UNREADABLE
+    unchecked: str | None = None
     for check in conditions(when, facts, document, deny=decide == "deny"):
         if check.answer is False:
-            return check.why
+            return check.why, None
         if check.answer is UNKNOWN and decide != "deny":
-            return check.why
-    return None
+            return check.why, None
+        if check.answer is UNKNOWN and unchecked is None:
+            unchecked = check.why
+    return None, unchecked
 
 
 def conditions(when: PolicyWhen, facts: Facts, document: Any, *, deny: bool) -> list[Check]:
@@ -240,8 +261,8 @@ def _argument(key: str, constraint: ArgumentConstraint, facts: Facts, document: 
     if not is_json(facts.content_type):
         media = media_type(facts.content_type)
         return Check(UNKNOWN, f"argument {key}: content_type {media} is not JSON")
-    if document is UNREADABLE:
-        return Check(UNKNOWN, f"argument {key}: the draft is no strict JSON")
+    if unreadable(document):
+        return Check(UNKNOWN, f"argument {key}: {document.why}")
     value = _lookup(document, argument_path(key))
     if value is _ABSENT:
         return Check(UNKNOWN, f"argument {key} is absent")
@@ -255,6 +276,8 @@ def _argument(key: str, constraint: ArgumentConstraint, facts: Facts, document: 
 
 def _body_matches(source: str, facts: Facts, document: Any, deny: bool) -> Check:
     answer = _body_search(source, facts, document, deny)
+    if answer is UNKNOWN and unreadable(document) and is_json(facts.content_type):
+        return Check(UNKNOWN, document.why)
     if answer is UNKNOWN:
         return Check(UNKNOWN, f"body_matches '{source}' on a body it cannot read")
     verb = "matches" if answer else "does not match"
@@ -268,7 +291,7 @@ def _body_search(source: str, facts: Facts, document: Any, deny: bool) -> bool |
             return True
         if not deny:
             return False
-        if document is UNREADABLE:
+        if unreadable(document):
             return UNKNOWN if is_json(facts.content_type) else False
         return any(pattern.search(text) is not None for text in set(json_strings(document)))
     except UnicodeEncodeError:  # a lone surrogate: no text RE2 can read

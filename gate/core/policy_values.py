@@ -11,17 +11,22 @@ from dataclasses import dataclass
 from typing import Any
 
 from gate.config.policy import ArgumentConstraint, glob_pattern, unjudgeable
-from gate.protocol.envelope import finite_float, reject_json_constant
+from gate.protocol.envelope import finite_float, no_duplicate_keys, reject_json_constant
 
 
-class _Unreadable:
-    """The sentinel of a draft that is no strict JSON (``read_json``)."""
+@dataclass(frozen=True, slots=True)
+class Unreadable:
+    """What ``read_json`` gives for a draft that is no strict JSON: ``why``, in words
+    (``the draft is not strict JSON (duplicate key "to")``)."""
+
+    why: str = "the draft is not strict JSON"
 
     def __repr__(self) -> str:
         return "UNREADABLE"
 
 
-UNREADABLE: Any = _Unreadable()
+# a document not read: no condition of the rule looks at it
+UNREADABLE: Any = Unreadable()
 # what ``judge`` answers for a constraint that cannot be evaluated
 UNKNOWN = None
 
@@ -38,28 +43,29 @@ def is_json(content_type: str) -> bool:
     return media == "application/json" or media.endswith("+json")
 
 
-def _unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in out:
-            raise ValueError(f"duplicate key {key!r}")
-        out[key] = value
-    return out
-
-
 def read_json(body: str) -> Any:
-    """``body`` as strict JSON, or ``UNREADABLE``: a BOM, a comment, a trailing comma,
-    duplicate keys (review M2), NaN/Infinity, a number too large to be finite or beyond
-    Python's integer digits limit, nesting too deep for the parser (review L1)."""
+    """``body`` as strict JSON, or an ``Unreadable`` saying why not: a BOM, a comment, a
+    trailing comma, duplicate keys (review M2), NaN/Infinity, a number too large to be finite
+    or beyond Python's integer digits limit, nesting too deep for the parser (review L1)."""
     try:
         return json.loads(
             body,
-            object_pairs_hook=_unique,
+            object_pairs_hook=no_duplicate_keys,
             parse_constant=reject_json_constant,
             parse_float=finite_float,
         )
-    except (ValueError, RecursionError):
-        return UNREADABLE
+    except json.JSONDecodeError as exc:
+        problem = f"{exc.msg} at line {exc.lineno} column {exc.colno}"
+    except ValueError as exc:
+        problem = str(exc)
+    except RecursionError:
+        problem = "it nests too deeply"
+    return Unreadable(f"the draft is not strict JSON ({problem})")
+
+
+def unreadable(document: Any) -> bool:
+    """True for a document ``read_json`` could not read (an ``Unreadable``)."""
+    return isinstance(document, Unreadable)
 
 
 def strings(value: Any) -> Iterator[str]:

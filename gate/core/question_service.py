@@ -79,7 +79,9 @@ class QuestionMethods:
             return None
         op = self.config.operator_by_identity(identity)
         if op is None:
-            raise not_an_operator(identity, [o.identity for o in self.config.relay.operators])
+            raise not_an_operator(
+                identity, [(o.id, o.identity) for o in self.config.relay.operators]
+            )
         return op.id, op.identity
 
     async def create_question(

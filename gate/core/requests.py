@@ -11,6 +11,7 @@ from typing import Any
 
 from gate.errors import GateError, refused
 from gate.protocol.canonical import canonical_json
+from gate.protocol.display import marked
 from gate.protocol.envelope import is_unicode
 from gate.protocol.whitespace import is_blank
 
@@ -106,11 +107,20 @@ def quorum_unreachable_message(requester: str, approvers_left: int, quorum: int)
     )
 
 
-def not_an_operator(given: str, identities: Sequence[str]) -> GateError:
-    """400 ``invalid_requested_by`` for a ``requested_by`` that names no operator, saying what
-    it must be: the configured identity closest to ``given`` (a typo, or the part before
-    ``@``) when one is close, else the first of ``identities`` as an example."""
+def not_an_operator(given: str, operators: Sequence[tuple[int, str]]) -> GateError:
+    """400 ``invalid_requested_by`` for a ``requested_by`` that names none of ``operators``
+    (``(id, identity)`` pairs), echoing ``given`` (``_echoed``) and saying what it must be:
+    for an operator's numeric id, that operator's identity; else the configured identity
+    closest to ``given`` (a typo, or the part before ``@``) when one is close, else the
+    first identity as an example."""
+    identities = [identity for _, identity in operators]
+    by_id = {str(op_id): identity for op_id, identity in operators}
     key = given.strip().casefold()
+    if key in by_id:
+        message = (
+            f"{key} is an operator id; requested_by takes the operator's identity: {by_id[key]}"
+        )
+        return refused("invalid_requested_by", "requested_by", message)
     folded = {identity.casefold(): identity for identity in identities}
     local = {identity.casefold().split("@")[0]: identity for identity in identities}
     close = difflib.get_close_matches(key, folded, n=1, cutoff=0.85)
@@ -118,9 +128,19 @@ def not_an_operator(given: str, identities: Sequence[str]) -> GateError:
     if near is None:
         close = difflib.get_close_matches(key, local, n=1, cutoff=0.85)
         near = local[close[0]] if close else None
-    must = "requested_by must be the identity of an operator in relay.operators"
-    message = f"{must}; did you mean {near}?" if near else f"{must}, e.g. {identities[0]}"
+    said = f'requested_by "{_echoed(given, identities)}" is not the identity of an operator'
+    said += " in relay.operators"
+    message = f"{said}; did you mean {near}?" if near else f"{said}, e.g. {identities[0]}"
     return refused("invalid_requested_by", "requested_by", message)
+
+
+def _echoed(given: str, identities: Sequence[str]) -> str:
+    """``given`` (an identity that matched none of ``identities``) as an error message echoes
+    it: on one line, each hidden character and each non-ASCII one that no configured identity
+    has (a Cyrillic ``о`` in a Latin address) shown as ``<U+XXXX>``."""
+    known = {c for identity in identities for c in identity}
+    suspect = {c for c in given if not c.isascii() and c not in known}
+    return marked(given, keep="", suspect=suspect)
 
 
 def check_draft(req: CreateRequest, allow_empty_draft: bool) -> None:

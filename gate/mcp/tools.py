@@ -58,6 +58,13 @@ Spend = Annotated[
         "a step's max_spend policy rule and budget read it.",
     ),
 ]
+RequestedBy = Annotated[
+    str | None,
+    Field(
+        description="Who asks: must be an operator's identity in relay.operators (an email "
+        "address as configured, not an operator id); that person cannot decide it.",
+    ),
+]
 
 REQUEST_APPROVAL = (
     "Ask a person to approve an action before you take it (the hitl-gate). Send the draft "
@@ -66,7 +73,8 @@ REQUEST_APPROVAL = (
     "after a restart) then joins its approval instead of asking twice. Without it every "
     "call is a new approval, even with the same draft; run_id is only a label. Pass spend "
     "(a number >= 0 in the step's budget unit) when the action costs something: the step's "
-    "budget and max_spend rules read it."
+    "budget and max_spend rules read it. Pass requested_by (an operator's identity in "
+    "relay.operators) to say who asks: that person cannot approve it."
 )
 GET_APPROVAL = (
     "Wait up to wait_seconds for an approval made by request_approval and return it. " + NOT_YET
@@ -126,6 +134,7 @@ def register(gate: AsyncGate) -> list[Tool]:
         idempotency_key: str | None = None,
         wait_seconds: Wait = DEFAULT_WAIT_S,
         spend: Spend = None,
+        requested_by: RequestedBy = None,
     ) -> dict[str, Any]:
         approval = await _gate_call(
             gate.request_approval(
@@ -136,6 +145,7 @@ def register(gate: AsyncGate) -> list[Tool]:
                 run_id=run_id,
                 idempotency_key=idempotency_key,
                 spend=spend,
+                requested_by=requested_by,
                 wait=wait_seconds,
             ),
             "pipeline",
@@ -169,6 +179,7 @@ def register(gate: AsyncGate) -> list[Tool]:
         run_id: str | None = None,
         idempotency_key: str | None = None,
         wait_seconds: Wait = DEFAULT_WAIT_S,
+        requested_by: RequestedBy = None,
     ) -> dict[str, Any]:
         if response_type in ("single_choice", "multi_choice") and not options:
             raise ToolError(f"options: {response_type} needs the options to choose from")
@@ -184,6 +195,7 @@ def register(gate: AsyncGate) -> list[Tool]:
                 schema=schema,
                 run_id=run_id,
                 idempotency_key=idempotency_key,
+                requested_by=requested_by,
                 wait=wait_seconds,
             ),
             "pipeline",

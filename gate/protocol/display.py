@@ -13,6 +13,7 @@ keep lines.
 from __future__ import annotations
 
 import unicodedata
+from collections.abc import Container
 
 from gate.protocol.envelope import rfc3339_ms, rfc3339_to_ms
 
@@ -38,6 +39,16 @@ def is_hidden(char: str) -> bool:
 def code_point(char: str) -> str:
     """``"U+202E"``: the character's code point, at least four hex digits, upper case."""
     return f"U+{ord(char):04X}"
+
+
+def marked(text: str, *, keep: str = "\n\t", suspect: Container[str] = ()) -> str:
+    """``text`` with every character a terminal would not show as itself (``is_hidden``,
+    except those in ``keep``) and every one in ``suspect`` (a look-alike, say) replaced by
+    its ``<U+XXXX>``."""
+    return "".join(
+        f"<{code_point(c)}>" if (c not in keep and is_hidden(c)) or c in suspect else c
+        for c in text
+    )
 
 
 def describe(char: str) -> str:

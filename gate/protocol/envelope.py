@@ -98,11 +98,13 @@ def _invalid(field: str, message: str) -> ProtocolError:
     )
 
 
-def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+def no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """``object_pairs_hook`` for ``json``: raises ValueError naming a key that occurs twice
+    (``duplicate key "to"``)."""
     out: dict[str, Any] = {}
     for key, value in pairs:
         if key in out:
-            raise ValueError(f"duplicate key {key!r}")
+            raise ValueError(f"duplicate key {json.dumps(key)}")
         out[key] = value
     return out
 
@@ -136,7 +138,7 @@ def decode_json(raw: bytes) -> Any:
         text = raw.decode("utf-8")
         return json.loads(
             text,
-            object_pairs_hook=_no_duplicates,
+            object_pairs_hook=no_duplicate_keys,
             parse_constant=reject_json_constant,
             parse_float=finite_float,
         )
