@@ -396,6 +396,9 @@ def test_layers_audit_pure_modules_found() -> None:
 
     assert names >= {
         "gate.audit.chain",
+        "gate.audit.segments",
+        "gate.audit.receipts",
+        "gate.audit.export",
         "gate.audit.entries",
         "gate.audit.records",
         "gate.audit.record_checks",
