@@ -1,5 +1,5 @@
-"""Tests for gate.audit.chain (SPEC §7): seal/verify a hash chain, tamper detection, export round
-trip."""
+"""Tests for gate.audit.chain (SPEC §7): seal/verify a hash chain, tamper detection; and for
+the receipt object (gate.audit.receipts) and the export round trip (gate.audit.export)."""
 
 from __future__ import annotations
 
