@@ -24,6 +24,7 @@ from ulid import ULID
 
 from bench.common import CONTENT_TYPE, PIPELINE, RISK, STEP, draft_body, scope
 from gate.audit import chain as audit
+from gate.audit.receipts import receipt_object
 from gate.core.requests import parse_create
 from gate.protocol.canonical import payload_hash
 from gate.store.schema import MIGRATIONS, SCHEMA_VERSION
@@ -371,7 +372,7 @@ def _records_from_log(conn: sqlite3.Connection, first_seq: int) -> None:
                 stored = audit.AuditRow(seq, approval_id, kind, entry_json, *_)
                 approvals[-1][9:11] = ["resolved", "approved"]
                 approvals[-1][13] = at
-                approvals[-1][15] = json.dumps(audit.receipt_object(stored))
+                approvals[-1][15] = json.dumps(receipt_object(stored))
             if len(approvals) >= CHUNK and kind == "resolved":
                 flush()
     if approvals:

@@ -23,6 +23,7 @@ import pytest
 from gate.audit import chain as audit
 from gate.audit.credential_entries import CredentialEnrolledData, CredentialRevokedData
 from gate.audit.entries import CreatedData, DecisionData
+from gate.audit.export import export_line
 from gate.protocol.approver_signature import (
     ApproverAssertion,
     b64url,
@@ -244,7 +245,7 @@ class Log:
         return seq
 
     def write(self, path: Path) -> Path:
-        path.write_text("".join(audit.export_line(r) + "\n" for r in self.rows), encoding="utf-8")
+        path.write_text("".join(export_line(r) + "\n" for r in self.rows), encoding="utf-8")
         return path
 
 

@@ -1,5 +1,5 @@
-"""Tests for gate.audit.chain (SPEC §7): seal/verify a hash chain, tamper detection, export round
-trip."""
+"""Tests for gate.audit.chain (SPEC §7): seal/verify a hash chain, tamper detection; and for
+the receipt object (gate.audit.receipts) and the export round trip (gate.audit.export)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,8 @@ import pytest
 
 from gate.audit import chain as audit
 from gate.audit.chain import GENESIS_HASH, AuditRow, VerifyResult
+from gate.audit.export import export_line, parse_export_line
+from gate.audit.receipts import receipt_object
 
 KEY = b"test-receipt-key-91c2"
 AID = "01KDWZ8B00J3Q9V5X7Z2M4N6PR"
@@ -239,11 +241,11 @@ def test_audit_verify_rejects_entry_not_json() -> None:
 
 def test_audit_export_parse_round_trip() -> None:
     rows = chain()
-    lines = [audit.export_line(r) for r in rows]
+    lines = [export_line(r) for r in rows]
 
     assert all("\n" not in line for line in lines)
     assert "Zoë 👍" in lines[0]  # non-ASCII kept readable
-    parsed = [audit.parse_export_line(line) for line in lines]
+    parsed = [parse_export_line(line) for line in lines]
     assert parsed == rows
     assert audit.verify(parsed, KEY) == VerifyResult(True, 5)
 
@@ -253,7 +255,7 @@ def test_audit_export_round_trip_null_approval_id() -> None:
     entry_json, digest, receipt = audit.seal(GENESIS_HASH, entry, KEY)
     row = AuditRow(1, None, "note", entry_json, GENESIS_HASH, digest, receipt)
 
-    assert audit.parse_export_line(audit.export_line(row)) == row
+    assert parse_export_line(export_line(row)) == row
     assert audit.verify([row], KEY).ok
 
 
@@ -271,7 +273,7 @@ def test_audit_export_round_trip_null_approval_id() -> None:
 )
 def test_audit_parse_export_line_bad_input_raises_documented_errors(line: str) -> None:
     with pytest.raises((ValueError, KeyError, TypeError)):
-        audit.parse_export_line(line)
+        parse_export_line(line)
 
 
 @pytest.mark.parametrize(
@@ -290,10 +292,10 @@ def test_audit_parse_export_line_takes_each_field_as_written_only(field: str, va
     """Security review: ``"seq": "1"`` or ``1.9`` was coerced with int() (the Node verifier of
     docs/auditing.md refuses them, so the two verifiers disagreed); other fields with str()."""
     row = chain(1)[0]
-    obj = json.loads(audit.export_line(row))
+    obj = json.loads(export_line(row))
     obj[field] = value
     with pytest.raises((ValueError, KeyError, TypeError)):
-        audit.parse_export_line(json.dumps(obj))
+        parse_export_line(json.dumps(obj))
 
 
 def test_audit_verify_names_an_entry_holding_nan_instead_of_crashing() -> None:
@@ -311,7 +313,7 @@ def test_audit_verify_names_an_entry_holding_nan_instead_of_crashing() -> None:
 def test_audit_receipt_object_shape() -> None:
     row = chain(1)[0]
 
-    assert audit.receipt_object(row) == {
+    assert receipt_object(row) == {
         "seq": 1,
         "entry_hash": row.entry_hash,
         "receipt": row.receipt,
@@ -329,7 +331,7 @@ def test_audit_read_export_splits_lines_on_newline_only(tmp_path: Any, separator
     entry = audit.make_entry(1, "note", None, T0, {"reason": f"first{separator}second"})
     entry_json, digest, receipt = audit.seal(GENESIS_HASH, entry, KEY)
     row = AuditRow(1, None, "note", entry_json, GENESIS_HASH, digest, receipt)
-    line = audit.export_line(row)
+    line = export_line(row)
     assert separator in line  # kept raw by the writer, as JSON allows
     path = tmp_path / "export.jsonl"
     path.write_text(f"{line}\n{line}\r\n", encoding="utf-8")  # a CRLF line is one too

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from gate.audit import chain as audit
+from gate.audit.receipts import check_receipt, receipt_object, span_keys
 from gate.audit.verify import verify_chain as verify_database
 from gate.store import Store
 from gate.store.auditlog import DatabaseRows
@@ -292,19 +293,17 @@ def test_b02_04_a_held_receipt_is_checked_with_the_key_of_its_span(tmp_path: Pat
     result = audit.verify(rows, (NEW_KEY, OLD_KEY))
     assert result.ok
     for row in (rows[2], rows[ROTATION - 1], rows[-1]):
-        held = audit.receipt_object(row)
-        keys = audit.span_keys(result, (NEW_KEY, OLD_KEY), row.seq)
-        assert audit.check_receipt(rows, held, keys) is None
+        held = receipt_object(row)
+        keys = span_keys(result, (NEW_KEY, OLD_KEY), row.seq)
+        assert check_receipt(rows, held, keys) is None
         # a receipt made with the other span's key is no genuine receipt for this entry
         other = OLD_KEY if row.seq >= ROTATION else NEW_KEY
         fake = dict(held, receipt=audit.receipt(other, row.entry_hash))
-        problem = audit.check_receipt(rows, fake, keys)
+        problem = check_receipt(rows, fake, keys)
         assert problem is not None and "not a genuine receipt" in problem[1]
     # a receipt for an entry past the end (a deleted tail) is a deleted tail, not a fake
-    tail = audit.receipt_object(rows[-1])
+    tail = receipt_object(rows[-1])
     shortened = rows[:-3]
     short = audit.verify(shortened, (OLD_KEY, NEW_KEY))
-    problem = audit.check_receipt(
-        shortened, tail, audit.span_keys(short, (OLD_KEY, NEW_KEY), tail["seq"])
-    )
+    problem = check_receipt(shortened, tail, span_keys(short, (OLD_KEY, NEW_KEY), tail["seq"]))
     assert problem is not None and problem[1].startswith("missing: "), problem

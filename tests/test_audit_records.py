@@ -11,6 +11,7 @@ import pytest
 
 from gate.audit import chain as audit
 from gate.audit import records as audit_records
+from gate.audit.receipts import receipt_object
 from gate.audit.records import ApprovalRecord
 from gate.protocol.canonical import payload_hash
 
@@ -89,7 +90,7 @@ def adjusted_record(up_to: int = 0) -> ApprovalRecord:
         "state": "resolved",
         "outcome": "adjusted",
         "expires_at": 99,
-        "receipt": json.dumps(audit.receipt_object(resolved)),
+        "receipt": json.dumps(receipt_object(resolved)),
         "scope": json.dumps([[101, "alice@example.com"], [102, "bob@example.com"]]),
     }
     return ApprovalRecord(
@@ -206,7 +207,7 @@ def test_a_log_that_breaks_the_frozen_rules_is_named_even_when_the_rows_match_it
     loosened_log = audit.AuditRow(4, "A1", "resolved", text, prev, digest, receipt)
     loosened = ApprovalRecord(
         record.approval_id,
-        {**(record.approval or {}), "receipt": json.dumps(audit.receipt_object(loosened_log))},
+        {**(record.approval or {}), "receipt": json.dumps(receipt_object(loosened_log))},
         record.revisions,
         record.decisions,
         [*record.entries[:3], loosened_log],

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from gate.audit import chain as audit
+from gate.audit.receipts import receipt_object
 from gate.audit.verify import AnchorProblem, verify_chain, verify_database, verify_rows
 from gate.errors import GateError
 from tests.test_audit import AID, KEY, chain
@@ -69,7 +70,7 @@ def test_verify_database_without_a_file_raises_no_database(tmp_path: Path) -> No
 
 def test_verify_rows_checks_an_export_and_its_receipts() -> None:
     rows = chain(5)
-    held = audit.receipt_object(rows[2])
+    held = receipt_object(rows[2])
 
     report = verify_rows(rows, KEY, expect=[("receipt r.json", held)])
 

@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 
 from gate.audit import chain as audit
+from gate.audit.receipts import receipt_object
 from gate.clock import ManualClock
 from gate.config import Config, load_config
 from gate.core import rules
@@ -870,7 +871,7 @@ async def test_service_audit_chain_verifies_and_receipts_match(gate: Gate) -> No
     for outcome, aid in ids.items():
         view = await gate.service.get(aid)
         assert view["outcome"] == outcome
-        assert view["receipt"] == audit.receipt_object(resolved_rows[aid])
+        assert view["receipt"] == receipt_object(resolved_rows[aid])
         assert json.loads(resolved_rows[aid].entry)["data"]["outcome"] == outcome
     assert (await gate.service.get(pending))["receipt"] is None
 

@@ -23,7 +23,7 @@ import pytest
 import yaml
 
 from gate.protocol.canonical import canonical_json
-from gate.tools.doctor import CLOCK_WARN_S, RELEASE_DATE, RelayProbe, check_clock
+from gate.tools.doctor_relay import CLOCK_WARN_S, RELEASE_DATE, RelayProbe, check_clock
 from gate.trust.keys import generate
 from tests.badrelays import BadRelay, Misbehaviour
 from tests.support import (
@@ -555,7 +555,7 @@ def test_doctor_release_date_is_the_newest_changelog_date():
     dates = re.findall(r"^## .*?(\d{4}-\d{2}-\d{2})", text, re.MULTILINE)
 
     assert dates and RELEASE_DATE == max(dates), (
-        "bump gate.tools.doctor.RELEASE_DATE with a release"
+        "bump gate.tools.doctor_relay.RELEASE_DATE with a release"
     )
 
 

@@ -22,6 +22,7 @@
   readers depend on them, never the other way round).
 - ``gate/sdk/*`` (imported by agents) uses the standard library, aiohttp and
   ``gate.protocol`` only; ``gate.config`` lazily (``from_config``), never at import.
+- Every module under gate/ is at most MAX_MODULE_LINES lines: one split by job when it grows.
 """
 
 from __future__ import annotations
@@ -146,6 +147,20 @@ def test_layers_import_scanner_sees_relative_and_from_imports() -> None:
     assert {"gate.web.store", "gate.store", "gate.store.db", "sqlite3"} <= found
     assert hits(found, ("gate.store",)) == ["gate.store", "gate.store.db"]
     assert hits(found, ("gate.stor",)) == []  # prefix match is per dotted component
+
+
+# --------------------------------------------------------------------------- size
+
+MAX_MODULE_LINES = 450
+
+
+@pytest.mark.parametrize("module", MODULES, ids=ids(MODULES))
+def test_layers_every_module_is_at_most_450_lines(module: Module) -> None:
+    lines = len(module.path.read_text(encoding="utf-8").splitlines())
+
+    assert lines <= MAX_MODULE_LINES, (
+        f"{module.rel} has {lines} lines (at most {MAX_MODULE_LINES}): split it by job"
+    )
 
 
 # --------------------------------------------------------------------------- rules
@@ -396,6 +411,9 @@ def test_layers_audit_pure_modules_found() -> None:
 
     assert names >= {
         "gate.audit.chain",
+        "gate.audit.segments",
+        "gate.audit.receipts",
+        "gate.audit.export",
         "gate.audit.entries",
         "gate.audit.records",
         "gate.audit.record_checks",

@@ -11,6 +11,7 @@ import pytest
 
 from gate.audit import chain as audit
 from gate.audit import records as audit_records
+from gate.audit.receipts import receipt_object
 from gate.audit.records import ApprovalRecord
 from gate.protocol.canonical import payload_hash
 
@@ -64,7 +65,7 @@ def policy_record(decision: dict[str, Any] | None, approved_by: list[int]) -> Ap
         "state": "resolved",
         "outcome": "approved",
         "expires_at": 99,
-        "receipt": json.dumps(audit.receipt_object(resolved)),
+        "receipt": json.dumps(receipt_object(resolved)),
         "scope": json.dumps([[101, "alice@example.com"], [102, "bob@example.com"]]),
     }
     table = (

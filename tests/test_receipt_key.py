@@ -26,6 +26,7 @@ import pytest
 import yaml
 
 from gate.audit import chain as audit
+from gate.audit.export import export_line
 from tests.support import (
     CaptureRelay,
     CliProcess,
@@ -267,7 +268,7 @@ def test_b02_04_old_key_cannot_vouch_for_entries_after_the_rotation(tmp_path, re
         # in an export, verified with both keys
         export = tmp_path / f"forged-{kind}.jsonl"
         export.write_text(
-            "".join(audit.export_line(audit.AuditRow(*row)) + "\n" for row in [*rows, forged]),
+            "".join(export_line(audit.AuditRow(*row)) + "\n" for row in [*rows, forged]),
             encoding="utf-8",
         )
         proc = run_cli(

@@ -28,6 +28,8 @@ from cryptography.hazmat.primitives.serialization import load_pem_public_key
 
 from gate.audit import chain as audit
 from gate.audit.chain import GENESIS_HASH, AuditRow
+from gate.audit.export import export_line, parse_export_line
+from gate.audit.receipts import check_receipt, receipt_object
 from gate.protocol.canonical import canonical_json
 from gate.store import Command, Store
 from gate.store.schema import MIGRATIONS
@@ -176,8 +178,8 @@ def test_signed_audit_vector_through_gate_code() -> None:
             case["key_id"],
             case["signature"],
         )
-        assert audit.export_line(row) == case["export_line"]
-        assert audit.parse_export_line(case["export_line"]) == row
+        assert export_line(row) == case["export_line"]
+        assert parse_export_line(case["export_line"]) == row
         rows.append(row)
         prev = digest
     public = keys.trusted([signer.public_key])
@@ -311,17 +313,17 @@ def test_signed_audit_check_receipt() -> None:
     s = new_signer()
     rows = signed_chain([s, s, s, s])
     public = keys.trusted([s.public_key])
-    held = audit.receipt_object(rows[3])
+    held = receipt_object(rows[3])
     assert held["key_id"] == s.key_id and held["signature_alg"] == "ed25519"
 
-    assert audit.check_receipt(rows, held, b"k", public) is None
-    seq, reason = audit.check_receipt(rows[:2], held, None, public) or (0, "")
+    assert check_receipt(rows, held, b"k", public) is None
+    seq, reason = check_receipt(rows[:2], held, None, public) or (0, "")
     assert seq == 4 and reason.startswith("missing: the log ends at entry 2")
     fake = dict(held, entry_hash="ab" * 32)
-    assert "not a genuine receipt" in (audit.check_receipt(rows, fake, None, public) or ())[1]
-    assert "HMAC does not match" in (audit.check_receipt(rows, fake, b"k", None) or ())[1]
+    assert "not a genuine receipt" in (check_receipt(rows, fake, None, public) or ())[1]
+    assert "HMAC does not match" in (check_receipt(rows, fake, b"k", None) or ())[1]
     with pytest.raises(ValueError):
-        audit.check_receipt(rows, {"seq": "4"}, None, public)
+        check_receipt(rows, {"seq": "4"}, None, public)
 
 
 def test_signed_audit_old_export_lines_parse_as_unsigned() -> None:
@@ -330,7 +332,7 @@ def test_signed_audit_old_export_lines_parse_as_unsigned() -> None:
         '"entry_hash":"1","receipt":"2"}'
     )
 
-    row = audit.parse_export_line(line)
+    row = parse_export_line(line)
     assert (row.key_id, row.signature) == (None, None)
 
 
@@ -852,11 +854,11 @@ def test_b02_followup_unauthenticated_receipt_is_not_called_a_deleted_tail() -> 
     s = new_signer()
     rows = signed_chain([s, s, s, s])
     made_up = {"seq": 9, "entry_hash": "ab" * 32, "receipt": "cd" * 32}
-    seq, reason = audit.check_receipt(rows, made_up, None, None) or (0, "")
+    seq, reason = check_receipt(rows, made_up, None, None) or (0, "")
     assert seq == 9 and reason.startswith("missing: the log ends at entry 4")
     assert "not authenticated" in reason and "(entries deleted from the tail)" not in reason
-    unsigned_with_public = audit.check_receipt(rows, made_up, None, keys.trusted([s.public_key]))
+    unsigned_with_public = check_receipt(rows, made_up, None, keys.trusted([s.public_key]))
     assert unsigned_with_public is not None and "not authenticated" in unsigned_with_public[1]
-    held = audit.receipt_object(rows[3])  # genuine and signed: authenticated by its signature
-    seq, reason = audit.check_receipt(rows[:2], held, None, keys.trusted([s.public_key])) or (0, "")
+    held = receipt_object(rows[3])  # genuine and signed: authenticated by its signature
+    seq, reason = check_receipt(rows[:2], held, None, keys.trusted([s.public_key])) or (0, "")
     assert "entries deleted from the tail" in reason

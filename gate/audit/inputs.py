@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from gate.audit import chain as audit
+from gate.audit.export import parse_export_line
 from gate.errors import GateError
 
 
@@ -34,7 +35,7 @@ def read_export(path: Path) -> list[audit.AuditRow]:
         if not line.strip():
             continue
         try:
-            rows.append(audit.parse_export_line(line))
+            rows.append(parse_export_line(line))
         except (ValueError, KeyError, TypeError):
             raise GateError(
                 "bad_export_line",

@@ -24,6 +24,7 @@ from gate.audit.question_entries import (
     QuestionDispatchAckData,
     QuestionResolvedData,
 )
+from gate.audit.receipts import receipt_object
 from gate.protocol.question import QuestionSpec, request_hash, value_hash
 from gate.protocol.whitespace import identity_key
 
@@ -201,7 +202,7 @@ def resolution_problem(
         receipt = json.loads(row["receipt"]) if row["receipt"] is not None else None
     except ValueError:
         receipt = None
-    if receipt != audit.receipt_object(entry):
+    if receipt != receipt_object(entry):
         return f"its stored receipt is not the receipt of audit entry {entry.seq}"
     return None
 

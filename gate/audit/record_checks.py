@@ -27,6 +27,7 @@ from gate.audit.entries import (
     EscalatedData,
     ResolvedData,
 )
+from gate.audit.receipts import receipt_object
 from gate.protocol.canonical import payload_hash
 
 
@@ -287,7 +288,7 @@ def resolution_problem(
 ) -> str | None:
     """The row's state, outcome, revision and stored receipt against its ``resolved`` entry:
     at most one, present if and only if the row is resolved, with the row's receipt that
-    entry's receipt (``gate.audit.chain.receipt_object``)."""
+    entry's receipt (``gate.audit.receipts.receipt_object``)."""
     resolved = [(e, ResolvedData.from_data(d)) for e, d in entries if e.kind == RESOLVED]
     if len(resolved) > 1:
         return f"{len(resolved)} resolved entries in the audit log (expected at most 1)"
@@ -318,6 +319,6 @@ def resolution_problem(
         receipt = json.loads(row["receipt"]) if row["receipt"] is not None else None
     except ValueError:
         receipt = None
-    if receipt != audit.receipt_object(entry):
+    if receipt != receipt_object(entry):
         return f"its stored receipt is not the receipt of audit entry {entry.seq}"
     return None

@@ -70,7 +70,7 @@ def no_span(count: int) -> str:
 
 class Spans:
     """The span state of one pass over consecutive entries (``gate.audit.chain.verify``, or one
-    run of ``verify_segment``).
+    run of ``gate.audit.segments.verify_segment``).
 
     ``keys``: the HMAC receipt keys given, distinct, any order (empty: receipts are not
     checked). ``check`` is called once per entry, in ascending seq, after its hash verified.
@@ -162,7 +162,7 @@ def keys_for(
     holds it; after the end (a deleted tail), that of the last span or any key no span used
     (a rotation in the deleted part). None when it cannot be checked (no keys given, no
     span, or an entry before the first span found). A ``seq`` that is no positive integer
-    gets every key (``check_receipt`` refuses it anyway)."""
+    gets every key (``gate.audit.receipts.check_receipt`` refuses it anyway)."""
     if not keys or not spans:
         return None
     if isinstance(seq, bool) or not isinstance(seq, int) or seq < 1:

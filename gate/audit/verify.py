@@ -18,6 +18,8 @@ from typing import Any
 from gate.audit import chain as audit
 from gate.audit import credential_records, question_records, signature_checks
 from gate.audit import records as audit_records
+from gate.audit.receipts import head_problem, receipt_problem, span_keys
+from gate.audit.segments import Segment, stitch, verify_segment
 from gate.errors import GateError, Unavailable
 from gate.store import auditlog, inspection, question_audit
 from gate.store.auditlog import DatabaseRows
@@ -177,12 +179,12 @@ def _anchor_problem(
     """The first receipt of ``anchors`` (then head of ``heads``) the verified ``rows`` do
     not hold, else None."""
     for source, held in anchors:
-        found = audit.receipt_problem(
-            rows, held, audit.span_keys(chain, keys, held.get("seq")), public_keys or None
+        found = receipt_problem(
+            rows, held, span_keys(chain, keys, held.get("seq")), public_keys or None
         )
         if found is not None:
             return AnchorProblem(found[0], found[1], source)
-    head = audit.head_problem(rows, heads) if heads else None
+    head = head_problem(rows, heads) if heads else None
     if head is not None:
         (seq, entry_hash), reason = head
         return AnchorProblem(seq, reason, f"--expect-head {seq}:{entry_hash}")
@@ -201,9 +203,9 @@ def verify_chain(
     as ``audit.verify`` over ``DatabaseRows``.
 
     The entries up to the highest seq present at the start are cut into runs of
-    ``segment_rows``; each run is verified on its own (``audit.verify_segment``) in
-    ``workers`` processes (default: the CPUs this process may use, at most 8; 1 = all
-    in this process), and the runs are joined in order (``audit.stitch``), so the first
+    ``segment_rows``; each run is verified on its own (``gate.audit.segments.
+    verify_segment``) in ``workers`` processes (default: the CPUs this process may use, at
+    most 8; 1 = all in this process), and the runs are joined in order (``stitch``), so the first
     bad entry and its reason do not depend on the split. Entries appended while it runs
     are not checked. Raises GateError ``no_database``, Unavailable on a read error.
     """
@@ -219,7 +221,7 @@ def verify_chain(
     ]
     count = workers if workers is not None else min(MAX_WORKERS, _usable_cpus())
     if count <= 1 or len(ranges) == 1:
-        return audit.stitch(_segment(_verify_range(str(path), lo, hi, key)) for lo, hi in ranges)
+        return stitch(_segment(_verify_range(str(path), lo, hi, key)) for lo, hi in ranges)
     # fork is cheapest; only safe while this process runs one thread
     method = "fork" if threading.active_count() == 1 else "spawn"
     with ProcessPoolExecutor(
@@ -227,13 +229,13 @@ def verify_chain(
     ) as pool:
         futures = [pool.submit(_verify_range, str(path), lo, hi, key) for lo, hi in ranges]
         try:
-            return audit.stitch(_segment(future.result()) for future in futures)
+            return stitch(_segment(future.result()) for future in futures)
         finally:
             for future in futures:  # after the first bad run the rest is not needed
                 future.cancel()
 
 
-def _segment(outcome: tuple[Any, ...] | str) -> audit.Segment:
+def _segment(outcome: tuple[Any, ...] | str) -> Segment:
     if isinstance(outcome, str):  # a worker's read error, passed back as text
         raise Unavailable("storage_unavailable", outcome)
     (
@@ -248,7 +250,7 @@ def _segment(outcome: tuple[Any, ...] | str) -> audit.Segment:
         starts,
         end_key,
     ) = outcome
-    return audit.Segment(
+    return Segment(
         first_seq,
         first_prev,
         last_seq,
@@ -265,7 +267,7 @@ def _segment(outcome: tuple[Any, ...] | str) -> audit.Segment:
 def _verify_range(path: str, low: int, high: int, key: tuple[bytes, ...]) -> tuple[Any, ...] | str:
     """Worker: verify entries ``low..high``; the Segment as a plain tuple, or the error."""
     try:
-        seg = audit.verify_segment(auditlog.read_range(Path(path), low, high), key)
+        seg = verify_segment(auditlog.read_range(Path(path), low, high), key)
     except GateError as exc:
         return exc.message
     return (

@@ -229,7 +229,7 @@ def audit_export(config_path: str, output: str) -> None:
 
     Example: hitl-gate audit export -c config.example.yaml -o audit.jsonl
     """
-    from gate.audit import chain as audit_mod
+    from gate.audit.export import export_line
     from gate.audit.verify import read_database
 
     config = read_config(config_path)
@@ -237,7 +237,7 @@ def audit_export(config_path: str, output: str) -> None:
         rows = asyncio.run(read_database(config.storage.path))
     except GateError as exc:
         fail(exc.message)
-    lines = "".join(audit_mod.export_line(r) + "\n" for r in rows)
+    lines = "".join(export_line(r) + "\n" for r in rows)
     if output == "-":
         sys.stdout.write(lines)
     else:

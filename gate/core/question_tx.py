@@ -10,13 +10,13 @@ from typing import TYPE_CHECKING, Any
 
 from ulid import ULID
 
-from gate.audit.chain import receipt_object
 from gate.audit.question_entries import (
     QuestionCreatedData,
     QuestionDispatchAckData,
     QuestionResolvedData,
     QuestionRevisedData,
 )
+from gate.audit.receipts import receipt_object
 from gate.core.decide_tx import new_nonce
 from gate.core.model import Question
 from gate.core.question_requests import QuestionRequest, parse_spec, revised_fields

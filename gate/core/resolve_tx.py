@@ -8,8 +8,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from gate.audit.chain import AuditRow, receipt_object
+from gate.audit.chain import AuditRow
 from gate.audit.entries import ResolvedData
+from gate.audit.receipts import receipt_object
 from gate.config import Config
 from gate.core.model import Approval, Resolvable
 from gate.errors import Conflict

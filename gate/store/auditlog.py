@@ -22,7 +22,8 @@ class DatabaseRows:
     """The audit rows of a database, read lazily in ascending seq (constant memory).
 
     Each iteration opens its own connection (no lock: a running gate may keep writing)
-    and streams one query. Iterate as often as needed (``verify``, then ``check_receipt``).
+    and streams one query. Iterate as often as needed (``verify``, then
+    ``gate.audit.receipts.check_receipt``).
     """
 
     def __init__(self, path: Path) -> None:

@@ -14,6 +14,7 @@ import sqlite3
 from typing import Any
 
 from gate.audit import chain as audit
+from gate.audit.receipts import receipt_object
 from gate.core.model import Dispatch, DueQuestion, Question, QuestionAnswer, QuestionVersion
 
 _QUESTION_SQL = (
@@ -96,7 +97,7 @@ def load(conn: sqlite3.Connection, question_id: str, outbox: bool = True) -> Que
         outbox=tuple(Dispatch(*r) for r in conn.execute(_OUTBOX_SQL, (question_id,)))
         if outbox
         else (),
-        created_receipt=audit.receipt_object(audit.AuditRow(*entry)) if entry else None,
+        created_receipt=receipt_object(audit.AuditRow(*entry)) if entry else None,
         answer_salt=row[25],
     )
 

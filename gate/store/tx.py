@@ -8,6 +8,7 @@ import sqlite3
 from typing import Any
 
 from gate.audit import chain as audit
+from gate.audit.receipts import receipt_object
 from gate.core.model import Approval, DecisionRow, Dispatch, Resolvable, Revision
 from gate.store import followups
 from gate.store.credentials import CredentialStatements
@@ -59,7 +60,7 @@ def load_full(
 ) -> Approval | None:
     """Return the approval with its revisions, decisions, (unless ``outbox`` is False)
     outbox rows and (unless ``created_receipt`` is False) ``created_receipt``: the receipt
-    object (``gate.audit.chain.receipt_object``) of its ``created`` audit entry, read from the
+    object (``gate.audit.receipts.receipt_object``) of its ``created`` audit entry, read from the
     log itself (None when the log holds no such entry), or None."""
     row = conn.execute(_APPROVAL_SQL, (approval_id,)).fetchone()
     if row is None:
@@ -67,7 +68,7 @@ def load_full(
     receipt = None
     if created_receipt:
         entry = conn.execute(CREATED_ENTRY_SQL, (approval_id,)).fetchone()
-        receipt = audit.receipt_object(audit.AuditRow(*entry)) if entry is not None else None
+        receipt = receipt_object(audit.AuditRow(*entry)) if entry is not None else None
     return Approval(
         approval_id=row[0],
         run_id=row[1],

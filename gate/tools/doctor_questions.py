@@ -31,7 +31,7 @@ def separate_question_url(config: Config) -> str | None:
 def check_question_dispatch(path: Path, hint: Callable[[str | None], str]) -> tuple[bool, str]:
     """``(ok, detail)``: pending questions whose current version the question relay never
     acked (attempted, refused or unreachable), with the latest error and ``hint(error)``
-    (``doctor.dispatch_hint``); a database not created yet has none to check."""
+    (``doctor_relay.dispatch_hint``); a database not created yet has none to check."""
     if not path.exists():
         return True, "no database yet"
     try:

@@ -1,0 +1,200 @@
+"""Doctor checks of the database file (integrity, schema, mode) and of the audit chain."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from gate.audit.spans import matches
+from gate.audit.verify import verify_database
+from gate.config import ReceiptsConfig
+from gate.errors import GateError
+from gate.store import inspection as maintenance
+from gate.tools.doctor_check import Check, shown_errors, skip, warn
+from gate.trust.keys import ReceiptKeys
+
+
+def check_database(path: Path) -> Check:
+    """The database file passes ``PRAGMA integrity_check`` and has a schema this code knows;
+    a missing file is a warning when the gate can create it on first start."""
+    if not path.exists():
+        parent = path.parent
+        while not parent.exists() and parent != parent.parent:
+            parent = parent.parent
+        if os.access(parent, os.W_OK | os.X_OK):
+            return warn(
+                "database", f"{path} does not exist yet; the gate creates it on first start"
+            )
+        return Check("database", False, f"{path} does not exist and {parent} is not writable")
+    try:
+        info = maintenance.inspect(path)
+    except GateError as exc:
+        return Check("database", False, exc.message)
+    if info.problems:
+        return Check(
+            "database", False, f"{path}: integrity_check: " + shown_errors(list(info.problems))
+        )
+    if info.schema_version > info.code_schema_version:
+        return Check(
+            "database",
+            False,
+            f"{path}: schema {info.schema_version} is newer than "
+            f"this hitl-gate's ({info.code_schema_version}); upgrade hitl-gate",
+        )
+    counts = (
+        f"{info.approvals} approvals, {info.audit_entries} audit entries"
+        if info.approvals is not None and info.audit_entries is not None
+        else "no tables"
+    )
+    mode = path.stat().st_mode & 0o777
+    if mode & 0o077:
+        return warn(
+            "database",
+            f"{path} is readable by others (mode {mode:04o}; it holds "
+            f"drafts, final bodies and permits): chmod 600 {path}",
+        )
+    if info.schema_version < info.code_schema_version:
+        return warn(
+            "database",
+            f"{path}: integrity ok, schema {info.schema_version} (the "
+            f"gate migrates it to {info.code_schema_version} on start), {counts}",
+        )
+    return Check("database", True, f"{path}: integrity ok, schema {info.schema_version}, {counts}")
+
+
+def check_audit(
+    path: Path,
+    receipt_key: bytes | None,
+    keys: ReceiptKeys | None,
+    previous_key: bytes | None = None,
+    receipts: ReceiptsConfig | None = None,
+) -> Check:
+    """Recompute the audit chain, its receipts (with the receipt key, and the previous one of
+    a rotation: each entry with the key of its span, ``gate.audit.spans``) and its
+    signatures (when the config names Ed25519 keys), then compare the approval records with
+    it: the one check ``hitl-gate audit verify -c`` runs (``gate.audit.verify.
+    verify_database``), formatted as the doctor's. A newest entry that neither key verifies
+    FAILs naming the settings (the gate would refuse to start); one the previous key
+    verifies WARNs (the gate writes the rotation entry at its next start). Spans before the first
+    one whose key is configured (keys retired by earlier rotations) are checked for the
+    chain only, and said so. ``receipts`` (the config's section) names the variables."""
+    if not path.exists():
+        return skip("audit", "no database yet")
+    try:
+        newest = maintenance.newest_audit_row(path)
+    except GateError as exc:
+        return Check("audit", False, exc.message)
+    newest = newest if receipt_key is not None else None
+    public = keys.public if keys is not None and keys.public else None
+    given = tuple(k for k in (receipt_key, previous_key) if k is not None)
+    pending = False
+    if newest is not None and not matches(receipt_key or b"", newest.entry_hash, newest.receipt):
+        pending = previous_key is not None and matches(
+            previous_key, newest.entry_hash, newest.receipt
+        )
+        if not pending:
+            return Check("audit", False, _key_mismatch(newest.seq, receipts))
+    try:  # the one check audit verify -c runs too (gate.audit.verify)
+        report = verify_database(path, given, public_keys=public, leading_unknown=True)
+    except GateError as exc:
+        return Check("audit", False, exc.message)
+    result = report.chain
+    if result.wrong_key:
+        named = _key_names(receipts)
+        # no span found although the newest entry verifies with a configured key (checked
+        # above): the entry that began the newest span lost its receipt
+        caught = (
+            f"; yet the newest entry (seq {newest.seq}) verifies with {named}: the "
+            "receipt of the entry that began its span (entry 1 or a "
+            "receipt_key_rotated entry) was changed"
+            if newest is not None and result.first_bad_seq == newest.seq
+            else ""
+        )
+        return Check(
+            "audit", False, f"entry {result.first_bad_seq}: {result.reason}{caught} (check {named})"
+        )
+    if not result.ok:
+        return Check(
+            "audit",
+            False,
+            f"TAMPERED: entry {result.first_bad_seq}: {result.reason} "
+            f"({result.checked} entries before it verified)",
+        )
+    if report.anchor is not None:
+        anchor = report.anchor
+        return Check(
+            "audit", False, f"TAMPERED: entry {anchor.seq}: {anchor.reason} ({anchor.source})"
+        )
+    records = report.records
+    assert records is not None  # verify_database checks them unless told not to
+    if records.problem is not None:
+        return Check(
+            "audit",
+            False,
+            f"TAMPERED: approval {records.problem[0]}: "
+            f"{records.problem[1]}; the audit log itself verified",
+        )
+    asked = report.questions
+    if asked is not None and asked.problem is not None:
+        return Check(
+            "audit",
+            False,
+            f"TAMPERED: question {asked.problem[0]}: {asked.problem[1]}; the audit log "
+            "itself verified",
+        )
+    signed = report.signatures
+    if signed is not None and signed.findings:
+        return Check("audit", False, f"TAMPERED: approver signature: {signed.findings[0].line()}")
+    if report.credentials is not None:
+        return Check(
+            "audit", False, f"TAMPERED: {report.credentials}; the audit log itself verified"
+        )
+    what = ["chain"] + ["receipts"] * (receipt_key is not None) + ["signatures"] * bool(public)
+    detail = (
+        f"{result.checked} entries, {', '.join(what)} intact; {records.checked} approvals match it"
+    )
+    if asked is not None and asked.checked:
+        detail += f", {asked.checked} questions too"
+    if receipt_key is None:
+        detail += " (receipts not checked: no receipt key)"
+    elif result.spans and result.spans[0][0] > 1:
+        first = result.spans[0][0]
+        detail += (
+            f" (receipts from entry {first}: entries 1-{first - 1} are receipted with "
+            "a key retired by a rotation, which the config no longer names; audit "
+            "verify --key-env checks them with it)"
+        )
+    if pending:
+        previous = receipts.previous_key_env if receipts is not None else "the previous key"
+        return warn(
+            "audit",
+            f"{detail}; the newest entries are receipted with "
+            f"receipts.previous_key_env's key ({previous}): the gate writes the "
+            "receipt_key_rotated entry at its next start",
+        )
+    return Check("audit", True, detail)
+
+
+def _key_names(receipts: ReceiptsConfig | None) -> str:
+    if receipts is None:
+        return "receipts.key_env"
+    named = f"receipts.key_env ({receipts.key_env})"
+    if receipts.previous_key_env is not None:
+        named += f" and receipts.previous_key_env ({receipts.previous_key_env})"
+    return named
+
+
+def _key_mismatch(seq: int, receipts: ReceiptsConfig | None) -> str:
+    """The doctor's words for a newest entry that no configured receipt key verifies."""
+    current = f" ({receipts.key_env})" if receipts is not None else ""
+    previous = (
+        f" nor with receipts.previous_key_env ({receipts.previous_key_env})"
+        if receipts is not None and receipts.previous_key_env is not None
+        else ""
+    )
+    return (
+        f"the newest audit entry's receipt (seq {seq}) does not verify with "
+        f"receipts.key_env{current}{previous}, so the gate refuses to start: set "
+        "receipts.key_env to the variable holding the key this log was written with, or, "
+        "to rotate the key, receipts.previous_key_env to that variable"
+    )

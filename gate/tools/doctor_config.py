@@ -1,0 +1,91 @@
+"""Doctor checks of the config file, its secret variables and its Ed25519 key files."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+from gate.config import Config, Secrets, load_config, load_secrets
+from gate.config.followups import ended_delegations
+from gate.config.policy import policy_notes
+from gate.config.secrets import _secret_vars
+from gate.errors import ConfigError
+from gate.tools.doctor_check import Check, shown_errors, warn
+from gate.trust.keys import ReceiptKeys, load_receipt_keys
+
+
+def check_config(path: str) -> tuple[Check, Config | None]:
+    """Load and validate the config file (as ``check-config``, without its secrets)."""
+    try:
+        config = load_config(path)
+    except ConfigError as exc:
+        hint = f" (hitl-gate check-config -c {path} lists all)"
+        return Check("config", False, shown_errors(exc.errors, hint)), None
+    steps = sum(len(p.steps) for p in config.pipelines)
+    detail = (
+        f"{config.source}: {len(config.pipelines)} pipelines, "
+        f"{steps} steps, {len(config.relay.operators)} operators"
+    )
+    notes = policy_notes(config)  # approve rules standing in for a quorum
+    if notes:
+        detail += "; " + "; ".join(notes)
+    ended = ended_delegations(config.delegations, int(time.time() * 1000))
+    if ended:  # ignored by the gate; check-config refuses the file until they are removed
+        return warn("config", f"{detail}; but {'; '.join(ended)}"), config
+    return Check("config", True, detail), config
+
+
+def check_secrets(config: Config, environ: Mapping[str, str]) -> tuple[Check, Secrets | None]:
+    """Every secret the config names is set, clean, at least 16 bytes and distinct
+    (``load_secrets``); WARN when one is shorter than 32 bytes or others may read the
+    credentials directory."""
+    try:
+        secrets = load_secrets(config, environ)
+    except ConfigError as exc:
+        return Check("secrets", False, shown_errors(exc.errors)), None
+    names = [name for _, name in _secret_vars(config)]
+    detail = ", ".join(names) + " set and distinct"
+    exposed = _exposed_credentials(environ.get("CREDENTIALS_DIRECTORY"))
+    concerns = [*secrets.warnings, *([exposed] if exposed else [])]
+    if concerns:
+        return warn("secrets", f"{detail}; but {'; '.join(concerns)}"), secrets
+    return Check("secrets", True, detail), secrets
+
+
+def _exposed_credentials(directory: str | None) -> str:
+    """What in a credentials directory others may read (docs/operating.md: mode 0700 and
+    0600 or stricter, as systemd's ``LoadCredential=`` makes them), or ""."""
+    if not directory or not os.path.isdir(directory):
+        return ""
+    loose = []
+    for path in [Path(directory), *sorted(Path(directory).iterdir())]:
+        try:
+            mode = path.stat().st_mode & 0o777
+        except OSError:
+            continue
+        if mode & 0o077:
+            loose.append(f"{path} is mode {mode:04o}")
+    if not loose:
+        return ""
+    return (
+        ", ".join(loose[:3])
+        + (" and more" if len(loose) > 3 else "")
+        + (": readable by other users (chmod go-rwx)")
+    )
+
+
+def check_keys(config: Config) -> tuple[Check, ReceiptKeys | None]:
+    """The Ed25519 signing key and trusted public keys load (``receipts.*``)."""
+    try:
+        keys = load_receipt_keys(config.receipts)
+    except ConfigError as exc:
+        return Check("keys", False, shown_errors(exc.errors)), None
+    if keys.signer is None:
+        detail = "no signing key (receipts.signing_key_file): HMAC receipts only"
+    else:
+        detail = f"signing key {keys.signer.key_id}"
+    if config.receipts.trusted_public_keys:
+        detail += f", {len(config.receipts.trusted_public_keys)} trusted public keys"
+    return Check("keys", True, detail), keys
