@@ -248,7 +248,7 @@ SPAN_CASES: dict[str, tuple[Callable[[sqlite3.Connection], None], int | None, bo
 @pytest.mark.parametrize(
     "keys", [(OLD_KEY, NEW_KEY), (NEW_KEY, OLD_KEY)], ids=["old_first", "new_first"]
 )
-def test_b02_04_each_span_verifies_with_its_own_key_in_parallel_as_sequentially(
+def test_each_span_verifies_with_its_own_key_in_parallel_as_sequentially(
     tmp_path: Path, name: str, keys: tuple[bytes, bytes]
 ) -> None:
     tamper, first_bad, wrong_key = SPAN_CASES[name]
@@ -268,7 +268,7 @@ def test_b02_04_each_span_verifies_with_its_own_key_in_parallel_as_sequentially(
         assert parallel.spans == sequential.spans, size
 
 
-def test_b02_04_one_key_alone_does_not_verify_a_rotated_log(tmp_path: Path) -> None:
+def test_one_key_alone_does_not_verify_a_rotated_log(tmp_path: Path) -> None:
     db = rotated_db(tmp_path / "gate.db", rotated_chain())
     old_only = verify_database(db, OLD_KEY, workers=2, segment_rows=SEGMENT)
     assert (old_only.ok, old_only.first_bad_seq, old_only.wrong_key) == (False, ROTATION, True)
@@ -288,7 +288,7 @@ def test_b02_04_one_key_alone_does_not_verify_a_rotated_log(tmp_path: Path) -> N
     assert (forged.ok, forged.first_bad_seq, forged.wrong_key) == (False, 15, False)
 
 
-def test_b02_04_a_held_receipt_is_checked_with_the_key_of_its_span(tmp_path: Path) -> None:
+def test_a_held_receipt_is_checked_with_the_key_of_its_span(tmp_path: Path) -> None:
     rows = rotated_chain()
     result = audit.verify(rows, (NEW_KEY, OLD_KEY))
     assert result.ok

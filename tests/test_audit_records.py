@@ -300,7 +300,7 @@ ACKED_AT = 1_767_225_600_123
         "never-acked",
     ],
 )
-def test_b02_03_every_delivered_dispatch_needs_its_dispatch_ack_entry(
+def test_every_delivered_dispatch_needs_its_dispatch_ack_entry(
     acks: list[dict[str, Any]], outbox: list[tuple[Any, Any, Any]], reason: str | None
 ) -> None:
     """Item 3: the newest ``dispatch_ack`` entry deleted left ``audit verify -c``

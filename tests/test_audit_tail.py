@@ -209,7 +209,7 @@ def receipt_of(history: History, seq: int) -> dict[str, Any]:
 # ---- the anchors the gate hands out ----------------------------------------------------------
 
 
-def test_b02_03_create_answers_carry_the_receipt_of_their_created_entry(history) -> None:
+def test_create_answers_carry_the_receipt_of_their_created_entry(history) -> None:
     """201, the idempotent 200 replay, GET and ``request --json`` all carry
     ``created_receipt``: the receipt of the approval's ``created`` audit entry."""
     assert history.created["created_receipt"] == receipt_of(history, 5)
@@ -224,7 +224,7 @@ def test_b02_03_create_answers_carry_the_receipt_of_their_created_entry(history)
     assert history.fetched_resolved["receipt"] == receipt_of(history, 4)
 
 
-def test_b02_03_the_created_receipt_is_read_through_an_index(history) -> None:
+def test_the_created_receipt_is_read_through_an_index(history) -> None:
     """The created entry is found by approval_id through the partial index of migration 3,
     not by a scan of the whole log on every GET."""
     from gate.store.tx import CREATED_ENTRY_SQL
@@ -240,7 +240,7 @@ def test_b02_03_the_created_receipt_is_read_through_an_index(history) -> None:
     assert "USING INDEX audit_log_created" in plan, plan
 
 
-def test_b02_03_an_approval_from_before_the_upgrade_carries_its_created_receipt(history) -> None:
+def test_an_approval_from_before_the_upgrade_carries_its_created_receipt(history) -> None:
     """A database of schema 2 (no index yet): the gate adds the index on start (migration
     3) and answers the created receipt of approvals made before, from their log entries."""
 
@@ -277,7 +277,7 @@ def test_b02_03_an_approval_from_before_the_upgrade_carries_its_created_receipt(
         assert gate.stop() == 0
 
 
-def test_b02_03_the_gate_logs_the_chain_head_once_per_commit(history) -> None:
+def test_the_gate_logs_the_chain_head_once_per_commit(history) -> None:
     """One ``event=audit_head`` per commit that appended entries: the decision and the
     resolution it caused (entries 3 and 4) are one commit, so one head, at 4."""
     assert [seq for seq, _ in history.heads] == [1, 2, 4, 5, 6, 7, 8], history.heads
@@ -285,7 +285,7 @@ def test_b02_03_the_gate_logs_the_chain_head_once_per_commit(history) -> None:
         assert entry_hash == history.entry_hash(seq), seq
 
 
-def test_b02_03_an_honest_log_passes_with_every_anchor(history) -> None:
+def test_an_honest_log_passes_with_every_anchor(history) -> None:
     heads = [arg for seq, _ in history.heads for arg in ("--expect-head", history.head(seq))]
     code, out = verify(history.config, "--expect", str(history.kept), *heads)
     assert (code, out) == (
@@ -317,7 +317,7 @@ def test_b02_03_an_honest_log_passes_with_every_anchor(history) -> None:
 # ---- (a) the last dispatch_ack deleted -------------------------------------------------------
 
 
-def test_b02_03_a_deleted_last_dispatch_ack_is_caught_by_the_records_check(history) -> None:
+def test_a_deleted_last_dispatch_ack_is_caught_by_the_records_check(history) -> None:
     """Entry 8 (the relay's ack of ``last``) deleted: nothing in the rows names it, the
     chain left over is intact. The outbox still says the dispatch was delivered (left so,
     the gate does not send it again), so the records check names it."""
@@ -349,7 +349,7 @@ def test_b02_03_a_deleted_last_dispatch_ack_is_caught_by_the_records_check(histo
     )
 
 
-def test_b02_03_a_deleted_ack_with_its_outbox_row_reset_needs_a_logged_head(history) -> None:
+def test_a_deleted_ack_with_its_outbox_row_reset_needs_a_logged_head(history) -> None:
     """The same deletion with the outbox row set back to "never delivered": the rows agree
     with the log again (the gate would dispatch it once more on start); only a head logged
     after the ack shows the deletion."""
@@ -388,7 +388,7 @@ def _erase(approval_id: str) -> Callable[[sqlite3.Connection], None]:
     return erase
 
 
-def test_b02_03_an_erased_pending_approval_is_caught_by_its_receipt_or_a_logged_head(
+def test_an_erased_pending_approval_is_caught_by_its_receipt_or_a_logged_head(
     history,
 ) -> None:
     """``last`` erased whole (its rows and entries 7-8): the chain and the records agree,
@@ -415,7 +415,7 @@ def test_b02_03_an_erased_pending_approval_is_caught_by_its_receipt_or_a_logged_
         )
 
 
-def test_b02_03_a_tail_erased_after_the_last_anchor_held_is_not_caught(history) -> None:
+def test_a_tail_erased_after_the_last_anchor_held_is_not_caught(history) -> None:
     """What no anchor can show: the verifier's newest anchor is older than the erased tail
     (here: the head logged at 6 and the receipt of ``middle``'s created entry)."""
     config = history.copy("erased-unanchored", _erase(history.last))
@@ -428,7 +428,7 @@ def test_b02_03_a_tail_erased_after_the_last_anchor_held_is_not_caught(history) 
     )
 
 
-def test_b02_03_a_rewritten_log_does_not_hold_the_logged_head(history) -> None:
+def test_a_rewritten_log_does_not_hold_the_logged_head(history) -> None:
     """An export verified without a key: ``middle``'s entries taken out and the rest chained
     again (anyone can recompute a hash chain). The chain verifies; the logged head at 6 no
     longer matches what the log now holds at 6, and the head at 8 is missing."""
@@ -470,7 +470,7 @@ def test_b02_03_a_rewritten_log_does_not_hold_the_logged_head(history) -> None:
     "value",
     ["8", "x:" + "a" * 64, "0:" + "a" * 64, "8:" + "a" * 63, "8:" + "g" * 64, "-1:" + "a" * 64, ""],
 )
-def test_b02_03_expect_head_that_is_no_seq_and_hash_is_a_usage_error(history, value) -> None:
+def test_expect_head_that_is_no_seq_and_hash_is_a_usage_error(history, value) -> None:
     proc = run_cli("audit", "verify", "-c", str(history.config), "--expect-head", value)
     assert (proc.returncode, proc.stdout) == (2, b""), proc.stdout
     assert proc.stderr.decode() == (

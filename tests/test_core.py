@@ -716,7 +716,7 @@ async def test_store_transactions_sharing_a_commit_roll_back_alone(
 
 
 @pytest.mark.parametrize("writer_process", [False], ids=["thread_writer"])
-async def test_b02_03_a_commit_logs_the_chain_head_it_kept_once(
+async def test_a_commit_logs_the_chain_head_it_kept_once(
     bare_store: tuple[Store, StoreHandler], caplog: pytest.LogCaptureFixture
 ) -> None:
     """One ``event=audit_head`` per group commit that appended entries, naming the newest

@@ -216,7 +216,7 @@ def _make(directory: Path, target: str, log: Path) -> list[str]:
 
 @pytest.mark.e2e
 @pytest.mark.skipif(shutil.which("make") is None, reason="needs make")
-def test_b02_10_make_demo_installs_the_runtime_only_and_make_test_adds_the_test_extras(
+def test_make_demo_installs_the_runtime_only_and_make_test_adds_the_test_extras(
     tmp_path: Path,
 ) -> None:
     """``make demo`` installed the test tools (~50 packages) with an

@@ -256,7 +256,7 @@ RELAY_REFUSALS = {
 
 @pytest.mark.e2e
 @pytest.mark.parametrize("case", list(RELAY_REFUSALS))
-def test_b02_07_relay_refusal_reason_reaches_last_error_log_hops_and_doctor(tmp_path, case):
+def test_relay_refusal_reason_reaches_last_error_log_hops_and_doctor(tmp_path, case):
     """A relay refusing every dispatch with 401 and a JSON ``reason`` was
     reported as a bare ``relay answered HTTP 401`` in ``dispatch.last_error``, the log and
     ``request --wait``, and doctor blamed the secret even when the clocks differed. The

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from tests.support import write_config
-from tests.test_passkeys_findings import ADMIN, cli, enrolled_at
+from tests.test_passkeys_first_use import ADMIN, cli, enrolled_at
 
 SIGNING = {"name": "req", "approvers": [101], "approver_signature": "required", "timeout": "1h",
            "escalate": [{"after": "10m", "to": [102, 103]}]}  # fmt: skip

@@ -627,7 +627,7 @@ def test_case_h04_v1_for_previous_and_current_secret_are_accepted(gate, relay):
     ["z" * 64, "0123abcd", "yQ77OMqcZwUcnDbflmyQsgSIglq8XttZqr="],
     ids=["not-hex", "too-short", "base64"],
 )
-def test_b02_08_malformed_v1_beside_a_valid_one_is_recorded(gate, relay, junk):
+def test_malformed_v1_beside_a_valid_one_is_recorded(gate, relay, junk):
     """A relay (or a proxy) adding a v1 the gate cannot read beside the
     right one had its decision refused signature_malformed; any v1 matching is enough."""
     _, dispatch = open_approval(gate, relay)
@@ -637,7 +637,7 @@ def test_b02_08_malformed_v1_beside_a_valid_one_is_recorded(gate, relay, junk):
     assert post(gate, raw, header=header) == (200, APPROVED)
 
 
-def test_b02_08_only_malformed_or_wrong_v1s_are_refused(gate, relay):
+def test_only_malformed_or_wrong_v1s_are_refused(gate, relay):
     """The malformed v1 is ignored, not trusted: beside a well-formed wrong one the answer
     is signature_mismatch; with none well formed it stays signature_malformed."""
     approval_id, dispatch = open_approval(gate, relay)

@@ -91,7 +91,7 @@ def _closed_port() -> int:
 
 @pytest.mark.e2e
 @pytest.mark.parametrize("body", BLANK, ids=[repr(b) for b in BLANK])
-def test_b02_05_api_refuses_a_blank_draft_and_creates_nothing(gate: GateProcess, body: str) -> None:
+def test_api_refuses_a_blank_draft_and_creates_nothing(gate: GateProcess, body: str) -> None:
     before = gate.api().call("GET", "/v1/approvals?state=all&limit=500")[1]["items"]
 
     what = "empty" if body == "" else "only white space"
@@ -102,7 +102,7 @@ def test_b02_05_api_refuses_a_blank_draft_and_creates_nothing(gate: GateProcess,
 
 @pytest.mark.e2e
 @pytest.mark.parametrize("body", NOT_BLANK, ids=[repr(b) for b in NOT_BLANK])
-def test_b02_05_api_takes_a_draft_of_characters_that_are_not_white_space(
+def test_api_takes_a_draft_of_characters_that_are_not_white_space(
     gate: GateProcess, relay: CaptureRelay, body: str
 ) -> None:
     status, answer = _create(gate, "q1", body)
@@ -113,7 +113,7 @@ def test_b02_05_api_takes_a_draft_of_characters_that_are_not_white_space(
 
 @pytest.mark.e2e
 @pytest.mark.parametrize("body", ["", " \n"], ids=["empty", "white_space"])
-def test_b02_05_step_with_allow_empty_draft_takes_a_blank_draft(
+def test_step_with_allow_empty_draft_takes_a_blank_draft(
     gate: GateProcess, relay: CaptureRelay, body: str
 ) -> None:
     status, answer = _create(gate, "blank-ok", body)
@@ -123,7 +123,7 @@ def test_b02_05_step_with_allow_empty_draft_takes_a_blank_draft(
 
 
 @pytest.mark.e2e
-def test_b02_05_blank_draft_of_an_unknown_step_is_still_404(gate: GateProcess) -> None:
+def test_blank_draft_of_an_unknown_step_is_still_404(gate: GateProcess) -> None:
     status, answer = _create(gate, "nope", "")
 
     assert (status, answer["reason"]) == (404, "unknown_step")
@@ -138,7 +138,7 @@ def test_b02_05_blank_draft_of_an_unknown_step_is_still_404(gate: GateProcess) -
     ],
     ids=["white_space", "unit_separator"],
 )
-def test_b02_05_adjust_text_is_blank_by_the_same_rule(
+def test_adjust_text_is_blank_by_the_same_rule(
     gate: GateProcess, relay: CaptureRelay, text: str, answer: Any
 ) -> None:
     """SPEC §2 check 12 ("whitespace only is blank") by the drafts' rule: White_Space only."""
@@ -194,7 +194,7 @@ HINT = "(allow_empty_draft: true on the step allows it)"
     ],
     ids=["draft", "draft_white_space", "file", "file_white_space", "stdin", "stdin_white_space"],
 )
-def test_b02_05_cli_refuses_a_blank_draft_before_contacting_the_gate(
+def test_cli_refuses_a_blank_draft_before_contacting_the_gate(
     gate: GateProcess, tmp_path: Path, source: list[str], stdin: bytes | None, named: str
 ) -> None:
     empty, blank = tmp_path / "empty.txt", tmp_path / "blank.txt"
@@ -211,7 +211,7 @@ def test_b02_05_cli_refuses_a_blank_draft_before_contacting_the_gate(
 
 
 @pytest.mark.e2e
-def test_b02_05_cli_passes_a_blank_draft_when_the_step_allows_it(
+def test_cli_passes_a_blank_draft_when_the_step_allows_it(
     gate: GateProcess, relay: CaptureRelay
 ) -> None:
     code, out, err = _request(gate.config, gate.api_url, "blank-ok", "--draft-file", "-", stdin=b"")
@@ -222,7 +222,7 @@ def test_b02_05_cli_passes_a_blank_draft_when_the_step_allows_it(
 
 
 @pytest.mark.e2e
-def test_b02_05_cli_leaves_a_step_it_does_not_know_to_the_gate(gate: GateProcess) -> None:
+def test_cli_leaves_a_step_it_does_not_know_to_the_gate(gate: GateProcess) -> None:
     code, out, err = _request(gate.config, gate.api_url, "nope", "--draft", "")
 
     assert (code, out) == (1, b"")
@@ -230,7 +230,7 @@ def test_b02_05_cli_leaves_a_step_it_does_not_know_to_the_gate(gate: GateProcess
 
 
 @pytest.mark.e2e
-def test_b02_05_cli_takes_a_draft_that_is_not_white_space(gate: GateProcess) -> None:
+def test_cli_takes_a_draft_that_is_not_white_space(gate: GateProcess) -> None:
     code, out, err = _request(gate.config, gate.api_url, "q1", "--draft", "\x1f")
 
     assert code == 0, err
@@ -240,7 +240,7 @@ def test_b02_05_cli_takes_a_draft_that_is_not_white_space(gate: GateProcess) -> 
 
 
 @pytest.mark.parametrize("value", ["yes", 1, None])
-def test_b02_05_allow_empty_draft_must_be_true_or_false(tmp_path: Path, value: Any) -> None:
+def test_allow_empty_draft_must_be_true_or_false(tmp_path: Path, value: Any) -> None:
     config = write_config(
         tmp_path,
         "http://127.0.0.1:9/",
@@ -258,7 +258,7 @@ def test_b02_05_allow_empty_draft_must_be_true_or_false(tmp_path: Path, value: A
     ), lines
 
 
-def test_b02_05_allow_empty_draft_defaults_to_false(tmp_path: Path) -> None:
+def test_allow_empty_draft_defaults_to_false(tmp_path: Path) -> None:
     from gate.config import load_config
 
     config = load_config(write_config(tmp_path, "http://127.0.0.1:9/"))

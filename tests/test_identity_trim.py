@@ -79,7 +79,7 @@ def _open(gate: GateProcess, relay: CaptureRelay, **extra: Any) -> tuple[str, di
     [ALICE + s for s in SEPARATORS] + [f"\x1f{ALICE}"],
     ids=["trailing_1c", "trailing_1d", "trailing_1e", "trailing_1f", "leading_1f"],
 )
-def test_b02_09_identity_with_an_information_separator_is_not_the_operator(
+def test_identity_with_an_information_separator_is_not_the_operator(
     gate: GateProcess, relay: CaptureRelay, identity: str
 ) -> None:
     approval_id, dispatch = _open(gate, relay)
@@ -95,7 +95,7 @@ def test_b02_09_identity_with_an_information_separator_is_not_the_operator(
 @pytest.mark.parametrize(
     "identity", ["\u3000Alice@Example.COM\u2029", f"\xa0{ALICE}\x85", f"\u2002{ALICE}\u202f\t"]
 )
-def test_b02_09_identity_padded_with_white_space_is_the_operator(
+def test_identity_padded_with_white_space_is_the_operator(
     gate: GateProcess, relay: CaptureRelay, identity: str
 ) -> None:
     approval_id, dispatch = _open(gate, relay)
@@ -111,7 +111,7 @@ def test_b02_09_identity_padded_with_white_space_is_the_operator(
 
 @pytest.mark.e2e
 @pytest.mark.parametrize("separator", SEPARATORS)
-def test_b02_09_requested_by_with_an_information_separator_is_no_operator(
+def test_requested_by_with_an_information_separator_is_no_operator(
     gate: GateProcess, separator: str
 ) -> None:
     answer = gate.api().call(
@@ -133,7 +133,7 @@ def test_b02_09_requested_by_with_an_information_separator_is_no_operator(
 
 
 @pytest.mark.e2e
-def test_b02_09_requested_by_padded_with_white_space_is_the_operator(
+def test_requested_by_padded_with_white_space_is_the_operator(
     gate: GateProcess, relay: CaptureRelay
 ) -> None:
     approval_id, dispatch = _open(gate, relay, requested_by=f"\u3000{ALICE}\u00a0")
@@ -162,9 +162,7 @@ def _identity_errors(tmp_path: Path, identity: str) -> list[str]:
 
 
 @pytest.mark.parametrize("separator", SEPARATORS)
-def test_b02_09_config_identity_with_a_control_character_is_named(
-    tmp_path: Path, separator: str
-) -> None:
+def test_config_identity_with_a_control_character_is_named(tmp_path: Path, separator: str) -> None:
     assert _identity_errors(tmp_path, ALICE + separator) == [
         f"relay.operators[0].identity: has a control character (U+{ord(separator):04X}); an "
         "identity is what the relay sends as approver.id"
@@ -172,16 +170,14 @@ def test_b02_09_config_identity_with_a_control_character_is_named(
 
 
 @pytest.mark.parametrize("identity", [f"{ALICE}\u3000", f"\u2028{ALICE}", f" {ALICE}"])
-def test_b02_09_config_identity_with_white_space_around_it_is_named(
-    tmp_path: Path, identity: str
-) -> None:
+def test_config_identity_with_white_space_around_it_is_named(tmp_path: Path, identity: str) -> None:
     assert _identity_errors(tmp_path, identity) == [
         "relay.operators[0].identity: has leading or trailing whitespace"
     ]
 
 
 @pytest.mark.e2e
-def test_b02_09_relay_as_with_a_control_character_is_a_usage_error() -> None:
+def test_relay_as_with_a_control_character_is_a_usage_error() -> None:
     proc = run_cli(
         "relay",
         "--listen",
@@ -204,7 +200,7 @@ def test_b02_09_relay_as_with_a_control_character_is_a_usage_error() -> None:
 # ---- the reference relay and verify ----------------------------------------------------------
 
 
-async def test_b02_09_reference_relay_decides_only_for_identities_in_scope() -> None:
+async def test_reference_relay_decides_only_for_identities_in_scope() -> None:
     async with aiohttp.ClientSession() as session:
         terminal = Terminal.open(asyncio.get_running_loop())  # deciders() reads nothing
         relay = Relay("s" * 32, [ALICE, "Bob@Example.com"], None, 300.0, session, terminal)
@@ -216,7 +212,7 @@ async def test_b02_09_reference_relay_decides_only_for_identities_in_scope() -> 
         assert relay.deciders(envelope) == ["Bob@Example.com"]
 
 
-def test_b02_09_verify_judges_an_identity_with_a_separator_out_of_scope() -> None:
+def test_verify_judges_an_identity_with_a_separator_out_of_scope() -> None:
     assert _failed(_decision(approver={"id": APPROVER + "\x1f"})) == {"relay.approver_in_scope"}
     assert _failed(_decision(approver={"id": f"\u3000{APPROVER.upper()}\u2029"})) == set()
 
@@ -224,7 +220,7 @@ def test_b02_09_verify_judges_an_identity_with_a_separator_out_of_scope() -> Non
 # ---- the helper and the vectors --------------------------------------------------------------
 
 
-def test_b02_09_trim_removes_exactly_white_space() -> None:
+def test_trim_removes_exactly_white_space() -> None:
     everything = "".join(chr(c) for c in range(0x3001) if 0xD800 > c or c > 0xDFFF)
     kept = [c for c in everything if c.isspace() and trim(f"x{c}") != "x"]
 
@@ -244,7 +240,7 @@ def _vector(case_id: str) -> dict[str, Any]:
 @pytest.mark.parametrize(
     "case_id", ["approver_id_only_unicode_white_space", "approver_id_only_information_separator"]
 )
-def test_b02_09_decision_parse_vectors_use_white_space(case_id: str) -> None:
+def test_decision_parse_vectors_use_white_space(case_id: str) -> None:
     case = _vector(case_id)
     raw = case["body_utf8"].encode("utf-8")
     if case["accepted"]:
@@ -271,7 +267,7 @@ def test_b02_09_decision_parse_vectors_use_white_space(case_id: str) -> None:
         ("\u0378", "unassigned"),
     ],
 )
-def test_b02_D_check_config_refuses_an_invisible_character_in_an_identity(
+def test_check_config_refuses_an_invisible_character_in_an_identity(
     tmp_path: Path, char: str, kind: str
 ) -> None:
     """Item D: bob given ``alice@example.com\\u200b`` is a second operator that looks exactly
@@ -291,7 +287,7 @@ def test_b02_D_check_config_refuses_an_invisible_character_in_an_identity(
 
 
 @pytest.mark.e2e
-def test_b02_D_relay_as_with_a_zero_width_character_is_a_usage_error() -> None:
+def test_relay_as_with_a_zero_width_character_is_a_usage_error() -> None:
     proc = run_cli(
         "relay", "--listen", "127.0.0.1:0", "--secret-env", "HITL_RELAY_SECRET",
         "--as", ALICE + "\u200b", "--auto", "approve",

@@ -55,7 +55,7 @@ def gate(tmp_path_factory: pytest.TempPathFactory, relay: CaptureRelay) -> Itera
 
 
 @pytest.mark.e2e
-def test_b02_12_quorum_unreachable_answer_names_the_requester_and_who_is_left(
+def test_quorum_unreachable_answer_names_the_requester_and_who_is_left(
     gate: GateProcess,
 ) -> None:
     answer = gate.api().call(
@@ -83,7 +83,7 @@ def test_b02_12_quorum_unreachable_answer_names_the_requester_and_who_is_left(
 
 
 @pytest.mark.e2e
-def test_b02_12_request_says_who_asked_and_how_many_approvers_remain(gate: GateProcess) -> None:
+def test_request_says_who_asked_and_how_many_approvers_remain(gate: GateProcess) -> None:
     proc = run_cli(
         "request",
         "-c",
@@ -143,7 +143,7 @@ def _request(gate: GateProcess, *args: str, **run: Any) -> subprocess.CompletedP
     [(b"\xff", 0), (b"Gr\xc3\xbc\xc3e", 4), (b"ok\n" * 5 + b"\xed\xa0\x80", 15)],
     ids=["first_byte", "truncated_sequence", "surrogate"],
 )
-def test_b02_12_draft_on_stdin_that_is_not_utf8_names_standard_input_and_the_offset(
+def test_draft_on_stdin_that_is_not_utf8_names_standard_input_and_the_offset(
     gate: GateProcess, raw: bytes, offset: int
 ) -> None:
     proc = _request(gate, "--draft-file", "-", input=raw)
@@ -155,9 +155,7 @@ def test_b02_12_draft_on_stdin_that_is_not_utf8_names_standard_input_and_the_off
 
 
 @pytest.mark.e2e
-def test_b02_12_draft_file_that_is_not_utf8_gives_the_offset(
-    gate: GateProcess, tmp_path: Path
-) -> None:
+def test_draft_file_that_is_not_utf8_gives_the_offset(gate: GateProcess, tmp_path: Path) -> None:
     draft = tmp_path / "mail.txt"
     draft.write_bytes("Grüße, ".encode() + b"\x80 rest")
 
@@ -175,7 +173,7 @@ def _write_only_stdin() -> tuple[int, int]:
 
 
 @pytest.mark.e2e
-def test_b02_12_unreadable_standard_input_is_named(gate: GateProcess) -> None:
+def test_unreadable_standard_input_is_named(gate: GateProcess) -> None:
     read_end, write_end = _write_only_stdin()
     try:
         proc = _request(gate, "--draft-file", "-", stdin=write_end)
@@ -190,7 +188,7 @@ def test_b02_12_unreadable_standard_input_is_named(gate: GateProcess) -> None:
 
 
 @pytest.mark.e2e
-def test_b02_12_closed_standard_input_is_named(gate: GateProcess) -> None:
+def test_closed_standard_input_is_named(gate: GateProcess) -> None:
     command = [
         sys.executable,
         "-m",
@@ -224,7 +222,7 @@ def test_b02_12_closed_standard_input_is_named(gate: GateProcess) -> None:
 
 
 @pytest.mark.e2e
-def test_b02_12_permit_verify_names_standard_input(tmp_path: Path) -> None:
+def test_permit_verify_names_standard_input(tmp_path: Path) -> None:
     from gate.trust.keys import generate
 
     generate(tmp_path)
@@ -319,7 +317,7 @@ def _rename(data: dict[str, Any], path: tuple[Any, ...], new: str) -> None:
     ],
     ids=["step", "relay", "security", "operator", "top_level", "api"],
 )
-def test_b02_12_unknown_config_key_suggests_the_closest_one(
+def test_unknown_config_key_suggests_the_closest_one(
     tmp_path: Path, path: tuple[Any, ...], typo: str, expected: str
 ) -> None:
     errors = _check_config(tmp_path, lambda data: _rename(data, path, typo))
@@ -327,7 +325,7 @@ def test_b02_12_unknown_config_key_suggests_the_closest_one(
     assert expected in errors, errors
 
 
-def test_b02_12_unknown_config_key_without_a_close_one_suggests_nothing(tmp_path: Path) -> None:
+def test_unknown_config_key_without_a_close_one_suggests_nothing(tmp_path: Path) -> None:
     def add(data: dict[str, Any]) -> None:
         data["relay"]["frobnicate"] = 1
         data["storage"]["sqlite"] = "x"  # close to no storage key
@@ -338,7 +336,7 @@ def test_b02_12_unknown_config_key_without_a_close_one_suggests_nothing(tmp_path
     ]
 
 
-def test_b02_12_unknown_key_in_an_optional_section_suggests_too(tmp_path: Path) -> None:
+def test_unknown_key_in_an_optional_section_suggests_too(tmp_path: Path) -> None:
     def add(data: dict[str, Any]) -> None:
         data["http"] = {"header_timout": "5s"}
         data["budget"] = {"cap_todya": 1}
@@ -352,14 +350,14 @@ def test_b02_12_unknown_key_in_an_optional_section_suggests_too(tmp_path: Path) 
 # ---- docs/protocol.md -----------------------------------------------------------------------
 
 
-def test_b02_12_protocol_doc_uses_the_configured_skew() -> None:
+def test_protocol_doc_uses_the_configured_skew() -> None:
     text = PROTOCOL_MD.read_text(encoding="utf-8")
 
     assert not re.search(r"±\s*300|300\s*s\s+(away|from)", text), "hard-coded ±300 s"
     assert text.count("max_skew") >= 2
 
 
-def test_b02_12_protocol_doc_says_why_the_header_is_named_after_draftcat() -> None:
+def test_protocol_doc_says_why_the_header_is_named_after_draftcat() -> None:
     text = PROTOCOL_MD.read_text(encoding="utf-8")
     signature = text.split("## Signature", 1)[1].split("\n## ", 1)[0]
 

@@ -334,7 +334,7 @@ PROMQL_WORDS = {"sum", "rate", "increase", "by", "and", "or", "unless", "max", "
 
 
 @pytest.mark.e2e
-def test_b02_11_writer_gauge_shows_a_stalled_writer(gate: GateProcess, relay: CaptureRelay) -> None:
+def test_writer_gauge_shows_a_stalled_writer(gate: GateProcess, relay: CaptureRelay) -> None:
     """A stuck database writer made /healthz answer 503 but nothing a Prometheus alert could
     use: ``hitl_gate_writer_unanswered_seconds`` is the age of the oldest write the writer
     process has not answered (0 when none waits); /metrics answers meanwhile (reads do not
@@ -386,7 +386,7 @@ def _scrape_config() -> str:
 
 
 @pytest.mark.e2e
-def test_b02_11_alert_rules_use_only_metrics_the_running_gate_exposes(
+def test_alert_rules_use_only_metrics_the_running_gate_exposes(
     gate: GateProcess, relay: CaptureRelay
 ) -> None:
     """Every hitl_gate_* series an alert selects is in a real scrape (after one dispatch was
@@ -423,7 +423,7 @@ def test_b02_11_alert_rules_use_only_metrics_the_running_gate_exposes(
 
 
 @pytest.mark.e2e
-def test_b02_11_alert_rules_and_scrape_config_pass_promtool(tmp_path: Path) -> None:
+def test_alert_rules_and_scrape_config_pass_promtool(tmp_path: Path) -> None:
     """``promtool check rules`` and the rules' unit tests (each alert quiet, then firing), the
     gate's and the inbox's, and the scrape config of docs/operating.md (syntax: its files
     live on the Prometheus host). Skipped without promtool only outside CI (``.ci/run``

@@ -235,7 +235,7 @@ RELAY_REFUSAL_ANSWERS = {
 
 
 @pytest.mark.parametrize("case", list(RELAY_REFUSAL_ANSWERS))
-async def test_b02_07_relay_refusal_reason_is_kept_bounded_and_sanitised(case: str) -> None:
+async def test_relay_refusal_reason_is_kept_bounded_and_sanitised(case: str) -> None:
     """The relay's JSON ``reason`` is kept with its HTTP status; it is
     at most 100 printable ASCII characters without quotes or backslashes, read from at most
     4 KiB of the answer, never the relay's whole body, and a secret of the relay URL is

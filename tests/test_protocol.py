@@ -113,7 +113,7 @@ def test_vector_payload_hash(case: dict[str, Any]) -> None:
     assert payload_hash(case["body"]) == case["payload_hash"]
 
 
-def test_vector_payload_hash_batch01_values() -> None:
+def test_vector_payload_hash_draft_values() -> None:
     cases = {p.values[0]["id"]: p.values[0] for p in load_cases("payload_hash.json")}
 
     assert cases["draft_text"]["body"] == DRAFT
@@ -228,7 +228,7 @@ def test_signing_parse_lowercases_v1_and_keeps_order() -> None:
     assert (parsed.t, parsed.v1, parsed.t_text) == (5, ("a" * 64, b), "5")
 
 
-def test_b02_08_malformed_v1_is_ignored_when_another_v1_is_well_formed() -> None:
+def test_malformed_v1_is_ignored_when_another_v1_is_well_formed() -> None:
     """SPEC §2: "a signature matches if any v1 matches any configured secret". One v1 that
     was not 64 hex digits made the whole header signature_malformed:
     it is now skipped when a well-formed v1 is present, wherever it stands; with none well

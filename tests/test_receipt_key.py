@@ -141,7 +141,7 @@ def rotated_log(tmp_path: Path, relay: CaptureRelay) -> tuple[Path, dict[str, st
 # --------------------------------------------------------------------------- serve
 
 
-def test_b02_04_serve_refuses_another_receipt_key_and_writes_nothing(tmp_path, relay):
+def test_serve_refuses_another_receipt_key_and_writes_nothing(tmp_path, relay):
     config = write_config(tmp_path, relay.url)
     gate = GateProcess(config).start()
     resolve_one(gate, relay)
@@ -174,7 +174,7 @@ def test_b02_04_serve_refuses_another_receipt_key_and_writes_nothing(tmp_path, r
     assert audit_rows(db) == before
 
 
-def test_b02_04_declared_rotation_writes_one_entry_and_verifies_each_span(tmp_path, relay):
+def test_declared_rotation_writes_one_entry_and_verifies_each_span(tmp_path, relay):
     config, env, rotation = rotated_log(tmp_path, relay)
     db = db_of(config)
     rows = audit_rows(db)
@@ -256,7 +256,7 @@ def forged_after(rows: list[tuple[Any, ...]], kind: str, key: str) -> tuple[Any,
     return (seq, None, kind, entry_json, prev, digest, mac(key, digest), None, None)
 
 
-def test_b02_04_old_key_cannot_vouch_for_entries_after_the_rotation(tmp_path, relay):
+def test_old_key_cannot_vouch_for_entries_after_the_rotation(tmp_path, relay):
     config, env, rotation = rotated_log(tmp_path, relay)
     rows = audit_rows(db_of(config))
     last = rows[-1][0]
@@ -303,7 +303,7 @@ def test_b02_04_old_key_cannot_vouch_for_entries_after_the_rotation(tmp_path, re
         assert f"entry {rotation}" in lines[0] and "audit verify" in lines[0], lines
 
 
-def test_b02_04_wrong_key_on_a_fresh_log_says_the_key_given_does_not_match(gate, relay, tmp_path):
+def test_wrong_key_on_a_fresh_log_says_the_key_given_does_not_match(gate, relay, tmp_path):
     resolve_one(gate, relay)
     assert gate.stop() == 0
     wrong = gate_env(HITL_RECEIPT_KEY=NOT_THIS, OTHER_KEY=NOT_THIS)
@@ -324,7 +324,7 @@ def test_b02_04_wrong_key_on_a_fresh_log_says_the_key_given_does_not_match(gate,
     assert proc.returncode == 0, proc.stderr
 
 
-def test_b02_04_doctor_names_the_receipt_key_settings(tmp_path, relay):
+def test_doctor_names_the_receipt_key_settings(tmp_path, relay):
     config = write_config(tmp_path, relay.url)
     gate = GateProcess(config).start()
     resolve_one(gate, relay)
@@ -370,7 +370,7 @@ def test_b02_04_doctor_names_the_receipt_key_settings(tmp_path, relay):
     assert line.startswith("PASS audit: ") and "from entry 5" in line, line
 
 
-def test_b02_04_check_config_checks_previous_key_env(tmp_path, relay):
+def test_check_config_checks_previous_key_env(tmp_path, relay):
     config = set_receipts(write_config(tmp_path, relay.url), previous_key_env=OLD_VAR)
     proc = run_cli("check-config", "-c", str(config))
     assert proc.returncode == 2

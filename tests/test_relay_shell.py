@@ -301,7 +301,7 @@ def test_handler_accepts_rotated_secret_and_posts_a_signed_decision(
 
 
 @needs_handler
-def test_b02_08_handler_skips_a_malformed_v1_like_the_gate(
+def test_handler_skips_a_malformed_v1_like_the_gate(
     tmp_path: Path, callback: CallbackServer
 ) -> None:
     """(conformance/vectors/signature_header.json, the *_v1_* cases): a v1
@@ -420,7 +420,7 @@ def test_ask_mode_shows_control_and_invisible_characters_of_a_draft(
     ],
     ids=["empty", "whitespace"],
 )
-def test_b02_05_relay_shell_ask_says_when_the_draft_is_empty_or_whitespace(
+def test_relay_shell_ask_says_when_the_draft_is_empty_or_whitespace(
     tmp_path: Path, callback: CallbackServer, draft: str, said: str
 ) -> None:
     """``ask`` showed an empty or whitespace-only draft as nothing between
@@ -626,7 +626,7 @@ def _decisions(approval: dict[str, Any]) -> list[tuple[str, str, int]]:
 
 
 @needs_listener
-def test_b02_01_shell_keys_typed_before_the_prompt_are_discarded(asking) -> None:
+def test_shell_keys_typed_before_the_prompt_are_discarded(asking) -> None:
     """Shell relay: ``a`` Enter typed while no prompt was on screen approved
     the next request at once, unseen (ask read /dev/tty as it was). What is typed before the
     draft and its prompt are on screen, whole lines and half a line, is discarded; only the
@@ -672,7 +672,7 @@ def test_b02_01_shell_keys_typed_before_the_prompt_are_discarded(asking) -> None
     ],
     ids=["approve-word", "skip-key"],
 )
-def test_b02_01_shell_only_a_choice_is_taken_and_abort_does_not_approve(
+def test_shell_only_a_choice_is_taken_and_abort_does_not_approve(
     asking, answer: str, outcome: str, verb: str
 ) -> None:
     """Shell relay: ask matched ``a*``, so ``abort`` (or anything starting
@@ -700,7 +700,7 @@ def test_b02_01_shell_only_a_choice_is_taken_and_abort_does_not_approve(
 
 @needs_listener
 @pytest.mark.parametrize(("risk", "word"), [("high", "approve"), ("critical", "Edit")])
-def test_b02_01_shell_high_risk_takes_the_whole_word_only(asking, risk: str, word: str) -> None:
+def test_shell_high_risk_takes_the_whole_word_only(asking, risk: str, word: str) -> None:
     """Shell relay: at a risk other than low/normal one key must not decide;
     the prompt says to type the whole word, and ``a``, ``s``, ``e`` are refused with that
     hint. The whole word (any case) is taken; ``edit`` then asks for the new text."""

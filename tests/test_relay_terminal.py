@@ -274,7 +274,7 @@ def prompts(screen: str) -> list[tuple[str, str]]:
 
 
 @pytest.mark.e2e
-def test_b02_01_keys_typed_before_the_prompt_are_discarded(tmp_path, pty_relay, gates):
+def test_keys_typed_before_the_prompt_are_discarded(tmp_path, pty_relay, gates):
     """``a`` Enter typed while no prompt was on screen approved the next
     request at once, unseen; a stray ``s`` skipped the one after. What is typed before the
     whole draft and its prompt are on screen is discarded; the answer typed after counts."""
@@ -313,7 +313,7 @@ def test_b02_01_keys_typed_before_the_prompt_are_discarded(tmp_path, pty_relay, 
 
 
 @pytest.mark.e2e
-def test_b02_01_high_risk_takes_the_whole_word_only(tmp_path, pty_relay, gates):
+def test_high_risk_takes_the_whole_word_only(tmp_path, pty_relay, gates):
     """On a ``risk: high`` step one key must not approve; the prompt says
     exactly what to type, and a single ``a`` is refused with that hint."""
     relay = pty_relay("--as", "alice@example.com")
@@ -337,7 +337,7 @@ def test_b02_01_high_risk_takes_the_whole_word_only(tmp_path, pty_relay, gates):
 
 
 @pytest.mark.e2e
-def test_b02_01_piped_stdin_is_a_script_answered_in_order(tmp_path, clis, gates):
+def test_piped_stdin_is_a_script_answered_in_order(tmp_path, clis, gates):
     """The choice written down: stdin that is not a terminal is a script.
     Its lines answer the prompts in order, however early they were written (nothing is
     discarded), with the same words as a terminal (a risk high step needs ``approve``)."""
@@ -374,7 +374,7 @@ def test_b02_01_piped_stdin_is_a_script_answered_in_order(tmp_path, clis, gates)
 
 
 @pytest.mark.e2e
-def test_b02_02_own_edit_is_not_asked_about_again(tmp_path, pty_relay, gates):
+def test_own_edit_is_not_asked_about_again(tmp_path, pty_relay, gates):
     """After alice's edit made revision 2 of a quorum-2 approval, the relay
     asked bob about revision 1 (409 superseded), then alice about revision 2 although her
     edit counts (409 duplicate). Now bob is asked about revision 2 only, with 1 of 2."""
@@ -406,9 +406,7 @@ def test_b02_02_own_edit_is_not_asked_about_again(tmp_path, pty_relay, gates):
 
 
 @pytest.mark.e2e
-def test_b02_02_prompt_on_screen_is_withdrawn_when_a_newer_revision_arrives(
-    tmp_path, pty_relay, gates
-):
+def test_prompt_on_screen_is_withdrawn_when_a_newer_revision_arrives(tmp_path, pty_relay, gates):
     """Bob's prompt about revision 1 stayed on screen after carol's edit
     (elsewhere) made revision 2, waiting for a key the gate would refuse (409 superseded).
     It is withdrawn with a line saying why, and bob is asked about revision 2."""
@@ -447,7 +445,7 @@ def test_b02_02_prompt_on_screen_is_withdrawn_when_a_newer_revision_arrives(
 
 
 @pytest.mark.e2e
-def test_b02_02_prompt_on_screen_is_withdrawn_at_expiry(tmp_path, pty_relay, gates):
+def test_prompt_on_screen_is_withdrawn_at_expiry(tmp_path, pty_relay, gates):
     """A prompt whose approval expired stayed on screen until a key was
     typed (410 expired). It is withdrawn when the dispatch's ``expires_at`` passes, and the
     next prompt follows; a key typed then answers that one."""
@@ -473,7 +471,7 @@ def test_b02_02_prompt_on_screen_is_withdrawn_at_expiry(tmp_path, pty_relay, gat
 
 
 @pytest.mark.e2e
-def test_b02_02_auto_relay_sends_nothing_the_gate_would_refuse(tmp_path, clis, gates):
+def test_auto_relay_sends_nothing_the_gate_would_refuse(tmp_path, clis, gates):
     """With ``--auto``: after alice's automatic edit, bob's decision went to
     revision 1 (409 superseded) and alice's to revision 2 (409 duplicate)."""
     relay = clis(
@@ -510,7 +508,7 @@ def test_b02_02_auto_relay_sends_nothing_the_gate_would_refuse(tmp_path, clis, g
 
 
 @pytest.mark.e2e
-def test_b02_12_relay_prompt_reads_in_words_and_holds_log_lines(tmp_path, pty_relay, gates):
+def test_relay_prompt_reads_in_words_and_holds_log_lines(tmp_path, pty_relay, gates):
     """The quorum showed as a dict in an INFO line, the budget as raw
     JSON, and INFO lines interleaved with the draft and the prompt. With stderr on the
     terminal too, the relay logs warnings only, and none inside a draft or prompt: a
@@ -621,7 +619,7 @@ def test_b02_12_relay_prompt_reads_in_words_and_holds_log_lines(tmp_path, pty_re
     ],
     ids=["no-spend", "spend-fits", "over-already", "no-cap", "odd-types", "beyond-2**53"],
 )
-def test_b02_12_relay_budget_in_words(budget, lines):
+def test_relay_budget_in_words(budget, lines):
     """The dispatch's ``budget`` object (docs/protocol.md) in words."""
     assert budget_lines(budget, "inv") == lines
 
@@ -711,7 +709,7 @@ def signed_dispatch(body: str) -> tuple[bytes, dict[str, str]]:
     ],
     ids=["empty", "whitespace"],
 )
-def test_b02_05_relay_says_when_the_draft_is_empty_or_whitespace(pty_relay, body, said):
+def test_relay_says_when_the_draft_is_empty_or_whitespace(pty_relay, body, said):
     """An empty or whitespace-only draft showed as nothing between two
     separator lines. The relay says so in words, where the draft would be."""
     relay = pty_relay("--as", "alice@example.com")
@@ -734,7 +732,7 @@ REAL_PROMPT = re.compile(
 
 
 @pytest.mark.e2e
-def test_b02_A_a_draft_cannot_fake_the_relays_screen(tmp_path, pty_relay, gates):
+def test_a_draft_cannot_fake_the_relays_screen(tmp_path, pty_relay, gates):
     """Relay review item A: a draft holding the relay's own separator, a fake prompt answered
     ``s``, a fake "Recorded ... skipped", a fake header and a harmless text read as "previous
     approval skipped; new harmless mail", and ``a`` approved the real draft. Every draft line
@@ -784,7 +782,7 @@ def test_b02_A_a_draft_cannot_fake_the_relays_screen(tmp_path, pty_relay, gates)
     assert relay.stop() == 0
 
 
-def test_b02_A_a_long_draft_line_is_cut_behind_the_gutter_not_wrapped_by_the_terminal():
+def test_a_long_draft_line_is_cut_behind_the_gutter_not_wrapped_by_the_terminal():
     """Item A: a draft line longer than the terminal would wrap to column 0, outside the
     gutter; it is cut to the terminal's width, the rest behind the continuation gutter."""
     fake = " " * 100 + "[a]pprove, [s]kip or [e]dit (adjust)? \u4e2d\u6587\tx"
@@ -800,9 +798,7 @@ def test_b02_A_a_long_draft_line_is_cut_behind_the_gutter_not_wrapped_by_the_ter
 
 
 @pytest.mark.e2e
-def test_b02_C_after_stdin_closed_new_dispatches_are_refused_not_stranded(
-    tmp_path, pty_relay, gates
-):
+def test_after_stdin_closed_new_dispatches_are_refused_not_stranded(tmp_path, pty_relay, gates):
     """Relay review item C: after one Ctrl-D every new dispatch was acked 202 and stranded
     until expiry, the gate believing it delivered. Once no human can answer, a new dispatch
     is refused 503 ``no_human_at_terminal`` (the gate keeps it and retries, and shows the
@@ -837,9 +833,7 @@ def test_b02_C_after_stdin_closed_new_dispatches_are_refused_not_stranded(
 
 
 @pytest.mark.e2e
-def test_b02_B_stdout_redirected_the_draft_and_prompt_are_on_the_terminal(
-    tmp_path, pty_relay, gates
-):
+def test_stdout_redirected_the_draft_and_prompt_are_on_the_terminal(tmp_path, pty_relay, gates):
     """Relay review item B: ``hitl-gate relay --as alice > out.txt`` at a terminal wrote the
     banner, draft and prompt to the file, and ``a`` Enter typed blind approved. Asking on a
     terminal, the relay writes to the terminal its stdin is, whatever stdout is: the draft

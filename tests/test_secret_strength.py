@@ -54,7 +54,7 @@ def config(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.mark.parametrize(("where", "var"), SECRETS, ids=[w for w, _ in SECRETS])
 @pytest.mark.parametrize("value", ["x", "0123456789abcde"], ids=["1_byte", "15_bytes"])
-def test_b02_06_check_config_refuses_a_secret_shorter_than_16_bytes(
+def test_check_config_refuses_a_secret_shorter_than_16_bytes(
     config: Path, where: str, var: str, value: str
 ) -> None:
     result = check_config(config, **{var: value})
@@ -64,14 +64,14 @@ def test_b02_06_check_config_refuses_a_secret_shorter_than_16_bytes(
     assert result.stderr == f"{config}: {too_short(where, var, len(value))}\n"
 
 
-def test_b02_06_secret_length_is_counted_in_utf8_bytes(config: Path) -> None:
+def test_secret_length_is_counted_in_utf8_bytes(config: Path) -> None:
     result = check_config(config, HITL_RECEIPT_KEY="ééééééé")  # 7 characters, 14 bytes
 
     assert result.exit_code == 2
     assert result.stderr == f"{config}: {too_short('receipts.key_env', 'HITL_RECEIPT_KEY', 14)}\n"
 
 
-def test_b02_06_check_config_names_every_short_secret_at_once(config: Path) -> None:
+def test_check_config_names_every_short_secret_at_once(config: Path) -> None:
     short = {var: f"s{i}" for i, (_, var) in enumerate(SECRETS)}
 
     result = check_config(config, **short)
@@ -82,7 +82,7 @@ def test_b02_06_check_config_names_every_short_secret_at_once(config: Path) -> N
 
 @pytest.mark.parametrize(("where", "var"), SECRETS, ids=[w for w, _ in SECRETS])
 @pytest.mark.parametrize("size", [16, 31])
-def test_b02_06_check_config_warns_about_a_secret_shorter_than_32_bytes(
+def test_check_config_warns_about_a_secret_shorter_than_32_bytes(
     config: Path, where: str, var: str, size: int
 ) -> None:
     value = "k" * size
@@ -95,13 +95,13 @@ def test_b02_06_check_config_warns_about_a_secret_shorter_than_32_bytes(
     assert value not in result.output
 
 
-def test_b02_06_check_config_is_quiet_about_32_bytes(config: Path) -> None:
+def test_check_config_is_quiet_about_32_bytes(config: Path) -> None:
     result = check_config(config, HITL_API_TOKEN="k" * 32)
 
     assert (result.exit_code, result.stderr) == (0, "")
 
 
-def test_b02_06_secret_from_a_credential_file_is_measured_too(config: Path, tmp_path: Path) -> None:
+def test_secret_from_a_credential_file_is_measured_too(config: Path, tmp_path: Path) -> None:
     creds = tmp_path / "creds"
     creds.mkdir(mode=0o700)
     (creds / "HITL_RECEIPT_KEY").write_text("short\n", encoding="utf-8")  # 5 bytes + newline
@@ -116,7 +116,7 @@ def test_b02_06_secret_from_a_credential_file_is_measured_too(config: Path, tmp_
     assert result.stderr == f"{config}: {too_short('receipts.key_env', 'HITL_RECEIPT_KEY', 5)}\n"
 
 
-def test_b02_06_previous_receipt_key_is_measured_too(config: Path, tmp_path: Path) -> None:
+def test_previous_receipt_key_is_measured_too(config: Path, tmp_path: Path) -> None:
     """receipts.previous_key_env is in the same table of secrets."""
     rotating = tmp_path / "rotating.yaml"
     rotating.write_text(
@@ -143,7 +143,7 @@ def test_b02_06_previous_receipt_key_is_measured_too(config: Path, tmp_path: Pat
 
 
 @pytest.mark.e2e
-def test_b02_06_serve_refuses_a_short_secret(config: Path) -> None:
+def test_serve_refuses_a_short_secret(config: Path) -> None:
     proc = run_cli("serve", "-c", str(config), env=gate_env(HITL_API_TOKEN="t"))
 
     assert proc.returncode == 2
@@ -158,7 +158,7 @@ def relay() -> Iterator[CaptureRelay]:
 
 
 @pytest.mark.e2e
-def test_b02_06_serve_starts_with_a_weak_secret_and_logs_a_warning(
+def test_serve_starts_with_a_weak_secret_and_logs_a_warning(
     tmp_path: Path, relay: CaptureRelay
 ) -> None:
     gate = GateProcess(
@@ -173,7 +173,7 @@ def test_b02_06_serve_starts_with_a_weak_secret_and_logs_a_warning(
 
 
 @pytest.mark.e2e
-def test_b02_06_doctor_fails_a_short_secret_and_warns_about_a_weak_one(
+def test_doctor_fails_a_short_secret_and_warns_about_a_weak_one(
     tmp_path: Path, relay: CaptureRelay
 ) -> None:
     config = write_config(tmp_path, relay.url)
@@ -207,7 +207,7 @@ def _demo_secrets() -> dict[str, str]:
     return dict(re.findall(r'"(HITL_[A-Z_]+)": "([^"]+)"', text))
 
 
-def test_b02_06_demo_readme_and_test_secrets_are_at_least_32_bytes() -> None:
+def test_demo_readme_and_test_secrets_are_at_least_32_bytes() -> None:
     demo = _demo_secrets()
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     by_hand = readme.split("\n## The same thing by hand", 1)[1].split("\n## ", 1)[0]

@@ -847,7 +847,7 @@ def test_audit_verify_input_it_cannot_read_is_not_tampering(tmp_path: Path) -> N
     assert not (tmp_path / "never-created.db").exists()  # verify creates nothing
 
 
-def test_b02_followup_unauthenticated_receipt_is_not_called_a_deleted_tail() -> None:
+def test_unauthenticated_receipt_is_not_called_a_deleted_tail() -> None:
     """New-user review: ``audit verify --file X --expect fake.json``
     without a key reported a made-up receipt as a deleted tail. Without a receipt key or a
     public key the receipt is not authenticated, and the verdict must say so."""

@@ -647,7 +647,7 @@ def _exec_start_program() -> Path:
 
 
 @pytest.mark.e2e
-def test_b02_11_shipped_unit_verifies_once_its_program_is_installed(tmp_path: Path) -> None:
+def test_shipped_unit_verifies_once_its_program_is_installed(tmp_path: Path) -> None:
     """docs/operating.md said `systemd-analyze verify` passes, but on
     the shipped unit it fails until ExecStart='s program exists. The doc now states that
     precondition, and this checks both halves on the unit as shipped: without the program

@@ -737,7 +737,7 @@ def test_judge_ack() -> None:
         assert error in result.observed
 
 
-def test_b02_07_verify_ack_hint_follows_the_relays_reason() -> None:
+def test_verify_ack_hint_follows_the_relays_reason() -> None:
     """A relay refusing the real dispatch as timestamp_out_of_window was
     told to check its secret; its reason now picks the hint (the clocks differ)."""
     clock = judge_ack(401, "relay answered HTTP 401: timestamp_out_of_window", 0.1)

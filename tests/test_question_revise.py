@@ -1,8 +1,8 @@
-"""Questions' review findings over real HTTP: concurrent revises all kept, a revise
-cap, a revise after the deadline resolves ``timeout``, a revise wakes long-polls, non-finite
-numbers refused as not JSON (never a 500), a step's ``max_options`` bounds form enums and its
-``max_answer_chars`` refuses unanswerable string fields at creation. Each refusal is read back
-from the real SQLite file as changing nothing."""
+"""Revising questions, and the bounds of a question, over real HTTP: concurrent revises all
+kept, a revise cap, a revise after the deadline resolves ``timeout``, a revise wakes
+long-polls, non-finite numbers refused as not JSON (never a 500), a step's ``max_options``
+bounds form enums and its ``max_answer_chars`` refuses unanswerable string fields at
+creation. Each refusal is read back from the real SQLite file as changing nothing."""
 
 from __future__ import annotations
 
@@ -114,7 +114,7 @@ def versions_of(gate: GateProcess, question_id: str) -> list[int]:
     return sorted(r[0] for r in rows)
 
 
-# ---- finding 1: concurrent revises ----------------------------------------------------------
+# ---- concurrent revises --------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("round_", range(3))
@@ -147,7 +147,7 @@ def test_parallel_revises_of_different_fields_are_all_kept(gate: GateProcess, ro
     assert versions_of(gate, q["question_id"]) == [1, 2, 3, 4]
 
 
-# ---- finding 4: the revise cap --------------------------------------------------------------
+# ---- the revise cap ------------------------------------------------------------------------------
 
 
 def test_revise_past_the_version_cap_is_409_and_changes_nothing(gate: GateProcess) -> None:
@@ -164,7 +164,7 @@ def test_revise_past_the_version_cap_is_409_and_changes_nothing(gate: GateProces
     assert snapshot(gate) == before
 
 
-# ---- finding 5: a revise after the deadline -------------------------------------------------
+# ---- a revise after the deadline -----------------------------------------------------------------
 
 
 def test_revise_after_the_deadline_is_409_timeout_and_adds_no_version(gate: GateProcess) -> None:
@@ -180,7 +180,7 @@ def test_revise_after_the_deadline_is_409_timeout_and_adds_no_version(gate: Gate
     assert (view["state"], view["outcome"], view["version"]) == ("resolved", "timeout", 1)
 
 
-# ---- finding 6: a revise wakes long-polls ---------------------------------------------------
+# ---- a revise wakes long-polls -------------------------------------------------------------------
 
 
 def test_revise_wakes_a_long_poll_with_the_new_version(gate: GateProcess) -> None:
@@ -208,7 +208,7 @@ def test_revise_wakes_a_long_poll_with_the_new_version(gate: GateProcess) -> Non
     assert view["version"] >= 2
 
 
-# ---- finding 2: non-finite numbers are not JSON ---------------------------------------------
+# ---- non-finite numbers are not JSON -------------------------------------------------------------
 
 
 def test_non_finite_schema_bound_is_invalid_json(gate: GateProcess) -> None:
@@ -251,7 +251,7 @@ def test_non_finite_form_answer_is_invalid_json_before_and_after_the_win(
     assert "Traceback" not in gate.log()
 
 
-# ---- findings 3 and 9: the step's limits bound a form at creation ----------------------------
+# ---- the step's limits bound a form at creation --------------------------------------------------
 
 
 def _form(prop: dict[str, Any], required: bool = False) -> dict[str, Any]:

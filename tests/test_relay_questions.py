@@ -1,6 +1,6 @@
-"""The reference relay and questions, as a new user found them (findings 5, 6, 7,
-14): a real relay process, signed question dispatches over loopback, a pseudo-terminal where
-the terminal is involved. Waits are conditions with deadlines."""
+"""The reference relay and questions, as a new user meets them: a real relay process, signed
+question dispatches over loopback, a pseudo-terminal where the terminal is involved. Waits
+are conditions with deadlines."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Questions as a new user found them (their report's findings), end to end: a real
+"""Questions as a new user first meets them, end to end: a real
 daemon with approvals at one capturing relay and questions at another, resolution notices on,
 signed answers, the SQLite file read back."""
 
@@ -118,7 +118,7 @@ FORM = {
 
 
 def test_form_properties_keep_the_order_given(gate: GateProcess, qrelay: CaptureRelay) -> None:
-    """B5: a form's fields come back in the order the pipeline gave them (and each
+    """A form's fields come back in the order the pipeline gave them (and each
     property's keywords too), in the dispatch and in GET /v1/questions/{id}."""
     q = ask(gate, response_type="form", schema=FORM)
     d = dispatch_of(qrelay, q["question_id"])
@@ -148,7 +148,7 @@ def notices_of(r: CaptureRelay, question_id: str) -> list[dict[str, Any]]:
 def test_question_resolution_sends_a_signed_notice_to_the_question_relay(
     gate: GateProcess, relay: CaptureRelay, qrelay: CaptureRelay
 ) -> None:
-    """A2: with notices on, a question's resolution (cancelled, answered) is told to the
+    """With notices on, a question's resolution (cancelled, answered) is told to the
     question relay as a signed notice with kind question, so it closes its prompt."""
     cancelled = ask(gate, response_type="free_text")
     dispatch_of(qrelay, cancelled["question_id"])
@@ -187,8 +187,8 @@ def test_question_resolution_sends_a_signed_notice_to_the_question_relay(
 
 
 def test_too_many_options_says_why(gate: GateProcess) -> None:
-    """A4: the step's max_options refusal carries its message like the parser's (the
-    parser itself applies the step's limit since review finding 3)."""
+    """The step's max_options refusal carries its message like the parser's (the
+    parser itself applies the step's limit)."""
     body = {"pipeline": "p", "step": "ask", "text": "Which?", "response_type": "single_choice"}
     body["options"] = [f"o{i}" for i in range(51)]
     status, out = gate.api().call("POST", "/v1/questions", body)
@@ -209,7 +209,7 @@ def _cli(gate: GateProcess, *args: str) -> tuple[int, str, str]:
 
 
 def test_cli_hints_the_other_kind_of_step_and_id(gate: GateProcess) -> None:
-    """A4: asking on an approval step, requesting on a question step, showing an id of the
+    """Asking on an approval step, requesting on a question step, showing an id of the
     other kind: one Error line that says which command to use."""
     code, _, err = _cli(gate, "ask", "--pipeline", "p", "--step", "q1", "--text", "Which?")
     assert (code, err) == (
@@ -233,7 +233,7 @@ def test_cli_hints_the_other_kind_of_step_and_id(gate: GateProcess) -> None:
 
 
 def test_a_blank_reason_is_no_reason(gate: GateProcess, qrelay: CaptureRelay) -> None:
-    """B4: a reason of only White_Space is stored and dispatched without ``reason``, from the
+    """A reason of only White_Space is stored and dispatched without ``reason``, from the
     API and from ``hitl-gate ask --reason``."""
     q = ask(gate, response_type="free_text", reason=" \u3000\n\t")
     code, out, err = _cli(

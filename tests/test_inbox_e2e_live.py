@@ -1,4 +1,4 @@
-"""More of the inbox end to end in a real browser: bulk
+"""The inbox end to end in a real browser, its pages live: bulk
 approve of 5 items with ONE passkey use; a question answered through its form (``hitl-gate
 ask --wait`` gets the answer); an item expiring and one cancelled while its page is open
 (the page says so without a reload and its buttons are disabled).

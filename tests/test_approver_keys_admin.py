@@ -1,7 +1,6 @@
-"""Findings of the outside review of approver keys (2026-12-01), each a test:
-secrets that must differ, credential ids in one spelling, the CLI with a PEM it did not
-write, revoked keys named as such, refusals and admin actions in the daemon's log, and
-check-config naming a signing step nobody can enrol a key for."""
+"""Administering approver keys: secrets that must differ, credential ids in one spelling,
+the CLI with a PEM it did not write, revoked keys named as such, refusals and admin actions
+in the daemon's log, and check-config naming a signing step nobody can enrol a key for."""
 
 from __future__ import annotations
 
@@ -35,7 +34,7 @@ STEPS = [
 ]
 
 
-def test_f3_admin_token_must_differ_from_the_receipt_key(tmp_path: Path) -> None:
+def test_admin_token_must_differ_from_the_receipt_key(tmp_path: Path) -> None:
     """Auditors hold the receipt key: equal to the admin token, it would let them enrol a key
     for anyone and approve as them."""
     config = load_config(
@@ -49,7 +48,7 @@ def test_f3_admin_token_must_differ_from_the_receipt_key(tmp_path: Path) -> None
     ]
 
 
-def test_f5_a_credential_id_has_one_spelling() -> None:
+def test_a_credential_id_has_one_spelling() -> None:
     """Padding stays optional (protocol.md), but other trailing bits of the same bytes are
     refused, so the id logged is the id enrolled."""
     raw = bytes(range(16))
@@ -83,7 +82,7 @@ def _key_with_comment(path: Path) -> Ed25519PrivateKey:
 
 
 @pytest.mark.e2e
-def test_f6_f7_f9_f10_the_approvers_cli_and_the_log(tmp_path: Path, relay: Any) -> None:
+def test_the_approvers_cli_and_the_log(tmp_path: Path, relay: Any) -> None:
     config = write_config(
         tmp_path, relay.url, steps=STEPS, api={"admin_token_env": "HITL_ADMIN_TOKEN"}
     )
@@ -102,28 +101,28 @@ def test_f6_f7_f9_f10_the_approvers_cli_and_the_log(tmp_path: Path, relay: Any) 
                 env=ENV,
             )
 
-        # F6: a PEM with a non-ASCII comment line is read, not a traceback
+        # a PEM with a non-ASCII comment line is read, not a traceback
         _key_with_comment(tmp_path / "alice.pub")
         added = approvers("add-key", "101", "--public-key", str(tmp_path / "alice.pub"))
         assert added.returncode == 0, added.stderr
         credential_id = added.stdout.decode().strip()
-        # F9: enrolment and revocation are in the daemon's log (ids only)
+        # enrolment and revocation are in the daemon's log (ids only)
         gate.wait_for_line(rf"event=approver_credential_enrolled .*credential_id={credential_id}")
 
-        # F10: a credential id is one path segment: this one is unknown, not another route
+        # a credential id is one path segment: this one is unknown, not another route
         odd = approvers("revoke", "../../approvals/X/cancel")
         assert odd.returncode == 1, odd.stderr
         assert b"unknown_credential" in odd.stderr or b"no approver credential" in odd.stderr
 
         assert approvers("revoke", "--", credential_id).returncode == 0
         gate.wait_for_line(rf"event=approver_credential_revoked .*credential_id={credential_id}")
-        # F7: enrolling a revoked key again says it is revoked
+        # enrolling a revoked key again says it is revoked
         again = approvers("add-key", "101", "--public-key", str(tmp_path / "alice.pub"))
         assert again.returncode == 1
         assert b"revoked" in again.stderr, again.stderr
         assert b"Traceback" not in again.stderr + added.stderr
 
-        # F9: a refusal's detail is in the log line
+        # a refusal's detail is in the log line
         approval_id = gate.api().create("req")["approval_id"]
         dispatch = relay.wait_dispatch(approval_id)
         forged = {
@@ -144,7 +143,7 @@ def test_f6_f7_f9_f10_the_approvers_cli_and_the_log(tmp_path: Path, relay: Any) 
 
 
 @pytest.mark.e2e
-def test_f11_check_config_warns_of_a_signing_step_without_the_admin_api(tmp_path: Path) -> None:
+def test_check_config_warns_of_a_signing_step_without_the_admin_api(tmp_path: Path) -> None:
     config = write_config(tmp_path, "http://127.0.0.1:9/relay", steps=STEPS)
     checked = run_cli("check-config", "-c", str(config), env=ENV)
     assert checked.returncode == 0, checked.stderr

@@ -1,4 +1,4 @@
-"""The reviewer's findings on ``require_approval`` (review 18c), each against a real
+"""``require_approval`` and the calls it covers, each against a real
 daemon and a capturing relay on loopback: an approval covers one call, never a later or a
 parallel identical one; the draft shows (and the key holds) the receiver and the module;
 the function runs only on the arguments a person saw; an edit names exactly the draft's
@@ -67,7 +67,7 @@ def in_thread(target: Callable[[], Any]) -> tuple[threading.Thread, dict[str, An
 def test_sdk_a_second_identical_call_in_a_run_is_a_new_approval(
     gate: GateProcess, relay: CaptureRelay
 ) -> None:
-    """Finding 1: one approval never covers a later identical call of the same run."""
+    """One approval never covers a later identical call of the same run."""
     ran: list[str] = []
 
     @require_approval(Gate(gate.api_url, API_TOKEN), pipeline="p", step="q1", run_id="run-f1")
@@ -91,7 +91,7 @@ def test_sdk_a_second_identical_call_in_a_run_is_a_new_approval(
 def test_sdk_parallel_identical_calls_are_two_approvals(
     gate: GateProcess, relay: CaptureRelay
 ) -> None:
-    """Finding 1: two threads making the same call at once ask twice."""
+    """Two threads making the same call at once ask twice."""
     ran: list[int] = []
 
     @require_approval(Gate(gate.api_url, API_TOKEN), pipeline="p", step="q1", run_id="run-par")
@@ -120,7 +120,7 @@ class Account:
 def test_sdk_the_receiver_and_module_are_shown_and_keyed(
     gate: GateProcess, relay: CaptureRelay
 ) -> None:
-    """Findings 2 and 3: the draft names the object a method runs on and the function's
+    """The draft names the object a method runs on and the function's
     module; two receivers are two approvals."""
     client = Gate(gate.api_url, API_TOKEN)
 
@@ -149,7 +149,7 @@ def test_sdk_the_receiver_and_module_are_shown_and_keyed(
 def test_sdk_arguments_changed_while_waiting_do_not_run(
     gate: GateProcess, relay: CaptureRelay
 ) -> None:
-    """Finding 4: the list a person approved is changed by the agent during the wait."""
+    """The list a person approved is changed by the agent during the wait."""
     ran: list[list[str]] = []
 
     @require_approval(Gate(gate.api_url, API_TOKEN), pipeline="p", step="q1")
@@ -182,9 +182,9 @@ def _adjust(gate: GateProcess, relay: CaptureRelay, fn: Any, call: Any, marker: 
 @pytest.mark.parametrize(
     ("edit", "named"),
     [
-        ({"dst": "inbox"}, "missing: src"),  # finding 5: positional-only, one left out
+        ({"dst": "inbox"}, "missing: src"),  # positional-only, one left out
         ({"src": "a-f5", "dst": "b", "force": True}, "extra: force"),
-        ({"src": 7, "dst": "b"}, "'src'"),  # finding 7: a string became a number
+        ({"src": 7, "dst": "b"}, "'src'"),  # a string became a number
     ],
 )
 def test_sdk_an_edit_must_name_the_draft_arguments_with_their_types(
@@ -252,7 +252,7 @@ def test_sdk_var_positional_and_keyword_functions_run_after_approval(
 
 
 def test_sdk_a_renderer_failure_names_the_argument_before_asking() -> None:
-    """Finding 14: mixed-type keys JSON cannot sort are refused naming the argument."""
+    """Mixed-type keys JSON cannot sort are refused naming the argument."""
 
     @require_approval(Gate("http://127.0.0.1:9", API_TOKEN), pipeline="p", step="q1")
     def tag(labels: dict[Any, str]) -> None: ...
