@@ -232,3 +232,46 @@ def test_decode_text_json_the_same_fields_without_a_surrogate_are_written(
         _post(gate, "signed", "/hitl/v0/credentials", _raw({**request, "issued_at": issued}))[0]
         == 200
     )
+
+
+@pytest.mark.parametrize(
+    ("body", "reason", "field"),
+    [
+        (
+            {"schema": {"properties": {"n": {"title": "\ud800"}}}},
+            "invalid_schema",
+            "schema.properties.n.title",
+        ),
+        (
+            {"schema": {"properties": {"n": {"enum": ["a", "\udfff"]}}}},
+            "invalid_schema",
+            "schema.properties.n.enum[1]",
+        ),
+        ({"draft": {"body": "\ud800"}}, "invalid_draft.body", "draft.body"),
+        ({"options": ["a", "\ud800"]}, "invalid_options", "options[1]"),
+    ],
+    ids=["schema-title", "schema-enum", "draft-body", "options"],
+)
+def test_decode_text_json_a_surrogate_inside_a_schema_is_invalid_schema(
+    body: dict[str, Any], reason: str, field: str
+) -> None:
+    """Every refusal of a form schema is ``invalid_schema`` (``field`` the path inside it): a
+    client checking for it missed ``invalid_schema.properties.n.title``."""
+    from gate.protocol.envelope import decode_text_json
+    from gate.protocol.errors import ProtocolError
+
+    with pytest.raises(ProtocolError) as refused:
+        decode_text_json(json.dumps(body).encode())
+    assert (refused.value.code, refused.value.extra["field"]) == (reason, field)
+
+
+def test_decode_json_an_integer_of_too_many_digits_is_refused_in_our_words() -> None:
+    """Python's own message ("Exceeds the limit (4300 digits) for integer string conversion
+    ... use sys.set_int_max_str_digits()") reached the sender."""
+    from gate.protocol.envelope import decode_json
+    from gate.protocol.errors import ProtocolError
+
+    with pytest.raises(ProtocolError) as refused:
+        decode_json(b'{"spend": ' + b"9" * 5001 + b"}")
+    assert refused.value.code == "invalid_json"
+    assert refused.value.message == "body is not valid JSON: a number has more than 4300 digits"

@@ -125,6 +125,17 @@ def finite_float(text: str) -> float:
     return value
 
 
+MAX_INT_DIGITS = 4300  # Python's own limit for int() of text (sys.int_info)
+
+
+def whole_int(text: str) -> int:
+    """``parse_int`` hook for ``json``: an integer of more than ``MAX_INT_DIGITS`` digits is
+    refused in the gate's words (ValueError), not Python's."""
+    if len(text) - text.startswith("-") > MAX_INT_DIGITS:
+        raise ValueError(f"a number has more than {MAX_INT_DIGITS} digits")
+    return int(text)
+
+
 def decode_json(raw: bytes) -> Any:
     """Decode raw bytes as UTF-8 (a leading BOM allowed) JSON; duplicate keys, NaN and numbers
     too large to be finite (``1e999``) refused.
@@ -141,6 +152,7 @@ def decode_json(raw: bytes) -> Any:
             object_pairs_hook=no_duplicate_keys,
             parse_constant=reject_json_constant,
             parse_float=finite_float,
+            parse_int=whole_int,
         )
     except UnicodeDecodeError:
         raise _invalid("json", "body is not valid UTF-8") from None
@@ -198,12 +210,14 @@ def check_unicode(value: Any) -> None:
     (no UTF-8 text: it could be neither stored, hashed nor signed). Raises ProtocolError 400
     ``invalid_<path>`` with ``field`` the path of the first (``lone_surrogate_field``) and a
     ``message`` saying so; the reason leaves out list indices (``options[1]`` is
-    ``invalid_options``)."""
+    ``invalid_options``), and inside a form ``schema`` it is ``invalid_schema``, as every
+    other refusal of a schema."""
     field = lone_surrogate_field(value)
     if field is not None:
         message = f"{field} holds a lone surrogate (such as \\ud800): not valid Unicode text"
+        reason = "schema" if field.startswith(("schema.", "schema[")) else _INDEX.sub("", field)
         raise ProtocolError(
-            "invalid_" + _INDEX.sub("", field),
+            "invalid_" + reason,
             message,
             status=400,
             kind="invalid",
