@@ -12,7 +12,7 @@ from typing import Annotated, Any, Literal, TypeVar
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp.server.mcpserver.tools import Tool
 from mcp.types import ToolAnnotations
-from pydantic import Field
+from pydantic import BeforeValidator, Field, Strict
 
 from gate.mcp.results import (
     DEFAULT_WAIT_S,
@@ -39,6 +39,22 @@ NOT_YET = (
     "do not act."
 )
 
+MAX_SPEND = 1e15  # the pipeline API's bound on spend (gate.core.requests)
+
+
+def _at_most(limit: float) -> BeforeValidator:
+    """Refuse an int beyond ``limit`` in words before it is made a float (``10**400`` has no
+    float: pydantic would say "must be a number" of a number)."""
+
+    def check(value: Any) -> Any:
+        if isinstance(value, int) and not isinstance(value, bool) and abs(value) > limit:
+            raise ValueError(f"must be at most {limit:g}")
+        return value
+
+    return BeforeValidator(check)
+
+
+# numbers are strict: a string is no number ("12", "1_0"), as the pipeline API answers
 Wait = Annotated[
     float,
     Field(
@@ -47,13 +63,14 @@ Wait = Annotated[
         description=f"Seconds to block waiting for a person (0 to {MAX_WAIT_S}); "
         "still pending after that, the answer says so and you ask again.",
     ),
+    Strict(),
+    _at_most(MAX_WAIT_S),
 ]
 Text = Annotated[str, Field(min_length=1)]
 Spend = Annotated[
-    float | None,
+    Annotated[float, Field(ge=0, le=MAX_SPEND, allow_inf_nan=False), Strict(), _at_most(MAX_SPEND)]
+    | None,
     Field(
-        ge=0,
-        allow_inf_nan=False,
         description="What the action costs, in the step's budget unit (a number >= 0); "
         "a step's max_spend policy rule and budget read it.",
     ),
