@@ -22,7 +22,7 @@ import time
 import urllib.parse
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import pytest
 import yaml
@@ -68,6 +68,22 @@ def wait_until(
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout} s waiting for {what}")
         time.sleep(0.02)
+
+
+class HasLog(Protocol):
+    """A process of the tests whose stderr is read as it comes (``GateProcess``,
+    ``CliProcess``, ``InboxProcess``)."""
+
+    def log(self) -> str: ...
+
+
+def logged(process: HasLog, text: str, times: int = 1) -> int:
+    """Wait until ``process`` has logged ``text`` at least ``times`` times; return how often
+    it has. A line a running process writes reaches the test through a reader thread:
+    asserting on ``log()`` the moment an answer arrives raced with it (a flaky CI run: the
+    answer had come, its log line not yet)."""
+    wait_until(lambda: process.log().count(text) >= times, what=f"{times} x {text!r} logged")
+    return process.log().count(text)
 
 
 def gate_env(**extra: str) -> dict[str, str]:

@@ -23,6 +23,7 @@ from tests.support import (
     CaptureRelay,
     GateProcess,
     http_request,
+    logged,
     post_decision,
     run_cli,
     wait_until,
@@ -153,7 +154,7 @@ def test_a_delegates_decision_is_recorded_on_behalf_of_the_principal(
     )
     assert json.loads(resolved[0][0])["data"]["approved_by"] == [101, 104]
     assert delegated_metric(gate) == {"q2": 1.0}
-    assert "on_behalf_of=102" in gate.log()
+    logged(gate, "on_behalf_of=102")
     audit_verified(gate)
     # the cross-check reads the principal too: a row naming another one disagrees
     conn = sqlite3.connect(gate.config.parent / "gate.db")
@@ -277,7 +278,7 @@ def test_sighup_adds_a_delegation_and_it_ends_at_until(
     audit_verified(gate)
     gate.proc.send_signal(signal.SIGHUP)
     wait_until(lambda: gate.log().count("event=reloaded ") == 3, what="the third reload")
-    assert "event=delegation_ended warning=delegations[0].until: " in gate.log()
+    logged(gate, "event=delegation_ended warning=delegations[0].until: ")
     checked = run_cli("check-config", "-c", str(gate.config))
     assert checked.returncode == 2, checked.stderr
     assert (

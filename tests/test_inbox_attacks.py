@@ -19,7 +19,7 @@ from gate.inbox.items import item_from
 from gate.inbox.signin import CHALLENGE_TTL_S, Challenges, safe_next
 from gate.protocol.canonical import payload_hash
 from tests.inbox_harness import ENV, InboxClient, InboxWorld, field_value, start_world
-from tests.support import CliProcess, http_request, sign_headers
+from tests.support import CliProcess, http_request, logged, sign_headers
 
 pytestmark = pytest.mark.e2e
 
@@ -82,7 +82,7 @@ def test_inbox_a_resend_with_another_draft_is_refused_and_the_signed_one_stays(
     assert (typed, typed_answer["reason"]) == (409, "dispatch_conflict")
     after = item(world, approval_id)
     assert before is not None and after is not None and dict(after) == dict(before)
-    assert "event=dispatch_conflict" in world.inbox.log()
+    logged(world.inbox, "event=dispatch_conflict")
     client = signed_in(world)
     page = client.get(f"/items/{approval_id}").text
     assert "ATTACKER-666" in page and "usual supplier" not in page

@@ -27,6 +27,7 @@ from tests.support import (
     decision_body,
     free_port,
     http_request,
+    logged,
     post_decision,
     sign_headers,
     wait_until,
@@ -162,7 +163,8 @@ def test_inbox_refuses_a_bad_signature_and_keeps_nothing(inbox: Inbox) -> None:
     assert (stale, as_json(stale_answer)["reason"]) == (401, "timestamp_out_of_window")
     assert (missing, as_json(missing_answer)["reason"]) == (401, "signature_missing")
     assert inbox.rows("SELECT COUNT(*) FROM items")[0][0] == 0
-    assert "event=dispatch_refused reason=signature_mismatch" in inbox.proc.log()  # type: ignore[union-attr]
+    assert inbox.proc is not None
+    logged(inbox.proc, "event=dispatch_refused reason=signature_mismatch")
 
 
 def test_inbox_refuses_a_signed_dispatch_it_cannot_use(inbox: Inbox) -> None:
@@ -378,4 +380,5 @@ def test_inbox_refuses_a_question_whose_text_does_not_hash_to_its_request_hash(
         {"status": "invalid", "reason": "request_hash_mismatch"},
     )
     assert inbox.item("01FORGEDQUESTION000000000") is None
-    assert "event=dispatch_refused reason=request_hash_mismatch" in inbox.proc.log()  # type: ignore[union-attr]
+    assert inbox.proc is not None
+    logged(inbox.proc, "event=dispatch_refused reason=request_hash_mismatch")

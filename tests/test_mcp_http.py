@@ -23,6 +23,7 @@ from tests.support import (
     decision_body,
     gate_env,
     http_request,
+    logged,
     module_gate,
     post_decision,
     run_cli,
@@ -304,7 +305,7 @@ def test_mcp_http_refuses_connections_over_its_cap_and_serves_again_after(mcp_ht
     finally:
         for sock in idle:
             sock.close()
-    assert "event=mcp_connections_full limit=3" in proc.log()
+    logged(proc, "event=mcp_connections_full limit=3")
     status = wait_until(lambda: _status(url), what="a request served after the idle ones left")
     assert status == 401
 
