@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from tests.outbox_harness import FileSizeLimit, ScriptedRelay
-from tests.support import DEADLINE_S, GateProcess, wait_until, write_config
+from tests.support import DEADLINE_S, GateProcess, logged, wait_until, write_config
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -267,6 +267,6 @@ def test_a_send_that_cannot_be_built_is_recorded_and_retried_with_backoff(
         assert time.monotonic() - poisoned >= 0.5  # the second retry waits 0.5-1 s
         row = channel.row(db, ident)
         assert (row["last_error"], row["delivered_at"]) == (channel.error, None)
-        faults = gate.log().count(f"event={channel.event} {channel.log_id(ident)} attempt=")
-        assert 2 <= faults <= row["attempts"], faults
+        faults = logged(gate, f"event={channel.event} {channel.log_id(ident)} attempt=", 2)
+        assert faults <= row["attempts"], faults
         assert scripted.count("poison", channel.path) == 1
