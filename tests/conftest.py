@@ -145,7 +145,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """Under pytest-xdist (a worker collects), hand out the heaviest modules first: with
     ``--dist loadfile`` a worker takes whole modules in collection order, and a wheel build
     or a bench run started last is the run's long tail. Modules keep their own test order,
-    so a module-scoped daemon still serves one contiguous run of tests."""
+    so a module-scoped daemon still serves one contiguous run of tests.
+
+    Every test has its own node id: schemathesis names its items ``test_x[POST /v1/...]``
+    but gave them all the node id ``test_x``, and pytest-xdist, which hands out tests by
+    node id, then ran one operation of each such test instead of every one (25 of
+    tests/test_openapi.py's 58). Such an item's id gets its name's ``[...]``; any other
+    id seen twice fails the collection."""
+    _unique_node_ids(items)
     if not hasattr(config, "workerinput"):
         return
     weight: dict[str, int] = {}
@@ -153,6 +160,18 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         module = item.nodeid.split("::", 1)[0]
         weight[module] = min(weight.get(module, 3), _module_weight(item))
     items.sort(key=lambda item: weight[item.nodeid.split("::", 1)[0]])
+
+
+def _unique_node_ids(items: list[pytest.Item]) -> None:
+    seen: set[str] = set()
+    for item in items:
+        nodeid = item.nodeid
+        if "[" in item.name and not nodeid.endswith("]") and item.parent is not None:
+            item._id = item.parent.id.child(item.name)  # type: ignore[attr-defined]
+            nodeid = item.nodeid
+        if nodeid in seen:
+            raise pytest.UsageError(f"two tests share the node id {nodeid}")
+        seen.add(nodeid)
 
 
 @pytest.fixture
