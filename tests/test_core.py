@@ -27,11 +27,11 @@ from gate.audit.receipts import receipt_object
 from gate.clock import ManualClock
 from gate.config import Config, load_config
 from gate.core import rules
-from gate.core.model import Approval, DecisionRow, Revision
 from gate.core.ratelimit import RateLimiter
 from gate.core.requests import CreateRequest, parse_create
 from gate.core.service import GateService
 from gate.errors import Conflict, GateError, NotFound
+from gate.model import Approval, DecisionRow, Revision
 from gate.protocol.canonical import payload_hash, wire_json
 from gate.protocol.envelope import Decision, build_decision, parse_decision, rfc3339
 from gate.store import Command, Store, WriteTx
@@ -118,7 +118,7 @@ class Gate:
         return [row async for row in self.store.audit_rows()]
 
     async def full(self, approval_id: str) -> dict[str, Any]:
-        """The stored approval (``gate.core.model.Approval``) as plain JSON values."""
+        """The stored approval (``gate.model.Approval``) as plain JSON values."""
         full = await self.store.reads.fetch_approval(approval_id)
         assert full is not None
         loaded: dict[str, Any] = json.loads(json.dumps(dataclasses.asdict(full)))

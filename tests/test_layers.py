@@ -15,7 +15,7 @@
   ``gate.protocol`` but never the core, store or daemon; ``gate/client/*`` (the pipeline side)
   never reaches the store, daemon or web.
 - Only ``gate/store/*`` speaks SQL (imports sqlite3/aiosqlite).
-- Of ``gate/core/``, the store imports only ``gate/core/model.py`` (the values it returns),
+- Of ``gate/core/``, the store imports only ``gate/model.py`` (the values it returns),
   and ``model.py`` imports nothing but the standard library.
 - Of the ``gate/audit/*`` modules, only ``audit/verify.py`` imports the store; chain, entries,
   records and spans import no store, no sqlite3, no aiohttp (pure: the store's writer and
@@ -430,7 +430,7 @@ def test_layers_who_runs_what_rules_see_their_packages() -> None:
 
 
 STORE = under("gate.store")
-MODEL = "gate.core.model"
+MODEL = "gate.model"
 
 
 @pytest.mark.parametrize("module", STORE, ids=ids(STORE))
@@ -438,7 +438,7 @@ def test_layers_store_imports_of_core_only_the_model(module: Module) -> None:
     bad = [name for name in hits(imports_of(module), ("gate.core",)) if name != MODEL]
     bad = [name for name in bad if not name.startswith(MODEL + ".")]
 
-    assert not bad, f"{module.rel}: the store returns gate.core.model values, nothing more: {bad}"
+    assert not bad, f"{module.rel}: the store returns gate.model values, nothing more: {bad}"
 
 
 def test_layers_model_imports_only_the_standard_library() -> None:

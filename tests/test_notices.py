@@ -91,7 +91,7 @@ def notice_row(config: Path, approval_id: str) -> sqlite3.Row | None:
 
 
 def test_notice_envelope_names_deciders_principals_and_the_resolving_reason():
-    from gate.core.model import Approval, DecisionRow, Revision
+    from gate.model import Approval, DecisionRow, Revision
 
     full = Approval(
         approval_id="01KDWZ8B00J3Q9V5X7Z2M4N6PR",

@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from gate.core.model import Approval, Revision
+from gate.model import Approval, Revision
 from gate.protocol.canonical import canonical_json
 from gate.trust import keys, permit
 from tests.support import (

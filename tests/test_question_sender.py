@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from gate.core.model import Dispatch, Question, QuestionVersion
 from gate.daemon.question_sender import still_due
+from gate.model import Dispatch, Question, QuestionVersion
 from tests.outbox_harness import ScriptedRelay
 from tests.support import GateProcess, wait_until, write_config
 

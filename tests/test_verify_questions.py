@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from gate.core.model import Question, QuestionVersion
+from gate.model import Question, QuestionVersion
 from gate.protocol import SIGNATURE_HEADER
 from gate.protocol.canonical import wire_json
 from gate.protocol.question import QuestionSpec, build_answer, request_hash

@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Any
 
 from gate.config import Config
 from gate.config.webauthn import WebAuthnSettings
-from gate.core.model import Approval, Credential
 from gate.errors import GateError
+from gate.model import Approval, Credential
 from gate.protocol.approver_signature import (
     ApproverAssertion,
     challenge_for,

@@ -12,8 +12,8 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from gate.audit.credential_entries import CredentialEnrolledData, CredentialRevokedData
-from gate.core.model import Credential
 from gate.errors import Conflict, GateError, NotFound, refused
+from gate.model import Credential
 from gate.protocol.approver_signature import (
     b64url,
     ed25519_credential_id,

@@ -12,9 +12,9 @@ from gate.audit.entries import DecisionData
 from gate.core import rules
 from gate.core.approver_signature_check import Signed, check_approver_signature
 from gate.core.delegation import check_decider
-from gate.core.model import Approval, DecisionRow, Resolvable, Revision
 from gate.core.resolve_tx import Resolution
 from gate.errors import Conflict, GateError
+from gate.model import Approval, DecisionRow, Resolvable, Revision
 from gate.protocol.canonical import payload_hash
 from gate.protocol.envelope import Decision
 from gate.store import WriteTx

@@ -9,9 +9,9 @@ from dataclasses import dataclass
 
 from gate.config import Config
 from gate.config.followups import Delegation
-from gate.core.model import Approval
 from gate.core.rules import check_approver, refuse
 from gate.errors import GateError
+from gate.model import Approval
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Any
 
 from gate.audit.credential_entries import CredentialEnrolledData, InviteCreatedData
 from gate.config.webauthn import WebAuthnSettings, origin_of, resolve_webauthn, unavailable_reason
-from gate.core.model import Credential
 from gate.errors import Conflict, GateError, NotFound
+from gate.model import Credential
 from gate.protocol.approver_signature import b64url
 from gate.protocol.envelope import rfc3339
 from gate.protocol.webauthn_registration import creation_options, verify_passkey

@@ -13,8 +13,8 @@ from gate.audit.entries import POLICY_OPERATOR, DecisionData
 from gate.config import Config
 from gate.config.policy import HIGH_RISKS
 from gate.core import policy as rules
-from gate.core.model import DecisionRow, Resolvable
 from gate.core.requests import CreateRequest
+from gate.model import DecisionRow, Resolvable
 from gate.protocol.envelope import rfc3339
 from gate.store import WriteTx
 

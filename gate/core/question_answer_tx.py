@@ -7,10 +7,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from gate.audit.question_entries import QuestionAnsweredData
-from gate.core.model import Question, QuestionAnswer
 from gate.core.question_tx import resolve_question
 from gate.core.rules import operator_in_scope, refuse
 from gate.errors import Conflict, GateError
+from gate.model import Question, QuestionAnswer
 from gate.protocol.canonical import canonical_json
 from gate.protocol.question import Answer, QuestionSpec, check_value, value_hash
 from gate.protocol.whitespace import identity_key

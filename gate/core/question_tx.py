@@ -18,10 +18,10 @@ from gate.audit.question_entries import (
 )
 from gate.audit.receipts import receipt_object
 from gate.core.decide_tx import new_nonce
-from gate.core.model import Question
 from gate.core.question_requests import QuestionRequest, parse_spec, revised_fields
 from gate.core.resolve_tx import NOTICE_GIVE_UP_MS
 from gate.errors import Conflict, NotFound
+from gate.model import Question
 from gate.protocol.canonical import wire_json
 from gate.protocol.question import QuestionSpec, request_hash
 from gate.store import WriteTx

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from gate.core.model import Question
 from gate.core.views import api_time
+from gate.model import Question
 
 
 def question_view(full: Question) -> dict[str, Any]:

@@ -12,8 +12,8 @@ from gate.audit.chain import AuditRow
 from gate.audit.entries import ResolvedData
 from gate.audit.receipts import receipt_object
 from gate.config import Config
-from gate.core.model import Approval, Resolvable
 from gate.errors import Conflict
+from gate.model import Approval, Resolvable
 from gate.store import WriteTx
 from gate.trust import permit
 from gate.trust.keys import Signer

@@ -8,8 +8,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from gate.config import Config
-from gate.core.model import Approval, Revision
 from gate.errors import GateError
+from gate.model import Approval, Revision
 from gate.protocol.envelope import Decision
 from gate.protocol.whitespace import identity_key, is_blank
 

@@ -16,7 +16,6 @@ from gate.core.credentials import CredentialMethods
 from gate.core.followups import followup_plan
 from gate.core.invites import InviteMethods
 from gate.core.longpoll import long_poll
-from gate.core.model import Approval
 from gate.core.question_service import QuestionMethods
 from gate.core.ratelimit import RateLimiter
 from gate.core.receipt_key import refusal
@@ -25,6 +24,7 @@ from gate.core.resolve_tx import Resolution
 from gate.core.transactions import EXPIRE_BATCH, FOLLOWUP_BATCH, Policy, Transactions
 from gate.core.views import approval_view
 from gate.errors import Conflict, GateError, NotFound
+from gate.model import Approval
 from gate.protocol.canonical import payload_hash
 from gate.protocol.envelope import Decision
 from gate.store import Command, Store

@@ -20,7 +20,6 @@ from gate.core import credentials, invites, policy_tx, rules
 from gate.core.decide_tx import decide, new_nonce
 from gate.core.followup_tx import handle_due
 from gate.core.followups import Plan, next_followup_at
-from gate.core.model import Approval, Resolvable
 from gate.core.policy import Verdict as PolicyVerdict
 from gate.core.question_answer_tx import answer_question
 from gate.core.question_tx import (
@@ -36,6 +35,7 @@ from gate.core.receipt_key import Settled, settle
 from gate.core.requests import CreateRequest
 from gate.core.resolve_tx import resolve
 from gate.errors import Conflict, NotFound
+from gate.model import Approval, Resolvable
 from gate.store import Command, WriteTx
 from gate.trust.keys import Signer
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from gate.core.model import Approval
 from gate.core.rules import approvers_of, current_revision
+from gate.model import Approval
 from gate.protocol.envelope import rfc3339
 
 

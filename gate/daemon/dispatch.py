@@ -18,12 +18,12 @@ from yarl import URL
 
 from gate.core.approver_signature_check import step_mode
 from gate.core.delegation import delegates_for
-from gate.core.model import Approval
 from gate.core.rules import approvers_of
 from gate.core.rules import skip_reason_required as step_requires_reason
 from gate.core.service import GateService
 from gate.errors import GateError
 from gate.metrics import Metrics
+from gate.model import Approval
 from gate.protocol import PROTOCOL, PROTOCOL_HEADER, SIGNATURE_HEADER, signing
 from gate.protocol.envelope import build_dispatch
 from gate.protocol.followup import FollowUp

@@ -9,9 +9,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from gate.core.model import Approval
 from gate.daemon.delivery import ChannelBase, Outcome, Send, typed
 from gate.daemon.dispatch import SendResult
+from gate.model import Approval
 from gate.protocol.canonical import wire_json
 from gate.protocol.followup import FollowUp, build_notice
 

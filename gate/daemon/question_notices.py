@@ -8,9 +8,9 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from gate.core.model import Question
 from gate.daemon.delivery import ChannelBase, Outcome, Send, typed
 from gate.daemon.dispatch import SendResult
+from gate.model import Question
 from gate.protocol.canonical import wire_json
 from gate.protocol.question_notice import build_question_notice
 

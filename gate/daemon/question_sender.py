@@ -7,9 +7,9 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from gate.core.model import Question
 from gate.daemon.delivery import ChannelBase, Outcome, Send, typed
 from gate.daemon.dispatch import SendResult
+from gate.model import Question
 from gate.protocol.canonical import wire_json
 from gate.protocol.question import QuestionSpec, build_question_dispatch
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import sqlite3
 
-from gate.core.model import Credential
+from gate.model import Credential
 
 _COLUMNS = "credential_id, operator_id, type, public_key, sign_count, label, created_at, revoked_at"
 

@@ -4,7 +4,7 @@
 Plain functions over a connection, used by the writer through ``QuestionStatements`` (mixed
 into ``gate.store.tx.WriteTx``) and by the reads (``gate.store.reads.Reads``). Values go in
 and come out as plain Python (JSON text is made by the caller); loads return
-``gate.core.model.Question``.
+``gate.model.Question``.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any
 
 from gate.audit import chain as audit
 from gate.audit.receipts import receipt_object
-from gate.core.model import Dispatch, DueQuestion, Question, QuestionAnswer, QuestionVersion
+from gate.model import Dispatch, DueQuestion, Question, QuestionAnswer, QuestionVersion
 
 _QUESTION_SQL = (
     "SELECT question_id, run_id, pipeline, step, risk, scope, version, state, outcome,"

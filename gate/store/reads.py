@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from gate.audit import chain as audit
-from gate.core.model import Approval, Credential, Question
 from gate.errors import Unavailable
+from gate.model import Approval, Credential, Question
 from gate.store import credentials, followups, question_notices, questions
 from gate.store.connection import open_reader
 from gate.store.tx import load_full

@@ -9,7 +9,7 @@ from typing import Any
 
 from gate.audit import chain as audit
 from gate.audit.receipts import receipt_object
-from gate.core.model import Approval, DecisionRow, Dispatch, Resolvable, Revision
+from gate.model import Approval, DecisionRow, Dispatch, Resolvable, Revision
 from gate.store import followups
 from gate.store.credentials import CredentialStatements
 from gate.store.followup_tx import FollowupStatements
@@ -17,7 +17,7 @@ from gate.store.invites import InviteStatements
 from gate.store.question_notices import QuestionNoticeStatements
 from gate.store.questions import QuestionStatements
 
-# the columns of the model's fields, in their order (``gate.core.model``)
+# the columns of the model's fields, in their order (``gate.model``)
 _APPROVAL_SQL = (
     "SELECT approval_id, run_id, pipeline, step, risk, content_type, quorum_required, scope,"
     " budget, spend, revision, state, outcome, created_at, expires_at, resolved_at,"

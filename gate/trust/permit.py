@@ -21,8 +21,8 @@ from typing import Any
 import jwt
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-from gate.core.model import Approval
 from gate.errors import GateError
+from gate.model import Approval
 from gate.protocol.canonical import HASH_PREFIX, canonical_json
 from gate.trust import keys
 

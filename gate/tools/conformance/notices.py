@@ -10,9 +10,9 @@ from collections.abc import Callable
 
 import aiohttp
 
-from gate.core.model import Approval
 from gate.core.service import GateService
 from gate.daemon.dispatch import post_signed
+from gate.model import Approval
 from gate.protocol import signing
 from gate.protocol.canonical import wire_json
 from gate.protocol.followup import build_notice

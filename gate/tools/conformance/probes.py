@@ -8,9 +8,9 @@ from typing import Any
 
 import aiohttp
 
-from gate.core.model import Approval
 from gate.core.requests import CreateRequest
 from gate.core.service import GateService
+from gate.model import Approval
 from gate.protocol import PROTOCOL_HEADER, SIGNATURE_HEADER
 from gate.protocol.envelope import decode_json
 from gate.tools.conformance.callbacks import resign

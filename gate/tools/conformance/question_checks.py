@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from gate.core.model import Question
 from gate.errors import GateError
+from gate.model import Question
 from gate.protocol.canonical import wire_json
 from gate.protocol.envelope import decode_json
 from gate.protocol.question import QuestionSpec, check_value

@@ -17,10 +17,10 @@ from typing import Any
 
 import aiohttp
 
-from gate.core.model import Question
 from gate.core.service import GateService
 from gate.daemon.dispatch import post_signed
 from gate.errors import GateError
+from gate.model import Question
 from gate.protocol import PROTOCOL_HEADER, SIGNATURE_HEADER, signing
 from gate.protocol.canonical import wire_json
 from gate.protocol.envelope import decode_json

@@ -15,10 +15,10 @@ from aiohttp import web
 
 from gate.clock import SystemClock
 from gate.config import Secrets, TcpListen, parse_listen
-from gate.core.model import Approval
 from gate.core.service import GateService
 from gate.daemon.app import build_gate, callback_url
 from gate.daemon.dispatch import dispatch_envelope, post_signed
+from gate.model import Approval
 from gate.protocol import DECISIONS_PATH, signing
 from gate.protocol.canonical import wire_json
 from gate.tools.conformance.callbacks import callbacks_for, observer, wait_for
