@@ -34,8 +34,8 @@ from gate.errors import Conflict, GateError, NotFound
 from gate.model import Approval, DecisionRow, Revision
 from gate.protocol.canonical import payload_hash, wire_json
 from gate.protocol.envelope import Decision, build_decision, parse_decision, rfc3339
-from gate.store import Command, Store, WriteTx
-from tests.support import write_config
+from gate.store import Store, WriteTx
+from tests.support import Named, write_config
 
 NOW_MS = 1767225600000
 RECEIPT_KEY = b"test-receipt-key-91c2"
@@ -652,7 +652,7 @@ class StoreHandler:
         self.entered_r, self.entered_w = os.pipe()
         self.release_r, self.release_w = os.pipe()
 
-    def __call__(self, tx: WriteTx | None, command: Command) -> Any:
+    def __call__(self, tx: WriteTx | None, command: Named) -> Any:
         assert tx is not None
         if command.name == "append":  # args: (n, refuse)
             n, refuse = command.args
@@ -692,8 +692,8 @@ async def bare_store(
         await store.close()
 
 
-def append(n: Any, refuse: bool = False) -> Command:
-    return Command("append", (n, refuse))
+def append(n: Any, refuse: bool = False) -> Named:
+    return Named("append", (n, refuse))
 
 
 async def store_audit_rows(store: Store) -> list[audit.AuditRow]:
@@ -726,8 +726,8 @@ async def test_a_commit_logs_the_chain_head_it_kept_once(
     store, handler = bare_store
     caplog.set_level(logging.INFO, logger="gate.store.batch")
 
-    async def batch(*commands: Command) -> list[Any]:
-        held = asyncio.create_task(store.transact(Command("hold")))
+    async def batch(*commands: Named) -> list[Any]:
+        held = asyncio.create_task(store.transact(Named("hold")))
         await handler.entered()  # the writer is busy while the next batch queues up
         tasks = [asyncio.create_task(store.transact(c)) for c in commands]
         await asyncio.sleep(0)  # one loop turn: each task has queued its job (no timing)
@@ -739,7 +739,7 @@ async def test_a_commit_logs_the_chain_head_it_kept_once(
     kept_first = await batch(append(4), append(5, refuse=True))
     # appends nothing, so logs nothing; and the writer answers it only after it logged
     # the head of the batch before (it logs once the batch's callers are answered)
-    await store.transact(Command("noop"))
+    await store.transact(Named("noop"))
     rows = {json.loads(r.entry)["data"]["n"]: r for r in await store_audit_rows(store)}
     assert (kept_last[0], kept_last[2], kept_first[0]) == (rows[1].seq, rows[3].seq, rows[4].seq)
     heads = [r.getMessage() for r in caplog.records if "event=audit_head" in r.getMessage()]
@@ -753,7 +753,7 @@ async def test_store_transaction_cancelled_before_it_ran_never_runs(
     bare_store: tuple[Store, StoreHandler],
 ) -> None:
     store, handler = bare_store
-    held = asyncio.create_task(store.transact(Command("hold")))
+    held = asyncio.create_task(store.transact(Named("hold")))
     await handler.entered()  # the writer is inside ``hold``
     cancelled = asyncio.create_task(store.transact(append("never")))
     await asyncio.sleep(0.05)
@@ -764,7 +764,7 @@ async def test_store_transaction_cancelled_before_it_ran_never_runs(
         await asyncio.sleep(0.001)
     handler.release()
     assert await held == "held"
-    await store.transact(Command("noop"))  # the queue has drained past ``never``
+    await store.transact(Named("noop"))  # the queue has drained past ``never``
     assert await store_audit_rows(store) == []
 
 

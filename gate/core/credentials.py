@@ -9,9 +9,11 @@ passkey invite page (``gate.core.invites``), into the same table.
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from gate.audit.credential_entries import CredentialEnrolledData, CredentialRevokedData
+from gate.core.commands import Transaction
 from gate.errors import Conflict, GateError, NotFound, refused
 from gate.model import Credential
 from gate.protocol.approver_signature import (
@@ -20,7 +22,7 @@ from gate.protocol.approver_signature import (
     load_ed25519_public_key,
 )
 from gate.protocol.envelope import rfc3339
-from gate.store import Command, Store
+from gate.store import Store
 
 log = logging.getLogger(__name__)
 
@@ -105,65 +107,80 @@ def credential_view(credential: Credential, config: Config) -> dict[str, Any]:
     }
 
 
-def enrol(t: Transactions, tx: WriteTx, credential: Credential) -> Credential:
+@dataclass(frozen=True, slots=True)
+class EnrolCredential(Transaction[Credential]):
     """Store ``credential`` at the gate's now with its ``approver_credential_enrolled``
     entry. Raises 409 ``credential_exists`` when its id is enrolled already."""
-    existing = tx.load_credential(credential.credential_id)
-    if existing is not None:
-        message = f"this key is enrolled already as {credential.credential_id}"
-        if existing.revoked_at is not None:
-            message = (
-                f"this key was enrolled as {credential.credential_id} and is revoked; a"
-                " revoked key is never trusted again: make a new key"
-            )
-        raise Conflict("credential_exists", message, extra={"message": message})
-    now = t.clock.now_ms()
-    stored = Credential(
-        credential.credential_id,
-        credential.operator_id,
-        credential.type,
-        credential.public_key,
-        credential.sign_count,
-        credential.label,
-        now,
-    )
-    tx.insert_credential(stored)
-    data = CredentialEnrolledData(
-        stored.operator_id, stored.credential_id, stored.type, stored.public_key, stored.label
-    )
-    t.audit(tx, data.kind, None, now, data.to_data())
-    return stored
+
+    credential: Credential
+
+    def run(self, t: Transactions, tx: WriteTx) -> Credential:
+        credential = self.credential
+        existing = tx.load_credential(credential.credential_id)
+        if existing is not None:
+            message = f"this key is enrolled already as {credential.credential_id}"
+            if existing.revoked_at is not None:
+                message = (
+                    f"this key was enrolled as {credential.credential_id} and is revoked; a"
+                    " revoked key is never trusted again: make a new key"
+                )
+            raise Conflict("credential_exists", message, extra={"message": message})
+        now = t.clock.now_ms()
+        stored = Credential(
+            credential.credential_id,
+            credential.operator_id,
+            credential.type,
+            credential.public_key,
+            credential.sign_count,
+            credential.label,
+            now,
+        )
+        tx.insert_credential(stored)
+        data = CredentialEnrolledData(
+            stored.operator_id, stored.credential_id, stored.type, stored.public_key, stored.label
+        )
+        t.audit(tx, data.kind, None, now, data.to_data())
+        return stored
 
 
-def revoke(t: Transactions, tx: WriteTx, credential_id: str) -> Credential:
+@dataclass(frozen=True, slots=True)
+class RevokeCredential(Transaction[Credential]):
     """Revoke a credential at the gate's now with its ``approver_credential_revoked`` entry.
     Raises 404 ``unknown_credential``, 409 ``credential_revoked`` when it already is."""
-    found = tx.load_credential(credential_id)
-    if found is None:
-        message = f"no approver credential {credential_id!r}"
-        raise NotFound("unknown_credential", message, extra={"message": message})
-    if found.revoked_at is not None:
-        message = f"credential {credential_id!r} is revoked already"
-        raise Conflict("credential_revoked", message, extra={"message": message})
-    now = t.clock.now_ms()
-    tx.revoke_credential(credential_id, now)
-    data = CredentialRevokedData(found.operator_id, credential_id)
-    t.audit(tx, data.kind, None, now, data.to_data())
-    return Credential(
-        found.credential_id,
-        found.operator_id,
-        found.type,
-        found.public_key,
-        found.sign_count,
-        found.label,
-        found.created_at,
-        now,
-    )
+
+    credential_id: str
+
+    def run(self, t: Transactions, tx: WriteTx) -> Credential:
+        credential_id = self.credential_id
+        found = tx.load_credential(credential_id)
+        if found is None:
+            message = f"no approver credential {credential_id!r}"
+            raise NotFound("unknown_credential", message, extra={"message": message})
+        if found.revoked_at is not None:
+            message = f"credential {credential_id!r} is revoked already"
+            raise Conflict("credential_revoked", message, extra={"message": message})
+        now = t.clock.now_ms()
+        tx.revoke_credential(credential_id, now)
+        data = CredentialRevokedData(found.operator_id, credential_id)
+        t.audit(tx, data.kind, None, now, data.to_data())
+        return Credential(
+            found.credential_id,
+            found.operator_id,
+            found.type,
+            found.public_key,
+            found.sign_count,
+            found.label,
+            found.created_at,
+            now,
+        )
 
 
-def list_all(t: Transactions, tx: WriteTx) -> list[Credential]:
+@dataclass(frozen=True, slots=True)
+class ListCredentials(Transaction[list[Credential]]):
     """Every credential, revoked ones included (read on the writer: one source of truth)."""
-    return tx.credentials()
+
+    def run(self, t: Transactions, tx: WriteTx) -> list[Credential]:
+        return tx.credentials()
 
 
 class CredentialMethods:
@@ -174,9 +191,9 @@ class CredentialMethods:
 
     async def enrol_credential(self, body: Any) -> dict[str, Any]:
         """Enrol the key a ``POST /v1/admin/approvers`` body names; returns its view.
-        Raises as ``parse_enrolment`` and ``enrol``."""
+        Raises as ``parse_enrolment`` and ``EnrolCredential``."""
         credential = parse_enrolment(body, self.config)
-        stored = await self.store.transact(Command("enrol_credential", (credential,)))
+        stored = await self.store.transact(EnrolCredential(credential))
         log.info(
             "event=approver_credential_enrolled operator_id=%d credential_id=%s type=%s",
             stored.operator_id,
@@ -186,8 +203,8 @@ class CredentialMethods:
         return credential_view(stored, self.config)
 
     async def revoke_credential(self, credential_id: str) -> dict[str, Any]:
-        """Revoke a credential; returns its view. Raises as ``revoke``."""
-        stored = await self.store.transact(Command("revoke_credential", (credential_id,)))
+        """Revoke a credential; returns its view. Raises as ``RevokeCredential``."""
+        stored = await self.store.transact(RevokeCredential(credential_id))
         log.info(
             "event=approver_credential_revoked operator_id=%d credential_id=%s",
             stored.operator_id,
@@ -197,7 +214,7 @@ class CredentialMethods:
 
     async def list_credentials(self) -> list[dict[str, Any]]:
         """Every credential's view, by operator id then enrolment time."""
-        rows = await self.store.transact(Command("list_credentials", ()))
+        rows = await self.store.transact(ListCredentials())
         return [credential_view(row, self.config) for row in rows]
 
     async def credentials_in_force(self) -> list[dict[str, Any]]:

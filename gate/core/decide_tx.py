@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 from gate.audit.entries import DecisionData
 from gate.core import rules
 from gate.core.approver_signature_check import Signed, check_approver_signature
+from gate.core.commands import Transaction
 from gate.core.delegation import check_decider
 from gate.core.resolve_tx import Resolution
 from gate.errors import Conflict, GateError
@@ -24,6 +25,11 @@ if TYPE_CHECKING:
     from gate.core.transactions import Transactions
 
 
+# ``decide``'s result: (operator id, revision decided, outcome or None, new revision or
+# None, resolution or None, delegated)
+Decided = tuple[int, int, str | None, int | None, Resolution | None, tuple[int, str, str] | None]
+
+
 def new_nonce() -> str:
     """Return a fresh 128-bit nonce as 32 lowercase hex digits."""
     return pysecrets.token_hex(16)
@@ -31,7 +37,7 @@ def new_nonce() -> str:
 
 def decide(
     t: Transactions, tx: WriteTx, decision: Decision, webauthn: WebAuthnSettings | None = None
-) -> tuple[int, int, str | None, int | None, Resolution | None, tuple[int, str, str] | None]:
+) -> Decided:
     """SPEC §2 checks 6-14 and the recording of an accepted decision. Returns
     ``(operator id, revision decided, outcome or None, new revision or None,
     resolution or None, delegated)``; ``delegated`` is ``(principal's operator id,
@@ -180,3 +186,14 @@ def _record(
     elif new_revision is not None:
         tx.enqueue_dispatch(approval.approval_id, new_revision, now)
     return outcome, new_revision
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Decide(Transaction[Decided]):
+    """Check and record a decision (``decide``), with the passkeys' relying party."""
+
+    decision: Decision
+    webauthn: WebAuthnSettings | None
+
+    def run(self, t: Transactions, tx: WriteTx) -> Decided:
+        return decide(t, tx, self.decision, self.webauthn)

@@ -18,12 +18,13 @@ from typing import TYPE_CHECKING, Any
 
 from gate.audit.credential_entries import CredentialEnrolledData, InviteCreatedData
 from gate.config.webauthn import WebAuthnSettings, origin_of, resolve_webauthn, unavailable_reason
+from gate.core.commands import Transaction
 from gate.errors import Conflict, GateError, NotFound
 from gate.model import Credential
 from gate.protocol.approver_signature import b64url
 from gate.protocol.envelope import rfc3339
 from gate.protocol.webauthn_registration import creation_options, verify_passkey
-from gate.store import Command, Store
+from gate.store import Store
 from gate.store.invites import Invite
 
 if TYPE_CHECKING:
@@ -91,18 +92,25 @@ def parse_invite_request(obj: Any, config: Config) -> tuple[int, int, str | None
     return operator_id, ttl, label
 
 
-def create_invite(
-    t: Transactions, tx: WriteTx, hashed: str, operator_id: int, ttl_s: int, label: str | None
-) -> Invite:
+@dataclass(frozen=True, slots=True)
+class CreateInvite(Transaction[Invite]):
     """Store a fresh invite (its registration challenge: 32 random bytes) at the gate's now
-    with its ``approver_invite_created`` entry."""
-    now = t.clock.now_ms()
-    challenge = b64url(secrets.token_bytes(32))
-    invite = Invite(hashed, operator_id, label, challenge, now, now + ttl_s * 1000)
-    tx.insert_invite(invite)
-    data = InviteCreatedData(operator_id, invite.expires_at, hashed, label)
-    t.audit(tx, data.kind, None, now, data.to_data())
-    return invite
+    with its ``approver_invite_created`` entry. ``hashed``: the token's SHA-256."""
+
+    hashed: str
+    operator_id: int
+    ttl_s: int
+    label: str | None
+
+    def run(self, t: Transactions, tx: WriteTx) -> Invite:
+        now = t.clock.now_ms()
+        challenge = b64url(secrets.token_bytes(32))
+        expires_at = now + self.ttl_s * 1000
+        invite = Invite(self.hashed, self.operator_id, self.label, challenge, now, expires_at)
+        tx.insert_invite(invite)
+        data = InviteCreatedData(self.operator_id, invite.expires_at, self.hashed, self.label)
+        t.audit(tx, data.kind, None, now, data.to_data())
+        return invite
 
 
 def usable_invite(t: Transactions, tx: WriteTx, hashed: str) -> Invite:
@@ -118,16 +126,21 @@ def usable_invite(t: Transactions, tx: WriteTx, hashed: str) -> Invite:
     return invite
 
 
-def invite_page(t: Transactions, tx: WriteTx, hashed: str) -> tuple[Invite, list[str]]:
+@dataclass(frozen=True, slots=True)
+class InvitePage(Transaction[tuple[Invite, list[str]]]):
     """The usable invite and the ids of its operator's passkeys in force (the page's
     ``excludeCredentials``). Changes nothing; raises as ``usable_invite``."""
-    invite = usable_invite(t, tx, hashed)
-    own = [
-        c.credential_id
-        for c in tx.credentials()
-        if c.operator_id == invite.operator_id and c.type == "webauthn" and c.revoked_at is None
-    ]
-    return invite, own
+
+    hashed: str
+
+    def run(self, t: Transactions, tx: WriteTx) -> tuple[Invite, list[str]]:
+        invite = usable_invite(t, tx, self.hashed)
+        own = [
+            c.credential_id
+            for c in tx.credentials()
+            if c.operator_id == invite.operator_id and c.type == "webauthn" and c.revoked_at is None
+        ]
+        return invite, own
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,39 +153,46 @@ class Registration:
     origin: str
 
 
-def register(t: Transactions, tx: WriteTx, hashed: str, registration: Registration) -> Credential:
-    """Consume the invite and enrol the passkey, in one transaction: the invite must still
-    be usable (raises as ``usable_invite``) and the credential id new (409
+@dataclass(frozen=True, slots=True)
+class RegisterPasskey(Transaction[Credential]):
+    """Consume the invite ``hashed`` and enrol the passkey, in one transaction: the invite
+    must still be usable (raises as ``usable_invite``) and the credential id new (409
     ``credential_exists``); writes the ``approver_credential_enrolled`` entry."""
-    invite = usable_invite(t, tx, hashed)
-    cred = registration.credential
-    if tx.load_credential(cred.credential_id) is not None:
-        message = "this passkey is enrolled already"
-        raise Conflict("credential_exists", message, extra={"message": message})
-    now = t.clock.now_ms()
-    stored = Credential(
-        cred.credential_id,
-        invite.operator_id,
-        "webauthn",
-        cred.public_key,
-        cred.sign_count,
-        invite.label,
-        now,
-    )
-    tx.insert_credential(stored)
-    tx.use_invite(hashed, now, stored.credential_id)
-    data = CredentialEnrolledData(
-        stored.operator_id,
-        stored.credential_id,
-        "webauthn",
-        stored.public_key,
-        stored.label,
-        rp_id=registration.rp_id,
-        origin=registration.origin,
-        sign_count=stored.sign_count,
-    )
-    t.audit(tx, data.kind, None, now, data.to_data())
-    return stored
+
+    hashed: str
+    registration: Registration
+
+    def run(self, t: Transactions, tx: WriteTx) -> Credential:
+        hashed, registration = self.hashed, self.registration
+        invite = usable_invite(t, tx, hashed)
+        cred = registration.credential
+        if tx.load_credential(cred.credential_id) is not None:
+            message = "this passkey is enrolled already"
+            raise Conflict("credential_exists", message, extra={"message": message})
+        now = t.clock.now_ms()
+        stored = Credential(
+            cred.credential_id,
+            invite.operator_id,
+            "webauthn",
+            cred.public_key,
+            cred.sign_count,
+            invite.label,
+            now,
+        )
+        tx.insert_credential(stored)
+        tx.use_invite(hashed, now, stored.credential_id)
+        data = CredentialEnrolledData(
+            stored.operator_id,
+            stored.credential_id,
+            "webauthn",
+            stored.public_key,
+            stored.label,
+            rp_id=registration.rp_id,
+            origin=registration.origin,
+            sign_count=stored.sign_count,
+        )
+        t.audit(tx, data.kind, None, now, data.to_data())
+        return stored
 
 
 class InviteMethods:
@@ -204,7 +224,7 @@ class InviteMethods:
             raise unavailable(self.config)
         token = b64url(secrets.token_bytes(32))
         invite = await self.store.transact(
-            Command("create_invite", (token_hash(token), operator_id, ttl_s, label))
+            CreateInvite(token_hash(token), operator_id, ttl_s, label)
         )
         base = invite_base(self.config.relay.public_url, settings)
         return {
@@ -231,7 +251,7 @@ class InviteMethods:
         settings = self.webauthn()
         if settings is None:
             raise unavailable(self.config)
-        invite, own = await self.store.transact(Command("invite_page", (_known_shape(token),)))
+        invite, own = await self.store.transact(InvitePage(_known_shape(token)))
         identity = self._identity(invite.operator_id)
         options = creation_options(
             rp_id=settings.rp_id,
@@ -245,13 +265,13 @@ class InviteMethods:
 
     async def register_passkey(self, token: str, body: Any) -> dict[str, Any]:
         """Verify the registration ``body`` against the invite of ``token`` and enrol it
-        (``register``); returns ``{credential_id, operator_id}``. Raises as
+        (``RegisterPasskey``); returns ``{credential_id, operator_id}``. Raises as
         ``usable_invite``, ``verify_passkey`` (400 ``invalid_registration``), 409
         ``credential_exists`` or ``webauthn_unavailable``; nothing is stored then."""
         settings = self.webauthn()
         if settings is None:
             raise unavailable(self.config)
-        invite, _ = await self.store.transact(Command("invite_page", (_known_shape(token),)))
+        invite, _ = await self.store.transact(InvitePage(_known_shape(token)))
         verified = verify_passkey(body, unb64(invite.challenge), settings.rp_id, settings.origins)
         credential = Credential(
             verified.credential_id,
@@ -263,9 +283,7 @@ class InviteMethods:
             0,
         )
         registration = Registration(credential, settings.rp_id, verified.origin)
-        stored = await self.store.transact(
-            Command("register_passkey", (token_hash(token), registration))
-        )
+        stored = await self.store.transact(RegisterPasskey(token_hash(token), registration))
         return {"credential_id": stored.credential_id, "operator_id": stored.operator_id}
 
     def _identity(self, operator_id: int) -> str:

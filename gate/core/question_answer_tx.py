@@ -4,9 +4,11 @@ Runs on the store's writer with the state ``Transactions`` owns (``t``)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from gate.audit.question_entries import QuestionAnsweredData
+from gate.core.commands import Transaction
 from gate.core.question_tx import resolve_question
 from gate.core.rules import operator_in_scope, refuse
 from gate.errors import Conflict, GateError
@@ -125,3 +127,13 @@ def wrong_kind(message: str) -> GateError:
     """409 ``wrong_kind``: an answer for an approval, or a decision for a question:
     refused after check 5, nothing recorded."""
     return Conflict("wrong_kind", message)
+
+
+@dataclass(frozen=True, slots=True)
+class AnswerQuestion(Transaction[tuple[int, int, str]]):
+    """Check and record an answer (``answer_question``): ``(operator id, version, pipeline)``."""
+
+    answer: Answer
+
+    def run(self, t: Transactions, tx: WriteTx) -> tuple[int, int, str]:
+        return answer_question(t, tx, self.answer)

@@ -9,14 +9,24 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from gate.core.longpoll import long_poll, wake
+from gate.core.question_answer_tx import AnswerQuestion
 from gate.core.question_requests import parse_question_create, parse_spec
-from gate.core.question_tx import EXPIRE_BATCH, QuestionPolicy
+from gate.core.question_tx import (
+    EXPIRE_BATCH,
+    CancelQuestion,
+    CreateQuestion,
+    ExpireQuestions,
+    QuestionDispatchResult,
+    QuestionNoticeResult,
+    QuestionPolicy,
+    ReviseQuestion,
+)
 from gate.core.question_views import question_view
 from gate.core.requests import not_an_operator
 from gate.errors import Conflict, GateError, NotFound, refused
 from gate.model import Question
 from gate.protocol.question import Answer
-from gate.store import Command, Store
+from gate.store import Store
 
 if TYPE_CHECKING:
     from gate.clock import Clock
@@ -111,7 +121,7 @@ class QuestionMethods:
         policy = QuestionPolicy(scope, step.timeout, step.risk, step.max_answer_chars)
         full: Question
         full, created = await self.store.transact(
-            Command("create_question", (req, idempotency_key, requester, policy))
+            CreateQuestion(req, idempotency_key, requester, policy)
         )
         if created:
             log.info(
@@ -152,7 +162,7 @@ class QuestionMethods:
         """Resolve a pending question ``cancelled``; one past its ``expires_at`` resolves
         ``timeout`` and the answer is 409 ``already_resolved`` with that outcome. Raises
         NotFound 404 ``unknown_question``, Conflict 409 ``already_resolved``."""
-        outcome, full = await self.store.transact(Command("cancel_question", (question_id,)))
+        outcome, full = await self.store.transact(CancelQuestion(question_id))
         log.info("event=question_resolved question_id=%s outcome=%s", question_id, outcome)
         self.wake_question(question_id)
         if outcome == "timeout":
@@ -171,9 +181,7 @@ class QuestionMethods:
         ``timeout`` when past ``expires_at``: then resolved so), 409 ``too_many_versions``."""
         # the merge onto the current version happens in the write transaction: two revises
         # racing each build on the other's result (review finding 1)
-        outcome, revised = await self.store.transact(
-            Command("revise_question", (question_id, body))
-        )
+        outcome, revised = await self.store.transact(ReviseQuestion(question_id, body))
         if outcome == "timeout":
             log.info("event=question_resolved question_id=%s outcome=timeout", question_id)
             self.wake_question(question_id)
@@ -196,9 +204,7 @@ class QuestionMethods:
         """Checks 6-13 of the answer table and the recording of the first valid answer,
         in one transaction. Returns the 200 body ``{"status": "recorded", "resolved": true,
         "outcome": "answered"}``. Raises GateError with the table's status and reason."""
-        operator_id, version, pipeline = await self.store.transact(
-            Command("answer_question", (answer,))
-        )
+        operator_id, version, pipeline = await self.store.transact(AnswerQuestion(answer))
         log.info(
             "event=question_answered question_id=%s operator_id=%d version=%d",
             answer.question_id,
@@ -215,7 +221,7 @@ class QuestionMethods:
         500 per transaction); returns how many."""
         total = 0
         while True:
-            ids = await self.store.transact(Command("expire_questions", ()))
+            ids = await self.store.transact(ExpireQuestions())
             for question_id in ids:
                 log.info("event=question_resolved question_id=%s outcome=timeout", question_id)
                 self.wake_question(question_id)
@@ -228,7 +234,7 @@ class QuestionMethods:
     ) -> None:
         """Record one question dispatch attempt; an ack writes ``question_dispatch_ack``."""
         await self.store.transact(
-            Command("question_dispatch_result", (question_id, version, acked, error, retry_at_ms))
+            QuestionDispatchResult(question_id, version, acked, error, retry_at_ms)
         )
 
     async def question_notice_result(
@@ -236,10 +242,9 @@ class QuestionMethods:
     ) -> str | None:
         """Record one attempt of a question's resolution notice (``retry_at_ms`` None drops
         it as failed). Returns ``"delivered"``, ``"retry"``, ``"failed"`` or None."""
-        result: str | None = await self.store.transact(
-            Command("question_notice_result", (question_id, acked, error, retry_at_ms))
+        return await self.store.transact(
+            QuestionNoticeResult(question_id, acked, error, retry_at_ms)
         )
-        return result
 
     async def next_question_expiry(self) -> int | None:
         """The earliest ``expires_at`` (unix ms) of a pending question, or None."""

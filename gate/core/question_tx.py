@@ -1,7 +1,7 @@
 """The questions' write transactions but the answer: create (idempotent), revise,
-cancel, expire and dispatch bookkeeping. Run on the store's writer with the state
-``Transactions`` owns (``t``); registered in ``transactions.TABLE``. The answer's checks:
-``question_answer_tx``."""
+cancel, expire and dispatch bookkeeping, each with its command (``CancelQuestion``, ...).
+Run on the store's writer with the state ``Transactions`` owns (``t``). The answer's
+checks: ``question_answer_tx``."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from gate.audit.question_entries import (
     QuestionRevisedData,
 )
 from gate.audit.receipts import receipt_object
+from gate.core.commands import Transaction
 from gate.core.decide_tx import new_nonce
 from gate.core.question_requests import QuestionRequest, parse_spec, revised_fields
 from gate.core.resolve_tx import NOTICE_GIVE_UP_MS
@@ -262,3 +263,76 @@ def question_notice_result(
     return tx.question_notice_attempted(
         question_id, t.clock.now_ms(), acked=acked, error=error, retry_at_ms=retry_at_ms
     )
+
+
+@dataclass(frozen=True, slots=True)
+class CreateQuestion(Transaction[tuple[Question, bool]]):
+    """Create a question (``create_question``): ``(loaded question, created)``."""
+
+    req: QuestionRequest
+    idempotency_key: str | None
+    requester: tuple[int, str] | None
+    policy: QuestionPolicy
+
+    def run(self, t: Transactions, tx: WriteTx) -> tuple[Question, bool]:
+        return create_question(t, tx, self.req, self.idempotency_key, self.requester, self.policy)
+
+
+@dataclass(frozen=True, slots=True)
+class ReviseQuestion(Transaction[tuple[str, Question]]):
+    """Revise a pending question with ``body`` (``revise_question``)."""
+
+    question_id: str
+    body: Any
+
+    def run(self, t: Transactions, tx: WriteTx) -> tuple[str, Question]:
+        return revise_question(t, tx, self.question_id, self.body)
+
+
+@dataclass(frozen=True, slots=True)
+class CancelQuestion(Transaction[tuple[str, Question]]):
+    """Cancel a pending question (``cancel_question``): ``(outcome, loaded question)``."""
+
+    question_id: str
+
+    def run(self, t: Transactions, tx: WriteTx) -> tuple[str, Question]:
+        return cancel_question(t, tx, self.question_id)
+
+
+@dataclass(frozen=True, slots=True)
+class ExpireQuestions(Transaction[list[str]]):
+    """Resolve the overdue questions ``timeout`` (``expire_questions``): their ids."""
+
+    def run(self, t: Transactions, tx: WriteTx) -> list[str]:
+        return expire_questions(t, tx)
+
+
+@dataclass(frozen=True, slots=True)
+class QuestionDispatchResult(Transaction[None]):
+    """Record one dispatch attempt of a version (``question_dispatch_result``)."""
+
+    question_id: str
+    version: int
+    acked: bool
+    error: str | None
+    retry_at_ms: int
+
+    def run(self, t: Transactions, tx: WriteTx) -> None:
+        question_dispatch_result(
+            t, tx, self.question_id, self.version, self.acked, self.error, self.retry_at_ms
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class QuestionNoticeResult(Transaction[str | None]):
+    """Record one attempt of a resolution notice (``question_notice_result``)."""
+
+    question_id: str
+    acked: bool
+    error: str | None
+    retry_at_ms: int | None
+
+    def run(self, t: Transactions, tx: WriteTx) -> str | None:
+        return question_notice_result(
+            t, tx, self.question_id, self.acked, self.error, self.retry_at_ms
+        )

@@ -12,7 +12,18 @@ from typing import Any
 from gate.clock import Clock
 from gate.config import Config
 from gate.core import policy_tx
+from gate.core.commands import (
+    Cancel,
+    Configure,
+    Create,
+    DispatchResult,
+    Expire,
+    FollowupResult,
+    Followups,
+    ReceiptKey,
+)
 from gate.core.credentials import CredentialMethods
+from gate.core.decide_tx import Decide
 from gate.core.followups import followup_plan
 from gate.core.invites import InviteMethods
 from gate.core.longpoll import long_poll
@@ -27,7 +38,7 @@ from gate.errors import Conflict, GateError, NotFound
 from gate.model import Approval
 from gate.protocol.canonical import payload_hash
 from gate.protocol.envelope import Decision
-from gate.store import Command, Store
+from gate.store import Store
 from gate.trust.keys import ReceiptKeys, load_receipt_keys
 
 __all__ = ["DecisionResult", "GateService", "Policy", "Resolution"]
@@ -101,8 +112,8 @@ class GateService(QuestionMethods, CredentialMethods, InviteMethods):
         transactions sent before and before those sent after (``Store.apply``).
         """
         self.config = config
-        self.transactions.configure(None, config)
-        self.store.apply(Command("configure", (config,)))
+        self.transactions.configure(config)
+        self.store.apply(Configure(config))
 
     # ---- create ----------------------------------------------------------------
 
@@ -181,7 +192,7 @@ class GateService(QuestionMethods, CredentialMethods, InviteMethods):
         full: Approval
         created_now: bool
         full, created_now = await self.store.transact(
-            Command("create", (req, idempotency_key, requester, policy, req.request_hash(), digest))
+            Create(req, idempotency_key, requester, policy, req.request_hash(), digest)
         )
         if not created_now:
             return approval_view(full), False
@@ -220,7 +231,7 @@ class GateService(QuestionMethods, CredentialMethods, InviteMethods):
         verifies it but the log already went over to the current key (an entry forged with
         a retired key). Never logs a key.
         """
-        settled = await self.store.transact(Command("receipt_key"))
+        settled = await self.store.transact(ReceiptKey())
         receipts = self.config.receipts
         problem = refusal(settled, receipts)
         if problem is not None:
@@ -259,7 +270,7 @@ class GateService(QuestionMethods, CredentialMethods, InviteMethods):
             new_revision,
             resolution,
             delegated,
-        ) = await self.store.transact(Command("decide", (decision, self.webauthn())))
+        ) = await self.store.transact(Decide(decision, self.webauthn()))
         log.info(
             "event=decision approval_id=%s operator_id=%d decision=%s revision=%d payload_hash=%s"
             + ("" if delegated is None else f" on_behalf_of={int(delegated[0])}"),
@@ -295,7 +306,7 @@ class GateService(QuestionMethods, CredentialMethods, InviteMethods):
 
         total = 0
         while True:
-            ids = await self.store.transact(Command("expire", ()))
+            ids = await self.store.transact(Expire())
             for approval_id in ids:
                 log.info("event=resolved approval_id=%s outcome=timeout", approval_id)
                 self._notify(approval_id)
@@ -310,7 +321,7 @@ class GateService(QuestionMethods, CredentialMethods, InviteMethods):
         was queued."""
         levels = reminders = 0
         while True:
-            done = await self.store.transact(Command("followups", ()))
+            done = await self.store.transact(Followups())
             for approval_id, applied, reminder in done:
                 for level in applied:
                     log.info("event=escalated approval_id=%s level=%d", approval_id, level)
@@ -333,7 +344,7 @@ class GateService(QuestionMethods, CredentialMethods, InviteMethods):
         """
 
         full: Approval
-        outcome, full = await self.store.transact(Command("cancel", (approval_id,)))
+        outcome, full = await self.store.transact(Cancel(approval_id))
         log.info("event=resolved approval_id=%s outcome=%s", approval_id, outcome)
         self._notify(approval_id)
         if outcome == "timeout":
@@ -351,9 +362,7 @@ class GateService(QuestionMethods, CredentialMethods, InviteMethods):
     ) -> None:
         """Record one dispatch attempt; an ack writes a ``dispatch_ack`` audit entry."""
 
-        await self.store.transact(
-            Command("dispatch_result", (approval_id, revision, acked, error, retry_at_ms))
-        )
+        await self.store.transact(DispatchResult(approval_id, revision, acked, error, retry_at_ms))
 
     async def followup_result(
         self,
@@ -366,10 +375,7 @@ class GateService(QuestionMethods, CredentialMethods, InviteMethods):
         """Record one attempt of the reminder, escalation or notice ``key`` = (approval_id,
         kind, n) (``Transactions.followup_result``): ``retry_at_ms`` None drops it
         unsent as failed. Returns ``"delivered"``, ``"retry"``, ``"failed"`` or None."""
-        result: str | None = await self.store.transact(
-            Command("followup_result", (key, acked, error, retry_at_ms))
-        )
-        return result
+        return await self.store.transact(FollowupResult(key, acked, error, retry_at_ms))
 
     # ---- reads -----------------------------------------------------------------
 

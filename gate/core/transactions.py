@@ -1,9 +1,10 @@
 """The gate's write transactions: what runs on the store's writer (a thread, or the writer
-process on its forked copy), looked up in one explicit table. No HTTP, no SQL of its own."""
+process on its forked copy), each a typed command (``gate.core.commands.Transaction``) run
+by ``Transactions.run``. No HTTP, no SQL of its own."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,20 +17,12 @@ from gate.audit.entries import (
 )
 from gate.clock import Clock
 from gate.config import Config
-from gate.core import credentials, invites, policy_tx, rules
-from gate.core.decide_tx import decide, new_nonce
+from gate.core import policy_tx, rules
+from gate.core.commands import Configure, Transaction
+from gate.core.decide_tx import new_nonce
 from gate.core.followup_tx import handle_due
 from gate.core.followups import Plan, next_followup_at
 from gate.core.policy import Verdict as PolicyVerdict
-from gate.core.question_answer_tx import answer_question
-from gate.core.question_tx import (
-    cancel_question,
-    create_question,
-    expire_questions,
-    question_dispatch_result,
-    question_notice_result,
-    revise_question,
-)
 from gate.core.ratelimit import RateLimiter
 from gate.core.receipt_key import Settled, settle
 from gate.core.requests import CreateRequest
@@ -68,7 +61,7 @@ class Transactions:
     declared rotation) and the Ed25519 ``signer`` (or None) of the audit entries and
     permits. With a writer process, the process runs its forked copy of this object
     (``Store.bind``, forked at ``Store.open``): state changed afterwards reaches that copy
-    only through a ``configure`` command (``Store.apply``). Every transaction reads the
+    only through a ``Configure`` command (``Store.apply``). Every transaction reads the
     gate's ``clock`` inside the transaction.
     """
 
@@ -88,18 +81,21 @@ class Transactions:
         self._previous_receipt_key = previous_receipt_key
         self._signer = signer
 
-    def run(self, tx: WriteTx, command: Command) -> Any:
-        """Run the transaction ``command`` names (a key of ``TABLE``) in ``tx``; the store's
-        writer calls this (``Store.bind``). Returns what that transaction returns; raises
-        what it raises (GateError for a refusal), ValueError for an unknown name."""
-        body = TABLE.get(command.name)
-        if body is None:
+    def run(self, tx: WriteTx | None, command: Command[Any]) -> Any:
+        """Run ``command`` on the store's writer (``Store.bind``): a ``Transaction`` in
+        ``tx`` (its ``run``), returning what it returns and raising what it raises
+        (GateError for a refusal); ``Configure`` outside any transaction (``tx`` None, sent
+        with ``Store.apply``). Raises ValueError for any other command."""
+        if isinstance(command, Configure):
+            self.configure(command.config)
+            return None
+        if not isinstance(command, Transaction) or tx is None:
             raise ValueError(f"unknown write transaction {command.name!r}")
-        return body(self, tx, *command.args)
+        return command.run(self, tx)
 
-    def configure(self, tx: WriteTx | None, config: Config) -> None:
+    def configure(self, config: Config) -> None:
         """Use ``config`` from now on (SIGHUP reload): budgets, limits, the rate limit.
-        Runs outside any transaction (``tx`` None, sent with ``Store.apply``)."""
+        The writer process's copy takes it from a ``Configure`` command (``Store.apply``)."""
         self.config = config
         self.rate.per_minute = config.relay.security.rate_limit
 
@@ -340,31 +336,3 @@ class Transactions:
         return tx.followup_attempted(
             key, self.clock.now_ms(), acked=acked, error=error, retry_at_ms=retry_at_ms
         )
-
-
-# The write transactions by name (``Command.name``): the one table ``Transactions.run`` reads.
-# "configure" runs outside a transaction (``Store.apply``), "receipt_key" once at start.
-TABLE: dict[str, Callable[..., Any]] = {
-    "create": Transactions.create,
-    "decide": decide,
-    "expire": Transactions.expire,
-    "cancel": Transactions.cancel,
-    "dispatch_result": Transactions.dispatch_result,
-    "followups": Transactions.followups,
-    "followup_result": Transactions.followup_result,
-    "create_question": create_question,  # gate.core.question_tx
-    "revise_question": revise_question,
-    "cancel_question": cancel_question,
-    "expire_questions": expire_questions,
-    "answer_question": answer_question,
-    "question_dispatch_result": question_dispatch_result,
-    "question_notice_result": question_notice_result,
-    "enrol_credential": credentials.enrol,  # gate.core.credentials
-    "revoke_credential": credentials.revoke,
-    "list_credentials": credentials.list_all,
-    "create_invite": invites.create_invite,  # passkeys, gate.core.invites
-    "invite_page": invites.invite_page,
-    "register_passkey": invites.register,
-    "configure": Transactions.configure,
-    "receipt_key": Transactions.receipt_key,
-}
