@@ -15,7 +15,9 @@ import json
 import logging
 import mmap
 import os
+import pickle
 import struct
+import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -27,6 +29,7 @@ from gate.audit.receipts import receipt_object
 from gate.clock import ManualClock
 from gate.config import Config, load_config
 from gate.core import rules
+from gate.core.commands import DispatchResult, ReceiptKey, Transaction
 from gate.core.ratelimit import RateLimiter
 from gate.core.requests import CreateRequest, parse_create
 from gate.core.service import GateService
@@ -34,7 +37,8 @@ from gate.errors import Conflict, GateError, NotFound
 from gate.model import Approval, DecisionRow, Revision
 from gate.protocol.canonical import payload_hash, wire_json
 from gate.protocol.envelope import Decision, build_decision, parse_decision, rfc3339
-from gate.store import Store, WriteTx
+from gate.store import Command, Store, WriteTx
+from gate.store.batch import PROBE
 from tests.support import Named, write_config
 
 NOW_MS = 1767225600000
@@ -698,6 +702,40 @@ def append(n: Any, refuse: bool = False) -> Named:
 
 async def store_audit_rows(store: Store) -> list[audit.AuditRow]:
     return [row async for row in store.audit_rows()]
+
+
+def every_command(cls: type[Command[Any]] = Command) -> list[type[Command[Any]]]:
+    """Every subclass of ``Command`` the gate defines (imported with ``GateService``); not
+    the classes a slotted dataclass replaced (``__subclasses__`` may still list them)."""
+    found = []
+    for sub in cls.__subclasses__():
+        if getattr(sys.modules[sub.__module__], sub.__qualname__, None) is sub:
+            found.append(sub)
+        found += every_command(sub)
+    return found
+
+
+def test_store_every_command_is_a_frozen_slotted_dataclass() -> None:
+    """A command pickles as its class and ``__match_args__`` (``Command.__reduce__``): one
+    that is not a dataclass would cross to the writer process without its fields."""
+    commands = [c for c in every_command() if c is not Transaction]
+    assert len(commands) >= 20
+    for command in commands:
+        params = getattr(command, "__dataclass_params__", None)
+        assert params is not None and params.frozen, command
+        assert not any("__dict__" in k.__dict__ for k in command.__mro__), command  # slotted
+        assert command.__match_args__ == tuple(f.name for f in dataclasses.fields(command))
+
+
+def test_store_command_pickles_by_value_and_logs_its_transaction_name() -> None:
+    command = DispatchResult("01KDWZ8B00J3Q9V5X7Z2M4N6PR", 2, False, "timeout", 1_000)
+    assert pickle.loads(pickle.dumps(command, protocol=pickle.HIGHEST_PROTOCOL)) == command
+    assert pickle.loads(pickle.dumps(PROBE)) == PROBE
+    assert (command.name, PROBE.name, ReceiptKey().name) == (
+        "dispatch_result",
+        "probe",
+        "receipt_key",
+    )
 
 
 async def test_store_transactions_sharing_a_commit_roll_back_alone(
