@@ -47,8 +47,8 @@ class Command(Generic[R]):
     """A write transaction as a value (``Store.transact``): a frozen, slotted dataclass of
     its picklable arguments (the writer process receives it pickled), whose type parameter
     ``R`` is its result, so ``Store.transact(command: Command[R]) -> R`` is typed at the call
-    site. ``Probe`` is the store's own; the others are the bound handler's (``Store.bind``;
-    ``gate.core.commands``), which runs them by type.
+    site. ``Probe`` is the store's own; the bound handler runs the others (``Store.bind``;
+    the gate's are ``gate.core.commands.Transaction``s, each with its body as ``run``).
     """
 
     __slots__ = ()
