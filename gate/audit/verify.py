@@ -16,12 +16,18 @@ from pathlib import Path
 from typing import Any
 
 from gate.audit import chain as audit
-from gate.audit import credential_records, question_records, signature_checks
+from gate.audit import credential_records, signature_checks
 from gate.audit import records as audit_records
 from gate.audit.receipts import head_problem, receipt_problem, span_keys
 from gate.audit.segments import Segment, stitch, verify_segment
 from gate.errors import GateError, Unavailable
-from gate.store import auditlog, inspection, question_audit
+from gate.store import auditlog, inspection
+from gate.store.audit_records import (
+    APPROVAL_TABLES,
+    QUESTION_TABLES,
+    latest_stored_receipt,
+    records_of,
+)
 from gate.store.auditlog import DatabaseRows
 from gate.trust.keys import PublicKeys
 
@@ -102,8 +108,8 @@ def verify_database(
     receipt)`` pairs, in order), the newest resolution receipt the approvals table stores
     (its source ``the receipt stored with approval ID``), the questions table's (``... with
     question ID``) and the chain heads ``expect_heads`` (``(seq, entry_hash)``);
-    then, with ``records``, every approval's rows against the verified log
-    (``gate.audit.records``), then every question's (``gate.audit.question_records``).
+    then, with ``records``, every approval's rows against the verified log, then every
+    question's (``gate.audit.records``).
     Reads only; a running gate may keep writing (entries appended meanwhile are not
     checked). Raises GateError ``no_database`` when there is no file at ``path``,
     Unavailable when it cannot be read.
@@ -118,22 +124,20 @@ def verify_database(
     if not chain.ok or chain.wrong_key:
         return AuditReport(chain)
     anchors = list(expect)
-    stored = inspection.latest_stored_receipt(Path(path))
-    if stored is not None:  # the database keeps each resolution's receipt with its approval
-        anchors.append((f"the receipt stored with approval {stored[0]}", stored[1]))
-    asked = question_audit.latest_stored_receipt(Path(path))
-    if asked is not None:  # and each question's
-        anchors.append((f"the receipt stored with question {asked[0]}", asked[1]))
+    for tables in (APPROVAL_TABLES, QUESTION_TABLES):
+        stored = latest_stored_receipt(Path(path), tables)
+        if stored is not None:  # the database keeps each resolution's receipt with its request
+            anchors.append((f"the receipt stored with {tables.noun} {stored[0]}", stored[1]))
     anchor = _anchor_problem(rows, chain, keys, public_keys, anchors, expect_heads)
     if anchor is not None:
         return AuditReport(chain, anchor)
     signed = signature_checks.check(_verified(rows, chain))
     if not records:
         return AuditReport(chain, signatures=signed)
-    matched = audit_records.check(auditlog.approval_records(Path(path)), chain.checked)
+    matched = audit_records.check(records_of(Path(path), APPROVAL_TABLES), chain.checked)
     if matched.problem is not None:
         return AuditReport(chain, None, matched, signatures=signed)
-    asked_ok = question_records.check(question_audit.question_records(Path(path)), chain.checked)
+    asked_ok = audit_records.check(records_of(Path(path), QUESTION_TABLES), chain.checked)
     enrolled, newer = inspection.credential_rows(Path(path), chain.checked)
     credentials = credential_records.problem(enrolled, signed.credentials, newer)
     return AuditReport(chain, None, matched, asked_ok, signed, credentials)

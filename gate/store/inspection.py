@@ -8,7 +8,6 @@ it), so a missing file is an error, not a new empty database.
 
 from __future__ import annotations
 
-import json
 import sqlite3
 from collections.abc import Iterator
 from contextlib import closing, contextmanager
@@ -90,47 +89,6 @@ def newest_audit_row(path: Path) -> audit.AuditRow | None:
             f"SELECT {readonly.audit_columns(conn)} FROM audit_log ORDER BY seq DESC LIMIT 1"
         ).fetchone()
         return None if row is None else audit.AuditRow(*row)
-
-
-def latest_stored_receipt(path: Path) -> tuple[str, dict[str, Any]] | None:
-    """Return ``(approval_id, receipt)`` of the resolved approval whose stored resolution
-    receipt has the highest audit seq, or None when no approval holds one (or there is no
-    approvals table), read-only. ``audit verify -c`` and ``doctor`` expect the log to hold
-    it, so a deleted tail is caught without a receipt kept elsewhere."""
-    with _read_only(path) as conn:
-        if _count(conn, "approvals") is None:
-            return None
-        row = conn.execute(
-            "SELECT approval_id, receipt FROM approvals WHERE receipt IS NOT NULL"
-            " ORDER BY json_extract(receipt, '$.seq') DESC LIMIT 1"
-        ).fetchone()
-    if row is None:
-        return None
-    try:
-        receipt = json.loads(row[1])
-    except ValueError:
-        receipt = {}
-    return str(row[0]), receipt if isinstance(receipt, dict) else {}
-
-
-def undelivered_dispatches(path: Path) -> tuple[int, str | None]:
-    """Return ``(pending approvals whose current revision's dispatch was attempted and never
-    acked, the last error of the most recently attempted one)`` of the database at
-    ``path``, read-only; ``(0, None)`` when there are none (or no tables yet)."""
-    with _read_only(path) as conn:
-        if _count(conn, "outbox") is None or _count(conn, "approvals") is None:
-            return 0, None
-        (count,) = conn.execute(
-            "SELECT count(*) FROM outbox o JOIN approvals a ON a.approval_id = o.approval_id"
-            " WHERE a.state = 'pending' AND o.revision = a.revision AND o.delivered_at IS NULL"
-            " AND o.attempts > 0"
-        ).fetchone()
-        row = conn.execute(
-            "SELECT o.last_error FROM outbox o JOIN approvals a ON a.approval_id = o.approval_id"
-            " WHERE a.state = 'pending' AND o.revision = a.revision AND o.delivered_at IS NULL"
-            " AND o.attempts > 0 ORDER BY o.next_attempt_at DESC LIMIT 1"
-        ).fetchone()
-        return int(count), None if row is None else row[0]
 
 
 def failed_followups(path: Path, since_ms: int) -> tuple[dict[str, int], str | None]:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from gate.config import Config
 from gate.errors import GateError
-from gate.store import question_audit
+from gate.store.audit_records import QUESTION_TABLES, undelivered_dispatches
 
 
 def asks_questions(config: Config) -> bool:
@@ -35,7 +35,7 @@ def check_question_dispatch(path: Path, hint: Callable[[str | None], str]) -> tu
     if not path.exists():
         return True, "no database yet"
     try:
-        count, error = question_audit.undelivered_dispatches(path)
+        count, error = undelivered_dispatches(path, QUESTION_TABLES)
     except GateError as exc:
         return False, exc.message
     if count == 0:

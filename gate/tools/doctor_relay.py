@@ -16,7 +16,7 @@ from gate.daemon.dispatch import redact
 from gate.errors import GateError
 from gate.protocol.envelope import rfc3339_ms
 from gate.protocol.relay_answers import refusal_reason
-from gate.store import inspection as maintenance
+from gate.store.audit_records import APPROVAL_TABLES, undelivered_dispatches
 from gate.tools.doctor_check import Check, skip, warn
 from gate.tools.doctor_followups import followup_failures
 
@@ -192,7 +192,7 @@ def check_dispatch(path: Path, now_ms: int | None = None) -> Check:
     if not path.exists():
         return skip("dispatch", "no database yet")
     try:
-        count, error = maintenance.undelivered_dispatches(path)
+        count, error = undelivered_dispatches(path, APPROVAL_TABLES)
         given_up = None if now_ms is None else followup_failures(path, now_ms)
     except GateError as exc:
         return Check("dispatch", False, exc.message)
