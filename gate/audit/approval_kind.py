@@ -41,7 +41,7 @@ from gate.audit.entries import (
     ResolvedData,
 )
 from gate.audit.record_checks import Logged, scope_problem
-from gate.audit.records import Entries, RecordKind
+from gate.audit.records import Entries, Payloads, RecordKind, Versions
 from gate.protocol.canonical import payload_hash
 
 
@@ -79,36 +79,22 @@ def _compare(
         if made.new_revision is not None:
             logged[made.new_revision] = (e.seq, made.new_payload_hash)
     stored = {r[0]: r for r in record.revisions}
-    reason = checks.versions_problem(APPROVALS, row, stored, logged, _body_problem)
-    if reason is None:
-        reason = decisions_problem(record.decisions, decisions)
-    if reason is None:
-        reason = reasons_problem(record.reasons, reasons)
-    if reason is None:
-        reason = checks.resolution_problem(APPROVALS, row, entries, logged)
-    if reason is None:
-        reason = rules_problem(row, data, entry.seq, entries, logged)
-    if reason is None:
-        reason = checks.dispatches_problem(APPROVALS, record.dispatches, entries, logged)
-    return reason
+    return (  # the first that disagrees (a reason is never empty)
+        checks.versions_problem(APPROVALS, row, stored, logged, _body_problem)
+        or decisions_problem(record.decisions, decisions)
+        or reasons_problem(record.reasons, reasons)
+        or checks.resolution_problem(APPROVALS, row, entries, logged)
+        or rules_problem(row, data, entry.seq, entries, logged)
+        or checks.dispatches_problem(APPROVALS, record.dispatches, entries, logged)
+    )
 
 
 APPROVALS = RecordKind(
     noun="approval",
-    table="approvals",
     orphan="rows in the revisions, decisions or outbox table for an approval",
-    created=CreatedData,
-    created_columns=(
-        ("pipeline", "pipeline"),
-        ("step", "step"),
-        ("quorum_required", "quorum"),
-        ("expires_at", "expires_at"),
-    ),
-    version="revision",
-    versions_table="revisions",
-    hash_name="payload_hash",
-    resolved=ResolvedData,
-    ack=DispatchAckData,
+    columns=("pipeline", "step", ("quorum_required", "quorum"), "expires_at"),
+    versions=Versions("revision", "revisions", "payload_hash"),
+    payloads=Payloads(CreatedData, ResolvedData, DispatchAckData),
     compare=_compare,
 )
 
@@ -139,14 +125,9 @@ class ApprovalRecord:
     reasons: list[tuple[Any, Any, Any]] = field(default_factory=list)
 
     @property
-    def subject_id(self) -> str:
-        """The approval's id."""
-        return self.approval_id
-
-    @property
-    def row(self) -> dict[str, Any] | None:
-        """The approvals row."""
-        return self.approval
+    def subject(self) -> tuple[str, dict[str, Any] | None]:
+        """The approval's id and row."""
+        return self.approval_id, self.approval
 
 
 def _body_problem(revision: Any, stored: tuple[Any, ...], seq: int, expected: Any) -> str | None:

@@ -49,6 +49,16 @@ class AuditRow:
     key_id: str | None = None
     signature: str | None = None
 
+    @property
+    def data(self) -> dict[str, Any]:
+        """The entry's ``data`` object, as logged; {} when it has none (or ``entry`` is not a
+        JSON object)."""
+        try:
+            data = json.loads(self.entry).get("data")
+        except (ValueError, AttributeError):
+            return {}
+        return data if isinstance(data, dict) else {}
+
 
 @dataclass(frozen=True, slots=True)
 class VerifyResult:

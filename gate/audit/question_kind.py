@@ -39,7 +39,7 @@ from gate.audit.entries import (
     QuestionRevisedData,
 )
 from gate.audit.record_checks import Logged
-from gate.audit.records import Entries, RecordKind
+from gate.audit.records import Entries, Payloads, RecordKind, Versions
 from gate.protocol.question import QuestionSpec, request_hash, value_hash
 from gate.protocol.whitespace import identity_key
 
@@ -68,50 +68,38 @@ def _compare(
     def content(version: Any, stored: tuple[Any, ...], seq: int, expected: Any) -> str | None:
         return _question_problem(qid, version, stored[1], seq, expected)
 
+    answered = [
+        QuestionAnsweredData.from_data(d) for e, d in entries if e.kind == QUESTION_ANSWERED
+    ]
+
+    def outcome(resolved: audit.AuditRow, said: QuestionResolvedData) -> str | None:
+        """The resolution's value_hash is the answer's, and answered only with an answer."""
+        expected = answered[0].value_hash if answered else None
+        if (said.outcome == "answered") != bool(answered) or said.value_hash != expected:
+            return (
+                f"audit entry {resolved.seq} resolves the question {said.outcome!r} with a "
+                "value_hash that is not its question_answered entry's"
+            )
+        return None
+
     stored = {v[0]: v for v in versions}
-    reason = checks.versions_problem(QUESTIONS, row, stored, logged, content, data.version)
-    if reason is None:
-        reason = _response_type_problem(stored[1][1], entry.seq, data)
-    if reason is None:
-        reason = answer_problem(qid, versions, row, entries, data, logged)
-    if reason is None:
-        answered = [
-            QuestionAnsweredData.from_data(d) for e, d in entries if e.kind == QUESTION_ANSWERED
-        ]
-
-        def outcome(resolved: audit.AuditRow, said: QuestionResolvedData) -> str | None:
-            expected = answered[0].value_hash if answered else None
-            if (said.outcome == "answered") != bool(answered) or said.value_hash != expected:
-                return (
-                    f"audit entry {resolved.seq} resolves the question {said.outcome!r} with a "
-                    "value_hash that is not its question_answered entry's"
-                )
-            return None
-
-        reason = checks.resolution_problem(
+    return (  # the first that disagrees (a reason is never empty)
+        checks.versions_problem(QUESTIONS, row, stored, logged, content, data.version)
+        or _response_type_problem(stored[1][1], entry.seq, data)
+        or answer_problem(qid, versions, row, entries, data, logged)
+        or checks.resolution_problem(
             QUESTIONS, row, entries, logged, settled=bool(answered), outcome=outcome
         )
-    if reason is None:
-        reason = checks.dispatches_problem(QUESTIONS, record.dispatches, entries, logged)
-    return reason
+        or checks.dispatches_problem(QUESTIONS, record.dispatches, entries, logged)
+    )
 
 
 QUESTIONS = RecordKind(
     noun="question",
-    table="questions",
     orphan="rows in the question_versions or question_outbox table for a question",
-    created=QuestionCreatedData,
-    created_columns=(
-        ("pipeline", "pipeline"),
-        ("step", "step"),
-        ("expires_at", "expires_at"),
-        ("requested_by_id", "requested_by"),
-    ),
-    version="version",
-    versions_table="question_versions",
-    hash_name="request_hash",
-    resolved=QuestionResolvedData,
-    ack=QuestionDispatchAckData,
+    columns=("pipeline", "step", "expires_at", ("requested_by_id", "requested_by")),
+    versions=Versions("version", "question_versions", "request_hash"),
+    payloads=Payloads(QuestionCreatedData, QuestionResolvedData, QuestionDispatchAckData),
     compare=_compare,
     resolved_hash="request_hash",
     quiet=True,
@@ -138,14 +126,9 @@ class QuestionRecord:
     dispatches: list[tuple[Any, Any, Any]] = field(default_factory=list)
 
     @property
-    def subject_id(self) -> str:
-        """The question's id."""
-        return self.question_id
-
-    @property
-    def row(self) -> dict[str, Any] | None:
-        """The questions row."""
-        return self.question
+    def subject(self) -> tuple[str, dict[str, Any] | None]:
+        """The question's id and row."""
+        return self.question_id, self.question
 
 
 def _question_problem(

@@ -37,11 +37,10 @@ def versions_problem(
     body as the log holds it (``content(version, stored row, seq, logged hash)``: why not,
     or None), each stored hash the logged one, and the row's current version the last
     logged one."""
-    word = kind.version
+    word, where = kind.versions.word, kind.versions.table
     if first != 1 or sorted(stored) != sorted(logged):
         return (
-            f"{word}s {sorted(stored)} in the {kind.versions_table} table but "
-            f"{sorted(logged)} in the audit log"
+            f"{word}s {sorted(stored)} in the {where} table but {sorted(logged)} in the audit log"
         )
     for version, item in sorted(stored.items()):
         seq, expected = logged[version]
@@ -50,8 +49,8 @@ def versions_problem(
             return reason
         if item[2] != expected:
             return (
-                f"{word} {version}'s {kind.hash_name} is {item[2]} in the "
-                f"{kind.versions_table} table but {expected} in audit entry {seq}"
+                f"{word} {version}'s {kind.versions.hash} is {item[2]} in the {where} "
+                f"table but {expected} in audit entry {seq}"
             )
     if row[word] != max(logged):
         return (
@@ -76,12 +75,12 @@ def resolution_problem(
     its logged hash when the kind names ``resolved_hash``), what ``outcome(entry, payload)``
     asks of it, and the row's receipt that entry's receipt
     (``gate.audit.receipts.receipt_object``)."""
-    table, word = kind.table, kind.version
+    table, word, kind_of = kind.table, kind.versions.word, kind.payloads.resolved
     resolved: list[tuple[audit.AuditRow, Any]] = [
-        (e, kind.resolved.from_data(d)) for e, d in entries if e.kind == kind.resolved.kind
+        (e, kind_of.from_data(d)) for e, d in entries if e.kind == kind_of.kind
     ]
     if len(resolved) > 1:
-        return f"{len(resolved)} {kind.resolved.kind} entries in the audit log (expected at most 1)"
+        return f"{len(resolved)} {kind_of.kind} entries in the audit log (expected at most 1)"
     if not resolved:
         if row["state"] != "pending" or settled:
             return (
@@ -131,11 +130,11 @@ def dispatches_problem(
     them), an entry its acked dispatch (when the outbox holds the version's row); one ack per
     version, each of a logged one. An outbox row missing altogether is not named (the gate
     would not send it again)."""
-    word, ack_kind = kind.version, kind.ack.kind
+    word, ack_kind = kind.versions.word, kind.payloads.ack.kind
     acks: dict[Any, list[tuple[audit.AuditRow, Payload]]] = {}
     for e, d in entries:
         if e.kind == ack_kind:
-            logged_ack = kind.ack.from_data(d)
+            logged_ack = kind.payloads.ack.from_data(d)
             acks.setdefault(getattr(logged_ack, word), []).append((e, logged_ack))
     for version, found in acks.items():
         if len(found) > 1:

@@ -26,10 +26,9 @@ shares are ``gate.audit.record_checks``. Pure: takes records already read (by
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar, NamedTuple, Protocol
 
 from gate.audit import chain as audit
 from gate.audit.entries import Payload
@@ -41,52 +40,66 @@ Entries = list[tuple[audit.AuditRow, dict[str, Any]]]
 """A record's audit rows, ascending seq, each with its decoded ``data`` object."""
 
 
+class Versions(NamedTuple):
+    """How a kind names its versions: ``word`` (``revision``; also the column of the current
+    one and the field of its resolved and dispatch-ack entries), the ``table`` that stores
+    them and what their ``hash`` is called there."""
+
+    word: str
+    table: str
+    hash: str
+
+
+class Payloads(NamedTuple):
+    """The payloads of a kind's created, resolved and dispatch-ack entries."""
+
+    created: type[Payload]
+    resolved: type[Payload]
+    ack: type[Payload]
+
+
 @dataclass(frozen=True, slots=True)
 class RecordKind:
     """One kind of request as the records check sees it: the words of its messages, its
-    tables and its entries. ``noun`` names a request (``approval``), ``table`` its table,
-    ``orphan`` the rows of a request neither that table nor the log has; ``created`` is the
-    payload of its created entry and ``created_columns`` pairs the table's columns with that
-    entry's fields, compared as stored; ``version`` names a version (``revision``: also the
-    column of the current one and the field of the resolved and ack entries),
-    ``versions_table`` and ``hash_name`` where versions are stored and what their hash is
-    called. ``resolved`` and ``ack`` are the payloads of its resolved and dispatch-ack
-    entries; a ``resolved_hash`` field, when named, must be the logged hash of the resolved
+    tables and its entries. ``noun`` names a request (``approval``; its table is the plural),
+    ``orphan`` the rows of a request that neither that table nor the log has; ``columns``
+    are the table's columns its created entry holds, in the order compared, each named as
+    the entry's field or paired ``(column, field)``; ``versions`` and ``payloads`` as their
+    types say. A ``resolved_hash`` field, when named, must be the logged hash of the resolved
     version. ``quiet``: the messages never quote a stored value (a question's text or an
     answer), so a value of a type the gate never writes is named by its exception's type
     only. ``compare`` runs the rest of the kind's comparisons, in its order, once the created
     entry is found: ``(record, row, entries, created entry, its payload) -> reason``."""
 
     noun: str
-    table: str
     orphan: str
-    created: type[Payload]
-    created_columns: tuple[tuple[str, str], ...]
-    version: str
-    versions_table: str
-    hash_name: str
-    resolved: type[Payload]
-    ack: type[Payload]
+    columns: tuple[str | tuple[str, str], ...]
+    versions: Versions
+    payloads: Payloads
     compare: Callable[[Any, dict[str, Any], Entries, audit.AuditRow, Any], str | None]
     resolved_hash: str | None = None
     quiet: bool = False
 
+    @property
+    def table(self) -> str:
+        """The table of its rows (``approvals``)."""
+        return f"{self.noun}s"
+
 
 class Record(Protocol):
-    """One request as the tables hold it, with its audit rows (``entries``, ascending seq):
-    ``subject_id`` its id, ``row`` its table's row as a dict (None when only the log or
-    another table names it); ``KIND`` the table of its kind."""
+    """One request as the tables hold it, with its audit rows (``entries``, ascending seq);
+    ``KIND`` the table of its kind."""
 
     KIND: ClassVar[RecordKind]
 
     @property
-    def subject_id(self) -> str: ...
-
-    @property
-    def row(self) -> dict[str, Any] | None: ...
-
-    @property
     def entries(self) -> list[audit.AuditRow]: ...
+
+    @property
+    def subject(self) -> tuple[str, dict[str, Any] | None]:
+        """Its id and its table's row as a dict (None when only the log or another table
+        names it)."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,7 +124,7 @@ def check(records: Iterable[Record], up_to_seq: int) -> RecordsResult:
             continue
         reason = problem(record)
         if reason is not None:
-            return RecordsResult(checked, (record.subject_id, reason), newer)
+            return RecordsResult(checked, (record.subject[0], reason), newer)
         checked += 1
     return RecordsResult(checked, None, newer)
 
@@ -130,10 +143,10 @@ def problem(record: Record) -> str | None:
 def _problem(record: Record) -> str | None:
     """The row and its created entry (there, once, with the row's values), then the kind's
     own comparisons (``RecordKind.compare``)."""
-    kind, row = record.KIND, record.row
-    entries = [(e, _data(e)) for e in record.entries]
-    made = kind.created.kind
-    created = [(e, kind.created.from_data(d)) for e, d in entries if e.kind == made]
+    kind, row = record.KIND, record.subject[1]
+    entries = [(e, e.data) for e in record.entries]
+    made = kind.payloads.created.kind
+    created = [(e, kind.payloads.created.from_data(d)) for e, d in entries if e.kind == made]
     if row is None and not record.entries:
         return f"{kind.orphan} that neither the {kind.table} table nor the audit log has"
     if row is None:
@@ -146,19 +159,11 @@ def _problem(record: Record) -> str | None:
             else f"no {made} entry in the audit log (row inserted outside the gate?)"
         )
     entry, data = created[0]
-    for column, name in kind.created_columns:
+    for named in kind.columns:
+        column, name = (named, named) if isinstance(named, str) else named
         if row[column] != getattr(data, name):
             return (
                 f"{column} is {row[column]!r} in the {kind.table} table but "
                 f"{getattr(data, name)!r} in audit entry {entry.seq}"
             )
     return kind.compare(record, row, entries, entry, data)
-
-
-def _data(row: audit.AuditRow) -> dict[str, Any]:
-    """The ``data`` object of a (verified) entry; {} when it has none."""
-    try:
-        data = json.loads(row.entry).get("data")
-    except (ValueError, AttributeError):
-        return {}
-    return data if isinstance(data, dict) else {}

@@ -11,7 +11,7 @@ import sqlite3
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from gate.audit import chain as audit
 from gate.audit.approval_kind import ApprovalRecord
@@ -21,6 +21,19 @@ from gate.audit.records import Record
 from gate.errors import Unavailable
 from gate.store import readonly
 from gate.store.auditlog import audit_query, grouped
+from gate.store.inspection import has_table, read_only
+
+
+class Read(NamedTuple):
+    """What was read of one request: its id (``key``), its ``row`` as a dict (None when
+    only another table or the log names it), the rows of each ``side`` table, its audit rows
+    (``entries``) and its outbox rows (``sent``), all as stored."""
+
+    key: str
+    row: dict[str, Any] | None
+    side: list[list[Any]]
+    entries: list[audit.AuditRow]
+    sent: list[Any]
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,9 +41,9 @@ class KindTables:
     """Where one kind of request (a ``noun``) is stored: its ``table`` keyed by ``key``,
     whose current version is column ``version``, read as ``columns``; ``side`` the queries
     of its other tables (key first, ordered by key), ``outbox`` its dispatch table;
-    ``entries`` the ``audit_log.kind`` filter of its entries. ``record(id, row, side runs,
-    audit rows, outbox rows)`` builds its audit record from what was read. ``optional``: a
-    database from before its migration has no such tables (it then has no such records)."""
+    ``entries`` the ``audit_log.kind`` filter of its entries. ``record`` builds its audit
+    record from what was ``Read``. ``optional``: a database from before its migration has no
+    such tables (it then has no such records)."""
 
     noun: str
     table: str
@@ -40,23 +53,15 @@ class KindTables:
     side: tuple[str, ...]
     outbox: str
     entries: str
-    record: Callable[
-        [str, dict[str, Any] | None, list[list[Any]], list[audit.AuditRow], list[Any]], Record
-    ]
+    record: Callable[[Read], Record]
     optional: bool = False
 
 
-def _approval(
-    approval_id: str,
-    row: dict[str, Any] | None,
-    side: list[list[Any]],
-    entries: list[audit.AuditRow],
-    sent: list[Any],
-) -> ApprovalRecord:
-    revs, decs = side
+def _approval(read: Read) -> ApprovalRecord:
+    revs, decs = read.side
     return ApprovalRecord(
-        approval_id,
-        row,
+        read.key,
+        read.row,
         [(r[1], r[2], r[3]) for r in revs],  # as stored: a wrong type disagrees
         [
             (d[1], d[2], d[3], d[4])
@@ -64,26 +69,20 @@ def _approval(
             + (() if d[7] is None else (("credential_id", d[7]),))
             for d in decs
         ],
-        entries,
-        [(o[1], o[2], o[3]) for o in sent],
+        read.entries,
+        [(o[1], o[2], o[3]) for o in read.sent],
         [(d[1], d[2], d[5]) for d in decs],
     )
 
 
-def _question(
-    question_id: str,
-    row: dict[str, Any] | None,
-    side: list[list[Any]],
-    entries: list[audit.AuditRow],
-    sent: list[Any],
-) -> QuestionRecord:
-    (vers,) = side
+def _question(read: Read) -> QuestionRecord:
+    (vers,) = read.side
     return QuestionRecord(
-        question_id,
-        row,
+        read.key,
+        read.row,
         [(v[1], v[2], v[3], v[4]) for v in vers],  # as stored
-        entries,
-        [(o[1], o[2], o[3]) for o in sent],
+        read.entries,
+        [(o[1], o[2], o[3]) for o in read.sent],
     )
 
 
@@ -165,7 +164,7 @@ def records_of(path: Path, kind: KindTables) -> Iterator[Record]:
     conn = readonly.connect(path)
     try:
         conn.execute("BEGIN")  # one snapshot for every cursor
-        if kind.optional and not _exists(conn, kind.table):
+        if kind.optional and not has_table(conn, kind.table):
             conn.execute("COMMIT")
             return
         queries = (
@@ -175,9 +174,9 @@ def records_of(path: Path, kind: KindTables) -> Iterator[Record]:
             f" ORDER BY {kind.key}, {kind.version}",
         )
         streams = [grouped(conn.execute(_for_schema(conn, q))) for q in queries]
-        where = f"FROM audit_log WHERE approval_id IS NOT NULL AND {kind.entries}"
-        logged = sql.replace("FROM audit_log ORDER BY seq", where + " ORDER BY approval_id, seq")
-        streams.append(grouped(conn.execute(logged), 1))
+        mine = f"approval_id IS NOT NULL AND {kind.entries} ORDER BY approval_id, seq"
+        by_request = sql.replace("FROM audit_log ORDER BY seq", f"FROM audit_log WHERE {mine}")
+        streams.append(grouped(conn.execute(by_request), 1))
         heads: list[Any] = [next(s, None) for s in streams]
         while any(head is not None for head in heads):
             subject_id = min(head[0] for head in heads if head is not None)
@@ -190,7 +189,8 @@ def records_of(path: Path, kind: KindTables) -> Iterator[Record]:
                     parts.append([])
             rows, *side, sent, entries = parts
             row = dict(zip(kind.columns, rows[0], strict=True)) if rows else None
-            yield kind.record(subject_id, row, side, [audit.AuditRow(*r) for r in entries], sent)
+            logged = [audit.AuditRow(*r) for r in entries]
+            yield kind.record(Read(subject_id, row, side, logged, sent))
         conn.execute("COMMIT")
     except sqlite3.Error as exc:
         raise Unavailable("storage_unavailable", f"database read failed: {exc}") from exc
@@ -203,18 +203,13 @@ def latest_stored_receipt(path: Path, kind: KindTables) -> tuple[str, dict[str, 
     has the highest audit seq, or None when none holds one (or there is no such table),
     read-only. ``audit verify -c`` and ``doctor`` expect the log to hold it, so a deleted
     tail is caught without a receipt kept elsewhere. Raises Unavailable on a read error."""
-    conn = readonly.connect(path)
-    try:
-        if not _exists(conn, kind.table):
+    with read_only(path) as conn:
+        if not has_table(conn, kind.table):
             return None
         row = conn.execute(
             f"SELECT {kind.key}, receipt FROM {kind.table} WHERE receipt IS NOT NULL"
             " ORDER BY json_extract(receipt, '$.seq') DESC LIMIT 1"
         ).fetchone()
-    except sqlite3.Error as exc:
-        raise Unavailable("storage_unavailable", f"cannot read database {path}: {exc}") from exc
-    finally:
-        conn.close()
     if row is None:
         return None
     try:
@@ -234,26 +229,14 @@ def undelivered_dispatches(path: Path, kind: KindTables) -> tuple[int, str | Non
         f" WHERE r.state = 'pending' AND o.{kind.version} = r.{kind.version}"
         " AND o.delivered_at IS NULL AND o.attempts > 0"
     )
-    conn = readonly.connect(path)
-    try:
-        if not (_exists(conn, kind.outbox) and _exists(conn, kind.table)):
+    with read_only(path) as conn:
+        if not (has_table(conn, kind.outbox) and has_table(conn, kind.table)):
             return 0, None
         (count,) = conn.execute("SELECT count(*)" + where).fetchone()
         row = conn.execute(
             "SELECT o.last_error" + where + " ORDER BY o.next_attempt_at DESC LIMIT 1"
         ).fetchone()
-    except sqlite3.Error as exc:
-        raise Unavailable("storage_unavailable", f"cannot read database {path}: {exc}") from exc
-    finally:
-        conn.close()
     return int(count), None if row is None else row[0]
-
-
-def _exists(conn: sqlite3.Connection, table: str) -> bool:
-    found = conn.execute(
-        "SELECT 1 FROM sqlite_schema WHERE type = 'table' AND name = ?", (table,)
-    ).fetchone()
-    return found is not None
 
 
 def _for_schema(conn: sqlite3.Connection, sql: str) -> str:

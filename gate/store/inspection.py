@@ -38,7 +38,7 @@ class DatabaseInfo:
 
 
 @contextmanager
-def _read_only(path: Path) -> Iterator[sqlite3.Connection]:
+def read_only(path: Path) -> Iterator[sqlite3.Connection]:
     """A ``gate.store.readonly`` connection to the existing database at ``path``, closed on
     exit; Unavailable when it cannot be opened or read."""
     with closing(readonly.connect(path)) as conn:
@@ -48,11 +48,16 @@ def _read_only(path: Path) -> Iterator[sqlite3.Connection]:
             raise Unavailable("storage_unavailable", f"cannot read database {path}: {exc}") from exc
 
 
-def _count(conn: sqlite3.Connection, table: str) -> int | None:
-    exists = conn.execute(
+def has_table(conn: sqlite3.Connection, table: str) -> bool:
+    """The database of ``conn`` has a table named ``table`` (one of the schema's names)."""
+    found = conn.execute(
         "SELECT 1 FROM sqlite_schema WHERE type = 'table' AND name = ?", (table,)
     ).fetchone()
-    if exists is None:
+    return found is not None
+
+
+def _count(conn: sqlite3.Connection, table: str) -> int | None:
+    if not has_table(conn, table):
         return None
     return int(conn.execute(f"SELECT count(*) FROM {table}").fetchone()[0])
 
@@ -61,7 +66,7 @@ def inspect(path: Path) -> DatabaseInfo:
     """Run ``PRAGMA integrity_check`` and read the schema version and row counts of the
     database at ``path``, read-only. Raises Unavailable (``storage_unavailable``) when the
     file is missing, unreadable or not a SQLite database."""
-    with _read_only(path) as conn:
+    with read_only(path) as conn:
         rows = conn.execute(f"PRAGMA integrity_check({MAX_PROBLEMS})").fetchall()
         problems = tuple(str(r[0]) for r in rows if str(r[0]) != "ok")
         version = int(conn.execute("PRAGMA user_version").fetchone()[0])
@@ -80,7 +85,7 @@ def newest_audit_row(path: Path) -> audit.AuditRow | None:
     """Return the audit row with the highest seq of the database at ``path`` (None for an
     empty log), read-only. Raises Unavailable when the file cannot be opened or has no
     audit_log table."""
-    with _read_only(path) as conn:
+    with read_only(path) as conn:
         if _count(conn, "audit_log") is None:
             raise Unavailable(
                 "storage_unavailable", f"{path} has no audit_log table (not a hitl-gate database?)"
@@ -97,11 +102,8 @@ def failed_followups(path: Path, since_ms: int) -> tuple[dict[str, int], str | N
     after ``since_ms`` (unix ms), read-only; rows dropped because their approval resolved
     (``last_error`` ``resolved``) are not failures. ``({}, None)`` when there are none (or no
     table yet)."""
-    with _read_only(path) as conn:
-        exists = conn.execute(
-            "SELECT 1 FROM sqlite_schema WHERE type = 'table' AND name = 'followup_outbox'"
-        ).fetchone()
-        if exists is None:
+    with read_only(path) as conn:
+        if not has_table(conn, "followup_outbox"):
             return {}, None
         where = "failed_at >= ? AND coalesce(last_error, '') <> 'resolved'"
         counts = {
@@ -124,7 +126,7 @@ def credential_rows(path: Path, after_seq: int) -> tuple[list[tuple[Any, ...]], 
     revoked_at)`` as stored, by credential_id, and ``newer`` the credential ids an
     enrolment or revocation entry after ``after_seq`` names (written after the chain was
     verified: not compared), read in one snapshot. ``([], set())`` before migration 6."""
-    with _read_only(path) as conn:
+    with read_only(path) as conn:
         if _count(conn, "approver_credentials") is None:
             return [], set()
         conn.execute("BEGIN")
