@@ -71,26 +71,16 @@ def verdict(
             tuple(f"TAMPERED: approver signature: {f.line()}" for f in signed.findings)
             + (f"(the audit log itself verified: {result.checked} entries)",),
         )
-    matched = report.records
-    if matched is not None and matched.problem is not None:
-        approval_id, reason = matched.problem
-        return Verdict(
-            1,
-            (
-                f"TAMPERED: approval {approval_id}: {reason}; the audit log itself "
-                f"verified ({result.checked} entries)",
-            ),
-        )
-    questions = report.questions
-    if questions is not None and questions.problem is not None:
-        question_id, reason = questions.problem
-        return Verdict(
-            1,
-            (
-                f"TAMPERED: question {question_id}: {reason}; the audit log itself "
-                f"verified ({result.checked} entries)",
-            ),
-        )
+    for noun, matched in report.kinds:
+        if matched is not None and matched.problem is not None:
+            subject_id, reason = matched.problem
+            return Verdict(
+                1,
+                (
+                    f"TAMPERED: {noun} {subject_id}: {reason}; the audit log itself "
+                    f"verified ({result.checked} entries)",
+                ),
+            )
     if report.credentials is not None:  # the table the gate checks keys against
         return Verdict(
             1,
@@ -106,12 +96,11 @@ def verdict(
     out = [f"ok: {result.checked} entries, {what} intact{spans_note(result, keys.names)}{notes}"]
     if signed is not None and signed.signed:
         out.append(f"ok: {len(signed.signed)} approver signatures verified")
-    if matched is not None:
-        newer = f" ({matched.newer} written since, not checked)" if matched.newer else ""
-        out.append(f"ok: {matched.checked} approvals match the audit log{newer}")
-    if questions is not None and (questions.checked or questions.newer):
-        newer = f" ({questions.newer} written since, not checked)" if questions.newer else ""
-        out.append(f"ok: {questions.checked} questions match the audit log{newer}")
+    for noun, matched in report.kinds:
+        # approvals are always counted; a log without questions is told what it always was
+        if matched is not None and (noun == "approval" or matched.checked or matched.newer):
+            newer = f" ({matched.newer} written since, not checked)" if matched.newer else ""
+            out.append(f"ok: {matched.checked} {noun}s match the audit log{newer}")
     return Verdict(0, tuple(out), _warnings(result, keys))
 
 

@@ -77,6 +77,12 @@ class AuditReport:
     credentials: str | None = None  # the approver_credentials table vs the log
 
     @property
+    def kinds(self) -> tuple[tuple[str, audit_records.RecordsResult | None], ...]:
+        """Each kind's records against the log, by the noun of its requests: ``records``
+        (approvals), then ``questions``."""
+        return (("approval", self.records), ("question", self.questions))
+
+    @property
     def ok(self) -> bool:
         """Every check that ran passed."""
         return (

@@ -22,18 +22,15 @@ from gate.tools.doctor_check import Check, skip, warn
 from gate.tools.doctor_config import check_config, check_keys, check_secrets
 from gate.tools.doctor_followups import followups_summary
 from gate.tools.doctor_passkeys import passkeys_findings, passkeys_summary
-from gate.tools.doctor_questions import (
-    asks_questions,
-    check_question_dispatch,
-    separate_question_url,
-)
 from gate.tools.doctor_relay import (
+    asks_questions,
     check_clock,
     check_dispatch,
+    check_question_dispatch,
     check_relay,
-    dispatch_hint,
     probe_relay,
     safe_url,
+    separate_question_url,
 )
 from gate.tools.doctor_signers import signers_findings
 
@@ -93,8 +90,7 @@ async def run_checks(
                 await probe_relay(url, config.relay.dispatch_timeout, config.relay.ca_file, now),
             )
             asked.append(replace(found, name="question relay"))
-        ok, detail = await asyncio.to_thread(check_question_dispatch, path, dispatch_hint)
-        asked.append(Check("question dispatch", ok, detail))
+        asked.append(await asyncio.to_thread(check_question_dispatch, path))
     return [
         config_check,
         Check("followups", True, followups_summary(config, now_ms, safe_url)),

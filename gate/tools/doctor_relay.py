@@ -1,4 +1,6 @@
-"""Doctor checks of the relay: reachable, its clock against ours, the dispatches it acked."""
+"""Doctor checks of the relays: reachable, their clock against ours, the dispatches they
+acked (approvals' to the relay, and questions' to the question relay for a config that asks
+questions)."""
 
 from __future__ import annotations
 
@@ -12,11 +14,12 @@ from pathlib import Path
 import aiohttp
 from yarl import URL
 
+from gate.config import Config
 from gate.daemon.dispatch import redact
 from gate.errors import GateError
 from gate.protocol.envelope import rfc3339_ms
 from gate.protocol.relay_answers import refusal_reason
-from gate.store.audit_records import APPROVAL_TABLES, undelivered_dispatches
+from gate.store.audit_records import APPROVAL_TABLES, QUESTION_TABLES, undelivered_dispatches
 from gate.tools.doctor_check import Check, skip, warn
 from gate.tools.doctor_followups import followup_failures
 
@@ -200,13 +203,51 @@ def check_dispatch(path: Path, now_ms: int | None = None) -> Check:
         if given_up is not None:
             return warn("dispatch", f"every pending approval's dispatch was acked; but {given_up}")
         return Check("dispatch", True, "every pending approval's dispatch was acked")
-    hint = dispatch_hint(error)
-    noun = "approval" if count == 1 else "approvals"
     return Check(
         "dispatch",
         False,
-        f"{count} pending {noun} not delivered to the relay; "
-        f"latest error: {error}"
-        + (f" ({hint})" if hint else "")
+        _undelivered(count, error, "approval", "relay")
         + (f"; and {given_up}" if given_up is not None else ""),
     )
+
+
+def check_question_dispatch(path: Path) -> Check:
+    """Pending questions whose current version the question relay never acked (attempted,
+    refused or unreachable), as ``check_dispatch`` for approvals; a database not created yet
+    has none to check."""
+    if not path.exists():
+        return Check("question dispatch", True, "no database yet")
+    try:
+        count, error = undelivered_dispatches(path, QUESTION_TABLES)
+    except GateError as exc:
+        return Check("question dispatch", False, exc.message)
+    if count == 0:
+        return Check("question dispatch", True, "every pending question's dispatch was acked")
+    return Check(
+        "question dispatch", False, _undelivered(count, error, "question", "question relay")
+    )
+
+
+def _undelivered(count: int, error: str | None, noun: str, relay: str) -> str:
+    """``COUNT pending NOUN(s) not delivered to the RELAY; latest error: ERROR (hint)``."""
+    hint = dispatch_hint(error)
+    nouns = noun if count == 1 else f"{noun}s"
+    return f"{count} pending {nouns} not delivered to the {relay}; latest error: {error}" + (
+        f" ({hint})" if hint else ""
+    )
+
+
+def asks_questions(config: Config) -> bool:
+    """The config has a question step or names a relay for questions: only then does the
+    doctor check the question relay and the questions' dispatches (a deployment without
+    questions gets the report it always got)."""
+    return config.relay.question_target is not None or any(
+        step.type == "question" for pipeline in config.pipelines for step in pipeline.steps
+    )
+
+
+def separate_question_url(config: Config) -> str | None:
+    """``relay.question_url`` when it is set and not ``relay.url`` (else None: the relay
+    check probed the one URL questions go to)."""
+    url = config.relay.question_url
+    return None if url is None or url == config.relay.url else str(url)
