@@ -45,6 +45,12 @@ QUESTION_KINDS = (
 )
 # the operator id of a policy's decision: configured operator ids are >= 1
 POLICY_OPERATOR = 0
+# the fields of a decision entry written together: the first decides for the group
+_DECISION_GROUPS = (
+    ("new_revision", "new_payload_hash"),
+    ("credential_id", "assertion", "adjust_text_sha256", "reason_sha256"),
+    ("by", "rule", "remembered_from"),
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,34 +147,22 @@ class DecisionData(Payload):
     remembered_from: str | None = None
 
     def to_data(self) -> dict[str, Any]:
-        """The entry's ``data`` object (keys as the gate writes them)."""
-        data: dict[str, Any] = {
-            "operator_id": self.operator_id,
-            "decision": self.decision,
-            "revision": self.revision,
-            "payload_hash": self.payload_hash,
-            "nonce": self.nonce,
-            "effect": self.effect,
-        }
+        """The entry's ``data`` object (keys as the gate writes them): as every payload's,
+        but each group below is written whole or not at all, by its first field: an adjust's
+        new revision with its payload hash, a signature's credential with its assertion
+        (``{}`` if none) and hashes, a policy's ``by`` with its rule (null if none) and the
+        approval it remembers."""
+        data = Payload.to_data(self)
+        for group in _DECISION_GROUPS:
+            if getattr(self, group[0]) is None:
+                for name in group:
+                    data.pop(name, None)
         if self.new_revision is not None:
-            data["new_revision"] = self.new_revision
             data["new_payload_hash"] = self.new_payload_hash
-        if self.reason is not None:
-            data["reason"] = self.reason
-        if self.on_behalf_of is not None:
-            data["on_behalf_of"] = self.on_behalf_of
         if self.credential_id is not None:
-            data["credential_id"] = self.credential_id
             data["assertion"] = dict(self.assertion or {})
-            if self.adjust_text_sha256 is not None:
-                data["adjust_text_sha256"] = self.adjust_text_sha256
-            if self.reason_sha256 is not None:
-                data["reason_sha256"] = self.reason_sha256
         if self.by is not None:  # a policy decided
-            data["by"] = self.by
             data["rule"] = self.rule
-            if self.remembered_from is not None:
-                data["remembered_from"] = self.remembered_from
         return data
 
 
