@@ -41,9 +41,7 @@ async def read_database(path: Path) -> Iterable[audit.AuditRow]:
 
     Raises GateError ``no_database`` if it does not exist, Unavailable when it cannot be read.
     """
-    if not Path(path).exists():
-        raise GateError("no_database", f"no database at {path}")
-    return DatabaseRows(path)
+    return DatabaseRows(_existing(path))
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,18 +118,17 @@ def verify_database(
     checked). Raises GateError ``no_database`` when there is no file at ``path``,
     Unavailable when it cannot be read.
     """
-    if not Path(path).exists():
-        raise GateError("no_database", f"no database at {path}")
-    rows = DatabaseRows(Path(path))
+    path = _existing(path)
+    rows = DatabaseRows(path)
     if public_keys or leading_unknown:
         chain = audit.verify(rows, keys, public_keys or None, leading_unknown=leading_unknown)
     else:  # entries checked in parallel, same answer
-        chain = verify_chain(Path(path), keys)
+        chain = verify_chain(path, keys)
     if not chain.ok or chain.wrong_key:
         return AuditReport(chain)
     anchors = list(expect)
     for tables in (APPROVAL_TABLES, QUESTION_TABLES):
-        stored = latest_stored_receipt(Path(path), tables)
+        stored = latest_stored_receipt(path, tables)
         if stored is not None:  # the database keeps each resolution's receipt with its request
             anchors.append((f"the receipt stored with {tables.noun} {stored[0]}", stored[1]))
     anchor = _anchor_problem(rows, chain, keys, public_keys, anchors, expect_heads)
@@ -140,11 +137,11 @@ def verify_database(
     signed = signature_checks.check(_verified(rows, chain))
     if not records:
         return AuditReport(chain, signatures=signed)
-    matched = audit_records.check(records_of(Path(path), APPROVAL_TABLES), chain.checked)
+    matched = audit_records.check(records_of(path, APPROVAL_TABLES), chain.checked)
     if matched.problem is not None:
         return AuditReport(chain, None, matched, signatures=signed)
-    asked_ok = audit_records.check(records_of(Path(path), QUESTION_TABLES), chain.checked)
-    enrolled, newer = inspection.credential_rows(Path(path), chain.checked)
+    asked_ok = audit_records.check(records_of(path, QUESTION_TABLES), chain.checked)
+    enrolled, newer = inspection.credential_rows(path, chain.checked)
     credentials = credential_records.problem(enrolled, signed.credentials, newer)
     return AuditReport(chain, None, matched, asked_ok, signed, credentials)
 
@@ -168,6 +165,13 @@ def verify_rows(
     if anchor is not None:
         return AuditReport(chain, anchor)
     return AuditReport(chain, signatures=signature_checks.check(_verified(rows, chain)))
+
+
+def _existing(path: Path) -> Path:
+    """``path`` as a Path; GateError ``no_database`` when there is no file there."""
+    if not Path(path).exists():
+        raise GateError("no_database", f"no database at {path}")
+    return Path(path)
 
 
 def _verified(
@@ -219,9 +223,7 @@ def verify_chain(
     bad entry and its reason do not depend on the split. Entries appended while it runs
     are not checked. Raises GateError ``no_database``, Unavailable on a read error.
     """
-    if not Path(path).exists():
-        raise GateError("no_database", f"no database at {path}")
-    bounds = auditlog.seq_bounds(Path(path))
+    bounds = auditlog.seq_bounds(_existing(path))
     if bounds is None:
         return audit.VerifyResult(True, 0)
     low, high = min(bounds[0], 1), bounds[1]
@@ -245,53 +247,18 @@ def verify_chain(
                 future.cancel()
 
 
-def _segment(outcome: tuple[Any, ...] | str) -> Segment:
+def _segment(outcome: Segment | str) -> Segment:
     if isinstance(outcome, str):  # a worker's read error, passed back as text
         raise Unavailable("storage_unavailable", outcome)
-    (
-        first_seq,
-        first_prev,
-        last_seq,
-        last_hash,
-        checked,
-        problem,
-        wrong_key,
-        initial_key,
-        starts,
-        end_key,
-    ) = outcome
-    return Segment(
-        first_seq,
-        first_prev,
-        last_seq,
-        last_hash,
-        checked,
-        None if problem is None else (int(problem[0]), str(problem[1])),
-        wrong_key,
-        initial_key,
-        tuple(starts),
-        end_key,
-    )
+    return outcome
 
 
-def _verify_range(path: str, low: int, high: int, key: tuple[bytes, ...]) -> tuple[Any, ...] | str:
-    """Worker: verify entries ``low..high``; the Segment as a plain tuple, or the error."""
+def _verify_range(path: str, low: int, high: int, key: tuple[bytes, ...]) -> Segment | str:
+    """Worker: verify entries ``low..high``; their Segment, or the read error's text."""
     try:
-        seg = verify_segment(auditlog.read_range(Path(path), low, high), key)
+        return verify_segment(auditlog.read_range(Path(path), low, high), key)
     except GateError as exc:
         return exc.message
-    return (
-        seg.first_seq,
-        seg.first_prev,
-        seg.last_seq,
-        seg.last_hash,
-        seg.checked,
-        seg.problem,
-        seg.wrong_key,
-        seg.initial_key,
-        seg.starts,
-        seg.end_key,
-    )
 
 
 def _usable_cpus() -> int:

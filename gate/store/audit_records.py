@@ -18,9 +18,8 @@ from gate.audit.approval_kind import ApprovalRecord
 from gate.audit.entries import QUESTION_KINDS
 from gate.audit.question_kind import QuestionRecord
 from gate.audit.records import Record
-from gate.errors import Unavailable
 from gate.store import readonly
-from gate.store.auditlog import audit_query, grouped
+from gate.store.auditlog import audit_query, grouped, reading
 from gate.store.inspection import has_table, read_only
 
 
@@ -161,8 +160,7 @@ def records_of(path: Path, kind: KindTables) -> Iterator[Record]:
     sql = audit_query(readonly.connect(path))
     if sql is None:
         return
-    conn = readonly.connect(path)
-    try:
+    with reading(path) as conn:
         conn.execute("BEGIN")  # one snapshot for every cursor
         if kind.optional and not has_table(conn, kind.table):
             conn.execute("COMMIT")
@@ -177,25 +175,29 @@ def records_of(path: Path, kind: KindTables) -> Iterator[Record]:
         mine = f"approval_id IS NOT NULL AND {kind.entries} ORDER BY approval_id, seq"
         by_request = sql.replace("FROM audit_log ORDER BY seq", f"FROM audit_log WHERE {mine}")
         streams.append(grouped(conn.execute(by_request), 1))
-        heads: list[Any] = [next(s, None) for s in streams]
-        while any(head is not None for head in heads):
-            subject_id = min(head[0] for head in heads if head is not None)
-            parts: list[list[Any]] = []
-            for index, head in enumerate(heads):
-                if head is not None and head[0] == subject_id:
-                    parts.append(head[1])
-                    heads[index] = next(streams[index], None)
-                else:
-                    parts.append([])
-            rows, *side, sent, entries = parts
+        for subject_id, (rows, *side, sent, entries) in _merged(streams):
             row = dict(zip(kind.columns, rows[0], strict=True)) if rows else None
             logged = [audit.AuditRow(*r) for r in entries]
             yield kind.record(Read(subject_id, row, side, logged, sent))
         conn.execute("COMMIT")
-    except sqlite3.Error as exc:
-        raise Unavailable("storage_unavailable", f"database read failed: {exc}") from exc
-    finally:
-        conn.close()
+
+
+def _merged(
+    streams: list[Iterator[tuple[str, list[Any]]]],
+) -> Iterator[tuple[str, list[list[Any]]]]:
+    """``(id, runs)`` for every id of the ``grouped`` ``streams`` (each ordered by id), in id
+    order: ``runs`` holds each stream's rows of that id (``[]`` where it has none)."""
+    heads: list[Any] = [next(s, None) for s in streams]
+    while any(head is not None for head in heads):
+        subject_id = min(head[0] for head in heads if head is not None)
+        runs: list[list[Any]] = []
+        for index, head in enumerate(heads):
+            if head is not None and head[0] == subject_id:
+                runs.append(head[1])
+                heads[index] = next(streams[index], None)
+            else:
+                runs.append([])
+        yield subject_id, runs
 
 
 def latest_stored_receipt(path: Path, kind: KindTables) -> tuple[str, dict[str, Any]] | None:

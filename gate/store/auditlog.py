@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import Iterator
+from contextlib import closing, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -27,41 +28,23 @@ class DatabaseRows:
 
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
-        self._sql = audit_query(self._connect())
-
-    def _connect(self) -> sqlite3.Connection:
-        return _connect(self.path)
+        self._sql = audit_query(readonly.connect(self.path))
 
     def __iter__(self) -> Iterator[audit.AuditRow]:
         if self._sql is None:
             return
-        conn = self._connect()
-        try:
-            cursor = conn.execute(self._sql)
-            while True:
-                chunk = cursor.fetchmany(CHUNK)
-                if not chunk:
-                    return
-                for row in chunk:
-                    yield audit.AuditRow(*row)
-        except sqlite3.Error as exc:
-            raise Unavailable("storage_unavailable", f"database read failed: {exc}") from exc
-        finally:
-            conn.close()
+        with reading(self.path) as conn:
+            for row in fetched(conn.execute(self._sql)):
+                yield audit.AuditRow(*row)
 
 
 def seq_bounds(path: Path) -> tuple[int, int] | None:
     """Return ``(lowest, highest)`` audit seq of the database at ``path``, or None when it
     has no audit entry. Raises Unavailable when it cannot be read."""
-    if audit_query(_connect(path)) is None:
+    if audit_query(readonly.connect(path)) is None:
         return None
-    conn = _connect(path)
-    try:
+    with reading(path) as conn:
         low, high = conn.execute("SELECT min(seq), max(seq) FROM audit_log").fetchone()
-    except sqlite3.Error as exc:
-        raise Unavailable("storage_unavailable", f"database read failed: {exc}") from exc
-    finally:
-        conn.close()
     return None if high is None else (int(low), int(high))
 
 
@@ -69,26 +52,32 @@ def read_range(path: Path, low: int, high: int) -> Iterator[tuple[Any, ...]]:
     """Yield the audit rows with ``low <= seq <= high``, ascending, as tuples ``(seq,
     approval_id, kind, entry, prev_hash, entry_hash, receipt)`` (constant memory, own
     connection: one ``audit verify`` worker each). Raises Unavailable on a read error."""
-    conn = _connect(path)
-    try:
-        cursor = conn.execute(
-            "SELECT seq, approval_id, kind, entry, prev_hash, entry_hash, receipt FROM audit_log"
-            " WHERE seq BETWEEN ? AND ? ORDER BY seq",
-            (low, high),
+    with reading(path) as conn:
+        yield from fetched(
+            conn.execute(
+                "SELECT seq, approval_id, kind, entry, prev_hash, entry_hash, receipt"
+                " FROM audit_log WHERE seq BETWEEN ? AND ? ORDER BY seq",
+                (low, high),
+            )
         )
-        while True:
-            chunk = cursor.fetchmany(CHUNK)
-            if not chunk:
-                return
-            yield from chunk
-    except sqlite3.Error as exc:
-        raise Unavailable("storage_unavailable", f"database read failed: {exc}") from exc
-    finally:
-        conn.close()
 
 
-def _connect(path: Path) -> sqlite3.Connection:
-    return readonly.connect(path)
+@contextmanager
+def reading(path: Path, failed: str = "database read failed") -> Iterator[sqlite3.Connection]:
+    """A ``gate.store.readonly`` connection to the existing database at ``path`` (no lock),
+    closed on exit; a read error raises Unavailable ``storage_unavailable``, ``FAILED:
+    error``."""
+    with closing(readonly.connect(path)) as conn:
+        try:
+            yield conn
+        except sqlite3.Error as exc:
+            raise Unavailable("storage_unavailable", f"{failed}: {exc}") from exc
+
+
+def fetched(cursor: sqlite3.Cursor) -> Iterator[Any]:
+    """The rows of ``cursor``, fetched CHUNK at a time (constant memory)."""
+    while chunk := cursor.fetchmany(CHUNK):
+        yield from chunk
 
 
 def audit_query(conn: sqlite3.Connection) -> str | None:
@@ -118,15 +107,11 @@ def grouped(cursor: sqlite3.Cursor, key: int = 0) -> Iterator[tuple[str, list[An
     question_id) in column ``key``, read CHUNK rows at a time."""
     current: Any = _NOTHING
     run: list[Any] = []
-    while True:
-        chunk = cursor.fetchmany(CHUNK)
-        if not chunk:
-            break
-        for row in chunk:
-            if row[key] != current:
-                if run:
-                    yield str(current), run
-                current, run = row[key], []
-            run.append(row)
+    for row in fetched(cursor):
+        if row[key] != current:
+            if run:
+                yield str(current), run
+            current, run = row[key], []
+        run.append(row)
     if run:
         yield str(current), run

@@ -9,8 +9,7 @@ it), so a missing file is an error, not a new empty database.
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Iterator
-from contextlib import closing, contextmanager
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,6 +17,7 @@ from typing import Any
 from gate.audit import chain as audit
 from gate.errors import Unavailable
 from gate.store import readonly
+from gate.store.auditlog import reading
 from gate.store.schema import SCHEMA_VERSION
 
 MAX_PROBLEMS = 20
@@ -37,15 +37,10 @@ class DatabaseInfo:
     audit_entries: int | None
 
 
-@contextmanager
-def read_only(path: Path) -> Iterator[sqlite3.Connection]:
+def read_only(path: Path) -> AbstractContextManager[sqlite3.Connection]:
     """A ``gate.store.readonly`` connection to the existing database at ``path``, closed on
-    exit; Unavailable when it cannot be opened or read."""
-    with closing(readonly.connect(path)) as conn:
-        try:
-            yield conn
-        except sqlite3.Error as exc:
-            raise Unavailable("storage_unavailable", f"cannot read database {path}: {exc}") from exc
+    exit; Unavailable when it cannot be opened or read (``cannot read database PATH: ...``)."""
+    return reading(path, f"cannot read database {path}")
 
 
 def has_table(conn: sqlite3.Connection, table: str) -> bool:
