@@ -1,6 +1,6 @@
 """Doctor checks of the relays: reachable, their clock against ours, the dispatches they
-acked (approvals' to the relay, and questions' to the question relay for a config that asks
-questions)."""
+acked (approvals' to the relay with the follow-up sends given up lately, and questions' to
+the question relay for a config that asks questions)."""
 
 from __future__ import annotations
 
@@ -19,14 +19,15 @@ from gate.daemon.dispatch import redact
 from gate.errors import GateError
 from gate.protocol.envelope import rfc3339_ms
 from gate.protocol.relay_answers import refusal_reason
+from gate.store import inspection
 from gate.store.audit_records import APPROVAL_TABLES, QUESTION_TABLES, undelivered_dispatches
-from gate.tools.doctor_check import Check, skip, warn
-from gate.tools.doctor_followups import followup_failures
+from gate.tools.doctor_check import Check, counted, skip, warn
 
 # A system clock before this release's date is certainly wrong (e.g. a board without a
 # battery-backed clock that booted without NTP). Bump it with each release (CHANGELOG.md).
 RELEASE_DATE = "2026-11-30"
 CLOCK_WARN_S = 60.0
+DAY_MS = 24 * 3600 * 1000
 
 
 @dataclass(frozen=True, slots=True)
@@ -251,3 +252,23 @@ def separate_question_url(config: Config) -> str | None:
     check probed the one URL questions go to)."""
     url = config.relay.question_url
     return None if url is None or url == config.relay.url else str(url)
+
+
+def followup_failures(path: Path, now_ms: int) -> str | None:
+    """What was given up in the last 24 h before ``now_ms`` (unix ms) among the follow-up
+    sends of the database at ``path`` (``3 follow-up sends given up in the last 24 h (2
+    notices, 1 reminder); latest error: ...``), or None when nothing was. Raises GateError
+    when the database cannot be read."""
+    counts, error = inspection.failed_followups(path, now_ms - DAY_MS)
+    total = sum(counts.values())
+    if total == 0:
+        return None
+    names = {"notice": ("notice", "notices"), "reminder": ("reminder", "reminders")}
+    kinds = ", ".join(
+        counted(counts[kind], *names.get(kind, ("escalation", "escalations")))
+        for kind in sorted(counts)
+    )
+    return (
+        f"{counted(total, 'follow-up send', 'follow-up sends')} given up in the last 24 h "
+        f"({kinds}); latest error: {error}"
+    )
