@@ -53,17 +53,9 @@ def verdict(
     result = report.chain
     if result.wrong_key:
         return Verdict(1, err=(f"Error: {keys.where} ({', '.join(keys.names)}): {result.reason}",))
-    if not result.ok:
-        return Verdict(
-            1,
-            (
-                f"TAMPERED: entry {result.first_bad_seq}: {result.reason} "
-                f"({result.checked} entries before it verified)",
-            ),
-        )
-    if report.anchor is not None:
-        anchor = report.anchor
-        return Verdict(1, (f"TAMPERED: entry {anchor.seq}: {anchor.reason} ({anchor.source})",))
+    broken = chain_broken(report)
+    if broken is not None:
+        return Verdict(1, (broken,))
     signed = report.signatures
     if signed is not None and signed.findings:  # every finding, one line each
         return Verdict(
@@ -102,6 +94,22 @@ def verdict(
             newer = f" ({matched.newer} written since, not checked)" if matched.newer else ""
             out.append(f"ok: {matched.checked} {noun}s match the audit log{newer}")
     return Verdict(0, tuple(out), _warnings(result, keys))
+
+
+def chain_broken(report: AuditReport) -> str | None:
+    """The ``TAMPERED: entry N: ...`` line of a chain that did not verify, or of an anchor
+    it does not hold (``audit verify`` and ``doctor`` alike), else None. A wrong key is not
+    tampering: the caller says it first."""
+    result = report.chain
+    if not result.ok and not result.wrong_key:
+        return (
+            f"TAMPERED: entry {result.first_bad_seq}: {result.reason} "
+            f"({result.checked} entries before it verified)"
+        )
+    anchor = report.anchor
+    if anchor is not None:
+        return f"TAMPERED: entry {anchor.seq}: {anchor.reason} ({anchor.source})"
+    return None
 
 
 def _warnings(result: VerifyResult, keys: KeysUsed) -> tuple[str, ...]:

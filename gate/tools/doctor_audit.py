@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 
 from gate.audit.chain import AuditRow
+from gate.audit.report import chain_broken
 from gate.audit.spans import matches
 from gate.audit.verify import AuditReport, verify_database
 from gate.config import ReceiptsConfig
@@ -132,14 +133,9 @@ def _failure(
             else ""
         )
         return f"entry {result.first_bad_seq}: {result.reason}{caught} (check {named})"
-    if not result.ok:
-        return (
-            f"TAMPERED: entry {result.first_bad_seq}: {result.reason} "
-            f"({result.checked} entries before it verified)"
-        )
-    if report.anchor is not None:
-        anchor = report.anchor
-        return f"TAMPERED: entry {anchor.seq}: {anchor.reason} ({anchor.source})"
+    broken = chain_broken(report)
+    if broken is not None:
+        return broken
     for noun, matched in report.kinds:
         if matched is not None and matched.problem is not None:
             subject_id, reason = matched.problem
