@@ -36,7 +36,7 @@ SEGMENT_ROWS = 50_000
 MAX_WORKERS = 8
 
 
-async def read_database(path: Path) -> Iterable[audit.AuditRow]:
+def read_database(path: Path) -> Iterable[audit.AuditRow]:
     """Return the audit rows of the database at ``path``, streamed (``DatabaseRows``).
 
     Raises GateError ``no_database`` if it does not exist, Unavailable when it cannot be read.
@@ -86,8 +86,7 @@ class AuditReport:
         return (
             self.chain.ok
             and self.anchor is None
-            and (self.records is None or self.records.problem is None)
-            and (self.questions is None or self.questions.problem is None)
+            and all(found is None or found.problem is None for _, found in self.kinds)
             and (self.signatures is None or not self.signatures.findings)
             and self.credentials is None
         )

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import sys
@@ -281,7 +280,7 @@ def audit_export(config_path: str, output: str) -> None:
 
     config = read_config(config_path)
     try:
-        rows = asyncio.run(read_database(config.storage.path))
+        rows = read_database(config.storage.path)
     except GateError as exc:
         fail(exc.message)
     lines = "".join(export_line(r) + "\n" for r in rows)

@@ -3,7 +3,6 @@ re-verified against the key its enrolment entry logged (proof that travels)."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import sys
 from collections.abc import Iterable
@@ -58,7 +57,7 @@ def audit_signatures(
         if export_file is not None:
             rows = read_export(Path(export_file))
         else:
-            rows = asyncio.run(read_database(read_config(str(config_path)).storage.path))
+            rows = read_database(read_config(str(config_path)).storage.path)
         report = signature_checks.check(rows)
     except GateError as exc:
         fail(exc.message, 2)
