@@ -1,4 +1,5 @@
-"""``audit verify`` on a database an older gate wrote: every existing log keeps verifying.
+"""``audit verify`` (and doctor's audit check) on a database an older gate wrote: every
+existing log keeps verifying.
 
 ``tests/fixtures/old_gate/gate.db`` was written by a real daemon of commit 1d4bfc3
 (``tests/fixtures/old_gate/make_db.py``, which says what its history holds: every approval
@@ -74,3 +75,16 @@ def test_audit_old_database_export_verifies_offline(tmp_path: Path) -> None:
     assert listed[0] == 0, listed
     (signed,) = [json.loads(line) for line in listed[1].splitlines()]
     assert (signed["decision"], signed["verified"], signed["type"]) == ("approve", True, "ed25519")
+
+
+def test_audit_old_database_passes_the_doctors_audit_check(tmp_path: Path) -> None:
+    config = _config(tmp_path)
+
+    code, out, err = _cli("doctor", "-c", str(config))
+
+    seq = HEAD.split(":")[0]
+    line = next((x for x in out.splitlines() if x.startswith("PASS audit: ")), None)
+    assert line == (
+        f"PASS audit: {seq} entries, chain, receipts intact; 9 approvals match it, "
+        "5 questions too"
+    ), out + err
