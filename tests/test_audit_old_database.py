@@ -85,6 +85,5 @@ def test_audit_old_database_passes_the_doctors_audit_check(tmp_path: Path) -> No
     seq = HEAD.split(":")[0]
     line = next((x for x in out.splitlines() if x.startswith("PASS audit: ")), None)
     assert line == (
-        f"PASS audit: {seq} entries, chain, receipts intact; 9 approvals match it, "
-        "5 questions too"
+        f"PASS audit: {seq} entries, chain, receipts intact; 9 approvals match it, 5 questions too"
     ), out + err
