@@ -1,8 +1,8 @@
-"""Typed ``data`` payloads of the audit entries the gate writes about a request: an
-approval's (created, decision, resolved, dispatch_ack, escalated), a question's
-(question_created, question_revised, question_dispatch_ack, question_answered,
-question_resolved), and receipt_key_rotated. Built by the writer (``gate.core``), read back
-by the records check (``gate.audit.records``).
+"""Typed ``data`` payloads of the audit entries the gate writes (created, decision, resolved,
+dispatch_ack, escalated, receipt_key_rotated): built by the writer (``gate.core``), read back
+by the records check (``gate.audit.records``); ``Payload``, what every entry payload shares
+(a question's: ``gate.audit.question_entries``; a credential's:
+``gate.audit.credential_entries``).
 
 Pure. ``to_data()`` is the exact object the chain hashes (``gate.audit.chain.make_entry``
 canonicalises it: sorted keys, so field order does not matter, but the set of keys does: an
@@ -12,10 +12,6 @@ reads None and a value of another type stays as it is, so that the records check
 it with the rows and names the disagreement (an entry from an edited database, or one the
 gate never wrote, must be reported, not raise here). Every payload has both from
 ``Payload``; only ``DecisionData`` writes by rules of its own.
-
-A question's entries name its ``question_id`` as their subject (``approval_id`` of the entry
-and of its audit_log row): one ULID space, so the two never collide. An answer's value is
-never logged, only its ``value_hash`` (like a draft's body).
 """
 
 from __future__ import annotations
@@ -31,18 +27,6 @@ DECISION = "decision"
 RESOLVED = "resolved"
 DISPATCH_ACK = "dispatch_ack"
 ESCALATED = "escalated"
-QUESTION_CREATED = "question_created"
-QUESTION_REVISED = "question_revised"
-QUESTION_DISPATCH_ACK = "question_dispatch_ack"
-QUESTION_ANSWERED = "question_answered"
-QUESTION_RESOLVED = "question_resolved"
-QUESTION_KINDS = (
-    QUESTION_CREATED,
-    QUESTION_REVISED,
-    QUESTION_DISPATCH_ACK,
-    QUESTION_ANSWERED,
-    QUESTION_RESOLVED,
-)
 # the operator id of a policy's decision: configured operator ids are >= 1
 POLICY_OPERATOR = 0
 # the fields of a decision entry written together: the first decides for the group
@@ -218,68 +202,3 @@ class ReceiptKeyRotatedData(Payload):
     previous_key_last_seq: int
     key_env: str
     previous_key_env: str | None
-
-
-@dataclass(frozen=True, slots=True)
-class QuestionCreatedData(Payload):
-    """``question_created``: what was frozen at creation. ``version`` is 1, ``request_hash``
-    that of version 1, ``approvers`` the operator ids in scope (scope order), ``expires_at``
-    unix ms; ``requested_by`` an operator id, written only when one was named."""
-
-    kind: ClassVar[str] = QUESTION_CREATED
-
-    pipeline: str
-    step: str
-    version: int
-    request_hash: str
-    response_type: str
-    approvers: Sequence[int]
-    expires_at: int
-    requested_by: int | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class QuestionRevisedData(Payload):
-    """``question_revised``: version ``version`` with ``request_hash`` replaced the question."""
-
-    kind: ClassVar[str] = QUESTION_REVISED
-
-    version: int
-    request_hash: str
-
-
-@dataclass(frozen=True, slots=True)
-class QuestionDispatchAckData(Payload):
-    """``question_dispatch_ack``: the question relay acked the dispatch of ``version``."""
-
-    kind: ClassVar[str] = QUESTION_DISPATCH_ACK
-
-    version: int
-
-
-@dataclass(frozen=True, slots=True)
-class QuestionAnsweredData(Payload):
-    """``question_answered``: operator ``operator_id`` answered ``version`` (its
-    ``request_hash``, with the ``nonce`` of that version); ``value_hash`` is
-    ``gate.protocol.question.value_hash`` of the value (the value is not logged)."""
-
-    kind: ClassVar[str] = QUESTION_ANSWERED
-
-    operator_id: int
-    version: int
-    request_hash: str
-    nonce: str
-    value_hash: str
-
-
-@dataclass(frozen=True, slots=True)
-class QuestionResolvedData(Payload):
-    """``question_resolved``: ``outcome`` (answered|timeout|cancelled) on ``version`` with its
-    ``request_hash``; ``value_hash`` only for answered. Its receipt is the question's."""
-
-    kind: ClassVar[str] = QUESTION_RESOLVED
-
-    outcome: str
-    version: int
-    request_hash: str
-    value_hash: str | None = None

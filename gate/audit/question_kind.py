@@ -29,7 +29,7 @@ from typing import Any, ClassVar
 
 from gate.audit import chain as audit
 from gate.audit import record_checks as checks
-from gate.audit.entries import (
+from gate.audit.question_entries import (
     QUESTION_ANSWERED,
     QUESTION_REVISED,
     QuestionAnsweredData,

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from gate.audit.entries import QuestionAnsweredData
+from gate.audit.question_entries import QuestionAnsweredData
 from gate.core.question_tx import resolve_question
 from gate.core.rules import operator_in_scope, refuse
 from gate.errors import Conflict, GateError

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from ulid import ULID
 
-from gate.audit.entries import (
+from gate.audit.question_entries import (
     QuestionCreatedData,
     QuestionDispatchAckData,
     QuestionResolvedData,

@@ -15,7 +15,7 @@ from typing import Any, NamedTuple
 
 from gate.audit import chain as audit
 from gate.audit.approval_kind import ApprovalRecord
-from gate.audit.entries import QUESTION_KINDS
+from gate.audit.question_entries import QUESTION_KINDS
 from gate.audit.question_kind import QuestionRecord
 from gate.audit.records import Record
 from gate.store import readonly
