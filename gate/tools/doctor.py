@@ -18,17 +18,22 @@ from dataclasses import replace
 from gate.config import read_receipt_key
 from gate.tools.doctor_audit import check_audit, check_database
 from gate.tools.doctor_check import Check, skip
-from gate.tools.doctor_config import check_config, check_keys, check_secrets, followups_summary
+from gate.tools.doctor_config import (
+    asks_questions,
+    check_config,
+    check_keys,
+    check_secrets,
+    followups_summary,
+    separate_question_url,
+)
 from gate.tools.doctor_passkeys import check_passkeys
 from gate.tools.doctor_relay import (
-    asks_questions,
     check_clock,
     check_dispatch,
     check_question_dispatch,
     check_relay,
     probe_relay,
     safe_url,
-    separate_question_url,
 )
 
 

@@ -1,5 +1,6 @@
-"""Doctor checks of the config file, its secret variables and its Ed25519 key files, and the
-line of what it plans for follow-ups (reminders, escalation levels, delegations, notices)."""
+"""Doctor checks of the config file, its secret variables and its Ed25519 key files; the line
+of what it plans for follow-ups (reminders, escalation levels, delegations, notices); whether
+it asks questions, and where they go."""
 
 from __future__ import annotations
 
@@ -110,3 +111,19 @@ def followups_summary(config: Config, now_ms: int, safe_url: Callable[[str], str
         f"notices to {safe_url(target)}" if target is not None else "no notices",
     ]
     return ", ".join(parts)
+
+
+def asks_questions(config: Config) -> bool:
+    """The config has a question step or names a relay for questions: only then does the
+    doctor check the question relay and the questions' dispatches (a deployment without
+    questions gets the report it always got)."""
+    return config.relay.question_target is not None or any(
+        step.type == "question" for pipeline in config.pipelines for step in pipeline.steps
+    )
+
+
+def separate_question_url(config: Config) -> str | None:
+    """``relay.question_url`` when it is set and not ``relay.url`` (else None: the relay
+    check probed the one URL questions go to)."""
+    url = config.relay.question_url
+    return None if url is None or url == config.relay.url else str(url)

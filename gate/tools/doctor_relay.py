@@ -14,7 +14,6 @@ from pathlib import Path
 import aiohttp
 from yarl import URL
 
-from gate.config import Config
 from gate.daemon.dispatch import redact
 from gate.errors import GateError
 from gate.protocol.envelope import rfc3339_ms
@@ -236,22 +235,6 @@ def _undelivered(count: int, error: str | None, noun: str, relay: str) -> str:
     return f"{count} pending {nouns} not delivered to the {relay}; latest error: {error}" + (
         f" ({hint})" if hint else ""
     )
-
-
-def asks_questions(config: Config) -> bool:
-    """The config has a question step or names a relay for questions: only then does the
-    doctor check the question relay and the questions' dispatches (a deployment without
-    questions gets the report it always got)."""
-    return config.relay.question_target is not None or any(
-        step.type == "question" for pipeline in config.pipelines for step in pipeline.steps
-    )
-
-
-def separate_question_url(config: Config) -> str | None:
-    """``relay.question_url`` when it is set and not ``relay.url`` (else None: the relay
-    check probed the one URL questions go to)."""
-    url = config.relay.question_url
-    return None if url is None or url == config.relay.url else str(url)
 
 
 def followup_failures(path: Path, now_ms: int) -> str | None:
