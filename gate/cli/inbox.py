@@ -8,17 +8,9 @@ import sys
 
 import click
 
-from gate.cli import main
+from gate.cli import config_option, main, require_extra
 
-INBOX_CONFIG_OPTION = click.option(
-    "-c",
-    "--config",
-    "config_path",
-    required=True,
-    type=click.Path(dir_okay=False),
-    envvar="HITL_INBOX_CONFIG",
-    help="Path to the inbox's YAML config (env HITL_INBOX_CONFIG).",
-)
+INBOX_CONFIG_OPTION = config_option("HITL_INBOX_CONFIG", "the inbox's YAML config")
 
 
 @main.group("inbox")
@@ -38,6 +30,7 @@ def check_config(config_path: str) -> None:
 
     Example: hitl-gate inbox check-config -c inbox.yaml
     """
+    require_extra("inbox")
     from gate.inbox.config import load_inbox
 
     config, _, errors = load_inbox(config_path, os.environ)
@@ -60,10 +53,12 @@ def serve(config_path: str, log_level: str) -> None:
     """Run the inbox: its one listener (relay endpoint /hitl/v0/relay) and its database.
 
     Logs to stderr (event=inbox_ready url=… once listening). Exit 0 on SIGTERM/SIGINT,
-    1 when it cannot start (listen, database), 2 on a config error.
+    1 when it cannot start (listen, database), 2 on a config error or without the
+    inbox extra.
 
     Example: hitl-gate inbox serve -c inbox.yaml
     """
+    require_extra("inbox")
     import asyncio
 
     from gate import logs
