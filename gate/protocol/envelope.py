@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import functools
 import json
-import math
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from gate.protocol import PROTOCOL
-from gate.protocol.errors import ProtocolError
+from gate.protocol.canonical import finite_float, no_duplicate_keys, reject_json_constant, whole_int
+from gate.protocol.errors import ProtocolError, field_refused
 from gate.protocol.whitespace import is_blank
 
 if TYPE_CHECKING:
@@ -98,44 +98,6 @@ def _invalid(field: str, message: str) -> ProtocolError:
     )
 
 
-def no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    """``object_pairs_hook`` for ``json``: raises ValueError naming a key that occurs twice
-    (``duplicate key "to"``)."""
-    out: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in out:
-            raise ValueError(f"duplicate key {json.dumps(key)}")
-        out[key] = value
-    return out
-
-
-def reject_json_constant(name: str) -> Any:
-    """``parse_constant`` hook for ``json``: NaN, Infinity and -Infinity are no JSON; raises
-    ValueError naming the constant."""
-    raise ValueError(f"{name} is not JSON")
-
-
-def finite_float(text: str) -> float:
-    """``parse_float`` hook for ``json``: a number whose value is not finite (``1e999`` would
-    decode to infinity) is no JSON for the gate, like NaN; raises ValueError (the number is
-    not quoted: it may be part of an answer's value)."""
-    value = float(text)
-    if not math.isfinite(value):
-        raise ValueError("a number is too large to be finite")
-    return value
-
-
-MAX_INT_DIGITS = 4300  # Python's own limit for int() of text (sys.int_info)
-
-
-def whole_int(text: str) -> int:
-    """``parse_int`` hook for ``json``: an integer of more than ``MAX_INT_DIGITS`` digits is
-    refused in the gate's words (ValueError), not Python's."""
-    if len(text) - text.startswith("-") > MAX_INT_DIGITS:
-        raise ValueError(f"a number has more than {MAX_INT_DIGITS} digits")
-    return int(text)
-
-
 def decode_json(raw: bytes) -> Any:
     """Decode raw bytes as UTF-8 (a leading BOM allowed) JSON; duplicate keys, NaN and numbers
     too large to be finite (``1e999``) refused.
@@ -216,13 +178,7 @@ def check_unicode(value: Any) -> None:
     if field is not None:
         message = f"{field} holds a lone surrogate (such as \\ud800): not valid Unicode text"
         reason = "schema" if field.startswith(("schema.", "schema[")) else _INDEX.sub("", field)
-        raise ProtocolError(
-            "invalid_" + reason,
-            message,
-            status=400,
-            kind="invalid",
-            extra={"field": field, "message": message},
-        )
+        raise field_refused("invalid_" + reason, field, message)
 
 
 def decode_text_json(raw: bytes) -> Any:
@@ -292,26 +248,65 @@ def parse_decision(raw: bytes) -> Decision:
     return decision_from_obj(obj)
 
 
-def decision_from_obj(obj: dict[str, Any]) -> Decision:
-    """``parse_decision`` after decoding: check 5 on a decoded JSON object (the
-    ``parse_callback`` decodes once, then routes here or to the answer parse)."""
-    protocol = _string(obj, "protocol", "protocol", MAX_LABEL_CHARS, required=True)
-    if protocol != PROTOCOL:
+def _protocol(obj: dict[str, Any]) -> None:
+    """Check 5's first field of a decision or an answer: ``protocol`` is hitl/v0."""
+    if _string(obj, "protocol", "protocol", MAX_LABEL_CHARS, required=True) != PROTOCOL:
         raise _invalid("protocol", f"protocol must be {PROTOCOL!r}")
-    approval_id = _string(obj, "approval_id", "approval_id", MAX_ID_CHARS, required=True)
+
+
+def _head(
+    obj: dict[str, Any], id_key: str, hash_key: str, verb: Callable[[str], None]
+) -> tuple[str, str, str, str]:
+    """``(id, nonce, decision, hash)`` of a decision or an answer, required strings checked
+    in wire order: the id (``approval_id`` or ``question_id``), ``nonce``, ``decision`` (then
+    ``verb`` refuses one the kind does not take), the hash (``payload_hash`` or
+    ``request_hash``)."""
+    id_ = _string(obj, id_key, id_key, MAX_ID_CHARS, required=True)
     nonce = _string(obj, "nonce", "nonce", MAX_ID_CHARS, required=True)
     decision = _string(obj, "decision", "decision", MAX_LABEL_CHARS, required=True)
+    assert id_ and nonce and decision
+    verb(decision)
+    hash_ = _string(obj, hash_key, hash_key, MAX_LABEL_CHARS, required=True)
+    assert hash_
+    return id_, nonce, decision, hash_
+
+
+def _decision_verb(decision: str) -> None:
     if decision == "timeout":
         raise _invalid("decision", "a relay never sends timeout: expiry is the gate's call")
     if decision not in VERBS:
         raise _invalid("decision", "decision must be one of approve, skip, adjust")
-    payload_hash = _string(obj, "payload_hash", "payload_hash", MAX_LABEL_CHARS, required=True)
+
+
+def _approver(obj: dict[str, Any]) -> tuple[str, str | None, str | None]:
+    """``(id, display, channel)`` of the ``approver`` object of a decision or an answer:
+    ``id`` required, the other two optional strings (check 5)."""
     approver = obj.get("approver")
     if not isinstance(approver, dict):
         raise _invalid("approver", "approver must be an object with an id")
     approver_id = _string(approver, "id", "approver.id", MAX_IDENTITY_CHARS, required=True)
     display = _string(approver, "display", "approver.display", MAX_LABEL_CHARS, required=False)
     channel = _string(approver, "channel", "approver.channel", MAX_LABEL_CHARS, required=False)
+    assert approver_id
+    return approver_id, display, channel
+
+
+def _decided_at(obj: dict[str, Any]) -> str:
+    """The required ``decided_at`` of a decision or an answer, an RFC 3339 date-time."""
+    decided_at = _string(obj, "decided_at", "decided_at", MAX_LABEL_CHARS, required=True)
+    if decided_at is None or not _is_rfc3339(decided_at):
+        raise _invalid("decided_at", "decided_at must be an RFC 3339 timestamp")
+    return decided_at
+
+
+def decision_from_obj(obj: dict[str, Any]) -> Decision:
+    """``parse_decision`` after decoding: check 5 on a decoded JSON object (the
+    ``parse_callback`` decodes once, then routes here or to the answer parse)."""
+    _protocol(obj)
+    approval_id, nonce, decision, payload_hash = _head(
+        obj, "approval_id", "payload_hash", _decision_verb
+    )
+    approver_id, display, channel = _approver(obj)
     adjust_text = obj.get("adjust_text")
     if adjust_text is not None and not isinstance(adjust_text, str):
         raise _invalid("adjust_text", "adjust_text must be a string or null")
@@ -322,11 +317,7 @@ def decision_from_obj(obj: dict[str, Any]) -> Decision:
         raise _invalid("reason", "reason must be a string or null")
     if reason is not None and not is_unicode(reason):
         raise _invalid("reason", "reason is not valid Unicode (lone surrogate)")
-    decided_at = _string(obj, "decided_at", "decided_at", MAX_LABEL_CHARS, required=True)
-    assert decided_at is not None
-    if not _is_rfc3339(decided_at):
-        raise _invalid("decided_at", "decided_at must be an RFC 3339 timestamp")
-    assert approval_id and nonce and payload_hash and approver_id
+    decided_at = _decided_at(obj)
     return Decision(
         approval_id=approval_id,
         nonce=nonce,
@@ -340,6 +331,22 @@ def decision_from_obj(obj: dict[str, Any]) -> Decision:
         reason=reason,
         approver_assertion=obj.get("approver_assertion"),
     )
+
+
+def routing(
+    run_id: str, pipeline: str, step: str, issued_at_ms: int, expires_at_ms: int, risk: str
+) -> dict[str, Any]:
+    """The fields every dispatch carries after its id, approval or question alike, in wire
+    order: ``run_id``, ``pipeline``, ``step``, ``issued_at``, ``expires_at`` (RFC 3339),
+    ``risk``."""
+    return {
+        "run_id": run_id,
+        "pipeline": pipeline,
+        "step": step,
+        "issued_at": rfc3339(issued_at_ms),
+        "expires_at": rfc3339(expires_at_ms),
+        "risk": risk,
+    }
 
 
 def build_dispatch(
@@ -376,12 +383,7 @@ def build_dispatch(
     envelope: dict[str, Any] = {
         "protocol": PROTOCOL,
         "approval_id": approval_id,
-        "run_id": run_id,
-        "pipeline": pipeline,
-        "step": step,
-        "issued_at": rfc3339(issued_at_ms),
-        "expires_at": rfc3339(expires_at_ms),
-        "risk": risk,
+        **routing(run_id, pipeline, step, issued_at_ms, expires_at_ms, risk),
         "quorum": {"required": quorum_required, "collected": quorum_collected},
         "approvers": list(approvers),
         "payload_hash": payload_hash,

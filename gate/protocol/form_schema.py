@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from gate.protocol.envelope import is_unicode
-from gate.protocol.errors import ProtocolError
+from gate.protocol.errors import ProtocolError, field_refused
 from gate.protocol.numbers import MAX_MAGNITUDE, RANGE_WORDS, in_range
 from gate.protocol.whitespace import is_blank
 
@@ -51,13 +51,7 @@ _A |= {"boolean": "a boolean", "array": "an array"}
 
 def schema_error(path: str, message: str) -> ProtocolError:
     """400 ``invalid_schema`` with ``field`` = ``path``."""
-    return ProtocolError(
-        "invalid_schema",
-        message,
-        status=400,
-        kind="invalid",
-        extra={"field": path, "message": message},
-    )
+    return field_refused("invalid_schema", path, message)
 
 
 _COUNT_WORDS = f"a non-negative integer up to 2**53 ({MAX_MAGNITUDE})"
