@@ -190,14 +190,33 @@ def decode_text_json(raw: bytes) -> Any:
     return value
 
 
-def _string(obj: dict[str, Any], key: str, field: str, limit: int, *, required: bool) -> str | None:
+def string_or_none(
+    obj: dict[str, Any],
+    key: str,
+    refuse: Callable[[str], ProtocolError],
+    *,
+    name: str,
+    required: bool,
+    what: str = "a string",
+) -> str | None:
+    """``obj[key]`` when it is a string; None when it is absent or null and not ``required``.
+    Otherwise raises ``refuse(message)``: ``<name> is required`` or ``<name> must be <what>``
+    (the first rule of every string field of check 5 and of an approver assertion)."""
     value = obj.get(key)
     if value is None:
         if required:
-            raise _invalid(field, f"{field} is required")
+            raise refuse(f"{name} is required")
         return None
     if not isinstance(value, str):
-        raise _invalid(field, f"{field} must be a string")
+        raise refuse(f"{name} must be {what}")
+    return value
+
+
+def _string(obj: dict[str, Any], key: str, field: str, limit: int, *, required: bool) -> str | None:
+    refuse = functools.partial(_invalid, field)
+    value = string_or_none(obj, key, refuse, name=field, required=required)
+    if value is None:
+        return None
     if not is_unicode(value):
         raise _invalid(field, f"{field} is not valid Unicode (lone surrogate)")
     if required and is_blank(value):
