@@ -97,6 +97,11 @@ def gate_env(**extra: str) -> dict[str, str]:
     return env
 
 
+# the steps of pipeline ``p`` most tests take: an approval (quorum 1) and a question
+Q1_STEP = {"name": "q1", "quorum": 1, "approvers": [101, 102, 103], "timeout": "1h"}
+ASK_STEP = {"name": "ask", "type": "question", "approvers": [101, 102], "timeout": "1h"}
+
+
 def write_config(
     directory: Path,
     relay_url: str,
@@ -116,7 +121,7 @@ def write_config(
     operators.append({"id": 999, "identity": "dave@example.com"})
     allowed = [100 + i for i in range(1, len(IDENTITIES) + 1)]
     default_steps = [
-        {"name": "q1", "quorum": 1, "approvers": [101, 102, 103], "timeout": "1h"},
+        Q1_STEP,
         {"name": "q2", "quorum": 2, "approvers": [101, 102, 103], "timeout": "1h"},
         {"name": "q3", "quorum": 3, "approvers": allowed, "timeout": "1h"},
         {"name": "short", "quorum": 1, "approvers": [101, 102], "timeout": "3s"},

@@ -20,14 +20,22 @@ from typing import Any
 import pytest
 
 from tests.outbox_harness import FileSizeLimit, ScriptedRelay
-from tests.support import DEADLINE_S, GateProcess, logged, wait_until, write_config
+from tests.support import (
+    ASK_STEP,
+    DEADLINE_S,
+    Q1_STEP,
+    GateProcess,
+    logged,
+    wait_until,
+    write_config,
+)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 STEPS = [
-    {"name": "q1", "quorum": 1, "approvers": [101, 102, 103], "timeout": "1h"},
+    Q1_STEP,
     {"name": "short", "quorum": 1, "approvers": [101, 102], "timeout": "3s"},
-    {"name": "ask", "type": "question", "approvers": [101, 102], "timeout": "1h"},
+    ASK_STEP,
     {"name": "ask_short", "type": "question", "approvers": [101, 102], "timeout": "3s"},
 ]
 RELAY, NOTICES = "/relay", "/notices"

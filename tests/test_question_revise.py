@@ -19,6 +19,7 @@ from gate.core.question_tx import MAX_VERSIONS
 from gate.protocol.canonical import wire_json
 from tests import support
 from tests.support import (
+    ASK_STEP,
     DEADLINE_S,
     CaptureRelay,
     GateProcess,
@@ -36,7 +37,7 @@ pytestmark = pytest.mark.e2e
 ask = functools.partial(support.ask, text="orig")  # what each revise here replaces
 
 STEPS = [
-    {"name": "ask", "type": "question", "approvers": [101, 102], "timeout": "1h"},
+    ASK_STEP,
     {
         "name": "tight",
         "type": "question",

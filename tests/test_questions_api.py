@@ -18,7 +18,9 @@ from ulid import ULID
 from tests import support
 from tests.support import (
     API_TOKEN,
+    ASK_STEP,
     DEADLINE_S,
+    Q1_STEP,
     Api,
     CaptureRelay,
     GateProcess,
@@ -54,9 +56,9 @@ FORM = {
     "required": ["amount", "email"],
 }
 STEPS = [
-    {"name": "q1", "quorum": 1, "approvers": [101, 102, 103], "timeout": "1h"},
+    Q1_STEP,
     # alice and bob may answer; carol is an allowed user outside this step's scope
-    {"name": "ask", "type": "question", "approvers": [101, 102], "timeout": "1h"},
+    ASK_STEP,
     {
         "name": "tight",
         "type": "question",

@@ -16,6 +16,8 @@ import pytest
 
 from tests import support
 from tests.support import (
+    ASK_STEP,
+    Q1_STEP,
     CaptureRelay,
     GateProcess,
     db,
@@ -32,8 +34,8 @@ ask = functools.partial(support.ask, text="What PO number?")
 answer = functools.partial(support.answer, who="alice@example.com")
 
 STEPS = [
-    {"name": "q1", "quorum": 1, "approvers": [101, 102, 103], "timeout": "1h"},
-    {"name": "ask", "type": "question", "approvers": [101, 102], "timeout": "1h"},
+    Q1_STEP,
+    ASK_STEP,
     {"name": "brief", "type": "question", "approvers": [101, 102], "timeout": "3s"},
 ]
 

@@ -9,7 +9,9 @@ from typing import Any
 import pytest
 
 from tests.support import (
+    ASK_STEP,
     COUNT_CHANGES,
+    Q1_STEP,
     CaptureRelay,
     GateProcess,
     answer,
@@ -24,8 +26,8 @@ from tests.support import db as db_rows
 pytestmark = pytest.mark.e2e
 
 STEPS = [
-    {"name": "q1", "quorum": 1, "approvers": [101, 102, 103], "timeout": "1h"},
-    {"name": "ask", "type": "question", "approvers": [101, 102], "timeout": "1h"},
+    Q1_STEP,
+    ASK_STEP,
 ]
 
 

@@ -13,6 +13,8 @@ import pytest
 
 from gate.protocol import SIGNATURE_HEADER, signing
 from tests.support import (
+    ASK_STEP,
+    Q1_STEP,
     SECRET,
     CaptureRelay,
     GateProcess,
@@ -28,8 +30,8 @@ from tests.support import db as db_rows
 pytestmark = pytest.mark.e2e
 
 STEPS = [
-    {"name": "q1", "quorum": 1, "approvers": [101, 102, 103], "timeout": "1h"},
-    {"name": "ask", "type": "question", "approvers": [101, 102], "timeout": "1h"},
+    Q1_STEP,
+    ASK_STEP,
 ]
 
 
