@@ -14,8 +14,8 @@ from gate.protocol.envelope import (
     _head,
     _invalid,
     _protocol,
-    rfc3339,
 )
+from gate.protocol.times import rfc3339
 
 ANSWER = "answer"
 """The decision verb of an answer envelope."""
