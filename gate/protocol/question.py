@@ -8,6 +8,7 @@ here: import them from this module).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -23,7 +24,7 @@ from gate.protocol.answer import parse_answer as parse_answer
 from gate.protocol.canonical import HASH_PREFIX, canonical_json, wire_json
 from gate.protocol.envelope import is_unicode, routing
 from gate.protocol.errors import field_refused
-from gate.protocol.form_schema import parse_schema, repeated
+from gate.protocol.form_schema import check_labels, parse_schema
 from gate.protocol.form_value import check_form_value, value_error
 from gate.protocol.whitespace import is_blank
 
@@ -76,22 +77,16 @@ class QuestionSpec:
 
 
 def _options(value: Any, path: str, max_options: int) -> tuple[str, ...]:
-    if not isinstance(value, list) or not value:
-        raise field_refused("invalid_options", path, f"{path} must be a non-empty list of strings")
-    if len(value) > max_options:
-        raise field_refused("invalid_options", path, f"{path} has more than {max_options} options")
-    seen: dict[str, str] = {}
-    for i, option in enumerate(value):
-        at = f"{path}[{i}]"
-        if not isinstance(option, str) or not is_unicode(option) or is_blank(option):
-            raise field_refused("invalid_options", at, f"{at} must be a non-blank string")
-        if len(option) > MAX_OPTION_CHARS:
-            raise field_refused(
-                "invalid_options", at, f"{at} is longer than {MAX_OPTION_CHARS} characters"
-            )
-        seen_as = repeated(seen, option)
-        if seen_as is not None:
-            raise field_refused("invalid_options", at, f"{at} {seen_as}")
+    refuse = functools.partial(field_refused, "invalid_options")
+    check_labels(
+        value,
+        path,
+        MAX_OPTION_CHARS,
+        distinct=True,
+        most=max_options,
+        refuse=refuse,
+        entries="options",
+    )
     return tuple(value)
 
 
