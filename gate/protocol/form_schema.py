@@ -76,9 +76,9 @@ def check_labels(
     values: Any,
     path: str,
     limit: int,
-    *,
-    distinct: bool,
     most: int,
+    *,
+    distinct: bool = True,
     refuse: Callable[[str, str], ProtocolError] = schema_error,
     entries: str = "entries",
 ) -> None:
@@ -163,12 +163,10 @@ def _property(prop: Any, path: str, max_options: int) -> dict[str, Any]:
         if "default" in prop and not isinstance(prop["default"], bool):
             raise schema_error(f"{path}.default", f"{path}.default must be true or false")
     elif kind == "enum":
-        check_labels(prop["enum"], f"{path}.enum", MAX_ENUM_CHARS, distinct=True, most=max_options)
+        check_labels(prop["enum"], f"{path}.enum", MAX_ENUM_CHARS, max_options)
         if "enumNames" in prop:
             names = f"{path}.enumNames"
-            check_labels(
-                prop["enumNames"], names, MAX_TITLE_CHARS, distinct=False, most=max_options
-            )
+            check_labels(prop["enumNames"], names, MAX_TITLE_CHARS, max_options, distinct=False)
             if len(prop["enumNames"]) != len(prop["enum"]):
                 raise schema_error(names, f"{names} must have one label per enum value")
     else:  # array: a multi enum
@@ -178,9 +176,7 @@ def _property(prop: Any, path: str, max_options: int) -> dict[str, Any]:
         for key in items:
             if key not in ("type", "enum"):
                 raise schema_error(f"{where}.{key}", f"{where}.{key} is not allowed")
-        check_labels(
-            items["enum"], f"{where}.enum", MAX_ENUM_CHARS, distinct=True, most=max_options
-        )
+        check_labels(items["enum"], f"{where}.enum", MAX_ENUM_CHARS, max_options)
         _bounds(prop, "minItems", "maxItems", path, _is_count)
         if prop.get("minItems", 0) > len(items["enum"]):
             raise schema_error(f"{path}.minItems", f"{path}.minItems is more than the choices")

@@ -78,15 +78,7 @@ class QuestionSpec:
 
 def _options(value: Any, path: str, max_options: int) -> tuple[str, ...]:
     refuse = functools.partial(field_refused, "invalid_options")
-    check_labels(
-        value,
-        path,
-        MAX_OPTION_CHARS,
-        distinct=True,
-        most=max_options,
-        refuse=refuse,
-        entries="options",
-    )
+    check_labels(value, path, MAX_OPTION_CHARS, max_options, refuse=refuse, entries="options")
     return tuple(value)
 
 
