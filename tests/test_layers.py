@@ -14,6 +14,9 @@
 - ``gate/core/*`` imports neither the daemon nor prometheus; relays under ``gate/tools/`` use
   ``gate.protocol`` but never the core, store or daemon; ``gate/client/*`` (the pipeline side)
   never reaches the store, daemon or web.
+- ``gate/relay/*`` (relay-side I/O: signed delivery, reading a signed POST) is used by the
+  relays, the inbox and conformance: it imports ``gate.protocol`` and ``gate.errors``, never the
+  core, store, daemon, web, config or the programs that use it.
 - Only ``gate/store/*`` speaks SQL (imports sqlite3/aiosqlite).
 - Of ``gate/core/``, the store imports only ``gate/model.py`` (the values it returns),
   and ``model.py`` imports nothing but the standard library.
@@ -454,6 +457,32 @@ def test_layers_model_imports_only_the_standard_library() -> None:
     assert not outside, f"{model.rel} holds plain values; imports {outside}"
 
 
+# --------------------------------------------------------------------------- relay-side I/O
+# (one signed delivery and one receiver for every relay: the reference relay, the inbox)
+
+RELAY_IO = under("gate.relay")
+RELAY_IO_ALLOWED_GATE = ("gate.protocol", "gate.errors", "gate.relay")
+
+
+@pytest.mark.parametrize("module", RELAY_IO, ids=ids(RELAY_IO))
+def test_layers_relay_io_uses_only_the_protocol(module: Module) -> None:
+    """gate/relay is shared by untrusted peers (the inbox, the reference relay) and
+    conformance: it may use gate.protocol and gate.errors, nothing else of the gate."""
+    imported = imports_of(module)
+    other = sorted(
+        name
+        for name in imported
+        if (name == "gate" or name.startswith("gate."))
+        and not any(name == ok or name.startswith(ok + ".") for ok in RELAY_IO_ALLOWED_GATE)
+    )
+
+    assert not other and not hits(imported, SQL_DRIVERS), f"{module.rel} imports {other}"
+
+
+def test_layers_relay_io_rule_sees_its_modules() -> None:
+    assert {m.name for m in RELAY_IO} >= {"gate.relay.delivery", "gate.relay.inbound"}
+
+
 # --------------------------------------------------------------------------- the inbox
 # (a separate program, a hitl/v0 relay with its own database)
 
@@ -468,6 +497,7 @@ INBOX_ALLOWED_GATE = (
     "gate.logs",
     "gate.clock",
     "gate.errors",
+    "gate.relay",
     "gate.inbox",
 )
 

@@ -19,12 +19,12 @@ from urllib.parse import parse_qsl, quote, urlsplit
 from aiohttp import web
 
 from gate.config.webauthn import origin_of
-from gate.inbox.body import read_whole
 from gate.inbox.decided import on_behalf_of
 from gate.inbox.model import Item, Session
 from gate.protocol.envelope import check_unicode
 from gate.protocol.errors import ProtocolError
 from gate.protocol.whitespace import identity_key
+from gate.relay.inbound import read_whole
 
 log = logging.getLogger(__name__)
 

@@ -13,6 +13,7 @@ from gate.protocol import PROTOCOL, PROTOCOL_HEADER, SIGNATURE_HEADER, signing
 from gate.protocol.envelope import decode_json
 from gate.protocol.relay_answers import refusal_reason
 from gate.protocol.whitespace import identity_key
+from gate.relay.delivery import post
 
 ACK_LIMIT_S = 5.0
 
@@ -128,6 +129,60 @@ def judge_ack(status: int | None, error: str | None, elapsed_s: float) -> CheckR
         "answer the dispatch POST with any 2xx at once (within 5 s) and show the draft "
         "to the human afterwards; never hold the connection open for the human",
     )
+
+
+@dataclass(frozen=True, slots=True)
+class Awaited:
+    """The words for a callback awaited after a dispatch: the check ``name``, what arrives
+    (``noun``: decision, answer), the note when the dispatch was not acked (``unacked``),
+    what a relay must POST (``how``) and fix first without an ack (``fix_ack``), the note
+    when one came although not acked (``late``), and the checks of what arrived
+    (``judged``: reported not run when nothing did)."""
+
+    name: str
+    noun: str
+    unacked: str
+    how: str
+    fix_ack: str
+    late: str
+    judged: tuple[str, ...]
+
+
+DECISION = Awaited(
+    "relay.decision_received",
+    "decision",
+    " (the dispatch was not acked)",
+    "POST one signed decision per approver",
+    "fix relay.ack first: the gate retries a dispatch that is not acked",
+    " (although the dispatch was not acked)",
+    DECISION_CHECKS,
+)
+
+
+def judge_arrival(
+    awaited: Awaited,
+    found: Observed | None,
+    acked: bool,
+    sent_at: float,
+    timeout_s: float,
+    callback_url: str,
+) -> list[CheckResult]:
+    """The callback ``found`` (None: none came) arrived after its dispatch, sent at unix
+    second ``sent_at`` and ``acked`` or not; without it, ``awaited.judged`` are not run."""
+    if found is not None:
+        late = "" if acked else awaited.late
+        return [
+            passed(awaited.name, f"{found.received_at - sent_at:.1f} s after the dispatch{late}")
+        ]
+    why = f"no {awaited.noun} arrived"
+    result = failed(
+        awaited.name,
+        why + (f" within {timeout_s:g} s" if acked else awaited.unacked),
+        f"{awaited.how} to callback.url ({callback_url}); raise --timeout if a human needs longer"
+        if acked
+        else awaited.fix_ack,
+    )
+    return [result, *(not_run(n, why, f"fix {awaited.name} first") for n in awaited.judged)]
 
 
 def judge_refusal(
@@ -329,15 +384,12 @@ async def probe(
     for any other answer, so a gate that wrongly accepts is reported.
     """
     try:
-        async with session.post(
-            gate_url, data=body, headers=headers, allow_redirects=False
-        ) as resp:
-            status = resp.status
-            text = await resp.text()
+        sent = await post(session, gate_url, body, headers)
     except aiohttp.ClientError as exc:
         return failed(name, f"no answer: {exc}", "the ephemeral gate must be reachable")
+    status, text = sent.status, sent.raw.decode("utf-8", "replace")
     try:
-        answer = decode_json(text.encode("utf-8"))
+        answer = decode_json(sent.raw)
     except GateError:
         answer = text[:200]
     reason = answer.get("reason") if isinstance(answer, dict) else None

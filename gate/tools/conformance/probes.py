@@ -4,16 +4,12 @@ approver out of scope."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import aiohttp
 
 from gate.core.requests import CreateRequest
 from gate.core.service import GateService
 from gate.model import Approval
-from gate.protocol import PROTOCOL_HEADER, SIGNATURE_HEADER
-from gate.protocol.envelope import decode_json
-from gate.tools.conformance.callbacks import resign
+from gate.tools.conformance.callbacks import replay_headers, resign, template_of
 from gate.tools.conformance.checks import CheckResult, Observed, not_run, probe
 from gate.tools.conformance.ephemeral import OUTSIDER, PIPELINE
 
@@ -47,13 +43,8 @@ async def gate_side(
     an approver out of scope; each must be refused with its reason (SPEC §6). Without an
     accepted decision they are reported not run."""
     names = ("gate.replay_refused", "gate.mutated_hash_refused", "gate.out_of_scope_refused")
-    template: Any = None
-    if decision is not None and decision.status == 200:
-        try:
-            template = decode_json(decision.raw)
-        except Exception:  # noqa: BLE001 - an accepted decision always decodes
-            template = None
-    if decision is None or not isinstance(template, dict):
+    template = template_of(decision)
+    if decision is None or template is None:
         checks.extend(
             not_run(
                 name,
@@ -63,17 +54,12 @@ async def gate_side(
             for name in names
         )
         return
-    replay_headers = {
-        k: v
-        for k, v in decision.headers.items()
-        if k in (SIGNATURE_HEADER.lower(), PROTOCOL_HEADER.lower(), "content-type")
-    }
     checks.append(
         await probe(
             session,
             local_url,
             decision.raw,
-            replay_headers,
+            replay_headers(decision),
             names[0],
             409,
             ("already_resolved", "duplicate"),

@@ -11,7 +11,14 @@ from gate.protocol.canonical import wire_json
 from gate.protocol.envelope import decode_json
 from gate.protocol.question import QuestionSpec, check_value
 from gate.protocol.whitespace import identity_key
-from gate.tools.conformance.checks import CheckResult, Observed, failed, judge_signature, passed
+from gate.tools.conformance.checks import (
+    Awaited,
+    CheckResult,
+    Observed,
+    failed,
+    judge_signature,
+    passed,
+)
 
 MAX_ANSWER_CHARS = 2000  # the step default
 
@@ -24,6 +31,16 @@ ANSWER_CHECKS = (
     "question.approver_in_scope",
     "question.value_typed",
     "question.answer_accepted",
+)
+
+ANSWER = Awaited(
+    "question.answer_received",
+    "answer",
+    " (not acked)",
+    'POST one signed decision "answer"',
+    "fix question.ack first",
+    "",
+    ANSWER_CHECKS,
 )
 
 

@@ -12,7 +12,6 @@ from typing import TYPE_CHECKING, Any
 
 from gate.protocol.display import display_time
 from gate.protocol.envelope import build_decision
-from gate.tools.reference_relay.delivery import deliver_with
 from gate.tools.reference_relay.state import Sent, expiry_of, revision_of, settle
 from gate.tools.reference_relay.terminal import Withdrawn
 from gate.tools.reference_relay.view import shown, verdict
@@ -33,15 +32,13 @@ class ApprovalDesk:
     def __init__(self, relay: Relay) -> None:
         self.relay = relay
 
-    async def post_decision(
+    async def deliver(
         self, envelope: dict[str, Any], identity: str, verb: str, text: str | None
-    ) -> tuple[int, Any]:
-        """Sign and POST one decision to the dispatch's callback URL; return (status, answer).
-        ``text`` is an adjust's new text or a skip's reason, else ignored. With
-        the relay's ``--approver-key``, the decision carries its ``approver_assertion``.
-
-        Raises aiohttp.ClientError or TimeoutError when the gate cannot be reached.
-        """
+    ) -> tuple[int, Any] | None:
+        """Build ``identity``'s decision ``verb`` (``text``: an adjust's new text or a skip's
+        reason, else ignored; with the relay's ``--approver-key`` it carries its
+        ``approver_assertion``) and deliver it (``Relay.deliver``). Returns the gate's
+        (status, answer), or None if it never came."""
         adjust_text = text if verb == "adjust" else None
         reason = text if verb == "skip" else None
         decision = build_decision(
@@ -58,16 +55,7 @@ class ApprovalDesk:
         key = self.relay.approver_key
         if key is not None:  # signed by the approver's own key
             decision["approver_assertion"] = key.assertion(envelope, verb, adjust_text, reason)
-        return await self.relay.post_signed(envelope["callback"]["url"], decision)
-
-    async def deliver(
-        self, envelope: dict[str, Any], identity: str, verb: str, text: str | None
-    ) -> tuple[int, Any] | None:
-        """POST a decision, retrying with backoff while the gate is unreachable or answers 5xx,
-        until the dispatch's ``expires_at``. Returns the last answer, or None if it never came."""
-        return await deliver_with(
-            envelope, identity, lambda: self.post_decision(envelope, identity, verb, text)
-        )
+        return await self.relay.deliver(envelope, identity, decision)
 
     async def handle(self, envelope: dict[str, Any]) -> None:
         """Ask each decider in scope in turn (or auto-decide), skipping who is recorded and

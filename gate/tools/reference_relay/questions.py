@@ -7,7 +7,6 @@ and ask again when the gate refuses the value (422). Nothing here ever decides a
 
 from __future__ import annotations
 
-import functools
 import logging
 import time
 from typing import TYPE_CHECKING, Any
@@ -19,7 +18,6 @@ from gate.protocol.display import display_time
 from gate.protocol.question import QuestionSpec, build_answer
 from gate.protocol.relay_inbound import question_request_hash
 from gate.protocol.whitespace import identity_key
-from gate.tools.reference_relay.delivery import deliver_with
 from gate.tools.reference_relay.question_prompt import auto_value, prompt_value
 from gate.tools.reference_relay.question_view import (
     OMIT,
@@ -154,9 +152,8 @@ class QuestionDesk:
             value = await self._value(envelope, spec, identity)
             if value is OMIT:
                 return
-            result = await deliver_with(
-                envelope, identity, functools.partial(self._post, envelope, identity, value)
-            )
+            message = self._answer(envelope, identity, value)
+            result = await relay.deliver(envelope, identity, message)
             if result is None:
                 return
             status, answer = result
@@ -197,8 +194,9 @@ class QuestionDesk:
             f"{gate_refusal(fields)} (HTTP {status})."
         )
 
-    async def _post(self, envelope: dict[str, Any], identity: str, value: Any) -> tuple[int, Any]:
-        message = build_answer(
+    def _answer(self, envelope: dict[str, Any], identity: str, value: Any) -> dict[str, Any]:
+        """``identity``'s answer ``value`` to the question (``build_answer``)."""
+        return build_answer(
             question_id=envelope["question_id"],
             nonce=envelope["callback"]["nonce"],
             request_hash=envelope["request_hash"],
@@ -207,7 +205,6 @@ class QuestionDesk:
             decided_at_ms=int(time.time() * 1000),
             channel="auto" if self.relay.auto is not None else "terminal",
         )
-        return await self.relay.post_signed(envelope["callback"]["url"], message)
 
     async def _value(self, envelope: dict[str, Any], spec: QuestionSpec, identity: str) -> Any:
         """A value that passed ``check_value``, or ``OMIT`` when none will come (the auto
