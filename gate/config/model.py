@@ -19,17 +19,17 @@ from pydantic import (
 from gate.config.followups import Delegation, EscalationLevel
 from gate.config.policy import PolicyRule
 from gate.config.values import (
-    _check_env_name,
-    _check_http_url,
     _check_listen,
     _check_name,
-    _check_path_text,
-    _check_tcp_addr,
     _non_empty,
     _none_as_empty,
-    _resolve,
     check_bounded_number,
+    check_env_name,
+    check_http_url,
+    check_path_text,
+    check_tcp_addr,
     parse_duration,
+    resolve_path,
 )
 from gate.config.webauthn import WebAuthnConfig
 from gate.protocol.whitespace import identity_key
@@ -50,10 +50,10 @@ _Text = Annotated[str, Field(strict=True, min_length=1)]
 _Name = Annotated[
     str, Field(strict=True, min_length=1, max_length=200), AfterValidator(_check_name)
 ]
-_EnvName = Annotated[str, Field(strict=True, min_length=1), AfterValidator(_check_env_name)]
-_HttpUrl = Annotated[str, Field(strict=True, min_length=1), AfterValidator(_check_http_url)]
+_EnvName = Annotated[str, Field(strict=True, min_length=1), AfterValidator(check_env_name)]
+_HttpUrl = Annotated[str, Field(strict=True, min_length=1), AfterValidator(check_http_url)]
 _Duration = Annotated[float, BeforeValidator(parse_duration)]
-_PathText = Annotated[Path, BeforeValidator(_check_path_text)]
+_PathText = Annotated[Path, BeforeValidator(check_path_text)]
 _Timeout = Annotated[float, BeforeValidator(parse_duration), Field(gt=0)]
 _FROZEN = ConfigDict(extra="forbid", frozen=True)
 
@@ -120,7 +120,7 @@ class RelayConfig(BaseModel):
     url: _HttpUrl
     secret_env: _EnvName
     previous_secret_env: _EnvName | None = None
-    callback_addr: Annotated[str, Field(strict=True), AfterValidator(_check_tcp_addr)]
+    callback_addr: Annotated[str, Field(strict=True), AfterValidator(check_tcp_addr)]
     public_url: _HttpUrl | None = None
     dispatch_timeout: _Duration = 10.0
     ca_file: _PathText | None = None
@@ -169,7 +169,7 @@ class RelayConfig(BaseModel):
     def _ca_bundle(cls, value: Path | None, info: ValidationInfo) -> Path | None:
         if value is None:
             return None
-        path = _resolve(value, info)
+        path = resolve_path(value, info)
         try:
             ssl.create_default_context(cafile=str(path))
         except ssl.SSLError:  # (an OSError too)
@@ -224,7 +224,7 @@ class StorageConfig(BaseModel):
     @field_validator("path")
     @classmethod
     def _absolute(cls, value: Path, info: ValidationInfo) -> Path:
-        path = _resolve(value, info)
+        path = resolve_path(value, info)
         # what can be told without touching anything: serve creates a missing file and
         # its directories, but cannot open a directory as a database
         if path.is_dir():
@@ -257,12 +257,12 @@ class ReceiptsConfig(BaseModel):
     @field_validator("signing_key_file")
     @classmethod
     def _absolute(cls, value: Path | None, info: ValidationInfo) -> Path | None:
-        return _resolve(value, info) if value is not None else None
+        return resolve_path(value, info) if value is not None else None
 
     @field_validator("trusted_public_keys")
     @classmethod
     def _absolute_all(cls, value: tuple[Path, ...], info: ValidationInfo) -> tuple[Path, ...]:
-        return tuple(_resolve(path, info) for path in value)
+        return tuple(resolve_path(path, info) for path in value)
 
 
 class BudgetConfig(BaseModel):

@@ -127,7 +127,9 @@ def check_bounded_number(value: Any) -> Any:
     return value
 
 
-def _check_env_name(value: str) -> str:
+def check_env_name(value: str) -> str:
+    """A pydantic validator (the gate's config and the inbox's): ``value`` is the name of an
+    environment variable, never a secret pasted in its place; raises ValueError."""
     if _looks_like_a_secret(value):  # a secret pasted where its variable's NAME belongs
         raise ValueError(
             "looks like a secret value, not the name of an environment variable "
@@ -181,7 +183,9 @@ def identity_problem(identity: str) -> str | None:
     return None
 
 
-def _check_http_url(value: str) -> str:
+def check_http_url(value: str) -> str:
+    """A pydantic validator: an http(s) URL with a host and no whitespace; raises
+    ValueError without echoing the URL."""
     # Never echo the URL: relay URLs (e.g. Power Automate) may carry a signature in the query.
     if any(ch.isspace() for ch in value):
         raise ValueError("URL must not contain whitespace")
@@ -200,13 +204,17 @@ def _check_listen(value: str) -> str:
     return value
 
 
-def _check_tcp_addr(value: str) -> str:
+def check_tcp_addr(value: str) -> str:
+    """A pydantic validator: a ``host:port`` listen address (no unix socket); raises
+    ValueError."""
     if not isinstance(parse_listen(value), TcpListen):
         raise ValueError("must be host:port (a unix socket is not allowed here)")
     return value
 
 
-def _check_path_text(value: Any) -> Any:
+def check_path_text(value: Any) -> Any:
+    """A pydantic validator (before a path is parsed): not an empty or blank string;
+    raises ValueError."""
     if isinstance(value, str) and not value.strip():
         raise ValueError("must not be empty")
     return value
@@ -223,7 +231,7 @@ def _none_as_empty(value: Any) -> Any:
     return {} if value is None else value
 
 
-def _resolve(path: Path, info: ValidationInfo) -> Path:
+def resolve_path(path: Path, info: ValidationInfo) -> Path:
     """Make ``path`` absolute against ``context["base_dir"]`` (the config file's directory)."""
     base = (info.context or {}).get("base_dir") or Path.cwd()
     path = path.expanduser()
