@@ -532,6 +532,39 @@ def test_layers_inbox_rules_see_its_modules() -> None:
     }
 
 
+def _runtime_imports(module: Module) -> set[str]:
+    """``imports_of`` without the imports under ``if TYPE_CHECKING:`` (annotations only)."""
+    tree = ast.Module(
+        body=[
+            node
+            for node in module.tree.body
+            if not (isinstance(node, ast.If) and ast.unparse(node.test) == "TYPE_CHECKING")
+        ],
+        type_ignores=[],
+    )
+    return imports_of(Module(module.name, module.path, tree))
+
+
+def test_layers_inbox_has_no_import_loops() -> None:
+    """No module of gate/inbox imports, through others, itself (the shared state lives in
+    ``state.py``, below the route modules; an import under TYPE_CHECKING does not count)."""
+    names = {m.name for m in INBOX}
+    graph = {m.name: {n for n in _runtime_imports(m) if n in names and n != m.name} for m in INBOX}
+    loops = []
+    for start in sorted(graph):
+        seen, todo = set(), list(graph[start])
+        while todo:
+            name = todo.pop()
+            if name == start:
+                loops.append(start)
+                break
+            if name not in seen:
+                seen.add(name)
+                todo.extend(graph[name])
+
+    assert not loops, f"gate/inbox modules that import themselves through others: {loops}"
+
+
 # --------------------------------------------------------------------------- the SDK
 # (gate/sdk runs inside an agent's process; the CLI's ApiClient is built on it)
 
