@@ -107,15 +107,16 @@ def observer(seen: list[Observed], changed: asyncio.Event, now: Callable[[], flo
     return observe
 
 
-def callbacks_for(seen: list[Observed], approval_id: str) -> list[Observed]:
-    """The callbacks in ``seen`` whose body names ``approval_id``."""
+def callbacks_for(seen: list[Observed], id_: str, key: str = "approval_id") -> list[Observed]:
+    """The callbacks in ``seen`` whose body names ``id_`` as ``key`` (``approval_id``, or
+    ``question_id`` for a question's answers)."""
     out = []
     for obs in seen:
         try:
             body = decode_json(obs.raw)
-        except Exception:  # noqa: BLE001 - any undecodable body simply is not this approval's
+        except Exception:  # noqa: BLE001 - any undecodable body simply is not this one's
             continue
-        if isinstance(body, dict) and body.get("approval_id") == approval_id:
+        if isinstance(body, dict) and body.get(key) == id_:
             out.append(obs)
     return out
 

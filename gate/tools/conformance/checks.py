@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -324,49 +325,76 @@ def judge_decision(
                 f'send "protocol": "{PROTOCOL}"',
             )
         )
-    results.append(
-        passed("relay.nonce", "nonce is the dispatched one")
-        if body.get("nonce") == nonce
-        else failed(
-            "relay.nonce",
-            f"nonce {body.get('nonce')!r}",
-            "echo callback.nonce from the dispatch unchanged",
-        )
-    )
-    results.append(
-        passed("relay.payload_hash_echo", "payload_hash matches the dispatch")
-        if body.get("payload_hash") == payload_hash
-        else failed(
+    echoes = (
+        Echo("relay.nonce", "nonce", nonce, "nonce is the dispatched one", ECHO_NONCE),
+        Echo(
             "relay.payload_hash_echo",
-            f"payload_hash {body.get('payload_hash')!r}",
+            "payload_hash",
+            payload_hash,
+            "payload_hash matches the dispatch",
             "echo payload_hash from the dispatch byte for byte; never recompute it from a "
             "re-encoded draft",
-        )
+        ),
     )
-    approver_obj = body.get("approver")
-    got = approver_obj.get("id") if isinstance(approver_obj, dict) else None
-    ok_approver = isinstance(got, str) and identity_key(got) == identity_key(approver)
-    results.append(
-        passed("relay.approver_in_scope", f"approver.id {got!r}")
-        if ok_approver
-        else failed(
-            "relay.approver_in_scope",
-            f"approver.id {got!r}",
-            f"report the human who decided as approver.id; expected {approver!r}, one of "
-            "the dispatch's approvers",
-        )
-    )
-    accepted = decision.status == 200
-    results.append(
-        passed("relay.decision_accepted", f"gate answered 200 {_answer_text(decision.answer)}")
-        if accepted
-        else failed(
-            "relay.decision_accepted",
-            f"gate answered {decision.status} {_answer_text(decision.answer)}",
-            "the gate refused this decision; the reason names the field or check",
-        )
-    )
+    results += judge_echoes(body, echoes, "relay.approver_in_scope", approver, "decided", repr)
+    results.append(judge_accepted("relay.decision_accepted", decision, "decision", _answer_text))
     return results
+
+
+@dataclass(frozen=True, slots=True)
+class Echo:
+    """A field a callback must carry unchanged from its dispatch: the check ``name``, the
+    body's ``field`` and its ``expected`` value, what a pass says (``ok``) and how to fix a
+    miss (``fix``)."""
+
+    name: str
+    field: str
+    expected: Any
+    ok: str
+    fix: str
+
+
+ECHO_NONCE = "echo callback.nonce from the dispatch unchanged"
+
+
+def judge_echoes(
+    body: dict[str, Any],
+    echoes: Sequence[Echo],
+    name: str,
+    approver: str,
+    who: str,
+    show: Callable[[Any], str],
+) -> list[CheckResult]:
+    """The ``echoes`` of a callback's ``body`` (a decision, an answer), then the approver it
+    reports (check ``name``): ``approver``, compared as SPEC §2 check 11 does, the human who
+    ``who`` (decided, answered). Values are written in the report by ``show``."""
+    results = [
+        passed(e.name, e.ok)
+        if body.get(e.field) == e.expected
+        else failed(e.name, f"{e.field} {show(body.get(e.field))}", e.fix)
+        for e in echoes
+    ]
+    reported = body.get("approver")
+    got = reported.get("id") if isinstance(reported, dict) else None
+    said = f"approver.id {show(got)}"
+    if isinstance(got, str) and identity_key(got) == identity_key(approver):
+        return [*results, passed(name, said)]
+    fix = (
+        f"report the human who {who} as approver.id; expected {approver!r}, one of the "
+        "dispatch's approvers"
+    )
+    return [*results, failed(name, said, fix)]
+
+
+def judge_accepted(
+    name: str, callback: Observed, noun: str, show: Callable[[Any], str]
+) -> CheckResult:
+    """The gate took the callback (a ``noun``: decision, answer) with 200 (check ``name``);
+    its answer is written in the report by ``show``."""
+    said = f"gate answered {callback.status} {show(callback.answer)}"
+    if callback.status == 200:
+        return passed(name, said)
+    return failed(name, said, f"the gate refused this {noun}; the reason names the field or check")
 
 
 async def probe(

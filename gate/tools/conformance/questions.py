@@ -14,12 +14,17 @@ from dataclasses import replace
 from typing import Any
 
 from gate.core.service import GateService
-from gate.errors import GateError
 from gate.model import Question
 from gate.protocol.canonical import wire_json
-from gate.protocol.envelope import decode_json
 from gate.protocol.question import QuestionSpec, build_question_dispatch
-from gate.tools.conformance.callbacks import Lookup, Run, replay_headers, resign, template_of
+from gate.tools.conformance.callbacks import (
+    Lookup,
+    Run,
+    callbacks_for,
+    replay_headers,
+    resign,
+    template_of,
+)
 from gate.tools.conformance.checks import (
     CheckResult,
     Observed,
@@ -46,19 +51,6 @@ PROBES = (
     "question.mutated_hash_refused",
     "question.as_approval_refused",
 )
-
-
-def for_question(seen: list[Observed], question_id: str) -> list[Observed]:
-    """The callbacks in ``seen`` whose body names ``question_id`` (as ``question_id``)."""
-    out = []
-    for obs in seen:
-        try:
-            body = decode_json(obs.raw)
-        except GateError:
-            continue
-        if isinstance(body, dict) and body.get("question_id") == question_id:
-            out.append(obs)
-    return out
 
 
 async def _ask(service: GateService, run_id: str) -> Question:
@@ -166,7 +158,7 @@ async def check_questions(run: Run, max_skew_s: float, grace_s: float) -> list[C
     sent_at = time.time()
     ack = await run.send(body, ACK_TIMEOUT_S)
     checks = [replace(judge_ack(ack.status, ack.error, ack.elapsed_s), name="question.ack")]
-    lookup: Lookup = lambda key: for_question(run.seen, key)  # noqa: E731
+    lookup: Lookup = lambda key: callbacks_for(run.seen, key, "question_id")  # noqa: E731
     answer = await run.arrival(lookup, real.question_id, ack, grace_s)
     acked = ack.error is None
     checks.extend(judge_arrival(ANSWER, answer, acked, sent_at, run.timeout_s, run.callback))

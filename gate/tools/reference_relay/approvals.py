@@ -4,7 +4,6 @@ prompt that goes stale on screen (a newer revision, expiry) is withdrawn."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import time
@@ -12,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from gate.protocol.display import display_time
 from gate.protocol.envelope import build_decision
-from gate.tools.reference_relay.state import Sent, expiry_of, revision_of, settle
+from gate.tools.reference_relay.state import Sent, revision_of
 from gate.tools.reference_relay.terminal import Withdrawn
 from gate.tools.reference_relay.view import shown, verdict
 
@@ -192,26 +191,17 @@ class ApprovalDesk:
         """One prompt on the terminal, withdrawn (Withdrawn) when it goes stale while shown:
         a newer revision arrives (``_newer``) or the dispatch's ``expires_at`` passes."""
         approval_id, revision = envelope["approval_id"], revision_of(envelope)
-        loop = asyncio.get_running_loop()
-        stale: asyncio.Future[str] = loop.create_future()
         now_stale = self.relay.known.stale(envelope, time.time())
         if now_stale is not None:  # asked again (after a 422) about what went stale meanwhile
             self.relay.terminal.say(f"{now_stale}; not asking again.")
             raise Withdrawn(now_stale)
-        timer = loop.call_later(
-            max(0.0, expiry_of(envelope, time.time()) - time.time()),
-            settle,
-            stale,
+        expired = (
             f"Approval {shown(approval_id)} expired at "
             f"{shown(display_time(envelope.get('expires_at')))} "
-            "while waiting for an answer; not asking any more.",
+            "while waiting for an answer; not asking any more."
         )
-        self.relay.asking = (approval_id, revision, stale)
-        try:
+        with self.relay.asking_about(envelope, approval_id, revision, expired) as stale:
             return await self.relay.terminal.ask(envelope, identity, stale)
-        finally:
-            timer.cancel()
-            self.relay.asking = None
 
 
 def _quorum_field(envelope: dict[str, Any]) -> str:

@@ -74,19 +74,7 @@ class QuestionDesk:
             return web.json_response(
                 {"status": "invalid", "reason": "request_hash_mismatch"}, status=400
             )
-        nonce = envelope["callback"]["nonce"]
-        if nonce in relay.handled:  # the gate re-sent a dispatch whose ack it missed
-            return web.json_response({"status": "accepted", "duplicate": True}, status=202)
-        reason = self._unable(envelope)
-        if reason is not None:
-            log.warning(
-                "event=dispatch_refused reason=%s question_id=%s", reason, envelope["question_id"]
-            )
-            return web.json_response({"status": "unavailable", "reason": reason}, status=503)
-        relay.handled.add(nonce)
-        relay._newer(envelope["question_id"], version_of(envelope), "question")
-        relay.queue.put_nowait(envelope)
-        return web.json_response({"status": "accepted"}, status=202)
+        return relay.accept(envelope, "question", version_of(envelope), self._unable(envelope))
 
     def _unable(self, envelope: dict[str, Any]) -> str | None:
         """Why nobody here will answer this question, checked before it is acked (so the

@@ -14,9 +14,10 @@ approval a signed resolution notice says ended elsewhere.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -117,21 +118,45 @@ class Relay:
             return web.json_response(
                 {"status": "invalid", "reason": "payload_hash_mismatch"}, status=400
             )
+        unable = "no_human_at_terminal" if self.nobody_here() else None  # acked, it would wait
+        return self.accept(envelope, "approval", revision_of(envelope), unable)  # here unseen
+
+    def accept(
+        self, envelope: dict[str, Any], kind: str, revision: int, unable: str | None
+    ) -> web.Response:
+        """Ack (202) a checked dispatch of ``kind`` (approval, question) at ``revision`` and
+        queue it; a re-send of one handled (its nonce) is acked as a duplicate; 503 with the
+        ``unable`` reason when nobody here can answer it (the gate keeps it and retries)."""
+        key = f"{kind}_id"
         nonce = envelope["callback"]["nonce"]
         if nonce in self.handled:  # the gate re-sent a dispatch whose ack it missed
             return web.json_response({"status": "accepted", "duplicate": True}, status=202)
-        if self.nobody_here():  # acked, it would wait here unseen
-            log.warning(
-                "event=dispatch_refused reason=no_human_at_terminal approval_id=%s",
-                envelope["approval_id"],
-            )
-            return web.json_response(
-                {"status": "unavailable", "reason": "no_human_at_terminal"}, status=503
-            )
+        if unable is not None:
+            log.warning("event=dispatch_refused reason=%s %s=%s", unable, key, envelope[key])
+            return web.json_response({"status": "unavailable", "reason": unable}, status=503)
         self.handled.add(nonce)
-        self._newer(envelope["approval_id"], revision_of(envelope))
-        await self.queue.put(envelope)
+        self._newer(envelope[key], revision, kind)
+        self.queue.put_nowait(envelope)
         return web.json_response({"status": "accepted"}, status=202)
+
+    @contextlib.contextmanager
+    def asking_about(
+        self, envelope: dict[str, Any], subject: str, revision: int, expired: str
+    ) -> Iterator[asyncio.Future[str]]:
+        """While the block runs, a prompt about ``subject`` (an approval's or a question's id)
+        at ``revision`` is on screen (``asking``): the future it waits on is settled, which
+        withdraws it, with ``expired`` at the dispatch's ``expires_at``, or by a newer
+        revision or a notice."""
+        loop = asyncio.get_running_loop()
+        stale: asyncio.Future[str] = loop.create_future()
+        left = max(0.0, expiry_of(envelope, time.time()) - time.time())
+        timer = loop.call_later(left, settle, stale, expired)
+        self.asking = (subject, revision, stale)
+        try:
+            yield stale
+        finally:
+            timer.cancel()
+            self.asking = None
 
     def nobody_here(self) -> bool:
         """True when no human can answer a dispatch here: input ended (a prompt read its
