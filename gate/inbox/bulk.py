@@ -42,15 +42,9 @@ KEPT_MS = 5 * 60_000  # a challenged batch is kept this long for its decide
 MAX_KEPT = 1000
 
 
-class BulkRefused(ValueError):
+class BulkRefused(Refused):
     """A batch the inbox will not sign or post: HTTP ``status``, wire ``reason`` and the
     ``message`` in words (naming the item when one is the cause); nothing is posted."""
-
-    def __init__(self, status: int, reason: str, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.reason = reason
-        self.message = message
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,7 +193,7 @@ async def challenge(request: web.Request) -> web.Response:
         items = checked_items(picks, await _stored(state, picks), lambda i: may_decide(session, i))
         batch = batch_of(items)
     except BulkRefused as refused:
-        return auth.refusal(refused.status, refused.reason, refused.message)
+        return refused.response()
     kept = _kept(state)
     if len(kept) >= MAX_KEPT:
         kept.pop(next(iter(kept)))
@@ -231,8 +225,8 @@ async def decide(request: web.Request) -> web.Response:
                 raise BulkRefused(409, "not_available", "An item is no longer waiting for you.")
         unsigned = "Sign the approvals with your passkey."
         assertion = own_assertion(fields, session, state, unsigned).credential_id_b64
-    except (BulkRefused, Refused) as refused:
-        return auth.refusal(refused.status, refused.reason, refused.message)
+    except Refused as refused:
+        return refused.response()
     signed = dict(fields["assertion"]) | {"batch": list(batch.hexes)}
     batch_id = secrets.token_urlsafe(12)
     for item in batch.items:
