@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from urllib.parse import urlsplit
 
 from gate.config.followups import check_delegations, check_step_followups
-from gate.config.model import Config, StepConfig
+from gate.config.model import Config, RelayConfig, StepConfig
 from gate.config.policy import check_step_policy
 from gate.config.questions import check_question_step
 from gate.config.secrets import _secret_vars
@@ -56,8 +56,27 @@ def _check_listeners(config: Config) -> list[str]:
 
 def _cross_check(config: Config) -> list[str]:
     """Checks across fields (SPEC §5), run after the schema validated; returns every error."""
+    errors, defined = _check_operators(config.relay)
+    allowed = config.relay.security.allowed_users
+    errors += _check_ids("relay.security.allowed_users", allowed, defined, None)
+
+    errors += _check_listeners(config)
+    errors += check_webauthn(config)  # passkeys
+    env_names = _secret_vars(config)
+    for j, (where, name) in enumerate(env_names):
+        for other, other_name in env_names[:j]:
+            if name == other_name:
+                errors.append(f"{where}: must differ from {other} ({name} is used for both)")
+                break
+    errors += _check_pipelines(config, defined)
+    errors += check_delegations(config.delegations, config)
+    return errors
+
+
+def _check_operators(relay: RelayConfig) -> tuple[list[str], set[int]]:
+    """``relay.operators``' errors (ids and identities unique, identities well formed) and
+    the operator ids defined."""
     errors: list[str] = []
-    relay = config.relay
     first_id: dict[int, int] = {}
     first_key: dict[str, int] = {}
     for i, op in enumerate(relay.operators):
@@ -79,20 +98,15 @@ def _cross_check(config: Config) -> list[str]:
             )
         if not is_blank(op.identity) and op.key not in first_key:
             first_key[op.key] = i
-    defined = set(first_id)
-    allowed = relay.security.allowed_users
+    return errors, set(first_id)
+
+
+def _check_pipelines(config: Config, defined: set[int]) -> list[str]:
+    """``pipelines``' errors: names unique, each step's approvers defined and allowed, its
+    quorum reachable, and the checks of its kind (questions, follow-ups, policy)."""
+    errors: list[str] = []
+    allowed = config.relay.security.allowed_users
     allowed_set = set(allowed)
-    errors += _check_ids("relay.security.allowed_users", allowed, defined, None)
-
-    errors += _check_listeners(config)
-    errors += check_webauthn(config)  # passkeys
-    env_names = _secret_vars(config)
-    for j, (where, name) in enumerate(env_names):
-        for other, other_name in env_names[:j]:
-            if name == other_name:
-                errors.append(f"{where}: must differ from {other} ({name} is used for both)")
-                break
-
     first_pipe: dict[str, int] = {}
     for p, pipe in enumerate(config.pipelines):
         if pipe.name in first_pipe:
@@ -136,7 +150,6 @@ def _cross_check(config: Config) -> list[str]:
             if not step.is_question:
                 errors += check_step_followups(where, step, in_scope, config)
                 errors += check_step_policy(where, step)
-    errors += check_delegations(config.delegations, config)
     return errors
 
 
