@@ -8,7 +8,7 @@ import asyncio
 import json
 import secrets as pysecrets
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,7 +22,7 @@ from gate.errors import GateError
 from gate.protocol import PROTOCOL, PROTOCOL_HEADER, SIGNATURE_HEADER, signing
 from gate.protocol.canonical import wire_json
 from gate.protocol.envelope import decode_json
-from gate.tools.conformance.checks import Observed
+from gate.tools.conformance.checks import CheckResult, Observed, probe
 from gate.web.common import Handler
 
 Lookup = Callable[[str], list[Observed]]
@@ -174,3 +174,30 @@ def resign(
         SIGNATURE_HEADER: signing.sign(secret, int(time.time()), raw),
     }
     return raw, headers
+
+
+Probe = tuple[str, dict[str, Any], tuple[str, ...], int, tuple[str, ...]]
+"""A gate probe: its check name, the changes to the template and the keys it drops, the
+status and the reasons the gate must refuse it with."""
+
+
+async def run_probes(
+    session: aiohttp.ClientSession,
+    gate_url: str,
+    template: dict[str, Any],
+    secret: str,
+    probes: Sequence[Probe],
+) -> list[CheckResult]:
+    """Each of ``probes`` in order: ``template`` (an accepted callback) changed as it says,
+    re-signed with ``secret`` (``resign``) and POSTed to the gate at ``gate_url`` (``probe``:
+    it passes only when refused with its status and one of its reasons)."""
+    results = []
+    for name, changes, drop, status, reasons in probes:
+        raw, headers = resign(template, secret, changes, drop)
+        results.append(await probe(session, gate_url, raw, headers, name, status, reasons))
+    return results
+
+
+def mutated(digest: str) -> str:
+    """``digest`` with its last character changed (a hash a probe aims at)."""
+    return digest[:-1] + ("0" if digest[-1] != "0" else "1")

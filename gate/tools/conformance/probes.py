@@ -9,10 +9,17 @@ import aiohttp
 from gate.core.requests import CreateRequest
 from gate.core.service import GateService
 from gate.model import Approval
-from gate.tools.conformance.callbacks import replay_headers, resign, template_of
+from gate.tools.conformance.callbacks import (
+    Probe,
+    mutated,
+    replay_headers,
+    run_probes,
+    template_of,
+)
 from gate.tools.conformance.checks import CheckResult, Observed, not_run, probe
 from gate.tools.conformance.ephemeral import OUTSIDER, PIPELINE
 
+MISMATCH = ("payload_hash_mismatch",)
 DRAFT = (
     "hitl-gate conformance check — not a real request.\n"
     "Grüße, Zoë · 1.240,00 € · ✅\r\nPlease approve so the check can finish.\n"
@@ -67,28 +74,12 @@ async def gate_side(
     )
     target = await create_approval(service, "conformance-probe")
     rev = target.revisions[0]
-    digest = rev.payload_hash
-    mutated = digest[:-1] + ("0" if digest[-1] != "0" else "1")
-    raw, headers = resign(
-        template,
-        secret,
-        {"approval_id": target.approval_id, "nonce": rev.nonce, "payload_hash": mutated},
-    )
-    checks.append(
-        await probe(session, local_url, raw, headers, names[1], 403, ("payload_hash_mismatch",))
-    )
+    aimed = {"approval_id": target.approval_id, "nonce": rev.nonce}
     approver_obj = dict(template.get("approver") or {})
     approver_obj["id"] = OUTSIDER
-    raw, headers = resign(
-        template,
-        secret,
-        {
-            "approval_id": target.approval_id,
-            "nonce": rev.nonce,
-            "payload_hash": digest,
-            "approver": approver_obj,
-        },
-    )
-    checks.append(
-        await probe(session, local_url, raw, headers, names[2], 403, ("approver_not_allowed",))
-    )
+    out_of_scope = {**aimed, "payload_hash": rev.payload_hash, "approver": approver_obj}
+    probes: list[Probe] = [
+        (names[1], {**aimed, "payload_hash": mutated(rev.payload_hash)}, (), 403, MISMATCH),
+        (names[2], out_of_scope, (), 403, ("approver_not_allowed",)),
+    ]
+    checks.extend(await run_probes(session, local_url, template, secret, probes))

@@ -19,10 +19,12 @@ from gate.protocol.canonical import wire_json
 from gate.protocol.question import QuestionSpec, build_question_dispatch
 from gate.tools.conformance.callbacks import (
     Lookup,
+    Probe,
     Run,
     callbacks_for,
+    mutated,
     replay_headers,
-    resign,
+    run_probes,
     template_of,
 )
 from gate.tools.conformance.checks import (
@@ -44,6 +46,8 @@ TEXT = (
 OPTIONS = ("yes", "no", "später")
 """The synthetic question's options; a relay in a demo/test mode answers the first."""
 REASON = "hitl-gate verify --questions"
+HASH_MISMATCH = ("request_hash_mismatch",)
+AS_APPROVAL_DROPS = ("question_id", "kind", "value", "request_hash")
 # the gate-side probes, in report order (each a re-signed copy of the relay's answer)
 PROBES = (
     "question.replay_refused",
@@ -106,7 +110,7 @@ async def _probes(run: Run, answer: Observed | None) -> list[CheckResult]:
             )
             for name in PROBES
         ]
-    session, local_url, secret = run.session, run.local_url, run.secret
+    session, local_url = run.session, run.local_url
     headers = replay_headers(answer)
     replay = await probe(
         session, local_url, answer.raw, headers, PROBES[0], 409, ("duplicate", "already_resolved")
@@ -115,26 +119,23 @@ async def _probes(run: Run, answer: Observed | None) -> list[CheckResult]:
     current = target.current
     aimed: dict[str, Any] = {"question_id": target.question_id, "nonce": current.nonce}
     digest = current.request_hash
-    mutated = digest[:-1] + ("0" if digest[-1] != "0" else "1")
-    # the hash and the kind probes first: if the gate wrongly took the wrong-typed value,
-    # the probe question would be answered and the later probes would say so as well
-    raw, hdrs = resign(template, secret, {**aimed, "request_hash": mutated})
-    hash_probe = await probe(
-        session, local_url, raw, hdrs, PROBES[2], 403, ("request_hash_mismatch",)
-    )
     as_approval = {
         "approval_id": target.question_id,
         "nonce": current.nonce,
         "decision": "approve",
         "payload_hash": digest,
     }
-    raw, hdrs = resign(
-        template, secret, as_approval, drop=("question_id", "kind", "value", "request_hash")
-    )
-    kind_probe = await probe(session, local_url, raw, hdrs, PROBES[3], 409, ("wrong_kind",))
     wrong_type = {**aimed, "request_hash": digest, "value": len(OPTIONS)}  # a number, no option
-    raw, hdrs = resign(template, secret, wrong_type)
-    type_probe = await probe(session, local_url, raw, hdrs, PROBES[1], 422, ("invalid_value",))
+    # the hash and the kind probes first: if the gate wrongly took the wrong-typed value,
+    # the probe question would be answered and the later probes would say so as well
+    probes: list[Probe] = [
+        (PROBES[2], {**aimed, "request_hash": mutated(digest)}, (), 403, HASH_MISMATCH),
+        (PROBES[3], as_approval, AS_APPROVAL_DROPS, 409, ("wrong_kind",)),
+        (PROBES[1], wrong_type, (), 422, ("invalid_value",)),
+    ]
+    hash_probe, kind_probe, type_probe = await run_probes(
+        session, local_url, template, run.secret, probes
+    )
     return [replay, type_probe, hash_probe, kind_probe]
 
 
