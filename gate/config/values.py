@@ -127,6 +127,13 @@ def check_bounded_number(value: Any) -> Any:
     return value
 
 
+def first_seen(seen: dict[Any, int], key: Any, index: int) -> int | None:
+    """Where ``key`` (a name or an id in a YAML list) was first seen, when before ``index``;
+    else None, and ``index`` is recorded as its first place in ``seen``."""
+    first = seen.setdefault(key, index)
+    return None if first == index else first
+
+
 def check_env_name(value: str) -> str:
     """A pydantic validator (the gate's config and the inbox's): ``value`` is the name of an
     environment variable, never a secret pasted in its place; raises ValueError."""
