@@ -525,6 +525,24 @@ def test_layers_the_inbox_is_an_untrusted_peer(module: Module) -> None:
     )
 
 
+@pytest.mark.parametrize("module", INBOX, ids=ids(INBOX))
+def test_layers_the_inbox_imports_no_private_name_of_the_gate(module: Module) -> None:
+    """What the inbox shares with the gate (config helpers) is public and documented: a
+    refactor of a private name can never break it silently."""
+    private = sorted(
+        f"{node.module}.{alias.name}"
+        for node in ast.walk(module.tree)
+        if isinstance(node, ast.ImportFrom)
+        and node.module is not None
+        and node.module.startswith("gate.")
+        and not node.module.startswith("gate.inbox")
+        for alias in node.names
+        if alias.name.startswith("_")
+    )
+
+    assert not private, f"{module.rel} imports private names {private}"
+
+
 def test_layers_inbox_rules_see_its_modules() -> None:
     assert {m.name for m in INBOX} >= {"gate.inbox.db", "gate.inbox.relay", "gate.inbox.config"}
     assert {m.name for m in INBOX} >= {
