@@ -29,7 +29,7 @@ __all__ = ["GateRefused", "GateUnreachable", "fetch_credentials", "post_decision
 
 
 def _retrying(attempt: int, problem: str, _: float) -> None:
-    log.warning("event=gate_retry attempt=%d error=%s", attempt, problem)
+    log.warning("event=gate_retry attempt=%d error=%r", attempt, problem)
 
 
 async def _post(

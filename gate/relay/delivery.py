@@ -55,12 +55,20 @@ class Answer:
 
 
 class GateUnreachable(Exception):
-    """No HTTP answer came from the gate before the deadline; ``problem`` says what the last
-    attempt met (its text never holds a secret)."""
+    """No HTTP answer came from the gate before the deadline. Its text says what the last
+    attempt met in a few words (``cannot reach the gate: ClientConnectorError``, ``the gate
+    did not answer within 10 s``), never a URL or a secret; ``problem`` says it in full for
+    a log line."""
 
-    def __init__(self, problem: str) -> None:
-        super().__init__(f"cannot reach the gate: {problem}")
-        self.problem = problem
+    def __init__(self, exc: Exception, timeout_s: float | None) -> None:
+        self.problem = f"{type(exc).__name__}: {exc}"
+        if isinstance(exc, aiohttp.ClientError):
+            text = f"cannot reach the gate: {type(exc).__name__}"
+        elif timeout_s is not None:
+            text = f"the gate did not answer within {timeout_s:g} s"
+        else:
+            text = "the gate did not answer in time"
+        super().__init__(text)
 
 
 def signed_headers(secret: str, t: int, body: bytes) -> dict[str, str]:
@@ -115,20 +123,17 @@ async def deliver(
     delay, attempt = FIRST_DELAY_S, 0
     while True:
         attempt += 1
-        last: Answer | None = None
         try:
-            last = await post(
-                session, url, body, signed_headers(secret, int(time.time()), body), timeout_s
-            )
-            if last.status < 500:
-                return last
-            problem = f"HTTP {last.status}"
+            headers = signed_headers(secret, int(time.time()), body)
+            answer = await post(session, url, body, headers, timeout_s)
         except (aiohttp.ClientError, TimeoutError) as exc:
+            if time.time() + delay >= deadline:
+                raise GateUnreachable(exc, timeout_s) from exc
             problem = f"{type(exc).__name__}: {exc}"
-        if time.time() + delay >= deadline:
-            if last is not None:
-                return last
-            raise GateUnreachable(problem)
+        else:
+            if answer.status < 500 or time.time() + delay >= deadline:
+                return answer
+            problem = f"HTTP {answer.status}"
         if retrying is not None:
             retrying(attempt, problem, delay)
         await asyncio.sleep(delay)

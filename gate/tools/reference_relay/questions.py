@@ -74,7 +74,8 @@ class QuestionDesk:
             return web.json_response(
                 {"status": "invalid", "reason": "request_hash_mismatch"}, status=400
             )
-        return relay.accept(envelope, "question", version_of(envelope), self._unable(envelope))
+        unable = self._unable(envelope)
+        return relay.accept(envelope, "question", version_of(envelope), unable, log)
 
     def _unable(self, envelope: dict[str, Any]) -> str | None:
         """Why nobody here will answer this question, checked before it is acked (so the

@@ -122,17 +122,23 @@ class Relay:
         return self.accept(envelope, "approval", revision_of(envelope), unable)  # here unseen
 
     def accept(
-        self, envelope: dict[str, Any], kind: str, revision: int, unable: str | None
+        self,
+        envelope: dict[str, Any],
+        kind: str,
+        revision: int,
+        unable: str | None,
+        desk_log: logging.Logger = log,
     ) -> web.Response:
         """Ack (202) a checked dispatch of ``kind`` (approval, question) at ``revision`` and
         queue it; a re-send of one handled (its nonce) is acked as a duplicate; 503 with the
-        ``unable`` reason when nobody here can answer it (the gate keeps it and retries)."""
+        ``unable`` reason when nobody here can answer it (the gate keeps it and retries),
+        logged on the desk's ``desk_log``."""
         key = f"{kind}_id"
         nonce = envelope["callback"]["nonce"]
         if nonce in self.handled:  # the gate re-sent a dispatch whose ack it missed
             return web.json_response({"status": "accepted", "duplicate": True}, status=202)
         if unable is not None:
-            log.warning("event=dispatch_refused reason=%s %s=%s", unable, key, envelope[key])
+            desk_log.warning("event=dispatch_refused reason=%s %s=%s", unable, key, envelope[key])
             return web.json_response({"status": "unavailable", "reason": unable}, status=503)
         self.handled.add(nonce)
         self._newer(envelope[key], revision, kind)
