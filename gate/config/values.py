@@ -8,10 +8,10 @@ import re
 import unicodedata
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 from urllib.parse import urlsplit
 
-from pydantic import ValidationInfo
+from pydantic import AfterValidator, BeforeValidator, Field, ValidationInfo
 
 from gate.protocol.numbers import RANGE_WORDS, brief_number, in_range, is_json_number
 from gate.protocol.whitespace import is_trimmed
@@ -245,3 +245,12 @@ def resolve_path(path: Path, info: ValidationInfo) -> Path:
     if not path.is_absolute():
         path = Path(base) / path
     return Path(os.path.normpath(path))
+
+
+EnvName = Annotated[str, Field(strict=True, min_length=1), AfterValidator(check_env_name)]
+"""A config field naming an environment variable (``*_env``; the gate's config and the
+inbox's)."""
+HttpUrl = Annotated[str, Field(strict=True, min_length=1), AfterValidator(check_http_url)]
+"""A config field holding an http(s) URL (``check_http_url``)."""
+Duration = Annotated[float, BeforeValidator(parse_duration)]
+"""A config field holding a duration (``90s``, ``30m``, ``4h`` or seconds), as seconds."""

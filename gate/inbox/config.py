@@ -27,21 +27,17 @@ from pydantic import (
 from gate.config.messages import pydantic_error
 from gate.config.secrets import CREDENTIALS_DIRECTORY, MIN_SECRET_BYTES, read_secret
 from gate.config.values import (
+    Duration,
+    EnvName,
+    HttpUrl,
     TcpListen,
-    check_env_name,
-    check_http_url,
     check_path_text,
     check_tcp_addr,
-    parse_duration,
     parse_listen,
     resolve_path,
 )
 from gate.config.webauthn import is_domain, is_ip, origin_of
 from gate.config.yamlfile import read_mapping
-
-EnvName = Annotated[str, Field(strict=True, min_length=1), AfterValidator(check_env_name)]
-HttpUrl = Annotated[str, Field(strict=True, min_length=1), AfterValidator(check_http_url)]
-Seconds = Annotated[float, BeforeValidator(parse_duration)]
 
 
 class GateSection(BaseModel):
@@ -54,7 +50,7 @@ class GateSection(BaseModel):
     secret_env: EnvName
     previous_secret_env: EnvName | None = None
     callback_url: HttpUrl
-    max_skew: Seconds = 300.0
+    max_skew: Duration = 300.0
 
 
 class WebAuthnSection(BaseModel):
@@ -136,7 +132,7 @@ class InboxConfig(BaseModel):
     ] = Path("var/inbox.db")
     gate: GateSection
     webauthn: WebAuthnSection = WebAuthnSection()
-    session_ttl: Seconds = 12 * 3600.0
+    session_ttl: Duration = 12 * 3600.0
     mail: MailSection | None = None
     metrics_token_env: EnvName | None = None
 
