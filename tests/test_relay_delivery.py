@@ -14,7 +14,7 @@ from aiohttp import web
 
 from gate.protocol import PROTOCOL, PROTOCOL_HEADER, SIGNATURE_HEADER, signing
 from gate.relay import delivery
-from gate.relay.delivery import GateUnreachable, deliver
+from gate.relay.delivery import Courier, GateUnreachable
 from tests.support import free_port
 
 SECRET = "delivery-test-secret-0123456789"
@@ -64,7 +64,7 @@ async def test_delivery_ends_at_the_first_answer_below_500(
     gate = Gate([status])
     runner, url = await serve(gate)
     try:
-        answer = await deliver(session, url, BODY, SECRET, time.time() + 5)
+        answer = await Courier(session, SECRET).deliver(url, BODY, time.time() + 5)
     finally:
         await runner.cleanup()
 
@@ -79,13 +79,8 @@ async def test_delivery_retries_a_5xx_with_the_same_bytes_signed_afresh(
     told: list[tuple[int, str]] = []
     runner, url = await serve(gate)
     try:
-        answer = await deliver(
-            session,
-            url,
-            BODY,
-            SECRET,
-            time.time() + 5,
-            retrying=lambda attempt, problem, _: told.append((attempt, problem)),
+        answer = await Courier(session, SECRET).deliver(
+            url, BODY, time.time() + 5, lambda attempt, problem, _: told.append((attempt, problem))
         )
     finally:
         await runner.cleanup()
@@ -105,7 +100,7 @@ async def test_delivery_returns_the_last_5xx_at_the_deadline(
     gate = Gate([503])
     runner, url = await serve(gate)
     try:
-        answer = await deliver(session, url, BODY, SECRET, time.time() + 0.2)
+        answer = await Courier(session, SECRET).deliver(url, BODY, time.time() + 0.2)
     finally:
         await runner.cleanup()
 
@@ -119,13 +114,8 @@ async def test_delivery_to_an_unreachable_gate_raises_at_the_deadline(
     told: list[int] = []
 
     with pytest.raises(GateUnreachable, match="cannot reach the gate") as raised:
-        await deliver(
-            session,
-            url,
-            BODY,
-            SECRET,
-            time.time() + 0.2,
-            retrying=lambda attempt, *_: told.append(attempt),
+        await Courier(session, SECRET, 1.0).deliver(
+            url, BODY, time.time() + 0.2, lambda attempt, *_: told.append(attempt)
         )
 
     assert told and told == list(range(1, len(told) + 1))

@@ -17,7 +17,7 @@ import aiohttp
 
 from gate.protocol import credentials
 from gate.protocol.canonical import wire_json
-from gate.relay.delivery import Answer, GateUnreachable, deliver
+from gate.relay.delivery import Answer, Courier, GateUnreachable
 
 log = logging.getLogger(__name__)
 
@@ -40,10 +40,8 @@ async def _post(
     if session is None:
         async with aiohttp.ClientSession(trust_env=False) as own:
             return await _post(url, body, secret, own)
-    deadline = time.time() + DELIVERY_S
-    return await deliver(
-        session, url, body, secret, deadline, timeout_s=TIMEOUT_S, retrying=_retrying
-    )
+    courier = Courier(session, secret, TIMEOUT_S)
+    return await courier.deliver(url, body, time.time() + DELIVERY_S, _retrying)
 
 
 async def post_decision(

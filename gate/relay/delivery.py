@@ -16,7 +16,7 @@ import asyncio
 import json
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
@@ -103,38 +103,38 @@ async def post(
         return Answer(resp.status, raw, resp.headers.get(SIGNATURE_HEADER))
 
 
-async def deliver(
-    session: aiohttp.ClientSession,
-    url: str,
-    body: bytes,
-    secret: str,
-    deadline: float,
-    *,
-    timeout_s: float | None = None,
-    retrying: Retrying | None = None,
-) -> Answer:
-    """POST ``body`` signed with ``secret`` to ``url`` under the module's retry policy until
-    ``deadline`` (unix seconds); ``timeout_s`` bounds each attempt (None: the session's),
-    ``retrying`` is told of each retry (for the caller's log line).
+@dataclass(frozen=True, slots=True)
+class Courier:
+    """Delivers bodies to the gate under the module's retry policy: through ``session``,
+    signed with ``secret`` (the relay secret), each attempt bounded by ``timeout_s`` seconds
+    (None: the session's own timeout)."""
 
-    Returns the first answer below 500, else the last 5xx when the deadline comes; raises
-    GateUnreachable when the last attempt got no HTTP answer.
-    """
-    delay, attempt = FIRST_DELAY_S, 0
-    while True:
-        attempt += 1
-        try:
-            headers = signed_headers(secret, int(time.time()), body)
-            answer = await post(session, url, body, headers, timeout_s)
-        except (aiohttp.ClientError, TimeoutError) as exc:
-            if time.time() + delay >= deadline:
-                raise GateUnreachable(exc, timeout_s) from exc
-            problem = f"{type(exc).__name__}: {exc}"
-        else:
-            if answer.status < 500 or time.time() + delay >= deadline:
-                return answer
-            problem = f"HTTP {answer.status}"
-        if retrying is not None:
-            retrying(attempt, problem, delay)
-        await asyncio.sleep(delay)
-        delay = min(delay * 2, MAX_DELAY_S)
+    session: aiohttp.ClientSession
+    secret: str = field(repr=False)
+    timeout_s: float | None = None
+
+    async def deliver(
+        self, url: str, body: bytes, deadline: float, retrying: Retrying | None = None
+    ) -> Answer:
+        """POST ``body`` to ``url`` until ``deadline`` (unix seconds); ``retrying`` is told
+        of each retry (for the caller's log line). Returns the first answer below 500, else
+        the last 5xx when the deadline comes; raises GateUnreachable when the last attempt
+        got no HTTP answer."""
+        delay, attempt = FIRST_DELAY_S, 0
+        while True:
+            attempt += 1
+            try:
+                headers = signed_headers(self.secret, int(time.time()), body)
+                answer = await post(self.session, url, body, headers, self.timeout_s)
+            except (aiohttp.ClientError, TimeoutError) as exc:
+                if time.time() + delay >= deadline:
+                    raise GateUnreachable(exc, self.timeout_s) from exc
+                problem = f"{type(exc).__name__}: {exc}"
+            else:
+                if answer.status < 500 or time.time() + delay >= deadline:
+                    return answer
+                problem = f"HTTP {answer.status}"
+            if retrying is not None:
+                retrying(attempt, problem, delay)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, MAX_DELAY_S)

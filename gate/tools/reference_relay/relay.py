@@ -27,7 +27,7 @@ from aiohttp import web
 from gate.protocol.canonical import payload_hash, wire_json
 from gate.protocol.relay_inbound import INVALID_PROTOCOL, is_notice, notice_subject
 from gate.protocol.whitespace import identity_key, is_blank
-from gate.relay.delivery import GateUnreachable, deliver
+from gate.relay.delivery import Courier, GateUnreachable
 from gate.relay.inbound import open_request
 from gate.tools.reference_relay.approvals import ApprovalDesk
 from gate.tools.reference_relay.approver_key import ApproverKey
@@ -83,6 +83,7 @@ class Relay:
         self.auto = auto
         self.max_skew = max_skew
         self.session = session
+        self.courier = Courier(session, secret)  # the session's timeout bounds an attempt
         self.terminal = terminal
         self.handled: set[str] = set()
         self.known = Knowledge()
@@ -270,9 +271,7 @@ class Relay:
         deadline = expiry_of(envelope, time.time())
         url, body = envelope["callback"]["url"], wire_json(message)
         try:
-            answer = await deliver(
-                self.session, url, body, self.secret, deadline, retrying=retrying
-            )
+            answer = await self.courier.deliver(url, body, deadline, retrying)
             if answer.status < 500:
                 return answer.status, answer.decoded()
             problem = f"HTTP {answer.status}"
