@@ -1,6 +1,6 @@
 """Signed delivery to the gate: a relay's decision, answer or credentials request signed with
 the relay secret (SPEC §2) and POSTed to the gate's callback URL, with the one retry policy
-every relay shares (docs/protocol.md "Delivering a decision").
+every relay shares (docs/protocol.md, "Answers, in check order").
 
 The policy: each attempt is signed afresh (a new ``t``; the body bytes never change) and
 redirects are never followed. An HTTP answer below 500 ends the delivery at once: a 2xx is
