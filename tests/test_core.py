@@ -26,9 +26,9 @@ from gate.audit import chain as audit
 from gate.audit.receipts import receipt_object
 from gate.clock import ManualClock
 from gate.config import Config, load_config
-from gate.core import rules
+from gate.core.approvals import rules
+from gate.core.approvals.create import CreateRequest, parse_create
 from gate.core.ratelimit import RateLimiter
-from gate.core.requests import CreateRequest, parse_create
 from gate.core.service import GateService
 from gate.errors import Conflict, GateError, NotFound
 from gate.model import Approval, DecisionRow, Revision

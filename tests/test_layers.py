@@ -127,7 +127,7 @@ def test_layers_modules_found() -> None:
         "gate.protocol.signing",
         "gate.protocol.envelope",
         "gate.protocol.canonical",
-        "gate.core.rules",
+        "gate.core.approvals.rules",
         "gate.core.service",
         "gate.store.facade",
         "gate.web.callback",

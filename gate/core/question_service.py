@@ -9,10 +9,10 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from gate.core.longpoll import long_poll, wake
-from gate.core.question_requests import parse_question_create, parse_spec
 from gate.core.question_tx import EXPIRE_BATCH, QuestionPolicy
 from gate.core.question_views import question_view
-from gate.core.requests import not_an_operator
+from gate.core.questions.create import parse_question_create, parse_spec
+from gate.core.requests.fields import not_an_operator
 from gate.errors import Conflict, GateError, NotFound, refused
 from gate.model import Question
 from gate.protocol.question import Answer

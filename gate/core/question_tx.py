@@ -17,9 +17,9 @@ from gate.audit.question_entries import (
     QuestionRevisedData,
 )
 from gate.audit.receipts import receipt_object
-from gate.core.decide_tx import new_nonce
-from gate.core.question_requests import QuestionRequest, parse_spec, revised_fields
-from gate.core.resolve_tx import NOTICE_GIVE_UP_MS
+from gate.core.approvals.decide_tx import new_nonce
+from gate.core.approvals.resolve_tx import NOTICE_GIVE_UP_MS
+from gate.core.questions.create import QuestionRequest, parse_spec, revised_fields
 from gate.errors import Conflict, NotFound
 from gate.model import Question
 from gate.protocol.canonical import wire_json

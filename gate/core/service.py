@@ -11,16 +11,16 @@ from typing import Any
 
 from gate.clock import Clock
 from gate.config import Config
-from gate.core import policy_tx
+from gate.core.approvals import policy_tx
+from gate.core.approvals.create import CreateRequest, check_draft, quorum_unreachable_message
+from gate.core.approvals.followups import followup_plan
+from gate.core.approvals.resolve_tx import Resolution
 from gate.core.credentials import CredentialMethods
-from gate.core.followups import followup_plan
 from gate.core.invites import InviteMethods
 from gate.core.longpoll import long_poll
 from gate.core.question_service import QuestionMethods
 from gate.core.ratelimit import RateLimiter
 from gate.core.receipt_key import refusal
-from gate.core.requests import CreateRequest, check_draft, quorum_unreachable_message
-from gate.core.resolve_tx import Resolution
 from gate.core.transactions import EXPIRE_BATCH, FOLLOWUP_BATCH, Policy, Transactions
 from gate.core.views import approval_view
 from gate.errors import Conflict, GateError, NotFound

@@ -16,12 +16,14 @@ from gate.audit.entries import (
 )
 from gate.clock import Clock
 from gate.config import Config
-from gate.core import credentials, invites, policy_tx, rules
-from gate.core.decide_tx import decide, new_nonce
-from gate.core.followup_tx import handle_due
-from gate.core.followups import Plan, next_followup_at
-from gate.core.policy import Verdict as PolicyVerdict
-from gate.core.question_answer_tx import answer_question
+from gate.core import credentials, invites
+from gate.core.approvals import policy_tx, rules
+from gate.core.approvals.create import CreateRequest
+from gate.core.approvals.decide_tx import decide, new_nonce
+from gate.core.approvals.followup_tx import handle_due
+from gate.core.approvals.followups import Plan, next_followup_at
+from gate.core.approvals.policy import Verdict as PolicyVerdict
+from gate.core.approvals.resolve_tx import resolve
 from gate.core.question_tx import (
     cancel_question,
     create_question,
@@ -30,10 +32,9 @@ from gate.core.question_tx import (
     question_notice_result,
     revise_question,
 )
+from gate.core.questions.answer_tx import answer_question
 from gate.core.ratelimit import RateLimiter
 from gate.core.receipt_key import Settled, settle
-from gate.core.requests import CreateRequest
-from gate.core.resolve_tx import resolve
 from gate.errors import Conflict, NotFound
 from gate.model import Approval, Resolvable
 from gate.store import Command, WriteTx
@@ -120,7 +121,7 @@ class Transactions:
         approval: Approval | None = None,
         notice: bool = True,
     ) -> None:
-        """``gate.core.resolve_tx.resolve`` with this writer's keys and config."""
+        """``gate.core.approvals.resolve_tx.resolve`` with this writer's keys and config."""
         resolve(
             tx,
             target,
@@ -165,8 +166,8 @@ class Transactions:
     ) -> tuple[Approval, bool]:
         """Insert the approval, its first revision, its dispatch and its ``created`` entry
         (outbox: nothing waits on the relay); when a policy decides it
-        (``gate.core.policy_tx``), no dispatch but the decision and the resolution. Returns
-        ``(loaded approval, created)``; ``created`` is False for an Idempotency-Key seen
+        (``gate.core.approvals.policy_tx``), no dispatch but the decision and the resolution.
+        Returns ``(loaded approval, created)``; ``created`` is False for an Idempotency-Key seen
         before with the same body. Raises
         Conflict 409 ``idempotency_key_reused`` for the key with another body (SPEC §3)."""
         if idempotency_key is not None:
@@ -322,7 +323,7 @@ class Transactions:
 
     def followups(self, tx: WriteTx) -> list[tuple[str, tuple[int, ...], int]]:
         """Handle the due reminders and escalation levels of up to ``FOLLOWUP_BATCH`` pending
-        approvals at the gate's time (``gate.core.followup_tx.handle_due``)."""
+        approvals at the gate's time (``gate.core.approvals.followup_tx.handle_due``)."""
         return handle_due(tx, self.clock.now_ms(), FOLLOWUP_BATCH, self.audit)
 
     def followup_result(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gate.core.rules import approvers_of, current_revision
+from gate.core.approvals.rules import approvers_of, current_revision
 from gate.model import Approval
 from gate.protocol.envelope import rfc3339
 

@@ -6,7 +6,8 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
-from gate.core.requests import check_idempotency_key, parse_create
+from gate.core.approvals.create import parse_create
+from gate.core.requests.fields import check_idempotency_key
 from gate.core.service import GateService
 from gate.errors import GateError
 from gate.metrics import Metrics

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from gate.core.requests import check_idempotency_key
+from gate.core.requests.fields import check_idempotency_key
 from gate.protocol.envelope import decode_text_json
 from gate.web.api import METRICS, SERVICE, SETTINGS
 from gate.web.common import read_body

@@ -8,7 +8,7 @@ from typing import Any
 
 import aiohttp
 
-from gate.core.requests import CreateRequest
+from gate.core.approvals.create import CreateRequest
 from gate.core.service import GateService
 from gate.model import Approval
 from gate.protocol import PROTOCOL_HEADER, SIGNATURE_HEADER

@@ -7,8 +7,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from gate.audit.question_entries import QuestionAnsweredData
+from gate.core.approvals.rules import operator_in_scope, refuse
 from gate.core.question_tx import resolve_question
-from gate.core.rules import operator_in_scope, refuse
 from gate.errors import Conflict, GateError
 from gate.model import Question, QuestionAnswer
 from gate.protocol.canonical import canonical_json

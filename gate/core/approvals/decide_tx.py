@@ -9,10 +9,10 @@ import secrets as pysecrets
 from typing import TYPE_CHECKING
 
 from gate.audit.entries import DecisionData
-from gate.core import rules
-from gate.core.approver_signature_check import Signed, check_approver_signature
-from gate.core.delegation import check_decider
-from gate.core.resolve_tx import Resolution
+from gate.core.approvals import rules
+from gate.core.approvals.approver_signature_check import Signed, check_approver_signature
+from gate.core.approvals.delegation import check_decider
+from gate.core.approvals.resolve_tx import Resolution
 from gate.errors import Conflict, GateError
 from gate.model import Approval, DecisionRow, Resolvable, Revision
 from gate.protocol.canonical import payload_hash

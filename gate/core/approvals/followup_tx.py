@@ -9,7 +9,7 @@ from typing import Any
 
 from gate.audit.chain import AuditRow
 from gate.audit.entries import EscalatedData
-from gate.core.followups import Plan, due
+from gate.core.approvals.followups import Plan, due
 from gate.store import WriteTx
 
 
