@@ -1,6 +1,6 @@
 """Approver credentials: the admin requests that enrol, list and revoke them, the
-write transactions that do it (each with its audit entry) and the ``GateService`` methods
-the admin API calls. No HTTP, no SQL of its own.
+write transactions that do it (each with its audit entry) and ``Credentials``
+(``GateService.credentials``), what the admin API calls. No HTTP, no SQL of its own.
 
 Only Ed25519 keys are enrolled here; passkeys (``type: webauthn``) arrive through the
 passkey invite page (``gate.core.invites``), into the same table.
@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
     from gate.config import Config
+    from gate.core.requests.service import Shared
     from gate.core.transactions import Transactions
     from gate.store import WriteTx
 
@@ -166,13 +167,23 @@ def list_all(t: Transactions, tx: WriteTx) -> list[Credential]:
     return tx.credentials()
 
 
-class CredentialMethods:
-    """The approver-credential methods of ``GateService``, for the admin API."""
+class Credentials:
+    """The approver credentials of a gate over its ``Shared`` state, for the admin API."""
 
-    config: Config
-    store: Store
+    def __init__(self, shared: Shared) -> None:
+        self.shared = shared
 
-    async def enrol_credential(self, body: Any) -> dict[str, Any]:
+    @property
+    def config(self) -> Config:
+        """The config in force."""
+        return self.shared.config
+
+    @property
+    def store(self) -> Store:
+        """The gate's store."""
+        return self.shared.store
+
+    async def enrol(self, body: Any) -> dict[str, Any]:
         """Enrol the key a ``POST /v1/admin/approvers`` body names; returns its view.
         Raises as ``parse_enrolment`` and ``enrol``."""
         credential = parse_enrolment(body, self.config)
@@ -185,7 +196,7 @@ class CredentialMethods:
         )
         return credential_view(stored, self.config)
 
-    async def revoke_credential(self, credential_id: str) -> dict[str, Any]:
+    async def revoke(self, credential_id: str) -> dict[str, Any]:
         """Revoke a credential; returns its view. Raises as ``revoke``."""
         stored = await self.store.transact(Command("revoke_credential", (credential_id,)))
         log.info(
@@ -195,12 +206,12 @@ class CredentialMethods:
         )
         return credential_view(stored, self.config)
 
-    async def list_credentials(self) -> list[dict[str, Any]]:
+    async def list_all(self) -> list[dict[str, Any]]:
         """Every credential's view, by operator id then enrolment time."""
         rows = await self.store.transact(Command("list_credentials", ()))
         return [credential_view(row, self.config) for row in rows]
 
-    async def credentials_in_force(self) -> list[dict[str, Any]]:
+    async def in_force(self) -> list[dict[str, Any]]:
         """The credentials not revoked, for the credentials channel, read on the
         read connection: ``credential_id``, ``operator_id``, ``identity`` (the operator's in
         ``relay.operators``), ``type``, ``public_key``, ``label``, by credential_id. A

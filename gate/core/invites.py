@@ -1,7 +1,7 @@
 """Passkey enrolment by one-time invite: the admin request that creates an
 invite, what the invite page shows, and the registration that consumes it, each a write
-transaction with its audit entry, plus the ``GateService`` methods the admin API and the
-enrol page call. No HTTP, no SQL of its own.
+transaction with its audit entry, plus ``Invites`` (``GateService.invites``), what the
+admin API and the enrol page call. No HTTP, no SQL of its own.
 
 The token is 32 random bytes (base64url) that appear only in the URL; the database and the
 audit log keep its SHA-256. An invite is single use and expires (``ttl_s``, 60..86400 s).
@@ -28,6 +28,7 @@ from gate.store.invites import Invite
 
 if TYPE_CHECKING:
     from gate.config import Config
+    from gate.core.requests.service import Shared
     from gate.core.transactions import Transactions
     from gate.store import WriteTx
 
@@ -175,15 +176,24 @@ def register(t: Transactions, tx: WriteTx, hashed: str, registration: Registrati
     return stored
 
 
-class InviteMethods:
-    """The passkey-invite methods of ``GateService``. ``callback_bound`` is the
+class Invites:
+    """The passkey invites of a gate over its ``Shared`` state. ``callback_bound`` is the
     relay listener's bound ``host:port`` once ``serve`` bound it (the default origin)."""
 
-    config: Config
-    store: Store
-    callback_bound: str | None = None
+    def __init__(self, shared: Shared) -> None:
+        self.shared = shared
+        self.callback_bound: str | None = None
+        self._webauthn_for: tuple[Config, str | None, WebAuthnSettings | None] | None = None
 
-    _webauthn_for: tuple[Config, str | None, WebAuthnSettings | None] | None = None
+    @property
+    def config(self) -> Config:
+        """The config in force."""
+        return self.shared.config
+
+    @property
+    def store(self) -> Store:
+        """The gate's store."""
+        return self.shared.store
 
     def webauthn(self) -> WebAuthnSettings | None:
         """The relying party in force (``resolve_webauthn``), None when unavailable; resolved
@@ -194,7 +204,7 @@ class InviteMethods:
             memo = self._webauthn_for = (self.config, self.callback_bound, settings)
         return memo[2]
 
-    async def create_invite(self, body: Any) -> dict[str, Any]:
+    async def create(self, body: Any) -> dict[str, Any]:
         """Create the invite a ``POST /v1/admin/approvers/invites`` body asks for; returns
         ``{url, operator_id, expires_at (RFC 3339)}``. Raises as ``parse_invite_request``
         and 409 ``webauthn_unavailable``."""

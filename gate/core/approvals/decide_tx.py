@@ -5,7 +5,6 @@ with the state ``Transactions`` owns (``t``)."""
 from __future__ import annotations
 
 import dataclasses
-import secrets as pysecrets
 from typing import TYPE_CHECKING
 
 from gate.audit.entries import DecisionData
@@ -13,6 +12,7 @@ from gate.core.approvals import rules
 from gate.core.approvals.approver_signature_check import Signed, check_approver_signature
 from gate.core.approvals.delegation import check_decider
 from gate.core.approvals.resolve_tx import Resolution
+from gate.core.requests.lifecycle_tx import new_nonce
 from gate.errors import Conflict, GateError
 from gate.model import Approval, DecisionRow, Resolvable, Revision
 from gate.protocol.canonical import payload_hash
@@ -22,11 +22,6 @@ from gate.store import WriteTx
 if TYPE_CHECKING:
     from gate.config.webauthn import WebAuthnSettings
     from gate.core.transactions import Transactions
-
-
-def new_nonce() -> str:
-    """Return a fresh 128-bit nonce as 32 lowercase hex digits."""
-    return pysecrets.token_hex(16)
 
 
 def decide(

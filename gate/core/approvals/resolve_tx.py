@@ -12,13 +12,12 @@ from gate.audit.chain import AuditRow
 from gate.audit.entries import ResolvedData
 from gate.audit.receipts import receipt_object
 from gate.config import Config
+from gate.core.requests.lifecycle_tx import NOTICE_GIVE_UP_MS
 from gate.errors import Conflict
 from gate.model import Approval, Resolvable
 from gate.store import WriteTx
 from gate.trust import permit
 from gate.trust.keys import Signer
-
-NOTICE_GIVE_UP_MS = 3_600_000  # a resolution notice is retried for an hour
 
 # append one audit entry: (tx, kind, approval_id, now, data) -> its row
 AuditFn = Callable[[WriteTx, str, "str | None", int, dict[str, Any]], AuditRow]

@@ -8,9 +8,9 @@ from typing import TYPE_CHECKING, Any
 
 from gate.audit.question_entries import QuestionAnsweredData
 from gate.core.approvals.rules import operator_in_scope, refuse
-from gate.core.question_tx import resolve_question
+from gate.core.questions.kind import resolve_question
 from gate.errors import Conflict, GateError
-from gate.model import Question, QuestionAnswer
+from gate.model import DueQuestion, Question, QuestionAnswer
 from gate.protocol.canonical import canonical_json
 from gate.protocol.question import Answer, QuestionSpec, check_value, value_hash
 from gate.protocol.whitespace import identity_key
@@ -115,9 +115,8 @@ def answer_question(t: Transactions, tx: WriteTx, answer: Answer) -> tuple[int, 
         operator_id, current.version, current.request_hash, answer.nonce, digest
     )
     t.audit(tx, answered.kind, question.question_id, now, answered.to_data())
-    resolve_question(
-        t, tx, question.question_id, current.version, current.request_hash, "answered", now, digest
-    )
+    target = DueQuestion(question.question_id, current.version, current.request_hash)
+    resolve_question(t, tx, target, "answered", now, digest)
     return operator_id, current.version, question.pipeline
 
 

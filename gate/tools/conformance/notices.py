@@ -113,7 +113,7 @@ async def check_notices(
     back for it (``decisions_for(approval_id)``: what reached the ephemeral gate's decision
     endpoint about it). Raises GateError when the ephemeral gate cannot cancel it.
     """
-    await service.cancel(full.approval_id)
+    await service.approvals.cancel(full.approval_id)
     cancelled = await service.store.reads.fetch_approval(full.approval_id)
     assert cancelled is not None
     body = notice_for(cancelled)
