@@ -12,15 +12,15 @@ from gate.core.approvals import policy_tx
 from gate.core.approvals.create import CreateRequest
 from gate.core.approvals.followups import Plan, next_followup_at
 from gate.core.approvals.rules import current_revision
+from gate.core.requests.kind import Kind
 from gate.core.requests.lifecycle_tx import new_nonce
 from gate.core.views import approval_view
 from gate.model import Approval, Resolvable
 from gate.store import WriteTx
+from gate.store.reads import Reads
 
 if TYPE_CHECKING:
-    from gate.config import Config
     from gate.core.transactions import Policy, Transactions
-    from gate.store.reads import Reads
 
 DAY_MS = 86_400_000
 
@@ -57,134 +57,96 @@ def followup_columns(plan: Plan | None, now: int, expires_at: int) -> dict[str, 
     }
 
 
-class ApprovalKind:
-    """Approvals: a draft decided by a quorum of people (or a policy) with skip veto and
-    adjust (``gate.core.approvals.decide_tx``)."""
-
-    name = "approval"
-    id_field = "approval_id"
-    event = ""
-    already_resolved = "the approval is already resolved"
-    logger = "gate.core.service"
-
-    def request_id(self, full: Approval) -> str:
-        return full.approval_id
-
-    def notices_on(self, config: Config) -> bool:
-        return config.relay.notice_target is not None
-
-    def load(self, tx: WriteTx, request_id: str) -> Approval | None:
-        return tx.load_approval(request_id)
-
-    def seen(self, tx: WriteTx, idempotency_key: str) -> tuple[str, str] | None:
-        seen = tx.approval_by_idempotency_key(idempotency_key)
-        return None if seen is None else (seen["approval_id"], seen["request_hash"])
-
-    def insert(
-        self,
-        t: Transactions,
-        tx: WriteTx,
-        row: dict[str, Any],
-        req: CreateRequest,
-        policy: Policy,
-        now: int,
-        body_hash: str,
-        digest: str | None,
-    ) -> None:
-        """The approvals row with its budget context and follow-up plan, revision 1, then
-        either a policy's decision and resolution (``gate.core.approvals.policy_tx``: no
-        dispatch) or the dispatch; the ``created`` entry between them."""
-        assert digest is not None  # the payload hash, computed before the transaction
-        approval_id, expires_at = row["approval_id"], row["expires_at"]
-        budget = budget_context(t, tx, req.pipeline, now, req.spend)
-        tx.insert_approval(
-            {
-                **row,
-                "content_type": req.content_type,
-                "quorum_required": policy.quorum,
-                "budget": budget,
-                "spend": req.spend,
-                "revision": 1,
-                "request_hash": body_hash,
-                "allow_self_approval": int(policy.allow_self_approval),
-                "approver_signature": policy.approver_signature,
-                **followup_columns(policy.followups, now, expires_at),
-            }
-        )
-        nonce = new_nonce()
-        tx.insert_revision(approval_id, 1, req.body, digest, nonce, now, None)
-        decided = None  # a policy decides (no dispatch), or a person does
-        if policy.verdict is not None or policy.remember_ms is not None:
-            decided = policy_tx.verdict(tx, req, policy, digest, now, budget)
-        if decided is None:
-            tx.enqueue_dispatch(approval_id, 1, now)
-        requester = row["requested_by_id"]
-        created = CreatedData(
-            pipeline=req.pipeline,
-            step=req.step,
-            revision=1,
-            payload_hash=digest,
-            quorum=policy.quorum,
-            approvers=[op_id for op_id, _ in policy.scope],
-            expires_at=expires_at,
-            requested_by=requester,
-            allow_self_approval=policy.allow_self_approval if requester is not None else None,
-            approver_signature=None  # only a signed step's entry says so
-            if policy.approver_signature == "off"
-            else policy.approver_signature,
-        )
-        t.audit(tx, created.kind, approval_id, now, created.to_data())
-        if decided is not None:
-            policy_tx.apply(t, tx, approval_id, decided, nonce, digest, now)
-
-    def target(self, full: Approval) -> Resolvable:
-        current = current_revision(full)
-        return Resolvable(
-            full.approval_id, full.revision, current.payload_hash, full.quorum_required
-        )
-
-    def due(self, tx: WriteTx, now: int, limit: int) -> list[Resolvable]:
-        return tx.due_expiry_rows(now, limit)
-
-    def target_id(self, target: Resolvable) -> str:
-        return target.approval_id
-
-    def resolve(
-        self, t: Transactions, tx: WriteTx, target: Resolvable, outcome: str, now: int
-    ) -> None:
-        t.resolve(tx, target, outcome, now)
-
-    def dispatch_attempted(
-        self,
-        tx: WriteTx,
-        request_id: str,
-        version: int,
-        *,
-        delivered_at: int | None,
-        next_attempt_at: int,
-        error: str | None,
-    ) -> int:
-        return tx.dispatch_attempted(
-            request_id,
-            version,
-            delivered_at=delivered_at,
-            next_attempt_at=next_attempt_at,
-            error=error,
-        )
-
-    def dispatch_ack(self, version: int, attempts: int) -> DispatchAckData:
-        return DispatchAckData(version, attempts)
-
-    async def fetch(self, reads: Reads, request_id: str) -> Approval | None:
-        return await reads.fetch_approval(request_id)
-
-    async def page(
-        self, reads: Reads, state: str, pipeline: str | None, limit: int, cursor: str | None
-    ) -> list[Approval]:
-        return await reads.list_approvals(state, pipeline, limit, cursor)
-
-    def view(self, full: Approval) -> dict[str, Any]:
-        return approval_view(full)
+def insert_approval(
+    t: Transactions,
+    tx: WriteTx,
+    row: dict[str, Any],
+    req: CreateRequest,
+    policy: Policy,
+    now: int,
+    body_hash: str,
+    digest: str | None,
+) -> None:
+    """The approvals row with its budget context and follow-up plan, revision 1, then
+    either a policy's decision and resolution (``gate.core.approvals.policy_tx``: no
+    dispatch) or the dispatch; the ``created`` entry between them."""
+    assert digest is not None  # the payload hash, computed before the transaction
+    approval_id, expires_at = row["approval_id"], row["expires_at"]
+    budget = budget_context(t, tx, req.pipeline, now, req.spend)
+    tx.insert_approval(
+        {
+            **row,
+            "content_type": req.content_type,
+            "quorum_required": policy.quorum,
+            "budget": budget,
+            "spend": req.spend,
+            "revision": 1,
+            "request_hash": body_hash,
+            "allow_self_approval": int(policy.allow_self_approval),
+            "approver_signature": policy.approver_signature,
+            **followup_columns(policy.followups, now, expires_at),
+        }
+    )
+    nonce = new_nonce()
+    tx.insert_revision(approval_id, 1, req.body, digest, nonce, now, None)
+    decided = None  # a policy decides (no dispatch), or a person does
+    if policy.verdict is not None or policy.remember_ms is not None:
+        decided = policy_tx.verdict(tx, req, policy, digest, now, budget)
+    if decided is None:
+        tx.enqueue_dispatch(approval_id, 1, now)
+    requester = row["requested_by_id"]
+    created = CreatedData(
+        pipeline=req.pipeline,
+        step=req.step,
+        revision=1,
+        payload_hash=digest,
+        quorum=policy.quorum,
+        approvers=[op_id for op_id, _ in policy.scope],
+        expires_at=expires_at,
+        requested_by=requester,
+        allow_self_approval=policy.allow_self_approval if requester is not None else None,
+        approver_signature=None  # only a signed step's entry says so
+        if policy.approver_signature == "off"
+        else policy.approver_signature,
+    )
+    t.audit(tx, created.kind, approval_id, now, created.to_data())
+    if decided is not None:
+        policy_tx.apply(t, tx, approval_id, decided, nonce, digest, now)
 
 
-APPROVALS = ApprovalKind()
+def _seen(tx: WriteTx, idempotency_key: str) -> tuple[str, str] | None:
+    seen = tx.approval_by_idempotency_key(idempotency_key)
+    return None if seen is None else (seen["approval_id"], seen["request_hash"])
+
+
+def _target(full: Approval) -> Resolvable:
+    current = current_revision(full)
+    return Resolvable(full.approval_id, full.revision, current.payload_hash, full.quorum_required)
+
+
+def _resolve(t: Transactions, tx: WriteTx, target: Resolvable, outcome: str, now: int) -> None:
+    t.resolve(tx, target, outcome, now)
+
+
+APPROVALS: Kind[Approval, Resolvable] = Kind(
+    name="approval",
+    id_field="approval_id",
+    event="",
+    already_resolved="the approval is already resolved",
+    logger="gate.core.service",
+    load=WriteTx.load_approval,
+    seen=_seen,
+    insert=insert_approval,
+    target=_target,
+    due=WriteTx.due_expiry_rows,
+    target_id=lambda target: target.approval_id,
+    resolve=_resolve,
+    dispatch_attempted=WriteTx.dispatch_attempted,
+    dispatch_ack=DispatchAckData,
+    notices_on=lambda config: config.relay.notice_target is not None,
+    fetch=Reads.fetch_approval,
+    page=Reads.list_approvals,
+    view=approval_view,
+)
+"""Approvals: a draft decided by a quorum of people (or a policy) with skip veto and adjust
+(``gate.core.approvals.decide_tx``)."""

@@ -15,6 +15,7 @@ from gate.audit.question_entries import (
 )
 from gate.audit.receipts import receipt_object
 from gate.core.questions.create import QuestionRequest
+from gate.core.requests.kind import Kind
 from gate.core.requests.lifecycle_tx import NOTICE_GIVE_UP_MS, new_nonce
 from gate.core.views import api_time
 from gate.errors import Conflict
@@ -22,11 +23,10 @@ from gate.model import DueQuestion, Question
 from gate.protocol.canonical import wire_json
 from gate.protocol.question import QuestionSpec, request_hash
 from gate.store import WriteTx
+from gate.store.reads import Reads
 
 if TYPE_CHECKING:
-    from gate.config import Config
     from gate.core.transactions import Transactions
-    from gate.store.reads import Reads
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,152 +70,108 @@ def resolve_question(
         tx.queue_question_notice(target.question_id, target.version, now, now + NOTICE_GIVE_UP_MS)
 
 
-class QuestionKind:
-    """Questions: a typed answer, first valid answer wins (``gate.core.questions.answer_tx``)."""
-
-    name = "question"
-    id_field = "question_id"
-    event = "question_"
-    already_resolved = "the question is already resolved (it cannot be cancelled)"
-    logger = "gate.core.question_service"
-
-    def request_id(self, full: Question) -> str:
-        return full.question_id
-
-    def notices_on(self, config: Config) -> bool:
-        return config.relay.question_notice_target is not None
-
-    def load(self, tx: WriteTx, request_id: str) -> Question | None:
-        return tx.load_question(request_id)
-
-    def seen(self, tx: WriteTx, idempotency_key: str) -> tuple[str, str] | None:
-        return tx.question_by_idempotency_key(idempotency_key)
-
-    def insert(
-        self,
-        t: Transactions,
-        tx: WriteTx,
-        row: dict[str, Any],
-        req: QuestionRequest,
-        policy: QuestionPolicy,
-        now: int,
-        body_hash: str,
-        digest: str | None,
-    ) -> None:
-        """The questions row, version 1 with its dispatch, the ``question_created`` entry."""
-        question_id = row["question_id"]
-        tx.insert_question(
-            {
-                **row,
-                "version": 1,
-                "request_body_hash": body_hash,
-                "answer_salt": new_nonce(),  # 16 random bytes, hex (value_hash's salt)
-            }
-        )
-        created = QuestionCreatedData(
-            pipeline=req.pipeline,
-            step=req.step,
-            version=1,
-            request_hash=add_version(tx, question_id, 1, req.spec, now),
-            response_type=req.spec.response_type,
-            approvers=[op_id for op_id, _ in policy.scope],
-            expires_at=row["expires_at"],
-            requested_by=row["requested_by_id"],
-        )
-        t.audit(tx, created.kind, question_id, now, created.to_data())
-
-    def target(self, full: Question) -> DueQuestion:
-        return DueQuestion(full.question_id, full.version, full.current.request_hash)
-
-    def due(self, tx: WriteTx, now: int, limit: int) -> list[DueQuestion]:
-        return tx.due_questions(now, limit)
-
-    def target_id(self, target: DueQuestion) -> str:
-        return target.question_id
-
-    def resolve(
-        self, t: Transactions, tx: WriteTx, target: DueQuestion, outcome: str, now: int
-    ) -> None:
-        resolve_question(t, tx, target, outcome, now)
-
-    def dispatch_attempted(
-        self,
-        tx: WriteTx,
-        request_id: str,
-        version: int,
-        *,
-        delivered_at: int | None,
-        next_attempt_at: int,
-        error: str | None,
-    ) -> int:
-        return tx.question_dispatch_attempted(
-            request_id,
-            version,
-            delivered_at=delivered_at,
-            next_attempt_at=next_attempt_at,
-            error=error,
-        )
-
-    def dispatch_ack(self, version: int, attempts: int) -> QuestionDispatchAckData:
-        return QuestionDispatchAckData(version)
-
-    async def fetch(self, reads: Reads, request_id: str) -> Question | None:
-        return await reads.fetch_question(request_id)
-
-    async def page(
-        self, reads: Reads, state: str, pipeline: str | None, limit: int, cursor: str | None
-    ) -> list[Question]:
-        return await reads.list_questions(state, pipeline, limit, cursor)
-
-    def view(self, full: Question) -> dict[str, Any]:
-        """The question object (JSON-ready; docs/openapi.yaml): the current version's
-        ``question`` and ``request_hash``, the winning ``answer`` (None unless answered; its
-        ``request_hash`` is that of the version answered), times as RFC 3339 UTC,
-        ``dispatch`` of the current version, the ``receipt`` of the resolution and
-        ``created_receipt`` of the ``question_created`` entry."""
-        current = full.current
-        rows = [o for o in full.outbox if o.revision == full.version]
-        latest = rows[-1] if rows else None
-        answer = None
-        if full.answer is not None:
-            won = full.answer
-            answered = full.version_row(won.version)
-            answer = {
-                "value": won.value,
-                "operator_id": won.operator_id,
-                "identity": won.identity,
-                "display": won.display,
-                "channel": won.channel,
-                "version": won.version,
-                "request_hash": answered.request_hash if answered is not None else None,
-                "decided_at": won.decided_at,
-                "recorded_at": api_time(won.recorded_at),
-            }
-        return {
-            "question_id": full.question_id,
-            "run_id": full.run_id,
-            "pipeline": full.pipeline,
-            "step": full.step,
-            "state": full.state,
-            "outcome": full.outcome,
-            "risk": full.risk,
-            "approvers": [identity for _, identity in full.scope],
-            "version": full.version,
-            "request_hash": current.request_hash,
-            "question": current.question,
-            "answer": answer,
-            "created_at": api_time(full.created_at),
-            "expires_at": api_time(full.expires_at),
-            "resolved_at": api_time(full.resolved_at),
-            "requested_by": full.requested_by,
-            "dispatch": {
-                "attempts": int(latest.attempts) if latest else 0,
-                "delivered_at": api_time(latest.delivered_at) if latest else None,
-                "last_error": latest.last_error if latest else None,
-            },
-            "receipt": full.receipt,
-            "created_receipt": full.created_receipt,
+def insert_question(
+    t: Transactions,
+    tx: WriteTx,
+    row: dict[str, Any],
+    req: QuestionRequest,
+    policy: QuestionPolicy,
+    now: int,
+    body_hash: str,
+    digest: str | None,
+) -> None:
+    """The questions row, version 1 with its dispatch, the ``question_created`` entry."""
+    question_id = row["question_id"]
+    tx.insert_question(
+        {
+            **row,
+            "version": 1,
+            "request_body_hash": body_hash,
+            "answer_salt": new_nonce(),  # 16 random bytes, hex (value_hash's salt)
         }
+    )
+    created = QuestionCreatedData(
+        pipeline=req.pipeline,
+        step=req.step,
+        version=1,
+        request_hash=add_version(tx, question_id, 1, req.spec, now),
+        response_type=req.spec.response_type,
+        approvers=[op_id for op_id, _ in policy.scope],
+        expires_at=row["expires_at"],
+        requested_by=row["requested_by_id"],
+    )
+    t.audit(tx, created.kind, question_id, now, created.to_data())
 
 
-QUESTIONS = QuestionKind()
+def question_view(full: Question) -> dict[str, Any]:
+    """The question object (JSON-ready; docs/openapi.yaml): the current version's
+    ``question`` and ``request_hash``, the winning ``answer`` (None unless answered; its
+    ``request_hash`` is that of the version answered), times as RFC 3339 UTC,
+    ``dispatch`` of the current version, the ``receipt`` of the resolution and
+    ``created_receipt`` of the ``question_created`` entry."""
+    current = full.current
+    rows = [o for o in full.outbox if o.revision == full.version]
+    latest = rows[-1] if rows else None
+    answer = None
+    if full.answer is not None:
+        won = full.answer
+        answered = full.version_row(won.version)
+        answer = {
+            "value": won.value,
+            "operator_id": won.operator_id,
+            "identity": won.identity,
+            "display": won.display,
+            "channel": won.channel,
+            "version": won.version,
+            "request_hash": answered.request_hash if answered is not None else None,
+            "decided_at": won.decided_at,
+            "recorded_at": api_time(won.recorded_at),
+        }
+    return {
+        "question_id": full.question_id,
+        "run_id": full.run_id,
+        "pipeline": full.pipeline,
+        "step": full.step,
+        "state": full.state,
+        "outcome": full.outcome,
+        "risk": full.risk,
+        "approvers": [identity for _, identity in full.scope],
+        "version": full.version,
+        "request_hash": current.request_hash,
+        "question": current.question,
+        "answer": answer,
+        "created_at": api_time(full.created_at),
+        "expires_at": api_time(full.expires_at),
+        "resolved_at": api_time(full.resolved_at),
+        "requested_by": full.requested_by,
+        "dispatch": {
+            "attempts": int(latest.attempts) if latest else 0,
+            "delivered_at": api_time(latest.delivered_at) if latest else None,
+            "last_error": latest.last_error if latest else None,
+        },
+        "receipt": full.receipt,
+        "created_receipt": full.created_receipt,
+    }
+
+
+QUESTIONS: Kind[Question, DueQuestion] = Kind(
+    name="question",
+    id_field="question_id",
+    event="question_",
+    already_resolved="the question is already resolved (it cannot be cancelled)",
+    logger="gate.core.question_service",
+    load=WriteTx.load_question,
+    seen=WriteTx.question_by_idempotency_key,
+    insert=insert_question,
+    target=lambda full: DueQuestion(full.question_id, full.version, full.current.request_hash),
+    due=WriteTx.due_questions,
+    target_id=lambda target: target.question_id,
+    resolve=resolve_question,
+    dispatch_attempted=WriteTx.question_dispatch_attempted,
+    dispatch_ack=lambda version, attempts: QuestionDispatchAckData(version),
+    notices_on=lambda config: config.relay.question_notice_target is not None,
+    fetch=Reads.fetch_question,
+    page=Reads.list_questions,
+    view=question_view,
+)
+"""Questions: a typed answer, first valid answer wins (``gate.core.questions.answer_tx``)."""

@@ -1,29 +1,25 @@
 """What a kind of request (approval, question) gives the shared lifecycle: its names, its
-rows in the writer's transaction, its object in the pipeline API. ``gate.core.approvals.kind``
-and ``gate.core.questions.kind`` are the two; the lifecycle (``lifecycle_tx``, ``service``)
-knows a kind only through ``Kind``."""
+statements in the writer's transaction, its reads and its object in the pipeline API, as one
+small table (``Kind``). ``gate.core.approvals.kind`` and ``gate.core.questions.kind`` are the
+two; the lifecycle (``lifecycle_tx``, ``service``) knows a kind only through ``Kind``."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
+
+from gate.store import WriteTx
+from gate.store.reads import Reads
 
 if TYPE_CHECKING:
     from gate.config import Config
     from gate.core.transactions import Transactions
-    from gate.store import WriteTx
-    from gate.store.reads import Reads
-
-Full = TypeVar("Full", bound="Stored")  # the loaded request (``gate.model.Approval``, ...)
-Target = TypeVar("Target")  # what resolving it needs (``gate.model.Resolvable``, ...)
 
 
 class Stored(Protocol):
     """The fields every loaded request has (``gate.model.Approval``, ``Question``)."""
 
-    @property
-    def pipeline(self) -> str: ...
-    @property
-    def step(self) -> str: ...
     @property
     def state(self) -> str: ...  # pending | resolved
     @property
@@ -40,102 +36,64 @@ class Entry(Protocol):
     def to_data(self) -> dict[str, Any]: ...
 
 
-class Kind(Protocol[Full, Target]):
+class Attempted(Protocol):
+    """``WriteTx.dispatch_attempted`` and its twins: one attempt of ``(id, version)``."""
+
+    def __call__(
+        self,
+        tx: WriteTx,
+        request_id: str,
+        version: int,
+        /,
+        *,
+        delivered_at: int | None,
+        next_attempt_at: int,
+        error: str | None,
+    ) -> int: ...
+
+
+Full = TypeVar("Full", bound=Stored)  # the loaded request (``gate.model.Approval``, ...)
+Target = TypeVar("Target")  # what resolving it needs (``gate.model.Resolvable``, ...)
+
+
+@dataclass(frozen=True, slots=True)
+class Kind(Generic[Full, Target]):
     """A kind of request as the shared lifecycle sees it.
 
-    ``name`` says it in messages and reason codes (``unknown_<name>``, 404), ``id_field``
-    names its id in views and log lines, ``event`` prefixes its log events (``""`` for
-    approvals: ``event=resolved``; ``"question_"``: ``event=question_resolved``),
-    ``already_resolved`` is what a cancel of a resolved one is told (409), ``logger`` the
-    logger of its service's lines (``gate.core.service`` for approvals, as before the kinds
-    shared a lifecycle, so filters on it keep working). The
-    methods taking ``tx`` run on the store's writer inside the caller's transaction;
-    ``fetch``/``page`` read outside it; ``view`` builds the pipeline API's object.
+    Names: ``name`` in messages and reason codes (``unknown_<name>``, 404), ``id_field`` of
+    its id in views and log lines, ``event`` before its log events (``""`` for approvals:
+    ``event=resolved``; ``"question_"``: ``event=question_resolved``), ``already_resolved``
+    the message of a cancel's 409, ``logger`` of its service's lines (``gate.core.service``
+    for approvals, as before the kinds shared a lifecycle: filters on it keep working).
+
+    In the writer's transaction (``tx``): ``load`` the request or None; ``seen`` the ``(id,
+    body hash)`` created with an Idempotency-Key, or None; ``insert`` a new one (``t``, ``tx``,
+    the columns every kind has, the parsed request, the step's policy, now, the body hash,
+    the payload hash when computed before the transaction: its own columns, first version,
+    dispatch and created entry); ``target`` what resolving a loaded one needs, ``due`` those
+    of up to ``limit`` pending ones past ``expires_at`` at ``now``, ``target_id`` a target's
+    id; ``resolve`` a target as an outcome at now (no permit: timeout, cancelled);
+    ``dispatch_attempted`` counts one attempt of a version (attempts so far, -1 when acked)
+    and ``dispatch_ack`` is the audit entry of its first ack. Outside it: ``notices_on``
+    whether a resolution notice is queued (its relay target set), ``fetch`` and ``page``
+    read, ``view`` is the pipeline API's object (JSON-ready).
     """
 
     name: str
     id_field: str
     event: str
-    already_resolved: str  # the message of 409 ``already_resolved`` for a cancel
-    logger: str  # the logger its service's lines go to (names operators filter on)
-
-    def request_id(self, full: Full) -> str:
-        """The request's id (``approval_id``, ``question_id``)."""
-        ...
-
-    def notices_on(self, config: Config) -> bool:
-        """Whether a resolution notice is queued with each resolution (its relay target set)."""
-        ...
-
-    def load(self, tx: WriteTx, request_id: str) -> Full | None:
-        """The request as seen in this transaction, or None."""
-        ...
-
-    def seen(self, tx: WriteTx, idempotency_key: str) -> tuple[str, str] | None:
-        """``(id, body hash)`` of the request created with ``idempotency_key``, or None."""
-        ...
-
-    def insert(
-        self,
-        t: Transactions,
-        tx: WriteTx,
-        row: dict[str, Any],
-        req: Any,
-        policy: Any,
-        now: int,
-        body_hash: str,
-        digest: str | None,
-    ) -> None:
-        """Insert a new request: ``row`` holds the columns every kind has
-        (``lifecycle_tx.first_row``), ``req`` and ``policy`` what the service parsed and
-        resolved, ``body_hash`` the Idempotency-Key comparison's hash of the body, ``digest``
-        the payload hash when computed before the transaction. Adds the kind's own
-        columns, its first version, its dispatch and its created entry."""
-        ...
-
-    def target(self, full: Full) -> Target:
-        """What resolving the loaded request at its current version needs."""
-        ...
-
-    def due(self, tx: WriteTx, now: int, limit: int) -> list[Target]:
-        """Up to ``limit`` pending requests past ``expires_at`` at ``now``, oldest first."""
-        ...
-
-    def target_id(self, target: Target) -> str:
-        """The id of ``target``."""
-        ...
-
-    def resolve(self, t: Transactions, tx: WriteTx, target: Target, outcome: str, now: int) -> None:
-        """Resolve ``target`` as ``outcome`` at ``now`` (no permit: timeout, cancelled)."""
-        ...
-
-    def dispatch_attempted(
-        self,
-        tx: WriteTx,
-        request_id: str,
-        version: int,
-        *,
-        delivered_at: int | None,
-        next_attempt_at: int,
-        error: str | None,
-    ) -> int:
-        """Count one dispatch attempt of ``version``; the attempts so far, -1 when acked."""
-        ...
-
-    def dispatch_ack(self, version: int, attempts: int) -> Entry:
-        """The audit entry of the first ack of ``version``'s dispatch."""
-        ...
-
-    def view(self, full: Full) -> dict[str, Any]:
-        """The pipeline API's object of the request (JSON-ready)."""
-        ...
-
-    async def fetch(self, reads: Reads, request_id: str) -> Full | None:
-        """The request as stored, or None (outside any write transaction)."""
-        ...
-
-    async def page(
-        self, reads: Reads, state: str, pipeline: str | None, limit: int, cursor: str | None
-    ) -> list[Full]:
-        """Up to ``limit`` requests of ``state`` (and ``pipeline``) after ``cursor``."""
-        ...
+    already_resolved: str
+    logger: str
+    load: Callable[[WriteTx, str], Full | None]
+    seen: Callable[[WriteTx, str], tuple[str, str] | None]
+    insert: Callable[[Transactions, WriteTx, dict[str, Any], Any, Any, int, str, str | None], None]
+    target: Callable[[Full], Target]
+    due: Callable[[WriteTx, int, int], list[Target]]
+    target_id: Callable[[Target], str]
+    resolve: Callable[[Transactions, WriteTx, Target, str, int], None]
+    dispatch_attempted: Attempted
+    dispatch_ack: Callable[[int, int], Entry]
+    notices_on: Callable[[Config], bool]
+    fetch: Callable[[Reads, str], Awaitable[Full | None]]
+    page: Callable[[Reads, str, str | None, int, str | None], Awaitable[list[Full]]]
+    view: Callable[[Full], dict[str, Any]]

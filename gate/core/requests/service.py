@@ -139,9 +139,10 @@ class RequestService(Generic[Full]):
         rows = await self.kind.page(self.store.reads, state, pipeline, limit + 1, cursor)
         more = len(rows) > limit
         rows = rows[:limit]
+        items = [self.kind.view(r) for r in rows]
         return {
-            "items": [self.kind.view(r) for r in rows],
-            "next_cursor": self.kind.request_id(rows[-1]) if more and rows else None,
+            "items": items,
+            "next_cursor": items[-1][self.kind.id_field] if more and items else None,
         }
 
     async def cancel(self, request_id: str) -> dict[str, Any]:
