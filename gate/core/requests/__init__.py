@@ -1,2 +1,3 @@
-"""The lifecycle every kind of request shares: the fields every create
-body has, and (as it grows) create, get, wait, list, cancel, revise, expire, resolve."""
+"""The lifecycle every kind of request shares: the table a kind plugs in with (kind), the
+write transactions create, cancel, expire and dispatch result (lifecycle_tx), get, wait, list
+and wake-ups (service), the fields every create body has (fields)."""
