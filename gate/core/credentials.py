@@ -20,7 +20,7 @@ from gate.protocol.approver_signature import (
     load_ed25519_public_key,
 )
 from gate.protocol.envelope import rfc3339
-from gate.store import Command, Store
+from gate.store import Command
 
 log = logging.getLogger(__name__)
 
@@ -172,21 +172,12 @@ class Credentials:
 
     def __init__(self, shared: Shared) -> None:
         self.shared = shared
-
-    @property
-    def config(self) -> Config:
-        """The config in force."""
-        return self.shared.config
-
-    @property
-    def store(self) -> Store:
-        """The gate's store."""
-        return self.shared.store
+        self.store = shared.store
 
     async def enrol(self, body: Any) -> dict[str, Any]:
         """Enrol the key a ``POST /v1/admin/approvers`` body names; returns its view.
         Raises as ``parse_enrolment`` and ``enrol``."""
-        credential = parse_enrolment(body, self.config)
+        credential = parse_enrolment(body, self.shared.config)
         stored = await self.store.transact(Command("enrol_credential", (credential,)))
         log.info(
             "event=approver_credential_enrolled operator_id=%d credential_id=%s type=%s",
@@ -194,7 +185,7 @@ class Credentials:
             stored.credential_id,
             stored.type,
         )
-        return credential_view(stored, self.config)
+        return credential_view(stored, self.shared.config)
 
     async def revoke(self, credential_id: str) -> dict[str, Any]:
         """Revoke a credential; returns its view. Raises as ``revoke``."""
@@ -204,19 +195,19 @@ class Credentials:
             stored.operator_id,
             stored.credential_id,
         )
-        return credential_view(stored, self.config)
+        return credential_view(stored, self.shared.config)
 
     async def list_all(self) -> list[dict[str, Any]]:
         """Every credential's view, by operator id then enrolment time."""
         rows = await self.store.transact(Command("list_credentials", ()))
-        return [credential_view(row, self.config) for row in rows]
+        return [credential_view(row, self.shared.config) for row in rows]
 
     async def in_force(self) -> list[dict[str, Any]]:
         """The credentials not revoked, for the credentials channel, read on the
         read connection: ``credential_id``, ``operator_id``, ``identity`` (the operator's in
         ``relay.operators``), ``type``, ``public_key``, ``label``, by credential_id. A
         credential whose operator is no longer configured is left out (nobody to sign in)."""
-        identities = {op.id: op.identity for op in self.config.relay.operators}
+        identities = {op.id: op.identity for op in self.shared.config.relay.operators}
         return [
             {
                 "credential_id": c.credential_id,

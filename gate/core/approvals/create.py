@@ -7,7 +7,7 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from gate.core.requests.fields import bad_field, has_control_characters, name_field
+from gate.core.requests.fields import bad_field, has_control_characters, opened
 from gate.errors import GateError
 from gate.protocol.canonical import canonical_json
 from gate.protocol.envelope import is_unicode
@@ -92,12 +92,7 @@ def parse_create(obj: Any) -> CreateRequest:
     ``content_type`` defaults to ``text/plain``; ``requested_by`` is an operator identity
     (checked against the config by the service). Unknown fields are ignored.
     """
-    if not isinstance(obj, dict):
-        raise bad_field("json", "body must be a JSON object")
-    pipeline = name_field(obj, "pipeline", required=True)
-    step = name_field(obj, "step", required=True)
-    run_id = name_field(obj, "run_id", required=False)
-    requested_by = name_field(obj, "requested_by", required=False)
+    obj, pipeline, step, run_id, requested_by = opened(obj)
     draft = obj.get("draft")
     if not isinstance(draft, dict):
         raise bad_field("draft", "draft must be an object with a body")
@@ -129,5 +124,4 @@ def parse_create(obj: Any) -> CreateRequest:
         problem = spend_problem(spend)
         if problem is not None:
             raise bad_field("spend", f"spend {problem}")
-    assert pipeline is not None and step is not None
     return CreateRequest(pipeline, step, run_id, content_type, body, spend, requested_by)

@@ -7,7 +7,7 @@ import hashlib
 from dataclasses import dataclass
 from typing import Any
 
-from gate.core.requests.fields import bad_field, name_field
+from gate.core.requests.fields import bad_field, opened
 from gate.errors import GateError
 from gate.protocol.canonical import canonical_json
 from gate.protocol.question import QuestionSpec, parse_question
@@ -58,14 +58,8 @@ def parse_question_create(obj: Any, *, max_bytes: int, max_options: int) -> Ques
     response_type, options?, schema?, requested_by?}``. Raises GateError 400
     ``invalid_<field>`` (``field`` the JSON path), 413 ``question_too_large``. The step's
     ``max_options`` is applied by the caller, which knows the step (``parse_spec``)."""
-    if not isinstance(obj, dict):
-        raise bad_field("json", "body must be a JSON object")
-    pipeline = name_field(obj, "pipeline", required=True)
-    step = name_field(obj, "step", required=True)
-    run_id = name_field(obj, "run_id", required=False)
-    requested_by = name_field(obj, "requested_by", required=False)
+    obj, pipeline, step, run_id, requested_by = opened(obj)
     spec = parse_spec(obj, max_bytes=max_bytes, max_options=max_options)
-    assert pipeline is not None and step is not None
     return QuestionRequest(pipeline, step, run_id, spec, requested_by)
 
 

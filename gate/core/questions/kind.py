@@ -17,7 +17,7 @@ from gate.audit.receipts import receipt_object
 from gate.core.questions.create import QuestionRequest
 from gate.core.requests.kind import Kind
 from gate.core.requests.lifecycle_tx import NOTICE_GIVE_UP_MS, new_nonce
-from gate.core.views import api_time
+from gate.core.views import api_time, opening
 from gate.errors import Conflict
 from gate.model import DueQuestion, Question
 from gate.protocol.canonical import wire_json
@@ -129,12 +129,7 @@ def question_view(full: Question) -> dict[str, Any]:
         }
     return {
         "question_id": full.question_id,
-        "run_id": full.run_id,
-        "pipeline": full.pipeline,
-        "step": full.step,
-        "state": full.state,
-        "outcome": full.outcome,
-        "risk": full.risk,
+        **opening(full),
         "approvers": [identity for _, identity in full.scope],
         "version": full.version,
         "request_hash": current.request_hash,

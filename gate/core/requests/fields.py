@@ -86,6 +86,21 @@ def _echoed(given: str, identities: Sequence[str]) -> str:
     return marked(given, keep="", suspect=suspect)
 
 
+def opened(obj: Any) -> tuple[dict[str, Any], str, str, str | None, str | None]:
+    """What every create body opens with: ``obj`` (decoded JSON) as an object, its
+    ``pipeline`` and ``step`` (required), ``run_id`` and ``requested_by`` (optional), each a
+    name (``name_field``), checked in that order. Raises GateError 400 ``invalid_json``,
+    ``invalid_<field>``."""
+    if not isinstance(obj, dict):
+        raise bad_field("json", "body must be a JSON object")
+    pipeline = name_field(obj, "pipeline", required=True)
+    step = name_field(obj, "step", required=True)
+    run_id = name_field(obj, "run_id", required=False)
+    requested_by = name_field(obj, "requested_by", required=False)
+    assert pipeline is not None and step is not None
+    return obj, pipeline, step, run_id, requested_by
+
+
 def name_field(obj: dict[str, Any], key: str, *, required: bool) -> str | None:
     """``obj[key]``: a non-blank string of at most ``MAX_NAME_CHARS`` characters, valid
     Unicode (None when absent and not ``required``). Raises 400 ``invalid_<key>``."""

@@ -58,6 +58,7 @@ class RequestService(Generic[Full]):
     def __init__(self, kind: Kind[Full, Any], shared: Shared, commands: Commands) -> None:
         self.kind = kind
         self.shared = shared
+        self.store = shared.store
         self.commands = commands
         self.log = logging.getLogger(kind.logger)
 
@@ -65,11 +66,6 @@ class RequestService(Generic[Full]):
     def config(self) -> Config:
         """The config in force."""
         return self.shared.config
-
-    @property
-    def store(self) -> Store:
-        """The gate's store."""
-        return self.shared.store
 
     def step(self, pipeline: str, step: str) -> StepConfig:
         """The configured step a new request goes to. Raises NotFound 404
