@@ -3,7 +3,7 @@ process on its forked copy), looked up in one explicit table. No HTTP, no SQL of
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -17,14 +17,12 @@ from gate.core.approvals.followup_tx import handle_due
 from gate.core.approvals.followups import Plan
 from gate.core.approvals.kind import APPROVALS
 from gate.core.approvals.policy import Verdict as PolicyVerdict
-from gate.core.approvals.resolve_tx import resolve
 from gate.core.questions import revise_tx
 from gate.core.questions.answer_tx import answer_question
 from gate.core.questions.kind import QUESTIONS
 from gate.core.ratelimit import RateLimiter
 from gate.core.receipt_key import Settled, settle
 from gate.core.requests import lifecycle_tx
-from gate.model import Approval, Resolvable
 from gate.store import Command, WriteTx
 from gate.trust.keys import Signer
 
@@ -73,7 +71,7 @@ class Transactions:
         self.rate = RateLimiter(config.relay.security.rate_limit)
         self._receipt_key = receipt_key
         self._previous_receipt_key = previous_receipt_key
-        self._signer = signer
+        self.signer = signer
 
     def run(self, tx: WriteTx, command: Command) -> Any:
         """Run the transaction ``command`` names (a key of ``TABLE``) in ``tx``; the store's
@@ -95,31 +93,7 @@ class Transactions:
     ) -> AuditRow:
         """Append one audit entry (``kind``, ``data``) at ``now``, receipted with the receipt
         key and signed with the signer the writer owns; return its row."""
-        return tx.append_audit(kind, approval_id, now, data, self._receipt_key, self._signer)
-
-    def resolve(
-        self,
-        tx: WriteTx,
-        target: Resolvable,
-        outcome: str,
-        now: int,
-        approved_by: Sequence[int] = (),
-        approval: Approval | None = None,
-        notice: bool = True,
-    ) -> None:
-        """``gate.core.approvals.resolve_tx.resolve`` with this writer's keys and config."""
-        resolve(
-            tx,
-            target,
-            outcome,
-            now,
-            audit=self.audit,
-            signer=self._signer,
-            config=self.config,
-            approved_by=approved_by,
-            approval=approval,
-            notice=notice,
-        )
+        return tx.append_audit(kind, approval_id, now, data, self._receipt_key, self.signer)
 
     # ---- receipt key -------------------------------------------------------------
 
@@ -132,7 +106,7 @@ class Transactions:
             self._previous_receipt_key,
             self.config.receipts,
             self.clock.now_ms(),
-            self._signer,
+            self.signer,
         )
 
     # ---- follow-ups -------------------------------------------------------------

@@ -11,7 +11,7 @@ from gate.audit.entries import DecisionData
 from gate.core.approvals import rules
 from gate.core.approvals.approver_signature_check import Signed, check_approver_signature
 from gate.core.approvals.delegation import check_decider
-from gate.core.approvals.resolve_tx import Resolution
+from gate.core.approvals.resolve_tx import Resolution, resolve
 from gate.core.requests.lifecycle_tx import new_nonce
 from gate.errors import Conflict, GateError
 from gate.model import Approval, DecisionRow, Resolvable, Revision
@@ -171,7 +171,7 @@ def _record(
             rules.current_revision(approval).payload_hash,
             approval.quorum_required,
         )
-        t.resolve(tx, target, outcome, now, collected, approval)
+        resolve(t, tx, target, outcome, now, collected, approval)
     elif new_revision is not None:
         tx.enqueue_dispatch(approval.approval_id, new_revision, now)
     return outcome, new_revision

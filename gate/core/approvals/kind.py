@@ -11,6 +11,7 @@ from gate.audit.entries import CreatedData, DispatchAckData
 from gate.core.approvals import policy_tx
 from gate.core.approvals.create import CreateRequest
 from gate.core.approvals.followups import Plan, next_followup_at
+from gate.core.approvals.resolve_tx import resolve
 from gate.core.approvals.rules import current_revision
 from gate.core.requests.kind import Kind
 from gate.core.requests.lifecycle_tx import new_nonce
@@ -124,10 +125,6 @@ def _target(full: Approval) -> Resolvable:
     return Resolvable(full.approval_id, full.revision, current.payload_hash, full.quorum_required)
 
 
-def _resolve(t: Transactions, tx: WriteTx, target: Resolvable, outcome: str, now: int) -> None:
-    t.resolve(tx, target, outcome, now)
-
-
 APPROVALS: Kind[Approval, Resolvable] = Kind(
     name="approval",
     id_field="approval_id",
@@ -140,7 +137,7 @@ APPROVALS: Kind[Approval, Resolvable] = Kind(
     target=_target,
     due=WriteTx.due_expiry_rows,
     target_id=lambda target: target.approval_id,
-    resolve=_resolve,
+    resolve=resolve,
     dispatch_attempted=WriteTx.dispatch_attempted,
     dispatch_ack=DispatchAckData,
     notices_on=lambda config: config.relay.notice_target is not None,

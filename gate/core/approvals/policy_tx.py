@@ -14,6 +14,7 @@ from gate.config import Config
 from gate.config.policy import HIGH_RISKS
 from gate.core.approvals import policy as rules
 from gate.core.approvals.create import CreateRequest
+from gate.core.approvals.resolve_tx import resolve
 from gate.model import DecisionRow, Resolvable
 from gate.protocol.envelope import rfc3339
 from gate.store import WriteTx
@@ -142,4 +143,4 @@ def apply(
     assert approval is not None
     target = Resolvable(approval_id, 1, digest, approval.quorum_required)
     approved_by = (POLICY_OPERATOR,) if found.decide == "approve" else ()
-    t.resolve(tx, target, found.outcome, now, approved_by, approval, notice=False)
+    resolve(t, tx, target, found.outcome, now, approved_by, approval, notice=False)
