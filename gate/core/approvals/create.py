@@ -7,8 +7,7 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from gate.core.requests.fields import bad_field, has_control_characters, opened
-from gate.errors import GateError
+from gate.core.requests.fields import bad_field, has_control_characters, invalid, opened
 from gate.protocol.canonical import canonical_json
 from gate.protocol.envelope import is_unicode
 from gate.protocol.whitespace import is_blank
@@ -76,13 +75,7 @@ def check_draft(req: CreateRequest, allow_empty_draft: bool) -> None:
     400 ``draft_empty`` with ``field`` ``draft.body`` (the body itself is never changed)."""
     if not allow_empty_draft and is_blank(req.body):
         what = "empty" if req.body == "" else "only white space"
-        raise GateError(
-            "draft_empty",
-            f"draft.body is {what}: nothing to approve",
-            status=400,
-            kind="invalid",
-            extra={"field": "draft.body"},
-        )
+        raise invalid("draft_empty", "draft.body", f"draft.body is {what}: nothing to approve")
 
 
 def parse_create(obj: Any) -> CreateRequest:

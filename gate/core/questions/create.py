@@ -7,8 +7,7 @@ import hashlib
 from dataclasses import dataclass
 from typing import Any
 
-from gate.core.requests.fields import bad_field, opened
-from gate.errors import GateError
+from gate.core.requests.fields import bad_field, invalid, opened
 from gate.protocol.canonical import canonical_json
 from gate.protocol.question import QuestionSpec, parse_question
 
@@ -44,13 +43,7 @@ def check_text_bytes(spec: QuestionSpec, max_bytes: int) -> None:
     """A question's ``text`` is at most ``max_bytes`` bytes UTF-8 (``api.max_draft_bytes``).
     Raises GateError 413 ``question_too_large`` (field ``text``)."""
     if len(spec.text.encode("utf-8")) > max_bytes:
-        raise GateError(
-            "question_too_large",
-            f"text is larger than {max_bytes} bytes",
-            status=413,
-            kind="invalid",
-            extra={"field": "text"},
-        )
+        raise invalid("question_too_large", "text", f"text is larger than {max_bytes} bytes", 413)
 
 
 def parse_question_create(obj: Any, *, max_bytes: int, max_options: int) -> QuestionRequest:

@@ -17,11 +17,15 @@ MAX_NAME_CHARS = 200
 MAX_IDEMPOTENCY_KEY_CHARS = 200
 
 
+def invalid(code: str, field: str, message: str, status: int = 400) -> GateError:
+    """``status`` (400) ``code`` of kind ``invalid``, naming the request ``field`` at fault
+    (its JSON path), with ``message``."""
+    return GateError(code, message, status=status, kind="invalid", extra={"field": field})
+
+
 def bad_field(field: str, message: str) -> GateError:
     """400 ``invalid_<field>`` (``field`` the JSON path) with ``message``."""
-    return GateError(
-        f"invalid_{field}", message, status=400, kind="invalid", extra={"field": field}
-    )
+    return invalid(f"invalid_{field}", field, message)
 
 
 def has_control_characters(text: str) -> bool:
