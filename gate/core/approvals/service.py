@@ -5,9 +5,11 @@ and the follow-ups. Reads the injectable clock only in the writer; no HTTP, no S
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from gate.config.webauthn import WebAuthnSettings
 from gate.core.approvals import policy_tx
 from gate.core.approvals.create import CreateRequest, check_draft, quorum_unreachable_message
 from gate.core.approvals.followups import followup_plan
@@ -36,7 +38,7 @@ class Approvals(RequestService[Approval]):
     """Approvals over the gate's ``Shared`` state. ``webauthn`` gives the passkeys' relying
     party a decision's approver signature is checked against (``Invites.webauthn``)."""
 
-    def __init__(self, shared: Shared, webauthn: Any) -> None:
+    def __init__(self, shared: Shared, webauthn: Callable[[], WebAuthnSettings | None]) -> None:
         super().__init__(APPROVALS, shared, Commands("cancel", "expire", "dispatch_result"))
         self.webauthn = webauthn
 

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from ulid import ULID
 
-from gate.core.requests.kind import Full, Kind, Target
+from gate.core.requests.kind import Full, Kind, Stored, Target
 from gate.errors import Conflict, NotFound
 from gate.store import WriteTx
 
@@ -105,7 +105,7 @@ def create(
     return load(kind, tx, row[kind.id_field]), True
 
 
-def check_pending(full: Any, message: str) -> None:
+def check_pending(full: Stored, message: str) -> None:
     """Conflict 409 ``already_resolved`` (with its ``outcome``) for a resolved request."""
     if full.state == "resolved":
         raise Conflict("already_resolved", message, extra={"outcome": full.outcome})
