@@ -12,8 +12,8 @@ from gate.audit.chain import AuditRow
 from gate.clock import Clock
 from gate.config import Config
 from gate.core import credentials, invites
+from gate.core.approvals import followup_tx
 from gate.core.approvals.decide_tx import decide
-from gate.core.approvals.followup_tx import handle_due
 from gate.core.approvals.followups import Plan
 from gate.core.approvals.kind import APPROVALS
 from gate.core.approvals.policy import Verdict as PolicyVerdict
@@ -25,8 +25,6 @@ from gate.core.receipt_key import Settled, settle
 from gate.core.requests import lifecycle_tx
 from gate.store import Command, WriteTx
 from gate.trust.keys import Signer
-
-FOLLOWUP_BATCH = 500  # approvals whose due follow-ups one transaction handles
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,29 +107,6 @@ class Transactions:
             self.signer,
         )
 
-    # ---- follow-ups -------------------------------------------------------------
-
-    def followups(self, tx: WriteTx) -> list[tuple[str, tuple[int, ...], int]]:
-        """Handle the due reminders and escalation levels of up to ``FOLLOWUP_BATCH`` pending
-        approvals at the gate's time (``gate.core.approvals.followup_tx.handle_due``)."""
-        return handle_due(tx, self.clock.now_ms(), FOLLOWUP_BATCH, self.audit)
-
-    def followup_result(
-        self,
-        tx: WriteTx,
-        key: tuple[str, str, int],
-        acked: bool,
-        error: str | None,
-        retry_at_ms: int | None,
-    ) -> str | None:
-        """Record one attempt of the follow-up send ``key`` = (approval_id, kind, n) at the
-        gate's now: delivered, retried at ``retry_at_ms``, or failed once that is
-        None (dropped unsent, ``error`` says why) or not before the row's ``give_up_at``.
-        Returns ``"delivered"``/``"retry"``/``"failed"``, None when nothing changed."""
-        return tx.followup_attempted(
-            key, self.clock.now_ms(), acked=acked, error=error, retry_at_ms=retry_at_ms
-        )
-
 
 # The write transactions by name (``Command.name``): the one table ``Transactions.run`` reads.
 # "configure" runs outside a transaction (``Store.apply``), "receipt_key" once at start.
@@ -141,8 +116,8 @@ TABLE: dict[str, Callable[..., Any]] = {
     "expire": partial(lifecycle_tx.expire, APPROVALS),
     "cancel": partial(lifecycle_tx.cancel, APPROVALS),
     "dispatch_result": partial(lifecycle_tx.dispatch_result, APPROVALS),
-    "followups": Transactions.followups,
-    "followup_result": Transactions.followup_result,
+    "followups": followup_tx.handle_due,  # gate.core.approvals.followup_tx
+    "followup_result": followup_tx.result,
     "create_question": partial(lifecycle_tx.create, QUESTIONS),
     "revise_question": revise_tx.revise,  # gate.core.questions.revise_tx
     "cancel_question": partial(lifecycle_tx.cancel, QUESTIONS),

@@ -12,11 +12,12 @@ from typing import Any
 from gate.config.webauthn import WebAuthnSettings
 from gate.core.approvals import policy_tx
 from gate.core.approvals.create import CreateRequest, check_draft, quorum_unreachable_message
+from gate.core.approvals.followup_tx import FOLLOWUP_BATCH
 from gate.core.approvals.followups import followup_plan
 from gate.core.approvals.kind import APPROVALS
 from gate.core.approvals.resolve_tx import Resolution
 from gate.core.requests.service import Commands, RequestService, Shared
-from gate.core.transactions import FOLLOWUP_BATCH, Policy
+from gate.core.transactions import Policy
 from gate.errors import GateError
 from gate.model import Approval
 from gate.protocol.canonical import payload_hash
@@ -186,7 +187,7 @@ class Approvals(RequestService[Approval]):
 
     async def followups_due(self) -> tuple[int, int]:
         """Apply the due escalation levels and queue the due reminders of pending approvals
-        (``Transactions.followups``), in batches of 500 per transaction.
+        (``followup_tx.handle_due``), in batches of 500 per transaction.
         Returns ``(levels applied, reminders queued)``; wakes the dispatcher when anything
         was queued."""
         levels = reminders = 0
@@ -216,7 +217,7 @@ class Approvals(RequestService[Approval]):
         retry_at_ms: int | None,
     ) -> str | None:
         """Record one attempt of the reminder, escalation or notice ``key`` = (approval_id,
-        kind, n) (``Transactions.followup_result``): ``retry_at_ms`` None drops it
+        kind, n) (``followup_tx.result``): ``retry_at_ms`` None drops it
         unsent as failed. Returns ``"delivered"``, ``"retry"``, ``"failed"`` or None."""
         result: str | None = await self.store.transact(
             Command("followup_result", (key, acked, error, retry_at_ms))

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from gate.audit.question_entries import QuestionAnsweredData
 from gate.core.approvals.rules import operator_in_scope, refuse
-from gate.core.questions.kind import resolve_question
+from gate.core.questions.kind import resolve_question, step_limits
 from gate.errors import Conflict, GateError
 from gate.model import DueQuestion, Question, QuestionAnswer
 from gate.protocol.canonical import canonical_json
@@ -53,11 +53,6 @@ def _same_value(won: Any, sent: Any) -> bool:
         return False
 
 
-def _max_answer_chars(t: Transactions, question: Question) -> int:
-    found = t.config.find_step(question.pipeline, question.step)
-    return found[1].max_answer_chars if found is not None else 2000
-
-
 def answer_question(t: Transactions, tx: WriteTx, answer: Answer) -> tuple[int, int, str]:
     """Checks 6-13 of the answer table, in order, and the recording of the first valid
     answer with its ``question_answered`` and ``question_resolved`` entries. Returns
@@ -94,7 +89,7 @@ def answer_question(t: Transactions, tx: WriteTx, answer: Answer) -> tuple[int, 
     value = check_value(
         QuestionSpec.from_json(current.question),
         answer.value,
-        max_answer_chars=_max_answer_chars(t, question),
+        max_answer_chars=step_limits(t.config, question)[1],
     )
     stored = canonical_json(value).decode("utf-8")
     digest = value_hash(value, salt=bytes.fromhex(question.answer_salt))

@@ -26,6 +26,7 @@ from gate.store import WriteTx
 from gate.store.reads import Reads
 
 if TYPE_CHECKING:
+    from gate.config import Config
     from gate.core.transactions import Transactions
 
 
@@ -38,6 +39,15 @@ class QuestionPolicy:
     timeout_s: float
     risk: str
     max_answer_chars: int
+
+
+def step_limits(config: Config, question: Question) -> tuple[int, int]:
+    """``(max_options, max_answer_chars)`` of the question's step in ``config`` (the one in
+    force; the defaults when a reload removed the step)."""
+    found = config.find_step(question.pipeline, question.step)
+    if found is None:
+        return 50, 2000
+    return found[1].max_options, found[1].max_answer_chars
 
 
 def add_version(tx: WriteTx, question_id: str, version: int, spec: QuestionSpec, now: int) -> str:

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from gate.audit.question_entries import QuestionRevisedData
 from gate.core.questions.create import parse_spec, revised_fields
-from gate.core.questions.kind import QUESTIONS, add_version
+from gate.core.questions.kind import QUESTIONS, add_version, step_limits
 from gate.core.requests.lifecycle_tx import check_pending, load
 from gate.errors import Conflict
 from gate.model import Question
@@ -21,15 +21,6 @@ if TYPE_CHECKING:
 MAX_VERSIONS = 20
 """A question has at most this many versions: a revise past it is 409 ``too_many_versions``
 (every load reads every version)."""
-
-
-def _step_limits(t: Transactions, question: Question) -> tuple[int, int]:
-    """``(max_options, max_answer_chars)`` of the question's step in the config in force (the
-    defaults when a reload removed the step)."""
-    found = t.config.find_step(question.pipeline, question.step)
-    if found is None:
-        return 50, 2000
-    return found[1].max_options, found[1].max_answer_chars
 
 
 def revise(t: Transactions, tx: WriteTx, question_id: str, body: Any) -> tuple[str, Question]:
@@ -50,7 +41,7 @@ def revise(t: Transactions, tx: WriteTx, question_id: str, body: Any) -> tuple[s
     if question.version >= MAX_VERSIONS:
         message = f"the question has {MAX_VERSIONS} versions, the most it may have"
         raise Conflict("too_many_versions", message, extra={"message": message})
-    max_options, max_answer_chars = _step_limits(t, question)
+    max_options, max_answer_chars = step_limits(t.config, question)
     spec = parse_spec(
         revised_fields(QuestionSpec.from_json(question.current.question), body),
         max_bytes=t.config.api.max_draft_bytes,
