@@ -12,7 +12,7 @@ from gate.core.approvals import rules
 from gate.core.approvals.approver_signature_check import Signed, check_approver_signature
 from gate.core.approvals.delegation import check_decider
 from gate.core.approvals.resolve_tx import Resolution, resolve
-from gate.core.requests.lifecycle_tx import new_nonce
+from gate.core.requests.lifecycle_tx import new_nonce, said_by
 from gate.errors import Conflict, GateError
 from gate.model import Approval, DecisionRow, Resolvable, Revision
 from gate.protocol.canonical import payload_hash
@@ -103,17 +103,14 @@ def _record(
     row = DecisionRow(
         revision=revision,
         operator_id=verdict.operator_id,
-        identity=decision.approver_id,
-        display=decision.approver_display,
-        channel=decision.approver_channel,
         decision=decision.decision,
         payload_hash=decision.payload_hash,
         adjust_text=decision.adjust_text,
-        decided_at=decision.decided_at,
         recorded_at=now,
         reason=decision.reason,
         on_behalf_of=on_behalf_of,
         credential_id=None if signed is None else signed.credential_id,
+        **said_by(decision),
     )
     tx.insert_decision(approval.approval_id, row)
     approval = dataclasses.replace(approval, decisions=approval.decisions + (row,))

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 from gate.audit.question_entries import QuestionAnsweredData
 from gate.core.approvals.rules import operator_in_scope, refuse
 from gate.core.questions.kind import resolve_question, step_limits
+from gate.core.requests.lifecycle_tx import said_by
 from gate.errors import Conflict, GateError
 from gate.model import DueQuestion, Question, QuestionAnswer
 from gate.protocol.canonical import canonical_json
@@ -97,12 +98,9 @@ def answer_question(t: Transactions, tx: WriteTx, answer: Answer) -> tuple[int, 
     row = QuestionAnswer(
         value=value,
         operator_id=operator_id,
-        identity=answer.approver_id,
-        display=answer.approver_display,
-        channel=answer.approver_channel,
         version=current.version,
-        decided_at=answer.decided_at,
         recorded_at=now,
+        **said_by(answer),
     )
     if not tx.record_question_answer(question.question_id, stored, row):
         raise refuse(409, "already_resolved", "already_resolved", "the question is resolved")

@@ -5,7 +5,7 @@ the state ``Transactions`` owns (``t``); registered per kind in ``transactions.T
 from __future__ import annotations
 
 import secrets
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypedDict
 
 from ulid import ULID
 
@@ -40,6 +40,39 @@ class Scoped(Protocol):
     def timeout_s(self) -> float: ...
     @property
     def risk(self) -> str: ...
+
+
+class VerdictEnvelope(Protocol):
+    """What every verdict envelope says of who gave it (``Decision``, ``Answer``)."""
+
+    @property
+    def approver_id(self) -> str: ...
+    @property
+    def approver_display(self) -> str | None: ...
+    @property
+    def approver_channel(self) -> str | None: ...
+    @property
+    def decided_at(self) -> str: ...
+
+
+class SaidBy(TypedDict):
+    """Who gave a verdict, as its stored row keeps it (``DecisionRow``, ``QuestionAnswer``)."""
+
+    identity: str
+    display: str | None
+    channel: str | None
+    decided_at: str
+
+
+def said_by(envelope: VerdictEnvelope) -> SaidBy:
+    """The approver fields of a verdict's stored row, as its envelope gives them: identity,
+    display name, channel and the relay's ``decided_at`` (RFC 3339, kept as sent)."""
+    return SaidBy(
+        identity=envelope.approver_id,
+        display=envelope.approver_display,
+        channel=envelope.approver_channel,
+        decided_at=envelope.decided_at,
+    )
 
 
 def new_nonce() -> str:
