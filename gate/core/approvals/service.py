@@ -119,14 +119,7 @@ class Approvals(RequestService[Approval]):
         )
         if not created_now:
             return self.kind.view(full), False
-        self.log.info(
-            "event=created approval_id=%s pipeline=%s step=%s payload_hash=%s quorum=%d",
-            full.approval_id,
-            req.pipeline,
-            req.step,
-            digest,
-            policy.quorum,
-        )
+        view = self.opened(full, "payload_hash=%s quorum=%d", digest, policy.quorum)
         if full.state == "resolved":  # a policy decided it at once, no dispatch
             self.log.info(
                 "event=resolved approval_id=%s outcome=%s revision=1 by=%s",
@@ -134,7 +127,7 @@ class Approvals(RequestService[Approval]):
                 full.outcome,
                 full.decisions[0].identity if full.decisions else "",
             )
-        return self.opened(full), True
+        return view, True
 
     # ---- decide ----------------------------------------------------------------
 

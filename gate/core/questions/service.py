@@ -61,14 +61,7 @@ class Questions(RequestService[Question]):
         )
         if not created:
             return self.kind.view(full), False
-        self.log.info(
-            "event=question_created question_id=%s pipeline=%s step=%s request_hash=%s",
-            full.question_id,
-            req.pipeline,
-            req.step,
-            full.current.request_hash,
-        )
-        return self.opened(full), True
+        return self.opened(full, "request_hash=%s", full.current.request_hash), True
 
     async def revise(self, question_id: str, body: Any) -> dict[str, Any]:
         """POST /v1/questions/{id}/revise: the question with the given fields replaced,

@@ -93,13 +93,20 @@ class RequestService(Generic[Full]):
             )
         return op.id, op.identity
 
-    def opened(self, full: Full) -> dict[str, Any]:
-        """After a create: wake the dispatcher and the expiry scheduler for a pending
-        request; return its object."""
+    def opened(self, full: Full, more: str, *values: object) -> dict[str, Any]:
+        """After a create: log ``event=<kind>created`` with the request's id, pipeline, step
+        and ``more`` (a ``%`` format of ``values``), wake the dispatcher and the expiry
+        scheduler for a pending request; return its object."""
+        kind, view = self.kind, self.kind.view(full)
+        self.log.info(
+            "event=%screated %s=%s pipeline=%s step=%s " + more,
+            *(kind.event, kind.id_field, view[kind.id_field], view["pipeline"], view["step"]),
+            *values,
+        )
         if full.state == "pending":
             self.shared.dispatch_wakeup.set()
             self.shared.expiry_wakeup.set()
-        return self.kind.view(full)
+        return view
 
     def wake(self, request_id: str) -> None:
         """Wake the long-polls waiting on ``request_id`` (``longpoll.wake``) and, notices on,
