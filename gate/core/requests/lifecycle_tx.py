@@ -1,5 +1,6 @@
 """The write transactions every kind of request shares: create (idempotency, scope, expiry),
-cancel, expire and the dispatch bookkeeping, for any ``Kind``. Run on the store's writer with
+cancel, expire and the dispatch bookkeeping, for any ``Kind``, with what every version and
+verdict row takes the same way (``new_nonce``, ``said_by``). Run on the store's writer with
 the state ``Transactions`` owns (``t``); registered per kind in ``transactions.TABLE``."""
 
 from __future__ import annotations
