@@ -31,6 +31,7 @@ ORDER = (
     "web",
     "daemon",
     "client",
+    "relay",
     "tools",
     "tools/conformance",
     "tools/reference_relay",
