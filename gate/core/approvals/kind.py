@@ -18,7 +18,6 @@ from gate.core.requests.lifecycle_tx import new_nonce
 from gate.core.views import approval_view
 from gate.model import Approval, Resolvable
 from gate.store import WriteTx
-from gate.store.reads import Reads
 
 if TYPE_CHECKING:
     from gate.core.transactions import Policy, Transactions
@@ -131,18 +130,28 @@ APPROVALS: Kind[Approval, Resolvable] = Kind(
     event="",
     already_resolved="the approval is already resolved",
     logger="gate.core.service",
-    load=WriteTx.load_approval,
+    load=lambda tx, approval_id: tx.load_approval(approval_id),
     seen=_seen,
     insert=insert_approval,
     target=_target,
-    due=WriteTx.due_expiry_rows,
+    due=lambda tx, now, limit: tx.due_expiry_rows(now, limit),
     target_id=lambda target: target.approval_id,
     resolve=resolve,
-    dispatch_attempted=WriteTx.dispatch_attempted,
+    dispatch_attempted=lambda tx, approval_id, revision, delivered_at, next_at, error: (
+        tx.dispatch_attempted(
+            approval_id,
+            revision,
+            delivered_at=delivered_at,
+            next_attempt_at=next_at,
+            error=error,
+        )
+    ),
     dispatch_ack=DispatchAckData,
     notices_on=lambda config: config.relay.notice_target is not None,
-    fetch=Reads.fetch_approval,
-    page=Reads.list_approvals,
+    fetch=lambda reads, approval_id: reads.fetch_approval(approval_id),
+    page=lambda reads, state, pipeline, limit, after: reads.list_approvals(
+        state, pipeline, limit, after
+    ),
     view=approval_view,
 )
 """Approvals: a draft decided by a quorum of people (or a policy) with skip veto and adjust

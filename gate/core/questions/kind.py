@@ -23,7 +23,6 @@ from gate.model import DueQuestion, Question
 from gate.protocol.canonical import wire_json
 from gate.protocol.question import QuestionSpec, request_hash
 from gate.store import WriteTx
-from gate.store.reads import Reads
 
 if TYPE_CHECKING:
     from gate.config import Config
@@ -165,18 +164,28 @@ QUESTIONS: Kind[Question, DueQuestion] = Kind(
     event="question_",
     already_resolved="the question is already resolved (it cannot be cancelled)",
     logger="gate.core.question_service",
-    load=WriteTx.load_question,
-    seen=WriteTx.question_by_idempotency_key,
+    load=lambda tx, question_id: tx.load_question(question_id),
+    seen=lambda tx, key: tx.question_by_idempotency_key(key),
     insert=insert_question,
     target=lambda full: DueQuestion(full.question_id, full.version, full.current.request_hash),
-    due=WriteTx.due_questions,
+    due=lambda tx, now, limit: tx.due_questions(now, limit),
     target_id=lambda target: target.question_id,
     resolve=resolve_question,
-    dispatch_attempted=WriteTx.question_dispatch_attempted,
+    dispatch_attempted=lambda tx, question_id, version, delivered_at, next_at, error: (
+        tx.question_dispatch_attempted(
+            question_id,
+            version,
+            delivered_at=delivered_at,
+            next_attempt_at=next_at,
+            error=error,
+        )
+    ),
     dispatch_ack=lambda version, attempts: QuestionDispatchAckData(version),
     notices_on=lambda config: config.relay.question_notice_target is not None,
-    fetch=Reads.fetch_question,
-    page=Reads.list_questions,
+    fetch=lambda reads, question_id: reads.fetch_question(question_id),
+    page=lambda reads, state, pipeline, limit, after: reads.list_questions(
+        state, pipeline, limit, after
+    ),
     view=question_view,
 )
 """Questions: a typed answer, first valid answer wins (``gate.core.questions.answer_tx``)."""

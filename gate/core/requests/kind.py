@@ -36,22 +36,6 @@ class Entry(Protocol):
     def to_data(self) -> dict[str, Any]: ...
 
 
-class Attempted(Protocol):
-    """``WriteTx.dispatch_attempted`` and its twins: one attempt of ``(id, version)``."""
-
-    def __call__(
-        self,
-        tx: WriteTx,
-        request_id: str,
-        version: int,
-        /,
-        *,
-        delivered_at: int | None,
-        next_attempt_at: int,
-        error: str | None,
-    ) -> int: ...
-
-
 Full = TypeVar("Full", bound=Stored)  # the loaded request (``gate.model.Approval``, ...)
 Target = TypeVar("Target")  # what resolving it needs (``gate.model.Resolvable``, ...)
 
@@ -66,17 +50,19 @@ class Kind(Generic[Full, Target]):
     the message of a cancel's 409, ``logger`` of its service's lines (``gate.core.service``
     for approvals, as before the kinds shared a lifecycle: filters on it keep working).
 
-    In the writer's transaction (``tx``): ``load`` the request or None; ``seen`` the ``(id,
+    In the writer's transaction (``tx``, whose statements are called on it, so any storage
+    backend's serves): ``load`` the request or None; ``seen`` the ``(id,
     body hash)`` created with an Idempotency-Key, or None; ``insert`` a new one (``t``, ``tx``,
     the columns every kind has, the parsed request, the step's policy, now, the body hash,
     the payload hash when computed before the transaction: its own columns, first version,
     dispatch and created entry); ``target`` what resolving a loaded one needs, ``due`` those
     of up to ``limit`` pending ones past ``expires_at`` at ``now``, ``target_id`` a target's
     id; ``resolve`` a target as an outcome at now (no permit: timeout, cancelled);
-    ``dispatch_attempted`` counts one attempt of a version (attempts so far, -1 when acked)
+    ``dispatch_attempted`` counts one attempt of a version (``delivered_at``, else
+    ``next_attempt_at``, and the error: attempts so far, -1 when acked)
     and ``dispatch_ack`` is the audit entry of its first ack. Outside it: ``notices_on``
     whether a resolution notice is queued (its relay target set), ``fetch`` and ``page``
-    read, ``view`` is the pipeline API's object (JSON-ready).
+    read (on the store's ``Reads``), ``view`` is the pipeline API's object (JSON-ready).
     """
 
     name: str
@@ -91,7 +77,7 @@ class Kind(Generic[Full, Target]):
     due: Callable[[WriteTx, int, int], list[Target]]
     target_id: Callable[[Target], str]
     resolve: Callable[[Transactions, WriteTx, Target, str, int], None]
-    dispatch_attempted: Attempted
+    dispatch_attempted: Callable[[WriteTx, str, int, int | None, int, str | None], int]
     dispatch_ack: Callable[[int, int], Entry]
     notices_on: Callable[[Config], bool]
     fetch: Callable[[Reads, str], Awaitable[Full | None]]

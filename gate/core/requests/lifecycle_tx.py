@@ -182,13 +182,9 @@ def dispatch_result(
     """Count one dispatch attempt of ``version``; the first ack (unix ms now) writes the
     kind's dispatch-ack audit entry, a failure sets the next attempt at ``retry_at_ms``."""
     now = t.clock.now_ms()
+    delivered_at, next_attempt_at = (now, now) if acked else (None, retry_at_ms)
     attempts = kind.dispatch_attempted(
-        tx,
-        request_id,
-        version,
-        delivered_at=now if acked else None,
-        next_attempt_at=now if acked else retry_at_ms,
-        error=error,
+        tx, request_id, version, delivered_at, next_attempt_at, error
     )
     if acked and attempts > 0:
         ack = kind.dispatch_ack(version, attempts)
