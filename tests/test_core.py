@@ -28,10 +28,13 @@ from gate.audit import chain as audit
 from gate.audit.receipts import receipt_object
 from gate.clock import ManualClock
 from gate.config import Config, load_config
-from gate.core import rules
-from gate.core.commands import DispatchResult, ReceiptKey, Transaction
+from gate.core.approvals import rules
+from gate.core.approvals.create import CreateRequest, parse_create
+from gate.core.approvals.kind import APPROVALS
+from gate.core.approvals.service import Approvals
+from gate.core.commands import ReceiptKey, Transaction
 from gate.core.ratelimit import RateLimiter
-from gate.core.requests import CreateRequest, parse_create
+from gate.core.requests.lifecycle_tx import DispatchResult
 from gate.core.service import GateService
 from gate.errors import Conflict, GateError, NotFound
 from gate.model import Approval, DecisionRow, Revision
@@ -53,9 +56,9 @@ HOUR_MS = 3_600_000
 
 @dataclasses.dataclass
 class Gate:
-    """A GateService on a real Store with its ManualClock and config."""
+    """A GateService's approvals on a real Store with its ManualClock and config."""
 
-    service: GateService
+    service: Approvals
     store: Store
     clock: ManualClock
     config: Config
@@ -171,7 +174,7 @@ async def make_gate(tmp_path: Path, writer_process: bool) -> AsyncIterator[MakeG
         service = GateService(config, RECEIPT_KEY, store, clock)  # binds before the fork
         await store.open()
         stores.append(store)
-        return Gate(service, store, clock, config)
+        return Gate(service.approvals, store, clock, config)
 
     yield make
     for store in stores:
@@ -728,7 +731,7 @@ def test_store_every_command_is_a_frozen_slotted_dataclass() -> None:
 
 
 def test_store_command_pickles_by_value_and_logs_its_transaction_name() -> None:
-    command = DispatchResult("01KDWZ8B00J3Q9V5X7Z2M4N6PR", 2, False, "timeout", 1_000)
+    command = DispatchResult(APPROVALS, "01KDWZ8B00J3Q9V5X7Z2M4N6PR", 2, False, "timeout", 1_000)
     assert pickle.loads(pickle.dumps(command, protocol=pickle.HIGHEST_PROTOCOL)) == command
     assert pickle.loads(pickle.dumps(PROBE)) == PROBE
     assert (command.name, PROBE.name, ReceiptKey().name) == (
