@@ -33,8 +33,9 @@ from gate.core.approvals.create import CreateRequest, parse_create
 from gate.core.approvals.kind import APPROVALS
 from gate.core.approvals.service import Approvals
 from gate.core.commands import ReceiptKey, Transaction
+from gate.core.questions.kind import QUESTIONS
 from gate.core.ratelimit import RateLimiter
-from gate.core.requests.lifecycle_tx import DispatchResult
+from gate.core.requests.lifecycle_tx import Cancel, DispatchResult
 from gate.core.service import GateService
 from gate.errors import Conflict, GateError, NotFound
 from gate.model import Approval, DecisionRow, Revision
@@ -732,10 +733,13 @@ def test_store_every_command_is_a_frozen_slotted_dataclass() -> None:
 
 def test_store_command_pickles_by_value_and_logs_its_transaction_name() -> None:
     command = DispatchResult(APPROVALS, "01KDWZ8B00J3Q9V5X7Z2M4N6PR", 2, False, "timeout", 1_000)
-    assert pickle.loads(pickle.dumps(command, protocol=pickle.HIGHEST_PROTOCOL)) == command
+    crossed = pickle.loads(pickle.dumps(command, protocol=pickle.HIGHEST_PROTOCOL))
+    assert crossed == command and crossed.kind is APPROVALS  # a kind crosses by its name
+    assert pickle.loads(pickle.dumps(Cancel(QUESTIONS, "q"))).kind is QUESTIONS
     assert pickle.loads(pickle.dumps(PROBE)) == PROBE
-    assert (command.name, PROBE.name, ReceiptKey().name) == (
+    assert (command.name, Cancel(QUESTIONS, "q").name, PROBE.name, ReceiptKey().name) == (
         "dispatch_result",
+        "question_cancel",
         "probe",
         "receipt_key",
     )
