@@ -68,9 +68,14 @@ def api_target(config: Any, api_url: str | None) -> tuple[str, str]:
         fail(error or f"api.token_env: {config.api.token_env} is not set", 2)
     if not token.isprintable():
         fail(f"api.token_env: {config.api.token_env} has control characters; remove them", 2)
+    check_api_url(api_url)
+    return api_url or api_base(config), token
+
+
+def check_api_url(api_url: str | None) -> None:
+    """Exit 2 with one line on an ``--api-url`` that is no http(s) or unix: URL."""
     if api_url is not None and not valid_api_url(api_url):
         fail(f"--api-url: {api_url!r} is not http://host:port, https://host:port or unix:/path", 2)
-    return api_url or api_base(config), token
 
 
 def valid_api_url(url: str) -> bool:
