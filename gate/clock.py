@@ -20,4 +20,3 @@ class SystemClock:
     def now_ms(self) -> int:
         """Return ``time.time()`` in whole milliseconds."""
         return int(time.time() * 1000)
-
