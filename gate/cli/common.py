@@ -9,7 +9,6 @@ import json
 import math
 import os
 import shlex
-import unicodedata
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -17,11 +16,7 @@ from typing import Any
 import click
 
 from gate.cli import fail, read_config
-from gate.protocol.display import HIDDEN_CATEGORIES
-
-# what a terminal does not show as itself (as gate.client.hops.visible): in ``safe_json``
-# output written as a JSON escape, so JSON text carries no bidi override or line separator raw
-_HIDDEN_CATEGORIES = HIDDEN_CATEGORIES  # one rule: gate.protocol.display
+from gate.protocol.display import is_hidden
 
 
 def safe_json(value: Any) -> str:
@@ -31,11 +26,9 @@ def safe_json(value: Any) -> str:
     surrogate pair above U+FFFF): the same value for a JSON parser, nothing hidden or
     reordered on a screen (new-user finding 2: ``ask --json`` is the machine-safe form)."""
     text = json.dumps(value, ensure_ascii=False, indent=2)
-    # a newline here is the indent's own (json.dumps escapes those inside strings)
-    return "".join(
-        _escaped(c) if c != "\n" and unicodedata.category(c) in _HIDDEN_CATEGORIES else c
-        for c in text
-    )
+    # a newline here is the indent's own (json.dumps escapes those inside strings); what a
+    # terminal does not show as itself is one rule: gate.protocol.display
+    return "".join(_escaped(c) if c != "\n" and is_hidden(c) else c for c in text)
 
 
 def _escaped(char: str) -> str:
