@@ -26,18 +26,11 @@ def safe_json(value: Any) -> str:
     surrogate pair above U+FFFF): the same value for a JSON parser, nothing hidden or
     reordered on a screen (new-user finding 2: ``ask --json`` is the machine-safe form)."""
     text = json.dumps(value, ensure_ascii=False, indent=2)
-    # a newline here is the indent's own (json.dumps escapes those inside strings); what a
-    # terminal does not show as itself is one rule: gate.protocol.display
-    return "".join(_escaped(c) if c != "\n" and is_hidden(c) else c for c in text)
-
-
-def _escaped(char: str) -> str:
-    """``char`` as JSON ``\\uXXXX`` escapes (two for a character above U+FFFF)."""
-    code = ord(char)
-    if code <= 0xFFFF:
-        return f"\\u{code:04x}"
-    code -= 0x10000
-    return f"\\u{0xD800 + (code >> 10):04x}\\u{0xDC00 + (code & 0x3FF):04x}"
+    # a newline here is the indent's own (json.dumps escapes those, and every other control
+    # below U+0020, inside strings); what a terminal does not show as itself is one rule:
+    # gate.protocol.display. json.dumps of one such character (ASCII output) is its
+    # ``\\uXXXX`` escape, a surrogate pair above U+FFFF.
+    return "".join(json.dumps(c)[1:-1] if c != "\n" and is_hidden(c) else c for c in text)
 
 
 def api_client(config_path: str, api_url: str | None) -> Any:
