@@ -196,14 +196,11 @@ def string_or_none(
     return value
 
 
+_STR = "a string"  # what a field of check 5 must be, unless told otherwise
+
+
 def _string(
-    obj: dict[str, Any],
-    key: str,
-    field: str,
-    limit: float,
-    *,
-    required: bool,
-    what: str = "a string",
+    obj: dict[str, Any], key: str, field: str, limit: float, *, required: bool, what: str = _STR
 ) -> str | None:
     refuse = functools.partial(_invalid, field)
     value = string_or_none(obj, key, refuse, name=field, required=required, what=what)
