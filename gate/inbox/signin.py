@@ -290,10 +290,7 @@ async def _verified(
     if pending is None or sent is None or pending.pre_hash != auth.token_hash(pre):
         return _refused("challenge_unknown")
     try:
-        key = base64.urlsafe_b64decode(
-            credential.public_key + "=" * (-len(credential.public_key) % 4)
-        )
-        challenge = base64.urlsafe_b64decode(sent + "=" * (-len(sent) % 4))
+        key, challenge = _unb64(credential.public_key), _unb64(sent)
         verify_webauthn(key, 0, assertion, challenge, state.party.rp_id, state.party.origins)
     except ProtocolError as exc:
         return _refused(DETAILS.get(str(exc.extra.get("detail")), "bad_signature"))
