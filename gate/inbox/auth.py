@@ -226,13 +226,7 @@ async def read_post(request: web.Request, session: Session | None) -> dict[str, 
         raise web.HTTPRequestEntityTooLarge(
             MAX_POST_BYTES,
             request.content_length or MAX_POST_BYTES + 1,
-            text=json.dumps(
-                {
-                    "status": "refused",
-                    "reason": "body_too_large",
-                    "message": "The form is too large.",
-                }
-            ),
+            text=_json("body_too_large", "The form is too large."),
             content_type="application/json",
         )
     if not _origin_ok(request):
