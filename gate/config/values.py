@@ -6,6 +6,7 @@ import math
 import os
 import re
 import unicodedata
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
@@ -132,6 +133,25 @@ def first_seen(seen: dict[Any, int], key: Any, index: int) -> int | None:
     else None, and ``index`` is recorded as its first place in ``seen``."""
     first = seen.setdefault(key, index)
     return None if first == index else first
+
+
+def check_ids(
+    where: str, ids: Sequence[int], defined: set[int], allowed: set[int] | None
+) -> list[str]:
+    """Errors of the operator ids ``ids`` listed at ``where`` (a YAML path): one line per id
+    listed twice, not defined (``defined``: the ids of ``relay.operators``) or, with
+    ``allowed``, not in ``relay.security.allowed_users``; [] when all are fine."""
+    errors: list[str] = []
+    seen: set[int] = set()
+    for i, op_id in enumerate(ids):
+        if op_id in seen:
+            errors.append(f"{where}[{i}]: operator {op_id} is listed twice")
+        elif op_id not in defined:
+            errors.append(f"{where}[{i}]: operator {op_id} is not defined in relay.operators")
+        elif allowed is not None and op_id not in allowed:
+            errors.append(f"{where}[{i}]: operator {op_id} is not in relay.security.allowed_users")
+        seen.add(op_id)
+    return errors
 
 
 def check_env_name(value: str) -> str:
