@@ -17,6 +17,7 @@ from pathlib import Path
 
 from gate.config.model import Config
 from gate.errors import ConfigError
+from gate.protocol.envelope import is_unicode
 
 CREDENTIALS_DIRECTORY = "CREDENTIALS_DIRECTORY"
 MAX_CREDENTIAL_BYTES = 64 * 1024
@@ -128,7 +129,7 @@ def read_secret(
     problem = _unclean(value, f"environment variable {name}", name, "often a trailing newline")
     if problem is not None:
         return None, f"{where}: {problem}"
-    if not _is_utf8(value):
+    if not is_unicode(value):  # e.g. undecodable bytes surrogate-escaped by os.environ
         return None, f"{where}: {name} is not valid UTF-8"
     return value, None
 
@@ -258,14 +259,6 @@ def _read_credential(directory: str, name: str) -> tuple[str | None, str | None]
         return data.decode("utf-8"), None
     except UnicodeDecodeError:
         return None, f"credential file {path} is not valid UTF-8"
-
-
-def _is_utf8(value: str) -> bool:
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:  # e.g. undecodable bytes surrogate-escaped by os.environ
-        return False
-    return True
 
 
 def _same(a: str, b: str) -> bool:
