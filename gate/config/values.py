@@ -274,3 +274,6 @@ HttpUrl = Annotated[str, Field(strict=True, min_length=1), AfterValidator(check_
 """A config field holding an http(s) URL (``check_http_url``)."""
 Duration = Annotated[float, BeforeValidator(parse_duration)]
 """A config field holding a duration (``90s``, ``30m``, ``4h`` or seconds), as seconds."""
+AbsolutePath = Annotated[Path, BeforeValidator(check_path_text), AfterValidator(resolve_path)]
+"""A config field holding a path, made absolute against the config file's folder
+(``resolve_path``; the gate's config and the inbox's)."""
