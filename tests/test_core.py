@@ -35,6 +35,7 @@ from gate.model import Approval, DecisionRow, Revision
 from gate.protocol.canonical import payload_hash, wire_json
 from gate.protocol.envelope import Decision, build_decision, parse_decision, rfc3339
 from gate.store import Command, Store, WriteTx
+from gate.store.approvals import APPROVALS
 from tests.support import write_config
 
 NOW_MS = 1767225600000
@@ -119,7 +120,7 @@ class Gate:
 
     async def full(self, approval_id: str) -> dict[str, Any]:
         """The stored approval (``gate.model.Approval``) as plain JSON values."""
-        full = await self.store.reads.fetch_approval(approval_id)
+        full = await self.store.reads.fetch(APPROVALS, approval_id)
         assert full is not None
         loaded: dict[str, Any] = json.loads(json.dumps(dataclasses.asdict(full)))
         return loaded
@@ -888,7 +889,7 @@ async def test_service_audit_survives_reopen(make_gate: MakeGate) -> None:
         rows = [row async for row in store.audit_rows()]
         assert [r.kind for r in rows] == ["created", "decision", "resolved"]
         assert audit.verify(rows, RECEIPT_KEY).ok
-        full = await store.reads.fetch_approval(aid)
+        full = await store.reads.fetch(APPROVALS, aid)
         assert full is not None and full.outcome == "approved"
     finally:
         await store.close()
@@ -1210,13 +1211,13 @@ async def test_store_reads_see_each_commit_while_other_reads_run(gate: Gate) -> 
 
     async def busy_reader() -> None:
         while not stop.is_set():
-            await gate.store.reads.list_approvals("all", None, 20, None)
+            await gate.store.reads.page(APPROVALS, "all", None, 20, None)
 
     readers = [asyncio.create_task(busy_reader()) for _ in range(8)]
     try:
         for _ in range(150):
             view = await gate.create()
-            assert await gate.store.reads.fetch_approval(view["approval_id"]) is not None
+            assert await gate.store.reads.fetch(APPROVALS, view["approval_id"]) is not None
     finally:
         stop.set()
         await asyncio.gather(*readers)

@@ -108,7 +108,7 @@ def credential_view(credential: Credential, config: Config) -> dict[str, Any]:
 def enrol(t: Transactions, tx: WriteTx, credential: Credential) -> Credential:
     """Store ``credential`` at the gate's now with its ``approver_credential_enrolled``
     entry. Raises 409 ``credential_exists`` when its id is enrolled already."""
-    existing = tx.load_credential(credential.credential_id)
+    existing = tx.credentials.load(credential.credential_id)
     if existing is not None:
         message = f"this key is enrolled already as {credential.credential_id}"
         if existing.revoked_at is not None:
@@ -127,7 +127,7 @@ def enrol(t: Transactions, tx: WriteTx, credential: Credential) -> Credential:
         credential.label,
         now,
     )
-    tx.insert_credential(stored)
+    tx.credentials.insert(stored)
     data = CredentialEnrolledData(
         stored.operator_id, stored.credential_id, stored.type, stored.public_key, stored.label
     )
@@ -138,7 +138,7 @@ def enrol(t: Transactions, tx: WriteTx, credential: Credential) -> Credential:
 def revoke(t: Transactions, tx: WriteTx, credential_id: str) -> Credential:
     """Revoke a credential at the gate's now with its ``approver_credential_revoked`` entry.
     Raises 404 ``unknown_credential``, 409 ``credential_revoked`` when it already is."""
-    found = tx.load_credential(credential_id)
+    found = tx.credentials.load(credential_id)
     if found is None:
         message = f"no approver credential {credential_id!r}"
         raise NotFound("unknown_credential", message, extra={"message": message})
@@ -146,7 +146,7 @@ def revoke(t: Transactions, tx: WriteTx, credential_id: str) -> Credential:
         message = f"credential {credential_id!r} is revoked already"
         raise Conflict("credential_revoked", message, extra={"message": message})
     now = t.clock.now_ms()
-    tx.revoke_credential(credential_id, now)
+    tx.credentials.revoke(credential_id, now)
     data = CredentialRevokedData(found.operator_id, credential_id)
     t.audit(tx, data.kind, None, now, data.to_data())
     return Credential(
@@ -163,7 +163,7 @@ def revoke(t: Transactions, tx: WriteTx, credential_id: str) -> Credential:
 
 def list_all(t: Transactions, tx: WriteTx) -> list[Credential]:
     """Every credential, revoked ones included (read on the writer: one source of truth)."""
-    return tx.credentials()
+    return tx.credentials.all()
 
 
 class CredentialMethods:

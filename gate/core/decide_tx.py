@@ -18,6 +18,7 @@ from gate.model import Approval, DecisionRow, Resolvable, Revision
 from gate.protocol.canonical import payload_hash
 from gate.protocol.envelope import Decision
 from gate.store import WriteTx
+from gate.store.outbox import DISPATCHES
 
 if TYPE_CHECKING:
     from gate.config.webauthn import WebAuthnSettings
@@ -39,9 +40,9 @@ def decide(
     else None. ``webauthn``: the passkeys' relying party (None:
     unavailable). Raises GateError with the SPEC §2 status and reason."""
     now = t.clock.now_ms()
-    approval = tx.load_approval(decision.approval_id, outbox=False, created_receipt=False)
+    approval = tx.approvals.load(decision.approval_id, outbox=False, created_receipt=False)
     if approval is None:
-        if tx.load_question(decision.approval_id, outbox=False) is not None:
+        if tx.questions.load(decision.approval_id, outbox=False) is not None:
             raise Conflict(
                 "wrong_kind",
                 "approve, skip and adjust are for approvals; a question takes decision answer",
@@ -120,7 +121,7 @@ def _record(
         on_behalf_of=on_behalf_of,
         credential_id=None if signed is None else signed.credential_id,
     )
-    tx.insert_decision(approval.approval_id, row)
+    tx.approvals.insert_decision(approval.approval_id, row)
     approval = dataclasses.replace(approval, decisions=approval.decisions + (row,))
     audit_data = DecisionData(
         operator_id=verdict.operator_id,
@@ -148,7 +149,7 @@ def _record(
             created_at=now,
             created_by=verdict.operator_id,
         )
-        tx.insert_revision(
+        tx.approvals.insert_revision(
             approval.approval_id,
             added.revision,
             added.body,
@@ -157,7 +158,7 @@ def _record(
             added.created_at,
             added.created_by,
         )
-        tx.set_revision(approval.approval_id, new_revision)
+        tx.approvals.set_version(approval.approval_id, new_revision)
         approval = dataclasses.replace(
             approval, revision=new_revision, revisions=approval.revisions + (added,)
         )
@@ -178,5 +179,5 @@ def _record(
         )
         t.resolve(tx, target, outcome, now, collected, approval)
     elif new_revision is not None:
-        tx.enqueue_dispatch(approval.approval_id, new_revision, now)
+        tx.outbox.queue(DISPATCHES, (approval.approval_id, new_revision), now)
     return outcome, new_revision

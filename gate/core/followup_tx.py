@@ -11,6 +11,7 @@ from gate.audit.chain import AuditRow
 from gate.audit.entries import EscalatedData
 from gate.core.followups import Plan, due
 from gate.store import WriteTx
+from gate.store.outbox import FOLLOWUPS
 
 
 def handle_due(
@@ -26,16 +27,16 @@ def handle_due(
     level or reminder twice nor skips a level (their primary keys would refuse a second).
     Returns ``(approval_id, levels applied, reminder queued or 0)`` per approval handled."""
     done = []
-    for approval_id in tx.due_followup_ids(now, limit):
-        state = tx.followup_state(approval_id)
+    for approval_id in tx.approvals.due_followups(now, limit):
+        state = tx.approvals.followup_state(approval_id)
         if state is None:
             continue
-        plan = Plan.from_json(state["followups"])
-        sent, level = int(state["reminders_sent"]), int(state["escalation_level"])
-        expires_at = int(state["expires_at"])
-        found = due(plan, int(state["created_at"]), expires_at, sent, level, now)
-        scope: list[list[Any]] = [list(pair) for pair in json.loads(state["scope"])]
-        revision = int(state["revision"])
+        plan = Plan.from_json(state.followups)
+        sent, level = state.reminders_sent, state.escalation_level
+        expires_at = state.expires_at
+        found = due(plan, state.created_at, expires_at, sent, level, now)
+        scope: list[list[Any]] = [list(pair) for pair in json.loads(state.scope)]
+        revision = state.revision
         for n in found.levels:
             assert plan is not None  # levels come only from a plan
             in_scope = {int(pair[0]) for pair in scope}
@@ -43,12 +44,13 @@ def handle_due(
             scope.extend(list(op) for op in added)
             entry = EscalatedData(n, [op[0] for op in added], [int(op[0]) for op in scope])
             audit(tx, entry.kind, approval_id, now, entry.to_data())
-            tx.queue_followup(approval_id, "escalation", n, revision, now, expires_at)
+            tx.outbox.queue(FOLLOWUPS, (approval_id, "escalation", n, revision), now, expires_at)
         queued = 0
-        if found.reminder and state["delivered"]:
-            tx.queue_followup(approval_id, "reminder", found.reminder, revision, now, expires_at)
+        if found.reminder and state.delivered:
+            reminder = (approval_id, "reminder", found.reminder, revision)
+            tx.outbox.queue(FOLLOWUPS, reminder, now, expires_at)
             queued = found.reminder
-        tx.set_followup_state(
+        tx.approvals.set_followup_state(
             approval_id,
             scope,
             max(sent, found.reminder),

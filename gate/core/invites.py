@@ -99,7 +99,7 @@ def create_invite(
     now = t.clock.now_ms()
     challenge = b64url(secrets.token_bytes(32))
     invite = Invite(hashed, operator_id, label, challenge, now, now + ttl_s * 1000)
-    tx.insert_invite(invite)
+    tx.invites.insert(invite)
     data = InviteCreatedData(operator_id, invite.expires_at, hashed, label)
     t.audit(tx, data.kind, None, now, data.to_data())
     return invite
@@ -108,7 +108,7 @@ def create_invite(
 def usable_invite(t: Transactions, tx: WriteTx, hashed: str) -> Invite:
     """The invite with this hash if it can still enrol. Raises 404 ``invite_unknown``, 410
     ``invite_used`` or ``invite_expired`` (at the gate's now)."""
-    invite = tx.load_invite(hashed)
+    invite = tx.invites.load(hashed)
     if invite is None:
         raise NotFound("invite_unknown", "no such invite", extra={"message": "no such invite"})
     if invite.used_at is not None:
@@ -124,7 +124,7 @@ def invite_page(t: Transactions, tx: WriteTx, hashed: str) -> tuple[Invite, list
     invite = usable_invite(t, tx, hashed)
     own = [
         c.credential_id
-        for c in tx.credentials()
+        for c in tx.credentials.all()
         if c.operator_id == invite.operator_id and c.type == "webauthn" and c.revoked_at is None
     ]
     return invite, own
@@ -146,7 +146,7 @@ def register(t: Transactions, tx: WriteTx, hashed: str, registration: Registrati
     ``credential_exists``); writes the ``approver_credential_enrolled`` entry."""
     invite = usable_invite(t, tx, hashed)
     cred = registration.credential
-    if tx.load_credential(cred.credential_id) is not None:
+    if tx.credentials.load(cred.credential_id) is not None:
         message = "this passkey is enrolled already"
         raise Conflict("credential_exists", message, extra={"message": message})
     now = t.clock.now_ms()
@@ -159,8 +159,8 @@ def register(t: Transactions, tx: WriteTx, hashed: str, registration: Registrati
         invite.label,
         now,
     )
-    tx.insert_credential(stored)
-    tx.use_invite(hashed, now, stored.credential_id)
+    tx.credentials.insert(stored)
+    tx.invites.use(hashed, now, stored.credential_id)
     data = CredentialEnrolledData(
         stored.operator_id,
         stored.credential_id,

@@ -17,6 +17,7 @@ from gate.errors import Conflict, GateError, NotFound, refused
 from gate.model import Question
 from gate.protocol.question import Answer
 from gate.store import Command, Store
+from gate.store.questions import QUESTIONS
 
 if TYPE_CHECKING:
     from gate.clock import Clock
@@ -127,7 +128,7 @@ class QuestionMethods:
 
     async def get_question(self, question_id: str) -> dict[str, Any]:
         """The question object; raises NotFound 404 ``unknown_question``."""
-        full = await self.store.reads.fetch_question(question_id)
+        full = await self.store.reads.fetch(QUESTIONS, question_id)
         if full is None:
             raise NotFound("unknown_question", "no question with this question_id")
         return question_view(full)
@@ -140,7 +141,7 @@ class QuestionMethods:
         self, state: str, pipeline: str | None, limit: int, cursor: str | None
     ) -> dict[str, Any]:
         """``{items, next_cursor}`` of questions; ``next_cursor`` None on the last page."""
-        rows = await self.store.reads.list_questions(state, pipeline, limit + 1, cursor)
+        rows = await self.store.reads.page(QUESTIONS, state, pipeline, limit + 1, cursor)
         more = len(rows) > limit
         rows = rows[:limit]
         return {
@@ -243,11 +244,11 @@ class QuestionMethods:
 
     async def next_question_expiry(self) -> int | None:
         """The earliest ``expires_at`` (unix ms) of a pending question, or None."""
-        return await self.store.reads.next_question_expiry()
+        return await self.store.reads.next_expiry(QUESTIONS)
 
     async def pending_questions(self) -> int:
         """How many questions are pending (the metrics gauge)."""
-        return await self.store.reads.pending_questions()
+        return (await self.store.reads.pending_summary(QUESTIONS))[0]
 
     def wake_question(self, question_id: str) -> None:
         """Wake the long-polls waiting on ``question_id`` (``longpoll.wake``) and, notices

@@ -25,6 +25,7 @@ from gate.model import Question
 from gate.protocol.canonical import wire_json
 from gate.protocol.question import QuestionSpec, request_hash
 from gate.store import WriteTx
+from gate.store.outbox import QUESTION_DISPATCHES, QUESTION_NOTICES
 
 if TYPE_CHECKING:
     from gate.core.transactions import Transactions
@@ -53,7 +54,7 @@ def _unknown() -> NotFound:
 def load_question(tx: WriteTx, question_id: str) -> Question:
     """The question ``question_id`` with its versions; raises NotFound 404
     ``unknown_question``."""
-    found = tx.load_question(question_id)
+    found = tx.questions.load(question_id)
     if found is None:
         raise _unknown()
     return found
@@ -63,7 +64,8 @@ def _add_version(tx: WriteTx, question_id: str, version: int, spec: QuestionSpec
     digest = request_hash(question_id, version, spec)
     # stored in the order given (a form's fields are shown in it); the hash is canonical
     text = wire_json(spec.to_json()).decode("utf-8")
-    tx.insert_question_version(question_id, version, text, digest, new_nonce(), now)
+    tx.questions.insert_version(question_id, version, text, digest, new_nonce(), now)
+    tx.outbox.queue(QUESTION_DISPATCHES, (question_id, version), now)
     return digest
 
 
@@ -80,7 +82,7 @@ def create_question(
     with the same body. Raises Conflict 409 ``idempotency_key_reused`` for another body."""
     body_hash = req.body_hash()
     if idempotency_key is not None:
-        seen = tx.question_by_idempotency_key(idempotency_key)
+        seen = tx.questions.by_idempotency_key(idempotency_key)
         if seen is not None:
             if seen[1] != body_hash:
                 raise Conflict(
@@ -91,7 +93,7 @@ def create_question(
     now = t.clock.now_ms()
     question_id = str(ULID())
     expires_at = now + int(policy.timeout_s * 1000)
-    tx.insert_question(
+    tx.questions.insert(
         {
             "question_id": question_id,
             "run_id": req.run_id or str(ULID()),
@@ -196,10 +198,11 @@ def resolve_question(
     when another transaction resolved it first."""
     data = QuestionResolvedData(outcome, version, digest, value_digest)
     row = t.audit(tx, data.kind, question_id, now, data.to_data())
-    if not tx.resolve_question(question_id, outcome, now, receipt_object(row)):
+    if not tx.questions.resolve(question_id, outcome, now, receipt_object(row)):
         raise Conflict("already_resolved", "question was resolved concurrently")
     if t.config.relay.question_notice_target is not None:  # A2: the question relay is told
-        tx.queue_question_notice(question_id, version, now, now + NOTICE_GIVE_UP_MS)
+        notice = (question_id, version)
+        tx.outbox.queue(QUESTION_NOTICES, notice, now, now + NOTICE_GIVE_UP_MS, once=True)
 
 
 def cancel_question(t: Transactions, tx: WriteTx, question_id: str) -> tuple[str, Question]:
@@ -219,7 +222,7 @@ def expire_questions(t: Transactions, tx: WriteTx) -> list[str]:
     """Resolve up to ``EXPIRE_BATCH`` pending questions past ``expires_at`` as ``timeout``,
     oldest deadline first; return their ids."""
     now = t.clock.now_ms()
-    due = tx.due_questions(now, EXPIRE_BATCH)
+    due = tx.questions.due(now, EXPIRE_BATCH)
     for item in due:
         resolve_question(t, tx, item.question_id, item.version, item.request_hash, "timeout", now)
     return [item.question_id for item in due]
@@ -237,14 +240,11 @@ def question_dispatch_result(
     """Count one dispatch attempt of ``version``; the first ack writes a
     ``question_dispatch_ack`` entry, a failure sets the next attempt at ``retry_at_ms``."""
     now = t.clock.now_ms()
-    attempts = tx.question_dispatch_attempted(
-        question_id,
-        version,
-        delivered_at=now if acked else None,
-        next_attempt_at=now if acked else retry_at_ms,
-        error=error,
+    key = (question_id, version)
+    attempt = tx.outbox.attempted(
+        QUESTION_DISPATCHES, key, now, acked=acked, error=error, retry_at_ms=retry_at_ms
     )
-    if acked and attempts > 0:
+    if acked and attempt is not None:
         ack = QuestionDispatchAckData(version)
         t.audit(tx, ack.kind, question_id, now, ack.to_data())
 
@@ -259,6 +259,12 @@ def question_notice_result(
 ) -> str | None:
     """Record one attempt of a question's resolution notice (``retry_at_ms`` None: dropped
     unsent, as failed). Returns ``"delivered"``, ``"retry"``, ``"failed"`` or None."""
-    return tx.question_notice_attempted(
-        question_id, t.clock.now_ms(), acked=acked, error=error, retry_at_ms=retry_at_ms
+    attempt = tx.outbox.attempted(
+        QUESTION_NOTICES,
+        (question_id,),
+        t.clock.now_ms(),
+        acked=acked,
+        error=error,
+        retry_at_ms=retry_at_ms,
     )
+    return None if attempt is None else attempt.state

@@ -28,6 +28,7 @@ from gate.model import Approval
 from gate.protocol.canonical import payload_hash
 from gate.protocol.envelope import Decision
 from gate.store import Command, Store
+from gate.store.approvals import APPROVALS
 from gate.trust.keys import ReceiptKeys, load_receipt_keys
 
 __all__ = ["DecisionResult", "GateService", "Policy", "Resolution"]
@@ -375,7 +376,7 @@ class GateService(QuestionMethods, CredentialMethods, InviteMethods):
 
     async def get(self, approval_id: str) -> dict[str, Any]:
         """Return the approval object; raises NotFound 404 ``unknown_approval``."""
-        full = await self.store.reads.fetch_approval(approval_id)
+        full = await self.store.reads.fetch(APPROVALS, approval_id)
         if full is None:
             raise NotFound("unknown_approval", "no approval with this approval_id")
         return approval_view(full)
@@ -388,7 +389,7 @@ class GateService(QuestionMethods, CredentialMethods, InviteMethods):
         self, state: str, pipeline: str | None, limit: int, cursor: str | None
     ) -> dict[str, Any]:
         """Return ``{items, next_cursor}``; ``next_cursor`` is None on the last page."""
-        rows = await self.store.reads.list_approvals(state, pipeline, limit + 1, cursor)
+        rows = await self.store.reads.page(APPROVALS, state, pipeline, limit + 1, cursor)
         more = len(rows) > limit
         rows = rows[:limit]
         return {
@@ -409,7 +410,7 @@ class GateService(QuestionMethods, CredentialMethods, InviteMethods):
         """Return ``(number of pending approvals, earliest created_at in unix ms or None)``:
         one statement over the pending partial index (``Store.pending_summary``). Raises
         GateError when the database cannot be read."""
-        return await self.store.reads.pending_summary()
+        return await self.store.reads.pending_summary(APPROVALS)
 
     async def oldest_pending_by_step(self) -> StepAges:
         """Return ``(pipeline, step, oldest pending created_at in unix ms)`` per step with a

@@ -37,6 +37,7 @@ from gate.core.resolve_tx import resolve
 from gate.errors import Conflict, NotFound
 from gate.model import Approval, Resolvable
 from gate.store import Command, WriteTx
+from gate.store.outbox import DISPATCHES, FOLLOWUPS
 from gate.trust.keys import Signer
 
 DAY_MS = 86_400_000
@@ -144,9 +145,9 @@ class Transactions:
         day_start = now_ms - now_ms % DAY_MS
         return {
             "unit": budget.unit,
-            "spent_today": tx.spent(day_start, None),
+            "spent_today": tx.approvals.spent(day_start, None),
             "cap_today": budget.cap_today,
-            "spent_pipeline": tx.spent(day_start, pipeline),
+            "spent_pipeline": tx.approvals.spent(day_start, pipeline),
             "cap_pipeline": found.budget_cap,
             "this_request": spend,
         }
@@ -170,21 +171,21 @@ class Transactions:
         before with the same body. Raises
         Conflict 409 ``idempotency_key_reused`` for the key with another body (SPEC §3)."""
         if idempotency_key is not None:
-            seen = tx.approval_by_idempotency_key(idempotency_key)
+            seen = tx.approvals.by_idempotency_key(idempotency_key)
             if seen is not None:
-                if seen["request_hash"] != request_hash:
+                if seen[1] != request_hash:
                     raise Conflict(
                         "idempotency_key_reused",
                         "Idempotency-Key was used before with a different body",
                     )
-                found = tx.load_approval(seen["approval_id"])
+                found = tx.approvals.load(seen[0])
                 assert found is not None
                 return found, False
         now = self.clock.now_ms()
         approval_id = str(ULID())
         expires_at = now + int(policy.timeout_s * 1000)
         budget = self._budget(tx, req.pipeline, now, req.spend)
-        tx.insert_approval(
+        tx.approvals.insert(
             {
                 "approval_id": approval_id,
                 "run_id": req.run_id or str(ULID()),
@@ -210,12 +211,12 @@ class Transactions:
             }
         )
         nonce = new_nonce()
-        tx.insert_revision(approval_id, 1, req.body, digest, nonce, now, None)
+        tx.approvals.insert_revision(approval_id, 1, req.body, digest, nonce, now, None)
         decided = None  # a policy decides (no dispatch), or a person does
         if policy.verdict is not None or policy.remember_ms is not None:
             decided = policy_tx.verdict(tx, req, policy, digest, now, budget)
         if decided is None:
-            tx.enqueue_dispatch(approval_id, 1, now)
+            tx.outbox.queue(DISPATCHES, (approval_id, 1), now)
         created = CreatedData(
             pipeline=req.pipeline,
             step=req.step,
@@ -233,7 +234,7 @@ class Transactions:
         self.audit(tx, created.kind, approval_id, now, created.to_data())
         if decided is not None:
             policy_tx.apply(self, tx, approval_id, decided, nonce, digest, now)
-        full = tx.load_approval(approval_id)
+        full = tx.approvals.load(approval_id)
         assert full is not None
         return full, True
 
@@ -268,7 +269,7 @@ class Transactions:
         """Resolve up to ``EXPIRE_BATCH`` pending approvals past ``expires_at`` as
         ``timeout``, oldest deadline first; return their ids."""
         now = self.clock.now_ms()
-        due = tx.due_expiry_rows(now, EXPIRE_BATCH)
+        due = tx.approvals.due(now, EXPIRE_BATCH)
         for target in due:  # a timeout fires nothing: no permit, so no full load
             self.resolve(tx, target, "timeout", now)
         return [target.approval_id for target in due]
@@ -278,7 +279,7 @@ class Transactions:
         return ``(outcome, loaded approval)``. Raises NotFound 404 ``unknown_approval``,
         Conflict 409 ``already_resolved`` (with its ``outcome``)."""
         now = self.clock.now_ms()
-        approval = tx.load_approval(approval_id)
+        approval = tx.approvals.load(approval_id)
         if approval is None:
             raise NotFound("unknown_approval", "no approval with this approval_id")
         if approval.state == "resolved":
@@ -293,7 +294,7 @@ class Transactions:
             approval_id, approval.revision, current.payload_hash, approval.quorum_required
         )
         self.resolve(tx, target, outcome, now)
-        full = tx.load_approval(approval_id)
+        full = tx.approvals.load(approval_id)
         assert full is not None
         return outcome, full
 
@@ -309,15 +310,16 @@ class Transactions:
         """Count one dispatch attempt of ``revision``; the first ack (unix ms now) writes a
         ``dispatch_ack`` audit entry, a failure sets the next attempt at ``retry_at_ms``."""
         now = self.clock.now_ms()
-        attempts = tx.dispatch_attempted(
-            approval_id,
-            revision,
-            delivered_at=now if acked else None,
-            next_attempt_at=now if acked else retry_at_ms,
+        attempt = tx.outbox.attempted(
+            DISPATCHES,
+            (approval_id, revision),
+            now,
+            acked=acked,
             error=error,
+            retry_at_ms=retry_at_ms,
         )
-        if acked and attempts > 0:
-            ack = DispatchAckData(revision, attempts)
+        if acked and attempt is not None:
+            ack = DispatchAckData(revision, attempt.attempts)
             self.audit(tx, ack.kind, approval_id, now, ack.to_data())
 
     def followups(self, tx: WriteTx) -> list[tuple[str, tuple[int, ...], int]]:
@@ -337,9 +339,10 @@ class Transactions:
         gate's now: delivered, retried at ``retry_at_ms``, or failed once that is
         None (dropped unsent, ``error`` says why) or not before the row's ``give_up_at``.
         Returns ``"delivered"``/``"retry"``/``"failed"``, None when nothing changed."""
-        return tx.followup_attempted(
-            key, self.clock.now_ms(), acked=acked, error=error, retry_at_ms=retry_at_ms
+        attempt = tx.outbox.attempted(
+            FOLLOWUPS, key, self.clock.now_ms(), acked=acked, error=error, retry_at_ms=retry_at_ms
         )
+        return None if attempt is None else attempt.state
 
 
 # The write transactions by name (``Command.name``): the one table ``Transactions.run`` reads.

@@ -5,31 +5,15 @@ approval resolves; drained by ``gate.daemon.delivery.OutboxSender``."""
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 
-from gate.daemon.delivery import ChannelBase, Outcome, Send, typed
+from gate.daemon.delivery import ChannelBase, Outcome, Send
 from gate.daemon.dispatch import SendResult
 from gate.protocol.canonical import wire_json
+from gate.store.approvals import APPROVALS
+from gate.store.outbox import DISPATCHES, DueDispatch
 
 # its lines keep the logger they always had
 log = logging.getLogger("gate.daemon.dispatch")
-
-
-@dataclass(frozen=True, slots=True)
-class DispatchRow:
-    """A due ``outbox`` row: ``revision`` of ``approval_id``, ``attempts`` so far."""
-
-    approval_id: str
-    revision: int
-    attempts: int
-
-    @property
-    def key(self) -> tuple[str, int]:
-        return (self.approval_id, self.revision)
-
-    @property
-    def log_id(self) -> str:
-        return f"approval_id={self.approval_id}"
 
 
 class ApprovalDispatch(ChannelBase):
@@ -39,25 +23,25 @@ class ApprovalDispatch(ChannelBase):
 
     failed_event = "dispatch_failed"
     log = log
+    table = DISPATCHES
 
-    async def due(self, now_ms: int, limit: int) -> tuple[list[DispatchRow], int | None]:
-        rows, next_at = await self.dispatcher.service.store.reads.dispatch_plan(now_ms, limit)
-        return typed(DispatchRow, rows), next_at
+    def log_id(self, row: DueDispatch) -> str:
+        return f"approval_id={row.request_id}"
 
-    async def build(self, row: DispatchRow) -> Send | None:
+    async def build(self, row: DueDispatch) -> Send | None:
         service = self.dispatcher.service
-        full = await service.store.reads.fetch_approval(row.approval_id)
-        if full is None or full.state != "pending" or full.revision != row.revision:
+        full = await service.store.reads.fetch(APPROVALS, row.request_id)
+        if full is None or full.state != "pending" or full.revision != row.version:
             return None
-        if any(o.revision == row.revision and o.delivered_at is not None for o in full.outbox):
+        if any(o.revision == row.version and o.delivered_at is not None for o in full.outbox):
             return None  # acked meanwhile: the due rows were read before that ack was recorded
         if service.clock.now_ms() >= full.expires_at:
             return None  # the expiry scheduler resolves it as timeout; never dispatch after
-        body = wire_json(self.dispatcher.envelope_for(full, row.revision))
+        body = wire_json(self.dispatcher.envelope_for(full, row.version))
         return Send(self.dispatcher.relay_url, body)
 
     def sent(
-        self, row: DispatchRow, send: Send, result: SendResult, attempt: int, retry_at_ms: int
+        self, row: DueDispatch, send: Send, result: SendResult, attempt: int, retry_at_ms: int
     ) -> None:
         service = self.dispatcher.service
         acked = result.error is None
@@ -67,8 +51,8 @@ class ApprovalDispatch(ChannelBase):
         if acked:
             log.info(
                 "event=dispatched approval_id=%s revision=%d attempt=%d status=%s",
-                row.approval_id,
-                row.revision,
+                row.request_id,
+                row.version,
                 attempt,
                 result.status,
             )
@@ -76,22 +60,22 @@ class ApprovalDispatch(ChannelBase):
             log.warning(
                 "event=dispatch_failed approval_id=%s revision=%d attempt=%d error=%r "
                 "retry_in_s=%.1f",
-                row.approval_id,
-                row.revision,
+                row.request_id,
+                row.version,
                 attempt,
                 result.error,
                 (retry_at_ms - service.clock.now_ms()) / 1000,
             )
 
-    async def record(self, row: DispatchRow, outcome: Outcome) -> str | None:
+    async def record(self, row: DueDispatch, outcome: Outcome) -> str | None:
         await self.dispatcher.service.dispatch_result(
-            row.approval_id,
-            row.revision,
+            row.request_id,
+            row.version,
             acked=outcome.acked,
             error=outcome.error,
             retry_at_ms=outcome.retry_at(),
         )
         return None
 
-    def what(self, row: DispatchRow) -> str:
+    def what(self, row: DueDispatch) -> str:
         return "dispatch"

@@ -20,17 +20,17 @@ the loop's, so every channel has all of them:
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import functools
 import logging
 from collections.abc import Hashable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 import aiohttp
 
 from gate.daemon.dispatch import SendResult, post_signed
 from gate.errors import GateError
+from gate.store.outbox import OutboxTable
 
 if TYPE_CHECKING:
     from gate.daemon.dispatch import Dispatcher
@@ -41,17 +41,14 @@ STORAGE_RETRY_S = 1.0
 
 
 class OutboxRow(Protocol):
-    """A due row as a channel reads it: its primary ``key``, the ``attempts`` recorded so far
-    and ``log_id``, the ``name=value`` fields that name it in log lines."""
+    """A due row as the store plans it (``gate.store.outbox``): its primary ``key`` and the
+    ``attempts`` recorded so far."""
 
     @property
     def key(self) -> Hashable: ...
 
     @property
     def attempts(self) -> int: ...
-
-    @property
-    def log_id(self) -> str: ...
 
 
 Row = TypeVar("Row", bound=OutboxRow)
@@ -127,21 +124,25 @@ class Channel(Protocol[Row]):
         """What a send of ``row`` is called in ``last_error`` (``dispatch``, ``notice``...)."""
         ...
 
-
-def typed(row_type: type[Row], rows: list[dict[str, Any]]) -> list[Row]:
-    """``rows`` as read by a plan (one dict a row) as ``row_type``, a frozen dataclass whose
-    fields are columns of the plan: the loop and the adapters never read a row by key."""
-    names = [field.name for field in dataclasses.fields(cast(Any, row_type))]
-    return [row_type(**{name: row[name] for name in names}) for row in rows]
+    def log_id(self, row: Row) -> str:
+        """The ``name=value`` fields that name ``row`` in log lines."""
+        ...
 
 
 class ChannelBase:
     """What every channel adapter starts from: its ``dispatcher`` (settings, service,
-    metrics) and an ``ended`` that logs and counts nothing (a dispatch is counted when
-    sent)."""
+    metrics), a ``due`` that plans its store table (``table``) and an ``ended`` that logs
+    and counts nothing (a dispatch is counted when sent)."""
+
+    table: OutboxTable[Any]
 
     def __init__(self, dispatcher: Dispatcher) -> None:
         self.dispatcher = dispatcher
+
+    async def due(self, now_ms: int, limit: int) -> tuple[list[Any], int | None]:
+        """``table``'s rows due at ``now_ms`` and the next one's time (unix ms)."""
+        reads = self.dispatcher.service.store.reads
+        return await reads.outbox_plan(self.table, now_ms, limit)
 
     def ended(self, row: Any, state: str | None, outcome: Outcome) -> None:
         """Nothing to log or count once recorded."""
@@ -205,7 +206,7 @@ class OutboxSender(Generic[Row]):
             channel.log.error(
                 "event=%s %s reason=%s message=%s",
                 channel.failed_event,
-                row.log_id,
+                channel.log_id(row),
                 exc.code,
                 exc.message,
             )
@@ -240,7 +241,7 @@ class OutboxSender(Generic[Row]):
         self.channel.log.error(
             "event=%s %s attempt=%d reason=internal_error retry_in_s=%.1f",
             self.channel.failed_event,
-            row.log_id,
+            self.channel.log_id(row),
             attempt,
             (retry_at - clock.now_ms()) / 1000,
             exc_info=exc,

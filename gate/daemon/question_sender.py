@@ -5,17 +5,16 @@ drained by ``gate.daemon.delivery.OutboxSender``."""
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 
-from gate.daemon.delivery import ChannelBase, Outcome, Send, typed
+from gate.daemon.delivery import ChannelBase, Outcome, Send
 from gate.daemon.dispatch import SendResult
 from gate.model import Question
 from gate.protocol.canonical import wire_json
 from gate.protocol.question import QuestionSpec, build_question_dispatch
+from gate.store.outbox import QUESTION_DISPATCHES, DueDispatch
+from gate.store.questions import QUESTIONS
 
 log = logging.getLogger(__name__)
-
-Key = tuple[str, int]  # (question_id, version)
 
 
 def still_due(full: Question, version: int, now_ms: int) -> bool:
@@ -29,23 +28,6 @@ def still_due(full: Question, version: int, now_ms: int) -> bool:
     return not any(o.revision == version and o.delivered_at is not None for o in full.outbox)
 
 
-@dataclass(frozen=True, slots=True)
-class QuestionDispatchRow:
-    """A due ``question_outbox`` row: ``version`` of ``question_id``, ``attempts`` so far."""
-
-    question_id: str
-    version: int
-    attempts: int
-
-    @property
-    def key(self) -> Key:
-        return (self.question_id, self.version)
-
-    @property
-    def log_id(self) -> str:
-        return f"question_id={self.question_id} version={self.version}"
-
-
 class QuestionDispatch(ChannelBase):
     """The channel of ``question_outbox`` for ``dispatcher`` (its callback URL and metrics).
     Not acked: retried until the question resolves or expires (the plan reads only pending
@@ -54,17 +36,19 @@ class QuestionDispatch(ChannelBase):
 
     failed_event = "question_dispatch_failed"
     log = log
+    table = QUESTION_DISPATCHES
 
-    async def due(self, now_ms: int, limit: int) -> tuple[list[QuestionDispatchRow], int | None]:
-        service = self.dispatcher.service
-        if service.config.relay.question_target is None:
+    def log_id(self, row: DueDispatch) -> str:
+        return f"question_id={row.request_id} version={row.version}"
+
+    async def due(self, now_ms: int, limit: int) -> tuple[list[DueDispatch], int | None]:
+        if self.dispatcher.service.config.relay.question_target is None:
             return [], None
-        rows, next_at = await service.store.reads.question_dispatch_plan(now_ms, limit)
-        return typed(QuestionDispatchRow, rows), next_at
+        return await super().due(now_ms, limit)
 
-    async def build(self, row: QuestionDispatchRow) -> Send | None:
+    async def build(self, row: DueDispatch) -> Send | None:
         service = self.dispatcher.service
-        full = await service.store.reads.fetch_question(row.question_id)
+        full = await service.store.reads.fetch(QUESTIONS, row.request_id)
         url = service.config.relay.question_target
         if full is None or url is None or not still_due(full, row.version, service.clock.now_ms()):
             return None
@@ -95,7 +79,7 @@ class QuestionDispatch(ChannelBase):
 
     def sent(
         self,
-        row: QuestionDispatchRow,
+        row: DueDispatch,
         send: Send,
         result: SendResult,
         attempt: int,
@@ -108,7 +92,7 @@ class QuestionDispatch(ChannelBase):
         if acked:
             log.info(
                 "event=question_dispatched question_id=%s version=%d attempt=%d status=%s",
-                row.question_id,
+                row.request_id,
                 row.version,
                 attempt,
                 result.status,
@@ -116,15 +100,15 @@ class QuestionDispatch(ChannelBase):
         else:
             log.warning(
                 "event=question_dispatch_failed question_id=%s version=%d attempt=%d error=%r",
-                row.question_id,
+                row.request_id,
                 row.version,
                 attempt,
                 result.error,
             )
 
-    async def record(self, row: QuestionDispatchRow, outcome: Outcome) -> str | None:
+    async def record(self, row: DueDispatch, outcome: Outcome) -> str | None:
         await self.dispatcher.service.question_dispatch_result(
-            row.question_id,
+            row.request_id,
             row.version,
             acked=outcome.acked,
             error=outcome.error,
@@ -132,5 +116,5 @@ class QuestionDispatch(ChannelBase):
         )
         return None
 
-    def what(self, row: QuestionDispatchRow) -> str:
+    def what(self, row: DueDispatch) -> str:
         return "dispatch"

@@ -1,6 +1,6 @@
 """The passkey-invite statements of ``WriteTx`` (table ``approver_invites`` of
-migration 7): create, look up, mark used; and a credential's WebAuthn counter. Sync, on the
-writer."""
+migration 7): create, look up, mark used. Sync, on the writer. And the read-only counts of
+passkeys the doctor makes."""
 
 from __future__ import annotations
 
@@ -31,11 +31,12 @@ class Invite:
 
 
 class InviteStatements:
-    """The passkey-invite statements of ``WriteTx``."""
+    """The passkey-invite statements of ``WriteTx`` (``WriteTx.invites``)."""
 
-    _conn: sqlite3.Connection
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self._conn = conn
 
-    def insert_invite(self, invite: Invite) -> None:
+    def insert(self, invite: Invite) -> None:
         """Store a new, unused invite."""
         self._conn.execute(
             f"INSERT INTO approver_invites ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
@@ -51,41 +52,20 @@ class InviteStatements:
             ),
         )
 
-    def load_invite(self, invite_hash: str) -> Invite | None:
+    def load(self, invite_hash: str) -> Invite | None:
         """The invite whose token hashes to ``invite_hash``, or None."""
         row = self._conn.execute(
             f"SELECT {_COLUMNS} FROM approver_invites WHERE invite_hash = ?", (invite_hash,)
         ).fetchone()
         return None if row is None else Invite(*row)
 
-    def use_invite(self, invite_hash: str, at_ms: int, credential_id: str) -> None:
+    def use(self, invite_hash: str, at_ms: int, credential_id: str) -> None:
         """Mark the invite used at ``at_ms`` (unix ms) for ``credential_id``; the caller
         checked it is unused."""
         self._conn.execute(
             "UPDATE approver_invites SET used_at = ?, credential_id = ? WHERE invite_hash = ?",
             (at_ms, credential_id, invite_hash),
         )
-
-    def set_sign_count(
-        self, credential_id: str, sign_count: int, counter_assertion: str | None = None
-    ) -> None:
-        """Store a passkey's last signature counter and the SHA-256 hex of the
-        batch assertion that carried it (``assertion_sha256``; None for a single decision:
-        migration 8)."""
-        self._conn.execute(
-            "UPDATE approver_credentials SET sign_count = ?, counter_assertion = ?"
-            " WHERE credential_id = ?",
-            (sign_count, counter_assertion, credential_id),
-        )
-
-    def counter_assertion(self, credential_id: str) -> str | None:
-        """The SHA-256 hex of the batch assertion that set the credential's counter, or None
-        (read only when an assertion repeats the stored counter)."""
-        row = self._conn.execute(
-            "SELECT counter_assertion FROM approver_credentials WHERE credential_id = ?",
-            (credential_id,),
-        ).fetchone()
-        return None if row is None else row[0]
 
 
 def count_passkeys(path: Path) -> int:

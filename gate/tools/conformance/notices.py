@@ -16,6 +16,7 @@ from gate.model import Approval
 from gate.protocol import signing
 from gate.protocol.canonical import wire_json
 from gate.protocol.followup import build_notice
+from gate.store.approvals import APPROVALS
 from gate.tools.conformance.checks import ACK_LIMIT_S, CheckResult, Observed, failed, passed
 
 NOTICE_CHECKS = (
@@ -114,7 +115,7 @@ async def check_notices(
     endpoint about it). Raises GateError when the ephemeral gate cannot cancel it.
     """
     await service.cancel(full.approval_id)
-    cancelled = await service.store.reads.fetch_approval(full.approval_id)
+    cancelled = await service.store.reads.fetch(APPROVALS, full.approval_id)
     assert cancelled is not None
     body = notice_for(cancelled)
     ack = await post_signed(session, relay_url, body, secret, int(time.time()), ACK_LIMIT_S)

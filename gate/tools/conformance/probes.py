@@ -13,6 +13,7 @@ from gate.core.service import GateService
 from gate.model import Approval
 from gate.protocol import PROTOCOL_HEADER, SIGNATURE_HEADER
 from gate.protocol.envelope import decode_json
+from gate.store.approvals import APPROVALS
 from gate.tools.conformance.callbacks import resign
 from gate.tools.conformance.checks import CheckResult, Observed, not_run, probe
 from gate.tools.conformance.ephemeral import OUTSIDER, PIPELINE
@@ -29,7 +30,7 @@ async def create_approval(service: GateService, run_id: str) -> Approval:
     view, _ = await service.create(
         CreateRequest(PIPELINE, "verify", run_id, "text/plain", DRAFT, None), None
     )
-    full = await service.store.reads.fetch_approval(view["approval_id"])
+    full = await service.store.reads.fetch(APPROVALS, view["approval_id"])
     assert full is not None
     return full
 

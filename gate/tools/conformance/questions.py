@@ -25,6 +25,7 @@ from gate.protocol import PROTOCOL_HEADER, SIGNATURE_HEADER, signing
 from gate.protocol.canonical import wire_json
 from gate.protocol.envelope import decode_json
 from gate.protocol.question import QuestionSpec, build_question_dispatch
+from gate.store.questions import QUESTIONS
 from gate.tools.conformance.callbacks import resign, wait_for
 from gate.tools.conformance.checks import (
     CheckResult,
@@ -92,7 +93,7 @@ async def _ask(service: GateService, run_id: str) -> Question:
         "options": list(OPTIONS),
     }
     view, _ = await service.create_question(body, None)
-    full = await service.store.reads.fetch_question(view["question_id"])
+    full = await service.store.reads.fetch(QUESTIONS, view["question_id"])
     assert full is not None
     return full
 
