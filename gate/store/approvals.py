@@ -11,16 +11,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from gate.model import Approval, DecisionRow, Resolvable, Revision
-from gate.store.requests import RequestStatements, RequestTables, created_receipt, dispatches
+from gate.store.requests import RequestStatements, RequestTables, request_row
 
-# the columns of the model's fields, in their order (``gate.model``)
-_APPROVAL_SQL = (
-    "SELECT approval_id, run_id, pipeline, step, risk, content_type, quorum_required, scope,"
-    " budget, spend, revision, state, outcome, created_at, expires_at, resolved_at,"
-    " idempotency_key, request_hash, receipt, requested_by, requested_by_id,"
-    " allow_self_approval, permit, reminders_sent, escalation_level, approver_signature"
-    " FROM approvals"
-    " WHERE approval_id = ?"
+# the columns of the model's fields (``gate.model.Approval``), named alike
+_COLUMNS = (
+    *("approval_id", "run_id", "pipeline", "step", "risk", "content_type", "quorum_required"),
+    *("scope", "budget", "spend", "revision", "state", "outcome", "created_at", "expires_at"),
+    *("resolved_at", "idempotency_key", "request_hash", "receipt", "requested_by"),
+    *("requested_by_id", "allow_self_approval", "permit", "reminders_sent", "escalation_level"),
+    "approver_signature",
 )
 _REVISIONS_SQL = (
     "SELECT revision, body, payload_hash, nonce, created_at, created_by FROM revisions"
@@ -41,45 +40,18 @@ def load(
     outbox rows and (unless ``created`` is False) ``created_receipt``: the receipt
     object (``gate.audit.receipts.receipt_object``) of its ``created`` audit entry, read from the
     log itself (None when the log holds no such entry), or None."""
-    row = conn.execute(_APPROVAL_SQL, (approval_id,)).fetchone()
-    if row is None:
+    values = request_row(conn, APPROVALS, _COLUMNS, approval_id, outbox, created)
+    if values is None:
         return None
-    return Approval(
-        approval_id=row[0],
-        run_id=row[1],
-        pipeline=row[2],
-        step=row[3],
-        risk=row[4],
-        content_type=row[5],
-        quorum_required=row[6],
-        scope=tuple((int(op_id), str(identity)) for op_id, identity in json.loads(row[7])),
-        budget=json.loads(row[8]) if row[8] else None,
-        spend=row[9],
-        revision=row[10],
-        state=row[11],
-        outcome=row[12],
-        created_at=row[13],
-        expires_at=row[14],
-        resolved_at=row[15],
-        idempotency_key=row[16],
-        request_hash=row[17],
-        receipt=json.loads(row[18]) if row[18] else None,
-        requested_by=row[19],
-        requested_by_id=row[20],
-        allow_self_approval=bool(row[21]),
-        permit=row[22],
-        revisions=tuple(
-            Revision(*r) for r in conn.execute(_REVISIONS_SQL, (approval_id,)).fetchall()
-        ),
-        decisions=tuple(
-            DecisionRow(*r) for r in conn.execute(_DECISIONS_SQL, (approval_id,)).fetchall()
-        ),
-        outbox=dispatches(conn, APPROVALS, approval_id) if outbox else (),
-        created_receipt=created_receipt(conn, APPROVALS, approval_id) if created else None,
-        reminders_sent=int(row[23]),
-        escalation_level=int(row[24]),
-        approver_signature=row[25],
+    values.update(
+        budget=json.loads(values["budget"]) if values["budget"] else None,
+        allow_self_approval=bool(values["allow_self_approval"]),
+        reminders_sent=int(values["reminders_sent"]),
+        escalation_level=int(values["escalation_level"]),
+        revisions=tuple(Revision(*r) for r in conn.execute(_REVISIONS_SQL, (approval_id,))),
+        decisions=tuple(DecisionRow(*r) for r in conn.execute(_DECISIONS_SQL, (approval_id,))),
     )
+    return Approval(**values)
 
 
 APPROVALS: RequestTables[Approval, Resolvable] = RequestTables(

@@ -11,14 +11,17 @@ import json
 import sqlite3
 
 from gate.model import DueQuestion, Question, QuestionAnswer, QuestionVersion
-from gate.store.requests import RequestStatements, RequestTables, created_receipt, dispatches
+from gate.store.requests import RequestStatements, RequestTables, request_row
 
-_QUESTION_SQL = (
-    "SELECT question_id, run_id, pipeline, step, risk, scope, version, state, outcome,"
-    " created_at, expires_at, resolved_at, idempotency_key, request_body_hash, requested_by,"
-    " requested_by_id, answer, answered_by, answer_identity, answer_display, answer_channel,"
-    " answer_version, answered_at, answer_recorded_at, receipt, answer_salt FROM questions"
-    " WHERE question_id = ?"
+# the columns of the model's fields (``gate.model.Question``), named alike, and its answer's
+_COLUMNS = (
+    *("question_id", "run_id", "pipeline", "step", "risk", "scope", "version", "state"),
+    *("outcome", "created_at", "expires_at", "resolved_at", "idempotency_key"),
+    *("request_body_hash", "requested_by", "requested_by_id", "receipt", "answer_salt"),
+)
+_ANSWER = (
+    *("answer", "answered_by", "answer_identity", "answer_display", "answer_channel"),
+    *("answer_version", "answered_at", "answer_recorded_at"),
 )
 _VERSIONS_SQL = (
     "SELECT version, question, request_hash, nonce, created_at FROM question_versions"
@@ -32,49 +35,35 @@ def load(
     """The question with its versions, (unless ``outbox`` is False) its outbox rows and
     (unless ``created`` is False) the receipt of its ``question_created`` entry; None when
     there is no such question."""
-    row = conn.execute(_QUESTION_SQL, (question_id,)).fetchone()
-    if row is None:
+    values = request_row(conn, QUESTIONS, _COLUMNS + _ANSWER, question_id, outbox, created)
+    if values is None:
         return None
+    value, by, identity, display, channel, version, decided, recorded = map(values.pop, _ANSWER)
     answer = None
-    if row[16] is not None:
+    if value is not None:
         answer = QuestionAnswer(
-            value=json.loads(row[16]),
-            operator_id=int(row[17]),
-            identity=row[18],
-            display=row[19],
-            channel=row[20],
-            version=int(row[21]),
-            decided_at=row[22],
-            recorded_at=int(row[23]),
+            json.loads(value),
+            int(by),
+            identity,
+            display,
+            channel,
+            int(version),
+            decided,
+            int(recorded),
         )
-    versions = tuple(
-        QuestionVersion(int(v), json.loads(text), digest, nonce, int(at))
-        for v, text, digest, nonce, at in conn.execute(_VERSIONS_SQL, (question_id,))
-    )
-    return Question(
-        question_id=row[0],
-        run_id=row[1],
-        pipeline=row[2],
-        step=row[3],
-        risk=row[4],
-        scope=tuple((int(op_id), str(identity)) for op_id, identity in json.loads(row[5])),
-        version=int(row[6]),
-        state=row[7],
-        outcome=row[8],
-        created_at=int(row[9]),
-        expires_at=int(row[10]),
-        resolved_at=None if row[11] is None else int(row[11]),
-        idempotency_key=row[12],
-        request_body_hash=row[13],
-        requested_by=row[14],
-        requested_by_id=row[15],
+    resolved_at = values["resolved_at"]
+    values.update(
+        version=int(values["version"]),
+        created_at=int(values["created_at"]),
+        expires_at=int(values["expires_at"]),
+        resolved_at=None if resolved_at is None else int(resolved_at),
         answer=answer,
-        receipt=json.loads(row[24]) if row[24] else None,
-        versions=versions,
-        outbox=dispatches(conn, QUESTIONS, question_id) if outbox else (),
-        created_receipt=created_receipt(conn, QUESTIONS, question_id) if created else None,
-        answer_salt=row[25],
+        versions=tuple(
+            QuestionVersion(int(v), json.loads(text), digest, nonce, int(at))
+            for v, text, digest, nonce, at in conn.execute(_VERSIONS_SQL, (question_id,))
+        ),
     )
+    return Question(**values)
 
 
 QUESTIONS: RequestTables[Question, DueQuestion] = RequestTables(

@@ -58,6 +58,33 @@ class RequestTables(Generic[F, D]):
         )
 
 
+def request_row(
+    conn: sqlite3.Connection,
+    kind: RequestTables[Any, Any],
+    columns: tuple[str, ...],
+    request_id: str,
+    outbox: bool,
+    created: bool,
+) -> dict[str, Any] | None:
+    """The request's ``columns`` by name, ``scope`` as ``(operator id, identity)`` pairs and
+    ``receipt`` decoded, with (unless ``outbox`` is False) its ``outbox`` rows and (unless
+    ``created`` is False) its ``created_receipt``: what every kind's loader starts from.
+    None when there is no such request."""
+    row = conn.execute(
+        f"SELECT {', '.join(columns)} FROM {kind.table} WHERE {kind.id} = ?", (request_id,)
+    ).fetchone()
+    if row is None:
+        return None
+    values = dict(zip(columns, row, strict=True))
+    values["scope"] = tuple(
+        (int(op), str(identity)) for op, identity in json.loads(values["scope"])
+    )
+    values["receipt"] = json.loads(values["receipt"]) if values["receipt"] else None
+    values["outbox"] = dispatches(conn, kind, request_id) if outbox else ()
+    values["created_receipt"] = created_receipt(conn, kind, request_id) if created else None
+    return values
+
+
 def created_receipt(
     conn: sqlite3.Connection, kind: RequestTables[Any, Any], request_id: str
 ) -> dict[str, Any] | None:
