@@ -17,10 +17,11 @@ from gate.config import Config, Secrets
 from gate.core.service import GateService
 from gate.daemon.approval_dispatch import ApprovalDispatch
 from gate.daemon.delivery import OutboxSender
-from gate.daemon.dispatch import BACKOFF_BASE_S, BACKOFF_CAP_S, Dispatcher, relay_session
+from gate.daemon.dispatch import BACKOFF_BASE_S, BACKOFF_CAP_S, Dispatcher
 from gate.daemon.followups import FollowUps
 from gate.daemon.question_notices import QuestionNotices
 from gate.daemon.question_sender import QuestionDispatch
+from gate.daemon.relay_http import relay_session
 from gate.daemon.timers import Timers
 from gate.metrics import Metrics
 from gate.protocol import DECISIONS_PATH

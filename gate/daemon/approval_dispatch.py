@@ -1,14 +1,18 @@
 """The channel of ``outbox``: each pending approval's current revision POSTed to the relay's
-URL as its dispatch envelope (``gate.daemon.dispatch.dispatch_envelope``), retried until the
-approval resolves; drained by ``gate.daemon.delivery.OutboxSender``."""
+URL as its dispatch envelope (``dispatch_envelope``), retried until the approval resolves;
+drained by ``gate.daemon.delivery.OutboxSender``."""
 
 from __future__ import annotations
 
 import logging
+from typing import Any
 
-from gate.daemon.delivery import ChannelBase, Outcome, Send
-from gate.daemon.dispatch import SendResult
+from gate.core.rules import approvers_of
+from gate.daemon.delivery import RequestDispatch
+from gate.model import Approval
 from gate.protocol.canonical import wire_json
+from gate.protocol.envelope import build_dispatch
+from gate.protocol.followup import FollowUp
 from gate.store.approvals import APPROVALS
 from gate.store.outbox import DISPATCHES, DueDispatch
 
@@ -16,66 +20,78 @@ from gate.store.outbox import DISPATCHES, DueDispatch
 log = logging.getLogger("gate.daemon.dispatch")
 
 
-class ApprovalDispatch(ChannelBase):
+class ApprovalDispatch(RequestDispatch):
     """Approvals' dispatches for ``dispatcher`` (its relay URL, callback URL and metrics).
     None is sent for an approval resolved, revised, acked or expired since the plan was read:
     the expiry scheduler resolves it as timeout, and nothing is dispatched after."""
 
-    failed_event = "dispatch_failed"
+    failed_event = attempt_failed_event = "dispatch_failed"
+    sent_event = "dispatched"
+    retry_in_log = True
     log = log
     table = DISPATCHES
+    kind = APPROVALS
 
     def log_id(self, row: DueDispatch) -> str:
         return f"approval_id={row.request_id}"
 
-    async def build(self, row: DueDispatch) -> Send | None:
-        service = self.dispatcher.service
-        full = await service.store.reads.fetch(APPROVALS, row.request_id)
-        if full is None or full.state != "pending" or full.revision != row.version:
-            return None
-        if any(o.revision == row.version and o.delivered_at is not None for o in full.outbox):
-            return None  # acked meanwhile: the due rows were read before that ack was recorded
-        if service.clock.now_ms() >= full.expires_at:
-            return None  # the expiry scheduler resolves it as timeout; never dispatch after
-        body = wire_json(self.dispatcher.envelope_for(full, row.version))
-        return Send(self.dispatcher.relay_url, body)
+    def post_id(self, row: DueDispatch) -> str:
+        return f"approval_id={row.request_id} revision={row.version}"
 
-    def sent(
-        self, row: DueDispatch, send: Send, result: SendResult, attempt: int, retry_at_ms: int
+    def url(self) -> str:
+        return self.dispatcher.relay_url
+
+    def envelope(self, full: Approval, version: int) -> bytes:
+        return wire_json(self.dispatcher.envelope_for(full, version))
+
+    async def result(
+        self, request_id: str, version: int, *, acked: bool, error: str | None, retry_at_ms: int
     ) -> None:
-        service = self.dispatcher.service
-        acked = result.error is None
-        self.dispatcher.metrics.dispatch_result(
-            acked, result.elapsed_s, result.failure, service.clock.now_ms()
-        )
-        if acked:
-            log.info(
-                "event=dispatched approval_id=%s revision=%d attempt=%d status=%s",
-                row.request_id,
-                row.version,
-                attempt,
-                result.status,
-            )
-        else:
-            log.warning(
-                "event=dispatch_failed approval_id=%s revision=%d attempt=%d error=%r "
-                "retry_in_s=%.1f",
-                row.request_id,
-                row.version,
-                attempt,
-                result.error,
-                (retry_at_ms - service.clock.now_ms()) / 1000,
-            )
-
-    async def record(self, row: DueDispatch, outcome: Outcome) -> str | None:
         await self.dispatcher.service.dispatch_result(
-            row.request_id,
-            row.version,
-            acked=outcome.acked,
-            error=outcome.error,
-            retry_at_ms=outcome.retry_at(),
+            request_id, version, acked=acked, error=error, retry_at_ms=retry_at_ms
         )
-        return None
 
-    def what(self, row: DueDispatch) -> str:
-        return "dispatch"
+
+def dispatch_envelope(
+    full: Approval,
+    revision: int,
+    callback_url: str,
+    skip_reason_required: bool = False,
+    delegates: tuple[tuple[str, str], ...] = (),
+    approver_signature: str = "off",
+) -> dict[str, Any]:
+    """Return the SPEC §2 dispatch envelope for ``revision`` of a loaded approval.
+
+    With ``skip_reason_required`` (the step's ``skip_reason: required``) its skip
+    action says so; ``delegates`` are the (delegate identity, principal identity) pairs in
+    force (``gate.core.delegation.delegates_for``): the delegates join ``approvers`` and the
+    pairs go out as ``delegates``. With neither the envelope is byte-for-byte
+    as before (``gate.protocol.followup.FollowUp``). ``approver_signature`` (the step's)
+    other than ``off`` goes out as the additive ``"approver_signature"`` (optional
+    | required), so a relay knows to have the approver sign; ``off`` adds nothing.
+    """
+    rev = next(r for r in full.revisions if r.revision == revision)
+    envelope = build_dispatch(
+        approval_id=full.approval_id,
+        run_id=full.run_id,
+        pipeline=full.pipeline,
+        step=full.step,
+        issued_at_ms=full.created_at,
+        expires_at_ms=full.expires_at,
+        risk=full.risk,
+        quorum_required=full.quorum_required,
+        quorum_collected=len(approvers_of(full, revision)),
+        approvers=[identity for _, identity in full.scope],
+        payload_hash=rev.payload_hash,
+        content_type=full.content_type,
+        body=rev.body,
+        callback_url=callback_url,
+        nonce=rev.nonce,
+        revision=revision,
+        budget=full.budget,
+        followup=FollowUp(delegates=delegates, skip_reason_required=skip_reason_required),
+        requested_by=full.requested_by,
+    )
+    if approver_signature != "off":
+        envelope["approver_signature"] = approver_signature
+    return envelope

@@ -28,9 +28,11 @@ from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 import aiohttp
 
-from gate.daemon.dispatch import SendResult, post_signed
+from gate.daemon.relay_http import SendResult, post_signed
 from gate.errors import GateError
-from gate.store.outbox import OutboxTable
+from gate.model import Approval, Question
+from gate.store.outbox import DueDispatch, OutboxTable
+from gate.store.requests import RequestTables
 
 if TYPE_CHECKING:
     from gate.daemon.dispatch import Dispatcher
@@ -57,7 +59,7 @@ Row = TypeVar("Row", bound=OutboxRow)
 @dataclass(frozen=True, slots=True)
 class Send:
     """One signed POST to build: ``body`` to ``url``; ``pipeline``/``step`` label metrics,
-    ``detail`` is more ``name=value`` fields for the channel's log line of the POST."""
+    ``detail`` is more ``name=value`` fields for the log line of an acked POST."""
 
     url: str
     body: bytes
@@ -131,10 +133,16 @@ class Channel(Protocol[Row]):
 
 class ChannelBase:
     """What every channel adapter starts from: its ``dispatcher`` (settings, service,
-    metrics), a ``due`` that plans its store table (``table``) and an ``ended`` that logs
-    and counts nothing (a dispatch is counted when sent)."""
+    metrics), a ``due`` that plans its store table (``table``), a ``sent`` that logs a POST
+    (``sent_event`` when acked, ``attempt_failed_event`` when not; with ``retry_in_log``
+    that line says when it is retried) and an ``ended`` that logs and counts nothing (a
+    dispatch is counted when sent)."""
 
     table: OutboxTable[Any]
+    log: logging.Logger
+    sent_event: str
+    attempt_failed_event: str
+    retry_in_log = False
 
     def __init__(self, dispatcher: Dispatcher) -> None:
         self.dispatcher = dispatcher
@@ -144,8 +152,118 @@ class ChannelBase:
         reads = self.dispatcher.service.store.reads
         return await reads.outbox_plan(self.table, now_ms, limit)
 
+    def log_id(self, row: Any) -> str:
+        """The ``name=value`` fields that name ``row`` in log lines."""
+        raise NotImplementedError
+
+    def post_id(self, row: Any) -> str:
+        """The fields that name a POST of ``row`` in its log line (``log_id``'s)."""
+        return self.log_id(row)
+
+    def sent(
+        self, row: Any, send: Send, result: SendResult, attempt: int, retry_at_ms: int
+    ) -> None:
+        """Log the ``result`` of POSTing ``send``, attempt number ``attempt``."""
+        if result.error is None:
+            self.log.info(
+                "event=%s %s%s attempt=%d status=%s",
+                self.sent_event,
+                self.post_id(row),
+                f" {send.detail}" if send.detail else "",
+                attempt,
+                result.status,
+            )
+        elif self.retry_in_log:
+            self.log.warning(
+                "event=%s %s attempt=%d error=%r retry_in_s=%.1f",
+                self.attempt_failed_event,
+                self.post_id(row),
+                attempt,
+                result.error,
+                (retry_at_ms - self.dispatcher.service.clock.now_ms()) / 1000,
+            )
+        else:
+            self.log.warning(
+                "event=%s %s attempt=%d error=%r",
+                self.attempt_failed_event,
+                self.post_id(row),
+                attempt,
+                result.error,
+            )
+
     def ended(self, row: Any, state: str | None, outcome: Outcome) -> None:
         """Nothing to log or count once recorded."""
+
+
+class RequestDispatch(ChannelBase):
+    """The dispatches of one kind of request (``kind``, its outbox ``table``): the current
+    version of each pending request POSTed to ``url()`` as ``envelope(full, version)``,
+    retried until the request resolves (``Outcome.retry_at``), counted when sent
+    (``question_metrics``: in the questions' relay gauge), recorded by ``result`` (the
+    service's write transaction). Nothing is sent for a request resolved, revised, acked or
+    expired since the plan was read (``still_due``), nor while ``url()`` is None."""
+
+    kind: RequestTables[Any, Any]
+    question_metrics = False
+
+    def url(self) -> str | None:
+        """Where the dispatches go, as the config in force says now."""
+        raise NotImplementedError
+
+    def envelope(self, full: Any, version: int) -> bytes:
+        """The body of the dispatch of ``version`` of ``full`` (the caller signs it)."""
+        raise NotImplementedError
+
+    async def result(
+        self, request_id: str, version: int, *, acked: bool, error: str | None, retry_at_ms: int
+    ) -> None:
+        """Record one attempt (the service's write transaction)."""
+        raise NotImplementedError
+
+    async def build(self, row: DueDispatch) -> Send | None:
+        service = self.dispatcher.service
+        full = await service.store.reads.fetch(self.kind, row.request_id)
+        url = self.url()
+        if full is None or url is None or not still_due(full, row.version, service.clock.now_ms()):
+            return None
+        return Send(url, self.envelope(full, row.version))
+
+    def sent(
+        self, row: DueDispatch, send: Send, result: SendResult, attempt: int, retry_at_ms: int
+    ) -> None:
+        d = self.dispatcher
+        now = d.service.clock.now_ms()
+        acked = result.error is None
+        d.metrics.dispatch_result(
+            acked, result.elapsed_s, result.failure, now, question=self.question_metrics
+        )
+        super().sent(row, send, result, attempt, retry_at_ms)
+
+    async def record(self, row: DueDispatch, outcome: Outcome) -> str | None:
+        retry_at = outcome.retry_at()
+        await self.result(
+            row.request_id,
+            row.version,
+            acked=outcome.acked,
+            error=outcome.error,
+            retry_at_ms=retry_at,
+        )
+        return None
+
+    def what(self, row: DueDispatch) -> str:
+        return "dispatch"
+
+
+def still_due(full: Approval | Question, version: int, now_ms: int) -> bool:
+    """Whether ``version`` of the request ``full`` is still to be sent: the request is
+    pending (not resolved since the plan was read), ``version`` is current and not acked
+    meanwhile (the due rows were read before that ack was recorded), and ``expires_at`` has
+    not passed (the scheduler resolves it as timeout; nothing is dispatched after). A row not
+    sent stays as it is: the plan reads only pending requests' current version."""
+    current = full.revision if isinstance(full, Approval) else full.version
+    if full.state != "pending" or current != version or now_ms >= full.expires_at:
+        return False
+    return not any(o.revision == version and o.delivered_at is not None for o in full.outbox)
 
 
 class OutboxSender(Generic[Row]):

@@ -9,7 +9,6 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from gate.daemon.delivery import ChannelBase, Outcome, Send
-from gate.daemon.dispatch import SendResult
 from gate.model import Approval
 from gate.protocol.canonical import wire_json
 from gate.protocol.followup import FollowUp, build_notice
@@ -34,6 +33,8 @@ class FollowUps(ChannelBase):
     """
 
     failed_event = "followup_failed"
+    sent_event = "followup_sent"
+    attempt_failed_event = "followup_attempt_failed"
     log = log
     table = FOLLOWUPS
 
@@ -60,28 +61,6 @@ class FollowUps(ChannelBase):
             url = d.relay_url
             envelope = followup_envelope(d.envelope_for(full, full.revision), full, row.kind, row.n)
         return Send(url, wire_json(envelope), full.pipeline, full.step)
-
-    def sent(
-        self, row: DueFollowUp, send: Send, result: SendResult, attempt: int, retry_at_ms: int
-    ) -> None:
-        if result.error is None:
-            log.info(
-                "event=followup_sent approval_id=%s kind=%s n=%d attempt=%d status=%s",
-                row.approval_id,
-                row.kind,
-                row.n,
-                attempt,
-                result.status,
-            )
-        else:
-            log.warning(
-                "event=followup_attempt_failed approval_id=%s kind=%s n=%d attempt=%d error=%r",
-                row.approval_id,
-                row.kind,
-                row.n,
-                attempt,
-                result.error,
-            )
 
     async def record(self, row: DueFollowUp, outcome: Outcome) -> str | None:
         return await self.dispatcher.service.followup_result(

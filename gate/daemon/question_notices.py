@@ -8,7 +8,6 @@ import logging
 from typing import Any
 
 from gate.daemon.delivery import ChannelBase, Outcome, Send
-from gate.daemon.dispatch import SendResult
 from gate.model import Question
 from gate.protocol.canonical import wire_json
 from gate.protocol.question_notice import build_question_notice
@@ -44,6 +43,8 @@ class QuestionNotices(ChannelBase):
     approvals' notices."""
 
     failed_event = "question_notice_failed"
+    sent_event = "question_notice_sent"
+    attempt_failed_event = "question_notice_attempt_failed"
     log = log
     table = QUESTION_NOTICES
 
@@ -63,25 +64,6 @@ class QuestionNotices(ChannelBase):
             return Outcome(False, "unknown question", None)
         body = wire_json(question_notice_envelope(full))
         return Send(url, body, detail=f"outcome={full.outcome}")
-
-    def sent(
-        self, row: DueNotice, send: Send, result: SendResult, attempt: int, retry_at_ms: int
-    ) -> None:
-        if result.error is None:
-            log.info(
-                "event=question_notice_sent question_id=%s %s attempt=%d status=%s",
-                row.question_id,
-                send.detail,
-                attempt,
-                result.status,
-            )
-        else:
-            log.warning(
-                "event=question_notice_attempt_failed question_id=%s attempt=%d error=%r",
-                row.question_id,
-                attempt,
-                result.error,
-            )
 
     async def record(self, row: DueNotice, outcome: Outcome) -> str | None:
         return await self.dispatcher.service.question_notice_result(

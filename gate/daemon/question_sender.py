@@ -6,8 +6,7 @@ from __future__ import annotations
 
 import logging
 
-from gate.daemon.delivery import ChannelBase, Outcome, Send
-from gate.daemon.dispatch import SendResult
+from gate.daemon.delivery import RequestDispatch
 from gate.model import Question
 from gate.protocol.canonical import wire_json
 from gate.protocol.question import QuestionSpec, build_question_dispatch
@@ -17,44 +16,31 @@ from gate.store.questions import QUESTIONS
 log = logging.getLogger(__name__)
 
 
-def still_due(full: Question, version: int, now_ms: int) -> bool:
-    """Whether ``version`` of ``full`` is still to be sent, as the approvals' dispatcher
-    decides (``ApprovalDispatch.build``): the question is pending (not answered, cancelled or
-    expired since the plan was read), ``version`` is current, not acked meanwhile, and
-    ``expires_at`` has not passed (the expiry scheduler resolves it; never sent after). A row
-    not sent stays as it is: the plan reads only pending questions' current version."""
-    if full.state != "pending" or full.version != version or now_ms >= full.expires_at:
-        return False
-    return not any(o.revision == version and o.delivered_at is not None for o in full.outbox)
-
-
-class QuestionDispatch(ChannelBase):
+class QuestionDispatch(RequestDispatch):
     """The channel of ``question_outbox`` for ``dispatcher`` (its callback URL and metrics).
     Not acked: retried until the question resolves or expires (the plan reads only pending
     questions' current version). With no question target configured (a reload removed it)
     nothing is read or sent."""
 
-    failed_event = "question_dispatch_failed"
+    failed_event = attempt_failed_event = "question_dispatch_failed"
+    sent_event = "question_dispatched"
+    question_metrics = True
     log = log
     table = QUESTION_DISPATCHES
+    kind = QUESTIONS
 
     def log_id(self, row: DueDispatch) -> str:
         return f"question_id={row.request_id} version={row.version}"
 
+    def url(self) -> str | None:
+        return self.dispatcher.service.config.relay.question_target
+
     async def due(self, now_ms: int, limit: int) -> tuple[list[DueDispatch], int | None]:
-        if self.dispatcher.service.config.relay.question_target is None:
+        if self.url() is None:
             return [], None
         return await super().due(now_ms, limit)
 
-    async def build(self, row: DueDispatch) -> Send | None:
-        service = self.dispatcher.service
-        full = await service.store.reads.fetch(QUESTIONS, row.request_id)
-        url = service.config.relay.question_target
-        if full is None or url is None or not still_due(full, row.version, service.clock.now_ms()):
-            return None
-        return Send(url, self.envelope(full))
-
-    def envelope(self, full: Question) -> bytes:
+    def envelope(self, full: Question, version: int) -> bytes:
         """The body of the dispatch of ``full``'s current version (``build_question_dispatch``;
         the caller signs it)."""
         current = full.current
@@ -77,44 +63,9 @@ class QuestionDispatch(ChannelBase):
             )
         )
 
-    def sent(
-        self,
-        row: DueDispatch,
-        send: Send,
-        result: SendResult,
-        attempt: int,
-        retry_at_ms: int,
+    async def result(
+        self, request_id: str, version: int, *, acked: bool, error: str | None, retry_at_ms: int
     ) -> None:
-        d = self.dispatcher
-        acked = result.error is None
-        now = d.service.clock.now_ms()
-        d.metrics.dispatch_result(acked, result.elapsed_s, result.failure, now, question=True)
-        if acked:
-            log.info(
-                "event=question_dispatched question_id=%s version=%d attempt=%d status=%s",
-                row.request_id,
-                row.version,
-                attempt,
-                result.status,
-            )
-        else:
-            log.warning(
-                "event=question_dispatch_failed question_id=%s version=%d attempt=%d error=%r",
-                row.request_id,
-                row.version,
-                attempt,
-                result.error,
-            )
-
-    async def record(self, row: DueDispatch, outcome: Outcome) -> str | None:
         await self.dispatcher.service.question_dispatch_result(
-            row.request_id,
-            row.version,
-            acked=outcome.acked,
-            error=outcome.error,
-            retry_at_ms=outcome.retry_at(),
+            request_id, version, acked=acked, error=error, retry_at_ms=retry_at_ms
         )
-        return None
-
-    def what(self, row: DueDispatch) -> str:
-        return "dispatch"

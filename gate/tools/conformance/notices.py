@@ -11,7 +11,7 @@ from collections.abc import Callable
 import aiohttp
 
 from gate.core.service import GateService
-from gate.daemon.dispatch import post_signed
+from gate.daemon.relay_http import post_signed
 from gate.model import Approval
 from gate.protocol import signing
 from gate.protocol.canonical import wire_json

@@ -18,7 +18,7 @@ from typing import Any
 import aiohttp
 
 from gate.core.service import GateService
-from gate.daemon.dispatch import post_signed
+from gate.daemon.relay_http import post_signed
 from gate.errors import GateError
 from gate.model import Question
 from gate.protocol import PROTOCOL_HEADER, SIGNATURE_HEADER, signing

@@ -17,7 +17,8 @@ from gate.clock import SystemClock
 from gate.config import Secrets, TcpListen, parse_listen
 from gate.core.service import GateService
 from gate.daemon.app import build_gate, callback_url
-from gate.daemon.dispatch import dispatch_envelope, post_signed
+from gate.daemon.approval_dispatch import dispatch_envelope
+from gate.daemon.relay_http import post_signed
 from gate.model import Approval
 from gate.protocol import DECISIONS_PATH, signing
 from gate.protocol.canonical import wire_json
