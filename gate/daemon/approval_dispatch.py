@@ -13,7 +13,6 @@ from gate.model import Approval
 from gate.protocol.canonical import wire_json
 from gate.protocol.envelope import build_dispatch
 from gate.protocol.followup import FollowUp
-from gate.store.approvals import APPROVALS
 from gate.store.outbox import DISPATCHES, DueDispatch
 
 # its lines keep the logger they always had
@@ -25,18 +24,16 @@ class ApprovalDispatch(RequestDispatch):
     None is sent for an approval resolved, revised, acked or expired since the plan was read:
     the expiry scheduler resolves it as timeout, and nothing is dispatched after."""
 
-    failed_event = attempt_failed_event = "dispatch_failed"
-    sent_event = "dispatched"
+    table = DISPATCHES
+    event = "dispatch"
     retry_in_log = True
     log = log
-    table = DISPATCHES
-    kind = APPROVALS
 
     def log_id(self, row: DueDispatch) -> str:
-        return f"approval_id={row.request_id}"
+        return f"approval_id={row.request_id}"  # its revision only on the POST's lines
 
     def post_id(self, row: DueDispatch) -> str:
-        return f"approval_id={row.request_id} revision={row.version}"
+        return super().log_id(row)
 
     def url(self) -> str:
         return self.dispatcher.relay_url

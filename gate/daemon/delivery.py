@@ -22,7 +22,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-from collections.abc import Hashable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
@@ -32,7 +31,6 @@ from gate.daemon.relay_http import SendResult, post_signed
 from gate.errors import GateError
 from gate.model import Approval, Question
 from gate.store.outbox import DueDispatch, OutboxTable
-from gate.store.requests import RequestTables
 
 if TYPE_CHECKING:
     from gate.daemon.dispatch import Dispatcher
@@ -47,7 +45,7 @@ class OutboxRow(Protocol):
     ``attempts`` recorded so far."""
 
     @property
-    def key(self) -> Hashable: ...
+    def key(self) -> tuple[Any, ...]: ...
 
     @property
     def attempts(self) -> int: ...
@@ -88,82 +86,73 @@ class Outcome:
         return self.retry_at_ms
 
 
-class Channel(Protocol[Row]):
-    """What one outbox adds to the loop. ``failed_event`` is the log event of its failed
-    attempts (storage trouble, a fault while building), logged through ``log``, the
-    channel's own logger."""
+class Channel(Generic[Row]):
+    """What one outbox adds to the loop, and what every channel adapter starts from: its
+    ``dispatcher`` (settings, service, metrics) and its store ``table``, whose plan ``due``
+    reads. ``event`` names the channel in its log events (``failed_event``: its failed
+    attempts, storage trouble or a fault while building; ``sent_event`` and
+    ``attempt_failed_event``: a POST acked or not, with ``retry_in_log`` that line says when
+    it is retried), all logged through ``log``, the channel's own logger. An adapter fills
+    in ``build``, ``record`` and ``what``."""
 
-    failed_event: str
+    table: OutboxTable[Row]
+    event: str
     log: logging.Logger
+    retry_in_log = False
+
+    @property
+    def failed_event(self) -> str:
+        return f"{self.event}_failed"
+
+    @property
+    def sent_event(self) -> str:
+        return f"{self.event}_sent"
+
+    @property
+    def attempt_failed_event(self) -> str:
+        return f"{self.event}_attempt_failed"
+
+    def __init__(self, dispatcher: Dispatcher) -> None:
+        self.dispatcher = dispatcher
 
     async def due(self, now_ms: int, limit: int) -> tuple[list[Row], int | None]:
-        """Up to ``limit`` rows due at ``now_ms`` and the earliest next attempt (unix ms) of
-        any unsent row, due or not (None: none). Raises GateError when the store cannot be
-        read."""
-        ...
+        """Up to ``limit`` rows of ``table`` due at ``now_ms`` and the earliest next attempt
+        (unix ms) of any unsent row, due or not (None: none). Raises GateError when the
+        store cannot be read."""
+        reads = self.dispatcher.service.store.reads
+        return await reads.outbox_plan(self.table, now_ms, limit)
 
     async def build(self, row: Row) -> Send | Outcome | None:
         """The POST of ``row``; an ``Outcome`` to record without one (a drop); or None when
         nothing is to be sent or recorded (resolved, superseded or acked meanwhile)."""
-        ...
+        raise NotImplementedError
+
+    async def record(self, row: Row, outcome: Outcome) -> str | None:
+        """Record ``outcome``; return the row's state when it ended (``"delivered"``,
+        ``"failed"``), ``"retry"``, or None."""
+        raise NotImplementedError
+
+    def ended(self, row: Row, state: str | None, outcome: Outcome) -> None:
+        """Log and count a recorded attempt in state ``state`` (``record``'s answer); by
+        default nothing (a dispatch is counted when sent)."""
+
+    def what(self, row: Row) -> str:
+        """What a send of ``row`` is called in ``last_error`` (``dispatch``, ``notice``...)."""
+        raise NotImplementedError
+
+    def log_id(self, row: Row) -> str:
+        """The ``name=value`` fields that name ``row`` in log lines: its primary key."""
+        names = self.table.columns[: self.table.key]
+        return " ".join(f"{name}={value}" for name, value in zip(names, row.key, strict=True))
+
+    def post_id(self, row: Row) -> str:
+        """The fields that name a POST of ``row`` in its log line (``log_id``'s)."""
+        return self.log_id(row)
 
     def sent(
         self, row: Row, send: Send, result: SendResult, attempt: int, retry_at_ms: int
     ) -> None:
         """Log (and count) the ``result`` of POSTing ``send``, attempt number ``attempt``."""
-        ...
-
-    async def record(self, row: Row, outcome: Outcome) -> str | None:
-        """Record ``outcome``; return the row's state when it ended (``"delivered"``,
-        ``"failed"``), ``"retry"``, or None."""
-        ...
-
-    def ended(self, row: Row, state: str | None, outcome: Outcome) -> None:
-        """Log and count a recorded attempt in state ``state`` (``record``'s answer)."""
-        ...
-
-    def what(self, row: Row) -> str:
-        """What a send of ``row`` is called in ``last_error`` (``dispatch``, ``notice``...)."""
-        ...
-
-    def log_id(self, row: Row) -> str:
-        """The ``name=value`` fields that name ``row`` in log lines."""
-        ...
-
-
-class ChannelBase:
-    """What every channel adapter starts from: its ``dispatcher`` (settings, service,
-    metrics), a ``due`` that plans its store table (``table``), a ``sent`` that logs a POST
-    (``sent_event`` when acked, ``attempt_failed_event`` when not; with ``retry_in_log``
-    that line says when it is retried) and an ``ended`` that logs and counts nothing (a
-    dispatch is counted when sent)."""
-
-    table: OutboxTable[Any]
-    log: logging.Logger
-    sent_event: str
-    attempt_failed_event: str
-    retry_in_log = False
-
-    def __init__(self, dispatcher: Dispatcher) -> None:
-        self.dispatcher = dispatcher
-
-    async def due(self, now_ms: int, limit: int) -> tuple[list[Any], int | None]:
-        """``table``'s rows due at ``now_ms`` and the next one's time (unix ms)."""
-        reads = self.dispatcher.service.store.reads
-        return await reads.outbox_plan(self.table, now_ms, limit)
-
-    def log_id(self, row: Any) -> str:
-        """The ``name=value`` fields that name ``row`` in log lines."""
-        raise NotImplementedError
-
-    def post_id(self, row: Any) -> str:
-        """The fields that name a POST of ``row`` in its log line (``log_id``'s)."""
-        return self.log_id(row)
-
-    def sent(
-        self, row: Any, send: Send, result: SendResult, attempt: int, retry_at_ms: int
-    ) -> None:
-        """Log the ``result`` of POSTing ``send``, attempt number ``attempt``."""
         if result.error is None:
             self.log.info(
                 "event=%s %s%s attempt=%d status=%s",
@@ -191,20 +180,25 @@ class ChannelBase:
                 result.error,
             )
 
-    def ended(self, row: Any, state: str | None, outcome: Outcome) -> None:
-        """Nothing to log or count once recorded."""
 
-
-class RequestDispatch(ChannelBase):
-    """The dispatches of one kind of request (``kind``, its outbox ``table``): the current
-    version of each pending request POSTed to ``url()`` as ``envelope(full, version)``,
+class RequestDispatch(Channel[DueDispatch]):
+    """The dispatches of one kind of request (its outbox ``table``, whose ``request`` is the
+    kind): the current version of each pending request POSTed to ``url()`` as
+    ``envelope(full, version)``,
     retried until the request resolves (``Outcome.retry_at``), counted when sent
     (``question_metrics``: in the questions' relay gauge), recorded by ``result`` (the
     service's write transaction). Nothing is sent for a request resolved, revised, acked or
     expired since the plan was read (``still_due``), nor while ``url()`` is None."""
 
-    kind: RequestTables[Any, Any]
     question_metrics = False
+
+    @property
+    def sent_event(self) -> str:
+        return f"{self.event}ed"  # dispatched, question_dispatched
+
+    @property
+    def attempt_failed_event(self) -> str:
+        return self.failed_event
 
     def url(self) -> str | None:
         """Where the dispatches go, as the config in force says now."""
@@ -222,7 +216,8 @@ class RequestDispatch(ChannelBase):
 
     async def build(self, row: DueDispatch) -> Send | None:
         service = self.dispatcher.service
-        full = await service.store.reads.fetch(self.kind, row.request_id)
+        assert self.table.request is not None  # a dispatch belongs to a request
+        full = await service.store.reads.fetch(self.table.request, row.request_id)
         url = self.url()
         if full is None or url is None or not still_due(full, row.version, service.clock.now_ms()):
             return None
@@ -273,8 +268,8 @@ class OutboxSender(Generic[Row]):
     def __init__(self, dispatcher: Dispatcher, channel: Channel[Row]) -> None:
         self.dispatcher = dispatcher
         self.channel = channel
-        self._in_flight: dict[Hashable, asyncio.Task[None]] = {}
-        self._unrecorded: dict[Hashable, Outcome] = {}
+        self._in_flight: dict[tuple[Any, ...], asyncio.Task[None]] = {}
+        self._unrecorded: dict[tuple[Any, ...], Outcome] = {}
 
     async def launch_due(self, session: aiohttp.ClientSession, now_ms: int) -> int | None:
         """Start an attempt for each row due at ``now_ms`` (unix ms) that is not in flight;
@@ -303,7 +298,7 @@ class OutboxSender(Generic[Row]):
         if tasks:
             await asyncio.gather(*tasks, return_exceptions=True)
 
-    def _forget(self, key: Hashable, _task: asyncio.Task[None]) -> None:
+    def _forget(self, key: tuple[Any, ...], _task: asyncio.Task[None]) -> None:
         """Done-callback of an attempt's task: forget it and wake the loop."""
         self._in_flight.pop(key, None)
         self.dispatcher.service.dispatch_wakeup.set()

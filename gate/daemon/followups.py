@@ -8,7 +8,7 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from gate.daemon.delivery import ChannelBase, Outcome, Send
+from gate.daemon.delivery import Channel, Outcome, Send
 from gate.model import Approval
 from gate.protocol.canonical import wire_json
 from gate.protocol.followup import FollowUp, build_notice
@@ -20,7 +20,7 @@ log = logging.getLogger(__name__)
 DECIDING_OUTCOMES = ("approved", "adjusted", "skipped")
 
 
-class FollowUps(ChannelBase):
+class FollowUps(Channel[DueFollowUp]):
     """The channel of ``followup_outbox`` for ``dispatcher`` (its relay URL, callback URL and
     metrics, as reconfigured by SIGHUP); drained by ``gate.daemon.delivery.OutboxSender``.
 
@@ -32,14 +32,9 @@ class FollowUps(ChannelBase):
     read again after a restart.
     """
 
-    failed_event = "followup_failed"
-    sent_event = "followup_sent"
-    attempt_failed_event = "followup_attempt_failed"
-    log = log
     table = FOLLOWUPS
-
-    def log_id(self, row: DueFollowUp) -> str:
-        return f"approval_id={row.approval_id} kind={row.kind} n={row.n}"
+    event = "followup"
+    log = log
 
     async def build(self, row: DueFollowUp) -> Send | Outcome:
         """The POST of ``row``, or a drop (an ``Outcome`` without a retry time)."""

@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from gate.daemon.delivery import ChannelBase, Outcome, Send
+from gate.daemon.delivery import Channel, Outcome, Send
 from gate.model import Question
 from gate.protocol.canonical import wire_json
 from gate.protocol.question_notice import build_question_notice
@@ -36,20 +36,15 @@ def question_notice_envelope(full: Question) -> dict[str, Any]:
     )
 
 
-class QuestionNotices(ChannelBase):
+class QuestionNotices(Channel[DueNotice]):
     """The channel of ``question_notices`` for ``dispatcher``. Dropped as failed when notices
     or the question relay were turned off by a reload; retried until the row's
     ``give_up_at``; delivered and failed ones are counted in ``hitl_gate_notices_total`` like
     approvals' notices."""
 
-    failed_event = "question_notice_failed"
-    sent_event = "question_notice_sent"
-    attempt_failed_event = "question_notice_attempt_failed"
-    log = log
     table = QUESTION_NOTICES
-
-    def log_id(self, row: DueNotice) -> str:
-        return f"question_id={row.question_id}"
+    event = "question_notice"
+    log = log
 
     async def build(self, row: DueNotice) -> Send | Outcome:
         """The POST of ``row``, or a drop (an ``Outcome`` without a retry time)."""

@@ -11,7 +11,6 @@ from gate.model import Question
 from gate.protocol.canonical import wire_json
 from gate.protocol.question import QuestionSpec, build_question_dispatch
 from gate.store.outbox import QUESTION_DISPATCHES, DueDispatch
-from gate.store.questions import QUESTIONS
 
 log = logging.getLogger(__name__)
 
@@ -22,15 +21,10 @@ class QuestionDispatch(RequestDispatch):
     questions' current version). With no question target configured (a reload removed it)
     nothing is read or sent."""
 
-    failed_event = attempt_failed_event = "question_dispatch_failed"
-    sent_event = "question_dispatched"
+    table = QUESTION_DISPATCHES
+    event = "question_dispatch"
     question_metrics = True
     log = log
-    table = QUESTION_DISPATCHES
-    kind = QUESTIONS
-
-    def log_id(self, row: DueDispatch) -> str:
-        return f"question_id={row.request_id} version={row.version}"
 
     def url(self) -> str | None:
         return self.dispatcher.service.config.relay.question_target

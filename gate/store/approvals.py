@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass
 from typing import Any
 
 from gate.model import Approval, DecisionRow, Resolvable, Revision
@@ -169,22 +169,7 @@ class ApprovalStatements(RequestStatements[Approval, Resolvable]):
             "INSERT INTO decisions (approval_id, revision, operator_id, identity, display,"
             " channel, decision, payload_hash, adjust_text, decided_at, recorded_at, reason,"
             " on_behalf_of, credential_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (
-                approval_id,
-                row.revision,
-                row.operator_id,
-                row.identity,
-                row.display,
-                row.channel,
-                row.decision,
-                row.payload_hash,
-                row.adjust_text,
-                row.decided_at,
-                row.recorded_at,
-                row.reason,
-                row.on_behalf_of,
-                row.credential_id,
-            ),
+            (approval_id, *astuple(row)),  # the columns in the model's field order
         )
 
     def due_followups(self, now_ms: int, limit: int) -> list[str]:

@@ -5,6 +5,7 @@ WebAuthn counter (migration 8). Sync, on the writer."""
 from __future__ import annotations
 
 import sqlite3
+from dataclasses import astuple
 
 from gate.model import Credential
 
@@ -38,16 +39,7 @@ class CredentialStatements:
         (sqlite3.IntegrityError otherwise)."""
         self._conn.execute(
             f"INSERT INTO approver_credentials ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-            (
-                credential.credential_id,
-                credential.operator_id,
-                credential.type,
-                credential.public_key,
-                credential.sign_count,
-                credential.label,
-                credential.created_at,
-                credential.revoked_at,
-            ),
+            astuple(credential),  # ``_COLUMNS`` are the model's fields, in their order
         )
 
     def revoke(self, credential_id: str, at_ms: int) -> None:

@@ -5,7 +5,7 @@ passkeys the doctor makes."""
 from __future__ import annotations
 
 import sqlite3
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass
 from pathlib import Path
 
 _COLUMNS = (
@@ -40,16 +40,7 @@ class InviteStatements:
         """Store a new, unused invite."""
         self._conn.execute(
             f"INSERT INTO approver_invites ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-            (
-                invite.invite_hash,
-                invite.operator_id,
-                invite.label,
-                invite.challenge,
-                invite.created_at,
-                invite.expires_at,
-                invite.used_at,
-                invite.credential_id,
-            ),
+            astuple(invite),  # ``_COLUMNS`` are ``Invite``'s fields, in their order
         )
 
     def load(self, invite_hash: str) -> Invite | None:
@@ -85,10 +76,7 @@ def count_passkeys(path: Path) -> int:
 
 
 def _count(conn: sqlite3.Connection) -> int:
-    found = conn.execute(
-        "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'approver_credentials'"
-    ).fetchone()
-    if found is None:
+    if not _has_credentials(conn):
         return 0
     row = conn.execute(
         "SELECT COUNT(*) FROM approver_credentials WHERE type = 'webauthn' AND revoked_at IS NULL"

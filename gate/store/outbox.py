@@ -22,6 +22,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
+from gate.store.approvals import APPROVALS
+from gate.store.questions import QUESTIONS
+from gate.store.requests import RequestTables
+
 R = TypeVar("R")
 
 
@@ -97,14 +101,14 @@ class OutboxTable(Generic[R]):
     value, made from ``columns``, ``attempts``, ``next_attempt_at`` and, without ``request``,
     ``give_up_at``) and ``kinds`` (the values the second column may take; () any).
 
-    ``request`` is ``(table, id column, version column)`` of the request a dispatch belongs
-    to: set, the table holds dispatches; None, its rows have a give-up time."""
+    ``request`` is the kind of request (``gate.store.requests.RequestTables``) a dispatch
+    belongs to: set, the table holds dispatches; None, its rows have a give-up time."""
 
     table: str
     columns: tuple[str, ...]
     key: int
     row: Callable[..., R]
-    request: tuple[str, str, str] | None = None
+    request: RequestTables[Any, Any] | None = None
     kinds: tuple[str, ...] = ()
 
     def _unsent(self) -> tuple[str, str]:
@@ -112,7 +116,7 @@ class OutboxTable(Generic[R]):
         source = f"FROM {self.table} o INDEXED BY {self.table}_due"
         if self.request is None:
             return source, "o.delivered_at IS NULL AND o.failed_at IS NULL"
-        table, id_column, version = self.request
+        table, id_column, version = self.request.table, self.request.id, self.request.version
         return (
             f"{source} JOIN {table} r ON r.{id_column} = o.{id_column}",
             f"o.delivered_at IS NULL AND r.state = 'pending' AND r.{version} = o.{version}",
@@ -123,14 +127,10 @@ class OutboxTable(Generic[R]):
 
 
 DISPATCHES: OutboxTable[DueDispatch] = OutboxTable(
-    "outbox", ("approval_id", "revision"), 2, DueDispatch, ("approvals", "approval_id", "revision")
+    "outbox", ("approval_id", "revision"), 2, DueDispatch, APPROVALS
 )
 QUESTION_DISPATCHES: OutboxTable[DueDispatch] = OutboxTable(
-    "question_outbox",
-    ("question_id", "version"),
-    2,
-    DueDispatch,
-    ("questions", "question_id", "version"),
+    "question_outbox", ("question_id", "version"), 2, DueDispatch, QUESTIONS
 )
 FOLLOWUPS: OutboxTable[DueFollowUp] = OutboxTable(
     "followup_outbox",

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
+from dataclasses import astuple
 
 from gate.model import DueQuestion, Question, QuestionAnswer, QuestionVersion
 from gate.store.requests import RequestStatements, RequestTables, request_row
@@ -117,16 +118,7 @@ class QuestionStatements(RequestStatements[Question, DueQuestion]):
             " answer_display = ?, answer_channel = ?, answer_version = ?, answered_at = ?,"
             " answer_recorded_at = ? WHERE question_id = ? AND state = 'pending'"
             " AND answer IS NULL",
-            (
-                answer_json,
-                answer.operator_id,
-                answer.identity,
-                answer.display,
-                answer.channel,
-                answer.version,
-                answer.decided_at,
-                answer.recorded_at,
-                question_id,
-            ),
+            # the model's fields in their order, its value as ``answer_json``
+            (answer_json, *astuple(answer)[1:], question_id),
         )
         return cur.rowcount == 1
