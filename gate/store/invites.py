@@ -8,6 +8,8 @@ import sqlite3
 from dataclasses import astuple, dataclass
 from pathlib import Path
 
+from gate.store import readonly
+
 _COLUMNS = (
     "invite_hash, operator_id, label, challenge, created_at, expires_at, used_at, credential_id"
 )
@@ -63,20 +65,11 @@ def count_passkeys(path: Path) -> int:
     """How many passkeys (``type`` webauthn, not revoked) the database at ``path`` holds;
     0 for a database from before migration 6. Read-only (``gate.store.readonly``); raises
     Unavailable when it cannot be opened."""
-    from gate.errors import Unavailable
-    from gate.store import readonly
-
-    conn = readonly.connect(path)
-    try:
-        return _count(conn)
-    except sqlite3.Error as exc:
-        raise Unavailable("storage_unavailable", f"cannot read {path}: {exc}") from exc
-    finally:
-        conn.close()
+    return readonly.read(path, _count)
 
 
 def _count(conn: sqlite3.Connection) -> int:
-    if not _has_credentials(conn):
+    if not readonly.has_table(conn, "approver_credentials"):
         return 0
     row = conn.execute(
         "SELECT COUNT(*) FROM approver_credentials WHERE type = 'webauthn' AND revoked_at IS NULL"
@@ -88,31 +81,19 @@ def credential_facts(path: Path) -> tuple[dict[str, int], set[int]]:
     """``(passkeys in force by the rp_id of their enrolment entry, operator ids holding a
     credential in force)`` of the database at ``path`` (doctor); empty before
     migration 6. Read-only; raises Unavailable when it cannot be read."""
-    from gate.errors import Unavailable
-    from gate.store import readonly
+    return readonly.read(path, _facts)
 
-    conn = readonly.connect(path)
-    try:
-        if not _has_credentials(conn):
-            return {}, set()
-        rows = conn.execute(
-            "SELECT json_extract(a.entry, '$.data.rp_id'), COUNT(*) FROM approver_credentials c"
-            " JOIN audit_log a ON a.kind = 'approver_credential_enrolled'"
-            " AND json_extract(a.entry, '$.data.credential_id') = c.credential_id"
-            " WHERE c.type = 'webauthn' AND c.revoked_at IS NULL GROUP BY 1"
-        ).fetchall()
-        holders = conn.execute(
-            "SELECT DISTINCT operator_id FROM approver_credentials WHERE revoked_at IS NULL"
-        ).fetchall()
-    except sqlite3.Error as exc:
-        raise Unavailable("storage_unavailable", f"cannot read {path}: {exc}") from exc
-    finally:
-        conn.close()
+
+def _facts(conn: sqlite3.Connection) -> tuple[dict[str, int], set[int]]:
+    if not readonly.has_table(conn, "approver_credentials"):
+        return {}, set()
+    rows = conn.execute(
+        "SELECT json_extract(a.entry, '$.data.rp_id'), COUNT(*) FROM approver_credentials c"
+        " JOIN audit_log a ON a.kind = 'approver_credential_enrolled'"
+        " AND json_extract(a.entry, '$.data.credential_id') = c.credential_id"
+        " WHERE c.type = 'webauthn' AND c.revoked_at IS NULL GROUP BY 1"
+    ).fetchall()
+    holders = conn.execute(
+        "SELECT DISTINCT operator_id FROM approver_credentials WHERE revoked_at IS NULL"
+    ).fetchall()
     return {str(rp): int(n) for rp, n in rows if rp is not None}, {int(r[0]) for r in holders}
-
-
-def _has_credentials(conn: sqlite3.Connection) -> bool:
-    found = conn.execute(
-        "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'approver_credentials'"
-    ).fetchone()
-    return found is not None
