@@ -63,7 +63,6 @@ APPROVALS: RequestTables[Approval, Resolvable] = RequestTables(
     request_hash="request_hash",
     outbox="outbox",
     created="created",
-    created_index="audit_log_created",
     json_columns=("scope", "budget"),
     permit=True,
     due_extra=("quorum_required",),

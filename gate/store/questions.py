@@ -76,7 +76,6 @@ QUESTIONS: RequestTables[Question, DueQuestion] = RequestTables(
     request_hash="request_body_hash",
     outbox="question_outbox",
     created="question_created",
-    created_index="audit_log_question_created",
     json_columns=("scope",),
     permit=False,
     due_extra=(),

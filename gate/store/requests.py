@@ -28,7 +28,7 @@ class RequestTables(Generic[F, D]):
     versions' and the outbox's), ``versions`` (the table of its versions, each hashed in
     ``version_hash``), ``request_hash`` (the create request's hash, for idempotency),
     ``outbox`` (its dispatches), ``created`` (the audit entry kind of its creation, found
-    through the partial index ``created_index``), ``json_columns`` (given as Python values,
+    through the partial index ``audit_log_{created}``), ``json_columns`` (given as Python values,
     stored as JSON), ``permit`` (whether a resolution stores an execution permit),
     ``due_extra`` (more columns a due row carries) and ``due_row``/``load`` (the kind's
     values)."""
@@ -41,7 +41,6 @@ class RequestTables(Generic[F, D]):
     request_hash: str
     outbox: str
     created: str
-    created_index: str
     json_columns: tuple[str, ...]
     permit: bool
     due_extra: tuple[str, ...]
@@ -53,7 +52,7 @@ class RequestTables(Generic[F, D]):
         """The audit row of a request's creation entry, through its partial index."""
         return (
             "SELECT seq, approval_id, kind, entry, prev_hash, entry_hash, receipt, key_id,"
-            f" signature FROM audit_log INDEXED BY {self.created_index}"
+            f" signature FROM audit_log INDEXED BY audit_log_{self.created}"
             f" WHERE approval_id = ? AND kind = '{self.created}' ORDER BY seq LIMIT 1"
         )
 
