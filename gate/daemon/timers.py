@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 
 from gate.core.service import GateService
 from gate.errors import GateError
@@ -21,6 +22,7 @@ MAX_SLEEP_S = 3600.0
 RETRY_AFTER_ERROR_S = 1.0
 
 
+@dataclass(frozen=True, slots=True)
 class Timers:
     """The scheduler of ``service`` (the gate's), counting in ``metrics`` (the gate's).
 
@@ -34,9 +36,8 @@ class Timers:
     as resolved ``timeout``.
     """
 
-    def __init__(self, service: GateService, metrics: Metrics) -> None:
-        self.service = service
-        self.metrics = metrics
+    service: GateService
+    metrics: Metrics
 
     async def run(self) -> None:
         """Loop until cancelled (this class's docstring)."""
