@@ -249,6 +249,27 @@ class RequestDispatch(Channel[DueDispatch]):
         return "dispatch"
 
 
+def resolution(full: Approval | Question) -> dict[str, Any]:
+    """What every resolution notice says of its request, as ``build_notice`` and
+    ``build_question_notice`` take it: its id (``approval_id``, ``question_id``), ``run_id``,
+    ``pipeline``, ``step``, ``outcome`` and ``resolved_at_ms``. Raises ValueError when the
+    request is not resolved."""
+    if isinstance(full, Approval):
+        kind, request_id = "approval", full.approval_id
+    else:
+        kind, request_id = "question", full.question_id
+    if full.outcome is None or full.resolved_at is None:
+        raise ValueError(f"{kind} {request_id} is not resolved")
+    return {
+        f"{kind}_id": request_id,
+        "run_id": full.run_id,
+        "pipeline": full.pipeline,
+        "step": full.step,
+        "outcome": full.outcome,
+        "resolved_at_ms": full.resolved_at,
+    }
+
+
 def still_due(full: Approval | Question, version: int, now_ms: int) -> bool:
     """Whether ``version`` of the request ``full`` is still to be sent: the request is
     pending (not resolved since the plan was read), ``version`` is current and not acked

@@ -8,7 +8,7 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from gate.daemon.delivery import Channel, Outcome, Send
+from gate.daemon.delivery import Channel, Outcome, Send, resolution
 from gate.model import Approval
 from gate.protocol.canonical import wire_json
 from gate.protocol.followup import FollowUp, build_notice
@@ -120,8 +120,7 @@ def notice_envelope(full: Approval, operators: Sequence[Any] = ()) -> dict[str, 
     on someone's behalf (looked up in the scope, then in ``operators``); ``reason`` the
     resolving decision's (the last one), None for a timeout or a cancel. Raises ValueError
     when the approval is not resolved."""
-    if full.outcome is None or full.resolved_at is None:
-        raise ValueError(f"approval {full.approval_id} is not resolved")
+    fields = resolution(full)
     final = full.revision
     rev = full.revision_row(final)
     assert rev is not None
@@ -138,12 +137,7 @@ def notice_envelope(full: Approval, operators: Sequence[Any] = ()) -> dict[str, 
         counted = made[-1:] + counted
     identity_of = _identities(full, operators)
     return build_notice(
-        approval_id=full.approval_id,
-        run_id=full.run_id,
-        pipeline=full.pipeline,
-        step=full.step,
-        outcome=full.outcome,
-        resolved_at_ms=full.resolved_at,
+        **fields,
         revision=final,
         payload_hash=rev.payload_hash,
         decided_by=[

@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from gate.daemon.delivery import Channel, Outcome, Send
+from gate.daemon.delivery import Channel, Outcome, Send, resolution
 from gate.model import Question
 from gate.protocol.canonical import wire_json
 from gate.protocol.question_notice import build_question_notice
@@ -21,15 +21,8 @@ def question_notice_envelope(full: Question) -> dict[str, Any]:
     """The resolution notice of a resolved question (``build_question_notice``): the final
     version's ``request_hash``, ``answered_by`` the winning answer's identity. Raises
     ValueError when the question is not resolved."""
-    if full.outcome is None or full.resolved_at is None:
-        raise ValueError(f"question {full.question_id} is not resolved")
     return build_question_notice(
-        question_id=full.question_id,
-        run_id=full.run_id,
-        pipeline=full.pipeline,
-        step=full.step,
-        outcome=full.outcome,
-        resolved_at_ms=full.resolved_at,
+        **resolution(full),
         version=full.version,
         request_hash=full.current.request_hash,
         answered_by=full.answer.identity if full.answer is not None else None,
