@@ -7,7 +7,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from gate.core.rules import approvers_of
+from gate.core.approvals.rules import approvers_of
+from gate.core.requests.service import RequestService
 from gate.daemon.delivery import RequestDispatch
 from gate.model import Approval
 from gate.protocol.canonical import wire_json
@@ -41,12 +42,8 @@ class ApprovalDispatch(RequestDispatch):
     def envelope(self, full: Approval, version: int) -> bytes:
         return wire_json(self.dispatcher.envelope_for(full, version))
 
-    async def result(
-        self, request_id: str, version: int, *, acked: bool, error: str | None, retry_at_ms: int
-    ) -> None:
-        await self.dispatcher.service.dispatch_result(
-            request_id, version, acked=acked, error=error, retry_at_ms=retry_at_ms
-        )
+    def requests(self) -> RequestService[Any]:
+        return self.dispatcher.service.approvals
 
 
 def dispatch_envelope(
@@ -61,8 +58,8 @@ def dispatch_envelope(
 
     With ``skip_reason_required`` (the step's ``skip_reason: required``) its skip
     action says so; ``delegates`` are the (delegate identity, principal identity) pairs in
-    force (``gate.core.delegation.delegates_for``): the delegates join ``approvers`` and the
-    pairs go out as ``delegates``. With neither the envelope is byte-for-byte
+    force (``gate.core.approvals.delegation.delegates_for``): the delegates join ``approvers``
+    and the pairs go out as ``delegates``. With neither the envelope is byte-for-byte
     as before (``gate.protocol.followup.FollowUp``). ``approver_signature`` (the step's)
     other than ``off`` goes out as the additive ``"approver_signature"`` (optional
     | required), so a relay knows to have the approver sign; ``off`` adds nothing.

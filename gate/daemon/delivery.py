@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 import aiohttp
 
+from gate.core.requests.service import RequestService
 from gate.daemon.relay_http import SendResult, post_signed
 from gate.errors import GateError
 from gate.model import Approval, Question
@@ -184,11 +185,11 @@ class Channel(Generic[Row]):
 class RequestDispatch(Channel[DueDispatch]):
     """The dispatches of one kind of request (its outbox ``table``, whose ``request`` is the
     kind): the current version of each pending request POSTed to ``url()`` as
-    ``envelope(full, version)``,
-    retried until the request resolves (``Outcome.retry_at``), counted when sent
-    (``question_metrics``: in the questions' relay gauge), recorded by ``result`` (the
-    service's write transaction). Nothing is sent for a request resolved, revised, acked or
-    expired since the plan was read (``still_due``), nor while ``url()`` is None."""
+    ``envelope(full, version)``, retried until the request resolves (``Outcome.retry_at``),
+    counted when sent (``question_metrics``: in the questions' relay gauge), recorded by the
+    kind's service (``requests().dispatch_result``). Nothing is sent for a request resolved,
+    revised, acked or expired since the plan was read (``still_due``), nor while ``url()``
+    is None."""
 
     question_metrics = False
 
@@ -208,10 +209,9 @@ class RequestDispatch(Channel[DueDispatch]):
         """The body of the dispatch of ``version`` of ``full`` (the caller signs it)."""
         raise NotImplementedError
 
-    async def result(
-        self, request_id: str, version: int, *, acked: bool, error: str | None, retry_at_ms: int
-    ) -> None:
-        """Record one attempt (the service's write transaction)."""
+    def requests(self) -> RequestService[Any]:
+        """The service of this kind of request (``GateService.approvals``, ``.questions``),
+        which records an attempt in its write transaction."""
         raise NotImplementedError
 
     async def build(self, row: DueDispatch) -> Send | None:
@@ -235,13 +235,12 @@ class RequestDispatch(Channel[DueDispatch]):
         super().sent(row, send, result, attempt, retry_at_ms)
 
     async def record(self, row: DueDispatch, outcome: Outcome) -> str | None:
-        retry_at = outcome.retry_at()
-        await self.result(
+        await self.requests().dispatch_result(
             row.request_id,
             row.version,
             acked=outcome.acked,
             error=outcome.error,
-            retry_at_ms=retry_at,
+            retry_at_ms=outcome.retry_at(),
         )
         return None
 

@@ -11,9 +11,9 @@ from typing import Any
 
 import aiohttp
 
-from gate.core.approver_signature_check import step_mode
-from gate.core.delegation import delegates_for
-from gate.core.rules import skip_reason_required as step_requires_reason
+from gate.core.approvals.approver_signature_check import step_mode
+from gate.core.approvals.delegation import delegates_for
+from gate.core.approvals.rules import skip_reason_required as step_requires_reason
 from gate.core.service import GateService
 from gate.daemon.approval_dispatch import dispatch_envelope
 from gate.daemon.delivery import OutboxSender

@@ -58,7 +58,7 @@ class FollowUps(Channel[DueFollowUp]):
         return Send(url, wire_json(envelope), full.pipeline, full.step)
 
     async def record(self, row: DueFollowUp, outcome: Outcome) -> str | None:
-        return await self.dispatcher.service.followup_result(
+        return await self.dispatcher.service.approvals.followup_result(
             row.key, acked=outcome.acked, error=outcome.error, retry_at_ms=outcome.retry_at_ms
         )
 

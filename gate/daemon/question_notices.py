@@ -54,7 +54,7 @@ class QuestionNotices(Channel[DueNotice]):
         return Send(url, body, detail=f"outcome={full.outcome}")
 
     async def record(self, row: DueNotice, outcome: Outcome) -> str | None:
-        return await self.dispatcher.service.question_notice_result(
+        return await self.dispatcher.service.questions.notice_result(
             row.question_id,
             acked=outcome.acked,
             error=outcome.error,

@@ -5,7 +5,9 @@ drained by ``gate.daemon.delivery.OutboxSender``."""
 from __future__ import annotations
 
 import logging
+from typing import Any
 
+from gate.core.requests.service import RequestService
 from gate.daemon.delivery import RequestDispatch
 from gate.model import Question
 from gate.protocol.canonical import wire_json
@@ -57,9 +59,5 @@ class QuestionDispatch(RequestDispatch):
             )
         )
 
-    async def result(
-        self, request_id: str, version: int, *, acked: bool, error: str | None, retry_at_ms: int
-    ) -> None:
-        await self.dispatcher.service.question_dispatch_result(
-            request_id, version, acked=acked, error=error, retry_at_ms=retry_at_ms
-        )
+    def requests(self) -> RequestService[Any]:
+        return self.dispatcher.service.questions

@@ -28,7 +28,7 @@ class Timers:
 
     ``run`` resolves approvals, then questions, as ``timeout`` when the gate's clock passes
     their ``expires_at``, then applies the due reminders and escalation levels
-    (``GateService.followups_due``): each only when its earliest time has passed, so a
+    (``Approvals.followups_due``): each only when its earliest time has passed, so a
     wake-up with nothing due costs reads, never a write transaction. It sleeps until the
     earliest deadline or follow-up (one lookup in each partial index), or until
     ``service.expiry_wakeup`` is set (a new request may be due sooner), and runs until
@@ -64,18 +64,18 @@ class Timers:
         times = (
             await _when_due(now, lambda: reads.next_expiry(APPROVALS), self._expire_approvals),
             await _when_due(now, lambda: reads.next_expiry(QUESTIONS), self._expire_questions),
-            await _when_due(now, reads.next_followup, self.service.followups_due),
+            await _when_due(now, reads.next_followup, self.service.approvals.followups_due),
         )
         return min((t for t in times if t is not None), default=None)
 
     async def _expire_approvals(self) -> None:
-        expired = await self.service.expire_due()
+        expired = await self.service.approvals.expire_due()
         if expired:
             self.metrics.approvals_resolved.labels("timeout").inc(expired)
             log.info("event=expired count=%d", expired)
 
     async def _expire_questions(self) -> None:
-        timed_out = await self.service.expire_questions()
+        timed_out = await self.service.questions.expire_due()
         if timed_out:
             self.metrics.question_resolved_many("timeout", timed_out)
 
