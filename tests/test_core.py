@@ -29,7 +29,7 @@ from gate.audit.receipts import receipt_object
 from gate.config import Config, load_config
 from gate.core.approvals import rules
 from gate.core.approvals.create import CreateRequest, parse_create
-from gate.core.approvals.kind import APPROVALS
+from gate.core.approvals.kind import APPROVALS as APPROVAL_KIND
 from gate.core.approvals.service import Approvals
 from gate.core.commands import ReceiptKey, Transaction
 from gate.core.questions.kind import QUESTIONS
@@ -41,6 +41,7 @@ from gate.model import Approval, DecisionRow, Revision
 from gate.protocol.canonical import payload_hash, wire_json
 from gate.protocol.envelope import Decision, build_decision, parse_decision, rfc3339
 from gate.store import Command, Store, WriteTx
+from gate.store.approvals import APPROVALS
 from gate.store.batch import PROBE
 from tests.support import Named, write_config
 
@@ -126,7 +127,7 @@ class Gate:
 
     async def full(self, approval_id: str) -> dict[str, Any]:
         """The stored approval (``gate.model.Approval``) as plain JSON values."""
-        full = await self.store.reads.fetch_approval(approval_id)
+        full = await self.store.reads.fetch(APPROVALS, approval_id)
         assert full is not None
         loaded: dict[str, Any] = json.loads(json.dumps(dataclasses.asdict(full)))
         return loaded
@@ -746,9 +747,11 @@ def test_store_every_command_is_a_frozen_slotted_dataclass() -> None:
 
 
 def test_store_command_pickles_by_value_and_logs_its_transaction_name() -> None:
-    command = DispatchResult(APPROVALS, "01KDWZ8B00J3Q9V5X7Z2M4N6PR", 2, False, "timeout", 1_000)
+    command = DispatchResult(
+        APPROVAL_KIND, "01KDWZ8B00J3Q9V5X7Z2M4N6PR", 2, False, "timeout", 1_000
+    )
     crossed = pickle.loads(pickle.dumps(command, protocol=pickle.HIGHEST_PROTOCOL))
-    assert crossed == command and crossed.kind is APPROVALS  # a kind crosses by its name
+    assert crossed == command and crossed.kind is APPROVAL_KIND  # a kind crosses by its name
     assert pickle.loads(pickle.dumps(Cancel(QUESTIONS, "q"))).kind is QUESTIONS
     assert pickle.loads(pickle.dumps(PROBE)) == PROBE
     assert (command.name, Cancel(QUESTIONS, "q").name, PROBE.name, ReceiptKey().name) == (
@@ -947,7 +950,7 @@ async def test_service_audit_survives_reopen(make_gate: MakeGate) -> None:
         rows = [row async for row in store.audit_rows()]
         assert [r.kind for r in rows] == ["created", "decision", "resolved"]
         assert audit.verify(rows, RECEIPT_KEY).ok
-        full = await store.reads.fetch_approval(aid)
+        full = await store.reads.fetch(APPROVALS, aid)
         assert full is not None and full.outcome == "approved"
     finally:
         await store.close()
@@ -1269,13 +1272,13 @@ async def test_store_reads_see_each_commit_while_other_reads_run(gate: Gate) -> 
 
     async def busy_reader() -> None:
         while not stop.is_set():
-            await gate.store.reads.list_approvals("all", None, 20, None)
+            await gate.store.reads.page(APPROVALS, "all", None, 20, None)
 
     readers = [asyncio.create_task(busy_reader()) for _ in range(8)]
     try:
         for _ in range(150):
             view = await gate.create()
-            assert await gate.store.reads.fetch_approval(view["approval_id"]) is not None
+            assert await gate.store.reads.fetch(APPROVALS, view["approval_id"]) is not None
     finally:
         stop.set()
         await asyncio.gather(*readers)

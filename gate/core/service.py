@@ -19,6 +19,7 @@ from gate.core.receipt_key import refusal
 from gate.core.requests.service import Shared
 from gate.core.transactions import Policy, Transactions
 from gate.store import Store
+from gate.store.approvals import APPROVALS
 from gate.trust.keys import ReceiptKeys, load_receipt_keys
 
 __all__ = ["AnswerResult", "DecisionResult", "GateService", "Policy", "Resolution"]
@@ -141,7 +142,7 @@ class GateService:
         """Return ``(number of pending approvals, earliest created_at in unix ms or None)``:
         one statement over the pending partial index (``Store.pending_summary``). Raises
         GateError when the database cannot be read."""
-        return await self.store.reads.pending_summary()
+        return await self.store.reads.pending_summary(APPROVALS)
 
     async def oldest_pending_by_step(self) -> StepAges:
         """Return ``(pipeline, step, oldest pending created_at in unix ms)`` per step with a

@@ -46,7 +46,7 @@ class Store:
         self.on_writer_lost: Callable[[], None] | None = None
         self._handler: Handler | None = None
         self._writer: Writer | None = None
-        # every read but the audit rows: ``store.reads.fetch_approval(...)`` and so on
+        # every read but the audit rows: ``store.reads.fetch(...)`` and so on
         self.reads = Reads()
         self._faults = Faults(self.path)
         self._locks: list[int] = []  # the flock on <db>.lock while open

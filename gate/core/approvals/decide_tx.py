@@ -19,6 +19,7 @@ from gate.model import Approval, DecisionRow, Resolvable, Revision
 from gate.protocol.canonical import payload_hash
 from gate.protocol.envelope import Decision
 from gate.store import WriteTx
+from gate.store.outbox import DISPATCHES
 
 if TYPE_CHECKING:
     from gate.config.webauthn import WebAuthnSettings
@@ -40,9 +41,9 @@ def decide(
     else None. ``webauthn``: the passkeys' relying party (None:
     unavailable). Raises GateError with the SPEC §2 status and reason."""
     now = t.clock.now_ms()
-    approval = tx.load_approval(decision.approval_id, outbox=False, created_receipt=False)
+    approval = tx.approvals.load(decision.approval_id, outbox=False, created_receipt=False)
     if approval is None:
-        if tx.load_question(decision.approval_id, outbox=False) is not None:
+        if tx.questions.load(decision.approval_id, outbox=False) is not None:
             raise Conflict(
                 "wrong_kind",
                 "approve, skip and adjust are for approvals; a question takes decision answer",
@@ -118,7 +119,7 @@ def _record(
         credential_id=None if signed is None else signed.credential_id,
         **said_by(decision),
     )
-    tx.insert_decision(approval.approval_id, row)
+    tx.approvals.insert_decision(approval.approval_id, row)
     approval = dataclasses.replace(approval, decisions=approval.decisions + (row,))
     audit_data = DecisionData(
         operator_id=verdict.operator_id,
@@ -146,7 +147,7 @@ def _record(
             created_at=now,
             created_by=verdict.operator_id,
         )
-        tx.insert_revision(
+        tx.approvals.insert_revision(
             approval.approval_id,
             added.revision,
             added.body,
@@ -155,7 +156,7 @@ def _record(
             added.created_at,
             added.created_by,
         )
-        tx.set_revision(approval.approval_id, new_revision)
+        tx.approvals.set_version(approval.approval_id, new_revision)
         approval = dataclasses.replace(
             approval, revision=new_revision, revisions=approval.revisions + (added,)
         )
@@ -176,7 +177,7 @@ def _record(
         )
         resolve(t, tx, target, outcome, now, collected, approval)
     elif new_revision is not None:
-        tx.enqueue_dispatch(approval.approval_id, new_revision, now)
+        tx.outbox.queue(DISPATCHES, (approval.approval_id, new_revision), now)
     return outcome, new_revision
 
 

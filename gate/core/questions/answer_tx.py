@@ -62,9 +62,9 @@ def answer_question(t: Transactions, tx: WriteTx, answer: Answer) -> tuple[int, 
     ``(operator id, version answered, pipeline)``. Raises GateError with the table's status
     and reason (nothing changes); an answer naming an approval is 409 ``wrong_kind``."""
     now = t.clock.now_ms()
-    question = tx.load_question(answer.question_id, outbox=False)
+    question = tx.questions.load(answer.question_id, outbox=False)
     if question is None:
-        if tx.load_approval(answer.question_id, outbox=False, created_receipt=False) is not None:
+        if tx.approvals.load(answer.question_id, outbox=False, created_receipt=False) is not None:
             raise wrong_kind("an answer names a question_id; this id is an approval's")
         # check 6 on the callback listener: SPEC §2's status word is the reason, as
         # ``unknown_approval`` (the pipeline API's 404 stays ``not_found``)
@@ -104,7 +104,7 @@ def answer_question(t: Transactions, tx: WriteTx, answer: Answer) -> tuple[int, 
         recorded_at=now,
         **said_by(answer),
     )
-    if not tx.record_question_answer(question.question_id, stored, row):
+    if not tx.questions.record_answer(question.question_id, stored, row):
         raise refuse(409, "already_resolved", "already_resolved", "the question is resolved")
     answered = QuestionAnsweredData(
         operator_id, current.version, current.request_hash, answer.nonce, digest

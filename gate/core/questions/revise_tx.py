@@ -16,6 +16,7 @@ from gate.errors import Conflict
 from gate.model import Question
 from gate.protocol.question import QuestionSpec
 from gate.store import WriteTx
+from gate.store.outbox import QUESTION_NOTICES
 
 if TYPE_CHECKING:
     from gate.core.transactions import Transactions
@@ -67,9 +68,15 @@ def notice_result(
 ) -> str | None:
     """Record one attempt of a question's resolution notice (``retry_at_ms`` None: dropped
     unsent, as failed). Returns ``"delivered"``, ``"retry"``, ``"failed"`` or None."""
-    return tx.question_notice_attempted(
-        question_id, t.clock.now_ms(), acked=acked, error=error, retry_at_ms=retry_at_ms
+    attempt = tx.outbox.attempted(
+        QUESTION_NOTICES,
+        (question_id,),
+        t.clock.now_ms(),
+        acked=acked,
+        error=error,
+        retry_at_ms=retry_at_ms,
     )
+    return None if attempt is None else attempt.state
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,6 +15,7 @@ from gate.core.requests.service import RequestService, Shared
 from gate.errors import Conflict
 from gate.model import Question
 from gate.protocol.question import Answer
+from gate.store.questions import QUESTIONS as TABLES
 
 MAX_OPTIONS_LIMIT = 1000  # the config's ceiling of a step's max_options
 
@@ -118,8 +119,9 @@ class Questions(RequestService[Question]):
 
     async def next_expiry(self) -> int | None:
         """The earliest ``expires_at`` (unix ms) of a pending question, or None."""
-        return await self.store.reads.next_question_expiry()
+        return await self.store.reads.next_expiry(TABLES)
 
     async def pending(self) -> int:
         """How many questions are pending (the metrics gauge)."""
-        return await self.store.reads.pending_questions()
+        count, _ = await self.store.reads.pending_summary(TABLES)
+        return count

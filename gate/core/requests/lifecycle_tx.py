@@ -185,12 +185,12 @@ def dispatch_result(
     """Count one dispatch attempt of ``version``; the first ack (unix ms now) writes the
     kind's dispatch-ack audit entry, a failure sets the next attempt at ``retry_at_ms``."""
     now = t.clock.now_ms()
-    delivered_at, next_attempt_at = (now, now) if acked else (None, retry_at_ms)
-    attempts = kind.dispatch_attempted(
-        tx, request_id, version, delivered_at, next_attempt_at, error
+    key = (request_id, version)
+    attempt = tx.outbox.attempted(
+        kind.dispatches, key, now, acked=acked, error=error, retry_at_ms=retry_at_ms
     )
-    if acked and attempts > 0:
-        ack = kind.dispatch_ack(version, attempts)
+    if acked and attempt is not None:
+        ack = kind.dispatch_ack(version, attempt.attempts)
         t.audit(tx, ack.kind, request_id, now, ack.to_data())
 
 
