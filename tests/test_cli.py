@@ -523,8 +523,7 @@ def test_every_command_module_is_named_in_the_lazy_group():
 
 def test_list_lines_show_times_fixed_width_with_milliseconds():
     from gate.cli.approvers import credential_line
-    from gate.cli.pipeline import approval_line
-    from gate.cli.questions import question_line
+    from gate.cli.requests import approval_line, question_line
 
     approval = {
         "approval_id": UNKNOWN_ID,

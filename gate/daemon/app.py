@@ -25,9 +25,10 @@ from gate.daemon.question_sender import QuestionDispatch
 from gate.metrics import Metrics
 from gate.protocol import DECISIONS_PATH
 from gate.store import Store
-from gate.web.api import ApiSettings, create_api_app
+from gate.web.api import create_api_app
 from gate.web.callback import CallbackSettings, create_callback_app
 from gate.web.common import BODY_TIMEOUT, Handler
+from gate.web.keys import ApiSettings
 
 log = logging.getLogger(__name__)
 

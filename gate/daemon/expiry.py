@@ -28,7 +28,6 @@ async def run_expiry(service: GateService, metrics: Metrics) -> None:
     Runs until cancelled. Storage errors are logged and retried after a second. Each
     timeout counts in ``metrics`` (the gate's) as resolved ``timeout``.
     """
-    resolved = metrics.approvals_resolved
     while True:
         service.expiry_wakeup.clear()
         try:
@@ -40,14 +39,14 @@ async def run_expiry(service: GateService, metrics: Metrics) -> None:
             if next_expiry is not None and next_expiry <= now:
                 expired = await service.expire_due()
                 if expired:
-                    resolved.labels("timeout").inc(expired)
+                    metrics.resolved("approval", "timeout", expired)
                     log.info("event=expired count=%d", expired)
                 next_expiry = await reads.next_expiry()
             next_question = await service.next_question_expiry()
             if next_question is not None and next_question <= now:
                 timed_out = await service.expire_questions()  # the same scheduler
                 if timed_out:
-                    metrics.question_resolved_many("timeout", timed_out)
+                    metrics.resolved("question", "timeout", timed_out)
                 next_question = await service.next_question_expiry()
             next_followup = await reads.next_followup()
             if next_followup is not None and next_followup <= now:

@@ -111,12 +111,12 @@ class FollowUps(ChannelBase):
 
     def ended(self, row: FollowUpRow, state: str | None, outcome: Outcome) -> None:
         """Log and count a row that ended (delivered or failed)."""
-        metrics = self.dispatcher.metrics.followups
+        metrics = self.dispatcher.metrics
         if state == "delivered":
             if row.kind == "notice":
                 metrics.notice("delivered")
             else:
-                metrics.delivered(row.kind, outcome.pipeline, outcome.step, row.n)
+                metrics.followup_delivered(row.kind, outcome.pipeline, outcome.step, row.n)
         elif state == "failed":
             if outcome.error == "resolved":
                 log.info("event=followup_dropped %s reason=resolved", row.log_id)
@@ -125,7 +125,7 @@ class FollowUps(ChannelBase):
             if row.kind == "notice":
                 metrics.notice("failed")
             else:
-                metrics.failed(row.kind)
+                metrics.followup_failed(row.kind)
 
     def what(self, row: FollowUpRow) -> str:
         return row.kind

@@ -110,7 +110,7 @@ class QuestionNotices(ChannelBase):
         )
 
     def ended(self, row: QuestionNoticeRow, state: str | None, outcome: Outcome) -> None:
-        metrics = self.dispatcher.metrics.followups
+        metrics = self.dispatcher.metrics
         if state == "delivered":
             metrics.notice("delivered")
         elif state == "failed":

@@ -104,7 +104,7 @@ class QuestionDispatch(ChannelBase):
         d = self.dispatcher
         acked = result.error is None
         now = d.service.clock.now_ms()
-        d.metrics.dispatch_result(acked, result.elapsed_s, result.failure, now, question=True)
+        d.metrics.dispatch_result(acked, result.elapsed_s, result.failure, now, kind="question")
         if acked:
             log.info(
                 "event=question_dispatched question_id=%s version=%d attempt=%d status=%s",

@@ -113,7 +113,7 @@ async def _answer(request: web.Request, answer: Answer) -> web.Response:
         metrics.answer("internal_error")
         raise
     metrics.answer("accepted")
-    metrics.question_resolved("answered")
+    metrics.resolved("question", "answered")
     return web.json_response(result.answer)
 
 
