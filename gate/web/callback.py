@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 from aiohttp import web
 from aiohttp.typedefs import Middleware
@@ -13,45 +12,17 @@ from aiohttp.typedefs import Middleware
 from gate.core.service import GateService
 from gate.errors import GateError
 from gate.metrics import Metrics
-from gate.protocol import (
-    DECISIONS_PATH,
-    MAX_DECISION_BYTES,
-    PROTOCOL_HEADER,
-    SIGNATURE_HEADER,
-    signing,
-)
+from gate.protocol import DECISIONS_PATH, MAX_DECISION_BYTES
 from gate.protocol.callback import parse_callback
 from gate.protocol.envelope import Decision
 from gate.protocol.question import Answer
-from gate.web.common import ULID_RE, error_middleware, read_body
+from gate.web.common import ULID_RE, error_middleware, read_signed
 from gate.web.credentials import add_credentials_routes
 from gate.web.enrol import add_enrol_routes
+from gate.web.keys import CALLBACK_SETTINGS, METRICS, SERVICE, CallbackSettings
 
 log = logging.getLogger(__name__)
 DETAIL_RE = re.compile(r"[a-z_]{1,40}")
-
-
-@dataclass(slots=True)
-class CallbackSettings:
-    """Secrets accepted on decisions (current first, then previous) and the skew window (s).
-
-    Mutable: a config reload (SIGHUP) replaces both (``reconfigure``); each request reads
-    them anew.
-    """
-
-    relay_secrets: Sequence[str]
-    max_skew_s: float
-
-    def reconfigure(self, relay_secrets: Sequence[str], max_skew_s: float) -> None:
-        """Accept decisions signed with ``relay_secrets`` within ``max_skew_s`` seconds from
-        the next request on (SIGHUP reload). No await: a request sees both old or both new."""
-        self.relay_secrets = relay_secrets
-        self.max_skew_s = max_skew_s
-
-
-SERVICE = web.AppKey("service", GateService)
-SETTINGS = web.AppKey("callback_settings", CallbackSettings)
-METRICS = web.AppKey("metrics", Metrics)
 
 
 async def post_decision(request: web.Request) -> web.Response:
@@ -144,18 +115,9 @@ def _refused(
 async def _checked_decision(request: web.Request) -> Decision | Answer:
     """SPEC §2 checks 1-5: size, signature, window, HMAC, then the parsed envelope (a
     decision, or a question's answer: ``parse_callback``)."""
-    service = request.app[SERVICE]
-    settings = request.app[SETTINGS]
-    raw = await read_body(request, MAX_DECISION_BYTES)  # check 1
-    now_s = service.clock.now_ms() / 1000
-    signing.verify(
-        request.headers.get(SIGNATURE_HEADER),
-        raw,
-        settings.relay_secrets,
-        now_s,
-        settings.max_skew_s,
-    )  # checks 2-4, over the raw received bytes
-    signing.check_protocol_header(request.headers.get(PROTOCOL_HEADER))
+    clock = request.app[SERVICE].clock
+    settings = request.app[CALLBACK_SETTINGS]
+    raw, _ = await read_signed(request, settings, lambda: clock.now_ms() / 1000)  # checks 1-4
     return parse_callback(raw)  # check 5
 
 
@@ -175,9 +137,9 @@ def create_callback_app(
         middlewares=[*outer_middlewares, error_middleware], client_max_size=MAX_DECISION_BYTES * 4
     )
     app[SERVICE] = service
-    app[SETTINGS] = settings
+    app[CALLBACK_SETTINGS] = settings
     app[METRICS] = metrics
     app.router.add_post(DECISIONS_PATH, post_decision)
-    add_enrol_routes(app, service)  # passkey invites
-    add_credentials_routes(app, service, settings)  # opt-in, relay.credentials
+    add_enrol_routes(app)  # passkey invites
+    add_credentials_routes(app)  # opt-in, relay.credentials
     return app

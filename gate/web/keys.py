@@ -1,10 +1,12 @@
-"""What the pipeline API app holds for its handlers: the settings a reload replaces and the
-typed ``web.AppKey``s of the service, the settings and the metrics. Its own module, so the
-route modules (``requests``, ``admin``) and the app factory (``api``) all import it and
-none imports another."""
+"""What the two listeners' apps hold for their handlers: the settings a reload replaces
+(``ApiSettings``, ``CallbackSettings``) and the typed ``web.AppKey``s of the service, the
+metrics (the same on both apps) and each app's settings. Its own module, so the route
+modules (``requests``, ``admin``, ``enrol``, ``credentials``) and the app factories (``api``,
+``callback``) all import it and none imports another."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from aiohttp import web
@@ -40,6 +42,25 @@ class ApiSettings:
         return self.max_draft_bytes * 6 + 64 * 1024
 
 
+@dataclass(slots=True)
+class CallbackSettings:
+    """Secrets accepted on decisions (current first, then previous) and the skew window (s).
+
+    Mutable: a config reload (SIGHUP) replaces both (``reconfigure``); each request reads
+    them anew.
+    """
+
+    relay_secrets: Sequence[str]
+    max_skew_s: float
+
+    def reconfigure(self, relay_secrets: Sequence[str], max_skew_s: float) -> None:
+        """Accept decisions signed with ``relay_secrets`` within ``max_skew_s`` seconds from
+        the next request on (SIGHUP reload). No await: a request sees both old or both new."""
+        self.relay_secrets = relay_secrets
+        self.max_skew_s = max_skew_s
+
+
 SERVICE = web.AppKey("service", GateService)
-SETTINGS = web.AppKey("api_settings", ApiSettings)
 METRICS = web.AppKey("metrics", Metrics)
+SETTINGS = web.AppKey("api_settings", ApiSettings)
+CALLBACK_SETTINGS = web.AppKey("callback_settings", CallbackSettings)
