@@ -67,70 +67,124 @@ def plain_json(value: Any) -> str:
 
 
 @dataclass(frozen=True, slots=True)
+class Notes:
+    """What a kind's help texts add to the words all kinds share (``Kind.helps``)."""
+
+    listed: str = ""  # after "List <noun>s, one line each (or JSON)"
+    example_state: str = "pending"  # the --state of the list example
+    shown: str = ""  # after "Print one <noun> as JSON"
+    cancelled: str = ""  # after "resolves it as cancelled"
+
+
+@dataclass(frozen=True, slots=True)
 class Kind:
     """One kind of request as these commands handle it: ``noun`` (its id is ``<noun>_id``),
-    ``a_noun`` how a sentence names one, ``group`` the click group its commands sit in and
-    ``command`` how that group is called, the help texts of list, show and cancel, its
-    ``ApiClient`` calls, the line a list prints of one and the printer of its JSON."""
+    the click ``group`` its commands sit in, the ``ApiClient`` method of each of list, get
+    and cancel (``calls``), the ``line`` a list prints of one, the printer of its JSON
+    (``dump``) and what its help texts add (``notes``)."""
 
     noun: str
-    a_noun: str
     group: click.Group
-    command: str
-    helps: tuple[str, str, str]
-    list: Callable[[Any, str, str | None, int, str | None], Awaitable[Any]]
-    get: Callable[[Any, str], Awaitable[Any]]
-    cancel: Callable[[Any, str], Awaitable[Any]]
+    calls: dict[str, str]
     line: Callable[[dict[str, Any]], str]
-    dump: Callable[[Any], str]
+    dump: Callable[[Any], str] = plain_json
+    notes: Notes = Notes()
+
+    @property
+    def command(self) -> str:
+        """How its group is called: ``hitl-gate`` or ``hitl-gate questions``."""
+        return "hitl-gate" if self.group is main else f"hitl-gate {self.group.name}"
+
+    @property
+    def a_noun(self) -> str:
+        """How a sentence names one: ``an approval``, ``a question``."""
+        return ("an " if self.noun[0] in "aeiou" else "a ") + self.noun
+
+    def helps(self) -> tuple[str, str, str]:
+        """The help texts of its list, show and cancel, each with an example."""
+        n, example = self.notes, f"Example: {self.command}"
+        return (
+            f"List {self.noun}s, one line each (or JSON){n.listed}.\n\n"
+            f"{example} list -c config.example.yaml --state {n.example_state}",
+            f"Print one {self.noun} as JSON{n.shown}.\n\n"
+            f"{example} show -c config.example.yaml 01JABCDEF...",
+            f"Withdraw a pending {self.noun} (resolves it as cancelled{n.cancelled}).\n\n"
+            f"{example} cancel -c config.example.yaml 01JABCDEF...",
+        )
+
+    async def call(self, api: Any, verb: str, *args: Any) -> Any:
+        """Its ``ApiClient`` method for ``verb`` (list, get, cancel) on ``api`` with ``args``."""
+        return await getattr(api, self.calls[verb])(*args)
 
 
 KINDS = (
-    Kind(
-        "approval",
-        "an approval",
-        main,
-        "hitl-gate",
-        (
-            "List approvals, one line each (or JSON).\n\n"
-            "Example: hitl-gate list -c config.example.yaml --state pending",
-            "Print one approval as JSON.\n\n"
-            "Example: hitl-gate show -c config.example.yaml 01JABCDEF...",
-            "Withdraw a pending approval (resolves it as cancelled).\n\n"
-            "Example: hitl-gate cancel -c config.example.yaml 01JABCDEF...",
-        ),
-        list=lambda api, *query: api.list(*query),
-        get=lambda api, item_id: api.get(item_id),
-        cancel=lambda api, item_id: api.cancel(item_id),
-        line=approval_line,
-        dump=plain_json,
-    ),
+    Kind("approval", main, {"list": "list", "get": "get", "cancel": "cancel"}, approval_line),
     Kind(
         "question",
-        "a question",
         questions,
-        "hitl-gate questions",
-        (
-            "List questions, one line each (or JSON); never their text nor their answer.\n\n"
-            "Example: hitl-gate questions list -c config.example.yaml --state all",
-            "Print one question as JSON (with its answer, once answered).\n\n"
-            "Example: hitl-gate questions show -c config.example.yaml 01JABCDEF...",
-            "Withdraw a pending question (resolves it as cancelled; a waiting ask exits 5).\n\n"
-            "Example: hitl-gate questions cancel -c config.example.yaml 01JABCDEF...",
+        {"list": "list_questions", "get": "get_question", "cancel": "cancel_question"},
+        question_line,
+        safe_json,
+        Notes(
+            "; never their text nor their answer",
+            "all",
+            " (with its answer, once answered)",
+            "; a waiting ask exits 5",
         ),
-        list=lambda api, *query: api.list_questions(*query),
-        get=lambda api, item_id: api.get_question(item_id),
-        cancel=lambda api, item_id: api.cancel_question(item_id),
-        line=question_line,
-        dump=safe_json,
     ),
 )
 
 
-def _add_list(kind: Kind) -> None:
-    """Register ``list`` of ``kind``: one page, a line each (``kind.line``) or JSON."""
+def _api_call(config_path: str, api_url: str | None, call: Callable[[Any], Awaitable[Any]]) -> Any:
+    """``call(api)`` on the API client of the config (or ``--api-url``), run to its end: a
+    gate error is one ``Error:`` line and exit 1 (``gate.cli.run``)."""
 
-    @kind.group.command("list", help=kind.helps[0])
+    async def go() -> Any:
+        async with api_client(config_path, api_url) as api:
+            return await call(api)
+
+    return run(go())
+
+
+async def _get(kind: Kind, api: Any, item_id: str) -> Any:
+    """``kind``'s object ``item_id``; a 404 for the id of another kind exits 1 naming the
+    command that shows it."""
+    from gate.client.api import ClientError
+
+    try:
+        return await kind.call(api, "get", item_id)
+    except ClientError as exc:
+        for other in [k for k in KINDS if k is not kind] if exc.status == 404 else []:
+            try:
+                await other.call(api, "get", item_id)
+            except ClientError:
+                continue
+            fail(f"{item_id} is {other.a_noun}: use {other.command} show {item_id}")
+        raise
+
+
+async def _cancel(kind: Kind, api: Any, item_id: str) -> Any:
+    """Cancel ``kind``'s ``item_id``; one already resolved exits 1 saying its outcome
+    (whether the action may have fired depends on it)."""
+    from gate.client.api import ClientError
+
+    try:
+        return await kind.call(api, "cancel", item_id)
+    except ClientError as exc:
+        if exc.code == "already_resolved" and "outcome" in exc.extra:
+            fail(
+                f"{kind.noun} {item_id} is already resolved (outcome "
+                f"{exc.extra['outcome']}); nothing changed (HTTP 409 already_resolved)"
+            )
+        raise
+
+
+def _add_commands(kind: Kind) -> None:
+    """Register ``list``, ``show`` and ``cancel`` of ``kind`` on its group."""
+    list_help, show_help, cancel_help = kind.helps()
+    item = click.argument("item_id", metavar=f"{kind.noun.upper()}_ID")
+
+    @kind.group.command("list", help=list_help)
     @CONFIG_OPTION
     @API_URL_OPTION
     @list_options
@@ -143,82 +197,29 @@ def _add_list(kind: Kind) -> None:
         cursor: str | None,
         as_json: bool,
     ) -> None:
-        async def go() -> Any:
-            async with api_client(config_path, api_url) as api:
-                return await kind.list(api, state, pipeline, limit, cursor)
-
-        page = run(go())
+        query = (state, pipeline, limit, cursor)
+        page = _api_call(config_path, api_url, lambda api: kind.call(api, "list", *query))
         if as_json:
             click.echo(kind.dump(page))
-            return
-        echo_page(page, f"{kind.noun}s", state, pipeline, cursor, kind.line)
+        else:
+            echo_page(page, f"{kind.noun}s", state, pipeline, cursor, kind.line)
 
-
-def _add_show(kind: Kind) -> None:
-    """Register ``show`` of ``kind``: the object as JSON; an id of another kind exits 1
-    saying which command shows it."""
-
-    @kind.group.command("show", help=kind.helps[1])
+    @kind.group.command("show", help=show_help)
     @CONFIG_OPTION
     @API_URL_OPTION
-    @click.argument("item_id", metavar=f"{kind.noun.upper()}_ID")
+    @item
     def show(config_path: str, api_url: str | None, item_id: str) -> None:
-        from gate.client.api import ClientError
+        view = _api_call(config_path, api_url, lambda api: _get(kind, api, item_id))
+        click.echo(kind.dump(view))
 
-        async def go() -> Any:
-            async with api_client(config_path, api_url) as api:
-                try:
-                    return await kind.get(api, item_id)
-                except ClientError as exc:
-                    for other in KINDS if exc.status == 404 else ():
-                        if other is not kind:
-                            await _hint_other_kind(other, api, item_id)
-                    raise
-
-        click.echo(kind.dump(run(go())))
-
-
-async def _hint_other_kind(other: Kind, api: Any, item_id: str) -> None:
-    """Exit 1 saying ``item_id`` is ``other``'s and the command that shows it, when
-    ``other``'s get answers; return otherwise."""
-    from gate.client.api import ClientError
-
-    try:
-        await other.get(api, item_id)
-    except ClientError:
-        return
-    fail(f"{item_id} is {other.a_noun}: use {other.command} show {item_id}")
-
-
-def _add_cancel(kind: Kind) -> None:
-    """Register ``cancel`` of ``kind``: resolve it ``cancelled``; one already resolved exits 1
-    saying its outcome."""
-
-    @kind.group.command("cancel", help=kind.helps[2])
+    @kind.group.command("cancel", help=cancel_help)
     @CONFIG_OPTION
     @API_URL_OPTION
-    @click.argument("item_id", metavar=f"{kind.noun.upper()}_ID")
+    @item
     def cancel(config_path: str, api_url: str | None, item_id: str) -> None:
-        from gate.client.api import ClientError
-
-        async def go() -> Any:
-            async with api_client(config_path, api_url) as api:
-                try:
-                    return await kind.cancel(api, item_id)
-                except ClientError as exc:
-                    if exc.code == "already_resolved" and "outcome" in exc.extra:
-                        # whether the action may have fired depends on the outcome: say it
-                        fail(
-                            f"{kind.noun} {item_id} is already resolved (outcome "
-                            f"{exc.extra['outcome']}); nothing changed (HTTP 409 already_resolved)"
-                        )
-                    raise
-
-        result = run(go())
+        result = _api_call(config_path, api_url, lambda api: _cancel(kind, api, item_id))
         click.echo(f"{result[kind.noun + '_id']} cancelled")
 
 
 for _kind in KINDS:
-    _add_list(_kind)
-    _add_show(_kind)
-    _add_cancel(_kind)
+    _add_commands(_kind)
