@@ -64,44 +64,69 @@ DECISION_BUCKETS = (
 _REASON = re.compile(r"[a-z0-9_.:]{1,64}")
 
 
+# every family's help text, by its name after ``hitl_gate_`` (a counter's without ``_total``)
+HELP = {
+    "approvals_created": "Approvals created (an idempotent replay is not).",
+    "approvals_resolved": "Approvals resolved, by outcome.",
+    "questions_created": "Questions created, by pipeline and step.",
+    "questions_resolved": "Questions resolved, by outcome (answered, timeout, cancelled).",
+    "decisions_accepted": "Relay decisions recorded (SPEC §2: 200).",
+    "decisions_refused": "Relay decisions refused, by the answer's reason (SPEC §2 checks 1-14).",
+    "delegated_decisions": (
+        "Decisions recorded from a delegate on behalf of an operator in scope (delegations)."
+    ),
+    "dispatch_attempts": "Dispatch POSTs sent to the relay.",
+    "dispatch_failures": "Dispatch POSTs not acked: http_status (non-2xx, 3xx included), "
+    "timeout, connection (refused, reset, TLS, DNS).",
+    "dispatch_ack_seconds": "Time from sending a dispatch to its 2xx ack.",
+    "time_to_decision_seconds": "Time from creation to resolution by a human decision "
+    "(approved, adjusted, skipped); timeouts and cancels are not decisions.",
+    "build_info": "The running hitl-gate version (always 1).",
+    "answers": "Answers received: accepted, or refused by reason.",
+    "questions_pending": "Questions pending (read at scrape time).",
+    "notices": "Resolution notices: delivered (acked 2xx), failed (given up, unsent or unacked).",
+    "reminders_sent": "Reminders of pending approvals acked by the relay.",
+    "escalations": "Escalation dispatches (the widened scope) acked by the relay, by level.",
+    "followups_failed": (
+        "Reminders and escalation dispatches given up unacked (at the approval's expiry)."
+    ),
+    # gauges computed at scrape time (_StateCollector)
+    "approvals_pending": "Approvals waiting for a decision.",
+    "oldest_pending_age_seconds": "Age of the oldest pending approval (0 when none is pending).",
+    "step_oldest_pending_age_seconds": "Age of the oldest pending approval of each step (no "
+    "series for a step with none pending).",
+    "writer_unanswered_seconds": "Seconds the oldest write sent to the database writer "
+    "process has waited for its answer (0 when none waits); /healthz answers 503 above 30.",
+    "relay_up": "1 if the latest approval dispatch POST was acked, 0 if it failed (absent "
+    "before the first attempt since start).",
+    "question_relay_up": "1 if the latest question dispatch POST was acked, 0 if it failed "
+    "(absent before the first question attempt since start).",
+    "relay_last_ack_timestamp_seconds": (
+        "Unix time of the relay's latest ack (absent before the first since start)."
+    ),
+    "relay_last_ack_age_seconds": (
+        "Seconds since the relay's latest ack (absent before the first since start)."
+    ),
+}
+
+
 @dataclass(frozen=True, slots=True)
 class KindNames:
     """How one kind of request is counted: ``hitl_gate_<plural>_created_total{pipeline,step}``
-    and ``hitl_gate_<plural>_resolved_total{outcome}`` (each of ``outcomes`` at 0 from the
-    start) with their help texts, and ``relay_up``, the gauge its latest dispatch POST sets.
-    ``steps_at_zero``: a created series at 0 for every configured step from the start."""
+    (``steps_at_zero``: a series at 0 for every configured step from the start),
+    ``hitl_gate_<plural>_resolved_total{outcome}`` (each of ``outcomes`` at 0 from the start)
+    and ``relay_up``, the gauge its latest dispatch POST sets (``hitl_gate_<relay_up>``)."""
 
     plural: str
     outcomes: tuple[str, ...]
     steps_at_zero: bool
-    created_help: str
-    resolved_help: str
     relay_up: str
-    relay_up_help: str
 
 
 # the one table of what differs between the kinds; every event below takes the kind's key
 KINDS = {
-    "approval": KindNames(
-        "approvals",
-        OUTCOMES,
-        True,
-        "Approvals created (an idempotent replay is not).",
-        "Approvals resolved, by outcome.",
-        "hitl_gate_relay_up",
-        "1 if the latest approval dispatch POST was acked, 0 if it failed (absent "
-        "before the first attempt since start).",
-    ),
-    "question": KindNames(
-        "questions",
-        QUESTION_OUTCOMES,
-        False,
-        "Questions created, by pipeline and step.",
-        "Questions resolved, by outcome (answered, timeout, cancelled).",
-        "hitl_gate_question_relay_up",
-        "1 if the latest question dispatch POST was acked, 0 if it failed ("
-        "absent before the first question attempt since start).",
-    ),
+    "approval": KindNames("approvals", OUTCOMES, True, "relay_up"),
+    "question": KindNames("questions", QUESTION_OUTCOMES, False, "question_relay_up"),
 }
 
 
@@ -142,133 +167,62 @@ class Metrics:
         steps = [(pipe.name, step.name) for pipe in pipelines for step in pipe.steps]
         self._created = {
             kind: self._counter(
-                f"{names.plural}_created",
-                names.created_help,
-                "pipeline",
-                "step",
-                initial=steps if names.steps_at_zero else (),
+                f"{n.plural}_created", "pipeline", "step", initial=steps if n.steps_at_zero else ()
             )
-            for kind, names in KINDS.items()
+            for kind, n in KINDS.items()
         }
         self._resolved = {
-            kind: self._counter(
-                f"{names.plural}_resolved", names.resolved_help, "outcome", initial=names.outcomes
-            )
-            for kind, names in KINDS.items()
+            kind: self._counter(f"{n.plural}_resolved", "outcome", initial=n.outcomes)
+            for kind, n in KINDS.items()
         }
-        self._accepted = self._counter(
-            "decisions_accepted",
-            "Relay decisions recorded (SPEC §2: 200).",
-            "decision",
-            initial=VERBS,
-        )
-        self._refused = self._counter(
-            "decisions_refused",
-            "Relay decisions refused, by the answer's reason (SPEC §2 checks 1-14).",
-            "reason",
-            bound=256,
-        )
-        self._delegated = self._counter(
-            "delegated_decisions",
-            "Decisions recorded from a delegate on behalf of an operator in scope (delegations).",
-            "pipeline",
-            "step",
-        )
+        self._accepted = self._counter("decisions_accepted", "decision", initial=VERBS)
+        self._refused = self._counter("decisions_refused", "reason", bound=256)
+        self._delegated = self._counter("delegated_decisions", "pipeline", "step")
         self.dispatch_attempts = Counter(
-            "hitl_gate_dispatch_attempts",
-            "Dispatch POSTs sent to the relay.",
-            registry=self.registry,
+            "hitl_gate_dispatch_attempts", HELP["dispatch_attempts"], registry=self.registry
         )
         self._dispatch_failures = self._counter(
-            "dispatch_failures",
-            "Dispatch POSTs not acked: http_status (non-2xx, 3xx included), timeout, "
-            "connection (refused, reset, TLS, DNS).",
-            "reason",
-            initial=DISPATCH_FAILURES,
+            "dispatch_failures", "reason", initial=DISPATCH_FAILURES
         )
-        self._histograms()
-        self._answers = self._counter(
-            "answers",
-            "Answers received: accepted, or refused by reason.",
-            "result",
-            initial=["accepted"],
-        )
-        self.questions_pending = Gauge(
-            "hitl_gate_questions_pending",
-            "Questions pending (read at scrape time).",
-            registry=self.registry,
-        )
-        self._followups()
-        self._state = _StateCollector()
-        self.registry.register(self._state)
-
-    def _counter(
-        self,
-        name: str,
-        doc: str,
-        *labels: str,
-        initial: Iterable[str | tuple[str, ...]] = (),
-        bound: int = 4096,
-    ) -> _Children:
-        """``hitl_gate_<name>_total{labels}`` in this registry, with a series at 0 for each
-        of ``initial`` (label values; a lone string for a one-label counter)."""
-        counter = Counter(f"hitl_gate_{name}", doc, labels, registry=self.registry)
-        return _Children(counter, [v if isinstance(v, tuple) else (v,) for v in initial], bound)
-
-    def _histograms(self) -> None:
-        """The two histograms (seconds) and the build info gauge."""
         self.dispatch_ack_seconds = Histogram(
             "hitl_gate_dispatch_ack_seconds",
-            "Time from sending a dispatch to its 2xx ack.",
+            HELP["dispatch_ack_seconds"],
             buckets=ACK_BUCKETS,
             registry=self.registry,
         )
         self._time_to_decision = _Children(
             Histogram(
                 "hitl_gate_time_to_decision_seconds",
-                "Time from creation to resolution by a human decision (approved, adjusted, "
-                "skipped); timeouts and cancels are not decisions.",
+                HELP["time_to_decision_seconds"],
                 ["pipeline", "step"],
                 buckets=DECISION_BUCKETS,
                 registry=self.registry,
             )
         )
-        Gauge(
-            "hitl_gate_build_info",
-            "The running hitl-gate version (always 1).",
-            ["version"],
-            registry=self.registry,
-        ).labels(__version__).set(1)
+        build_info = Gauge(
+            "hitl_gate_build_info", HELP["build_info"], ["version"], registry=self.registry
+        )
+        build_info.labels(__version__).set(1)
+        self._answers = self._counter("answers", "result", initial=["accepted"])
+        self.questions_pending = Gauge(
+            "hitl_gate_questions_pending", HELP["questions_pending"], registry=self.registry
+        )
+        # the follow-up sends: resolution notices (of both kinds), reminders, escalations
+        self._notices = self._counter("notices", "result", initial=NOTICE_RESULTS)
+        self._reminders = self._counter("reminders_sent", "pipeline", "step")
+        self._escalations = self._counter("escalations", "pipeline", "step", "level")
+        self._followups_failed = self._counter("followups_failed", "kind", initial=FOLLOWUP_KINDS)
+        self._state = _StateCollector()
+        self.registry.register(self._state)
 
-    def _followups(self) -> None:
-        """The follow-up sends: resolution notices (of approvals and of questions), reminders
-        and escalations, each counted when the relay acks (a notice also when it is given
-        up: ``failed``), and the reminders and escalations given up unacked."""
-        self._notices = self._counter(
-            "notices",
-            "Resolution notices: delivered (acked 2xx), failed (given up, unsent or unacked).",
-            "result",
-            initial=NOTICE_RESULTS,
-        )
-        self._reminders = self._counter(
-            "reminders_sent",
-            "Reminders of pending approvals acked by the relay.",
-            "pipeline",
-            "step",
-        )
-        self._escalations = self._counter(
-            "escalations",
-            "Escalation dispatches (the widened scope) acked by the relay, by level.",
-            "pipeline",
-            "step",
-            "level",
-        )
-        self._followups_failed = self._counter(
-            "followups_failed",
-            "Reminders and escalation dispatches given up unacked (at the approval's expiry).",
-            "kind",
-            initial=FOLLOWUP_KINDS,
-        )
+    def _counter(
+        self, name: str, *labels: str, initial: Iterable[Any] = (), bound: int = 4096
+    ) -> _Children:
+        """``hitl_gate_<name>_total{labels}`` (help text ``HELP[name]``) in this registry,
+        with a series at 0 for each of ``initial`` (label values: a tuple, or a lone string
+        for a one-label counter)."""
+        counter = Counter(f"hitl_gate_{name}", HELP[name], labels, registry=self.registry)
+        return _Children(counter, [v if isinstance(v, tuple) else (v,) for v in initial], bound)
 
     # ---- observations ----------------------------------------------------------
 
@@ -399,50 +353,29 @@ class _StateCollector(Collector):
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         yield from _gauges(
-            ("hitl_gate_approvals_pending", "Approvals waiting for a decision.", self.pending),
-            (
-                "hitl_gate_oldest_pending_age_seconds",
-                "Age of the oldest pending approval (0 when none is pending).",
-                self.oldest_age_s,
-            ),
+            ("approvals_pending", self.pending), ("oldest_pending_age_seconds", self.oldest_age_s)
         )
         if self.pending_by_step:
-            family = GaugeMetricFamily(
-                "hitl_gate_step_oldest_pending_age_seconds",
-                "Age of the oldest pending approval of each step (no series for a step with "
-                "none pending).",
-                labels=["pipeline", "step"],
-            )
+            name = "step_oldest_pending_age_seconds"
+            family = GaugeMetricFamily(f"hitl_gate_{name}", HELP[name], labels=["pipeline", "step"])
             for pipeline, step, age_s in self.pending_by_step:
                 family.add_metric([pipeline, step], age_s)
             yield family
         ack_ms = self.last_ack_ms
         yield from _gauges(
+            ("writer_unanswered_seconds", self.writer_unanswered_s),
+            *((names.relay_up, self.relay_up.get(kind)) for kind, names in KINDS.items()),
+            ("relay_last_ack_timestamp_seconds", None if ack_ms is None else ack_ms / 1000),
             (
-                "hitl_gate_writer_unanswered_seconds",
-                "Seconds the oldest write sent to the database writer process has waited for "
-                "its answer (0 when none waits); /healthz answers 503 above 30.",
-                self.writer_unanswered_s,
-            ),
-            *(
-                (names.relay_up, names.relay_up_help, self.relay_up.get(kind))
-                for kind, names in KINDS.items()
-            ),
-            (
-                "hitl_gate_relay_last_ack_timestamp_seconds",
-                "Unix time of the relay's latest ack (absent before the first since start).",
-                None if ack_ms is None else ack_ms / 1000,
-            ),
-            (
-                "hitl_gate_relay_last_ack_age_seconds",
-                "Seconds since the relay's latest ack (absent before the first since start).",
+                "relay_last_ack_age_seconds",
                 None if ack_ms is None else max(0, self.now_ms - ack_ms) / 1000,
             ),
         )
 
 
-def _gauges(*rows: tuple[str, str, float | None]) -> Iterator[GaugeMetricFamily]:
-    """A gauge family of each ``(name, help, value)`` whose value is known (not None)."""
-    for name, doc, value in rows:
+def _gauges(*rows: tuple[str, float | None]) -> Iterator[GaugeMetricFamily]:
+    """A gauge ``hitl_gate_<name>`` (help text ``HELP[name]``) of each ``(name, value)``
+    whose value is known (not None)."""
+    for name, value in rows:
         if value is not None:
-            yield GaugeMetricFamily(name, doc, value=value)
+            yield GaugeMetricFamily(f"hitl_gate_{name}", HELP[name], value=value)

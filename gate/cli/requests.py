@@ -182,7 +182,6 @@ async def _cancel(kind: Kind, api: Any, item_id: str) -> Any:
 def _add_commands(kind: Kind) -> None:
     """Register ``list``, ``show`` and ``cancel`` of ``kind`` on its group."""
     list_help, show_help, cancel_help = kind.helps()
-    item = click.argument("item_id", metavar=f"{kind.noun.upper()}_ID")
 
     @kind.group.command("list", help=list_help)
     @CONFIG_OPTION
@@ -204,21 +203,27 @@ def _add_commands(kind: Kind) -> None:
         else:
             echo_page(page, f"{kind.noun}s", state, pipeline, cursor, kind.line)
 
-    @kind.group.command("show", help=show_help)
-    @CONFIG_OPTION
-    @API_URL_OPTION
-    @item
-    def show(config_path: str, api_url: str | None, item_id: str) -> None:
-        view = _api_call(config_path, api_url, lambda api: _get(kind, api, item_id))
-        click.echo(kind.dump(view))
+    _add_item_command(kind, "show", show_help, _get, kind.dump)
+    cancelled = kind.noun + "_id"
+    _add_item_command(kind, "cancel", cancel_help, _cancel, lambda r: f"{r[cancelled]} cancelled")
 
-    @kind.group.command("cancel", help=cancel_help)
+
+def _add_item_command(
+    kind: Kind,
+    name: str,
+    help_text: str,
+    call: Callable[[Kind, Any, str], Awaitable[Any]],
+    output: Callable[[Any], str],
+) -> None:
+    """Register ``kind``'s command ``name`` on one item (``<NOUN>_ID``): ``call(kind, api,
+    item_id)`` on the API, then ``output`` of its result on stdout."""
+
+    @kind.group.command(name, help=help_text)
     @CONFIG_OPTION
     @API_URL_OPTION
-    @item
-    def cancel(config_path: str, api_url: str | None, item_id: str) -> None:
-        result = _api_call(config_path, api_url, lambda api: _cancel(kind, api, item_id))
-        click.echo(f"{result[kind.noun + '_id']} cancelled")
+    @click.argument("item_id", metavar=f"{kind.noun.upper()}_ID")
+    def command(config_path: str, api_url: str | None, item_id: str) -> None:
+        click.echo(output(_api_call(config_path, api_url, lambda api: call(kind, api, item_id))))
 
 
 for _kind in KINDS:
