@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
+from typing import TypeVar
 
 from aiohttp import web
 from aiohttp.typedefs import Middleware
@@ -23,6 +24,7 @@ from gate.web.keys import CALLBACK_SETTINGS, METRICS, SERVICE, CallbackSettings
 
 log = logging.getLogger(__name__)
 DETAIL_RE = re.compile(r"[a-z_]{1,40}")
+T = TypeVar("T")
 
 
 async def post_decision(request: web.Request) -> web.Response:
@@ -34,27 +36,11 @@ async def post_decision(request: web.Request) -> web.Response:
     decision's own transaction: no second read).
     """
     metrics = request.app[METRICS]
-    service = request.app[SERVICE]
-    decision: Decision | None = None
-    try:
-        parsed = await _checked_decision(request)
-    except GateError as exc:
-        _refused(metrics, exc.status, exc.code, decision)
-        raise
-    except Exception:
-        _refused(metrics, 500, "internal_error", decision)
-        raise
+    parsed = await _counted(metrics, None, _checked_decision(request))
     if isinstance(parsed, Answer):  # counted once, as an answer (Metrics.answer)
         return await _answer(request, parsed)
     decision = parsed
-    try:
-        result = await service.record_decision(decision)
-    except GateError as exc:
-        _refused(metrics, exc.status, exc.code, decision, exc.extra.get("detail"))
-        raise
-    except Exception:
-        _refused(metrics, 500, "internal_error", decision)
-        raise
+    result = await _counted(metrics, decision, request.app[SERVICE].record_decision(decision))
     metrics.accepted(decision.decision)
     if result.delegated is not None:
         metrics.delegated(*result.delegated)
@@ -86,6 +72,20 @@ async def _answer(request: web.Request, answer: Answer) -> web.Response:
     metrics.answer("accepted")
     metrics.resolved("question", "answered")
     return web.json_response(result.answer)
+
+
+async def _counted(metrics: Metrics, decision: Decision | None, step: Awaitable[T]) -> T:
+    """``await step``; a refusal it raises is counted and logged (``_refused``; its
+    ``detail`` only once the decision is known), then raised on."""
+    try:
+        return await step
+    except GateError as exc:
+        detail = None if decision is None else exc.extra.get("detail")
+        _refused(metrics, exc.status, exc.code, decision, detail)
+        raise
+    except Exception:
+        _refused(metrics, 500, "internal_error", decision)
+        raise
 
 
 def _refused(
