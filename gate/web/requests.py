@@ -2,7 +2,7 @@
 ``POST``/``GET /v1/<kind>s``, ``GET /v1/<kind>s/{id}[?wait=]``, ``POST
 /v1/<kind>s/{id}/cancel`` and, for a kind that has it, ``/revise``. Thin handlers: read,
 bound, one service call, ``json_response``. What differs between approvals and questions (their
-words and the service calls) is one row each of ``KINDS``."""
+words, their create and their service calls) is one row each of ``KINDS``."""
 
 from __future__ import annotations
 
@@ -24,32 +24,32 @@ View = dict[str, Any]
 
 
 @dataclass(frozen=True, slots=True)
+class Calls:
+    """One kind's calls on a ``GateService``: get, wait (the long-poll), list, cancel, and
+    revise (None: the kind has no ``/revise``)."""
+
+    get: Callable[[str], Awaitable[View]]
+    wait: Callable[[str, float], Awaitable[View]]
+    list: Callable[[str, str | None, int, str | None], Awaitable[View]]
+    cancel: Callable[[str], Awaitable[View]]
+    revise: Callable[[str, Any], Awaitable[View]] | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class Kind:
-    """One kind of request as the pipeline API serves it. ``name`` is the kind's word
-    (``/v1/<name>s``, ``<name>_id``, the ``kind`` of ``Metrics.created``/``resolved``);
-    ``cursor_names`` what a list cursor is in a message; ``too_large`` the reason code of a
-    body over ``ApiSettings.body_limit``. The rest are its ``GateService`` calls (unbound:
-    the service is the first argument); ``revise`` None: the kind has no ``/revise``."""
+    """One kind of request as the pipeline API serves it: ``name`` its word (``/v1/<name>s``,
+    ``<name>_id``, the ``kind`` of ``Metrics.created``/``resolved``), ``cursor_names`` what a
+    list cursor is in a message, ``too_large`` the reason code of a body over
+    ``ApiSettings.body_limit``, ``create`` its create from the decoded body and the
+    Idempotency-Key header, ``calls`` its other calls on the service, and whether it has
+    ``/revise`` (``revisable``)."""
 
     name: str
     cursor_names: str
     too_large: str
     create: Callable[[GateService, ApiSettings, Any, str | None], Awaitable[tuple[View, bool]]]
-    get: Callable[[GateService, str], Awaitable[View]]
-    wait: Callable[[GateService, str, float], Awaitable[View]]
-    list: Callable[[GateService, str, str | None, int, str | None], Awaitable[View]]
-    cancel: Callable[[GateService, str], Awaitable[View]]
-    revise: Callable[[GateService, str, Any], Awaitable[View]] | None = None
-
-    @property
-    def path(self) -> str:
-        """The collection's path, e.g. ``/v1/approvals``."""
-        return f"/v1/{self.name}s"
-
-    @property
-    def id_name(self) -> str:
-        """The path parameter of one item, e.g. ``approval_id``."""
-        return f"{self.name}_id"
+    calls: Callable[[GateService], Calls]
+    revisable: bool = False
 
 
 async def _create_approval(
@@ -76,27 +76,25 @@ async def _create_question(
     return await service.create_question(body, check_idempotency_key(key))
 
 
+def _approval_calls(s: GateService) -> Calls:
+    return Calls(s.get, s.wait, s.list, s.cancel)
+
+
+def _question_calls(s: GateService) -> Calls:
+    return Calls(
+        s.get_question, s.wait_question, s.list_questions, s.cancel_question, s.revise_question
+    )
+
+
 KINDS = (
-    Kind(
-        "approval",
-        "an approval_id",
-        "draft_too_large",
-        create=_create_approval,
-        get=GateService.get,
-        wait=GateService.wait,
-        list=GateService.list,
-        cancel=GateService.cancel,
-    ),
+    Kind("approval", "an approval_id", "draft_too_large", _create_approval, _approval_calls),
     Kind(
         "question",
         "a question_id",
         "question_too_large",
-        create=_create_question,
-        get=GateService.get_question,
-        wait=GateService.wait_question,
-        list=GateService.list_questions,
-        cancel=GateService.cancel_question,
-        revise=GateService.revise_question,
+        _create_question,
+        _question_calls,
+        revisable=True,
     ),
 )
 
@@ -106,6 +104,7 @@ class RequestRoutes:
 
     def __init__(self, kind: Kind) -> None:
         self.kind = kind
+        self.id_name = f"{kind.name}_id"  # the path parameter of one, e.g. approval_id
 
     async def create(self, request: web.Request) -> web.Response:
         """POST /v1/<kind>s: 201 a new one, 200 the same Idempotency-Key and body (SPEC §3).
@@ -125,43 +124,45 @@ class RequestRoutes:
 
     async def get(self, request: web.Request) -> web.Response:
         """GET /v1/<kind>s/{id}[?wait=SECONDS]: long-polls up to 300 s for the resolution."""
-        service = request.app[SERVICE]
-        item_id = request.match_info[self.kind.id_name]
+        calls = self.kind.calls(request.app[SERVICE])
+        item_id = request.match_info[self.id_name]
         seconds = wait_seconds(request.query)
         if seconds is None:
-            return web.json_response(await self.kind.get(service, item_id))
-        return web.json_response(await self.kind.wait(service, item_id, seconds))
+            return web.json_response(await calls.get(item_id))
+        return web.json_response(await calls.wait(item_id, seconds))
 
     async def list(self, request: web.Request) -> web.Response:
         """GET /v1/<kind>s?state=&pipeline=&limit=&cursor= -> ``{items, next_cursor}``."""
         q = list_query(request.query, self.kind.cursor_names)
-        page = await self.kind.list(request.app[SERVICE], q.state, q.pipeline, q.limit, q.cursor)
-        return web.json_response(page)
+        calls = self.kind.calls(request.app[SERVICE])
+        return web.json_response(await calls.list(q.state, q.pipeline, q.limit, q.cursor))
 
     async def cancel(self, request: web.Request) -> web.Response:
         """POST /v1/<kind>s/{id}/cancel: resolve ``cancelled``; 409 when already resolved."""
-        item_id = request.match_info[self.kind.id_name]
-        view = await self.kind.cancel(request.app[SERVICE], item_id)
+        calls = self.kind.calls(request.app[SERVICE])
+        view = await calls.cancel(request.match_info[self.id_name])
         request.app[METRICS].resolved(self.kind.name, "cancelled")
         return web.json_response(view)
 
     async def revise(self, request: web.Request) -> web.Response:
         """POST /v1/<kind>s/{id}/revise: version n+1 of a pending one, dispatched again."""
-        assert self.kind.revise is not None  # registered only for a kind that has it
         raw = await read_body(request, request.app[SETTINGS].body_limit(), self.kind.too_large)
-        item_id = request.match_info[self.kind.id_name]
-        view = await self.kind.revise(request.app[SERVICE], item_id, decode_text_json(raw))
-        return web.json_response(view)
+        revise = self.kind.calls(request.app[SERVICE]).revise
+        assert revise is not None  # registered only for a kind that has it
+        return web.json_response(
+            await revise(request.match_info[self.id_name], decode_text_json(raw))
+        )
 
 
 def add_request_routes(app: web.Application) -> None:
     """Register each kind's route family on the pipeline API ``app`` (``create_api_app``)."""
     for kind in KINDS:
         routes = RequestRoutes(kind)
-        item = f"{kind.path}/{{{kind.id_name}}}"
-        app.router.add_post(kind.path, routes.create)
-        app.router.add_get(kind.path, routes.list)
+        path = f"/v1/{kind.name}s"
+        item = f"{path}/{{{routes.id_name}}}"
+        app.router.add_post(path, routes.create)
+        app.router.add_get(path, routes.list)
         app.router.add_get(item, routes.get)
         app.router.add_post(f"{item}/cancel", routes.cancel)
-        if kind.revise is not None:
+        if kind.revisable:
             app.router.add_post(f"{item}/revise", routes.revise)
