@@ -315,7 +315,7 @@ class Metrics:
         try:
             count, oldest_ms = await service.pending_summary()
             by_step = await service.oldest_pending_by_step()
-            self.questions_pending.set(await service.pending_questions())
+            self.questions_pending.set(await service.questions.pending())
         except GateError as exc:
             log.warning("event=metrics_read_failed reason=%s", exc.code)
             state.pending, state.oldest_age_s, state.pending_by_step = None, None, []

@@ -28,7 +28,7 @@ T = TypeVar("T")
 
 
 async def post_decision(request: web.Request) -> web.Response:
-    """Run SPEC §2 checks 1-5 here, 6-14 in ``GateService.decide``; answer per the table.
+    """Run SPEC §2 checks 1-5 here, 6-14 in ``Approvals.record_decision``; answer per the table.
 
     Counts every answer: accepted by decision verb, refused by reason (logged at INFO as
     ``event=decision_refused``, with the approval_id once the body parsed; never the body).
@@ -40,7 +40,8 @@ async def post_decision(request: web.Request) -> web.Response:
     if isinstance(parsed, Answer):  # counted once, as an answer (Metrics.answer)
         return await _answer(request, parsed)
     decision = parsed
-    result = await _counted(metrics, decision, request.app[SERVICE].record_decision(decision))
+    record = request.app[SERVICE].approvals.record_decision(decision)
+    result = await _counted(metrics, decision, record)
     metrics.accepted(decision.decision)
     if result.delegated is not None:
         metrics.delegated(*result.delegated)
@@ -50,12 +51,12 @@ async def post_decision(request: web.Request) -> web.Response:
 
 
 async def _answer(request: web.Request, answer: Answer) -> web.Response:
-    """Checks 6-13 of the answer table in ``GateService.record_answer``; counted once,
+    """Checks 6-13 of the answer table in ``Questions.record_answer``; counted once,
     as answers (``Metrics.answer``: not in the decisions' refusals), logged with the
     question_id, never the value."""
     metrics = request.app[METRICS]
     try:
-        result = await request.app[SERVICE].record_answer(answer)
+        result = await request.app[SERVICE].questions.record_answer(answer)
     except GateError as exc:
         metrics.answer(exc.code)
         if ULID_RE.fullmatch(answer.question_id):

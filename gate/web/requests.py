@@ -2,17 +2,18 @@
 ``POST``/``GET /v1/<kind>s``, ``GET /v1/<kind>s/{id}[?wait=]``, ``POST
 /v1/<kind>s/{id}/cancel`` and, for a kind that has it, ``/revise``. Thin handlers: read,
 bound, one service call, ``json_response``. What differs between approvals and questions (their
-words, their create and their service calls) is one row each of ``KINDS``."""
+words, their create, their lifecycle on the service) is one row each of ``KINDS``."""
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from gate.core.requests import check_idempotency_key, parse_create
+from gate.core.approvals.create import parse_create
+from gate.core.requests.fields import check_idempotency_key
 from gate.core.service import GateService
 from gate.errors import GateError
 from gate.protocol.envelope import decode_text_json
@@ -20,19 +21,10 @@ from gate.web.common import read_body
 from gate.web.keys import METRICS, SERVICE, SETTINGS, ApiSettings
 from gate.web.queries import list_query, wait_seconds
 
+if TYPE_CHECKING:
+    from gate.core.requests.service import RequestService
+
 View = dict[str, Any]
-
-
-@dataclass(frozen=True, slots=True)
-class Calls:
-    """One kind's calls on a ``GateService``: get, wait (the long-poll), list, cancel, and
-    revise (None: the kind has no ``/revise``)."""
-
-    get: Callable[[str], Awaitable[View]]
-    wait: Callable[[str, float], Awaitable[View]]
-    list: Callable[[str, str | None, int, str | None], Awaitable[View]]
-    cancel: Callable[[str], Awaitable[View]]
-    revise: Callable[[str, Any], Awaitable[View]] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,22 +33,22 @@ class Kind:
     ``<name>_id``, the ``kind`` of ``Metrics.created``/``resolved``), ``cursor_names`` what a
     list cursor is in a message, ``too_large`` the reason code of a body over
     ``ApiSettings.body_limit``, ``create`` its create from the decoded body and the
-    Idempotency-Key header, ``calls`` its other calls on the service, and whether it has
-    ``/revise`` (``revisable``)."""
+    Idempotency-Key header, ``requests`` its lifecycle on the service (get, wait, list,
+    cancel) and ``revise`` its revise (None: the kind has no ``/revise``)."""
 
     name: str
     cursor_names: str
     too_large: str
     create: Callable[[GateService, ApiSettings, Any, str | None], Awaitable[tuple[View, bool]]]
-    calls: Callable[[GateService], Calls]
-    revisable: bool = False
+    requests: Callable[[GateService], RequestService[Any]]
+    revise: Callable[[GateService, str, Any], Awaitable[View]] | None = None
 
 
 async def _create_approval(
     service: GateService, settings: ApiSettings, body: Any, key: str | None
 ) -> tuple[View, bool]:
     """Parse an approval request, bound its draft (413 ``draft_too_large`` over
-    ``max_draft_bytes``), check the Idempotency-Key, then ``GateService.create``."""
+    ``max_draft_bytes``), check the Idempotency-Key, then ``Approvals.create``."""
     req = parse_create(body)
     if req.draft_bytes() > settings.max_draft_bytes:
         raise GateError(
@@ -65,36 +57,31 @@ async def _create_approval(
             status=413,
             kind="invalid",
         )
-    return await service.create(req, check_idempotency_key(key))
+    return await service.approvals.create(req, check_idempotency_key(key))
 
 
 async def _create_question(
     service: GateService, settings: ApiSettings, body: Any, key: str | None
 ) -> tuple[View, bool]:
-    """Check the Idempotency-Key, then ``GateService.create_question`` (which parses and
-    bounds the question against its step)."""
-    return await service.create_question(body, check_idempotency_key(key))
+    """Check the Idempotency-Key, then ``Questions.create`` (which parses and bounds the
+    question against its step)."""
+    return await service.questions.create(body, check_idempotency_key(key))
 
 
-def _approval_calls(s: GateService) -> Calls:
-    return Calls(s.get, s.wait, s.list, s.cancel)
-
-
-def _question_calls(s: GateService) -> Calls:
-    return Calls(
-        s.get_question, s.wait_question, s.list_questions, s.cancel_question, s.revise_question
-    )
+async def _revise_question(service: GateService, question_id: str, body: Any) -> View:
+    """``Questions.revise``: version n+1 of a pending question from the decoded body."""
+    return await service.questions.revise(question_id, body)
 
 
 KINDS = (
-    Kind("approval", "an approval_id", "draft_too_large", _create_approval, _approval_calls),
+    Kind("approval", "an approval_id", "draft_too_large", _create_approval, lambda s: s.approvals),
     Kind(
         "question",
         "a question_id",
         "question_too_large",
         _create_question,
-        _question_calls,
-        revisable=True,
+        lambda s: s.questions,
+        revise=_revise_question,
     ),
 )
 
@@ -124,34 +111,33 @@ class RequestRoutes:
 
     async def get(self, request: web.Request) -> web.Response:
         """GET /v1/<kind>s/{id}[?wait=SECONDS]: long-polls up to 300 s for the resolution."""
-        calls = self.kind.calls(request.app[SERVICE])
+        requests = self.kind.requests(request.app[SERVICE])
         item_id = request.match_info[self.id_name]
         seconds = wait_seconds(request.query)
         if seconds is None:
-            return web.json_response(await calls.get(item_id))
-        return web.json_response(await calls.wait(item_id, seconds))
+            return web.json_response(await requests.get(item_id))
+        return web.json_response(await requests.wait(item_id, seconds))
 
     async def list(self, request: web.Request) -> web.Response:
         """GET /v1/<kind>s?state=&pipeline=&limit=&cursor= -> ``{items, next_cursor}``."""
         q = list_query(request.query, self.kind.cursor_names)
-        calls = self.kind.calls(request.app[SERVICE])
-        return web.json_response(await calls.list(q.state, q.pipeline, q.limit, q.cursor))
+        requests = self.kind.requests(request.app[SERVICE])
+        return web.json_response(await requests.list(q.state, q.pipeline, q.limit, q.cursor))
 
     async def cancel(self, request: web.Request) -> web.Response:
         """POST /v1/<kind>s/{id}/cancel: resolve ``cancelled``; 409 when already resolved."""
-        calls = self.kind.calls(request.app[SERVICE])
-        view = await calls.cancel(request.match_info[self.id_name])
+        requests = self.kind.requests(request.app[SERVICE])
+        view = await requests.cancel(request.match_info[self.id_name])
         request.app[METRICS].resolved(self.kind.name, "cancelled")
         return web.json_response(view)
 
     async def revise(self, request: web.Request) -> web.Response:
         """POST /v1/<kind>s/{id}/revise: version n+1 of a pending one, dispatched again."""
+        assert self.kind.revise is not None  # registered only for a kind that has it
         raw = await read_body(request, request.app[SETTINGS].body_limit(), self.kind.too_large)
-        revise = self.kind.calls(request.app[SERVICE]).revise
-        assert revise is not None  # registered only for a kind that has it
-        return web.json_response(
-            await revise(request.match_info[self.id_name], decode_text_json(raw))
-        )
+        item_id = request.match_info[self.id_name]
+        view = await self.kind.revise(request.app[SERVICE], item_id, decode_text_json(raw))
+        return web.json_response(view)
 
 
 def add_request_routes(app: web.Application) -> None:
@@ -164,5 +150,5 @@ def add_request_routes(app: web.Application) -> None:
         app.router.add_get(path, routes.list)
         app.router.add_get(item, routes.get)
         app.router.add_post(f"{item}/cancel", routes.cancel)
-        if kind.revisable:
+        if kind.revise is not None:
             app.router.add_post(f"{item}/revise", routes.revise)
