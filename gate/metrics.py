@@ -178,13 +178,13 @@ class Metrics:
         self._accepted = self._counter("decisions_accepted", "decision", initial=VERBS)
         self._refused = self._counter("decisions_refused", "reason", bound=256)
         self._delegated = self._counter("delegated_decisions", "pipeline", "step")
-        self.dispatch_attempts = Counter(
+        self._dispatch_attempts = Counter(
             "hitl_gate_dispatch_attempts", HELP["dispatch_attempts"], registry=self.registry
         )
         self._dispatch_failures = self._counter(
             "dispatch_failures", "reason", initial=DISPATCH_FAILURES
         )
-        self.dispatch_ack_seconds = Histogram(
+        self._dispatch_ack_seconds = Histogram(
             "hitl_gate_dispatch_ack_seconds",
             HELP["dispatch_ack_seconds"],
             buckets=ACK_BUCKETS,
@@ -204,7 +204,7 @@ class Metrics:
         )
         build_info.labels(__version__).set(1)
         self._answers = self._counter("answers", "result", initial=["accepted"])
-        self.questions_pending = Gauge(
+        self._questions_pending = Gauge(
             "hitl_gate_questions_pending", HELP["questions_pending"], registry=self.registry
         )
         # the follow-up sends: resolution notices (of both kinds), reminders, escalations
@@ -265,10 +265,10 @@ class Metrics:
         """Count one dispatch POST of ``kind`` (a key of ``KINDS``): its ack latency, or its
         failure reason, in the counters and histogram every kind shares; it sets that kind's
         ``relay_up`` gauge. Only an approval's ack is the relay's last ack."""
-        self.dispatch_attempts.inc()
+        self._dispatch_attempts.inc()
         self._state.relay_up[kind] = int(acked)
         if acked:
-            self.dispatch_ack_seconds.observe(max(0.0, elapsed_s))
+            self._dispatch_ack_seconds.observe(max(0.0, elapsed_s))
             if kind == "approval":
                 self._state.last_ack_ms = now_ms
         else:
@@ -315,7 +315,7 @@ class Metrics:
         try:
             count, oldest_ms = await service.pending_summary()
             by_step = await service.oldest_pending_by_step()
-            self.questions_pending.set(await service.questions.pending())
+            self._questions_pending.set(await service.questions.pending())
         except GateError as exc:
             log.warning("event=metrics_read_failed reason=%s", exc.code)
             state.pending, state.oldest_age_s, state.pending_by_step = None, None, []
