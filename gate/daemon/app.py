@@ -26,9 +26,10 @@ from gate.daemon.timers import Timers
 from gate.metrics import Metrics
 from gate.protocol import DECISIONS_PATH
 from gate.store import Store
-from gate.web.api import ApiSettings, create_api_app
-from gate.web.callback import CallbackSettings, create_callback_app
+from gate.web.api import create_api_app
+from gate.web.callback import create_callback_app
 from gate.web.common import BODY_TIMEOUT, Handler
+from gate.web.keys import ApiSettings, CallbackSettings
 
 log = logging.getLogger(__name__)
 

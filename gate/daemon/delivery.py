@@ -186,12 +186,12 @@ class RequestDispatch(Channel[DueDispatch]):
     """The dispatches of one kind of request (its outbox ``table``, whose ``request`` is the
     kind): the current version of each pending request POSTed to ``url()`` as
     ``envelope(full, version)``, retried until the request resolves (``Outcome.retry_at``),
-    counted when sent (``question_metrics``: in the questions' relay gauge), recorded by the
+    counted when sent as ``metrics_kind`` (a kind of ``gate.metrics.KINDS``), recorded by the
     kind's service (``requests().dispatch_result``). Nothing is sent for a request resolved,
     revised, acked or expired since the plan was read (``still_due``), nor while ``url()``
     is None."""
 
-    question_metrics = False
+    metrics_kind = "approval"
 
     @property
     def sent_event(self) -> str:
@@ -230,7 +230,7 @@ class RequestDispatch(Channel[DueDispatch]):
         now = d.service.clock.now_ms()
         acked = result.error is None
         d.metrics.dispatch_result(
-            acked, result.elapsed_s, result.failure, now, question=self.question_metrics
+            acked, result.elapsed_s, result.failure, now, kind=self.metrics_kind
         )
         super().sent(row, send, result, attempt, retry_at_ms)
 

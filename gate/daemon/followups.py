@@ -64,12 +64,12 @@ class FollowUps(Channel[DueFollowUp]):
 
     def ended(self, row: DueFollowUp, state: str | None, outcome: Outcome) -> None:
         """Log and count a row that ended (delivered or failed)."""
-        metrics = self.dispatcher.metrics.followups
+        metrics = self.dispatcher.metrics
         if state == "delivered":
             if row.kind == "notice":
                 metrics.notice("delivered")
             else:
-                metrics.delivered(row.kind, outcome.pipeline, outcome.step, row.n)
+                metrics.followup_delivered(row.kind, outcome.pipeline, outcome.step, row.n)
         elif state == "failed":
             if outcome.error == "resolved":
                 log.info("event=followup_dropped %s reason=resolved", self.log_id(row))
@@ -78,7 +78,7 @@ class FollowUps(Channel[DueFollowUp]):
             if row.kind == "notice":
                 metrics.notice("failed")
             else:
-                metrics.failed(row.kind)
+                metrics.followup_failed(row.kind)
 
     def what(self, row: DueFollowUp) -> str:
         return row.kind

@@ -62,7 +62,7 @@ class QuestionNotices(Channel[DueNotice]):
         )
 
     def ended(self, row: DueNotice, state: str | None, outcome: Outcome) -> None:
-        metrics = self.dispatcher.metrics.followups
+        metrics = self.dispatcher.metrics
         if state == "delivered":
             metrics.notice("delivered")
         elif state == "failed":

@@ -25,7 +25,7 @@ class QuestionDispatch(RequestDispatch):
 
     table = QUESTION_DISPATCHES
     event = "question_dispatch"
-    question_metrics = True
+    metrics_kind = "question"
     log = log
 
     def url(self) -> str | None:

@@ -71,13 +71,13 @@ class Timers:
     async def _expire_approvals(self) -> None:
         expired = await self.service.approvals.expire_due()
         if expired:
-            self.metrics.approvals_resolved.labels("timeout").inc(expired)
+            self.metrics.resolved("approval", "timeout", expired)
             log.info("event=expired count=%d", expired)
 
     async def _expire_questions(self) -> None:
         timed_out = await self.service.questions.expire_due()
         if timed_out:
-            self.metrics.question_resolved_many("timeout", timed_out)
+            self.metrics.resolved("question", "timeout", timed_out)
 
 
 async def _when_due(
