@@ -23,7 +23,7 @@ class Gate:
     async def fetch(self) -> CredentialsAnswer:
         self.asked += 1
         if self.down:
-            raise GateUnreachable("gate down")
+            raise GateUnreachable(ConnectionRefusedError("gate down"), None)
         return CredentialsAnswer("2026-12-01T00:00:00Z", None, ())
 
 
