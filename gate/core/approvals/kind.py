@@ -127,20 +127,14 @@ APPROVALS: Kind[Approval, Resolvable] = Kind(
     event="",
     already_resolved="the approval is already resolved",
     logger="gate.core.service",
-    load=lambda tx, approval_id: tx.approvals.load(approval_id),
-    seen=lambda tx, key: tx.approvals.by_idempotency_key(key),
+    tables=TABLES,
     insert=insert_approval,
     target=_target,
-    due=lambda tx, now, limit: tx.approvals.due(now, limit),
     target_id=lambda target: target.approval_id,
     resolve=resolve,
     dispatches=DISPATCHES,
     dispatch_ack=DispatchAckData,
     notices_on=lambda config: config.relay.notice_target is not None,
-    fetch=lambda reads, approval_id: reads.fetch(TABLES, approval_id),
-    page=lambda reads, state, pipeline, limit, after: reads.page(
-        TABLES, state, pipeline, limit, after
-    ),
     view=approval_view,
 )
 """Approvals: a draft decided by a quorum of people (or a policy) with skip veto and adjust
