@@ -123,14 +123,12 @@ def _target(full: Approval) -> Resolvable:
 
 APPROVALS: Kind[Approval, Resolvable] = Kind(
     name="approval",
-    id_field="approval_id",
+    tables=TABLES,
     event="",
     already_resolved="the approval is already resolved",
     logger="gate.core.service",
-    tables=TABLES,
     insert=insert_approval,
     target=_target,
-    target_id=lambda target: target.approval_id,
     resolve=resolve,
     dispatches=DISPATCHES,
     dispatch_ack=DispatchAckData,

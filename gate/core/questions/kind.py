@@ -164,14 +164,12 @@ def question_view(full: Question) -> dict[str, Any]:
 
 QUESTIONS: Kind[Question, DueQuestion] = Kind(
     name="question",
-    id_field="question_id",
+    tables=TABLES,
     event="question_",
     already_resolved="the question is already resolved (it cannot be cancelled)",
     logger="gate.core.question_service",
-    tables=TABLES,
     insert=insert_question,
     target=lambda full: DueQuestion(full.question_id, full.version, full.current.request_hash),
-    target_id=lambda target: target.question_id,
     resolve=resolve_question,
     dispatches=QUESTION_DISPATCHES,
     dispatch_ack=lambda version, attempts: QuestionDispatchAckData(version),

@@ -47,36 +47,35 @@ class Kind(Generic[Full, Target]):
     """A kind of request as the shared lifecycle sees it.
 
     Names: ``name`` in messages and reason codes (``unknown_<name>``, 404), ``id_field`` of
-    its id in views and log lines, ``event`` before its log events (``""`` for approvals:
-    ``event=resolved``; ``"question_"``: ``event=question_resolved``), ``already_resolved``
-    the message of a cancel's 409, ``logger`` of its service's lines (``gate.core.service``
-    for approvals, as before the kinds shared a lifecycle: filters on it keep working).
+    its id in views, log lines and its targets (its tables' ``id``), ``event`` before its
+    log events (``""`` for approvals: ``event=resolved``; ``"question_"``:
+    ``event=question_resolved``), ``already_resolved`` the message of a cancel's 409,
+    ``logger`` of its service's lines (``gate.core.service`` for approvals, as before the
+    kinds shared a lifecycle: filters on it keep working).
 
     ``tables`` are its tables in the store (``gate.store.requests.RequestTables``): the
     reads and statements every kind shares serve it through them (``load``, ``seen``,
     ``due``, ``fetch``, ``page`` below).
 
     In the writer's transaction (``tx``, whose statements are called on it, so any storage
-    backend's serves): ``insert`` a new one (``t``, ``tx``,
-    the columns every kind has, the parsed request, the step's policy, now, the body hash,
-    the payload hash when computed before the transaction: its own columns, first version,
-    dispatch and created entry); ``target`` what resolving a loaded one needs, ``target_id`` a
-    target's id; ``resolve`` a target as an outcome at now (no permit: timeout, cancelled);
-    ``dispatches`` is its outbox table in the store's one outbox contract
-    (``gate.store.outbox``: one attempt of a version is recorded there) and ``dispatch_ack``
-    is the audit entry of its first ack. Outside it: ``notices_on`` whether a resolution
-    notice is queued (its relay target set), ``view`` is the pipeline API's object (JSON-ready).
+    backend's serves): ``insert`` a new one (``t``, ``tx``, the columns every kind has, the
+    parsed request, the step's policy, now, the body hash, the payload hash when computed
+    before the transaction: its own columns, first version, dispatch and created entry);
+    ``target`` what resolving a loaded one needs; ``resolve`` a target as an outcome at now
+    (no permit: timeout, cancelled); ``dispatches`` is its outbox table in the store's one
+    outbox contract (``gate.store.outbox``: one attempt of a version is recorded there) and
+    ``dispatch_ack`` is the audit entry of its first ack. Outside it: ``notices_on`` whether
+    a resolution notice is queued (its relay target set), ``view`` is the pipeline API's
+    object (JSON-ready).
     """
 
     name: str
-    id_field: str
+    tables: RequestTables[Full, Target]
     event: str
     already_resolved: str
     logger: str
-    tables: RequestTables[Full, Target]
     insert: Callable[[Transactions, WriteTx, dict[str, Any], Any, Any, int, str, str | None], None]
     target: Callable[[Full], Target]
-    target_id: Callable[[Target], str]
     resolve: Callable[[Transactions, WriteTx, Target, str, int], None]
     dispatches: OutboxTable[Any]
     dispatch_ack: Callable[[int, int], Entry]
@@ -85,6 +84,11 @@ class Kind(Generic[Full, Target]):
 
     def __post_init__(self) -> None:
         _KINDS[self.name] = self
+
+    @property
+    def id_field(self) -> str:
+        """The column, view field and target attribute of its id."""
+        return self.tables.id
 
     def load(self, tx: WriteTx, request_id: str) -> Full | None:
         """The request as seen inside ``tx``, or None."""

@@ -169,7 +169,7 @@ def expire(kind: Kind[Any, Target], t: Transactions, tx: WriteTx) -> list[str]:
     due = kind.due(tx, now, EXPIRE_BATCH)
     for target in due:  # a timeout fires nothing: no permit, so no full load
         kind.resolve(t, tx, target, "timeout", now)
-    return [kind.target_id(target) for target in due]
+    return [str(getattr(target, kind.id_field)) for target in due]
 
 
 def dispatch_result(
