@@ -18,9 +18,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import MISSING, dataclass, fields
-from typing import Any, ClassVar, Self
+from typing import TYPE_CHECKING, Any, ClassVar, Self
 
 from gate.audit.spans import ROTATED
+
+if TYPE_CHECKING:
+    from gate.model import DecisionRow
 
 CREATED = "created"
 DECISION = "decision"
@@ -129,6 +132,24 @@ class DecisionData(Payload):
     by: str | None = None
     rule: str | None = None
     remembered_from: str | None = None
+
+    @classmethod
+    def of(cls, row: DecisionRow, nonce: str, effect: str, **more: Any) -> Self:
+        """The entry of the decision ``row`` as stored (its operator, decision, revision,
+        payload hash, reason, principal and credential) with ``nonce``, ``effect`` and the
+        ``more`` fields only the entry holds."""
+        return cls(
+            operator_id=row.operator_id,
+            decision=row.decision,
+            revision=row.revision,
+            payload_hash=row.payload_hash,
+            nonce=nonce,
+            effect=effect,
+            reason=row.reason,
+            on_behalf_of=row.on_behalf_of,
+            credential_id=row.credential_id,
+            **more,
+        )
 
     def to_data(self) -> dict[str, Any]:
         """The entry's ``data`` object (keys as the gate writes them): as every payload's,

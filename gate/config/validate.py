@@ -10,7 +10,7 @@ from gate.config.model import Config, RelayConfig, StepConfig
 from gate.config.policy import check_step_policy
 from gate.config.questions import check_question_step
 from gate.config.secrets import _secret_vars
-from gate.config.values import TcpListen, check_ids, first_seen, identity_problem, parse_listen
+from gate.config.values import TcpListen, check_ids, duplicate, identity_problem, parse_listen
 from gate.config.webauthn import check_webauthn
 from gate.protocol import DECISIONS_PATH
 from gate.protocol.whitespace import is_blank
@@ -81,11 +81,9 @@ def _check_operators(relay: RelayConfig) -> tuple[list[str], set[int]]:
     first_key: dict[str, int] = {}
     for i, op in enumerate(relay.operators):
         where = f"relay.operators[{i}]"
-        first = first_seen(first_id, op.id, i)
-        if first is not None:
-            errors.append(
-                f"{where}.id: duplicate operator id {op.id} (also relay.operators[{first}])"
-            )
+        errors += duplicate(
+            first_id, op.id, i, f"{where}.id", f"operator id {op.id}", "relay.operators"
+        )
         problem = identity_problem(op.identity)
         if problem is not None:
             errors.append(f"{where}.identity: {problem}")
@@ -107,21 +105,15 @@ def _check_pipelines(config: Config, defined: set[int]) -> list[str]:
     allowed_set = set(allowed)
     first_pipe: dict[str, int] = {}
     for p, pipe in enumerate(config.pipelines):
-        first = first_seen(first_pipe, pipe.name, p)
-        if first is not None:
-            errors.append(
-                f"pipelines[{p}].name: duplicate pipeline name {pipe.name!r}"
-                f" (also pipelines[{first}])"
-            )
+        name = f"pipeline name {pipe.name!r}"
+        errors += duplicate(first_pipe, pipe.name, p, f"pipelines[{p}].name", name, "pipelines")
         first_step: dict[str, int] = {}
         for s, step in enumerate(pipe.steps):
             where = f"pipelines[{p}].steps[{s}]"
-            first = first_seen(first_step, step.name, s)
-            if first is not None:
-                errors.append(
-                    f"{where}.name: duplicate step name {step.name!r}"
-                    f" (also pipelines[{p}].steps[{first}])"
-                )
+            name = f"step name {step.name!r}"
+            errors += duplicate(
+                first_step, step.name, s, f"{where}.name", name, f"pipelines[{p}].steps"
+            )
             if "approvers" in step.model_fields_set:
                 errors += check_ids(f"{where}.approvers", step.approvers, defined, allowed_set)
                 candidates: Sequence[int] = step.approvers

@@ -128,11 +128,14 @@ def check_bounded_number(value: Any) -> Any:
     return value
 
 
-def first_seen(seen: dict[Any, int], key: Any, index: int) -> int | None:
-    """Where ``key`` (a name or an id in a YAML list) was first seen, when before ``index``;
-    else None, and ``index`` is recorded as its first place in ``seen``."""
+def duplicate(
+    seen: dict[Any, int], key: Any, index: int, field: str, what: str, listed: str
+) -> list[str]:
+    """The error of ``key`` (a name or an id at ``index`` of the YAML list ``listed``) when
+    it was first seen before ``index``: ``<field>: duplicate <what> (also <listed>[first])``;
+    else [], and ``index`` is recorded as its first place in ``seen``."""
     first = seen.setdefault(key, index)
-    return None if first == index else first
+    return [] if first == index else [f"{field}: duplicate {what} (also {listed}[{first}])"]
 
 
 def check_ids(

@@ -37,27 +37,32 @@ class QuestionDispatch(RequestDispatch):
         return await super().due(now_ms, limit)
 
     def envelope(self, full: Question, version: int) -> bytes:
-        """The body of the dispatch of ``full``'s current version (``build_question_dispatch``;
-        the caller signs it)."""
-        current = full.current
-        return wire_json(
-            build_question_dispatch(
-                question_id=full.question_id,
-                run_id=full.run_id,
-                pipeline=full.pipeline,
-                step=full.step,
-                issued_at_ms=self.dispatcher.service.clock.now_ms(),
-                expires_at_ms=full.expires_at,
-                risk=full.risk,
-                version=current.version,
-                spec=QuestionSpec.from_json(current.question),
-                request_hash=current.request_hash,
-                approvers=[identity for _, identity in full.scope],
-                callback_url=self.dispatcher.callback_url,
-                nonce=current.nonce,
-                requested_by=full.requested_by,
-            )
-        )
+        """The body of the dispatch of ``full``'s current version (``question_envelope``,
+        issued now; the caller signs it)."""
+        now = self.dispatcher.service.clock.now_ms()
+        return wire_json(question_envelope(full, now, self.dispatcher.callback_url))
 
     def requests(self) -> RequestService[Any]:
         return self.dispatcher.service.questions
+
+
+def question_envelope(full: Question, issued_at_ms: int, callback_url: str) -> dict[str, Any]:
+    """The dispatch envelope of a loaded question's current version
+    (``gate.protocol.question.build_question_dispatch``), issued at ``issued_at_ms``."""
+    current = full.current
+    return build_question_dispatch(
+        question_id=full.question_id,
+        run_id=full.run_id,
+        pipeline=full.pipeline,
+        step=full.step,
+        issued_at_ms=issued_at_ms,
+        expires_at_ms=full.expires_at,
+        risk=full.risk,
+        version=current.version,
+        spec=QuestionSpec.from_json(current.question),
+        request_hash=current.request_hash,
+        approvers=[identity for _, identity in full.scope],
+        callback_url=callback_url,
+        nonce=current.nonce,
+        requested_by=full.requested_by,
+    )

@@ -5,7 +5,7 @@ audit log's tail."""
 from __future__ import annotations
 
 import sqlite3
-from typing import Any
+from typing import Any, TypeVar
 
 from gate.audit import chain as audit
 from gate.store.approvals import ApprovalStatements
@@ -13,6 +13,10 @@ from gate.store.credentials import CredentialStatements
 from gate.store.invites import InviteStatements
 from gate.store.outbox import OutboxStatements
 from gate.store.questions import QuestionStatements
+from gate.store.requests import RequestStatements, RequestTables
+
+F = TypeVar("F")
+D = TypeVar("D")
 
 
 class WriteTx:
@@ -40,6 +44,10 @@ class WriteTx:
         # (None: none); what it was when the current job began, to go back to on its rollback
         self.appended_head: tuple[int, str] | None = None
         self._head_at_job: tuple[int, str] | None = None
+
+    def requests(self, tables: RequestTables[F, D]) -> RequestStatements[F, D]:
+        """The statements every kind shares, on the kind whose tables are ``tables``."""
+        return RequestStatements(self._conn, tables)
 
     def job_started(self) -> None:
         """A job begins (its SAVEPOINT): ``forget_tail`` goes back to the head as it is now."""

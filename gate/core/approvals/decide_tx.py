@@ -121,16 +121,10 @@ def _record(
     )
     tx.approvals.insert_decision(approval.approval_id, row)
     approval = dataclasses.replace(approval, decisions=approval.decisions + (row,))
-    audit_data = DecisionData(
-        operator_id=verdict.operator_id,
-        decision=decision.decision,
-        revision=revision,
-        payload_hash=decision.payload_hash,
-        nonce=decision.nonce,
-        effect=verdict.effect,
-        reason=decision.reason,
-        on_behalf_of=on_behalf_of,
-        credential_id=None if signed is None else signed.credential_id,
+    audit_data = DecisionData.of(
+        row,
+        decision.nonce,
+        verdict.effect,
         assertion=None if signed is None else signed.assertion,
         adjust_text_sha256=None if signed is None else signed.adjust_text_sha256,
         reason_sha256=None if signed is None else signed.reason_sha256,

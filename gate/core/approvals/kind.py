@@ -123,24 +123,16 @@ def _target(full: Approval) -> Resolvable:
 
 APPROVALS: Kind[Approval, Resolvable] = Kind(
     name="approval",
-    id_field="approval_id",
+    tables=TABLES,
     event="",
     already_resolved="the approval is already resolved",
     logger="gate.core.service",
-    load=lambda tx, approval_id: tx.approvals.load(approval_id),
-    seen=lambda tx, key: tx.approvals.by_idempotency_key(key),
     insert=insert_approval,
     target=_target,
-    due=lambda tx, now, limit: tx.approvals.due(now, limit),
-    target_id=lambda target: target.approval_id,
     resolve=resolve,
     dispatches=DISPATCHES,
     dispatch_ack=DispatchAckData,
     notices_on=lambda config: config.relay.notice_target is not None,
-    fetch=lambda reads, approval_id: reads.fetch(TABLES, approval_id),
-    page=lambda reads, state, pipeline, limit, after: reads.page(
-        TABLES, state, pipeline, limit, after
-    ),
     view=approval_view,
 )
 """Approvals: a draft decided by a quorum of people (or a policy) with skip veto and adjust

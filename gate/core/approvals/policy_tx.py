@@ -126,14 +126,10 @@ def apply(
         reason=found.reason,
     )
     tx.approvals.insert_decision(approval_id, row)
-    entry = DecisionData(
-        operator_id=POLICY_OPERATOR,
-        decision=found.decision,
-        revision=1,
-        payload_hash=digest,
-        nonce=nonce,
-        effect=found.decision,
-        reason=found.reason,
+    entry = DecisionData.of(
+        row,
+        nonce,
+        found.decision,
         by=found.by,
         rule=found.rule_id,
         remembered_from=found.remembered_from,

@@ -164,24 +164,16 @@ def question_view(full: Question) -> dict[str, Any]:
 
 QUESTIONS: Kind[Question, DueQuestion] = Kind(
     name="question",
-    id_field="question_id",
+    tables=TABLES,
     event="question_",
     already_resolved="the question is already resolved (it cannot be cancelled)",
     logger="gate.core.question_service",
-    load=lambda tx, question_id: tx.questions.load(question_id),
-    seen=lambda tx, key: tx.questions.by_idempotency_key(key),
     insert=insert_question,
     target=lambda full: DueQuestion(full.question_id, full.version, full.current.request_hash),
-    due=lambda tx, now, limit: tx.questions.due(now, limit),
-    target_id=lambda target: target.question_id,
     resolve=resolve_question,
     dispatches=QUESTION_DISPATCHES,
     dispatch_ack=lambda version, attempts: QuestionDispatchAckData(version),
     notices_on=lambda config: config.relay.question_notice_target is not None,
-    fetch=lambda reads, question_id: reads.fetch(TABLES, question_id),
-    page=lambda reads, state, pipeline, limit, after: reads.page(
-        TABLES, state, pipeline, limit, after
-    ),
     view=question_view,
 )
 """Questions: a typed answer, first valid answer wins (``gate.core.questions.answer_tx``)."""

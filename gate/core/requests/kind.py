@@ -5,13 +5,14 @@ two; the lifecycle (``lifecycle_tx``, ``service``) knows a kind only through ``K
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 from gate.store import WriteTx
 from gate.store.outbox import OutboxTable
 from gate.store.reads import Reads
+from gate.store.requests import RequestTables
 
 if TYPE_CHECKING:
     from gate.config import Config
@@ -46,47 +47,71 @@ class Kind(Generic[Full, Target]):
     """A kind of request as the shared lifecycle sees it.
 
     Names: ``name`` in messages and reason codes (``unknown_<name>``, 404), ``id_field`` of
-    its id in views and log lines, ``event`` before its log events (``""`` for approvals:
-    ``event=resolved``; ``"question_"``: ``event=question_resolved``), ``already_resolved``
-    the message of a cancel's 409, ``logger`` of its service's lines (``gate.core.service``
-    for approvals, as before the kinds shared a lifecycle: filters on it keep working).
+    its id in views, log lines and its targets (its tables' ``id``), ``event`` before its
+    log events (``""`` for approvals: ``event=resolved``; ``"question_"``:
+    ``event=question_resolved``), ``already_resolved`` the message of a cancel's 409,
+    ``logger`` of its service's lines (``gate.core.service`` for approvals, as before the
+    kinds shared a lifecycle: filters on it keep working).
+
+    ``tables`` are its tables in the store (``gate.store.requests.RequestTables``): the
+    reads and statements every kind shares serve it through them (``load``, ``seen``,
+    ``due``, ``fetch``, ``page`` below).
 
     In the writer's transaction (``tx``, whose statements are called on it, so any storage
-    backend's serves): ``load`` the request or None; ``seen`` the ``(id,
-    body hash)`` created with an Idempotency-Key, or None; ``insert`` a new one (``t``, ``tx``,
-    the columns every kind has, the parsed request, the step's policy, now, the body hash,
-    the payload hash when computed before the transaction: its own columns, first version,
-    dispatch and created entry); ``target`` what resolving a loaded one needs, ``due`` those
-    of up to ``limit`` pending ones past ``expires_at`` at ``now``, ``target_id`` a target's
-    id; ``resolve`` a target as an outcome at now (no permit: timeout, cancelled);
-    ``dispatches`` is its outbox table in the store's one outbox contract
-    (``gate.store.outbox``: one attempt of a version is recorded there) and ``dispatch_ack``
-    is the audit entry of its first ack. Outside it: ``notices_on`` whether a resolution
-    notice is queued (its relay target set), ``fetch`` and ``page``
-    read (on the store's ``Reads``), ``view`` is the pipeline API's object (JSON-ready).
+    backend's serves): ``insert`` a new one (``t``, ``tx``, the columns every kind has, the
+    parsed request, the step's policy, now, the body hash, the payload hash when computed
+    before the transaction: its own columns, first version, dispatch and created entry);
+    ``target`` what resolving a loaded one needs; ``resolve`` a target as an outcome at now
+    (no permit: timeout, cancelled); ``dispatches`` is its outbox table in the store's one
+    outbox contract (``gate.store.outbox``: one attempt of a version is recorded there) and
+    ``dispatch_ack`` is the audit entry of its first ack. Outside it: ``notices_on`` whether
+    a resolution notice is queued (its relay target set), ``view`` is the pipeline API's
+    object (JSON-ready).
     """
 
     name: str
-    id_field: str
+    tables: RequestTables[Full, Target]
     event: str
     already_resolved: str
     logger: str
-    load: Callable[[WriteTx, str], Full | None]
-    seen: Callable[[WriteTx, str], tuple[str, str] | None]
     insert: Callable[[Transactions, WriteTx, dict[str, Any], Any, Any, int, str, str | None], None]
     target: Callable[[Full], Target]
-    due: Callable[[WriteTx, int, int], list[Target]]
-    target_id: Callable[[Target], str]
     resolve: Callable[[Transactions, WriteTx, Target, str, int], None]
     dispatches: OutboxTable[Any]
     dispatch_ack: Callable[[int, int], Entry]
     notices_on: Callable[[Config], bool]
-    fetch: Callable[[Reads, str], Awaitable[Full | None]]
-    page: Callable[[Reads, str, str | None, int, str | None], Awaitable[list[Full]]]
     view: Callable[[Full], dict[str, Any]]
 
     def __post_init__(self) -> None:
         _KINDS[self.name] = self
+
+    @property
+    def id_field(self) -> str:
+        """The column, view field and target attribute of its id."""
+        return self.tables.id
+
+    def load(self, tx: WriteTx, request_id: str) -> Full | None:
+        """The request as seen inside ``tx``, or None."""
+        return tx.requests(self.tables).load(request_id)
+
+    def seen(self, tx: WriteTx, key: str) -> tuple[str, str] | None:
+        """``(id, body hash)`` of the request created with Idempotency-Key ``key``, or None."""
+        return tx.requests(self.tables).by_idempotency_key(key)
+
+    def due(self, tx: WriteTx, now: int, limit: int) -> list[Target]:
+        """What resolving each of up to ``limit`` pending requests past ``expires_at`` at
+        ``now`` needs, oldest deadline first."""
+        return tx.requests(self.tables).due(now, limit)
+
+    async def fetch(self, reads: Reads, request_id: str) -> Full | None:
+        """The request whole from the store's ``Reads``, or None."""
+        return await reads.fetch(self.tables, request_id)
+
+    async def page(
+        self, reads: Reads, state: str, pipeline: str | None, limit: int, after: str | None
+    ) -> list[Full]:
+        """Up to ``limit`` requests by id after ``after`` (``Reads.page``)."""
+        return await reads.page(self.tables, state, pipeline, limit, after)
 
     def __reduce__(self) -> tuple[Callable[[str], Kind[Any, Any]], tuple[str]]:
         # a command names its kind (``lifecycle_tx.Cancel``): it crosses to the writer

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypedDict
 from ulid import ULID
 
 from gate.core.commands import Transaction
-from gate.core.requests.kind import Full, Kind, Stored, Target
+from gate.core.requests.kind import Full, Kind, Stored
 from gate.errors import Conflict, NotFound
 from gate.store import WriteTx
 
@@ -98,105 +98,19 @@ def load(kind: Kind[Full, Any], tx: WriteTx, request_id: str) -> Full:
     return found
 
 
-def create(
-    kind: Kind[Full, Any],
-    t: Transactions,
-    tx: WriteTx,
-    req: Opened,
-    idempotency_key: str | None,
-    requester: tuple[int, str] | None,
-    policy: Scoped,
-    body_hash: str,
-    digest: str | None = None,
-) -> tuple[Full, bool]:
-    """Insert a new request (``Kind.insert``: its row, first version, dispatch and created
-    entry; nothing waits on the relay). Returns ``(loaded request, created)``; ``created``
-    is False for an Idempotency-Key seen before with the same ``body_hash`` (SHA-256 hex of
-    the body's canonical JSON). Raises Conflict 409 ``idempotency_key_reused`` for the key
-    with another body (SPEC §3)."""
-    if idempotency_key is not None:
-        seen = kind.seen(tx, idempotency_key)
-        if seen is not None:
-            if seen[1] != body_hash:
-                raise Conflict(
-                    "idempotency_key_reused",
-                    "Idempotency-Key was used before with a different body",
-                )
-            return load(kind, tx, seen[0]), False
-    now = t.clock.now_ms()
-    row: dict[str, Any] = {
-        kind.id_field: str(ULID()),
-        "run_id": req.run_id or str(ULID()),
-        "pipeline": req.pipeline,
-        "step": req.step,
-        "risk": policy.risk,
-        "scope": [list(pair) for pair in policy.scope],
-        "state": "pending",
-        "created_at": now,
-        "expires_at": now + int(policy.timeout_s * 1000),
-        "idempotency_key": idempotency_key,
-        "requested_by": requester[1] if requester else None,
-        "requested_by_id": requester[0] if requester else None,
-    }
-    kind.insert(t, tx, row, req, policy, now, body_hash, digest)
-    return load(kind, tx, row[kind.id_field]), True
-
-
 def check_pending(full: Stored, message: str) -> None:
     """Conflict 409 ``already_resolved`` (with its ``outcome``) for a resolved request."""
     if full.state == "resolved":
         raise Conflict("already_resolved", message, extra={"outcome": full.outcome})
 
 
-def cancel(
-    kind: Kind[Full, Any], t: Transactions, tx: WriteTx, request_id: str
-) -> tuple[str, Full]:
-    """Resolve a pending request ``cancelled`` (``timeout`` when past ``expires_at``);
-    return ``(outcome, loaded request)``. Raises NotFound 404 ``unknown_<kind>``, Conflict
-    409 ``already_resolved`` (with its ``outcome``)."""
-    now = t.clock.now_ms()
-    full = load(kind, tx, request_id)
-    check_pending(full, kind.already_resolved)
-    outcome = "timeout" if now >= full.expires_at else "cancelled"
-    kind.resolve(t, tx, kind.target(full), outcome, now)
-    return outcome, load(kind, tx, request_id)
-
-
-def expire(kind: Kind[Any, Target], t: Transactions, tx: WriteTx) -> list[str]:
-    """Resolve up to ``EXPIRE_BATCH`` pending requests past ``expires_at`` as ``timeout``,
-    oldest deadline first; return their ids."""
-    now = t.clock.now_ms()
-    due = kind.due(tx, now, EXPIRE_BATCH)
-    for target in due:  # a timeout fires nothing: no permit, so no full load
-        kind.resolve(t, tx, target, "timeout", now)
-    return [kind.target_id(target) for target in due]
-
-
-def dispatch_result(
-    kind: Kind[Any, Any],
-    t: Transactions,
-    tx: WriteTx,
-    request_id: str,
-    version: int,
-    acked: bool,
-    error: str | None,
-    retry_at_ms: int,
-) -> None:
-    """Count one dispatch attempt of ``version``; the first ack (unix ms now) writes the
-    kind's dispatch-ack audit entry, a failure sets the next attempt at ``retry_at_ms``."""
-    now = t.clock.now_ms()
-    key = (request_id, version)
-    attempt = tx.outbox.attempted(
-        kind.dispatches, key, now, acked=acked, error=error, retry_at_ms=retry_at_ms
-    )
-    if acked and attempt is not None:
-        ack = kind.dispatch_ack(version, attempt.attempts)
-        t.audit(tx, ack.kind, request_id, now, ack.to_data())
-
-
 @dataclass(frozen=True, slots=True)
 class Create(Transaction[tuple[Full, bool]]):
-    """Create a request of ``kind`` (``create``): ``(loaded request, created)``."""
+    """Insert a new request of ``kind`` (``Kind.insert``: its row, first version, dispatch
+    and created entry; nothing waits on the relay). Returns ``(loaded request, created)``;
+    ``created`` is False for an Idempotency-Key seen before with the same ``body_hash``
+    (SHA-256 hex of the body's canonical JSON). Raises Conflict 409
+    ``idempotency_key_reused`` for the key with another body (SPEC §3)."""
 
     kind: Kind[Full, Any]
     req: Opened
@@ -211,22 +125,40 @@ class Create(Transaction[tuple[Full, bool]]):
         return self.kind.event + "create"
 
     def run(self, t: Transactions, tx: WriteTx) -> tuple[Full, bool]:
-        return create(
-            self.kind,
-            t,
-            tx,
-            self.req,
-            self.idempotency_key,
-            self.requester,
-            self.policy,
-            self.body_hash,
-            self.digest,
-        )
+        kind, key, requester, policy = self.kind, self.idempotency_key, self.requester, self.policy
+        if key is not None:
+            seen = kind.seen(tx, key)
+            if seen is not None:
+                if seen[1] != self.body_hash:
+                    raise Conflict(
+                        "idempotency_key_reused",
+                        "Idempotency-Key was used before with a different body",
+                    )
+                return load(kind, tx, seen[0]), False
+        now = t.clock.now_ms()
+        row: dict[str, Any] = {
+            kind.id_field: str(ULID()),
+            "run_id": self.req.run_id or str(ULID()),
+            "pipeline": self.req.pipeline,
+            "step": self.req.step,
+            "risk": policy.risk,
+            "scope": [list(pair) for pair in policy.scope],
+            "state": "pending",
+            "created_at": now,
+            "expires_at": now + int(policy.timeout_s * 1000),
+            "idempotency_key": key,
+            "requested_by": requester[1] if requester else None,
+            "requested_by_id": requester[0] if requester else None,
+        }
+        kind.insert(t, tx, row, self.req, policy, now, self.body_hash, self.digest)
+        return load(kind, tx, row[kind.id_field]), True
 
 
 @dataclass(frozen=True, slots=True)
 class Cancel(Transaction[tuple[str, Full]]):
-    """Cancel a pending request of ``kind`` (``cancel``): ``(outcome, loaded request)``."""
+    """Resolve a pending request of ``kind`` ``cancelled`` (``timeout`` when past
+    ``expires_at``): ``(outcome, loaded request)``. Raises NotFound 404
+    ``unknown_<kind>``, Conflict 409 ``already_resolved`` (with its ``outcome``)."""
 
     kind: Kind[Full, Any]
     request_id: str
@@ -236,12 +168,18 @@ class Cancel(Transaction[tuple[str, Full]]):
         return self.kind.event + "cancel"
 
     def run(self, t: Transactions, tx: WriteTx) -> tuple[str, Full]:
-        return cancel(self.kind, t, tx, self.request_id)
+        kind, now = self.kind, t.clock.now_ms()
+        full = load(kind, tx, self.request_id)
+        check_pending(full, kind.already_resolved)
+        outcome = "timeout" if now >= full.expires_at else "cancelled"
+        kind.resolve(t, tx, kind.target(full), outcome, now)
+        return outcome, load(kind, tx, self.request_id)
 
 
 @dataclass(frozen=True, slots=True)
 class Expire(Transaction[list[str]]):
-    """Resolve the overdue requests of ``kind`` ``timeout`` (``expire``): their ids."""
+    """Resolve up to ``EXPIRE_BATCH`` pending requests of ``kind`` past ``expires_at`` as
+    ``timeout``, oldest deadline first: their ids."""
 
     kind: Kind[Any, Any]
 
@@ -250,12 +188,17 @@ class Expire(Transaction[list[str]]):
         return self.kind.event + "expire"
 
     def run(self, t: Transactions, tx: WriteTx) -> list[str]:
-        return expire(self.kind, t, tx)
+        kind, now = self.kind, t.clock.now_ms()
+        due = kind.due(tx, now, EXPIRE_BATCH)
+        for target in due:  # a timeout fires nothing: no permit, so no full load
+            kind.resolve(t, tx, target, "timeout", now)
+        return [str(getattr(target, kind.id_field)) for target in due]
 
 
 @dataclass(frozen=True, slots=True)
 class DispatchResult(Transaction[None]):
-    """Record one dispatch attempt of a version (``dispatch_result``)."""
+    """Count one dispatch attempt of ``version``; the first ack (unix ms now) writes the
+    kind's dispatch-ack audit entry, a failure sets the next attempt at ``retry_at_ms``."""
 
     kind: Kind[Any, Any]
     request_id: str
@@ -269,13 +212,15 @@ class DispatchResult(Transaction[None]):
         return self.kind.event + "dispatch_result"
 
     def run(self, t: Transactions, tx: WriteTx) -> None:
-        dispatch_result(
-            self.kind,
-            t,
-            tx,
-            self.request_id,
-            self.version,
-            self.acked,
-            self.error,
-            self.retry_at_ms,
+        now, key = t.clock.now_ms(), (self.request_id, self.version)
+        attempt = tx.outbox.attempted(
+            self.kind.dispatches,
+            key,
+            now,
+            acked=self.acked,
+            error=self.error,
+            retry_at_ms=self.retry_at_ms,
         )
+        if self.acked and attempt is not None:
+            ack = self.kind.dispatch_ack(self.version, attempt.attempts)
+            t.audit(tx, ack.kind, self.request_id, now, ack.to_data())

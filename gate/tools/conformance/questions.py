@@ -14,9 +14,9 @@ from dataclasses import replace
 from typing import Any
 
 from gate.core.service import GateService
+from gate.daemon.question_sender import question_envelope
 from gate.model import Question
 from gate.protocol.canonical import wire_json
-from gate.protocol.question import QuestionSpec, build_question_dispatch
 from gate.store.questions import QUESTIONS
 from gate.tools.conformance.callbacks import (
     Lookup,
@@ -75,25 +75,9 @@ async def _ask(service: GateService, run_id: str) -> Question:
 
 
 def dispatch_body(full: Question, callback_url: str) -> bytes:
-    """The wire bytes of the dispatch of ``full``'s current version."""
-    current = full.current
-    return wire_json(
-        build_question_dispatch(
-            question_id=full.question_id,
-            run_id=full.run_id,
-            pipeline=full.pipeline,
-            step=full.step,
-            issued_at_ms=int(time.time() * 1000),
-            expires_at_ms=full.expires_at,
-            risk=full.risk,
-            version=current.version,
-            spec=QuestionSpec.from_json(current.question),
-            request_hash=current.request_hash,
-            approvers=[identity for _, identity in full.scope],
-            callback_url=callback_url,
-            nonce=current.nonce,
-        )
-    )
+    """The wire bytes of the dispatch of ``full``'s current version (``question_envelope``;
+    a conformance question has no ``requested_by``), issued now."""
+    return wire_json(question_envelope(full, int(time.time() * 1000), callback_url))
 
 
 async def _probes(run: Run, answer: Observed | None) -> list[CheckResult]:
