@@ -9,14 +9,18 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, Self
+from typing import Any, Concatenate, ParamSpec, Self, TypeVar
 from urllib.parse import quote
 
 import aiohttp
 
 from gate.sdk.errors import GateRequestError, GateUnavailable
+
+T = TypeVar("T")
+P = ParamSpec("P")
 
 # every request is bounded (review 18c finding 6): a long-poll by its wait plus this margin,
 # any other call by CALL_TIMEOUT_S; a gate that does not answer in time is GateUnavailable
@@ -37,6 +41,18 @@ class Kind:
 
 APPROVALS = Kind("approval", "approval_id", "/v1/approvals")
 QUESTIONS = Kind("question", "question_id", "/v1/questions")
+
+
+def of_kind(
+    kind: Kind, call: Callable[Concatenate[Transport, Kind, P], Awaitable[T]]
+) -> Callable[Concatenate[Transport, P], Awaitable[T]]:
+    """The method ``call`` (one of ``Transport``'s ``*_in``) for ``kind`` alone: the same
+    arguments after ``kind``, the same result."""
+
+    def bound(self: Transport, /, *args: P.args, **kwargs: P.kwargs) -> Awaitable[T]:
+        return call(self, kind, *args, **kwargs)
+
+    return bound
 
 
 def _seg(value: str) -> str:
@@ -206,46 +222,15 @@ class Transport:
         """POST the cancel of one object of ``kind``; returns it resolved."""
         return (await self._call("POST", f"{kind.path}/{_seg(item_id)}/cancel"))[1]
 
-    # ---- the same calls by name: approvals, then questions (their own endpoints) ----------
+    # ---- the same calls by name (as the CLI and AsyncGate call them): ``create(body, key)``
+    # is ``create_in(APPROVALS, body, key)``, ``get_question(id, wait)`` is
+    # ``get_in(QUESTIONS, id, wait)``; questions have their own endpoints, never the approvals'
 
-    async def create(
-        self, body: dict[str, Any], idempotency_key: str | None = None, timeout: float | None = None
-    ) -> tuple[Any, bool]:
-        """POST /v1/approvals (``create_in``): ``(approval object, created)``."""
-        return await self.create_in(APPROVALS, body, idempotency_key, timeout)
-
-    async def get(
-        self, approval_id: str, wait: float | None = None, timeout: float | None = None
-    ) -> Any:
-        """GET /v1/approvals/{id}, long-polling up to ``wait`` seconds when given."""
-        return await self.get_in(APPROVALS, approval_id, wait, timeout)
-
-    async def list(self, state: str, pipeline: str | None, limit: int, cursor: str | None) -> Any:
-        """GET /v1/approvals with filters; returns ``{items, next_cursor}``."""
-        return await self.list_in(APPROVALS, state, pipeline, limit, cursor)
-
-    async def cancel(self, approval_id: str) -> Any:
-        """POST /v1/approvals/{id}/cancel; returns the resolved approval."""
-        return await self.cancel_in(APPROVALS, approval_id)
-
-    async def create_question(
-        self, body: dict[str, Any], idempotency_key: str | None = None, timeout: float | None = None
-    ) -> tuple[Any, bool]:
-        """POST /v1/questions (``create_in``): ``(question object, created)``."""
-        return await self.create_in(QUESTIONS, body, idempotency_key, timeout)
-
-    async def get_question(
-        self, question_id: str, wait: float | None = None, timeout: float | None = None
-    ) -> Any:
-        """GET /v1/questions/{id}, long-polling up to ``wait`` seconds when given."""
-        return await self.get_in(QUESTIONS, question_id, wait, timeout)
-
-    async def list_questions(
-        self, state: str, pipeline: str | None, limit: int, cursor: str | None
-    ) -> Any:
-        """GET /v1/questions with filters; returns ``{items, next_cursor}``."""
-        return await self.list_in(QUESTIONS, state, pipeline, limit, cursor)
-
-    async def cancel_question(self, question_id: str) -> Any:
-        """POST /v1/questions/{id}/cancel; returns the resolved question."""
-        return await self.cancel_in(QUESTIONS, question_id)
+    create = of_kind(APPROVALS, create_in)
+    get = of_kind(APPROVALS, get_in)
+    list = of_kind(APPROVALS, list_in)
+    cancel = of_kind(APPROVALS, cancel_in)
+    create_question = of_kind(QUESTIONS, create_in)
+    get_question = of_kind(QUESTIONS, get_in)
+    list_questions = of_kind(QUESTIONS, list_in)
+    cancel_question = of_kind(QUESTIONS, cancel_in)
