@@ -145,6 +145,19 @@ async def _answer(tool: str, call: Awaitable[Approval | Question], argument: str
     return approval_result(obj) if isinstance(obj, Approval) else question_result(obj)
 
 
+def _create_keywords(
+    run_id: str | None, idempotency_key: str | None, requested_by: str | None, wait_seconds: float
+) -> dict[str, Any]:
+    """The keywords of the SDK every create takes (``request_approval``, ``ask``), from the
+    create tool's arguments of the same names (``wait_seconds`` is ``wait``)."""
+    return {
+        "run_id": run_id,
+        "idempotency_key": idempotency_key,
+        "requested_by": requested_by,
+        "wait": wait_seconds,
+    }
+
+
 def register(gate: AsyncGate) -> list[Tool]:
     """The six tools, each calling ``gate`` (the pipeline API, SPEC §3),
     for ``MCPServer(tools=…)``; an argument a tool does not take is a tool error naming it
@@ -190,16 +203,9 @@ def _approval_tools(gate: AsyncGate) -> tuple[Callable[..., Awaitable[Any]], ...
         spend: Spend = None,
         requested_by: RequestedBy = None,
     ) -> dict[str, Any]:
+        common = _create_keywords(run_id, idempotency_key, requested_by, wait_seconds)
         call = gate.request_approval(
-            pipeline,
-            step,
-            draft,
-            content_type=content_type,
-            run_id=run_id,
-            idempotency_key=idempotency_key,
-            spend=spend,
-            requested_by=requested_by,
-            wait=wait_seconds,
+            pipeline, step, draft, content_type=content_type, spend=spend, **common
         )
         return await _answer("request_approval", call, "pipeline")
 
@@ -236,6 +242,7 @@ def _question_tools(gate: AsyncGate) -> tuple[Callable[..., Awaitable[Any]], ...
             raise ToolError(f"options: {response_type} needs the options to choose from")
         if response_type == "form" and schema is None:
             raise ToolError("schema: form needs a JSON form schema")
+        common = _create_keywords(run_id, idempotency_key, requested_by, wait_seconds)
         call = gate.ask(
             pipeline,
             step,
@@ -243,10 +250,7 @@ def _question_tools(gate: AsyncGate) -> tuple[Callable[..., Awaitable[Any]], ...
             response_type=response_type,
             options=options,
             schema=schema,
-            run_id=run_id,
-            idempotency_key=idempotency_key,
-            requested_by=requested_by,
-            wait=wait_seconds,
+            **common,
         )
         return await _answer("ask_human", call, "pipeline")
 

@@ -12,7 +12,6 @@ import os
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
-from types import TracebackType
 from typing import Any, Self
 
 from gate.sdk.models import Approval, Question
@@ -156,9 +155,7 @@ class AsyncGate:
     async def __aenter__(self) -> Self:
         return self
 
-    async def __aexit__(
-        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
-    ) -> None:
+    async def __aexit__(self, *exc_info: object) -> None:
         await self.close()
 
     # ---- approvals --------------------------------------------------------------------
