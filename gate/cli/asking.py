@@ -7,12 +7,15 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from gate.cli import fail, input_name, read_input
 from gate.cli.common import NumberType, cancel_command
+
+if TYPE_CHECKING:
+    from gate.client.request import RequestOptions
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,7 +134,7 @@ def read_text(option: str, text: str | None, text_file: str | None) -> str:
 
 
 def left_behind(
-    noun: Noun, opts: Any, item_id: str | None, config_path: str, api_url: str | None
+    noun: Noun, opts: RequestOptions, item_id: str | None, config_path: str, api_url: str | None
 ) -> str:
     """What an interrupted run (Ctrl-C) leaves on the gate, for the ``Interrupted`` line:
     nothing, maybe an object (found again with the key), or a pending one ``item_id``
@@ -153,7 +156,7 @@ def left_behind(
 def print_unresolved(
     noun: Noun,
     obj: dict[str, Any] | None,
-    opts: Any,
+    opts: RequestOptions,
     json_text: str | None,
     config_path: str,
     api_url: str | None,

@@ -168,7 +168,11 @@ async def create_and_wait(
                         transport, kind, opts.body, opts.idempotency_key, deadline, watch
                     )
                 except TimeoutError:
-                    return None
+                    return None  # the attempt was cut at the deadline
+                except (GateUnavailable, GateRequestError) as exc:
+                    if transient(exc):
+                        return None  # the deadline passed while the gate could not take it
+                    raise
             else:
                 obj, new = await transport.create_in(kind, opts.body, opts.idempotency_key)
             progress.item_id = obj[kind.id_key]
@@ -177,8 +181,6 @@ async def create_and_wait(
                 return dict(obj)
             return await settle(transport, kind, obj, deadline, watch)
         except (GateUnavailable, GateRequestError) as exc:
-            if opts.wait and progress.item_id is None and transient(exc):
-                return None  # the deadline passed while the gate could not take the create
             raise client_error(exc) from exc
 
 
