@@ -113,19 +113,6 @@ def no_duplicate_keys(
     return out
 
 
-def json_type(value: Any) -> str:
-    """The JSON type of a decoded value: null, boolean, number, string, array, object."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "boolean"
-    if isinstance(value, int | float):
-        return "number"
-    if isinstance(value, str):
-        return "string"
-    return "array" if isinstance(value, list | tuple) else "object"
-
-
 def reject_json_constant(name: str) -> Any:
     """``parse_constant`` hook for ``json``: NaN, Infinity and -Infinity are no JSON; raises
     ValueError naming the constant."""
