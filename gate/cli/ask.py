@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import sys
-from functools import partial
 from typing import Any
 
 import click
@@ -51,14 +50,14 @@ def _read_schema(path: str) -> dict[str, Any]:
     is wrong (cannot be read, not UTF-8, not JSON, a key twice, not an object). Whether it is
     a form schema the gate accepts is the gate's check (400 ``invalid_schema`` naming the
     JSON path)."""
-    from gate.protocol.envelope import no_duplicate_keys, reject_json_constant
+    from gate.protocol.envelope import reject_json_constant
 
     name = input_name(path)
     raw = read_input("--schema", path)
     try:
         schema = json.loads(
             raw.decode("utf-8-sig"),
-            object_pairs_hook=partial(no_duplicate_keys, said=_given_twice),
+            object_pairs_hook=_unique_keys,
             parse_constant=reject_json_constant,
         )
     except UnicodeDecodeError as exc:
@@ -72,10 +71,15 @@ def _read_schema(path: str) -> dict[str, Any]:
     return schema
 
 
-def _given_twice(key: str) -> str:
-    """What ``--schema`` says of a JSON object's key given twice (JSON would keep the last one
-    silently)."""
-    return f"the key {key!r} is given twice"
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """``object_pairs_hook``: a JSON object, ValueError on a key given twice (JSON would keep
+    the last one silently)."""
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise ValueError(f"the key {key!r} is given twice")
+        out[key] = value
+    return out
 
 
 def _json_kind(value: Any) -> str:

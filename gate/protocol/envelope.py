@@ -6,7 +6,7 @@ import functools
 import json
 import math
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
@@ -98,17 +98,13 @@ def _invalid(field: str, message: str) -> ProtocolError:
     )
 
 
-def no_duplicate_keys(
-    pairs: list[tuple[str, Any]],
-    said: Callable[[str], str] = lambda key: f"duplicate key {json.dumps(key)}",
-) -> dict[str, Any]:
-    """``object_pairs_hook`` for ``json``: raises ValueError ``said(key)`` naming a key that
-    occurs twice (``duplicate key "to"``; another wording: ``functools.partial(
-    no_duplicate_keys, said=...)``)."""
+def no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """``object_pairs_hook`` for ``json``: raises ValueError naming a key that occurs twice
+    (``duplicate key "to"``)."""
     out: dict[str, Any] = {}
     for key, value in pairs:
         if key in out:
-            raise ValueError(said(key))
+            raise ValueError(f"duplicate key {json.dumps(key)}")
         out[key] = value
     return out
 

@@ -15,7 +15,6 @@ import os
 import tempfile
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +24,6 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from gate.errors import GateError
 from gate.model import Approval
 from gate.protocol.canonical import HASH_PREFIX, canonical_json
-from gate.protocol.envelope import no_duplicate_keys
 from gate.trust import keys
 
 ALG = "EdDSA"
@@ -240,14 +238,18 @@ def verify(
     return Permit(claims, dict(decoded["header"]), kid)
 
 
+def _reject_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for name, value in pairs:
+        if name in out:
+            raise ValueError(f"duplicate claim {name!r}")
+        out[name] = value
+    return out
+
+
 def _claims(payload: bytes) -> dict[str, Any]:
     try:
-        claims = json.loads(
-            payload.decode("utf-8"),
-            object_pairs_hook=partial(
-                no_duplicate_keys, said=lambda name: f"duplicate claim {name!r}"
-            ),
-        )
+        claims = json.loads(payload.decode("utf-8"), object_pairs_hook=_reject_duplicates)
     except (UnicodeDecodeError, ValueError) as exc:
         raise PermitError("permit_invalid_claims", f"payload is not a JSON object: {exc}") from None
     if not isinstance(claims, dict):
