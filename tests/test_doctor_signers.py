@@ -1,4 +1,4 @@
-"""``hitl-gate doctor`` on who else may have to sign (gate/tools/doctor_signers.py): the
+"""``hitl-gate doctor`` on who else may have to sign (gate/tools/doctor_passkeys.py): the
 operators a signing step (``approver_signature: required``) escalates to and the delegates of
 its approvers, when they hold no approver credential (they could never decide it). The real
 CLI against a real gate's database holding real enrolments."""

@@ -417,8 +417,8 @@ def test_layers_audit_pure_modules_found() -> None:
         "gate.audit.entries",
         "gate.audit.records",
         "gate.audit.record_checks",
-        "gate.audit.question_records",
-        "gate.audit.question_record_checks",
+        "gate.audit.approval_kind",
+        "gate.audit.question_kind",
         "gate.audit.report",
         "gate.audit.spans",
     }

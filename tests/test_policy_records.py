@@ -11,8 +11,8 @@ import pytest
 
 from gate.audit import chain as audit
 from gate.audit import records as audit_records
+from gate.audit.approval_kind import ApprovalRecord
 from gate.audit.receipts import receipt_object
-from gate.audit.records import ApprovalRecord
 from gate.protocol.canonical import payload_hash
 
 KEY = b"receipt-key"

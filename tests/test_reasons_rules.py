@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from gate.audit.record_checks import reasons_problem
+from gate.audit.approval_kind import reasons_problem
 from gate.client.hops import reason_summary, skip_reason_lines
 from gate.core import rules
 from gate.errors import GateError

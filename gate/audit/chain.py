@@ -49,6 +49,16 @@ class AuditRow:
     key_id: str | None = None
     signature: str | None = None
 
+    @property
+    def data(self) -> dict[str, Any]:
+        """The entry's ``data`` object, as logged; {} when it has none (or ``entry`` is not a
+        JSON object)."""
+        try:
+            data = json.loads(self.entry).get("data")
+        except (ValueError, AttributeError):
+            return {}
+        return data if isinstance(data, dict) else {}
+
 
 @dataclass(frozen=True, slots=True)
 class VerifyResult:
@@ -158,7 +168,16 @@ def verify(
     last: AuditRow | None = None
     spans = audit_spans.Spans(receipt_keys(key), leading_unknown=leading_unknown)
     for row in rows:
-        reason, digest = _row_problem(row, prev, expected_seq)
+        reason, digest = entry_problem(
+            row.seq,
+            row.approval_id,
+            row.kind,
+            row.entry,
+            row.prev_hash,
+            row.entry_hash,
+            prev,
+            expected_seq,
+        )
         wrong_key = False
         if reason is None:
             found = spans.check(row.seq, row.kind, digest, row.receipt)
@@ -196,21 +215,6 @@ def verify(
 
 
 PREV_BROKEN = "prev_hash does not match the previous entry (entry deleted, inserted or reordered)"
-
-
-def _row_problem(row: AuditRow, prev: str, expected_seq: int) -> tuple[str | None, str]:
-    """Return ``(why row is bad or None, its recomputed hash)``: ``verify``'s per-entry
-    checks before the receipt's."""
-    return entry_problem(
-        row.seq,
-        row.approval_id,
-        row.kind,
-        row.entry,
-        row.prev_hash,
-        row.entry_hash,
-        prev,
-        expected_seq,
-    )
 
 
 def entry_problem(

@@ -1,7 +1,7 @@
 """Typed ``data`` of the approver-credential audit entries: enrolment and
-revocation. Pure, like ``gate.audit.entries``: ``to_data()`` is what the chain hashes (an
-optional field is left out, never null), ``from_data()`` reads a logged object back as
-logged.
+revocation. Pure, like ``gate.audit.entries``, whose ``Payload`` they are: ``to_data()`` is what
+the chain hashes (an optional field is left out, never null), ``from_data()`` reads a logged
+object back as logged.
 
 Both carry no approval id (``audit_log.approval_id`` is NULL). The enrolment carries the
 public key itself, so an offline verifier of an export holds every key the log ever
@@ -10,11 +10,10 @@ trusted, and when.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import ClassVar
 
-from gate.audit.entries import _as_logged
+from gate.audit.entries import Payload
 
 CREDENTIAL_ENROLLED = "approver_credential_enrolled"
 CREDENTIAL_REVOKED = "approver_credential_revoked"
@@ -23,7 +22,7 @@ CREDENTIAL_KINDS = (CREDENTIAL_ENROLLED, CREDENTIAL_REVOKED, INVITE_CREATED)
 
 
 @dataclass(frozen=True, slots=True)
-class CredentialEnrolledData:
+class CredentialEnrolledData(Payload):
     """``approver_credential_enrolled``: operator ``operator_id`` may sign decisions with
     ``credential_id`` from this entry on. ``type`` ed25519|webauthn; ``public_key``
     base64url (raw 32 bytes for Ed25519, the COSE key for a passkey); ``label`` only when
@@ -42,28 +41,9 @@ class CredentialEnrolledData:
     origin: str | None = None
     sign_count: int | None = None
 
-    def to_data(self) -> dict[str, Any]:
-        """The entry's ``data`` object (keys as the gate writes them)."""
-        data: dict[str, Any] = {
-            "operator_id": self.operator_id,
-            "credential_id": self.credential_id,
-            "type": self.type,
-            "public_key": self.public_key,
-        }
-        for name in ("label", "rp_id", "origin", "sign_count"):
-            value = getattr(self, name)
-            if value is not None:
-                data[name] = value
-        return data
-
-    @classmethod
-    def from_data(cls, data: Mapping[str, Any]) -> CredentialEnrolledData:
-        """Read a logged ``data`` object back, as logged."""
-        return _as_logged(cls, data)
-
 
 @dataclass(frozen=True, slots=True)
-class CredentialRevokedData:
+class CredentialRevokedData(Payload):
     """``approver_credential_revoked``: ``credential_id`` of ``operator_id`` signs nothing
     from this entry on."""
 
@@ -72,18 +52,9 @@ class CredentialRevokedData:
     operator_id: int
     credential_id: str
 
-    def to_data(self) -> dict[str, Any]:
-        """The entry's ``data`` object (keys as the gate writes them)."""
-        return {"operator_id": self.operator_id, "credential_id": self.credential_id}
-
-    @classmethod
-    def from_data(cls, data: Mapping[str, Any]) -> CredentialRevokedData:
-        """Read a logged ``data`` object back, as logged."""
-        return _as_logged(cls, data)
-
 
 @dataclass(frozen=True, slots=True)
-class InviteCreatedData:
+class InviteCreatedData(Payload):
     """``approver_invite_created``: a one-time passkey invite for ``operator_id``, usable
     until ``expires_at`` (unix ms); ``invite_hash`` is the SHA-256 hex of the token (the
     token itself appears only in the printed URL); ``label`` only when one was given."""
@@ -94,19 +65,3 @@ class InviteCreatedData:
     expires_at: int
     invite_hash: str
     label: str | None = None
-
-    def to_data(self) -> dict[str, Any]:
-        """The entry's ``data`` object (keys as the gate writes them)."""
-        data: dict[str, Any] = {
-            "operator_id": self.operator_id,
-            "expires_at": self.expires_at,
-            "invite_hash": self.invite_hash,
-        }
-        if self.label is not None:
-            data["label"] = self.label
-        return data
-
-    @classmethod
-    def from_data(cls, data: Mapping[str, Any]) -> InviteCreatedData:
-        """Read a logged ``data`` object back, as logged."""
-        return _as_logged(cls, data)

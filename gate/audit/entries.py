@@ -1,6 +1,8 @@
 """Typed ``data`` payloads of the audit entries the gate writes (created, decision, resolved,
-dispatch_ack, escalated, receipt_key_rotated): built by the writer (``gate.core.service``),
-read back by the records check (``gate.audit.records``).
+dispatch_ack, escalated, receipt_key_rotated): built by the writer (``gate.core``), read back
+by the records check (``gate.audit.records``); ``Payload``, what every entry payload shares
+(a question's: ``gate.audit.question_entries``; a credential's:
+``gate.audit.credential_entries``).
 
 Pure. ``to_data()`` is the exact object the chain hashes (``gate.audit.chain.make_entry``
 canonicalises it: sorted keys, so field order does not matter, but the set of keys does: an
@@ -8,14 +10,15 @@ optional field is left out, not written as null, exactly as the gate always wrot
 ``from_data()`` reads a logged object back as logged, without validating it: a missing key
 reads None and a value of another type stays as it is, so that the records check compares
 it with the rows and names the disagreement (an entry from an edited database, or one the
-gate never wrote, must be reported, not raise here).
+gate never wrote, must be reported, not raise here). Every payload has both from
+``Payload``; only ``DecisionData`` writes by rules of its own.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, fields
-from typing import Any, ClassVar, TypeVar
+from dataclasses import MISSING, dataclass, fields
+from typing import Any, ClassVar, Self
 
 from gate.audit.spans import ROTATED
 
@@ -26,21 +29,48 @@ DISPATCH_ACK = "dispatch_ack"
 ESCALATED = "escalated"
 # the operator id of a policy's decision: configured operator ids are >= 1
 POLICY_OPERATOR = 0
-
-
-_Entry = TypeVar("_Entry")
-
-
-def _as_logged(cls: type[_Entry], data: Mapping[str, Any]) -> _Entry:
-    """An entry payload of dataclass ``cls`` with each field read from a logged ``data``
-    object by its name, as logged and unvalidated: a missing key reads as None and a value
-    of another type is kept, so the records check reports it as a disagreement."""
-    names = [field.name for field in fields(cls)]  # type: ignore[arg-type]
-    return cls(**{name: data.get(name) for name in names})
+# the fields of a decision entry written together: the first decides for the group
+_DECISION_GROUPS = (
+    ("new_revision", "new_payload_hash"),
+    ("credential_id", "assertion", "adjust_text_sha256", "reason_sha256"),
+    ("by", "rule", "remembered_from"),
+)
 
 
 @dataclass(frozen=True, slots=True)
-class CreatedData:
+class Payload:
+    """What every entry payload shares: its entry ``kind`` (a class constant), the ``data``
+    object it writes and the reading back of a logged one. Each payload is a frozen
+    dataclass of this whose fields are the keys of ``data``, by name."""
+
+    kind: ClassVar[str]
+
+    def to_data(self) -> dict[str, Any]:
+        """The entry's ``data`` object (keys as the gate writes them): every field without a
+        default, and a field with one (an optional field) only when it is not None, never as
+        null; a sequence written as a list, a mapping as a dict."""
+        data: dict[str, Any] = {}
+        for field in fields(self):
+            value = getattr(self, field.name)
+            if value is None and field.default is not MISSING:
+                continue
+            if isinstance(value, Mapping):
+                value = dict(value)
+            elif isinstance(value, Sequence) and not isinstance(value, str):
+                value = list(value)
+            data[field.name] = value
+        return data
+
+    @classmethod
+    def from_data(cls, data: Mapping[str, Any]) -> Self:
+        """The payload with each field read from a logged ``data`` object by its name, as
+        logged and unvalidated: a missing key reads as None and a value of another type is
+        kept, so the records check reports it as a disagreement."""
+        return cls(**{field.name: data.get(field.name) for field in fields(cls)})
+
+
+@dataclass(frozen=True, slots=True)
+class CreatedData(Payload):
     """The ``created`` entry (SPEC §2, one per approval): what was frozen at creation.
     ``revision`` is 1; ``payload_hash`` that of revision 1's body; ``quorum`` the approvals
     needed; ``approvers`` the operator ids in scope, in scope order; ``expires_at`` unix ms,
@@ -62,33 +92,9 @@ class CreatedData:
     allow_self_approval: bool | None = None
     approver_signature: str | None = None
 
-    def to_data(self) -> dict[str, Any]:
-        """The entry's ``data`` object (keys as the gate writes them)."""
-        data: dict[str, Any] = {
-            "pipeline": self.pipeline,
-            "step": self.step,
-            "revision": self.revision,
-            "payload_hash": self.payload_hash,
-            "quorum": self.quorum,
-            "approvers": list(self.approvers),
-            "expires_at": self.expires_at,
-        }
-        if self.requested_by is not None:
-            data["requested_by"] = self.requested_by
-        if self.allow_self_approval is not None:
-            data["allow_self_approval"] = self.allow_self_approval
-        if self.approver_signature is not None:
-            data["approver_signature"] = self.approver_signature
-        return data
-
-    @classmethod
-    def from_data(cls, data: Mapping[str, Any]) -> CreatedData:
-        """Read a logged ``data`` object back, as logged (module docstring)."""
-        return _as_logged(cls, data)
-
 
 @dataclass(frozen=True, slots=True)
-class DecisionData:
+class DecisionData(Payload):
     """A ``decision`` entry: one accepted decision (SPEC §2). ``revision`` and
     ``payload_hash`` are what was decided on; ``effect`` is ``approve``, ``skip`` or
     ``adjust``; an adjust also names the revision it made and that draft's payload hash
@@ -125,44 +131,27 @@ class DecisionData:
     remembered_from: str | None = None
 
     def to_data(self) -> dict[str, Any]:
-        """The entry's ``data`` object (keys as the gate writes them)."""
-        data: dict[str, Any] = {
-            "operator_id": self.operator_id,
-            "decision": self.decision,
-            "revision": self.revision,
-            "payload_hash": self.payload_hash,
-            "nonce": self.nonce,
-            "effect": self.effect,
-        }
+        """The entry's ``data`` object (keys as the gate writes them): as every payload's,
+        but each group below is written whole or not at all, by its first field: an adjust's
+        new revision with its payload hash, a signature's credential with its assertion
+        (``{}`` if none) and hashes, a policy's ``by`` with its rule (null if none) and the
+        approval it remembers."""
+        data = Payload.to_data(self)
+        for group in _DECISION_GROUPS:
+            if getattr(self, group[0]) is None:
+                for name in group:
+                    data.pop(name, None)
         if self.new_revision is not None:
-            data["new_revision"] = self.new_revision
             data["new_payload_hash"] = self.new_payload_hash
-        if self.reason is not None:
-            data["reason"] = self.reason
-        if self.on_behalf_of is not None:
-            data["on_behalf_of"] = self.on_behalf_of
         if self.credential_id is not None:
-            data["credential_id"] = self.credential_id
             data["assertion"] = dict(self.assertion or {})
-            if self.adjust_text_sha256 is not None:
-                data["adjust_text_sha256"] = self.adjust_text_sha256
-            if self.reason_sha256 is not None:
-                data["reason_sha256"] = self.reason_sha256
         if self.by is not None:  # a policy decided
-            data["by"] = self.by
             data["rule"] = self.rule
-            if self.remembered_from is not None:
-                data["remembered_from"] = self.remembered_from
         return data
-
-    @classmethod
-    def from_data(cls, data: Mapping[str, Any]) -> DecisionData:
-        """Read a logged ``data`` object back, as logged (module docstring)."""
-        return _as_logged(cls, data)
 
 
 @dataclass(frozen=True, slots=True)
-class ResolvedData:
+class ResolvedData(Payload):
     """The ``resolved`` entry (one per resolved approval): ``outcome`` at ``revision`` (its
     ``payload_hash``), the operator ids counted (``approved_by``: empty for an outcome that
     fires no permit) and the frozen ``quorum``."""
@@ -175,24 +164,9 @@ class ResolvedData:
     approved_by: Sequence[int]
     quorum: int
 
-    def to_data(self) -> dict[str, Any]:
-        """The entry's ``data`` object (keys as the gate writes them)."""
-        return {
-            "outcome": self.outcome,
-            "revision": self.revision,
-            "payload_hash": self.payload_hash,
-            "approved_by": list(self.approved_by),
-            "quorum": self.quorum,
-        }
-
-    @classmethod
-    def from_data(cls, data: Mapping[str, Any]) -> ResolvedData:
-        """Read a logged ``data`` object back, as logged (module docstring)."""
-        return _as_logged(cls, data)
-
 
 @dataclass(frozen=True, slots=True)
-class DispatchAckData:
+class DispatchAckData(Payload):
     """A ``dispatch_ack`` entry: the relay acked the dispatch of ``revision`` after
     ``attempts`` attempts (written in the transaction that marks the outbox row delivered)."""
 
@@ -201,18 +175,9 @@ class DispatchAckData:
     revision: int
     attempts: int
 
-    def to_data(self) -> dict[str, Any]:
-        """The entry's ``data`` object (keys as the gate writes them)."""
-        return {"revision": self.revision, "attempts": self.attempts}
-
-    @classmethod
-    def from_data(cls, data: Mapping[str, Any]) -> DispatchAckData:
-        """Read a logged ``data`` object back, as logged (module docstring)."""
-        return _as_logged(cls, data)
-
 
 @dataclass(frozen=True, slots=True)
-class EscalatedData:
+class EscalatedData(Payload):
     """An ``escalated`` entry: escalation ``level`` (1, 2, ...) widened the
     approver scope by the operator ids ``added`` (possibly none); ``approvers`` is the whole
     new scope, operator ids in scope order (like ``created``'s). Check 11 uses it from this
@@ -224,18 +189,9 @@ class EscalatedData:
     added: Sequence[int]
     approvers: Sequence[int]
 
-    def to_data(self) -> dict[str, Any]:
-        """The entry's ``data`` object (keys as the gate writes them)."""
-        return {"level": self.level, "added": list(self.added), "approvers": list(self.approvers)}
-
-    @classmethod
-    def from_data(cls, data: Mapping[str, Any]) -> EscalatedData:
-        """Read a logged ``data`` object back, as logged (module docstring)."""
-        return _as_logged(cls, data)
-
 
 @dataclass(frozen=True, slots=True)
-class ReceiptKeyRotatedData:
+class ReceiptKeyRotatedData(Payload):
     """The ``receipt_key_rotated`` entry (docs/auditing.md section 5, ``gate.audit.spans``):
     the entries up to ``previous_key_last_seq`` are receipted with the key of the variable
     ``previous_key_env``, this one and those after it with ``key_env``'s. Both names are
@@ -246,26 +202,3 @@ class ReceiptKeyRotatedData:
     previous_key_last_seq: int
     key_env: str
     previous_key_env: str | None
-
-    def to_data(self) -> dict[str, Any]:
-        """The entry's ``data`` object (keys as the gate writes them)."""
-        return {
-            "previous_key_last_seq": self.previous_key_last_seq,
-            "key_env": self.key_env,
-            "previous_key_env": self.previous_key_env,
-        }
-
-    @classmethod
-    def from_data(cls, data: Mapping[str, Any]) -> ReceiptKeyRotatedData:
-        """Read a logged ``data`` object back, as logged (module docstring)."""
-        return _as_logged(cls, data)
-
-
-EntryData = (
-    CreatedData
-    | DecisionData
-    | ResolvedData
-    | DispatchAckData
-    | EscalatedData
-    | ReceiptKeyRotatedData
-)

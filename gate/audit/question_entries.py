@@ -2,20 +2,20 @@
 question_revised, question_dispatch_ack, question_answered, question_resolved. Built by the
 writer (``gate.core.question_tx``), read back by the records check.
 
-Pure, like ``gate.audit.entries``: ``to_data()`` is the exact object chained (optional keys
-left out, not null); ``from_data()`` reads a logged object back as logged, unvalidated. The
-entry's subject id (``approval_id`` of the entry and of its audit_log row) is the question's
-``question_id``: one ULID space, so the two never collide. An answer's value is never logged,
-only its ``value_hash`` (like a draft's body).
+Pure, like ``gate.audit.entries``, whose ``Payload`` they are: ``to_data()`` is the exact
+object chained (optional keys left out, not null); ``from_data()`` reads a logged object back
+as logged, unvalidated. The entry's subject id (``approval_id`` of the entry and of its
+audit_log row) is the question's ``question_id``: one ULID space, so the two never collide.
+An answer's value is never logged, only its ``value_hash`` (like a draft's body).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import ClassVar
 
-from gate.audit.entries import _as_logged
+from gate.audit.entries import Payload
 
 QUESTION_CREATED = "question_created"
 QUESTION_REVISED = "question_revised"
@@ -32,7 +32,7 @@ QUESTION_KINDS = (
 
 
 @dataclass(frozen=True, slots=True)
-class QuestionCreatedData:
+class QuestionCreatedData(Payload):
     """``question_created``: what was frozen at creation. ``version`` is 1, ``request_hash``
     that of version 1, ``approvers`` the operator ids in scope (scope order), ``expires_at``
     unix ms; ``requested_by`` an operator id, written only when one was named."""
@@ -48,29 +48,9 @@ class QuestionCreatedData:
     expires_at: int
     requested_by: int | None = None
 
-    def to_data(self) -> dict[str, Any]:
-        """The entry's ``data`` object."""
-        data: dict[str, Any] = {
-            "pipeline": self.pipeline,
-            "step": self.step,
-            "version": self.version,
-            "request_hash": self.request_hash,
-            "response_type": self.response_type,
-            "approvers": list(self.approvers),
-            "expires_at": self.expires_at,
-        }
-        if self.requested_by is not None:
-            data["requested_by"] = self.requested_by
-        return data
-
-    @classmethod
-    def from_data(cls, data: Mapping[str, Any]) -> QuestionCreatedData:
-        """Read a logged ``data`` object back, as logged."""
-        return _as_logged(cls, data)
-
 
 @dataclass(frozen=True, slots=True)
-class QuestionRevisedData:
+class QuestionRevisedData(Payload):
     """``question_revised``: version ``version`` with ``request_hash`` replaced the question."""
 
     kind: ClassVar[str] = QUESTION_REVISED
@@ -78,36 +58,18 @@ class QuestionRevisedData:
     version: int
     request_hash: str
 
-    def to_data(self) -> dict[str, Any]:
-        """The entry's ``data`` object."""
-        return {"version": self.version, "request_hash": self.request_hash}
-
-    @classmethod
-    def from_data(cls, data: Mapping[str, Any]) -> QuestionRevisedData:
-        """Read a logged ``data`` object back, as logged."""
-        return _as_logged(cls, data)
-
 
 @dataclass(frozen=True, slots=True)
-class QuestionDispatchAckData:
+class QuestionDispatchAckData(Payload):
     """``question_dispatch_ack``: the question relay acked the dispatch of ``version``."""
 
     kind: ClassVar[str] = QUESTION_DISPATCH_ACK
 
     version: int
 
-    def to_data(self) -> dict[str, Any]:
-        """The entry's ``data`` object."""
-        return {"version": self.version}
-
-    @classmethod
-    def from_data(cls, data: Mapping[str, Any]) -> QuestionDispatchAckData:
-        """Read a logged ``data`` object back, as logged."""
-        return _as_logged(cls, data)
-
 
 @dataclass(frozen=True, slots=True)
-class QuestionAnsweredData:
+class QuestionAnsweredData(Payload):
     """``question_answered``: operator ``operator_id`` answered ``version`` (its
     ``request_hash``, with the ``nonce`` of that version); ``value_hash`` is
     ``gate.protocol.question.value_hash`` of the value (the value is not logged)."""
@@ -120,24 +82,9 @@ class QuestionAnsweredData:
     nonce: str
     value_hash: str
 
-    def to_data(self) -> dict[str, Any]:
-        """The entry's ``data`` object."""
-        return {
-            "operator_id": self.operator_id,
-            "version": self.version,
-            "request_hash": self.request_hash,
-            "nonce": self.nonce,
-            "value_hash": self.value_hash,
-        }
-
-    @classmethod
-    def from_data(cls, data: Mapping[str, Any]) -> QuestionAnsweredData:
-        """Read a logged ``data`` object back, as logged."""
-        return _as_logged(cls, data)
-
 
 @dataclass(frozen=True, slots=True)
-class QuestionResolvedData:
+class QuestionResolvedData(Payload):
     """``question_resolved``: ``outcome`` (answered|timeout|cancelled) on ``version`` with its
     ``request_hash``; ``value_hash`` only for answered. Its receipt is the question's."""
 
@@ -147,19 +94,3 @@ class QuestionResolvedData:
     version: int
     request_hash: str
     value_hash: str | None = None
-
-    def to_data(self) -> dict[str, Any]:
-        """The entry's ``data`` object."""
-        data: dict[str, Any] = {
-            "outcome": self.outcome,
-            "version": self.version,
-            "request_hash": self.request_hash,
-        }
-        if self.value_hash is not None:
-            data["value_hash"] = self.value_hash
-        return data
-
-    @classmethod
-    def from_data(cls, data: Mapping[str, Any]) -> QuestionResolvedData:
-        """Read a logged ``data`` object back, as logged."""
-        return _as_logged(cls, data)

@@ -53,17 +53,9 @@ def verdict(
     result = report.chain
     if result.wrong_key:
         return Verdict(1, err=(f"Error: {keys.where} ({', '.join(keys.names)}): {result.reason}",))
-    if not result.ok:
-        return Verdict(
-            1,
-            (
-                f"TAMPERED: entry {result.first_bad_seq}: {result.reason} "
-                f"({result.checked} entries before it verified)",
-            ),
-        )
-    if report.anchor is not None:
-        anchor = report.anchor
-        return Verdict(1, (f"TAMPERED: entry {anchor.seq}: {anchor.reason} ({anchor.source})",))
+    broken = chain_broken(report)
+    if broken is not None:
+        return Verdict(1, (broken,))
     signed = report.signatures
     if signed is not None and signed.findings:  # every finding, one line each
         return Verdict(
@@ -71,26 +63,16 @@ def verdict(
             tuple(f"TAMPERED: approver signature: {f.line()}" for f in signed.findings)
             + (f"(the audit log itself verified: {result.checked} entries)",),
         )
-    matched = report.records
-    if matched is not None and matched.problem is not None:
-        approval_id, reason = matched.problem
-        return Verdict(
-            1,
-            (
-                f"TAMPERED: approval {approval_id}: {reason}; the audit log itself "
-                f"verified ({result.checked} entries)",
-            ),
-        )
-    questions = report.questions
-    if questions is not None and questions.problem is not None:
-        question_id, reason = questions.problem
-        return Verdict(
-            1,
-            (
-                f"TAMPERED: question {question_id}: {reason}; the audit log itself "
-                f"verified ({result.checked} entries)",
-            ),
-        )
+    for noun, matched in report.kinds:
+        if matched is not None and matched.problem is not None:
+            subject_id, reason = matched.problem
+            return Verdict(
+                1,
+                (
+                    f"TAMPERED: {noun} {subject_id}: {reason}; the audit log itself "
+                    f"verified ({result.checked} entries)",
+                ),
+            )
     if report.credentials is not None:  # the table the gate checks keys against
         return Verdict(
             1,
@@ -106,13 +88,28 @@ def verdict(
     out = [f"ok: {result.checked} entries, {what} intact{spans_note(result, keys.names)}{notes}"]
     if signed is not None and signed.signed:
         out.append(f"ok: {len(signed.signed)} approver signatures verified")
-    if matched is not None:
-        newer = f" ({matched.newer} written since, not checked)" if matched.newer else ""
-        out.append(f"ok: {matched.checked} approvals match the audit log{newer}")
-    if questions is not None and (questions.checked or questions.newer):
-        newer = f" ({questions.newer} written since, not checked)" if questions.newer else ""
-        out.append(f"ok: {questions.checked} questions match the audit log{newer}")
+    for noun, matched in report.kinds:
+        # approvals are always counted; a log without questions is told what it always was
+        if matched is not None and (noun == "approval" or matched.checked or matched.newer):
+            newer = f" ({matched.newer} written since, not checked)" if matched.newer else ""
+            out.append(f"ok: {matched.checked} {noun}s match the audit log{newer}")
     return Verdict(0, tuple(out), _warnings(result, keys))
+
+
+def chain_broken(report: AuditReport) -> str | None:
+    """The ``TAMPERED: entry N: ...`` line of a chain that did not verify, or of an anchor
+    it does not hold (``audit verify`` and ``doctor`` alike), else None. A wrong key is not
+    tampering: the caller says it first."""
+    result = report.chain
+    if not result.ok and not result.wrong_key:
+        return (
+            f"TAMPERED: entry {result.first_bad_seq}: {result.reason} "
+            f"({result.checked} entries before it verified)"
+        )
+    anchor = report.anchor
+    if anchor is not None:
+        return f"TAMPERED: entry {anchor.seq}: {anchor.reason} ({anchor.source})"
+    return None
 
 
 def _warnings(result: VerifyResult, keys: KeysUsed) -> tuple[str, ...]:

@@ -69,31 +69,34 @@ def verify_segment(rows: Iterable[Sequence[Any]], key: ReceiptKeyArg) -> Segment
             if found is not None:
                 reason, wrong_key = found
         if reason is not None:
-            return Segment(
-                first[0],
-                first[1],
-                expected - 1 if checked else None,
-                prev if checked else None,
-                checked,
-                (seq, reason),
-                wrong_key,
-                spans.initial,
-                tuple(spans.starts),
-                spans.current,
-            )
+            return _ended(first, expected, prev, checked, spans, (seq, reason), wrong_key)
         prev = digest
         expected += 1
         checked += 1
     if first is None:
         return Segment(None, None, None, None, 0)
+    return _ended(first, expected, prev, checked, spans)
+
+
+def _ended(
+    first: tuple[int, str],
+    expected: int,
+    prev: str,
+    checked: int,
+    spans: audit_spans.Spans,
+    problem: tuple[int, str] | None = None,
+    wrong_key: bool = False,
+) -> Segment:
+    """The Segment of a run that began at ``first`` (seq, prev_hash) and verified
+    ``checked`` rows up to ``expected - 1`` (hash ``prev``), then stopped at ``problem``."""
     return Segment(
         first[0],
         first[1],
-        expected - 1,
-        prev,
+        expected - 1 if checked else None,
+        prev if checked else None,
         checked,
-        None,
-        False,
+        problem,
+        wrong_key,
         spans.initial,
         tuple(spans.starts),
         spans.current,

@@ -128,7 +128,7 @@ def check(rows: Iterable[audit.AuditRow]) -> SignatureReport:
             continue
         if not _may_matter(row, modes):  # most entries: one substring scan, no JSON parse
             continue
-        data = _data(row)
+        data = row.data
         if row.kind == CREATED:
             if data.get("approver_signature") is not None:  # few: keep only those
                 modes[row.approval_id] = data.get("approver_signature")
@@ -308,12 +308,3 @@ def _sha256_hex(text: str) -> str:
 
 def _unb64(text: str) -> bytes:
     return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
-
-
-def _data(row: audit.AuditRow) -> dict[str, Any]:
-    """The ``data`` object of an entry; {} when it has none."""
-    try:
-        data = json.loads(row.entry).get("data")
-    except (ValueError, AttributeError):
-        return {}
-    return data if isinstance(data, dict) else {}

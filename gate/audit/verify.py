@@ -16,12 +16,18 @@ from pathlib import Path
 from typing import Any
 
 from gate.audit import chain as audit
-from gate.audit import credential_records, question_records, signature_checks
+from gate.audit import credential_records, signature_checks
 from gate.audit import records as audit_records
 from gate.audit.receipts import head_problem, receipt_problem, span_keys
 from gate.audit.segments import Segment, stitch, verify_segment
 from gate.errors import GateError, Unavailable
-from gate.store import auditlog, inspection, question_audit
+from gate.store import auditlog, inspection
+from gate.store.audit_records import (
+    APPROVAL_TABLES,
+    QUESTION_TABLES,
+    latest_stored_receipt,
+    records_of,
+)
 from gate.store.auditlog import DatabaseRows
 from gate.trust.keys import PublicKeys
 
@@ -30,14 +36,12 @@ SEGMENT_ROWS = 50_000
 MAX_WORKERS = 8
 
 
-async def read_database(path: Path) -> Iterable[audit.AuditRow]:
+def read_database(path: Path) -> Iterable[audit.AuditRow]:
     """Return the audit rows of the database at ``path``, streamed (``DatabaseRows``).
 
     Raises GateError ``no_database`` if it does not exist, Unavailable when it cannot be read.
     """
-    if not Path(path).exists():
-        raise GateError("no_database", f"no database at {path}")
-    return DatabaseRows(path)
+    return DatabaseRows(_existing(path))
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,13 +75,18 @@ class AuditReport:
     credentials: str | None = None  # the approver_credentials table vs the log
 
     @property
+    def kinds(self) -> tuple[tuple[str, audit_records.RecordsResult | None], ...]:
+        """Each kind's records against the log, by the noun of its requests: ``records``
+        (approvals), then ``questions``."""
+        return (("approval", self.records), ("question", self.questions))
+
+    @property
     def ok(self) -> bool:
         """Every check that ran passed."""
         return (
             self.chain.ok
             and self.anchor is None
-            and (self.records is None or self.records.problem is None)
-            and (self.questions is None or self.questions.problem is None)
+            and all(found is None or found.problem is None for _, found in self.kinds)
             and (self.signatures is None or not self.signatures.findings)
             and self.credentials is None
         )
@@ -102,39 +111,36 @@ def verify_database(
     receipt)`` pairs, in order), the newest resolution receipt the approvals table stores
     (its source ``the receipt stored with approval ID``), the questions table's (``... with
     question ID``) and the chain heads ``expect_heads`` (``(seq, entry_hash)``);
-    then, with ``records``, every approval's rows against the verified log
-    (``gate.audit.records``), then every question's (``gate.audit.question_records``).
+    then, with ``records``, every approval's rows against the verified log, then every
+    question's (``gate.audit.records``).
     Reads only; a running gate may keep writing (entries appended meanwhile are not
     checked). Raises GateError ``no_database`` when there is no file at ``path``,
     Unavailable when it cannot be read.
     """
-    if not Path(path).exists():
-        raise GateError("no_database", f"no database at {path}")
-    rows = DatabaseRows(Path(path))
+    path = _existing(path)
+    rows = DatabaseRows(path)
     if public_keys or leading_unknown:
         chain = audit.verify(rows, keys, public_keys or None, leading_unknown=leading_unknown)
     else:  # entries checked in parallel, same answer
-        chain = verify_chain(Path(path), keys)
+        chain = verify_chain(path, keys)
     if not chain.ok or chain.wrong_key:
         return AuditReport(chain)
     anchors = list(expect)
-    stored = inspection.latest_stored_receipt(Path(path))
-    if stored is not None:  # the database keeps each resolution's receipt with its approval
-        anchors.append((f"the receipt stored with approval {stored[0]}", stored[1]))
-    asked = question_audit.latest_stored_receipt(Path(path))
-    if asked is not None:  # and each question's
-        anchors.append((f"the receipt stored with question {asked[0]}", asked[1]))
+    for tables in (APPROVAL_TABLES, QUESTION_TABLES):
+        stored = latest_stored_receipt(path, tables)
+        if stored is not None:  # the database keeps each resolution's receipt with its request
+            anchors.append((f"the receipt stored with {tables.noun} {stored[0]}", stored[1]))
     anchor = _anchor_problem(rows, chain, keys, public_keys, anchors, expect_heads)
     if anchor is not None:
         return AuditReport(chain, anchor)
     signed = signature_checks.check(_verified(rows, chain))
     if not records:
         return AuditReport(chain, signatures=signed)
-    matched = audit_records.check(auditlog.approval_records(Path(path)), chain.checked)
+    matched = audit_records.check(records_of(path, APPROVAL_TABLES), chain.checked)
     if matched.problem is not None:
         return AuditReport(chain, None, matched, signatures=signed)
-    asked_ok = question_records.check(question_audit.question_records(Path(path)), chain.checked)
-    enrolled, newer = inspection.credential_rows(Path(path), chain.checked)
+    asked_ok = audit_records.check(records_of(path, QUESTION_TABLES), chain.checked)
+    enrolled, newer = inspection.credential_rows(path, chain.checked)
     credentials = credential_records.problem(enrolled, signed.credentials, newer)
     return AuditReport(chain, None, matched, asked_ok, signed, credentials)
 
@@ -158,6 +164,13 @@ def verify_rows(
     if anchor is not None:
         return AuditReport(chain, anchor)
     return AuditReport(chain, signatures=signature_checks.check(_verified(rows, chain)))
+
+
+def _existing(path: Path) -> Path:
+    """``path`` as a Path; GateError ``no_database`` when there is no file there."""
+    if not Path(path).exists():
+        raise GateError("no_database", f"no database at {path}")
+    return Path(path)
 
 
 def _verified(
@@ -209,9 +222,7 @@ def verify_chain(
     bad entry and its reason do not depend on the split. Entries appended while it runs
     are not checked. Raises GateError ``no_database``, Unavailable on a read error.
     """
-    if not Path(path).exists():
-        raise GateError("no_database", f"no database at {path}")
-    bounds = auditlog.seq_bounds(Path(path))
+    bounds = auditlog.seq_bounds(_existing(path))
     if bounds is None:
         return audit.VerifyResult(True, 0)
     low, high = min(bounds[0], 1), bounds[1]
@@ -235,53 +246,18 @@ def verify_chain(
                 future.cancel()
 
 
-def _segment(outcome: tuple[Any, ...] | str) -> Segment:
+def _segment(outcome: Segment | str) -> Segment:
     if isinstance(outcome, str):  # a worker's read error, passed back as text
         raise Unavailable("storage_unavailable", outcome)
-    (
-        first_seq,
-        first_prev,
-        last_seq,
-        last_hash,
-        checked,
-        problem,
-        wrong_key,
-        initial_key,
-        starts,
-        end_key,
-    ) = outcome
-    return Segment(
-        first_seq,
-        first_prev,
-        last_seq,
-        last_hash,
-        checked,
-        None if problem is None else (int(problem[0]), str(problem[1])),
-        wrong_key,
-        initial_key,
-        tuple(starts),
-        end_key,
-    )
+    return outcome
 
 
-def _verify_range(path: str, low: int, high: int, key: tuple[bytes, ...]) -> tuple[Any, ...] | str:
-    """Worker: verify entries ``low..high``; the Segment as a plain tuple, or the error."""
+def _verify_range(path: str, low: int, high: int, key: tuple[bytes, ...]) -> Segment | str:
+    """Worker: verify entries ``low..high``; their Segment, or the read error's text."""
     try:
-        seg = verify_segment(auditlog.read_range(Path(path), low, high), key)
+        return verify_segment(auditlog.read_range(Path(path), low, high), key)
     except GateError as exc:
         return exc.message
-    return (
-        seg.first_seq,
-        seg.first_prev,
-        seg.last_seq,
-        seg.last_hash,
-        seg.checked,
-        seg.problem,
-        seg.wrong_key,
-        seg.initial_key,
-        seg.starts,
-        seg.end_key,
-    )
 
 
 def _usable_cpus() -> int:

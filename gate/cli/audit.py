@@ -3,13 +3,13 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
@@ -24,6 +24,11 @@ from gate.cli import (
 )
 from gate.errors import ConfigError, GateError
 
+if TYPE_CHECKING:
+    from gate.audit.verify import AuditReport
+
+F = TypeVar("F", bound=Callable[..., Any])
+
 
 @main.group()
 def audit() -> None:
@@ -33,23 +38,41 @@ def audit() -> None:
     """
 
 
+def log_source(verb: str) -> Callable[[F], F]:
+    """``-c/--config`` and ``--file``: the database or the export an ``audit`` command reads
+    (exactly one: ``one_source``); their help starts with ``verb`` (``Verify``)."""
+    config = click.option(
+        "-c",
+        "--config",
+        "config_path",
+        type=click.Path(dir_okay=False),
+        default=None,
+        envvar="HITL_GATE_CONFIG",
+        help=f"{verb} the database named by this config.",
+    )
+    export = click.option(
+        "--file",
+        "export_file",
+        type=click.Path(dir_okay=False),
+        default=None,
+        help=f"{verb} an export (JSON Lines) instead of the database.",
+    )
+    return lambda command: config(export(command))
+
+
+def one_source(config_path: str | None, export_file: str | None) -> None:
+    """Exit 2 unless exactly one of ``-c`` and ``--file`` was given."""
+    if (config_path is None) == (export_file is None):
+        fail("give exactly one of -c/--config or --file", 2)
+
+
+def _files(flag: str, name: str, text: str) -> Callable[[F], F]:
+    """A repeatable option naming a file (``--public-key``, ``--expect``)."""
+    return click.option(flag, name, multiple=True, type=click.Path(dir_okay=False), help=text)
+
+
 @audit.command("verify")
-@click.option(
-    "-c",
-    "--config",
-    "config_path",
-    type=click.Path(dir_okay=False),
-    default=None,
-    envvar="HITL_GATE_CONFIG",
-    help="Verify the database named by this config.",
-)
-@click.option(
-    "--file",
-    "export_file",
-    type=click.Path(dir_okay=False),
-    default=None,
-    help="Verify an export (JSON Lines) instead of the database.",
-)
+@log_source("Verify")
 @click.option(
     "--key-env",
     "key_envs",
@@ -58,20 +81,16 @@ def audit() -> None:
     "receipts.previous_key_env); repeat for a log whose key was rotated: each "
     "entry is checked with the key of its span.",
 )
-@click.option(
+@_files(
     "--public-key",
     "public_key_files",
-    multiple=True,
-    type=click.Path(dir_okay=False),
-    help="Ed25519 public key (PEM) trusted for entry signatures; repeat for rotated "
+    "Ed25519 public key (PEM) trusted for entry signatures; repeat for rotated "
     "keys. No secret needed.",
 )
-@click.option(
+@_files(
     "--expect",
     "expect_files",
-    multiple=True,
-    type=click.Path(dir_okay=False),
-    help="A receipt (JSON, or an approval object holding one) the log must hold; "
+    "A receipt (JSON, or an approval object holding one) the log must hold; "
     "catches a deleted tail. Repeatable.",
 )
 @click.option(
@@ -116,53 +135,15 @@ def audit_verify(
     Example: hitl-gate audit verify --file audit.jsonl --public-key hitl-gate-ed25519.pub
     --expect receipt.json
     """
-    from gate.audit.inputs import read_expected, read_export
     from gate.audit.report import KeysUsed, verdict
-    from gate.audit.verify import verify_database, verify_rows
 
-    if (config_path is None) == (export_file is None):
-        fail("give exactly one of -c/--config or --file", 2)
+    one_source(config_path, export_file)
     config = read_config(config_path) if config_path else None
-    public = public_keys(public_key_files)
-    if config is not None:
-        try:  # with --public-key the private signing key is not needed (nor read)
-            public.update(receipt_keys(config, private=not public).public)
-        except ConfigError as exc:
-            hint = (
-                "; to verify without the private key, give its public key with --public-key"
-                if any(e.startswith("receipts.signing_key_file") for e in exc.errors)
-                else ""
-            )
-            fail("; ".join(exc.errors) + hint, 2)
-    try:
-        expected = [read_expected(Path(f)) for f in expect_files]
-    except GateError as exc:
-        fail(f"--expect: {exc.message}", 2)
+    public = _trusted_keys(config, public_key_files)
+    expected = _expected(expect_files)
     where, names, key = _verify_keys(config, key_envs)
     anchors = [(f"receipt {path}", held) for path, held in expected]
-    try:
-        if config is not None:
-            report = verify_database(
-                config.storage.path,
-                key,
-                public_keys=public or None,
-                expect=anchors,
-                expect_heads=expect_heads,
-                records=records,
-            )
-        else:
-            rows = read_export(Path(str(export_file)))
-            if not rows:
-                click.echo("TAMPERED: the export holds no entries (nothing to verify)")
-                sys.exit(1)
-            report = verify_rows(
-                rows, key, public_keys=public or None, expect=anchors, expect_heads=expect_heads
-            )
-    except GateError as exc:
-        if exc.code == "bad_export_line":  # a readable export that is not intact
-            click.echo(f"TAMPERED: {exc.message}")
-            sys.exit(1)
-        fail(exc.message, 2 if exc.code in ("no_database", "unreadable_export") else 1)
+    report = _report(config, export_file, key, public, anchors, expect_heads, records)
     keys = KeysUsed(
         where,
         tuple(names),
@@ -181,6 +162,71 @@ def audit_verify(
     for line in said.err:
         click.echo(line, err=True)
     sys.exit(said.exit_code)
+
+
+def _trusted_keys(config: Any, files: tuple[str, ...]) -> dict[str, Any]:
+    """The public keys given with --public-key and, with -c, those of the config (its
+    signing key's public half, its trusted keys). Exits 2 naming a config error."""
+    public = public_keys(files)
+    if config is not None:
+        try:  # with --public-key the private signing key is not needed (nor read)
+            public.update(receipt_keys(config, private=not public).public)
+        except ConfigError as exc:
+            hint = (
+                "; to verify without the private key, give its public key with --public-key"
+                if any(e.startswith("receipts.signing_key_file") for e in exc.errors)
+                else ""
+            )
+            fail("; ".join(exc.errors) + hint, 2)
+    return public
+
+
+def _expected(files: tuple[str, ...]) -> list[tuple[Path, dict[str, Any]]]:
+    """The receipts of --expect, ``(path, receipt)``; exits 2 naming one it cannot read."""
+    from gate.audit.inputs import read_expected
+
+    try:
+        return [read_expected(Path(f)) for f in files]
+    except GateError as exc:
+        fail(f"--expect: {exc.message}", 2)
+
+
+def _report(
+    config: Any,
+    export_file: str | None,
+    key: tuple[bytes, ...],
+    public: dict[str, Any],
+    anchors: list[tuple[str, dict[str, Any]]],
+    heads: list[tuple[int, str]],
+    records: bool,
+) -> AuditReport:
+    """The report on the database of ``config`` (with its records, when ``records``), else
+    on the export ``export_file``. An export that is not intact, or holds no entry, is
+    TAMPERED (exit 1); one that cannot be read, or no database, exits 2."""
+    from gate.audit.inputs import read_export
+    from gate.audit.verify import verify_database, verify_rows
+
+    trusted = public or None
+    try:
+        if config is not None:
+            return verify_database(
+                config.storage.path,
+                key,
+                public_keys=trusted,
+                expect=anchors,
+                expect_heads=heads,
+                records=records,
+            )
+        rows = read_export(Path(str(export_file)))
+        if not rows:
+            click.echo("TAMPERED: the export holds no entries (nothing to verify)")
+            sys.exit(1)
+        return verify_rows(rows, key, public_keys=trusted, expect=anchors, expect_heads=heads)
+    except GateError as exc:
+        if exc.code == "bad_export_line":  # a readable export that is not intact
+            click.echo(f"TAMPERED: {exc.message}")
+            sys.exit(1)
+        fail(exc.message, 2 if exc.code in ("no_database", "unreadable_export") else 1)
 
 
 def _expect_heads(values: tuple[str, ...]) -> list[tuple[int, str]]:
@@ -234,7 +280,7 @@ def audit_export(config_path: str, output: str) -> None:
 
     config = read_config(config_path)
     try:
-        rows = asyncio.run(read_database(config.storage.path))
+        rows = read_database(config.storage.path)
     except GateError as exc:
         fail(exc.message)
     lines = "".join(export_line(r) + "\n" for r in rows)

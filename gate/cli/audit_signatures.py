@@ -3,7 +3,6 @@ re-verified against the key its enrolment entry logged (proof that travels)."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import sys
 from collections.abc import Iterable
@@ -13,7 +12,7 @@ import click
 
 from gate.audit.chain import AuditRow
 from gate.cli import fail, read_config
-from gate.cli.audit import audit
+from gate.cli.audit import audit, log_source, one_source
 from gate.errors import GateError
 
 _COLUMNS = (
@@ -29,22 +28,7 @@ _COLUMNS = (
 
 
 @audit.command("signatures")
-@click.option(
-    "-c",
-    "--config",
-    "config_path",
-    type=click.Path(dir_okay=False),
-    default=None,
-    envvar="HITL_GATE_CONFIG",
-    help="Read the database named by this config.",
-)
-@click.option(
-    "--file",
-    "export_file",
-    type=click.Path(dir_okay=False),
-    default=None,
-    help="Read an export (JSON Lines) instead of the database.",
-)
+@log_source("Read")
 @click.option("--approval", "approval_id", default=None, help="Only this approval's decisions.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per signed decision.")
 def audit_signatures(
@@ -67,14 +51,13 @@ def audit_signatures(
     from gate.audit.inputs import read_export
     from gate.audit.verify import read_database
 
-    if (config_path is None) == (export_file is None):
-        fail("give exactly one of -c/--config or --file", 2)
+    one_source(config_path, export_file)
     try:
         rows: Iterable[AuditRow]
         if export_file is not None:
             rows = read_export(Path(export_file))
         else:
-            rows = asyncio.run(read_database(read_config(str(config_path)).storage.path))
+            rows = read_database(read_config(str(config_path)).storage.path)
         report = signature_checks.check(rows)
     except GateError as exc:
         fail(exc.message, 2)

@@ -8,10 +8,8 @@ it), so a missing file is an error, not a new empty database.
 
 from __future__ import annotations
 
-import json
 import sqlite3
-from collections.abc import Iterator
-from contextlib import closing, contextmanager
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,6 +17,7 @@ from typing import Any
 from gate.audit import chain as audit
 from gate.errors import Unavailable
 from gate.store import readonly
+from gate.store.auditlog import reading
 from gate.store.schema import SCHEMA_VERSION
 
 MAX_PROBLEMS = 20
@@ -38,22 +37,22 @@ class DatabaseInfo:
     audit_entries: int | None
 
 
-@contextmanager
-def _read_only(path: Path) -> Iterator[sqlite3.Connection]:
+def read_only(path: Path) -> AbstractContextManager[sqlite3.Connection]:
     """A ``gate.store.readonly`` connection to the existing database at ``path``, closed on
-    exit; Unavailable when it cannot be opened or read."""
-    with closing(readonly.connect(path)) as conn:
-        try:
-            yield conn
-        except sqlite3.Error as exc:
-            raise Unavailable("storage_unavailable", f"cannot read database {path}: {exc}") from exc
+    exit; Unavailable when it cannot be opened or read (``cannot read database PATH: ...``)."""
+    return reading(path, f"cannot read database {path}")
+
+
+def has_table(conn: sqlite3.Connection, table: str) -> bool:
+    """The database of ``conn`` has a table named ``table`` (one of the schema's names)."""
+    found = conn.execute(
+        "SELECT 1 FROM sqlite_schema WHERE type = 'table' AND name = ?", (table,)
+    ).fetchone()
+    return found is not None
 
 
 def _count(conn: sqlite3.Connection, table: str) -> int | None:
-    exists = conn.execute(
-        "SELECT 1 FROM sqlite_schema WHERE type = 'table' AND name = ?", (table,)
-    ).fetchone()
-    if exists is None:
+    if not has_table(conn, table):
         return None
     return int(conn.execute(f"SELECT count(*) FROM {table}").fetchone()[0])
 
@@ -62,7 +61,7 @@ def inspect(path: Path) -> DatabaseInfo:
     """Run ``PRAGMA integrity_check`` and read the schema version and row counts of the
     database at ``path``, read-only. Raises Unavailable (``storage_unavailable``) when the
     file is missing, unreadable or not a SQLite database."""
-    with _read_only(path) as conn:
+    with read_only(path) as conn:
         rows = conn.execute(f"PRAGMA integrity_check({MAX_PROBLEMS})").fetchall()
         problems = tuple(str(r[0]) for r in rows if str(r[0]) != "ok")
         version = int(conn.execute("PRAGMA user_version").fetchone()[0])
@@ -81,7 +80,7 @@ def newest_audit_row(path: Path) -> audit.AuditRow | None:
     """Return the audit row with the highest seq of the database at ``path`` (None for an
     empty log), read-only. Raises Unavailable when the file cannot be opened or has no
     audit_log table."""
-    with _read_only(path) as conn:
+    with read_only(path) as conn:
         if _count(conn, "audit_log") is None:
             raise Unavailable(
                 "storage_unavailable", f"{path} has no audit_log table (not a hitl-gate database?)"
@@ -92,58 +91,14 @@ def newest_audit_row(path: Path) -> audit.AuditRow | None:
         return None if row is None else audit.AuditRow(*row)
 
 
-def latest_stored_receipt(path: Path) -> tuple[str, dict[str, Any]] | None:
-    """Return ``(approval_id, receipt)`` of the resolved approval whose stored resolution
-    receipt has the highest audit seq, or None when no approval holds one (or there is no
-    approvals table), read-only. ``audit verify -c`` and ``doctor`` expect the log to hold
-    it, so a deleted tail is caught without a receipt kept elsewhere."""
-    with _read_only(path) as conn:
-        if _count(conn, "approvals") is None:
-            return None
-        row = conn.execute(
-            "SELECT approval_id, receipt FROM approvals WHERE receipt IS NOT NULL"
-            " ORDER BY json_extract(receipt, '$.seq') DESC LIMIT 1"
-        ).fetchone()
-    if row is None:
-        return None
-    try:
-        receipt = json.loads(row[1])
-    except ValueError:
-        receipt = {}
-    return str(row[0]), receipt if isinstance(receipt, dict) else {}
-
-
-def undelivered_dispatches(path: Path) -> tuple[int, str | None]:
-    """Return ``(pending approvals whose current revision's dispatch was attempted and never
-    acked, the last error of the most recently attempted one)`` of the database at
-    ``path``, read-only; ``(0, None)`` when there are none (or no tables yet)."""
-    with _read_only(path) as conn:
-        if _count(conn, "outbox") is None or _count(conn, "approvals") is None:
-            return 0, None
-        (count,) = conn.execute(
-            "SELECT count(*) FROM outbox o JOIN approvals a ON a.approval_id = o.approval_id"
-            " WHERE a.state = 'pending' AND o.revision = a.revision AND o.delivered_at IS NULL"
-            " AND o.attempts > 0"
-        ).fetchone()
-        row = conn.execute(
-            "SELECT o.last_error FROM outbox o JOIN approvals a ON a.approval_id = o.approval_id"
-            " WHERE a.state = 'pending' AND o.revision = a.revision AND o.delivered_at IS NULL"
-            " AND o.attempts > 0 ORDER BY o.next_attempt_at DESC LIMIT 1"
-        ).fetchone()
-        return int(count), None if row is None else row[0]
-
-
 def failed_followups(path: Path, since_ms: int) -> tuple[dict[str, int], str | None]:
     """Return ``({kind: count}, last error of the latest)`` of the ``followup_outbox`` rows
     (notices, reminders, escalations) of the database at ``path`` given up at or
     after ``since_ms`` (unix ms), read-only; rows dropped because their approval resolved
     (``last_error`` ``resolved``) are not failures. ``({}, None)`` when there are none (or no
     table yet)."""
-    with _read_only(path) as conn:
-        exists = conn.execute(
-            "SELECT 1 FROM sqlite_schema WHERE type = 'table' AND name = 'followup_outbox'"
-        ).fetchone()
-        if exists is None:
+    with read_only(path) as conn:
+        if not has_table(conn, "followup_outbox"):
             return {}, None
         where = "failed_at >= ? AND coalesce(last_error, '') <> 'resolved'"
         counts = {
@@ -166,7 +121,7 @@ def credential_rows(path: Path, after_seq: int) -> tuple[list[tuple[Any, ...]], 
     revoked_at)`` as stored, by credential_id, and ``newer`` the credential ids an
     enrolment or revocation entry after ``after_seq`` names (written after the chain was
     verified: not compared), read in one snapshot. ``([], set())`` before migration 6."""
-    with _read_only(path) as conn:
+    with read_only(path) as conn:
         if _count(conn, "approver_credentials") is None:
             return [], set()
         conn.execute("BEGIN")

@@ -14,35 +14,27 @@ import asyncio
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import replace
-from pathlib import Path
 
-from gate.config import Config, read_receipt_key
+from gate.config import read_receipt_key
 from gate.tools.doctor_audit import check_audit, check_database
-from gate.tools.doctor_check import Check, skip, warn
-from gate.tools.doctor_config import check_config, check_keys, check_secrets
-from gate.tools.doctor_followups import followups_summary
-from gate.tools.doctor_passkeys import passkeys_findings, passkeys_summary
-from gate.tools.doctor_questions import (
+from gate.tools.doctor_check import Check, skip
+from gate.tools.doctor_config import (
     asks_questions,
-    check_question_dispatch,
+    check_config,
+    check_keys,
+    check_secrets,
+    followups_summary,
     separate_question_url,
 )
+from gate.tools.doctor_passkeys import check_passkeys
 from gate.tools.doctor_relay import (
     check_clock,
     check_dispatch,
+    check_question_dispatch,
     check_relay,
-    dispatch_hint,
     probe_relay,
     safe_url,
 )
-from gate.tools.doctor_signers import signers_findings
-
-
-def _passkeys(config: Config, path: Path, now_ms: int) -> list[Check]:
-    level, detail = passkeys_summary(config, path)
-    line = Check("passkeys", level != "FAIL", detail, "" if level == "FAIL" else level)
-    found = [*passkeys_findings(config, path), *signers_findings(config, path, now_ms)]
-    return [line, *(warn("passkeys", finding) for finding in found)]
 
 
 async def run_checks(
@@ -93,8 +85,7 @@ async def run_checks(
                 await probe_relay(url, config.relay.dispatch_timeout, config.relay.ca_file, now),
             )
             asked.append(replace(found, name="question relay"))
-        ok, detail = await asyncio.to_thread(check_question_dispatch, path, dispatch_hint)
-        asked.append(Check("question dispatch", ok, detail))
+        asked.append(await asyncio.to_thread(check_question_dispatch, path))
     return [
         config_check,
         Check("followups", True, followups_summary(config, now_ms, safe_url)),
@@ -105,6 +96,6 @@ async def run_checks(
         check_relay(config.relay.url, probe),
         await asyncio.to_thread(check_dispatch, path, now_ms),
         *asked,
-        *_passkeys(config, path, now_ms),
+        *check_passkeys(config, path, now_ms),
         check_clock(now(), probe, config.relay.security.max_skew),
     ]

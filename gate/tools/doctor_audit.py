@@ -5,8 +5,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from gate.audit.chain import AuditRow
+from gate.audit.report import chain_broken
 from gate.audit.spans import matches
-from gate.audit.verify import verify_database
+from gate.audit.verify import AuditReport, verify_database
 from gate.config import ReceiptsConfig
 from gate.errors import GateError
 from gate.store import inspection as maintenance
@@ -98,72 +100,10 @@ def check_audit(
         report = verify_database(path, given, public_keys=public, leading_unknown=True)
     except GateError as exc:
         return Check("audit", False, exc.message)
-    result = report.chain
-    if result.wrong_key:
-        named = _key_names(receipts)
-        # no span found although the newest entry verifies with a configured key (checked
-        # above): the entry that began the newest span lost its receipt
-        caught = (
-            f"; yet the newest entry (seq {newest.seq}) verifies with {named}: the "
-            "receipt of the entry that began its span (entry 1 or a "
-            "receipt_key_rotated entry) was changed"
-            if newest is not None and result.first_bad_seq == newest.seq
-            else ""
-        )
-        return Check(
-            "audit", False, f"entry {result.first_bad_seq}: {result.reason}{caught} (check {named})"
-        )
-    if not result.ok:
-        return Check(
-            "audit",
-            False,
-            f"TAMPERED: entry {result.first_bad_seq}: {result.reason} "
-            f"({result.checked} entries before it verified)",
-        )
-    if report.anchor is not None:
-        anchor = report.anchor
-        return Check(
-            "audit", False, f"TAMPERED: entry {anchor.seq}: {anchor.reason} ({anchor.source})"
-        )
-    records = report.records
-    assert records is not None  # verify_database checks them unless told not to
-    if records.problem is not None:
-        return Check(
-            "audit",
-            False,
-            f"TAMPERED: approval {records.problem[0]}: "
-            f"{records.problem[1]}; the audit log itself verified",
-        )
-    asked = report.questions
-    if asked is not None and asked.problem is not None:
-        return Check(
-            "audit",
-            False,
-            f"TAMPERED: question {asked.problem[0]}: {asked.problem[1]}; the audit log "
-            "itself verified",
-        )
-    signed = report.signatures
-    if signed is not None and signed.findings:
-        return Check("audit", False, f"TAMPERED: approver signature: {signed.findings[0].line()}")
-    if report.credentials is not None:
-        return Check(
-            "audit", False, f"TAMPERED: {report.credentials}; the audit log itself verified"
-        )
-    what = ["chain"] + ["receipts"] * (receipt_key is not None) + ["signatures"] * bool(public)
-    detail = (
-        f"{result.checked} entries, {', '.join(what)} intact; {records.checked} approvals match it"
-    )
-    if asked is not None and asked.checked:
-        detail += f", {asked.checked} questions too"
-    if receipt_key is None:
-        detail += " (receipts not checked: no receipt key)"
-    elif result.spans and result.spans[0][0] > 1:
-        first = result.spans[0][0]
-        detail += (
-            f" (receipts from entry {first}: entries 1-{first - 1} are receipted with "
-            "a key retired by a rotation, which the config no longer names; audit "
-            "verify --key-env checks them with it)"
-        )
+    failed = _failure(report, newest, receipts)
+    if failed is not None:
+        return Check("audit", False, failed)
+    detail = _intact(report, receipt_key is not None, bool(public))
     if pending:
         previous = receipts.previous_key_env if receipts is not None else "the previous key"
         return warn(
@@ -173,6 +113,62 @@ def check_audit(
             "receipt_key_rotated entry at its next start",
         )
     return Check("audit", True, detail)
+
+
+def _failure(
+    report: AuditReport, newest: AuditRow | None, receipts: ReceiptsConfig | None
+) -> str | None:
+    """The doctor's words for the first check of ``report`` that failed, else None:
+    a wrong key, the chain, an anchor, each kind's records, a signature, the credentials."""
+    result = report.chain
+    if result.wrong_key:
+        named = _key_names(receipts)
+        # no span found although the newest entry verifies with a configured key (checked
+        # before): the entry that began the newest span lost its receipt
+        caught = (
+            f"; yet the newest entry (seq {newest.seq}) verifies with {named}: the "
+            "receipt of the entry that began its span (entry 1 or a "
+            "receipt_key_rotated entry) was changed"
+            if newest is not None and result.first_bad_seq == newest.seq
+            else ""
+        )
+        return f"entry {result.first_bad_seq}: {result.reason}{caught} (check {named})"
+    broken = chain_broken(report)
+    if broken is not None:
+        return broken
+    for noun, matched in report.kinds:
+        if matched is not None and matched.problem is not None:
+            subject_id, reason = matched.problem
+            return f"TAMPERED: {noun} {subject_id}: {reason}; the audit log itself verified"
+    signed = report.signatures
+    if signed is not None and signed.findings:
+        return f"TAMPERED: approver signature: {signed.findings[0].line()}"
+    if report.credentials is not None:
+        return f"TAMPERED: {report.credentials}; the audit log itself verified"
+    return None
+
+
+def _intact(report: AuditReport, receipts: bool, signatures: bool) -> str:
+    """What an intact ``report`` checked: entries, what of them, the records matching it
+    (questions only when there are some), and the receipts not checked or not all."""
+    result, records, asked = report.chain, report.records, report.questions
+    assert records is not None  # verify_database checks them unless told not to
+    what = ["chain"] + ["receipts"] * receipts + ["signatures"] * signatures
+    detail = (
+        f"{result.checked} entries, {', '.join(what)} intact; {records.checked} approvals match it"
+    )
+    if asked is not None and asked.checked:
+        detail += f", {asked.checked} questions too"
+    if not receipts:
+        detail += " (receipts not checked: no receipt key)"
+    elif result.spans and result.spans[0][0] > 1:
+        first = result.spans[0][0]
+        detail += (
+            f" (receipts from entry {first}: entries 1-{first - 1} are receipted with "
+            "a key retired by a rotation, which the config no longer names; audit "
+            "verify --key-env checks them with it)"
+        )
+    return detail
 
 
 def _key_names(receipts: ReceiptsConfig | None) -> str:

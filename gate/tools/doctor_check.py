@@ -43,3 +43,8 @@ def shown_errors(errors: list[str], hint: str = "") -> str:
     shown = "; ".join(errors[:MAX_ERRORS_SHOWN])
     more = len(errors) - MAX_ERRORS_SHOWN
     return shown + (f"; and {more} more" if more > 0 else "") + hint
+
+
+def counted(count: int, one: str, many: str) -> str:
+    """``1 step reminds``, ``2 steps remind``: ``count`` and its noun, ``one`` or ``many``."""
+    return f"{count} {one if count == 1 else many}"

@@ -1,10 +1,12 @@
-"""Doctor checks of the config file, its secret variables and its Ed25519 key files."""
+"""Doctor checks of the config file, its secret variables and its Ed25519 key files; the line
+of what it plans for follow-ups (reminders, escalation levels, delegations, notices); whether
+it asks questions, and where they go."""
 
 from __future__ import annotations
 
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from gate.config import Config, Secrets, load_config, load_secrets
@@ -12,7 +14,7 @@ from gate.config.followups import ended_delegations
 from gate.config.policy import policy_notes
 from gate.config.secrets import _secret_vars
 from gate.errors import ConfigError
-from gate.tools.doctor_check import Check, shown_errors, warn
+from gate.tools.doctor_check import Check, counted, shown_errors, warn
 from gate.trust.keys import ReceiptKeys, load_receipt_keys
 
 
@@ -89,3 +91,39 @@ def check_keys(config: Config) -> tuple[Check, ReceiptKeys | None]:
     if config.receipts.trusted_public_keys:
         detail += f", {len(config.receipts.trusted_public_keys)} trusted public keys"
     return Check("keys", True, detail), keys
+
+
+def followups_summary(config: Config, now_ms: int, safe_url: Callable[[str], str]) -> str:
+    """One line of what the config plans: steps that remind, steps that escalate (and their
+    levels), delegations in force at ``now_ms`` (unix ms; ended ones are the config check's
+    warning), and where notices go (``safe_url`` redacts the URL)."""
+    steps = [step for pipeline in config.pipelines for step in pipeline.steps]
+    remind = sum(step.first_reminder_s is not None for step in steps)
+    escalating = [step for step in steps if step.escalate]
+    levels = sum(len(step.escalate) for step in escalating)
+    in_force = sum(item.until_ms > now_ms for item in config.delegations)
+    target = config.relay.notice_target
+    parts = [
+        counted(remind, "step reminds", "steps remind"),
+        counted(len(escalating), "step escalates", "steps escalate")
+        + (f" ({counted(levels, 'level', 'levels')})" if levels else ""),
+        counted(in_force, "delegation in force", "delegations in force"),
+        f"notices to {safe_url(target)}" if target is not None else "no notices",
+    ]
+    return ", ".join(parts)
+
+
+def asks_questions(config: Config) -> bool:
+    """The config has a question step or names a relay for questions: only then does the
+    doctor check the question relay and the questions' dispatches (a deployment without
+    questions gets the report it always got)."""
+    return config.relay.question_target is not None or any(
+        step.type == "question" for pipeline in config.pipelines for step in pipeline.steps
+    )
+
+
+def separate_question_url(config: Config) -> str | None:
+    """``relay.question_url`` when it is set and not ``relay.url`` (else None: the relay
+    check probed the one URL questions go to)."""
+    url = config.relay.question_url
+    return None if url is None or url == config.relay.url else str(url)

@@ -1,4 +1,6 @@
-"""Doctor checks of the relay: reachable, its clock against ours, the dispatches it acked."""
+"""Doctor checks of the relays: reachable, their clock against ours, the dispatches they
+acked (approvals' to the relay with the follow-up sends given up lately, and questions' to
+the question relay for a config that asks questions)."""
 
 from __future__ import annotations
 
@@ -16,14 +18,15 @@ from gate.daemon.dispatch import redact
 from gate.errors import GateError
 from gate.protocol.envelope import rfc3339_ms
 from gate.protocol.relay_answers import refusal_reason
-from gate.store import inspection as maintenance
-from gate.tools.doctor_check import Check, skip, warn
-from gate.tools.doctor_followups import followup_failures
+from gate.store import inspection
+from gate.store.audit_records import APPROVAL_TABLES, QUESTION_TABLES, undelivered_dispatches
+from gate.tools.doctor_check import Check, counted, skip, warn
 
 # A system clock before this release's date is certainly wrong (e.g. a board without a
 # battery-backed clock that booted without NTP). Bump it with each release (CHANGELOG.md).
 RELEASE_DATE = "2026-11-30"
 CLOCK_WARN_S = 60.0
+DAY_MS = 24 * 3600 * 1000
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,7 +195,7 @@ def check_dispatch(path: Path, now_ms: int | None = None) -> Check:
     if not path.exists():
         return skip("dispatch", "no database yet")
     try:
-        count, error = maintenance.undelivered_dispatches(path)
+        count, error = undelivered_dispatches(path, APPROVAL_TABLES)
         given_up = None if now_ms is None else followup_failures(path, now_ms)
     except GateError as exc:
         return Check("dispatch", False, exc.message)
@@ -200,13 +203,55 @@ def check_dispatch(path: Path, now_ms: int | None = None) -> Check:
         if given_up is not None:
             return warn("dispatch", f"every pending approval's dispatch was acked; but {given_up}")
         return Check("dispatch", True, "every pending approval's dispatch was acked")
-    hint = dispatch_hint(error)
-    noun = "approval" if count == 1 else "approvals"
     return Check(
         "dispatch",
         False,
-        f"{count} pending {noun} not delivered to the relay; "
-        f"latest error: {error}"
-        + (f" ({hint})" if hint else "")
+        _undelivered(count, error, "approval", "relay")
         + (f"; and {given_up}" if given_up is not None else ""),
+    )
+
+
+def check_question_dispatch(path: Path) -> Check:
+    """Pending questions whose current version the question relay never acked (attempted,
+    refused or unreachable), as ``check_dispatch`` for approvals; a database not created yet
+    has none to check."""
+    if not path.exists():
+        return Check("question dispatch", True, "no database yet")
+    try:
+        count, error = undelivered_dispatches(path, QUESTION_TABLES)
+    except GateError as exc:
+        return Check("question dispatch", False, exc.message)
+    if count == 0:
+        return Check("question dispatch", True, "every pending question's dispatch was acked")
+    return Check(
+        "question dispatch", False, _undelivered(count, error, "question", "question relay")
+    )
+
+
+def _undelivered(count: int, error: str | None, noun: str, relay: str) -> str:
+    """``COUNT pending NOUN(s) not delivered to the RELAY; latest error: ERROR (hint)``."""
+    hint = dispatch_hint(error)
+    nouns = noun if count == 1 else f"{noun}s"
+    return f"{count} pending {nouns} not delivered to the {relay}; latest error: {error}" + (
+        f" ({hint})" if hint else ""
+    )
+
+
+def followup_failures(path: Path, now_ms: int) -> str | None:
+    """What was given up in the last 24 h before ``now_ms`` (unix ms) among the follow-up
+    sends of the database at ``path`` (``3 follow-up sends given up in the last 24 h (2
+    notices, 1 reminder); latest error: ...``), or None when nothing was. Raises GateError
+    when the database cannot be read."""
+    counts, error = inspection.failed_followups(path, now_ms - DAY_MS)
+    total = sum(counts.values())
+    if total == 0:
+        return None
+    names = {"notice": ("notice", "notices"), "reminder": ("reminder", "reminders")}
+    kinds = ", ".join(
+        counted(counts[kind], *names.get(kind, ("escalation", "escalations")))
+        for kind in sorted(counts)
+    )
+    return (
+        f"{counted(total, 'follow-up send', 'follow-up sends')} given up in the last 24 h "
+        f"({kinds}); latest error: {error}"
     )

@@ -1,0 +1,260 @@
+"""Read each kind of request's rows for ``audit verify -c`` and ``doctor``, read-only: the
+records the audit check compares with the log, the newest receipt stored with a request, and
+the pending requests whose dispatch the relay never acked. One set of reads serves every
+kind through its ``KindTables`` (``APPROVAL_TABLES``, ``QUESTION_TABLES``): a closed set of
+table and column names, never input."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, NamedTuple
+
+from gate.audit import chain as audit
+from gate.audit.approval_kind import ApprovalRecord
+from gate.audit.question_entries import QUESTION_KINDS
+from gate.audit.question_kind import QuestionRecord
+from gate.audit.records import Record
+from gate.store import readonly
+from gate.store.auditlog import audit_query, grouped, reading
+from gate.store.inspection import has_table, read_only
+
+
+class Read(NamedTuple):
+    """What was read of one request: its id (``key``), its ``row`` as a dict (None when
+    only another table or the log names it), the rows of each ``side`` table, its audit rows
+    (``entries``) and its outbox rows (``sent``), all as stored."""
+
+    key: str
+    row: dict[str, Any] | None
+    side: list[list[Any]]
+    entries: list[audit.AuditRow]
+    sent: list[Any]
+
+
+@dataclass(frozen=True, slots=True)
+class KindTables:
+    """Where one kind of request (a ``noun``) is stored: its ``table`` keyed by ``key``,
+    whose current version is column ``version``, read as ``columns``; ``side`` the queries
+    of its other tables (key first, ordered by key), ``outbox`` its dispatch table;
+    ``entries`` the ``audit_log.kind`` filter of its entries. ``record`` builds its audit
+    record from what was ``Read``. ``optional``: a database from before its migration has no
+    such tables (it then has no such records)."""
+
+    noun: str
+    table: str
+    key: str
+    version: str
+    columns: tuple[str, ...]
+    side: tuple[str, ...]
+    outbox: str
+    entries: str
+    record: Callable[[Read], Record]
+    optional: bool = False
+
+
+def _approval(read: Read) -> ApprovalRecord:
+    revs, decs = read.side
+    return ApprovalRecord(
+        read.key,
+        read.row,
+        [(r[1], r[2], r[3]) for r in revs],  # as stored: a wrong type disagrees
+        [
+            (d[1], d[2], d[3], d[4])
+            + (() if d[6] is None else (d[6],))
+            + (() if d[7] is None else (("credential_id", d[7]),))
+            for d in decs
+        ],
+        read.entries,
+        [(o[1], o[2], o[3]) for o in read.sent],
+        [(d[1], d[2], d[5]) for d in decs],
+    )
+
+
+def _question(read: Read) -> QuestionRecord:
+    (vers,) = read.side
+    return QuestionRecord(
+        read.key,
+        read.row,
+        [(v[1], v[2], v[3], v[4]) for v in vers],  # as stored
+        read.entries,
+        [(o[1], o[2], o[3]) for o in read.sent],
+    )
+
+
+# the audit_log.kind filter of the questions' entries (and, negated, of the approvals'): a
+# question's entries carry its question_id in audit_log.approval_id
+_QUESTION_KINDS = "(" + ", ".join(f"'{kind}'" for kind in QUESTION_KINDS) + ")"
+
+APPROVAL_TABLES = KindTables(
+    noun="approval",
+    table="approvals",
+    key="approval_id",
+    version="revision",
+    columns=(
+        "approval_id",
+        "pipeline",
+        "step",
+        "quorum_required",
+        "revision",
+        "state",
+        "outcome",
+        "expires_at",
+        "receipt",
+        "scope",
+        "approver_signature",
+    ),
+    side=(
+        "SELECT approval_id, revision, body, payload_hash FROM revisions"
+        " ORDER BY approval_id, revision",
+        "SELECT approval_id, revision, operator_id, decision, payload_hash, reason, on_behalf_of,"
+        " credential_id FROM decisions ORDER BY approval_id, revision, operator_id",
+    ),
+    outbox="outbox",
+    entries=f"kind NOT IN {_QUESTION_KINDS}",
+    record=_approval,
+)
+QUESTION_TABLES = KindTables(
+    noun="question",
+    table="questions",
+    key="question_id",
+    version="version",
+    columns=(
+        "question_id",
+        "pipeline",
+        "step",
+        "version",
+        "state",
+        "outcome",
+        "expires_at",
+        "scope",
+        "requested_by_id",
+        "answer",
+        "answered_by",
+        "answer_version",
+        "receipt",
+        "answer_identity",
+        "answer_salt",
+    ),
+    side=(
+        "SELECT question_id, version, question, request_hash, nonce FROM question_versions"
+        " ORDER BY question_id, version",
+    ),
+    outbox="question_outbox",
+    entries=f"kind IN {_QUESTION_KINDS}",
+    record=_question,
+    optional=True,
+)
+
+
+def records_of(path: Path, kind: KindTables) -> Iterator[Record]:
+    """Yield every request of ``kind`` named by its tables or by one of its entries in the
+    audit log of the database at ``path``, in id order, with its other tables' rows, outbox
+    rows and audit rows, all read in one snapshot (one read transaction: a running gate may
+    keep writing). Streams: memory grows with one request, not the database (SQLite sorts
+    the log by request). Yields nothing for a database without an audit log or (an
+    ``optional`` kind) without the kind's tables. Raises Unavailable when it cannot be read."""
+    sql = audit_query(readonly.connect(path))
+    if sql is None:
+        return
+    with reading(path) as conn:
+        conn.execute("BEGIN")  # one snapshot for every cursor
+        if kind.optional and not has_table(conn, kind.table):
+            conn.execute("COMMIT")
+            return
+        queries = (
+            f"SELECT {', '.join(kind.columns)} FROM {kind.table} ORDER BY {kind.key}",
+            *kind.side,
+            f"SELECT {kind.key}, {kind.version}, attempts, delivered_at FROM {kind.outbox}"
+            f" ORDER BY {kind.key}, {kind.version}",
+        )
+        streams = [grouped(conn.execute(_for_schema(conn, q))) for q in queries]
+        mine = f"approval_id IS NOT NULL AND {kind.entries} ORDER BY approval_id, seq"
+        by_request = sql.replace("FROM audit_log ORDER BY seq", f"FROM audit_log WHERE {mine}")
+        streams.append(grouped(conn.execute(by_request), 1))
+        for subject_id, (rows, *side, sent, entries) in _merged(streams):
+            row = dict(zip(kind.columns, rows[0], strict=True)) if rows else None
+            logged = [audit.AuditRow(*r) for r in entries]
+            yield kind.record(Read(subject_id, row, side, logged, sent))
+        conn.execute("COMMIT")
+
+
+def _merged(
+    streams: list[Iterator[tuple[str, list[Any]]]],
+) -> Iterator[tuple[str, list[list[Any]]]]:
+    """``(id, runs)`` for every id of the ``grouped`` ``streams`` (each ordered by id), in id
+    order: ``runs`` holds each stream's rows of that id (``[]`` where it has none)."""
+    heads: list[Any] = [next(s, None) for s in streams]
+    while any(head is not None for head in heads):
+        subject_id = min(head[0] for head in heads if head is not None)
+        runs: list[list[Any]] = []
+        for index, head in enumerate(heads):
+            if head is not None and head[0] == subject_id:
+                runs.append(head[1])
+                heads[index] = next(streams[index], None)
+            else:
+                runs.append([])
+        yield subject_id, runs
+
+
+def latest_stored_receipt(path: Path, kind: KindTables) -> tuple[str, dict[str, Any]] | None:
+    """``(id, receipt)`` of the resolved request of ``kind`` whose stored resolution receipt
+    has the highest audit seq, or None when none holds one (or there is no such table),
+    read-only. ``audit verify -c`` and ``doctor`` expect the log to hold it, so a deleted
+    tail is caught without a receipt kept elsewhere. Raises Unavailable on a read error."""
+    with read_only(path) as conn:
+        if not has_table(conn, kind.table):
+            return None
+        row = conn.execute(
+            f"SELECT {kind.key}, receipt FROM {kind.table} WHERE receipt IS NOT NULL"
+            " ORDER BY json_extract(receipt, '$.seq') DESC LIMIT 1"
+        ).fetchone()
+    if row is None:
+        return None
+    try:
+        receipt = json.loads(row[1])
+    except ValueError:
+        receipt = {}
+    return str(row[0]), receipt if isinstance(receipt, dict) else {}
+
+
+def undelivered_dispatches(path: Path, kind: KindTables) -> tuple[int, str | None]:
+    """``(pending requests of kind whose current version's dispatch was attempted and never
+    acked, the last error of the most recently attempted one)`` of the database at
+    ``path``, read-only; ``(0, None)`` when there are none (or no tables yet). Raises
+    Unavailable on a read error."""
+    where = (
+        f" FROM {kind.outbox} o JOIN {kind.table} r ON r.{kind.key} = o.{kind.key}"
+        f" WHERE r.state = 'pending' AND o.{kind.version} = r.{kind.version}"
+        " AND o.delivered_at IS NULL AND o.attempts > 0"
+    )
+    with read_only(path) as conn:
+        if not (has_table(conn, kind.outbox) and has_table(conn, kind.table)):
+            return 0, None
+        (count,) = conn.execute("SELECT count(*)" + where).fetchone()
+        row = conn.execute(
+            "SELECT o.last_error" + where + " ORDER BY o.next_attempt_at DESC LIMIT 1"
+        ).fetchone()
+    return int(count), None if row is None else row[0]
+
+
+def _for_schema(conn: sqlite3.Connection, sql: str) -> str:
+    """``sql`` for this database: before migration 4 the decisions table has no
+    ``reason`` and ``on_behalf_of`` columns, before migration 6 no
+    ``credential_id``, before migration 7 the approvals table no ``approver_signature``:
+    each read as NULL (an older schema is read as it is, not migrated).
+    Raises sqlite3.Error as the connection does."""
+    if " approver_signature " in sql:  # migration 7: frozen at creation
+        approvals = {str(row[1]) for row in conn.execute("PRAGMA table_info(approvals)")}
+        if "approver_signature" not in approvals:
+            sql = sql.replace(" approver_signature ", " NULL ")
+    if " on_behalf_of" not in sql:
+        return sql
+    columns = {str(row[1]) for row in conn.execute("PRAGMA table_info(decisions)")}
+    for column in ("reason", "on_behalf_of", "credential_id"):
+        if column not in columns:
+            sql = sql.replace(f" {column}", " NULL")
+    return sql
