@@ -3,8 +3,9 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 # One stamp per install, each made once and again when pyproject.toml changes: the package
-# with its runtime dependencies (all `make demo` needs), and the same plus the test tools of
-# pyproject's [test] extra (`make test`; it satisfies the first stamp too).
+# with its base dependencies (all `make demo` needs: the gate, the reference relay and the
+# CLI; neither the inbox nor the MCP extra), and the same plus pyproject's [test] extra, which
+# brings both extras and the test tools (`make test`; it satisfies the first stamp too).
 RUNTIME := $(VENV)/.installed-runtime
 TESTING := $(VENV)/.installed-test
 

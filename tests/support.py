@@ -15,6 +15,7 @@ import random
 import re
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -31,6 +32,7 @@ from aiohttp import web
 from gate.protocol import signing
 from gate.protocol.canonical import wire_json
 from gate.protocol.envelope import build_decision
+from gate.protocol.question import build_answer
 
 ROOT = Path(__file__).resolve().parent.parent
 # at least 32 bytes each: shorter ones are refused (< 16) or warned about (check-config)
@@ -95,6 +97,11 @@ def gate_env(**extra: str) -> dict[str, str]:
     return env
 
 
+# the steps of pipeline ``p`` most tests take: an approval (quorum 1) and a question
+Q1_STEP = {"name": "q1", "quorum": 1, "approvers": [101, 102, 103], "timeout": "1h"}
+ASK_STEP = {"name": "ask", "type": "question", "approvers": [101, 102], "timeout": "1h"}
+
+
 def write_config(
     directory: Path,
     relay_url: str,
@@ -114,7 +121,7 @@ def write_config(
     operators.append({"id": 999, "identity": "dave@example.com"})
     allowed = [100 + i for i in range(1, len(IDENTITIES) + 1)]
     default_steps = [
-        {"name": "q1", "quorum": 1, "approvers": [101, 102, 103], "timeout": "1h"},
+        Q1_STEP,
         {"name": "q2", "quorum": 2, "approvers": [101, 102, 103], "timeout": "1h"},
         {"name": "q3", "quorum": 3, "approvers": allowed, "timeout": "1h"},
         {"name": "short", "quorum": 1, "approvers": [101, 102], "timeout": "3s"},
@@ -545,6 +552,97 @@ def module_gate(name: str, env: dict[str, str] | None = None, **config: Any) -> 
         proc.stop()
 
     return relay, gate
+
+
+# ---- questions, and the gate's SQLite file read back ----------------------------------------
+
+
+def ask(
+    gate: GateProcess, step: str = "ask", *, text: str = "Which supplier?", **fields: Any
+) -> dict[str, Any]:
+    """POST /v1/questions on pipeline ``p`` at ``step`` asking ``text``; ``fields`` add to
+    the body (``response_type``, ``options``, ``schema``, ...). Asserts 201; returns the
+    question's view."""
+    body = {"pipeline": "p", "step": step, "text": text, **fields}
+    status, out = gate.api().call("POST", "/v1/questions", body)
+    assert status == 201, (status, out)
+    return dict(out)
+
+
+def dispatch_of(relay: CaptureRelay, question_id: str, version: int = 1) -> dict[str, Any]:
+    """Wait for ``relay``'s acked dispatch of question ``question_id`` at ``version`` (never a
+    resolution notice of it) and return the envelope: the question twin of
+    ``CaptureRelay.wait_dispatch``."""
+
+    def seen() -> dict[str, Any] | None:
+        for d in relay.dispatches():
+            if (d.get("question_id"), d.get("version")) == (question_id, version):
+                if d.get("type") != "notice":
+                    return d
+        return None
+
+    found: dict[str, Any] = wait_until(seen, what=f"dispatch of {question_id} v{version}")
+    return found
+
+
+def answer_body(
+    dispatch: dict[str, Any], value: Any, who: str = "", channel: str | None = None, **over: Any
+) -> dict[str, Any]:
+    """An answer envelope to a captured question dispatch, by ``who`` (default its first
+    approver), decided now; ``over`` replaces fields: the question twin of
+    ``decision_body``."""
+    body = build_answer(
+        question_id=dispatch["question_id"],
+        nonce=dispatch["callback"]["nonce"],
+        request_hash=dispatch["request_hash"],
+        value=value,
+        approver_id=who or dispatch["approvers"][0],
+        decided_at_ms=int(time.time() * 1000),
+        channel=channel,
+    )
+    body.update(over)
+    return body
+
+
+def answer(
+    gate: GateProcess, dispatch: dict[str, Any], value: Any, who: str = ""
+) -> tuple[int, Any]:
+    """Sign and POST ``answer_body(dispatch, value, who)`` to the gate; ``(status, json)``."""
+    status, out, _ = post_decision(gate.callback_url, answer_body(dispatch, value, who))
+    return status, out
+
+
+def db(gate: GateProcess, sql: str, *args: Any) -> list[tuple[Any, ...]]:
+    """The rows of ``sql`` (with ``args``) read from the gate's SQLite file on a connection of
+    their own, beside the running daemon."""
+    conn = sqlite3.connect(gate.config.parent / "gate.db")
+    try:
+        return conn.execute(sql, args).fetchall()
+    finally:
+        conn.close()
+
+
+# audit entries a refused request, decision or answer could add (dispatch acks arrive on their own)
+COUNT_CHANGES = (
+    "SELECT COUNT(*) FROM audit_log WHERE kind NOT IN ('dispatch_ack', 'question_dispatch_ack')"
+)
+
+
+def snapshot(gate: GateProcess) -> tuple[Any, ...]:
+    """What a refused question, revise or answer must leave as it was: every question row,
+    every version, the count of audit entries that are not dispatch acks."""
+    return (
+        db(gate, "SELECT * FROM questions ORDER BY question_id"),
+        db(gate, "SELECT * FROM question_versions ORDER BY question_id, version"),
+        db(gate, COUNT_CHANGES),
+    )
+
+
+def kinds_of(gate: GateProcess, request_id: str) -> list[str]:
+    """The kinds of the audit entries about ``request_id`` (an approval's or a question's: one
+    id space), oldest first."""
+    rows = db(gate, "SELECT kind FROM audit_log WHERE approval_id = ? ORDER BY seq", request_id)
+    return [r[0] for r in rows]
 
 
 # ---- CLI subprocess helpers (used by test_e2e_lifecycle.py and test_cli.py) ----------------

@@ -518,6 +518,33 @@ def test_every_command_module_is_named_in_the_lazy_group():
         ), name
 
 
+# ---- the inbox and the MCP server are extras ------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("extra", "command"),
+    [("inbox", ["inbox", "serve"]), ("inbox", ["inbox", "check-config"]), ("mcp", ["mcp"])],
+    ids=["inbox serve", "inbox check-config", "mcp"],
+)
+def test_command_without_its_extra_names_the_extra_in_one_line(monkeypatch, extra, command):
+    """A base install (``pip install hitl-gate``) lacks the extra's packages: one line, exit 2,
+    no traceback; the command's help still works (tests/test_packaging.py runs this in a
+    real install without extras)."""
+    import gate.cli as cli
+
+    monkeypatch.setitem(cli.EXTRAS, extra, (*cli.EXTRAS[extra], "gate_not_installed_here"))
+
+    result = invoke([*command, "-c", "config.yaml"])
+    helped = invoke([*command, "--help"])
+
+    assert result.exit_code == 2
+    assert one_error_line(result.stderr) == (
+        f"Error: hitl-gate {extra} needs the {extra} extra: pip install 'hitl-gate[{extra}]'"
+    )
+    assert result.stdout == ""
+    assert helped.exit_code == 0 and helped.stdout.startswith("Usage: ")
+
+
 # ---- what a person reads: times fixed width ------------------------------------------------
 
 

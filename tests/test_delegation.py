@@ -29,6 +29,7 @@ from tests.support import (
     wait_until,
     write_config,
 )
+from tests.support import db as db_rows
 from tests.support import decision_body as answer_to
 
 ALICE, BOB, CAROL, OP04 = (
@@ -75,14 +76,6 @@ def stop() -> Iterator[list[GateProcess]]:
 def decide(gate: GateProcess, dispatch: dict[str, Any], identity: str, verb: str = "approve"):
     status, answer, _ = post_decision(gate.callback_url, answer_to(dispatch, identity, verb))
     return status, answer
-
-
-def db_rows(gate: GateProcess, sql: str, *args: Any) -> list[tuple[Any, ...]]:
-    conn = sqlite3.connect(gate.config.parent / "gate.db")
-    try:
-        return conn.execute(sql, args).fetchall()
-    finally:
-        conn.close()
 
 
 def decision_entries(gate: GateProcess, approval_id: str) -> list[dict[str, Any]]:

@@ -20,43 +20,25 @@ from typing import Any
 import pytest
 
 from tests.outbox_harness import FileSizeLimit, ScriptedRelay
-from tests.support import DEADLINE_S, GateProcess, logged, wait_until, write_config
+from tests.support import (
+    ASK_STEP,
+    DEADLINE_S,
+    Q1_STEP,
+    GateProcess,
+    logged,
+    wait_until,
+    write_config,
+)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 STEPS = [
-    {"name": "q1", "quorum": 1, "approvers": [101, 102, 103], "timeout": "1h"},
+    Q1_STEP,
     {"name": "short", "quorum": 1, "approvers": [101, 102], "timeout": "3s"},
-    {"name": "ask", "type": "question", "approvers": [101, 102], "timeout": "1h"},
+    ASK_STEP,
     {"name": "ask_short", "type": "question", "approvers": [101, 102], "timeout": "3s"},
 ]
 RELAY, NOTICES = "/relay", "/notices"
-
-
-class Channel:
-    """How a test makes one send of a channel and reads its row back."""
-
-    name = ""
-    path = RELAY
-    table = ""
-    where = ""  # the row of the request ``?``
-    event = ""  # the log event of a failed attempt
-    poison = ""  # SQL (``?`` = the id) that makes building the send raise
-    error = ""  # ``last_error`` once that happened
-    notice = False  # a notice: sent once the request resolved, given up at ``give_up_at``
-
-    def make(self, gate: GateProcess, run_id: str, short: bool = False) -> str:
-        raise NotImplementedError
-
-    def log_id(self, ident: str) -> str:
-        raise NotImplementedError
-
-    def row(self, db: Path, ident: str) -> dict[str, Any]:
-        with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as conn:
-            conn.row_factory = sqlite3.Row
-            found = conn.execute(f"SELECT * FROM {self.table} WHERE {self.where}", (ident,))
-            row = found.fetchone()
-        return {} if row is None else dict(row)
 
 
 def _post(gate: GateProcess, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -74,6 +56,46 @@ def _question(gate: GateProcess, run_id: str, step: str) -> str:
     return str(_post(gate, "/v1/questions", {**body, "response_type": "free_text"})["question_id"])
 
 
+class Channel:
+    """How a test makes one send of a channel and reads its row back; a channel is its
+    values."""
+
+    name = ""
+    kind = "approvals"  # the API's requests it sends about: approvals or questions
+    table = ""
+    where = ""  # the row of the request ``?``
+    event = ""  # the log event of a failed attempt
+    poison = ""  # SQL (``?`` = the id) that makes building the send raise
+    error = ""  # ``last_error`` once that happened
+    log = "{}"  # how its log lines name the send, ``{}`` = the request's id
+    steps = ("q1", "short")  # the step of a request it sends for, and of a short-lived one
+    notice = False  # a notice: sent once the request resolved, given up at ``give_up_at``
+
+    @property
+    def path(self) -> str:
+        """Where the relay receives this channel's sends."""
+        return NOTICES if self.notice else RELAY
+
+    def make(self, gate: GateProcess, run_id: str, short: bool = False) -> str:
+        """Make a request whose send goes out on this channel (a notice's: cancelled at once);
+        return its id."""
+        make = _approval if self.kind == "approvals" else _question
+        ident = make(gate, run_id, self.steps[1 if short else 0])
+        if self.notice:
+            _post(gate, f"/v1/{self.kind}/{ident}/cancel")
+        return ident
+
+    def log_id(self, ident: str) -> str:
+        return self.log.format(ident)
+
+    def row(self, db: Path, ident: str) -> dict[str, Any]:
+        with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as conn:
+            conn.row_factory = sqlite3.Row
+            found = conn.execute(f"SELECT * FROM {self.table} WHERE {self.where}", (ident,))
+            row = found.fetchone()
+        return {} if row is None else dict(row)
+
+
 class ApprovalDispatch(Channel):
     name, table, where = "approval_dispatch", "outbox", "approval_id = ? AND revision = 1"
     event, error = "dispatch_failed", "the dispatch could not be built (ValueError)"
@@ -81,54 +103,28 @@ class ApprovalDispatch(Channel):
     poison = """UPDATE approvals SET budget = '{"unit": "EUR", "spent_today": 1e999,
         "cap_today": 20.0, "spent_pipeline": 0.0, "cap_pipeline": null, "this_request": 1.0}'
         WHERE approval_id = ?"""
-
-    def make(self, gate: GateProcess, run_id: str, short: bool = False) -> str:
-        return _approval(gate, run_id, "short" if short else "q1")
-
-    def log_id(self, ident: str) -> str:
-        return f"approval_id={ident}"
+    log = "approval_id={}"
 
 
 class FollowUpNotice(Channel):
     name, table, where = "followup_notice", "followup_outbox", "approval_id = ? AND kind = 'notice'"
-    path, notice = NOTICES, True
     event, error = "followup_failed", "the notice could not be built (ValueError)"
     poison = "UPDATE approvals SET outcome = 'bogus' WHERE approval_id = ?"
-
-    def make(self, gate: GateProcess, run_id: str, short: bool = False) -> str:
-        ident = _approval(gate, run_id, "q1")
-        _post(gate, f"/v1/approvals/{ident}/cancel")
-        return ident
-
-    def log_id(self, ident: str) -> str:
-        return f"approval_id={ident} kind=notice n=1"
+    log, steps, notice = "approval_id={} kind=notice n=1", ("q1", "q1"), True
 
 
 class QuestionDispatch(Channel):
     name, table, where = "question_dispatch", "question_outbox", "question_id = ? AND version = 1"
     event, error = "question_dispatch_failed", "the dispatch could not be built (KeyError)"
     poison = "UPDATE question_versions SET question = '{}' WHERE question_id = ?"
-
-    def make(self, gate: GateProcess, run_id: str, short: bool = False) -> str:
-        return _question(gate, run_id, "ask_short" if short else "ask")
-
-    def log_id(self, ident: str) -> str:
-        return f"question_id={ident} version=1"
+    kind, log, steps = "questions", "question_id={} version=1", ("ask", "ask_short")
 
 
 class QuestionNotice(Channel):
     name, table, where = "question_notice", "question_notices", "question_id = ?"
-    path, notice = NOTICES, True
     event, error = "question_notice_failed", "the notice could not be built (ValueError)"
     poison = "UPDATE questions SET outcome = 'bogus' WHERE question_id = ?"
-
-    def make(self, gate: GateProcess, run_id: str, short: bool = False) -> str:
-        ident = _question(gate, run_id, "ask")
-        _post(gate, f"/v1/questions/{ident}/cancel")
-        return ident
-
-    def log_id(self, ident: str) -> str:
-        return f"question_id={ident}"
+    kind, log, steps, notice = "questions", "question_id={}", ("ask", "ask"), True
 
 
 CHANNELS = [ApprovalDispatch(), FollowUpNotice(), QuestionDispatch(), QuestionNotice()]

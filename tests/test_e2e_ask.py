@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import re
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +15,7 @@ import pytest
 from gate.protocol import signing
 from gate.protocol.canonical import wire_json
 from gate.protocol.question import QuestionSpec, build_question_dispatch, request_hash
+from tests import test_relay_terminal
 from tests.support import (
     SECRET,
     CliProcess,
@@ -24,23 +24,10 @@ from tests.support import (
     shown_time,
     write_config,
 )
-from tests.test_relay_terminal import PtyRelay
 
 pytestmark = pytest.mark.e2e
 
-
-@pytest.fixture
-def pty_relay() -> Iterator[Any]:
-    """Start ``hitl-gate relay`` on a pseudo-terminal (``PtyRelay``); stopped after the test."""
-    started: list[PtyRelay] = []
-
-    def start(*args: str) -> PtyRelay:
-        started.append(PtyRelay(*args))
-        return started[-1]
-
-    yield start
-    for relay in started:
-        relay.stop()
+pty_relay = test_relay_terminal.pty_relay  # the fixture: relays on a pseudo-terminal
 
 
 LISTENING = r"event=relay_listening url=(http://127\.0\.0\.1:\d+/)"

@@ -6,7 +6,7 @@ creation. Each refusal is read back from the real SQLite file as changing nothin
 
 from __future__ import annotations
 
-import sqlite3
+import functools
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -17,23 +17,27 @@ import pytest
 
 from gate.core.question_tx import MAX_VERSIONS
 from gate.protocol.canonical import wire_json
-from gate.protocol.question import build_answer
+from tests import support
 from tests.support import (
+    ASK_STEP,
     DEADLINE_S,
     CaptureRelay,
     GateProcess,
+    answer_body,
+    db,
+    dispatch_of,
     module_gate,
     post_decision,
+    snapshot,
     wait_until,
 )
 
 pytestmark = pytest.mark.e2e
 
-COUNT_CHANGES = (
-    "SELECT COUNT(*) FROM audit_log WHERE kind NOT IN ('dispatch_ack', 'question_dispatch_ack')"
-)
+ask = functools.partial(support.ask, text="orig")  # what each revise here replaces
+
 STEPS = [
-    {"name": "ask", "type": "question", "approvers": [101, 102], "timeout": "1h"},
+    ASK_STEP,
     {
         "name": "tight",
         "type": "question",
@@ -54,59 +58,17 @@ AMOUNT_FORM = {
 relay, gate = module_gate("qreview", steps=STEPS, relay={"questions": True})
 
 
-def ask(gate: GateProcess, step: str = "ask", **fields: Any) -> dict[str, Any]:
-    body = {"pipeline": "p", "step": step, "text": "orig", **fields}
-    status, out = gate.api().call("POST", "/v1/questions", body)
-    assert status == 201, (status, out)
-    return out
-
-
 def revise(gate: GateProcess, question_id: str, body: dict[str, Any]) -> tuple[int, Any]:
     return gate.api().call("POST", f"/v1/questions/{question_id}/revise", body)
-
-
-def dispatch_of(relay: CaptureRelay, question_id: str, version: int = 1) -> dict[str, Any]:
-    def seen() -> dict[str, Any] | None:
-        for d in relay.dispatches():
-            if d.get("question_id") == question_id and d.get("version") == version:
-                return d
-        return None
-
-    found: dict[str, Any] = wait_until(seen, what=f"dispatch of {question_id} v{version}")
-    return found
 
 
 def answer_raw(dispatch: dict[str, Any], value: Any, amount_text: str | None = None) -> bytes:
     """A signed-ready answer body; ``amount_text`` replaces the JSON of ``value.amount`` (e.g.
     ``1e999``, which no encoder writes)."""
-    body = build_answer(
-        question_id=dispatch["question_id"],
-        nonce=dispatch["callback"]["nonce"],
-        request_hash=dispatch["request_hash"],
-        value=value,
-        approver_id=dispatch["approvers"][0],
-        decided_at_ms=int(time.time() * 1000),
-    )
-    raw = wire_json(body)
+    raw = wire_json(answer_body(dispatch, value))
     if amount_text is not None:
         raw = raw.replace(b'"amount":0', b'"amount":' + amount_text.encode())
     return raw
-
-
-def db(gate: GateProcess, sql: str, *args: Any) -> list[tuple[Any, ...]]:
-    conn = sqlite3.connect(gate.config.parent / "gate.db")
-    try:
-        return conn.execute(sql, args).fetchall()
-    finally:
-        conn.close()
-
-
-def snapshot(gate: GateProcess) -> tuple[Any, ...]:
-    return (
-        db(gate, "SELECT * FROM questions ORDER BY question_id"),
-        db(gate, "SELECT * FROM question_versions ORDER BY question_id, version"),
-        db(gate, COUNT_CHANGES),
-    )
 
 
 def versions_of(gate: GateProcess, question_id: str) -> list[int]:

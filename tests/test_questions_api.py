@@ -5,9 +5,8 @@ one wins); the long-poll woken by an answer and the one whose wait elapses."""
 
 from __future__ import annotations
 
-import sqlite3
+import functools
 import threading
-import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -16,27 +15,30 @@ from typing import Any
 import pytest
 from ulid import ULID
 
-from gate.protocol.question import build_answer
+from tests import support
 from tests.support import (
     API_TOKEN,
+    ASK_STEP,
     DEADLINE_S,
+    Q1_STEP,
     Api,
     CaptureRelay,
     GateProcess,
+    ask,
+    db,
+    dispatch_of,
+    kinds_of,
     module_gate,
     post_decision,
-    wait_until,
+    snapshot,
     write_config,
 )
 
 pytestmark = pytest.mark.e2e
 
-# audit entries a refused answer or request could add (dispatch acks arrive on their own)
-COUNT_CHANGES = (
-    "SELECT COUNT(*) FROM audit_log WHERE kind NOT IN ('dispatch_ack', 'question_dispatch_ack')"
-)
-QUESTION_ROWS = "SELECT * FROM questions ORDER BY question_id"
-VERSION_ROWS = "SELECT * FROM question_versions ORDER BY question_id, version"
+# answers here come over the "test" channel
+answer_body = functools.partial(support.answer_body, channel="test")
+
 MAX_DRAFT_BYTES = 4096
 FORM = {
     "type": "object",
@@ -54,9 +56,9 @@ FORM = {
     "required": ["amount", "email"],
 }
 STEPS = [
-    {"name": "q1", "quorum": 1, "approvers": [101, 102, 103], "timeout": "1h"},
+    Q1_STEP,
     # alice and bob may answer; carol is an allowed user outside this step's scope
-    {"name": "ask", "type": "question", "approvers": [101, 102], "timeout": "1h"},
+    ASK_STEP,
     {
         "name": "tight",
         "type": "question",
@@ -73,60 +75,9 @@ relay, gate = module_gate(
 )
 
 
-def ask(gate: GateProcess, step: str = "ask", **fields: Any) -> dict[str, Any]:
-    body = {"pipeline": "p", "step": step, "text": "Which supplier?", **fields}
-    status, out = gate.api().call("POST", "/v1/questions", body)
-    assert status == 201, (status, out)
-    return out
-
-
-def dispatch_of(relay: CaptureRelay, question_id: str, version: int = 1) -> dict[str, Any]:
-    def seen() -> dict[str, Any] | None:
-        for d in relay.dispatches():
-            if d.get("question_id") == question_id and d.get("version") == version:
-                return d
-        return None
-
-    found: dict[str, Any] = wait_until(seen, what=f"dispatch of {question_id} v{version}")
-    return found
-
-
-def answer_body(dispatch: dict[str, Any], value: Any, who: str = "", **over: Any) -> dict[str, Any]:
-    body = build_answer(
-        question_id=dispatch["question_id"],
-        nonce=dispatch["callback"]["nonce"],
-        request_hash=dispatch["request_hash"],
-        value=value,
-        approver_id=who or dispatch["approvers"][0],
-        decided_at_ms=int(time.time() * 1000),
-        channel="test",
-    )
-    body.update(over)
-    return body
-
-
 def post(gate: GateProcess, body: dict[str, Any]) -> tuple[int, Any]:
     status, out, _ = post_decision(gate.callback_url, body)
     return status, out
-
-
-def db(gate: GateProcess, sql: str, *args: Any) -> list[tuple[Any, ...]]:
-    conn = sqlite3.connect(gate.config.parent / "gate.db")
-    try:
-        return conn.execute(sql, args).fetchall()
-    finally:
-        conn.close()
-
-
-def snapshot(gate: GateProcess) -> tuple[Any, ...]:
-    """What a refusal must leave as it was: every question row, every version, the audit
-    entries that are not dispatch acks."""
-    return db(gate, QUESTION_ROWS), db(gate, VERSION_ROWS), db(gate, COUNT_CHANGES)
-
-
-def kinds_of(gate: GateProcess, question_id: str) -> list[str]:
-    rows = db(gate, "SELECT kind FROM audit_log WHERE approval_id = ? ORDER BY seq", question_id)
-    return [r[0] for r in rows]
 
 
 # ---- the answer table: checks 5x-13, each refusal changes nothing ---------------------------

@@ -5,7 +5,7 @@ original ``expires_at``. Real daemons, a capturing relay, signed answers, the SQ
 
 from __future__ import annotations
 
-import sqlite3
+import functools
 import time
 from collections.abc import Callable
 from datetime import datetime
@@ -14,20 +14,28 @@ from typing import Any
 
 import pytest
 
-from gate.protocol.question import build_answer
+from tests import support
 from tests.support import (
+    ASK_STEP,
+    Q1_STEP,
     CaptureRelay,
     GateProcess,
-    post_decision,
+    db,
+    dispatch_of,
+    kinds_of,
     wait_until,
     write_config,
 )
 
 pytestmark = pytest.mark.e2e
 
+# this module's question, and the approver who answers it
+ask = functools.partial(support.ask, text="What PO number?")
+answer = functools.partial(support.answer, who="alice@example.com")
+
 STEPS = [
-    {"name": "q1", "quorum": 1, "approvers": [101, 102, 103], "timeout": "1h"},
-    {"name": "ask", "type": "question", "approvers": [101, 102], "timeout": "1h"},
+    Q1_STEP,
+    ASK_STEP,
     {"name": "brief", "type": "question", "approvers": [101, 102], "timeout": "3s"},
 ]
 
@@ -38,13 +46,6 @@ def config(tmp_path: Path, relay: CaptureRelay) -> Path:
 
 def epoch(stamp: str) -> float:
     return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
-
-
-def ask(gate: GateProcess, step: str = "ask", **fields: Any) -> dict[str, Any]:
-    body = {"pipeline": "p", "step": step, "text": "What PO number?", **fields}
-    status, out = gate.api().call("POST", "/v1/questions", body)
-    assert status == 201, (status, out)
-    return out
 
 
 def view(gate: GateProcess, question_id: str, wait: float | None = None) -> dict[str, Any]:
@@ -62,43 +63,6 @@ def wait_resolved(gate: GateProcess, question_id: str, timeout: float = 20) -> d
         found = view(gate, question_id, wait=round(min(remaining, 10), 2))
         if found["state"] == "resolved":
             return found
-
-
-def dispatch_of(relay: CaptureRelay, question_id: str, version: int = 1) -> dict[str, Any]:
-    def seen() -> dict[str, Any] | None:
-        for d in relay.dispatches():
-            if d.get("question_id") == question_id and d.get("version") == version:
-                return d
-        return None
-
-    found: dict[str, Any] = wait_until(seen, what=f"dispatch of {question_id} v{version}")
-    return found
-
-
-def answer(gate: GateProcess, dispatch: dict[str, Any], value: Any) -> tuple[int, Any]:
-    body = build_answer(
-        question_id=dispatch["question_id"],
-        nonce=dispatch["callback"]["nonce"],
-        request_hash=dispatch["request_hash"],
-        value=value,
-        approver_id="alice@example.com",
-        decided_at_ms=int(time.time() * 1000),
-    )
-    status, out, _ = post_decision(gate.callback_url, body)
-    return status, out
-
-
-def db(gate: GateProcess, sql: str, *args: Any) -> list[tuple[Any, ...]]:
-    conn = sqlite3.connect(gate.config.parent / "gate.db")
-    try:
-        return conn.execute(sql, args).fetchall()
-    finally:
-        conn.close()
-
-
-def kinds_of(gate: GateProcess, question_id: str) -> list[str]:
-    rows = db(gate, "SELECT kind FROM audit_log WHERE approval_id = ? ORDER BY seq", question_id)
-    return [r[0] for r in rows]
 
 
 # ---- expiry ---------------------------------------------------------------------------------

@@ -4,80 +4,34 @@ answers, the SQLite file read back."""
 from __future__ import annotations
 
 import json
-import sqlite3
-import time
 from typing import Any
 
 import pytest
 
-from gate.protocol.question import build_answer
 from tests.support import (
+    ASK_STEP,
+    COUNT_CHANGES,
+    Q1_STEP,
     CaptureRelay,
     GateProcess,
+    answer,
+    ask,
     decision_body,
+    dispatch_of,
     module_gate,
     post_decision,
-    wait_until,
 )
+from tests.support import db as db_rows
 
 pytestmark = pytest.mark.e2e
 
-# audit entries a refused answer or decision could add (dispatch acks arrive on their own)
-COUNT_CHANGES = (
-    "SELECT COUNT(*) FROM audit_log WHERE kind NOT IN ('dispatch_ack', 'question_dispatch_ack')"
-)
 STEPS = [
-    {"name": "q1", "quorum": 1, "approvers": [101, 102, 103], "timeout": "1h"},
-    {"name": "ask", "type": "question", "approvers": [101, 102], "timeout": "1h"},
+    Q1_STEP,
+    ASK_STEP,
 ]
 
 
 relay, gate = module_gate("q", steps=STEPS, relay={"questions": True})
-
-
-def ask(gate: GateProcess, **fields: Any) -> dict[str, Any]:
-    body = {"pipeline": "p", "step": "ask", "text": "Which supplier?", **fields}
-    status, answer = gate.api().call("POST", "/v1/questions", body)
-    assert status == 201, (status, answer)
-    return answer
-
-
-def dispatch_of(relay: CaptureRelay, question_id: str, version: int = 1) -> dict[str, Any]:
-    found: list[dict[str, Any]] = []
-
-    def seen() -> bool:
-        found[:] = [
-            d
-            for d in relay.dispatches()
-            if d.get("question_id") == question_id and d.get("version") == version
-        ]
-        return bool(found)
-
-    wait_until(seen, what="question dispatch")
-    return found[0]
-
-
-def answer(
-    gate: GateProcess, dispatch: dict[str, Any], value: Any, who: str = ""
-) -> tuple[int, Any]:
-    body = build_answer(
-        question_id=dispatch["question_id"],
-        nonce=dispatch["callback"]["nonce"],
-        request_hash=dispatch["request_hash"],
-        value=value,
-        approver_id=who or dispatch["approvers"][0],
-        decided_at_ms=int(time.time() * 1000),
-    )
-    status, out, _ = post_decision(gate.callback_url, body)
-    return status, out
-
-
-def db_rows(gate: GateProcess, sql: str, *args: Any) -> list[tuple[Any, ...]]:
-    conn = sqlite3.connect(gate.config.parent / "gate.db")
-    try:
-        return conn.execute(sql, args).fetchall()
-    finally:
-        conn.close()
 
 
 def test_question_single_choice_answered_end_to_end(gate: GateProcess, relay: CaptureRelay) -> None:

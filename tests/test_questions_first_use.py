@@ -5,7 +5,6 @@ signed answers, the SQLite file read back."""
 from __future__ import annotations
 
 import json
-import sqlite3
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -13,22 +12,26 @@ from typing import Any
 import pytest
 
 from gate.protocol import SIGNATURE_HEADER, signing
-from gate.protocol.question import build_answer
 from tests.support import (
+    ASK_STEP,
+    Q1_STEP,
     SECRET,
     CaptureRelay,
     GateProcess,
-    post_decision,
+    answer,
+    ask,
+    dispatch_of,
     run_cli,
     wait_until,
     write_config,
 )
+from tests.support import db as db_rows
 
 pytestmark = pytest.mark.e2e
 
 STEPS = [
-    {"name": "q1", "quorum": 1, "approvers": [101, 102, 103], "timeout": "1h"},
-    {"name": "ask", "type": "question", "approvers": [101, 102], "timeout": "1h"},
+    Q1_STEP,
+    ASK_STEP,
 ]
 
 
@@ -61,49 +64,6 @@ def gate(
     proc = GateProcess(config).start()
     yield proc
     proc.stop()
-
-
-def ask(gate: GateProcess, **fields: Any) -> dict[str, Any]:
-    body = {"pipeline": "p", "step": "ask", "text": "Which supplier?", **fields}
-    status, out = gate.api().call("POST", "/v1/questions", body)
-    assert status == 201, (status, out)
-    return dict(out)
-
-
-def dispatch_of(qrelay: CaptureRelay, question_id: str) -> dict[str, Any]:
-    found: list[dict[str, Any]] = []
-
-    def seen() -> bool:
-        found[:] = [
-            d
-            for d in qrelay.dispatches()
-            if d.get("question_id") == question_id and d.get("kind") == "question"
-        ]
-        return bool(found)
-
-    wait_until(seen, what="question dispatch")
-    return found[0]
-
-
-def answer(gate: GateProcess, dispatch: dict[str, Any], value: Any) -> tuple[int, Any]:
-    body = build_answer(
-        question_id=dispatch["question_id"],
-        nonce=dispatch["callback"]["nonce"],
-        request_hash=dispatch["request_hash"],
-        value=value,
-        approver_id=dispatch["approvers"][0],
-        decided_at_ms=int(time.time() * 1000),
-    )
-    status, out, _ = post_decision(gate.callback_url, body)
-    return status, out
-
-
-def db_rows(gate: GateProcess, sql: str, *args: Any) -> list[tuple[Any, ...]]:
-    conn = sqlite3.connect(gate.config.parent / "gate.db")
-    try:
-        return conn.execute(sql, args).fetchall()
-    finally:
-        conn.close()
 
 
 FORM = {

@@ -5,16 +5,16 @@ are conditions with deadlines."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
-from typing import Any
 
 import pytest
 
+from tests import test_relay_terminal
 from tests.support import CliProcess
 from tests.test_e2e_ask import LISTENING, _signed_question, ask, auto_relay, start_gate
-from tests.test_relay_terminal import PtyRelay
 
 pytestmark = pytest.mark.e2e
+
+pty_relay = test_relay_terminal.pty_relay  # the fixture: relays on a pseudo-terminal
 
 
 def test_relay_refuses_a_question_its_auto_answer_does_not_fit_503_before_acking(clis):
@@ -44,19 +44,6 @@ def test_relay_with_stdin_at_eof_refuses_the_first_question_503(clis):
 
     refused = (503, {"status": "unavailable", "reason": "no_human_at_terminal"})
     assert (first, second) == (refused, refused)
-
-
-@pytest.fixture
-def pty_relay() -> Iterator[Any]:
-    started: list[PtyRelay] = []
-
-    def start(*args: str) -> PtyRelay:
-        started.append(PtyRelay(*args))
-        return started[-1]
-
-    yield start
-    for relay in started:
-        relay.stop()
 
 
 TITLED_FORM = {

@@ -4,7 +4,6 @@ capturing relay on loopback, decisions and answers signed and posted as a relay 
 from __future__ import annotations
 
 import asyncio
-import sqlite3
 import threading
 import time
 from typing import Any
@@ -34,6 +33,7 @@ from tests.support import (
     post_decision,
     wait_until,
 )
+from tests.support import db as rows
 
 pytestmark = pytest.mark.e2e
 
@@ -78,14 +78,6 @@ def pending_id(gate: GateProcess, step: str) -> str:
     )
     assert len(found) == 1, found
     return str(found[0])
-
-
-def rows(gate: GateProcess, sql: str, *args: Any) -> list[tuple[Any, ...]]:
-    conn = sqlite3.connect(gate.config.parent / "gate.db")
-    try:
-        return conn.execute(sql, args).fetchall()
-    finally:
-        conn.close()
 
 
 # ---- AsyncGate -----------------------------------------------------------------------

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from gate.audit.chain import AuditRow
-from gate.protocol.envelope import reject_json_constant
+from gate.protocol.canonical import reject_json_constant
 
 
 def export_line(row: AuditRow) -> str:

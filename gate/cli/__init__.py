@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib
+import importlib.util
 import sys
 from collections.abc import Callable, Coroutine
 from pathlib import Path
@@ -22,17 +23,24 @@ from gate import __version__
 from gate.errors import ConfigError, GateError
 
 T = TypeVar("T")
+F = TypeVar("F", bound=Callable[..., Any])
 
 
-CONFIG_OPTION = click.option(
-    "-c",
-    "--config",
-    "config_path",
-    required=True,
-    type=click.Path(dir_okay=False),
-    envvar="HITL_GATE_CONFIG",
-    help="Path to the YAML config (env HITL_GATE_CONFIG).",
-)
+def config_option(envvar: str, what: str) -> Callable[[F], F]:
+    """The required ``-c/--config`` option (a file path, also from the variable ``envvar``)
+    of a program whose YAML config ``what`` names in the help."""
+    return click.option(
+        "-c",
+        "--config",
+        "config_path",
+        required=True,
+        type=click.Path(dir_okay=False),
+        envvar=envvar,
+        help=f"Path to {what} (env {envvar}).",
+    )
+
+
+CONFIG_OPTION = config_option("HITL_GATE_CONFIG", "the YAML config")
 API_URL_OPTION = click.option(
     "--api-url",
     envvar="HITL_GATE_API_URL",
@@ -58,6 +66,21 @@ def run(coro: Coroutine[Any, Any, T], interrupted: Callable[[], str] = lambda: "
         left = interrupted()
         click.echo(f"Interrupted{': ' + left if left else ''}", err=True)
         sys.exit(130)
+
+
+# an extra of pyproject.toml -> the modules it installs that the base install lacks
+EXTRAS: dict[str, tuple[str, ...]] = {
+    "inbox": ("jinja2", "markupsafe", "aiohttp_jinja2", "markdown_it", "aiosmtplib"),
+    "mcp": ("mcp", "uvicorn", "h11"),
+}
+
+
+def require_extra(extra: str) -> None:
+    """Exit 2 with one line naming the extra to install (``pip install 'hitl-gate[inbox]'``)
+    when a module of ``extra`` (``EXTRAS``) is not installed; it is looked up, not imported.
+    The command ``hitl-gate <extra>`` calls this first, so its ``--help`` needs no extra."""
+    if any(importlib.util.find_spec(module) is None for module in EXTRAS[extra]):
+        fail(f"hitl-gate {extra} needs the {extra} extra: pip install 'hitl-gate[{extra}]'", 2)
 
 
 def read_config(path: str) -> Any:

@@ -4,6 +4,7 @@ maps the outcome to the exit code."""
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
 from typing import Any
@@ -50,14 +51,14 @@ def _read_schema(path: str) -> dict[str, Any]:
     is wrong (cannot be read, not UTF-8, not JSON, a key twice, not an object). Whether it is
     a form schema the gate accepts is the gate's check (400 ``invalid_schema`` naming the
     JSON path)."""
-    from gate.protocol.envelope import reject_json_constant
+    from gate.protocol.canonical import no_duplicate_keys, reject_json_constant
 
     name = input_name(path)
     raw = read_input("--schema", path)
     try:
         schema = json.loads(
             raw.decode("utf-8-sig"),
-            object_pairs_hook=_unique_keys,
+            object_pairs_hook=functools.partial(no_duplicate_keys, twice=_twice),
             parse_constant=reject_json_constant,
         )
     except UnicodeDecodeError as exc:
@@ -71,15 +72,9 @@ def _read_schema(path: str) -> dict[str, Any]:
     return schema
 
 
-def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    """``object_pairs_hook``: a JSON object, ValueError on a key given twice (JSON would keep
-    the last one silently)."""
-    out: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in out:
-            raise ValueError(f"the key {key!r} is given twice")
-        out[key] = value
-    return out
+def _twice(key: str) -> str:
+    """What ``--schema`` says of a key given twice (JSON would keep the last one silently)."""
+    return f"the key {key!r} is given twice"
 
 
 def _json_kind(value: Any) -> str:

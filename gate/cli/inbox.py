@@ -5,20 +5,30 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import TYPE_CHECKING
 
 import click
 
-from gate.cli import main
+from gate.cli import config_option, main, require_extra
 
-INBOX_CONFIG_OPTION = click.option(
-    "-c",
-    "--config",
-    "config_path",
-    required=True,
-    type=click.Path(dir_okay=False),
-    envvar="HITL_INBOX_CONFIG",
-    help="Path to the inbox's YAML config (env HITL_INBOX_CONFIG).",
-)
+if TYPE_CHECKING:
+    from gate.inbox.config import InboxConfig, InboxSecrets
+
+INBOX_CONFIG_OPTION = config_option("HITL_INBOX_CONFIG", "the inbox's YAML config")
+
+
+def load(config_path: str) -> tuple[InboxConfig, InboxSecrets]:
+    """The inbox's config and secrets, once its extra is there (``require_extra``); exit 2
+    with every error, one line each naming the file, otherwise."""
+    require_extra("inbox")
+    from gate.inbox.config import load_inbox
+
+    config, secrets, errors = load_inbox(config_path, os.environ)
+    if errors or config is None or secrets is None:
+        for line in errors:
+            click.echo(f"{config_path}: {line}", err=True)
+        sys.exit(2)
+    return config, secrets
 
 
 @main.group("inbox")
@@ -38,13 +48,7 @@ def check_config(config_path: str) -> None:
 
     Example: hitl-gate inbox check-config -c inbox.yaml
     """
-    from gate.inbox.config import load_inbox
-
-    config, _, errors = load_inbox(config_path, os.environ)
-    if errors or config is None:
-        for line in errors:
-            click.echo(f"{config_path}: {line}", err=True)
-        sys.exit(2)
+    config, _ = load(config_path)
     click.echo(f"{config_path}: ok (listen {config.listen}, database {config.database})")
 
 
@@ -60,22 +64,18 @@ def serve(config_path: str, log_level: str) -> None:
     """Run the inbox: its one listener (relay endpoint /hitl/v0/relay) and its database.
 
     Logs to stderr (event=inbox_ready url=… once listening). Exit 0 on SIGTERM/SIGINT,
-    1 when it cannot start (listen, database), 2 on a config error.
+    1 when it cannot start (listen, database), 2 on a config error or without the
+    inbox extra.
 
     Example: hitl-gate inbox serve -c inbox.yaml
     """
+    config, secrets = load(config_path)
     import asyncio
 
     from gate import logs
-    from gate.inbox.config import load_inbox
     from gate.inbox.serve import serve_inbox
 
     logs.configure(log_level.upper(), "text")
-    config, secrets, errors = load_inbox(config_path, os.environ)
-    if errors or config is None or secrets is None:
-        for line in errors:
-            click.echo(f"{config_path}: {line}", err=True)
-        sys.exit(2)
     try:
         asyncio.run(serve_inbox(config, secrets))
     except OSError as exc:

@@ -10,7 +10,7 @@ import sys
 
 import click
 
-from gate.cli import API_URL_OPTION, CONFIG_OPTION, fail, main, read_config
+from gate.cli import API_URL_OPTION, CONFIG_OPTION, fail, main, read_config, require_extra
 from gate.cli.common import NumberType
 from gate.mcp.guard import DEFAULT_MAX_CONNECTIONS, DEFAULT_READ_TIMEOUT_S
 from gate.protocol.numbers import ascii_int
@@ -156,6 +156,7 @@ def mcp(
 
     Example: hitl-gate mcp -c config.yaml
     """
+    require_extra("mcp")
     import asyncio
 
     from gate import logs

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gate.config.policy import ArgumentConstraint, glob_pattern, unjudgeable
-from gate.protocol.envelope import finite_float, no_duplicate_keys, reject_json_constant
+from gate.protocol.canonical import finite_float, no_duplicate_keys, reject_json_constant
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,18 +4,8 @@ that hides nothing the draft says. Pure."""
 from __future__ import annotations
 
 import json
-from typing import Any
 
-
-def _reject_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    keys = [key for key, _ in pairs]
-    if len(set(keys)) != len(keys):
-        raise ValueError("duplicate key")
-    return dict(pairs)
-
-
-def _reject_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON")
+from gate.protocol.canonical import no_duplicate_keys, reject_json_constant
 
 
 def _exact_float(source: str) -> float:
@@ -41,8 +31,8 @@ def pretty_json(body: str) -> str | None:
     try:
         value = json.loads(
             body,
-            object_pairs_hook=_reject_duplicates,
-            parse_constant=_reject_constant,
+            object_pairs_hook=no_duplicate_keys,
+            parse_constant=reject_json_constant,
             parse_float=_exact_float,
             parse_int=_exact_int,
         )

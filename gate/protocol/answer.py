@@ -9,14 +9,13 @@ from typing import Any
 
 from gate.protocol import PROTOCOL
 from gate.protocol.envelope import (
-    MAX_ID_CHARS,
-    MAX_IDENTITY_CHARS,
-    MAX_LABEL_CHARS,
+    _approver,
+    _decided_at,
+    _head,
     _invalid,
-    _is_rfc3339,
-    _string,
-    rfc3339,
+    _protocol,
 )
+from gate.protocol.times import rfc3339
 
 ANSWER = "answer"
 """The decision verb of an answer envelope."""
@@ -52,9 +51,7 @@ def parse_answer(obj: Mapping[str, Any]) -> Answer:
     ProtocolError 400 ``invalid_<field>``.
     """
     body = dict(obj)
-    protocol = _string(body, "protocol", "protocol", MAX_LABEL_CHARS, required=True)
-    if protocol != PROTOCOL:
-        raise _invalid("protocol", f"protocol must be {PROTOCOL!r}")
+    _protocol(body)
     if body.get("kind", KIND) != KIND:
         raise _invalid("kind", f"kind must be {KIND!r} for an answer")
     if body.get("question_id") is None and body.get("approval_id") is not None:
@@ -62,24 +59,11 @@ def parse_answer(obj: Mapping[str, Any]) -> Answer:
             "question_id",
             "an answer names a question_id; approvals take approve, skip or adjust",
         )
-    question_id = _string(body, "question_id", "question_id", MAX_ID_CHARS, required=True)
-    nonce = _string(body, "nonce", "nonce", MAX_ID_CHARS, required=True)
-    decision = _string(body, "decision", "decision", MAX_LABEL_CHARS, required=True)
-    if decision != ANSWER:
-        raise _invalid("decision", "decision must be answer")
-    hash_ = _string(body, "request_hash", "request_hash", MAX_LABEL_CHARS, required=True)
+    question_id, nonce, _, hash_ = _head(body, "question_id", "request_hash", _answer_verb)
     if "value" not in body:
         raise _invalid("value", "value is required")
-    approver = body.get("approver")
-    if not isinstance(approver, dict):
-        raise _invalid("approver", "approver must be an object with an id")
-    approver_id = _string(approver, "id", "approver.id", MAX_IDENTITY_CHARS, required=True)
-    display = _string(approver, "display", "approver.display", MAX_LABEL_CHARS, required=False)
-    channel = _string(approver, "channel", "approver.channel", MAX_LABEL_CHARS, required=False)
-    decided_at = _string(body, "decided_at", "decided_at", MAX_LABEL_CHARS, required=True)
-    if decided_at is None or not _is_rfc3339(decided_at):
-        raise _invalid("decided_at", "decided_at must be an RFC 3339 timestamp")
-    assert question_id and nonce and hash_ and approver_id
+    approver_id, display, channel = _approver(body)
+    decided_at = _decided_at(body)
     return Answer(
         question_id=question_id,
         nonce=nonce,
@@ -90,6 +74,11 @@ def parse_answer(obj: Mapping[str, Any]) -> Answer:
         approver_channel=channel,
         decided_at=decided_at,
     )
+
+
+def _answer_verb(decision: str) -> None:
+    if decision != ANSWER:
+        raise _invalid("decision", "decision must be answer")
 
 
 def build_answer(

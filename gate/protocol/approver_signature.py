@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
 import hashlib
 import re
 from collections.abc import Sequence
@@ -22,6 +23,7 @@ from cryptography.hazmat.primitives.serialization import load_pem_public_key
 
 from gate.protocol import PROTOCOL
 from gate.protocol.canonical import canonical_json
+from gate.protocol.envelope import string_or_none
 from gate.protocol.errors import ProtocolError
 
 VERBS = ("approve", "skip", "adjust")
@@ -59,6 +61,7 @@ DETAILS = (
 
 _B64URL = re.compile(r"[A-Za-z0-9_-]*={0,2}")
 _HEX64 = re.compile(r"[0-9a-f]{64}")
+_BASE64URL = "a base64url string"
 
 
 def _sha256_hex(text: str) -> str:
@@ -205,13 +208,10 @@ def _invalid(part: str, message: str) -> ProtocolError:
 
 
 def _bytes(obj: dict[str, Any], part: str, low: int, high: int, *, required: bool) -> bytes | None:
-    value = obj.get(part)
+    name, refuse = f"{FIELD}.{part}", functools.partial(_invalid, part)
+    value = string_or_none(obj, part, refuse, name=name, required=required, what=_BASE64URL)
     if value is None:
-        if required:
-            raise _invalid(part, f"{FIELD}.{part} is required")
         return None
-    if not isinstance(value, str):
-        raise _invalid(part, f"{FIELD}.{part} must be a base64url string")
     if len(value) > (high * 4 + 2) // 3 + 2 or not _B64URL.fullmatch(value):
         raise _invalid(part, f"{FIELD}.{part} must be base64url of at most {high} bytes")
     bare = value.rstrip("=")

@@ -1,9 +1,12 @@
-"""Canonical JSON and the payload hash (SPEC §2, §7)."""
+"""Canonical JSON and the payload hash (SPEC §2, §7), and the hooks with which every JSON
+reader of the gate refuses what is no JSON for it: keys given twice, NaN, numbers too large."""
 
 from __future__ import annotations
 
 import hashlib
 import json
+import math
+from collections.abc import Callable
 from typing import Any
 
 HASH_PREFIX = "sha256:"
@@ -40,3 +43,49 @@ def wire_json(value: Any) -> bytes:
     ``canonical_json``.
     """
     return _WIRE.encode(value).encode("utf-8")
+
+
+def _duplicate_key(key: str) -> str:
+    return f"duplicate key {json.dumps(key)}"
+
+
+def no_duplicate_keys(
+    pairs: list[tuple[str, Any]], twice: Callable[[str], str] = _duplicate_key
+) -> dict[str, Any]:
+    """``object_pairs_hook`` for ``json``: raises ValueError naming a key that occurs twice
+    (JSON itself would keep the last one silently): ``twice(key)`` says it, by default
+    ``duplicate key "to"``; a reader with words of its own binds ``twice`` with
+    ``functools.partial``."""
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise ValueError(twice(key))
+        out[key] = value
+    return out
+
+
+def reject_json_constant(name: str) -> Any:
+    """``parse_constant`` hook for ``json``: NaN, Infinity and -Infinity are no JSON; raises
+    ValueError naming the constant."""
+    raise ValueError(f"{name} is not JSON")
+
+
+def finite_float(text: str) -> float:
+    """``parse_float`` hook for ``json``: a number whose value is not finite (``1e999`` would
+    decode to infinity) is no JSON for the gate, like NaN; raises ValueError (the number is
+    not quoted: it may be part of an answer's value)."""
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError("a number is too large to be finite")
+    return value
+
+
+MAX_INT_DIGITS = 4300  # Python's own limit for int() of text (sys.int_info)
+
+
+def whole_int(text: str) -> int:
+    """``parse_int`` hook for ``json``: an integer of more than ``MAX_INT_DIGITS`` digits is
+    refused in the gate's words (ValueError), not Python's."""
+    if len(text) - text.startswith("-") > MAX_INT_DIGITS:
+        raise ValueError(f"a number has more than {MAX_INT_DIGITS} digits")
+    return int(text)

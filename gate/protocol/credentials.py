@@ -10,8 +10,9 @@ from typing import Any
 
 from gate.protocol import PROTOCOL, signing
 from gate.protocol.canonical import canonical_json
-from gate.protocol.envelope import _is_rfc3339, decode_text_json, is_unicode, rfc3339
+from gate.protocol.envelope import decode_text_json, is_unicode
 from gate.protocol.errors import ProtocolError
+from gate.protocol.times import _is_rfc3339, rfc3339
 
 CREDENTIALS_PATH = "/hitl/v0/credentials"
 REQUEST_TYPE = "credentials_request"

@@ -15,7 +15,7 @@ from __future__ import annotations
 import unicodedata
 from collections.abc import Container
 
-from gate.protocol.envelope import rfc3339_ms, rfc3339_to_ms
+from gate.protocol.times import rfc3339_ms, rfc3339_to_ms
 
 HIDDEN_CATEGORIES = frozenset({"Cc", "Cf", "Zl", "Zp", "Cs", "Cn"})
 """Unicode general categories of the characters shown as their code point instead."""

@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import functools
 import json
-import math
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from gate.protocol import PROTOCOL
-from gate.protocol.errors import ProtocolError
+from gate.protocol.canonical import finite_float, no_duplicate_keys, reject_json_constant, whole_int
+from gate.protocol.errors import ProtocolError, field_refused
+from gate.protocol.times import _is_rfc3339 as _is_rfc3339
+from gate.protocol.times import rfc3339 as rfc3339
+from gate.protocol.times import rfc3339_ms as rfc3339_ms
+from gate.protocol.times import rfc3339_to_ms as rfc3339_to_ms
 from gate.protocol.whitespace import is_blank
 
 if TYPE_CHECKING:
@@ -28,26 +31,6 @@ MAX_ID_CHARS = 128
 MAX_IDENTITY_CHARS = 320
 MAX_LABEL_CHARS = 256
 UTF8_BOM = b"\xef\xbb\xbf"
-
-
-@functools.lru_cache(maxsize=256)
-def _utc_seconds(seconds: int) -> str:
-    return datetime.fromtimestamp(seconds, tz=UTC).strftime("%Y-%m-%dT%H:%M:%S")
-
-
-def rfc3339(ms: int) -> str:
-    """Format unix milliseconds as RFC 3339 UTC with ``Z``; fraction only when non-zero (like Go's
-    RFC3339Nano)."""
-    base = _utc_seconds(ms // 1000)
-    frac = ms % 1000
-    return f"{base}.{frac:03d}".rstrip("0") + "Z" if frac else base + "Z"
-
-
-def rfc3339_ms(ms: int) -> str:
-    """Format unix milliseconds as RFC 3339 UTC with exactly three fraction digits and ``Z``
-    (``2026-12-07T10:20:16.400Z``): fixed width, for what a person reads. The wire keeps
-    ``rfc3339``."""
-    return f"{_utc_seconds(ms // 1000)}.{ms % 1000:03d}Z"
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,44 +79,6 @@ def _invalid(field: str, message: str) -> ProtocolError:
     return ProtocolError(
         f"invalid_{field}", message, status=400, kind="invalid", extra={"field": field}
     )
-
-
-def no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    """``object_pairs_hook`` for ``json``: raises ValueError naming a key that occurs twice
-    (``duplicate key "to"``)."""
-    out: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in out:
-            raise ValueError(f"duplicate key {json.dumps(key)}")
-        out[key] = value
-    return out
-
-
-def reject_json_constant(name: str) -> Any:
-    """``parse_constant`` hook for ``json``: NaN, Infinity and -Infinity are no JSON; raises
-    ValueError naming the constant."""
-    raise ValueError(f"{name} is not JSON")
-
-
-def finite_float(text: str) -> float:
-    """``parse_float`` hook for ``json``: a number whose value is not finite (``1e999`` would
-    decode to infinity) is no JSON for the gate, like NaN; raises ValueError (the number is
-    not quoted: it may be part of an answer's value)."""
-    value = float(text)
-    if not math.isfinite(value):
-        raise ValueError("a number is too large to be finite")
-    return value
-
-
-MAX_INT_DIGITS = 4300  # Python's own limit for int() of text (sys.int_info)
-
-
-def whole_int(text: str) -> int:
-    """``parse_int`` hook for ``json``: an integer of more than ``MAX_INT_DIGITS`` digits is
-    refused in the gate's words (ValueError), not Python's."""
-    if len(text) - text.startswith("-") > MAX_INT_DIGITS:
-        raise ValueError(f"a number has more than {MAX_INT_DIGITS} digits")
-    return int(text)
 
 
 def decode_json(raw: bytes) -> Any:
@@ -216,13 +161,7 @@ def check_unicode(value: Any) -> None:
     if field is not None:
         message = f"{field} holds a lone surrogate (such as \\ud800): not valid Unicode text"
         reason = "schema" if field.startswith(("schema.", "schema[")) else _INDEX.sub("", field)
-        raise ProtocolError(
-            "invalid_" + reason,
-            message,
-            status=400,
-            kind="invalid",
-            extra={"field": field, "message": message},
-        )
+        raise field_refused("invalid_" + reason, field, message)
 
 
 def decode_text_json(raw: bytes) -> Any:
@@ -234,14 +173,33 @@ def decode_text_json(raw: bytes) -> Any:
     return value
 
 
-def _string(obj: dict[str, Any], key: str, field: str, limit: int, *, required: bool) -> str | None:
+def string_or_none(
+    obj: dict[str, Any],
+    key: str,
+    refuse: Callable[[str], ProtocolError],
+    *,
+    name: str,
+    required: bool,
+    what: str = "a string",
+) -> str | None:
+    """``obj[key]`` when it is a string; None when it is absent or null and not ``required``.
+    Otherwise raises ``refuse(message)``: ``<name> is required`` or ``<name> must be <what>``
+    (the first rule of every string field of check 5 and of an approver assertion)."""
     value = obj.get(key)
     if value is None:
         if required:
-            raise _invalid(field, f"{field} is required")
+            raise refuse(f"{name} is required")
         return None
     if not isinstance(value, str):
-        raise _invalid(field, f"{field} must be a string")
+        raise refuse(f"{name} must be {what}")
+    return value
+
+
+def _string(obj: dict[str, Any], key: str, field: str, limit: int, *, required: bool) -> str | None:
+    refuse = functools.partial(_invalid, field)
+    value = string_or_none(obj, key, refuse, name=field, required=required)
+    if value is None:
+        return None
     if not is_unicode(value):
         raise _invalid(field, f"{field} is not valid Unicode (lone surrogate)")
     if required and is_blank(value):
@@ -249,35 +207,6 @@ def _string(obj: dict[str, Any], key: str, field: str, limit: int, *, required: 
     if len(value) > limit:
         raise _invalid(field, f"{field} is longer than {limit} characters")
     return value
-
-
-# RFC 3339 §5.6 date-time: full date, "T" (or "t", or a space per its note), full time with
-# seconds and an optional fraction, then "Z"/"z" or a numeric offset
-_RFC3339 = re.compile(
-    r"([0-9]{4}-[0-9]{2}-[0-9]{2})[Tt ]([0-9]{2}:[0-9]{2}:[0-9]{2})(?:\.([0-9]+))?"
-    r"([Zz]|[+-][0-9]{2}:[0-9]{2})"
-)
-
-
-def _is_rfc3339(text: str) -> bool:
-    """True when ``text`` is an RFC 3339 date-time of a real instant (``fromisoformat`` alone
-    also takes a date, a time without seconds or offset, and ISO 8601's basic format)."""
-    return rfc3339_to_ms(text) is not None
-
-
-def rfc3339_to_ms(text: str) -> int | None:
-    """The instant of the RFC 3339 date-time ``text`` as unix milliseconds (a finer fraction
-    cut, not rounded); None when ``text`` is no RFC 3339 date-time of a real instant."""
-    match = _RFC3339.fullmatch(text)
-    if match is None:
-        return None
-    day, clock, fraction, offset = match.groups()
-    offset = "+00:00" if offset in ("Z", "z") else offset
-    try:
-        when = datetime.fromisoformat(f"{day}T{clock}.{(fraction or '0')[:6]:0<6}{offset}")
-    except ValueError:
-        return None
-    return int(when.replace(microsecond=0).timestamp()) * 1000 + when.microsecond // 1000
 
 
 def parse_decision(raw: bytes) -> Decision:
@@ -292,26 +221,65 @@ def parse_decision(raw: bytes) -> Decision:
     return decision_from_obj(obj)
 
 
-def decision_from_obj(obj: dict[str, Any]) -> Decision:
-    """``parse_decision`` after decoding: check 5 on a decoded JSON object (the
-    ``parse_callback`` decodes once, then routes here or to the answer parse)."""
-    protocol = _string(obj, "protocol", "protocol", MAX_LABEL_CHARS, required=True)
-    if protocol != PROTOCOL:
+def _protocol(obj: dict[str, Any]) -> None:
+    """Check 5's first field of a decision or an answer: ``protocol`` is hitl/v0."""
+    if _string(obj, "protocol", "protocol", MAX_LABEL_CHARS, required=True) != PROTOCOL:
         raise _invalid("protocol", f"protocol must be {PROTOCOL!r}")
-    approval_id = _string(obj, "approval_id", "approval_id", MAX_ID_CHARS, required=True)
+
+
+def _head(
+    obj: dict[str, Any], id_key: str, hash_key: str, verb: Callable[[str], None]
+) -> tuple[str, str, str, str]:
+    """``(id, nonce, decision, hash)`` of a decision or an answer, required strings checked
+    in wire order: the id (``approval_id`` or ``question_id``), ``nonce``, ``decision`` (then
+    ``verb`` refuses one the kind does not take), the hash (``payload_hash`` or
+    ``request_hash``)."""
+    id_ = _string(obj, id_key, id_key, MAX_ID_CHARS, required=True)
     nonce = _string(obj, "nonce", "nonce", MAX_ID_CHARS, required=True)
     decision = _string(obj, "decision", "decision", MAX_LABEL_CHARS, required=True)
+    assert id_ and nonce and decision
+    verb(decision)
+    hash_ = _string(obj, hash_key, hash_key, MAX_LABEL_CHARS, required=True)
+    assert hash_
+    return id_, nonce, decision, hash_
+
+
+def _decision_verb(decision: str) -> None:
     if decision == "timeout":
         raise _invalid("decision", "a relay never sends timeout: expiry is the gate's call")
     if decision not in VERBS:
         raise _invalid("decision", "decision must be one of approve, skip, adjust")
-    payload_hash = _string(obj, "payload_hash", "payload_hash", MAX_LABEL_CHARS, required=True)
+
+
+def _approver(obj: dict[str, Any]) -> tuple[str, str | None, str | None]:
+    """``(id, display, channel)`` of the ``approver`` object of a decision or an answer:
+    ``id`` required, the other two optional strings (check 5)."""
     approver = obj.get("approver")
     if not isinstance(approver, dict):
         raise _invalid("approver", "approver must be an object with an id")
     approver_id = _string(approver, "id", "approver.id", MAX_IDENTITY_CHARS, required=True)
     display = _string(approver, "display", "approver.display", MAX_LABEL_CHARS, required=False)
     channel = _string(approver, "channel", "approver.channel", MAX_LABEL_CHARS, required=False)
+    assert approver_id
+    return approver_id, display, channel
+
+
+def _decided_at(obj: dict[str, Any]) -> str:
+    """The required ``decided_at`` of a decision or an answer, an RFC 3339 date-time."""
+    decided_at = _string(obj, "decided_at", "decided_at", MAX_LABEL_CHARS, required=True)
+    if decided_at is None or not _is_rfc3339(decided_at):
+        raise _invalid("decided_at", "decided_at must be an RFC 3339 timestamp")
+    return decided_at
+
+
+def decision_from_obj(obj: dict[str, Any]) -> Decision:
+    """``parse_decision`` after decoding: check 5 on a decoded JSON object (the
+    ``parse_callback`` decodes once, then routes here or to the answer parse)."""
+    _protocol(obj)
+    approval_id, nonce, decision, payload_hash = _head(
+        obj, "approval_id", "payload_hash", _decision_verb
+    )
+    approver_id, display, channel = _approver(obj)
     adjust_text = obj.get("adjust_text")
     if adjust_text is not None and not isinstance(adjust_text, str):
         raise _invalid("adjust_text", "adjust_text must be a string or null")
@@ -322,11 +290,7 @@ def decision_from_obj(obj: dict[str, Any]) -> Decision:
         raise _invalid("reason", "reason must be a string or null")
     if reason is not None and not is_unicode(reason):
         raise _invalid("reason", "reason is not valid Unicode (lone surrogate)")
-    decided_at = _string(obj, "decided_at", "decided_at", MAX_LABEL_CHARS, required=True)
-    assert decided_at is not None
-    if not _is_rfc3339(decided_at):
-        raise _invalid("decided_at", "decided_at must be an RFC 3339 timestamp")
-    assert approval_id and nonce and payload_hash and approver_id
+    decided_at = _decided_at(obj)
     return Decision(
         approval_id=approval_id,
         nonce=nonce,
@@ -340,6 +304,22 @@ def decision_from_obj(obj: dict[str, Any]) -> Decision:
         reason=reason,
         approver_assertion=obj.get("approver_assertion"),
     )
+
+
+def routing(
+    run_id: str, pipeline: str, step: str, issued_at_ms: int, expires_at_ms: int, risk: str
+) -> dict[str, Any]:
+    """The fields every dispatch carries after its id, approval or question alike, in wire
+    order: ``run_id``, ``pipeline``, ``step``, ``issued_at``, ``expires_at`` (RFC 3339),
+    ``risk``."""
+    return {
+        "run_id": run_id,
+        "pipeline": pipeline,
+        "step": step,
+        "issued_at": rfc3339(issued_at_ms),
+        "expires_at": rfc3339(expires_at_ms),
+        "risk": risk,
+    }
 
 
 def build_dispatch(
@@ -376,12 +356,7 @@ def build_dispatch(
     envelope: dict[str, Any] = {
         "protocol": PROTOCOL,
         "approval_id": approval_id,
-        "run_id": run_id,
-        "pipeline": pipeline,
-        "step": step,
-        "issued_at": rfc3339(issued_at_ms),
-        "expires_at": rfc3339(expires_at_ms),
-        "risk": risk,
+        **routing(run_id, pipeline, step, issued_at_ms, expires_at_ms, risk),
         "quorum": {"required": quorum_required, "collected": quorum_collected},
         "approvers": list(approvers),
         "payload_hash": payload_hash,

@@ -12,3 +12,12 @@ class ProtocolError(GateError):
     ``missing_field:nonce`` ...); ``status``/``kind`` are the HTTP status and the
     ``status`` string of the answer body (``unauthorized``, ``invalid``).
     """
+
+
+def field_refused(code: str, field: str, message: str, *, status: int = 400) -> ProtocolError:
+    """``status`` (400 unless given) ``code``, kind ``invalid``, naming the ``field`` at fault
+    (a path such as ``options[2]`` or ``schema.properties.to``) with ``message`` in the answer
+    body too: what ``gate.errors.refused`` is for the layers above."""
+    return ProtocolError(
+        code, message, status=status, kind="invalid", extra={"field": field, "message": message}
+    )

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gate.protocol import PROTOCOL
-from gate.protocol.envelope import rfc3339
+from gate.protocol.times import rfc3339
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from gate.protocol.envelope import is_unicode
-from gate.protocol.errors import ProtocolError
+from gate.protocol.errors import ProtocolError, field_refused
 from gate.protocol.numbers import MAX_MAGNITUDE, RANGE_WORDS, in_range
 from gate.protocol.whitespace import is_blank
 
@@ -51,13 +51,7 @@ _A |= {"boolean": "a boolean", "array": "an array"}
 
 def schema_error(path: str, message: str) -> ProtocolError:
     """400 ``invalid_schema`` with ``field`` = ``path``."""
-    return ProtocolError(
-        "invalid_schema",
-        message,
-        status=400,
-        kind="invalid",
-        extra={"field": path, "message": message},
-    )
+    return field_refused("invalid_schema", path, message)
 
 
 _COUNT_WORDS = f"a non-negative integer up to 2**53 ({MAX_MAGNITUDE})"
@@ -78,21 +72,34 @@ def _text(prop: Mapping[str, Any], key: str, path: str, limit: int) -> None:
         raise schema_error(f"{path}.{key}", f"{path}.{key} is longer than {limit} characters")
 
 
-def _labels(values: Any, path: str, limit: int, *, distinct: bool, most: int) -> None:
+def check_labels(
+    values: Any,
+    path: str,
+    limit: int,
+    most: int,
+    *,
+    distinct: bool = True,
+    refuse: Callable[[str, str], ProtocolError] = schema_error,
+    entries: str = "entries",
+) -> None:
+    """``values`` is a non-empty list of at most ``most`` non-blank strings of at most
+    ``limit`` characters each, and with ``distinct`` no two the same (``repeated``): a form's
+    enums and their names, a question's options. Raises ``refuse(path, message)`` for the
+    first that is not, ``path`` the list's or the entry's (``options[2]``)."""
     if not isinstance(values, list) or not values:
-        raise schema_error(path, f"{path} must be a non-empty list of strings")
+        raise refuse(path, f"{path} must be a non-empty list of strings")
     if len(values) > most:
-        raise schema_error(path, f"{path} has more than {most} entries")
+        raise refuse(path, f"{path} has more than {most} {entries}")
     seen: dict[str, str] = {}
     for i, item in enumerate(values):
         where = f"{path}[{i}]"
         if not isinstance(item, str) or not is_unicode(item) or is_blank(item):
-            raise schema_error(where, f"{where} must be a non-blank string")
+            raise refuse(where, f"{where} must be a non-blank string")
         if len(item) > limit:
-            raise schema_error(where, f"{where} is longer than {limit} characters")
+            raise refuse(where, f"{where} is longer than {limit} characters")
         seen_as = repeated(seen, item) if distinct else None
         if seen_as is not None:
-            raise schema_error(where, f"{where} {seen_as}")
+            raise refuse(where, f"{where} {seen_as}")
 
 
 def repeated(seen: dict[str, str], item: str) -> str | None:
@@ -156,10 +163,10 @@ def _property(prop: Any, path: str, max_options: int) -> dict[str, Any]:
         if "default" in prop and not isinstance(prop["default"], bool):
             raise schema_error(f"{path}.default", f"{path}.default must be true or false")
     elif kind == "enum":
-        _labels(prop["enum"], f"{path}.enum", MAX_ENUM_CHARS, distinct=True, most=max_options)
+        check_labels(prop["enum"], f"{path}.enum", MAX_ENUM_CHARS, max_options)
         if "enumNames" in prop:
             names = f"{path}.enumNames"
-            _labels(prop["enumNames"], names, MAX_TITLE_CHARS, distinct=False, most=max_options)
+            check_labels(prop["enumNames"], names, MAX_TITLE_CHARS, max_options, distinct=False)
             if len(prop["enumNames"]) != len(prop["enum"]):
                 raise schema_error(names, f"{names} must have one label per enum value")
     else:  # array: a multi enum
@@ -169,7 +176,7 @@ def _property(prop: Any, path: str, max_options: int) -> dict[str, Any]:
         for key in items:
             if key not in ("type", "enum"):
                 raise schema_error(f"{where}.{key}", f"{where}.{key} is not allowed")
-        _labels(items["enum"], f"{where}.enum", MAX_ENUM_CHARS, distinct=True, most=max_options)
+        check_labels(items["enum"], f"{where}.enum", MAX_ENUM_CHARS, max_options)
         _bounds(prop, "minItems", "maxItems", path, _is_count)
         if prop.get("minItems", 0) > len(items["enum"]):
             raise schema_error(f"{path}.minItems", f"{path}.minItems is more than the choices")

@@ -13,7 +13,7 @@ from datetime import date
 from typing import Any
 
 from gate.protocol.envelope import is_unicode
-from gate.protocol.errors import ProtocolError
+from gate.protocol.errors import ProtocolError, field_refused
 from gate.protocol.numbers import RANGE_WORDS, in_range, is_json_number
 from gate.protocol.whitespace import WHITE_SPACE, is_blank
 
@@ -22,13 +22,7 @@ _DATE = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}")
 
 def value_error(path: str, message: str) -> ProtocolError:
     """422 ``invalid_value`` with ``field`` = ``path`` (answer check 12)."""
-    return ProtocolError(
-        "invalid_value",
-        message,
-        status=422,
-        kind="invalid",
-        extra={"field": path, "message": message},
-    )
+    return field_refused("invalid_value", path, message, status=422)
 
 
 def _plausible_email(text: str) -> bool:

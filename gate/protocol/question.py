@@ -8,6 +8,7 @@ here: import them from this module).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -21,9 +22,9 @@ from gate.protocol.answer import build_answer as build_answer
 from gate.protocol.answer import is_answer as is_answer
 from gate.protocol.answer import parse_answer as parse_answer
 from gate.protocol.canonical import HASH_PREFIX, canonical_json, wire_json
-from gate.protocol.envelope import is_unicode, rfc3339
-from gate.protocol.errors import ProtocolError
-from gate.protocol.form_schema import parse_schema, repeated
+from gate.protocol.envelope import is_unicode, routing
+from gate.protocol.errors import field_refused
+from gate.protocol.form_schema import check_labels, parse_schema
 from gate.protocol.form_value import check_form_value, value_error
 from gate.protocol.whitespace import is_blank
 
@@ -75,31 +76,9 @@ class QuestionSpec:
         )
 
 
-def _refuse(name: str, path: str, message: str) -> ProtocolError:
-    return ProtocolError(
-        f"invalid_{name}",
-        message,
-        status=400,
-        kind="invalid",
-        extra={"field": path, "message": message},
-    )
-
-
 def _options(value: Any, path: str, max_options: int) -> tuple[str, ...]:
-    if not isinstance(value, list) or not value:
-        raise _refuse("options", path, f"{path} must be a non-empty list of strings")
-    if len(value) > max_options:
-        raise _refuse("options", path, f"{path} has more than {max_options} options")
-    seen: dict[str, str] = {}
-    for i, option in enumerate(value):
-        at = f"{path}[{i}]"
-        if not isinstance(option, str) or not is_unicode(option) or is_blank(option):
-            raise _refuse("options", at, f"{at} must be a non-blank string")
-        if len(option) > MAX_OPTION_CHARS:
-            raise _refuse("options", at, f"{at} is longer than {MAX_OPTION_CHARS} characters")
-        seen_as = repeated(seen, option)
-        if seen_as is not None:
-            raise _refuse("options", at, f"{at} {seen_as}")
+    refuse = functools.partial(field_refused, "invalid_options")
+    check_labels(value, path, MAX_OPTION_CHARS, max_options, refuse=refuse, entries="options")
     return tuple(value)
 
 
@@ -125,40 +104,41 @@ def parse_question(
     text = obj.get("text")
     at = prefix + "text"
     if not isinstance(text, str) or not is_unicode(text):
-        raise _refuse("text", at, f"{at} must be a string")
+        raise field_refused("invalid_text", at, f"{at} must be a string")
     if is_blank(text):
-        raise _refuse("text", at, f"{at} must not be blank")
+        raise field_refused("invalid_text", at, f"{at} must not be blank")
     if len(text) > max_text_chars:
-        raise ProtocolError(
-            "question_too_large",
-            f"{at} is longer than {max_text_chars} characters",
-            status=413,
-            kind="invalid",
-            extra={"field": at, "message": f"{at} is longer than {max_text_chars} characters"},
-        )
+        message = f"{at} is longer than {max_text_chars} characters"
+        raise field_refused("question_too_large", at, message, status=413)
     reason = obj.get("reason")
     at = prefix + "reason"
     if reason is not None:
         if not isinstance(reason, str) or not is_unicode(reason):
-            raise _refuse("reason", at, f"{at} must be a string")
+            raise field_refused("invalid_reason", at, f"{at} must be a string")
         if len(reason) > MAX_REASON_CHARS:
-            raise _refuse("reason", at, f"{at} is longer than {MAX_REASON_CHARS} characters")
+            raise field_refused(
+                "invalid_reason", at, f"{at} is longer than {MAX_REASON_CHARS} characters"
+            )
         if is_blank(reason):  # only White_Space: no reason, like a decision's (B4)
             reason = None
     kind = obj.get("response_type")
     at = prefix + "response_type"
     if kind not in RESPONSE_TYPES:
-        raise _refuse("response_type", at, f"{at} must be one of {', '.join(RESPONSE_TYPES)}")
+        raise field_refused(
+            "invalid_response_type", at, f"{at} must be one of {', '.join(RESPONSE_TYPES)}"
+        )
     options, at = obj.get("options"), prefix + "options"
     if kind in _CHOICES and options is None:
-        raise _refuse("options", at, f"{at} is required for {kind}")
+        raise field_refused("invalid_options", at, f"{at} is required for {kind}")
     if kind not in _CHOICES and options is not None:
-        raise _refuse("options", at, f"{at} is only for single_choice and multi_choice")
+        raise field_refused(
+            "invalid_options", at, f"{at} is only for single_choice and multi_choice"
+        )
     schema, at = obj.get("schema"), prefix + "schema"
     if kind == "form" and schema is None:
-        raise _refuse("schema", at, f"{at} is required for form")
+        raise field_refused("invalid_schema", at, f"{at} is required for form")
     if kind != "form" and schema is not None:
-        raise _refuse("schema", at, f"{at} is only for form")
+        raise field_refused("invalid_schema", at, f"{at} is only for form")
     return QuestionSpec(
         text=text,
         response_type=str(kind),
@@ -259,12 +239,7 @@ def build_question_dispatch(
         "protocol": PROTOCOL,
         "kind": KIND,
         "question_id": question_id,
-        "run_id": run_id,
-        "pipeline": pipeline,
-        "step": step,
-        "issued_at": rfc3339(issued_at_ms),
-        "expires_at": rfc3339(expires_at_ms),
-        "risk": risk,
+        **routing(run_id, pipeline, step, issued_at_ms, expires_at_ms, risk),
         "version": version,
         "question": spec.to_json(),
         "request_hash": request_hash,

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from gate.protocol import PROTOCOL
-from gate.protocol.envelope import rfc3339
+from gate.protocol.times import rfc3339
 
 QUESTION_OUTCOMES = ("answered", "timeout", "cancelled")
 

@@ -8,6 +8,7 @@ key: signature, expiry, and that the body it is about to execute hashes to the p
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import hmac
 import json
@@ -23,7 +24,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from gate.errors import GateError
 from gate.model import Approval
-from gate.protocol.canonical import HASH_PREFIX, canonical_json
+from gate.protocol.canonical import HASH_PREFIX, canonical_json, no_duplicate_keys
 from gate.trust import keys
 
 ALG = "EdDSA"
@@ -238,18 +239,16 @@ def verify(
     return Permit(claims, dict(decoded["header"]), kid)
 
 
-def _reject_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for name, value in pairs:
-        if name in out:
-            raise ValueError(f"duplicate claim {name!r}")
-        out[name] = value
-    return out
+def _duplicate_claim(name: str) -> str:
+    return f"duplicate claim {name!r}"
+
+
+_unique_claims = functools.partial(no_duplicate_keys, twice=_duplicate_claim)
 
 
 def _claims(payload: bytes) -> dict[str, Any]:
     try:
-        claims = json.loads(payload.decode("utf-8"), object_pairs_hook=_reject_duplicates)
+        claims = json.loads(payload.decode("utf-8"), object_pairs_hook=_unique_claims)
     except (UnicodeDecodeError, ValueError) as exc:
         raise PermitError("permit_invalid_claims", f"payload is not a JSON object: {exc}") from None
     if not isinstance(claims, dict):

@@ -1,0 +1,113 @@
+"""A throwaway PostgreSQL server for the tests: Debian's own binaries (``initdb``, ``pg_ctl``
+from ``/usr/lib/postgresql/<version>/bin``, or ``PG_BINDIR``) on a fresh data folder in a
+temporary directory, listening on 127.0.0.1 at a free port and on a Unix socket in that
+folder. When the tests run as root the server runs as the unprivileged ``postgres`` user
+(``runuser``), as PostgreSQL refuses to run as root.
+
+Nothing here is mocked: ``restart("immediate")`` is a real crash-restart of the server, and
+``stop()`` leaves no process behind (the module's tests fail if one stays).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+from pathlib import Path
+
+PG_ROOT = Path("/usr/lib/postgresql")
+USER = "gate"  # the superuser initdb creates; trust auth on loopback and the socket only
+
+
+def pg_bindir() -> Path | None:
+    """The folder of ``initdb``/``pg_ctl``: ``PG_BINDIR`` when set, else the newest
+    ``/usr/lib/postgresql/<version>/bin`` that has both; None when there is none."""
+    if os.environ.get("PG_BINDIR"):
+        return Path(os.environ["PG_BINDIR"])
+    found = sorted(
+        (int(p.name), p / "bin")
+        for p in PG_ROOT.glob("*")
+        if p.name.isdigit() and (p / "bin" / "initdb").exists() and (p / "bin" / "pg_ctl").exists()
+    )
+    return found[-1][1] if found else None
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now (the kernel's pick)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+class PgServer:
+    """One PostgreSQL server in its own temporary folder; ``start()`` it, ``stop()`` it.
+
+    ``url(db)`` is a libpq URL for the superuser ``gate`` over TCP; ``create_database(name)``
+    makes an empty database (``template0``)."""
+
+    def __init__(self, bindir: Path) -> None:
+        self.bindir = bindir
+        self.root = Path(tempfile.mkdtemp(prefix="hitl-pg-"))
+        self.data = self.root / "data"
+        self.port = free_port()
+        self._as_postgres = os.geteuid() == 0
+        if self._as_postgres:  # the folder is root's 0700: hand it to postgres
+            shutil.chown(self.root, user="postgres", group="postgres")
+
+    def _run(self, *args: str) -> subprocess.CompletedProcess[str]:
+        command = [str(self.bindir / args[0]), *args[1:]]
+        if self._as_postgres:
+            command = ["runuser", "-u", "postgres", "--", *command]
+        return subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
+
+    def _checked(self, *args: str) -> None:
+        done = self._run(*args)
+        if done.returncode != 0:
+            raise RuntimeError(f"{args[0]} failed ({done.returncode}): {done.stderr.strip()}")
+
+    def start(self) -> PgServer:
+        """initdb (first time) and start the server; returns when it accepts connections."""
+        if not self.data.exists():
+            self._checked(
+                "initdb", "-D", str(self.data), "-U", USER, "-A", "trust", "-E", "UTF8",
+                "--no-locale", "--no-sync",
+            )  # fmt: skip
+            settings = {
+                "listen_addresses": "'127.0.0.1'",
+                "port": str(self.port),
+                "unix_socket_directories": f"'{self.root}'",
+                "fsync": "on",
+                "max_connections": "100",
+            }
+            with (self.data / "postgresql.conf").open("a") as conf:
+                conf.writelines(f"{key} = {value}\n" for key, value in settings.items())
+        self._checked("pg_ctl", "-D", str(self.data), "-l", str(self.root / "log"), "-w", "start")
+        return self
+
+    def stop(self, mode: str = "fast") -> None:
+        """Stop the server (``fast``: end sessions and shut down cleanly; ``immediate``: a
+        crash, recovered at the next start). Nothing is done when it is not running."""
+        if (self.data / "postmaster.pid").exists():
+            self._checked("pg_ctl", "-D", str(self.data), "-m", mode, "-w", "stop")
+
+    def restart(self, mode: str = "immediate") -> None:
+        """Stop the server with ``mode`` and start it again on the same port and data."""
+        self.stop(mode)
+        self.start()
+
+    def remove(self) -> None:
+        """Stop the server and delete its folder."""
+        self.stop("immediate")
+        shutil.rmtree(self.root, ignore_errors=True)
+
+    def url(self, db: str = "postgres") -> str:
+        """The libpq URL of database ``db`` for the superuser over TCP on loopback."""
+        return f"postgresql://{USER}@127.0.0.1:{self.port}/{db}"
+
+    def log(self) -> str:
+        """The server's log so far (for a failing test's message)."""
+        path = self.root / "log"
+        return path.read_text(errors="replace") if path.exists() else ""

@@ -1,0 +1,60 @@
+"""The throwaway PostgreSQL server the storage tests start (tests/pg_server.py): it starts
+from Debian's binaries, accepts a psycopg connection, survives a crash-restart with its data,
+and leaves no process behind. Skips where the binaries or psycopg are missing, and fails
+instead under HITL_CI=1 (``.ci/run`` installs both)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import pytest
+
+from tests.pg_server import PgServer, pg_bindir
+
+pytestmark = [pytest.mark.e2e, pytest.mark.postgres]
+
+# under HITL_CI a missing psycopg is an import error (a failure), elsewhere a skip
+psycopg = __import__("psycopg") if os.environ.get("HITL_CI") else pytest.importorskip("psycopg")
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[PgServer]:
+    bindir = pg_bindir()
+    if bindir is None:
+        if os.environ.get("HITL_CI"):
+            pytest.fail("no PostgreSQL binaries in /usr/lib/postgresql/<v>/bin (.ci/run installs)")
+        pytest.skip("no PostgreSQL binaries here (apt-get install postgresql, or set PG_BINDIR)")
+    pg = PgServer(bindir).start()
+    try:
+        yield pg
+    finally:
+        pg.remove()
+
+
+def test_pg_server_accepts_a_connection_on_loopback(server: PgServer) -> None:
+    with psycopg.connect(server.url(), autocommit=True) as conn:
+        row = conn.execute("SELECT current_user, inet_server_addr()::text, 1 + 1").fetchone()
+
+    assert row == ("gate", "127.0.0.1/32", 2)
+
+
+def test_pg_server_keeps_committed_rows_across_an_immediate_restart(server: PgServer) -> None:
+    with psycopg.connect(server.url(), autocommit=True) as conn:
+        conn.execute("CREATE TABLE kept (n int)")
+        conn.execute("INSERT INTO kept VALUES (1), (2)")
+
+    server.restart("immediate")
+
+    with psycopg.connect(server.url()) as conn:
+        rows = conn.execute("SELECT n FROM kept ORDER BY n").fetchall()
+    assert rows == [(1,), (2,)]
+
+
+def test_pg_server_refuses_connections_once_stopped(server: PgServer) -> None:
+    server.stop()
+    try:
+        with pytest.raises(psycopg.OperationalError):
+            psycopg.connect(server.url(), connect_timeout=5)
+    finally:
+        server.start()
