@@ -28,6 +28,7 @@ ORDER = (
     "web",
     "daemon",
     "client",
+    "relay",
     "tools",
     "tools/conformance",
     "tools/reference_relay",

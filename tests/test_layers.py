@@ -14,6 +14,9 @@
 - ``gate/core/*`` imports neither the daemon nor prometheus; relays under ``gate/tools/`` use
   ``gate.protocol`` but never the core, store or daemon; ``gate/client/*`` (the pipeline side)
   never reaches the store, daemon or web.
+- ``gate/relay/*`` (relay-side I/O: signed delivery, reading a signed POST) is used by the
+  relays, the inbox and conformance: it imports ``gate.protocol`` and ``gate.errors``, never the
+  core, store, daemon, web, config or the programs that use it.
 - Only ``gate/store/*`` speaks SQL (imports sqlite3/aiosqlite).
 - Of ``gate/core/``, the store imports only ``gate/model.py`` (the values it returns),
   and ``model.py`` imports nothing but the standard library.
@@ -454,6 +457,32 @@ def test_layers_model_imports_only_the_standard_library() -> None:
     assert not outside, f"{model.rel} holds plain values; imports {outside}"
 
 
+# --------------------------------------------------------------------------- relay-side I/O
+# (one signed delivery and one receiver for every relay: the reference relay, the inbox)
+
+RELAY_IO = under("gate.relay")
+RELAY_IO_ALLOWED_GATE = ("gate.protocol", "gate.errors", "gate.relay")
+
+
+@pytest.mark.parametrize("module", RELAY_IO, ids=ids(RELAY_IO))
+def test_layers_relay_io_uses_only_the_protocol(module: Module) -> None:
+    """gate/relay is shared by untrusted peers (the inbox, the reference relay) and
+    conformance: it may use gate.protocol and gate.errors, nothing else of the gate."""
+    imported = imports_of(module)
+    other = sorted(
+        name
+        for name in imported
+        if (name == "gate" or name.startswith("gate."))
+        and not any(name == ok or name.startswith(ok + ".") for ok in RELAY_IO_ALLOWED_GATE)
+    )
+
+    assert not other and not hits(imported, SQL_DRIVERS), f"{module.rel} imports {other}"
+
+
+def test_layers_relay_io_rule_sees_its_modules() -> None:
+    assert {m.name for m in RELAY_IO} >= {"gate.relay.delivery", "gate.relay.inbound"}
+
+
 # --------------------------------------------------------------------------- the inbox
 # (a separate program, a hitl/v0 relay with its own database)
 
@@ -468,6 +497,7 @@ INBOX_ALLOWED_GATE = (
     "gate.logs",
     "gate.clock",
     "gate.errors",
+    "gate.relay",
     "gate.inbox",
 )
 
@@ -495,11 +525,62 @@ def test_layers_the_inbox_is_an_untrusted_peer(module: Module) -> None:
     )
 
 
+@pytest.mark.parametrize("module", INBOX, ids=ids(INBOX))
+def test_layers_the_inbox_imports_no_private_name_of_the_gate(module: Module) -> None:
+    """What the inbox shares with the gate (config helpers) is public and documented: a
+    refactor of a private name can never break it silently."""
+    private = sorted(
+        f"{node.module}.{alias.name}"
+        for node in ast.walk(module.tree)
+        if isinstance(node, ast.ImportFrom)
+        and node.module is not None
+        and node.module.startswith("gate.")
+        and not node.module.startswith("gate.inbox")
+        for alias in node.names
+        if alias.name.startswith("_")
+    )
+
+    assert not private, f"{module.rel} imports private names {private}"
+
+
 def test_layers_inbox_rules_see_its_modules() -> None:
     assert {m.name for m in INBOX} >= {"gate.inbox.db", "gate.inbox.relay", "gate.inbox.config"}
     assert {m.name for m in INBOX} >= {
         f"gate.inbox.{name}" for name in ("app", "auth", "credentials_cache", "decide", "signin")
     }
+
+
+def _runtime_imports(module: Module) -> set[str]:
+    """``imports_of`` without the imports under ``if TYPE_CHECKING:`` (annotations only)."""
+    tree = ast.Module(
+        body=[
+            node
+            for node in module.tree.body
+            if not (isinstance(node, ast.If) and ast.unparse(node.test) == "TYPE_CHECKING")
+        ],
+        type_ignores=[],
+    )
+    return imports_of(Module(module.name, module.path, tree))
+
+
+def test_layers_inbox_has_no_import_loops() -> None:
+    """No module of gate/inbox imports, through others, itself (the shared state lives in
+    ``state.py``, below the route modules; an import under TYPE_CHECKING does not count)."""
+    names = {m.name for m in INBOX}
+    graph = {m.name: {n for n in _runtime_imports(m) if n in names and n != m.name} for m in INBOX}
+    loops = []
+    for start in sorted(graph):
+        seen, todo = set(), list(graph[start])
+        while todo:
+            name = todo.pop()
+            if name == start:
+                loops.append(start)
+                break
+            if name not in seen:
+                seen.add(name)
+                todo.extend(graph[name])
+
+    assert not loops, f"gate/inbox modules that import themselves through others: {loops}"
 
 
 # --------------------------------------------------------------------------- the SDK

@@ -12,12 +12,11 @@ import yaml
 from pydantic import ValidationError
 
 from gate.config.messages import (
-    _describe,
     _path,
     _prune,
-    _pydantic_error,
     _under,
     _unknown_key,
+    pydantic_error,
 )
 from gate.config.model import (
     ApiConfig,
@@ -41,7 +40,7 @@ from gate.config.secrets import (
 )
 from gate.config.validate import _cross_check
 from gate.config.values import TcpListen, UnixListen, parse_duration, parse_listen
-from gate.config.yamlfile import _Loader, _yaml_error
+from gate.config.yamlfile import _Loader, read_mapping
 from gate.errors import ConfigError
 
 # Neutral stand-ins for required values whose own error is already listed: with them the
@@ -127,26 +126,11 @@ def _load(path: str | os.PathLike[str]) -> tuple[Config | None, list[str]]:
     """Return (config, errors). errors lists everything found; config is None when the file,
     YAML or schema is too broken for the cross-field and secret checks to run on it."""
     source = Path(os.path.abspath(os.fspath(path)))
-    try:
-        text = source.read_text(encoding="utf-8-sig")
-    except FileNotFoundError:
-        return None, [f"config file not found: {source}"]
-    except IsADirectoryError:
+    if source.is_dir():
         return None, [f"config file is a directory: {source}"]
-    except UnicodeDecodeError as exc:
-        return None, [f"config file {source} is not valid UTF-8 (byte offset {exc.start})"]
-    except OSError as exc:
-        return None, [f"cannot read config file {source}: {exc.strerror or exc}"]
-    try:
-        data = yaml.load(text, Loader=_Loader)  # noqa: S506 - _Loader is a SafeLoader
-    except yaml.YAMLError as exc:
-        return None, [_yaml_error(exc)]
-    if not isinstance(data, dict):
-        found = "an empty file" if data is None else _describe(data)
-        return None, [
-            "top level: expected a mapping with sections relay, api, storage, receipts and"
-            f" pipelines, got {found}"
-        ]
+    data, errors = read_mapping(source, "sections relay, api, storage, receipts and pipelines")
+    if data is None:
+        return None, errors
     return _validate(data, source.parent, source)
 
 
@@ -174,7 +158,7 @@ def _validate(
         config = Config.model_validate(data, context=context)
     except ValidationError as exc:
         details = exc.errors(include_url=False)
-        errors += [_pydantic_error(e, Config) for e in details]
+        errors += [pydantic_error(e, Config) for e in details]
         # Still run the cross-field checks when dropping the bad keys (falling back to their
         # defaults) gives a valid config, so one run reports every error (SPEC §5).
         pruned_data = copy.deepcopy(data)

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
 
-from gate.config.values import _non_empty, parse_duration
+from gate.config.values import Duration, _non_empty
 
 if TYPE_CHECKING:
     from gate.config.model import Config, StepConfig
@@ -23,7 +23,6 @@ MIN_REMIND_EVERY_S = 1.0
 MAX_REASON_CHARS = 500
 
 _FROZEN = ConfigDict(extra="forbid", frozen=True)
-_Duration = Annotated[float, BeforeValidator(parse_duration)]
 _Ids = Annotated[tuple[Annotated[int, Field(strict=True)], ...], AfterValidator(_non_empty)]
 
 
@@ -65,7 +64,7 @@ class EscalationLevel(BaseModel):
 
     model_config = _FROZEN
 
-    after: _Duration
+    after: Duration
     to: _Ids
 
 

@@ -82,7 +82,7 @@ def _unknown_key(loc: Sequence[int | str], root: type[BaseModel] | None) -> str:
     return f"{where}: unknown key"
 
 
-def _pydantic_error(err: Mapping[str, Any], root: type[BaseModel] | None = None) -> str:
+def pydantic_error(err: Mapping[str, Any], root: type[BaseModel] | None = None) -> str:
     """One ``"<yaml.path>: <message>"`` line for a pydantic error; with ``root`` (the model
     validated), an unknown key names the closest valid key at its place."""
     kind = err["type"]
@@ -95,13 +95,13 @@ def _pydantic_error(err: Mapping[str, Any], root: type[BaseModel] | None = None)
     if kind == "missing":
         message = "required"
     elif kind in _EXPECTED:
-        message = f"expected {_EXPECTED[kind]}, got {_describe(value)}"
+        message = f"expected {_EXPECTED[kind]}, got {describe_value(value)}"
     elif kind == "value_error":
         message = str(ctx.get("error", err["msg"]))
     elif kind == "literal_error":
         expected = str(ctx.get("expected", "?"))
         one_of = "one of " if " or " in expected else ""
-        message = f"must be {one_of}{expected}, got {_describe(value)}"
+        message = f"must be {one_of}{expected}, got {describe_value(value)}"
     elif kind in ("greater_than_equal", "greater_than", "less_than_equal", "less_than"):
         op = {
             "greater_than_equal": ">=",
@@ -125,7 +125,7 @@ def _pydantic_error(err: Mapping[str, Any], root: type[BaseModel] | None = None)
     return f"{where}: {message}"
 
 
-def _describe(value: Any) -> str:
+def describe_value(value: Any) -> str:
     """Short one-line description of a YAML value for messages (type, plus short scalars)."""
     if value is None:
         return "null"

@@ -19,17 +19,18 @@ from pydantic import (
 from gate.config.followups import Delegation, EscalationLevel
 from gate.config.policy import PolicyRule
 from gate.config.values import (
-    _check_env_name,
-    _check_http_url,
+    Duration,
+    EnvName,
+    HttpUrl,
     _check_listen,
     _check_name,
-    _check_path_text,
-    _check_tcp_addr,
     _non_empty,
     _none_as_empty,
-    _resolve,
     check_bounded_number,
+    check_path_text,
+    check_tcp_addr,
     parse_duration,
+    resolve_path,
 )
 from gate.config.webauthn import WebAuthnConfig
 from gate.protocol.whitespace import identity_key
@@ -50,10 +51,7 @@ _Text = Annotated[str, Field(strict=True, min_length=1)]
 _Name = Annotated[
     str, Field(strict=True, min_length=1, max_length=200), AfterValidator(_check_name)
 ]
-_EnvName = Annotated[str, Field(strict=True, min_length=1), AfterValidator(_check_env_name)]
-_HttpUrl = Annotated[str, Field(strict=True, min_length=1), AfterValidator(_check_http_url)]
-_Duration = Annotated[float, BeforeValidator(parse_duration)]
-_PathText = Annotated[Path, BeforeValidator(_check_path_text)]
+_PathText = Annotated[Path, BeforeValidator(check_path_text)]
 _Timeout = Annotated[float, BeforeValidator(parse_duration), Field(gt=0)]
 _FROZEN = ConfigDict(extra="forbid", frozen=True)
 
@@ -94,7 +92,7 @@ class Security(BaseModel):
     allowed_users: Annotated[tuple[_Int, ...], AfterValidator(_non_empty)]
     max_input_length: _PositiveInt = 500
     rate_limit: _PositiveInt = 10
-    max_skew: _Duration = 300.0
+    max_skew: Duration = 300.0
 
     @field_validator("max_skew")
     @classmethod
@@ -117,17 +115,17 @@ class RelayConfig(BaseModel):
 
     model_config = _FROZEN
 
-    url: _HttpUrl
-    secret_env: _EnvName
-    previous_secret_env: _EnvName | None = None
-    callback_addr: Annotated[str, Field(strict=True), AfterValidator(_check_tcp_addr)]
-    public_url: _HttpUrl | None = None
-    dispatch_timeout: _Duration = 10.0
+    url: HttpUrl
+    secret_env: EnvName
+    previous_secret_env: EnvName | None = None
+    callback_addr: Annotated[str, Field(strict=True), AfterValidator(check_tcp_addr)]
+    public_url: HttpUrl | None = None
+    dispatch_timeout: Duration = 10.0
     ca_file: _PathText | None = None
     notices: Annotated[bool, Field(strict=True)] = False
-    notice_url: _HttpUrl | None = None
+    notice_url: HttpUrl | None = None
     questions: Annotated[bool, Field(strict=True)] = False
-    question_url: _HttpUrl | None = None
+    question_url: HttpUrl | None = None
     # serve POST /hitl/v0/credentials (the approvers' public credentials) to a relay
     # that signs people in; off: that path answers 404
     credentials: Annotated[bool, Field(strict=True)] = False
@@ -169,7 +167,7 @@ class RelayConfig(BaseModel):
     def _ca_bundle(cls, value: Path | None, info: ValidationInfo) -> Path | None:
         if value is None:
             return None
-        path = _resolve(value, info)
+        path = resolve_path(value, info)
         try:
             ssl.create_default_context(cafile=str(path))
         except ssl.SSLError:  # (an OSError too)
@@ -191,9 +189,9 @@ class ApiConfig(BaseModel):
     model_config = _FROZEN
 
     listen: Annotated[str, Field(strict=True), AfterValidator(_check_listen)] = "127.0.0.1:8090"
-    token_env: _EnvName
+    token_env: EnvName
     max_draft_bytes: _PositiveInt = 262144
-    admin_token_env: _EnvName | None = None
+    admin_token_env: EnvName | None = None
 
 
 class HttpConfig(BaseModel):
@@ -224,7 +222,7 @@ class StorageConfig(BaseModel):
     @field_validator("path")
     @classmethod
     def _absolute(cls, value: Path, info: ValidationInfo) -> Path:
-        path = _resolve(value, info)
+        path = resolve_path(value, info)
         # what can be told without touching anything: serve creates a missing file and
         # its directories, but cannot open a directory as a database
         if path.is_dir():
@@ -248,21 +246,21 @@ class ReceiptsConfig(BaseModel):
 
     model_config = _FROZEN
 
-    key_env: _EnvName
-    previous_key_env: _EnvName | None = None
+    key_env: EnvName
+    previous_key_env: EnvName | None = None
     signing_key_file: _PathText | None = None
     trusted_public_keys: tuple[_PathText, ...] = ()
-    permit_lifetime: _Duration = 900.0
+    permit_lifetime: Duration = 900.0
 
     @field_validator("signing_key_file")
     @classmethod
     def _absolute(cls, value: Path | None, info: ValidationInfo) -> Path | None:
-        return _resolve(value, info) if value is not None else None
+        return resolve_path(value, info) if value is not None else None
 
     @field_validator("trusted_public_keys")
     @classmethod
     def _absolute_all(cls, value: tuple[Path, ...], info: ValidationInfo) -> tuple[Path, ...]:
-        return tuple(_resolve(path, info) for path in value)
+        return tuple(resolve_path(path, info) for path in value)
 
 
 class BudgetConfig(BaseModel):
@@ -311,7 +309,7 @@ class StepConfig(BaseModel):
     channel: Literal["relay"] = "relay"
     quorum: _PositiveInt = 1
     approvers: Annotated[tuple[_Int, ...], AfterValidator(_non_empty)] = ()
-    timeout: _Duration = 4 * 3600.0
+    timeout: Duration = 4 * 3600.0
     risk: Literal["low", "normal", "high", "critical"] = "normal"
     allow_self_approval: Annotated[bool, Field(strict=True)] = False
     allow_empty_draft: Annotated[bool, Field(strict=True)] = False
@@ -319,13 +317,13 @@ class StepConfig(BaseModel):
     approver_signature: Annotated[
         Literal["off", "optional", "required"], BeforeValidator(_off_is_false)
     ] = "off"
-    remind_after: _Duration | None = None
-    remind_every: _Duration | None = None
+    remind_after: Duration | None = None
+    remind_every: Duration | None = None
     escalate: tuple[EscalationLevel, ...] = ()
     max_options: Annotated[int, Field(strict=True, ge=1, le=1000)] = 50
     max_answer_chars: Annotated[int, Field(strict=True, ge=1, le=60_000)] = 2000
     policy: Annotated[tuple[PolicyRule, ...], BeforeValidator(_none_as_list)] = ()
-    remember_approval: _Duration | None = None  # gate.config.policy
+    remember_approval: Duration | None = None  # gate.config.policy
 
     @property
     def is_question(self) -> bool:

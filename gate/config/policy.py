@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 import re2
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
-from gate.config.values import check_bounded_number
+from gate.config.values import check_bounded_number, first_seen
 from gate.protocol.numbers import looks_like_index
 
 if TYPE_CHECKING:
@@ -216,11 +216,9 @@ def check_step_policy(where: str, step: StepConfig) -> list[str]:
     seen: dict[str, int] = {}
     for k, rule in enumerate(step.policy):
         at = f"{where}.policy[{k}]"
-        if rule.id in seen:
-            errors.append(
-                f"{at}.id: duplicate rule id {rule.id!r} (also {where}.policy[{seen[rule.id]}])"
-            )
-        seen.setdefault(rule.id, k)
+        first = first_seen(seen, rule.id, k)
+        if first is not None:
+            errors.append(f"{at}.id: duplicate rule id {rule.id!r} (also {where}.policy[{first}])")
         if rule.decide == "approve" and step.risk in HIGH_RISKS:
             errors.append(
                 f"{at}.decide: a step with risk: {step.risk} may have deny rules only"

@@ -73,7 +73,7 @@ def read_receipt_key(
     name = config.receipts.previous_key_env if previous else config.receipts.key_env
     if name is None:
         return None
-    value, _ = _read_one(where, name, environ, environ.get(CREDENTIALS_DIRECTORY) or None)
+    value, _ = read_secret(where, name, environ, environ.get(CREDENTIALS_DIRECTORY) or None)
     return None if value is None else value.encode("utf-8")
 
 
@@ -81,7 +81,7 @@ def read_api_token(config: Config, environ: Mapping[str, str]) -> tuple[str | No
     """The pipeline API token alone (``api.token_env``, or its file in
     ``$CREDENTIALS_DIRECTORY``), for the CLI's API commands: ``(token, None)`` or
     ``(None, error naming api.token_env)``."""
-    return _read_one(
+    return read_secret(
         "api.token_env", config.api.token_env, environ, environ.get(CREDENTIALS_DIRECTORY) or None
     )
 
@@ -93,15 +93,19 @@ def read_admin_token(config: Config, environ: Mapping[str, str]) -> tuple[str | 
     name = config.api.admin_token_env
     if name is None:
         return None, "set api.admin_token_env in the config (the admin token) to manage approvers"
-    return _read_one(
+    return read_secret(
         "api.admin_token_env", name, environ, environ.get(CREDENTIALS_DIRECTORY) or None
     )
 
 
-def _read_one(
+def read_secret(
     where: str, name: str, environ: Mapping[str, str], credentials: str | None
 ) -> tuple[str | None, str | None]:
-    """``(value, None)`` for a usable secret, ``(None, error)`` otherwise."""
+    """``(value, None)`` for a usable secret, ``(None, error)`` otherwise (the gate's
+    config and the inbox's): the environment variable ``name``, else the credential file
+    ``name`` in the directory ``credentials`` ($CREDENTIALS_DIRECTORY; None: none); not
+    empty, no leading or trailing whitespace (a file may end in one newline), UTF-8. The
+    error starts with ``where`` (the YAML path naming the variable) and never says a value."""
     value = environ.get(name)
     if value is None and credentials is not None:
         file_value, error = _read_credential(credentials, name)
@@ -109,14 +113,9 @@ def _read_one(
         if error is not None:
             return None, f"{where}: {error}"
         if file_value is not None:
-            if file_value == "":
-                return None, f"{where}: credential file {file} is empty"
-            if file_value != file_value.strip():
-                return None, (
-                    f"{where}: credential file {file} has leading or trailing "
-                    "whitespace (beyond one trailing newline); remove it"
-                )
-            return file_value, None
+            what = f"credential file {file}"
+            problem = _unclean(file_value, what, what, "beyond one trailing newline")
+            return (None, f"{where}: {problem}") if problem else (file_value, None)
     if value is None:
         return None, (
             f"{where}: environment variable {name} is not set"
@@ -126,13 +125,9 @@ def _read_one(
                 else ""
             )
         )
-    if value == "":
-        return None, f"{where}: environment variable {name} is empty"
-    if value != value.strip():
-        return None, (
-            f"{where}: {name} has leading or trailing whitespace (often a trailing "
-            "newline); remove it"
-        )
+    problem = _unclean(value, f"environment variable {name}", name, "often a trailing newline")
+    if problem is not None:
+        return None, f"{where}: {problem}"
     if not _is_utf8(value):
         return None, f"{where}: {name} is not valid UTF-8"
     return value, None
@@ -145,7 +140,7 @@ def _read_secrets(config: Config, environ: Mapping[str, str]) -> tuple[Secrets |
     credentials = environ.get(CREDENTIALS_DIRECTORY) or None
     warnings: list[str] = []
     for where, name in wanted:
-        value, error = _read_one(where, name, environ, credentials)
+        value, error = read_secret(where, name, environ, credentials)
         if error is not None:
             errors.append(error)
         elif value is not None:
@@ -210,6 +205,16 @@ def _read_secrets(config: Config, environ: Mapping[str, str]) -> tuple[Secrets |
         admin_token=values.get("api.admin_token_env"),
     )
     return secrets, []
+
+
+def _unclean(value: str, what: str, name: str, usual: str) -> str | None:
+    """Why a secret's ``value`` is unusable: empty (``what`` is empty), or whitespace around
+    it (``name`` has ..., ``usual`` saying where it usually comes from); None when clean."""
+    if value == "":
+        return f"{what} is empty"
+    if value != value.strip():
+        return f"{name} has leading or trailing whitespace ({usual}); remove it"
+    return None
 
 
 def _too_short(where: str, name: str, size: int) -> str:

@@ -6,11 +6,11 @@ from collections.abc import Sequence
 from urllib.parse import urlsplit
 
 from gate.config.followups import check_delegations, check_step_followups
-from gate.config.model import Config, StepConfig
+from gate.config.model import Config, RelayConfig, StepConfig
 from gate.config.policy import check_step_policy
 from gate.config.questions import check_question_step
 from gate.config.secrets import _secret_vars
-from gate.config.values import TcpListen, identity_problem, parse_listen
+from gate.config.values import TcpListen, first_seen, identity_problem, parse_listen
 from gate.config.webauthn import check_webauthn
 from gate.protocol import DECISIONS_PATH
 from gate.protocol.whitespace import is_blank
@@ -56,32 +56,8 @@ def _check_listeners(config: Config) -> list[str]:
 
 def _cross_check(config: Config) -> list[str]:
     """Checks across fields (SPEC §5), run after the schema validated; returns every error."""
-    errors: list[str] = []
-    relay = config.relay
-    first_id: dict[int, int] = {}
-    first_key: dict[str, int] = {}
-    for i, op in enumerate(relay.operators):
-        where = f"relay.operators[{i}]"
-        if op.id in first_id:
-            errors.append(
-                f"{where}.id: duplicate operator id {op.id}"
-                f" (also relay.operators[{first_id[op.id]}])"
-            )
-        else:
-            first_id[op.id] = i
-        problem = identity_problem(op.identity)
-        if problem is not None:
-            errors.append(f"{where}.identity: {problem}")
-        elif op.key in first_key:
-            errors.append(
-                f"{where}.identity: duplicate identity {op.identity!r} (same as"
-                f" relay.operators[{first_key[op.key]}] after trim and casefold)"
-            )
-        if not is_blank(op.identity) and op.key not in first_key:
-            first_key[op.key] = i
-    defined = set(first_id)
-    allowed = relay.security.allowed_users
-    allowed_set = set(allowed)
+    errors, defined = _check_operators(config.relay)
+    allowed = config.relay.security.allowed_users
     errors += _check_ids("relay.security.allowed_users", allowed, defined, None)
 
     errors += _check_listeners(config)
@@ -92,26 +68,60 @@ def _cross_check(config: Config) -> list[str]:
             if name == other_name:
                 errors.append(f"{where}: must differ from {other} ({name} is used for both)")
                 break
+    errors += _check_pipelines(config, defined)
+    errors += check_delegations(config.delegations, config)
+    return errors
 
+
+def _check_operators(relay: RelayConfig) -> tuple[list[str], set[int]]:
+    """``relay.operators``' errors (ids and identities unique, identities well formed) and
+    the operator ids defined."""
+    errors: list[str] = []
+    first_id: dict[int, int] = {}
+    first_key: dict[str, int] = {}
+    for i, op in enumerate(relay.operators):
+        where = f"relay.operators[{i}]"
+        first = first_seen(first_id, op.id, i)
+        if first is not None:
+            errors.append(
+                f"{where}.id: duplicate operator id {op.id} (also relay.operators[{first}])"
+            )
+        problem = identity_problem(op.identity)
+        if problem is not None:
+            errors.append(f"{where}.identity: {problem}")
+        elif op.key in first_key:
+            errors.append(
+                f"{where}.identity: duplicate identity {op.identity!r} (same as"
+                f" relay.operators[{first_key[op.key]}] after trim and casefold)"
+            )
+        if not is_blank(op.identity) and op.key not in first_key:
+            first_key[op.key] = i
+    return errors, set(first_id)
+
+
+def _check_pipelines(config: Config, defined: set[int]) -> list[str]:
+    """``pipelines``' errors: names unique, each step's approvers defined and allowed, its
+    quorum reachable, and the checks of its kind (questions, follow-ups, policy)."""
+    errors: list[str] = []
+    allowed = config.relay.security.allowed_users
+    allowed_set = set(allowed)
     first_pipe: dict[str, int] = {}
     for p, pipe in enumerate(config.pipelines):
-        if pipe.name in first_pipe:
+        first = first_seen(first_pipe, pipe.name, p)
+        if first is not None:
             errors.append(
                 f"pipelines[{p}].name: duplicate pipeline name {pipe.name!r}"
-                f" (also pipelines[{first_pipe[pipe.name]}])"
+                f" (also pipelines[{first}])"
             )
-        else:
-            first_pipe[pipe.name] = p
         first_step: dict[str, int] = {}
         for s, step in enumerate(pipe.steps):
             where = f"pipelines[{p}].steps[{s}]"
-            if step.name in first_step:
+            first = first_seen(first_step, step.name, s)
+            if first is not None:
                 errors.append(
                     f"{where}.name: duplicate step name {step.name!r}"
-                    f" (also pipelines[{p}].steps[{first_step[step.name]}])"
+                    f" (also pipelines[{p}].steps[{first}])"
                 )
-            else:
-                first_step[step.name] = s
             if "approvers" in step.model_fields_set:
                 errors += _check_ids(f"{where}.approvers", step.approvers, defined, allowed_set)
                 candidates: Sequence[int] = step.approvers
@@ -136,7 +146,6 @@ def _cross_check(config: Config) -> list[str]:
             if not step.is_question:
                 errors += check_step_followups(where, step, in_scope, config)
                 errors += check_step_policy(where, step)
-    errors += check_delegations(config.delegations, config)
     return errors
 
 

@@ -8,10 +8,10 @@ import re
 import unicodedata
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 from urllib.parse import urlsplit
 
-from pydantic import ValidationInfo
+from pydantic import AfterValidator, BeforeValidator, Field, ValidationInfo
 
 from gate.protocol.numbers import RANGE_WORDS, brief_number, in_range, is_json_number
 from gate.protocol.whitespace import is_trimmed
@@ -127,7 +127,16 @@ def check_bounded_number(value: Any) -> Any:
     return value
 
 
-def _check_env_name(value: str) -> str:
+def first_seen(seen: dict[Any, int], key: Any, index: int) -> int | None:
+    """Where ``key`` (a name or an id in a YAML list) was first seen, when before ``index``;
+    else None, and ``index`` is recorded as its first place in ``seen``."""
+    first = seen.setdefault(key, index)
+    return None if first == index else first
+
+
+def check_env_name(value: str) -> str:
+    """A pydantic validator (the gate's config and the inbox's): ``value`` is the name of an
+    environment variable, never a secret pasted in its place; raises ValueError."""
     if _looks_like_a_secret(value):  # a secret pasted where its variable's NAME belongs
         raise ValueError(
             "looks like a secret value, not the name of an environment variable "
@@ -181,7 +190,9 @@ def identity_problem(identity: str) -> str | None:
     return None
 
 
-def _check_http_url(value: str) -> str:
+def check_http_url(value: str) -> str:
+    """A pydantic validator: an http(s) URL with a host and no whitespace; raises
+    ValueError without echoing the URL."""
     # Never echo the URL: relay URLs (e.g. Power Automate) may carry a signature in the query.
     if any(ch.isspace() for ch in value):
         raise ValueError("URL must not contain whitespace")
@@ -200,13 +211,17 @@ def _check_listen(value: str) -> str:
     return value
 
 
-def _check_tcp_addr(value: str) -> str:
+def check_tcp_addr(value: str) -> str:
+    """A pydantic validator: a ``host:port`` listen address (no unix socket); raises
+    ValueError."""
     if not isinstance(parse_listen(value), TcpListen):
         raise ValueError("must be host:port (a unix socket is not allowed here)")
     return value
 
 
-def _check_path_text(value: Any) -> Any:
+def check_path_text(value: Any) -> Any:
+    """A pydantic validator (before a path is parsed): not an empty or blank string;
+    raises ValueError."""
     if isinstance(value, str) and not value.strip():
         raise ValueError("must not be empty")
     return value
@@ -223,10 +238,19 @@ def _none_as_empty(value: Any) -> Any:
     return {} if value is None else value
 
 
-def _resolve(path: Path, info: ValidationInfo) -> Path:
+def resolve_path(path: Path, info: ValidationInfo) -> Path:
     """Make ``path`` absolute against ``context["base_dir"]`` (the config file's directory)."""
     base = (info.context or {}).get("base_dir") or Path.cwd()
     path = path.expanduser()
     if not path.is_absolute():
         path = Path(base) / path
     return Path(os.path.normpath(path))
+
+
+EnvName = Annotated[str, Field(strict=True, min_length=1), AfterValidator(check_env_name)]
+"""A config field naming an environment variable (``*_env``; the gate's config and the
+inbox's)."""
+HttpUrl = Annotated[str, Field(strict=True, min_length=1), AfterValidator(check_http_url)]
+"""A config field holding an http(s) URL (``check_http_url``)."""
+Duration = Annotated[float, BeforeValidator(parse_duration)]
+"""A config field holding a duration (``90s``, ``30m``, ``4h`` or seconds), as seconds."""

@@ -1,12 +1,16 @@
-"""Strict YAML loading (safe, no duplicate keys, no base-60 numbers) and YAML error text."""
+"""Strict YAML loading (safe, no duplicate keys, no base-60 numbers), YAML error text, and a
+config file read as one mapping (``read_mapping``: the gate's config and the inbox's)."""
 
 from __future__ import annotations
 
 import re
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import yaml
+
+from gate.config.messages import describe_value
 
 
 class _Loader(yaml.SafeLoader):
@@ -48,3 +52,27 @@ def _yaml_error(exc: yaml.YAMLError) -> str:
             return f"line {mark.line + 1}, column {mark.column + 1}: {problem}"
         return problem
     return " ".join(str(exc).split()) or "invalid YAML"
+
+
+def read_mapping(source: Path, expected: str) -> tuple[dict[str, Any] | None, list[str]]:
+    """The YAML mapping in the config file ``source`` (UTF-8, a BOM allowed; strict YAML:
+    ``_Loader``) and ``[]``, or None and the one error that stopped the reading, as a line:
+    the file not found or unreadable, no UTF-8, a YAML syntax error (``line L, column C:
+    ...``), or a top level that is no mapping ("expected a mapping with ``expected``, got
+    ...")."""
+    try:
+        text = source.read_text(encoding="utf-8-sig")
+    except FileNotFoundError:
+        return None, [f"config file not found: {source}"]
+    except UnicodeDecodeError as exc:
+        return None, [f"config file {source} is not valid UTF-8 (byte offset {exc.start})"]
+    except OSError as exc:
+        return None, [f"cannot read config file {source}: {exc.strerror or exc}"]
+    try:
+        data = yaml.load(text, Loader=_Loader)  # noqa: S506 - _Loader is a SafeLoader
+    except yaml.YAMLError as exc:
+        return None, [_yaml_error(exc)]
+    if not isinstance(data, dict):
+        found = "an empty file" if data is None else describe_value(data)
+        return None, [f"top level: expected a mapping with {expected}, got {found}"]
+    return data, []

@@ -18,9 +18,9 @@ from typing import Any
 from aiohttp import web
 
 from gate.inbox import auth, pages
-from gate.inbox.app import decidable, send_to_gate, state_of
 from gate.inbox.gate_client import GateUnreachable
 from gate.inbox.model import DecisionRecord, Item
+from gate.inbox.state import decidable, send_to_gate, state_of
 from gate.protocol.errors import ProtocolError
 from gate.protocol.numbers import INTEGER_TEXT, NUMBER_TEXT
 from gate.protocol.question import QuestionSpec, build_answer, check_value, parse_question

@@ -1,89 +1,20 @@
-"""The inbox's aiohttp application: its shared state, the routes
-and the GET pages that only read (waiting, item, recent, a decision's record, live updates).
-Sign-in is ``gate.inbox.signin``, decisions ``gate.inbox.decide``; bulk approval and
-question answers register their own routes (``add_routes``) where marked below."""
+"""The inbox's aiohttp application: the routes and the GET pages that only read (waiting,
+item, recent, a decision's record, live updates). The state every handler shares is
+``gate.inbox.state``; sign-in is ``gate.inbox.signin``, decisions ``gate.inbox.decide``; bulk
+approval, question answers and monitoring register their own routes (``add_routes``)."""
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
 
-from gate.inbox import pages
+from gate.inbox import answers, bulk, bulk_results, decide, monitoring, pages, signin
 from gate.inbox import progress as progress_of
-from gate.inbox.auth import current_session, may_decide, refusal, require_session
-from gate.inbox.config import InboxConfig, InboxSecrets, RelyingParty
-from gate.inbox.credentials_cache import CredentialsCache
-from gate.inbox.db import InboxDb
-from gate.inbox.decided import my_part
-from gate.inbox.gate_client import GateUnreachable, post_decision
-from gate.inbox.metrics import InboxMetrics
-from gate.inbox.model import Item, Session
+from gate.inbox.auth import current_session, refusal, require_session
+from gate.inbox.decided import may_decide, my_part
 from gate.inbox.relay import RELAY_PATH, RelayEndpoint
-
-
-def _now_ms() -> int:
-    return int(time.time() * 1000)
-
-
-@dataclass
-class InboxState:
-    """What every handler shares: the database, the config and relay secrets, the inbox's
-    own relying party (None: nobody can sign in), the credentials cache, the clock
-    (unix ms) and the metrics. ``extra`` is for parts' in-memory state (sign-in
-    challenges, rate limits)."""
-
-    db: InboxDb
-    config: InboxConfig
-    secrets: InboxSecrets
-    party: RelyingParty | None
-    credentials: CredentialsCache
-    now_ms: Callable[[], int] = _now_ms
-    metrics: InboxMetrics = field(default_factory=InboxMetrics)
-    extra: dict[str, Any] = field(default_factory=dict)
-
-
-STATE = web.AppKey("inbox_state", InboxState)
-
-
-def state_of(request: web.Request) -> InboxState:
-    """The app's ``InboxState``."""
-    return request.app[STATE]
-
-
-async def current_seq(state: InboxState) -> int:
-    """The inbox's change counter now (the highest ``updated_seq``; 0 with no items)."""
-    return max((i.updated_seq for i in await state.db.items(state.now_ms())), default=0)
-
-
-async def decidable(request: web.Request, session: Session) -> Item:
-    """The item ``{id}`` of the request when the session may decide it; else raises 404
-    (an item of another approver is not disclosed)."""
-    state = state_of(request)
-    item = await state.db.item(request.match_info["id"], state.now_ms())
-    if item is None or not may_decide(session, item):
-        raise web.HTTPNotFound(text="no such item", content_type="text/plain")
-    return item
-
-
-async def send_to_gate(
-    state: InboxState, item: Item, body: dict[str, Any], verb: str
-) -> tuple[int, dict[str, Any]]:
-    """POST a decision or an answer ``body`` to ``item``'s callback URL, signed with the
-    current relay secret (``gate_client.post_decision``): the gate's status and JSON answer,
-    counted in the metrics by ``verb``. Raises GateUnreachable (counted as a gate error)."""
-    try:
-        status, answer = await post_decision(
-            str(item.dispatch["callback"]["url"]), body, state.secrets.relay_secrets[0]
-        )
-    except GateUnreachable:
-        state.metrics.gate_failed("decision")
-        raise
-    state.metrics.gate_answered(verb, status)
-    return status, answer
+from gate.inbox.state import STATE, InboxState, current_seq, decidable, state_of
 
 
 async def waiting(request: web.Request) -> web.Response:
@@ -214,11 +145,9 @@ def create_inbox_app(state: InboxState, endpoint: RelayEndpoint) -> web.Applicat
     """The inbox's aiohttp app: the relay endpoint (``POST /hitl/v0/relay``), the templates
     and static files, GET ``/``, ``/signin``, ``/items/{id}``, ``/decisions/{n}``,
     ``/recent``, ``/live`` and POST ``/signin``, ``/signout``, ``/items/{id}/challenge``,
-    ``/items/{id}/decide``; bulk (``/bulk/*``), answers (``/items/{id}/answer``) and
-    ``/healthz`` with ``/metrics`` (``monitoring``) are added by their modules. An unknown
-    path answers the 404 page."""
-    from gate.inbox import answers, bulk, decide, monitoring, signin  # noqa: PLC0415 - they import STATE from here
-
+    ``/items/{id}/decide``; bulk (``/bulk/*``, its results ``/bulk/{n}``), answers
+    (``/items/{id}/answer``) and ``/healthz`` with ``/metrics`` (``monitoring``) are added by
+    their modules. An unknown path answers the 404 page."""
     app = web.Application(client_max_size=8 * 1024 * 1024, middlewares=[_not_found])
     app[STATE] = state
     app.router.add_post(RELAY_PATH, endpoint.receive)
@@ -231,6 +160,7 @@ def create_inbox_app(state: InboxState, endpoint: RelayEndpoint) -> web.Applicat
     signin.add_routes(app)
     decide.add_routes(app)
     bulk.add_routes(app)
+    bulk_results.add_routes(app)
     answers.add_routes(app)
     monitoring.add_routes(app)
     return app

@@ -19,12 +19,11 @@ from urllib.parse import parse_qsl, quote, urlsplit
 from aiohttp import web
 
 from gate.config.webauthn import origin_of
-from gate.inbox.body import read_whole
-from gate.inbox.decided import on_behalf_of
-from gate.inbox.model import Item, Session
+from gate.inbox.model import Session
+from gate.inbox.state import STATE, InboxState
 from gate.protocol.envelope import check_unicode
 from gate.protocol.errors import ProtocolError
-from gate.protocol.whitespace import identity_key
+from gate.relay.inbound import read_whole
 
 log = logging.getLogger(__name__)
 
@@ -50,9 +49,7 @@ def token_hash(token: str) -> str:
     return hashlib.sha256(token.encode("ascii", "replace")).hexdigest()
 
 
-def _state(request: web.Request) -> Any:
-    from gate.inbox.app import STATE  # noqa: PLC0415 - app imports this module
-
+def _state(request: web.Request) -> InboxState:
     return request.app[STATE]
 
 
@@ -281,12 +278,3 @@ def _form_fields(text: str) -> dict[str, Any]:
         else:
             fields[name] = [fields[name], value]
     return fields
-
-
-def may_decide(session: Session, item: Item) -> bool:
-    """True when the session's identity (trimmed of White_Space and casefolded, as SPEC §2
-    check 11 compares) is one of ``item.approvers`` or a delegate identity of the item."""
-    key = identity_key(session.identity)
-    if any(identity_key(a) == key for a in item.approvers):
-        return True
-    return bool(on_behalf_of(session.identity, item))

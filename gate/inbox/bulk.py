@@ -20,18 +20,17 @@ from typing import Any
 from aiohttp import web
 
 from gate.inbox import auth
-from gate.inbox.app import InboxState, send_to_gate, state_of
-from gate.inbox.decide import decision_body
+from gate.inbox.decide import Refused, decision_body, own_assertion
+from gate.inbox.decided import may_decide
 from gate.inbox.gate_client import GateUnreachable
 from gate.inbox.model import DecisionRecord, Item, Session
 from gate.inbox.seen import bulk_eligibility
+from gate.inbox.state import InboxState, send_to_gate, state_of
 from gate.protocol.approver_signature import (
     b64url,
     batch_digest,
     decision_digest,
-    parse_approver_assertion,
 )
-from gate.protocol.errors import ProtocolError
 from gate.protocol.numbers import ascii_int
 
 log = logging.getLogger(__name__)
@@ -43,15 +42,9 @@ KEPT_MS = 5 * 60_000  # a challenged batch is kept this long for its decide
 MAX_KEPT = 1000
 
 
-class BulkRefused(ValueError):
+class BulkRefused(Refused):
     """A batch the inbox will not sign or post: HTTP ``status``, wire ``reason`` and the
     ``message`` in words (naming the item when one is the cause); nothing is posted."""
-
-    def __init__(self, status: int, reason: str, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.reason = reason
-        self.message = message
 
 
 @dataclass(frozen=True, slots=True)
@@ -197,12 +190,10 @@ async def challenge(request: web.Request) -> web.Response:
     state = state_of(request)
     try:
         picks = picks_from(fields)
-        items = checked_items(
-            picks, await _stored(state, picks), lambda i: auth.may_decide(session, i)
-        )
+        items = checked_items(picks, await _stored(state, picks), lambda i: may_decide(session, i))
         batch = batch_of(items)
     except BulkRefused as refused:
-        return auth.refusal(refused.status, refused.reason, refused.message)
+        return refused.response()
     kept = _kept(state)
     if len(kept) >= MAX_KEPT:
         kept.pop(next(iter(kept)))
@@ -226,15 +217,16 @@ async def decide(request: web.Request) -> web.Response:
         found = _kept(state).pop((session.identity, tuple(picks)), None)
         stored = await _stored(state, picks)
         if found is None:
-            may = lambda i: auth.may_decide(session, i)  # noqa: E731
+            may = lambda i: may_decide(session, i)  # noqa: E731
             batch = batch_of(checked_items(picks, stored, may))
         else:
             batch = found[0]
-            if any(s is None or not auth.may_decide(session, s) for s in stored.values()):
+            if any(s is None or not may_decide(session, s) for s in stored.values()):
                 raise BulkRefused(409, "not_available", "An item is no longer waiting for you.")
-        assertion = _assertion(fields, session, state)
-    except BulkRefused as refused:
-        return auth.refusal(refused.status, refused.reason, refused.message)
+        unsigned = "Sign the approvals with your passkey."
+        assertion = own_assertion(fields, session, state, unsigned).credential_id_b64
+    except Refused as refused:
+        return refused.response()
     signed = dict(fields["assertion"]) | {"batch": list(batch.hexes)}
     batch_id = secrets.token_urlsafe(12)
     for item in batch.items:
@@ -246,20 +238,6 @@ async def decide(request: web.Request) -> web.Response:
         assertion,
     )
     return web.json_response({"location": f"/bulk/{batch_id}"})
-
-
-def _assertion(fields: Mapping[str, Any], session: Session, state: InboxState) -> str:
-    """The posted assertion's credential id once it is one of the session identity's."""
-    try:
-        parsed = parse_approver_assertion(fields.get("assertion"))
-    except ProtocolError as exc:
-        raise BulkRefused(400, "invalid_assertion", "The passkey's answer is malformed.") from exc
-    if parsed is None:
-        raise BulkRefused(400, "invalid_assertion", "Sign the approvals with your passkey.")
-    own = {c.credential_id for c in state.credentials.of_identity(session.identity)}
-    if parsed.credential_id_b64 not in own:
-        raise BulkRefused(403, "wrong_credential", "Sign with your own passkey.")
-    return parsed.credential_id_b64
 
 
 async def _post_one(
@@ -284,9 +262,6 @@ async def _post_one(
 
 
 def add_routes(app: web.Application) -> None:
-    """POST ``/bulk/challenge``, ``/bulk/decide``; GET ``/bulk/{n}`` (``bulk_results``)."""
-    from gate.inbox.bulk_results import results  # noqa: PLC0415 - it imports title_of from here
-
+    """POST ``/bulk/challenge``, ``/bulk/decide`` (GET ``/bulk/{n}`` is ``bulk_results``)."""
     app.router.add_post("/bulk/challenge", challenge)
     app.router.add_post("/bulk/decide", decide)
-    app.router.add_get("/bulk/{n}", results)

@@ -10,11 +10,11 @@ import aiohttp_jinja2
 from aiohttp import web
 
 from gate.inbox import auth
-from gate.inbox.app import state_of
 from gate.inbox.bulk import title_of
 from gate.inbox.listing import decided_facts
 from gate.inbox.model import DecisionRecord, Item
 from gate.inbox.pages import item_url
+from gate.inbox.state import state_of
 from gate.inbox.words import answer_words, bulk_heading
 
 
@@ -53,3 +53,8 @@ async def results(request: web.Request) -> web.Response:
         "seq": 0,
     }
     return aiohttp_jinja2.render_template("bulk.html", request, context)
+
+
+def add_routes(app: web.Application) -> None:
+    """GET ``/bulk/{n}``."""
+    app.router.add_get("/bulk/{n}", results)

@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Annotated, Literal
 from urllib.parse import urlsplit
 
-import yaml
 from pydantic import (
     AfterValidator,
     BaseModel,
@@ -25,24 +24,20 @@ from pydantic import (
     model_validator,
 )
 
-from gate.config.messages import _describe, _pydantic_error
-from gate.config.secrets import CREDENTIALS_DIRECTORY, MIN_SECRET_BYTES, _read_one
+from gate.config.messages import pydantic_error
+from gate.config.secrets import CREDENTIALS_DIRECTORY, MIN_SECRET_BYTES, read_secret
 from gate.config.values import (
+    Duration,
+    EnvName,
+    HttpUrl,
     TcpListen,
-    _check_env_name,
-    _check_http_url,
-    _check_path_text,
-    _check_tcp_addr,
-    _resolve,
-    parse_duration,
+    check_path_text,
+    check_tcp_addr,
     parse_listen,
+    resolve_path,
 )
 from gate.config.webauthn import is_domain, is_ip, origin_of
-from gate.config.yamlfile import _Loader, _yaml_error
-
-EnvName = Annotated[str, Field(strict=True, min_length=1), AfterValidator(_check_env_name)]
-HttpUrl = Annotated[str, Field(strict=True, min_length=1), AfterValidator(_check_http_url)]
-Seconds = Annotated[float, BeforeValidator(parse_duration)]
+from gate.config.yamlfile import read_mapping
 
 
 class GateSection(BaseModel):
@@ -55,7 +50,7 @@ class GateSection(BaseModel):
     secret_env: EnvName
     previous_secret_env: EnvName | None = None
     callback_url: HttpUrl
-    max_skew: Seconds = 300.0
+    max_skew: Duration = 300.0
 
 
 class WebAuthnSection(BaseModel):
@@ -127,17 +122,17 @@ class InboxConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    listen: Annotated[str, Field(strict=True), AfterValidator(_check_tcp_addr)] = "127.0.0.1:8095"
+    listen: Annotated[str, Field(strict=True), AfterValidator(check_tcp_addr)] = "127.0.0.1:8095"
     public_url: HttpUrl | None = None
     database: Annotated[
         Path,
-        BeforeValidator(_check_path_text),
-        AfterValidator(_resolve),
+        BeforeValidator(check_path_text),
+        AfterValidator(resolve_path),
         Field(validate_default=True),
     ] = Path("var/inbox.db")
     gate: GateSection
     webauthn: WebAuthnSection = WebAuthnSection()
-    session_ttl: Seconds = 12 * 3600.0
+    session_ttl: Duration = 12 * 3600.0
     mail: MailSection | None = None
     metrics_token_env: EnvName | None = None
 
@@ -190,25 +185,13 @@ def load_inbox(
     <message>"`` (file and YAML syntax errors included); config and secrets are None when
     there is any error. Never raises for bad input."""
     source = Path(os.path.abspath(os.fspath(path)))
-    try:
-        text = source.read_text(encoding="utf-8-sig")
-    except FileNotFoundError:
-        return None, None, [f"config file not found: {source}"]
-    except UnicodeDecodeError as exc:
-        return None, None, [f"config file {source} is not valid UTF-8 (byte offset {exc.start})"]
-    except OSError as exc:
-        return None, None, [f"cannot read config file {source}: {exc.strerror or exc}"]
-    try:
-        data = yaml.load(text, Loader=_Loader)  # noqa: S506 - _Loader is a SafeLoader
-    except yaml.YAMLError as exc:
-        return None, None, [_yaml_error(exc)]
-    if not isinstance(data, dict):
-        found = "an empty file" if data is None else _describe(data)
-        return None, None, [f"top level: expected a mapping with a gate section, got {found}"]
+    data, errors = read_mapping(source, "a gate section")
+    if data is None:
+        return None, None, errors
     try:
         config = InboxConfig.model_validate(data, context={"base_dir": source.parent})
     except ValidationError as exc:
-        return None, None, [_pydantic_error(e, InboxConfig) for e in exc.errors(include_url=False)]
+        return None, None, [pydantic_error(e, InboxConfig) for e in exc.errors(include_url=False)]
     errors = check_inbox(config)
     secrets, secret_errors = _read_secrets(config, environ)
     errors += secret_errors
@@ -268,7 +251,7 @@ def _read_secrets(
     values: dict[str, str] = {}
     errors: list[str] = []
     for where, name in wanted:
-        value, error = _read_one(where, name, environ, credentials)
+        value, error = read_secret(where, name, environ, credentials)
         if error is not None:
             errors.append(error)
         elif value is not None and len(value.encode("utf-8")) < MIN_SECRET_BYTES:
@@ -300,7 +283,7 @@ def _read_mail_login(
         ("mail.username_env", mail.username_env),
         ("mail.password_env", mail.password_env),
     ):
-        value, error = _read_one(where, name, environ, credentials)
+        value, error = read_secret(where, name, environ, credentials)
         if error is not None:
             errors.append(error)
         elif value is not None:
@@ -313,5 +296,5 @@ def _read_mail_login(
 def listen_address(config: InboxConfig) -> TcpListen:
     """The parsed ``listen`` (validated host:port)."""
     parsed = parse_listen(config.listen)
-    assert isinstance(parsed, TcpListen)  # _check_tcp_addr
+    assert isinstance(parsed, TcpListen)  # check_tcp_addr
     return parsed

@@ -52,6 +52,10 @@ class InboxDb:
         await self._run(self._conn.close)
         self._executor.shutdown(wait=True)
 
+    async def _rows(self, sql: str, args: tuple[Any, ...]) -> list[sqlite3.Row]:
+        """The rows one read of ``sql`` with ``args`` gives."""
+        return await self._run(_query, self._conn, sql, args)
+
     async def _run(self, fn: Callable[..., T], *args: Any) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
 
@@ -119,9 +123,7 @@ class InboxDb:
 
     async def changes_since(self, seq: int) -> list[Change]:
         """Items changed after ``updated_seq`` ``seq``, in change order (live updates)."""
-        rows = await self._run(
-            _query,
-            self._conn,
+        rows = await self._rows(
             "SELECT approval_id, state, revision, updated_seq FROM items"
             " WHERE updated_seq > ? ORDER BY updated_seq",
             (seq,),
@@ -140,9 +142,7 @@ class InboxDb:
         """The distinct identities whose ``approve`` of ``revision`` the inbox posted and the
         gate answered 2xx (recorded), first decided first (quorum progress;
         a decision made through another relay is not here)."""
-        rows = await self._run(
-            _query,
-            self._conn,
+        rows = await self._rows(
             "SELECT identity, MIN(decided_at) AS at FROM decisions WHERE approval_id = ?"
             " AND revision = ? AND decision = 'approve' AND http_status BETWEEN 200 AND 299"
             " GROUP BY identity ORDER BY at, identity",
@@ -154,9 +154,7 @@ class InboxDb:
         """Every decision on ``approval_id`` the gate answered 2xx (recorded), any
         identity, first decided first: what the item's page says was decided through the
         inbox (an adjust's final text, an answer)."""
-        rows = await self._run(
-            _query,
-            self._conn,
+        rows = await self._rows(
             "SELECT * FROM decisions WHERE approval_id = ? AND http_status BETWEEN 200 AND 299"
             " ORDER BY decided_at, id",
             (approval_id,),
@@ -169,9 +167,7 @@ class InboxDb:
 
     async def batch(self, batch_id: str) -> list[DecisionRecord]:
         """The decisions of bulk approval ``batch_id`` in the order posted (none: [])."""
-        rows = await self._run(
-            _query,
-            self._conn,
+        rows = await self._rows(
             "SELECT * FROM decisions WHERE batch_id = ? ORDER BY id",
             (batch_id,),
         )
@@ -189,16 +185,12 @@ class InboxDb:
 
     async def decision(self, number: int) -> DecisionRecord | None:
         """Decision row ``number``, or None."""
-        rows = await self._run(
-            _query, self._conn, "SELECT * FROM decisions WHERE id = ?", (number,)
-        )
+        rows = await self._rows("SELECT * FROM decisions WHERE id = ?", (number,))
         return _decision(rows[0]) if rows else None
 
     async def decisions_of(self, identity: str, limit: int = 50) -> list[DecisionRecord]:
         """``identity``'s decisions, newest first (at most ``limit``)."""
-        rows = await self._run(
-            _query,
-            self._conn,
+        rows = await self._rows(
             "SELECT * FROM decisions WHERE identity = ? ORDER BY decided_at DESC, id DESC LIMIT ?",
             (identity, limit),
         )
@@ -226,9 +218,7 @@ class InboxDb:
     async def session(self, id_hash: str, now_ms: int) -> Session | None:
         """The session under ``id_hash``, or None when there is none, it expired or it
         ended (``end_revoked``)."""
-        rows = await self._run(
-            _query,
-            self._conn,
+        rows = await self._rows(
             "SELECT * FROM sessions WHERE id_hash = ? AND expires_at > ? AND ended IS NULL",
             (id_hash, now_ms),
         )
@@ -252,9 +242,7 @@ class InboxDb:
 
     async def session_ended(self, id_hash: str, now_ms: int) -> str | None:
         """Why the unexpired session ``id_hash`` ended (``"revoked"``), None when it did not."""
-        rows = await self._run(
-            _query,
-            self._conn,
+        rows = await self._rows(
             "SELECT ended FROM sessions WHERE id_hash = ? AND expires_at > ?",
             (id_hash, now_ms),
         )

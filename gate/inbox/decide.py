@@ -7,17 +7,19 @@ gate's answer after (nothing the gate answered is lost; a kill -9 in between lea
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from typing import Any
 
 from aiohttp import web
 
 from gate.inbox import auth
-from gate.inbox.app import decidable, send_to_gate, state_of
 from gate.inbox.gate_client import GateUnreachable
 from gate.inbox.model import DecisionRecord, Item, Session
+from gate.inbox.state import InboxState, decidable, send_to_gate, state_of
 from gate.protocol import PROTOCOL
 from gate.protocol.approver_signature import (
     VERBS,
+    ApproverAssertion,
     b64url,
     decision_digest,
     parse_approver_assertion,
@@ -116,6 +118,24 @@ async def challenge(request: web.Request) -> web.Response:
     return web.json_response({"challenge": b64url(digest_of(item, verb, adjust_text, reason))})
 
 
+def own_assertion(
+    fields: Mapping[str, Any], session: Session, state: InboxState, unsigned: str
+) -> ApproverAssertion:
+    """The posted ``assertion``, parsed, once its credential is one of the session
+    identity's; else Refused 400 ``invalid_assertion`` (malformed, or none: ``unsigned``
+    says what to do) or 403 ``wrong_credential``."""
+    try:
+        parsed = parse_approver_assertion(fields.get("assertion"))
+    except ProtocolError as exc:
+        raise Refused(400, "invalid_assertion", "The passkey's answer is malformed.") from exc
+    if parsed is None:
+        raise Refused(400, "invalid_assertion", unsigned)
+    own = {c.credential_id for c in state.credentials.of_identity(session.identity)}
+    if parsed.credential_id_b64 not in own:
+        raise Refused(403, "wrong_credential", "Sign with your own passkey.")
+    return parsed
+
+
 def decision_body(
     item: Item,
     identity: str,
@@ -155,15 +175,7 @@ async def decide(request: web.Request) -> web.Response:
     try:
         verb, adjust_text, reason = verb_fields(fields)
         check_open(item, fields)
-        try:
-            assertion = parse_approver_assertion(fields.get("assertion"))
-        except ProtocolError as exc:
-            raise Refused(400, "invalid_assertion", "The passkey's answer is malformed.") from exc
-        if assertion is None:
-            raise Refused(400, "invalid_assertion", "Sign the decision with your passkey.")
-        own = {c.credential_id for c in state.credentials.of_identity(session.identity)}
-        if assertion.credential_id_b64 not in own:
-            raise Refused(403, "wrong_credential", "Sign with your own passkey.")
+        own_assertion(fields, session, state, "Sign the decision with your passkey.")
         mine = await state.db.decisions_of(session.identity, limit=500)
         if any(_same(d, item) and 200 <= d.status < 300 for d in mine):
             raise Refused(409, "already_decided", "You already decided this item.")

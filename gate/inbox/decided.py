@@ -1,7 +1,8 @@
-"""What the inbox knows was decided on an item, said to the approver: whether their own
-decision already counts on the revision waiting (so it waits for others, not for them), the
-text an adjust made final, and what an answer or an adjust sent, in words. Pure: reads
-``Item`` values and the decision records the gate answered 2xx (``db.recorded_on``)."""
+"""What the inbox knows was decided on an item, said to the approver: who may decide it
+(``may_decide``), whether their own decision already counts on the revision waiting (so it
+waits for others, not for them), the text an adjust made final, and what an answer or an
+adjust sent, in words. Pure: reads ``Item`` values and the decision records the gate
+answered 2xx (``db.recorded_on``)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from gate.inbox.model import DecisionRecord, Item
+from gate.inbox.model import DecisionRecord, Item, Session
 from gate.protocol.whitespace import identity_key
 
 
@@ -105,3 +106,12 @@ def sent_words(record: DecisionRecord, item: Item | None = None) -> str | None:
     except ValueError:
         return record.sent
     return _value_words(value, _titles(item))
+
+
+def may_decide(session: Session, item: Item) -> bool:
+    """True when the session's identity (trimmed of White_Space and casefolded, as SPEC §2
+    check 11 compares) is one of ``item.approvers`` or a delegate identity of the item."""
+    key = identity_key(session.identity)
+    if any(identity_key(a) == key for a in item.approvers):
+        return True
+    return bool(on_behalf_of(session.identity, item))

@@ -1,12 +1,12 @@
 """The inbox's signed calls to the gate: a decision (or a question's answer)
 posted to the dispatch's callback URL, and the approvers' public credentials fetched over
 the credentials channel (docs/protocol.md "Credentials"). Both are signed with the relay
-secret as SPEC §2 says; a call is retried only when the gate could not be reached, never
-after it answered (an answer, even a 5xx, is what the approver is told)."""
+secret as SPEC §2 says and delivered by ``gate.relay.delivery`` (retried while the gate is
+unreachable or answers 5xx, never after a 4xx) within DELIVERY_S seconds: an approver waits
+for the page."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import time
@@ -15,67 +15,33 @@ from typing import Any
 
 import aiohttp
 
-from gate.protocol import PROTOCOL, PROTOCOL_HEADER, SIGNATURE_HEADER, credentials, signing
+from gate.protocol import credentials
 from gate.protocol.canonical import wire_json
+from gate.relay.delivery import Answer, Courier, GateUnreachable
 
 log = logging.getLogger(__name__)
 
-TIMEOUT_S = 10.0
-ATTEMPTS = 3
-BACKOFF_S = (0.5, 1.0)  # before the 2nd and 3rd attempt
+TIMEOUT_S = 10.0  # one attempt
+DELIVERY_S = 5.0  # no attempt starts later than this after the first
 CREDENTIALS_PATH = "/hitl/v0/credentials"  # part A's gate.protocol.credentials.CREDENTIALS_PATH
-MAX_ANSWER_BYTES = 4 * 1024 * 1024
+
+__all__ = ["GateRefused", "GateUnreachable", "fetch_credentials", "post_decision"]
 
 
-class GateUnreachable(Exception):
-    """The gate could not be reached after ``ATTEMPTS`` tries (nothing was answered)."""
+def _retrying(attempt: int, problem: str, _: float) -> None:
+    log.warning("event=gate_retry attempt=%d error=%r", attempt, problem)
 
 
 async def _post(
     url: str, body: bytes, secret: str, session: aiohttp.ClientSession | None
-) -> tuple[int, bytes, str | None]:
-    """One signed POST of ``body`` (a fresh ``t`` per attempt), retried on connection
-    errors only; returns (status, raw answer, its signature header). Raises GateUnreachable."""
-    own = session is None
-    client = session or aiohttp.ClientSession(
-        timeout=aiohttp.ClientTimeout(total=TIMEOUT_S), trust_env=False
-    )
-    try:
-        for attempt in range(ATTEMPTS):
-            headers = {
-                "Content-Type": "application/json; charset=utf-8",
-                PROTOCOL_HEADER: PROTOCOL,
-                SIGNATURE_HEADER: signing.sign(secret, int(time.time()), body),
-            }
-            try:
-                async with client.post(
-                    url, data=body, headers=headers, allow_redirects=False
-                ) as resp:
-                    raw = await _answer(resp)
-                    return resp.status, raw, resp.headers.get(SIGNATURE_HEADER)
-            except aiohttp.ClientConnectionError as exc:
-                if attempt + 1 == ATTEMPTS:
-                    raise GateUnreachable(f"cannot reach the gate: {type(exc).__name__}") from exc
-                log.warning("event=gate_retry attempt=%d error=%s", attempt + 1, type(exc).__name__)
-                await asyncio.sleep(BACKOFF_S[attempt])
-            except TimeoutError as exc:  # sent, maybe taken: never sent twice blindly
-                raise GateUnreachable(f"the gate did not answer within {TIMEOUT_S:g} s") from exc
-        raise AssertionError("unreachable")  # pragma: no cover
-    finally:
-        if own:
-            await client.close()
-
-
-async def _answer(resp: aiohttp.ClientResponse) -> bytes:
-    """The gate's answer, read until its end (one ``read(n)`` returns only what has arrived
-    so far), at most MAX_ANSWER_BYTES (review rev17a finding 2)."""
-    data = b""
-    while len(data) < MAX_ANSWER_BYTES:
-        chunk = await resp.content.read(MAX_ANSWER_BYTES - len(data))
-        if not chunk:
-            break
-        data += chunk
-    return data
+) -> Answer:
+    """Deliver ``body`` signed with ``secret`` to ``url`` within DELIVERY_S seconds, in
+    ``session`` or a session of its own. Raises GateUnreachable."""
+    if session is None:
+        async with aiohttp.ClientSession(trust_env=False) as own:
+            return await _post(url, body, secret, own)
+    courier = Courier(session, secret, TIMEOUT_S)
+    return await courier.deliver(url, body, time.time() + DELIVERY_S, _retrying)
 
 
 async def post_decision(
@@ -86,15 +52,10 @@ async def post_decision(
 ) -> tuple[int, dict[str, Any]]:
     """POST a decision (or an answer) ``body_obj`` to the dispatch's callback ``url`` as
     canonical JSON signed with ``secret`` (SPEC §2 "Decision"); return the gate's HTTP
-    status and its JSON answer (``{}`` when the answer is no JSON object). Times out after
-    10 s; retried only when the gate could not be reached (then raises GateUnreachable),
-    never after an HTTP answer."""
-    status, raw, _ = await _post(url, wire_json(body_obj), secret, session)
-    try:
-        answer = json.loads(raw)
-    except ValueError:
-        answer = None
-    return status, answer if isinstance(answer, dict) else {}
+    status and its JSON answer (``{}`` when the answer is no JSON object). Each attempt
+    times out after TIMEOUT_S; raises GateUnreachable when the gate never answered."""
+    answer = await _post(url, wire_json(body_obj), secret, session)
+    return answer.status, answer.fields()
 
 
 async def fetch_credentials(
@@ -111,10 +72,12 @@ async def fetch_credentials(
     (401/400) for an answer whose signature or shape is wrong."""
     body = credentials.build_credentials_request(int(time.time()))
     url = callback_url.rstrip("/") + CREDENTIALS_PATH
-    status, raw, header = await _post(url, body, secrets[0], session)
-    if status != 200:
-        raise GateRefused(status, raw, url)
-    return credentials.verify_credentials_answer(raw, header, secrets, time.time(), max_skew)
+    answer = await _post(url, body, secrets[0], session)
+    if answer.status != 200:
+        raise GateRefused(answer.status, answer.raw, url)
+    return credentials.verify_credentials_answer(
+        answer.raw, answer.signature, secrets, time.time(), max_skew
+    )
 
 
 class GateRefused(Exception):

@@ -12,6 +12,29 @@ CALLS = ("decision", "credentials")
 SIGNIN_RESULTS = ("ok", "failed")
 MAIL_RESULTS = ("sent", "failed")
 TEXT_FORMAT = "text/plain; version=0.0.4; charset=utf-8"  # what generate_latest writes
+# each counter: its name (hitl_inbox_<name>_total), help text, label and the label's values
+COUNTERS: dict[str, tuple[str, str, tuple[str, ...]]] = {
+    "decisions": (
+        "Decisions and answers posted through the inbox that the gate took (2xx), by verb.",
+        "verb",
+        VERBS,
+    ),
+    "signins": (
+        "Passkey sign-ins: ok, or failed (refused, rate limited).",
+        "result",
+        SIGNIN_RESULTS,
+    ),
+    "gate_errors": (
+        "Calls to the gate that failed: no answer, a 5xx, or (credentials) a wrong answer.",
+        "call",
+        CALLS,
+    ),
+    "mails": (
+        "Notification mails: sent, or failed (given up after the retries).",
+        "result",
+        MAIL_RESULTS,
+    ),
+}
 
 
 class InboxMetrics:
@@ -25,30 +48,7 @@ class InboxMetrics:
             "Approvals and questions pending at the inbox (read at each scrape).",
             registry=r,
         )
-        self.decisions = self._counter(
-            "decisions",
-            "Decisions and answers posted through the inbox that the gate took (2xx), by verb.",
-            "verb",
-            VERBS,
-        )
-        self.signins = self._counter(
-            "signins",
-            "Passkey sign-ins: ok, or failed (refused, rate limited).",
-            "result",
-            SIGNIN_RESULTS,
-        )
-        self.gate_errors = self._counter(
-            "gate_errors",
-            "Calls to the gate that failed: no answer, a 5xx, or (credentials) a wrong answer.",
-            "call",
-            CALLS,
-        )
-        self.mails = self._counter(
-            "mails",
-            "Notification mails: sent, or failed (given up after the retries).",
-            "result",
-            MAIL_RESULTS,
-        )
+        self.counters = {name: self._counter(name, *spec) for name, spec in COUNTERS.items()}
 
     def _counter(self, name: str, doc: str, label: str, values: tuple[str, ...]) -> Counter:
         """``hitl_inbox_<name>_total{<label>}`` with a series at 0 for each of ``values``."""
@@ -61,21 +61,21 @@ class InboxMetrics:
         """Count the gate's answer to a decision or answer: a 2xx by ``verb``, a 5xx as a
         ``decision`` gate error (a 4xx is a refusal the approver is told, not an error)."""
         if 200 <= status < 300 and verb in VERBS:
-            self.decisions.labels(verb).inc()
+            self.counters["decisions"].labels(verb).inc()
         elif status >= 500:
-            self.gate_errors.labels("decision").inc()
+            self.counters["gate_errors"].labels("decision").inc()
 
     def gate_failed(self, call: str) -> None:
         """Count a call to the gate (``CALLS``) that got no usable answer."""
-        self.gate_errors.labels(call if call in CALLS else "decision").inc()
+        self.counters["gate_errors"].labels(call if call in CALLS else "decision").inc()
 
     def signed_in(self, ok: bool) -> None:
         """Count a sign-in attempt that passed the Origin and CSRF checks."""
-        self.signins.labels("ok" if ok else "failed").inc()
+        self.counters["signins"].labels("ok" if ok else "failed").inc()
 
     def mailed(self, sent: bool) -> None:
         """Count a mail sent, or given up."""
-        self.mails.labels("sent" if sent else "failed").inc()
+        self.counters["mails"].labels("sent" if sent else "failed").inc()
 
     def render(self, waiting: float) -> tuple[bytes, str]:
         """The scrape (Prometheus text) with ``waiting`` items pending (NaN: unknown)."""

@@ -9,8 +9,8 @@ import math
 
 from aiohttp import web
 
-from gate.inbox.app import state_of
 from gate.inbox.auth import refusal
+from gate.inbox.state import state_of
 from gate.protocol.bearer import bearer_problem
 
 log = logging.getLogger(__name__)

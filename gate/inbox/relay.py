@@ -12,18 +12,11 @@ from typing import Any
 
 from aiohttp import web
 
-from gate.errors import GateError
-from gate.inbox.body import read_whole
 from gate.inbox.db import InboxDb
 from gate.inbox.followups import News
 from gate.inbox.items import DispatchRefused, read_dispatch
-from gate.protocol import SIGNATURE_HEADER
-from gate.protocol.relay_inbound import (
-    MAX_DISPATCH_BYTES,
-    is_notice,
-    notice_subject,
-    open_signed,
-)
+from gate.protocol.relay_inbound import is_notice, notice_subject
+from gate.relay.inbound import open_request
 
 log = logging.getLogger(__name__)
 
@@ -61,20 +54,10 @@ class RelayEndpoint:
         not hash to ``payload_hash``); 409 ``dispatch_conflict`` (a re-send with the nonce
         kept but another revision, hash, draft or question: nothing changes); 200
         ``{"status":"ok"}`` once committed."""
-        raw = await read_whole(request, MAX_DISPATCH_BYTES)
-        if raw is None:
-            return web.json_response({"status": "invalid", "reason": "body_too_large"}, status=413)
-        try:
-            envelope = open_signed(
-                request.headers.get(SIGNATURE_HEADER),
-                raw,
-                self.secrets,
-                self.now_s(),
-                self.max_skew,
-            )
-        except GateError as exc:
-            log.warning("event=dispatch_refused reason=%s", exc.code)
-            return web.json_response(exc.body(), status=exc.status)
+        opened = await open_request(request, self.secrets, self.now_s, self.max_skew, log)
+        if isinstance(opened, web.Response):
+            return opened
+        raw, envelope = opened
         if is_notice(envelope):
             return await self._notice(envelope)
         try:

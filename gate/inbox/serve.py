@@ -13,13 +13,14 @@ import time
 
 from aiohttp import web
 
-from gate.inbox.app import InboxState, create_inbox_app
+from gate.inbox.app import create_inbox_app
 from gate.inbox.config import InboxConfig, InboxSecrets, listen_address, relying_party
 from gate.inbox.credentials_cache import FETCH_FAILURES, CredentialsCache
 from gate.inbox.gate_client import fetch_credentials
 from gate.inbox.mail import Mailer
 from gate.inbox.metrics import InboxMetrics
 from gate.inbox.relay import RELAY_PATH, RelayEndpoint
+from gate.inbox.state import InboxState
 from gate.protocol.credentials import CredentialsAnswer
 
 log = logging.getLogger(__name__)

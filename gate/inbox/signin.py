@@ -20,7 +20,7 @@ from urllib.parse import urlsplit, urlunsplit
 from aiohttp import web
 
 from gate.inbox import auth, pages
-from gate.inbox.app import InboxState, state_of
+from gate.inbox.state import InboxState, state_of
 from gate.protocol.approver_signature import ApproverAssertion, parse_approver_assertion
 from gate.protocol.approver_webauthn import verify_webauthn
 from gate.protocol.credentials import ServedCredential

@@ -1,23 +1,76 @@
 """The callbacks a relay sends ``hitl-gate verify``'s ephemeral gate (SPEC §6): recorded by an
-observer middleware, picked by the id they name, waited for, and re-signed for the gate
-probes."""
+observer middleware, picked by the id they name, waited for after a dispatch (``Run``), and
+re-signed for the gate probes."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import secrets as pysecrets
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
+import aiohttp
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 
+from gate.core.service import GateService
+from gate.daemon.dispatch import SendResult, post_signed
+from gate.errors import GateError
 from gate.protocol import PROTOCOL, PROTOCOL_HEADER, SIGNATURE_HEADER, signing
 from gate.protocol.canonical import wire_json
 from gate.protocol.envelope import decode_json
-from gate.tools.conformance.checks import Observed
+from gate.tools.conformance.checks import CheckResult, Observed, probe
 from gate.web.common import Handler
+
+Lookup = Callable[[str], list[Observed]]
+"""The callbacks that name an id (an approval's or a question's), in arrival order."""
+
+
+@dataclass(frozen=True, slots=True)
+class Run:
+    """One ``hitl-gate verify`` run: the ephemeral gate's ``service``, the HTTP ``session``,
+    the relay under test (``relay_url``, the shared ``secret``, the ``approver`` it decides
+    as), the gate's decision endpoint as this host reaches it (``local_url``) and as the
+    relay does (``callback``), what reached that endpoint (``seen``; ``changed`` is set on
+    each arrival) and how long a human may take (``timeout_s``, seconds)."""
+
+    service: GateService
+    session: aiohttp.ClientSession
+    relay_url: str
+    secret: str
+    approver: str
+    local_url: str
+    callback: str
+    seen: list[Observed]
+    changed: asyncio.Event
+    timeout_s: float
+
+    async def send(
+        self, body: bytes, timeout_s: float, t: int | None = None, forged: bool = False
+    ) -> SendResult:
+        """POST ``body`` (a dispatch or a notice) to the relay as the gate sends it, signed
+        at unix second ``t`` (default now) with the shared secret, or with ``forged`` with
+        a random other secret (a relay must refuse it); ``timeout_s`` bounds the ack."""
+        t = int(time.time()) if t is None else t
+        signature = None
+        if forged:
+            signature = signing.sign("not-the-shared-secret-" + pysecrets.token_hex(8), t, body)
+        return await post_signed(
+            self.session, self.relay_url, body, self.secret, t, timeout_s, signature=signature
+        )
+
+    async def arrival(
+        self, lookup: Lookup, key: str, ack: SendResult, grace_s: float
+    ) -> Observed | None:
+        """The first callback naming ``key`` after its dispatch was answered ``ack``: waited
+        for up to ``timeout_s`` (a human may need it) when acked, ``grace_s`` when the relay
+        answered non-2xx (it may still have passed it on), not at all without an HTTP
+        answer."""
+        wait_s = self.timeout_s if ack.error is None else grace_s if ack.status is not None else 0.0
+        return await wait_for(lookup, self.changed, key, wait_s) if wait_s else None
 
 
 def observer(seen: list[Observed], changed: asyncio.Event, now: Callable[[], float]) -> Middleware:
@@ -54,15 +107,16 @@ def observer(seen: list[Observed], changed: asyncio.Event, now: Callable[[], flo
     return observe
 
 
-def callbacks_for(seen: list[Observed], approval_id: str) -> list[Observed]:
-    """The callbacks in ``seen`` whose body names ``approval_id``."""
+def callbacks_for(seen: list[Observed], id_: str, key: str = "approval_id") -> list[Observed]:
+    """The callbacks in ``seen`` whose body names ``id_`` as ``key`` (``approval_id``, or
+    ``question_id`` for a question's answers)."""
     out = []
     for obs in seen:
         try:
             body = decode_json(obs.raw)
-        except Exception:  # noqa: BLE001 - any undecodable body simply is not this approval's
+        except Exception:  # noqa: BLE001 - any undecodable body simply is not this one's
             continue
-        if isinstance(body, dict) and body.get("approval_id") == approval_id:
+        if isinstance(body, dict) and body.get(key) == id_:
             out.append(obs)
     return out
 
@@ -87,6 +141,25 @@ async def wait_for(
             return None
 
 
+def template_of(callback: Observed | None) -> dict[str, Any] | None:
+    """The body of a callback the gate accepted (200) as a JSON object: the template the
+    gate probes re-sign; None when there is none."""
+    if callback is None or callback.status != 200:
+        return None
+    try:
+        body = decode_json(callback.raw)
+    except GateError:
+        return None
+    return body if isinstance(body, dict) else None
+
+
+def replay_headers(callback: Observed) -> dict[str, str]:
+    """The headers of ``callback`` a replay of it keeps: its signature, protocol and
+    content type."""
+    kept = (SIGNATURE_HEADER.lower(), PROTOCOL_HEADER.lower(), "content-type")
+    return {k: v for k, v in callback.headers.items() if k in kept}
+
+
 def resign(
     template: dict[str, Any], secret: str, changes: dict[str, Any], drop: tuple[str, ...] = ()
 ) -> tuple[bytes, dict[str, str]]:
@@ -101,3 +174,30 @@ def resign(
         SIGNATURE_HEADER: signing.sign(secret, int(time.time()), raw),
     }
     return raw, headers
+
+
+Probe = tuple[str, dict[str, Any], tuple[str, ...], int, tuple[str, ...]]
+"""A gate probe: its check name, the changes to the template and the keys it drops, the
+status and the reasons the gate must refuse it with."""
+
+
+async def run_probes(
+    session: aiohttp.ClientSession,
+    gate_url: str,
+    template: dict[str, Any],
+    secret: str,
+    probes: Sequence[Probe],
+) -> list[CheckResult]:
+    """Each of ``probes`` in order: ``template`` (an accepted callback) changed as it says,
+    re-signed with ``secret`` (``resign``) and POSTed to the gate at ``gate_url`` (``probe``:
+    it passes only when refused with its status and one of its reasons)."""
+    results = []
+    for name, changes, drop, status, reasons in probes:
+        raw, headers = resign(template, secret, changes, drop)
+        results.append(await probe(session, gate_url, raw, headers, name, status, reasons))
+    return results
+
+
+def mutated(digest: str) -> str:
+    """``digest`` with its last character changed (a hash a probe aims at)."""
+    return digest[:-1] + ("0" if digest[-1] != "0" else "1")

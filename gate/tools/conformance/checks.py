@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -13,6 +14,7 @@ from gate.protocol import PROTOCOL, PROTOCOL_HEADER, SIGNATURE_HEADER, signing
 from gate.protocol.envelope import decode_json
 from gate.protocol.relay_answers import refusal_reason
 from gate.protocol.whitespace import identity_key
+from gate.relay.delivery import post
 
 ACK_LIMIT_S = 5.0
 
@@ -128,6 +130,60 @@ def judge_ack(status: int | None, error: str | None, elapsed_s: float) -> CheckR
         "answer the dispatch POST with any 2xx at once (within 5 s) and show the draft "
         "to the human afterwards; never hold the connection open for the human",
     )
+
+
+@dataclass(frozen=True, slots=True)
+class Awaited:
+    """The words for a callback awaited after a dispatch: the check ``name``, what arrives
+    (``noun``: decision, answer), the note when the dispatch was not acked (``unacked``),
+    what a relay must POST (``how``) and fix first without an ack (``fix_ack``), the note
+    when one came although not acked (``late``), and the checks of what arrived
+    (``judged``: reported not run when nothing did)."""
+
+    name: str
+    noun: str
+    unacked: str
+    how: str
+    fix_ack: str
+    late: str
+    judged: tuple[str, ...]
+
+
+DECISION = Awaited(
+    "relay.decision_received",
+    "decision",
+    " (the dispatch was not acked)",
+    "POST one signed decision per approver",
+    "fix relay.ack first: the gate retries a dispatch that is not acked",
+    " (although the dispatch was not acked)",
+    DECISION_CHECKS,
+)
+
+
+def judge_arrival(
+    awaited: Awaited,
+    found: Observed | None,
+    acked: bool,
+    sent_at: float,
+    timeout_s: float,
+    callback_url: str,
+) -> list[CheckResult]:
+    """The callback ``found`` (None: none came) arrived after its dispatch, sent at unix
+    second ``sent_at`` and ``acked`` or not; without it, ``awaited.judged`` are not run."""
+    if found is not None:
+        late = "" if acked else awaited.late
+        return [
+            passed(awaited.name, f"{found.received_at - sent_at:.1f} s after the dispatch{late}")
+        ]
+    why = f"no {awaited.noun} arrived"
+    result = failed(
+        awaited.name,
+        why + (f" within {timeout_s:g} s" if acked else awaited.unacked),
+        f"{awaited.how} to callback.url ({callback_url}); raise --timeout if a human needs longer"
+        if acked
+        else awaited.fix_ack,
+    )
+    return [result, *(not_run(n, why, f"fix {awaited.name} first") for n in awaited.judged)]
 
 
 def judge_refusal(
@@ -269,49 +325,76 @@ def judge_decision(
                 f'send "protocol": "{PROTOCOL}"',
             )
         )
-    results.append(
-        passed("relay.nonce", "nonce is the dispatched one")
-        if body.get("nonce") == nonce
-        else failed(
-            "relay.nonce",
-            f"nonce {body.get('nonce')!r}",
-            "echo callback.nonce from the dispatch unchanged",
-        )
-    )
-    results.append(
-        passed("relay.payload_hash_echo", "payload_hash matches the dispatch")
-        if body.get("payload_hash") == payload_hash
-        else failed(
+    echoes = (
+        Echo("relay.nonce", "nonce", nonce, "nonce is the dispatched one", ECHO_NONCE),
+        Echo(
             "relay.payload_hash_echo",
-            f"payload_hash {body.get('payload_hash')!r}",
+            "payload_hash",
+            payload_hash,
+            "payload_hash matches the dispatch",
             "echo payload_hash from the dispatch byte for byte; never recompute it from a "
             "re-encoded draft",
-        )
+        ),
     )
-    approver_obj = body.get("approver")
-    got = approver_obj.get("id") if isinstance(approver_obj, dict) else None
-    ok_approver = isinstance(got, str) and identity_key(got) == identity_key(approver)
-    results.append(
-        passed("relay.approver_in_scope", f"approver.id {got!r}")
-        if ok_approver
-        else failed(
-            "relay.approver_in_scope",
-            f"approver.id {got!r}",
-            f"report the human who decided as approver.id; expected {approver!r}, one of "
-            "the dispatch's approvers",
-        )
-    )
-    accepted = decision.status == 200
-    results.append(
-        passed("relay.decision_accepted", f"gate answered 200 {_answer_text(decision.answer)}")
-        if accepted
-        else failed(
-            "relay.decision_accepted",
-            f"gate answered {decision.status} {_answer_text(decision.answer)}",
-            "the gate refused this decision; the reason names the field or check",
-        )
-    )
+    results += judge_echoes(body, echoes, "relay.approver_in_scope", approver, "decided", repr)
+    results.append(judge_accepted("relay.decision_accepted", decision, "decision", _answer_text))
     return results
+
+
+@dataclass(frozen=True, slots=True)
+class Echo:
+    """A field a callback must carry unchanged from its dispatch: the check ``name``, the
+    body's ``field`` and its ``expected`` value, what a pass says (``ok``) and how to fix a
+    miss (``fix``)."""
+
+    name: str
+    field: str
+    expected: Any
+    ok: str
+    fix: str
+
+
+ECHO_NONCE = "echo callback.nonce from the dispatch unchanged"
+
+
+def judge_echoes(
+    body: dict[str, Any],
+    echoes: Sequence[Echo],
+    name: str,
+    approver: str,
+    who: str,
+    show: Callable[[Any], str],
+) -> list[CheckResult]:
+    """The ``echoes`` of a callback's ``body`` (a decision, an answer), then the approver it
+    reports (check ``name``): ``approver``, compared as SPEC §2 check 11 does, the human who
+    ``who`` (decided, answered). Values are written in the report by ``show``."""
+    results = [
+        passed(e.name, e.ok)
+        if body.get(e.field) == e.expected
+        else failed(e.name, f"{e.field} {show(body.get(e.field))}", e.fix)
+        for e in echoes
+    ]
+    reported = body.get("approver")
+    got = reported.get("id") if isinstance(reported, dict) else None
+    said = f"approver.id {show(got)}"
+    if isinstance(got, str) and identity_key(got) == identity_key(approver):
+        return [*results, passed(name, said)]
+    fix = (
+        f"report the human who {who} as approver.id; expected {approver!r}, one of the "
+        "dispatch's approvers"
+    )
+    return [*results, failed(name, said, fix)]
+
+
+def judge_accepted(
+    name: str, callback: Observed, noun: str, show: Callable[[Any], str]
+) -> CheckResult:
+    """The gate took the callback (a ``noun``: decision, answer) with 200 (check ``name``);
+    its answer is written in the report by ``show``."""
+    said = f"gate answered {callback.status} {show(callback.answer)}"
+    if callback.status == 200:
+        return passed(name, said)
+    return failed(name, said, f"the gate refused this {noun}; the reason names the field or check")
 
 
 async def probe(
@@ -329,15 +412,12 @@ async def probe(
     for any other answer, so a gate that wrongly accepts is reported.
     """
     try:
-        async with session.post(
-            gate_url, data=body, headers=headers, allow_redirects=False
-        ) as resp:
-            status = resp.status
-            text = await resp.text()
+        sent = await post(session, gate_url, body, headers)
     except aiohttp.ClientError as exc:
         return failed(name, f"no answer: {exc}", "the ephemeral gate must be reachable")
+    status, text = sent.status, sent.raw.decode("utf-8", "replace")
     try:
-        answer = decode_json(text.encode("utf-8"))
+        answer = decode_json(sent.raw)
     except GateError:
         answer = text[:200]
     reason = answer.get("reason") if isinstance(answer, dict) else None

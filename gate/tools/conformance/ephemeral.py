@@ -7,13 +7,13 @@ from pathlib import Path
 from typing import Any
 
 from gate.config import Config, config_from_mapping
-from gate.tools.conformance.questions import add_question_step
 
 PIPELINE = "hitl-conformance"
 OUTSIDER = "hitl-conformance-outsider@invalid"
 MAX_SKEW_S = 300.0
 ACK_TIMEOUT_S = 10.0
 GRACE_S = 3.0
+QUESTION_STEP = "question"
 
 
 def ephemeral_config(
@@ -28,7 +28,7 @@ def ephemeral_config(
     """The ephemeral gate's config, validated as a config file would be (its database in
     ``directory``): one pipeline, one step the ``approver`` (operator 1) alone may decide,
     and an outsider (operator 2) allowed on the relay but out of the step's scope. With
-    ``questions``, also a question step (``questions.add_question_step``). With
+    ``questions``, also a question step (``add_question_step``). With
     ``signatures``, the step is ``approver_signature: required``."""
     config: dict[str, Any] = {
         "relay": {
@@ -72,3 +72,20 @@ def ephemeral_config(
     if questions:
         add_question_step(config)
     return config_from_mapping(config, directory)
+
+
+def add_question_step(config: dict[str, Any]) -> None:
+    """Give the ephemeral gate's config mapping (``ephemeral_config``'s, before validation)
+    question support: ``relay.questions: true`` (questions go to RELAY_URL) and a question
+    step ``question`` in its one pipeline that operator 1 (``--approver``) alone may
+    answer."""
+    config["relay"]["questions"] = True
+    config["pipelines"][0]["steps"].append(
+        {
+            "name": QUESTION_STEP,
+            "type": "question",
+            "approvers": [1],
+            "timeout": "1h",
+            "risk": "low",
+        }
+    )

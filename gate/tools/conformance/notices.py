@@ -4,18 +4,11 @@
 from __future__ import annotations
 
 import asyncio
-import secrets as pysecrets
-import time
-from collections.abc import Callable
 
-import aiohttp
-
-from gate.core.service import GateService
-from gate.daemon.dispatch import post_signed
+from gate.daemon.followups import notice_envelope
 from gate.model import Approval
-from gate.protocol import signing
 from gate.protocol.canonical import wire_json
-from gate.protocol.followup import build_notice
+from gate.tools.conformance.callbacks import Run, callbacks_for
 from gate.tools.conformance.checks import ACK_LIMIT_S, CheckResult, Observed, failed, passed
 
 NOTICE_CHECKS = (
@@ -27,26 +20,9 @@ NOTICE_CHECKS = (
 
 def notice_for(full: Approval) -> bytes:
     """The wire bytes of the resolution notice of ``full``, an approval cancelled before it
-    was ever dispatched (``build_notice``: outcome ``cancelled``, nobody decided, no reason).
-    Raises ValueError when ``full`` is not resolved."""
-    if full.outcome is None or full.resolved_at is None:
-        raise ValueError(f"approval {full.approval_id} is not resolved")
-    revision = full.revision_row(full.revision)
-    assert revision is not None
-    return wire_json(
-        build_notice(
-            approval_id=full.approval_id,
-            run_id=full.run_id,
-            pipeline=full.pipeline,
-            step=full.step,
-            outcome=full.outcome,
-            resolved_at_ms=full.resolved_at,
-            revision=revision.revision,
-            payload_hash=revision.payload_hash,
-            decided_by=[],
-            reason=None,
-        )
-    )
+    was ever dispatched (the gate's own ``notice_envelope``: outcome ``cancelled``, nobody
+    decided, no reason). Raises ValueError when ``full`` is not resolved."""
+    return wire_json(notice_envelope(full))
 
 
 def judge_notice_ack(status: int | None, error: str | None, elapsed_s: float) -> CheckResult:
@@ -95,35 +71,25 @@ def judge_no_decision(decisions: list[Observed], wait_s: float) -> CheckResult:
     return passed(name, f"no decision came back within {wait_s:g} s")
 
 
-async def check_notices(
-    service: GateService,
-    session: aiohttp.ClientSession,
-    relay_url: str,
-    secret: str,
-    full: Approval,
-    decisions_for: Callable[[str], list[Observed]],
-    grace_s: float,
-) -> list[CheckResult]:
-    """Run ``NOTICE_CHECKS`` against the relay at ``relay_url``; return them in that order.
+async def check_notices(run: Run, full: Approval, grace_s: float) -> list[CheckResult]:
+    """Run ``NOTICE_CHECKS`` against the relay of ``run``; return them in that order.
 
     ``full`` is a fresh synthetic approval of the ephemeral gate, never dispatched: it is
-    cancelled, its notice (``build_notice``, outcome ``cancelled``) POSTed signed with
-    ``secret`` (must be acked 2xx within 5 s), then the same bytes signed with another
+    cancelled, its notice (``build_notice``, outcome ``cancelled``) POSTed signed with the
+    shared secret (must be acked 2xx within 5 s), then the same bytes signed with another
     secret (must be refused, non-2xx); after ``grace_s`` seconds no decision may have come
-    back for it (``decisions_for(approval_id)``: what reached the ephemeral gate's decision
-    endpoint about it). Raises GateError when the ephemeral gate cannot cancel it.
+    back for it (what reached the ephemeral gate's decision endpoint about it). Raises
+    GateError when the ephemeral gate cannot cancel it.
     """
-    await service.cancel(full.approval_id)
-    cancelled = await service.store.reads.fetch_approval(full.approval_id)
+    await run.service.cancel(full.approval_id)
+    cancelled = await run.service.store.reads.fetch_approval(full.approval_id)
     assert cancelled is not None
     body = notice_for(cancelled)
-    ack = await post_signed(session, relay_url, body, secret, int(time.time()), ACK_LIMIT_S)
-    now_s = int(time.time())
-    forged = signing.sign("not-the-shared-secret-" + pysecrets.token_hex(8), now_s, body)
-    bad = await post_signed(session, relay_url, body, secret, now_s, ACK_LIMIT_S, signature=forged)
+    ack = await run.send(body, ACK_LIMIT_S)
+    bad = await run.send(body, ACK_LIMIT_S, forged=True)
     await asyncio.sleep(grace_s)  # time for a relay that took it for a request to answer
     return [
         judge_notice_ack(ack.status, ack.error, ack.elapsed_s),
         judge_notice_refusal(bad.status, bad.error),
-        judge_no_decision(decisions_for(full.approval_id), grace_s),
+        judge_no_decision(callbacks_for(run.seen, full.approval_id), grace_s),
     ]

@@ -4,19 +4,22 @@ approver out of scope."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import aiohttp
 
 from gate.core.requests import CreateRequest
 from gate.core.service import GateService
 from gate.model import Approval
-from gate.protocol import PROTOCOL_HEADER, SIGNATURE_HEADER
-from gate.protocol.envelope import decode_json
-from gate.tools.conformance.callbacks import resign
+from gate.tools.conformance.callbacks import (
+    Probe,
+    mutated,
+    replay_headers,
+    run_probes,
+    template_of,
+)
 from gate.tools.conformance.checks import CheckResult, Observed, not_run, probe
 from gate.tools.conformance.ephemeral import OUTSIDER, PIPELINE
 
+MISMATCH = ("payload_hash_mismatch",)
 DRAFT = (
     "hitl-gate conformance check — not a real request.\n"
     "Grüße, Zoë · 1.240,00 € · ✅\r\nPlease approve so the check can finish.\n"
@@ -47,13 +50,8 @@ async def gate_side(
     an approver out of scope; each must be refused with its reason (SPEC §6). Without an
     accepted decision they are reported not run."""
     names = ("gate.replay_refused", "gate.mutated_hash_refused", "gate.out_of_scope_refused")
-    template: Any = None
-    if decision is not None and decision.status == 200:
-        try:
-            template = decode_json(decision.raw)
-        except Exception:  # noqa: BLE001 - an accepted decision always decodes
-            template = None
-    if decision is None or not isinstance(template, dict):
+    template = template_of(decision)
+    if decision is None or template is None:
         checks.extend(
             not_run(
                 name,
@@ -63,17 +61,12 @@ async def gate_side(
             for name in names
         )
         return
-    replay_headers = {
-        k: v
-        for k, v in decision.headers.items()
-        if k in (SIGNATURE_HEADER.lower(), PROTOCOL_HEADER.lower(), "content-type")
-    }
     checks.append(
         await probe(
             session,
             local_url,
             decision.raw,
-            replay_headers,
+            replay_headers(decision),
             names[0],
             409,
             ("already_resolved", "duplicate"),
@@ -81,28 +74,12 @@ async def gate_side(
     )
     target = await create_approval(service, "conformance-probe")
     rev = target.revisions[0]
-    digest = rev.payload_hash
-    mutated = digest[:-1] + ("0" if digest[-1] != "0" else "1")
-    raw, headers = resign(
-        template,
-        secret,
-        {"approval_id": target.approval_id, "nonce": rev.nonce, "payload_hash": mutated},
-    )
-    checks.append(
-        await probe(session, local_url, raw, headers, names[1], 403, ("payload_hash_mismatch",))
-    )
+    aimed = {"approval_id": target.approval_id, "nonce": rev.nonce}
     approver_obj = dict(template.get("approver") or {})
     approver_obj["id"] = OUTSIDER
-    raw, headers = resign(
-        template,
-        secret,
-        {
-            "approval_id": target.approval_id,
-            "nonce": rev.nonce,
-            "payload_hash": digest,
-            "approver": approver_obj,
-        },
-    )
-    checks.append(
-        await probe(session, local_url, raw, headers, names[2], 403, ("approver_not_allowed",))
-    )
+    out_of_scope = {**aimed, "payload_hash": rev.payload_hash, "approver": approver_obj}
+    probes: list[Probe] = [
+        (names[1], {**aimed, "payload_hash": mutated(rev.payload_hash)}, (), 403, MISMATCH),
+        (names[2], out_of_scope, (), 403, ("approver_not_allowed",)),
+    ]
+    checks.extend(await run_probes(session, local_url, template, secret, probes))

@@ -10,10 +10,20 @@ from gate.model import Question
 from gate.protocol.canonical import wire_json
 from gate.protocol.envelope import decode_json
 from gate.protocol.question import QuestionSpec, check_value
-from gate.protocol.whitespace import identity_key
-from gate.tools.conformance.checks import CheckResult, Observed, failed, judge_signature, passed
+from gate.tools.conformance.checks import (
+    Awaited,
+    CheckResult,
+    Echo,
+    Observed,
+    failed,
+    judge_accepted,
+    judge_echoes,
+    judge_signature,
+    passed,
+)
 
 MAX_ANSWER_CHARS = 2000  # the step default
+NONCE_FIX = "echo callback.nonce unchanged"
 
 # the checks of the relay's answer, in report order; reported as not run without an answer
 ANSWER_CHECKS = (
@@ -24,6 +34,16 @@ ANSWER_CHECKS = (
     "question.approver_in_scope",
     "question.value_typed",
     "question.answer_accepted",
+)
+
+ANSWER = Awaited(
+    "question.answer_received",
+    "answer",
+    " (not acked)",
+    'POST one signed decision "answer"',
+    "fix question.ack first",
+    "",
+    ANSWER_CHECKS,
 )
 
 
@@ -46,46 +66,19 @@ def judge_answer(
     if not isinstance(body, dict):
         body = {}
     current = full.current
-    got = body.get("nonce")
-    results.append(
-        passed(names[2], "nonce is the dispatched one")
-        if got == current.nonce
-        else failed(names[2], f"nonce {shown(got)}", "echo callback.nonce unchanged")
-    )
-    got = body.get("request_hash")
-    results.append(
-        passed(names[3], "request_hash matches the dispatch")
-        if got == current.request_hash
-        else failed(
+    echoes = (
+        Echo(names[2], "nonce", current.nonce, "nonce is the dispatched one", NONCE_FIX),
+        Echo(
             names[3],
-            f"request_hash {shown(got)}",
+            "request_hash",
+            current.request_hash,
+            "request_hash matches the dispatch",
             "echo request_hash from the dispatch byte for byte; never recompute it",
-        )
+        ),
     )
-    who = body.get("approver")
-    got = who.get("id") if isinstance(who, dict) else None
-    in_scope = isinstance(got, str) and identity_key(got) == identity_key(approver)
-    results.append(
-        passed(names[4], f"approver.id {shown(got)}")
-        if in_scope
-        else failed(
-            names[4],
-            f"approver.id {shown(got)}",
-            f"report the human who answered as approver.id; expected {approver!r}, one of "
-            "the dispatch's approvers",
-        )
-    )
+    results += judge_echoes(body, echoes, names[4], approver, "answered", shown)
     results.append(_judge_value(body, QuestionSpec.from_json(current.question)))
-    gate = shown(answer.answer)
-    results.append(
-        passed(names[6], f"gate answered 200 {gate}")
-        if answer.status == 200
-        else failed(
-            names[6],
-            f"gate answered {answer.status} {gate}",
-            "the gate refused this answer; the reason names the field or check",
-        )
-    )
+    results.append(judge_accepted(names[6], answer, "answer", shown))
     return results
 
 

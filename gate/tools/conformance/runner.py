@@ -14,22 +14,21 @@ import aiohttp
 from aiohttp import web
 
 from gate.clock import SystemClock
-from gate.config import Secrets, TcpListen, parse_listen
-from gate.core.service import GateService
+from gate.config import Config, Secrets, TcpListen, parse_listen
 from gate.daemon.app import build_gate, callback_url
-from gate.daemon.dispatch import dispatch_envelope, post_signed
+from gate.daemon.dispatch import dispatch_envelope
 from gate.model import Approval
-from gate.protocol import DECISIONS_PATH, signing
+from gate.protocol import DECISIONS_PATH
 from gate.protocol.canonical import wire_json
-from gate.tools.conformance.callbacks import callbacks_for, observer, wait_for
+from gate.tools.conformance.callbacks import Lookup, Run, callbacks_for, observer
 from gate.tools.conformance.checks import (
-    DECISION_CHECKS,
+    DECISION,
     CheckResult,
     Observed,
     judge_ack,
+    judge_arrival,
     judge_decision,
     judge_refusal,
-    not_run,
 )
 from gate.tools.conformance.ephemeral import (
     ACK_TIMEOUT_S,
@@ -99,179 +98,108 @@ async def run_verify(
             runner = web.AppRunner(gate.callback_app, access_log=None)
             await runner.setup()
             try:
-                parsed = parse_listen(config.relay.callback_addr)
-                if not isinstance(parsed, TcpListen):  # config validation allows host:port only
-                    raise OSError("relay.callback_addr must be host:port")
-                site = web.TCPSite(runner, parsed.host, parsed.port)
-                await site.start()
-                host, port = runner.addresses[0][:2]
-                local_url = f"http://{host}:{port}{DECISIONS_PATH}"
-                callback = callback_url(config, f"{host}:{port}")
+                host, port = await _listen(runner, config)
                 async with aiohttp.ClientSession(trust_env=False) as session:
-                    report = Report(callback)
-                    decision = await _run(
-                        report,
+                    run = Run(
                         gate.service,
                         session,
                         relay_url,
                         secret,
                         approver,
-                        local_url,
-                        callback,
+                        f"http://{host}:{port}{DECISIONS_PATH}",
+                        callback_url(config, f"{host}:{port}"),
                         seen,
                         changed,
                         timeout_s,
                     )
-                    if credential_id is not None:
-                        report.checks.extend(
-                            await check_signatures(
-                                gate.service, session, secret, local_url, decision, credential_id
-                            )
-                        )
-                    if notices:
-                        target = await create_approval(gate.service, "conformance-notice")
-                        report.checks.extend(
-                            await check_notices(
-                                gate.service,
-                                session,
-                                relay_url,
-                                secret,
-                                target,
-                                lambda approval_id: callbacks_for(seen, approval_id),
-                                GRACE_S,
-                            )
-                        )
-                    if questions:
-                        report.checks.extend(
-                            await check_questions(
-                                gate.service,
-                                session,
-                                relay_url,
-                                secret,
-                                approver,
-                                local_url,
-                                callback,
-                                seen,
-                                changed,
-                                timeout_s,
-                                MAX_SKEW_S,
-                                GRACE_S,
-                            )
-                        )
-                    return report
+                    return await _report(run, credential_id, notices, questions)
             finally:
                 await runner.cleanup()
 
 
-async def _run(
-    report: Report,
-    service: GateService,
-    session: aiohttp.ClientSession,
-    relay_url: str,
-    secret: str,
-    approver: str,
-    local_url: str,
-    callback_url: str,
-    seen: list[Observed],
-    changed: asyncio.Event,
-    timeout_s: float,
-) -> Observed | None:
-    """The SPEC §6 checks of the relay's decision and the gate probes; returns the relay's
-    decision (None when none arrived)."""
-    checks = report.checks
-    bad_sig = await create_approval(service, "conformance-bad-signature")
-    stale = await create_approval(service, "conformance-stale-timestamp")
-    real = await create_approval(service, "conformance")
-    now_s = int(time.time())
+async def _listen(runner: web.AppRunner, config: Config) -> tuple[str, int]:
+    """Start the ephemeral gate's callback listener on ``relay.callback_addr``; return the
+    address it is bound to. Raises OSError when it cannot be bound."""
+    parsed = parse_listen(config.relay.callback_addr)
+    if not isinstance(parsed, TcpListen):  # config validation allows host:port only
+        raise OSError("relay.callback_addr must be host:port")
+    site = web.TCPSite(runner, parsed.host, parsed.port)
+    await site.start()
+    host, port = runner.addresses[0][:2]
+    return str(host), int(port)
 
-    body = wire_json(
-        dispatch_envelope(bad_sig, 1, callback_url, approver_signature=_signing(bad_sig))
-    )
-    forged = signing.sign("not-the-shared-secret-" + pysecrets.token_hex(8), now_s, body)
-    bad_result = await post_signed(
-        session, relay_url, body, secret, now_s, ACK_TIMEOUT_S, signature=forged
-    )
-    body = wire_json(dispatch_envelope(stale, 1, callback_url, approver_signature=_signing(stale)))
-    stale_result = await post_signed(
-        session, relay_url, body, secret, now_s - STALE_BY_S, ACK_TIMEOUT_S
-    )
-    body = wire_json(dispatch_envelope(real, 1, callback_url, approver_signature=_signing(real)))
+
+async def _report(run: Run, credential_id: str | None, notices: bool, questions: bool) -> Report:
+    """The report of ``run``: the SPEC §6 checks, then the approver-signature checks (with
+    an enrolled ``credential_id``), the notice checks and the question checks as asked."""
+    report = Report(run.callback)
+    decision = await check_decisions(run, report.checks)
+    if credential_id is not None:
+        report.checks.extend(
+            await check_signatures(
+                run.service, run.session, run.secret, run.local_url, decision, credential_id
+            )
+        )
+    if notices:
+        target = await create_approval(run.service, "conformance-notice")
+        report.checks.extend(await check_notices(run, target, GRACE_S))
+    if questions:
+        report.checks.extend(await check_questions(run, MAX_SKEW_S, GRACE_S))
+    return report
+
+
+async def check_decisions(run: Run, checks: list[CheckResult]) -> Observed | None:
+    """Append to ``checks`` the SPEC §6 checks of the relay's decision and the gate probes;
+    returns the relay's decision (None when none arrived)."""
+    bad_sig = await create_approval(run.service, "conformance-bad-signature")
+    stale = await create_approval(run.service, "conformance-stale-timestamp")
+    real = await create_approval(run.service, "conformance")
+    now_s = int(time.time())
+    bad_result = await run.send(_dispatch(run, bad_sig), ACK_TIMEOUT_S, now_s, forged=True)
+    stale_result = await run.send(_dispatch(run, stale), ACK_TIMEOUT_S, now_s - STALE_BY_S)
+    body = _dispatch(run, real)
     sent_at = time.time()
-    ack = await post_signed(session, relay_url, body, secret, int(time.time()), ACK_TIMEOUT_S)
+    ack = await run.send(body, ACK_TIMEOUT_S)
     checks.append(judge_ack(ack.status, ack.error, ack.elapsed_s))
 
     revision = real.revisions[0]
-    # a human may need --timeout; a relay that answered the dispatch non-2xx may still have
-    # passed it on (GRACE_S); one that gave no HTTP answer at all is not waited for
-    wait_s = timeout_s if ack.error is None else GRACE_S if ack.status is not None else 0.0
-    lookup = lambda key: callbacks_for(seen, key)  # noqa: E731
-    decision = await wait_for(lookup, changed, real.approval_id, wait_s) if wait_s else None
-    if decision is None:
-        checks.append(
-            CheckResult(
-                "relay.decision_received",
-                False,
-                "no decision arrived"
-                + (
-                    f" within {timeout_s:g} s"
-                    if ack.error is None
-                    else " (the dispatch was not acked)"
-                ),
-                f"POST one signed decision per approver to callback.url ({callback_url}); "
-                "raise --timeout if a human needs longer"
-                if ack.error is None
-                else "fix relay.ack first: the gate retries a dispatch that is not acked",
-            )
-        )
-        checks.extend(
-            not_run(name, "no decision arrived", "fix relay.decision_received first")
-            for name in DECISION_CHECKS
-        )
-    else:
-        late = "" if ack.error is None else " (although the dispatch was not acked)"
-        checks.append(
-            CheckResult(
-                "relay.decision_received",
-                True,
-                f"{decision.received_at - sent_at:.1f} s after the dispatch{late}",
-            )
-        )
+    lookup: Lookup = lambda key: callbacks_for(run.seen, key)  # noqa: E731
+    decision = await run.arrival(lookup, real.approval_id, ack, GRACE_S)
+    acked = ack.error is None
+    checks.extend(judge_arrival(DECISION, decision, acked, sent_at, run.timeout_s, run.callback))
+    if decision is not None:
         checks.extend(
             judge_decision(
                 decision,
-                secret,
+                run.secret,
                 decision.received_at,
                 MAX_SKEW_S,
                 revision.nonce,
                 revision.payload_hash,
-                approver,
+                run.approver,
             )
         )
     # give a relay that wrongly forwarded the bad dispatches time to answer them too
     await asyncio.sleep(GRACE_S)
     answered = any(r.status is not None for r in (ack, bad_result, stale_result))
-    checks.append(
-        judge_refusal(
-            "relay.refuses_bad_signature",
-            bad_result.status,
-            bad_result.error,
-            "a bad signature",
-            callbacks_for(seen, bad_sig.approval_id),
-            answered,
+    for name, result, what, approval in (
+        ("relay.refuses_bad_signature", bad_result, "a bad signature", bad_sig),
+        ("relay.refuses_stale_timestamp", stale_result, f"a timestamp {STALE_BY_S} s old", stale),
+    ):
+        checks.append(
+            judge_refusal(
+                name, result.status, result.error, what, lookup(approval.approval_id), answered
+            )
         )
-    )
-    checks.append(
-        judge_refusal(
-            "relay.refuses_stale_timestamp",
-            stale_result.status,
-            stale_result.error,
-            f"a timestamp {STALE_BY_S} s old",
-            callbacks_for(seen, stale.approval_id),
-            answered,
-        )
-    )
-    await gate_side(checks, service, session, secret, local_url, decision)
+    await gate_side(checks, run.service, run.session, run.secret, run.local_url, decision)
     return decision
+
+
+def _dispatch(run: Run, approval: Approval) -> bytes:
+    """The wire bytes of ``approval``'s dispatch to the relay (``dispatch_envelope``)."""
+    return wire_json(
+        dispatch_envelope(approval, 1, run.callback, approver_signature=_signing(approval))
+    )
 
 
 def _signing(approval: Approval) -> str:

@@ -17,8 +17,8 @@ import aiohttp
 from gate.core.service import GateService
 from gate.protocol.approver_signature import FIELD
 from gate.protocol.envelope import decode_json
-from gate.tools.conformance.callbacks import resign
-from gate.tools.conformance.checks import CheckResult, Observed, failed, not_run, passed, probe
+from gate.tools.conformance.callbacks import Probe, run_probes
+from gate.tools.conformance.checks import CheckResult, Observed, failed, not_run, passed
 from gate.tools.conformance.probes import create_approval
 
 SIGNATURE_CHECKS = (
@@ -86,15 +86,12 @@ async def check_signatures(
         "payload_hash": rev.payload_hash,
     }
     other = hashlib.sha256(b"hitl-gate verify: a decision that is not this one").hexdigest()
-    probes: list[tuple[str, dict[str, Any], tuple[str, ...], int, tuple[str, ...]]] = [
+    probes: list[Probe] = [
         (SIGNATURE_CHECKS[1], {**moved}, (), 403, INVALID),
         (SIGNATURE_CHECKS[2], {**moved, FIELD: {**sent, "batch": [other]}}, (), 403, INVALID),
         (SIGNATURE_CHECKS[3], {**moved}, (FIELD,), 403, ("approver_signature_required",)),
     ]
-    for name, changes, drop, status, reasons in probes:
-        raw, headers = resign(template, secret, changes, drop)
-        checks.append(await probe(session, local_url, raw, headers, name, status, reasons))
-    return checks
+    return checks + await run_probes(session, local_url, template, secret, probes)
 
 
 async def _judge_signed(

@@ -4,7 +4,6 @@ prompt that goes stale on screen (a newer revision, expiry) is withdrawn."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import time
@@ -12,8 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from gate.protocol.display import display_time
 from gate.protocol.envelope import build_decision
-from gate.tools.reference_relay.delivery import deliver_with
-from gate.tools.reference_relay.state import Sent, expiry_of, revision_of, settle
+from gate.tools.reference_relay.state import Sent, revision_of
 from gate.tools.reference_relay.terminal import Withdrawn
 from gate.tools.reference_relay.view import shown, verdict
 
@@ -33,15 +31,13 @@ class ApprovalDesk:
     def __init__(self, relay: Relay) -> None:
         self.relay = relay
 
-    async def post_decision(
+    async def deliver(
         self, envelope: dict[str, Any], identity: str, verb: str, text: str | None
-    ) -> tuple[int, Any]:
-        """Sign and POST one decision to the dispatch's callback URL; return (status, answer).
-        ``text`` is an adjust's new text or a skip's reason, else ignored. With
-        the relay's ``--approver-key``, the decision carries its ``approver_assertion``.
-
-        Raises aiohttp.ClientError or TimeoutError when the gate cannot be reached.
-        """
+    ) -> tuple[int, Any] | None:
+        """Build ``identity``'s decision ``verb`` (``text``: an adjust's new text or a skip's
+        reason, else ignored; with the relay's ``--approver-key`` it carries its
+        ``approver_assertion``) and deliver it (``Relay.deliver``). Returns the gate's
+        (status, answer), or None if it never came."""
         adjust_text = text if verb == "adjust" else None
         reason = text if verb == "skip" else None
         decision = build_decision(
@@ -58,16 +54,7 @@ class ApprovalDesk:
         key = self.relay.approver_key
         if key is not None:  # signed by the approver's own key
             decision["approver_assertion"] = key.assertion(envelope, verb, adjust_text, reason)
-        return await self.relay.post_signed(envelope["callback"]["url"], decision)
-
-    async def deliver(
-        self, envelope: dict[str, Any], identity: str, verb: str, text: str | None
-    ) -> tuple[int, Any] | None:
-        """POST a decision, retrying with backoff while the gate is unreachable or answers 5xx,
-        until the dispatch's ``expires_at``. Returns the last answer, or None if it never came."""
-        return await deliver_with(
-            envelope, identity, lambda: self.post_decision(envelope, identity, verb, text)
-        )
+        return await self.relay.deliver(envelope, identity, decision)
 
     async def handle(self, envelope: dict[str, Any]) -> None:
         """Ask each decider in scope in turn (or auto-decide), skipping who is recorded and
@@ -204,26 +191,17 @@ class ApprovalDesk:
         """One prompt on the terminal, withdrawn (Withdrawn) when it goes stale while shown:
         a newer revision arrives (``_newer``) or the dispatch's ``expires_at`` passes."""
         approval_id, revision = envelope["approval_id"], revision_of(envelope)
-        loop = asyncio.get_running_loop()
-        stale: asyncio.Future[str] = loop.create_future()
         now_stale = self.relay.known.stale(envelope, time.time())
         if now_stale is not None:  # asked again (after a 422) about what went stale meanwhile
             self.relay.terminal.say(f"{now_stale}; not asking again.")
             raise Withdrawn(now_stale)
-        timer = loop.call_later(
-            max(0.0, expiry_of(envelope, time.time()) - time.time()),
-            settle,
-            stale,
+        expired = (
             f"Approval {shown(approval_id)} expired at "
             f"{shown(display_time(envelope.get('expires_at')))} "
-            "while waiting for an answer; not asking any more.",
+            "while waiting for an answer; not asking any more."
         )
-        self.relay.asking = (approval_id, revision, stale)
-        try:
+        with self.relay.asking_about(envelope, approval_id, revision, expired) as stale:
             return await self.relay.terminal.ask(envelope, identity, stale)
-        finally:
-            timer.cancel()
-            self.relay.asking = None
 
 
 def _quorum_field(envelope: dict[str, Any]) -> str:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 from typing import TYPE_CHECKING, Any
 
 from gate.errors import GateError
@@ -21,8 +20,8 @@ from gate.tools.reference_relay.question_view import (
     parse_field,
     render_question,
 )
-from gate.tools.reference_relay.state import expiry_of, settle, version_of
-from gate.tools.reference_relay.terminal import Terminal, Withdrawn
+from gate.tools.reference_relay.state import version_of
+from gate.tools.reference_relay.terminal import Terminal
 
 if TYPE_CHECKING:
     from gate.tools.reference_relay.relay import Relay
@@ -57,40 +56,16 @@ async def prompt_value(
     """Show the question and read an answer until one passes ``check_value``; withdrawn
     (Withdrawn) when it goes stale on screen (a newer version, expiry)."""
     terminal = relay.terminal
-    loop = asyncio.get_running_loop()
-    stale: asyncio.Future[str] = loop.create_future()
-    timer = loop.call_later(
-        max(0.0, expiry_of(envelope, time.time()) - time.time()),
-        settle,
-        stale,
-        f"Question {line(envelope['question_id'])} expired while waiting for an answer; "
-        "not asking any more.",
-    )
-    relay.asking = (envelope["question_id"], version_of(envelope), stale)
-    if terminal.hold is not None:
-        terminal.hold.hold(True)
-    try:
-        screen = render_question(envelope, identity, terminal.width())
-        await asyncio.to_thread(terminal.say, screen, "")
-        terminal.lines.arm()
-        while True:
-            value = await _read(terminal, envelope, spec, stale)
-            try:
-                return check_value(spec, value, max_answer_chars=LOCAL_MAX_ANSWER_CHARS)
-            except GateError as exc:
-                terminal.say(f"Not taken: {line(exc.message)}.")
-    except Withdrawn as exc:
-        terminal.say(f"\n{exc}")
-        raise
-    except EOFError:
-        terminal.say("")
-        raise
-    finally:
-        timer.cancel()
-        relay.asking = None
-        terminal.lines.disarm()
-        if terminal.hold is not None:
-            terminal.hold.hold(False)
+    qid = envelope["question_id"]
+    expired = f"Question {line(qid)} expired while waiting for an answer; not asking any more."
+    with relay.asking_about(envelope, qid, version_of(envelope), expired) as stale:
+        async with terminal.prompting(render_question(envelope, identity, terminal.width())):
+            while True:
+                value = await _read(terminal, envelope, spec, stale)
+                try:
+                    return check_value(spec, value, max_answer_chars=LOCAL_MAX_ANSWER_CHARS)
+                except GateError as exc:
+                    terminal.say(f"Not taken: {line(exc.message)}.")
 
 
 async def _read(

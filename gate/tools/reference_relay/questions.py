@@ -7,7 +7,6 @@ and ask again when the gate refuses the value (422). Nothing here ever decides a
 
 from __future__ import annotations
 
-import functools
 import logging
 import time
 from typing import TYPE_CHECKING, Any
@@ -19,7 +18,6 @@ from gate.protocol.display import display_time
 from gate.protocol.question import QuestionSpec, build_answer
 from gate.protocol.relay_inbound import question_request_hash
 from gate.protocol.whitespace import identity_key
-from gate.tools.reference_relay.delivery import deliver_with
 from gate.tools.reference_relay.question_prompt import auto_value, prompt_value
 from gate.tools.reference_relay.question_view import (
     OMIT,
@@ -76,19 +74,8 @@ class QuestionDesk:
             return web.json_response(
                 {"status": "invalid", "reason": "request_hash_mismatch"}, status=400
             )
-        nonce = envelope["callback"]["nonce"]
-        if nonce in relay.handled:  # the gate re-sent a dispatch whose ack it missed
-            return web.json_response({"status": "accepted", "duplicate": True}, status=202)
-        reason = self._unable(envelope)
-        if reason is not None:
-            log.warning(
-                "event=dispatch_refused reason=%s question_id=%s", reason, envelope["question_id"]
-            )
-            return web.json_response({"status": "unavailable", "reason": reason}, status=503)
-        relay.handled.add(nonce)
-        relay._newer(envelope["question_id"], version_of(envelope), "question")
-        relay.queue.put_nowait(envelope)
-        return web.json_response({"status": "accepted"}, status=202)
+        unable = self._unable(envelope)
+        return relay.accept(envelope, "question", version_of(envelope), unable, log)
 
     def _unable(self, envelope: dict[str, Any]) -> str | None:
         """Why nobody here will answer this question, checked before it is acked (so the
@@ -154,9 +141,8 @@ class QuestionDesk:
             value = await self._value(envelope, spec, identity)
             if value is OMIT:
                 return
-            result = await deliver_with(
-                envelope, identity, functools.partial(self._post, envelope, identity, value)
-            )
+            message = self._answer(envelope, identity, value)
+            result = await relay.deliver(envelope, identity, message)
             if result is None:
                 return
             status, answer = result
@@ -197,8 +183,9 @@ class QuestionDesk:
             f"{gate_refusal(fields)} (HTTP {status})."
         )
 
-    async def _post(self, envelope: dict[str, Any], identity: str, value: Any) -> tuple[int, Any]:
-        message = build_answer(
+    def _answer(self, envelope: dict[str, Any], identity: str, value: Any) -> dict[str, Any]:
+        """``identity``'s answer ``value`` to the question (``build_answer``)."""
+        return build_answer(
             question_id=envelope["question_id"],
             nonce=envelope["callback"]["nonce"],
             request_hash=envelope["request_hash"],
@@ -207,7 +194,6 @@ class QuestionDesk:
             decided_at_ms=int(time.time() * 1000),
             channel="auto" if self.relay.auto is not None else "terminal",
         )
-        return await self.relay.post_signed(envelope["callback"]["url"], message)
 
     async def _value(self, envelope: dict[str, Any], spec: QuestionSpec, identity: str) -> Any:
         """A value that passed ``check_value``, or ``OMIT`` when none will come (the auto

@@ -1,7 +1,7 @@
 """Reference relay (``hitl-gate relay``): an honest relay for demos, tests and terminals.
 This module receives (``Relay.receive``: signature, window, shape, ack) and hands each dispatch
-to its desk: approvals (``approvals``), questions (``questions``); sending is ``delivery``,
-running it ``server``.
+to its desk: approvals (``approvals``), questions (``questions``), which send through
+``Relay.deliver`` (``gate.relay.delivery``); running it is ``server``.
 
 It verifies every dispatch's signature and timestamp, acks at once (202) without
 holding the connection, shows the draft to a human (or decides by ``--auto``), signs
@@ -14,31 +14,25 @@ approval a signed resolution notice says ended elsewhere.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
 from aiohttp import web
 
-from gate.errors import GateError
-from gate.protocol import SIGNATURE_HEADER
-from gate.protocol.canonical import payload_hash
-from gate.protocol.relay_inbound import (
-    INVALID_PROTOCOL,
-    MAX_DISPATCH_BYTES,
-    is_notice,
-    notice_subject,
-    open_signed,
-)
+from gate.protocol.canonical import payload_hash, wire_json
+from gate.protocol.relay_inbound import INVALID_PROTOCOL, is_notice, notice_subject
 from gate.protocol.whitespace import identity_key, is_blank
+from gate.relay.delivery import Courier, GateUnreachable
+from gate.relay.inbound import open_request
 from gate.tools.reference_relay.approvals import ApprovalDesk
 from gate.tools.reference_relay.approver_key import ApproverKey
-from gate.tools.reference_relay.delivery import post_signed
 from gate.tools.reference_relay.questions import QuestionDesk
-from gate.tools.reference_relay.state import Knowledge, revision_of, settle
+from gate.tools.reference_relay.state import Knowledge, expiry_of, revision_of, settle
 from gate.tools.reference_relay.terminal import Terminal
 from gate.tools.reference_relay.view import resolved_elsewhere, shown
 
@@ -66,19 +60,6 @@ class AutoDecision:
         raise ValueError("use approve, skip, skip:REASON or adjust:TEXT")
 
 
-async def _whole_body(request: web.Request) -> bytes | None:
-    """The whole dispatch (``content.read(n)`` gives only what has arrived so far: a large
-    draft was cut and refused ``signature_mismatch``; review rev17a finding 2), or None when
-    over MAX_DISPATCH_BYTES (the app's ``client_max_size`` is above it)."""
-    if request.content_length is not None and request.content_length > MAX_DISPATCH_BYTES:
-        return None
-    try:
-        raw = await request.read()
-    except web.HTTPRequestEntityTooLarge:
-        return None
-    return raw if len(raw) <= MAX_DISPATCH_BYTES else None
-
-
 class Relay:
     """Holds the relay's secret, who it decides as, the approver key that signs its
     decisions (``--approver-key``; None: unsigned), the dispatches already
@@ -102,6 +83,7 @@ class Relay:
         self.auto = auto
         self.max_skew = max_skew
         self.session = session
+        self.courier = Courier(session, secret)  # the session's timeout bounds an attempt
         self.terminal = terminal
         self.handled: set[str] = set()
         self.known = Knowledge()
@@ -115,21 +97,12 @@ class Relay:
         """Verify and ack a dispatch (202), queue it for a human; 401/400 when refused, 503
         ``no_human_at_terminal`` once input ended and no ``--auto`` answers (relay review
         item C: the gate keeps it, retries and shows the reason)."""
-        raw = await _whole_body(request)
-        if raw is None:
-            return web.json_response({"status": "invalid", "reason": "body_too_large"}, status=413)
-        try:
-            envelope = open_signed(
-                request.headers.get(SIGNATURE_HEADER),
-                raw,
-                [self.secret],
-                time.time(),
-                self.max_skew,
-            )
-        except GateError as exc:
-            if exc.code != INVALID_PROTOCOL:  # answered, as ever, without a log line
-                log.warning("event=dispatch_refused reason=%s", exc.code)
-            return web.json_response(exc.body(), status=exc.status)
+        opened = await open_request(
+            request, [self.secret], time.time, self.max_skew, log, quiet=(INVALID_PROTOCOL,)
+        )  # an invalid_protocol is answered, as ever, without a log line
+        if isinstance(opened, web.Response):
+            return opened
+        envelope = opened[1]
         if is_notice(envelope):  # never shown as a request
             return self._notice(envelope)
         if envelope.get("kind") == "question":  # never read as an approval
@@ -146,21 +119,51 @@ class Relay:
             return web.json_response(
                 {"status": "invalid", "reason": "payload_hash_mismatch"}, status=400
             )
+        unable = "no_human_at_terminal" if self.nobody_here() else None  # acked, it would wait
+        return self.accept(envelope, "approval", revision_of(envelope), unable)  # here unseen
+
+    def accept(
+        self,
+        envelope: dict[str, Any],
+        kind: str,
+        revision: int,
+        unable: str | None,
+        desk_log: logging.Logger = log,
+    ) -> web.Response:
+        """Ack (202) a checked dispatch of ``kind`` (approval, question) at ``revision`` and
+        queue it; a re-send of one handled (its nonce) is acked as a duplicate; 503 with the
+        ``unable`` reason when nobody here can answer it (the gate keeps it and retries),
+        logged on the desk's ``desk_log``."""
+        key = f"{kind}_id"
         nonce = envelope["callback"]["nonce"]
         if nonce in self.handled:  # the gate re-sent a dispatch whose ack it missed
             return web.json_response({"status": "accepted", "duplicate": True}, status=202)
-        if self.nobody_here():  # acked, it would wait here unseen
-            log.warning(
-                "event=dispatch_refused reason=no_human_at_terminal approval_id=%s",
-                envelope["approval_id"],
-            )
-            return web.json_response(
-                {"status": "unavailable", "reason": "no_human_at_terminal"}, status=503
-            )
+        if unable is not None:
+            desk_log.warning("event=dispatch_refused reason=%s %s=%s", unable, key, envelope[key])
+            return web.json_response({"status": "unavailable", "reason": unable}, status=503)
         self.handled.add(nonce)
-        self._newer(envelope["approval_id"], revision_of(envelope))
-        await self.queue.put(envelope)
+        self._newer(envelope[key], revision, kind)
+        self.queue.put_nowait(envelope)
         return web.json_response({"status": "accepted"}, status=202)
+
+    @contextlib.contextmanager
+    def asking_about(
+        self, envelope: dict[str, Any], subject: str, revision: int, expired: str
+    ) -> Iterator[asyncio.Future[str]]:
+        """While the block runs, a prompt about ``subject`` (an approval's or a question's id)
+        at ``revision`` is on screen (``asking``): the future it waits on is settled, which
+        withdraws it, with ``expired`` at the dispatch's ``expires_at``, or by a newer
+        revision or a notice."""
+        loop = asyncio.get_running_loop()
+        stale: asyncio.Future[str] = loop.create_future()
+        left = max(0.0, expiry_of(envelope, time.time()) - time.time())
+        timer = loop.call_later(left, settle, stale, expired)
+        self.asking = (subject, revision, stale)
+        try:
+            yield stale
+        finally:
+            timer.cancel()
+            self.asking = None
 
     def nobody_here(self) -> bool:
         """True when no human can answer a dispatch here: input ended (a prompt read its
@@ -246,10 +249,41 @@ class Relay:
             )
         return chosen
 
-    async def post_signed(self, url: str, message: dict[str, Any]) -> tuple[int, Any]:
-        """Sign ``message`` (a decision or an answer) and POST it to ``url``
-        (``delivery.post_signed`` with this relay's secret and session)."""
-        return await post_signed(self.session, self.secret, url, message)
+    async def deliver(
+        self, envelope: dict[str, Any], identity: str, message: dict[str, Any]
+    ) -> tuple[int, Any] | None:
+        """Sign ``message`` (``identity``'s decision or answer) with this relay's secret and
+        deliver it to the dispatch's callback URL (``gate.relay.delivery``: retried while
+        the gate is unreachable or answers 5xx) until the dispatch's ``expires_at``. Returns
+        (status, decoded answer), or None when no answer below 500 came in time."""
+        key = "question_id" if envelope.get("kind") == "question" else "approval_id"
+        subject = f"{key}={envelope.get(key)}"
+
+        def retrying(_: int, problem: str, delay: float) -> None:
+            log.warning(
+                "event=decision_retry %s approver=%s error=%r retry_in_s=%.0f",
+                subject,
+                identity,
+                problem,
+                delay,
+            )
+
+        deadline = expiry_of(envelope, time.time())
+        url, body = envelope["callback"]["url"], wire_json(message)
+        try:
+            answer = await self.courier.deliver(url, body, deadline, retrying)
+            if answer.status < 500:
+                return answer.status, answer.decoded()
+            problem = f"HTTP {answer.status}"
+        except GateUnreachable as exc:
+            problem = exc.problem
+        log.error(
+            "event=decision_lost %s approver=%s error=%r (it expires at the gate)",
+            subject,
+            identity,
+            problem,
+        )
+        return None
 
     async def work(self) -> None:
         """Handle queued dispatches one at a time (a terminal shows one prompt at a time)."""

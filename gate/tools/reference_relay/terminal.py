@@ -17,6 +17,7 @@ import sys
 import termios
 import threading
 from collections import deque
+from collections.abc import AsyncIterator
 from typing import Any, TextIO
 
 from gate.protocol.whitespace import is_blank
@@ -316,13 +317,7 @@ class Terminal:
         records wait until it returns.
         """
         choices = Choices.for_risk(envelope.get("risk"))
-        if self.hold is not None:
-            self.hold.hold(True)
-        try:
-            # written from a thread: a terminal paused with Ctrl-S must not stop the loop
-            screen = render(envelope, identity, self.width())
-            await asyncio.to_thread(self.say, screen, "")
-            self.lines.arm()
+        async with self.prompting(render(envelope, identity, self.width())):
             while True:
                 self.say(question(envelope, choices), end="")
                 verb = choices.parse(await self.lines.next(stale))
@@ -341,10 +336,24 @@ class Terminal:
                 while (line := await self.lines.next(stale)) != ".":
                     lines.append(line)
                 return "adjust", "\n".join(lines) + "\n"
+
+    @contextlib.asynccontextmanager
+    async def prompting(self, screen: str) -> AsyncIterator[None]:
+        """Show ``screen`` (a draft, a question) and read only what is typed after it, until
+        the block ends; log records wait until then. A Withdrawn is said on a line of its
+        own, an EOFError ends the prompt's line (what follows starts a line of its own);
+        both propagate."""
+        if self.hold is not None:
+            self.hold.hold(True)
+        try:
+            # written from a thread: a terminal paused with Ctrl-S must not stop the loop
+            await asyncio.to_thread(self.say, screen, "")
+            self.lines.arm()
+            yield
         except Withdrawn as exc:
             self.say(f"\n{exc}")
             raise
-        except EOFError:  # end the prompt's line: what follows starts a line of its own
+        except EOFError:
             self.say("")
             raise
         finally:
