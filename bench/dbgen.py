@@ -2,7 +2,7 @@
 
 Creating 100,000 approvals over HTTP would take most of the benchmark's time, so
 ``add_pending`` writes them here, using the gate's own schema (``gate.store.schema``),
-request hash (``gate.core.requests.parse_create``), payload hash and audit sealing
+request hash (``gate.core.approvals.create.parse_create``), payload hash and audit sealing
 (``gate.audit.chain.seal``): per approval the ``approvals`` row, revision 1 with its nonce, the
 outbox row already delivered (one attempt), and the ``created`` and ``dispatch_ack`` audit
 entries chained after whatever the file already holds, so ``hitl-gate audit verify``
@@ -25,7 +25,7 @@ from ulid import ULID
 from bench.common import CONTENT_TYPE, PIPELINE, RISK, STEP, draft_body, scope
 from gate.audit import chain as audit
 from gate.audit.receipts import receipt_object
-from gate.core.requests import parse_create
+from gate.core.approvals.create import parse_create
 from gate.protocol.canonical import payload_hash
 from gate.store.schema import MIGRATIONS, SCHEMA_VERSION
 

@@ -6,7 +6,7 @@ approver as JSON and runs only once approved — with the approver's edit when t
 
     export HITL_GATE_URL=http://127.0.0.1:8090 HITL_GATE_TOKEN=...   # the gate's pipeline API
     export HITL_RUN_ID=invoice-run-42      # optional: a restarted run joins its approval
-    python examples/agent.py --pipeline billing --step send acme 120.50
+    python examples/agent.py --pipeline invoice-due-diligence --step send-followup acme 120.50
 
 Exit codes as ``hitl-gate request --wait``: 0 sent, 3 skipped (the reason is printed),
 4 timed out, 5 cancelled, 1 the gate failed or refused, 6 the edit could not be applied;
@@ -43,8 +43,8 @@ def gated(gate: Gate, pipeline: str, step: str) -> Callable[[str, float, str], s
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Send an invoice once a person approves it.")
-    parser.add_argument("--pipeline", default="billing")
-    parser.add_argument("--step", default="send")
+    parser.add_argument("--pipeline", default="invoice-due-diligence")
+    parser.add_argument("--step", default="send-followup")
     parser.add_argument("--currency", default="EUR")
     parser.add_argument("customer")
     parser.add_argument("amount", type=float)

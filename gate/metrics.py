@@ -245,7 +245,7 @@ class Metrics:
         try:
             count, oldest_ms = await service.pending_summary()
             by_step = await service.oldest_pending_by_step()
-            self.questions.pending.set(await service.pending_questions())
+            self.questions.pending.set(await service.questions.pending())
         except GateError as exc:
             log.warning("event=metrics_read_failed reason=%s", exc.code)
             self._state.pending = None

@@ -21,6 +21,9 @@ COLUMN = 28  # where the descriptions start
 ORDER = (
     "protocol",
     "core",
+    "core/requests",
+    "core/approvals",
+    "core/questions",
     "store",
     "audit",
     "trust",

@@ -545,6 +545,45 @@ def test_command_without_its_extra_names_the_extra_in_one_line(monkeypatch, extr
     assert helped.exit_code == 0 and helped.stdout.startswith("Usage: ")
 
 
+@pytest.mark.e2e
+@pytest.mark.parametrize(
+    ("extra", "shadow", "command"),
+    [
+        ("mcp", "mcp", ["mcp"]),  # an mcp 1.x: no mcp.server.mcpserver
+        ("inbox", "markdown_it", ["inbox", "serve"]),  # a markdown-it-py 2.x: no EnvType
+        ("inbox", "markdown_it", ["inbox", "check-config"]),
+    ],
+    ids=["old mcp", "old markdown-it, serve", "old markdown-it, check-config"],
+)
+def test_command_with_an_unusable_extra_names_the_extra_in_one_line(
+    tmp_path, extra, shadow, command
+):
+    """The extra's packages are installed but unusable (an older major version another tool
+    pinned, a dependency removed): the same one line naming the extra, exit 2, no
+    traceback, never a config check that passes before the program cannot start."""
+    package = tmp_path / "shadow" / shadow
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("# an older release of the package, without its API\n")
+    (package / "utils.py").write_text("")
+
+    config = EXAMPLE if extra == "mcp" else ROOT / "examples" / "inbox" / "inbox.yaml"
+
+    done = run_cli(
+        *command,
+        "-c",
+        str(config),
+        env={**gate_env(), "PYTHONPATH": f"{tmp_path / 'shadow'}{os.pathsep}{ROOT}"},
+    )
+
+    stderr = done.stderr.decode()
+    lines = stderr.strip().splitlines()
+    assert done.returncode == 2, stderr
+    assert len(lines) == 1 and "Traceback" not in stderr, stderr
+    assert lines[0].startswith(
+        f"Error: hitl-gate {extra} needs the {extra} extra: pip install 'hitl-gate[{extra}]'"
+    )
+
+
 # ---- what a person reads: times fixed width ------------------------------------------------
 
 

@@ -26,9 +26,10 @@ from gate.audit import chain as audit
 from gate.audit.receipts import receipt_object
 from gate.clock import ManualClock
 from gate.config import Config, load_config
-from gate.core import rules
+from gate.core.approvals import rules
+from gate.core.approvals.create import CreateRequest, parse_create
+from gate.core.approvals.service import Approvals
 from gate.core.ratelimit import RateLimiter
-from gate.core.requests import CreateRequest, parse_create
 from gate.core.service import GateService
 from gate.errors import Conflict, GateError, NotFound
 from gate.model import Approval, DecisionRow, Revision
@@ -49,9 +50,9 @@ HOUR_MS = 3_600_000
 
 @dataclasses.dataclass
 class Gate:
-    """A GateService on a real Store with its ManualClock and config."""
+    """A GateService's approvals on a real Store with its ManualClock and config."""
 
-    service: GateService
+    service: Approvals
     store: Store
     clock: ManualClock
     config: Config
@@ -167,7 +168,7 @@ async def make_gate(tmp_path: Path, writer_process: bool) -> AsyncIterator[MakeG
         service = GateService(config, RECEIPT_KEY, store, clock)  # binds before the fork
         await store.open()
         stores.append(store)
-        return Gate(service, store, clock, config)
+        return Gate(service.approvals, store, clock, config)
 
     yield make
     for store in stores:

@@ -1,11 +1,11 @@
 """Reminders and escalation levels: the schedule.
 
-Three layers, none mocked: the pure due computation (``gate.core.followups``) with explicit
-times; ``GateService`` over a real Store with a ManualClock (both writers, as tests/test_core.py)
-for the follow-up transaction, check 11 on the widened scope and ``audit verify``'s records
-check; and the real daemon (``python -m gate serve``) with the capturing relay, reading the
-real SQLite file, across a ``kill -9``. The sender of ``followup_outbox`` rows is not part of
-this schedule: these tests read the rows it is given.
+Three layers, none mocked: the pure due computation (``gate.core.approvals.followups``) with
+explicit times; ``GateService`` over a real Store with a ManualClock (both writers, as
+tests/test_core.py) for the follow-up transaction, check 11 on the widened scope and ``audit
+verify``'s records check; and the real daemon (``python -m gate serve``) with the capturing
+relay, reading the real SQLite file, across a ``kill -9``. The sender of ``followup_outbox``
+rows is not part of this schedule: these tests read the rows it is given.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import pytest
 import yaml
 
 from gate.audit.verify import verify_database
-from gate.core.followups import Plan, due, next_followup_at, plan_for, reminders_reached
+from gate.core.approvals.followups import Plan, due, next_followup_at, plan_for, reminders_reached
 from tests.support import (
     GateProcess,
     decision_body,

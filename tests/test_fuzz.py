@@ -3,7 +3,7 @@
 Two levels, nothing mocked:
 
 * **pure** — ``gate.protocol.signing.parse``/``verify``, ``envelope.parse_decision`` and
-  ``gate.core.requests.parse_create`` on hostile input: only ProtocolError/GateError may
+  ``gate.core.approvals.create.parse_create`` on hostile input: only ProtocolError/GateError may
   escape, and what they accept must be storable (valid Unicode, a correct MAC).
 * **real daemon** — one ``python -m gate serve`` for the module (like test_e2e_decisions.py),
   dispatching to a capturing relay, fuzzed over real HTTP. Properties (issue "Fuzzing"):
@@ -52,7 +52,7 @@ from hypothesis import strategies as st
 from hypothesis.database import DirectoryBasedExampleDatabase
 from ulid import ULID
 
-from gate.core.requests import parse_create
+from gate.core.approvals.create import parse_create
 from gate.errors import GateError
 from gate.protocol import MAX_DECISION_BYTES, signing
 from gate.protocol.envelope import Decision, decode_json, parse_decision, rfc3339

@@ -11,6 +11,8 @@
   ``pending_summary()``, ``writer_unanswered_s``).
 - One composition root: only ``gate/daemon/app.py`` (``build_gate``) constructs the
   GateService, the Metrics, the Dispatcher and the two apps.
+- ``gate/core/requests/*`` (the lifecycle every kind shares) imports neither
+  ``gate/core/approvals`` nor ``gate/core/questions``: kinds plug in through ``Kind``.
 - ``gate/core/*`` imports neither the daemon nor prometheus; relays under ``gate/tools/`` use
   ``gate.protocol`` but never the core, store or daemon; ``gate/client/*`` (the pipeline side)
   never reaches the store, daemon or web.
@@ -130,7 +132,7 @@ def test_layers_modules_found() -> None:
         "gate.protocol.signing",
         "gate.protocol.envelope",
         "gate.protocol.canonical",
-        "gate.core.rules",
+        "gate.core.approvals.rules",
         "gate.core.service",
         "gate.store.facade",
         "gate.web.callback",
@@ -194,6 +196,30 @@ def test_layers_core_has_no_http_sql_or_cli(module: Module) -> None:
     bad = hits(imports_of(module), CORE_FORBIDDEN)
 
     assert not bad, f"{module.rel}: core/ has no aiohttp, no SQL driver, no click; imports {bad}"
+
+
+REQUESTS = under("gate.core.requests")
+KIND_PACKAGES = ("gate.core.approvals", "gate.core.questions")
+
+
+@pytest.mark.parametrize("module", REQUESTS, ids=ids(REQUESTS))
+def test_layers_request_lifecycle_knows_no_kind(module: Module) -> None:
+    """``core/requests`` is the lifecycle every kind shares: a kind plugs in only through
+    ``gate.core.requests.kind.Kind``; the lifecycle imports neither ``core/approvals`` nor
+    ``core/questions``."""
+    bad = hits(imports_of(module), KIND_PACKAGES)
+
+    assert not bad, f"{module.rel} is the shared lifecycle and imports a kind: {bad}"
+
+
+def test_layers_request_lifecycle_rule_sees_its_modules() -> None:
+    assert {m.name for m in REQUESTS} >= {
+        "gate.core.requests.kind",
+        "gate.core.requests.lifecycle_tx",
+        "gate.core.requests.service",
+    }
+    assert {m.name for m in under("gate.core.approvals")} >= {"gate.core.approvals.kind"}
+    assert {m.name for m in under("gate.core.questions")} >= {"gate.core.questions.kind"}
 
 
 ROUTE_CALLS = {

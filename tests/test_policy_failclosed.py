@@ -2,7 +2,7 @@
 every condition is evaluated and holds; a deny rule matches when each condition holds or
 cannot be evaluated (a draft that is no strict JSON, a value of another type, an argument
 that is absent, a glob value no wildcard may judge). Known answers for each finding of the
-review over the pure evaluator (``gate.core.policy``), and properties with hypothesis."""
+review over the pure evaluator (``gate.core.approvals.policy``), and properties with hypothesis."""
 
 from __future__ import annotations
 
@@ -17,9 +17,9 @@ from hypothesis import strategies as st
 
 from gate.config import config_from_mapping
 from gate.config.policy import PolicyRule
-from gate.core import policy_tx
-from gate.core.policy import Facts, Verdict, evaluate
-from gate.core.requests import CreateRequest
+from gate.core.approvals import policy_tx
+from gate.core.approvals.create import CreateRequest
+from gate.core.approvals.policy import Facts, Verdict, evaluate
 from gate.core.transactions import Policy
 from gate.errors import ConfigError
 from gate.store import WriteTx

@@ -1,5 +1,5 @@
 """Policy's hard limits as properties, over the pure evaluator
-(``gate.core.policy``) and the config loader (``gate.config``): no rule and no remembered
+(``gate.core.approvals.policy``) and the config loader (``gate.config``): no rule and no remembered
 approval ever approves a step of risk high/critical; a matching deny always wins; an approve
 stands in for a quorum > 1 only with ``allow_quorum``; and the known answers of each
 condition."""
@@ -17,8 +17,9 @@ from hypothesis import strategies as st
 
 from gate.config import config_from_mapping
 from gate.config.policy import HIGH_RISKS, PolicyRule, argument_path
-from gate.core import policy_tx
-from gate.core.policy import (
+from gate.core.approvals import policy_tx
+from gate.core.approvals.create import CreateRequest
+from gate.core.approvals.policy import (
     Facts,
     Verdict,
     evaluate,
@@ -28,7 +29,6 @@ from gate.core.policy import (
     remembered,
     verdict,
 )
-from gate.core.requests import CreateRequest
 from gate.core.transactions import Policy
 from gate.errors import ConfigError
 from gate.store import WriteTx

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from gate.core.question_tx import MAX_VERSIONS
+from gate.core.questions.revise_tx import MAX_VERSIONS
 from gate.protocol.canonical import wire_json
 from tests import support
 from tests.support import (

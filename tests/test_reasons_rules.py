@@ -9,7 +9,7 @@ import pytest
 
 from gate.audit.approval_kind import reasons_problem
 from gate.client.hops import reason_summary, skip_reason_lines
-from gate.core import rules
+from gate.core.approvals import rules
 from gate.errors import GateError
 from gate.protocol.envelope import Decision
 

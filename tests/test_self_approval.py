@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import yaml
 
-from gate.core.requests import CreateRequest, parse_create
+from gate.core.approvals.create import CreateRequest, parse_create
 from gate.protocol.canonical import canonical_json
 from gate.trust import keys, permit
 from tests.support import (

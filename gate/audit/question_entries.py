@@ -1,6 +1,6 @@
 """Typed ``data`` payloads of the questions' audit entries: question_created,
 question_revised, question_dispatch_ack, question_answered, question_resolved. Built by the
-writer (``gate.core.question_tx``), read back by the records check.
+writer (``gate.core.questions.kind``), read back by the records check.
 
 Pure, like ``gate.audit.entries``, whose ``Payload`` they are: ``to_data()`` is the exact
 object chained (optional keys left out, not null); ``from_data()`` reads a logged object back

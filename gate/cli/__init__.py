@@ -75,12 +75,23 @@ EXTRAS: dict[str, tuple[str, ...]] = {
 }
 
 
+# an extra -> the program's module that imports all of it (tried before the command runs)
+PROGRAMS: dict[str, str] = {"inbox": "gate.inbox.serve", "mcp": "gate.mcp.server"}
+
+
 def require_extra(extra: str) -> None:
     """Exit 2 with one line naming the extra to install (``pip install 'hitl-gate[inbox]'``)
-    when a module of ``extra`` (``EXTRAS``) is not installed; it is looked up, not imported.
+    when a module of ``extra`` (``EXTRAS``) is not installed, or is installed but unusable
+    (an older major version, a dependency of it removed): the program's module
+    (``PROGRAMS``) is imported here, and what it could not import follows in brackets.
     The command ``hitl-gate <extra>`` calls this first, so its ``--help`` needs no extra."""
+    line = f"hitl-gate {extra} needs the {extra} extra: pip install 'hitl-gate[{extra}]'"
     if any(importlib.util.find_spec(module) is None for module in EXTRAS[extra]):
-        fail(f"hitl-gate {extra} needs the {extra} extra: pip install 'hitl-gate[{extra}]'", 2)
+        fail(line, 2)
+    try:
+        importlib.import_module(PROGRAMS[extra])
+    except ImportError as exc:
+        fail(f"{line} ({exc})", 2)
 
 
 def read_config(path: str) -> Any:

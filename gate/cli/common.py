@@ -92,11 +92,11 @@ def check_request_options(
 ) -> None:
     """Exit 2 on a ``--permit-out`` without ``--wait`` or in a folder this user cannot
     write to (checked before a human is asked, not after), and on an ``--idempotency-key``
-    the API would refuse (``gate.core.requests.check_idempotency_key``: shape and UTF-8; a
+    the API would refuse (``gate.core.requests.fields.check_idempotency_key``: shape and UTF-8; a
     non-UTF-8 argv byte would be dropped on the way, making two keys one) or that holds
     control characters (aiohttp cannot send those in a header). ``spend`` is not checked
     here (``request`` checks it apart)."""
-    from gate.core.requests import check_idempotency_key, has_control_characters
+    from gate.core.requests.fields import check_idempotency_key, has_control_characters
     from gate.errors import GateError
 
     if permit_out is not None and not wait:
@@ -251,10 +251,10 @@ class NumberType(click.ParamType[float]):
 
 
 def spend_type() -> NumberType:
-    """``--spend``: a number the API takes (``gate.core.requests.spend_problem``)."""
+    """``--spend``: a number the API takes (``gate.core.approvals.create.spend_problem``)."""
 
     def problem(spend: float) -> str | None:
-        from gate.core.requests import spend_problem
+        from gate.core.approvals.create import spend_problem
 
         return spend_problem(spend)
 

@@ -150,8 +150,9 @@ def mcp(
     command) or with --http over streamable HTTP. Only approved/adjusted allow an action;
     pending is never a yes. Logs go to stderr, never a draft or an answer.
 
-    Exit 0 when stdin ends (stdio) or on SIGTERM/SIGINT (HTTP), 1 when it cannot listen,
-    2 usage (e.g. --http without --token-env, the MCP token equal to the gate's) or when the
+    Needs the mcp extra (pip install 'hitl-gate[mcp]'). Exit 0 when stdin ends (stdio) or
+    on SIGTERM/SIGINT (HTTP), 1 when it cannot listen, 2 usage (e.g. --http without
+    --token-env, the MCP token equal to the gate's), without the mcp extra, or when the
     gate refuses this server's token at start (a gate that is down: a WARNING, it serves).
 
     Example: hitl-gate mcp -c config.yaml

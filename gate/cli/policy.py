@@ -1,6 +1,6 @@
 """``hitl-gate policy test``: which of a step's policy rules would decide a
-draft, evaluated offline from the config (``gate.core.policy``); nothing is created, no gate
-is asked, no database read."""
+draft, evaluated offline from the config (``gate.core.approvals.policy``); nothing is
+created, no gate is asked, no database read."""
 
 from __future__ import annotations
 
@@ -55,7 +55,7 @@ def policy_test(
     --draft-file invoice.json --content-type application/json --spend 40
     """
     from gate.client.hops import visible
-    from gate.core.policy import Facts, judge_rules, verdict
+    from gate.core.approvals.policy import Facts, judge_rules, verdict
     from gate.protocol.canonical import payload_hash
     from gate.protocol.display import hanging_indent
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from gate.config import Config
-from gate.core.requests import quorum_unreachable_message
+from gate.core.approvals.create import quorum_unreachable_message
 from gate.errors import GateError
 from gate.sdk.client import listen_url
 from gate.sdk.errors import GateRequestError, GateUnavailable

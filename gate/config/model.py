@@ -47,7 +47,7 @@ _Amount = Annotated[
     float, BeforeValidator(check_bounded_number), Field(strict=True, ge=0, allow_inf_nan=False)
 ]
 _Text = Annotated[str, Field(strict=True, min_length=1)]
-# pipeline and step names: what the pipeline API accepts (gate.core.requests.MAX_NAME_CHARS)
+# pipeline and step names: what the pipeline API accepts (gate.core.requests.fields.MAX_NAME_CHARS)
 _Name = Annotated[
     str, Field(strict=True, min_length=1, max_length=200), AfterValidator(_check_name)
 ]
@@ -299,7 +299,7 @@ class StepConfig(BaseModel):
 
     ``policy``: rules that approve or deny at creation, ``remember_approval``
     (seconds) a window in which a draft a person approved is approved again
-    (``gate.config.policy``, ``gate.core.policy``).
+    (``gate.config.policy``, ``gate.core.approvals.policy``).
     """
 
     model_config = _FROZEN

@@ -3,7 +3,7 @@
 The models (``PolicyRule`` with its ``when`` conditions and argument constraints) and the
 checks across fields that need the step (unique ids, the hard limits on ``risk: high`` /
 ``critical`` and quorum > 1). Every error is a ``"<yaml.path>: <message>"`` line like the
-rest of ``gate.config``; the evaluation itself is ``gate.core.policy`` (pure).
+rest of ``gate.config``; the evaluation itself is ``gate.core.approvals.policy`` (pure).
 """
 
 from __future__ import annotations

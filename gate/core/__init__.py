@@ -1,2 +1,2 @@
-"""The gate's rules: create, decide (quorum, skip veto, adjust revisions, delegation), expire,
-cancel."""
+"""The gate's rules, by kind of request (requests: the shared lifecycle; approvals;
+questions), with approver credentials, passkey invites and the write transactions' table."""

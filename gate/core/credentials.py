@@ -1,6 +1,6 @@
 """Approver credentials: the admin requests that enrol, list and revoke them, the
-write transactions that do it (each with its audit entry) and the ``GateService`` methods
-the admin API calls. No HTTP, no SQL of its own.
+write transactions that do it (each with its audit entry) and ``Credentials``
+(``GateService.credentials``), what the admin API calls. No HTTP, no SQL of its own.
 
 Only Ed25519 keys are enrolled here; passkeys (``type: webauthn``) arrive through the
 passkey invite page (``gate.core.invites``), into the same table.
@@ -20,7 +20,7 @@ from gate.protocol.approver_signature import (
     load_ed25519_public_key,
 )
 from gate.protocol.envelope import rfc3339
-from gate.store import Command, Store
+from gate.store import Command
 
 log = logging.getLogger(__name__)
 
@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
     from gate.config import Config
+    from gate.core.requests.service import Shared
     from gate.core.transactions import Transactions
     from gate.store import WriteTx
 
@@ -166,16 +167,17 @@ def list_all(t: Transactions, tx: WriteTx) -> list[Credential]:
     return tx.credentials()
 
 
-class CredentialMethods:
-    """The approver-credential methods of ``GateService``, for the admin API."""
+class Credentials:
+    """The approver credentials of a gate over its ``Shared`` state, for the admin API."""
 
-    config: Config
-    store: Store
+    def __init__(self, shared: Shared) -> None:
+        self.shared = shared
+        self.store = shared.store
 
-    async def enrol_credential(self, body: Any) -> dict[str, Any]:
+    async def enrol(self, body: Any) -> dict[str, Any]:
         """Enrol the key a ``POST /v1/admin/approvers`` body names; returns its view.
         Raises as ``parse_enrolment`` and ``enrol``."""
-        credential = parse_enrolment(body, self.config)
+        credential = parse_enrolment(body, self.shared.config)
         stored = await self.store.transact(Command("enrol_credential", (credential,)))
         log.info(
             "event=approver_credential_enrolled operator_id=%d credential_id=%s type=%s",
@@ -183,9 +185,9 @@ class CredentialMethods:
             stored.credential_id,
             stored.type,
         )
-        return credential_view(stored, self.config)
+        return credential_view(stored, self.shared.config)
 
-    async def revoke_credential(self, credential_id: str) -> dict[str, Any]:
+    async def revoke(self, credential_id: str) -> dict[str, Any]:
         """Revoke a credential; returns its view. Raises as ``revoke``."""
         stored = await self.store.transact(Command("revoke_credential", (credential_id,)))
         log.info(
@@ -193,19 +195,19 @@ class CredentialMethods:
             stored.operator_id,
             stored.credential_id,
         )
-        return credential_view(stored, self.config)
+        return credential_view(stored, self.shared.config)
 
-    async def list_credentials(self) -> list[dict[str, Any]]:
+    async def list_all(self) -> list[dict[str, Any]]:
         """Every credential's view, by operator id then enrolment time."""
         rows = await self.store.transact(Command("list_credentials", ()))
-        return [credential_view(row, self.config) for row in rows]
+        return [credential_view(row, self.shared.config) for row in rows]
 
-    async def credentials_in_force(self) -> list[dict[str, Any]]:
+    async def in_force(self) -> list[dict[str, Any]]:
         """The credentials not revoked, for the credentials channel, read on the
         read connection: ``credential_id``, ``operator_id``, ``identity`` (the operator's in
         ``relay.operators``), ``type``, ``public_key``, ``label``, by credential_id. A
         credential whose operator is no longer configured is left out (nobody to sign in)."""
-        identities = {op.id: op.identity for op in self.config.relay.operators}
+        identities = {op.id: op.identity for op in self.shared.config.relay.operators}
         return [
             {
                 "credential_id": c.credential_id,

@@ -1,7 +1,7 @@
 """Passkey enrolment by one-time invite: the admin request that creates an
 invite, what the invite page shows, and the registration that consumes it, each a write
-transaction with its audit entry, plus the ``GateService`` methods the admin API and the
-enrol page call. No HTTP, no SQL of its own.
+transaction with its audit entry, plus ``Invites`` (``GateService.invites``), what the
+admin API and the enrol page call. No HTTP, no SQL of its own.
 
 The token is 32 random bytes (base64url) that appear only in the URL; the database and the
 audit log keep its SHA-256. An invite is single use and expires (``ttl_s``, 60..86400 s).
@@ -23,11 +23,12 @@ from gate.model import Credential
 from gate.protocol.approver_signature import b64url
 from gate.protocol.envelope import rfc3339
 from gate.protocol.webauthn_registration import creation_options, verify_passkey
-from gate.store import Command, Store
+from gate.store import Command
 from gate.store.invites import Invite
 
 if TYPE_CHECKING:
     from gate.config import Config
+    from gate.core.requests.service import Shared
     from gate.core.transactions import Transactions
     from gate.store import WriteTx
 
@@ -175,38 +176,38 @@ def register(t: Transactions, tx: WriteTx, hashed: str, registration: Registrati
     return stored
 
 
-class InviteMethods:
-    """The passkey-invite methods of ``GateService``. ``callback_bound`` is the
+class Invites:
+    """The passkey invites of a gate over its ``Shared`` state. ``callback_bound`` is the
     relay listener's bound ``host:port`` once ``serve`` bound it (the default origin)."""
 
-    config: Config
-    store: Store
-    callback_bound: str | None = None
-
-    _webauthn_for: tuple[Config, str | None, WebAuthnSettings | None] | None = None
+    def __init__(self, shared: Shared) -> None:
+        self.shared = shared
+        self.store = shared.store
+        self.callback_bound: str | None = None
+        self._webauthn_for: tuple[Config, str | None, WebAuthnSettings | None] | None = None
 
     def webauthn(self) -> WebAuthnSettings | None:
         """The relying party in force (``resolve_webauthn``), None when unavailable; resolved
         once per config (a reload replaces ``config``) and bound address, not per decision."""
         memo = self._webauthn_for
-        if memo is None or memo[0] is not self.config or memo[1] != self.callback_bound:
-            settings = resolve_webauthn(self.config, self.callback_bound)
-            memo = self._webauthn_for = (self.config, self.callback_bound, settings)
+        if memo is None or memo[0] is not self.shared.config or memo[1] != self.callback_bound:
+            settings = resolve_webauthn(self.shared.config, self.callback_bound)
+            memo = self._webauthn_for = (self.shared.config, self.callback_bound, settings)
         return memo[2]
 
-    async def create_invite(self, body: Any) -> dict[str, Any]:
+    async def create(self, body: Any) -> dict[str, Any]:
         """Create the invite a ``POST /v1/admin/approvers/invites`` body asks for; returns
         ``{url, operator_id, expires_at (RFC 3339)}``. Raises as ``parse_invite_request``
         and 409 ``webauthn_unavailable``."""
-        operator_id, ttl_s, label = parse_invite_request(body, self.config)
+        operator_id, ttl_s, label = parse_invite_request(body, self.shared.config)
         settings = self.webauthn()
         if settings is None:
-            raise unavailable(self.config)
+            raise unavailable(self.shared.config)
         token = b64url(secrets.token_bytes(32))
         invite = await self.store.transact(
             Command("create_invite", (token_hash(token), operator_id, ttl_s, label))
         )
-        base = invite_base(self.config.relay.public_url, settings)
+        base = invite_base(self.shared.config.relay.public_url, settings)
         return {
             "url": base.rstrip("/") + ENROL_PATH + token,
             "operator_id": operator_id,
@@ -220,7 +221,7 @@ class InviteMethods:
         settings = self.webauthn()
         if settings is None:
             return ()
-        own = origin_of(invite_base(self.config.relay.public_url, settings))
+        own = origin_of(invite_base(self.shared.config.relay.public_url, settings))
         return tuple(o for o in settings.origins if o != own)
 
     async def enrol_page(self, token: str) -> tuple[str, str, dict[str, Any]]:
@@ -230,7 +231,7 @@ class InviteMethods:
         ``usable_invite`` and 409 ``webauthn_unavailable``."""
         settings = self.webauthn()
         if settings is None:
-            raise unavailable(self.config)
+            raise unavailable(self.shared.config)
         invite, own = await self.store.transact(Command("invite_page", (_known_shape(token),)))
         identity = self._identity(invite.operator_id)
         options = creation_options(
@@ -250,7 +251,7 @@ class InviteMethods:
         ``credential_exists`` or ``webauthn_unavailable``; nothing is stored then."""
         settings = self.webauthn()
         if settings is None:
-            raise unavailable(self.config)
+            raise unavailable(self.shared.config)
         invite, _ = await self.store.transact(Command("invite_page", (_known_shape(token),)))
         verified = verify_passkey(body, unb64(invite.challenge), settings.rp_id, settings.origins)
         credential = Credential(
@@ -269,7 +270,7 @@ class InviteMethods:
         return {"credential_id": stored.credential_id, "operator_id": stored.operator_id}
 
     def _identity(self, operator_id: int) -> str:
-        found = (op.identity for op in self.config.relay.operators if op.id == operator_id)
+        found = (op.identity for op in self.shared.config.relay.operators if op.id == operator_id)
         return next(found, f"operator {operator_id}")
 
 

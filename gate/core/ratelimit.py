@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from collections import deque
 
-from gate.core.rules import refuse
+from gate.core.approvals.rules import refuse
 
 WINDOW_MS = 60_000
 

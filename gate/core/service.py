@@ -1,36 +1,26 @@
-"""GateService: create, decide, expire, cancel, wait. Reads the injectable clock; no HTTP, no
-SQL."""
+"""GateService: one gate's services over its Store, by kind of request and by feature
+(``approvals``, ``questions``, ``credentials``, ``invites``), and what the daemon asks of the
+gate as a whole: the receipt key at start, reloads, health. No HTTP, no SQL."""
 
 from __future__ import annotations
 
-import asyncio
-import dataclasses
 import logging
-from dataclasses import dataclass
-from typing import Any
 
 from gate.clock import Clock
 from gate.config import Config
-from gate.core import policy_tx
-from gate.core.credentials import CredentialMethods
-from gate.core.followups import followup_plan
-from gate.core.invites import InviteMethods
-from gate.core.longpoll import long_poll
-from gate.core.question_service import QuestionMethods
+from gate.core.approvals.resolve_tx import Resolution
+from gate.core.approvals.service import Approvals, DecisionResult
+from gate.core.credentials import Credentials
+from gate.core.invites import Invites
+from gate.core.questions.service import AnswerResult, Questions
 from gate.core.ratelimit import RateLimiter
 from gate.core.receipt_key import refusal
-from gate.core.requests import CreateRequest, check_draft, quorum_unreachable_message
-from gate.core.resolve_tx import Resolution
-from gate.core.transactions import EXPIRE_BATCH, FOLLOWUP_BATCH, Policy, Transactions
-from gate.core.views import approval_view
-from gate.errors import Conflict, GateError, NotFound
-from gate.model import Approval
-from gate.protocol.canonical import payload_hash
-from gate.protocol.envelope import Decision
+from gate.core.requests.service import Shared
+from gate.core.transactions import Policy, Transactions
 from gate.store import Command, Store
 from gate.trust.keys import ReceiptKeys, load_receipt_keys
 
-__all__ = ["DecisionResult", "GateService", "Policy", "Resolution"]
+__all__ = ["AnswerResult", "DecisionResult", "GateService", "Policy", "Resolution"]
 
 log = logging.getLogger(__name__)
 
@@ -38,18 +28,10 @@ log = logging.getLogger(__name__)
 StepAges = list[tuple[str, str, int]]
 
 
-@dataclass(frozen=True, slots=True)
-class DecisionResult:
-    """``GateService.record_decision``: the 200 body (SPEC §2), the resolution, if any, and
-    ``delegated``: ``(pipeline, step)`` of a delegate's decision, else None."""
-
-    answer: dict[str, Any]
-    resolution: Resolution | None
-    delegated: tuple[str, str] | None = None
-
-
-class GateService(QuestionMethods, CredentialMethods, InviteMethods):
-    """The gate's rules over a Store (the questions' methods: ``QuestionMethods``).
+class GateService:
+    """The gate's rules over a Store: ``approvals`` and ``questions`` (the two kinds of
+    request, each the shared lifecycle with its verdict), ``credentials`` (approver keys,
+    for the admin API) and ``invites`` (passkey enrolment).
 
     ``config`` is a ``gate.config.Config``; ``receipt_key`` the HMAC receipt key (bytes);
     ``previous_receipt_key`` the one before a declared rotation (``receipts.previous_key_env``,
@@ -71,7 +53,6 @@ class GateService(QuestionMethods, CredentialMethods, InviteMethods):
         receipt_keys: ReceiptKeys | None = None,
         previous_receipt_key: bytes | None = None,
     ) -> None:
-        self.config = config
         self.store = store
         self.clock = clock
         self.receipt_keys = receipt_keys or load_receipt_keys(config.receipts)
@@ -83,10 +64,19 @@ class GateService(QuestionMethods, CredentialMethods, InviteMethods):
             self.receipt_keys.signer,
             previous_receipt_key=previous_receipt_key,
         )
-        self.dispatch_wakeup = asyncio.Event()
-        self.expiry_wakeup = asyncio.Event()
-        self._waiters: dict[str, tuple[asyncio.Event, int]] = {}
+        self.shared = Shared(config, store)
+        self.dispatch_wakeup = self.shared.dispatch_wakeup
+        self.expiry_wakeup = self.shared.expiry_wakeup
+        self.credentials = Credentials(self.shared)
+        self.invites = Invites(self.shared)
+        self.approvals = Approvals(self.shared, self.invites.webauthn)
+        self.questions = Questions(self.shared)
         store.bind(self.transactions.run)
+
+    @property
+    def config(self) -> Config:
+        """The config in force (``reconfigure`` replaces it)."""
+        return self.shared.config
 
     @property
     def rate(self) -> RateLimiter:
@@ -100,110 +90,9 @@ class GateService(QuestionMethods, CredentialMethods, InviteMethods):
         With a writer process, its copy of ``Transactions`` takes it too, after the
         transactions sent before and before those sent after (``Store.apply``).
         """
-        self.config = config
+        self.shared.config = config
         self.transactions.configure(None, config)
         self.store.apply(Command("configure", (config,)))
-
-    # ---- create ----------------------------------------------------------------
-
-    def policy(self, pipeline: str, step: str) -> Policy:
-        """Return the step's policy; raises NotFound ``unknown_pipeline``/``unknown_step`` (404)."""
-        if not any(p.name == pipeline for p in self.config.pipelines):
-            raise NotFound("unknown_pipeline", f"pipeline {pipeline!r} is not configured")
-        found = self.config.find_step(pipeline, step)
-        if found is None:
-            raise NotFound("unknown_step", f"step {step!r} is not configured in {pipeline!r}")
-        _, step_cfg = found
-        scope = tuple((op.id, op.identity) for op in self.config.scope(step_cfg))
-        return Policy(
-            step_cfg.quorum,
-            scope,
-            step_cfg.timeout,
-            step_cfg.risk,
-            step_cfg.allow_self_approval,
-            step_cfg.allow_empty_draft,
-            followup_plan(self.config, step_cfg),
-            step_cfg.approver_signature,
-        )
-
-    def requester(
-        self, req: CreateRequest, policy: Policy
-    ) -> tuple[tuple[int, str] | None, Policy]:
-        """Resolve ``requested_by`` to ``(operator id, identity)`` and the policy it leaves.
-
-        Without self-approval the requester leaves the frozen scope (the relay does not ask
-        them; their decisions are refused ``self_approval``). Raises 400
-        ``invalid_requested_by`` for an identity that is no operator, 422
-        ``quorum_unreachable`` when the others in scope are fewer than the quorum (the
-        answer names the requester's configured identity, ``approvers_left`` and
-        ``quorum_required``).
-        """
-        found = self._requester(req.requested_by)
-        if found is None:
-            return None, policy
-        op_id, identity = found
-        if policy.allow_self_approval:
-            return found, policy
-        others = tuple(pair for pair in policy.scope if pair[0] != op_id)
-        if len(others) < policy.quorum:
-            raise GateError(
-                "quorum_unreachable",
-                quorum_unreachable_message(identity, len(others), policy.quorum),
-                status=422,
-                kind="invalid",
-                extra={
-                    "field": "requested_by",
-                    "requested_by": identity,
-                    "approvers_left": len(others),
-                    "quorum_required": policy.quorum,
-                },
-            )
-        plan = policy.followups.without(op_id) if policy.followups is not None else None
-        return found, dataclasses.replace(policy, scope=others, followups=plan)
-
-    async def create(
-        self, req: CreateRequest, idempotency_key: str | None
-    ) -> tuple[dict[str, Any], bool]:
-        """Record a new approval and its dispatch in one transaction (outbox); never waits on the
-        relay.
-
-        Returns ``(approval object, created)``; ``created`` is False when the same
-        Idempotency-Key and body were seen before. Raises NotFound (404), GateError 400
-        ``draft_empty`` (a blank draft on a step without ``allow_empty_draft``), Conflict 409
-        ``idempotency_key_reused`` (SPEC §3).
-        """
-        self.check_approval_step(req.pipeline, req.step)
-        policy = self.policy(req.pipeline, req.step)
-        check_draft(req, policy.allow_empty_draft)
-        requester, policy = self.requester(req, policy)
-        policy = policy_tx.plan(self.config, req, policy)  # rules, remembered
-        digest = payload_hash(req.body)
-        full: Approval
-        created_now: bool
-        full, created_now = await self.store.transact(
-            Command("create", (req, idempotency_key, requester, policy, req.request_hash(), digest))
-        )
-        if not created_now:
-            return approval_view(full), False
-        log.info(
-            "event=created approval_id=%s pipeline=%s step=%s payload_hash=%s quorum=%d",
-            full.approval_id,
-            req.pipeline,
-            req.step,
-            digest,
-            policy.quorum,
-        )
-        if full.state == "resolved":  # a policy decided it at once, no dispatch
-            log.info(
-                "event=resolved approval_id=%s outcome=%s revision=1 by=%s",
-                full.approval_id,
-                full.outcome,
-                full.decisions[0].identity if full.decisions else "",
-            )
-            return approval_view(full), True
-        self.dispatch_wakeup.set()
-        self.expiry_wakeup.set()
-        return approval_view(full), True
 
     async def settle_receipt_key(self) -> int | None:
         """At start (``gate serve``), before anything else is written: go on with the audit
@@ -238,164 +127,6 @@ class GateService(QuestionMethods, CredentialMethods, InviteMethods):
             return int(seq)
         return None
 
-    # ---- decide ----------------------------------------------------------------
-
-    async def decide(self, decision: Decision) -> dict[str, Any]:
-        """Apply SPEC §2 checks 6-14 and record an accepted decision, all in one transaction.
-
-        The gate's clock is read inside the transaction. Returns the 200 body
-        ``{"status": "recorded", "resolved": bool, "outcome"?}``. Raises GateError with the
-        SPEC §2 status and reason for a refusal (nothing changes).
-        """
-        return (await self.record_decision(decision)).answer
-
-    async def record_decision(self, decision: Decision) -> DecisionResult:
-        """``decide`` that also returns what was resolved (for metrics), read in the same
-        transaction: no second read of the approval. Raises as ``decide``."""
-        (
-            operator_id,
-            revision,
-            outcome,
-            new_revision,
-            resolution,
-            delegated,
-        ) = await self.store.transact(Command("decide", (decision, self.webauthn())))
-        log.info(
-            "event=decision approval_id=%s operator_id=%d decision=%s revision=%d payload_hash=%s"
-            + ("" if delegated is None else f" on_behalf_of={int(delegated[0])}"),
-            decision.approval_id,
-            operator_id,
-            decision.decision,
-            revision,
-            decision.payload_hash,
-        )
-        step = None if delegated is None else (delegated[1], delegated[2])
-        if outcome is not None:
-            log.info(
-                "event=resolved approval_id=%s outcome=%s revision=%d",
-                decision.approval_id,
-                outcome,
-                new_revision or revision,
-            )
-            self._notify(decision.approval_id)
-            return DecisionResult(
-                {"status": "recorded", "resolved": True, "outcome": outcome}, resolution, step
-            )
-        if new_revision is not None:
-            self.dispatch_wakeup.set()
-        return DecisionResult({"status": "recorded", "resolved": False}, None, step)
-
-    # ---- expire / cancel -------------------------------------------------------
-
-    async def expire_due(self) -> int:
-        """Resolve every pending approval whose ``expires_at`` has passed as ``timeout``.
-
-        Runs in batches of 500 per transaction; returns how many were resolved.
-        """
-
-        total = 0
-        while True:
-            ids = await self.store.transact(Command("expire", ()))
-            for approval_id in ids:
-                log.info("event=resolved approval_id=%s outcome=timeout", approval_id)
-                self._notify(approval_id)
-            total += len(ids)
-            if len(ids) < EXPIRE_BATCH:
-                return total
-
-    async def followups_due(self) -> tuple[int, int]:
-        """Apply the due escalation levels and queue the due reminders of pending approvals
-        (``Transactions.followups``), in batches of 500 per transaction.
-        Returns ``(levels applied, reminders queued)``; wakes the dispatcher when anything
-        was queued."""
-        levels = reminders = 0
-        while True:
-            done = await self.store.transact(Command("followups", ()))
-            for approval_id, applied, reminder in done:
-                for level in applied:
-                    log.info("event=escalated approval_id=%s level=%d", approval_id, level)
-                if reminder:
-                    log.info("event=reminder_queued approval_id=%s n=%d", approval_id, reminder)
-                levels += len(applied)
-                reminders += 1 if reminder else 0
-            if len(done) < FOLLOWUP_BATCH:
-                break
-        if levels or reminders:
-            self.dispatch_wakeup.set()
-        return levels, reminders
-
-    async def cancel(self, approval_id: str) -> dict[str, Any]:
-        """Resolve a pending approval as ``cancelled`` (the pipeline withdrew).
-
-        An approval already past its ``expires_at`` on the gate's clock is resolved
-        ``timeout`` instead, and the answer is 409 ``already_resolved`` with that outcome.
-        Raises NotFound 404 ``unknown_approval``; Conflict 409 ``already_resolved``.
-        """
-
-        full: Approval
-        outcome, full = await self.store.transact(Command("cancel", (approval_id,)))
-        log.info("event=resolved approval_id=%s outcome=%s", approval_id, outcome)
-        self._notify(approval_id)
-        if outcome == "timeout":
-            raise Conflict(
-                "already_resolved",
-                "the approval expired before it was cancelled",
-                extra={"outcome": "timeout"},
-            )
-        return approval_view(full)
-
-    # ---- dispatch bookkeeping ------------------------------------------------------
-
-    async def dispatch_result(
-        self, approval_id: str, revision: int, *, acked: bool, error: str | None, retry_at_ms: int
-    ) -> None:
-        """Record one dispatch attempt; an ack writes a ``dispatch_ack`` audit entry."""
-
-        await self.store.transact(
-            Command("dispatch_result", (approval_id, revision, acked, error, retry_at_ms))
-        )
-
-    async def followup_result(
-        self,
-        key: tuple[str, str, int],
-        *,
-        acked: bool,
-        error: str | None,
-        retry_at_ms: int | None,
-    ) -> str | None:
-        """Record one attempt of the reminder, escalation or notice ``key`` = (approval_id,
-        kind, n) (``Transactions.followup_result``): ``retry_at_ms`` None drops it
-        unsent as failed. Returns ``"delivered"``, ``"retry"``, ``"failed"`` or None."""
-        result: str | None = await self.store.transact(
-            Command("followup_result", (key, acked, error, retry_at_ms))
-        )
-        return result
-
-    # ---- reads -----------------------------------------------------------------
-
-    async def get(self, approval_id: str) -> dict[str, Any]:
-        """Return the approval object; raises NotFound 404 ``unknown_approval``."""
-        full = await self.store.reads.fetch_approval(approval_id)
-        if full is None:
-            raise NotFound("unknown_approval", "no approval with this approval_id")
-        return approval_view(full)
-
-    async def wait(self, approval_id: str, seconds: float) -> dict[str, Any]:
-        """Return the approval once resolved or after ``seconds``, whichever comes first."""
-        return await long_poll(self._waiters, approval_id, self.get, seconds)
-
-    async def list(
-        self, state: str, pipeline: str | None, limit: int, cursor: str | None
-    ) -> dict[str, Any]:
-        """Return ``{items, next_cursor}``; ``next_cursor`` is None on the last page."""
-        rows = await self.store.reads.list_approvals(state, pipeline, limit + 1, cursor)
-        more = len(rows) > limit
-        rows = rows[:limit]
-        return {
-            "items": [approval_view(r) for r in rows],
-            "next_cursor": rows[-1].approval_id if more and rows else None,
-        }
-
     # ---- health (for /healthz and the /metrics scrape: neither reaches the store) ----
 
     async def health(self) -> int:
@@ -422,10 +153,3 @@ class GateService(QuestionMethods, CredentialMethods, InviteMethods):
         """Seconds the oldest write sent to the writer process has waited for its answer
         (0.0 when none waits, and always with a writer thread)."""
         return self.store.writer_unanswered_s
-
-    def _notify(self, approval_id: str) -> None:
-        if self.config.relay.notice_target is not None:
-            self.dispatch_wakeup.set()  # its notice was queued with the resolution
-        waiter = self._waiters.get(approval_id)
-        if waiter is not None:
-            waiter[0].set()

@@ -1,17 +1,31 @@
-"""The approval object of the pipeline API (SPEC §3), built from a loaded approval."""
+"""The approval object of the pipeline API (SPEC §3), built from a loaded approval, and what
+every kind's object shares (``api_time``, ``opening``)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from gate.core.rules import approvers_of, current_revision
-from gate.model import Approval
+from gate.core.approvals.rules import approvers_of, current_revision
+from gate.model import Approval, Question
 from gate.protocol.envelope import rfc3339
 
 
 def api_time(ms: int | None) -> str | None:
     """Unix ms as an API time (``rfc3339``: the fraction only when not zero); None stays."""
     return None if ms is None else rfc3339(int(ms))
+
+
+def opening(full: Approval | Question) -> dict[str, Any]:
+    """The fields every kind's object has after its id, in this order: ``run_id``,
+    ``pipeline``, ``step``, ``state``, ``outcome``, ``risk``."""
+    return {
+        "run_id": full.run_id,
+        "pipeline": full.pipeline,
+        "step": full.step,
+        "state": full.state,
+        "outcome": full.outcome,
+        "risk": full.risk,
+    }
 
 
 def approval_view(full: Approval) -> dict[str, Any]:
@@ -34,12 +48,7 @@ def approval_view(full: Approval) -> dict[str, Any]:
     latest = out_rows[-1] if out_rows else None
     return {
         "approval_id": full.approval_id,
-        "run_id": full.run_id,
-        "pipeline": full.pipeline,
-        "step": full.step,
-        "state": full.state,
-        "outcome": full.outcome,
-        "risk": full.risk,
+        **opening(full),
         "quorum": {
             "required": full.quorum_required,
             # people only: a policy's approval (operator 0) counts toward no quorum

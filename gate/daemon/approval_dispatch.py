@@ -84,7 +84,7 @@ class ApprovalDispatch(ChannelBase):
             )
 
     async def record(self, row: DispatchRow, outcome: Outcome) -> str | None:
-        await self.dispatcher.service.dispatch_result(
+        await self.dispatcher.service.approvals.dispatch_result(
             row.approval_id,
             row.revision,
             acked=outcome.acked,

@@ -16,10 +16,10 @@ from urllib.parse import quote, unquote
 import aiohttp
 from yarl import URL
 
-from gate.core.approver_signature_check import step_mode
-from gate.core.delegation import delegates_for
-from gate.core.rules import approvers_of
-from gate.core.rules import skip_reason_required as step_requires_reason
+from gate.core.approvals.approver_signature_check import step_mode
+from gate.core.approvals.delegation import delegates_for
+from gate.core.approvals.rules import approvers_of
+from gate.core.approvals.rules import skip_reason_required as step_requires_reason
 from gate.core.service import GateService
 from gate.errors import GateError
 from gate.metrics import Metrics
@@ -212,8 +212,8 @@ def dispatch_envelope(
 
     With ``skip_reason_required`` (the step's ``skip_reason: required``) its skip
     action says so; ``delegates`` are the (delegate identity, principal identity) pairs in
-    force (``gate.core.delegation.delegates_for``): the delegates join ``approvers`` and the
-    pairs go out as ``delegates``. With neither the envelope is byte-for-byte
+    force (``gate.core.approvals.delegation.delegates_for``): the delegates join ``approvers``
+    and the pairs go out as ``delegates``. With neither the envelope is byte-for-byte
     as before (``gate.protocol.followup.FollowUp``). ``approver_signature`` (the step's)
     other than ``off`` goes out as the additive ``"approver_signature"`` (optional
     | required), so a relay knows to have the approver sign; ``off`` adds nothing.

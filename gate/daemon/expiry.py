@@ -22,7 +22,7 @@ async def run_expiry(service: GateService, metrics: Metrics) -> None:
     passes their ``expires_at``; each only when its earliest deadline has passed, so a
     wake-up with nothing due writes nothing.
 
-    Then apply the due reminders and escalation levels (``GateService.followups_due``).
+    Then apply the due reminders and escalation levels (``Approvals.followups_due``).
     Sleeps until the earliest deadline or follow-up (one lookup in each partial
     index), or until ``service.expiry_wakeup`` is set (a new approval may be due sooner).
     Runs until cancelled. Storage errors are logged and retried after a second. Each
@@ -38,20 +38,20 @@ async def run_expiry(service: GateService, metrics: Metrics) -> None:
             # transaction: each kind is expired only when its earliest deadline has passed
             next_expiry = await reads.next_expiry()
             if next_expiry is not None and next_expiry <= now:
-                expired = await service.expire_due()
+                expired = await service.approvals.expire_due()
                 if expired:
                     resolved.labels("timeout").inc(expired)
                     log.info("event=expired count=%d", expired)
                 next_expiry = await reads.next_expiry()
-            next_question = await service.next_question_expiry()
+            next_question = await service.questions.next_expiry()
             if next_question is not None and next_question <= now:
-                timed_out = await service.expire_questions()  # the same scheduler
+                timed_out = await service.questions.expire_due()  # the same scheduler
                 if timed_out:
                     metrics.question_resolved_many("timeout", timed_out)
-                next_question = await service.next_question_expiry()
+                next_question = await service.questions.next_expiry()
             next_followup = await reads.next_followup()
             if next_followup is not None and next_followup <= now:
-                await service.followups_due()  # a write only when one is due
+                await service.approvals.followups_due()  # a write only when one is due
                 next_followup = await reads.next_followup()
             next_at = _earliest(next_expiry, next_followup, next_question)
         except GateError as exc:

@@ -105,7 +105,7 @@ class FollowUps(ChannelBase):
             )
 
     async def record(self, row: FollowUpRow, outcome: Outcome) -> str | None:
-        return await self.dispatcher.service.followup_result(
+        return await self.dispatcher.service.approvals.followup_result(
             row.key, acked=outcome.acked, error=outcome.error, retry_at_ms=outcome.retry_at_ms
         )
 

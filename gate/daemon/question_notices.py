@@ -102,7 +102,7 @@ class QuestionNotices(ChannelBase):
             )
 
     async def record(self, row: QuestionNoticeRow, outcome: Outcome) -> str | None:
-        return await self.dispatcher.service.question_notice_result(
+        return await self.dispatcher.service.questions.notice_result(
             row.question_id,
             acked=outcome.acked,
             error=outcome.error,

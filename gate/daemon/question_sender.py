@@ -123,7 +123,7 @@ class QuestionDispatch(ChannelBase):
             )
 
     async def record(self, row: QuestionDispatchRow, outcome: Outcome) -> str | None:
-        await self.dispatcher.service.question_dispatch_result(
+        await self.dispatcher.service.questions.dispatch_result(
             row.question_id,
             row.version,
             acked=outcome.acked,

@@ -127,7 +127,7 @@ async def serve(
                 listen = parse_listen(config.api.listen)
                 api_socket = Path(listen.path) if isinstance(listen, UnixListen) else None
                 callback_bound = _bound(callback_runner)
-                gate.service.callback_bound = callback_bound  # passkeys on localhost
+                gate.service.invites.callback_bound = callback_bound  # passkeys on localhost
                 dispatcher.start(callback_url(config, callback_bound))
                 api_url = _api_url(_bound(api_runner))
                 log.info(

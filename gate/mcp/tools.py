@@ -39,7 +39,7 @@ NOT_YET = (
     "do not act."
 )
 
-MAX_SPEND = 1e15  # the pipeline API's bound on spend (gate.core.requests)
+MAX_SPEND = 1e15  # the pipeline API's bound on spend (gate.core.approvals.create)
 
 
 def _at_most(limit: float) -> BeforeValidator:

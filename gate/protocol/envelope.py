@@ -51,7 +51,7 @@ class Decision:
     reason: str | None = None
     # additive: the ``approver_assertion`` JSON value as sent (None: absent or
     # null). Its shape is parsed where the step's ``approver_signature`` is known (``off``
-    # ignores the field entirely): ``gate.core.approver_signature_check``
+    # ignores the field entirely): ``gate.core.approvals.approver_signature_check``
     approver_assertion: Any = None
 
     def __reduce__(self) -> tuple[type[Decision], tuple[Any, ...]]:

@@ -46,7 +46,7 @@ def _check_wait(wait: float | None) -> None:
         raise ValueError(f"wait must be None or seconds >= 0, got {wait!r}")
 
 
-MAX_KEY_CHARS = 200  # the gate's MAX_IDEMPOTENCY_KEY_CHARS (gate/core/requests.py)
+MAX_KEY_CHARS = 200  # the gate's MAX_IDEMPOTENCY_KEY_CHARS (gate/core/requests/fields.py)
 
 
 def check_id(value: str, argument: str) -> str:
@@ -63,7 +63,7 @@ def check_id(value: str, argument: str) -> str:
 def check_key(key: str | None) -> str | None:
     """``key`` (None: absent) once the gate would take it as an Idempotency-Key: 1-200
     characters, not blank, printable (no newline or other control character; SPEC §3,
-    gate/core/requests.py). Raises ValueError starting ``idempotency_key: `` (review 18c
+    gate/core/requests/fields.py). Raises ValueError starting ``idempotency_key: `` (review 18c
     finding 12)."""
     if key is None:
         return None

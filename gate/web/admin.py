@@ -19,20 +19,20 @@ async def enrol_approver_key(request: web.Request) -> web.Response:
     "label"?}``: 201 with the credential (``gate.core.credentials.credential_view``); 400
     ``unknown_operator``/``invalid_<field>``, 409 ``credential_exists``."""
     raw = await read_body(request, MAX_ADMIN_BODY, "body_too_large")
-    view = await request.app[SERVICE].enrol_credential(decode_text_json(raw))
+    view = await request.app[SERVICE].credentials.enrol(decode_text_json(raw))
     return web.json_response(view, status=201)
 
 
 async def list_approver_credentials(request: web.Request) -> web.Response:
     """GET /v1/admin/approvers: ``{"items": [credential, ...]}``, revoked ones included."""
-    return web.json_response({"items": await request.app[SERVICE].list_credentials()})
+    return web.json_response({"items": await request.app[SERVICE].credentials.list_all()})
 
 
 async def revoke_approver_credential(request: web.Request) -> web.Response:
     """POST /v1/admin/approvers/{credential_id}/revoke: 200 with the revoked credential; 404
     ``unknown_credential``, 409 ``credential_revoked``."""
     credential_id = request.match_info["credential_id"]
-    return web.json_response(await request.app[SERVICE].revoke_credential(credential_id))
+    return web.json_response(await request.app[SERVICE].credentials.revoke(credential_id))
 
 
 async def create_invite(request: web.Request) -> web.Response:
@@ -40,7 +40,7 @@ async def create_invite(request: web.Request) -> web.Response:
     operator_id, expires_at}`` (a one-time passkey invite); 400
     ``unknown_operator``/``invalid_<field>``, 409 ``webauthn_unavailable``."""
     raw = await read_body(request, MAX_ADMIN_BODY, "body_too_large")
-    answer = await request.app[SERVICE].create_invite(decode_text_json(raw))
+    answer = await request.app[SERVICE].invites.create(decode_text_json(raw))
     return web.json_response(answer, status=201)
 
 

@@ -6,7 +6,8 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
-from gate.core.requests import check_idempotency_key, parse_create
+from gate.core.approvals.create import parse_create
+from gate.core.requests.fields import check_idempotency_key
 from gate.core.service import GateService
 from gate.errors import GateError
 from gate.metrics import Metrics
@@ -87,7 +88,7 @@ async def create_approval(request: web.Request) -> web.Response:
             kind="invalid",
         )
     key = check_idempotency_key(request.headers.get("Idempotency-Key"))
-    view, created = await request.app[SERVICE].create(req, key)
+    view, created = await request.app[SERVICE].approvals.create(req, key)
     if created:
         request.app[METRICS].approvals_created.labels(req.pipeline, req.step).inc()
         if view["state"] == "resolved":  # a policy decided it at once
@@ -101,20 +102,20 @@ async def get_approval(request: web.Request) -> web.Response:
     approval_id = request.match_info["approval_id"]
     seconds = wait_seconds(request.query)
     if seconds is None:
-        return web.json_response(await service.get(approval_id))
-    return web.json_response(await service.wait(approval_id, seconds))
+        return web.json_response(await service.approvals.get(approval_id))
+    return web.json_response(await service.approvals.wait(approval_id, seconds))
 
 
 async def list_approvals(request: web.Request) -> web.Response:
     """GET /v1/approvals?state=&pipeline=&limit=&cursor= -> ``{items, next_cursor}``."""
     q = list_query(request.query, "an approval_id")
-    result = await request.app[SERVICE].list(q.state, q.pipeline, q.limit, q.cursor)
+    result = await request.app[SERVICE].approvals.list(q.state, q.pipeline, q.limit, q.cursor)
     return web.json_response(result)
 
 
 async def cancel_approval(request: web.Request) -> web.Response:
     """POST /v1/approvals/{id}/cancel: resolve ``cancelled``; 409 when already resolved."""
-    view = await request.app[SERVICE].cancel(request.match_info["approval_id"])
+    view = await request.app[SERVICE].approvals.cancel(request.match_info["approval_id"])
     request.app[METRICS].resolved("cancelled")
     return web.json_response(view)
 

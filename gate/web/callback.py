@@ -55,7 +55,7 @@ METRICS = web.AppKey("metrics", Metrics)
 
 
 async def post_decision(request: web.Request) -> web.Response:
-    """Run SPEC §2 checks 1-5 here, 6-14 in ``GateService.decide``; answer per the table.
+    """Run SPEC §2 checks 1-5 here, 6-14 in ``Approvals.record_decision``; answer per the table.
 
     Counts every answer: accepted by decision verb, refused by reason (logged at INFO as
     ``event=decision_refused``, with the approval_id once the body parsed; never the body).
@@ -77,7 +77,7 @@ async def post_decision(request: web.Request) -> web.Response:
         return await _answer(request, parsed)
     decision = parsed
     try:
-        result = await service.record_decision(decision)
+        result = await service.approvals.record_decision(decision)
     except GateError as exc:
         _refused(metrics, exc.status, exc.code, decision, exc.extra.get("detail"))
         raise
@@ -93,12 +93,12 @@ async def post_decision(request: web.Request) -> web.Response:
 
 
 async def _answer(request: web.Request, answer: Answer) -> web.Response:
-    """Checks 6-13 of the answer table in ``GateService.record_answer``; counted once,
+    """Checks 6-13 of the answer table in ``Questions.record_answer``; counted once,
     as answers (``Metrics.answer``: not in the decisions' refusals), logged with the
     question_id, never the value."""
     metrics = request.app[METRICS]
     try:
-        result = await request.app[SERVICE].record_answer(answer)
+        result = await request.app[SERVICE].questions.record_answer(answer)
     except GateError as exc:
         metrics.answer(exc.code)
         if ULID_RE.fullmatch(answer.question_id):

@@ -63,8 +63,8 @@ async def post_credentials(request: web.Request) -> web.Response:
     except GateError as exc:
         log.info("event=credentials_refused status=%d reason=%s", exc.status, exc.code)
         raise
-    rp = service.webauthn()
-    served = await service.credentials_in_force()
+    rp = service.invites.webauthn()
+    served = await service.credentials.in_force()
     body = build_credentials_answer(
         None if rp is None else {"rp_id": rp.rp_id, "origins": rp.origins}, served, now_s
     )

@@ -57,7 +57,7 @@ async def enrol_page(request: web.Request) -> web.Response:
     page without a button: 404 unknown, 410 used or expired, 409 passkeys unavailable."""
     token = request.match_info["token"].rstrip("/")
     try:
-        identity, expires, options = await request.app[SERVICE].enrol_page(token)
+        identity, expires, options = await request.app[SERVICE].invites.enrol_page(token)
     except GateError as exc:
         title, text = _GONE.get(exc.code, ("Invite refused", exc.message))
         return _page(title, f"<p>{html.escape(text)}</p>", exc.status)
@@ -69,7 +69,7 @@ async def enrol_page(request: web.Request) -> web.Response:
         f"{html.escape(_utc(expires))}</time>.</p>\n"
         '<button id="create" type="button">Create passkey</button>\n'
         '<p id="status" role="status"></p>\n'
-        f"{_sign_in_at(request.app[SERVICE].sign_in_origins())}"
+        f"{_sign_in_at(request.app[SERVICE].invites.sign_in_origins())}"
         f'<script type="application/json" id="options">{data}</script>\n'
         '<script src="/enrol/static/enrol.js"></script>'
     )
@@ -101,7 +101,7 @@ async def register(request: web.Request) -> web.Response:
     ``invalid_registration``, 404 ``invite_unknown``, 409 ``credential_exists`` /
     ``webauthn_unavailable``, 410 ``invite_used``/``invite_expired``; nothing stored then."""
     service = request.app[SERVICE]
-    settings = service.webauthn()
+    settings = service.invites.webauthn()
     if settings is None or request.headers.get("Origin") not in settings.origins:
         raise GateError(
             "origin_not_allowed",
@@ -110,7 +110,9 @@ async def register(request: web.Request) -> web.Response:
             kind="forbidden",
         )
     raw = await read_body(request, MAX_REGISTRATION_BYTES, "body_too_large")
-    answer = await service.register_passkey(request.match_info["token"], decode_text_json(raw))
+    answer = await service.invites.register_passkey(
+        request.match_info["token"], decode_text_json(raw)
+    )
     return web.json_response(answer)
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from gate.core.requests import check_idempotency_key
+from gate.core.requests.fields import check_idempotency_key
 from gate.protocol.envelope import decode_text_json
 from gate.web.api import METRICS, SERVICE, SETTINGS
 from gate.web.common import read_body
@@ -25,7 +25,7 @@ async def create_question(request: web.Request) -> web.Response:
     raw = await read_body(request, _body_limit(request), "question_too_large")
     body = decode_text_json(raw)
     key = check_idempotency_key(request.headers.get("Idempotency-Key"))
-    view, created = await request.app[SERVICE].create_question(body, key)
+    view, created = await request.app[SERVICE].questions.create(body, key)
     if created:
         request.app[METRICS].question_created(view["pipeline"], view["step"])
     return web.json_response(view, status=201 if created else 200)
@@ -37,21 +37,21 @@ async def get_question(request: web.Request) -> web.Response:
     question_id = request.match_info["question_id"]
     seconds = wait_seconds(request.query)
     if seconds is None:
-        return web.json_response(await service.get_question(question_id))
-    return web.json_response(await service.wait_question(question_id, seconds))
+        return web.json_response(await service.questions.get(question_id))
+    return web.json_response(await service.questions.wait(question_id, seconds))
 
 
 async def list_questions(request: web.Request) -> web.Response:
     """GET /v1/questions?state=&pipeline=&limit=&cursor= -> ``{items, next_cursor}``."""
     q = list_query(request.query, "a question_id")
-    result = await request.app[SERVICE].list_questions(q.state, q.pipeline, q.limit, q.cursor)
+    result = await request.app[SERVICE].questions.list(q.state, q.pipeline, q.limit, q.cursor)
     return web.json_response(result)
 
 
 async def cancel_question(request: web.Request) -> web.Response:
     """POST /v1/questions/{id}/cancel: resolve ``cancelled``; 409 when already resolved."""
 
-    view = await request.app[SERVICE].cancel_question(request.match_info["question_id"])
+    view = await request.app[SERVICE].questions.cancel(request.match_info["question_id"])
     request.app[METRICS].question_resolved("cancelled")
     return web.json_response(view)
 
@@ -60,7 +60,7 @@ async def revise_question(request: web.Request) -> web.Response:
     """POST /v1/questions/{id}/revise: version n+1 of a pending question, dispatched again."""
 
     raw = await read_body(request, _body_limit(request), "question_too_large")
-    view = await request.app[SERVICE].revise_question(
+    view = await request.app[SERVICE].questions.revise(
         request.match_info["question_id"], decode_text_json(raw)
     )
     return web.json_response(view)

@@ -81,7 +81,7 @@ async def check_notices(run: Run, full: Approval, grace_s: float) -> list[CheckR
     back for it (what reached the ephemeral gate's decision endpoint about it). Raises
     GateError when the ephemeral gate cannot cancel it.
     """
-    await run.service.cancel(full.approval_id)
+    await run.service.approvals.cancel(full.approval_id)
     cancelled = await run.service.store.reads.fetch_approval(full.approval_id)
     assert cancelled is not None
     body = notice_for(cancelled)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import aiohttp
 
-from gate.core.requests import CreateRequest
+from gate.core.approvals.create import CreateRequest
 from gate.core.service import GateService
 from gate.model import Approval
 from gate.tools.conformance.callbacks import (
@@ -29,7 +29,7 @@ DRAFT = (
 async def create_approval(service: GateService, run_id: str) -> Approval:
     """A pending approval of the ephemeral gate's one step with ``DRAFT``, loaded whole
     (its revisions, nonces, hashes)."""
-    view, _ = await service.create(
+    view, _ = await service.approvals.create(
         CreateRequest(PIPELINE, "verify", run_id, "text/plain", DRAFT, None), None
     )
     full = await service.store.reads.fetch_approval(view["approval_id"])

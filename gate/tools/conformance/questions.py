@@ -67,7 +67,7 @@ async def _ask(service: GateService, run_id: str) -> Question:
         "response_type": "single_choice",
         "options": list(OPTIONS),
     }
-    view, _ = await service.create_question(body, None)
+    view, _ = await service.questions.create(body, None)
     full = await service.store.reads.fetch_question(view["question_id"])
     assert full is not None
     return full

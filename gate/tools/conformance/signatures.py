@@ -3,7 +3,7 @@ decision with the approver's Ed25519 key, and probes that the gate refuses such 
 moved to another approval, one whose batch does not list the decision, and none at all.
 
 The ephemeral gate's step is ``approver_signature: required`` and the key is enrolled for the
-approver's operator through the gate's own enrolment (``GateService.enrol_credential``,
+approver's operator through the gate's own enrolment (``Credentials.enrol``,
 audited like ``hitl-gate approvers add-key``).
 """
 
@@ -38,7 +38,7 @@ async def enrol_key(service: GateService, operator_id: int, public_key_pem: str)
     """Enrol ``public_key_pem`` (an Ed25519 public key PEM) for ``operator_id`` in the
     ephemeral gate; return its credential id. Raises GateError 400 for a key that is not
     Ed25519 PEM (the CLI checks it first)."""
-    view = await service.enrol_credential(
+    view = await service.credentials.enrol(
         {"operator_id": operator_id, "type": "ed25519", "public_key": public_key_pem}
     )
     return str(view["credential_id"])

@@ -62,7 +62,7 @@ class Plan:
 
     def without(self, operator_id: int) -> Plan:
         """The plan with ``operator_id`` left out of every level (the requester, who may not
-        decide their own request: ``gate.core.service.GateService.requester``)."""
+        decide their own request: ``gate.core.approvals.service.Approvals.requester_policy``)."""
         return Plan(
             self.remind_after_ms,
             self.remind_every_ms,

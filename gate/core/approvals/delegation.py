@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from gate.config import Config
 from gate.config.followups import Delegation
-from gate.core.rules import check_approver, refuse
+from gate.core.approvals.rules import check_approver, refuse
 from gate.errors import GateError
 from gate.model import Approval
 

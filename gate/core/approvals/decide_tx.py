@@ -5,14 +5,14 @@ with the state ``Transactions`` owns (``t``)."""
 from __future__ import annotations
 
 import dataclasses
-import secrets as pysecrets
 from typing import TYPE_CHECKING
 
 from gate.audit.entries import DecisionData
-from gate.core import rules
-from gate.core.approver_signature_check import Signed, check_approver_signature
-from gate.core.delegation import check_decider
-from gate.core.resolve_tx import Resolution
+from gate.core.approvals import rules
+from gate.core.approvals.approver_signature_check import Signed, check_approver_signature
+from gate.core.approvals.delegation import check_decider
+from gate.core.approvals.resolve_tx import Resolution, resolve
+from gate.core.requests.lifecycle_tx import new_nonce, said_by
 from gate.errors import Conflict, GateError
 from gate.model import Approval, DecisionRow, Resolvable, Revision
 from gate.protocol.canonical import payload_hash
@@ -22,11 +22,6 @@ from gate.store import WriteTx
 if TYPE_CHECKING:
     from gate.config.webauthn import WebAuthnSettings
     from gate.core.transactions import Transactions
-
-
-def new_nonce() -> str:
-    """Return a fresh 128-bit nonce as 32 lowercase hex digits."""
-    return pysecrets.token_hex(16)
 
 
 def decide(
@@ -108,17 +103,14 @@ def _record(
     row = DecisionRow(
         revision=revision,
         operator_id=verdict.operator_id,
-        identity=decision.approver_id,
-        display=decision.approver_display,
-        channel=decision.approver_channel,
         decision=decision.decision,
         payload_hash=decision.payload_hash,
         adjust_text=decision.adjust_text,
-        decided_at=decision.decided_at,
         recorded_at=now,
         reason=decision.reason,
         on_behalf_of=on_behalf_of,
         credential_id=None if signed is None else signed.credential_id,
+        **said_by(decision),
     )
     tx.insert_decision(approval.approval_id, row)
     approval = dataclasses.replace(approval, decisions=approval.decisions + (row,))
@@ -176,7 +168,7 @@ def _record(
             rules.current_revision(approval).payload_hash,
             approval.quorum_required,
         )
-        t.resolve(tx, target, outcome, now, collected, approval)
+        resolve(t, tx, target, outcome, now, collected, approval)
     elif new_revision is not None:
         tx.enqueue_dispatch(approval.approval_id, new_revision, now)
     return outcome, new_revision

@@ -1,5 +1,5 @@
 """Policy: which rule of a step decides a new approval, if any. Pure: no I/O,
-no clock read; the creation transaction (``gate.core.policy_tx``) applies the verdict.
+no clock read; the creation transaction (``gate.core.approvals.policy_tx``) applies the verdict.
 
 Every rule that matches is found; any matching ``deny`` wins over any ``approve``; else the
 first matching ``approve``; else none (a person decides). Then, with none, a remembered
@@ -25,7 +25,7 @@ from gate.config.policy import (
     argument_path,
     body_pattern,
 )
-from gate.core.policy_values import (
+from gate.core.approvals.policy_values import (
     UNKNOWN,
     UNREADABLE,
     Check,
@@ -36,7 +36,7 @@ from gate.core.policy_values import (
     shown,
     unreadable,
 )
-from gate.core.policy_values import strings as json_strings
+from gate.core.approvals.policy_values import strings as json_strings
 from gate.protocol.numbers import list_index
 
 _UNSET: Any = object()
@@ -59,7 +59,7 @@ class Facts:
             return None
 
     def document(self) -> Any:
-        """The body read as strict JSON (``gate.core.policy_values.read_json``), whatever
+        """The body read as strict JSON (``gate.core.approvals.policy_values.read_json``), whatever
         the content type, or ``UNREADABLE``."""
         return read_json(self.body)
 

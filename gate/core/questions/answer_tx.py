@@ -7,10 +7,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from gate.audit.question_entries import QuestionAnsweredData
-from gate.core.question_tx import resolve_question
-from gate.core.rules import operator_in_scope, refuse
+from gate.core.approvals.rules import operator_in_scope, refuse
+from gate.core.questions.kind import resolve_question, step_limits
+from gate.core.requests.lifecycle_tx import said_by
 from gate.errors import Conflict, GateError
-from gate.model import Question, QuestionAnswer
+from gate.model import DueQuestion, Question, QuestionAnswer
 from gate.protocol.canonical import canonical_json
 from gate.protocol.question import Answer, QuestionSpec, check_value, value_hash
 from gate.protocol.whitespace import identity_key
@@ -53,11 +54,6 @@ def _same_value(won: Any, sent: Any) -> bool:
         return False
 
 
-def _max_answer_chars(t: Transactions, question: Question) -> int:
-    found = t.config.find_step(question.pipeline, question.step)
-    return found[1].max_answer_chars if found is not None else 2000
-
-
 def answer_question(t: Transactions, tx: WriteTx, answer: Answer) -> tuple[int, int, str]:
     """Checks 6-13 of the answer table, in order, and the recording of the first valid
     answer with its ``question_answered`` and ``question_resolved`` entries. Returns
@@ -94,7 +90,7 @@ def answer_question(t: Transactions, tx: WriteTx, answer: Answer) -> tuple[int, 
     value = check_value(
         QuestionSpec.from_json(current.question),
         answer.value,
-        max_answer_chars=_max_answer_chars(t, question),
+        max_answer_chars=step_limits(t.config, question)[1],
     )
     stored = canonical_json(value).decode("utf-8")
     digest = value_hash(value, salt=bytes.fromhex(question.answer_salt))
@@ -102,12 +98,9 @@ def answer_question(t: Transactions, tx: WriteTx, answer: Answer) -> tuple[int, 
     row = QuestionAnswer(
         value=value,
         operator_id=operator_id,
-        identity=answer.approver_id,
-        display=answer.approver_display,
-        channel=answer.approver_channel,
         version=current.version,
-        decided_at=answer.decided_at,
         recorded_at=now,
+        **said_by(answer),
     )
     if not tx.record_question_answer(question.question_id, stored, row):
         raise refuse(409, "already_resolved", "already_resolved", "the question is resolved")
@@ -115,9 +108,8 @@ def answer_question(t: Transactions, tx: WriteTx, answer: Answer) -> tuple[int, 
         operator_id, current.version, current.request_hash, answer.nonce, digest
     )
     t.audit(tx, answered.kind, question.question_id, now, answered.to_data())
-    resolve_question(
-        t, tx, question.question_id, current.version, current.request_hash, "answered", now, digest
-    )
+    target = DueQuestion(question.question_id, current.version, current.request_hash)
+    resolve_question(t, tx, target, "answered", now, digest)
     return operator_id, current.version, question.pipeline
 
 

@@ -7,8 +7,7 @@ import hashlib
 from dataclasses import dataclass
 from typing import Any
 
-from gate.core.requests import _bad, _name
-from gate.errors import GateError
+from gate.core.requests.fields import bad_field, invalid, opened
 from gate.protocol.canonical import canonical_json
 from gate.protocol.question import QuestionSpec, parse_question
 
@@ -44,13 +43,7 @@ def check_text_bytes(spec: QuestionSpec, max_bytes: int) -> None:
     """A question's ``text`` is at most ``max_bytes`` bytes UTF-8 (``api.max_draft_bytes``).
     Raises GateError 413 ``question_too_large`` (field ``text``)."""
     if len(spec.text.encode("utf-8")) > max_bytes:
-        raise GateError(
-            "question_too_large",
-            f"text is larger than {max_bytes} bytes",
-            status=413,
-            kind="invalid",
-            extra={"field": "text"},
-        )
+        raise invalid("question_too_large", "text", f"text is larger than {max_bytes} bytes", 413)
 
 
 def parse_question_create(obj: Any, *, max_bytes: int, max_options: int) -> QuestionRequest:
@@ -58,14 +51,8 @@ def parse_question_create(obj: Any, *, max_bytes: int, max_options: int) -> Ques
     response_type, options?, schema?, requested_by?}``. Raises GateError 400
     ``invalid_<field>`` (``field`` the JSON path), 413 ``question_too_large``. The step's
     ``max_options`` is applied by the caller, which knows the step (``parse_spec``)."""
-    if not isinstance(obj, dict):
-        raise _bad("json", "body must be a JSON object")
-    pipeline = _name(obj, "pipeline", required=True)
-    step = _name(obj, "step", required=True)
-    run_id = _name(obj, "run_id", required=False)
-    requested_by = _name(obj, "requested_by", required=False)
+    obj, pipeline, step, run_id, requested_by = opened(obj)
     spec = parse_spec(obj, max_bytes=max_bytes, max_options=max_options)
-    assert pipeline is not None and step is not None
     return QuestionRequest(pipeline, step, run_id, spec, requested_by)
 
 
@@ -88,10 +75,10 @@ def revised_fields(current: QuestionSpec, body: Any) -> dict[str, Any]:
     unless given again (they belong to the old type). Raises GateError 400 ``invalid_json``
     for a body that is no object, ``invalid_revise`` when it names no question field."""
     if not isinstance(body, dict):
-        raise _bad("json", "body must be a JSON object")
+        raise bad_field("json", "body must be a JSON object")
     given = {key: body[key] for key in QUESTION_FIELDS if key in body}
     if not given:
-        raise _bad("revise", f"give at least one of {', '.join(QUESTION_FIELDS)}")
+        raise bad_field("revise", f"give at least one of {', '.join(QUESTION_FIELDS)}")
     merged = current.to_json()
     if "response_type" in given and given["response_type"] != current.response_type:
         merged.pop("options", None)

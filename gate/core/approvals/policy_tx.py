@@ -1,6 +1,6 @@
 """A policy decides a new approval in its creation transaction: the rules'
-verdict (``gate.core.policy``, evaluated before), else a remembered approval looked up here;
-then the decision row, its ``decision`` entry (``by: policy:<rule id>``) and the resolution
+verdict (``gate.core.approvals.policy``, evaluated before), else a remembered approval looked
+up here; then the decision row, its ``decision`` entry (``by: policy:<rule id>``) and the resolution
 through ``Transactions.resolve``, as any decision resolves (receipt, permit)."""
 
 from __future__ import annotations
@@ -12,8 +12,9 @@ from typing import TYPE_CHECKING, Any
 from gate.audit.entries import POLICY_OPERATOR, DecisionData
 from gate.config import Config
 from gate.config.policy import HIGH_RISKS
-from gate.core import policy as rules
-from gate.core.requests import CreateRequest
+from gate.core.approvals import policy as rules
+from gate.core.approvals.create import CreateRequest
+from gate.core.approvals.resolve_tx import resolve
 from gate.model import DecisionRow, Resolvable
 from gate.protocol.envelope import rfc3339
 from gate.store import WriteTx
@@ -142,4 +143,4 @@ def apply(
     assert approval is not None
     target = Resolvable(approval_id, 1, digest, approval.quorum_required)
     approved_by = (POLICY_OPERATOR,) if found.decide == "approve" else ()
-    t.resolve(tx, target, found.outcome, now, approved_by, approval, notice=False)
+    resolve(t, tx, target, found.outcome, now, approved_by, approval, notice=False)

@@ -1,32 +1,35 @@
-"""The follow-up write transaction: due escalation levels and reminders of
-pending approvals, run on the writer inside ``Transactions.followups``. No SQL of its own."""
+"""The follow-up write transactions: due escalation levels and reminders of pending
+approvals, and the record of one follow-up send, run on the writer with the state
+``Transactions`` owns (``t``). No SQL of its own."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from gate.audit.chain import AuditRow
 from gate.audit.entries import EscalatedData
-from gate.core.followups import Plan, due
+from gate.core.approvals.followups import Plan, due
 from gate.store import WriteTx
 
+if TYPE_CHECKING:
+    from gate.core.transactions import Transactions
 
-def handle_due(
-    tx: WriteTx, now: int, limit: int, audit: Callable[..., AuditRow]
-) -> list[tuple[str, tuple[int, ...], int]]:
-    """For up to ``limit`` pending approvals whose ``next_followup_at`` is at or before
-    ``now`` (unix ms): every due escalation level in order (scope widened by the level's
-    operators not yet in it, ``escalation_level`` + 1, an ``escalated`` audit entry written
-    with ``audit``, an ``escalation`` row in ``followup_outbox``), then at most one reminder
+FOLLOWUP_BATCH = 500  # approvals whose due follow-ups one transaction handles
+
+
+def handle_due(t: Transactions, tx: WriteTx) -> list[tuple[str, tuple[int, ...], int]]:
+    """For up to ``FOLLOWUP_BATCH`` pending approvals whose ``next_followup_at`` is at or
+    before the gate's now (unix ms): every due escalation level in order (scope widened by
+    the level's operators not yet in it, ``escalation_level`` + 1, an ``escalated`` audit
+    entry, an ``escalation`` row in ``followup_outbox``), then at most one reminder
     (``reminders_sent`` becomes the count reached; its ``reminder`` row only when the current
     revision's dispatch was acked: the retrying dispatch is the reminder), then the next due
     time. State and rows change in the caller's transaction, so a restart never queues a
     level or reminder twice nor skips a level (their primary keys would refuse a second).
     Returns ``(approval_id, levels applied, reminder queued or 0)`` per approval handled."""
     done = []
-    for approval_id in tx.due_followup_ids(now, limit):
+    now = t.clock.now_ms()
+    for approval_id in tx.due_followup_ids(now, FOLLOWUP_BATCH):
         state = tx.followup_state(approval_id)
         if state is None:
             continue
@@ -42,7 +45,7 @@ def handle_due(
             added = [op for op in plan.levels[n - 1][1] if op[0] not in in_scope]
             scope.extend(list(op) for op in added)
             entry = EscalatedData(n, [op[0] for op in added], [int(op[0]) for op in scope])
-            audit(tx, entry.kind, approval_id, now, entry.to_data())
+            t.audit(tx, entry.kind, approval_id, now, entry.to_data())
             tx.queue_followup(approval_id, "escalation", n, revision, now, expires_at)
         queued = 0
         if found.reminder and state["delivered"]:
@@ -57,3 +60,20 @@ def handle_due(
         )
         done.append((approval_id, found.levels, queued))
     return done
+
+
+def result(
+    t: Transactions,
+    tx: WriteTx,
+    key: tuple[str, str, int],
+    acked: bool,
+    error: str | None,
+    retry_at_ms: int | None,
+) -> str | None:
+    """Record one attempt of the follow-up send ``key`` = (approval_id, kind, n) at the
+    gate's now: delivered, retried at ``retry_at_ms``, or failed once that is
+    None (dropped unsent, ``error`` says why) or not before the row's ``give_up_at``.
+    Returns ``"delivered"``/``"retry"``/``"failed"``, None when nothing changed."""
+    return tx.followup_attempted(
+        key, t.clock.now_ms(), acked=acked, error=error, retry_at_ms=retry_at_ms
+    )

@@ -4,24 +4,20 @@ all in the caller's write transaction."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
-from gate.audit.chain import AuditRow
 from gate.audit.entries import ResolvedData
 from gate.audit.receipts import receipt_object
-from gate.config import Config
+from gate.core.requests.lifecycle_tx import NOTICE_GIVE_UP_MS
 from gate.errors import Conflict
 from gate.model import Approval, Resolvable
 from gate.store import WriteTx
 from gate.trust import permit
-from gate.trust.keys import Signer
 
-NOTICE_GIVE_UP_MS = 3_600_000  # a resolution notice is retried for an hour
-
-# append one audit entry: (tx, kind, approval_id, now, data) -> its row
-AuditFn = Callable[[WriteTx, str, "str | None", int, dict[str, Any]], AuditRow]
+if TYPE_CHECKING:
+    from gate.core.transactions import Transactions
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,19 +41,17 @@ class Resolution:
 
 
 def resolve(
+    t: Transactions,
     tx: WriteTx,
     target: Resolvable,
     outcome: str,
     now: int,
-    *,
-    audit: AuditFn,
-    signer: Signer | None,
-    config: Config,
     approved_by: Sequence[int] = (),
     approval: Approval | None = None,
     notice: bool = True,
 ) -> None:
-    """Resolve ``target`` as ``outcome`` at ``now`` with its ``resolved`` audit entry;
+    """Resolve ``target`` as ``outcome`` at ``now`` with its ``resolved`` audit entry
+    (``t.audit``, the writer's keys); ``approved_by`` are the operator ids it names, and
     an outcome that fires gets a permit (from the loaded ``approval``) on a gate with a
     signing key; ``notice`` False queues no resolution notice (a policy decided
     an approval the relay never saw). Raises Conflict ``already_resolved`` (rolling the job
@@ -70,9 +64,9 @@ def resolve(
         approved_by=list(approved_by) if fires else [],
         quorum=target.quorum_required,
     )
-    row = audit(tx, resolved.kind, target.approval_id, now, resolved.to_data())
+    row = t.audit(tx, resolved.kind, target.approval_id, now, resolved.to_data())
     issued = None
-    if fires and signer is not None:
+    if fires and t.signer is not None:
         assert approval is not None  # only a decision fires
         claims = permit.claims_for(
             approval,
@@ -81,14 +75,14 @@ def resolve(
             row.seq,
             row.entry_hash,
             now,
-            config.receipts.permit_lifetime,
+            t.config.receipts.permit_lifetime,
         )
-        issued = permit.issue(signer, claims)
+        issued = permit.issue(t.signer, claims)
     # one UPDATE, guarded on state: when it finds the approval no longer pending, the
     # Conflict rolls this job back, the audit entry above included
     if not tx.resolve(target.approval_id, outcome, now, receipt_object(row), issued):
         raise Conflict("already_resolved", "approval was resolved concurrently")
-    if notice and config.relay.notice_target is not None:  # in this transaction
+    if notice and t.config.relay.notice_target is not None:  # in this transaction
         tx.enqueue_followup(
             target.approval_id, "notice", 1, target.revision, now, now + NOTICE_GIVE_UP_MS
         )

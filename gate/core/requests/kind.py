@@ -1,0 +1,85 @@
+"""What a kind of request (approval, question) gives the shared lifecycle: its names, its
+statements in the writer's transaction, its reads and its object in the pipeline API, as one
+small table (``Kind``). ``gate.core.approvals.kind`` and ``gate.core.questions.kind`` are the
+two; the lifecycle (``lifecycle_tx``, ``service``) knows a kind only through ``Kind``."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
+
+from gate.store import WriteTx
+from gate.store.reads import Reads
+
+if TYPE_CHECKING:
+    from gate.config import Config
+    from gate.core.transactions import Transactions
+
+
+class Stored(Protocol):
+    """The fields every loaded request has (``gate.model.Approval``, ``Question``)."""
+
+    @property
+    def state(self) -> str: ...  # pending | resolved
+    @property
+    def outcome(self) -> str | None: ...
+    @property
+    def expires_at(self) -> int: ...  # unix ms, UTC
+
+
+class Entry(Protocol):
+    """A typed audit entry payload (``gate.audit.entries``): its ``kind`` and data."""
+
+    @property
+    def kind(self) -> str: ...
+    def to_data(self) -> dict[str, Any]: ...
+
+
+Full = TypeVar("Full", bound=Stored)  # the loaded request (``gate.model.Approval``, ...)
+Target = TypeVar("Target")  # what resolving it needs (``gate.model.Resolvable``, ...)
+
+
+@dataclass(frozen=True, slots=True)
+class Kind(Generic[Full, Target]):
+    """A kind of request as the shared lifecycle sees it.
+
+    Names: ``name`` in messages and reason codes (``unknown_<name>``, 404), ``id_field`` of
+    its id in views and log lines, ``event`` before its log events (``""`` for approvals:
+    ``event=resolved``; ``"question_"``: ``event=question_resolved``), ``already_resolved``
+    the message of a cancel's 409, ``logger`` of its service's lines (``gate.core.service``
+    for approvals, as before the kinds shared a lifecycle: filters on it keep working).
+
+    In the writer's transaction (``tx``, whose statements are called on it, so any storage
+    backend's serves): ``load`` the request or None; ``seen`` the ``(id,
+    body hash)`` created with an Idempotency-Key, or None; ``insert`` a new one (``t``, ``tx``,
+    the columns every kind has, the parsed request, the step's policy, now, the body hash,
+    the payload hash when computed before the transaction: its own columns, first version,
+    dispatch and created entry); ``target`` what resolving a loaded one needs, ``due`` those
+    of up to ``limit`` pending ones past ``expires_at`` at ``now``, ``target_id`` a target's
+    id; ``resolve`` a target as an outcome at now (no permit: timeout, cancelled);
+    ``dispatch_attempted`` counts one attempt of a version (``delivered_at``, else
+    ``next_attempt_at``, and the error: attempts so far, -1 when acked)
+    and ``dispatch_ack`` is the audit entry of its first ack. Outside it: ``notices_on``
+    whether a resolution notice is queued (its relay target set), ``fetch`` and ``page``
+    read (on the store's ``Reads``), ``view`` is the pipeline API's object (JSON-ready).
+    """
+
+    name: str
+    id_field: str
+    event: str
+    already_resolved: str
+    logger: str
+    load: Callable[[WriteTx, str], Full | None]
+    seen: Callable[[WriteTx, str], tuple[str, str] | None]
+    insert: Callable[[Transactions, WriteTx, dict[str, Any], Any, Any, int, str, str | None], None]
+    target: Callable[[Full], Target]
+    due: Callable[[WriteTx, int, int], list[Target]]
+    target_id: Callable[[Target], str]
+    resolve: Callable[[Transactions, WriteTx, Target, str, int], None]
+    dispatch_attempted: Callable[[WriteTx, str, int, int | None, int, str | None], int]
+    dispatch_ack: Callable[[int, int], Entry]
+    notices_on: Callable[[Config], bool]
+    fetch: Callable[[Reads, str], Awaitable[Full | None]]
+    page: Callable[[Reads, str, str | None, int, str | None], Awaitable[list[Full]]]
+    view: Callable[[Full], dict[str, Any]]

@@ -1,0 +1,191 @@
+"""The write transactions every kind of request shares: create (idempotency, scope, expiry),
+cancel, expire and the dispatch bookkeeping, for any ``Kind``, with what every version and
+verdict row takes the same way (``new_nonce``, ``said_by``). Run on the store's writer with
+the state ``Transactions`` owns (``t``); registered per kind in ``transactions.TABLE``."""
+
+from __future__ import annotations
+
+import secrets
+from typing import TYPE_CHECKING, Any, Protocol, TypedDict
+
+from ulid import ULID
+
+from gate.core.requests.kind import Full, Kind, Stored, Target
+from gate.errors import Conflict, NotFound
+from gate.store import WriteTx
+
+if TYPE_CHECKING:
+    from gate.core.transactions import Transactions
+
+EXPIRE_BATCH = 500  # requests of one kind resolved ``timeout`` per transaction
+NOTICE_GIVE_UP_MS = 3_600_000  # a resolution notice is retried for an hour
+
+
+class Opened(Protocol):
+    """What every create request names (``CreateRequest``, ``QuestionRequest``)."""
+
+    @property
+    def pipeline(self) -> str: ...
+    @property
+    def step(self) -> str: ...
+    @property
+    def run_id(self) -> str | None: ...
+
+
+class Scoped(Protocol):
+    """What every step's policy resolves at create time (``Policy``, ``QuestionPolicy``)."""
+
+    @property
+    def scope(self) -> tuple[tuple[int, str], ...]: ...
+    @property
+    def timeout_s(self) -> float: ...
+    @property
+    def risk(self) -> str: ...
+
+
+class VerdictEnvelope(Protocol):
+    """What every verdict envelope says of who gave it (``Decision``, ``Answer``)."""
+
+    @property
+    def approver_id(self) -> str: ...
+    @property
+    def approver_display(self) -> str | None: ...
+    @property
+    def approver_channel(self) -> str | None: ...
+    @property
+    def decided_at(self) -> str: ...
+
+
+class SaidBy(TypedDict):
+    """Who gave a verdict, as its stored row keeps it (``DecisionRow``, ``QuestionAnswer``)."""
+
+    identity: str
+    display: str | None
+    channel: str | None
+    decided_at: str
+
+
+def said_by(envelope: VerdictEnvelope) -> SaidBy:
+    """The approver fields of a verdict's stored row, as its envelope gives them: identity,
+    display name, channel and the relay's ``decided_at`` (RFC 3339, kept as sent)."""
+    return SaidBy(
+        identity=envelope.approver_id,
+        display=envelope.approver_display,
+        channel=envelope.approver_channel,
+        decided_at=envelope.decided_at,
+    )
+
+
+def new_nonce() -> str:
+    """Return a fresh 128-bit nonce as 32 lowercase hex digits."""
+    return secrets.token_hex(16)
+
+
+def unknown(kind: Kind[Any, Any]) -> NotFound:
+    """404 ``unknown_<kind>``: no request of this kind with this id."""
+    return NotFound(f"unknown_{kind.name}", f"no {kind.name} with this {kind.id_field}")
+
+
+def load(kind: Kind[Full, Any], tx: WriteTx, request_id: str) -> Full:
+    """The request ``request_id`` as seen in this transaction; raises NotFound 404
+    ``unknown_<kind>``."""
+    found = kind.load(tx, request_id)
+    if found is None:
+        raise unknown(kind)
+    return found
+
+
+def create(
+    kind: Kind[Full, Any],
+    t: Transactions,
+    tx: WriteTx,
+    req: Opened,
+    idempotency_key: str | None,
+    requester: tuple[int, str] | None,
+    policy: Scoped,
+    body_hash: str,
+    digest: str | None = None,
+) -> tuple[Full, bool]:
+    """Insert a new request (``Kind.insert``: its row, first version, dispatch and created
+    entry; nothing waits on the relay). Returns ``(loaded request, created)``; ``created``
+    is False for an Idempotency-Key seen before with the same ``body_hash`` (SHA-256 hex of
+    the body's canonical JSON). Raises Conflict 409 ``idempotency_key_reused`` for the key
+    with another body (SPEC §3)."""
+    if idempotency_key is not None:
+        seen = kind.seen(tx, idempotency_key)
+        if seen is not None:
+            if seen[1] != body_hash:
+                raise Conflict(
+                    "idempotency_key_reused",
+                    "Idempotency-Key was used before with a different body",
+                )
+            return load(kind, tx, seen[0]), False
+    now = t.clock.now_ms()
+    row: dict[str, Any] = {
+        kind.id_field: str(ULID()),
+        "run_id": req.run_id or str(ULID()),
+        "pipeline": req.pipeline,
+        "step": req.step,
+        "risk": policy.risk,
+        "scope": [list(pair) for pair in policy.scope],
+        "state": "pending",
+        "created_at": now,
+        "expires_at": now + int(policy.timeout_s * 1000),
+        "idempotency_key": idempotency_key,
+        "requested_by": requester[1] if requester else None,
+        "requested_by_id": requester[0] if requester else None,
+    }
+    kind.insert(t, tx, row, req, policy, now, body_hash, digest)
+    return load(kind, tx, row[kind.id_field]), True
+
+
+def check_pending(full: Stored, message: str) -> None:
+    """Conflict 409 ``already_resolved`` (with its ``outcome``) for a resolved request."""
+    if full.state == "resolved":
+        raise Conflict("already_resolved", message, extra={"outcome": full.outcome})
+
+
+def cancel(
+    kind: Kind[Full, Any], t: Transactions, tx: WriteTx, request_id: str
+) -> tuple[str, Full]:
+    """Resolve a pending request ``cancelled`` (``timeout`` when past ``expires_at``);
+    return ``(outcome, loaded request)``. Raises NotFound 404 ``unknown_<kind>``, Conflict
+    409 ``already_resolved`` (with its ``outcome``)."""
+    now = t.clock.now_ms()
+    full = load(kind, tx, request_id)
+    check_pending(full, kind.already_resolved)
+    outcome = "timeout" if now >= full.expires_at else "cancelled"
+    kind.resolve(t, tx, kind.target(full), outcome, now)
+    return outcome, load(kind, tx, request_id)
+
+
+def expire(kind: Kind[Any, Target], t: Transactions, tx: WriteTx) -> list[str]:
+    """Resolve up to ``EXPIRE_BATCH`` pending requests past ``expires_at`` as ``timeout``,
+    oldest deadline first; return their ids."""
+    now = t.clock.now_ms()
+    due = kind.due(tx, now, EXPIRE_BATCH)
+    for target in due:  # a timeout fires nothing: no permit, so no full load
+        kind.resolve(t, tx, target, "timeout", now)
+    return [kind.target_id(target) for target in due]
+
+
+def dispatch_result(
+    kind: Kind[Any, Any],
+    t: Transactions,
+    tx: WriteTx,
+    request_id: str,
+    version: int,
+    acked: bool,
+    error: str | None,
+    retry_at_ms: int,
+) -> None:
+    """Count one dispatch attempt of ``version``; the first ack (unix ms now) writes the
+    kind's dispatch-ack audit entry, a failure sets the next attempt at ``retry_at_ms``."""
+    now = t.clock.now_ms()
+    delivered_at, next_attempt_at = (now, now) if acked else (None, retry_at_ms)
+    attempts = kind.dispatch_attempted(
+        tx, request_id, version, delivered_at, next_attempt_at, error
+    )
+    if acked and attempts > 0:
+        ack = kind.dispatch_ack(version, attempts)
+        t.audit(tx, ack.kind, request_id, now, ack.to_data())
