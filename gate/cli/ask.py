@@ -51,7 +51,7 @@ def _read_schema(path: str) -> dict[str, Any]:
     is wrong (cannot be read, not UTF-8, not JSON, a key twice, not an object). Whether it is
     a form schema the gate accepts is the gate's check (400 ``invalid_schema`` naming the
     JSON path)."""
-    from gate.protocol.canonical import no_duplicate_keys, reject_json_constant
+    from gate.protocol.canonical import json_type, no_duplicate_keys, reject_json_constant
 
     name = input_name(path)
     raw = read_input("--schema", path)
@@ -68,24 +68,13 @@ def _read_schema(path: str) -> dict[str, Any]:
     except ValueError as exc:
         fail(f"--schema: {name} is not JSON: {exc}", 2)
     if not isinstance(schema, dict):
-        fail(f"--schema: {name} holds a JSON {_json_kind(schema)}, not an object", 2)
+        fail(f"--schema: {name} holds a JSON {json_type(schema)}, not an object", 2)
     return schema
 
 
 def _twice(key: str) -> str:
     """What ``--schema`` says of a key given twice (JSON would keep the last one silently)."""
     return f"the key {key!r} is given twice"
-
-
-def _json_kind(value: Any) -> str:
-    """``array``, ``string``, ``number``, ``boolean`` or ``null``: what a JSON value is."""
-    if isinstance(value, list):
-        return "array"
-    if isinstance(value, str):
-        return "string"
-    if isinstance(value, bool):
-        return "boolean"
-    return "null" if value is None else "number"
 
 
 def _response_type(choices: tuple[str, ...], multi: bool, schema: str | None) -> str:
