@@ -16,6 +16,8 @@ import sys
 import time
 from typing import Any
 
+from gate.protocol.times import rfc3339_ms
+
 FORMATS = ("text", "json")
 # a line whose message has no ``event=`` field (a library's own message) gets this event and
 # its message under ``text``
@@ -30,17 +32,11 @@ _INT = re.compile(r"-?[0-9]{1,18}")
 _FLOAT = re.compile(r"-?[0-9]{1,18}\.[0-9]+")
 
 
-_second: tuple[int, str] = (-1, "")  # the last whole second formatted, and its text
-
-
 def utc_timestamp(created: float) -> str:
-    """Return ``created`` (unix seconds) as RFC 3339 UTC with milliseconds and ``Z``."""
-    global _second
-    whole = int(created)
-    cached = _second  # one strftime per second, not per line; one tuple, read once
-    if cached[0] != whole:
-        cached = _second = (whole, time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(whole)))
-    return f"{cached[1]}.{int(created * 1000) % 1000:03d}Z"
+    """Return ``created`` (unix seconds) as RFC 3339 UTC with milliseconds and ``Z``: the
+    fixed-width time every screen shows (``gate.protocol.times.rfc3339_ms``, which formats
+    each second once, not each line)."""
+    return rfc3339_ms(int(created * 1000))
 
 
 class _UTCFormatter(logging.Formatter):

@@ -24,7 +24,6 @@ import pytest
 
 from gate.audit import chain as audit
 from gate.audit.receipts import receipt_object
-from gate.clock import ManualClock
 from gate.config import Config, load_config
 from gate.core.approvals import rules
 from gate.core.approvals.create import CreateRequest, parse_create
@@ -127,6 +126,21 @@ class Gate:
 
 
 MakeGate = Callable[..., Awaitable[Gate]]
+
+
+class ManualClock:
+    """A clock that moves only when told to; expiry is tested without sleeping."""
+
+    def __init__(self, start_ms: int) -> None:
+        self._now = int(start_ms)
+
+    def now_ms(self) -> int:
+        """Return the set time in unix milliseconds."""
+        return self._now
+
+    def advance(self, seconds: float) -> None:
+        """Move the clock forward by ``seconds`` (may be fractional)."""
+        self._now += int(seconds * 1000)
 
 
 class SharedClock(ManualClock):

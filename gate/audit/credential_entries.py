@@ -18,7 +18,6 @@ from gate.audit.entries import Payload
 CREDENTIAL_ENROLLED = "approver_credential_enrolled"
 CREDENTIAL_REVOKED = "approver_credential_revoked"
 INVITE_CREATED = "approver_invite_created"
-CREDENTIAL_KINDS = (CREDENTIAL_ENROLLED, CREDENTIAL_REVOKED, INVITE_CREATED)
 
 
 @dataclass(frozen=True, slots=True)

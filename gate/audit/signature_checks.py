@@ -24,9 +24,7 @@ Pure: reads nothing but the rows it is given.
 
 from __future__ import annotations
 
-import base64
 import binascii
-import hashlib
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -41,7 +39,9 @@ from gate.protocol.approver_signature import (
     challenge_for,
     decision_digest_of_hashes,
     parse_approver_assertion,
+    sha256_hex,
     signature_invalid,
+    unb64,
     verify_ed25519,
 )
 from gate.protocol.approver_webauthn import (
@@ -243,17 +243,17 @@ def _problem(
             payload_hash=data["payload_hash"],
             decision=data["decision"],
             adjust_text_sha256=data.get("adjust_text_sha256"),
-            reason_sha256=data.get("reason_sha256") if reason is None else _sha256_hex(str(reason)),
+            reason_sha256=data.get("reason_sha256") if reason is None else sha256_hex(str(reason)),
         )
         challenge = challenge_for(assertion, digest)
         if known.data.get("type") == "ed25519":
-            verify_ed25519(_unb64(str(known.data["public_key"])), assertion, challenge)
+            verify_ed25519(unb64(str(known.data["public_key"])), assertion, challenge)
             return None
         if known.data.get("type") != "webauthn":
             return f"the enrolment names credential type {known.data.get('type')!r}"
         origin = _client_origin(assertion.client_data_json)
         new = verify_webauthn(
-            _unb64(str(known.data["public_key"])),
+            unb64(str(known.data["public_key"])),
             0,  # the counter rule below, as the gate applies it
             assertion,
             challenge,
@@ -300,11 +300,3 @@ def _client_origin(client_data_json: bytes) -> str:
     raise signature_invalid(
         "origin_mismatch", f"client data origin {origin!r} is neither https nor http://localhost"
     )
-
-
-def _sha256_hex(text: str) -> str:
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()
-
-
-def _unb64(text: str) -> bytes:
-    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))

@@ -127,6 +127,22 @@ def public_keys(paths: tuple[str, ...], option: str = "--public-key") -> dict[st
     return out
 
 
+def ed25519_pem(pem: bytes, option: str, name: str) -> Any:
+    """The Ed25519 public key the PEM text ``pem`` (given with ``option``, as ``name``)
+    holds; exit 2 with one line unless it is one."""
+    from cryptography.exceptions import UnsupportedAlgorithm
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+    from cryptography.hazmat.primitives.serialization import load_pem_public_key
+
+    try:
+        loaded = load_pem_public_key(pem)
+    except (ValueError, TypeError, UnsupportedAlgorithm):
+        loaded = None
+    if not isinstance(loaded, Ed25519PublicKey):
+        fail(f"{option}: {name} is not an Ed25519 public key in PEM", 2)
+    return loaded
+
+
 # command name -> the modules that register it (a group's subcommands may live in two)
 COMMANDS: dict[str, tuple[str, ...]] = {
     "approvers": ("approvers",),

@@ -11,23 +11,36 @@ from urllib.parse import quote
 
 import click
 
-from gate.cli import API_URL_OPTION, CONFIG_OPTION, fail, main, read_config, read_input, run
-from gate.cli.common import NumberType, safe_json, valid_api_url
+from gate.cli import (
+    API_URL_OPTION,
+    CONFIG_OPTION,
+    ed25519_pem,
+    fail,
+    main,
+    read_config,
+    read_input,
+    run,
+)
+from gate.cli.common import NumberType, check_api_url, safe_json
 
 
-def _admin_client(config_path: str, api_url: str | None) -> Any:
-    """An ``ApiClient`` holding the admin token; exits 2 with one line when the config names
-    no ``api.admin_token_env`` or the variable is not usable."""
+def _admin(config_path: str, api_url: str | None, method: str, path: str, body: Any = None) -> Any:
+    """The admin API's answer to ``method path`` (with JSON ``body``), asked with the admin
+    token; exits 2 with one line when the config names no ``api.admin_token_env`` or the
+    variable is not usable, 1 with the API's refusal."""
     from gate.client.api import ApiClient, api_base
     from gate.config import read_admin_token
 
-    config = read_config(config_path)
-    token, error = read_admin_token(config, os.environ)
-    if token is None:
-        fail(error or "set api.admin_token_env", 2)
-    if api_url is not None and not valid_api_url(api_url):
-        fail(f"--api-url: {api_url!r} is not http://host:port, https://host:port or unix:/path", 2)
-    return ApiClient(api_url or api_base(config), token)
+    async def go() -> Any:
+        config = read_config(config_path)
+        token, error = read_admin_token(config, os.environ)
+        if token is None:
+            fail(error or "set api.admin_token_env", 2)
+        check_api_url(api_url)
+        async with ApiClient(api_url or api_base(config), token) as api:
+            return await api.admin(method, path, body)
+
+    return run(go())
 
 
 def check_label(label: str | None) -> None:
@@ -90,23 +103,13 @@ def add_key(
 
     Example: hitl-gate approvers add-key -c config.yaml 101 --public-key alice.pub --label laptop
     """
-    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
-    from cryptography.hazmat.primitives.serialization import (
-        Encoding,
-        PublicFormat,
-        load_pem_public_key,
-    )
+    from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
     pem = read_input("--public-key", public_key)
     if b"PRIVATE KEY-----" in pem:  # the .key of a keygen pair given for its .pub
         fail(f"--public-key: {public_key}: this is a private key: give its public half (.pub)", 2)
     check_label(label)
-    try:
-        loaded = load_pem_public_key(pem)
-    except (ValueError, TypeError):
-        loaded = None
-    if not isinstance(loaded, Ed25519PublicKey):
-        fail(f"--public-key: {public_key} is not an Ed25519 public key in PEM", 2)
+    loaded = ed25519_pem(pem, "--public-key", public_key)
     body: dict[str, Any] = {
         "operator_id": operator_id,
         "type": "ed25519",
@@ -115,12 +118,7 @@ def add_key(
     }
     if label is not None:
         body["label"] = label
-
-    async def go() -> Any:
-        async with _admin_client(config_path, api_url) as api:
-            return await api.admin("POST", "/v1/admin/approvers", body)
-
-    answer = run(go())
+    answer = _admin(config_path, api_url, "POST", "/v1/admin/approvers", body)
     click.echo(answer["credential_id"])
 
 
@@ -135,12 +133,7 @@ def list_(config_path: str, api_url: str | None, as_json: bool) -> None:
 
     Example: hitl-gate approvers list -c config.yaml --json
     """
-
-    async def go() -> Any:
-        async with _admin_client(config_path, api_url) as api:
-            return await api.admin("GET", "/v1/admin/approvers")
-
-    items = run(go())["items"]
+    items = _admin(config_path, api_url, "GET", "/v1/admin/approvers")["items"]
     if as_json:
         click.echo(safe_json(items))
         return
@@ -193,14 +186,8 @@ def revoke(config_path: str, api_url: str | None, credential_id: str) -> None:
 
     Example: hitl-gate approvers revoke -c config.yaml If4x36FUomFia_hUBG_SJw
     """
-
-    async def go() -> Any:
-        async with _admin_client(config_path, api_url) as api:
-            return await api.admin(
-                "POST", f"/v1/admin/approvers/{quote(credential_id, safe='')}/revoke"
-            )
-
-    answer = run(go())
+    path = f"/v1/admin/approvers/{quote(credential_id, safe='')}/revoke"
+    answer = _admin(config_path, api_url, "POST", path)
     click.echo(f"revoked {answer['credential_id']}", err=True)
 
 
@@ -230,12 +217,7 @@ def invite(
     body: dict[str, Any] = {"operator_id": operator_id, "ttl_s": int(seconds)}
     if label is not None:
         body["label"] = label
-
-    async def go() -> Any:
-        async with _admin_client(config_path, api_url) as api:
-            return await api.admin("POST", "/v1/admin/approvers/invites", body)
-
-    answer = run(go())
+    answer = _admin(config_path, api_url, "POST", "/v1/admin/approvers/invites", body)
     click.echo(answer["url"])
     from gate.protocol.display import display_time
 

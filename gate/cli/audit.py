@@ -66,9 +66,11 @@ def one_source(config_path: str | None, export_file: str | None) -> None:
         fail("give exactly one of -c/--config or --file", 2)
 
 
-def _files(flag: str, name: str, text: str) -> Callable[[F], F]:
+def _files(flag: str, name: str, text: str, required: bool = False) -> Callable[[F], F]:
     """A repeatable option naming a file (``--public-key``, ``--expect``)."""
-    return click.option(flag, name, multiple=True, type=click.Path(dir_okay=False), help=text)
+    return click.option(
+        flag, name, multiple=True, required=required, type=click.Path(dir_okay=False), help=text
+    )
 
 
 @audit.command("verify")
@@ -304,13 +306,11 @@ def permit() -> None:
 
 @permit.command("verify")
 @click.argument("permit_file", type=click.Path(dir_okay=False))
-@click.option(
+@_files(
     "--public-key",
     "public_key_files",
-    multiple=True,
+    "The gate's Ed25519 public key (PEM); repeat to trust rotated keys.",
     required=True,
-    type=click.Path(dir_okay=False),
-    help="The gate's Ed25519 public key (PEM); repeat to trust rotated keys.",
 )
 @click.option(
     "--body-file", required=True, help="The exact body about to be executed (file, or - for stdin)."

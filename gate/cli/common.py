@@ -9,7 +9,6 @@ import json
 import math
 import os
 import shlex
-import unicodedata
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -17,11 +16,7 @@ from typing import Any
 import click
 
 from gate.cli import fail, read_config
-from gate.protocol.display import HIDDEN_CATEGORIES
-
-# what a terminal does not show as itself (as gate.client.hops.visible): in ``safe_json``
-# output written as a JSON escape, so JSON text carries no bidi override or line separator raw
-_HIDDEN_CATEGORIES = HIDDEN_CATEGORIES  # one rule: gate.protocol.display
+from gate.protocol.display import is_hidden
 
 
 def safe_json(value: Any) -> str:
@@ -31,20 +26,11 @@ def safe_json(value: Any) -> str:
     surrogate pair above U+FFFF): the same value for a JSON parser, nothing hidden or
     reordered on a screen (new-user finding 2: ``ask --json`` is the machine-safe form)."""
     text = json.dumps(value, ensure_ascii=False, indent=2)
-    # a newline here is the indent's own (json.dumps escapes those inside strings)
-    return "".join(
-        _escaped(c) if c != "\n" and unicodedata.category(c) in _HIDDEN_CATEGORIES else c
-        for c in text
-    )
-
-
-def _escaped(char: str) -> str:
-    """``char`` as JSON ``\\uXXXX`` escapes (two for a character above U+FFFF)."""
-    code = ord(char)
-    if code <= 0xFFFF:
-        return f"\\u{code:04x}"
-    code -= 0x10000
-    return f"\\u{0xD800 + (code >> 10):04x}\\u{0xDC00 + (code & 0x3FF):04x}"
+    # a newline here is the indent's own (json.dumps escapes those, and every other control
+    # below U+0020, inside strings); what a terminal does not show as itself is one rule:
+    # gate.protocol.display. json.dumps of one such character (ASCII output) is its
+    # ``\\uXXXX`` escape, a surrogate pair above U+FFFF.
+    return "".join(json.dumps(c)[1:-1] if c != "\n" and is_hidden(c) else c for c in text)
 
 
 def api_client(config_path: str, api_url: str | None) -> Any:
@@ -68,9 +54,14 @@ def api_target(config: Any, api_url: str | None) -> tuple[str, str]:
         fail(error or f"api.token_env: {config.api.token_env} is not set", 2)
     if not token.isprintable():
         fail(f"api.token_env: {config.api.token_env} has control characters; remove them", 2)
+    check_api_url(api_url)
+    return api_url or api_base(config), token
+
+
+def check_api_url(api_url: str | None) -> None:
+    """Exit 2 with one line on an ``--api-url`` that is no http(s) or unix: URL."""
     if api_url is not None and not valid_api_url(api_url):
         fail(f"--api-url: {api_url!r} is not http://host:port, https://host:port or unix:/path", 2)
-    return api_url or api_base(config), token
 
 
 def valid_api_url(url: str) -> bool:

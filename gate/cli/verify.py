@@ -10,7 +10,7 @@ from pathlib import Path
 
 import click
 
-from gate.cli import fail, main
+from gate.cli import ed25519_pem, fail, main
 from gate.cli.common import NumberType
 from gate.cli.tools import relay_secret
 from gate.errors import ConfigError
@@ -19,20 +19,11 @@ from gate.errors import ConfigError
 def _approver_public_key(path: str) -> str:
     """The PEM text of ``verify --approver-public-key``; exit 2 with one line unless it is
     a readable Ed25519 public key."""
-    from cryptography.exceptions import UnsupportedAlgorithm
-    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
-    from cryptography.hazmat.primitives.serialization import load_pem_public_key
-
     try:
         pem = Path(path).read_bytes()[: 64 * 1024]
     except OSError as exc:
         fail(f"--approver-public-key: cannot read {path}: {exc.strerror or exc}", 2)
-    try:
-        loaded = load_pem_public_key(pem)
-    except (ValueError, TypeError, UnsupportedAlgorithm):
-        loaded = None
-    if not isinstance(loaded, Ed25519PublicKey):
-        fail(f"--approver-public-key: {path} is not an Ed25519 public key in PEM", 2)
+    ed25519_pem(pem, "--approver-public-key", path)
     return pem.decode("ascii")
 
 

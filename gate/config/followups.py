@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
 
-from gate.config.values import Duration, _non_empty
+from gate.config.values import Duration, _non_empty, check_ids
 
 if TYPE_CHECKING:
     from gate.config.model import Config, StepConfig
@@ -118,23 +118,11 @@ def check_step_followups(
                 f" ({format_duration(step.timeout)}): this level would never be reached"
             )
         previous = max(previous, level.after)
-        added = False
-        seen: set[int] = set()
-        for j, op_id in enumerate(level.to):
-            if op_id in seen:
-                errors.append(f"{at}.to[{j}]: operator {op_id} is listed twice")
-            elif op_id not in defined:
-                errors.append(f"{at}.to[{j}]: operator {op_id} is not defined in relay.operators")
-            elif op_id not in allowed:
-                errors.append(
-                    f"{at}.to[{j}]: operator {op_id} is not in relay.security.allowed_users"
-                )
-            elif op_id not in widened:
-                added = True
-            seen.add(op_id)
-        if not added and not any(e.startswith(f"{at}.to[") for e in errors):
+        listed = check_ids(f"{at}.to", level.to, defined, allowed)
+        errors += listed
+        if not listed and set(level.to) <= widened:  # each one fine, and each in scope already
             errors.append(f"{at}.to: adds nobody (every operator is already in scope)")
-        widened |= seen & allowed & defined
+        widened |= set(level.to) & allowed & defined
     return errors
 
 

@@ -19,6 +19,7 @@ from pydantic import (
 from gate.config.followups import Delegation, EscalationLevel
 from gate.config.policy import PolicyRule
 from gate.config.values import (
+    AbsolutePath,
     Duration,
     EnvName,
     HttpUrl,
@@ -248,19 +249,9 @@ class ReceiptsConfig(BaseModel):
 
     key_env: EnvName
     previous_key_env: EnvName | None = None
-    signing_key_file: _PathText | None = None
-    trusted_public_keys: tuple[_PathText, ...] = ()
+    signing_key_file: AbsolutePath | None = None
+    trusted_public_keys: tuple[AbsolutePath, ...] = ()
     permit_lifetime: Duration = 900.0
-
-    @field_validator("signing_key_file")
-    @classmethod
-    def _absolute(cls, value: Path | None, info: ValidationInfo) -> Path | None:
-        return resolve_path(value, info) if value is not None else None
-
-    @field_validator("trusted_public_keys")
-    @classmethod
-    def _absolute_all(cls, value: tuple[Path, ...], info: ValidationInfo) -> tuple[Path, ...]:
-        return tuple(resolve_path(path, info) for path in value)
 
 
 class BudgetConfig(BaseModel):

@@ -192,7 +192,9 @@ class PolicyRule(BaseModel):
     decide: Literal["approve", "deny"]
     when: PolicyWhen = Field(default_factory=PolicyWhen)
     allow_quorum: Annotated[bool, Field(strict=True)] = False
-    reason: Annotated[str, Field(strict=True, min_length=1, max_length=500)] | None = None
+    reason: (
+        Annotated[str, Field(strict=True, min_length=1, max_length=MAX_RULE_REASON_CHARS)] | None
+    ) = None
 
     @field_validator("id")
     @classmethod

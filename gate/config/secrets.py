@@ -17,6 +17,7 @@ from pathlib import Path
 
 from gate.config.model import Config
 from gate.errors import ConfigError
+from gate.protocol.envelope import is_unicode
 
 CREDENTIALS_DIRECTORY = "CREDENTIALS_DIRECTORY"
 MAX_CREDENTIAL_BYTES = 64 * 1024
@@ -128,7 +129,7 @@ def read_secret(
     problem = _unclean(value, f"environment variable {name}", name, "often a trailing newline")
     if problem is not None:
         return None, f"{where}: {problem}"
-    if not _is_utf8(value):
+    if not is_unicode(value):  # e.g. undecodable bytes surrogate-escaped by os.environ
         return None, f"{where}: {name} is not valid UTF-8"
     return value, None
 
@@ -153,29 +154,22 @@ def _read_secrets(config: Config, environ: Mapping[str, str]) -> tuple[Secrets |
                     f"{where}: {name} is {size} bytes; {GOOD_SECRET_BYTES} or more "
                     f"are recommended: {MAKE_SECRET}"
                 )
-    # A pipeline token or receipt key equal to a relay secret could sign decisions (SPEC §3, §5).
+    # Each secret must differ from every one before it in ``wanted`` (the relay secrets
+    # from each other aside): a pipeline token or receipt key equal to a relay secret could
+    # sign decisions (SPEC §3, §5); an admin token equal to the pipeline token would let a
+    # pipeline enrol keys; auditors hold the receipt key: as the admin token it would too.
     names = dict(wanted)
-    relay_keys = [w for w in ("relay.secret_env", "relay.previous_secret_env") if w in values]
-    # an admin token equal to the pipeline token would let a pipeline enrol keys
-    for where, others in (
-        ("api.token_env", relay_keys),
-        ("api.admin_token_env", [*relay_keys, "api.token_env"]),
-        # auditors hold the receipt key: as the admin token it would enrol keys
-        ("receipts.key_env", [*relay_keys, "api.token_env", "api.admin_token_env"]),
-        (
-            "receipts.previous_key_env",
-            [*relay_keys, "api.token_env", "api.admin_token_env", "receipts.key_env"],
-        ),
-    ):
-        for other in others:
+    for j, (where, name) in enumerate(wanted):
+        for other, other_name in wanted[:j]:
             if (
-                where in values
+                not where.startswith("relay.")
+                and where in values
                 and other in values
-                and names[where] != names[other]  # same variable: a config error already
+                and name != other_name  # same variable: a config error already
                 and _same(values[where], values[other])
             ):
                 errors.append(
-                    f"{where}: {names[where]} has the same value as {names[other]}"
+                    f"{where}: {name} has the same value as {other_name}"
                     f" ({other}); each secret must be distinct"
                 )
     for where in ("api.token_env", "api.admin_token_env"):
@@ -265,14 +259,6 @@ def _read_credential(directory: str, name: str) -> tuple[str | None, str | None]
         return data.decode("utf-8"), None
     except UnicodeDecodeError:
         return None, f"credential file {path} is not valid UTF-8"
-
-
-def _is_utf8(value: str) -> bool:
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:  # e.g. undecodable bytes surrogate-escaped by os.environ
-        return False
-    return True
 
 
 def _same(a: str, b: str) -> bool:

@@ -10,7 +10,7 @@ from gate.config.model import Config, RelayConfig, StepConfig
 from gate.config.policy import check_step_policy
 from gate.config.questions import check_question_step
 from gate.config.secrets import _secret_vars
-from gate.config.values import TcpListen, first_seen, identity_problem, parse_listen
+from gate.config.values import TcpListen, check_ids, first_seen, identity_problem, parse_listen
 from gate.config.webauthn import check_webauthn
 from gate.protocol import DECISIONS_PATH
 from gate.protocol.whitespace import is_blank
@@ -58,7 +58,7 @@ def _cross_check(config: Config) -> list[str]:
     """Checks across fields (SPEC §5), run after the schema validated; returns every error."""
     errors, defined = _check_operators(config.relay)
     allowed = config.relay.security.allowed_users
-    errors += _check_ids("relay.security.allowed_users", allowed, defined, None)
+    errors += check_ids("relay.security.allowed_users", allowed, defined, None)
 
     errors += _check_listeners(config)
     errors += check_webauthn(config)  # passkeys
@@ -123,7 +123,7 @@ def _check_pipelines(config: Config, defined: set[int]) -> list[str]:
                     f" (also pipelines[{p}].steps[{first}])"
                 )
             if "approvers" in step.model_fields_set:
-                errors += _check_ids(f"{where}.approvers", step.approvers, defined, allowed_set)
+                errors += check_ids(f"{where}.approvers", step.approvers, defined, allowed_set)
                 candidates: Sequence[int] = step.approvers
             else:
                 candidates = allowed
@@ -162,22 +162,6 @@ def _self_approval_unreachable(step: StepConfig, in_scope: int) -> bool:
         and not step.allow_self_approval
         and step.quorum > in_scope - 1
     )
-
-
-def _check_ids(
-    where: str, ids: Sequence[int], defined: set[int], allowed: set[int] | None
-) -> list[str]:
-    errors: list[str] = []
-    seen: set[int] = set()
-    for i, op_id in enumerate(ids):
-        if op_id in seen:
-            errors.append(f"{where}[{i}]: operator {op_id} is listed twice")
-        elif op_id not in defined:
-            errors.append(f"{where}[{i}]: operator {op_id} is not defined in relay.operators")
-        elif allowed is not None and op_id not in allowed:
-            errors.append(f"{where}[{i}]: operator {op_id} is not in relay.security.allowed_users")
-        seen.add(op_id)
-    return errors
 
 
 def signing_warnings(config: Config) -> list[str]:

@@ -6,6 +6,7 @@ import math
 import os
 import re
 import unicodedata
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
@@ -134,6 +135,25 @@ def first_seen(seen: dict[Any, int], key: Any, index: int) -> int | None:
     return None if first == index else first
 
 
+def check_ids(
+    where: str, ids: Sequence[int], defined: set[int], allowed: set[int] | None
+) -> list[str]:
+    """Errors of the operator ids ``ids`` listed at ``where`` (a YAML path): one line per id
+    listed twice, not defined (``defined``: the ids of ``relay.operators``) or, with
+    ``allowed``, not in ``relay.security.allowed_users``; [] when all are fine."""
+    errors: list[str] = []
+    seen: set[int] = set()
+    for i, op_id in enumerate(ids):
+        if op_id in seen:
+            errors.append(f"{where}[{i}]: operator {op_id} is listed twice")
+        elif op_id not in defined:
+            errors.append(f"{where}[{i}]: operator {op_id} is not defined in relay.operators")
+        elif allowed is not None and op_id not in allowed:
+            errors.append(f"{where}[{i}]: operator {op_id} is not in relay.security.allowed_users")
+        seen.add(op_id)
+    return errors
+
+
 def check_env_name(value: str) -> str:
     """A pydantic validator (the gate's config and the inbox's): ``value`` is the name of an
     environment variable, never a secret pasted in its place; raises ValueError."""
@@ -254,3 +274,6 @@ HttpUrl = Annotated[str, Field(strict=True, min_length=1), AfterValidator(check_
 """A config field holding an http(s) URL (``check_http_url``)."""
 Duration = Annotated[float, BeforeValidator(parse_duration)]
 """A config field holding a duration (``90s``, ``30m``, ``4h`` or seconds), as seconds."""
+AbsolutePath = Annotated[Path, BeforeValidator(check_path_text), AfterValidator(resolve_path)]
+"""A config field holding a path, made absolute against the config file's folder
+(``resolve_path``; the gate's config and the inbox's)."""

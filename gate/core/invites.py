@@ -9,7 +9,6 @@ audit log keep its SHA-256. An invite is single use and expires (``ttl_s``, 60..
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import re
 import secrets
@@ -20,7 +19,7 @@ from gate.audit.credential_entries import CredentialEnrolledData, InviteCreatedD
 from gate.config.webauthn import WebAuthnSettings, origin_of, resolve_webauthn, unavailable_reason
 from gate.errors import Conflict, GateError, NotFound
 from gate.model import Credential
-from gate.protocol.approver_signature import b64url
+from gate.protocol.approver_signature import b64url, unb64
 from gate.protocol.envelope import rfc3339
 from gate.protocol.webauthn_registration import creation_options, verify_passkey
 from gate.store import Command
@@ -272,11 +271,6 @@ class Invites:
     def _identity(self, operator_id: int) -> str:
         found = (op.identity for op in self.shared.config.relay.operators if op.id == operator_id)
         return next(found, f"operator {operator_id}")
-
-
-def unb64(text: str) -> bytes:
-    """Decode base64url with or without padding."""
-    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
 
 
 def invite_base(public_url: str | None, settings: WebAuthnSettings) -> str:

@@ -20,7 +20,7 @@ from aiohttp import web
 
 from gate.config.webauthn import origin_of
 from gate.inbox.model import Session
-from gate.inbox.state import STATE, InboxState
+from gate.inbox.state import state_of
 from gate.protocol.envelope import check_unicode
 from gate.protocol.errors import ProtocolError
 from gate.relay.inbound import read_whole
@@ -49,13 +49,9 @@ def token_hash(token: str) -> str:
     return hashlib.sha256(token.encode("ascii", "replace")).hexdigest()
 
 
-def _state(request: web.Request) -> InboxState:
-    return request.app[STATE]
-
-
 def is_https(request: web.Request) -> bool:
     """True when the inbox's ``base_url`` is https (cookies get Secure and ``__Host-``)."""
-    return bool(_state(request).config.base_url.startswith("https://"))
+    return bool(state_of(request).config.base_url.startswith("https://"))
 
 
 def cookie_name(request: web.Request) -> str:
@@ -65,7 +61,7 @@ def cookie_name(request: web.Request) -> str:
 
 def allowed_origins(request: web.Request) -> tuple[str, ...]:
     """The inbox's own origins: its relying party's, or ``base_url``'s when it has none."""
-    state = _state(request)
+    state = state_of(request)
     if state.party is not None:
         return tuple(state.party.origins)
     return (origin_of(state.config.base_url),)
@@ -80,7 +76,7 @@ def set_cookie(
 ) -> None:
     """Set ``name`` HttpOnly, SameSite=Strict, Path=/ (Secure under https), for
     ``max_age_s`` seconds (default: the session's lifetime)."""
-    ttl = int(_state(request).config.session_ttl) if max_age_s is None else max_age_s
+    ttl = int(state_of(request).config.session_ttl) if max_age_s is None else max_age_s
     response.set_cookie(
         name,
         value,
@@ -107,7 +103,7 @@ async def start_session(
 ) -> Session:
     """Create a session row (only the token's hash) for ``identity`` and set its cookie on
     ``response``; returns the Session (its fresh CSRF token included)."""
-    state = _state(request)
+    state = state_of(request)
     token = new_token()
     now = state.now_ms()
     session = Session(
@@ -127,7 +123,7 @@ async def end_session(request: web.Request) -> None:
     """Delete the request's session row, if any (sign-out)."""
     token = request.cookies.get(cookie_name(request))
     if token:
-        state = _state(request)
+        state = state_of(request)
         await state.db.end_sessions(state.now_ms(), token_hash(token))
 
 
@@ -139,7 +135,7 @@ async def current_session(request: web.Request) -> Session | None:
     if "inbox_session" in request:
         cached: Session | None = request["inbox_session"]
         return cached
-    state = _state(request)
+    state = state_of(request)
     token = request.cookies.get(cookie_name(request))
     session = None
     if token:
@@ -226,13 +222,7 @@ async def read_post(request: web.Request, session: Session | None) -> dict[str, 
         raise web.HTTPRequestEntityTooLarge(
             MAX_POST_BYTES,
             request.content_length or MAX_POST_BYTES + 1,
-            text=json.dumps(
-                {
-                    "status": "refused",
-                    "reason": "body_too_large",
-                    "message": "The form is too large.",
-                }
-            ),
+            text=_json("body_too_large", "The form is too large."),
             content_type="application/json",
         )
     if not _origin_ok(request):

@@ -70,11 +70,8 @@ def picks_from(fields: Mapping[str, Any]) -> list[tuple[str, int]]:
             continue
         approval_id = name[len(PREFIX) :]
         text = value[0] if isinstance(value, list) and len(value) == 1 else value
-        if not approval_id or not isinstance(text, str) or not text.isascii():
-            raise BulkRefused(
-                400, "invalid_batch", "A selected item was not sent as the page does."
-            )
-        revision = ascii_int(text)
+        sent = approval_id and isinstance(text, str) and text.isascii()
+        revision = ascii_int(text) if sent else None
         if revision is None or revision < 1:
             raise BulkRefused(
                 400, "invalid_batch", "A selected item was not sent as the page does."

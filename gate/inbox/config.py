@@ -17,7 +17,6 @@ from urllib.parse import urlsplit
 from pydantic import (
     AfterValidator,
     BaseModel,
-    BeforeValidator,
     ConfigDict,
     Field,
     ValidationError,
@@ -27,14 +26,13 @@ from pydantic import (
 from gate.config.messages import pydantic_error
 from gate.config.secrets import CREDENTIALS_DIRECTORY, MIN_SECRET_BYTES, read_secret
 from gate.config.values import (
+    AbsolutePath,
     Duration,
     EnvName,
     HttpUrl,
     TcpListen,
-    check_path_text,
     check_tcp_addr,
     parse_listen,
-    resolve_path,
 )
 from gate.config.webauthn import is_domain, is_ip, origin_of
 from gate.config.yamlfile import read_mapping
@@ -124,12 +122,7 @@ class InboxConfig(BaseModel):
 
     listen: Annotated[str, Field(strict=True), AfterValidator(check_tcp_addr)] = "127.0.0.1:8095"
     public_url: HttpUrl | None = None
-    database: Annotated[
-        Path,
-        BeforeValidator(check_path_text),
-        AfterValidator(resolve_path),
-        Field(validate_default=True),
-    ] = Path("var/inbox.db")
+    database: Annotated[AbsolutePath, Field(validate_default=True)] = Path("var/inbox.db")
     gate: GateSection
     webauthn: WebAuthnSection = WebAuthnSection()
     session_ttl: Duration = 12 * 3600.0

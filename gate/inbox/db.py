@@ -14,6 +14,7 @@ import json
 import sqlite3
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -198,41 +199,23 @@ class InboxDb:
 
     async def add_session(self, id_hash: str, session: Session) -> None:
         """Keep a session under the SHA-256 ``id_hash`` of its cookie's random id."""
-        await self._run(
-            self._tx,
-            lambda c: c.execute(
-                "INSERT INTO sessions (id_hash, identity, operator_id, credential_id, csrf,"
-                " created_at, expires_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
-                (
-                    id_hash,
-                    session.identity,
-                    session.operator_id,
-                    session.credential_id,
-                    session.csrf,
-                    session.created_at,
-                    session.expires_at,
-                ),
-            ),
+        sql = (
+            "INSERT INTO sessions (id_hash, identity, operator_id, credential_id, csrf,"
+            " created_at, expires_at) VALUES (:id_hash, :identity, :operator_id,"
+            " :credential_id, :csrf, :created_at, :expires_at)"
         )
+        row = {"id_hash": id_hash, **asdict(session)}
+        await self._run(self._tx, lambda c: c.execute(sql, row))
 
     async def session(self, id_hash: str, now_ms: int) -> Session | None:
         """The session under ``id_hash``, or None when there is none, it expired or it
         ended (``end_revoked``)."""
         rows = await self._rows(
-            "SELECT * FROM sessions WHERE id_hash = ? AND expires_at > ? AND ended IS NULL",
+            "SELECT identity, operator_id, credential_id, csrf, created_at, expires_at"
+            " FROM sessions WHERE id_hash = ? AND expires_at > ? AND ended IS NULL",
             (id_hash, now_ms),
         )
-        if not rows:
-            return None
-        r = rows[0]
-        return Session(
-            r["identity"],
-            r["operator_id"],
-            r["credential_id"],
-            r["csrf"],
-            r["created_at"],
-            r["expires_at"],
-        )
+        return Session(*rows[0]) if rows else None
 
     async def end_revoked(self, id_hash: str) -> None:
         """End the session ``id_hash`` because its passkey was revoked: the row stays (never
@@ -270,19 +253,13 @@ def _select(conn: sqlite3.Connection, where: str, args: tuple[Any, ...]) -> list
 def _insert_decision(conn: sqlite3.Connection, record: DecisionRecord, batch: str | None) -> int:
     cursor = conn.execute(
         "INSERT INTO decisions (approval_id, revision, identity, decision, http_status,"
-        " answer, decided_at, batch_id, reason, sent) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-        (
-            record.approval_id,
-            record.revision,
-            record.identity,
-            record.decision,
-            record.status,
-            json.dumps(record.answer, ensure_ascii=False),
-            record.decided_at,
-            batch,
-            record.reason,
-            record.sent,
-        ),
+        " answer, decided_at, batch_id, reason, sent) VALUES (:approval_id, :revision,"
+        " :identity, :decision, :status, :answer, :decided_at, :batch_id, :reason, :sent)",
+        {
+            **asdict(record),
+            "answer": json.dumps(record.answer, ensure_ascii=False),
+            "batch_id": batch,
+        },
     )
     return int(cursor.lastrowid or 0)
 

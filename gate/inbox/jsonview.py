@@ -4,20 +4,16 @@ that hides nothing the draft says. Pure."""
 from __future__ import annotations
 
 import json
+from typing import TypeVar
 
 from gate.protocol.canonical import no_duplicate_keys, reject_json_constant
 
+T = TypeVar("T", int, float)
 
-def _exact_float(source: str) -> float:
-    value = float(source)
+
+def _exact(source: str, value: T) -> T:
+    """``value`` (a number parsed from ``source``) when it is shown as sent (``repr``)."""
     if repr(value) != source:
-        raise ValueError("a number would be shown other than as sent")
-    return value
-
-
-def _exact_int(source: str) -> int:
-    value = int(source)
-    if str(value) != source:
         raise ValueError("a number would be shown other than as sent")
     return value
 
@@ -33,8 +29,8 @@ def pretty_json(body: str) -> str | None:
             body,
             object_pairs_hook=no_duplicate_keys,
             parse_constant=reject_json_constant,
-            parse_float=_exact_float,
-            parse_int=_exact_int,
+            parse_float=lambda source: _exact(source, float(source)),
+            parse_int=lambda source: _exact(source, int(source)),
         )
         text = json.dumps(value, indent=2, ensure_ascii=False, allow_nan=False)
     except (ValueError, RecursionError):

@@ -9,8 +9,6 @@ from typing import Any
 
 from gate.inbox.followups import FollowUps
 
-ITEM_STATES = ("pending", "resolved", "cancelled", "expired", "withheld")
-
 
 @dataclass(frozen=True, slots=True)
 class Item:
@@ -19,10 +17,11 @@ class Item:
     ``dispatch`` is the dispatch JSON object exactly as received (the source of truth: the
     decision digest and the callback come from it); the other fields are read from it for
     listing. ``kind`` is ``approval`` or ``question``; ``previous_body`` the draft of the
-    revision before an adjust (None before any); ``state`` one of ``ITEM_STATES`` and
-    ``outcome`` the notice's outcome once closed; ``updated_seq`` the inbox-wide change
-    counter at its last change (live updates); ``followups`` the highest reminder and
-    escalation any of its dispatches carried, and whom the escalations added."""
+    revision before an adjust (None before any); ``state`` pending, resolved, cancelled,
+    expired or withheld, and ``outcome`` the notice's outcome once closed; ``updated_seq``
+    the inbox-wide change counter at its last change (live updates); ``followups`` the
+    highest reminder and escalation any of its dispatches carried, and whom the escalations
+    added."""
 
     approval_id: str
     kind: str

@@ -12,6 +12,7 @@ loaded); its link reference definitions, which a rendering never shows, are list
 from __future__ import annotations
 
 import difflib
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -73,9 +74,7 @@ def _blank(body: str) -> Markup:
     """An empty or whitespace-only draft in words: which whitespace, how many of each."""
     if not body:
         return Markup('<p class="draft-empty">The draft is empty.</p>')
-    counts: dict[str, int] = {}
-    for char in body:
-        counts[char] = counts.get(char, 0) + 1
+    counts = Counter(body)  # in the order first seen
     names = {"\n": "newline", "\t": "tab", " ": "space"}
     parts = ", ".join(f"{n} × {names.get(c) or describe(c)}" for c, n in counts.items())
     return Markup('<p class="draft-empty">The draft holds only whitespace: {}.</p>').format(parts)

@@ -6,7 +6,6 @@ per 5 minutes."""
 
 from __future__ import annotations
 
-import base64
 import binascii
 import json
 import logging
@@ -21,7 +20,11 @@ from aiohttp import web
 
 from gate.inbox import auth, pages
 from gate.inbox.state import InboxState, state_of
-from gate.protocol.approver_signature import ApproverAssertion, parse_approver_assertion
+from gate.protocol.approver_signature import (
+    ApproverAssertion,
+    parse_approver_assertion,
+    unb64,
+)
 from gate.protocol.approver_webauthn import verify_webauthn
 from gate.protocol.credentials import ServedCredential
 from gate.protocol.errors import ProtocolError
@@ -200,10 +203,6 @@ async def signin_get(request: web.Request) -> web.Response:
     return response
 
 
-def _unb64(text: str) -> bytes:
-    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
-
-
 def _refused(reason: str, extra: str = "") -> web.Response:
     log.info("event=inbox_signin_refused reason=%s", reason)
     return auth.refusal(401, reason, REASONS.get(reason, "Sign-in refused.") + extra)
@@ -290,10 +289,7 @@ async def _verified(
     if pending is None or sent is None or pending.pre_hash != auth.token_hash(pre):
         return _refused("challenge_unknown")
     try:
-        key = base64.urlsafe_b64decode(
-            credential.public_key + "=" * (-len(credential.public_key) % 4)
-        )
-        challenge = base64.urlsafe_b64decode(sent + "=" * (-len(sent) % 4))
+        key, challenge = unb64(credential.public_key), unb64(sent)
         verify_webauthn(key, 0, assertion, challenge, state.party.rp_id, state.party.origins)
     except ProtocolError as exc:
         return _refused(DETAILS.get(str(exc.extra.get("detail")), "bad_signature"))

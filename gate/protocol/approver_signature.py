@@ -64,7 +64,8 @@ _HEX64 = re.compile(r"[0-9a-f]{64}")
 _BASE64URL = "a base64url string"
 
 
-def _sha256_hex(text: str) -> str:
+def sha256_hex(text: str) -> str:
+    """Lowercase hex SHA-256 of ``text``'s UTF-8 bytes: how a signed text is covered."""
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
@@ -97,8 +98,8 @@ def decision_digest(
         nonce=nonce,
         payload_hash=payload_hash,
         decision=decision,
-        adjust_text_sha256=None if adjust_text is None else _sha256_hex(adjust_text),
-        reason_sha256=None if reason is None else _sha256_hex(reason),
+        adjust_text_sha256=None if adjust_text is None else sha256_hex(adjust_text),
+        reason_sha256=None if reason is None else sha256_hex(reason),
     )
 
 
@@ -200,6 +201,12 @@ def b64url(raw: bytes) -> str:
     return base64.urlsafe_b64encode(raw).rstrip(b"=").decode("ascii")
 
 
+def unb64(text: str) -> bytes:
+    """Decode base64url with or without padding (RFC 4648 §5); binascii.Error or ValueError
+    when it is not base64url, TypeError when ``text`` is no string."""
+    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+
+
 def _invalid(part: str, message: str) -> ProtocolError:
     field = f"{FIELD}.{part}" if part else FIELD
     return ProtocolError(
@@ -216,7 +223,7 @@ def _bytes(obj: dict[str, Any], part: str, low: int, high: int, *, required: boo
         raise _invalid(part, f"{FIELD}.{part} must be base64url of at most {high} bytes")
     bare = value.rstrip("=")
     try:
-        raw = base64.urlsafe_b64decode(bare + "=" * (-len(bare) % 4))
+        raw = unb64(bare)
     except (binascii.Error, ValueError):
         raise _invalid(part, f"{FIELD}.{part} is not valid base64url") from None
     if not low <= len(raw) <= high:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -195,9 +196,14 @@ def string_or_none(
     return value
 
 
-def _string(obj: dict[str, Any], key: str, field: str, limit: int, *, required: bool) -> str | None:
+_STR = "a string"  # what a field of check 5 must be, unless told otherwise
+
+
+def _string(
+    obj: dict[str, Any], key: str, field: str, limit: float, *, required: bool, what: str = _STR
+) -> str | None:
     refuse = functools.partial(_invalid, field)
-    value = string_or_none(obj, key, refuse, name=field, required=required)
+    value = string_or_none(obj, key, refuse, name=field, required=required, what=what)
     if value is None:
         return None
     if not is_unicode(value):
@@ -280,16 +286,11 @@ def decision_from_obj(obj: dict[str, Any]) -> Decision:
         obj, "approval_id", "payload_hash", _decision_verb
     )
     approver_id, display, channel = _approver(obj)
-    adjust_text = obj.get("adjust_text")
-    if adjust_text is not None and not isinstance(adjust_text, str):
-        raise _invalid("adjust_text", "adjust_text must be a string or null")
-    if adjust_text is not None and not is_unicode(adjust_text):
-        raise _invalid("adjust_text", "adjust_text is not valid Unicode (lone surrogate)")
-    reason = obj.get("reason")
-    if reason is not None and not isinstance(reason, str):
-        raise _invalid("reason", "reason must be a string or null")
-    if reason is not None and not is_unicode(reason):
-        raise _invalid("reason", "reason is not valid Unicode (lone surrogate)")
+    # optional texts of any length (check 12 judges a reason's), a string or null
+    adjust_text, reason = (
+        _string(obj, key, key, math.inf, required=False, what="a string or null")
+        for key in ("adjust_text", "reason")
+    )
     decided_at = _decided_at(obj)
     return Decision(
         approval_id=approval_id,

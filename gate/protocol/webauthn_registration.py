@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from gate.protocol.approver_signature import b64url
+from gate.protocol.approver_signature import b64url, unb64
 from gate.protocol.errors import ProtocolError
 
 # The ``webauthn`` package (~0.17 s to import) is imported by the two functions that use it,
@@ -111,7 +111,7 @@ def verify_passkey(
         )
         response = credential.get("response")
         assert isinstance(response, dict)
-        client = parse_client_data_json(_b64(response["clientDataJSON"]))
+        client = parse_client_data_json(unb64(response["clientDataJSON"]))
     except (
         InvalidRegistrationResponse,
         WebAuthnException,
@@ -127,11 +127,3 @@ def verify_passkey(
         verified.sign_count,
         client.origin,
     )
-
-
-def _b64(text: Any) -> bytes:
-    import base64
-
-    if not isinstance(text, str):
-        raise TypeError("base64url text expected")
-    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))

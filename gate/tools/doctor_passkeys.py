@@ -8,11 +8,11 @@ signature)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from gate.config import Config
-from gate.config.model import Operator
+from gate.config.model import Operator, StepConfig
 from gate.config.webauthn import resolve_webauthn, unavailable_reason
 from gate.errors import GateError
 from gate.store.invites import count_passkeys, credential_facts
@@ -25,7 +25,17 @@ def check_passkeys(config: Config, path: Path, now_ms: int) -> list[Check]:
     ``now_ms``, unix ms)."""
     level, detail = passkeys_summary(config, path)
     line = Check("passkeys", level != "FAIL", detail, "" if level == "FAIL" else level)
-    found = [*passkeys_findings(config, path), *signers_findings(config, path, now_ms)]
+    found: list[str] = []
+    if path.exists():  # nothing without a readable database (the passkeys line reports it)
+        try:
+            by_rp, holders = credential_facts(path)
+        except GateError:
+            pass
+        else:
+            found = [
+                *passkeys_findings(config, by_rp, holders),
+                *signers_findings(config, holders, now_ms),
+            ]
     return [line, *(warn("passkeys", finding) for finding in found)]
 
 
@@ -75,17 +85,11 @@ def passkeys_summary(config: Config, path: Path) -> tuple[str, str]:
     return "", f"rp_id {settings.rp_id}, origins {origins}; {enrolled}"
 
 
-def passkeys_findings(config: Config, path: Path) -> list[str]:
+def passkeys_findings(config: Config, by_rp: dict[str, int], holders: set[int]) -> list[str]:
     """doctor's passkey warnings, one line each: passkeys in force enrolled for
-    an RP ID other than the one in force (they cannot sign), and, per step with
-    ``approver_signature: required``, the operators in its scope holding no credential in
-    force (they cannot approve it). Nothing without a database."""
-    if not path.exists():
-        return []
-    try:
-        by_rp, holders = credential_facts(path)
-    except GateError:
-        return []  # the passkeys line reports it
+    an RP ID other than the one in force (they cannot sign; ``by_rp``: passkeys in force by
+    RP ID), and, per step with ``approver_signature: required``, the operators in its scope
+    holding no credential in force (not in ``holders``: they cannot approve it)."""
     settings = resolve_webauthn(config, config.relay.callback_addr)
     out: list[str] = []
     if settings is not None:
@@ -95,52 +99,47 @@ def passkeys_findings(config: Config, path: Path) -> list[str]:
                     f"{n} passkeys were enrolled for rp_id {rp_id} and cannot sign for "
                     f"{settings.rp_id}"
                 )
+    for where, step in _required_steps(config):
+        missing = [op for op in config.scope(step) if op.id not in holders]
+        if missing:
+            out.append(
+                f"{where}: operators {operators_named(missing)} have no"
+                " approver credential: they cannot approve"
+            )
+    return out
+
+
+def _required_steps(config: Config) -> Iterator[tuple[str, StepConfig]]:
+    """``(YAML path, step)`` of every step with ``approver_signature: required``."""
     for i, pipe in enumerate(config.pipelines):
         for j, step in enumerate(pipe.steps):
-            if getattr(step, "approver_signature", "off") != "required":
-                continue
-            missing = [op for op in config.scope(step) if op.id not in holders]
-            if missing:
-                out.append(
-                    f"pipelines[{i}].steps[{j}]: operators {operators_named(missing)} have no"
-                    " approver credential: they cannot approve"
-                )
-    return out
+            if getattr(step, "approver_signature", "off") == "required":
+                yield f"pipelines[{i}].steps[{j}]", step
 
 
 REQUIRED = "(approver_signature: required)"
 
 
-def signers_findings(config: Config, path: Path, now_ms: int) -> list[str]:
+def signers_findings(config: Config, holders: set[int], now_ms: int) -> list[str]:
     """One line per escalation level of a signing step adding operators without a
-    credential in force, then one per delegation in force at ``now_ms`` (unix ms) whose
-    delegate has none while its principal may decide a signing step (in scope or escalated
-    to). Nothing without a readable database (the passkeys line reports it)."""
-    if not path.exists():
-        return []
-    try:
-        _, holders = credential_facts(path)
-    except GateError:
-        return []
+    credential in force (not in ``holders``), then one per delegation in force at ``now_ms``
+    (unix ms) whose delegate has none while its principal may decide a signing step (in
+    scope or escalated to)."""
     by_id = {op.id: op for op in config.relay.operators}
     out: list[str] = []
     deciders: list[tuple[str, set[int]]] = []  # (a signing step's YAML path, who may decide)
-    for i, pipe in enumerate(config.pipelines):
-        for j, step in enumerate(pipe.steps):
-            if getattr(step, "approver_signature", "off") != "required":
-                continue
-            where = f"pipelines[{i}].steps[{j}]"
-            widened = {op.id for op in config.scope(step)}
-            for k, level in enumerate(step.escalate):
-                added = [by_id[o] for o in level.to if o not in widened and o in by_id]
-                widened |= {op.id for op in added}
-                missing = [op for op in added if op.id not in holders]
-                if missing:
-                    out.append(
-                        f"{where}.escalate[{k}].to: {_who(missing)} no approver credential:"
-                        f" escalated to, they could never decide this step {REQUIRED}"
-                    )
-            deciders.append((where, widened))
+    for where, step in _required_steps(config):
+        widened = {op.id for op in config.scope(step)}
+        for k, level in enumerate(step.escalate):
+            added = [by_id[o] for o in level.to if o not in widened and o in by_id]
+            widened |= {op.id for op in added}
+            missing = [op for op in added if op.id not in holders]
+            if missing:
+                out.append(
+                    f"{where}.escalate[{k}].to: {_who(missing)} no approver credential:"
+                    f" escalated to, they could never decide this step {REQUIRED}"
+                )
+        deciders.append((where, widened))
     for n, delegation in enumerate(config.delegations):
         delegate, principal = by_id.get(delegation.to), by_id.get(delegation.from_)
         if delegation.until_ms <= now_ms or delegate is None or principal is None:

@@ -10,8 +10,6 @@ and written through the transaction it is given.
 
 from __future__ import annotations
 
-import base64
-import hashlib
 import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -25,7 +23,9 @@ from gate.protocol.approver_signature import (
     challenge_for,
     decision_digest,
     parse_approver_assertion,
+    sha256_hex,
     signature_invalid,
+    unb64,
     verify_ed25519,
 )
 from gate.protocol.approver_webauthn import (
@@ -144,7 +144,7 @@ def check_approver_signature(
     if credential.type == "webauthn":
         _check_passkey(tx, credential, assertion, challenge, webauthn)
     elif credential.type == "ed25519":
-        verify_ed25519(_raw(credential.public_key), assertion, challenge)
+        verify_ed25519(unb64(credential.public_key), assertion, challenge)
     else:
         raise signature_invalid("wrong_type", f"unknown credential type {credential.type!r}")
     raw = decision.approver_assertion
@@ -160,8 +160,8 @@ def _unlogged_hashes(decision: Decision) -> tuple[str | None, str | None]:
     text = decision.adjust_text if decision.decision == "adjust" else None
     reason = decision.reason if decision.reason is not None and is_blank(decision.reason) else None
     return (
-        None if text is None else hashlib.sha256(text.encode("utf-8")).hexdigest(),
-        None if reason is None else hashlib.sha256(reason.encode("utf-8")).hexdigest(),
+        None if text is None else sha256_hex(text),
+        None if reason is None else sha256_hex(reason),
     )
 
 
@@ -185,7 +185,7 @@ def _check_passkey(
     # the stored counter is compared here, after the signature verified (detail name of
     # the contract: counter_regressed); the protocol layer is given 0 so it never refuses
     new = verify_webauthn(
-        _raw(credential.public_key),
+        unb64(credential.public_key),
         0,
         assertion,
         challenge,
@@ -208,7 +208,3 @@ def _check_passkey(
     if new != stored:
         batch = None if assertion.batch is None else assertion_sha256(assertion)
         tx.set_sign_count(credential.credential_id, new, batch)
-
-
-def _raw(b64: str) -> bytes:
-    return base64.urlsafe_b64decode(b64 + "=" * (-len(b64) % 4))

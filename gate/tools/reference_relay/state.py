@@ -13,7 +13,7 @@ from datetime import datetime
 from typing import Any
 
 from gate.protocol.display import display_time
-from gate.protocol.whitespace import identity_key
+from gate.protocol.whitespace import identity_key  # as the gate compares (SPEC §2 check 11)
 from gate.tools.reference_relay.view import shown
 
 
@@ -54,10 +54,6 @@ def expiry_of(envelope: dict[str, Any], now: float) -> float:
         return now + 3600
 
 
-def _key(identity: str) -> str:
-    return identity_key(identity)  # as the gate compares identities (SPEC §2 check 11)
-
-
 @dataclass(slots=True)
 class Knowledge:
     """Per approval: how it ended (``closed``, a phrase), its newest revision known
@@ -96,7 +92,7 @@ class Knowledge:
     def recorded(self, envelope: dict[str, Any], identity: str) -> bool:
         """True when ``identity``'s decision on this dispatch's revision is recorded."""
         at = (envelope["approval_id"], revision_of(envelope))
-        return _key(identity) in self.decided.get(at, ())
+        return identity_key(identity) in self.decided.get(at, ())
 
     def learn(self, envelope: dict[str, Any], identity: str, sent: Sent) -> None:
         """Remember what the gate's answer to ``identity``'s decision on this dispatch says:
@@ -110,10 +106,10 @@ class Knowledge:
         elif (
             sent.status == 200 and sent.verb == "adjust" and sent.text != envelope["draft"]["body"]
         ):
-            self.decided.setdefault((approval_id, revision + 1), set()).add(_key(identity))
+            self.decided.setdefault((approval_id, revision + 1), set()).add(identity_key(identity))
             self.newer(approval_id, revision + 1)
         elif sent.status == 200 or reason in ("duplicate", "already_decided"):
-            self.decided.setdefault((approval_id, revision), set()).add(_key(identity))
+            self.decided.setdefault((approval_id, revision), set()).add(identity_key(identity))
         elif reason == "superseded":
             self.newer(approval_id, revision + 1)
         elif reason == "expired":

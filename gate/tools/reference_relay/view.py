@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from gate.protocol.display import HIDDEN_CATEGORIES, display_time
+from gate.protocol.display import code_point, display_time, is_hidden, marked
 from gate.protocol.numbers import in_range
 from gate.protocol.whitespace import is_blank
 
@@ -39,29 +39,17 @@ _SPACE_NAMES = {
     "\x0c": "form feed",
 }
 
-# Unicode categories a terminal does not show as themselves: controls (C0, DEL, C1: carriage
-# return, escape sequences), format characters (bidi overrides, zero-width), line and paragraph
-# separators, surrogates and unassigned code points. Newline and tab are shown as they are.
-_HIDDEN_CATEGORIES = HIDDEN_CATEGORIES  # one rule: gate.protocol.display
-
 
 def visible(text: str) -> tuple[str, int]:
     """Return ``(text, count)``: ``text`` with every character a terminal would not show as
     itself (a control, format, line/paragraph-separator, surrogate or unassigned code point;
-    newline and tab excepted) replaced by a visible ``<U+XXXX>`` mark, and how many were.
+    newline and tab excepted) replaced by a visible ``<U+XXXX>`` mark, and how many were
+    (``gate.protocol.display.marked``: one rule for every screen).
 
     A draft of ``"pay 12000 to X\\r\\x1b[2Kpay 12 to Y"`` would otherwise show as its second
     half only (security review); the human must see what the payload hash covers.
     """
-    out: list[str] = []
-    count = 0
-    for char in text:
-        if char not in "\n\t" and unicodedata.category(char) in _HIDDEN_CATEGORIES:
-            out.append(f"<U+{ord(char):04X}>")
-            count += 1
-        else:
-            out.append(char)
-    return "".join(out), count
+    return marked(text), sum(char not in "\n\t" and is_hidden(char) for char in text)
 
 
 def shown(value: object) -> str:
@@ -153,7 +141,7 @@ def draft_lines(body: str, width: int | None = None) -> tuple[list[str], list[st
     if is_blank(body):  # the gate's rule: only Unicode White_Space
         counts = Counter(body)
         kinds = ", ".join(
-            _count(n, _SPACE_NAMES.get(c) or f"U+{ord(c):04X}") for c, n in counts.items()
+            _count(n, _SPACE_NAMES.get(c) or code_point(c)) for c, n in counts.items()
         )
         return warnings, [
             f"(the draft is only whitespace, {_count(len(body), 'character')}: {kinds})"
