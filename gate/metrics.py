@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import prometheus_client
@@ -24,8 +25,6 @@ from prometheus_client.registry import Collector
 
 from gate import __version__
 from gate.errors import GateError
-from gate.followup_metrics import FollowUpMetrics
-from gate.question_metrics import QuestionMetrics
 
 if TYPE_CHECKING:
     from gate.config import PipelineConfig
@@ -39,8 +38,11 @@ log = logging.getLogger(__name__)
 prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]
 
 OUTCOMES = ("approved", "adjusted", "skipped", "timeout", "cancelled")
+QUESTION_OUTCOMES = ("answered", "timeout", "cancelled")
 VERBS = ("approve", "skip", "adjust")
 DISPATCH_FAILURES = ("http_status", "timeout", "connection")
+NOTICE_RESULTS = ("delivered", "failed")
+FOLLOWUP_KINDS = ("reminder", "escalation")
 # a relay answers within relay.dispatch_timeout (default 10 s)
 ACK_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 # a human answers in seconds to hours (step timeouts default to 4 h)
@@ -59,9 +61,98 @@ DECISION_BUCKETS = (
     28800.0,
     86400.0,
 )
-TEXT_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
-OPENMETRICS_CONTENT_TYPE = "application/openmetrics-text; version=1.0.0; charset=utf-8"
 _REASON = re.compile(r"[a-z0-9_.:]{1,64}")
+
+
+# every family's help text, by its name after ``hitl_gate_`` (a counter's without ``_total``)
+HELP = {
+    "approvals_created": "Approvals created (an idempotent replay is not).",
+    "approvals_resolved": "Approvals resolved, by outcome.",
+    "questions_created": "Questions created, by pipeline and step.",
+    "questions_resolved": "Questions resolved, by outcome (answered, timeout, cancelled).",
+    "decisions_accepted": "Relay decisions recorded (SPEC §2: 200).",
+    "decisions_refused": "Relay decisions refused, by the answer's reason (SPEC §2 checks 1-14).",
+    "delegated_decisions": (
+        "Decisions recorded from a delegate on behalf of an operator in scope (delegations)."
+    ),
+    "dispatch_attempts": "Dispatch POSTs sent to the relay.",
+    "dispatch_failures": "Dispatch POSTs not acked: http_status (non-2xx, 3xx included), "
+    "timeout, connection (refused, reset, TLS, DNS).",
+    "dispatch_ack_seconds": "Time from sending a dispatch to its 2xx ack.",
+    "time_to_decision_seconds": "Time from creation to resolution by a human decision "
+    "(approved, adjusted, skipped); timeouts and cancels are not decisions.",
+    "build_info": "The running hitl-gate version (always 1).",
+    "answers": "Answers received: accepted, or refused by reason.",
+    "questions_pending": "Questions pending (read at scrape time).",
+    "notices": "Resolution notices: delivered (acked 2xx), failed (given up, unsent or unacked).",
+    "reminders_sent": "Reminders of pending approvals acked by the relay.",
+    "escalations": "Escalation dispatches (the widened scope) acked by the relay, by level.",
+    "followups_failed": (
+        "Reminders and escalation dispatches given up unacked (at the approval's expiry)."
+    ),
+    # gauges computed at scrape time (_StateCollector)
+    "approvals_pending": "Approvals waiting for a decision.",
+    "oldest_pending_age_seconds": "Age of the oldest pending approval (0 when none is pending).",
+    "step_oldest_pending_age_seconds": "Age of the oldest pending approval of each step (no "
+    "series for a step with none pending).",
+    "writer_unanswered_seconds": "Seconds the oldest write sent to the database writer "
+    "process has waited for its answer (0 when none waits); /healthz answers 503 above 30.",
+    "relay_up": "1 if the latest approval dispatch POST was acked, 0 if it failed (absent "
+    "before the first attempt since start).",
+    "question_relay_up": "1 if the latest question dispatch POST was acked, 0 if it failed "
+    "(absent before the first question attempt since start).",
+    "relay_last_ack_timestamp_seconds": (
+        "Unix time of the relay's latest ack (absent before the first since start)."
+    ),
+    "relay_last_ack_age_seconds": (
+        "Seconds since the relay's latest ack (absent before the first since start)."
+    ),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class KindNames:
+    """How one kind of request is counted: ``hitl_gate_<plural>_created_total{pipeline,step}``
+    (``steps_at_zero``: a series at 0 for every configured step from the start),
+    ``hitl_gate_<plural>_resolved_total{outcome}`` (each of ``outcomes`` at 0 from the start)
+    and ``relay_up``, the gauge its latest dispatch POST sets (``hitl_gate_<relay_up>``)."""
+
+    plural: str
+    outcomes: tuple[str, ...]
+    steps_at_zero: bool
+    relay_up: str
+
+
+# the one table of what differs between the kinds; every event below takes the kind's key
+KINDS = {
+    "approval": KindNames("approvals", OUTCOMES, True, "relay_up"),
+    "question": KindNames("questions", QUESTION_OUTCOMES, False, "question_relay_up"),
+}
+
+
+def _reason(reason: str) -> str:
+    """A refusal reason as a label value: itself when in ``[a-z0-9_.:]{1,64}``, else ``other``."""
+    return reason if _REASON.fullmatch(reason) else "other"
+
+
+class _Children:
+    """A labelled counter or histogram with its children looked up once per label values
+    (``labels()`` takes a lock and builds a key on every call: measurable on the decision
+    path). ``initial`` are created at 0 at once; at most ``bound`` are kept (label values
+    come from the config or closed sets; bound them anyway)."""
+
+    def __init__(self, metric: Any, initial: Iterable[tuple[str, ...]] = (), bound: int = 4096):
+        self.metric, self.bound = metric, bound
+        self.cache = {values: metric.labels(*values) for values in initial}
+
+    def __call__(self, *values: str) -> Any:
+        """The child of ``values`` (created on first use)."""
+        child = self.cache.get(values)
+        if child is None:
+            child = self.metric.labels(*values)
+            if len(self.cache) < self.bound:
+                self.cache[values] = child
+        return child
 
 
 class Metrics:
@@ -73,124 +164,94 @@ class Metrics:
 
     def __init__(self, pipelines: Iterable[PipelineConfig] = ()) -> None:
         self.registry = CollectorRegistry()
-        r = self.registry
-        self.approvals_created = Counter(
-            "hitl_gate_approvals_created",
-            "Approvals created (an idempotent replay is not).",
-            ["pipeline", "step"],
-            registry=r,
+        steps = [(pipe.name, step.name) for pipe in pipelines for step in pipe.steps]
+        self._created = {
+            kind: self._counter(
+                f"{n.plural}_created", "pipeline", "step", initial=steps if n.steps_at_zero else ()
+            )
+            for kind, n in KINDS.items()
+        }
+        self._resolved = {
+            kind: self._counter(f"{n.plural}_resolved", "outcome", initial=n.outcomes)
+            for kind, n in KINDS.items()
+        }
+        self._accepted = self._counter("decisions_accepted", "decision", initial=VERBS)
+        self._refused = self._counter("decisions_refused", "reason", bound=256)
+        self._delegated = self._counter("delegated_decisions", "pipeline", "step")
+        self._dispatch_attempts = Counter(
+            "hitl_gate_dispatch_attempts", HELP["dispatch_attempts"], registry=self.registry
         )
-        self.approvals_resolved = Counter(
-            "hitl_gate_approvals_resolved",
-            "Approvals resolved, by outcome.",
-            ["outcome"],
-            registry=r,
+        self._dispatch_failures = self._counter(
+            "dispatch_failures", "reason", initial=DISPATCH_FAILURES
         )
-        self.decisions_accepted = Counter(
-            "hitl_gate_decisions_accepted",
-            "Relay decisions recorded (SPEC §2: 200).",
-            ["decision"],
-            registry=r,
-        )
-        self.decisions_refused = Counter(
-            "hitl_gate_decisions_refused",
-            "Relay decisions refused, by the answer's reason (SPEC §2 checks 1-14).",
-            ["reason"],
-            registry=r,
-        )
-        self.delegated_decisions = Counter(
-            "hitl_gate_delegated_decisions",
-            "Decisions recorded from a delegate on behalf of an operator in scope (delegations).",
-            ["pipeline", "step"],
-            registry=r,
-        )
-        self.dispatch_attempts = Counter(
-            "hitl_gate_dispatch_attempts", "Dispatch POSTs sent to the relay.", registry=r
-        )
-        self.dispatch_failures = Counter(
-            "hitl_gate_dispatch_failures",
-            "Dispatch POSTs not acked: http_status (non-2xx, 3xx included), timeout, "
-            "connection (refused, reset, TLS, DNS).",
-            ["reason"],
-            registry=r,
-        )
-        self.dispatch_ack_seconds = Histogram(
+        self._dispatch_ack_seconds = Histogram(
             "hitl_gate_dispatch_ack_seconds",
-            "Time from sending a dispatch to its 2xx ack.",
+            HELP["dispatch_ack_seconds"],
             buckets=ACK_BUCKETS,
-            registry=r,
+            registry=self.registry,
         )
-        self.time_to_decision_seconds = Histogram(
-            "hitl_gate_time_to_decision_seconds",
-            "Time from creation to resolution by a human decision (approved, adjusted, "
-            "skipped); timeouts and cancels are not decisions.",
-            ["pipeline", "step"],
-            buckets=DECISION_BUCKETS,
-            registry=r,
+        self._time_to_decision = _Children(
+            Histogram(
+                "hitl_gate_time_to_decision_seconds",
+                HELP["time_to_decision_seconds"],
+                ["pipeline", "step"],
+                buckets=DECISION_BUCKETS,
+                registry=self.registry,
+            )
         )
-        Gauge(
-            "hitl_gate_build_info",
-            "The running hitl-gate version (always 1).",
-            ["version"],
-            registry=r,
-        ).labels(__version__).set(1)
-        for pipe in pipelines:
-            for step in pipe.steps:
-                self.approvals_created.labels(pipe.name, step.name)
-        # children of the closed label sets, looked up once (``labels()`` takes a lock and
-        # builds a key on every call: measurable on the decision path)
-        self._resolved = {outcome: self.approvals_resolved.labels(outcome) for outcome in OUTCOMES}
-        self._accepted = {verb: self.decisions_accepted.labels(verb) for verb in VERBS}
-        self._refused: dict[str, Any] = {}
-        self._time_to_decision: dict[tuple[str, str], Any] = {}
-        for reason in DISPATCH_FAILURES:
-            self.dispatch_failures.labels(reason)
-        self.followups = FollowUpMetrics(r)  # notices, reminders, escalations
-        self.questions = QuestionMetrics(r)
+        build_info = Gauge(
+            "hitl_gate_build_info", HELP["build_info"], ["version"], registry=self.registry
+        )
+        build_info.labels(__version__).set(1)
+        self._answers = self._counter("answers", "result", initial=["accepted"])
+        self._questions_pending = Gauge(
+            "hitl_gate_questions_pending", HELP["questions_pending"], registry=self.registry
+        )
+        # the follow-up sends: resolution notices (of both kinds), reminders, escalations
+        self._notices = self._counter("notices", "result", initial=NOTICE_RESULTS)
+        self._reminders = self._counter("reminders_sent", "pipeline", "step")
+        self._escalations = self._counter("escalations", "pipeline", "step", "level")
+        self._followups_failed = self._counter("followups_failed", "kind", initial=FOLLOWUP_KINDS)
         self._state = _StateCollector()
-        r.register(self._state)
+        self.registry.register(self._state)
+
+    def _counter(
+        self, name: str, *labels: str, initial: Iterable[Any] = (), bound: int = 4096
+    ) -> _Children:
+        """``hitl_gate_<name>_total{labels}`` (help text ``HELP[name]``) in this registry,
+        with a series at 0 for each of ``initial`` (label values: a tuple, or a lone string
+        for a one-label counter)."""
+        counter = Counter(f"hitl_gate_{name}", HELP[name], labels, registry=self.registry)
+        return _Children(counter, [v if isinstance(v, tuple) else (v,) for v in initial], bound)
 
     # ---- observations ----------------------------------------------------------
 
+    def created(self, kind: str, pipeline: str, step: str) -> None:
+        """Count a created approval or question (``kind``: a key of ``KINDS``; an idempotent
+        replay is not a creation); ``pipeline`` and ``step`` come from the config."""
+        self._created[kind](pipeline, step).inc()
+
+    def resolved(self, kind: str, outcome: str, count: int = 1) -> None:
+        """Count ``count`` resolutions of ``kind`` by their outcome (``KINDS[kind].outcomes``;
+        a count above 1: the expiry batch)."""
+        self._resolved[kind](outcome).inc(count)
+
     def accepted(self, verb: str) -> None:
         """Count a recorded decision by its verb (``approve``, ``skip``, ``adjust``)."""
-        child = self._accepted.get(verb)
-        (child if child is not None else self.decisions_accepted.labels(verb)).inc()
+        self._accepted(verb).inc()
 
     def delegated(self, pipeline: str, step: str) -> None:
         """Count a decision a delegate made on behalf of an operator in scope;
         ``pipeline`` and ``step`` come from the config (bounded label values)."""
-        self.delegated_decisions.labels(pipeline, step).inc()
-
-    def resolved(self, outcome: str) -> None:
-        """Count a resolution by its outcome (``OUTCOMES``)."""
-        child = self._resolved.get(outcome)
-        (child if child is not None else self.approvals_resolved.labels(outcome)).inc()
-
-    def question_created(self, pipeline: str, step: str) -> None:
-        """Count a created question."""
-        self.questions.created.labels(pipeline, step).inc()
-
-    def question_resolved(self, outcome: str) -> None:
-        """Count a resolved question by outcome."""
-        self.questions.resolved.labels(outcome).inc()
-
-    def question_resolved_many(self, outcome: str, count: int) -> None:
-        """Count ``count`` questions resolved with ``outcome`` (the expiry batch)."""
-        self.questions.resolved.labels(outcome).inc(count)
-
-    def answer(self, result: str) -> None:
-        """Count an answer: ``accepted`` or its refusal reason."""
-        self.questions.answer(result)
+        self._delegated(pipeline, step).inc()
 
     def refused(self, reason: str) -> None:
         """Count a refused decision; a reason outside ``[a-z0-9_.:]{1,64}`` counts as ``other``."""
-        child = self._refused.get(reason)
-        if child is None:
-            child = self.decisions_refused.labels(reason if _REASON.fullmatch(reason) else "other")
-            if len(self._refused) < 256:  # reasons are a closed set; bound it anyway
-                self._refused[reason] = child
-        child.inc()
+        self._refused(_reason(reason)).inc()
+
+    def answer(self, result: str) -> None:
+        """Count an answer: ``accepted`` or a refusal reason (others count as ``other``)."""
+        self._answers(_reason(result)).inc()
 
     def dispatch_result(
         self,
@@ -199,24 +260,19 @@ class Metrics:
         failure: str | None,
         now_ms: int,
         *,
-        question: bool = False,
+        kind: str = "approval",
     ) -> None:
-        """Count one dispatch POST: its ack latency, or its failure reason. A question's
-        dispatch (``question``) counts in the same counters and histogram; it sets
-        ``hitl_gate_question_relay_up``, not ``hitl_gate_relay_up`` (the approvals' relay)."""
-        self.dispatch_attempts.inc()
-        if question:
-            self._state.question_attempt_acked = acked
-        else:
-            self._state.last_attempt_acked = acked
+        """Count one dispatch POST of ``kind`` (a key of ``KINDS``): its ack latency, or its
+        failure reason, in the counters and histogram every kind shares; it sets that kind's
+        ``relay_up`` gauge. Only an approval's ack is the relay's last ack."""
+        self._dispatch_attempts.inc()
+        self._state.relay_up[kind] = int(acked)
         if acked:
-            self.dispatch_ack_seconds.observe(max(0.0, elapsed_s))
-            if not question:
+            self._dispatch_ack_seconds.observe(max(0.0, elapsed_s))
+            if kind == "approval":
                 self._state.last_ack_ms = now_ms
         else:
-            self.dispatch_failures.labels(
-                failure if failure in DISPATCH_FAILURES else "connection"
-            ).inc()
+            self._dispatch_failures(failure if failure in DISPATCH_FAILURES else "connection").inc()
 
     def resolved_by_decision(self, resolution: Resolution) -> None:
         """Count a resolution by a decision and observe its time to decision.
@@ -224,78 +280,70 @@ class Metrics:
         ``resolution`` is a ``gate.core.service.Resolution`` (pipeline, step, outcome,
         created_at_ms, resolved_at_ms: unix ms); the histogram is in seconds.
         """
-        self.resolved(resolution.outcome)
-        key = (resolution.pipeline, resolution.step)
-        child = self._time_to_decision.get(key)
-        if child is None:
-            child = self.time_to_decision_seconds.labels(*key)
-            if len(self._time_to_decision) < 4096:  # steps come from the config
-                self._time_to_decision[key] = child
+        self.resolved("approval", resolution.outcome)
+        child = self._time_to_decision(resolution.pipeline, resolution.step)
         child.observe(max(0, resolution.resolved_at_ms - resolution.created_at_ms) / 1000)
+
+    def notice(self, result: str) -> None:
+        """Count a resolution notice (an approval's or a question's) that ended:
+        ``delivered`` or ``failed``."""
+        self._notices(result if result in NOTICE_RESULTS else "failed").inc()
+
+    def followup_delivered(self, kind: str, pipeline: str, step: str, n: int) -> None:
+        """Count an acked reminder (``kind`` ``reminder``) or escalation level ``n``
+        (``escalation``) of an approval of ``pipeline``/``step``; other kinds count nothing."""
+        if kind == "reminder":
+            self._reminders(pipeline, step).inc()
+        elif kind == "escalation":
+            self._escalations(pipeline, step, str(n)).inc()
+
+    def followup_failed(self, kind: str) -> None:
+        """Count a reminder or escalation dispatch given up unacked."""
+        if kind in FOLLOWUP_KINDS:
+            self._followups_failed(kind).inc()
 
     # ---- scrape ------------------------------------------------------------------
 
-    async def render(self, service: GateService, accept: str | None) -> tuple[bytes, str]:
-        """Read the pending approvals, then return ``(body, content type)`` in the format the
-        ``Accept`` header asks for (Prometheus text by default, or OpenMetrics).
+    async def render(self, service: GateService, openmetrics_text: bool) -> bytes:
+        """Read the pending approvals and questions, then return the exposition: Prometheus
+        text 0.0.4, or OpenMetrics 1.0.0 with ``openmetrics_text``.
 
         A failed read leaves the pending gauges out of this scrape (counters still answer).
         """
         now_ms = service.clock.now_ms()
+        state = self._state
         try:
             count, oldest_ms = await service.pending_summary()
             by_step = await service.oldest_pending_by_step()
-            self.questions.pending.set(await service.questions.pending())
+            self._questions_pending.set(await service.questions.pending())
         except GateError as exc:
             log.warning("event=metrics_read_failed reason=%s", exc.code)
-            self._state.pending = None
-            self._state.pending_by_step = []
+            state.pending, state.oldest_age_s, state.pending_by_step = None, None, []
         else:
-            self._state.pending = (
-                count,
-                None if oldest_ms is None else max(0, now_ms - oldest_ms) / 1000,
-            )
-            self._state.pending_by_step = [
+            state.pending = count
+            state.oldest_age_s = 0.0 if oldest_ms is None else max(0, now_ms - oldest_ms) / 1000
+            state.pending_by_step = [
                 (pipeline, step, max(0, now_ms - oldest) / 1000)
                 for pipeline, step, oldest in by_step
             ]
-        self._state.now_ms = now_ms
-        self._state.writer_unanswered_s = service.writer_unanswered_s
-        if wants_openmetrics(accept):
-            return openmetrics.generate_latest(self.registry), OPENMETRICS_CONTENT_TYPE  # type: ignore[no-untyped-call]
-        return generate_latest(self.registry), TEXT_CONTENT_TYPE
-
-
-def wants_openmetrics(accept: str | None) -> bool:
-    """True when ``Accept`` lists ``application/openmetrics-text`` (any version, q > 0).
-
-    Deliberately simpler than prometheus_client's ``choose_encoder``, which fails on a
-    malformed version parameter: any Accept header gets an answer, never a 500.
-    """
-    for item in (accept or "").split(","):
-        media, *params = (part.strip() for part in item.split(";"))
-        if media.lower() != "application/openmetrics-text":
-            continue
-        q = next((p.partition("=")[2] for p in params if p.lower().startswith("q=")), "1")
-        try:
-            if float(q) > 0:
-                return True
-        except ValueError:
-            return True
-    return False
+        state.now_ms = now_ms
+        state.writer_unanswered_s = service.writer_unanswered_s
+        if openmetrics_text:
+            return openmetrics.generate_latest(self.registry)  # type: ignore[no-untyped-call,no-any-return]
+        return generate_latest(self.registry)
 
 
 class _StateCollector(Collector):
     """Gauges computed at scrape time: pending approvals and their oldest age (also per
-    step), the writer's
-    oldest unanswered write (read by ``Metrics.render`` just before), relay up and last ack
-    age (from dispatch results)."""
+    step), the writer's oldest unanswered write (read by ``Metrics.render`` just before),
+    each kind's relay up and the relay's last ack (from dispatch results). A gauge whose
+    value is not known (None) is left out of the scrape."""
 
     def __init__(self) -> None:
-        self.pending: tuple[int, float | None] | None = None
+        self.pending: int | None = None
+        self.oldest_age_s: float | None = None
         self.pending_by_step: list[tuple[str, str, float]] = []
-        self.last_attempt_acked: bool | None = None
-        self.question_attempt_acked: bool | None = None
+        self.relay_up: dict[str, int] = {}  # by kind: 1 if its latest dispatch was acked, else 0
         self.last_ack_ms: int | None = None
         self.writer_unanswered_s: float | None = None
         self.now_ms = 0
@@ -304,55 +352,30 @@ class _StateCollector(Collector):
         return []  # families vary (gauges appear once known): collect() only at scrape time
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
-        if self.pending is not None:
-            count, oldest_age_s = self.pending
-            yield GaugeMetricFamily(
-                "hitl_gate_approvals_pending", "Approvals waiting for a decision.", value=count
-            )
-            yield GaugeMetricFamily(
-                "hitl_gate_oldest_pending_age_seconds",
-                "Age of the oldest pending approval (0 when none is pending).",
-                value=oldest_age_s or 0.0,
-            )
+        yield from _gauges(
+            ("approvals_pending", self.pending), ("oldest_pending_age_seconds", self.oldest_age_s)
+        )
         if self.pending_by_step:
-            family = GaugeMetricFamily(
-                "hitl_gate_step_oldest_pending_age_seconds",
-                "Age of the oldest pending approval of each step (no series for a step with "
-                "none pending).",
-                labels=["pipeline", "step"],
-            )
+            name = "step_oldest_pending_age_seconds"
+            family = GaugeMetricFamily(f"hitl_gate_{name}", HELP[name], labels=["pipeline", "step"])
             for pipeline, step, age_s in self.pending_by_step:
                 family.add_metric([pipeline, step], age_s)
             yield family
-        if self.writer_unanswered_s is not None:
-            yield GaugeMetricFamily(
-                "hitl_gate_writer_unanswered_seconds",
-                "Seconds the oldest write sent to the database writer process has waited for "
-                "its answer (0 when none waits); /healthz answers 503 above 30.",
-                value=self.writer_unanswered_s,
-            )
-        if self.last_attempt_acked is not None:
-            yield GaugeMetricFamily(
-                "hitl_gate_relay_up",
-                "1 if the latest approval dispatch POST was acked, 0 if it failed (absent "
-                "before the first attempt since start).",
-                value=1 if self.last_attempt_acked else 0,
-            )
-        if self.question_attempt_acked is not None:
-            yield GaugeMetricFamily(
-                "hitl_gate_question_relay_up",
-                "1 if the latest question dispatch POST was acked, 0 if it failed ("
-                "absent before the first question attempt since start).",
-                value=1 if self.question_attempt_acked else 0,
-            )
-        if self.last_ack_ms is not None:
-            yield GaugeMetricFamily(
-                "hitl_gate_relay_last_ack_timestamp_seconds",
-                "Unix time of the relay's latest ack (absent before the first since start).",
-                value=self.last_ack_ms / 1000,
-            )
-            yield GaugeMetricFamily(
-                "hitl_gate_relay_last_ack_age_seconds",
-                "Seconds since the relay's latest ack (absent before the first since start).",
-                value=max(0, self.now_ms - self.last_ack_ms) / 1000,
-            )
+        ack_ms = self.last_ack_ms
+        yield from _gauges(
+            ("writer_unanswered_seconds", self.writer_unanswered_s),
+            *((names.relay_up, self.relay_up.get(kind)) for kind, names in KINDS.items()),
+            ("relay_last_ack_timestamp_seconds", None if ack_ms is None else ack_ms / 1000),
+            (
+                "relay_last_ack_age_seconds",
+                None if ack_ms is None else max(0, self.now_ms - ack_ms) / 1000,
+            ),
+        )
+
+
+def _gauges(*rows: tuple[str, float | None]) -> Iterator[GaugeMetricFamily]:
+    """A gauge ``hitl_gate_<name>`` (help text ``HELP[name]``) of each ``(name, value)``
+    whose value is known (not None)."""
+    for name, value in rows:
+        if value is not None:
+            yield GaugeMetricFamily(f"hitl_gate_{name}", HELP[name], value=value)

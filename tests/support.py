@@ -22,6 +22,7 @@ import threading
 import time
 import urllib.parse
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -33,6 +34,7 @@ from gate.protocol import signing
 from gate.protocol.canonical import wire_json
 from gate.protocol.envelope import build_decision
 from gate.protocol.question import build_answer
+from gate.store import Command
 
 ROOT = Path(__file__).resolve().parent.parent
 # at least 32 bytes each: shorter ones are refused (< 16) or warned about (check-config)
@@ -56,6 +58,15 @@ ENV = {
 IDENTITIES = ["alice@example.com", "bob@example.com", "carol@example.com"] + [
     f"op{n:02d}@example.com" for n in range(4, 21)
 ]
+
+
+@dataclass(frozen=True, slots=True)
+class Named(Command[Any]):
+    """A test's write transaction by ``name``, with picklable ``args``: the handler the test
+    binds to a bare Store (``Store.bind``) runs it by name."""
+
+    name: str
+    args: tuple[Any, ...] = ()
 
 
 def wait_until(

@@ -227,7 +227,9 @@ def test_create_answers_carry_the_receipt_of_their_created_entry(history) -> Non
 def test_the_created_receipt_is_read_through_an_index(history) -> None:
     """The created entry is found by approval_id through the partial index of migration 3,
     not by a scan of the whole log on every GET."""
-    from gate.store.tx import CREATED_ENTRY_SQL
+    from gate.store.approvals import APPROVALS
+
+    CREATED_ENTRY_SQL = APPROVALS.created_sql
 
     conn = sqlite3.connect(f"file:{history.db}?mode=ro", uri=True)
     try:

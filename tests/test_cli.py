@@ -589,8 +589,7 @@ def test_command_with_an_unusable_extra_names_the_extra_in_one_line(
 
 def test_list_lines_show_times_fixed_width_with_milliseconds():
     from gate.cli.approvers import credential_line
-    from gate.cli.pipeline import approval_line
-    from gate.cli.questions import question_line
+    from gate.cli.requests import approval_line, question_line
 
     approval = {
         "approval_id": UNKNOWN_ID,

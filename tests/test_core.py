@@ -15,7 +15,9 @@ import json
 import logging
 import mmap
 import os
+import pickle
 import struct
+import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -27,15 +29,21 @@ from gate.audit.receipts import receipt_object
 from gate.config import Config, load_config
 from gate.core.approvals import rules
 from gate.core.approvals.create import CreateRequest, parse_create
+from gate.core.approvals.kind import APPROVALS as APPROVAL_KIND
 from gate.core.approvals.service import Approvals
+from gate.core.commands import ReceiptKey, Transaction
+from gate.core.questions.kind import QUESTIONS
 from gate.core.ratelimit import RateLimiter
+from gate.core.requests.lifecycle_tx import Cancel, DispatchResult
 from gate.core.service import GateService
 from gate.errors import Conflict, GateError, NotFound
 from gate.model import Approval, DecisionRow, Revision
 from gate.protocol.canonical import payload_hash, wire_json
 from gate.protocol.envelope import Decision, build_decision, parse_decision, rfc3339
 from gate.store import Command, Store, WriteTx
-from tests.support import write_config
+from gate.store.approvals import APPROVALS
+from gate.store.batch import PROBE
+from tests.support import Named, write_config
 
 NOW_MS = 1767225600000
 RECEIPT_KEY = b"test-receipt-key-91c2"
@@ -119,7 +127,7 @@ class Gate:
 
     async def full(self, approval_id: str) -> dict[str, Any]:
         """The stored approval (``gate.model.Approval``) as plain JSON values."""
-        full = await self.store.reads.fetch_approval(approval_id)
+        full = await self.store.reads.fetch(APPROVALS, approval_id)
         assert full is not None
         loaded: dict[str, Any] = json.loads(json.dumps(dataclasses.asdict(full)))
         return loaded
@@ -667,7 +675,7 @@ class StoreHandler:
         self.entered_r, self.entered_w = os.pipe()
         self.release_r, self.release_w = os.pipe()
 
-    def __call__(self, tx: WriteTx | None, command: Command) -> Any:
+    def __call__(self, tx: WriteTx | None, command: Named) -> Any:
         assert tx is not None
         if command.name == "append":  # args: (n, refuse)
             n, refuse = command.args
@@ -707,12 +715,51 @@ async def bare_store(
         await store.close()
 
 
-def append(n: Any, refuse: bool = False) -> Command:
-    return Command("append", (n, refuse))
+def append(n: Any, refuse: bool = False) -> Named:
+    return Named("append", (n, refuse))
 
 
 async def store_audit_rows(store: Store) -> list[audit.AuditRow]:
     return [row async for row in store.audit_rows()]
+
+
+def every_command(cls: type[Command[Any]] = Command) -> list[type[Command[Any]]]:
+    """Every subclass of ``Command`` the gate defines (imported with ``GateService``); not
+    the classes a slotted dataclass replaced (``__subclasses__`` may still list them)."""
+    found = []
+    for sub in cls.__subclasses__():
+        if getattr(sys.modules[sub.__module__], sub.__qualname__, None) is sub:
+            found.append(sub)
+        found += every_command(sub)
+    return found
+
+
+def test_store_every_command_is_a_frozen_slotted_dataclass() -> None:
+    """A command pickles as its class and ``__match_args__`` (``Command.__reduce__``): one
+    that is not a dataclass would cross to the writer process without its fields."""
+    commands = [c for c in every_command() if c is not Transaction]
+    assert len(commands) >= 20
+    for command in commands:
+        params = getattr(command, "__dataclass_params__", None)
+        assert params is not None and params.frozen, command
+        assert not any("__dict__" in k.__dict__ for k in command.__mro__), command  # slotted
+        assert command.__match_args__ == tuple(f.name for f in dataclasses.fields(command))
+
+
+def test_store_command_pickles_by_value_and_logs_its_transaction_name() -> None:
+    command = DispatchResult(
+        APPROVAL_KIND, "01KDWZ8B00J3Q9V5X7Z2M4N6PR", 2, False, "timeout", 1_000
+    )
+    crossed = pickle.loads(pickle.dumps(command, protocol=pickle.HIGHEST_PROTOCOL))
+    assert crossed == command and crossed.kind is APPROVAL_KIND  # a kind crosses by its name
+    assert pickle.loads(pickle.dumps(Cancel(QUESTIONS, "q"))).kind is QUESTIONS
+    assert pickle.loads(pickle.dumps(PROBE)) == PROBE
+    assert (command.name, Cancel(QUESTIONS, "q").name, PROBE.name, ReceiptKey().name) == (
+        "dispatch_result",
+        "question_cancel",
+        "probe",
+        "receipt_key",
+    )
 
 
 async def test_store_transactions_sharing_a_commit_roll_back_alone(
@@ -741,8 +788,8 @@ async def test_a_commit_logs_the_chain_head_it_kept_once(
     store, handler = bare_store
     caplog.set_level(logging.INFO, logger="gate.store.batch")
 
-    async def batch(*commands: Command) -> list[Any]:
-        held = asyncio.create_task(store.transact(Command("hold")))
+    async def batch(*commands: Named) -> list[Any]:
+        held = asyncio.create_task(store.transact(Named("hold")))
         await handler.entered()  # the writer is busy while the next batch queues up
         tasks = [asyncio.create_task(store.transact(c)) for c in commands]
         await asyncio.sleep(0)  # one loop turn: each task has queued its job (no timing)
@@ -754,7 +801,7 @@ async def test_a_commit_logs_the_chain_head_it_kept_once(
     kept_first = await batch(append(4), append(5, refuse=True))
     # appends nothing, so logs nothing; and the writer answers it only after it logged
     # the head of the batch before (it logs once the batch's callers are answered)
-    await store.transact(Command("noop"))
+    await store.transact(Named("noop"))
     rows = {json.loads(r.entry)["data"]["n"]: r for r in await store_audit_rows(store)}
     assert (kept_last[0], kept_last[2], kept_first[0]) == (rows[1].seq, rows[3].seq, rows[4].seq)
     heads = [r.getMessage() for r in caplog.records if "event=audit_head" in r.getMessage()]
@@ -768,7 +815,7 @@ async def test_store_transaction_cancelled_before_it_ran_never_runs(
     bare_store: tuple[Store, StoreHandler],
 ) -> None:
     store, handler = bare_store
-    held = asyncio.create_task(store.transact(Command("hold")))
+    held = asyncio.create_task(store.transact(Named("hold")))
     await handler.entered()  # the writer is inside ``hold``
     cancelled = asyncio.create_task(store.transact(append("never")))
     await asyncio.sleep(0.05)
@@ -779,7 +826,7 @@ async def test_store_transaction_cancelled_before_it_ran_never_runs(
         await asyncio.sleep(0.001)
     handler.release()
     assert await held == "held"
-    await store.transact(Command("noop"))  # the queue has drained past ``never``
+    await store.transact(Named("noop"))  # the queue has drained past ``never``
     assert await store_audit_rows(store) == []
 
 
@@ -903,7 +950,7 @@ async def test_service_audit_survives_reopen(make_gate: MakeGate) -> None:
         rows = [row async for row in store.audit_rows()]
         assert [r.kind for r in rows] == ["created", "decision", "resolved"]
         assert audit.verify(rows, RECEIPT_KEY).ok
-        full = await store.reads.fetch_approval(aid)
+        full = await store.reads.fetch(APPROVALS, aid)
         assert full is not None and full.outcome == "approved"
     finally:
         await store.close()
@@ -1225,13 +1272,13 @@ async def test_store_reads_see_each_commit_while_other_reads_run(gate: Gate) -> 
 
     async def busy_reader() -> None:
         while not stop.is_set():
-            await gate.store.reads.list_approvals("all", None, 20, None)
+            await gate.store.reads.page(APPROVALS, "all", None, 20, None)
 
     readers = [asyncio.create_task(busy_reader()) for _ in range(8)]
     try:
         for _ in range(150):
             view = await gate.create()
-            assert await gate.store.reads.fetch_approval(view["approval_id"]) is not None
+            assert await gate.store.reads.fetch(APPROVALS, view["approval_id"]) is not None
     finally:
         stop.set()
         await asyncio.gather(*readers)

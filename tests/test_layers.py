@@ -311,7 +311,7 @@ WIRED_ONLY_THERE = {
     "Dispatcher",
     "create_api_app",
     "create_callback_app",
-    "run_expiry",
+    "Timers",
 }
 
 

@@ -26,7 +26,7 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from gate.daemon.dispatch import post_signed
+from gate.daemon.relay_http import post_signed
 from tests.support import (
     API_TOKEN,
     DEADLINE_S,

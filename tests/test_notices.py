@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import yaml
 
-from gate.daemon.dispatch import dispatch_envelope
+from gate.daemon.approval_dispatch import dispatch_envelope
 from gate.daemon.followups import awaiting, followup_envelope, notice_envelope
 from gate.protocol import signing
 from gate.protocol.envelope import rfc3339

@@ -23,13 +23,8 @@ import pytest
 
 from gate.config import load
 from gate.daemon.app import build_gate
-from gate.daemon.dispatch import (
-    BACKOFF_BASE_S,
-    BACKOFF_CAP_S,
-    backoff_s,
-    post_signed,
-    relay_session,
-)
+from gate.daemon.dispatch import BACKOFF_BASE_S, BACKOFF_CAP_S, backoff_s
+from gate.daemon.relay_http import post_signed, relay_session
 from tests.badrelays import PermissiveServer
 from tests.outbox_harness import Fault, ScriptedRelay
 from tests.support import (

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from gate.daemon.question_sender import still_due
+from gate.daemon.delivery import still_due
 from gate.model import Dispatch, Question, QuestionVersion
 from tests.outbox_harness import ScriptedRelay
 from tests.support import GateProcess, wait_until, write_config

@@ -31,7 +31,7 @@ from gate.audit.chain import GENESIS_HASH, AuditRow
 from gate.audit.export import export_line, parse_export_line
 from gate.audit.receipts import check_receipt, receipt_object
 from gate.protocol.canonical import canonical_json
-from gate.store import Command, Store
+from gate.store import Store
 from gate.store.schema import MIGRATIONS
 from gate.trust import keys
 from tests.support import (
@@ -39,6 +39,7 @@ from tests.support import (
     ROOT,
     CaptureRelay,
     GateProcess,
+    Named,
     decision_body,
     gate_env,
     post_decision,
@@ -359,7 +360,7 @@ async def test_signed_audit_migration_2_keeps_old_entries(tmp_path: Path) -> Non
         store.bind(
             lambda tx, _: tx.append_audit("resolved", AID, T0 + 1, {"outcome": "approved"}, b"k", s)
         )
-        await store.transact(Command("resolve"))
+        await store.transact(Named("resolve"))
         rows = [row async for row in store.audit_rows()]
     finally:
         await store.close()

@@ -21,11 +21,12 @@ import pytest
 import yaml
 
 from gate.errors import Conflict, GateError, Unavailable
-from gate.store import Command, Store, WriteTx
+from gate.store import Store, WriteTx
 from tests.support import (
     DEADLINE_S,
     CaptureRelay,
     GateProcess,
+    Named,
     children,
     decision_body,
     post_decision,
@@ -52,7 +53,7 @@ class Handler:
         self.release_r, self.release_w = os.pipe()
         self.setting = "start"
 
-    def __call__(self, tx: WriteTx | None, command: Command) -> Any:
+    def __call__(self, tx: WriteTx | None, command: Named) -> Any:
         if command.name == "configure":
             if command.args[0] == "broken":
                 raise ValueError("a configuration this handler cannot apply")
@@ -129,10 +130,10 @@ async def test_writer_process_is_another_process_and_commits_every_answered_job(
     forked: Any, tmp_path: Path
 ) -> None:
     store, _ = forked
-    pid = await store.transact(Command("pid"))
+    pid = await store.transact(Named("pid"))
     assert pid != os.getpid() and pid in children(os.getpid())
     seqs = await asyncio.gather(
-        *(store.transact(Command("append", (f"j{n}", False))) for n in range(50))
+        *(store.transact(Named("append", (f"j{n}", False))) for n in range(50))
     )
     assert sorted(seqs) == list(range(1, 51))
     # answered = committed: a fresh connection sees every one of them
@@ -146,7 +147,7 @@ async def test_writer_process_refusal_crosses_the_process_boundary_and_rolls_bac
 ) -> None:
     store, _ = forked
     results = await asyncio.gather(
-        *(store.transact(Command("append", (f"j{n}", n % 3 == 1))) for n in range(9)),
+        *(store.transact(Named("append", (f"j{n}", n % 3 == 1))) for n in range(9)),
         return_exceptions=True,
     )
     refused = [r for r in results if isinstance(r, Exception)]
@@ -175,34 +176,34 @@ async def test_writer_process_takes_commands_only(forked: Any) -> None:
 
 async def test_writer_process_cancelled_job_never_runs(forked: Any, tmp_path: Path) -> None:
     store, handler = forked
-    held = asyncio.create_task(store.transact(Command("hold")))
+    held = asyncio.create_task(store.transact(Named("hold")))
     await asyncio.to_thread(os.read, handler.entered_r, 1)  # the writer is inside ``hold``
-    cancelled = asyncio.create_task(store.transact(Command("append", ("never", False))))
+    cancelled = asyncio.create_task(store.transact(Named("append", ("never", False))))
     await asyncio.sleep(0)  # its job is sent; cancel it before the writer is free
     await cancelled_in_socket(store, cancelled)
     os.write(handler.release_w, b"x")
     assert await held == "held"
-    await store.transact(Command("append", ("after", False)))
+    await store.transact(Named("append", ("after", False)))
     assert [label for label, _ in audit_labels(tmp_path / "gate.db")] == ["after"]
 
 
 async def test_writer_process_applies_configuration_in_order(forked: Any, tmp_path: Path) -> None:
     store, _ = forked
-    first = asyncio.create_task(store.transact(Command("append", ("before", False))))
+    first = asyncio.create_task(store.transact(Named("append", ("before", False))))
     await asyncio.sleep(0)  # sent before the new setting
-    store.apply(Command("configure", ("new",)))
-    await store.transact(Command("append", ("after", False)))
+    store.apply(Named("configure", ("new",)))
+    await store.transact(Named("append", ("after", False)))
     await first
     assert audit_labels(tmp_path / "gate.db") == [("before", "start"), ("after", "new")]
 
 
 async def test_writer_process_gone_refuses_writes_503(forked: Any) -> None:
     store, _ = forked
-    pid = await store.transact(Command("pid"))
+    pid = await store.transact(Named("pid"))
     os.kill(pid, signal.SIGKILL)
     with pytest.raises(Unavailable) as info:
         for _ in range(100):  # the first sends may still be buffered before the loss is seen
-            await store.transact(Command("append", ("lost", False)))
+            await store.transact(Named("append", ("lost", False)))
     assert info.value.code == "storage_unavailable"
     assert "writer process exited" in info.value.message
     with pytest.raises(Unavailable):
@@ -216,12 +217,12 @@ async def test_writer_process_error_that_cannot_cross_fails_its_job_only(
     unpickle fails that caller with an error; the channel and every other job go on."""
     store, _ = forked
     with pytest.raises(Exception) as stopped:
-        await asyncio.wait_for(store.transact(Command("stop_iteration")), 10)
+        await asyncio.wait_for(store.transact(Named("stop_iteration")), 10)
     assert not isinstance(stopped.value, (StopIteration, asyncio.TimeoutError))
     with pytest.raises(GateError) as odd:
-        await asyncio.wait_for(store.transact(Command("unpicklable_error")), 10)
+        await asyncio.wait_for(store.transact(Named("unpicklable_error")), 10)
     assert (odd.value.status, odd.value.code) == (422, "needs_two")
-    assert await store.transact(Command("append", ("after", False))) == 1
+    assert await store.transact(Named("append", ("after", False))) == 1
     assert store.write_fault is None
 
 
@@ -232,8 +233,8 @@ async def test_thread_writer_error_a_future_refuses_fails_its_job_only(tmp_path:
     try:
         results = await asyncio.wait_for(
             asyncio.gather(
-                store.transact(Command("stop_iteration")),
-                store.transact(Command("pid")),
+                store.transact(Named("stop_iteration")),
+                store.transact(Named("pid")),
                 return_exceptions=True,
             ),
             10,
@@ -250,13 +251,13 @@ async def test_writer_process_cancel_behind_a_reload_or_a_full_batch_is_honoured
     """Cancels queued behind where a batch was cut (a reload, or MAX_BATCH jobs) still
     reach the jobs of that batch before they run."""
     store, handler = forked
-    held = asyncio.create_task(store.transact(Command("hold")))
+    held = asyncio.create_task(store.transact(Named("hold")))
     await asyncio.to_thread(os.read, handler.entered_r, 1)
-    behind_reload = asyncio.create_task(store.transact(Command("append", ("r", False))))
+    behind_reload = asyncio.create_task(store.transact(Named("append", ("r", False))))
     await asyncio.sleep(0)
-    store.apply(Command("configure", ("reloaded",)))
+    store.apply(Named("configure", ("reloaded",)))
     many = [
-        asyncio.create_task(store.transact(Command("append", (f"m{n}", False)))) for n in range(300)
+        asyncio.create_task(store.transact(Named("append", (f"m{n}", False)))) for n in range(300)
     ]
     await asyncio.sleep(0)  # all sent (one write at the next loop turn)
     await cancelled_in_socket(store, behind_reload, many[5])
@@ -273,13 +274,13 @@ async def test_writer_process_cancel_during_a_batch_stops_a_later_job_of_it(
     forked: Any, tmp_path: Path
 ) -> None:
     store, handler = forked
-    held = asyncio.create_task(store.transact(Command("hold")))
-    later = asyncio.create_task(store.transact(Command("append", ("later", False))))
+    held = asyncio.create_task(store.transact(Named("hold")))
+    later = asyncio.create_task(store.transact(Named("append", ("later", False))))
     await asyncio.to_thread(os.read, handler.entered_r, 1)  # one batch: hold, then later
     await cancelled_in_socket(store, later)
     os.write(handler.release_w, b"x")
     assert await held == "held"
-    await store.transact(Command("append", ("after", False)))
+    await store.transact(Named("append", ("after", False)))
     assert [label for label, _ in audit_labels(tmp_path / "gate.db")] == ["after"]
 
 
@@ -287,8 +288,8 @@ async def test_writer_process_survives_a_configuration_it_cannot_apply(
     forked: Any, tmp_path: Path
 ) -> None:
     store, _ = forked
-    store.apply(Command("configure", ("broken",)))
-    assert await store.transact(Command("append", ("after", False))) == 1
+    store.apply(Named("configure", ("broken",)))
+    assert await store.transact(Named("append", ("after", False))) == 1
     assert audit_labels(tmp_path / "gate.db") == [("after", "start")]
 
 
@@ -296,7 +297,7 @@ async def test_writer_process_holds_the_database_lock_too(forked: Any, tmp_path:
     """After a kill -9 of the daemon the writer may still finish a batch: it keeps the
     lock file open, so no second gate starts on the file until it is gone as well."""
     store, _ = forked
-    pid = await store.transact(Command("pid"))
+    pid = await store.transact(Named("pid"))
     lock = str(tmp_path / "gate.db.lock")
     assert any(os.readlink(f"/proc/{pid}/fd/{fd}") == lock for fd in os.listdir(f"/proc/{pid}/fd"))
 
@@ -313,10 +314,10 @@ async def test_writer_process_that_stops_answering_makes_the_health_check_fail(
     store, _ = forked
     monkeypatch.setattr(writerproc, "STALL_S", 0.2)
     caplog.set_level(logging.WARNING, logger=writerproc.log.name)
-    pid = await store.transact(Command("pid"))
+    pid = await store.transact(Named("pid"))
     os.kill(pid, signal.SIGSTOP)
     try:
-        waiting = asyncio.create_task(store.transact(Command("append", ("late", False))))
+        waiting = asyncio.create_task(store.transact(Named("append", ("late", False))))
         deadline = asyncio.get_running_loop().time() + 10
         while True:
             try:

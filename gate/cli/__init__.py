@@ -1,6 +1,7 @@
 """``hitl-gate`` commands: each parses, calls one function, prints; errors become one line.
 The group, ``fail``, ``run`` and shared options live here; the commands in daemon, pipeline,
-ask, questions, audit, tools and verify (what the API-side ones share: common).
+requests (list, show, cancel of both kinds), ask, audit, tools and verify (what the API-side
+ones share: common).
 
 A command's module is imported only when that command runs (or help lists it): ``main`` is a
 ``LazyGroup`` that knows each command's module by name (``COMMANDS``), and the module registers
@@ -148,20 +149,20 @@ COMMANDS: dict[str, tuple[str, ...]] = {
     "approvers": ("approvers",),
     "ask": ("ask",),
     "audit": ("audit", "audit_signatures"),
-    "cancel": ("pipeline",),
+    "cancel": ("requests",),
     "check-config": ("daemon",),
     "doctor": ("tools",),
     "inbox": ("inbox",),
     "keygen": ("tools",),
-    "list": ("pipeline",),
+    "list": ("requests",),
     "mcp": ("mcp",),
     "permit": ("audit",),
     "policy": ("policy",),
-    "questions": ("questions",),
+    "questions": ("requests",),
     "relay": ("tools",),
     "request": ("pipeline",),
     "serve": ("daemon",),
-    "show": ("pipeline",),
+    "show": ("requests",),
     "verify": ("verify",),
 }
 

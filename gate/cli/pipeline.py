@@ -1,5 +1,5 @@
-"""``hitl-gate`` commands of the pipeline side, over the API: ``request``, ``list``, ``show``,
-``cancel``."""
+"""``hitl-gate request``, the pipeline side's command over the API: ask for approval of a
+draft, with ``--wait`` block until resolved (``list``, ``show`` and ``cancel``: ``requests``)."""
 
 from __future__ import annotations
 
@@ -20,11 +20,8 @@ from gate.cli.asking import (
     where_options,
 )
 from gate.cli.common import (
-    api_client,
     api_target,
     check_request_options,
-    echo_page,
-    list_options,
     reporter,
     spend_type,
 )
@@ -155,110 +152,3 @@ def _print_request_result(
         sys.stdout.write(approval["final_body"])
         sys.stdout.flush()
     sys.exit(EXIT_CODES[approval["outcome"]])
-
-
-@main.command("list")
-@CONFIG_OPTION
-@API_URL_OPTION
-@list_options
-def list_cmd(
-    config_path: str,
-    api_url: str | None,
-    state: str,
-    pipeline: str | None,
-    limit: int,
-    cursor: str | None,
-    as_json: bool,
-) -> None:
-    """List approvals, one line each (or JSON).
-
-    Example: hitl-gate list -c config.example.yaml --state pending
-    """
-
-    async def go() -> Any:
-        async with api_client(config_path, api_url) as api:
-            return await api.list(state, pipeline, limit, cursor)
-
-    page = run(go())
-    if as_json:
-        click.echo(json.dumps(page, ensure_ascii=False, indent=2))
-        return
-    echo_page(page, "approvals", state, pipeline, cursor, approval_line)
-
-
-def approval_line(a: dict[str, Any]) -> str:
-    """One approval object of a page as ``hitl-gate list`` prints it."""
-    from gate.client.hops import reason_summary
-    from gate.protocol.display import display_time
-
-    return (
-        f"{a['approval_id']}  {a['state']:8}  {a['outcome'] or '-':9}  "
-        f"{a['pipeline']}/{a['step']}  {a['quorum']['collected']}/"
-        f"{a['quorum']['required']}  expires {display_time(a['expires_at'])}"
-        f"{_followup_text(a)}" + reason_summary(a)
-    )
-
-
-def _followup_text(approval: dict[str, Any]) -> str:
-    """``  reminded N  escalated level L`` for an approval with reminders or escalation
-    (nothing otherwise, so those lines read as before)."""
-    text = ""
-    if approval.get("reminders_sent"):
-        text += f"  reminded {approval['reminders_sent']}"
-    escalation = approval.get("escalation")
-    if isinstance(escalation, dict) and escalation.get("level"):
-        text += f"  escalated level {escalation['level']}"
-    return text
-
-
-@main.command()
-@CONFIG_OPTION
-@API_URL_OPTION
-@click.argument("approval_id")
-def show(config_path: str, api_url: str | None, approval_id: str) -> None:
-    """Print one approval as JSON.
-
-    Example: hitl-gate show -c config.example.yaml 01JABCDEF...
-    """
-
-    from gate.cli.questions import other_kind_exists
-    from gate.client.api import ClientError
-
-    async def go() -> Any:
-        async with api_client(config_path, api_url) as api:
-            try:
-                return await api.get(approval_id)
-            except ClientError as exc:
-                if exc.status == 404 and await other_kind_exists(api.get_question, approval_id):
-                    fail(f"{approval_id} is a question: use hitl-gate questions show {approval_id}")
-                raise
-
-    click.echo(json.dumps(run(go()), ensure_ascii=False, indent=2))
-
-
-@main.command()
-@CONFIG_OPTION
-@API_URL_OPTION
-@click.argument("approval_id")
-def cancel(config_path: str, api_url: str | None, approval_id: str) -> None:
-    """Withdraw a pending approval (resolves it as cancelled).
-
-    Example: hitl-gate cancel -c config.example.yaml 01JABCDEF...
-    """
-    from gate.client.api import ClientError
-
-    async def go() -> Any:
-        async with api_client(config_path, api_url) as api:
-            try:
-                return await api.cancel(approval_id)
-            except ClientError as exc:
-                if exc.code == "already_resolved" and "outcome" in exc.extra:
-                    # whether the action may have fired depends on the outcome: say it
-                    fail(
-                        f"approval {approval_id} is already resolved (outcome "
-                        f"{exc.extra['outcome']}); nothing changed (HTTP 409 already_resolved)"
-                    )
-                raise
-
-    result = run(go())
-    click.echo(f"{result['approval_id']} cancelled")

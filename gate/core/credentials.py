@@ -9,9 +9,11 @@ passkey invite page (``gate.core.invites``), into the same table.
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from gate.audit.credential_entries import CredentialEnrolledData, CredentialRevokedData
+from gate.core.commands import Transaction
 from gate.errors import Conflict, GateError, NotFound, refused
 from gate.model import Credential
 from gate.protocol.approver_signature import (
@@ -20,7 +22,6 @@ from gate.protocol.approver_signature import (
     load_ed25519_public_key,
 )
 from gate.protocol.envelope import rfc3339
-from gate.store import Command
 
 log = logging.getLogger(__name__)
 
@@ -109,7 +110,7 @@ def credential_view(credential: Credential, config: Config) -> dict[str, Any]:
 def enrol(t: Transactions, tx: WriteTx, credential: Credential) -> Credential:
     """Store ``credential`` at the gate's now with its ``approver_credential_enrolled``
     entry. Raises 409 ``credential_exists`` when its id is enrolled already."""
-    existing = tx.load_credential(credential.credential_id)
+    existing = tx.credentials.load(credential.credential_id)
     if existing is not None:
         message = f"this key is enrolled already as {credential.credential_id}"
         if existing.revoked_at is not None:
@@ -128,7 +129,7 @@ def enrol(t: Transactions, tx: WriteTx, credential: Credential) -> Credential:
         credential.label,
         now,
     )
-    tx.insert_credential(stored)
+    tx.credentials.insert(stored)
     data = CredentialEnrolledData(
         stored.operator_id, stored.credential_id, stored.type, stored.public_key, stored.label
     )
@@ -139,7 +140,7 @@ def enrol(t: Transactions, tx: WriteTx, credential: Credential) -> Credential:
 def revoke(t: Transactions, tx: WriteTx, credential_id: str) -> Credential:
     """Revoke a credential at the gate's now with its ``approver_credential_revoked`` entry.
     Raises 404 ``unknown_credential``, 409 ``credential_revoked`` when it already is."""
-    found = tx.load_credential(credential_id)
+    found = tx.credentials.load(credential_id)
     if found is None:
         message = f"no approver credential {credential_id!r}"
         raise NotFound("unknown_credential", message, extra={"message": message})
@@ -147,7 +148,7 @@ def revoke(t: Transactions, tx: WriteTx, credential_id: str) -> Credential:
         message = f"credential {credential_id!r} is revoked already"
         raise Conflict("credential_revoked", message, extra={"message": message})
     now = t.clock.now_ms()
-    tx.revoke_credential(credential_id, now)
+    tx.credentials.revoke(credential_id, now)
     data = CredentialRevokedData(found.operator_id, credential_id)
     t.audit(tx, data.kind, None, now, data.to_data())
     return Credential(
@@ -164,7 +165,35 @@ def revoke(t: Transactions, tx: WriteTx, credential_id: str) -> Credential:
 
 def list_all(t: Transactions, tx: WriteTx) -> list[Credential]:
     """Every credential, revoked ones included (read on the writer: one source of truth)."""
-    return tx.credentials()
+    return tx.credentials.all()
+
+
+@dataclass(frozen=True, slots=True)
+class EnrolCredential(Transaction[Credential]):
+    """Enrol ``credential`` (``enrol``)."""
+
+    credential: Credential
+
+    def run(self, t: Transactions, tx: WriteTx) -> Credential:
+        return enrol(t, tx, self.credential)
+
+
+@dataclass(frozen=True, slots=True)
+class RevokeCredential(Transaction[Credential]):
+    """Revoke the credential ``credential_id`` (``revoke``)."""
+
+    credential_id: str
+
+    def run(self, t: Transactions, tx: WriteTx) -> Credential:
+        return revoke(t, tx, self.credential_id)
+
+
+@dataclass(frozen=True, slots=True)
+class ListCredentials(Transaction[list[Credential]]):
+    """Every credential, revoked ones included (``list_all``)."""
+
+    def run(self, t: Transactions, tx: WriteTx) -> list[Credential]:
+        return list_all(t, tx)
 
 
 class Credentials:
@@ -178,7 +207,7 @@ class Credentials:
         """Enrol the key a ``POST /v1/admin/approvers`` body names; returns its view.
         Raises as ``parse_enrolment`` and ``enrol``."""
         credential = parse_enrolment(body, self.shared.config)
-        stored = await self.store.transact(Command("enrol_credential", (credential,)))
+        stored = await self.store.transact(EnrolCredential(credential))
         log.info(
             "event=approver_credential_enrolled operator_id=%d credential_id=%s type=%s",
             stored.operator_id,
@@ -189,7 +218,7 @@ class Credentials:
 
     async def revoke(self, credential_id: str) -> dict[str, Any]:
         """Revoke a credential; returns its view. Raises as ``revoke``."""
-        stored = await self.store.transact(Command("revoke_credential", (credential_id,)))
+        stored = await self.store.transact(RevokeCredential(credential_id))
         log.info(
             "event=approver_credential_revoked operator_id=%d credential_id=%s",
             stored.operator_id,
@@ -199,7 +228,7 @@ class Credentials:
 
     async def list_all(self) -> list[dict[str, Any]]:
         """Every credential's view, by operator id then enrolment time."""
-        rows = await self.store.transact(Command("list_credentials", ()))
+        rows = await self.store.transact(ListCredentials())
         return [credential_view(row, self.shared.config) for row in rows]
 
     async def in_force(self) -> list[dict[str, Any]]:

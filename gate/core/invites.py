@@ -17,12 +17,12 @@ from typing import TYPE_CHECKING, Any
 
 from gate.audit.credential_entries import CredentialEnrolledData, InviteCreatedData
 from gate.config.webauthn import WebAuthnSettings, origin_of, resolve_webauthn, unavailable_reason
+from gate.core.commands import Transaction
 from gate.errors import Conflict, GateError, NotFound
 from gate.model import Credential
 from gate.protocol.approver_signature import b64url, unb64
 from gate.protocol.envelope import rfc3339
 from gate.protocol.webauthn_registration import creation_options, verify_passkey
-from gate.store import Command
 from gate.store.invites import Invite
 
 if TYPE_CHECKING:
@@ -99,7 +99,7 @@ def create_invite(
     now = t.clock.now_ms()
     challenge = b64url(secrets.token_bytes(32))
     invite = Invite(hashed, operator_id, label, challenge, now, now + ttl_s * 1000)
-    tx.insert_invite(invite)
+    tx.invites.insert(invite)
     data = InviteCreatedData(operator_id, invite.expires_at, hashed, label)
     t.audit(tx, data.kind, None, now, data.to_data())
     return invite
@@ -108,7 +108,7 @@ def create_invite(
 def usable_invite(t: Transactions, tx: WriteTx, hashed: str) -> Invite:
     """The invite with this hash if it can still enrol. Raises 404 ``invite_unknown``, 410
     ``invite_used`` or ``invite_expired`` (at the gate's now)."""
-    invite = tx.load_invite(hashed)
+    invite = tx.invites.load(hashed)
     if invite is None:
         raise NotFound("invite_unknown", "no such invite", extra={"message": "no such invite"})
     if invite.used_at is not None:
@@ -124,7 +124,7 @@ def invite_page(t: Transactions, tx: WriteTx, hashed: str) -> tuple[Invite, list
     invite = usable_invite(t, tx, hashed)
     own = [
         c.credential_id
-        for c in tx.credentials()
+        for c in tx.credentials.all()
         if c.operator_id == invite.operator_id and c.type == "webauthn" and c.revoked_at is None
     ]
     return invite, own
@@ -146,7 +146,7 @@ def register(t: Transactions, tx: WriteTx, hashed: str, registration: Registrati
     ``credential_exists``); writes the ``approver_credential_enrolled`` entry."""
     invite = usable_invite(t, tx, hashed)
     cred = registration.credential
-    if tx.load_credential(cred.credential_id) is not None:
+    if tx.credentials.load(cred.credential_id) is not None:
         message = "this passkey is enrolled already"
         raise Conflict("credential_exists", message, extra={"message": message})
     now = t.clock.now_ms()
@@ -159,8 +159,8 @@ def register(t: Transactions, tx: WriteTx, hashed: str, registration: Registrati
         invite.label,
         now,
     )
-    tx.insert_credential(stored)
-    tx.use_invite(hashed, now, stored.credential_id)
+    tx.credentials.insert(stored)
+    tx.invites.use(hashed, now, stored.credential_id)
     data = CredentialEnrolledData(
         stored.operator_id,
         stored.credential_id,
@@ -173,6 +173,40 @@ def register(t: Transactions, tx: WriteTx, hashed: str, registration: Registrati
     )
     t.audit(tx, data.kind, None, now, data.to_data())
     return stored
+
+
+@dataclass(frozen=True, slots=True)
+class CreateInvite(Transaction[Invite]):
+    """Store a fresh invite for the token hash ``hashed`` (``create_invite``)."""
+
+    hashed: str
+    operator_id: int
+    ttl_s: int
+    label: str | None
+
+    def run(self, t: Transactions, tx: WriteTx) -> Invite:
+        return create_invite(t, tx, self.hashed, self.operator_id, self.ttl_s, self.label)
+
+
+@dataclass(frozen=True, slots=True)
+class InvitePage(Transaction[tuple[Invite, list[str]]]):
+    """What the invite page of ``hashed`` shows (``invite_page``); changes nothing."""
+
+    hashed: str
+
+    def run(self, t: Transactions, tx: WriteTx) -> tuple[Invite, list[str]]:
+        return invite_page(t, tx, self.hashed)
+
+
+@dataclass(frozen=True, slots=True)
+class RegisterPasskey(Transaction[Credential]):
+    """Consume the invite ``hashed`` and enrol its passkey (``register``)."""
+
+    hashed: str
+    registration: Registration
+
+    def run(self, t: Transactions, tx: WriteTx) -> Credential:
+        return register(t, tx, self.hashed, self.registration)
 
 
 class Invites:
@@ -204,7 +238,7 @@ class Invites:
             raise unavailable(self.shared.config)
         token = b64url(secrets.token_bytes(32))
         invite = await self.store.transact(
-            Command("create_invite", (token_hash(token), operator_id, ttl_s, label))
+            CreateInvite(token_hash(token), operator_id, ttl_s, label)
         )
         base = invite_base(self.shared.config.relay.public_url, settings)
         return {
@@ -231,7 +265,7 @@ class Invites:
         settings = self.webauthn()
         if settings is None:
             raise unavailable(self.shared.config)
-        invite, own = await self.store.transact(Command("invite_page", (_known_shape(token),)))
+        invite, own = await self.store.transact(InvitePage(_known_shape(token)))
         identity = self._identity(invite.operator_id)
         options = creation_options(
             rp_id=settings.rp_id,
@@ -251,7 +285,7 @@ class Invites:
         settings = self.webauthn()
         if settings is None:
             raise unavailable(self.shared.config)
-        invite, _ = await self.store.transact(Command("invite_page", (_known_shape(token),)))
+        invite, _ = await self.store.transact(InvitePage(_known_shape(token)))
         verified = verify_passkey(body, unb64(invite.challenge), settings.rp_id, settings.origins)
         credential = Credential(
             verified.credential_id,
@@ -263,9 +297,7 @@ class Invites:
             0,
         )
         registration = Registration(credential, settings.rp_id, verified.origin)
-        stored = await self.store.transact(
-            Command("register_passkey", (token_hash(token), registration))
-        )
+        stored = await self.store.transact(RegisterPasskey(token_hash(token), registration))
         return {"credential_id": stored.credential_id, "operator_id": stored.operator_id}
 
     def _identity(self, operator_id: int) -> str:

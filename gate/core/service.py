@@ -10,6 +10,7 @@ from gate.clock import Clock
 from gate.config import Config
 from gate.core.approvals.resolve_tx import Resolution
 from gate.core.approvals.service import Approvals, DecisionResult
+from gate.core.commands import Configure, ReceiptKey
 from gate.core.credentials import Credentials
 from gate.core.invites import Invites
 from gate.core.questions.service import AnswerResult, Questions
@@ -17,7 +18,8 @@ from gate.core.ratelimit import RateLimiter
 from gate.core.receipt_key import refusal
 from gate.core.requests.service import Shared
 from gate.core.transactions import Policy, Transactions
-from gate.store import Command, Store
+from gate.store import Store
+from gate.store.approvals import APPROVALS
 from gate.trust.keys import ReceiptKeys, load_receipt_keys
 
 __all__ = ["AnswerResult", "DecisionResult", "GateService", "Policy", "Resolution"]
@@ -91,8 +93,8 @@ class GateService:
         transactions sent before and before those sent after (``Store.apply``).
         """
         self.shared.config = config
-        self.transactions.configure(None, config)
-        self.store.apply(Command("configure", (config,)))
+        self.transactions.configure(config)
+        self.store.apply(Configure(config))
 
     async def settle_receipt_key(self) -> int | None:
         """At start (``gate serve``), before anything else is written: go on with the audit
@@ -109,7 +111,7 @@ class GateService:
         verifies it but the log already went over to the current key (an entry forged with
         a retired key). Never logs a key.
         """
-        settled = await self.store.transact(Command("receipt_key"))
+        settled = await self.store.transact(ReceiptKey())
         receipts = self.config.receipts
         problem = refusal(settled, receipts)
         if problem is not None:
@@ -140,7 +142,7 @@ class GateService:
         """Return ``(number of pending approvals, earliest created_at in unix ms or None)``:
         one statement over the pending partial index (``Store.pending_summary``). Raises
         GateError when the database cannot be read."""
-        return await self.store.reads.pending_summary()
+        return await self.store.reads.pending_summary(APPROVALS)
 
     async def oldest_pending_by_step(self) -> StepAges:
         """Return ``(pipeline, step, oldest pending created_at in unix ms)`` per step with a

@@ -1,28 +1,20 @@
 """The gate's write transactions: what runs on the store's writer (a thread, or the writer
-process on its forked copy), looked up in one explicit table. No HTTP, no SQL of its own."""
+process on its forked copy), each a typed command (``gate.core.commands.Transaction``) run
+by ``Transactions.run``. No HTTP, no SQL of its own."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
-from functools import partial
 from typing import Any
 
 from gate.audit.chain import AuditRow
 from gate.clock import Clock
 from gate.config import Config
-from gate.core import credentials, invites
-from gate.core.approvals import followup_tx
-from gate.core.approvals.decide_tx import decide
 from gate.core.approvals.followups import Plan
-from gate.core.approvals.kind import APPROVALS
 from gate.core.approvals.policy import Verdict as PolicyVerdict
-from gate.core.questions import revise_tx
-from gate.core.questions.answer_tx import answer_question
-from gate.core.questions.kind import QUESTIONS
+from gate.core.commands import Configure, Transaction
 from gate.core.ratelimit import RateLimiter
 from gate.core.receipt_key import Settled, settle
-from gate.core.requests import lifecycle_tx
 from gate.store import Command, WriteTx
 from gate.trust.keys import Signer
 
@@ -51,7 +43,7 @@ class Transactions:
     declared rotation) and the Ed25519 ``signer`` (or None) of the audit entries and
     permits. With a writer process, the process runs its forked copy of this object
     (``Store.bind``, forked at ``Store.open``): state changed afterwards reaches that copy
-    only through a ``configure`` command (``Store.apply``). Every transaction reads the
+    only through a ``Configure`` command (``Store.apply``). Every transaction reads the
     gate's ``clock`` inside the transaction.
     """
 
@@ -71,18 +63,21 @@ class Transactions:
         self._previous_receipt_key = previous_receipt_key
         self.signer = signer
 
-    def run(self, tx: WriteTx, command: Command) -> Any:
-        """Run the transaction ``command`` names (a key of ``TABLE``) in ``tx``; the store's
-        writer calls this (``Store.bind``). Returns what that transaction returns; raises
-        what it raises (GateError for a refusal), ValueError for an unknown name."""
-        body = TABLE.get(command.name)
-        if body is None:
+    def run(self, tx: WriteTx | None, command: Command[Any]) -> Any:
+        """Run ``command`` on the store's writer (``Store.bind``): a ``Transaction`` in
+        ``tx`` (its ``run``), returning what it returns and raising what it raises
+        (GateError for a refusal); ``Configure`` outside any transaction (``tx`` None, sent
+        with ``Store.apply``). Raises ValueError for any other command."""
+        if isinstance(command, Configure):
+            self.configure(command.config)
+            return None
+        if not isinstance(command, Transaction) or tx is None:
             raise ValueError(f"unknown write transaction {command.name!r}")
-        return body(self, tx, *command.args)
+        return command.run(self, tx)
 
-    def configure(self, tx: WriteTx | None, config: Config) -> None:
+    def configure(self, config: Config) -> None:
         """Use ``config`` from now on (SIGHUP reload): budgets, limits, the rate limit.
-        Runs outside any transaction (``tx`` None, sent with ``Store.apply``)."""
+        The writer process's copy takes it from a ``Configure`` command (``Store.apply``)."""
         self.config = config
         self.rate.per_minute = config.relay.security.rate_limit
 
@@ -106,31 +101,3 @@ class Transactions:
             self.clock.now_ms(),
             self.signer,
         )
-
-
-# The write transactions by name (``Command.name``): the one table ``Transactions.run`` reads.
-# "configure" runs outside a transaction (``Store.apply``), "receipt_key" once at start.
-TABLE: dict[str, Callable[..., Any]] = {
-    "create": partial(lifecycle_tx.create, APPROVALS),  # gate.core.requests.lifecycle_tx
-    "decide": decide,
-    "expire": partial(lifecycle_tx.expire, APPROVALS),
-    "cancel": partial(lifecycle_tx.cancel, APPROVALS),
-    "dispatch_result": partial(lifecycle_tx.dispatch_result, APPROVALS),
-    "followups": followup_tx.handle_due,  # gate.core.approvals.followup_tx
-    "followup_result": followup_tx.result,
-    "create_question": partial(lifecycle_tx.create, QUESTIONS),
-    "revise_question": revise_tx.revise,  # gate.core.questions.revise_tx
-    "cancel_question": partial(lifecycle_tx.cancel, QUESTIONS),
-    "expire_questions": partial(lifecycle_tx.expire, QUESTIONS),
-    "answer_question": answer_question,
-    "question_dispatch_result": partial(lifecycle_tx.dispatch_result, QUESTIONS),
-    "question_notice_result": revise_tx.notice_result,
-    "enrol_credential": credentials.enrol,  # gate.core.credentials
-    "revoke_credential": credentials.revoke,
-    "list_credentials": credentials.list_all,
-    "create_invite": invites.create_invite,  # passkeys, gate.core.invites
-    "invite_page": invites.invite_page,
-    "register_passkey": invites.register,
-    "configure": Transactions.configure,
-    "receipt_key": Transactions.receipt_key,
-}

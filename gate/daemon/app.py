@@ -17,17 +17,19 @@ from gate.config import Config, Secrets
 from gate.core.service import GateService
 from gate.daemon.approval_dispatch import ApprovalDispatch
 from gate.daemon.delivery import OutboxSender
-from gate.daemon.dispatch import BACKOFF_BASE_S, BACKOFF_CAP_S, Dispatcher, relay_session
-from gate.daemon.expiry import run_expiry
+from gate.daemon.dispatch import BACKOFF_BASE_S, BACKOFF_CAP_S, Dispatcher
 from gate.daemon.followups import FollowUps
 from gate.daemon.question_notices import QuestionNotices
 from gate.daemon.question_sender import QuestionDispatch
+from gate.daemon.relay_http import relay_session
+from gate.daemon.timers import Timers
 from gate.metrics import Metrics
 from gate.protocol import DECISIONS_PATH
 from gate.store import Store
-from gate.web.api import ApiSettings, create_api_app
-from gate.web.callback import CallbackSettings, create_callback_app
+from gate.web.api import create_api_app
+from gate.web.callback import create_callback_app
 from gate.web.common import BODY_TIMEOUT, Handler
+from gate.web.keys import ApiSettings, CallbackSettings
 
 log = logging.getLogger(__name__)
 
@@ -70,15 +72,15 @@ class Gate:
     async def workers(self) -> AsyncIterator[None]:
         """Open the store, settle the receipt key against the audit log (which may refuse
         the start: ``GateService.settle_receipt_key``), and run the dispatcher (idle until
-        ``dispatcher.start``) and the expiry scheduler; on exit stop both (an in-flight
-        dispatch is abandoned: its row stays un-acked and is sent again after a restart) and
-        close the database last."""
+        ``dispatcher.start``) and the scheduler of everything timed (``Timers``); on exit
+        stop both (an in-flight dispatch is abandoned: its row stays un-acked and is sent
+        again after a restart) and close the database last."""
         async with self.storage():
             await self.service.settle_receipt_key()
             async with relay_session(self.config.relay.ca_file) as session:
                 tasks = [
                     asyncio.create_task(self.dispatcher.run(session), name="dispatcher"),
-                    asyncio.create_task(run_expiry(self.service, self.metrics), name="expiry"),
+                    asyncio.create_task(Timers(self.service, self.metrics).run(), name="expiry"),
                 ]
                 try:
                     yield

@@ -1,97 +1,91 @@
 """The channel of ``outbox``: each pending approval's current revision POSTed to the relay's
-URL as its dispatch envelope (``gate.daemon.dispatch.dispatch_envelope``), retried until the
-approval resolves; drained by ``gate.daemon.delivery.OutboxSender``."""
+URL as its dispatch envelope (``dispatch_envelope``), retried until the approval resolves;
+drained by ``gate.daemon.delivery.OutboxSender``."""
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from typing import Any
 
-from gate.daemon.delivery import ChannelBase, Outcome, Send, typed
-from gate.daemon.dispatch import SendResult
+from gate.core.approvals.rules import approvers_of
+from gate.core.requests.service import RequestService
+from gate.daemon.delivery import RequestDispatch
+from gate.model import Approval
 from gate.protocol.canonical import wire_json
+from gate.protocol.envelope import build_dispatch
+from gate.protocol.followup import FollowUp
+from gate.store.outbox import DISPATCHES, DueDispatch
 
 # its lines keep the logger they always had
 log = logging.getLogger("gate.daemon.dispatch")
 
 
-@dataclass(frozen=True, slots=True)
-class DispatchRow:
-    """A due ``outbox`` row: ``revision`` of ``approval_id``, ``attempts`` so far."""
-
-    approval_id: str
-    revision: int
-    attempts: int
-
-    @property
-    def key(self) -> tuple[str, int]:
-        return (self.approval_id, self.revision)
-
-    @property
-    def log_id(self) -> str:
-        return f"approval_id={self.approval_id}"
-
-
-class ApprovalDispatch(ChannelBase):
+class ApprovalDispatch(RequestDispatch):
     """Approvals' dispatches for ``dispatcher`` (its relay URL, callback URL and metrics).
     None is sent for an approval resolved, revised, acked or expired since the plan was read:
     the expiry scheduler resolves it as timeout, and nothing is dispatched after."""
 
-    failed_event = "dispatch_failed"
+    table = DISPATCHES
+    event = "dispatch"
+    retry_in_log = True
     log = log
 
-    async def due(self, now_ms: int, limit: int) -> tuple[list[DispatchRow], int | None]:
-        rows, next_at = await self.dispatcher.service.store.reads.dispatch_plan(now_ms, limit)
-        return typed(DispatchRow, rows), next_at
+    def log_id(self, row: DueDispatch) -> str:
+        return f"approval_id={row.request_id}"  # its revision only on the POST's lines
 
-    async def build(self, row: DispatchRow) -> Send | None:
-        service = self.dispatcher.service
-        full = await service.store.reads.fetch_approval(row.approval_id)
-        if full is None or full.state != "pending" or full.revision != row.revision:
-            return None
-        if any(o.revision == row.revision and o.delivered_at is not None for o in full.outbox):
-            return None  # acked meanwhile: the due rows were read before that ack was recorded
-        if service.clock.now_ms() >= full.expires_at:
-            return None  # the expiry scheduler resolves it as timeout; never dispatch after
-        body = wire_json(self.dispatcher.envelope_for(full, row.revision))
-        return Send(self.dispatcher.relay_url, body)
+    def post_id(self, row: DueDispatch) -> str:
+        return super().log_id(row)
 
-    def sent(
-        self, row: DispatchRow, send: Send, result: SendResult, attempt: int, retry_at_ms: int
-    ) -> None:
-        service = self.dispatcher.service
-        acked = result.error is None
-        self.dispatcher.metrics.dispatch_result(
-            acked, result.elapsed_s, result.failure, service.clock.now_ms()
-        )
-        if acked:
-            log.info(
-                "event=dispatched approval_id=%s revision=%d attempt=%d status=%s",
-                row.approval_id,
-                row.revision,
-                attempt,
-                result.status,
-            )
-        else:
-            log.warning(
-                "event=dispatch_failed approval_id=%s revision=%d attempt=%d error=%r "
-                "retry_in_s=%.1f",
-                row.approval_id,
-                row.revision,
-                attempt,
-                result.error,
-                (retry_at_ms - service.clock.now_ms()) / 1000,
-            )
+    def url(self) -> str:
+        return self.dispatcher.relay_url
 
-    async def record(self, row: DispatchRow, outcome: Outcome) -> str | None:
-        await self.dispatcher.service.approvals.dispatch_result(
-            row.approval_id,
-            row.revision,
-            acked=outcome.acked,
-            error=outcome.error,
-            retry_at_ms=outcome.retry_at(),
-        )
-        return None
+    def envelope(self, full: Approval, version: int) -> bytes:
+        return wire_json(self.dispatcher.envelope_for(full, version))
 
-    def what(self, row: DispatchRow) -> str:
-        return "dispatch"
+    def requests(self) -> RequestService[Any]:
+        return self.dispatcher.service.approvals
+
+
+def dispatch_envelope(
+    full: Approval,
+    revision: int,
+    callback_url: str,
+    skip_reason_required: bool = False,
+    delegates: tuple[tuple[str, str], ...] = (),
+    approver_signature: str = "off",
+) -> dict[str, Any]:
+    """Return the SPEC §2 dispatch envelope for ``revision`` of a loaded approval.
+
+    With ``skip_reason_required`` (the step's ``skip_reason: required``) its skip
+    action says so; ``delegates`` are the (delegate identity, principal identity) pairs in
+    force (``gate.core.approvals.delegation.delegates_for``): the delegates join ``approvers``
+    and the pairs go out as ``delegates``. With neither the envelope is byte-for-byte
+    as before (``gate.protocol.followup.FollowUp``). ``approver_signature`` (the step's)
+    other than ``off`` goes out as the additive ``"approver_signature"`` (optional
+    | required), so a relay knows to have the approver sign; ``off`` adds nothing.
+    """
+    rev = next(r for r in full.revisions if r.revision == revision)
+    envelope = build_dispatch(
+        approval_id=full.approval_id,
+        run_id=full.run_id,
+        pipeline=full.pipeline,
+        step=full.step,
+        issued_at_ms=full.created_at,
+        expires_at_ms=full.expires_at,
+        risk=full.risk,
+        quorum_required=full.quorum_required,
+        quorum_collected=len(approvers_of(full, revision)),
+        approvers=[identity for _, identity in full.scope],
+        payload_hash=rev.payload_hash,
+        content_type=full.content_type,
+        body=rev.body,
+        callback_url=callback_url,
+        nonce=rev.nonce,
+        revision=revision,
+        budget=full.budget,
+        followup=FollowUp(delegates=delegates, skip_reason_required=skip_reason_required),
+        requested_by=full.requested_by,
+    )
+    if approver_signature != "off":
+        envelope["approver_signature"] = approver_signature
+    return envelope

@@ -20,17 +20,18 @@ the loop's, so every channel has all of them:
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import functools
 import logging
-from collections.abc import Hashable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 import aiohttp
 
-from gate.daemon.dispatch import SendResult, post_signed
+from gate.core.requests.service import RequestService
+from gate.daemon.relay_http import SendResult, post_signed
 from gate.errors import GateError
+from gate.model import Approval, Question
+from gate.store.outbox import DueDispatch, OutboxTable
 
 if TYPE_CHECKING:
     from gate.daemon.dispatch import Dispatcher
@@ -41,17 +42,14 @@ STORAGE_RETRY_S = 1.0
 
 
 class OutboxRow(Protocol):
-    """A due row as a channel reads it: its primary ``key``, the ``attempts`` recorded so far
-    and ``log_id``, the ``name=value`` fields that name it in log lines."""
+    """A due row as the store plans it (``gate.store.outbox``): its primary ``key`` and the
+    ``attempts`` recorded so far."""
 
     @property
-    def key(self) -> Hashable: ...
+    def key(self) -> tuple[Any, ...]: ...
 
     @property
     def attempts(self) -> int: ...
-
-    @property
-    def log_id(self) -> str: ...
 
 
 Row = TypeVar("Row", bound=OutboxRow)
@@ -60,7 +58,7 @@ Row = TypeVar("Row", bound=OutboxRow)
 @dataclass(frozen=True, slots=True)
 class Send:
     """One signed POST to build: ``body`` to ``url``; ``pipeline``/``step`` label metrics,
-    ``detail`` is more ``name=value`` fields for the channel's log line of the POST."""
+    ``detail`` is more ``name=value`` fields for the log line of an acked POST."""
 
     url: str
     body: bytes
@@ -89,62 +87,198 @@ class Outcome:
         return self.retry_at_ms
 
 
-class Channel(Protocol[Row]):
-    """What one outbox adds to the loop. ``failed_event`` is the log event of its failed
-    attempts (storage trouble, a fault while building), logged through ``log``, the
-    channel's own logger."""
+class Channel(Generic[Row]):
+    """What one outbox adds to the loop, and what every channel adapter starts from: its
+    ``dispatcher`` (settings, service, metrics) and its store ``table``, whose plan ``due``
+    reads. ``event`` names the channel in its log events (``failed_event``: its failed
+    attempts, storage trouble or a fault while building; ``sent_event`` and
+    ``attempt_failed_event``: a POST acked or not, with ``retry_in_log`` that line says when
+    it is retried), all logged through ``log``, the channel's own logger. An adapter fills
+    in ``build``, ``record`` and ``what``."""
 
-    failed_event: str
+    table: OutboxTable[Row]
+    event: str
     log: logging.Logger
+    retry_in_log = False
+
+    @property
+    def failed_event(self) -> str:
+        return f"{self.event}_failed"
+
+    @property
+    def sent_event(self) -> str:
+        return f"{self.event}_sent"
+
+    @property
+    def attempt_failed_event(self) -> str:
+        return f"{self.event}_attempt_failed"
+
+    def __init__(self, dispatcher: Dispatcher) -> None:
+        self.dispatcher = dispatcher
 
     async def due(self, now_ms: int, limit: int) -> tuple[list[Row], int | None]:
-        """Up to ``limit`` rows due at ``now_ms`` and the earliest next attempt (unix ms) of
-        any unsent row, due or not (None: none). Raises GateError when the store cannot be
-        read."""
-        ...
+        """Up to ``limit`` rows of ``table`` due at ``now_ms`` and the earliest next attempt
+        (unix ms) of any unsent row, due or not (None: none). Raises GateError when the
+        store cannot be read."""
+        reads = self.dispatcher.service.store.reads
+        return await reads.outbox_plan(self.table, now_ms, limit)
 
     async def build(self, row: Row) -> Send | Outcome | None:
         """The POST of ``row``; an ``Outcome`` to record without one (a drop); or None when
         nothing is to be sent or recorded (resolved, superseded or acked meanwhile)."""
-        ...
+        raise NotImplementedError
+
+    async def record(self, row: Row, outcome: Outcome) -> str | None:
+        """Record ``outcome``; return the row's state when it ended (``"delivered"``,
+        ``"failed"``), ``"retry"``, or None."""
+        raise NotImplementedError
+
+    def ended(self, row: Row, state: str | None, outcome: Outcome) -> None:
+        """Log and count a recorded attempt in state ``state`` (``record``'s answer); by
+        default nothing (a dispatch is counted when sent)."""
+
+    def what(self, row: Row) -> str:
+        """What a send of ``row`` is called in ``last_error`` (``dispatch``, ``notice``...)."""
+        raise NotImplementedError
+
+    def log_id(self, row: Row) -> str:
+        """The ``name=value`` fields that name ``row`` in log lines: its primary key."""
+        names = self.table.columns[: self.table.key]
+        return " ".join(f"{name}={value}" for name, value in zip(names, row.key, strict=True))
+
+    def post_id(self, row: Row) -> str:
+        """The fields that name a POST of ``row`` in its log line (``log_id``'s)."""
+        return self.log_id(row)
 
     def sent(
         self, row: Row, send: Send, result: SendResult, attempt: int, retry_at_ms: int
     ) -> None:
         """Log (and count) the ``result`` of POSTing ``send``, attempt number ``attempt``."""
-        ...
+        if result.error is None:
+            self.log.info(
+                "event=%s %s%s attempt=%d status=%s",
+                self.sent_event,
+                self.post_id(row),
+                f" {send.detail}" if send.detail else "",
+                attempt,
+                result.status,
+            )
+        elif self.retry_in_log:
+            self.log.warning(
+                "event=%s %s attempt=%d error=%r retry_in_s=%.1f",
+                self.attempt_failed_event,
+                self.post_id(row),
+                attempt,
+                result.error,
+                (retry_at_ms - self.dispatcher.service.clock.now_ms()) / 1000,
+            )
+        else:
+            self.log.warning(
+                "event=%s %s attempt=%d error=%r",
+                self.attempt_failed_event,
+                self.post_id(row),
+                attempt,
+                result.error,
+            )
 
-    async def record(self, row: Row, outcome: Outcome) -> str | None:
-        """Record ``outcome``; return the row's state when it ended (``"delivered"``,
-        ``"failed"``), ``"retry"``, or None."""
-        ...
 
-    def ended(self, row: Row, state: str | None, outcome: Outcome) -> None:
-        """Log and count a recorded attempt in state ``state`` (``record``'s answer)."""
-        ...
+class RequestDispatch(Channel[DueDispatch]):
+    """The dispatches of one kind of request (its outbox ``table``, whose ``request`` is the
+    kind): the current version of each pending request POSTed to ``url()`` as
+    ``envelope(full, version)``, retried until the request resolves (``Outcome.retry_at``),
+    counted when sent as ``metrics_kind`` (a kind of ``gate.metrics.KINDS``), recorded by the
+    kind's service (``requests().dispatch_result``). Nothing is sent for a request resolved,
+    revised, acked or expired since the plan was read (``still_due``), nor while ``url()``
+    is None."""
 
-    def what(self, row: Row) -> str:
-        """What a send of ``row`` is called in ``last_error`` (``dispatch``, ``notice``...)."""
-        ...
+    metrics_kind = "approval"
+
+    @property
+    def sent_event(self) -> str:
+        return f"{self.event}ed"  # dispatched, question_dispatched
+
+    @property
+    def attempt_failed_event(self) -> str:
+        return self.failed_event
+
+    def url(self) -> str | None:
+        """Where the dispatches go, as the config in force says now."""
+        raise NotImplementedError
+
+    def envelope(self, full: Any, version: int) -> bytes:
+        """The body of the dispatch of ``version`` of ``full`` (the caller signs it)."""
+        raise NotImplementedError
+
+    def requests(self) -> RequestService[Any]:
+        """The service of this kind of request (``GateService.approvals``, ``.questions``),
+        which records an attempt in its write transaction."""
+        raise NotImplementedError
+
+    async def build(self, row: DueDispatch) -> Send | None:
+        service = self.dispatcher.service
+        assert self.table.request is not None  # a dispatch belongs to a request
+        full = await service.store.reads.fetch(self.table.request, row.request_id)
+        url = self.url()
+        if full is None or url is None or not still_due(full, row.version, service.clock.now_ms()):
+            return None
+        return Send(url, self.envelope(full, row.version))
+
+    def sent(
+        self, row: DueDispatch, send: Send, result: SendResult, attempt: int, retry_at_ms: int
+    ) -> None:
+        d = self.dispatcher
+        now = d.service.clock.now_ms()
+        acked = result.error is None
+        d.metrics.dispatch_result(
+            acked, result.elapsed_s, result.failure, now, kind=self.metrics_kind
+        )
+        super().sent(row, send, result, attempt, retry_at_ms)
+
+    async def record(self, row: DueDispatch, outcome: Outcome) -> str | None:
+        await self.requests().dispatch_result(
+            row.request_id,
+            row.version,
+            acked=outcome.acked,
+            error=outcome.error,
+            retry_at_ms=outcome.retry_at(),
+        )
+        return None
+
+    def what(self, row: DueDispatch) -> str:
+        return "dispatch"
 
 
-def typed(row_type: type[Row], rows: list[dict[str, Any]]) -> list[Row]:
-    """``rows`` as read by a plan (one dict a row) as ``row_type``, a frozen dataclass whose
-    fields are columns of the plan: the loop and the adapters never read a row by key."""
-    names = [field.name for field in dataclasses.fields(cast(Any, row_type))]
-    return [row_type(**{name: row[name] for name in names}) for row in rows]
+def resolution(full: Approval | Question) -> dict[str, Any]:
+    """What every resolution notice says of its request, as ``build_notice`` and
+    ``build_question_notice`` take it: its id (``approval_id``, ``question_id``), ``run_id``,
+    ``pipeline``, ``step``, ``outcome`` and ``resolved_at_ms``. Raises ValueError when the
+    request is not resolved."""
+    if isinstance(full, Approval):
+        kind, request_id = "approval", full.approval_id
+    else:
+        kind, request_id = "question", full.question_id
+    if full.outcome is None or full.resolved_at is None:
+        raise ValueError(f"{kind} {request_id} is not resolved")
+    return {
+        f"{kind}_id": request_id,
+        "run_id": full.run_id,
+        "pipeline": full.pipeline,
+        "step": full.step,
+        "outcome": full.outcome,
+        "resolved_at_ms": full.resolved_at,
+    }
 
 
-class ChannelBase:
-    """What every channel adapter starts from: its ``dispatcher`` (settings, service,
-    metrics) and an ``ended`` that logs and counts nothing (a dispatch is counted when
-    sent)."""
-
-    def __init__(self, dispatcher: Dispatcher) -> None:
-        self.dispatcher = dispatcher
-
-    def ended(self, row: Any, state: str | None, outcome: Outcome) -> None:
-        """Nothing to log or count once recorded."""
+def still_due(full: Approval | Question, version: int, now_ms: int) -> bool:
+    """Whether ``version`` of the request ``full`` is still to be sent: the request is
+    pending (not resolved since the plan was read), ``version`` is current and not acked
+    meanwhile (the due rows were read before that ack was recorded), and ``expires_at`` has
+    not passed (the scheduler resolves it as timeout; nothing is dispatched after). A row not
+    sent stays as it is: the plan reads only pending requests' current version."""
+    current = full.revision if isinstance(full, Approval) else full.version
+    if full.state != "pending" or current != version or now_ms >= full.expires_at:
+        return False
+    return not any(o.revision == version and o.delivered_at is not None for o in full.outbox)
 
 
 class OutboxSender(Generic[Row]):
@@ -154,8 +288,8 @@ class OutboxSender(Generic[Row]):
     def __init__(self, dispatcher: Dispatcher, channel: Channel[Row]) -> None:
         self.dispatcher = dispatcher
         self.channel = channel
-        self._in_flight: dict[Hashable, asyncio.Task[None]] = {}
-        self._unrecorded: dict[Hashable, Outcome] = {}
+        self._in_flight: dict[tuple[Any, ...], asyncio.Task[None]] = {}
+        self._unrecorded: dict[tuple[Any, ...], Outcome] = {}
 
     async def launch_due(self, session: aiohttp.ClientSession, now_ms: int) -> int | None:
         """Start an attempt for each row due at ``now_ms`` (unix ms) that is not in flight;
@@ -184,7 +318,7 @@ class OutboxSender(Generic[Row]):
         if tasks:
             await asyncio.gather(*tasks, return_exceptions=True)
 
-    def _forget(self, key: Hashable, _task: asyncio.Task[None]) -> None:
+    def _forget(self, key: tuple[Any, ...], _task: asyncio.Task[None]) -> None:
         """Done-callback of an attempt's task: forget it and wake the loop."""
         self._in_flight.pop(key, None)
         self.dispatcher.service.dispatch_wakeup.set()
@@ -205,7 +339,7 @@ class OutboxSender(Generic[Row]):
             channel.log.error(
                 "event=%s %s reason=%s message=%s",
                 channel.failed_event,
-                row.log_id,
+                channel.log_id(row),
                 exc.code,
                 exc.message,
             )
@@ -240,7 +374,7 @@ class OutboxSender(Generic[Row]):
         self.channel.log.error(
             "event=%s %s attempt=%d reason=internal_error retry_in_s=%.1f",
             self.channel.failed_event,
-            row.log_id,
+            self.channel.log_id(row),
             attempt,
             (retry_at - clock.now_ms()) / 1000,
             exc_info=exc,

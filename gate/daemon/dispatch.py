@@ -1,4 +1,5 @@
-"""Outbox worker: signs and POSTs dispatch envelopes to the relay. The only outbound HTTP."""
+"""The dispatcher: the loop that drains every outbox (each a
+``gate.daemon.delivery.OutboxSender``) and the settings their sends share."""
 
 from __future__ import annotations
 
@@ -6,64 +7,25 @@ import asyncio
 import contextlib
 import logging
 import random
-import ssl
-import time
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Protocol
-from urllib.parse import quote, unquote
+from typing import Any
 
 import aiohttp
-from yarl import URL
 
 from gate.core.approvals.approver_signature_check import step_mode
 from gate.core.approvals.delegation import delegates_for
-from gate.core.approvals.rules import approvers_of
 from gate.core.approvals.rules import skip_reason_required as step_requires_reason
 from gate.core.service import GateService
+from gate.daemon.approval_dispatch import dispatch_envelope
+from gate.daemon.delivery import OutboxSender
 from gate.errors import GateError
 from gate.metrics import Metrics
 from gate.model import Approval
-from gate.protocol import PROTOCOL, PROTOCOL_HEADER, SIGNATURE_HEADER, signing
-from gate.protocol.envelope import build_dispatch
-from gate.protocol.followup import FollowUp
-from gate.protocol.relay_answers import MAX_ANSWER_BYTES, relay_reason
 
 log = logging.getLogger(__name__)
 
 BACKOFF_BASE_S = 0.5
 BACKOFF_CAP_S = 60.0
 IDLE_S = 3600.0
-MAX_ERROR_CHARS = 300
-
-
-class Outbox(Protocol):
-    """An outbox the dispatcher's loop drains (``gate.daemon.delivery.OutboxSender``):
-    ``launch_due`` starts what is due at unix ms ``now_ms`` and returns when to look again
-    (unix ms; None: at a wake-up); ``stop`` ends what is in flight."""
-
-    async def launch_due(self, session: aiohttp.ClientSession, now_ms: int) -> int | None: ...
-
-    async def stop(self) -> None: ...
-
-
-def relay_session(ca_file: Path | None = None) -> aiohttp.ClientSession:
-    """Return the HTTP client session for dispatches.
-
-    TLS certificates of an https relay are always verified: against ``ca_file`` (a PEM
-    bundle, e.g. a private CA; it replaces the system CAs) when given, else against the
-    system's CAs. Proxy variables of the environment are ignored (``trust_env=False``).
-    Cookies a relay sets are neither kept nor sent back (a dispatch carries no state but
-    its signed envelope; and no cookie jar is run per request).
-    """
-    tls: ssl.SSLContext | bool = True
-    if ca_file is not None:
-        tls = ssl.create_default_context(cafile=str(ca_file))
-    return aiohttp.ClientSession(
-        connector=aiohttp.TCPConnector(ssl=tls),
-        trust_env=False,
-        cookie_jar=aiohttp.DummyCookieJar(),
-    )
 
 
 def backoff_s(
@@ -132,7 +94,7 @@ class Dispatcher:
         self._rng = random.Random()
         # the outboxes this loop drains, in order (``gate.daemon.delivery.OutboxSender``s,
         # one per channel; set by build_gate)
-        self.outboxes: tuple[Outbox, ...] = ()
+        self.outboxes: tuple[OutboxSender[Any], ...] = ()
 
     def backoff_ms(self, attempts: int) -> int:
         """The delay before retry number ``attempts`` (1-based), in whole milliseconds: the
@@ -198,152 +160,3 @@ class Dispatcher:
             delegates=delegates_for(full, config, now),
             approver_signature=step_mode(config, full),
         )
-
-
-def dispatch_envelope(
-    full: Approval,
-    revision: int,
-    callback_url: str,
-    skip_reason_required: bool = False,
-    delegates: tuple[tuple[str, str], ...] = (),
-    approver_signature: str = "off",
-) -> dict[str, Any]:
-    """Return the SPEC §2 dispatch envelope for ``revision`` of a loaded approval.
-
-    With ``skip_reason_required`` (the step's ``skip_reason: required``) its skip
-    action says so; ``delegates`` are the (delegate identity, principal identity) pairs in
-    force (``gate.core.approvals.delegation.delegates_for``): the delegates join ``approvers``
-    and the pairs go out as ``delegates``. With neither the envelope is byte-for-byte
-    as before (``gate.protocol.followup.FollowUp``). ``approver_signature`` (the step's)
-    other than ``off`` goes out as the additive ``"approver_signature"`` (optional
-    | required), so a relay knows to have the approver sign; ``off`` adds nothing.
-    """
-    rev = next(r for r in full.revisions if r.revision == revision)
-    envelope = build_dispatch(
-        approval_id=full.approval_id,
-        run_id=full.run_id,
-        pipeline=full.pipeline,
-        step=full.step,
-        issued_at_ms=full.created_at,
-        expires_at_ms=full.expires_at,
-        risk=full.risk,
-        quorum_required=full.quorum_required,
-        quorum_collected=len(approvers_of(full, revision)),
-        approvers=[identity for _, identity in full.scope],
-        payload_hash=rev.payload_hash,
-        content_type=full.content_type,
-        body=rev.body,
-        callback_url=callback_url,
-        nonce=rev.nonce,
-        revision=revision,
-        budget=full.budget,
-        followup=FollowUp(delegates=delegates, skip_reason_required=skip_reason_required),
-        requested_by=full.requested_by,
-    )
-    if approver_signature != "off":
-        envelope["approver_signature"] = approver_signature
-    return envelope
-
-
-@dataclass(frozen=True, slots=True)
-class SendResult:
-    """One POST's result: HTTP ``status`` (None if none came), ``error`` (None = acked, 2xx),
-    ``elapsed_s`` until the answer or the failure, in seconds, and ``failure``: why it was
-    not acked (``http_status``, ``timeout``, ``connection``), None when acked."""
-
-    status: int | None
-    error: str | None
-    elapsed_s: float
-    failure: str | None = None
-
-
-async def post_signed(
-    session: aiohttp.ClientSession,
-    url: str,
-    body: bytes,
-    secret: str,
-    t: int,
-    timeout_s: float,
-    *,
-    signature: str | None = None,
-) -> SendResult:
-    """POST ``body`` signed at unix second ``t`` (or with ``signature`` as given, for tests of
-    relays); redirects are never followed; an ack is any 2xx within ``timeout_s`` seconds."""
-    headers = {
-        "Content-Type": "application/json; charset=utf-8",
-        PROTOCOL_HEADER: PROTOCOL,
-        SIGNATURE_HEADER: signature or signing.sign(secret, t, body),
-    }
-    started = time.monotonic()
-    try:
-        async with session.post(
-            url,
-            data=body,
-            headers=headers,
-            allow_redirects=False,
-            timeout=aiohttp.ClientTimeout(total=timeout_s),
-        ) as resp:
-            status = resp.status
-            if 200 <= status < 300:
-                return SendResult(status, None, time.monotonic() - started)
-            reason = relay_reason(await _answer_head(resp))  # the relay's words: redacted
-            error = f"relay answered HTTP {status}" + (f": {redact(reason, url)}" if reason else "")
-            return SendResult(status, error, time.monotonic() - started, "http_status")
-    except TimeoutError:
-        return SendResult(
-            None, f"no answer within {timeout_s:g} s", time.monotonic() - started, "timeout"
-        )
-    except aiohttp.ClientError as exc:
-        return SendResult(
-            None,
-            redact(f"{type(exc).__name__}: {exc}", url)[:MAX_ERROR_CHARS],
-            time.monotonic() - started,
-            "connection",
-        )
-
-
-async def _answer_head(resp: aiohttp.ClientResponse) -> bytes:
-    """Up to MAX_ANSWER_BYTES of a refusal's body; b"" when reading it fails or times out
-    (the status is the answer: the body only explains it)."""
-    data = b""
-    try:
-        while len(data) < MAX_ANSWER_BYTES:
-            chunk = await resp.content.read(MAX_ANSWER_BYTES - len(data))
-            if not chunk:
-                break
-            data += chunk
-    except (TimeoutError, aiohttp.ClientError):
-        return b""
-    return data
-
-
-def redact(text: str, url: str) -> str:
-    """Return ``text`` (an error message about ``url``) with the URL's secrets removed.
-
-    A Power Automate or webhook URL carries its access signature in the query, and a URL may
-    carry a password: every form of them is replaced by ``<redacted>``: the query as written
-    and as decoded (yarl prints ``%2F`` as ``/``), each query value of four or more
-    characters in both forms, the password and the fragment; error texts that drop the
-    userinfo are covered because values are matched, not whole URLs (security review).
-    """
-    try:
-        parsed = URL(url)
-    except (TypeError, ValueError):
-        return text
-    secrets: set[str] = {
-        parsed.raw_query_string,
-        parsed.query_string,
-        unquote(parsed.raw_query_string),
-        parsed.raw_fragment,
-        parsed.fragment,
-    }
-    for value in (parsed.raw_password, parsed.password):
-        if value:
-            secrets.add(value)
-            secrets.add(quote(value, safe=""))
-    for _, value in parsed.query.items():
-        if len(value) >= 4:
-            secrets.update({value, quote(value, safe=""), quote(value)})
-    for secret in sorted((s for s in secrets if s), key=len, reverse=True):
-        text = text.replace(secret, "<redacted>")
-    return text

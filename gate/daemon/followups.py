@@ -6,43 +6,21 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
-from gate.daemon.delivery import ChannelBase, Outcome, Send, typed
-from gate.daemon.dispatch import SendResult
+from gate.daemon.delivery import Channel, Outcome, Send, resolution
 from gate.model import Approval
 from gate.protocol.canonical import wire_json
 from gate.protocol.followup import FollowUp, build_notice
+from gate.store.approvals import APPROVALS
+from gate.store.outbox import FOLLOWUPS, DueFollowUp
 
 log = logging.getLogger(__name__)
 
-Key = tuple[str, str, int]  # (approval_id, kind, n): the row's primary key
 DECIDING_OUTCOMES = ("approved", "adjusted", "skipped")
 
 
-@dataclass(frozen=True, slots=True)
-class FollowUpRow:
-    """A due ``followup_outbox`` row: the ``kind`` (``notice``, ``reminder``,
-    ``escalation``) and ``n`` of ``approval_id``, ``attempts`` so far, ``give_up_at`` (unix
-    ms: not delivered by then, failed)."""
-
-    approval_id: str
-    kind: str
-    n: int
-    attempts: int
-    give_up_at: int
-
-    @property
-    def key(self) -> Key:
-        return (self.approval_id, self.kind, self.n)
-
-    @property
-    def log_id(self) -> str:
-        return f"approval_id={self.approval_id} kind={self.kind} n={self.n}"
-
-
-class FollowUps(ChannelBase):
+class FollowUps(Channel[DueFollowUp]):
     """The channel of ``followup_outbox`` for ``dispatcher`` (its relay URL, callback URL and
     metrics, as reconfigured by SIGHUP); drained by ``gate.daemon.delivery.OutboxSender``.
 
@@ -54,17 +32,14 @@ class FollowUps(ChannelBase):
     read again after a restart.
     """
 
-    failed_event = "followup_failed"
+    table = FOLLOWUPS
+    event = "followup"
     log = log
 
-    async def due(self, now_ms: int, limit: int) -> tuple[list[FollowUpRow], int | None]:
-        rows, next_at = await self.dispatcher.service.store.reads.followup_plan(now_ms, limit)
-        return typed(FollowUpRow, rows), next_at
-
-    async def build(self, row: FollowUpRow) -> Send | Outcome:
+    async def build(self, row: DueFollowUp) -> Send | Outcome:
         """The POST of ``row``, or a drop (an ``Outcome`` without a retry time)."""
         d = self.dispatcher
-        full = await d.service.store.reads.fetch_approval(row.approval_id)
+        full = await d.service.store.reads.fetch(APPROVALS, row.approval_id)
         now = d.service.clock.now_ms()
         if full is None:
             return Outcome(False, "unknown approval", None)
@@ -82,52 +57,30 @@ class FollowUps(ChannelBase):
             envelope = followup_envelope(d.envelope_for(full, full.revision), full, row.kind, row.n)
         return Send(url, wire_json(envelope), full.pipeline, full.step)
 
-    def sent(
-        self, row: FollowUpRow, send: Send, result: SendResult, attempt: int, retry_at_ms: int
-    ) -> None:
-        if result.error is None:
-            log.info(
-                "event=followup_sent approval_id=%s kind=%s n=%d attempt=%d status=%s",
-                row.approval_id,
-                row.kind,
-                row.n,
-                attempt,
-                result.status,
-            )
-        else:
-            log.warning(
-                "event=followup_attempt_failed approval_id=%s kind=%s n=%d attempt=%d error=%r",
-                row.approval_id,
-                row.kind,
-                row.n,
-                attempt,
-                result.error,
-            )
-
-    async def record(self, row: FollowUpRow, outcome: Outcome) -> str | None:
+    async def record(self, row: DueFollowUp, outcome: Outcome) -> str | None:
         return await self.dispatcher.service.approvals.followup_result(
             row.key, acked=outcome.acked, error=outcome.error, retry_at_ms=outcome.retry_at_ms
         )
 
-    def ended(self, row: FollowUpRow, state: str | None, outcome: Outcome) -> None:
+    def ended(self, row: DueFollowUp, state: str | None, outcome: Outcome) -> None:
         """Log and count a row that ended (delivered or failed)."""
-        metrics = self.dispatcher.metrics.followups
+        metrics = self.dispatcher.metrics
         if state == "delivered":
             if row.kind == "notice":
                 metrics.notice("delivered")
             else:
-                metrics.delivered(row.kind, outcome.pipeline, outcome.step, row.n)
+                metrics.followup_delivered(row.kind, outcome.pipeline, outcome.step, row.n)
         elif state == "failed":
             if outcome.error == "resolved":
-                log.info("event=followup_dropped %s reason=resolved", row.log_id)
+                log.info("event=followup_dropped %s reason=resolved", self.log_id(row))
                 return
-            log.warning("event=followup_given_up %s error=%r", row.log_id, outcome.error)
+            log.warning("event=followup_given_up %s error=%r", self.log_id(row), outcome.error)
             if row.kind == "notice":
                 metrics.notice("failed")
             else:
-                metrics.failed(row.kind)
+                metrics.followup_failed(row.kind)
 
-    def what(self, row: FollowUpRow) -> str:
+    def what(self, row: DueFollowUp) -> str:
         return row.kind
 
 
@@ -167,8 +120,7 @@ def notice_envelope(full: Approval, operators: Sequence[Any] = ()) -> dict[str, 
     on someone's behalf (looked up in the scope, then in ``operators``); ``reason`` the
     resolving decision's (the last one), None for a timeout or a cancel. Raises ValueError
     when the approval is not resolved."""
-    if full.outcome is None or full.resolved_at is None:
-        raise ValueError(f"approval {full.approval_id} is not resolved")
+    fields = resolution(full)
     final = full.revision
     rev = full.revision_row(final)
     assert rev is not None
@@ -185,12 +137,7 @@ def notice_envelope(full: Approval, operators: Sequence[Any] = ()) -> dict[str, 
         counted = made[-1:] + counted
     identity_of = _identities(full, operators)
     return build_notice(
-        approval_id=full.approval_id,
-        run_id=full.run_id,
-        pipeline=full.pipeline,
-        step=full.step,
-        outcome=full.outcome,
-        resolved_at_ms=full.resolved_at,
+        **fields,
         revision=final,
         payload_hash=rev.payload_hash,
         decided_by=[

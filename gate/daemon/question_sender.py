@@ -5,72 +5,38 @@ drained by ``gate.daemon.delivery.OutboxSender``."""
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from typing import Any
 
-from gate.daemon.delivery import ChannelBase, Outcome, Send, typed
-from gate.daemon.dispatch import SendResult
+from gate.core.requests.service import RequestService
+from gate.daemon.delivery import RequestDispatch
 from gate.model import Question
 from gate.protocol.canonical import wire_json
 from gate.protocol.question import QuestionSpec, build_question_dispatch
+from gate.store.outbox import QUESTION_DISPATCHES, DueDispatch
 
 log = logging.getLogger(__name__)
 
-Key = tuple[str, int]  # (question_id, version)
 
-
-def still_due(full: Question, version: int, now_ms: int) -> bool:
-    """Whether ``version`` of ``full`` is still to be sent, as the approvals' dispatcher
-    decides (``ApprovalDispatch.build``): the question is pending (not answered, cancelled or
-    expired since the plan was read), ``version`` is current, not acked meanwhile, and
-    ``expires_at`` has not passed (the expiry scheduler resolves it; never sent after). A row
-    not sent stays as it is: the plan reads only pending questions' current version."""
-    if full.state != "pending" or full.version != version or now_ms >= full.expires_at:
-        return False
-    return not any(o.revision == version and o.delivered_at is not None for o in full.outbox)
-
-
-@dataclass(frozen=True, slots=True)
-class QuestionDispatchRow:
-    """A due ``question_outbox`` row: ``version`` of ``question_id``, ``attempts`` so far."""
-
-    question_id: str
-    version: int
-    attempts: int
-
-    @property
-    def key(self) -> Key:
-        return (self.question_id, self.version)
-
-    @property
-    def log_id(self) -> str:
-        return f"question_id={self.question_id} version={self.version}"
-
-
-class QuestionDispatch(ChannelBase):
+class QuestionDispatch(RequestDispatch):
     """The channel of ``question_outbox`` for ``dispatcher`` (its callback URL and metrics).
     Not acked: retried until the question resolves or expires (the plan reads only pending
     questions' current version). With no question target configured (a reload removed it)
     nothing is read or sent."""
 
-    failed_event = "question_dispatch_failed"
+    table = QUESTION_DISPATCHES
+    event = "question_dispatch"
+    metrics_kind = "question"
     log = log
 
-    async def due(self, now_ms: int, limit: int) -> tuple[list[QuestionDispatchRow], int | None]:
-        service = self.dispatcher.service
-        if service.config.relay.question_target is None:
+    def url(self) -> str | None:
+        return self.dispatcher.service.config.relay.question_target
+
+    async def due(self, now_ms: int, limit: int) -> tuple[list[DueDispatch], int | None]:
+        if self.url() is None:
             return [], None
-        rows, next_at = await service.store.reads.question_dispatch_plan(now_ms, limit)
-        return typed(QuestionDispatchRow, rows), next_at
+        return await super().due(now_ms, limit)
 
-    async def build(self, row: QuestionDispatchRow) -> Send | None:
-        service = self.dispatcher.service
-        full = await service.store.reads.fetch_question(row.question_id)
-        url = service.config.relay.question_target
-        if full is None or url is None or not still_due(full, row.version, service.clock.now_ms()):
-            return None
-        return Send(url, self.envelope(full))
-
-    def envelope(self, full: Question) -> bytes:
+    def envelope(self, full: Question, version: int) -> bytes:
         """The body of the dispatch of ``full``'s current version (``build_question_dispatch``;
         the caller signs it)."""
         current = full.current
@@ -93,44 +59,5 @@ class QuestionDispatch(ChannelBase):
             )
         )
 
-    def sent(
-        self,
-        row: QuestionDispatchRow,
-        send: Send,
-        result: SendResult,
-        attempt: int,
-        retry_at_ms: int,
-    ) -> None:
-        d = self.dispatcher
-        acked = result.error is None
-        now = d.service.clock.now_ms()
-        d.metrics.dispatch_result(acked, result.elapsed_s, result.failure, now, question=True)
-        if acked:
-            log.info(
-                "event=question_dispatched question_id=%s version=%d attempt=%d status=%s",
-                row.question_id,
-                row.version,
-                attempt,
-                result.status,
-            )
-        else:
-            log.warning(
-                "event=question_dispatch_failed question_id=%s version=%d attempt=%d error=%r",
-                row.question_id,
-                row.version,
-                attempt,
-                result.error,
-            )
-
-    async def record(self, row: QuestionDispatchRow, outcome: Outcome) -> str | None:
-        await self.dispatcher.service.questions.dispatch_result(
-            row.question_id,
-            row.version,
-            acked=outcome.acked,
-            error=outcome.error,
-            retry_at_ms=outcome.retry_at(),
-        )
-        return None
-
-    def what(self, row: QuestionDispatchRow) -> str:
-        return "dispatch"
+    def requests(self) -> RequestService[Any]:
+        return self.dispatcher.service.questions

@@ -10,17 +10,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 import sqlite3
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NamedTuple, Protocol
+from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
 from gate.errors import Unavailable
 from gate.store.connection import rollback_quietly
 from gate.store.tx import WriteTx
 
 log = logging.getLogger(__name__)
+
+R = TypeVar("R")  # a write transaction's result
 
 MAX_BATCH = 256  # transactions sharing one COMMIT (one fsync)
 # Primary SQLite result codes that mean "the environment refuses writes" (disk full, read-only
@@ -40,22 +43,42 @@ _FAULT_CODES = frozenset(
 )
 
 
-class Command(NamedTuple):
-    """A write transaction by name, with picklable arguments (``Store.transact``).
-
-    ``name`` is ``"probe"`` (the store's own) or one the bound handler knows
-    (``Store.bind``; ``gate.core.transactions.TABLE``).
+class Command(Generic[R]):
+    """A write transaction as a value (``Store.transact``): a frozen, slotted dataclass of
+    its picklable arguments (the writer process receives it pickled), whose type parameter
+    ``R`` is its result, so ``Store.transact(command: Command[R]) -> R`` is typed at the call
+    site. ``Probe`` is the store's own; the bound handler runs the others (``Store.bind``;
+    the gate's are ``gate.core.commands.Transaction``s, each with its body as ``run``).
     """
 
-    name: str
-    args: tuple[Any, ...] = ()
+    __slots__ = ()
+    __match_args__: ClassVar[tuple[str, ...]] = ()  # its fields, in order (the dataclass's)
+
+    def __reduce__(self) -> tuple[type[Command[R]], tuple[Any, ...]]:
+        # pickled as its class and field values: cheaper, and smaller, than a slotted
+        # dataclass's own state (each job crosses the writer process's socket)
+        return type(self), tuple([getattr(self, field) for field in self.__match_args__])
+
+    @property
+    def name(self) -> str:
+        """The transaction's name in logs and errors: its class name in snake_case
+        (``CancelQuestion``: ``cancel_question``)."""
+        return _CAMEL.sub("_", type(self).__name__).lower()
 
 
-PROBE = Command("probe")
+_CAMEL = re.compile(r"(?<!^)(?=[A-Z])")
 
-# what runs a Command: ``handler(tx, command)`` in a transaction; it is also called with
-# ``tx`` None for ``Store.apply`` (typed as the service declares it, ``WriteTx``)
-Handler = Callable[[WriteTx, Command], Any]
+
+@dataclass(frozen=True, slots=True)
+class Probe(Command[None]):
+    """The store's own transaction: rewrite the database header (``Store.check_writable``)."""
+
+
+PROBE = Probe()
+
+# what runs a Command other than ``Probe``: ``handler(tx, command)`` in a transaction, and
+# ``handler(None, command)`` for one sent with ``Store.apply`` (outside any transaction)
+Handler = Callable[[WriteTx | None, Command[Any]], Any]
 
 
 class Job:
@@ -65,7 +88,7 @@ class Job:
     __slots__ = ("command", "future", "cancelled", "id")
 
     def __init__(
-        self, command: Command, future: asyncio.Future[Any] | None = None, job_id: int = 0
+        self, command: Command[Any], future: asyncio.Future[Any] | None = None, job_id: int = 0
     ) -> None:
         self.command = command
         self.future = future
@@ -102,10 +125,10 @@ class Writer(Protocol):
     def stalled_s(self) -> float:
         """Seconds the oldest unanswered transaction has waited (0.0: none, or a thread)."""
 
-    async def transact(self, command: Command) -> Any:
+    async def transact(self, command: Command[R]) -> R:
         """Run ``command`` in a transaction; return its result after the COMMIT."""
 
-    def apply(self, command: Command) -> None:
+    def apply(self, command: Command[None]) -> None:
         """Run ``command`` outside any transaction, in order with the jobs sent."""
 
     async def close(self) -> None:
@@ -145,10 +168,10 @@ class Faults:
             self.write_fault = None
 
 
-def run_command(handler: Handler | None, tx: WriteTx, command: Command) -> Any:
-    """Run ``command`` in ``tx``: ``probe`` rewrites the header, anything else goes to
+def run_command(handler: Handler | None, tx: WriteTx, command: Command[Any]) -> Any:
+    """Run ``command`` in ``tx``: a ``Probe`` rewrites the header, anything else goes to
     ``handler``. Raises RuntimeError when no handler is bound, else what the handler raises."""
-    if command == PROBE:
+    if isinstance(command, Probe):
         return tx.probe()
     if handler is None:
         raise RuntimeError(f"no handler bound for {command.name!r}")

@@ -1,9 +1,11 @@
 """The approver-credential statements of ``WriteTx`` (table
-``approver_credentials`` of migration 6): enrol, look up, list, revoke. Sync, on the writer."""
+``approver_credentials`` of migration 6): enrol, look up, list, revoke, and a passkey's
+WebAuthn counter (migration 8). Sync, on the writer."""
 
 from __future__ import annotations
 
 import sqlite3
+from dataclasses import astuple
 
 from gate.model import Credential
 
@@ -11,11 +13,12 @@ _COLUMNS = "credential_id, operator_id, type, public_key, sign_count, label, cre
 
 
 class CredentialStatements:
-    """The approver-credential statements of ``WriteTx``."""
+    """The approver-credential statements of ``WriteTx`` (``WriteTx.credentials``)."""
 
-    _conn: sqlite3.Connection
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self._conn = conn
 
-    def load_credential(self, credential_id: str) -> Credential | None:
+    def load(self, credential_id: str) -> Credential | None:
         """The credential with this id (revoked or not), or None."""
         row = self._conn.execute(
             f"SELECT {_COLUMNS} FROM approver_credentials WHERE credential_id = ?",
@@ -23,7 +26,7 @@ class CredentialStatements:
         ).fetchone()
         return None if row is None else Credential(*row)
 
-    def credentials(self) -> list[Credential]:
+    def all(self) -> list[Credential]:
         """Every credential, revoked ones included, by operator id then enrolment time."""
         rows = self._conn.execute(
             f"SELECT {_COLUMNS} FROM approver_credentials"
@@ -31,30 +34,42 @@ class CredentialStatements:
         ).fetchall()
         return [Credential(*row) for row in rows]
 
-    def insert_credential(self, credential: Credential) -> None:
+    def insert(self, credential: Credential) -> None:
         """Store a new credential; the caller checked that its id is not taken
         (sqlite3.IntegrityError otherwise)."""
         self._conn.execute(
             f"INSERT INTO approver_credentials ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-            (
-                credential.credential_id,
-                credential.operator_id,
-                credential.type,
-                credential.public_key,
-                credential.sign_count,
-                credential.label,
-                credential.created_at,
-                credential.revoked_at,
-            ),
+            astuple(credential),  # ``_COLUMNS`` are the model's fields, in their order
         )
 
-    def revoke_credential(self, credential_id: str, at_ms: int) -> None:
+    def revoke(self, credential_id: str, at_ms: int) -> None:
         """Mark the credential revoked at ``at_ms`` (unix ms); the caller checked it is in
         force."""
         self._conn.execute(
             "UPDATE approver_credentials SET revoked_at = ? WHERE credential_id = ?",
             (at_ms, credential_id),
         )
+
+    def set_sign_count(
+        self, credential_id: str, sign_count: int, counter_assertion: str | None = None
+    ) -> None:
+        """Store a passkey's last signature counter and the SHA-256 hex of the
+        batch assertion that carried it (``assertion_sha256``; None for a single decision:
+        migration 8)."""
+        self._conn.execute(
+            "UPDATE approver_credentials SET sign_count = ?, counter_assertion = ?"
+            " WHERE credential_id = ?",
+            (sign_count, counter_assertion, credential_id),
+        )
+
+    def counter_assertion(self, credential_id: str) -> str | None:
+        """The SHA-256 hex of the batch assertion that set the credential's counter, or None
+        (read only when an assertion repeats the stored counter)."""
+        row = self._conn.execute(
+            "SELECT counter_assertion FROM approver_credentials WHERE credential_id = ?",
+            (credential_id,),
+        ).fetchone()
+        return None if row is None else row[0]
 
 
 def in_force(conn: sqlite3.Connection) -> list[Credential]:

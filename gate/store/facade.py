@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from gate.audit import chain as audit
 from gate.errors import Unavailable
@@ -13,6 +13,8 @@ from gate.store.batch import Command, Faults, Handler, Writer
 from gate.store.health import WriteHealth
 from gate.store.reads import Reads
 from gate.store.tx import WriteTx
+
+R = TypeVar("R")
 
 
 class Store:
@@ -44,7 +46,7 @@ class Store:
         self.on_writer_lost: Callable[[], None] | None = None
         self._handler: Handler | None = None
         self._writer: Writer | None = None
-        # every read but the audit rows: ``store.reads.fetch_approval(...)`` and so on
+        # every read but the audit rows: ``store.reads.fetch(...)`` and so on
         self.reads = Reads()
         self._faults = Faults(self.path)
         self._locks: list[int] = []  # the flock on <db>.lock while open
@@ -75,7 +77,7 @@ class Store:
         return 0 if self._writer is None else self._writer.unsent_bytes
 
     def bind(self, handler: Handler) -> None:
-        """Set what runs a ``Command`` other than ``probe``: ``handler(tx, command)`` on the
+        """Set what runs a ``Command`` other than ``Probe``: ``handler(tx, command)`` on the
         writer (in the writer process: the process's copy of it, forked at ``open``;
         ``tx`` is None for a command sent with ``apply``). Call before ``open``."""
         self._handler = handler
@@ -99,7 +101,7 @@ class Store:
             await self.close()
             raise
 
-    def _run_bound(self, tx: WriteTx, command: Command) -> Any:
+    def _run_bound(self, tx: WriteTx | None, command: Command[Any]) -> Any:
         # the handler bound when the writer runs the command (a writer process: its copy)
         if self._handler is None:
             raise RuntimeError(f"no handler bound for {command.name!r}")
@@ -130,10 +132,10 @@ class Store:
         (``gate.store.health``: a probe transaction at most once a second ends a fault)."""
         await self._health.check(self.writer_unanswered_s, self.transact)
 
-    async def transact(self, command: Command) -> Any:
+    async def transact(self, command: Command[R]) -> R:
         """Run ``command`` in a write transaction on the writer; return its result.
 
-        ``command`` is ``probe`` or a name the bound handler runs. Returns only after the
+        ``command`` is a ``Probe`` or one the bound handler runs. Returns only after the
         transaction committed (on disk with synchronous=FULL). An exception raised by the
         transaction rolls back what it did (and only that) and is raised here; sqlite3
         errors become Unavailable (503). A transaction commits whole or not at all: when the
@@ -148,7 +150,7 @@ class Store:
             raise Unavailable("storage_unavailable", "database is not open")
         return await self._writer.transact(command)
 
-    def apply(self, command: Command) -> None:
+    def apply(self, command: Command[None]) -> None:
         """Have the writer process run ``command`` with its bound handler outside any
         transaction (``tx`` None), after what was sent before it: configuration its copy
         of the service must share. With a writer thread this does nothing (the thread

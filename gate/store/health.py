@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
 
 from gate.errors import Unavailable
 from gate.store import writer_process
-from gate.store.batch import PROBE, Command, Faults
+from gate.store.batch import PROBE, Faults, Probe
 
 PROBE_INTERVAL_S = 1.0
 
@@ -23,7 +22,7 @@ class WriteHealth:
         self._probing = False
         self._probed_at = 0.0
 
-    async def check(self, stalled_s: float, transact: Callable[[Command], Awaitable[Any]]) -> None:
+    async def check(self, stalled_s: float, transact: Callable[[Probe], Awaitable[None]]) -> None:
         """Raise Unavailable 503 ``storage_unavailable`` while the last write failed on a
         storage fault, or while the writer process has left a transaction unanswered for
         ``stalled_s`` > ``writer_process.STALL_S`` seconds.

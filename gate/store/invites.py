@@ -1,12 +1,14 @@
 """The passkey-invite statements of ``WriteTx`` (table ``approver_invites`` of
-migration 7): create, look up, mark used; and a credential's WebAuthn counter. Sync, on the
-writer."""
+migration 7): create, look up, mark used. Sync, on the writer. And the read-only counts of
+passkeys the doctor makes."""
 
 from __future__ import annotations
 
 import sqlite3
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass
 from pathlib import Path
+
+from gate.store import readonly
 
 _COLUMNS = (
     "invite_hash, operator_id, label, challenge, created_at, expires_at, used_at, credential_id"
@@ -31,34 +33,26 @@ class Invite:
 
 
 class InviteStatements:
-    """The passkey-invite statements of ``WriteTx``."""
+    """The passkey-invite statements of ``WriteTx`` (``WriteTx.invites``)."""
 
-    _conn: sqlite3.Connection
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self._conn = conn
 
-    def insert_invite(self, invite: Invite) -> None:
+    def insert(self, invite: Invite) -> None:
         """Store a new, unused invite."""
         self._conn.execute(
             f"INSERT INTO approver_invites ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-            (
-                invite.invite_hash,
-                invite.operator_id,
-                invite.label,
-                invite.challenge,
-                invite.created_at,
-                invite.expires_at,
-                invite.used_at,
-                invite.credential_id,
-            ),
+            astuple(invite),  # ``_COLUMNS`` are ``Invite``'s fields, in their order
         )
 
-    def load_invite(self, invite_hash: str) -> Invite | None:
+    def load(self, invite_hash: str) -> Invite | None:
         """The invite whose token hashes to ``invite_hash``, or None."""
         row = self._conn.execute(
             f"SELECT {_COLUMNS} FROM approver_invites WHERE invite_hash = ?", (invite_hash,)
         ).fetchone()
         return None if row is None else Invite(*row)
 
-    def use_invite(self, invite_hash: str, at_ms: int, credential_id: str) -> None:
+    def use(self, invite_hash: str, at_ms: int, credential_id: str) -> None:
         """Mark the invite used at ``at_ms`` (unix ms) for ``credential_id``; the caller
         checked it is unused."""
         self._conn.execute(
@@ -66,49 +60,16 @@ class InviteStatements:
             (at_ms, credential_id, invite_hash),
         )
 
-    def set_sign_count(
-        self, credential_id: str, sign_count: int, counter_assertion: str | None = None
-    ) -> None:
-        """Store a passkey's last signature counter and the SHA-256 hex of the
-        batch assertion that carried it (``assertion_sha256``; None for a single decision:
-        migration 8)."""
-        self._conn.execute(
-            "UPDATE approver_credentials SET sign_count = ?, counter_assertion = ?"
-            " WHERE credential_id = ?",
-            (sign_count, counter_assertion, credential_id),
-        )
-
-    def counter_assertion(self, credential_id: str) -> str | None:
-        """The SHA-256 hex of the batch assertion that set the credential's counter, or None
-        (read only when an assertion repeats the stored counter)."""
-        row = self._conn.execute(
-            "SELECT counter_assertion FROM approver_credentials WHERE credential_id = ?",
-            (credential_id,),
-        ).fetchone()
-        return None if row is None else row[0]
-
 
 def count_passkeys(path: Path) -> int:
     """How many passkeys (``type`` webauthn, not revoked) the database at ``path`` holds;
     0 for a database from before migration 6. Read-only (``gate.store.readonly``); raises
     Unavailable when it cannot be opened."""
-    from gate.errors import Unavailable
-    from gate.store import readonly
-
-    conn = readonly.connect(path)
-    try:
-        return _count(conn)
-    except sqlite3.Error as exc:
-        raise Unavailable("storage_unavailable", f"cannot read {path}: {exc}") from exc
-    finally:
-        conn.close()
+    return readonly.read(path, _count)
 
 
 def _count(conn: sqlite3.Connection) -> int:
-    found = conn.execute(
-        "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'approver_credentials'"
-    ).fetchone()
-    if found is None:
+    if not readonly.has_table(conn, "approver_credentials"):
         return 0
     row = conn.execute(
         "SELECT COUNT(*) FROM approver_credentials WHERE type = 'webauthn' AND revoked_at IS NULL"
@@ -120,31 +81,19 @@ def credential_facts(path: Path) -> tuple[dict[str, int], set[int]]:
     """``(passkeys in force by the rp_id of their enrolment entry, operator ids holding a
     credential in force)`` of the database at ``path`` (doctor); empty before
     migration 6. Read-only; raises Unavailable when it cannot be read."""
-    from gate.errors import Unavailable
-    from gate.store import readonly
+    return readonly.read(path, _facts)
 
-    conn = readonly.connect(path)
-    try:
-        if not _has_credentials(conn):
-            return {}, set()
-        rows = conn.execute(
-            "SELECT json_extract(a.entry, '$.data.rp_id'), COUNT(*) FROM approver_credentials c"
-            " JOIN audit_log a ON a.kind = 'approver_credential_enrolled'"
-            " AND json_extract(a.entry, '$.data.credential_id') = c.credential_id"
-            " WHERE c.type = 'webauthn' AND c.revoked_at IS NULL GROUP BY 1"
-        ).fetchall()
-        holders = conn.execute(
-            "SELECT DISTINCT operator_id FROM approver_credentials WHERE revoked_at IS NULL"
-        ).fetchall()
-    except sqlite3.Error as exc:
-        raise Unavailable("storage_unavailable", f"cannot read {path}: {exc}") from exc
-    finally:
-        conn.close()
+
+def _facts(conn: sqlite3.Connection) -> tuple[dict[str, int], set[int]]:
+    if not readonly.has_table(conn, "approver_credentials"):
+        return {}, set()
+    rows = conn.execute(
+        "SELECT json_extract(a.entry, '$.data.rp_id'), COUNT(*) FROM approver_credentials c"
+        " JOIN audit_log a ON a.kind = 'approver_credential_enrolled'"
+        " AND json_extract(a.entry, '$.data.credential_id') = c.credential_id"
+        " WHERE c.type = 'webauthn' AND c.revoked_at IS NULL GROUP BY 1"
+    ).fetchall()
+    holders = conn.execute(
+        "SELECT DISTINCT operator_id FROM approver_credentials WHERE revoked_at IS NULL"
+    ).fetchall()
     return {str(rp): int(n) for rp, n in rows if rp is not None}, {int(r[0]) for r in holders}
-
-
-def _has_credentials(conn: sqlite3.Connection) -> bool:
-    found = conn.execute(
-        "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'approver_credentials'"
-    ).fetchone()
-    return found is not None

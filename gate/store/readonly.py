@@ -1,13 +1,17 @@
-"""The one read-only opener of a gate database (``audit verify``/``export``, ``doctor``), and
-the audit_log column list of any schema version."""
+"""The one read-only opener of a gate database (``audit verify``/``export``, ``doctor``), a
+read run through it, and the audit_log column list of any schema version."""
 
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 from gate.errors import Unavailable
 from gate.store.connection import BUSY_TIMEOUT_MS
+
+T = TypeVar("T")
 
 AUDIT_COLUMNS = "seq, approval_id, kind, entry, prev_hash, entry_hash, receipt"
 
@@ -34,6 +38,26 @@ def connect(path: Path) -> sqlite3.Connection:
         return conn
     except sqlite3.Error as exc:
         raise Unavailable("storage_unavailable", f"cannot open database {path}: {exc}") from exc
+
+
+def read(path: Path, fn: Callable[[sqlite3.Connection], T]) -> T:
+    """``fn(conn)`` on a read-only connection to ``path`` (``connect``), closed after. Raises
+    Unavailable (``storage_unavailable``) when it cannot be opened or read."""
+    conn = connect(path)
+    try:
+        return fn(conn)
+    except sqlite3.Error as exc:
+        raise Unavailable("storage_unavailable", f"cannot read {path}: {exc}") from exc
+    finally:
+        conn.close()
+
+
+def has_table(conn: sqlite3.Connection, name: str) -> bool:
+    """Whether the database holds the table ``name`` (one added by a later migration)."""
+    found = conn.execute(
+        "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (name,)
+    ).fetchone()
+    return found is not None
 
 
 def audit_columns(conn: sqlite3.Connection) -> str:

@@ -13,27 +13,17 @@ from typing import Any, TypeVar
 
 from gate.audit import chain as audit
 from gate.errors import Unavailable
-from gate.model import Approval, Credential, Question
-from gate.store import credentials, followups, question_notices, questions
+from gate.model import Credential
+from gate.store import credentials, outbox, requests
 from gate.store.connection import open_reader
-from gate.store.tx import load_full
+from gate.store.outbox import OutboxTable
+from gate.store.requests import RequestTables
 
 T = TypeVar("T")
+F = TypeVar("F")
+R = TypeVar("R")
 
 AUDIT_CHUNK = 2000
-
-_DUE_DISPATCHES = """
-    SELECT o.approval_id, o.revision, o.attempts, o.next_attempt_at
-    FROM outbox o INDEXED BY outbox_due
-    JOIN approvals a ON a.approval_id = o.approval_id
-    WHERE o.delivered_at IS NULL AND o.next_attempt_at <= ?
-      AND a.state = 'pending' AND a.revision = o.revision
-    ORDER BY o.next_attempt_at LIMIT ?"""
-_NEXT_DISPATCH = """
-    SELECT o.next_attempt_at FROM outbox o INDEXED BY outbox_due
-    JOIN approvals a ON a.approval_id = o.approval_id
-    WHERE o.delivered_at IS NULL AND a.state = 'pending' AND a.revision = o.revision
-    ORDER BY o.next_attempt_at LIMIT 1"""
 
 
 class Reads:
@@ -73,63 +63,34 @@ class Reads:
         """Return ``PRAGMA user_version``."""
         return int(await self.call(lambda conn: conn.execute("PRAGMA user_version").fetchone()[0]))
 
-    async def fetch_approval(self, approval_id: str) -> Approval | None:
-        """Return the approval with its revisions, decisions and dispatch, or None."""
-        return await self.call(_snapshot, load_full, approval_id)
+    async def fetch(self, kind: RequestTables[F, Any], request_id: str) -> F | None:
+        """The request of ``kind`` whole (``gate.store.requests.RequestTables.load``: versions,
+        outbox rows, created receipt; an approval's decisions too) from one snapshot, or
+        None."""
+        return await self.call(_snapshot, kind.load, request_id, True, True)
 
-    async def list_approvals(
-        self, state: str, pipeline: str | None, limit: int, after: str | None
-    ) -> list[Approval]:
-        """Return up to ``limit`` approvals ordered by approval_id (ULID: creation order).
+    async def page(
+        self,
+        kind: RequestTables[F, Any],
+        state: str,
+        pipeline: str | None,
+        limit: int,
+        after: str | None,
+    ) -> list[F]:
+        """Up to ``limit`` requests of ``kind`` ordered by id (ULID: creation order), from one
+        snapshot (``gate.store.requests.page``). ``state`` is pending|resolved|all;
+        ``after`` is the cursor (last id seen)."""
+        return await self.call(_snapshot, requests.page, kind, state, pipeline, limit, after)
 
-        ``state`` is pending|resolved|all; ``after`` is the cursor (last approval_id seen).
-        """
-        where: list[str] = []
-        args: list[Any] = []
-        if state != "all":
-            where.append("state = ?")
-            args.append(state)
-        if pipeline:
-            where.append("pipeline = ?")
-            args.append(pipeline)
-        if after:
-            where.append("approval_id > ?")
-            args.append(after)
-        sql = "SELECT approval_id FROM approvals"
-        if where:
-            sql += " WHERE " + " AND ".join(where)
-        sql += " ORDER BY approval_id LIMIT ?"
-        args.append(limit)
+    async def pending_summary(self, kind: RequestTables[Any, Any]) -> tuple[int, int | None]:
+        """Return ``(number of pending requests of kind, earliest created_at in unix ms or
+        None)``."""
+        return await self.call(requests.pending_summary, kind)
 
-        def page(conn: sqlite3.Connection) -> list[Approval]:
-            ids = [row[0] for row in conn.execute(sql, args).fetchall()]
-            return [full for full in (load_full(conn, i) for i in ids) if full is not None]
-
-        return await self.call(_snapshot, page)
-
-    async def pending_summary(self) -> tuple[int, int | None]:
-        """Return ``(number of pending approvals, earliest created_at in unix ms or None)``."""
-
-        def run(conn: sqlite3.Connection) -> tuple[int, int | None]:
-            count, oldest = conn.execute(
-                "SELECT COUNT(*), MIN(created_at) FROM approvals INDEXED BY"
-                " approvals_pending_expiry WHERE state = 'pending'"
-            ).fetchone()
-            return int(count), None if oldest is None else int(oldest)
-
-        return await self.call(run)
-
-    async def next_expiry(self) -> int | None:
-        """Return the earliest ``expires_at`` (unix ms) among pending approvals, or None."""
-
-        def run(conn: sqlite3.Connection) -> int | None:
-            row = conn.execute(
-                "SELECT MIN(expires_at) FROM approvals INDEXED BY approvals_pending_expiry"
-                " WHERE state = 'pending'"
-            ).fetchone()
-            return None if row is None or row[0] is None else int(row[0])
-
-        return await self.call(run)
+    async def next_expiry(self, kind: RequestTables[Any, Any]) -> int | None:
+        """Return the earliest ``expires_at`` (unix ms) among pending requests of ``kind``, or
+        None."""
+        return await self.call(requests.next_expiry, kind)
 
     async def oldest_pending_by_step(self) -> list[tuple[str, str, int]]:
         """Return ``(pipeline, step, earliest created_at in unix ms)`` of every step with a
@@ -158,60 +119,12 @@ class Reads:
 
         return await self.call(run)
 
-    async def dispatch_plan(
-        self, now_ms: int, limit: int
-    ) -> tuple[list[dict[str, Any]], int | None]:
-        """Return ``(due, next_at)`` from one snapshot (one thread hop): up to ``limit``
-        un-acked outbox rows due at ``now_ms`` for pending approvals' current revision
-        (``approval_id``, ``revision``, ``attempts``, ``next_attempt_at``; earliest first),
-        and the earliest ``next_attempt_at`` (unix ms) of any un-acked live dispatch, due
-        or not, or None when there is none."""
-
-        def run(conn: sqlite3.Connection) -> tuple[list[dict[str, Any]], int | None]:
-            due = [dict(row) for row in conn.execute(_DUE_DISPATCHES, (now_ms, limit))]
-            first = conn.execute(_NEXT_DISPATCH).fetchone()
-            return due, None if first is None else int(first[0])
-
-        return await self.call(_snapshot, run)
-
-    async def followup_plan(
-        self, now_ms: int, limit: int
-    ) -> tuple[list[dict[str, Any]], int | None]:
-        """``gate.store.followups.plan`` from one snapshot: the due reminder, escalation and
-        notice sends and the next one's time (unix ms)."""
-        return await self.call(_snapshot, followups.plan, now_ms, limit)
-
-    # ---- questions: ``gate.store.questions`` ----------------------------
-
-    async def fetch_question(self, question_id: str) -> Question | None:
-        """The question with its versions and dispatches, or None."""
-        return await self.call(_snapshot, questions.load, question_id)
-
-    async def list_questions(
-        self, state: str, pipeline: str | None, limit: int, after: str | None
-    ) -> list[Question]:
-        """A page of questions (``gate.store.questions.page``) from one snapshot."""
-        return await self.call(_snapshot, questions.page, state, pipeline, limit, after)
-
-    async def next_question_expiry(self) -> int | None:
-        """The earliest ``expires_at`` (unix ms) of a pending question, or None."""
-        return await self.call(questions.next_expiry)
-
-    async def pending_questions(self) -> int:
-        """How many questions are pending."""
-        return await self.call(questions.pending_count)
-
-    async def question_dispatch_plan(
-        self, now_ms: int, limit: int
-    ) -> tuple[list[dict[str, Any]], int | None]:
-        """``gate.store.questions.dispatch_plan`` from one snapshot."""
-        return await self.call(_snapshot, questions.dispatch_plan, now_ms, limit)
-
-    async def question_notice_plan(
-        self, now_ms: int, limit: int
-    ) -> tuple[list[dict[str, Any]], int | None]:
-        """``gate.store.question_notices.plan`` from one snapshot."""
-        return await self.call(_snapshot, question_notices.plan, now_ms, limit)
+    async def outbox_plan(
+        self, table: OutboxTable[R], now_ms: int, limit: int
+    ) -> tuple[list[R], int | None]:
+        """``gate.store.outbox.plan`` from one snapshot (one thread hop): the rows of
+        ``table`` due at ``now_ms`` and the next one's time (unix ms)."""
+        return await self.call(_snapshot, outbox.plan, table, now_ms, limit)
 
     async def credentials_in_force(self) -> list[Credential]:
         """The approver credentials not revoked, by credential_id."""

@@ -20,7 +20,7 @@ from typing import Any
 
 from gate.errors import GateError
 from gate.store import batch
-from gate.store.batch import MAX_BATCH, PROBE, Answer, Command, Faults, Handler, Job
+from gate.store.batch import MAX_BATCH, Answer, Command, Faults, Handler, Job, Probe
 from gate.store.connection import open_writer, rollback_quietly
 
 log = logging.getLogger(__name__)
@@ -175,7 +175,7 @@ def _child(path: Path, handler: Handler | None, sock: socket.socket) -> int:
             rollback_quietly(conn)
             answers = [(job, None, exc) for job in todo]
         jobs.clear()
-        if any(job.command == PROBE and error is None for job, _, error in answers):
+        if any(isinstance(job.command, Probe) and error is None for job, _, error in answers):
             faults.recovered()  # a probe committed: the storage fault is over
         items = [_answer(job, result, error) for job, result, error in answers]
         try:
@@ -190,12 +190,12 @@ def _child(path: Path, handler: Handler | None, sock: socket.socket) -> int:
         batch.log_head(head)  # after the answers: off the callers' path
 
 
-def _apply(handler: Handler | None, command: Command) -> None:
+def _apply(handler: Handler | None, command: Command[None]) -> None:
     """Run a configuration ``command`` outside any transaction (``handler(None, command)``)."""
     if handler is None:
         return
     try:
-        handler(None, command)  # type: ignore[arg-type]  # the handler's ``tx`` may be None
+        handler(None, command)
     except Exception:  # noqa: BLE001 - a bug: keep the writer (and its old settings)
         log.exception("event=writer_error apply=%s", command.name)
 

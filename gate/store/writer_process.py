@@ -4,7 +4,7 @@
 writer_process=True)``), before any thread starts. The child owns the one write connection
 and runs the same batch runner as the writer thread (``gate.store.batch.run_batch``: one
 ``BEGIN IMMEDIATE``, a SAVEPOINT per transaction, one COMMIT = one fsync per batch) on
-*commands* (``Command``: a transaction's name and picklable arguments); its copy of the
+*commands* (``Command``: a transaction's picklable arguments, typed by its class); its copy of the
 bound handler (the service), forked with it, runs them (``Store.bind``). Each caller is
 answered only after the commit, as with the thread. ``WriterClient`` implements
 ``gate.store.batch.Writer``.
@@ -36,7 +36,7 @@ import signal
 import socket
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from gate.errors import GateError, Unavailable
 from gate.store import writer_child
@@ -44,6 +44,8 @@ from gate.store.batch import Command, Faults, Handler
 from gate.store.writer_child import HEADER, MAX_FRAME, frame
 
 log = logging.getLogger(__name__)
+
+R = TypeVar("R")
 
 # a transaction unanswered this long (seconds) makes the health check fail: the writer is
 # stuck (stopped, or blocked in the kernel); busy_timeout alone may hold a batch 10 s
@@ -145,7 +147,7 @@ class WriterClient:
             return 0.0
         return self._loop.time() - min(sent for _, sent in self._pending.values())
 
-    async def transact(self, command: Command) -> Any:
+    async def transact(self, command: Command[R]) -> R:
         """Run ``command`` in the writer process; return its result after the commit.
 
         Raises what the transaction raised (GateError for a refusal), Unavailable 503 when
@@ -153,7 +155,7 @@ class WriterClient:
         """
         self._next_id += 1
         job_id = self._next_id
-        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[R] = asyncio.get_running_loop().create_future()
         self._send(("job", job_id, command))
         self._pending[job_id] = (future, self._loop.time())
         if self._stall_timer is None:
@@ -166,7 +168,7 @@ class WriterClient:
                     self._send(("cancel", job_id))
             raise
 
-    def apply(self, command: Command) -> None:
+    def apply(self, command: Command[None]) -> None:
         """Have the writer run ``command`` outside any transaction, after the jobs sent
         before it and before those sent after (e.g. a reloaded configuration). No answer."""
         with contextlib.suppress(GateError):

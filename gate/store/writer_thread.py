@@ -13,7 +13,7 @@ import logging
 import queue
 import sqlite3
 import threading
-from typing import Any
+from typing import TypeVar
 
 from gate.errors import Unavailable
 from gate.store import batch
@@ -21,6 +21,8 @@ from gate.store.batch import MAX_BATCH, Answer, Command, Faults, Handler, Job
 from gate.store.connection import rollback_quietly
 
 log = logging.getLogger(__name__)
+
+R = TypeVar("R")
 
 
 class ThreadWriter:
@@ -60,13 +62,13 @@ class ThreadWriter:
         """Always 0.0 (the thread shares this process: a stuck writer is a stuck gate)."""
         return 0.0
 
-    async def transact(self, command: Command) -> Any:
+    async def transact(self, command: Command[R]) -> R:
         """Queue ``command``; return its result once its batch committed. Cancelled before
         it started, the job never runs; once started it finishes and commits. Raises what
         the transaction raised, Unavailable 503 when closed or on a storage fault."""
         if self._thread is None:
             raise Unavailable("storage_unavailable", "database is not open")
-        future: asyncio.Future[Any] = self._loop.create_future()
+        future: asyncio.Future[R] = self._loop.create_future()
         job = Job(command, future)
         self._queue.put(job)
         try:
@@ -75,7 +77,7 @@ class ThreadWriter:
             job.cancelled = True
             raise
 
-    def apply(self, command: Command) -> None:
+    def apply(self, command: Command[None]) -> None:
         """Nothing: the thread shares this process's objects, the caller applied it."""
 
     async def close(self) -> None:

@@ -8,8 +8,8 @@ from __future__ import annotations
 from aiohttp import web
 
 from gate.protocol.envelope import decode_text_json
-from gate.web.api import SERVICE
 from gate.web.common import read_body
+from gate.web.keys import SERVICE
 
 MAX_ADMIN_BODY = 64 * 1024
 

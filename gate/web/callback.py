@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Awaitable, Sequence
+from typing import TypeVar
 
 from aiohttp import web
 from aiohttp.typedefs import Middleware
@@ -13,45 +13,18 @@ from aiohttp.typedefs import Middleware
 from gate.core.service import GateService
 from gate.errors import GateError
 from gate.metrics import Metrics
-from gate.protocol import (
-    DECISIONS_PATH,
-    MAX_DECISION_BYTES,
-    PROTOCOL_HEADER,
-    SIGNATURE_HEADER,
-    signing,
-)
+from gate.protocol import DECISIONS_PATH, MAX_DECISION_BYTES
 from gate.protocol.callback import parse_callback
 from gate.protocol.envelope import Decision
 from gate.protocol.question import Answer
-from gate.web.common import ULID_RE, error_middleware, read_body
+from gate.web.common import ULID_RE, error_middleware, read_signed
 from gate.web.credentials import add_credentials_routes
 from gate.web.enrol import add_enrol_routes
+from gate.web.keys import CALLBACK_SETTINGS, METRICS, SERVICE, CallbackSettings
 
 log = logging.getLogger(__name__)
 DETAIL_RE = re.compile(r"[a-z_]{1,40}")
-
-
-@dataclass(slots=True)
-class CallbackSettings:
-    """Secrets accepted on decisions (current first, then previous) and the skew window (s).
-
-    Mutable: a config reload (SIGHUP) replaces both (``reconfigure``); each request reads
-    them anew.
-    """
-
-    relay_secrets: Sequence[str]
-    max_skew_s: float
-
-    def reconfigure(self, relay_secrets: Sequence[str], max_skew_s: float) -> None:
-        """Accept decisions signed with ``relay_secrets`` within ``max_skew_s`` seconds from
-        the next request on (SIGHUP reload). No await: a request sees both old or both new."""
-        self.relay_secrets = relay_secrets
-        self.max_skew_s = max_skew_s
-
-
-SERVICE = web.AppKey("service", GateService)
-SETTINGS = web.AppKey("callback_settings", CallbackSettings)
-METRICS = web.AppKey("metrics", Metrics)
+T = TypeVar("T")
 
 
 async def post_decision(request: web.Request) -> web.Response:
@@ -63,27 +36,12 @@ async def post_decision(request: web.Request) -> web.Response:
     decision's own transaction: no second read).
     """
     metrics = request.app[METRICS]
-    service = request.app[SERVICE]
-    decision: Decision | None = None
-    try:
-        parsed = await _checked_decision(request)
-    except GateError as exc:
-        _refused(metrics, exc.status, exc.code, decision)
-        raise
-    except Exception:
-        _refused(metrics, 500, "internal_error", decision)
-        raise
+    parsed = await _counted(metrics, None, _checked_decision(request))
     if isinstance(parsed, Answer):  # counted once, as an answer (Metrics.answer)
         return await _answer(request, parsed)
     decision = parsed
-    try:
-        result = await service.approvals.record_decision(decision)
-    except GateError as exc:
-        _refused(metrics, exc.status, exc.code, decision, exc.extra.get("detail"))
-        raise
-    except Exception:
-        _refused(metrics, 500, "internal_error", decision)
-        raise
+    record = request.app[SERVICE].approvals.record_decision(decision)
+    result = await _counted(metrics, decision, record)
     metrics.accepted(decision.decision)
     if result.delegated is not None:
         metrics.delegated(*result.delegated)
@@ -113,8 +71,22 @@ async def _answer(request: web.Request, answer: Answer) -> web.Response:
         metrics.answer("internal_error")
         raise
     metrics.answer("accepted")
-    metrics.question_resolved("answered")
+    metrics.resolved("question", "answered")
     return web.json_response(result.answer)
+
+
+async def _counted(metrics: Metrics, decision: Decision | None, step: Awaitable[T]) -> T:
+    """``await step``; a refusal it raises is counted and logged (``_refused``; its
+    ``detail`` only once the decision is known), then raised on."""
+    try:
+        return await step
+    except GateError as exc:
+        detail = None if decision is None else exc.extra.get("detail")
+        _refused(metrics, exc.status, exc.code, decision, detail)
+        raise
+    except Exception:
+        _refused(metrics, 500, "internal_error", decision)
+        raise
 
 
 def _refused(
@@ -144,18 +116,9 @@ def _refused(
 async def _checked_decision(request: web.Request) -> Decision | Answer:
     """SPEC §2 checks 1-5: size, signature, window, HMAC, then the parsed envelope (a
     decision, or a question's answer: ``parse_callback``)."""
-    service = request.app[SERVICE]
-    settings = request.app[SETTINGS]
-    raw = await read_body(request, MAX_DECISION_BYTES)  # check 1
-    now_s = service.clock.now_ms() / 1000
-    signing.verify(
-        request.headers.get(SIGNATURE_HEADER),
-        raw,
-        settings.relay_secrets,
-        now_s,
-        settings.max_skew_s,
-    )  # checks 2-4, over the raw received bytes
-    signing.check_protocol_header(request.headers.get(PROTOCOL_HEADER))
+    clock = request.app[SERVICE].clock
+    settings = request.app[CALLBACK_SETTINGS]
+    raw, _ = await read_signed(request, settings, lambda: clock.now_ms() / 1000)  # checks 1-4
     return parse_callback(raw)  # check 5
 
 
@@ -175,9 +138,9 @@ def create_callback_app(
         middlewares=[*outer_middlewares, error_middleware], client_max_size=MAX_DECISION_BYTES * 4
     )
     app[SERVICE] = service
-    app[SETTINGS] = settings
+    app[CALLBACK_SETTINGS] = settings
     app[METRICS] = metrics
     app.router.add_post(DECISIONS_PATH, post_decision)
-    add_enrol_routes(app, service)  # passkey invites
-    add_credentials_routes(app, service, settings)  # opt-in, relay.credentials
+    add_enrol_routes(app)  # passkey invites
+    add_credentials_routes(app)  # opt-in, relay.credentials
     return app

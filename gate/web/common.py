@@ -1,4 +1,5 @@
-"""What both listeners share: the error middleware (one JSON error shape) and bounded body reads."""
+"""What both listeners share: the error middleware (one JSON error shape), bounded body reads
+and the signed reads of a relay's requests on the callback listener."""
 
 from __future__ import annotations
 
@@ -6,10 +7,13 @@ import asyncio
 import logging
 import re
 from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 from aiohttp import web
 
 from gate.errors import GateError
+from gate.protocol import MAX_DECISION_BYTES, PROTOCOL_HEADER, SIGNATURE_HEADER, signing
+from gate.web.keys import CallbackSettings
 
 log = logging.getLogger(__name__)
 
@@ -17,6 +21,7 @@ log = logging.getLogger(__name__)
 ULID_RE = re.compile(r"[0-9A-HJKMNP-TV-Z]{26}")
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+Seconds = TypeVar("Seconds", int, float)
 
 DEFAULT_BODY_TIMEOUT_S = 10.0
 # Seconds a client has, once its headers arrived, to send the whole body (``http.body_timeout``);
@@ -119,3 +124,23 @@ async def read_body(request: web.Request, limit: int, reason: str = "body_too_la
 
 def _too_large(reason: str, limit: int) -> GateError:
     return GateError(reason, f"body is larger than {limit} bytes", status=413, kind="invalid")
+
+
+async def read_signed(
+    request: web.Request, settings: CallbackSettings, now_s: Callable[[], Seconds]
+) -> tuple[bytes, Seconds]:
+    """SPEC §2 checks 1-4 of a relay's request, then its ``X-Hitl-Protocol``: the raw body (at
+    most ``MAX_DECISION_BYTES``, else 413 ``body_too_large``), then its signature with one of
+    ``settings.relay_secrets`` within ``settings.max_skew_s`` of ``now_s()`` (read once the
+    body is in; 401), over the raw received bytes. Returns ``(raw body, that now)``."""
+    raw = await read_body(request, MAX_DECISION_BYTES)  # check 1
+    now = now_s()
+    signing.verify(
+        request.headers.get(SIGNATURE_HEADER),
+        raw,
+        settings.relay_secrets,
+        now,
+        settings.max_skew_s,
+    )  # checks 2-4
+    signing.check_protocol_header(request.headers.get(PROTOCOL_HEADER))
+    return raw, now

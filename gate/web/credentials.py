@@ -5,34 +5,20 @@ signed with the relay secret. Off unless ``relay.credentials: true`` (404 then).
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
-from typing import Protocol
 
 from aiohttp import web
 
-from gate.core.service import GateService
 from gate.errors import GateError
-from gate.protocol import MAX_DECISION_BYTES, PROTOCOL, PROTOCOL_HEADER, SIGNATURE_HEADER, signing
+from gate.protocol import PROTOCOL, PROTOCOL_HEADER, SIGNATURE_HEADER, signing
 from gate.protocol.credentials import (
     CREDENTIALS_PATH,
     build_credentials_answer,
     parse_credentials_request,
 )
-from gate.web.common import read_body
+from gate.web.common import read_signed
+from gate.web.keys import CALLBACK_SETTINGS, SERVICE
 
 log = logging.getLogger(__name__)
-
-
-class ChannelSettings(Protocol):
-    """What the handler reads of ``gate.web.callback.CallbackSettings`` on each request (a
-    SIGHUP reload replaces both)."""
-
-    relay_secrets: Sequence[str]
-    max_skew_s: float
-
-
-SERVICE = web.AppKey("credentials_service", GateService)
-SETTINGS = web.AppKey("credentials_settings", ChannelSettings)
 
 
 async def post_credentials(request: web.Request) -> web.Response:
@@ -47,18 +33,9 @@ async def post_credentials(request: web.Request) -> web.Response:
     service = request.app[SERVICE]
     if not service.config.relay.credentials:
         raise web.HTTPNotFound()
-    settings = request.app[SETTINGS]
+    settings = request.app[CALLBACK_SETTINGS]
     try:
-        raw = await read_body(request, MAX_DECISION_BYTES)
-        now_s = service.clock.now_ms() // 1000
-        signing.verify(
-            request.headers.get(SIGNATURE_HEADER),
-            raw,
-            settings.relay_secrets,
-            now_s,
-            settings.max_skew_s,
-        )
-        signing.check_protocol_header(request.headers.get(PROTOCOL_HEADER))
+        raw, now_s = await read_signed(request, settings, lambda: service.clock.now_ms() // 1000)
         parse_credentials_request(raw)
     except GateError as exc:
         log.info("event=credentials_refused status=%d reason=%s", exc.status, exc.code)
@@ -80,11 +57,7 @@ async def post_credentials(request: web.Request) -> web.Response:
     )
 
 
-def add_credentials_routes(
-    app: web.Application, service: GateService, settings: ChannelSettings
-) -> None:
+def add_credentials_routes(app: web.Application) -> None:
     """Register ``POST /hitl/v0/credentials`` on the callback app (always: whether it serves
-    is read from ``service.config`` per request, so a reload can turn it on or off)."""
-    app[SERVICE] = service
-    app[SETTINGS] = settings
+    is read from the service's config per request, so a reload can turn it on or off)."""
     app.router.add_post(CREDENTIALS_PATH, post_credentials)

@@ -14,10 +14,10 @@ from string import Template
 
 from aiohttp import web
 
-from gate.core.service import GateService
 from gate.errors import GateError
 from gate.protocol.envelope import decode_text_json
 from gate.web.common import read_body
+from gate.web.keys import SERVICE
 
 ENROL_PREFIX = "/enrol/"
 MAX_REGISTRATION_BYTES = 64 * 1024
@@ -42,8 +42,6 @@ _GONE = {
         "This gate has no relying party for passkeys (relay.public_url / webauthn.rp_id).",
     ),
 }
-
-SERVICE = web.AppKey("enrol_service", GateService)
 
 
 def _page(title: str, body: str, status: int) -> web.Response:
@@ -130,9 +128,8 @@ async def _security_headers(request: web.Request, response: web.StreamResponse) 
         response.headers.update(SECURITY_HEADERS)
 
 
-def add_enrol_routes(app: web.Application, service: GateService) -> None:
+def add_enrol_routes(app: web.Application) -> None:
     """Register the enrolment routes and their headers on the callback app."""
-    app[SERVICE] = service
     app.router.add_get(ENROL_PREFIX + "static/{name}", static)
     app.router.add_get(ENROL_PREFIX + "{token:[^/]+/?}", enrol_page)
     app.router.add_post(ENROL_PREFIX + "{token}", register)

@@ -122,7 +122,7 @@ def check_approver_signature(
             raise required_refusal()
         return None
     credential_id = assertion.credential_id_b64
-    credential = tx.load_credential(credential_id)
+    credential = tx.credentials.load(credential_id)
     if credential is None:
         raise signature_invalid("unknown_credential", "no approver credential with this id")
     if credential.revoked_at is not None:
@@ -194,7 +194,9 @@ def _check_passkey(
     )
     stored = credential.sign_count
     if not counter_increased(stored, new):
-        if repeats_batch(assertion, stored, new, tx.counter_assertion(credential.credential_id)):
+        if repeats_batch(
+            assertion, stored, new, tx.credentials.counter_assertion(credential.credential_id)
+        ):
             return  # the batch's one assertion, on another of its items
         log.warning(
             "event=approver_counter_regressed credential_id=%s operator_id=%d",
@@ -207,4 +209,4 @@ def _check_passkey(
         )
     if new != stored:
         batch = None if assertion.batch is None else assertion_sha256(assertion)
-        tx.set_sign_count(credential.credential_id, new, batch)
+        tx.credentials.set_sign_count(credential.credential_id, new, batch)

@@ -12,21 +12,28 @@ from gate.core.approvals import rules
 from gate.core.approvals.approver_signature_check import Signed, check_approver_signature
 from gate.core.approvals.delegation import check_decider
 from gate.core.approvals.resolve_tx import Resolution, resolve
+from gate.core.commands import Transaction
 from gate.core.requests.lifecycle_tx import new_nonce, said_by
 from gate.errors import Conflict, GateError
 from gate.model import Approval, DecisionRow, Resolvable, Revision
 from gate.protocol.canonical import payload_hash
 from gate.protocol.envelope import Decision
 from gate.store import WriteTx
+from gate.store.outbox import DISPATCHES
 
 if TYPE_CHECKING:
     from gate.config.webauthn import WebAuthnSettings
     from gate.core.transactions import Transactions
 
 
+# ``decide``'s result: (operator id, revision decided, outcome or None, new revision or
+# None, resolution or None, delegated)
+Decided = tuple[int, int, str | None, int | None, Resolution | None, tuple[int, str, str] | None]
+
+
 def decide(
     t: Transactions, tx: WriteTx, decision: Decision, webauthn: WebAuthnSettings | None = None
-) -> tuple[int, int, str | None, int | None, Resolution | None, tuple[int, str, str] | None]:
+) -> Decided:
     """SPEC §2 checks 6-14 and the recording of an accepted decision. Returns
     ``(operator id, revision decided, outcome or None, new revision or None,
     resolution or None, delegated)``; ``delegated`` is ``(principal's operator id,
@@ -34,9 +41,9 @@ def decide(
     else None. ``webauthn``: the passkeys' relying party (None:
     unavailable). Raises GateError with the SPEC §2 status and reason."""
     now = t.clock.now_ms()
-    approval = tx.load_approval(decision.approval_id, outbox=False, created_receipt=False)
+    approval = tx.approvals.load(decision.approval_id, outbox=False, created_receipt=False)
     if approval is None:
-        if tx.load_question(decision.approval_id, outbox=False) is not None:
+        if tx.questions.load(decision.approval_id, outbox=False) is not None:
             raise Conflict(
                 "wrong_kind",
                 "approve, skip and adjust are for approvals; a question takes decision answer",
@@ -112,7 +119,7 @@ def _record(
         credential_id=None if signed is None else signed.credential_id,
         **said_by(decision),
     )
-    tx.insert_decision(approval.approval_id, row)
+    tx.approvals.insert_decision(approval.approval_id, row)
     approval = dataclasses.replace(approval, decisions=approval.decisions + (row,))
     audit_data = DecisionData(
         operator_id=verdict.operator_id,
@@ -140,7 +147,7 @@ def _record(
             created_at=now,
             created_by=verdict.operator_id,
         )
-        tx.insert_revision(
+        tx.approvals.insert_revision(
             approval.approval_id,
             added.revision,
             added.body,
@@ -149,7 +156,7 @@ def _record(
             added.created_at,
             added.created_by,
         )
-        tx.set_revision(approval.approval_id, new_revision)
+        tx.approvals.set_version(approval.approval_id, new_revision)
         approval = dataclasses.replace(
             approval, revision=new_revision, revisions=approval.revisions + (added,)
         )
@@ -170,5 +177,16 @@ def _record(
         )
         resolve(t, tx, target, outcome, now, collected, approval)
     elif new_revision is not None:
-        tx.enqueue_dispatch(approval.approval_id, new_revision, now)
+        tx.outbox.queue(DISPATCHES, (approval.approval_id, new_revision), now)
     return outcome, new_revision
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Decide(Transaction[Decided]):
+    """Check and record a decision (``decide``), with the passkeys' relying party."""
+
+    decision: Decision
+    webauthn: WebAuthnSettings | None
+
+    def run(self, t: Transactions, tx: WriteTx) -> Decided:
+        return decide(t, tx, self.decision, self.webauthn)

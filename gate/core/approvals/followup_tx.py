@@ -5,11 +5,14 @@ approvals, and the record of one follow-up send, run on the writer with the stat
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from gate.audit.entries import EscalatedData
 from gate.core.approvals.followups import Plan, due
+from gate.core.commands import Transaction
 from gate.store import WriteTx
+from gate.store.outbox import FOLLOWUPS
 
 if TYPE_CHECKING:
     from gate.core.transactions import Transactions
@@ -29,16 +32,16 @@ def handle_due(t: Transactions, tx: WriteTx) -> list[tuple[str, tuple[int, ...],
     Returns ``(approval_id, levels applied, reminder queued or 0)`` per approval handled."""
     done = []
     now = t.clock.now_ms()
-    for approval_id in tx.due_followup_ids(now, FOLLOWUP_BATCH):
-        state = tx.followup_state(approval_id)
+    for approval_id in tx.approvals.due_followups(now, FOLLOWUP_BATCH):
+        state = tx.approvals.followup_state(approval_id)
         if state is None:
             continue
-        plan = Plan.from_json(state["followups"])
-        sent, level = int(state["reminders_sent"]), int(state["escalation_level"])
-        expires_at = int(state["expires_at"])
-        found = due(plan, int(state["created_at"]), expires_at, sent, level, now)
-        scope: list[list[Any]] = [list(pair) for pair in json.loads(state["scope"])]
-        revision = int(state["revision"])
+        plan = Plan.from_json(state.followups)
+        sent, level = state.reminders_sent, state.escalation_level
+        expires_at = state.expires_at
+        found = due(plan, state.created_at, expires_at, sent, level, now)
+        scope: list[list[Any]] = [list(pair) for pair in json.loads(state.scope)]
+        revision = state.revision
         for n in found.levels:
             assert plan is not None  # levels come only from a plan
             in_scope = {int(pair[0]) for pair in scope}
@@ -46,12 +49,13 @@ def handle_due(t: Transactions, tx: WriteTx) -> list[tuple[str, tuple[int, ...],
             scope.extend(list(op) for op in added)
             entry = EscalatedData(n, [op[0] for op in added], [int(op[0]) for op in scope])
             t.audit(tx, entry.kind, approval_id, now, entry.to_data())
-            tx.queue_followup(approval_id, "escalation", n, revision, now, expires_at)
+            tx.outbox.queue(FOLLOWUPS, (approval_id, "escalation", n, revision), now, expires_at)
         queued = 0
-        if found.reminder and state["delivered"]:
-            tx.queue_followup(approval_id, "reminder", found.reminder, revision, now, expires_at)
+        if found.reminder and state.delivered:
+            reminder = (approval_id, "reminder", found.reminder, revision)
+            tx.outbox.queue(FOLLOWUPS, reminder, now, expires_at)
             queued = found.reminder
-        tx.set_followup_state(
+        tx.approvals.set_followup_state(
             approval_id,
             scope,
             max(sent, found.reminder),
@@ -74,6 +78,28 @@ def result(
     gate's now: delivered, retried at ``retry_at_ms``, or failed once that is
     None (dropped unsent, ``error`` says why) or not before the row's ``give_up_at``.
     Returns ``"delivered"``/``"retry"``/``"failed"``, None when nothing changed."""
-    return tx.followup_attempted(
-        key, t.clock.now_ms(), acked=acked, error=error, retry_at_ms=retry_at_ms
+    attempt = tx.outbox.attempted(
+        FOLLOWUPS, key, t.clock.now_ms(), acked=acked, error=error, retry_at_ms=retry_at_ms
     )
+    return None if attempt is None else attempt.state
+
+
+@dataclass(frozen=True, slots=True)
+class Followups(Transaction[list[tuple[str, tuple[int, ...], int]]]):
+    """Handle the due reminders and escalation levels (``handle_due``)."""
+
+    def run(self, t: Transactions, tx: WriteTx) -> list[tuple[str, tuple[int, ...], int]]:
+        return handle_due(t, tx)
+
+
+@dataclass(frozen=True, slots=True)
+class FollowupResult(Transaction[str | None]):
+    """Record one attempt of a follow-up send (``result``)."""
+
+    key: tuple[str, str, int]
+    acked: bool
+    error: str | None
+    retry_at_ms: int | None
+
+    def run(self, t: Transactions, tx: WriteTx) -> str | None:
+        return result(t, tx, self.key, self.acked, self.error, self.retry_at_ms)

@@ -18,6 +18,8 @@ from gate.core.requests.lifecycle_tx import new_nonce
 from gate.core.views import approval_view
 from gate.model import Approval, Resolvable
 from gate.store import WriteTx
+from gate.store.approvals import APPROVALS as TABLES
+from gate.store.outbox import DISPATCHES
 
 if TYPE_CHECKING:
     from gate.core.transactions import Policy, Transactions
@@ -38,9 +40,9 @@ def budget_context(
     day_start = now_ms - now_ms % DAY_MS
     return {
         "unit": budget.unit,
-        "spent_today": tx.spent(day_start, None),
+        "spent_today": tx.approvals.spent(day_start, None),
         "cap_today": budget.cap_today,
-        "spent_pipeline": tx.spent(day_start, pipeline),
+        "spent_pipeline": tx.approvals.spent(day_start, pipeline),
         "cap_pipeline": found.budget_cap,
         "this_request": spend,
     }
@@ -73,7 +75,7 @@ def insert_approval(
     assert digest is not None  # the payload hash, computed before the transaction
     approval_id, expires_at = row["approval_id"], row["expires_at"]
     budget = budget_context(t, tx, req.pipeline, now, req.spend)
-    tx.insert_approval(
+    tx.approvals.insert(
         {
             **row,
             "content_type": req.content_type,
@@ -88,12 +90,12 @@ def insert_approval(
         }
     )
     nonce = new_nonce()
-    tx.insert_revision(approval_id, 1, req.body, digest, nonce, now, None)
+    tx.approvals.insert_revision(approval_id, 1, req.body, digest, nonce, now, None)
     decided = None  # a policy decides (no dispatch), or a person does
     if policy.verdict is not None or policy.remember_ms is not None:
         decided = policy_tx.verdict(tx, req, policy, digest, now, budget)
     if decided is None:
-        tx.enqueue_dispatch(approval_id, 1, now)
+        tx.outbox.queue(DISPATCHES, (approval_id, 1), now)
     requester = row["requested_by_id"]
     created = CreatedData(
         pipeline=req.pipeline,
@@ -114,11 +116,6 @@ def insert_approval(
         policy_tx.apply(t, tx, approval_id, decided, nonce, digest, now)
 
 
-def _seen(tx: WriteTx, idempotency_key: str) -> tuple[str, str] | None:
-    seen = tx.approval_by_idempotency_key(idempotency_key)
-    return None if seen is None else (seen["approval_id"], seen["request_hash"])
-
-
 def _target(full: Approval) -> Resolvable:
     current = current_revision(full)
     return Resolvable(full.approval_id, full.revision, current.payload_hash, full.quorum_required)
@@ -130,27 +127,19 @@ APPROVALS: Kind[Approval, Resolvable] = Kind(
     event="",
     already_resolved="the approval is already resolved",
     logger="gate.core.service",
-    load=lambda tx, approval_id: tx.load_approval(approval_id),
-    seen=_seen,
+    load=lambda tx, approval_id: tx.approvals.load(approval_id),
+    seen=lambda tx, key: tx.approvals.by_idempotency_key(key),
     insert=insert_approval,
     target=_target,
-    due=lambda tx, now, limit: tx.due_expiry_rows(now, limit),
+    due=lambda tx, now, limit: tx.approvals.due(now, limit),
     target_id=lambda target: target.approval_id,
     resolve=resolve,
-    dispatch_attempted=lambda tx, approval_id, revision, delivered_at, next_at, error: (
-        tx.dispatch_attempted(
-            approval_id,
-            revision,
-            delivered_at=delivered_at,
-            next_attempt_at=next_at,
-            error=error,
-        )
-    ),
+    dispatches=DISPATCHES,
     dispatch_ack=DispatchAckData,
     notices_on=lambda config: config.relay.notice_target is not None,
-    fetch=lambda reads, approval_id: reads.fetch_approval(approval_id),
-    page=lambda reads, state, pipeline, limit, after: reads.list_approvals(
-        state, pipeline, limit, after
+    fetch=lambda reads, approval_id: reads.fetch(TABLES, approval_id),
+    page=lambda reads, state, pipeline, limit, after: reads.page(
+        TABLES, state, pipeline, limit, after
     ),
     view=approval_view,
 )

@@ -62,7 +62,7 @@ def verdict(
     found = policy.verdict
     if found is None and policy.remember_ms is not None:
         since = now - policy.remember_ms
-        earlier = tx.remembered_approval(
+        earlier = tx.approvals.remembered(
             req.pipeline, req.step, req.content_type, digest, since, req.spend
         )
         if earlier is not None and in_scope(earlier[1], policy.scope):
@@ -125,7 +125,7 @@ def apply(
         recorded_at=now,
         reason=found.reason,
     )
-    tx.insert_decision(approval_id, row)
+    tx.approvals.insert_decision(approval_id, row)
     entry = DecisionData(
         operator_id=POLICY_OPERATOR,
         decision=found.decision,
@@ -139,7 +139,7 @@ def apply(
         remembered_from=found.remembered_from,
     )
     t.audit(tx, entry.kind, approval_id, now, entry.to_data())
-    approval = tx.load_approval(approval_id, outbox=False, created_receipt=False)
+    approval = tx.approvals.load(approval_id, outbox=False, created_receipt=False)
     assert approval is not None
     target = Resolvable(approval_id, 1, digest, approval.quorum_required)
     approved_by = (POLICY_OPERATOR,) if found.decide == "approve" else ()

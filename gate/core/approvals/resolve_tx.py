@@ -14,6 +14,7 @@ from gate.core.requests.lifecycle_tx import NOTICE_GIVE_UP_MS
 from gate.errors import Conflict
 from gate.model import Approval, Resolvable
 from gate.store import WriteTx
+from gate.store.outbox import FOLLOWUPS
 from gate.trust import permit
 
 if TYPE_CHECKING:
@@ -80,9 +81,8 @@ def resolve(
         issued = permit.issue(t.signer, claims)
     # one UPDATE, guarded on state: when it finds the approval no longer pending, the
     # Conflict rolls this job back, the audit entry above included
-    if not tx.resolve(target.approval_id, outcome, now, receipt_object(row), issued):
+    if not tx.approvals.resolve(target.approval_id, outcome, now, receipt_object(row), issued):
         raise Conflict("already_resolved", "approval was resolved concurrently")
     if notice and t.config.relay.notice_target is not None:  # in this transaction
-        tx.enqueue_followup(
-            target.approval_id, "notice", 1, target.revision, now, now + NOTICE_GIVE_UP_MS
-        )
+        notice_row = (target.approval_id, "notice", 1, target.revision)
+        tx.outbox.queue(FOLLOWUPS, notice_row, now, now + NOTICE_GIVE_UP_MS, once=True)

@@ -12,17 +12,18 @@ from typing import Any
 from gate.config.webauthn import WebAuthnSettings
 from gate.core.approvals import policy_tx
 from gate.core.approvals.create import CreateRequest, check_draft, quorum_unreachable_message
-from gate.core.approvals.followup_tx import FOLLOWUP_BATCH
+from gate.core.approvals.decide_tx import Decide
+from gate.core.approvals.followup_tx import FOLLOWUP_BATCH, FollowupResult, Followups
 from gate.core.approvals.followups import followup_plan
 from gate.core.approvals.kind import APPROVALS
 from gate.core.approvals.resolve_tx import Resolution
-from gate.core.requests.service import Commands, RequestService, Shared
+from gate.core.requests.lifecycle_tx import Create
+from gate.core.requests.service import RequestService, Shared
 from gate.core.transactions import Policy
 from gate.errors import GateError
 from gate.model import Approval
 from gate.protocol.canonical import payload_hash
 from gate.protocol.envelope import Decision
-from gate.store import Command
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,7 +41,7 @@ class Approvals(RequestService[Approval]):
     party a decision's approver signature is checked against (``Invites.webauthn``)."""
 
     def __init__(self, shared: Shared, webauthn: Callable[[], WebAuthnSettings | None]) -> None:
-        super().__init__(APPROVALS, shared, Commands("cancel", "expire", "dispatch_result"))
+        super().__init__(APPROVALS, shared)
         self.webauthn = webauthn
 
     # ---- create ----------------------------------------------------------------
@@ -115,7 +116,7 @@ class Approvals(RequestService[Approval]):
         full: Approval
         created_now: bool
         full, created_now = await self.store.transact(
-            Command("create", (req, idempotency_key, requester, policy, req.request_hash(), digest))
+            Create(APPROVALS, req, idempotency_key, requester, policy, req.request_hash(), digest)
         )
         if not created_now:
             return self.kind.view(full), False
@@ -150,7 +151,7 @@ class Approvals(RequestService[Approval]):
             new_revision,
             resolution,
             delegated,
-        ) = await self.store.transact(Command("decide", (decision, self.webauthn())))
+        ) = await self.store.transact(Decide(decision, self.webauthn()))
         self.log.info(
             "event=decision approval_id=%s operator_id=%d decision=%s revision=%d payload_hash=%s"
             + ("" if delegated is None else f" on_behalf_of={int(delegated[0])}"),
@@ -185,7 +186,7 @@ class Approvals(RequestService[Approval]):
         was queued."""
         levels = reminders = 0
         while True:
-            done = await self.store.transact(Command("followups", ()))
+            done = await self.store.transact(Followups())
             for approval_id, applied, reminder in done:
                 for level in applied:
                     self.log.info("event=escalated approval_id=%s level=%d", approval_id, level)
@@ -213,6 +214,6 @@ class Approvals(RequestService[Approval]):
         kind, n) (``followup_tx.result``): ``retry_at_ms`` None drops it
         unsent as failed. Returns ``"delivered"``, ``"retry"``, ``"failed"`` or None."""
         result: str | None = await self.store.transact(
-            Command("followup_result", (key, acked, error, retry_at_ms))
+            FollowupResult(key, acked, error, retry_at_ms)
         )
         return result

@@ -4,10 +4,12 @@ Runs on the store's writer with the state ``Transactions`` owns (``t``)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from gate.audit.question_entries import QuestionAnsweredData
 from gate.core.approvals.rules import operator_in_scope, refuse
+from gate.core.commands import Transaction
 from gate.core.questions.kind import resolve_question, step_limits
 from gate.core.requests.lifecycle_tx import said_by
 from gate.errors import Conflict, GateError
@@ -60,9 +62,9 @@ def answer_question(t: Transactions, tx: WriteTx, answer: Answer) -> tuple[int, 
     ``(operator id, version answered, pipeline)``. Raises GateError with the table's status
     and reason (nothing changes); an answer naming an approval is 409 ``wrong_kind``."""
     now = t.clock.now_ms()
-    question = tx.load_question(answer.question_id, outbox=False)
+    question = tx.questions.load(answer.question_id, outbox=False)
     if question is None:
-        if tx.load_approval(answer.question_id, outbox=False, created_receipt=False) is not None:
+        if tx.approvals.load(answer.question_id, outbox=False, created_receipt=False) is not None:
             raise wrong_kind("an answer names a question_id; this id is an approval's")
         # check 6 on the callback listener: SPEC §2's status word is the reason, as
         # ``unknown_approval`` (the pipeline API's 404 stays ``not_found``)
@@ -102,7 +104,7 @@ def answer_question(t: Transactions, tx: WriteTx, answer: Answer) -> tuple[int, 
         recorded_at=now,
         **said_by(answer),
     )
-    if not tx.record_question_answer(question.question_id, stored, row):
+    if not tx.questions.record_answer(question.question_id, stored, row):
         raise refuse(409, "already_resolved", "already_resolved", "the question is resolved")
     answered = QuestionAnsweredData(
         operator_id, current.version, current.request_hash, answer.nonce, digest
@@ -117,3 +119,13 @@ def wrong_kind(message: str) -> GateError:
     """409 ``wrong_kind``: an answer for an approval, or a decision for a question:
     refused after check 5, nothing recorded."""
     return Conflict("wrong_kind", message)
+
+
+@dataclass(frozen=True, slots=True)
+class AnswerQuestion(Transaction[tuple[int, int, str]]):
+    """Check and record an answer (``answer_question``): ``(operator id, version, pipeline)``."""
+
+    answer: Answer
+
+    def run(self, t: Transactions, tx: WriteTx) -> tuple[int, int, str]:
+        return answer_question(t, tx, self.answer)

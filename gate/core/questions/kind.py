@@ -23,6 +23,8 @@ from gate.model import DueQuestion, Question
 from gate.protocol.canonical import wire_json
 from gate.protocol.question import QuestionSpec, request_hash
 from gate.store import WriteTx
+from gate.store.outbox import QUESTION_DISPATCHES, QUESTION_NOTICES
+from gate.store.questions import QUESTIONS as TABLES
 
 if TYPE_CHECKING:
     from gate.config import Config
@@ -55,7 +57,8 @@ def add_version(tx: WriteTx, question_id: str, version: int, spec: QuestionSpec,
     digest = request_hash(question_id, version, spec)
     # stored in the order given (a form's fields are shown in it); the hash is canonical
     text = wire_json(spec.to_json()).decode("utf-8")
-    tx.insert_question_version(question_id, version, text, digest, new_nonce(), now)
+    tx.questions.insert_version(question_id, version, text, digest, new_nonce(), now)
+    tx.outbox.queue(QUESTION_DISPATCHES, (question_id, version), now)
     return digest
 
 
@@ -73,10 +76,11 @@ def resolve_question(
     ``already_resolved`` when another transaction resolved it first."""
     data = QuestionResolvedData(outcome, target.version, target.request_hash, value_digest)
     row = t.audit(tx, data.kind, target.question_id, now, data.to_data())
-    if not tx.resolve_question(target.question_id, outcome, now, receipt_object(row)):
+    if not tx.questions.resolve(target.question_id, outcome, now, receipt_object(row)):
         raise Conflict("already_resolved", "question was resolved concurrently")
     if t.config.relay.question_notice_target is not None:  # the question relay is told
-        tx.queue_question_notice(target.question_id, target.version, now, now + NOTICE_GIVE_UP_MS)
+        notice = (target.question_id, target.version)
+        tx.outbox.queue(QUESTION_NOTICES, notice, now, now + NOTICE_GIVE_UP_MS, once=True)
 
 
 def insert_question(
@@ -91,7 +95,7 @@ def insert_question(
 ) -> None:
     """The questions row, version 1 with its dispatch, the ``question_created`` entry."""
     question_id = row["question_id"]
-    tx.insert_question(
+    tx.questions.insert(
         {
             **row,
             "version": 1,
@@ -164,27 +168,19 @@ QUESTIONS: Kind[Question, DueQuestion] = Kind(
     event="question_",
     already_resolved="the question is already resolved (it cannot be cancelled)",
     logger="gate.core.question_service",
-    load=lambda tx, question_id: tx.load_question(question_id),
-    seen=lambda tx, key: tx.question_by_idempotency_key(key),
+    load=lambda tx, question_id: tx.questions.load(question_id),
+    seen=lambda tx, key: tx.questions.by_idempotency_key(key),
     insert=insert_question,
     target=lambda full: DueQuestion(full.question_id, full.version, full.current.request_hash),
-    due=lambda tx, now, limit: tx.due_questions(now, limit),
+    due=lambda tx, now, limit: tx.questions.due(now, limit),
     target_id=lambda target: target.question_id,
     resolve=resolve_question,
-    dispatch_attempted=lambda tx, question_id, version, delivered_at, next_at, error: (
-        tx.question_dispatch_attempted(
-            question_id,
-            version,
-            delivered_at=delivered_at,
-            next_attempt_at=next_at,
-            error=error,
-        )
-    ),
+    dispatches=QUESTION_DISPATCHES,
     dispatch_ack=lambda version, attempts: QuestionDispatchAckData(version),
     notices_on=lambda config: config.relay.question_notice_target is not None,
-    fetch=lambda reads, question_id: reads.fetch_question(question_id),
-    page=lambda reads, state, pipeline, limit, after: reads.list_questions(
-        state, pipeline, limit, after
+    fetch=lambda reads, question_id: reads.fetch(TABLES, question_id),
+    page=lambda reads, state, pipeline, limit, after: reads.page(
+        TABLES, state, pipeline, limit, after
     ),
     view=question_view,
 )

@@ -4,9 +4,11 @@ store's writer with the state ``Transactions`` owns (``t``)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from gate.audit.question_entries import QuestionRevisedData
+from gate.core.commands import Transaction
 from gate.core.questions.create import parse_spec, revised_fields
 from gate.core.questions.kind import QUESTIONS, add_version, step_limits
 from gate.core.requests.lifecycle_tx import check_pending, load
@@ -14,6 +16,7 @@ from gate.errors import Conflict
 from gate.model import Question
 from gate.protocol.question import QuestionSpec
 from gate.store import WriteTx
+from gate.store.outbox import QUESTION_NOTICES
 
 if TYPE_CHECKING:
     from gate.core.transactions import Transactions
@@ -65,6 +68,36 @@ def notice_result(
 ) -> str | None:
     """Record one attempt of a question's resolution notice (``retry_at_ms`` None: dropped
     unsent, as failed). Returns ``"delivered"``, ``"retry"``, ``"failed"`` or None."""
-    return tx.question_notice_attempted(
-        question_id, t.clock.now_ms(), acked=acked, error=error, retry_at_ms=retry_at_ms
+    attempt = tx.outbox.attempted(
+        QUESTION_NOTICES,
+        (question_id,),
+        t.clock.now_ms(),
+        acked=acked,
+        error=error,
+        retry_at_ms=retry_at_ms,
     )
+    return None if attempt is None else attempt.state
+
+
+@dataclass(frozen=True, slots=True)
+class ReviseQuestion(Transaction[tuple[str, Question]]):
+    """Revise a pending question with ``body`` (``revise``)."""
+
+    question_id: str
+    body: Any
+
+    def run(self, t: Transactions, tx: WriteTx) -> tuple[str, Question]:
+        return revise(t, tx, self.question_id, self.body)
+
+
+@dataclass(frozen=True, slots=True)
+class QuestionNoticeResult(Transaction[str | None]):
+    """Record one attempt of a resolution notice (``notice_result``)."""
+
+    question_id: str
+    acked: bool
+    error: str | None
+    retry_at_ms: int | None
+
+    def run(self, t: Transactions, tx: WriteTx) -> str | None:
+        return notice_result(t, tx, self.question_id, self.acked, self.error, self.retry_at_ms)

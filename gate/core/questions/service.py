@@ -6,13 +6,16 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
+from gate.core.questions.answer_tx import AnswerQuestion
 from gate.core.questions.create import parse_question_create, parse_spec
 from gate.core.questions.kind import QUESTIONS, QuestionPolicy
-from gate.core.requests.service import Commands, RequestService, Shared
+from gate.core.questions.revise_tx import QuestionNoticeResult, ReviseQuestion
+from gate.core.requests.lifecycle_tx import Create
+from gate.core.requests.service import RequestService, Shared
 from gate.errors import Conflict
 from gate.model import Question
 from gate.protocol.question import Answer
-from gate.store import Command
+from gate.store.questions import QUESTIONS as TABLES
 
 MAX_OPTIONS_LIMIT = 1000  # the config's ceiling of a step's max_options
 
@@ -29,8 +32,7 @@ class Questions(RequestService[Question]):
     """Questions over the gate's ``Shared`` state: a typed answer, first valid answer wins."""
 
     def __init__(self, shared: Shared) -> None:
-        commands = Commands("cancel_question", "expire_questions", "question_dispatch_result")
-        super().__init__(QUESTIONS, shared, commands)
+        super().__init__(QUESTIONS, shared)
 
     async def create(self, body: Any, idempotency_key: str | None) -> tuple[dict[str, Any], bool]:
         """POST /v1/questions: validate ``body`` (decoded JSON) against its step and record
@@ -57,7 +59,7 @@ class Questions(RequestService[Question]):
         policy = QuestionPolicy(scope, step.timeout, step.risk, step.max_answer_chars)
         full: Question
         full, created = await self.store.transact(
-            Command("create_question", (req, idempotency_key, requester, policy, req.body_hash()))
+            Create(QUESTIONS, req, idempotency_key, requester, policy, req.body_hash())
         )
         if not created:
             return self.kind.view(full), False
@@ -71,9 +73,7 @@ class Questions(RequestService[Question]):
         ``timeout`` when past ``expires_at``: then resolved so), 409 ``too_many_versions``."""
         # the merge onto the current version happens in the write transaction: two revises
         # racing each build on the other's result
-        outcome, revised = await self.store.transact(
-            Command("revise_question", (question_id, body))
-        )
+        outcome, revised = await self.store.transact(ReviseQuestion(question_id, body))
         if outcome == "timeout":
             self.resolved(question_id, "timeout")
             raise Conflict(
@@ -95,9 +95,7 @@ class Questions(RequestService[Question]):
         """Checks 6-13 of the answer table and the recording of the first valid answer,
         in one transaction. Returns the 200 body ``{"status": "recorded", "resolved": true,
         "outcome": "answered"}``. Raises GateError with the table's status and reason."""
-        operator_id, version, pipeline = await self.store.transact(
-            Command("answer_question", (answer,))
-        )
+        operator_id, version, pipeline = await self.store.transact(AnswerQuestion(answer))
         self.log.info(
             "event=question_answered question_id=%s operator_id=%d version=%d",
             answer.question_id,
@@ -115,14 +113,15 @@ class Questions(RequestService[Question]):
         """Record one attempt of a question's resolution notice (``retry_at_ms`` None drops
         it as failed). Returns ``"delivered"``, ``"retry"``, ``"failed"`` or None."""
         result: str | None = await self.store.transact(
-            Command("question_notice_result", (question_id, acked, error, retry_at_ms))
+            QuestionNoticeResult(question_id, acked, error, retry_at_ms)
         )
         return result
 
     async def next_expiry(self) -> int | None:
         """The earliest ``expires_at`` (unix ms) of a pending question, or None."""
-        return await self.store.reads.next_question_expiry()
+        return await self.store.reads.next_expiry(TABLES)
 
     async def pending(self) -> int:
         """How many questions are pending (the metrics gauge)."""
-        return await self.store.reads.pending_questions()
+        count, _ = await self.store.reads.pending_summary(TABLES)
+        return count

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 from gate.store import WriteTx
+from gate.store.outbox import OutboxTable
 from gate.store.reads import Reads
 
 if TYPE_CHECKING:
@@ -58,10 +59,10 @@ class Kind(Generic[Full, Target]):
     dispatch and created entry); ``target`` what resolving a loaded one needs, ``due`` those
     of up to ``limit`` pending ones past ``expires_at`` at ``now``, ``target_id`` a target's
     id; ``resolve`` a target as an outcome at now (no permit: timeout, cancelled);
-    ``dispatch_attempted`` counts one attempt of a version (``delivered_at``, else
-    ``next_attempt_at``, and the error: attempts so far, -1 when acked)
-    and ``dispatch_ack`` is the audit entry of its first ack. Outside it: ``notices_on``
-    whether a resolution notice is queued (its relay target set), ``fetch`` and ``page``
+    ``dispatches`` is its outbox table in the store's one outbox contract
+    (``gate.store.outbox``: one attempt of a version is recorded there) and ``dispatch_ack``
+    is the audit entry of its first ack. Outside it: ``notices_on`` whether a resolution
+    notice is queued (its relay target set), ``fetch`` and ``page``
     read (on the store's ``Reads``), ``view`` is the pipeline API's object (JSON-ready).
     """
 
@@ -77,9 +78,25 @@ class Kind(Generic[Full, Target]):
     due: Callable[[WriteTx, int, int], list[Target]]
     target_id: Callable[[Target], str]
     resolve: Callable[[Transactions, WriteTx, Target, str, int], None]
-    dispatch_attempted: Callable[[WriteTx, str, int, int | None, int, str | None], int]
+    dispatches: OutboxTable[Any]
     dispatch_ack: Callable[[int, int], Entry]
     notices_on: Callable[[Config], bool]
     fetch: Callable[[Reads, str], Awaitable[Full | None]]
     page: Callable[[Reads, str, str | None, int, str | None], Awaitable[list[Full]]]
     view: Callable[[Full], dict[str, Any]]
+
+    def __post_init__(self) -> None:
+        _KINDS[self.name] = self
+
+    def __reduce__(self) -> tuple[Callable[[str], Kind[Any, Any]], tuple[str]]:
+        # a command names its kind (``lifecycle_tx.Cancel``): it crosses to the writer
+        # process by name, and is the same object there (its fields are functions)
+        return kind_named, (self.name,)
+
+
+_KINDS: dict[str, Kind[Any, Any]] = {}
+
+
+def kind_named(name: str) -> Kind[Any, Any]:
+    """The kind whose ``name`` is ``name`` (every ``Kind`` made so far)."""
+    return _KINDS[name]

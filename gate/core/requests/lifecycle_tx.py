@@ -1,15 +1,18 @@
 """The write transactions every kind of request shares: create (idempotency, scope, expiry),
 cancel, expire and the dispatch bookkeeping, for any ``Kind``, with what every version and
 verdict row takes the same way (``new_nonce``, ``said_by``). Run on the store's writer with
-the state ``Transactions`` owns (``t``); registered per kind in ``transactions.TABLE``."""
+the state ``Transactions`` owns (``t``); each with its command, the kind a field of it
+(``Cancel(QUESTIONS, question_id)``)."""
 
 from __future__ import annotations
 
 import secrets
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, TypedDict
 
 from ulid import ULID
 
+from gate.core.commands import Transaction
 from gate.core.requests.kind import Full, Kind, Stored, Target
 from gate.errors import Conflict, NotFound
 from gate.store import WriteTx
@@ -182,10 +185,97 @@ def dispatch_result(
     """Count one dispatch attempt of ``version``; the first ack (unix ms now) writes the
     kind's dispatch-ack audit entry, a failure sets the next attempt at ``retry_at_ms``."""
     now = t.clock.now_ms()
-    delivered_at, next_attempt_at = (now, now) if acked else (None, retry_at_ms)
-    attempts = kind.dispatch_attempted(
-        tx, request_id, version, delivered_at, next_attempt_at, error
+    key = (request_id, version)
+    attempt = tx.outbox.attempted(
+        kind.dispatches, key, now, acked=acked, error=error, retry_at_ms=retry_at_ms
     )
-    if acked and attempts > 0:
-        ack = kind.dispatch_ack(version, attempts)
+    if acked and attempt is not None:
+        ack = kind.dispatch_ack(version, attempt.attempts)
         t.audit(tx, ack.kind, request_id, now, ack.to_data())
+
+
+@dataclass(frozen=True, slots=True)
+class Create(Transaction[tuple[Full, bool]]):
+    """Create a request of ``kind`` (``create``): ``(loaded request, created)``."""
+
+    kind: Kind[Full, Any]
+    req: Opened
+    idempotency_key: str | None
+    requester: tuple[int, str] | None
+    policy: Scoped
+    body_hash: str
+    digest: str | None = None
+
+    @property
+    def name(self) -> str:
+        return self.kind.event + "create"
+
+    def run(self, t: Transactions, tx: WriteTx) -> tuple[Full, bool]:
+        return create(
+            self.kind,
+            t,
+            tx,
+            self.req,
+            self.idempotency_key,
+            self.requester,
+            self.policy,
+            self.body_hash,
+            self.digest,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Cancel(Transaction[tuple[str, Full]]):
+    """Cancel a pending request of ``kind`` (``cancel``): ``(outcome, loaded request)``."""
+
+    kind: Kind[Full, Any]
+    request_id: str
+
+    @property
+    def name(self) -> str:
+        return self.kind.event + "cancel"
+
+    def run(self, t: Transactions, tx: WriteTx) -> tuple[str, Full]:
+        return cancel(self.kind, t, tx, self.request_id)
+
+
+@dataclass(frozen=True, slots=True)
+class Expire(Transaction[list[str]]):
+    """Resolve the overdue requests of ``kind`` ``timeout`` (``expire``): their ids."""
+
+    kind: Kind[Any, Any]
+
+    @property
+    def name(self) -> str:
+        return self.kind.event + "expire"
+
+    def run(self, t: Transactions, tx: WriteTx) -> list[str]:
+        return expire(self.kind, t, tx)
+
+
+@dataclass(frozen=True, slots=True)
+class DispatchResult(Transaction[None]):
+    """Record one dispatch attempt of a version (``dispatch_result``)."""
+
+    kind: Kind[Any, Any]
+    request_id: str
+    version: int
+    acked: bool
+    error: str | None
+    retry_at_ms: int
+
+    @property
+    def name(self) -> str:
+        return self.kind.event + "dispatch_result"
+
+    def run(self, t: Transactions, tx: WriteTx) -> None:
+        dispatch_result(
+            self.kind,
+            t,
+            tx,
+            self.request_id,
+            self.version,
+            self.acked,
+            self.error,
+            self.retry_at_ms,
+        )

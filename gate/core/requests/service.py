@@ -15,9 +15,9 @@ from gate.config.model import StepConfig
 from gate.core.longpoll import Waiters, long_poll, wake
 from gate.core.requests.fields import not_an_operator
 from gate.core.requests.kind import Full, Kind
-from gate.core.requests.lifecycle_tx import EXPIRE_BATCH, unknown
+from gate.core.requests.lifecycle_tx import EXPIRE_BATCH, Cancel, DispatchResult, Expire, unknown
 from gate.errors import Conflict, GateError, NotFound, refused
-from gate.store import Command, Store
+from gate.store import Store
 
 
 def step_is(kind: str, step: str) -> GateError:
@@ -42,24 +42,14 @@ class Shared:
     waiters: Waiters = field(default_factory=dict)
 
 
-@dataclass(frozen=True, slots=True)
-class Commands:
-    """The names of a kind's lifecycle write transactions (keys of ``transactions.TABLE``)."""
-
-    cancel: str
-    expire: str
-    dispatch_result: str
-
-
 class RequestService(Generic[Full]):
     """The shared lifecycle of one ``kind`` of request over the gate's ``Shared`` state;
-    ``commands`` names its write transactions."""
+    its write transactions are the lifecycle's commands for ``kind`` (``Cancel``, ...)."""
 
-    def __init__(self, kind: Kind[Full, Any], shared: Shared, commands: Commands) -> None:
+    def __init__(self, kind: Kind[Full, Any], shared: Shared) -> None:
         self.kind = kind
         self.shared = shared
         self.store = shared.store
-        self.commands = commands
         self.log = logging.getLogger(kind.logger)
 
     @property
@@ -155,7 +145,7 @@ class RequestService(Generic[Full]):
         instead, and the answer is 409 ``already_resolved`` with that outcome. Raises
         NotFound 404 ``unknown_<kind>``; Conflict 409 ``already_resolved``.
         """
-        outcome, full = await self.store.transact(Command(self.commands.cancel, (request_id,)))
+        outcome, full = await self.store.transact(Cancel(self.kind, request_id))
         self.resolved(request_id, outcome)
         if outcome == "timeout":
             raise Conflict(
@@ -170,7 +160,7 @@ class RequestService(Generic[Full]):
         batches of ``EXPIRE_BATCH`` per transaction; return how many were resolved."""
         total = 0
         while True:
-            ids = await self.store.transact(Command(self.commands.expire, ()))
+            ids = await self.store.transact(Expire(self.kind))
             for request_id in ids:
                 self.resolved(request_id, "timeout")
             total += len(ids)
@@ -183,5 +173,5 @@ class RequestService(Generic[Full]):
         """Record one dispatch attempt of ``version``; an ack writes the kind's
         dispatch-ack audit entry (``dispatch_ack``, ``question_dispatch_ack``)."""
         await self.store.transact(
-            Command(self.commands.dispatch_result, (request_id, version, acked, error, retry_at_ms))
+            DispatchResult(self.kind, request_id, version, acked, error, retry_at_ms)
         )

@@ -17,7 +17,7 @@ from aiohttp import web
 from aiohttp.typedefs import Middleware
 
 from gate.core.service import GateService
-from gate.daemon.dispatch import SendResult, post_signed
+from gate.daemon.relay_http import SendResult, post_signed
 from gate.errors import GateError
 from gate.protocol import PROTOCOL, PROTOCOL_HEADER, SIGNATURE_HEADER, signing
 from gate.protocol.canonical import wire_json

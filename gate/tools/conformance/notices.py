@@ -8,6 +8,7 @@ import asyncio
 from gate.daemon.followups import notice_envelope
 from gate.model import Approval
 from gate.protocol.canonical import wire_json
+from gate.store.approvals import APPROVALS
 from gate.tools.conformance.callbacks import Run, callbacks_for
 from gate.tools.conformance.checks import ACK_LIMIT_S, CheckResult, Observed, failed, passed
 
@@ -82,7 +83,7 @@ async def check_notices(run: Run, full: Approval, grace_s: float) -> list[CheckR
     GateError when the ephemeral gate cannot cancel it.
     """
     await run.service.approvals.cancel(full.approval_id)
-    cancelled = await run.service.store.reads.fetch_approval(full.approval_id)
+    cancelled = await run.service.store.reads.fetch(APPROVALS, full.approval_id)
     assert cancelled is not None
     body = notice_for(cancelled)
     ack = await run.send(body, ACK_LIMIT_S)

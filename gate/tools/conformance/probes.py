@@ -9,6 +9,7 @@ import aiohttp
 from gate.core.approvals.create import CreateRequest
 from gate.core.service import GateService
 from gate.model import Approval
+from gate.store.approvals import APPROVALS
 from gate.tools.conformance.callbacks import (
     Probe,
     mutated,
@@ -32,7 +33,7 @@ async def create_approval(service: GateService, run_id: str) -> Approval:
     view, _ = await service.approvals.create(
         CreateRequest(PIPELINE, "verify", run_id, "text/plain", DRAFT, None), None
     )
-    full = await service.store.reads.fetch_approval(view["approval_id"])
+    full = await service.store.reads.fetch(APPROVALS, view["approval_id"])
     assert full is not None
     return full
 

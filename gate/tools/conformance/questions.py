@@ -17,6 +17,7 @@ from gate.core.service import GateService
 from gate.model import Question
 from gate.protocol.canonical import wire_json
 from gate.protocol.question import QuestionSpec, build_question_dispatch
+from gate.store.questions import QUESTIONS
 from gate.tools.conformance.callbacks import (
     Lookup,
     Probe,
@@ -68,7 +69,7 @@ async def _ask(service: GateService, run_id: str) -> Question:
         "options": list(OPTIONS),
     }
     view, _ = await service.questions.create(body, None)
-    full = await service.store.reads.fetch_question(view["question_id"])
+    full = await service.store.reads.fetch(QUESTIONS, view["question_id"])
     assert full is not None
     return full
 

@@ -16,7 +16,7 @@ from aiohttp import web
 from gate.clock import SystemClock
 from gate.config import Config, Secrets, TcpListen, parse_listen
 from gate.daemon.app import build_gate, callback_url
-from gate.daemon.dispatch import dispatch_envelope
+from gate.daemon.approval_dispatch import dispatch_envelope
 from gate.model import Approval
 from gate.protocol import DECISIONS_PATH
 from gate.protocol.canonical import wire_json

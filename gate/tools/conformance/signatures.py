@@ -17,6 +17,7 @@ import aiohttp
 from gate.core.service import GateService
 from gate.protocol.approver_signature import FIELD
 from gate.protocol.envelope import decode_json
+from gate.store.approvals import APPROVALS
 from gate.tools.conformance.callbacks import Probe, run_probes
 from gate.tools.conformance.checks import CheckResult, Observed, failed, not_run, passed
 from gate.tools.conformance.probes import create_approval
@@ -119,7 +120,7 @@ async def _judge_signed(
             "callback.nonce and payload_hash and the texts exactly as sent",
         )
     approval_id = template.get("approval_id")
-    full = await service.store.reads.fetch_approval(str(approval_id))
+    full = await service.store.reads.fetch(APPROVALS, str(approval_id))
     recorded = [d.credential_id for d in full.decisions] if full is not None else []
     if credential_id not in recorded:
         return failed(name, "accepted, but recorded without its credential", "a gate bug")
