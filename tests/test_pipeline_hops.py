@@ -1,11 +1,11 @@
-"""``gate.client.request.hops``: the lines ``request --wait`` prints, in the order things
+"""``gate.client.hops.hops``: the lines ``request --wait`` prints, in the order things
 happened."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from gate.client.request import hops
+from gate.client.hops import hops
 
 
 def approval(
@@ -87,7 +87,7 @@ def _question(version: int, response_type: str) -> dict[str, Any]:
 def test_a_revise_that_changes_the_response_type_says_so() -> None:
     """A pipeline that asked with --schema and parses stdout as JSON must be told when a
     revise made the answer free text (second new-user pass, finding 1); never the text."""
-    from gate.client.question_hops import question_hops
+    from gate.client.hops import question_hops
 
     lines = question_hops(_question(1, "form"), _question(2, "free_text"))
     assert lines == ["question revised to version 2 (the answer is now free_text, was form)"]
@@ -97,7 +97,7 @@ def test_a_revise_that_changes_the_response_type_says_so() -> None:
 
 
 def test_the_ack_time_is_shown_fixed_width_with_milliseconds() -> None:
-    from gate.client.question_hops import question_hops
+    from gate.client.hops import question_hops
 
     assert hops(None, approval(1, "2026-12-07T10:20:16.4Z", [])) == [
         "dispatched revision 1 to the relay (attempt 1, acked 2026-12-07T10:20:16.400Z)"

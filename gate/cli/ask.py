@@ -21,36 +21,27 @@ from gate.cli import (
     read_input,
     run,
 )
-from gate.cli.common import (
-    NumberType,
-    api_target,
-    cancel_command,
-    check_request_options,
-    reporter,
-    safe_json,
+from gate.cli.asking import (
+    QUESTION,
+    left_behind,
+    print_unresolved,
+    read_text,
+    wait_options,
+    where_options,
 )
-
-CANCEL = ("hitl-gate", "questions", "cancel")  # the command that cancels a question
+from gate.cli.common import api_target, check_request_options, reporter, safe_json
 
 
 def _read_text(text: str | None, text_file: str | None) -> str:
     """The question's text from ``--text`` or ``--text-file`` (``-``: stdin); exit 2 unless
-    exactly one is given, on a file that cannot be read or is not UTF-8, and on a text
-    that is empty or only white space (nothing to ask; the gate refuses it too)."""
+    exactly one is given, on a file that cannot be read or is not UTF-8 (``read_text``),
+    and on a text that is empty or only white space (nothing to ask; the gate refuses it
+    too)."""
     from gate.protocol.whitespace import is_blank
 
-    if (text is None) == (text_file is None):
-        fail("give exactly one of --text or --text-file", 2)
-    source = "--text"
-    if text_file is not None:
-        source = f"--text-file: {input_name(text_file)}"
-        raw = read_input("--text-file", text_file)
-        try:
-            text = raw.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            fail(f"{source} is not valid UTF-8 (byte offset {exc.start})", 2)
-    assert text is not None
+    text = read_text("--text", text, text_file)
     if is_blank(text):
+        source = "--text" if text_file is None else f"--text-file: {input_name(text_file)}"
         fail(f"{source}: the question is {'empty' if not text else 'only white space'}", 2)
     return text
 
@@ -60,7 +51,7 @@ def _read_schema(path: str) -> dict[str, Any]:
     is wrong (cannot be read, not UTF-8, not JSON, a key twice, not an object). Whether it is
     a form schema the gate accepts is the gate's check (400 ``invalid_schema`` naming the
     JSON path)."""
-    from gate.protocol.canonical import no_duplicate_keys, reject_json_constant
+    from gate.protocol.canonical import json_type, no_duplicate_keys, reject_json_constant
 
     name = input_name(path)
     raw = read_input("--schema", path)
@@ -77,24 +68,13 @@ def _read_schema(path: str) -> dict[str, Any]:
     except ValueError as exc:
         fail(f"--schema: {name} is not JSON: {exc}", 2)
     if not isinstance(schema, dict):
-        fail(f"--schema: {name} holds a JSON {_json_kind(schema)}, not an object", 2)
+        fail(f"--schema: {name} holds a JSON {json_type(schema)}, not an object", 2)
     return schema
 
 
 def _twice(key: str) -> str:
     """What ``--schema`` says of a key given twice (JSON would keep the last one silently)."""
     return f"the key {key!r} is given twice"
-
-
-def _json_kind(value: Any) -> str:
-    """``array``, ``string``, ``number``, ``boolean`` or ``null``: what a JSON value is."""
-    if isinstance(value, list):
-        return "array"
-    if isinstance(value, str):
-        return "string"
-    if isinstance(value, bool):
-        return "boolean"
-    return "null" if value is None else "number"
 
 
 def _response_type(choices: tuple[str, ...], multi: bool, schema: str | None) -> str:
@@ -127,9 +107,7 @@ def _response_type(choices: tuple[str, ...], multi: bool, schema: str | None) ->
 @main.command()
 @CONFIG_OPTION
 @API_URL_OPTION
-@click.option("--pipeline", required=True, help="Pipeline name from the config.")
-@click.option("--step", required=True, help="Question step within the pipeline.")
-@click.option("--run-id", default=None, help="Correlates the question with the pipeline run.")
+@where_options(QUESTION)
 @click.option("--text", default=None, help="The question to ask.")
 @click.option("--text-file", default=None, help="Read the question from a file, or - for stdin.")
 @click.option("--reason", default=None, help="Why the pipeline asks (shown to the person).")
@@ -143,17 +121,7 @@ def _response_type(choices: tuple[str, ...], multi: bool, schema: str | None) ->
 @click.option(
     "--schema", default=None, help="A form: JSON file with its schema (flat object of fields)."
 )
-@click.option("--idempotency-key", default=None, help="Retry-safe key: same key, same question.")
-@click.option("--requested-by", default=None, help="Identity of the operator asking.")
-@click.option("--wait", is_flag=True, help="Block until answered; print the answer.")
-@click.option(
-    "--timeout",
-    type=NumberType(low=0),
-    default=None,
-    help="With --wait: give up waiting after SEC seconds (exit 4).",
-)
-@click.option("--json", "as_json", is_flag=True, help="Print the question object as JSON.")
-@click.option("--quiet", is_flag=True, help="Do not report hops on stderr.")
+@wait_options(QUESTION)
 def ask(
     config_path: str,
     api_url: str | None,
@@ -186,83 +154,32 @@ def ask(
     Example: hitl-gate ask -c config.yaml --pipeline supplier-choice --step pick-supplier
     --text "Which supplier?" --choice Acme --choice Globex --wait
     """
-    from gate.client.ask import AskOptions, AskProgress, run_ask
-    from gate.client.request import request_key
+    from gate.client.ask import EXIT_CODES, answer_output, run_ask
+    from gate.client.request import Progress, RequestOptions, request_key
+    from gate.sdk.client import question_body
 
     response_type = _response_type(choices, multi, schema)
     check_request_options(wait, None, idempotency_key, None)
     body_text = _read_text(text, text_file)
     form = _read_schema(schema) if schema is not None else None
     config = read_config(config_path)
-    opts = AskOptions(
-        *api_target(config, api_url),
-        pipeline,
-        step,
-        body_text,
-        response_type=response_type,
-        reason=reason,
-        options=choices,
-        schema=form,
-        run_id=run_id,
-        requested_by=requested_by,
-        idempotency_key=request_key(idempotency_key, wait, "hitl-ask"),
-        wait=wait,
-        timeout_s=timeout,
+    body = question_body(
+        pipeline, step, body_text, response_type, reason, choices, form, run_id, requested_by
     )
-    progress = AskProgress()
+    key = request_key(idempotency_key, wait, "hitl-ask")
+    opts = RequestOptions(*api_target(config, api_url), body, key, wait, timeout)
+    progress = Progress()
     question = run(
         run_ask(opts, reporter(quiet), progress),
-        lambda: _left_behind(opts, progress, config_path, api_url),
+        lambda: left_behind(QUESTION, opts, progress.item_id, config_path, api_url),
     )
-    _print_ask_result(question, opts, as_json, config_path, api_url)
-
-
-def _left_behind(opts: Any, progress: Any, config_path: str, api_url: str | None) -> str:
-    """What an interrupted ``ask`` (Ctrl-C) leaves on the gate, for the ``Interrupted`` line."""
-    if progress.question_id is None:
-        if opts.wait:
-            return (
-                "no question was seen created (to find one that landed after all, run the "
-                f"same command with --idempotency-key {opts.idempotency_key})"
-            )
-        return "no question was created"
-    return (
-        f"question {progress.question_id} is still pending on the gate (cancel it with: "
-        f"{cancel_command(CANCEL, config_path, api_url, progress.question_id)})"
-    )
-
-
-def _print_ask_result(
-    question: dict[str, Any] | None, opts: Any, as_json: bool, config_path: str, api_url: str | None
-) -> None:
-    """Print what ``ask`` ended with and exit with its code (``EXIT_CODES``; 4 when the gate
-    did not take the question, or it is still pending, after ``--timeout``)."""
-    from gate.client.ask import EXIT_CODES, answer_output
-
-    if question is None:
-        fail(
-            f"the gate did not take the question within {opts.timeout_s:g} s; run the same "
-            f"command again with --idempotency-key {opts.idempotency_key} to find it if it "
-            "lands later",
-            4,
-        )
-    if as_json:
-        click.echo(safe_json(question))
-    if not opts.wait:
-        if not as_json:
-            click.echo(question["question_id"])
+    shown = safe_json(question) if as_json and question is not None else None
+    resolved = print_unresolved(QUESTION, question, opts, shown, config_path, api_url)
+    if resolved is None:
         return
-    if question["state"] != "resolved":
-        click.echo(
-            f"Error: still pending after {opts.timeout_s:g} s: question "
-            f"{question['question_id']} (cancel it with: "
-            f"{cancel_command(CANCEL, config_path, api_url, question['question_id'])})",
-            err=True,
-        )
-        sys.exit(4)
-    if question["outcome"] == "answered" and not as_json:
-        write_exact(answer_output(question) + "\n")
-    sys.exit(EXIT_CODES[question["outcome"]])
+    if resolved["outcome"] == "answered" and not as_json:
+        write_exact(answer_output(resolved) + "\n")
+    sys.exit(EXIT_CODES[resolved["outcome"]])
 
 
 def write_exact(text: str) -> None:

@@ -10,29 +10,24 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from gate.cli import (
-    API_URL_OPTION,
-    CONFIG_OPTION,
-    fail,
-    input_name,
-    main,
-    read_config,
-    read_input,
-    run,
+from gate.cli import API_URL_OPTION, CONFIG_OPTION, fail, input_name, main, read_config, run
+from gate.cli.asking import (
+    APPROVAL,
+    left_behind,
+    print_unresolved,
+    read_text,
+    wait_options,
+    where_options,
 )
 from gate.cli.common import (
-    NumberType,
     api_target,
-    cancel_command,
     check_request_options,
     reporter,
     spend_type,
 )
 
-CANCEL = ("hitl-gate", "cancel")  # the command that cancels an approval
-
 if TYPE_CHECKING:
-    from gate.client.request import RequestOptions, RequestProgress, RequestResult
+    from gate.client.request import RequestOptions, RequestResult
 
 
 def _draft_source(draft_file: str | None) -> str:
@@ -61,28 +56,10 @@ def _check_not_blank(
     )
 
 
-def _read_draft(draft: str | None, draft_file: str | None) -> str:
-    if (draft is None) == (draft_file is None):
-        fail("give exactly one of --draft or --draft-file", 2)
-    if draft is not None:
-        return draft
-    assert draft_file is not None
-    raw = read_input("--draft-file", draft_file)
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError as exc:  # exc.start: the first byte that is not UTF-8
-        fail(
-            f"--draft-file: {input_name(draft_file)} is not valid UTF-8 (byte offset {exc.start})",
-            2,
-        )
-
-
 @main.command()
 @CONFIG_OPTION
 @API_URL_OPTION
-@click.option("--pipeline", required=True, help="Pipeline name from the config.")
-@click.option("--step", required=True, help="Step name within the pipeline.")
-@click.option("--run-id", default=None, help="Correlates the approval with the pipeline run.")
+@where_options(APPROVAL)
 @click.option("--draft", default=None, help="The draft text to approve.")
 @click.option("--draft-file", default=None, help="Read the draft from a file, or - for stdin.")
 @click.option("--content-type", default="text/plain", show_default=True)
@@ -92,31 +69,15 @@ def _read_draft(draft: str | None, draft_file: str | None) -> str:
     default=None,
     help="Cost of the action, in budget.unit (a number >= 0).",
 )
-@click.option("--idempotency-key", default=None, help="Retry-safe key: same key, same approval.")
-@click.option(
-    "--requested-by",
-    default=None,
-    help="Identity of the operator asking; they may not approve it themselves.",
-)
-@click.option("--wait", is_flag=True, help="Block until resolved; print the final body.")
-@click.option(
-    "--timeout",
-    type=NumberType(low=0),
-    default=None,
-    help="With --wait: give up waiting after SEC seconds (exit 4).",
-)
-@click.option(
-    "--permit-out",
-    type=click.Path(dir_okay=False),
-    default=None,
-    help="With --wait: save the execution permit (JWS) here when approved/adjusted; "
-    "any other outcome removes FILE.",
-)
-@click.option("--json", "as_json", is_flag=True, help="Print the approval object as JSON.")
-@click.option(
-    "--quiet",
-    is_flag=True,
-    help="Do not report hops on stderr (a skip's reason is still printed there).",
+@wait_options(
+    APPROVAL,
+    click.option(
+        "--permit-out",
+        type=click.Path(dir_okay=False),
+        default=None,
+        help="With --wait: save the execution permit (JWS) here when approved/adjusted; "
+        "any other outcome removes FILE.",
+    ),
 )
 def request(
     config_path: str,
@@ -146,52 +107,23 @@ def request(
     Example: hitl-gate request -c config.example.yaml --pipeline invoice-due-diligence
     --step send-followup --draft-file mail.txt --wait
     """
-    from gate.client.request import RequestOptions, RequestProgress, request_key, run_request
+    from gate.client.request import Progress, RequestOptions, request_key, run_request
+    from gate.sdk.client import approval_body
 
     check_request_options(wait, permit_out, idempotency_key, spend)
-    text = _read_draft(draft, draft_file)
+    text = read_text("--draft", draft, draft_file)
     config = read_config(config_path)
     _check_not_blank(config, pipeline, step, text, draft_file)
-    opts = RequestOptions(
-        *api_target(config, api_url),
-        pipeline,
-        step,
-        text,
-        content_type=content_type,
-        run_id=run_id,
-        spend=spend,
-        requested_by=requested_by,
-        idempotency_key=request_key(idempotency_key, wait),
-        wait=wait,
-        timeout_s=timeout,
-        permit_out=None if permit_out is None else Path(permit_out),
-    )
-    progress = RequestProgress()
+    body = approval_body(pipeline, step, text, content_type, run_id, spend, requested_by)
+    key = request_key(idempotency_key, wait)
+    out = None if permit_out is None else Path(permit_out)
+    opts = RequestOptions(*api_target(config, api_url), body, key, wait, timeout, out)
+    progress = Progress()
     result = run(
         run_request(opts, reporter(quiet), progress),
-        lambda: _left_behind(opts, progress, config_path, api_url),
+        lambda: left_behind(APPROVAL, opts, progress.item_id, config_path, api_url),
     )
     _print_request_result(result, opts, as_json, config_path, api_url)
-
-
-def _left_behind(
-    opts: RequestOptions, progress: RequestProgress, config_path: str, api_url: str | None
-) -> str:
-    """What an interrupted ``request`` (Ctrl-C) leaves on the gate, for the ``Interrupted``
-    line: nothing, maybe an approval (found again with the key), or a pending approval
-    (with the command that cancels it)."""
-    if progress.approval_id is None:
-        if opts.wait:  # an attempt may have landed with its answer unseen
-            return (
-                "no approval was seen created (to find one that landed after all, "
-                f"run the same command with --idempotency-key {opts.idempotency_key})"
-            )
-        return "no approval was created"
-    command = cancel_command(CANCEL, config_path, api_url, progress.approval_id)
-    return (
-        f"approval {progress.approval_id} is still pending on the gate; the action must not "
-        f"fire (cancel it with: {command})"
-    )
 
 
 def _print_request_result(
@@ -207,28 +139,11 @@ def _print_request_result(
     from gate.client.hops import skip_reason_lines
     from gate.client.request import EXIT_CODES
 
-    approval = result.approval
+    shown = result.approval is not None and as_json
+    text = json.dumps(result.approval, ensure_ascii=False, indent=2) if shown else None
+    approval = print_unresolved(APPROVAL, result.approval, opts, text, config_path, api_url)
     if approval is None:
-        fail(
-            f"the gate did not take the request within {opts.timeout_s:g} s: nothing may fire; "
-            f"run the same command again with --idempotency-key {opts.idempotency_key} to find "
-            "it if it lands later",
-            4,
-        )
-    if as_json:
-        click.echo(json.dumps(approval, ensure_ascii=False, indent=2))
-    if not opts.wait:
-        if not as_json:
-            click.echo(approval["approval_id"])
         return
-    if approval["state"] != "resolved":
-        click.echo(
-            f"Error: still pending after {opts.timeout_s:g} s: approval "
-            f"{approval['approval_id']} (the action must not fire; cancel it with: "
-            f"{cancel_command(CANCEL, config_path, api_url, approval['approval_id'])})",
-            err=True,
-        )
-        sys.exit(4)
     if result.permit_error is not None:
         fail(result.permit_error)
     for line in skip_reason_lines(approval):  # the answer, not a hop: even with --quiet

@@ -36,44 +36,40 @@ def _detail(answer: dict[str, Any]) -> str | None:
     return None
 
 
+def client_error(exc: GateUnavailable | GateRequestError) -> ClientError:
+    """The CLI's error for what a call of the SDK's transport raised: ``gate_unreachable``
+    (status 0) when the gate cannot be reached, else the gate's ``reason`` as ``code`` with
+    its message (or ``the gate answered HTTP <status> <reason>``, and what the answer's
+    fields say) and the answer as ``extra``."""
+    if isinstance(exc, GateUnavailable):
+        return ClientError("gate_unreachable", str(exc), status=0)
+    answer = exc.answer
+    if answer is None and exc.reason == "bad_answer":
+        return ClientError("bad_answer", exc.message, status=exc.status)
+    message = answer.get("message") if answer is not None else None
+    detail = _detail(answer) if answer is not None else None
+    return ClientError(
+        exc.reason,
+        message
+        or f"the gate answered HTTP {exc.status} {exc.reason}" + (f": {detail}" if detail else ""),
+        status=exc.status,
+        extra=answer,
+    )
+
+
 class ApiClient(Transport):
     """Async client: ``async with ApiClient(base, token) as api: await api.create(...)``.
 
     The SDK's transport (``gate.sdk.transport``, one HTTP client of the pipeline API) with
     the CLI's errors: every method returns the decoded JSON answer or raises ClientError
-    carrying the gate's ``reason`` as ``code``.
+    carrying the gate's ``reason`` as ``code`` (``client_error``).
     """
 
-    async def _call(
-        self,
-        method: str,
-        path: str,
-        *,
-        body: Any = None,
-        params: dict[str, str] | None = None,
-        headers: dict[str, str] | None = None,
-        timeout: float | None = None,
-    ) -> tuple[int, Any]:
+    async def _call(self, method: str, path: str, **options: Any) -> tuple[int, Any]:
         try:
-            return await super()._call(
-                method, path, body=body, params=params, headers=headers, timeout=timeout
-            )
-        except GateUnavailable as exc:
-            raise ClientError("gate_unreachable", str(exc), status=0) from exc
-        except GateRequestError as exc:
-            answer = exc.answer
-            if answer is None and exc.reason == "bad_answer":
-                raise ClientError("bad_answer", exc.message, status=exc.status) from None
-            message = answer.get("message") if answer is not None else None
-            detail = _detail(answer) if answer is not None else None
-            raise ClientError(
-                exc.reason,
-                message
-                or f"the gate answered HTTP {exc.status} {exc.reason}"
-                + (f": {detail}" if detail else ""),
-                status=exc.status,
-                extra=answer,
-            ) from None
+            return await super()._call(method, path, **options)
+        except (GateUnavailable, GateRequestError) as exc:
+            raise client_error(exc) from exc
 
     async def admin(self, method: str, path: str, body: Any = None) -> Any:
         """One admin API call (``/v1/admin/...``; the client must hold the admin

@@ -1,4 +1,7 @@
-"""What ``hitl-gate request`` does on the pipeline's side: create, then wait and report each hop."""
+"""What ``hitl-gate request`` and ``ask`` do on the pipeline's side: create the request and
+report it, then with ``--wait`` wait for its outcome reporting each hop, and save an
+approval's permit. The retries and long-polls are the SDK's loop (``gate.sdk.waiting``);
+``Reporter`` is the CLI's way through it (its pacing, the outage lines, the hops)."""
 
 from __future__ import annotations
 
@@ -7,194 +10,113 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from ulid import ULID
 
-from gate.client.api import ApiClient, ClientError
+from gate.client.api import client_error
 from gate.client.hops import hops
-from gate.client.question_hops import question_hops
 from gate.protocol.envelope import rfc3339_ms
+from gate.sdk.errors import GateRequestError, GateUnavailable
+from gate.sdk.transport import APPROVALS, Kind, Transport
+from gate.sdk.waiting import RETRY_CAP_S, Failure, Watch, create, deadline_after, settle, transient
 from gate.trust import permit
 
+T = TypeVar("T")
+Obj = dict[str, Any]
 Report = Callable[[str], None]
+Hops = Callable[[Obj | None, Obj], list[str]]
 
 EXIT_CODES = {"approved": 0, "adjusted": 0, "skipped": 3, "timeout": 4, "cancelled": 5}
+
 POLL_CHUNK_S = 60.0
 # the gate's long-poll wakes on the resolution only (SPEC §3): with a quorum above 1 the
 # decisions before it (and an adjust's new revision) are seen by polling this often
 PARTIAL_POLL_S = 1.0
-# polls while the gate cannot be reached: 0.5 s doubling to 5 s
-RETRY_BASE_S = 0.5
-RETRY_CAP_S = 5.0
+# polls this often until the dispatch is acked, so that hop is reported promptly
+UNDISPATCHED_POLL_S = 0.5
 # a create's last attempt (and the only one of --timeout 0) may take this long past the deadline
 LAST_ATTEMPT_S = 1.0
 
 
-def _pause(outage: int, deadline: float | None) -> float:
-    """Seconds to wait after the ``outage``-th failed try in a row: ``RETRY_BASE_S``
-    doubling to ``RETRY_CAP_S``, never past ``deadline`` (time.monotonic(), or None)."""
-    pause = min(RETRY_CAP_S, RETRY_BASE_S * float(2 ** (outage - 1)))
-    return pause if deadline is None else min(pause, max(0.0, deadline - time.monotonic()))
+class Reporter(Watch):
+    """The CLI's way through the SDK's loop: a create attempt is cut at the deadline (but
+    the last one gets ``LAST_ATTEMPT_S``; the cut raises TimeoutError), polls are short
+    until the dispatch is acked and while a quorum above 1 collects decisions, an outage is
+    said once (and its end), and every change between two views is ``report``-ed as the
+    lines ``hops`` makes of it."""
 
+    def __init__(self, report: Report, hops: Hops) -> None:
+        self.report = report
+        self.hops = hops
 
-def _transient(exc: ClientError) -> bool:
-    """True for a failure that passes by itself: no connection, or 502/503/504."""
-    return exc.code == "gate_unreachable" or exc.status in (502, 503, 504)
-
-
-async def create_with_retry(
-    api: ApiClient,
-    body: dict[str, Any],
-    idempotency_key: str,
-    timeout_s: float | None,
-    report: Callable[[str], None],
-    create: Callable[[dict[str, Any], str], Awaitable[tuple[Any, bool]]] | None = None,
-) -> tuple[Any, bool] | None:
-    """POST the create until the gate takes it; return ``(approval, created)`` as
-    ``ApiClient.create``, or None when ``timeout_s`` seconds passed first. Each attempt is
-    cut at the deadline (a stuck gate cannot hold it longer), but the last one gets at least
-    ``LAST_ATTEMPT_S``: there is always one attempt, and one after a pause that reached the
-    deadline.
-
-    While the gate cannot be reached or answers 502/503/504, says so once and tries again
-    with backoff (``RETRY_BASE_S`` doubling to ``RETRY_CAP_S``), always with
-    ``idempotency_key``: an attempt that landed although its answer was lost is found again
-    (200), never created twice (SPEC §3). Other errors are raised (ClientError). ``create``
-    is the call that creates (default ``api.create``, an approval; ``api.create_question``
-    for ``ask``).
-    """
-    send = create or api.create
-    deadline = None if timeout_s is None else time.monotonic() + timeout_s
-    outage = 0
-    while True:
+    async def attempt(
+        self, post: Callable[[float | None], Awaitable[T]], deadline: float | None
+    ) -> T:
         limit = None if deadline is None else max(deadline - time.monotonic(), LAST_ATTEMPT_S)
-        try:
-            return await asyncio.wait_for(send(body, idempotency_key), limit)
-        except TimeoutError:
-            return None
-        except ClientError as exc:
-            if not _transient(exc):
-                raise
-            if outage == 0:
-                report(
-                    f"the gate cannot take the request now ({exc.message}); retrying with "
-                    f"Idempotency-Key {idempotency_key} every {RETRY_CAP_S:g} s at most "
-                    "(Ctrl-C stops)"
-                )
-            outage += 1
-            if deadline is not None and time.monotonic() >= deadline:
-                return None
-            await asyncio.sleep(_pause(outage, deadline))
+        return await asyncio.wait_for(post(None), limit)
 
+    def hop_s(self, obj: Obj, remaining: float | None) -> float:
+        chunk = POLL_CHUNK_S if remaining is None else min(POLL_CHUNK_S, remaining)
+        if not (obj.get("dispatch") or {}).get("delivered_at"):
+            return min(chunk, UNDISPATCHED_POLL_S)
+        if (obj.get("quorum") or {}).get("required", 1) > 1:
+            return min(chunk, PARTIAL_POLL_S)
+        return chunk
 
-async def wait_for_outcome(
-    api: ApiClient,
-    approval: dict[str, Any],
-    timeout_s: float | None,
-    report: Callable[[str], None],
-    *,
-    kind: str = "approval",
-) -> dict[str, Any]:
-    """Long-poll until the approval resolves or ``timeout_s`` passes; report each hop.
+    def create_failed(self, exc: Failure, key: str, outage: int, giving_up: bool) -> None:
+        if outage == 1:
+            self.report(
+                f"the gate cannot take the request now ({_message(exc)}); retrying with "
+                f"Idempotency-Key {key} every {RETRY_CAP_S:g} s at most (Ctrl-C stops)"
+            )
 
-    Polls every 0.5 s until the dispatch is acked, every ``PARTIAL_POLL_S`` while a quorum
-    above 1 collects decisions, else in ``POLL_CHUNK_S`` long-polls (woken by the resolution).
+    def wait_failed(self, exc: Failure, kind: Kind, item_id: str, outage: int) -> None:
+        if outage == 1:
+            self.report(
+                f"the gate is unreachable ({_message(exc)}); {kind.name} {item_id} stays "
+                f"pending there: retrying every {RETRY_CAP_S:g} s at most (Ctrl-C stops waiting)"
+            )
 
-    While the gate cannot be reached (a restart, a network fault) or answers 502/503/504, says
-    so once and polls again with backoff (``RETRY_BASE_S`` doubling to ``RETRY_CAP_S``): the
-    approval is durable on the gate (SPEC §8), so waiting goes on. Other errors are raised.
-
-    Returns the last approval object seen (``state`` may still be ``pending`` if the
-    client-side timeout elapsed first). With ``kind="question"`` the same loop waits for a
-    question (``api.get_question``, ``question_hops``).
-    """
-    key, get = ("question_id", api.get_question) if kind == "question" else ("approval_id", api.get)
-    diff = question_hops if kind == "question" else hops
-    deadline = None if timeout_s is None else time.monotonic() + timeout_s
-    current = approval
-    outage = 0  # failed polls in a row while the gate cannot be reached
-    for line in diff(None, current):
-        report(line)
-    while current["state"] != "resolved":
-        remaining = POLL_CHUNK_S if deadline is None else deadline - time.monotonic()
-        if remaining <= 0:
-            break
-        # short polls while nothing is dispatched yet, so the hop is reported promptly
-        chunk = min(POLL_CHUNK_S, remaining)
-        if not (current.get("dispatch") or {}).get("delivered_at"):
-            chunk = min(chunk, 0.5)
-        elif (current.get("quorum") or {}).get("required", 1) > 1:
-            chunk = min(chunk, PARTIAL_POLL_S)
-        try:
-            nxt = await get(current[key], wait=chunk)
-        except ClientError as exc:
-            if not _transient(exc):
-                raise
-            if outage == 0:
-                report(
-                    f"the gate is unreachable ({exc.message}); {kind} "
-                    f"{current[key]} stays pending there: retrying every "
-                    f"{RETRY_CAP_S:g} s at most (Ctrl-C stops waiting)"
-                )
-            outage += 1
-            await asyncio.sleep(_pause(outage, deadline))
-            continue
+    def seen(self, before: Obj | None, after: Obj, outage: int) -> None:
         if outage:
-            report("the gate is reachable again")
-            outage = 0
-        for line in diff(current, nxt):
-            report(line)
-        current = nxt
-    return current
+            self.report("the gate is reachable again")
+        for line in self.hops(before, after):
+            self.report(line)
+
+
+def _message(exc: Failure) -> str:
+    """What the CLI's error for a transient failure says (``client_error``)."""
+    return client_error(exc).message
 
 
 @dataclass(frozen=True, slots=True)
 class RequestOptions:
-    """One ``hitl-gate request``: where the gate is, what to ask for, how long to wait.
+    """One ``hitl-gate request`` or ``ask``: where the gate is, what to create, how long to
+    wait.
 
-    ``api_base`` is ``http(s)://host:port`` or ``unix:/path``; ``spend`` is in
-    ``budget.unit``; ``timeout_s`` (seconds, None: no limit) is one deadline for the create
-    (retried) and the wait after it; ``permit_out`` needs ``wait``. With ``wait`` the
-    ``idempotency_key`` must be set (``request_key`` makes one).
+    ``api_base`` is ``http(s)://host:port`` or ``unix:/path``; ``body`` the create's JSON
+    body (``gate.sdk.client.approval_body`` or ``question_body``); ``timeout_s`` (seconds,
+    None: no limit) is one deadline for the create (retried) and the wait after it;
+    ``permit_out`` (an approval's) needs ``wait``. With ``wait`` the ``idempotency_key``
+    must be set (``request_key`` makes one).
     """
 
     api_base: str
     token: str
-    pipeline: str
-    step: str
-    text: str
-    content_type: str = "text/plain"
-    run_id: str | None = None
-    spend: float | None = None
-    requested_by: str | None = None
+    body: Obj
     idempotency_key: str | None = None
     wait: bool = False
     timeout_s: float | None = None
     permit_out: Path | None = None
 
-    def create_body(self) -> dict[str, Any]:
-        """The JSON body of ``POST /v1/approvals`` (SPEC §3); an empty ``run_id`` is left out."""
-        body: dict[str, Any] = {
-            "pipeline": self.pipeline,
-            "step": self.step,
-            "draft": {"content_type": self.content_type, "body": self.text},
-        }
-        if self.run_id:
-            body["run_id"] = self.run_id
-        if self.spend is not None:
-            body["spend"] = self.spend
-        if self.requested_by is not None:
-            body["requested_by"] = self.requested_by
-        return body
-
 
 @dataclass(slots=True)
-class RequestProgress:
-    """How far a request got, for a caller interrupted mid-way (Ctrl-C): the id of the
-    approval the gate created (or found again), None until then."""
+class Progress:
+    """How far a run got, for a caller interrupted mid-way (Ctrl-C): the id of the approval
+    or question the gate created (or found again), None until then."""
 
-    approval_id: str | None = None
+    item_id: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,7 +126,7 @@ class RequestResult:
     create within ``timeout_s``; ``permit_error`` is the one line saying why
     ``permit_out`` was not written (the action must not fire), else None."""
 
-    approval: dict[str, Any] | None
+    approval: Obj | None
     permit_error: str | None = None
 
 
@@ -216,56 +138,87 @@ def request_key(given: str | None, wait: bool, prefix: str = "hitl-request") -> 
     return given or (f"{prefix}-{ULID()}" if wait else None)
 
 
+async def create_and_wait(
+    kind: Kind,
+    opts: RequestOptions,
+    report: Report,
+    progress: Progress,
+    created_line: Callable[[RequestOptions, Obj, bool], str],
+    hops: Hops,
+) -> Obj | None:
+    """Create the request of ``kind`` (with ``wait``: retried with its Idempotency-Key,
+    ``gate.sdk.waiting.create``), report ``created_line(opts, object, created)``, then with
+    ``wait`` wait for the outcome reporting each hop. One deadline, ``opts.timeout_s`` from
+    now, covers both.
+
+    Returns the last object seen (still ``pending`` when ``timeout_s`` passed first), or
+    None when the gate did not take the create within ``timeout_s``. Records the id in
+    ``progress``. Raises ClientError for what the gate refuses (400 naming the field, 404
+    unknown pipeline/step, 409 ``idempotency_key_reused``, ...) or a failure that is not
+    transient.
+    """
+    deadline = deadline_after(opts.timeout_s)
+    watch = Reporter(report, hops)
+    async with Transport(opts.api_base, opts.token) as transport:
+        try:
+            if opts.wait:
+                assert opts.idempotency_key is not None
+                try:
+                    obj, new = await create(
+                        transport, kind, opts.body, opts.idempotency_key, deadline, watch
+                    )
+                except TimeoutError:
+                    return None  # the attempt was cut at the deadline
+                except (GateUnavailable, GateRequestError) as exc:
+                    if transient(exc):
+                        return None  # the deadline passed while the gate could not take it
+                    raise
+            else:
+                obj, new = await transport.create_in(kind, opts.body, opts.idempotency_key)
+            progress.item_id = obj[kind.id_key]
+            report(created_line(opts, obj, new))
+            if not opts.wait:
+                return dict(obj)
+            return await settle(transport, kind, obj, deadline, watch)
+        except (GateUnavailable, GateRequestError) as exc:
+            raise client_error(exc) from exc
+
+
 async def run_request(
-    opts: RequestOptions, report: Report, progress: RequestProgress | None = None
+    opts: RequestOptions, report: Report, progress: Progress | None = None
 ) -> RequestResult:
-    """Create the approval (with ``wait``: retried, ``create_with_retry``), report it as new
-    or found again, then with ``wait`` wait for the outcome (``wait_for_outcome``) and apply
-    the permit-file policy (``save_permit``). One deadline, ``opts.timeout_s`` from now,
-    covers the create and the wait. Records the approval id in ``progress``. Raises
-    ClientError for what the gate refuses (or a failure that is not transient)."""
-    progress = progress if progress is not None else RequestProgress()
-    deadline = None if opts.timeout_s is None else time.monotonic() + opts.timeout_s
-
-    def left() -> float | None:
-        return None if deadline is None else max(0.0, deadline - time.monotonic())
-
-    async with ApiClient(opts.api_base, opts.token) as api:
-        if opts.wait:
-            assert opts.idempotency_key is not None
-            answered = await create_with_retry(
-                api, opts.create_body(), opts.idempotency_key, left(), report
-            )
-            if answered is None:
-                return RequestResult(None)
-            approval, new = answered
-        else:
-            approval, new = await api.create(opts.create_body(), opts.idempotency_key)
-        progress.approval_id = approval["approval_id"]
-        report(_created_line(opts, approval, new))
-        if not opts.wait:
-            return RequestResult(dict(approval))
-        final = await wait_for_outcome(api, approval, left(), report)
+    """Create the approval (with ``wait``: retried), report it as new or found again, then
+    with ``wait`` wait for the outcome and apply the permit-file policy (``save_permit``).
+    One deadline, ``opts.timeout_s`` from now, covers the create and the wait
+    (``create_and_wait``). Records the approval id in ``progress``.
+    Raises ClientError for what the gate refuses (or a failure that is not transient)."""
+    progress = progress if progress is not None else Progress()
+    final = await create_and_wait(APPROVALS, opts, report, progress, _created_line, hops)
+    if final is None or not opts.wait:
+        return RequestResult(final)
     if final["state"] != "resolved" or opts.permit_out is None:
         return RequestResult(final)
     return RequestResult(final, save_permit(opts.permit_out, final, report))
 
 
-def _created_line(opts: RequestOptions, approval: dict[str, Any], new: bool) -> str:
+def _created_line(opts: RequestOptions, approval: Obj, new: bool) -> str:
     """The line reporting a create: a new approval, or one the same key made before."""
+    where = f"{opts.body['pipeline']}/{opts.body['step']}"
     if new:
         return (
-            f"requested approval {approval['approval_id']} for {opts.pipeline}/{opts.step} "
+            f"requested approval {approval['approval_id']} for {where} "
             f"(quorum {approval['quorum']['required']}, {approval['payload_hash']})"
         )
-    state = approval["state"] + (
-        f", outcome {approval['outcome']}" if approval["state"] == "resolved" else ""
-    )
     return (
-        f"already requested: approval {approval['approval_id']} for "
-        f"{opts.pipeline}/{opts.step} (the same request with Idempotency-Key "
-        f"{opts.idempotency_key} was made before; state {state})"
+        f"already requested: approval {approval['approval_id']} for {where} (the same "
+        f"request with Idempotency-Key {opts.idempotency_key} was made before; state "
+        f"{state_text(approval)})"
     )
+
+
+def state_text(obj: Obj) -> str:
+    """An object's state for a line: ``pending``, or ``resolved, outcome <outcome>``."""
+    return str(obj["state"]) + (f", outcome {obj['outcome']}" if obj["state"] == "resolved" else "")
 
 
 def save_permit(path: Path, approval: dict[str, Any], report: Report) -> str | None:

@@ -44,13 +44,7 @@ def approval_result(approval: Approval) -> dict[str, Any]:
     on) is set only then. Pending: ``{approval_id, state: "pending", outcome: null, allowed:
     false, ask_again_after_seconds}``: "not yet", never "yes"."""
     if approval.state != "resolved":
-        return {
-            "approval_id": approval.id,
-            "state": "pending",
-            "outcome": None,
-            "allowed": False,
-            "ask_again_after_seconds": ASK_AGAIN_AFTER_S,
-        }
+        return _pending("approval_id", approval.id, allowed=False)
     allowed = approval.outcome in GRANTED
     return {
         "approval_id": approval.id,
@@ -73,12 +67,7 @@ def question_result(question: Question) -> dict[str, Any]:
     response type; null unless ``outcome`` is ``answered``), or pending ``{question_id,
     state: "pending", outcome: null, ask_again_after_seconds}``."""
     if question.state != "resolved":
-        return {
-            "question_id": question.id,
-            "state": "pending",
-            "outcome": None,
-            "ask_again_after_seconds": ASK_AGAIN_AFTER_S,
-        }
+        return _pending("question_id", question.id)
     answered = question.outcome == "answered"
     return {
         "question_id": question.id,
@@ -90,30 +79,40 @@ def question_result(question: Question) -> dict[str, Any]:
     }
 
 
+def _pending(id_key: str, item_id: str, **extra: Any) -> dict[str, Any]:
+    """A pending answer of either kind: "not yet", with ``extra`` before the advice to ask
+    again after ``ASK_AGAIN_AFTER_S``."""
+    return {
+        id_key: item_id,
+        "state": "pending",
+        "outcome": None,
+        **extra,
+        "ask_again_after_seconds": ASK_AGAIN_AFTER_S,
+    }
+
+
 def pending_summary(approval: Approval) -> dict[str, Any]:
     """One approval of list_pending (``kind: "approval"``): where it waits, never the draft."""
-    return {
-        "kind": "approval",
-        "approval_id": approval.id,
-        "pipeline": approval.pipeline,
-        "step": approval.step,
-        "run_id": approval.run_id,
-        "payload_hash": approval.payload_hash,
-        "expires_at": approval.raw.get("expires_at"),
-    }
+    return _summary("approval", approval, "payload_hash", approval.payload_hash)
 
 
 def pending_question_summary(question: Question) -> dict[str, Any]:
     """One question of list_pending (``kind: "question"``): where it waits and what kind of
     answer it takes, never its text."""
+    return _summary("question", question, "response_type", question.response_type)
+
+
+def _summary(kind: str, item: Approval | Question, key: str, value: Any) -> dict[str, Any]:
+    """One item of list_pending: its ``kind``, id, where it waits, ``key``: ``value`` (what
+    tells items of that kind apart) and its expiry."""
     return {
-        "kind": "question",
-        "question_id": question.id,
-        "pipeline": question.pipeline,
-        "step": question.step,
-        "run_id": question.run_id,
-        "response_type": question.response_type,
-        "expires_at": question.raw.get("expires_at"),
+        "kind": kind,
+        f"{kind}_id": item.id,
+        "pipeline": item.pipeline,
+        "step": item.step,
+        "run_id": item.run_id,
+        key: value,
+        "expires_at": item.raw.get("expires_at"),
     }
 
 

@@ -6,7 +6,7 @@ nothing a caller sent (a draft, a question, an answer) is logged."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from typing import Annotated, Any, Literal, TypeVar
 
 from mcp.server.mcpserver.exceptions import ToolError
@@ -25,7 +25,7 @@ from gate.mcp.results import (
     refused_argument,
 )
 from gate.mcp.strict import strict_tool
-from gate.sdk import AsyncGate, GateRequestError, GateUnavailable
+from gate.sdk import Approval, AsyncGate, GateRequestError, GateUnavailable, Question
 
 T = TypeVar("T")
 
@@ -137,10 +137,60 @@ async def _gate_call(call: Awaitable[T], argument: str) -> T:
         raise _refusal(exc, argument) from exc
 
 
+async def _answer(tool: str, call: Awaitable[Approval | Question], argument: str) -> dict[str, Any]:
+    """One tool's answer: the SDK call awaited (``_gate_call``), one log line (``_log``), and
+    the result of gate.mcp.results for its kind."""
+    obj = await _gate_call(call, argument)
+    _log(tool, obj.id, obj.state, obj.outcome)
+    return approval_result(obj) if isinstance(obj, Approval) else question_result(obj)
+
+
+def _create_keywords(
+    run_id: str | None, idempotency_key: str | None, requested_by: str | None, wait_seconds: float
+) -> dict[str, Any]:
+    """The keywords of the SDK every create takes (``request_approval``, ``ask``), from the
+    create tool's arguments of the same names (``wait_seconds`` is ``wait``)."""
+    return {
+        "run_id": run_id,
+        "idempotency_key": idempotency_key,
+        "requested_by": requested_by,
+        "wait": wait_seconds,
+    }
+
+
 def register(gate: AsyncGate) -> list[Tool]:
     """The six tools, each calling ``gate`` (the pipeline API, SPEC §3),
     for ``MCPServer(tools=…)``; an argument a tool does not take is a tool error naming it
     (gate.mcp.strict). Tool results are the dicts of gate.mcp.results."""
+    asks = ToolAnnotations(read_only_hint=False, destructive_hint=False, open_world_hint=True)
+    reads = ToolAnnotations(read_only_hint=True, open_world_hint=False)
+    withdraws = ToolAnnotations(read_only_hint=False, destructive_hint=True, idempotent_hint=False)
+    request_approval, get_approval, cancel_approval = _approval_tools(gate)
+    ask_human, get_question = _question_tools(gate)
+
+    async def list_pending(pipeline: str | None = None) -> dict[str, Any]:
+        approvals = await _gate_call(gate.list_pending(pipeline), "pipeline")
+        questions = await _gate_call(gate.list_pending_questions(pipeline), "pipeline")
+        return {
+            "approvals": [pending_summary(a) for a in approvals],
+            "questions": [pending_question_summary(q) for q in questions],
+        }
+
+    return [
+        strict_tool(fn, description, hints)
+        for fn, description, hints in (
+            (request_approval, REQUEST_APPROVAL, asks),
+            (get_approval, GET_APPROVAL, reads),
+            (cancel_approval, CANCEL_APPROVAL, withdraws),
+            (ask_human, ASK_HUMAN, asks),
+            (get_question, GET_QUESTION, reads),
+            (list_pending, LIST_PENDING, reads),
+        )
+    ]
+
+
+def _approval_tools(gate: AsyncGate) -> tuple[Callable[..., Awaitable[Any]], ...]:
+    """request_approval, get_approval and cancel_approval on ``gate``."""
 
     async def request_approval(
         pipeline: Text,
@@ -153,36 +203,26 @@ def register(gate: AsyncGate) -> list[Tool]:
         spend: Spend = None,
         requested_by: RequestedBy = None,
     ) -> dict[str, Any]:
-        approval = await _gate_call(
-            gate.request_approval(
-                pipeline,
-                step,
-                draft,
-                content_type=content_type,
-                run_id=run_id,
-                idempotency_key=idempotency_key,
-                spend=spend,
-                requested_by=requested_by,
-                wait=wait_seconds,
-            ),
-            "pipeline",
+        common = _create_keywords(run_id, idempotency_key, requested_by, wait_seconds)
+        call = gate.request_approval(
+            pipeline, step, draft, content_type=content_type, spend=spend, **common
         )
-        _log("request_approval", approval.id, approval.state, approval.outcome)
-        return approval_result(approval)
+        return await _answer("request_approval", call, "pipeline")
 
     async def get_approval(
         approval_id: Text, wait_seconds: Wait = DEFAULT_WAIT_S
     ) -> dict[str, Any]:
-        approval = await _gate_call(
-            gate.get_approval(approval_id, wait=wait_seconds), "approval_id"
-        )
-        _log("get_approval", approval.id, approval.state, approval.outcome)
-        return approval_result(approval)
+        call = gate.get_approval(approval_id, wait=wait_seconds)
+        return await _answer("get_approval", call, "approval_id")
 
     async def cancel_approval(approval_id: Text) -> dict[str, Any]:
-        approval = await _gate_call(gate.cancel_approval(approval_id), "approval_id")
-        _log("cancel_approval", approval.id, approval.state, approval.outcome)
-        return approval_result(approval)
+        return await _answer("cancel_approval", gate.cancel_approval(approval_id), "approval_id")
+
+    return request_approval, get_approval, cancel_approval
+
+
+def _question_tools(gate: AsyncGate) -> tuple[Callable[..., Awaitable[Any]], ...]:
+    """ask_human and get_question on ``gate``."""
 
     async def ask_human(
         pipeline: Text,
@@ -202,55 +242,25 @@ def register(gate: AsyncGate) -> list[Tool]:
             raise ToolError(f"options: {response_type} needs the options to choose from")
         if response_type == "form" and schema is None:
             raise ToolError("schema: form needs a JSON form schema")
-        question = await _gate_call(
-            gate.ask(
-                pipeline,
-                step,
-                text,
-                response_type=response_type,
-                options=options,
-                schema=schema,
-                run_id=run_id,
-                idempotency_key=idempotency_key,
-                requested_by=requested_by,
-                wait=wait_seconds,
-            ),
-            "pipeline",
+        common = _create_keywords(run_id, idempotency_key, requested_by, wait_seconds)
+        call = gate.ask(
+            pipeline,
+            step,
+            text,
+            response_type=response_type,
+            options=options,
+            schema=schema,
+            **common,
         )
-        _log("ask_human", question.id, question.state, question.outcome)
-        return question_result(question)
+        return await _answer("ask_human", call, "pipeline")
 
     async def get_question(
         question_id: Text, wait_seconds: Wait = DEFAULT_WAIT_S
     ) -> dict[str, Any]:
-        question = await _gate_call(
-            gate.get_question(question_id, wait=wait_seconds), "question_id"
-        )
-        _log("get_question", question.id, question.state, question.outcome)
-        return question_result(question)
+        call = gate.get_question(question_id, wait=wait_seconds)
+        return await _answer("get_question", call, "question_id")
 
-    async def list_pending(pipeline: str | None = None) -> dict[str, Any]:
-        approvals = await _gate_call(gate.list_pending(pipeline), "pipeline")
-        questions = await _gate_call(gate.list_pending_questions(pipeline), "pipeline")
-        return {
-            "approvals": [pending_summary(a) for a in approvals],
-            "questions": [pending_question_summary(q) for q in questions],
-        }
-
-    asks = ToolAnnotations(read_only_hint=False, destructive_hint=False, open_world_hint=True)
-    reads = ToolAnnotations(read_only_hint=True, open_world_hint=False)
-    withdraws = ToolAnnotations(read_only_hint=False, destructive_hint=True, idempotent_hint=False)
-    return [
-        strict_tool(fn, description, hints)
-        for fn, description, hints in (
-            (request_approval, REQUEST_APPROVAL, asks),
-            (get_approval, GET_APPROVAL, reads),
-            (cancel_approval, CANCEL_APPROVAL, withdraws),
-            (ask_human, ASK_HUMAN, asks),
-            (get_question, GET_QUESTION, reads),
-            (list_pending, LIST_PENDING, reads),
-        )
-    ]
+    return ask_human, get_question
 
 
 def _log(tool: str, object_id: str, state: str, outcome: str | None) -> None:

@@ -1,5 +1,6 @@
-"""Canonical JSON and the payload hash (SPEC §2, §7), and the hooks with which every JSON
-reader of the gate refuses what is no JSON for it: keys given twice, NaN, numbers too large."""
+"""Canonical JSON and the payload hash (SPEC §2, §7), the hooks with which every JSON
+reader of the gate refuses what is no JSON for it: keys given twice, NaN, numbers too large,
+and the JSON type of a decoded value (``json_type``)."""
 
 from __future__ import annotations
 
@@ -89,3 +90,16 @@ def whole_int(text: str) -> int:
     if len(text) - text.startswith("-") > MAX_INT_DIGITS:
         raise ValueError(f"a number has more than {MAX_INT_DIGITS} digits")
     return int(text)
+
+
+def json_type(value: Any) -> str:
+    """The JSON type of a decoded value: null, boolean, number, string, array, object."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int | float):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    return "array" if isinstance(value, list | tuple) else "object"

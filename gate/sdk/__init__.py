@@ -1,6 +1,7 @@
 """The Python SDK, imported by agents: the clients (client: AsyncGate; sync: Gate)
-on the one HTTP client of the pipeline API (transport, the CLI's too), what they return
-(models), one exception per outcome (errors) and the require_approval decorator (decorator).
+on the one HTTP client of the pipeline API (transport, the CLI's too) and the one retry and
+long-poll loop (waiting, the CLI's too), what they return (models), one exception per
+outcome (errors) and the require_approval decorator (decorator).
 
 ``AsyncGate``/``Gate`` speak the pipeline API (SPEC §3); ``require_approval`` gates a
 function; ``Approval.raise_for_outcome()`` turns an outcome into a return or one exception.

@@ -1,33 +1,23 @@
 """``AsyncGate``: the SDK's asynchronous client of the pipeline API (SPEC §3).
 
 Creates approvals and questions, waits for them in bounded long-polls, and retries what
-passes by itself (no connection, 502/503/504) as ``hitl-gate request --wait`` does: always
-with an Idempotency-Key, so a retried create joins the approval it made.
+passes by itself (no connection, 502/503/504): always with an Idempotency-Key, so a retried
+create joins the approval it made. The loop is ``gate.sdk.waiting``'s, the one
+``hitl-gate request --wait`` and ``ask --wait`` run too.
 """
 
 from __future__ import annotations
 
-import asyncio
-import logging
 import os
-import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
-from types import TracebackType
 from typing import Any, Self
 
-from gate.sdk.errors import GateRequestError, GateUnavailable, HitlGateError
 from gate.sdk.models import Approval, Question
-from gate.sdk.transport import CALL_TIMEOUT_S, MARGIN_S, Transport
+from gate.sdk.transport import APPROVALS, QUESTIONS, Kind, Transport
+from gate.sdk.waiting import Watch, bound, create, deadline_after, settle
 
-log = logging.getLogger(__name__)
-
-# one long-poll hop (seconds): well under the gate's limit (300) and any proxy's idle timeout
-HOP_S = 50.0
-# pauses while the gate cannot be reached: 0.5 s doubling to 5 s (as gate/client/request.py)
-RETRY_BASE_S = 0.5
-RETRY_CAP_S = 5.0
 URL_ENV = "HITL_GATE_URL"
 TOKEN_ENV = "HITL_GATE_TOKEN"
 
@@ -49,32 +39,6 @@ def listen_url(listen: str) -> str:
     if ":" in host:
         host = f"[{host}]"
     return f"http://{host}:{parsed.port}"
-
-
-def _transient(exc: HitlGateError) -> bool:
-    """True for a failure that passes by itself: no connection, or 502/503/504."""
-    return isinstance(exc, GateUnavailable) or (
-        isinstance(exc, GateRequestError) and exc.status in (502, 503, 504)
-    )
-
-
-def _pause(outage: int, deadline: float | None) -> float:
-    """Seconds to wait after the ``outage``-th failure in a row, never past ``deadline``."""
-    pause = min(RETRY_CAP_S, RETRY_BASE_S * float(2 ** (outage - 1)))
-    return pause if deadline is None else min(pause, max(0.0, deadline - time.monotonic()))
-
-
-def _deadline(wait: float | None) -> float | None:
-    """The monotonic time a call with ``wait`` seconds ends (None: until resolved)."""
-    return None if wait is None else time.monotonic() + wait
-
-
-def _bound(deadline: float | None) -> float:
-    """The timeout (seconds) of one plain request made before ``deadline``: what is left of
-    the wait + MARGIN_S, at most CALL_TIMEOUT_S (review 18c finding 6)."""
-    if deadline is None:
-        return CALL_TIMEOUT_S
-    return min(CALL_TIMEOUT_S, max(0.0, deadline - time.monotonic()) + MARGIN_S)
 
 
 def _check_wait(wait: float | None) -> None:
@@ -191,9 +155,7 @@ class AsyncGate:
     async def __aenter__(self) -> Self:
         return self
 
-    async def __aexit__(
-        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
-    ) -> None:
+    async def __aexit__(self, *exc_info: object) -> None:
         await self.close()
 
     # ---- approvals --------------------------------------------------------------------
@@ -217,39 +179,19 @@ class AsyncGate:
         one, a fresh key is made for this call alone. ``spend`` is in the step's budget
         unit. Returns the Approval (``pending`` if the wait ended first: not a yes)."""
         _check_wait(wait)
-        body: Obj = {
-            "pipeline": pipeline,
-            "step": step,
-            "draft": {"content_type": content_type, "body": draft},
-        }
-        if run_id:
-            body["run_id"] = run_id
-        if spend is not None:
-            body["spend"] = spend
-        if requested_by is not None:
-            body["requested_by"] = requested_by
-        key = _key(idempotency_key, "hitl-sdk")
-        deadline = _deadline(wait)
-        obj = await self._create(self._transport.create, body, key, deadline)
-        got = await self._wait(self._transport.get, obj, "approval_id", deadline)
+        body = approval_body(pipeline, step, draft, content_type, run_id, spend, requested_by)
+        got = await self._request(APPROVALS, body, _key(idempotency_key, "hitl-sdk"), wait)
         return Approval.from_json(got)
 
     async def get_approval(self, approval_id: str, wait: float | None = None) -> Approval:
         """The approval ``approval_id``; with ``wait`` (seconds, None: until resolved) wait
         for its outcome first. Raises GateRequestError 404 ``not_found`` for an unknown id."""
-        _check_wait(wait)
-        deadline = _deadline(wait)
-        aid = check_id(approval_id, "approval_id")
-        obj = await self._transport.get(aid, timeout=_bound(deadline))
-        got = await self._wait(self._transport.get, obj, "approval_id", deadline)
-        return Approval.from_json(got)
+        return Approval.from_json(await self._get(APPROVALS, approval_id, wait))
 
     async def cancel_approval(self, approval_id: str) -> Approval:
         """Cancel a pending approval (outcome ``cancelled``); raises GateRequestError 409 when
         it is already resolved."""
-        return Approval.from_json(
-            await self._transport.cancel(check_id(approval_id, "approval_id"))
-        )
+        return Approval.from_json(await self._cancel(APPROVALS, approval_id))
 
     async def list_pending(self, pipeline: str | None = None) -> list[Approval]:
         """Every pending approval (of ``pipeline`` when given), oldest first, all pages."""
@@ -283,87 +225,89 @@ class AsyncGate:
         wait up to ``wait`` seconds for the answer. Keys as ``request_approval``. Returns the
         Question (``pending`` if the wait ended first)."""
         _check_wait(wait)
-        body: Obj = {"pipeline": pipeline, "step": step, "text": text}
-        body["response_type"] = response_type
-        if run_id:
-            body["run_id"] = run_id
-        if reason is not None:
-            body["reason"] = reason
-        if options:
-            body["options"] = list(options)
-        if schema is not None:
-            body["schema"] = schema
-        if requested_by is not None:
-            body["requested_by"] = requested_by
-        key = _key(idempotency_key, "hitl-sdk-ask")
-        deadline = _deadline(wait)
-        obj = await self._create(self._transport.create_question, body, key, deadline)
-        get = self._transport.get_question
-        return Question.from_json(await self._wait(get, obj, "question_id", deadline))
+        body = question_body(
+            pipeline, step, text, response_type, reason, options, schema, run_id, requested_by
+        )
+        got = await self._request(QUESTIONS, body, _key(idempotency_key, "hitl-sdk-ask"), wait)
+        return Question.from_json(got)
 
     async def get_question(self, question_id: str, wait: float | None = None) -> Question:
         """The question ``question_id``; with ``wait`` wait for its answer first."""
-        _check_wait(wait)
-        deadline = _deadline(wait)
-        qid = check_id(question_id, "question_id")
-        obj = await self._transport.get_question(qid, timeout=_bound(deadline))
-        get = self._transport.get_question
-        return Question.from_json(await self._wait(get, obj, "question_id", deadline))
+        return Question.from_json(await self._get(QUESTIONS, question_id, wait))
 
     async def cancel_question(self, question_id: str) -> Question:
         """Cancel a pending question; raises GateRequestError 409 when already resolved."""
-        qid = check_id(question_id, "question_id")
-        return Question.from_json(await self._transport.cancel_question(qid))
+        return Question.from_json(await self._cancel(QUESTIONS, question_id))
 
-    # ---- the waiting ------------------------------------------------------------------
+    # ---- one family of calls for every kind (gate.sdk.waiting runs the loop) -----------
 
-    async def _create(
-        self,
-        send: Callable[..., Awaitable[tuple[Any, bool]]],
-        body: Obj,
-        key: str,
-        deadline: float | None,
-    ) -> Obj:
-        """POST the create; unless the wait is 0, retry transient failures (same key) until
-        the gate takes it or ``deadline`` (monotonic) passes (then raise the last failure).
-        Each attempt is bounded by what is left of the wait + MARGIN_S (at most
-        CALL_TIMEOUT_S): a gate that hangs never holds the caller past it."""
-        wait = None if deadline is None else deadline - time.monotonic()
-        outage = 0
-        while True:
-            try:
-                obj, _ = await send(body, key, timeout=_bound(deadline))
-                return dict(obj)
-            except (GateUnavailable, GateRequestError) as exc:
-                if not _transient(exc) or (wait is not None and wait <= 0):
-                    raise
-                if deadline is not None and time.monotonic() >= deadline:
-                    raise
-                outage += 1
-                if outage == 1:
-                    log.warning("gate_unavailable retrying=create idempotency_key=%s", key)
-                await asyncio.sleep(_pause(outage, deadline))
+    async def _request(self, kind: Kind, body: Obj, key: str, wait: float | None) -> Obj:
+        """Create (retried with ``key``) and wait up to ``wait`` seconds for the outcome."""
+        deadline = deadline_after(wait)
+        obj, _ = await create(self._transport, kind, body, key, deadline, Watch())
+        return await settle(self._transport, kind, obj, deadline, Watch())
 
-    async def _wait(
-        self, get: Callable[..., Awaitable[Any]], obj: Obj, id_key: str, deadline: float | None
-    ) -> Obj:
-        """Long-poll ``get`` until ``obj`` resolves or ``deadline`` (monotonic; None: never)
-        passes; transient failures are retried with backoff (the object is durable on the
-        gate, SPEC §8)."""
-        outage = 0
-        while obj["state"] != "resolved":
-            remaining = HOP_S if deadline is None else deadline - time.monotonic()
-            if remaining <= 0:
-                break
-            try:
-                obj = dict(await get(obj[id_key], wait=min(HOP_S, remaining)))
-            except (GateUnavailable, GateRequestError) as exc:
-                if not _transient(exc):
-                    raise
-                outage += 1
-                if outage == 1:
-                    log.warning("gate_unavailable retrying=wait %s=%s", id_key, obj[id_key])
-                await asyncio.sleep(_pause(outage, deadline))
-                continue
-            outage = 0
-        return obj
+    async def _get(self, kind: Kind, item_id: str, wait: float | None) -> Obj:
+        """One object of ``kind``, after waiting up to ``wait`` seconds for its outcome."""
+        _check_wait(wait)
+        deadline = deadline_after(wait)
+        got = check_id(item_id, kind.id_key)
+        obj = await self._transport.get_in(kind, got, timeout=bound(deadline))
+        return await settle(self._transport, kind, dict(obj), deadline, Watch())
+
+    async def _cancel(self, kind: Kind, item_id: str) -> Any:
+        """Cancel one pending object of ``kind``; returns it resolved."""
+        return await self._transport.cancel_in(kind, check_id(item_id, kind.id_key))
+
+
+def approval_body(
+    pipeline: str,
+    step: str,
+    draft: str,
+    content_type: str = "text/plain",
+    run_id: str | None = None,
+    spend: float | None = None,
+    requested_by: str | None = None,
+) -> Obj:
+    """The JSON body of ``POST /v1/approvals`` (SPEC §3): absent optional fields (and an
+    empty ``run_id``) are left out, never null."""
+    body: Obj = {
+        "pipeline": pipeline,
+        "step": step,
+        "draft": {"content_type": content_type, "body": draft},
+    }
+    if run_id:
+        body["run_id"] = run_id
+    if spend is not None:
+        body["spend"] = spend
+    if requested_by is not None:
+        body["requested_by"] = requested_by
+    return body
+
+
+def question_body(
+    pipeline: str,
+    step: str,
+    text: str,
+    response_type: str = "free_text",
+    reason: str | None = None,
+    options: list[str] | tuple[str, ...] | None = None,
+    schema: dict[str, Any] | None = None,
+    run_id: str | None = None,
+    requested_by: str | None = None,
+) -> Obj:
+    """The JSON body of ``POST /v1/questions``: absent optional fields (an empty ``run_id``
+    or ``options`` too) are left out, never null."""
+    body: Obj = {"pipeline": pipeline, "step": step, "text": text}
+    body["response_type"] = response_type
+    if run_id:
+        body["run_id"] = run_id
+    if reason is not None:
+        body["reason"] = reason
+    if options:
+        body["options"] = list(options)
+    if schema is not None:
+        body["schema"] = schema
+    if requested_by is not None:
+        body["requested_by"] = requested_by
+    return body

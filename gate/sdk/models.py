@@ -17,6 +17,21 @@ from gate.sdk.errors import (
 GRANTED = ("approved", "adjusted")
 
 
+def _common(obj: dict[str, Any], id_key: str) -> dict[str, Any]:
+    """The fields every kind's view has, from its JSON object (``id_key``: its id field)."""
+    receipt = obj.get("receipt")
+    return {
+        "id": str(obj[id_key]),
+        "state": str(obj["state"]),
+        "outcome": obj.get("outcome"),
+        "receipt": receipt if isinstance(receipt, dict) else None,
+        "pipeline": obj.get("pipeline"),
+        "step": obj.get("step"),
+        "run_id": obj.get("run_id"),
+        "raw": dict(obj),
+    }
+
+
 @dataclass(frozen=True, slots=True)
 class Approval:
     """One approval as the gate last showed it.
@@ -56,22 +71,14 @@ class Approval:
             for d in decisions
             if d.get("decision") == "skip" and isinstance(d.get("reason"), str)
         ]
-        receipt = obj.get("receipt")
         return cls(
-            id=str(obj["approval_id"]),
-            state=str(obj["state"]),
-            outcome=obj.get("outcome"),
+            **_common(obj, "approval_id"),
             body=obj.get("final_body"),
             content_type=obj.get("content_type"),
             payload_hash=obj.get("payload_hash"),
             reason=reasons[-1] if obj.get("outcome") == "skipped" and reasons else None,
             decided_by=tuple(str(d.get("identity")) for d in decisions),
-            receipt=receipt if isinstance(receipt, dict) else None,
             permit=obj.get("permit"),
-            pipeline=obj.get("pipeline"),
-            step=obj.get("step"),
-            run_id=obj.get("run_id"),
-            raw=dict(obj),
         )
 
     def __bool__(self) -> bool:
@@ -131,20 +138,12 @@ class Question:
         answer = answer if isinstance(answer, dict) else None
         asked = obj.get("question")
         asked = asked if isinstance(asked, dict) else {}
-        receipt = obj.get("receipt")
         return cls(
-            id=str(obj["question_id"]),
-            state=str(obj["state"]),
-            outcome=obj.get("outcome"),
+            **_common(obj, "question_id"),
             answer=None if answer is None else answer.get("value"),
             answered_by=None if answer is None else answer.get("identity"),
             text=asked.get("text"),
             response_type=asked.get("response_type"),
-            receipt=receipt if isinstance(receipt, dict) else None,
-            pipeline=obj.get("pipeline"),
-            step=obj.get("step"),
-            run_id=obj.get("run_id"),
-            raw=dict(obj),
         )
 
     def __bool__(self) -> bool:

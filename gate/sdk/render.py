@@ -8,6 +8,8 @@ import json
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from gate.protocol.canonical import json_type
+
 
 class Renderer(Protocol):
     """Turns a call into a draft and an approver's edit back into arguments.
@@ -77,24 +79,20 @@ class JsonRenderer:
         return dict(doc["arguments"])
 
 
+# json_type's words that the SDK says otherwise (and an int and a float apart)
+_KIND_WORDS = {"boolean": "bool", "array": "list"}
+
+
 def json_kind(value: Any) -> str:
-    """The JSON type of ``value`` (``int`` and ``float`` apart: an int stays an int), or the
-    Python type name for what JSON cannot hold."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "bool"
-    if isinstance(value, int):
-        return "int"
-    if isinstance(value, float):
-        return "float"
-    if isinstance(value, str):
-        return "string"
-    if isinstance(value, list | tuple):
-        return "list"
-    if isinstance(value, dict):
-        return "object"
-    return type(value).__name__
+    """The JSON type of ``value`` (``gate.protocol.canonical.json_type`` in Python's words:
+    ``int`` and ``float`` apart, so an int stays an int), or the Python type name for what
+    JSON cannot hold."""
+    if value is not None and not isinstance(value, bool | int | float | str | list | tuple | dict):
+        return type(value).__name__
+    kind = json_type(value)
+    if kind == "number":
+        return "int" if isinstance(value, int) else "float"
+    return _KIND_WORDS.get(kind, kind)
 
 
 def check_edit(shown: dict[str, Any], edited: dict[str, Any]) -> str | None:

@@ -8,18 +8,33 @@ there would stall every other task.
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
-from typing import Any, Self, TypeVar
+from typing import Concatenate, ParamSpec, Self, TypeVar
 
 from gate.sdk.client import AsyncGate
-from gate.sdk.models import Approval, Question
 
 T = TypeVar("T")
+P = ParamSpec("P")
+
+
+def blocking(
+    method: Callable[Concatenate[AsyncGate, P], Awaitable[T]],
+) -> Callable[Concatenate[Gate, P], T]:
+    """``Gate``'s twin of an ``AsyncGate`` method: the same arguments (its signature and
+    docstring, via ``functools.wraps``) and result, blocking (``Gate._run``)."""
+
+    @functools.wraps(method)
+    def call(self: Gate, /, *args: P.args, **kwargs: P.kwargs) -> T:
+        return self._run(lambda gate: method(gate, *args, **kwargs))
+
+    return call
 
 
 class Gate:
-    """Synchronous client: the same methods, arguments and results as ``AsyncGate``, blocking.
+    """Synchronous client: the same methods, arguments and results as ``AsyncGate``, blocking
+    (each made from the AsyncGate method by ``blocking``, so the two cannot drift apart).
 
     ``Gate(url, token)``, ``Gate.from_env()``, ``Gate.from_config(path)``. Raises as AsyncGate
     does, and RuntimeError when called inside a running event loop (use AsyncGate there).
@@ -59,86 +74,11 @@ class Gate:
 
         return asyncio.run(main())
 
-    def request_approval(
-        self,
-        pipeline: str,
-        step: str,
-        draft: str,
-        *,
-        content_type: str = "text/plain",
-        run_id: str | None = None,
-        idempotency_key: str | None = None,
-        requested_by: str | None = None,
-        spend: float | None = None,
-        wait: float | None = None,
-    ) -> Approval:
-        """AsyncGate.request_approval, blocking."""
-        return self._run(
-            lambda g: g.request_approval(
-                pipeline,
-                step,
-                draft,
-                content_type=content_type,
-                run_id=run_id,
-                idempotency_key=idempotency_key,
-                requested_by=requested_by,
-                spend=spend,
-                wait=wait,
-            )
-        )
-
-    def get_approval(self, approval_id: str, wait: float | None = None) -> Approval:
-        """AsyncGate.get_approval, blocking."""
-        return self._run(lambda g: g.get_approval(approval_id, wait))
-
-    def cancel_approval(self, approval_id: str) -> Approval:
-        """AsyncGate.cancel_approval, blocking."""
-        return self._run(lambda g: g.cancel_approval(approval_id))
-
-    def list_pending(self, pipeline: str | None = None) -> list[Approval]:
-        """AsyncGate.list_pending, blocking."""
-        return self._run(lambda g: g.list_pending(pipeline))
-
-    def list_pending_questions(self, pipeline: str | None = None) -> list[Question]:
-        """AsyncGate.list_pending_questions, blocking."""
-        return self._run(lambda g: g.list_pending_questions(pipeline))
-
-    def ask(
-        self,
-        pipeline: str,
-        step: str,
-        text: str,
-        *,
-        response_type: str = "free_text",
-        options: list[str] | tuple[str, ...] | None = None,
-        schema: dict[str, Any] | None = None,
-        reason: str | None = None,
-        run_id: str | None = None,
-        idempotency_key: str | None = None,
-        requested_by: str | None = None,
-        wait: float | None = None,
-    ) -> Question:
-        """AsyncGate.ask, blocking."""
-        return self._run(
-            lambda g: g.ask(
-                pipeline,
-                step,
-                text,
-                response_type=response_type,
-                options=options,
-                schema=schema,
-                reason=reason,
-                run_id=run_id,
-                idempotency_key=idempotency_key,
-                requested_by=requested_by,
-                wait=wait,
-            )
-        )
-
-    def get_question(self, question_id: str, wait: float | None = None) -> Question:
-        """AsyncGate.get_question, blocking."""
-        return self._run(lambda g: g.get_question(question_id, wait))
-
-    def cancel_question(self, question_id: str) -> Question:
-        """AsyncGate.cancel_question, blocking."""
-        return self._run(lambda g: g.cancel_question(question_id))
+    request_approval = blocking(AsyncGate.request_approval)
+    get_approval = blocking(AsyncGate.get_approval)
+    cancel_approval = blocking(AsyncGate.cancel_approval)
+    list_pending = blocking(AsyncGate.list_pending)
+    list_pending_questions = blocking(AsyncGate.list_pending_questions)
+    ask = blocking(AsyncGate.ask)
+    get_question = blocking(AsyncGate.get_question)
+    cancel_question = blocking(AsyncGate.cancel_question)

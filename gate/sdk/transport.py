@@ -9,18 +9,50 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, Self
+from typing import Any, Concatenate, ParamSpec, Self, TypeVar
 from urllib.parse import quote
 
 import aiohttp
 
 from gate.sdk.errors import GateRequestError, GateUnavailable
 
+T = TypeVar("T")
+P = ParamSpec("P")
+
 # every request is bounded (review 18c finding 6): a long-poll by its wait plus this margin,
 # any other call by CALL_TIMEOUT_S; a gate that does not answer in time is GateUnavailable
 MARGIN_S = 10.0
 CALL_TIMEOUT_S = 30.0
+
+
+@dataclass(frozen=True, slots=True)
+class Kind:
+    """One kind of request of the pipeline API: ``name`` (``approval``, ``question``; what a
+    message calls it), ``id_key`` (the id field of its objects) and ``path`` (its endpoints'
+    root). The calls are the same for every kind; only these differ."""
+
+    name: str
+    id_key: str
+    path: str
+
+
+APPROVALS = Kind("approval", "approval_id", "/v1/approvals")
+QUESTIONS = Kind("question", "question_id", "/v1/questions")
+
+
+def of_kind(
+    kind: Kind, call: Callable[Concatenate[Transport, Kind, P], Awaitable[T]]
+) -> Callable[Concatenate[Transport, P], Awaitable[T]]:
+    """The method ``call`` (one of ``Transport``'s ``*_in``) for ``kind`` alone: the same
+    arguments after ``kind``, the same result."""
+
+    def bound(self: Transport, /, *args: P.args, **kwargs: P.kwargs) -> Awaitable[T]:
+        return call(self, kind, *args, **kwargs)
+
+    return bound
 
 
 def _seg(value: str) -> str:
@@ -149,74 +181,56 @@ class Transport:
             )
         return status, answer
 
-    # ---- approvals (SPEC §3) ----------------------------------------------------------
+    # ---- one family of calls per kind of request (SPEC §3) -------------------------------
 
-    async def create(
-        self, body: dict[str, Any], idempotency_key: str | None = None, timeout: float | None = None
+    async def create_in(
+        self,
+        kind: Kind,
+        body: dict[str, Any],
+        idempotency_key: str | None = None,
+        timeout: float | None = None,
     ) -> tuple[Any, bool]:
-        """POST /v1/approvals; returns ``(approval object, created)``: ``created`` is False when
-        the gate answered 200, i.e. the same request with this Idempotency-Key was made before
-        (SPEC §3) and the object is that earlier approval as it stands now."""
+        """POST the create of ``kind``; returns ``(object, created)``: ``created`` is False
+        when the gate answered 200, i.e. the same request with this Idempotency-Key was made
+        before (SPEC §3) and the object is that earlier one as it stands now."""
         headers = {"Idempotency-Key": idempotency_key} if idempotency_key else None
         status, answer = await self._call(
-            "POST", "/v1/approvals", body=body, headers=headers, timeout=timeout
+            "POST", kind.path, body=body, headers=headers, timeout=timeout
         )
         return answer, status == 201
 
-    async def get(
-        self, approval_id: str, wait: float | None = None, timeout: float | None = None
+    async def get_in(
+        self, kind: Kind, item_id: str, wait: float | None = None, timeout: float | None = None
     ) -> Any:
-        """GET /v1/approvals/{id}, long-polling up to ``wait`` seconds when given."""
+        """GET one object of ``kind``, long-polling up to ``wait`` seconds when given."""
         params = None if wait is None else {"wait": f"{wait:g}"}
-        path = f"/v1/approvals/{_seg(approval_id)}"
+        path = f"{kind.path}/{_seg(item_id)}"
         return (await self._call("GET", path, params=params, timeout=timeout))[1]
 
-    async def list(self, state: str, pipeline: str | None, limit: int, cursor: str | None) -> Any:
-        """GET /v1/approvals with filters; returns ``{items, next_cursor}``."""
+    async def list_in(
+        self, kind: Kind, state: str, pipeline: str | None, limit: int, cursor: str | None
+    ) -> Any:
+        """GET the list of ``kind`` with filters; returns ``{items, next_cursor}``."""
         params = {"state": state, "limit": str(limit)}
         if pipeline:
             params["pipeline"] = pipeline
         if cursor:
             params["cursor"] = cursor
-        return (await self._call("GET", "/v1/approvals", params=params))[1]
+        return (await self._call("GET", kind.path, params=params))[1]
 
-    async def cancel(self, approval_id: str) -> Any:
-        """POST /v1/approvals/{id}/cancel; returns the resolved approval."""
-        return (await self._call("POST", f"/v1/approvals/{_seg(approval_id)}/cancel"))[1]
+    async def cancel_in(self, kind: Kind, item_id: str) -> Any:
+        """POST the cancel of one object of ``kind``; returns it resolved."""
+        return (await self._call("POST", f"{kind.path}/{_seg(item_id)}/cancel"))[1]
 
-    # ---- questions: their own endpoints, never the approvals' ----------------
+    # ---- the same calls by name (as the CLI and AsyncGate call them): ``create(body, key)``
+    # is ``create_in(APPROVALS, body, key)``, ``get_question(id, wait)`` is
+    # ``get_in(QUESTIONS, id, wait)``; questions have their own endpoints, never the approvals'
 
-    async def create_question(
-        self, body: dict[str, Any], idempotency_key: str | None = None, timeout: float | None = None
-    ) -> tuple[Any, bool]:
-        """POST /v1/questions; returns ``(question object, created)`` as ``create`` does for
-        approvals (``created`` False: the gate answered 200, an earlier create with this
-        Idempotency-Key)."""
-        headers = {"Idempotency-Key": idempotency_key} if idempotency_key else None
-        status, answer = await self._call(
-            "POST", "/v1/questions", body=body, headers=headers, timeout=timeout
-        )
-        return answer, status == 201
-
-    async def get_question(
-        self, question_id: str, wait: float | None = None, timeout: float | None = None
-    ) -> Any:
-        """GET /v1/questions/{id}, long-polling up to ``wait`` seconds when given."""
-        params = None if wait is None else {"wait": f"{wait:g}"}
-        path = f"/v1/questions/{_seg(question_id)}"
-        return (await self._call("GET", path, params=params, timeout=timeout))[1]
-
-    async def list_questions(
-        self, state: str, pipeline: str | None, limit: int, cursor: str | None
-    ) -> Any:
-        """GET /v1/questions with filters; returns ``{items, next_cursor}``."""
-        params = {"state": state, "limit": str(limit)}
-        if pipeline:
-            params["pipeline"] = pipeline
-        if cursor:
-            params["cursor"] = cursor
-        return (await self._call("GET", "/v1/questions", params=params))[1]
-
-    async def cancel_question(self, question_id: str) -> Any:
-        """POST /v1/questions/{id}/cancel; returns the resolved question."""
-        return (await self._call("POST", f"/v1/questions/{_seg(question_id)}/cancel"))[1]
+    create = of_kind(APPROVALS, create_in)
+    get = of_kind(APPROVALS, get_in)
+    list = of_kind(APPROVALS, list_in)
+    cancel = of_kind(APPROVALS, cancel_in)
+    create_question = of_kind(QUESTIONS, create_in)
+    get_question = of_kind(QUESTIONS, get_in)
+    list_questions = of_kind(QUESTIONS, list_in)
+    cancel_question = of_kind(QUESTIONS, cancel_in)

@@ -11,7 +11,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from gate.config.policy import ArgumentConstraint, glob_pattern, unjudgeable
-from gate.protocol.canonical import finite_float, no_duplicate_keys, reject_json_constant
+from gate.protocol.canonical import (
+    finite_float,
+    json_type,
+    no_duplicate_keys,
+    reject_json_constant,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,19 +86,6 @@ def strings(value: Any) -> Iterator[str]:
             stack.extend(item.values())
         elif isinstance(item, list):
             stack.extend(item)
-
-
-def json_type(value: Any) -> str:
-    """The JSON type of a decoded value: null, boolean, number, string, array, object."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "boolean"
-    if isinstance(value, int | float):
-        return "number"
-    if isinstance(value, str):
-        return "string"
-    return "array" if isinstance(value, list | tuple) else "object"
 
 
 @dataclass(frozen=True, slots=True)
