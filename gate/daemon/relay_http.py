@@ -12,7 +12,7 @@ from urllib.parse import quote, unquote
 import aiohttp
 from yarl import URL
 
-from gate.protocol import PROTOCOL, PROTOCOL_HEADER, SIGNATURE_HEADER, signing
+from gate.protocol import signing
 from gate.protocol.relay_answers import MAX_ANSWER_BYTES, relay_reason
 
 MAX_ERROR_CHARS = 300
@@ -61,11 +61,7 @@ async def post_signed(
 ) -> SendResult:
     """POST ``body`` signed at unix second ``t`` (or with ``signature`` as given, for tests of
     relays); redirects are never followed; an ack is any 2xx within ``timeout_s`` seconds."""
-    headers = {
-        "Content-Type": "application/json; charset=utf-8",
-        PROTOCOL_HEADER: PROTOCOL,
-        SIGNATURE_HEADER: signature or signing.sign(secret, t, body),
-    }
+    headers = signing.signed_headers(secret, t, body, signature)
     started = time.monotonic()
     try:
         async with session.post(

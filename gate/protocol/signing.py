@@ -8,6 +8,7 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from gate.protocol import PROTOCOL, PROTOCOL_HEADER, SIGNATURE_HEADER
 from gate.protocol.errors import ProtocolError
 
 _HEX64 = re.compile(r"[0-9a-fA-F]{64}")
@@ -40,6 +41,19 @@ def compute(secret: str, t: int | str, body: bytes) -> str:
 def sign(secret: str, t: int, body: bytes) -> str:
     """Return the header value ``t=<t>,v1=<hex>`` for ``body`` signed at unix second ``t``."""
     return f"t={t},v1={compute(secret, t, body)}"
+
+
+def signed_headers(
+    secret: str, t: int, body: bytes, signature: str | None = None
+) -> dict[str, str]:
+    """The headers of a signed hitl/v0 POST of ``body`` at unix second ``t`` (SPEC §2), the
+    gate's dispatches and a relay's decisions alike; ``signature`` replaces the computed
+    one (tests of relays send a wrong one on purpose)."""
+    return {
+        "Content-Type": "application/json; charset=utf-8",
+        PROTOCOL_HEADER: PROTOCOL,
+        SIGNATURE_HEADER: signature or sign(secret, t, body),
+    }
 
 
 def parse(header: str | None) -> SignatureHeader:

@@ -21,7 +21,7 @@ from typing import Any
 
 import aiohttp
 
-from gate.protocol import PROTOCOL, PROTOCOL_HEADER, SIGNATURE_HEADER, signing
+from gate.protocol import SIGNATURE_HEADER, signing
 
 FIRST_DELAY_S = 1.0
 MAX_DELAY_S = 30.0
@@ -71,15 +71,6 @@ class GateUnreachable(Exception):
         super().__init__(text)
 
 
-def signed_headers(secret: str, t: int, body: bytes) -> dict[str, str]:
-    """The headers of a signed hitl/v0 POST of ``body`` at unix second ``t`` (SPEC §2)."""
-    return {
-        "Content-Type": "application/json; charset=utf-8",
-        PROTOCOL_HEADER: PROTOCOL,
-        SIGNATURE_HEADER: signing.sign(secret, t, body),
-    }
-
-
 async def post(
     session: aiohttp.ClientSession,
     url: str,
@@ -124,7 +115,7 @@ class Courier:
         while True:
             attempt += 1
             try:
-                headers = signed_headers(self.secret, int(time.time()), body)
+                headers = signing.signed_headers(self.secret, int(time.time()), body)
                 answer = await post(self.session, url, body, headers, self.timeout_s)
             except (aiohttp.ClientError, TimeoutError) as exc:
                 if time.time() + delay >= deadline:
