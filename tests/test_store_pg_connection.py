@@ -1,0 +1,740 @@
+"""The store's statements on PostgreSQL (gate/store/pg_connection.py): the translator on
+every statement shape it rewrites, and the proof on a real throwaway server: the gate's own
+write transactions (``gate.core`` commands' ``run`` with a ``WriteTx``, through the one batch
+runner ``gate.store.batch.run_batch``) and the store's statement classes and reads, run
+with the same inputs on a migrated SQLite database and, through ``PgConnection``, on a
+migrated PostgreSQL database, give identical results (values and their types) and leave
+identical rows in every table.
+
+Ids, nonces, salts and challenges come from ``ULID()`` and ``secrets``: the test makes them
+repeatable (a counter, reset before each backend) so the two runs can be compared whole,
+receipts and audit hashes included. Nothing of the gate is replaced.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import secrets
+import sqlite3
+from collections.abc import Callable, Iterator
+from functools import partial
+from pathlib import Path
+from typing import Any, cast
+
+import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from ulid import ULID
+
+from gate.config import Config, load_config
+from gate.core.approvals.create import CreateRequest
+from gate.core.approvals.decide_tx import Decide
+from gate.core.approvals.followup_tx import FollowupResult, Followups
+from gate.core.approvals.kind import APPROVALS as APPROVAL_KIND
+from gate.core.commands import ReceiptKey, Transaction
+from gate.core.credentials import EnrolCredential, ListCredentials, RevokeCredential
+from gate.core.invites import CreateInvite, InvitePage, RegisterPasskey, Registration
+from gate.core.questions.answer_tx import AnswerQuestion
+from gate.core.questions.create import parse_question_create
+from gate.core.questions.kind import QUESTIONS as QUESTION_KIND
+from gate.core.questions.kind import QuestionPolicy
+from gate.core.requests import lifecycle_tx
+from gate.core.requests.lifecycle_tx import Cancel, Create, DispatchResult, Expire
+from gate.core.transactions import Policy, Transactions
+from gate.errors import GateError, Unavailable
+from gate.model import Approval, Credential, Question
+from gate.protocol.answer import build_answer, parse_answer
+from gate.protocol.canonical import payload_hash, wire_json
+from gate.protocol.envelope import build_decision, parse_decision
+from gate.store import WriteTx
+from gate.store import credentials as credential_reads
+from gate.store import outbox as outbox_reads
+from gate.store import requests as request_reads
+from gate.store.approvals import APPROVALS
+from gate.store.batch import PROBE, Command, Faults, Job, run_batch
+from gate.store.connection import prepare
+from gate.store.outbox import (
+    DISPATCHES,
+    FOLLOWUPS,
+    QUESTION_DISPATCHES,
+    QUESTION_NOTICES,
+    OutboxTable,
+)
+from gate.store.pg_connection import (
+    OVERRIDES,
+    PgConnection,
+    PgIntegrityError,
+    Row,
+    Untranslatable,
+    translate,
+)
+from gate.store.pg_schema import migrate
+from gate.store.questions import QUESTIONS
+from gate.store.reads import audit_chunk
+from gate.trust.keys import Signer
+from tests.pg_server import PgServer, pg_bindir
+from tests.support import ASK_STEP, ENV, Q1_STEP, write_config
+
+pytestmark = [pytest.mark.e2e, pytest.mark.postgres]
+
+psycopg = __import__("psycopg") if os.environ.get("HITL_CI") else pytest.importorskip("psycopg")
+
+NOW_MS = 1767225600000
+RECEIPT_KEY = b"test-receipt-key-91c2"
+ALICE, BOB, CAROL = "alice@example.com", "bob@example.com", "carol@example.com"
+SCOPE = ((101, ALICE), (102, BOB), (103, CAROL))
+DRAFT = "Café — naïve résumé 👍 100% sure\n"
+TABLES = {
+    "approvals": "approval_id",
+    "revisions": "approval_id, revision",
+    "decisions": "decision_id",
+    "outbox": "approval_id, revision",
+    "audit_log": "seq",
+    "followup_outbox": "approval_id, kind, n",
+    "questions": "question_id",
+    "question_versions": "question_id, version",
+    "question_outbox": "question_id, version",
+    "question_notices": "question_id",
+    "approver_credentials": "credential_id",
+    "approver_invites": "invite_hash",
+}
+
+
+# ================================================================== the translator
+
+
+@pytest.mark.parametrize(
+    ("sqlite", "postgres"),
+    [
+        pytest.param(
+            "SELECT a FROM t WHERE b = ? AND c = ?",
+            "SELECT a FROM t WHERE b = %s AND c = %s",
+            id="placeholders",
+        ),
+        pytest.param(
+            "SELECT '?', 'it''s ?', \"odd?\" FROM t WHERE b = ? -- why?\n",
+            "SELECT '?', 'it''s ?', \"odd?\" FROM t WHERE b = %s -- why?\n",
+            id="placeholders-not-in-literals-identifiers-comments",
+        ),
+        pytest.param(
+            "SELECT a FROM t WHERE b LIKE '50%' AND c = ? /* 10% ? */",
+            "SELECT a FROM t WHERE b LIKE '50%%' AND c = %s /* 10%% ? */",
+            id="percent-escaped-everywhere",
+        ),
+        pytest.param(
+            "SELECT approval_id FROM approvals INDEXED BY approvals_followup_due"
+            " WHERE state = 'pending' ORDER BY next_followup_at LIMIT ?",
+            "SELECT approval_id FROM approvals WHERE state = 'pending'"
+            " ORDER BY next_followup_at LIMIT %s",
+            id="indexed-by-dropped",
+        ),
+        pytest.param(
+            "SELECT COUNT(*) FROM approvals INDEXED BY\n approvals_pending_expiry a JOIN x",
+            "SELECT COUNT(*) FROM approvals a JOIN x",
+            id="indexed-by-across-lines",
+        ),
+        pytest.param(
+            "INSERT OR IGNORE INTO followup_outbox (approval_id, kind) VALUES (?, ?)",
+            "INSERT INTO followup_outbox (approval_id, kind) VALUES (%s, %s)"
+            " ON CONFLICT DO NOTHING",
+            id="insert-or-ignore",
+        ),
+        pytest.param(
+            "SELECT 1 FROM approvals a WHERE a.spend IS ? AND b IS NOT ? AND c IS NULL",
+            "SELECT 1 FROM approvals a WHERE a.spend IS NOT DISTINCT FROM %s"
+            " AND b IS DISTINCT FROM %s AND c IS NULL",
+            id="is-param-null-safe",
+        ),
+        pytest.param(
+            "SELECT json_extract(a.entry, '$.data.rp_id'), COUNT(*) FROM c JOIN audit_log a"
+            " ON json_extract(a.entry, '$.data.credential_id') = c.credential_id",
+            "SELECT ((a.entry)::jsonb #>> '{data,rp_id}'), COUNT(*) FROM c JOIN audit_log a"
+            " ON ((a.entry)::jsonb #>> '{data,credential_id}') = c.credential_id",
+            id="json-extract-as-text",
+        ),
+        pytest.param(
+            "SELECT x FROM t ORDER BY json_extract(receipt, '$.seq') DESC LIMIT 1",
+            "SELECT x FROM t ORDER BY ((receipt)::jsonb #> '{seq}') DESC NULLS LAST LIMIT 1",
+            id="json-extract-as-sort-key",
+        ),
+        pytest.param(
+            "SELECT x FROM t ORDER BY json_extract(receipt, '$.seq') ASC",
+            "SELECT x FROM t ORDER BY ((receipt)::jsonb #> '{seq}') ASC NULLS FIRST",
+            id="json-extract-ascending",
+        ),
+        pytest.param("BEGIN IMMEDIATE", "BEGIN", id="begin-immediate"),
+        pytest.param("SAVEPOINT job", "SAVEPOINT job", id="savepoint-as-is"),
+    ],
+)
+def test_translate_rewrites_each_shape(sqlite: str, postgres: str) -> None:
+    assert translate(sqlite) == postgres
+
+
+@pytest.mark.parametrize(
+    "sql",
+    [
+        "PRAGMA user_version",
+        "PRAGMA user_version = 8",
+        "  pragma table_info(audit_log)",
+        "PRAGMA integrity_check(20)",
+        "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?",
+        "SELECT 1 FROM sqlite_schema WHERE name = ?",
+        "SELECT json_extract(entry, '$.items[0]') FROM audit_log",
+    ],
+)
+def test_translate_refuses_what_has_no_mechanical_form(sql: str) -> None:
+    with pytest.raises(Untranslatable):
+        translate(sql)
+
+
+def test_translate_is_cached_and_overrides_come_first(monkeypatch: pytest.MonkeyPatch) -> None:
+    sql = "SELECT a FROM t WHERE b = ? -- override probe"
+    assert translate(sql) is translate(sql)  # one translation per distinct text
+    translate.cache_clear()
+    monkeypatch.setitem(OVERRIDES, sql, "SELECT 2 WHERE %s IS NOT NULL")
+    try:
+        assert translate(sql) == "SELECT 2 WHERE %s IS NOT NULL"
+    finally:
+        translate.cache_clear()
+
+
+def test_row_answers_by_index_name_and_unpacking() -> None:
+    row = Row(("seq", "Entry_Hash"), (7, "h"))
+    assert (row[0], row["seq"], row["SEQ"], row["entry_hash"], row[-1]) == (7, 7, 7, "h", "h")
+    seq, digest = row
+    assert (seq, digest, len(row), row.keys(), tuple(row)) == (
+        7,
+        "h",
+        2,
+        ["seq", "Entry_Hash"],
+        (7, "h"),
+    )
+    assert row == Row(("seq", "Entry_Hash"), [7, "h"])
+    with pytest.raises(IndexError):
+        row["nope"]
+
+
+# ================================================================== both backends
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[PgServer]:
+    bindir = pg_bindir()
+    if bindir is None:
+        if os.environ.get("HITL_CI"):
+            pytest.fail("no PostgreSQL binaries in /usr/lib/postgresql/<v>/bin (.ci/run installs)")
+        pytest.skip("no PostgreSQL binaries here (apt-get install postgresql, or set PG_BINDIR)")
+    pg = PgServer(bindir).start()
+    try:
+        yield pg
+    finally:
+        pg.remove()
+
+
+_databases = iter(range(1, 1000))
+
+
+@pytest.fixture
+def pg(server: PgServer) -> Iterator[PgConnection]:
+    """A PgConnection on a fresh database migrated to the gate's schema."""
+    name = f"statements_{next(_databases)}"
+    with psycopg.connect(server.url(), autocommit=True) as admin:
+        admin.execute(f"CREATE DATABASE {name} TEMPLATE template0")
+    with psycopg.connect(server.url(name)) as conn, conn.transaction():
+        migrate(conn)
+    driver = psycopg.connect(server.url(name), autocommit=True)
+    try:
+        yield PgConnection(driver)
+    finally:
+        driver.close()
+
+
+@pytest.fixture
+def lite(tmp_path: Path) -> Iterator[sqlite3.Connection]:
+    """A sqlite3 connection on a fresh database migrated as the gate opens it."""
+    conn = prepare(tmp_path / "gate.db")
+    try:
+        yield conn
+    finally:
+        conn.close()
+
+
+@pytest.fixture
+def config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Config:
+    for name, value in ENV.items():
+        monkeypatch.setenv(name, value)
+    steps: list[dict[str, Any]] = [
+        Q1_STEP,
+        {"name": "q2", "quorum": 2, "approvers": [101, 102, 103], "timeout": "1h"},
+        {"name": "short", "quorum": 1, "approvers": [101, 102], "timeout": "3s"},
+        ASK_STEP,
+    ]
+    directory = tmp_path / "config"
+    directory.mkdir()
+    path = write_config(
+        directory, "http://127.0.0.1:9/relay", steps=steps, relay={"questions": True}
+    )
+    return load_config(path)
+
+
+class Repeatable:
+    """``ULID()`` and ``secrets``' bytes from a counter, restarted by ``reset``: the same
+    ids, nonces, salts and challenges on both backends."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.n = 0
+        monkeypatch.setattr(lifecycle_tx, "ULID", self.ulid)
+        monkeypatch.setattr(secrets, "token_hex", lambda n=32: self.bytes(n).hex())
+        monkeypatch.setattr(secrets, "token_bytes", self.bytes)
+
+    def reset(self) -> None:
+        self.n = 0
+
+    def bytes(self, n: int | None = 32) -> bytes:
+        self.n += 1
+        return self.n.to_bytes(n or 32, "big")
+
+    def ulid(self) -> ULID:
+        self.n += 1
+        return ULID.from_int((NOW_MS << 80) | self.n)
+
+
+class ManualClock:
+    def __init__(self) -> None:
+        self.now = NOW_MS
+
+    def now_ms(self) -> int:
+        return self.now
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Hand(Transaction[Any]):
+    """Statements called by hand inside a write transaction (``fn(tx)``)."""
+
+    fn: Callable[[WriteTx], Any]
+
+    def run(self, t: Transactions, tx: WriteTx) -> Any:
+        return self.fn(tx)
+
+
+class Backend:
+    """One database with the gate's transactions over it: ``run`` a command through the
+    batch runner, ``read`` with a read function on the connection."""
+
+    def __init__(self, conn: Any, config: Config, tmp_path: Path) -> None:
+        self.conn = cast(sqlite3.Connection, conn)
+        self.clock = ManualClock()
+        signer = Signer.from_private_key(Ed25519PrivateKey.from_private_bytes(bytes(range(32))))
+        self.t = Transactions(config, self.clock, RECEIPT_KEY, signer)
+        self.faults = Faults(tmp_path / "faults")
+
+    def run(self, command: Command[Any]) -> Any:
+        ((_, value, error),) = run_batch(self.conn, [Job(command)], self.t.run, self.faults).answers
+        if error is not None:
+            raise error
+        return value
+
+    def read(self, fn: Callable[..., Any], *args: Any) -> Any:
+        return fn(self.conn, *args)
+
+    def tables(self) -> dict[str, list[Any]]:
+        return {
+            table: typed(
+                [tuple(r) for r in self.conn.execute(f"SELECT * FROM {table} ORDER BY {key}")]
+            )
+            for table, key in TABLES.items()
+        }
+
+
+def typed(value: Any) -> Any:
+    """``value`` with the type of every scalar spelled out (``1`` and ``True``, ``1`` and
+    ``1.0`` differ), dataclasses as their class and fields."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        fields = {f.name: typed(getattr(value, f.name)) for f in dataclasses.fields(value)}
+        return (type(value).__name__, fields)
+    if isinstance(value, dict):
+        return {key: typed(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return (type(value).__name__, [typed(item) for item in value])
+    if isinstance(value, Row | sqlite3.Row):
+        return ("row", [typed(item) for item in value])
+    return (type(value).__name__, value)
+
+
+def outcome(call: Callable[[], Any]) -> Any:
+    """What a step answered: its typed result, or the refusal's status and code."""
+    try:
+        return typed(call())
+    except GateError as refused:
+        return ("refused", refused.status, refused.code)
+
+
+def scenario(b: Backend) -> list[tuple[str, Any]]:
+    """The gate's write transactions and the store's statements and reads, in order; each
+    step's outcome by name."""
+    steps: list[tuple[str, Any]] = []
+
+    def step(name: str, call: Callable[[], Any]) -> Any:
+        steps.append((name, outcome(call)))
+        return steps[-1][1]
+
+    def create(step_name: str, spend: float | None, key: str | None, body: str = DRAFT) -> Any:
+        req = CreateRequest("p", step_name, None, "text/plain", body, spend)
+        quorum, timeout = {"q1": (1, 3600), "q2": (2, 3600), "short": (1, 3)}[step_name]
+        policy = Policy(quorum, SCOPE, timeout, "low")
+        command = Create(
+            APPROVAL_KIND, req, key, None, policy, req.request_hash(), payload_hash(body)
+        )
+        return b.run(command)
+
+    def decide(approval: Approval, who: str, verb: str = "approve") -> Any:
+        rev = approval.revisions[-1]
+        body = build_decision(
+            approval_id=approval.approval_id,
+            nonce=rev.nonce,
+            decision=verb,
+            payload_hash=rev.payload_hash,
+            approver_id=who,
+            decided_at_ms=b.clock.now,
+            channel="test",
+        )
+        return b.run(Decide(parse_decision(wire_json(body)), None))
+
+    step("receipt_key", lambda: b.run(ReceiptKey()))
+    a: Approval = create("q2", 12.5, "key-1")[0]
+    steps.append(("create", typed(a)))
+    step("create_again", lambda: create("q2", 12.5, "key-1"))
+    step("create_reused_key", lambda: create("q2", 12.5, "key-1", body="other"))
+    bee: Approval = create("q1", None, None)[0]
+    steps.append(("create_b", typed(bee)))
+    step("ack", lambda: b.run(DispatchResult(APPROVAL_KIND, a.approval_id, 1, True, None, 0)))
+    step(
+        "nack",
+        lambda: b.run(
+            DispatchResult(APPROVAL_KIND, bee.approval_id, 1, False, "boom", NOW_MS + 5000)
+        ),
+    )
+    b.clock.now += 1000
+    step("decide_alice", lambda: decide(a, ALICE))
+    step("decide_alice_again", lambda: decide(a, ALICE))
+    step("decide_bob_resolves", lambda: decide(a, BOB))
+    step("cancel", lambda: b.run(Cancel(APPROVAL_KIND, bee.approval_id)))
+    step("cancel_again", lambda: b.run(Cancel(APPROVAL_KIND, bee.approval_id)))
+    short: Approval = create("short", None, None)[0]
+    pending: Approval = create("q1", 3.0, "key-2")[0]
+    b.clock.now += 4000
+    step("expire", lambda: b.run(Expire(APPROVAL_KIND)))
+    step("expire_none_left", lambda: b.run(Expire(APPROVAL_KIND)))
+    del short
+
+    # the statements of ApprovalStatements and RequestStatements, by hand in a transaction
+    digest = payload_hash(DRAFT)
+    step(
+        "remembered",
+        lambda: b.run(
+            Hand(lambda tx: tx.approvals.remembered("p", "q2", "text/plain", digest, 0, 12.5))
+        ),
+    )
+    step(
+        "remembered_spend_null",
+        lambda: b.run(Hand(lambda tx: tx.approvals.remembered("p", "q2", "text/plain", digest, 0))),
+    )
+    step("spent_all", lambda: b.run(Hand(lambda tx: tx.approvals.spent(0, None))))
+    step("spent_p", lambda: b.run(Hand(lambda tx: tx.approvals.spent(0, "p"))))
+    step("spent_none", lambda: b.run(Hand(lambda tx: tx.approvals.spent(0, "nope"))))
+    step("by_key", lambda: b.run(Hand(lambda tx: tx.approvals.by_idempotency_key("key-2"))))
+    step("by_key_unknown", lambda: b.run(Hand(lambda tx: tx.approvals.by_idempotency_key("x"))))
+    due_at = b.clock.now - 10
+
+    def followups(tx: WriteTx) -> Any:
+        tx.approvals.set_followup_state(pending.approval_id, [[101, ALICE]], 1, 0, due_at)
+        return (
+            tx.approvals.due_followups(b.clock.now, 10),
+            tx.approvals.followup_state(pending.approval_id),
+            tx.approvals.followup_state(a.approval_id),
+            tx.approvals.due(b.clock.now + 10 * 3_600_000, 10),
+        )
+
+    step("followup_state", lambda: b.run(Hand(followups)))
+    step("followups_cmd", lambda: b.run(Followups()))
+
+    # the outbox contract on the two give-up tables, then the commands that record attempts
+    def queue(tx: WriteTx) -> Any:
+        key = (pending.approval_id, "reminder", 1, 1)
+        return (
+            tx.outbox.queue(FOLLOWUPS, key, b.clock.now, b.clock.now + 60_000, once=True),
+            tx.outbox.queue(FOLLOWUPS, key, b.clock.now, b.clock.now + 60_000, once=True),
+            tx.outbox.attempted(
+                FOLLOWUPS,
+                key[:3],
+                b.clock.now,
+                acked=False,
+                error="503",
+                retry_at_ms=b.clock.now + 1,
+            ),
+        )
+
+    step("queue_once", lambda: b.run(Hand(queue)))
+    step(
+        "followup_result",
+        lambda: b.run(FollowupResult((pending.approval_id, "reminder", 1), True, None, None)),
+    )
+    step(
+        "followup_result_again",
+        lambda: b.run(FollowupResult((pending.approval_id, "reminder", 1), True, None, None)),
+    )
+
+    # questions: create, answer (the winning answer), cancel another, dispatch bookkeeping
+    def ask(key: str | None, text: str) -> Question:
+        req = parse_question_create(
+            {
+                "pipeline": "p",
+                "step": "ask",
+                "text": text,
+                "response_type": "single_choice",
+                "options": ["yes", "no"],
+            },
+            max_bytes=4096,
+            max_options=50,
+        )
+        policy = QuestionPolicy(SCOPE[:2], 3600, "low", 2000)
+        found: Question = b.run(Create(QUESTION_KIND, req, key, None, policy, req.body_hash()))[0]
+        return found
+
+    q = ask("qk-1", "Ship it? 100%")
+    steps.append(("ask", typed(q)))
+    other = ask(None, "Again?")
+    step("ask_again", lambda: ask("qk-1", "Ship it? 100%"))
+    step(
+        "question_ack",
+        lambda: b.run(DispatchResult(QUESTION_KIND, q.question_id, 1, True, None, 0)),
+    )
+
+    def answer(question: Question, value: str, who: str) -> Any:
+        version = question.versions[-1]
+        body = build_answer(
+            question_id=question.question_id,
+            nonce=version.nonce,
+            request_hash=version.request_hash,
+            value=value,
+            approver_id=who,
+            decided_at_ms=b.clock.now,
+            channel="test",
+        )
+        return b.run(AnswerQuestion(parse_answer(body)))
+
+    step("answer", lambda: answer(q, "yes", ALICE))
+    step("answer_again", lambda: answer(q, "no", BOB))
+    step("cancel_question", lambda: b.run(Cancel(QUESTION_KIND, other.question_id)))
+    late = ask(None, "Late?")
+    step("question_due", lambda: b.run(Hand(lambda tx: tx.questions.due(b.clock.now + 10**8, 5))))
+    b.clock.now += 2 * 3_600_000
+    step("question_expire", lambda: b.run(Expire(QUESTION_KIND)))
+    del late
+    step("question_load", lambda: b.run(Hand(lambda tx: tx.questions.load(q.question_id))))
+
+    def notices(tx: WriteTx) -> Any:
+        key = (other.question_id, other.version)
+        return (
+            tx.outbox.queue(QUESTION_NOTICES, key, b.clock.now, b.clock.now + 1, once=True),
+            tx.outbox.attempted(
+                QUESTION_NOTICES, key[:1], b.clock.now, acked=False, error=None, retry_at_ms=None
+            ),
+        )
+
+    step("notice_dropped", lambda: b.run(Hand(notices)))
+
+    # approver credentials and passkey invites
+    key = Ed25519PrivateKey.from_private_bytes(bytes(32)).public_key().public_bytes_raw()
+    ed = Credential("cred-ed", 101, "ed25519", key.hex(), 0, "laptop", 0)
+    step("enrol", lambda: b.run(EnrolCredential(ed)))
+    step("enrol_again", lambda: b.run(EnrolCredential(ed)))
+    step("invite", lambda: b.run(CreateInvite("hash-1", 102, 3600, "phone")))
+    step("invite_page", lambda: b.run(InvitePage("hash-1")))
+    passkey = Credential("cred-pk", 102, "webauthn", "cose", 5, "phone", 0)
+    registration = Registration(passkey, "gate.example.com", "https://gate.example.com")
+    step("register", lambda: b.run(RegisterPasskey("hash-1", registration)))
+    step("invite_used", lambda: b.run(InvitePage("hash-1")))
+    step(
+        "sign_count",
+        lambda: b.run(Hand(lambda tx: tx.credentials.set_sign_count("cred-pk", 9, "ab"))),
+    )
+    step("counter", lambda: b.run(Hand(lambda tx: tx.credentials.counter_assertion("cred-pk"))))
+    step("revoke", lambda: b.run(RevokeCredential("cred-ed")))
+    step("list", lambda: b.run(ListCredentials()))
+
+    # a constraint fails its job alone (the batch runner's SAVEPOINT), the row stays out
+    def duplicate_nonce(tx: WriteTx) -> None:
+        rev = a.revisions[0]
+        tx.approvals.insert_revision(a.approval_id, 9, "x", "h", rev.nonce, b.clock.now, None)
+
+    step("duplicate_nonce", lambda: b.run(Hand(duplicate_nonce)))
+
+    # the daemon's reads (gate.store.reads' functions), on the connection outside a transaction
+    step("page_all", lambda: b.read(request_reads.page, APPROVALS, "all", None, 10, None))
+    step("page_pending_p", lambda: b.read(request_reads.page, APPROVALS, "pending", "p", 1, None))
+    step(
+        "page_after", lambda: b.read(request_reads.page, APPROVALS, "all", None, 10, a.approval_id)
+    )
+    step("page_questions", lambda: b.read(request_reads.page, QUESTIONS, "all", None, 10, None))
+    step("next_expiry", lambda: b.read(request_reads.next_expiry, APPROVALS))
+    step("next_expiry_q", lambda: b.read(request_reads.next_expiry, QUESTIONS))
+    step("pending_summary", lambda: b.read(request_reads.pending_summary, APPROVALS))
+    step("pending_summary_q", lambda: b.read(request_reads.pending_summary, QUESTIONS))
+    tables: list[OutboxTable[Any]] = [DISPATCHES, QUESTION_DISPATCHES, FOLLOWUPS, QUESTION_NOTICES]
+    for table in tables:
+        step(
+            f"plan_{table.table}",
+            partial(b.read, outbox_reads.plan, table, b.clock.now + 10**7, 10),
+        )
+    step("in_force", lambda: b.read(credential_reads.in_force))
+    step("audit_chunk", lambda: b.read(audit_chunk, 0, 1000))
+    step("audit_chunk_after", lambda: b.read(audit_chunk, 3, 2))
+    step("last_audit_row", lambda: b.run(Hand(lambda tx: tx.last_audit_row())))
+    step("span_starts", lambda: b.run(Hand(lambda tx: tx.audit_span_starts("created"))))
+
+    # the offline tools' statements that need a translation (json_extract), as text
+    for name, sql, args in TOOL_STATEMENTS:
+        step(name, partial(fetch_all, b.conn, sql, args))
+    return steps
+
+
+def fetch_all(conn: sqlite3.Connection, sql: str, args: tuple[Any, ...]) -> list[Any]:
+    return conn.execute(sql, args).fetchall()
+
+
+# the read-only tools' statements with json_extract (gate/store/invites.py ``_facts``,
+# inspection.py ``credential_rows``, audit_records.py ``latest_stored_receipt``): their
+# functions open a SQLite file by path, so their SQL is run here as written there
+TOOL_STATEMENTS: list[tuple[str, str, tuple[Any, ...]]] = [
+    (
+        "passkeys_by_rp_id",
+        "SELECT json_extract(a.entry, '$.data.rp_id'), COUNT(*) FROM approver_credentials c"
+        " JOIN audit_log a ON a.kind = 'approver_credential_enrolled'"
+        " AND json_extract(a.entry, '$.data.credential_id') = c.credential_id"
+        " WHERE c.type = 'webauthn' AND c.revoked_at IS NULL GROUP BY 1",
+        (),
+    ),
+    (
+        "credentials_named_after",
+        "SELECT json_extract(entry, '$.data.credential_id') FROM audit_log"
+        " WHERE seq > ? AND kind IN ('approver_credential_enrolled',"
+        " 'approver_credential_revoked') ORDER BY seq",
+        (0,),
+    ),
+    (
+        "latest_stored_receipt",
+        "SELECT approval_id, receipt FROM approvals WHERE receipt IS NOT NULL"
+        " ORDER BY json_extract(receipt, '$.seq') DESC LIMIT 1",
+        (),
+    ),
+    (
+        "latest_stored_question_receipt",
+        "SELECT question_id, receipt FROM questions WHERE receipt IS NOT NULL"
+        " ORDER BY json_extract(receipt, '$.seq') DESC LIMIT 1",
+        (),
+    ),
+]
+
+
+@pytest.fixture
+def repeatable(monkeypatch: pytest.MonkeyPatch) -> Repeatable:
+    return Repeatable(monkeypatch)
+
+
+def test_the_gates_transactions_give_the_same_results_on_both_backends(
+    lite: sqlite3.Connection,
+    pg: PgConnection,
+    config: Config,
+    tmp_path: Path,
+    repeatable: Repeatable,
+) -> None:
+    on_sqlite = Backend(lite, config, tmp_path)
+    want = scenario(on_sqlite)
+    repeatable.reset()
+    on_pg = Backend(pg, config, tmp_path)
+    got = scenario(on_pg)
+
+    assert [name for name, _ in got] == [name for name, _ in want]
+    for (name, mine), (_, theirs) in zip(got, want, strict=True):
+        assert mine == theirs, name
+    assert on_pg.tables() == on_sqlite.tables()
+    # the scenario did what it says (not two equal failures)
+    results = dict(want)
+    assert results["create_reused_key"] == ("refused", 409, "idempotency_key_reused")
+    assert results["decide_alice_again"][0] == "refused"
+    assert results["duplicate_nonce"] == ("refused", 503, "storage_unavailable")
+    assert results["queue_once"][1][:2] == [("bool", True), ("bool", False)]
+    assert len(on_sqlite.tables()["audit_log"][1]) == 22
+    assert on_pg.faults.write_fault is None and on_pg.conn.total_changes > 0
+
+
+def test_a_constraint_is_an_integrity_error_and_fails_its_job_alone(
+    pg: PgConnection, config: Config, tmp_path: Path
+) -> None:
+    backend = Backend(pg, config, tmp_path)
+    first = Hand(lambda tx: tx.invites.use("none", 1, "c"))
+    twice = Credential("same", 101, "ed25519", "k", 0, None, 1)
+
+    def insert_twice(tx: WriteTx) -> None:
+        tx.credentials.insert(twice)
+        tx.credentials.insert(twice)
+
+    clash = Hand(insert_twice)
+    jobs = [Job(first), Job(clash), Job(first)]
+    answers = run_batch(cast(sqlite3.Connection, pg), jobs, backend.t.run, backend.faults).answers
+
+    errors = {id(job): error for job, _, error in answers}
+    assert [errors[id(job)] is None for job in jobs] == [True, False, True]
+    error = errors[id(jobs[1])]
+    assert isinstance(error, Unavailable) and "duplicate key value" in str(error)
+    assert pg.execute("SELECT count(*) FROM approver_credentials").fetchone() == Row(
+        ("count",), (0,)
+    )
+    assert not pg.in_transaction and backend.faults.write_fault is None
+    pg.execute("INSERT INTO approver_invites VALUES ('h', 1, NULL, 'c', 1, 2, NULL, NULL)")
+    with pytest.raises(sqlite3.IntegrityError) as raised:
+        pg.execute("INSERT INTO approver_invites VALUES ('h', 1, NULL, 'c', 1, 2, NULL, NULL)")
+    assert isinstance(raised.value, PgIntegrityError) and raised.value.sqlstate == "23505"
+    assert isinstance(raised.value.__cause__, psycopg.errors.UniqueViolation)
+
+
+# What does not run on PostgreSQL yet, each with why: strict, so one that starts working
+# fails here until it moves out of this list.
+NOT_YET: list[tuple[str, str]] = [
+    (
+        "probe",
+        "Store.check_writable's Probe rewrites PRAGMA user_version; the PostgreSQL backend"
+        " probes by updating its gate_instances row (a later slice)",
+    ),
+    ("schema_version", "Reads.schema_version reads PRAGMA user_version (schema_migrations)"),
+    ("has_table", "readonly.has_table/inspection.has_table read sqlite_master"),
+    ("table_info", "audit_records._for_schema and readonly.audit_columns read PRAGMA table_info"),
+    ("integrity_check", "inspection.inspect runs PRAGMA integrity_check (no PostgreSQL twin)"),
+]
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        pytest.param(n, marks=pytest.mark.xfail(raises=Untranslatable, strict=True, reason=r))
+        for n, r in NOT_YET
+    ],
+)
+def test_not_yet_on_postgres(name: str, pg: PgConnection, config: Config, tmp_path: Path) -> None:
+    from gate.store import readonly
+
+    conn = cast(sqlite3.Connection, pg)
+    if name == "probe":
+        backend = Backend(pg, config, tmp_path)
+        ((_, _, error),) = run_batch(conn, [Job(PROBE)], backend.t.run, backend.faults).answers
+        if error is not None:
+            raise error
+    elif name == "schema_version":
+        conn.execute("PRAGMA user_version").fetchone()
+    elif name == "has_table":
+        readonly.has_table(conn, "approvals")
+    elif name == "table_info":
+        readonly.audit_columns(conn)
+    else:
+        conn.execute("PRAGMA integrity_check(20)").fetchall()
