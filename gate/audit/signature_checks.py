@@ -46,8 +46,7 @@ from gate.protocol.approver_signature import (
 )
 from gate.protocol.approver_webauthn import (
     assertion_sha256,
-    counter_increased,
-    repeats_batch,
+    counter_refused,
     verify_webauthn,
 )
 from gate.protocol.errors import ProtocolError
@@ -269,22 +268,17 @@ def _problem(
 
 
 def _counter_problem(known: LoggedCredential, assertion: ApproverAssertion, new: int) -> str | None:
-    """The counter rule in log order: ``new`` must be above the
-    credential's last counter (both zero allowed), or equal to it for the very batch
-    assertion that set it (another item of that batch); ``known`` then takes ``new``."""
-    if counter_increased(known.counter, new):
-        if new != known.counter:
-            known.counter = new
-            known.counter_assertion = (
-                None if assertion.batch is None else assertion_sha256(assertion)
-            )
-        return None
-    if repeats_batch(assertion, known.counter, new, known.counter_assertion):
-        return None
-    return (
-        "the approver's signature does not verify (counter_went_backwards: the "
-        "authenticator's counter did not increase: a cloned authenticator?)"
-    )
+    """The counter rule (``counter_refused``) in log order, against the credential's last
+    counter and the batch assertion that set it; ``known`` then takes ``new`` (and, for a
+    batch, its assertion's hash)."""
+    if counter_refused(assertion, known.counter, new, lambda: known.counter_assertion):
+        return (
+            "the approver's signature does not verify (counter_went_backwards: the "
+            "authenticator's counter did not increase: a cloned authenticator?)"
+        )
+    if new != known.counter:
+        known.counter, known.counter_assertion = new, assertion_sha256(assertion)
+    return None
 
 
 def _client_origin(client_data_json: bytes) -> str:
