@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from gate.protocol import signing
-from gate.protocol.callback import parse_callback
+from gate.protocol.answer import parse_callback
 from gate.protocol.canonical import wire_json
 from gate.protocol.envelope import Decision, build_decision, decode_json, parse_decision
 from gate.protocol.errors import ProtocolError
