@@ -58,7 +58,7 @@ def verify_segment(rows: Iterable[Sequence[Any]], key: ReceiptKeyArg) -> Segment
     spans = audit_spans.Spans(receipt_keys(key))
     for row in rows:
         if first is None:
-            first, prev, expected = (row[0], row[4]), row[4], row[0]
+            first, prev, expected = (row[0], row[4]), row[4], row[0]  # seq, prev_hash
         reason, wrong_key, digest = entry_problem(spans, prev, expected, *row[:7])
         if reason is not None:
             return _ended(first, expected, prev, checked, spans, (row[0], reason), wrong_key)
