@@ -78,14 +78,13 @@ class Notes:
 
 @dataclass(frozen=True, slots=True)
 class Kind:
-    """One kind of request as these commands handle it: ``noun`` (its id is ``<noun>_id``),
-    the click ``group`` its commands sit in, the ``ApiClient`` method of each of list, get
-    and cancel (``calls``), the ``line`` a list prints of one, the printer of its JSON
-    (``dump``) and what its help texts add (``notes``)."""
+    """One kind of request as these commands handle it: ``noun`` (its id is ``<noun>_id``;
+    the API's kind of that name), the click ``group`` its commands sit in, the ``line`` a
+    list prints of one, the printer of its JSON (``dump``) and what its help texts add
+    (``notes``)."""
 
     noun: str
     group: click.Group
-    calls: dict[str, str]
     line: Callable[[dict[str, Any]], str]
     dump: Callable[[Any], str] = plain_json
     notes: Notes = Notes()
@@ -113,16 +112,19 @@ class Kind:
         )
 
     async def call(self, api: Any, verb: str, *args: Any) -> Any:
-        """Its ``ApiClient`` method for ``verb`` (list, get, cancel) on ``api`` with ``args``."""
-        return await getattr(api, self.calls[verb])(*args)
+        """The ``ApiClient`` call ``<verb>_in`` (list, get, cancel) of its kind on ``api``
+        with ``args``."""
+        from gate.sdk.transport import APPROVALS, QUESTIONS
+
+        kind = next(k for k in (APPROVALS, QUESTIONS) if k.name == self.noun)
+        return await getattr(api, f"{verb}_in")(kind, *args)
 
 
 KINDS = (
-    Kind("approval", main, {"list": "list", "get": "get", "cancel": "cancel"}, approval_line),
+    Kind("approval", main, approval_line),
     Kind(
         "question",
         questions,
-        {"list": "list_questions", "get": "get_question", "cancel": "cancel_question"},
         question_line,
         safe_json,
         Notes(

@@ -58,7 +58,8 @@ def client_error(exc: GateUnavailable | GateRequestError) -> ClientError:
 
 
 class ApiClient(Transport):
-    """Async client: ``async with ApiClient(base, token) as api: await api.create(...)``.
+    """Async client: ``async with ApiClient(base, token) as api:`` then, e.g.,
+    ``await api.create_in(APPROVALS, body)``.
 
     The SDK's transport (``gate.sdk.transport``, one HTTP client of the pipeline API) with
     the CLI's errors: every method returns the decoded JSON answer or raises ClientError

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Self
 
@@ -74,15 +74,13 @@ def check_key(key: str | None) -> str | None:
     return key
 
 
-async def _all_pages(
-    list_page: Callable[[str, str | None, int, str | None], Awaitable[Any]], pipeline: str | None
-) -> list[dict[str, Any]]:
-    """Every pending item of one list endpoint (``list_page(state, pipeline, limit,
-    cursor)``, e.g. ``Transport.list``), following ``next_cursor`` to the last page."""
-    out: list[dict[str, Any]] = []
+async def _all_pages(transport: Transport, kind: Kind, pipeline: str | None) -> list[Obj]:
+    """Every pending item of ``kind`` (``Transport.list_in``), following ``next_cursor`` to
+    the last page."""
+    out: list[Obj] = []
     cursor: str | None = None
     while True:
-        page = await list_page("pending", pipeline, 100, cursor)
+        page = await transport.list_in(kind, "pending", pipeline, 100, cursor)
         out.extend(page.get("items") or [])
         cursor = page.get("next_cursor")
         if not cursor:
@@ -195,12 +193,12 @@ class AsyncGate:
 
     async def list_pending(self, pipeline: str | None = None) -> list[Approval]:
         """Every pending approval (of ``pipeline`` when given), oldest first, all pages."""
-        items = await _all_pages(self._transport.list, pipeline)
+        items = await _all_pages(self._transport, APPROVALS, pipeline)
         return [Approval.from_json(item) for item in items]
 
     async def list_pending_questions(self, pipeline: str | None = None) -> list[Question]:
         """Every pending question (of ``pipeline`` when given), oldest first, all pages."""
-        items = await _all_pages(self._transport.list_questions, pipeline)
+        items = await _all_pages(self._transport, QUESTIONS, pipeline)
         return [Question.from_json(item) for item in items]
 
     # ---- questions ---------------------------------------------------------
