@@ -48,6 +48,12 @@ API_URL_OPTION = click.option(
     default=None,
     help="Reach the API here instead of api.listen (http://host:port or unix:/path).",
 )
+LOG_LEVEL_OPTION = click.option(
+    "--log-level",
+    type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
+    default="INFO",
+    show_default=True,
+)
 
 
 def fail(message: str, code: int = 1) -> NoReturn:

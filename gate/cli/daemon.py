@@ -11,11 +11,7 @@ from typing import NoReturn
 
 import click
 
-from gate.cli import (
-    CONFIG_OPTION,
-    main,
-    receipt_keys,
-)
+from gate.cli import CONFIG_OPTION, LOG_LEVEL_OPTION, main, receipt_keys
 from gate.errors import ConfigError, GateError
 
 GC_THRESHOLDS = (20_000, 20, 20)
@@ -43,12 +39,7 @@ def tune_gc() -> None:
 
 @main.command()
 @CONFIG_OPTION
-@click.option(
-    "--log-level",
-    default="INFO",
-    show_default=True,
-    type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
-)
+@LOG_LEVEL_OPTION
 @click.option(
     "--log-format",
     default="text",
