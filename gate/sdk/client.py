@@ -269,18 +269,9 @@ def approval_body(
 ) -> Obj:
     """The JSON body of ``POST /v1/approvals`` (SPEC §3): absent optional fields (and an
     empty ``run_id``) are left out, never null."""
-    body: Obj = {
-        "pipeline": pipeline,
-        "step": step,
-        "draft": {"content_type": content_type, "body": draft},
-    }
-    if run_id:
-        body["run_id"] = run_id
-    if spend is not None:
-        body["spend"] = spend
-    if requested_by is not None:
-        body["requested_by"] = requested_by
-    return body
+    draft_object = {"content_type": content_type, "body": draft}
+    body = {"pipeline": pipeline, "step": step, "draft": draft_object}
+    return _with_given(body, run_id, requested_by, spend=spend)
 
 
 def question_body(
@@ -296,16 +287,14 @@ def question_body(
 ) -> Obj:
     """The JSON body of ``POST /v1/questions``: absent optional fields (an empty ``run_id``
     or ``options`` too) are left out, never null."""
-    body: Obj = {"pipeline": pipeline, "step": step, "text": text}
-    body["response_type"] = response_type
-    if run_id:
-        body["run_id"] = run_id
-    if reason is not None:
-        body["reason"] = reason
-    if options:
-        body["options"] = list(options)
-    if schema is not None:
-        body["schema"] = schema
-    if requested_by is not None:
-        body["requested_by"] = requested_by
-    return body
+    body = {"pipeline": pipeline, "step": step, "text": text, "response_type": response_type}
+    choices = list(options) if options else None
+    return _with_given(body, run_id, requested_by, reason=reason, options=choices, schema=schema)
+
+
+def _with_given(body: Obj, run_id: str | None, requested_by: str | None, **fields: Any) -> Obj:
+    """A create's ``body`` with its optional fields that are given: ``run_id`` unless empty,
+    then each of ``fields`` and ``requested_by`` unless None (absent ones are left out,
+    never null)."""
+    optional = {"run_id": run_id or None, **fields, "requested_by": requested_by}
+    return body | {name: value for name, value in optional.items() if value is not None}
