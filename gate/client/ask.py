@@ -4,32 +4,16 @@ answer and report each hop. The create and the wait are ``request``'s own
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from gate.client.hops import question_hops
-from gate.client.request import Progress, Report, RequestOptions, create_and_wait, state_text
+from gate.client.request import RequestOptions, create_and_wait, state_text
 from gate.protocol.question import QuestionSpec, answer_text
 from gate.sdk.transport import QUESTIONS
 
 # a question ends answered, timeout or cancelled (no 3: nobody "skips" a question)
 EXIT_CODES = {"answered": 0, "timeout": 4, "cancelled": 5}
-
-
-async def run_ask(
-    opts: RequestOptions, report: Report, progress: Progress | None = None
-) -> dict[str, Any] | None:
-    """Create the question (``opts.body``, ``gate.sdk.client.question_body``; with ``wait``:
-    retried with its Idempotency-Key), report it as new or found again, then with ``wait``
-    wait for the outcome. One deadline, ``opts.timeout_s`` from now, covers both
-    (``gate.client.request.create_and_wait``).
-
-    Returns the last question object seen (still ``pending`` when ``timeout_s`` passed
-    first), or None when the gate did not take the create within ``timeout_s``. Records the
-    question id in ``progress``. Raises ClientError for what the gate refuses (400 naming
-    the field, 404 unknown pipeline/step, 409 ``idempotency_key_reused``, ...).
-    """
-    progress = progress if progress is not None else Progress()
-    return await create_and_wait(QUESTIONS, opts, report, progress, _created_line, question_hops)
 
 
 def _created_line(opts: RequestOptions, question: dict[str, Any], new: bool) -> str:
@@ -45,6 +29,13 @@ def _created_line(opts: RequestOptions, question: dict[str, Any], new: bool) -> 
         f"{body['step']} (the same question with Idempotency-Key {opts.idempotency_key} was "
         f"asked before; state {state_text(question)})"
     )
+
+
+# create the question (``opts.body``: ``gate.sdk.client.question_body``), report it, and with
+# ``wait`` wait for its answer reporting each hop: ``create_and_wait`` for questions
+run_ask = functools.partial(
+    create_and_wait, QUESTIONS, created_line=_created_line, hops=question_hops
+)
 
 
 def answer_output(question: dict[str, Any]) -> str:

@@ -184,15 +184,12 @@ async def create_and_wait(
             raise client_error(exc) from exc
 
 
-async def run_request(
-    opts: RequestOptions, report: Report, progress: Progress | None = None
-) -> RequestResult:
+async def run_request(opts: RequestOptions, report: Report, progress: Progress) -> RequestResult:
     """Create the approval (with ``wait``: retried), report it as new or found again, then
     with ``wait`` wait for the outcome and apply the permit-file policy (``save_permit``).
     One deadline, ``opts.timeout_s`` from now, covers the create and the wait
     (``create_and_wait``). Records the approval id in ``progress``.
     Raises ClientError for what the gate refuses (or a failure that is not transient)."""
-    progress = progress if progress is not None else Progress()
     final = await create_and_wait(APPROVALS, opts, report, progress, _created_line, hops)
     if final is None or not opts.wait:
         return RequestResult(final)
