@@ -41,11 +41,6 @@ def listen_url(listen: str) -> str:
     return f"http://{host}:{parsed.port}"
 
 
-def _check_wait(wait: float | None) -> None:
-    if wait is not None and not wait >= 0:
-        raise ValueError(f"wait must be None or seconds >= 0, got {wait!r}")
-
-
 MAX_KEY_CHARS = 200  # the gate's MAX_IDEMPOTENCY_KEY_CHARS (gate/core/requests/fields.py)
 
 
@@ -176,9 +171,9 @@ class AsyncGate:
         request) joins the approval made before, e.g. by a process that crashed; without
         one, a fresh key is made for this call alone. ``spend`` is in the step's budget
         unit. Returns the Approval (``pending`` if the wait ended first: not a yes)."""
-        _check_wait(wait)
+        deadline = deadline_after(wait)
         body = approval_body(pipeline, step, draft, content_type, run_id, spend, requested_by)
-        got = await self._request(APPROVALS, body, _key(idempotency_key, "hitl-sdk"), wait)
+        got = await self._request(APPROVALS, body, _key(idempotency_key, "hitl-sdk"), deadline)
         return Approval.from_json(got)
 
     async def get_approval(self, approval_id: str, wait: float | None = None) -> Approval:
@@ -222,12 +217,12 @@ class AsyncGate:
         ``single_choice``/``multi_choice`` (with ``options``) or ``form`` (with ``schema``);
         wait up to ``wait`` seconds for the answer. Keys as ``request_approval``. Returns the
         Question (``pending`` if the wait ended first)."""
-        _check_wait(wait)
+        deadline = deadline_after(wait)
         body = question_body(
             pipeline, step, text, response_type, reason, options, schema, run_id, requested_by
         )
-        got = await self._request(QUESTIONS, body, _key(idempotency_key, "hitl-sdk-ask"), wait)
-        return Question.from_json(got)
+        key = _key(idempotency_key, "hitl-sdk-ask")
+        return Question.from_json(await self._request(QUESTIONS, body, key, deadline))
 
     async def get_question(self, question_id: str, wait: float | None = None) -> Question:
         """The question ``question_id``; with ``wait`` wait for its answer first."""
@@ -239,15 +234,13 @@ class AsyncGate:
 
     # ---- one family of calls for every kind (gate.sdk.waiting runs the loop) -----------
 
-    async def _request(self, kind: Kind, body: Obj, key: str, wait: float | None) -> Obj:
-        """Create (retried with ``key``) and wait up to ``wait`` seconds for the outcome."""
-        deadline = deadline_after(wait)
+    async def _request(self, kind: Kind, body: Obj, key: str, deadline: float | None) -> Obj:
+        """Create (retried with ``key``) and wait until ``deadline`` for the outcome."""
         obj, _ = await create(self._transport, kind, body, key, deadline, Watch())
         return await settle(self._transport, kind, obj, deadline, Watch())
 
     async def _get(self, kind: Kind, item_id: str, wait: float | None) -> Obj:
         """One object of ``kind``, after waiting up to ``wait`` seconds for its outcome."""
-        _check_wait(wait)
         deadline = deadline_after(wait)
         got = check_id(item_id, kind.id_key)
         obj = await self._transport.get_in(kind, got, timeout=bound(deadline))
