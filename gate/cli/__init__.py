@@ -112,14 +112,6 @@ def read_config(path: str) -> Any:
         sys.exit(2)
 
 
-def receipt_keys(config: Any, *, private: bool = True) -> Any:
-    """Load the config's Ed25519 keys (``gate.trust.keys.load_receipt_keys``); ConfigError if
-    bad."""
-    from gate.trust.keys import load_receipt_keys
-
-    return load_receipt_keys(config.receipts, private=private)
-
-
 def public_keys(paths: tuple[str, ...], option: str = "--public-key") -> dict[str, Any]:
     """Load ``--public-key`` files into ``{key id: key}``; a bad file is a usage error (2)."""
     from gate.trust.keys import KeyFileError, key_id, load_public_key
