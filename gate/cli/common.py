@@ -42,11 +42,12 @@ def api_client(config_path: str, api_url: str | None) -> Any:
 
 
 def api_target(config: Any, api_url: str | None) -> tuple[str, str]:
-    """``(API base URL, bearer token)``: ``--api-url`` or ``api.listen``, and the token as
-    ``serve`` reads it. Exits 2 on a token that is not set or has control characters, and
-    on an ``--api-url`` that is no http(s) or unix: URL."""
-    from gate.client.api import api_base
+    """``(API base URL, bearer token)``: ``--api-url`` or ``api.listen`` (a wildcard bind
+    reached on loopback: ``listen_url``), and the token as ``serve`` reads it. Exits 2 on a
+    token that is not set or has control characters, and on an ``--api-url`` that is no
+    http(s) or unix: URL."""
     from gate.config import read_api_token
+    from gate.sdk.client import listen_url
 
     # as serve reads it: the variable, else its file in $CREDENTIALS_DIRECTORY
     token, error = read_api_token(config, os.environ)
@@ -55,7 +56,7 @@ def api_target(config: Any, api_url: str | None) -> tuple[str, str]:
     if not token.isprintable():
         fail(f"api.token_env: {config.api.token_env} has control characters; remove them", 2)
     check_api_url(api_url)
-    return api_url or api_base(config), token
+    return api_url or listen_url(config.api.listen), token
 
 
 def check_api_url(api_url: str | None) -> None:

@@ -18,7 +18,6 @@ from gate.mcp.results import (
     DEFAULT_WAIT_S,
     MAX_WAIT_S,
     approval_result,
-    pending_question_summary,
     pending_summary,
     question_result,
     refusal_text,
@@ -173,7 +172,7 @@ def register(gate: AsyncGate) -> list[Tool]:
         questions = await _gate_call(gate.list_pending_questions(pipeline), "pipeline")
         return {
             "approvals": [pending_summary(a) for a in approvals],
-            "questions": [pending_question_summary(q) for q in questions],
+            "questions": [pending_summary(q) for q in questions],
         }
 
     return [
