@@ -154,15 +154,10 @@ class Transport:
             ) from None
         if status >= 400:
             obj = answer if isinstance(answer, dict) else None
-            reason = (obj or {}).get("reason", "error")
-            field = (obj or {}).get("field")
-            message = (obj or {}).get("message")
+            said = {k: v for k, v in (obj or {}).items() if isinstance(v, str)}
+            reason = str((obj or {}).get("reason", "error"))
             raise GateRequestError(
-                status,
-                str(reason),
-                field if isinstance(field, str) else None,
-                message=message if isinstance(message, str) else None,
-                answer=obj,
+                status, reason, said.get("field"), message=said.get("message"), answer=obj
             )
         return status, answer
 
