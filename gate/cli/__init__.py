@@ -41,6 +41,21 @@ def config_option(envvar: str, what: str) -> Callable[[F], F]:
     )
 
 
+Decorator = Callable[[Any], Any]
+
+
+def options(*decorators: Decorator) -> Decorator:
+    """One decorator applying ``decorators`` (click options) so that ``--help`` lists them in
+    this order."""
+
+    def apply(fn: Any) -> Any:
+        for decorator in reversed(decorators):
+            fn = decorator(fn)
+        return fn
+
+    return apply
+
+
 CONFIG_OPTION = config_option("HITL_GATE_CONFIG", "the YAML config")
 API_URL_OPTION = click.option(
     "--api-url",

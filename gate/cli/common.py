@@ -15,7 +15,7 @@ from typing import Any
 
 import click
 
-from gate.cli import fail, read_config
+from gate.cli import fail, options, read_config
 from gate.protocol.display import is_hidden
 
 
@@ -159,27 +159,20 @@ def list_options(fn: Any) -> Any:
     """The options of a list command, the same for approvals and questions (SPEC §3 list
     parameters): ``--state`` (default pending), ``--pipeline``, ``--limit`` 1..500 (default
     50), ``--cursor``, ``--json`` (as ``as_json``)."""
-    for option in reversed(
-        (
-            click.option(
-                "--state",
-                type=click.Choice(["pending", "resolved", "all"]),
-                default="pending",
-                show_default=True,
-            ),
-            click.option("--pipeline", default=None),
-            click.option(
-                "--limit",
-                type=NumberType(whole=True, low=1, high=500),
-                default=50,
-                show_default=True,
-            ),
-            click.option("--cursor", default=None, help="next_cursor from the previous page."),
-            click.option("--json", "as_json", is_flag=True),
-        )
-    ):
-        fn = option(fn)
-    return fn
+    return options(
+        click.option(
+            "--state",
+            type=click.Choice(["pending", "resolved", "all"]),
+            default="pending",
+            show_default=True,
+        ),
+        click.option("--pipeline", default=None),
+        click.option(
+            "--limit", type=NumberType(whole=True, low=1, high=500), default=50, show_default=True
+        ),
+        click.option("--cursor", default=None, help="next_cursor from the previous page."),
+        click.option("--json", "as_json", is_flag=True),
+    )(fn)
 
 
 class _OptionError(click.ClickException):
