@@ -60,23 +60,20 @@ def api_target(config: Any, api_url: str | None) -> tuple[str, str]:
 
 
 def check_api_url(api_url: str | None) -> None:
-    """Exit 2 with one line on an ``--api-url`` that is no http(s) or unix: URL."""
-    if api_url is not None and not valid_api_url(api_url):
-        fail(f"--api-url: {api_url!r} is not http://host:port, https://host:port or unix:/path", 2)
-
-
-def valid_api_url(url: str) -> bool:
-    """True for ``http(s)://host[:port][/prefix]`` or ``unix:/path`` (``--api-url``)."""
-    if url.startswith("unix:"):
-        return len(url) > len("unix:")
+    """Exit 2 with one line on an ``--api-url`` that is no ``http(s)://host[:port][/prefix]``
+    nor ``unix:/path``."""
     from urllib.parse import urlsplit
 
+    if api_url is None or (api_url.startswith("unix:") and len(api_url) > len("unix:")):
+        return
     try:
-        parts = urlsplit(url)
+        parts = urlsplit(api_url)
         parts.port  # noqa: B018 - raises ValueError on a bad port
+        valid = parts.scheme in ("http", "https") and bool(parts.hostname)
     except ValueError:
-        return False
-    return parts.scheme in ("http", "https") and bool(parts.hostname)
+        valid = False
+    if not valid:
+        fail(f"--api-url: {api_url!r} is not http://host:port, https://host:port or unix:/path", 2)
 
 
 def check_request_options(
