@@ -55,20 +55,6 @@ def check_id(value: str, argument: str) -> str:
     return value
 
 
-def check_key(key: str | None) -> str | None:
-    """``key`` (None: absent) once the gate would take it as an Idempotency-Key: 1-200
-    characters, not blank, printable (no newline or other control character; SPEC §3,
-    gate/core/requests/fields.py). Raises ValueError starting ``idempotency_key: `` (review 18c
-    finding 12)."""
-    if key is None:
-        return None
-    if not isinstance(key, str) or not key.strip() or len(key) > MAX_KEY_CHARS:
-        raise ValueError(f"idempotency_key: must be 1-{MAX_KEY_CHARS} characters, not blank")
-    if not key.isprintable():
-        raise ValueError("idempotency_key: must not hold a newline or control character")
-    return key
-
-
 async def _all_pages(transport: Transport, kind: Kind, pipeline: str | None) -> list[Obj]:
     """Every pending item of ``kind`` (``Transport.list_in``), following ``next_cursor`` to
     the last page."""
@@ -83,9 +69,18 @@ async def _all_pages(transport: Transport, kind: Kind, pipeline: str | None) -> 
 
 
 def _key(given: str | None, prefix: str) -> str:
-    """``given``, else a fresh ``<prefix>-<uuid4 hex>``: every create carries a key, so a
-    retried one is found again, never made twice (SPEC §3)."""
-    return check_key(given) or f"{prefix}-{uuid.uuid4().hex}"
+    """``given`` once the gate would take it as an Idempotency-Key: 1-200 characters, not
+    blank, printable (no newline or other control character; SPEC §3,
+    gate/core/requests/fields.py); raises ValueError starting ``idempotency_key: `` (review
+    18c finding 12). None: a fresh ``<prefix>-<uuid4 hex>``, since every create carries a
+    key, so a retried one is found again, never made twice (SPEC §3)."""
+    if given is None:
+        return f"{prefix}-{uuid.uuid4().hex}"
+    if not isinstance(given, str) or not given.strip() or len(given) > MAX_KEY_CHARS:
+        raise ValueError(f"idempotency_key: must be 1-{MAX_KEY_CHARS} characters, not blank")
+    if not given.isprintable():
+        raise ValueError("idempotency_key: must not hold a newline or control character")
+    return given
 
 
 class AsyncGate:
