@@ -1,5 +1,5 @@
 """What the API-side commands (``request``, ``list``, ``show``, ``cancel``, ``ask``,
-``questions list|show|cancel``) share: where the API is and its client, the checks of
+``questions list|show|cancel``) share: where the API is and its token, the checks of
 ``--idempotency-key`` and ``--permit-out``, the hop reporter, the runnable cancel command
 line and the one-line-per-item page printer."""
 
@@ -15,7 +15,7 @@ from typing import Any
 
 import click
 
-from gate.cli import fail, options, read_config
+from gate.cli import fail, options
 from gate.protocol.display import is_hidden
 
 
@@ -31,14 +31,6 @@ def safe_json(value: Any) -> str:
     # gate.protocol.display. json.dumps of one such character (ASCII output) is its
     # ``\\uXXXX`` escape, a surrogate pair above U+FFFF.
     return "".join(json.dumps(c)[1:-1] if c != "\n" and is_hidden(c) else c for c in text)
-
-
-def api_client(config_path: str, api_url: str | None) -> Any:
-    """An ``ApiClient`` for the config's API (or ``--api-url``); call it inside the loop.
-    Exits 2 as ``api_target`` does."""
-    from gate.client.api import ApiClient
-
-    return ApiClient(*api_target(read_config(config_path), api_url))
 
 
 def api_target(config: Any, api_url: str | None) -> tuple[str, str]:

@@ -12,8 +12,8 @@ from typing import Any
 
 import click
 
-from gate.cli import API_URL_OPTION, CONFIG_OPTION, fail, main, run
-from gate.cli.common import api_client, echo_page, list_options, safe_json
+from gate.cli import API_URL_OPTION, CONFIG_OPTION, fail, main, read_config, run
+from gate.cli.common import api_target, echo_page, list_options, safe_json
 
 
 @main.group()
@@ -139,10 +139,12 @@ KINDS = (
 
 def _api_call(config_path: str, api_url: str | None, call: Callable[[Any], Awaitable[Any]]) -> Any:
     """``call(api)`` on the API client of the config (or ``--api-url``), run to its end: a
-    gate error is one ``Error:`` line and exit 1 (``gate.cli.run``)."""
+    gate error is one ``Error:`` line and exit 1 (``gate.cli.run``); exits 2 as
+    ``api_target`` does."""
+    from gate.client.api import ApiClient
 
     async def go() -> Any:
-        async with api_client(config_path, api_url) as api:
+        async with ApiClient(*api_target(read_config(config_path), api_url)) as api:
             return await call(api)
 
     return run(go())
