@@ -195,9 +195,7 @@ async def run_request(opts: RequestOptions, report: Report, progress: Progress) 
     (``create_and_wait``). Records the approval id in ``progress``.
     Raises ClientError for what the gate refuses (or a failure that is not transient)."""
     final = await create_and_wait(APPROVALS, opts, report, progress, _created_line, hops)
-    if final is None or not opts.wait:
-        return RequestResult(final)
-    if final["state"] != "resolved" or opts.permit_out is None:
+    if final is None or not opts.wait or final["state"] != "resolved" or opts.permit_out is None:
         return RequestResult(final)
     return RequestResult(final, save_permit(opts.permit_out, final, report))
 
