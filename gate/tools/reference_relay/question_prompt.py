@@ -20,7 +20,6 @@ from gate.tools.reference_relay.question_view import (
     parse_field,
     render_question,
 )
-from gate.tools.reference_relay.state import version_of
 from gate.tools.reference_relay.terminal import Terminal
 
 if TYPE_CHECKING:
@@ -58,7 +57,7 @@ async def prompt_value(
     terminal = relay.terminal
     qid = envelope["question_id"]
     expired = f"Question {line(qid)} expired while waiting for an answer; not asking any more."
-    with relay.asking_about(envelope, qid, version_of(envelope), expired) as stale:
+    with relay.asking_about(envelope, expired) as stale:
         async with terminal.prompting(render_question(envelope, identity, terminal.width())):
             while True:
                 value = await _read(terminal, envelope, spec, stale)
