@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from gate.protocol.canonical import payload_hash
 from gate.protocol.display import display_time
 from gate.protocol.envelope import build_decision
-from gate.tools.reference_relay.state import Fields, Sent, revision_of
+from gate.tools.reference_relay.state import Fields, revision_of
 from gate.tools.reference_relay.terminal import Withdrawn
 from gate.tools.reference_relay.view import shown, verdict
 
@@ -129,12 +129,11 @@ class ApprovalDesk:
             result = await self.relay.exchange(self, envelope, identity)
             if result is None:
                 return
-            (verb, text), status, answer = result
-            sent = Sent(verb, text, status, answer)
-            self.relay.known.learn(envelope, identity, sent)
+            reply, status, answer = result
+            self.relay.known.learn(envelope, identity, reply, status, answer)
             quorum = envelope.get("quorum")
             if (
-                sent.status == 200
+                status == 200
                 and isinstance(quorum, dict)
                 and isinstance(quorum.get("collected"), int)
             ):

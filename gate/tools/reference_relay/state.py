@@ -19,22 +19,6 @@ from gate.tools.reference_relay.question_view import line
 from gate.tools.reference_relay.view import APPROVAL, kind_of, shown
 
 
-@dataclass(frozen=True, slots=True)
-class Sent:
-    """A decision the gate answered: ``verb``, ``text`` (an adjust's text, a skip's reason),
-    HTTP ``status`` and the decoded ``answer`` (a dict, or the raw text when it was no JSON)."""
-
-    verb: str
-    text: str | None
-    status: int
-    answer: Any
-
-    @property
-    def fields(self) -> dict[str, Any]:
-        """The answer's JSON object (empty when it was none)."""
-        return self.answer if isinstance(self.answer, dict) else {}
-
-
 def revision_of(envelope: dict[str, Any]) -> int:
     """An approval dispatch's ``revision`` (an additive hitl/v0 field), a question dispatch's
     ``version`` (``Kind.step``); 1 when absent or not an integer."""
@@ -108,21 +92,29 @@ class Knowledge:
         at = (envelope["approval_id"], revision_of(envelope))
         return identity_key(identity) in self.decided.get(at, ())
 
-    def learn(self, envelope: dict[str, Any], identity: str, sent: Sent) -> None:
-        """Remember what the gate's answer to ``identity``'s decision on this dispatch says:
-        resolved (200 with ``resolved``, 409 ``already_resolved``, 410, 404); recorded on this
-        revision (200, 409 ``duplicate``/``already_decided``), or on the next one for an edit
-        that changed the text (it made revision n+1); superseded (409: n+1 exists)."""
+    def learn(
+        self,
+        envelope: dict[str, Any],
+        identity: str,
+        reply: tuple[str, str | None],
+        status: int,
+        answer: Any,
+    ) -> None:
+        """Remember what the gate's answer (HTTP ``status``, the decoded ``answer``: a dict,
+        or the raw text when it was no JSON) to ``identity``'s decision ``reply`` (verb, and
+        an adjust's text or a skip's reason) on this dispatch says: resolved (200 with
+        ``resolved``, 409 ``already_resolved``, 410, 404); recorded on this revision (200, 409
+        ``duplicate``/``already_decided``), or on the next one for an edit that changed the
+        text (it made revision n+1); superseded (409: n+1 exists)."""
         approval_id, revision = envelope["approval_id"], revision_of(envelope)
-        reason, outcome = sent.fields.get("reason"), shown(sent.fields.get("outcome"))
-        if (sent.status == 200 and sent.fields.get("resolved")) or reason == "already_resolved":
+        fields = answer if isinstance(answer, dict) else {}
+        reason, outcome = fields.get("reason"), shown(fields.get("outcome"))
+        if (status == 200 and fields.get("resolved")) or reason == "already_resolved":
             self.closed[approval_id] = f"was resolved ({outcome})"
-        elif (
-            sent.status == 200 and sent.verb == "adjust" and sent.text != envelope["draft"]["body"]
-        ):
+        elif status == 200 and reply[0] == "adjust" and reply[1] != envelope["draft"]["body"]:
             self.decided.setdefault((approval_id, revision + 1), set()).add(identity_key(identity))
             self.newer(approval_id, revision + 1)
-        elif sent.status == 200 or reason in ("duplicate", "already_decided"):
+        elif status == 200 or reason in ("duplicate", "already_decided"):
             self.decided.setdefault((approval_id, revision), set()).add(identity_key(identity))
         elif reason == "superseded":
             self.newer(approval_id, revision + 1)
