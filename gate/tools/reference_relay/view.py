@@ -314,9 +314,8 @@ def verdict(verb: str, status: int, answer: Any) -> str:
         if answer.get("resolved"):
             return f"Recorded: {shown(answer.get('outcome'))}; the approval is resolved."
         return "Recorded; the quorum is not complete yet."
-    reason = answer.get("reason") if isinstance(answer, dict) else None
-    outcome = answer.get("outcome") if isinstance(answer, dict) else None
-    detail = answer.get("detail") if isinstance(answer, dict) else None
+    fields = answer if isinstance(answer, dict) else {}
+    reason, outcome, detail = fields.get("reason"), fields.get("outcome"), fields.get("detail")
     tail = (
         f"; the approval was already resolved: {shown(outcome)}."
         if outcome
