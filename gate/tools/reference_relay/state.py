@@ -1,4 +1,5 @@
-"""What the reference relay knows of each approval, and so whom not to ask about what.
+"""What the reference relay knows of each approval (and question), and so whom not to ask
+about what; and what a dispatch must carry to be read at all (``missing_field``).
 
 hitl/v0 tells a relay only what dispatches carry, what the gate answers to the relay's own
 decisions and, to a relay that opted in, how an approval ended (a resolution notice):
