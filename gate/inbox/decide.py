@@ -32,8 +32,9 @@ log = logging.getLogger(__name__)
 
 
 class Refused(Exception):
-    """A decision the inbox refuses before anything is posted: ``status``, ``reason``,
-    ``message`` (words)."""
+    """A decision, answer or batch the inbox refuses before anything is posted: HTTP
+    ``status``, wire ``reason`` and the ``message`` in words (naming the item when one of a
+    batch is the cause)."""
 
     def __init__(self, status: int, reason: str, message: str) -> None:
         super().__init__(message)
@@ -65,24 +66,40 @@ def verb_fields(fields: dict[str, Any]) -> tuple[str, str | None, str | None]:
     )
 
 
-def check_open(item: Item, fields: dict[str, Any]) -> None:
-    """The item is pending (else 409 ``not_pending``, its state in words) and the posted
-    ``revision`` is the stored one (else 409 ``changed``): an approver never signs a
-    revision they did not see."""
-    if item.kind != "approval":
-        raise Refused(409, "not_an_approval", "This item is a question: answer it on its page.")
+OPEN_WORDS = {
+    # kind: the refusal of the other kind, what ends "is now <state>", the number shown
+    "approval": ("This item is a question: answer it on its page.", ".", "revision"),
+    "question": (
+        "This item is an approval: decide it on its page.",
+        "; nothing was sent.",
+        "version",
+    ),
+}
+
+
+def check_open(item: Item, kind: str, shown: object, named: str = "This item") -> None:
+    """``item`` is of ``kind`` (else 409 ``not_an_approval``/``not_a_question``), pending
+    (else 409 ``not_pending``, its state in words) and ``shown``, the revision (a question's
+    version) the page showed, is the stored one (else 409 ``changed``): an approver never
+    signs or answers a revision they did not see. ``named`` is how the words name the item."""
+    other, after, number = OPEN_WORDS[kind]
+    if item.kind != kind:
+        raise Refused(409, "not_an_approval" if kind == "approval" else "not_a_question", other)
     if item.state != "pending":
-        raise Refused(409, "not_pending", f"This item is now {item.state}.")
-    if str(fields.get("revision", "")) != str(item.revision):
+        raise Refused(409, "not_pending", f"{named} is now {item.state}{after}")
+    if str(shown) != str(item.revision):
         raise Refused(
             409,
             "changed",
-            f"This item changed since you opened it: reload to see revision {item.revision}.",
+            f"{named} changed since you opened it: reload to see {number} {item.revision}.",
         )
 
 
-def digest_of(item: Item, verb: str, adjust_text: str | None, reason: str | None) -> bytes:
-    """The 32-byte decision digest of ``item``'s stored revision."""
+def digest_of(
+    item: Item, verb: str, adjust_text: str | None = None, reason: str | None = None
+) -> bytes:
+    """The 32-byte decision digest of ``item``'s stored revision, nonce and payload hash (an
+    approve of a batch: no adjust text, no reason)."""
     return decision_digest(
         approval_id=item.approval_id,
         revision=item.revision,
@@ -112,7 +129,7 @@ async def challenge(request: web.Request) -> web.Response:
     _, item, fields = await _checked(request)
     try:
         verb, adjust_text, reason = verb_fields(fields)
-        check_open(item, fields)
+        check_open(item, "approval", fields.get("revision", ""))
     except Refused as refused:
         return refused.response()
     return web.json_response({"challenge": b64url(digest_of(item, verb, adjust_text, reason))})
@@ -174,7 +191,7 @@ async def decide(request: web.Request) -> web.Response:
     state = state_of(request)
     try:
         verb, adjust_text, reason = verb_fields(fields)
-        check_open(item, fields)
+        check_open(item, "approval", fields.get("revision", ""))
         own_assertion(fields, session, state, "Sign the decision with your passkey.")
         mine = await state.db.decisions_of(session.identity, limit=500)
         if any(_same(d, item) and 200 <= d.status < 300 for d in mine):
@@ -188,25 +205,50 @@ async def decide(request: web.Request) -> web.Response:
     record = DecisionRecord(
         item.approval_id, item.revision, session.identity, verb, 0, {}, now, reason, adjust_text
     )
-    number = await state.db.add_decision(record)
-    try:
-        status, answer = await send_to_gate(state, item, body, verb)
-    except GateUnreachable:
-        log.warning("event=inbox_decision_unsent approval_id=%s", item.approval_id)
+    number, answered = await send_recorded(state, item, record, body)
+    if answered is None:
         await state.db.set_decision_answer(number, 0, {"error": "gate_unreachable"})
         return auth.refusal(
             502,
             "gate_unreachable",
             "The gate could not be reached: your decision was not recorded. Try again.",
         )
-    await state.db.set_decision_answer(number, status, answer)
     log.info(
         "event=inbox_decision approval_id=%s decision=%s status=%d",
         item.approval_id,
         verb,
-        status,
+        answered[0],
     )
     return web.json_response({"location": f"/decisions/{number}"})
+
+
+async def send_recorded(
+    state: InboxState,
+    item: Item,
+    record: DecisionRecord,
+    body: dict[str, Any],
+    batch_id: str | None = None,
+) -> tuple[int, tuple[int, dict[str, Any]] | None]:
+    """The one signed send of a decision or an answer: ``record`` kept first (status 0; one
+    of batch ``batch_id`` when given), then ``body`` posted to ``item``'s callback
+    (``send_to_gate``, counted by ``record.decision``), then the gate's answer on the row.
+    Returns the row's number and the gate's ``(status, answer)``, None when the gate could
+    not be reached (the row keeps status 0; logged as ``event=inbox_decision_unsent``, an
+    answer's as ``event=inbox_answer_unsent``)."""
+    if batch_id is None:
+        number = await state.db.add_decision(record)
+    else:
+        number = await state.db.add_batch_decision(record, batch_id)
+    try:
+        answered = await send_to_gate(state, item, body, record.decision)
+    except GateUnreachable:
+        event = "answer" if record.decision == "answer" else "decision"
+        key = "question_id" if event == "answer" else "approval_id"
+        batch = "" if batch_id is None else f" batch_id={batch_id}"
+        log.warning("event=inbox_%s_unsent %s=%s%s", event, key, item.approval_id, batch)
+        return number, None
+    await state.db.set_decision_answer(number, *answered)
+    return number, answered
 
 
 def add_routes(app: web.Application) -> None:
