@@ -17,10 +17,10 @@ from typing import Any
 
 from aiohttp import web
 
-from gate.inbox import auth, pages
-from gate.inbox.decide import Refused, check_open, send_recorded
+from gate.inbox import pages
+from gate.inbox.decide import Refused, check_open, checked_request, send_recorded
 from gate.inbox.model import DecisionRecord, Item
-from gate.inbox.state import decidable, state_of
+from gate.inbox.state import state_of
 from gate.protocol.errors import ProtocolError
 from gate.protocol.numbers import INTEGER_TEXT, NUMBER_TEXT
 from gate.protocol.question import QuestionSpec, build_answer, check_value, parse_question
@@ -170,9 +170,7 @@ async def answer(request: web.Request) -> web.Response:
     posted to the dispatch's callback, the row updated with the gate's answer, 303 to
     ``/decisions/<n>``. A gate's 422 ``invalid_value`` (a step's lower ``max_answer_chars``)
     shows the form again in words; an unreachable gate is a 502 page."""
-    session = await auth.require_session(request)
-    fields = await auth.read_post(request, session)
-    item = await decidable(request, session)
+    session, item, fields = await checked_request(request)
     state = state_of(request)
     now = state.now_ms()
     seq = item.updated_seq

@@ -115,7 +115,9 @@ def _same(record: DecisionRecord, item: Item) -> bool:
     return record.approval_id == item.approval_id and record.revision == item.revision
 
 
-async def _checked(request: web.Request) -> tuple[Session, Item, dict[str, Any]]:
+async def checked_request(request: web.Request) -> tuple[Session, Item, dict[str, Any]]:
+    """A POST's session (else 401 ``signed_out``), its fields once Origin and CSRF are
+    checked (``auth.read_post``: else 403) and the item ``{id}`` it may decide (else 404)."""
     session = await auth.require_session(request)
     fields = await auth.read_post(request, session)
     item = await decidable(request, session)
@@ -126,7 +128,7 @@ async def challenge(request: web.Request) -> web.Response:
     """POST ``/items/{id}/challenge``: ``{"challenge": b64url(decision_digest)}`` for the
     posted verb, texts and revision (401 signed out, 403 Origin/CSRF, 404 not the
     session's, 409 not pending or changed)."""
-    _, item, fields = await _checked(request)
+    _, item, fields = await checked_request(request)
     try:
         verb, adjust_text, reason = verb_fields(fields)
         check_open(item, "approval", fields.get("revision", ""))
@@ -187,7 +189,7 @@ async def decide(request: web.Request) -> web.Response:
     the post to the dispatch's callback, the row updated with the gate's answer; 200
     ``{"location": "/decisions/<n>"}``. 502 ``gate_unreachable`` when the gate could not be
     reached (the row keeps status 0, its answer says so)."""
-    session, item, fields = await _checked(request)
+    session, item, fields = await checked_request(request)
     state = state_of(request)
     try:
         verb, adjust_text, reason = verb_fields(fields)

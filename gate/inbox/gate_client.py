@@ -7,7 +7,6 @@ for the page."""
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Sequence
@@ -23,7 +22,6 @@ log = logging.getLogger(__name__)
 
 TIMEOUT_S = 10.0  # one attempt
 DELIVERY_S = 5.0  # no attempt starts later than this after the first
-CREDENTIALS_PATH = "/hitl/v0/credentials"  # part A's gate.protocol.credentials.CREDENTIALS_PATH
 
 __all__ = ["GateRefused", "GateUnreachable", "fetch_credentials", "post_decision"]
 
@@ -71,10 +69,10 @@ async def fetch_credentials(
     GateUnreachable, ``GateRefused`` for an answer other than 200, or ProtocolError
     (401/400) for an answer whose signature or shape is wrong."""
     body = credentials.build_credentials_request(int(time.time()))
-    url = callback_url.rstrip("/") + CREDENTIALS_PATH
+    url = callback_url.rstrip("/") + credentials.CREDENTIALS_PATH
     answer = await _post(url, body, secrets[0], session)
     if answer.status != 200:
-        raise GateRefused(answer.status, answer.raw, url)
+        raise GateRefused(answer.status, answer.fields().get("reason"), url)
     return credentials.verify_credentials_answer(
         answer.raw, answer.signature, secrets, time.time(), max_skew
     )
@@ -85,13 +83,8 @@ class GateRefused(Exception):
     ``relay.credentials`` is off; 401: the secrets differ) and its ``reason``, at ``url``
     (its text names all three, never a secret)."""
 
-    def __init__(self, status: int, raw: bytes, url: str = "") -> None:
-        try:
-            reason = json.loads(raw).get("reason")
-        except (ValueError, AttributeError):
-            reason = None
+    def __init__(self, status: int, reason: object, url: str) -> None:
         self.status = status
         self.reason = reason if isinstance(reason, str) else None
         self.url = url
-        where = f" at {url}" if url else ""
-        super().__init__(f"the gate answered {status} {self.reason or 'without a reason'}{where}")
+        super().__init__(f"the gate answered {status} {self.reason or 'without a reason'} at {url}")

@@ -4,8 +4,6 @@ no referrer, no MIME sniffing, and pages never cached."""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
-
 from aiohttp import web
 
 CSP = (
@@ -39,5 +37,4 @@ async def _add_headers(request: web.Request, response: web.StreamResponse) -> No
 def install(app: web.Application) -> None:
     """Add ``security_headers`` to every response of ``app`` (errors and static included),
     through ``on_response_prepare``."""
-    hook: Callable[[web.Request, web.StreamResponse], Awaitable[None]] = _add_headers
-    app.on_response_prepare.append(hook)
+    app.on_response_prepare.append(_add_headers)

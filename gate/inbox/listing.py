@@ -64,23 +64,17 @@ def row_facts(item: Item) -> dict[str, Any]:
     ``review`` (why it must be opened, ``seen.bulk_eligibility``, approvals only),
     ``bulkable`` (an approval with no ``review``: it gets a checkbox) and ``whole`` (the whole
     draft as the row shows it when ``bulkable``, else "")."""
+    facts = {"requested": requested_at(item), "run_id": run_words(item)}
     if item.kind != "approval":
-        return {**_common(item, first_line(item.body)), "review": None, "bulkable": False,
+        return {"first_line": first_line(item.body), **facts, "review": None, "bulkable": False,
                 "whole": Markup("")}  # fmt: skip
     seen = bulk_eligibility(item.body, item.content_type)
     return {
-        **_common(item, first_line(seen.text)),
+        "first_line": first_line(seen.text),
+        **facts,
         "review": seen.reason,
         "bulkable": seen.bulkable,
         "whole": whole_draft_html(seen),
-    }
-
-
-def _common(item: Item, line: str) -> dict[str, Any]:
-    return {
-        "first_line": line,
-        "requested": requested_at(item),
-        "run_id": run_words(item),
     }
 
 
