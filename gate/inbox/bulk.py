@@ -195,12 +195,10 @@ async def decide(request: web.Request) -> web.Response:
     signed = dict(fields["assertion"]) | {"batch": list(batch.hexes)}
     batch_id = secrets.token_urlsafe(12)
     for item in batch.items:
-        now = state.now_ms()
-        body = decision_body(item, session.identity, "approve", None, None, signed, now)
         record = DecisionRecord(
-            item.approval_id, item.revision, session.identity, "approve", 0, {}, now
+            item.approval_id, item.revision, session.identity, "approve", 0, {}, state.now_ms()
         )
-        await send_recorded(state, item, record, body, batch_id)
+        await send_recorded(state, item, record, decision_body(item, record, signed), batch_id)
     log.info(
         "event=inbox_bulk batch_id=%s items=%d credential_id=%s",
         batch_id,

@@ -155,27 +155,20 @@ def own_assertion(
     return parsed
 
 
-def decision_body(
-    item: Item,
-    identity: str,
-    verb: str,
-    adjust_text: str | None,
-    reason: str | None,
-    assertion: dict[str, Any],
-    decided_at_ms: int,
-) -> dict[str, Any]:
-    """The hitl/v0 decision (docs/protocol.md "Decision") for the stored dispatch, signed by
-    ``assertion``; ``approver.channel`` is ``inbox``."""
+def decision_body(item: Item, record: DecisionRecord, assertion: dict[str, Any]) -> dict[str, Any]:
+    """The hitl/v0 decision (docs/protocol.md "Decision") ``record`` stands for (its verb,
+    approver identity, reason, adjust text and ``decided_at``) on the stored dispatch, signed
+    by ``assertion``; ``approver.channel`` is ``inbox``."""
     return {
         "protocol": PROTOCOL,
         "approval_id": item.approval_id,
         "nonce": item.nonce,
-        "decision": verb,
+        "decision": record.decision,
         "payload_hash": item.payload_hash,
-        "approver": {"id": identity, "channel": "inbox"},
-        "adjust_text": adjust_text,
-        "reason": reason,
-        "decided_at": rfc3339_ms(decided_at_ms),
+        "approver": {"id": record.identity, "channel": "inbox"},
+        "adjust_text": record.sent,
+        "reason": record.reason,
+        "decided_at": rfc3339_ms(record.decided_at),
         "approver_assertion": assertion,
     }
 
@@ -201,12 +194,10 @@ async def decide(request: web.Request) -> web.Response:
     except Refused as refused:
         return refused.response()
     now = state.now_ms()
-    body = decision_body(
-        item, session.identity, verb, adjust_text, reason, fields["assertion"], now
-    )
     record = DecisionRecord(
         item.approval_id, item.revision, session.identity, verb, 0, {}, now, reason, adjust_text
     )
+    body = decision_body(item, record, fields["assertion"])
     number, answered = await send_recorded(state, item, record, body)
     if answered is None:
         await state.db.set_decision_answer(number, 0, {"error": "gate_unreachable"})

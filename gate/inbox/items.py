@@ -185,7 +185,6 @@ def item_from(row: dict[str, Any], dispatch: dict[str, Any], now_ms: int) -> Ite
             isinstance(a, dict) and a.get("verb") == "skip" and a.get("reason") == "required"
             for a in actions
         ),
-        approver_signature=str(dispatch.get("approver_signature", "off")),
         delegates=tuple((str(d.get("identity")), str(d.get("on_behalf_of"))) for d in delegates),
         followups=kept_of(row, dispatch),
     )
