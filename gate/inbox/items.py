@@ -57,13 +57,14 @@ class Incoming:
     expires_at: int
 
 
-def _ms(text: Any, field: str) -> int:
+def iso_ms(text: Any) -> int | None:
+    """An ISO 8601 date-time string (``Z`` or an offset) as unix ms, else None."""
     if isinstance(text, str):
         try:
             return int(datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp() * 1000)
         except ValueError:
             pass
-    raise DispatchRefused("invalid_dispatch", field)
+    return None
 
 
 def _text(obj: Any, *path: str) -> str:
@@ -108,7 +109,9 @@ def read_dispatch(envelope: dict[str, Any]) -> Incoming:
     _text(envelope, "callback", "url")
     if not isinstance(envelope.get("approvers"), list):
         raise DispatchRefused("invalid_dispatch", "approvers")
-    expires_at = _ms(envelope.get("expires_at"), "expires_at")
+    expires_at = iso_ms(envelope.get("expires_at"))
+    if expires_at is None:
+        raise DispatchRefused("invalid_dispatch", "expires_at")
     body = _text(envelope, *(("question", "text") if question else ("draft", "body")))
     revision, nonce, hashed = _signed(envelope, question)
     if question and question_request_hash(envelope) != hashed:

@@ -10,6 +10,7 @@ from typing import Any
 
 from markupsafe import Markup
 
+from gate.inbox.items import iso_ms
 from gate.inbox.model import DecisionRecord, Item
 from gate.inbox.render import first_line
 from gate.inbox.seen import bulk_eligibility, whole_draft_html
@@ -45,16 +46,9 @@ def requested_at(item: Item) -> str:
     """When the item was requested, ``"YYYY-MM-DD HH:MM UTC"``: the dispatch's
     ``issued_at`` (RFC 3339, docs/protocol.md "Dispatch") when it parses, else when the
     inbox received it (``received_at`` ms)."""
-    issued = _text(item.dispatch, "issued_at")
-    when: datetime | None = None
-    if issued is not None:
-        try:
-            when = datetime.fromisoformat(issued.replace("Z", "+00:00")).astimezone(UTC)
-        except ValueError:
-            when = None
-    if when is None:
-        when = datetime.fromtimestamp(item.received_at / 1000, UTC)
-    return when.strftime("%Y-%m-%d %H:%M UTC")
+    issued = iso_ms(item.dispatch.get("issued_at"))
+    when = item.received_at if issued is None else issued
+    return datetime.fromtimestamp(when / 1000, UTC).strftime("%Y-%m-%d %H:%M UTC")
 
 
 def row_facts(item: Item) -> dict[str, Any]:
