@@ -23,18 +23,14 @@ COMMON = {
 STATIC_PREFIX = "/static/"
 
 
-def security_headers(path: str) -> dict[str, str]:
-    """The headers for a response to ``path``: ``COMMON`` plus ``Cache-Control: no-store``
-    for every page and answer, ``no-cache`` (revalidate) for ``/static/`` assets."""
-    cache = "no-cache" if path.startswith(STATIC_PREFIX) else "no-store"
-    return {**COMMON, "Cache-Control": cache}
-
-
 async def _add_headers(request: web.Request, response: web.StreamResponse) -> None:
-    response.headers.update(security_headers(request.path))
+    """``COMMON`` plus ``Cache-Control: no-store`` for every page and answer, ``no-cache``
+    (revalidate) for ``/static/`` assets."""
+    cache = "no-cache" if request.path.startswith(STATIC_PREFIX) else "no-store"
+    response.headers.update({**COMMON, "Cache-Control": cache})
 
 
 def install(app: web.Application) -> None:
-    """Add ``security_headers`` to every response of ``app`` (errors and static included),
+    """Add the security headers to every response of ``app`` (errors and static included),
     through ``on_response_prepare``."""
     app.on_response_prepare.append(_add_headers)
