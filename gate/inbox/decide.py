@@ -111,10 +111,6 @@ def digest_of(
     )
 
 
-def _same(record: DecisionRecord, item: Item) -> bool:
-    return record.approval_id == item.approval_id and record.revision == item.revision
-
-
 async def checked_request(request: web.Request) -> tuple[Session, Item, dict[str, Any]]:
     """A POST's session (else 401 ``signed_out``), its fields once Origin and CSRF are
     checked (``auth.read_post``: else 403) and the item ``{id}`` it may decide (else 404)."""
@@ -189,7 +185,8 @@ async def decide(request: web.Request) -> web.Response:
         check_open(item, "approval", fields.get("revision", ""))
         own_assertion(fields, session, state, "Sign the decision with your passkey.")
         mine = await state.db.decisions_of(session.identity, limit=500)
-        if any(_same(d, item) and 200 <= d.status < 300 for d in mine):
+        same = (d for d in mine if (d.approval_id, d.revision) == (item.approval_id, item.revision))
+        if any(200 <= d.status < 300 for d in same):
             raise Refused(409, "already_decided", "You already decided this item.")
     except Refused as refused:
         return refused.response()
