@@ -173,17 +173,16 @@ async def answer(request: web.Request) -> web.Response:
     session, item, fields = await checked_request(request)
     state = state_of(request)
     now = state.now_ms()
-    seq = item.updated_seq
 
-    def again(words: str, status: int = 422) -> web.Response:
+    def again(words: str) -> web.Response:
         return pages.question_page(
             request,
             item=item,
             session=session,
             now_ms=now,
-            seq=seq,
+            seq=item.updated_seq,
             error=words,
-            status=status,
+            status=422,
             submitted=fields,  # what was typed is shown again
         )
 
