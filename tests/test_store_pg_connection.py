@@ -18,6 +18,7 @@ import os
 import secrets
 import sqlite3
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
 from typing import Any, cast
@@ -52,7 +53,7 @@ from gate.store import outbox as outbox_reads
 from gate.store import requests as request_reads
 from gate.store.approvals import APPROVALS
 from gate.store.batch import PROBE, Command, Faults, Job, run_batch
-from gate.store.connection import prepare
+from gate.store.connection import connect, prepare
 from gate.store.outbox import (
     DISPATCHES,
     FOLLOWUPS,
@@ -64,13 +65,14 @@ from gate.store.pg_connection import (
     OVERRIDES,
     PgConnection,
     PgIntegrityError,
+    PgOperationalError,
     Row,
     Untranslatable,
     translate,
 )
 from gate.store.pg_schema import migrate
 from gate.store.questions import QUESTIONS
-from gate.store.reads import audit_chunk
+from gate.store.reads import Reads, audit_chunk
 from gate.trust.keys import Signer
 from tests.pg_server import PgServer, pg_bindir
 from tests.support import ASK_STEP, ENV, Q1_STEP, write_config
@@ -163,6 +165,7 @@ TABLES = {
             id="json-extract-ascending",
         ),
         pytest.param("BEGIN IMMEDIATE", "BEGIN", id="begin-immediate"),
+        pytest.param("BEGIN", "BEGIN ISOLATION LEVEL REPEATABLE READ", id="begin-is-a-snapshot"),
         pytest.param("SAVEPOINT job", "SAVEPOINT job", id="savepoint-as-is"),
     ],
 )
@@ -235,14 +238,20 @@ _databases = iter(range(1, 1000))
 
 
 @pytest.fixture
-def pg(server: PgServer) -> Iterator[PgConnection]:
-    """A PgConnection on a fresh database migrated to the gate's schema."""
+def pg_url(server: PgServer) -> str:
+    """A fresh database migrated to the gate's schema."""
     name = f"statements_{next(_databases)}"
     with psycopg.connect(server.url(), autocommit=True) as admin:
         admin.execute(f"CREATE DATABASE {name} TEMPLATE template0")
     with psycopg.connect(server.url(name)) as conn, conn.transaction():
         migrate(conn)
-    driver = psycopg.connect(server.url(name), autocommit=True)
+    return server.url(name)
+
+
+@pytest.fixture
+def pg(pg_url: str) -> Iterator[PgConnection]:
+    """A PgConnection on ``pg_url``."""
+    driver = psycopg.connect(pg_url, autocommit=True)
     try:
         yield PgConnection(driver)
     finally:
@@ -642,7 +651,39 @@ def repeatable(monkeypatch: pytest.MonkeyPatch) -> Repeatable:
     return Repeatable(monkeypatch)
 
 
-def test_the_gates_transactions_give_the_same_results_on_both_backends(
+async def daemon_reads(reads: Reads) -> list[tuple[str, Any]]:
+    """Every query of the daemon's ``Reads`` but ``schema_version`` (a PRAGMA: ``NOT_YET``)."""
+    found: list[tuple[str, Any]] = []
+    approvals = await reads.page(APPROVALS, "all", None, 100, None)
+    found.append(("page", typed(approvals)))
+    found.append(("page_pending", typed(await reads.page(APPROVALS, "pending", "p", 5, None))))
+    found.append(("page_q", typed(await reads.page(QUESTIONS, "resolved", None, 5, None))))
+    for approval in approvals:
+        found.append(("fetch", typed(await reads.fetch(APPROVALS, approval.approval_id))))
+    found.append(("fetch_none", typed(await reads.fetch(QUESTIONS, "nope"))))
+    found.append(("pending_summary", typed(await reads.pending_summary(APPROVALS))))
+    found.append(("next_expiry", typed(await reads.next_expiry(APPROVALS))))
+    found.append(("oldest_by_step", typed(await reads.oldest_pending_by_step())))
+    found.append(("next_followup", typed(await reads.next_followup())))
+    tables: list[OutboxTable[Any]] = [DISPATCHES, QUESTION_DISPATCHES, FOLLOWUPS, QUESTION_NOTICES]
+    for table in tables:
+        plan = await reads.outbox_plan(table, NOW_MS + 10**8, 10)
+        found.append((f"plan_{table.table}", typed(plan)))
+    found.append(("in_force", typed(await reads.credentials_in_force())))
+    found.append(("audit_rows", typed([row async for row in reads.audit_rows()])))
+    return found
+
+
+def reads_on(conn: Any) -> Reads:
+    """The daemon's ``Reads`` on ``conn``: what ``Reads.open`` sets up, with the connection
+    given (it opens a SQLite file by path; the PostgreSQL opener is a later piece)."""
+    reads = Reads()
+    reads._conn = cast(sqlite3.Connection, conn)
+    reads._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gate-reader")
+    return reads
+
+
+async def test_the_gates_transactions_give_the_same_results_on_both_backends(
     lite: sqlite3.Connection,
     pg: PgConnection,
     config: Config,
@@ -654,6 +695,14 @@ def test_the_gates_transactions_give_the_same_results_on_both_backends(
     repeatable.reset()
     on_pg = Backend(pg, config, tmp_path)
     got = scenario(on_pg)
+    sqlite_reads, pg_reads = reads_on(lite), reads_on(pg)
+    try:
+        want += await daemon_reads(sqlite_reads)
+        got += await daemon_reads(pg_reads)
+    finally:
+        for reads in (sqlite_reads, pg_reads):
+            assert reads._pool is not None
+            reads._pool.shutdown(wait=True)
 
     assert [name for name, _ in got] == [name for name, _ in want]
     for (name, mine), (_, theirs) in zip(got, want, strict=True):
@@ -666,6 +715,7 @@ def test_the_gates_transactions_give_the_same_results_on_both_backends(
     assert results["duplicate_nonce"] == ("refused", 503, "storage_unavailable")
     assert results["queue_once"][1][:2] == [("bool", True), ("bool", False)]
     assert len(on_sqlite.tables()["audit_log"][1]) == 22
+    assert len(results["audit_rows"][1]) == 22 and results["oldest_by_step"][1] != []
     assert on_pg.faults.write_fault is None and on_pg.conn.total_changes > 0
 
 
@@ -738,3 +788,48 @@ def test_not_yet_on_postgres(name: str, pg: PgConnection, config: Config, tmp_pa
         readonly.audit_columns(conn)
     else:
         conn.execute("PRAGMA integrity_check(20)").fetchall()
+
+
+def test_a_plain_begin_reads_one_snapshot_on_both_backends(
+    pg: PgConnection, pg_url: str, tmp_path: Path
+) -> None:
+    """``Reads``' multi-statement reads open a plain BEGIN: on SQLite (WAL) and PostgreSQL
+    alike, a commit made meanwhile by another connection is seen only after their COMMIT."""
+    path = tmp_path / "gate.db"
+    prepare(path).close()
+    sqlite_writer, sqlite_reader = connect(path), connect(path)
+    with psycopg.connect(pg_url, autocommit=True) as pg_writer:
+        pairs: list[tuple[Any, Callable[[str], Any]]] = [
+            (sqlite_reader, sqlite_writer.execute),
+            (pg, pg_writer.execute),
+        ]
+        for reader, write in pairs:
+            count = "SELECT count(*) FROM approver_invites"
+            reader.execute("BEGIN")
+            before = reader.execute(count).fetchone()[0]
+            write("INSERT INTO approver_invites VALUES ('h', 1, NULL, 'c', 1, 2, NULL, NULL)")
+            during = reader.execute(count).fetchone()[0]
+            reader.execute("COMMIT")
+            after = reader.execute(count).fetchone()[0]
+            assert (before, during, after) == (0, 0, 1), reader
+    sqlite_writer.close()
+    sqlite_reader.close()
+
+
+def test_a_lost_connection_is_a_storage_fault(
+    pg: PgConnection, server: PgServer, config: Config, tmp_path: Path
+) -> None:
+    """The server ends the writer's session: the batch answers 503 storage_unavailable and
+    the store's fault state records it (``batch.is_fault``), never a 500."""
+    backend = Backend(pg, config, tmp_path)
+    with psycopg.connect(server.url(), autocommit=True) as admin:
+        admin.execute("SELECT pg_terminate_backend(%s)", (pg.driver.info.backend_pid,))
+
+    job = Job(Hand(lambda tx: tx.credentials.all()))
+    ((_, _, error),) = run_batch(backend.conn, [job], backend.t.run, backend.faults).answers
+
+    assert isinstance(error, Unavailable) and error.code == "storage_unavailable"
+    assert backend.faults.write_fault is not None
+    with pytest.raises(sqlite3.OperationalError) as raised:
+        pg.execute("SELECT 1")
+    assert isinstance(raised.value, PgOperationalError)

@@ -36,9 +36,11 @@ string literals, quoted identifiers and comments unless said otherwise:
    (followed by ``ASC``/``DESC``) it becomes the jsonb value ``(column)::jsonb #> '{a,b}'``,
    which orders numbers as numbers and strings as strings, with SQLite's placement of NULL
    (smallest: ``NULLS FIRST`` ascending, ``NULLS LAST`` descending);
-6. ``BEGIN IMMEDIATE`` becomes ``BEGIN`` (READ COMMITTED). The cluster's write exclusion is
-   not this statement: the batch's head-row lock (``SELECT ... FROM audit_head ... FOR
-   UPDATE``) belongs to the PostgreSQL batch runner.
+6. ``BEGIN IMMEDIATE`` (the writer's) becomes ``BEGIN`` (READ COMMITTED). The cluster's write
+   exclusion is not this statement: the batch's head-row lock (``SELECT ... FROM audit_head
+   ... FOR UPDATE``) belongs to the PostgreSQL batch runner. A plain (deferred) ``BEGIN``,
+   which the store issues only to read several statements from one snapshot (as SQLite's
+   WAL gives it), becomes ``BEGIN ISOLATION LEVEL REPEATABLE READ``: one snapshot too.
 
 Not translated (``Untranslatable``): ``PRAGMA`` (each caller has its PostgreSQL equivalent:
 docs/design.md "Storage backends") and SQLite's catalog (``sqlite_master``,
@@ -117,6 +119,7 @@ _JSON_EXTRACT = re.compile(
 )
 _JSON_PATH = re.compile(r"\$((?:\.[A-Za-z_]\w*)+)")
 _BEGIN_IMMEDIATE = re.compile(r"^\s*BEGIN\s+IMMEDIATE\s*$", re.IGNORECASE)
+_BEGIN_DEFERRED = re.compile(r"^\s*BEGIN(?:\s+DEFERRED)?\s*$", re.IGNORECASE)
 _REFUSED = re.compile(r"^\s*PRAGMA\b|\bsqlite_(?:master|schema)\b", re.IGNORECASE)
 _CHANGES = re.compile(r"^\s*(?:INSERT|UPDATE|DELETE)\b", re.IGNORECASE)
 
@@ -151,6 +154,8 @@ def translate(sql: str) -> str:
         raise Untranslatable(f"no PostgreSQL form (see docs/design.md): {sql.strip()[:80]}")
     if _BEGIN_IMMEDIATE.match(code):
         return "BEGIN"
+    if _BEGIN_DEFERRED.match(code):
+        return "BEGIN ISOLATION LEVEL REPEATABLE READ"
     code = _INDEXED_BY.sub("", code)
     ignore = _OR_IGNORE.match(code)
     if ignore:
