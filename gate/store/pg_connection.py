@@ -277,11 +277,27 @@ _BY_CLASS: dict[str, type[PgError]] = {
 }
 
 
+# a driver error without a SQLSTATE (raised by the client: a lost connection, a value it
+# cannot send) by the name of its DB-API class
+_BY_DBAPI: dict[str, type[PgError]] = {
+    "OperationalError": PgOperationalError,
+    "InterfaceError": PgOperationalError,
+    "IntegrityError": PgIntegrityError,
+    "DataError": PgDataError,
+}
+
+
 def as_sqlite_error(exc: BaseException) -> PgError:
-    """The sqlite3-class error for a driver error ``exc`` (its SQLSTATE's class; no SQLSTATE,
-    as when the connection is lost: ``PgOperationalError``)."""
+    """The sqlite3-class error for a driver error ``exc``: by its SQLSTATE's class; without
+    one (the client raised it) by its DB-API class, a lost connection (``OperationalError``)
+    as ``PgOperationalError``, a value the client cannot send (``DataError``: a text with
+    U+0000) as ``PgDataError``."""
     sqlstate = getattr(exc, "sqlstate", None)
-    kind = PgOperationalError if sqlstate is None else _BY_CLASS.get(sqlstate[:2], PgError)
+    if sqlstate is not None:
+        kind = _BY_CLASS.get(sqlstate[:2], PgError)
+    else:
+        names = [cls.__name__ for cls in type(exc).__mro__]
+        kind = next((_BY_DBAPI[n] for n in names if n in _BY_DBAPI), PgError)
     error = kind(str(exc).strip() or type(exc).__name__)
     error.sqlstate = sqlstate
     return error
