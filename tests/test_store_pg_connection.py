@@ -39,6 +39,7 @@ from gate.core.questions.answer_tx import AnswerQuestion
 from gate.core.questions.create import parse_question_create
 from gate.core.questions.kind import QUESTIONS as QUESTION_KIND
 from gate.core.questions.kind import QuestionPolicy
+from gate.core.questions.revise_tx import QuestionNoticeResult, ReviseQuestion
 from gate.core.requests import lifecycle_tx
 from gate.core.requests.lifecycle_tx import Cancel, Create, DispatchResult, Expire
 from gate.core.transactions import Policy, Transactions
@@ -396,7 +397,7 @@ def scenario(b: Backend) -> list[tuple[str, Any]]:
         )
         return b.run(command)
 
-    def decide(approval: Approval, who: str, verb: str = "approve") -> Any:
+    def decide(approval: Approval, who: str, verb: str = "approve", text: str | None = None) -> Any:
         rev = approval.revisions[-1]
         body = build_decision(
             approval_id=approval.approval_id,
@@ -406,6 +407,7 @@ def scenario(b: Backend) -> list[tuple[str, Any]]:
             approver_id=who,
             decided_at_ms=b.clock.now,
             channel="test",
+            adjust_text=text,
         )
         return b.run(Decide(parse_decision(wire_json(body)), None))
 
@@ -429,6 +431,10 @@ def scenario(b: Backend) -> list[tuple[str, Any]]:
     step("decide_bob_resolves", lambda: decide(a, BOB))
     step("cancel", lambda: b.run(Cancel(APPROVAL_KIND, bee.approval_id)))
     step("cancel_again", lambda: b.run(Cancel(APPROVAL_KIND, bee.approval_id)))
+    adjusted: Approval = create("q1", 7.25, None)[0]
+    step("decide_adjust", lambda: decide(adjusted, CAROL, "adjust", "Café, adjusted 50%"))
+    skipped: Approval = create("q1", None, None)[0]
+    step("decide_skip", lambda: decide(skipped, BOB, "skip"))
     short: Approval = create("short", None, None)[0]
     pending: Approval = create("q1", 3.0, "key-2")[0]
     b.clock.now += 4000
@@ -512,6 +518,9 @@ def scenario(b: Backend) -> list[tuple[str, Any]]:
 
     q = ask("qk-1", "Ship it? 100%")
     steps.append(("ask", typed(q)))
+    revised = b.run(ReviseQuestion(q.question_id, {"text": "Ship it now?"}))
+    steps.append(("revise", typed(revised)))
+    q = revised[1]
     other = ask(None, "Again?")
     step("ask_again", lambda: ask("qk-1", "Ship it? 100%"))
     step(
@@ -535,6 +544,7 @@ def scenario(b: Backend) -> list[tuple[str, Any]]:
     step("answer", lambda: answer(q, "yes", ALICE))
     step("answer_again", lambda: answer(q, "no", BOB))
     step("cancel_question", lambda: b.run(Cancel(QUESTION_KIND, other.question_id)))
+    step("notice_result", lambda: b.run(QuestionNoticeResult(q.question_id, True, None, None)))
     late = ask(None, "Late?")
     step("question_due", lambda: b.run(Hand(lambda tx: tx.questions.due(b.clock.now + 10**8, 5))))
     b.clock.now += 2 * 3_600_000
@@ -712,10 +722,13 @@ async def test_the_gates_transactions_give_the_same_results_on_both_backends(
     results = dict(want)
     assert results["create_reused_key"] == ("refused", 409, "idempotency_key_reused")
     assert results["decide_alice_again"][0] == "refused"
+    assert results["decide_adjust"][1][2] == ("str", "adjusted")
+    assert results["decide_skip"][1][2] == ("str", "skipped")
+    assert results["revise"][1][0] == ("str", "revised")
     assert results["duplicate_nonce"] == ("refused", 503, "storage_unavailable")
     assert results["queue_once"][1][:2] == [("bool", True), ("bool", False)]
-    assert len(on_sqlite.tables()["audit_log"][1]) == 22
-    assert len(results["audit_rows"][1]) == 22 and results["oldest_by_step"][1] != []
+    assert len(on_sqlite.tables()["audit_log"][1]) == 29
+    assert len(results["audit_rows"][1]) == 29 and results["oldest_by_step"][1] != []
     assert on_pg.faults.write_fault is None and on_pg.conn.total_changes > 0
 
 
