@@ -33,9 +33,12 @@ string literals, quoted identifiers and comments unless said otherwise:
    (SQLite's ``IS`` with a parameter is null-safe equality);
 5. ``json_extract(column, '$.a.b')`` (a plain dotted path) becomes ``(column)::jsonb #>>
    '{a,b}'``, text: what the store compares and selects are strings; used as a sort key
-   (followed by ``ASC``/``DESC``) it becomes the jsonb value ``(column)::jsonb #> '{a,b}'``,
-   which orders numbers as numbers and strings as strings, with SQLite's placement of NULL
-   (smallest: ``NULLS FIRST`` ascending, ``NULLS LAST`` descending);
+   (followed by ``ASC``/``DESC``) it becomes the jsonb value ``(column)::jsonb #> '{a,b}'``
+   (JSON null as NULL), which orders numbers as numbers and strings as strings, with
+   SQLite's placement of NULL (smallest: ``NULLS FIRST`` ascending, ``NULLS LAST``
+   descending). Values of different JSON types in one sort key order differently (SQLite:
+   numbers before strings; jsonb: strings before numbers, booleans after both): the store's
+   one sort key (a receipt's ``seq``) is always a number;
 6. ``BEGIN IMMEDIATE`` (the writer's) becomes ``BEGIN`` (READ COMMITTED). The cluster's write
    exclusion is not this statement: the batch's head-row lock (``SELECT ... FROM audit_head
    ... FOR UPDATE``) belongs to the PostgreSQL batch runner. A plain (deferred) ``BEGIN``,
@@ -133,7 +136,7 @@ def _json_extract(match: re.Match[str], literals: list[str]) -> str:
     if order is None:
         return f"(({column})::jsonb #>> '{{{keys}}}')"
     nulls = "NULLS LAST" if order.strip().upper() == "DESC" else "NULLS FIRST"
-    return f"(({column})::jsonb #> '{{{keys}}}'){order} {nulls}"
+    return f"NULLIF(({column})::jsonb #> '{{{keys}}}', 'null'::jsonb){order} {nulls}"
 
 
 @lru_cache(maxsize=4096)
