@@ -27,6 +27,7 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from ulid import ULID
 
+from gate.audit.chain import verify
 from gate.config import Config, load_config
 from gate.core.approvals.create import CreateRequest
 from gate.core.approvals.decide_tx import Decide
@@ -947,3 +948,52 @@ def test_ids_sort_alike_under_the_c_collation(
             found.append([c.credential_id for c in credential_reads.in_force(conn)])
     assert found[0] == sorted(ids)
     assert found[1] == found[0]
+
+
+def test_one_batch_of_jobs_commits_alike_on_both_backends(
+    lite: sqlite3.Connection,
+    pg: PgConnection,
+    config: Config,
+    tmp_path: Path,
+    repeatable: Repeatable,
+) -> None:
+    """Group commit: one batch (one transaction, a SAVEPOINT per job) where a refused job
+    and a job failing on a constraint each appended an audit entry first: both roll back
+    alone, the chain goes on from the entry before them (``WriteTx.forget_tail``), and the
+    batch's answers, head, rows and audit chain are the same on both backends."""
+    results = []
+    for conn in (lite, pg):
+        repeatable.reset()
+        backend = Backend(conn, config, tmp_path)
+        policy = Policy(1, SCOPE, 3600, "low")
+        req = CreateRequest("p", "q1", "run-1", "text/plain", DRAFT, None)
+        create = Create(APPROVAL_KIND, req, None, None, policy, req.request_hash(), "sha256:d")
+
+        def refused(tx: WriteTx) -> None:
+            tx.append_audit("probe_entry", None, NOW_MS, {"n": 1}, RECEIPT_KEY)
+            raise GateError("refused_here", "refused after an entry", status=409)
+
+        def clash(tx: WriteTx) -> None:
+            tx.append_audit("probe_entry", None, NOW_MS, {"n": 2}, RECEIPT_KEY)
+            twice = Credential("same", 101, "ed25519", "k", 0, None, 1)
+            tx.credentials.insert(twice)
+            tx.credentials.insert(twice)
+
+        jobs = [Job(create), Job(Hand(refused)), Job(create), Job(Hand(clash)), Job(create)]
+        batch = run_batch(backend.conn, jobs, backend.t.run, backend.faults)
+        by_job = {id(job): (value, error) for job, value, error in batch.answers}
+        answers = []
+        for job in jobs:
+            value, error = by_job[id(job)]
+            answers.append(typed(value) if error is None else ("error", type(error).__name__))
+        rows = backend.read(audit_chunk, 0, 100)
+        signer = backend.t.signer
+        assert signer is not None
+        verified = verify(rows, RECEIPT_KEY, {signer.key_id: signer.public_key})
+        results.append((answers, batch.head, backend.tables(), verified.ok, len(rows)))
+
+    assert results[1] == results[0]
+    answers, head, _, ok, entries = results[0]
+    assert [a[0] for a in answers] == ["tuple", "error", "tuple", "error", "tuple"]
+    assert answers[1] == ("error", "GateError") and answers[3] == ("error", "Unavailable")
+    assert ok and entries == 3 and head is not None and head[0] == 3
