@@ -17,6 +17,7 @@ import dataclasses
 import os
 import secrets
 import sqlite3
+import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
@@ -77,7 +78,7 @@ from gate.store.questions import QUESTIONS
 from gate.store.reads import Reads, audit_chunk
 from gate.trust.keys import Signer
 from tests.pg_server import PgServer, pg_bindir
-from tests.support import ASK_STEP, ENV, Q1_STEP, write_config
+from tests.support import ASK_STEP, ENV, Q1_STEP, wait_until, write_config
 
 pytestmark = [pytest.mark.e2e, pytest.mark.postgres]
 
@@ -241,14 +242,23 @@ def server() -> Iterator[PgServer]:
 _databases = iter(range(1, 1000))
 
 
+@pytest.fixture(scope="module")
+def migrated(server: PgServer) -> str:
+    """The name of a database migrated to the gate's schema once, the template of each
+    test's own."""
+    with psycopg.connect(server.url(), autocommit=True) as admin:
+        admin.execute("CREATE DATABASE migrated TEMPLATE template0")
+    with psycopg.connect(server.url("migrated")) as conn, conn.transaction():
+        migrate(conn)
+    return "migrated"
+
+
 @pytest.fixture
-def pg_url(server: PgServer) -> str:
-    """A fresh database migrated to the gate's schema."""
+def pg_url(server: PgServer, migrated: str) -> str:
+    """A fresh database migrated to the gate's schema (a copy of ``migrated``)."""
     name = f"statements_{next(_databases)}"
     with psycopg.connect(server.url(), autocommit=True) as admin:
-        admin.execute(f"CREATE DATABASE {name} TEMPLATE template0")
-    with psycopg.connect(server.url(name)) as conn, conn.transaction():
-        migrate(conn)
+        admin.execute(f"CREATE DATABASE {name} TEMPLATE {migrated}")
     return server.url(name)
 
 
@@ -997,3 +1007,57 @@ def test_one_batch_of_jobs_commits_alike_on_both_backends(
     assert [a[0] for a in answers] == ["tuple", "error", "tuple", "error", "tuple"]
     assert answers[1] == ("error", "GateError") and answers[3] == ("error", "Unavailable")
     assert ok and entries == 3 and head is not None and head[0] == 3
+
+
+@pytest.mark.xfail(
+    strict=True,
+    raises=AssertionError,
+    reason="two gates' writers append to one chain: the second reads the same tail (ORDER BY"
+    " seq DESC) and its INSERT fails on the key when the first commits (503, nothing forked);"
+    " serialising the batches on the audit_head row lock is the PostgreSQL batch runner's",
+)
+def test_two_writers_append_to_one_chain_in_turn(
+    pg_url: str, config: Config, tmp_path: Path
+) -> None:
+    drivers = [psycopg.connect(pg_url, autocommit=True) for _ in range(2)]
+    first, second = (
+        Backend(PgConnection(d), config, tmp_path / str(i)) for i, d in enumerate(drivers)
+    )
+    appended, release = threading.Event(), threading.Event()
+    answers: dict[str, Any] = {}
+
+    def holds_its_batch(tx: WriteTx) -> None:
+        tx.append_audit("probe_entry", None, NOW_MS, {"by": "first"}, RECEIPT_KEY)
+        appended.set()
+        assert release.wait(timeout=60)
+
+    def appends(tx: WriteTx) -> None:
+        tx.append_audit("probe_entry", None, NOW_MS, {"by": "second"}, RECEIPT_KEY)
+
+    def run(name: str, backend: Backend, fn: Callable[[WriteTx], None]) -> None:
+        ((_, _, error),) = run_batch(
+            backend.conn, [Job(Hand(fn))], backend.t.run, backend.faults
+        ).answers
+        answers[name] = error
+
+    threads = [threading.Thread(target=run, args=("first", first, holds_its_batch))]
+    threads[0].start()
+    try:
+        assert appended.wait(timeout=60)
+        threads.append(threading.Thread(target=run, args=("second", second, appends)))
+        threads[1].start()
+        waiting = "SELECT 1 FROM pg_stat_activity WHERE pid = %s AND wait_event_type = 'Lock'"
+        with psycopg.connect(pg_url, autocommit=True) as watch:
+            pid = drivers[1].info.backend_pid
+            wait_until(lambda: watch.execute(waiting, (pid,)).fetchone(), what="the second's wait")
+    finally:
+        release.set()
+        for thread in threads:
+            thread.join(timeout=60)
+    rows = first.read(audit_chunk, 0, 10)
+    for driver in drivers:
+        driver.close()
+
+    assert answers["first"] is None
+    assert answers["second"] is None, answers["second"]
+    assert [row.seq for row in rows] == [1, 2]
