@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import re
 import secrets
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from gate.audit.credential_entries import CredentialEnrolledData, InviteCreatedData
@@ -91,20 +91,6 @@ def parse_invite_request(obj: Any, config: Config) -> tuple[int, int, str | None
     return operator_id, ttl, label
 
 
-def create_invite(
-    t: Transactions, tx: WriteTx, hashed: str, operator_id: int, ttl_s: int, label: str | None
-) -> Invite:
-    """Store a fresh invite (its registration challenge: 32 random bytes) at the gate's now
-    with its ``approver_invite_created`` entry."""
-    now = t.clock.now_ms()
-    challenge = b64url(secrets.token_bytes(32))
-    invite = Invite(hashed, operator_id, label, challenge, now, now + ttl_s * 1000)
-    tx.invites.insert(invite)
-    data = InviteCreatedData(operator_id, invite.expires_at, hashed, label)
-    t.audit(tx, data.kind, None, now, data.to_data())
-    return invite
-
-
 def usable_invite(t: Transactions, tx: WriteTx, hashed: str) -> Invite:
     """The invite with this hash if it can still enrol. Raises 404 ``invite_unknown``, 410
     ``invite_used`` or ``invite_expired`` (at the gate's now)."""
@@ -118,18 +104,6 @@ def usable_invite(t: Transactions, tx: WriteTx, hashed: str) -> Invite:
     return invite
 
 
-def invite_page(t: Transactions, tx: WriteTx, hashed: str) -> tuple[Invite, list[str]]:
-    """The usable invite and the ids of its operator's passkeys in force (the page's
-    ``excludeCredentials``). Changes nothing; raises as ``usable_invite``."""
-    invite = usable_invite(t, tx, hashed)
-    own = [
-        c.credential_id
-        for c in tx.credentials.all()
-        if c.operator_id == invite.operator_id and c.type == "webauthn" and c.revoked_at is None
-    ]
-    return invite, own
-
-
 @dataclass(frozen=True, slots=True)
 class Registration:
     """A verified passkey registration: the credential to store, the RP ID it is for and the
@@ -140,44 +114,10 @@ class Registration:
     origin: str
 
 
-def register(t: Transactions, tx: WriteTx, hashed: str, registration: Registration) -> Credential:
-    """Consume the invite and enrol the passkey, in one transaction: the invite must still
-    be usable (raises as ``usable_invite``) and the credential id new (409
-    ``credential_exists``); writes the ``approver_credential_enrolled`` entry."""
-    invite = usable_invite(t, tx, hashed)
-    cred = registration.credential
-    if tx.credentials.load(cred.credential_id) is not None:
-        message = "this passkey is enrolled already"
-        raise Conflict("credential_exists", message, extra={"message": message})
-    now = t.clock.now_ms()
-    stored = Credential(
-        cred.credential_id,
-        invite.operator_id,
-        "webauthn",
-        cred.public_key,
-        cred.sign_count,
-        invite.label,
-        now,
-    )
-    tx.credentials.insert(stored)
-    tx.invites.use(hashed, now, stored.credential_id)
-    data = CredentialEnrolledData(
-        stored.operator_id,
-        stored.credential_id,
-        "webauthn",
-        stored.public_key,
-        stored.label,
-        rp_id=registration.rp_id,
-        origin=registration.origin,
-        sign_count=stored.sign_count,
-    )
-    t.audit(tx, data.kind, None, now, data.to_data())
-    return stored
-
-
 @dataclass(frozen=True, slots=True)
 class CreateInvite(Transaction[Invite]):
-    """Store a fresh invite for the token hash ``hashed`` (``create_invite``)."""
+    """Store a fresh invite for the token hash ``hashed`` (its registration challenge: 32
+    random bytes) at the gate's now with its ``approver_invite_created`` entry."""
 
     hashed: str
     operator_id: int
@@ -185,28 +125,71 @@ class CreateInvite(Transaction[Invite]):
     label: str | None
 
     def run(self, t: Transactions, tx: WriteTx) -> Invite:
-        return create_invite(t, tx, self.hashed, self.operator_id, self.ttl_s, self.label)
+        now = t.clock.now_ms()
+        challenge = b64url(secrets.token_bytes(32))
+        expires_at = now + self.ttl_s * 1000
+        invite = Invite(self.hashed, self.operator_id, self.label, challenge, now, expires_at)
+        tx.invites.insert(invite)
+        data = InviteCreatedData(self.operator_id, expires_at, self.hashed, self.label)
+        t.audit(tx, data.kind, None, now, data.to_data())
+        return invite
 
 
 @dataclass(frozen=True, slots=True)
 class InvitePage(Transaction[tuple[Invite, list[str]]]):
-    """What the invite page of ``hashed`` shows (``invite_page``); changes nothing."""
+    """What the invite page of ``hashed`` shows: the usable invite and the ids of its
+    operator's passkeys in force (the page's ``excludeCredentials``). Changes nothing;
+    raises as ``usable_invite``."""
 
     hashed: str
 
     def run(self, t: Transactions, tx: WriteTx) -> tuple[Invite, list[str]]:
-        return invite_page(t, tx, self.hashed)
+        invite = usable_invite(t, tx, self.hashed)
+        own = [
+            c.credential_id
+            for c in tx.credentials.all()
+            if c.operator_id == invite.operator_id and c.type == "webauthn" and c.revoked_at is None
+        ]
+        return invite, own
 
 
 @dataclass(frozen=True, slots=True)
 class RegisterPasskey(Transaction[Credential]):
-    """Consume the invite ``hashed`` and enrol its passkey (``register``)."""
+    """Consume the invite ``hashed`` and enrol its passkey, in one transaction: the invite
+    must still be usable (raises as ``usable_invite``) and the credential id new (409
+    ``credential_exists``); writes the ``approver_credential_enrolled`` entry."""
 
     hashed: str
     registration: Registration
 
     def run(self, t: Transactions, tx: WriteTx) -> Credential:
-        return register(t, tx, self.hashed, self.registration)
+        invite = usable_invite(t, tx, self.hashed)
+        cred = self.registration.credential
+        if tx.credentials.load(cred.credential_id) is not None:
+            message = "this passkey is enrolled already"
+            raise Conflict("credential_exists", message, extra={"message": message})
+        now = t.clock.now_ms()
+        stored = replace(
+            cred,
+            operator_id=invite.operator_id,
+            type="webauthn",
+            label=invite.label,
+            created_at=now,
+        )
+        tx.credentials.insert(stored)
+        tx.invites.use(self.hashed, now, stored.credential_id)
+        data = CredentialEnrolledData(
+            stored.operator_id,
+            stored.credential_id,
+            "webauthn",
+            stored.public_key,
+            stored.label,
+            rp_id=self.registration.rp_id,
+            origin=self.registration.origin,
+            sign_count=stored.sign_count,
+        )
+        t.audit(tx, data.kind, None, now, data.to_data())
+        return stored
 
 
 class Invites:
@@ -279,7 +262,7 @@ class Invites:
 
     async def register_passkey(self, token: str, body: Any) -> dict[str, Any]:
         """Verify the registration ``body`` against the invite of ``token`` and enrol it
-        (``register``); returns ``{credential_id, operator_id}``. Raises as
+        (``RegisterPasskey``); returns ``{credential_id, operator_id}``. Raises as
         ``usable_invite``, ``verify_passkey`` (400 ``invalid_registration``), 409
         ``credential_exists`` or ``webauthn_unavailable``; nothing is stored then."""
         settings = self.webauthn()

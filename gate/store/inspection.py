@@ -70,12 +70,6 @@ def inspect(path: Path) -> DatabaseInfo:
         )
 
 
-def integrity_check(path: Path) -> list[str]:
-    """Return the problems ``PRAGMA integrity_check`` reports for the database at ``path``
-    (empty list = intact), read-only; Unavailable when it cannot be opened or read."""
-    return list(inspect(path).problems)
-
-
 def newest_audit_row(path: Path) -> audit.AuditRow | None:
     """Return the audit row with the highest seq of the database at ``path`` (None for an
     empty log), read-only. Raises Unavailable when the file cannot be opened or has no

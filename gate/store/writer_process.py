@@ -40,7 +40,7 @@ from typing import Any, TypeVar
 
 from gate.errors import GateError, Unavailable
 from gate.store import writer_child
-from gate.store.batch import Command, Faults, Handler
+from gate.store.batch import Command, Faults, Handler, settle
 from gate.store.writer_child import HEADER, MAX_FRAME, frame
 
 log = logging.getLogger(__name__)
@@ -185,7 +185,7 @@ class WriterClient:
                 for job_id, ok, value in items:
                     waiting = self._pending.pop(job_id, None)
                     if waiting is not None:
-                        _settle(waiting[0], ok, value)
+                        settle(waiting[0], ok, value)
                 if self._stall_logged and self.stalled_s() < STALL_S:
                     self._stall_logged = False
                     log.warning("event=writer_answering_again pid=%d", self.pid)
@@ -242,20 +242,6 @@ def _exit_text(status: int | None) -> str:
         except ValueError:
             return f"signal={-status}"
     return f"exit={status}"
-
-
-def _settle(future: asyncio.Future[Any], ok: bool, value: Any) -> None:
-    """Answer one caller; an answer its future refuses (``StopIteration``) fails that
-    caller alone."""
-    if future.done():
-        return
-    try:
-        if ok:
-            future.set_result(value)
-        else:
-            future.set_exception(value)
-    except (TypeError, ValueError) as exc:
-        future.set_exception(RuntimeError(f"the write transaction failed: {exc}"))
 
 
 def _reap(pid: int) -> int | None:

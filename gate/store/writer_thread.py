@@ -17,7 +17,7 @@ from typing import TypeVar
 
 from gate.errors import Unavailable
 from gate.store import batch
-from gate.store.batch import MAX_BATCH, Answer, Command, Faults, Handler, Job
+from gate.store.batch import MAX_BATCH, Answer, Command, Faults, Handler, Job, settle
 from gate.store.connection import rollback_quietly
 
 log = logging.getLogger(__name__)
@@ -125,13 +125,5 @@ class ThreadWriter:
 
 def _settle(answers: list[Answer]) -> None:
     for job, result, error in answers:
-        future = job.future
-        if future is None or future.done():
-            continue
-        try:
-            if error is not None:
-                future.set_exception(error)
-            else:
-                future.set_result(result)
-        except (TypeError, ValueError) as exc:  # e.g. StopIteration: fail this caller alone
-            future.set_exception(RuntimeError(f"the write transaction failed: {exc}"))
+        if job.future is not None:
+            settle(job.future, error is None, result if error is None else error)
