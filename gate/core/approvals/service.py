@@ -181,7 +181,7 @@ class Approvals(RequestService[Approval]):
 
     async def followups_due(self) -> tuple[int, int]:
         """Apply the due escalation levels and queue the due reminders of pending approvals
-        (``followup_tx.handle_due``), in batches of 500 per transaction.
+        (``followup_tx.Followups``), in batches of 500 per transaction.
         Returns ``(levels applied, reminders queued)``; wakes the dispatcher when anything
         was queued."""
         levels = reminders = 0
@@ -211,9 +211,6 @@ class Approvals(RequestService[Approval]):
         retry_at_ms: int | None,
     ) -> str | None:
         """Record one attempt of the reminder, escalation or notice ``key`` = (approval_id,
-        kind, n) (``followup_tx.result``): ``retry_at_ms`` None drops it
+        kind, n) (``followup_tx.FollowupResult``): ``retry_at_ms`` None drops it
         unsent as failed. Returns ``"delivered"``, ``"retry"``, ``"failed"`` or None."""
-        result: str | None = await self.store.transact(
-            FollowupResult(key, acked, error, retry_at_ms)
-        )
-        return result
+        return await self.store.transact(FollowupResult(key, acked, error, retry_at_ms))

@@ -112,10 +112,9 @@ class Questions(RequestService[Question]):
     ) -> str | None:
         """Record one attempt of a question's resolution notice (``retry_at_ms`` None drops
         it as failed). Returns ``"delivered"``, ``"retry"``, ``"failed"`` or None."""
-        result: str | None = await self.store.transact(
+        return await self.store.transact(
             QuestionNoticeResult(question_id, acked, error, retry_at_ms)
         )
-        return result
 
     async def next_expiry(self) -> int | None:
         """The earliest ``expires_at`` (unix ms) of a pending question, or None."""

@@ -16,6 +16,7 @@ from gate.core.commands import Transaction
 from gate.core.requests.kind import Full, Kind, Stored
 from gate.errors import Conflict, NotFound
 from gate.store import WriteTx
+from gate.store.outbox import OutboxTable
 
 if TYPE_CHECKING:
     from gate.core.transactions import Transactions
@@ -102,6 +103,26 @@ def check_pending(full: Stored, message: str) -> None:
     """Conflict 409 ``already_resolved`` (with its ``outcome``) for a resolved request."""
     if full.state == "resolved":
         raise Conflict("already_resolved", message, extra={"outcome": full.outcome})
+
+
+def send_result(
+    t: Transactions,
+    tx: WriteTx,
+    outbox: OutboxTable[Any],
+    key: tuple[Any, ...],
+    acked: bool,
+    error: str | None,
+    retry_at_ms: int | None,
+) -> str | None:
+    """Record one attempt at the gate's now of the send ``key`` of a table with a give-up
+    time (``OutboxStatements.attempted``): delivered, retried at ``retry_at_ms``, or failed
+    once that is None (dropped unsent, ``error`` says why) or not before the row's
+    ``give_up_at``. Returns ``"delivered"``/``"retry"``/``"failed"``, None when nothing
+    changed."""
+    attempt = tx.outbox.attempted(
+        outbox, key, t.clock.now_ms(), acked=acked, error=error, retry_at_ms=retry_at_ms
+    )
+    return None if attempt is None else attempt.state
 
 
 @dataclass(frozen=True, slots=True)
