@@ -19,8 +19,9 @@ from gate.audit.question_entries import QUESTION_KINDS
 from gate.audit.question_kind import QuestionRecord
 from gate.audit.records import Record
 from gate.store import readonly
-from gate.store.auditlog import audit_query, grouped, reading
-from gate.store.inspection import has_table, read_only
+from gate.store.auditlog import audit_query, grouped
+from gate.store.inspection import read_only
+from gate.store.readonly import has_table, reading
 
 
 class Read(NamedTuple):

@@ -17,7 +17,7 @@ from typing import Any
 from gate.audit import chain as audit
 from gate.errors import Unavailable
 from gate.store import readonly
-from gate.store.auditlog import reading
+from gate.store.readonly import has_table, reading
 from gate.store.schema import SCHEMA_VERSION
 
 MAX_PROBLEMS = 20
@@ -41,14 +41,6 @@ def read_only(path: Path) -> AbstractContextManager[sqlite3.Connection]:
     """A ``gate.store.readonly`` connection to the existing database at ``path``, closed on
     exit; Unavailable when it cannot be opened or read (``cannot read database PATH: ...``)."""
     return reading(path, f"cannot read database {path}")
-
-
-def has_table(conn: sqlite3.Connection, table: str) -> bool:
-    """The database of ``conn`` has a table named ``table`` (one of the schema's names)."""
-    found = conn.execute(
-        "SELECT 1 FROM sqlite_schema WHERE type = 'table' AND name = ?", (table,)
-    ).fetchone()
-    return found is not None
 
 
 def _count(conn: sqlite3.Connection, table: str) -> int | None:
