@@ -141,15 +141,7 @@ def _record(
             created_at=now,
             created_by=verdict.operator_id,
         )
-        tx.approvals.insert_revision(
-            approval.approval_id,
-            added.revision,
-            added.body,
-            added.payload_hash,
-            added.nonce,
-            added.created_at,
-            added.created_by,
-        )
+        tx.approvals.insert_revision(approval.approval_id, added)
         tx.approvals.set_version(approval.approval_id, new_revision)
         approval = dataclasses.replace(
             approval, revision=new_revision, revisions=approval.revisions + (added,)

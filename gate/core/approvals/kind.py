@@ -16,7 +16,7 @@ from gate.core.approvals.rules import current_revision
 from gate.core.requests.kind import Kind
 from gate.core.requests.lifecycle_tx import new_nonce
 from gate.core.views import approval_view
-from gate.model import Approval, Resolvable
+from gate.model import Approval, Resolvable, Revision
 from gate.store import WriteTx
 from gate.store.approvals import APPROVALS as TABLES
 from gate.store.outbox import DISPATCHES
@@ -90,7 +90,7 @@ def insert_approval(
         }
     )
     nonce = new_nonce()
-    tx.approvals.insert_revision(approval_id, 1, req.body, digest, nonce, now, None)
+    tx.approvals.insert_revision(approval_id, Revision(1, req.body, digest, nonce, now, None))
     decided = None  # a policy decides (no dispatch), or a person does
     if policy.verdict is not None or policy.remember_ms is not None:
         decided = policy_tx.verdict(tx, req, policy, digest, now, budget)
