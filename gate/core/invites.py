@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from gate.audit.credential_entries import CredentialEnrolledData, InviteCreatedData
 from gate.config.webauthn import WebAuthnSettings, origin_of, resolve_webauthn, unavailable_reason
 from gate.core.commands import Transaction
+from gate.core.requests.fields import bad_field
 from gate.errors import Conflict, GateError, NotFound
 from gate.model import Credential
 from gate.protocol.approver_signature import b64url, unb64
@@ -59,12 +60,6 @@ def user_handle(operator_id: int) -> bytes:
     return hashlib.sha256(f"hitl-gate operator {operator_id}".encode()).digest()[:16]
 
 
-def _invalid(field: str, message: str) -> GateError:
-    return GateError(
-        f"invalid_{field}", message, status=400, kind="invalid", extra={"field": field}
-    )
-
-
 def unavailable(config: Config) -> GateError:
     """409 ``webauthn_unavailable``: no relying party; the message says which
     setting to change (``unavailable_reason``)."""
@@ -82,12 +77,12 @@ def parse_invite_request(obj: Any, config: Config) -> tuple[int, int, str | None
     operator_id = parse_operator_id(obj, config)
     ttl = obj.get("ttl_s", DEFAULT_TTL_S)
     if isinstance(ttl, bool) or not isinstance(ttl, int) or not MIN_TTL_S <= ttl <= MAX_TTL_S:
-        raise _invalid("ttl_s", f"ttl_s must be an integer of seconds, {MIN_TTL_S}..{MAX_TTL_S}")
+        raise bad_field("ttl_s", f"ttl_s must be an integer of seconds, {MIN_TTL_S}..{MAX_TTL_S}")
     label = obj.get("label")
     if label is not None and (
         not isinstance(label, str) or not label.strip() or len(label) > MAX_LABEL_CHARS
     ):
-        raise _invalid("label", f"label must be 1..{MAX_LABEL_CHARS} characters")
+        raise bad_field("label", f"label must be 1..{MAX_LABEL_CHARS} characters")
     return operator_id, ttl, label
 
 

@@ -93,7 +93,7 @@ def unknown(kind: Kind[Any, Any]) -> NotFound:
 def load(kind: Kind[Full, Any], tx: WriteTx, request_id: str) -> Full:
     """The request ``request_id`` as seen in this transaction; raises NotFound 404
     ``unknown_<kind>``."""
-    found = kind.load(tx, request_id)
+    found = tx.requests(kind.tables).load(request_id)
     if found is None:
         raise unknown(kind)
     return found
@@ -148,7 +148,7 @@ class Create(Transaction[tuple[Full, bool]]):
     def run(self, t: Transactions, tx: WriteTx) -> tuple[Full, bool]:
         kind, key, requester, policy = self.kind, self.idempotency_key, self.requester, self.policy
         if key is not None:
-            seen = kind.seen(tx, key)
+            seen = tx.requests(kind.tables).by_idempotency_key(key)
             if seen is not None:
                 if seen[1] != self.body_hash:
                     raise Conflict(
@@ -210,7 +210,7 @@ class Expire(Transaction[list[str]]):
 
     def run(self, t: Transactions, tx: WriteTx) -> list[str]:
         kind, now = self.kind, t.clock.now_ms()
-        due = kind.due(tx, now, EXPIRE_BATCH)
+        due = tx.requests(kind.tables).due(now, EXPIRE_BATCH)
         for target in due:  # a timeout fires nothing: no permit, so no full load
             kind.resolve(t, tx, target, "timeout", now)
         return [str(getattr(target, kind.id_field)) for target in due]
