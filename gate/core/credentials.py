@@ -207,16 +207,11 @@ class Credentials:
         read connection: ``credential_id``, ``operator_id``, ``identity`` (the operator's in
         ``relay.operators``), ``type``, ``public_key``, ``label``, by credential_id. A
         credential whose operator is no longer configured is left out (nobody to sign in)."""
-        identities = {op.id: op.identity for op in self.shared.config.relay.operators}
+        rows = await self.store.reads.credentials_in_force()
+        views = [credential_view(row, self.shared.config) for row in rows]
+        # ``credential_view`` without its times (the other keys in their order)
         return [
-            {
-                "credential_id": c.credential_id,
-                "operator_id": c.operator_id,
-                "identity": identities[c.operator_id],
-                "type": c.type,
-                "public_key": c.public_key,
-                "label": c.label,
-            }
-            for c in await self.store.reads.credentials_in_force()
-            if c.operator_id in identities
+            {key: value for key, value in view.items() if key not in ("created_at", "revoked_at")}
+            for view in views
+            if view["identity"] is not None
         ]

@@ -150,9 +150,7 @@ def _child(path: Path, handler: Handler | None, sock: socket.socket) -> int:
                 jobs[job_id] = job
                 todo.append(job)
             elif kind == "cancel":
-                cancelled = jobs.get(waiting.popleft()[1])
-                if cancelled is not None:
-                    cancelled.cancelled = True
+                claim_cancels([waiting.popleft()])  # one for no job here is dropped
             elif kind == "apply":
                 if todo:  # the jobs sent before it run first
                     break

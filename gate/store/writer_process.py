@@ -291,17 +291,14 @@ async def start(
         signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
     child_sock.close()
     reader, writer = await asyncio.open_unix_connection(sock=parent_sock)
+    cause: BaseException | None = None
     try:
-        kind, error = await _read_frame(reader)
+        _, error = await _read_frame(reader)  # ("ready", why it cannot serve or None)
     except (asyncio.IncompleteReadError, OSError, EOFError) as exc:
-        writer.close()
-        await asyncio.to_thread(_reap, pid)
-        raise Unavailable(
-            "storage_unavailable", f"the database writer process did not start: {exc}"
-        ) from exc
+        error, cause = f"the database writer process did not start: {exc}", exc
     if error is not None:
         writer.close()
         await asyncio.to_thread(_reap, pid)
-        raise Unavailable("storage_unavailable", error)
+        raise Unavailable("storage_unavailable", error) from cause
     log.debug("event=writer_started pid=%d", pid)
     return WriterClient(pid, reader, writer, faults, on_lost)
