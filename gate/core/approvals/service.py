@@ -113,8 +113,6 @@ class Approvals(RequestService[Approval]):
         requester, policy = self.requester_policy(req, policy)
         policy = policy_tx.plan(self.config, req, policy)  # rules, remembered
         digest = payload_hash(req.body)
-        full: Approval
-        created_now: bool
         full, created_now = await self.store.transact(
             Create(APPROVALS, req, idempotency_key, requester, policy, req.request_hash(), digest)
         )
@@ -144,14 +142,8 @@ class Approvals(RequestService[Approval]):
     async def record_decision(self, decision: Decision) -> DecisionResult:
         """``decide`` that also returns what was resolved (for metrics), read in the same
         transaction: no second read of the approval. Raises as ``decide``."""
-        (
-            operator_id,
-            revision,
-            outcome,
-            new_revision,
-            resolution,
-            delegated,
-        ) = await self.store.transact(Decide(decision, self.webauthn()))
+        decided = await self.store.transact(Decide(decision, self.webauthn()))
+        operator_id, revision, outcome, new_revision, resolution, delegated = decided
         self.log.info(
             "event=decision approval_id=%s operator_id=%d decision=%s revision=%d payload_hash=%s"
             + ("" if delegated is None else f" on_behalf_of={int(delegated[0])}"),
