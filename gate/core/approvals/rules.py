@@ -21,6 +21,20 @@ def refuse(status: int, kind: str, reason: str, message: str, **extra: Any) -> G
     return GateError(reason, message, status=status, kind=kind, extra=extra or None)
 
 
+def resolved_refusal(noun: str, outcome: str | None) -> GateError:
+    """Check 8 for an approval (SPEC §2) or a question: 409 ``already_resolved`` naming its
+    ``outcome``; ``noun`` is ``approval`` or ``question``."""
+    message = f"the {noun} is resolved"
+    return refuse(409, "already_resolved", "already_resolved", message, outcome=outcome)
+
+
+def superseded(unit: str, nonce_version: int, current: int) -> GateError:
+    """Check 9 for an approval (SPEC §2) or a question: 409 ``superseded``, the nonce being
+    for ``unit`` (``revision``, ``version``) ``nonce_version``, not the ``current`` one."""
+    message = f"nonce is for {unit} {nonce_version}; the current {unit} is {current}"
+    return refuse(409, "superseded", "superseded", message)
+
+
 @dataclass(frozen=True, slots=True)
 class Verdict:
     """What an accepted decision does: the operator it counts for and its effect.
@@ -43,22 +57,11 @@ def check_state(approval: Approval, nonce_revision: int, decision: Decision, now
     if approval.state == "resolved":
         if approval.outcome == "timeout":
             raise refuse(410, "expired", "expired", "the approval expired before this decision")
-        raise refuse(
-            409,
-            "already_resolved",
-            "already_resolved",
-            "the approval is resolved",
-            outcome=approval.outcome,
-        )
+        raise resolved_refusal("approval", approval.outcome)
     if now_ms >= approval.expires_at:
         raise refuse(410, "expired", "expired", "the approval is past its expires_at")
     if nonce_revision != approval.revision:
-        raise refuse(
-            409,
-            "superseded",
-            "superseded",
-            f"nonce is for revision {nonce_revision}; the current revision is {approval.revision}",
-        )
+        raise superseded("revision", nonce_revision, approval.revision)
     if decision.payload_hash != current_revision(approval).payload_hash:
         raise refuse(
             403,

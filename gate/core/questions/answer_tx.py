@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from gate.audit.question_entries import QuestionAnsweredData
-from gate.core.approvals.rules import operator_in_scope, refuse
+from gate.core.approvals.rules import operator_in_scope, refuse, resolved_refusal, superseded
 from gate.core.commands import Transaction
 from gate.core.questions.kind import resolve_question, step_limits
 from gate.core.requests.lifecycle_tx import said_by
@@ -37,13 +37,7 @@ def _check_resolved(question: Question, answer: Answer, now: int) -> None:
     ):
         raise refuse(410, "expired", "expired", "the question expired before this answer")
     if question.state == "resolved":
-        raise refuse(
-            409,
-            "already_resolved",
-            "already_resolved",
-            "the question is resolved",
-            outcome=question.outcome,
-        )
+        raise resolved_refusal("question", question.outcome)
 
 
 def _same_value(won: Any, sent: Any) -> bool:
@@ -75,12 +69,7 @@ def answer_question(t: Transactions, tx: WriteTx, answer: Answer) -> tuple[int, 
     _check_resolved(question, answer, now)
     current = question.current
     if nonce_version != current.version:
-        raise refuse(
-            409,
-            "superseded",
-            "superseded",
-            f"nonce is for version {nonce_version}; the current version is {current.version}",
-        )
+        raise superseded("version", nonce_version, current.version)
     if answer.request_hash != current.request_hash:
         raise refuse(
             403,
