@@ -14,7 +14,7 @@ from gate.core.approvals.delegation import check_decider
 from gate.core.approvals.resolve_tx import Resolution, resolve
 from gate.core.commands import Transaction
 from gate.core.requests.lifecycle_tx import new_nonce, said_by
-from gate.errors import Conflict, GateError
+from gate.errors import Conflict
 from gate.model import Approval, DecisionRow, Resolvable, Revision
 from gate.protocol.canonical import payload_hash
 from gate.protocol.envelope import Decision
@@ -48,12 +48,8 @@ def decide(
                 "wrong_kind",
                 "approve, skip and adjust are for approvals; a question takes decision answer",
             )
-        raise GateError(
-            "unknown_approval",
-            "no approval with this approval_id",
-            status=404,
-            kind="unknown_approval",
-        )
+        message = "no approval with this approval_id"
+        raise rules.refuse(404, "unknown_approval", "unknown_approval", message)
     nonce_revision = next(
         (r.revision for r in approval.revisions if r.nonce == decision.nonce), None
     )

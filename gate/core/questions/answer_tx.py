@@ -12,7 +12,7 @@ from gate.core.approvals.rules import operator_in_scope, refuse, resolved_refusa
 from gate.core.commands import Transaction
 from gate.core.questions.kind import resolve_question, step_limits
 from gate.core.requests.lifecycle_tx import said_by
-from gate.errors import Conflict, GateError
+from gate.errors import Conflict
 from gate.model import DueQuestion, Question, QuestionAnswer
 from gate.protocol.canonical import canonical_json
 from gate.protocol.question import Answer, QuestionSpec, check_value, value_hash
@@ -59,7 +59,7 @@ def answer_question(t: Transactions, tx: WriteTx, answer: Answer) -> tuple[int, 
     question = tx.questions.load(answer.question_id, outbox=False)
     if question is None:
         if tx.approvals.load(answer.question_id, outbox=False, created_receipt=False) is not None:
-            raise wrong_kind("an answer names a question_id; this id is an approval's")
+            raise Conflict("wrong_kind", "an answer names a question_id; this id is an approval's")
         # check 6 on the callback listener: SPEC §2's status word is the reason, as
         # ``unknown_approval`` (the pipeline API's 404 stays ``not_found``)
         raise refuse(404, "unknown_question", "unknown_question", "no question with this id")
@@ -102,12 +102,6 @@ def answer_question(t: Transactions, tx: WriteTx, answer: Answer) -> tuple[int, 
     target = DueQuestion(question.question_id, current.version, current.request_hash)
     resolve_question(t, tx, target, "answered", now, digest)
     return operator_id, current.version, question.pipeline
-
-
-def wrong_kind(message: str) -> GateError:
-    """409 ``wrong_kind``: an answer for an approval, or a decision for a question:
-    refused after check 5, nothing recorded."""
-    return Conflict("wrong_kind", message)
 
 
 @dataclass(frozen=True, slots=True)
