@@ -169,13 +169,12 @@ class Faults:
             self.write_fault = None
 
 
-def run_command(handler: Handler | None, tx: WriteTx, command: Command[Any]) -> Any:
+def run_command(handler: Handler, tx: WriteTx, command: Command[Any]) -> Any:
     """Run ``command`` in ``tx``: a ``Probe`` rewrites the header, anything else goes to
-    ``handler``. Raises RuntimeError when no handler is bound, else what the handler raises."""
+    ``handler`` (the store's, which raises RuntimeError while none is bound: ``Store.bind``).
+    Raises what the handler raises."""
     if isinstance(command, Probe):
         return tx.probe()
-    if handler is None:
-        raise RuntimeError(f"no handler bound for {command.name!r}")
     return handler(tx, command)
 
 
@@ -186,7 +185,7 @@ def _failed(exc: sqlite3.Error) -> Unavailable:
 def run_batch(
     conn: sqlite3.Connection,
     batch: list[Job],
-    handler: Handler | None,
+    handler: Handler,
     faults: Faults,
     before_job: Callable[[], None] | None = None,
 ) -> BatchResult:

@@ -262,7 +262,7 @@ async def _read_frame(reader: asyncio.StreamReader) -> Any:
 
 
 async def start(
-    path: Path, handler: Handler | None, faults: Faults, on_lost: Callable[[], None]
+    path: Path, handler: Handler, faults: Faults, on_lost: Callable[[], None]
 ) -> WriterClient:
     """Fork the writer process for the database ``path`` (prepared, its lock held by the
     caller: the child inherits the lock fd) and return the web process's handle on it.

@@ -39,7 +39,7 @@ class ThreadWriter:
     def __init__(
         self,
         conn: sqlite3.Connection,
-        handler: Handler | None,
+        handler: Handler,
         faults: Faults,
         loop: asyncio.AbstractEventLoop,
     ) -> None:

@@ -115,10 +115,6 @@ class Questions(RequestService[Question]):
             QuestionNoticeResult(question_id, acked, error, retry_at_ms)
         )
 
-    async def next_expiry(self) -> int | None:
-        """The earliest ``expires_at`` (unix ms) of a pending question, or None."""
-        return await self.store.reads.next_expiry(TABLES)
-
     async def pending(self) -> int:
         """How many questions are pending (the metrics gauge)."""
         count, _ = await self.store.reads.pending_summary(TABLES)
