@@ -35,6 +35,7 @@ class ThreadWriter:
 
     pid: int | None = None
     lost = False
+    unsent_bytes = 0  # a job is in the queue as soon as ``transact`` is called
 
     def __init__(
         self,
@@ -52,11 +53,6 @@ class ThreadWriter:
             target=self._run, name="gate-writer", daemon=True
         )
         self._thread.start()
-
-    @property
-    def unsent_bytes(self) -> int:
-        """Always 0: a job is in the queue as soon as ``transact`` is called."""
-        return 0
 
     def stalled_s(self) -> float:
         """Always 0.0 (the thread shares this process: a stuck writer is a stuck gate)."""
