@@ -56,7 +56,7 @@ class Questions(RequestService[Question]):
         )
         requester = self.requester(req.requested_by)
         scope = tuple((op.id, op.identity) for op in self.config.scope(step))
-        policy = QuestionPolicy(scope, step.timeout, step.risk, step.max_answer_chars)
+        policy = QuestionPolicy(scope, step.timeout, step.risk)
         full, created = await self.store.transact(
             Create(QUESTIONS, req, idempotency_key, requester, policy, req.body_hash())
         )
