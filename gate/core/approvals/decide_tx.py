@@ -54,9 +54,7 @@ def decide(
         (r.revision for r in approval.revisions if r.nonce == decision.nonce), None
     )
     if nonce_revision is None:
-        raise rules.refuse(
-            403, "forbidden", "nonce_mismatch", "nonce does not belong to this approval"
-        )
+        raise rules.forbidden("nonce_mismatch", "nonce does not belong to this approval")
     rules.check_state(approval, nonce_revision, decision, now)
     rules.check_not_requester(approval, decision.approver_id)
     decider = check_decider(approval, decision.approver_id, t.config, now)

@@ -21,6 +21,12 @@ def refuse(status: int, kind: str, reason: str, message: str, **extra: Any) -> G
     return GateError(reason, message, status=status, kind=kind, extra=extra or None)
 
 
+def forbidden(reason: str, message: str) -> GateError:
+    """403 ``forbidden`` with the SPEC §2 ``reason`` (a check the decider or the envelope
+    fails) and ``message``."""
+    return refuse(403, "forbidden", reason, message)
+
+
 def resolved_refusal(noun: str, outcome: str | None) -> GateError:
     """Check 8 for an approval (SPEC §2) or a question: 409 ``already_resolved`` naming its
     ``outcome``; ``noun`` is ``approval`` or ``question``."""
@@ -63,12 +69,8 @@ def check_state(approval: Approval, nonce_revision: int, decision: Decision, now
     if nonce_revision != approval.revision:
         raise superseded("revision", nonce_revision, approval.revision)
     if decision.payload_hash != current_revision(approval).payload_hash:
-        raise refuse(
-            403,
-            "forbidden",
-            "payload_hash_mismatch",
-            "payload_hash does not match the current revision's hash",
-        )
+        message = "payload_hash does not match the current revision's hash"
+        raise forbidden("payload_hash_mismatch", message)
 
 
 def current_revision(approval: Approval) -> Revision:
@@ -90,11 +92,8 @@ def check_not_requester(approval: Approval, identity: str) -> None:
     if not requester or approval.allow_self_approval:
         return
     if identity_key(identity) == identity_key(requester):
-        raise refuse(
-            403,
-            "forbidden",
-            "self_approval",
-            "the operator who requested this approval may not decide it",
+        raise forbidden(
+            "self_approval", "the operator who requested this approval may not decide it"
         )
 
 
@@ -115,12 +114,7 @@ def operator_in_scope(scope: Iterable[tuple[int, str]], identity: str) -> int:
     for operator_id, scoped_identity in scope:
         if identity_key(scoped_identity) == key:
             return int(operator_id)
-    raise refuse(
-        403,
-        "forbidden",
-        "approver_not_allowed",
-        "approver is not an operator in scope for this step",
-    )
+    raise forbidden("approver_not_allowed", "approver is not an operator in scope for this step")
 
 
 def check_adjust_text(decision: Decision, max_input_length: int) -> None:

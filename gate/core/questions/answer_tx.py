@@ -8,7 +8,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from gate.audit.question_entries import QuestionAnsweredData
-from gate.core.approvals.rules import operator_in_scope, refuse, resolved_refusal, superseded
+from gate.core.approvals.rules import (
+    forbidden,
+    operator_in_scope,
+    refuse,
+    resolved_refusal,
+    superseded,
+)
 from gate.core.commands import Transaction
 from gate.core.questions.kind import resolve_question, step_limits
 from gate.core.requests.lifecycle_tx import said_by
@@ -65,18 +71,14 @@ def answer_question(t: Transactions, tx: WriteTx, answer: Answer) -> tuple[int, 
         raise refuse(404, "unknown_question", "unknown_question", "no question with this id")
     nonce_version = next((v.version for v in question.versions if v.nonce == answer.nonce), None)
     if nonce_version is None:
-        raise refuse(403, "forbidden", "nonce_mismatch", "nonce does not belong to this question")
+        raise forbidden("nonce_mismatch", "nonce does not belong to this question")
     _check_resolved(question, answer, now)
     current = question.current
     if nonce_version != current.version:
         raise superseded("version", nonce_version, current.version)
     if answer.request_hash != current.request_hash:
-        raise refuse(
-            403,
-            "forbidden",
-            "request_hash_mismatch",
-            "request_hash does not match the current version's hash",
-        )
+        message = "request_hash does not match the current version's hash"
+        raise forbidden("request_hash_mismatch", message)
     operator_id = operator_in_scope(question.scope, answer.approver_id)  # check 11
     value = check_value(
         QuestionSpec.from_json(current.question),
