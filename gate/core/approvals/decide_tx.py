@@ -15,7 +15,7 @@ from gate.core.approvals.resolve_tx import Resolution, resolve
 from gate.core.commands import Transaction
 from gate.core.requests.lifecycle_tx import new_nonce, said_by
 from gate.errors import Conflict
-from gate.model import Approval, DecisionRow, Resolvable, Revision
+from gate.model import Approval, DecisionRow, Revision
 from gate.protocol.canonical import payload_hash
 from gate.protocol.envelope import Decision
 from gate.store import WriteTx
@@ -149,13 +149,7 @@ def _record(
         approval.quorum_required, len(collected), approval.revision, [verdict.effect]
     )
     if outcome is not None:
-        target = Resolvable(
-            approval.approval_id,
-            approval.revision,
-            rules.current_revision(approval).payload_hash,
-            approval.quorum_required,
-        )
-        resolve(t, tx, target, outcome, now, collected, approval)
+        resolve(t, tx, rules.resolvable(approval), outcome, now, collected, approval)
     elif new_revision is not None:
         tx.outbox.queue(DISPATCHES, (approval.approval_id, new_revision), now)
     return outcome, new_revision

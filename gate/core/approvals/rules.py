@@ -9,7 +9,7 @@ from typing import Any
 
 from gate.config import Config
 from gate.errors import GateError
-from gate.model import Approval, Revision
+from gate.model import Approval, Resolvable, Revision
 from gate.protocol.envelope import Decision
 from gate.protocol.whitespace import identity_key, is_blank
 
@@ -80,6 +80,15 @@ def current_revision(approval: Approval) -> Revision:
     if found is None:
         raise LookupError(f"approval {approval.approval_id} has no current revision row")
     return found
+
+
+def resolvable(approval: Approval) -> Resolvable:
+    """What resolving ``approval`` needs (``gate.model.Resolvable``): its id, current revision
+    with that revision's ``payload_hash``, and ``quorum_required``."""
+    current = current_revision(approval)
+    return Resolvable(
+        approval.approval_id, current.revision, current.payload_hash, approval.quorum_required
+    )
 
 
 def check_not_requester(approval: Approval, identity: str) -> None:
