@@ -60,9 +60,9 @@ class WriterClient:
     """The web process's handle on the writer process: sends jobs, settles their futures.
 
     Created by ``start``; ``transact`` is ``Store.transact`` in this mode. ``faults`` mirrors
-    the writer's (each answer frame carries its ``write_fault``); ``lost`` is set, and
-    ``on_lost()`` called once, when the writer process is lost unexpectedly. Not
-    thread-safe: used from the event loop only.
+    the writer's (each answer frame carries its ``write_fault``); ``on_lost()`` is called
+    once, when the writer process is lost unexpectedly. Not thread-safe: used from the
+    event loop only.
     """
 
     def __init__(
@@ -75,7 +75,6 @@ class WriterClient:
     ) -> None:
         self.faults = faults
         self._on_lost = on_lost
-        self.lost = False
         self.pid = pid
         self._reader = reader
         self._writer = writer
@@ -202,7 +201,6 @@ class WriterClient:
             self._reaped = True
             log.error("event=writer_exited pid=%d %s", self.pid, _exit_text(status))
             self.faults.write_fault = WRITER_GONE
-            self.lost = True
         self.gone = WRITER_GONE
         error = Unavailable("storage_unavailable", f"database write failed: {WRITER_GONE}")
         pending, self._pending = self._pending, {}

@@ -30,11 +30,10 @@ class ThreadWriter:
 
     ``handler`` runs the commands (``batch.run_command``); ``faults`` is shared with the
     store, which probes with it. Has no process: ``pid`` None, nothing ever unsent or
-    unanswered past a stall, never ``lost``.
+    unanswered past a stall, never lost.
     """
 
     pid: int | None = None
-    lost = False
     unsent_bytes = 0  # a job is in the queue as soon as ``transact`` is called
 
     def __init__(
