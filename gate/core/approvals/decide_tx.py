@@ -44,10 +44,8 @@ def decide(
     approval = tx.approvals.load(decision.approval_id, outbox=False, created_receipt=False)
     if approval is None:
         if tx.questions.load(decision.approval_id, outbox=False) is not None:
-            raise Conflict(
-                "wrong_kind",
-                "approve, skip and adjust are for approvals; a question takes decision answer",
-            )
+            message = "approve, skip and adjust are for approvals; a question takes decision answer"
+            raise Conflict("wrong_kind", message)
         message = "no approval with this approval_id"
         raise rules.refuse(404, "unknown_approval", "unknown_approval", message)
     nonce_revision = next(

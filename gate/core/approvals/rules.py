@@ -135,12 +135,14 @@ def check_adjust_text(decision: Decision, max_input_length: int) -> None:
     if text is None or is_blank(text):
         raise refuse(422, "invalid", "adjust_text_required", "adjust needs a non-blank adjust_text")
     if len(text) > max_input_length:
-        raise refuse(
-            422,
-            "invalid",
-            "adjust_text_too_long",
-            f"adjust_text is longer than {max_input_length} characters",
-        )
+        raise too_long("adjust_text", max_input_length)
+
+
+def too_long(field: str, limit: int) -> GateError:
+    """Check 12's bound: 422 ``invalid`` / ``<field>_too_long`` for a ``field`` (adjust_text,
+    reason) longer than ``limit`` characters."""
+    message = f"{field} is longer than {limit} characters"
+    return refuse(422, "invalid", f"{field}_too_long", message)
 
 
 def skip_reason_required(config: Config, pipeline: str, step: str) -> bool:
@@ -161,12 +163,7 @@ def check_reason(decision: Decision, max_input_length: int, required: bool) -> s
     if reason is not None and is_blank(reason):
         reason = None
     if reason is not None and len(reason) > max_input_length:
-        raise refuse(
-            422,
-            "invalid",
-            "reason_too_long",
-            f"reason is longer than {max_input_length} characters",
-        )
+        raise too_long("reason", max_input_length)
     if reason is None and required and decision.decision == "skip":
         raise refuse(
             422, "invalid", "reason_required", "this step needs a non-blank reason on a skip"
