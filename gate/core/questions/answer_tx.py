@@ -16,10 +16,10 @@ from gate.core.approvals.rules import (
     superseded,
 )
 from gate.core.commands import Transaction
-from gate.core.questions.kind import resolve_question, step_limits
+from gate.core.questions.kind import QUESTIONS, resolve_question, step_limits
 from gate.core.requests.lifecycle_tx import said_by
 from gate.errors import Conflict
-from gate.model import DueQuestion, Question, QuestionAnswer
+from gate.model import Question, QuestionAnswer
 from gate.protocol.canonical import canonical_json
 from gate.protocol.question import Answer, QuestionSpec, check_value, value_hash
 from gate.protocol.whitespace import identity_key
@@ -101,8 +101,7 @@ def answer_question(t: Transactions, tx: WriteTx, answer: Answer) -> tuple[int, 
         operator_id, current.version, current.request_hash, answer.nonce, digest
     )
     t.audit(tx, answered.kind, question.question_id, now, answered.to_data())
-    target = DueQuestion(question.question_id, current.version, current.request_hash)
-    resolve_question(t, tx, target, "answered", now, digest)
+    resolve_question(t, tx, QUESTIONS.target(question), "answered", now, digest)
     return operator_id, current.version, question.pipeline
 
 
