@@ -364,25 +364,18 @@ class Config(BaseModel):
 
     def find_step(self, pipeline: str, step: str) -> tuple[PipelineConfig, StepConfig] | None:
         """Return the named pipeline and step (exact names), or None if either is unknown."""
-        for pipe in self.pipelines:
-            if pipe.name == pipeline:
-                for candidate in pipe.steps:
-                    if candidate.name == step:
-                        return pipe, candidate
-                return None
-        return None
+        pipe = next((p for p in self.pipelines if p.name == pipeline), None)
+        found = next((s for s in pipe.steps if s.name == step), None) if pipe else None
+        return None if pipe is None or found is None else (pipe, found)
 
     def scope(self, step: StepConfig) -> tuple[Operator, ...]:
         """Operators allowed to decide ``step``: allowed_users ∩ approvers, in approvers order
         (SPEC §2 check 11)."""
         by_id = {op.id: op for op in self.relay.operators}
         allowed = set(self.relay.security.allowed_users)
-        out: list[Operator] = []
         # () only when approvers was omitted and the config did not come from load_config.
-        for op_id in dict.fromkeys(step.approvers or self.relay.security.allowed_users):
-            if op_id in allowed and op_id in by_id:
-                out.append(by_id[op_id])
-        return tuple(out)
+        ids = dict.fromkeys(step.approvers or self.relay.security.allowed_users)
+        return tuple(by_id[op_id] for op_id in ids if op_id in allowed and op_id in by_id)
 
     def operator_by_identity(self, identity: str) -> Operator | None:
         """The operator whose identity equals ``identity`` after White_Space trim + casefold
@@ -390,7 +383,4 @@ class Config(BaseModel):
         if not isinstance(identity, str):
             return None
         key = identity_key(identity)
-        for op in self.relay.operators:
-            if op.key == key:
-                return op
-        return None
+        return next((op for op in self.relay.operators if op.key == key), None)

@@ -183,18 +183,13 @@ def _read_secrets(config: Config, environ: Mapping[str, str]) -> tuple[Secrets |
             )
     if errors:
         return None, errors
-    relay = [values["relay.secret_env"]]
-    if "relay.previous_secret_env" in values:
-        relay.append(values["relay.previous_secret_env"])
+    previous = values.get("receipts.previous_key_env")
     secrets = Secrets(
-        relay_secrets=tuple(relay),
+        # the current relay secret, then the previous one (``wanted``'s order)
+        relay_secrets=tuple(value for where, value in values.items() if where.startswith("relay.")),
         api_token=values["api.token_env"],
         receipt_key=values["receipts.key_env"].encode("utf-8"),
-        previous_receipt_key=(
-            values["receipts.previous_key_env"].encode("utf-8")
-            if "receipts.previous_key_env" in values
-            else None
-        ),
+        previous_receipt_key=None if previous is None else previous.encode("utf-8"),
         warnings=tuple(warnings),
         admin_token=values.get("api.admin_token_env"),
     )

@@ -102,15 +102,8 @@ def _refused(
     # approver_signature_invalid: revoked, wrong_operator, ...) is one of the gate's own words
     tail = f" detail={detail}" if isinstance(detail, str) and DETAIL_RE.fullmatch(detail) else ""
     if decision is not None and ULID_RE.fullmatch(decision.approval_id):
-        log.info(
-            "event=decision_refused status=%d reason=%s approval_id=%s%s",
-            status,
-            reason,
-            decision.approval_id,
-            tail,
-        )
-    else:
-        log.info("event=decision_refused status=%d reason=%s%s", status, reason, tail)
+        tail = f" approval_id={decision.approval_id}{tail}"
+    log.info("event=decision_refused status=%d reason=%s%s", status, reason, tail)
 
 
 async def _checked_decision(request: web.Request) -> Decision | Answer:

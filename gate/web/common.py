@@ -104,7 +104,6 @@ async def read_body(request: web.Request, limit: int, reason: str = "body_too_la
                     "request_timeout",
                     f"the request body did not arrive within {timeout_s:g} s",
                     status=408,
-                    kind="invalid",
                 ) from None
     except web.HTTPRequestEntityTooLarge:
         raise _too_large(reason, limit) from None
@@ -112,10 +111,7 @@ async def read_body(request: web.Request, limit: int, reason: str = "body_too_la
         # the client hung up before its body was complete: nothing was read, nothing is
         # recorded, and nobody is left to answer; not an internal error
         raise GateError(
-            "client_disconnected",
-            "the client closed the connection mid-body",
-            status=400,
-            kind="invalid",
+            "client_disconnected", "the client closed the connection mid-body"
         ) from None
     if len(raw) > limit:
         raise _too_large(reason, limit)
@@ -123,7 +119,7 @@ async def read_body(request: web.Request, limit: int, reason: str = "body_too_la
 
 
 def _too_large(reason: str, limit: int) -> GateError:
-    return GateError(reason, f"body is larger than {limit} bytes", status=413, kind="invalid")
+    return GateError(reason, f"body is larger than {limit} bytes", status=413)
 
 
 async def read_signed(

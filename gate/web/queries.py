@@ -20,7 +20,7 @@ STATES = ("pending", "resolved", "all")
 
 def bad_query(name: str, message: str) -> GateError:
     """400 ``invalid_<name>`` with ``field`` = ``name``."""
-    return GateError(f"invalid_{name}", message, status=400, kind="invalid", extra={"field": name})
+    return GateError(f"invalid_{name}", message, extra={"field": name})
 
 
 def wait_seconds(query: Mapping[str, str]) -> float | None:

@@ -55,7 +55,6 @@ async def _create_approval(
             "draft_too_large",
             f"draft.body is larger than {settings.max_draft_bytes} bytes",
             status=413,
-            kind="invalid",
         )
     return await service.approvals.create(req, check_idempotency_key(key))
 
