@@ -120,7 +120,7 @@ class RelayConfig(BaseModel):
     secret_env: EnvName
     previous_secret_env: EnvName | None = None
     callback_addr: Annotated[str, Field(strict=True), AfterValidator(check_tcp_addr)]
-    public_url: HttpUrl | None = None
+    public_url: Annotated[HttpUrl, AfterValidator(lambda url: url.rstrip("/"))] | None = None
     dispatch_timeout: Duration = 10.0
     ca_file: _PathText | None = None
     notices: Annotated[bool, Field(strict=True)] = False
@@ -132,11 +132,6 @@ class RelayConfig(BaseModel):
     credentials: Annotated[bool, Field(strict=True)] = False
     operators: Annotated[tuple[Operator, ...], AfterValidator(_non_empty)]
     security: Security
-
-    @field_validator("public_url")
-    @classmethod
-    def _strip_slash(cls, value: str | None) -> str | None:
-        return value.rstrip("/") if value is not None else None
 
     @property
     def notice_target(self) -> str | None:
