@@ -22,7 +22,6 @@ from gate.config.secrets import (
     Secrets,
     _read_secrets,
     load_secrets,
-    read_admin_token,
     read_api_token,
     read_receipt_key,
 )
@@ -52,7 +51,6 @@ __all__ = [
     "load_config",
     "load_secrets",
     "raw_mapping",
-    "read_admin_token",
     "read_api_token",
     "read_receipt_key",
     "parse_duration",

@@ -97,7 +97,7 @@ def check_step_followups(
         errors.append(
             f"{where}.remind_every: must be at least {format_duration(MIN_REMIND_EVERY_S)}"
         )
-    first = step.remind_after if step.remind_after is not None else step.remind_every
+    first = step.first_reminder_s
     if first is not None and first >= step.timeout:
         key = "remind_after" if step.remind_after is not None else "remind_every"
         errors.append(

@@ -346,15 +346,12 @@ class Config(BaseModel):
     api: ApiConfig
     storage: StorageConfig
     receipts: ReceiptsConfig
-    http: Annotated[HttpConfig, BeforeValidator(_none_as_empty)] = Field(default_factory=HttpConfig)
-    budget: Annotated[BudgetConfig, BeforeValidator(_none_as_empty)] = Field(
-        default_factory=BudgetConfig
-    )
+    http: Annotated[HttpConfig, BeforeValidator(_none_as_empty)] = HttpConfig()
+    budget: Annotated[BudgetConfig, BeforeValidator(_none_as_empty)] = BudgetConfig()
     pipelines: Annotated[tuple[PipelineConfig, ...], AfterValidator(_non_empty)]
     delegations: Annotated[tuple[Delegation, ...], BeforeValidator(_none_as_list)] = ()
-    webauthn: Annotated[WebAuthnConfig, BeforeValidator(_none_as_empty)] = Field(
-        default_factory=WebAuthnConfig
-    )  # passkeys' relying party (gate.config.webauthn)
+    # passkeys' relying party (gate.config.webauthn)
+    webauthn: Annotated[WebAuthnConfig, BeforeValidator(_none_as_empty)] = WebAuthnConfig()
     source: Path | None = None
 
     def find_step(self, pipeline: str, step: str) -> tuple[PipelineConfig, StepConfig] | None:

@@ -78,25 +78,19 @@ def read_receipt_key(
     return None if value is None else value.encode("utf-8")
 
 
-def read_api_token(config: Config, environ: Mapping[str, str]) -> tuple[str | None, str | None]:
-    """The pipeline API token alone (``api.token_env``, or its file in
-    ``$CREDENTIALS_DIRECTORY``), for the CLI's API commands: ``(token, None)`` or
-    ``(None, error naming api.token_env)``."""
-    return read_secret(
-        "api.token_env", config.api.token_env, environ, environ.get(CREDENTIALS_DIRECTORY) or None
-    )
-
-
-def read_admin_token(config: Config, environ: Mapping[str, str]) -> tuple[str | None, str | None]:
-    """The admin token alone (``api.admin_token_env``), for ``hitl-gate approvers``:
-    ``(token, None)`` or ``(None, error)``; the error says to set ``api.admin_token_env``
-    when the config names none."""
-    name = config.api.admin_token_env
+def read_api_token(
+    config: Config, environ: Mapping[str, str], *, admin: bool = False
+) -> tuple[str | None, str | None]:
+    """A token of the pipeline API alone, for the CLI's commands: the pipeline token
+    (``api.token_env``), or with ``admin`` the admin token (``api.admin_token_env``, for
+    ``hitl-gate approvers``), from its variable or its file in ``$CREDENTIALS_DIRECTORY``:
+    ``(token, None)`` or ``(None, error naming that key)``; the error says to set
+    ``api.admin_token_env`` when the config names none."""
+    where = "api.admin_token_env" if admin else "api.token_env"
+    name = config.api.admin_token_env if admin else config.api.token_env
     if name is None:
         return None, "set api.admin_token_env in the config (the admin token) to manage approvers"
-    return read_secret(
-        "api.admin_token_env", name, environ, environ.get(CREDENTIALS_DIRECTORY) or None
-    )
+    return read_secret(where, name, environ, environ.get(CREDENTIALS_DIRECTORY) or None)
 
 
 def read_secret(

@@ -239,11 +239,7 @@ def verify(
     return Permit(claims, dict(decoded["header"]), kid)
 
 
-def _duplicate_claim(name: str) -> str:
-    return f"duplicate claim {name!r}"
-
-
-_unique_claims = functools.partial(no_duplicate_keys, twice=_duplicate_claim)
+_unique_claims = functools.partial(no_duplicate_keys, twice="duplicate claim {!r}".format)
 
 
 def _claims(payload: bytes) -> dict[str, Any]:
