@@ -137,17 +137,13 @@ class RelayConfig(BaseModel):
     def notice_target(self) -> str | None:
         """Where resolution notices go: ``notice_url``, else ``url`` when ``notices`` is on,
         else None (no notices)."""
-        if self.notice_url is not None:
-            return self.notice_url
-        return self.url if self.notices else None
+        return self.notice_url or (self.url if self.notices else None)
 
     @property
     def question_target(self) -> str | None:
         """Where questions are dispatched: ``question_url``, else ``url`` when
         ``questions`` is on, else None (no relay declared question support)."""
-        if self.question_url is not None:
-            return self.question_url
-        return self.url if self.questions else None
+        return self.question_url or (self.url if self.questions else None)
 
     @property
     def question_notice_target(self) -> str | None:
@@ -156,7 +152,7 @@ class RelayConfig(BaseModel):
         ``notice_target``; None otherwise (no question notices)."""
         if self.notice_target is None or self.question_target is None:
             return None
-        return self.question_url if self.question_url is not None else self.notice_target
+        return self.question_url or self.notice_target
 
     @field_validator("ca_file")
     @classmethod

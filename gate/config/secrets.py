@@ -142,7 +142,10 @@ def _read_secrets(config: Config, environ: Mapping[str, str]) -> tuple[Secrets |
             values[where] = value
             size = len(value.encode("utf-8"))
             if size < MIN_SECRET_BYTES:
-                errors.append(_too_short(where, name, size))
+                errors.append(
+                    f"{where}: {name} is {size} byte{'' if size == 1 else 's'}; use at least "
+                    f"{MIN_SECRET_BYTES} ({GOOD_SECRET_BYTES} recommended): {MAKE_SECRET}"
+                )
             elif size < GOOD_SECRET_BYTES:
                 warnings.append(
                     f"{where}: {name} is {size} bytes; {GOOD_SECRET_BYTES} or more "
@@ -160,7 +163,7 @@ def _read_secrets(config: Config, environ: Mapping[str, str]) -> tuple[Secrets |
                 and where in values
                 and other in values
                 and name != other_name  # same variable: a config error already
-                and _same(values[where], values[other])
+                and hmac.compare_digest(values[where].encode(), values[other].encode())
             ):
                 errors.append(
                     f"{where}: {name} has the same value as {other_name}"
@@ -200,27 +203,18 @@ def _unclean(value: str, what: str, name: str, usual: str) -> str | None:
     return None
 
 
-def _too_short(where: str, name: str, size: int) -> str:
-    return (
-        f"{where}: {name} is {size} byte{'' if size == 1 else 's'}; use at least "
-        f"{MIN_SECRET_BYTES} ({GOOD_SECRET_BYTES} recommended): {MAKE_SECRET}"
-    )
-
-
 def _secret_vars(config: Config) -> list[tuple[str, str]]:
     """(YAML path, variable name) of every configured secret, relay secret first: the table
     every per-secret check (set, clean, long enough, distinct) runs over."""
-    relay = config.relay
-    out = [("relay.secret_env", relay.secret_env)]
-    if relay.previous_secret_env is not None:
-        out.append(("relay.previous_secret_env", relay.previous_secret_env))
-    out.append(("api.token_env", config.api.token_env))
-    if config.api.admin_token_env is not None:
-        out.append(("api.admin_token_env", config.api.admin_token_env))
-    out.append(("receipts.key_env", config.receipts.key_env))
-    if config.receipts.previous_key_env is not None:
-        out.append(("receipts.previous_key_env", config.receipts.previous_key_env))
-    return out
+    named = (
+        ("relay.secret_env", config.relay.secret_env),
+        ("relay.previous_secret_env", config.relay.previous_secret_env),
+        ("api.token_env", config.api.token_env),
+        ("api.admin_token_env", config.api.admin_token_env),
+        ("receipts.key_env", config.receipts.key_env),
+        ("receipts.previous_key_env", config.receipts.previous_key_env),
+    )
+    return [(where, name) for where, name in named if name is not None]
 
 
 def _read_credential(directory: str, name: str) -> tuple[str | None, str | None]:
@@ -248,7 +242,3 @@ def _read_credential(directory: str, name: str) -> tuple[str | None, str | None]
         return data.decode("utf-8"), None
     except UnicodeDecodeError:
         return None, f"credential file {path} is not valid UTF-8"
-
-
-def _same(a: str, b: str) -> bool:
-    return hmac.compare_digest(a.encode("utf-8"), b.encode("utf-8"))
