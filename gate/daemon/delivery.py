@@ -205,9 +205,8 @@ class RequestDispatch(Channel[DueDispatch]):
     ) -> None:
         d = self.dispatcher
         now = d.service.clock.now_ms()
-        acked = result.error is None
         d.metrics.dispatch_result(
-            acked, result.elapsed_s, result.failure, now, kind=self.metrics_kind
+            result.error is None, result.elapsed_s, result.failure, now, kind=self.metrics_kind
         )
         super().sent(row, send, result, attempt, retry_at_ms)
 
@@ -337,8 +336,7 @@ class OutboxSender(Generic[Row]):
         attempt = row.attempts + 1
         retry_at = d.service.clock.now_ms() + d.backoff_ms(attempt)
         self.channel.sent(row, built, result, attempt, retry_at)
-        acked = result.error is None
-        return Outcome(acked, result.error, retry_at, built.pipeline, built.step)
+        return Outcome(result.error is None, result.error, retry_at, built.pipeline, built.step)
 
     async def _record_fault(self, row: Row, exc: Exception) -> None:
         """Record an attempt that failed before anything was sent as a failed attempt with
