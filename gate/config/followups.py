@@ -24,6 +24,7 @@ MAX_REASON_CHARS = 500
 
 _FROZEN = ConfigDict(extra="forbid", frozen=True)
 _Ids = Annotated[tuple[Annotated[int, Field(strict=True)], ...], AfterValidator(_non_empty)]
+_Reason = Annotated[str, Field(strict=True, min_length=1, max_length=MAX_REASON_CHARS)]
 
 
 def format_duration(seconds: float) -> str:
@@ -77,9 +78,7 @@ class Delegation(BaseModel):
     from_: Annotated[int, Field(strict=True, alias="from")]
     to: Annotated[int, Field(strict=True)]
     until: Annotated[datetime, BeforeValidator(_utc_instant)]
-    reason: Annotated[str, Field(strict=True, min_length=1, max_length=MAX_REASON_CHARS)] | None = (
-        None
-    )
+    reason: _Reason | None = None
 
     @property
     def until_ms(self) -> int:

@@ -47,7 +47,6 @@ _PositiveInt = Annotated[int, Field(strict=True, ge=1)]
 _Amount = Annotated[
     float, BeforeValidator(check_bounded_number), Field(strict=True, ge=0, allow_inf_nan=False)
 ]
-_Text = Annotated[str, Field(strict=True, min_length=1)]
 # pipeline and step names: what the pipeline API accepts (gate.core.requests.fields.MAX_NAME_CHARS)
 _Name = Annotated[
     str, Field(strict=True, min_length=1, max_length=200), AfterValidator(_check_name)
