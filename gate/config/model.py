@@ -218,11 +218,9 @@ class StorageConfig(BaseModel):
         # its directories, but cannot open a directory as a database
         if path.is_dir():
             raise ValueError(f"{path} is a directory; name the database file in it (e.g. gate.db)")
-        for parent in path.parents:
-            if parent.exists():
-                if not parent.is_dir():
-                    raise ValueError(f"{parent} is not a directory")
-                break
+        parent = next((folder for folder in path.parents if folder.exists()), None)
+        if parent is not None and not parent.is_dir():
+            raise ValueError(f"{parent} is not a directory")
         return path
 
 
