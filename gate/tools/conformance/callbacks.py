@@ -18,10 +18,8 @@ from aiohttp.typedefs import Middleware
 
 from gate.core.service import GateService
 from gate.daemon.relay_http import SendResult, post_signed
-from gate.errors import GateError
 from gate.protocol import PROTOCOL, PROTOCOL_HEADER, SIGNATURE_HEADER, signing
 from gate.protocol.canonical import wire_json
-from gate.protocol.envelope import decode_json
 from gate.tools.conformance.checks import CheckResult, Observed, probe
 from gate.web.common import Handler
 
@@ -110,15 +108,7 @@ def observer(seen: list[Observed], changed: asyncio.Event, now: Callable[[], flo
 def callbacks_for(seen: list[Observed], id_: str, key: str = "approval_id") -> list[Observed]:
     """The callbacks in ``seen`` whose body names ``id_`` as ``key`` (``approval_id``, or
     ``question_id`` for a question's answers)."""
-    out = []
-    for obs in seen:
-        try:
-            body = decode_json(obs.raw)
-        except Exception:  # noqa: BLE001 - any undecodable body simply is not this one's
-            continue
-        if isinstance(body, dict) and body.get(key) == id_:
-            out.append(obs)
-    return out
+    return [obs for obs in seen if (obs.body() or {}).get(key) == id_]
 
 
 async def wait_for(
@@ -146,11 +136,7 @@ def template_of(callback: Observed | None) -> dict[str, Any] | None:
     gate probes re-sign; None when there is none."""
     if callback is None or callback.status != 200:
         return None
-    try:
-        body = decode_json(callback.raw)
-    except GateError:
-        return None
-    return body if isinstance(body, dict) else None
+    return callback.body()
 
 
 def replay_headers(callback: Observed) -> dict[str, str]:

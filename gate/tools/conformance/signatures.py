@@ -16,7 +16,6 @@ import aiohttp
 
 from gate.core.service import GateService
 from gate.protocol.approver_signature import FIELD
-from gate.protocol.envelope import decode_json
 from gate.store.approvals import APPROVALS
 from gate.tools.conformance.callbacks import Probe, run_probes
 from gate.tools.conformance.checks import CheckResult, Observed, failed, not_run, passed
@@ -59,18 +58,12 @@ async def check_signatures(
     assertion as is (403 ``approver_signature_invalid``: it signs another decision), with a
     ``batch`` listing only another digest (403 ``approver_signature_invalid``, not_in_batch)
     and without it (403 ``approver_signature_required``). Without a decision, all not run."""
-    template: Any = None
-    if decision is not None:
-        try:
-            template = decode_json(decision.raw)
-        except Exception:  # noqa: BLE001 - judged as unsigned below
-            template = None
-    if not isinstance(template, dict):
+    template = decision.body() if decision is not None else None
+    if decision is None or template is None:
         return [
             not_run(name, "no decision arrived", "fix relay.decision_received first")
             for name in SIGNATURE_CHECKS
         ]
-    assert decision is not None
     checks = [await _judge_signed(service, template, decision, credential_id)]
     sent = template.get(FIELD)
     if not checks[0].ok or not isinstance(sent, dict):
