@@ -9,7 +9,7 @@ import json
 import secrets as pysecrets
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import aiohttp
@@ -20,11 +20,21 @@ from gate.core.service import GateService
 from gate.daemon.relay_http import SendResult, post_signed
 from gate.protocol import PROTOCOL, PROTOCOL_HEADER, SIGNATURE_HEADER, signing
 from gate.protocol.canonical import wire_json
-from gate.tools.conformance.checks import CheckResult, Observed, probe
+from gate.tools.conformance.checks import (
+    Awaited,
+    CheckResult,
+    Observed,
+    judge_ack,
+    judge_arrival,
+    judge_refusal,
+    probe,
+)
+from gate.tools.conformance.ephemeral import ACK_TIMEOUT_S
 from gate.web.common import Handler
 
-Lookup = Callable[[str], list[Observed]]
-"""The callbacks that name an id (an approval's or a question's), in arrival order."""
+Refused = tuple[str, SendResult, str, str]
+"""A bad dispatch the relay must refuse: its check name, the relay's answer to it, what is
+wrong with it (``a bad signature``) and the id it was for."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,15 +70,60 @@ class Run:
             self.session, self.relay_url, body, self.secret, t, timeout_s, signature=signature
         )
 
+    async def exchange(
+        self,
+        awaited: Awaited,
+        request_id: str,
+        body: bytes,
+        bad: Sequence[Refused],
+        judge: Callable[[Observed], list[CheckResult]],
+        grace_s: float,
+    ) -> tuple[list[CheckResult], Observed | None]:
+        """Send ``body``, the dispatch of ``request_id``, to the relay and judge what follows,
+        in report order: the ack (check ``awaited.ack``), the callback's arrival
+        (``judge_arrival``) and, when it came, the callback itself (``judge``); then, after
+        ``grace_s`` more seconds, each of the ``bad`` dispatches sent before it refused with
+        no callback for it (``judge_refusal``). Returns the checks and the callback (None
+        when none came)."""
+        sent_at = time.time()
+        ack = await self.send(body, ACK_TIMEOUT_S)
+        checks = [replace(judge_ack(ack.status, ack.error, ack.elapsed_s), name=awaited.ack)]
+        found = await self.arrival(awaited.key, request_id, ack, grace_s)
+        acked = ack.error is None
+        checks += judge_arrival(awaited, found, acked, sent_at, self.timeout_s, self.callback)
+        if found is not None:
+            checks += judge(found)
+        # give a relay that wrongly forwarded the bad dispatches time to answer them too
+        await asyncio.sleep(grace_s)
+        answers = (ack, *(result for _, result, _, _ in bad))
+        answered = any(result.status is not None for result in answers)
+        for name, result, what, bad_id in bad:
+            seen = callbacks_for(self.seen, bad_id, awaited.key)
+            checks.append(judge_refusal(name, result.status, result.error, what, seen, answered))
+        return checks, found
+
     async def arrival(
-        self, lookup: Lookup, key: str, ack: SendResult, grace_s: float
+        self, key: str, request_id: str, ack: SendResult, grace_s: float
     ) -> Observed | None:
-        """The first callback naming ``key`` after its dispatch was answered ``ack``: waited
-        for up to ``timeout_s`` (a human may need it) when acked, ``grace_s`` when the relay
-        answered non-2xx (it may still have passed it on), not at all without an HTTP
-        answer."""
+        """The first callback naming ``request_id`` as ``key`` (``callbacks_for``) after its
+        dispatch was answered ``ack``: waited for up to ``timeout_s`` (a human may need it)
+        when acked, ``grace_s`` when the relay answered non-2xx (it may still have passed it
+        on), not at all without an HTTP answer. Woken by ``changed``; None when none came."""
         wait_s = self.timeout_s if ack.error is None else grace_s if ack.status is not None else 0.0
-        return await wait_for(lookup, self.changed, key, wait_s) if wait_s else None
+        deadline = time.monotonic() + wait_s
+        while wait_s:
+            found = callbacks_for(self.seen, request_id, key)
+            if found:
+                return found[0]
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None
+            self.changed.clear()
+            try:
+                await asyncio.wait_for(self.changed.wait(), timeout=left)
+            except TimeoutError:
+                return None
+        return None
 
 
 def observer(seen: list[Observed], changed: asyncio.Event, now: Callable[[], float]) -> Middleware:
@@ -109,26 +164,6 @@ def callbacks_for(seen: list[Observed], id_: str, key: str = "approval_id") -> l
     """The callbacks in ``seen`` whose body names ``id_`` as ``key`` (``approval_id``, or
     ``question_id`` for a question's answers)."""
     return [obs for obs in seen if (obs.body() or {}).get(key) == id_]
-
-
-async def wait_for(
-    lookup: Callable[[str], list[Observed]], changed: asyncio.Event, key: str, wait_s: float
-) -> Observed | None:
-    """The first of ``lookup(key)`` (callbacks naming an approval or question id), waiting up
-    to ``wait_s`` seconds for one (woken by ``changed``); None when none came."""
-    deadline = time.monotonic() + wait_s
-    while True:
-        found = lookup(key)
-        if found:
-            return found[0]
-        left = deadline - time.monotonic()
-        if left <= 0:
-            return None
-        changed.clear()
-        try:
-            await asyncio.wait_for(changed.wait(), timeout=left)
-        except TimeoutError:
-            return None
 
 
 def template_of(callback: Observed | None) -> dict[str, Any] | None:

@@ -143,8 +143,9 @@ class Awaited:
     """The words for a callback awaited after a dispatch: the check ``name``, what arrives
     (``noun``: decision, answer), the note when the dispatch was not acked (``unacked``),
     what a relay must POST (``how``) and fix first without an ack (``fix_ack``), the note
-    when one came although not acked (``late``), and the checks of what arrived
-    (``judged``: reported not run when nothing did)."""
+    when one came although not acked (``late``), the checks of what arrived (``judged``:
+    reported not run when nothing did), the check of the dispatch's ack (``ack``) and the
+    body field naming the request's id (``key``: approval_id, question_id)."""
 
     name: str
     noun: str
@@ -153,6 +154,8 @@ class Awaited:
     fix_ack: str
     late: str
     judged: tuple[str, ...]
+    ack: str
+    key: str
 
 
 DECISION = Awaited(
@@ -163,6 +166,8 @@ DECISION = Awaited(
     "fix relay.ack first: the gate retries a dispatch that is not acked",
     " (although the dispatch was not acked)",
     DECISION_CHECKS,
+    "relay.ack",
+    "approval_id",
 )
 
 

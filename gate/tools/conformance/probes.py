@@ -10,13 +10,7 @@ from gate.core.approvals.create import CreateRequest
 from gate.core.service import GateService
 from gate.model import Approval
 from gate.store.approvals import APPROVALS
-from gate.tools.conformance.callbacks import (
-    Probe,
-    mutated,
-    replay_headers,
-    run_probes,
-    template_of,
-)
+from gate.tools.conformance.callbacks import Probe, mutated, replay_headers, run_probes, template_of
 from gate.tools.conformance.checks import CheckResult, Observed, not_run, probe
 from gate.tools.conformance.ephemeral import OUTSIDER, PIPELINE
 

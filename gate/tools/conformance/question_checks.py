@@ -43,6 +43,8 @@ ANSWER = Awaited(
     "fix question.ack first",
     "",
     ANSWER_CHECKS,
+    "question.ack",
+    "question_id",
 )
 
 

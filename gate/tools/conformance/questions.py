@@ -8,9 +8,7 @@ then probes the gate's answer checks over real HTTP with re-signed copies of tha
 
 from __future__ import annotations
 
-import asyncio
 import time
-from dataclasses import replace
 from typing import Any
 
 from gate.core.service import GateService
@@ -19,24 +17,14 @@ from gate.model import Question
 from gate.protocol.canonical import wire_json
 from gate.store.questions import QUESTIONS
 from gate.tools.conformance.callbacks import (
-    Lookup,
     Probe,
     Run,
-    callbacks_for,
     mutated,
     replay_headers,
     run_probes,
     template_of,
 )
-from gate.tools.conformance.checks import (
-    CheckResult,
-    Observed,
-    judge_ack,
-    judge_arrival,
-    judge_refusal,
-    not_run,
-    probe,
-)
+from gate.tools.conformance.checks import CheckResult, Observed, not_run, probe
 from gate.tools.conformance.ephemeral import ACK_TIMEOUT_S, QUESTION_STEP
 from gate.tools.conformance.question_checks import ANSWER, judge_answer
 
@@ -140,25 +128,13 @@ async def check_questions(run: Run, max_skew_s: float, grace_s: float) -> list[C
     forged_q = await _ask(run.service, "conformance-question-bad-signature")
     real = await _ask(run.service, "conformance-question")
     bad = await run.send(dispatch_body(forged_q, run.callback), ACK_TIMEOUT_S, forged=True)
-    body = dispatch_body(real, run.callback)
-    sent_at = time.time()
-    ack = await run.send(body, ACK_TIMEOUT_S)
-    checks = [replace(judge_ack(ack.status, ack.error, ack.elapsed_s), name="question.ack")]
-    lookup: Lookup = lambda key: callbacks_for(run.seen, key, "question_id")  # noqa: E731
-    answer = await run.arrival(lookup, real.question_id, ack, grace_s)
-    acked = ack.error is None
-    checks.extend(judge_arrival(ANSWER, answer, acked, sent_at, run.timeout_s, run.callback))
-    if answer is not None:
-        checks.extend(judge_answer(answer, run.secret, max_skew_s, real, run.approver))
-    await asyncio.sleep(grace_s)  # time for a relay that shows forged questions to answer one
-    refusal = judge_refusal(
-        "question.refuses_bad_signature",
-        bad.status,
-        bad.error,
-        "a bad signature",
-        lookup(forged_q.question_id),
-        bad.status is not None or ack.status is not None,
+    refused = ("question.refuses_bad_signature", bad, "a bad signature", forged_q.question_id)
+    checks, answer = await run.exchange(
+        ANSWER,
+        real.question_id,
+        dispatch_body(real, run.callback),
+        [refused],
+        lambda found: judge_answer(found, run.secret, max_skew_s, real, run.approver),
+        grace_s,
     )
-    checks.append(refusal)
-    checks.extend(await _probes(run, answer))
-    return checks
+    return checks + await _probes(run, answer)
