@@ -8,7 +8,7 @@ import asyncio
 import json
 import secrets as pysecrets
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -27,6 +27,7 @@ from gate.tools.conformance.checks import (
     judge_ack,
     judge_arrival,
     judge_refusal,
+    not_run,
     probe,
 )
 from gate.tools.conformance.ephemeral import ACK_TIMEOUT_S
@@ -217,6 +218,31 @@ async def run_probes(
         raw, headers = resign(template, secret, changes, drop)
         results.append(await probe(session, gate_url, raw, headers, name, status, reasons))
     return results
+
+
+async def probe_gate(
+    session: aiohttp.ClientSession,
+    gate_url: str,
+    secret: str,
+    callback: Observed | None,
+    awaited: Awaited,
+    names: Sequence[str],
+    replayed: tuple[str, ...],
+    aim: Callable[[dict[str, Any]], Awaitable[list[Probe]]],
+) -> list[CheckResult]:
+    """The gate-side checks ``names`` of the relay's ``callback`` (an ``awaited.noun``),
+    POSTed to the gate at ``gate_url``: the callback replayed as received (``names[0]``,
+    refused 409 with one of ``replayed``), then the probes ``aim`` builds from its body
+    (``run_probes``, re-signed with ``secret``). Without a callback the gate accepted, all
+    reported not run (fix the last of ``awaited.judged`` first)."""
+    template = template_of(callback)
+    if callback is None or template is None:
+        why = f"no accepted {awaited.noun} to use as a template"
+        fix = f"make the relay's {awaited.noun} acceptable first ({awaited.judged[-1]})"
+        return [not_run(name, why, fix) for name in names]
+    headers = replay_headers(callback)
+    replay = await probe(session, gate_url, callback.raw, headers, names[0], 409, replayed)
+    return [replay, *await run_probes(session, gate_url, template, secret, await aim(template))]
 
 
 def mutated(digest: str) -> str:

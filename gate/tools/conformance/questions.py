@@ -16,15 +16,8 @@ from gate.daemon.question_sender import question_envelope
 from gate.model import Question
 from gate.protocol.canonical import wire_json
 from gate.store.questions import QUESTIONS
-from gate.tools.conformance.callbacks import (
-    Probe,
-    Run,
-    mutated,
-    replay_headers,
-    run_probes,
-    template_of,
-)
-from gate.tools.conformance.checks import CheckResult, Observed, not_run, probe
+from gate.tools.conformance.callbacks import Probe, Run, mutated, probe_gate
+from gate.tools.conformance.checks import CheckResult, Observed
 from gate.tools.conformance.ephemeral import ACK_TIMEOUT_S, QUESTION_STEP
 from gate.tools.conformance.question_checks import ANSWER, judge_answer
 
@@ -73,41 +66,31 @@ async def _probes(run: Run, answer: Observed | None) -> list[CheckResult]:
     re-signed copies aimed at a second, pending question with a value of the wrong type, a
     mutated request_hash, and turned into an approve of an approval_id that is a question's
     id. Each must be refused with its reason."""
-    template = template_of(answer)
-    if answer is None or template is None:
+
+    async def aim(template: dict[str, Any]) -> list[Probe]:
+        target = await _ask(run.service, "conformance-question-probe")
+        current = target.current
+        aimed: dict[str, Any] = {"question_id": target.question_id, "nonce": current.nonce}
+        digest = current.request_hash
+        as_approval = {
+            "approval_id": target.question_id,
+            "nonce": current.nonce,
+            "decision": "approve",
+            "payload_hash": digest,
+        }
+        wrong_type = {**aimed, "request_hash": digest, "value": len(OPTIONS)}  # a number
+        # the hash and the kind probes first: if the gate wrongly took the wrong-typed value,
+        # the probe question would be answered and the later probes would say so as well
         return [
-            not_run(
-                name,
-                "no accepted answer to use as a template",
-                "make the relay's answer acceptable first (question.answer_accepted)",
-            )
-            for name in PROBES
+            (PROBES[2], {**aimed, "request_hash": mutated(digest)}, (), 403, HASH_MISMATCH),
+            (PROBES[3], as_approval, AS_APPROVAL_DROPS, 409, ("wrong_kind",)),
+            (PROBES[1], wrong_type, (), 422, ("invalid_value",)),
         ]
-    session, local_url = run.session, run.local_url
-    headers = replay_headers(answer)
-    replay = await probe(
-        session, local_url, answer.raw, headers, PROBES[0], 409, ("duplicate", "already_resolved")
-    )
-    target = await _ask(run.service, "conformance-question-probe")
-    current = target.current
-    aimed: dict[str, Any] = {"question_id": target.question_id, "nonce": current.nonce}
-    digest = current.request_hash
-    as_approval = {
-        "approval_id": target.question_id,
-        "nonce": current.nonce,
-        "decision": "approve",
-        "payload_hash": digest,
-    }
-    wrong_type = {**aimed, "request_hash": digest, "value": len(OPTIONS)}  # a number, no option
-    # the hash and the kind probes first: if the gate wrongly took the wrong-typed value,
-    # the probe question would be answered and the later probes would say so as well
-    probes: list[Probe] = [
-        (PROBES[2], {**aimed, "request_hash": mutated(digest)}, (), 403, HASH_MISMATCH),
-        (PROBES[3], as_approval, AS_APPROVAL_DROPS, 409, ("wrong_kind",)),
-        (PROBES[1], wrong_type, (), 422, ("invalid_value",)),
-    ]
-    hash_probe, kind_probe, type_probe = await run_probes(
-        session, local_url, template, run.secret, probes
+
+    in_run_order = (PROBES[0], PROBES[2], PROBES[3], PROBES[1])
+    replayed = ("duplicate", "already_resolved")
+    replay, hash_probe, kind_probe, type_probe = await probe_gate(
+        run.session, run.local_url, run.secret, answer, ANSWER, in_run_order, replayed, aim
     )
     return [replay, type_probe, hash_probe, kind_probe]
 
