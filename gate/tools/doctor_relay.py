@@ -14,7 +14,7 @@ from pathlib import Path
 import aiohttp
 from yarl import URL
 
-from gate.daemon.relay_http import redact
+from gate.daemon.relay_http import redact, relay_session
 from gate.errors import GateError
 from gate.protocol.envelope import rfc3339_ms
 from gate.protocol.relay_answers import refusal_reason
@@ -58,8 +58,6 @@ async def probe_relay(
 ) -> RelayProbe:
     """Send HEAD, then OPTIONS if HEAD got no HTTP answer, to ``url`` (redirects not
     followed, TLS verified as for dispatches). Any HTTP status counts as an answer."""
-    from gate.daemon.relay_http import relay_session
-
     error = "no answer"
     started = time.monotonic()
     async with relay_session(ca_file) as session:

@@ -146,15 +146,8 @@ def observer(seen: list[Observed], changed: asyncio.Event, now: Callable[[], flo
                 answer = json.loads(bytes(response.body))  # type: ignore[arg-type]
             except (ValueError, TypeError):
                 answer = None
-        seen.append(
-            Observed(
-                raw,
-                {k.lower(): v for k, v in request.headers.items()},
-                received,
-                response.status,
-                answer,
-            )
-        )
+        headers = {k.lower(): v for k, v in request.headers.items()}
+        seen.append(Observed(raw, headers, received, response.status, answer))
         changed.set()
         return response
 

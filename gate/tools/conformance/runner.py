@@ -119,11 +119,7 @@ async def _report(run: Run, credential_id: str | None, notices: bool, questions:
     report = Report(run.callback)
     decision = await check_decisions(run, report.checks)
     if credential_id is not None:
-        report.checks.extend(
-            await check_signatures(
-                run.service, run.session, run.secret, run.local_url, decision, credential_id
-            )
-        )
+        report.checks.extend(await check_signatures(run, decision, credential_id))
     if notices:
         target = await create_approval(run.service, "conformance-notice")
         report.checks.extend(await check_notices(run, target, GRACE_S))
