@@ -1,7 +1,7 @@
 """``hitl-gate verify --questions``: the checks of a relay that declares question support
 (docs/protocol.md "Questions"), run after the SPEC §6 checks.
 
-The ephemeral gate gets one question step (``ephemeral.add_question_step``);
+The ephemeral gate gets one question step (``ephemeral.ephemeral_config``);
 ``check_questions`` asks the relay one synthetic single-choice question, judges its answer,
 then probes the gate's answer checks over real HTTP with re-signed copies of that answer.
 """
