@@ -1,6 +1,6 @@
 """The callbacks a relay sends ``hitl-gate verify``'s ephemeral gate (SPEC §6): recorded by an
 observer middleware, picked by the id they name, waited for after a dispatch (``Run``), and
-re-signed for the gate probes."""
+replayed or re-signed for the gate probes."""
 
 from __future__ import annotations
 
@@ -160,37 +160,6 @@ def callbacks_for(seen: list[Observed], id_: str, key: str = "approval_id") -> l
     return [obs for obs in seen if (obs.body() or {}).get(key) == id_]
 
 
-def template_of(callback: Observed | None) -> dict[str, Any] | None:
-    """The body of a callback the gate accepted (200) as a JSON object: the template the
-    gate probes re-sign; None when there is none."""
-    if callback is None or callback.status != 200:
-        return None
-    return callback.body()
-
-
-def replay_headers(callback: Observed) -> dict[str, str]:
-    """The headers of ``callback`` a replay of it keeps: its signature, protocol and
-    content type."""
-    kept = (SIGNATURE_HEADER.lower(), PROTOCOL_HEADER.lower(), "content-type")
-    return {k: v for k, v in callback.headers.items() if k in kept}
-
-
-def resign(
-    template: dict[str, Any], secret: str, changes: dict[str, Any], drop: tuple[str, ...] = ()
-) -> tuple[bytes, dict[str, str]]:
-    """``template`` (a callback the relay sent) without the ``drop`` keys, updated with
-    ``changes``, signed now with ``secret``: a gate probe's body and headers."""
-    body = {k: v for k, v in template.items() if k not in drop}
-    body.update(changes)
-    raw = wire_json(body)
-    headers = {
-        "Content-Type": "application/json",
-        PROTOCOL_HEADER: PROTOCOL,
-        SIGNATURE_HEADER: signing.sign(secret, int(time.time()), raw),
-    }
-    return raw, headers
-
-
 Probe = tuple[str, dict[str, Any], tuple[str, ...], int, tuple[str, ...]]
 """A gate probe: its check name, the changes to the template and the keys it drops, the
 status and the reasons the gate must refuse it with."""
@@ -203,12 +172,18 @@ async def run_probes(
     secret: str,
     probes: Sequence[Probe],
 ) -> list[CheckResult]:
-    """Each of ``probes`` in order: ``template`` (an accepted callback) changed as it says,
-    re-signed with ``secret`` (``resign``) and POSTed to the gate at ``gate_url`` (``probe``:
-    it passes only when refused with its status and one of its reasons)."""
+    """Each of ``probes`` in order: ``template`` (an accepted callback) without the keys it
+    drops, updated with its changes, signed now with ``secret`` and POSTed to the gate at
+    ``gate_url`` (``probe``: it passes only when refused with its status and one of its
+    reasons)."""
     results = []
     for name, changes, drop, status, reasons in probes:
-        raw, headers = resign(template, secret, changes, drop)
+        raw = wire_json({**{k: v for k, v in template.items() if k not in drop}, **changes})
+        headers = {
+            "Content-Type": "application/json",
+            PROTOCOL_HEADER: PROTOCOL,
+            SIGNATURE_HEADER: signing.sign(secret, int(time.time()), raw),
+        }
         results.append(await probe(session, gate_url, raw, headers, name, status, reasons))
     return results
 
@@ -228,12 +203,14 @@ async def probe_gate(
     refused 409 with one of ``replayed``), then the probes ``aim`` builds from its body
     (``run_probes``, re-signed with ``secret``). Without a callback the gate accepted, all
     reported not run (fix the last of ``awaited.judged`` first)."""
-    template = template_of(callback)
+    template = callback.body() if callback is not None and callback.status == 200 else None
     if callback is None or template is None:
         why = f"no accepted {awaited.noun} to use as a template"
         fix = f"make the relay's {awaited.noun} acceptable first ({awaited.judged[-1]})"
         return [not_run(name, why, fix) for name in names]
-    headers = replay_headers(callback)
+    # a replay keeps the callback's signature, protocol and content type
+    kept = (SIGNATURE_HEADER.lower(), PROTOCOL_HEADER.lower(), "content-type")
+    headers = {k: v for k, v in callback.headers.items() if k in kept}
     replay = await probe(session, gate_url, callback.raw, headers, names[0], 409, replayed)
     return [replay, *await run_probes(session, gate_url, template, secret, await aim(template))]
 
