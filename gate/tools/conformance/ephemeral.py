@@ -36,8 +36,6 @@ def ephemeral_config(
     steps: list[dict[str, Any]] = [{"name": "verify", "quorum": 1, **alone}]
     if signatures:
         steps[0]["approver_signature"] = "required"
-    if questions:
-        steps.append({"name": QUESTION_STEP, "type": "question", **alone})
     config: dict[str, Any] = {
         "relay": {
             "url": relay_url,
@@ -63,4 +61,5 @@ def ephemeral_config(
     }
     if questions:
         config["relay"]["questions"] = True
+        steps.append({"name": QUESTION_STEP, "type": "question", **alone})
     return config_from_mapping(config, directory)

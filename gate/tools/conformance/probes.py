@@ -52,9 +52,8 @@ async def gate_side(
         target = await create_approval(service, "conformance-probe")
         rev = target.revisions[0]
         aimed = {"approval_id": target.approval_id, "nonce": rev.nonce}
-        approver_obj = dict(template.get("approver") or {})
-        approver_obj["id"] = OUTSIDER
-        out_of_scope = {**aimed, "payload_hash": rev.payload_hash, "approver": approver_obj}
+        outsider = {**(template.get("approver") or {}), "id": OUTSIDER}
+        out_of_scope = {**aimed, "payload_hash": rev.payload_hash, "approver": outsider}
         return [
             (names[1], {**aimed, "payload_hash": mutated(rev.payload_hash)}, (), 403, MISMATCH),
             (names[2], out_of_scope, (), 403, ("approver_not_allowed",)),

@@ -106,8 +106,7 @@ async def _judge_signed(
             SIGN_FIX + "; the digest takes the dispatch's approval_id, revision, "
             "callback.nonce and payload_hash and the texts exactly as sent",
         )
-    approval_id = template.get("approval_id")
-    full = await service.store.reads.fetch(APPROVALS, str(approval_id))
+    full = await service.store.reads.fetch(APPROVALS, str(template.get("approval_id")))
     recorded = [d.credential_id for d in full.decisions] if full is not None else []
     if credential_id not in recorded:
         return failed(name, "accepted, but recorded without its credential", "a gate bug")
