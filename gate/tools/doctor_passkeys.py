@@ -90,14 +90,11 @@ def passkeys_findings(config: Config, by_rp: dict[str, int], holders: set[int]) 
     RP ID), and, per step with ``approver_signature: required``, the operators in its scope
     holding no credential in force (not in ``holders``: they cannot approve it)."""
     settings = resolve_webauthn(config, config.relay.callback_addr)
-    out: list[str] = []
-    if settings is not None:
-        for rp_id, n in sorted(by_rp.items()):
-            if rp_id != settings.rp_id:
-                out.append(
-                    f"{n} passkeys were enrolled for rp_id {rp_id} and cannot sign for "
-                    f"{settings.rp_id}"
-                )
+    out = [
+        f"{n} passkeys were enrolled for rp_id {rp_id} and cannot sign for {settings.rp_id}"
+        for rp_id, n in sorted(by_rp.items())
+        if settings is not None and rp_id != settings.rp_id
+    ]
     for _, where, step in _signing_steps(config, "required"):
         missing = [op for op in config.scope(step) if op.id not in holders]
         if missing:
