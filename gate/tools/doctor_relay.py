@@ -228,11 +228,8 @@ def followup_failures(path: Path, now_ms: int) -> str | None:
     total = sum(counts.values())
     if total == 0:
         return None
-    names = {"notice": ("notice", "notices"), "reminder": ("reminder", "reminders")}
-    kinds = ", ".join(
-        counted(counts[kind], *names.get(kind, ("escalation", "escalations")))
-        for kind in sorted(counts)
-    )
+    # each kind (reminder, escalation, notice: the table allows no other) is its own noun
+    kinds = ", ".join(counted(counts[kind], kind, f"{kind}s") for kind in sorted(counts))
     return (
         f"{counted(total, 'follow-up send', 'follow-up sends')} given up in the last 24 h "
         f"({kinds}); latest error: {error}"
