@@ -46,7 +46,7 @@ from gate.core.requests import lifecycle_tx
 from gate.core.requests.lifecycle_tx import Cancel, Create, DispatchResult, Expire
 from gate.core.transactions import Policy, Transactions
 from gate.errors import GateError, Unavailable
-from gate.model import Approval, Credential, Question
+from gate.model import Approval, Credential, Question, Revision
 from gate.protocol.answer import build_answer, parse_answer
 from gate.protocol.canonical import payload_hash, wire_json
 from gate.protocol.envelope import build_decision, parse_decision
@@ -525,7 +525,7 @@ def scenario(b: Backend) -> list[tuple[str, Any]]:
             max_bytes=4096,
             max_options=50,
         )
-        policy = QuestionPolicy(SCOPE[:2], 3600, "low", 2000)
+        policy = QuestionPolicy(SCOPE[:2], 3600, "low")
         found: Question = b.run(Create(QUESTION_KIND, req, key, None, policy, req.body_hash()))[0]
         return found
 
@@ -598,7 +598,9 @@ def scenario(b: Backend) -> list[tuple[str, Any]]:
     # a constraint fails its job alone (the batch runner's SAVEPOINT), the row stays out
     def duplicate_nonce(tx: WriteTx) -> None:
         rev = a.revisions[0]
-        tx.approvals.insert_revision(a.approval_id, 9, "x", "h", rev.nonce, b.clock.now, None)
+        tx.approvals.insert_revision(
+            a.approval_id, Revision(9, "x", "h", rev.nonce, b.clock.now, None)
+        )
 
     step("duplicate_nonce", lambda: b.run(Hand(duplicate_nonce)))
 
@@ -635,7 +637,7 @@ def fetch_all(conn: sqlite3.Connection, sql: str, args: tuple[Any, ...]) -> list
     return conn.execute(sql, args).fetchall()
 
 
-# the read-only tools' statements with json_extract (gate/store/invites.py ``_facts``,
+# the read-only tools' statements with json_extract (gate/store/invites.py ``credential_facts``,
 # inspection.py ``credential_rows``, audit_records.py ``latest_stored_receipt``): their
 # functions open a SQLite file by path, so their SQL is run here as written there
 TOOL_STATEMENTS: list[tuple[str, str, tuple[Any, ...]]] = [
@@ -810,7 +812,7 @@ NOT_YET: list[tuple[str, str]] = [
         " probes by updating its gate_instances row (a later slice)",
     ),
     ("schema_version", "Reads.schema_version reads PRAGMA user_version (schema_migrations)"),
-    ("has_table", "readonly.has_table/inspection.has_table read sqlite_master"),
+    ("has_table", "readonly.has_table reads sqlite_master"),
     ("table_info", "audit_records._for_schema and readonly.audit_columns read PRAGMA table_info"),
     ("integrity_check", "inspection.inspect runs PRAGMA integrity_check (no PostgreSQL twin)"),
 ]
