@@ -876,8 +876,10 @@ def test_a_lost_connection_is_a_storage_fault(
     """The server ends the writer's session: the batch answers 503 storage_unavailable and
     the store's fault state records it (``batch.is_fault``), never a 500."""
     backend = Backend(pg, config, tmp_path)
+    row = pg.execute("SELECT pg_backend_pid()").fetchone()
+    assert row is not None
     with psycopg.connect(server.url(), autocommit=True) as admin:
-        admin.execute("SELECT pg_terminate_backend(%s)", (pg.driver.info.backend_pid,))
+        admin.execute("SELECT pg_terminate_backend(%s)", (row["pg_backend_pid"],))
 
     job = Job(Hand(lambda tx: tx.credentials.all()))
     ((_, _, error),) = run_batch(backend.conn, [job], backend.t.run, backend.faults).answers
