@@ -33,6 +33,7 @@ from gate.config import Config, load_config
 from gate.core.approvals.create import CreateRequest
 from gate.core.approvals.decide_tx import Decide
 from gate.core.approvals.followup_tx import FollowupResult, Followups
+from gate.core.approvals.followups import followup_plan
 from gate.core.approvals.kind import APPROVALS as APPROVAL_KIND
 from gate.core.commands import ReceiptKey, Transaction
 from gate.core.credentials import EnrolCredential, ListCredentials, RevokeCredential
@@ -291,6 +292,15 @@ def config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Config:
         {"name": "q2", "quorum": 2, "approvers": [101, 102, 103], "timeout": "1h"},
         {"name": "short", "quorum": 1, "approvers": [101, 102], "timeout": "3s"},
         ASK_STEP,
+        {
+            "name": "fu",
+            "quorum": 1,
+            "approvers": [101],
+            "timeout": "10s",
+            "remind_after": "1s",
+            "remind_every": "1s",
+            "escalate": [{"after": "2s", "to": [102]}, {"after": "3s", "to": [103]}],
+        },
     ]
     directory = tmp_path / "config"
     directory.mkdir()
@@ -485,6 +495,26 @@ def scenario(b: Backend) -> list[tuple[str, Any]]:
 
     step("followup_state", lambda: b.run(Hand(followups)))
     step("followups_cmd", lambda: b.run(Followups()))
+
+    # a step with reminders and two escalation levels (its plan frozen at create)
+    found = b.t.config.find_step("p", "fu")
+    assert found is not None
+    fu_policy = Policy(1, ((101, ALICE),), 10, "low", followups=followup_plan(b.t.config, found[1]))
+    fu_req = CreateRequest("p", "fu", None, "text/plain", DRAFT, None)
+    fu: Approval = b.run(
+        Create(APPROVAL_KIND, fu_req, None, None, fu_policy, fu_req.request_hash(), digest)
+    )[0]
+    step("fu_ack", lambda: b.run(DispatchResult(APPROVAL_KIND, fu.approval_id, 1, True, None, 0)))
+    b.clock.now += 2500
+    step("fu_due", lambda: b.run(Followups()))
+    step("fu_plan", lambda: b.read(outbox_reads.plan, FOLLOWUPS, b.clock.now, 10))
+    b.clock.now += 1000
+    step("fu_due_again", lambda: b.run(Followups()))
+    step("fu_state", lambda: b.run(Hand(lambda tx: tx.approvals.followup_state(fu.approval_id))))
+    step(
+        "fu_sent",
+        lambda: b.run(FollowupResult((fu.approval_id, "escalation", 1), True, None, None)),
+    )
 
     # the outbox contract on the two give-up tables, then the commands that record attempts
     def queue(tx: WriteTx) -> Any:
@@ -740,10 +770,12 @@ async def test_the_gates_transactions_give_the_same_results_on_both_backends(
     assert results["decide_adjust"][1][2] == ("str", "adjusted")
     assert results["decide_skip"][1][2] == ("str", "skipped")
     assert results["revise"][1][0] == ("str", "revised")
+    assert len(results["fu_plan"][1][0][1]) == 2  # escalation 1 and reminder 2 queued
+    assert results["fu_sent"] == ("str", "delivered")
     assert results["duplicate_nonce"] == ("refused", 503, "storage_unavailable")
     assert results["queue_once"][1][:2] == [("bool", True), ("bool", False)]
-    assert len(on_sqlite.tables()["audit_log"][1]) == 29
-    assert len(results["audit_rows"][1]) == 29 and results["oldest_by_step"][1] != []
+    assert len(on_sqlite.tables()["audit_log"][1]) == 33
+    assert len(results["audit_rows"][1]) == 33 and results["oldest_by_step"][1] != []
     assert on_pg.faults.write_fault is None and on_pg.conn.total_changes > 0
 
 
