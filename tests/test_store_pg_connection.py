@@ -7,8 +7,10 @@ migrated PostgreSQL database, give identical results (values and their types) an
 identical rows in every table.
 
 Ids, nonces, salts and challenges come from ``ULID()`` and ``secrets``: the test makes them
-repeatable (a counter, reset before each backend) so the two runs can be compared whole,
-receipts and audit hashes included. Nothing of the gate is replaced.
+repeatable (a counter, reset before each backend: the ``ULID`` class that
+``gate.core.requests.lifecycle_tx`` calls, and ``secrets.token_hex``/``token_bytes``) so the
+two runs can be compared whole, receipts and audit hashes included. No statement,
+transaction or rule of the gate is replaced.
 """
 
 from __future__ import annotations
@@ -458,12 +460,11 @@ def scenario(b: Backend) -> list[tuple[str, Any]]:
     step("decide_adjust", lambda: decide(adjusted, CAROL, "adjust", "Café, adjusted 50%"))
     skipped: Approval = create("q1", None, None)[0]
     step("decide_skip", lambda: decide(skipped, BOB, "skip"))
-    short: Approval = create("short", None, None)[0]
+    create("short", None, None)  # expires below
     pending: Approval = create("q1", 3.0, "key-2")[0]
     b.clock.now += 4000
     step("expire", lambda: b.run(Expire(APPROVAL_KIND)))
     step("expire_none_left", lambda: b.run(Expire(APPROVAL_KIND)))
-    del short
 
     # the statements of ApprovalStatements and RequestStatements, by hand in a transaction
     digest = payload_hash(DRAFT)
@@ -588,11 +589,10 @@ def scenario(b: Backend) -> list[tuple[str, Any]]:
     step("answer_again", lambda: answer(q, "no", BOB))
     step("cancel_question", lambda: b.run(Cancel(QUESTION_KIND, other.question_id)))
     step("notice_result", lambda: b.run(QuestionNoticeResult(q.question_id, True, None, None)))
-    late = ask(None, "Late?")
+    ask(None, "Late?")  # expires below
     step("question_due", lambda: b.run(Hand(lambda tx: tx.questions.due(b.clock.now + 10**8, 5))))
     b.clock.now += 2 * 3_600_000
     step("question_expire", lambda: b.run(Expire(QUESTION_KIND)))
-    del late
     step("question_load", lambda: b.run(Hand(lambda tx: tx.questions.load(q.question_id))))
 
     def notices(tx: WriteTx) -> Any:
