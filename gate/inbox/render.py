@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import difflib
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -87,33 +87,24 @@ def _pre(text: str) -> Markup:
 def _markdown() -> MarkdownIt:
     md = MarkdownIt("commonmark", {"html": False, "linkify": False, "typographer": False})
     rules = md.add_render_rule
-    rules("text", _text_rule)
-    rules("code_inline", _code_inline_rule)
-    rules("code_block", _block_rule)
-    rules("fence", _block_rule)
+    rules("text", _content_rule("{}"))
+    rules("code_inline", _content_rule("<code>{}</code>"))
+    # a fence's info string is not used: no class attribute comes from the draft
+    for name in ("code_block", "fence"):
+        rules(name, _content_rule("<pre><code>{}</code></pre>\n"))
     rules("link_open", _link_open_rule)
     rules("link_close", _link_close_rule)
     rules("image", _image_rule)
     return md
 
 
-def _text_rule(
-    self: Any, tokens: Sequence[Token], idx: int, opts: OptionsDict, env: EnvType
-) -> str:
-    return str(marked_text(tokens[idx].content))
+def _content_rule(html: str) -> Callable[..., str]:
+    """A render rule writing its token's content escaped and marked at ``html``'s ``{}``."""
 
+    def rule(self: Any, tokens: Sequence[Token], idx: int, opts: OptionsDict, env: EnvType) -> str:
+        return html.format(marked_text(tokens[idx].content))
 
-def _code_inline_rule(
-    self: Any, tokens: Sequence[Token], idx: int, opts: OptionsDict, env: EnvType
-) -> str:
-    return f"<code>{marked_text(tokens[idx].content)}</code>"
-
-
-def _block_rule(
-    self: Any, tokens: Sequence[Token], idx: int, opts: OptionsDict, env: EnvType
-) -> str:
-    # a fence's info string is not used: no class attribute comes from the draft
-    return f"<pre><code>{marked_text(tokens[idx].content)}</code></pre>\n"
+    return rule
 
 
 def _link_open_rule(

@@ -124,15 +124,12 @@ class RateLimit:
 
     def retry_after(self, key: str, now: float) -> int:
         """0 and the attempt counted when allowed; else the seconds until one is."""
-        seen = self._seen.setdefault(key, deque())
-        while seen and now - seen[0] >= RATE_WINDOW_S:
-            seen.popleft()
-        if len(seen) >= RATE_LIMIT:
-            return max(1, int(RATE_WINDOW_S - (now - seen[0])) + 1)
-        seen.append(now)
-        if len(self._seen) > 10_000:
-            self._seen = {k: v for k, v in self._seen.items() if v}
-        return 0
+        wait = self.blocked_for(key, now)
+        if not wait:
+            self._seen.setdefault(key, deque()).append(now)
+            if len(self._seen) > 10_000:
+                self._seen = {k: v for k, v in self._seen.items() if v}
+        return wait
 
 
 def safe_next(value: str | None) -> str:
