@@ -247,7 +247,7 @@ async def _post_one(
     record = DecisionRecord(
         item.approval_id, item.revision, session.identity, "approve", 0, {}, now
     )
-    number = await state.db.add_batch_decision(record, batch_id)
+    number = await state.db.add_decision(record, batch_id)
     try:
         status, answer = await send_to_gate(state, item, body, "approve")
     except GateUnreachable:
