@@ -46,24 +46,12 @@ VERBS = (("approve", "Approve"), ("skip", "Skip"), ("adjust", "Send adjusted dra
 HIGH_RISKS = frozenset({"high", "critical"})
 
 
-def item_url(approval_id: str) -> str:
-    """``/items/<id>``: an item's page (the id percent-encoded)."""
-    return f"/items/{quote(approval_id, safe='')}"
-
-
-def decide_url(approval_id: str) -> str:
-    """``/items/<id>/decide``: where an item's decision forms post."""
-    return item_url(approval_id) + "/decide"
-
-
-def challenge_url(approval_id: str) -> str:
-    """``/items/<id>/challenge``: where ``inbox.js`` gets a decision's challenge."""
-    return item_url(approval_id) + "/challenge"
-
-
-def answer_url(approval_id: str) -> str:
-    """``/items/<id>/answer``: where a question's form posts."""
-    return item_url(approval_id) + "/answer"
+def item_url(approval_id: str, action: str = "") -> str:
+    """``/items/<id>``: an item's page (the id percent-encoded); with an ``action``,
+    ``/items/<id>/<action>``: ``decide`` (where its decision forms post), ``challenge``
+    (where ``inbox.js`` gets a decision's challenge), ``answer`` (where a question's form
+    posts)."""
+    return f"/items/{quote(approval_id, safe='')}" + (f"/{action}" if action else "")
 
 
 def _marked_line(value: object) -> Markup:
@@ -99,10 +87,6 @@ def _render(
     return aiohttp_jinja2.render_template(name, request, {**base, **context}, status=status)
 
 
-def _risk_class(risk: str) -> str:
-    return "high" if risk.lower() in HIGH_RISKS else "normal"
-
-
 @dataclass(frozen=True, slots=True)
 class Row:
     """One line of the waiting list."""
@@ -132,9 +116,9 @@ def _facts(item: Item, now_ms: int, viewer: str, approved_by: Sequence[str] = ()
         "item": item,
         "quorum": quorum(collected(item, approved_by), item.quorum_required),
         "approved_by": list(approved_by),
-        "left": time_left(item.expires_at, now_ms) if item.state == "pending" else item.state,
+        "left": time_left(item.expires_at, now_ms) if pending else item.state,
         "budget": budget(item.budget),
-        "risk_class": _risk_class(item.risk),
+        "risk_class": "high" if item.risk.lower() in HIGH_RISKS else "normal",
         "requested_by": requested_by(item),
     }
 
@@ -213,7 +197,7 @@ def item_page(
     (``render.draft_view``), and while pending the approve / skip (reason, required when the
     step says so) / adjust (textarea holding the current body) forms. ``challenges`` maps a verb
     to its base64url challenge; a verb without one gets ``data-challenge-url``
-    (``challenge_url``) instead. ``recorded`` (``db.recorded_on``) says whether the
+    (``item_url``'s ``challenge``) instead. ``recorded`` (``db.recorded_on``) says whether the
     approver's own decision already counts (then no forms, the page says so:
     ``decided.standing``) and, once an adjust resolved it, the final text and its diff from
     the draft asked (``decided.final_text``)."""
@@ -222,9 +206,11 @@ def item_page(
         {
             "verb": verb,
             "label": label,
-            "action": decide_url(item.approval_id),
+            "action": item_url(item.approval_id, "decide"),
             "challenge": challenges.get(verb, ""),
-            "challenge_url": None if verb in challenges else challenge_url(item.approval_id),
+            "challenge_url": None
+            if verb in challenges
+            else item_url(item.approval_id, "challenge"),
         }
         for verb, label in VERBS
     ]
@@ -320,7 +306,7 @@ def question_page(
         "schema_error": schema_error,
         "sent": _sent(submitted),
         "marked": marked,
-        "action": answer_url(item.approval_id),
+        "action": item_url(item.approval_id, "answer"),
         "session": session,
         "seq": seq,
         "error": error,
@@ -332,7 +318,8 @@ def question_page(
 
 
 def _said(words: str | None) -> Markup | None:
-    """What a decision sent, for a page: escaped, hidden characters marked, lines kept."""
+    """What a decision sent or the reason given, for a page: escaped, hidden characters
+    marked, lines kept."""
     return None if words is None else marked_text(words)
 
 
@@ -361,7 +348,7 @@ def recent_page(
             "url": item_url(d.approval_id),
             "when": datetime.fromtimestamp(d.decided_at / 1000, UTC).strftime("%Y-%m-%d %H:%M"),
             "words": answer_words(d.status, d.answer, d.decision)[1],
-            "reason": marked_text(d.reason) if d.reason is not None else None,
+            "reason": _said(d.reason),
             "sent": _said(sent_words(d, kept.get(d.approval_id))),
         }
         for d in sorted(decisions, key=lambda d: d.decided_at, reverse=True)
@@ -410,7 +397,7 @@ def message_page(
         "sentence": sentence,
         "item_url": item_url(record.approval_id),
         "session": session,
-        "reason": marked_text(record.reason) if record.reason is not None else None,
+        "reason": _said(record.reason),
         "named": _named(record, item),
         "behalf": on_behalf_of(record.identity, item) if item and kind in RECORDED else (),
     }

@@ -293,13 +293,7 @@ async def _verified(
     except (ValueError, binascii.Error):
         return _refused("bad_signature")
     response = web.json_response({"location": pending.next_path})
-    await auth.start_session(
-        request,
-        response,
-        identity=credential.identity,
-        operator_id=credential.operator_id,
-        credential_id=credential.credential_id,
-    )
+    await auth.start_session(request, response, credential)
     auth.drop_cookie(request, response, auth.PRE_COOKIE)
     log.info(
         "event=inbox_signin identity=%s credential_id=%s",

@@ -85,11 +85,6 @@ ANSWERS = {
 }
 
 
-# the ``detail`` of 403 ``approver_signature_invalid`` in words (docs/protocol.md "Approver
-# signatures"): what the approver can do about it. One table: other
-# refusals worded for the pages go here too.
-
-
 def answer_words(status: int, answer: Mapping[str, Any], decision: str = "") -> tuple[str, str]:
     """The gate's answer to a posted decision (docs/protocol.md, "Decisions": checks 8, 9,
     14 and "recorded") as ``(kind, sentence)``: ``kind`` one of ``ANSWERS``'s keys or
@@ -107,14 +102,8 @@ def answer_words(status: int, answer: Mapping[str, Any], decision: str = "") -> 
         kind = "resolved" if answer.get("resolved") is True else "recorded"
         return kind, ANSWERS[kind]
     code = str(answer.get("error") or answer.get("reason") or "")
-    kinds = {
-        "superseded": "superseded",
-        "expired": "expired",
-        "already_resolved": "already_resolved",
-    }
-    kinds |= {"duplicate": "already_decided", "already_decided": "already_decided"}
-    if code in kinds:
-        kind = kinds[code]
+    kind = "already_decided" if code == "duplicate" else code
+    if kind in ("superseded", "expired", "already_resolved", "already_decided"):
         if kind == "already_resolved" and answer.get("outcome") == "cancelled":
             kind = "cancelled"
         return kind, ANSWERS[kind]
@@ -147,6 +136,9 @@ def bulk_heading(kinds: list[str]) -> str:
     return said + (f", {unknown} not answered" if unknown else "")
 
 
+# the ``detail`` of 403 ``approver_signature_invalid`` in words (docs/protocol.md "Approver
+# signatures"): what the approver can do about it. One table: other
+# refusals worded for the pages go here too.
 SIGNATURE_DETAILS = {
     "bad_signature": "the signature does not match your passkey",
     "challenge_mismatch": "your passkey signed something other than this decision",
