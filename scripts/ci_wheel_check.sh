@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Packaging check: build the sdist and the wheel with `python -m build` from a clean copy of
 # the source tree (the wheel is built from the sdist, so a file missing from the sdist fails
-# here), install the wheel without extras into a fresh venv outside the source tree, and run
-# the installed console script from another directory: `hitl-gate --help`, `hitl-gate
+# here; the sdist must also carry the example config, the example agent, the docs and the
+# vectors), install the wheel without extras into a fresh venv outside the source tree, and
+# run the installed console script from another directory: `hitl-gate --help`, `hitl-gate
 # check-config`, `import gate.sdk`, and `hitl-gate inbox serve` / `hitl-gate mcp`, which
 # without their extras must say in one line which extra to install (exit 2).
 #
@@ -69,6 +70,15 @@ sdists=("$WORK"/dist/*.tar.gz)
 [ ${#wheels[@]} = 1 ] || die "expected one wheel in $WORK/dist, found ${#wheels[@]}"
 [ ${#sdists[@]} = 1 ] || die "expected one sdist in $WORK/dist, found ${#sdists[@]}"
 echo "   built $(basename "${sdists[0]}") and $(basename "${wheels[0]}")"
+
+step "sdist contents"
+"$BUILD_PYTHON" - "${sdists[0]}" <<'EOF' || die "sdist contents"
+import sys, tarfile
+names = {n.split("/", 1)[1] for n in tarfile.open(sys.argv[1]).getnames() if "/" in n}
+for needed in ("config.example.yaml", "examples/agent.py", "docs/operating.md", "LICENSE",
+               "conformance/vectors/audit_entry.json", "systemd/hitl-gate.service"):
+    assert needed in names, f"{needed} missing from the sdist"
+EOF
 
 step "wheel contents and metadata"
 "$BUILD_PYTHON" - "${wheels[0]}" <<'EOF' || die "wheel contents"
