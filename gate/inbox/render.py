@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import difflib
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from markdown_it import MarkdownIt
+from markdown_it.renderer import RendererHTML
 from markdown_it.token import Token
 from markdown_it.utils import EnvType, OptionsDict
 from markupsafe import Markup, escape
@@ -84,54 +85,43 @@ def _pre(text: str) -> Markup:
     return Markup('<pre class="draft-text">{}</pre>').format(marked_text(text))
 
 
-def _markdown() -> MarkdownIt:
-    md = MarkdownIt("commonmark", {"html": False, "linkify": False, "typographer": False})
-    rules = md.add_render_rule
-    rules("text", _content_rule("{}"))
-    rules("code_inline", _content_rule("<code>{}</code>"))
-    # a fence's info string is not used: no class attribute comes from the draft
-    for name in ("code_block", "fence"):
-        rules(name, _content_rule("<pre><code>{}</code></pre>\n"))
-    rules("link_open", _link_open_rule)
-    rules("link_close", _link_close_rule)
-    rules("image", _image_rule)
-    return md
+Tokens = Sequence[Token]
 
 
-def _content_rule(html: str) -> Callable[..., str]:
-    """A render rule writing its token's content escaped and marked at ``html``'s ``{}``."""
+class _Renderer(RendererHTML):
+    """The draft's markdown rules (markdown-it calls each method by its token type): text
+    and code escaped and marked, a link as its text then its URL and title, an image as its
+    description, URL and title (nothing to click, nothing loaded)."""
 
-    def rule(self: Any, tokens: Sequence[Token], idx: int, opts: OptionsDict, env: EnvType) -> str:
-        return html.format(marked_text(tokens[idx].content))
+    def text(self, tokens: Tokens, idx: int, options: OptionsDict, env: EnvType) -> str:
+        return str(marked_text(tokens[idx].content))
 
-    return rule
+    def code_inline(self, tokens: Tokens, idx: int, options: OptionsDict, env: EnvType) -> str:
+        return f"<code>{marked_text(tokens[idx].content)}</code>"
 
+    def code_block(self, tokens: Tokens, idx: int, options: OptionsDict, env: EnvType) -> str:
+        # a fence's info string is not used: no class attribute comes from the draft
+        return f"<pre><code>{marked_text(tokens[idx].content)}</code></pre>\n"
 
-def _link_open_rule(
-    self: Any, tokens: Sequence[Token], idx: int, opts: OptionsDict, env: EnvType
-) -> str:
-    token = tokens[idx]
-    env.setdefault("links", []).append((str(token.attrGet("href") or ""), _title(token)))
-    return '<span class="md-link">'
+    fence = code_block
 
+    def link_open(self, tokens: Tokens, idx: int, options: OptionsDict, env: EnvType) -> str:
+        token = tokens[idx]
+        env.setdefault("links", []).append((str(token.attrGet("href") or ""), _title(token)))
+        return '<span class="md-link">'
 
-def _link_close_rule(
-    self: Any, tokens: Sequence[Token], idx: int, opts: OptionsDict, env: EnvType
-) -> str:
-    href, title = env["links"].pop()
-    return f'</span> <span class="md-url">({marked_text(href)})</span>{title}'
+    def link_close(self, tokens: Tokens, idx: int, options: OptionsDict, env: EnvType) -> str:
+        href, title = env["links"].pop()
+        return f'</span> <span class="md-url">({marked_text(href)})</span>{title}'
 
-
-def _image_rule(
-    self: Any, tokens: Sequence[Token], idx: int, opts: OptionsDict, env: EnvType
-) -> str:
-    token = tokens[idx]
-    alt = self.renderInlineAsText(token.children or [], opts, env)
-    src = str(token.attrGet("src") or "")
-    return (
-        f'<span class="md-image">[image: {marked_text(alt)}]</span> '
-        f'<span class="md-url">({marked_text(src)})</span>{_title(token)}'
-    )
+    def image(self, tokens: Tokens, idx: int, options: OptionsDict, env: EnvType) -> str:
+        token = tokens[idx]
+        alt = self.renderInlineAsText(token.children or [], options, env)
+        src = str(token.attrGet("src") or "")
+        return (
+            f'<span class="md-image">[image: {marked_text(alt)}]</span> '
+            f'<span class="md-url">({marked_text(src)})</span>{_title(token)}'
+        )
 
 
 def _title(token: Token) -> str:
@@ -141,7 +131,9 @@ def _title(token: Token) -> str:
     return f' <span class="md-title">(title &#34;{marked_text(title)}&#34;)</span>' if title else ""
 
 
-_MD = _markdown()
+_MD = MarkdownIt(
+    "commonmark", {"html": False, "linkify": False, "typographer": False}, renderer_cls=_Renderer
+)
 
 
 class _AsWritten(MarkdownIt):
