@@ -48,7 +48,11 @@ async def item(request: web.Request) -> web.Response:
     seq = await current_seq(state)
     recorded = await state.db.recorded_on(found.approval_id)
     seen = await state.db.approvers_recorded(found.approval_id, found.revision)
-    return pages.page_of(request, found, session, (state.now_ms(), seq), recorded, seen)
+    page = pages.question_page if found.kind == "question" else pages.item_page
+    return page(
+        request, item=found, session=session, now_ms=state.now_ms(), seq=seq, approved_by=seen,
+        recorded=recorded,
+    )  # fmt: skip
 
 
 async def recent(request: web.Request) -> web.Response:

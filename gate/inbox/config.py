@@ -30,9 +30,7 @@ from gate.config.values import (
     Duration,
     EnvName,
     HttpUrl,
-    TcpListen,
     check_tcp_addr,
-    parse_listen,
 )
 from gate.config.webauthn import is_domain, is_ip, origin_of
 from gate.config.yamlfile import read_mapping
@@ -278,10 +276,3 @@ def _mail_login(config: InboxConfig) -> tuple[list[tuple[str, str, int]], list[s
         ("mail.username_env", mail.username_env, 0),
         ("mail.password_env", mail.password_env, 0),
     ], []
-
-
-def listen_address(config: InboxConfig) -> TcpListen:
-    """The parsed ``listen`` (validated host:port)."""
-    parsed = parse_listen(config.listen)
-    assert isinstance(parsed, TcpListen)  # check_tcp_addr
-    return parsed

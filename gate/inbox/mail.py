@@ -108,17 +108,6 @@ def mails_for(
     return mails
 
 
-def message_of(mail: Mail, sender: str) -> EmailMessage:
-    """The RFC 5322 message for ``mail`` from ``sender``."""
-    message = EmailMessage()
-    message["From"] = sender
-    message["To"] = mail.to
-    message["Subject"] = mail.subject
-    message["Auto-Submitted"] = "auto-generated"
-    message.set_content(mail.body)
-    return message
-
-
 class Mailer:
     """The mail queue and its worker: ``tell`` queues (never blocks, never raises),
     ``run(stop)`` sends until ``stop`` is set. ``login`` is ``(username, password)`` or
@@ -164,14 +153,21 @@ class Mailer:
                 )
 
     async def send(self, mail: Mail) -> None:
-        """Send one mail (raises ``aiosmtplib.SMTPException`` or OSError when it cannot)."""
+        """Send one mail as an RFC 5322 message from ``mail.from`` (raises
+        ``aiosmtplib.SMTPException`` or OSError when it cannot)."""
         section = self.section
+        message = EmailMessage()
+        message["From"] = section.sender
+        message["To"] = mail.to
+        message["Subject"] = mail.subject
+        message["Auto-Submitted"] = "auto-generated"
+        message.set_content(mail.body)
         await aiosmtplib.send(
-            message_of(mail, section.sender),
+            message,
             hostname=section.host,
             port=section.port,
             use_tls=section.security == "tls",
-            start_tls=True if section.security == "starttls" else False,
+            start_tls=section.security == "starttls",
             username=self._login[0] if self._login else None,
             password=self._login[1] if self._login else None,
             timeout=SEND_TIMEOUT_S,

@@ -42,11 +42,10 @@ class InboxMetrics:
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
-        r = self.registry
         self.waiting = Gauge(
             "hitl_inbox_items_waiting",
             "Approvals and questions pending at the inbox (read at each scrape).",
-            registry=r,
+            registry=self.registry,
         )
         self.counters = {name: self._counter(name, *spec) for name, spec in COUNTERS.items()}
 

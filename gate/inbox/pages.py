@@ -234,27 +234,6 @@ def item_page(
     return _render(request, "item.html", context)
 
 
-def page_of(
-    request: web.Request,
-    item: Item,
-    session: Session,
-    when: tuple[int, int],
-    recorded: Sequence[DecisionRecord],
-    approved_by: Sequence[str],
-) -> web.Response:
-    """``item``'s own page: ``question_page`` for a question, else ``item_page``; ``when``
-    is (now ms, the live updates' seq)."""
-    now_ms, seq = when
-    if item.kind == "question":
-        return question_page(
-            request, item=item, session=session, now_ms=now_ms, seq=seq, recorded=recorded
-        )
-    return item_page(
-        request, item=item, session=session, now_ms=now_ms, seq=seq, approved_by=approved_by,
-        recorded=recorded,
-    )  # fmt: skip
-
-
 def _sent(submitted: Mapping[str, Any] | None) -> dict[str, list[str]]:
     """The posted fields as lists of strings (empty when nothing was posted)."""
     out: dict[str, list[str]] = {}
@@ -275,6 +254,7 @@ def question_page(
     status: int = 200,
     submitted: Mapping[str, Any] | None = None,
     recorded: Sequence[DecisionRecord] = (),
+    approved_by: Sequence[str] = (),
 ) -> web.Response:
     """A question from ``item.dispatch["question"]``: its text and reason
     (marked), then free text / choices / the form's fields with the schema's limits
@@ -282,7 +262,8 @@ def question_page(
     (an answer refused, in words) is shown above the form, answering ``status`` (422), with
     the values ``submitted`` (the posted fields, a string or a list of strings each) filled
     in again: typed texts, ticked boxes, the chosen option. The answers recorded through the
-    inbox (``recorded``) are shown in words, the approver's own as "Your answer"."""
+    inbox (``recorded``) are shown in words, the approver's own as "Your answer".
+    ``approved_by`` is taken as ``item_page`` takes it (a question shows no quorum)."""
     question: dict[str, Any] = item.dispatch.get("question") or {}
     text = marked_text(str(question.get("text", "")))
     reason = marked_text(str(question["reason"])) if question.get("reason") else None
@@ -296,7 +277,7 @@ def question_page(
     marked = sum(str(part).count(MARK_OPEN) for part in (text, reason or ""))
     marked += sum(_marked_line(o).count(MARK_OPEN) for o in options)
     context = {
-        **_facts(item, now_ms, session.identity),
+        **_facts(item, now_ms, session.identity, approved_by),
         **_asked(item),
         "text": text,
         "reason": reason,

@@ -13,8 +13,9 @@ import time
 
 from aiohttp import web
 
+from gate.config.values import TcpListen, parse_listen
 from gate.inbox.app import create_inbox_app
-from gate.inbox.config import InboxConfig, InboxSecrets, listen_address, relying_party
+from gate.inbox.config import InboxConfig, InboxSecrets, relying_party
 from gate.inbox.credentials_cache import FETCH_FAILURES, CredentialsCache
 from gate.inbox.gate_client import fetch_credentials
 from gate.inbox.mail import Mailer
@@ -92,7 +93,8 @@ async def serve_inbox(config: InboxConfig, secrets: InboxSecrets) -> None:
     try:
         await cache.refresh()
         await runner.setup()
-        where = listen_address(config)
+        where = parse_listen(config.listen)
+        assert isinstance(where, TcpListen)  # validated by check_tcp_addr
         await web.TCPSite(runner, where.host, where.port).start()
         host, port = runner.addresses[0][:2]
         url = config.base_url
