@@ -183,9 +183,8 @@ def load_inbox(
         config = InboxConfig.model_validate(data, context={"base_dir": source.parent})
     except ValidationError as exc:
         return None, None, [pydantic_error(e, InboxConfig) for e in exc.errors(include_url=False)]
-    errors = check_inbox(config)
     secrets, secret_errors = _read_secrets(config, environ)
-    errors += secret_errors
+    errors = check_inbox(config) + secret_errors
     if errors or secrets is None:
         return None, None, errors
     return config, secrets, []

@@ -172,13 +172,9 @@ class InboxDb:
 
     async def set_decision_answer(self, number: int, status: int, answer: dict[str, Any]) -> None:
         """Record the gate's HTTP ``status`` and JSON ``answer`` on decision row ``number``."""
-        await self._run(
-            self._tx,
-            lambda c: c.execute(
-                "UPDATE decisions SET http_status = ?, answer = ? WHERE id = ?",
-                (status, json.dumps(answer, ensure_ascii=False), number),
-            ),
-        )
+        sql = "UPDATE decisions SET http_status = ?, answer = ? WHERE id = ?"
+        args = (status, json.dumps(answer, ensure_ascii=False), number)
+        await self._run(self._tx, lambda c: c.execute(sql, args))
 
     async def decision(self, number: int) -> DecisionRecord | None:
         """Decision row ``number``, or None."""

@@ -225,11 +225,6 @@ def first_line(body: str, limit: int = 80) -> str:
     return line if len(line) <= limit else line[: limit - 1] + "\u2026"
 
 
-def draft_html(body: str, content_type: str) -> Markup:
-    """The HTML of ``draft_view(body, content_type)`` (the contract's name)."""
-    return draft_view(body, content_type).html
-
-
 def diff_html(old: str, new: str) -> Markup:
     """A line-level diff of two drafts (an adjust's revision before and after): a ``<pre
     class="diff">`` whose lines are ``<del>`` (only in ``old``, prefixed ``-``), ``<ins>``

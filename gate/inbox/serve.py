@@ -74,17 +74,11 @@ async def serve_inbox(config: InboxConfig, secrets: InboxSecrets) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     metrics = InboxMetrics()
-    mailer = (
-        None
-        if config.mail is None
-        else Mailer(config.mail, config.base_url, secrets.mail_login, on_result=metrics.mailed)
-    )
-    endpoint = RelayEndpoint(
-        db,
-        secrets.relay_secrets,
-        config.gate.max_skew,
-        tell=None if mailer is None else mailer.tell,
-    )
+    mailer: Mailer | None = None
+    if config.mail is not None:
+        mailer = Mailer(config.mail, config.base_url, secrets.mail_login, on_result=metrics.mailed)
+    tell = None if mailer is None else mailer.tell
+    endpoint = RelayEndpoint(db, secrets.relay_secrets, config.gate.max_skew, tell=tell)
     cache = credentials_cache(config, secrets, metrics)
     state = InboxState(db, config, secrets, relying_party(config), cache, metrics=metrics)
     runner = web.AppRunner(create_inbox_app(state, endpoint), access_log=None)

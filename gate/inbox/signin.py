@@ -253,11 +253,10 @@ async def _signin(
         return _refused("malformed")
     if assertion.type != "webauthn":
         return _refused("not_a_passkey")
-    credential = state.credentials.lookup(assertion.credential_id_b64)
-    if credential is None and await state.credentials.refresh_for_unknown(
-        assertion.credential_id_b64
-    ):
-        credential = state.credentials.lookup(assertion.credential_id_b64)
+    wanted = assertion.credential_id_b64
+    credential = state.credentials.lookup(wanted)
+    if credential is None and await state.credentials.refresh_for_unknown(wanted):
+        credential = state.credentials.lookup(wanted)
     if credential is None:
         return _refused("unknown_credential")
     wait = failures.blocked_for(credential.credential_id, time.monotonic())
