@@ -182,13 +182,14 @@ async def require_session(request: web.Request) -> Session:
     raise web.HTTPSeeOther("/signin?next=" + quote(request.path, safe="/") + why)
 
 
-def refusal(status: int, reason: str, message: str) -> web.Response:
-    """A refusal as JSON for ``inbox.js``: ``{"status":"refused","reason","message"}``."""
-    return web.Response(text=_json(reason, message), status=status, content_type=JSON)
+def refusal(status: int, reason: str, message: str, said: str = "refused") -> web.Response:
+    """A refusal as JSON for ``inbox.js`` (or a monitor): ``{"status":"refused","reason",
+    "message"}``; ``said`` is its ``status`` word (``unavailable`` for a 503 health check)."""
+    return web.Response(text=_json(reason, message, said), status=status, content_type=JSON)
 
 
-def _json(reason: str, message: str) -> str:
-    return json.dumps({"status": "refused", "reason": reason, "message": message})
+def _json(reason: str, message: str, said: str = "refused") -> str:
+    return json.dumps({"status": said, "reason": reason, "message": message})
 
 
 def _refused(error: type[web.HTTPError], reason: str, message: str) -> web.HTTPError:

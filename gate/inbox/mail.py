@@ -18,7 +18,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from email.message import EmailMessage
 from typing import Any
 
@@ -108,28 +108,22 @@ def mails_for(
     return mails
 
 
+@dataclass(eq=False)
 class Mailer:
     """The mail queue and its worker: ``tell`` queues (never blocks, never raises),
     ``run(stop)`` sends until ``stop`` is set. ``login`` is ``(username, password)`` or
-    None; ``now_ms`` the clock; ``retry_delays_s`` the waits before each retry;
-    ``on_result`` is told of each mail sent (True) or given up (False)."""
+    None (never shown by repr); ``now_ms`` the clock; ``retry_delays_s`` the waits before
+    each retry; ``on_result`` is told of each mail sent (True) or given up (False)."""
 
-    def __init__(
-        self,
-        section: MailSection,
-        base_url: str,
-        login: tuple[str, str] | None = None,
-        now_ms: Callable[[], int] = lambda: int(time.time() * 1000),
-        retry_delays_s: tuple[float, ...] = RETRY_DELAYS_S,
-        on_result: Callable[[bool], None] = lambda sent: None,
-    ) -> None:
-        self.section = section
-        self.base_url = base_url
-        self._login = login
-        self.now_ms = now_ms
-        self.retry_delays_s = retry_delays_s
-        self.queue: asyncio.Queue[Mail] = asyncio.Queue(QUEUE_SIZE)
-        self.on_result = on_result
+    section: MailSection
+    base_url: str
+    login: tuple[str, str] | None = field(default=None, repr=False)
+    now_ms: Callable[[], int] = lambda: int(time.time() * 1000)
+    retry_delays_s: tuple[float, ...] = RETRY_DELAYS_S
+    on_result: Callable[[bool], None] = lambda sent: None
+    queue: asyncio.Queue[Mail] = field(
+        init=False, default_factory=lambda: asyncio.Queue(QUEUE_SIZE)
+    )
 
     def tell(
         self, approval_id: str, dispatch: Mapping[str, Any], expires_at: int, news: News
@@ -168,8 +162,8 @@ class Mailer:
             port=section.port,
             use_tls=section.security == "tls",
             start_tls=section.security == "starttls",
-            username=self._login[0] if self._login else None,
-            password=self._login[1] if self._login else None,
+            username=self.login[0] if self.login else None,
+            password=self.login[1] if self.login else None,
             timeout=SEND_TIMEOUT_S,
         )
 
