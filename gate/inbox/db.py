@@ -304,11 +304,8 @@ def _receive(conn: sqlite3.Connection, new: Incoming, raw: str, at: int) -> tupl
             row,
         )
         return "updated", news
-    previous = (
-        (before.get("question") or {}).get("text")
-        if new.kind == "question"
-        else (before.get("draft") or {}).get("body")
-    )
+    part, key = ("question", "text") if new.kind == "question" else ("draft", "body")
+    previous = (before.get(part) or {}).get(key)
     state = old["state"] if old["state"] in CLOSED else "pending"
     conn.execute(
         "UPDATE items SET revision = :revision, nonce = :nonce, payload_hash = :payload_hash,"

@@ -112,14 +112,12 @@ def mails_for(
 class Mailer:
     """The mail queue and its worker: ``tell`` queues (never blocks, never raises),
     ``run(stop)`` sends until ``stop`` is set. ``login`` is ``(username, password)`` or
-    None (never shown by repr); ``now_ms`` the clock; ``retry_delays_s`` the waits before
-    each retry; ``on_result`` is told of each mail sent (True) or given up (False)."""
+    None (never shown by repr); ``on_result`` is told of each mail sent (True) or given up
+    (False)."""
 
     section: MailSection
     base_url: str
     login: tuple[str, str] | None = field(default=None, repr=False)
-    now_ms: Callable[[], int] = lambda: int(time.time() * 1000)
-    retry_delays_s: tuple[float, ...] = RETRY_DELAYS_S
     on_result: Callable[[bool], None] = lambda sent: None
     queue: asyncio.Queue[Mail] = field(
         init=False, default_factory=lambda: asyncio.Queue(QUEUE_SIZE)
@@ -133,7 +131,7 @@ class Mailer:
         mail is best effort)."""
         if news.kind not in self.section.on:
             return
-        now = self.now_ms()
+        now = int(time.time() * 1000)
         for mail in mails_for(
             self.section, self.base_url, approval_id, dispatch, expires_at, now, news
         ):
@@ -169,7 +167,7 @@ class Mailer:
 
     async def run(self, stop: asyncio.Event) -> None:
         """Send queued mails until ``stop``; each is tried once and retried ``RETRIES``
-        times, waiting ``retry_delays_s`` between (``event=mail_failed`` each time,
+        times, waiting ``RETRY_DELAYS_S`` between (``event=mail_failed`` each time,
         ``event=mail_given_up`` at the end)."""
         stopping = asyncio.ensure_future(stop.wait())
         try:
@@ -203,7 +201,7 @@ class Mailer:
                 return
             if attempt == RETRIES or stop.is_set():
                 break
-            delay = self.retry_delays_s[min(attempt, len(self.retry_delays_s) - 1)]
+            delay = RETRY_DELAYS_S[min(attempt, len(RETRY_DELAYS_S) - 1)]
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), delay)
         log.warning(

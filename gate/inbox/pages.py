@@ -123,9 +123,10 @@ def _facts(item: Item, now_ms: int, viewer: str, approved_by: Sequence[str] = ()
     }
 
 
-def _asked(item: Item) -> dict[str, Any]:
-    """An item page's "Requested" (when, UTC) and "Run" (``listing.run_words``) facts."""
-    return {"requested": requested_at(item), "run": run_words(item)}
+def _asked(item: Item, session: Session, seq: int) -> dict[str, Any]:
+    """An item page's "Requested" (when, UTC) and "Run" (``listing.run_words``) facts, the
+    ``session`` and the live updates' ``seq``."""
+    return {"requested": requested_at(item), "run": run_words(item), "session": session, "seq": seq}
 
 
 def signin_page(
@@ -133,14 +134,13 @@ def signin_page(
     *,
     challenge: str,
     csrf: str,
-    action: str = "/signin",
     error: str | None = None,
     notice: str | None = None,
 ) -> web.Response:
     """The sign-in page: one "Sign in with your passkey" button whose form carries the
     WebAuthn ``challenge`` (base64url) and a pre-session ``csrf`` token; ``error`` in words
     (status 401); ``notice`` why the approver was signed out (status 200)."""
-    context = {"challenge": challenge, "csrf": csrf, "action": action, "error": error}
+    context = {"challenge": challenge, "csrf": csrf, "action": "/signin", "error": error}
     context["notice"] = notice
     return _render(request, "signin.html", context, status=401 if error else 200)
 
@@ -202,15 +202,14 @@ def item_page(
     ``decided.standing``) and, once an adjust resolved it, the final text and its diff from
     the draft asked (``decided.final_text``)."""
     challenges = challenges or {}
+    decide, ask = item_url(item.approval_id, "decide"), item_url(item.approval_id, "challenge")
     forms = [
         {
             "verb": verb,
             "label": label,
-            "action": item_url(item.approval_id, "decide"),
+            "action": decide,
             "challenge": challenges.get(verb, ""),
-            "challenge_url": None
-            if verb in challenges
-            else item_url(item.approval_id, "challenge"),
+            "challenge_url": None if verb in challenges else ask,
         }
         for verb, label in VERBS
     ]
@@ -220,7 +219,7 @@ def item_page(
     final = final_text(item, recorded)
     context = {
         **_facts(item, now_ms, session.identity, approved_by),
-        **_asked(item),
+        **_asked(item, session, seq),
         "mine": None if part is None else standing(part, item, count)[1],
         "final": None if final is None else draft_view(final, item.content_type),
         "final_diff": None if final is None else diff_html(item.body, final),
@@ -228,8 +227,6 @@ def item_page(
         "hidden": hidden_count(item.body),  # said under the adjust box (finding 11)
         "diff": diff,
         "forms": forms,
-        "session": session,
-        "seq": seq,
     }
     return _render(request, "item.html", context)
 
@@ -278,7 +275,7 @@ def question_page(
     marked += sum(_marked_line(o).count(MARK_OPEN) for o in options)
     context = {
         **_facts(item, now_ms, session.identity, approved_by),
-        **_asked(item),
+        **_asked(item, session, seq),
         "text": text,
         "reason": reason,
         "response_type": question.get("response_type"),
@@ -288,8 +285,6 @@ def question_page(
         "sent": _sent(submitted),
         "marked": marked,
         "action": item_url(item.approval_id, "answer"),
-        "session": session,
-        "seq": seq,
         "error": error,
         "answers": [
             (r.identity, _said(sent_words(r, item))) for r in recorded if r.decision == "answer"
