@@ -63,14 +63,6 @@ def cookie_name(request: web.Request) -> str:
     return SECURE_COOKIE if is_https(request) else COOKIE
 
 
-def allowed_origins(request: web.Request) -> tuple[str, ...]:
-    """The inbox's own origins: its relying party's, or ``base_url``'s when it has none."""
-    state = state_of(request)
-    if state.party is not None:
-        return tuple(state.party.origins)
-    return (origin_of(state.config.base_url),)
-
-
 def set_cookie(
     request: web.Request,
     response: web.StreamResponse,
@@ -198,7 +190,10 @@ def _refused(error: type[web.HTTPError], reason: str, message: str) -> web.HTTPE
 
 
 def _origin_ok(request: web.Request) -> bool:
-    allowed = allowed_origins(request)
+    """True when the Origin (or, without one, the Referer's origin) is one of the inbox's
+    own: its relying party's origins, or ``base_url``'s when it has none."""
+    state = state_of(request)
+    allowed = state.party.origins if state.party else (origin_of(state.config.base_url),)
     origin = request.headers.get("Origin")
     if origin is not None:
         return origin in allowed

@@ -55,7 +55,7 @@ class InboxDb:
 
     async def _rows(self, sql: str, args: tuple[Any, ...]) -> list[sqlite3.Row]:
         """The rows one read of ``sql`` with ``args`` gives."""
-        return await self._run(_query, self._conn, sql, args)
+        return await self._run(lambda: self._conn.execute(sql, args).fetchall())
 
     async def _run(self, fn: Callable[..., T], *args: Any) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
@@ -230,10 +230,6 @@ class InboxDb:
         if id_hash is not None:
             sql, args = "DELETE FROM sessions WHERE id_hash = ?", (id_hash,)
         return await self._run(self._tx, lambda c: c.execute(sql, args).rowcount)
-
-
-def _query(conn: sqlite3.Connection, sql: str, args: tuple[Any, ...]) -> list[sqlite3.Row]:
-    return conn.execute(sql, args).fetchall()
 
 
 def _insert_decision(conn: sqlite3.Connection, record: DecisionRecord, batch: str | None) -> int:

@@ -185,13 +185,9 @@ def draft_view(body: str, content_type: str) -> DraftView:
         )
         found = reference_definitions(body, content_type)
         return DraftView(html, _count(html) + definitions_marked(found), "markdown", found)
-    if kind == "application/json":
-        pretty = pretty_json(body)
-        if pretty is not None:
-            html = _pre(pretty)
-            return DraftView(html, _count(html), "json")
-    html = _pre(body)
-    return DraftView(html, _count(html), "text")
+    pretty = pretty_json(body) if kind == "application/json" else None
+    html = _pre(body if pretty is None else pretty)
+    return DraftView(html, _count(html), "text" if pretty is None else "json")
 
 
 def hidden_count(text: str, *, keep: str = "\n\t") -> int:
@@ -204,10 +200,9 @@ def markdown_hides(body: str) -> bool:
     """True when rendering ``body`` as markdown leaves part of its text out of the draft's
     HTML: a link reference definition (listed apart), or a link's or image's title."""
     env: dict[str, Any] = {"links": []}
-    tokens = _MD.parse(body, env)
+    stack = _MD.parse(body, env)
     if env.get("references"):
         return True
-    stack = list(tokens)
     while stack:
         token = stack.pop()
         if token.attrGet("title"):

@@ -59,10 +59,8 @@ def budget(obj: Mapping[str, Any] | None) -> list[str]:
         ("this pipeline", "spent_pipeline", "cap_pipeline"),
     ):
         have, limit = _amount(obj.get(spent), unit), _amount(obj.get(cap), unit)
-        if have is not None and limit is not None:
-            lines.append(f"{label}: {have} of {limit}")
-        elif have is not None:
-            lines.append(f"{label}: {have}")
+        if have is not None:
+            lines.append(f"{label}: {have}" + ("" if limit is None else f" of {limit}"))
     this = _amount(obj.get("this_request"), unit)
     if this is not None:
         lines.append(f"this request: {this}")
@@ -285,12 +283,9 @@ def limits_words(prop: Mapping[str, Any], required: bool) -> str | None:
 def _limits(
     prop: Mapping[str, Any], pairs: tuple[tuple[str, str], ...]
 ) -> tuple[tuple[str, str], ...]:
-    out = []
-    for key, attr in pairs:
-        value: Any = prop.get(key)
-        if in_range(value):
-            out.append((attr, number_text(value)))  # exact: "g" rounds 2**53 to 9.0072e+15
-    return tuple(out)
+    found = ((attr, prop.get(key)) for key, attr in pairs)
+    # number_text is exact: "g" rounds 2**53 to 9.0072e+15
+    return tuple((attr, number_text(value)) for attr, value in found if in_range(value))
 
 
 def form_fields(schema: Any) -> list[Field]:
