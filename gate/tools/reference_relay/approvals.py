@@ -9,9 +9,10 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any
 
+from gate.protocol.canonical import payload_hash
 from gate.protocol.display import display_time
 from gate.protocol.envelope import build_decision
-from gate.tools.reference_relay.state import Sent, revision_of
+from gate.tools.reference_relay.state import Fields, revision_of
 from gate.tools.reference_relay.terminal import Withdrawn
 from gate.tools.reference_relay.view import shown, verdict
 
@@ -26,18 +27,45 @@ CHANNEL = "terminal"
 
 class ApprovalDesk:
     """The approvals side of a ``Relay`` (its state: who it decides as, ``known``, the
-    prompt on screen): asks, decides, delivers."""
+    prompt on screen): checks, asks, decides; ``Relay.exchange`` delivers. A reply is
+    ``(verb, text)``."""
+
+    # SPEC §2 "Dispatch": the fields this relay uses
+    FIELDS: Fields = (
+        ("approval_id", str),
+        ("payload_hash", str),
+        ("draft.body", str),
+        ("callback.url", str),
+        ("callback.nonce", str),
+        ("approvers", list),
+    )
+    # the field a digest of the dispatch must equal (else 400 payload_hash_mismatch)
+    HASHED = ("payload_hash", lambda envelope: payload_hash(envelope["draft"]["body"]))
+    # when input ends: the stdin_closed log line's reason, and the line said on the terminal
+    ENDED = (
+        "no human can answer on this terminal; new dispatches are refused "
+        "(503 no_human_at_terminal, the gate retries them), those already "
+        "acked stay undecided until they expire or are cancelled",
+        "Input ended: nobody can answer here any more; new dispatches are "
+        "refused (the gate retries them), this one waits for its timeout. "
+        "Ctrl-C stops.",
+    )
 
     def __init__(self, relay: Relay) -> None:
         self.relay = relay
+        self.log = log
 
-    async def deliver(
-        self, envelope: dict[str, Any], identity: str, verb: str, text: str | None
-    ) -> tuple[int, Any] | None:
-        """Build ``identity``'s decision ``verb`` (``text``: an adjust's new text or a skip's
-        reason, else ignored; with the relay's ``--approver-key`` it carries its
-        ``approver_assertion``) and deliver it (``Relay.deliver``). Returns the gate's
-        (status, answer), or None if it never came."""
+    def unable(self, envelope: dict[str, Any]) -> str | None:
+        """``no_human_at_terminal`` when nobody here can decide (``Relay.nobody_here``)."""
+        return "no_human_at_terminal" if self.relay.nobody_here() else None
+
+    def message(
+        self, envelope: dict[str, Any], identity: str, reply: tuple[str, str | None]
+    ) -> dict[str, Any]:
+        """``identity``'s decision ``(verb, text)`` (``text``: an adjust's new text or a
+        skip's reason, else ignored; with the relay's ``--approver-key`` it carries its
+        ``approver_assertion``)."""
+        verb, text = reply
         adjust_text = text if verb == "adjust" else None
         reason = text if verb == "skip" else None
         decision = build_decision(
@@ -54,7 +82,7 @@ class ApprovalDesk:
         key = self.relay.approver_key
         if key is not None:  # signed by the approver's own key
             decision["approver_assertion"] = key.assertion(envelope, verb, adjust_text, reason)
-        return await self.relay.deliver(envelope, identity, decision)
+        return decision
 
     async def handle(self, envelope: dict[str, Any]) -> None:
         """Ask each decider in scope in turn (or auto-decide), skipping who is recorded and
@@ -98,13 +126,14 @@ class ApprovalDesk:
                 )
                 continue
             asked = True
-            sent = await self._decide(envelope, identity)
-            if sent is None:
+            result = await self.relay.exchange(self, envelope, identity)
+            if result is None:
                 return
-            self.relay.known.learn(envelope, identity, sent)
+            reply, status, answer = result
+            self.relay.known.learn(envelope, identity, reply, status, answer)
             quorum = envelope.get("quorum")
             if (
-                sent.status == 200
+                status == 200
                 and isinstance(quorum, dict)
                 and isinstance(quorum.get("collected"), int)
             ):
@@ -132,65 +161,34 @@ class ApprovalDesk:
             "(enrolled with hitl-gate approvers add-key)",
         )
 
-    async def _decide(self, envelope: dict[str, Any], identity: str) -> Sent | None:
-        """Ask (or auto-decide) until the gate takes an answer; None when nobody can answer
-        (input ended, the prompt was withdrawn, the gate could not be reached)."""
-        while True:
-            if self.relay.auto is not None:
-                verb, text = self.relay.auto.verb, self.relay.auto.text
-            elif self.relay.stdin_closed:
-                return None
-            else:
-                try:
-                    verb, text = await self._ask(envelope, identity)
-                except Withdrawn as exc:
-                    log.info(
-                        "event=prompt_withdrawn approval_id=%s revision=%d approver=%s reason=%r",
-                        envelope["approval_id"],
-                        revision_of(envelope),
-                        identity,
-                        str(exc),
-                    )
-                    return None
-                except EOFError:
-                    self.relay.stdin_closed = True
-                    log.warning(
-                        "event=stdin_closed reason=%r",
-                        "no human can answer on this terminal; new dispatches are refused "
-                        "(503 no_human_at_terminal, the gate retries them), those already "
-                        "acked stay undecided until they expire or are cancelled",
-                    )
-                    self.relay.terminal.say(
-                        "Input ended: nobody can answer here any more; new dispatches are "
-                        "refused (the gate retries them), this one waits for its timeout. "
-                        "Ctrl-C stops."
-                    )
-                    return None
-            result = await self.deliver(envelope, identity, verb, text)
-            if result is None:
-                return None
-            sent = Sent(verb, text, *result)
-            log.info(
-                "event=decision_sent approval_id=%s approver=%s decision=%s answer=%s %s",
-                envelope.get("approval_id"),
-                identity,
-                verb,
-                sent.status,
-                json.dumps(sent.answer, ensure_ascii=False),
+    def answered(
+        self, envelope: dict[str, Any], identity: str, reply: Any, status: int, answer: Any
+    ) -> str | None:
+        """Log the decision ``reply`` sent and the gate's answer; return its verdict's line
+        (``view.verdict``), or None when a human is to answer again (a 422: said why)."""
+        log.info(
+            "event=decision_sent approval_id=%s approver=%s decision=%s answer=%s %s",
+            envelope.get("approval_id"),
+            identity,
+            reply[0],
+            status,
+            json.dumps(answer, ensure_ascii=False),
+        )
+        if status == 422 and self.relay.auto is None:
+            reason = answer.get("reason") if isinstance(answer, dict) else None
+            self.relay.terminal.say(
+                f"The gate refused that answer ({reason}); please answer again."
             )
-            if sent.status == 422 and self.relay.auto is None:
-                self.relay.terminal.say(
-                    f"The gate refused that answer ({sent.fields.get('reason')}); "
-                    "please answer again."
-                )
-                continue
-            self.relay._tell(verdict(verb, sent.status, sent.answer))
-            return sent
+            return None
+        return verdict(reply[0], status, answer)
 
-    async def _ask(self, envelope: dict[str, Any], identity: str) -> tuple[str, str | None]:
-        """One prompt on the terminal, withdrawn (Withdrawn) when it goes stale while shown:
-        a newer revision arrives (``_newer``) or the dispatch's ``expires_at`` passes."""
-        approval_id, revision = envelope["approval_id"], revision_of(envelope)
+    async def reply(self, envelope: dict[str, Any], identity: str) -> tuple[str, str | None]:
+        """What ``--auto`` decides, else one prompt on the terminal, withdrawn (Withdrawn)
+        when it goes stale while shown: a newer revision arrives (``Relay._newer``) or the
+        dispatch's ``expires_at`` passes."""
+        if self.relay.auto is not None:
+            return self.relay.auto.verb, self.relay.auto.text
+        approval_id = envelope["approval_id"]
         now_stale = self.relay.known.stale(envelope, time.time())
         if now_stale is not None:  # asked again (after a 422) about what went stale meanwhile
             self.relay.terminal.say(f"{now_stale}; not asking again.")
@@ -200,7 +198,7 @@ class ApprovalDesk:
             f"{shown(display_time(envelope.get('expires_at')))} "
             "while waiting for an answer; not asking any more."
         )
-        with self.relay.asking_about(envelope, approval_id, revision, expired) as stale:
+        with self.relay.asking_about(envelope, expired) as stale:
             return await self.relay.terminal.ask(envelope, identity, stale)
 
 

@@ -17,6 +17,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.serialization import load_pem_private_key
 
 from gate.protocol.approver_signature import b64url, decision_digest, ed25519_credential_id
+from gate.tools.reference_relay.state import revision_of
 
 MAX_KEY_FILE_BYTES = 64 * 1024
 
@@ -62,12 +63,9 @@ class ApproverKey:
         ``{"type": "ed25519", "credential_id", "signature"}``, the signature
         over ``decision_digest`` of the dispatch's approval_id, revision (1 when absent),
         callback nonce and payload_hash with the ``verb`` and texts exactly as posted."""
-        revision = envelope.get("revision")
-        if isinstance(revision, bool) or not isinstance(revision, int):
-            revision = 1
         digest = decision_digest(
             approval_id=envelope["approval_id"],
-            revision=revision,
+            revision=revision_of(envelope),
             nonce=envelope["callback"]["nonce"],
             payload_hash=envelope["payload_hash"],
             decision=verb,

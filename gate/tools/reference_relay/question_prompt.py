@@ -9,6 +9,7 @@ import json
 from typing import TYPE_CHECKING, Any
 
 from gate.errors import GateError
+from gate.protocol.form_value import check_form_value
 from gate.protocol.question import QuestionSpec, check_value
 from gate.tools.reference_relay.question_view import (
     OMIT,
@@ -20,7 +21,6 @@ from gate.tools.reference_relay.question_view import (
     parse_field,
     render_question,
 )
-from gate.tools.reference_relay.state import version_of
 from gate.tools.reference_relay.terminal import Terminal
 
 if TYPE_CHECKING:
@@ -58,7 +58,7 @@ async def prompt_value(
     terminal = relay.terminal
     qid = envelope["question_id"]
     expired = f"Question {line(qid)} expired while waiting for an answer; not asking any more."
-    with relay.asking_about(envelope, qid, version_of(envelope), expired) as stale:
+    with relay.asking_about(envelope, expired) as stale:
         async with terminal.prompting(render_question(envelope, identity, terminal.width())):
             while True:
                 value = await _read(terminal, envelope, spec, stale)
@@ -89,7 +89,7 @@ async def _read(
         while True:
             terminal.say(field_prompt(name, prop, required), end="")
             typed = parse_field(await terminal.lines.next(stale), prop, required)
-            hint = typed.hint if typed.hint is not None else field_refusal(spec, name, typed.value)
+            hint = typed.hint or field_refusal(name, prop, required, typed.value)
             if hint is None:
                 break
             terminal.say(hint)
@@ -98,23 +98,16 @@ async def _read(
     return value
 
 
-def field_refusal(spec: QuestionSpec, name: str, typed: Any) -> str | None:
-    """The ``Not taken: ...`` line for one form field's typed value that ``check_value``
-    refuses (length, range, format, choices: the form's own check, on this field alone), or
+def field_refusal(name: str, prop: dict[str, Any], required: bool, typed: Any) -> str | None:
+    """The ``Not taken: ...`` line for one form field's typed value that the form's own check
+    (``check_form_value``: length, range, format, choices) refuses on this field alone, or
     None when it fits or was left out (``OMIT``); so a field is asked again at once, not after
     the whole form (new-user finding 6)."""
-    schema = spec.schema or {}
-    prop = (schema.get("properties") or {}).get(name)
-    if typed is OMIT or not isinstance(prop, dict):
+    if typed is OMIT:
         return None
-    required = [name] if name in (schema.get("required") or ()) else []
-    alone = QuestionSpec(
-        text=spec.text,
-        response_type="form",
-        schema={"type": "object", "properties": {name: prop}, "required": required},
-    )
+    alone = {"properties": {name: prop}, "required": [name] if required else []}
     try:
-        check_value(alone, {name: typed}, max_answer_chars=LOCAL_MAX_ANSWER_CHARS)
+        check_form_value(alone, {name: typed}, max_answer_chars=LOCAL_MAX_ANSWER_CHARS)
     except GateError as exc:
         return f"Not taken: {line(exc.message)}."
     return None

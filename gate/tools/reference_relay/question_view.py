@@ -54,13 +54,6 @@ def hidden_count(question: dict[str, Any]) -> int:
     return count + sum(_hidden(v) for v in shown)
 
 
-def _subject(envelope: dict[str, Any]) -> str:
-    return (
-        f"QUESTION {line(envelope.get('question_id'))}  {line(envelope.get('pipeline'))}/"
-        f"{line(envelope.get('step'))}"
-    )
-
-
 def field_summary(prop: dict[str, Any], required: bool) -> str:
     """A form field's type and limits in words: ``integer, 1 to 100, required``."""
     kind = "choice" if "enum" in prop else str(prop.get("type"))
@@ -110,7 +103,8 @@ def render_question(envelope: dict[str, Any], identity: str, width: int | None =
     lines = [
         "",
         QUESTION_RULE,
-        f"{_subject(envelope)}  risk {line(envelope.get('risk'))}  version "
+        f"QUESTION {line(envelope.get('question_id'))}  {line(envelope.get('pipeline'))}/"
+        f"{line(envelope.get('step'))}  risk {line(envelope.get('risk'))}  version "
         f"{line(envelope.get('version', 1))}",
         f"answer: {line(kind)}  expires {line(display_time(envelope.get('expires_at')))}  you are "
         f"{line(identity)}",

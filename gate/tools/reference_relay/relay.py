@@ -24,19 +24,37 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from gate.protocol.canonical import payload_hash, wire_json
+from gate.protocol.canonical import wire_json
 from gate.protocol.relay_inbound import INVALID_PROTOCOL, is_notice, notice_subject
 from gate.protocol.whitespace import identity_key, is_blank
 from gate.relay.delivery import Courier, GateUnreachable
 from gate.relay.inbound import open_request
 from gate.tools.reference_relay.approvals import ApprovalDesk
 from gate.tools.reference_relay.approver_key import ApproverKey
+from gate.tools.reference_relay.question_view import OMIT
 from gate.tools.reference_relay.questions import QuestionDesk
-from gate.tools.reference_relay.state import Knowledge, expiry_of, revision_of, settle
-from gate.tools.reference_relay.terminal import Terminal
-from gate.tools.reference_relay.view import resolved_elsewhere, shown
+from gate.tools.reference_relay.state import (
+    Knowledge,
+    expiry_of,
+    missing_field,
+    revision_of,
+    settle,
+)
+from gate.tools.reference_relay.terminal import Terminal, Withdrawn
+from gate.tools.reference_relay.view import (
+    APPROVAL,
+    QUESTION,
+    Kind,
+    kind_of,
+    resolved_elsewhere,
+    shown,
+)
 
 log = logging.getLogger(__name__)
+
+Desk = ApprovalDesk | QuestionDesk
+"""What the relay hands a dispatch of one kind to: the same methods and fields on both. A
+reply is a decision's ``(verb, text)`` or an answer's value; ``OMIT`` when none comes."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,7 +100,6 @@ class Relay:
         self.identities = tuple(identities)
         self.auto = auto
         self.max_skew = max_skew
-        self.session = session
         self.courier = Courier(session, secret)  # the session's timeout bounds an attempt
         self.terminal = terminal
         self.handled: set[str] = set()
@@ -90,13 +107,15 @@ class Relay:
         self.asking: tuple[str, int, asyncio.Future[str]] | None = None  # prompt on screen
         self.stdin_closed = False
         self.queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
-        self.questions = QuestionDesk(self, auto_answer)  # questions, apart
-        self.approvals = ApprovalDesk(self)
+        self.desks: dict[Kind, Desk] = {
+            APPROVAL: ApprovalDesk(self),
+            QUESTION: QuestionDesk(self, auto_answer),  # never reads an approval
+        }
 
     async def receive(self, request: web.Request) -> web.Response:
-        """Verify and ack a dispatch (202), queue it for a human; 401/400 when refused, 503
-        ``no_human_at_terminal`` once input ended and no ``--auto`` answers (relay review
-        item C: the gate keeps it, retries and shows the reason)."""
+        """Verify a dispatch, check its kind's ``Desk.FIELDS`` and ``Desk.HASHED``, ack it (202)
+        and queue it for a human; 401/400 when refused, 503 when nobody here can answer
+        (``Desk.unable``; relay review item C: the gate keeps it, retries and shows why)."""
         opened = await open_request(
             request, [self.secret], time.time, self.max_skew, log, quiet=(INVALID_PROTOCOL,)
         )  # an invalid_protocol is answered, as ever, without a log line
@@ -105,60 +124,51 @@ class Relay:
         envelope = opened[1]
         if is_notice(envelope):  # never shown as a request
             return self._notice(envelope)
-        if envelope.get("kind") == "question":  # never read as an approval
-            return self.questions.receive(envelope)
-        missing = _missing_field(envelope)
+        desk = self.desks[kind_of(envelope)]
+        tag = " kind=question" if kind_of(envelope) is QUESTION else ""
+        missing = missing_field(envelope, desk.FIELDS)
         if missing is not None:  # say what is wrong, not a hash mismatch (new-user review)
-            log.warning("event=dispatch_refused reason=invalid_dispatch field=%s", missing)
+            desk.log.warning(
+                "event=dispatch_refused reason=invalid_dispatch%s field=%s", tag, missing
+            )
             return web.json_response(
                 {"status": "invalid", "reason": "invalid_dispatch", "field": missing}, status=400
             )
-        body = envelope["draft"]["body"]
-        if payload_hash(body) != envelope["payload_hash"]:
-            log.warning("event=dispatch_refused reason=payload_hash_mismatch")
+        hashed, digest = desk.HASHED
+        if digest(envelope) != envelope[hashed]:
+            desk.log.warning("event=dispatch_refused reason=%s_mismatch%s", hashed, tag)
             return web.json_response(
-                {"status": "invalid", "reason": "payload_hash_mismatch"}, status=400
+                {"status": "invalid", "reason": f"{hashed}_mismatch"}, status=400
             )
-        unable = "no_human_at_terminal" if self.nobody_here() else None  # acked, it would wait
-        return self.accept(envelope, "approval", revision_of(envelope), unable)  # here unseen
+        return self._accept(envelope, desk)
 
-    def accept(
-        self,
-        envelope: dict[str, Any],
-        kind: str,
-        revision: int,
-        unable: str | None,
-        desk_log: logging.Logger = log,
-    ) -> web.Response:
-        """Ack (202) a checked dispatch of ``kind`` (approval, question) at ``revision`` and
-        queue it; a re-send of one handled (its nonce) is acked as a duplicate; 503 with the
-        ``unable`` reason when nobody here can answer it (the gate keeps it and retries),
-        logged on the desk's ``desk_log``."""
-        key = f"{kind}_id"
+    def _accept(self, envelope: dict[str, Any], desk: Desk) -> web.Response:
+        """Ack (202) a checked dispatch and queue it; a re-send of one handled (its nonce) is
+        acked as a duplicate; 503 with the ``unable`` reason when nobody here can answer it
+        (acked, it would wait here unseen)."""
+        key = kind_of(envelope).key
         nonce = envelope["callback"]["nonce"]
         if nonce in self.handled:  # the gate re-sent a dispatch whose ack it missed
             return web.json_response({"status": "accepted", "duplicate": True}, status=202)
+        unable = desk.unable(envelope)
         if unable is not None:
-            desk_log.warning("event=dispatch_refused reason=%s %s=%s", unable, key, envelope[key])
+            desk.log.warning("event=dispatch_refused reason=%s %s=%s", unable, key, envelope[key])
             return web.json_response({"status": "unavailable", "reason": unable}, status=503)
         self.handled.add(nonce)
-        self._newer(envelope[key], revision, kind)
+        self._newer(envelope)
         self.queue.put_nowait(envelope)
         return web.json_response({"status": "accepted"}, status=202)
 
     @contextlib.contextmanager
-    def asking_about(
-        self, envelope: dict[str, Any], subject: str, revision: int, expired: str
-    ) -> Iterator[asyncio.Future[str]]:
-        """While the block runs, a prompt about ``subject`` (an approval's or a question's id)
-        at ``revision`` is on screen (``asking``): the future it waits on is settled, which
-        withdraws it, with ``expired`` at the dispatch's ``expires_at``, or by a newer
-        revision or a notice."""
+    def asking_about(self, envelope: dict[str, Any], expired: str) -> Iterator[asyncio.Future[str]]:
+        """While the block runs, a prompt about the dispatch (its id and revision) is on screen
+        (``asking``): the future it waits on is settled, which withdraws it, with ``expired``
+        at the dispatch's ``expires_at``, or by a newer revision or a notice."""
         loop = asyncio.get_running_loop()
         stale: asyncio.Future[str] = loop.create_future()
         left = max(0.0, expiry_of(envelope, time.time()) - time.time())
         timer = loop.call_later(left, settle, stale, expired)
-        self.asking = (subject, revision, stale)
+        self.asking = (envelope[kind_of(envelope).key], revision_of(envelope), stale)
         try:
             yield stale
         finally:
@@ -171,56 +181,37 @@ class Relay:
         return self.auto is None and (self.stdin_closed or self.terminal.lines.ended())
 
     def _notice(self, notice: dict[str, Any]) -> web.Response:
-        """A signed resolution notice (docs/protocol.md "Notices"): the approval is closed
-        here (nothing queued about it is shown) and its prompt on screen, if any, is dropped
-        with a line saying how it ended. Acked 200; 400 ``invalid_notice`` without an
-        ``approval_id`` or ``outcome``. A repeat is the same notice. A question's notice
-        (``kind: "question"``) names its ``question_id`` and closes it the same way.
-        """
+        """A signed resolution notice (docs/protocol.md "Notices"): the approval (question)
+        is closed here (nothing queued about it is shown) and its prompt on screen, if any, is
+        dropped with a line saying how it ended. Acked 200; 400 ``invalid_notice`` without
+        its ``approval_id`` (``question_id``) or ``outcome``. A repeat is the same notice."""
         read = notice_subject(notice)
         if read is None:
             kind = " kind=question" if notice.get("kind") == "question" else ""
             log.warning("event=notice_refused reason=invalid_notice%s", kind)
             return web.json_response({"status": "invalid", "reason": "invalid_notice"}, status=400)
-        key, approval_id, outcome = read
-        if key == "question_id":
-            return self._question_notice(notice, approval_id, outcome)
-        log.info("event=notice_received approval_id=%s outcome=%s", approval_id, shown(outcome))
-        line = resolved_elsewhere(notice)
-        self.known.closed.setdefault(approval_id, f"was resolved elsewhere ({shown(outcome)})")
-        if self.asking is not None and self.asking[0] == approval_id:
-            settle(self.asking[2], f"{line}; not asking any more.")
+        key, subject, outcome = read
+        log.info("event=notice_received %s=%s outcome=%s", key, subject, shown(outcome))
+        self.known.closed.setdefault(subject, f"was resolved elsewhere ({shown(outcome)})")
+        if self.asking is not None and self.asking[0] == subject:
+            settle(self.asking[2], f"{resolved_elsewhere(notice)}; not asking any more.")
         return web.json_response({"status": "accepted"}, status=200)
 
-    def _question_notice(
-        self, notice: dict[str, Any], question_id: str, outcome: str
-    ) -> web.Response:
-        """A question (``question_id``) resolved elsewhere with ``outcome``: closed
-        here, its prompt dropped."""
-        log.info("event=notice_received question_id=%s outcome=%s", question_id, shown(outcome))
-        by = notice.get("answered_by")
-        line = f"Question {shown(question_id)} resolved elsewhere: {shown(outcome)}"
-        line += f" by {shown(by)}" if isinstance(by, str) else ""
-        self.known.closed.setdefault(question_id, f"was resolved elsewhere ({shown(outcome)})")
-        if self.asking is not None and self.asking[0] == question_id:
-            settle(self.asking[2], f"{line}; not asking any more.")
-        return web.json_response({"status": "accepted"}, status=200)
-
-    def _newer(self, approval_id: str, revision: int, kind: str = "approval") -> None:
-        """Note that ``revision`` of the approval exists; a prompt on screen about an older
-        one is withdrawn. With ``kind="question"`` it is a question's
-        version, said in a question's words."""
+    def _newer(self, envelope: dict[str, Any]) -> None:
+        """Note that the dispatch's revision (a question's version) exists; a prompt on
+        screen about an older one is withdrawn, said in its kind's words."""
+        kind, revision = kind_of(envelope), revision_of(envelope)
+        subject = envelope[kind.key]
         if (
-            self.known.newer(approval_id, revision)
+            self.known.newer(subject, revision)
             and self.asking is not None
-            and self.asking[0] == approval_id
+            and self.asking[0] == subject
             and self.asking[1] < revision
         ):
-            noun, step = ("Question", "version") if kind == "question" else ("Approval", "revision")
             settle(
                 self.asking[2],
-                f"{noun} {shown(approval_id)} {step} {self.asking[1]} "
-                f"was superseded by {step} {revision}; not asking again.",
+                f"{kind.noun} {shown(subject)} {kind.step} {self.asking[1]} "
+                f"was superseded by {kind.step} {revision}; not asking again.",
             )
 
     def _tell(self, text: str) -> None:
@@ -228,14 +219,22 @@ class Relay:
         if self.auto is None:
             self.terminal.say(text)
 
-    def deciders(self, envelope: dict[str, Any]) -> list[str]:
-        """Return who decides this dispatch: ``--as`` identities in scope, else the first
-        approver."""
+    def in_scope(self, envelope: dict[str, Any]) -> list[str]:
+        """The ``--as`` identities among the dispatch's approvers (compared as the gate does),
+        else (no ``--as``) its first approver."""
         approvers = [a for a in envelope.get("approvers") or [] if isinstance(a, str)]
         if not self.identities:
             return approvers[:1]
         keys = {identity_key(a) for a in approvers}
-        chosen = [i for i in self.identities if identity_key(i) in keys]
+        return [i for i in self.identities if identity_key(i) in keys]
+
+    def deciders(self, envelope: dict[str, Any]) -> list[str]:
+        """Return who decides this dispatch (``in_scope``); each ``--as`` identity out of
+        scope is logged, and the human told when none is in it."""
+        chosen = self.in_scope(envelope)
+        if not self.identities:
+            return chosen
+        approvers = [a for a in envelope.get("approvers") or [] if isinstance(a, str)]
         for other in set(self.identities) - set(chosen):
             log.warning(
                 "event=not_in_scope identity=%s approval_id=%s", other, envelope.get("approval_id")
@@ -256,7 +255,7 @@ class Relay:
         deliver it to the dispatch's callback URL (``gate.relay.delivery``: retried while
         the gate is unreachable or answers 5xx) until the dispatch's ``expires_at``. Returns
         (status, decoded answer), or None when no answer below 500 came in time."""
-        key = "question_id" if envelope.get("kind") == "question" else "approval_id"
+        key = kind_of(envelope).key
         subject = f"{key}={envelope.get(key)}"
 
         def retrying(_: int, problem: str, delay: float) -> None:
@@ -285,15 +284,43 @@ class Relay:
         )
         return None
 
+    async def exchange(
+        self, desk: Desk, envelope: dict[str, Any], identity: str
+    ) -> tuple[Any, int, Any] | None:
+        """Deliver ``identity``'s reply from ``desk`` (``--auto``'s, or asked on the terminal)
+        until the gate takes one (``Desk.answered``: a 422 asks a human again) and return
+        ``(reply, status, answer)``; None when none came: the prompt was withdrawn, input
+        ended (``Desk.ENDED`` says so once), the gate could not be reached."""
+        while True:
+            reply: Any = OMIT
+            if self.auto is not None or not self.stdin_closed:
+                try:
+                    reply = await desk.reply(envelope, identity)
+                except Withdrawn as exc:
+                    about = f"{kind_of(envelope).key}={envelope[kind_of(envelope).key]}"
+                    if kind_of(envelope) is APPROVAL:
+                        about += f" revision={revision_of(envelope)} approver={identity}"
+                    desk.log.info("event=prompt_withdrawn %s reason=%r", about, str(exc))
+                except EOFError:
+                    self.stdin_closed = True
+                    desk.log.warning("event=stdin_closed reason=%r", desk.ENDED[0])
+                    self.terminal.say(desk.ENDED[1])
+            if reply is OMIT:
+                return None
+            result = await self.deliver(envelope, identity, desk.message(envelope, identity, reply))
+            if result is None:
+                return None
+            verdict = desk.answered(envelope, identity, reply, *result)
+            if verdict is not None:
+                self._tell(verdict)
+                return reply, *result
+
     async def work(self) -> None:
         """Handle queued dispatches one at a time (a terminal shows one prompt at a time)."""
         while True:
             envelope = await self.queue.get()
             try:
-                if envelope.get("kind") == "question":
-                    await self.questions.handle(envelope)
-                else:
-                    await self.approvals.handle(envelope)
+                await self.desks[kind_of(envelope)].handle(envelope)
             except (KeyError, TypeError) as exc:
                 log.error(
                     "event=decision_failed approval_id=%s question_id=%s error=%r",
@@ -301,18 +328,3 @@ class Relay:
                     envelope.get("question_id"),
                     exc,
                 )
-
-
-def _missing_field(envelope: dict[str, Any]) -> str | None:
-    """The first field a dispatch envelope (SPEC §2 "Dispatch") lacks or has of the wrong
-    type, as a dotted path, or None when the fields this relay uses are all there."""
-    for name in ("approval_id", "payload_hash"):
-        if not isinstance(envelope.get(name), str):
-            return name
-    for parent, child in (("draft", "body"), ("callback", "url"), ("callback", "nonce")):
-        section = envelope.get(parent)
-        if not isinstance(section, dict) or not isinstance(section.get(child), str):
-            return f"{parent}.{child}"
-    if not isinstance(envelope.get("approvers"), list):
-        return "approvers"
-    return None

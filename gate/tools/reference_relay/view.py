@@ -57,6 +57,26 @@ def shown(value: object) -> str:
     return visible(str(value))[0]
 
 
+@dataclass(frozen=True, slots=True)
+class Kind:
+    """What tells the two kinds of dispatch (and of notice) apart where the relay handles them
+    alike: the ``noun`` it is said with, the field naming it (``key``) and the one numbering
+    its versions (``step``, also the word for one; 1 when absent)."""
+
+    noun: str
+    key: str
+    step: str
+
+
+APPROVAL = Kind("Approval", "approval_id", "revision")
+QUESTION = Kind("Question", "question_id", "version")
+
+
+def kind_of(envelope: dict[str, Any]) -> Kind:
+    """``QUESTION`` for a dispatch or notice that says ``"kind": "question"``, else ``APPROVAL``."""
+    return QUESTION if envelope.get("kind") == "question" else APPROVAL
+
+
 def _number(value: object) -> float | None:
     """A JSON number as a float; None for null, booleans, text, or a number beyond ±2**53
     (``in_range``: the budget is then shown as its JSON, the numbers as sent)."""
@@ -294,9 +314,8 @@ def verdict(verb: str, status: int, answer: Any) -> str:
         if answer.get("resolved"):
             return f"Recorded: {shown(answer.get('outcome'))}; the approval is resolved."
         return "Recorded; the quorum is not complete yet."
-    reason = answer.get("reason") if isinstance(answer, dict) else None
-    outcome = answer.get("outcome") if isinstance(answer, dict) else None
-    detail = answer.get("detail") if isinstance(answer, dict) else None
+    fields = answer if isinstance(answer, dict) else {}
+    reason, outcome, detail = fields.get("reason"), fields.get("outcome"), fields.get("detail")
     tail = (
         f"; the approval was already resolved: {shown(outcome)}."
         if outcome
@@ -313,10 +332,14 @@ def verdict(verb: str, status: int, answer: Any) -> str:
 
 
 def resolved_elsewhere(notice: dict[str, Any]) -> str:
-    """How a resolution notice says an approval ended, for the terminal:
-    ``Approval 01J… resolved elsewhere: skipped by bob@… (reason: …)``."""
-    outcome = notice.get("outcome")
-    text = f"Approval {shown(notice.get('approval_id'))} resolved elsewhere: {shown(outcome)}"
+    """How a resolution notice says an approval or a question ended, for the terminal:
+    ``Approval 01J… resolved elsewhere: skipped by bob@… (reason: …)``, ``Question 01J…
+    resolved elsewhere: answered by bob@…``."""
+    kind, outcome = kind_of(notice), notice.get("outcome")
+    text = f"{kind.noun} {shown(notice.get(kind.key))} resolved elsewhere: {shown(outcome)}"
+    if kind is QUESTION:
+        by = notice.get("answered_by")
+        return text + (f" by {shown(by)}" if isinstance(by, str) else "")
     deciders = [d for d in notice.get("decided_by") or () if isinstance(d, dict)]
     if outcome in ("approved", "adjusted", "skipped") and deciders:
         last = deciders[-1]
