@@ -12,6 +12,8 @@ import hmac
 import json
 import logging
 import secrets
+from collections.abc import Callable
+from functools import partial
 from html import escape
 from typing import Any
 from urllib.parse import parse_qs, quote, urlsplit
@@ -184,8 +186,8 @@ def _json(reason: str, message: str, said: str = "refused") -> str:
     return json.dumps({"status": said, "reason": reason, "message": message})
 
 
-def _refused(error: type[web.HTTPError], reason: str, message: str) -> web.HTTPError:
-    """``error`` (401, 403, 400) to raise, with ``refusal``'s JSON body."""
+def _refused(error: Callable[..., web.HTTPError], reason: str, message: str) -> web.HTTPError:
+    """``error`` (401, 403, 400, 413) to raise, with ``refusal``'s JSON body."""
     return error(text=_json(reason, message), content_type=JSON)
 
 
@@ -215,12 +217,9 @@ async def read_post(request: web.Request, session: Session | None) -> dict[str, 
     a lone surrogate is 400 ``invalid_<field>`` (``check_unicode``)."""
     raw = await read_whole(request, MAX_POST_BYTES)
     if raw is None:
-        raise web.HTTPRequestEntityTooLarge(
-            MAX_POST_BYTES,
-            request.content_length or MAX_POST_BYTES + 1,
-            text=_json("body_too_large", "The form is too large."),
-            content_type=JSON,
-        )
+        size = request.content_length or MAX_POST_BYTES + 1
+        too_large = partial(web.HTTPRequestEntityTooLarge, MAX_POST_BYTES, size)
+        raise _refused(too_large, "body_too_large", "The form is too large.")
     if not _origin_ok(request):
         raise _refused(web.HTTPForbidden, "origin_not_allowed", ORIGIN_NOT_ALLOWED)
     is_json = request.content_type == JSON

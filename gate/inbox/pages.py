@@ -233,11 +233,8 @@ def item_page(
 
 def _sent(submitted: Mapping[str, Any] | None) -> dict[str, list[str]]:
     """The posted fields as lists of strings (empty when nothing was posted)."""
-    out: dict[str, list[str]] = {}
-    for key, value in (submitted or {}).items():
-        values = value if isinstance(value, list) else [value]
-        out[str(key)] = [str(v) for v in values]
-    return out
+    listed = {k: v if isinstance(v, list) else [v] for k, v in (submitted or {}).items()}
+    return {str(key): [str(value) for value in values] for key, values in listed.items()}
 
 
 def question_page(
