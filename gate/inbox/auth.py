@@ -146,14 +146,14 @@ async def current_session(request: web.Request) -> Session | None:
     return session
 
 
-def _cross_site_page(url: str) -> web.Response:
-    body = (
+def _cross_site_page(url: str) -> bytes:
+    """The page a cross-site GET gets: a meta refresh (and a link) to ``url``."""
+    return (
         '<!doctype html><html lang="en"><head><meta charset="utf-8">'
         f'<meta http-equiv="refresh" content="0;url={escape(url)}">'
         "<title>hitl-gate inbox</title></head><body>"
         f'<p><a href="{escape(url)}">Continue to the inbox</a></p></body></html>'
-    )
-    return web.Response(text=body, content_type="text/html")
+    ).encode()
 
 
 async def require_session(request: web.Request) -> Session:
@@ -170,8 +170,7 @@ async def require_session(request: web.Request) -> Session:
         said = ("passkey_revoked", REVOKED) if request.get("inbox_revoked") else SIGNED_OUT
         raise _refused(web.HTTPUnauthorized, *said)
     if request.headers.get("Sec-Fetch-Site") == "cross-site" and request.query.get("r") != "1":
-        page = _cross_site_page(request.path + "?r=1")
-        raise web.HTTPOk(body=page.body, content_type="text/html")
+        raise web.HTTPOk(body=_cross_site_page(request.path + "?r=1"), content_type="text/html")
     why = "&why=revoked" if request.get("inbox_revoked") else ""
     raise web.HTTPSeeOther("/signin?next=" + quote(request.path, safe="/") + why)
 
