@@ -28,7 +28,7 @@ from gate.inbox.decided import final_text, my_part, on_behalf_of, sent_words, st
 from gate.inbox.followups import followup_words
 from gate.inbox.listing import decided_facts, requested_at, requested_by, row_facts, run_words
 from gate.inbox.model import DecisionRecord, Item, Session
-from gate.inbox.progress import collected
+from gate.inbox.progress import collected, shown
 from gate.inbox.render import MARK_OPEN, diff_html, draft_view, hidden_count, marked_text
 from gate.inbox.words import (
     answer_words,
@@ -38,7 +38,6 @@ from gate.inbox.words import (
     quorum,
     time_left,
 )
-from gate.protocol.display import code_point, is_hidden
 from gate.protocol.errors import ProtocolError
 
 STATIC = Path(__file__).resolve().parent / "static"
@@ -58,11 +57,6 @@ def _marked_line(value: object) -> Markup:
     return marked_text(str(value), keep="")
 
 
-def _shown(value: object) -> str:
-    """One-line plain text (a page title): hidden characters as ``U+XXXX`` text."""
-    return "".join(code_point(c) if is_hidden(c) else c for c in str(value))
-
-
 def setup_templates(app: web.Application) -> jinja2.Environment:
     """Set ``app`` up to render the inbox's templates (from the package, autoescape on,
     undefined names an error), serve ``/static/`` from the package and add the security
@@ -72,7 +66,7 @@ def setup_templates(app: web.Application) -> jinja2.Environment:
         loader=jinja2.PackageLoader("gate.inbox", "templates"),
         autoescape=True,
         undefined=jinja2.StrictUndefined,
-        filters={"marked": _marked_line, "shown": _shown},
+        filters={"marked": _marked_line, "shown": shown},
         default_helpers=False,
     )
     app.router.add_static("/static/", STATIC, name="static", append_version=False)
