@@ -12,7 +12,7 @@ from typing import Any
 
 from gate.audit import spans as audit_spans
 from gate.protocol.canonical import canonical_json, reject_json_constant
-from gate.protocol.envelope import rfc3339
+from gate.protocol.times import rfc3339
 from gate.trust import keys
 
 GENESIS_HASH = "0" * 64

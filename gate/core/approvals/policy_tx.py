@@ -16,7 +16,7 @@ from gate.core.approvals import policy as rules
 from gate.core.approvals.create import CreateRequest
 from gate.core.approvals.resolve_tx import resolve
 from gate.model import DecisionRow, Resolvable
-from gate.protocol.envelope import rfc3339
+from gate.protocol.times import rfc3339
 from gate.store import WriteTx
 
 if TYPE_CHECKING:
