@@ -30,7 +30,6 @@ from gate.config.values import (
     check_bounded_number,
     check_path_text,
     check_tcp_addr,
-    parse_duration,
     resolve_path,
 )
 from gate.config.webauthn import WebAuthnConfig
@@ -52,7 +51,6 @@ _Name = Annotated[
     str, Field(strict=True, min_length=1, max_length=200), AfterValidator(_check_name)
 ]
 _PathText = Annotated[Path, BeforeValidator(check_path_text)]
-_Timeout = Annotated[float, BeforeValidator(parse_duration), Field(gt=0)]
 _FROZEN = ConfigDict(extra="forbid", frozen=True)
 
 
@@ -198,9 +196,9 @@ class HttpConfig(BaseModel):
 
     model_config = _FROZEN
 
-    header_timeout: _Timeout = 10.0
-    body_timeout: _Timeout = 10.0
-    shutdown_timeout: _Timeout = 10.0
+    header_timeout: Duration = 10.0
+    body_timeout: Duration = 10.0
+    shutdown_timeout: Duration = 10.0
 
 
 class StorageConfig(BaseModel):
