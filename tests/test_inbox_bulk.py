@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from gate.inbox.bulk import BulkRefused, batch_of, checked_items, picks_from
+from gate.inbox.bulk import batch_of, checked_items, picks_from
+from gate.inbox.decide import Refused as BulkRefused
 from gate.inbox.items import item_from
 from gate.inbox.model import Item
 from gate.inbox.words import bulk_heading

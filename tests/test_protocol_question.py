@@ -12,10 +12,11 @@ from typing import Any
 import pytest
 
 from gate.protocol import signing
-from gate.protocol.callback import parse_callback
+from gate.protocol.answer import parse_callback
 from gate.protocol.canonical import wire_json
 from gate.protocol.envelope import Decision, build_decision, decode_json, parse_decision
 from gate.protocol.errors import ProtocolError
+from gate.protocol.followup import build_question_notice
 from gate.protocol.form_schema import MAX_PROPERTIES, parse_schema
 from gate.protocol.question import (
     Answer,
@@ -30,7 +31,6 @@ from gate.protocol.question import (
     request_hash,
     value_hash,
 )
-from gate.protocol.question_notice import build_question_notice
 from tests.test_protocol import VECTORS, independent_header, load_cases
 
 QID = "01KDWZ8B00J3Q9V5X7Z2M4N6PR"

@@ -168,21 +168,18 @@ def verify(
     last: AuditRow | None = None
     spans = audit_spans.Spans(receipt_keys(key), leading_unknown=leading_unknown)
     for row in rows:
-        reason, digest = entry_problem(
+        reason, wrong_key, digest = entry_problem(
+            spans,
+            prev,
+            expected_seq,
             row.seq,
             row.approval_id,
             row.kind,
             row.entry,
             row.prev_hash,
             row.entry_hash,
-            prev,
-            expected_seq,
+            row.receipt,
         )
-        wrong_key = False
-        if reason is None:
-            found = spans.check(row.seq, row.kind, digest, row.receipt)
-            if found is not None:
-                reason, wrong_key = found
         if reason is None and public_keys is not None:
             problem = signature_problem(public_keys, digest, row.key_id, row.signature)
             if problem is None:
@@ -218,35 +215,39 @@ PREV_BROKEN = "prev_hash does not match the previous entry (entry deleted, inser
 
 
 def entry_problem(
+    spans: audit_spans.Spans,
+    prev: str,
+    expected_seq: int,
     seq: int,
     approval_id: str | None,
     kind: str,
     entry_text: str,
     prev_hash: str,
     entry_hash: str,
-    prev: str,
-    expected_seq: int,
-) -> tuple[str | None, str]:
-    """Return ``(why the entry is bad or None, its recomputed hash)``: the checks of one
-    entry following ``prev`` at ``expected_seq``, before its receipt's (``verify``,
-    ``gate.audit.segments.verify_segment``)."""
+    receipt_hex: str,
+) -> tuple[str | None, bool, str]:
+    """Return ``(why the entry is bad or None, wrong_key, its recomputed hash)``: the checks
+    of one entry following ``prev`` at ``expected_seq``, then of its receipt with the key of
+    its span (``spans.check``, ``wrong_key`` as there), for ``verify`` and
+    ``gate.audit.segments.verify_segment`` alike; the entry's fields in the order of a row."""
     if seq != expected_seq:
-        return f"expected entry {expected_seq}, found {seq} (deleted or inserted entry)", ""
+        return f"expected entry {expected_seq}, found {seq} (deleted or inserted entry)", False, ""
     if prev_hash != prev:
-        return PREV_BROKEN, ""
+        return PREV_BROKEN, False, ""
     try:  # canonical JSON has no surrounding whitespace: raw_decode, end must be the end
         entry, end = _RAW_DECODE(entry_text)
     except ValueError:
-        return "entry is not valid JSON", ""
+        return "entry is not valid JSON", False, ""
     if end != len(entry_text):
-        return "entry is not valid JSON", ""
+        return "entry is not valid JSON", False, ""
     if type(entry) is not dict or entry.get("seq") != seq:
-        return "entry seq does not match its position (reordered)", ""
+        return "entry seq does not match its position (reordered)", False, ""
     if entry.get("kind") != kind or entry.get("approval_id") != approval_id:
-        return "entry kind/approval_id columns differ from the hashed entry", ""
+        return "entry kind/approval_id columns differ from the hashed entry", False, ""
     if _CANONICAL.encode(entry) != entry_text:
-        return "entry is not in canonical form (changed)", ""
+        return "entry is not in canonical form (changed)", False, ""
     digest = hashlib.sha256(prev.encode("ascii") + entry_text.encode("utf-8")).hexdigest()
     if not entry_hash.isascii() or not hmac.compare_digest(digest, entry_hash):
-        return "entry hash does not match its content (changed)", digest
-    return None, digest
+        return "entry hash does not match its content (changed)", False, digest
+    found = spans.check(seq, kind, digest, receipt_hex)
+    return (None, False, digest) if found is None else (*found, digest)

@@ -59,16 +59,15 @@ def read_expected(path: Path) -> tuple[Path, dict[str, Any]]:
         obj = json.loads(Path(path).read_text(encoding="utf-8-sig"))
     except (OSError, UnicodeDecodeError, ValueError) as exc:
         raise GateError("bad_receipt", f"cannot read a receipt from {path}: {exc}") from None
-    if isinstance(obj, dict):
-        held = next(
+    if isinstance(obj, dict):  # an approval object: its receipt, else its created one
+        obj = next(
             (
                 obj[name]
                 for name in ("receipt", "created_receipt")
                 if isinstance(obj.get(name), dict)
             ),
-            None,
+            obj,
         )
-        obj = held if held is not None else obj
     seq = obj.get("seq") if isinstance(obj, dict) else None
     if (
         not isinstance(obj, dict)

@@ -63,24 +63,17 @@ def verdict(
             tuple(f"TAMPERED: approver signature: {f.line()}" for f in signed.findings)
             + (f"(the audit log itself verified: {result.checked} entries)",),
         )
-    for noun, matched in report.kinds:
-        if matched is not None and matched.problem is not None:
-            subject_id, reason = matched.problem
-            return Verdict(
-                1,
-                (
-                    f"TAMPERED: {noun} {subject_id}: {reason}; the audit log itself "
-                    f"verified ({result.checked} entries)",
-                ),
-            )
-    if report.credentials is not None:  # the table the gate checks keys against
-        return Verdict(
-            1,
-            (
-                f"TAMPERED: {report.credentials}; the audit log itself verified "
-                f"({result.checked} entries)",
-            ),
-        )
+    problem = next(  # a request's rows, else the table the gate checks keys against
+        (
+            f"{noun} {matched.problem[0]}: {matched.problem[1]}"
+            for noun, matched in report.kinds
+            if matched is not None and matched.problem is not None
+        ),
+        report.credentials,
+    )
+    if problem is not None:
+        tampered = f"TAMPERED: {problem}; the audit log itself verified ({result.checked} entries)"
+        return Verdict(1, (tampered,))
     checked = ["chain"] + ["receipts"] * keys.receipt_key + ["signatures"] * keys.public_key
     what = ", ".join(checked[:-1]) + f" and {checked[-1]}" if len(checked) > 1 else checked[0]
     notes = "".join(f"; holds the receipt for entry {seq}" for seq in held_seqs)

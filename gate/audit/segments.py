@@ -57,19 +57,11 @@ def verify_segment(rows: Iterable[Sequence[Any]], key: ReceiptKeyArg) -> Segment
     checked = 0
     spans = audit_spans.Spans(receipt_keys(key))
     for row in rows:
-        seq, approval_id, kind, entry_text, prev_hash, entry_hash, receipt_hex = row[:7]
         if first is None:
-            first, prev, expected = (seq, prev_hash), prev_hash, seq
-        reason, digest = entry_problem(
-            seq, approval_id, kind, entry_text, prev_hash, entry_hash, prev, expected
-        )
-        wrong_key = False
-        if reason is None:
-            found = spans.check(seq, kind, digest, receipt_hex)
-            if found is not None:
-                reason, wrong_key = found
+            first, prev, expected = (row[0], row[4]), row[4], row[0]  # seq, prev_hash
+        reason, wrong_key, digest = entry_problem(spans, prev, expected, *row[:7])
         if reason is not None:
-            return _ended(first, expected, prev, checked, spans, (seq, reason), wrong_key)
+            return _ended(first, expected, prev, checked, spans, (row[0], reason), wrong_key)
         prev = digest
         expected += 1
         checked += 1

@@ -19,7 +19,12 @@ Walking the verified entries in seq order, each signed ``decision`` entry (one w
 
 And a decision on an approval whose ``created`` entry says ``approver_signature:
 required`` must be signed, but for a policy's deny (a policy may only deny there).
-Pure: reads nothing but the rows it is given.
+
+Then the approver_credentials table against the credentials the verified log enrolled and
+revoked (``credentials_problem``): the gate reads the table when it checks a decision's
+signature, so a key swapped, moved to another operator, un-revoked, added or deleted by
+whoever can write the database file is named by ``audit verify -c`` (like a decision row
+edited, ``gate.audit.records``). Pure: reads nothing but the rows it is given.
 """
 
 from __future__ import annotations
@@ -46,8 +51,7 @@ from gate.protocol.approver_signature import (
 )
 from gate.protocol.approver_webauthn import (
     assertion_sha256,
-    counter_increased,
-    repeats_batch,
+    counter_refused,
     verify_webauthn,
 )
 from gate.protocol.errors import ProtocolError
@@ -98,7 +102,7 @@ class SignatureReport:
 
     signed: list[SignedDecision] = field(default_factory=list)
     findings: list[Finding] = field(default_factory=list)
-    # every credential the log enrolled, as the log leaves it (``gate.audit.credential_records``
+    # every credential the log enrolled, as the log leaves it (``credentials_problem``
     # compares the approver_credentials table with it)
     credentials: dict[str, LoggedCredential] = field(default_factory=dict)
 
@@ -269,22 +273,17 @@ def _problem(
 
 
 def _counter_problem(known: LoggedCredential, assertion: ApproverAssertion, new: int) -> str | None:
-    """The counter rule in log order: ``new`` must be above the
-    credential's last counter (both zero allowed), or equal to it for the very batch
-    assertion that set it (another item of that batch); ``known`` then takes ``new``."""
-    if counter_increased(known.counter, new):
-        if new != known.counter:
-            known.counter = new
-            known.counter_assertion = (
-                None if assertion.batch is None else assertion_sha256(assertion)
-            )
-        return None
-    if repeats_batch(assertion, known.counter, new, known.counter_assertion):
-        return None
-    return (
-        "the approver's signature does not verify (counter_went_backwards: the "
-        "authenticator's counter did not increase: a cloned authenticator?)"
-    )
+    """The counter rule (``counter_refused``) in log order, against the credential's last
+    counter and the batch assertion that set it; ``known`` then takes ``new`` (and, for a
+    batch, its assertion's hash)."""
+    if counter_refused(assertion, known.counter, new, lambda: known.counter_assertion):
+        return (
+            "the approver's signature does not verify (counter_went_backwards: the "
+            "authenticator's counter did not increase: a cloned authenticator?)"
+        )
+    if new != known.counter:
+        known.counter, known.counter_assertion = new, assertion_sha256(assertion)
+    return None
 
 
 def _client_origin(client_data_json: bytes) -> str:
@@ -300,3 +299,40 @@ def _client_origin(client_data_json: bytes) -> str:
     raise signature_invalid(
         "origin_mismatch", f"client data origin {origin!r} is neither https nor http://localhost"
     )
+
+
+def credentials_problem(
+    stored: Iterable[tuple[Any, ...]],
+    logged: Mapping[str, LoggedCredential],
+    newer: set[str],
+) -> str | None:
+    """The first way the ``stored`` rows ``(credential_id, operator_id, type, public_key,
+    revoked_at)`` disagree with the credentials the verified log enrolled and revoked
+    (``logged``), else None; ids in ``newer`` (entries after the verified part) are skipped.
+    The answer names the credential: ``credential ID: why``."""
+    seen: set[str] = set()
+    for credential_id, operator_id, kind, public_key, revoked_at in stored:
+        seen.add(str(credential_id))
+        if credential_id in newer:
+            continue
+        known = logged.get(str(credential_id))
+        where = f"credential {credential_id}"
+        if known is None:
+            return f"{where}: in the table but never enrolled in the audit log"
+        data = known.data
+        if operator_id != data.get("operator_id"):
+            return (
+                f"{where}: operator_id is {operator_id!r} in the table but "
+                f"{data.get('operator_id')!r} in its enrolment entry"
+            )
+        if kind != data.get("type"):
+            return f"{where}: type is {kind!r} in the table but {data.get('type')!r} logged"
+        if public_key != data.get("public_key"):
+            return f"{where}: public_key differs from its enrolment entry"
+        if revoked_at is None and known.revoked_seq is not None:
+            return f"{where}: in force in the table but revoked by audit entry {known.revoked_seq}"
+        if revoked_at is not None and known.revoked_seq is None:
+            return f"{where}: revoked in the table but no audit entry revokes it"
+    for credential_id in sorted(set(logged) - seen - newer):
+        return f"credential {credential_id}: enrolled in the audit log but missing from the table"
+    return None

@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from gate.audit import chain as audit
-from gate.audit import credential_records, signature_checks
 from gate.audit import records as audit_records
+from gate.audit import signature_checks
 from gate.audit.receipts import head_problem, receipt_problem, span_keys
 from gate.audit.segments import Segment, stitch, verify_segment
 from gate.errors import GateError, Unavailable
@@ -141,7 +141,7 @@ def verify_database(
         return AuditReport(chain, None, matched, signatures=signed)
     asked_ok = audit_records.check(records_of(path, QUESTION_TABLES), chain.checked)
     enrolled, newer = inspection.credential_rows(path, chain.checked)
-    credentials = credential_records.problem(enrolled, signed.credentials, newer)
+    credentials = signature_checks.credentials_problem(enrolled, signed.credentials, newer)
     return AuditReport(chain, None, matched, asked_ok, signed, credentials)
 
 

@@ -41,12 +41,33 @@ def config_option(envvar: str, what: str) -> Callable[[F], F]:
     )
 
 
+Decorator = Callable[[Any], Any]
+
+
+def options(*decorators: Decorator) -> Decorator:
+    """One decorator applying ``decorators`` (click options) so that ``--help`` lists them in
+    this order."""
+
+    def apply(fn: Any) -> Any:
+        for decorator in reversed(decorators):
+            fn = decorator(fn)
+        return fn
+
+    return apply
+
+
 CONFIG_OPTION = config_option("HITL_GATE_CONFIG", "the YAML config")
 API_URL_OPTION = click.option(
     "--api-url",
     envvar="HITL_GATE_API_URL",
     default=None,
     help="Reach the API here instead of api.listen (http://host:port or unix:/path).",
+)
+LOG_LEVEL_OPTION = click.option(
+    "--log-level",
+    type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
+    default="INFO",
+    show_default=True,
 )
 
 
@@ -104,14 +125,6 @@ def read_config(path: str) -> Any:
         for line in exc.errors:
             click.echo(f"{path}: {line}", err=True)
         sys.exit(2)
-
-
-def receipt_keys(config: Any, *, private: bool = True) -> Any:
-    """Load the config's Ed25519 keys (``gate.trust.keys.load_receipt_keys``); ConfigError if
-    bad."""
-    from gate.trust.keys import load_receipt_keys
-
-    return load_receipt_keys(config.receipts, private=private)
 
 
 def public_keys(paths: tuple[str, ...], option: str = "--public-key") -> dict[str, Any]:

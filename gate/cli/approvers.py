@@ -28,8 +28,9 @@ def _admin(config_path: str, api_url: str | None, method: str, path: str, body: 
     """The admin API's answer to ``method path`` (with JSON ``body``), asked with the admin
     token; exits 2 with one line when the config names no ``api.admin_token_env`` or the
     variable is not usable, 1 with the API's refusal."""
-    from gate.client.api import ApiClient, api_base
+    from gate.client.api import ApiClient
     from gate.config import read_admin_token
+    from gate.sdk.client import listen_url
 
     async def go() -> Any:
         config = read_config(config_path)
@@ -37,7 +38,7 @@ def _admin(config_path: str, api_url: str | None, method: str, path: str, body: 
         if token is None:
             fail(error or "set api.admin_token_env", 2)
         check_api_url(api_url)
-        async with ApiClient(api_url or api_base(config), token) as api:
+        async with ApiClient(api_url or listen_url(config.api.listen), token) as api:
             return await api.admin(method, path, body)
 
     return run(go())

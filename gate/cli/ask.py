@@ -154,8 +154,14 @@ def ask(
     Example: hitl-gate ask -c config.yaml --pipeline supplier-choice --step pick-supplier
     --text "Which supplier?" --choice Acme --choice Globex --wait
     """
-    from gate.client.ask import EXIT_CODES, answer_output, run_ask
-    from gate.client.request import Progress, RequestOptions, request_key
+    from gate.client.request import (
+        QUESTION_EXIT_CODES,
+        Progress,
+        RequestOptions,
+        answer_output,
+        request_key,
+        run_ask,
+    )
     from gate.sdk.client import question_body
 
     response_type = _response_type(choices, multi, schema)
@@ -179,7 +185,7 @@ def ask(
         return
     if resolved["outcome"] == "answered" and not as_json:
         write_exact(answer_output(resolved) + "\n")
-    sys.exit(EXIT_CODES[resolved["outcome"]])
+    sys.exit(QUESTION_EXIT_CODES[resolved["outcome"]])
 
 
 def write_exact(text: str) -> None:

@@ -5,13 +5,12 @@ printing of what a run ended with up to the outcome each kind prints its own way
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import click
 
-from gate.cli import fail, input_name, read_input
+from gate.cli import Decorator, fail, input_name, options, read_input
 from gate.cli.common import NumberType, cancel_command
 
 if TYPE_CHECKING:
@@ -60,57 +59,38 @@ QUESTION = Noun(
     },
 )
 
-Decorator = Callable[[Any], Any]
-
-
-def _apply(options: tuple[Decorator, ...]) -> Decorator:
-    """One decorator applying ``options`` so that ``--help`` lists them in this order."""
-
-    def apply(fn: Any) -> Any:
-        for option in reversed(options):
-            fn = option(fn)
-        return fn
-
-    return apply
-
 
 def where_options(noun: Noun) -> Decorator:
     """``--pipeline``, ``--step`` and ``--run-id``: where the request is made."""
-    return _apply(
-        (
-            click.option("--pipeline", required=True, help="Pipeline name from the config."),
-            click.option("--step", required=True, help=noun.help["--step"]),
-            click.option(
-                "--run-id", default=None, help=f"Correlates the {noun.name} with the pipeline run."
-            ),
-        )
+    return options(
+        click.option("--pipeline", required=True, help="Pipeline name from the config."),
+        click.option("--step", required=True, help=noun.help["--step"]),
+        click.option(
+            "--run-id", default=None, help=f"Correlates the {noun.name} with the pipeline run."
+        ),
     )
 
 
 def wait_options(noun: Noun, *extra: Decorator) -> Decorator:
     """``--idempotency-key``, ``--requested-by``, ``--wait``, ``--timeout``, then ``extra``,
     ``--json`` and ``--quiet``: how the request is made and waited for."""
-    return _apply(
-        (
-            click.option(
-                "--idempotency-key",
-                default=None,
-                help=f"Retry-safe key: same key, same {noun.name}.",
-            ),
-            click.option("--requested-by", default=None, help=noun.help["--requested-by"]),
-            click.option("--wait", is_flag=True, help=noun.help["--wait"]),
-            click.option(
-                "--timeout",
-                type=NumberType(low=0),
-                default=None,
-                help="With --wait: give up waiting after SEC seconds (exit 4).",
-            ),
-            *extra,
-            click.option(
-                "--json", "as_json", is_flag=True, help=f"Print the {noun.name} object as JSON."
-            ),
-            click.option("--quiet", is_flag=True, help=noun.help["--quiet"]),
-        )
+    return options(
+        click.option(
+            "--idempotency-key", default=None, help=f"Retry-safe key: same key, same {noun.name}."
+        ),
+        click.option("--requested-by", default=None, help=noun.help["--requested-by"]),
+        click.option("--wait", is_flag=True, help=noun.help["--wait"]),
+        click.option(
+            "--timeout",
+            type=NumberType(low=0),
+            default=None,
+            help="With --wait: give up waiting after SEC seconds (exit 4).",
+        ),
+        *extra,
+        click.option(
+            "--json", "as_json", is_flag=True, help=f"Print the {noun.name} object as JSON."
+        ),
+        click.option("--quiet", is_flag=True, help=noun.help["--quiet"]),
     )
 
 

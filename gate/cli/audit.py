@@ -20,7 +20,6 @@ from gate.cli import (
     public_keys,
     read_config,
     read_input,
-    receipt_keys,
 )
 from gate.errors import ConfigError, GateError
 
@@ -169,10 +168,12 @@ def audit_verify(
 def _trusted_keys(config: Any, files: tuple[str, ...]) -> dict[str, Any]:
     """The public keys given with --public-key and, with -c, those of the config (its
     signing key's public half, its trusted keys). Exits 2 naming a config error."""
+    from gate.trust.keys import load_receipt_keys
+
     public = public_keys(files)
     if config is not None:
         try:  # with --public-key the private signing key is not needed (nor read)
-            public.update(receipt_keys(config, private=not public).public)
+            public.update(load_receipt_keys(config.receipts, private=not public).public)
         except ConfigError as exc:
             hint = (
                 "; to verify without the private key, give its public key with --public-key"

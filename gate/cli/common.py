@@ -1,5 +1,5 @@
 """What the API-side commands (``request``, ``list``, ``show``, ``cancel``, ``ask``,
-``questions list|show|cancel``) share: where the API is and its client, the checks of
+``questions list|show|cancel``) share: where the API is and its token, the checks of
 ``--idempotency-key`` and ``--permit-out``, the hop reporter, the runnable cancel command
 line and the one-line-per-item page printer."""
 
@@ -15,7 +15,7 @@ from typing import Any
 
 import click
 
-from gate.cli import fail, read_config
+from gate.cli import fail, options
 from gate.protocol.display import is_hidden
 
 
@@ -33,20 +33,13 @@ def safe_json(value: Any) -> str:
     return "".join(json.dumps(c)[1:-1] if c != "\n" and is_hidden(c) else c for c in text)
 
 
-def api_client(config_path: str, api_url: str | None) -> Any:
-    """An ``ApiClient`` for the config's API (or ``--api-url``); call it inside the loop.
-    Exits 2 as ``api_target`` does."""
-    from gate.client.api import ApiClient
-
-    return ApiClient(*api_target(read_config(config_path), api_url))
-
-
 def api_target(config: Any, api_url: str | None) -> tuple[str, str]:
-    """``(API base URL, bearer token)``: ``--api-url`` or ``api.listen``, and the token as
-    ``serve`` reads it. Exits 2 on a token that is not set or has control characters, and
-    on an ``--api-url`` that is no http(s) or unix: URL."""
-    from gate.client.api import api_base
+    """``(API base URL, bearer token)``: ``--api-url`` or ``api.listen`` (a wildcard bind
+    reached on loopback: ``listen_url``), and the token as ``serve`` reads it. Exits 2 on a
+    token that is not set or has control characters, and on an ``--api-url`` that is no
+    http(s) or unix: URL."""
     from gate.config import read_api_token
+    from gate.sdk.client import listen_url
 
     # as serve reads it: the variable, else its file in $CREDENTIALS_DIRECTORY
     token, error = read_api_token(config, os.environ)
@@ -55,27 +48,24 @@ def api_target(config: Any, api_url: str | None) -> tuple[str, str]:
     if not token.isprintable():
         fail(f"api.token_env: {config.api.token_env} has control characters; remove them", 2)
     check_api_url(api_url)
-    return api_url or api_base(config), token
+    return api_url or listen_url(config.api.listen), token
 
 
 def check_api_url(api_url: str | None) -> None:
-    """Exit 2 with one line on an ``--api-url`` that is no http(s) or unix: URL."""
-    if api_url is not None and not valid_api_url(api_url):
-        fail(f"--api-url: {api_url!r} is not http://host:port, https://host:port or unix:/path", 2)
-
-
-def valid_api_url(url: str) -> bool:
-    """True for ``http(s)://host[:port][/prefix]`` or ``unix:/path`` (``--api-url``)."""
-    if url.startswith("unix:"):
-        return len(url) > len("unix:")
+    """Exit 2 with one line on an ``--api-url`` that is no ``http(s)://host[:port][/prefix]``
+    nor ``unix:/path``."""
     from urllib.parse import urlsplit
 
+    if api_url is None or (api_url.startswith("unix:") and len(api_url) > len("unix:")):
+        return
     try:
-        parts = urlsplit(url)
+        parts = urlsplit(api_url)
         parts.port  # noqa: B018 - raises ValueError on a bad port
+        valid = parts.scheme in ("http", "https") and bool(parts.hostname)
     except ValueError:
-        return False
-    return parts.scheme in ("http", "https") and bool(parts.hostname)
+        valid = False
+    if not valid:
+        fail(f"--api-url: {api_url!r} is not http://host:port, https://host:port or unix:/path", 2)
 
 
 def check_request_options(
@@ -158,27 +148,20 @@ def list_options(fn: Any) -> Any:
     """The options of a list command, the same for approvals and questions (SPEC §3 list
     parameters): ``--state`` (default pending), ``--pipeline``, ``--limit`` 1..500 (default
     50), ``--cursor``, ``--json`` (as ``as_json``)."""
-    for option in reversed(
-        (
-            click.option(
-                "--state",
-                type=click.Choice(["pending", "resolved", "all"]),
-                default="pending",
-                show_default=True,
-            ),
-            click.option("--pipeline", default=None),
-            click.option(
-                "--limit",
-                type=NumberType(whole=True, low=1, high=500),
-                default=50,
-                show_default=True,
-            ),
-            click.option("--cursor", default=None, help="next_cursor from the previous page."),
-            click.option("--json", "as_json", is_flag=True),
-        )
-    ):
-        fn = option(fn)
-    return fn
+    return options(
+        click.option(
+            "--state",
+            type=click.Choice(["pending", "resolved", "all"]),
+            default="pending",
+            show_default=True,
+        ),
+        click.option("--pipeline", default=None),
+        click.option(
+            "--limit", type=NumberType(whole=True, low=1, high=500), default=50, show_default=True
+        ),
+        click.option("--cursor", default=None, help="next_cursor from the previous page."),
+        click.option("--json", "as_json", is_flag=True),
+    )(fn)
 
 
 class _OptionError(click.ClickException):

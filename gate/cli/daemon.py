@@ -11,11 +11,7 @@ from typing import NoReturn
 
 import click
 
-from gate.cli import (
-    CONFIG_OPTION,
-    main,
-    receipt_keys,
-)
+from gate.cli import CONFIG_OPTION, LOG_LEVEL_OPTION, main
 from gate.errors import ConfigError, GateError
 
 GC_THRESHOLDS = (20_000, 20, 20)
@@ -43,12 +39,7 @@ def tune_gc() -> None:
 
 @main.command()
 @CONFIG_OPTION
-@click.option(
-    "--log-level",
-    default="INFO",
-    show_default=True,
-    type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
-)
+@LOG_LEVEL_OPTION
 @click.option(
     "--log-format",
     default="text",
@@ -70,6 +61,7 @@ def serve(config_path: str, log_level: str, log_format: str) -> None:
     from gate.config.followups import ended_delegations
     from gate.config.validate import signing_warnings
     from gate.daemon.serve import serve as serve_forever
+    from gate.trust.keys import load_receipt_keys
 
     logs.configure(log_level, log_format)
 
@@ -84,7 +76,7 @@ def serve(config_path: str, log_level: str, log_format: str) -> None:
 
     try:
         config, secrets = load(config_path, os.environ)
-        receipt_keys(config)
+        load_receipt_keys(config.receipts)  # ConfigError if a key is bad
     except ConfigError as exc:
         stop(2, "config_invalid", [f"{config_path}: {line}" for line in exc.errors])
     for warning in secrets.warnings:
@@ -118,10 +110,11 @@ def check_config(config_path: str) -> None:
     from gate.config.followups import ended_delegations
     from gate.config.policy import policy_notes
     from gate.config.validate import signing_warnings
+    from gate.trust.keys import load_receipt_keys
 
     try:
         config, secrets = load(config_path, os.environ)
-        receipt_keys(config)
+        load_receipt_keys(config.receipts)  # ConfigError if a key is bad
         ended = ended_delegations(config.delegations, int(time.time() * 1000))
         if ended:
             raise ConfigError(ended)

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from gate.cli import config_option, main, require_extra
+from gate.cli import LOG_LEVEL_OPTION, config_option, main, require_extra
 
 if TYPE_CHECKING:
     from gate.inbox.config import InboxConfig, InboxSecrets
@@ -54,12 +54,7 @@ def check_config(config_path: str) -> None:
 
 @inbox.command("serve")
 @INBOX_CONFIG_OPTION
-@click.option(
-    "--log-level",
-    type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
-    default="INFO",
-    show_default=True,
-)
+@LOG_LEVEL_OPTION
 def serve(config_path: str, log_level: str) -> None:
     """Run the inbox: its one listener (relay endpoint /hitl/v0/relay) and its database.
 

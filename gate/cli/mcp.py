@@ -10,7 +10,15 @@ import sys
 
 import click
 
-from gate.cli import API_URL_OPTION, CONFIG_OPTION, fail, main, read_config, require_extra
+from gate.cli import (
+    API_URL_OPTION,
+    CONFIG_OPTION,
+    LOG_LEVEL_OPTION,
+    fail,
+    main,
+    read_config,
+    require_extra,
+)
 from gate.cli.common import NumberType
 from gate.mcp.guard import DEFAULT_MAX_CONNECTIONS, DEFAULT_READ_TIMEOUT_S
 from gate.protocol.numbers import ascii_int
@@ -130,12 +138,7 @@ def http_limits(
     help="With --http: connections beyond N open ones are closed at once "
     f"(1..10000; default {DEFAULT_MAX_CONNECTIONS}).",
 )
-@click.option(
-    "--log-level",
-    type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
-    default="INFO",
-    show_default=True,
-)
+@LOG_LEVEL_OPTION
 def mcp(
     config_path: str,
     api_url: str | None,

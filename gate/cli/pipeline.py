@@ -30,14 +30,6 @@ if TYPE_CHECKING:
     from gate.client.request import RequestOptions, RequestResult
 
 
-def _draft_source(draft_file: str | None) -> str:
-    """How an error names where the draft came from: ``--draft``, ``--draft-file: PATH`` or
-    ``--draft-file: standard input``."""
-    if draft_file is None:
-        return "--draft: the draft"
-    return f"--draft-file: {input_name(draft_file)}"
-
-
 def _check_not_blank(
     config: Any, pipeline: str, step: str, text: str, draft_file: str | None
 ) -> None:
@@ -49,9 +41,12 @@ def _check_not_blank(
     if found is None or found[1].allow_empty_draft or not is_blank(text):
         return
     what = "empty" if text == "" else "only white space"
+    # where the draft came from: --draft, --draft-file: PATH or --draft-file: standard input
+    source = (
+        "--draft: the draft" if draft_file is None else f"--draft-file: {input_name(draft_file)}"
+    )
     fail(
-        f"{_draft_source(draft_file)} is {what}: nothing to approve (allow_empty_draft: true "
-        "on the step allows it)",
+        f"{source} is {what}: nothing to approve (allow_empty_draft: true on the step allows it)",
         2,
     )
 

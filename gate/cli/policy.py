@@ -54,10 +54,9 @@ def policy_test(
     Example: hitl-gate policy test -c config.yaml --pipeline agent-tools --step send-invoice
     --draft-file invoice.json --content-type application/json --spend 40
     """
-    from gate.client.hops import visible
     from gate.core.approvals.policy import Facts, judge_rules, verdict
     from gate.protocol.canonical import payload_hash
-    from gate.protocol.display import hanging_indent
+    from gate.protocol.display import hanging_indent, marked
 
     config = read_config(config_path)
     found = config.find_step(pipeline, step)
@@ -87,7 +86,7 @@ def policy_test(
         index = next(k for k, r in enumerate(step_cfg.policy) if r.id == decided.rule_id)
         line = f"{decided.by} would {decided.decide} ({at}.policy[{index}])"
         if decided.reason is not None:
-            line += f"; reason: {hanging_indent(visible(decided.reason))}"
+            line += f"; reason: {hanging_indent(marked(decided.reason))}"
         click.echo(line)
     for result in results:
         click.echo(f"  {result.explain()}")

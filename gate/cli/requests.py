@@ -12,8 +12,8 @@ from typing import Any
 
 import click
 
-from gate.cli import API_URL_OPTION, CONFIG_OPTION, fail, main, run
-from gate.cli.common import api_client, echo_page, list_options, safe_json
+from gate.cli import API_URL_OPTION, CONFIG_OPTION, fail, main, read_config, run
+from gate.cli.common import api_target, echo_page, list_options, safe_json
 
 
 @main.group()
@@ -78,14 +78,13 @@ class Notes:
 
 @dataclass(frozen=True, slots=True)
 class Kind:
-    """One kind of request as these commands handle it: ``noun`` (its id is ``<noun>_id``),
-    the click ``group`` its commands sit in, the ``ApiClient`` method of each of list, get
-    and cancel (``calls``), the ``line`` a list prints of one, the printer of its JSON
-    (``dump``) and what its help texts add (``notes``)."""
+    """One kind of request as these commands handle it: ``noun`` (its id is ``<noun>_id``;
+    the API's kind of that name), the click ``group`` its commands sit in, the ``line`` a
+    list prints of one, the printer of its JSON (``dump``) and what its help texts add
+    (``notes``)."""
 
     noun: str
     group: click.Group
-    calls: dict[str, str]
     line: Callable[[dict[str, Any]], str]
     dump: Callable[[Any], str] = plain_json
     notes: Notes = Notes()
@@ -113,16 +112,19 @@ class Kind:
         )
 
     async def call(self, api: Any, verb: str, *args: Any) -> Any:
-        """Its ``ApiClient`` method for ``verb`` (list, get, cancel) on ``api`` with ``args``."""
-        return await getattr(api, self.calls[verb])(*args)
+        """The ``ApiClient`` call ``<verb>_in`` (list, get, cancel) of its kind on ``api``
+        with ``args``."""
+        from gate.sdk.transport import APPROVALS, QUESTIONS
+
+        kind = next(k for k in (APPROVALS, QUESTIONS) if k.name == self.noun)
+        return await getattr(api, f"{verb}_in")(kind, *args)
 
 
 KINDS = (
-    Kind("approval", main, {"list": "list", "get": "get", "cancel": "cancel"}, approval_line),
+    Kind("approval", main, approval_line),
     Kind(
         "question",
         questions,
-        {"list": "list_questions", "get": "get_question", "cancel": "cancel_question"},
         question_line,
         safe_json,
         Notes(
@@ -137,10 +139,12 @@ KINDS = (
 
 def _api_call(config_path: str, api_url: str | None, call: Callable[[Any], Awaitable[Any]]) -> Any:
     """``call(api)`` on the API client of the config (or ``--api-url``), run to its end: a
-    gate error is one ``Error:`` line and exit 1 (``gate.cli.run``)."""
+    gate error is one ``Error:`` line and exit 1 (``gate.cli.run``); exits 2 as
+    ``api_target`` does."""
+    from gate.client.api import ApiClient
 
     async def go() -> Any:
-        async with api_client(config_path, api_url) as api:
+        async with ApiClient(*api_target(read_config(config_path), api_url)) as api:
             return await call(api)
 
     return run(go())

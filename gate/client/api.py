@@ -5,24 +5,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from gate.config import Config
 from gate.core.approvals.create import quorum_unreachable_message
 from gate.errors import GateError
-from gate.sdk.client import listen_url
 from gate.sdk.errors import GateRequestError, GateUnavailable
 from gate.sdk.transport import Transport
 
 
 class ClientError(GateError):
     """The gate could not be reached, or answered with an error (``status`` is HTTP, 0 if none)."""
-
-
-def api_base(config: Config) -> str:
-    """Return the API base URL for ``api.listen``: ``http://host:port`` or ``unix:/path``.
-
-    A wildcard bind address (0.0.0.0, ::) is reached on loopback (``gate.sdk.listen_url``).
-    """
-    return listen_url(config.api.listen)
 
 
 def _detail(answer: dict[str, Any]) -> str | None:
@@ -58,7 +48,8 @@ def client_error(exc: GateUnavailable | GateRequestError) -> ClientError:
 
 
 class ApiClient(Transport):
-    """Async client: ``async with ApiClient(base, token) as api: await api.create(...)``.
+    """Async client: ``async with ApiClient(base, token) as api:`` then, e.g.,
+    ``await api.create_in(APPROVALS, body)``.
 
     The SDK's transport (``gate.sdk.transport``, one HTTP client of the pipeline API) with
     the CLI's errors: every method returns the decoded JSON answer or raises ClientError

@@ -15,43 +15,37 @@ from gate.protocol.display import display_time, hanging_indent, marked
 POLICY_OPERATOR = 0
 
 
-def visible(text: str) -> str:
-    """``text`` (a reason: untrusted, from a relay) with every character a terminal would not
-    show as itself replaced by ``<U+XXXX>``; newline and tab are kept."""
-    return marked(text)
-
-
 def one_line(text: object) -> str:
     """``str(text)`` (chosen by a relay: an identity, a display name, a channel, an error it
-    answered) for a hop line: ``visible`` with newline and tab shown as ``<U+000A>`` and
-    ``<U+0009>`` too, so it stays on its line and cannot fake one of ours (new-user finding
-    8; the relay's own view shows a question's options so)."""
-    return visible(str(text)).replace("\n", "<U+000A>").replace("\t", "<U+0009>")
+    answered) for a hop line: every character a terminal would not show as itself as
+    ``<U+XXXX>`` (``marked``), newline and tab too, so it stays on its line and cannot fake
+    one of ours (new-user finding 8; the relay's own view shows a question's options so)."""
+    return marked(str(text), keep="")
 
 
 def skip_reason_lines(approval: dict[str, Any]) -> list[str]:
     """``skipped by IDENTITY: REASON`` for the skip of a ``skipped`` approval object that
-    carries a reason (``visible``; a reason over several lines has the later ones set in by
-    ``hanging_indent``); [] for any other outcome or a skip without one (so such a skip
-    reports exactly as before)."""
+    carries a reason (``marked``: hidden characters as ``<U+XXXX>``; a reason over several
+    lines has the later ones set in by ``hanging_indent``); [] for any other outcome or a
+    skip without one (so such a skip reports exactly as before)."""
     if approval.get("outcome") != "skipped":
         return []
     return [
-        f"skipped by {one_line(d['identity'])}: {hanging_indent(visible(d['reason']))}"
+        f"skipped by {one_line(d['identity'])}: {hanging_indent(marked(d['reason']))}"
         for d in approval.get("decisions") or []
         if d.get("decision") == "skip" and isinstance(d.get("reason"), str)
     ]
 
 
 def reason_summary(approval: dict[str, Any]) -> str:
-    """One line for ``hitl-gate list``: ``  reason "TEXT"`` (JSON-quoted, ``visible``) of the
+    """One line for ``hitl-gate list``: ``  reason "TEXT"`` (JSON-quoted, ``marked``) of the
     approval's last decision with a reason, or "" when none has one."""
     reasons = [
         d["reason"] for d in approval.get("decisions") or [] if isinstance(d.get("reason"), str)
     ]
     if not reasons:
         return ""
-    return "  reason " + json.dumps(visible(reasons[-1]), ensure_ascii=False)
+    return "  reason " + json.dumps(marked(reasons[-1]), ensure_ascii=False)
 
 
 def hops(before: dict[str, Any] | None, after: dict[str, Any]) -> list[str]:

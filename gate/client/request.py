@@ -1,11 +1,14 @@
 """What ``hitl-gate request`` and ``ask`` do on the pipeline's side: create the request and
-report it, then with ``--wait`` wait for its outcome reporting each hop, and save an
-approval's permit. The retries and long-polls are the SDK's loop (``gate.sdk.waiting``);
-``Reporter`` is the CLI's way through it (its pacing, the outage lines, the hops)."""
+report it, then with ``--wait`` wait for its outcome reporting each hop (``create_and_wait``,
+for both kinds: one retry policy, one deadline rule), save an approval's permit and give a
+question's answer as ``ask`` prints it. The retries and long-polls are the SDK's loop
+(``gate.sdk.waiting``); ``Reporter`` is the CLI's way through it (its pacing, the outage
+lines, the hops)."""
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -15,10 +18,11 @@ from typing import Any, TypeVar
 from ulid import ULID
 
 from gate.client.api import client_error
-from gate.client.hops import hops
+from gate.client.hops import hops, question_hops
 from gate.protocol.envelope import rfc3339_ms
+from gate.protocol.question import QuestionSpec, answer_text
 from gate.sdk.errors import GateRequestError, GateUnavailable
-from gate.sdk.transport import APPROVALS, Kind, Transport
+from gate.sdk.transport import APPROVALS, QUESTIONS, Kind, Transport
 from gate.sdk.waiting import RETRY_CAP_S, Failure, Watch, create, deadline_after, settle, transient
 from gate.trust import permit
 
@@ -184,19 +188,14 @@ async def create_and_wait(
             raise client_error(exc) from exc
 
 
-async def run_request(
-    opts: RequestOptions, report: Report, progress: Progress | None = None
-) -> RequestResult:
+async def run_request(opts: RequestOptions, report: Report, progress: Progress) -> RequestResult:
     """Create the approval (with ``wait``: retried), report it as new or found again, then
     with ``wait`` wait for the outcome and apply the permit-file policy (``save_permit``).
     One deadline, ``opts.timeout_s`` from now, covers the create and the wait
     (``create_and_wait``). Records the approval id in ``progress``.
     Raises ClientError for what the gate refuses (or a failure that is not transient)."""
-    progress = progress if progress is not None else Progress()
     final = await create_and_wait(APPROVALS, opts, report, progress, _created_line, hops)
-    if final is None or not opts.wait:
-        return RequestResult(final)
-    if final["state"] != "resolved" or opts.permit_out is None:
+    if final is None or not opts.wait or final["state"] != "resolved" or opts.permit_out is None:
         return RequestResult(final)
     return RequestResult(final, save_permit(opts.permit_out, final, report))
 
@@ -253,3 +252,41 @@ def save_permit(path: Path, approval: dict[str, Any], report: Report) -> str | N
         return f"--permit-out: cannot write {path}: {exc.strerror or exc}"
     report(f"permit saved to {path}")
     return None
+
+
+# ---- questions (``hitl-gate ask``) ------------------------------------------------------
+
+# a question ends answered, timeout or cancelled (no 3: nobody "skips" a question)
+QUESTION_EXIT_CODES = {"answered": 0, "timeout": 4, "cancelled": 5}
+
+
+def _asked_line(opts: RequestOptions, question: dict[str, Any], new: bool) -> str:
+    """The line reporting a create: a new question, or one the same key made before."""
+    body = opts.body
+    if new:
+        return (
+            f"asked question {question['question_id']} ({body['response_type']}) on "
+            f"{body['pipeline']}/{body['step']} ({question.get('request_hash')})"
+        )
+    return (
+        f"already asked: question {question['question_id']} on {body['pipeline']}/"
+        f"{body['step']} (the same question with Idempotency-Key {opts.idempotency_key} was "
+        f"asked before; state {state_text(question)})"
+    )
+
+
+# create the question (``opts.body``: ``gate.sdk.client.question_body``), report it, and with
+# ``wait`` wait for its answer reporting each hop: ``create_and_wait`` for questions
+run_ask = functools.partial(
+    create_and_wait, QUESTIONS, created_line=_asked_line, hops=question_hops
+)
+
+
+def answer_output(question: dict[str, Any]) -> str:
+    """What ``ask`` prints on stdout for an answered question
+    (``gate.protocol.question.answer_text``): the text of a free text or single choice answer,
+    compact JSON of a multi choice or form answer; "" when there is no answer."""
+    answer = question.get("answer")
+    if not isinstance(answer, dict):
+        return ""
+    return answer_text(QuestionSpec.from_json(question["question"]), answer.get("value"))

@@ -10,7 +10,7 @@ from typing import Any
 from gate.daemon.delivery import Channel, Outcome, Send, resolution
 from gate.model import Question
 from gate.protocol.canonical import wire_json
-from gate.protocol.question_notice import build_question_notice
+from gate.protocol.followup import build_question_notice
 from gate.store.outbox import QUESTION_NOTICES, DueNotice
 from gate.store.questions import QUESTIONS
 

@@ -17,10 +17,10 @@ from typing import Any
 
 from aiohttp import web
 
-from gate.inbox import auth, pages
-from gate.inbox.gate_client import GateUnreachable
+from gate.inbox import pages
+from gate.inbox.decide import Refused, check_open, checked_request, send_recorded
 from gate.inbox.model import DecisionRecord, Item
-from gate.inbox.state import decidable, send_to_gate, state_of
+from gate.inbox.state import state_of
 from gate.protocol.errors import ProtocolError
 from gate.protocol.numbers import INTEGER_TEXT, NUMBER_TEXT
 from gate.protocol.question import QuestionSpec, build_answer, check_value, parse_question
@@ -170,22 +170,19 @@ async def answer(request: web.Request) -> web.Response:
     posted to the dispatch's callback, the row updated with the gate's answer, 303 to
     ``/decisions/<n>``. A gate's 422 ``invalid_value`` (a step's lower ``max_answer_chars``)
     shows the form again in words; an unreachable gate is a 502 page."""
-    session = await auth.require_session(request)
-    fields = await auth.read_post(request, session)
-    item = await decidable(request, session)
+    session, item, fields = await checked_request(request)
     state = state_of(request)
     now = state.now_ms()
-    seq = item.updated_seq
 
-    def again(words: str, status: int = 422) -> web.Response:
+    def again(words: str) -> web.Response:
         return pages.question_page(
             request,
             item=item,
             session=session,
             now_ms=now,
-            seq=seq,
+            seq=item.updated_seq,
             error=words,
-            status=status,
+            status=422,
             submitted=fields,  # what was typed is shown again
         )
 
@@ -194,16 +191,13 @@ async def answer(request: web.Request) -> web.Response:
             request, title=title, sentence=words, status=status, session=session
         )
 
-    if item.kind != "question":
-        return said("Not a question", "This item is an approval: decide it on its page.", 409)
-    if item.state != "pending":
-        return said("Not sent", f"This question is now {item.state}; nothing was sent.", 409)
-    if str(fields.get("version", "")) != str(item.revision):
-        words = f"This question changed since you opened it: reload to see version {item.revision}."
-        return said("Not sent", words, 409)
     try:
+        check_open(item, "question", fields.get("version", ""), "This question")
         spec = question_of(item)
         value = checked_value(spec, fields)
+    except Refused as refused:
+        title = "Not a question" if refused.reason == "not_a_question" else "Not sent"
+        return said(title, refused.message, 409)
     except ProtocolError:
         return said("Not sent", "This question cannot be answered here.", 409)
     except AnswerInvalid as invalid:
@@ -213,17 +207,14 @@ async def answer(request: web.Request) -> web.Response:
     record = DecisionRecord(
         item.approval_id, item.revision, session.identity, "answer", 0, {}, now, sent=sent
     )
-    number = await state.db.add_decision(record)
-    try:
-        status, answered = await send_to_gate(state, item, body, "answer")
-    except GateUnreachable:
-        log.warning("event=inbox_answer_unsent question_id=%s", item.approval_id)
+    number, answered = await send_recorded(state, item, record, body)
+    if answered is None:
         return said("Not sent", "The gate could not be reached: your answer was not recorded.", 502)
-    await state.db.set_decision_answer(number, status, answered)
+    status, reply = answered
     log.info("event=inbox_answer question_id=%s status=%d", item.approval_id, status)
-    if status == 422 and answered.get("reason") == "invalid_value":
-        field = str(answered.get("field", "value"))
-        return again(in_words(spec, field, str(answered.get("message", "is not accepted"))))
+    if status == 422 and reply.get("reason") == "invalid_value":
+        field = str(reply.get("field", "value"))
+        return again(in_words(spec, field, str(reply.get("message", "is not accepted"))))
     raise web.HTTPSeeOther(f"/decisions/{number}")
 
 

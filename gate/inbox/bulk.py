@@ -5,7 +5,7 @@ challenge (``batch_digest`` of each item's approve ``decision_digest``, from the
 dispatches), then posts one decision per item, each with the same assertion and the batch's
 hex digests; ``bulk_results`` shows each item's answer in words.
 
-The pure part (``picks_from``, ``checked_items``, ``approve_digest``, ``batch_of``) takes no
+The pure part (``picks_from``, ``checked_items``, ``batch_of``) takes no
 request; the routes are added by ``add_routes``.
 """
 
@@ -20,17 +20,19 @@ from typing import Any
 from aiohttp import web
 
 from gate.inbox import auth
-from gate.inbox.decide import Refused, decision_body, own_assertion
-from gate.inbox.decided import may_decide
-from gate.inbox.gate_client import GateUnreachable
-from gate.inbox.model import DecisionRecord, Item, Session
-from gate.inbox.seen import bulk_eligibility
-from gate.inbox.state import InboxState, send_to_gate, state_of
-from gate.protocol.approver_signature import (
-    b64url,
-    batch_digest,
-    decision_digest,
+from gate.inbox.decide import (
+    Refused,
+    check_open,
+    decision_body,
+    digest_of,
+    own_assertion,
+    send_recorded,
 )
+from gate.inbox.decided import may_decide
+from gate.inbox.model import DecisionRecord, Item
+from gate.inbox.seen import bulk_eligibility
+from gate.inbox.state import InboxState, state_of
+from gate.protocol.approver_signature import b64url, batch_digest
 from gate.protocol.numbers import ascii_int
 
 log = logging.getLogger(__name__)
@@ -40,11 +42,6 @@ MIN_ITEMS = 2
 MAX_ITEMS = 50
 KEPT_MS = 5 * 60_000  # a challenged batch is kept this long for its decide
 MAX_KEPT = 1000
-
-
-class BulkRefused(Refused):
-    """A batch the inbox will not sign or post: HTTP ``status``, wire ``reason`` and the
-    ``message`` in words (naming the item when one is the cause); nothing is posted."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,7 +58,7 @@ class Batch:
 
 def picks_from(fields: Mapping[str, Any]) -> list[tuple[str, int]]:
     """The ``(approval_id, revision shown)`` pairs of the ``item:<id>`` fields, in the order
-    posted. Raises ``BulkRefused`` 400 ``invalid_batch`` for a revision that is not a
+    posted. Raises ``Refused`` 400 ``invalid_batch`` for a revision that is not a
     positive integer, 422 ``batch_size`` for fewer than ``MIN_ITEMS`` or more than
     ``MAX_ITEMS`` items (said in words)."""
     picks: list[tuple[str, int]] = []
@@ -73,18 +70,11 @@ def picks_from(fields: Mapping[str, Any]) -> list[tuple[str, int]]:
         sent = approval_id and isinstance(text, str) and text.isascii()
         revision = ascii_int(text) if sent else None
         if revision is None or revision < 1:
-            raise BulkRefused(
-                400, "invalid_batch", "A selected item was not sent as the page does."
-            )
+            raise Refused(400, "invalid_batch", "A selected item was not sent as the page does.")
         picks.append((approval_id, revision))
-    if len(picks) < MIN_ITEMS:
-        raise BulkRefused(
-            422, "batch_size", f"Select at least {MIN_ITEMS} items to approve them together."
-        )
-    if len(picks) > MAX_ITEMS:
-        raise BulkRefused(
-            422, "batch_size", f"Select at most {MAX_ITEMS} items to approve them together."
-        )
+    if not MIN_ITEMS <= len(picks) <= MAX_ITEMS:
+        bound = f"at least {MIN_ITEMS}" if len(picks) < MIN_ITEMS else f"at most {MAX_ITEMS}"
+        raise Refused(422, "batch_size", f"Select {bound} items to approve them together.")
     return picks
 
 
@@ -99,7 +89,7 @@ def checked_items(
     may_decide: Callable[[Item], bool],
 ) -> list[Item]:
     """The stored items of ``picks`` once each is an approval the session may decide
-    (``may_decide``), still pending, at the revision shown. Raises ``BulkRefused`` 409 naming
+    (``may_decide``), still pending, at the revision shown. Raises ``Refused`` 409 naming
     the first item that is not: ``not_available`` (unknown, a question, or not the session's
     to decide: said alike, its existence is not disclosed), ``not_pending`` ("… is now
     expired"), ``changed`` ("… changed since you opened it: reload to see revision N") or
@@ -109,54 +99,32 @@ def checked_items(
     for approval_id, revision in picks:
         item = stored.get(approval_id)
         if item is None or item.kind != "approval" or not may_decide(item):
-            raise BulkRefused(
+            raise Refused(
                 409,
                 "not_available",
                 f"Item {approval_id} is not waiting for you: reload the list and select again.",
             )
-        if item.state != "pending":
-            raise BulkRefused(
-                409, "not_pending", f"{title_of(item)} ({approval_id}) is now {item.state}."
-            )
-        if item.revision != revision:
-            raise BulkRefused(
-                409,
-                "changed",
-                f"{title_of(item)} ({approval_id}) changed since you opened it: reload to see"
-                f" revision {item.revision}.",
-            )
+        named = f"{title_of(item)} ({approval_id})"
+        check_open(item, "approval", revision, named)
         why = bulk_eligibility(item.body, item.content_type).reason
         if why is not None:
-            raise BulkRefused(
+            raise Refused(
                 409,
                 "open_to_review",
-                f"{title_of(item)} ({approval_id}) must be opened before it is approved:"
-                f" its draft has {why}.",
+                f"{named} must be opened before it is approved: its draft has {why}.",
             )
         items.append(item)
     return items
 
 
-def approve_digest(item: Item) -> bytes:
-    """The approve ``decision_digest`` of ``item``'s stored revision, nonce and payload hash:
-    no adjust text, no reason."""
-    return decision_digest(
-        approval_id=item.approval_id,
-        revision=item.revision,
-        nonce=item.nonce,
-        payload_hash=item.payload_hash,
-        decision="approve",
-    )
-
-
 def batch_of(items: list[Item]) -> Batch:
     """The batch of checked ``items``: their approve digests and ``batch_digest`` (the
     same item twice is refused 400 ``invalid_batch``)."""
-    digests = tuple(approve_digest(i) for i in items)
+    digests = tuple(digest_of(i, "approve") for i in items)
     try:
         challenge = batch_digest(digests)
     except ValueError as exc:
-        raise BulkRefused(400, "invalid_batch", "An item was selected twice.") from exc
+        raise Refused(400, "invalid_batch", "An item was selected twice.") from exc
     return Batch(tuple(items), digests, tuple(d.hex() for d in digests), challenge)
 
 
@@ -189,7 +157,7 @@ async def challenge(request: web.Request) -> web.Response:
         picks = picks_from(fields)
         items = checked_items(picks, await _stored(state, picks), lambda i: may_decide(session, i))
         batch = batch_of(items)
-    except BulkRefused as refused:
+    except Refused as refused:
         return refused.response()
     kept = _kept(state)
     if len(kept) >= MAX_KEPT:
@@ -219,7 +187,7 @@ async def decide(request: web.Request) -> web.Response:
         else:
             batch = found[0]
             if any(s is None or not may_decide(session, s) for s in stored.values()):
-                raise BulkRefused(409, "not_available", "An item is no longer waiting for you.")
+                raise Refused(409, "not_available", "An item is no longer waiting for you.")
         unsigned = "Sign the approvals with your passkey."
         assertion = own_assertion(fields, session, state, unsigned).credential_id_b64
     except Refused as refused:
@@ -227,7 +195,10 @@ async def decide(request: web.Request) -> web.Response:
     signed = dict(fields["assertion"]) | {"batch": list(batch.hexes)}
     batch_id = secrets.token_urlsafe(12)
     for item in batch.items:
-        await _post_one(state, session, item, signed, batch_id)
+        record = DecisionRecord(
+            item.approval_id, item.revision, session.identity, "approve", 0, {}, state.now_ms()
+        )
+        await send_recorded(state, item, record, decision_body(item, record, signed), batch_id)
     log.info(
         "event=inbox_bulk batch_id=%s items=%d credential_id=%s",
         batch_id,
@@ -235,27 +206,6 @@ async def decide(request: web.Request) -> web.Response:
         assertion,
     )
     return web.json_response({"location": f"/bulk/{batch_id}"})
-
-
-async def _post_one(
-    state: InboxState, session: Session, item: Item, signed: dict[str, Any], batch_id: str
-) -> None:
-    """One approve of the batch: row first, then the post, then the gate's answer on the
-    row (``GateUnreachable``: the row stays status 0, "not answered")."""
-    now = state.now_ms()
-    body = decision_body(item, session.identity, "approve", None, None, signed, now)
-    record = DecisionRecord(
-        item.approval_id, item.revision, session.identity, "approve", 0, {}, now
-    )
-    number = await state.db.add_batch_decision(record, batch_id)
-    try:
-        status, answer = await send_to_gate(state, item, body, "approve")
-    except GateUnreachable:
-        log.warning(
-            "event=inbox_decision_unsent approval_id=%s batch_id=%s", item.approval_id, batch_id
-        )
-        return
-    await state.db.set_decision_answer(number, status, answer)
 
 
 def add_routes(app: web.Application) -> None:

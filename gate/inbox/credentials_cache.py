@@ -66,7 +66,6 @@ class CredentialsCache:
         self._by_id: dict[str, ServedCredential] = {}
         self._problem: str | None = NOT_YET
         self._fetched_at: float | None = None
-        self._down = False
         self._tried_at: float | None = None
         self._failure: tuple[str, str] | None = None
         self._unknown_ids: dict[str, float] = {}
@@ -101,17 +100,15 @@ class CredentialsCache:
         try:
             answer = await self._fetch()
         except FETCH_FAILURES as exc:
-            unreachable = isinstance(exc, GateUnreachable | OSError)
-            self._failure = ("gate_unreachable" if unreachable else "gate_refused", str(exc))
-            if not self._down:
+            if self._failure is None:
                 log.warning(
                     'event=credentials_unavailable error=%s why="%s"', type(exc).__name__, exc
                 )
-            self._down = True
+            unreachable = isinstance(exc, GateUnreachable | OSError)
+            self._failure = ("gate_unreachable" if unreachable else "gate_refused", str(exc))
             return False
-        if self._down:
+        if self._failure is not None:
             log.info("event=credentials_available")
-        self._down = False
         self._failure = None
         self._fetched_at = self._now_s()
         self._by_id = {c.credential_id: c for c in answer.credentials}

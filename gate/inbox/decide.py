@@ -32,8 +32,9 @@ log = logging.getLogger(__name__)
 
 
 class Refused(Exception):
-    """A decision the inbox refuses before anything is posted: ``status``, ``reason``,
-    ``message`` (words)."""
+    """A decision, answer or batch the inbox refuses before anything is posted: HTTP
+    ``status``, wire ``reason`` and the ``message`` in words (naming the item when one of a
+    batch is the cause)."""
 
     def __init__(self, status: int, reason: str, message: str) -> None:
         super().__init__(message)
@@ -65,24 +66,40 @@ def verb_fields(fields: dict[str, Any]) -> tuple[str, str | None, str | None]:
     )
 
 
-def check_open(item: Item, fields: dict[str, Any]) -> None:
-    """The item is pending (else 409 ``not_pending``, its state in words) and the posted
-    ``revision`` is the stored one (else 409 ``changed``): an approver never signs a
-    revision they did not see."""
-    if item.kind != "approval":
-        raise Refused(409, "not_an_approval", "This item is a question: answer it on its page.")
+OPEN_WORDS = {
+    # kind: the refusal of the other kind, what ends "is now <state>", the number shown
+    "approval": ("This item is a question: answer it on its page.", ".", "revision"),
+    "question": (
+        "This item is an approval: decide it on its page.",
+        "; nothing was sent.",
+        "version",
+    ),
+}
+
+
+def check_open(item: Item, kind: str, shown: object, named: str = "This item") -> None:
+    """``item`` is of ``kind`` (else 409 ``not_an_approval``/``not_a_question``), pending
+    (else 409 ``not_pending``, its state in words) and ``shown``, the revision (a question's
+    version) the page showed, is the stored one (else 409 ``changed``): an approver never
+    signs or answers a revision they did not see. ``named`` is how the words name the item."""
+    other, after, number = OPEN_WORDS[kind]
+    if item.kind != kind:
+        raise Refused(409, "not_an_approval" if kind == "approval" else "not_a_question", other)
     if item.state != "pending":
-        raise Refused(409, "not_pending", f"This item is now {item.state}.")
-    if str(fields.get("revision", "")) != str(item.revision):
+        raise Refused(409, "not_pending", f"{named} is now {item.state}{after}")
+    if str(shown) != str(item.revision):
         raise Refused(
             409,
             "changed",
-            f"This item changed since you opened it: reload to see revision {item.revision}.",
+            f"{named} changed since you opened it: reload to see {number} {item.revision}.",
         )
 
 
-def digest_of(item: Item, verb: str, adjust_text: str | None, reason: str | None) -> bytes:
-    """The 32-byte decision digest of ``item``'s stored revision."""
+def digest_of(
+    item: Item, verb: str, adjust_text: str | None = None, reason: str | None = None
+) -> bytes:
+    """The 32-byte decision digest of ``item``'s stored revision, nonce and payload hash (an
+    approve of a batch: no adjust text, no reason)."""
     return decision_digest(
         approval_id=item.approval_id,
         revision=item.revision,
@@ -94,11 +111,9 @@ def digest_of(item: Item, verb: str, adjust_text: str | None, reason: str | None
     )
 
 
-def _same(record: DecisionRecord, item: Item) -> bool:
-    return record.approval_id == item.approval_id and record.revision == item.revision
-
-
-async def _checked(request: web.Request) -> tuple[Session, Item, dict[str, Any]]:
+async def checked_request(request: web.Request) -> tuple[Session, Item, dict[str, Any]]:
+    """A POST's session (else 401 ``signed_out``), its fields once Origin and CSRF are
+    checked (``auth.read_post``: else 403) and the item ``{id}`` it may decide (else 404)."""
     session = await auth.require_session(request)
     fields = await auth.read_post(request, session)
     item = await decidable(request, session)
@@ -109,10 +124,10 @@ async def challenge(request: web.Request) -> web.Response:
     """POST ``/items/{id}/challenge``: ``{"challenge": b64url(decision_digest)}`` for the
     posted verb, texts and revision (401 signed out, 403 Origin/CSRF, 404 not the
     session's, 409 not pending or changed)."""
-    _, item, fields = await _checked(request)
+    _, item, fields = await checked_request(request)
     try:
         verb, adjust_text, reason = verb_fields(fields)
-        check_open(item, fields)
+        check_open(item, "approval", fields.get("revision", ""))
     except Refused as refused:
         return refused.response()
     return web.json_response({"challenge": b64url(digest_of(item, verb, adjust_text, reason))})
@@ -136,27 +151,20 @@ def own_assertion(
     return parsed
 
 
-def decision_body(
-    item: Item,
-    identity: str,
-    verb: str,
-    adjust_text: str | None,
-    reason: str | None,
-    assertion: dict[str, Any],
-    decided_at_ms: int,
-) -> dict[str, Any]:
-    """The hitl/v0 decision (docs/protocol.md "Decision") for the stored dispatch, signed by
-    ``assertion``; ``approver.channel`` is ``inbox``."""
+def decision_body(item: Item, record: DecisionRecord, assertion: dict[str, Any]) -> dict[str, Any]:
+    """The hitl/v0 decision (docs/protocol.md "Decision") ``record`` stands for (its verb,
+    approver identity, reason, adjust text and ``decided_at``) on the stored dispatch, signed
+    by ``assertion``; ``approver.channel`` is ``inbox``."""
     return {
         "protocol": PROTOCOL,
         "approval_id": item.approval_id,
         "nonce": item.nonce,
-        "decision": verb,
+        "decision": record.decision,
         "payload_hash": item.payload_hash,
-        "approver": {"id": identity, "channel": "inbox"},
-        "adjust_text": adjust_text,
-        "reason": reason,
-        "decided_at": rfc3339_ms(decided_at_ms),
+        "approver": {"id": record.identity, "channel": "inbox"},
+        "adjust_text": record.sent,
+        "reason": record.reason,
+        "decided_at": rfc3339_ms(record.decided_at),
         "approver_assertion": assertion,
     }
 
@@ -170,43 +178,67 @@ async def decide(request: web.Request) -> web.Response:
     the post to the dispatch's callback, the row updated with the gate's answer; 200
     ``{"location": "/decisions/<n>"}``. 502 ``gate_unreachable`` when the gate could not be
     reached (the row keeps status 0, its answer says so)."""
-    session, item, fields = await _checked(request)
+    session, item, fields = await checked_request(request)
     state = state_of(request)
     try:
         verb, adjust_text, reason = verb_fields(fields)
-        check_open(item, fields)
+        check_open(item, "approval", fields.get("revision", ""))
         own_assertion(fields, session, state, "Sign the decision with your passkey.")
         mine = await state.db.decisions_of(session.identity, limit=500)
-        if any(_same(d, item) and 200 <= d.status < 300 for d in mine):
+        same = (d for d in mine if (d.approval_id, d.revision) == (item.approval_id, item.revision))
+        if any(200 <= d.status < 300 for d in same):
             raise Refused(409, "already_decided", "You already decided this item.")
     except Refused as refused:
         return refused.response()
     now = state.now_ms()
-    body = decision_body(
-        item, session.identity, verb, adjust_text, reason, fields["assertion"], now
-    )
     record = DecisionRecord(
         item.approval_id, item.revision, session.identity, verb, 0, {}, now, reason, adjust_text
     )
-    number = await state.db.add_decision(record)
-    try:
-        status, answer = await send_to_gate(state, item, body, verb)
-    except GateUnreachable:
-        log.warning("event=inbox_decision_unsent approval_id=%s", item.approval_id)
+    body = decision_body(item, record, fields["assertion"])
+    number, answered = await send_recorded(state, item, record, body)
+    if answered is None:
         await state.db.set_decision_answer(number, 0, {"error": "gate_unreachable"})
         return auth.refusal(
             502,
             "gate_unreachable",
             "The gate could not be reached: your decision was not recorded. Try again.",
         )
-    await state.db.set_decision_answer(number, status, answer)
     log.info(
         "event=inbox_decision approval_id=%s decision=%s status=%d",
         item.approval_id,
         verb,
-        status,
+        answered[0],
     )
     return web.json_response({"location": f"/decisions/{number}"})
+
+
+async def send_recorded(
+    state: InboxState,
+    item: Item,
+    record: DecisionRecord,
+    body: dict[str, Any],
+    batch_id: str | None = None,
+) -> tuple[int, tuple[int, dict[str, Any]] | None]:
+    """The one signed send of a decision or an answer: ``record`` kept first (status 0; one
+    of batch ``batch_id`` when given), then ``body`` posted to ``item``'s callback
+    (``send_to_gate``, counted by ``record.decision``), then the gate's answer on the row.
+    Returns the row's number and the gate's ``(status, answer)``, None when the gate could
+    not be reached (the row keeps status 0; logged as ``event=inbox_decision_unsent``, an
+    answer's as ``event=inbox_answer_unsent``)."""
+    if batch_id is None:
+        number = await state.db.add_decision(record)
+    else:
+        number = await state.db.add_batch_decision(record, batch_id)
+    try:
+        answered = await send_to_gate(state, item, body, record.decision)
+    except GateUnreachable:
+        event = "answer" if record.decision == "answer" else "decision"
+        key = "question_id" if event == "answer" else "approval_id"
+        batch = "" if batch_id is None else f" batch_id={batch_id}"
+        log.warning("event=inbox_%s_unsent %s=%s%s", event, key, item.approval_id, batch)
+        return number, None
+    await state.db.set_decision_answer(number, *answered)
+    return number, answered
 
 
 def add_routes(app: web.Application) -> None:

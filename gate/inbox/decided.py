@@ -112,6 +112,5 @@ def may_decide(session: Session, item: Item) -> bool:
     """True when the session's identity (trimmed of White_Space and casefolded, as SPEC §2
     check 11 compares) is one of ``item.approvers`` or a delegate identity of the item."""
     key = identity_key(session.identity)
-    if any(identity_key(a) == key for a in item.approvers):
-        return True
-    return bool(on_behalf_of(session.identity, item))
+    mine = any(identity_key(a) == key for a in item.approvers)
+    return mine or bool(on_behalf_of(session.identity, item))

@@ -15,8 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-NEW, ESCALATION, REMINDER = "new", "escalation", "reminder"
-KINDS = (NEW, ESCALATION, REMINDER)  # what may be mailed (the inbox config's ``mail.on``)
+NEW, ESCALATION, REMINDER = "new", "escalation", "reminder"  # what may be mailed (``mail.on``)
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,9 +32,10 @@ class FollowUps:
 
 @dataclass(frozen=True, slots=True)
 class News:
-    """Whom a kept dispatch should tell what: ``kind`` one of ``KINDS``, ``n`` the reminder
-    number or escalation level (0 for a new item) and the ``identities`` concerned (every
-    approver of a new item; those an escalation added; those a reminder says it awaits)."""
+    """Whom a kept dispatch should tell what: ``kind`` (``NEW``, ``ESCALATION`` or
+    ``REMINDER``), ``n`` the reminder number or escalation level (0 for a new item) and the
+    ``identities`` concerned (every approver of a new item; those an escalation added; those
+    a reminder says it awaits)."""
 
     kind: str
     n: int

@@ -4,8 +4,6 @@ no referrer, no MIME sniffing, and pages never cached."""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
-
 from aiohttp import web
 
 CSP = (
@@ -25,19 +23,14 @@ COMMON = {
 STATIC_PREFIX = "/static/"
 
 
-def security_headers(path: str) -> dict[str, str]:
-    """The headers for a response to ``path``: ``COMMON`` plus ``Cache-Control: no-store``
-    for every page and answer, ``no-cache`` (revalidate) for ``/static/`` assets."""
-    cache = "no-cache" if path.startswith(STATIC_PREFIX) else "no-store"
-    return {**COMMON, "Cache-Control": cache}
-
-
 async def _add_headers(request: web.Request, response: web.StreamResponse) -> None:
-    response.headers.update(security_headers(request.path))
+    """``COMMON`` plus ``Cache-Control: no-store`` for every page and answer, ``no-cache``
+    (revalidate) for ``/static/`` assets."""
+    cache = "no-cache" if request.path.startswith(STATIC_PREFIX) else "no-store"
+    response.headers.update({**COMMON, "Cache-Control": cache})
 
 
 def install(app: web.Application) -> None:
-    """Add ``security_headers`` to every response of ``app`` (errors and static included),
+    """Add the security headers to every response of ``app`` (errors and static included),
     through ``on_response_prepare``."""
-    hook: Callable[[web.Request, web.StreamResponse], Awaitable[None]] = _add_headers
-    app.on_response_prepare.append(hook)
+    app.on_response_prepare.append(_add_headers)

@@ -57,13 +57,14 @@ class Incoming:
     expires_at: int
 
 
-def _ms(text: Any, field: str) -> int:
+def iso_ms(text: Any) -> int | None:
+    """An ISO 8601 date-time string (``Z`` or an offset) as unix ms, else None."""
     if isinstance(text, str):
         try:
             return int(datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp() * 1000)
         except ValueError:
             pass
-    raise DispatchRefused("invalid_dispatch", field)
+    return None
 
 
 def _text(obj: Any, *path: str) -> str:
@@ -82,6 +83,20 @@ def _number(obj: dict[str, Any], key: str) -> int:
     return value
 
 
+def _signed(envelope: dict[str, Any], question: bool) -> tuple[int, str, str]:
+    """``(revision, nonce, payload_hash)`` of a dispatch (a question's ``version`` and
+    ``request_hash``). Raises ``DispatchRefused`` naming the first missing or mistyped field,
+    ``payload_hash_mismatch`` when an approval's draft body does not hash to its
+    ``payload_hash``."""
+    nonce = _text(envelope, "callback", "nonce")
+    if question:
+        return _number(envelope, "version"), nonce, _text(envelope, "request_hash")
+    hashed = _text(envelope, "payload_hash")
+    if payload_hash(_text(envelope, "draft", "body")) != hashed:
+        raise DispatchRefused("payload_hash_mismatch")
+    return _number(envelope, "revision"), nonce, hashed
+
+
 def read_dispatch(envelope: dict[str, Any]) -> Incoming:
     """The columns of a verified dispatch (SPEC §2 "Dispatch"; a question's per
     docs/protocol.md "Questions"). Raises ``DispatchRefused`` (400 ``invalid_dispatch`` naming
@@ -89,26 +104,20 @@ def read_dispatch(envelope: dict[str, Any]) -> Incoming:
     hash to ``payload_hash``, ``request_hash_mismatch`` when a question's fields do not hash
     to its ``request_hash``, as the reference relay)."""
     question = envelope.get("kind") == "question"
-    key = "question_id" if question else "approval_id"
-    approval_id = _text(envelope, key)
-    nonce = _text(envelope, "callback", "nonce")
+    approval_id = _text(envelope, "question_id" if question else "approval_id")
+    _text(envelope, "callback", "nonce")
     _text(envelope, "callback", "url")
     if not isinstance(envelope.get("approvers"), list):
         raise DispatchRefused("invalid_dispatch", "approvers")
-    expires_at = _ms(envelope.get("expires_at"), "expires_at")
-    if question:
-        body = _text(envelope, "question", "text")
-        version = _number(envelope, "version")
-        hashed = _text(envelope, "request_hash")
-        if question_request_hash(envelope) != hashed:
-            raise DispatchRefused("request_hash_mismatch")
-        return Incoming(approval_id, "question", version, nonce, hashed, body, expires_at)
-    body = _text(envelope, "draft", "body")
-    hashed = _text(envelope, "payload_hash")
-    if payload_hash(body) != hashed:
-        raise DispatchRefused("payload_hash_mismatch")
-    revision = _number(envelope, "revision")
-    return Incoming(approval_id, "approval", revision, nonce, hashed, body, expires_at)
+    expires_at = iso_ms(envelope.get("expires_at"))
+    if expires_at is None:
+        raise DispatchRefused("invalid_dispatch", "expires_at")
+    body = _text(envelope, *(("question", "text") if question else ("draft", "body")))
+    revision, nonce, hashed = _signed(envelope, question)
+    if question and question_request_hash(envelope) != hashed:
+        raise DispatchRefused("request_hash_mismatch")
+    kind = "question" if question else "approval"
+    return Incoming(approval_id, kind, revision, nonce, hashed, body, expires_at)
 
 
 def signed_columns(dispatch: dict[str, Any], question: bool) -> tuple[int, str, str] | None:
@@ -117,16 +126,7 @@ def signed_columns(dispatch: dict[str, Any], question: bool) -> tuple[int, str, 
     body does not hash to its ``payload_hash``: what the page shows is what is signed
     (review rev17a finding 1)."""
     try:
-        if question:
-            return (
-                _number(dispatch, "version"),
-                _text(dispatch, "callback", "nonce"),
-                _text(dispatch, "request_hash"),
-            )
-        hashed = _text(dispatch, "payload_hash")
-        if payload_hash(_text(dispatch, "draft", "body")) != hashed:
-            return None
-        return _number(dispatch, "revision"), _text(dispatch, "callback", "nonce"), hashed
+        return _signed(dispatch, question)
     except DispatchRefused:
         return None
 
@@ -188,7 +188,6 @@ def item_from(row: dict[str, Any], dispatch: dict[str, Any], now_ms: int) -> Ite
             isinstance(a, dict) and a.get("verb") == "skip" and a.get("reason") == "required"
             for a in actions
         ),
-        approver_signature=str(dispatch.get("approver_signature", "off")),
         delegates=tuple((str(d.get("identity")), str(d.get("on_behalf_of"))) for d in delegates),
         followups=kept_of(row, dispatch),
     )

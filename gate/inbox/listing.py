@@ -10,6 +10,7 @@ from typing import Any
 
 from markupsafe import Markup
 
+from gate.inbox.items import iso_ms
 from gate.inbox.model import DecisionRecord, Item
 from gate.inbox.render import first_line
 from gate.inbox.seen import bulk_eligibility, whole_draft_html
@@ -45,16 +46,9 @@ def requested_at(item: Item) -> str:
     """When the item was requested, ``"YYYY-MM-DD HH:MM UTC"``: the dispatch's
     ``issued_at`` (RFC 3339, docs/protocol.md "Dispatch") when it parses, else when the
     inbox received it (``received_at`` ms)."""
-    issued = _text(item.dispatch, "issued_at")
-    when: datetime | None = None
-    if issued is not None:
-        try:
-            when = datetime.fromisoformat(issued.replace("Z", "+00:00")).astimezone(UTC)
-        except ValueError:
-            when = None
-    if when is None:
-        when = datetime.fromtimestamp(item.received_at / 1000, UTC)
-    return when.strftime("%Y-%m-%d %H:%M UTC")
+    issued = iso_ms(item.dispatch.get("issued_at"))
+    when = item.received_at if issued is None else issued
+    return datetime.fromtimestamp(when / 1000, UTC).strftime("%Y-%m-%d %H:%M UTC")
 
 
 def row_facts(item: Item) -> dict[str, Any]:
@@ -64,23 +58,17 @@ def row_facts(item: Item) -> dict[str, Any]:
     ``review`` (why it must be opened, ``seen.bulk_eligibility``, approvals only),
     ``bulkable`` (an approval with no ``review``: it gets a checkbox) and ``whole`` (the whole
     draft as the row shows it when ``bulkable``, else "")."""
+    facts = {"requested": requested_at(item), "run_id": run_words(item)}
     if item.kind != "approval":
-        return {**_common(item, first_line(item.body)), "review": None, "bulkable": False,
+        return {"first_line": first_line(item.body), **facts, "review": None, "bulkable": False,
                 "whole": Markup("")}  # fmt: skip
     seen = bulk_eligibility(item.body, item.content_type)
     return {
-        **_common(item, first_line(seen.text)),
+        "first_line": first_line(seen.text),
+        **facts,
         "review": seen.reason,
         "bulkable": seen.bulkable,
         "whole": whole_draft_html(seen),
-    }
-
-
-def _common(item: Item, line: str) -> dict[str, Any]:
-    return {
-        "first_line": line,
-        "requested": requested_at(item),
-        "run_id": run_words(item),
     }
 
 

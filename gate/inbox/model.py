@@ -45,7 +45,6 @@ class Item:
     outcome: str | None = None
     budget: dict[str, Any] | None = field(default=None, hash=False, compare=False)
     skip_reason_required: bool = False
-    approver_signature: str = "off"
     delegates: tuple[tuple[str, str], ...] = ()  # (delegate identity, on behalf of)
     followups: FollowUps = FollowUps()  # reminders and escalations it has had
 

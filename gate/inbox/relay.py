@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
@@ -25,26 +26,19 @@ OK = {"status": "ok"}
 CONFLICT = "dispatch_conflict"  # a re-send (same nonce) asking another thing (review rev17a)
 
 
+@dataclass(frozen=True, slots=True)
 class RelayEndpoint:
-    """Holds the gate's relay ``secrets`` (current first), the signature window
-    ``max_skew`` (seconds), the database and the clock (``now_s``: unix seconds);
+    """Holds the database, the gate's relay ``secrets`` (current first), the signature
+    window ``max_skew`` (seconds) and the clock (``now_s``: unix seconds);
     ``tell(approval_id, dispatch, expires_at_ms, news)`` is called, after the row committed,
     once per ``News`` of a kept dispatch: a NEW item, approvers an escalation added, a new
     reminder (mail; it must not block or raise)."""
 
-    def __init__(
-        self,
-        db: InboxDb,
-        secrets: Sequence[str],
-        max_skew: float,
-        now_s: Callable[[], float] = time.time,
-        tell: Callable[[str, dict[str, Any], int, News], None] | None = None,
-    ) -> None:
-        self.tell = tell
-        self.db = db
-        self.secrets = tuple(secrets)
-        self.max_skew = max_skew
-        self.now_s = now_s
+    db: InboxDb
+    secrets: tuple[str, ...] = field(repr=False)
+    max_skew: float
+    now_s: Callable[[], float] = time.time
+    tell: Callable[[str, dict[str, Any], int, News], None] | None = None
 
     async def receive(self, request: web.Request) -> web.Response:
         """Check a dispatch or notice and keep it. Answers: 413 ``body_too_large``; 401

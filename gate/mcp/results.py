@@ -91,20 +91,15 @@ def _pending(id_key: str, item_id: str, **extra: Any) -> dict[str, Any]:
     }
 
 
-def pending_summary(approval: Approval) -> dict[str, Any]:
-    """One approval of list_pending (``kind: "approval"``): where it waits, never the draft."""
-    return _summary("approval", approval, "payload_hash", approval.payload_hash)
-
-
-def pending_question_summary(question: Question) -> dict[str, Any]:
-    """One question of list_pending (``kind: "question"``): where it waits and what kind of
-    answer it takes, never its text."""
-    return _summary("question", question, "response_type", question.response_type)
-
-
-def _summary(kind: str, item: Approval | Question, key: str, value: Any) -> dict[str, Any]:
-    """One item of list_pending: its ``kind``, id, where it waits, ``key``: ``value`` (what
-    tells items of that kind apart) and its expiry."""
+def pending_summary(item: Approval | Question) -> dict[str, Any]:
+    """One item of list_pending: its ``kind`` (``approval``, ``question``), id, where it
+    waits, what tells items of that kind apart (an approval's ``payload_hash``, never the
+    draft; a question's ``response_type``, the kind of answer it takes, never its text) and
+    its expiry."""
+    if isinstance(item, Approval):
+        kind, key, value = "approval", "payload_hash", item.payload_hash
+    else:
+        kind, key, value = "question", "response_type", item.response_type
     return {
         "kind": kind,
         f"{kind}_id": item.id,

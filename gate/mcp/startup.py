@@ -9,7 +9,7 @@ import asyncio
 import logging
 
 from gate.sdk import GateRequestError, GateUnavailable
-from gate.sdk.transport import Transport
+from gate.sdk.transport import APPROVALS, Transport
 
 log = logging.getLogger(__name__)
 
@@ -24,7 +24,7 @@ async def refused_status(url: str, token: str) -> int | None:
     (``event=mcp_gate_unreachable``) and returns None. Never raises for the gate's state."""
     transport = Transport(url, token)
     try:
-        await asyncio.wait_for(transport.list("pending", None, 1, None), PROBE_S)
+        await asyncio.wait_for(transport.list_in(APPROVALS, "pending", None, 1, None), PROBE_S)
     except GateRequestError as exc:
         if exc.status in (401, 403):
             return exc.status

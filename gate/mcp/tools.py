@@ -18,7 +18,6 @@ from gate.mcp.results import (
     DEFAULT_WAIT_S,
     MAX_WAIT_S,
     approval_result,
-    pending_question_summary,
     pending_summary,
     question_result,
     refusal_text,
@@ -138,10 +137,13 @@ async def _gate_call(call: Awaitable[T], argument: str) -> T:
 
 
 async def _answer(tool: str, call: Awaitable[Approval | Question], argument: str) -> dict[str, Any]:
-    """One tool's answer: the SDK call awaited (``_gate_call``), one log line (``_log``), and
-    the result of gate.mcp.results for its kind."""
+    """One tool's answer: the SDK call awaited (``_gate_call``), one log line (ids and
+    outcome only, never a draft, text or answer), and the result of gate.mcp.results for
+    its kind."""
     obj = await _gate_call(call, argument)
-    _log(tool, obj.id, obj.state, obj.outcome)
+    log.info(
+        "event=mcp_tool tool=%s id=%s state=%s outcome=%s", tool, obj.id, obj.state, obj.outcome
+    )
     return approval_result(obj) if isinstance(obj, Approval) else question_result(obj)
 
 
@@ -173,7 +175,7 @@ def register(gate: AsyncGate) -> list[Tool]:
         questions = await _gate_call(gate.list_pending_questions(pipeline), "pipeline")
         return {
             "approvals": [pending_summary(a) for a in approvals],
-            "questions": [pending_question_summary(q) for q in questions],
+            "questions": [pending_summary(q) for q in questions],
         }
 
     return [
@@ -261,8 +263,3 @@ def _question_tools(gate: AsyncGate) -> tuple[Callable[..., Awaitable[Any]], ...
         return await _answer("get_question", call, "question_id")
 
     return ask_human, get_question
-
-
-def _log(tool: str, object_id: str, state: str, outcome: str | None) -> None:
-    """One line per tool answer: ids and outcome only, never a draft, text or answer."""
-    log.info("event=mcp_tool tool=%s id=%s state=%s outcome=%s", tool, object_id, state, outcome)

@@ -1,5 +1,7 @@
-"""The answer envelope: a relay's ``decision: "answer"`` to a question (check 5) and
-its builder for relays and tests. Pure; ``gate.protocol.question`` re-exports all of it."""
+"""The answer envelope: a relay's ``decision: "answer"`` to a question (check 5), its
+builder for relays and tests, and ``parse_callback``, which routes what arrives at
+``/hitl/v0/decisions`` (decoded once) to it or to the decision parse. Pure;
+``gate.protocol.question`` re-exports the answer's names."""
 
 from __future__ import annotations
 
@@ -9,12 +11,16 @@ from typing import Any
 
 from gate.protocol import PROTOCOL
 from gate.protocol.envelope import (
+    Decision,
     _approver,
     _decided_at,
     _head,
     _invalid,
     _protocol,
+    decision_from_obj,
+    decode_text_json,
 )
+from gate.protocol.errors import ProtocolError
 from gate.protocol.times import rfc3339
 
 ANSWER = "answer"
@@ -74,6 +80,31 @@ def parse_answer(obj: Mapping[str, Any]) -> Answer:
         approver_channel=channel,
         decided_at=decided_at,
     )
+
+
+def parse_callback(raw: bytes) -> Decision | Answer:
+    """Parse a callback body (SPEC §2 check 5): an answer goes to ``parse_answer``,
+    anything else to the decision parse, unchanged. An approve,
+    skip or adjust naming a ``question_id`` but no ``approval_id`` is 400
+    ``invalid_approval_id`` saying a question takes ``decision: answer``. Raises
+    ProtocolError 400 ``invalid_<field>`` (``invalid_json`` for a body that is no object).
+    """
+    obj = decode_text_json(raw)
+    if not isinstance(obj, dict):
+        raise _invalid("json", "body must be a JSON object")
+    if is_answer(obj):
+        return parse_answer(obj)
+    try:
+        return decision_from_obj(obj)
+    except ProtocolError as exc:
+        if exc.code != "invalid_approval_id" or obj.get("approval_id") is not None:
+            raise
+        if obj.get("question_id") is None:
+            raise
+        raise _invalid(
+            "approval_id",
+            "approve, skip and adjust name an approval_id; a question takes decision answer",
+        ) from None
 
 
 def _answer_verb(decision: str) -> None:

@@ -1,5 +1,5 @@
 """Approver signatures: the decision digest, batches, the ``approver_assertion``
-field and Ed25519 verification. Pure: no I/O, no clock; not enforced by the gate yet.
+field and Ed25519 verification. Pure: no I/O, no clock.
 
 The construction, for relay authors, is in docs/protocol.md ("Approver signatures:
 the construction"); known answers are in conformance/vectors/approver_signature.json.
@@ -38,26 +38,6 @@ MAX_SIGNATURE = 1024
 MAX_USER_HANDLE = 64
 ED25519_SIGNATURE = 64
 MAX_BATCH_ITEMS = 256
-# why a signature was refused: the ``detail`` of 403 ``approver_signature_invalid``
-DETAILS = (
-    "bad_signature",
-    "challenge_mismatch",
-    "origin_mismatch",
-    "rp_id_mismatch",
-    "user_not_present",
-    "user_not_verified",
-    "counter_went_backwards",
-    "wrong_type",
-    "not_in_batch",
-    "malformed",
-    # the gate's own checks of the credential
-    "unknown_credential",
-    "revoked",
-    "wrong_operator",
-    # a passkey's counter did not increase; no relying party for passkeys
-    "counter_regressed",
-    "rp_unavailable",
-)
 
 _B64URL = re.compile(r"[A-Za-z0-9_-]*={0,2}")
 _HEX64 = re.compile(r"[0-9a-f]{64}")
@@ -157,7 +137,8 @@ def batch_digest(digests: Sequence[bytes]) -> bytes:
 
 def signature_invalid(detail: str, message: str) -> ProtocolError:
     """The refusal of a signature that does not verify: 403 ``forbidden`` /
-    ``approver_signature_invalid`` with ``detail`` (one of ``DETAILS``) in the body."""
+    ``approver_signature_invalid`` with ``detail`` in the body (the details are listed in
+    docs/protocol.md, "Approver signatures: the construction")."""
     return ProtocolError(
         "approver_signature_invalid",
         message,

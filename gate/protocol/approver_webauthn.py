@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from gate.protocol.approver_signature import ApproverAssertion, b64url, signature_invalid
@@ -140,11 +140,13 @@ def verify_webauthn(
     return new
 
 
-def assertion_sha256(assertion: ApproverAssertion) -> str:
-    """The SHA-256 (lowercase hex) that identifies one passkey assertion (a batch's
-    one assertion decides each of its items): over ``authenticator_data`` (which holds the
-    counter), ``client_data_json`` (the challenge) and ``signature``, each prefixed by its
-    length as 4 big-endian bytes."""
+def assertion_sha256(assertion: ApproverAssertion) -> str | None:
+    """The SHA-256 (lowercase hex) that identifies one batch assertion (a batch's one
+    assertion decides each of its items), None for a single decision's: over
+    ``authenticator_data`` (which holds the counter), ``client_data_json`` (the challenge)
+    and ``signature``, each prefixed by its length as 4 big-endian bytes."""
+    if assertion.batch is None:
+        return None
     digest = hashlib.sha256()
     for part in (assertion.authenticator_data, assertion.client_data_json, assertion.signature):
         digest.update(len(part).to_bytes(4, "big"))
@@ -152,23 +154,21 @@ def assertion_sha256(assertion: ApproverAssertion) -> str:
     return digest.hexdigest()
 
 
-def counter_increased(stored: int, new: int) -> bool:
-    """The counter rule: the authenticator's ``new`` counter is above the
-    ``stored`` one, or both are zero (authenticators without a counter)."""
-    return new > stored or (new == 0 and stored == 0)
-
-
-def repeats_batch(
-    assertion: ApproverAssertion, stored: int, new: int, counter_assertion: str | None
+def counter_refused(
+    assertion: ApproverAssertion,
+    stored: int,
+    new: int,
+    counter_assertion: Callable[[], str | None],
 ) -> bool:
-    """A counter equal to the stored one is accepted only for the very batch
-    assertion that set it: ``assertion`` carries a ``batch`` and its ``assertion_sha256`` is
-    ``counter_assertion``, the hash stored with the counter (None: set by a single
-    decision). The caller checked the signature and that this decision's digest is in the
-    batch (``challenge_for``)."""
-    return (
-        new == stored
-        and assertion.batch is not None
-        and counter_assertion is not None
-        and hmac.compare_digest(counter_assertion, assertion_sha256(assertion))
-    )
+    """The counter rule, once the signature verified (True: refused, a cloned
+    authenticator?): the authenticator's ``new`` counter must be above the ``stored`` one,
+    or both zero (authenticators without a counter). One equal to the stored one is accepted
+    only for the very batch assertion that set it: its ``assertion_sha256`` is
+    ``counter_assertion()``, the hash stored with the counter (read only then; None: set by
+    a single decision). The caller checked that this decision's digest is in the batch
+    (``challenge_for``)."""
+    if new > stored or new == stored == 0:
+        return False
+    held = assertion_sha256(assertion) if new == stored else None
+    known = counter_assertion() if held is not None else None
+    return held is None or known is None or not hmac.compare_digest(known, held)

@@ -5,9 +5,10 @@ from __future__ import annotations
 import functools
 import json
 import math
+import operator
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any
 
 from gate.protocol import PROTOCOL
@@ -58,22 +59,10 @@ class Decision:
     def __reduce__(self) -> tuple[type[Decision], tuple[Any, ...]]:
         # pickled to the writer process with every decision: fields by position, not the
         # slower generic state of a slotted dataclass
-        return (
-            Decision,
-            (
-                self.approval_id,
-                self.nonce,
-                self.decision,
-                self.payload_hash,
-                self.approver_id,
-                self.approver_display,
-                self.approver_channel,
-                self.adjust_text,
-                self.decided_at,
-                self.reason,
-                self.approver_assertion,
-            ),
-        )
+        return (Decision, _DECISION_FIELDS(self))
+
+
+_DECISION_FIELDS = operator.attrgetter(*(field.name for field in fields(Decision)))
 
 
 def _invalid(field: str, message: str) -> ProtocolError:

@@ -1,5 +1,6 @@
 """The hitl/v0 additions that go out from the gate: the follow-up fields of a dispatch
-(reminder, escalation, delegates, a required skip reason) and the resolution notice. Pure."""
+(reminder, escalation, delegates, a required skip reason) and the resolution notices of
+approvals and of questions (with notices on). Pure."""
 
 from __future__ import annotations
 
@@ -50,6 +51,30 @@ class FollowUp:
 
 
 OUTCOMES = ("approved", "adjusted", "skipped", "timeout", "cancelled")
+QUESTION_OUTCOMES = ("answered", "timeout", "cancelled")
+
+
+def _notice(
+    subject: dict[str, str],
+    run_id: str,
+    pipeline: str,
+    step: str,
+    outcome: str,
+    resolved_at_ms: int,
+) -> dict[str, Any]:
+    """The fields every resolution notice begins with, approval or question alike, in wire
+    order: ``protocol``, ``type: "notice"``, the ``subject`` (its kind and id), ``run_id``,
+    ``pipeline``, ``step``, ``outcome`` and ``resolved_at`` (RFC 3339)."""
+    return {
+        "protocol": PROTOCOL,
+        "type": "notice",
+        **subject,
+        "run_id": run_id,
+        "pipeline": pipeline,
+        "step": step,
+        "outcome": outcome,
+        "resolved_at": rfc3339(resolved_at_ms),
+    }
 
 
 def build_notice(
@@ -76,16 +101,39 @@ def build_notice(
     if outcome not in OUTCOMES:
         raise ValueError(f"unknown outcome {outcome!r}")
     return {
-        "protocol": PROTOCOL,
-        "type": "notice",
-        "approval_id": approval_id,
-        "run_id": run_id,
-        "pipeline": pipeline,
-        "step": step,
-        "outcome": outcome,
-        "resolved_at": rfc3339(resolved_at_ms),
+        **_notice({"approval_id": approval_id}, run_id, pipeline, step, outcome, resolved_at_ms),
         "revision": revision,
         "payload_hash": payload_hash,
         "decided_by": [dict(item) for item in decided_by],
         "reason": reason,
+    }
+
+
+def build_question_notice(
+    *,
+    question_id: str,
+    run_id: str,
+    pipeline: str,
+    step: str,
+    outcome: str,
+    resolved_at_ms: int,
+    version: int,
+    request_hash: str,
+    answered_by: str | None,
+) -> dict[str, Any]:
+    """Return the resolution notice of a question (docs/protocol.md "Questions",
+    "Notices") as a dict: the approvals' notice, additive, with ``kind: "question"``, the
+    ``question_id`` and no ``approval_id``, ``outcome`` (``answered``, ``timeout``,
+    ``cancelled``), ``version`` and ``request_hash`` of the final version, ``answered_by`` the
+    identity whose answer won (None unless answered). Never the answer's value. Raises
+    ValueError for another outcome.
+    """
+    if outcome not in QUESTION_OUTCOMES:
+        raise ValueError(f"unknown question outcome {outcome!r}")
+    subject = {"kind": "question", "question_id": question_id}
+    return {
+        **_notice(subject, run_id, pipeline, step, outcome, resolved_at_ms),
+        "version": version,
+        "request_hash": request_hash,
+        "answered_by": answered_by,
     }

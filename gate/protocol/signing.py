@@ -145,8 +145,6 @@ def check_protocol_header(value: str | None) -> None:
     """SPEC §2 check 5's header part: an ``X-Hitl-Protocol`` header, when sent, must name
     ``hitl/v0`` (surrounding whitespace ignored). Raises ProtocolError 400
     ``invalid_protocol`` with ``field`` the header's name."""
-    from gate.protocol import PROTOCOL, PROTOCOL_HEADER
-
     if value is not None and value.strip() != PROTOCOL:
         raise ProtocolError(
             "invalid_protocol",

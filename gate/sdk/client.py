@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Self
 
@@ -41,11 +41,6 @@ def listen_url(listen: str) -> str:
     return f"http://{host}:{parsed.port}"
 
 
-def _check_wait(wait: float | None) -> None:
-    if wait is not None and not wait >= 0:
-        raise ValueError(f"wait must be None or seconds >= 0, got {wait!r}")
-
-
 MAX_KEY_CHARS = 200  # the gate's MAX_IDEMPOTENCY_KEY_CHARS (gate/core/requests/fields.py)
 
 
@@ -60,29 +55,13 @@ def check_id(value: str, argument: str) -> str:
     return value
 
 
-def check_key(key: str | None) -> str | None:
-    """``key`` (None: absent) once the gate would take it as an Idempotency-Key: 1-200
-    characters, not blank, printable (no newline or other control character; SPEC §3,
-    gate/core/requests/fields.py). Raises ValueError starting ``idempotency_key: `` (review 18c
-    finding 12)."""
-    if key is None:
-        return None
-    if not isinstance(key, str) or not key.strip() or len(key) > MAX_KEY_CHARS:
-        raise ValueError(f"idempotency_key: must be 1-{MAX_KEY_CHARS} characters, not blank")
-    if not key.isprintable():
-        raise ValueError("idempotency_key: must not hold a newline or control character")
-    return key
-
-
-async def _all_pages(
-    list_page: Callable[[str, str | None, int, str | None], Awaitable[Any]], pipeline: str | None
-) -> list[dict[str, Any]]:
-    """Every pending item of one list endpoint (``list_page(state, pipeline, limit,
-    cursor)``, e.g. ``Transport.list``), following ``next_cursor`` to the last page."""
-    out: list[dict[str, Any]] = []
+async def _all_pages(transport: Transport, kind: Kind, pipeline: str | None) -> list[Obj]:
+    """Every pending item of ``kind`` (``Transport.list_in``), following ``next_cursor`` to
+    the last page."""
+    out: list[Obj] = []
     cursor: str | None = None
     while True:
-        page = await list_page("pending", pipeline, 100, cursor)
+        page = await transport.list_in(kind, "pending", pipeline, 100, cursor)
         out.extend(page.get("items") or [])
         cursor = page.get("next_cursor")
         if not cursor:
@@ -90,9 +69,18 @@ async def _all_pages(
 
 
 def _key(given: str | None, prefix: str) -> str:
-    """``given``, else a fresh ``<prefix>-<uuid4 hex>``: every create carries a key, so a
-    retried one is found again, never made twice (SPEC §3)."""
-    return check_key(given) or f"{prefix}-{uuid.uuid4().hex}"
+    """``given`` once the gate would take it as an Idempotency-Key: 1-200 characters, not
+    blank, printable (no newline or other control character; SPEC §3,
+    gate/core/requests/fields.py); raises ValueError starting ``idempotency_key: `` (review
+    18c finding 12). None: a fresh ``<prefix>-<uuid4 hex>``, since every create carries a
+    key, so a retried one is found again, never made twice (SPEC §3)."""
+    if given is None:
+        return f"{prefix}-{uuid.uuid4().hex}"
+    if not isinstance(given, str) or not given.strip() or len(given) > MAX_KEY_CHARS:
+        raise ValueError(f"idempotency_key: must be 1-{MAX_KEY_CHARS} characters, not blank")
+    if not given.isprintable():
+        raise ValueError("idempotency_key: must not hold a newline or control character")
+    return given
 
 
 class AsyncGate:
@@ -178,9 +166,9 @@ class AsyncGate:
         request) joins the approval made before, e.g. by a process that crashed; without
         one, a fresh key is made for this call alone. ``spend`` is in the step's budget
         unit. Returns the Approval (``pending`` if the wait ended first: not a yes)."""
-        _check_wait(wait)
+        deadline = deadline_after(wait)
         body = approval_body(pipeline, step, draft, content_type, run_id, spend, requested_by)
-        got = await self._request(APPROVALS, body, _key(idempotency_key, "hitl-sdk"), wait)
+        got = await self._request(APPROVALS, body, _key(idempotency_key, "hitl-sdk"), deadline)
         return Approval.from_json(got)
 
     async def get_approval(self, approval_id: str, wait: float | None = None) -> Approval:
@@ -195,12 +183,12 @@ class AsyncGate:
 
     async def list_pending(self, pipeline: str | None = None) -> list[Approval]:
         """Every pending approval (of ``pipeline`` when given), oldest first, all pages."""
-        items = await _all_pages(self._transport.list, pipeline)
+        items = await _all_pages(self._transport, APPROVALS, pipeline)
         return [Approval.from_json(item) for item in items]
 
     async def list_pending_questions(self, pipeline: str | None = None) -> list[Question]:
         """Every pending question (of ``pipeline`` when given), oldest first, all pages."""
-        items = await _all_pages(self._transport.list_questions, pipeline)
+        items = await _all_pages(self._transport, QUESTIONS, pipeline)
         return [Question.from_json(item) for item in items]
 
     # ---- questions ---------------------------------------------------------
@@ -224,12 +212,12 @@ class AsyncGate:
         ``single_choice``/``multi_choice`` (with ``options``) or ``form`` (with ``schema``);
         wait up to ``wait`` seconds for the answer. Keys as ``request_approval``. Returns the
         Question (``pending`` if the wait ended first)."""
-        _check_wait(wait)
+        deadline = deadline_after(wait)
         body = question_body(
             pipeline, step, text, response_type, reason, options, schema, run_id, requested_by
         )
-        got = await self._request(QUESTIONS, body, _key(idempotency_key, "hitl-sdk-ask"), wait)
-        return Question.from_json(got)
+        key = _key(idempotency_key, "hitl-sdk-ask")
+        return Question.from_json(await self._request(QUESTIONS, body, key, deadline))
 
     async def get_question(self, question_id: str, wait: float | None = None) -> Question:
         """The question ``question_id``; with ``wait`` wait for its answer first."""
@@ -241,15 +229,13 @@ class AsyncGate:
 
     # ---- one family of calls for every kind (gate.sdk.waiting runs the loop) -----------
 
-    async def _request(self, kind: Kind, body: Obj, key: str, wait: float | None) -> Obj:
-        """Create (retried with ``key``) and wait up to ``wait`` seconds for the outcome."""
-        deadline = deadline_after(wait)
+    async def _request(self, kind: Kind, body: Obj, key: str, deadline: float | None) -> Obj:
+        """Create (retried with ``key``) and wait until ``deadline`` for the outcome."""
         obj, _ = await create(self._transport, kind, body, key, deadline, Watch())
         return await settle(self._transport, kind, obj, deadline, Watch())
 
     async def _get(self, kind: Kind, item_id: str, wait: float | None) -> Obj:
         """One object of ``kind``, after waiting up to ``wait`` seconds for its outcome."""
-        _check_wait(wait)
         deadline = deadline_after(wait)
         got = check_id(item_id, kind.id_key)
         obj = await self._transport.get_in(kind, got, timeout=bound(deadline))
@@ -271,18 +257,9 @@ def approval_body(
 ) -> Obj:
     """The JSON body of ``POST /v1/approvals`` (SPEC §3): absent optional fields (and an
     empty ``run_id``) are left out, never null."""
-    body: Obj = {
-        "pipeline": pipeline,
-        "step": step,
-        "draft": {"content_type": content_type, "body": draft},
-    }
-    if run_id:
-        body["run_id"] = run_id
-    if spend is not None:
-        body["spend"] = spend
-    if requested_by is not None:
-        body["requested_by"] = requested_by
-    return body
+    draft_object = {"content_type": content_type, "body": draft}
+    body = {"pipeline": pipeline, "step": step, "draft": draft_object}
+    return _with_given(body, run_id, requested_by, spend=spend)
 
 
 def question_body(
@@ -298,16 +275,14 @@ def question_body(
 ) -> Obj:
     """The JSON body of ``POST /v1/questions``: absent optional fields (an empty ``run_id``
     or ``options`` too) are left out, never null."""
-    body: Obj = {"pipeline": pipeline, "step": step, "text": text}
-    body["response_type"] = response_type
-    if run_id:
-        body["run_id"] = run_id
-    if reason is not None:
-        body["reason"] = reason
-    if options:
-        body["options"] = list(options)
-    if schema is not None:
-        body["schema"] = schema
-    if requested_by is not None:
-        body["requested_by"] = requested_by
-    return body
+    body = {"pipeline": pipeline, "step": step, "text": text, "response_type": response_type}
+    choices = list(options) if options else None
+    return _with_given(body, run_id, requested_by, reason=reason, options=choices, schema=schema)
+
+
+def _with_given(body: Obj, run_id: str | None, requested_by: str | None, **fields: Any) -> Obj:
+    """A create's ``body`` with its optional fields that are given: ``run_id`` unless empty,
+    then each of ``fields`` and ``requested_by`` unless None (absent ones are left out,
+    never null)."""
+    optional = {"run_id": run_id or None, **fields, "requested_by": requested_by}
+    return body | {name: value for name, value in optional.items() if value is not None}

@@ -17,6 +17,7 @@ import os
 import threading
 import uuid
 from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
 from gate.sdk.client import AsyncGate
@@ -73,14 +74,15 @@ def _takes_receiver(method: Callable[..., Any]) -> bool:
         return False
 
 
+@dataclass(frozen=True, slots=True)
 class _Call:
     """One call as drafted: its bound arguments (the receiver's object kept), the shown
     arguments (deep copies), the receiver's repr and the draft text."""
 
-    def __init__(
-        self, arguments: dict[str, Any], copies: dict[str, Any], receiver: str | None, draft: str
-    ) -> None:
-        self.arguments, self.copies, self.receiver, self.draft = arguments, copies, receiver, draft
+    arguments: dict[str, Any]
+    copies: dict[str, Any]
+    receiver: str | None
+    draft: str
 
 
 class _Gated:
@@ -106,9 +108,9 @@ class _Gated:
 
     def _render(self, arguments: dict[str, Any], receiver: str | None) -> str:
         shown = {k: v for k, v in arguments.items() if k != self.receiver}
-        if self.render_receiver:
-            return str(cast(Any, self.renderer).render(self.fn, shown, receiver=receiver))
-        return self.renderer.render(self.fn, shown)
+        given = {"receiver": receiver} if self.render_receiver else {}
+        rendered = cast(Any, self.renderer).render(self.fn, shown, **given)
+        return str(rendered) if self.render_receiver else rendered
 
     def draft(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> _Call:
         """One call drafted: defaults applied, the arguments rendered from deep copies (what
@@ -163,12 +165,8 @@ class _Gated:
         if approval.body is None:
             raise AdjustNotApplicable(approval, "the gate sent no final body")
         try:
-            if self.parse_receiver:
-                edited = cast(Any, self.renderer).parse(
-                    self.fn, approval.body, receiver=call.receiver
-                )
-            else:
-                edited = self.renderer.parse(self.fn, approval.body)
+            given = {"receiver": call.receiver} if self.parse_receiver else {}
+            edited = cast(Any, self.renderer).parse(self.fn, approval.body, **given)
         except (ValueError, TypeError, LookupError) as exc:
             raise AdjustNotApplicable(approval, str(exc)) from None
         if not isinstance(edited, dict):

@@ -52,11 +52,14 @@ class GateRequestError(HitlGateError):
 
 
 class ApprovalNotGranted(HitlGateError):
-    """The approval does not allow the action; ``approval`` is the Approval as last seen."""
+    """The approval does not allow the action; ``approval`` is the Approval as last seen.
+    The message is ``message``, else the class's ``template`` with the approval's ``{id}``."""
 
-    def __init__(self, approval: Approval, message: str) -> None:
+    template = "approval {id} was not granted"
+
+    def __init__(self, approval: Approval, message: str | None = None) -> None:
         self.approval = approval
-        super().__init__(message)
+        super().__init__(message or self.template.format(id=approval.id))
 
 
 class ApprovalDenied(ApprovalNotGranted):
@@ -78,23 +81,20 @@ class ApprovalDenied(ApprovalNotGranted):
 class ApprovalTimedOut(ApprovalNotGranted):
     """The approval expired on the gate (outcome ``timeout``): nobody decided in time."""
 
-    def __init__(self, approval: Approval) -> None:
-        super().__init__(approval, f"approval {approval.id} timed out: nobody decided in time")
+    template = "approval {id} timed out: nobody decided in time"
 
 
 class ApprovalCancelled(ApprovalNotGranted):
     """The approval was cancelled (outcome ``cancelled``) before anyone decided."""
 
-    def __init__(self, approval: Approval) -> None:
-        super().__init__(approval, f"approval {approval.id} was cancelled")
+    template = "approval {id} was cancelled"
 
 
 class ApprovalPending(ApprovalNotGranted):
     """The wait ended before the approval resolved: it is still pending on the gate, which
     means "not yet", never "yes". Ask again with ``get_approval(approval.id, wait=...)``."""
 
-    def __init__(self, approval: Approval) -> None:
-        super().__init__(approval, f"approval {approval.id} is still pending (not yet decided)")
+    template = "approval {id} is still pending (not yet decided)"
 
 
 class QuestionNotAnswered(HitlGateError):

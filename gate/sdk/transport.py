@@ -9,18 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, Concatenate, ParamSpec, Self, TypeVar
+from typing import Any, Self
 from urllib.parse import quote
 
 import aiohttp
 
 from gate.sdk.errors import GateRequestError, GateUnavailable
-
-T = TypeVar("T")
-P = ParamSpec("P")
 
 # every request is bounded (review 18c finding 6): a long-poll by its wait plus this margin,
 # any other call by CALL_TIMEOUT_S; a gate that does not answer in time is GateUnavailable
@@ -43,18 +39,6 @@ APPROVALS = Kind("approval", "approval_id", "/v1/approvals")
 QUESTIONS = Kind("question", "question_id", "/v1/questions")
 
 
-def of_kind(
-    kind: Kind, call: Callable[Concatenate[Transport, Kind, P], Awaitable[T]]
-) -> Callable[Concatenate[Transport, P], Awaitable[T]]:
-    """The method ``call`` (one of ``Transport``'s ``*_in``) for ``kind`` alone: the same
-    arguments after ``kind``, the same result."""
-
-    def bound(self: Transport, /, *args: P.args, **kwargs: P.kwargs) -> Awaitable[T]:
-        return call(self, kind, *args, **kwargs)
-
-    return bound
-
-
 def _seg(value: str) -> str:
     """``value`` as one percent-encoded URL path segment (``/`` included): an id can never
     reach another endpoint (review 18c finding 11)."""
@@ -62,7 +46,8 @@ def _seg(value: str) -> str:
 
 
 class Transport:
-    """Async pipeline API client: ``async with Transport(base, token) as t: await t.get(id)``.
+    """Async pipeline API client: ``async with Transport(base, token) as t:`` then, e.g.,
+    ``await t.get_in(APPROVALS, approval_id)``.
 
     ``base`` is ``http(s)://host:port[/prefix]`` or ``unix:/path`` (a Unix socket); ``token``
     the pipeline API bearer token. The HTTP session is opened on the first call (inside the
@@ -169,15 +154,10 @@ class Transport:
             ) from None
         if status >= 400:
             obj = answer if isinstance(answer, dict) else None
-            reason = (obj or {}).get("reason", "error")
-            field = (obj or {}).get("field")
-            message = (obj or {}).get("message")
+            said = {k: v for k, v in (obj or {}).items() if isinstance(v, str)}
+            reason = str((obj or {}).get("reason", "error"))
             raise GateRequestError(
-                status,
-                str(reason),
-                field if isinstance(field, str) else None,
-                message=message if isinstance(message, str) else None,
-                answer=obj,
+                status, reason, said.get("field"), message=said.get("message"), answer=obj
             )
         return status, answer
 
@@ -221,16 +201,3 @@ class Transport:
     async def cancel_in(self, kind: Kind, item_id: str) -> Any:
         """POST the cancel of one object of ``kind``; returns it resolved."""
         return (await self._call("POST", f"{kind.path}/{_seg(item_id)}/cancel"))[1]
-
-    # ---- the same calls by name (as the CLI and AsyncGate call them): ``create(body, key)``
-    # is ``create_in(APPROVALS, body, key)``, ``get_question(id, wait)`` is
-    # ``get_in(QUESTIONS, id, wait)``; questions have their own endpoints, never the approvals'
-
-    create = of_kind(APPROVALS, create_in)
-    get = of_kind(APPROVALS, get_in)
-    list = of_kind(APPROVALS, list_in)
-    cancel = of_kind(APPROVALS, cancel_in)
-    create_question = of_kind(QUESTIONS, create_in)
-    get_question = of_kind(QUESTIONS, get_in)
-    list_questions = of_kind(QUESTIONS, list_in)
-    cancel_question = of_kind(QUESTIONS, cancel_in)

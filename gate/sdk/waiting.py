@@ -50,7 +50,10 @@ def pause(outage: int, deadline: float | None) -> float:
 
 
 def deadline_after(wait: float | None) -> float | None:
-    """The monotonic time a wait of ``wait`` seconds ends (None: no limit)."""
+    """The monotonic time a wait of ``wait`` seconds ends (None: no limit). Raises
+    ValueError for a wait that is not None nor seconds >= 0 (NaN too)."""
+    if wait is not None and not wait >= 0:
+        raise ValueError(f"wait must be None or seconds >= 0, got {wait!r}")
     return None if wait is None else time.monotonic() + wait
 
 

@@ -10,6 +10,7 @@ and written through the transaction it is given.
 
 from __future__ import annotations
 
+import functools
 import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -30,8 +31,7 @@ from gate.protocol.approver_signature import (
 )
 from gate.protocol.approver_webauthn import (
     assertion_sha256,
-    counter_increased,
-    repeats_batch,
+    counter_refused,
     verify_webauthn,
 )
 from gate.protocol.envelope import Decision
@@ -193,11 +193,8 @@ def _check_passkey(
         webauthn.origins,
     )
     stored = credential.sign_count
-    if not counter_increased(stored, new):
-        if repeats_batch(
-            assertion, stored, new, tx.credentials.counter_assertion(credential.credential_id)
-        ):
-            return  # the batch's one assertion, on another of its items
+    known = functools.partial(tx.credentials.counter_assertion, credential.credential_id)
+    if counter_refused(assertion, stored, new, known):
         log.warning(
             "event=approver_counter_regressed credential_id=%s operator_id=%d",
             credential.credential_id,
@@ -208,5 +205,4 @@ def _check_passkey(
             "the authenticator's signature counter did not increase: a cloned authenticator?",
         )
     if new != stored:
-        batch = None if assertion.batch is None else assertion_sha256(assertion)
-        tx.credentials.set_sign_count(credential.credential_id, new, batch)
+        tx.credentials.set_sign_count(credential.credential_id, new, assertion_sha256(assertion))
