@@ -5,9 +5,14 @@ Round-robin over the upstreams, an active health check ``GET /healthz`` on each 
 200 ms (down after 2 failures, up again after 1 success), and ``retries`` with ``option
 redispatch``: a request whose connection to a dead gate fails is sent to another one at once,
 without waiting for the health check to notice. Only a failed *connection* is retried (the
-request never reached a gate); a request a gate took and died on is answered 502/503, never
-sent twice (exactly-once is the gate's promise, not the balancer's). Every answer names the
-gate that served it in ``X-Served-By`` (``g0``, ``g1``, ... in the order of ``upstreams``).
+request never reached a gate); a request a gate took and died on is answered 502, never
+sent twice (exactly-once is the gate's promise, not the balancer's; the client retries). So
+is a request whose connection the kernel accepted in the instant the gate was dying (its
+listening socket not closed yet): measured, a request sent right after SIGKILL, before the
+gate was reaped, was answered 502; one sent once it was gone went to the other gate.
+
+Every answer names the gate that served it in ``X-Served-By`` (``g0``, ``g1``, ... in the
+order of ``upstreams``).
 
 It runs in the foreground as a child of this process (as the current user: no privileged
 port, no ``user`` directive, so root is fine) and ``stop()`` leaves no process behind.
