@@ -90,41 +90,41 @@ class SqliteGate:
         self.name = "sqlite-1-lb" if self.balanced else "sqlite-1"
 
     def unavailable(self) -> str | None:
-        if not self.balanced:
-            return None
-        return None if haproxy() else "haproxy is not installed (apt-get install haproxy)"
+        if self.balanced and haproxy() is None:
+            return "haproxy is not installed (apt-get install haproxy)"
+        return None
 
     def start(self, bench: Bench, directory: Path, relay_url: str) -> Running:
         from bench.run import _scalar
 
         db = directory / "gate.db"
         gate = bench.gate(directory, relay_url, db)
-        stops: list[Callable[[], None]] = []
-        decisions_url, balancer_pid = gate.callback_url, None
+        balancer: Balancer | None = None
         if self.balanced:
             try:
                 balancer = _balancer([gate])
             except BaseException:
                 gate.stop()
                 raise
-            stops.append(balancer.remove)
-            decisions_url = balancer.url() + urllib.parse.urlsplit(gate.callback_url).path
-            balancer_pid = balancer.pid
 
         def stop() -> list[int]:
-            for end in stops:
-                end()
+            if balancer is not None:
+                balancer.remove()
             return [gate.stop()]
 
         return Running(
-            decisions_url=decisions_url,
+            decisions_url=(
+                balancer.url() + urllib.parse.urlsplit(gate.callback_url).path
+                if balancer
+                else gate.callback_url
+            ),
             api_urls=[gate.api_url],
             gate_pids=[gate.pid],
             undelivered=lambda: int(
                 _scalar(db, "SELECT count(*) FROM outbox WHERE delivered_at IS NULL")
             ),
             stop=stop,
-            balancer_pid=balancer_pid,
+            balancer_pid=balancer.pid if balancer else None,
         )
 
 
@@ -180,7 +180,7 @@ def histogram(text: str, name: str) -> tuple[float, float] | None:
     return (totals["_sum"], totals["_count"]) if found else None
 
 
-def _means(before: list[str], after: list[str]) -> dict[str, float | None]:
+def histogram_means(before: list[str], after: list[str]) -> dict[str, float | None]:
     """Each of ``HISTOGRAMS``' mean over the load (after - before, summed over the gates);
     None when not exported or nothing was observed."""
     out: dict[str, float | None] = {}
@@ -235,7 +235,7 @@ def measure(bench: Bench, setup: Setup, directory: Path) -> dict[str, Any]:
             load = bench.loadgen_decisions(running.decisions_url, bodies, concurrency)
             gate_used = cpu.used(gate0, cpu.snapshot(running.gate_pids))
             lb_used = cpu.used(lb0, cpu.snapshot(lb_pids))
-            means = _means(scrapes0, [scrape(u) for u in running.api_urls])
+            means = histogram_means(scrapes0, [scrape(u) for u in running.api_urls])
         finally:
             exit_codes = running.stop()
     finally:
