@@ -132,7 +132,7 @@ def test_balancer_sends_the_next_request_to_the_other_gate_after_a_kill9(
     print(f"failover_s={failover_s:.4f}")  # shown with -s, and with a failure
     wait_until(lambda: not running(writer), what="the killed gate's writer process to exit")
 
-    assert (status, by) == (201, last)
+    assert (status, by) == (201, last), balancer.log()
     # it went to the dead gate, its connection was refused, and it went on to the other one
     # (unless this host was so slow that two health checks had marked the dead one down first)
     assert balancer.redispatches() >= 1 or balancer.servers()[f"g{turn}"] == "DOWN"
@@ -147,6 +147,7 @@ def test_balancer_marks_a_killed_gate_down(gates: list[GateProcess], balancer: B
     gates[1].kill9()
 
     wait_until(lambda: balancer.servers()["g1"] == "DOWN", what="haproxy to mark g1 down")
+    assert "Server gates/g1 is DOWN" in balancer.log()  # what a failing test's message shows
     assert balancer.servers()["g0"] == "UP"
 
 
