@@ -44,9 +44,7 @@ class GateError(Exception):
 def refused(code: str, field: str, message: str) -> GateError:
     """400 ``code`` (kind ``invalid``) naming the request ``field`` at fault, with ``message``
     (one sentence saying what it must be) in the answer body too."""
-    return GateError(
-        code, message, status=400, kind="invalid", extra={"field": field, "message": message}
-    )
+    return GateError(code, message, extra={"field": field, "message": message})
 
 
 class ConfigError(GateError):

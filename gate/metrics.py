@@ -178,35 +178,21 @@ class Metrics:
         self._accepted = self._counter("decisions_accepted", "decision", initial=VERBS)
         self._refused = self._counter("decisions_refused", "reason", bound=256)
         self._delegated = self._counter("delegated_decisions", "pipeline", "step")
-        self._dispatch_attempts = Counter(
-            "hitl_gate_dispatch_attempts", HELP["dispatch_attempts"], registry=self.registry
-        )
+        self._dispatch_attempts = self._metric(Counter, "dispatch_attempts")
         self._dispatch_failures = self._counter(
             "dispatch_failures", "reason", initial=DISPATCH_FAILURES
         )
-        self._dispatch_ack_seconds = Histogram(
-            "hitl_gate_dispatch_ack_seconds",
-            HELP["dispatch_ack_seconds"],
-            buckets=ACK_BUCKETS,
-            registry=self.registry,
+        self._dispatch_ack_seconds = self._metric(
+            Histogram, "dispatch_ack_seconds", buckets=ACK_BUCKETS
         )
         self._time_to_decision = _Children(
-            Histogram(
-                "hitl_gate_time_to_decision_seconds",
-                HELP["time_to_decision_seconds"],
-                ["pipeline", "step"],
-                buckets=DECISION_BUCKETS,
-                registry=self.registry,
+            self._metric(
+                Histogram, "time_to_decision_seconds", "pipeline", "step", buckets=DECISION_BUCKETS
             )
         )
-        build_info = Gauge(
-            "hitl_gate_build_info", HELP["build_info"], ["version"], registry=self.registry
-        )
-        build_info.labels(__version__).set(1)
+        self._metric(Gauge, "build_info", "version").labels(__version__).set(1)
         self._answers = self._counter("answers", "result", initial=["accepted"])
-        self._questions_pending = Gauge(
-            "hitl_gate_questions_pending", HELP["questions_pending"], registry=self.registry
-        )
+        self._questions_pending = self._metric(Gauge, "questions_pending")
         # the follow-up sends: resolution notices (of both kinds), reminders, escalations
         self._notices = self._counter("notices", "result", initial=NOTICE_RESULTS)
         self._reminders = self._counter("reminders_sent", "pipeline", "step")
@@ -215,13 +201,18 @@ class Metrics:
         self._state = _StateCollector()
         self.registry.register(self._state)
 
+    def _metric(self, cls: Any, name: str, *labels: str, **options: Any) -> Any:
+        """A ``cls`` (Counter, Gauge, Histogram) family ``hitl_gate_<name>`` (a counter's
+        exposed with ``_total``) with help text ``HELP[name]``, labelled ``labels``, in this
+        registry; ``options`` go to its constructor (a histogram's ``buckets``)."""
+        return cls(f"hitl_gate_{name}", HELP[name], labels, registry=self.registry, **options)
+
     def _counter(
         self, name: str, *labels: str, initial: Iterable[Any] = (), bound: int = 4096
     ) -> _Children:
-        """``hitl_gate_<name>_total{labels}`` (help text ``HELP[name]``) in this registry,
-        with a series at 0 for each of ``initial`` (label values: a tuple, or a lone string
-        for a one-label counter)."""
-        counter = Counter(f"hitl_gate_{name}", HELP[name], labels, registry=self.registry)
+        """``hitl_gate_<name>_total{labels}`` (``_metric``) with a series at 0 for each of
+        ``initial`` (label values: a tuple, or a lone string for a one-label counter)."""
+        counter = self._metric(Counter, name, *labels)
         return _Children(counter, [v if isinstance(v, tuple) else (v,) for v in initial], bound)
 
     # ---- observations ----------------------------------------------------------

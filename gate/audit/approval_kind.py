@@ -124,6 +124,11 @@ class ApprovalRecord:
     dispatches: list[tuple[Any, Any, Any]] = field(default_factory=list)
     reasons: list[tuple[Any, Any, Any]] = field(default_factory=list)
 
+    @property
+    def subject(self) -> tuple[str, dict[str, Any] | None]:
+        """The approval's id and row."""
+        return self.approval_id, self.approval
+
 
 def _body_problem(revision: Any, stored: tuple[Any, ...], seq: int, expected: Any) -> str | None:
     """A revision's body (``stored``: ``(revision, body, payload_hash)``) hashes to the

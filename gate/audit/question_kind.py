@@ -125,6 +125,11 @@ class QuestionRecord:
     entries: list[audit.AuditRow]
     dispatches: list[tuple[Any, Any, Any]] = field(default_factory=list)
 
+    @property
+    def subject(self) -> tuple[str, dict[str, Any] | None]:
+        """The question's id and row."""
+        return self.question_id, self.question
+
 
 def _question_problem(
     question_id: str, version: Any, text: Any, seq: int, expected: Any

@@ -88,20 +88,18 @@ class RecordKind:
 
 class Record(Protocol):
     """One request as the tables hold it, with its audit rows (``entries``, ascending seq);
-    ``KIND`` the table of its kind. Its id and its table's row as a dict (None when only the
-    log or another table names it) are the fields its kind's noun names: ``approval_id``
-    and ``approval`` (``subject``)."""
+    ``KIND`` the table of its kind."""
 
     KIND: ClassVar[RecordKind]
 
     @property
     def entries(self) -> list[audit.AuditRow]: ...
 
-
-def subject(record: Record) -> tuple[str, dict[str, Any] | None]:
-    """``record``'s id and its table's row (``Record``)."""
-    noun = record.KIND.noun
-    return getattr(record, f"{noun}_id"), getattr(record, noun)
+    @property
+    def subject(self) -> tuple[str, dict[str, Any] | None]:
+        """Its id and its table's row as a dict (None when only the log or another table
+        names it)."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,7 +124,7 @@ def check(records: Iterable[Record], up_to_seq: int) -> RecordsResult:
             continue
         reason = problem(record)
         if reason is not None:
-            return RecordsResult(checked, (subject(record)[0], reason), newer)
+            return RecordsResult(checked, (record.subject[0], reason), newer)
         checked += 1
     return RecordsResult(checked, None, newer)
 
@@ -145,7 +143,7 @@ def problem(record: Record) -> str | None:
 def _problem(record: Record) -> str | None:
     """The row and its created entry (there, once, with the row's values), then the kind's
     own comparisons (``RecordKind.compare``)."""
-    kind, row = record.KIND, subject(record)[1]
+    kind, row = record.KIND, record.subject[1]
     entries = [(e, e.data) for e in record.entries]
     made = kind.payloads.created.kind
     created = [(e, kind.payloads.created.from_data(d)) for e, d in entries if e.kind == made]

@@ -29,12 +29,12 @@ def _admin(config_path: str, api_url: str | None, method: str, path: str, body: 
     token; exits 2 with one line when the config names no ``api.admin_token_env`` or the
     variable is not usable, 1 with the API's refusal."""
     from gate.client.api import ApiClient
-    from gate.config import read_admin_token
+    from gate.config import read_api_token
     from gate.sdk.client import listen_url
 
     async def go() -> Any:
         config = read_config(config_path)
-        token, error = read_admin_token(config, os.environ)
+        token, error = read_api_token(config, os.environ, admin=True)
         if token is None:
             fail(error or "set api.admin_token_env", 2)
         check_api_url(api_url)

@@ -8,7 +8,6 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import ValidationError
 
 from gate.config.messages import (
@@ -18,29 +17,17 @@ from gate.config.messages import (
     _unknown_key,
     pydantic_error,
 )
-from gate.config.model import (
-    ApiConfig,
-    BudgetConfig,
-    Config,
-    Operator,
-    PipelineConfig,
-    ReceiptsConfig,
-    RelayConfig,
-    Security,
-    StepConfig,
-    StorageConfig,
-)
+from gate.config.model import BudgetConfig, Config, PipelineConfig, ReceiptsConfig, StepConfig
 from gate.config.secrets import (
     Secrets,
     _read_secrets,
     load_secrets,
-    read_admin_token,
     read_api_token,
     read_receipt_key,
 )
 from gate.config.validate import _cross_check
 from gate.config.values import TcpListen, UnixListen, parse_duration, parse_listen
-from gate.config.yamlfile import _Loader, read_mapping
+from gate.config.yamlfile import read_mapping
 from gate.errors import ConfigError
 
 # Neutral stand-ins for required values whose own error is already listed: with them the
@@ -54,23 +41,16 @@ _STAND_INS = {
 }
 
 __all__ = [
-    "ApiConfig",
     "BudgetConfig",
     "Config",
-    "Operator",
     "PipelineConfig",
     "ReceiptsConfig",
-    "RelayConfig",
     "Secrets",
-    "Security",
-    "StepConfig",
-    "StorageConfig",
     "config_from_mapping",
     "load",
     "load_config",
     "load_secrets",
     "raw_mapping",
-    "read_admin_token",
     "read_api_token",
     "read_receipt_key",
     "parse_duration",
@@ -83,14 +63,7 @@ __all__ = [
 def raw_mapping(path: str | os.PathLike[str]) -> dict[str, Any] | None:
     """The config file's YAML as plain data (before any validation), or None when it cannot
     be read or is not a mapping. For comparing two versions of a file (SIGHUP reload)."""
-    try:
-        data = yaml.load(
-            Path(path).read_text(encoding="utf-8-sig"),  # noqa: S506
-            Loader=_Loader,
-        )
-    except (OSError, UnicodeDecodeError, yaml.YAMLError):
-        return None
-    return data if isinstance(data, dict) else None
+    return read_mapping(Path(path), "")[0]
 
 
 def load_config(path: str | os.PathLike[str]) -> Config:
@@ -182,16 +155,14 @@ def _with_defaults(config: Config, source: Path | None) -> Config:
     """Fill in step approvers (default: allowed_users) and record the source file."""
     allowed = config.relay.security.allowed_users
     pipelines = tuple(
-        pipe.model_copy(
-            update={
-                "steps": tuple(
-                    step
-                    if "approvers" in step.model_fields_set
-                    else step.model_copy(update={"approvers": allowed})
-                    for step in pipe.steps
-                )
-            }
-        )
+        pipe.model_copy(update={"steps": tuple(_filled(step, allowed) for step in pipe.steps)})
         for pipe in config.pipelines
     )
     return config.model_copy(update={"pipelines": pipelines, "source": source})
+
+
+def _filled(step: StepConfig, allowed: tuple[int, ...]) -> StepConfig:
+    """``step`` with ``allowed`` as its approvers when the file left them out."""
+    if "approvers" in step.model_fields_set:
+        return step
+    return step.model_copy(update={"approvers": allowed})

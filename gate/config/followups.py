@@ -24,6 +24,7 @@ MAX_REASON_CHARS = 500
 
 _FROZEN = ConfigDict(extra="forbid", frozen=True)
 _Ids = Annotated[tuple[Annotated[int, Field(strict=True)], ...], AfterValidator(_non_empty)]
+_Reason = Annotated[str, Field(strict=True, min_length=1, max_length=MAX_REASON_CHARS)]
 
 
 def format_duration(seconds: float) -> str:
@@ -77,9 +78,7 @@ class Delegation(BaseModel):
     from_: Annotated[int, Field(strict=True, alias="from")]
     to: Annotated[int, Field(strict=True)]
     until: Annotated[datetime, BeforeValidator(_utc_instant)]
-    reason: Annotated[str, Field(strict=True, min_length=1, max_length=MAX_REASON_CHARS)] | None = (
-        None
-    )
+    reason: _Reason | None = None
 
     @property
     def until_ms(self) -> int:
@@ -97,7 +96,7 @@ def check_step_followups(
         errors.append(
             f"{where}.remind_every: must be at least {format_duration(MIN_REMIND_EVERY_S)}"
         )
-    first = step.remind_after if step.remind_after is not None else step.remind_every
+    first = step.first_reminder_s
     if first is not None and first >= step.timeout:
         key = "remind_after" if step.remind_after is not None else "remind_every"
         errors.append(

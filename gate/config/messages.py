@@ -48,25 +48,19 @@ def _model_in(annotation: Any) -> type[BaseModel] | None:
     return None
 
 
-def _field(model: type[BaseModel], key: str) -> Any:
-    """The field of ``model`` that the YAML key ``key`` sets (its alias, else its name)."""
-    for name, field in model.model_fields.items():
-        if (field.alias or name) == key:
-            return field
-    return None
-
-
 def _keys_at(root: type[BaseModel], loc: Sequence[int | str]) -> list[str]:
     """The YAML keys the model at ``loc`` (a mapping's path; list indexes skipped) accepts."""
-    model: type[BaseModel] | None = root
+    model = root
     for part in loc:
         if isinstance(part, int):
             continue  # an item of a list: the same model as the list's
-        field = _field(model, part) if model is not None else None
-        model = _model_in(field.annotation) if field is not None else None
-        if model is None:
+        # the field the YAML key ``part`` sets (its alias, else its name)
+        field = next((f for k, f in model.model_fields.items() if (f.alias or k) == part), None)
+        inner = _model_in(field.annotation) if field is not None else None
+        if inner is None:
             return []
-    keys = [f.alias or k for k, f in model.model_fields.items()] if model is not None else []
+        model = inner
+    keys = [f.alias or k for k, f in model.model_fields.items()]
     return [k for k in keys if k != "source"] if model is root else keys
 
 

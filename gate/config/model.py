@@ -47,7 +47,6 @@ _PositiveInt = Annotated[int, Field(strict=True, ge=1)]
 _Amount = Annotated[
     float, BeforeValidator(check_bounded_number), Field(strict=True, ge=0, allow_inf_nan=False)
 ]
-_Text = Annotated[str, Field(strict=True, min_length=1)]
 # pipeline and step names: what the pipeline API accepts (gate.core.requests.fields.MAX_NAME_CHARS)
 _Name = Annotated[
     str, Field(strict=True, min_length=1, max_length=200), AfterValidator(_check_name)
@@ -120,7 +119,7 @@ class RelayConfig(BaseModel):
     secret_env: EnvName
     previous_secret_env: EnvName | None = None
     callback_addr: Annotated[str, Field(strict=True), AfterValidator(check_tcp_addr)]
-    public_url: HttpUrl | None = None
+    public_url: Annotated[HttpUrl, AfterValidator(lambda url: url.rstrip("/"))] | None = None
     dispatch_timeout: Duration = 10.0
     ca_file: _PathText | None = None
     notices: Annotated[bool, Field(strict=True)] = False
@@ -133,26 +132,17 @@ class RelayConfig(BaseModel):
     operators: Annotated[tuple[Operator, ...], AfterValidator(_non_empty)]
     security: Security
 
-    @field_validator("public_url")
-    @classmethod
-    def _strip_slash(cls, value: str | None) -> str | None:
-        return value.rstrip("/") if value is not None else None
-
     @property
     def notice_target(self) -> str | None:
         """Where resolution notices go: ``notice_url``, else ``url`` when ``notices`` is on,
         else None (no notices)."""
-        if self.notice_url is not None:
-            return self.notice_url
-        return self.url if self.notices else None
+        return self.notice_url or (self.url if self.notices else None)
 
     @property
     def question_target(self) -> str | None:
         """Where questions are dispatched: ``question_url``, else ``url`` when
         ``questions`` is on, else None (no relay declared question support)."""
-        if self.question_url is not None:
-            return self.question_url
-        return self.url if self.questions else None
+        return self.question_url or (self.url if self.questions else None)
 
     @property
     def question_notice_target(self) -> str | None:
@@ -161,7 +151,7 @@ class RelayConfig(BaseModel):
         ``notice_target``; None otherwise (no question notices)."""
         if self.notice_target is None or self.question_target is None:
             return None
-        return self.question_url if self.question_url is not None else self.notice_target
+        return self.question_url or self.notice_target
 
     @field_validator("ca_file")
     @classmethod
@@ -228,11 +218,9 @@ class StorageConfig(BaseModel):
         # its directories, but cannot open a directory as a database
         if path.is_dir():
             raise ValueError(f"{path} is a directory; name the database file in it (e.g. gate.db)")
-        for parent in path.parents:
-            if parent.exists():
-                if not parent.is_dir():
-                    raise ValueError(f"{parent} is not a directory")
-                break
+        parent = next((folder for folder in path.parents if folder.exists()), None)
+        if parent is not None and not parent.is_dir():
+            raise ValueError(f"{parent} is not a directory")
         return path
 
 
@@ -351,38 +339,28 @@ class Config(BaseModel):
     api: ApiConfig
     storage: StorageConfig
     receipts: ReceiptsConfig
-    http: Annotated[HttpConfig, BeforeValidator(_none_as_empty)] = Field(default_factory=HttpConfig)
-    budget: Annotated[BudgetConfig, BeforeValidator(_none_as_empty)] = Field(
-        default_factory=BudgetConfig
-    )
+    http: Annotated[HttpConfig, BeforeValidator(_none_as_empty)] = HttpConfig()
+    budget: Annotated[BudgetConfig, BeforeValidator(_none_as_empty)] = BudgetConfig()
     pipelines: Annotated[tuple[PipelineConfig, ...], AfterValidator(_non_empty)]
     delegations: Annotated[tuple[Delegation, ...], BeforeValidator(_none_as_list)] = ()
-    webauthn: Annotated[WebAuthnConfig, BeforeValidator(_none_as_empty)] = Field(
-        default_factory=WebAuthnConfig
-    )  # passkeys' relying party (gate.config.webauthn)
+    # passkeys' relying party (gate.config.webauthn)
+    webauthn: Annotated[WebAuthnConfig, BeforeValidator(_none_as_empty)] = WebAuthnConfig()
     source: Path | None = None
 
     def find_step(self, pipeline: str, step: str) -> tuple[PipelineConfig, StepConfig] | None:
         """Return the named pipeline and step (exact names), or None if either is unknown."""
-        for pipe in self.pipelines:
-            if pipe.name == pipeline:
-                for candidate in pipe.steps:
-                    if candidate.name == step:
-                        return pipe, candidate
-                return None
-        return None
+        pipe = next((p for p in self.pipelines if p.name == pipeline), None)
+        found = next((s for s in pipe.steps if s.name == step), None) if pipe else None
+        return None if pipe is None or found is None else (pipe, found)
 
     def scope(self, step: StepConfig) -> tuple[Operator, ...]:
         """Operators allowed to decide ``step``: allowed_users ∩ approvers, in approvers order
         (SPEC §2 check 11)."""
         by_id = {op.id: op for op in self.relay.operators}
         allowed = set(self.relay.security.allowed_users)
-        out: list[Operator] = []
         # () only when approvers was omitted and the config did not come from load_config.
-        for op_id in dict.fromkeys(step.approvers or self.relay.security.allowed_users):
-            if op_id in allowed and op_id in by_id:
-                out.append(by_id[op_id])
-        return tuple(out)
+        ids = dict.fromkeys(step.approvers or self.relay.security.allowed_users)
+        return tuple(by_id[op_id] for op_id in ids if op_id in allowed and op_id in by_id)
 
     def operator_by_identity(self, identity: str) -> Operator | None:
         """The operator whose identity equals ``identity`` after White_Space trim + casefold
@@ -390,7 +368,4 @@ class Config(BaseModel):
         if not isinstance(identity, str):
             return None
         key = identity_key(identity)
-        for op in self.relay.operators:
-            if op.key == key:
-                return op
-        return None
+        return next((op for op in self.relay.operators if op.key == key), None)

@@ -29,6 +29,7 @@ MAX_RULE_REASON_CHARS = 500
 
 _FROZEN = ConfigDict(extra="forbid", frozen=True)
 _RULE_ID = re.compile(r"[a-z0-9_-]+")
+_Reason = Annotated[str, Field(strict=True, min_length=1, max_length=MAX_RULE_REASON_CHARS)]
 _Number = Annotated[
     float, BeforeValidator(check_bounded_number), Field(strict=True, allow_inf_nan=False)
 ]
@@ -192,9 +193,7 @@ class PolicyRule(BaseModel):
     decide: Literal["approve", "deny"]
     when: PolicyWhen = Field(default_factory=PolicyWhen)
     allow_quorum: Annotated[bool, Field(strict=True)] = False
-    reason: (
-        Annotated[str, Field(strict=True, min_length=1, max_length=MAX_RULE_REASON_CHARS)] | None
-    ) = None
+    reason: _Reason | None = None
 
     @field_validator("id")
     @classmethod

@@ -78,25 +78,19 @@ def read_receipt_key(
     return None if value is None else value.encode("utf-8")
 
 
-def read_api_token(config: Config, environ: Mapping[str, str]) -> tuple[str | None, str | None]:
-    """The pipeline API token alone (``api.token_env``, or its file in
-    ``$CREDENTIALS_DIRECTORY``), for the CLI's API commands: ``(token, None)`` or
-    ``(None, error naming api.token_env)``."""
-    return read_secret(
-        "api.token_env", config.api.token_env, environ, environ.get(CREDENTIALS_DIRECTORY) or None
-    )
-
-
-def read_admin_token(config: Config, environ: Mapping[str, str]) -> tuple[str | None, str | None]:
-    """The admin token alone (``api.admin_token_env``), for ``hitl-gate approvers``:
-    ``(token, None)`` or ``(None, error)``; the error says to set ``api.admin_token_env``
-    when the config names none."""
-    name = config.api.admin_token_env
+def read_api_token(
+    config: Config, environ: Mapping[str, str], *, admin: bool = False
+) -> tuple[str | None, str | None]:
+    """A token of the pipeline API alone, for the CLI's commands: the pipeline token
+    (``api.token_env``), or with ``admin`` the admin token (``api.admin_token_env``, for
+    ``hitl-gate approvers``), from its variable or its file in ``$CREDENTIALS_DIRECTORY``:
+    ``(token, None)`` or ``(None, error naming that key)``; the error says to set
+    ``api.admin_token_env`` when the config names none."""
+    where = "api.admin_token_env" if admin else "api.token_env"
+    name = config.api.admin_token_env if admin else config.api.token_env
     if name is None:
         return None, "set api.admin_token_env in the config (the admin token) to manage approvers"
-    return read_secret(
-        "api.admin_token_env", name, environ, environ.get(CREDENTIALS_DIRECTORY) or None
-    )
+    return read_secret(where, name, environ, environ.get(CREDENTIALS_DIRECTORY) or None)
 
 
 def read_secret(
@@ -148,7 +142,10 @@ def _read_secrets(config: Config, environ: Mapping[str, str]) -> tuple[Secrets |
             values[where] = value
             size = len(value.encode("utf-8"))
             if size < MIN_SECRET_BYTES:
-                errors.append(_too_short(where, name, size))
+                errors.append(
+                    f"{where}: {name} is {size} byte{'' if size == 1 else 's'}; use at least "
+                    f"{MIN_SECRET_BYTES} ({GOOD_SECRET_BYTES} recommended): {MAKE_SECRET}"
+                )
             elif size < GOOD_SECRET_BYTES:
                 warnings.append(
                     f"{where}: {name} is {size} bytes; {GOOD_SECRET_BYTES} or more "
@@ -166,7 +163,7 @@ def _read_secrets(config: Config, environ: Mapping[str, str]) -> tuple[Secrets |
                 and where in values
                 and other in values
                 and name != other_name  # same variable: a config error already
-                and _same(values[where], values[other])
+                and hmac.compare_digest(values[where].encode(), values[other].encode())
             ):
                 errors.append(
                     f"{where}: {name} has the same value as {other_name}"
@@ -183,18 +180,13 @@ def _read_secrets(config: Config, environ: Mapping[str, str]) -> tuple[Secrets |
             )
     if errors:
         return None, errors
-    relay = [values["relay.secret_env"]]
-    if "relay.previous_secret_env" in values:
-        relay.append(values["relay.previous_secret_env"])
+    previous = values.get("receipts.previous_key_env")
     secrets = Secrets(
-        relay_secrets=tuple(relay),
+        # the current relay secret, then the previous one (``wanted``'s order)
+        relay_secrets=tuple(value for where, value in values.items() if where.startswith("relay.")),
         api_token=values["api.token_env"],
         receipt_key=values["receipts.key_env"].encode("utf-8"),
-        previous_receipt_key=(
-            values["receipts.previous_key_env"].encode("utf-8")
-            if "receipts.previous_key_env" in values
-            else None
-        ),
+        previous_receipt_key=None if previous is None else previous.encode("utf-8"),
         warnings=tuple(warnings),
         admin_token=values.get("api.admin_token_env"),
     )
@@ -211,27 +203,18 @@ def _unclean(value: str, what: str, name: str, usual: str) -> str | None:
     return None
 
 
-def _too_short(where: str, name: str, size: int) -> str:
-    return (
-        f"{where}: {name} is {size} byte{'' if size == 1 else 's'}; use at least "
-        f"{MIN_SECRET_BYTES} ({GOOD_SECRET_BYTES} recommended): {MAKE_SECRET}"
-    )
-
-
 def _secret_vars(config: Config) -> list[tuple[str, str]]:
     """(YAML path, variable name) of every configured secret, relay secret first: the table
     every per-secret check (set, clean, long enough, distinct) runs over."""
-    relay = config.relay
-    out = [("relay.secret_env", relay.secret_env)]
-    if relay.previous_secret_env is not None:
-        out.append(("relay.previous_secret_env", relay.previous_secret_env))
-    out.append(("api.token_env", config.api.token_env))
-    if config.api.admin_token_env is not None:
-        out.append(("api.admin_token_env", config.api.admin_token_env))
-    out.append(("receipts.key_env", config.receipts.key_env))
-    if config.receipts.previous_key_env is not None:
-        out.append(("receipts.previous_key_env", config.receipts.previous_key_env))
-    return out
+    named = (
+        ("relay.secret_env", config.relay.secret_env),
+        ("relay.previous_secret_env", config.relay.previous_secret_env),
+        ("api.token_env", config.api.token_env),
+        ("api.admin_token_env", config.api.admin_token_env),
+        ("receipts.key_env", config.receipts.key_env),
+        ("receipts.previous_key_env", config.receipts.previous_key_env),
+    )
+    return [(where, name) for where, name in named if name is not None]
 
 
 def _read_credential(directory: str, name: str) -> tuple[str | None, str | None]:
@@ -259,7 +242,3 @@ def _read_credential(directory: str, name: str) -> tuple[str | None, str | None]
         return data.decode("utf-8"), None
     except UnicodeDecodeError:
         return None, f"credential file {path} is not valid UTF-8"
-
-
-def _same(a: str, b: str) -> bool:
-    return hmac.compare_digest(a.encode("utf-8"), b.encode("utf-8"))

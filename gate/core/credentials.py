@@ -9,7 +9,7 @@ passkey invite page (``gate.core.invites``), into the same table.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from gate.audit.credential_entries import CredentialEnrolledData, CredentialRevokedData
@@ -107,93 +107,64 @@ def credential_view(credential: Credential, config: Config) -> dict[str, Any]:
     }
 
 
-def enrol(t: Transactions, tx: WriteTx, credential: Credential) -> Credential:
-    """Store ``credential`` at the gate's now with its ``approver_credential_enrolled``
-    entry. Raises 409 ``credential_exists`` when its id is enrolled already."""
-    existing = tx.credentials.load(credential.credential_id)
-    if existing is not None:
-        message = f"this key is enrolled already as {credential.credential_id}"
-        if existing.revoked_at is not None:
-            message = (
-                f"this key was enrolled as {credential.credential_id} and is revoked; a"
-                " revoked key is never trusted again: make a new key"
-            )
-        raise Conflict("credential_exists", message, extra={"message": message})
-    now = t.clock.now_ms()
-    stored = Credential(
-        credential.credential_id,
-        credential.operator_id,
-        credential.type,
-        credential.public_key,
-        credential.sign_count,
-        credential.label,
-        now,
-    )
-    tx.credentials.insert(stored)
-    data = CredentialEnrolledData(
-        stored.operator_id, stored.credential_id, stored.type, stored.public_key, stored.label
-    )
-    t.audit(tx, data.kind, None, now, data.to_data())
-    return stored
-
-
-def revoke(t: Transactions, tx: WriteTx, credential_id: str) -> Credential:
-    """Revoke a credential at the gate's now with its ``approver_credential_revoked`` entry.
-    Raises 404 ``unknown_credential``, 409 ``credential_revoked`` when it already is."""
-    found = tx.credentials.load(credential_id)
-    if found is None:
-        message = f"no approver credential {credential_id!r}"
-        raise NotFound("unknown_credential", message, extra={"message": message})
-    if found.revoked_at is not None:
-        message = f"credential {credential_id!r} is revoked already"
-        raise Conflict("credential_revoked", message, extra={"message": message})
-    now = t.clock.now_ms()
-    tx.credentials.revoke(credential_id, now)
-    data = CredentialRevokedData(found.operator_id, credential_id)
-    t.audit(tx, data.kind, None, now, data.to_data())
-    return Credential(
-        found.credential_id,
-        found.operator_id,
-        found.type,
-        found.public_key,
-        found.sign_count,
-        found.label,
-        found.created_at,
-        now,
-    )
-
-
-def list_all(t: Transactions, tx: WriteTx) -> list[Credential]:
-    """Every credential, revoked ones included (read on the writer: one source of truth)."""
-    return tx.credentials.all()
-
-
 @dataclass(frozen=True, slots=True)
 class EnrolCredential(Transaction[Credential]):
-    """Enrol ``credential`` (``enrol``)."""
+    """Store ``credential`` at the gate's now with its ``approver_credential_enrolled``
+    entry. Raises 409 ``credential_exists`` when its id is enrolled already."""
 
     credential: Credential
 
     def run(self, t: Transactions, tx: WriteTx) -> Credential:
-        return enrol(t, tx, self.credential)
+        credential = self.credential
+        existing = tx.credentials.load(credential.credential_id)
+        if existing is not None:
+            message = f"this key is enrolled already as {credential.credential_id}"
+            if existing.revoked_at is not None:
+                message = (
+                    f"this key was enrolled as {credential.credential_id} and is revoked; a"
+                    " revoked key is never trusted again: make a new key"
+                )
+            raise Conflict("credential_exists", message, extra={"message": message})
+        now = t.clock.now_ms()
+        stored = replace(credential, created_at=now, revoked_at=None)
+        tx.credentials.insert(stored)
+        data = CredentialEnrolledData(
+            stored.operator_id, stored.credential_id, stored.type, stored.public_key, stored.label
+        )
+        t.audit(tx, data.kind, None, now, data.to_data())
+        return stored
 
 
 @dataclass(frozen=True, slots=True)
 class RevokeCredential(Transaction[Credential]):
-    """Revoke the credential ``credential_id`` (``revoke``)."""
+    """Revoke the credential ``credential_id`` at the gate's now with its
+    ``approver_credential_revoked`` entry. Raises 404 ``unknown_credential``, 409
+    ``credential_revoked`` when it already is."""
 
     credential_id: str
 
     def run(self, t: Transactions, tx: WriteTx) -> Credential:
-        return revoke(t, tx, self.credential_id)
+        credential_id = self.credential_id
+        found = tx.credentials.load(credential_id)
+        if found is None:
+            message = f"no approver credential {credential_id!r}"
+            raise NotFound("unknown_credential", message, extra={"message": message})
+        if found.revoked_at is not None:
+            message = f"credential {credential_id!r} is revoked already"
+            raise Conflict("credential_revoked", message, extra={"message": message})
+        now = t.clock.now_ms()
+        tx.credentials.revoke(credential_id, now)
+        data = CredentialRevokedData(found.operator_id, credential_id)
+        t.audit(tx, data.kind, None, now, data.to_data())
+        return replace(found, revoked_at=now)
 
 
 @dataclass(frozen=True, slots=True)
 class ListCredentials(Transaction[list[Credential]]):
-    """Every credential, revoked ones included (``list_all``)."""
+    """Every credential, revoked ones included (read on the writer: one source of truth)."""
 
     def run(self, t: Transactions, tx: WriteTx) -> list[Credential]:
-        return list_all(t, tx)
+        return tx.credentials.all()
 
 
 class Credentials:
@@ -205,7 +176,7 @@ class Credentials:
 
     async def enrol(self, body: Any) -> dict[str, Any]:
         """Enrol the key a ``POST /v1/admin/approvers`` body names; returns its view.
-        Raises as ``parse_enrolment`` and ``enrol``."""
+        Raises as ``parse_enrolment`` and ``EnrolCredential``."""
         credential = parse_enrolment(body, self.shared.config)
         stored = await self.store.transact(EnrolCredential(credential))
         log.info(
@@ -217,7 +188,7 @@ class Credentials:
         return credential_view(stored, self.shared.config)
 
     async def revoke(self, credential_id: str) -> dict[str, Any]:
-        """Revoke a credential; returns its view. Raises as ``revoke``."""
+        """Revoke a credential; returns its view. Raises as ``RevokeCredential``."""
         stored = await self.store.transact(RevokeCredential(credential_id))
         log.info(
             "event=approver_credential_revoked operator_id=%d credential_id=%s",
@@ -236,16 +207,11 @@ class Credentials:
         read connection: ``credential_id``, ``operator_id``, ``identity`` (the operator's in
         ``relay.operators``), ``type``, ``public_key``, ``label``, by credential_id. A
         credential whose operator is no longer configured is left out (nobody to sign in)."""
-        identities = {op.id: op.identity for op in self.shared.config.relay.operators}
+        rows = await self.store.reads.credentials_in_force()
+        views = [credential_view(row, self.shared.config) for row in rows]
+        # ``credential_view`` without its times (the other keys in their order)
         return [
-            {
-                "credential_id": c.credential_id,
-                "operator_id": c.operator_id,
-                "identity": identities[c.operator_id],
-                "type": c.type,
-                "public_key": c.public_key,
-                "label": c.label,
-            }
-            for c in await self.store.reads.credentials_in_force()
-            if c.operator_id in identities
+            {key: value for key, value in view.items() if key not in ("created_at", "revoked_at")}
+            for view in views
+            if view["identity"] is not None
         ]

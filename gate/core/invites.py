@@ -12,12 +12,13 @@ from __future__ import annotations
 import hashlib
 import re
 import secrets
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from gate.audit.credential_entries import CredentialEnrolledData, InviteCreatedData
 from gate.config.webauthn import WebAuthnSettings, origin_of, resolve_webauthn, unavailable_reason
 from gate.core.commands import Transaction
+from gate.core.requests.fields import bad_field
 from gate.errors import Conflict, GateError, NotFound
 from gate.model import Credential
 from gate.protocol.approver_signature import b64url, unb64
@@ -59,12 +60,6 @@ def user_handle(operator_id: int) -> bytes:
     return hashlib.sha256(f"hitl-gate operator {operator_id}".encode()).digest()[:16]
 
 
-def _invalid(field: str, message: str) -> GateError:
-    return GateError(
-        f"invalid_{field}", message, status=400, kind="invalid", extra={"field": field}
-    )
-
-
 def unavailable(config: Config) -> GateError:
     """409 ``webauthn_unavailable``: no relying party; the message says which
     setting to change (``unavailable_reason``)."""
@@ -82,27 +77,13 @@ def parse_invite_request(obj: Any, config: Config) -> tuple[int, int, str | None
     operator_id = parse_operator_id(obj, config)
     ttl = obj.get("ttl_s", DEFAULT_TTL_S)
     if isinstance(ttl, bool) or not isinstance(ttl, int) or not MIN_TTL_S <= ttl <= MAX_TTL_S:
-        raise _invalid("ttl_s", f"ttl_s must be an integer of seconds, {MIN_TTL_S}..{MAX_TTL_S}")
+        raise bad_field("ttl_s", f"ttl_s must be an integer of seconds, {MIN_TTL_S}..{MAX_TTL_S}")
     label = obj.get("label")
     if label is not None and (
         not isinstance(label, str) or not label.strip() or len(label) > MAX_LABEL_CHARS
     ):
-        raise _invalid("label", f"label must be 1..{MAX_LABEL_CHARS} characters")
+        raise bad_field("label", f"label must be 1..{MAX_LABEL_CHARS} characters")
     return operator_id, ttl, label
-
-
-def create_invite(
-    t: Transactions, tx: WriteTx, hashed: str, operator_id: int, ttl_s: int, label: str | None
-) -> Invite:
-    """Store a fresh invite (its registration challenge: 32 random bytes) at the gate's now
-    with its ``approver_invite_created`` entry."""
-    now = t.clock.now_ms()
-    challenge = b64url(secrets.token_bytes(32))
-    invite = Invite(hashed, operator_id, label, challenge, now, now + ttl_s * 1000)
-    tx.invites.insert(invite)
-    data = InviteCreatedData(operator_id, invite.expires_at, hashed, label)
-    t.audit(tx, data.kind, None, now, data.to_data())
-    return invite
 
 
 def usable_invite(t: Transactions, tx: WriteTx, hashed: str) -> Invite:
@@ -118,18 +99,6 @@ def usable_invite(t: Transactions, tx: WriteTx, hashed: str) -> Invite:
     return invite
 
 
-def invite_page(t: Transactions, tx: WriteTx, hashed: str) -> tuple[Invite, list[str]]:
-    """The usable invite and the ids of its operator's passkeys in force (the page's
-    ``excludeCredentials``). Changes nothing; raises as ``usable_invite``."""
-    invite = usable_invite(t, tx, hashed)
-    own = [
-        c.credential_id
-        for c in tx.credentials.all()
-        if c.operator_id == invite.operator_id and c.type == "webauthn" and c.revoked_at is None
-    ]
-    return invite, own
-
-
 @dataclass(frozen=True, slots=True)
 class Registration:
     """A verified passkey registration: the credential to store, the RP ID it is for and the
@@ -140,44 +109,10 @@ class Registration:
     origin: str
 
 
-def register(t: Transactions, tx: WriteTx, hashed: str, registration: Registration) -> Credential:
-    """Consume the invite and enrol the passkey, in one transaction: the invite must still
-    be usable (raises as ``usable_invite``) and the credential id new (409
-    ``credential_exists``); writes the ``approver_credential_enrolled`` entry."""
-    invite = usable_invite(t, tx, hashed)
-    cred = registration.credential
-    if tx.credentials.load(cred.credential_id) is not None:
-        message = "this passkey is enrolled already"
-        raise Conflict("credential_exists", message, extra={"message": message})
-    now = t.clock.now_ms()
-    stored = Credential(
-        cred.credential_id,
-        invite.operator_id,
-        "webauthn",
-        cred.public_key,
-        cred.sign_count,
-        invite.label,
-        now,
-    )
-    tx.credentials.insert(stored)
-    tx.invites.use(hashed, now, stored.credential_id)
-    data = CredentialEnrolledData(
-        stored.operator_id,
-        stored.credential_id,
-        "webauthn",
-        stored.public_key,
-        stored.label,
-        rp_id=registration.rp_id,
-        origin=registration.origin,
-        sign_count=stored.sign_count,
-    )
-    t.audit(tx, data.kind, None, now, data.to_data())
-    return stored
-
-
 @dataclass(frozen=True, slots=True)
 class CreateInvite(Transaction[Invite]):
-    """Store a fresh invite for the token hash ``hashed`` (``create_invite``)."""
+    """Store a fresh invite for the token hash ``hashed`` (its registration challenge: 32
+    random bytes) at the gate's now with its ``approver_invite_created`` entry."""
 
     hashed: str
     operator_id: int
@@ -185,28 +120,71 @@ class CreateInvite(Transaction[Invite]):
     label: str | None
 
     def run(self, t: Transactions, tx: WriteTx) -> Invite:
-        return create_invite(t, tx, self.hashed, self.operator_id, self.ttl_s, self.label)
+        now = t.clock.now_ms()
+        challenge = b64url(secrets.token_bytes(32))
+        expires_at = now + self.ttl_s * 1000
+        invite = Invite(self.hashed, self.operator_id, self.label, challenge, now, expires_at)
+        tx.invites.insert(invite)
+        data = InviteCreatedData(self.operator_id, expires_at, self.hashed, self.label)
+        t.audit(tx, data.kind, None, now, data.to_data())
+        return invite
 
 
 @dataclass(frozen=True, slots=True)
 class InvitePage(Transaction[tuple[Invite, list[str]]]):
-    """What the invite page of ``hashed`` shows (``invite_page``); changes nothing."""
+    """What the invite page of ``hashed`` shows: the usable invite and the ids of its
+    operator's passkeys in force (the page's ``excludeCredentials``). Changes nothing;
+    raises as ``usable_invite``."""
 
     hashed: str
 
     def run(self, t: Transactions, tx: WriteTx) -> tuple[Invite, list[str]]:
-        return invite_page(t, tx, self.hashed)
+        invite = usable_invite(t, tx, self.hashed)
+        own = [
+            c.credential_id
+            for c in tx.credentials.all()
+            if c.operator_id == invite.operator_id and c.type == "webauthn" and c.revoked_at is None
+        ]
+        return invite, own
 
 
 @dataclass(frozen=True, slots=True)
 class RegisterPasskey(Transaction[Credential]):
-    """Consume the invite ``hashed`` and enrol its passkey (``register``)."""
+    """Consume the invite ``hashed`` and enrol its passkey, in one transaction: the invite
+    must still be usable (raises as ``usable_invite``) and the credential id new (409
+    ``credential_exists``); writes the ``approver_credential_enrolled`` entry."""
 
     hashed: str
     registration: Registration
 
     def run(self, t: Transactions, tx: WriteTx) -> Credential:
-        return register(t, tx, self.hashed, self.registration)
+        invite = usable_invite(t, tx, self.hashed)
+        cred = self.registration.credential
+        if tx.credentials.load(cred.credential_id) is not None:
+            message = "this passkey is enrolled already"
+            raise Conflict("credential_exists", message, extra={"message": message})
+        now = t.clock.now_ms()
+        stored = replace(
+            cred,
+            operator_id=invite.operator_id,
+            type="webauthn",
+            label=invite.label,
+            created_at=now,
+        )
+        tx.credentials.insert(stored)
+        tx.invites.use(self.hashed, now, stored.credential_id)
+        data = CredentialEnrolledData(
+            stored.operator_id,
+            stored.credential_id,
+            "webauthn",
+            stored.public_key,
+            stored.label,
+            rp_id=self.registration.rp_id,
+            origin=self.registration.origin,
+            sign_count=stored.sign_count,
+        )
+        t.audit(tx, data.kind, None, now, data.to_data())
+        return stored
 
 
 class Invites:
@@ -279,7 +257,7 @@ class Invites:
 
     async def register_passkey(self, token: str, body: Any) -> dict[str, Any]:
         """Verify the registration ``body`` against the invite of ``token`` and enrol it
-        (``register``); returns ``{credential_id, operator_id}``. Raises as
+        (``RegisterPasskey``); returns ``{credential_id, operator_id}``. Raises as
         ``usable_invite``, ``verify_passkey`` (400 ``invalid_registration``), 409
         ``credential_exists`` or ``webauthn_unavailable``; nothing is stored then."""
         settings = self.webauthn()

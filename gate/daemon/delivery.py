@@ -90,28 +90,18 @@ class Outcome:
 class Channel(Generic[Row]):
     """What one outbox adds to the loop, and what every channel adapter starts from: its
     ``dispatcher`` (settings, service, metrics) and its store ``table``, whose plan ``due``
-    reads. ``event`` names the channel in its log events (``failed_event``: its failed
-    attempts, storage trouble or a fault while building; ``sent_event`` and
-    ``attempt_failed_event``: a POST acked or not, with ``retry_in_log`` that line says when
-    it is retried), all logged through ``log``, the channel's own logger. An adapter fills
-    in ``build``, ``record`` and ``what``."""
+    reads. ``event`` names the channel in its log events (``<event>_failed``: its failed
+    attempts, storage trouble or a fault while building; ``sent_as`` and
+    ``attempt_failed_as``, each a format of ``event``: a POST acked or not, with
+    ``retry_in_log`` that line says when it is retried), all logged through ``log``, the
+    channel's own logger. An adapter fills in ``build``, ``record`` and ``what``."""
 
     table: OutboxTable[Row]
     event: str
     log: logging.Logger
     retry_in_log = False
-
-    @property
-    def failed_event(self) -> str:
-        return f"{self.event}_failed"
-
-    @property
-    def sent_event(self) -> str:
-        return f"{self.event}_sent"
-
-    @property
-    def attempt_failed_event(self) -> str:
-        return f"{self.event}_attempt_failed"
+    sent_as = "{}_sent"
+    attempt_failed_as = "{}_attempt_failed"
 
     def __init__(self, dispatcher: Dispatcher) -> None:
         self.dispatcher = dispatcher
@@ -157,28 +147,21 @@ class Channel(Generic[Row]):
         if result.error is None:
             self.log.info(
                 "event=%s %s%s attempt=%d status=%s",
-                self.sent_event,
+                self.sent_as.format(self.event),
                 self.post_id(row),
                 f" {send.detail}" if send.detail else "",
                 attempt,
                 result.status,
             )
-        elif self.retry_in_log:
-            self.log.warning(
-                "event=%s %s attempt=%d error=%r retry_in_s=%.1f",
-                self.attempt_failed_event,
-                self.post_id(row),
-                attempt,
-                result.error,
-                (retry_at_ms - self.dispatcher.service.clock.now_ms()) / 1000,
-            )
         else:
+            retry_in_s = (retry_at_ms - self.dispatcher.service.clock.now_ms()) / 1000
             self.log.warning(
-                "event=%s %s attempt=%d error=%r",
-                self.attempt_failed_event,
+                "event=%s %s attempt=%d error=%r%s",
+                self.attempt_failed_as.format(self.event),
                 self.post_id(row),
                 attempt,
                 result.error,
+                f" retry_in_s={retry_in_s:.1f}" if self.retry_in_log else "",
             )
 
 
@@ -192,14 +175,8 @@ class RequestDispatch(Channel[DueDispatch]):
     is None."""
 
     metrics_kind = "approval"
-
-    @property
-    def sent_event(self) -> str:
-        return f"{self.event}ed"  # dispatched, question_dispatched
-
-    @property
-    def attempt_failed_event(self) -> str:
-        return self.failed_event
+    sent_as = "{}ed"  # dispatched, question_dispatched
+    attempt_failed_as = "{}_failed"
 
     def url(self) -> str | None:
         """Where the dispatches go, as the config in force says now."""
@@ -228,9 +205,8 @@ class RequestDispatch(Channel[DueDispatch]):
     ) -> None:
         d = self.dispatcher
         now = d.service.clock.now_ms()
-        acked = result.error is None
         d.metrics.dispatch_result(
-            acked, result.elapsed_s, result.failure, now, kind=self.metrics_kind
+            result.error is None, result.elapsed_s, result.failure, now, kind=self.metrics_kind
         )
         super().sent(row, send, result, attempt, retry_at_ms)
 
@@ -338,7 +314,7 @@ class OutboxSender(Generic[Row]):
         except GateError as exc:  # storage trouble: logged; the row stays due and is retried
             channel.log.error(
                 "event=%s %s reason=%s message=%s",
-                channel.failed_event,
+                f"{channel.event}_failed",
                 channel.log_id(row),
                 exc.code,
                 exc.message,
@@ -360,8 +336,7 @@ class OutboxSender(Generic[Row]):
         attempt = row.attempts + 1
         retry_at = d.service.clock.now_ms() + d.backoff_ms(attempt)
         self.channel.sent(row, built, result, attempt, retry_at)
-        acked = result.error is None
-        return Outcome(acked, result.error, retry_at, built.pipeline, built.step)
+        return Outcome(result.error is None, result.error, retry_at, built.pipeline, built.step)
 
     async def _record_fault(self, row: Row, exc: Exception) -> None:
         """Record an attempt that failed before anything was sent as a failed attempt with
@@ -373,7 +348,7 @@ class OutboxSender(Generic[Row]):
         retry_at = clock.now_ms() + self.dispatcher.backoff_ms(attempt)
         self.channel.log.error(
             "event=%s %s attempt=%d reason=internal_error retry_in_s=%.1f",
-            self.channel.failed_event,
+            f"{self.channel.event}_failed",
             self.channel.log_id(row),
             attempt,
             (retry_at - clock.now_ms()) / 1000,

@@ -86,10 +86,7 @@ class Dispatcher:
         self.backoff_cap_s = backoff_cap_s
         self.service = service
         self.metrics = metrics
-        self.relay_url = relay_url
-        self.secret = secret
-        self.timeout_s = timeout_s
-        self.callback_url = ""
+        self.reconfigure(relay_url, secret, timeout_s, callback_url="")
         self.ready = asyncio.Event()
         self._rng = random.Random()
         # the outboxes this loop drains, in order (``gate.daemon.delivery.OutboxSender``s,
@@ -108,9 +105,10 @@ class Dispatcher:
         self.ready.set()
 
     def reconfigure(self, relay_url: str, secret: str, timeout_s: float, callback_url: str) -> None:
-        """Use these for every attempt not yet sent (SIGHUP reload): the relay's URL, the
-        signing secret (the current relay secret), the per-attempt timeout in seconds and
-        the public callback URL. No await: an attempt sees all old or all new values."""
+        """Use these for every attempt not yet sent (from ``__init__``, then on a SIGHUP
+        reload): the relay's URL, the signing secret (the current relay secret), the
+        per-attempt timeout in seconds and the public callback URL ("" until ``start``). No
+        await: an attempt sees all old or all new values."""
         self.relay_url = relay_url
         self.secret = secret
         self.timeout_s = timeout_s

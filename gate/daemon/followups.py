@@ -5,7 +5,7 @@ timeout, backoff and redirect rules, and the envelopes they carry."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from gate.daemon.delivery import Channel, Outcome, Send, resolution
@@ -135,7 +135,7 @@ def notice_envelope(full: Approval, operators: Sequence[Any] = ()) -> dict[str, 
             and row.decision == "adjust"
         ]
         counted = made[-1:] + counted
-    identity_of = _identities(full, operators)
+    identities = {int(op.id): str(op.identity) for op in operators} | dict(full.scope)
     return build_notice(
         **fields,
         revision=final,
@@ -144,20 +144,11 @@ def notice_envelope(full: Approval, operators: Sequence[Any] = ()) -> dict[str, 
             {
                 "identity": row.identity,
                 "decision": row.decision,
-                "on_behalf_of": identity_of(row.on_behalf_of),
+                "on_behalf_of": (
+                    None if row.on_behalf_of is None else identities.get(int(row.on_behalf_of))
+                ),
             }
             for row in counted
         ],
         reason=rows[-1].reason if rows and full.outcome in DECIDING_OUTCOMES else None,
     )
-
-
-def _identities(full: Approval, operators: Sequence[Any]) -> Callable[[int | None], str | None]:
-    """Operator id -> configured identity: the approval's scope first, then ``operators``."""
-    known = {int(op.id): str(op.identity) for op in operators}
-    known.update(dict(full.scope))
-
-    def identity_of(op_id: int | None) -> str | None:
-        return None if op_id is None else known.get(int(op_id))
-
-    return identity_of

@@ -62,16 +62,12 @@ class QuestionNotices(Channel[DueNotice]):
         )
 
     def ended(self, row: DueNotice, state: str | None, outcome: Outcome) -> None:
-        metrics = self.dispatcher.metrics
-        if state == "delivered":
-            metrics.notice("delivered")
-        elif state == "failed":
+        if state == "failed":
             log.warning(
-                "event=question_notice_given_up question_id=%s error=%r",
-                row.question_id,
-                outcome.error,
+                "event=question_notice_given_up %s error=%r", self.log_id(row), outcome.error
             )
-            metrics.notice("failed")
+        if state in ("delivered", "failed"):
+            self.dispatcher.metrics.notice(state)
 
     def what(self, row: DueNotice) -> str:
         return "notice"

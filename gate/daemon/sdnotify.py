@@ -62,11 +62,6 @@ class Notifier:
         self.watchdog_s = watchdog_interval(env) if self.address is not None else None
         self._warned = False
 
-    @property
-    def enabled(self) -> bool:
-        """True when there is a notify socket to talk to."""
-        return self.address is not None
-
     def notify(self, *assignments: str) -> bool:
         """Send ``KEY=VALUE`` assignments as one datagram; True if it was sent.
 

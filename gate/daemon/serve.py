@@ -27,20 +27,18 @@ log = logging.getLogger(__name__)
 
 def _bound(runner: web.AppRunner) -> str:
     addr: Any = runner.addresses[0]
-    if isinstance(addr, str):
-        return f"unix:{addr}"
-    host, port = addr[0], addr[1]
-    return f"{host}:{port}"
+    return f"unix:{addr}" if isinstance(addr, str) else f"{addr[0]}:{addr[1]}"
 
 
-async def _site(runner: web.AppRunner, listen: str) -> web.BaseSite:
+async def _site(runner: web.AppRunner, listen: str) -> Path | None:
+    """Bind ``runner`` to ``listen``; return the path of the unix socket it bound (removed
+    on stop), None for a TCP address."""
     parsed = parse_listen(listen)
     if isinstance(parsed, UnixListen):
-        site: web.BaseSite = web.UnixSite(runner, parsed.path)
-    else:
-        site = web.TCPSite(runner, parsed.host, parsed.port)
-    await site.start()
-    return site
+        await web.UnixSite(runner, parsed.path).start()
+        return Path(parsed.path)
+    await web.TCPSite(runner, parsed.host, parsed.port).start()
+    return None
 
 
 class _ServerLog(logging.LoggerAdapter):  # type: ignore[type-arg]
@@ -123,13 +121,12 @@ async def serve(
             api_socket: Path | None = None  # a unix socket we bound, removed on stop
             try:
                 await _site(callback_runner, config.relay.callback_addr)
-                await _site(api_runner, config.api.listen)
-                listen = parse_listen(config.api.listen)
-                api_socket = Path(listen.path) if isinstance(listen, UnixListen) else None
+                api_socket = await _site(api_runner, config.api.listen)
                 callback_bound = _bound(callback_runner)
                 gate.service.invites.callback_bound = callback_bound  # passkeys on localhost
                 dispatcher.start(callback_url(config, callback_bound))
-                api_url = _api_url(_bound(api_runner))
+                api_bound = _bound(api_runner)
+                api_url = api_bound if api_bound.startswith("unix:") else f"http://{api_bound}"
                 log.info(
                     "event=listening callback=http://%s api=%s callback_url=%s db=%s writer_pid=%s",
                     callback_bound,
@@ -185,7 +182,3 @@ async def _until_stopped(
             return
         hup.clear()
         await reload()
-
-
-def _api_url(bound: str) -> str:
-    return bound if bound.startswith("unix:") else f"http://{bound}"

@@ -49,11 +49,9 @@ class Timers:
             except GateError as exc:
                 log.error("event=expiry_failed reason=%s message=%s", exc.code, exc.message)
                 next_at = service.clock.now_ms() + int(RETRY_AFTER_ERROR_S * 1000)
-            if next_at is None:
-                delay = MAX_SLEEP_S
-            else:
-                wait_s = max(0.0, (next_at - service.clock.now_ms()) / 1000) + 0.002
-                delay = min(MAX_SLEEP_S, wait_s)
+            delay = MAX_SLEEP_S
+            if next_at is not None:
+                delay = min(delay, max(0.0, (next_at - service.clock.now_ms()) / 1000) + 0.002)
             with contextlib.suppress(TimeoutError):  # not wait_for: it can swallow a cancel
                 async with asyncio.timeout(delay):
                     await service.expiry_wakeup.wait()

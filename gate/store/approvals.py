@@ -144,21 +144,12 @@ class ApprovalStatements(RequestStatements[Approval, Resolvable]):
         row = self._conn.execute(sql, args).fetchone()
         return float(row[0]) if row else 0.0
 
-    def insert_revision(
-        self,
-        approval_id: str,
-        revision: int,
-        body: str,
-        payload_hash: str,
-        nonce: str,
-        created_at: int,
-        created_by: int | None,
-    ) -> None:
+    def insert_revision(self, approval_id: str, revision: Revision) -> None:
         """Insert a revision of the draft with its nonce."""
         self._conn.execute(
             "INSERT INTO revisions (approval_id, revision, body, payload_hash, nonce, created_at,"
             " created_by) VALUES (?, ?, ?, ?, ?, ?, ?)",
-            (approval_id, revision, body, payload_hash, nonce, created_at, created_by),
+            (approval_id, *astuple(revision)),  # the columns in the model's field order
         )
 
     def insert_decision(self, approval_id: str, row: DecisionRow) -> None:

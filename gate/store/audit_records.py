@@ -19,8 +19,12 @@ from gate.audit.question_entries import QUESTION_KINDS
 from gate.audit.question_kind import QuestionRecord
 from gate.audit.records import Record
 from gate.store import readonly
-from gate.store.auditlog import audit_query, grouped, reading
-from gate.store.inspection import has_table, read_only
+from gate.store.approvals import APPROVALS
+from gate.store.auditlog import audit_query, grouped
+from gate.store.inspection import read_only
+from gate.store.questions import QUESTIONS
+from gate.store.readonly import has_table, reading
+from gate.store.requests import RequestTables
 
 
 class Read(NamedTuple):
@@ -37,20 +41,17 @@ class Read(NamedTuple):
 
 @dataclass(frozen=True, slots=True)
 class KindTables:
-    """Where one kind of request (a ``noun``) is stored: its ``table`` keyed by ``key``,
-    whose current version is column ``version``, read as ``columns``; ``side`` the queries
-    of its other tables (key first, ordered by key), ``outbox`` its dispatch table;
-    ``entries`` the ``audit_log.kind`` filter of its entries. ``record`` builds its audit
-    record from what was ``Read``. ``optional``: a database from before its migration has no
-    such tables (it then has no such records)."""
+    """Where one kind of request (a ``noun``) is stored: its ``tables`` (the store's
+    ``RequestTables``: its table, id and current version columns, its dispatch table), its
+    row read as ``columns``; ``side`` the queries of its other tables (key first, ordered by
+    key); ``entries`` the ``audit_log.kind`` filter of its entries. ``record`` builds its
+    audit record from what was ``Read``. ``optional``: a database from before its migration
+    has no such tables (it then has no such records)."""
 
     noun: str
-    table: str
-    key: str
-    version: str
+    tables: RequestTables[Any, Any]
     columns: tuple[str, ...]
     side: tuple[str, ...]
-    outbox: str
     entries: str
     record: Callable[[Read], Record]
     optional: bool = False
@@ -91,9 +92,7 @@ _QUESTION_KINDS = "(" + ", ".join(f"'{kind}'" for kind in QUESTION_KINDS) + ")"
 
 APPROVAL_TABLES = KindTables(
     noun="approval",
-    table="approvals",
-    key="approval_id",
-    version="revision",
+    tables=APPROVALS,
     columns=(
         "approval_id",
         "pipeline",
@@ -113,15 +112,12 @@ APPROVAL_TABLES = KindTables(
         "SELECT approval_id, revision, operator_id, decision, payload_hash, reason, on_behalf_of,"
         " credential_id FROM decisions ORDER BY approval_id, revision, operator_id",
     ),
-    outbox="outbox",
     entries=f"kind NOT IN {_QUESTION_KINDS}",
     record=_approval,
 )
 QUESTION_TABLES = KindTables(
     noun="question",
-    table="questions",
-    key="question_id",
-    version="version",
+    tables=QUESTIONS,
     columns=(
         "question_id",
         "pipeline",
@@ -143,7 +139,6 @@ QUESTION_TABLES = KindTables(
         "SELECT question_id, version, question, request_hash, nonce FROM question_versions"
         " ORDER BY question_id, version",
     ),
-    outbox="question_outbox",
     entries=f"kind IN {_QUESTION_KINDS}",
     record=_question,
     optional=True,
@@ -160,16 +155,17 @@ def records_of(path: Path, kind: KindTables) -> Iterator[Record]:
     sql = audit_query(readonly.connect(path))
     if sql is None:
         return
+    tables = kind.tables
     with reading(path) as conn:
         conn.execute("BEGIN")  # one snapshot for every cursor
-        if kind.optional and not has_table(conn, kind.table):
+        if kind.optional and not has_table(conn, tables.table):
             conn.execute("COMMIT")
             return
         queries = (
-            f"SELECT {', '.join(kind.columns)} FROM {kind.table} ORDER BY {kind.key}",
+            f"SELECT {', '.join(kind.columns)} FROM {tables.table} ORDER BY {tables.id}",
             *kind.side,
-            f"SELECT {kind.key}, {kind.version}, attempts, delivered_at FROM {kind.outbox}"
-            f" ORDER BY {kind.key}, {kind.version}",
+            f"SELECT {tables.id}, {tables.version}, attempts, delivered_at FROM {tables.outbox}"
+            f" ORDER BY {tables.id}, {tables.version}",
         )
         streams = [grouped(conn.execute(_for_schema(conn, q))) for q in queries]
         mine = f"approval_id IS NOT NULL AND {kind.entries} ORDER BY approval_id, seq"
@@ -205,11 +201,12 @@ def latest_stored_receipt(path: Path, kind: KindTables) -> tuple[str, dict[str, 
     has the highest audit seq, or None when none holds one (or there is no such table),
     read-only. ``audit verify -c`` and ``doctor`` expect the log to hold it, so a deleted
     tail is caught without a receipt kept elsewhere. Raises Unavailable on a read error."""
+    tables = kind.tables
     with read_only(path) as conn:
-        if not has_table(conn, kind.table):
+        if not has_table(conn, tables.table):
             return None
         row = conn.execute(
-            f"SELECT {kind.key}, receipt FROM {kind.table} WHERE receipt IS NOT NULL"
+            f"SELECT {tables.id}, receipt FROM {tables.table} WHERE receipt IS NOT NULL"
             " ORDER BY json_extract(receipt, '$.seq') DESC LIMIT 1"
         ).fetchone()
     if row is None:
@@ -226,13 +223,14 @@ def undelivered_dispatches(path: Path, kind: KindTables) -> tuple[int, str | Non
     acked, the last error of the most recently attempted one)`` of the database at
     ``path``, read-only; ``(0, None)`` when there are none (or no tables yet). Raises
     Unavailable on a read error."""
+    tables = kind.tables
     where = (
-        f" FROM {kind.outbox} o JOIN {kind.table} r ON r.{kind.key} = o.{kind.key}"
-        f" WHERE r.state = 'pending' AND o.{kind.version} = r.{kind.version}"
+        f" FROM {tables.outbox} o JOIN {tables.table} r ON r.{tables.id} = o.{tables.id}"
+        f" WHERE r.state = 'pending' AND o.{tables.version} = r.{tables.version}"
         " AND o.delivered_at IS NULL AND o.attempts > 0"
     )
     with read_only(path) as conn:
-        if not (has_table(conn, kind.outbox) and has_table(conn, kind.table)):
+        if not (has_table(conn, tables.outbox) and has_table(conn, tables.table)):
             return 0, None
         (count,) = conn.execute("SELECT count(*)" + where).fetchone()
         row = conn.execute(

@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import Iterator
-from contextlib import closing, contextmanager
 from pathlib import Path
 from typing import Any
 
 from gate.audit import chain as audit
 from gate.errors import Unavailable
 from gate.store import readonly
+from gate.store.readonly import reading
 from gate.store.schema import SCHEMA_VERSION
 
 CHUNK = 1000
@@ -60,18 +60,6 @@ def read_range(path: Path, low: int, high: int) -> Iterator[tuple[Any, ...]]:
                 (low, high),
             )
         )
-
-
-@contextmanager
-def reading(path: Path, failed: str = "database read failed") -> Iterator[sqlite3.Connection]:
-    """A ``gate.store.readonly`` connection to the existing database at ``path`` (no lock),
-    closed on exit; a read error raises Unavailable ``storage_unavailable``, ``FAILED:
-    error``."""
-    with closing(readonly.connect(path)) as conn:
-        try:
-            yield conn
-        except sqlite3.Error as exc:
-            raise Unavailable("storage_unavailable", f"{failed}: {exc}") from exc
 
 
 def fetched(cursor: sqlite3.Cursor) -> Iterator[Any]:

@@ -2,7 +2,8 @@
 
 A batch runs inside one ``BEGIN IMMEDIATE`` transaction, each job in its own SAVEPOINT (a
 refused or failing one rolls back alone), and COMMITs once: one fsync for the batch. Only
-then are its callers answered (by the writer that called ``run_batch``).
+then are its callers answered (by the writer that called ``run_batch``, each through
+``settle``).
 """
 
 from __future__ import annotations
@@ -168,13 +169,12 @@ class Faults:
             self.write_fault = None
 
 
-def run_command(handler: Handler | None, tx: WriteTx, command: Command[Any]) -> Any:
+def run_command(handler: Handler, tx: WriteTx, command: Command[Any]) -> Any:
     """Run ``command`` in ``tx``: a ``Probe`` rewrites the header, anything else goes to
-    ``handler``. Raises RuntimeError when no handler is bound, else what the handler raises."""
+    ``handler`` (the store's, which raises RuntimeError while none is bound: ``Store.bind``).
+    Raises what the handler raises."""
     if isinstance(command, Probe):
         return tx.probe()
-    if handler is None:
-        raise RuntimeError(f"no handler bound for {command.name!r}")
     return handler(tx, command)
 
 
@@ -185,7 +185,7 @@ def _failed(exc: sqlite3.Error) -> Unavailable:
 def run_batch(
     conn: sqlite3.Connection,
     batch: list[Job],
-    handler: Handler | None,
+    handler: Handler,
     faults: Faults,
     before_job: Callable[[], None] | None = None,
 ) -> BatchResult:
@@ -257,6 +257,21 @@ def run_batch(
     if conn.total_changes != changes:  # rows reached the disk: the storage works
         faults.recovered()
     return BatchResult(answers + [(job, result, None) for job, result in done], tx.appended_head)
+
+
+def settle(future: asyncio.Future[Any], ok: bool, value: Any) -> None:
+    """Answer one caller: ``value`` is its result when ``ok``, else the exception it raises;
+    nothing when it stopped waiting. An answer its future refuses (``StopIteration``) fails
+    that caller alone."""
+    if future.done():
+        return
+    try:
+        if ok:
+            future.set_result(value)
+        else:
+            future.set_exception(value)
+    except (TypeError, ValueError) as exc:
+        future.set_exception(RuntimeError(f"the write transaction failed: {exc}"))
 
 
 def log_head(head: tuple[int, str] | None) -> None:

@@ -17,7 +17,7 @@ from typing import Any
 from gate.audit import chain as audit
 from gate.errors import Unavailable
 from gate.store import readonly
-from gate.store.auditlog import reading
+from gate.store.readonly import has_table, reading
 from gate.store.schema import SCHEMA_VERSION
 
 MAX_PROBLEMS = 20
@@ -43,14 +43,6 @@ def read_only(path: Path) -> AbstractContextManager[sqlite3.Connection]:
     return reading(path, f"cannot read database {path}")
 
 
-def has_table(conn: sqlite3.Connection, table: str) -> bool:
-    """The database of ``conn`` has a table named ``table`` (one of the schema's names)."""
-    found = conn.execute(
-        "SELECT 1 FROM sqlite_schema WHERE type = 'table' AND name = ?", (table,)
-    ).fetchone()
-    return found is not None
-
-
 def _count(conn: sqlite3.Connection, table: str) -> int | None:
     if not has_table(conn, table):
         return None
@@ -68,12 +60,6 @@ def inspect(path: Path) -> DatabaseInfo:
         return DatabaseInfo(
             problems, version, SCHEMA_VERSION, _count(conn, "approvals"), _count(conn, "audit_log")
         )
-
-
-def integrity_check(path: Path) -> list[str]:
-    """Return the problems ``PRAGMA integrity_check`` reports for the database at ``path``
-    (empty list = intact), read-only; Unavailable when it cannot be opened or read."""
-    return list(inspect(path).problems)
 
 
 def newest_audit_row(path: Path) -> audit.AuditRow | None:

@@ -65,35 +65,30 @@ def count_passkeys(path: Path) -> int:
     """How many passkeys (``type`` webauthn, not revoked) the database at ``path`` holds;
     0 for a database from before migration 6. Read-only (``gate.store.readonly``); raises
     Unavailable when it cannot be opened."""
-    return readonly.read(path, _count)
-
-
-def _count(conn: sqlite3.Connection) -> int:
-    if not readonly.has_table(conn, "approver_credentials"):
-        return 0
-    row = conn.execute(
-        "SELECT COUNT(*) FROM approver_credentials WHERE type = 'webauthn' AND revoked_at IS NULL"
-    ).fetchone()
-    return int(row[0])
+    with readonly.reading(path, f"cannot read {path}") as conn:
+        if not readonly.has_table(conn, "approver_credentials"):
+            return 0
+        row = conn.execute(
+            "SELECT COUNT(*) FROM approver_credentials"
+            " WHERE type = 'webauthn' AND revoked_at IS NULL"
+        ).fetchone()
+        return int(row[0])
 
 
 def credential_facts(path: Path) -> tuple[dict[str, int], set[int]]:
     """``(passkeys in force by the rp_id of their enrolment entry, operator ids holding a
     credential in force)`` of the database at ``path`` (doctor); empty before
     migration 6. Read-only; raises Unavailable when it cannot be read."""
-    return readonly.read(path, _facts)
-
-
-def _facts(conn: sqlite3.Connection) -> tuple[dict[str, int], set[int]]:
-    if not readonly.has_table(conn, "approver_credentials"):
-        return {}, set()
-    rows = conn.execute(
-        "SELECT json_extract(a.entry, '$.data.rp_id'), COUNT(*) FROM approver_credentials c"
-        " JOIN audit_log a ON a.kind = 'approver_credential_enrolled'"
-        " AND json_extract(a.entry, '$.data.credential_id') = c.credential_id"
-        " WHERE c.type = 'webauthn' AND c.revoked_at IS NULL GROUP BY 1"
-    ).fetchall()
-    holders = conn.execute(
-        "SELECT DISTINCT operator_id FROM approver_credentials WHERE revoked_at IS NULL"
-    ).fetchall()
+    with readonly.reading(path, f"cannot read {path}") as conn:
+        if not readonly.has_table(conn, "approver_credentials"):
+            return {}, set()
+        rows = conn.execute(
+            "SELECT json_extract(a.entry, '$.data.rp_id'), COUNT(*) FROM approver_credentials c"
+            " JOIN audit_log a ON a.kind = 'approver_credential_enrolled'"
+            " AND json_extract(a.entry, '$.data.credential_id') = c.credential_id"
+            " WHERE c.type = 'webauthn' AND c.revoked_at IS NULL GROUP BY 1"
+        ).fetchall()
+        holders = conn.execute(
+            "SELECT DISTINCT operator_id FROM approver_credentials WHERE revoked_at IS NULL"
+        ).fetchall()
     return {str(rp): int(n) for rp, n in rows if rp is not None}, {int(r[0]) for r in holders}

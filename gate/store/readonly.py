@@ -1,17 +1,15 @@
-"""The one read-only opener of a gate database (``audit verify``/``export``, ``doctor``), a
-read run through it, and the audit_log column list of any schema version."""
+"""The one read-only opener of a gate database (``audit verify``/``export``, ``doctor``),
+reads run through it (``reading``), and the audit_log column list of any schema version."""
 
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Callable
+from collections.abc import Iterator
+from contextlib import closing, contextmanager
 from pathlib import Path
-from typing import TypeVar
 
 from gate.errors import Unavailable
 from gate.store.connection import BUSY_TIMEOUT_MS
-
-T = TypeVar("T")
 
 AUDIT_COLUMNS = "seq, approval_id, kind, entry, prev_hash, entry_hash, receipt"
 
@@ -40,16 +38,16 @@ def connect(path: Path) -> sqlite3.Connection:
         raise Unavailable("storage_unavailable", f"cannot open database {path}: {exc}") from exc
 
 
-def read(path: Path, fn: Callable[[sqlite3.Connection], T]) -> T:
-    """``fn(conn)`` on a read-only connection to ``path`` (``connect``), closed after. Raises
-    Unavailable (``storage_unavailable``) when it cannot be opened or read."""
-    conn = connect(path)
-    try:
-        return fn(conn)
-    except sqlite3.Error as exc:
-        raise Unavailable("storage_unavailable", f"cannot read {path}: {exc}") from exc
-    finally:
-        conn.close()
+@contextmanager
+def reading(path: Path, failed: str = "database read failed") -> Iterator[sqlite3.Connection]:
+    """A read-only connection to the existing database at ``path`` (``connect``: no lock),
+    closed on exit; a read error raises Unavailable ``storage_unavailable``, ``FAILED:
+    error``."""
+    with closing(connect(path)) as conn:
+        try:
+            yield conn
+        except sqlite3.Error as exc:
+            raise Unavailable("storage_unavailable", f"{failed}: {exc}") from exc
 
 
 def has_table(conn: sqlite3.Connection, name: str) -> bool:

@@ -115,23 +115,17 @@ def page(
 ) -> list[F]:
     """Up to ``limit`` requests ordered by id (ULID: creation order), loaded whole;
     ``state`` is pending|resolved|all, ``after`` the cursor (the last id seen)."""
-    where: list[str] = []
-    args: list[Any] = []
-    if state != "all":
-        where.append("state = ?")
-        args.append(state)
-    if pipeline:
-        where.append("pipeline = ?")
-        args.append(pipeline)
-    if after:
-        where.append(f"{kind.id} > ?")
-        args.append(after)
+    filters = {  # each condition with its value; None: not filtered on
+        "state = ?": None if state == "all" else state,
+        "pipeline = ?": pipeline or None,
+        f"{kind.id} > ?": after or None,
+    }
+    given = {clause: value for clause, value in filters.items() if value is not None}
     sql = f"SELECT {kind.id} FROM {kind.table}"
-    if where:
-        sql += " WHERE " + " AND ".join(where)
+    if given:
+        sql += " WHERE " + " AND ".join(given)
     sql += f" ORDER BY {kind.id} LIMIT ?"
-    args.append(limit)
-    ids = [row[0] for row in conn.execute(sql, args).fetchall()]
+    ids = [row[0] for row in conn.execute(sql, [*given.values(), limit]).fetchall()]
     return [full for full in (kind.load(conn, i, True, True) for i in ids) if full is not None]
 
 

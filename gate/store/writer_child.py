@@ -36,7 +36,7 @@ def frame(message: Any) -> bytes:
     return HEADER.pack(len(data)) + data
 
 
-def main(path: Path, handler: Handler | None, sock: socket.socket, mask: Any) -> int:
+def main(path: Path, handler: Handler, sock: socket.socket, mask: Any) -> int:
     """The forked writer: restore the signal ``mask`` (ignoring the web process's signals),
     name the process ``PROCESS_NAME``, then serve ``sock`` (``_child``); return its exit code."""
     _child_signals(mask)
@@ -100,7 +100,7 @@ class _Frames:
         return messages
 
 
-def _child(path: Path, handler: Handler | None, sock: socket.socket) -> int:
+def _child(path: Path, handler: Handler, sock: socket.socket) -> int:
     """The writer process's loop: open the write connection (the inherited lock fd stays
     open: after a kill -9 of the web process the lock holds until the writer, which may
     still finish a batch, is gone too), then take frames, run batches, send answers. Returns
@@ -150,9 +150,7 @@ def _child(path: Path, handler: Handler | None, sock: socket.socket) -> int:
                 jobs[job_id] = job
                 todo.append(job)
             elif kind == "cancel":
-                cancelled = jobs.get(waiting.popleft()[1])
-                if cancelled is not None:
-                    cancelled.cancelled = True
+                claim_cancels([waiting.popleft()])  # one for no job here is dropped
             elif kind == "apply":
                 if todo:  # the jobs sent before it run first
                     break
@@ -190,10 +188,8 @@ def _child(path: Path, handler: Handler | None, sock: socket.socket) -> int:
         batch.log_head(head)  # after the answers: off the callers' path
 
 
-def _apply(handler: Handler | None, command: Command[None]) -> None:
+def _apply(handler: Handler, command: Command[None]) -> None:
     """Run a configuration ``command`` outside any transaction (``handler(None, command)``)."""
-    if handler is None:
-        return
     try:
         handler(None, command)
     except Exception:  # noqa: BLE001 - a bug: keep the writer (and its old settings)

@@ -40,7 +40,7 @@ from typing import Any, TypeVar
 
 from gate.errors import GateError, Unavailable
 from gate.store import writer_child
-from gate.store.batch import Command, Faults, Handler
+from gate.store.batch import Command, Faults, Handler, settle
 from gate.store.writer_child import HEADER, MAX_FRAME, frame
 
 log = logging.getLogger(__name__)
@@ -60,9 +60,9 @@ class WriterClient:
     """The web process's handle on the writer process: sends jobs, settles their futures.
 
     Created by ``start``; ``transact`` is ``Store.transact`` in this mode. ``faults`` mirrors
-    the writer's (each answer frame carries its ``write_fault``); ``lost`` is set, and
-    ``on_lost()`` called once, when the writer process is lost unexpectedly. Not
-    thread-safe: used from the event loop only.
+    the writer's (each answer frame carries its ``write_fault``); ``on_lost()`` is called
+    once, when the writer process is lost unexpectedly. Not thread-safe: used from the
+    event loop only.
     """
 
     def __init__(
@@ -75,7 +75,6 @@ class WriterClient:
     ) -> None:
         self.faults = faults
         self._on_lost = on_lost
-        self.lost = False
         self.pid = pid
         self._reader = reader
         self._writer = writer
@@ -185,7 +184,7 @@ class WriterClient:
                 for job_id, ok, value in items:
                     waiting = self._pending.pop(job_id, None)
                     if waiting is not None:
-                        _settle(waiting[0], ok, value)
+                        settle(waiting[0], ok, value)
                 if self._stall_logged and self.stalled_s() < STALL_S:
                     self._stall_logged = False
                     log.warning("event=writer_answering_again pid=%d", self.pid)
@@ -202,7 +201,6 @@ class WriterClient:
             self._reaped = True
             log.error("event=writer_exited pid=%d %s", self.pid, _exit_text(status))
             self.faults.write_fault = WRITER_GONE
-            self.lost = True
         self.gone = WRITER_GONE
         error = Unavailable("storage_unavailable", f"database write failed: {WRITER_GONE}")
         pending, self._pending = self._pending, {}
@@ -244,20 +242,6 @@ def _exit_text(status: int | None) -> str:
     return f"exit={status}"
 
 
-def _settle(future: asyncio.Future[Any], ok: bool, value: Any) -> None:
-    """Answer one caller; an answer its future refuses (``StopIteration``) fails that
-    caller alone."""
-    if future.done():
-        return
-    try:
-        if ok:
-            future.set_result(value)
-        else:
-            future.set_exception(value)
-    except (TypeError, ValueError) as exc:
-        future.set_exception(RuntimeError(f"the write transaction failed: {exc}"))
-
-
 def _reap(pid: int) -> int | None:
     """Wait for the writer ``pid`` to end; return its exit code (negative: the signal that
     ended it), or None when it was reaped already."""
@@ -276,7 +260,7 @@ async def _read_frame(reader: asyncio.StreamReader) -> Any:
 
 
 async def start(
-    path: Path, handler: Handler | None, faults: Faults, on_lost: Callable[[], None]
+    path: Path, handler: Handler, faults: Faults, on_lost: Callable[[], None]
 ) -> WriterClient:
     """Fork the writer process for the database ``path`` (prepared, its lock held by the
     caller: the child inherits the lock fd) and return the web process's handle on it.
@@ -305,17 +289,14 @@ async def start(
         signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
     child_sock.close()
     reader, writer = await asyncio.open_unix_connection(sock=parent_sock)
+    cause: BaseException | None = None
     try:
-        kind, error = await _read_frame(reader)
+        _, error = await _read_frame(reader)  # ("ready", why it cannot serve or None)
     except (asyncio.IncompleteReadError, OSError, EOFError) as exc:
-        writer.close()
-        await asyncio.to_thread(_reap, pid)
-        raise Unavailable(
-            "storage_unavailable", f"the database writer process did not start: {exc}"
-        ) from exc
+        error, cause = f"the database writer process did not start: {exc}", exc
     if error is not None:
         writer.close()
         await asyncio.to_thread(_reap, pid)
-        raise Unavailable("storage_unavailable", error)
+        raise Unavailable("storage_unavailable", error) from cause
     log.debug("event=writer_started pid=%d", pid)
     return WriterClient(pid, reader, writer, faults, on_lost)

@@ -17,7 +17,7 @@ from typing import TypeVar
 
 from gate.errors import Unavailable
 from gate.store import batch
-from gate.store.batch import MAX_BATCH, Answer, Command, Faults, Handler, Job
+from gate.store.batch import MAX_BATCH, Answer, Command, Faults, Handler, Job, settle
 from gate.store.connection import rollback_quietly
 
 log = logging.getLogger(__name__)
@@ -30,16 +30,16 @@ class ThreadWriter:
 
     ``handler`` runs the commands (``batch.run_command``); ``faults`` is shared with the
     store, which probes with it. Has no process: ``pid`` None, nothing ever unsent or
-    unanswered past a stall, never ``lost``.
+    unanswered past a stall, never lost.
     """
 
     pid: int | None = None
-    lost = False
+    unsent_bytes = 0  # a job is in the queue as soon as ``transact`` is called
 
     def __init__(
         self,
         conn: sqlite3.Connection,
-        handler: Handler | None,
+        handler: Handler,
         faults: Faults,
         loop: asyncio.AbstractEventLoop,
     ) -> None:
@@ -52,11 +52,6 @@ class ThreadWriter:
             target=self._run, name="gate-writer", daemon=True
         )
         self._thread.start()
-
-    @property
-    def unsent_bytes(self) -> int:
-        """Always 0: a job is in the queue as soon as ``transact`` is called."""
-        return 0
 
     def stalled_s(self) -> float:
         """Always 0.0 (the thread shares this process: a stuck writer is a stuck gate)."""
@@ -125,13 +120,5 @@ class ThreadWriter:
 
 def _settle(answers: list[Answer]) -> None:
     for job, result, error in answers:
-        future = job.future
-        if future is None or future.done():
-            continue
-        try:
-            if error is not None:
-                future.set_exception(error)
-            else:
-                future.set_result(result)
-        except (TypeError, ValueError) as exc:  # e.g. StopIteration: fail this caller alone
-            future.set_exception(RuntimeError(f"the write transaction failed: {exc}"))
+        if job.future is not None:
+            settle(job.future, error is None, result if error is None else error)

@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import replace
 
 from gate.config import read_receipt_key
 from gate.tools.doctor_audit import check_audit, check_database
@@ -27,14 +26,10 @@ from gate.tools.doctor_config import (
     separate_question_url,
 )
 from gate.tools.doctor_passkeys import check_passkeys
-from gate.tools.doctor_relay import (
-    check_clock,
-    check_dispatch,
-    check_question_dispatch,
-    check_relay,
-    probe_relay,
-    safe_url,
-)
+from gate.tools.doctor_relay import check_clock, check_dispatch, check_relay, probe_relay, safe_url
+
+# the checks after the config's, in report order: SKIP (not ok) without a valid config
+NEED_CONFIG = "followups secrets keys database audit relay dispatch passkeys clock".split()
 
 
 async def run_checks(
@@ -45,18 +40,7 @@ async def run_checks(
     config_check, config = check_config(config_path)
     if config is None:
         return [config_check] + [
-            skip(name, "needs a valid config", ok=False)
-            for name in (
-                "followups",
-                "secrets",
-                "keys",
-                "database",
-                "audit",
-                "relay",
-                "dispatch",
-                "passkeys",
-                "clock",
-            )
+            skip(name, "needs a valid config", ok=False) for name in NEED_CONFIG
         ]
     secrets_check, secrets = check_secrets(config, environ)
     keys_check, keys = check_keys(config)
@@ -72,20 +56,16 @@ async def run_checks(
     audit_check = await asyncio.to_thread(
         check_audit, path, receipt_key, keys, previous_key, config.receipts
     )
-    probe = await probe_relay(
-        config.relay.url, config.relay.dispatch_timeout, config.relay.ca_file, now
-    )
+    relay = config.relay
+    probe = await probe_relay(relay.url, relay.dispatch_timeout, relay.ca_file, now)
     now_ms = int(now() * 1000)
     asked: list[Check] = []  # only for a config that asks questions
     if asks_questions(config):
         url = separate_question_url(config)
         if url is not None:
-            found = check_relay(
-                url,
-                await probe_relay(url, config.relay.dispatch_timeout, config.relay.ca_file, now),
-            )
-            asked.append(replace(found, name="question relay"))
-        asked.append(await asyncio.to_thread(check_question_dispatch, path))
+            probed = await probe_relay(url, relay.dispatch_timeout, relay.ca_file, now)
+            asked.append(check_relay(url, probed, "question relay"))
+        asked.append(await asyncio.to_thread(check_dispatch, path, "question"))
     return [
         config_check,
         Check("followups", True, followups_summary(config, now_ms, safe_url)),
@@ -93,9 +73,9 @@ async def run_checks(
         keys_check,
         database_check,
         audit_check,
-        check_relay(config.relay.url, probe),
-        await asyncio.to_thread(check_dispatch, path, now_ms),
+        check_relay(relay.url, probe),
+        await asyncio.to_thread(check_dispatch, path, "approval", now_ms),
         *asked,
         *check_passkeys(config, path, now_ms),
-        check_clock(now(), probe, config.relay.security.max_skew),
+        check_clock(now(), probe, relay.security.max_skew),
     ]

@@ -171,26 +171,22 @@ def _intact(report: AuditReport, receipts: bool, signatures: bool) -> str:
     return detail
 
 
-def _key_names(receipts: ReceiptsConfig | None) -> str:
+def _key_names(receipts: ReceiptsConfig | None, joined: str = " and ") -> str:
+    """``receipts.key_env (VARIABLE)``, then ``joined`` and the previous key's setting when
+    the config names one (just ``receipts.key_env`` without the config's section)."""
     if receipts is None:
         return "receipts.key_env"
     named = f"receipts.key_env ({receipts.key_env})"
     if receipts.previous_key_env is not None:
-        named += f" and receipts.previous_key_env ({receipts.previous_key_env})"
+        named += f"{joined}receipts.previous_key_env ({receipts.previous_key_env})"
     return named
 
 
 def _key_mismatch(seq: int, receipts: ReceiptsConfig | None) -> str:
     """The doctor's words for a newest entry that no configured receipt key verifies."""
-    current = f" ({receipts.key_env})" if receipts is not None else ""
-    previous = (
-        f" nor with receipts.previous_key_env ({receipts.previous_key_env})"
-        if receipts is not None and receipts.previous_key_env is not None
-        else ""
-    )
     return (
         f"the newest audit entry's receipt (seq {seq}) does not verify with "
-        f"receipts.key_env{current}{previous}, so the gate refuses to start: set "
+        f"{_key_names(receipts, ' nor with ')}, so the gate refuses to start: set "
         "receipts.key_env to the variable holding the key this log was written with, or, "
         "to rotate the key, receipts.previous_key_env to that variable"
     )

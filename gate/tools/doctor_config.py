@@ -47,8 +47,7 @@ def check_secrets(config: Config, environ: Mapping[str, str]) -> tuple[Check, Se
         secrets = load_secrets(config, environ)
     except ConfigError as exc:
         return Check("secrets", False, shown_errors(exc.errors)), None
-    names = [name for _, name in _secret_vars(config)]
-    detail = ", ".join(names) + " set and distinct"
+    detail = ", ".join(name for _, name in _secret_vars(config)) + " set and distinct"
     exposed = _exposed_credentials(environ.get("CREDENTIALS_DIRECTORY"))
     concerns = [*secrets.warnings, *([exposed] if exposed else [])]
     if concerns:

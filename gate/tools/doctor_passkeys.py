@@ -39,14 +39,13 @@ def check_passkeys(config: Config, path: Path, now_ms: int) -> list[Check]:
     return [line, *(warn("passkeys", finding) for finding in found)]
 
 
-def signing_steps(config: Config) -> list[str]:
-    """``pipeline/step`` of every step whose ``approver_signature`` is not ``off``."""
-    return [
-        f"{pipe.name}/{step.name}"
-        for pipe in config.pipelines
-        for step in pipe.steps
-        if getattr(step, "approver_signature", "off") != "off"
-    ]
+def _signing_steps(config: Config, *levels: str) -> Iterator[tuple[str, str, StepConfig]]:
+    """``(pipeline/step, YAML path, step)`` of every step whose ``approver_signature`` is
+    one of ``levels`` (optional, required)."""
+    for i, pipe in enumerate(config.pipelines):
+        for j, step in enumerate(pipe.steps):
+            if step.approver_signature in levels:
+                yield f"{pipe.name}/{step.name}", f"pipelines[{i}].steps[{j}]", step
 
 
 def operators_named(operators: Sequence[Operator], limit: int = 10) -> str:
@@ -69,7 +68,7 @@ def passkeys_summary(config: Config, path: Path) -> tuple[str, str]:
             return "FAIL", exc.message
     enrolled = f"{count} passkey{'' if count == 1 else 's'} enrolled"
     if settings is None:
-        steps = signing_steps(config)
+        steps = [name for name, _, _ in _signing_steps(config, "optional", "required")]
         if steps:
             return "WARN", (
                 f"passkeys unavailable ({unavailable_reason(config)}); steps asking for "
@@ -91,15 +90,12 @@ def passkeys_findings(config: Config, by_rp: dict[str, int], holders: set[int]) 
     RP ID), and, per step with ``approver_signature: required``, the operators in its scope
     holding no credential in force (not in ``holders``: they cannot approve it)."""
     settings = resolve_webauthn(config, config.relay.callback_addr)
-    out: list[str] = []
-    if settings is not None:
-        for rp_id, n in sorted(by_rp.items()):
-            if rp_id != settings.rp_id:
-                out.append(
-                    f"{n} passkeys were enrolled for rp_id {rp_id} and cannot sign for "
-                    f"{settings.rp_id}"
-                )
-    for where, step in _required_steps(config):
+    out = [
+        f"{n} passkeys were enrolled for rp_id {rp_id} and cannot sign for {settings.rp_id}"
+        for rp_id, n in sorted(by_rp.items())
+        if settings is not None and rp_id != settings.rp_id
+    ]
+    for _, where, step in _signing_steps(config, "required"):
         missing = [op for op in config.scope(step) if op.id not in holders]
         if missing:
             out.append(
@@ -107,14 +103,6 @@ def passkeys_findings(config: Config, by_rp: dict[str, int], holders: set[int]) 
                 " approver credential: they cannot approve"
             )
     return out
-
-
-def _required_steps(config: Config) -> Iterator[tuple[str, StepConfig]]:
-    """``(YAML path, step)`` of every step with ``approver_signature: required``."""
-    for i, pipe in enumerate(config.pipelines):
-        for j, step in enumerate(pipe.steps):
-            if getattr(step, "approver_signature", "off") == "required":
-                yield f"pipelines[{i}].steps[{j}]", step
 
 
 REQUIRED = "(approver_signature: required)"
@@ -128,7 +116,7 @@ def signers_findings(config: Config, holders: set[int], now_ms: int) -> list[str
     by_id = {op.id: op for op in config.relay.operators}
     out: list[str] = []
     deciders: list[tuple[str, set[int]]] = []  # (a signing step's YAML path, who may decide)
-    for where, step in _required_steps(config):
+    for _, where, step in _signing_steps(config, "required"):
         widened = {op.id for op in config.scope(step)}
         for k, level in enumerate(step.escalate):
             added = [by_id[o] for o in level.to if o not in widened and o in by_id]

@@ -14,13 +14,13 @@ from pathlib import Path
 import aiohttp
 from yarl import URL
 
-from gate.daemon.relay_http import redact
+from gate.daemon.relay_http import redact, relay_session
 from gate.errors import GateError
 from gate.protocol.envelope import rfc3339_ms
 from gate.protocol.relay_answers import refusal_reason
 from gate.store import inspection
 from gate.store.audit_records import APPROVAL_TABLES, QUESTION_TABLES, undelivered_dispatches
-from gate.tools.doctor_check import Check, counted, skip, warn
+from gate.tools.doctor_check import Check, counted, warn
 
 # A system clock before this release's date is certainly wrong (e.g. a board without a
 # battery-backed clock that booted without NTP). Bump it with each release (CHANGELOG.md).
@@ -58,8 +58,6 @@ async def probe_relay(
 ) -> RelayProbe:
     """Send HEAD, then OPTIONS if HEAD got no HTTP answer, to ``url`` (redirects not
     followed, TLS verified as for dispatches). Any HTTP status counts as an answer."""
-    from gate.daemon.relay_http import relay_session
-
     error = "no answer"
     started = time.monotonic()
     async with relay_session(ca_file) as session:
@@ -102,21 +100,22 @@ def _date_s(value: str | None) -> float | None:
         return None
 
 
-def check_relay(url: str, probe: RelayProbe) -> Check:
-    """Reachable = any HTTP answer (401, 404, 405 included); 3xx warns (never followed)."""
+def check_relay(url: str, probe: RelayProbe, name: str = "relay") -> Check:
+    """Reachable = any HTTP answer (401, 404, 405 included); 3xx warns (never followed).
+    ``name``: the check's (``question relay`` for a separate question relay URL)."""
     where = safe_url(url)
     if probe.status is None:
-        return Check("relay", False, f"{where} unreachable: {probe.error}")
+        return Check(name, False, f"{where} unreachable: {probe.error}")
     detail = (
         f"{where} answered HTTP {probe.status} to {probe.method} in {probe.elapsed_s * 1000:.0f} ms"
     )
     if 300 <= probe.status < 400:
         return warn(
-            "relay",
+            name,
             detail + "; redirects are not followed, so a dispatch answered "
             "with a redirect is never acked",
         )
-    return Check("relay", True, detail)
+    return Check(name, True, detail)
 
 
 def check_clock(now_s: float, probe: RelayProbe | None, max_skew_s: float) -> Check:
@@ -186,55 +185,38 @@ def dispatch_hint(error: str | None) -> str:
     return _REASON_HINTS.get(reason or "") or _DISPATCH_HINTS.get(status, "")
 
 
-def check_dispatch(path: Path, now_ms: int | None = None) -> Check:
-    """Pending approvals whose dispatch the relay never acked: reachable is not enough if it
+# per kind of request: its dispatch check's name, its tables, the relay it goes to, and the
+# label of the check when there is no database yet
+_DISPATCHES = {
+    "approval": ("dispatch", APPROVAL_TABLES, "relay", "SKIP"),
+    "question": ("question dispatch", QUESTION_TABLES, "question relay", ""),
+}
+
+
+def check_dispatch(path: Path, kind: str = "approval", now_ms: int | None = None) -> Check:
+    """Pending requests of ``kind`` (approval, question) whose dispatch (a question's: its
+    current version) the relay of that kind never acked: reachable is not enough if it
     refuses what the gate sends (a different secret answers 401 to every dispatch, a clock
     off by minutes too: the relay's reason, when it gives one, tells them apart). With
     ``now_ms`` (unix ms), also the follow-up sends (notices, reminders, escalations)
-    given up in the 24 h before it: a WARN naming how many when nothing else fails."""
+    given up in the 24 h before it: a WARN naming how many when nothing else fails. A
+    database not created yet has none to check."""
+    name, tables, relay, level = _DISPATCHES[kind]
     if not path.exists():
-        return skip("dispatch", "no database yet")
+        return Check(name, True, "no database yet", level)
     try:
-        count, error = undelivered_dispatches(path, APPROVAL_TABLES)
+        count, error = undelivered_dispatches(path, tables)
         given_up = None if now_ms is None else followup_failures(path, now_ms)
     except GateError as exc:
-        return Check("dispatch", False, exc.message)
+        return Check(name, False, exc.message)
     if count == 0:
-        if given_up is not None:
-            return warn("dispatch", f"every pending approval's dispatch was acked; but {given_up}")
-        return Check("dispatch", True, "every pending approval's dispatch was acked")
-    return Check(
-        "dispatch",
-        False,
-        _undelivered(count, error, "approval", "relay")
-        + (f"; and {given_up}" if given_up is not None else ""),
-    )
-
-
-def check_question_dispatch(path: Path) -> Check:
-    """Pending questions whose current version the question relay never acked (attempted,
-    refused or unreachable), as ``check_dispatch`` for approvals; a database not created yet
-    has none to check."""
-    if not path.exists():
-        return Check("question dispatch", True, "no database yet")
-    try:
-        count, error = undelivered_dispatches(path, QUESTION_TABLES)
-    except GateError as exc:
-        return Check("question dispatch", False, exc.message)
-    if count == 0:
-        return Check("question dispatch", True, "every pending question's dispatch was acked")
-    return Check(
-        "question dispatch", False, _undelivered(count, error, "question", "question relay")
-    )
-
-
-def _undelivered(count: int, error: str | None, noun: str, relay: str) -> str:
-    """``COUNT pending NOUN(s) not delivered to the RELAY; latest error: ERROR (hint)``."""
+        acked = f"every pending {kind}'s dispatch was acked"
+        return warn(name, f"{acked}; but {given_up}") if given_up else Check(name, True, acked)
     hint = dispatch_hint(error)
-    nouns = noun if count == 1 else f"{noun}s"
-    return f"{count} pending {nouns} not delivered to the {relay}; latest error: {error}" + (
-        f" ({hint})" if hint else ""
-    )
+    nouns = kind if count == 1 else f"{kind}s"
+    detail = f"{count} pending {nouns} not delivered to the {relay}; latest error: {error}"
+    detail += (f" ({hint})" if hint else "") + (f"; and {given_up}" if given_up else "")
+    return Check(name, False, detail)
 
 
 def followup_failures(path: Path, now_ms: int) -> str | None:
@@ -246,11 +228,8 @@ def followup_failures(path: Path, now_ms: int) -> str | None:
     total = sum(counts.values())
     if total == 0:
         return None
-    names = {"notice": ("notice", "notices"), "reminder": ("reminder", "reminders")}
-    kinds = ", ".join(
-        counted(counts[kind], *names.get(kind, ("escalation", "escalations")))
-        for kind in sorted(counts)
-    )
+    # each kind (reminder, escalation, notice: the table allows no other) is its own noun
+    kinds = ", ".join(counted(counts[kind], kind, f"{kind}s") for kind in sorted(counts))
     return (
         f"{counted(total, 'follow-up send', 'follow-up sends')} given up in the last 24 h "
         f"({kinds}); latest error: {error}"

@@ -160,12 +160,6 @@ def issue(signer: keys.Signer, claims: Mapping[str, Any]) -> str:
     return token
 
 
-def _as_trusted(public_keys: Iterable[Ed25519PublicKey] | keys.PublicKeys) -> keys.PublicKeys:
-    if isinstance(public_keys, Mapping):
-        return public_keys
-    return keys.trusted(public_keys)
-
-
 def verify(
     token: str,
     public_keys: Iterable[Ed25519PublicKey] | keys.PublicKeys,
@@ -203,7 +197,8 @@ def verify(
     if "crit" in header or "b64" in header:
         raise PermitError("permit_malformed", "crit/b64 header parameters are not allowed")
     kid = header.get("kid")
-    key = _as_trusted(public_keys).get(kid) if isinstance(kid, str) else None
+    trusted = public_keys if isinstance(public_keys, Mapping) else keys.trusted(public_keys)
+    key = trusted.get(kid) if isinstance(kid, str) else None
     if key is None or not isinstance(kid, str):
         raise PermitError(
             "permit_unknown_key", f"signed by key {kid!r}, which is not a trusted public key"
@@ -239,11 +234,7 @@ def verify(
     return Permit(claims, dict(decoded["header"]), kid)
 
 
-def _duplicate_claim(name: str) -> str:
-    return f"duplicate claim {name!r}"
-
-
-_unique_claims = functools.partial(no_duplicate_keys, twice=_duplicate_claim)
+_unique_claims = functools.partial(no_duplicate_keys, twice="duplicate claim {!r}".format)
 
 
 def _claims(payload: bytes) -> dict[str, Any]:

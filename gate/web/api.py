@@ -6,7 +6,7 @@ from __future__ import annotations
 from aiohttp import web
 
 from gate.core.service import GateService
-from gate.errors import GateError
+from gate.errors import GateError, NotFound
 from gate.metrics import Metrics
 from gate.protocol.bearer import bearer_problem
 from gate.web.admin import add_admin_routes
@@ -35,12 +35,7 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
     settings = request.app[SETTINGS]
     admin = request.path.startswith(ADMIN_PREFIX)
     if admin and settings.admin_token is None:
-        raise GateError(
-            "not_found",
-            "no admin API: api.admin_token_env is not set",
-            status=404,
-            kind="not_found",
-        )
+        raise NotFound("not_found", "no admin API: api.admin_token_env is not set")
     expected = (settings.admin_token if admin else settings.token) or ""
     problem = bearer_problem(request.headers.get("Authorization", ""), expected)
     if problem == "token_missing":

@@ -76,41 +76,25 @@ async def _answer(request: web.Request, answer: Answer) -> web.Response:
 
 
 async def _counted(metrics: Metrics, decision: Decision | None, step: Awaitable[T]) -> T:
-    """``await step``; a refusal it raises is counted and logged (``_refused``; its
-    ``detail`` only once the decision is known), then raised on."""
+    """``await step``; a refusal it raises (a GateError, anything else as 500
+    ``internal_error``) is counted by its reason and logged at INFO as
+    ``event=decision_refused``, then raised on. Only an approval_id shaped like a ULID is
+    logged: a relay-chosen string never reaches a log line, so it cannot forge fields or
+    lines there; a ``detail`` (an approver_signature_invalid: revoked, wrong_operator, ...),
+    once the decision is known, is one of the gate's own words."""
     try:
         return await step
-    except GateError as exc:
-        detail = None if decision is None else exc.extra.get("detail")
-        _refused(metrics, exc.status, exc.code, decision, detail)
-        raise
-    except Exception:
-        _refused(metrics, 500, "internal_error", decision)
-        raise
-
-
-def _refused(
-    metrics: Metrics,
-    status: int,
-    reason: str,
-    decision: Decision | None,
-    detail: object = None,
-) -> None:
-    metrics.refused(reason)
-    # only an approval_id shaped like a ULID is logged: a relay-chosen string never reaches a
-    # log line, so it cannot forge fields or lines there; a ``detail`` (an
-    # approver_signature_invalid: revoked, wrong_operator, ...) is one of the gate's own words
-    tail = f" detail={detail}" if isinstance(detail, str) and DETAIL_RE.fullmatch(detail) else ""
-    if decision is not None and ULID_RE.fullmatch(decision.approval_id):
-        log.info(
-            "event=decision_refused status=%d reason=%s approval_id=%s%s",
-            status,
-            reason,
-            decision.approval_id,
-            tail,
+    except Exception as exc:
+        refusal = exc if isinstance(exc, GateError) else GateError("internal_error", status=500)
+        metrics.refused(refusal.code)
+        detail = None if decision is None else refusal.extra.get("detail")
+        tail = (
+            f" detail={detail}" if isinstance(detail, str) and DETAIL_RE.fullmatch(detail) else ""
         )
-    else:
-        log.info("event=decision_refused status=%d reason=%s%s", status, reason, tail)
+        if decision is not None and ULID_RE.fullmatch(decision.approval_id):
+            tail = f" approval_id={decision.approval_id}{tail}"
+        log.info("event=decision_refused status=%d reason=%s%s", refusal.status, refusal.code, tail)
+        raise
 
 
 async def _checked_decision(request: web.Request) -> Decision | Answer:

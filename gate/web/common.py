@@ -88,7 +88,7 @@ async def read_body(request: web.Request, limit: int, reason: str = "body_too_la
     client trickling bytes cannot hold a handler for long.
     """
     if request.content_length is not None and request.content_length > limit:
-        raise _too_large(reason, limit)
+        raise too_large(reason, limit)
     try:
         if request.content.is_eof():  # the whole body has arrived: nothing to wait for
             raw = await request.read()
@@ -104,26 +104,23 @@ async def read_body(request: web.Request, limit: int, reason: str = "body_too_la
                     "request_timeout",
                     f"the request body did not arrive within {timeout_s:g} s",
                     status=408,
-                    kind="invalid",
                 ) from None
     except web.HTTPRequestEntityTooLarge:
-        raise _too_large(reason, limit) from None
+        raise too_large(reason, limit) from None
     except ConnectionResetError:
         # the client hung up before its body was complete: nothing was read, nothing is
         # recorded, and nobody is left to answer; not an internal error
         raise GateError(
-            "client_disconnected",
-            "the client closed the connection mid-body",
-            status=400,
-            kind="invalid",
+            "client_disconnected", "the client closed the connection mid-body"
         ) from None
     if len(raw) > limit:
-        raise _too_large(reason, limit)
+        raise too_large(reason, limit)
     return raw
 
 
-def _too_large(reason: str, limit: int) -> GateError:
-    return GateError(reason, f"body is larger than {limit} bytes", status=413, kind="invalid")
+def too_large(reason: str, limit: int, what: str = "body") -> GateError:
+    """413 ``reason``: ``what`` (the body, or a part of it) is larger than ``limit`` bytes."""
+    return GateError(reason, f"{what} is larger than {limit} bytes", status=413)
 
 
 async def read_signed(

@@ -20,7 +20,7 @@ STATES = ("pending", "resolved", "all")
 
 def bad_query(name: str, message: str) -> GateError:
     """400 ``invalid_<name>`` with ``field`` = ``name``."""
-    return GateError(f"invalid_{name}", message, status=400, kind="invalid", extra={"field": name})
+    return GateError(f"invalid_{name}", message, extra={"field": name})
 
 
 def wait_seconds(query: Mapping[str, str]) -> float | None:
@@ -56,12 +56,10 @@ def list_query(query: Mapping[str, str], cursor_names: str) -> ListQuery:
     state = query.get("state", "all")
     if state not in STATES:
         raise bad_query("state", "state must be pending, resolved or all")
-    text = query.get("limit")
-    limit = DEFAULT_LIMIT if text is None else None
-    if text is not None and INTEGER_TEXT.fullmatch(text):
-        limit = int(text)
-    if limit is None:
+    text = query.get("limit", str(DEFAULT_LIMIT))
+    if not INTEGER_TEXT.fullmatch(text):
         raise bad_query("limit", "limit must be an integer")
+    limit = int(text)
     if not 1 <= limit <= MAX_LIMIT:
         raise bad_query("limit", f"limit must be between 1 and {MAX_LIMIT}")
     cursor = query.get("cursor") or None

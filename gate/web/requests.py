@@ -15,9 +15,8 @@ from aiohttp import web
 from gate.core.approvals.create import parse_create
 from gate.core.requests.fields import check_idempotency_key
 from gate.core.service import GateService
-from gate.errors import GateError
 from gate.protocol.envelope import decode_text_json
-from gate.web.common import read_body
+from gate.web.common import read_body, too_large
 from gate.web.keys import METRICS, SERVICE, SETTINGS, ApiSettings
 from gate.web.queries import list_query, wait_seconds
 
@@ -51,12 +50,7 @@ async def _create_approval(
     ``max_draft_bytes``), check the Idempotency-Key, then ``Approvals.create``."""
     req = parse_create(body)
     if req.draft_bytes() > settings.max_draft_bytes:
-        raise GateError(
-            "draft_too_large",
-            f"draft.body is larger than {settings.max_draft_bytes} bytes",
-            status=413,
-            kind="invalid",
-        )
+        raise too_large("draft_too_large", settings.max_draft_bytes, "draft.body")
     return await service.approvals.create(req, check_idempotency_key(key))
 
 

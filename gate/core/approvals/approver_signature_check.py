@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from gate.config import Config
 from gate.config.webauthn import WebAuthnSettings
-from gate.errors import GateError
+from gate.core.approvals.rules import forbidden
 from gate.model import Approval, Credential
 from gate.protocol.approver_signature import (
     ApproverAssertion,
@@ -78,16 +78,6 @@ def step_mode(config: Config, approval: Approval) -> str:
     return "off" if found is None else found[1].approver_signature
 
 
-def required_refusal() -> GateError:
-    """403 ``forbidden`` / ``approver_signature_required``."""
-    return GateError(
-        "approver_signature_required",
-        "this step requires the approver's own signature (approver_assertion)",
-        status=403,
-        kind="forbidden",
-    )
-
-
 def check_approver_signature(
     tx: WriteTx,
     config: Config,
@@ -119,7 +109,8 @@ def check_approver_signature(
     assertion = parse_approver_assertion(decision.approver_assertion)
     if assertion is None:
         if mode == "required":
-            raise required_refusal()
+            message = "this step requires the approver's own signature (approver_assertion)"
+            raise forbidden("approver_signature_required", message)
         return None
     credential_id = assertion.credential_id_b64
     credential = tx.credentials.load(credential_id)

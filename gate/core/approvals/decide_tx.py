@@ -14,8 +14,8 @@ from gate.core.approvals.delegation import check_decider
 from gate.core.approvals.resolve_tx import Resolution, resolve
 from gate.core.commands import Transaction
 from gate.core.requests.lifecycle_tx import new_nonce, said_by
-from gate.errors import Conflict, GateError
-from gate.model import Approval, DecisionRow, Resolvable, Revision
+from gate.errors import Conflict
+from gate.model import Approval, DecisionRow, Revision
 from gate.protocol.canonical import payload_hash
 from gate.protocol.envelope import Decision
 from gate.store import WriteTx
@@ -44,23 +44,15 @@ def decide(
     approval = tx.approvals.load(decision.approval_id, outbox=False, created_receipt=False)
     if approval is None:
         if tx.questions.load(decision.approval_id, outbox=False) is not None:
-            raise Conflict(
-                "wrong_kind",
-                "approve, skip and adjust are for approvals; a question takes decision answer",
-            )
-        raise GateError(
-            "unknown_approval",
-            "no approval with this approval_id",
-            status=404,
-            kind="unknown_approval",
-        )
+            message = "approve, skip and adjust are for approvals; a question takes decision answer"
+            raise Conflict("wrong_kind", message)
+        message = "no approval with this approval_id"
+        raise rules.refuse(404, "unknown_approval", "unknown_approval", message)
     nonce_revision = next(
         (r.revision for r in approval.revisions if r.nonce == decision.nonce), None
     )
     if nonce_revision is None:
-        raise rules.refuse(
-            403, "forbidden", "nonce_mismatch", "nonce does not belong to this approval"
-        )
+        raise rules.forbidden("nonce_mismatch", "nonce does not belong to this approval")
     rules.check_state(approval, nonce_revision, decision, now)
     rules.check_not_requester(approval, decision.approver_id)
     decider = check_decider(approval, decision.approver_id, t.config, now)
@@ -141,15 +133,7 @@ def _record(
             created_at=now,
             created_by=verdict.operator_id,
         )
-        tx.approvals.insert_revision(
-            approval.approval_id,
-            added.revision,
-            added.body,
-            added.payload_hash,
-            added.nonce,
-            added.created_at,
-            added.created_by,
-        )
+        tx.approvals.insert_revision(approval.approval_id, added)
         tx.approvals.set_version(approval.approval_id, new_revision)
         approval = dataclasses.replace(
             approval, revision=new_revision, revisions=approval.revisions + (added,)
@@ -163,13 +147,7 @@ def _record(
         approval.quorum_required, len(collected), approval.revision, [verdict.effect]
     )
     if outcome is not None:
-        target = Resolvable(
-            approval.approval_id,
-            approval.revision,
-            rules.current_revision(approval).payload_hash,
-            approval.quorum_required,
-        )
-        resolve(t, tx, target, outcome, now, collected, approval)
+        resolve(t, tx, rules.resolvable(approval), outcome, now, collected, approval)
     elif new_revision is not None:
         tx.outbox.queue(DISPATCHES, (approval.approval_id, new_revision), now)
     return outcome, new_revision

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from gate.config import Config
 from gate.config.followups import Delegation
-from gate.core.approvals.rules import check_approver, refuse
+from gate.core.approvals.rules import check_approver, forbidden
 from gate.errors import GateError
 from gate.model import Approval
 
@@ -57,12 +57,8 @@ def check_decider(approval: Approval, identity: str, config: Config, now_ms: int
         and not approval.allow_self_approval
         and any(item.from_ == requester for item in held)
     ):
-        raise refuse(
-            403,
-            "forbidden",
-            "self_approval",
-            "a delegate of the operator who requested this approval may not decide it",
-        )
+        message = "a delegate of the operator who requested this approval may not decide it"
+        raise forbidden("self_approval", message)
     principals = {item.from_ for item in held}
     for op_id, _ in approval.scope:
         if op_id in principals:

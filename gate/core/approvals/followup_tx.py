@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from gate.audit.entries import EscalatedData
 from gate.core.approvals.followups import Plan, due
 from gate.core.commands import Transaction
+from gate.core.requests.lifecycle_tx import send_result
 from gate.store import WriteTx
 from gate.store.outbox import FOLLOWUPS
 
@@ -20,9 +21,10 @@ if TYPE_CHECKING:
 FOLLOWUP_BATCH = 500  # approvals whose due follow-ups one transaction handles
 
 
-def handle_due(t: Transactions, tx: WriteTx) -> list[tuple[str, tuple[int, ...], int]]:
-    """For up to ``FOLLOWUP_BATCH`` pending approvals whose ``next_followup_at`` is at or
-    before the gate's now (unix ms): every due escalation level in order (scope widened by
+@dataclass(frozen=True, slots=True)
+class Followups(Transaction[list[tuple[str, tuple[int, ...], int]]]):
+    """Handle, for up to ``FOLLOWUP_BATCH`` pending approvals whose ``next_followup_at`` is at
+    or before the gate's now (unix ms): every due escalation level in order (scope widened by
     the level's operators not yet in it, ``escalation_level`` + 1, an ``escalated`` audit
     entry, an ``escalation`` row in ``followup_outbox``), then at most one reminder
     (``reminders_sent`` becomes the count reached; its ``reminder`` row only when the current
@@ -30,71 +32,51 @@ def handle_due(t: Transactions, tx: WriteTx) -> list[tuple[str, tuple[int, ...],
     time. State and rows change in the caller's transaction, so a restart never queues a
     level or reminder twice nor skips a level (their primary keys would refuse a second).
     Returns ``(approval_id, levels applied, reminder queued or 0)`` per approval handled."""
-    done = []
-    now = t.clock.now_ms()
-    for approval_id in tx.approvals.due_followups(now, FOLLOWUP_BATCH):
-        state = tx.approvals.followup_state(approval_id)
-        if state is None:
-            continue
-        plan = Plan.from_json(state.followups)
-        sent, level = state.reminders_sent, state.escalation_level
-        expires_at = state.expires_at
-        found = due(plan, state.created_at, expires_at, sent, level, now)
-        scope: list[list[Any]] = [list(pair) for pair in json.loads(state.scope)]
-        revision = state.revision
-        for n in found.levels:
-            assert plan is not None  # levels come only from a plan
-            in_scope = {int(pair[0]) for pair in scope}
-            added = [op for op in plan.levels[n - 1][1] if op[0] not in in_scope]
-            scope.extend(list(op) for op in added)
-            entry = EscalatedData(n, [op[0] for op in added], [int(op[0]) for op in scope])
-            t.audit(tx, entry.kind, approval_id, now, entry.to_data())
-            tx.outbox.queue(FOLLOWUPS, (approval_id, "escalation", n, revision), now, expires_at)
-        queued = 0
-        if found.reminder and state.delivered:
-            reminder = (approval_id, "reminder", found.reminder, revision)
-            tx.outbox.queue(FOLLOWUPS, reminder, now, expires_at)
-            queued = found.reminder
-        tx.approvals.set_followup_state(
-            approval_id,
-            scope,
-            max(sent, found.reminder),
-            level + len(found.levels),
-            found.next_at,
-        )
-        done.append((approval_id, found.levels, queued))
-    return done
-
-
-def result(
-    t: Transactions,
-    tx: WriteTx,
-    key: tuple[str, str, int],
-    acked: bool,
-    error: str | None,
-    retry_at_ms: int | None,
-) -> str | None:
-    """Record one attempt of the follow-up send ``key`` = (approval_id, kind, n) at the
-    gate's now: delivered, retried at ``retry_at_ms``, or failed once that is
-    None (dropped unsent, ``error`` says why) or not before the row's ``give_up_at``.
-    Returns ``"delivered"``/``"retry"``/``"failed"``, None when nothing changed."""
-    attempt = tx.outbox.attempted(
-        FOLLOWUPS, key, t.clock.now_ms(), acked=acked, error=error, retry_at_ms=retry_at_ms
-    )
-    return None if attempt is None else attempt.state
-
-
-@dataclass(frozen=True, slots=True)
-class Followups(Transaction[list[tuple[str, tuple[int, ...], int]]]):
-    """Handle the due reminders and escalation levels (``handle_due``)."""
 
     def run(self, t: Transactions, tx: WriteTx) -> list[tuple[str, tuple[int, ...], int]]:
-        return handle_due(t, tx)
+        done = []
+        now = t.clock.now_ms()
+        for approval_id in tx.approvals.due_followups(now, FOLLOWUP_BATCH):
+            state = tx.approvals.followup_state(approval_id)
+            if state is None:
+                continue
+            plan = Plan.from_json(state.followups)
+            sent, level = state.reminders_sent, state.escalation_level
+            expires_at = state.expires_at
+            found = due(plan, state.created_at, expires_at, sent, level, now)
+            scope: list[list[Any]] = [list(pair) for pair in json.loads(state.scope)]
+            revision = state.revision
+            for n in found.levels:
+                assert plan is not None  # levels come only from a plan
+                in_scope = {int(pair[0]) for pair in scope}
+                added = [op for op in plan.levels[n - 1][1] if op[0] not in in_scope]
+                scope.extend(list(op) for op in added)
+                entry = EscalatedData(n, [op[0] for op in added], [int(op[0]) for op in scope])
+                t.audit(tx, entry.kind, approval_id, now, entry.to_data())
+                tx.outbox.queue(
+                    FOLLOWUPS, (approval_id, "escalation", n, revision), now, expires_at
+                )
+            queued = 0
+            if found.reminder and state.delivered:
+                reminder = (approval_id, "reminder", found.reminder, revision)
+                tx.outbox.queue(FOLLOWUPS, reminder, now, expires_at)
+                queued = found.reminder
+            tx.approvals.set_followup_state(
+                approval_id,
+                scope,
+                max(sent, found.reminder),
+                level + len(found.levels),
+                found.next_at,
+            )
+            done.append((approval_id, found.levels, queued))
+        return done
 
 
 @dataclass(frozen=True, slots=True)
 class FollowupResult(Transaction[str | None]):
-    """Record one attempt of a follow-up send (``result``)."""
+    """Record one attempt of the follow-up send ``key`` = (approval_id, kind, n)
+    (``send_result``). Returns ``"delivered"``/``"retry"``/``"failed"``, None when nothing
+    changed."""
 
     key: tuple[str, str, int]
     acked: bool
@@ -102,4 +84,4 @@ class FollowupResult(Transaction[str | None]):
     retry_at_ms: int | None
 
     def run(self, t: Transactions, tx: WriteTx) -> str | None:
-        return result(t, tx, self.key, self.acked, self.error, self.retry_at_ms)
+        return send_result(t, tx, FOLLOWUPS, self.key, self.acked, self.error, self.retry_at_ms)

@@ -12,11 +12,11 @@ from gate.core.approvals import policy_tx
 from gate.core.approvals.create import CreateRequest
 from gate.core.approvals.followups import Plan, next_followup_at
 from gate.core.approvals.resolve_tx import resolve
-from gate.core.approvals.rules import current_revision
+from gate.core.approvals.rules import resolvable
 from gate.core.requests.kind import Kind
 from gate.core.requests.lifecycle_tx import new_nonce
 from gate.core.views import approval_view
-from gate.model import Approval, Resolvable
+from gate.model import Approval, Resolvable, Revision
 from gate.store import WriteTx
 from gate.store.approvals import APPROVALS as TABLES
 from gate.store.outbox import DISPATCHES
@@ -90,7 +90,7 @@ def insert_approval(
         }
     )
     nonce = new_nonce()
-    tx.approvals.insert_revision(approval_id, 1, req.body, digest, nonce, now, None)
+    tx.approvals.insert_revision(approval_id, Revision(1, req.body, digest, nonce, now, None))
     decided = None  # a policy decides (no dispatch), or a person does
     if policy.verdict is not None or policy.remember_ms is not None:
         decided = policy_tx.verdict(tx, req, policy, digest, now, budget)
@@ -116,11 +116,6 @@ def insert_approval(
         policy_tx.apply(t, tx, approval_id, decided, nonce, digest, now)
 
 
-def _target(full: Approval) -> Resolvable:
-    current = current_revision(full)
-    return Resolvable(full.approval_id, full.revision, current.payload_hash, full.quorum_required)
-
-
 APPROVALS: Kind[Approval, Resolvable] = Kind(
     name="approval",
     tables=TABLES,
@@ -128,7 +123,7 @@ APPROVALS: Kind[Approval, Resolvable] = Kind(
     already_resolved="the approval is already resolved",
     logger="gate.core.service",
     insert=insert_approval,
-    target=_target,
+    target=resolvable,
     resolve=resolve,
     dispatches=DISPATCHES,
     dispatch_ack=DispatchAckData,

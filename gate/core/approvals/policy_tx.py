@@ -15,7 +15,8 @@ from gate.config.policy import HIGH_RISKS
 from gate.core.approvals import policy as rules
 from gate.core.approvals.create import CreateRequest
 from gate.core.approvals.resolve_tx import resolve
-from gate.model import DecisionRow, Resolvable
+from gate.core.approvals.rules import resolvable
+from gate.model import DecisionRow
 from gate.protocol.envelope import rfc3339
 from gate.store import WriteTx
 
@@ -137,6 +138,6 @@ def apply(
     t.audit(tx, entry.kind, approval_id, now, entry.to_data())
     approval = tx.approvals.load(approval_id, outbox=False, created_receipt=False)
     assert approval is not None
-    target = Resolvable(approval_id, 1, digest, approval.quorum_required)
     approved_by = (POLICY_OPERATOR,) if found.decide == "approve" else ()
+    target = resolvable(approval)  # revision 1, hashing to ``digest``
     resolve(t, tx, target, found.outcome, now, approved_by, approval, notice=False)

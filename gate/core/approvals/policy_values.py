@@ -32,7 +32,7 @@ class Unreadable:
 
 # a document not read: no condition of the rule looks at it
 UNREADABLE: Any = Unreadable()
-# what ``judge`` answers for a constraint that cannot be evaluated
+# what a check answers for a constraint that cannot be evaluated (``Check.answer``)
 UNKNOWN = None
 
 
@@ -154,16 +154,6 @@ def judge_parts(constraint: ArgumentConstraint, value: Any) -> list[Check]:
     if constraint.max is not None:
         out.append(_bound(value, constraint.max, "max", lower=False))
     return out
-
-
-def judge(constraint: ArgumentConstraint, value: Any) -> bool | None:
-    """Does ``value`` (a decoded JSON value) meet every part of ``constraint``
-    (``judge_parts``)? True, False, or ``UNKNOWN`` (None) when a part cannot be judged. Any
-    False wins over UNKNOWN."""
-    answers = [part.answer for part in judge_parts(constraint, value)]
-    if False in answers:
-        return False
-    return UNKNOWN if UNKNOWN in answers else True
 
 
 def json_equal(a: Any, b: Any) -> bool:

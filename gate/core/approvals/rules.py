@@ -9,7 +9,7 @@ from typing import Any
 
 from gate.config import Config
 from gate.errors import GateError
-from gate.model import Approval, Revision
+from gate.model import Approval, Resolvable, Revision
 from gate.protocol.envelope import Decision
 from gate.protocol.whitespace import identity_key, is_blank
 
@@ -19,6 +19,26 @@ __all__ = ["identity_key"]  # the one comparison form of identities (gate.protoc
 def refuse(status: int, kind: str, reason: str, message: str, **extra: Any) -> GateError:
     """Return a GateError for a refused decision with the SPEC §2 status/kind/reason."""
     return GateError(reason, message, status=status, kind=kind, extra=extra or None)
+
+
+def forbidden(reason: str, message: str) -> GateError:
+    """403 ``forbidden`` with the SPEC §2 ``reason`` (a check the decider or the envelope
+    fails) and ``message``."""
+    return refuse(403, "forbidden", reason, message)
+
+
+def resolved_refusal(noun: str, outcome: str | None) -> GateError:
+    """Check 8 for an approval (SPEC §2) or a question: 409 ``already_resolved`` naming its
+    ``outcome``; ``noun`` is ``approval`` or ``question``."""
+    message = f"the {noun} is resolved"
+    return refuse(409, "already_resolved", "already_resolved", message, outcome=outcome)
+
+
+def superseded(unit: str, nonce_version: int, current: int) -> GateError:
+    """Check 9 for an approval (SPEC §2) or a question: 409 ``superseded``, the nonce being
+    for ``unit`` (``revision``, ``version``) ``nonce_version``, not the ``current`` one."""
+    message = f"nonce is for {unit} {nonce_version}; the current {unit} is {current}"
+    return refuse(409, "superseded", "superseded", message)
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,29 +63,14 @@ def check_state(approval: Approval, nonce_revision: int, decision: Decision, now
     if approval.state == "resolved":
         if approval.outcome == "timeout":
             raise refuse(410, "expired", "expired", "the approval expired before this decision")
-        raise refuse(
-            409,
-            "already_resolved",
-            "already_resolved",
-            "the approval is resolved",
-            outcome=approval.outcome,
-        )
+        raise resolved_refusal("approval", approval.outcome)
     if now_ms >= approval.expires_at:
         raise refuse(410, "expired", "expired", "the approval is past its expires_at")
     if nonce_revision != approval.revision:
-        raise refuse(
-            409,
-            "superseded",
-            "superseded",
-            f"nonce is for revision {nonce_revision}; the current revision is {approval.revision}",
-        )
+        raise superseded("revision", nonce_revision, approval.revision)
     if decision.payload_hash != current_revision(approval).payload_hash:
-        raise refuse(
-            403,
-            "forbidden",
-            "payload_hash_mismatch",
-            "payload_hash does not match the current revision's hash",
-        )
+        message = "payload_hash does not match the current revision's hash"
+        raise forbidden("payload_hash_mismatch", message)
 
 
 def current_revision(approval: Approval) -> Revision:
@@ -75,6 +80,15 @@ def current_revision(approval: Approval) -> Revision:
     if found is None:
         raise LookupError(f"approval {approval.approval_id} has no current revision row")
     return found
+
+
+def resolvable(approval: Approval) -> Resolvable:
+    """What resolving ``approval`` needs (``gate.model.Resolvable``): its id, current revision
+    with that revision's ``payload_hash``, and ``quorum_required``."""
+    current = current_revision(approval)
+    return Resolvable(
+        approval.approval_id, current.revision, current.payload_hash, approval.quorum_required
+    )
 
 
 def check_not_requester(approval: Approval, identity: str) -> None:
@@ -87,11 +101,8 @@ def check_not_requester(approval: Approval, identity: str) -> None:
     if not requester or approval.allow_self_approval:
         return
     if identity_key(identity) == identity_key(requester):
-        raise refuse(
-            403,
-            "forbidden",
-            "self_approval",
-            "the operator who requested this approval may not decide it",
+        raise forbidden(
+            "self_approval", "the operator who requested this approval may not decide it"
         )
 
 
@@ -112,12 +123,7 @@ def operator_in_scope(scope: Iterable[tuple[int, str]], identity: str) -> int:
     for operator_id, scoped_identity in scope:
         if identity_key(scoped_identity) == key:
             return int(operator_id)
-    raise refuse(
-        403,
-        "forbidden",
-        "approver_not_allowed",
-        "approver is not an operator in scope for this step",
-    )
+    raise forbidden("approver_not_allowed", "approver is not an operator in scope for this step")
 
 
 def check_adjust_text(decision: Decision, max_input_length: int) -> None:
@@ -129,12 +135,14 @@ def check_adjust_text(decision: Decision, max_input_length: int) -> None:
     if text is None or is_blank(text):
         raise refuse(422, "invalid", "adjust_text_required", "adjust needs a non-blank adjust_text")
     if len(text) > max_input_length:
-        raise refuse(
-            422,
-            "invalid",
-            "adjust_text_too_long",
-            f"adjust_text is longer than {max_input_length} characters",
-        )
+        raise too_long("adjust_text", max_input_length)
+
+
+def too_long(field: str, limit: int) -> GateError:
+    """Check 12's bound: 422 ``invalid`` / ``<field>_too_long`` for a ``field`` (adjust_text,
+    reason) longer than ``limit`` characters."""
+    message = f"{field} is longer than {limit} characters"
+    return refuse(422, "invalid", f"{field}_too_long", message)
 
 
 def skip_reason_required(config: Config, pipeline: str, step: str) -> bool:
@@ -155,12 +163,7 @@ def check_reason(decision: Decision, max_input_length: int, required: bool) -> s
     if reason is not None and is_blank(reason):
         reason = None
     if reason is not None and len(reason) > max_input_length:
-        raise refuse(
-            422,
-            "invalid",
-            "reason_too_long",
-            f"reason is longer than {max_input_length} characters",
-        )
+        raise too_long("reason", max_input_length)
     if reason is None and required and decision.decision == "skip":
         raise refuse(
             422, "invalid", "reason_required", "this step needs a non-blank reason on a skip"

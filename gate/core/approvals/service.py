@@ -113,8 +113,6 @@ class Approvals(RequestService[Approval]):
         requester, policy = self.requester_policy(req, policy)
         policy = policy_tx.plan(self.config, req, policy)  # rules, remembered
         digest = payload_hash(req.body)
-        full: Approval
-        created_now: bool
         full, created_now = await self.store.transact(
             Create(APPROVALS, req, idempotency_key, requester, policy, req.request_hash(), digest)
         )
@@ -144,14 +142,8 @@ class Approvals(RequestService[Approval]):
     async def record_decision(self, decision: Decision) -> DecisionResult:
         """``decide`` that also returns what was resolved (for metrics), read in the same
         transaction: no second read of the approval. Raises as ``decide``."""
-        (
-            operator_id,
-            revision,
-            outcome,
-            new_revision,
-            resolution,
-            delegated,
-        ) = await self.store.transact(Decide(decision, self.webauthn()))
+        decided = await self.store.transact(Decide(decision, self.webauthn()))
+        operator_id, revision, outcome, new_revision, resolution, delegated = decided
         self.log.info(
             "event=decision approval_id=%s operator_id=%d decision=%s revision=%d payload_hash=%s"
             + ("" if delegated is None else f" on_behalf_of={int(delegated[0])}"),
@@ -181,7 +173,7 @@ class Approvals(RequestService[Approval]):
 
     async def followups_due(self) -> tuple[int, int]:
         """Apply the due escalation levels and queue the due reminders of pending approvals
-        (``followup_tx.handle_due``), in batches of 500 per transaction.
+        (``followup_tx.Followups``), in batches of 500 per transaction.
         Returns ``(levels applied, reminders queued)``; wakes the dispatcher when anything
         was queued."""
         levels = reminders = 0
@@ -211,9 +203,6 @@ class Approvals(RequestService[Approval]):
         retry_at_ms: int | None,
     ) -> str | None:
         """Record one attempt of the reminder, escalation or notice ``key`` = (approval_id,
-        kind, n) (``followup_tx.result``): ``retry_at_ms`` None drops it
+        kind, n) (``followup_tx.FollowupResult``): ``retry_at_ms`` None drops it
         unsent as failed. Returns ``"delivered"``, ``"retry"``, ``"failed"`` or None."""
-        result: str | None = await self.store.transact(
-            FollowupResult(key, acked, error, retry_at_ms)
-        )
-        return result
+        return await self.store.transact(FollowupResult(key, acked, error, retry_at_ms))

@@ -8,12 +8,18 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from gate.audit.question_entries import QuestionAnsweredData
-from gate.core.approvals.rules import operator_in_scope, refuse
+from gate.core.approvals.rules import (
+    forbidden,
+    operator_in_scope,
+    refuse,
+    resolved_refusal,
+    superseded,
+)
 from gate.core.commands import Transaction
-from gate.core.questions.kind import resolve_question, step_limits
+from gate.core.questions.kind import QUESTIONS, resolve_question, step_limits
 from gate.core.requests.lifecycle_tx import said_by
-from gate.errors import Conflict, GateError
-from gate.model import DueQuestion, Question, QuestionAnswer
+from gate.errors import Conflict
+from gate.model import Question, QuestionAnswer
 from gate.protocol.canonical import canonical_json
 from gate.protocol.question import Answer, QuestionSpec, check_value, value_hash
 from gate.protocol.whitespace import identity_key
@@ -37,13 +43,7 @@ def _check_resolved(question: Question, answer: Answer, now: int) -> None:
     ):
         raise refuse(410, "expired", "expired", "the question expired before this answer")
     if question.state == "resolved":
-        raise refuse(
-            409,
-            "already_resolved",
-            "already_resolved",
-            "the question is resolved",
-            outcome=question.outcome,
-        )
+        raise resolved_refusal("question", question.outcome)
 
 
 def _same_value(won: Any, sent: Any) -> bool:
@@ -65,29 +65,20 @@ def answer_question(t: Transactions, tx: WriteTx, answer: Answer) -> tuple[int, 
     question = tx.questions.load(answer.question_id, outbox=False)
     if question is None:
         if tx.approvals.load(answer.question_id, outbox=False, created_receipt=False) is not None:
-            raise wrong_kind("an answer names a question_id; this id is an approval's")
+            raise Conflict("wrong_kind", "an answer names a question_id; this id is an approval's")
         # check 6 on the callback listener: SPEC §2's status word is the reason, as
         # ``unknown_approval`` (the pipeline API's 404 stays ``not_found``)
         raise refuse(404, "unknown_question", "unknown_question", "no question with this id")
     nonce_version = next((v.version for v in question.versions if v.nonce == answer.nonce), None)
     if nonce_version is None:
-        raise refuse(403, "forbidden", "nonce_mismatch", "nonce does not belong to this question")
+        raise forbidden("nonce_mismatch", "nonce does not belong to this question")
     _check_resolved(question, answer, now)
     current = question.current
     if nonce_version != current.version:
-        raise refuse(
-            409,
-            "superseded",
-            "superseded",
-            f"nonce is for version {nonce_version}; the current version is {current.version}",
-        )
+        raise superseded("version", nonce_version, current.version)
     if answer.request_hash != current.request_hash:
-        raise refuse(
-            403,
-            "forbidden",
-            "request_hash_mismatch",
-            "request_hash does not match the current version's hash",
-        )
+        message = "request_hash does not match the current version's hash"
+        raise forbidden("request_hash_mismatch", message)
     operator_id = operator_in_scope(question.scope, answer.approver_id)  # check 11
     value = check_value(
         QuestionSpec.from_json(current.question),
@@ -110,15 +101,8 @@ def answer_question(t: Transactions, tx: WriteTx, answer: Answer) -> tuple[int, 
         operator_id, current.version, current.request_hash, answer.nonce, digest
     )
     t.audit(tx, answered.kind, question.question_id, now, answered.to_data())
-    target = DueQuestion(question.question_id, current.version, current.request_hash)
-    resolve_question(t, tx, target, "answered", now, digest)
+    resolve_question(t, tx, QUESTIONS.target(question), "answered", now, digest)
     return operator_id, current.version, question.pipeline
-
-
-def wrong_kind(message: str) -> GateError:
-    """409 ``wrong_kind``: an answer for an approval, or a decision for a question:
-    refused after check 5, nothing recorded."""
-    return Conflict("wrong_kind", message)
 
 
 @dataclass(frozen=True, slots=True)

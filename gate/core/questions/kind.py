@@ -34,12 +34,12 @@ if TYPE_CHECKING:
 @dataclass(frozen=True, slots=True)
 class QuestionPolicy:
     """What a question needs of its step, resolved at create time: the frozen ``scope``
-    (operator id, identity), ``timeout_s`` seconds, ``risk``, ``max_answer_chars``."""
+    (operator id, identity), ``timeout_s`` seconds and ``risk`` (its answer limits are read
+    from the config in force: ``step_limits``)."""
 
     scope: tuple[tuple[int, str], ...]
     timeout_s: float
     risk: str
-    max_answer_chars: int
 
 
 def step_limits(config: Config, question: Question) -> tuple[int, int]:

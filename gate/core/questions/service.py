@@ -56,8 +56,7 @@ class Questions(RequestService[Question]):
         )
         requester = self.requester(req.requested_by)
         scope = tuple((op.id, op.identity) for op in self.config.scope(step))
-        policy = QuestionPolicy(scope, step.timeout, step.risk, step.max_answer_chars)
-        full: Question
+        policy = QuestionPolicy(scope, step.timeout, step.risk)
         full, created = await self.store.transact(
             Create(QUESTIONS, req, idempotency_key, requester, policy, req.body_hash())
         )
@@ -112,14 +111,9 @@ class Questions(RequestService[Question]):
     ) -> str | None:
         """Record one attempt of a question's resolution notice (``retry_at_ms`` None drops
         it as failed). Returns ``"delivered"``, ``"retry"``, ``"failed"`` or None."""
-        result: str | None = await self.store.transact(
+        return await self.store.transact(
             QuestionNoticeResult(question_id, acked, error, retry_at_ms)
         )
-        return result
-
-    async def next_expiry(self) -> int | None:
-        """The earliest ``expires_at`` (unix ms) of a pending question, or None."""
-        return await self.store.reads.next_expiry(TABLES)
 
     async def pending(self) -> int:
         """How many questions are pending (the metrics gauge)."""

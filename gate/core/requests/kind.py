@@ -11,7 +11,6 @@ from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 from gate.store import WriteTx
 from gate.store.outbox import OutboxTable
-from gate.store.reads import Reads
 from gate.store.requests import RequestTables
 
 if TYPE_CHECKING:
@@ -54,8 +53,8 @@ class Kind(Generic[Full, Target]):
     kinds shared a lifecycle: filters on it keep working).
 
     ``tables`` are its tables in the store (``gate.store.requests.RequestTables``): the
-    reads and statements every kind shares serve it through them (``load``, ``seen``,
-    ``due``, ``fetch``, ``page`` below).
+    reads and statements every kind shares serve it through them (``Reads.fetch``,
+    ``Reads.page``; in a transaction ``WriteTx.requests(tables)``).
 
     In the writer's transaction (``tx``, whose statements are called on it, so any storage
     backend's serves): ``insert`` a new one (``t``, ``tx``, the columns every kind has, the
@@ -89,29 +88,6 @@ class Kind(Generic[Full, Target]):
     def id_field(self) -> str:
         """The column, view field and target attribute of its id."""
         return self.tables.id
-
-    def load(self, tx: WriteTx, request_id: str) -> Full | None:
-        """The request as seen inside ``tx``, or None."""
-        return tx.requests(self.tables).load(request_id)
-
-    def seen(self, tx: WriteTx, key: str) -> tuple[str, str] | None:
-        """``(id, body hash)`` of the request created with Idempotency-Key ``key``, or None."""
-        return tx.requests(self.tables).by_idempotency_key(key)
-
-    def due(self, tx: WriteTx, now: int, limit: int) -> list[Target]:
-        """What resolving each of up to ``limit`` pending requests past ``expires_at`` at
-        ``now`` needs, oldest deadline first."""
-        return tx.requests(self.tables).due(now, limit)
-
-    async def fetch(self, reads: Reads, request_id: str) -> Full | None:
-        """The request whole from the store's ``Reads``, or None."""
-        return await reads.fetch(self.tables, request_id)
-
-    async def page(
-        self, reads: Reads, state: str, pipeline: str | None, limit: int, after: str | None
-    ) -> list[Full]:
-        """Up to ``limit`` requests by id after ``after`` (``Reads.page``)."""
-        return await reads.page(self.tables, state, pipeline, limit, after)
 
     def __reduce__(self) -> tuple[Callable[[str], Kind[Any, Any]], tuple[str]]:
         # a command names its kind (``lifecycle_tx.Cancel``): it crosses to the writer

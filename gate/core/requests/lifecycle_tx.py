@@ -16,6 +16,7 @@ from gate.core.commands import Transaction
 from gate.core.requests.kind import Full, Kind, Stored
 from gate.errors import Conflict, NotFound
 from gate.store import WriteTx
+from gate.store.outbox import OutboxTable
 
 if TYPE_CHECKING:
     from gate.core.transactions import Transactions
@@ -92,7 +93,7 @@ def unknown(kind: Kind[Any, Any]) -> NotFound:
 def load(kind: Kind[Full, Any], tx: WriteTx, request_id: str) -> Full:
     """The request ``request_id`` as seen in this transaction; raises NotFound 404
     ``unknown_<kind>``."""
-    found = kind.load(tx, request_id)
+    found = tx.requests(kind.tables).load(request_id)
     if found is None:
         raise unknown(kind)
     return found
@@ -102,6 +103,26 @@ def check_pending(full: Stored, message: str) -> None:
     """Conflict 409 ``already_resolved`` (with its ``outcome``) for a resolved request."""
     if full.state == "resolved":
         raise Conflict("already_resolved", message, extra={"outcome": full.outcome})
+
+
+def send_result(
+    t: Transactions,
+    tx: WriteTx,
+    outbox: OutboxTable[Any],
+    key: tuple[Any, ...],
+    acked: bool,
+    error: str | None,
+    retry_at_ms: int | None,
+) -> str | None:
+    """Record one attempt at the gate's now of the send ``key`` of a table with a give-up
+    time (``OutboxStatements.attempted``): delivered, retried at ``retry_at_ms``, or failed
+    once that is None (dropped unsent, ``error`` says why) or not before the row's
+    ``give_up_at``. Returns ``"delivered"``/``"retry"``/``"failed"``, None when nothing
+    changed."""
+    attempt = tx.outbox.attempted(
+        outbox, key, t.clock.now_ms(), acked=acked, error=error, retry_at_ms=retry_at_ms
+    )
+    return None if attempt is None else attempt.state
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,7 +148,7 @@ class Create(Transaction[tuple[Full, bool]]):
     def run(self, t: Transactions, tx: WriteTx) -> tuple[Full, bool]:
         kind, key, requester, policy = self.kind, self.idempotency_key, self.requester, self.policy
         if key is not None:
-            seen = kind.seen(tx, key)
+            seen = tx.requests(kind.tables).by_idempotency_key(key)
             if seen is not None:
                 if seen[1] != self.body_hash:
                     raise Conflict(
@@ -189,7 +210,7 @@ class Expire(Transaction[list[str]]):
 
     def run(self, t: Transactions, tx: WriteTx) -> list[str]:
         kind, now = self.kind, t.clock.now_ms()
-        due = kind.due(tx, now, EXPIRE_BATCH)
+        due = tx.requests(kind.tables).due(now, EXPIRE_BATCH)
         for target in due:  # a timeout fires nothing: no permit, so no full load
             kind.resolve(t, tx, target, "timeout", now)
         return [str(getattr(target, kind.id_field)) for target in due]

@@ -115,7 +115,7 @@ class RequestService(Generic[Full]):
 
     async def get(self, request_id: str) -> dict[str, Any]:
         """Return the request's object; raises NotFound 404 ``unknown_<kind>``."""
-        full = await self.kind.fetch(self.store.reads, request_id)
+        full = await self.store.reads.fetch(self.kind.tables, request_id)
         if full is None:
             raise unknown(self.kind)
         return self.kind.view(full)
@@ -129,7 +129,7 @@ class RequestService(Generic[Full]):
         self, state: str, pipeline: str | None, limit: int, cursor: str | None
     ) -> dict[str, Any]:
         """Return ``{items, next_cursor}``; ``next_cursor`` is None on the last page."""
-        rows = await self.kind.page(self.store.reads, state, pipeline, limit + 1, cursor)
+        rows = await self.store.reads.page(self.kind.tables, state, pipeline, limit + 1, cursor)
         more = len(rows) > limit
         rows = rows[:limit]
         items = [self.kind.view(r) for r in rows]

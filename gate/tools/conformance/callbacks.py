@@ -1,6 +1,6 @@
 """The callbacks a relay sends ``hitl-gate verify``'s ephemeral gate (SPEC §6): recorded by an
 observer middleware, picked by the id they name, waited for after a dispatch (``Run``), and
-re-signed for the gate probes."""
+replayed or re-signed for the gate probes."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import asyncio
 import json
 import secrets as pysecrets
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 import aiohttp
@@ -18,15 +18,24 @@ from aiohttp.typedefs import Middleware
 
 from gate.core.service import GateService
 from gate.daemon.relay_http import SendResult, post_signed
-from gate.errors import GateError
 from gate.protocol import PROTOCOL, PROTOCOL_HEADER, SIGNATURE_HEADER, signing
 from gate.protocol.canonical import wire_json
-from gate.protocol.envelope import decode_json
-from gate.tools.conformance.checks import CheckResult, Observed, probe
+from gate.tools.conformance.checks import (
+    Awaited,
+    CheckResult,
+    Observed,
+    judge_ack,
+    judge_arrival,
+    judge_refusal,
+    not_run,
+    probe,
+)
+from gate.tools.conformance.ephemeral import ACK_TIMEOUT_S
 from gate.web.common import Handler
 
-Lookup = Callable[[str], list[Observed]]
-"""The callbacks that name an id (an approval's or a question's), in arrival order."""
+Refused = tuple[str, SendResult, str, str]
+"""A bad dispatch the relay must refuse: its check name, the relay's answer to it, what is
+wrong with it (``a bad signature``) and the id it was for."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,15 +71,60 @@ class Run:
             self.session, self.relay_url, body, self.secret, t, timeout_s, signature=signature
         )
 
+    async def exchange(
+        self,
+        awaited: Awaited,
+        request_id: str,
+        body: bytes,
+        bad: Sequence[Refused],
+        judge: Callable[[Observed], list[CheckResult]],
+        grace_s: float,
+    ) -> tuple[list[CheckResult], Observed | None]:
+        """Send ``body``, the dispatch of ``request_id``, to the relay and judge what follows,
+        in report order: the ack (check ``awaited.ack``), the callback's arrival
+        (``judge_arrival``) and, when it came, the callback itself (``judge``); then, after
+        ``grace_s`` more seconds, each of the ``bad`` dispatches sent before it refused with
+        no callback for it (``judge_refusal``). Returns the checks and the callback (None
+        when none came)."""
+        sent_at = time.time()
+        ack = await self.send(body, ACK_TIMEOUT_S)
+        checks = [replace(judge_ack(ack.status, ack.error, ack.elapsed_s), name=awaited.ack)]
+        found = await self.arrival(awaited.key, request_id, ack, grace_s)
+        acked = ack.error is None
+        checks += judge_arrival(awaited, found, acked, sent_at, self.timeout_s, self.callback)
+        if found is not None:
+            checks += judge(found)
+        # give a relay that wrongly forwarded the bad dispatches time to answer them too
+        await asyncio.sleep(grace_s)
+        answers = (ack, *(result for _, result, _, _ in bad))
+        answered = any(result.status is not None for result in answers)
+        for name, result, what, bad_id in bad:
+            seen = callbacks_for(self.seen, bad_id, awaited.key)
+            checks.append(judge_refusal(name, result.status, result.error, what, seen, answered))
+        return checks, found
+
     async def arrival(
-        self, lookup: Lookup, key: str, ack: SendResult, grace_s: float
+        self, key: str, request_id: str, ack: SendResult, grace_s: float
     ) -> Observed | None:
-        """The first callback naming ``key`` after its dispatch was answered ``ack``: waited
-        for up to ``timeout_s`` (a human may need it) when acked, ``grace_s`` when the relay
-        answered non-2xx (it may still have passed it on), not at all without an HTTP
-        answer."""
+        """The first callback naming ``request_id`` as ``key`` (``callbacks_for``) after its
+        dispatch was answered ``ack``: waited for up to ``timeout_s`` (a human may need it)
+        when acked, ``grace_s`` when the relay answered non-2xx (it may still have passed it
+        on), not at all without an HTTP answer. Woken by ``changed``; None when none came."""
         wait_s = self.timeout_s if ack.error is None else grace_s if ack.status is not None else 0.0
-        return await wait_for(lookup, self.changed, key, wait_s) if wait_s else None
+        deadline = time.monotonic() + wait_s
+        while wait_s:
+            found = callbacks_for(self.seen, request_id, key)
+            if found:
+                return found[0]
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None
+            self.changed.clear()
+            try:
+                await asyncio.wait_for(self.changed.wait(), timeout=left)
+            except TimeoutError:
+                return None
+        return None
 
 
 def observer(seen: list[Observed], changed: asyncio.Event, now: Callable[[], float]) -> Middleware:
@@ -92,15 +146,8 @@ def observer(seen: list[Observed], changed: asyncio.Event, now: Callable[[], flo
                 answer = json.loads(bytes(response.body))  # type: ignore[arg-type]
             except (ValueError, TypeError):
                 answer = None
-        seen.append(
-            Observed(
-                raw,
-                {k.lower(): v for k, v in request.headers.items()},
-                received,
-                response.status,
-                answer,
-            )
-        )
+        headers = {k.lower(): v for k, v in request.headers.items()}
+        seen.append(Observed(raw, headers, received, response.status, answer))
         changed.set()
         return response
 
@@ -110,70 +157,7 @@ def observer(seen: list[Observed], changed: asyncio.Event, now: Callable[[], flo
 def callbacks_for(seen: list[Observed], id_: str, key: str = "approval_id") -> list[Observed]:
     """The callbacks in ``seen`` whose body names ``id_`` as ``key`` (``approval_id``, or
     ``question_id`` for a question's answers)."""
-    out = []
-    for obs in seen:
-        try:
-            body = decode_json(obs.raw)
-        except Exception:  # noqa: BLE001 - any undecodable body simply is not this one's
-            continue
-        if isinstance(body, dict) and body.get(key) == id_:
-            out.append(obs)
-    return out
-
-
-async def wait_for(
-    lookup: Callable[[str], list[Observed]], changed: asyncio.Event, key: str, wait_s: float
-) -> Observed | None:
-    """The first of ``lookup(key)`` (callbacks naming an approval or question id), waiting up
-    to ``wait_s`` seconds for one (woken by ``changed``); None when none came."""
-    deadline = time.monotonic() + wait_s
-    while True:
-        found = lookup(key)
-        if found:
-            return found[0]
-        left = deadline - time.monotonic()
-        if left <= 0:
-            return None
-        changed.clear()
-        try:
-            await asyncio.wait_for(changed.wait(), timeout=left)
-        except TimeoutError:
-            return None
-
-
-def template_of(callback: Observed | None) -> dict[str, Any] | None:
-    """The body of a callback the gate accepted (200) as a JSON object: the template the
-    gate probes re-sign; None when there is none."""
-    if callback is None or callback.status != 200:
-        return None
-    try:
-        body = decode_json(callback.raw)
-    except GateError:
-        return None
-    return body if isinstance(body, dict) else None
-
-
-def replay_headers(callback: Observed) -> dict[str, str]:
-    """The headers of ``callback`` a replay of it keeps: its signature, protocol and
-    content type."""
-    kept = (SIGNATURE_HEADER.lower(), PROTOCOL_HEADER.lower(), "content-type")
-    return {k: v for k, v in callback.headers.items() if k in kept}
-
-
-def resign(
-    template: dict[str, Any], secret: str, changes: dict[str, Any], drop: tuple[str, ...] = ()
-) -> tuple[bytes, dict[str, str]]:
-    """``template`` (a callback the relay sent) without the ``drop`` keys, updated with
-    ``changes``, signed now with ``secret``: a gate probe's body and headers."""
-    body = {k: v for k, v in template.items() if k not in drop}
-    body.update(changes)
-    raw = wire_json(body)
-    headers = {
-        "Content-Type": "application/json",
-        PROTOCOL_HEADER: PROTOCOL,
-        SIGNATURE_HEADER: signing.sign(secret, int(time.time()), raw),
-    }
-    return raw, headers
+    return [obs for obs in seen if (obs.body() or {}).get(key) == id_]
 
 
 Probe = tuple[str, dict[str, Any], tuple[str, ...], int, tuple[str, ...]]
@@ -188,14 +172,47 @@ async def run_probes(
     secret: str,
     probes: Sequence[Probe],
 ) -> list[CheckResult]:
-    """Each of ``probes`` in order: ``template`` (an accepted callback) changed as it says,
-    re-signed with ``secret`` (``resign``) and POSTed to the gate at ``gate_url`` (``probe``:
-    it passes only when refused with its status and one of its reasons)."""
+    """Each of ``probes`` in order: ``template`` (an accepted callback) without the keys it
+    drops, updated with its changes, signed now with ``secret`` and POSTed to the gate at
+    ``gate_url`` (``probe``: it passes only when refused with its status and one of its
+    reasons)."""
     results = []
     for name, changes, drop, status, reasons in probes:
-        raw, headers = resign(template, secret, changes, drop)
+        raw = wire_json({**{k: v for k, v in template.items() if k not in drop}, **changes})
+        headers = {
+            "Content-Type": "application/json",
+            PROTOCOL_HEADER: PROTOCOL,
+            SIGNATURE_HEADER: signing.sign(secret, int(time.time()), raw),
+        }
         results.append(await probe(session, gate_url, raw, headers, name, status, reasons))
     return results
+
+
+async def probe_gate(
+    session: aiohttp.ClientSession,
+    gate_url: str,
+    secret: str,
+    callback: Observed | None,
+    awaited: Awaited,
+    names: Sequence[str],
+    replayed: tuple[str, ...],
+    aim: Callable[[dict[str, Any]], Awaitable[list[Probe]]],
+) -> list[CheckResult]:
+    """The gate-side checks ``names`` of the relay's ``callback`` (an ``awaited.noun``),
+    POSTed to the gate at ``gate_url``: the callback replayed as received (``names[0]``,
+    refused 409 with one of ``replayed``), then the probes ``aim`` builds from its body
+    (``run_probes``, re-signed with ``secret``). Without a callback the gate accepted, all
+    reported not run (fix the last of ``awaited.judged`` first)."""
+    template = callback.body() if callback is not None and callback.status == 200 else None
+    if callback is None or template is None:
+        why = f"no accepted {awaited.noun} to use as a template"
+        fix = f"make the relay's {awaited.noun} acceptable first ({awaited.judged[-1]})"
+        return [not_run(name, why, fix) for name in names]
+    # a replay keeps the callback's signature, protocol and content type
+    kept = (SIGNATURE_HEADER.lower(), PROTOCOL_HEADER.lower(), "content-type")
+    headers = {k: v for k, v in callback.headers.items() if k in kept}
+    replay = await probe(session, gate_url, callback.raw, headers, names[0], 409, replayed)
+    return [replay, *await run_probes(session, gate_url, template, secret, await aim(template))]
 
 
 def mutated(digest: str) -> str:

@@ -17,6 +17,14 @@ from gate.protocol.whitespace import identity_key
 from gate.relay.delivery import post
 
 ACK_LIMIT_S = 5.0
+ACK_FIX = (
+    "answer the dispatch POST with any 2xx at once (within 5 s) and show the draft to the "
+    "human afterwards; never hold the connection open for the human"
+)
+SIGNATURE_FORMAT = (
+    "X-Draftcat-Signature: t=<unix s>,v1=<hex HMAC-SHA256(secret, t + '.' + the exact body "
+    "bytes you send)>"
+)
 
 
 # the checks of the relay's decision, in report order (SPEC §6 relay side); reported as not
@@ -83,6 +91,15 @@ class Observed:
     status: int
     answer: Any
 
+    def body(self) -> dict[str, Any] | None:
+        """The request's body as a JSON object; None when it is not one (undecodable, or
+        another JSON value)."""
+        try:
+            body = decode_json(self.raw)
+        except GateError:
+            return None
+        return body if isinstance(body, dict) else None
+
 
 def judge_ack(status: int | None, error: str | None, elapsed_s: float) -> CheckResult:
     """Relay acked the real dispatch with 2xx within 5 s (SPEC §6)."""
@@ -98,13 +115,7 @@ def judge_ack(status: int | None, error: str | None, elapsed_s: float) -> CheckR
             "on this port and path, and does it accept POST?",
         )
     if status is None:
-        return failed(
-            name,
-            f"{what} (an ack must come within {ACK_LIMIT_S:g} s)",
-            "answer the dispatch POST with any 2xx at once (within 5 s) and show the "
-            "draft to the human afterwards; never hold the connection open for the "
-            "human",
-        )
+        return failed(name, f"{what} (an ack must come within {ACK_LIMIT_S:g} s)", ACK_FIX)
     reason = (refusal_reason(error) or (status, None))[1]
     if status in (400, 401, 403) and reason == "timestamp_out_of_window":
         return failed(
@@ -124,12 +135,7 @@ def judge_ack(status: int | None, error: str | None, elapsed_s: float) -> CheckR
             "exact raw body bytes received (never re-encoded JSON: 20.0 becomes 20), "
             "with the shared secret as UTF-8",
         )
-    return failed(
-        name,
-        f"{what} after {elapsed_s:.2f} s",
-        "answer the dispatch POST with any 2xx at once (within 5 s) and show the draft "
-        "to the human afterwards; never hold the connection open for the human",
-    )
+    return failed(name, f"{what} after {elapsed_s:.2f} s", ACK_FIX)
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,8 +143,9 @@ class Awaited:
     """The words for a callback awaited after a dispatch: the check ``name``, what arrives
     (``noun``: decision, answer), the note when the dispatch was not acked (``unacked``),
     what a relay must POST (``how``) and fix first without an ack (``fix_ack``), the note
-    when one came although not acked (``late``), and the checks of what arrived
-    (``judged``: reported not run when nothing did)."""
+    when one came although not acked (``late``), the checks of what arrived (``judged``:
+    reported not run when nothing did), the check of the dispatch's ack (``ack``) and the
+    body field naming the request's id (``key``: approval_id, question_id)."""
 
     name: str
     noun: str
@@ -147,6 +154,8 @@ class Awaited:
     fix_ack: str
     late: str
     judged: tuple[str, ...]
+    ack: str
+    key: str
 
 
 DECISION = Awaited(
@@ -157,6 +166,8 @@ DECISION = Awaited(
     "fix relay.ack first: the gate retries a dispatch that is not acked",
     " (although the dispatch was not acked)",
     DECISION_CHECKS,
+    "relay.ack",
+    "approval_id",
 )
 
 
@@ -232,62 +243,43 @@ def judge_signature(
     ``max_skew_s`` seconds of ``now_s`` (unix s, the gate's clock at receipt; check
     ``in_window``). SPEC §2 checks 1-3.
     """
-    results: list[CheckResult] = []
     header = decision.headers.get(SIGNATURE_HEADER.lower())
     try:
-        parsed: signing.SignatureHeader | None = signing.parse(header)
+        parsed = signing.parse(header)
     except GateError as exc:
-        parsed = None
+        return [
+            failed(signed, f"{exc.code}: {exc.message}", f"send {SIGNATURE_FORMAT}"),
+            not_run(in_window, "the signature header is unusable", f"fix {signed} first"),
+        ]
+    try:
+        signing.check_hmac(parsed, decision.raw, [secret])
+        results = [passed(signed, "HMAC over the received bytes matches")]
+    except GateError as exc:
+        fix = (
+            "either the secret differs from the gate's, or the bytes signed are not the bytes "
+            "sent (serialize the body once, then sign and send those same bytes): "
+            f"{SIGNATURE_FORMAT}"
+        )
+        results = [failed(signed, f"{exc.code}: {exc.message}", fix)]
+    # judged even when the HMAC does not match: the gate checks the window first (SPEC §2 #3)
+    off = parsed.t - decision.received_at
+    relation = (
+        f"{abs(off):.0f} s {'ahead of' if off > 0 else 'behind'} the gate's clock"
+        if round(off)
+        else "on time with the gate's clock"
+    )
+    try:
+        signing.check_window(parsed.t, now_s, max_skew_s)
+        results.append(passed(in_window, f"t is {relation}"))
+    except GateError:
         results.append(
             failed(
-                signed,
-                f"{exc.code}: {exc.message}",
-                "send X-Draftcat-Signature: t=<unix s>,v1=<hex HMAC-SHA256(secret, "
-                "t + '.' + the exact body bytes you send)>",
-            )
-        )
-        results.append(
-            not_run(
                 in_window,
-                "the signature header is unusable",
-                f"fix {signed} first",
+                f"t={parsed.t} is {relation} (more than {max_skew_s:g} s away)",
+                "sign with the current unix time in seconds (not ms), and keep "
+                "the relay's clock in sync",
             )
         )
-    if parsed is not None:
-        try:
-            signing.check_hmac(parsed, decision.raw, [secret])
-            results.append(passed(signed, "HMAC over the received bytes matches"))
-        except GateError as exc:
-            results.append(
-                failed(
-                    signed,
-                    f"{exc.code}: {exc.message}",
-                    "either the secret differs from the gate's, or the bytes "
-                    "signed are not the bytes sent (serialize the body once, then "
-                    "sign and send those same bytes): X-Draftcat-Signature: "
-                    "t=<unix s>,v1=<hex HMAC-SHA256(secret, t + '.' + the exact "
-                    "body bytes you send)>",
-                )
-            )
-        # judged even when the HMAC does not match: the gate checks the window first (SPEC §2 #3)
-        off = parsed.t - decision.received_at
-        relation = (
-            f"{abs(off):.0f} s {'ahead of' if off > 0 else 'behind'} the gate's clock"
-            if round(off)
-            else "on time with the gate's clock"
-        )
-        try:
-            signing.check_window(parsed.t, now_s, max_skew_s)
-            results.append(passed(in_window, f"t is {relation}"))
-        except GateError:
-            results.append(
-                failed(
-                    in_window,
-                    f"t={parsed.t} is {relation} (more than {max_skew_s:g} s away)",
-                    "sign with the current unix time in seconds (not ms), and keep "
-                    "the relay's clock in sync",
-                )
-            )
     return results
 
 

@@ -28,8 +28,14 @@ def ephemeral_config(
     """The ephemeral gate's config, validated as a config file would be (its database in
     ``directory``): one pipeline, one step the ``approver`` (operator 1) alone may decide,
     and an outsider (operator 2) allowed on the relay but out of the step's scope. With
-    ``questions``, also a question step (``add_question_step``). With
+    ``questions``, question support: ``relay.questions: true`` (questions go to RELAY_URL)
+    and a question step ``question`` that operator 1 (``--approver``) alone may answer. With
     ``signatures``, the step is ``approver_signature: required``."""
+    # both steps: the approver (operator 1) alone may decide, within the hour, at low risk
+    alone = {"approvers": [1], "timeout": "1h", "risk": "low"}
+    steps: list[dict[str, Any]] = [{"name": "verify", "quorum": 1, **alone}]
+    if signatures:
+        steps[0]["approver_signature"] = "required"
     config: dict[str, Any] = {
         "relay": {
             "url": relay_url,
@@ -51,41 +57,9 @@ def ephemeral_config(
         # a budget puts floats (20.0, 0.0) in the dispatch: a relay that verifies re-encoded
         # JSON (20.0 -> 20) instead of the raw bytes fails here, as it would in production
         "budget": {"unit": "EUR", "cap_today": 20.0},
-        "pipelines": [
-            {
-                "name": PIPELINE,
-                "budget_cap": 2.0,
-                "steps": [
-                    {
-                        "name": "verify",
-                        "quorum": 1,
-                        "approvers": [1],
-                        "timeout": "1h",
-                        "risk": "low",
-                    }
-                ],
-            }
-        ],
+        "pipelines": [{"name": PIPELINE, "budget_cap": 2.0, "steps": steps}],
     }
-    if signatures:
-        config["pipelines"][0]["steps"][0]["approver_signature"] = "required"
     if questions:
-        add_question_step(config)
+        config["relay"]["questions"] = True
+        steps.append({"name": QUESTION_STEP, "type": "question", **alone})
     return config_from_mapping(config, directory)
-
-
-def add_question_step(config: dict[str, Any]) -> None:
-    """Give the ephemeral gate's config mapping (``ephemeral_config``'s, before validation)
-    question support: ``relay.questions: true`` (questions go to RELAY_URL) and a question
-    step ``question`` in its one pipeline that operator 1 (``--approver``) alone may
-    answer."""
-    config["relay"]["questions"] = True
-    config["pipelines"][0]["steps"].append(
-        {
-            "name": QUESTION_STEP,
-            "type": "question",
-            "approvers": [1],
-            "timeout": "1h",
-            "risk": "low",
-        }
-    )

@@ -19,13 +19,6 @@ NOTICE_CHECKS = (
 )
 
 
-def notice_for(full: Approval) -> bytes:
-    """The wire bytes of the resolution notice of ``full``, an approval cancelled before it
-    was ever dispatched (the gate's own ``notice_envelope``: outcome ``cancelled``, nobody
-    decided, no reason). Raises ValueError when ``full`` is not resolved."""
-    return wire_json(notice_envelope(full))
-
-
 def judge_notice_ack(status: int | None, error: str | None, elapsed_s: float) -> CheckResult:
     """The relay acked a signed notice with 2xx within 5 s (docs/protocol.md "Notices")."""
     name = NOTICE_CHECKS[0]
@@ -76,16 +69,16 @@ async def check_notices(run: Run, full: Approval, grace_s: float) -> list[CheckR
     """Run ``NOTICE_CHECKS`` against the relay of ``run``; return them in that order.
 
     ``full`` is a fresh synthetic approval of the ephemeral gate, never dispatched: it is
-    cancelled, its notice (``build_notice``, outcome ``cancelled``) POSTed signed with the
-    shared secret (must be acked 2xx within 5 s), then the same bytes signed with another
-    secret (must be refused, non-2xx); after ``grace_s`` seconds no decision may have come
-    back for it (what reached the ephemeral gate's decision endpoint about it). Raises
-    GateError when the ephemeral gate cannot cancel it.
+    cancelled, its notice (the gate's own ``notice_envelope``, outcome ``cancelled``) POSTed
+    signed with the shared secret (must be acked 2xx within 5 s), then the same bytes signed
+    with another secret (must be refused, non-2xx); after ``grace_s`` seconds no decision may
+    have come back for it (what reached the ephemeral gate's decision endpoint about it).
+    Raises GateError when the ephemeral gate cannot cancel it.
     """
     await run.service.approvals.cancel(full.approval_id)
     cancelled = await run.service.store.reads.fetch(APPROVALS, full.approval_id)
     assert cancelled is not None
-    body = notice_for(cancelled)
+    body = wire_json(notice_envelope(cancelled))  # outcome cancelled, nobody decided, no reason
     ack = await run.send(body, ACK_LIMIT_S)
     bad = await run.send(body, ACK_LIMIT_S, forged=True)
     await asyncio.sleep(grace_s)  # time for a relay that took it for a request to answer

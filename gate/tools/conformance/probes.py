@@ -4,20 +4,16 @@ approver out of scope."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import aiohttp
 
 from gate.core.approvals.create import CreateRequest
 from gate.core.service import GateService
 from gate.model import Approval
 from gate.store.approvals import APPROVALS
-from gate.tools.conformance.callbacks import (
-    Probe,
-    mutated,
-    replay_headers,
-    run_probes,
-    template_of,
-)
-from gate.tools.conformance.checks import CheckResult, Observed, not_run, probe
+from gate.tools.conformance.callbacks import Probe, mutated, probe_gate
+from gate.tools.conformance.checks import DECISION, CheckResult, Observed
 from gate.tools.conformance.ephemeral import OUTSIDER, PIPELINE
 
 MISMATCH = ("payload_hash_mismatch",)
@@ -51,36 +47,18 @@ async def gate_side(
     an approver out of scope; each must be refused with its reason (SPEC §6). Without an
     accepted decision they are reported not run."""
     names = ("gate.replay_refused", "gate.mutated_hash_refused", "gate.out_of_scope_refused")
-    template = template_of(decision)
-    if decision is None or template is None:
-        checks.extend(
-            not_run(
-                name,
-                "no accepted decision to use as a template",
-                "make the relay's decision acceptable first (relay.decision_accepted)",
-            )
-            for name in names
-        )
-        return
-    checks.append(
-        await probe(
-            session,
-            local_url,
-            decision.raw,
-            replay_headers(decision),
-            names[0],
-            409,
-            ("already_resolved", "duplicate"),
-        )
-    )
-    target = await create_approval(service, "conformance-probe")
-    rev = target.revisions[0]
-    aimed = {"approval_id": target.approval_id, "nonce": rev.nonce}
-    approver_obj = dict(template.get("approver") or {})
-    approver_obj["id"] = OUTSIDER
-    out_of_scope = {**aimed, "payload_hash": rev.payload_hash, "approver": approver_obj}
-    probes: list[Probe] = [
-        (names[1], {**aimed, "payload_hash": mutated(rev.payload_hash)}, (), 403, MISMATCH),
-        (names[2], out_of_scope, (), 403, ("approver_not_allowed",)),
-    ]
-    checks.extend(await run_probes(session, local_url, template, secret, probes))
+
+    async def aim(template: dict[str, Any]) -> list[Probe]:
+        target = await create_approval(service, "conformance-probe")
+        rev = target.revisions[0]
+        aimed = {"approval_id": target.approval_id, "nonce": rev.nonce}
+        outsider = {**(template.get("approver") or {}), "id": OUTSIDER}
+        out_of_scope = {**aimed, "payload_hash": rev.payload_hash, "approver": outsider}
+        return [
+            (names[1], {**aimed, "payload_hash": mutated(rev.payload_hash)}, (), 403, MISMATCH),
+            (names[2], out_of_scope, (), 403, ("approver_not_allowed",)),
+        ]
+
+    replayed = ("already_resolved", "duplicate")
+    probed = await probe_gate(session, local_url, secret, decision, DECISION, names, replayed, aim)
+    checks.extend(probed)

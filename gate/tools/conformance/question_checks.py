@@ -8,7 +8,6 @@ from typing import Any
 from gate.errors import GateError
 from gate.model import Question
 from gate.protocol.canonical import wire_json
-from gate.protocol.envelope import decode_json
 from gate.protocol.question import QuestionSpec, check_value
 from gate.tools.conformance.checks import (
     Awaited,
@@ -44,6 +43,8 @@ ANSWER = Awaited(
     "fix question.ack first",
     "",
     ANSWER_CHECKS,
+    "question.ack",
+    "question_id",
 )
 
 
@@ -59,12 +60,7 @@ def judge_answer(
     the question (``check_value``, answer check 12), and accepted (200) by the gate."""
     names = ANSWER_CHECKS
     results = judge_signature(answer, secret, answer.received_at, max_skew_s, *names[:2])
-    try:
-        body = decode_json(answer.raw)
-    except GateError:
-        body = None
-    if not isinstance(body, dict):
-        body = {}
+    body = answer.body() or {}
     current = full.current
     echoes = (
         Echo(names[2], "nonce", current.nonce, "nonce is the dispatched one", NONCE_FIX),

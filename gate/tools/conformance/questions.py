@@ -1,16 +1,14 @@
 """``hitl-gate verify --questions``: the checks of a relay that declares question support
 (docs/protocol.md "Questions"), run after the SPEC §6 checks.
 
-The ephemeral gate gets one question step (``ephemeral.add_question_step``);
+The ephemeral gate gets one question step (``ephemeral.ephemeral_config``);
 ``check_questions`` asks the relay one synthetic single-choice question, judges its answer,
 then probes the gate's answer checks over real HTTP with re-signed copies of that answer.
 """
 
 from __future__ import annotations
 
-import asyncio
 import time
-from dataclasses import replace
 from typing import Any
 
 from gate.core.service import GateService
@@ -18,25 +16,8 @@ from gate.daemon.question_sender import question_envelope
 from gate.model import Question
 from gate.protocol.canonical import wire_json
 from gate.store.questions import QUESTIONS
-from gate.tools.conformance.callbacks import (
-    Lookup,
-    Probe,
-    Run,
-    callbacks_for,
-    mutated,
-    replay_headers,
-    run_probes,
-    template_of,
-)
-from gate.tools.conformance.checks import (
-    CheckResult,
-    Observed,
-    judge_ack,
-    judge_arrival,
-    judge_refusal,
-    not_run,
-    probe,
-)
+from gate.tools.conformance.callbacks import Probe, Run, mutated, probe_gate
+from gate.tools.conformance.checks import CheckResult, Observed
 from gate.tools.conformance.ephemeral import ACK_TIMEOUT_S, QUESTION_STEP
 from gate.tools.conformance.question_checks import ANSWER, judge_answer
 
@@ -85,41 +66,31 @@ async def _probes(run: Run, answer: Observed | None) -> list[CheckResult]:
     re-signed copies aimed at a second, pending question with a value of the wrong type, a
     mutated request_hash, and turned into an approve of an approval_id that is a question's
     id. Each must be refused with its reason."""
-    template = template_of(answer)
-    if answer is None or template is None:
+
+    async def aim(template: dict[str, Any]) -> list[Probe]:
+        target = await _ask(run.service, "conformance-question-probe")
+        current = target.current
+        aimed: dict[str, Any] = {"question_id": target.question_id, "nonce": current.nonce}
+        digest = current.request_hash
+        as_approval = {
+            "approval_id": target.question_id,
+            "nonce": current.nonce,
+            "decision": "approve",
+            "payload_hash": digest,
+        }
+        wrong_type = {**aimed, "request_hash": digest, "value": len(OPTIONS)}  # a number
+        # the hash and the kind probes first: if the gate wrongly took the wrong-typed value,
+        # the probe question would be answered and the later probes would say so as well
         return [
-            not_run(
-                name,
-                "no accepted answer to use as a template",
-                "make the relay's answer acceptable first (question.answer_accepted)",
-            )
-            for name in PROBES
+            (PROBES[2], {**aimed, "request_hash": mutated(digest)}, (), 403, HASH_MISMATCH),
+            (PROBES[3], as_approval, AS_APPROVAL_DROPS, 409, ("wrong_kind",)),
+            (PROBES[1], wrong_type, (), 422, ("invalid_value",)),
         ]
-    session, local_url = run.session, run.local_url
-    headers = replay_headers(answer)
-    replay = await probe(
-        session, local_url, answer.raw, headers, PROBES[0], 409, ("duplicate", "already_resolved")
-    )
-    target = await _ask(run.service, "conformance-question-probe")
-    current = target.current
-    aimed: dict[str, Any] = {"question_id": target.question_id, "nonce": current.nonce}
-    digest = current.request_hash
-    as_approval = {
-        "approval_id": target.question_id,
-        "nonce": current.nonce,
-        "decision": "approve",
-        "payload_hash": digest,
-    }
-    wrong_type = {**aimed, "request_hash": digest, "value": len(OPTIONS)}  # a number, no option
-    # the hash and the kind probes first: if the gate wrongly took the wrong-typed value,
-    # the probe question would be answered and the later probes would say so as well
-    probes: list[Probe] = [
-        (PROBES[2], {**aimed, "request_hash": mutated(digest)}, (), 403, HASH_MISMATCH),
-        (PROBES[3], as_approval, AS_APPROVAL_DROPS, 409, ("wrong_kind",)),
-        (PROBES[1], wrong_type, (), 422, ("invalid_value",)),
-    ]
-    hash_probe, kind_probe, type_probe = await run_probes(
-        session, local_url, template, run.secret, probes
+
+    in_run_order = (PROBES[0], PROBES[2], PROBES[3], PROBES[1])
+    replayed = ("duplicate", "already_resolved")
+    replay, hash_probe, kind_probe, type_probe = await probe_gate(
+        run.session, run.local_url, run.secret, answer, ANSWER, in_run_order, replayed, aim
     )
     return [replay, type_probe, hash_probe, kind_probe]
 
@@ -140,25 +111,13 @@ async def check_questions(run: Run, max_skew_s: float, grace_s: float) -> list[C
     forged_q = await _ask(run.service, "conformance-question-bad-signature")
     real = await _ask(run.service, "conformance-question")
     bad = await run.send(dispatch_body(forged_q, run.callback), ACK_TIMEOUT_S, forged=True)
-    body = dispatch_body(real, run.callback)
-    sent_at = time.time()
-    ack = await run.send(body, ACK_TIMEOUT_S)
-    checks = [replace(judge_ack(ack.status, ack.error, ack.elapsed_s), name="question.ack")]
-    lookup: Lookup = lambda key: callbacks_for(run.seen, key, "question_id")  # noqa: E731
-    answer = await run.arrival(lookup, real.question_id, ack, grace_s)
-    acked = ack.error is None
-    checks.extend(judge_arrival(ANSWER, answer, acked, sent_at, run.timeout_s, run.callback))
-    if answer is not None:
-        checks.extend(judge_answer(answer, run.secret, max_skew_s, real, run.approver))
-    await asyncio.sleep(grace_s)  # time for a relay that shows forged questions to answer one
-    refusal = judge_refusal(
-        "question.refuses_bad_signature",
-        bad.status,
-        bad.error,
-        "a bad signature",
-        lookup(forged_q.question_id),
-        bad.status is not None or ack.status is not None,
+    refused = ("question.refuses_bad_signature", bad, "a bad signature", forged_q.question_id)
+    checks, answer = await run.exchange(
+        ANSWER,
+        real.question_id,
+        dispatch_body(real, run.callback),
+        [refused],
+        lambda found: judge_answer(found, run.secret, max_skew_s, real, run.approver),
+        grace_s,
     )
-    checks.append(refusal)
-    checks.extend(await _probes(run, answer))
-    return checks
+    return checks + await _probes(run, answer)

@@ -4,7 +4,6 @@ probes of the gate (SPEC §6); the ephemeral gate is ``ephemeral``, the report `
 from __future__ import annotations
 
 import asyncio
-import logging
 import secrets as pysecrets
 import tempfile
 import time
@@ -20,29 +19,14 @@ from gate.daemon.approval_dispatch import dispatch_envelope
 from gate.model import Approval
 from gate.protocol import DECISIONS_PATH
 from gate.protocol.canonical import wire_json
-from gate.tools.conformance.callbacks import Lookup, Run, callbacks_for, observer
-from gate.tools.conformance.checks import (
-    DECISION,
-    CheckResult,
-    Observed,
-    judge_ack,
-    judge_arrival,
-    judge_decision,
-    judge_refusal,
-)
-from gate.tools.conformance.ephemeral import (
-    ACK_TIMEOUT_S,
-    GRACE_S,
-    MAX_SKEW_S,
-    ephemeral_config,
-)
+from gate.tools.conformance.callbacks import Refused, Run, observer
+from gate.tools.conformance.checks import DECISION, CheckResult, Observed, judge_decision
+from gate.tools.conformance.ephemeral import ACK_TIMEOUT_S, GRACE_S, MAX_SKEW_S, ephemeral_config
 from gate.tools.conformance.notices import check_notices
 from gate.tools.conformance.probes import create_approval, gate_side
 from gate.tools.conformance.questions import check_questions
 from gate.tools.conformance.report import Report
 from gate.tools.conformance.signatures import check_signatures, enrol_key
-
-log = logging.getLogger(__name__)
 
 STALE_BY_S = 3600
 
@@ -135,11 +119,7 @@ async def _report(run: Run, credential_id: str | None, notices: bool, questions:
     report = Report(run.callback)
     decision = await check_decisions(run, report.checks)
     if credential_id is not None:
-        report.checks.extend(
-            await check_signatures(
-                run.service, run.session, run.secret, run.local_url, decision, credential_id
-            )
-        )
+        report.checks.extend(await check_signatures(run, decision, credential_id))
     if notices:
         target = await create_approval(run.service, "conformance-notice")
         report.checks.extend(await check_notices(run, target, GRACE_S))
@@ -157,52 +137,28 @@ async def check_decisions(run: Run, checks: list[CheckResult]) -> Observed | Non
     now_s = int(time.time())
     bad_result = await run.send(_dispatch(run, bad_sig), ACK_TIMEOUT_S, now_s, forged=True)
     stale_result = await run.send(_dispatch(run, stale), ACK_TIMEOUT_S, now_s - STALE_BY_S)
-    body = _dispatch(run, real)
-    sent_at = time.time()
-    ack = await run.send(body, ACK_TIMEOUT_S)
-    checks.append(judge_ack(ack.status, ack.error, ack.elapsed_s))
-
-    revision = real.revisions[0]
-    lookup: Lookup = lambda key: callbacks_for(run.seen, key)  # noqa: E731
-    decision = await run.arrival(lookup, real.approval_id, ack, GRACE_S)
-    acked = ack.error is None
-    checks.extend(judge_arrival(DECISION, decision, acked, sent_at, run.timeout_s, run.callback))
-    if decision is not None:
-        checks.extend(
-            judge_decision(
-                decision,
-                run.secret,
-                decision.received_at,
-                MAX_SKEW_S,
-                revision.nonce,
-                revision.payload_hash,
-                run.approver,
-            )
-        )
-    # give a relay that wrongly forwarded the bad dispatches time to answer them too
-    await asyncio.sleep(GRACE_S)
-    answered = any(r.status is not None for r in (ack, bad_result, stale_result))
-    for name, result, what, approval in (
-        ("relay.refuses_bad_signature", bad_result, "a bad signature", bad_sig),
-        ("relay.refuses_stale_timestamp", stale_result, f"a timestamp {STALE_BY_S} s old", stale),
-    ):
-        checks.append(
-            judge_refusal(
-                name, result.status, result.error, what, lookup(approval.approval_id), answered
-            )
-        )
+    stale_by = f"a timestamp {STALE_BY_S} s old"
+    bad: list[Refused] = [
+        ("relay.refuses_bad_signature", bad_result, "a bad signature", bad_sig.approval_id),
+        ("relay.refuses_stale_timestamp", stale_result, stale_by, stale.approval_id),
+    ]
+    expected = (real.revisions[0].nonce, real.revisions[0].payload_hash, run.approver)
+    judged, decision = await run.exchange(
+        DECISION,
+        real.approval_id,
+        _dispatch(run, real),
+        bad,
+        lambda found: judge_decision(found, run.secret, found.received_at, MAX_SKEW_S, *expected),
+        GRACE_S,
+    )
+    checks.extend(judged)
     await gate_side(checks, run.service, run.session, run.secret, run.local_url, decision)
     return decision
 
 
 def _dispatch(run: Run, approval: Approval) -> bytes:
-    """The wire bytes of ``approval``'s dispatch to the relay (``dispatch_envelope``)."""
-    return wire_json(
-        dispatch_envelope(approval, 1, run.callback, approver_signature=_signing(approval))
-    )
-
-
-def _signing(approval: Approval) -> str:
-    """The dispatch's ``approver_signature``: as frozen on the approval (``off``
-    adds nothing, so that dispatch is byte-for-byte as before)."""
-    return approval.approver_signature or "off"
+    """The wire bytes of ``approval``'s dispatch to the relay (``dispatch_envelope``), its
+    ``approver_signature`` as frozen on the approval (``off`` adds nothing, so that dispatch
+    is byte-for-byte as before)."""
+    signing = approval.approver_signature or "off"
+    return wire_json(dispatch_envelope(approval, 1, run.callback, approver_signature=signing))

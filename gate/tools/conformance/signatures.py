@@ -12,13 +12,10 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
-import aiohttp
-
 from gate.core.service import GateService
 from gate.protocol.approver_signature import FIELD
-from gate.protocol.envelope import decode_json
 from gate.store.approvals import APPROVALS
-from gate.tools.conformance.callbacks import Probe, run_probes
+from gate.tools.conformance.callbacks import Probe, Run, run_probes
 from gate.tools.conformance.checks import CheckResult, Observed, failed, not_run, passed
 from gate.tools.conformance.probes import create_approval
 
@@ -46,32 +43,22 @@ async def enrol_key(service: GateService, operator_id: int, public_key_pem: str)
 
 
 async def check_signatures(
-    service: GateService,
-    session: aiohttp.ClientSession,
-    secret: str,
-    local_url: str,
-    decision: Observed | None,
-    credential_id: str,
+    run: Run, decision: Observed | None, credential_id: str
 ) -> list[CheckResult]:
-    """The checks, in ``SIGNATURE_CHECKS`` order: the relay's decision carried an
+    """The checks, in ``SIGNATURE_CHECKS`` order: the relay's ``decision`` carried an
     Ed25519 ``approver_assertion`` with the enrolled ``credential_id`` and was recorded with
-    it; then, posted by verify with the relay secret to a fresh pending approval, that
-    assertion as is (403 ``approver_signature_invalid``: it signs another decision), with a
-    ``batch`` listing only another digest (403 ``approver_signature_invalid``, not_in_batch)
-    and without it (403 ``approver_signature_required``). Without a decision, all not run."""
-    template: Any = None
-    if decision is not None:
-        try:
-            template = decode_json(decision.raw)
-        except Exception:  # noqa: BLE001 - judged as unsigned below
-            template = None
-    if not isinstance(template, dict):
+    it; then, posted by verify with the relay secret to a fresh pending approval of ``run``'s
+    ephemeral gate, that assertion as is (403 ``approver_signature_invalid``: it signs
+    another decision), with a ``batch`` listing only another digest (403
+    ``approver_signature_invalid``, not_in_batch) and without it (403
+    ``approver_signature_required``). Without a decision, all not run."""
+    template = decision.body() if decision is not None else None
+    if decision is None or template is None:
         return [
             not_run(name, "no decision arrived", "fix relay.decision_received first")
             for name in SIGNATURE_CHECKS
         ]
-    assert decision is not None
-    checks = [await _judge_signed(service, template, decision, credential_id)]
+    checks = [await _judge_signed(run.service, template, decision, credential_id)]
     sent = template.get(FIELD)
     if not checks[0].ok or not isinstance(sent, dict):
         checks.extend(
@@ -79,7 +66,7 @@ async def check_signatures(
             for name in SIGNATURE_CHECKS[1:]
         )
         return checks
-    target = await create_approval(service, "conformance-signature")
+    target = await create_approval(run.service, "conformance-signature")
     rev = target.revisions[0]
     moved = {
         "approval_id": target.approval_id,
@@ -92,7 +79,7 @@ async def check_signatures(
         (SIGNATURE_CHECKS[2], {**moved, FIELD: {**sent, "batch": [other]}}, (), 403, INVALID),
         (SIGNATURE_CHECKS[3], {**moved}, (FIELD,), 403, ("approver_signature_required",)),
     ]
-    return checks + await run_probes(session, local_url, template, secret, probes)
+    return checks + await run_probes(run.session, run.local_url, template, run.secret, probes)
 
 
 async def _judge_signed(
@@ -119,8 +106,7 @@ async def _judge_signed(
             SIGN_FIX + "; the digest takes the dispatch's approval_id, revision, "
             "callback.nonce and payload_hash and the texts exactly as sent",
         )
-    approval_id = template.get("approval_id")
-    full = await service.store.reads.fetch(APPROVALS, str(approval_id))
+    full = await service.store.reads.fetch(APPROVALS, str(template.get("approval_id")))
     recorded = [d.credential_id for d in full.decisions] if full is not None else []
     if credential_id not in recorded:
         return failed(name, "accepted, but recorded without its credential", "a gate bug")
