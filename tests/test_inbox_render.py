@@ -12,7 +12,6 @@ import pytest
 
 from gate.inbox.render import (
     diff_html,
-    draft_html,
     draft_view,
     first_line,
     hidden_count,
@@ -68,7 +67,7 @@ HOSTILE = [
 @pytest.mark.parametrize("body", HOSTILE)
 @pytest.mark.parametrize("content_type", ["text/plain", "text/markdown", "application/json", "x/y"])
 def test_draft_html_hostile_markup_is_escaped_text(body: str, content_type: str) -> None:
-    html = draft_html(body, content_type)
+    html = draft_view(body, content_type).html
     assert_inert(html)
     assert body in "".join(parse(html).text)
 

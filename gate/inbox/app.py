@@ -23,11 +23,9 @@ async def waiting(request: web.Request) -> web.Response:
     state = state_of(request)
     items = [i for i in await state.db.items(state.now_ms(), "pending") if may_decide(session, i)]
     seq = await current_seq(state)
-    seen = {
-        i.approval_id: await state.db.approvers_recorded(i.approval_id, i.revision) for i in items
-    }
-    mine = {}
+    seen, mine = {}, {}
     for i in items:
+        seen[i.approval_id] = await state.db.approvers_recorded(i.approval_id, i.revision)
         part = my_part(session.identity, i, await state.db.recorded_on(i.approval_id))
         if part is not None:
             mine[i.approval_id] = part
@@ -50,7 +48,11 @@ async def item(request: web.Request) -> web.Response:
     seq = await current_seq(state)
     recorded = await state.db.recorded_on(found.approval_id)
     seen = await state.db.approvers_recorded(found.approval_id, found.revision)
-    return pages.page_of(request, found, session, (state.now_ms(), seq), recorded, seen)
+    page = pages.question_page if found.kind == "question" else pages.item_page
+    return page(
+        request, item=found, session=session, now_ms=state.now_ms(), seq=seq, approved_by=seen,
+        recorded=recorded,
+    )  # fmt: skip
 
 
 async def recent(request: web.Request) -> web.Response:
@@ -66,12 +68,11 @@ async def decision(request: web.Request) -> web.Response:
     """GET ``/decisions/{n}``: one of the session's own decision records in words (404
     for another identity's or an unknown number)."""
     session = await require_session(request)
-    try:
-        number = int(request.match_info["n"])
-    except ValueError:
-        raise web.HTTPNotFound(text="no such decision", content_type="text/plain") from None
     state = state_of(request)
-    found = await state.db.decision(number)
+    try:
+        found = await state.db.decision(int(request.match_info["n"]))
+    except ValueError:
+        found = None
     if found is None or found.identity != session.identity:
         raise web.HTTPNotFound(text="no such decision", content_type="text/plain")
     item = await state.db.item(found.approval_id, state.now_ms())

@@ -12,15 +12,18 @@ import hmac
 import json
 import logging
 import secrets
+from collections.abc import Callable
+from functools import partial
 from html import escape
 from typing import Any
-from urllib.parse import parse_qsl, quote, urlsplit
+from urllib.parse import parse_qs, quote, urlsplit
 
 from aiohttp import web
 
 from gate.config.webauthn import origin_of
 from gate.inbox.model import Session
 from gate.inbox.state import state_of
+from gate.protocol.credentials import ServedCredential
 from gate.protocol.envelope import check_unicode
 from gate.protocol.errors import ProtocolError
 from gate.relay.inbound import read_whole
@@ -32,7 +35,10 @@ SECURE_COOKIE = "__Host-hitl_inbox"
 PRE_COOKIE = "hitl_inbox_pre"
 MAX_POST_BYTES = 512 * 1024
 CSRF_HEADER = "X-CSRF-Token"
+JSON = "application/json"
 SIGNED_OUT = ("signed_out", "You are signed out: sign in again.")
+ORIGIN_NOT_ALLOWED = "This form was not sent from the inbox's own pages."
+CSRF_MISMATCH = "This form is out of date: reload the page and try again."
 REVOKED = (
     "Your passkey is no longer enrolled at the gate, so your session ended: ask your"
     " administrator for a new invite."
@@ -57,14 +63,6 @@ def is_https(request: web.Request) -> bool:
 def cookie_name(request: web.Request) -> str:
     """``__Host-hitl_inbox`` under https, else ``hitl_inbox``."""
     return SECURE_COOKIE if is_https(request) else COOKIE
-
-
-def allowed_origins(request: web.Request) -> tuple[str, ...]:
-    """The inbox's own origins: its relying party's, or ``base_url``'s when it has none."""
-    state = state_of(request)
-    if state.party is not None:
-        return tuple(state.party.origins)
-    return (origin_of(state.config.base_url),)
 
 
 def set_cookie(
@@ -94,22 +92,18 @@ def drop_cookie(request: web.Request, response: web.StreamResponse, name: str) -
 
 
 async def start_session(
-    request: web.Request,
-    response: web.StreamResponse,
-    *,
-    identity: str,
-    operator_id: int,
-    credential_id: str,
+    request: web.Request, response: web.StreamResponse, credential: ServedCredential
 ) -> Session:
-    """Create a session row (only the token's hash) for ``identity`` and set its cookie on
-    ``response``; returns the Session (its fresh CSRF token included)."""
+    """Create a session row (only the token's hash) for the approver who signed in with
+    ``credential`` and set its cookie on ``response``; returns the Session (its fresh CSRF
+    token included)."""
     state = state_of(request)
     token = new_token()
     now = state.now_ms()
     session = Session(
-        identity=identity,
-        operator_id=operator_id,
-        credential_id=credential_id,
+        identity=credential.identity,
+        operator_id=credential.operator_id,
+        credential_id=credential.credential_id,
         csrf=new_token(),
         created_at=now,
         expires_at=now + int(state.config.session_ttl * 1000),
@@ -152,14 +146,14 @@ async def current_session(request: web.Request) -> Session | None:
     return session
 
 
-def _cross_site_page(url: str) -> web.Response:
-    body = (
+def _cross_site_page(url: str) -> bytes:
+    """The page a cross-site GET gets: a meta refresh (and a link) to ``url``."""
+    return (
         '<!doctype html><html lang="en"><head><meta charset="utf-8">'
         f'<meta http-equiv="refresh" content="0;url={escape(url)}">'
         "<title>hitl-gate inbox</title></head><body>"
         f'<p><a href="{escape(url)}">Continue to the inbox</a></p></body></html>'
-    )
-    return web.Response(text=body, content_type="text/html")
+    ).encode()
 
 
 async def require_session(request: web.Request) -> Session:
@@ -174,30 +168,33 @@ async def require_session(request: web.Request) -> Session:
         return session
     if request.method != "GET" or request.path == "/live":
         said = ("passkey_revoked", REVOKED) if request.get("inbox_revoked") else SIGNED_OUT
-        raise web.HTTPUnauthorized(text=_json(*said), content_type="application/json")
+        raise _refused(web.HTTPUnauthorized, *said)
     if request.headers.get("Sec-Fetch-Site") == "cross-site" and request.query.get("r") != "1":
-        page = _cross_site_page(request.path + "?r=1")
-        raise web.HTTPOk(body=page.body, content_type="text/html")
+        raise web.HTTPOk(body=_cross_site_page(request.path + "?r=1"), content_type="text/html")
     why = "&why=revoked" if request.get("inbox_revoked") else ""
     raise web.HTTPSeeOther("/signin?next=" + quote(request.path, safe="/") + why)
 
 
-def refusal(status: int, reason: str, message: str) -> web.Response:
-    """A refusal as JSON for ``inbox.js``: ``{"status":"refused","reason","message"}``."""
-    body = {"status": "refused", "reason": reason, "message": message}
-    return web.json_response(body, status=status)
+def refusal(status: int, reason: str, message: str, said: str = "refused") -> web.Response:
+    """A refusal as JSON for ``inbox.js`` (or a monitor): ``{"status":"refused","reason",
+    "message"}``; ``said`` is its ``status`` word (``unavailable`` for a 503 health check)."""
+    return web.Response(text=_json(reason, message, said), status=status, content_type=JSON)
 
 
-def _json(reason: str, message: str) -> str:
-    return json.dumps({"status": "refused", "reason": reason, "message": message})
+def _json(reason: str, message: str, said: str = "refused") -> str:
+    return json.dumps({"status": said, "reason": reason, "message": message})
 
 
-def _forbidden(reason: str, message: str) -> web.HTTPForbidden:
-    return web.HTTPForbidden(text=_json(reason, message), content_type="application/json")
+def _refused(error: Callable[..., web.HTTPError], reason: str, message: str) -> web.HTTPError:
+    """``error`` (401, 403, 400, 413) to raise, with ``refusal``'s JSON body."""
+    return error(text=_json(reason, message), content_type=JSON)
 
 
 def _origin_ok(request: web.Request) -> bool:
-    allowed = allowed_origins(request)
+    """True when the Origin (or, without one, the Referer's origin) is one of the inbox's
+    own: its relying party's origins, or ``base_url``'s when it has none."""
+    state = state_of(request)
+    allowed = state.party.origins if state.party else (origin_of(state.config.base_url),)
     origin = request.headers.get("Origin")
     if origin is not None:
         return origin in allowed
@@ -219,15 +216,12 @@ async def read_post(request: web.Request, session: Session | None) -> dict[str, 
     a lone surrogate is 400 ``invalid_<field>`` (``check_unicode``)."""
     raw = await read_whole(request, MAX_POST_BYTES)
     if raw is None:
-        raise web.HTTPRequestEntityTooLarge(
-            MAX_POST_BYTES,
-            request.content_length or MAX_POST_BYTES + 1,
-            text=_json("body_too_large", "The form is too large."),
-            content_type="application/json",
-        )
+        size = request.content_length or MAX_POST_BYTES + 1
+        too_large = partial(web.HTTPRequestEntityTooLarge, MAX_POST_BYTES, size)
+        raise _refused(too_large, "body_too_large", "The form is too large.")
     if not _origin_ok(request):
-        raise _forbidden("origin_not_allowed", "This form was not sent from the inbox's own pages.")
-    is_json = request.content_type == "application/json"
+        raise _refused(web.HTTPForbidden, "origin_not_allowed", ORIGIN_NOT_ALLOWED)
+    is_json = request.content_type == JSON
     fields: dict[str, Any]
     try:
         if is_json:
@@ -244,27 +238,16 @@ async def read_post(request: web.Request, session: Session | None) -> dict[str, 
         header = request.headers.get(CSRF_HEADER, "")
         ok = hmac.compare_digest(header.encode(), expected.encode())
     if not ok:
-        raise _forbidden(
-            "csrf_mismatch", "This form is out of date: reload the page and try again."
-        )
+        raise _refused(web.HTTPForbidden, "csrf_mismatch", CSRF_MISMATCH)
     try:  # a form's fields are UTF-8 decoded (never a surrogate); JSON may hold "\ud800"
         check_unicode(fields)
     except ProtocolError as exc:
-        raise web.HTTPBadRequest(
-            text=_json(exc.code, exc.message), content_type="application/json"
-        ) from None
+        raise _refused(web.HTTPBadRequest, exc.code, exc.message) from None
     return fields
 
 
 def _form_fields(text: str) -> dict[str, Any]:
     """A form-urlencoded body's fields: a name posted once -> its string, more than once ->
     the list of its strings in the order sent (a question's checkboxes)."""
-    fields: dict[str, Any] = {}
-    for name, value in parse_qsl(text, keep_blank_values=True):
-        if name not in fields:
-            fields[name] = value
-        elif isinstance(fields[name], list):
-            fields[name].append(value)
-        else:
-            fields[name] = [fields[name], value]
-    return fields
+    posted = parse_qs(text, keep_blank_values=True)
+    return {name: values[0] if len(values) == 1 else values for name, values in posted.items()}

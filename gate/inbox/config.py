@@ -30,9 +30,7 @@ from gate.config.values import (
     Duration,
     EnvName,
     HttpUrl,
-    TcpListen,
     check_tcp_addr,
-    parse_listen,
 )
 from gate.config.webauthn import is_domain, is_ip, origin_of
 from gate.config.yamlfile import read_mapping
@@ -185,9 +183,8 @@ def load_inbox(
         config = InboxConfig.model_validate(data, context={"base_dir": source.parent})
     except ValidationError as exc:
         return None, None, [pydantic_error(e, InboxConfig) for e in exc.errors(include_url=False)]
-    errors = check_inbox(config)
     secrets, secret_errors = _read_secrets(config, environ)
-    errors += secret_errors
+    errors = check_inbox(config) + secret_errors
     if errors or secrets is None:
         return None, None, errors
     return config, secrets, []
@@ -234,60 +231,47 @@ def _read_secrets(
 ) -> tuple[InboxSecrets | None, list[str]]:
     """The relay secrets named by ``gate.secret_env`` (and ``previous_secret_env``) and the
     metrics token (``metrics_token_env``): set, clean, at least 16 bytes (as the gate
-    requires of the same secret and of its API token); never a value."""
+    requires of the same secret and of its API token); then the SMTP login,
+    ``mail.username_env`` and ``mail.password_env`` (both or neither; no length asked),
+    read the same way. Never says a value."""
     credentials = environ.get(CREDENTIALS_DIRECTORY) or None
-    wanted = [("gate.secret_env", config.gate.secret_env)]
+    wanted = [("gate.secret_env", config.gate.secret_env, MIN_SECRET_BYTES)]
     if config.gate.previous_secret_env is not None:
-        wanted.append(("gate.previous_secret_env", config.gate.previous_secret_env))
+        wanted.append(
+            ("gate.previous_secret_env", config.gate.previous_secret_env, MIN_SECRET_BYTES)
+        )
     if config.metrics_token_env is not None:
-        wanted.append(("metrics_token_env", config.metrics_token_env))
+        wanted.append(("metrics_token_env", config.metrics_token_env, MIN_SECRET_BYTES))
+    login, unpaired = _mail_login(config)
     values: dict[str, str] = {}
     errors: list[str] = []
-    for where, name in wanted:
+    for where, name, min_bytes in wanted + login:
         value, error = read_secret(where, name, environ, credentials)
         if error is not None:
             errors.append(error)
-        elif value is not None and len(value.encode("utf-8")) < MIN_SECRET_BYTES:
-            errors.append(f"{where}: {name} is shorter than {MIN_SECRET_BYTES} bytes")
+        elif value is not None and len(value.encode("utf-8")) < min_bytes:
+            errors.append(f"{where}: {name} is shorter than {min_bytes} bytes")
         elif value is not None:
             values[where] = value
-    login, mail_errors = _read_mail_login(config, environ, credentials)
-    errors += mail_errors
+    errors += unpaired
     if errors:
         return None, errors
     token = values.pop("metrics_token_env", None)
-    return InboxSecrets(tuple(values.values()), login, token), []
+    user, password = (values.pop(where, "") for where in ("mail.username_env", "mail.password_env"))
+    mail_login = (user, password) if login else None
+    return InboxSecrets(tuple(values.values()), mail_login, token), []
 
 
-def _read_mail_login(
-    config: InboxConfig, environ: Mapping[str, str], credentials: str | None
-) -> tuple[tuple[str, str] | None, list[str]]:
-    """``mail.username_env`` and ``mail.password_env`` (both or neither), read as the relay
-    secret is; ``(None, [])`` without mail or a login. Never says a value."""
+def _mail_login(config: InboxConfig) -> tuple[list[tuple[str, str, int]], list[str]]:
+    """The SMTP login's ``(yaml path, variable, 0)`` to read: ``mail.username_env`` and
+    ``mail.password_env``, none without mail or a login, or an error when only one is set."""
     mail = config.mail
     if mail is None or (mail.username_env is None and mail.password_env is None):
-        return None, []
+        return [], []
     if mail.username_env is None or mail.password_env is None:
         missing = "mail.username_env" if mail.username_env is None else "mail.password_env"
-        return None, [f"{missing}: set both mail.username_env and mail.password_env, or neither"]
-    found: list[str] = []
-    errors: list[str] = []
-    for where, name in (
-        ("mail.username_env", mail.username_env),
-        ("mail.password_env", mail.password_env),
-    ):
-        value, error = read_secret(where, name, environ, credentials)
-        if error is not None:
-            errors.append(error)
-        elif value is not None:
-            found.append(value)
-    if errors:
-        return None, errors
-    return (found[0], found[1]), []
-
-
-def listen_address(config: InboxConfig) -> TcpListen:
-    """The parsed ``listen`` (validated host:port)."""
-    parsed = parse_listen(config.listen)
-    assert isinstance(parsed, TcpListen)  # check_tcp_addr
-    return parsed
+        return [], [f"{missing}: set both mail.username_env and mail.password_env, or neither"]
+    return [
+        ("mail.username_env", mail.username_env, 0),
+        ("mail.password_env", mail.password_env, 0),
+    ], []

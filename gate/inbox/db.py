@@ -18,7 +18,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, TypeVar
 
-from gate.inbox.followups import News, advance, first_seen, kept_of
+from gate.inbox.followups import FollowUps, News, advance, first_seen, kept_of
 from gate.inbox.items import CLOSED, NOTICE_STATES, Incoming, item_from, same_request
 from gate.inbox.model import Change, DecisionRecord, Item, Session
 from gate.inbox.schema import open_file
@@ -55,7 +55,7 @@ class InboxDb:
 
     async def _rows(self, sql: str, args: tuple[Any, ...]) -> list[sqlite3.Row]:
         """The rows one read of ``sql`` with ``args`` gives."""
-        return await self._run(_query, self._conn, sql, args)
+        return await self._run(lambda: self._conn.execute(sql, args).fetchall())
 
     async def _run(self, fn: Callable[..., T], *args: Any) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
@@ -104,12 +104,12 @@ class InboxDb:
 
     async def item(self, approval_id: str, now_ms: int) -> Item | None:
         """One item (expired at read time when past its ``expires_at``), or None."""
-        rows = await self._run(_select, self._conn, "WHERE approval_id = ?", (approval_id,))
+        rows = await self._rows("SELECT * FROM items WHERE approval_id = ?", (approval_id,))
         return _item(rows[0], now_ms) if rows else None
 
     async def items(self, now_ms: int, state: str | None = None) -> list[Item]:
         """Every item (or those in ``state`` as read at ``now_ms``), soonest expiry first."""
-        rows = await self._run(_select, self._conn, "ORDER BY expires_at, approval_id", ())
+        rows = await self._rows("SELECT * FROM items ORDER BY expires_at, approval_id", ())
         found = [_item(row, now_ms) for row in rows]
         return [i for i in found if state is None or i.state == state]
 
@@ -133,11 +133,11 @@ class InboxDb:
 
     # ------------------------------------------------------------------ decisions, sessions
 
-    async def add_decision(self, record: DecisionRecord) -> int:
+    async def add_decision(self, record: DecisionRecord, batch_id: str | None = None) -> int:
         """Keep a decision for an approver (before it is posted: ``status`` 0, ``answer``
-        {}; ``reason`` as posted, None without one) and return its row id
-        (``/decisions/<id>``)."""
-        return await self._run(self._tx, lambda c: _insert_decision(c, record, None))
+        {}; ``reason`` as posted, None without one), one item of bulk approval ``batch_id``
+        or alone (None), and return its row id (``/decisions/<id>``)."""
+        return await self._run(self._tx, lambda c: _insert_decision(c, record, batch_id))
 
     async def approvers_recorded(self, approval_id: str, revision: int) -> list[str]:
         """The distinct identities whose ``approve`` of ``revision`` the inbox posted and the
@@ -162,10 +162,6 @@ class InboxDb:
         )
         return [_decision(r) for r in rows]
 
-    async def add_batch_decision(self, record: DecisionRecord, batch_id: str) -> int:
-        """``add_decision`` for one item of bulk approval ``batch_id``."""
-        return await self._run(self._tx, lambda c: _insert_decision(c, record, batch_id))
-
     async def batch(self, batch_id: str) -> list[DecisionRecord]:
         """The decisions of bulk approval ``batch_id`` in the order posted (none: [])."""
         rows = await self._rows(
@@ -176,13 +172,9 @@ class InboxDb:
 
     async def set_decision_answer(self, number: int, status: int, answer: dict[str, Any]) -> None:
         """Record the gate's HTTP ``status`` and JSON ``answer`` on decision row ``number``."""
-        await self._run(
-            self._tx,
-            lambda c: c.execute(
-                "UPDATE decisions SET http_status = ?, answer = ? WHERE id = ?",
-                (status, json.dumps(answer, ensure_ascii=False), number),
-            ),
-        )
+        sql = "UPDATE decisions SET http_status = ?, answer = ? WHERE id = ?"
+        args = (status, json.dumps(answer, ensure_ascii=False), number)
+        await self._run(self._tx, lambda c: c.execute(sql, args))
 
     async def decision(self, number: int) -> DecisionRecord | None:
         """Decision row ``number``, or None."""
@@ -233,21 +225,11 @@ class InboxDb:
 
     async def end_sessions(self, now_ms: int, id_hash: str | None = None) -> int:
         """Delete the session ``id_hash`` (sign-out), or with None every expired one."""
-        args: tuple[Any, ...] = (id_hash,) if id_hash is not None else (now_ms,)
-        sql = (
-            "DELETE FROM sessions WHERE id_hash = ?"
-            if id_hash is not None
-            else "DELETE FROM sessions WHERE expires_at <= ?"
-        )
+        args: tuple[Any, ...] = (now_ms,)
+        sql = "DELETE FROM sessions WHERE expires_at <= ?"
+        if id_hash is not None:
+            sql, args = "DELETE FROM sessions WHERE id_hash = ?", (id_hash,)
         return await self._run(self._tx, lambda c: c.execute(sql, args).rowcount)
-
-
-def _query(conn: sqlite3.Connection, sql: str, args: tuple[Any, ...]) -> list[sqlite3.Row]:
-    return conn.execute(sql, args).fetchall()
-
-
-def _select(conn: sqlite3.Connection, where: str, args: tuple[Any, ...]) -> list[sqlite3.Row]:
-    return _query(conn, f"SELECT * FROM items {where}", args)  # noqa: S608 - fixed clauses
 
 
 def _insert_decision(conn: sqlite3.Connection, record: DecisionRecord, batch: str | None) -> int:
@@ -265,17 +247,9 @@ def _insert_decision(conn: sqlite3.Connection, record: DecisionRecord, batch: st
 
 
 def _decision(r: sqlite3.Row) -> DecisionRecord:
-    return DecisionRecord(
-        r["approval_id"],
-        r["revision"],
-        r["identity"],
-        r["decision"],
-        r["http_status"],
-        json.loads(r["answer"]),
-        r["decided_at"],
-        r["reason"],
-        r["sent"],
-    )
+    same = ("approval_id", "revision", "identity", "decision", "decided_at", "reason", "sent")
+    kept = {column: r[column] for column in same}
+    return DecisionRecord(**kept, status=r["http_status"], answer=json.loads(r["answer"]))
 
 
 def _health(conn: sqlite3.Connection, now_ms: int) -> tuple[int, int]:
@@ -298,67 +272,54 @@ def _receive(conn: sqlite3.Connection, new: Incoming, raw: str, at: int) -> tupl
         " WHERE approval_id = ?",
         (new.approval_id,),
     ).fetchone()
+    row = {**asdict(new), "dispatch": raw}
     if old is None:
         kept, news = first_seen(json.loads(raw))
         conn.execute(
             "INSERT INTO items (approval_id, kind, revision, nonce, payload_hash, dispatch,"
             " state, expires_at, received_at, updated_seq, reminder, escalation)"
-            " VALUES (?, ?, ?, ?, ?, ?, 'pending', ?, ?, ?, ?, ?)",
-            (
-                new.approval_id,
-                new.kind,
-                new.revision,
-                new.nonce,
-                new.payload_hash,
-                raw,
-                new.expires_at,
-                at,
-                _next_seq(conn),
-                kept.reminder,
-                kept.escalation,
-            ),
+            " VALUES (:approval_id, :kind, :revision, :nonce, :payload_hash, :dispatch,"
+            " 'pending', :expires_at, :at, :seq, :reminder, :escalation)",
+            {**row, "at": at, "seq": _next_seq(conn), **_followups(kept)},
         )
         return "new", news
     if new.revision < old["revision"]:
         return "stale", []
     before = json.loads(old["dispatch"])
     kept, news = advance(kept_of(dict(old), before), before, json.loads(raw))
-    followups = (kept.reminder, kept.escalation, json.dumps(list(kept.escalated_to)))
+    row |= _followups(kept)
     if new.nonce == old["nonce"]:
         if raw == old["dispatch"]:
             return "same", []
         if not same_request(before, json.loads(raw)):
             return "conflict", []
         conn.execute(
-            "UPDATE items SET dispatch = ?, expires_at = ?, reminder = ?, escalation = ?,"
-            " escalated_to = ? WHERE approval_id = ?",
-            (raw, new.expires_at, *followups, new.approval_id),
+            "UPDATE items SET dispatch = :dispatch, expires_at = :expires_at,"
+            " reminder = :reminder, escalation = :escalation, escalated_to = :escalated_to"
+            " WHERE approval_id = :approval_id",
+            row,
         )
         return "updated", news
-    previous = (
-        (before.get("question") or {}).get("text")
-        if new.kind == "question"
-        else (before.get("draft") or {}).get("body")
-    )
+    part, key = ("question", "text") if new.kind == "question" else ("draft", "body")
+    previous = (before.get(part) or {}).get(key)
     state = old["state"] if old["state"] in CLOSED else "pending"
     conn.execute(
-        "UPDATE items SET revision = ?, nonce = ?, payload_hash = ?, dispatch = ?,"
-        " previous_body = ?, state = ?, expires_at = ?, updated_seq = ?, reminder = ?,"
-        " escalation = ?, escalated_to = ? WHERE approval_id = ?",
-        (
-            new.revision,
-            new.nonce,
-            new.payload_hash,
-            raw,
-            previous,
-            state,
-            new.expires_at,
-            _next_seq(conn),
-            *followups,
-            new.approval_id,
-        ),
+        "UPDATE items SET revision = :revision, nonce = :nonce, payload_hash = :payload_hash,"
+        " dispatch = :dispatch, previous_body = :previous, state = :state,"
+        " expires_at = :expires_at, updated_seq = :seq, reminder = :reminder,"
+        " escalation = :escalation, escalated_to = :escalated_to WHERE approval_id = :approval_id",
+        {**row, "previous": previous, "state": state, "seq": _next_seq(conn)},
     )
     return "revision", []
+
+
+def _followups(kept: FollowUps) -> dict[str, Any]:
+    """The follow-up columns of ``kept``: reminder, escalation and escalated_to (JSON)."""
+    return {
+        "reminder": kept.reminder,
+        "escalation": kept.escalation,
+        "escalated_to": json.dumps(list(kept.escalated_to)),
+    }
 
 
 def _close(conn: sqlite3.Connection, approval_id: str, outcome: str) -> bool:

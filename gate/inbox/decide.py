@@ -225,10 +225,7 @@ async def send_recorded(
     Returns the row's number and the gate's ``(status, answer)``, None when the gate could
     not be reached (the row keeps status 0; logged as ``event=inbox_decision_unsent``, an
     answer's as ``event=inbox_answer_unsent``)."""
-    if batch_id is None:
-        number = await state.db.add_decision(record)
-    else:
-        number = await state.db.add_batch_decision(record, batch_id)
+    number = await state.db.add_decision(record, batch_id)
     try:
         answered = await send_to_gate(state, item, body, record.decision)
     except GateUnreachable:

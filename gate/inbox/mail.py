@@ -18,7 +18,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from email.message import EmailMessage
 from typing import Any
 
@@ -108,39 +108,20 @@ def mails_for(
     return mails
 
 
-def message_of(mail: Mail, sender: str) -> EmailMessage:
-    """The RFC 5322 message for ``mail`` from ``sender``."""
-    message = EmailMessage()
-    message["From"] = sender
-    message["To"] = mail.to
-    message["Subject"] = mail.subject
-    message["Auto-Submitted"] = "auto-generated"
-    message.set_content(mail.body)
-    return message
-
-
+@dataclass(eq=False)
 class Mailer:
     """The mail queue and its worker: ``tell`` queues (never blocks, never raises),
     ``run(stop)`` sends until ``stop`` is set. ``login`` is ``(username, password)`` or
-    None; ``now_ms`` the clock; ``retry_delays_s`` the waits before each retry;
-    ``on_result`` is told of each mail sent (True) or given up (False)."""
+    None (never shown by repr); ``on_result`` is told of each mail sent (True) or given up
+    (False)."""
 
-    def __init__(
-        self,
-        section: MailSection,
-        base_url: str,
-        login: tuple[str, str] | None = None,
-        now_ms: Callable[[], int] = lambda: int(time.time() * 1000),
-        retry_delays_s: tuple[float, ...] = RETRY_DELAYS_S,
-        on_result: Callable[[bool], None] = lambda sent: None,
-    ) -> None:
-        self.section = section
-        self.base_url = base_url
-        self._login = login
-        self.now_ms = now_ms
-        self.retry_delays_s = retry_delays_s
-        self.queue: asyncio.Queue[Mail] = asyncio.Queue(QUEUE_SIZE)
-        self.on_result = on_result
+    section: MailSection
+    base_url: str
+    login: tuple[str, str] | None = field(default=None, repr=False)
+    on_result: Callable[[bool], None] = lambda sent: None
+    queue: asyncio.Queue[Mail] = field(
+        init=False, default_factory=lambda: asyncio.Queue(QUEUE_SIZE)
+    )
 
     def tell(
         self, approval_id: str, dispatch: Mapping[str, Any], expires_at: int, news: News
@@ -150,7 +131,7 @@ class Mailer:
         mail is best effort)."""
         if news.kind not in self.section.on:
             return
-        now = self.now_ms()
+        now = int(time.time() * 1000)
         for mail in mails_for(
             self.section, self.base_url, approval_id, dispatch, expires_at, now, news
         ):
@@ -164,22 +145,29 @@ class Mailer:
                 )
 
     async def send(self, mail: Mail) -> None:
-        """Send one mail (raises ``aiosmtplib.SMTPException`` or OSError when it cannot)."""
+        """Send one mail as an RFC 5322 message from ``mail.from`` (raises
+        ``aiosmtplib.SMTPException`` or OSError when it cannot)."""
         section = self.section
+        message = EmailMessage()
+        message["From"] = section.sender
+        message["To"] = mail.to
+        message["Subject"] = mail.subject
+        message["Auto-Submitted"] = "auto-generated"
+        message.set_content(mail.body)
         await aiosmtplib.send(
-            message_of(mail, section.sender),
+            message,
             hostname=section.host,
             port=section.port,
             use_tls=section.security == "tls",
-            start_tls=True if section.security == "starttls" else False,
-            username=self._login[0] if self._login else None,
-            password=self._login[1] if self._login else None,
+            start_tls=section.security == "starttls",
+            username=self.login[0] if self.login else None,
+            password=self.login[1] if self.login else None,
             timeout=SEND_TIMEOUT_S,
         )
 
     async def run(self, stop: asyncio.Event) -> None:
         """Send queued mails until ``stop``; each is tried once and retried ``RETRIES``
-        times, waiting ``retry_delays_s`` between (``event=mail_failed`` each time,
+        times, waiting ``RETRY_DELAYS_S`` between (``event=mail_failed`` each time,
         ``event=mail_given_up`` at the end)."""
         stopping = asyncio.ensure_future(stop.wait())
         try:
@@ -213,7 +201,7 @@ class Mailer:
                 return
             if attempt == RETRIES or stop.is_set():
                 break
-            delay = self.retry_delays_s[min(attempt, len(self.retry_delays_s) - 1)]
+            delay = RETRY_DELAYS_S[min(attempt, len(RETRY_DELAYS_S) - 1)]
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), delay)
         log.warning(

@@ -9,8 +9,6 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 
 VERBS = ("approve", "skip", "adjust", "answer")
 CALLS = ("decision", "credentials")
-SIGNIN_RESULTS = ("ok", "failed")
-MAIL_RESULTS = ("sent", "failed")
 TEXT_FORMAT = "text/plain; version=0.0.4; charset=utf-8"  # what generate_latest writes
 # each counter: its name (hitl_inbox_<name>_total), help text, label and the label's values
 COUNTERS: dict[str, tuple[str, str, tuple[str, ...]]] = {
@@ -22,7 +20,7 @@ COUNTERS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "signins": (
         "Passkey sign-ins: ok, or failed (refused, rate limited).",
         "result",
-        SIGNIN_RESULTS,
+        ("ok", "failed"),
     ),
     "gate_errors": (
         "Calls to the gate that failed: no answer, a 5xx, or (credentials) a wrong answer.",
@@ -32,7 +30,7 @@ COUNTERS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "mails": (
         "Notification mails: sent, or failed (given up after the retries).",
         "result",
-        MAIL_RESULTS,
+        ("sent", "failed"),
     ),
 }
 
@@ -42,11 +40,10 @@ class InboxMetrics:
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
-        r = self.registry
         self.waiting = Gauge(
             "hitl_inbox_items_waiting",
             "Approvals and questions pending at the inbox (read at each scrape).",
-            registry=r,
+            registry=self.registry,
         )
         self.counters = {name: self._counter(name, *spec) for name, spec in COUNTERS.items()}
 

@@ -21,11 +21,6 @@ UNAUTHORIZED = {
 }
 
 
-def _unavailable(reason: str, message: str) -> web.Response:
-    body = {"status": "unavailable", "reason": reason, "message": message}
-    return web.json_response(body, status=503)
-
-
 async def healthz(request: web.Request) -> web.Response:
     """GET ``/healthz``: 200 ``{"status": "ok", "schema_version": N}`` when the database
     answers a read and the gate answered the credentials request within the last 5 s (asked
@@ -37,10 +32,10 @@ async def healthz(request: web.Request) -> web.Response:
         version, _ = await state.db.health(state.now_ms())
     except OSError as exc:
         log.warning('event=inbox_health_failed reason=database_unavailable why="%s"', exc)
-        return _unavailable("database_unavailable", str(exc))
+        return refusal(503, "database_unavailable", str(exc), "unavailable")
     failure = await state.credentials.reachability()
     if failure is not None:
-        return _unavailable(*failure)
+        return refusal(503, *failure, "unavailable")
     return web.json_response({"status": "ok", "schema_version": version})
 
 

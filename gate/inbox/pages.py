@@ -28,7 +28,7 @@ from gate.inbox.decided import final_text, my_part, on_behalf_of, sent_words, st
 from gate.inbox.followups import followup_words
 from gate.inbox.listing import decided_facts, requested_at, requested_by, row_facts, run_words
 from gate.inbox.model import DecisionRecord, Item, Session
-from gate.inbox.progress import collected
+from gate.inbox.progress import collected, shown
 from gate.inbox.render import MARK_OPEN, diff_html, draft_view, hidden_count, marked_text
 from gate.inbox.words import (
     answer_words,
@@ -38,7 +38,6 @@ from gate.inbox.words import (
     quorum,
     time_left,
 )
-from gate.protocol.display import code_point, is_hidden
 from gate.protocol.errors import ProtocolError
 
 STATIC = Path(__file__).resolve().parent / "static"
@@ -46,33 +45,16 @@ VERBS = (("approve", "Approve"), ("skip", "Skip"), ("adjust", "Send adjusted dra
 HIGH_RISKS = frozenset({"high", "critical"})
 
 
-def item_url(approval_id: str) -> str:
-    """``/items/<id>``: an item's page (the id percent-encoded)."""
-    return f"/items/{quote(approval_id, safe='')}"
-
-
-def decide_url(approval_id: str) -> str:
-    """``/items/<id>/decide``: where an item's decision forms post."""
-    return item_url(approval_id) + "/decide"
-
-
-def challenge_url(approval_id: str) -> str:
-    """``/items/<id>/challenge``: where ``inbox.js`` gets a decision's challenge."""
-    return item_url(approval_id) + "/challenge"
-
-
-def answer_url(approval_id: str) -> str:
-    """``/items/<id>/answer``: where a question's form posts."""
-    return item_url(approval_id) + "/answer"
+def item_url(approval_id: str, action: str = "") -> str:
+    """``/items/<id>``: an item's page (the id percent-encoded); with an ``action``,
+    ``/items/<id>/<action>``: ``decide`` (where its decision forms post), ``challenge``
+    (where ``inbox.js`` gets a decision's challenge), ``answer`` (where a question's form
+    posts)."""
+    return f"/items/{quote(approval_id, safe='')}" + (f"/{action}" if action else "")
 
 
 def _marked_line(value: object) -> Markup:
     return marked_text(str(value), keep="")
-
-
-def _shown(value: object) -> str:
-    """One-line plain text (a page title): hidden characters as ``U+XXXX`` text."""
-    return "".join(code_point(c) if is_hidden(c) else c for c in str(value))
 
 
 def setup_templates(app: web.Application) -> jinja2.Environment:
@@ -84,7 +66,7 @@ def setup_templates(app: web.Application) -> jinja2.Environment:
         loader=jinja2.PackageLoader("gate.inbox", "templates"),
         autoescape=True,
         undefined=jinja2.StrictUndefined,
-        filters={"marked": _marked_line, "shown": _shown},
+        filters={"marked": _marked_line, "shown": shown},
         default_helpers=False,
     )
     app.router.add_static("/static/", STATIC, name="static", append_version=False)
@@ -97,10 +79,6 @@ def _render(
 ) -> web.Response:
     base = {"session": None, "nav": "", "seq": 0}
     return aiohttp_jinja2.render_template(name, request, {**base, **context}, status=status)
-
-
-def _risk_class(risk: str) -> str:
-    return "high" if risk.lower() in HIGH_RISKS else "normal"
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,16 +110,17 @@ def _facts(item: Item, now_ms: int, viewer: str, approved_by: Sequence[str] = ()
         "item": item,
         "quorum": quorum(collected(item, approved_by), item.quorum_required),
         "approved_by": list(approved_by),
-        "left": time_left(item.expires_at, now_ms) if item.state == "pending" else item.state,
+        "left": time_left(item.expires_at, now_ms) if pending else item.state,
         "budget": budget(item.budget),
-        "risk_class": _risk_class(item.risk),
+        "risk_class": "high" if item.risk.lower() in HIGH_RISKS else "normal",
         "requested_by": requested_by(item),
     }
 
 
-def _asked(item: Item) -> dict[str, Any]:
-    """An item page's "Requested" (when, UTC) and "Run" (``listing.run_words``) facts."""
-    return {"requested": requested_at(item), "run": run_words(item)}
+def _asked(item: Item, session: Session, seq: int) -> dict[str, Any]:
+    """An item page's "Requested" (when, UTC) and "Run" (``listing.run_words``) facts, the
+    ``session`` and the live updates' ``seq``."""
+    return {"requested": requested_at(item), "run": run_words(item), "session": session, "seq": seq}
 
 
 def signin_page(
@@ -149,14 +128,13 @@ def signin_page(
     *,
     challenge: str,
     csrf: str,
-    action: str = "/signin",
     error: str | None = None,
     notice: str | None = None,
 ) -> web.Response:
     """The sign-in page: one "Sign in with your passkey" button whose form carries the
     WebAuthn ``challenge`` (base64url) and a pre-session ``csrf`` token; ``error`` in words
     (status 401); ``notice`` why the approver was signed out (status 200)."""
-    context = {"challenge": challenge, "csrf": csrf, "action": action, "error": error}
+    context = {"challenge": challenge, "csrf": csrf, "action": "/signin", "error": error}
     context["notice"] = notice
     return _render(request, "signin.html", context, status=401 if error else 200)
 
@@ -213,18 +191,19 @@ def item_page(
     (``render.draft_view``), and while pending the approve / skip (reason, required when the
     step says so) / adjust (textarea holding the current body) forms. ``challenges`` maps a verb
     to its base64url challenge; a verb without one gets ``data-challenge-url``
-    (``challenge_url``) instead. ``recorded`` (``db.recorded_on``) says whether the
+    (``item_url``'s ``challenge``) instead. ``recorded`` (``db.recorded_on``) says whether the
     approver's own decision already counts (then no forms, the page says so:
     ``decided.standing``) and, once an adjust resolved it, the final text and its diff from
     the draft asked (``decided.final_text``)."""
     challenges = challenges or {}
+    decide, ask = item_url(item.approval_id, "decide"), item_url(item.approval_id, "challenge")
     forms = [
         {
             "verb": verb,
             "label": label,
-            "action": decide_url(item.approval_id),
+            "action": decide,
             "challenge": challenges.get(verb, ""),
-            "challenge_url": None if verb in challenges else challenge_url(item.approval_id),
+            "challenge_url": None if verb in challenges else ask,
         }
         for verb, label in VERBS
     ]
@@ -234,7 +213,7 @@ def item_page(
     final = final_text(item, recorded)
     context = {
         **_facts(item, now_ms, session.identity, approved_by),
-        **_asked(item),
+        **_asked(item, session, seq),
         "mine": None if part is None else standing(part, item, count)[1],
         "final": None if final is None else draft_view(final, item.content_type),
         "final_diff": None if final is None else diff_html(item.body, final),
@@ -242,40 +221,14 @@ def item_page(
         "hidden": hidden_count(item.body),  # said under the adjust box (finding 11)
         "diff": diff,
         "forms": forms,
-        "session": session,
-        "seq": seq,
     }
     return _render(request, "item.html", context)
 
 
-def page_of(
-    request: web.Request,
-    item: Item,
-    session: Session,
-    when: tuple[int, int],
-    recorded: Sequence[DecisionRecord],
-    approved_by: Sequence[str],
-) -> web.Response:
-    """``item``'s own page: ``question_page`` for a question, else ``item_page``; ``when``
-    is (now ms, the live updates' seq)."""
-    now_ms, seq = when
-    if item.kind == "question":
-        return question_page(
-            request, item=item, session=session, now_ms=now_ms, seq=seq, recorded=recorded
-        )
-    return item_page(
-        request, item=item, session=session, now_ms=now_ms, seq=seq, approved_by=approved_by,
-        recorded=recorded,
-    )  # fmt: skip
-
-
 def _sent(submitted: Mapping[str, Any] | None) -> dict[str, list[str]]:
     """The posted fields as lists of strings (empty when nothing was posted)."""
-    out: dict[str, list[str]] = {}
-    for key, value in (submitted or {}).items():
-        values = value if isinstance(value, list) else [value]
-        out[str(key)] = [str(v) for v in values]
-    return out
+    listed = {k: v if isinstance(v, list) else [v] for k, v in (submitted or {}).items()}
+    return {str(key): [str(value) for value in values] for key, values in listed.items()}
 
 
 def question_page(
@@ -289,6 +242,7 @@ def question_page(
     status: int = 200,
     submitted: Mapping[str, Any] | None = None,
     recorded: Sequence[DecisionRecord] = (),
+    approved_by: Sequence[str] = (),
 ) -> web.Response:
     """A question from ``item.dispatch["question"]``: its text and reason
     (marked), then free text / choices / the form's fields with the schema's limits
@@ -296,7 +250,8 @@ def question_page(
     (an answer refused, in words) is shown above the form, answering ``status`` (422), with
     the values ``submitted`` (the posted fields, a string or a list of strings each) filled
     in again: typed texts, ticked boxes, the chosen option. The answers recorded through the
-    inbox (``recorded``) are shown in words, the approver's own as "Your answer"."""
+    inbox (``recorded``) are shown in words, the approver's own as "Your answer".
+    ``approved_by`` is taken as ``item_page`` takes it (a question shows no quorum)."""
     question: dict[str, Any] = item.dispatch.get("question") or {}
     text = marked_text(str(question.get("text", "")))
     reason = marked_text(str(question["reason"])) if question.get("reason") else None
@@ -310,8 +265,8 @@ def question_page(
     marked = sum(str(part).count(MARK_OPEN) for part in (text, reason or ""))
     marked += sum(_marked_line(o).count(MARK_OPEN) for o in options)
     context = {
-        **_facts(item, now_ms, session.identity),
-        **_asked(item),
+        **_facts(item, now_ms, session.identity, approved_by),
+        **_asked(item, session, seq),
         "text": text,
         "reason": reason,
         "response_type": question.get("response_type"),
@@ -320,9 +275,7 @@ def question_page(
         "schema_error": schema_error,
         "sent": _sent(submitted),
         "marked": marked,
-        "action": answer_url(item.approval_id),
-        "session": session,
-        "seq": seq,
+        "action": item_url(item.approval_id, "answer"),
         "error": error,
         "answers": [
             (r.identity, _said(sent_words(r, item))) for r in recorded if r.decision == "answer"
@@ -332,7 +285,8 @@ def question_page(
 
 
 def _said(words: str | None) -> Markup | None:
-    """What a decision sent, for a page: escaped, hidden characters marked, lines kept."""
+    """What a decision sent or the reason given, for a page: escaped, hidden characters
+    marked, lines kept."""
     return None if words is None else marked_text(words)
 
 
@@ -361,7 +315,7 @@ def recent_page(
             "url": item_url(d.approval_id),
             "when": datetime.fromtimestamp(d.decided_at / 1000, UTC).strftime("%Y-%m-%d %H:%M"),
             "words": answer_words(d.status, d.answer, d.decision)[1],
-            "reason": marked_text(d.reason) if d.reason is not None else None,
+            "reason": _said(d.reason),
             "sent": _said(sent_words(d, kept.get(d.approval_id))),
         }
         for d in sorted(decisions, key=lambda d: d.decided_at, reverse=True)
@@ -410,7 +364,7 @@ def message_page(
         "sentence": sentence,
         "item_url": item_url(record.approval_id),
         "session": session,
-        "reason": marked_text(record.reason) if record.reason is not None else None,
+        "reason": _said(record.reason),
         "named": _named(record, item),
         "behalf": on_behalf_of(record.identity, item) if item and kind in RECORDED else (),
     }

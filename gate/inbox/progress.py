@@ -12,8 +12,9 @@ from gate.inbox.words import quorum
 from gate.protocol.display import code_point, is_hidden
 
 
-def _shown(value: str) -> str:
-    return "".join(code_point(c) if is_hidden(c) else c for c in value)
+def shown(value: object) -> str:
+    """One-line plain text (a name, a page title): hidden characters as ``U+XXXX`` text."""
+    return "".join(code_point(c) if is_hidden(c) else c for c in str(value))
 
 
 def collected(item: Item, approved_by: Sequence[str] = ()) -> int:
@@ -43,5 +44,5 @@ def progress(item: Item, approved_by: Sequence[str] = ()) -> dict[str, Any]:
         "approval_id": item.approval_id,
         "revision": item.revision,
         "quorum": quorum(collected(item, approved_by), item.quorum_required),
-        "approved_by": [_shown(who) for who in approved_by],
+        "approved_by": [shown(who) for who in approved_by],
     }

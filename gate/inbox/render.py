@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from markdown_it import MarkdownIt
+from markdown_it.renderer import RendererHTML
 from markdown_it.token import Token
 from markdown_it.utils import EnvType, OptionsDict
 from markupsafe import Markup, escape
@@ -84,63 +85,43 @@ def _pre(text: str) -> Markup:
     return Markup('<pre class="draft-text">{}</pre>').format(marked_text(text))
 
 
-def _markdown() -> MarkdownIt:
-    md = MarkdownIt("commonmark", {"html": False, "linkify": False, "typographer": False})
-    rules = md.add_render_rule
-    rules("text", _text_rule)
-    rules("code_inline", _code_inline_rule)
-    rules("code_block", _block_rule)
-    rules("fence", _block_rule)
-    rules("link_open", _link_open_rule)
-    rules("link_close", _link_close_rule)
-    rules("image", _image_rule)
-    return md
+Tokens = Sequence[Token]
 
 
-def _text_rule(
-    self: Any, tokens: Sequence[Token], idx: int, opts: OptionsDict, env: EnvType
-) -> str:
-    return str(marked_text(tokens[idx].content))
+class _Renderer(RendererHTML):
+    """The draft's markdown rules (markdown-it calls each method by its token type): text
+    and code escaped and marked, a link as its text then its URL and title, an image as its
+    description, URL and title (nothing to click, nothing loaded)."""
 
+    def text(self, tokens: Tokens, idx: int, options: OptionsDict, env: EnvType) -> str:
+        return str(marked_text(tokens[idx].content))
 
-def _code_inline_rule(
-    self: Any, tokens: Sequence[Token], idx: int, opts: OptionsDict, env: EnvType
-) -> str:
-    return f"<code>{marked_text(tokens[idx].content)}</code>"
+    def code_inline(self, tokens: Tokens, idx: int, options: OptionsDict, env: EnvType) -> str:
+        return f"<code>{marked_text(tokens[idx].content)}</code>"
 
+    def code_block(self, tokens: Tokens, idx: int, options: OptionsDict, env: EnvType) -> str:
+        # a fence's info string is not used: no class attribute comes from the draft
+        return f"<pre><code>{marked_text(tokens[idx].content)}</code></pre>\n"
 
-def _block_rule(
-    self: Any, tokens: Sequence[Token], idx: int, opts: OptionsDict, env: EnvType
-) -> str:
-    # a fence's info string is not used: no class attribute comes from the draft
-    return f"<pre><code>{marked_text(tokens[idx].content)}</code></pre>\n"
+    fence = code_block
 
+    def link_open(self, tokens: Tokens, idx: int, options: OptionsDict, env: EnvType) -> str:
+        token = tokens[idx]
+        env.setdefault("links", []).append((str(token.attrGet("href") or ""), _title(token)))
+        return '<span class="md-link">'
 
-def _link_open_rule(
-    self: Any, tokens: Sequence[Token], idx: int, opts: OptionsDict, env: EnvType
-) -> str:
-    token = tokens[idx]
-    env.setdefault("links", []).append((str(token.attrGet("href") or ""), _title(token)))
-    return '<span class="md-link">'
+    def link_close(self, tokens: Tokens, idx: int, options: OptionsDict, env: EnvType) -> str:
+        href, title = env["links"].pop()
+        return f'</span> <span class="md-url">({marked_text(href)})</span>{title}'
 
-
-def _link_close_rule(
-    self: Any, tokens: Sequence[Token], idx: int, opts: OptionsDict, env: EnvType
-) -> str:
-    href, title = env["links"].pop()
-    return f'</span> <span class="md-url">({marked_text(href)})</span>{title}'
-
-
-def _image_rule(
-    self: Any, tokens: Sequence[Token], idx: int, opts: OptionsDict, env: EnvType
-) -> str:
-    token = tokens[idx]
-    alt = self.renderInlineAsText(token.children or [], opts, env)
-    src = str(token.attrGet("src") or "")
-    return (
-        f'<span class="md-image">[image: {marked_text(alt)}]</span> '
-        f'<span class="md-url">({marked_text(src)})</span>{_title(token)}'
-    )
+    def image(self, tokens: Tokens, idx: int, options: OptionsDict, env: EnvType) -> str:
+        token = tokens[idx]
+        alt = self.renderInlineAsText(token.children or [], options, env)
+        src = str(token.attrGet("src") or "")
+        return (
+            f'<span class="md-image">[image: {marked_text(alt)}]</span> '
+            f'<span class="md-url">({marked_text(src)})</span>{_title(token)}'
+        )
 
 
 def _title(token: Token) -> str:
@@ -150,7 +131,9 @@ def _title(token: Token) -> str:
     return f' <span class="md-title">(title &#34;{marked_text(title)}&#34;)</span>' if title else ""
 
 
-_MD = _markdown()
+_MD = MarkdownIt(
+    "commonmark", {"html": False, "linkify": False, "typographer": False}, renderer_cls=_Renderer
+)
 
 
 class _AsWritten(MarkdownIt):
@@ -202,13 +185,9 @@ def draft_view(body: str, content_type: str) -> DraftView:
         )
         found = reference_definitions(body, content_type)
         return DraftView(html, _count(html) + definitions_marked(found), "markdown", found)
-    if kind == "application/json":
-        pretty = pretty_json(body)
-        if pretty is not None:
-            html = _pre(pretty)
-            return DraftView(html, _count(html), "json")
-    html = _pre(body)
-    return DraftView(html, _count(html), "text")
+    pretty = pretty_json(body) if kind == "application/json" else None
+    html = _pre(body if pretty is None else pretty)
+    return DraftView(html, _count(html), "text" if pretty is None else "json")
 
 
 def hidden_count(text: str, *, keep: str = "\n\t") -> int:
@@ -221,10 +200,9 @@ def markdown_hides(body: str) -> bool:
     """True when rendering ``body`` as markdown leaves part of its text out of the draft's
     HTML: a link reference definition (listed apart), or a link's or image's title."""
     env: dict[str, Any] = {"links": []}
-    tokens = _MD.parse(body, env)
+    stack = _MD.parse(body, env)
     if env.get("references"):
         return True
-    stack = list(tokens)
     while stack:
         token = stack.pop()
         if token.attrGet("title"):
@@ -240,11 +218,6 @@ def first_line(body: str, limit: int = 80) -> str:
     lines = [ln.strip() for ln in body.splitlines() if not is_blank(ln)]
     line = next((ln for ln in lines if any(c.isalnum() for c in ln)), lines[0] if lines else "")
     return line if len(line) <= limit else line[: limit - 1] + "\u2026"
-
-
-def draft_html(body: str, content_type: str) -> Markup:
-    """The HTML of ``draft_view(body, content_type)`` (the contract's name)."""
-    return draft_view(body, content_type).html
 
 
 def diff_html(old: str, new: str) -> Markup:

@@ -13,8 +13,9 @@ import time
 
 from aiohttp import web
 
+from gate.config.values import TcpListen, parse_listen
 from gate.inbox.app import create_inbox_app
-from gate.inbox.config import InboxConfig, InboxSecrets, listen_address, relying_party
+from gate.inbox.config import InboxConfig, InboxSecrets, relying_party
 from gate.inbox.credentials_cache import FETCH_FAILURES, CredentialsCache
 from gate.inbox.gate_client import fetch_credentials
 from gate.inbox.mail import Mailer
@@ -73,17 +74,11 @@ async def serve_inbox(config: InboxConfig, secrets: InboxSecrets) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     metrics = InboxMetrics()
-    mailer = (
-        None
-        if config.mail is None
-        else Mailer(config.mail, config.base_url, secrets.mail_login, on_result=metrics.mailed)
-    )
-    endpoint = RelayEndpoint(
-        db,
-        secrets.relay_secrets,
-        config.gate.max_skew,
-        tell=None if mailer is None else mailer.tell,
-    )
+    mailer: Mailer | None = None
+    if config.mail is not None:
+        mailer = Mailer(config.mail, config.base_url, secrets.mail_login, on_result=metrics.mailed)
+    tell = None if mailer is None else mailer.tell
+    endpoint = RelayEndpoint(db, secrets.relay_secrets, config.gate.max_skew, tell=tell)
     cache = credentials_cache(config, secrets, metrics)
     state = InboxState(db, config, secrets, relying_party(config), cache, metrics=metrics)
     runner = web.AppRunner(create_inbox_app(state, endpoint), access_log=None)
@@ -92,7 +87,8 @@ async def serve_inbox(config: InboxConfig, secrets: InboxSecrets) -> None:
     try:
         await cache.refresh()
         await runner.setup()
-        where = listen_address(config)
+        where = parse_listen(config.listen)
+        assert isinstance(where, TcpListen)  # validated by check_tcp_addr
         await web.TCPSite(runner, where.host, where.port).start()
         host, port = runner.addresses[0][:2]
         url = config.base_url

@@ -124,15 +124,12 @@ class RateLimit:
 
     def retry_after(self, key: str, now: float) -> int:
         """0 and the attempt counted when allowed; else the seconds until one is."""
-        seen = self._seen.setdefault(key, deque())
-        while seen and now - seen[0] >= RATE_WINDOW_S:
-            seen.popleft()
-        if len(seen) >= RATE_LIMIT:
-            return max(1, int(RATE_WINDOW_S - (now - seen[0])) + 1)
-        seen.append(now)
-        if len(self._seen) > 10_000:
-            self._seen = {k: v for k, v in self._seen.items() if v}
-        return 0
+        wait = self.blocked_for(key, now)
+        if not wait:
+            self._seen.setdefault(key, deque()).append(now)
+            if len(self._seen) > 10_000:
+                self._seen = {k: v for k, v in self._seen.items() if v}
+        return wait
 
 
 def safe_next(value: str | None) -> str:
@@ -256,11 +253,10 @@ async def _signin(
         return _refused("malformed")
     if assertion.type != "webauthn":
         return _refused("not_a_passkey")
-    credential = state.credentials.lookup(assertion.credential_id_b64)
-    if credential is None and await state.credentials.refresh_for_unknown(
-        assertion.credential_id_b64
-    ):
-        credential = state.credentials.lookup(assertion.credential_id_b64)
+    wanted = assertion.credential_id_b64
+    credential = state.credentials.lookup(wanted)
+    if credential is None and await state.credentials.refresh_for_unknown(wanted):
+        credential = state.credentials.lookup(wanted)
     if credential is None:
         return _refused("unknown_credential")
     wait = failures.blocked_for(credential.credential_id, time.monotonic())
@@ -296,13 +292,7 @@ async def _verified(
     except (ValueError, binascii.Error):
         return _refused("bad_signature")
     response = web.json_response({"location": pending.next_path})
-    await auth.start_session(
-        request,
-        response,
-        identity=credential.identity,
-        operator_id=credential.operator_id,
-        credential_id=credential.credential_id,
-    )
+    await auth.start_session(request, response, credential)
     auth.drop_cookie(request, response, auth.PRE_COOKIE)
     log.info(
         "event=inbox_signin identity=%s credential_id=%s",

@@ -20,10 +20,6 @@ from gate.inbox.metrics import InboxMetrics
 from gate.inbox.model import Item, Session
 
 
-def _now_ms() -> int:
-    return int(time.time() * 1000)
-
-
 @dataclass
 class InboxState:
     """What every handler shares: the database, the config and relay secrets, the inbox's
@@ -36,7 +32,7 @@ class InboxState:
     secrets: InboxSecrets
     party: RelyingParty | None
     credentials: CredentialsCache
-    now_ms: Callable[[], int] = _now_ms
+    now_ms: Callable[[], int] = lambda: int(time.time() * 1000)
     metrics: InboxMetrics = field(default_factory=InboxMetrics)
     extra: dict[str, Any] = field(default_factory=dict)
 

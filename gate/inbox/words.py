@@ -59,10 +59,8 @@ def budget(obj: Mapping[str, Any] | None) -> list[str]:
         ("this pipeline", "spent_pipeline", "cap_pipeline"),
     ):
         have, limit = _amount(obj.get(spent), unit), _amount(obj.get(cap), unit)
-        if have is not None and limit is not None:
-            lines.append(f"{label}: {have} of {limit}")
-        elif have is not None:
-            lines.append(f"{label}: {have}")
+        if have is not None:
+            lines.append(f"{label}: {have}" + ("" if limit is None else f" of {limit}"))
     this = _amount(obj.get("this_request"), unit)
     if this is not None:
         lines.append(f"this request: {this}")
@@ -85,11 +83,6 @@ ANSWERS = {
 }
 
 
-# the ``detail`` of 403 ``approver_signature_invalid`` in words (docs/protocol.md "Approver
-# signatures"): what the approver can do about it. One table: other
-# refusals worded for the pages go here too.
-
-
 def answer_words(status: int, answer: Mapping[str, Any], decision: str = "") -> tuple[str, str]:
     """The gate's answer to a posted decision (docs/protocol.md, "Decisions": checks 8, 9,
     14 and "recorded") as ``(kind, sentence)``: ``kind`` one of ``ANSWERS``'s keys or
@@ -107,14 +100,8 @@ def answer_words(status: int, answer: Mapping[str, Any], decision: str = "") -> 
         kind = "resolved" if answer.get("resolved") is True else "recorded"
         return kind, ANSWERS[kind]
     code = str(answer.get("error") or answer.get("reason") or "")
-    kinds = {
-        "superseded": "superseded",
-        "expired": "expired",
-        "already_resolved": "already_resolved",
-    }
-    kinds |= {"duplicate": "already_decided", "already_decided": "already_decided"}
-    if code in kinds:
-        kind = kinds[code]
+    kind = "already_decided" if code == "duplicate" else code
+    if kind in ("superseded", "expired", "already_resolved", "already_decided"):
         if kind == "already_resolved" and answer.get("outcome") == "cancelled":
             kind = "cancelled"
         return kind, ANSWERS[kind]
@@ -147,6 +134,9 @@ def bulk_heading(kinds: list[str]) -> str:
     return said + (f", {unknown} not answered" if unknown else "")
 
 
+# the ``detail`` of 403 ``approver_signature_invalid`` in words (docs/protocol.md "Approver
+# signatures"): what the approver can do about it. One table: other
+# refusals worded for the pages go here too.
 SIGNATURE_DETAILS = {
     "bad_signature": "the signature does not match your passkey",
     "challenge_mismatch": "your passkey signed something other than this decision",
@@ -293,12 +283,9 @@ def limits_words(prop: Mapping[str, Any], required: bool) -> str | None:
 def _limits(
     prop: Mapping[str, Any], pairs: tuple[tuple[str, str], ...]
 ) -> tuple[tuple[str, str], ...]:
-    out = []
-    for key, attr in pairs:
-        value: Any = prop.get(key)
-        if in_range(value):
-            out.append((attr, number_text(value)))  # exact: "g" rounds 2**53 to 9.0072e+15
-    return tuple(out)
+    found = ((attr, prop.get(key)) for key, attr in pairs)
+    # number_text is exact: "g" rounds 2**53 to 9.0072e+15
+    return tuple((attr, number_text(value)) for attr, value in found if in_range(value))
 
 
 def form_fields(schema: Any) -> list[Field]:
