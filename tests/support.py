@@ -31,9 +31,9 @@ import yaml
 from aiohttp import web
 
 from gate.protocol import signing
+from gate.protocol.answer import build_answer
 from gate.protocol.canonical import wire_json
 from gate.protocol.envelope import build_decision
-from gate.protocol.question import build_answer
 from gate.store import Command
 
 ROOT = Path(__file__).resolve().parent.parent

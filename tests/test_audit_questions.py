@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 import yaml
 
-from gate.protocol.question import build_answer
+from gate.protocol.answer import build_answer
 from tests.support import (
     CaptureRelay,
     GateProcess,

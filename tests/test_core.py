@@ -39,7 +39,8 @@ from gate.core.service import GateService
 from gate.errors import Conflict, GateError, NotFound
 from gate.model import Approval, DecisionRow, Revision
 from gate.protocol.canonical import payload_hash, wire_json
-from gate.protocol.envelope import Decision, build_decision, parse_decision, rfc3339
+from gate.protocol.envelope import Decision, build_decision, parse_decision
+from gate.protocol.times import rfc3339
 from gate.store import Command, Store, WriteTx
 from gate.store.approvals import APPROVALS
 from gate.store.batch import PROBE

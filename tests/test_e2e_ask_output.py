@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from gate.protocol.question import build_answer
+from gate.protocol.answer import build_answer
 from tests.support import (
     CaptureRelay,
     CliProcess,

@@ -55,8 +55,9 @@ from ulid import ULID
 from gate.core.approvals.create import parse_create
 from gate.errors import GateError
 from gate.protocol import MAX_DECISION_BYTES, signing
-from gate.protocol.envelope import Decision, decode_json, parse_decision, rfc3339
+from gate.protocol.envelope import Decision, decode_json, parse_decision
 from gate.protocol.errors import ProtocolError
+from gate.protocol.times import rfc3339
 from tests.support import (
     API_TOKEN,
     IDENTITIES,

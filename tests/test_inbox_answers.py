@@ -15,8 +15,9 @@ from gate.inbox.answers import (
     value_from_form,
 )
 from gate.inbox.items import item_from
+from gate.protocol.answer import parse_answer
 from gate.protocol.errors import ProtocolError
-from gate.protocol.question import check_value, parse_answer, parse_question
+from gate.protocol.question import check_value, parse_question
 
 SCHEMA = {
     "type": "object",

@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
+from gate.protocol.answer import build_answer
 from gate.protocol.canonical import payload_hash
-from gate.protocol.question import build_answer
 from tests.mcp_support import (
     dispatch_for,
     error_text,

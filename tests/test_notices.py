@@ -18,7 +18,7 @@ import yaml
 from gate.daemon.approval_dispatch import dispatch_envelope
 from gate.daemon.followups import awaiting, followup_envelope, notice_envelope
 from gate.protocol import signing
-from gate.protocol.envelope import rfc3339
+from gate.protocol.times import rfc3339
 from tests.support import (
     SECRET,
     CaptureRelay,

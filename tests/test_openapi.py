@@ -46,7 +46,7 @@ from gate.protocol import (  # noqa: E402
     SIGNATURE_HEADER,
     signing,
 )
-from gate.protocol.question import build_answer  # noqa: E402
+from gate.protocol.answer import build_answer  # noqa: E402
 from tests.support import (  # noqa: E402
     API_TOKEN,
     ENV,

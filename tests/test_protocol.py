@@ -31,10 +31,9 @@ from gate.protocol.envelope import (
     build_dispatch,
     decode_json,
     parse_decision,
-    rfc3339,
-    rfc3339_ms,
 )
 from gate.protocol.errors import ProtocolError
+from gate.protocol.times import rfc3339, rfc3339_ms
 
 VECTORS = Path(__file__).resolve().parent.parent / "conformance" / "vectors"
 NOW = 1767225600

@@ -12,21 +12,17 @@ from typing import Any
 import pytest
 
 from gate.protocol import signing
-from gate.protocol.answer import parse_callback
+from gate.protocol.answer import Answer, build_answer, is_answer, parse_answer, parse_callback
 from gate.protocol.canonical import wire_json
 from gate.protocol.envelope import Decision, build_decision, decode_json, parse_decision
 from gate.protocol.errors import ProtocolError
 from gate.protocol.followup import build_question_notice
 from gate.protocol.form_schema import MAX_PROPERTIES, parse_schema
 from gate.protocol.question import (
-    Answer,
     QuestionSpec,
     answer_text,
-    build_answer,
     build_question_dispatch,
     check_value,
-    is_answer,
-    parse_answer,
     parse_question,
     request_hash,
     value_hash,

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from gate.protocol.question import build_answer
+from gate.protocol.answer import build_answer
 from tests.support import CaptureRelay, GateProcess, post_decision, wait_until, write_config
 from tests.test_metrics import _rules, _series_names, by_label, scrape, value
 

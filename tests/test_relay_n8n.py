@@ -25,11 +25,10 @@ from typing import Any
 import pytest
 
 from gate.protocol import signing
-from gate.protocol.answer import parse_callback
+from gate.protocol.answer import Answer, parse_callback
 from gate.protocol.canonical import payload_hash, wire_json
 from gate.protocol.envelope import build_dispatch, parse_decision
 from gate.protocol.question import (
-    Answer,
     build_question_dispatch,
     check_value,
     parse_question,

@@ -19,8 +19,9 @@ import pytest
 
 from gate.model import Question, QuestionVersion
 from gate.protocol import SIGNATURE_HEADER
+from gate.protocol.answer import build_answer
 from gate.protocol.canonical import wire_json
-from gate.protocol.question import QuestionSpec, build_answer, request_hash
+from gate.protocol.question import QuestionSpec, request_hash
 from gate.tools.conformance.checks import Observed
 from gate.tools.conformance.question_checks import ANSWER_CHECKS, judge_answer
 from gate.tools.conformance.questions import OPTIONS, PROBES

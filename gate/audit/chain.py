@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import operator
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -12,7 +13,7 @@ from typing import Any
 
 from gate.audit import spans as audit_spans
 from gate.protocol.canonical import canonical_json, reject_json_constant
-from gate.protocol.envelope import rfc3339
+from gate.protocol.times import rfc3339
 from gate.trust import keys
 
 GENESIS_HASH = "0" * 64
@@ -58,6 +59,12 @@ class AuditRow:
         except (ValueError, AttributeError):
             return {}
         return data if isinstance(data, dict) else {}
+
+
+# an AuditRow's first seven fields as a tuple row holds them (``entry_problem``'s order)
+_ROW_FIELDS = operator.attrgetter(
+    "seq", "approval_id", "kind", "entry", "prev_hash", "entry_hash", "receipt"
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,18 +175,7 @@ def verify(
     last: AuditRow | None = None
     spans = audit_spans.Spans(receipt_keys(key), leading_unknown=leading_unknown)
     for row in rows:
-        reason, wrong_key, digest = entry_problem(
-            spans,
-            prev,
-            expected_seq,
-            row.seq,
-            row.approval_id,
-            row.kind,
-            row.entry,
-            row.prev_hash,
-            row.entry_hash,
-            row.receipt,
-        )
+        reason, wrong_key, digest = entry_problem(spans, prev, expected_seq, *_ROW_FIELDS(row))
         if reason is None and public_keys is not None:
             problem = signature_problem(public_keys, digest, row.key_id, row.signature)
             if problem is None:

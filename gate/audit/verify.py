@@ -133,7 +133,8 @@ def verify_database(
     anchor = _anchor_problem(rows, chain, keys, public_keys, anchors, expect_heads)
     if anchor is not None:
         return AuditReport(chain, anchor)
-    signed = signature_checks.check(_verified(rows, chain))
+    # the rows the chain check verified (a running gate may have appended more since)
+    signed = signature_checks.check(itertools.islice(rows, chain.checked))
     if not records:
         return AuditReport(chain, signatures=signed)
     matched = audit_records.check(records_of(path, APPROVAL_TABLES), chain.checked)
@@ -163,7 +164,7 @@ def verify_rows(
     anchor = _anchor_problem(rows, chain, keys, public_keys, list(expect), expect_heads)
     if anchor is not None:
         return AuditReport(chain, anchor)
-    return AuditReport(chain, signatures=signature_checks.check(_verified(rows, chain)))
+    return AuditReport(chain, signatures=signature_checks.check(rows[: chain.checked]))
 
 
 def _existing(path: Path) -> Path:
@@ -171,14 +172,6 @@ def _existing(path: Path) -> Path:
     if not Path(path).exists():
         raise GateError("no_database", f"no database at {path}")
     return Path(path)
-
-
-def _verified(
-    rows: Iterable[audit.AuditRow], chain: audit.VerifyResult
-) -> Iterable[audit.AuditRow]:
-    """The first ``chain.checked`` rows: those the chain check verified (a running gate may
-    have appended more since)."""
-    return itertools.islice(rows, chain.checked)
 
 
 def _anchor_problem(

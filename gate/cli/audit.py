@@ -336,7 +336,7 @@ def permit_verify(
     Example: hitl-gate permit verify permit.jws --public-key hitl-gate-ed25519.pub
     --body-file mail.txt --pipeline invoices --step send-followup
     """
-    from gate.protocol.envelope import rfc3339_ms
+    from gate.protocol.times import rfc3339_ms
     from gate.trust import permit as permit_mod
 
     public = public_keys(public_key_files)

@@ -19,8 +19,8 @@ from ulid import ULID
 
 from gate.client.api import client_error
 from gate.client.hops import hops, question_hops
-from gate.protocol.envelope import rfc3339_ms
 from gate.protocol.question import QuestionSpec, answer_text
+from gate.protocol.times import rfc3339_ms
 from gate.sdk.errors import GateRequestError, GateUnavailable
 from gate.sdk.transport import APPROVALS, QUESTIONS, Kind, Transport
 from gate.sdk.waiting import RETRY_CAP_S, Failure, Watch, create, deadline_after, settle, transient

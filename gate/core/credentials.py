@@ -21,7 +21,7 @@ from gate.protocol.approver_signature import (
     ed25519_credential_id,
     load_ed25519_public_key,
 )
-from gate.protocol.envelope import rfc3339
+from gate.protocol.times import rfc3339
 
 log = logging.getLogger(__name__)
 

@@ -22,7 +22,7 @@ from gate.core.requests.fields import bad_field
 from gate.errors import Conflict, GateError, NotFound
 from gate.model import Credential
 from gate.protocol.approver_signature import b64url, unb64
-from gate.protocol.envelope import rfc3339
+from gate.protocol.times import rfc3339
 from gate.protocol.webauthn_registration import creation_options, verify_passkey
 from gate.store.invites import Invite
 

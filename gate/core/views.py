@@ -7,7 +7,7 @@ from typing import Any
 
 from gate.core.approvals.rules import approvers_of, current_revision
 from gate.model import Approval, Question
-from gate.protocol.envelope import rfc3339
+from gate.protocol.times import rfc3339
 
 
 def api_time(ms: int | None) -> str | None:

@@ -21,9 +21,10 @@ from gate.inbox import pages
 from gate.inbox.decide import Refused, check_open, checked_request, send_recorded
 from gate.inbox.model import DecisionRecord, Item
 from gate.inbox.state import state_of
+from gate.protocol.answer import build_answer
 from gate.protocol.errors import ProtocolError
 from gate.protocol.numbers import INTEGER_TEXT, NUMBER_TEXT
-from gate.protocol.question import QuestionSpec, build_answer, check_value, parse_question
+from gate.protocol.question import QuestionSpec, check_value, parse_question
 
 log = logging.getLogger(__name__)
 

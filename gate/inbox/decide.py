@@ -24,8 +24,8 @@ from gate.protocol.approver_signature import (
     decision_digest,
     parse_approver_assertion,
 )
-from gate.protocol.envelope import rfc3339_ms
 from gate.protocol.errors import ProtocolError
+from gate.protocol.times import rfc3339_ms
 from gate.protocol.whitespace import trim
 
 log = logging.getLogger(__name__)

@@ -11,6 +11,7 @@ from typing import Any
 from gate.inbox.followups import kept_of
 from gate.inbox.model import Item
 from gate.protocol.canonical import payload_hash
+from gate.protocol.followup import skip_reason_required
 from gate.protocol.relay_inbound import question_request_hash
 
 NOTICE_STATES = {
@@ -159,8 +160,6 @@ def item_from(row: dict[str, Any], dispatch: dict[str, Any], now_ms: int) -> Ite
     signed = signed_columns(dispatch, question)
     if signed is None or signed != (row["revision"], row["nonce"], row["payload_hash"]):
         state, row = WITHHELD, {**row, "outcome": WITHHELD_WHY}
-    actions = dispatch.get("actions")
-    actions = actions if isinstance(actions, list) else []
     delegates = [d for d in dispatch.get("delegates") or [] if isinstance(d, dict)]
     return Item(
         approval_id=row["approval_id"],
@@ -184,10 +183,7 @@ def item_from(row: dict[str, Any], dispatch: dict[str, Any], now_ms: int) -> Ite
         previous_body=row["previous_body"],
         outcome=row["outcome"],
         budget=dispatch.get("budget") if isinstance(dispatch.get("budget"), dict) else None,
-        skip_reason_required=any(
-            isinstance(a, dict) and a.get("verb") == "skip" and a.get("reason") == "required"
-            for a in actions
-        ),
+        skip_reason_required=skip_reason_required(dispatch),
         delegates=tuple((str(d.get("identity")), str(d.get("on_behalf_of"))) for d in delegates),
         followups=kept_of(row, dispatch),
     )

@@ -1,7 +1,6 @@
 """The answer envelope: a relay's ``decision: "answer"`` to a question (check 5), its
 builder for relays and tests, and ``parse_callback``, which routes what arrives at
-``/hitl/v0/decisions`` (decoded once) to it or to the decision parse. Pure;
-``gate.protocol.question`` re-exports the answer's names."""
+``/hitl/v0/decisions`` (decoded once) to it or to the decision parse. Pure."""
 
 from __future__ import annotations
 

@@ -14,10 +14,7 @@ from typing import TYPE_CHECKING, Any
 from gate.protocol import PROTOCOL
 from gate.protocol.canonical import finite_float, no_duplicate_keys, reject_json_constant, whole_int
 from gate.protocol.errors import ProtocolError, field_refused
-from gate.protocol.times import _is_rfc3339 as _is_rfc3339
-from gate.protocol.times import rfc3339 as rfc3339
-from gate.protocol.times import rfc3339_ms as rfc3339_ms
-from gate.protocol.times import rfc3339_to_ms as rfc3339_to_ms
+from gate.protocol.times import _is_rfc3339, rfc3339
 from gate.protocol.whitespace import is_blank
 
 if TYPE_CHECKING:

@@ -50,6 +50,17 @@ class FollowUp:
             envelope["awaiting"] = list(self.awaiting)
 
 
+def skip_reason_required(envelope: dict[str, Any]) -> bool:
+    """Whether a dispatch's skip action says ``"reason": "required"`` (``FollowUp`` marks it
+    for a step with ``skip_reason: required``; a skip without a reason is refused 422), read
+    from a dispatch of any shape (the relay's and the inbox's one reading)."""
+    actions = envelope.get("actions")
+    return isinstance(actions, list) and any(
+        isinstance(a, dict) and a.get("verb") == "skip" and a.get("reason") == "required"
+        for a in actions
+    )
+
+
 OUTCOMES = ("approved", "adjusted", "skipped", "timeout", "cancelled")
 QUESTION_OUTCOMES = ("answered", "timeout", "cancelled")
 

@@ -1,9 +1,8 @@
-"""The questions on the wire: the normalized question, its request hash, the dispatch,
-the answer envelope (check 5) and the typing of an answer's value (check 12). Pure.
+"""The questions on the wire: the normalized question, its request hash, the dispatch
+and the typing of an answer's value (check 12). Pure.
 
 The form schema lives in ``gate.protocol.form_schema``, form values in
-``gate.protocol.form_value``, the answer envelope in ``gate.protocol.answer`` (re-exported
-here: import them from this module).
+``gate.protocol.form_value``, the answer envelope in ``gate.protocol.answer``.
 """
 
 from __future__ import annotations
@@ -15,12 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gate.protocol import PROTOCOL
-from gate.protocol.answer import ANSWER as ANSWER
-from gate.protocol.answer import KIND as KIND
-from gate.protocol.answer import Answer as Answer
-from gate.protocol.answer import build_answer as build_answer
-from gate.protocol.answer import is_answer as is_answer
-from gate.protocol.answer import parse_answer as parse_answer
+from gate.protocol.answer import ANSWER, KIND
 from gate.protocol.canonical import HASH_PREFIX, canonical_json, wire_json
 from gate.protocol.envelope import is_unicode, routing
 from gate.protocol.errors import field_refused

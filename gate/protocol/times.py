@@ -1,6 +1,6 @@
 """RFC 3339 times as hitl/v0 writes and reads them: unix milliseconds to UTC with ``Z``
 (the wire's form, and a fixed-width one for people), and a date-time back to milliseconds.
-Pure; ``gate.protocol.envelope`` re-exports all of it."""
+Pure."""
 
 from __future__ import annotations
 

@@ -100,11 +100,8 @@ class Approval:
             return self
         if self.state != "resolved":
             raise ApprovalPending(self)
-        if self.outcome == "skipped":
-            raise ApprovalDenied(self)
-        if self.outcome == "timeout":
-            raise ApprovalTimedOut(self)
-        raise ApprovalCancelled(self)
+        ended = {"skipped": ApprovalDenied, "timeout": ApprovalTimedOut}
+        raise ended.get(self.outcome or "", ApprovalCancelled)(self)
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import json
 from dataclasses import dataclass
-from types import TracebackType
 from typing import Any, Self
 from urllib.parse import quote
 
@@ -99,9 +98,7 @@ class Transport:
     async def __aenter__(self) -> Self:
         return self
 
-    async def __aexit__(
-        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
-    ) -> None:
+    async def __aexit__(self, *exc_info: object) -> None:
         await self.close()
 
     async def _call(

@@ -16,8 +16,8 @@ from yarl import URL
 
 from gate.daemon.relay_http import redact, relay_session
 from gate.errors import GateError
-from gate.protocol.envelope import rfc3339_ms
 from gate.protocol.relay_answers import refusal_reason
+from gate.protocol.times import rfc3339_ms
 from gate.store import inspection
 from gate.store.audit_records import APPROVAL_TABLES, QUESTION_TABLES, undelivered_dispatches
 from gate.tools.doctor_check import Check, counted, warn

@@ -14,9 +14,8 @@ from gate.core.service import GateService
 from gate.errors import GateError
 from gate.metrics import Metrics
 from gate.protocol import DECISIONS_PATH, MAX_DECISION_BYTES
-from gate.protocol.answer import parse_callback
+from gate.protocol.answer import Answer, parse_callback
 from gate.protocol.envelope import Decision
-from gate.protocol.question import Answer
 from gate.web.common import ULID_RE, error_middleware, read_signed
 from gate.web.credentials import add_credentials_routes
 from gate.web.enrol import add_enrol_routes

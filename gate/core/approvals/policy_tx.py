@@ -17,7 +17,7 @@ from gate.core.approvals.create import CreateRequest
 from gate.core.approvals.resolve_tx import resolve
 from gate.core.approvals.rules import resolvable
 from gate.model import DecisionRow
-from gate.protocol.envelope import rfc3339
+from gate.protocol.times import rfc3339
 from gate.store import WriteTx
 
 if TYPE_CHECKING:

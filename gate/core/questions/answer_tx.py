@@ -20,8 +20,9 @@ from gate.core.questions.kind import QUESTIONS, resolve_question, step_limits
 from gate.core.requests.lifecycle_tx import said_by
 from gate.errors import Conflict
 from gate.model import Question, QuestionAnswer
+from gate.protocol.answer import Answer
 from gate.protocol.canonical import canonical_json
-from gate.protocol.question import Answer, QuestionSpec, check_value, value_hash
+from gate.protocol.question import QuestionSpec, check_value, value_hash
 from gate.protocol.whitespace import identity_key
 from gate.store import WriteTx
 

@@ -14,7 +14,7 @@ from gate.core.requests.lifecycle_tx import Create
 from gate.core.requests.service import RequestService, Shared
 from gate.errors import Conflict
 from gate.model import Question
-from gate.protocol.question import Answer
+from gate.protocol.answer import Answer
 from gate.store.questions import QUESTIONS as TABLES
 
 MAX_OPTIONS_LIMIT = 1000  # the config's ceiling of a step's max_options

@@ -8,7 +8,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from gate.protocol.display import display_time
+from gate.protocol.display import display_time, is_hidden, marked
 from gate.protocol.numbers import INTEGER_TEXT, NUMBER_TEXT, ascii_int
 from gate.tools.reference_relay.view import (
     SEPARATOR,
@@ -25,15 +25,14 @@ QUESTION_RULE = "#" * 72
 
 def line(value: object) -> str:
     """``str(value)`` on one line: what ``visible`` hides as ``<U+XXXX>``, newline and tab
-    too (an option or a title cannot fake a line of the relay's own)."""
-    text = visible(str(value))[0]
-    return text.replace("\n", "<U+000A>").replace("\t", "<U+0009>")
+    too (``marked`` keeping nothing: an option or a title cannot fake a line of the relay's
+    own)."""
+    return marked(str(value), keep="")
 
 
 def _hidden(value: object) -> int:
     """How many characters of ``str(value)`` ``line`` shows as ``<U+XXXX>``."""
-    text = str(value)
-    return visible(text)[1] + text.count("\n") + text.count("\t")
+    return sum(map(is_hidden, str(value)))
 
 
 def hidden_count(question: dict[str, Any]) -> int:

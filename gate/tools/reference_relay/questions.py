@@ -13,7 +13,8 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from gate.errors import GateError
-from gate.protocol.question import QuestionSpec, build_answer
+from gate.protocol.answer import build_answer
+from gate.protocol.question import QuestionSpec
 from gate.protocol.relay_inbound import question_request_hash
 from gate.tools.reference_relay.question_prompt import auto_value, prompt_value
 from gate.tools.reference_relay.question_view import OMIT, gate_refusal, line

@@ -20,14 +20,9 @@ from collections import deque
 from collections.abc import AsyncIterator
 from typing import Any, TextIO
 
+from gate.protocol.followup import skip_reason_required
 from gate.protocol.whitespace import is_blank
-from gate.tools.reference_relay.view import (
-    Choices,
-    question,
-    reason_question,
-    render,
-    skip_reason_required,
-)
+from gate.tools.reference_relay.view import Choices, question, reason_question, render
 
 log = logging.getLogger(__name__)
 

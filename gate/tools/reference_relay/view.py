@@ -290,16 +290,6 @@ def question(envelope: dict[str, Any], choices: Choices) -> str:
     )
 
 
-def skip_reason_required(envelope: dict[str, Any]) -> bool:
-    """Whether the dispatch's skip action says ``"reason": "required"`` (the step
-    has ``skip_reason: required``; a skip without a reason is refused 422)."""
-    actions = envelope.get("actions")
-    return isinstance(actions, list) and any(
-        isinstance(a, dict) and a.get("verb") == "skip" and a.get("reason") == "required"
-        for a in actions
-    )
-
-
 def reason_question(required: bool) -> str:
     """The prompt for a skip's reason (one line)."""
     if required:
