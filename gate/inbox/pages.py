@@ -149,7 +149,7 @@ def waiting_page(
     now_ms: int,
     seq: int,
     approved_by: Mapping[str, Sequence[str]] | None = None,
-    mine: Mapping[str, str] | None = None,
+    mine: Mapping[str, str | None] | None = None,
 ) -> web.Response:
     """What waits for the signed-in approver: pending ``items`` sorted by expiry (soonest
     first), each with pipeline, step, risk, quorum progress (``approved_by``: approval id →
