@@ -13,9 +13,9 @@ from typing import Any
 from aiohttp import web
 
 from gate.inbox import auth
-from gate.inbox.gate_client import GateUnreachable
+from gate.inbox.gate_client import GateUnreachable, post_decision
 from gate.inbox.model import DecisionRecord, Item, Session
-from gate.inbox.state import InboxState, decidable, send_to_gate, state_of
+from gate.inbox.state import InboxState, decidable, state_of
 from gate.protocol import PROTOCOL
 from gate.protocol.approver_signature import (
     VERBS,
@@ -219,20 +219,26 @@ async def send_recorded(
     batch_id: str | None = None,
 ) -> tuple[int, tuple[int, dict[str, Any]] | None]:
     """The one signed send of a decision or an answer: ``record`` kept first (status 0; one
-    of batch ``batch_id`` when given), then ``body`` posted to ``item``'s callback
-    (``send_to_gate``, counted by ``record.decision``), then the gate's answer on the row.
+    of batch ``batch_id`` when given), then ``body`` posted to ``item``'s callback signed
+    with the current relay secret (``gate_client.post_decision``; the gate's status counted
+    by ``record.decision``, an unreachable gate as a gate error), then the gate's answer on
+    the row.
     Returns the row's number and the gate's ``(status, answer)``, None when the gate could
     not be reached (the row keeps status 0; logged as ``event=inbox_decision_unsent``, an
     answer's as ``event=inbox_answer_unsent``)."""
     number = await state.db.add_decision(record, batch_id)
     try:
-        answered = await send_to_gate(state, item, body, record.decision)
+        answered = await post_decision(
+            str(item.dispatch["callback"]["url"]), body, state.secrets.relay_secrets[0]
+        )
     except GateUnreachable:
+        state.metrics.gate_failed("decision")
         event = "answer" if record.decision == "answer" else "decision"
         key = "question_id" if event == "answer" else "approval_id"
         batch = "" if batch_id is None else f" batch_id={batch_id}"
         log.warning("event=inbox_%s_unsent %s=%s%s", event, key, item.approval_id, batch)
         return number, None
+    state.metrics.gate_answered(record.decision, answered[0])
     await state.db.set_decision_answer(number, *answered)
     return number, answered
 
