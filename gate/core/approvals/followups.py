@@ -143,13 +143,10 @@ def next_followup_at(
     ``expires_at``."""
     if plan is None:
         return None
-    times = []
-    nxt = reminder_at(plan, created_at, reminders_sent + 1)
-    if nxt is not None:
-        times.append(nxt)
+    times = [reminder_at(plan, created_at, reminders_sent + 1)]
     if level < len(plan.levels):
         times.append(created_at + plan.levels[level][0])
-    found = min(times, default=None)
+    found = min((at for at in times if at is not None), default=None)
     return found if found is not None and found < expires_at else None
 
 
