@@ -18,14 +18,8 @@ def api_time(ms: int | None) -> str | None:
 def opening(full: Approval | Question) -> dict[str, Any]:
     """The fields every kind's object has after its id, in this order: ``run_id``,
     ``pipeline``, ``step``, ``state``, ``outcome``, ``risk``."""
-    return {
-        "run_id": full.run_id,
-        "pipeline": full.pipeline,
-        "step": full.step,
-        "state": full.state,
-        "outcome": full.outcome,
-        "risk": full.risk,
-    }
+    fields = ("run_id", "pipeline", "step", "state", "outcome", "risk")
+    return {name: getattr(full, name) for name in fields}
 
 
 def approval_view(full: Approval) -> dict[str, Any]:
