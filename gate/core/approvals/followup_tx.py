@@ -1,6 +1,6 @@
-"""The follow-up write transaction: due escalation levels and reminders of pending
-approvals (one follow-up send's attempt is the shared ``lifecycle_tx.SendResult``), run on
-the writer with the state ``Transactions`` owns (``t``). No SQL of its own."""
+"""The follow-up write transactions: due escalation levels and reminders of pending
+approvals, and the record of one follow-up send, run on the writer with the state
+``Transactions`` owns (``t``). No SQL of its own."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from gate.audit.entries import EscalatedData
 from gate.core.approvals.followups import Plan, due
 from gate.core.commands import Transaction
+from gate.core.requests.lifecycle_tx import send_result
 from gate.store import WriteTx
 from gate.store.outbox import FOLLOWUPS
 
@@ -69,3 +70,18 @@ class Followups(Transaction[list[tuple[str, tuple[int, ...], int]]]):
             )
             done.append((approval_id, found.levels, queued))
         return done
+
+
+@dataclass(frozen=True, slots=True)
+class FollowupResult(Transaction[str | None]):
+    """Record one attempt of the follow-up send ``key`` = (approval_id, kind, n)
+    (``send_result``). Returns ``"delivered"``/``"retry"``/``"failed"``, None when nothing
+    changed."""
+
+    key: tuple[str, str, int]
+    acked: bool
+    error: str | None
+    retry_at_ms: int | None
+
+    def run(self, t: Transactions, tx: WriteTx) -> str | None:
+        return send_result(t, tx, FOLLOWUPS, self.key, self.acked, self.error, self.retry_at_ms)

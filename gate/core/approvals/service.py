@@ -13,18 +13,17 @@ from gate.config.webauthn import WebAuthnSettings
 from gate.core.approvals import policy_tx
 from gate.core.approvals.create import CreateRequest, check_draft, quorum_unreachable_message
 from gate.core.approvals.decide_tx import Decide
-from gate.core.approvals.followup_tx import FOLLOWUP_BATCH, Followups
+from gate.core.approvals.followup_tx import FOLLOWUP_BATCH, FollowupResult, Followups
 from gate.core.approvals.followups import followup_plan
 from gate.core.approvals.kind import APPROVALS
 from gate.core.approvals.resolve_tx import Resolution
-from gate.core.requests.lifecycle_tx import Create, SendResult
+from gate.core.requests.lifecycle_tx import Create
 from gate.core.requests.service import RequestService, Shared
 from gate.core.transactions import Policy
 from gate.errors import GateError
 from gate.model import Approval
 from gate.protocol.canonical import payload_hash
 from gate.protocol.envelope import Decision
-from gate.store.outbox import FOLLOWUPS
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,6 +203,6 @@ class Approvals(RequestService[Approval]):
         retry_at_ms: int | None,
     ) -> str | None:
         """Record one attempt of the reminder, escalation or notice ``key`` = (approval_id,
-        kind, n) (``lifecycle_tx.SendResult``): ``retry_at_ms`` None drops it
+        kind, n) (``followup_tx.FollowupResult``): ``retry_at_ms`` None drops it
         unsent as failed. Returns ``"delivered"``, ``"retry"``, ``"failed"`` or None."""
-        return await self.store.transact(SendResult(FOLLOWUPS, key, acked, error, retry_at_ms))
+        return await self.store.transact(FollowupResult(key, acked, error, retry_at_ms))

@@ -1,7 +1,6 @@
-"""The questions' own write transaction beside the shared lifecycle and the answer: revise
-(version n+1 of a pending question; a resolution notice's attempt is the shared
-``lifecycle_tx.SendResult``). Run on the store's writer with the state ``Transactions``
-owns (``t``)."""
+"""The questions' own write transactions beside the shared lifecycle and the answer: revise
+(version n+1 of a pending question) and the bookkeeping of a resolution notice. Run on the
+store's writer with the state ``Transactions`` owns (``t``)."""
 
 from __future__ import annotations
 
@@ -12,11 +11,12 @@ from gate.audit.question_entries import QuestionRevisedData
 from gate.core.commands import Transaction
 from gate.core.questions.create import parse_spec, revised_fields
 from gate.core.questions.kind import QUESTIONS, add_version, step_limits
-from gate.core.requests.lifecycle_tx import check_pending, load
+from gate.core.requests.lifecycle_tx import check_pending, load, send_result
 from gate.errors import Conflict
 from gate.model import Question
 from gate.protocol.question import QuestionSpec
 from gate.store import WriteTx
+from gate.store.outbox import QUESTION_NOTICES
 
 if TYPE_CHECKING:
     from gate.core.transactions import Transactions
@@ -62,3 +62,19 @@ class ReviseQuestion(Transaction[tuple[str, Question]]):
         revised = QuestionRevisedData(version, digest)
         t.audit(tx, revised.kind, self.question_id, now, revised.to_data())
         return "revised", load(QUESTIONS, tx, self.question_id)
+
+
+@dataclass(frozen=True, slots=True)
+class QuestionNoticeResult(Transaction[str | None]):
+    """Record one attempt of a question's resolution notice (``send_result``; ``retry_at_ms``
+    None: dropped unsent, as failed). Returns ``"delivered"``, ``"retry"``, ``"failed"`` or
+    None."""
+
+    question_id: str
+    acked: bool
+    error: str | None
+    retry_at_ms: int | None
+
+    def run(self, t: Transactions, tx: WriteTx) -> str | None:
+        key = (self.question_id,)
+        return send_result(t, tx, QUESTION_NOTICES, key, self.acked, self.error, self.retry_at_ms)

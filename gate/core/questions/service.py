@@ -9,13 +9,12 @@ from typing import Any
 from gate.core.questions.answer_tx import AnswerQuestion
 from gate.core.questions.create import parse_question_create, parse_spec
 from gate.core.questions.kind import QUESTIONS, QuestionPolicy
-from gate.core.questions.revise_tx import ReviseQuestion
-from gate.core.requests.lifecycle_tx import Create, SendResult
+from gate.core.questions.revise_tx import QuestionNoticeResult, ReviseQuestion
+from gate.core.requests.lifecycle_tx import Create
 from gate.core.requests.service import RequestService, Shared
 from gate.errors import Conflict
 from gate.model import Question
 from gate.protocol.answer import Answer
-from gate.store.outbox import QUESTION_NOTICES
 from gate.store.questions import QUESTIONS as TABLES
 
 MAX_OPTIONS_LIMIT = 1000  # the config's ceiling of a step's max_options
@@ -112,8 +111,9 @@ class Questions(RequestService[Question]):
     ) -> str | None:
         """Record one attempt of a question's resolution notice (``retry_at_ms`` None drops
         it as failed). Returns ``"delivered"``, ``"retry"``, ``"failed"`` or None."""
-        notice = SendResult(QUESTION_NOTICES, (question_id,), acked, error, retry_at_ms)
-        return await self.store.transact(notice)
+        return await self.store.transact(
+            QuestionNoticeResult(question_id, acked, error, retry_at_ms)
+        )
 
     async def pending(self) -> int:
         """How many questions are pending (the metrics gauge)."""

@@ -105,31 +105,24 @@ def check_pending(full: Stored, message: str) -> None:
         raise Conflict("already_resolved", message, extra={"outcome": full.outcome})
 
 
-@dataclass(frozen=True, slots=True)
-class SendResult(Transaction[str | None]):
-    """Record one attempt at the gate's now of the send ``key`` of ``outbox``, a table with a
-    give-up time (``OutboxStatements.attempted``: an approval's reminder, escalation or
-    notice, ``key`` = (approval_id, kind, n); a question's resolution notice, ``key`` =
-    (question_id,)): delivered, retried at ``retry_at_ms``, or failed once that is None
-    (dropped unsent, ``error`` says why) or not before the row's ``give_up_at``. Returns
-    ``"delivered"``/``"retry"``/``"failed"``, None when nothing changed."""
-
-    outbox: OutboxTable[Any]
-    key: tuple[Any, ...]
-    acked: bool
-    error: str | None
-    retry_at_ms: int | None
-
-    def run(self, t: Transactions, tx: WriteTx) -> str | None:
-        attempt = tx.outbox.attempted(
-            self.outbox,
-            self.key,
-            t.clock.now_ms(),
-            acked=self.acked,
-            error=self.error,
-            retry_at_ms=self.retry_at_ms,
-        )
-        return None if attempt is None else attempt.state
+def send_result(
+    t: Transactions,
+    tx: WriteTx,
+    outbox: OutboxTable[Any],
+    key: tuple[Any, ...],
+    acked: bool,
+    error: str | None,
+    retry_at_ms: int | None,
+) -> str | None:
+    """Record one attempt at the gate's now of the send ``key`` of a table with a give-up
+    time (``OutboxStatements.attempted``): delivered, retried at ``retry_at_ms``, or failed
+    once that is None (dropped unsent, ``error`` says why) or not before the row's
+    ``give_up_at``. Returns ``"delivered"``/``"retry"``/``"failed"``, None when nothing
+    changed."""
+    attempt = tx.outbox.attempted(
+        outbox, key, t.clock.now_ms(), acked=acked, error=error, retry_at_ms=retry_at_ms
+    )
+    return None if attempt is None else attempt.state
 
 
 @dataclass(frozen=True, slots=True)
