@@ -47,21 +47,22 @@ class Refused(Exception):
         return auth.refusal(self.status, self.reason, self.message)
 
 
-def verb_fields(fields: dict[str, Any]) -> tuple[str, str | None, str | None]:
-    """The posted form's ``(verb, adjust_text, reason)``: ``reason`` is the text when not
-    blank (Unicode White_Space only) else None; ``adjust_text`` only for adjust (exactly as
-    typed). Raises Refused 400 ``invalid_decision`` for another verb or a non-text field."""
+def verb_fields(item: Item, fields: dict[str, Any]) -> tuple[str, str | None, str | None]:
+    """The posted form's ``(verb, adjust_text, reason)`` on ``item``: ``reason`` is the text
+    when not blank (Unicode White_Space only) else None; ``adjust_text`` only for adjust
+    (exactly as typed). Raises Refused 400 ``invalid_decision`` for another verb or a non-text
+    field, then ``check_open``'s 409s (an approval, pending, at the ``revision`` posted)."""
     verb = fields.get("decision")
     if verb not in VERBS:
         raise Refused(400, "invalid_decision", "Choose approve, skip or adjust.")
-    reason, adjust = fields.get("reason"), fields.get("adjust_text")
-    if reason is not None and not isinstance(reason, str):
-        raise Refused(400, "invalid_decision", "The reason must be text.")
-    if adjust is not None and not isinstance(adjust, str):
-        raise Refused(400, "invalid_decision", "The adjusted draft must be text.")
+    for name, what in (("reason", "The reason"), ("adjust_text", "The adjusted draft")):
+        if fields.get(name) is not None and not isinstance(fields[name], str):
+            raise Refused(400, "invalid_decision", f"{what} must be text.")
+    check_open(item, "approval", fields.get("revision", ""))
+    reason = fields.get("reason")
     return (
         str(verb),
-        adjust if verb == "adjust" else None,
+        fields.get("adjust_text") if verb == "adjust" else None,
         reason if reason is not None and trim(reason) else None,
     )
 
@@ -126,8 +127,7 @@ async def challenge(request: web.Request) -> web.Response:
     session's, 409 not pending or changed)."""
     _, item, fields = await checked_request(request)
     try:
-        verb, adjust_text, reason = verb_fields(fields)
-        check_open(item, "approval", fields.get("revision", ""))
+        verb, adjust_text, reason = verb_fields(item, fields)
     except Refused as refused:
         return refused.response()
     return web.json_response({"challenge": b64url(digest_of(item, verb, adjust_text, reason))})
@@ -181,8 +181,7 @@ async def decide(request: web.Request) -> web.Response:
     session, item, fields = await checked_request(request)
     state = state_of(request)
     try:
-        verb, adjust_text, reason = verb_fields(fields)
-        check_open(item, "approval", fields.get("revision", ""))
+        verb, adjust_text, reason = verb_fields(item, fields)
         own_assertion(fields, session, state, "Sign the decision with your passkey.")
         mine = await state.db.decisions_of(session.identity, limit=500)
         same = (d for d in mine if (d.approval_id, d.revision) == (item.approval_id, item.revision))
