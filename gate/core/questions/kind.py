@@ -128,7 +128,7 @@ def question_view(full: Question) -> dict[str, Any]:
     answer = None
     if full.answer is not None:
         won = full.answer
-        answered = full.version_row(won.version)
+        answered = next((v for v in full.versions if v.version == won.version), None)
         answer = {
             **named(won, "value", "operator_id", "identity", "display", "channel", "version"),
             "request_hash": answered.request_hash if answered is not None else None,
