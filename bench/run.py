@@ -5,10 +5,10 @@
     python -m bench.run --only decisions,idle --out /tmp/r.json
     python -m bench.run --only decisions --profile /tmp/prof   # py-spy on the c=64 gate run
 
-Sections: decisions, roundtrip, scale, audit, idle, followups (see bench/README.md). Only a full run
-(no --quick, no --only) in which every section ran writes bench/results.json; any other run
-writes to --out or to a file in the temp directory. Exit 0 when every section ran (targets
-met or not), 1 when a section failed.
+Sections: decisions, roundtrip, scale, audit, idle, followups, cluster (see bench/README.md).
+Only a full run (no --quick, no --only) in which every section ran writes bench/results.json;
+any other run writes to --out or to a file in the temp directory. Exit 0 when every section
+ran (targets met or not), 1 when a section failed.
 """
 
 from __future__ import annotations
@@ -69,7 +69,7 @@ from bench.common import (
     write_config,
 )
 
-SECTIONS = ("decisions", "roundtrip", "scale", "audit", "idle", "followups")
+SECTIONS = ("decisions", "roundtrip", "scale", "audit", "idle", "followups", "cluster")
 RESULTS_PATH = ROOT / "bench" / "results.json"
 HOUR_MS = 3_600_000
 
@@ -92,6 +92,8 @@ class Params:
     idle_s: float = 60.0
     idle_approvals: int = 5
     target_concurrency: int = 64
+    cluster_decisions: int = 3000  # per setup and round (bench.cluster)
+    cluster_rounds: int = 3
 
 
 FULL = Params(levels=[(1, 300), (16, 1500), (64, 3000), (256, 3000)], roundtrip_count=2000)
@@ -107,6 +109,8 @@ QUICK = Params(
     audit_entries=4000,
     idle_s=3.0,
     idle_approvals=3,
+    cluster_decisions=128,
+    cluster_rounds=1,
 )
 
 
@@ -842,6 +846,13 @@ class Bench:
 
         return followups.run(self)
 
+    def cluster(self) -> dict[str, Any]:
+        """Decisions/s, p99 and CPU per decision of each gate setup at the target concurrency,
+        against one SQLite gate measured directly in the same run (``bench.cluster``)."""
+        from bench import cluster
+
+        return cluster.run(self)
+
     def close(self) -> None:
         """Stop the shared helper processes."""
         if self.baseline_proc is not None:
@@ -1022,6 +1033,57 @@ def _signed_table(decisions: dict[str, Any]) -> str:
             "ok",
         ],
         rows,
+    )
+
+
+def _cluster_table(cluster: dict[str, Any]) -> str:
+    """The ``cluster`` rows: each setup's medians and its ratios to the direct SQLite gate."""
+    rows = [
+        [
+            row["setup"],
+            row["gates"],
+            row["rps"],
+            row["p50_ms"],
+            row["p99_ms"],
+            row["gate_cpu_ms_per_decision"],
+            row["balancer_cpu_ms_per_decision"],
+            row["loadgen_cpu_ms_per_decision"],
+            row["batch_jobs_mean"],
+            row["write_lock_ms_mean"],
+            row["ratio_rps"],
+            row["ratio_p99"],
+            row["ratio_cpu_per_decision"],
+            row["all_ok"],
+        ]
+        for row in cluster["setups"]
+    ]
+    notes = "".join(f"skipped {name}: {why}\n" for name, why in cluster["skipped"].items())
+    return (
+        _table(
+            f"cluster (c={cluster['concurrency']}, {cluster['decisions']:,} decisions per setup"
+            f" and round, median of {cluster['rounds']} interleaved round(s); ratios against"
+            f" {cluster['baseline']} of the same round; cpu ms per decision: gate processes,"
+            " balancer, load generator apart)",
+            [
+                "setup",
+                "gates",
+                "dec/s",
+                "p50 ms",
+                "p99 ms",
+                "gate cpu",
+                "lb cpu",
+                "client cpu",
+                "batch",
+                "lock ms",
+                "rps ratio",
+                "p99 ratio",
+                "cpu ratio",
+                "ok",
+            ],
+            rows,
+        )
+        + notes
+        + f"not built yet: {cluster['not_built']}\n"
     )
 
 
@@ -1214,6 +1276,8 @@ def render(results: dict[str, Any]) -> str:
                 [[i["cpu_s"], i["cpu_percent"], i["wakeups_per_s"], i["rss_mb_end"], i["threads"]]],
             )
         )
+    if "cluster" in s:
+        out.append(_cluster_table(s["cluster"]))
     loads = results.get("section_load", {})
     if loads:
         out.append(

@@ -280,18 +280,19 @@ class Metrics:
         ``delivered`` or ``failed``."""
         self._notices(result if result in NOTICE_RESULTS else "failed").inc()
 
-    def followup_delivered(self, kind: str, pipeline: str, step: str, n: int) -> None:
-        """Count an acked reminder (``kind`` ``reminder``) or escalation level ``n``
-        (``escalation``) of an approval of ``pipeline``/``step``; other kinds count nothing."""
-        if kind == "reminder":
-            self._reminders(pipeline, step).inc()
-        elif kind == "escalation":
-            self._escalations(pipeline, step, str(n)).inc()
-
-    def followup_failed(self, kind: str) -> None:
-        """Count a reminder or escalation dispatch given up unacked."""
-        if kind in FOLLOWUP_KINDS:
+    def followup_ended(self, kind: str, state: str, pipeline: str, step: str, n: int) -> None:
+        """Count a follow-up send of an approval of ``pipeline``/``step`` that ended in
+        ``state`` (``delivered``, ``failed``): a ``notice`` as a resolution notice
+        (``notice``); a ``reminder`` or an ``escalation`` (level ``n``) acked, or given up
+        unacked. Other kinds count nothing."""
+        if kind == "notice":
+            self.notice(state)
+        elif state == "failed" and kind in FOLLOWUP_KINDS:
             self._followups_failed(kind).inc()
+        elif state == "delivered" and kind == "reminder":
+            self._reminders(pipeline, step).inc()
+        elif state == "delivered" and kind == "escalation":
+            self._escalations(pipeline, step, str(n)).inc()
 
     # ---- scrape ------------------------------------------------------------------
 

@@ -193,10 +193,6 @@ class Question:
         """The current version (the last one)."""
         return self.versions[-1]
 
-    def version_row(self, version: int) -> QuestionVersion | None:
-        """Return version ``version`` of the question, or None."""
-        return next((v for v in self.versions if v.version == version), None)
-
 
 @dataclass(frozen=True, slots=True)
 class DueQuestion:

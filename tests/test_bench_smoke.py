@@ -36,7 +36,7 @@ from bench.common import (
 pytestmark = pytest.mark.toolchain
 
 ROOT = Path(__file__).resolve().parent.parent
-SECTIONS = ["decisions", "roundtrip", "scale", "audit", "idle", "followups"]
+SECTIONS = ["decisions", "roundtrip", "scale", "audit", "idle", "followups", "cluster"]
 
 
 def _latency(stats: dict[str, Any]) -> None:
@@ -119,6 +119,21 @@ def test_quick_run_measures_every_section(tmp_path: Path) -> None:
     for key in ("cpu_s", "cpu_percent", "wakeups_per_s", "rss_mb_end", "threads"):
         assert idle[key] >= 0, key
     assert idle["gate_exit_code"] == 0
+
+    cl = s["cluster"]
+    assert cl["baseline"] == "sqlite-1" and cl["all_ok"], cl
+    rows = {row["setup"]: row for row in cl["setups"]}
+    assert set(rows) | set(cl["skipped"]) == {"sqlite-1", "sqlite-1-lb"}
+    for row in rows.values():
+        assert row["backend"] == "sqlite" and row["gates"] == 1
+        assert row["rps"] > 0 and row["p99_ms"] > 0 and row["gate_cpu_ms_per_decision"] > 0
+        assert row["ratio_rps"] > 0 and row["ratio_p99"] > 0
+        for run in row["rounds"]:
+            assert run["load"]["ok"] == run["decisions"] == cl["decisions"], run["load"]
+            assert run["gate_processes"] == 2 and run["exit_codes"] == [0]  # daemon + writer
+    if "sqlite-1-lb" in rows:
+        assert rows["sqlite-1-lb"]["balancer_cpu_ms_per_decision"] is not None
+    assert "cluster (c=64" in report and "not built yet" in report
 
     assert len(r["targets"]) == 9
     for target in r["targets"]:

@@ -17,7 +17,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import aiohttp
@@ -686,12 +686,9 @@ async def test_verify_reports_a_permissive_gate(
     permissive = server_factory()
     original = runner.gate_side
 
-    async def redirected(
-        checks: Any, service: Any, session: Any, secret: str, local_url: str, decision: Any
-    ) -> None:
-        await original(
-            checks, service, session, secret, permissive.url.rstrip("/") + DECISIONS_PATH, decision
-        )
+    async def redirected(run: Any, decision: Any) -> Any:
+        local_url = permissive.url.rstrip("/") + DECISIONS_PATH
+        return await original(replace(run, local_url=local_url), decision)
 
     monkeypatch.setattr(runner, "gate_side", redirected)
     report = await runner.run_verify(

@@ -7,6 +7,7 @@ whole config (operator ids, scopes, the step's timeout, delegation cycles). Ever
 
 from __future__ import annotations
 
+import graphlib
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Annotated, Any
@@ -164,29 +165,18 @@ def check_delegations(delegations: Sequence[Delegation], config: Config) -> list
 
 
 def _find_cycle(edges: dict[int, set[int]]) -> list[int] | None:
-    """One cycle of the directed graph ``edges`` as [a, b, ..., a], or None."""
-    state: dict[int, int] = {}  # 1 on the stack, 2 done
-    stack: list[int] = []
-
-    def visit(node: int) -> list[int] | None:
-        state[node] = 1
-        stack.append(node)
-        for nxt in sorted(edges.get(node, ())):
-            if state.get(nxt) == 1:
-                return stack[stack.index(nxt) :] + [nxt]
-            if nxt not in state:
-                found = visit(nxt)
-                if found is not None:
-                    return found
-        stack.pop()
-        state[node] = 2
-        return None
-
-    for start in sorted(edges):
-        if start not in state:
-            found = visit(start)
-            if found is not None:
-                return found
+    """One cycle of the directed graph ``edges`` as [a, b, ..., a], or None: the first one
+    ``graphlib`` meets walking nodes and edges in sorted order."""
+    sorter: graphlib.TopologicalSorter[int] = graphlib.TopologicalSorter()
+    for node in sorted({*edges, *(target for targets in edges.values() for target in targets)}):
+        sorter.add(node)
+    for node in sorted(edges):
+        for target in sorted(edges[node]):
+            sorter.add(target, node)  # ``node`` comes before ``target``: the edge's direction
+    try:
+        sorter.prepare()
+    except graphlib.CycleError as exc:
+        return list(exc.args[1])
     return None
 
 

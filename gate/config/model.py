@@ -12,7 +12,6 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
-    ValidationInfo,
     field_validator,
 )
 
@@ -28,10 +27,7 @@ from gate.config.values import (
     _non_empty,
     _none_as_empty,
     check_bounded_number,
-    check_path_text,
     check_tcp_addr,
-    parse_duration,
-    resolve_path,
 )
 from gate.config.webauthn import WebAuthnConfig
 from gate.protocol.whitespace import identity_key
@@ -51,8 +47,6 @@ _Amount = Annotated[
 _Name = Annotated[
     str, Field(strict=True, min_length=1, max_length=200), AfterValidator(_check_name)
 ]
-_PathText = Annotated[Path, BeforeValidator(check_path_text)]
-_Timeout = Annotated[float, BeforeValidator(parse_duration), Field(gt=0)]
 _FROZEN = ConfigDict(extra="forbid", frozen=True)
 
 
@@ -121,7 +115,7 @@ class RelayConfig(BaseModel):
     callback_addr: Annotated[str, Field(strict=True), AfterValidator(check_tcp_addr)]
     public_url: Annotated[HttpUrl, AfterValidator(lambda url: url.rstrip("/"))] | None = None
     dispatch_timeout: Duration = 10.0
-    ca_file: _PathText | None = None
+    ca_file: AbsolutePath | None = None
     notices: Annotated[bool, Field(strict=True)] = False
     notice_url: HttpUrl | None = None
     questions: Annotated[bool, Field(strict=True)] = False
@@ -155,10 +149,9 @@ class RelayConfig(BaseModel):
 
     @field_validator("ca_file")
     @classmethod
-    def _ca_bundle(cls, value: Path | None, info: ValidationInfo) -> Path | None:
-        if value is None:
+    def _ca_bundle(cls, path: Path | None) -> Path | None:
+        if path is None:
             return None
-        path = resolve_path(value, info)
         try:
             ssl.create_default_context(cafile=str(path))
         except ssl.SSLError:  # (an OSError too)
@@ -198,9 +191,9 @@ class HttpConfig(BaseModel):
 
     model_config = _FROZEN
 
-    header_timeout: _Timeout = 10.0
-    body_timeout: _Timeout = 10.0
-    shutdown_timeout: _Timeout = 10.0
+    header_timeout: Duration = 10.0
+    body_timeout: Duration = 10.0
+    shutdown_timeout: Duration = 10.0
 
 
 class StorageConfig(BaseModel):
@@ -208,12 +201,11 @@ class StorageConfig(BaseModel):
 
     model_config = _FROZEN
 
-    path: _PathText
+    path: AbsolutePath
 
     @field_validator("path")
     @classmethod
-    def _absolute(cls, value: Path, info: ValidationInfo) -> Path:
-        path = resolve_path(value, info)
+    def _absolute(cls, path: Path) -> Path:
         # what can be told without touching anything: serve creates a missing file and
         # its directories, but cannot open a directory as a database
         if path.is_dir():

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from gate.audit.credential_entries import CredentialEnrolledData, CredentialRevokedData
 from gate.core.commands import Transaction
+from gate.core.views import named
 from gate.errors import Conflict, GateError, NotFound, refused
 from gate.model import Credential
 from gate.protocol.approver_signature import (
@@ -96,12 +97,9 @@ def credential_view(credential: Credential, config: Config) -> dict[str, Any]:
         (op.identity for op in config.relay.operators if op.id == credential.operator_id), None
     )
     return {
-        "credential_id": credential.credential_id,
-        "operator_id": credential.operator_id,
+        **named(credential, "credential_id", "operator_id"),
         "identity": identity,
-        "type": credential.type,
-        "public_key": credential.public_key,
-        "label": credential.label,
+        **named(credential, "type", "public_key", "label"),
         "created_at": rfc3339(credential.created_at),
         "revoked_at": None if credential.revoked_at is None else rfc3339(credential.revoked_at),
     }

@@ -1,5 +1,5 @@
 """The approval object of the pipeline API (SPEC §3), built from a loaded approval, and what
-every kind's object shares (``api_time``, ``opening``)."""
+every kind's object shares (``api_time``, ``opening``, ``named``)."""
 
 from __future__ import annotations
 
@@ -18,14 +18,13 @@ def api_time(ms: int | None) -> str | None:
 def opening(full: Approval | Question) -> dict[str, Any]:
     """The fields every kind's object has after its id, in this order: ``run_id``,
     ``pipeline``, ``step``, ``state``, ``outcome``, ``risk``."""
-    return {
-        "run_id": full.run_id,
-        "pipeline": full.pipeline,
-        "step": full.step,
-        "state": full.state,
-        "outcome": full.outcome,
-        "risk": full.risk,
-    }
+    return named(full, "run_id", "pipeline", "step", "state", "outcome", "risk")
+
+
+def named(value: Any, *names: str) -> dict[str, Any]:
+    """The attributes ``names`` of ``value`` as a JSON object's fields, in that order (the
+    ones an API object shows as its model holds them)."""
+    return {name: getattr(value, name) for name in names}
 
 
 def approval_view(full: Approval) -> dict[str, Any]:
@@ -64,13 +63,8 @@ def approval_view(full: Approval) -> dict[str, Any]:
         "resolved_at": api_time(full.resolved_at),
         "decisions": [
             {
-                "operator_id": d.operator_id,
-                "identity": d.identity,
-                "decision": d.decision,
-                "revision": d.revision,
-                "payload_hash": d.payload_hash,
-                "channel": d.channel,
-                "decided_at": d.decided_at,
+                **named(d, "operator_id", "identity", "decision", "revision", "payload_hash"),
+                **named(d, "channel", "decided_at"),
                 "recorded_at": api_time(d.recorded_at),
                 "reason": d.reason,
                 "on_behalf_of": None

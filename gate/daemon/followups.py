@@ -64,21 +64,14 @@ class FollowUps(Channel[DueFollowUp]):
 
     def ended(self, row: DueFollowUp, state: str | None, outcome: Outcome) -> None:
         """Log and count a row that ended (delivered or failed)."""
-        metrics = self.dispatcher.metrics
-        if state == "delivered":
-            if row.kind == "notice":
-                metrics.notice("delivered")
-            else:
-                metrics.followup_delivered(row.kind, outcome.pipeline, outcome.step, row.n)
-        elif state == "failed":
-            if outcome.error == "resolved":
-                log.info("event=followup_dropped %s reason=resolved", self.log_id(row))
-                return
+        if state == "failed" and outcome.error == "resolved":
+            log.info("event=followup_dropped %s reason=resolved", self.log_id(row))
+            return
+        if state == "failed":
             log.warning("event=followup_given_up %s error=%r", self.log_id(row), outcome.error)
-            if row.kind == "notice":
-                metrics.notice("failed")
-            else:
-                metrics.followup_failed(row.kind)
+        if state in ("delivered", "failed"):
+            metrics = self.dispatcher.metrics
+            metrics.followup_ended(row.kind, state, outcome.pipeline, outcome.step, row.n)
 
     def what(self, row: DueFollowUp) -> str:
         return row.kind

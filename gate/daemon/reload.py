@@ -5,7 +5,8 @@ from __future__ import annotations
 import asyncio
 import hmac
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
+from operator import attrgetter
 from typing import Any
 
 from gate.config import Config, Secrets, load, raw_mapping
@@ -19,15 +20,16 @@ log = logging.getLogger(__name__)
 # What a reload cannot change in a running daemon: bound sockets, the open database, the
 # relay HTTP session (its CA bundle), the runners' timeouts, the app's body limit, and the
 # receipt keys (held by GateService; changing the HMAC key mid-log would also split the
-# audit trail between two keys). Changing any of them needs a restart.
-RESTART_ONLY: tuple[tuple[str, Callable[[Config], Any]], ...] = (
-    ("relay.callback_addr", lambda c: c.relay.callback_addr),
-    ("api.listen", lambda c: c.api.listen),
-    ("storage.path", lambda c: c.storage.path),
-    ("relay.ca_file", lambda c: c.relay.ca_file),
-    ("api.max_draft_bytes", lambda c: c.api.max_draft_bytes),
-    ("http", lambda c: c.http),
-    ("receipts", lambda c: c.receipts),
+# audit trail between two keys). Changing any of them needs a restart. Each is the dotted
+# path of a setting: the attributes of a ``Config`` and the keys of its YAML.
+RESTART_ONLY = (
+    "relay.callback_addr",
+    "api.listen",
+    "storage.path",
+    "relay.ca_file",
+    "api.max_draft_bytes",
+    "http",
+    "receipts",
 )
 
 
@@ -45,9 +47,7 @@ def _raw_restart_changes(old: dict[str, Any] | None, new: dict[str, Any] | None)
             data = data.get(key) if isinstance(data, dict) else None
         return data
 
-    return [
-        _RESTART_ERROR.format(path) for path, _ in RESTART_ONLY if at(old, path) != at(new, path)
-    ]
+    return [_RESTART_ERROR.format(path) for path in RESTART_ONLY if at(old, path) != at(new, path)]
 
 
 class Reloader:
@@ -101,8 +101,8 @@ class Reloader:
             return list(exc.errors) + _raw_restart_changes(self._raw, raw)
         errors = [
             _RESTART_ERROR.format(path)
-            for path, get in RESTART_ONLY
-            if get(config) != get(self.config)
+            for path in RESTART_ONLY
+            if attrgetter(path)(config) != attrgetter(path)(self.config)
         ]
         if not hmac.compare_digest(secrets.receipt_key, self.secrets.receipt_key):
             errors.append(

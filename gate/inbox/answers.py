@@ -103,7 +103,7 @@ def value_from_form(spec: QuestionSpec, fields: Mapping[str, Any]) -> Any:
                 value[name] = chosen
         else:
             text = _one(fields, name)
-            if text is None or (text == "" and "enum" in prop) or text.strip() == "":
+            if text is None or text.strip() == "":
                 if name in required and text:
                     value[name] = text  # only white space: the gate says "must not be blank"
                 continue

@@ -26,9 +26,8 @@ async def waiting(request: web.Request) -> web.Response:
     seen, mine = {}, {}
     for i in items:
         seen[i.approval_id] = await state.db.approvers_recorded(i.approval_id, i.revision)
-        part = my_part(session.identity, i, await state.db.recorded_on(i.approval_id))
-        if part is not None:
-            mine[i.approval_id] = part
+        recorded = await state.db.recorded_on(i.approval_id)
+        mine[i.approval_id] = my_part(session.identity, i, recorded)
     return pages.waiting_page(
         request,
         items=items,

@@ -15,6 +15,7 @@ import logging
 import secrets
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from aiohttp import web
@@ -155,7 +156,7 @@ async def challenge(request: web.Request) -> web.Response:
     state = state_of(request)
     try:
         picks = picks_from(fields)
-        items = checked_items(picks, await _stored(state, picks), lambda i: may_decide(session, i))
+        items = checked_items(picks, await _stored(state, picks), partial(may_decide, session))
         batch = batch_of(items)
     except Refused as refused:
         return refused.response()
@@ -182,8 +183,7 @@ async def decide(request: web.Request) -> web.Response:
         found = _kept(state).pop((session.identity, tuple(picks)), None)
         stored = await _stored(state, picks)
         if found is None:
-            may = lambda i: may_decide(session, i)  # noqa: E731
-            batch = batch_of(checked_items(picks, stored, may))
+            batch = batch_of(checked_items(picks, stored, partial(may_decide, session)))
         else:
             batch = found[0]
             if any(s is None or not may_decide(session, s) for s in stored.values()):

@@ -6,14 +6,13 @@ from __future__ import annotations
 
 from typing import Any
 
-import aiohttp_jinja2
 from aiohttp import web
 
 from gate.inbox import auth
 from gate.inbox.bulk import title_of
 from gate.inbox.listing import decided_facts
 from gate.inbox.model import DecisionRecord, Item
-from gate.inbox.pages import item_url
+from gate.inbox.pages import item_url, render
 from gate.inbox.state import state_of
 from gate.inbox.words import answer_words, bulk_heading
 
@@ -45,14 +44,8 @@ async def results(request: web.Request) -> web.Response:
         result_row(record, await state.db.item(record.approval_id, state.now_ms()))
         for record in records
     ]
-    context = {
-        "rows": rows,
-        "heading": bulk_heading([str(r["kind"]) for r in rows]),
-        "session": session,
-        "nav": "",
-        "seq": 0,
-    }
-    return aiohttp_jinja2.render_template("bulk.html", request, context)
+    heading = bulk_heading([str(r["kind"]) for r in rows])
+    return render(request, "bulk.html", {"rows": rows, "heading": heading, "session": session})
 
 
 def add_routes(app: web.Application) -> None:

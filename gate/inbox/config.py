@@ -235,17 +235,24 @@ def _read_secrets(
     ``mail.username_env`` and ``mail.password_env`` (both or neither; no length asked),
     read the same way. Never says a value."""
     credentials = environ.get(CREDENTIALS_DIRECTORY) or None
-    wanted = [("gate.secret_env", config.gate.secret_env, MIN_SECRET_BYTES)]
-    if config.gate.previous_secret_env is not None:
-        wanted.append(
-            ("gate.previous_secret_env", config.gate.previous_secret_env, MIN_SECRET_BYTES)
-        )
-    if config.metrics_token_env is not None:
-        wanted.append(("metrics_token_env", config.metrics_token_env, MIN_SECRET_BYTES))
-    login, unpaired = _mail_login(config)
+    mail = config.mail
+    login = (None, None) if mail is None else (mail.username_env, mail.password_env)
+    unpaired: list[str] = []
+    if (login[0] is None) != (login[1] is None):
+        missing = "mail.username_env" if login[0] is None else "mail.password_env"
+        unpaired = [f"{missing}: set both mail.username_env and mail.password_env, or neither"]
+    wanted = [
+        ("gate.secret_env", config.gate.secret_env, MIN_SECRET_BYTES),
+        ("gate.previous_secret_env", config.gate.previous_secret_env, MIN_SECRET_BYTES),
+        ("metrics_token_env", config.metrics_token_env, MIN_SECRET_BYTES),
+    ]
+    if not unpaired:  # the SMTP login is read only when both variables are named
+        wanted += [("mail.username_env", login[0], 0), ("mail.password_env", login[1], 0)]
     values: dict[str, str] = {}
     errors: list[str] = []
-    for where, name, min_bytes in wanted + login:
+    for where, name, min_bytes in wanted:
+        if name is None:
+            continue
         value, error = read_secret(where, name, environ, credentials)
         if error is not None:
             errors.append(error)
@@ -258,20 +265,5 @@ def _read_secrets(
         return None, errors
     token = values.pop("metrics_token_env", None)
     user, password = (values.pop(where, "") for where in ("mail.username_env", "mail.password_env"))
-    mail_login = (user, password) if login else None
+    mail_login = (user, password) if login[0] is not None else None
     return InboxSecrets(tuple(values.values()), mail_login, token), []
-
-
-def _mail_login(config: InboxConfig) -> tuple[list[tuple[str, str, int]], list[str]]:
-    """The SMTP login's ``(yaml path, variable, 0)`` to read: ``mail.username_env`` and
-    ``mail.password_env``, none without mail or a login, or an error when only one is set."""
-    mail = config.mail
-    if mail is None or (mail.username_env is None and mail.password_env is None):
-        return [], []
-    if mail.username_env is None or mail.password_env is None:
-        missing = "mail.username_env" if mail.username_env is None else "mail.password_env"
-        return [], [f"{missing}: set both mail.username_env and mail.password_env, or neither"]
-    return [
-        ("mail.username_env", mail.username_env, 0),
-        ("mail.password_env", mail.password_env, 0),
-    ], []

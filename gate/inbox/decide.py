@@ -13,9 +13,9 @@ from typing import Any
 from aiohttp import web
 
 from gate.inbox import auth
-from gate.inbox.gate_client import GateUnreachable
+from gate.inbox.gate_client import GateUnreachable, post_decision
 from gate.inbox.model import DecisionRecord, Item, Session
-from gate.inbox.state import InboxState, decidable, send_to_gate, state_of
+from gate.inbox.state import InboxState, decidable, state_of
 from gate.protocol import PROTOCOL
 from gate.protocol.approver_signature import (
     VERBS,
@@ -47,21 +47,22 @@ class Refused(Exception):
         return auth.refusal(self.status, self.reason, self.message)
 
 
-def verb_fields(fields: dict[str, Any]) -> tuple[str, str | None, str | None]:
-    """The posted form's ``(verb, adjust_text, reason)``: ``reason`` is the text when not
-    blank (Unicode White_Space only) else None; ``adjust_text`` only for adjust (exactly as
-    typed). Raises Refused 400 ``invalid_decision`` for another verb or a non-text field."""
+def verb_fields(item: Item, fields: dict[str, Any]) -> tuple[str, str | None, str | None]:
+    """The posted form's ``(verb, adjust_text, reason)`` on ``item``: ``reason`` is the text
+    when not blank (Unicode White_Space only) else None; ``adjust_text`` only for adjust
+    (exactly as typed). Raises Refused 400 ``invalid_decision`` for another verb or a non-text
+    field, then ``check_open``'s 409s (an approval, pending, at the ``revision`` posted)."""
     verb = fields.get("decision")
     if verb not in VERBS:
         raise Refused(400, "invalid_decision", "Choose approve, skip or adjust.")
-    reason, adjust = fields.get("reason"), fields.get("adjust_text")
-    if reason is not None and not isinstance(reason, str):
-        raise Refused(400, "invalid_decision", "The reason must be text.")
-    if adjust is not None and not isinstance(adjust, str):
-        raise Refused(400, "invalid_decision", "The adjusted draft must be text.")
+    for name, what in (("reason", "The reason"), ("adjust_text", "The adjusted draft")):
+        if fields.get(name) is not None and not isinstance(fields[name], str):
+            raise Refused(400, "invalid_decision", f"{what} must be text.")
+    check_open(item, "approval", fields.get("revision", ""))
+    reason = fields.get("reason")
     return (
         str(verb),
-        adjust if verb == "adjust" else None,
+        fields.get("adjust_text") if verb == "adjust" else None,
         reason if reason is not None and trim(reason) else None,
     )
 
@@ -126,8 +127,7 @@ async def challenge(request: web.Request) -> web.Response:
     session's, 409 not pending or changed)."""
     _, item, fields = await checked_request(request)
     try:
-        verb, adjust_text, reason = verb_fields(fields)
-        check_open(item, "approval", fields.get("revision", ""))
+        verb, adjust_text, reason = verb_fields(item, fields)
     except Refused as refused:
         return refused.response()
     return web.json_response({"challenge": b64url(digest_of(item, verb, adjust_text, reason))})
@@ -181,8 +181,7 @@ async def decide(request: web.Request) -> web.Response:
     session, item, fields = await checked_request(request)
     state = state_of(request)
     try:
-        verb, adjust_text, reason = verb_fields(fields)
-        check_open(item, "approval", fields.get("revision", ""))
+        verb, adjust_text, reason = verb_fields(item, fields)
         own_assertion(fields, session, state, "Sign the decision with your passkey.")
         mine = await state.db.decisions_of(session.identity, limit=500)
         same = (d for d in mine if (d.approval_id, d.revision) == (item.approval_id, item.revision))
@@ -220,20 +219,26 @@ async def send_recorded(
     batch_id: str | None = None,
 ) -> tuple[int, tuple[int, dict[str, Any]] | None]:
     """The one signed send of a decision or an answer: ``record`` kept first (status 0; one
-    of batch ``batch_id`` when given), then ``body`` posted to ``item``'s callback
-    (``send_to_gate``, counted by ``record.decision``), then the gate's answer on the row.
+    of batch ``batch_id`` when given), then ``body`` posted to ``item``'s callback signed
+    with the current relay secret (``gate_client.post_decision``; the gate's status counted
+    by ``record.decision``, an unreachable gate as a gate error), then the gate's answer on
+    the row.
     Returns the row's number and the gate's ``(status, answer)``, None when the gate could
     not be reached (the row keeps status 0; logged as ``event=inbox_decision_unsent``, an
     answer's as ``event=inbox_answer_unsent``)."""
     number = await state.db.add_decision(record, batch_id)
     try:
-        answered = await send_to_gate(state, item, body, record.decision)
+        answered = await post_decision(
+            str(item.dispatch["callback"]["url"]), body, state.secrets.relay_secrets[0]
+        )
     except GateUnreachable:
+        state.metrics.gate_failed("decision")
         event = "answer" if record.decision == "answer" else "decision"
         key = "question_id" if event == "answer" else "approval_id"
         batch = "" if batch_id is None else f" batch_id={batch_id}"
         log.warning("event=inbox_%s_unsent %s=%s%s", event, key, item.approval_id, batch)
         return number, None
+    state.metrics.gate_answered(record.decision, answered[0])
     await state.db.set_decision_answer(number, *answered)
     return number, answered
 

@@ -25,7 +25,7 @@ from typing import Any
 import aiosmtplib
 
 from gate.inbox.config import MAIL_ADDRESS, MailSection
-from gate.inbox.followups import ESCALATION, NEW, REMINDER, News
+from gate.inbox.followups import ESCALATION, NEW, REMINDER, News, first_seen
 from gate.inbox.words import time_left
 
 log = logging.getLogger(__name__)
@@ -81,10 +81,8 @@ def mails_for(
     its ``pipeline`` and ``step``: one per identity of the news with an address (each address
     once), linking ``<base_url>/items/<approval_id>``. Reads nothing else of the dispatch: no
     draft, question text or reason goes into a mail."""
-    if news is None:
-        approvers = dispatch.get("approvers")
-        named = [a for a in approvers if isinstance(a, str)] if isinstance(approvers, list) else []
-        news = News(NEW, 0, tuple(named))
+    if news is None:  # what the first dispatch of an item tells
+        news = first_seen(dispatch)[1][0]
     start, sentence = SAID[news.kind]
     subject = (
         f"{start.format(n=news.n)}: {_header_text(dispatch.get('pipeline', ''))}"

@@ -74,9 +74,11 @@ def setup_templates(app: web.Application) -> jinja2.Environment:
     return env
 
 
-def _render(
+def render(
     request: web.Request, name: str, context: Mapping[str, Any], status: int = 200
 ) -> web.Response:
+    """Template ``name`` with ``context`` over the base every page has (no session, no nav
+    link, live updates from 0), answering ``status``."""
     base = {"session": None, "nav": "", "seq": 0}
     return aiohttp_jinja2.render_template(name, request, {**base, **context}, status=status)
 
@@ -136,7 +138,7 @@ def signin_page(
     (status 401); ``notice`` why the approver was signed out (status 200)."""
     context = {"challenge": challenge, "csrf": csrf, "action": "/signin", "error": error}
     context["notice"] = notice
-    return _render(request, "signin.html", context, status=401 if error else 200)
+    return render(request, "signin.html", context, status=401 if error else 200)
 
 
 def waiting_page(
@@ -147,7 +149,7 @@ def waiting_page(
     now_ms: int,
     seq: int,
     approved_by: Mapping[str, Sequence[str]] | None = None,
-    mine: Mapping[str, str] | None = None,
+    mine: Mapping[str, str | None] | None = None,
 ) -> web.Response:
     """What waits for the signed-in approver: pending ``items`` sorted by expiry (soonest
     first), each with pipeline, step, risk, quorum progress (``approved_by``: approval id →
@@ -171,7 +173,7 @@ def waiting_page(
         listed = {**row_facts(i), "bulkable": False, "review": None}
         others.append(Row(url=item_url(i.approval_id), **facts, **listed, standing=said))
     context = {"rows": rows, "others": others, "session": session, "nav": "waiting", "seq": seq}
-    return _render(request, "waiting.html", context)
+    return render(request, "waiting.html", context)
 
 
 def item_page(
@@ -222,7 +224,7 @@ def item_page(
         "diff": diff,
         "forms": forms,
     }
-    return _render(request, "item.html", context)
+    return render(request, "item.html", context)
 
 
 def _sent(submitted: Mapping[str, Any] | None) -> dict[str, list[str]]:
@@ -281,7 +283,7 @@ def question_page(
             (r.identity, _said(sent_words(r, item))) for r in recorded if r.decision == "answer"
         ],
     }
-    return _render(request, "question.html", context, status=status)
+    return render(request, "question.html", context, status=status)
 
 
 def _said(words: str | None) -> Markup | None:
@@ -320,7 +322,7 @@ def recent_page(
         }
         for d in sorted(decisions, key=lambda d: d.decided_at, reverse=True)
     ]
-    return _render(request, "recent.html", {"rows": rows, "session": session, "nav": "recent"})
+    return render(request, "recent.html", {"rows": rows, "session": session, "nav": "recent"})
 
 
 TITLES = {
@@ -368,7 +370,7 @@ def message_page(
         "named": _named(record, item),
         "behalf": on_behalf_of(record.identity, item) if item and kind in RECORDED else (),
     }
-    return _render(request, "message.html", context)
+    return render(request, "message.html", context)
 
 
 def plain_page(
@@ -382,4 +384,4 @@ def plain_page(
     """A page of one ``sentence`` under ``title`` (e.g. the 404 page), answering ``status``."""
     context = {"title": title, "kind": "refused", "sentence": sentence, "item_url": None}
     context["reason"] = context["named"] = context["behalf"] = None
-    return _render(request, "message.html", {**context, "session": session}, status=status)
+    return render(request, "message.html", {**context, "session": session}, status=status)

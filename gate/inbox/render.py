@@ -81,10 +81,6 @@ def _blank(body: str) -> Markup:
     return Markup('<p class="draft-empty">The draft holds only whitespace: {}.</p>').format(parts)
 
 
-def _pre(text: str) -> Markup:
-    return Markup('<pre class="draft-text">{}</pre>').format(marked_text(text))
-
-
 Tokens = Sequence[Token]
 
 
@@ -186,7 +182,9 @@ def draft_view(body: str, content_type: str) -> DraftView:
         found = reference_definitions(body, content_type)
         return DraftView(html, _count(html) + definitions_marked(found), "markdown", found)
     pretty = pretty_json(body) if kind == "application/json" else None
-    html = _pre(body if pretty is None else pretty)
+    html = Markup('<pre class="draft-text">{}</pre>').format(
+        marked_text(body if pretty is None else pretty)
+    )
     return DraftView(html, _count(html), "text" if pretty is None else "json")
 
 

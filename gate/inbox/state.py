@@ -15,7 +15,6 @@ from gate.inbox.config import InboxConfig, InboxSecrets, RelyingParty
 from gate.inbox.credentials_cache import CredentialsCache
 from gate.inbox.db import InboxDb
 from gate.inbox.decided import may_decide
-from gate.inbox.gate_client import GateUnreachable, post_decision
 from gate.inbox.metrics import InboxMetrics
 from gate.inbox.model import Item, Session
 
@@ -58,20 +57,3 @@ async def decidable(request: web.Request, session: Session) -> Item:
     if item is None or not may_decide(session, item):
         raise web.HTTPNotFound(text="no such item", content_type="text/plain")
     return item
-
-
-async def send_to_gate(
-    state: InboxState, item: Item, body: dict[str, Any], verb: str
-) -> tuple[int, dict[str, Any]]:
-    """POST a decision or an answer ``body`` to ``item``'s callback URL, signed with the
-    current relay secret (``gate_client.post_decision``): the gate's status and JSON answer,
-    counted in the metrics by ``verb``. Raises GateUnreachable (counted as a gate error)."""
-    try:
-        status, answer = await post_decision(
-            str(item.dispatch["callback"]["url"]), body, state.secrets.relay_secrets[0]
-        )
-    except GateUnreachable:
-        state.metrics.gate_failed("decision")
-        raise
-    state.metrics.gate_answered(verb, status)
-    return status, answer

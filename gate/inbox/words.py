@@ -57,13 +57,11 @@ def budget(obj: Mapping[str, Any] | None) -> list[str]:
     for label, spent, cap in (
         ("today", "spent_today", "cap_today"),
         ("this pipeline", "spent_pipeline", "cap_pipeline"),
+        ("this request", "this_request", ""),  # no cap
     ):
-        have, limit = _amount(obj.get(spent), unit), _amount(obj.get(cap), unit)
+        have, limit = _amount(obj.get(spent), unit), _amount(cap and obj.get(cap), unit)
         if have is not None:
             lines.append(f"{label}: {have}" + ("" if limit is None else f" of {limit}"))
-    this = _amount(obj.get("this_request"), unit)
-    if this is not None:
-        lines.append(f"this request: {this}")
     return lines
 
 

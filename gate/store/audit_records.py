@@ -6,10 +6,12 @@ table and column names, never input."""
 
 from __future__ import annotations
 
+import heapq
 import json
 import sqlite3
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from itertools import groupby, repeat
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -183,17 +185,16 @@ def _merged(
 ) -> Iterator[tuple[str, list[list[Any]]]]:
     """``(id, runs)`` for every id of the ``grouped`` ``streams`` (each ordered by id), in id
     order: ``runs`` holds each stream's rows of that id (``[]`` where it has none)."""
-    heads: list[Any] = [next(s, None) for s in streams]
-    while any(head is not None for head in heads):
-        subject_id = min(head[0] for head in heads if head is not None)
-        runs: list[list[Any]] = []
-        for index, head in enumerate(heads):
-            if head is not None and head[0] == subject_id:
-                runs.append(head[1])
-                heads[index] = next(streams[index], None)
-            else:
-                runs.append([])
+    tagged = heapq.merge(*(zip(s, repeat(i)) for i, s in enumerate(streams)), key=_subject)
+    for subject_id, group in groupby(tagged, key=_subject):
+        runs: list[list[Any]] = [[] for _ in streams]
+        for (_, rows), index in group:
+            runs[index] = rows
         yield subject_id, runs
+
+
+def _subject(tagged: tuple[tuple[str, list[Any]], int]) -> str:
+    return tagged[0][0]
 
 
 def latest_stored_receipt(path: Path, kind: KindTables) -> tuple[str, dict[str, Any]] | None:

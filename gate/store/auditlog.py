@@ -4,6 +4,8 @@ entries with its rows through ``audit_query`` and ``grouped``."""
 
 from __future__ import annotations
 
+import itertools
+import operator
 import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
@@ -87,19 +89,8 @@ def audit_query(conn: sqlite3.Connection) -> str | None:
         conn.close()
 
 
-_NOTHING = object()  # no id seen yet (a NULL one is an id here too)
-
-
 def grouped(cursor: sqlite3.Cursor, key: int = 0) -> Iterator[tuple[str, list[Any]]]:
     """``(id, rows)`` runs of a cursor ordered by the request id (an approval_id or a
     question_id) in column ``key``, read CHUNK rows at a time."""
-    current: Any = _NOTHING
-    run: list[Any] = []
-    for row in fetched(cursor):
-        if row[key] != current:
-            if run:
-                yield str(current), run
-            current, run = row[key], []
-        run.append(row)
-    if run:
-        yield str(current), run
+    for request_id, run in itertools.groupby(fetched(cursor), key=operator.itemgetter(key)):
+        yield str(request_id), list(run)

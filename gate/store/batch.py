@@ -259,6 +259,24 @@ def run_batch(
     return BatchResult(answers + [(job, result, None) for job, result in done], tx.appended_head)
 
 
+def run_guarded(
+    conn: sqlite3.Connection,
+    batch: list[Job],
+    handler: Handler,
+    faults: Faults,
+    before_job: Callable[[], None] | None = None,
+) -> BatchResult:
+    """``run_batch``, for both writers: a bug in the batch runner itself (an exception it
+    lets out) is logged (``event=writer_failed``), rolls the transaction back and fails
+    every job of the batch with it; the writer keeps serving."""
+    try:
+        return run_batch(conn, batch, handler, faults, before_job)
+    except Exception as exc:  # noqa: BLE001 - answered to each caller of the batch
+        log.exception("event=writer_failed")
+        rollback_quietly(conn)
+        return BatchResult([(job, None, exc) for job in batch], None)
+
+
 def settle(future: asyncio.Future[Any], ok: bool, value: Any) -> None:
     """Answer one caller: ``value`` is its result when ``ok``, else the exception it raises;
     nothing when it stopped waiting. An answer its future refuses (``StopIteration``) fails

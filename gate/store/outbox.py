@@ -122,9 +122,6 @@ class OutboxTable(Generic[R]):
             f"o.delivered_at IS NULL AND r.state = 'pending' AND r.{version} = o.{version}",
         )
 
-    def _where_key(self) -> str:
-        return " AND ".join(f"{column} = ?" for column in self.columns[: self.key])
-
 
 DISPATCHES: OutboxTable[DueDispatch] = OutboxTable(
     "outbox", ("approval_id", "revision"), 2, DueDispatch, APPROVALS
@@ -217,7 +214,7 @@ class OutboxStatements:
         with a give-up time fails (``failed_at``) when ``retry_at_ms`` is None (a drop, no
         attempt) or not before its ``give_up_at``. None when the row is gone, delivered or
         failed already (nothing changed)."""
-        where = outbox._where_key()
+        where = " AND ".join(f"{column} = ?" for column in outbox.columns[: outbox.key])
         if outbox.request is not None:
             if not acked and retry_at_ms is None:
                 raise ValueError("a dispatch is retried until its request resolves, never dropped")

@@ -20,8 +20,8 @@ from typing import Any
 
 from gate.errors import GateError
 from gate.store import batch
-from gate.store.batch import MAX_BATCH, Answer, Command, Faults, Handler, Job, Probe
-from gate.store.connection import open_writer, rollback_quietly
+from gate.store.batch import MAX_BATCH, Command, Faults, Handler, Job, Probe
+from gate.store.connection import open_writer
 
 log = logging.getLogger(__name__)
 
@@ -163,19 +163,11 @@ def _child(path: Path, handler: Handler, sock: socket.socket) -> int:
         rest = claim_cancels(waiting)
         waiting.clear()
         waiting.extend(rest)
-        head = None
-        answers: list[Answer]
-        try:
-            result = batch.run_batch(conn, todo, handler, faults, before_job)
-            answers, head = result.answers, result.head
-        except Exception as exc:  # noqa: BLE001 - a bug in the batch runner: fail the batch,
-            log.exception("event=writer_failed")  # keep serving (as the writer thread does)
-            rollback_quietly(conn)
-            answers = [(job, None, exc) for job in todo]
+        ran = batch.run_guarded(conn, todo, handler, faults, before_job)
         jobs.clear()
-        if any(isinstance(job.command, Probe) and error is None for job, _, error in answers):
+        if any(isinstance(job.command, Probe) and error is None for job, _, error in ran.answers):
             faults.recovered()  # a probe committed: the storage fault is over
-        items = [_answer(job, result, error) for job, result, error in answers]
+        items = [_answer(job, result, error) for job, result, error in ran.answers]
         try:
             try:
                 data = frame(("answers", items, faults.write_fault))
@@ -183,9 +175,9 @@ def _child(path: Path, handler: Handler, sock: socket.socket) -> int:
                 data = frame(("answers", [_picklable(item) for item in items], faults.write_fault))
             sock.sendall(data)
         except OSError:
-            batch.log_head(head)  # committed all the same
+            batch.log_head(ran.head)  # committed all the same
             return 0  # the web process is gone: nobody waits for these answers
-        batch.log_head(head)  # after the answers: off the callers' path
+        batch.log_head(ran.head)  # after the answers: off the callers' path
 
 
 def _apply(handler: Handler, command: Command[None]) -> None:

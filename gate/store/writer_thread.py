@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import queue
 import sqlite3
 import threading
@@ -18,9 +17,6 @@ from typing import TypeVar
 from gate.errors import Unavailable
 from gate.store import batch
 from gate.store.batch import MAX_BATCH, Answer, Command, Faults, Handler, Job, settle
-from gate.store.connection import rollback_quietly
-
-log = logging.getLogger(__name__)
 
 R = TypeVar("R")
 
@@ -100,16 +96,9 @@ class ThreadWriter:
                     stopping = True
                     break
                 jobs.append(job)
-            head = None
-            try:
-                result = batch.run_batch(self._conn, jobs, self._handler, self.faults)
-                answers, head = result.answers, result.head
-            except Exception as exc:  # a bug in the batch runner: fail the batch, keep serving
-                log.exception("event=writer_failed")
-                rollback_quietly(self._conn)
-                answers = [(job, None, exc) for job in jobs]
-            self._deliver(answers)
-            batch.log_head(head)
+            result = batch.run_guarded(self._conn, jobs, self._handler, self.faults)
+            self._deliver(result.answers)
+            batch.log_head(result.head)
 
     def _deliver(self, answers: list[Answer]) -> None:
         if not answers:

@@ -42,17 +42,13 @@ async def run_checks(
         return [config_check] + [
             skip(name, "needs a valid config", ok=False) for name in NEED_CONFIG
         ]
-    secrets_check, secrets = check_secrets(config, environ)
+    secrets_check = check_secrets(config, environ)
     keys_check, keys = check_keys(config)
     path = config.storage.path
     database_check = await asyncio.to_thread(check_database, path)
-    # the receipt key is checked on its own: other secrets missing do not hide it
-    receipt_key = secrets.receipt_key if secrets is not None else read_receipt_key(config, environ)
-    previous_key = (
-        secrets.previous_receipt_key
-        if secrets is not None
-        else read_receipt_key(config, environ, previous=True)
-    )
+    # the receipt keys are read on their own: other secrets missing do not hide them
+    receipt_key = read_receipt_key(config, environ)
+    previous_key = read_receipt_key(config, environ, previous=True)
     audit_check = await asyncio.to_thread(
         check_audit, path, receipt_key, keys, previous_key, config.receipts
     )

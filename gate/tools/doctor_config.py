@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from gate.config import Config, Secrets, load_config, load_secrets
+from gate.config import Config, load_config, load_secrets
 from gate.config.followups import ended_delegations
 from gate.config.policy import policy_notes
 from gate.config.secrets import _secret_vars
@@ -39,20 +39,20 @@ def check_config(path: str) -> tuple[Check, Config | None]:
     return Check("config", True, detail), config
 
 
-def check_secrets(config: Config, environ: Mapping[str, str]) -> tuple[Check, Secrets | None]:
+def check_secrets(config: Config, environ: Mapping[str, str]) -> Check:
     """Every secret the config names is set, clean, at least 16 bytes and distinct
     (``load_secrets``); WARN when one is shorter than 32 bytes or others may read the
     credentials directory."""
     try:
         secrets = load_secrets(config, environ)
     except ConfigError as exc:
-        return Check("secrets", False, shown_errors(exc.errors)), None
+        return Check("secrets", False, shown_errors(exc.errors))
     detail = ", ".join(name for _, name in _secret_vars(config)) + " set and distinct"
     exposed = _exposed_credentials(environ.get("CREDENTIALS_DIRECTORY"))
     concerns = [*secrets.warnings, *([exposed] if exposed else [])]
     if concerns:
-        return warn("secrets", f"{detail}; but {'; '.join(concerns)}"), secrets
-    return Check("secrets", True, detail), secrets
+        return warn("secrets", f"{detail}; but {'; '.join(concerns)}")
+    return Check("secrets", True, detail)
 
 
 def _exposed_credentials(directory: str | None) -> str:

@@ -13,7 +13,7 @@ level i (1-based) at ``created_at + after_ms``. Nothing is due at or after ``exp
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -34,15 +34,7 @@ class Plan:
 
     def to_json(self) -> str:
         """The ``approvals.followups`` text (schema comment of migration 4)."""
-        return json.dumps(
-            {
-                "remind_after_ms": self.remind_after_ms,
-                "remind_every_ms": self.remind_every_ms,
-                "levels": [[after, [list(op) for op in ops]] for after, ops in self.levels],
-            },
-            ensure_ascii=False,
-            separators=(",", ":"),
-        )
+        return json.dumps(asdict(self), ensure_ascii=False, separators=(",", ":"))
 
     @classmethod
     def from_json(cls, text: str | None) -> Plan | None:
@@ -63,14 +55,10 @@ class Plan:
     def without(self, operator_id: int) -> Plan:
         """The plan with ``operator_id`` left out of every level (the requester, who may not
         decide their own request: ``gate.core.approvals.service.Approvals.requester_policy``)."""
-        return Plan(
-            self.remind_after_ms,
-            self.remind_every_ms,
-            tuple(
-                (after, tuple(op for op in ops if op[0] != operator_id))
-                for after, ops in self.levels
-            ),
+        kept = tuple(
+            (after, tuple(op for op in ops if op[0] != operator_id)) for after, ops in self.levels
         )
+        return replace(self, levels=kept)
 
 
 def plan_for(
@@ -155,13 +143,10 @@ def next_followup_at(
     ``expires_at``."""
     if plan is None:
         return None
-    times = []
-    nxt = reminder_at(plan, created_at, reminders_sent + 1)
-    if nxt is not None:
-        times.append(nxt)
+    times = [reminder_at(plan, created_at, reminders_sent + 1)]
     if level < len(plan.levels):
         times.append(created_at + plan.levels[level][0])
-    found = min(times, default=None)
+    found = min((at for at in times if at is not None), default=None)
     return found if found is not None and found < expires_at else None
 
 

@@ -17,7 +17,7 @@ from gate.audit.receipts import receipt_object
 from gate.core.questions.create import QuestionRequest
 from gate.core.requests.kind import Kind
 from gate.core.requests.lifecycle_tx import NOTICE_GIVE_UP_MS, new_nonce
-from gate.core.views import api_time, opening
+from gate.core.views import api_time, named, opening
 from gate.errors import Conflict
 from gate.model import DueQuestion, Question
 from gate.protocol.canonical import wire_json
@@ -128,14 +128,9 @@ def question_view(full: Question) -> dict[str, Any]:
     answer = None
     if full.answer is not None:
         won = full.answer
-        answered = full.version_row(won.version)
+        answered = next((v for v in full.versions if v.version == won.version), None)
         answer = {
-            "value": won.value,
-            "operator_id": won.operator_id,
-            "identity": won.identity,
-            "display": won.display,
-            "channel": won.channel,
-            "version": won.version,
+            **named(won, "value", "operator_id", "identity", "display", "channel", "version"),
             "request_hash": answered.request_hash if answered is not None else None,
             "decided_at": won.decided_at,
             "recorded_at": api_time(won.recorded_at),

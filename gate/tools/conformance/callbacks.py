@@ -166,32 +166,26 @@ status and the reasons the gate must refuse it with."""
 
 
 async def run_probes(
-    session: aiohttp.ClientSession,
-    gate_url: str,
-    template: dict[str, Any],
-    secret: str,
-    probes: Sequence[Probe],
+    run: Run, template: dict[str, Any], probes: Sequence[Probe]
 ) -> list[CheckResult]:
     """Each of ``probes`` in order: ``template`` (an accepted callback) without the keys it
-    drops, updated with its changes, signed now with ``secret`` and POSTed to the gate at
-    ``gate_url`` (``probe``: it passes only when refused with its status and one of its
-    reasons)."""
+    drops, updated with its changes, signed now with ``run.secret`` and POSTed to the gate
+    at ``run.local_url`` (``probe``: it passes only when refused with its status and one of
+    its reasons)."""
     results = []
     for name, changes, drop, status, reasons in probes:
         raw = wire_json({**{k: v for k, v in template.items() if k not in drop}, **changes})
         headers = {
             "Content-Type": "application/json",
             PROTOCOL_HEADER: PROTOCOL,
-            SIGNATURE_HEADER: signing.sign(secret, int(time.time()), raw),
+            SIGNATURE_HEADER: signing.sign(run.secret, int(time.time()), raw),
         }
-        results.append(await probe(session, gate_url, raw, headers, name, status, reasons))
+        results.append(await probe(run.session, run.local_url, raw, headers, name, status, reasons))
     return results
 
 
 async def probe_gate(
-    session: aiohttp.ClientSession,
-    gate_url: str,
-    secret: str,
+    run: Run,
     callback: Observed | None,
     awaited: Awaited,
     names: Sequence[str],
@@ -199,10 +193,10 @@ async def probe_gate(
     aim: Callable[[dict[str, Any]], Awaitable[list[Probe]]],
 ) -> list[CheckResult]:
     """The gate-side checks ``names`` of the relay's ``callback`` (an ``awaited.noun``),
-    POSTed to the gate at ``gate_url``: the callback replayed as received (``names[0]``,
+    POSTed to the gate at ``run.local_url``: the callback replayed as received (``names[0]``,
     refused 409 with one of ``replayed``), then the probes ``aim`` builds from its body
-    (``run_probes``, re-signed with ``secret``). Without a callback the gate accepted, all
-    reported not run (fix the last of ``awaited.judged`` first)."""
+    (``run_probes``, re-signed with ``run.secret``). Without a callback the gate accepted,
+    all reported not run (fix the last of ``awaited.judged`` first)."""
     template = callback.body() if callback is not None and callback.status == 200 else None
     if callback is None or template is None:
         why = f"no accepted {awaited.noun} to use as a template"
@@ -211,8 +205,8 @@ async def probe_gate(
     # a replay keeps the callback's signature, protocol and content type
     kept = (SIGNATURE_HEADER.lower(), PROTOCOL_HEADER.lower(), "content-type")
     headers = {k: v for k, v in callback.headers.items() if k in kept}
-    replay = await probe(session, gate_url, callback.raw, headers, names[0], 409, replayed)
-    return [replay, *await run_probes(session, gate_url, template, secret, await aim(template))]
+    replay = await probe(run.session, run.local_url, callback.raw, headers, names[0], 409, replayed)
+    return [replay, *await run_probes(run, template, await aim(template))]
 
 
 def mutated(digest: str) -> str:

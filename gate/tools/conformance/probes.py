@@ -6,13 +6,11 @@ from __future__ import annotations
 
 from typing import Any
 
-import aiohttp
-
 from gate.core.approvals.create import CreateRequest
 from gate.core.service import GateService
 from gate.model import Approval
 from gate.store.approvals import APPROVALS
-from gate.tools.conformance.callbacks import Probe, mutated, probe_gate
+from gate.tools.conformance.callbacks import Probe, Run, mutated, probe_gate
 from gate.tools.conformance.checks import DECISION, CheckResult, Observed
 from gate.tools.conformance.ephemeral import OUTSIDER, PIPELINE
 
@@ -34,22 +32,15 @@ async def create_approval(service: GateService, run_id: str) -> Approval:
     return full
 
 
-async def gate_side(
-    checks: list[CheckResult],
-    service: GateService,
-    session: aiohttp.ClientSession,
-    secret: str,
-    local_url: str,
-    decision: Observed | None,
-) -> None:
-    """The gate-side checks: the relay's accepted ``decision`` replayed as received, then
-    re-signed copies aimed at a second, pending approval with a mutated payload hash and with
-    an approver out of scope; each must be refused with its reason (SPEC §6). Without an
-    accepted decision they are reported not run."""
+async def gate_side(run: Run, decision: Observed | None) -> list[CheckResult]:
+    """The gate-side checks, POSTed to ``run``'s gate: the relay's accepted ``decision``
+    replayed as received, then re-signed copies aimed at a second, pending approval with a
+    mutated payload hash and with an approver out of scope; each must be refused with its
+    reason (SPEC §6). Without an accepted decision they are reported not run."""
     names = ("gate.replay_refused", "gate.mutated_hash_refused", "gate.out_of_scope_refused")
 
     async def aim(template: dict[str, Any]) -> list[Probe]:
-        target = await create_approval(service, "conformance-probe")
+        target = await create_approval(run.service, "conformance-probe")
         rev = target.revisions[0]
         aimed = {"approval_id": target.approval_id, "nonce": rev.nonce}
         outsider = {**(template.get("approver") or {}), "id": OUTSIDER}
@@ -60,5 +51,4 @@ async def gate_side(
         ]
 
     replayed = ("already_resolved", "duplicate")
-    probed = await probe_gate(session, local_url, secret, decision, DECISION, names, replayed, aim)
-    checks.extend(probed)
+    return await probe_gate(run, decision, DECISION, names, replayed, aim)

@@ -90,7 +90,7 @@ async def _probes(run: Run, answer: Observed | None) -> list[CheckResult]:
     in_run_order = (PROBES[0], PROBES[2], PROBES[3], PROBES[1])
     replayed = ("duplicate", "already_resolved")
     replay, hash_probe, kind_probe, type_probe = await probe_gate(
-        run.session, run.local_url, run.secret, answer, ANSWER, in_run_order, replayed, aim
+        run, answer, ANSWER, in_run_order, replayed, aim
     )
     return [replay, type_probe, hash_probe, kind_probe]
 

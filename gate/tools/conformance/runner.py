@@ -152,7 +152,7 @@ async def check_decisions(run: Run, checks: list[CheckResult]) -> Observed | Non
         GRACE_S,
     )
     checks.extend(judged)
-    await gate_side(checks, run.service, run.session, run.secret, run.local_url, decision)
+    checks.extend(await gate_side(run, decision))
     return decision
 
 

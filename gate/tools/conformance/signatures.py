@@ -79,7 +79,7 @@ async def check_signatures(
         (SIGNATURE_CHECKS[2], {**moved, FIELD: {**sent, "batch": [other]}}, (), 403, INVALID),
         (SIGNATURE_CHECKS[3], {**moved}, (FIELD,), 403, ("approver_signature_required",)),
     ]
-    return checks + await run_probes(run.session, run.local_url, template, run.secret, probes)
+    return checks + await run_probes(run, template, probes)
 
 
 async def _judge_signed(

@@ -30,11 +30,6 @@ def line(value: object) -> str:
     return marked(str(value), keep="")
 
 
-def _hidden(value: object) -> int:
-    """How many characters of ``str(value)`` ``line`` shows as ``<U+XXXX>``."""
-    return sum(map(is_hidden, str(value)))
-
-
 def hidden_count(question: dict[str, Any]) -> int:
     """How many characters of everything shown of a question are shown as ``<U+XXXX>``: its
     text (``visible``: newline and tab kept), and on one line each (``line``) its reason,
@@ -50,7 +45,7 @@ def hidden_count(question: dict[str, Any]) -> int:
         shown += [prop[k] for k in ("title", "description") if isinstance(prop.get(k), str)]
         shown += list(prop.get("enum") or []) + list(prop.get("enumNames") or [])
         shown += list((prop.get("items") or {}).get("enum") or [])
-    return count + sum(_hidden(v) for v in shown)
+    return count + sum(sum(map(is_hidden, str(v))) for v in shown)  # as ``line`` marks them
 
 
 def field_summary(prop: dict[str, Any], required: bool) -> str:
