@@ -15,7 +15,10 @@ import shutil
 import socket
 import subprocess
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
+
+import pytest
 
 PG_ROOT = Path("/usr/lib/postgresql")
 USER = "gate"  # the superuser initdb creates; trust auth on loopback and the socket only
@@ -111,3 +114,19 @@ class PgServer:
         """The server's log so far (for a failing test's message)."""
         path = self.root / "log"
         return path.read_text(errors="replace") if path.exists() else ""
+
+
+def running_server() -> Iterator[PgServer]:
+    """A started server for a test module's fixture (``yield from running_server()``), removed
+    afterwards; skips where there are no binaries, and fails instead under HITL_CI=1
+    (``.ci/run`` installs them)."""
+    bindir = pg_bindir()
+    if bindir is None:
+        if os.environ.get("HITL_CI"):
+            pytest.fail("no PostgreSQL binaries in /usr/lib/postgresql/<v>/bin (.ci/run installs)")
+        pytest.skip("no PostgreSQL binaries here (apt-get install postgresql, or set PG_BINDIR)")
+    pg = PgServer(bindir).start()
+    try:
+        yield pg
+    finally:
+        pg.remove()

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.pg_server import PgServer, pg_bindir
+from tests.pg_server import PgServer, running_server
 
 pytestmark = [pytest.mark.e2e, pytest.mark.postgres]
 
@@ -20,16 +20,7 @@ psycopg = __import__("psycopg") if os.environ.get("HITL_CI") else pytest.importo
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[PgServer]:
-    bindir = pg_bindir()
-    if bindir is None:
-        if os.environ.get("HITL_CI"):
-            pytest.fail("no PostgreSQL binaries in /usr/lib/postgresql/<v>/bin (.ci/run installs)")
-        pytest.skip("no PostgreSQL binaries here (apt-get install postgresql, or set PG_BINDIR)")
-    pg = PgServer(bindir).start()
-    try:
-        yield pg
-    finally:
-        pg.remove()
+    yield from running_server()
 
 
 def test_pg_server_accepts_a_connection_on_loopback(server: PgServer) -> None:

@@ -80,7 +80,7 @@ from gate.store.pg_schema import migrate
 from gate.store.questions import QUESTIONS
 from gate.store.reads import Reads, audit_chunk
 from gate.trust.keys import Signer
-from tests.pg_server import PgServer, pg_bindir
+from tests.pg_server import PgServer, running_server
 from tests.support import ASK_STEP, ENV, Q1_STEP, wait_until, write_config
 
 pytestmark = [pytest.mark.e2e, pytest.mark.postgres]
@@ -230,16 +230,7 @@ def test_row_answers_by_index_name_and_unpacking() -> None:
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[PgServer]:
-    bindir = pg_bindir()
-    if bindir is None:
-        if os.environ.get("HITL_CI"):
-            pytest.fail("no PostgreSQL binaries in /usr/lib/postgresql/<v>/bin (.ci/run installs)")
-        pytest.skip("no PostgreSQL binaries here (apt-get install postgresql, or set PG_BINDIR)")
-    pg = PgServer(bindir).start()
-    try:
-        yield pg
-    finally:
-        pg.remove()
+    yield from running_server()
 
 
 _databases = iter(range(1, 1000))

@@ -17,7 +17,7 @@ import pytest
 
 from gate.store.pg_schema import SchemaTooNew, migrate
 from gate.store.schema import MIGRATIONS, SCHEMA_VERSION
-from tests.pg_server import PgServer, pg_bindir
+from tests.pg_server import PgServer, running_server
 
 pytestmark = [pytest.mark.e2e, pytest.mark.postgres]
 
@@ -28,16 +28,7 @@ TYPES = {"INTEGER": "bigint", "TEXT": "text", "REAL": "double precision"}
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[PgServer]:
-    bindir = pg_bindir()
-    if bindir is None:
-        if os.environ.get("HITL_CI"):
-            pytest.fail("no PostgreSQL binaries in /usr/lib/postgresql/<v>/bin (.ci/run installs)")
-        pytest.skip("no PostgreSQL binaries here (apt-get install postgresql, or set PG_BINDIR)")
-    pg = PgServer(bindir).start()
-    try:
-        yield pg
-    finally:
-        pg.remove()
+    yield from running_server()
 
 
 _databases = iter(range(1, 1000))
