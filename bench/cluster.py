@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from bench import cpu
-from bench.common import API_TOKEN, IDENTITIES, Daemon, decision_bytes, median
+from bench.common import API_TOKEN, Daemon, median, write_decisions
 from tests.balancer import Balancer, haproxy
 
 if TYPE_CHECKING:
@@ -215,18 +215,7 @@ def measure(bench: Bench, setup: Setup, directory: Path) -> dict[str, Any]:
                     raise RuntimeError("dispatches still un-acked after 300 s")
                 time.sleep(0.05)
             bodies = directory / "bodies.txt"
-            bodies.write_bytes(
-                b"\n".join(
-                    decision_bytes(
-                        e["approval_id"],
-                        e["nonce"],
-                        e["payload_hash"],
-                        IDENTITIES[i % len(IDENTITIES)],
-                    )
-                    for i, e in enumerate(envs)
-                )
-                + b"\n"
-            )
+            write_decisions(bodies, envs)
             _progress(f"cluster: {setup.name} c={concurrency} n={count}")
             scrapes0 = [scrape(u) for u in running.api_urls]
             gate0 = cpu.snapshot(running.gate_pids)

@@ -163,6 +163,18 @@ def decision_bytes(
     return json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
 
 
+def write_decisions(path: Path, dispatches: list[dict[str, Any]]) -> None:
+    """One decision line per captured dispatch (``approval_id``, ``nonce``, ``payload_hash``),
+    approvers taken in turn from ``IDENTITIES``: the load generator's input file."""
+    lines = (
+        decision_bytes(
+            e["approval_id"], e["nonce"], e["payload_hash"], IDENTITIES[i % len(IDENTITIES)]
+        )
+        for i, e in enumerate(dispatches)
+    )
+    path.write_bytes(b"\n".join(lines) + b"\n")
+
+
 # ---- /proc sampling ----------------------------------------------------------------------
 
 

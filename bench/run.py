@@ -67,6 +67,7 @@ from bench.common import (
     run_json,
     threads,
     write_config,
+    write_decisions,
 )
 
 SECTIONS = ("decisions", "roundtrip", "scale", "audit", "idle", "followups", "cluster")
@@ -357,18 +358,7 @@ class Bench:
             for concurrency, count in p.levels:
                 envs = [next(pool) for _ in range(count)]
                 bodies = d / f"bodies-c{concurrency}.txt"
-                bodies.write_bytes(
-                    b"\n".join(
-                        decision_bytes(
-                            e["approval_id"],
-                            e["nonce"],
-                            e["payload_hash"],
-                            IDENTITIES[i % len(IDENTITIES)],
-                        )
-                        for i, e in enumerate(envs)
-                    )
-                    + b"\n"
-                )
+                write_decisions(bodies, envs)
                 _progress(f"decisions: c={concurrency} n={count} baseline")
                 cpu0 = cpu_seconds(baseline.pid)
                 base = self.loadgen_decisions(baseline.url, bodies, concurrency)
