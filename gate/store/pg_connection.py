@@ -89,6 +89,10 @@ class DriverConnection(Protocol):
     def autocommit(self) -> bool: ...
     @property
     def info(self) -> DriverInfo: ...
+    @property
+    def closed(self) -> bool: ...
+    @property
+    def broken(self) -> bool: ...
     def execute(self, query: Any, params: Any = ..., /) -> Any: ...
     def close(self) -> None: ...
 
@@ -357,6 +361,11 @@ class PgConnection:
         """A transaction is open (or failed and not yet rolled back): the server's
         transaction status is not idle."""
         return int(self._conn.info.transaction_status) != 0
+
+    @property
+    def closed(self) -> bool:
+        """The connection is closed, or was lost (the driver saw it broken)."""
+        return bool(self._conn.closed or self._conn.broken)
 
     def close(self) -> None:
         """Close the connection."""
