@@ -19,14 +19,18 @@ import pytest
 import yaml
 
 from gate.audit.chain import AuditRow, verify
-from tests.pg_server import PgServer, running_server
+from gate.store.pg_schema import migrate
+from gate.store.schema import SCHEMA_VERSION
+from tests.pg_server import PgServer, free_port, running_server
 from tests.support import (
     RECEIPT_KEY,
     CaptureRelay,
     GateProcess,
     decision_body,
+    gate_env,
     http_request,
     post_decision,
+    run_cli,
     wait_until,
     write_config,
 )
@@ -37,6 +41,7 @@ psycopg = __import__("psycopg") if os.environ.get("HITL_CI") else pytest.importo
 
 _databases = iter(range(1, 1000))
 UNAVAILABLE = {"status": "unavailable", "reason": "storage_unavailable"}
+DB_PASSWORD = "db-password-never-logged-5c1d9e7a"
 
 
 @pytest.fixture(scope="module")
@@ -60,14 +65,21 @@ def url(server: PgServer) -> str:
     return server.url(name)
 
 
-def start_gate(directory: Path, relay: CaptureRelay, url: str) -> GateProcess:
-    """A ``hitl-gate serve`` on the PostgreSQL database ``url``, dispatching to ``relay``."""
+def pg_config(directory: Path, relay: CaptureRelay, url: str) -> Path:
+    """The test config (``write_config``) on the PostgreSQL database ``url``, its password
+    in ``HITL_DB_PASSWORD`` (the test server trusts loopback: any password is accepted)."""
     directory.mkdir(parents=True, exist_ok=True)
     path = write_config(directory, relay.url)
     config = yaml.safe_load(path.read_text(encoding="utf-8"))
-    config["storage"] = {"url": url}
+    config["storage"] = {"url": url, "password_env": "HITL_DB_PASSWORD"}
     path.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
-    return GateProcess(path).start()
+    return path
+
+
+def start_gate(directory: Path, relay: CaptureRelay, url: str) -> GateProcess:
+    """A ``hitl-gate serve`` on the PostgreSQL database ``url``, dispatching to ``relay``."""
+    path = pg_config(directory, relay, url)
+    return GateProcess(path, env=gate_env(HITL_DB_PASSWORD=DB_PASSWORD)).start()
 
 
 @pytest.fixture
@@ -154,6 +166,7 @@ def test_gate_on_postgres_runs_the_lifecycle(
     assert (resolved["state"], resolved["outcome"]) == ("resolved", "approved")
     log = assert_log_whole(url)
     assert [row.kind for row in log if row.approval_id == approval_id].count("resolved") == 1
+    assert DB_PASSWORD not in gate.log()
     writers = rows(
         url,
         "SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE 'hitl-gate/writer/%%'",
@@ -216,3 +229,35 @@ def test_two_gates_on_one_database_count_a_decision_once(
     assert sum(row.kind == "resolved" for row in log) == 5
     for gate in gates:
         assert http_request(gate.api_url + "/healthz", "GET", None, {}, 30)[0] == 200
+
+
+def test_gate_on_postgres_refuses_a_schema_newer_than_itself(
+    tmp_path: Path, relay: CaptureRelay, url: str
+) -> None:
+    with psycopg.connect(url) as conn, conn.transaction():
+        migrate(conn)
+        conn.execute("INSERT INTO schema_migrations (version) VALUES (%s)", (SCHEMA_VERSION + 1,))
+    path = pg_config(tmp_path, relay, url)
+
+    done = run_cli("serve", "-c", str(path), env=gate_env(HITL_DB_PASSWORD=DB_PASSWORD))
+
+    assert done.returncode == 1
+    assert done.stderr.decode().splitlines() == [
+        f"Error: the database's schema is version {SCHEMA_VERSION + 1};"
+        f" this gate knows up to {SCHEMA_VERSION}"
+    ]
+
+
+def test_gate_on_postgres_unreachable_is_one_line(
+    tmp_path: Path, relay: CaptureRelay, server: PgServer
+) -> None:
+    path = pg_config(tmp_path, relay, f"postgresql://gate@127.0.0.1:{free_port()}/none")
+
+    done = run_cli("serve", "-c", str(path), env=gate_env(HITL_DB_PASSWORD=DB_PASSWORD))
+
+    assert done.returncode == 1
+    lines = done.stderr.decode().splitlines()
+    assert len(lines) == 1, lines
+    (line,) = lines
+    assert line.startswith("Error: cannot open database postgresql://gate@127.0.0.1:"), line
+    assert DB_PASSWORD not in line
