@@ -59,10 +59,7 @@ def relay() -> Iterator[CaptureRelay]:
 @pytest.fixture
 def url(server: PgServer) -> str:
     """A fresh, empty database (the gates migrate it)."""
-    name = f"gate_{next(_databases)}"
-    with psycopg.connect(server.url(), autocommit=True) as admin:
-        admin.execute(f"CREATE DATABASE {name} TEMPLATE template0")
-    return server.url(name)
+    return server.database(f"gate_{next(_databases)}")
 
 
 def pg_config(directory: Path, relay: CaptureRelay, url: str) -> Path:

@@ -241,9 +241,7 @@ _databases = iter(range(1, 1000))
 def migrated(server: PgServer) -> str:
     """The name of a database migrated to the gate's schema once, the template of each
     test's own."""
-    with psycopg.connect(server.url(), autocommit=True) as admin:
-        admin.execute("CREATE DATABASE migrated TEMPLATE template0")
-    with psycopg.connect(server.url("migrated")) as conn, conn.transaction():
+    with psycopg.connect(server.database("migrated")) as conn, conn.transaction():
         migrate(conn)
     return "migrated"
 
@@ -251,10 +249,7 @@ def migrated(server: PgServer) -> str:
 @pytest.fixture
 def pg_url(server: PgServer, migrated: str) -> str:
     """A fresh database migrated to the gate's schema (a copy of ``migrated``)."""
-    name = f"statements_{next(_databases)}"
-    with psycopg.connect(server.url(), autocommit=True) as admin:
-        admin.execute(f"CREATE DATABASE {name} TEMPLATE {migrated}")
-    return server.url(name)
+    return server.database(f"statements_{next(_databases)}", migrated)
 
 
 @pytest.fixture
