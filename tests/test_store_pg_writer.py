@@ -85,6 +85,7 @@ class Writer:
         self.manual = ManualClock()
         self.clock = PinnedClock(self.manual)
         self.side = PgSide(target, self.clock)
+        self.target = target
         self.t = Transactions(config, self.clock, KEY, None)
         self.faults = Faults(str(target))
 
@@ -255,3 +256,34 @@ def test_pg_reads_connect_again_after_their_session_was_ended(
         assert asyncio.run(pid()) != before  # the next one opens a new session
     finally:
         reads.close()
+
+
+def test_pg_writer_frozen_holding_the_head_lock_loses_it_and_its_batch_answers_503(
+    writers: Callable[[], Writer], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A writer that stops inside its batch (a frozen process, a cut network) is idle in
+    transaction: the server ends its session after ``idle_in_transaction_session_timeout``
+    and the other gates' batches go on; the frozen one's callers get 503, never 200."""
+    monkeypatch.setattr(pg_backend, "IDLE_IN_TRANSACTION_MS", 300)
+    frozen, other = writers(), writers()
+    appended, thawed = threading.Event(), threading.Event()
+    answer: list[BaseException | None] = []
+
+    def freeze(tx: WriteTx) -> None:
+        frozen.append(tx)
+        appended.set()
+        assert thawed.wait(timeout=60)
+
+    thread = threading.Thread(target=lambda: answer.append(frozen.run(freeze)[0][1]))
+    thread.start()
+    try:
+        assert appended.wait(timeout=60)
+        ((_, error),) = other.run(other.append)  # waits for the lock until the session ends
+    finally:
+        thawed.set()
+        thread.join(timeout=60)
+
+    assert error is None
+    assert isinstance(answer[0], Unavailable) and answer[0].code == "storage_unavailable"
+    assert frozen.run(frozen.append)[0][1] is None  # on a new connection
+    assert head(other.target)[0] == 2
