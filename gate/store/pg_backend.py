@@ -35,6 +35,9 @@ IDLE_IN_TRANSACTION_MS = 5_000
 LOCK_TIMEOUT_MS = 5_000
 STATEMENT_TIMEOUT_MS = 30_000
 CONNECT_TIMEOUT_S = 5
+# PostgreSQL >= 14: how often (ms) a session running a statement checks that its client is
+# still there (a gate gone mid-statement does not hold locks until the statement ends)
+CLIENT_CHECK_MS = 2_000
 # TCP keepalives (s): a peer gone without a FIN is noticed within about 10 + 3 * 5 s
 KEEPALIVES = {
     "keepalives": 1,
@@ -101,6 +104,8 @@ def connect(target: PgTarget, role: str, *, read_only: bool = False) -> PgConnec
         params["password"] = target.password
     try:
         driver = psycopg.connect(autocommit=True, **params)
+        if driver.info.server_version >= 140000:
+            driver.execute(f"SET client_connection_check_interval = {CLIENT_CHECK_MS}")
     except psycopg.Error as exc:
         raise as_sqlite_error(exc) from None  # its cause would repeat the parameters
     return PgConnection(driver)
@@ -121,6 +126,7 @@ def prepare(target: PgTarget) -> int:
         try:
             version = migrate(driver)
             driver.execute("COMMIT")
+            _check_collation(driver)
         except SchemaTooNew as exc:
             raise Unavailable("storage_unavailable", str(exc)) from None
         except Exception as exc:
@@ -133,6 +139,23 @@ def prepare(target: PgTarget) -> int:
     finally:
         conn.close()
     return version
+
+
+def _check_collation(driver: Any) -> None:
+    """Log ``event=storage_collation`` (a warning) when the database does not sort text by
+    code point (``C``/``POSIX``): the gate's ids and cursors expect it (docs/operating.md)."""
+    # datlocprovider (PostgreSQL >= 15): 'c' libc (datcollate), 'i' ICU (sorts otherwise)
+    collation, provider = driver.execute(
+        "SELECT datcollate, to_jsonb(d) ->> 'datlocprovider' FROM pg_database d"
+        " WHERE datname = current_database()"
+    ).fetchone()
+    if provider not in (None, "c") or collation not in ("C", "POSIX"):
+        collation = collation if provider in (None, "c") else f"{provider}:{collation}"
+        log.warning(
+            "event=storage_collation collation=%s warning=ids sort by code point only under"
+            " the C collation: create the database with --locale=C",
+            collation,
+        )
 
 
 class PgBatch(BatchBackend):
