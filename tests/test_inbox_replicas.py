@@ -45,17 +45,17 @@ class Replicas:
         return InboxClient(replica.base, self.world.inbox_origin, source)
 
 
-def second_replica(world: InboxWorld, name: str, **extra: object) -> InboxProcess:
+def second_replica(world: InboxWorld, name: str) -> InboxProcess:
     """Another ``inbox serve`` on a free port with the first's database and public URL."""
     assert world.inbox is not None
-    return InboxProcess(
-        world.folder / name,
-        free_port(),
-        f"http://127.0.0.1:{world.gate_port}/",
-        public_url=world.inbox_origin,
-        database=str(world.inbox.db),
-        **extra,
-    ).start()
+    callback = f"http://127.0.0.1:{world.gate_port}/"
+    shared = world.inbox.db
+    replica = InboxProcess(
+        world.folder / name, free_port(), callback, public_url=world.inbox_origin,
+        database=str(shared),
+    )  # fmt: skip
+    replica.db = shared
+    return replica.start()
 
 
 @pytest.fixture(scope="module")
