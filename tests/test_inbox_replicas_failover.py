@@ -15,9 +15,9 @@ from dataclasses import dataclass
 import pytest
 
 from tests.balancer import SERVED_BY, Balancer, haproxy
-from tests.inbox_harness import ENV, InboxClient, InboxProcess, InboxWorld
-from tests.support import CliProcess, free_port
-from tests.test_inbox_replicas import pending_ids
+from tests.inbox_harness import InboxClient, InboxProcess, InboxWorld
+from tests.support import free_port
+from tests.test_inbox_replicas import pending_ids, request
 
 pytestmark = [pytest.mark.e2e, pytest.mark.cluster]
 
@@ -70,14 +70,6 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
             replica.stop()
         world.stop()
         balancer.remove()
-
-
-def request(world: InboxWorld, draft: str) -> CliProcess:
-    assert world.gate is not None
-    return CliProcess(
-        "request", "-c", str(world.gate.config), "--api-url", world.gate.api_url,
-        "--pipeline", "p", "--step", "q1", "--draft", draft, "--wait", env=ENV,
-    )  # fmt: skip
 
 
 def test_inbox_replicas_a_session_outlives_the_kill9_of_the_replica_it_began_at(

@@ -72,19 +72,23 @@ async def test_shortlived_a_challenge_taken_by_both_replicas_at_once_goes_to_one
         assert sorted(g is not None for g in got) == [False, True], challenge
 
 
-async def test_shortlived_an_expired_challenge_is_refused_and_pruned(
+async def test_shortlived_what_is_past_its_time_is_refused_and_pruned(
     tmp_path: Path, replicas: tuple[ShortLived, ShortLived]
 ) -> None:
     a, b = replicas
     late = await a.issue_challenge("pre-late", "/", 1_000)
-    kept = await a.issue_challenge("pre-kept", "/", 1_000)
-    assert late is not None and kept is not None
+    assert late is not None and await a.issue_challenge("pre-kept", "/", 1_000) is not None
+    await a.keep_batch("k1", ITEMS, 5_000, 1_000, 10)
+    await a.keep_batch("k2", ITEMS, 5_000, 1_000, 10)
+    await a.count_try("address", "10.0.0.1", 1_000)
+    end = 1_000 + max(CHALLENGE_TTL_MS, TRY_WINDOW_MS)
 
-    refused = await b.take_challenge(late, 1_000 + CHALLENGE_TTL_MS)
-    await b.prune(1_000 + CHALLENGE_TTL_MS)
+    refused = [await b.take_challenge(late, end), await b.take_batch("k1", end)]
+    await b.prune(end)
 
-    assert refused is None
-    assert count(tmp_path / "inbox.db", "challenges") == 0
+    assert refused == [None, None]
+    for table in ("challenges", "bulk_batches", "signin_tries"):
+        assert count(tmp_path / "inbox.db", table) == 0, table
 
 
 async def test_shortlived_a_new_page_replaces_only_its_own_challenge(
@@ -142,20 +146,6 @@ async def test_shortlived_a_batch_kept_by_one_replica_is_taken_by_the_other_once
 
     assert taken == ITEMS
     assert again is None
-
-
-async def test_shortlived_a_batch_past_its_time_is_not_taken(
-    tmp_path: Path, replicas: tuple[ShortLived, ShortLived]
-) -> None:
-    a, b = replicas
-    await a.keep_batch("k1", ITEMS, 5_000, 1_000, 10)
-    await a.keep_batch("k2", ITEMS, 5_000, 1_000, 10)
-
-    expired = await b.take_batch("k1", 5_000)
-    await b.prune(5_000)
-
-    assert expired is None
-    assert count(tmp_path / "inbox.db", "bulk_batches") == 0
 
 
 async def test_shortlived_a_full_batch_store_drops_the_one_expiring_first(
