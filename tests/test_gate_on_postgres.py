@@ -207,10 +207,21 @@ def test_gate_on_postgres_answers_503_while_the_server_is_down_and_recovers(
 def test_two_gates_on_one_database_count_a_decision_once(
     tmp_path: Path, relay: CaptureRelay, url: str, gates: list[GateProcess]
 ) -> None:
-    """Alice and Bob approve the same approval (quorum 2) on both gates at the same moment:
-    one of each one's two decisions is recorded, the other refused 409; resolved once."""
-    gates.append(start_gate(tmp_path / "a", relay, url))
-    gates.append(start_gate(tmp_path / "b", relay, url))
+    """Two gates start together on an empty database (migrated once); Alice and Bob approve
+    the same approval (quorum 2) on both gates at the same moment: one of each one's two
+    decisions is recorded, the other refused 409; resolved once."""
+    starting = [pg_config(tmp_path / name, relay, url) for name in ("a", "b")]
+    env = gate_env(HITL_DB_PASSWORD=DB_PASSWORD)
+    pending = [GateProcess(path, env=env) for path in starting]
+    threads = [threading.Thread(target=gate.start) for gate in pending]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    gates.extend(pending)
+    assert all(gate.api_url for gate in gates), [gate.log() for gate in gates]
+    assert sum(gate.log().count("event=migrated") for gate in gates) == 1
+    assert rows(url, "SELECT version FROM schema_migrations") == [(SCHEMA_VERSION,)]
     for round_ in range(5):
         approval_id = gates[round_ % 2].api().create("q2")["approval_id"]
         dispatch = relay.wait_dispatch(approval_id)

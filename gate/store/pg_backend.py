@@ -58,6 +58,9 @@ HEAD_LOCK = (
 )
 
 
+NEEDS_EXTRA = "storage.url (PostgreSQL) needs the postgres extra: pip install 'hitl-gate[postgres]'"
+
+
 def _instance() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
@@ -82,9 +85,12 @@ def connect(target: PgTarget, role: str, *, read_only: bool = False) -> PgConnec
     ``application_name`` ``hitl-gate/<role>/<instance>``, the session timeouts above, TCP
     keepalives and, with ``read_only``, ``default_transaction_read_only``. Options given in
     the URL's ``options`` come first. Raises ``PgOperationalError`` (a storage fault) when
-    the server cannot be reached."""
-    import psycopg
-    from psycopg.conninfo import conninfo_to_dict
+    the server cannot be reached, Unavailable naming the extra when psycopg is missing."""
+    try:
+        import psycopg
+        from psycopg.conninfo import conninfo_to_dict
+    except ImportError:
+        raise Unavailable("storage_unavailable", NEEDS_EXTRA) from None
 
     params: dict[str, Any] = conninfo_to_dict(target.url)
     settings = {
