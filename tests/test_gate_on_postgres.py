@@ -12,7 +12,8 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -116,22 +117,27 @@ def assert_log_whole(url: str) -> list[AuditRow]:
     return log
 
 
-def at_once(sends: list[tuple[GateProcess, dict[str, Any]]]) -> list[tuple[int, Any]]:
-    """POST each decision to its gate, all behind one barrier; their (status, answer)."""
-    barrier = threading.Barrier(len(sends))
+def at_once(calls: list[Callable[[], tuple[int, Any]]]) -> list[tuple[int, Any]]:
+    """Make each call (a request: its status and answer) from its own thread, all behind
+    one barrier; their (status, answer)."""
+    barrier = threading.Barrier(len(calls))
     answers: list[tuple[int, Any]] = []
 
-    def send(gate: GateProcess, body: dict[str, Any]) -> None:
+    def send(call: Callable[[], tuple[int, Any]]) -> None:
         barrier.wait(timeout=30)
-        status, answer, _ = post_decision(gate.callback_url, body)
-        answers.append((status, answer))
+        answers.append(call())
 
-    threads = [threading.Thread(target=send, args=pair) for pair in sends]
+    threads = [threading.Thread(target=send, args=(call,)) for call in calls]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join(timeout=60)
     return answers
+
+
+def decide(gate: GateProcess, body: dict[str, Any]) -> tuple[int, Any]:
+    status, answer, _ = post_decision(gate.callback_url, body)
+    return status, answer
 
 
 def test_gate_on_postgres_runs_the_lifecycle(
@@ -225,12 +231,13 @@ def test_two_gates_on_one_database_count_a_decision_once(
     for round_ in range(5):
         approval_id = gates[round_ % 2].api().create("q2")["approval_id"]
         dispatch = relay.wait_dispatch(approval_id)
-        sends = [
-            (gate, decision_body(dispatch, who))
-            for who in ("alice@example.com", "bob@example.com")
-            for gate in gates
-        ]
-        answers = at_once(sends)
+        answers = at_once(
+            [
+                partial(decide, gate, decision_body(dispatch, who))
+                for who in ("alice@example.com", "bob@example.com")
+                for gate in gates
+            ]
+        )
 
         statuses = sorted(status for status, _ in answers)
         assert statuses == [200, 200, 409, 409], answers
@@ -241,8 +248,17 @@ def test_two_gates_on_one_database_count_a_decision_once(
             assert (approval["outcome"], len(approval["decisions"])) == ("approved", 2)
         decided = rows(url, "SELECT count(*) FROM decisions WHERE approval_id = %s", approval_id)
         assert decided == [(2,)]
+
+    payload = {"pipeline": "p", "step": "q1", "draft": {"content_type": "text/plain", "body": "i"}}
+    key = {"Idempotency-Key": "on-both-gates"}
+    created = at_once(
+        [partial(gate.api().call, "POST", "/v1/approvals", payload, key) for gate in gates]
+    )
+    assert sorted(status for status, _ in created) == [200, 201], created
+    assert created[0][1]["approval_id"] == created[1][1]["approval_id"]
     log = assert_log_whole(url)
     assert sum(row.kind == "resolved" for row in log) == 5
+    assert sum(row.kind == "created" for row in log) == 6
     for gate in gates:
         assert http_request(gate.api_url + "/healthz", "GET", None, {}, 30)[0] == 200
 
