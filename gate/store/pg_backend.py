@@ -93,13 +93,13 @@ def connect(target: PgTarget, role: str, *, read_only: bool = False) -> PgConnec
         raise Unavailable("storage_unavailable", NEEDS_EXTRA) from None
 
     params: dict[str, Any] = conninfo_to_dict(target.url)
-    settings = {
+    settings: dict[str, object] = {
         "idle_in_transaction_session_timeout": IDLE_IN_TRANSACTION_MS,
         "lock_timeout": LOCK_TIMEOUT_MS,
         "statement_timeout": STATEMENT_TIMEOUT_MS,
     }
     if read_only:
-        settings["default_transaction_read_only"] = "on"  # type: ignore[assignment]
+        settings["default_transaction_read_only"] = "on"
     options = " ".join(f"-c {name}={value}" for name, value in settings.items())
     given = params.get("options")
     params["options"] = f"{given} {options}" if given else options
@@ -110,11 +110,16 @@ def connect(target: PgTarget, role: str, *, read_only: bool = False) -> PgConnec
         params["password"] = target.password
     try:
         driver = psycopg.connect(autocommit=True, **params)
-        if driver.info.server_version >= 140000:
-            driver.execute(f"SET client_connection_check_interval = {CLIENT_CHECK_MS}")
     except psycopg.Error as exc:
         raise as_sqlite_error(exc) from None  # its cause would repeat the parameters
-    return PgConnection(driver)
+    conn = PgConnection(driver)
+    if driver.info.server_version >= 140000:
+        try:
+            conn.execute(f"SET client_connection_check_interval = {CLIENT_CHECK_MS}")
+        except sqlite3.Error:
+            conn.close()
+            raise
+    return conn
 
 
 def prepare(target: PgTarget) -> int:
