@@ -21,6 +21,7 @@ import pytest
 import yaml
 
 from gate.audit.chain import AuditRow, verify
+from gate.protocol.canonical import wire_json
 from gate.store.pg_schema import migrate
 from gate.store.schema import SCHEMA_VERSION
 from tests.pg_server import PgServer, free_port, running_server
@@ -256,9 +257,17 @@ def test_two_gates_on_one_database_count_a_decision_once(
     )
     assert sorted(status for status, _ in created) == [200, 201], created
     assert created[0][1]["approval_id"] == created[1][1]["approval_id"]
+
+    # the same signed bytes replayed to the other gate: refused, nothing counted twice
+    replayed_id = gates[0].api().create("q2")["approval_id"]
+    raw = wire_json(decision_body(relay.wait_dispatch(replayed_id), "alice@example.com"))
+    assert post_decision(gates[0].callback_url, raw)[0] == 200
+    status, answer, _ = post_decision(gates[1].callback_url, raw)
+    assert (status, answer) == (409, {"status": "duplicate", "reason": "duplicate"})
+    assert rows(url, "SELECT count(*) FROM decisions WHERE approval_id = %s", replayed_id) == [(1,)]
     log = assert_log_whole(url)
     assert sum(row.kind == "resolved" for row in log) == 5
-    assert sum(row.kind == "created" for row in log) == 6
+    assert sum(row.kind == "created" for row in log) == 7
     for gate in gates:
         assert http_request(gate.api_url + "/healthz", "GET", None, {}, 30)[0] == 200
 
