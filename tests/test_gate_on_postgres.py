@@ -302,3 +302,22 @@ def test_gate_on_postgres_unreachable_is_one_line(
     (line,) = lines
     assert line.startswith("Error: cannot open database postgresql://gate@127.0.0.1:"), line
     assert DB_PASSWORD not in line
+
+
+def test_a_gate_killed_leaves_the_other_serving_and_loses_nothing(
+    tmp_path: Path, relay: CaptureRelay, url: str, gates: list[GateProcess]
+) -> None:
+    gates.append(start_gate(tmp_path / "a", relay, url))
+    gates.append(start_gate(tmp_path / "b", relay, url))
+    approval_id = gates[0].api().create("q2")["approval_id"]
+    dispatch = relay.wait_dispatch(approval_id)
+    assert decide(gates[0], decision_body(dispatch, "alice@example.com"))[0] == 200
+
+    gates[0].kill9()
+    assert decide(gates[1], decision_body(dispatch, "bob@example.com"))[0] == 200
+    gates[0] = GateProcess(gates[0].config, env=gates[0].env).start()
+
+    for gate in gates:
+        approval = gate.api().get(approval_id)
+        assert (approval["outcome"], len(approval["decisions"])) == ("approved", 2)
+    assert_log_whole(url)
