@@ -29,6 +29,8 @@ from gate.store.audit_records import (
     records_of,
 )
 from gate.store.auditlog import DatabaseRows
+from gate.store.pg_read import PgDatabase
+from gate.store.readonly import Database
 from gate.trust.keys import PublicKeys
 
 # entries per ``audit verify`` work unit; a log of one unit or less is verified in-process
@@ -36,8 +38,9 @@ SEGMENT_ROWS = 50_000
 MAX_WORKERS = 8
 
 
-def read_database(path: Path) -> Iterable[audit.AuditRow]:
-    """Return the audit rows of the database at ``path``, streamed (``DatabaseRows``).
+def read_database(path: Database) -> Iterable[audit.AuditRow]:
+    """Return the audit rows of the database ``path`` (a SQLite file, or a PostgreSQL
+    database), streamed (``DatabaseRows``).
 
     Raises GateError ``no_database`` if it does not exist, Unavailable when it cannot be read.
     """
@@ -93,7 +96,7 @@ class AuditReport:
 
 
 def verify_database(
-    path: Path,
+    path: Database,
     keys: audit.ReceiptKeyArg,
     *,
     public_keys: PublicKeys | None = None,
@@ -102,7 +105,8 @@ def verify_database(
     records: bool = True,
     leading_unknown: bool = False,
 ) -> AuditReport:
-    """The one audit check of the database at ``path`` (``audit verify -c``, ``doctor``).
+    """The one audit check of the database ``path`` (``audit verify -c``, ``doctor``): a
+    SQLite file, or a PostgreSQL database (``gate.store.pg_read.PgDatabase``).
 
     In order, stopping at the first failure: the chain with every receipt (``keys``: each
     entry with the key of its span; ``leading_unknown`` as ``gate.audit.spans``) and, with
@@ -167,8 +171,11 @@ def verify_rows(
     return AuditReport(chain, signatures=signature_checks.check(rows[: chain.checked]))
 
 
-def _existing(path: Path) -> Path:
-    """``path`` as a Path; GateError ``no_database`` when there is no file there."""
+def _existing(path: Database) -> Database:
+    """``path`` (a Path, or a PostgreSQL database: there when it can be connected to);
+    GateError ``no_database`` when there is no file there."""
+    if isinstance(path, PgDatabase):
+        return path
     if not Path(path).exists():
         raise GateError("no_database", f"no database at {path}")
     return Path(path)
@@ -198,7 +205,7 @@ def _anchor_problem(
 
 
 def verify_chain(
-    path: Path,
+    path: Database,
     key: audit.ReceiptKeyArg,
     *,
     workers: int | None = None,
@@ -225,13 +232,13 @@ def verify_chain(
     ]
     count = workers if workers is not None else min(MAX_WORKERS, _usable_cpus())
     if count <= 1 or len(ranges) == 1:
-        return stitch(_segment(_verify_range(str(path), lo, hi, key)) for lo, hi in ranges)
+        return stitch(_segment(_verify_range(path, lo, hi, key)) for lo, hi in ranges)
     # fork is cheapest; only safe while this process runs one thread
     method = "fork" if threading.active_count() == 1 else "spawn"
     with ProcessPoolExecutor(
         min(count, len(ranges)), mp_context=multiprocessing.get_context(method)
     ) as pool:
-        futures = [pool.submit(_verify_range, str(path), lo, hi, key) for lo, hi in ranges]
+        futures = [pool.submit(_verify_range, path, lo, hi, key) for lo, hi in ranges]
         try:
             return stitch(_segment(future.result()) for future in futures)
         finally:
@@ -245,10 +252,11 @@ def _segment(outcome: Segment | str) -> Segment:
     return outcome
 
 
-def _verify_range(path: str, low: int, high: int, key: tuple[bytes, ...]) -> Segment | str:
-    """Worker: verify entries ``low..high``; their Segment, or the read error's text."""
+def _verify_range(path: Database, low: int, high: int, key: tuple[bytes, ...]) -> Segment | str:
+    """Worker: verify entries ``low..high`` (its own connection); their Segment, or the read
+    error's text."""
     try:
-        return verify_segment(auditlog.read_range(Path(path), low, high), key)
+        return verify_segment(auditlog.read_range(path, low, high), key)
     except GateError as exc:
         return exc.message
 
