@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 import yaml
 
+from gate.trust.keys import PRIVATE_KEY_NAME as KEY_NAME
 from tests.pg_server import PgServer, running_server
 from tests.support import (
     CaptureRelay,
@@ -275,24 +276,44 @@ def test_pg_move_says_what_it_copied_in_one_line(server: PgServer, history: Hist
     assert out.endswith(f"; head seq {seq} hash {digest}; the copy verifies\n")
 
 
+def pg_config(history: History, url: str, directory: Path) -> Path:
+    """The history's config with ``storage.url`` set to ``url`` instead of its file."""
+    config = yaml.safe_load(history.config.read_text(encoding="utf-8"))
+    config["storage"] = {"url": url}
+    config["receipts"]["signing_key_file"] = str(history.config.parent / "keys" / KEY_NAME)
+    path = directory / "pg.yaml"
+    path.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
+    return path
+
+
+@pytest.mark.parametrize("by", ["--db", "-c"])
 def test_pg_move_head_logged_before_the_move_verifies_on_postgres(
-    history: History, moved: str
+    history: History, moved: str, tmp_path: Path, by: str
 ) -> None:
-    code, out, err = cli(
-        "audit", "verify", "--db", moved, "--key-env", "HITL_RECEIPT_KEY",
-        "--public-key", str(history.public_key), "--expect-head", history.head,
-    )  # fmt: skip
+    if by == "--db":
+        where = ["--db", moved, "--key-env", "HITL_RECEIPT_KEY"]
+        where += ["--public-key", str(history.public_key)]
+    else:  # the config's receipt key, signing key and storage.url
+        where = ["-c", str(pg_config(history, moved, tmp_path))]
+    code, out, err = cli("audit", "verify", *where, "--expect-head", history.head)
     assert (code, err) == (0, ""), out + err
-    assert out.startswith("ok: ")
-    assert "chain, receipts and signatures" in out
+    seq = history.head.split(":")[0]
+    assert out.startswith(
+        f"ok: {seq} entries, chain, receipts and signatures intact; holds the logged head at"
+        f" entry {seq}\n"
+    ), out
+    assert "ok: 5 approvals match the audit log" in out
+    assert "ok: 1 questions match the audit log" in out
 
 
+@pytest.mark.parametrize("by", ["--db", "-c"])
 def test_pg_move_export_from_postgres_equals_the_sqlite_export(
-    history: History, moved: str, tmp_path: Path
+    history: History, moved: str, tmp_path: Path, by: str
 ) -> None:
     code, lite, err = cli("audit", "export", "-c", str(history.config))
     assert code == 0, err
-    code, pg, err = cli("audit", "export", "--db", moved, "-o", str(tmp_path / "pg.jsonl"))
+    where = ["--db", moved] if by == "--db" else ["-c", str(pg_config(history, moved, tmp_path))]
+    code, pg, err = cli("audit", "export", *where, "-o", str(tmp_path / "pg.jsonl"))
     assert (code, pg, err) == (0, "", "")
     assert (tmp_path / "pg.jsonl").read_text(encoding="utf-8") == lite
 
