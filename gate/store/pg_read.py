@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 import re
+from contextlib import suppress
 from dataclasses import dataclass, field
 from itertools import count
 from typing import Any
@@ -111,6 +112,7 @@ class Snapshot:
     def __init__(self, conn: Any) -> None:
         self._conn = conn
         self._names = count(1)
+        self._cursors: list[Any] = []  # closed with the connection
         conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
 
     @property
@@ -124,11 +126,19 @@ class Snapshot:
         if not _SELECT.match(query):
             return self._conn.execute(query, params)
         cursor = self._conn.cursor(name=f"hitl_read_{next(self._names)}")
+        self._cursors.append(cursor)
         cursor.execute(query, params)
         return cursor
 
     def close(self) -> None:
-        self._conn.close()  # ends the read-only transaction: nothing to keep
+        """Close the cursors, then the connection (which ends the read-only transaction:
+        nothing to keep); a connection already lost is closed all the same."""
+        errors = driver().Error
+        for cursor in self._cursors:
+            with suppress(errors):
+                cursor.close()
+        self._cursors.clear()
+        self._conn.close()
 
 
 def read_only(db: PgDatabase) -> PgConnection:

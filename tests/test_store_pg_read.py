@@ -1,0 +1,113 @@
+"""The offline readers on PostgreSQL (gate/store/pg_read.py through gate/store/readonly.py
+and gate/store/auditlog.py), on a real throwaway server: every SELECT a server-side cursor
+(rows fetched as read), one read-only snapshot per connection, a schema newer than the gate
+refused, and a password that never shows."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import pytest
+
+from gate.errors import Unavailable
+from gate.store import auditlog, readonly
+from gate.store.pg_read import PgDatabase, redacted
+from gate.store.pg_schema import migrate
+from gate.store.schema import SCHEMA_VERSION
+from tests.pg_server import PgServer, running_server
+
+psycopg = __import__("psycopg") if os.environ.get("HITL_CI") else pytest.importorskip("psycopg")
+
+ROWS = 2500
+
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("postgresql://gate:pw@127.0.0.1:5432/gate", "postgresql://gate:***@127.0.0.1:5432/gate"),
+        ("postgresql://gate@127.0.0.1/gate?sslmode=require", None),
+        ("postgres://:p%40ss@h/d", "postgres://:***@h/d"),
+    ],
+    ids=["password", "none", "empty-user"],
+)
+def test_pg_read_url_is_shown_without_its_password(url: str, shown: str | None) -> None:
+    db = PgDatabase(url, password="from-the-environment")
+    assert str(db) == redacted(url) == (shown or url)
+    assert "from-the-environment" not in repr(db)
+    assert "pw" not in repr(PgDatabase(url.replace("gate:pw@", "gate@"), "pw"))
+
+
+def test_pg_read_refuses_what_is_no_postgres_url() -> None:
+    with pytest.raises(ValueError, match=r"'mysql://u:\*\*\*@h/d' is not a postgresql:// URL"):
+        PgDatabase("mysql://u:secret@h/d")
+
+
+# ------------------------------------------------------------------ on a real server
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[PgServer]:
+    yield from running_server()
+
+
+@pytest.fixture(scope="module")
+def db(server: PgServer) -> PgDatabase:
+    """A migrated database holding ROWS audit rows (not a valid chain: read, not verified)."""
+    with psycopg.connect(server.url(), autocommit=True) as admin:
+        admin.execute("CREATE DATABASE readers TEMPLATE template0")
+    with psycopg.connect(server.url("readers")) as conn, conn.transaction():
+        migrate(conn)
+        with conn.cursor().copy("COPY audit_log (seq, kind, entry, prev_hash, entry_hash, receipt)"
+                                " FROM STDIN") as copy:  # fmt: skip
+            for seq in range(1, ROWS + 1):
+                copy.write_row((seq, "created", f'{{"seq":{seq}}}', "p", "h", "r"))
+    return PgDatabase(server.url("readers"))
+
+
+@pytest.mark.e2e
+@pytest.mark.postgres
+def test_pg_read_streams_through_a_server_side_cursor(db: PgDatabase) -> None:
+    with readonly.reading(db) as conn:
+        cursor = conn.execute("SELECT seq FROM audit_log ORDER BY seq")
+        first = cursor.fetchmany(10)
+        open_cursors = conn.execute("SELECT name FROM pg_cursors ORDER BY name").fetchall()
+        rest = list(auditlog.fetched(cursor))
+    assert [r[0] for r in first] == list(range(1, 11))
+    assert [r[0] for r in rest] == list(range(11, ROWS + 1))
+    assert [r[0] for r in open_cursors] == ["hitl_read_1", "hitl_read_2"]
+
+
+@pytest.mark.e2e
+@pytest.mark.postgres
+def test_pg_read_sees_one_snapshot_and_writes_nothing(db: PgDatabase) -> None:
+    with readonly.reading(db) as conn:
+        before = conn.execute("SELECT count(*) FROM audit_log").fetchone()[0]
+        with psycopg.connect(db.url) as other:
+            other.execute(
+                "INSERT INTO audit_log VALUES (%s, NULL, 'x', '{}', 'p', 'h', 'r')", (ROWS + 1,)
+            )
+            other.commit()
+        conn.execute("BEGIN")  # a reader's own snapshot statements change nothing here
+        assert conn.execute("SELECT count(*) FROM audit_log").fetchone()[0] == before
+        conn.execute("COMMIT")
+        assert conn.execute("SELECT count(*) FROM audit_log").fetchone()[0] == before
+    with pytest.raises(Unavailable, match="read-only transaction"):
+        with readonly.reading(db) as conn:
+            conn.execute("DELETE FROM audit_log")
+    assert auditlog.seq_bounds(db) == (1, ROWS + 1)
+    with psycopg.connect(db.url) as other:
+        other.execute("DELETE FROM audit_log WHERE seq = %s", (ROWS + 1,))
+
+
+@pytest.mark.e2e
+@pytest.mark.postgres
+def test_pg_read_refuses_a_schema_newer_than_the_gate(server: PgServer) -> None:
+    with psycopg.connect(server.url(), autocommit=True) as admin:
+        admin.execute("CREATE DATABASE newer TEMPLATE template0")
+    with psycopg.connect(server.url("newer")) as conn, conn.transaction():
+        migrate(conn)
+        conn.execute("INSERT INTO schema_migrations (version) VALUES (%s)", (SCHEMA_VERSION + 1,))
+    newer = PgDatabase(server.url("newer"))
+    with pytest.raises(Unavailable, match=f"schema {SCHEMA_VERSION + 1} is newer than this gate"):
+        list(auditlog.DatabaseRows(newer))
