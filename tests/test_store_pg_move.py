@@ -318,6 +318,16 @@ def test_pg_move_export_from_postgres_equals_the_sqlite_export(
     assert (tmp_path / "pg.jsonl").read_text(encoding="utf-8") == lite
 
 
+def test_pg_move_signatures_read_from_postgres(
+    history: History, moved: str, tmp_path: Path
+) -> None:
+    code, lite, err = cli("audit", "signatures", "-c", str(history.config))
+    assert code == 0, err
+    code, pg, err = cli("audit", "signatures", "-c", str(pg_config(history, moved, tmp_path)))
+    assert (code, pg, err) == (0, lite, "")
+    assert len(pg.splitlines()) == 2  # the header and alice's signed approval
+
+
 def test_pg_move_a_tampered_copy_fails_verify(server: PgServer, history: History) -> None:
     url = empty_database(server)
     assert migrate_to(history, url).returncode == 0

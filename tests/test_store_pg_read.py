@@ -10,6 +10,8 @@ from collections.abc import Iterator
 
 import pytest
 
+from gate.audit import chain
+from gate.audit.verify import verify_chain
 from gate.errors import Unavailable
 from gate.store import auditlog, readonly
 from gate.store.pg_read import PgDatabase, redacted
@@ -20,6 +22,7 @@ from tests.pg_server import PgServer, running_server
 psycopg = __import__("psycopg") if os.environ.get("HITL_CI") else pytest.importorskip("psycopg")
 
 ROWS = 2500
+KEY = b"test-receipt-key-pg-read-7e1d"
 
 
 @pytest.mark.parametrize(
@@ -53,15 +56,19 @@ def server() -> Iterator[PgServer]:
 
 @pytest.fixture(scope="module")
 def db(server: PgServer) -> PgDatabase:
-    """A migrated database holding ROWS audit rows (not a valid chain: read, not verified)."""
+    """A migrated database holding a chain of ROWS audit entries with receipts (KEY)."""
     with psycopg.connect(server.url(), autocommit=True) as admin:
         admin.execute("CREATE DATABASE readers TEMPLATE template0")
     with psycopg.connect(server.url("readers")) as conn, conn.transaction():
         migrate(conn)
         with conn.cursor().copy("COPY audit_log (seq, kind, entry, prev_hash, entry_hash, receipt)"
                                 " FROM STDIN") as copy:  # fmt: skip
+            prev = chain.GENESIS_HASH
             for seq in range(1, ROWS + 1):
-                copy.write_row((seq, "created", f'{{"seq":{seq}}}', "p", "h", "r"))
+                entry = {"approval_id": None, "kind": "probe", "seq": seq}
+                text, digest, receipt = chain.seal(prev, entry, KEY)
+                copy.write_row((seq, "probe", text, prev, digest, receipt))
+                prev = digest
     return PgDatabase(server.url("readers"))
 
 
@@ -111,3 +118,23 @@ def test_pg_read_refuses_a_schema_newer_than_the_gate(server: PgServer) -> None:
     newer = PgDatabase(server.url("newer"))
     with pytest.raises(Unavailable, match=f"schema {SCHEMA_VERSION + 1} is newer than this gate"):
         list(auditlog.DatabaseRows(newer))
+
+
+@pytest.mark.e2e
+@pytest.mark.postgres
+def test_pg_read_parallel_chain_check_answers_as_one_pass(db: PgDatabase) -> None:
+    def both() -> tuple[chain.VerifyResult, chain.VerifyResult]:
+        whole = chain.verify(auditlog.DatabaseRows(db), KEY)
+        return whole, verify_chain(db, KEY, workers=2, segment_rows=1000)  # a connection each
+
+    whole, split = both()
+    assert whole.ok and whole.checked == ROWS and split == whole
+    with psycopg.connect(db.url) as conn:
+        conn.execute("UPDATE audit_log SET entry = entry || ' ' WHERE seq = 1777")
+    try:
+        whole, split = both()
+    finally:
+        with psycopg.connect(db.url) as conn:
+            conn.execute("UPDATE audit_log SET entry = rtrim(entry) WHERE seq = 1777")
+    assert (whole.ok, whole.first_bad_seq) == (False, 1777)
+    assert split == whole

@@ -39,10 +39,10 @@ def audit() -> None:
     """
 
 
-def log_source(verb: str) -> Callable[[F], F]:
-    """``-c/--config`` and ``--file``: the database or the export an ``audit`` command reads
-    (exactly one: ``one_source``); their help starts with ``verb`` (``Verify``)."""
-    config = click.option(
+def config_source(verb: str) -> Callable[[F], F]:
+    """The optional ``-c/--config`` of an ``audit`` command (also ``HITL_GATE_CONFIG``): the
+    database it names; its help starts with ``verb`` (``Verify``)."""
+    return click.option(
         "-c",
         "--config",
         "config_path",
@@ -51,6 +51,12 @@ def log_source(verb: str) -> Callable[[F], F]:
         envvar="HITL_GATE_CONFIG",
         help=f"{verb} the database named by this config.",
     )
+
+
+def log_source(verb: str) -> Callable[[F], F]:
+    """``-c/--config`` and ``--file``: the database or the export an ``audit`` command reads
+    (exactly one: ``one_source``); their help starts with ``verb`` (``Verify``)."""
+    config = config_source(verb)
     export = click.option(
         "--file",
         "export_file",
@@ -297,15 +303,7 @@ def _verify_keys(
 
 
 @audit.command("export")
-@click.option(
-    "-c",
-    "--config",
-    "config_path",
-    type=click.Path(dir_okay=False),
-    default=None,
-    envvar="HITL_GATE_CONFIG",
-    help="Export the database named by this config (env HITL_GATE_CONFIG).",
-)
+@config_source("Export")
 @database_options("Export")
 @click.option("-o", "--output", default="-", help="Output file (default stdout).")
 def audit_export(
