@@ -23,10 +23,12 @@ from typing import Any
 import pytest
 import yaml
 
+from gate.store.pg_schema import migrate
 from gate.trust.keys import PRIVATE_KEY_NAME as KEY_NAME
 from tests.pg_server import PgServer, running_server
 from tests.support import (
     CaptureRelay,
+    CliProcess,
     GateProcess,
     answer,
     ask,
@@ -375,6 +377,59 @@ def test_pg_move_refuses_a_non_empty_target_and_leaves_it(
         assert tables == [("approver_invites",)]
         kept = conn.execute("SELECT * FROM approver_invites").fetchall()
         assert kept == ([] if clash else [("kept",)])
+
+
+def test_pg_move_refuses_a_database_that_is_not_utf8(server: PgServer, history: History) -> None:
+    with psycopg.connect(server.url(), autocommit=True) as conn:
+        conn.execute("CREATE DATABASE latin ENCODING 'LATIN1' TEMPLATE template0")
+    done = migrate_to(history, server.url("latin"))
+    assert (done.returncode, done.stdout) == (2, b"")
+    assert done.stderr.decode() == (
+        "Error: --to: the database's encoding is LATIN1; the gate's texts need UTF8 (CREATE"
+        " DATABASE ... ENCODING 'UTF8')\n"
+    )
+    with psycopg.connect(server.url("latin")) as conn:
+        assert conn.execute(
+            "SELECT count(*) FROM information_schema.tables WHERE table_schema = 'public'"
+        ).fetchone() == (0,)
+
+
+def test_pg_move_waits_for_a_gate_writing_there_and_then_refuses(
+    server: PgServer, history: History
+) -> None:
+    """A gate already running on the target holds the head lock while it writes: the move
+    waits for that transaction, then finds its row and refuses (nothing of its own kept)."""
+    url = empty_database(server)
+    with psycopg.connect(url) as conn, conn.transaction():
+        migrate(conn)
+    writer = psycopg.connect(url)  # what a gate's writer does in a batch
+    writer.execute("SELECT seq FROM audit_head WHERE id = 1 FOR UPDATE")
+    watch = psycopg.connect(url, autocommit=True)  # each look a fresh pg_stat_activity
+    mover = CliProcess("storage", "migrate", "--from", str(history.db), "--to", url, env=ENV)
+    try:
+        wait_until(
+            lambda: (
+                watch.execute(
+                    "SELECT count(*) FROM pg_stat_activity WHERE application_name ="
+                    " 'hitl-gate/migrate' AND wait_event_type = 'Lock'"
+                ).fetchone()
+                == (1,)
+            ),
+            what="the move waiting for the head lock",
+        )
+        writer.execute("INSERT INTO approver_invites VALUES ('h', 1, NULL, 'c', 1, 2, NULL, NULL)")
+        writer.commit()
+        code, out, err = mover.finish()
+    finally:
+        writer.close()
+        watch.close()
+        if mover.proc.poll() is None:
+            mover.stop()
+    assert (code, out) == (2, b""), err
+    assert err.startswith("Error: --to: the database is not empty: table approver_invites"), err
+    with psycopg.connect(url) as conn:
+        assert conn.execute("SELECT count(*) FROM approvals").fetchone() == (0,)
+        assert conn.execute("SELECT seq FROM audit_head").fetchone() == (0,)
 
 
 def test_pg_move_refuses_a_target_a_gate_already_wrote(

@@ -58,19 +58,38 @@ def move(source: Path, target: PgDatabase) -> Moved:
     Raises MoveError (nothing written), GateError ``no_driver`` without psycopg."""
     with _held(source) as lite:
         tables = _source_tables(lite)
+        names = [name for name, _ in tables]
         conn = pg_read.connect(target, autocommit=False, role="migrate")
         try:
             with conn.transaction():
-                _refuse_rows(conn, [name for name, _ in tables])
+                _refuse_encoding(conn)
+                _refuse_rows(conn, names)  # before anything is applied
                 _migrate(conn)
+                # the gates' write lock: one running on this database waits for the COMMIT,
+                # then appends after the copied head
+                conn.execute("SELECT seq FROM audit_head WHERE id = 1 FOR UPDATE")
+                _refuse_rows(conn, names)  # and again under it: nothing written meanwhile
                 copied = tuple((name, _copy(lite, conn, name, cols)) for name, cols in tables)
-                _set_identities(conn, [name for name, _ in tables])
+                _set_identities(conn, names)
                 seq, entry_hash, _ = sync_audit_head(conn)
         except pg_read.driver().Error as exc:
             raise MoveError(None, f"the copy failed: {pg_read.one_line(exc)}") from None
+        except ValueError as exc:  # sync_audit_head: an entry without a valid time
+            raise MoveError(None, f"the copy failed: {exc}") from None
         finally:
             conn.close()
     return Moved(copied, (seq, entry_hash) if seq else None)
+
+
+def _refuse_encoding(conn: Any) -> None:
+    """MoveError unless the target database stores UTF-8 (what the entries' bytes are)."""
+    (encoding,) = conn.execute("SHOW server_encoding").fetchone()
+    if str(encoding).upper() not in ("UTF8", "UTF-8"):
+        raise MoveError(
+            "--to",
+            f"the database's encoding is {encoding}; the gate's texts need UTF8"
+            " (CREATE DATABASE ... ENCODING 'UTF8')",
+        )
 
 
 @contextmanager

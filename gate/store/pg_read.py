@@ -18,6 +18,7 @@ from gate.errors import GateError, Unavailable
 from gate.store.pg_connection import DriverInfo, PgConnection
 
 SCHEMES = ("postgresql", "postgres")
+CONNECT_TIMEOUT_S = 10  # an unreachable host is reported, not waited for
 EXTRA = "needs the postgres extra: pip install 'hitl-gate[postgres]'"
 _SELECT = re.compile(r"^\s*(?:SELECT|WITH|VALUES)\b", re.IGNORECASE)
 _SNAPSHOT = re.compile(r"^\s*(?:BEGIN|COMMIT|ROLLBACK)\b", re.IGNORECASE)
@@ -71,12 +72,15 @@ def one_line(exc: BaseException) -> str:
 
 
 def connect(db: PgDatabase, *, autocommit: bool, role: str) -> Any:
-    """A psycopg connection to ``db`` (``application_name`` ``hitl-gate/ROLE``). Raises
+    """A psycopg connection to ``db`` (``application_name`` ``hitl-gate/ROLE``; libpq's
+    ``connect_timeout`` CONNECT_TIMEOUT_S unless the URL sets one). Raises
     GateError ``no_driver``, Unavailable ``storage_unavailable`` (``cannot connect to URL:
     reason``, the URL redacted) when it cannot connect."""
     psycopg = driver()
     extra = {} if db.password is None else {"password": db.password}
     try:
+        if "connect_timeout" not in psycopg.conninfo.conninfo_to_dict(db.url):
+            extra["connect_timeout"] = str(CONNECT_TIMEOUT_S)
         return psycopg.connect(
             db.url, autocommit=autocommit, application_name=f"hitl-gate/{role}", **extra
         )
