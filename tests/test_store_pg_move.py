@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import sqlite3
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -23,7 +24,11 @@ from typing import Any
 import pytest
 import yaml
 
+from gate.store.connection import prepare
+from gate.store.pg_move import move
+from gate.store.pg_read import PgDatabase
 from gate.store.pg_schema import migrate
+from gate.store.schema import MIGRATIONS
 from gate.trust.keys import PRIVATE_KEY_NAME as KEY_NAME
 from tests.pg_server import PgServer, running_server
 from tests.support import (
@@ -328,6 +333,56 @@ def test_pg_move_signatures_read_from_postgres(
     code, pg, err = cli("audit", "signatures", "-c", str(pg_config(history, moved, tmp_path)))
     assert (code, pg, err) == (0, lite, "")
     assert len(pg.splitlines()) == 2  # the header and alice's signed approval
+
+
+def test_pg_move_an_older_gates_database_keeps_its_anchors(
+    server: PgServer, tmp_path: Path
+) -> None:
+    """The database an older gate wrote (tests/fixtures/old_gate), moved: the head and the
+    receipt kept from before verify on PostgreSQL."""
+    old = Path(__file__).resolve().parent / "fixtures" / "old_gate"
+    source = tmp_path / "gate.db"
+    shutil.copyfile(old / "gate.db", source)
+    url = empty_database(server)
+    done = run_cli("storage", "migrate", "--from", str(source), "--to", url, env=ENV)
+    assert done.returncode == 0, done.stderr.decode()
+    head = (old / "head.txt").read_text(encoding="utf-8").strip()
+    code, out, err = cli(
+        "audit", "verify", "--db", url, "--key-env", "HITL_RECEIPT_KEY",
+        "--public-key", str(old / "audit.pub"), "--expect-head", head,
+        "--expect", str(old / "receipt.json"),
+    )  # fmt: skip
+    assert (code, err) == (0, ""), out + err
+
+
+def test_pg_move_a_database_of_an_older_schema_as_if_migrated_first(
+    server: PgServer, tmp_path: Path
+) -> None:
+    """A source at schema 1 is copied as SQLite's migrations would have left it: each column
+    it lacks gets its default (``move`` itself: the copy, not its audit check)."""
+    source = tmp_path / "v1.db"
+    conn = sqlite3.connect(source, isolation_level=None)
+    for statement in MIGRATIONS[0]:
+        conn.execute(statement)
+    conn.execute("PRAGMA user_version = 1")
+    conn.execute(
+        "INSERT INTO approvals (approval_id, run_id, pipeline, step, risk, content_type,"
+        " quorum_required, scope, spend, state, created_at, expires_at, request_hash)"
+        " VALUES ('A1', 'r', 'p', 'q1', 'low', 'text/plain', 1, '[]', 12.5, 'pending', 1, 2, 'h')"
+    )
+    conn.close()
+    url = empty_database(server)
+
+    moved = move(source, PgDatabase(url))
+
+    assert dict(moved.tables)["approvals"] == 1 and moved.head is None
+    migrated = prepare(source)  # the gate's own migrations, then the same row read back
+    columns = [r[1] for r in migrated.execute("PRAGMA table_info(approvals)")]
+    want = migrated.execute(f"SELECT {', '.join(columns)} FROM approvals").fetchall()
+    migrated.close()
+    with psycopg.connect(url) as pg:
+        got = pg.execute(f"SELECT {', '.join(columns)} FROM approvals").fetchall()
+    assert typed(got) == typed([tuple(r) for r in want])
 
 
 def test_pg_move_a_tampered_copy_fails_verify(server: PgServer, history: History) -> None:
