@@ -403,6 +403,56 @@ def test_pg_move_a_tampered_copy_fails_verify(server: PgServer, history: History
     assert out.startswith(f"TAMPERED: entry {seq}: "), out
 
 
+def test_pg_move_a_source_whose_log_does_not_verify_is_named(
+    server: PgServer, history: History, tmp_path: Path
+) -> None:
+    source = tmp_path / "gate.db"
+    shutil.copyfile(history.db, source)
+    with sqlite3.connect(source) as conn:
+        conn.execute(
+            'UPDATE audit_log SET entry = replace(entry, \'"step":"q1"\', \'"step":"q0"\')'
+        )
+    url = empty_database(server)
+    done = run_cli("storage", "migrate", "--from", str(source), "--to", url, env=ENV)
+    err = done.stderr.decode()
+    assert (done.returncode, done.stdout) == (1, b""), err
+    assert re.fullmatch(
+        rf"Error: the copy in {url} does not verify: TAMPERED: entry \d+: entry hash does not"
+        rf" match its content \(changed\) \(\d+ entries before it verified\) \(it stays there:"
+        rf" check the source with `hitl-gate"
+        rf" audit verify --db {source}`, drop the copy, move again\)\n",
+        err,
+    ), err
+
+
+@pytest.mark.parametrize(
+    ("value", "held"),
+    [("'run' || char(0) || 'id'", "holds U+0000, which PostgreSQL text cannot hold"),
+     ("x'00ff'", "holds a BLOB, which its PostgreSQL column cannot hold unchanged")],
+    ids=["nul", "blob"],
+)  # fmt: skip
+def test_pg_move_a_value_postgres_cannot_hold_is_named(
+    server: PgServer, tmp_path: Path, value: str, held: str
+) -> None:
+    source = tmp_path / "gate.db"
+    prepare(source).close()
+    with sqlite3.connect(source) as conn:
+        conn.execute(
+            "INSERT INTO approvals (approval_id, run_id, pipeline, step, risk, content_type,"
+            " quorum_required, scope, state, created_at, expires_at, request_hash)"
+            f" VALUES ('A1', {value}, 'p', 'q1', 'low', 'text/plain', 1, '[]', 'pending', 1, 2,"
+            " 'h')"
+        )
+    url = empty_database(server)
+    done = run_cli("storage", "migrate", "--from", str(source), "--to", url, env=ENV)
+    assert (done.returncode, done.stdout) == (1, b"")
+    assert done.stderr.decode() == f"Error: approvals.run_id of row 1 {held}\n"
+    with psycopg.connect(url) as conn:
+        assert conn.execute(
+            "SELECT count(*) FROM information_schema.tables WHERE table_schema = 'public'"
+        ).fetchone() == (0,)
+
+
 @pytest.mark.parametrize("clash", [False, True], ids=["gate-table-with-a-row", "foreign-table"])
 def test_pg_move_refuses_a_non_empty_target_and_leaves_it(
     server: PgServer, history: History, clash: bool

@@ -78,7 +78,10 @@ def storage_migrate(source: str, target: str, password_env: str | None) -> None:
     checked = report.chain.checked
     if said.exit_code != 0 or checked != (moved.head[0] if moved.head else 0):
         why = " ".join(said.out + said.err) or f"it holds {checked} audit entries"
-        fail(f"the copy in {database} does not verify (drop it and move again): {why}")
+        fail(
+            f"the copy in {database} does not verify: {why} (it stays there: check the source"
+            f" with `hitl-gate audit verify --db {source}`, drop the copy, move again)"
+        )
     rows = ", ".join(f"{table} {n}" for table, n in moved.tables)
     where = f"head seq {moved.head[0]} hash {moved.head[1]}" if moved.head else "empty audit log"
     click.echo(f"moved {source} to {database}: {rows}; {where}; the copy verifies")
