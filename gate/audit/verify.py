@@ -19,6 +19,7 @@ from gate.audit import chain as audit
 from gate.audit import records as audit_records
 from gate.audit import signature_checks
 from gate.audit.receipts import head_problem, receipt_problem, span_keys
+from gate.audit.report import KeysUsed, verdict
 from gate.audit.segments import Segment, stitch, verify_segment
 from gate.errors import GateError, Unavailable
 from gate.store import auditlog, inspection
@@ -169,6 +170,22 @@ def verify_rows(
     if anchor is not None:
         return AuditReport(chain, anchor)
     return AuditReport(chain, signatures=signature_checks.check(rows[: chain.checked]))
+
+
+def copy_problem(path: Database, head: tuple[int, str] | None) -> str | None:
+    """Why the database ``path``, a copy of a log whose newest entry is ``head`` (``(seq,
+    entry_hash)``; None: an empty log), is not that log, in ``audit verify``'s words; None
+    when it is: ``verify_database`` without keys (the chain, the receipts stored with the
+    requests, every request's rows and approver signature) with ``head`` as a logged head,
+    and no entry past it. For ``hitl-gate storage migrate``; raises as ``verify_database``."""
+    heads = [head] if head is not None else []
+    report = verify_database(path, None, expect_heads=heads)
+    said = verdict(report, KeysUsed("", (), False, False), head_seqs=[s for s, _ in heads])
+    if said.exit_code != 0:
+        return " ".join(said.out + said.err)
+    if report.chain.checked != (head[0] if head else 0):
+        return f"it holds {report.chain.checked} audit entries, the source {head[0] if head else 0}"
+    return None
 
 
 def _existing(path: Database) -> Database:

@@ -56,8 +56,7 @@ def storage_migrate(source: str, target: str, password_env: str | None) -> None:
     """
     from pathlib import Path
 
-    from gate.audit.report import KeysUsed, verdict
-    from gate.audit.verify import verify_database
+    from gate.audit.verify import copy_problem
     from gate.store.pg_move import MoveError, move
 
     database = postgres("--to", target, password_env, "hitl-gate storage migrate")
@@ -69,18 +68,14 @@ def storage_migrate(source: str, target: str, password_env: str | None) -> None:
         fail(f"--to: {exc.message}", 2)
     except GateError as exc:  # the driver, found above, would not import
         fail(exc.message, 2)
-    head = [moved.head] if moved.head else []
     try:
-        report = verify_database(database, None, expect_heads=head)
+        problem = copy_problem(database, moved.head)
     except GateError as exc:
         fail(f"the copy in {database} could not be read back: {exc.message}")
-    said = verdict(report, KeysUsed("", (), False, False), head_seqs=[s for s, _ in head])
-    checked = report.chain.checked
-    if said.exit_code != 0 or checked != (moved.head[0] if moved.head else 0):
-        why = " ".join(said.out + said.err) or f"it holds {checked} audit entries"
+    if problem is not None:
         fail(
-            f"the copy in {database} does not verify: {why} (it stays there: check the source"
-            f" with `hitl-gate audit verify --db {source}`, drop the copy, move again)"
+            f"the copy in {database} does not verify: {problem} (it stays there: check the"
+            f" source with `hitl-gate audit verify --db {source}`, drop the copy, move again)"
         )
     rows = ", ".join(f"{table} {n}" for table, n in moved.tables)
     where = f"head seq {moved.head[0]} hash {moved.head[1]}" if moved.head else "empty audit log"
