@@ -48,8 +48,8 @@ def free_port() -> int:
 class PgServer:
     """One PostgreSQL server in its own temporary folder; ``start()`` it, ``stop()`` it.
 
-    ``url(db)`` is a libpq URL for the superuser ``gate`` over TCP; ``create_database(name)``
-    makes an empty database (``template0``)."""
+    ``url(db)`` is a libpq URL for the superuser ``gate`` over TCP; ``database(name)``
+    makes an empty database (``template0``), or a copy of another."""
 
     def __init__(self, bindir: Path) -> None:
         self.bindir = bindir
@@ -109,6 +109,15 @@ class PgServer:
     def url(self, db: str = "postgres") -> str:
         """The libpq URL of database ``db`` for the superuser over TCP on loopback."""
         return f"postgresql://{USER}@127.0.0.1:{self.port}/{db}"
+
+    def database(self, name: str, template: str = "template0") -> str:
+        """Create the database ``name`` as a copy of ``template`` (default: an empty one);
+        return its URL."""
+        import psycopg
+
+        with psycopg.connect(self.url(), autocommit=True) as admin:
+            admin.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template}"')
+        return self.url(name)
 
     def log(self) -> str:
         """The server's log so far (for a failing test's message)."""

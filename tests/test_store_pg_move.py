@@ -25,8 +25,8 @@ import pytest
 import yaml
 
 from gate.store.connection import prepare
+from gate.store.pg_backend import PgTarget
 from gate.store.pg_move import move
-from gate.store.pg_read import PgDatabase
 from gate.store.pg_schema import migrate
 from gate.store.schema import MIGRATIONS
 from gate.trust.keys import PRIVATE_KEY_NAME as KEY_NAME
@@ -373,7 +373,7 @@ def test_pg_move_a_database_of_an_older_schema_as_if_migrated_first(
     conn.close()
     url = empty_database(server)
 
-    moved = move(source, PgDatabase(url))
+    moved = move(source, PgTarget(url))
 
     assert dict(moved.tables)["approvals"] == 1 and moved.head is None
     migrated = prepare(source)  # the gate's own migrations, then the same row read back
@@ -484,16 +484,32 @@ def test_pg_move_refuses_a_non_empty_target_and_leaves_it(
         assert kept == ([] if clash else [("kept",)])
 
 
-def test_pg_move_refuses_a_database_that_is_not_utf8(server: PgServer, history: History) -> None:
+@pytest.mark.parametrize(
+    ("options", "line"),
+    [
+        (
+            "ENCODING 'LATIN1'",
+            "the database's encoding is LATIN1; the gate's texts need UTF8 (createdb"
+            " --locale=C --encoding=UTF8 --template=template0)",
+        ),
+        (
+            "LOCALE_PROVIDER icu ICU_LOCALE 'und'",
+            "the database does not sort text by code point, as the gate's ids sort; create it"
+            " with the C collation (createdb --locale=C --encoding=UTF8 --template=template0)",
+        ),
+    ],
+    ids=["latin1", "icu-collation"],
+)
+def test_pg_move_refuses_a_database_not_utf8_or_not_by_code_point(
+    server: PgServer, history: History, options: str, line: str
+) -> None:
+    name = f"move_{next(_databases)}"
     with psycopg.connect(server.url(), autocommit=True) as conn:
-        conn.execute("CREATE DATABASE latin ENCODING 'LATIN1' TEMPLATE template0")
-    done = migrate_to(history, server.url("latin"))
+        conn.execute(f"CREATE DATABASE {name} {options} TEMPLATE template0")
+    done = migrate_to(history, server.url(name))
     assert (done.returncode, done.stdout) == (2, b"")
-    assert done.stderr.decode() == (
-        "Error: --to: the database's encoding is LATIN1; the gate's texts need UTF8 (CREATE"
-        " DATABASE ... ENCODING 'UTF8')\n"
-    )
-    with psycopg.connect(server.url("latin")) as conn:
+    assert done.stderr.decode() == f"Error: --to: {line}\n"
+    with psycopg.connect(server.url(name)) as conn:
         assert conn.execute(
             "SELECT count(*) FROM information_schema.tables WHERE table_schema = 'public'"
         ).fetchone() == (0,)
@@ -515,8 +531,8 @@ def test_pg_move_waits_for_a_gate_writing_there_and_then_refuses(
         wait_until(
             lambda: (
                 watch.execute(
-                    "SELECT count(*) FROM pg_stat_activity WHERE application_name ="
-                    " 'hitl-gate/migrate' AND wait_event_type = 'Lock'"
+                    "SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE"
+                    " 'hitl-gate/migrate/%' AND wait_event_type = 'Lock'"
                 ).fetchone()
                 == (1,)
             ),

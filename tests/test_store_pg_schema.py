@@ -39,10 +39,7 @@ _databases = iter(range(1, 1000))
 @pytest.fixture
 def url(server: PgServer) -> str:
     """A fresh empty database on the module's server."""
-    name = f"schema_{next(_databases)}"
-    with psycopg.connect(server.url(), autocommit=True) as conn:
-        conn.execute(f"CREATE DATABASE {name} TEMPLATE template0")
-    return server.url(name)
+    return server.database(f"schema_{next(_databases)}")
 
 
 def migrated(url: str) -> int:
@@ -169,7 +166,10 @@ def test_pg_schema_equals_the_sqlite_schema_at_its_last_migration(url: str) -> N
     assert got["indexes"] == want["indexes"]
 
 
-def test_pg_schema_migrates_once_when_gates_start_together(url: str) -> None:
+def test_pg_schema_migrates_once_when_gates_start_together(
+    url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level("INFO", logger="gate.store.pg_schema")
     barrier = threading.Barrier(4)
     versions: list[int] = []
     errors: list[BaseException] = []
@@ -196,6 +196,9 @@ def test_pg_schema_migrates_once_when_gates_start_together(url: str) -> None:
             (SCHEMA_VERSION,)
         ]
         assert conn.execute("SELECT count(*) FROM approvals").fetchone() == (0,)
+    assert [r.getMessage() for r in caplog.records] == [
+        f"event=migrated schema_version={SCHEMA_VERSION}"
+    ]
 
 
 def test_pg_schema_migrating_again_changes_nothing(url: str) -> None:

@@ -12,8 +12,8 @@ import threading
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
+from pathlib import Path, PurePath
+from typing import TYPE_CHECKING, Any
 
 from gate.audit import chain as audit
 from gate.audit import records as audit_records
@@ -30,9 +30,10 @@ from gate.store.audit_records import (
     records_of,
 )
 from gate.store.auditlog import DatabaseRows
-from gate.store.pg_read import PgDatabase
-from gate.store.readonly import Database
 from gate.trust.keys import PublicKeys
+
+if TYPE_CHECKING:
+    from gate.store.readonly import Database
 
 # entries per ``audit verify`` work unit; a log of one unit or less is verified in-process
 SEGMENT_ROWS = 50_000
@@ -107,7 +108,7 @@ def verify_database(
     leading_unknown: bool = False,
 ) -> AuditReport:
     """The one audit check of the database ``path`` (``audit verify -c``, ``doctor``): a
-    SQLite file, or a PostgreSQL database (``gate.store.pg_read.PgDatabase``).
+    SQLite file, or a PostgreSQL database (``gate.store.pg_backend.PgTarget``).
 
     In order, stopping at the first failure: the chain with every receipt (``keys``: each
     entry with the key of its span; ``leading_unknown`` as ``gate.audit.spans``) and, with
@@ -191,7 +192,7 @@ def copy_problem(path: Database, head: tuple[int, str] | None) -> str | None:
 def _existing(path: Database) -> Database:
     """``path`` (a Path, or a PostgreSQL database: there when it can be connected to);
     GateError ``no_database`` when there is no file there."""
-    if isinstance(path, PgDatabase):
+    if not isinstance(path, str | PurePath):
         return path
     if not Path(path).exists():
         raise GateError("no_database", f"no database at {path}")

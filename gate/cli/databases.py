@@ -8,6 +8,7 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
+from urllib.parse import urlsplit
 
 import click
 
@@ -52,15 +53,25 @@ def password(option: str, var: str | None) -> str | None:
 
 
 def postgres(option: str, url: str, password_env: str | None, needed_by: str = "") -> Any:
-    """The PostgreSQL database ``url`` given with ``option`` (a ``PgDatabase``); exits 2
-    with one line naming ``option`` when it is no ``postgresql://`` URL, or naming the
-    extra to install (for ``needed_by``, default ``option``) without the driver."""
-    from gate.store.pg_read import PgDatabase, is_url, redacted
+    """The PostgreSQL database ``url`` given with ``option`` (a ``PgTarget``); exits 2 with
+    one line naming ``option`` when it is no ``postgresql://`` URL or holds a password
+    (never shown: it comes from ``--password-env`` or libpq's own ``PGPASSWORD``/
+    ``~/.pgpass``), or naming the extra to install (for ``needed_by``, default ``option``)
+    without the driver."""
+    from gate.store.pg_backend import PgTarget
+    from gate.store.pg_read import is_url
 
+    try:
+        parts = urlsplit(url)
+        secret = parts.password is not None or "password=" in parts.query
+    except ValueError:
+        secret = False
     if not is_url(url):
-        fail(f"{option}: {redacted(url)!r} is not a postgresql://USER@HOST:PORT/DB URL", 2)
+        fail(f"{option}: not a postgresql://USER@HOST:PORT/DB URL", 2)
+    if secret:
+        fail(f"{option}: the URL must not hold a password: give it with --password-env", 2)
     _driver(needed_by or f"{option} postgresql://")
-    return PgDatabase(url, password("--password-env", password_env))
+    return PgTarget(url, password("--password-env", password_env))
 
 
 def _driver(needed_by: str) -> None:
@@ -85,11 +96,11 @@ def given(db: str, password_env: str | None) -> Database:
 def configured(config: Any) -> Database:
     """The database ``config`` names: ``storage.url`` (its password in the variable
     ``storage.password_env``) when set, else the SQLite file ``storage.path``."""
-    from gate.store.pg_read import PgDatabase
+    from gate.store.pg_backend import PgTarget
 
     storage = config.storage
     if not storage.on_postgres:
         path: Path = storage.path
         return path
     _driver("storage.url (PostgreSQL)")
-    return PgDatabase(storage.url, password("storage.password_env", storage.password_env))
+    return PgTarget(storage.url, password("storage.password_env", storage.password_env))

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 
-from gate.clock import Clock, SystemClock
+from gate.clock import Clock, PinnedClock, SystemClock
 from gate.config import Config, Secrets
 from gate.core.service import GateService
 from gate.daemon.approval_dispatch import ApprovalDispatch
@@ -25,7 +25,7 @@ from gate.daemon.relay_http import relay_session
 from gate.daemon.timers import Timers
 from gate.metrics import Metrics
 from gate.protocol import DECISIONS_PATH
-from gate.store import Store
+from gate.store import PgTarget, Store
 from gate.web.api import create_api_app
 from gate.web.callback import create_callback_app
 from gate.web.common import BODY_TIMEOUT, Handler
@@ -91,6 +91,20 @@ class Gate:
                     log.info("event=workers_stopped")
 
 
+def _store(
+    config: Config, secrets: Secrets, writer_process: bool, clock: Clock
+) -> tuple[Store, Clock]:
+    """The store ``config.storage`` names, and the clock the gate runs on: ``clock`` on
+    SQLite; on PostgreSQL ``clock`` pinned to the database's time inside each write batch
+    (``PinnedClock``: one clock for every gate on the database)."""
+    storage = config.storage
+    if storage.url is None:
+        return Store(storage.sqlite_file(), writer_process=writer_process), clock
+    pinned = PinnedClock(clock)
+    target = PgTarget(storage.url, secrets.storage_password)
+    return Store(target, writer_process=writer_process, clock=pinned), pinned
+
+
 def build_gate(
     config: Config,
     secrets: Secrets,
@@ -113,12 +127,12 @@ def build_gate(
     Raises ConfigError when a receipt key file in ``config.receipts`` cannot be used;
     ValueError unless ``0 < base <= cap``.
     """
-    store = Store(config.storage.sqlite_file(), writer_process=writer_process)
+    store, clock = _store(config, secrets, writer_process, clock or SystemClock())
     service = GateService(
         config,
         secrets.receipt_key,
         store,
-        clock or SystemClock(),
+        clock,
         previous_receipt_key=secrets.previous_receipt_key,
     )
     metrics = Metrics(config.pipelines)

@@ -8,11 +8,10 @@ from __future__ import annotations
 
 import heapq
 import json
-import sqlite3
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from itertools import groupby, repeat
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from gate.audit import chain as audit
 from gate.audit.approval_kind import ApprovalRecord
@@ -24,8 +23,11 @@ from gate.store.approvals import APPROVALS
 from gate.store.auditlog import audit_query, grouped
 from gate.store.inspection import read_only
 from gate.store.questions import QUESTIONS
-from gate.store.readonly import Database, ReadConnection, has_table, reading
+from gate.store.readonly import ReadConnection, has_table, reading, table_columns
 from gate.store.requests import RequestTables
+
+if TYPE_CHECKING:
+    from gate.store.readonly import Database
 
 
 class Read(NamedTuple):
@@ -243,17 +245,15 @@ def _for_schema(conn: ReadConnection, sql: str) -> str:
     """``sql`` for this database: before migration 4 the decisions table has no
     ``reason`` and ``on_behalf_of`` columns, before migration 6 no
     ``credential_id``, before migration 7 the approvals table no ``approver_signature``:
-    each read as NULL (an older schema is read as it is, not migrated; PostgreSQL's schema
-    starts with them all). Raises sqlite3.Error as the connection does."""
-    if not isinstance(conn, sqlite3.Connection):
-        return sql
+    each read as NULL (an older schema is read as it is, not migrated). Raises sqlite3.Error
+    as the connection does."""
     if " approver_signature " in sql:  # migration 7: frozen at creation
-        approvals = {str(row[1]) for row in conn.execute("PRAGMA table_info(approvals)")}
+        approvals = table_columns(conn, "approvals")
         if "approver_signature" not in approvals:
             sql = sql.replace(" approver_signature ", " NULL ")
     if " on_behalf_of" not in sql:
         return sql
-    columns = {str(row[1]) for row in conn.execute("PRAGMA table_info(decisions)")}
+    columns = table_columns(conn, "decisions")
     for column in ("reason", "on_behalf_of", "credential_id"):
         if column not in columns:
             sql = sql.replace(f" {column}", " NULL")

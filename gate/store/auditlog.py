@@ -9,14 +9,16 @@ import itertools
 import operator
 import sqlite3
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gate.audit import chain as audit
 from gate.errors import Unavailable
-from gate.store import pg_read, readonly
-from gate.store.pg_connection import PgConnection
-from gate.store.readonly import Database, ReadConnection, ReadCursor, reading
+from gate.store import readonly
+from gate.store.readonly import ReadConnection, ReadCursor, reading
 from gate.store.schema import SCHEMA_VERSION
+
+if TYPE_CHECKING:
+    from gate.store.readonly import Database
 
 CHUNK = 1000
 
@@ -75,10 +77,7 @@ def audit_query(conn: ReadConnection) -> str | None:
     """Return the query listing the audit rows (unsigned columns as NULL in a database from
     before signing), or None when the database has no audit log yet. Closes ``conn``."""
     try:
-        if isinstance(conn, PgConnection):
-            version = pg_read.schema_version(conn)
-        else:
-            version = int(conn.execute("PRAGMA user_version").fetchone()[0])
+        version = readonly.schema_version(conn)
         if version > SCHEMA_VERSION:
             raise Unavailable(
                 "storage_unavailable",

@@ -11,13 +11,16 @@ from __future__ import annotations
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gate.audit import chain as audit
 from gate.errors import Unavailable
 from gate.store import readonly
-from gate.store.readonly import Database, ReadConnection, has_table, reading
+from gate.store.readonly import ReadConnection, has_table, reading
 from gate.store.schema import SCHEMA_VERSION
+
+if TYPE_CHECKING:
+    from gate.store.readonly import Database
 
 MAX_PROBLEMS = 20
 

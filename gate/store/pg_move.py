@@ -21,7 +21,8 @@ from typing import Any
 
 from gate.errors import GateError, Unavailable
 from gate.store import connection, pg_read, readonly
-from gate.store.pg_read import PgDatabase
+from gate.store.pg_backend import PgTarget
+from gate.store.pg_connection import as_sqlite_error
 from gate.store.pg_schema import SchemaTooNew, migrate, sync_audit_head
 from gate.store.schema import SCHEMA_VERSION
 
@@ -52,14 +53,14 @@ class Moved:
     head: tuple[int, str] | None
 
 
-def move(source: Path, target: PgDatabase) -> Moved:
+def move(source: Path, target: PgTarget) -> Moved:
     """Copy the gate database at ``source`` into the empty database ``target`` (its schema
     applied first, ``pg_schema.migrate``), in one transaction, holding the source's lock.
     Raises MoveError (nothing written), GateError ``no_driver`` without psycopg."""
     with _held(source) as lite:
         tables = _source_tables(lite)
         names = [name for name, _ in tables]
-        conn = pg_read.connect(target, autocommit=False, role="migrate")
+        conn = pg_read.session(target, "migrate")
         try:
             with conn.transaction():
                 _refuse_encoding(conn)
@@ -73,7 +74,7 @@ def move(source: Path, target: PgDatabase) -> Moved:
                 _set_identities(conn, names)
                 seq, entry_hash, _ = sync_audit_head(conn)
         except pg_read.driver().Error as exc:
-            raise MoveError(None, f"the copy failed: {pg_read.one_line(exc)}") from None
+            raise MoveError(None, f"the copy failed: {as_sqlite_error(exc)}") from None
         except ValueError as exc:  # sync_audit_head: an entry without a valid time
             raise MoveError(None, f"the copy failed: {exc}") from None
         finally:
@@ -82,13 +83,22 @@ def move(source: Path, target: PgDatabase) -> Moved:
 
 
 def _refuse_encoding(conn: Any) -> None:
-    """MoveError unless the target database stores UTF-8 (what the entries' bytes are)."""
+    """MoveError unless the target database stores UTF-8 (what the entries' bytes are) and
+    sorts text by code point, as the gate's ids sort (the ``C`` collation)."""
     (encoding,) = conn.execute("SHOW server_encoding").fetchone()
     if str(encoding).upper() not in ("UTF8", "UTF-8"):
         raise MoveError(
             "--to",
             f"the database's encoding is {encoding}; the gate's texts need UTF8"
-            " (CREATE DATABASE ... ENCODING 'UTF8')",
+            " (createdb --locale=C --encoding=UTF8 --template=template0)",
+        )
+    (by_code_point,) = conn.execute("SELECT 'Z' < 'a' AND '-' < 'A' AND 'B_1' < 'a'").fetchone()
+    if not by_code_point:
+        raise MoveError(
+            "--to",
+            "the database does not sort text by code point, as the gate's ids sort; create"
+            " it with the C collation (createdb --locale=C --encoding=UTF8"
+            " --template=template0)",
         )
 
 
@@ -165,7 +175,7 @@ def _migrate(conn: Any) -> None:
     except SchemaTooNew as exc:
         raise MoveError("--to", str(exc)) from None
     except psycopg.Error as exc:
-        reason = pg_read.one_line(exc)
+        reason = as_sqlite_error(exc)
         raise MoveError("--to", f"cannot apply the gate's schema: {reason}") from None
 
 

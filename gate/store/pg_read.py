@@ -1,24 +1,26 @@
-"""A PostgreSQL database read offline (``audit verify``/``export``, ``storage migrate``):
-where it is (``PgDatabase``: a libpq URL, the password apart and never shown), the driver
-imported only here and when asked for, and the read-only connection the offline readers use:
-one ``REPEATABLE READ READ ONLY`` snapshot for the connection's life, every ``SELECT`` through
-a server-side (named) cursor, so a log of any size streams in constant memory."""
+"""A PostgreSQL database read offline (``audit verify``/``export``/``signatures``, ``storage
+migrate``'s check): the read-only connection the offline readers use, one ``REPEATABLE READ
+READ ONLY`` snapshot for the connection's life, every ``SELECT`` through a server-side
+(named) cursor, so a log of any size streams in constant memory. The database is a
+``gate.store.pg_backend.PgTarget``, its connection ``pg_backend.connect``'s (role
+``offline``), without the daemon's statement and idle timeouts: an export piped into a slow
+reader waits, it is not cut off.
+"""
 
 from __future__ import annotations
 
 import importlib
 import re
 from contextlib import suppress
-from dataclasses import dataclass, field
 from itertools import count
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 from gate.errors import GateError, Unavailable
-from gate.store.pg_connection import DriverInfo, PgConnection
+from gate.store.pg_backend import PgTarget, connect
+from gate.store.pg_connection import DriverInfo, PgConnection, PgError, as_sqlite_error
 
 SCHEMES = ("postgresql", "postgres")
-CONNECT_TIMEOUT_S = 10  # an unreachable host is reported, not waited for
 EXTRA = "needs the postgres extra: pip install 'hitl-gate[postgres]'"
 _SELECT = re.compile(r"^\s*(?:SELECT|WITH|VALUES)\b", re.IGNORECASE)
 _SNAPSHOT = re.compile(r"^\s*(?:BEGIN|COMMIT|ROLLBACK)\b", re.IGNORECASE)
@@ -27,33 +29,6 @@ _SNAPSHOT = re.compile(r"^\s*(?:BEGIN|COMMIT|ROLLBACK)\b", re.IGNORECASE)
 def is_url(text: str) -> bool:
     """Whether ``text`` names a PostgreSQL database (``postgresql://`` or ``postgres://``)."""
     return urlsplit(text.strip()).scheme.lower() in SCHEMES
-
-
-def redacted(url: str) -> str:
-    """``url`` as it may be shown or logged: a password in it replaced by ``***``."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    host = parts.netloc.rpartition("@")[2]
-    user = parts.username or ""
-    return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
-
-
-@dataclass(frozen=True, slots=True)
-class PgDatabase:
-    """A PostgreSQL database: its libpq ``url`` and the ``password`` to connect with (None:
-    libpq's own ``PGPASSWORD``/``.pgpass``, or a password in the URL). Shown (``str``) with
-    any password redacted; ``repr`` never holds the password."""
-
-    url: str
-    password: str | None = field(default=None, repr=False, compare=False)
-
-    def __post_init__(self) -> None:
-        if not is_url(self.url):
-            raise ValueError(f"{redacted(self.url)!r} is not a postgresql:// URL")
-
-    def __str__(self) -> str:
-        return redacted(self.url)
 
 
 def driver() -> Any:
@@ -65,28 +40,20 @@ def driver() -> Any:
         raise GateError("no_driver", f"PostgreSQL {EXTRA}") from None
 
 
-def one_line(exc: BaseException) -> str:
-    """A driver error as one line (libpq's messages run over several)."""
-    text = " ".join(part.strip() for part in str(exc).splitlines() if part.strip())
-    return text or type(exc).__name__
-
-
-def connect(db: PgDatabase, *, autocommit: bool, role: str) -> Any:
-    """A psycopg connection to ``db`` (``application_name`` ``hitl-gate/ROLE``; libpq's
-    ``connect_timeout`` CONNECT_TIMEOUT_S unless the URL sets one). Raises
-    GateError ``no_driver``, Unavailable ``storage_unavailable`` (``cannot connect to URL:
-    reason``, the URL redacted) when it cannot connect."""
+def session(target: PgTarget, role: str, *, read_only: bool = False) -> Any:
+    """An autocommit psycopg connection to ``target`` (``pg_backend.connect``'s, role
+    ``role``) with no statement or idle-in-transaction timeout: an offline tool's reads and
+    a move's copy take as long as they take. Raises GateError ``no_driver``, Unavailable
+    ``storage_unavailable`` (``cannot connect to URL: reason``) when it cannot connect."""
     psycopg = driver()
-    extra = {} if db.password is None else {"password": db.password}
     try:
-        if "connect_timeout" not in psycopg.conninfo.conninfo_to_dict(db.url):
-            extra["connect_timeout"] = str(CONNECT_TIMEOUT_S)
-        return psycopg.connect(
-            db.url, autocommit=autocommit, application_name=f"hitl-gate/{role}", **extra
-        )
-    except psycopg.Error as exc:
-        reason = f"cannot connect to {db}: {one_line(exc)}"
-        raise Unavailable("storage_unavailable", reason) from None
+        conn = connect(target, role, read_only=read_only).driver
+        conn.execute("SET statement_timeout = 0")
+        conn.execute("SET idle_in_transaction_session_timeout = 0")
+    except (PgError, psycopg.Error) as exc:
+        reason = exc if isinstance(exc, PgError) else as_sqlite_error(exc)
+        raise Unavailable("storage_unavailable", f"cannot connect to {target}: {reason}") from None
+    return conn
 
 
 class _NoRows:
@@ -124,6 +91,14 @@ class Snapshot:
         info: DriverInfo = self._conn.info
         return info
 
+    @property
+    def closed(self) -> bool:
+        return bool(self._conn.closed)
+
+    @property
+    def broken(self) -> bool:
+        return bool(self._conn.broken)
+
     def execute(self, query: Any, params: Any = (), /) -> Any:
         if _SNAPSHOT.match(query):
             return _NoRows()
@@ -145,30 +120,12 @@ class Snapshot:
         self._conn.close()
 
 
-def read_only(db: PgDatabase) -> PgConnection:
-    """A read-only ``PgConnection`` to ``db``: one snapshot, server-side cursors
-    (``Snapshot``). Raises as ``connect``."""
-    conn = connect(db, autocommit=True, role="offline")
+def read_only(target: PgTarget) -> PgConnection:
+    """A read-only ``PgConnection`` to ``target``: one snapshot, server-side cursors
+    (``Snapshot``). Raises as ``session``."""
+    conn = session(target, "offline", read_only=True)
     try:
         return PgConnection(Snapshot(conn))
     except BaseException:
         conn.close()
         raise
-
-
-def has_table(conn: PgConnection, name: str) -> bool:
-    """Whether the database's current schema holds the table ``name``."""
-    row = conn.execute(
-        "SELECT count(*) FROM information_schema.tables"
-        " WHERE table_schema = current_schema() AND table_name = ?",
-        (name,),
-    ).fetchone()
-    return row is not None and int(row[0]) > 0
-
-
-def schema_version(conn: PgConnection) -> int:
-    """The newest schema version applied (``schema_migrations``), 0 when none was."""
-    if not has_table(conn, "schema_migrations"):
-        return 0
-    row = conn.execute("SELECT coalesce(max(version), 0) FROM schema_migrations").fetchone()
-    return 0 if row is None else int(row[0])

@@ -22,6 +22,7 @@ Nothing here imports a driver: ``migrate`` takes any connection with psycopg's `
 from __future__ import annotations
 
 import json
+import logging
 import re
 import sqlite3
 from typing import Any, Protocol
@@ -29,6 +30,8 @@ from typing import Any, Protocol
 from gate.audit.chain import GENESIS_HASH
 from gate.protocol.times import rfc3339_to_ms
 from gate.store.schema import MIGRATIONS, SCHEMA_VERSION
+
+log = logging.getLogger(__name__)
 
 # the pg_advisory_xact_lock key of the migration step, held to the end of the migrating
 # transaction (any constant every gate agrees on: these eight ASCII bytes)
@@ -93,7 +96,9 @@ class SchemaTooNew(Exception):
 def migrate(conn: Connection) -> int:
     """Bring the database to this gate's schema version in one transaction, under an
     advisory lock, so N gates starting together migrate it once; returns the version.
-    The caller commits (psycopg: ``with conn.transaction(): migrate(conn)``)."""
+    Logs ``event=migrated schema_version=N`` for each version it applied (as SQLite's; the
+    caller's COMMIT follows). The caller commits (psycopg: ``with conn.transaction():
+    migrate(conn)``)."""
     conn.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK,))
     conn.execute(
         "CREATE TABLE IF NOT EXISTS schema_migrations ("
@@ -109,6 +114,7 @@ def migrate(conn: Connection) -> int:
         for statement in PG_MIGRATIONS[version]:
             conn.execute(statement)
         conn.execute("INSERT INTO schema_migrations (version) VALUES (%s)", (version,))
+        log.info("event=migrated schema_version=%d", version)
     return SCHEMA_VERSION
 
 

@@ -1,28 +1,33 @@
 """The one read-only opener of a gate database (``audit verify``/``export``, ``doctor``),
-reads run through it (``reading``), and the audit_log column list of any schema version.
+reads run through it (``reading``), and the audit_log column list of any schema version;
+the catalog questions (``has_table``, ``table_columns``, ``schema_version``) on either backend.
 
-A database is a SQLite file (a ``Path``) or a PostgreSQL database (``PgDatabase``,
-``gate.store.pg_read``): the readers write their statements once, in SQLite's words, and
-the PostgreSQL connection translates them (``gate.store.pg_connection``)."""
+A database is a SQLite file (a ``Path``) or a PostgreSQL database (a
+``gate.store.pg_backend.PgTarget``, read through ``gate.store.pg_read``): the readers write
+their statements once, in SQLite's words, and the PostgreSQL connection translates them
+(``gate.store.pg_connection``)."""
 
 from __future__ import annotations
 
 import sqlite3
 from collections.abc import Iterator
 from contextlib import closing, contextmanager
-from pathlib import Path
-from typing import Any, Protocol
+from pathlib import Path, PurePath
+from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
 
 from gate.errors import Unavailable
-from gate.store import pg_read
 from gate.store.connection import BUSY_TIMEOUT_MS
 from gate.store.pg_connection import PgConnection
-from gate.store.pg_read import PgDatabase
+
+if TYPE_CHECKING:  # pg_backend imports the writer's modules, which import this one
+    from gate.store.pg_backend import PgTarget
 
 AUDIT_COLUMNS = "seq, approval_id, kind, entry, prev_hash, entry_hash, receipt"
 
-# where a gate's state is: a SQLite file, or a PostgreSQL database
-Database = Path | PgDatabase
+# where a gate's state is: a SQLite file, or a PostgreSQL database (an annotation only:
+# import it under TYPE_CHECKING; a path is a ``PurePath``)
+if TYPE_CHECKING:
+    Database: TypeAlias = Path | PgTarget
 
 
 class ReadCursor(Protocol):
@@ -44,9 +49,11 @@ class ReadConnection(Protocol):
 def connect(path: Database) -> ReadConnection:
     """A read-only connection to the database ``path``: ``pg_read.read_only`` for a
     PostgreSQL one (one snapshot, server-side cursors), else ``connect_file``'s."""
-    if isinstance(path, PgDatabase):
-        return pg_read.read_only(path)
-    return connect_file(path)
+    if isinstance(path, str | PurePath):  # a file's path (str: as before)
+        return connect_file(Path(path))
+    from gate.store import pg_read  # imports pg_backend: not at this module's import
+
+    return pg_read.read_only(path)
 
 
 def connect_file(path: Path) -> sqlite3.Connection:
@@ -86,21 +93,45 @@ def reading(path: Database, failed: str = "database read failed") -> Iterator[Re
 
 
 def has_table(conn: ReadConnection, name: str) -> bool:
-    """Whether the database holds the table ``name`` (one added by a later migration)."""
+    """Whether the database holds the table ``name`` (one added by a later migration):
+    SQLite's ``sqlite_master``, PostgreSQL's ``information_schema`` (the current schema)."""
+    sql = "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?"
     if isinstance(conn, PgConnection):
-        return pg_read.has_table(conn, name)
-    found = conn.execute(
-        "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (name,)
-    ).fetchone()
-    return found is not None
+        sql = (
+            "SELECT 1 FROM information_schema.tables"
+            " WHERE table_schema = current_schema() AND table_name = ?"
+        )
+    return conn.execute(sql, (name,)).fetchone() is not None
+
+
+def table_columns(conn: ReadConnection, table: str) -> set[str]:
+    """The column names of ``table`` (a known table name, never input): SQLite's ``PRAGMA
+    table_info``, PostgreSQL's ``information_schema.columns``."""
+    if isinstance(conn, PgConnection):
+        rows = conn.execute(
+            "SELECT column_name FROM information_schema.columns"
+            " WHERE table_schema = current_schema() AND table_name = ?",
+            (table,),
+        )
+        return {str(row[0]) for row in rows}
+    return {str(row[1]) for row in conn.execute(f"PRAGMA table_info({table})")}
+
+
+def schema_version(conn: ReadConnection) -> int:
+    """The database's schema version: SQLite's ``PRAGMA user_version``, PostgreSQL's newest
+    ``schema_migrations`` row (0 when none)."""
+    if not isinstance(conn, PgConnection):
+        return int(conn.execute("PRAGMA user_version").fetchone()[0])
+    if not has_table(conn, "schema_migrations"):
+        return 0
+    row = conn.execute("SELECT coalesce(max(version), 0) FROM schema_migrations").fetchone()
+    return 0 if row is None else int(row[0])
 
 
 def audit_columns(conn: ReadConnection) -> str:
     """The columns that make an ``AuditRow``, for a ``SELECT`` from audit_log: a log from
-    before signed entries (schema 1) has no key_id/signature yet, read as NULL (PostgreSQL's
-    schema starts with them). Raises sqlite3.Error as the connection does."""
-    if isinstance(conn, PgConnection):
-        return f"{AUDIT_COLUMNS}, key_id, signature"
-    columns = {str(row[1]) for row in conn.execute("PRAGMA table_info(audit_log)")}
+    before signed entries (schema 1) has no key_id/signature yet, read as NULL. Raises
+    sqlite3.Error as the connection does."""
+    columns = table_columns(conn, "audit_log")
     signed = "key_id, signature" if {"key_id", "signature"} <= columns else "NULL, NULL"
     return f"{AUDIT_COLUMNS}, {signed}"
