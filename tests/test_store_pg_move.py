@@ -283,10 +283,13 @@ def test_pg_move_says_what_it_copied_in_one_line(server: PgServer, history: Hist
     assert out.endswith(f"; head seq {seq} hash {digest}; the copy verifies\n")
 
 
-def pg_config(history: History, url: str, directory: Path) -> Path:
-    """The history's config with ``storage.url`` set to ``url`` instead of its file."""
+def pg_config(history: History, url: str, directory: Path, relay_url: str = "") -> Path:
+    """The history's config with ``storage.url`` set to ``url`` instead of its file (and
+    ``relay.url`` to ``relay_url`` when given)."""
     config = yaml.safe_load(history.config.read_text(encoding="utf-8"))
     config["storage"] = {"url": url}
+    if relay_url:
+        config["relay"]["url"] = relay_url
     config["receipts"]["signing_key_file"] = str(history.config.parent / "keys" / KEY_NAME)
     path = directory / "pg.yaml"
     path.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
@@ -383,6 +386,39 @@ def test_pg_move_a_database_of_an_older_schema_as_if_migrated_first(
     with psycopg.connect(url) as pg:
         got = pg.execute(f"SELECT {', '.join(columns)} FROM approvals").fetchall()
     assert typed(got) == typed([tuple(r) for r in want])
+
+
+def test_pg_move_a_gate_started_on_the_copy_appends_after_its_head(
+    server: PgServer, history: History, tmp_path: Path
+) -> None:
+    url = empty_database(server)
+    assert migrate_to(history, url).returncode == 0
+    relay = CaptureRelay().start()
+    config = pg_config(history, url, tmp_path, relay.url)
+    gate = GateProcess(config, env=ENV).start()
+    try:
+        api = gate.api()
+        approval = api.create("q1", "nach dem Umzug")["approval_id"]
+        decide(gate, relay.wait_dispatch(approval), ALICE, "approve")
+        api.wait_resolved(approval)
+    finally:
+        assert gate.stop() == 0, gate.log()
+        relay.stop()
+    old_seq = int(history.head.split(":")[0])
+    new_seq, new_hash = HEAD.findall(gate.log())[-1]
+    assert int(new_seq) > old_seq
+    code, out, err = cli(
+        "audit", "verify", "-c", str(config),
+        "--expect-head", history.head, "--expect-head", f"{new_seq}:{new_hash}",
+    )  # fmt: skip
+    assert (code, err) == (0, ""), out + err
+    (top,) = sqlite_rows(history.db, "SELECT max(decision_id) FROM decisions")[0]
+    with psycopg.connect(url) as conn:
+        found = conn.execute(
+            "SELECT decision_id FROM decisions WHERE approval_id = %s", (approval,)
+        ).fetchall()
+        first = conn.execute("SELECT min(seq) FROM audit_log WHERE approval_id = %s", (approval,))
+        assert (found, first.fetchone()) == ([(top + 1,)], (old_seq + 1,))
 
 
 def test_pg_move_a_tampered_copy_fails_verify(server: PgServer, history: History) -> None:
