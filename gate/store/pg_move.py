@@ -5,8 +5,9 @@ copied ids and ``audit_head`` set from the copied log. The source is held with t
 lock while it is read, so no gate writes it meanwhile.
 
 What it refuses (``MoveError``, nothing written): a source that is missing, in use, not a
-gate database or newer than this gate; a target that is not empty; a value PostgreSQL cannot
-hold as it is (a BLOB, a text with U+0000, a value of another type than its column's).
+gate database or newer than this gate; a target that is not empty, not UTF8, not sorted by
+code point (the ``C`` collation) or newer than this gate; a value PostgreSQL cannot hold as
+it is (a BLOB, a text with U+0000, a value of another type than its column's).
 The copy's audit check (the chain, its head equal to the source's) is ``gate.audit.verify``'s.
 """
 
@@ -63,7 +64,7 @@ def move(source: Path, target: PgTarget) -> Moved:
         conn = pg_read.session(target, "migrate")
         try:
             with conn.transaction():
-                _refuse_encoding(conn)
+                _refuse_text_rules(conn)
                 _refuse_rows(conn, names)  # before anything is applied
                 _migrate(conn)
                 # the gates' write lock: one running on this database waits for the COMMIT,
@@ -75,14 +76,16 @@ def move(source: Path, target: PgTarget) -> Moved:
                 seq, entry_hash, _ = sync_audit_head(conn)
         except pg_read.driver().Error as exc:
             raise MoveError(None, f"the copy failed: {as_sqlite_error(exc)}") from None
-        except ValueError as exc:  # sync_audit_head: an entry without a valid time
-            raise MoveError(None, f"the copy failed: {exc}") from None
+        except (ValueError, KeyError, TypeError):  # sync_audit_head: the newest entry's time
+            raise MoveError(
+                None, "the copy failed: the newest audit entry has no valid time (at)"
+            ) from None
         finally:
             conn.close()
     return Moved(copied, (seq, entry_hash) if seq else None)
 
 
-def _refuse_encoding(conn: Any) -> None:
+def _refuse_text_rules(conn: Any) -> None:
     """MoveError unless the target database stores UTF-8 (what the entries' bytes are) and
     sorts text by code point, as the gate's ids sort (the ``C`` collation)."""
     (encoding,) = conn.execute("SHOW server_encoding").fetchone()
