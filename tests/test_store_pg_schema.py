@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from gate.store.pg_schema import SchemaTooNew, migrate
+from gate.store.pg_schema import PG_MIGRATIONS, PG_ONLY_TABLES, SchemaTooNew, migrate
 from gate.store.schema import MIGRATIONS, SCHEMA_VERSION
 from tests.pg_server import PgServer, running_server
 
@@ -105,6 +105,7 @@ def pg_schema(url: str) -> dict[str, Any]:
                 "SELECT table_name FROM information_schema.tables WHERE table_schema = 'public'"
                 " AND table_name <> 'schema_migrations'"
             )
+            if r[0] not in PG_ONLY_TABLES
         ]
         for table in tables:
             columns = [
@@ -190,9 +191,8 @@ def test_pg_schema_migrates_once_when_gates_start_together(url: str) -> None:
     assert errors == []
     assert versions == [SCHEMA_VERSION] * 4
     with psycopg.connect(url) as conn:
-        assert conn.execute("SELECT version FROM schema_migrations").fetchall() == [
-            (SCHEMA_VERSION,)
-        ]
+        rows = conn.execute("SELECT version, step FROM schema_migrations ORDER BY step")
+        assert rows.fetchall() == sorted(PG_MIGRATIONS)
         assert conn.execute("SELECT count(*) FROM approvals").fetchone() == (0,)
 
 
@@ -206,7 +206,9 @@ def test_pg_schema_migrating_again_changes_nothing(url: str) -> None:
 
     with psycopg.connect(url) as conn:
         assert conn.execute("SELECT invite_hash FROM approver_invites").fetchall() == [("h",)]
-        assert conn.execute("SELECT count(*) FROM schema_migrations").fetchone() == (1,)
+        assert conn.execute("SELECT count(*) FROM schema_migrations").fetchone() == (
+            len(PG_MIGRATIONS),
+        )
 
 
 def test_pg_schema_newer_than_the_gate_is_refused_and_left_alone(url: str) -> None:
@@ -219,5 +221,27 @@ def test_pg_schema_newer_than_the_gate_is_refused_and_left_alone(url: str) -> No
         migrated(url)
 
     with psycopg.connect(url) as conn:
-        rows = conn.execute("SELECT version FROM schema_migrations ORDER BY version").fetchall()
-    assert rows == [(SCHEMA_VERSION,), (SCHEMA_VERSION + 1,)]
+        rows = conn.execute("SELECT version, step FROM schema_migrations ORDER BY 1, 2").fetchall()
+    assert rows == [*sorted(PG_MIGRATIONS), (SCHEMA_VERSION + 1, 0)]
+
+
+def test_pg_schema_adds_the_cluster_tables_to_a_database_at_the_baseline(url: str) -> None:
+    # a database migrated before PostgreSQL's own step existed: only step 0
+    with psycopg.connect(url) as conn, conn.transaction():
+        conn.execute(
+            "CREATE TABLE schema_migrations (version BIGINT NOT NULL,"
+            " step BIGINT NOT NULL DEFAULT 0,"
+            " applied_at TIMESTAMPTZ NOT NULL DEFAULT clock_timestamp(),"
+            " PRIMARY KEY (version, step))"
+        )
+        for statement in PG_MIGRATIONS[(SCHEMA_VERSION, 0)]:
+            conn.execute(statement)
+        conn.execute("INSERT INTO schema_migrations (version) VALUES (%s)", (SCHEMA_VERSION,))
+
+    assert migrated(url) == SCHEMA_VERSION
+
+    with psycopg.connect(url) as conn:
+        for table in PG_ONLY_TABLES:
+            assert conn.execute("SELECT count(*) FROM " + table).fetchone() == (0,)
+        steps = conn.execute("SELECT step FROM schema_migrations ORDER BY step").fetchall()
+    assert steps == [(0,), (1,)]

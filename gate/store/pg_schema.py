@@ -10,6 +10,11 @@ an identity column, and ``audit_log.entry`` stays ``TEXT``: its bytes are hashed
 has no ``user_version``). tests/test_store_pg_schema.py compares the two schemas on a real
 server, so a SQLite migration without its PostgreSQL twin fails there.
 
+Steps are numbered ``(version, step)``: step 0 of a version is the twin of SQLite's migration
+of that number; later steps of a version add tables only PostgreSQL has (``CLUSTER``: what
+several gates on one database share), so SQLite's numbering stays the one both backends
+count in.
+
 Nothing here imports a driver: ``migrate`` takes any connection with psycopg's ``execute``.
 """
 
@@ -51,10 +56,46 @@ def _baseline() -> list[str]:
 
 BASELINE: list[str] = _baseline()
 
-# Each entry brings the PostgreSQL schema to the SQLite schema version of its key; the
-# baseline stands for SQLite's eight migrations at once. A later SQLite migration adds its
-# PostgreSQL statements here under the same version number.
-PG_MIGRATIONS: dict[int, list[str]] = {SCHEMA_VERSION: BASELINE}
+# What several gates on one database share (only PostgreSQL has them; times are the
+# database's clock in unix ms):
+# - gate_instances: one row per running gate (its id, a ULID made at start), rewritten by
+#   its heartbeat: version, config hash, host and pid, the gate's clock minus the
+#   database's (ms, measured at the heartbeat), when it started and last beat; probed_at is
+#   the write probe's (a write without the global lock);
+# - gate_lease: one row per lease (``timers``: the gate that runs the timers and the
+#   senders): its holder (an instance id), the term (+1 each time the holder changes),
+#   when this holder was elected and when the lease lapses unless renewed.
+CLUSTER: list[str] = [
+    """CREATE TABLE gate_instances (
+        instance_id      TEXT PRIMARY KEY,
+        version          TEXT NOT NULL,
+        config_hash      TEXT NOT NULL,
+        host             TEXT NOT NULL,
+        pid              BIGINT NOT NULL,
+        clock_offset_ms  BIGINT NOT NULL,
+        started_at       BIGINT NOT NULL,
+        heartbeat_at     BIGINT NOT NULL,
+        probed_at        BIGINT
+    )""",
+    """CREATE TABLE gate_lease (
+        name        TEXT PRIMARY KEY,
+        holder      TEXT NOT NULL,
+        term        BIGINT NOT NULL CHECK (term > 0),
+        elected_at  BIGINT NOT NULL,
+        expires_at  BIGINT NOT NULL
+    )""",
+]
+
+# Each entry brings the PostgreSQL schema to the step of its key: ``(version, 0)`` to the
+# SQLite schema of that version (the baseline stands for SQLite's eight migrations at once; a
+# later SQLite migration adds its PostgreSQL statements under its own number), ``(version,
+# n > 0)`` adds PostgreSQL's own tables at that version.
+PG_MIGRATIONS: dict[tuple[int, int], list[str]] = {
+    (SCHEMA_VERSION, 0): BASELINE,
+    (SCHEMA_VERSION, 1): CLUSTER,
+}
+# the tables PostgreSQL has and SQLite has not (besides schema_migrations)
+PG_ONLY_TABLES = ("gate_instances", "gate_lease")
 
 
 class Connection(Protocol):
@@ -67,23 +108,37 @@ class SchemaTooNew(Exception):
     """The database was migrated by a newer gate: this one refuses to touch it."""
 
 
+def _named(key: tuple[int, int]) -> str:
+    """``8`` for step 0 of version 8, ``8 step 1`` for a later step."""
+    version, step = key
+    return f"{version} step {step}" if step else str(version)
+
+
 def migrate(conn: Connection) -> int:
-    """Bring the database to this gate's schema version in one transaction, under an
-    advisory lock, so N gates starting together migrate it once; returns the version.
-    The caller commits (psycopg: ``with conn.transaction(): migrate(conn)``)."""
+    """Bring the database to this gate's schema (every step of ``PG_MIGRATIONS``) in one
+    transaction, under an advisory lock, so N gates starting together migrate it once;
+    returns the schema version. Raises SchemaTooNew when the database has a step this gate
+    does not know past its last one. The caller commits (psycopg: ``with
+    conn.transaction(): migrate(conn)``)."""
     conn.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK,))
     conn.execute(
         "CREATE TABLE IF NOT EXISTS schema_migrations ("
-        " version BIGINT PRIMARY KEY,"
-        " applied_at TIMESTAMPTZ NOT NULL DEFAULT clock_timestamp())"
+        " version BIGINT NOT NULL,"
+        " step BIGINT NOT NULL DEFAULT 0,"
+        " applied_at TIMESTAMPTZ NOT NULL DEFAULT clock_timestamp(),"
+        " PRIMARY KEY (version, step))"
     )
-    (current,) = conn.execute("SELECT coalesce(max(version), 0) FROM schema_migrations").fetchone()
-    if current > SCHEMA_VERSION:
+    row = conn.execute(
+        "SELECT version, step FROM schema_migrations ORDER BY version DESC, step DESC LIMIT 1"
+    ).fetchone()
+    current = (int(row[0]), int(row[1])) if row is not None else (0, -1)
+    if current > max(PG_MIGRATIONS):
         raise SchemaTooNew(
-            f"the database's schema is version {current}; this gate knows up to {SCHEMA_VERSION}"
+            f"the database's schema is version {_named(current)}; this gate knows up to"
+            f" {_named(max(PG_MIGRATIONS))}"
         )
-    for version in sorted(v for v in PG_MIGRATIONS if v > current):
-        for statement in PG_MIGRATIONS[version]:
+    for key in sorted(k for k in PG_MIGRATIONS if k > current):
+        for statement in PG_MIGRATIONS[key]:
             conn.execute(statement)
-        conn.execute("INSERT INTO schema_migrations (version) VALUES (%s)", (version,))
+        conn.execute("INSERT INTO schema_migrations (version, step) VALUES (%s, %s)", key)
     return SCHEMA_VERSION
