@@ -57,6 +57,8 @@ class PgServer:
         self.data = self.root / "data"
         self.port = free_port()
         self._as_postgres = os.geteuid() == 0
+        self._migrated = False
+        self._databases = 0
         if self._as_postgres:  # the folder is root's 0700: hand it to postgres
             shutil.chown(self.root, user="postgres", group="postgres")
 
@@ -109,6 +111,30 @@ class PgServer:
     def url(self, db: str = "postgres") -> str:
         """The libpq URL of database ``db`` for the superuser over TCP on loopback."""
         return f"postgresql://{USER}@127.0.0.1:{self.port}/{db}"
+
+    def create_database(self, name: str, template: str = "template0") -> str:
+        """Create the database ``name`` as a copy of ``template`` (default: empty); return
+        its URL."""
+        import psycopg  # the tests' dependency, not the gate's
+
+        with psycopg.connect(self.url(), autocommit=True) as admin:
+            admin.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template}"')
+        return self.url(name)
+
+    def migrated_database(self) -> str:
+        """A new database at the gate's PostgreSQL schema (``pg_schema.migrate``: a copy of
+        a template migrated once per server); return its URL."""
+        import psycopg
+
+        from gate.store.pg_schema import migrate
+
+        if not self._migrated:
+            with psycopg.connect(self.create_database("gate_template")) as conn:
+                with conn.transaction():
+                    migrate(conn)
+            self._migrated = True
+        self._databases += 1
+        return self.create_database(f"gate_{self._databases}", "gate_template")
 
     def log(self) -> str:
         """The server's log so far (for a failing test's message)."""
