@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from gate.store.pg_schema import PG_MIGRATIONS, PG_ONLY_TABLES, SchemaTooNew, migrate
+from gate.store.pg_schema import CLUSTER_TABLES, PG_MIGRATIONS, SchemaTooNew, migrate
 from gate.store.schema import MIGRATIONS, SCHEMA_VERSION
 from tests.pg_server import PgServer, running_server
 
@@ -105,7 +105,7 @@ def pg_schema(url: str) -> dict[str, Any]:
                 "SELECT table_name FROM information_schema.tables WHERE table_schema = 'public'"
                 " AND table_name <> 'schema_migrations'"
             )
-            if r[0] not in PG_ONLY_TABLES
+            if r[0] not in CLUSTER_TABLES
         ]
         for table in tables:
             columns = [
@@ -241,7 +241,7 @@ def test_pg_schema_adds_the_cluster_tables_to_a_database_at_the_baseline(url: st
     assert migrated(url) == SCHEMA_VERSION
 
     with psycopg.connect(url) as conn:
-        for table in PG_ONLY_TABLES:
+        for table in CLUSTER_TABLES:
             assert conn.execute("SELECT count(*) FROM " + table).fetchone() == (0,)
         steps = conn.execute("SELECT step FROM schema_migrations ORDER BY step").fetchall()
     assert steps == [(0,), (1,)]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
@@ -16,6 +17,7 @@ from gate.clock import Clock, SystemClock
 from gate.config import Config, Secrets
 from gate.core.service import GateService
 from gate.daemon.approval_dispatch import ApprovalDispatch
+from gate.daemon.cluster import Cluster, Work
 from gate.daemon.delivery import OutboxSender
 from gate.daemon.dispatch import BACKOFF_BASE_S, BACKOFF_CAP_S, Dispatcher
 from gate.daemon.followups import FollowUps
@@ -57,6 +59,7 @@ class Gate:
     callback_settings: CallbackSettings
     api_app: web.Application
     callback_app: web.Application
+    cluster: Cluster | None = None  # on PostgreSQL: the gates on the database
 
     @contextlib.asynccontextmanager
     async def storage(self) -> AsyncIterator[None]:
@@ -74,14 +77,21 @@ class Gate:
         the start: ``GateService.settle_receipt_key``), and run the dispatcher (idle until
         ``dispatcher.start``) and the scheduler of everything timed (``Timers``); on exit
         stop both (an in-flight dispatch is abandoned: its row stays un-acked and is sent
-        again after a restart) and close the database last."""
+        again after a restart) and close the database last. With a ``cluster`` the two run
+        only while this gate holds the timers' lease (``Cluster.run``), beside the
+        heartbeat and the change feed."""
         async with self.storage():
             await self.service.settle_receipt_key()
             async with relay_session(self.config.relay.ca_file) as session:
-                tasks = [
-                    asyncio.create_task(self.dispatcher.run(session), name="dispatcher"),
-                    asyncio.create_task(Timers(self.service, self.metrics).run(), name="expiry"),
-                ]
+                timers = Timers(self.service, self.metrics)
+                if self.cluster is None:
+                    tasks = [
+                        asyncio.create_task(self.dispatcher.run(session), name="dispatcher"),
+                        asyncio.create_task(timers.run(), name="expiry"),
+                    ]
+                else:
+                    work: list[Work] = [functools.partial(self.dispatcher.run, session), timers.run]
+                    tasks = [asyncio.create_task(self.cluster.run(work), name="cluster")]
                 try:
                     yield
                 finally:

@@ -69,9 +69,9 @@ async def changes_after(conn: Any, cursor: int, limit: int = PAGE) -> list[Chang
 
 
 class Feed:
-    """One gate's change feed over ``url``: ``run`` calls ``on_changes`` with every entry
-    appended after it started (in ``seq`` order, in lists of at most PAGE), whichever gate
-    appended it, until cancelled.
+    """One gate's change feed over ``url`` (with ``password``, or None): ``run`` calls
+    ``on_changes`` with every entry appended after it started (in ``seq`` order, in lists
+    of at most PAGE), whichever gate appended it, until cancelled.
 
     The listener session is ``hitl-gate/listener/<instance_id>``. When it is lost (the
     server restarted, the session was terminated) the feed logs ``event=listen_lost``,
@@ -87,8 +87,11 @@ class Feed:
         instance_id: str,
         on_changes: Callable[[list[Change]], None],
         poll_s: float = POLL_S,
+        *,
+        password: str | None = None,
     ) -> None:
         self.url = url
+        self.password = password
         self.instance_id = instance_id
         self.on_changes = on_changes
         self.poll_s = poll_s
@@ -104,7 +107,7 @@ class Feed:
         while True:
             conn = None
             try:
-                conn = await connect(self.url, "listener", self.instance_id)
+                conn = await connect(self.url, "listener", self.instance_id, self.password)
                 with unavailable("listening for changes"):
                     await conn.execute(f"LISTEN {CHANNEL}")
                 if self.cursor is None:

@@ -94,8 +94,8 @@ PG_MIGRATIONS: dict[tuple[int, int], list[str]] = {
     (SCHEMA_VERSION, 0): BASELINE,
     (SCHEMA_VERSION, 1): CLUSTER,
 }
-# the tables PostgreSQL has and SQLite has not (besides schema_migrations)
-PG_ONLY_TABLES = ("gate_instances", "gate_lease")
+# the tables of CLUSTER (PostgreSQL has them, SQLite has not)
+CLUSTER_TABLES = ("gate_instances", "gate_lease")
 
 
 class Connection(Protocol):

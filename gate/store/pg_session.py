@@ -55,14 +55,17 @@ class unavailable:
             raise Unavailable("storage_unavailable", f"{self.what}: {detail}") from exc
 
 
-async def connect(url: str, role: str, instance_id: str) -> Any:
-    """A new ``psycopg.AsyncConnection`` to ``url`` (a libpq URL) in autocommit mode, named
-    ``hitl-gate/<role>/<instance_id>``; raises MissingDriver without psycopg, Unavailable
-    when the server cannot be reached within CONNECT_TIMEOUT_S."""
+async def connect(url: str, role: str, instance_id: str, password: str | None = None) -> Any:
+    """A new ``psycopg.AsyncConnection`` to ``url`` (a libpq URL without a password) with
+    ``password`` (or none: libpq's own ways, e.g. a ``.pgpass`` file), in autocommit mode,
+    named ``hitl-gate/<role>/<instance_id>``; raises MissingDriver without psycopg,
+    Unavailable when the server cannot be reached within CONNECT_TIMEOUT_S."""
     psycopg = _psycopg()
+    secret = {} if password is None else {"password": password}
     with unavailable(f"connecting the {role} session"):
         conn = await psycopg.AsyncConnection.connect(
             url,
+            **secret,
             autocommit=True,
             connect_timeout=CONNECT_TIMEOUT_S,
             application_name=f"hitl-gate/{role}/{instance_id}"[:63],
