@@ -3,11 +3,21 @@ decisions and dispatches. Frozen values; stdlib only (the store depends on this 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, fields
+from operator import attrgetter
 from typing import Any
 
 # a JSON object as stored (budget context, receipt objects): passed through unchanged
 JsonObject = dict[str, Any]
+
+
+def field_values(cls: type[Any]) -> Callable[[Any], tuple[Any, ...]]:
+    """A function returning a ``cls`` value's fields in their order, as a tuple: what
+    ``dataclasses.astuple`` gives for these flat values (of two fields or more), without its
+    deep copy of each field (the store binds them as a statement's parameters, once per row
+    written)."""
+    return attrgetter(*(field.name for field in fields(cls)))
 
 
 @dataclass(frozen=True, slots=True)

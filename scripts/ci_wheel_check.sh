@@ -130,7 +130,7 @@ HITL_RELAY_SECRET=wheel-check-relay-secret-0a9f3e61c2d8 \
     "$WORK/venv/bin/hitl-gate" check-config -c "$ROOT/config.example.yaml" ||
     die "hitl-gate check-config of config.example.yaml"
 
-step "the SDK imports; no package of the inbox or MCP extra is installed"
+step "the SDK imports; no package of the inbox, MCP or postgres extra is installed"
 "$WORK/venv/bin/python" - <<'EOF' || die "the base install"
 import importlib.util
 
@@ -140,7 +140,7 @@ from gate.cli import EXTRAS
 for extra, modules in EXTRAS.items():
     there = [m for m in modules if importlib.util.find_spec(m) is not None]
     assert not there, f"the base install has {there} of the {extra} extra"
-print(f"   {gate.sdk.__name__} imported; none of the {' and '.join(EXTRAS)} extras installed")
+print(f"   {gate.sdk.__name__} imported; none of the {', '.join(EXTRAS)} extras installed")
 EOF
 
 # without its extra, a command prints one line naming it (exit 2); its --help still works
@@ -161,5 +161,27 @@ for extra in inbox mcp; do
     grep -qF "pip install 'hitl-gate[$extra]'" "$WORK/err.txt" ||
         die "hitl-gate ${command[*]} does not name the $extra extra"
 done
+
+# a gate on PostgreSQL (storage.url) without the postgres extra: serve says so in one line
+step "hitl-gate serve with storage.url without the postgres extra"
+"$WORK/venv/bin/python" - "$ROOT/config.example.yaml" "$WORK/pg.yaml" <<'EOF' || die "pg.yaml"
+import sys
+
+import yaml
+
+data = yaml.safe_load(open(sys.argv[1], encoding="utf-8"))
+data["storage"] = {"url": "postgresql://hitl@127.0.0.1:9/hitl"}
+yaml.safe_dump(data, open(sys.argv[2], "w", encoding="utf-8"))
+EOF
+rc=0
+HITL_RELAY_SECRET=wheel-check-relay-secret-0a9f3e61c2d8 \
+    HITL_API_TOKEN=wheel-check-api-token-7b1e4d90c3a5 \
+    HITL_RECEIPT_KEY=wheel-check-receipt-key-5c8a2f1d06e4 \
+    "$WORK/venv/bin/hitl-gate" serve -c "$WORK/pg.yaml" >"$WORK/out.txt" 2>"$WORK/err.txt" || rc=$?
+sed 's/^/   /' "$WORK/err.txt"
+[ "$rc" = 2 ] || die "hitl-gate serve on PostgreSQL exited $rc, not 2"
+[ "$(wc -l <"$WORK/err.txt")" = 1 ] || die "hitl-gate serve printed more than one line"
+grep -qF "pip install 'hitl-gate[postgres]'" "$WORK/err.txt" ||
+    die "hitl-gate serve does not name the postgres extra"
 
 echo "wheel check: OK"

@@ -48,9 +48,12 @@ EXTRA = {name: distributions(PROJECT["optional-dependencies"][name]) for name in
 
 def extra_of(path: Path) -> str:
     """The extra a module of gate/ belongs to: "inbox" or "mcp" for gate/inbox and gate/mcp,
-    "" (the base install) for the rest."""
-    package = path.relative_to(ROOT / "gate").parts[0]
-    return package if package in EXTRAS else ""
+    "postgres" for the store's PostgreSQL modules (gate/store/pg_*.py, which import the
+    driver lazily: the base install imports them), "" (the base install) for the rest."""
+    parts = path.relative_to(ROOT / "gate").parts
+    if parts[0] == "store" and parts[-1].startswith("pg_"):
+        return "postgres"
+    return parts[0] if parts[0] in EXTRAS else ""
 
 
 def third_party_imports() -> dict[str, dict[str, str]]:
@@ -99,7 +102,7 @@ def test_packaging_cli_extras_name_the_modules_of_each_extra(extra):
 def test_packaging_extras_add_to_the_base_and_the_test_extra_installs_both():
     for name, extra in EXTRA.items():
         assert extra and not extra & BASE, name
-    assert "hitl-gate[inbox,mcp]" in PROJECT["optional-dependencies"]["test"]
+    assert "hitl-gate[inbox,mcp,postgres]" in PROJECT["optional-dependencies"]["test"]
 
 
 @pytest.mark.e2e
@@ -126,7 +129,9 @@ def test_packaging_wheel_without_extras_installs_and_runs_outside_the_tree():
     assert "config.example.yaml: ok (" in output
     assert "gate imported from " in output and "/venv/" in output
     assert "dependencies from venv" in output and "distributions repacked" in output
-    assert "gate.sdk imported; none of the inbox and mcp extras installed" in output
+    assert "gate.sdk imported; none of the inbox, mcp, postgres extras installed" in output
     for extra in ("inbox", "mcp"):
         line = f"Error: hitl-gate {extra} needs the {extra} extra: pip install 'hitl-gate[{extra}]'"
         assert line in output, output
+    line = "storage.url (PostgreSQL) needs the postgres extra: pip install 'hitl-gate[postgres]'"
+    assert f"Error: {line}" in output, output

@@ -8,6 +8,7 @@ processes; dispatches are real signed envelopes. Waits are conditions with deadl
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -1018,3 +1019,64 @@ def _stop_while_reading(child: subprocess.Popen[bytes]) -> None:
     child.stdin.close()
     assert child.stderr is not None
     assert (returncode, child.stderr.read().decode()) == (0, "")
+
+
+@pytest.mark.parametrize("given", [b"", b"approve\n", b"approve\nskip"])
+def test_a_script_stdin_already_at_its_end_is_known_when_it_is_opened(given: bytes) -> None:
+    """A piped stdin whose writer is gone before the relay starts: its lines and its end are
+    read when the terminal is opened, before the event loop runs once, so the first
+    dispatch is refused at once (503) instead of racing the reader thread."""
+    import asyncio
+
+    from gate.tools.reference_relay.terminal import ScriptLines
+
+    read_end, write_end = os.pipe()
+    os.write(write_end, given)
+    os.close(write_end)
+    loop = asyncio.new_event_loop()
+    try:
+        lines = ScriptLines(loop, read_end)
+        lines.arm()
+        expected = [line.decode() for line in given.split(b"\n") if line] + [None]
+        assert list(lines.buffer) == expected  # no loop iteration ran: read synchronously
+        assert lines.thread is None  # nothing left for a thread to read
+        assert lines.ended() is (given == b"")
+    finally:
+        loop.close()
+        os.close(read_end)
+
+
+def test_a_script_stdin_still_open_is_read_by_the_thread_after_what_was_ready() -> None:
+    """Lines already written are read at once; what comes later is read by the thread, in
+    order, up to the end."""
+    import asyncio
+
+    from gate.tools.reference_relay.terminal import ScriptLines
+
+    read_end, write_end = os.pipe()
+    os.write(write_end, b"first\nsec")
+    loop = asyncio.new_event_loop()
+    try:
+        lines = ScriptLines(loop, read_end)
+        lines.arm()
+        assert list(lines.buffer) == ["first"]
+        assert lines.thread is not None
+        os.write(write_end, b"ond\nthird\n")
+        os.close(write_end)
+
+        async def drain() -> list[str]:
+            never: asyncio.Future[str] = loop.create_future()
+            got: list[str] = []
+            with contextlib.suppress(EOFError):
+                while True:
+                    got.append(await lines.next(never))
+            return got
+
+        assert loop.run_until_complete(asyncio.wait_for(drain(), 30)) == [
+            "first",
+            "second",
+            "third",
+        ]
+    finally:
+        loop.close()
+        os.close(read_end)

@@ -2,7 +2,8 @@
 SQLite schema at its last migration (tables, columns in order, types, NOT NULL, defaults,
 primary and unique keys, foreign keys, checks, named and partial indexes), applied once when
 several gates migrate at the same moment, a second time a no-op, and refused when the
-database is newer than the gate."""
+database is newer than the gate; the PostgreSQL-only ``audit_head`` row, created for an empty
+chain and set again from the log by ``sync_audit_head``."""
 
 from __future__ import annotations
 
@@ -15,7 +16,14 @@ from typing import Any
 
 import pytest
 
-from gate.store.pg_schema import CLUSTER_TABLES, PG_MIGRATIONS, SchemaTooNew, migrate
+from gate.audit.chain import GENESIS_HASH
+from gate.store.pg_schema import (
+    CLUSTER_TABLES,
+    PG_MIGRATIONS,
+    SchemaTooNew,
+    migrate,
+    sync_audit_head,
+)
 from gate.store.schema import MIGRATIONS, SCHEMA_VERSION
 from tests.pg_server import PgServer, running_server
 
@@ -103,7 +111,7 @@ def pg_schema(url: str) -> dict[str, Any]:
             r[0]
             for r in conn.execute(
                 "SELECT table_name FROM information_schema.tables WHERE table_schema = 'public'"
-                " AND table_name <> 'schema_migrations'"
+                " AND table_name NOT IN ('schema_migrations', 'audit_head')"
             )
             if r[0] not in CLUSTER_TABLES
         ]
@@ -245,3 +253,35 @@ def test_pg_schema_adds_the_cluster_tables_to_a_database_at_the_baseline(url: st
             assert conn.execute("SELECT count(*) FROM " + table).fetchone() == (0,)
         steps = conn.execute("SELECT step FROM schema_migrations ORDER BY step").fetchall()
     assert steps == [(0,), (1,)]
+
+
+def test_pg_schema_audit_head_starts_as_the_empty_chain(url: str) -> None:
+    migrated(url)
+    migrated(url)
+    with psycopg.connect(url) as conn:
+        rows = conn.execute("SELECT id, seq, entry_hash, last_at_ms FROM audit_head").fetchall()
+        assert rows == [(1, 0, GENESIS_HASH, 0)]
+        with pytest.raises(psycopg.errors.CheckViolation):
+            conn.execute("INSERT INTO audit_head VALUES (2, 0, 'x', 0)")
+
+
+def _entry(seq: int, at: str) -> tuple[Any, ...]:
+    entry = f'{{"approval_id":null,"at":"{at}","data":{{}},"kind":"probe","seq":{seq}}}'
+    return (seq, None, "probe", entry, f"prev{seq}", f"hash{seq}", "r", None, None)
+
+
+def test_pg_schema_sync_audit_head_takes_the_newest_entry(url: str) -> None:
+    migrated(url)
+    with psycopg.connect(url) as conn:
+        conn.execute("DELETE FROM audit_head")
+        for row in (_entry(1, "2026-01-01T00:00:00Z"), _entry(2, "2026-01-01T00:00:01.5Z")):
+            conn.execute("INSERT INTO audit_log VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)", row)
+
+        head = sync_audit_head(conn)  # the row was missing: created
+        conn.commit()
+
+        assert head == (2, "hash2", 1767225601500)
+        assert conn.execute("SELECT * FROM audit_head").fetchall() == [(1, *head)]
+        conn.execute("DELETE FROM audit_log")
+        assert sync_audit_head(conn) == (0, GENESIS_HASH, 0)  # an empty log: the genesis
+        assert conn.execute("SELECT * FROM audit_head").fetchall() == [(1, 0, GENESIS_HASH, 0)]

@@ -53,15 +53,18 @@ class Payload:
         default, and a field with one (an optional field) only when it is not None, never as
         null; a sequence written as a list, a mapping as a dict."""
         data: dict[str, Any] = {}
-        for field in fields(self):
-            value = getattr(self, field.name)
-            if value is None and field.default is not MISSING:
-                continue
-            if isinstance(value, Mapping):
+        for name, optional in _shape(type(self)):
+            value = getattr(self, name)
+            if value is None:
+                if optional:
+                    continue
+            elif type(value) in _SCALARS:  # most fields: no abstract-class check per value
+                pass
+            elif isinstance(value, Mapping):
                 value = dict(value)
             elif isinstance(value, Sequence) and not isinstance(value, str):
                 value = list(value)
-            data[field.name] = value
+            data[name] = value
         return data
 
     @classmethod
@@ -70,6 +73,21 @@ class Payload:
         logged and unvalidated: a missing key reads as None and a value of another type is
         kept, so the records check reports it as a disagreement."""
         return cls(**{field.name: data.get(field.name) for field in fields(cls)})
+
+
+_SCALARS = frozenset({str, int, float, bool})
+
+
+_SHAPES: dict[type[Payload], tuple[tuple[str, bool], ...]] = {}
+
+
+def _shape(cls: type[Payload]) -> tuple[tuple[str, bool], ...]:
+    """Each field of the payload class ``cls`` by name, in order, with whether it is optional
+    (has a default): read once per class, not at each entry written."""
+    shape = _SHAPES.get(cls)
+    if shape is None:
+        shape = _SHAPES[cls] = tuple((f.name, f.default is not MISSING) for f in fields(cls))
+    return shape
 
 
 @dataclass(frozen=True, slots=True)

@@ -94,6 +94,7 @@ def run(coro: Coroutine[Any, Any, T], interrupted: Callable[[], str] = lambda: "
 EXTRAS: dict[str, tuple[str, ...]] = {
     "inbox": ("jinja2", "markupsafe", "aiohttp_jinja2", "markdown_it", "aiosmtplib"),
     "mcp": ("mcp", "uvicorn", "h11"),
+    "postgres": ("psycopg", "psycopg_pool"),  # storage.url: the gate on PostgreSQL
 }
 
 
@@ -114,6 +115,14 @@ def require_extra(extra: str) -> None:
         importlib.import_module(PROGRAMS[extra])
     except ImportError as exc:
         fail(f"{line} ({exc})", 2)
+
+
+def missing_extra(extra: str, needed_by: str) -> str | None:
+    """The one line saying that ``needed_by`` needs the extra ``extra`` (``pip install
+    'hitl-gate[postgres]'``) when a module of it (``EXTRAS``) is not installed; else None."""
+    if all(importlib.util.find_spec(module) is not None for module in EXTRAS[extra]):
+        return None
+    return f"{needed_by} needs the {extra} extra: pip install 'hitl-gate[{extra}]'"
 
 
 def read_config(path: str) -> Any:

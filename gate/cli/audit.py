@@ -213,7 +213,7 @@ def _report(
     try:
         if config is not None:
             return verify_database(
-                config.storage.path,
+                config.storage.sqlite_file(),
                 key,
                 public_keys=trusted,
                 expect=anchors,
@@ -283,7 +283,7 @@ def audit_export(config_path: str, output: str) -> None:
 
     config = read_config(config_path)
     try:
-        rows = read_database(config.storage.path)
+        rows = read_database(config.storage.sqlite_file())
     except GateError as exc:
         fail(exc.message)
     lines = "".join(export_line(r) + "\n" for r in rows)

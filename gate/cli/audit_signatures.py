@@ -57,7 +57,7 @@ def audit_signatures(
         if export_file is not None:
             rows = read_export(Path(export_file))
         else:
-            rows = read_database(read_config(str(config_path)).storage.path)
+            rows = read_database(read_config(str(config_path)).storage.sqlite_file())
         report = signature_checks.check(rows)
     except GateError as exc:
         fail(exc.message, 2)

@@ -11,7 +11,7 @@ from typing import NoReturn
 
 import click
 
-from gate.cli import CONFIG_OPTION, LOG_LEVEL_OPTION, main
+from gate.cli import CONFIG_OPTION, LOG_LEVEL_OPTION, main, missing_extra
 from gate.errors import ConfigError, GateError
 
 GC_THRESHOLDS = (20_000, 20, 20)
@@ -79,6 +79,10 @@ def serve(config_path: str, log_level: str, log_format: str) -> None:
         load_receipt_keys(config.receipts)  # ConfigError if a key is bad
     except ConfigError as exc:
         stop(2, "config_invalid", [f"{config_path}: {line}" for line in exc.errors])
+    if config.storage.on_postgres:
+        missing = missing_extra("postgres", "storage.url (PostgreSQL)")
+        if missing is not None:
+            stop(2, "extra_missing", [missing])
     for warning in secrets.warnings:
         logging.getLogger("gate.cli").warning("event=weak_secret warning=%s", warning)
     for ended in ended_delegations(config.delegations, int(time.time() * 1000)):

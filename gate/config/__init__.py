@@ -38,6 +38,7 @@ _STAND_INS = {
     ("relay", "question_url"): "http://invalid.invalid/",
     ("relay", "callback_addr"): "127.0.0.1:0",
     ("storage", "path"): "invalid.db",
+    ("storage", "url"): "postgresql://invalid.invalid/invalid",
 }
 
 __all__ = [

@@ -17,6 +17,7 @@ from pydantic import (
 
 from gate.config.followups import Delegation, EscalationLevel
 from gate.config.policy import PolicyRule
+from gate.config.storage import StorageConfig
 from gate.config.values import (
     AbsolutePath,
     Duration,
@@ -194,26 +195,6 @@ class HttpConfig(BaseModel):
     header_timeout: Duration = 10.0
     body_timeout: Duration = 10.0
     shutdown_timeout: Duration = 10.0
-
-
-class StorageConfig(BaseModel):
-    """``storage``: the SQLite database ``path``, absolute (relative = against the config dir)."""
-
-    model_config = _FROZEN
-
-    path: AbsolutePath
-
-    @field_validator("path")
-    @classmethod
-    def _absolute(cls, path: Path) -> Path:
-        # what can be told without touching anything: serve creates a missing file and
-        # its directories, but cannot open a directory as a database
-        if path.is_dir():
-            raise ValueError(f"{path} is a directory; name the database file in it (e.g. gate.db)")
-        parent = next((folder for folder in path.parents if folder.exists()), None)
-        if parent is not None and not parent.is_dir():
-            raise ValueError(f"{parent} is not a directory")
-        return path
 
 
 class ReceiptsConfig(BaseModel):

@@ -35,7 +35,8 @@ class Secrets:
     ``relay_secrets``: current relay HMAC secret first, then the previous one if configured;
     ``api_token``: pipeline bearer token; ``receipt_key``: receipt HMAC key as UTF-8 bytes;
     ``previous_receipt_key``: the one before a rotation (``receipts.previous_key_env``) or None;
-    ``admin_token``: the admin bearer token (``api.admin_token_env``) or None.
+    ``admin_token``: the admin bearer token (``api.admin_token_env``) or None;
+    ``storage_password``: the PostgreSQL password (``storage.password_env``) or None.
     """
 
     relay_secrets: tuple[str, ...] = field(repr=False)
@@ -43,6 +44,7 @@ class Secrets:
     receipt_key: bytes = field(repr=False)
     previous_receipt_key: bytes | None = field(default=None, repr=False)
     admin_token: str | None = field(default=None, repr=False)
+    storage_password: str | None = field(default=None, repr=False)
     # "<yaml.path>: <VARIABLE> is N bytes; ..." for each secret shorter than
     # GOOD_SECRET_BYTES (never a value); not part of equality
     warnings: tuple[str, ...] = field(default=(), compare=False)
@@ -189,6 +191,7 @@ def _read_secrets(config: Config, environ: Mapping[str, str]) -> tuple[Secrets |
         previous_receipt_key=None if previous is None else previous.encode("utf-8"),
         warnings=tuple(warnings),
         admin_token=values.get("api.admin_token_env"),
+        storage_password=values.get("storage.password_env"),
     )
     return secrets, []
 
@@ -213,6 +216,7 @@ def _secret_vars(config: Config) -> list[tuple[str, str]]:
         ("api.admin_token_env", config.api.admin_token_env),
         ("receipts.key_env", config.receipts.key_env),
         ("receipts.previous_key_env", config.receipts.previous_key_env),
+        ("storage.password_env", config.storage.password_env),
     )
     return [(where, name) for where, name in named if name is not None]
 

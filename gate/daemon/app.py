@@ -123,7 +123,7 @@ def build_gate(
     Raises ConfigError when a receipt key file in ``config.receipts`` cannot be used;
     ValueError unless ``0 < base <= cap``.
     """
-    store = Store(config.storage.path, writer_process=writer_process)
+    store = Store(config.storage.sqlite_file(), writer_process=writer_process)
     service = GateService(
         config,
         secrets.receipt_key,

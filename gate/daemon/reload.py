@@ -26,6 +26,8 @@ RESTART_ONLY = (
     "relay.callback_addr",
     "api.listen",
     "storage.path",
+    "storage.url",
+    "storage.password_env",
     "relay.ca_file",
     "api.max_draft_bytes",
     "http",

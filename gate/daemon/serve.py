@@ -132,7 +132,7 @@ async def serve(
                     callback_bound,
                     api_url,
                     dispatcher.callback_url,
-                    config.storage.path,
+                    config.storage.describe(),
                     gate.store.writer_pid,
                 )
                 serving = f"serving: callback=http://{callback_bound} api={api_url}"

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from dataclasses import astuple, dataclass
+from dataclasses import dataclass
 from typing import Any
 
-from gate.model import Approval, DecisionRow, Resolvable, Revision
+from gate.model import Approval, DecisionRow, Resolvable, Revision, field_values
 from gate.store.requests import RequestStatements, RequestTables, request_row
 
 # the columns of the model's fields (``gate.model.Approval``), named alike
@@ -31,6 +31,9 @@ _DECISIONS_SQL = (
     " WHERE approval_id = ?"
     " ORDER BY decision_id"
 )
+
+_REVISION_VALUES = field_values(Revision)
+_DECISION_VALUES = field_values(DecisionRow)
 
 
 def load(
@@ -149,7 +152,7 @@ class ApprovalStatements(RequestStatements[Approval, Resolvable]):
         self._conn.execute(
             "INSERT INTO revisions (approval_id, revision, body, payload_hash, nonce, created_at,"
             " created_by) VALUES (?, ?, ?, ?, ?, ?, ?)",
-            (approval_id, *astuple(revision)),  # the columns in the model's field order
+            (approval_id, *_REVISION_VALUES(revision)),  # the columns in the model's field order
         )
 
     def insert_decision(self, approval_id: str, row: DecisionRow) -> None:
@@ -159,7 +162,7 @@ class ApprovalStatements(RequestStatements[Approval, Resolvable]):
             "INSERT INTO decisions (approval_id, revision, operator_id, identity, display,"
             " channel, decision, payload_hash, adjust_text, decided_at, recorded_at, reason,"
             " on_behalf_of, credential_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (approval_id, *astuple(row)),  # the columns in the model's field order
+            (approval_id, *_DECISION_VALUES(row)),  # the columns in the model's field order
         )
 
     def due_followups(self, now_ms: int, limit: int) -> list[str]:

@@ -5,11 +5,11 @@ WebAuthn counter (migration 8). Sync, on the writer."""
 from __future__ import annotations
 
 import sqlite3
-from dataclasses import astuple
 
-from gate.model import Credential
+from gate.model import Credential, field_values
 
 _COLUMNS = "credential_id, operator_id, type, public_key, sign_count, label, created_at, revoked_at"
+_VALUES = field_values(Credential)
 
 
 class CredentialStatements:
@@ -39,7 +39,7 @@ class CredentialStatements:
         (sqlite3.IntegrityError otherwise)."""
         self._conn.execute(
             f"INSERT INTO approver_credentials ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-            astuple(credential),  # ``_COLUMNS`` are the model's fields, in their order
+            _VALUES(credential),  # ``_COLUMNS`` are the model's fields, in their order
         )
 
     def revoke(self, credential_id: str, at_ms: int) -> None:

@@ -5,9 +5,10 @@ passkeys the doctor makes."""
 from __future__ import annotations
 
 import sqlite3
-from dataclasses import astuple, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
+from gate.model import field_values
 from gate.store import readonly
 
 _COLUMNS = (
@@ -32,6 +33,9 @@ class Invite:
     credential_id: str | None = None
 
 
+_VALUES = field_values(Invite)
+
+
 class InviteStatements:
     """The passkey-invite statements of ``WriteTx`` (``WriteTx.invites``)."""
 
@@ -42,7 +46,7 @@ class InviteStatements:
         """Store a new, unused invite."""
         self._conn.execute(
             f"INSERT INTO approver_invites ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-            astuple(invite),  # ``_COLUMNS`` are ``Invite``'s fields, in their order
+            _VALUES(invite),  # ``_COLUMNS`` are ``Invite``'s fields, in their order
         )
 
     def load(self, invite_hash: str) -> Invite | None:

@@ -10,6 +10,12 @@ an identity column, and ``audit_log.entry`` stays ``TEXT``: its bytes are hashed
 has no ``user_version``). tests/test_store_pg_schema.py compares the two schemas on a real
 server, so a SQLite migration without its PostgreSQL twin fails there.
 
+Tables of PostgreSQL alone (``PG_ONLY``): ``audit_head``, the audit chain's head in one row
+(``id`` 1): ``seq`` and ``entry_hash`` of the newest entry (0 and the genesis hash for an
+empty log) and its ``last_at_ms``. The writer's batch locks it (``FOR UPDATE``) before it
+writes, which serialises every write batch of every gate on the database, and takes the
+chain's tail from it; ``sync_audit_head`` sets it again from the log (after an import).
+
 Steps are numbered ``(version, step)``: step 0 of a version is the twin of SQLite's migration
 of that number; later steps of a version add tables only PostgreSQL has (``CLUSTER``: what
 several gates on one database share), so SQLite's numbering stays the one both backends
@@ -20,10 +26,13 @@ Nothing here imports a driver: ``migrate`` takes any connection with psycopg's `
 
 from __future__ import annotations
 
+import json
 import re
 import sqlite3
 from typing import Any, Protocol
 
+from gate.audit.chain import GENESIS_HASH
+from gate.protocol.times import rfc3339_to_ms
 from gate.store.schema import MIGRATIONS, SCHEMA_VERSION
 
 # the pg_advisory_xact_lock key of the migration step, held to the end of the migrating
@@ -55,6 +64,20 @@ def _baseline() -> list[str]:
 
 
 BASELINE: list[str] = _baseline()
+
+# The tables SQLite has no twin of, created with the baseline.
+PG_ONLY: list[str] = [
+    # the chain's head: one row, locked by every write batch (the cluster's write lock)
+    """
+    CREATE TABLE audit_head (
+        id          BIGINT PRIMARY KEY CHECK (id = 1),
+        seq         BIGINT NOT NULL CHECK (seq >= 0),  -- newest entry's seq; 0: empty log
+        entry_hash  TEXT NOT NULL,      -- newest entry's hash; GENESIS_HASH: empty log
+        last_at_ms  BIGINT NOT NULL     -- newest entry's time (unix ms); 0: empty log
+    )
+    """,
+    f"INSERT INTO audit_head VALUES (1, 0, '{GENESIS_HASH}', 0)",
+]
 
 # What several gates on one database share (only PostgreSQL has them; times are the
 # database's clock in unix ms):
@@ -91,7 +114,7 @@ CLUSTER: list[str] = [
 # later SQLite migration adds its PostgreSQL statements under its own number), ``(version,
 # n > 0)`` adds PostgreSQL's own tables at that version.
 PG_MIGRATIONS: dict[tuple[int, int], list[str]] = {
-    (SCHEMA_VERSION, 0): BASELINE,
+    (SCHEMA_VERSION, 0): BASELINE + PG_ONLY,
     (SCHEMA_VERSION, 1): CLUSTER,
 }
 # the tables of CLUSTER (PostgreSQL has them, SQLite has not)
@@ -142,3 +165,28 @@ def migrate(conn: Connection) -> int:
             conn.execute(statement)
         conn.execute("INSERT INTO schema_migrations (version, step) VALUES (%s, %s)", key)
     return SCHEMA_VERSION
+
+
+def sync_audit_head(conn: Connection) -> tuple[int, str, int]:
+    """Set ``audit_head`` from the audit log's newest row (its ``seq``, ``entry_hash`` and the
+    entry's ``at`` in unix ms; an empty log: 0, ``GENESIS_HASH``, 0), creating the row if it
+    is missing; returns ``(seq, entry_hash, last_at_ms)``. For a log written without the head
+    (``storage migrate`` copying one in). The caller commits; it holds the head lock itself
+    if writers may run (``SELECT ... FROM audit_head WHERE id = 1 FOR UPDATE`` first)."""
+    row = conn.execute(
+        "SELECT seq, entry_hash, entry FROM audit_log ORDER BY seq DESC LIMIT 1"
+    ).fetchone()
+    if row is None:
+        head = (0, GENESIS_HASH, 0)
+    else:
+        at_ms = rfc3339_to_ms(str(json.loads(row[2])["at"]))
+        if at_ms is None:
+            raise ValueError(f"audit entry {row[0]} has no valid time (at)")
+        head = (int(row[0]), str(row[1]), at_ms)
+    conn.execute(
+        "INSERT INTO audit_head (id, seq, entry_hash, last_at_ms) VALUES (1, %s, %s, %s)"
+        " ON CONFLICT (id) DO UPDATE SET seq = excluded.seq, entry_hash = excluded.entry_hash,"
+        " last_at_ms = excluded.last_at_ms",
+        head,
+    )
+    return head

@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from dataclasses import astuple
 
-from gate.model import DueQuestion, Question, QuestionAnswer, QuestionVersion
+from gate.model import DueQuestion, Question, QuestionAnswer, QuestionVersion, field_values
 from gate.store.requests import RequestStatements, RequestTables, request_row
 
 # the columns of the model's fields (``gate.model.Question``), named alike, and its answer's
@@ -28,6 +27,7 @@ _VERSIONS_SQL = (
     "SELECT version, question, request_hash, nonce, created_at FROM question_versions"
     " WHERE question_id = ? ORDER BY version"
 )
+_ANSWER_VALUES = field_values(QuestionAnswer)
 
 
 def load(
@@ -118,6 +118,6 @@ class QuestionStatements(RequestStatements[Question, DueQuestion]):
             " answer_recorded_at = ? WHERE question_id = ? AND state = 'pending'"
             " AND answer IS NULL",
             # the model's fields in their order, its value as ``answer_json``
-            (answer_json, *astuple(answer)[1:], question_id),
+            (answer_json, *_ANSWER_VALUES(answer)[1:], question_id),
         )
         return cur.rowcount == 1

@@ -44,7 +44,7 @@ async def run_checks(
         ]
     secrets_check = check_secrets(config, environ)
     keys_check, keys = check_keys(config)
-    path = config.storage.path
+    path = config.storage.sqlite_file()
     database_check = await asyncio.to_thread(check_database, path)
     # the receipt keys are read on their own: other secrets missing do not hide them
     receipt_key = read_receipt_key(config, environ)

@@ -13,11 +13,12 @@ import codecs
 import contextlib
 import logging
 import os
+import select
 import sys
 import termios
 import threading
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any, TextIO
 
 from gate.protocol.followup import skip_reason_required
@@ -27,6 +28,8 @@ from gate.tools.reference_relay.view import Choices, question, reason_question, 
 log = logging.getLogger(__name__)
 
 MAX_HELD_LOGS = 1000
+# a script's bytes read at once when armed; the reader thread reads the rest
+READY_LIMIT = 1 << 20
 
 
 class Withdrawn(Exception):
@@ -145,40 +148,76 @@ class TtyLines(_Lines):
 
 
 class ScriptLines(_Lines):
-    """Stdin that is no terminal: a thread reads it line by line, in order, from the start
-    (``Terminal.open``: so a stdin already at its end is known before the first dispatch is
-    acked, new-user finding 14) or else the first prompt on; nothing is discarded.
+    """Stdin that is no terminal: read line by line, in order, from the start
+    (``Terminal.open``) or else the first prompt on; nothing is discarded.
 
-    The thread reads the file descriptor ``fd`` with ``os.read`` (chunks of at most 64 KiB),
+    What stdin already holds when it is armed is read at once, before the event loop runs
+    again (``select`` with no wait): a stdin already at its end (``< /dev/null``, a closed
+    pipe, a file) is known before the first dispatch is acked, whatever the machine's load.
+    The rest is read by a thread, only when the end has not come yet.
+
+    Both read the file descriptor ``fd`` with ``os.read`` (chunks of at most 64 KiB),
     never through ``sys.stdin.buffer``: a daemon thread waiting inside the buffered reader
-    holds its lock, and the interpreter's shutdown then aborts the process (exit -6, CI of
-    stop 23)."""
+    holds its lock, and the interpreter's shutdown then aborts the process (exit -6)."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, fd: int | None) -> None:
         super().__init__(loop)
         self.fd = fd
         self.thread: threading.Thread | None = None
+        self.partial = b""  # a line read in part (its newline not read yet)
+        self.armed = False
 
     def arm(self) -> None:
-        """Start the reader thread on the first prompt."""
-        if self.thread is None:
-            self.thread = threading.Thread(target=self._read, name="relay-stdin", daemon=True)
-            self.thread.start()
+        """Read what is ready; start the reader thread for the rest (once)."""
+        if self.armed:
+            return
+        self.armed = True
+        if self.fd is None:  # nothing to read (``--auto``): input has ended
+            self.push(None)
+            return
+        if self._read_ready():
+            return
+        self.thread = threading.Thread(target=self._read, name="relay-stdin", daemon=True)
+        self.thread.start()
+
+    def _read_ready(self) -> bool:
+        """Read, on the loop's thread, what ``fd`` holds now (at most ``READY_LIMIT``
+        bytes); True when that reached its end (pushed), False when the thread reads on."""
+        assert self.fd is not None
+        read = 0
+        try:
+            while read < READY_LIMIT and select.select([self.fd], [], [], 0)[0]:
+                data = os.read(self.fd, 65536)
+                if not data:
+                    self._end(self.push)
+                    return True
+                read += len(data)
+                self._lines(data, self.push)
+        except (OSError, ValueError):  # stdin closed or unselectable: the thread decides
+            pass
+        return False
+
+    def _lines(self, data: bytes, push: Callable[[str | None], object]) -> None:
+        *lines, self.partial = (self.partial + data).split(b"\n")
+        for raw in lines:
+            push(raw.decode("utf-8", "replace"))
+
+    def _end(self, push: Callable[[str | None], object]) -> None:
+        if self.partial:  # a last line without its newline
+            push(self.partial.decode("utf-8", "replace"))
+        push(None)
 
     def _read(self) -> None:
+        def push(line: str | None) -> None:
+            self.loop.call_soon_threadsafe(self.push, line)
+
         with contextlib.suppress(RuntimeError):  # the loop closed: the relay is stopping
-            partial = b""
             try:
                 while self.fd is not None and (data := os.read(self.fd, 65536)):
-                    *lines, partial = (partial + data).split(b"\n")
-                    for raw in lines:
-                        line = raw.decode("utf-8", "replace")
-                        self.loop.call_soon_threadsafe(self.push, line)
+                    self._lines(data, push)
             except OSError:  # stdin closed under us: as its end
                 pass
-            if partial:  # a last line without its newline
-                self.loop.call_soon_threadsafe(self.push, partial.decode("utf-8", "replace"))
-            self.loop.call_soon_threadsafe(self.push, None)
+            self._end(push)
 
 
 class LogHold(logging.Filter):
