@@ -15,6 +15,7 @@ from aiohttp.typedefs import Middleware
 
 from gate.clock import Clock, SystemClock
 from gate.config import Config, Secrets
+from gate.config.fingerprint import config_hash
 from gate.core.service import GateService
 from gate.daemon.approval_dispatch import ApprovalDispatch
 from gate.daemon.cluster import Cluster, Work
@@ -169,7 +170,18 @@ def build_gate(
         callback_settings,
         api_app,
         callback_app,
+        _cluster(config, secrets, service),
     )
+
+
+def _cluster(config: Config, secrets: Secrets, service: GateService) -> Cluster | None:
+    """On PostgreSQL (``storage.url``), this gate's part among the gates on the database,
+    its status on the service (``/healthz``); None on SQLite."""
+    if config.storage.url is None:
+        return None
+    cluster = Cluster(config.storage.url, secrets.storage_password, service, config_hash(config))
+    service.cluster_status = cluster.status
+    return cluster
 
 
 def callback_url(config: Config, callback_bound: str) -> str:
