@@ -48,8 +48,8 @@ def free_port() -> int:
 class PgServer:
     """One PostgreSQL server in its own temporary folder; ``start()`` it, ``stop()`` it.
 
-    ``url(db)`` is a libpq URL for the superuser ``gate`` over TCP; ``create_database(name)``
-    makes an empty database (``template0``)."""
+    ``url(db)`` is a libpq URL for the superuser ``gate`` over TCP; ``database(name)``
+    makes an empty database (``template0``), or a copy of another."""
 
     def __init__(self, bindir: Path) -> None:
         self.bindir = bindir
@@ -112,10 +112,10 @@ class PgServer:
         """The libpq URL of database ``db`` for the superuser over TCP on loopback."""
         return f"postgresql://{USER}@127.0.0.1:{self.port}/{db}"
 
-    def create_database(self, name: str, template: str = "template0") -> str:
-        """Create the database ``name`` as a copy of ``template`` (default: empty); return
-        its URL."""
-        import psycopg  # the tests' dependency, not the gate's
+    def database(self, name: str, template: str = "template0") -> str:
+        """Create the database ``name`` as a copy of ``template`` (default: an empty one);
+        return its URL."""
+        import psycopg
 
         with psycopg.connect(self.url(), autocommit=True) as admin:
             admin.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template}"')
@@ -129,12 +129,12 @@ class PgServer:
         from gate.store.pg_schema import migrate
 
         if not self._migrated:
-            with psycopg.connect(self.create_database("gate_template")) as conn:
+            with psycopg.connect(self.database("gate_template")) as conn:
                 with conn.transaction():
                     migrate(conn)
             self._migrated = True
         self._databases += 1
-        return self.create_database(f"gate_{self._databases}", "gate_template")
+        return self.database(f"gate_{self._databases}", "gate_template")
 
     def log(self) -> str:
         """The server's log so far (for a failing test's message)."""

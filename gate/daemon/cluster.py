@@ -46,7 +46,9 @@ Work = Callable[[], Coroutine[Any, Any, None]]
 
 class Cluster:
     """This gate among the gates on the database at ``url`` (``password``: its password, or
-    None), for ``service`` (the gate's), whose config hashes to ``config_hash``.
+    None), for ``service`` (the gate's), whose config hashes to ``config_hash``;
+    ``instance_id`` is its id in ``gate_instances`` and its sessions' names (default: a new
+    ULID).
 
     ``run(work)`` beats every ``renew_s`` (its clock's offset to the database's measured each
     time), claims or renews the ``timers`` lease (``ttl_s``), runs ``work`` (the timers and
@@ -68,6 +70,7 @@ class Cluster:
         ttl_s: float = LEASE_TTL_S,
         renew_s: float = RENEW_S,
         poll_s: float = 1.0,
+        instance_id: str | None = None,
     ) -> None:
         self.url = url
         self.password = password
@@ -75,7 +78,7 @@ class Cluster:
         self.config_hash = config_hash
         self.ttl_s = ttl_s
         self.renew_s = renew_s
-        self.instance_id = str(ULID())
+        self.instance_id = instance_id or str(ULID())
         self.feed = Feed(url, self.instance_id, self.changed, poll_s, password=password)
         self.health: ClusterHealth | None = None
         self.term: Term | None = None
