@@ -101,7 +101,7 @@ async def test_cluster_runs_the_leader_work_on_one_gate_and_hands_it_over(
         return work
 
     gates = [built(tmp_path, "a"), built(tmp_path, "b")]
-    a, b = (Cluster(url, None, g.service, "same", ttl_s=2.0, renew_s=0.3) for g in gates)
+    a, b = (Cluster(url, None, g.service, ttl_s=2.0, renew_s=0.3) for g in gates)
     async with member(a, [leader_work("a")]) as task_a, member(b, [leader_work("b")]) as task_b:
         await until(lambda: len(running) == 1, "one gate runs the leader work")
         first = running[0]
@@ -126,8 +126,8 @@ async def test_cluster_status_is_clock_skew_when_the_gates_clock_is_off(
 ) -> None:
     fine = built(tmp_path, "fine")
     skewed = built(tmp_path, "skewed", AheadClock(90_000))
-    here = Cluster(url, None, fine.service, "same", renew_s=0.2)
-    off = Cluster(url, None, skewed.service, "same", renew_s=0.2)
+    here = Cluster(url, None, fine.service, renew_s=0.2)
+    off = Cluster(url, None, skewed.service, renew_s=0.2)
     async with member(here, []), member(off, []):
         await until(
             lambda: (
@@ -144,17 +144,20 @@ async def test_cluster_status_is_clock_skew_when_the_gates_clock_is_off(
     assert status["live_gates"] == 2
 
 
-async def test_cluster_status_names_config_divergent(url: str, tmp_path: Path) -> None:
+async def test_cluster_status_names_config_divergent_until_a_reload_ends_it(
+    url: str, tmp_path: Path
+) -> None:
     one = built(tmp_path, "one")
     two = built(tmp_path, "two", security={"rate_limit": 5})
-    hashes = config_hash(one.config), config_hash(two.config)
-    assert hashes[0] != hashes[1]
-    a = Cluster(url, None, one.service, hashes[0], renew_s=0.2)
-    b = Cluster(url, None, two.service, hashes[1], renew_s=0.2)
-    async with member(a, []), member(b, []):
+    assert config_hash(one.config) != config_hash(two.config)
+    a = Cluster(url, None, one.service, renew_s=0.2)
+    b = Cluster(url, None, two.service, renew_s=0.2)
+    async with member(a, []), member(b, []), two.storage():
         await until(lambda: a.health is not None and len(a.health.live) == 2, "a sees both gates")
-        status = a.status()
-    assert status["problems"] == [CONFIG_DIVERGENT]
+        divergent = a.status()
+        two.service.reconfigure(one.config)  # a SIGHUP reload to the same rules as one
+        await until(lambda: a.status()["problems"] == [], "the next beats end it")
+    assert divergent["problems"] == [CONFIG_DIVERGENT]
 
 
 def test_config_hash_ignores_what_differs_per_replica(tmp_path: Path) -> None:
@@ -167,7 +170,7 @@ async def test_cluster_wakes_a_long_poll_when_another_gate_resolved(
     url: str, tmp_path: Path
 ) -> None:
     here = built(tmp_path, "here")
-    cluster = Cluster(url, None, here.service, "same", poll_s=60.0)  # a notification only
+    cluster = Cluster(url, None, here.service, poll_s=60.0)  # a notification only
     async with here.storage(), member(cluster, []):
         await until(cluster.feed.connected.is_set, "the feed listens")
         request = CreateRequest("p", "q1", None, "text/plain", "deploy?", None)

@@ -15,7 +15,6 @@ from aiohttp.typedefs import Middleware
 
 from gate.clock import Clock, SystemClock
 from gate.config import Config, Secrets
-from gate.config.fingerprint import config_hash
 from gate.core.service import GateService
 from gate.daemon.approval_dispatch import ApprovalDispatch
 from gate.daemon.cluster import Cluster, Work
@@ -179,7 +178,7 @@ def _cluster(config: Config, secrets: Secrets, service: GateService) -> Cluster 
     its status on the service (``/healthz``); None on SQLite."""
     if config.storage.url is None:
         return None
-    cluster = Cluster(config.storage.url, secrets.storage_password, service, config_hash(config))
+    cluster = Cluster(config.storage.url, secrets.storage_password, service)
     service.cluster_status = cluster.status
     return cluster
 

@@ -23,6 +23,7 @@ from typing import Any
 from ulid import ULID
 
 import gate
+from gate.config.fingerprint import config_hash
 from gate.core.service import GateService
 from gate.errors import Unavailable
 from gate.store.pg_feed import Change, Feed
@@ -46,7 +47,8 @@ Work = Callable[[], Coroutine[Any, Any, None]]
 
 class Cluster:
     """This gate among the gates on the database at ``url`` (``password``: its password, or
-    None), for ``service`` (the gate's), whose config hashes to ``config_hash``;
+    None), for ``service`` (the gate's: each heartbeat records the hash of the config in
+    force, ``config_hash``, so a SIGHUP reload shows at the next beat);
     ``instance_id`` is its id in ``gate_instances`` and its sessions' names (default: a new
     ULID).
 
@@ -65,7 +67,6 @@ class Cluster:
         url: str,
         password: str | None,
         service: GateService,
-        config_hash: str,
         *,
         ttl_s: float = LEASE_TTL_S,
         renew_s: float = RENEW_S,
@@ -75,7 +76,6 @@ class Cluster:
         self.url = url
         self.password = password
         self.service = service
-        self.config_hash = config_hash
         self.ttl_s = ttl_s
         self.renew_s = renew_s
         self.instance_id = instance_id or str(ULID())
@@ -93,7 +93,7 @@ class Cluster:
         return Instance(
             self.instance_id,
             gate.__version__,
-            self.config_hash,
+            config_hash(self.service.config),
             socket.gethostname(),
             os.getpid(),
             offset_ms,
