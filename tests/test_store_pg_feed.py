@@ -1,5 +1,6 @@
 """The change feed (gate/store/pg_feed.py) on a real throwaway PostgreSQL server: entries
-another session appends and notifies reach the feed at once (not by its fallback read);
+another session appends, moving the chain's head (whose trigger notifies), reach the feed at
+once (not by its fallback read); a head moved in a transaction rolled back notifies nobody;
 entries appended while its listener session is terminated (``pg_terminate_backend``) are
 read after it reconnects, none lost, none twice; a long log is read in pages, in order."""
 
@@ -15,7 +16,7 @@ from typing import Any
 import pytest
 
 from gate.store.pg_connection import PgConnection
-from gate.store.pg_feed import PAGE, Change, Feed, notify
+from gate.store.pg_feed import PAGE, Change, Feed
 from tests.pg_server import PgServer, running_server
 
 pytestmark = [pytest.mark.e2e, pytest.mark.postgres]
@@ -39,8 +40,9 @@ def url(server: PgServer) -> str:
 
 def append(url: str, kinds: list[tuple[str, str | None]], *, notified: bool = True) -> int:
     """Append entries of ``kinds`` (kind, request id) to the audit log in one transaction,
-    as a writer's batch does (not hashed: the feed reads seq, kind and id only), with the
-    batch's notification when ``notified``; return the last seq."""
+    as a writer's batch does (not hashed: the feed reads seq, kind and id only), and move
+    the chain's head to the last as the batch does (its trigger notifies), unless not
+    ``notified``; return the last seq."""
     with psycopg.connect(url, autocommit=True) as raw:
         conn = PgConnection(raw)
         conn.execute("BEGIN")
@@ -53,7 +55,7 @@ def append(url: str, kinds: list[tuple[str, str | None]], *, notified: bool = Tr
                 (last, request_id, kind),
             )
         if notified:
-            notify(conn, last)
+            conn.execute("UPDATE audit_head SET seq = ?, entry_hash = 'h' WHERE id = 1", (last,))
         conn.execute("COMMIT")
     return int(last)
 
@@ -112,6 +114,27 @@ async def test_pg_feed_reports_a_notified_append_at_once_and_not_what_was_there(
         Change(4, "resolved", "A1"),
     ]
     assert feed.notified >= 1
+
+
+async def test_pg_feed_hears_nothing_of_a_rolled_back_batch_or_an_unmoved_head(
+    url: str,
+) -> None:
+    seen = Seen()
+    feed = Feed(url, "gate-r", seen, poll_s=60.0)
+    task = await running(feed)
+    try:
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute("BEGIN")
+            conn.execute("UPDATE audit_head SET seq = 5 WHERE id = 1")
+            conn.execute("ROLLBACK")
+            conn.execute("UPDATE audit_head SET last_at_ms = last_at_ms WHERE id = 1")  # probe
+        await asyncio.sleep(0.5)
+        assert feed.notified == 0
+        await asyncio.to_thread(append, url, [("created", "R1")])
+        await seen.until(1)
+    finally:
+        await stopped(task)
+    assert feed.notified == 1
 
 
 async def test_pg_feed_catches_up_after_its_listener_was_terminated(

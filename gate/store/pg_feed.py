@@ -2,8 +2,9 @@
 audit log, read by ``seq`` on every gate, so a long-poll on one gate wakes when another
 resolves its request.
 
-The writer's batch notifies (``notify``: ``pg_notify('hitl_gate', '<last seq>')`` before
-its COMMIT) when it appended entries. Each gate's ``Feed`` holds one dedicated listener
+A write batch that appended entries moves the chain's head (``audit_head``), and a trigger
+on that row (``pg_schema.CLUSTER``) notifies ``hitl_gate`` with the new seq, sent at the
+batch's COMMIT. Each gate's ``Feed`` holds one dedicated listener
 session (``LISTEN hitl_gate``) and, on a notification, after every (re)connection and at
 least every ``poll_s``, reads the entries after its cursor (``changes_after``). The cursor
 never skips an entry: ``seq`` is given under the lock on the audit head, held to COMMIT, so
@@ -24,18 +25,10 @@ from gate.store.pg_session import close_quietly, connect, unavailable
 
 log = logging.getLogger(__name__)
 
-CHANNEL = "hitl_gate"
-NOTIFY = f"SELECT pg_notify('{CHANNEL}', ?)"  # in the store's (SQLite) dialect: PgConnection
+CHANNEL = "hitl_gate"  # the trigger on audit_head notifies it (pg_schema.CLUSTER)
 POLL_S = 1.0  # the fallback: the feed reads at least this often
 PAGE = 1000  # entries per read
 RECONNECT_MAX_S = 5.0  # the longest wait between two attempts to reconnect
-
-
-def notify(conn: Any, seq: int) -> None:
-    """Tell every gate's feed that the audit log now ends at ``seq``: the writer's batch
-    calls it, inside its transaction, after its last append (the notification is sent at
-    COMMIT, and only if it commits). ``conn`` is the writer's ``PgConnection``."""
-    conn.execute(NOTIFY, (str(seq),))
 
 
 @dataclass(frozen=True, slots=True)

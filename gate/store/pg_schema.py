@@ -87,7 +87,10 @@ PG_ONLY: list[str] = [
 #   the write probe's (a write without the global lock);
 # - gate_lease: one row per lease (``timers``: the gate that runs the timers and the
 #   senders): its holder (an instance id), the term (+1 each time the holder changes),
-#   when this holder was elected and when the lease lapses unless renewed.
+#   when this holder was elected and when the lease lapses unless renewed;
+# - a trigger on audit_head: whatever moves the chain's head notifies ``hitl_gate`` with
+#   the new seq (the change feed wakes at once; the batch runner needs no statement of
+#   its own for it).
 CLUSTER: list[str] = [
     """CREATE TABLE gate_instances (
         instance_id      TEXT PRIMARY KEY,
@@ -107,6 +110,17 @@ CLUSTER: list[str] = [
         elected_at  BIGINT NOT NULL,
         expires_at  BIGINT NOT NULL
     )""",
+    # the change feed's notification (gate.store.pg_feed): one per write batch that appended
+    # entries (the batch moves the head once), sent at its COMMIT, never for a rollback
+    """CREATE FUNCTION hitl_gate_notify() RETURNS trigger LANGUAGE plpgsql AS $$
+    BEGIN
+        PERFORM pg_notify('hitl_gate', NEW.seq::text);
+        RETURN NULL;
+    END
+    $$""",
+    """CREATE TRIGGER audit_head_notify AFTER UPDATE OF seq ON audit_head
+    FOR EACH ROW WHEN (NEW.seq IS DISTINCT FROM OLD.seq)
+    EXECUTE FUNCTION hitl_gate_notify()""",
 ]
 
 # Each entry brings the PostgreSQL schema to the step of its key: ``(version, 0)`` to the
