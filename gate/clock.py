@@ -14,6 +14,32 @@ class Clock(Protocol):
         ...
 
 
+class PinnedClock:
+    """``clock``, or while a write batch on PostgreSQL holds the cluster's write lock, the
+    database's time read when the lock was taken, advancing by this process's monotonic
+    clock (``pin``): every gate's transactions then read one clock, non-decreasing in the
+    audit log's order whatever each host's clock says. ``unpin`` ends the batch's time."""
+
+    def __init__(self, clock: Clock) -> None:
+        self._clock = clock
+        self._pinned: tuple[int, float] | None = None
+
+    def pin(self, now_ms: int) -> None:
+        """From now until ``unpin``, the time is ``now_ms`` plus the monotonic time since."""
+        self._pinned = (now_ms, time.monotonic())
+
+    def unpin(self) -> None:
+        """Back to the wrapped clock."""
+        self._pinned = None
+
+    def now_ms(self) -> int:
+        """The pinned time advanced by the monotonic clock, else the wrapped clock's."""
+        pinned = self._pinned
+        if pinned is None:
+            return self._clock.now_ms()
+        return pinned[0] + int((time.monotonic() - pinned[1]) * 1000)
+
+
 class SystemClock:
     """The wall clock (``time.time()``)."""
 

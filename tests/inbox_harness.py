@@ -272,11 +272,14 @@ def field_value(page: str, name: str) -> str:
 
 
 class InboxClient:
-    """A browser-like HTTP client of the inbox: a cookie jar, ``Origin`` on POSTs."""
+    """A browser-like HTTP client of the inbox: a cookie jar, ``Origin`` on POSTs; with
+    ``source`` (a loopback address such as ``127.0.0.12``) its connections come from there
+    (the inbox counts sign-in tries per client address)."""
 
-    def __init__(self, base: str, origin: str) -> None:
+    def __init__(self, base: str, origin: str, source: str | None = None) -> None:
         self.base = base
         self.origin = origin
+        self.source = source
         self.cookies: dict[str, str] = {}
         self.rp_id = RP_ID
 
@@ -290,7 +293,10 @@ class InboxClient:
     ) -> Answer:
         """One request to ``path``; cookies sent (unless ``cookies`` is False) and kept."""
         parts = urllib.parse.urlsplit(self.base)
-        conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=30)
+        source = None if self.source is None else (self.source, 0)
+        conn = http.client.HTTPConnection(
+            parts.hostname, parts.port, timeout=30, source_address=source
+        )
         sent = dict(headers or {})
         if cookies and self.cookies:
             sent["Cookie"] = "; ".join(f"{k}={v}" for k, v in self.cookies.items())

@@ -15,8 +15,10 @@ from typing import Any
 
 import pytest
 
+from gate.inbox.db import InboxDb
 from gate.inbox.items import item_from
-from gate.inbox.signin import CHALLENGE_TTL_S, Challenges, safe_next
+from gate.inbox.shortlived import CHALLENGE_TTL_MS, ShortLived
+from gate.inbox.signin import safe_next
 from gate.protocol.canonical import payload_hash
 from tests.inbox_harness import ENV, InboxClient, InboxWorld, field_value, start_world
 from tests.support import CliProcess, http_request, logged, sign_headers
@@ -256,20 +258,26 @@ def test_inbox_1000_signin_pages_from_elsewhere_do_not_flush_a_victims_challenge
     assert statuses <= {200, 429}
 
 
-def test_inbox_a_full_challenge_pool_refuses_new_pages_and_keeps_live_challenges() -> None:
-    pool = Challenges()
-    first = pool.issue("pre-0", "/", 0.0, "10.0.0.0")
-    for n in range(1, 1000):
-        assert pool.issue(f"pre-{n}", "/", 1.0, f"10.0.0.{n % 10}") is not None
+async def test_inbox_a_full_challenge_pool_refuses_new_pages_and_keeps_live_challenges(
+    tmp_path: Path,
+) -> None:
+    db = await InboxDb.open(tmp_path / "inbox.db")
+    pool = ShortLived(db)
+    try:
+        first = await pool.issue_challenge("pre-0", "/", 0, "10.0.0.0")
+        for n in range(1, 1000):
+            assert await pool.issue_challenge(f"pre-{n}", "/", 1, f"10.0.0.{n % 10}") is not None
 
-    refused = pool.issue("pre-late", "/", 2.0, "10.0.0.99")
-    replaced = pool.issue("pre-0b", "/", 2.0, "10.0.0.0", replaces="pre-0")
+        refused = await pool.issue_challenge("pre-late", "/", 2, "10.0.0.99")
+        replaced = await pool.issue_challenge("pre-0b", "/", 2, "10.0.0.0", replaces="pre-0")
 
-    assert refused is None
-    assert first is not None and replaced is not None
-    assert pool.take(first, 3.0) is None  # its own page replaced it
-    later = pool.issue("pre-after", "/", 2.0 + CHALLENGE_TTL_S, "10.0.0.99")
-    assert later is not None  # expired ones make room
+        assert refused is None
+        assert first is not None and replaced is not None
+        assert await pool.take_challenge(first, 3) is None  # its own page replaced it
+        later = await pool.issue_challenge("pre-after", "/", 2 + CHALLENGE_TTL_MS, "10.0.0.99")
+        assert later is not None  # expired ones make room
+    finally:
+        await db.close()
 
 
 def test_inbox_a_wrong_method_is_answered_in_words(world: InboxWorld) -> None:

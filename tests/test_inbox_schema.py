@@ -56,7 +56,7 @@ async def test_inbox_schema_a_migration_keeps_old_rows_without_its_column(
     finally:
         await db.close()
 
-    assert user_version(path) == len(MIGRATIONS) == 6
+    assert user_version(path) == len(MIGRATIONS) == 7
     assert (before.approval_id, before.decision, getattr(before, column)) == ("a1", "skip", None)
     assert after is not None and getattr(after, column) == value
 

@@ -302,7 +302,7 @@ def test_layers_store_attribute_rule_sees_its_modules() -> None:
     assert {m.name for m in NO_STORE_ATTRIBUTE} >= {"gate.web.api", "gate.metrics"}
 
 
-INBOX_SQL = {"gate.inbox.db", "gate.inbox.schema"}
+INBOX_SQL = {"gate.inbox.db", "gate.inbox.schema", "gate.inbox.shortlived"}
 
 COMPOSITION_ROOT = "gate.daemon.app"
 WIRED_ONLY_THERE = {
@@ -531,8 +531,8 @@ INBOX_ALLOWED_GATE = (
 @pytest.mark.parametrize("module", INBOX, ids=ids(INBOX))
 def test_layers_the_inbox_is_an_untrusted_peer(module: Module) -> None:
     """The inbox is a relay: gate.protocol and the generic config helpers, never the gate's
-    rules, store, daemon, web, audit or trust; of its modules only db.py and schema.py speak
-    SQL."""
+    rules, store, daemon, web, audit or trust; of its modules only db.py, schema.py and
+    shortlived.py speak SQL."""
     imported = imports_of(module)
     bad = hits(
         imported,

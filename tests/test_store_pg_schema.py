@@ -45,10 +45,7 @@ _databases = iter(range(1, 1000))
 @pytest.fixture
 def url(server: PgServer) -> str:
     """A fresh empty database on the module's server."""
-    name = f"schema_{next(_databases)}"
-    with psycopg.connect(server.url(), autocommit=True) as conn:
-        conn.execute(f"CREATE DATABASE {name} TEMPLATE template0")
-    return server.url(name)
+    return server.database(f"schema_{next(_databases)}")
 
 
 def migrated(url: str) -> int:
@@ -176,7 +173,10 @@ def test_pg_schema_equals_the_sqlite_schema_at_its_last_migration(url: str) -> N
     assert got["indexes"] == want["indexes"]
 
 
-def test_pg_schema_migrates_once_when_gates_start_together(url: str) -> None:
+def test_pg_schema_migrates_once_when_gates_start_together(
+    url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level("INFO", logger="gate.store.pg_schema")
     barrier = threading.Barrier(4)
     versions: list[int] = []
     errors: list[BaseException] = []
@@ -202,6 +202,10 @@ def test_pg_schema_migrates_once_when_gates_start_together(url: str) -> None:
         rows = conn.execute("SELECT version, step FROM schema_migrations ORDER BY step")
         assert rows.fetchall() == sorted(PG_MIGRATIONS)
         assert conn.execute("SELECT count(*) FROM approvals").fetchone() == (0,)
+    assert [r.getMessage() for r in caplog.records] == [
+        f"event=migrated schema_version={SCHEMA_VERSION}",
+        f"event=migrated schema_version={SCHEMA_VERSION} step=1",
+    ]
 
 
 def test_pg_schema_migrating_again_changes_nothing(url: str) -> None:
@@ -285,3 +289,21 @@ def test_pg_schema_sync_audit_head_takes_the_newest_entry(url: str) -> None:
         conn.execute("DELETE FROM audit_log")
         assert sync_audit_head(conn) == (0, GENESIS_HASH, 0)  # an empty log: the genesis
         assert conn.execute("SELECT * FROM audit_head").fetchall() == [(1, 0, GENESIS_HASH, 0)]
+
+
+def test_pg_schema_with_a_later_postgresql_step_is_refused(url: str) -> None:
+    migrated(url)
+    last = max(PG_MIGRATIONS)
+    with psycopg.connect(url) as conn:
+        conn.execute(
+            "INSERT INTO schema_migrations (version, step) VALUES (%s, %s)", (last[0], last[1] + 1)
+        )
+        conn.commit()
+
+    with pytest.raises(SchemaTooNew) as refused:
+        migrated(url)
+
+    assert str(refused.value) == (
+        f"the database's schema is version {last[0]} with PostgreSQL's step {last[1] + 1};"
+        f" this gate knows up to step {last[1]}"
+    )

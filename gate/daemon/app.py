@@ -12,8 +12,9 @@ from dataclasses import dataclass
 
 from aiohttp import web
 from aiohttp.typedefs import Middleware
+from ulid import ULID
 
-from gate.clock import Clock, SystemClock
+from gate.clock import Clock, PinnedClock, SystemClock
 from gate.config import Config, Secrets
 from gate.core.service import GateService
 from gate.daemon.approval_dispatch import ApprovalDispatch
@@ -27,7 +28,7 @@ from gate.daemon.relay_http import relay_session
 from gate.daemon.timers import Timers
 from gate.metrics import Metrics
 from gate.protocol import DECISIONS_PATH
-from gate.store import Store
+from gate.store import PgTarget, Store
 from gate.web.api import create_api_app
 from gate.web.callback import create_callback_app
 from gate.web.common import BODY_TIMEOUT, Handler
@@ -101,6 +102,21 @@ class Gate:
                     log.info("event=workers_stopped")
 
 
+def _store(
+    config: Config, secrets: Secrets, writer_process: bool, clock: Clock
+) -> tuple[Store, Clock]:
+    """The store ``config.storage`` names, and the clock the gate runs on: ``clock`` on
+    SQLite; on PostgreSQL ``clock`` pinned to the database's time inside each write batch
+    (``PinnedClock``: one clock for every gate on the database)."""
+    storage = config.storage
+    if storage.url is None:
+        return Store(storage.sqlite_file(), writer_process=writer_process), clock
+    pinned = PinnedClock(clock)
+    # the instance id: in gate_instances (gate.daemon.cluster) and in every session's name
+    target = PgTarget(storage.url, secrets.storage_password, str(ULID()))
+    return Store(target, writer_process=writer_process, clock=pinned), pinned
+
+
 def build_gate(
     config: Config,
     secrets: Secrets,
@@ -123,12 +139,12 @@ def build_gate(
     Raises ConfigError when a receipt key file in ``config.receipts`` cannot be used;
     ValueError unless ``0 < base <= cap``.
     """
-    store = Store(config.storage.sqlite_file(), writer_process=writer_process)
+    store, clock = _store(config, secrets, writer_process, clock or SystemClock())
     service = GateService(
         config,
         secrets.receipt_key,
         store,
-        clock or SystemClock(),
+        clock,
         previous_receipt_key=secrets.previous_receipt_key,
     )
     metrics = Metrics(config.pipelines)
@@ -174,11 +190,15 @@ def build_gate(
 
 
 def _cluster(config: Config, secrets: Secrets, service: GateService) -> Cluster | None:
-    """On PostgreSQL (``storage.url``), this gate's part among the gates on the database,
-    its status on the service (``/healthz``); None on SQLite."""
-    if config.storage.url is None:
+    """On PostgreSQL (``storage.url``), this gate's part among the gates on the database
+    (under its store's instance id), its status on the service (``/healthz``); None on
+    SQLite."""
+    where = service.store.where
+    if config.storage.url is None or not isinstance(where, PgTarget):
         return None
-    cluster = Cluster(config.storage.url, secrets.storage_password, service)
+    cluster = Cluster(
+        config.storage.url, secrets.storage_password, service, instance_id=where.instance
+    )
     service.cluster_status = cluster.status
     return cluster
 

@@ -5,16 +5,20 @@ challenge (``batch_digest`` of each item's approve ``decision_digest``, from the
 dispatches), then posts one decision per item, each with the same assertion and the batch's
 hex digests; ``bulk_results`` shows each item's answer in words.
 
-The pure part (``picks_from``, ``checked_items``, ``batch_of``) takes no
-request; the routes are added by ``add_routes``.
+A challenged batch is kept in the inbox database (``gate.inbox.shortlived``) until its
+decide, which any replica of the inbox may serve. The pure part (``picks_from``,
+``checked_items``, ``batch_of``, ``as_signed``) takes no request; the routes are added by
+``add_routes``.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import secrets
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
 
@@ -32,6 +36,7 @@ from gate.inbox.decide import (
 from gate.inbox.decided import may_decide
 from gate.inbox.model import DecisionRecord, Item
 from gate.inbox.seen import bulk_eligibility
+from gate.inbox.shortlived import Picked
 from gate.inbox.state import InboxState, state_of
 from gate.protocol.approver_signature import b64url, batch_digest
 from gate.protocol.numbers import ascii_int
@@ -41,7 +46,7 @@ log = logging.getLogger(__name__)
 PREFIX = "item:"
 MIN_ITEMS = 2
 MAX_ITEMS = 50
-KEPT_MS = 5 * 60_000  # a challenged batch is kept this long for its decide
+KEPT_MS = 5 * 60_000  # a challenged batch is kept this long for its decide (in the database)
 MAX_KEPT = 1000
 
 
@@ -129,17 +134,29 @@ def batch_of(items: list[Item]) -> Batch:
     return Batch(tuple(items), digests, tuple(d.hex() for d in digests), challenge)
 
 
-Key = tuple[str, tuple[tuple[str, int], ...]]
+def batch_key(identity: str, picks: list[tuple[str, int]]) -> str:
+    """Where a challenged batch is kept: the SHA-256 hex of the identity and its picks (a
+    batch is decided by whom it was challenged for, with the same items ticked)."""
+    return hashlib.sha256(json.dumps([identity, picks]).encode("utf-8")).hexdigest()
 
 
-def _kept(state: InboxState) -> dict[Key, tuple[Batch, int]]:
-    """The batches challenged in the last ``KEPT_MS`` (in memory): decide posts exactly the
-    digests signed even when an item changed or closed in between (the gate then says so)."""
-    kept: dict[Key, tuple[Batch, int]] = state.extra.setdefault("bulk_batches", {})
-    now = state.now_ms()
-    for key in [k for k, (_, until) in kept.items() if until <= now]:
-        del kept[key]
-    return kept
+def signed_items(batch: Batch) -> list[Picked]:
+    """What a challenged batch signed, item by item: approval_id, revision, nonce and
+    payload_hash (all its approve digests are made of)."""
+    return [(i.approval_id, i.revision, i.nonce, i.payload_hash) for i in batch.items]
+
+
+def as_signed(stored: Mapping[str, Item | None], signed: list[Picked]) -> Batch:
+    """The batch that was challenged, from the items as stored now and what was ``signed``
+    (each item at the revision, nonce and hash signed, even when it changed since: decide
+    posts exactly the digests signed and the gate says what changed)."""
+    items = []
+    for approval_id, revision, nonce, digest in signed:
+        now = stored.get(approval_id)
+        if now is None:
+            raise Refused(409, "not_available", "An item is no longer waiting for you.")
+        items.append(replace(now, revision=revision, nonce=nonce, payload_hash=digest))
+    return batch_of(items)
 
 
 async def _stored(state: InboxState, picks: list[tuple[str, int]]) -> dict[str, Item | None]:
@@ -160,10 +177,9 @@ async def challenge(request: web.Request) -> web.Response:
         batch = batch_of(items)
     except Refused as refused:
         return refused.response()
-    kept = _kept(state)
-    if len(kept) >= MAX_KEPT:
-        kept.pop(next(iter(kept)))
-    kept[(session.identity, tuple(picks))] = (batch, state.now_ms() + KEPT_MS)
+    now = state.now_ms()
+    key = batch_key(session.identity, picks)
+    await state.shortlived.keep_batch(key, signed_items(batch), now + KEPT_MS, now, MAX_KEPT)
     return web.json_response({"challenge": b64url(batch.challenge)})
 
 
@@ -180,25 +196,26 @@ async def decide(request: web.Request) -> web.Response:
     state = state_of(request)
     try:
         picks = picks_from(fields)
-        found = _kept(state).pop((session.identity, tuple(picks)), None)
+        key = batch_key(session.identity, picks)
+        signed = await state.shortlived.take_batch(key, state.now_ms())
         stored = await _stored(state, picks)
-        if found is None:
+        if signed is None:
             batch = batch_of(checked_items(picks, stored, partial(may_decide, session)))
         else:
-            batch = found[0]
             if any(s is None or not may_decide(session, s) for s in stored.values()):
                 raise Refused(409, "not_available", "An item is no longer waiting for you.")
+            batch = as_signed(stored, signed)
         unsigned = "Sign the approvals with your passkey."
         assertion = own_assertion(fields, session, state, unsigned).credential_id_b64
     except Refused as refused:
         return refused.response()
-    signed = dict(fields["assertion"]) | {"batch": list(batch.hexes)}
+    posted = dict(fields["assertion"]) | {"batch": list(batch.hexes)}
     batch_id = secrets.token_urlsafe(12)
     for item in batch.items:
         record = DecisionRecord(
             item.approval_id, item.revision, session.identity, "approve", 0, {}, state.now_ms()
         )
-        await send_recorded(state, item, record, decision_body(item, record, signed), batch_id)
+        await send_recorded(state, item, record, decision_body(item, record, posted), batch_id)
     log.info(
         "event=inbox_bulk batch_id=%s items=%d credential_id=%s",
         batch_id,

@@ -60,6 +60,11 @@ class InboxDb:
     async def _run(self, fn: Callable[..., T], *args: Any) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
 
+    async def transaction(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """Run ``fn(connection)`` on the database's thread in one write transaction (BEGIN
+        IMMEDIATE … COMMIT; ROLLBACK when it raises); returns after the COMMIT."""
+        return await self._run(self._tx, fn)
+
     def _tx(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         """Run ``fn`` in one write transaction (BEGIN IMMEDIATE … COMMIT)."""
         self._conn.execute("BEGIN IMMEDIATE")

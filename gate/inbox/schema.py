@@ -5,6 +5,7 @@ Times are unix milliseconds, UTC."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sqlite3
 from pathlib import Path
@@ -65,34 +66,71 @@ ALTER TABLE items ADD COLUMN escalated_to TEXT NOT NULL DEFAULT '[]'
 ENDED = """
 ALTER TABLE sessions ADD COLUMN ended TEXT
 """  # why a session ended before its time ('revoked'), kept so every later request says it
+SHARED = """
+CREATE TABLE challenges (
+    challenge TEXT PRIMARY KEY,
+    pre_hash  TEXT NOT NULL,
+    next_path TEXT NOT NULL,
+    address   TEXT NOT NULL,
+    issued_at INTEGER NOT NULL
+);
+CREATE INDEX challenges_issued ON challenges (issued_at);
+CREATE INDEX challenges_address ON challenges (address, pre_hash);
+CREATE TABLE signin_tries (
+    scope TEXT NOT NULL CHECK (scope IN ('address', 'credential')),
+    key   TEXT NOT NULL,
+    at    INTEGER NOT NULL
+);
+CREATE INDEX signin_tries_key ON signin_tries (scope, key, at);
+CREATE INDEX signin_tries_at ON signin_tries (at);
+CREATE TABLE bulk_batches (
+    batch_key  TEXT PRIMARY KEY,
+    items      TEXT NOT NULL,
+    expires_at INTEGER NOT NULL
+);
+CREATE INDEX bulk_batches_expiry ON bulk_batches (expires_at)
+"""  # what an approver's next request may depend on, shared by every inbox on the file:
+# sign-in challenges (base64url of 32 random bytes, single use, bound to the SHA-256 hex of a
+# pre-session token, issued_at ms), counted sign-in tries (per client address, and failed
+# ones per credential; at ms) and challenged bulk batches (batch_key: SHA-256 hex of the
+# identity and the picks; items: JSON [[approval_id, revision, nonce, payload_hash], ...]
+# as challenged; expires_at ms)
 # user_version N means MIGRATIONS[:N] ran
-MIGRATIONS = (SCHEMA, BATCHES, REASONS, SENT, FOLLOWUPS, ENDED)
+MIGRATIONS = (SCHEMA, BATCHES, REASONS, SENT, FOLLOWUPS, ENDED, SHARED)
 
 
 def open_file(path: Path) -> sqlite3.Connection:
     """Create (0600) or open the file, set WAL and synchronous=FULL, run what migrations
-    are missing, each in one transaction. Raises OSError / sqlite3.Error."""
+    are missing, each in one transaction. Several inboxes may open one file at once (the
+    replicas of one host): the version is read again under the write lock, so a migration
+    another one ran meanwhile is not run twice. Raises OSError / sqlite3.Error."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    if not path.exists():
+    with contextlib.suppress(FileExistsError):  # another replica created it just now
         os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600))
     conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
     conn.row_factory = sqlite3.Row
+    conn.execute("PRAGMA busy_timeout = 5000")
     if conn.execute("PRAGMA journal_mode = WAL").fetchone()[0] != "wal":
         raise OSError(f"cannot use WAL journal mode on {path}")
     conn.execute("PRAGMA synchronous = FULL")
-    conn.execute("PRAGMA busy_timeout = 5000")
-    version = int(conn.execute("PRAGMA user_version").fetchone()[0])
-    if version > len(MIGRATIONS):
-        raise OSError(f"{path} has schema version {version}, newer than this inbox knows")
-    for number in range(version, len(MIGRATIONS)):
+    while (number := _version(conn, path)) < len(MIGRATIONS):
         conn.execute("BEGIN IMMEDIATE")
         try:
-            for statement in MIGRATIONS[number].split(";"):
-                if statement.strip():
-                    conn.execute(statement)
-            conn.execute(f"PRAGMA user_version = {number + 1}")
+            if _version(conn, path) == number:
+                for statement in MIGRATIONS[number].split(";"):
+                    if statement.strip():
+                        conn.execute(statement)
+                conn.execute(f"PRAGMA user_version = {number + 1}")
             conn.execute("COMMIT")
         except BaseException:
             conn.execute("ROLLBACK")
             raise
     return conn
+
+
+def _version(conn: sqlite3.Connection, path: Path) -> int:
+    """The file's ``user_version``; raises OSError when it is newer than this inbox knows."""
+    version = int(conn.execute("PRAGMA user_version").fetchone()[0])
+    if version > len(MIGRATIONS):
+        raise OSError(f"{path} has schema version {version}, newer than this inbox knows")
+    return version

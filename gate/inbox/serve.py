@@ -1,7 +1,7 @@
 """Runs the inbox (``hitl-gate inbox serve``): opens its database, fetches the
 approvers' credentials from the gate, serves its one listener (the relay endpoint and the
-pages), sweeps (expired items and sessions every 5 s, credentials every 60 s), stops cleanly
-on SIGTERM/SIGINT."""
+pages), sweeps (expired items, sessions and sign-in challenges every 5 s, credentials every
+60 s), stops cleanly on SIGTERM/SIGINT."""
 
 from __future__ import annotations
 
@@ -33,13 +33,15 @@ __all__ = ["SWEEP_EVERY_S", "create_inbox_app", "serve_inbox", "sweep"]
 
 async def sweep(state: InboxState, stop: asyncio.Event, every_s: float = SWEEP_EVERY_S) -> None:
     """Every ``every_s`` seconds until ``stop``: mark items past ``expires_at`` expired, end
-    expired sessions, refresh the credentials when older than 60 s (or never fetched)."""
+    expired sessions, delete expired challenges, batches and old sign-in tries, refresh the
+    credentials when older than 60 s (or never fetched)."""
     while not stop.is_set():
         now = int(time.time() * 1000)
         count = await state.db.expire_due(now)
         if count:
             log.info("event=items_expired count=%d", count)
         await state.db.end_sessions(now)
+        await state.shortlived.prune(now)
         await state.credentials.refresh_if_due()
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), every_s)

@@ -1,24 +1,22 @@
 """Passkey sign-in at the inbox: usernameless WebAuthn with
-the passkeys the gate enrolled (one relying party). Challenges live in memory (5 min,
-single use, at most 1000 pending), each bound to a pre-session CSRF cookie; at most 10
-sign-in tries (past Origin and CSRF) per client address and 10 failed ones per credential
-per 5 minutes."""
+the passkeys the gate enrolled (one relying party). Challenges live in the inbox database
+(``gate.inbox.shortlived``: 5 min, single use, at most 1000 pending), each bound to a
+pre-session CSRF cookie; at most 10 sign-in tries (past Origin and CSRF) per client address
+and 10 failed ones per credential per 5 minutes, counted there too: every replica of the
+inbox sees the same challenges and counts."""
 
 from __future__ import annotations
 
 import binascii
 import json
 import logging
-import secrets
-import time
-from collections import OrderedDict, deque
-from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from aiohttp import web
 
 from gate.inbox import auth, pages
+from gate.inbox.shortlived import CHALLENGE_TTL_MS
 from gate.inbox.state import InboxState, state_of
 from gate.protocol.approver_signature import (
     ApproverAssertion,
@@ -31,11 +29,7 @@ from gate.protocol.errors import ProtocolError
 
 log = logging.getLogger(__name__)
 
-CHALLENGE_TTL_S = 300.0
-MAX_PENDING = 1000
-PER_ADDRESS = 100  # live challenges one client address may hold (review rev17a)
-RATE_LIMIT = 10
-RATE_WINDOW_S = 300.0
+CHALLENGE_TTL_S = CHALLENGE_TTL_MS / 1000
 REASONS = {
     "unknown_credential": (
         "The gate does not know this passkey: it was never enrolled, or it was revoked."
@@ -56,82 +50,6 @@ DETAILS |= {"user_not_verified": "user_not_verified", "user_not_present": "user_
 DETAILS |= {"malformed": "malformed", "wrong_type": "malformed"}
 
 
-@dataclass(frozen=True, slots=True)
-class Pending:
-    """A challenge issued: the pre-session token's hash it is bound to, where to go after,
-    when it was issued (monotonic seconds)."""
-
-    pre_hash: str
-    next_path: str
-    issued_at: float
-    address: str = "?"
-
-
-class Challenges:
-    """Issued sign-in challenges (base64url → Pending), oldest first; single use. One per
-    pre-session token (a new page replaces its own); at most ``PER_ADDRESS`` live per client
-    address and ``MAX_PENDING`` in all. Only expired ones are evicted: a full pool (or
-    address) refuses new pages rather than dropping someone's live challenge (review
-    rev17a finding 5)."""
-
-    def __init__(self) -> None:
-        self._pending: OrderedDict[str, Pending] = OrderedDict()
-
-    def issue(
-        self, pre_hash: str, next_path: str, now: float, address: str = "?", replaces: str = ""
-    ) -> str | None:
-        """A fresh 32-byte challenge (base64url) bound to ``pre_hash``, or None when the pool
-        holds ``MAX_PENDING`` live challenges or ``address`` holds ``PER_ADDRESS``.
-        ``replaces``: the hash of the pre-session token the browser still holds (its
-        challenge is dropped)."""
-        while self._pending:
-            oldest = next(iter(self._pending.values()))
-            if now - oldest.issued_at < CHALLENGE_TTL_S:
-                break
-            self._pending.popitem(last=False)
-        mine = [k for k, p in self._pending.items() if p.address == address]
-        gone = [k for k in mine if self._pending[k].pre_hash == replaces and replaces]
-        for key in gone:
-            self._pending.pop(key, None)
-        if len(mine) - len(gone) >= PER_ADDRESS or len(self._pending) >= MAX_PENDING:
-            return None
-        challenge = secrets.token_urlsafe(32)
-        self._pending[challenge] = Pending(pre_hash, next_path, now, address)
-        return challenge
-
-    def take(self, challenge: str, now: float) -> Pending | None:
-        """The challenge's Pending, removed (single use), or None if unknown or expired."""
-        found = self._pending.pop(challenge, None)
-        if found is None or now - found.issued_at >= CHALLENGE_TTL_S:
-            return None
-        return found
-
-
-class RateLimit:
-    """At most ``RATE_LIMIT`` attempts per key (a client address) per ``RATE_WINDOW_S``."""
-
-    def __init__(self) -> None:
-        self._seen: dict[str, deque[float]] = {}
-
-    def blocked_for(self, key: str, now: float) -> int:
-        """0 when ``key`` may try now (nothing counted); else the seconds until it may."""
-        seen = self._seen.get(key)
-        while seen and now - seen[0] >= RATE_WINDOW_S:
-            seen.popleft()
-        if seen and len(seen) >= RATE_LIMIT:
-            return max(1, int(RATE_WINDOW_S - (now - seen[0])) + 1)
-        return 0
-
-    def retry_after(self, key: str, now: float) -> int:
-        """0 and the attempt counted when allowed; else the seconds until one is."""
-        wait = self.blocked_for(key, now)
-        if not wait:
-            self._seen.setdefault(key, deque()).append(now)
-            if len(self._seen) > 10_000:
-                self._seen = {k: v for k, v in self._seen.items() if v}
-        return wait
-
-
 def safe_next(value: str | None) -> str:
     """A local path to go to after sign-in, else ``/`` (review rev17a finding 3): it starts
     with exactly one ``/``, has no backslash, whitespace or control character (a browser
@@ -145,13 +63,6 @@ def safe_next(value: str | None) -> str:
     if parts.scheme or parts.netloc or urlunsplit(("", "", *parts[2:])) != value:
         return "/"
     return value
-
-
-def _parts(request: web.Request) -> tuple[Challenges, RateLimit]:
-    extra = state_of(request).extra
-    challenges = extra.setdefault("signin_challenges", Challenges())
-    limits = extra.setdefault("signin_rate", RateLimit())
-    return challenges, limits
 
 
 def wrong_host(request: web.Request) -> str | None:
@@ -175,14 +86,13 @@ async def signin_get(request: web.Request) -> web.Response:
     pre-session CSRF token (cookie ``hitl_inbox_pre``); when passkeys cannot sign in here
     (the relying parties differ, the gate has not answered), the page says why."""
     state = state_of(request)
-    challenges, _ = _parts(request)
     pre = auth.new_token()
     next_path = safe_next(request.query.get("next"))
     held = request.cookies.get(auth.PRE_COOKIE, "")
-    challenge = challenges.issue(
+    challenge = await state.shortlived.issue_challenge(
         auth.token_hash(pre),
         next_path,
-        time.monotonic(),
+        state.now_ms(),
         request.remote or "?",
         auth.token_hash(held) if held else "",
     )
@@ -222,11 +132,11 @@ async def signin_post(request: web.Request) -> web.Response:
     challenge we issued (single use, bound to the pre-session cookie), verified by
     ``verify_webauthn`` (UP+UV, the inbox's origins and rp_id). Success: a session and its
     cookie, 200 ``{"location"}``. Failure: 401 ``{"reason", "message"}`` and nothing stored."""
-    challenges, limits = _parts(request)
+    state = state_of(request)
     fields = await auth.read_post(request, None)  # junk: 403, not counted (review rev17a)
-    wait = limits.retry_after(request.remote or "?", time.monotonic())
-    answer = _rate_limited(wait) if wait else await _signin(request, fields, challenges)
-    state_of(request).metrics.signed_in(answer.status == 200)
+    wait = await state.shortlived.count_try("address", request.remote or "?", state.now_ms())
+    answer = _rate_limited(wait) if wait else await _signin(request, fields)
+    state.metrics.signed_in(answer.status == 200)
     return answer
 
 
@@ -237,14 +147,11 @@ def _rate_limited(wait: int) -> web.Response:
     return answer
 
 
-async def _signin(
-    request: web.Request, fields: dict[str, Any], challenges: Challenges
-) -> web.Response:
+async def _signin(request: web.Request, fields: dict[str, Any]) -> web.Response:
     """The assertion's checks after Origin, CSRF and the per-address limit; a credential
-    with ``RATE_LIMIT`` failed tries in ``RATE_WINDOW_S`` is refused 429 until one expires
+    with ``TRY_LIMIT`` failed tries in ``TRY_WINDOW_MS`` is refused 429 until one expires
     (review rev17a finding 4: a cap per credential beside the one per address)."""
     state = state_of(request)
-    failures: RateLimit = state.extra.setdefault("signin_failures", RateLimit())
     try:
         assertion = parse_approver_assertion(fields.get("assertion"))
     except ProtocolError:
@@ -259,19 +166,18 @@ async def _signin(
         credential = state.credentials.lookup(wanted)
     if credential is None:
         return _refused("unknown_credential")
-    wait = failures.blocked_for(credential.credential_id, time.monotonic())
-    if wait:
+    tries = state.shortlived
+    if wait := await tries.blocked_for("credential", credential.credential_id, state.now_ms()):
         return _rate_limited(wait)
-    answer = await _verified(request, state, challenges, credential, assertion)
+    answer = await _verified(request, state, credential, assertion)
     if answer.status != 200:
-        failures.retry_after(credential.credential_id, time.monotonic())
+        await tries.count_try("credential", credential.credential_id, state.now_ms())
     return answer
 
 
 async def _verified(
     request: web.Request,
     state: InboxState,
-    challenges: Challenges,
     credential: ServedCredential,
     assertion: ApproverAssertion,
 ) -> web.Response:
@@ -280,7 +186,7 @@ async def _verified(
     if state.party is None or state.credentials.problem is not None:
         return _refused("rp_mismatch", " " + (state.credentials.problem or ""))
     sent = _client_challenge(assertion.client_data_json)
-    pending = None if sent is None else challenges.take(sent, time.monotonic())
+    pending = None if sent is None else await state.shortlived.take_challenge(sent, state.now_ms())
     pre = request.cookies.get(auth.PRE_COOKIE, "")
     if pending is None or sent is None or pending.pre_hash != auth.token_hash(pre):
         return _refused("challenge_unknown")

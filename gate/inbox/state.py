@@ -7,7 +7,6 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 from aiohttp import web
 
@@ -17,14 +16,16 @@ from gate.inbox.db import InboxDb
 from gate.inbox.decided import may_decide
 from gate.inbox.metrics import InboxMetrics
 from gate.inbox.model import Item, Session
+from gate.inbox.shortlived import ShortLived
 
 
 @dataclass
 class InboxState:
     """What every handler shares: the database, the config and relay secrets, the inbox's
     own relying party (None: nobody can sign in), the credentials cache, the clock
-    (unix ms) and the metrics. ``extra`` is for parts' in-memory state (sign-in
-    challenges, rate limits)."""
+    (unix ms) and the metrics; ``shortlived`` keeps sign-in challenges, sign-in tries and
+    bulk batches in the database (no handler keeps state in memory an approver's next
+    request depends on: that request may reach another replica)."""
 
     db: InboxDb
     config: InboxConfig
@@ -33,7 +34,10 @@ class InboxState:
     credentials: CredentialsCache
     now_ms: Callable[[], int] = lambda: int(time.time() * 1000)
     metrics: InboxMetrics = field(default_factory=InboxMetrics)
-    extra: dict[str, Any] = field(default_factory=dict)
+    shortlived: ShortLived = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.shortlived = ShortLived(self.db)
 
 
 STATE = web.AppKey("inbox_state", InboxState)

@@ -1,9 +1,12 @@
-"""SQLite persistence: the only package that speaks SQL. One set of reads and statements for
-every kind of request (requests; each kind's own in approvals, questions), one outbox contract
-(outbox), a write transaction's statements by composition (tx)."""
+"""Persistence on SQLite or PostgreSQL: the only package that speaks SQL. One set of reads
+and statements for every kind of request (requests; each kind's own in approvals,
+questions), one outbox contract (outbox), a write transaction's statements by composition
+(tx), one batch runner with each backend's part behind a small object (backend,
+pg_backend)."""
 
 from gate.store.batch import Command, Writer
 from gate.store.facade import Store
+from gate.store.pg_backend import PgTarget
 from gate.store.tx import WriteTx
 
-__all__ = ["Command", "Store", "WriteTx", "Writer"]
+__all__ = ["Command", "PgTarget", "Store", "WriteTx", "Writer"]

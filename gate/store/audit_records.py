@@ -25,7 +25,7 @@ from gate.store.approvals import APPROVALS
 from gate.store.auditlog import audit_query, grouped
 from gate.store.inspection import read_only
 from gate.store.questions import QUESTIONS
-from gate.store.readonly import has_table, reading
+from gate.store.readonly import has_table, reading, table_columns
 from gate.store.requests import RequestTables
 
 
@@ -247,12 +247,12 @@ def _for_schema(conn: sqlite3.Connection, sql: str) -> str:
     each read as NULL (an older schema is read as it is, not migrated).
     Raises sqlite3.Error as the connection does."""
     if " approver_signature " in sql:  # migration 7: frozen at creation
-        approvals = {str(row[1]) for row in conn.execute("PRAGMA table_info(approvals)")}
+        approvals = table_columns(conn, "approvals")
         if "approver_signature" not in approvals:
             sql = sql.replace(" approver_signature ", " NULL ")
     if " on_behalf_of" not in sql:
         return sql
-    columns = {str(row[1]) for row in conn.execute("PRAGMA table_info(decisions)")}
+    columns = table_columns(conn, "decisions")
     for column in ("reason", "on_behalf_of", "credential_id"):
         if column not in columns:
             sql = sql.replace(f" {column}", " NULL")

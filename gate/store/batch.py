@@ -1,9 +1,11 @@
-"""Group commit: the one batch runner both writers (thread and process) call.
+"""Group commit: the one batch runner both writers (thread and process) call, on both
+backends.
 
-A batch runs inside one ``BEGIN IMMEDIATE`` transaction, each job in its own SAVEPOINT (a
-refused or failing one rolls back alone), and COMMITs once: one fsync for the batch. Only
-then are its callers answered (by the writer that called ``run_batch``, each through
-``settle``).
+A batch runs inside one transaction holding the database's write exclusion (SQLite:
+``BEGIN IMMEDIATE``; PostgreSQL: the ``audit_head`` row lock, ``gate.store.backend``), each
+job in its own SAVEPOINT (a refused or failing one rolls back alone), and COMMITs once: one
+fsync for the batch. Only then are its callers answered (by the writer that called
+``run_batch``, each through ``settle``).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
 from gate.errors import Unavailable
+from gate.store.backend import SQLITE, BatchBackend, WriteSide
 from gate.store.connection import rollback_quietly
 from gate.store.tx import WriteTx
 
@@ -151,7 +154,7 @@ class Faults:
 
     __slots__ = ("path", "write_fault")
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path | str) -> None:
         self.path = path
         self.write_fault: str | None = None
 
@@ -169,12 +172,18 @@ class Faults:
             self.write_fault = None
 
 
-def run_command(handler: Handler, tx: WriteTx, command: Command[Any]) -> Any:
-    """Run ``command`` in ``tx``: a ``Probe`` rewrites the header, anything else goes to
-    ``handler`` (the store's, which raises RuntimeError while none is bound: ``Store.bind``).
-    Raises what the handler raises."""
+def run_command(
+    handler: Handler,
+    tx: WriteTx,
+    command: Command[Any],
+    conn: sqlite3.Connection,
+    backend: BatchBackend = SQLITE,
+) -> Any:
+    """Run ``command`` in ``tx``: a ``Probe`` is the backend's (``BatchBackend.probe`` on
+    ``conn``), anything else goes to ``handler`` (the store's, which raises RuntimeError
+    while none is bound: ``Store.bind``). Raises what the handler raises."""
     if isinstance(command, Probe):
-        return tx.probe()
+        return backend.probe(conn)
     return handler(tx, command)
 
 
@@ -188,25 +197,46 @@ def run_batch(
     handler: Handler,
     faults: Faults,
     before_job: Callable[[], None] | None = None,
+    backend: BatchBackend = SQLITE,
 ) -> BatchResult:
     """Run ``batch`` in one transaction on ``conn``; return each job's (result, error).
 
-    ``before_job()`` runs before each job, after ``BEGIN IMMEDIATE`` succeeded (which may
-    have waited on the lock): the writer process reads the cancellations that arrived
-    meanwhile (the writer thread sees them set on the job directly); a cancelled job is
-    skipped. A job's exception (a refusal or a bug) rolls back that job alone; an sqlite3
-    error that loses the transaction fails the jobs that ran, and the rest run in a new one.
-    sqlite3 errors become Unavailable 503 ``storage_unavailable`` and are recorded in
-    ``faults``; a COMMIT that changed rows ends a fault.
+    ``backend`` opens the transaction (``BatchBackend.begin``: SQLite's ``BEGIN IMMEDIATE``,
+    PostgreSQL's head lock) and ends it (``before_commit``, ``finished``). ``before_job()``
+    runs before each job, after the transaction began (which may have waited on the lock):
+    the writer process reads the cancellations that arrived meanwhile (the writer thread
+    sees them set on the job directly); a cancelled job is skipped. A job's exception (a
+    refusal or a bug) rolls back that job alone; an sqlite3 error (PostgreSQL's are raised
+    as their sqlite3 classes) that loses the transaction fails the jobs that ran, and the
+    rest run in a new one. Such errors become Unavailable 503 ``storage_unavailable`` and
+    are recorded in ``faults``; a COMMIT that changed rows ends a fault. A COMMIT that
+    fails (a connection lost before its acknowledgement: an unknown outcome) answers 503:
+    the caller's retry gets the idempotent answer.
     """
-    answers: list[Answer] = []
     try:
-        conn.execute("BEGIN IMMEDIATE")
+        return _run_batch(conn, batch, handler, faults, before_job, backend)
+    finally:
+        backend.finished()
+
+
+def _run_batch(
+    conn: sqlite3.Connection,
+    batch: list[Job],
+    handler: Handler,
+    faults: Faults,
+    before_job: Callable[[], None] | None,
+    backend: BatchBackend,
+) -> BatchResult:
+    answers: list[Answer] = []
+    tx = WriteTx(conn)
+    try:
+        backend.begin(conn, tx)
     except sqlite3.Error as exc:
+        if conn.in_transaction:  # begun, then the lock or the head failed
+            rollback_quietly(conn)
         faults.faulted(exc)
         return BatchResult([(job, None, _failed(exc)) for job in batch], None)
     changes = conn.total_changes
-    tx = WriteTx(conn)
     done: list[tuple[Job, Any]] = []
     for index, job in enumerate(batch):
         if before_job is not None:
@@ -217,7 +247,7 @@ def run_batch(
         try:
             conn.execute("SAVEPOINT job")
             try:
-                result = run_command(handler, tx, job.command)
+                result = run_command(handler, tx, job.command, conn, backend)
             except sqlite3.Error:
                 raise
             except BaseException as exc:  # refused (GateError) or a bug: undo this job only
@@ -244,10 +274,11 @@ def run_batch(
             rest = batch[index + 1 :]
             if not rest:
                 return BatchResult(answers, None)
-            after = run_batch(conn, rest, handler, faults, before_job)
+            after = run_batch(conn, rest, handler, faults, before_job, backend)
             return BatchResult(answers + after.answers, after.head)
         done.append((job, result))
     try:
+        backend.before_commit(conn, tx)
         conn.execute("COMMIT")
     except sqlite3.Error as exc:
         rollback_quietly(conn)
@@ -260,17 +291,24 @@ def run_batch(
 
 
 def run_guarded(
-    conn: sqlite3.Connection,
+    side: WriteSide,
     batch: list[Job],
     handler: Handler,
     faults: Faults,
     before_job: Callable[[], None] | None = None,
 ) -> BatchResult:
-    """``run_batch``, for both writers: a bug in the batch runner itself (an exception it
-    lets out) is logged (``event=writer_failed``), rolls the transaction back and fails
-    every job of the batch with it; the writer keeps serving."""
+    """``run_batch`` on ``side``'s connection and backend, for both writers: when there is
+    no connection (PostgreSQL unreachable) every job fails 503 ``storage_unavailable`` and
+    the fault is recorded; a bug in the batch runner itself (an exception it lets out) is
+    logged (``event=writer_failed``), rolls the transaction back and fails every job of the
+    batch with it; the writer keeps serving."""
     try:
-        return run_batch(conn, batch, handler, faults, before_job)
+        conn = side.connection()
+    except sqlite3.Error as exc:
+        faults.faulted(exc)
+        return BatchResult([(job, None, _failed(exc)) for job in batch], None)
+    try:
+        return run_batch(conn, batch, handler, faults, before_job, side.backend)
     except Exception as exc:  # noqa: BLE001 - answered to each caller of the batch
         log.exception("event=writer_failed")
         rollback_quietly(conn)

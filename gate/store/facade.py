@@ -1,4 +1,5 @@
-"""Store: the gate's SQLite database behind one object (one writer, one reader)."""
+"""Store: the gate's database (SQLite, or PostgreSQL) behind one object (one writer, one
+reader)."""
 
 from __future__ import annotations
 
@@ -7,10 +8,12 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from gate.audit import chain as audit
+from gate.clock import PinnedClock
 from gate.errors import Unavailable
 from gate.store import opening
 from gate.store.batch import Command, Faults, Handler, Writer
 from gate.store.health import WriteHealth
+from gate.store.pg_backend import PgTarget
 from gate.store.reads import Reads
 from gate.store.tx import WriteTx
 
@@ -18,7 +21,8 @@ R = TypeVar("R")
 
 
 class Store:
-    """The gate's SQLite database (WAL, synchronous=FULL).
+    """The gate's database: a SQLite file (WAL, synchronous=FULL), or a PostgreSQL database
+    (``PgTarget``) that several gates may share.
 
     All writes go through ``transact(command)``: the transaction runs synchronously on the
     one writer, a thread of this process or (``writer_process=True``, what ``gate serve``
@@ -29,17 +33,27 @@ class Store:
     head, ``event=audit_head seq=N hash=H`` (``batch.log_head``). Reads (``gate.store.reads``)
     use a second connection on its own thread and see the last committed state.
 
-    The database is held with an exclusive ``flock`` on ``<db>.lock`` while open, so a second
+    A SQLite file is held with an exclusive ``flock`` on ``<db>.lock`` while open, so a second
     gate on the same file is refused (Unavailable, "database in use by another hitl-gate
-    process"). Storage faults (disk full, read-only file, I/O errors) make the failing batch
+    process"). On PostgreSQL every write batch holds the ``audit_head`` row lock instead
+    (``gate.store.pg_backend``: the batches of all the gates on the database run one at a
+    time, as one gate's), and ``clock`` (the gate's, when given) reads the database's time
+    inside them. Storage faults (disk full, read-only file, I/O errors) make the failing batch
     roll back and raise Unavailable (503 ``storage_unavailable``); writes succeed again as
     soon as the fault is fixed. ``write_fault`` holds the last fault's message until a
     write succeeds again (``check_writable`` probes for that).
     """
 
-    def __init__(self, path: Path, *, writer_process: bool = False) -> None:
-        self.path = Path(path)
+    def __init__(
+        self,
+        where: Path | PgTarget,
+        *,
+        writer_process: bool = False,
+        clock: PinnedClock | None = None,
+    ) -> None:
+        self.where: Path | PgTarget = where if isinstance(where, PgTarget) else Path(where)
         self.writer_process = writer_process
+        self._clock = clock
         # the writer process was lost unexpectedly; ``on_writer_lost()`` is then called once
         # (``gate serve`` stops, and exits 1 for a restart)
         self.writer_lost = False
@@ -48,7 +62,7 @@ class Store:
         self._writer: Writer | None = None
         # every read but the audit rows: ``store.reads.fetch(...)`` and so on
         self.reads = Reads()
-        self._faults = Faults(self.path)
+        self._faults = Faults(self.where if isinstance(self.where, Path) else str(self.where))
         self._locks: list[int] = []  # the flock on <db>.lock while open
         self._health = WriteHealth(self._faults)
 
@@ -89,13 +103,14 @@ class Store:
         cannot be opened, is newer than this code, or is in use by another running gate."""
         try:
             self._writer = await opening.start(
-                self.path,
+                self.where,
                 self.writer_process,
                 self._run_bound,
                 self._faults,
                 self._lost,
                 self.reads,
                 self._locks,
+                self._clock,
             )
         except BaseException:
             await self.close()
@@ -118,7 +133,8 @@ class Store:
         await opening.stop(writer, self.reads, self._locks)
 
     async def schema_version(self) -> int:
-        """Return ``PRAGMA user_version`` (what ``/healthz`` reports).
+        """Return the schema version (SQLite's ``PRAGMA user_version``, PostgreSQL's
+        ``schema_migrations``: what ``/healthz`` reports).
 
         Raises Unavailable 503 ``storage_unavailable`` while the database refuses writes
         (``check_writable``), so a health check sees a full disk or a read-only file.

@@ -1,5 +1,6 @@
-"""Opening and closing the store: the lock, the file's pragmas and migrations, the writer
-(a thread, or the forked writer process) and the read connection, in the order each needs."""
+"""Opening and closing the store: SQLite's lock, the file's pragmas and migrations, or
+PostgreSQL's migration under its advisory lock; then the writer (a thread, or the forked
+writer process) and the read connection, in the order each needs."""
 
 from __future__ import annotations
 
@@ -8,28 +9,40 @@ import sqlite3
 from collections.abc import Callable
 from pathlib import Path
 
+from gate.clock import PinnedClock
 from gate.errors import Unavailable
-from gate.store import connection, writer_process
+from gate.store import connection, pg_backend, writer_process
+from gate.store.backend import SqliteSide, WriteSide
 from gate.store.batch import Faults, Handler, Writer
+from gate.store.pg_backend import PgSide, PgTarget
 from gate.store.reads import Reads
 from gate.store.writer_thread import ThreadWriter
 
+# where the data is: a SQLite file, or a PostgreSQL database
+Where = Path | PgTarget
+
 
 async def start(
-    path: Path,
+    where: Where,
     fork: bool,
     run: Handler,
     faults: Faults,
     lost: Callable[[], None],
     reads: Reads,
     locks: list[int],
+    clock: PinnedClock | None = None,
 ) -> Writer:
-    """Take the database's ``flock`` (appended to ``locks``), prepare the file and open
-    ``reads``; return the writer that runs ``run``: the forked writer process when ``fork``
-    (``lost`` is called if it dies; no thread may exist yet, and no connection crosses the
-    fork: the writer opens its own), else a thread of this process. Raises Unavailable 503
-    ``storage_unavailable`` for a file that cannot be opened; the caller closes what was
-    opened (``stop``)."""
+    """Prepare the database and open ``reads``; return the writer that runs ``run``: the
+    forked writer process when ``fork`` (``lost`` is called if it dies; no thread may exist
+    yet, and no connection crosses the fork: the writer opens its own), else a thread of
+    this process. SQLite: take the file's ``flock`` (appended to ``locks``: one gate per
+    file). PostgreSQL: no lock (N gates share the database); ``clock`` is pinned to the
+    database's time during each write batch. Raises Unavailable 503 ``storage_unavailable``
+    for a database that cannot be opened or is newer than this gate; the caller closes
+    what was opened (``stop``)."""
+    if isinstance(where, PgTarget):
+        return await _start_postgres(where, fork, run, faults, lost, reads, clock)
+    path = where
 
     def prepare() -> sqlite3.Connection:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -48,13 +61,52 @@ async def start(
     try:
         if fork:
             prepare().close()  # on this thread: no thread may exist at the fork
-            writer: Writer = await writer_process.start(path, run, faults, lost)
+
+            def open_side() -> WriteSide:
+                return SqliteSide(connection.open_writer(path))
+
+            writer: Writer = await writer_process.start(open_side, str(path), run, faults, lost)
             reads.open(path)
             return writer
         conn = await asyncio.to_thread(prepare_with_reads)
-        return ThreadWriter(conn, run, faults, asyncio.get_running_loop())
+        return ThreadWriter(SqliteSide(conn), run, faults, asyncio.get_running_loop())
     except (sqlite3.Error, OSError) as exc:
         raise Unavailable("storage_unavailable", f"cannot open database {path}: {exc}") from exc
+
+
+async def _start_postgres(
+    target: PgTarget,
+    fork: bool,
+    run: Handler,
+    faults: Faults,
+    lost: Callable[[], None],
+    reads: Reads,
+    clock: PinnedClock | None,
+) -> Writer:
+    """``start`` on PostgreSQL: migrate (on this thread: none may exist at the fork), then
+    the writer, then the reads."""
+    pg_backend.prepare(target)
+
+    def open_side() -> WriteSide:
+        return PgSide(target, clock)
+
+    try:
+        if fork:
+            writer: Writer = await writer_process.start(open_side, str(target), run, faults, lost)
+        else:
+            side = await asyncio.to_thread(open_side)
+            writer = ThreadWriter(side, run, faults, asyncio.get_running_loop())
+    except sqlite3.Error as exc:
+        raise Unavailable("storage_unavailable", f"cannot open database {target}: {exc}") from exc
+    try:
+        await asyncio.to_thread(reads.open, target)
+    except BaseException as exc:
+        await writer.close()
+        if isinstance(exc, sqlite3.Error):
+            message = f"cannot open database {target}: {exc}"
+            raise Unavailable("storage_unavailable", message) from exc
+        raise
+    return writer
 
 
 async def stop(writer: Writer | None, reads: Reads, locks: list[int]) -> None:

@@ -89,6 +89,10 @@ class DriverConnection(Protocol):
     def autocommit(self) -> bool: ...
     @property
     def info(self) -> DriverInfo: ...
+    @property
+    def closed(self) -> bool: ...
+    @property
+    def broken(self) -> bool: ...
     def execute(self, query: Any, params: Any = ..., /) -> Any: ...
     def close(self) -> None: ...
 
@@ -291,17 +295,20 @@ _BY_DBAPI: dict[str, type[PgError]] = {
 
 
 def as_sqlite_error(exc: BaseException) -> PgError:
-    """The sqlite3-class error for a driver error ``exc``: by its SQLSTATE's class; without
-    one (the client raised it) by its DB-API class, a lost connection (``OperationalError``)
-    as ``PgOperationalError``, a value the client cannot send (``DataError``: a text with
-    U+0000) as ``PgDataError``."""
+    """The sqlite3-class error for a driver error ``exc`` (its message on one line): by its
+    SQLSTATE's class; without one (the client raised it) by its DB-API class, a lost
+    connection (``OperationalError``) as ``PgOperationalError``, a value the client cannot
+    send (``DataError``: a text with U+0000) as ``PgDataError``."""
     sqlstate = getattr(exc, "sqlstate", None)
     if sqlstate is not None:
         kind = _BY_CLASS.get(sqlstate[:2], PgError)
     else:
         names = [cls.__name__ for cls in type(exc).__mro__]
         kind = next((_BY_DBAPI[n] for n in names if n in _BY_DBAPI), PgError)
-    error = kind(str(exc).strip() or type(exc).__name__)
+    # libpq's messages span lines (a HINT, "Is the server running ..."): one line here, for
+    # the one-line errors and log fields the store's callers make of them
+    text = "; ".join(line.strip() for line in str(exc).splitlines() if line.strip())
+    error = kind(text or type(exc).__name__)
     error.sqlstate = sqlstate
     return error
 
@@ -357,6 +364,11 @@ class PgConnection:
         """A transaction is open (or failed and not yet rolled back): the server's
         transaction status is not idle."""
         return int(self._conn.info.transaction_status) != 0
+
+    @property
+    def closed(self) -> bool:
+        """The connection is closed, or was lost (the driver saw it broken)."""
+        return bool(self._conn.closed or self._conn.broken)
 
     def close(self) -> None:
         """Close the connection."""

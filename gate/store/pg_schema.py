@@ -27,6 +27,7 @@ Nothing here imports a driver: ``migrate`` takes any connection with psycopg's `
 from __future__ import annotations
 
 import json
+import logging
 import re
 import sqlite3
 from typing import Any, Protocol
@@ -34,6 +35,8 @@ from typing import Any, Protocol
 from gate.audit.chain import GENESIS_HASH
 from gate.protocol.times import rfc3339_to_ms
 from gate.store.schema import MIGRATIONS, SCHEMA_VERSION
+
+log = logging.getLogger(__name__)
 
 # the pg_advisory_xact_lock key of the migration step, held to the end of the migrating
 # transaction (any constant every gate agrees on: these eight ASCII bytes)
@@ -145,18 +148,14 @@ class SchemaTooNew(Exception):
     """The database was migrated by a newer gate: this one refuses to touch it."""
 
 
-def _named(key: tuple[int, int]) -> str:
-    """``8`` for step 0 of version 8, ``8 step 1`` for a later step."""
-    version, step = key
-    return f"{version} step {step}" if step else str(version)
-
-
 def migrate(conn: Connection) -> int:
     """Bring the database to this gate's schema (every step of ``PG_MIGRATIONS``) in one
     transaction, under an advisory lock, so N gates starting together migrate it once;
-    returns the schema version. Raises SchemaTooNew when the database has a step this gate
-    does not know past its last one. The caller commits (psycopg: ``with
-    conn.transaction(): migrate(conn)``)."""
+    returns the schema version. Logs ``event=migrated schema_version=N`` for each version
+    it applied (as SQLite's; ``... step=S`` for a later step of it; the caller's COMMIT
+    follows). Raises SchemaTooNew when the database has a step this gate does not know
+    past its last one. The caller commits (psycopg: ``with conn.transaction():
+    migrate(conn)``)."""
     conn.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK,))
     conn.execute(
         "CREATE TABLE IF NOT EXISTS schema_migrations ("
@@ -169,15 +168,22 @@ def migrate(conn: Connection) -> int:
         "SELECT version, step FROM schema_migrations ORDER BY version DESC, step DESC LIMIT 1"
     ).fetchone()
     current = (int(row[0]), int(row[1])) if row is not None else (0, -1)
-    if current > max(PG_MIGRATIONS):
+    known = max(PG_MIGRATIONS)
+    if current[0] > known[0]:
         raise SchemaTooNew(
-            f"the database's schema is version {_named(current)}; this gate knows up to"
-            f" {_named(max(PG_MIGRATIONS))}"
+            f"the database's schema is version {current[0]}; this gate knows up to {known[0]}"
+        )
+    if current > known:
+        raise SchemaTooNew(
+            f"the database's schema is version {current[0]} with PostgreSQL's step"
+            f" {current[1]}; this gate knows up to step {known[1]}"
         )
     for key in sorted(k for k in PG_MIGRATIONS if k > current):
         for statement in PG_MIGRATIONS[key]:
             conn.execute(statement)
         conn.execute("INSERT INTO schema_migrations (version, step) VALUES (%s, %s)", key)
+        version, step = key
+        log.info("event=migrated schema_version=%d" + (f" step={step}" if step else ""), version)
     return SCHEMA_VERSION
 
 

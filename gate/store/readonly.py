@@ -1,5 +1,6 @@
 """The one read-only opener of a gate database (``audit verify``/``export``, ``doctor``),
-reads run through it (``reading``), and the audit_log column list of any schema version."""
+reads run through it (``reading``), and the audit_log column list of any schema version;
+the catalog questions (``has_table``, ``table_columns``) on either backend."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from pathlib import Path
 
 from gate.errors import Unavailable
 from gate.store.connection import BUSY_TIMEOUT_MS
+from gate.store.pg_connection import PgConnection
 
 AUDIT_COLUMNS = "seq, approval_id, kind, entry, prev_hash, entry_hash, receipt"
 
@@ -51,17 +53,34 @@ def reading(path: Path, failed: str = "database read failed") -> Iterator[sqlite
 
 
 def has_table(conn: sqlite3.Connection, name: str) -> bool:
-    """Whether the database holds the table ``name`` (one added by a later migration)."""
-    found = conn.execute(
-        "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (name,)
-    ).fetchone()
-    return found is not None
+    """Whether the database holds the table ``name`` (one added by a later migration):
+    SQLite's ``sqlite_master``, PostgreSQL's ``information_schema`` (the current schema)."""
+    sql = "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?"
+    if isinstance(conn, PgConnection):
+        sql = (
+            "SELECT 1 FROM information_schema.tables"
+            " WHERE table_schema = current_schema() AND table_name = ?"
+        )
+    return conn.execute(sql, (name,)).fetchone() is not None
+
+
+def table_columns(conn: sqlite3.Connection, table: str) -> set[str]:
+    """The column names of ``table`` (a known table name, never input): SQLite's ``PRAGMA
+    table_info``, PostgreSQL's ``information_schema.columns``."""
+    if isinstance(conn, PgConnection):
+        rows = conn.execute(
+            "SELECT column_name FROM information_schema.columns"
+            " WHERE table_schema = current_schema() AND table_name = ?",
+            (table,),
+        )
+        return {str(row[0]) for row in rows}
+    return {str(row[1]) for row in conn.execute(f"PRAGMA table_info({table})")}
 
 
 def audit_columns(conn: sqlite3.Connection) -> str:
     """The columns that make an ``AuditRow``, for a ``SELECT`` from audit_log: a log from
     before signed entries (schema 1) has no key_id/signature yet, read as NULL. Raises
     sqlite3.Error as the connection does."""
-    columns = {str(row[1]) for row in conn.execute("PRAGMA table_info(audit_log)")}
+    columns = table_columns(conn, "audit_log")
     signed = "key_id, signature" if {"key_id", "signature"} <= columns else "NULL, NULL"
     return f"{AUDIT_COLUMNS}, {signed}"

@@ -1,4 +1,5 @@
-"""The daemon's read queries, on one read connection and its own thread (one call per read)."""
+"""The daemon's read queries, on one read connection and its own thread (one call per read):
+SQLite's file (WAL), or a PostgreSQL session, opened again when lost."""
 
 from __future__ import annotations
 
@@ -9,14 +10,15 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from gate.audit import chain as audit
 from gate.errors import Unavailable
 from gate.model import Credential
-from gate.store import credentials, outbox, requests
+from gate.store import credentials, outbox, pg_backend, requests
 from gate.store.connection import open_reader
 from gate.store.outbox import OutboxTable
+from gate.store.pg_backend import PgTarget
 from gate.store.requests import RequestTables
 
 T = TypeVar("T")
@@ -27,18 +29,25 @@ AUDIT_CHUNK = 2000
 
 
 class Reads:
-    """The read side of ``Store``: every query runs on the one read connection
-    (``connection.open_reader``: the last committed state, WAL) on its own thread. A read
-    that fails in SQLite (I/O error, unreadable file) raises Unavailable 503
+    """The read side of ``Store``: every query runs on the one read connection on its own
+    thread: SQLite's (``connection.open_reader``: the last committed state, WAL), or a
+    read-only PostgreSQL session (``pg_backend.open_reader``; a read of several statements
+    is one REPEATABLE READ snapshot), opened again by the first read after it was lost. A
+    read that fails (I/O error, unreadable file, server gone) raises Unavailable 503
     ``storage_unavailable``, as does a read while closed."""
 
     def __init__(self) -> None:
         self._conn: sqlite3.Connection | None = None
         self._pool: ThreadPoolExecutor | None = None
+        self._target: PgTarget | None = None  # PostgreSQL: what to connect to again
 
-    def open(self, path: Path) -> None:
-        """Open the read connection on ``path`` (the pool thread starts on first use)."""
-        self._conn = open_reader(path)
+    def open(self, where: Path | PgTarget) -> None:
+        """Open the read connection on ``where`` (the pool thread starts on first use)."""
+        if isinstance(where, PgTarget):
+            self._target = where
+            self._conn = _as_sqlite(pg_backend.open_reader(where))
+        else:
+            self._conn = open_reader(where)
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gate-reader")
 
     def close(self) -> None:
@@ -53,15 +62,32 @@ class Reads:
 
     async def call(self, fn: Callable[..., T], *args: Any) -> T:
         """Return ``fn(conn, *args)`` run on the read thread."""
-        conn, pool = self._conn, self._pool
-        if conn is None or pool is None:
+        pool = self._pool
+        if pool is None:
             raise Unavailable("storage_unavailable", "database is not open")
         with _reading():
-            return await asyncio.get_running_loop().run_in_executor(pool, fn, conn, *args)
+            return await asyncio.get_running_loop().run_in_executor(pool, self._run, fn, args)
+
+    def _run(self, fn: Callable[..., T], args: tuple[Any, ...]) -> T:
+        # on the read thread: PostgreSQL's connection, lost, is opened again here
+        conn = self._conn
+        if self._target is not None and (conn is None or getattr(conn, "closed", False)):
+            self._conn = None
+            if conn is not None:
+                with contextlib.suppress(Exception):
+                    conn.close()
+            conn = self._conn = _as_sqlite(pg_backend.open_reader(self._target))
+        if conn is None:
+            raise Unavailable("storage_unavailable", "database is not open")
+        return fn(conn, *args)
 
     async def schema_version(self) -> int:
-        """Return ``PRAGMA user_version``."""
-        return int(await self.call(lambda conn: conn.execute("PRAGMA user_version").fetchone()[0]))
+        """Return the database's schema version: SQLite's ``PRAGMA user_version``,
+        PostgreSQL's newest ``schema_migrations`` row."""
+        sql = "PRAGMA user_version"
+        if self._target is not None:
+            sql = "SELECT coalesce(max(version), 0) FROM schema_migrations"
+        return int(await self.call(lambda conn: conn.execute(sql).fetchone()[0]))
 
     async def fetch(self, kind: RequestTables[F, Any], request_id: str) -> F | None:
         """The request of ``kind`` whole (``gate.store.requests.RequestTables.load``: versions,
@@ -141,6 +167,12 @@ class Reads:
             if len(chunk) < AUDIT_CHUNK:
                 return
             after = chunk[-1].seq
+
+
+def _as_sqlite(conn: Any) -> sqlite3.Connection:
+    """A ``PgConnection`` where the read functions take a sqlite3 connection: it offers
+    what they use of one (``gate.store.pg_connection``)."""
+    return cast(sqlite3.Connection, conn)
 
 
 def audit_chunk(conn: sqlite3.Connection, after: int, limit: int) -> list[audit.AuditRow]:

@@ -44,25 +44,33 @@ class WriteTx:
         # (None: none); what it was when the current job began, to go back to on its rollback
         self.appended_head: tuple[int, str] | None = None
         self._head_at_job: tuple[int, str] | None = None
+        # the newest audit time (unix ms) the log holds in this transaction (0: not known;
+        # PostgreSQL keeps it in ``audit_head``), and what it was when the current job began
+        self.last_at_ms = 0
+        self._at_ms_at_job = 0
 
     def requests(self, tables: RequestTables[F, D]) -> RequestStatements[F, D]:
         """The statements every kind shares, on the kind whose tables are ``tables``."""
         return RequestStatements(self._conn, tables)
 
+    def start_chain(self, tail: tuple[int, str], last_at_ms: int) -> None:
+        """The transaction begins with the chain's head known (PostgreSQL: the locked
+        ``audit_head`` row): ``(seq, entry_hash)`` of the newest entry (``(0,
+        GENESIS_HASH)`` for an empty log) and its time; the next entry follows it."""
+        self._audit_tail = tail
+        self.last_at_ms = self._at_ms_at_job = last_at_ms
+
     def job_started(self) -> None:
         """A job begins (its SAVEPOINT): ``forget_tail`` goes back to the head as it is now."""
         self._head_at_job = self.appended_head
+        self._at_ms_at_job = self.last_at_ms
 
     def forget_tail(self) -> None:
         """Drop what this transaction remembers of the audit log (after a rollback): the
         tail is read again, and ``appended_head`` is what it was when the job began."""
         self._audit_tail = None
         self.appended_head = self._head_at_job
-
-    def probe(self) -> None:
-        """Rewrite the database header unchanged (``Store.check_writable``)."""
-        version = int(self._conn.execute("PRAGMA user_version").fetchone()[0])
-        self._conn.execute(f"PRAGMA user_version = {version}")
+        self.last_at_ms = self._at_ms_at_job
 
     def last_audit_row(self) -> audit.AuditRow | None:
         """Return the newest audit row (highest seq), or None when the log is empty."""
@@ -109,6 +117,7 @@ class WriteTx:
             (seq, approval_id, kind, entry_json, prev_hash, digest, receipt, key_id, signature),
         )
         self._audit_tail = self.appended_head = (seq, digest)  # set only once the row is in
+        self.last_at_ms = max(self.last_at_ms, at_ms)
         return audit.AuditRow(
             seq, approval_id, kind, entry_json, prev_hash, digest, receipt, key_id, signature
         )

@@ -1,6 +1,7 @@
 """The writer process's side of ``gate.store.writer_process``: its loop and the wire framing.
 
-Forked by ``writer_process.start``; ``main`` opens the write connection, then takes frames
+Forked by ``writer_process.start``; ``main`` opens the write side (``gate.store.backend``:
+SQLite's file, or PostgreSQL's connection, opened again when lost), then takes frames
 from the web process, runs the jobs as batches (``gate.store.batch.run_batch``) and sends
 the answers back, until the web process closes its end. The wire is described in
 ``gate.store.writer_process``.
@@ -15,13 +16,13 @@ import signal
 import socket
 import struct
 from collections import deque
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 from gate.errors import GateError
 from gate.store import batch
+from gate.store.backend import WriteSide
 from gate.store.batch import MAX_BATCH, Command, Faults, Handler, Job, Probe
-from gate.store.connection import open_writer
 
 log = logging.getLogger(__name__)
 
@@ -36,14 +37,18 @@ def frame(message: Any) -> bytes:
     return HEADER.pack(len(data)) + data
 
 
-def main(path: Path, handler: Handler, sock: socket.socket, mask: Any) -> int:
+def main(
+    open_side: Callable[[], WriteSide], name: str, handler: Handler, sock: socket.socket, mask: Any
+) -> int:
     """The forked writer: restore the signal ``mask`` (ignoring the web process's signals),
-    name the process ``PROCESS_NAME``, then serve ``sock`` (``_child``); return its exit code."""
+    name the process ``PROCESS_NAME``, then serve ``sock`` (``_child``) on the write side
+    ``open_side()`` opens (``name``: the database, in logs and errors); return its exit
+    code."""
     _child_signals(mask)
     with contextlib.suppress(OSError):
         with open("/proc/self/comm", "w", encoding="ascii") as comm:
             comm.write(PROCESS_NAME)
-    return _child(path, handler, sock)
+    return _child(open_side, name, handler, sock)
 
 
 def _child_signals(mask: Any) -> None:
@@ -100,18 +105,20 @@ class _Frames:
         return messages
 
 
-def _child(path: Path, handler: Handler, sock: socket.socket) -> int:
-    """The writer process's loop: open the write connection (the inherited lock fd stays
+def _child(
+    open_side: Callable[[], WriteSide], name: str, handler: Handler, sock: socket.socket
+) -> int:
+    """The writer process's loop: open the write side (SQLite: the inherited lock fd stays
     open: after a kill -9 of the web process the lock holds until the writer, which may
     still finish a batch, is gone too), then take frames, run batches, send answers. Returns
     the exit code once the web process has closed its end or is gone."""
     try:
-        conn = open_writer(path)
+        side = open_side()
     except Exception as exc:  # noqa: BLE001 - reported to the parent, which raises it
-        sock.sendall(frame(("ready", f"cannot open database {path}: {exc}")))
+        sock.sendall(frame(("ready", f"cannot open database {name}: {exc}")))
         return 1
     sock.sendall(frame(("ready", None)))
-    faults = Faults(path)
+    faults = Faults(name)
     frames = _Frames(sock)
     waiting: deque[Any] = deque()  # messages read but not handled yet, in order
     jobs: dict[int, Job] = {}  # the jobs of the batch being assembled or run
@@ -163,7 +170,7 @@ def _child(path: Path, handler: Handler, sock: socket.socket) -> int:
         rest = claim_cancels(waiting)
         waiting.clear()
         waiting.extend(rest)
-        ran = batch.run_guarded(conn, todo, handler, faults, before_job)
+        ran = batch.run_guarded(side, todo, handler, faults, before_job)
         jobs.clear()
         if any(isinstance(job.command, Probe) and error is None for job, _, error in ran.answers):
             faults.recovered()  # a probe committed: the storage fault is over

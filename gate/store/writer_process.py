@@ -35,11 +35,11 @@ import pickle
 import signal
 import socket
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any, TypeVar
 
 from gate.errors import GateError, Unavailable
 from gate.store import writer_child
+from gate.store.backend import WriteSide
 from gate.store.batch import Command, Faults, Handler, settle
 from gate.store.writer_child import HEADER, MAX_FRAME, frame
 
@@ -260,15 +260,20 @@ async def _read_frame(reader: asyncio.StreamReader) -> Any:
 
 
 async def start(
-    path: Path, handler: Handler, faults: Faults, on_lost: Callable[[], None]
+    open_side: Callable[[], WriteSide],
+    name: str,
+    handler: Handler,
+    faults: Faults,
+    on_lost: Callable[[], None],
 ) -> WriterClient:
-    """Fork the writer process for the database ``path`` (prepared, its lock held by the
-    caller: the child inherits the lock fd) and return the web process's handle on it.
+    """Fork the writer process for a prepared database (SQLite: its lock held by the caller:
+    the child inherits the lock fd) and return the web process's handle on it.
 
     Call before any thread is started (fork copies only the calling thread). The child opens
-    its own write connection, then runs ``handler``'s copy on the commands it is sent until
-    the parent closes its end. ``faults`` and ``on_lost``: see ``WriterClient``. Raises
-    Unavailable when the writer cannot open the database.
+    its own write side (``open_side()``, in the child: no connection crosses the fork; ``name``
+    is the database in logs and errors), then runs ``handler``'s copy on the commands it is
+    sent until the parent closes its end. ``faults`` and ``on_lost``: see ``WriterClient``.
+    Raises Unavailable when the writer cannot open the database.
     """
     parent_sock, child_sock = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     blocked = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
@@ -279,7 +284,7 @@ async def start(
             code = 1
             try:
                 parent_sock.close()
-                code = writer_child.main(path, handler, child_sock, old_mask)
+                code = writer_child.main(open_side, name, handler, child_sock, old_mask)
             except BaseException:  # noqa: BLE001 - the child must not unwind into the parent's code
                 with contextlib.suppress(BaseException):
                     log.exception("event=writer_failed")

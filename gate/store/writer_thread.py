@@ -10,19 +10,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import queue
-import sqlite3
 import threading
 from typing import TypeVar
 
 from gate.errors import Unavailable
 from gate.store import batch
+from gate.store.backend import WriteSide
 from gate.store.batch import MAX_BATCH, Answer, Command, Faults, Handler, Job, settle
 
 R = TypeVar("R")
 
 
 class ThreadWriter:
-    """The writer thread on ``conn`` (which it owns and closes); answers on ``loop``.
+    """The writer thread on ``side``'s connection (which it owns and closes); answers on
+    ``loop``.
 
     ``handler`` runs the commands (``batch.run_command``); ``faults`` is shared with the
     store, which probes with it. Has no process: ``pid`` None, nothing ever unsent or
@@ -34,13 +35,13 @@ class ThreadWriter:
 
     def __init__(
         self,
-        conn: sqlite3.Connection,
+        side: WriteSide,
         handler: Handler,
         faults: Faults,
         loop: asyncio.AbstractEventLoop,
     ) -> None:
         self.faults = faults
-        self._conn = conn
+        self._side = side
         self._handler = handler
         self._loop = loop
         self._queue: queue.SimpleQueue[Job | None] = queue.SimpleQueue()
@@ -77,8 +78,7 @@ class ThreadWriter:
         if thread is not None:
             self._queue.put(None)
             await asyncio.get_running_loop().run_in_executor(None, thread.join)
-        with contextlib.suppress(sqlite3.Error):
-            self._conn.close()
+        self._side.close()
 
     def _run(self) -> None:
         stopping = False
@@ -96,7 +96,7 @@ class ThreadWriter:
                     stopping = True
                     break
                 jobs.append(job)
-            result = batch.run_guarded(self._conn, jobs, self._handler, self.faults)
+            result = batch.run_guarded(self._side, jobs, self._handler, self.faults)
             self._deliver(result.answers)
             batch.log_head(result.head)
 

@@ -16,8 +16,9 @@ import asyncio
 import time
 from collections.abc import Callable, Mapping
 
-from gate.config import Config, read_receipt_key
+from gate.config import Config, load_secrets, read_receipt_key
 from gate.config.fingerprint import config_hash
+from gate.errors import ConfigError
 from gate.tools.doctor_audit import check_audit, check_database
 from gate.tools.doctor_check import Check, skip
 from gate.tools.doctor_cluster import check_cluster
@@ -93,7 +94,10 @@ async def _postgres_checks(
     (``check_cluster``), the relay and the clock; the checks that read a SQLite file SKIP."""
     config_check, secrets_check, keys_check = first
     assert config.storage.url is not None
-    password = environ.get(config.storage.password_env) if config.storage.password_env else None
+    try:  # the password as the gate reads it (a variable or a credentials file)
+        password = load_secrets(config, environ).storage_password
+    except ConfigError:  # the secrets check says what is wrong
+        password = None
     cluster = await check_cluster(config.storage.url, password, config_hash(config))
     relay = config.relay
     probe = await probe_relay(relay.url, relay.dispatch_timeout, relay.ca_file, now)

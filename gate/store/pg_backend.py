@@ -1,0 +1,213 @@
+"""The gate on PostgreSQL: where the database is (``PgTarget``), its connections with the
+session settings of each role, the migration at start, and the writer's part of a batch
+(``PgBatch``: the ``audit_head`` row lock, which serialises the write batches of every gate
+on the database, gives the chain's tail and the database's clock) on a connection opened
+again when lost (``PgSide``).
+
+psycopg is imported lazily, inside what connects: the base install (without the
+``postgres`` extra) imports this module, and a SQLite gate never loads the driver.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import sqlite3
+import time
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+from gate.clock import PinnedClock
+from gate.errors import Unavailable
+from gate.store.backend import BatchBackend
+from gate.store.pg_connection import PgConnection, PgError, as_sqlite_error
+from gate.store.pg_schema import SchemaTooNew, migrate
+from gate.store.tx import WriteTx
+
+log = logging.getLogger(__name__)
+
+# Session settings of every connection (ms): a writer frozen or cut off while it holds the
+# head lock loses it after IDLE_IN_TRANSACTION_MS (the other gates go on); a gate waiting
+# for the lock longer than LOCK_TIMEOUT_MS answers 503 instead of hanging; no statement runs
+# longer than STATEMENT_TIMEOUT_MS.
+IDLE_IN_TRANSACTION_MS = 5_000
+LOCK_TIMEOUT_MS = 5_000
+STATEMENT_TIMEOUT_MS = 30_000
+CONNECT_TIMEOUT_S = 5
+# TCP keepalives (s): a peer gone without a FIN is noticed within about 10 + 3 * 5 s
+KEEPALIVES = {
+    "keepalives": 1,
+    "keepalives_idle": 10,
+    "keepalives_interval": 5,
+    "keepalives_count": 3,
+}
+# a write connection idle this long (s) is checked (one round trip) before a batch uses it,
+# so a server restarted meanwhile costs a reconnection, not a batch answered 503
+CHECK_IDLE_S = 1.0
+
+# the chain's head, locked for the whole batch: the cluster's write exclusion (as SQLite's
+# BEGIN IMMEDIATE), the tail the batch's entries follow, and the database's time (unix ms)
+HEAD_LOCK = (
+    "SELECT seq, entry_hash, last_at_ms,"
+    " CAST(extract(epoch FROM clock_timestamp()) * 1000 AS BIGINT)"
+    " FROM audit_head WHERE id = 1 FOR UPDATE"
+)
+
+
+def _instance() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+@dataclass(frozen=True, slots=True)
+class PgTarget:
+    """A PostgreSQL database: ``url`` (libpq's URL, without a password: config
+    ``storage.url``), ``password`` (from ``storage.password_env``; never shown) and
+    ``instance``, this gate's name in ``application_name`` (``hitl-gate/<role>/<instance>``:
+    ``pg_stat_activity`` tells the gates apart); by default ``host:pid``."""
+
+    url: str
+    password: str | None = field(default=None, repr=False)
+    instance: str = field(default_factory=_instance)
+
+    def __str__(self) -> str:
+        return self.url  # refused with a password in it (gate.config.storage)
+
+
+def connect(target: PgTarget, role: str, *, read_only: bool = False) -> PgConnection:
+    """A new autocommit connection to ``target`` as ``PgConnection``, with
+    ``application_name`` ``hitl-gate/<role>/<instance>``, the session timeouts above, TCP
+    keepalives and, with ``read_only``, ``default_transaction_read_only``. Options given in
+    the URL's ``options`` come first. Raises ``PgOperationalError`` (a storage fault) when
+    the server cannot be reached."""
+    import psycopg
+    from psycopg.conninfo import conninfo_to_dict
+
+    params: dict[str, Any] = conninfo_to_dict(target.url)
+    settings = {
+        "idle_in_transaction_session_timeout": IDLE_IN_TRANSACTION_MS,
+        "lock_timeout": LOCK_TIMEOUT_MS,
+        "statement_timeout": STATEMENT_TIMEOUT_MS,
+    }
+    if read_only:
+        settings["default_transaction_read_only"] = "on"  # type: ignore[assignment]
+    options = " ".join(f"-c {name}={value}" for name, value in settings.items())
+    given = params.get("options")
+    params["options"] = f"{given} {options}" if given else options
+    params["application_name"] = f"hitl-gate/{role}/{target.instance}"[:63]
+    params.setdefault("connect_timeout", CONNECT_TIMEOUT_S)
+    params.update(KEEPALIVES)
+    if target.password is not None:
+        params["password"] = target.password
+    try:
+        driver = psycopg.connect(autocommit=True, **params)
+    except psycopg.Error as exc:
+        raise as_sqlite_error(exc) from None  # its cause would repeat the parameters
+    return PgConnection(driver)
+
+
+def prepare(target: PgTarget) -> int:
+    """At start: bring the database to this gate's schema (``pg_schema.migrate``: one
+    transaction under an advisory lock, so N gates starting together migrate it once);
+    returns the schema version. Raises Unavailable 503 ``storage_unavailable`` when the
+    server cannot be reached or the schema is newer than this gate."""
+    try:
+        conn = connect(target, "migrate")
+    except PgError as exc:
+        raise Unavailable("storage_unavailable", f"cannot open database {target}: {exc}") from None
+    try:
+        driver = conn.driver
+        driver.execute("BEGIN")
+        try:
+            version = migrate(driver)
+            driver.execute("COMMIT")
+        except SchemaTooNew as exc:
+            raise Unavailable("storage_unavailable", str(exc)) from None
+        except Exception as exc:
+            if type(exc).__module__.startswith("psycopg"):
+                error = as_sqlite_error(exc)
+                raise Unavailable(
+                    "storage_unavailable", f"cannot migrate database {target}: {error}"
+                ) from None
+            raise
+    finally:
+        conn.close()
+    return version
+
+
+class PgBatch(BatchBackend):
+    """PostgreSQL's part of a write batch. ``begin``: ``BEGIN`` (READ COMMITTED), then the
+    ``audit_head`` row ``FOR UPDATE`` (``HEAD_LOCK``), whose seq and hash the batch's first
+    entry follows, and whose time pins ``clock`` (when given) at ``max(database time,
+    last_at_ms)`` for the batch: timestamps never go backwards in ``seq`` order across
+    gates. ``before_commit``: ``audit_head`` set to the batch's newest entry. The probe
+    rewrites the head row unchanged (a real write, no lock but the head's)."""
+
+    def __init__(self, clock: PinnedClock | None = None) -> None:
+        self._clock = clock
+
+    def begin(self, conn: sqlite3.Connection, tx: WriteTx) -> None:
+        conn.execute("BEGIN IMMEDIATE")  # translated to BEGIN: READ COMMITTED
+        row = conn.execute(HEAD_LOCK).fetchone()
+        if row is None:
+            raise PgError("the audit_head row is missing (storage migrate sets it)")
+        seq, digest, last_at_ms, now_ms = row
+        tx.start_chain((int(seq), str(digest)), int(last_at_ms))
+        if self._clock is not None:
+            self._clock.pin(max(int(now_ms), int(last_at_ms)))
+
+    def before_commit(self, conn: sqlite3.Connection, tx: WriteTx) -> None:
+        if tx.appended_head is not None:
+            seq, digest = tx.appended_head
+            conn.execute(
+                "UPDATE audit_head SET seq = ?, entry_hash = ?, last_at_ms = ? WHERE id = 1",
+                (seq, digest, tx.last_at_ms),
+            )
+
+    def finished(self) -> None:
+        if self._clock is not None:
+            self._clock.unpin()
+
+    def probe(self, conn: sqlite3.Connection) -> None:
+        conn.execute("UPDATE audit_head SET last_at_ms = last_at_ms WHERE id = 1")
+
+
+class PgSide:
+    """The writer's database on PostgreSQL: its connection (``hitl-gate/writer/<instance>``),
+    opened at once (raises ``PgOperationalError`` when it cannot be), and again for the next
+    batch once lost (a server restarted, a session ended): ``connection`` raises
+    ``PgOperationalError`` while the server cannot be reached, so that batch answers 503
+    and the next one tries again. ``backend`` is a ``PgBatch`` on ``clock``."""
+
+    def __init__(self, target: PgTarget, clock: PinnedClock | None = None) -> None:
+        self._target = target
+        self.backend = PgBatch(clock)
+        self._conn: PgConnection | None = connect(target, "writer")
+        self._used = time.monotonic()
+
+    def connection(self) -> sqlite3.Connection:
+        conn = self._conn
+        if conn is not None and not conn.closed and time.monotonic() - self._used > CHECK_IDLE_S:
+            try:
+                conn.execute("SELECT 1")
+            except sqlite3.Error:
+                pass  # lost while idle: a new one below
+        if conn is None or conn.closed:
+            self.close()
+            conn = self._conn = connect(self._target, "writer")
+            log.warning("event=storage_reconnected role=writer db=%s", self._target)
+        self._used = time.monotonic()
+        return cast(sqlite3.Connection, conn)  # it offers what the store uses of sqlite3's
+
+    def close(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            try:
+                conn.close()
+            except Exception:  # noqa: BLE001 - closing a lost connection
+                log.debug("event=close_failed role=writer")
+
+
+def open_reader(target: PgTarget) -> PgConnection:
+    """The daemon's read connection (``hitl-gate/reads/<instance>``, read-only sessions)."""
+    return connect(target, "reads", read_only=True)

@@ -1,0 +1,268 @@
+"""The gate on PostgreSQL (``storage.url``), end to end: real ``hitl-gate serve`` processes on
+a throwaway server (tests/pg_server.py), one database per test, migrated by the gates
+themselves. One gate: the whole lifecycle (create, decide, resolved, long-poll), an
+idempotent create, a nonce replayed, /healthz; PostgreSQL stopped under it: 503
+``storage_unavailable`` (never 500), then back by itself once the server is. Two gates on
+one database: the same approval decided on both at once by two approvers and by one
+approver twice: counted once, resolved once, the audit log contiguous and its chain valid,
+``audit_head`` equal to its newest entry."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from gate.audit.chain import AuditRow, verify
+from gate.store.pg_schema import migrate
+from gate.store.schema import SCHEMA_VERSION
+from tests.pg_server import PgServer, free_port, running_server
+from tests.support import (
+    RECEIPT_KEY,
+    CaptureRelay,
+    GateProcess,
+    decision_body,
+    gate_env,
+    http_request,
+    post_decision,
+    run_cli,
+    wait_until,
+    write_config,
+)
+
+pytestmark = [pytest.mark.e2e, pytest.mark.postgres]
+
+psycopg = __import__("psycopg") if os.environ.get("HITL_CI") else pytest.importorskip("psycopg")
+
+_databases = iter(range(1, 1000))
+UNAVAILABLE = {"status": "unavailable", "reason": "storage_unavailable"}
+DB_PASSWORD = "db-password-never-logged-5c1d9e7a"
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[PgServer]:
+    yield from running_server()
+
+
+@pytest.fixture(scope="module")
+def relay() -> Iterator[CaptureRelay]:
+    r = CaptureRelay().start()
+    yield r
+    r.stop()
+
+
+@pytest.fixture
+def url(server: PgServer) -> str:
+    """A fresh, empty database (the gates migrate it)."""
+    return server.database(f"gate_{next(_databases)}")
+
+
+def pg_config(directory: Path, relay: CaptureRelay, url: str) -> Path:
+    """The test config (``write_config``) on the PostgreSQL database ``url``, its password
+    in ``HITL_DB_PASSWORD`` (the test server trusts loopback: any password is accepted)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    path = write_config(directory, relay.url)
+    config = yaml.safe_load(path.read_text(encoding="utf-8"))
+    config["storage"] = {"url": url, "password_env": "HITL_DB_PASSWORD"}
+    path.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
+    return path
+
+
+def start_gate(directory: Path, relay: CaptureRelay, url: str) -> GateProcess:
+    """A ``hitl-gate serve`` on the PostgreSQL database ``url``, dispatching to ``relay``."""
+    path = pg_config(directory, relay, url)
+    return GateProcess(path, env=gate_env(HITL_DB_PASSWORD=DB_PASSWORD)).start()
+
+
+@pytest.fixture
+def gates(tmp_path: Path) -> Iterator[list[GateProcess]]:
+    """The gates a test started (``gates.append``), stopped after it."""
+    started: list[GateProcess] = []
+    yield started
+    for gate in started:
+        gate.stop()
+
+
+def rows(url: str, sql: str, *args: Any) -> list[tuple[Any, ...]]:
+    with psycopg.connect(url, autocommit=True) as conn:
+        return list(conn.execute(sql, args).fetchall())
+
+
+def healthz(gate: GateProcess) -> tuple[int, Any]:
+    return gate.api().call("GET", "/healthz", timeout=30)
+
+
+def assert_log_whole(url: str) -> list[AuditRow]:
+    """The audit log is contiguous from 1, its chain and receipts verify, and
+    ``audit_head`` holds its newest entry (both read from one snapshot)."""
+    with psycopg.connect(url) as conn:
+        conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        found = conn.execute(
+            "SELECT seq, approval_id, kind, entry, prev_hash, entry_hash, receipt, key_id,"
+            " signature FROM audit_log ORDER BY seq"
+        ).fetchall()
+        head = conn.execute("SELECT seq, entry_hash FROM audit_head WHERE id = 1").fetchall()
+    log = [AuditRow(*row) for row in found]
+    assert [row.seq for row in log] == list(range(1, len(log) + 1))
+    result = verify(log, RECEIPT_KEY.encode())
+    assert (result.checked, result.first_bad_seq) == (len(log), None), result
+    assert head == [(log[-1].seq, log[-1].entry_hash)]
+    return log
+
+
+def at_once(sends: list[tuple[GateProcess, dict[str, Any]]]) -> list[tuple[int, Any]]:
+    """POST each decision to its gate, all behind one barrier; their (status, answer)."""
+    barrier = threading.Barrier(len(sends))
+    answers: list[tuple[int, Any]] = []
+
+    def send(gate: GateProcess, body: dict[str, Any]) -> None:
+        barrier.wait(timeout=30)
+        status, answer, _ = post_decision(gate.callback_url, body)
+        answers.append((status, answer))
+
+    threads = [threading.Thread(target=send, args=pair) for pair in sends]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    return answers
+
+
+def test_gate_on_postgres_runs_the_lifecycle(
+    tmp_path: Path, relay: CaptureRelay, url: str, gates: list[GateProcess]
+) -> None:
+    gates.append(start_gate(tmp_path / "a", relay, url))
+    (gate,) = gates
+    api = gate.api()
+    assert healthz(gate)[0] == 200
+    assert "db=postgresql://" in gate.log()
+
+    key = {"Idempotency-Key": "pg-create-1"}
+    payload = {"pipeline": "p", "step": "q2", "draft": {"content_type": "text/plain", "body": "x"}}
+    status, created = api.call("POST", "/v1/approvals", payload, headers=key)
+    assert status == 201, created
+    status, again = api.call("POST", "/v1/approvals", payload, headers=key)
+    assert (status, again["approval_id"]) == (200, created["approval_id"])
+    approval_id = created["approval_id"]
+    dispatch = relay.wait_dispatch(approval_id)
+
+    alice = decision_body(dispatch, "alice@example.com")
+    status, answer, _ = post_decision(gate.callback_url, alice)
+    assert (status, answer["status"]) == (200, "recorded"), answer
+    status, answer, _ = post_decision(gate.callback_url, alice)  # the same nonce again
+    assert (status, answer) == (409, {"status": "duplicate", "reason": "duplicate"})
+    status, answer, _ = post_decision(gate.callback_url, decision_body(dispatch, "bob@example.com"))
+    assert status == 200, answer
+
+    resolved = api.wait_resolved(approval_id)
+    assert (resolved["state"], resolved["outcome"]) == ("resolved", "approved")
+    log = assert_log_whole(url)
+    assert [row.kind for row in log if row.approval_id == approval_id].count("resolved") == 1
+    assert DB_PASSWORD not in gate.log()
+    writers = rows(
+        url,
+        "SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE 'hitl-gate/writer/%%'",
+    )
+    assert writers == [(1,)]
+
+
+def test_gate_on_postgres_answers_503_while_the_server_is_down_and_recovers(
+    tmp_path: Path, relay: CaptureRelay, server: PgServer, url: str, gates: list[GateProcess]
+) -> None:
+    gates.append(start_gate(tmp_path / "a", relay, url))
+    (gate,) = gates
+    api = gate.api()
+    api.create()
+    payload = {"pipeline": "p", "step": "q1", "draft": {"content_type": "text/plain", "body": "y"}}
+
+    server.stop("fast")
+    try:
+        status, answer = api.call("POST", "/v1/approvals", payload, timeout=30)
+        assert (status, answer) == (503, UNAVAILABLE)
+        assert healthz(gate) == (503, UNAVAILABLE)
+        gate.wait_for_line("event=storage_unavailable")
+    finally:
+        server.start()
+
+    back = time.monotonic()
+
+    def created() -> bool:
+        status, answer = api.call("POST", "/v1/approvals", payload, timeout=30)
+        assert status == 201 or (status, answer) == (503, UNAVAILABLE), answer
+        return status == 201
+
+    wait_until(created, what="the gate to take writes again by itself")
+    assert time.monotonic() - back < 5.0  # within 5 s of the server accepting connections
+    assert healthz(gate)[0] == 200
+    assert "Traceback" not in gate.log() and " 500 " not in gate.log()
+    assert_log_whole(url)
+
+
+def test_two_gates_on_one_database_count_a_decision_once(
+    tmp_path: Path, relay: CaptureRelay, url: str, gates: list[GateProcess]
+) -> None:
+    """Alice and Bob approve the same approval (quorum 2) on both gates at the same moment:
+    one of each one's two decisions is recorded, the other refused 409; resolved once."""
+    gates.append(start_gate(tmp_path / "a", relay, url))
+    gates.append(start_gate(tmp_path / "b", relay, url))
+    for round_ in range(5):
+        approval_id = gates[round_ % 2].api().create("q2")["approval_id"]
+        dispatch = relay.wait_dispatch(approval_id)
+        sends = [
+            (gate, decision_body(dispatch, who))
+            for who in ("alice@example.com", "bob@example.com")
+            for gate in gates
+        ]
+        answers = at_once(sends)
+
+        statuses = sorted(status for status, _ in answers)
+        assert statuses == [200, 200, 409, 409], answers
+        refused = {a["reason"] for s, a in answers if s == 409}
+        assert refused <= {"duplicate", "already_resolved"}, answers
+        for gate in gates:
+            approval = gate.api().wait_resolved(approval_id)
+            assert (approval["outcome"], len(approval["decisions"])) == ("approved", 2)
+        decided = rows(url, "SELECT count(*) FROM decisions WHERE approval_id = %s", approval_id)
+        assert decided == [(2,)]
+    log = assert_log_whole(url)
+    assert sum(row.kind == "resolved" for row in log) == 5
+    for gate in gates:
+        assert http_request(gate.api_url + "/healthz", "GET", None, {}, 30)[0] == 200
+
+
+def test_gate_on_postgres_refuses_a_schema_newer_than_itself(
+    tmp_path: Path, relay: CaptureRelay, url: str
+) -> None:
+    with psycopg.connect(url) as conn, conn.transaction():
+        migrate(conn)
+        conn.execute("INSERT INTO schema_migrations (version) VALUES (%s)", (SCHEMA_VERSION + 1,))
+    path = pg_config(tmp_path, relay, url)
+
+    done = run_cli("serve", "-c", str(path), env=gate_env(HITL_DB_PASSWORD=DB_PASSWORD))
+
+    assert done.returncode == 1
+    assert done.stderr.decode().splitlines() == [
+        f"Error: the database's schema is version {SCHEMA_VERSION + 1};"
+        f" this gate knows up to {SCHEMA_VERSION}"
+    ]
+
+
+def test_gate_on_postgres_unreachable_is_one_line(
+    tmp_path: Path, relay: CaptureRelay, server: PgServer
+) -> None:
+    path = pg_config(tmp_path, relay, f"postgresql://gate@127.0.0.1:{free_port()}/none")
+
+    done = run_cli("serve", "-c", str(path), env=gate_env(HITL_DB_PASSWORD=DB_PASSWORD))
+
+    assert done.returncode == 1
+    lines = done.stderr.decode().splitlines()
+    assert len(lines) == 1, lines
+    (line,) = lines
+    assert line.startswith("Error: cannot open database postgresql://gate@127.0.0.1:"), line
+    assert DB_PASSWORD not in line

@@ -1,0 +1,289 @@
+"""The writer on PostgreSQL (gate/store/pg_backend.py) on a real throwaway server: the batch
+runner with ``PgBatch`` (the ``audit_head`` row lock, its tail and the database's clock),
+``PgSide``'s connection (session settings, a new one once the session was ended), the
+probe, the lock timeout, and the reads' schema version."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gate.clock import PinnedClock
+from gate.config import Config, load_config
+from gate.core.transactions import Transactions
+from gate.errors import GateError, Unavailable
+from gate.store import pg_backend
+from gate.store.batch import PROBE, Faults, Job, run_batch, run_guarded
+from gate.store.pg_backend import PgBatch, PgSide, PgTarget
+from gate.store.pg_schema import migrate
+from gate.store.reads import Reads
+from gate.store.schema import SCHEMA_VERSION
+from gate.store.tx import WriteTx
+from tests.pg_server import PgServer, running_server
+from tests.support import ENV, wait_until, write_config
+from tests.test_store_pg_connection import Hand, ManualClock
+
+pytestmark = [pytest.mark.e2e, pytest.mark.postgres]
+
+psycopg = __import__("psycopg") if os.environ.get("HITL_CI") else pytest.importorskip("psycopg")
+
+KEY = b"test-receipt-key-writer-7d1e"
+_databases = iter(range(1, 1000))
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[PgServer]:
+    yield from running_server()
+
+
+@pytest.fixture(scope="module")
+def migrated(server: PgServer) -> str:
+    url = server.database("writer_template")
+    with psycopg.connect(url) as conn, conn.transaction():
+        migrate(conn)
+    return "writer_template"
+
+
+@pytest.fixture
+def target(server: PgServer, migrated: str) -> PgTarget:
+    """A fresh migrated database."""
+    return PgTarget(server.database(f"writer_{next(_databases)}", migrated), instance="test")
+
+
+@pytest.fixture
+def config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Config:
+    for name, value in ENV.items():
+        monkeypatch.setenv(name, value)
+    return load_config(write_config(tmp_path, "http://127.0.0.1:9/relay"))
+
+
+@pytest.fixture
+def writers(target: PgTarget, config: Config) -> Iterator[Callable[[], Writer]]:
+    """``writers()`` is a new ``Writer`` on the test's database; all closed afterwards."""
+    made: list[Writer] = []
+
+    def make() -> Writer:
+        made.append(Writer(target, config))
+        return made[-1]
+
+    yield make
+    for writer in made:
+        writer.side.close()
+
+
+class Writer:
+    """A ``PgSide`` with the gate's transactions on a manual clock (pinned per batch)."""
+
+    def __init__(self, target: PgTarget, config: Config) -> None:
+        self.manual = ManualClock()
+        self.clock = PinnedClock(self.manual)
+        self.side = PgSide(target, self.clock)
+        self.target = target
+        self.t = Transactions(config, self.clock, KEY, None)
+        self.faults = Faults(str(target))
+
+    def run(self, *fns: Callable[[WriteTx], Any]) -> list[tuple[Any, BaseException | None]]:
+        jobs = [Job(Hand(fn)) for fn in fns]
+        answers = run_guarded(self.side, jobs, self.t.run, self.faults).answers
+        by_job = {id(job): (value, error) for job, value, error in answers}
+        return [by_job[id(job)] for job in jobs]
+
+    def append(self, tx: WriteTx, n: int = 0) -> int:
+        now = self.t.clock.now_ms()
+        tx.append_audit("probe_entry", None, now, {"n": n}, KEY)
+        return now
+
+
+def head(target: PgTarget) -> tuple[Any, ...]:
+    with psycopg.connect(target.url) as conn:
+        found: tuple[Any, ...] = conn.execute(
+            "SELECT seq, entry_hash, last_at_ms FROM audit_head WHERE id = 1"
+        ).fetchone()
+        return found
+
+
+def test_pg_writer_clock_is_the_databases_and_never_goes_back(
+    target: PgTarget, writers: Callable[[], Writer]
+) -> None:
+    writer = writers()  # the gate's own clock says 2026-01-01
+    ((at, error),) = writer.run(writer.append)
+    assert error is None
+    assert abs(at - time.time() * 1000) < 60_000  # the database's time, not the gate's
+    assert writer.clock.now_ms() == writer.manual.now  # unpinned after the batch
+    seq, _, last_at_ms = head(target)
+    assert (seq, last_at_ms) == (1, at)
+
+    ahead = at + 3_600_000  # an entry written by a gate whose clock runs an hour ahead
+    with psycopg.connect(target.url) as conn:
+        conn.execute("UPDATE audit_head SET last_at_ms = %s", (ahead,))
+    ((later, error),) = writer.run(writer.append)
+    assert error is None and later >= ahead
+    assert head(target)[::2] == (2, later)
+
+
+def test_pg_writer_head_follows_what_the_batch_kept(
+    target: PgTarget, writers: Callable[[], Writer]
+) -> None:
+    writer = writers()
+
+    def refused(tx: WriteTx) -> None:
+        writer.append(tx, 2)
+        raise GateError("refused_here", "refused after an entry", status=409)
+
+    (first, _), (_, error), (_, none) = writer.run(writer.append, refused, writer.append)
+
+    assert isinstance(error, GateError) and none is None
+    with psycopg.connect(target.url) as conn:
+        seq, digest = conn.execute(
+            "SELECT seq, entry_hash FROM audit_log ORDER BY seq DESC LIMIT 1"
+        ).fetchone()
+        entries = conn.execute("SELECT count(*) FROM audit_log").fetchone()[0]
+    assert (seq, entries) == (2, 2)
+    assert head(target)[:2] == (seq, digest)
+
+
+def test_pg_writer_probe_is_a_write_through_the_backend(
+    target: PgTarget, writers: Callable[[], Writer]
+) -> None:
+    writer = writers()
+    conn = writer.side.connection()
+    changes = conn.total_changes
+
+    ran = run_batch(conn, [Job(PROBE)], writer.t.run, writer.faults, None, PgBatch())
+    ((_, _, error),) = ran.answers
+
+    assert error is None and conn.total_changes == changes + 1
+    assert head(target) == (0, "0" * 64, 0)
+
+
+def test_pg_writer_session_is_named_and_bounded(
+    target: PgTarget, writers: Callable[[], Writer]
+) -> None:
+    writer = writers()
+    conn = writer.side.connection()
+
+    settings = [
+        conn.execute(f"SHOW {name}").fetchone()[0]
+        for name in ("idle_in_transaction_session_timeout", "lock_timeout", "statement_timeout")
+    ]
+    assert settings == ["5s", "5s", "30s"]
+    (name,) = conn.execute("SELECT application_name FROM pg_stat_activity WHERE pid ="
+                           " pg_backend_pid()").fetchone()  # fmt: skip
+    assert name == "hitl-gate/writer/test"
+
+
+def test_pg_writer_connects_again_after_its_session_was_ended(
+    server: PgServer, target: PgTarget, writers: Callable[[], Writer]
+) -> None:
+    writer = writers()
+    assert writer.run(writer.append)[0][1] is None
+    pid = writer.side.connection().execute("SELECT pg_backend_pid()").fetchone()[0]
+    with psycopg.connect(server.url(), autocommit=True) as admin:
+        admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
+
+    def written() -> bool:  # a batch may answer 503 (the session's end seen), the next not
+        ((_, error),) = writer.run(writer.append)
+        assert error is None or (isinstance(error, Unavailable) and error.status == 503)
+        return error is None
+
+    wait_until(written, what="a batch on a new connection")
+    assert writer.faults.write_fault is None  # the commit ended the fault
+    again = writer.side.connection().execute("SELECT pg_backend_pid()").fetchone()[0]
+    assert again != pid
+    with psycopg.connect(target.url) as conn:
+        seq = conn.execute("SELECT max(seq) FROM audit_log").fetchone()[0]
+    assert head(target)[0] == seq >= 2
+
+
+def test_pg_writer_waiting_for_the_head_lock_answers_503_at_the_lock_timeout(
+    writers: Callable[[], Writer], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(pg_backend, "LOCK_TIMEOUT_MS", 300)
+    holder, waiter = writers(), writers()
+    locked, release = threading.Event(), threading.Event()
+
+    def hold(tx: WriteTx) -> None:
+        locked.set()
+        assert release.wait(timeout=60)
+
+    thread = threading.Thread(target=holder.run, args=(hold,))
+    thread.start()
+    try:
+        assert locked.wait(timeout=60)
+        started = time.monotonic()
+        ((_, error),) = waiter.run(waiter.append)
+        waited = time.monotonic() - started
+    finally:
+        release.set()
+        thread.join(timeout=60)
+
+    assert isinstance(error, Unavailable) and error.code == "storage_unavailable"
+    assert "lock timeout" in error.message and waited < 30
+    assert waiter.run(waiter.append)[0][1] is None  # the next batch gets the lock
+
+
+def test_pg_reads_schema_version(target: PgTarget) -> None:
+    reads = Reads()
+    reads.open(target)
+    try:
+        assert asyncio.run(reads.schema_version()) == SCHEMA_VERSION
+    finally:
+        reads.close()
+
+
+def test_pg_reads_connect_again_after_their_session_was_ended(
+    server: PgServer, target: PgTarget
+) -> None:
+    reads = Reads()
+    reads.open(target)
+
+    async def pid() -> int:
+        return int(await reads.call(lambda c: c.execute("SELECT pg_backend_pid()").fetchone()[0]))
+
+    try:
+        before = asyncio.run(pid())
+        with psycopg.connect(server.url(), autocommit=True) as admin:
+            admin.execute("SELECT pg_terminate_backend(%s)", (before,))
+        with pytest.raises(Unavailable):
+            asyncio.run(pid())  # the read that finds the session gone: 503
+        assert asyncio.run(pid()) != before  # the next one opens a new session
+    finally:
+        reads.close()
+
+
+def test_pg_writer_frozen_holding_the_head_lock_loses_it_and_its_batch_answers_503(
+    writers: Callable[[], Writer], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A writer that stops inside its batch (a frozen process, a cut network) is idle in
+    transaction: the server ends its session after ``idle_in_transaction_session_timeout``
+    and the other gates' batches go on; the frozen one's callers get 503, never 200."""
+    monkeypatch.setattr(pg_backend, "IDLE_IN_TRANSACTION_MS", 300)
+    frozen, other = writers(), writers()
+    appended, thawed = threading.Event(), threading.Event()
+    answer: list[BaseException | None] = []
+
+    def freeze(tx: WriteTx) -> None:
+        frozen.append(tx)
+        appended.set()
+        assert thawed.wait(timeout=60)
+
+    thread = threading.Thread(target=lambda: answer.append(frozen.run(freeze)[0][1]))
+    thread.start()
+    try:
+        assert appended.wait(timeout=60)
+        ((_, error),) = other.run(other.append)  # waits for the lock until the session ends
+    finally:
+        thawed.set()
+        thread.join(timeout=60)
+
+    assert error is None
+    assert isinstance(answer[0], Unavailable) and answer[0].code == "storage_unavailable"
+    assert frozen.run(frozen.append)[0][1] is None  # on a new connection
+    assert head(other.target)[0] == 2
