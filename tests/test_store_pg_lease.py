@@ -98,6 +98,7 @@ asyncio.run(main(sys.argv[1]))
 """
 
 
+@pytest.mark.slow
 async def test_pg_lease_of_a_killed_holder_is_taken_over_within_its_ttl(url: str) -> None:
     holder = subprocess.Popen(
         [sys.executable, "-c", HOLDER.format(ttl=TTL_MS), url],
