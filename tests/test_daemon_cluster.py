@@ -338,6 +338,41 @@ def test_cluster_long_poll_on_one_gate_is_answered_when_the_other_decides(
     assert {seen["lease_holder"], on_b["lease_holder"]} == {True, False}  # one holder
 
 
+@pytest.mark.slow
+def test_cluster_long_poll_is_answered_by_the_fallback_read_after_its_listener_was_killed(
+    tmp_path: Path, relay: CaptureRelay, url: str, gates: list[GateProcess]
+) -> None:
+    gates.append(start_gate(tmp_path / "a", relay, url))
+    gates.append(start_gate(tmp_path / "b", relay, url))
+    a, b = gates
+    instance = a.api().call("GET", "/healthz")[1]["cluster"]["instance"]
+    approval_id = a.api().create("q1")["approval_id"]
+    dispatch = relay.wait_dispatch(approval_id)
+    answer: dict[str, Any] = {}
+    poll = threading.Thread(
+        target=lambda: answer.update(a.api().get(approval_id, wait=30)), daemon=True
+    )
+    poll.start()
+    assert a.api().call("GET", "/healthz")[0] == 200  # a has read the long-poll
+
+    (ended,) = rows(
+        url,
+        "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = %s",
+        f"hitl-gate/listener/{instance}",
+    )
+    assert ended == (1,)
+    status, decided, _ = post_decision(b.callback_url, decision_body(dispatch))
+    assert status == 200, decided
+    decided_at = time.monotonic()
+    poll.join(DEADLINE_S)
+    woken_s = time.monotonic() - decided_at
+
+    assert (answer["state"], answer["outcome"]) == ("resolved", "approved")
+    assert woken_s < 1.0 + 0.5  # the polling interval, and a margin
+    a.wait_for_line("event=listen_lost")
+    a.wait_for_line("event=listen_reconnected")
+
+
 FOLLOWED = {
     "name": "fu",
     "quorum": 1,
