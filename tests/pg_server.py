@@ -17,6 +17,7 @@ import subprocess
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -156,3 +157,19 @@ def running_server() -> Iterator[PgServer]:
         yield pg
     finally:
         pg.remove()
+
+
+def pg_fixtures() -> tuple[Any, Any]:
+    """Two fixtures for a test module on PostgreSQL: ``server`` (module-scoped:
+    ``running_server()``) and ``url`` (a new database at the gate's schema for each test:
+    ``migrated_database``). A module takes them as ``server, url = pg_fixtures()``."""
+
+    @pytest.fixture(scope="module", name="server")
+    def server() -> Iterator[PgServer]:
+        yield from running_server()
+
+    @pytest.fixture(name="url")
+    def url(server: PgServer) -> str:
+        return server.migrated_database()
+
+    return server, url

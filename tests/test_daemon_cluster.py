@@ -34,7 +34,7 @@ from gate.daemon.cluster import LEASE_TTL_S, Cluster, Work
 from gate.daemon.timers import Timers
 from gate.errors import Unavailable
 from gate.store.pg_instances import CONFIG_DIVERGENT
-from tests.pg_server import PgServer, running_server
+from tests.pg_server import pg_fixtures
 from tests.support import (
     DEADLINE_S,
     ENV,
@@ -54,21 +54,7 @@ if not os.environ.get("HITL_CI"):
     pytest.importorskip("psycopg")
 
 
-@pytest.fixture(scope="module")
-def server() -> Iterator[PgServer]:
-    yield from running_server()
-
-
-@pytest.fixture
-def url(server: PgServer) -> str:
-    return server.migrated_database()
-
-
-@pytest.fixture(scope="module")
-def relay() -> Iterator[CaptureRelay]:
-    r = CaptureRelay().start()
-    yield r
-    r.stop()
+server, url = pg_fixtures()
 
 
 @pytest.fixture

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -20,7 +19,7 @@ from gate.store.pg_lease import TIMERS, claim
 from gate.store.pg_session import close_quietly, connect
 from gate.tools.doctor import run_checks
 from gate.tools.doctor_cluster import check_cluster
-from tests.pg_server import PgServer, free_port, running_server
+from tests.pg_server import free_port, pg_fixtures
 from tests.support import ENV, write_config
 
 pytestmark = [pytest.mark.e2e, pytest.mark.postgres]
@@ -31,14 +30,7 @@ if not os.environ.get("HITL_CI"):
 GATE = Instance("01GATEA", "0.1.0", "c0ffee" * 4, "host-a", 11, 0, 0, 0)
 
 
-@pytest.fixture(scope="module")
-def server() -> Iterator[PgServer]:
-    yield from running_server()
-
-
-@pytest.fixture
-def url(server: PgServer) -> str:
-    return server.migrated_database()
+server, url = pg_fixtures()
 
 
 async def gates(url: str, *rows: Instance, holder: str | None = None) -> None:

@@ -10,14 +10,13 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from gate.store.pg_connection import PgConnection
 from gate.store.pg_feed import PAGE, Change, Feed
-from tests.pg_server import PgServer, running_server
+from tests.pg_server import pg_fixtures
 
 pytestmark = [pytest.mark.e2e, pytest.mark.postgres]
 
@@ -28,14 +27,7 @@ if psycopg is None:
 DEADLINE_S = 10.0
 
 
-@pytest.fixture(scope="module")
-def server() -> Iterator[PgServer]:
-    yield from running_server()
-
-
-@pytest.fixture
-def url(server: PgServer) -> str:
-    return server.migrated_database()
+server, url = pg_fixtures()
 
 
 def append(url: str, kinds: list[tuple[str, str | None]], *, notified: bool = True) -> int:

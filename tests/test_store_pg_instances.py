@@ -8,7 +8,6 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
-from collections.abc import Iterator
 
 import pytest
 
@@ -24,7 +23,7 @@ from gate.store.pg_instances import (
     live,
 )
 from gate.store.pg_session import close_quietly, connect
-from tests.pg_server import PgServer, running_server
+from tests.pg_server import pg_fixtures
 
 pytestmark = [pytest.mark.e2e, pytest.mark.postgres]
 
@@ -32,14 +31,7 @@ if not os.environ.get("HITL_CI"):
     pytest.importorskip("psycopg")
 
 
-@pytest.fixture(scope="module")
-def server() -> Iterator[PgServer]:
-    yield from running_server()
-
-
-@pytest.fixture
-def url(server: PgServer) -> str:
-    return server.migrated_database()
+server, url = pg_fixtures()
 
 
 def gate(instance_id: str, config_hash: str = "c0ffee", offset_ms: int = 0) -> Instance:

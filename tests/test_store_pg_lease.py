@@ -11,13 +11,12 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 
 import pytest
 
 from gate.store.pg_lease import TIMERS, claim, current, release
 from gate.store.pg_session import close_quietly, connect
-from tests.pg_server import PgServer, running_server
+from tests.pg_server import pg_fixtures
 
 pytestmark = [pytest.mark.e2e, pytest.mark.postgres]
 
@@ -27,14 +26,7 @@ if not os.environ.get("HITL_CI"):
 TTL_MS = 2000
 
 
-@pytest.fixture(scope="module")
-def server() -> Iterator[PgServer]:
-    yield from running_server()
-
-
-@pytest.fixture
-def url(server: PgServer) -> str:
-    return server.migrated_database()
+server, url = pg_fixtures()
 
 
 async def test_pg_lease_has_one_holder_among_contenders_claiming_at_once(url: str) -> None:
