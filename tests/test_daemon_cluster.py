@@ -285,25 +285,40 @@ def lease_holder(url: str, gates: list[GateProcess]) -> GateProcess:
     return wait_until(holder, what="a gate to hold the timers' lease")
 
 
+def two_gates(
+    tmp_path: Path, relay: CaptureRelay, url: str, gates: list[GateProcess]
+) -> list[GateProcess]:
+    """Gates a and b on the database ``url``, dispatching to ``relay``."""
+    gates.append(start_gate(tmp_path / "a", relay, url))
+    gates.append(start_gate(tmp_path / "b", relay, url))
+    return gates
+
+
+def long_poll(
+    gate: GateProcess, relay: CaptureRelay
+) -> tuple[dict[str, Any], threading.Thread, dict[str, Any]]:
+    """Create an approval on ``gate`` and wait for it there (``?wait=30``) in a thread:
+    its dispatch, the thread and the long-poll's answer (filled when it returns)."""
+    approval_id = gate.api().create("q1")["approval_id"]
+    dispatch = relay.wait_dispatch(approval_id)
+    answer: dict[str, Any] = {}
+    poll = threading.Thread(
+        target=lambda: answer.update(gate.api().get(approval_id, wait=30)), daemon=True
+    )
+    poll.start()
+    # the gate answers a later request: it has read the long-poll, which it got first
+    assert gate.api().call("GET", "/healthz")[0] == 200
+    return dispatch, poll, answer
+
+
 @pytest.mark.slow
 def test_cluster_long_poll_on_one_gate_is_answered_when_the_other_decides(
     tmp_path: Path, relay: CaptureRelay, url: str, gates: list[GateProcess]
 ) -> None:
-    gates.append(start_gate(tmp_path / "a", relay, url))
-    gates.append(start_gate(tmp_path / "b", relay, url))
-    a, b = gates
+    a, b = two_gates(tmp_path, relay, url, gates)
     woken: list[float] = []
     for _ in range(20):
-        approval_id = a.api().create("q1")["approval_id"]
-        dispatch = relay.wait_dispatch(approval_id)
-        answer: dict[str, object] = {}
-        poll = threading.Thread(
-            target=lambda key=approval_id, into=answer: into.update(a.api().get(key, wait=30)),
-            daemon=True,
-        )
-        poll.start()
-        # a answers a later request: it has read the long-poll, which it got first
-        assert a.api().call("GET", "/healthz")[0] == 200
+        dispatch, poll, answer = long_poll(a, relay)
         status, decided, _ = post_decision(b.callback_url, decision_body(dispatch))
         assert status == 200, decided
         decided_at = time.monotonic()
@@ -328,18 +343,9 @@ def test_cluster_long_poll_on_one_gate_is_answered_when_the_other_decides(
 def test_cluster_long_poll_is_answered_by_the_fallback_read_after_its_listener_was_killed(
     tmp_path: Path, relay: CaptureRelay, url: str, gates: list[GateProcess]
 ) -> None:
-    gates.append(start_gate(tmp_path / "a", relay, url))
-    gates.append(start_gate(tmp_path / "b", relay, url))
-    a, b = gates
+    a, b = two_gates(tmp_path, relay, url, gates)
     instance = a.api().call("GET", "/healthz")[1]["cluster"]["instance"]
-    approval_id = a.api().create("q1")["approval_id"]
-    dispatch = relay.wait_dispatch(approval_id)
-    answer: dict[str, Any] = {}
-    poll = threading.Thread(
-        target=lambda: answer.update(a.api().get(approval_id, wait=30)), daemon=True
-    )
-    poll.start()
-    assert a.api().call("GET", "/healthz")[0] == 200  # a has read the long-poll
+    dispatch, poll, answer = long_poll(a, relay)
 
     (ended,) = rows(
         url,
