@@ -65,20 +65,22 @@ def url(server: PgServer) -> str:
     return server.database(f"gate_{next(_databases)}")
 
 
-def pg_config(directory: Path, relay: CaptureRelay, url: str) -> Path:
-    """The test config (``write_config``) on the PostgreSQL database ``url``, its password
-    in ``HITL_DB_PASSWORD`` (the test server trusts loopback: any password is accepted)."""
+def pg_config(directory: Path, relay: CaptureRelay, url: str, **config: Any) -> Path:
+    """The test config (``write_config``, with ``config``) on the PostgreSQL database
+    ``url``, its password in ``HITL_DB_PASSWORD`` (the test server trusts loopback: any
+    password is accepted)."""
     directory.mkdir(parents=True, exist_ok=True)
-    path = write_config(directory, relay.url)
+    path = write_config(directory, relay.url, **config)
     config = yaml.safe_load(path.read_text(encoding="utf-8"))
     config["storage"] = {"url": url, "password_env": "HITL_DB_PASSWORD"}
     path.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
     return path
 
 
-def start_gate(directory: Path, relay: CaptureRelay, url: str) -> GateProcess:
-    """A ``hitl-gate serve`` on the PostgreSQL database ``url``, dispatching to ``relay``."""
-    path = pg_config(directory, relay, url)
+def start_gate(directory: Path, relay: CaptureRelay, url: str, **config: Any) -> GateProcess:
+    """A ``hitl-gate serve`` on the PostgreSQL database ``url``, dispatching to ``relay``
+    (``config``: ``write_config``'s options)."""
+    path = pg_config(directory, relay, url, **config)
     return GateProcess(path, env=gate_env(HITL_DB_PASSWORD=DB_PASSWORD)).start()
 
 
