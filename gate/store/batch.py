@@ -108,14 +108,15 @@ Answer = tuple[Job, Any, BaseException | None]
 @dataclass(frozen=True, slots=True)
 class BatchResult:
     """What ``run_batch`` did: each job's answer (cancelled jobs have none), the
-    ``(seq, entry_hash)`` of the newest audit entry its COMMIT kept, or None, and, when it
-    committed, how many ``jobs`` ran in its transaction and ``lock_s``, the seconds it held
-    the write exclusion (from ``BatchBackend.begin`` returning to COMMIT returning; None
-    when nothing committed): what ``hitl_gate_batch_jobs`` and
-    ``hitl_gate_write_lock_seconds`` observe."""
+    ``(seq, entry_hash)`` of the newest audit entry its COMMIT kept, or None, whether its
+    transaction began (False: no job ran), and, when it committed, how many ``jobs`` ran in
+    its transaction and ``lock_s``, the seconds it held the write exclusion (from
+    ``BatchBackend.begin`` returning to COMMIT returning; None when nothing committed): what
+    ``hitl_gate_batch_jobs`` and ``hitl_gate_write_lock_seconds`` observe."""
 
     answers: list[Answer]
     head: tuple[int, str] | None
+    began: bool = True
     jobs: int = 0
     lock_s: float | None = None
 
@@ -249,7 +250,7 @@ def _run_batch(
         if conn.in_transaction:  # begun, then the lock or the head failed
             rollback_quietly(conn)
         faults.faulted(exc)
-        return BatchResult([(job, None, _failed(exc)) for job in batch], None)
+        return BatchResult([(job, None, _failed(exc)) for job in batch], None, began=False)
     locked_at = time.perf_counter()
     changes = conn.total_changes
     done: list[tuple[Job, Any]] = []
@@ -290,7 +291,9 @@ def _run_batch(
             if not rest:
                 return BatchResult(answers, None)
             after = run_batch(conn, rest, handler, faults, before_job, backend)
-            return BatchResult(answers + after.answers, after.head, after.jobs, after.lock_s)
+            return BatchResult(
+                answers + after.answers, after.head, jobs=after.jobs, lock_s=after.lock_s
+            )
         done.append((job, result))
     try:
         backend.before_commit(conn, tx)
@@ -305,7 +308,10 @@ def _run_batch(
         faults.recovered()
     jobs = len(answers) + len(done)
     return BatchResult(
-        answers + [(job, result, None) for job, result in done], tx.appended_head, jobs, lock_s
+        answers + [(job, result, None) for job, result in done],
+        tx.appended_head,
+        jobs=jobs,
+        lock_s=lock_s,
     )
 
 
@@ -318,20 +324,26 @@ def run_guarded(
 ) -> BatchResult:
     """``run_batch`` on ``side``'s connection and backend, for both writers: when there is
     no connection (PostgreSQL unreachable) every job fails 503 ``storage_unavailable`` and
-    the fault is recorded; a bug in the batch runner itself (an exception it lets out) is
-    logged (``event=writer_failed``), rolls the transaction back and fails every job of the
-    batch with it; the writer keeps serving."""
-    try:
-        conn = side.connection()
-    except sqlite3.Error as exc:
-        faults.faulted(exc)
-        return BatchResult([(job, None, _failed(exc)) for job in batch], None)
-    try:
-        return run_batch(conn, batch, handler, faults, before_job, side.backend)
-    except Exception as exc:  # noqa: BLE001 - answered to each caller of the batch
-        log.exception("event=writer_failed")
-        rollback_quietly(conn)
-        return BatchResult([(job, None, exc) for job in batch], None)
+    the fault is recorded; a batch whose transaction could not begin because its
+    connection was found lost (PostgreSQL: a server restarted, a session ended; no job ran)
+    runs once more on a new one; a bug in the batch runner itself (an exception it lets
+    out) is logged (``event=writer_failed``), rolls the transaction back and fails every
+    job of the batch with it; the writer keeps serving."""
+    for last in (False, True):
+        try:
+            conn = side.connection()
+        except sqlite3.Error as exc:
+            faults.faulted(exc)
+            return BatchResult([(job, None, _failed(exc)) for job in batch], None)
+        try:
+            result = run_batch(conn, batch, handler, faults, before_job, side.backend)
+        except Exception as exc:  # noqa: BLE001 - answered to each caller of the batch
+            log.exception("event=writer_failed")
+            rollback_quietly(conn)
+            return BatchResult([(job, None, exc) for job in batch], None)
+        if result.began or last or not getattr(conn, "closed", False):
+            break
+    return result
 
 
 def settle(future: asyncio.Future[Any], ok: bool, value: Any) -> None:
