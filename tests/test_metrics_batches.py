@@ -28,13 +28,6 @@ pytestmark = pytest.mark.e2e
 WRITES = 4  # approvals created, then decided: at least 2 * WRITES jobs
 
 
-@pytest.fixture
-def relay() -> Iterator[CaptureRelay]:
-    capture = CaptureRelay().start()
-    yield capture
-    capture.stop()
-
-
 def batches(samples: Samples) -> dict[str, float]:
     return {
         name: value(samples, f"hitl_gate_{name}")
@@ -73,12 +66,8 @@ def assert_batches_observed(gate: GateProcess, relay: CaptureRelay) -> None:
     )  # no batch is larger than MAX_BATCH
 
 
-def test_sqlite_gate_exports_its_write_batches(tmp_path: Path, relay: CaptureRelay) -> None:
-    gate = GateProcess(write_config(tmp_path, relay.url)).start()
-    try:
-        assert_batches_observed(gate, relay)
-    finally:
-        assert gate.stop() == 0
+def test_sqlite_gate_exports_its_write_batches(gate: GateProcess, relay: CaptureRelay) -> None:
+    assert_batches_observed(gate, relay)
 
 
 @pytest.fixture(scope="module")
