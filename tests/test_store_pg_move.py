@@ -209,10 +209,7 @@ _databases = iter(range(1, 1000))
 
 def empty_database(server: PgServer) -> str:
     """The URL of a new empty database on the module's server."""
-    name = f"move_{next(_databases)}"
-    with psycopg.connect(server.url(), autocommit=True) as conn:
-        conn.execute(f"CREATE DATABASE {name} TEMPLATE template0")
-    return server.url(name)
+    return server.database(f"move_{next(_databases)}")
 
 
 def migrate_to(history: History, url: str) -> Any:
