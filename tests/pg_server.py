@@ -17,6 +17,7 @@ import subprocess
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -57,6 +58,8 @@ class PgServer:
         self.data = self.root / "data"
         self.port = free_port()
         self._as_postgres = os.geteuid() == 0
+        self._migrated = False
+        self._databases = 0
         if self._as_postgres:  # the folder is root's 0700: hand it to postgres
             shutil.chown(self.root, user="postgres", group="postgres")
 
@@ -119,6 +122,21 @@ class PgServer:
             admin.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template}"')
         return self.url(name)
 
+    def migrated_database(self) -> str:
+        """A new database at the gate's PostgreSQL schema (``pg_schema.migrate``: a copy of
+        a template migrated once per server); return its URL."""
+        import psycopg
+
+        from gate.store.pg_schema import migrate
+
+        if not self._migrated:
+            with psycopg.connect(self.database("gate_template")) as conn:
+                with conn.transaction():
+                    migrate(conn)
+            self._migrated = True
+        self._databases += 1
+        return self.database(f"gate_{self._databases}", "gate_template")
+
     def log(self) -> str:
         """The server's log so far (for a failing test's message)."""
         path = self.root / "log"
@@ -139,3 +157,19 @@ def running_server() -> Iterator[PgServer]:
         yield pg
     finally:
         pg.remove()
+
+
+def pg_fixtures() -> tuple[Any, Any]:
+    """Two fixtures for a test module on PostgreSQL: ``server`` (module-scoped:
+    ``running_server()``) and ``url`` (a new database at the gate's schema for each test:
+    ``migrated_database``). A module takes them as ``server, url = pg_fixtures()``."""
+
+    @pytest.fixture(scope="module", name="server")
+    def server() -> Iterator[PgServer]:
+        yield from running_server()
+
+    @pytest.fixture(name="url")
+    def url(server: PgServer) -> str:
+        return server.migrated_database()
+
+    return server, url

@@ -17,7 +17,13 @@ from typing import Any
 import pytest
 
 from gate.audit.chain import GENESIS_HASH
-from gate.store.pg_schema import SchemaTooNew, migrate, sync_audit_head
+from gate.store.pg_schema import (
+    CLUSTER_TABLES,
+    PG_MIGRATIONS,
+    SchemaTooNew,
+    migrate,
+    sync_audit_head,
+)
 from gate.store.schema import MIGRATIONS, SCHEMA_VERSION
 from tests.pg_server import PgServer, running_server
 
@@ -104,6 +110,7 @@ def pg_schema(url: str) -> dict[str, Any]:
                 "SELECT table_name FROM information_schema.tables WHERE table_schema = 'public'"
                 " AND table_name NOT IN ('schema_migrations', 'audit_head')"
             )
+            if r[0] not in CLUSTER_TABLES
         ]
         for table in tables:
             columns = [
@@ -192,12 +199,12 @@ def test_pg_schema_migrates_once_when_gates_start_together(
     assert errors == []
     assert versions == [SCHEMA_VERSION] * 4
     with psycopg.connect(url) as conn:
-        assert conn.execute("SELECT version FROM schema_migrations").fetchall() == [
-            (SCHEMA_VERSION,)
-        ]
+        rows = conn.execute("SELECT version, step FROM schema_migrations ORDER BY step")
+        assert rows.fetchall() == sorted(PG_MIGRATIONS)
         assert conn.execute("SELECT count(*) FROM approvals").fetchone() == (0,)
     assert [r.getMessage() for r in caplog.records] == [
-        f"event=migrated schema_version={SCHEMA_VERSION}"
+        f"event=migrated schema_version={SCHEMA_VERSION}",
+        f"event=migrated schema_version={SCHEMA_VERSION} step=1",
     ]
 
 
@@ -211,7 +218,9 @@ def test_pg_schema_migrating_again_changes_nothing(url: str) -> None:
 
     with psycopg.connect(url) as conn:
         assert conn.execute("SELECT invite_hash FROM approver_invites").fetchall() == [("h",)]
-        assert conn.execute("SELECT count(*) FROM schema_migrations").fetchone() == (1,)
+        assert conn.execute("SELECT count(*) FROM schema_migrations").fetchone() == (
+            len(PG_MIGRATIONS),
+        )
 
 
 def test_pg_schema_newer_than_the_gate_is_refused_and_left_alone(url: str) -> None:
@@ -224,8 +233,30 @@ def test_pg_schema_newer_than_the_gate_is_refused_and_left_alone(url: str) -> No
         migrated(url)
 
     with psycopg.connect(url) as conn:
-        rows = conn.execute("SELECT version FROM schema_migrations ORDER BY version").fetchall()
-    assert rows == [(SCHEMA_VERSION,), (SCHEMA_VERSION + 1,)]
+        rows = conn.execute("SELECT version, step FROM schema_migrations ORDER BY 1, 2").fetchall()
+    assert rows == [*sorted(PG_MIGRATIONS), (SCHEMA_VERSION + 1, 0)]
+
+
+def test_pg_schema_adds_the_cluster_tables_to_a_database_at_the_baseline(url: str) -> None:
+    # a database migrated before PostgreSQL's own step existed: only step 0
+    with psycopg.connect(url) as conn, conn.transaction():
+        conn.execute(
+            "CREATE TABLE schema_migrations (version BIGINT NOT NULL,"
+            " step BIGINT NOT NULL DEFAULT 0,"
+            " applied_at TIMESTAMPTZ NOT NULL DEFAULT clock_timestamp(),"
+            " PRIMARY KEY (version, step))"
+        )
+        for statement in PG_MIGRATIONS[(SCHEMA_VERSION, 0)]:
+            conn.execute(statement)
+        conn.execute("INSERT INTO schema_migrations (version) VALUES (%s)", (SCHEMA_VERSION,))
+
+    assert migrated(url) == SCHEMA_VERSION
+
+    with psycopg.connect(url) as conn:
+        for table in CLUSTER_TABLES:
+            assert conn.execute("SELECT count(*) FROM " + table).fetchone() == (0,)
+        steps = conn.execute("SELECT step FROM schema_migrations ORDER BY step").fetchall()
+    assert steps == [(0,), (1,)]
 
 
 def test_pg_schema_audit_head_starts_as_the_empty_chain(url: str) -> None:
@@ -258,3 +289,21 @@ def test_pg_schema_sync_audit_head_takes_the_newest_entry(url: str) -> None:
         conn.execute("DELETE FROM audit_log")
         assert sync_audit_head(conn) == (0, GENESIS_HASH, 0)  # an empty log: the genesis
         assert conn.execute("SELECT * FROM audit_head").fetchall() == [(1, 0, GENESIS_HASH, 0)]
+
+
+def test_pg_schema_with_a_later_postgresql_step_is_refused(url: str) -> None:
+    migrated(url)
+    last = max(PG_MIGRATIONS)
+    with psycopg.connect(url) as conn:
+        conn.execute(
+            "INSERT INTO schema_migrations (version, step) VALUES (%s, %s)", (last[0], last[1] + 1)
+        )
+        conn.commit()
+
+    with pytest.raises(SchemaTooNew) as refused:
+        migrated(url)
+
+    assert str(refused.value) == (
+        f"the database's schema is version {last[0]} with PostgreSQL's step {last[1] + 1};"
+        f" this gate knows up to step {last[1]}"
+    )

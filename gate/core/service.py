@@ -5,6 +5,8 @@ gate as a whole: the receipt key at start, reloads, health. No HTTP, no SQL."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
+from typing import Any
 
 from gate.clock import Clock
 from gate.config import Config
@@ -13,6 +15,7 @@ from gate.core.approvals.service import Approvals, DecisionResult
 from gate.core.commands import Configure, ReceiptKey
 from gate.core.credentials import Credentials
 from gate.core.invites import Invites
+from gate.core.longpoll import wake
 from gate.core.questions.service import AnswerResult, Questions
 from gate.core.ratelimit import RateLimiter
 from gate.core.receipt_key import refusal
@@ -74,11 +77,20 @@ class GateService:
         self.approvals = Approvals(self.shared, self.invites.webauthn)
         self.questions = Questions(self.shared)
         store.bind(self.transactions.run)
+        # on PostgreSQL, the daemon's membership of the cluster (gate.daemon.cluster.Cluster
+        # .status): what /healthz says about the gates on the database; None on SQLite
+        self.cluster_status: Callable[[], dict[str, Any]] | None = None
 
     @property
     def config(self) -> Config:
         """The config in force (``reconfigure`` replaces it)."""
         return self.shared.config
+
+    def wake(self, request_id: str) -> None:
+        """Wake the long-polls waiting on ``request_id`` (an approval or a question) now:
+        another gate on the same database resolved it, or revised the question
+        (``gate.daemon.cluster``'s change feed)."""
+        wake(self.shared.waiters, request_id)
 
     @property
     def rate(self) -> RateLimiter:
@@ -137,6 +149,13 @@ class GateService:
         writes or the writer process has left a write unanswered too long
         (``Store.schema_version``)."""
         return await self.store.schema_version()
+
+    def cluster(self) -> dict[str, Any] | None:
+        """What ``/healthz`` says about the other gates on the database (``cluster_status``:
+        this gate's id, whether it holds the timers' lease, the live gates, problems such as
+        ``config_divergent``), or None for a gate alone on its SQLite file. Raises
+        Unavailable 503 ``clock_skew`` when this gate's clock is off the database's."""
+        return None if self.cluster_status is None else self.cluster_status()
 
     async def pending_summary(self) -> tuple[int, int | None]:
         """Return ``(number of pending approvals, earliest created_at in unix ms or None)``:

@@ -5,17 +5,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 
 from aiohttp import web
 from aiohttp.typedefs import Middleware
+from ulid import ULID
 
 from gate.clock import Clock, PinnedClock, SystemClock
 from gate.config import Config, Secrets
 from gate.core.service import GateService
 from gate.daemon.approval_dispatch import ApprovalDispatch
+from gate.daemon.cluster import Cluster, Work
 from gate.daemon.delivery import OutboxSender
 from gate.daemon.dispatch import BACKOFF_BASE_S, BACKOFF_CAP_S, Dispatcher
 from gate.daemon.followups import FollowUps
@@ -57,6 +60,7 @@ class Gate:
     callback_settings: CallbackSettings
     api_app: web.Application
     callback_app: web.Application
+    cluster: Cluster | None = None  # on PostgreSQL: the gates on the database
 
     @contextlib.asynccontextmanager
     async def storage(self) -> AsyncIterator[None]:
@@ -74,14 +78,21 @@ class Gate:
         the start: ``GateService.settle_receipt_key``), and run the dispatcher (idle until
         ``dispatcher.start``) and the scheduler of everything timed (``Timers``); on exit
         stop both (an in-flight dispatch is abandoned: its row stays un-acked and is sent
-        again after a restart) and close the database last."""
+        again after a restart) and close the database last. With a ``cluster`` the two run
+        only while this gate holds the timers' lease (``Cluster.run``), beside the
+        heartbeat and the change feed."""
         async with self.storage():
             await self.service.settle_receipt_key()
             async with relay_session(self.config.relay.ca_file) as session:
-                tasks = [
-                    asyncio.create_task(self.dispatcher.run(session), name="dispatcher"),
-                    asyncio.create_task(Timers(self.service, self.metrics).run(), name="expiry"),
-                ]
+                timers = Timers(self.service, self.metrics)
+                if self.cluster is None:
+                    tasks = [
+                        asyncio.create_task(self.dispatcher.run(session), name="dispatcher"),
+                        asyncio.create_task(timers.run(), name="expiry"),
+                    ]
+                else:
+                    work: list[Work] = [functools.partial(self.dispatcher.run, session), timers.run]
+                    tasks = [asyncio.create_task(self.cluster.run(work), name="cluster")]
                 try:
                     yield
                 finally:
@@ -101,7 +112,8 @@ def _store(
     if storage.url is None:
         return Store(storage.sqlite_file(), writer_process=writer_process), clock
     pinned = PinnedClock(clock)
-    target = PgTarget(storage.url, secrets.storage_password)
+    # the instance id: in gate_instances (gate.daemon.cluster) and in every session's name
+    target = PgTarget(storage.url, secrets.storage_password, str(ULID()))
     return Store(target, writer_process=writer_process, clock=pinned), pinned
 
 
@@ -173,7 +185,22 @@ def build_gate(
         callback_settings,
         api_app,
         callback_app,
+        _cluster(config, secrets, service),
     )
+
+
+def _cluster(config: Config, secrets: Secrets, service: GateService) -> Cluster | None:
+    """On PostgreSQL (``storage.url``), this gate's part among the gates on the database
+    (under its store's instance id), its status on the service (``/healthz``); None on
+    SQLite."""
+    where = service.store.where
+    if config.storage.url is None or not isinstance(where, PgTarget):
+        return None
+    cluster = Cluster(
+        config.storage.url, secrets.storage_password, service, instance_id=where.instance
+    )
+    service.cluster_status = cluster.status
+    return cluster
 
 
 def callback_url(config: Config, callback_bound: str) -> str:

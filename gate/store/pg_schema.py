@@ -16,6 +16,11 @@ empty log) and its ``last_at_ms``. The writer's batch locks it (``FOR UPDATE``) 
 writes, which serialises every write batch of every gate on the database, and takes the
 chain's tail from it; ``sync_audit_head`` sets it again from the log (after an import).
 
+Steps are numbered ``(version, step)``: step 0 of a version is the twin of SQLite's migration
+of that number; later steps of a version add tables only PostgreSQL has (``CLUSTER``: what
+several gates on one database share), so SQLite's numbering stays the one both backends
+count in.
+
 Nothing here imports a driver: ``migrate`` takes any connection with psycopg's ``execute``.
 """
 
@@ -77,10 +82,60 @@ PG_ONLY: list[str] = [
     f"INSERT INTO audit_head VALUES (1, 0, '{GENESIS_HASH}', 0)",
 ]
 
-# Each entry brings the PostgreSQL schema to the SQLite schema version of its key; the
-# baseline stands for SQLite's eight migrations at once. A later SQLite migration adds its
-# PostgreSQL statements here under the same version number.
-PG_MIGRATIONS: dict[int, list[str]] = {SCHEMA_VERSION: BASELINE + PG_ONLY}
+# What several gates on one database share (only PostgreSQL has them; times are the
+# database's clock in unix ms):
+# - gate_instances: one row per running gate (its id, a ULID made at start), rewritten by
+#   its heartbeat: version, config hash, host and pid, the gate's clock minus the
+#   database's (ms, measured at the heartbeat), when it started and last beat; probed_at is
+#   the write probe's (a write without the global lock);
+# - gate_lease: one row per lease (``timers``: the gate that runs the timers and the
+#   senders): its holder (an instance id), the term (+1 each time the holder changes),
+#   when this holder was elected and when the lease lapses unless renewed;
+# - a trigger on audit_head: whatever moves the chain's head notifies ``hitl_gate`` with
+#   the new seq (the change feed wakes at once; the batch runner needs no statement of
+#   its own for it).
+CLUSTER: list[str] = [
+    """CREATE TABLE gate_instances (
+        instance_id      TEXT PRIMARY KEY,
+        version          TEXT NOT NULL,
+        config_hash      TEXT NOT NULL,
+        host             TEXT NOT NULL,
+        pid              BIGINT NOT NULL,
+        clock_offset_ms  BIGINT NOT NULL,
+        started_at       BIGINT NOT NULL,
+        heartbeat_at     BIGINT NOT NULL,
+        probed_at        BIGINT
+    )""",
+    """CREATE TABLE gate_lease (
+        name        TEXT PRIMARY KEY,
+        holder      TEXT NOT NULL,
+        term        BIGINT NOT NULL CHECK (term > 0),
+        elected_at  BIGINT NOT NULL,
+        expires_at  BIGINT NOT NULL
+    )""",
+    # the change feed's notification (gate.store.pg_feed): one per write batch that appended
+    # entries (the batch moves the head once), sent at its COMMIT, never for a rollback
+    """CREATE FUNCTION hitl_gate_notify() RETURNS trigger LANGUAGE plpgsql AS $$
+    BEGIN
+        PERFORM pg_notify('hitl_gate', NEW.seq::text);
+        RETURN NULL;
+    END
+    $$""",
+    """CREATE TRIGGER audit_head_notify AFTER UPDATE OF seq ON audit_head
+    FOR EACH ROW WHEN (NEW.seq IS DISTINCT FROM OLD.seq)
+    EXECUTE FUNCTION hitl_gate_notify()""",
+]
+
+# Each entry brings the PostgreSQL schema to the step of its key: ``(version, 0)`` to the
+# SQLite schema of that version (the baseline stands for SQLite's eight migrations at once; a
+# later SQLite migration adds its PostgreSQL statements under its own number), ``(version,
+# n > 0)`` adds PostgreSQL's own tables at that version.
+PG_MIGRATIONS: dict[tuple[int, int], list[str]] = {
+    (SCHEMA_VERSION, 0): BASELINE + PG_ONLY,
+    (SCHEMA_VERSION, 1): CLUSTER,
+}
+# the tables of CLUSTER (PostgreSQL has them, SQLite has not)
+CLUSTER_TABLES = ("gate_instances", "gate_lease")
 
 
 class Connection(Protocol):
@@ -94,27 +149,41 @@ class SchemaTooNew(Exception):
 
 
 def migrate(conn: Connection) -> int:
-    """Bring the database to this gate's schema version in one transaction, under an
-    advisory lock, so N gates starting together migrate it once; returns the version.
-    Logs ``event=migrated schema_version=N`` for each version it applied (as SQLite's; the
-    caller's COMMIT follows). The caller commits (psycopg: ``with conn.transaction():
+    """Bring the database to this gate's schema (every step of ``PG_MIGRATIONS``) in one
+    transaction, under an advisory lock, so N gates starting together migrate it once;
+    returns the schema version. Logs ``event=migrated schema_version=N`` for each version
+    it applied (as SQLite's; ``... step=S`` for a later step of it; the caller's COMMIT
+    follows). Raises SchemaTooNew when the database has a step this gate does not know
+    past its last one. The caller commits (psycopg: ``with conn.transaction():
     migrate(conn)``)."""
     conn.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK,))
     conn.execute(
         "CREATE TABLE IF NOT EXISTS schema_migrations ("
-        " version BIGINT PRIMARY KEY,"
-        " applied_at TIMESTAMPTZ NOT NULL DEFAULT clock_timestamp())"
+        " version BIGINT NOT NULL,"
+        " step BIGINT NOT NULL DEFAULT 0,"
+        " applied_at TIMESTAMPTZ NOT NULL DEFAULT clock_timestamp(),"
+        " PRIMARY KEY (version, step))"
     )
-    (current,) = conn.execute("SELECT coalesce(max(version), 0) FROM schema_migrations").fetchone()
-    if current > SCHEMA_VERSION:
+    row = conn.execute(
+        "SELECT version, step FROM schema_migrations ORDER BY version DESC, step DESC LIMIT 1"
+    ).fetchone()
+    current = (int(row[0]), int(row[1])) if row is not None else (0, -1)
+    known = max(PG_MIGRATIONS)
+    if current[0] > known[0]:
         raise SchemaTooNew(
-            f"the database's schema is version {current}; this gate knows up to {SCHEMA_VERSION}"
+            f"the database's schema is version {current[0]}; this gate knows up to {known[0]}"
         )
-    for version in sorted(v for v in PG_MIGRATIONS if v > current):
-        for statement in PG_MIGRATIONS[version]:
+    if current > known:
+        raise SchemaTooNew(
+            f"the database's schema is version {current[0]} with PostgreSQL's step"
+            f" {current[1]}; this gate knows up to step {known[1]}"
+        )
+    for key in sorted(k for k in PG_MIGRATIONS if k > current):
+        for statement in PG_MIGRATIONS[key]:
             conn.execute(statement)
-        conn.execute("INSERT INTO schema_migrations (version) VALUES (%s)", (version,))
-        log.info("event=migrated schema_version=%d", version)
+        conn.execute("INSERT INTO schema_migrations (version, step) VALUES (%s, %s)", key)
+        version, step = key
+        log.info("event=migrated schema_version=%d" + (f" step={step}" if step else ""), version)
     return SCHEMA_VERSION
 
 

@@ -6,6 +6,8 @@ the relay URL (reachable: any HTTP answer to HEAD or OPTIONS), the dispatches, f
 that asks questions a separate question relay URL and the questions' dispatches,
 and the clock (after this release's date, and close to the relay's ``Date`` header).
 Nothing is written: the database is opened read-only and nothing is dispatched.
+On PostgreSQL (``storage.url``) the database checks are replaced by the gates sharing the
+database (``doctor_cluster``): live gates, one config, clocks.
 """
 
 from __future__ import annotations
@@ -14,9 +16,12 @@ import asyncio
 import time
 from collections.abc import Callable, Mapping
 
-from gate.config import read_receipt_key
+from gate.config import Config, load_secrets, read_receipt_key
+from gate.config.fingerprint import config_hash
+from gate.errors import ConfigError
 from gate.tools.doctor_audit import check_audit, check_database
 from gate.tools.doctor_check import Check, skip
+from gate.tools.doctor_cluster import check_cluster
 from gate.tools.doctor_config import (
     asks_questions,
     check_config,
@@ -44,6 +49,10 @@ async def run_checks(
         ]
     secrets_check = check_secrets(config, environ)
     keys_check, keys = check_keys(config)
+    if config.storage.url is not None:
+        return await _postgres_checks(
+            config, environ, now, [config_check, secrets_check, keys_check]
+        )
     path = config.storage.sqlite_file()
     database_check = await asyncio.to_thread(check_database, path)
     # the receipt keys are read on their own: other secrets missing do not hide them
@@ -73,5 +82,34 @@ async def run_checks(
         await asyncio.to_thread(check_dispatch, path, "approval", now_ms),
         *asked,
         *check_passkeys(config, path, now_ms),
+        check_clock(now(), probe, relay.security.max_skew),
+    ]
+
+
+async def _postgres_checks(
+    config: Config, environ: Mapping[str, str], now: Callable[[], float], first: list[Check]
+) -> list[Check]:
+    """The report for a config on PostgreSQL (``storage.url``): the config's checks
+    (``first``: config, secrets, keys), the follow-ups line, the gates on the database
+    (``check_cluster``), the relay and the clock; the checks that read a SQLite file SKIP."""
+    config_check, secrets_check, keys_check = first
+    assert config.storage.url is not None
+    try:  # the password as the gate reads it (a variable or a credentials file)
+        password = load_secrets(config, environ).storage_password
+    except ConfigError:  # the secrets check says what is wrong
+        password = None
+    cluster = await check_cluster(config.storage.url, password, config_hash(config))
+    relay = config.relay
+    probe = await probe_relay(relay.url, relay.dispatch_timeout, relay.ca_file, now)
+    not_yet = "reads a SQLite database (storage.path); not checked on PostgreSQL yet"
+    return [
+        config_check,
+        Check("followups", True, followups_summary(config, int(now() * 1000), safe_url)),
+        secrets_check,
+        keys_check,
+        *(skip(name, not_yet) for name in ("database", "audit")),
+        cluster,
+        check_relay(relay.url, probe),
+        *(skip(name, not_yet) for name in ("dispatch", "passkeys")),
         check_clock(now(), probe, relay.security.max_skew),
     ]

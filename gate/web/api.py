@@ -46,9 +46,16 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
 
 
 async def healthz(request: web.Request) -> web.Response:
-    """GET /healthz (no auth): ``{"status": "ok", "schema_version": N}``; 503 if the DB is gone."""
-    version = await request.app[SERVICE].health()
-    return web.json_response({"status": "ok", "schema_version": version})
+    """GET /healthz (no auth): ``{"status": "ok", "schema_version": N}``; 503 if the DB is gone.
+    On PostgreSQL also ``"cluster"`` (``GateService.cluster``), and 503 ``clock_skew`` when
+    this gate's clock is off the database's."""
+    service = request.app[SERVICE]
+    version = await service.health()
+    body: dict[str, object] = {"status": "ok", "schema_version": version}
+    cluster = service.cluster()
+    if cluster is not None:
+        body["cluster"] = cluster
+    return web.json_response(body)
 
 
 async def get_metrics(request: web.Request) -> web.Response:

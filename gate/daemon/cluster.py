@@ -1,0 +1,232 @@
+"""One gate's part in a cluster of gates on one PostgreSQL database: its heartbeat
+(``gate_instances``), the ``timers`` lease that picks the one gate running the timers and the
+senders, and the change feed that wakes its long-polls and workers when another gate wrote.
+
+Nothing here makes anything happen once: a resolution, a reminder level, a dispatch are
+guarded inside their serialised transactions (``WHERE state = 'pending'``, the follow-up
+outbox's key), so two gates running the timers at once, as when a deposed holder has not
+noticed yet, still resolve once and remind once per level. The lease saves the work and
+the duplicate POSTs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+import time
+from collections.abc import Callable, Coroutine, Sequence
+from typing import Any
+
+from ulid import ULID
+
+import gate
+from gate.config.fingerprint import config_hash
+from gate.core.service import GateService
+from gate.errors import Unavailable
+from gate.store.pg_feed import Change, Feed
+from gate.store.pg_instances import CLOCK_SKEW, ClusterHealth, Instance, assess, beat, live
+from gate.store.pg_instances import clock_offset_ms as measure_offset
+from gate.store.pg_instances import leave as leave_cluster
+from gate.store.pg_lease import TIMERS, Term, claim, current, release
+from gate.store.pg_session import close_quietly, connect
+
+log = logging.getLogger(__name__)
+
+LEASE_TTL_S = 10.0  # a holder that stops renewing loses the lease after this
+RENEW_S = 3.0  # the holder renews (and every gate beats) this often
+# the holder stops trusting its lease this part of the TTL before it would lapse (2 s of 10)
+MARGIN = 0.2
+# what wakes a long-poll on a request (the others only wake the workers)
+WAKING = frozenset({"resolved", "question_answered", "question_resolved", "question_revised"})
+
+Work = Callable[[], Coroutine[Any, Any, None]]
+
+
+class Cluster:
+    """This gate among the gates on the database at ``url`` (``password``: its password, or
+    None), for ``service`` (the gate's: each heartbeat records the hash of the config in
+    force, ``config_hash``, so a SIGHUP reload shows at the next beat);
+    ``instance_id`` is its id in ``gate_instances`` and its sessions' names (default: a new
+    ULID).
+
+    ``run(work)`` beats every ``renew_s`` (its clock's offset to the database's measured each
+    time), claims or renews the ``timers`` lease (``ttl_s``), runs ``work`` (the timers and
+    the senders) only while it holds it, and follows the change feed (``poll_s``). The
+    holder trusts its lease until its last successful renewal's start + ``ttl_s`` less
+    MARGIN of it, and stops the work when that passes without a renewal, or at once when
+    another gate holds the lease. A gate without the lease tries again when the lease would
+    lapse, so a killed holder is replaced within ``ttl_s``. On a clean stop it releases the
+    lease and removes its row.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        password: str | None,
+        service: GateService,
+        *,
+        ttl_s: float = LEASE_TTL_S,
+        renew_s: float = RENEW_S,
+        poll_s: float = 1.0,
+        instance_id: str | None = None,
+    ) -> None:
+        self.url = url
+        self.password = password
+        self.service = service
+        self.ttl_s = ttl_s
+        self.renew_s = renew_s
+        self.instance_id = instance_id or str(ULID())
+        self.feed = Feed(url, self.instance_id, self.changed, poll_s, password=password)
+        self.health: ClusterHealth | None = None
+        self.term: Term | None = None
+        self.held = asyncio.Event()
+        self.not_held = asyncio.Event()
+        self.not_held.set()
+        self._trusted_until = 0.0  # time.monotonic() until which the held lease is trusted
+
+    def instance(self, offset_ms: int) -> Instance:
+        """This gate's row, its clock ``offset_ms`` off the database's (times: the
+        database's)."""
+        return Instance(
+            self.instance_id,
+            gate.__version__,
+            config_hash(self.service.config),
+            socket.gethostname(),
+            os.getpid(),
+            offset_ms,
+            0,
+            0,
+        )
+
+    def status(self) -> dict[str, Any]:
+        """What ``/healthz`` adds on PostgreSQL: this gate's id, whether it holds the
+        ``timers`` lease, how many gates are live and the problems they show. Raises
+        Unavailable 503 ``clock_skew`` when this gate's clock is off the database's (the
+        balancer drains it)."""
+        health = self.health
+        problems = list(health.problems) if health is not None else []
+        if CLOCK_SKEW in problems and health is not None:
+            raise Unavailable(CLOCK_SKEW, "; ".join(health.details))
+        return {
+            "instance": self.instance_id,
+            "lease_holder": self.held.is_set(),
+            "live_gates": len(health.live) if health is not None else 0,
+            "problems": problems,
+        }
+
+    async def run(self, work: Sequence[Work]) -> None:
+        """Run until cancelled (the class's docstring)."""
+        tasks = [
+            asyncio.create_task(self._keep(), name="cluster"),
+            asyncio.create_task(self.feed.run(), name="feed"),
+            asyncio.create_task(self._lead(work), name="leader-work"),
+        ]
+        try:
+            await asyncio.gather(*tasks)
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            await self._leave()
+
+    def changed(self, changes: list[Change]) -> None:
+        """The feed's callback: wake the long-polls of requests resolved (or a question
+        revised) on any gate, and the workers (a new request, an escalation, a resolution
+        notice may be due)."""
+        for change in changes:
+            if change.kind in WAKING and change.request_id is not None:
+                self.service.wake(change.request_id)
+        self.service.dispatch_wakeup.set()
+        self.service.expiry_wakeup.set()
+
+    async def _keep(self) -> None:
+        """Beat and claim every ``renew_s`` on one session (reconnected after a failure);
+        without the lease, try again as soon as it would lapse."""
+        conn = None
+        try:
+            while True:
+                started = time.monotonic()
+                try:
+                    if conn is None:
+                        conn = await connect(self.url, "cluster", self.instance_id, self.password)
+                    await self._beat(conn)
+                    delay = await self._claim(conn, started)
+                except Unavailable as exc:
+                    log.warning("event=cluster_unavailable message=%s", exc.message)
+                    await close_quietly(conn)
+                    conn = None
+                    delay = min(self.renew_s, 1.0)
+                if self.held.is_set() and time.monotonic() >= self._trusted_until:
+                    self._step_down("not renewed in time")
+                await asyncio.sleep(delay)
+        finally:
+            await close_quietly(conn)
+
+    async def _beat(self, conn: Any) -> None:
+        offset = await measure_offset(conn, self.service.clock.now_ms)
+        await beat(conn, self.instance(offset))
+        health = assess(self.instance_id, await live(conn))
+        before = set(self.health.problems) if self.health is not None else set()
+        for problem, detail in zip(health.problems, health.details, strict=True):
+            if problem not in before:
+                log.warning("event=%s message=%s", problem, detail)
+        for problem in before - set(health.problems):
+            log.info("event=%s_ended", problem)
+        self.health = health
+
+    async def _claim(self, conn: Any, started: float) -> float:
+        """Claim or renew the lease; return the seconds until the next attempt."""
+        term = await claim(conn, TIMERS, self.instance_id, int(self.ttl_s * 1000))
+        if term is not None:
+            self._trusted_until = started + self.ttl_s * (1 - MARGIN)
+            if not self.held.is_set() or self.term is None or self.term.term != term.term:
+                log.info("event=lease_acquired lease=%s term=%d", TIMERS, term.term)
+            self.term = term
+            self.held.set()
+            self.not_held.clear()
+            return self.renew_s
+        self._step_down("another gate holds it")
+        other = await current(conn, TIMERS)
+        if other is None:
+            return 0.0
+        lapses_s = max(0.0, (other.expires_at - other.now) / 1000) + 0.05
+        return min(self.renew_s, lapses_s)
+
+    def _step_down(self, why: str) -> None:
+        if self.held.is_set():
+            log.warning("event=lease_lost lease=%s reason=%s", TIMERS, why.replace(" ", "_"))
+        self.held.clear()
+        self.not_held.set()
+
+    async def _lead(self, work: Sequence[Work]) -> None:
+        """Run ``work`` while the lease is held; stop it when it is lost."""
+        while True:
+            await self.held.wait()
+            tasks = [asyncio.create_task(job()) for job in work]
+            lost = asyncio.create_task(self.not_held.wait())
+            try:
+                await asyncio.wait([lost, *tasks], return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for task in (lost, *tasks):
+                    task.cancel()
+                await asyncio.gather(lost, *tasks, return_exceptions=True)
+            failed = [t for t in tasks if t.done() and not t.cancelled() and t.exception()]
+            for task in failed:  # a job that ended by itself (it should not): say so
+                log.error("event=leader_work_failed error=%r", task.exception())
+            if failed:
+                await asyncio.sleep(1.0)  # then start it again, without a hot loop
+
+    async def _leave(self) -> None:
+        """A clean stop: give up the lease (another gate takes it at its next attempt) and
+        remove this gate's row; best effort."""
+        self._step_down("stopping")
+        with contextlib.suppress(Unavailable):
+            conn = await connect(self.url, "cluster", self.instance_id, self.password)
+            try:
+                await release(conn, TIMERS, self.instance_id)
+                await leave_cluster(conn, self.instance_id)
+            finally:
+                await close_quietly(conn)

@@ -1,0 +1,414 @@
+"""A gate's part in a cluster (gate/daemon/cluster.py) on a real throwaway PostgreSQL server.
+
+In process, with gates built by the daemon's own ``build_gate``: the leader work (the timers
+and the senders) runs on one gate at a time and moves to the other when its holder stops; a
+clock off the database's makes ``/healthz``'s cluster status 503 ``clock_skew``; live gates
+with different configs show ``config_divergent``; an entry another gate appended wakes a
+long-poll here; two gates' schedulers running at once still resolve once and remind once
+per level. With real ``hitl-gate serve`` processes on one database: a long-poll on one gate
+answered when the other records the decision (20 times, under a second each); the timers'
+holder killed with -9 and the other gate sending the next due reminder within the lease's
+TTL + 1 s; ``/healthz`` naming the cluster."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import threading
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from gate.clock import SystemClock
+from gate.config import load
+from gate.config.fingerprint import config_hash
+from gate.core.approvals.create import CreateRequest
+from gate.daemon.app import Gate, build_gate
+from gate.daemon.cluster import LEASE_TTL_S, Cluster, Work
+from gate.daemon.timers import Timers
+from gate.errors import Unavailable
+from gate.store.pg_instances import CONFIG_DIVERGENT
+from tests.pg_server import pg_fixtures
+from tests.support import (
+    DEADLINE_S,
+    ENV,
+    CaptureRelay,
+    GateProcess,
+    decision_body,
+    post_decision,
+    wait_until,
+    write_config,
+)
+from tests.test_gate_on_postgres import assert_log_whole, rows, start_gate
+from tests.test_store_pg_feed import append
+
+pytestmark = [pytest.mark.e2e, pytest.mark.postgres]
+
+if not os.environ.get("HITL_CI"):
+    pytest.importorskip("psycopg")
+
+
+server, url = pg_fixtures()
+
+
+@pytest.fixture
+def gates() -> Iterator[list[GateProcess]]:
+    """The gate processes a test started (``gates.append``), stopped after it."""
+    started: list[GateProcess] = []
+    yield started
+    for gate in started:
+        if gate.proc is not None and gate.proc.poll() is None:
+            gate.stop()
+
+
+class AheadClock(SystemClock):
+    """The system clock ``ahead_ms`` ahead (a replica whose clock is wrong)."""
+
+    def __init__(self, ahead_ms: int) -> None:
+        self.ahead_ms = ahead_ms
+
+    def now_ms(self) -> int:
+        return super().now_ms() + self.ahead_ms
+
+
+def built(tmp_path: Path, name: str, clock: SystemClock | None = None, **config: object) -> Gate:
+    folder = tmp_path / name
+    folder.mkdir()
+    loaded, secrets = load(write_config(folder, "http://127.0.0.1:9/relay", **config), ENV)  # type: ignore[arg-type]
+    return build_gate(loaded, secrets, writer_process=False, clock=clock)
+
+
+@contextlib.asynccontextmanager
+async def member(cluster: Cluster, work: list[Work]) -> AsyncIterator[asyncio.Task[None]]:
+    task = asyncio.create_task(cluster.run(work))
+    try:
+        yield task
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
+async def until(condition: object, what: str) -> float:
+    started = time.monotonic()
+    while not callable(condition) or not condition():
+        if time.monotonic() - started > DEADLINE_S:
+            raise AssertionError(f"not within {DEADLINE_S} s: {what}")
+        await asyncio.sleep(0.02)
+    return time.monotonic() - started
+
+
+async def test_cluster_runs_the_leader_work_on_one_gate_and_hands_it_over(
+    url: str, tmp_path: Path
+) -> None:
+    running: list[str] = []
+    overlaps: list[list[str]] = []
+
+    def leader_work(name: str) -> Work:
+        async def work() -> None:
+            running.append(name)
+            if len(running) > 1:
+                overlaps.append(list(running))
+            try:
+                await asyncio.Event().wait()
+            finally:
+                running.remove(name)
+
+        return work
+
+    gates = [built(tmp_path, "a"), built(tmp_path, "b")]
+    a, b = (Cluster(url, None, g.service, ttl_s=2.0, renew_s=0.3) for g in gates)
+    async with member(a, [leader_work("a")]) as task_a, member(b, [leader_work("b")]) as task_b:
+        await until(lambda: len(running) == 1, "one gate runs the leader work")
+        first = running[0]
+        await asyncio.sleep(1.0)  # several renewals: it stays, alone
+        assert running == [first]
+        holder, other = (a, b) if first == "a" else (b, a)
+        assert holder.status()["lease_holder"] is True
+        assert other.status()["lease_holder"] is False
+        # a clean stop of the holder releases the lease: the other takes it at its next try
+        stopping = task_a if holder is a else task_b
+        stopping.cancel()
+        await asyncio.gather(stopping, return_exceptions=True)
+        second = "b" if first == "a" else "a"
+        waited = await until(lambda: running == [second], f"{second} takes the work over")
+        assert other.status()["lease_holder"] is True
+    assert overlaps == []
+    assert waited < 0.3 + 0.5  # its next attempt, and a margin
+
+
+async def test_cluster_status_is_clock_skew_when_the_gates_clock_is_off(
+    url: str, tmp_path: Path
+) -> None:
+    fine = built(tmp_path, "fine")
+    skewed = built(tmp_path, "skewed", AheadClock(90_000))
+    here = Cluster(url, None, fine.service, renew_s=0.2)
+    off = Cluster(url, None, skewed.service, renew_s=0.2)
+    async with member(here, []), member(off, []):
+        await until(
+            lambda: (
+                off.health is not None and here.health is not None and len(here.health.live) == 2
+            ),
+            "both gates beat and here sees both",
+        )
+        with pytest.raises(Unavailable) as raised:
+            off.status()
+        status = here.status()
+    assert raised.value.code == "clock_skew"
+    assert "+90." in raised.value.message
+    assert status["problems"] == []
+    assert status["live_gates"] == 2
+
+
+async def test_cluster_status_names_config_divergent_until_a_reload_ends_it(
+    url: str, tmp_path: Path
+) -> None:
+    one = built(tmp_path, "one")
+    two = built(tmp_path, "two", security={"rate_limit": 5})
+    assert config_hash(one.config) != config_hash(two.config)
+    a = Cluster(url, None, one.service, renew_s=0.2)
+    b = Cluster(url, None, two.service, renew_s=0.2)
+    async with member(a, []), member(b, []), two.storage():
+        await until(lambda: a.health is not None and len(a.health.live) == 2, "a sees both gates")
+        divergent = a.status()
+        two.service.reconfigure(one.config)  # a SIGHUP reload to the same rules as one
+        await until(lambda: a.status()["problems"] == [], "the next beats end it")
+    assert divergent["problems"] == [CONFIG_DIVERGENT]
+
+
+def test_config_hash_ignores_what_differs_per_replica(tmp_path: Path) -> None:
+    one = built(tmp_path, "one", api={"listen": "127.0.0.1:8101"}, db="one.db")
+    two = built(tmp_path, "two", api={"listen": "127.0.0.1:8102"}, db="two.db")
+    assert config_hash(one.config) == config_hash(two.config)
+
+
+async def test_cluster_wakes_a_long_poll_when_another_gate_resolved(
+    url: str, tmp_path: Path
+) -> None:
+    here = built(tmp_path, "here")
+    cluster = Cluster(url, None, here.service, poll_s=60.0)  # a notification only
+    async with here.storage(), member(cluster, []):
+        await until(cluster.feed.connected.is_set, "the feed listens")
+        request = CreateRequest("p", "q1", None, "text/plain", "deploy?", None)
+        created, _ = await here.service.approvals.create(request, None)
+        approval_id = created["approval_id"]
+        poll = asyncio.create_task(here.service.approvals.wait(approval_id, 30))
+        await asyncio.sleep(0.2)
+        assert not poll.done()
+        started = time.monotonic()
+        await asyncio.to_thread(append, url, [("resolved", approval_id)])
+        async with asyncio.timeout(DEADLINE_S):
+            await poll
+        woken_s = time.monotonic() - started
+    assert woken_s < 1.0
+
+
+DUE_SOON = {
+    "name": "due",
+    "quorum": 1,
+    "approvers": [101],
+    "timeout": "4s",
+    "remind_after": "1s",
+    "remind_every": "1s",
+    "escalate": [{"after": "2s", "to": [102]}, {"after": "3s", "to": [103]}],
+}
+
+
+def on_postgres(tmp_path: Path, name: str, url: str) -> Gate:
+    """A gate built by ``build_gate`` (writer thread) on the database ``url``."""
+    folder = tmp_path / name
+    folder.mkdir()
+    path = write_config(folder, "http://127.0.0.1:9/relay", steps=[DUE_SOON])
+    raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    raw["storage"] = {"url": url}
+    path.write_text(yaml.safe_dump(raw, sort_keys=False), encoding="utf-8")
+    loaded, secrets = load(path, ENV)
+    return build_gate(loaded, secrets, writer_process=False)
+
+
+@pytest.mark.slow
+async def test_cluster_timers_on_two_gates_at_once_resolve_and_escalate_once(
+    url: str, tmp_path: Path
+) -> None:
+    """What a deposed lease holder that has not noticed yet would do: both gates' schedulers
+    run at the same time. The state guards inside the serialised transactions keep every
+    effect single: one ``resolved`` entry per approval, one ``escalated`` entry and one
+    outbox row per level, one outbox row per reminder."""
+    one, two = on_postgres(tmp_path, "one", url), on_postgres(tmp_path, "two", url)
+    async with one.storage(), two.storage():
+        request = CreateRequest("p", "due", None, "text/plain", "soon due", None)
+        ids = []
+        for gate in (one, two) * 10:
+            created, _ = await gate.service.approvals.create(request, None)
+            ids.append(created["approval_id"])
+        timers = [asyncio.create_task(Timers(g.service, g.metrics).run()) for g in (one, two) * 2]
+        try:
+            await until(
+                lambda: not rows(url, "SELECT 1 FROM approvals WHERE state = 'pending'"),
+                "every approval timed out",
+            )
+        finally:
+            for task in timers:
+                task.cancel()
+            await asyncio.gather(*timers, return_exceptions=True)
+    entries = rows(url, "SELECT approval_id, kind, entry FROM audit_log ORDER BY seq")
+    resolved = [a for a, kind, _ in entries if kind == "resolved"]
+    assert sorted(resolved) == sorted(ids)  # each once
+    levels = [(a, json.loads(e)["data"]["level"]) for a, kind, e in entries if kind == "escalated"]
+    assert len(levels) == len(set(levels)) == 2 * len(ids)
+    queued = rows(url, "SELECT approval_id, kind, n FROM followup_outbox")
+    assert len(queued) == len(set(queued))
+    assert {(a, n) for a, kind, n in queued if kind == "escalation"} == set(levels)
+    assert_log_whole(url)
+
+
+# ---- real gate processes on one database (hitl-gate serve with storage.url) -------------
+
+
+def lease_holder(url: str, gates: list[GateProcess]) -> GateProcess:
+    """The gate process that holds the timers' lease now (the pid of its row)."""
+
+    def holder() -> GateProcess | None:
+        found = rows(
+            url,
+            "SELECT i.pid FROM gate_lease l JOIN gate_instances i ON i.instance_id = l.holder"
+            " WHERE l.name = 'timers'",
+        )
+        pids = {pid for (pid,) in found}
+        return next((g for g in gates if g.proc is not None and g.proc.pid in pids), None)
+
+    return wait_until(holder, what="a gate to hold the timers' lease")
+
+
+def two_gates(
+    tmp_path: Path, relay: CaptureRelay, url: str, gates: list[GateProcess]
+) -> list[GateProcess]:
+    """Gates a and b on the database ``url``, dispatching to ``relay``."""
+    gates.append(start_gate(tmp_path / "a", relay, url))
+    gates.append(start_gate(tmp_path / "b", relay, url))
+    return gates
+
+
+def long_poll(
+    gate: GateProcess, relay: CaptureRelay
+) -> tuple[dict[str, Any], threading.Thread, dict[str, Any]]:
+    """Create an approval on ``gate`` and wait for it there (``?wait=30``) in a thread:
+    its dispatch, the thread and the long-poll's answer (filled when it returns)."""
+    approval_id = gate.api().create("q1")["approval_id"]
+    dispatch = relay.wait_dispatch(approval_id)
+    answer: dict[str, Any] = {}
+    poll = threading.Thread(
+        target=lambda: answer.update(gate.api().get(approval_id, wait=30)), daemon=True
+    )
+    poll.start()
+    # the gate answers a later request: it has read the long-poll, which it got first
+    assert gate.api().call("GET", "/healthz")[0] == 200
+    return dispatch, poll, answer
+
+
+@pytest.mark.slow
+def test_cluster_long_poll_on_one_gate_is_answered_when_the_other_decides(
+    tmp_path: Path, relay: CaptureRelay, url: str, gates: list[GateProcess]
+) -> None:
+    a, b = two_gates(tmp_path, relay, url, gates)
+    woken: list[float] = []
+    for _ in range(20):
+        dispatch, poll, answer = long_poll(a, relay)
+        status, decided, _ = post_decision(b.callback_url, decision_body(dispatch))
+        assert status == 200, decided
+        decided_at = time.monotonic()
+        poll.join(DEADLINE_S)
+        woken.append(time.monotonic() - decided_at)
+        assert (answer["state"], answer["outcome"]) == ("resolved", "approved")
+    woken.sort()
+    assert woken[-1] < 1.0, woken  # p99 (and the slowest) of 20: under a second
+
+    def cluster() -> dict[str, Any] | None:  # a sees b at its next heartbeat (3 s)
+        status, health = a.api().call("GET", "/healthz")
+        assert status == 200, health
+        return health["cluster"] if health["cluster"]["live_gates"] == 2 else None
+
+    seen = wait_until(cluster, what="a's /healthz to count both gates")
+    assert seen["problems"] == []
+    on_b = b.api().call("GET", "/healthz")[1]["cluster"]
+    assert {seen["lease_holder"], on_b["lease_holder"]} == {True, False}  # one holder
+
+
+@pytest.mark.slow
+def test_cluster_long_poll_is_answered_by_the_fallback_read_after_its_listener_was_killed(
+    tmp_path: Path, relay: CaptureRelay, url: str, gates: list[GateProcess]
+) -> None:
+    a, b = two_gates(tmp_path, relay, url, gates)
+    instance = a.api().call("GET", "/healthz")[1]["cluster"]["instance"]
+    dispatch, poll, answer = long_poll(a, relay)
+
+    (ended,) = rows(
+        url,
+        "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = %s",
+        f"hitl-gate/listener/{instance}",
+    )
+    assert ended == (1,)
+    status, decided, _ = post_decision(b.callback_url, decision_body(dispatch))
+    assert status == 200, decided
+    decided_at = time.monotonic()
+    poll.join(DEADLINE_S)
+    woken_s = time.monotonic() - decided_at
+
+    assert (answer["state"], answer["outcome"]) == ("resolved", "approved")
+    assert woken_s < 1.0 + 0.5  # the polling interval, and a margin
+    a.wait_for_line("event=listen_lost")
+    a.wait_for_line("event=listen_reconnected")
+
+
+FOLLOWED = {
+    "name": "fu",
+    "quorum": 1,
+    "approvers": [101],
+    "timeout": "60s",
+    "remind_after": "2s",
+    "remind_every": "2s",
+}
+
+
+def reminders(relay: CaptureRelay, approval_id: str) -> list[tuple[int, float]]:
+    """``(n, arrival time)`` of every reminder POST about ``approval_id`` the relay got."""
+    with relay._cond:
+        records = list(relay.received)
+    found = []
+    for record in records:
+        envelope = json.loads(record["raw"])
+        if envelope.get("approval_id") == approval_id and "reminder" in envelope:
+            found.append((int(envelope["reminder"]), float(record["at"])))
+    return found
+
+
+@pytest.mark.slow
+def test_cluster_holder_killed_the_other_gate_sends_the_next_reminder_within_ttl(
+    tmp_path: Path, relay: CaptureRelay, url: str, gates: list[GateProcess]
+) -> None:
+    for name in ("a", "b"):
+        gates.append(start_gate(tmp_path / name, relay, url, steps=[FOLLOWED]))
+    holder = lease_holder(url, gates)
+    survivor = next(g for g in gates if g is not holder)
+    approval_id = survivor.api().create("fu")["approval_id"]
+    wait_until(lambda: reminders(relay, approval_id), what="the first reminder")
+
+    killed_at = time.time()
+    holder.kill9()
+    sent_before = max(n for n, _ in reminders(relay, approval_id))
+
+    wait_until(
+        lambda: any(n > sent_before for n, _ in reminders(relay, approval_id)),
+        timeout=LEASE_TTL_S + 10,
+        what="the next reminder, from the other gate",
+    )
+    next_at = min(at for n, at in reminders(relay, approval_id) if n > sent_before)
+    assert next_at - killed_at <= LEASE_TTL_S + 1.0
+    survivor.wait_for_line("event=lease_acquired")
+    queued = rows(url, "SELECT kind, n FROM followup_outbox WHERE approval_id = %s", approval_id)
+    assert len(queued) == len(set(queued))  # each reminder queued once

@@ -1,0 +1,125 @@
+"""``hitl-gate doctor`` on PostgreSQL (gate/tools/doctor_cluster.py) against a real throwaway
+server: the gates on the database (their rows as the gates write them), one config or not,
+a clock off the database's, nobody live, the database unreachable; and the report of a
+config with ``storage.url``."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+
+import pytest
+import yaml
+
+from gate.config import load_config
+from gate.config.fingerprint import config_hash
+from gate.store.pg_instances import Instance, beat
+from gate.store.pg_lease import TIMERS, claim
+from gate.store.pg_session import close_quietly, connect
+from gate.tools.doctor import run_checks
+from gate.tools.doctor_cluster import check_cluster
+from tests.pg_server import free_port, pg_fixtures
+from tests.support import ENV, write_config
+
+pytestmark = [pytest.mark.e2e, pytest.mark.postgres]
+
+if not os.environ.get("HITL_CI"):
+    pytest.importorskip("psycopg")
+
+GATE = Instance("01GATEA", "0.1.0", "c0ffee" * 4, "host-a", 11, 0, 0, 0)
+
+
+server, url = pg_fixtures()
+
+
+async def gates(url: str, *rows: Instance, holder: str | None = None) -> None:
+    conn = await connect(url, "test", "test")
+    try:
+        for row in rows:
+            await beat(conn, row)
+        if holder is not None:
+            assert await claim(conn, TIMERS, holder, 60_000) is not None
+    finally:
+        await close_quietly(conn)
+
+
+async def test_doctor_cluster_passes_live_gates_on_one_config(url: str) -> None:
+    other = dataclasses.replace(GATE, instance_id="01GATEB", host="host-b", pid=12)
+    await gates(url, GATE, other, holder="01GATEB")
+
+    check = await check_cluster(url, None, GATE.config_hash)
+
+    assert check.line() == (
+        "PASS cluster: 2 gates live (version 0.1.0), one config; timers on 01GATEB (host-b pid 12)"
+    )
+
+
+async def test_doctor_cluster_fails_divergent_configs_and_a_skewed_clock(url: str) -> None:
+    other = dataclasses.replace(GATE, instance_id="01GATEB", config_hash="beef" * 6)
+    skewed = dataclasses.replace(GATE, instance_id="01GATEC", clock_offset_ms=-12_000)
+    await gates(url, GATE, other, skewed)
+
+    check = await check_cluster(url, None, GATE.config_hash)
+
+    assert not check.ok
+    assert check.detail == (
+        "live gates run different configs: config beefbeefbeef on 01GATEB;"
+        " config c0ffeec0ffee on 01GATEA, 01GATEC; clock off the database's by more than"
+        " 5 s: 01GATEC (host-a) -12.0 s"
+    )
+
+
+async def test_doctor_cluster_fails_a_config_other_than_the_live_gates(url: str) -> None:
+    await gates(url, GATE)
+
+    check = await check_cluster(url, None, "0123456789ab" + "0" * 52)
+
+    assert check.line() == (
+        "FAIL cluster: the live gates run another config (c0ffeec0ffee) than this file"
+        " (0123456789ab)"
+    )
+
+
+async def test_doctor_cluster_warns_when_no_gate_is_live(url: str) -> None:
+    check = await check_cluster(url, None, GATE.config_hash)
+    assert check.line() == (
+        "WARN cluster: no gate is running on this database (no heartbeat in the last 15 s)"
+    )
+
+
+async def test_doctor_cluster_fails_an_unreachable_database() -> None:
+    check = await check_cluster(f"postgresql://gate@127.0.0.1:{free_port()}/x", None, "h")
+    assert not check.ok
+    assert check.detail.startswith("connecting the doctor session: ")
+
+
+async def test_doctor_on_postgres_reports_the_cluster_and_skips_the_sqlite_checks(
+    url: str, tmp_path: Path
+) -> None:
+    path = write_config(tmp_path, "http://127.0.0.1:9/relay")
+    raw = yaml.safe_load(path.read_text())
+    raw["storage"] = {"url": url}
+    path.write_text(yaml.safe_dump(raw))
+    await gates(url, dataclasses.replace(GATE, config_hash=config_hash(load_config(path))))
+
+    checks = await run_checks(str(path), ENV)
+
+    by_name = {check.name: check for check in checks}
+    assert [check.name for check in checks] == [
+        "config",
+        "followups",
+        "secrets",
+        "keys",
+        "database",
+        "audit",
+        "cluster",
+        "relay",
+        "dispatch",
+        "passkeys",
+        "clock",
+    ]
+    assert by_name["cluster"].label == "PASS"
+    assert by_name["database"].line() == (
+        "SKIP database: reads a SQLite database (storage.path); not checked on PostgreSQL yet"
+    )
