@@ -20,7 +20,8 @@ if TYPE_CHECKING:
 F = TypeVar("F", bound=Callable[..., Any])
 
 PASSWORD_HELP = (
-    "Env var holding the PostgreSQL user's password (default: libpq's own PGPASSWORD or "
+    "Env var holding the PostgreSQL user's password, or the name of its file in "
+    "$CREDENTIALS_DIRECTORY, as for the gate's secrets (default: libpq's own PGPASSWORD or "
     "~/.pgpass). Never printed or logged."
 )
 
