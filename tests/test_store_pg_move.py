@@ -460,9 +460,13 @@ def test_pg_move_a_source_whose_log_does_not_verify_is_named(
 
 @pytest.mark.parametrize(
     ("value", "held"),
-    [("'run' || char(0) || 'id'", "holds U+0000, which PostgreSQL text cannot hold"),
-     ("x'00ff'", "holds a BLOB, which its PostgreSQL column cannot hold unchanged")],
-    ids=["nul", "blob"],
+    [("'run' || char(0) || 'id'", "approvals.run_id of row 1 holds U+0000, which PostgreSQL"
+      " text cannot hold"),
+     ("x'00ff'", "approvals.run_id of row 1 holds a BLOB, which its PostgreSQL column cannot"
+      " hold unchanged"),
+     ("CAST(x'ff' AS TEXT)", "approvals.run_id holds text that is not UTF-8 (in rows 1 to"
+      " 1000)")],
+    ids=["nul", "blob", "not-utf8"],
 )  # fmt: skip
 def test_pg_move_a_value_postgres_cannot_hold_is_named(
     server: PgServer, tmp_path: Path, value: str, held: str
@@ -479,7 +483,7 @@ def test_pg_move_a_value_postgres_cannot_hold_is_named(
     url = empty_database(server)
     done = run_cli("storage", "migrate", "--from", str(source), "--to", url, env=ENV)
     assert (done.returncode, done.stdout) == (1, b"")
-    assert done.stderr.decode() == f"Error: approvals.run_id of row 1 {held}\n"
+    assert done.stderr.decode() == f"Error: {held}\n"
     with psycopg.connect(url) as conn:
         assert conn.execute(
             "SELECT count(*) FROM information_schema.tables WHERE table_schema = 'public'"

@@ -13,6 +13,7 @@ The copy's audit check (the chain, its head equal to the source's) is ``gate.aud
 
 from __future__ import annotations
 
+import re
 import sqlite3
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -204,7 +205,7 @@ def _copy(lite: sqlite3.Connection, conn: Any, table: str, columns: list[str]) -
     rows = 0
     with conn.cursor().copy(f'COPY "{table}" ({names}) FROM STDIN') as copy:
         cursor = lite.execute(f"SELECT {names} FROM {table} ORDER BY rowid")
-        while chunk := cursor.fetchmany(CHUNK):
+        while chunk := _fetched(cursor, table, rows):
             for row in chunk:
                 rows += 1
                 _check_row(table, columns, kinds, rows, row)
@@ -213,6 +214,19 @@ def _copy(lite: sqlite3.Connection, conn: Any, table: str, columns: list[str]) -
     if count != rows:
         raise MoveError(None, f"table {table}: {rows} rows read, {count} written")
     return rows
+
+
+def _fetched(cursor: sqlite3.Cursor, table: str, done: int) -> list[Any]:
+    """The next CHUNK rows of ``cursor``; MoveError naming ``table`` and the column when
+    the source cannot give one (a text that is not UTF-8: its value is not shown, it may
+    be a draft)."""
+    try:
+        return cursor.fetchmany(CHUNK)
+    except sqlite3.Error as exc:
+        column = re.search(r"column '(\w+)'", str(exc))
+        what = f"{table}.{column.group(1)}" if column else f"table {table}"
+        why = "holds text that is not UTF-8" if column else f"cannot be read ({type(exc).__name__})"
+        raise MoveError(None, f"{what} {why} (in rows {done + 1} to {done + CHUNK})") from None
 
 
 def _check_row(
