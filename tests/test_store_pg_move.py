@@ -490,6 +490,27 @@ def test_pg_move_a_value_postgres_cannot_hold_is_named(
         ).fetchone() == (0,)
 
 
+def test_pg_move_a_row_postgres_refuses_is_one_line_without_the_row(
+    server: PgServer, tmp_path: Path
+) -> None:
+    """A revision whose approval is missing (SQLite checks foreign keys only when told to):
+    PostgreSQL refuses it; the line names the constraint, never the draft."""
+    source = tmp_path / "gate.db"
+    prepare(source).close()
+    with sqlite3.connect(source) as conn:  # foreign keys off, as sqlite3 opens by default
+        conn.execute(
+            "INSERT INTO revisions VALUES ('NOPE', 1, 'geheimer Entwurf', 'sha256:x', 'n', 1, NULL)"
+        )
+    url = empty_database(server)
+    done = run_cli("storage", "migrate", "--from", str(source), "--to", url, env=ENV)
+    err = done.stderr.decode()
+    assert (done.returncode, done.stdout) == (1, b""), err
+    assert err == (
+        'Error: the copy failed: insert or update on table "revisions" violates foreign key'
+        ' constraint "revisions_approval_id_fkey"\n'
+    )
+
+
 @pytest.mark.parametrize("clash", [False, True], ids=["gate-table-with-a-row", "foreign-table"])
 def test_pg_move_refuses_a_non_empty_target_and_leaves_it(
     server: PgServer, history: History, clash: bool

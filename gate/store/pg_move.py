@@ -76,7 +76,7 @@ def move(source: Path, target: PgTarget) -> Moved:
                 _set_identities(conn, names)
                 seq, entry_hash, _ = sync_audit_head(conn)
         except pg_read.driver().Error as exc:
-            raise MoveError(None, f"the copy failed: {as_sqlite_error(exc)}") from None
+            raise MoveError(None, f"the copy failed: {_primary(exc)}") from None
         except (ValueError, KeyError, TypeError):  # sync_audit_head: the newest entry's time
             raise MoveError(
                 None, "the copy failed: the newest audit entry has no valid time (at)"
@@ -84,6 +84,13 @@ def move(source: Path, target: PgTarget) -> Moved:
         finally:
             conn.close()
     return Moved(copied, (seq, entry_hash) if seq else None)
+
+
+def _primary(exc: Any) -> str:
+    """The server's one-line message for ``exc`` without its DETAIL and CONTEXT, which may
+    quote a row (a draft); the client's first line when the server sent none."""
+    primary = getattr(getattr(exc, "diag", None), "message_primary", None)
+    return str(primary) if primary else str(as_sqlite_error(exc)).split("; ")[0]
 
 
 def _refuse_text_rules(conn: Any) -> None:
@@ -179,8 +186,7 @@ def _migrate(conn: Any) -> None:
     except SchemaTooNew as exc:
         raise MoveError("--to", str(exc)) from None
     except psycopg.Error as exc:
-        reason = as_sqlite_error(exc)
-        raise MoveError("--to", f"cannot apply the gate's schema: {reason}") from None
+        raise MoveError("--to", f"cannot apply the gate's schema: {_primary(exc)}") from None
 
 
 def _column_types(conn: Any, table: str) -> dict[str, str]:
