@@ -325,12 +325,14 @@ def test_pg_move_export_from_postgres_equals_the_sqlite_export(
     assert (tmp_path / "pg.jsonl").read_text(encoding="utf-8") == lite
 
 
+@pytest.mark.parametrize("by", ["--db", "-c"])
 def test_pg_move_signatures_read_from_postgres(
-    history: History, moved: str, tmp_path: Path
+    history: History, moved: str, tmp_path: Path, by: str
 ) -> None:
     code, lite, err = cli("audit", "signatures", "-c", str(history.config))
     assert code == 0, err
-    code, pg, err = cli("audit", "signatures", "-c", str(pg_config(history, moved, tmp_path)))
+    where = ["--db", moved] if by == "--db" else ["-c", str(pg_config(history, moved, tmp_path))]
+    code, pg, err = cli("audit", "signatures", *where)
     assert (code, pg, err) == (0, lite, "")
     assert len(pg.splitlines()) == 2  # the header and alice's signed approval
 
