@@ -38,7 +38,9 @@ def database_options(verb: str) -> Callable[[F], F]:
             help=f"{verb} this database instead of the config's: a SQLite file or "
             "postgresql://USER@HOST:PORT/DB.",
         ),
-        click.option("--password-env", "password_env", default=None, help=PASSWORD_HELP),
+        click.option(
+            "--password-env", "password_env", default=None, metavar="VAR", help=PASSWORD_HELP
+        ),
     )
 
 
