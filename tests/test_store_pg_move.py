@@ -592,7 +592,7 @@ def test_pg_move_waits_for_a_gate_writing_there_and_then_refuses(
             lambda: (
                 watch.execute(
                     "SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE"
-                    " 'hitl-gate/migrate/%' AND wait_event_type = 'Lock'"
+                    " 'hitl-gate/move/%' AND wait_event_type = 'Lock'"
                 ).fetchone()
                 == (1,)
             ),

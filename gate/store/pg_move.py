@@ -62,7 +62,7 @@ def move(source: Path, target: PgTarget) -> Moved:
     with _held(source) as lite:
         tables = _source_tables(lite)
         names = [name for name, _ in tables]
-        conn = pg_read.session(target, "migrate")
+        conn = pg_read.session(target, "move")
         try:
             with conn.transaction():
                 _refuse_text_rules(conn)
