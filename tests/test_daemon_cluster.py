@@ -8,7 +8,8 @@ long-poll here; two gates' schedulers running at once still resolve once and rem
 per level. With real ``hitl-gate serve`` processes on one database: a long-poll on one gate
 answered when the other records the decision (20 times, under a second each); the timers'
 holder killed with -9 and the other gate sending the next due reminder within the lease's
-TTL + 1 s; ``/healthz`` naming the cluster."""
+TTL + 1 s; ``/healthz`` and ``/metrics`` naming the cluster (every series the cluster's
+alert rules select is exposed)."""
 
 from __future__ import annotations
 
@@ -46,6 +47,7 @@ from tests.support import (
     write_config,
 )
 from tests.test_gate_on_postgres import assert_log_whole, rows, start_gate
+from tests.test_metrics import CLUSTER_ALERTS, _rules, _series_names, scrape, value
 from tests.test_store_pg_feed import append
 
 pytestmark = [pytest.mark.e2e, pytest.mark.postgres]
@@ -156,13 +158,15 @@ async def test_cluster_status_is_clock_skew_when_the_gates_clock_is_off(
             ),
             "both gates beat and here sees both",
         )
+        skewed.service.cluster_status, fine.service.cluster_status = off.status, here.status
         with pytest.raises(Unavailable) as raised:
-            off.status()
-        status = here.status()
-    assert raised.value.code == "clock_skew"
-    assert "+90." in raised.value.message
-    assert status["problems"] == []
-    assert status["live_gates"] == 2
+            skewed.service.cluster()  # /healthz
+        status, offset = fine.service.cluster(), off.status()["clock_offset_ms"]
+    assert (raised.value.status, raised.value.code) == (503, "clock_skew")
+    assert raised.value.message.startswith("this gate's clock is +90.")
+    assert 89_000 < offset < 91_000  # what /metrics shows
+    assert status is not None
+    assert (status["problems"], status["live_gates"]) == ([], 2)
 
 
 async def test_cluster_status_names_config_divergent_until_a_reload_ends_it(
@@ -337,6 +341,13 @@ def test_cluster_long_poll_on_one_gate_is_answered_when_the_other_decides(
     assert seen["problems"] == []
     on_b = b.api().call("GET", "/healthz")[1]["cluster"]
     assert {seen["lease_holder"], on_b["lease_holder"]} == {True, False}  # one holder
+    _, samples = scrape(a)
+    assert value(samples, "hitl_gate_cluster_live_gates") == 2
+    assert value(samples, "hitl_gate_cluster_lease_held") == int(seen["lease_holder"])
+    assert value(samples, "hitl_gate_cluster_config_divergent") == 0
+    exposed = {name for name, _ in samples}
+    for rule in (r for r in _rules() if r["alert"] in CLUSTER_ALERTS):
+        assert _series_names(rule["expr"]) <= exposed, rule["alert"]
 
 
 @pytest.mark.slow
