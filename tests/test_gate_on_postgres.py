@@ -12,7 +12,8 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ import pytest
 import yaml
 
 from gate.audit.chain import AuditRow, verify
+from gate.protocol.canonical import wire_json
 from gate.store.pg_schema import migrate
 from gate.store.schema import SCHEMA_VERSION
 from tests.pg_server import PgServer, free_port, running_server
@@ -118,22 +120,27 @@ def assert_log_whole(url: str) -> list[AuditRow]:
     return log
 
 
-def at_once(sends: list[tuple[GateProcess, dict[str, Any]]]) -> list[tuple[int, Any]]:
-    """POST each decision to its gate, all behind one barrier; their (status, answer)."""
-    barrier = threading.Barrier(len(sends))
+def at_once(calls: list[Callable[[], tuple[int, Any]]]) -> list[tuple[int, Any]]:
+    """Make each call (a request: its status and answer) from its own thread, all behind
+    one barrier; their (status, answer)."""
+    barrier = threading.Barrier(len(calls))
     answers: list[tuple[int, Any]] = []
 
-    def send(gate: GateProcess, body: dict[str, Any]) -> None:
+    def send(call: Callable[[], tuple[int, Any]]) -> None:
         barrier.wait(timeout=30)
-        status, answer, _ = post_decision(gate.callback_url, body)
-        answers.append((status, answer))
+        answers.append(call())
 
-    threads = [threading.Thread(target=send, args=pair) for pair in sends]
+    threads = [threading.Thread(target=send, args=(call,)) for call in calls]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join(timeout=60)
     return answers
+
+
+def decide(gate: GateProcess, body: dict[str, Any]) -> tuple[int, Any]:
+    status, answer, _ = post_decision(gate.callback_url, body)
+    return status, answer
 
 
 def test_gate_on_postgres_runs_the_lifecycle(
@@ -209,19 +216,31 @@ def test_gate_on_postgres_answers_503_while_the_server_is_down_and_recovers(
 def test_two_gates_on_one_database_count_a_decision_once(
     tmp_path: Path, relay: CaptureRelay, url: str, gates: list[GateProcess]
 ) -> None:
-    """Alice and Bob approve the same approval (quorum 2) on both gates at the same moment:
-    one of each one's two decisions is recorded, the other refused 409; resolved once."""
-    gates.append(start_gate(tmp_path / "a", relay, url))
-    gates.append(start_gate(tmp_path / "b", relay, url))
+    """Two gates start together on an empty database (migrated once); Alice and Bob approve
+    the same approval (quorum 2) on both gates at the same moment: one of each one's two
+    decisions is recorded, the other refused 409; resolved once."""
+    starting = [pg_config(tmp_path / name, relay, url) for name in ("a", "b")]
+    env = gate_env(HITL_DB_PASSWORD=DB_PASSWORD)
+    pending = [GateProcess(path, env=env) for path in starting]
+    threads = [threading.Thread(target=gate.start) for gate in pending]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    gates.extend(pending)
+    assert all(gate.api_url for gate in gates), [gate.log() for gate in gates]
+    assert sum(gate.log().count("event=migrated") for gate in gates) == 1
+    assert rows(url, "SELECT version FROM schema_migrations") == [(SCHEMA_VERSION,)]
     for round_ in range(5):
         approval_id = gates[round_ % 2].api().create("q2")["approval_id"]
         dispatch = relay.wait_dispatch(approval_id)
-        sends = [
-            (gate, decision_body(dispatch, who))
-            for who in ("alice@example.com", "bob@example.com")
-            for gate in gates
-        ]
-        answers = at_once(sends)
+        answers = at_once(
+            [
+                partial(decide, gate, decision_body(dispatch, who))
+                for who in ("alice@example.com", "bob@example.com")
+                for gate in gates
+            ]
+        )
 
         statuses = sorted(status for status, _ in answers)
         assert statuses == [200, 200, 409, 409], answers
@@ -232,8 +251,25 @@ def test_two_gates_on_one_database_count_a_decision_once(
             assert (approval["outcome"], len(approval["decisions"])) == ("approved", 2)
         decided = rows(url, "SELECT count(*) FROM decisions WHERE approval_id = %s", approval_id)
         assert decided == [(2,)]
+
+    payload = {"pipeline": "p", "step": "q1", "draft": {"content_type": "text/plain", "body": "i"}}
+    key = {"Idempotency-Key": "on-both-gates"}
+    created = at_once(
+        [partial(gate.api().call, "POST", "/v1/approvals", payload, key) for gate in gates]
+    )
+    assert sorted(status for status, _ in created) == [200, 201], created
+    assert created[0][1]["approval_id"] == created[1][1]["approval_id"]
+
+    # the same signed bytes replayed to the other gate: refused, nothing counted twice
+    replayed_id = gates[0].api().create("q2")["approval_id"]
+    raw = wire_json(decision_body(relay.wait_dispatch(replayed_id), "alice@example.com"))
+    assert post_decision(gates[0].callback_url, raw)[0] == 200
+    status, answer, _ = post_decision(gates[1].callback_url, raw)
+    assert (status, answer) == (409, {"status": "duplicate", "reason": "duplicate"})
+    assert rows(url, "SELECT count(*) FROM decisions WHERE approval_id = %s", replayed_id) == [(1,)]
     log = assert_log_whole(url)
     assert sum(row.kind == "resolved" for row in log) == 5
+    assert sum(row.kind == "created" for row in log) == 7
     for gate in gates:
         assert http_request(gate.api_url + "/healthz", "GET", None, {}, 30)[0] == 200
 
@@ -268,3 +304,22 @@ def test_gate_on_postgres_unreachable_is_one_line(
     (line,) = lines
     assert line.startswith("Error: cannot open database postgresql://gate@127.0.0.1:"), line
     assert DB_PASSWORD not in line
+
+
+def test_a_gate_killed_leaves_the_other_serving_and_loses_nothing(
+    tmp_path: Path, relay: CaptureRelay, url: str, gates: list[GateProcess]
+) -> None:
+    gates.append(start_gate(tmp_path / "a", relay, url))
+    gates.append(start_gate(tmp_path / "b", relay, url))
+    approval_id = gates[0].api().create("q2")["approval_id"]
+    dispatch = relay.wait_dispatch(approval_id)
+    assert decide(gates[0], decision_body(dispatch, "alice@example.com"))[0] == 200
+
+    gates[0].kill9()
+    assert decide(gates[1], decision_body(dispatch, "bob@example.com"))[0] == 200
+    gates[0] = GateProcess(gates[0].config, env=gates[0].env).start()
+
+    for gate in gates:
+        approval = gate.api().get(approval_id)
+        assert (approval["outcome"], len(approval["decisions"])) == ("approved", 2)
+    assert_log_whole(url)

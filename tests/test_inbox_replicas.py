@@ -224,6 +224,8 @@ def test_inbox_replicas_a_batch_challenged_at_one_replica_is_decided_at_the_othe
     raced = ids["replica batch 1"]
     assert bob.decide(raced, pair.world.passkeys[102]).status == 200
     pair.a.wait_item(raced, lambda r: r["state"] == "resolved")
+    live = at_b.get("/live?since=0").json()  # the notice reached A; B reports the change
+    assert [raced, "resolved"] in live["changed"], live
 
     done = at_b.post_json("/bulk/decide", {**fields, "assertion": signed})
 

@@ -251,9 +251,14 @@ def test_pg_reads_connect_again_after_their_session_was_ended(
         before = asyncio.run(pid())
         with psycopg.connect(server.url(), autocommit=True) as admin:
             admin.execute("SELECT pg_terminate_backend(%s)", (before,))
-        with pytest.raises(Unavailable):
-            asyncio.run(pid())  # the read that finds the session gone: 503
-        assert asyncio.run(pid()) != before  # the next one opens a new session
+        assert asyncio.run(pid()) != before  # found gone: run again on a new session
+        server.stop("fast")
+        try:
+            with pytest.raises(Unavailable):  # no server: 503
+                asyncio.run(pid())
+        finally:
+            server.start()
+        assert asyncio.run(pid()) != before
     finally:
         reads.close()
 
@@ -287,3 +292,23 @@ def test_pg_writer_frozen_holding_the_head_lock_loses_it_and_its_batch_answers_5
     assert isinstance(answer[0], Unavailable) and answer[0].code == "storage_unavailable"
     assert frozen.run(frozen.append)[0][1] is None  # on a new connection
     assert head(other.target)[0] == 2
+
+
+@pytest.mark.parametrize(
+    ("locale", "warned"),
+    [("LOCALE 'C'", False), ("LOCALE_PROVIDER icu ICU_LOCALE 'und'", True)],
+    ids=["c", "icu"],
+)
+def test_pg_prepare_warns_of_a_collation_that_does_not_sort_by_code_point(
+    server: PgServer, caplog: pytest.LogCaptureFixture, locale: str, warned: bool
+) -> None:
+    name = f"collation_{next(_databases)}"
+    with psycopg.connect(server.url(), autocommit=True) as admin:
+        admin.execute(f"CREATE DATABASE {name} {locale} TEMPLATE template0")
+    caplog.set_level("INFO", logger="gate.store")
+
+    assert pg_backend.prepare(PgTarget(server.url(name))) == SCHEMA_VERSION
+
+    messages = [r.getMessage() for r in caplog.records]
+    assert ("event=storage_collation" in " ".join(messages)) is warned, messages
+    assert f"event=migrated schema_version={SCHEMA_VERSION}" in messages

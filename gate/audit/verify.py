@@ -12,13 +12,14 @@ import threading
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
+from pathlib import Path, PurePath
+from typing import TYPE_CHECKING, Any
 
 from gate.audit import chain as audit
 from gate.audit import records as audit_records
 from gate.audit import signature_checks
 from gate.audit.receipts import head_problem, receipt_problem, span_keys
+from gate.audit.report import KeysUsed, verdict
 from gate.audit.segments import Segment, stitch, verify_segment
 from gate.errors import GateError, Unavailable
 from gate.store import auditlog, inspection
@@ -31,13 +32,17 @@ from gate.store.audit_records import (
 from gate.store.auditlog import DatabaseRows
 from gate.trust.keys import PublicKeys
 
+if TYPE_CHECKING:
+    from gate.store.readonly import Database
+
 # entries per ``audit verify`` work unit; a log of one unit or less is verified in-process
 SEGMENT_ROWS = 50_000
 MAX_WORKERS = 8
 
 
-def read_database(path: Path) -> Iterable[audit.AuditRow]:
-    """Return the audit rows of the database at ``path``, streamed (``DatabaseRows``).
+def read_database(path: Database) -> Iterable[audit.AuditRow]:
+    """Return the audit rows of the database ``path`` (a SQLite file, or a PostgreSQL
+    database), streamed (``DatabaseRows``).
 
     Raises GateError ``no_database`` if it does not exist, Unavailable when it cannot be read.
     """
@@ -93,7 +98,7 @@ class AuditReport:
 
 
 def verify_database(
-    path: Path,
+    path: Database,
     keys: audit.ReceiptKeyArg,
     *,
     public_keys: PublicKeys | None = None,
@@ -102,7 +107,8 @@ def verify_database(
     records: bool = True,
     leading_unknown: bool = False,
 ) -> AuditReport:
-    """The one audit check of the database at ``path`` (``audit verify -c``, ``doctor``).
+    """The one audit check of the database ``path`` (``audit verify -c``, ``doctor``): a
+    SQLite file, or a PostgreSQL database (``gate.store.pg_backend.PgTarget``).
 
     In order, stopping at the first failure: the chain with every receipt (``keys``: each
     entry with the key of its span; ``leading_unknown`` as ``gate.audit.spans``) and, with
@@ -167,8 +173,27 @@ def verify_rows(
     return AuditReport(chain, signatures=signature_checks.check(rows[: chain.checked]))
 
 
-def _existing(path: Path) -> Path:
-    """``path`` as a Path; GateError ``no_database`` when there is no file there."""
+def copy_problem(path: Database, head: tuple[int, str] | None) -> str | None:
+    """Why the database ``path``, a copy of a log whose newest entry is ``head`` (``(seq,
+    entry_hash)``; None: an empty log), is not that log, in ``audit verify``'s words; None
+    when it is: ``verify_database`` without keys (the chain, the receipts stored with the
+    requests, every request's rows and approver signature) with ``head`` as a logged head,
+    and no entry past it. For ``hitl-gate storage migrate``; raises as ``verify_database``."""
+    heads = [head] if head is not None else []
+    report = verify_database(path, None, expect_heads=heads)
+    said = verdict(report, KeysUsed("", (), False, False), head_seqs=[s for s, _ in heads])
+    if said.exit_code != 0:
+        return " ".join(said.out + said.err)
+    if report.chain.checked != (head[0] if head else 0):
+        return f"it holds {report.chain.checked} audit entries, the source {head[0] if head else 0}"
+    return None
+
+
+def _existing(path: Database) -> Database:
+    """``path`` (a Path, or a PostgreSQL database: there when it can be connected to);
+    GateError ``no_database`` when there is no file there."""
+    if not isinstance(path, str | PurePath):
+        return path
     if not Path(path).exists():
         raise GateError("no_database", f"no database at {path}")
     return Path(path)
@@ -198,7 +223,7 @@ def _anchor_problem(
 
 
 def verify_chain(
-    path: Path,
+    path: Database,
     key: audit.ReceiptKeyArg,
     *,
     workers: int | None = None,
@@ -225,13 +250,13 @@ def verify_chain(
     ]
     count = workers if workers is not None else min(MAX_WORKERS, _usable_cpus())
     if count <= 1 or len(ranges) == 1:
-        return stitch(_segment(_verify_range(str(path), lo, hi, key)) for lo, hi in ranges)
+        return stitch(_segment(_verify_range(path, lo, hi, key)) for lo, hi in ranges)
     # fork is cheapest; only safe while this process runs one thread
     method = "fork" if threading.active_count() == 1 else "spawn"
     with ProcessPoolExecutor(
         min(count, len(ranges)), mp_context=multiprocessing.get_context(method)
     ) as pool:
-        futures = [pool.submit(_verify_range, str(path), lo, hi, key) for lo, hi in ranges]
+        futures = [pool.submit(_verify_range, path, lo, hi, key) for lo, hi in ranges]
         try:
             return stitch(_segment(future.result()) for future in futures)
         finally:
@@ -245,10 +270,11 @@ def _segment(outcome: Segment | str) -> Segment:
     return outcome
 
 
-def _verify_range(path: str, low: int, high: int, key: tuple[bytes, ...]) -> Segment | str:
-    """Worker: verify entries ``low..high``; their Segment, or the read error's text."""
+def _verify_range(path: Database, low: int, high: int, key: tuple[bytes, ...]) -> Segment | str:
+    """Worker: verify entries ``low..high`` (its own connection); their Segment, or the read
+    error's text."""
     try:
-        return verify_segment(auditlog.read_range(Path(path), low, high), key)
+        return verify_segment(auditlog.read_range(path, low, high), key)
     except GateError as exc:
         return exc.message
 

@@ -185,6 +185,7 @@ COMMANDS: dict[str, tuple[str, ...]] = {
     "request": ("pipeline",),
     "serve": ("daemon",),
     "show": ("requests",),
+    "storage": ("storage",),
     "verify": ("verify",),
 }
 

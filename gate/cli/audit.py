@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -14,17 +15,18 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import click
 
 from gate.cli import (
-    CONFIG_OPTION,
     fail,
     main,
     public_keys,
     read_config,
     read_input,
 )
+from gate.cli.databases import configured, database_options, given
 from gate.errors import ConfigError, GateError
 
 if TYPE_CHECKING:
     from gate.audit.verify import AuditReport
+    from gate.store.readonly import Database
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -37,10 +39,10 @@ def audit() -> None:
     """
 
 
-def log_source(verb: str) -> Callable[[F], F]:
-    """``-c/--config`` and ``--file``: the database or the export an ``audit`` command reads
-    (exactly one: ``one_source``); their help starts with ``verb`` (``Verify``)."""
-    config = click.option(
+def config_source(verb: str) -> Callable[[F], F]:
+    """The optional ``-c/--config`` of an ``audit`` command (also ``HITL_GATE_CONFIG``): the
+    database it names; its help starts with ``verb`` (``Verify``)."""
+    return click.option(
         "-c",
         "--config",
         "config_path",
@@ -49,6 +51,12 @@ def log_source(verb: str) -> Callable[[F], F]:
         envvar="HITL_GATE_CONFIG",
         help=f"{verb} the database named by this config.",
     )
+
+
+def log_source(verb: str) -> Callable[[F], F]:
+    """``-c/--config`` and ``--file``: the database or the export an ``audit`` command reads
+    (exactly one: ``one_source``); their help starts with ``verb`` (``Verify``)."""
+    config = config_source(verb)
     export = click.option(
         "--file",
         "export_file",
@@ -63,6 +71,26 @@ def one_source(config_path: str | None, export_file: str | None) -> None:
     """Exit 2 unless exactly one of ``-c`` and ``--file`` was given."""
     if (config_path is None) == (export_file is None):
         fail("give exactly one of -c/--config or --file", 2)
+
+
+def one_database(
+    config_path: str | None, db: str | None, password_env: str | None, *others: str | None
+) -> None:
+    """Exit 2 unless exactly one of ``-c``, ``--db`` and ``others`` (``--file``, when the
+    command takes one) was given, or when ``--password-env`` comes without ``--db``."""
+    if sum(x is not None for x in (config_path, db, *others)) != 1:
+        listed = "-c/--config, --db or --file" if others else "-c/--config or --db"
+        fail(f"give exactly one of {listed}", 2)
+    if password_env is not None and db is None:
+        fail("--password-env: only with --db (a config names its storage.password_env)", 2)
+
+
+def database(config: Any, db: str | None, password_env: str | None) -> Database | None:
+    """The database an ``audit`` command reads: ``--db``'s, else the config's; None for
+    an export (neither)."""
+    if db is not None:
+        return given(db, password_env)
+    return None if config is None else configured(config)
 
 
 def _files(flag: str, name: str, text: str, required: bool = False) -> Callable[[F], F]:
@@ -110,6 +138,7 @@ def _files(flag: str, name: str, text: str, required: bool = False) -> Callable[
     help="A chain head the gate logged (event=audit_head seq=SEQ hash=HASH) that "
     "the log must hold; catches a deleted or rewritten tail. Repeatable.",
 )
+@database_options("Verify")
 def audit_verify(
     config_path: str | None,
     export_file: str | None,
@@ -118,6 +147,8 @@ def audit_verify(
     expect_files: tuple[str, ...],
     records: bool,
     expect_heads: list[tuple[int, str]],
+    db: str | None,
+    password_env: str | None,
 ) -> None:
     """Recompute the audit chain, every receipt and every signature; name the first bad entry.
 
@@ -138,13 +169,14 @@ def audit_verify(
     """
     from gate.audit.report import KeysUsed, verdict
 
-    one_source(config_path, export_file)
+    one_database(config_path, db, password_env, export_file)
     config = read_config(config_path) if config_path else None
     public = _trusted_keys(config, public_key_files)
     expected = _expected(expect_files)
     where, names, key = _verify_keys(config, key_envs)
     anchors = [(f"receipt {path}", held) for path, held in expected]
-    report = _report(config, export_file, key, public, anchors, expect_heads, records)
+    source = database(config, db, password_env)
+    report = _report(source, export_file, key, public, anchors, expect_heads, records)
     keys = KeysUsed(
         where,
         tuple(names),
@@ -195,7 +227,7 @@ def _expected(files: tuple[str, ...]) -> list[tuple[Path, dict[str, Any]]]:
 
 
 def _report(
-    config: Any,
+    source: Database | None,
     export_file: str | None,
     key: tuple[bytes, ...],
     public: dict[str, Any],
@@ -203,7 +235,7 @@ def _report(
     heads: list[tuple[int, str]],
     records: bool,
 ) -> AuditReport:
-    """The report on the database of ``config`` (with its records, when ``records``), else
+    """The report on the database ``source`` (with its records, when ``records``), else
     on the export ``export_file``. An export that is not intact, or holds no entry, is
     TAMPERED (exit 1); one that cannot be read, or no database, exits 2."""
     from gate.audit.inputs import read_export
@@ -211,9 +243,9 @@ def _report(
 
     trusted = public or None
     try:
-        if config is not None:
+        if source is not None:
             return verify_database(
-                config.storage.sqlite_file(),
+                source,
                 key,
                 public_keys=trusted,
                 expect=anchors,
@@ -271,29 +303,45 @@ def _verify_keys(
 
 
 @audit.command("export")
-@CONFIG_OPTION
+@config_source("Export")
+@database_options("Export")
 @click.option("-o", "--output", default="-", help="Output file (default stdout).")
-def audit_export(config_path: str, output: str) -> None:
-    """Write the audit log as JSON Lines, one entry per line.
+def audit_export(
+    config_path: str | None, db: str | None, password_env: str | None, output: str
+) -> None:
+    """Write the audit log as JSON Lines, one entry per line, streamed (constant memory).
 
     Example: hitl-gate audit export -c config.example.yaml -o audit.jsonl
     """
     from gate.audit.export import export_line
     from gate.audit.verify import read_database
 
-    config = read_config(config_path)
+    one_database(config_path, db, password_env)
+    source = database(read_config(config_path) if config_path else None, db, password_env)
+    assert source is not None  # one of -c and --db
     try:
-        rows = read_database(config.storage.sqlite_file())
+        rows = read_database(source)
     except GateError as exc:
         fail(exc.message)
-    lines = "".join(export_line(r) + "\n" for r in rows)
-    if output == "-":
-        sys.stdout.write(lines)
-    else:
-        try:
-            Path(output).write_text(lines, encoding="utf-8")
-        except OSError as exc:
-            fail(f"-o: cannot write {output}: {exc.strerror}")
+    try:
+        if output == "-":
+            sys.stdout.writelines(export_line(r) + "\n" for r in rows)
+        else:
+            with open(output, "w", encoding="utf-8") as out:
+                out.writelines(export_line(r) + "\n" for r in rows)
+    except GateError as exc:  # a read error half-way: no partial export left behind
+        _discard(output)
+        fail(exc.message)
+    except OSError as exc:
+        _discard(output)
+        fail(f"-o: cannot write {output}: {exc.strerror}")
+
+
+def _discard(output: str) -> None:
+    """Remove what an export that failed half-way wrote to ``output`` (not stdout)."""
+    if output != "-":
+        with contextlib.suppress(OSError):
+            Path(output).unlink()
 
 
 @main.group()

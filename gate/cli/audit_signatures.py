@@ -13,6 +13,7 @@ import click
 from gate.audit.chain import AuditRow
 from gate.cli import fail, read_config
 from gate.cli.audit import audit, log_source, one_source
+from gate.cli.databases import configured
 from gate.errors import GateError
 
 _COLUMNS = (
@@ -57,7 +58,7 @@ def audit_signatures(
         if export_file is not None:
             rows = read_export(Path(export_file))
         else:
-            rows = read_database(read_config(str(config_path)).storage.sqlite_file())
+            rows = read_database(configured(read_config(str(config_path))))
         report = signature_checks.check(rows)
     except GateError as exc:
         fail(exc.message, 2)

@@ -76,21 +76,14 @@ class ShortLived:
         return await self._db.transaction(issue)
 
     async def take_challenge(self, challenge: str, now_ms: int) -> Pending | None:
-        """The challenge's Pending, deleted in the same statement (single use: of two
-        replicas taking it at once, one gets it), or None if unknown or expired."""
-
-        def take(conn: sqlite3.Connection) -> Pending | None:
-            row = conn.execute(
-                "DELETE FROM challenges WHERE challenge = ?"
-                " RETURNING pre_hash, next_path, issued_at, address",
-                (challenge,),
-            ).fetchone()
-            return None if row is None else Pending(*row)
-
-        found = await self._db.transaction(take)
-        if found is None or now_ms - found.issued_at >= CHALLENGE_TTL_MS:
+        """The challenge's Pending, deleted (single use: of two replicas taking it at once,
+        one gets it, ``_taken``), or None if unknown or expired."""
+        read = "SELECT pre_hash, next_path, issued_at, address FROM challenges WHERE challenge = ?"
+        drop = "DELETE FROM challenges WHERE challenge = ?"
+        row = await self._db.transaction(lambda c: _taken(c, read, drop, challenge))
+        if row is None or now_ms - row["issued_at"] >= CHALLENGE_TTL_MS:
             return None
-        return found
+        return Pending(*row)
 
     async def blocked_for(self, scope: str, key: str, now_ms: int) -> int:
         """0 when ``key`` of ``scope`` may try now (nothing counted); else the seconds until
@@ -139,14 +132,9 @@ class ShortLived:
         """The items of the batch kept under ``batch_key``, deleted in the same statement
         (one decide per challenge), or None when none is kept or it expired."""
 
-        def take(conn: sqlite3.Connection) -> sqlite3.Row | None:
-            found: sqlite3.Row | None = conn.execute(
-                "DELETE FROM bulk_batches WHERE batch_key = ? RETURNING items, expires_at",
-                (batch_key,),
-            ).fetchone()
-            return found
-
-        row = await self._db.transaction(take)
+        read = "SELECT items, expires_at FROM bulk_batches WHERE batch_key = ?"
+        drop = "DELETE FROM bulk_batches WHERE batch_key = ?"
+        row = await self._db.transaction(lambda c: _taken(c, read, drop, batch_key))
         if row is None or row["expires_at"] <= now_ms:
             return None
         return [(str(a), int(r), str(n), str(h)) for a, r, n, h in json.loads(row["items"])]
@@ -166,6 +154,19 @@ class ShortLived:
 def _drop_expired(conn: sqlite3.Connection, now_ms: int) -> None:
     """Delete the challenges past ``CHALLENGE_TTL_MS`` at ``now_ms``."""
     conn.execute("DELETE FROM challenges WHERE issued_at <= ?", (now_ms - CHALLENGE_TTL_MS,))
+
+
+def _taken(conn: sqlite3.Connection, read: str, drop: str, key: str) -> sqlite3.Row | None:
+    """The row ``read`` reads for ``key``, once this transaction's ``drop`` deleted it; None
+    when there is none or another transaction deleted it first. On SQLite the write lock
+    already serialises the replicas; on PostgreSQL a second DELETE of the same row waits for
+    the first's COMMIT and then deletes nothing (rowcount 0): the row is used once either way
+    (and no RETURNING is needed, which SQLite before 3.35 lacks)."""
+    row: sqlite3.Row | None = conn.execute(read, (key,)).fetchone()
+    if row is None:
+        return None
+    deleted = conn.execute(drop, (key,)).rowcount
+    return row if deleted == 1 else None
 
 
 def _count(conn: sqlite3.Connection, sql: str, *args: object) -> int:

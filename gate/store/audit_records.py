@@ -8,12 +8,10 @@ from __future__ import annotations
 
 import heapq
 import json
-import sqlite3
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from itertools import groupby, repeat
-from pathlib import Path
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from gate.audit import chain as audit
 from gate.audit.approval_kind import ApprovalRecord
@@ -25,8 +23,11 @@ from gate.store.approvals import APPROVALS
 from gate.store.auditlog import audit_query, grouped
 from gate.store.inspection import read_only
 from gate.store.questions import QUESTIONS
-from gate.store.readonly import has_table, reading, table_columns
+from gate.store.readonly import ReadConnection, has_table, reading, table_columns
 from gate.store.requests import RequestTables
+
+if TYPE_CHECKING:
+    from gate.store.readonly import Database
 
 
 class Read(NamedTuple):
@@ -147,7 +148,7 @@ QUESTION_TABLES = KindTables(
 )
 
 
-def records_of(path: Path, kind: KindTables) -> Iterator[Record]:
+def records_of(path: Database, kind: KindTables) -> Iterator[Record]:
     """Yield every request of ``kind`` named by its tables or by one of its entries in the
     audit log of the database at ``path``, in id order, with its other tables' rows, outbox
     rows and audit rows, all read in one snapshot (one read transaction: a running gate may
@@ -197,7 +198,7 @@ def _subject(tagged: tuple[tuple[str, list[Any]], int]) -> str:
     return tagged[0][0]
 
 
-def latest_stored_receipt(path: Path, kind: KindTables) -> tuple[str, dict[str, Any]] | None:
+def latest_stored_receipt(path: Database, kind: KindTables) -> tuple[str, dict[str, Any]] | None:
     """``(id, receipt)`` of the resolved request of ``kind`` whose stored resolution receipt
     has the highest audit seq, or None when none holds one (or there is no such table),
     read-only. ``audit verify -c`` and ``doctor`` expect the log to hold it, so a deleted
@@ -219,7 +220,7 @@ def latest_stored_receipt(path: Path, kind: KindTables) -> tuple[str, dict[str, 
     return str(row[0]), receipt if isinstance(receipt, dict) else {}
 
 
-def undelivered_dispatches(path: Path, kind: KindTables) -> tuple[int, str | None]:
+def undelivered_dispatches(path: Database, kind: KindTables) -> tuple[int, str | None]:
     """``(pending requests of kind whose current version's dispatch was attempted and never
     acked, the last error of the most recently attempted one)`` of the database at
     ``path``, read-only; ``(0, None)`` when there are none (or no tables yet). Raises
@@ -240,12 +241,12 @@ def undelivered_dispatches(path: Path, kind: KindTables) -> tuple[int, str | Non
     return int(count), None if row is None else row[0]
 
 
-def _for_schema(conn: sqlite3.Connection, sql: str) -> str:
+def _for_schema(conn: ReadConnection, sql: str) -> str:
     """``sql`` for this database: before migration 4 the decisions table has no
     ``reason`` and ``on_behalf_of`` columns, before migration 6 no
     ``credential_id``, before migration 7 the approvals table no ``approver_signature``:
-    each read as NULL (an older schema is read as it is, not migrated).
-    Raises sqlite3.Error as the connection does."""
+    each read as NULL (an older schema is read as it is, not migrated). Raises sqlite3.Error
+    as the connection does."""
     if " approver_signature " in sql:  # migration 7: frozen at creation
         approvals = table_columns(conn, "approvals")
         if "approver_signature" not in approvals:

@@ -1,6 +1,7 @@
 """Stream a database's audit log for ``audit verify``/``export``: no lock, constant memory
-(``gate.store.readonly`` connections); ``gate.store.audit_records`` reads each request's
-entries with its rows through ``audit_query`` and ``grouped``."""
+(``gate.store.readonly`` connections: a SQLite file, or PostgreSQL through server-side
+cursors); ``gate.store.audit_records`` reads each request's entries with its rows through
+``audit_query`` and ``grouped``."""
 
 from __future__ import annotations
 
@@ -8,14 +9,16 @@ import itertools
 import operator
 import sqlite3
 from collections.abc import Iterator
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gate.audit import chain as audit
 from gate.errors import Unavailable
 from gate.store import readonly
-from gate.store.readonly import reading
+from gate.store.readonly import ReadConnection, ReadCursor, reading
 from gate.store.schema import SCHEMA_VERSION
+
+if TYPE_CHECKING:
+    from gate.store.readonly import Database
 
 CHUNK = 1000
 
@@ -28,8 +31,8 @@ class DatabaseRows:
     ``gate.audit.receipts.check_receipt``).
     """
 
-    def __init__(self, path: Path) -> None:
-        self.path = Path(path)
+    def __init__(self, path: Database) -> None:
+        self.path = path
         self._sql = audit_query(readonly.connect(self.path))
 
     def __iter__(self) -> Iterator[audit.AuditRow]:
@@ -40,7 +43,7 @@ class DatabaseRows:
                 yield audit.AuditRow(*row)
 
 
-def seq_bounds(path: Path) -> tuple[int, int] | None:
+def seq_bounds(path: Database) -> tuple[int, int] | None:
     """Return ``(lowest, highest)`` audit seq of the database at ``path``, or None when it
     has no audit entry. Raises Unavailable when it cannot be read."""
     if audit_query(readonly.connect(path)) is None:
@@ -50,7 +53,7 @@ def seq_bounds(path: Path) -> tuple[int, int] | None:
     return None if high is None else (int(low), int(high))
 
 
-def read_range(path: Path, low: int, high: int) -> Iterator[tuple[Any, ...]]:
+def read_range(path: Database, low: int, high: int) -> Iterator[tuple[Any, ...]]:
     """Yield the audit rows with ``low <= seq <= high``, ascending, as tuples ``(seq,
     approval_id, kind, entry, prev_hash, entry_hash, receipt)`` (constant memory, own
     connection: one ``audit verify`` worker each). Raises Unavailable on a read error."""
@@ -64,23 +67,23 @@ def read_range(path: Path, low: int, high: int) -> Iterator[tuple[Any, ...]]:
         )
 
 
-def fetched(cursor: sqlite3.Cursor) -> Iterator[Any]:
+def fetched(cursor: ReadCursor) -> Iterator[Any]:
     """The rows of ``cursor``, fetched CHUNK at a time (constant memory)."""
     while chunk := cursor.fetchmany(CHUNK):
         yield from chunk
 
 
-def audit_query(conn: sqlite3.Connection) -> str | None:
+def audit_query(conn: ReadConnection) -> str | None:
     """Return the query listing the audit rows (unsigned columns as NULL in a database from
     before signing), or None when the database has no audit log yet. Closes ``conn``."""
     try:
-        version = int(conn.execute("PRAGMA user_version").fetchone()[0])
+        version = readonly.schema_version(conn)
         if version > SCHEMA_VERSION:
             raise Unavailable(
                 "storage_unavailable",
                 f"database schema {version} is newer than this gate ({SCHEMA_VERSION})",
             )
-        if not conn.execute("PRAGMA table_info(audit_log)").fetchone():
+        if not readonly.has_table(conn, "audit_log"):
             return None
         return f"SELECT {readonly.audit_columns(conn)} FROM audit_log ORDER BY seq"
     except sqlite3.Error as exc:
@@ -89,7 +92,7 @@ def audit_query(conn: sqlite3.Connection) -> str | None:
         conn.close()
 
 
-def grouped(cursor: sqlite3.Cursor, key: int = 0) -> Iterator[tuple[str, list[Any]]]:
+def grouped(cursor: ReadCursor, key: int = 0) -> Iterator[tuple[str, list[Any]]]:
     """``(id, rows)`` runs of a cursor ordered by the request id (an approval_id or a
     question_id) in column ``key``, read CHUNK rows at a time."""
     for request_id, run in itertools.groupby(fetched(cursor), key=operator.itemgetter(key)):

@@ -8,17 +8,19 @@ it), so a missing file is an error, not a new empty database.
 
 from __future__ import annotations
 
-import sqlite3
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gate.audit import chain as audit
 from gate.errors import Unavailable
 from gate.store import readonly
-from gate.store.readonly import has_table, reading
+from gate.store.readonly import ReadConnection, has_table, reading
 from gate.store.schema import SCHEMA_VERSION
+
+if TYPE_CHECKING:
+    from gate.store.readonly import Database
 
 MAX_PROBLEMS = 20
 
@@ -37,13 +39,13 @@ class DatabaseInfo:
     audit_entries: int | None
 
 
-def read_only(path: Path) -> AbstractContextManager[sqlite3.Connection]:
+def read_only(path: Database) -> AbstractContextManager[ReadConnection]:
     """A ``gate.store.readonly`` connection to the existing database at ``path``, closed on
     exit; Unavailable when it cannot be opened or read (``cannot read database PATH: ...``)."""
     return reading(path, f"cannot read database {path}")
 
 
-def _count(conn: sqlite3.Connection, table: str) -> int | None:
+def _count(conn: ReadConnection, table: str) -> int | None:
     if not has_table(conn, table):
         return None
     return int(conn.execute(f"SELECT count(*) FROM {table}").fetchone()[0])
@@ -101,7 +103,7 @@ def failed_followups(path: Path, since_ms: int) -> tuple[dict[str, int], str | N
         return counts, None if row is None else row[0]
 
 
-def credential_rows(path: Path, after_seq: int) -> tuple[list[tuple[Any, ...]], set[str]]:
+def credential_rows(path: Database, after_seq: int) -> tuple[list[tuple[Any, ...]], set[str]]:
     """The approver_credentials table of the database at ``path``, read-only:
     ``(rows, newer)`` where rows are ``(credential_id, operator_id, type, public_key,
     revoked_at)`` as stored, by credential_id, and ``newer`` the credential ids an

@@ -35,6 +35,9 @@ IDLE_IN_TRANSACTION_MS = 5_000
 LOCK_TIMEOUT_MS = 5_000
 STATEMENT_TIMEOUT_MS = 30_000
 CONNECT_TIMEOUT_S = 5
+# PostgreSQL >= 14: how often (ms) a session running a statement checks that its client is
+# still there (a gate gone mid-statement does not hold locks until the statement ends)
+CLIENT_CHECK_MS = 2_000
 # TCP keepalives (s): a peer gone without a FIN is noticed within about 10 + 3 * 5 s
 KEEPALIVES = {
     "keepalives": 1,
@@ -53,6 +56,9 @@ HEAD_LOCK = (
     " CAST(extract(epoch FROM clock_timestamp()) * 1000 AS BIGINT)"
     " FROM audit_head WHERE id = 1 FOR UPDATE"
 )
+
+
+NEEDS_EXTRA = "storage.url (PostgreSQL) needs the postgres extra: pip install 'hitl-gate[postgres]'"
 
 
 def _instance() -> str:
@@ -79,18 +85,21 @@ def connect(target: PgTarget, role: str, *, read_only: bool = False) -> PgConnec
     ``application_name`` ``hitl-gate/<role>/<instance>``, the session timeouts above, TCP
     keepalives and, with ``read_only``, ``default_transaction_read_only``. Options given in
     the URL's ``options`` come first. Raises ``PgOperationalError`` (a storage fault) when
-    the server cannot be reached."""
-    import psycopg
-    from psycopg.conninfo import conninfo_to_dict
+    the server cannot be reached, Unavailable naming the extra when psycopg is missing."""
+    try:
+        import psycopg
+        from psycopg.conninfo import conninfo_to_dict
+    except ImportError:
+        raise Unavailable("storage_unavailable", NEEDS_EXTRA) from None
 
     params: dict[str, Any] = conninfo_to_dict(target.url)
-    settings = {
+    settings: dict[str, object] = {
         "idle_in_transaction_session_timeout": IDLE_IN_TRANSACTION_MS,
         "lock_timeout": LOCK_TIMEOUT_MS,
         "statement_timeout": STATEMENT_TIMEOUT_MS,
     }
     if read_only:
-        settings["default_transaction_read_only"] = "on"  # type: ignore[assignment]
+        settings["default_transaction_read_only"] = "on"
     options = " ".join(f"-c {name}={value}" for name, value in settings.items())
     given = params.get("options")
     params["options"] = f"{given} {options}" if given else options
@@ -103,7 +112,14 @@ def connect(target: PgTarget, role: str, *, read_only: bool = False) -> PgConnec
         driver = psycopg.connect(autocommit=True, **params)
     except psycopg.Error as exc:
         raise as_sqlite_error(exc) from None  # its cause would repeat the parameters
-    return PgConnection(driver)
+    conn = PgConnection(driver)
+    if driver.info.server_version >= 140000:
+        try:
+            conn.execute(f"SET client_connection_check_interval = {CLIENT_CHECK_MS}")
+        except sqlite3.Error:
+            conn.close()
+            raise
+    return conn
 
 
 def prepare(target: PgTarget) -> int:
@@ -121,6 +137,7 @@ def prepare(target: PgTarget) -> int:
         try:
             version = migrate(driver)
             driver.execute("COMMIT")
+            _check_collation(driver)
         except SchemaTooNew as exc:
             raise Unavailable("storage_unavailable", str(exc)) from None
         except Exception as exc:
@@ -133,6 +150,23 @@ def prepare(target: PgTarget) -> int:
     finally:
         conn.close()
     return version
+
+
+def _check_collation(driver: Any) -> None:
+    """Log ``event=storage_collation`` (a warning) when the database does not sort text by
+    code point (``C``/``POSIX``): the gate's ids and cursors expect it (docs/operating.md)."""
+    # datlocprovider (PostgreSQL >= 15): 'c' libc (datcollate), 'i' ICU (sorts otherwise)
+    collation, provider = driver.execute(
+        "SELECT datcollate, to_jsonb(d) ->> 'datlocprovider' FROM pg_database d"
+        " WHERE datname = current_database()"
+    ).fetchone()
+    if provider not in (None, "c") or collation not in ("C", "POSIX"):
+        collation = collation if provider in (None, "c") else f"{provider}:{collation}"
+        log.warning(
+            "event=storage_collation collation=%s warning=ids sort by code point only under"
+            " the C collation: create the database with --locale=C",
+            collation,
+        )
 
 
 class PgBatch(BatchBackend):

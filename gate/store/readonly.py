@@ -1,22 +1,62 @@
 """The one read-only opener of a gate database (``audit verify``/``export``, ``doctor``),
 reads run through it (``reading``), and the audit_log column list of any schema version;
-the catalog questions (``has_table``, ``table_columns``) on either backend."""
+the catalog questions (``has_table``, ``table_columns``, ``schema_version``) on either backend.
+
+A database is a SQLite file (a ``Path``) or a PostgreSQL database (a
+``gate.store.pg_backend.PgTarget``, read through ``gate.store.pg_read``): the readers write
+their statements once, in SQLite's words, and the PostgreSQL connection translates them
+(``gate.store.pg_connection``)."""
 
 from __future__ import annotations
 
 import sqlite3
 from collections.abc import Iterator
 from contextlib import closing, contextmanager
-from pathlib import Path
+from pathlib import Path, PurePath
+from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
 
 from gate.errors import Unavailable
 from gate.store.connection import BUSY_TIMEOUT_MS
 from gate.store.pg_connection import PgConnection
 
+if TYPE_CHECKING:  # pg_backend imports the writer's modules, which import this one
+    from gate.store.pg_backend import PgTarget
+
 AUDIT_COLUMNS = "seq, approval_id, kind, entry, prev_hash, entry_hash, receipt"
 
+# where a gate's state is: a SQLite file, or a PostgreSQL database (an annotation only:
+# import it under TYPE_CHECKING; a path is a ``PurePath``)
+if TYPE_CHECKING:
+    Database: TypeAlias = Path | PgTarget
 
-def connect(path: Path) -> sqlite3.Connection:
+
+class ReadCursor(Protocol):
+    """What the offline readers use of a cursor (sqlite3's, or ``PgConnection``'s)."""
+
+    def fetchone(self) -> Any: ...
+    def fetchall(self) -> list[Any]: ...
+    def fetchmany(self, size: int = ..., /) -> list[Any]: ...
+    def __iter__(self) -> Iterator[Any]: ...
+
+
+class ReadConnection(Protocol):
+    """What the offline readers use of a connection (sqlite3's, or ``PgConnection``)."""
+
+    def execute(self, sql: str, params: Any = ..., /) -> ReadCursor: ...
+    def close(self) -> None: ...
+
+
+def connect(path: Database) -> ReadConnection:
+    """A read-only connection to the database ``path``: ``pg_read.read_only`` for a
+    PostgreSQL one (one snapshot, server-side cursors), else ``connect_file``'s."""
+    if isinstance(path, str | PurePath):  # a file's path (str: as before)
+        return connect_file(Path(path))
+    from gate.store import pg_read  # imports pg_backend: not at this module's import
+
+    return pg_read.read_only(path)
+
+
+def connect_file(path: Path) -> sqlite3.Connection:
     """A connection (autocommit, ``query_only``, the Store's busy timeout: 10 s) that only
     reads the existing database at ``path``; it takes no lock, so a running gate may keep
     writing. Raises Unavailable (``storage_unavailable``) when it cannot be opened.
@@ -41,7 +81,7 @@ def connect(path: Path) -> sqlite3.Connection:
 
 
 @contextmanager
-def reading(path: Path, failed: str = "database read failed") -> Iterator[sqlite3.Connection]:
+def reading(path: Database, failed: str = "database read failed") -> Iterator[ReadConnection]:
     """A read-only connection to the existing database at ``path`` (``connect``: no lock),
     closed on exit; a read error raises Unavailable ``storage_unavailable``, ``FAILED:
     error``."""
@@ -52,7 +92,7 @@ def reading(path: Path, failed: str = "database read failed") -> Iterator[sqlite
             raise Unavailable("storage_unavailable", f"{failed}: {exc}") from exc
 
 
-def has_table(conn: sqlite3.Connection, name: str) -> bool:
+def has_table(conn: ReadConnection, name: str) -> bool:
     """Whether the database holds the table ``name`` (one added by a later migration):
     SQLite's ``sqlite_master``, PostgreSQL's ``information_schema`` (the current schema)."""
     sql = "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?"
@@ -64,7 +104,7 @@ def has_table(conn: sqlite3.Connection, name: str) -> bool:
     return conn.execute(sql, (name,)).fetchone() is not None
 
 
-def table_columns(conn: sqlite3.Connection, table: str) -> set[str]:
+def table_columns(conn: ReadConnection, table: str) -> set[str]:
     """The column names of ``table`` (a known table name, never input): SQLite's ``PRAGMA
     table_info``, PostgreSQL's ``information_schema.columns``."""
     if isinstance(conn, PgConnection):
@@ -77,7 +117,18 @@ def table_columns(conn: sqlite3.Connection, table: str) -> set[str]:
     return {str(row[1]) for row in conn.execute(f"PRAGMA table_info({table})")}
 
 
-def audit_columns(conn: sqlite3.Connection) -> str:
+def schema_version(conn: ReadConnection) -> int:
+    """The database's schema version: SQLite's ``PRAGMA user_version``, PostgreSQL's newest
+    ``schema_migrations`` row (0 when none)."""
+    if not isinstance(conn, PgConnection):
+        return int(conn.execute("PRAGMA user_version").fetchone()[0])
+    if not has_table(conn, "schema_migrations"):
+        return 0
+    row = conn.execute("SELECT coalesce(max(version), 0) FROM schema_migrations").fetchone()
+    return 0 if row is None else int(row[0])
+
+
+def audit_columns(conn: ReadConnection) -> str:
     """The columns that make an ``AuditRow``, for a ``SELECT`` from audit_log: a log from
     before signed entries (schema 1) has no key_id/signature yet, read as NULL. Raises
     sqlite3.Error as the connection does."""

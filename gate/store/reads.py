@@ -32,9 +32,10 @@ class Reads:
     """The read side of ``Store``: every query runs on the one read connection on its own
     thread: SQLite's (``connection.open_reader``: the last committed state, WAL), or a
     read-only PostgreSQL session (``pg_backend.open_reader``; a read of several statements
-    is one REPEATABLE READ snapshot), opened again by the first read after it was lost. A
-    read that fails (I/O error, unreadable file, server gone) raises Unavailable 503
-    ``storage_unavailable``, as does a read while closed."""
+    is one REPEATABLE READ snapshot), opened again when lost: a read that finds it lost runs
+    once more on a new one (reads change nothing). A read that fails (I/O error, unreadable
+    file, server gone) raises Unavailable 503 ``storage_unavailable``, as does a read while
+    closed."""
 
     def __init__(self) -> None:
         self._conn: sqlite3.Connection | None = None
@@ -69,7 +70,16 @@ class Reads:
             return await asyncio.get_running_loop().run_in_executor(pool, self._run, fn, args)
 
     def _run(self, fn: Callable[..., T], args: tuple[Any, ...]) -> T:
-        # on the read thread: PostgreSQL's connection, lost, is opened again here
+        # on the read thread: PostgreSQL's connection, lost, is opened again here (and a
+        # read that found it lost runs once more)
+        try:
+            return fn(self._connection(), *args)
+        except sqlite3.OperationalError:
+            if self._target is None or not getattr(self._conn, "closed", False):
+                raise
+            return fn(self._connection(), *args)
+
+    def _connection(self) -> sqlite3.Connection:
         conn = self._conn
         if self._target is not None and (conn is None or getattr(conn, "closed", False)):
             self._conn = None
@@ -79,7 +89,7 @@ class Reads:
             conn = self._conn = _as_sqlite(pg_backend.open_reader(self._target))
         if conn is None:
             raise Unavailable("storage_unavailable", "database is not open")
-        return fn(conn, *args)
+        return conn
 
     async def schema_version(self) -> int:
         """Return the database's schema version: SQLite's ``PRAGMA user_version``,
