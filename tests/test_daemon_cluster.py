@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import os
 import threading
 import time
@@ -35,7 +36,7 @@ from gate.daemon.cluster import LEASE_TTL_S, Cluster, Work
 from gate.daemon.timers import Timers
 from gate.errors import Unavailable
 from gate.store.pg_instances import CONFIG_DIVERGENT
-from tests.pg_server import pg_fixtures
+from tests.pg_server import PgServer, pg_fixtures
 from tests.support import (
     DEADLINE_S,
     ENV,
@@ -183,6 +184,31 @@ async def test_cluster_status_names_config_divergent_until_a_reload_ends_it(
         two.service.reconfigure(one.config)  # a SIGHUP reload to the same rules as one
         await until(lambda: a.status()["problems"] == [], "the next beats end it")
     assert divergent["problems"] == [CONFIG_DIVERGENT]
+
+
+@pytest.mark.slow
+async def test_cluster_recovers_by_itself_after_postgresql_restarted(
+    url: str, server: PgServer, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO)
+    here = built(tmp_path, "here")
+    cluster = Cluster(url, None, here.service, ttl_s=2.0, renew_s=0.3, poll_s=0.3)
+    async with member(cluster, []):
+        await until(cluster.held.is_set, "the lease held")
+        await asyncio.to_thread(server.restart, "immediate")
+        back = time.monotonic()
+        await until(lambda: cluster.feed.connected.is_set() and cluster.held.is_set(), "back")
+        await until(
+            lambda: "event=cluster_reconnected" in [r.getMessage() for r in caplog.records],
+            "the heartbeat session reopened",
+        )
+        recovered_s = time.monotonic() - back
+        await asyncio.to_thread(append, url, [("resolved", "AFTER")])
+        await until(lambda: cluster.feed.cursor == 1, "the feed reads what came after")
+    messages = [r.getMessage() for r in caplog.records]
+    assert recovered_s < 5.0
+    assert len([m for m in messages if m.startswith("event=cluster_unavailable")]) == 1
+    assert "event=listen_reconnected cursor=0" in messages
 
 
 def test_config_hash_ignores_what_differs_per_replica(tmp_path: Path) -> None:

@@ -151,6 +151,7 @@ class Cluster:
         """Beat and claim every ``renew_s`` on one session (reconnected after a failure);
         without the lease, try again as soon as it would lapse."""
         conn = None
+        lost = False  # the session failed and has not been opened again since
         try:
             while True:
                 started = time.monotonic()
@@ -160,10 +161,15 @@ class Cluster:
                     await self._beat(conn)
                     delay = await self._claim(conn, started)
                 except Unavailable as exc:
-                    log.warning("event=cluster_unavailable message=%s", exc.message)
+                    if not lost:  # once per outage
+                        log.warning("event=cluster_unavailable message=%s", exc.message)
                     await close_quietly(conn)
-                    conn = None
+                    conn, lost = None, True
                     delay = min(self.renew_s, 1.0)
+                else:
+                    if lost:
+                        log.info("event=cluster_reconnected")
+                    lost = False
                 if self.held.is_set() and time.monotonic() >= self._trusted_until:
                     self._step_down("not renewed in time")
                 await asyncio.sleep(delay)
