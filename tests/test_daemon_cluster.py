@@ -5,11 +5,13 @@ and the senders) runs on one gate at a time and moves to the other when its hold
 clock off the database's makes ``/healthz``'s cluster status 503 ``clock_skew``; live gates
 with different configs show ``config_divergent``; an entry another gate appended wakes a
 long-poll here; two gates' schedulers running at once still resolve once and remind once
-per level. With real ``hitl-gate serve`` processes on one database: a long-poll on one gate
-answered when the other records the decision (20 times, under a second each); the timers'
-holder killed with -9 and the other gate sending the next due reminder within the lease's
-TTL + 1 s; ``/healthz`` and ``/metrics`` naming the cluster (every series the cluster's
-alert rules select is exposed)."""
+per level; PostgreSQL restarted under it, it recovers by itself. With real ``hitl-gate
+serve`` processes on one database: a long-poll on one gate answered when the other records
+the decision (20 times, under a second each), and by the fallback read after its listener
+session was terminated; the timers' holder killed with -9 and the other gate sending the
+next due reminder within the lease's TTL + 1 s; ``/healthz`` and ``/metrics`` naming the
+cluster (every series the cluster's alert rules select is exposed); gates on different
+configs shown by ``/healthz`` and ``doctor``."""
 
 from __future__ import annotations
 
@@ -44,6 +46,7 @@ from tests.support import (
     GateProcess,
     decision_body,
     post_decision,
+    run_cli,
     wait_until,
     write_config,
 )
@@ -400,6 +403,26 @@ def test_cluster_long_poll_is_answered_by_the_fallback_read_after_its_listener_w
     assert woken_s < 1.0 + 0.5  # the polling interval, and a margin
     a.wait_for_line("event=listen_lost")
     a.wait_for_line("event=listen_reconnected")
+
+
+@pytest.mark.slow
+def test_cluster_gates_on_different_configs_show_in_healthz_and_doctor(
+    tmp_path: Path, relay: CaptureRelay, url: str, gates: list[GateProcess]
+) -> None:
+    gates.append(start_gate(tmp_path / "a", relay, url))
+    gates.append(start_gate(tmp_path / "b", relay, url, security={"rate_limit": 5}))
+    a, _ = gates
+
+    def divergent() -> list[str] | None:
+        problems = a.api().call("GET", "/healthz")[1]["cluster"]["problems"]
+        return problems if problems else None
+
+    assert wait_until(divergent, what="a's /healthz to see b's config") == ["config_divergent"]
+    a.wait_for_line("event=config_divergent message=live gates run different configs")
+    done = run_cli("doctor", "-c", str(tmp_path / "a" / "config.yaml"), env=a.env)
+    lines = done.stdout.decode().splitlines()
+    (cluster,) = [line for line in lines if line.startswith(("PASS cluster", "FAIL cluster"))]
+    assert cluster.startswith("FAIL cluster: live gates run different configs: config ")
 
 
 FOLLOWED = {
