@@ -8,7 +8,7 @@ long-poll here; two gates' schedulers running at once still resolve once and rem
 per level; PostgreSQL restarted under it, it recovers by itself. With real ``hitl-gate
 serve`` processes on one database: a long-poll on one gate answered when the other records
 the decision (20 times, under a second each), and by the fallback read after its listener
-session was terminated; the timers' holder killed with -9 and the other gate sending the
+session was terminated; a question's long-poll on one woken at its revise on the other; the timers' holder killed with -9 and the other gate sending the
 next due reminder within the lease's TTL + 1 s; ``/healthz`` and ``/metrics`` naming the
 cluster (every series the cluster's alert rules select is exposed); gates on different
 configs shown by ``/healthz`` and ``doctor``."""
@@ -40,10 +40,12 @@ from gate.errors import Unavailable
 from gate.store.pg_instances import CONFIG_DIVERGENT
 from tests.pg_server import PgServer, pg_fixtures
 from tests.support import (
+    ASK_STEP,
     DEADLINE_S,
     ENV,
     CaptureRelay,
     GateProcess,
+    ask,
     decision_body,
     post_decision,
     run_cli,
@@ -403,6 +405,37 @@ def test_cluster_long_poll_is_answered_by_the_fallback_read_after_its_listener_w
     assert woken_s < 1.0 + 0.5  # the polling interval, and a margin
     a.wait_for_line("event=listen_lost")
     a.wait_for_line("event=listen_reconnected")
+
+
+@pytest.mark.slow
+def test_cluster_question_long_poll_on_one_gate_wakes_at_a_revise_on_the_other(
+    tmp_path: Path, relay: CaptureRelay, url: str, gates: list[GateProcess]
+) -> None:
+    for name in ("a", "b"):
+        gates.append(
+            start_gate(tmp_path / name, relay, url, steps=[ASK_STEP], relay={"questions": True})
+        )
+    a, b = gates
+    question_id = ask(a, response_type="free_text")["question_id"]
+    answer: dict[str, Any] = {}
+    poll = threading.Thread(
+        target=lambda: answer.update(
+            a.api().call("GET", f"/v1/questions/{question_id}?wait=30")[1]
+        ),
+        daemon=True,
+    )
+    poll.start()
+    assert a.api().call("GET", "/healthz")[0] == 200  # a has read the long-poll
+
+    status, revised = b.api().call(
+        "POST", f"/v1/questions/{question_id}/revise", {"text": "Which supplier, really?"}
+    )
+    assert status == 200, revised
+    revised_at = time.monotonic()
+    poll.join(DEADLINE_S)
+
+    assert time.monotonic() - revised_at < 1.0
+    assert (answer["state"], answer["version"]) == ("pending", 2)
 
 
 @pytest.mark.slow
