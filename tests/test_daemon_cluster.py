@@ -5,11 +5,13 @@ and the senders) runs on one gate at a time and moves to the other when its hold
 clock off the database's makes ``/healthz``'s cluster status 503 ``clock_skew``; live gates
 with different configs show ``config_divergent``; an entry another gate appended wakes a
 long-poll here; two gates' schedulers running at once still resolve once and remind once
-per level; PostgreSQL restarted under it, it recovers by itself. With real ``hitl-gate
-serve`` processes on one database: a long-poll on one gate answered when the other records
-the decision (20 times, under a second each), and by the fallback read after its listener
-session was terminated; a question's long-poll on one woken at its revise on the other; the timers' holder killed with -9 and the other gate sending the
-next due reminder within the lease's TTL + 1 s; ``/healthz`` and ``/metrics`` naming the
+per level; PostgreSQL restarted under it, it recovers by itself.
+
+With real ``hitl-gate serve`` processes on one database: a long-poll on one gate answered
+when the other records the decision (20 times, under a second each), and by the fallback
+read after its listener session was terminated; a question's long-poll on one woken at its
+revise on the other; the timers' holder killed with -9 and the other gate sending the next
+due reminder within the lease's TTL + 1 s; ``/healthz`` and ``/metrics`` naming the
 cluster (every series the cluster's alert rules select is exposed); gates on different
 configs shown by ``/healthz`` and ``doctor``."""
 
