@@ -454,10 +454,13 @@ def test_cluster_gates_on_different_configs_show_in_healthz_and_doctor(
 
     assert wait_until(divergent, what="a's /healthz to see b's config") == ["config_divergent"]
     a.wait_for_line("event=config_divergent message=live gates run different configs")
+    a.api().create("q1")  # an audit log for doctor to verify on the database
     done = run_cli("doctor", "-c", str(tmp_path / "a" / "config.yaml"), env=a.env)
     lines = done.stdout.decode().splitlines()
     (cluster,) = [line for line in lines if line.startswith(("PASS cluster", "FAIL cluster"))]
     assert cluster.startswith("FAIL cluster: live gates run different configs: config ")
+    (audit,) = [line for line in lines if " audit: " in line]
+    assert audit.startswith("PASS audit: "), lines
 
 
 FOLLOWED = {
