@@ -20,7 +20,7 @@ from gate.inbox.state import STATE, InboxState, current_seq, decidable, state_of
 
 log = logging.getLogger(__name__)
 
-BUSY = "The inbox cannot use its database right now: nothing was changed. Try again in a moment."
+BUSY = "The inbox cannot use its database right now. Try again in a moment."
 RETRY_AFTER_S = 5
 
 
