@@ -145,3 +145,26 @@ def test_text_nul_is_refused_in_a_question_and_a_decision(
 )
 def test_text_nul_field_names_the_first(value: Any, field: str | None) -> None:
     assert nul_field(value) == field
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "expected"),
+    [
+        pytest.param("GET", "/v1/approvals/a%00b", (404, "unknown_approval"), id="get"),
+        pytest.param("GET", "/v1/questions/a%00b?wait=1", (404, "unknown_question"), id="wait"),
+        pytest.param("POST", "/v1/approvals/a%00b/cancel", (404, "unknown_approval"), id="cancel"),
+        pytest.param("GET", "/v1/approvals?pipeline=p%00", (200, None), id="list"),
+    ],
+)
+def test_text_nul_in_a_url_names_nothing_on_either_backend(
+    gate: tuple[GateProcess, Any], method: str, path: str, expected: tuple[int, str | None]
+) -> None:
+    """A URL is no JSON body: an id or a name holding U+0000 (``%00``) finds nothing, the
+    answer SQLite always gave, also on PostgreSQL (whose driver cannot send it)."""
+    started, _ = gate
+    started.api().create("q1")
+    status, answer = started.api().call(method, path)
+    if expected[1] is None:
+        assert (status, answer) == (200, {"items": [], "next_cursor": None})
+    else:
+        assert (status, answer["reason"]) == expected, answer
