@@ -52,13 +52,6 @@ def server() -> Iterator[PgServer]:
     yield from running_server()
 
 
-@pytest.fixture(scope="module")
-def relay() -> Iterator[CaptureRelay]:
-    r = CaptureRelay().start()
-    yield r
-    r.stop()
-
-
 @pytest.fixture
 def url(server: PgServer) -> str:
     """A fresh, empty database (the gates migrate it)."""
@@ -84,13 +77,30 @@ def start_gate(directory: Path, relay: CaptureRelay, url: str, /, **config: Any)
     return GateProcess(path, env=gate_env(HITL_DB_PASSWORD=DB_PASSWORD)).start()
 
 
-@pytest.fixture
-def gates(tmp_path: Path) -> Iterator[list[GateProcess]]:
-    """The gates a test started (``gates.append``), stopped after it."""
-    started: list[GateProcess] = []
-    yield started
-    for gate in started:
-        gate.stop()
+def gate_fixtures() -> tuple[Any, Any]:
+    """Two fixtures for a test module of real gates: ``relay`` (module-scoped: a
+    ``CaptureRelay``) and ``gates`` (the gates a test started, ``gates.append``, stopped
+    after it unless already gone). A module takes them as ``relay, gates =
+    gate_fixtures()``."""
+
+    @pytest.fixture(scope="module", name="relay")
+    def relay() -> Iterator[CaptureRelay]:
+        r = CaptureRelay().start()
+        yield r
+        r.stop()
+
+    @pytest.fixture(name="gates")
+    def gates() -> Iterator[list[GateProcess]]:
+        started: list[GateProcess] = []
+        yield started
+        for gate in started:
+            if gate.proc is not None and gate.proc.poll() is None:
+                gate.stop()
+
+    return relay, gates
+
+
+relay, gates = gate_fixtures()
 
 
 def start_together(pending: list[GateProcess]) -> list[GateProcess]:

@@ -7,7 +7,6 @@ the approver's attempts older than the window. Real gate processes on a throwawa
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -23,33 +22,17 @@ from tests.support import (
     decision_body,
     write_config,
 )
-from tests.test_gate_on_postgres import at_once, decide, rows, start_gate
+from tests.test_gate_on_postgres import at_once, decide, gate_fixtures, rows, start_gate
 
 pytestmark = [pytest.mark.e2e, pytest.mark.postgres]
 
 psycopg = __import__("psycopg") if os.environ.get("HITL_CI") else pytest.importorskip("psycopg")
 
 server, url = pg_fixtures()
+relay, gates = gate_fixtures()
 ALICE, BOB = "alice@example.com", "bob@example.com"
 ALICE_ID = 101
 RATE_LIMITED = {"status": "rate_limited", "reason": "rate_limited"}
-
-
-@pytest.fixture(scope="module")
-def relay() -> Iterator[CaptureRelay]:
-    r = CaptureRelay().start()
-    yield r
-    r.stop()
-
-
-@pytest.fixture
-def gates() -> Iterator[list[GateProcess]]:
-    """The gates a test started (``gates.append``), stopped after it."""
-    started: list[GateProcess] = []
-    yield started
-    for gate in started:
-        if gate.proc is not None and gate.proc.poll() is None:
-            gate.stop()
 
 
 def opened(gate: GateProcess, relay: CaptureRelay) -> dict[str, Any]:

@@ -7,7 +7,6 @@ processes on a throwaway server."""
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -19,6 +18,7 @@ from tests.test_gate_on_postgres import (
     DB_PASSWORD,
     assert_log_whole,
     decide,
+    gate_fixtures,
     pg_config,
     rows,
     start_together,
@@ -30,6 +30,7 @@ if not os.environ.get("HITL_CI"):
     pytest.importorskip("psycopg")
 
 server, url = pg_fixtures()
+relay = gate_fixtures()[0]
 OLD = "receipt-key-old-5b1e0c9d3a7f2e64"
 NEW = "receipt-key-new-a7d42f1c8e0b5d93"
 REFUSAL = (
@@ -37,13 +38,6 @@ REFUSAL = (
     "receipt (seq {seq}); a typo? To rotate the key, set receipts.previous_key_env to "
     "the variable holding the old key"
 )
-
-
-@pytest.fixture(scope="module")
-def relay() -> Iterator[CaptureRelay]:
-    r = CaptureRelay().start()
-    yield r
-    r.stop()
 
 
 def rotating(path: Path) -> Path:

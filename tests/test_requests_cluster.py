@@ -19,7 +19,14 @@ import pytest
 from gate.protocol.canonical import wire_json
 from tests.pg_server import pg_fixtures
 from tests.support import CaptureRelay, GateProcess, decision_body, post_decision
-from tests.test_gate_on_postgres import assert_log_whole, at_once, decide, rows, start_gate
+from tests.test_gate_on_postgres import (
+    assert_log_whole,
+    at_once,
+    decide,
+    gate_fixtures,
+    rows,
+    start_gate,
+)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.postgres]
 
@@ -27,14 +34,8 @@ if not os.environ.get("HITL_CI"):
     pytest.importorskip("psycopg")
 
 server, url = pg_fixtures()
+relay = gate_fixtures()[0]
 ALICE, BOB, CAROL = "alice@example.com", "bob@example.com", "carol@example.com"
-
-
-@pytest.fixture(scope="module")
-def relay() -> Iterator[CaptureRelay]:
-    r = CaptureRelay().start()
-    yield r
-    r.stop()
 
 
 @pytest.fixture

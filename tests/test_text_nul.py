@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from gate.protocol.envelope import nul_field
 from tests.pg_server import pg_fixtures
@@ -21,11 +20,10 @@ from tests.support import (
     GateProcess,
     db,
     decision_body,
-    gate_env,
     post_decision,
     write_config,
 )
-from tests.test_gate_on_postgres import DB_PASSWORD, rows
+from tests.test_gate_on_postgres import gate_fixtures, rows, start_gate
 
 pytestmark = [pytest.mark.e2e, pytest.mark.postgres]
 
@@ -33,18 +31,12 @@ if not os.environ.get("HITL_CI"):
     pytest.importorskip("psycopg")
 
 server, url = pg_fixtures()
+relay = gate_fixtures()[0]
 STEPS = [
     {"name": "q1", "quorum": 1, "approvers": [101, 102], "timeout": "1h"},
     {"name": "ask", "type": "question", "approvers": [101, 102], "timeout": "1h"},
 ]
 COUNTED = ("approvals", "revisions", "decisions", "questions", "audit_log")
-
-
-@pytest.fixture(scope="module")
-def relay() -> Iterator[CaptureRelay]:
-    r = CaptureRelay().start()
-    yield r
-    r.stop()
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
@@ -59,10 +51,7 @@ def gate(
         def count(table: str) -> int:
             return int(db(started, f"SELECT count(*) FROM {table}")[0][0])
     else:
-        config = yaml.safe_load(path.read_text(encoding="utf-8"))
-        config["storage"] = {"url": url, "password_env": "HITL_DB_PASSWORD"}
-        path.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
-        started = GateProcess(path, env=gate_env(HITL_DB_PASSWORD=DB_PASSWORD)).start()
+        started = start_gate(tmp_path, relay, url, steps=STEPS, relay={"questions": True})
 
         def count(table: str) -> int:
             return int(rows(url, f"SELECT count(*) FROM {table}")[0][0])
