@@ -78,7 +78,8 @@ def test_ratelimit_is_one_window_across_gates(
     tmp_path: Path, relay: CaptureRelay, url: str, gates: list[GateProcess]
 ) -> None:
     """rate_limit 5 on two gates: Alice's attempts spread over both count in one window,
-    the sixth is 429 wherever it lands; six sent at once: five recorded, one 429."""
+    the sixth is 429 wherever it lands, also on a gate restarted since; six sent at once:
+    five recorded, one 429."""
     security = {"rate_limit": 5}
     gates.extend(start_gate(tmp_path / name, relay, url, security=security) for name in "ab")
     dispatches = [opened(gates[i % 2], relay) for i in range(12)]
@@ -88,6 +89,10 @@ def test_ratelimit_is_one_window_across_gates(
     for gate in gates:
         assert limited(decide(gate, decision_body(dispatches[5], ALICE)))
     assert decide(gates[1], decision_body(dispatches[5], BOB))[0] == 200  # per approver
+    # a gate restarted (killed, even) does not forget the minute: the attempts are the database's
+    gates[0].kill9()
+    gates[0] = GateProcess(gates[0].config, env=gates[0].env).start()
+    assert limited(decide(gates[0], decision_body(dispatches[5], ALICE)))
     decided = rows(url, "SELECT count(*) FROM decisions WHERE operator_id = %s", ALICE_ID)
     assert decided == [(5,)]
 
