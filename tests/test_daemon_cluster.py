@@ -352,7 +352,9 @@ def long_poll(
 def test_cluster_long_poll_on_one_gate_is_answered_when_the_other_decides(
     tmp_path: Path, relay: CaptureRelay, url: str, gates: list[GateProcess]
 ) -> None:
-    a, b = two_gates(tmp_path, relay, url, gates)
+    two_gates(tmp_path, relay, url, gates)
+    b = lease_holder(url, gates)  # it dispatches what a creates: the feed wakes its sender
+    a = next(gate for gate in gates if gate is not b)
     woken: list[float] = []
     for _ in range(20):
         dispatch, poll, answer = long_poll(a, relay)
@@ -373,7 +375,7 @@ def test_cluster_long_poll_on_one_gate_is_answered_when_the_other_decides(
     seen = wait_until(cluster, what="a's /healthz to count both gates")
     assert seen["problems"] == []
     on_b = b.api().call("GET", "/healthz")[1]["cluster"]
-    assert {seen["lease_holder"], on_b["lease_holder"]} == {True, False}  # one holder
+    assert (seen["lease_holder"], on_b["lease_holder"]) == (False, True)
     _, samples = scrape(a)
     assert value(samples, "hitl_gate_cluster_live_gates") == 2
     assert value(samples, "hitl_gate_cluster_lease_held") == int(seen["lease_holder"])

@@ -23,6 +23,13 @@ from typing import Any
 from ulid import ULID
 
 import gate
+from gate.audit.entries import DISPATCH_ACK, RESOLVED
+from gate.audit.question_entries import (
+    QUESTION_ANSWERED,
+    QUESTION_DISPATCH_ACK,
+    QUESTION_RESOLVED,
+    QUESTION_REVISED,
+)
 from gate.config.fingerprint import config_hash
 from gate.core.service import GateService
 from gate.errors import Unavailable
@@ -40,7 +47,9 @@ RENEW_S = 3.0  # the holder renews (and every gate beats) this often
 # the holder stops trusting its lease this part of the TTL before it would lapse (2 s of 10)
 MARGIN = 0.2
 # what wakes a long-poll on a request (the others only wake the workers)
-WAKING = frozenset({"resolved", "question_answered", "question_resolved", "question_revised"})
+WAKING = frozenset({RESOLVED, QUESTION_ANSWERED, QUESTION_RESOLVED, QUESTION_REVISED})
+# what gives the timers and the senders no work (a dispatch acked: its sender knows)
+IDLE = frozenset({DISPATCH_ACK, QUESTION_DISPATCH_ACK})
 
 Work = Callable[[], Coroutine[Any, Any, None]]
 
@@ -139,13 +148,16 @@ class Cluster:
 
     def changed(self, changes: list[Change]) -> None:
         """The feed's callback: wake the long-polls of requests resolved (or a question
-        revised) on any gate, and the workers (a new request, an escalation, a resolution
-        notice may be due)."""
+        revised) on any gate; on the lease holder, also the timers and the senders when an
+        entry may give them work (a new request or revision, a decision, a resolution with
+        its notice: anything but an acked dispatch). A gate without the lease runs neither,
+        and they read everything afresh when they start."""
         for change in changes:
             if change.kind in WAKING and change.request_id is not None:
                 self.service.wake(change.request_id)
-        self.service.dispatch_wakeup.set()
-        self.service.expiry_wakeup.set()
+        if self.held.is_set() and any(change.kind not in IDLE for change in changes):
+            self.service.dispatch_wakeup.set()
+            self.service.expiry_wakeup.set()
 
     async def _keep(self) -> None:
         """Beat and claim every ``renew_s`` on one session (reconnected after a failure);
