@@ -11,7 +11,7 @@ With real ``hitl-gate serve`` processes on one database: a long-poll on one gate
 when the other records the decision (20 times, under a second each), and by the fallback
 read after its listener session was terminated; a question's long-poll on one woken at its
 revise on the other; the timers' holder killed with -9 and the other gate sending the next
-due reminder within the lease's TTL + 1 s; ``/healthz`` and ``/metrics`` naming the
+due reminder within the lease's TTL + 1 s, and applying each escalation level once; ``/healthz`` and ``/metrics`` naming the
 cluster (every series the cluster's alert rules select is exposed); gates on different
 configs shown by ``/healthz`` and ``doctor``."""
 
@@ -472,6 +472,8 @@ FOLLOWED = {
     "timeout": "60s",
     "remind_after": "2s",
     "remind_every": "2s",
+    # due while the killed holder's lease has not lapsed yet: applied by the other gate
+    "escalate": [{"after": "5s", "to": [102]}, {"after": "8s", "to": [103]}],
 }
 
 
@@ -510,5 +512,18 @@ def test_cluster_holder_killed_the_other_gate_sends_the_next_reminder_within_ttl
     next_at = min(at for n, at in reminders(relay, approval_id) if n > sent_before)
     assert next_at - killed_at <= LEASE_TTL_S + 1.0
     survivor.wait_for_line("event=lease_acquired")
+
+    def levels() -> list[int] | None:
+        found = rows(
+            url,
+            "SELECT entry FROM audit_log WHERE approval_id = %s AND kind = 'escalated'"
+            " ORDER BY seq",
+            approval_id,
+        )
+        applied = [json.loads(entry)["data"]["level"] for (entry,) in found]
+        return applied if len(applied) >= 2 else None
+
+    assert wait_until(levels, what="both escalation levels") == [1, 2]  # once each, in order
     queued = rows(url, "SELECT kind, n FROM followup_outbox WHERE approval_id = %s", approval_id)
-    assert len(queued) == len(set(queued))  # each reminder queued once
+    assert len(queued) == len(set(queued))  # each reminder and level queued once
+    assert {n for kind, n in queued if kind == "escalation"} == {1, 2}
