@@ -11,9 +11,9 @@ With real ``hitl-gate serve`` processes on one database: a long-poll on one gate
 when the other records the decision (20 times, under a second each), and by the fallback
 read after its listener session was terminated; a question's long-poll on one woken at its
 revise on the other; the timers' holder killed with -9 and the other gate sending the next
-due reminder within the lease's TTL + 1 s, and applying each escalation level once; ``/healthz`` and ``/metrics`` naming the
-cluster (every series the cluster's alert rules select is exposed); gates on different
-configs shown by ``/healthz`` and ``doctor``."""
+due reminder within the lease's TTL + 1 s, and applying each escalation level once;
+``/healthz`` and ``/metrics`` naming the cluster (every series the cluster's alert rules
+select is exposed); gates on different configs shown by ``/healthz`` and ``doctor``."""
 
 from __future__ import annotations
 
