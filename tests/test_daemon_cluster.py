@@ -11,7 +11,8 @@ With real ``hitl-gate serve`` processes on one database: a long-poll on one gate
 when the other records the decision (20 times, under a second each), and by the fallback
 read after its listener session was terminated; a question's long-poll on one woken at its
 revise on the other; the timers' holder killed with -9 and the other gate sending the next
-due reminder within the lease's TTL + 1 s, and applying each escalation level once;
+due reminder within the lease's TTL + 1 s, and applying each escalation level once; a
+frozen holder (SIGSTOP) replaced within the TTL, stepping down when thawed;
 ``/healthz`` and ``/metrics`` naming the cluster (every series the cluster's alert rules
 select is exposed); gates on different configs shown by ``/healthz`` and ``doctor``."""
 
@@ -22,6 +23,7 @@ import contextlib
 import json
 import logging
 import os
+import signal
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -440,6 +442,30 @@ def test_cluster_question_long_poll_on_one_gate_wakes_at_a_revise_on_the_other(
 
     assert time.monotonic() - revised_at < 1.0
     assert (answer["state"], answer["version"]) == ("pending", 2)
+
+
+@pytest.mark.slow
+def test_cluster_frozen_holder_is_replaced_and_steps_down_when_thawed(
+    tmp_path: Path, relay: CaptureRelay, url: str, gates: list[GateProcess]
+) -> None:
+    two_gates(tmp_path, relay, url, gates)
+    holder = lease_holder(url, gates)
+    other = next(gate for gate in gates if gate is not holder)
+    assert holder.proc is not None
+
+    def holds(gate: GateProcess) -> bool:
+        return bool(gate.api().call("GET", "/healthz")[1]["cluster"]["lease_holder"])
+
+    os.kill(holder.proc.pid, signal.SIGSTOP)  # hung, its sessions still open
+    try:
+        frozen_at = time.monotonic()
+        wait_until(lambda: holds(other), timeout=LEASE_TTL_S + 10, what="the other to take over")
+        assert time.monotonic() - frozen_at <= LEASE_TTL_S + 1.0
+    finally:
+        os.kill(holder.proc.pid, signal.SIGCONT)
+    holder.wait_for_line("event=lease_lost")
+    assert not holds(holder)
+    assert holds(other)
 
 
 @pytest.mark.slow

@@ -167,6 +167,7 @@ class Cluster:
         try:
             while True:
                 started = time.monotonic()
+                self._distrust(started)  # first: a gate thawed after a freeze stops at once
                 try:
                     if conn is None:
                         conn = await connect(self.url, "cluster", self.instance_id, self.password)
@@ -182,8 +183,7 @@ class Cluster:
                     if lost:
                         log.info("event=cluster_reconnected")
                     lost = False
-                if self.held.is_set() and time.monotonic() >= self._trusted_until:
-                    self._step_down("not renewed in time")
+                self._distrust(time.monotonic())
                 await asyncio.sleep(delay)
         finally:
             await close_quietly(conn)
@@ -217,6 +217,11 @@ class Cluster:
             return 0.0
         lapses_s = max(0.0, (other.expires_at - other.now) / 1000) + 0.05
         return min(self.renew_s, lapses_s)
+
+    def _distrust(self, now: float) -> None:
+        """Stop the work when the held lease was not renewed in time (``now``: monotonic)."""
+        if self.held.is_set() and now >= self._trusted_until:
+            self._step_down("not renewed in time")
 
     def _step_down(self, why: str) -> None:
         if self.held.is_set():
