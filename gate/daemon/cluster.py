@@ -46,6 +46,7 @@ LEASE_TTL_S = 10.0  # a holder that stops renewing loses the lease after this
 RENEW_S = 3.0  # the holder renews (and every gate beats) this often
 # the holder stops trusting its lease this part of the TTL before it would lapse (2 s of 10)
 MARGIN = 0.2
+LEAVE_S = 2.0  # the longest a clean stop waits to release the lease and remove its row
 # what wakes a long-poll on a request (the others only wake the workers)
 WAKING = frozenset({RESOLVED, QUESTION_ANSWERED, QUESTION_RESOLVED, QUESTION_REVISED})
 # what gives the timers and the senders no work (a dispatch acked: its sender knows)
@@ -241,20 +242,25 @@ class Cluster:
                 for task in (lost, *tasks):
                     task.cancel()
                 await asyncio.gather(lost, *tasks, return_exceptions=True)
-            failed = [t for t in tasks if t.done() and not t.cancelled() and t.exception()]
-            for task in failed:  # a job that ended by itself (it should not): say so
-                log.error("event=leader_work_failed error=%r", task.exception())
-            if failed:
-                await asyncio.sleep(1.0)  # then start it again, without a hot loop
+            ended = [t for t in tasks if not t.cancelled()]
+            for task in ended:  # a job that ended by itself (it should not): say so
+                log.error("event=leader_work_ended error=%r", task.exception())
+            if ended:
+                await asyncio.sleep(1.0)  # then start them again, without a hot loop
 
     async def _leave(self) -> None:
         """A clean stop: give up the lease (another gate takes it at its next attempt) and
-        remove this gate's row; best effort."""
-        self._step_down("stopping")
-        with contextlib.suppress(Unavailable):
-            conn = await connect(self.url, "cluster", self.instance_id, self.password)
-            try:
-                await release(conn, TIMERS, self.instance_id)
-                await leave_cluster(conn, self.instance_id)
-            finally:
-                await close_quietly(conn)
+        remove this gate's row; best effort, for at most LEAVE_S (a database out of reach
+        does not hold the stop: the lease then lapses, the row ages out)."""
+        if self.held.is_set():
+            log.info("event=lease_released lease=%s", TIMERS)
+        self.held.clear()
+        self.not_held.set()
+        with contextlib.suppress(Unavailable, TimeoutError):
+            async with asyncio.timeout(LEAVE_S):
+                conn = await connect(self.url, "cluster", self.instance_id, self.password)
+                try:
+                    await release(conn, TIMERS, self.instance_id)
+                    await leave_cluster(conn, self.instance_id)
+                finally:
+                    await close_quietly(conn)
