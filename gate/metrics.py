@@ -107,6 +107,15 @@ HELP = {
     "relay_last_ack_age_seconds": (
         "Seconds since the relay's latest ack (absent before the first since start)."
     ),
+    # several gates on one PostgreSQL database (absent on SQLite): gate.daemon.cluster
+    "cluster_lease_held": "1 while this gate holds the timers' lease (it runs the timers and "
+    "the senders), else 0 (PostgreSQL only).",
+    "cluster_live_gates": "Gates on the database with a recent heartbeat, this one included "
+    "(PostgreSQL only).",
+    "cluster_clock_offset_seconds": "This gate's clock minus the database's at its last "
+    "heartbeat (PostgreSQL only); /healthz answers 503 clock_skew beyond 5 s either way.",
+    "cluster_config_divergent": "1 while live gates run configs of different hashes, else 0 "
+    "(PostgreSQL only).",
 }
 
 
@@ -320,6 +329,7 @@ class Metrics:
             ]
         state.now_ms = now_ms
         state.writer_unanswered_s = service.writer_unanswered_s
+        state.cluster = None if service.cluster_status is None else service.cluster_status()
         if openmetrics_text:
             return openmetrics.generate_latest(self.registry)  # type: ignore[no-untyped-call,no-any-return]
         return generate_latest(self.registry)
@@ -328,8 +338,9 @@ class Metrics:
 class _StateCollector(Collector):
     """Gauges computed at scrape time: pending approvals and their oldest age (also per
     step), the writer's oldest unanswered write (read by ``Metrics.render`` just before),
-    each kind's relay up and the relay's last ack (from dispatch results). A gauge whose
-    value is not known (None) is left out of the scrape."""
+    each kind's relay up and the relay's last ack (from dispatch results), and on
+    PostgreSQL the cluster's (lease held, live gates, clock offset, configs divergent). A
+    gauge whose value is not known (None) is left out of the scrape."""
 
     def __init__(self) -> None:
         self.pending: int | None = None
@@ -339,6 +350,7 @@ class _StateCollector(Collector):
         self.last_ack_ms: int | None = None
         self.writer_unanswered_s: float | None = None
         self.now_ms = 0
+        self.cluster: dict[str, Any] | None = None  # GateService.cluster_status (PostgreSQL)
 
     def describe(self) -> list[Any]:
         return []  # families vary (gauges appear once known): collect() only at scrape time
@@ -363,6 +375,15 @@ class _StateCollector(Collector):
                 None if ack_ms is None else max(0, self.now_ms - ack_ms) / 1000,
             ),
         )
+        cluster = self.cluster
+        if cluster is not None:
+            offset_ms = cluster["clock_offset_ms"]
+            yield from _gauges(
+                ("cluster_lease_held", int(cluster["lease_holder"])),
+                ("cluster_live_gates", cluster["live_gates"]),
+                ("cluster_clock_offset_seconds", None if offset_ms is None else offset_ms / 1000),
+                ("cluster_config_divergent", int("config_divergent" in cluster["problems"])),
+            )
 
 
 def _gauges(*rows: tuple[str, float | None]) -> Iterator[GaugeMetricFamily]:

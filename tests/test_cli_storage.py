@@ -95,7 +95,6 @@ def test_storage_migrate_target_that_is_no_postgres_url(
     assert PASSWORD not in result.output
 
 
-@pytest.mark.e2e  # a real TCP connection refused by the kernel: nothing listens there
 def test_storage_migrate_unreachable_server_names_to_and_never_the_password(
     gate_db: Path,
 ) -> None:
@@ -172,3 +171,19 @@ def test_audit_db_missing_sqlite_file_is_named(tmp_path: Path) -> None:
 def test_audit_db_reads_a_sqlite_file_too(gate_db: Path) -> None:
     result = invoke(["audit", "export", "--db", str(gate_db)])
     assert (result.exit_code, result.stdout, result.stderr) == (0, "", "")
+
+
+def test_storage_migrate_password_from_a_credential_file(gate_db: Path, tmp_path: Path) -> None:
+    """As the gate reads its secrets: the variable unset, its file in $CREDENTIALS_DIRECTORY
+    (systemd's LoadCredential=) is read, so the error is the server's, not the password's."""
+    (tmp_path / "creds").mkdir()
+    (tmp_path / "creds" / "PGMOVE_PW").write_text(PASSWORD + "\n", encoding="utf-8")
+    url = nowhere()
+    env: dict[str, str | None] = {
+        "PGMOVE_PW": None,
+        "CREDENTIALS_DIRECTORY": str(tmp_path / "creds"),
+    }
+    result = migrate(gate_db, url, "--password-env", "PGMOVE_PW", **env)
+    assert result.exit_code == 2
+    assert one_error_line(result).startswith(f"Error: --to: cannot connect to {url}: ")
+    assert PASSWORD not in result.output

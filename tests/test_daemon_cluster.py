@@ -5,16 +5,22 @@ and the senders) runs on one gate at a time and moves to the other when its hold
 clock off the database's makes ``/healthz``'s cluster status 503 ``clock_skew``; live gates
 with different configs show ``config_divergent``; an entry another gate appended wakes a
 long-poll here; two gates' schedulers running at once still resolve once and remind once
-per level. With real ``hitl-gate serve`` processes on one database: a long-poll on one gate
-answered when the other records the decision (20 times, under a second each); the timers'
-holder killed with -9 and the other gate sending the next due reminder within the lease's
-TTL + 1 s; ``/healthz`` naming the cluster."""
+per level; PostgreSQL restarted under it, it recovers by itself.
+
+With real ``hitl-gate serve`` processes on one database: a long-poll on one gate answered
+when the other records the decision (20 times, under a second each), and by the fallback
+read after its listener session was terminated; a question's long-poll on one woken at its
+revise on the other; the timers' holder killed with -9 and the other gate sending the next
+due reminder within the lease's TTL + 1 s; ``/healthz`` and ``/metrics`` naming the
+cluster (every series the cluster's alert rules select is exposed); gates on different
+configs shown by ``/healthz`` and ``doctor``."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import json
+import logging
 import os
 import threading
 import time
@@ -34,18 +40,22 @@ from gate.daemon.cluster import LEASE_TTL_S, Cluster, Work
 from gate.daemon.timers import Timers
 from gate.errors import Unavailable
 from gate.store.pg_instances import CONFIG_DIVERGENT
-from tests.pg_server import pg_fixtures
+from tests.pg_server import PgServer, pg_fixtures
 from tests.support import (
+    ASK_STEP,
     DEADLINE_S,
     ENV,
     CaptureRelay,
     GateProcess,
+    ask,
     decision_body,
     post_decision,
+    run_cli,
     wait_until,
     write_config,
 )
 from tests.test_gate_on_postgres import assert_log_whole, rows, start_gate
+from tests.test_metrics import CLUSTER_ALERTS, _rules, _series_names, scrape, value
 from tests.test_store_pg_feed import append
 
 pytestmark = [pytest.mark.e2e, pytest.mark.postgres]
@@ -156,13 +166,15 @@ async def test_cluster_status_is_clock_skew_when_the_gates_clock_is_off(
             ),
             "both gates beat and here sees both",
         )
+        skewed.service.cluster_status, fine.service.cluster_status = off.status, here.status
         with pytest.raises(Unavailable) as raised:
-            off.status()
-        status = here.status()
-    assert raised.value.code == "clock_skew"
-    assert "+90." in raised.value.message
-    assert status["problems"] == []
-    assert status["live_gates"] == 2
+            skewed.service.cluster()  # /healthz
+        status, offset = fine.service.cluster(), off.status()["clock_offset_ms"]
+    assert (raised.value.status, raised.value.code) == (503, "clock_skew")
+    assert raised.value.message.startswith("this gate's clock is +90.")
+    assert 89_000 < offset < 91_000  # what /metrics shows
+    assert status is not None
+    assert (status["problems"], status["live_gates"]) == ([], 2)
 
 
 async def test_cluster_status_names_config_divergent_until_a_reload_ends_it(
@@ -179,6 +191,31 @@ async def test_cluster_status_names_config_divergent_until_a_reload_ends_it(
         two.service.reconfigure(one.config)  # a SIGHUP reload to the same rules as one
         await until(lambda: a.status()["problems"] == [], "the next beats end it")
     assert divergent["problems"] == [CONFIG_DIVERGENT]
+
+
+@pytest.mark.slow
+async def test_cluster_recovers_by_itself_after_postgresql_restarted(
+    url: str, server: PgServer, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO)
+    here = built(tmp_path, "here")
+    cluster = Cluster(url, None, here.service, ttl_s=2.0, renew_s=0.3, poll_s=0.3)
+    async with member(cluster, []):
+        await until(cluster.held.is_set, "the lease held")
+        await asyncio.to_thread(server.restart, "immediate")
+        back = time.monotonic()
+        await until(lambda: cluster.feed.connected.is_set() and cluster.held.is_set(), "back")
+        await until(
+            lambda: "event=cluster_reconnected" in [r.getMessage() for r in caplog.records],
+            "the heartbeat session reopened",
+        )
+        recovered_s = time.monotonic() - back
+        await asyncio.to_thread(append, url, [("resolved", "AFTER")])
+        await until(lambda: cluster.feed.cursor == 1, "the feed reads what came after")
+    messages = [r.getMessage() for r in caplog.records]
+    assert recovered_s < 5.0
+    assert len([m for m in messages if m.startswith("event=cluster_unavailable")]) == 1
+    assert "event=listen_reconnected cursor=0" in messages
 
 
 def test_config_hash_ignores_what_differs_per_replica(tmp_path: Path) -> None:
@@ -337,6 +374,13 @@ def test_cluster_long_poll_on_one_gate_is_answered_when_the_other_decides(
     assert seen["problems"] == []
     on_b = b.api().call("GET", "/healthz")[1]["cluster"]
     assert {seen["lease_holder"], on_b["lease_holder"]} == {True, False}  # one holder
+    _, samples = scrape(a)
+    assert value(samples, "hitl_gate_cluster_live_gates") == 2
+    assert value(samples, "hitl_gate_cluster_lease_held") == int(seen["lease_holder"])
+    assert value(samples, "hitl_gate_cluster_config_divergent") == 0
+    exposed = {name for name, _ in samples}
+    for rule in (r for r in _rules() if r["alert"] in CLUSTER_ALERTS):
+        assert _series_names(rule["expr"]) <= exposed, rule["alert"]
 
 
 @pytest.mark.slow
@@ -363,6 +407,60 @@ def test_cluster_long_poll_is_answered_by_the_fallback_read_after_its_listener_w
     assert woken_s < 1.0 + 0.5  # the polling interval, and a margin
     a.wait_for_line("event=listen_lost")
     a.wait_for_line("event=listen_reconnected")
+
+
+@pytest.mark.slow
+def test_cluster_question_long_poll_on_one_gate_wakes_at_a_revise_on_the_other(
+    tmp_path: Path, relay: CaptureRelay, url: str, gates: list[GateProcess]
+) -> None:
+    for name in ("a", "b"):
+        gates.append(
+            start_gate(tmp_path / name, relay, url, steps=[ASK_STEP], relay={"questions": True})
+        )
+    a, b = gates
+    question_id = ask(a, response_type="free_text")["question_id"]
+    answer: dict[str, Any] = {}
+    poll = threading.Thread(
+        target=lambda: answer.update(
+            a.api().call("GET", f"/v1/questions/{question_id}?wait=30")[1]
+        ),
+        daemon=True,
+    )
+    poll.start()
+    assert a.api().call("GET", "/healthz")[0] == 200  # a has read the long-poll
+
+    status, revised = b.api().call(
+        "POST", f"/v1/questions/{question_id}/revise", {"text": "Which supplier, really?"}
+    )
+    assert status == 200, revised
+    revised_at = time.monotonic()
+    poll.join(DEADLINE_S)
+
+    assert time.monotonic() - revised_at < 1.0
+    assert (answer["state"], answer["version"]) == ("pending", 2)
+
+
+@pytest.mark.slow
+def test_cluster_gates_on_different_configs_show_in_healthz_and_doctor(
+    tmp_path: Path, relay: CaptureRelay, url: str, gates: list[GateProcess]
+) -> None:
+    gates.append(start_gate(tmp_path / "a", relay, url))
+    gates.append(start_gate(tmp_path / "b", relay, url, security={"rate_limit": 5}))
+    a, _ = gates
+
+    def divergent() -> list[str] | None:
+        problems = a.api().call("GET", "/healthz")[1]["cluster"]["problems"]
+        return problems if problems else None
+
+    assert wait_until(divergent, what="a's /healthz to see b's config") == ["config_divergent"]
+    a.wait_for_line("event=config_divergent message=live gates run different configs")
+    a.api().create("q1")  # an audit log for doctor to verify on the database
+    done = run_cli("doctor", "-c", str(tmp_path / "a" / "config.yaml"), env=a.env)
+    lines = done.stdout.decode().splitlines()
+    (cluster,) = [line for line in lines if line.startswith(("PASS cluster", "FAIL cluster"))]
+    assert cluster.startswith("FAIL cluster: live gates run different configs: config ")
+    (audit,) = [line for line in lines if " audit: " in line]
+    assert audit.startswith("PASS audit: "), lines
 
 
 FOLLOWED = {

@@ -120,6 +120,10 @@ async def test_doctor_on_postgres_reports_the_cluster_and_skips_the_sqlite_check
         "clock",
     ]
     assert by_name["cluster"].label == "PASS"
+    assert by_name["audit"].label == "PASS", by_name["audit"].line()
     assert by_name["database"].line() == (
-        "SKIP database: reads a SQLite database (storage.path); not checked on PostgreSQL yet"
+        "SKIP database: on PostgreSQL the server checks its pages (data checksums, pg_amcheck)"
+    )
+    assert by_name["dispatch"].line() == (
+        "SKIP dispatch: reads a SQLite database (storage.path); not checked on PostgreSQL yet"
     )

@@ -65,7 +65,7 @@ def url(server: PgServer) -> str:
     return server.database(f"gate_{next(_databases)}")
 
 
-def pg_config(directory: Path, relay: CaptureRelay, url: str, **config: Any) -> Path:
+def pg_config(directory: Path, relay: CaptureRelay, url: str, /, **config: Any) -> Path:
     """The test config (``write_config``, with ``config``) on the PostgreSQL database
     ``url``, its password in ``HITL_DB_PASSWORD`` (the test server trusts loopback: any
     password is accepted)."""
@@ -77,7 +77,7 @@ def pg_config(directory: Path, relay: CaptureRelay, url: str, **config: Any) -> 
     return path
 
 
-def start_gate(directory: Path, relay: CaptureRelay, url: str, **config: Any) -> GateProcess:
+def start_gate(directory: Path, relay: CaptureRelay, url: str, /, **config: Any) -> GateProcess:
     """A ``hitl-gate serve`` on the PostgreSQL database ``url``, dispatching to ``relay``
     (``config``: ``write_config``'s options)."""
     path = pg_config(directory, relay, url, **config)

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import json
 import re
+import sqlite3
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
@@ -25,7 +27,7 @@ from tests.inbox_harness import (
     field_value,
     start_world,
 )
-from tests.support import CliProcess, free_port, wait_until
+from tests.support import CliProcess, free_port, logged, wait_until
 from tests.webauthn_soft import SoftAuthenticator
 
 pytestmark = pytest.mark.e2e
@@ -239,3 +241,40 @@ def test_inbox_replicas_a_batch_challenged_at_one_replica_is_decided_at_the_othe
     recorded = pair.world.gate_rows("SELECT approval_id, operator_id FROM decisions")
     mine = {(r["approval_id"], r["operator_id"]) for r in recorded if r["approval_id"] in shown}
     assert mine == {(i, 102 if i == raced else 101) for i in ids.values()}
+
+
+def write(db: Path, sql: str, *args: object) -> None:
+    """One statement on the inbox's file from the test's own connection."""
+    conn = sqlite3.connect(db, isolation_level=None, timeout=30)
+    try:
+        conn.execute(sql, args)
+    finally:
+        conn.close()
+
+
+@pytest.mark.slow
+def test_inbox_replicas_a_write_lock_held_past_the_busy_timeout_is_a_503_in_words(
+    pair: Replicas,
+) -> None:
+    client = pair.client(pair.b, "127.0.0.80")
+    _, csrf = signin_page(client)
+    holder = sqlite3.connect(pair.a.db, isolation_level=None, timeout=30)
+    holder.execute("BEGIN IMMEDIATE")  # as another inbox on the file writing for too long
+    try:
+        page = client.get("/signin")  # a sign-in page writes its challenge
+        posted = client.post_json("/signin", {"csrf": csrf, "assertion": {}})  # counts a try
+        for replica in (pair.a, pair.b):  # each one's sweep failed, and goes on
+            logged(replica, "event=inbox_sweep_failed")
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    expired = ("h-expired", "carol@example.com", 103, "c", "t", 1, 2)
+    write(pair.a.db, "INSERT INTO sessions VALUES (?, ?, ?, ?, ?, ?, ?, NULL)", *expired)
+
+    assert (page.status, page.header("Retry-After")) == (503, "5"), page.text
+    assert "Try again in a moment" in page.text
+    assert (posted.status, posted.json()["reason"]) == (503, "database_unavailable"), posted.text
+    assert "Traceback" not in pair.a.log() + pair.b.log()
+    wait_until(lambda: not pair.a.rows("SELECT * FROM sessions WHERE id_hash = 'h-expired'"))
+    assert client.get("/signin").status == 200
+    logged(pair.b, "event=inbox_database_unavailable path=/signin")

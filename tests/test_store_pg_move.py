@@ -209,10 +209,7 @@ _databases = iter(range(1, 1000))
 
 def empty_database(server: PgServer) -> str:
     """The URL of a new empty database on the module's server."""
-    name = f"move_{next(_databases)}"
-    with psycopg.connect(server.url(), autocommit=True) as conn:
-        conn.execute(f"CREATE DATABASE {name} TEMPLATE template0")
-    return server.url(name)
+    return server.database(f"move_{next(_databases)}")
 
 
 def migrate_to(history: History, url: str) -> Any:
@@ -328,12 +325,14 @@ def test_pg_move_export_from_postgres_equals_the_sqlite_export(
     assert (tmp_path / "pg.jsonl").read_text(encoding="utf-8") == lite
 
 
+@pytest.mark.parametrize("by", ["--db", "-c"])
 def test_pg_move_signatures_read_from_postgres(
-    history: History, moved: str, tmp_path: Path
+    history: History, moved: str, tmp_path: Path, by: str
 ) -> None:
     code, lite, err = cli("audit", "signatures", "-c", str(history.config))
     assert code == 0, err
-    code, pg, err = cli("audit", "signatures", "-c", str(pg_config(history, moved, tmp_path)))
+    where = ["--db", moved] if by == "--db" else ["-c", str(pg_config(history, moved, tmp_path))]
+    code, pg, err = cli("audit", "signatures", *where)
     assert (code, pg, err) == (0, lite, "")
     assert len(pg.splitlines()) == 2  # the header and alice's signed approval
 
@@ -463,9 +462,13 @@ def test_pg_move_a_source_whose_log_does_not_verify_is_named(
 
 @pytest.mark.parametrize(
     ("value", "held"),
-    [("'run' || char(0) || 'id'", "holds U+0000, which PostgreSQL text cannot hold"),
-     ("x'00ff'", "holds a BLOB, which its PostgreSQL column cannot hold unchanged")],
-    ids=["nul", "blob"],
+    [("'run' || char(0) || 'id'", "approvals.run_id of row 1 holds U+0000, which PostgreSQL"
+      " text cannot hold"),
+     ("x'00ff'", "approvals.run_id of row 1 holds a BLOB, which its PostgreSQL column cannot"
+      " hold unchanged"),
+     ("CAST(x'ff' AS TEXT)", "approvals.run_id holds text that is not UTF-8 (in rows 1 to"
+      " 1000)")],
+    ids=["nul", "blob", "not-utf8"],
 )  # fmt: skip
 def test_pg_move_a_value_postgres_cannot_hold_is_named(
     server: PgServer, tmp_path: Path, value: str, held: str
@@ -482,11 +485,32 @@ def test_pg_move_a_value_postgres_cannot_hold_is_named(
     url = empty_database(server)
     done = run_cli("storage", "migrate", "--from", str(source), "--to", url, env=ENV)
     assert (done.returncode, done.stdout) == (1, b"")
-    assert done.stderr.decode() == f"Error: approvals.run_id of row 1 {held}\n"
+    assert done.stderr.decode() == f"Error: {held}\n"
     with psycopg.connect(url) as conn:
         assert conn.execute(
             "SELECT count(*) FROM information_schema.tables WHERE table_schema = 'public'"
         ).fetchone() == (0,)
+
+
+def test_pg_move_a_row_postgres_refuses_is_one_line_without_the_row(
+    server: PgServer, tmp_path: Path
+) -> None:
+    """A revision whose approval is missing (SQLite checks foreign keys only when told to):
+    PostgreSQL refuses it; the line names the constraint, never the draft."""
+    source = tmp_path / "gate.db"
+    prepare(source).close()
+    with sqlite3.connect(source) as conn:  # foreign keys off, as sqlite3 opens by default
+        conn.execute(
+            "INSERT INTO revisions VALUES ('NOPE', 1, 'geheimer Entwurf', 'sha256:x', 'n', 1, NULL)"
+        )
+    url = empty_database(server)
+    done = run_cli("storage", "migrate", "--from", str(source), "--to", url, env=ENV)
+    err = done.stderr.decode()
+    assert (done.returncode, done.stdout) == (1, b""), err
+    assert err == (
+        'Error: the copy failed: insert or update on table "revisions" violates foreign key'
+        ' constraint "revisions_approval_id_fkey"\n'
+    )
 
 
 @pytest.mark.parametrize("clash", [False, True], ids=["gate-table-with-a-row", "foreign-table"])
@@ -568,7 +592,7 @@ def test_pg_move_waits_for_a_gate_writing_there_and_then_refuses(
             lambda: (
                 watch.execute(
                     "SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE"
-                    " 'hitl-gate/migrate/%' AND wait_event_type = 'Lock'"
+                    " 'hitl-gate/move/%' AND wait_event_type = 'Lock'"
                 ).fetchone()
                 == (1,)
             ),

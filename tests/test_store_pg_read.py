@@ -36,9 +36,7 @@ def server() -> Iterator[PgServer]:
 @pytest.fixture(scope="module")
 def db(server: PgServer) -> PgTarget:
     """A migrated database holding a chain of ROWS audit entries with receipts (KEY)."""
-    with psycopg.connect(server.url(), autocommit=True) as admin:
-        admin.execute("CREATE DATABASE readers TEMPLATE template0")
-    with psycopg.connect(server.url("readers")) as conn, conn.transaction():
+    with psycopg.connect(server.database("readers")) as conn, conn.transaction():
         migrate(conn)
         with conn.cursor().copy("COPY audit_log (seq, kind, entry, prev_hash, entry_hash, receipt)"
                                 " FROM STDIN") as copy:  # fmt: skip
@@ -89,9 +87,7 @@ def test_pg_read_sees_one_snapshot_and_writes_nothing(db: PgTarget) -> None:
 @pytest.mark.e2e
 @pytest.mark.postgres
 def test_pg_read_refuses_a_schema_newer_than_the_gate(server: PgServer) -> None:
-    with psycopg.connect(server.url(), autocommit=True) as admin:
-        admin.execute("CREATE DATABASE newer TEMPLATE template0")
-    with psycopg.connect(server.url("newer")) as conn, conn.transaction():
+    with psycopg.connect(server.database("newer")) as conn, conn.transaction():
         migrate(conn)
         conn.execute("INSERT INTO schema_migrations (version) VALUES (%s)", (SCHEMA_VERSION + 1,))
     newer = PgTarget(server.url("newer"))

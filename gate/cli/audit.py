@@ -55,7 +55,7 @@ def config_source(verb: str) -> Callable[[F], F]:
 
 def log_source(verb: str) -> Callable[[F], F]:
     """``-c/--config`` and ``--file``: the database or the export an ``audit`` command reads
-    (exactly one: ``one_source``); their help starts with ``verb`` (``Verify``)."""
+    (with ``--db``, exactly one: ``one_database``); their help starts with ``verb``."""
     config = config_source(verb)
     export = click.option(
         "--file",
@@ -65,12 +65,6 @@ def log_source(verb: str) -> Callable[[F], F]:
         help=f"{verb} an export (JSON Lines) instead of the database.",
     )
     return lambda command: config(export(command))
-
-
-def one_source(config_path: str | None, export_file: str | None) -> None:
-    """Exit 2 unless exactly one of ``-c`` and ``--file`` was given."""
-    if (config_path is None) == (export_file is None):
-        fail("give exactly one of -c/--config or --file", 2)
 
 
 def one_database(

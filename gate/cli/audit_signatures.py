@@ -12,8 +12,8 @@ import click
 
 from gate.audit.chain import AuditRow
 from gate.cli import fail, read_config
-from gate.cli.audit import audit, log_source, one_source
-from gate.cli.databases import configured
+from gate.cli.audit import audit, database, log_source, one_database
+from gate.cli.databases import database_options
 from gate.errors import GateError
 
 _COLUMNS = (
@@ -30,10 +30,16 @@ _COLUMNS = (
 
 @audit.command("signatures")
 @log_source("Read")
+@database_options("Read")
 @click.option("--approval", "approval_id", default=None, help="Only this approval's decisions.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per signed decision.")
 def audit_signatures(
-    config_path: str | None, export_file: str | None, approval_id: str | None, as_json: bool
+    config_path: str | None,
+    export_file: str | None,
+    db: str | None,
+    password_env: str | None,
+    approval_id: str | None,
+    as_json: bool,
 ) -> None:
     """List every approver-signed decision in the log, each signature re-verified.
 
@@ -52,13 +58,14 @@ def audit_signatures(
     from gate.audit.inputs import read_export
     from gate.audit.verify import read_database
 
-    one_source(config_path, export_file)
+    one_database(config_path, db, password_env, export_file)
+    source = database(read_config(config_path) if config_path else None, db, password_env)
     try:
         rows: Iterable[AuditRow]
-        if export_file is not None:
-            rows = read_export(Path(export_file))
+        if source is None:
+            rows = read_export(Path(str(export_file)))
         else:
-            rows = read_database(configured(read_config(str(config_path))))
+            rows = read_database(source)
         report = signature_checks.check(rows)
     except GateError as exc:
         fail(exc.message, 2)

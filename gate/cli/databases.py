@@ -20,7 +20,8 @@ if TYPE_CHECKING:
 F = TypeVar("F", bound=Callable[..., Any])
 
 PASSWORD_HELP = (
-    "Env var holding the PostgreSQL user's password (default: libpq's own PGPASSWORD or "
+    "Env var holding the PostgreSQL user's password, or the name of its file in "
+    "$CREDENTIALS_DIRECTORY, as for the gate's secrets (default: libpq's own PGPASSWORD or "
     "~/.pgpass). Never printed or logged."
 )
 
@@ -37,18 +38,24 @@ def database_options(verb: str) -> Callable[[F], F]:
             help=f"{verb} this database instead of the config's: a SQLite file or "
             "postgresql://USER@HOST:PORT/DB.",
         ),
-        click.option("--password-env", "password_env", default=None, help=PASSWORD_HELP),
+        click.option(
+            "--password-env", "password_env", default=None, metavar="VAR", help=PASSWORD_HELP
+        ),
     )
 
 
 def password(option: str, var: str | None) -> str | None:
-    """The password in the environment variable ``var`` (named by ``option``); None when no
-    variable is named. Exits 2 when it is named but not set."""
+    """The password in the environment variable ``var`` (named by ``option``), or in its
+    credential file in ``$CREDENTIALS_DIRECTORY``, as the gate reads its secrets; None when
+    no variable is named. Exits 2 naming ``option`` when it is unset or unusable."""
+    from gate.config.secrets import CREDENTIALS_DIRECTORY, read_secret
+
     if var is None:
         return None
-    value = os.environ.get(var)
-    if not value:
-        fail(f"{option}: environment variable {var} is not set", 2)
+    credentials = os.environ.get(CREDENTIALS_DIRECTORY) or None
+    value, error = read_secret(option, var, os.environ, credentials)
+    if value is None:
+        fail(str(error), 2)
     return value
 
 

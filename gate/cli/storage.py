@@ -15,7 +15,7 @@ def storage() -> None:
     """Where the gate keeps its state: move a SQLite gate to PostgreSQL.
 
     Example: hitl-gate storage migrate --from var/hitl-gate.db --to
-    postgresql://hitl@127.0.0.1:5432/hitl
+    postgresql://hitl@db.example.com:5432/hitl --password-env HITL_DB_PASSWORD
     """
 
 
@@ -34,7 +34,7 @@ def storage() -> None:
     metavar="URL",
     help="The PostgreSQL database to move it into, empty: postgresql://USER@HOST:PORT/DB.",
 )
-@click.option("--password-env", "password_env", default=None, help=PASSWORD_HELP)
+@click.option("--password-env", "password_env", default=None, metavar="VAR", help=PASSWORD_HELP)
 def storage_migrate(source: str, target: str, password_env: str | None) -> None:
     """Copy a SQLite gate's whole state and audit log into an empty PostgreSQL database.
 
@@ -47,12 +47,16 @@ def storage_migrate(source: str, target: str, password_env: str | None) -> None:
     database. Prints one line: rows per table and the head. Point storage.url at the new
     database before starting the gate again.
 
-    Exit 0 moved and verified, 1 the copy failed or does not verify, 2 usage (an option
-    naming a missing file, no gate database, a database in use, an unreachable or non-empty
-    target).
+    The target must be UTF8 in the C collation; a URL holding a password is refused (give
+    it with --password-env, or libpq's PGPASSWORD or ~/.pgpass).
+
+    Exit 0 moved and verified, 1 the copy failed or does not verify, 2 usage (one line
+    naming the option: a missing file, no gate database or one in use for --from; no
+    postgresql:// URL, an unreachable server or a database that is not empty for --to).
 
     Example: hitl-gate storage migrate --from var/hitl-gate.db --to
-    postgresql://hitl@127.0.0.1:5432/hitl --password-env HITL_PG_PASSWORD
+    'postgresql://hitl@db.example.com:5432/hitl?sslmode=verify-full' --password-env
+    HITL_DB_PASSWORD
     """
     from pathlib import Path
 

@@ -41,6 +41,9 @@ def doctor(config_path: str) -> None:
     """Check a deployment: config, secrets, keys, database integrity, audit chain, relay
     reachable, clock. One PASS/WARN/FAIL/SKIP line per check; writes nothing.
 
+    With storage.url (PostgreSQL) the audit chain is verified on the database, and the gates
+    sharing it are checked: live ones, one config (this file's), clocks, the timers' holder.
+
     The relay counts as reachable when it answers HEAD or OPTIONS with any HTTP status
     (405 too). The clock is compared with the relay's Date header. Exit 0 when no check
     failed (warnings allowed), 1 otherwise.

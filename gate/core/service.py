@@ -21,6 +21,7 @@ from gate.core.ratelimit import RateLimiter
 from gate.core.receipt_key import refusal
 from gate.core.requests.service import Shared
 from gate.core.transactions import Policy, Transactions
+from gate.errors import Unavailable
 from gate.store import Store
 from gate.store.approvals import APPROVALS
 from gate.trust.keys import ReceiptKeys, load_receipt_keys
@@ -152,10 +153,19 @@ class GateService:
 
     def cluster(self) -> dict[str, Any] | None:
         """What ``/healthz`` says about the other gates on the database (``cluster_status``:
-        this gate's id, whether it holds the timers' lease, the live gates, problems such as
-        ``config_divergent``), or None for a gate alone on its SQLite file. Raises
-        Unavailable 503 ``clock_skew`` when this gate's clock is off the database's."""
-        return None if self.cluster_status is None else self.cluster_status()
+        this gate's id, whether it holds the timers' lease, the live gates, its clock's
+        offset, problems such as ``config_divergent``), or None for a gate alone on its
+        SQLite file. Raises Unavailable 503 ``clock_skew`` when this gate's clock is off the
+        database's (the balancer drains it)."""
+        if self.cluster_status is None:
+            return None
+        view = self.cluster_status()
+        if "clock_skew" in view["problems"]:
+            offset_s = (view["clock_offset_ms"] or 0) / 1000
+            raise Unavailable(
+                "clock_skew", f"this gate's clock is {offset_s:+.1f} s off the database's"
+            )
+        return view
 
     async def pending_summary(self) -> tuple[int, int | None]:
         """Return ``(number of pending approvals, earliest created_at in unix ms or None)``:

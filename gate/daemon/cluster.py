@@ -27,7 +27,7 @@ from gate.config.fingerprint import config_hash
 from gate.core.service import GateService
 from gate.errors import Unavailable
 from gate.store.pg_feed import Change, Feed
-from gate.store.pg_instances import CLOCK_SKEW, ClusterHealth, Instance, assess, beat, live
+from gate.store.pg_instances import ClusterHealth, Instance, assess, beat, live
 from gate.store.pg_instances import clock_offset_ms as measure_offset
 from gate.store.pg_instances import leave as leave_cluster
 from gate.store.pg_lease import TIMERS, Term, claim, current, release
@@ -102,19 +102,24 @@ class Cluster:
         )
 
     def status(self) -> dict[str, Any]:
-        """What ``/healthz`` adds on PostgreSQL: this gate's id, whether it holds the
-        ``timers`` lease, how many gates are live and the problems they show. Raises
-        Unavailable 503 ``clock_skew`` when this gate's clock is off the database's (the
-        balancer drains it)."""
+        """What ``/healthz`` and ``/metrics`` add on PostgreSQL: this gate's id, whether it
+        holds the ``timers`` lease, how many gates are live, its clock's offset to the
+        database's (ms, at its last heartbeat; None before it) and the problems the live
+        gates show (``config_divergent``, ``clock_skew``: ``GateService.cluster``)."""
         health = self.health
-        problems = list(health.problems) if health is not None else []
-        if CLOCK_SKEW in problems and health is not None:
-            raise Unavailable(CLOCK_SKEW, "; ".join(health.details))
+        offset = (
+            next(
+                (g.clock_offset_ms for g in health.live if g.instance_id == self.instance_id), None
+            )
+            if health is not None
+            else None
+        )
         return {
             "instance": self.instance_id,
             "lease_holder": self.held.is_set(),
             "live_gates": len(health.live) if health is not None else 0,
-            "problems": problems,
+            "clock_offset_ms": offset,
+            "problems": list(health.problems) if health is not None else [],
         }
 
     async def run(self, work: Sequence[Work]) -> None:
@@ -146,6 +151,7 @@ class Cluster:
         """Beat and claim every ``renew_s`` on one session (reconnected after a failure);
         without the lease, try again as soon as it would lapse."""
         conn = None
+        lost = False  # the session failed and has not been opened again since
         try:
             while True:
                 started = time.monotonic()
@@ -155,10 +161,15 @@ class Cluster:
                     await self._beat(conn)
                     delay = await self._claim(conn, started)
                 except Unavailable as exc:
-                    log.warning("event=cluster_unavailable message=%s", exc.message)
+                    if not lost:  # once per outage
+                        log.warning("event=cluster_unavailable message=%s", exc.message)
                     await close_quietly(conn)
-                    conn = None
+                    conn, lost = None, True
                     delay = min(self.renew_s, 1.0)
+                else:
+                    if lost:
+                        log.info("event=cluster_reconnected")
+                    lost = False
                 if self.held.is_set() and time.monotonic() >= self._trusted_until:
                     self._step_down("not renewed in time")
                 await asyncio.sleep(delay)

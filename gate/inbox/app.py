@@ -5,6 +5,7 @@ approval, question answers and monitoring register their own routes (``add_route
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from aiohttp import web
@@ -12,9 +13,15 @@ from aiohttp import web
 from gate.inbox import answers, bulk, bulk_results, decide, monitoring, pages, signin
 from gate.inbox import progress as progress_of
 from gate.inbox.auth import current_session, refusal, require_session
+from gate.inbox.db import DatabaseUnavailable
 from gate.inbox.decided import may_decide, my_part
 from gate.inbox.relay import RELAY_PATH, RelayEndpoint
 from gate.inbox.state import STATE, InboxState, current_seq, decidable, state_of
+
+log = logging.getLogger(__name__)
+
+BUSY = "The inbox cannot use its database right now. Try again in a moment."
+RETRY_AFTER_S = 5
 
 
 async def waiting(request: web.Request) -> web.Response:
@@ -111,6 +118,26 @@ async def live(request: web.Request) -> web.Response:
 
 
 @web.middleware
+async def _unavailable(request: web.Request, handler: Any) -> web.StreamResponse:
+    """A database that cannot answer (``DatabaseUnavailable``: another inbox on the file held
+    its write lock past the busy timeout, a full disk) is 503 in words with ``Retry-After``:
+    a page for a GET or HEAD, a JSON refusal ``database_unavailable`` for anything else (the
+    relay endpoint's gate sends again); logged with SQLite's reason, never a traceback."""
+    try:
+        response: web.StreamResponse = await handler(request)
+        return response
+    except DatabaseUnavailable as exc:
+        log.warning('event=inbox_database_unavailable path=%s why="%s"', request.path, exc)
+        if request.method in ("GET", "HEAD"):
+            title = "Try again in a moment"
+            answer = pages.plain_page(request, title=title, sentence=BUSY, status=503)
+        else:
+            answer = refusal(503, "database_unavailable", BUSY, "unavailable")
+        answer.headers["Retry-After"] = str(RETRY_AFTER_S)
+        return answer
+
+
+@web.middleware
 async def _not_found(request: web.Request, handler: Any) -> web.StreamResponse:
     """A 404 or 405 in words (a page), not aiohttp's bare text."""
     try:
@@ -148,7 +175,8 @@ def create_inbox_app(state: InboxState, endpoint: RelayEndpoint) -> web.Applicat
     ``/items/{id}/decide``; bulk (``/bulk/*``, its results ``/bulk/{n}``), answers
     (``/items/{id}/answer``) and ``/healthz`` with ``/metrics`` (``monitoring``) are added by
     their modules. An unknown path answers the 404 page."""
-    app = web.Application(client_max_size=8 * 1024 * 1024, middlewares=[_not_found])
+    middlewares = [_unavailable, _not_found]
+    app = web.Application(client_max_size=8 * 1024 * 1024, middlewares=middlewares)
     app[STATE] = state
     app.router.add_post(RELAY_PATH, endpoint.receive)
     pages.setup_templates(app)

@@ -26,6 +26,12 @@ from gate.inbox.schema import open_file
 T = TypeVar("T")
 
 
+class DatabaseUnavailable(OSError):
+    """A call the database could not finish (``sqlite3.OperationalError``: its write lock held
+    by another inbox on the file past the 5 s busy timeout, a full disk, an I/O error); the
+    message is SQLite's. A request is answered 503 in words, the sweep tries again."""
+
+
 class InboxDb:
     """The inbox database; open with ``await InboxDb.open(path)``, ``await close()``."""
 
@@ -58,7 +64,12 @@ class InboxDb:
         return await self._run(lambda: self._conn.execute(sql, args).fetchall())
 
     async def _run(self, fn: Callable[..., T], *args: Any) -> T:
-        return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+        """``fn(*args)`` on the database's thread; raises DatabaseUnavailable for a
+        ``sqlite3.OperationalError``."""
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+        except sqlite3.OperationalError as exc:
+            raise DatabaseUnavailable(str(exc)) from exc
 
     async def transaction(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         """Run ``fn(connection)`` on the database's thread in one write transaction (BEGIN
@@ -124,7 +135,7 @@ class InboxDb:
         OSError when the file cannot be read."""
         try:
             return await self._run(_health, self._conn, now_ms)
-        except sqlite3.Error as exc:
+        except (sqlite3.Error, DatabaseUnavailable) as exc:
             raise OSError(f"the database cannot be read: {exc}") from exc
 
     async def changes_since(self, seq: int) -> list[Change]:

@@ -17,6 +17,7 @@ from gate.config.values import TcpListen, parse_listen
 from gate.inbox.app import create_inbox_app
 from gate.inbox.config import InboxConfig, InboxSecrets, relying_party
 from gate.inbox.credentials_cache import FETCH_FAILURES, CredentialsCache
+from gate.inbox.db import DatabaseUnavailable
 from gate.inbox.gate_client import fetch_credentials
 from gate.inbox.mail import Mailer
 from gate.inbox.metrics import InboxMetrics
@@ -33,15 +34,19 @@ __all__ = ["SWEEP_EVERY_S", "create_inbox_app", "serve_inbox", "sweep"]
 
 async def sweep(state: InboxState, stop: asyncio.Event, every_s: float = SWEEP_EVERY_S) -> None:
     """Every ``every_s`` seconds until ``stop``: mark items past ``expires_at`` expired, end
-    expired sessions, delete expired challenges, batches and old sign-in tries, refresh the
-    credentials when older than 60 s (or never fetched)."""
+    expired sessions, delete expired challenges, batches and old sign-in tries (a database
+    that cannot answer is logged and tried again next round), refresh the credentials when
+    older than 60 s (or never fetched)."""
     while not stop.is_set():
         now = int(time.time() * 1000)
-        count = await state.db.expire_due(now)
-        if count:
-            log.info("event=items_expired count=%d", count)
-        await state.db.end_sessions(now)
-        await state.shortlived.prune(now)
+        try:
+            count = await state.db.expire_due(now)
+            if count:
+                log.info("event=items_expired count=%d", count)
+            await state.db.end_sessions(now)
+            await state.shortlived.prune(now)
+        except DatabaseUnavailable as exc:  # e.g. another inbox held the file's write lock
+            log.warning('event=inbox_sweep_failed why="%s"', exc)
         await state.credentials.refresh_if_due()
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), every_s)

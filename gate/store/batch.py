@@ -106,11 +106,13 @@ Answer = tuple[Job, Any, BaseException | None]
 
 @dataclass(frozen=True, slots=True)
 class BatchResult:
-    """What ``run_batch`` did: each job's answer (cancelled jobs have none), and the
-    ``(seq, entry_hash)`` of the newest audit entry its COMMIT kept, or None."""
+    """What ``run_batch`` did: each job's answer (cancelled jobs have none), the
+    ``(seq, entry_hash)`` of the newest audit entry its COMMIT kept, or None, and whether its
+    transaction began (False: no job ran)."""
 
     answers: list[Answer]
     head: tuple[int, str] | None
+    began: bool = True
 
 
 class Writer(Protocol):
@@ -235,7 +237,7 @@ def _run_batch(
         if conn.in_transaction:  # begun, then the lock or the head failed
             rollback_quietly(conn)
         faults.faulted(exc)
-        return BatchResult([(job, None, _failed(exc)) for job in batch], None)
+        return BatchResult([(job, None, _failed(exc)) for job in batch], None, began=False)
     changes = conn.total_changes
     done: list[tuple[Job, Any]] = []
     for index, job in enumerate(batch):
@@ -299,20 +301,26 @@ def run_guarded(
 ) -> BatchResult:
     """``run_batch`` on ``side``'s connection and backend, for both writers: when there is
     no connection (PostgreSQL unreachable) every job fails 503 ``storage_unavailable`` and
-    the fault is recorded; a bug in the batch runner itself (an exception it lets out) is
-    logged (``event=writer_failed``), rolls the transaction back and fails every job of the
-    batch with it; the writer keeps serving."""
-    try:
-        conn = side.connection()
-    except sqlite3.Error as exc:
-        faults.faulted(exc)
-        return BatchResult([(job, None, _failed(exc)) for job in batch], None)
-    try:
-        return run_batch(conn, batch, handler, faults, before_job, side.backend)
-    except Exception as exc:  # noqa: BLE001 - answered to each caller of the batch
-        log.exception("event=writer_failed")
-        rollback_quietly(conn)
-        return BatchResult([(job, None, exc) for job in batch], None)
+    the fault is recorded; a batch whose transaction could not begin because its
+    connection was found lost (PostgreSQL: a server restarted, a session ended; no job ran)
+    runs once more on a new one; a bug in the batch runner itself (an exception it lets
+    out) is logged (``event=writer_failed``), rolls the transaction back and fails every
+    job of the batch with it; the writer keeps serving."""
+    for last in (False, True):
+        try:
+            conn = side.connection()
+        except sqlite3.Error as exc:
+            faults.faulted(exc)
+            return BatchResult([(job, None, _failed(exc)) for job in batch], None)
+        try:
+            result = run_batch(conn, batch, handler, faults, before_job, side.backend)
+        except Exception as exc:  # noqa: BLE001 - answered to each caller of the batch
+            log.exception("event=writer_failed")
+            rollback_quietly(conn)
+            return BatchResult([(job, None, exc) for job in batch], None)
+        if result.began or last or not getattr(conn, "closed", False):
+            break
+    return result
 
 
 def settle(future: asyncio.Future[Any], ok: bool, value: Any) -> None:

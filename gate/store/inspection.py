@@ -64,10 +64,10 @@ def inspect(path: Path) -> DatabaseInfo:
         )
 
 
-def newest_audit_row(path: Path) -> audit.AuditRow | None:
-    """Return the audit row with the highest seq of the database at ``path`` (None for an
-    empty log), read-only. Raises Unavailable when the file cannot be opened or has no
-    audit_log table."""
+def newest_audit_row(path: Database) -> audit.AuditRow | None:
+    """Return the audit row with the highest seq of the database at ``path`` (a SQLite file
+    or a PostgreSQL database; None for an empty log), read-only. Raises Unavailable when
+    it cannot be opened or has no audit_log table."""
     with read_only(path) as conn:
         if _count(conn, "audit_log") is None:
             raise Unavailable(

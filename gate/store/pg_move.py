@@ -13,6 +13,7 @@ The copy's audit check (the chain, its head equal to the source's) is ``gate.aud
 
 from __future__ import annotations
 
+import re
 import sqlite3
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -61,7 +62,7 @@ def move(source: Path, target: PgTarget) -> Moved:
     with _held(source) as lite:
         tables = _source_tables(lite)
         names = [name for name, _ in tables]
-        conn = pg_read.session(target, "migrate")
+        conn = pg_read.session(target, "move")
         try:
             with conn.transaction():
                 _refuse_text_rules(conn)
@@ -75,7 +76,7 @@ def move(source: Path, target: PgTarget) -> Moved:
                 _set_identities(conn, names)
                 seq, entry_hash, _ = sync_audit_head(conn)
         except pg_read.driver().Error as exc:
-            raise MoveError(None, f"the copy failed: {as_sqlite_error(exc)}") from None
+            raise MoveError(None, f"the copy failed: {_primary(exc)}") from None
         except (ValueError, KeyError, TypeError):  # sync_audit_head: the newest entry's time
             raise MoveError(
                 None, "the copy failed: the newest audit entry has no valid time (at)"
@@ -83,6 +84,13 @@ def move(source: Path, target: PgTarget) -> Moved:
         finally:
             conn.close()
     return Moved(copied, (seq, entry_hash) if seq else None)
+
+
+def _primary(exc: Any) -> str:
+    """The server's one-line message for ``exc`` without its DETAIL and CONTEXT, which may
+    quote a row (a draft); the client's first line when the server sent none."""
+    primary = getattr(getattr(exc, "diag", None), "message_primary", None)
+    return str(primary) if primary else str(as_sqlite_error(exc)).split("; ")[0]
 
 
 def _refuse_text_rules(conn: Any) -> None:
@@ -178,8 +186,7 @@ def _migrate(conn: Any) -> None:
     except SchemaTooNew as exc:
         raise MoveError("--to", str(exc)) from None
     except psycopg.Error as exc:
-        reason = as_sqlite_error(exc)
-        raise MoveError("--to", f"cannot apply the gate's schema: {reason}") from None
+        raise MoveError("--to", f"cannot apply the gate's schema: {_primary(exc)}") from None
 
 
 def _column_types(conn: Any, table: str) -> dict[str, str]:
@@ -204,7 +211,7 @@ def _copy(lite: sqlite3.Connection, conn: Any, table: str, columns: list[str]) -
     rows = 0
     with conn.cursor().copy(f'COPY "{table}" ({names}) FROM STDIN') as copy:
         cursor = lite.execute(f"SELECT {names} FROM {table} ORDER BY rowid")
-        while chunk := cursor.fetchmany(CHUNK):
+        while chunk := _fetched(cursor, table, rows):
             for row in chunk:
                 rows += 1
                 _check_row(table, columns, kinds, rows, row)
@@ -213,6 +220,19 @@ def _copy(lite: sqlite3.Connection, conn: Any, table: str, columns: list[str]) -
     if count != rows:
         raise MoveError(None, f"table {table}: {rows} rows read, {count} written")
     return rows
+
+
+def _fetched(cursor: sqlite3.Cursor, table: str, done: int) -> list[Any]:
+    """The next CHUNK rows of ``cursor``; MoveError naming ``table`` and the column when
+    the source cannot give one (a text that is not UTF-8: its value is not shown, it may
+    be a draft)."""
+    try:
+        return cursor.fetchmany(CHUNK)
+    except sqlite3.Error as exc:
+        column = re.search(r"column '(\w+)'", str(exc))
+        what = f"{table}.{column.group(1)}" if column else f"table {table}"
+        why = "holds text that is not UTF-8" if column else f"cannot be read ({type(exc).__name__})"
+        raise MoveError(None, f"{what} {why} (in rows {done + 1} to {done + CHUNK})") from None
 
 
 def _check_row(

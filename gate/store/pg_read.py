@@ -46,11 +46,14 @@ def session(target: PgTarget, role: str, *, read_only: bool = False) -> Any:
     a move's copy take as long as they take. Raises GateError ``no_driver``, Unavailable
     ``storage_unavailable`` (``cannot connect to URL: reason``) when it cannot connect."""
     psycopg = driver()
+    conn = None
     try:
         conn = connect(target, role, read_only=read_only).driver
         conn.execute("SET statement_timeout = 0")
         conn.execute("SET idle_in_transaction_session_timeout = 0")
     except (PgError, psycopg.Error) as exc:
+        if conn is not None:
+            conn.close()
         reason = exc if isinstance(exc, PgError) else as_sqlite_error(exc)
         raise Unavailable("storage_unavailable", f"cannot connect to {target}: {reason}") from None
     return conn

@@ -86,8 +86,7 @@ PG_ONLY: list[str] = [
 # database's clock in unix ms):
 # - gate_instances: one row per running gate (its id, a ULID made at start), rewritten by
 #   its heartbeat: version, config hash, host and pid, the gate's clock minus the
-#   database's (ms, measured at the heartbeat), when it started and last beat; probed_at is
-#   the write probe's (a write without the global lock);
+#   database's (ms, measured at the heartbeat), when it started and last beat;
 # - gate_lease: one row per lease (``timers``: the gate that runs the timers and the
 #   senders): its holder (an instance id), the term (+1 each time the holder changes),
 #   when this holder was elected and when the lease lapses unless renewed;
@@ -103,8 +102,7 @@ CLUSTER: list[str] = [
         pid              BIGINT NOT NULL,
         clock_offset_ms  BIGINT NOT NULL,
         started_at       BIGINT NOT NULL,
-        heartbeat_at     BIGINT NOT NULL,
-        probed_at        BIGINT
+        heartbeat_at     BIGINT NOT NULL
     )""",
     """CREATE TABLE gate_lease (
         name        TEXT PRIMARY KEY,

@@ -6,8 +6,9 @@ the relay URL (reachable: any HTTP answer to HEAD or OPTIONS), the dispatches, f
 that asks questions a separate question relay URL and the questions' dispatches,
 and the clock (after this release's date, and close to the relay's ``Date`` header).
 Nothing is written: the database is opened read-only and nothing is dispatched.
-On PostgreSQL (``storage.url``) the database checks are replaced by the gates sharing the
-database (``doctor_cluster``): live gates, one config, clocks.
+On PostgreSQL (``storage.url``) the audit chain is verified on the database, and the
+gates sharing it are checked (``doctor_cluster``: live gates, one config, clocks); the
+database's integrity is the server's.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from gate.tools.doctor_config import (
 )
 from gate.tools.doctor_passkeys import check_passkeys
 from gate.tools.doctor_relay import check_clock, check_dispatch, check_relay, probe_relay, safe_url
+from gate.trust.keys import ReceiptKeys
 
 # the checks after the config's, in report order: SKIP (not ok) without a valid config
 NEED_CONFIG = "followups secrets keys database audit relay dispatch passkeys clock".split()
@@ -50,9 +52,8 @@ async def run_checks(
     secrets_check = check_secrets(config, environ)
     keys_check, keys = check_keys(config)
     if config.storage.url is not None:
-        return await _postgres_checks(
-            config, environ, now, [config_check, secrets_check, keys_check]
-        )
+        first = (config_check, secrets_check, keys_check, keys)
+        return await _postgres_checks(config, environ, now, first)
     path = config.storage.sqlite_file()
     database_check = await asyncio.to_thread(check_database, path)
     # the receipt keys are read on their own: other secrets missing do not hide them
@@ -87,18 +88,33 @@ async def run_checks(
 
 
 async def _postgres_checks(
-    config: Config, environ: Mapping[str, str], now: Callable[[], float], first: list[Check]
+    config: Config,
+    environ: Mapping[str, str],
+    now: Callable[[], float],
+    first: tuple[Check, Check, Check, ReceiptKeys | None],
 ) -> list[Check]:
     """The report for a config on PostgreSQL (``storage.url``): the config's checks
-    (``first``: config, secrets, keys), the follow-ups line, the gates on the database
-    (``check_cluster``), the relay and the clock; the checks that read a SQLite file SKIP."""
-    config_check, secrets_check, keys_check = first
+    (``first``: config, secrets, keys, and the keys read), the follow-ups line, the audit
+    chain (``check_audit`` on the database), the gates on the database (``check_cluster``),
+    the relay and the clock; the database's integrity is the server's (SKIP), and the checks
+    that still read a SQLite file SKIP."""
+    from gate.store.pg_backend import PgTarget  # not for a SQLite config
+
+    config_check, secrets_check, keys_check, keys = first
     assert config.storage.url is not None
     try:  # the password as the gate reads it (a variable or a credentials file)
         password = load_secrets(config, environ).storage_password
     except ConfigError:  # the secrets check says what is wrong
         password = None
     cluster = await check_cluster(config.storage.url, password, config_hash(config))
+    audit_check = await asyncio.to_thread(
+        check_audit,
+        PgTarget(config.storage.url, password, "doctor"),
+        read_receipt_key(config, environ),
+        keys,
+        read_receipt_key(config, environ, previous=True),
+        config.receipts,
+    )
     relay = config.relay
     probe = await probe_relay(relay.url, relay.dispatch_timeout, relay.ca_file, now)
     not_yet = "reads a SQLite database (storage.path); not checked on PostgreSQL yet"
@@ -107,7 +123,8 @@ async def _postgres_checks(
         Check("followups", True, followups_summary(config, int(now() * 1000), safe_url)),
         secrets_check,
         keys_check,
-        *(skip(name, not_yet) for name in ("database", "audit")),
+        skip("database", "on PostgreSQL the server checks its pages (data checksums, pg_amcheck)"),
+        audit_check,
         cluster,
         check_relay(relay.url, probe),
         *(skip(name, not_yet) for name in ("dispatch", "passkeys")),

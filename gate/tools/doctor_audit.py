@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from gate.audit.chain import AuditRow
 from gate.audit.report import chain_broken
@@ -14,6 +15,9 @@ from gate.errors import GateError
 from gate.store import inspection as maintenance
 from gate.tools.doctor_check import Check, shown_errors, skip, warn
 from gate.trust.keys import ReceiptKeys
+
+if TYPE_CHECKING:
+    from gate.store.readonly import Database
 
 
 def check_database(path: Path) -> Check:
@@ -65,7 +69,7 @@ def check_database(path: Path) -> Check:
 
 
 def check_audit(
-    path: Path,
+    path: Database,
     receipt_key: bytes | None,
     keys: ReceiptKeys | None,
     previous_key: bytes | None = None,
@@ -79,8 +83,9 @@ def check_audit(
     FAILs naming the settings (the gate would refuse to start); one the previous key
     verifies WARNs (the gate writes the rotation entry at its next start). Spans before the first
     one whose key is configured (keys retired by earlier rotations) are checked for the
-    chain only, and said so. ``receipts`` (the config's section) names the variables."""
-    if not path.exists():
+    chain only, and said so. ``receipts`` (the config's section) names the variables.
+    ``path`` is the SQLite file or the PostgreSQL database (``PgTarget``)."""
+    if isinstance(path, Path) and not path.exists():
         return skip("audit", "no database yet")
     try:
         newest = maintenance.newest_audit_row(path)
