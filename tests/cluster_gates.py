@@ -9,21 +9,35 @@ included (for ``event=audit_head`` anchors and for what must never be logged).
 
 from __future__ import annotations
 
+import os
 import re
 import threading
 import urllib.parse
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
-from tests.balancer import Balancer
-from tests.pg_server import free_port
+from tests.balancer import Balancer, haproxy
+from tests.pg_server import PgServer, free_port, running_server
 from tests.support import GateProcess, gate_env, write_config
 
 DB_PASSWORD = "db-password-never-logged-0b7e4c21"
 FAKETIME_LIB = Path("/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1")
 HEAD = re.compile(r"event=audit_head seq=(\d+) hash=([0-9a-f]{64})")
+
+
+def server_and_balancer() -> Iterator[PgServer]:
+    """A module's ``server`` fixture for gates behind the balancer (``yield from``): a
+    started throwaway PostgreSQL (``running_server``); skips where haproxy or PostgreSQL is
+    missing, and fails instead under HITL_CI=1 (``.ci/run`` installs both)."""
+    if haproxy() is None:
+        if os.environ.get("HITL_CI"):
+            pytest.fail("no haproxy here (.ci/run installs it)")
+        pytest.skip("no haproxy here (apt-get install haproxy)")
+    yield from running_server()
 
 
 def faketime_lib() -> Path | None:

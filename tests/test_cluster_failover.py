@@ -15,10 +15,9 @@ from typing import Any
 
 import pytest
 
-from tests.balancer import haproxy
-from tests.cluster_gates import Gates
+from tests.cluster_gates import Gates, server_and_balancer
 from tests.cluster_load import Stream
-from tests.pg_server import PgServer, running_server
+from tests.pg_server import PgServer
 from tests.support import CaptureRelay, wait_until
 from tests.test_gate_on_postgres import assert_log_whole, rows
 
@@ -32,11 +31,7 @@ ROUNDS = 5
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[PgServer]:
-    if haproxy() is None:
-        if os.environ.get("HITL_CI"):
-            pytest.fail("no haproxy here (.ci/run installs it)")
-        pytest.skip("no haproxy here (apt-get install haproxy)")
-    yield from running_server()
+    yield from server_and_balancer()
 
 
 @pytest.fixture

@@ -382,6 +382,22 @@ class Figures:
             self.losses or self.duplicates or self.phantoms or self.five_xx or self.problems
         )
 
+    def assert_passed(self, kills: int) -> str:
+        """Assert a run that survived ``kills`` disruptions with nothing lost, doubled,
+        invented or answered 5xx, whose load exercised what the checks are about; return
+        the report (printed first, so a failing test shows it)."""
+        report = self.report()
+        print(report)
+        assert self.ok, report
+        assert self.kills_survived == kills, report
+        assert (self.losses, self.duplicates, self.phantoms, self.five_xx) == (0, 0, 0, 0), report
+        assert self.creates_201 > 0 and self.decisions_200 > 0, report
+        assert self.decisions_verified == self.decisions_200, report
+        assert self.decisions_resolving > 0 and self.replays_sent > 0, report
+        assert self.outcomes["timeout"] > 0, report
+        assert self.audit_entries > 0, report
+        return report
+
     def report(self) -> str:
         """Return the figures as text, one line each, then up to 40 problems."""
         refused = ", ".join(f"{k} {v}" for k, v in sorted(self.refusals.items())) or "none"
