@@ -26,7 +26,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -56,7 +56,7 @@ from tests.support import (
     wait_until,
     write_config,
 )
-from tests.test_gate_on_postgres import assert_log_whole, rows, start_gate
+from tests.test_gate_on_postgres import assert_log_whole, gate_fixtures, rows, start_gate
 from tests.test_metrics import CLUSTER_ALERTS, _rules, _series_names, scrape, value
 from tests.test_store_pg_feed import append
 
@@ -67,16 +67,7 @@ if not os.environ.get("HITL_CI"):
 
 
 server, url = pg_fixtures()
-
-
-@pytest.fixture
-def gates() -> Iterator[list[GateProcess]]:
-    """The gate processes a test started (``gates.append``), stopped after it."""
-    started: list[GateProcess] = []
-    yield started
-    for gate in started:
-        if gate.proc is not None and gate.proc.poll() is None:
-            gate.stop()
+gates = gate_fixtures()[1]
 
 
 class AheadClock(SystemClock):
