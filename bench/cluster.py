@@ -14,10 +14,13 @@ when it does not). ``cluster_rounds`` rounds run every setup in turn, the order 
 every other round (interleaved pairs); each round's ratios are against that round's direct
 SQLite gate and the section reports their median.
 
-Only SQLite setups exist: a PostgreSQL backend is not built yet. ``SETUPS`` is where its
-1-, 2- and 3-gate setups plug in (a ``Setup`` whose ``start`` also starts a
-``tests.pg_server.PgServer`` and names its postmaster as one of the gate's process trees, so
-every PostgreSQL backend's CPU counts).
+``SETUPS`` (``setups()``): ``sqlite-1`` (one SQLite gate reached directly: the baseline of
+every ratio), ``sqlite-1-lb`` (the same behind the balancer: what its hop costs), and on
+PostgreSQL (``bench.pgsetup``: a throwaway server the section starts itself, whose every
+process's CPU is counted apart from the gates' and summed with it) ``pg-1`` (one gate
+direct), ``pg-2-lb`` and ``pg-3-lb`` (two and three gates behind the balancer). A setup that
+cannot run here (no haproxy, no PostgreSQL binaries, no psycopg) is listed under
+``skipped``. Then the fail-over figures (``bench.failover``) on three PostgreSQL gates.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from bench import cpu
 from bench.common import API_TOKEN, Daemon, median, write_decisions
+from bench.pgsetup import PgGates, Postgres, balancer_for, hostport
 from tests.balancer import Balancer, haproxy
 
 if TYPE_CHECKING:
@@ -56,13 +60,16 @@ class Running:
     undelivered: Callable[[], int]  # outbox rows not acked yet, over the whole setup
     stop: Callable[[], list[int]]
     balancer_pid: int | None = None  # its CPU is reported apart
+    db_pids: list[int] = field(default_factory=list)  # the database server's process trees
+    daemons: list[Daemon] = field(default_factory=list)  # the gates (kill9 for fail-over)
+    balancer: Balancer | None = None
 
 
 class Setup(Protocol):
     """One way to run gates for this section."""
 
     name: str  # a row's key in the results, e.g. "sqlite-1", "sqlite-1-lb", "pg-3-lb"
-    backend: str  # "sqlite" (later "postgresql")
+    backend: str  # "sqlite" or "postgresql"
     gates: int
     balanced: bool
 
@@ -102,7 +109,7 @@ class SqliteGate:
         balancer: Balancer | None = None
         if self.balanced:
             try:
-                balancer = _balancer([gate])
+                balancer = balancer_for([gate])
             except BaseException:
                 gate.stop()
                 raise
@@ -125,36 +132,25 @@ class SqliteGate:
             ),
             stop=stop,
             balancer_pid=balancer.pid if balancer else None,
+            daemons=[gate],
+            balancer=balancer,
         )
 
 
-# Where the PostgreSQL setups plug in once the backend exists: one PostgreSQL gate direct,
-# two and three behind the balancer, on one throwaway server (tests/pg_server.py).
-SETUPS: list[Setup] = [SqliteGate(balanced=False), SqliteGate(balanced=True)]
-
-
-def _hostport(url: str) -> tuple[str, int]:
-    parts = urllib.parse.urlsplit(url)
-    assert parts.hostname is not None and parts.port is not None, url
-    return parts.hostname, parts.port
-
-
-def _balancer(gates: list[Daemon]) -> Balancer:
-    """A started haproxy in front of the gates' decision listeners, its health checks on
-    their API listeners (the callback listener has no /healthz); every upstream up."""
-    upstreams = [(*_hostport(g.callback_url), _hostport(g.api_url)[1]) for g in gates]
-    balancer = Balancer(upstreams).start()
-    try:
-        balancer.wait_all_up()
-    except BaseException:
-        balancer.remove()
-        raise
-    return balancer
+def setups(postgres: Postgres) -> list[Setup]:
+    """Every setup of the section, the PostgreSQL ones on ``postgres``'s server."""
+    return [
+        SqliteGate(balanced=False),
+        SqliteGate(balanced=True),
+        PgGates(postgres, 1, balanced=False),
+        PgGates(postgres, 2, balanced=True),
+        PgGates(postgres, 3, balanced=True),
+    ]
 
 
 def scrape(api_url: str) -> str:
     """A gate's ``/metrics`` (Prometheus text)."""
-    host, port = _hostport(api_url)
+    host, port = hostport(api_url)
     conn = http.client.HTTPConnection(host, port, timeout=60)
     try:
         conn.request("GET", "/metrics", headers={"Authorization": f"Bearer {API_TOKEN}"})
@@ -221,15 +217,23 @@ def measure(bench: Bench, setup: Setup, directory: Path) -> dict[str, Any]:
             gate0 = cpu.snapshot(running.gate_pids)
             lb_pids = [running.balancer_pid] if running.balancer_pid else []
             lb0 = cpu.snapshot(lb_pids)
+            db0 = cpu.snapshot(running.db_pids)
             load = bench.loadgen_decisions(running.decisions_url, bodies, concurrency)
             gate_used = cpu.used(gate0, cpu.snapshot(running.gate_pids))
             lb_used = cpu.used(lb0, cpu.snapshot(lb_pids))
+            db_used = cpu.used(db0, cpu.snapshot(running.db_pids))
             means = histogram_means(scrapes0, [scrape(u) for u in running.api_urls])
         finally:
             exit_codes = running.stop()
     finally:
         relay.stop()
     ok = load["ok"]
+
+    def per_decision(seconds: float) -> float | None:
+        return seconds * 1000 / ok if ok else None
+
+    lock_ms = None if means["write_lock_s"] is None else means["write_lock_s"] * 1000
+    batch = means["batch_jobs"]
     return {
         "setup": setup.name,
         "backend": setup.backend,
@@ -242,15 +246,20 @@ def measure(bench: Bench, setup: Setup, directory: Path) -> dict[str, Any]:
         "p50_ms": load["latency_ms"].get("p50"),
         "p99_ms": load["latency_ms"].get("p99"),
         "gate_cpu_s": gate_used.seconds,
-        "gate_cpu_ms_per_decision": gate_used.seconds * 1000 / ok if ok else None,
+        "gate_cpu_ms_per_decision": per_decision(gate_used.seconds),
         "gate_processes": gate_used.processes,
         "gate_processes_gone": list(gate_used.gone),
-        "balancer_cpu_ms_per_decision": lb_used.seconds * 1000 / ok if ok and lb_pids else None,
+        # the database server's processes (PostgreSQL: every backend; None on SQLite)
+        "db_cpu_ms_per_decision": per_decision(db_used.seconds) if running.db_pids else None,
+        "db_processes": db_used.processes,
+        # gates + database server: what the issue sums (the balancer and client apart)
+        "cpu_ms_per_decision": per_decision(gate_used.seconds + db_used.seconds),
+        "balancer_cpu_ms_per_decision": per_decision(lb_used.seconds) if lb_pids else None,
         "loadgen_cpu_ms_per_decision": load.get("client_cpu_ms"),
-        "batch_jobs_mean": means["batch_jobs"],
-        "write_lock_ms_mean": None
-        if means["write_lock_s"] is None
-        else means["write_lock_s"] * 1000,
+        "batch_jobs_mean": batch,
+        "write_lock_ms_mean": lock_ms,
+        # jobs/s if batches of the mean size held the lock back to back: the serial ceiling
+        "lock_ceiling_per_s": batch / lock_ms * 1000 if batch and lock_ms else None,
         "exit_codes": exit_codes,
         "all_ok": ok == count and all(code == 0 for code in exit_codes),
     }
@@ -260,10 +269,24 @@ def _ratio(a: float | None, b: float | None) -> float | None:
     return a / b if a is not None and b else None
 
 
-def run(bench: Bench, setups: list[Setup] | None = None) -> dict[str, Any]:
-    """Every setup, ``cluster_rounds`` times interleaved; per setup its rounds, the medians
-    and the median of its per-round ratios to the direct SQLite gate."""
-    chosen = list(SETUPS if setups is None else setups)
+PG_BASE = "pg-1"  # the setup N gates on PostgreSQL are also compared with
+
+
+def run(bench: Bench, chosen: list[Setup] | None = None) -> dict[str, Any]:
+    """Every setup (``chosen``, default ``setups()``), ``cluster_rounds`` times interleaved,
+    then the fail-over figures; the PostgreSQL server is removed at the end."""
+    postgres = Postgres()
+    try:
+        return _run(bench, setups(postgres) if chosen is None else chosen, postgres)
+    finally:
+        postgres.remove()
+
+
+def _run(bench: Bench, chosen: list[Setup], postgres: Postgres) -> dict[str, Any]:
+    """Per setup its rounds, the medians, the median of its per-round ratios to the direct
+    SQLite gate (and to one PostgreSQL gate), then ``bench.failover``'s figures."""
+    from bench import failover
+
     skipped = {s.name: why for s in chosen if (why := s.unavailable()) is not None}
     ready = [s for s in chosen if s.name not in skipped]
     if BASELINE not in [s.name for s in ready]:
@@ -274,39 +297,14 @@ def run(bench: Bench, setups: list[Setup] | None = None) -> dict[str, Any]:
         rounds.append(
             {s.name: measure(bench, s, bench.tmp / "cluster" / f"r{n}-{s.name}") for s in order}
         )
-    rows = []
-    for s in ready:
-        runs = [r[s.name] for r in rounds]
-
-        def mid(key: str, runs: list[dict[str, Any]] = runs) -> float | None:
-            values = [r[key] for r in runs if r[key] is not None]
-            return median(values) if values else None
-
-        def paired(key: str, name: str = s.name) -> float | None:
-            values = [x for r in rounds if (x := _ratio(r[name][key], r[BASELINE][key]))]
-            return median(values) if values else None
-
-        rows.append(
-            {
-                "setup": s.name,
-                "backend": s.backend,
-                "gates": s.gates,
-                "balanced": s.balanced,
-                "rps": mid("rps"),
-                "p50_ms": mid("p50_ms"),
-                "p99_ms": mid("p99_ms"),
-                "gate_cpu_ms_per_decision": mid("gate_cpu_ms_per_decision"),
-                "balancer_cpu_ms_per_decision": mid("balancer_cpu_ms_per_decision"),
-                "loadgen_cpu_ms_per_decision": mid("loadgen_cpu_ms_per_decision"),
-                "batch_jobs_mean": mid("batch_jobs_mean"),
-                "write_lock_ms_mean": mid("write_lock_ms_mean"),
-                "ratio_rps": paired("rps"),
-                "ratio_p99": paired("p99_ms"),
-                "ratio_cpu_per_decision": paired("gate_cpu_ms_per_decision"),
-                "all_ok": all(r["all_ok"] for r in runs),
-                "rounds": runs,
-            }
-        )
+    rows = [_row(s, rounds) for s in ready]
+    why_not = postgres.unavailable() or (None if haproxy() else "haproxy is not installed")
+    fail_over: dict[str, Any] = {"skipped": why_not} if why_not else {}
+    if not why_not:
+        try:
+            fail_over = failover.run(bench, postgres)
+        except Exception as exc:  # noqa: BLE001 - the rows above stand; the error is shown
+            fail_over = {"error": f"{type(exc).__name__}: {exc}"}
     return {
         "baseline": BASELINE,
         "concurrency": bench.params.target_concurrency,
@@ -314,6 +312,49 @@ def run(bench: Bench, setups: list[Setup] | None = None) -> dict[str, Any]:
         "rounds": bench.params.cluster_rounds,
         "setups": rows,
         "skipped": skipped,
-        "not_built": "PostgreSQL setups (1 gate; 2 and 3 gates behind the balancer)",
-        "all_ok": all(row["all_ok"] for row in rows),
+        "failover": fail_over,
+        "all_ok": all(row["all_ok"] for row in rows) and "error" not in fail_over,
+    }
+
+
+MEDIANS = (
+    "rps",
+    "p50_ms",
+    "p99_ms",
+    "gate_cpu_ms_per_decision",
+    "db_cpu_ms_per_decision",
+    "cpu_ms_per_decision",
+    "balancer_cpu_ms_per_decision",
+    "loadgen_cpu_ms_per_decision",
+    "batch_jobs_mean",
+    "write_lock_ms_mean",
+    "lock_ceiling_per_s",
+)
+
+
+def _row(s: Setup, rounds: list[dict[str, dict[str, Any]]]) -> dict[str, Any]:
+    """One setup's line: the medians over its rounds (``MEDIANS``) and of its per-round
+    ratios to ``BASELINE`` (and, for PostgreSQL, decisions/s to ``PG_BASE``)."""
+    runs = [r[s.name] for r in rounds]
+
+    def mid(key: str) -> float | None:
+        values = [r[key] for r in runs if r[key] is not None]
+        return median(values) if values else None
+
+    def paired(key: str, base: str = BASELINE) -> float | None:
+        values = [x for r in rounds if base in r and (x := _ratio(r[s.name][key], r[base][key]))]
+        return median(values) if values else None
+
+    return {
+        "setup": s.name,
+        "backend": s.backend,
+        "gates": s.gates,
+        "balanced": s.balanced,
+        **{key: mid(key) for key in MEDIANS},
+        "ratio_rps": paired("rps"),
+        "ratio_p99": paired("p99_ms"),
+        "ratio_cpu_per_decision": paired("cpu_ms_per_decision"),
+        "ratio_rps_to_pg1": paired("rps", PG_BASE) if s.backend == "postgresql" else None,
+        "all_ok": all(r["all_ok"] for r in runs),
+        "rounds": runs,
     }

@@ -5,9 +5,11 @@
 
 Both modes answer every dispatch ``202`` at once. ``capture`` keeps, per approval, what a
 decision needs (``approval_id``, ``revision``, ``nonce``, ``payload_hash``, ``approvers``)
-and hands it out on ``GET /captured``; ``auto`` approves: right after the ack it signs a
-decision (approver chosen round-robin from the envelope's ``approvers``) and POSTs it to the
-envelope's callback URL. ``GET /stats`` reports counters. Prints
+and hands it out on ``GET /captured`` (a reminder is not captured: ``GET /reminders`` lists
+each one's ``approval_id``, ``n`` and arrival time, unix seconds); ``auto`` approves: right
+after the ack it signs a decision (approver chosen round-robin from the envelope's
+``approvers``) and POSTs it to the envelope's callback URL. ``GET /stats`` reports
+counters. Prints
 ``listening http://127.0.0.1:PORT/relay`` on stdout. Signatures of dispatches are not
 checked (the relay's own cost is not what is measured). Imports nothing from the gate.
 """
@@ -37,6 +39,7 @@ class BenchRelay:
         self.mode = mode
         self.secret = secret
         self.captured: dict[str, dict[str, Any]] = {}
+        self.reminders: list[dict[str, Any]] = []
         self.counters: Counter[str] = Counter()
         self.session: aiohttp.ClientSession | None = None
         self.tasks: set[asyncio.Task[None]] = set()
@@ -46,7 +49,10 @@ class BenchRelay:
         raw = await request.read()
         self.counters["dispatches"] += 1
         envelope = json.loads(raw)
-        if self.mode == "capture":
+        if "reminder" in envelope:
+            approval_id, n = envelope["approval_id"], envelope["reminder"]
+            self.reminders.append({"approval_id": approval_id, "n": n, "at": time.time()})
+        elif self.mode == "capture":
             self.captured[envelope["approval_id"]] = {
                 "approval_id": envelope["approval_id"],
                 "revision": envelope.get("revision", 1),
@@ -101,6 +107,9 @@ class BenchRelay:
     async def get_captured(self, request: web.Request) -> web.Response:
         return web.json_response(list(self.captured.values()))
 
+    async def get_reminders(self, request: web.Request) -> web.Response:
+        return web.json_response(self.reminders)
+
     async def get_stats(self, request: web.Request) -> web.Response:
         return web.json_response({"captured": len(self.captured), **self.counters})
 
@@ -120,6 +129,7 @@ async def serve(mode: str, secret: bytes | None) -> None:
     app = web.Application(client_max_size=8 * 1024 * 1024)
     app.router.add_get("/captured", relay.get_captured)
     app.router.add_get("/stats", relay.get_stats)
+    app.router.add_get("/reminders", relay.get_reminders)
     app.router.add_post("/{tail:.*}", relay.dispatch)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()

@@ -69,6 +69,7 @@ from bench.common import (
     write_config,
     write_decisions,
 )
+from gate.daemon.cluster import LEASE_TTL_S
 
 SECTIONS = ("decisions", "roundtrip", "scale", "audit", "idle", "followups", "cluster")
 RESULTS_PATH = ROOT / "bench" / "results.json"
@@ -944,7 +945,30 @@ def evaluate_targets(sections: dict[str, Any], params: Params) -> list[dict[str,
             "note": "met when CPU ≤ max(0.1 %, one clock tick)",
         },
     ]
-    return targets
+    return targets + _cluster_targets(sections.get("cluster"), t)
+
+
+def _cluster_targets(
+    cluster: dict[str, Any] | None, t: Callable[[str, Any, str, float], dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """The ``cluster`` section's targets (``t`` makes one): PostgreSQL against the SQLite
+    gate of the same run, three gates against one, p99, and the two fail-over times."""
+    rows = {row["setup"]: row for row in (cluster or {}).get("setups", [])}
+    fail = (cluster or {}).get("failover") or {}
+    pg_p99 = [row["ratio_p99"] for row in rows.values() if row["backend"] == "postgresql"]
+    pg_p99 = [x for x in pg_p99 if x is not None]
+    return [
+        t("cluster: 1 PostgreSQL gate ÷ SQLite gate, dec/s", _get(rows, "pg-1", "ratio_rps"),
+          ">=", 0.4),
+        t("cluster: 3 PostgreSQL gates ÷ 1, dec/s", _get(rows, "pg-3-lb", "ratio_rps_to_pg1"),
+          ">=", 0.8),
+        t("cluster: worst PostgreSQL p99 ÷ SQLite gate's", max(pg_p99) if pg_p99 else None,
+          "<=", 3.0),
+        t("cluster: kill -9 → next request 200 (s)", _get(fail, "requests", "first_ok_s"),
+          "<=", 1.0),
+        t("cluster: kill holder → next reminder (s)", _get(fail, "timers", "next_reminder_s"),
+          "<=", LEASE_TTL_S + 1.0),
+    ]  # fmt: skip
 
 
 def _fmt(value: Any, digits: int = 2) -> str:
@@ -1027,7 +1051,8 @@ def _signed_table(decisions: dict[str, Any]) -> str:
 
 
 def _cluster_table(cluster: dict[str, Any]) -> str:
-    """The ``cluster`` rows: each setup's medians and its ratios to the direct SQLite gate."""
+    """The ``cluster`` rows: each setup's medians and its ratios to the direct SQLite gate,
+    then the fail-over figures."""
     rows = [
         [
             row["setup"],
@@ -1036,6 +1061,8 @@ def _cluster_table(cluster: dict[str, Any]) -> str:
             row["p50_ms"],
             row["p99_ms"],
             row["gate_cpu_ms_per_decision"],
+            row.get("db_cpu_ms_per_decision"),
+            row.get("cpu_ms_per_decision"),
             row["balancer_cpu_ms_per_decision"],
             row["loadgen_cpu_ms_per_decision"],
             row["batch_jobs_mean"],
@@ -1053,7 +1080,7 @@ def _cluster_table(cluster: dict[str, Any]) -> str:
             f"cluster (c={cluster['concurrency']}, {cluster['decisions']:,} decisions per setup"
             f" and round, median of {cluster['rounds']} interleaved round(s); ratios against"
             f" {cluster['baseline']} of the same round; cpu ms per decision: gate processes,"
-            " balancer, load generator apart)",
+            " database server, their sum; balancer, load generator apart)",
             [
                 "setup",
                 "gates",
@@ -1061,6 +1088,8 @@ def _cluster_table(cluster: dict[str, Any]) -> str:
                 "p50 ms",
                 "p99 ms",
                 "gate cpu",
+                "db cpu",
+                "sum cpu",
                 "lb cpu",
                 "client cpu",
                 "batch",
@@ -1073,7 +1102,27 @@ def _cluster_table(cluster: dict[str, Any]) -> str:
             rows,
         )
         + notes
-        + f"not built yet: {cluster['not_built']}\n"
+        + _failover_lines(cluster.get("failover") or {})
+    )
+
+
+def _failover_lines(fail: dict[str, Any]) -> str:
+    """The fail-over figures of the ``cluster`` section, one line each."""
+    if "skipped" in fail or "error" in fail:
+        return f"fail-over: {fail.get('skipped') or 'FAILED: ' + fail['error']}\n"
+    if not fail:
+        return ""
+    req, tim = fail["requests"], fail["timers"]
+    first = req["first_answer"] or {}
+    return (
+        f"fail-over, kill -9 of {req['killed']} of 3 behind the balancer: first 200 after"
+        f" {_fmt(req['first_ok_s'], 3)} s (from {req['first_ok_gate']}); first request after"
+        f" the kill answered {first.get('status')} by {first.get('gate')};"
+        f" {req['not_ok_after_kill']} of {len(req['answers_after_kill'])} not 200;"
+        f" marked down after {_fmt(req['marked_down_s'], 3)} s\n"
+        f"fail-over, kill -9 of the lease holder {tim['killed']}: next reminder after"
+        f" {_fmt(tim['next_reminder_s'], 3)} s (lease TTL {tim['lease_ttl_s']:g} s, reminders"
+        " every 1 s)\n"
     )
 
 

@@ -123,20 +123,36 @@ def test_quick_run_measures_every_section(tmp_path: Path) -> None:
     cl = s["cluster"]
     assert cl["baseline"] == "sqlite-1" and cl["all_ok"], cl
     rows = {row["setup"]: row for row in cl["setups"]}
-    assert set(rows) | set(cl["skipped"]) == {"sqlite-1", "sqlite-1-lb"}
+    setups = {"sqlite-1", "sqlite-1-lb", "pg-1", "pg-2-lb", "pg-3-lb"}
+    assert set(rows) | set(cl["skipped"]) == setups
     for row in rows.values():
-        assert row["backend"] == "sqlite" and row["gates"] == 1
+        sqlite = row["backend"] == "sqlite"
+        assert row["backend"] in ("sqlite", "postgresql")
         assert row["rps"] > 0 and row["p99_ms"] > 0 and row["gate_cpu_ms_per_decision"] > 0
-        assert row["ratio_rps"] > 0 and row["ratio_p99"] > 0
+        assert row["ratio_rps"] > 0 and row["ratio_p99"] > 0 and row["cpu_ms_per_decision"] > 0
+        assert row["batch_jobs_mean"] >= 1 and row["write_lock_ms_mean"] > 0  # from /metrics
+        assert (row["db_cpu_ms_per_decision"] is None) == sqlite
         for run in row["rounds"]:
             assert run["load"]["ok"] == run["decisions"] == cl["decisions"], run["load"]
-            assert run["gate_processes"] == 2 and run["exit_codes"] == [0]  # daemon + writer
+            assert run["exit_codes"] == [0] * row["gates"]
+            if sqlite:
+                assert run["gate_processes"] == 2  # daemon + writer
     if "sqlite-1-lb" in rows:
         assert rows["sqlite-1-lb"]["balancer_cpu_ms_per_decision"] is not None
-    assert "cluster (c=64" in report and "not built yet" in report
+    assert "cluster (c=64" in report
+    fail = cl["failover"]
+    if "pg-3-lb" in rows:
+        assert fail["requests"]["first_ok_s"] > 0 and fail["requests"]["first_ok_gate"]
+        assert fail["requests"]["first_ok_gate"] != fail["requests"]["killed"]
+        assert fail["timers"]["next_reminder_s"] > 0
+        assert "fail-over, kill -9 of the lease holder" in report
+    else:
+        assert "skipped" in fail
 
-    assert len(r["targets"]) == 9
+    assert len(r["targets"]) == 14
     for target in r["targets"]:
+        if target["name"].startswith("cluster:") and "pg-1" in cl["skipped"]:
+            continue  # no PostgreSQL here: nothing to compare
         assert target["value"] is not None and isinstance(target["met"], bool), target
 
 

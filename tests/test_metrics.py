@@ -273,13 +273,15 @@ def test_metric_names_follow_prometheus_conventions(gate: GateProcess, relay: Ca
         "hitl_gate_reminders_sent",
         "hitl_gate_escalations",
         "hitl_gate_followups_failed",
+        "hitl_gate_batch_jobs",
+        "hitl_gate_write_lock_seconds",
     }
     for family in families.values():
         assert family.documentation, family.name
         if family.type == "counter":
             assert {s.name for s in family.samples} <= {family.name + "_total"}, family.name
-        elif family.type == "histogram":
-            assert family.name.endswith("_seconds"), family.name
+        elif family.type == "histogram":  # a unit: seconds, or jobs per batch
+            assert family.name.endswith(("_seconds", "_batch_jobs")), family.name
         else:
             assert family.type == "gauge", family.name
     # no counter "_created" series beside the counters, no process/platform collectors

@@ -148,6 +148,7 @@ def build_gate(
         previous_receipt_key=secrets.previous_receipt_key,
     )
     metrics = Metrics(config.pipelines)
+    store.on_batch = metrics.batch  # each write batch's size and lock hold time
     api_settings = ApiSettings(secrets.api_token, config.api.max_draft_bytes, secrets.admin_token)
     callback_settings = CallbackSettings(secrets.relay_secrets, config.relay.security.max_skew)
     api_app = create_api_app(service, api_settings, metrics)

@@ -15,6 +15,7 @@ import contextlib
 import logging
 import re
 import sqlite3
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -107,18 +108,30 @@ Answer = tuple[Job, Any, BaseException | None]
 @dataclass(frozen=True, slots=True)
 class BatchResult:
     """What ``run_batch`` did: each job's answer (cancelled jobs have none), the
-    ``(seq, entry_hash)`` of the newest audit entry its COMMIT kept, or None, and whether its
-    transaction began (False: no job ran)."""
+    ``(seq, entry_hash)`` of the newest audit entry its COMMIT kept, or None, whether its
+    transaction began (False: no job ran), and, when it committed, how many ``jobs`` ran in
+    its transaction and ``lock_s``, the seconds it held the write exclusion (from
+    ``BatchBackend.begin`` returning to COMMIT returning; None when nothing committed): what
+    ``hitl_gate_batch_jobs`` and ``hitl_gate_write_lock_seconds`` observe."""
 
     answers: list[Answer]
     head: tuple[int, str] | None
     began: bool = True
+    jobs: int = 0
+    lock_s: float | None = None
+
+
+# told ``(jobs, lock_s)`` of each committed batch (``BatchResult``), in the web process
+BatchObserver = Callable[[int, float], None]
 
 
 class Writer(Protocol):
     """What runs the write transactions for ``Store``: ``writer_thread.ThreadWriter`` or
-    ``writer_process.WriterClient``. Both run ``run_batch`` (group commit) and record
-    storage faults in the store's ``Faults``."""
+    ``writer_process.WriterClient``. Both run ``run_batch`` (group commit), record
+    storage faults in the store's ``Faults`` and tell ``on_batch`` (when set) each
+    committed batch's size and write-lock hold time."""
+
+    on_batch: BatchObserver | None
 
     @property
     def pid(self) -> int | None:
@@ -238,6 +251,7 @@ def _run_batch(
             rollback_quietly(conn)
         faults.faulted(exc)
         return BatchResult([(job, None, _failed(exc)) for job in batch], None, began=False)
+    locked_at = time.perf_counter()
     changes = conn.total_changes
     done: list[tuple[Job, Any]] = []
     for index, job in enumerate(batch):
@@ -255,9 +269,11 @@ def _run_batch(
             except BaseException as exc:  # refused (GateError) or a bug: undo this job only
                 tx.forget_tail()
                 conn.execute("ROLLBACK TO job")
+                tx.job_ended()  # its rate-limit attempt counts all the same
                 conn.execute("RELEASE job")
                 answers.append((job, None, exc))
                 continue
+            tx.job_ended()
             conn.execute("RELEASE job")
         except sqlite3.Error as exc:
             tx.forget_tail()
@@ -277,7 +293,9 @@ def _run_batch(
             if not rest:
                 return BatchResult(answers, None)
             after = run_batch(conn, rest, handler, faults, before_job, backend)
-            return BatchResult(answers + after.answers, after.head)
+            return BatchResult(
+                answers + after.answers, after.head, jobs=after.jobs, lock_s=after.lock_s
+            )
         done.append((job, result))
     try:
         backend.before_commit(conn, tx)
@@ -287,9 +305,16 @@ def _run_batch(
         faults.faulted(exc)
         error = _failed(exc)
         return BatchResult(answers + [(job, None, error) for job, _ in done], None)
+    lock_s = time.perf_counter() - locked_at
     if conn.total_changes != changes:  # rows reached the disk: the storage works
         faults.recovered()
-    return BatchResult(answers + [(job, result, None) for job, result in done], tx.appended_head)
+    jobs = len(answers) + len(done)
+    return BatchResult(
+        answers + [(job, result, None) for job, result in done],
+        tx.appended_head,
+        jobs=jobs,
+        lock_s=lock_s,
+    )
 
 
 def run_guarded(

@@ -11,7 +11,7 @@ from gate.audit import chain as audit
 from gate.clock import PinnedClock
 from gate.errors import Unavailable
 from gate.store import opening
-from gate.store.batch import Command, Faults, Handler, Writer
+from gate.store.batch import BatchObserver, Command, Faults, Handler, Writer
 from gate.store.health import WriteHealth
 from gate.store.pg_backend import PgTarget
 from gate.store.reads import Reads
@@ -58,6 +58,9 @@ class Store:
         # (``gate serve`` stops, and exits 1 for a restart)
         self.writer_lost = False
         self.on_writer_lost: Callable[[], None] | None = None
+        # told each committed write batch's size and write-lock hold time (the metrics);
+        # set before ``open``
+        self.on_batch: BatchObserver | None = None
         self._handler: Handler | None = None
         self._writer: Writer | None = None
         # every read but the audit rows: ``store.reads.fetch(...)`` and so on
@@ -112,6 +115,7 @@ class Store:
                 self._locks,
                 self._clock,
             )
+            self._writer.on_batch = self.on_batch
         except BaseException:
             await self.close()
             raise

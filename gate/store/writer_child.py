@@ -175,11 +175,13 @@ def _child(
         if any(isinstance(job.command, Probe) and error is None for job, _, error in ran.answers):
             faults.recovered()  # a probe committed: the storage fault is over
         items = [_answer(job, result, error) for job, result, error in ran.answers]
+        stats = (ran.jobs, ran.lock_s)  # the batch's size and write-lock hold time (metrics)
         try:
             try:
-                data = frame(("answers", items, faults.write_fault))
+                data = frame(("answers", items, faults.write_fault, stats))
             except Exception:  # noqa: BLE001 - a bug (an unpicklable result): answer it as one
-                data = frame(("answers", [_picklable(item) for item in items], faults.write_fault))
+                items = [_picklable(item) for item in items]
+                data = frame(("answers", items, faults.write_fault, stats))
             sock.sendall(data)
         except OSError:
             batch.log_head(ran.head)  # committed all the same

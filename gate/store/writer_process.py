@@ -13,9 +13,10 @@ Wire, over one ``socketpair`` (both ways): frames of a 4-byte big-endian length 
 pickle. Web process -> writer: ``("job", id, command)``, ``("cancel", id)`` (the caller
 stopped waiting: the job is skipped if it has not started), ``("apply", command)``
 (configuration, applied between batches, in order). Writer -> web process: ``("ready",
-error)`` once, then ``("answers", [(id, ok, result_or_error), ...], write_fault)`` after
-each batch. Pickle is safe here: both ends are this program, forked from one process, and
-the socket is private to the two of them.
+error)`` once, then ``("answers", [(id, ok, result_or_error), ...], write_fault, (jobs,
+lock_s))`` after each batch (its size and write-lock hold time, ``lock_s`` None when it did
+not commit: handed to ``on_batch``). Pickle is safe here: both ends are this program,
+forked from one process, and the socket is private to the two of them.
 
 The writer exits when the web process closes its end (after the queued jobs ran) or
 disappears; it keeps the inherited ``<db>.lock`` open until then, so no second gate starts
@@ -40,7 +41,7 @@ from typing import Any, TypeVar
 from gate.errors import GateError, Unavailable
 from gate.store import writer_child
 from gate.store.backend import WriteSide
-from gate.store.batch import Command, Faults, Handler, settle
+from gate.store.batch import BatchObserver, Command, Faults, Handler, settle
 from gate.store.writer_child import HEADER, MAX_FRAME, frame
 
 log = logging.getLogger(__name__)
@@ -75,6 +76,7 @@ class WriterClient:
     ) -> None:
         self.faults = faults
         self._on_lost = on_lost
+        self.on_batch: BatchObserver | None = None
         self.pid = pid
         self._reader = reader
         self._writer = writer
@@ -177,10 +179,12 @@ class WriterClient:
         try:
             while True:
                 message = await _read_frame(self._reader)
-                kind, items, write_fault = message
+                kind, items, write_fault, (jobs, lock_s) = message
                 if kind != "answers":
                     raise ValueError(f"unexpected frame {kind!r} from the writer process")
                 self.faults.write_fault = write_fault
+                if lock_s is not None and self.on_batch is not None:
+                    self.on_batch(jobs, lock_s)
                 for job_id, ok, value in items:
                     waiting = self._pending.pop(job_id, None)
                     if waiting is not None:

@@ -16,7 +16,16 @@ from typing import TypeVar
 from gate.errors import Unavailable
 from gate.store import batch
 from gate.store.backend import WriteSide
-from gate.store.batch import MAX_BATCH, Answer, Command, Faults, Handler, Job, settle
+from gate.store.batch import (
+    MAX_BATCH,
+    Answer,
+    BatchObserver,
+    Command,
+    Faults,
+    Handler,
+    Job,
+    settle,
+)
 
 R = TypeVar("R")
 
@@ -32,6 +41,7 @@ class ThreadWriter:
 
     pid: int | None = None
     unsent_bytes = 0  # a job is in the queue as soon as ``transact`` is called
+    on_batch: BatchObserver | None = None  # told on this thread (a histogram is thread-safe)
 
     def __init__(
         self,
@@ -98,6 +108,8 @@ class ThreadWriter:
                 jobs.append(job)
             result = batch.run_guarded(self._side, jobs, self._handler, self.faults)
             self._deliver(result.answers)
+            if result.lock_s is not None and self.on_batch is not None:
+                self.on_batch(result.jobs, result.lock_s)
             batch.log_head(result.head)
 
     def _deliver(self, answers: list[Answer]) -> None:
