@@ -11,9 +11,10 @@ With real ``hitl-gate serve`` processes on one database: a long-poll on one gate
 when the other records the decision (20 times, under a second each), and by the fallback
 read after its listener session was terminated; a question's long-poll on one woken at its
 revise on the other; the timers' holder killed with -9 and the other gate sending the next
-due reminder within the lease's TTL + 1 s; ``/healthz`` and ``/metrics`` naming the
-cluster (every series the cluster's alert rules select is exposed); gates on different
-configs shown by ``/healthz`` and ``doctor``."""
+due reminder within the lease's TTL + 1 s, and applying each escalation level once; a
+frozen holder (SIGSTOP) replaced within the TTL, stepping down when thawed;
+``/healthz`` and ``/metrics`` naming the cluster (every series the cluster's alert rules
+select is exposed); gates on different configs shown by ``/healthz`` and ``doctor``."""
 
 from __future__ import annotations
 
@@ -22,9 +23,10 @@ import contextlib
 import json
 import logging
 import os
+import signal
 import threading
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -54,7 +56,7 @@ from tests.support import (
     wait_until,
     write_config,
 )
-from tests.test_gate_on_postgres import assert_log_whole, rows, start_gate
+from tests.test_gate_on_postgres import assert_log_whole, gate_fixtures, rows, start_gate
 from tests.test_metrics import CLUSTER_ALERTS, _rules, _series_names, scrape, value
 from tests.test_store_pg_feed import append
 
@@ -65,16 +67,7 @@ if not os.environ.get("HITL_CI"):
 
 
 server, url = pg_fixtures()
-
-
-@pytest.fixture
-def gates() -> Iterator[list[GateProcess]]:
-    """The gate processes a test started (``gates.append``), stopped after it."""
-    started: list[GateProcess] = []
-    yield started
-    for gate in started:
-        if gate.proc is not None and gate.proc.poll() is None:
-            gate.stop()
+gates = gate_fixtures()[1]
 
 
 class AheadClock(SystemClock):
@@ -256,7 +249,7 @@ DUE_SOON = {
 }
 
 
-def on_postgres(tmp_path: Path, name: str, url: str) -> Gate:
+def on_postgres(tmp_path: Path, name: str, url: str, clock: SystemClock | None = None) -> Gate:
     """A gate built by ``build_gate`` (writer thread) on the database ``url``."""
     folder = tmp_path / name
     folder.mkdir()
@@ -265,7 +258,7 @@ def on_postgres(tmp_path: Path, name: str, url: str) -> Gate:
     raw["storage"] = {"url": url}
     path.write_text(yaml.safe_dump(raw, sort_keys=False), encoding="utf-8")
     loaded, secrets = load(path, ENV)
-    return build_gate(loaded, secrets, writer_process=False)
+    return build_gate(loaded, secrets, writer_process=False, clock=clock)
 
 
 @pytest.mark.slow
@@ -302,6 +295,25 @@ async def test_cluster_timers_on_two_gates_at_once_resolve_and_escalate_once(
     assert len(queued) == len(set(queued))
     assert {(a, n) for a, kind, n in queued if kind == "escalation"} == set(levels)
     assert_log_whole(url)
+
+
+async def test_cluster_built_on_postgres_measures_its_hosts_clock_not_the_pinned_one(
+    url: str, tmp_path: Path
+) -> None:
+    """``build_gate`` on ``storage.url`` makes the gate a member under its store's instance
+    id, with ``/healthz`` reading its status; the offset is measured on this host's clock,
+    not on the service's (which a write batch pins to the database's)."""
+    gate = on_postgres(tmp_path, "ahead", url, AheadClock(90_000))
+    cluster = gate.cluster
+    assert cluster is not None
+    assert cluster.instance_id == getattr(gate.store.where, "instance", None)
+    assert cluster.clock is not gate.service.clock
+    async with gate.storage(), member(cluster, []):
+        await until(lambda: cluster.health is not None, "a heartbeat")
+        with pytest.raises(Unavailable) as raised:
+            gate.service.cluster()
+    assert raised.value.code == "clock_skew"
+    assert 89_000 < (cluster.status()["clock_offset_ms"] or 0) < 91_000
 
 
 # ---- real gate processes on one database (hitl-gate serve with storage.url) -------------
@@ -352,7 +364,9 @@ def long_poll(
 def test_cluster_long_poll_on_one_gate_is_answered_when_the_other_decides(
     tmp_path: Path, relay: CaptureRelay, url: str, gates: list[GateProcess]
 ) -> None:
-    a, b = two_gates(tmp_path, relay, url, gates)
+    two_gates(tmp_path, relay, url, gates)
+    b = lease_holder(url, gates)  # it dispatches what a creates: the feed wakes its sender
+    a = next(gate for gate in gates if gate is not b)
     woken: list[float] = []
     for _ in range(20):
         dispatch, poll, answer = long_poll(a, relay)
@@ -373,7 +387,7 @@ def test_cluster_long_poll_on_one_gate_is_answered_when_the_other_decides(
     seen = wait_until(cluster, what="a's /healthz to count both gates")
     assert seen["problems"] == []
     on_b = b.api().call("GET", "/healthz")[1]["cluster"]
-    assert {seen["lease_holder"], on_b["lease_holder"]} == {True, False}  # one holder
+    assert (seen["lease_holder"], on_b["lease_holder"]) == (False, True)
     _, samples = scrape(a)
     assert value(samples, "hitl_gate_cluster_live_gates") == 2
     assert value(samples, "hitl_gate_cluster_lease_held") == int(seen["lease_holder"])
@@ -441,6 +455,30 @@ def test_cluster_question_long_poll_on_one_gate_wakes_at_a_revise_on_the_other(
 
 
 @pytest.mark.slow
+def test_cluster_frozen_holder_is_replaced_and_steps_down_when_thawed(
+    tmp_path: Path, relay: CaptureRelay, url: str, gates: list[GateProcess]
+) -> None:
+    two_gates(tmp_path, relay, url, gates)
+    holder = lease_holder(url, gates)
+    other = next(gate for gate in gates if gate is not holder)
+    assert holder.proc is not None
+
+    def holds(gate: GateProcess) -> bool:
+        return bool(gate.api().call("GET", "/healthz")[1]["cluster"]["lease_holder"])
+
+    os.kill(holder.proc.pid, signal.SIGSTOP)  # hung, its sessions still open
+    try:
+        frozen_at = time.monotonic()
+        wait_until(lambda: holds(other), timeout=LEASE_TTL_S + 10, what="the other to take over")
+        assert time.monotonic() - frozen_at <= LEASE_TTL_S + 1.0
+    finally:
+        os.kill(holder.proc.pid, signal.SIGCONT)
+    holder.wait_for_line("event=lease_lost")
+    assert not holds(holder)
+    assert holds(other)
+
+
+@pytest.mark.slow
 def test_cluster_gates_on_different_configs_show_in_healthz_and_doctor(
     tmp_path: Path, relay: CaptureRelay, url: str, gates: list[GateProcess]
 ) -> None:
@@ -470,6 +508,8 @@ FOLLOWED = {
     "timeout": "60s",
     "remind_after": "2s",
     "remind_every": "2s",
+    # due while the killed holder's lease has not lapsed yet: applied by the other gate
+    "escalate": [{"after": "5s", "to": [102]}, {"after": "8s", "to": [103]}],
 }
 
 
@@ -508,5 +548,18 @@ def test_cluster_holder_killed_the_other_gate_sends_the_next_reminder_within_ttl
     next_at = min(at for n, at in reminders(relay, approval_id) if n > sent_before)
     assert next_at - killed_at <= LEASE_TTL_S + 1.0
     survivor.wait_for_line("event=lease_acquired")
+
+    def levels() -> list[int] | None:
+        found = rows(
+            url,
+            "SELECT entry FROM audit_log WHERE approval_id = %s AND kind = 'escalated'"
+            " ORDER BY seq",
+            approval_id,
+        )
+        applied = [json.loads(entry)["data"]["level"] for (entry,) in found]
+        return applied if len(applied) >= 2 else None
+
+    assert wait_until(levels, what="both escalation levels") == [1, 2]  # once each, in order
     queued = rows(url, "SELECT kind, n FROM followup_outbox WHERE approval_id = %s", approval_id)
-    assert len(queued) == len(set(queued))  # each reminder queued once
+    assert len(queued) == len(set(queued))  # each reminder and level queued once
+    assert {n for kind, n in queued if kind == "escalation"} == {1, 2}

@@ -52,13 +52,6 @@ def server() -> Iterator[PgServer]:
     yield from running_server()
 
 
-@pytest.fixture(scope="module")
-def relay() -> Iterator[CaptureRelay]:
-    r = CaptureRelay().start()
-    yield r
-    r.stop()
-
-
 @pytest.fixture
 def url(server: PgServer) -> str:
     """A fresh, empty database (the gates migrate it)."""
@@ -84,13 +77,48 @@ def start_gate(directory: Path, relay: CaptureRelay, url: str, /, **config: Any)
     return GateProcess(path, env=gate_env(HITL_DB_PASSWORD=DB_PASSWORD)).start()
 
 
-@pytest.fixture
-def gates(tmp_path: Path) -> Iterator[list[GateProcess]]:
-    """The gates a test started (``gates.append``), stopped after it."""
-    started: list[GateProcess] = []
-    yield started
-    for gate in started:
-        gate.stop()
+def gate_fixtures() -> tuple[Any, Any]:
+    """Two fixtures for a test module of real gates: ``relay`` (module-scoped: a
+    ``CaptureRelay``) and ``gates`` (the gates a test started, ``gates.append``, stopped
+    after it unless already gone). A module takes them as ``relay, gates =
+    gate_fixtures()``."""
+
+    @pytest.fixture(scope="module", name="relay")
+    def relay() -> Iterator[CaptureRelay]:
+        r = CaptureRelay().start()
+        yield r
+        r.stop()
+
+    @pytest.fixture(name="gates")
+    def gates() -> Iterator[list[GateProcess]]:
+        started: list[GateProcess] = []
+        yield started
+        for gate in started:
+            if gate.proc is not None and gate.proc.poll() is None:
+                gate.stop()
+
+    return relay, gates
+
+
+relay, gates = gate_fixtures()
+
+
+def start_together(pending: list[GateProcess]) -> list[GateProcess]:
+    """Start every gate of ``pending`` at the same moment, each from its own thread; returns
+    them once all listen. When one does not, the others are stopped and the test fails with
+    every gate's log."""
+    threads = [threading.Thread(target=gate.start) for gate in pending]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    if not all(gate.api_url for gate in pending):
+        logs = [gate.log() for gate in pending]
+        for gate in pending:
+            if gate.api_url:
+                gate.stop()
+        pytest.fail(f"a gate did not start: {logs}")
+    return pending
 
 
 def rows(url: str, sql: str, *args: Any) -> list[tuple[Any, ...]]:
@@ -102,9 +130,9 @@ def healthz(gate: GateProcess) -> tuple[int, Any]:
     return gate.api().call("GET", "/healthz", timeout=30)
 
 
-def assert_log_whole(url: str) -> list[AuditRow]:
-    """The audit log is contiguous from 1, its chain and receipts verify, and
-    ``audit_head`` holds its newest entry (both read from one snapshot)."""
+def assert_log_whole(url: str, keys: tuple[str, ...] = (RECEIPT_KEY,)) -> list[AuditRow]:
+    """The audit log is contiguous from 1, its chain and receipts verify (with ``keys``: each
+    span's), and ``audit_head`` holds its newest entry (both read from one snapshot)."""
     with psycopg.connect(url) as conn:
         conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
         found = conn.execute(
@@ -114,7 +142,7 @@ def assert_log_whole(url: str) -> list[AuditRow]:
         head = conn.execute("SELECT seq, entry_hash FROM audit_head WHERE id = 1").fetchall()
     log = [AuditRow(*row) for row in found]
     assert [row.seq for row in log] == list(range(1, len(log) + 1))
-    result = verify(log, RECEIPT_KEY.encode())
+    result = verify(log, [key.encode() for key in keys])
     assert (result.checked, result.first_bad_seq) == (len(log), None), result
     assert head == [(log[-1].seq, log[-1].entry_hash)]
     return log
@@ -221,14 +249,7 @@ def test_two_gates_on_one_database_count_a_decision_once(
     decisions is recorded, the other refused 409; resolved once."""
     starting = [pg_config(tmp_path / name, relay, url) for name in ("a", "b")]
     env = gate_env(HITL_DB_PASSWORD=DB_PASSWORD)
-    pending = [GateProcess(path, env=env) for path in starting]
-    threads = [threading.Thread(target=gate.start) for gate in pending]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=120)
-    gates.extend(pending)
-    assert all(gate.api_url for gate in gates), [gate.log() for gate in gates]
+    gates.extend(start_together([GateProcess(path, env=env) for path in starting]))
     migrated = [gate for gate in gates if "event=migrated" in gate.log()]
     assert len(migrated) == 1  # one gate applied the schema, the other found it applied
     steps = sorted(PG_MIGRATIONS)

@@ -292,20 +292,22 @@ def test_a_lone_surrogate_in_a_posted_field_is_refused_and_changes_nothing(
     world: InboxWorld,
 ) -> None:
     """A JSON post whose adjust_text or reason holds ``\\ud800`` (no UTF-8 text: it could be
-    neither signed nor sent to the gate) is 400 ``invalid_<field>`` with a sentence."""
+    neither signed nor sent to the gate) or U+0000 (which every gate refuses) is 400
+    ``invalid_<field>`` with a sentence."""
     alice, proc, approval_id, fields, signed = challenged(world, "adjust")
     base = f"/items/{approval_id}"
-    posts = [
-        ("invalid_adjust_text", base + "/challenge", {**fields, "adjust_text": "Pay \ud800"}),
-        ("invalid_adjust_text", base + "/decide", {**fields, "assertion": signed,
-                                                   "adjust_text": "\udfff"}),
-        ("invalid_reason", base + "/decide", {**fields, "decision": "skip",
-                                              "assertion": signed, "reason": "no \ud800"}),
-    ]  # fmt: skip
-    for reason, path, body in posts:
-        answer = alice.post_json(path, body)
-        assert (answer.status, answer.json()["reason"]) == (400, reason), answer.text
-        assert "lone surrogate" in answer.json()["message"]
+    for bad, said in (("\ud800", "lone surrogate"), ("\x00", "U+0000")):
+        posts = [
+            ("invalid_adjust_text", base + "/challenge", {**fields, "adjust_text": f"Pay {bad}"}),
+            ("invalid_adjust_text", base + "/decide", {**fields, "assertion": signed,
+                                                       "adjust_text": bad}),
+            ("invalid_reason", base + "/decide", {**fields, "decision": "skip",
+                                                  "assertion": signed, "reason": f"no {bad}"}),
+        ]  # fmt: skip
+        for reason, path, body in posts:
+            answer = alice.post_json(path, body)
+            assert (answer.status, answer.json()["reason"]) == (400, reason), answer.text
+            assert said in answer.json()["message"]
     assert gate_decisions(world, approval_id) == []
     assert world.inbox is not None
     assert world.inbox.rows("SELECT * FROM decisions") == []

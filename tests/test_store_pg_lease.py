@@ -105,12 +105,12 @@ async def test_pg_lease_of_a_killed_holder_is_taken_over_within_its_ttl(url: str
         assert await claim(conn, TIMERS, "survivor", TTL_MS) is None
         os.killpg(holder.pid, signal.SIGKILL)
         holder.wait(timeout=10)
+        left = await current(conn, TIMERS)  # as the killed holder last renewed it
         killed_at = time.monotonic()
         taken = None
         while taken is None and time.monotonic() - killed_at < 10:
             taken = await claim(conn, TIMERS, "survivor", TTL_MS)
             await asyncio.sleep(0.05)
-        waited_s = time.monotonic() - killed_at
     finally:
         if holder.poll() is None:
             os.killpg(holder.pid, signal.SIGKILL)
@@ -118,6 +118,9 @@ async def test_pg_lease_of_a_killed_holder_is_taken_over_within_its_ttl(url: str
         if holder.stdout is not None:
             holder.stdout.close()
         await close_quietly(conn)
-    assert taken is not None
+    assert left is not None and taken is not None
+    assert left.holder == "killed"
+    assert left.expires_at - left.now <= TTL_MS  # it lapses within the TTL of the kill
     assert (taken.holder, taken.term) == ("survivor", 2)
-    assert waited_s <= TTL_MS / 1000 + 0.5
+    # taken as soon as it lapsed, on the database's clock (the next try: 50 ms apart)
+    assert left.expires_at <= taken.elected_at < left.expires_at + 1000

@@ -1,4 +1,6 @@
-"""Per-approver sliding-window rate limit (SPEC §2 check 13), in memory."""
+"""Per-approver sliding-window rate limit (SPEC §2 check 13): the rule, and its attempts in
+the writer's memory (one gate on SQLite) unless the backend keeps them (PostgreSQL: every
+gate's, ``WriteTx.rate_events``)."""
 
 from __future__ import annotations
 
@@ -6,29 +8,46 @@ import math
 from collections import deque
 
 from gate.core.approvals.rules import refuse
+from gate.store.tx import RateEvents
 
 WINDOW_MS = 60_000
 
 
-class RateLimiter:
-    """Allow at most ``per_minute`` decisions per operator in any 60 s window.
+class MemoryEvents:
+    """Attempts in this process's memory: a restart forgets them, which errs towards letting
+    a human decide rather than locking them out."""
 
-    State is in memory only: a restart forgets it, which errs towards letting a
-    human decide rather than locking them out.
-    """
+    def __init__(self) -> None:
+        self._seen: dict[int, deque[int]] = {}
+
+    def times(self, operator_id: int, since_ms: int) -> list[int]:
+        seen = self._seen.setdefault(operator_id, deque())
+        while seen and seen[0] <= since_ms:
+            seen.popleft()
+        return list(seen)
+
+    def add(self, operator_id: int, at_ms: int, since_ms: int) -> None:
+        self._seen.setdefault(operator_id, deque()).append(at_ms)
+
+
+class RateLimiter:
+    """Allow at most ``per_minute`` decisions per operator in any 60 s window: attempts
+    that pass this check count, also when a later check refuses them (check 14)."""
 
     def __init__(self, per_minute: int) -> None:
         self.per_minute = per_minute
-        self._seen: dict[int, deque[int]] = {}
+        self._memory = MemoryEvents()
 
-    def check(self, operator_id: int, now_ms: int) -> None:
-        """Count one attempt for ``operator_id`` at ``now_ms``.
+    def check(self, operator_id: int, now_ms: int, events: RateEvents | None = None) -> None:
+        """Count one attempt for ``operator_id`` at ``now_ms`` in ``events`` (None: this
+        limiter's memory).
 
-        Raises 429 ``rate_limited`` with ``retry_after`` (whole seconds) when over the limit.
+        Raises 429 ``rate_limited`` with ``retry_after`` (whole seconds) when over the limit
+        (that attempt is not counted).
         """
-        seen = self._seen.setdefault(operator_id, deque())
-        while seen and seen[0] <= now_ms - WINDOW_MS:
-            seen.popleft()
+        store: RateEvents = self._memory if events is None else events
+        since = now_ms - WINDOW_MS
+        seen = store.times(operator_id, since)
         if len(seen) >= self.per_minute:
             retry_after = max(1, math.ceil((seen[0] + WINDOW_MS - now_ms) / 1000))
             raise refuse(
@@ -38,4 +57,4 @@ class RateLimiter:
                 f"more than {self.per_minute} decisions a minute from this approver",
                 retry_after=retry_after,
             )
-        seen.append(now_ms)
+        store.add(operator_id, now_ms, since)

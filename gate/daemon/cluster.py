@@ -23,6 +23,14 @@ from typing import Any
 from ulid import ULID
 
 import gate
+from gate.audit.entries import DISPATCH_ACK, RESOLVED
+from gate.audit.question_entries import (
+    QUESTION_ANSWERED,
+    QUESTION_DISPATCH_ACK,
+    QUESTION_RESOLVED,
+    QUESTION_REVISED,
+)
+from gate.clock import Clock
 from gate.config.fingerprint import config_hash
 from gate.core.service import GateService
 from gate.errors import Unavailable
@@ -39,8 +47,11 @@ LEASE_TTL_S = 10.0  # a holder that stops renewing loses the lease after this
 RENEW_S = 3.0  # the holder renews (and every gate beats) this often
 # the holder stops trusting its lease this part of the TTL before it would lapse (2 s of 10)
 MARGIN = 0.2
+LEAVE_S = 2.0  # the longest a clean stop waits to release the lease and remove its row
 # what wakes a long-poll on a request (the others only wake the workers)
-WAKING = frozenset({"resolved", "question_answered", "question_resolved", "question_revised"})
+WAKING = frozenset({RESOLVED, QUESTION_ANSWERED, QUESTION_RESOLVED, QUESTION_REVISED})
+# what gives the timers and the senders no work (a dispatch acked: its sender knows)
+IDLE = frozenset({DISPATCH_ACK, QUESTION_DISPATCH_ACK})
 
 Work = Callable[[], Coroutine[Any, Any, None]]
 
@@ -50,7 +61,8 @@ class Cluster:
     None), for ``service`` (the gate's: each heartbeat records the hash of the config in
     force, ``config_hash``, so a SIGHUP reload shows at the next beat);
     ``instance_id`` is its id in ``gate_instances`` and its sessions' names (default: a new
-    ULID).
+    ULID); ``clock`` is the one whose offset to the database's it measures (default the
+    service's; the daemon gives this host's, never pinned to the database's).
 
     ``run(work)`` beats every ``renew_s`` (its clock's offset to the database's measured each
     time), claims or renews the ``timers`` lease (``ttl_s``), runs ``work`` (the timers and
@@ -72,10 +84,12 @@ class Cluster:
         renew_s: float = RENEW_S,
         poll_s: float = 1.0,
         instance_id: str | None = None,
+        clock: Clock | None = None,
     ) -> None:
         self.url = url
         self.password = password
         self.service = service
+        self.clock = clock or service.clock
         self.ttl_s = ttl_s
         self.renew_s = renew_s
         self.instance_id = instance_id or str(ULID())
@@ -139,13 +153,16 @@ class Cluster:
 
     def changed(self, changes: list[Change]) -> None:
         """The feed's callback: wake the long-polls of requests resolved (or a question
-        revised) on any gate, and the workers (a new request, an escalation, a resolution
-        notice may be due)."""
+        revised) on any gate; on the lease holder, also the timers and the senders when an
+        entry may give them work (a new request or revision, a decision, a resolution with
+        its notice: anything but an acked dispatch). A gate without the lease runs neither,
+        and they read everything afresh when they start."""
         for change in changes:
             if change.kind in WAKING and change.request_id is not None:
                 self.service.wake(change.request_id)
-        self.service.dispatch_wakeup.set()
-        self.service.expiry_wakeup.set()
+        if self.held.is_set() and any(change.kind not in IDLE for change in changes):
+            self.service.dispatch_wakeup.set()
+            self.service.expiry_wakeup.set()
 
     async def _keep(self) -> None:
         """Beat and claim every ``renew_s`` on one session (reconnected after a failure);
@@ -155,6 +172,7 @@ class Cluster:
         try:
             while True:
                 started = time.monotonic()
+                self._distrust(started)  # first: a gate thawed after a freeze stops at once
                 try:
                     if conn is None:
                         conn = await connect(self.url, "cluster", self.instance_id, self.password)
@@ -170,14 +188,13 @@ class Cluster:
                     if lost:
                         log.info("event=cluster_reconnected")
                     lost = False
-                if self.held.is_set() and time.monotonic() >= self._trusted_until:
-                    self._step_down("not renewed in time")
+                self._distrust(time.monotonic())
                 await asyncio.sleep(delay)
         finally:
             await close_quietly(conn)
 
     async def _beat(self, conn: Any) -> None:
-        offset = await measure_offset(conn, self.service.clock.now_ms)
+        offset = await measure_offset(conn, self.clock.now_ms)
         await beat(conn, self.instance(offset))
         health = assess(self.instance_id, await live(conn))
         before = set(self.health.problems) if self.health is not None else set()
@@ -206,6 +223,11 @@ class Cluster:
         lapses_s = max(0.0, (other.expires_at - other.now) / 1000) + 0.05
         return min(self.renew_s, lapses_s)
 
+    def _distrust(self, now: float) -> None:
+        """Stop the work when the held lease was not renewed in time (``now``: monotonic)."""
+        if self.held.is_set() and now >= self._trusted_until:
+            self._step_down("not renewed in time")
+
     def _step_down(self, why: str) -> None:
         if self.held.is_set():
             log.warning("event=lease_lost lease=%s reason=%s", TIMERS, why.replace(" ", "_"))
@@ -224,20 +246,25 @@ class Cluster:
                 for task in (lost, *tasks):
                     task.cancel()
                 await asyncio.gather(lost, *tasks, return_exceptions=True)
-            failed = [t for t in tasks if t.done() and not t.cancelled() and t.exception()]
-            for task in failed:  # a job that ended by itself (it should not): say so
-                log.error("event=leader_work_failed error=%r", task.exception())
-            if failed:
-                await asyncio.sleep(1.0)  # then start it again, without a hot loop
+            ended = [t for t in tasks if not t.cancelled()]
+            for task in ended:  # a job that ended by itself (it should not): say so
+                log.error("event=leader_work_ended error=%r", task.exception())
+            if ended:
+                await asyncio.sleep(1.0)  # then start them again, without a hot loop
 
     async def _leave(self) -> None:
         """A clean stop: give up the lease (another gate takes it at its next attempt) and
-        remove this gate's row; best effort."""
-        self._step_down("stopping")
-        with contextlib.suppress(Unavailable):
-            conn = await connect(self.url, "cluster", self.instance_id, self.password)
-            try:
-                await release(conn, TIMERS, self.instance_id)
-                await leave_cluster(conn, self.instance_id)
-            finally:
-                await close_quietly(conn)
+        remove this gate's row; best effort, for at most LEAVE_S (a database out of reach
+        does not hold the stop: the lease then lapses, the row ages out)."""
+        if self.held.is_set():
+            log.info("event=lease_released lease=%s", TIMERS)
+        self.held.clear()
+        self.not_held.set()
+        with contextlib.suppress(Unavailable, TimeoutError):
+            async with asyncio.timeout(LEAVE_S):
+                conn = await connect(self.url, "cluster", self.instance_id, self.password)
+                try:
+                    await release(conn, TIMERS, self.instance_id)
+                    await leave_cluster(conn, self.instance_id)
+                finally:
+                    await close_quietly(conn)

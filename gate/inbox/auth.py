@@ -213,7 +213,8 @@ async def read_post(request: web.Request, session: Session | None) -> dict[str, 
     session — compared in constant time; a JSON body must ALSO carry it in ``X-CSRF-Token``
     (else 403 ``csrf_mismatch``). Returns the fields (a form's as strings; a name posted
     more than once — checkboxes, a multi choice — as the list of its strings). A field holding
-    a lone surrogate is 400 ``invalid_<field>`` (``check_unicode``)."""
+    a lone surrogate or U+0000 (a form's ``%00``) is 400 ``invalid_<field>``
+    (``check_unicode``)."""
     raw = await read_whole(request, MAX_POST_BYTES)
     if raw is None:
         size = request.content_length or MAX_POST_BYTES + 1
@@ -239,7 +240,7 @@ async def read_post(request: web.Request, session: Session | None) -> dict[str, 
         ok = hmac.compare_digest(header.encode(), expected.encode())
     if not ok:
         raise _refused(web.HTTPForbidden, "csrf_mismatch", CSRF_MISMATCH)
-    try:  # a form's fields are UTF-8 decoded (never a surrogate); JSON may hold "\ud800"
+    try:  # a form's fields are UTF-8 decoded (never a surrogate, maybe a NUL); JSON either
         check_unicode(fields)
     except ProtocolError as exc:
         raise _refused(web.HTTPBadRequest, exc.code, exc.message) from None

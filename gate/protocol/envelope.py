@@ -115,16 +115,26 @@ def lone_surrogate_field(value: Any) -> str | None:
     holds a lone surrogate, or None when there is none: ``label``, ``draft.body``,
     ``options[1]``, ``json`` for a top-level string or array. A key holding one, or a key that
     is not a plain name (``[A-Za-z0-9_-]``, at most 64), is reported at its parent."""
+    return _first_string(value, lambda text: not is_unicode(text))
+
+
+def nul_field(value: Any) -> str | None:
+    """The JSON path of the first string of decoded JSON ``value`` that holds U+0000 (NUL),
+    or None when there is none; named as ``lone_surrogate_field`` names them."""
+    return _first_string(value, lambda text: "\x00" in text)
+
+
+def _first_string(value: Any, bad: Callable[[str], bool]) -> str | None:
     stack: list[tuple[str, Any]] = [("json", value)]
     while stack:
         path, item = stack.pop()
         if isinstance(item, str):
-            if not is_unicode(item):
+            if bad(item):
                 return path
         elif isinstance(item, dict):
             children: list[tuple[str, Any]] = []
             for key, child in item.items():
-                if not is_unicode(key):
+                if bad(key):
                     children.append((path, key))  # checked (and refused) as a string
                     break
                 named = _PLAIN_KEY.fullmatch(key) is not None
@@ -139,24 +149,35 @@ def lone_surrogate_field(value: Any) -> str | None:
 
 def check_unicode(value: Any) -> None:
     """Refuse decoded JSON ``value`` when any of its strings or keys holds a lone surrogate
-    (no UTF-8 text: it could be neither stored, hashed nor signed). Raises ProtocolError 400
-    ``invalid_<path>`` with ``field`` the path of the first (``lone_surrogate_field``) and a
-    ``message`` saying so; the reason leaves out list indices (``options[1]`` is
-    ``invalid_options``), and inside a form ``schema`` it is ``invalid_schema``, as every
-    other refusal of a schema."""
+    (no UTF-8 text: it could be neither stored, hashed nor signed) or U+0000 (NUL: no text
+    for PostgreSQL, and the end of a C string for whatever shows it to a human). Raises
+    ProtocolError 400 ``invalid_<path>`` with ``field`` the path of the first
+    (``lone_surrogate_field``, then ``nul_field``) and a ``message`` saying so; the reason
+    leaves out list indices (``options[1]`` is ``invalid_options``), and inside a form
+    ``schema`` it is ``invalid_schema``, as every other refusal of a schema."""
     field = lone_surrogate_field(value)
+    problem = "holds a lone surrogate (such as \\ud800): not valid Unicode text"
+    if field is None:
+        field = nul_field(value)
+        problem = "holds U+0000 (NUL): not allowed in text"
     if field is not None:
-        message = f"{field} holds a lone surrogate (such as \\ud800): not valid Unicode text"
         reason = "schema" if field.startswith(("schema.", "schema[")) else _INDEX.sub("", field)
-        raise field_refused("invalid_" + reason, field, message)
+        raise field_refused("invalid_" + reason, field, f"{field} {problem}")
+
+
+# what can put a lone surrogate or U+0000 into decoded JSON: only a ``\u`` escape of one
+# (the UTF-8 decoder refuses encoded surrogates; the JSON decoder, a raw control character)
+_SUSPECT_ESCAPE = re.compile(rb"\\u(?:0000|[dD][89a-fA-F])")
 
 
 def decode_text_json(raw: bytes) -> Any:
     """``decode_json``, then ``check_unicode``: how every JSON request body is read, so a
-    lone surrogate in any text field is refused 400 ``invalid_<field>`` before anything reads
-    or writes it."""
+    lone surrogate or U+0000 in any text field is refused 400 ``invalid_<field>`` before
+    anything reads or writes it. The decoded value is walked only when ``raw`` holds an
+    escape that could make one (a body without, most of them, is not walked twice)."""
     value = decode_json(raw)
-    check_unicode(value)
+    if _SUSPECT_ESCAPE.search(raw) is not None:
+        check_unicode(value)
     return value
 
 

@@ -269,9 +269,11 @@ def _run_batch(
             except BaseException as exc:  # refused (GateError) or a bug: undo this job only
                 tx.forget_tail()
                 conn.execute("ROLLBACK TO job")
+                tx.job_ended()  # its rate-limit attempt counts all the same
                 conn.execute("RELEASE job")
                 answers.append((job, None, exc))
                 continue
+            tx.job_ended()
             conn.execute("RELEASE job")
         except sqlite3.Error as exc:
             tx.forget_tail()

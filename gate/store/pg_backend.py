@@ -22,6 +22,7 @@ from gate.clock import PinnedClock
 from gate.errors import Unavailable
 from gate.store.backend import BatchBackend
 from gate.store.pg_connection import PgConnection, PgError, as_sqlite_error
+from gate.store.pg_rate import PgRateEvents
 from gate.store.pg_schema import SchemaTooNew, migrate
 from gate.store.tx import WriteTx
 
@@ -174,7 +175,8 @@ class PgBatch(BatchBackend):
     ``audit_head`` row ``FOR UPDATE`` (``HEAD_LOCK``), whose seq and hash the batch's first
     entry follows, and whose time pins ``clock`` (when given) at ``max(database time,
     last_at_ms)`` for the batch: timestamps never go backwards in ``seq`` order across
-    gates. ``before_commit``: ``audit_head`` set to the batch's newest entry. The probe
+    gates, and the batch counts the rate limit's attempts in ``rate_events`` (every gate's).
+    ``before_commit``: ``audit_head`` set to the batch's newest entry. The probe
     rewrites the head row unchanged (a real write, no lock but the head's)."""
 
     def __init__(self, clock: PinnedClock | None = None) -> None:
@@ -187,6 +189,7 @@ class PgBatch(BatchBackend):
             raise PgError("the audit_head row is missing (storage migrate sets it)")
         seq, digest, last_at_ms, now_ms = row
         tx.start_chain((int(seq), str(digest)), int(last_at_ms))
+        tx.rate_events = PgRateEvents(conn)  # the rate limit's window: every gate's attempts
         if self._clock is not None:
             self._clock.pin(max(int(now_ms), int(last_at_ms)))
 

@@ -4,12 +4,12 @@ resolves its request.
 
 A write batch that appended entries moves the chain's head (``audit_head``), and a trigger
 on that row (``pg_schema.CLUSTER``) notifies ``hitl_gate`` with the new seq, sent at the
-batch's COMMIT. Each gate's ``Feed`` holds one dedicated listener
-session (``LISTEN hitl_gate``) and, on a notification, after every (re)connection and at
-least every ``poll_s``, reads the entries after its cursor (``changes_after``). The cursor
-never skips an entry: ``seq`` is given under the lock on the audit head, held to COMMIT, so
-entries commit in ``seq`` order. A notification lost while the listener reconnects costs
-nothing but the wait for the next read.
+batch's COMMIT. Each gate's ``Feed`` holds one dedicated listener session (``LISTEN
+hitl_gate``) and, on a notification, after every (re)connection and at least every
+``poll_s``, reads the entries after its cursor (``changes_after``). The cursor never skips
+an entry: ``seq`` is given under the lock on the audit head, held to COMMIT, so entries
+commit in ``seq`` order. A notification lost while the listener reconnects costs nothing
+but the wait for the next read.
 """
 
 from __future__ import annotations

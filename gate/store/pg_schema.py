@@ -17,8 +17,8 @@ writes, which serialises every write batch of every gate on the database, and ta
 chain's tail from it; ``sync_audit_head`` sets it again from the log (after an import).
 
 Steps are numbered ``(version, step)``: step 0 of a version is the twin of SQLite's migration
-of that number; later steps of a version add tables only PostgreSQL has (``CLUSTER``: what
-several gates on one database share), so SQLite's numbering stays the one both backends
+of that number; later steps of a version add tables only PostgreSQL has (``CLUSTER``, ``RATE``:
+what several gates on one database share), so SQLite's numbering stays the one both backends
 count in.
 
 Nothing here imports a driver: ``migrate`` takes any connection with psycopg's ``execute``.
@@ -124,6 +124,18 @@ CLUSTER: list[str] = [
     EXECUTE FUNCTION hitl_gate_notify()""",
 ]
 
+# The decision rate limit's attempts (gate.store.pg_rate), one row each: the approver's
+# operator id and the attempt's time (database clock, unix ms). Read and written inside the
+# write batch (under the audit_head lock), so the window is exact across gates; each write
+# deletes that approver's rows older than the window.
+RATE: list[str] = [
+    """CREATE TABLE rate_events (
+        operator_id  BIGINT NOT NULL,
+        at_ms        BIGINT NOT NULL
+    )""",
+    "CREATE INDEX rate_events_operator ON rate_events (operator_id, at_ms)",
+]
+
 # Each entry brings the PostgreSQL schema to the step of its key: ``(version, 0)`` to the
 # SQLite schema of that version (the baseline stands for SQLite's eight migrations at once; a
 # later SQLite migration adds its PostgreSQL statements under its own number), ``(version,
@@ -131,9 +143,10 @@ CLUSTER: list[str] = [
 PG_MIGRATIONS: dict[tuple[int, int], list[str]] = {
     (SCHEMA_VERSION, 0): BASELINE + PG_ONLY,
     (SCHEMA_VERSION, 1): CLUSTER,
+    (SCHEMA_VERSION, 2): RATE,
 }
-# the tables of CLUSTER (PostgreSQL has them, SQLite has not)
-CLUSTER_TABLES = ("gate_instances", "gate_lease")
+# the tables of the later steps (PostgreSQL has them, SQLite has not)
+CLUSTER_TABLES = ("gate_instances", "gate_lease", "rate_events")
 
 
 class Connection(Protocol):

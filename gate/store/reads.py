@@ -103,6 +103,8 @@ class Reads:
         """The request of ``kind`` whole (``gate.store.requests.RequestTables.load``: versions,
         outbox rows, created receipt; an approval's decisions too) from one snapshot, or
         None."""
+        if requests.names_nothing(request_id):
+            return None
         return await self.call(_snapshot, kind.load, request_id, True, True)
 
     async def page(

@@ -105,6 +105,13 @@ def dispatches(
     return tuple(Dispatch(*row) for row in rows)
 
 
+def names_nothing(text: str | None) -> bool:
+    """True for a text holding U+0000 (an id or a name from a URL): no stored id or name
+    holds one (every listener refuses it in a body) and PostgreSQL cannot take it as a
+    parameter, so a lookup by it finds nothing without a query, on both backends alike."""
+    return text is not None and "\x00" in text
+
+
 def page(
     conn: sqlite3.Connection,
     kind: RequestTables[F, Any],
@@ -115,6 +122,8 @@ def page(
 ) -> list[F]:
     """Up to ``limit`` requests ordered by id (ULID: creation order), loaded whole;
     ``state`` is pending|resolved|all, ``after`` the cursor (the last id seen)."""
+    if names_nothing(pipeline):
+        return []
     filters = {  # each condition with its value; None: not filtered on
         "state = ?": None if state == "all" else state,
         "pipeline = ?": pipeline or None,
@@ -162,6 +171,8 @@ class RequestStatements(Generic[F, D]):
         """The request whole (its versions, (unless ``outbox`` is False) its outbox rows,
         (unless ``created_receipt`` is False) its created receipt) as seen inside this
         transaction, or None."""
+        if names_nothing(request_id):
+            return None
         return self.kind.load(self._conn, request_id, outbox, created_receipt)
 
     def by_idempotency_key(self, key: str) -> tuple[str, str] | None:

@@ -5,18 +5,32 @@ audit log's tail."""
 from __future__ import annotations
 
 import sqlite3
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from gate.audit import chain as audit
 from gate.store.approvals import ApprovalStatements
 from gate.store.credentials import CredentialStatements
 from gate.store.invites import InviteStatements
 from gate.store.outbox import OutboxStatements
+from gate.store.pg_rate import PgRateEvents
 from gate.store.questions import QuestionStatements
 from gate.store.requests import RequestStatements, RequestTables
 
 F = TypeVar("F")
 D = TypeVar("D")
+
+
+class RateEvents(Protocol):
+    """Where the decision rate limit (``gate.core.ratelimit``) keeps its attempts: the
+    writer's memory (one gate on SQLite) or a table every gate shares
+    (``gate.store.pg_rate``)."""
+
+    def times(self, operator_id: int, since_ms: int) -> list[int]:
+        """The times (unix ms, ascending) of ``operator_id``'s attempts after ``since_ms``."""
+
+    def add(self, operator_id: int, at_ms: int, since_ms: int) -> None:
+        """Count an attempt of ``operator_id`` at ``at_ms``; the ones at or before
+        ``since_ms`` no longer count (they may be forgotten)."""
 
 
 class WriteTx:
@@ -48,6 +62,9 @@ class WriteTx:
         # PostgreSQL keeps it in ``audit_head``), and what it was when the current job began
         self.last_at_ms = 0
         self._at_ms_at_job = 0
+        # the rate limit's attempts when the backend keeps them (PostgreSQL: every gate's,
+        # written once each job ran, refused or not: ``job_ended``); None: the writer's memory
+        self.rate_events: PgRateEvents | None = None
 
     def requests(self, tables: RequestTables[F, D]) -> RequestStatements[F, D]:
         """The statements every kind shares, on the kind whose tables are ``tables``."""
@@ -64,6 +81,15 @@ class WriteTx:
         """A job begins (its SAVEPOINT): ``forget_tail`` goes back to the head as it is now."""
         self._head_at_job = self.appended_head
         self._at_ms_at_job = self.last_at_ms
+        if self.rate_events is not None:
+            self.rate_events.discard()
+
+    def job_ended(self) -> None:
+        """A job ran (its SAVEPOINT still open, before ``RELEASE``), or was refused and
+        rolled back to its SAVEPOINT: the rate-limit attempts it made are written now, so a
+        refused attempt counts too. Raises sqlite3.Error (the job then fails alone)."""
+        if self.rate_events is not None:
+            self.rate_events.flush()
 
     def forget_tail(self) -> None:
         """Drop what this transaction remembers of the audit log (after a rollback): the

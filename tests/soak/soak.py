@@ -72,6 +72,7 @@ from gate.errors import GateError
 from gate.protocol import signing
 from gate.protocol.canonical import wire_json
 from gate.protocol.envelope import build_decision
+from tests.balancer import SERVED_BY
 from tests.support import (
     API_TOKEN,
     IDENTITIES,
@@ -113,6 +114,7 @@ LOG_NEEDLES = (
     "storage_unavailable",
 )
 FIRED = ("approved", "adjusted")
+UNKNOWN = ("indeterminate", "unavailable")  # fates of a request that may or may not have committed
 
 
 def parse_range(text: str) -> tuple[float, float]:
@@ -152,13 +154,25 @@ def left_alone(envelope: dict[str, Any]) -> bool:
 
 
 def send(
-    url: str, method: str, body: bytes | None, headers: dict[str, str], timeout: float = 30.0
+    url: str,
+    method: str,
+    body: bytes | None,
+    headers: dict[str, str],
+    timeout: float = 30.0,
+    balanced: bool = False,
 ) -> tuple[str, int | None, Any]:
     """One real HTTP request. Returns ``(fate, status, json)``.
 
     ``fate`` is ``unsent`` when the connection could not be opened (the daemon cannot have
     seen the request), ``indeterminate`` when it broke after connecting (the daemon may or
     may not have committed it), ``answered`` otherwise.
+
+    ``balanced``: ``url`` is a balancer (tests/balancer.py) in front of several gates. A 5xx
+    without its ``X-Served-By`` is the balancer's own: its 503 (no gate up) ``unsent``, any
+    other (the gate died holding the request) ``indeterminate``. A gate's 503 is
+    ``unavailable`` (status None, its answer kept): the gate could not tell whether its
+    storage committed (PostgreSQL restarted under it), so the request may or may not have
+    taken effect, like an unanswered one.
     """
     parts = urllib.parse.urlsplit(url)
     conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=timeout)
@@ -178,6 +192,11 @@ def send(
             answer = json.loads(raw) if raw else None
         except ValueError:
             answer = {"unparsable": raw[:200].decode("utf-8", "replace")}
+        if balanced and resp.status >= 500 and resp.getheader(SERVED_BY) is None:
+            # the balancer's own 503: no gate was up to take it; its 502/504: the gate died
+            return ("unsent" if resp.status == 503 else "indeterminate"), None, None
+        if balanced and resp.status == 503:
+            return "unavailable", None, answer
         return "answered", resp.status, answer
     finally:
         conn.close()
@@ -274,6 +293,7 @@ class CreateAttempt:
     approval_id: str | None = None
     expires_at: str | None = None
     answered_at: float = 0.0
+    receipt: dict[str, Any] | None = None  # the 201's created_receipt
 
 
 @dataclass
@@ -347,12 +367,36 @@ class Figures:
     phantoms: int = 0
     five_xx: int = 0
     problems: list[str] = field(default_factory=list)
+    # several gates on PostgreSQL (tests/soak/cluster.py)
+    gates: int = 1
+    gate_kills: int = 0
+    pg_restarts: int = 0
+    unavailable_503: int = 0
+    recover_max_s: float = 0.0
+    heads_anchored: int = 0
+    receipts_anchored: int = 0
 
     @property
     def ok(self) -> bool:
         return not (
             self.losses or self.duplicates or self.phantoms or self.five_xx or self.problems
         )
+
+    def assert_passed(self, kills: int) -> str:
+        """Assert a run that survived ``kills`` disruptions with nothing lost, doubled,
+        invented or answered 5xx, whose load exercised what the checks are about; return
+        the report (printed first, so a failing test shows it)."""
+        report = self.report()
+        print(report)
+        assert self.ok, report
+        assert self.kills_survived == kills, report
+        assert (self.losses, self.duplicates, self.phantoms, self.five_xx) == (0, 0, 0, 0), report
+        assert self.creates_201 > 0 and self.decisions_200 > 0, report
+        assert self.decisions_verified == self.decisions_200, report
+        assert self.decisions_resolving > 0 and self.replays_sent > 0, report
+        assert self.outcomes["timeout"] > 0, report
+        assert self.audit_entries > 0, report
+        return report
 
     def report(self) -> str:
         """Return the figures as text, one line each, then up to 40 problems."""
@@ -386,6 +430,16 @@ class Figures:
             f"5xx:                     {self.five_xx}",
             f"other problems:          {len(self.problems)}",
         ]
+        if self.gates > 1:
+            lines[2:2] = [
+                f"gates:                   {self.gates} on one PostgreSQL, behind haproxy",
+                f"disruptions:             {self.gate_kills} gate kill -9s, {self.pg_restarts} "
+                f"PostgreSQL immediate restarts (slowest gate back in {self.recover_max_s:.2f} s)",
+                f"answered 503:            {self.unavailable_503} (outcome unknown: checked "
+                "like unanswered ones)",
+                f"audit anchors:           {self.heads_anchored} logged heads, "
+                f"{self.receipts_anchored} kept created_receipts",
+            ]
         lines += [f"  PROBLEM: {p}" for p in self.problems[:40]]
         if len(self.problems) > 40:
             lines.append(f"  ... and {len(self.problems) - 40} more")
@@ -479,7 +533,7 @@ def check_database(conn: sqlite3.Connection) -> tuple[dict[str, list[str]], dict
 
     for row in conn.execute(
         "SELECT approval_id, revision, operator_id, COUNT(*) AS n FROM "
-        "decisions GROUP BY 1, 2, 3 HAVING n > 1"
+        "decisions GROUP BY 1, 2, 3 HAVING COUNT(*) > 1"
     ):
         dup(
             f"{row['approval_id']}: {row['n']} decisions by operator {row['operator_id']} "
@@ -644,6 +698,36 @@ class Soak:
         self.errors: list[BaseException] = []
         self.config: Path | None = None
 
+    # ---- where the gate is: one SQLite gate here; tests/soak/cluster.py puts several on one
+    # PostgreSQL behind a balancer (it overrides these) ---------------------------------------
+
+    balanced = False  # requests go through a balancer (``send(balanced=True)``)
+    log_needles = LOG_NEEDLES
+    resend_proof = True  # an un-acked dispatch acked later proves a re-send after the kill
+
+    def _send(
+        self, url: str, method: str, body: bytes | None, headers: dict[str, str]
+    ) -> tuple[str, int | None, Any]:
+        return send(url, method, body, headers, balanced=self.balanced)
+
+    def _connect(self) -> contextlib.AbstractContextManager[Any]:
+        """A read-only connection to the gate's database (``execute`` with ``?``
+        placeholders, rows by index and by column name), closed on exit."""
+        return contextlib.closing(ro_connect(self.db_path))
+
+    def _prepare(self) -> None:
+        """Write the config (the relay runs)."""
+        assert self.relay is not None
+        self.config = write_config(self.dir, self.relay.url, steps=STEPS, security=SECURITY)
+
+    def _tool_env(self) -> dict[str, str]:
+        """The environment of ``hitl-gate audit verify``."""
+        return gate_env()
+
+    def _audit_anchors(self) -> list[str]:
+        """More ``audit verify`` options: anchors held outside the database."""
+        return []
+
     # ---- shared state ----------------------------------------------------------------------
 
     def _on_dispatch(self, envelope: dict[str, Any]) -> None:
@@ -703,7 +787,7 @@ class Soak:
             "run_id": run_id,
             "draft": {"content_type": "text/plain", "body": body},
         }
-        fate, status, answer = send(
+        fate, status, answer = self._send(
             api + "/v1/approvals",
             "POST",
             json.dumps(payload).encode("utf-8"),
@@ -714,6 +798,7 @@ class Soak:
             if status == 201:
                 attempt.approval_id = answer["approval_id"]
                 attempt.expires_at = answer["expires_at"]
+                attempt.receipt = answer.get("created_receipt")
                 self.expires_first.setdefault(
                     answer["approval_id"], rfc3339_ms(answer["expires_at"])
                 )
@@ -799,7 +884,7 @@ class Soak:
             "X-Hitl-Protocol": "hitl/v0",
             "X-Draftcat-Signature": signing.sign(SECRET, int(time.time()), attempt.raw),
         }
-        fate, status, answer = send(callback, "POST", attempt.raw, headers)
+        fate, status, answer = self._send(callback, "POST", attempt.raw, headers)
         with self.lock:
             attempt.fate, attempt.status, attempt.answer = fate, status, answer
             attempt.answered_at = time.time()
@@ -817,7 +902,7 @@ class Soak:
         attempt = CancelAttempt(aid)
         with self.lock:
             self.cancels.append(attempt)
-        fate, status, answer = send(
+        fate, status, answer = self._send(
             api + f"/v1/approvals/{aid}/cancel",
             "POST",
             b"",
@@ -859,7 +944,7 @@ class Soak:
         with self.lock:
             created = [c for c in self.creates if c.status == 201 and c.answered_at < kill.at]
             accepted = [d for d in self.decisions if d.status == 200 and d.answered_at < kill.at]
-        with contextlib.closing(ro_connect(self.db_path)) as conn:
+        with self._connect() as conn:
             ids = {
                 r[0]: int(r[1])
                 for r in conn.execute("SELECT approval_id, expires_at FROM approvals")
@@ -918,7 +1003,7 @@ class Soak:
         started = time.monotonic()
         self.relay = FlakyRelay(f"{self.seed}-relay", self._on_dispatch).start()
         self.relay.fail_rate, self.relay.slow_rate = self.fail_rate, self.slow_rate
-        self.config = write_config(self.dir, self.relay.url, steps=STEPS, security=SECURITY)
+        self._prepare()
         threads = [
             threading.Thread(target=self._worker, args=(i,), daemon=True, name=f"soak-worker-{i}")
             for i in range(self.workers)
@@ -930,36 +1015,48 @@ class Soak:
             for index in range(1, self.kills + 1):
                 if self.stop.wait(self.rng.uniform(*self.between)):
                     break
-                kill = self._kill(index)
-                self._check_after_kill(kill)
-                kill.restarted_at = self._start_gate()
-                self.kill_log.append(kill)
+                self._disrupt(index)
                 self.fig.kills_survived = index
-                self.say(
-                    f"kill {index}/{self.kills}: {len(kill.unacked)} un-acked, "
-                    f"{len(kill.pending_expires)} pending; restarted"
-                )
             self.stop.set()
             for thread in threads:
                 thread.join(60)
             if self.errors:
                 raise self.errors[0]
             self._drain()
-            assert self.gate is not None
-            code = self.gate.stop()
-            self.logs.append(self.gate.log())
-            if code != 0:
-                self._problem(f"the daemon's clean stop exited {code}")
+            self._stop_gates()
             self._verify()
         finally:
             self.stop.set()
             self.up.set()
-            if self.gate is not None and self.gate.proc and self.gate.proc.poll() is None:
-                self.gate.kill9()
+            self._end_gates()
             if self.relay is not None:
                 self.relay.stop()
             self.fig.duration_s = time.monotonic() - started
         return self.fig
+
+    def _disrupt(self, index: int) -> None:
+        """Kill the daemon (-9), check its database, restart it."""
+        kill = self._kill(index)
+        self._check_after_kill(kill)
+        kill.restarted_at = self._start_gate()
+        self.kill_log.append(kill)
+        self.say(
+            f"kill {index}/{self.kills}: {len(kill.unacked)} un-acked, "
+            f"{len(kill.pending_expires)} pending; restarted"
+        )
+
+    def _stop_gates(self) -> None:
+        """The clean stop after the drain (exit 0 expected); its log kept."""
+        assert self.gate is not None
+        code = self.gate.stop()
+        self.logs.append(self.gate.log())
+        if code != 0:
+            self._problem(f"the daemon's clean stop exited {code}")
+
+    def _end_gates(self) -> None:
+        """Leave nothing running (after a failure half-way)."""
+        if self.gate is not None and self.gate.proc and self.gate.proc.poll() is None:
+            self.gate.kill9()
 
     def _drain(self) -> None:
         """Relay healthy again; wait until no short approval is pending and every pending
@@ -970,7 +1067,7 @@ class Soak:
         deadline = time.monotonic() + self.drain_timeout
         marks = ", ".join("?" for _ in SHORT_STEPS)
         while True:
-            with contextlib.closing(ro_connect(self.db_path)) as conn:
+            with self._connect() as conn:
                 short = conn.execute(
                     f"SELECT COUNT(*) FROM approvals WHERE state = 'pending' AND step IN ({marks})",
                     SHORT_STEPS,
@@ -996,7 +1093,7 @@ class Soak:
     def _verify(self) -> None:
         fig = self.fig
         assert self.relay is not None and self.config is not None
-        with contextlib.closing(ro_connect(self.db_path)) as conn:
+        with self._connect() as conn:
             by_kind, facts = check_database(conn)
         fig.duplicates += len(by_kind["duplicates"])
         fig.problems += [f"DUPLICATE {p}" for p in by_kind["duplicates"]]
@@ -1021,7 +1118,7 @@ class Soak:
                     fig.problems.append(
                         f"{c.approval_id}: stored step/expires_at differ from the 201 answer"
                     )
-            elif c.fate == "indeterminate":
+            elif c.fate in UNKNOWN:
                 fig.creates_indeterminate += 1
                 fig.creates_indeterminate_committed += stored is not None
             elif stored is not None:
@@ -1117,9 +1214,9 @@ class Soak:
                         f"decision on {d.approval_id} by {d.identity!r} "
                         f"refused unexpectedly: {d.status} {d.answer}"
                     )
-            elif d.fate == "indeterminate":
+            elif d.fate in UNKNOWN:
                 fig.decisions_indeterminate += 1
-            if d.fate in ("answered", "indeterminate") and d.status in (200, None):
+            if d.fate in ("answered", *UNKNOWN) and d.status in (200, None):
                 sent_ok[full_key].append(d)
         for key, row in stored_keys.items():
             full_key = key + (
@@ -1140,9 +1237,7 @@ class Soak:
 
         # cancels
         fig.cancels_attempted = len(self.cancels)
-        cancelled_ok = {
-            c.approval_id for c in self.cancels if c.status == 200 or c.fate == "indeterminate"
-        }
+        cancelled_ok = {c.approval_id for c in self.cancels if c.status == 200 or c.fate in UNKNOWN}
         for c in self.cancels:
             if c.status is not None and c.status >= 500:
                 fig.five_xx += 1
@@ -1190,7 +1285,7 @@ class Soak:
                 a = approvals[aid]
                 box = outbox[aid][revision]
                 if box["delivered_at"] is not None:
-                    if self.relay.acked_after(aid, revision, kill.at):
+                    if not self.resend_proof or self.relay.acked_after(aid, revision, kill.at):
                         fig.unacked_resent_acked += 1
                     else:
                         fig.problems.append(
@@ -1226,16 +1321,25 @@ class Soak:
 
         # daemon logs and the audit chain
         for number, text in enumerate(self.logs, 1):
-            for needle in LOG_NEEDLES:
+            for needle in self.log_needles:
                 if needle in text:
                     line = next(ln for ln in text.splitlines() if needle in ln)
                     fig.problems.append(f"daemon {number} log has {needle!r}: {line[:200]}")
         done = subprocess.run(
-            [sys.executable, "-m", "gate", "audit", "verify", "-c", str(self.config)],
+            [
+                sys.executable,
+                "-m",
+                "gate",
+                "audit",
+                "verify",
+                "-c",
+                str(self.config),
+                *self._audit_anchors(),
+            ],
             capture_output=True,
-            env=gate_env(),
+            env=self._tool_env(),
             cwd=ROOT,
-            timeout=120,
+            timeout=300,
             check=False,
         )
         if done.returncode != 0:

@@ -68,7 +68,7 @@ def decide(
         rules.skip_reason_required(t.config, approval.pipeline, approval.step),
     )
     decision = dataclasses.replace(decision, reason=reason)  # blank: recorded as None
-    t.rate.check(operator_id, now)
+    t.rate.check(operator_id, now, tx.rate_events)
     rules.check_not_decided(approval, operator_id, decision)
     verdict = rules.verdict(approval, operator_id, decision)
     revision = approval.revision
