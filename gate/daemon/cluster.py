@@ -30,6 +30,7 @@ from gate.audit.question_entries import (
     QUESTION_RESOLVED,
     QUESTION_REVISED,
 )
+from gate.clock import PinnedClock
 from gate.config.fingerprint import config_hash
 from gate.core.service import GateService
 from gate.errors import Unavailable
@@ -190,7 +191,11 @@ class Cluster:
             await close_quietly(conn)
 
     async def _beat(self, conn: Any) -> None:
-        offset = await measure_offset(conn, self.service.clock.now_ms)
+        clock = self.service.clock
+        pinned = clock if isinstance(clock, PinnedClock) else None
+        offset = await measure_offset(conn, pinned.local_ms if pinned else clock.now_ms)
+        if pinned is not None:  # its senders read the database's time from now on
+            pinned.offset_ms = offset
         await beat(conn, self.instance(offset))
         health = assess(self.instance_id, await live(conn))
         before = set(self.health.problems) if self.health is not None else set()
