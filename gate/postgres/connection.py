@@ -1,7 +1,8 @@
-"""The store's statements on PostgreSQL, written once: ``PgConnection`` offers the statement
-classes (``gate.store.tx.WriteTx`` and what it composes, ``gate.store.requests``,
-``gate.store.outbox``, the reads) exactly what they use of a ``sqlite3.Connection``, over a
-psycopg 3 (sync) connection in autocommit mode, and translates each SQLite statement once.
+"""SQLite statements on PostgreSQL, written once: ``PgConnection`` offers the statement
+classes of the gate's store (``gate.store.tx.WriteTx`` and what it composes, the requests,
+the outbox, the reads) and the inbox's queries (``gate.inbox.db``) exactly what they use of
+a ``sqlite3.Connection``, over a psycopg 3 (sync) connection in autocommit mode, and
+translates each SQLite statement once.
 
 What it offers, as sqlite3 does:
 
@@ -19,13 +20,16 @@ What it offers, as sqlite3 does:
   shutdown, cancelled, lock timeout) and 58 (system) as ``sqlite3.OperationalError``, which
   ``gate.store.batch.is_fault`` counts as a storage fault (503 ``storage_unavailable``);
   22 (data) as ``sqlite3.DataError``; anything else as ``sqlite3.DatabaseError``.
-- parameters: a Python ``bool`` is sent as the integer SQLite stores (the schema's flags are
-  ``BIGINT`` on both backends); everything else as given.
+- parameters: a sequence for ``?`` placeholders, or a mapping for ``:name`` ones (as
+  sqlite3's named style); a Python ``bool`` is sent as the integer SQLite stores (the
+  schema's flags are ``BIGINT`` on both backends); everything else as given. A new row's id
+  is read as on SQLite >= 3.35: ``INSERT ... RETURNING id`` (no ``lastrowid``).
 
 The translator (``translate``), applied once per distinct statement text (cached), outside
 string literals, quoted identifiers and comments unless said otherwise:
 
-1. ``?`` becomes ``%s``; every ``%`` (literals too: psycopg reads the whole text) ``%%``;
+1. ``?`` becomes ``%s``, ``:name`` ``%(name)s``; every ``%`` (literals too: psycopg reads
+   the whole text) ``%%``;
 2. ``INDEXED BY index`` is dropped (PostgreSQL's planner picks the partial index itself);
 3. ``INSERT OR IGNORE INTO t ...`` becomes ``INSERT INTO t ... ON CONFLICT DO NOTHING`` (the
    store ignores only key conflicts: ``OutboxStatements.queue(once=True)``);
@@ -58,7 +62,7 @@ from __future__ import annotations
 
 import re
 import sqlite3
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from functools import lru_cache
 from typing import Any, Protocol
 
@@ -128,6 +132,7 @@ _JSON_PATH = re.compile(r"\$((?:\.[A-Za-z_]\w*)+)")
 _BEGIN_IMMEDIATE = re.compile(r"^\s*BEGIN\s+IMMEDIATE\s*$", re.IGNORECASE)
 _BEGIN_DEFERRED = re.compile(r"^\s*BEGIN(?:\s+DEFERRED)?\s*$", re.IGNORECASE)
 _REFUSED = re.compile(r"^\s*PRAGMA\b|\bsqlite_(?:master|schema)\b", re.IGNORECASE)
+_NAMED = re.compile(r"(?<![:\w]):([A-Za-z_]\w*)")
 _CHANGES = re.compile(r"^\s*(?:INSERT|UPDATE|DELETE)\b", re.IGNORECASE)
 
 
@@ -169,6 +174,7 @@ def translate(sql: str) -> str:
         code = _OR_IGNORE.sub(r"\1INSERT INTO", code, count=1).rstrip() + " ON CONFLICT DO NOTHING"
     code = _JSON_EXTRACT.sub(lambda m: _json_extract(m, literals), code)
     code = code.replace("%", "%%")
+    code = _NAMED.sub(r"%(\1)s", code)
     code = _IS_NOT_PARAM.sub("IS DISTINCT FROM ?", code)
     code = _IS_PARAM.sub("IS NOT DISTINCT FROM ?", code)
     code = code.replace("?", "%s")
@@ -348,11 +354,17 @@ class PgConnection:
         """The psycopg connection underneath."""
         return self._conn
 
-    def execute(self, sql: str, params: Sequence[Any] = ()) -> Cursor:
-        """Run the SQLite statement ``sql`` (translated) with ``params`` (``?`` in order)."""
+    def execute(self, sql: str, params: Sequence[Any] | Mapping[str, Any] = ()) -> Cursor:
+        """Run the SQLite statement ``sql`` (translated) with ``params`` (``?`` in order, or
+        a mapping for ``:name``)."""
         text = translate(sql)
+        sent: tuple[Any, ...] | dict[str, Any]
+        if isinstance(params, Mapping):
+            sent = {name: _param(value) for name, value in params.items()}
+        else:
+            sent = tuple(_param(p) for p in params)
         with _errors():
-            cursor = self._conn.execute(text, tuple(_param(p) for p in params))
+            cursor = self._conn.execute(text, sent)
         changes = _counts_changes(sql)
         result = Cursor(cursor, changes)
         if changes and result.rowcount > 0:
