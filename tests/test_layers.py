@@ -305,7 +305,7 @@ def test_layers_store_attribute_rule_sees_its_modules() -> None:
     assert {m.name for m in NO_STORE_ATTRIBUTE} >= {"gate.web.api", "gate.metrics"}
 
 
-INBOX_SQL = {"gate.inbox.db", "gate.inbox.schema", "gate.inbox.shortlived"}
+INBOX_SQL = {"gate.inbox.db", "gate.inbox.schema", "gate.inbox.pgschema", "gate.inbox.shortlived"}
 
 COMPOSITION_ROOT = "gate.daemon.app"
 WIRED_ONLY_THERE = {

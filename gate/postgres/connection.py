@@ -17,7 +17,8 @@ What it offers, as sqlite3 does:
   subclasses, with the server's ``sqlstate`` and the driver's exception as ``__cause__``):
   class 23 (integrity) as ``sqlite3.IntegrityError``, so a constraint fails one job alone;
   08 (connection), 40 (serialization, deadlock), 53 (resources), 57 (operator intervention:
-  shutdown, cancelled, lock timeout) and 58 (system) as ``sqlite3.OperationalError``, which
+  shutdown, cancelled, statement timeout), 58 (system) and 55P03 (``lock_timeout``: a lock
+  waited for too long) as ``sqlite3.OperationalError``, which
   ``gate.store.batch.is_fault`` counts as a storage fault (503 ``storage_unavailable``);
   22 (data) as ``sqlite3.DataError``; anything else as ``sqlite3.DatabaseError``.
 - parameters: a sequence for ``?`` placeholders, or a mapping for ``:name`` ones (as
@@ -272,7 +273,8 @@ class PgIntegrityError(PgError, sqlite3.IntegrityError):
 
 
 class PgOperationalError(PgError, sqlite3.OperationalError):
-    """SQLSTATE classes 08, 40, 53, 57, 58, or a lost connection: a storage fault."""
+    """SQLSTATE classes 08, 40, 53, 57, 58, 55P03 (a lock timeout), or a lost connection:
+    a storage fault."""
 
 
 class PgDataError(PgError, sqlite3.DataError):
@@ -289,6 +291,9 @@ _BY_CLASS: dict[str, type[PgError]] = {
     "22": PgDataError,
 }
 
+
+# single SQLSTATEs outside those classes: lock_not_available (lock_timeout expired)
+_BY_STATE: dict[str, type[PgError]] = {"55P03": PgOperationalError}
 
 # a driver error without a SQLSTATE (raised by the client: a lost connection, a value it
 # cannot send) by the name of its DB-API class
@@ -307,7 +312,7 @@ def as_sqlite_error(exc: BaseException) -> PgError:
     send (``DataError``: a text with U+0000) as ``PgDataError``."""
     sqlstate = getattr(exc, "sqlstate", None)
     if sqlstate is not None:
-        kind = _BY_CLASS.get(sqlstate[:2], PgError)
+        kind = _BY_STATE.get(sqlstate) or _BY_CLASS.get(sqlstate[:2], PgError)
     else:
         names = [cls.__name__ for cls in type(exc).__mro__]
         kind = next((_BY_DBAPI[n] for n in names if n in _BY_DBAPI), PgError)
