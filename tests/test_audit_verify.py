@@ -75,3 +75,36 @@ def test_verify_rows_checks_an_export_and_its_receipts() -> None:
     report = verify_rows(rows, KEY, expect=[("receipt r.json", held)])
 
     assert report.ok and report.chain == audit.verify(rows, KEY) and report.records is None
+
+
+class Passes(list[audit.AuditRow]):
+    """Rows that count how often they are read from the start (each pass over a database's
+    rows is one query streamed from its first entry)."""
+
+    passes = 0
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        self.passes += 1
+        return super().__iter__()
+
+
+def test_verify_rows_reads_the_log_once_for_all_receipts_held() -> None:
+    rows = Passes(chain(40))
+    held = [(f"receipt {r.seq}.json", receipt_object(r)) for r in reversed(rows)]
+
+    report = verify_rows(rows, KEY, expect=held, expect_heads=[(40, rows[-1].entry_hash)])
+
+    assert report.ok
+    assert rows.passes <= 3  # the chain, the receipts, the heads: not once per receipt
+
+
+def test_verify_rows_names_the_first_receipt_held_the_log_does_not_hold() -> None:
+    rows = chain(5)
+    beyond = dict(receipt_object(rows[4]), seq=9)
+    replaced = dict(receipt_object(rows[1]), entry_hash=rows[2].entry_hash)
+    held = [("a.json", receipt_object(rows[3])), ("b.json", beyond), ("c.json", replaced)]
+
+    report = verify_rows(rows, KEY, expect=held)
+
+    assert report.anchor is not None
+    assert (report.anchor.seq, report.anchor.source) == (9, "b.json")

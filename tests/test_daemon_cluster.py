@@ -26,7 +26,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -56,7 +56,7 @@ from tests.support import (
     wait_until,
     write_config,
 )
-from tests.test_gate_on_postgres import assert_log_whole, rows, start_gate
+from tests.test_gate_on_postgres import assert_log_whole, gate_fixtures, rows, start_gate
 from tests.test_metrics import CLUSTER_ALERTS, _rules, _series_names, scrape, value
 from tests.test_store_pg_feed import append
 
@@ -67,16 +67,7 @@ if not os.environ.get("HITL_CI"):
 
 
 server, url = pg_fixtures()
-
-
-@pytest.fixture
-def gates() -> Iterator[list[GateProcess]]:
-    """The gate processes a test started (``gates.append``), stopped after it."""
-    started: list[GateProcess] = []
-    yield started
-    for gate in started:
-        if gate.proc is not None and gate.proc.poll() is None:
-            gate.stop()
+gates = gate_fixtures()[1]
 
 
 class AheadClock(SystemClock):
@@ -258,7 +249,7 @@ DUE_SOON = {
 }
 
 
-def on_postgres(tmp_path: Path, name: str, url: str) -> Gate:
+def on_postgres(tmp_path: Path, name: str, url: str, clock: SystemClock | None = None) -> Gate:
     """A gate built by ``build_gate`` (writer thread) on the database ``url``."""
     folder = tmp_path / name
     folder.mkdir()
@@ -267,7 +258,7 @@ def on_postgres(tmp_path: Path, name: str, url: str) -> Gate:
     raw["storage"] = {"url": url}
     path.write_text(yaml.safe_dump(raw, sort_keys=False), encoding="utf-8")
     loaded, secrets = load(path, ENV)
-    return build_gate(loaded, secrets, writer_process=False)
+    return build_gate(loaded, secrets, writer_process=False, clock=clock)
 
 
 @pytest.mark.slow
@@ -304,6 +295,25 @@ async def test_cluster_timers_on_two_gates_at_once_resolve_and_escalate_once(
     assert len(queued) == len(set(queued))
     assert {(a, n) for a, kind, n in queued if kind == "escalation"} == set(levels)
     assert_log_whole(url)
+
+
+async def test_cluster_built_on_postgres_measures_its_hosts_clock_not_the_pinned_one(
+    url: str, tmp_path: Path
+) -> None:
+    """``build_gate`` on ``storage.url`` makes the gate a member under its store's instance
+    id, with ``/healthz`` reading its status; the offset is measured on this host's clock,
+    not on the service's (which a write batch pins to the database's)."""
+    gate = on_postgres(tmp_path, "ahead", url, AheadClock(90_000))
+    cluster = gate.cluster
+    assert cluster is not None
+    assert cluster.instance_id == getattr(gate.store.where, "instance", None)
+    assert cluster.clock is not gate.service.clock
+    async with gate.storage(), member(cluster, []):
+        await until(lambda: cluster.health is not None, "a heartbeat")
+        with pytest.raises(Unavailable) as raised:
+            gate.service.cluster()
+    assert raised.value.code == "clock_skew"
+    assert 89_000 < (cluster.status()["clock_offset_ms"] or 0) < 91_000
 
 
 # ---- real gate processes on one database (hitl-gate serve with storage.url) -------------

@@ -275,3 +275,44 @@ def test_decode_json_an_integer_of_too_many_digits_is_refused_in_our_words() -> 
         decode_json(b'{"spend": ' + b"9" * 5001 + b"}")
     assert refused.value.code == "invalid_json"
     assert refused.value.message == "body is not valid JSON: a number has more than 4300 digits"
+
+
+# Bodies the raw-bytes test must not let through: every way a lone surrogate or U+0000 can be
+# written in JSON (an escape, either case, in a key or a value, deep or at the top), and
+# bodies that only look like one (an escaped backslash before "u0000", a paired surrogate).
+_TRICKY = [
+    b'{"body": "a\\u0000b"}',
+    b'{"body": "\\ud800"}',
+    b'{"body": "\\uDBFF"}',
+    b'{"body": "\\uDc00 tail"}',
+    b'{"k\\u0000": 1}',
+    b'{"a": [{"b": ["x", "\\udfff"]}]}',
+    b'"\\u0000"',
+    b'["\\ud83d"]',
+    b'{"body": "\\\\u0000 is six characters"}',
+    b'{"body": "\\ud83d\\ude00 a pair is one character"}',
+    b'{"body": "\\u00e9\\u2028 other escapes"}',
+    b'{"body": "no escape at all"}',
+    b'{"n": 1, "t": true, "z": null}',
+]
+
+
+@pytest.mark.parametrize("raw", _TRICKY)
+def test_decode_text_json_refuses_exactly_what_the_full_check_refuses(raw: bytes) -> None:
+    """``decode_text_json`` walks the decoded value only when the raw body holds an escape
+    that can make a lone surrogate or U+0000 (they reach decoded JSON no other way): its
+    answer is ``decode_json`` + ``check_unicode``'s, body for body."""
+    from gate.errors import GateError
+    from gate.protocol.envelope import check_unicode, decode_json, decode_text_json
+
+    def answer(read: Any) -> str | None:
+        try:
+            read()
+        except GateError as exc:
+            return f"{exc.code}: {exc.message}"
+        return None
+
+    full = answer(lambda: check_unicode(decode_json(raw)))
+    assert answer(lambda: decode_text_json(raw)) == full
+    if raw in (_TRICKY[0], _TRICKY[1], _TRICKY[4]):
+        assert full is not None  # the table holds refusals, not only passes

@@ -17,9 +17,14 @@ from gate.postgres.connection import PgConnection
 from gate.store.pg_rate import PgRateEvents
 from tests.pg_server import pg_fixtures
 from tests.support import (
+    ASK_STEP,
+    Q1_STEP,
     CaptureRelay,
     GateProcess,
+    answer,
+    ask,
     decision_body,
+    dispatch_of,
     write_config,
 )
 from tests.test_gate_on_postgres import at_once, decide, gate_fixtures, rows, start_gate
@@ -78,7 +83,8 @@ def test_ratelimit_is_one_window_across_gates(
     tmp_path: Path, relay: CaptureRelay, url: str, gates: list[GateProcess]
 ) -> None:
     """rate_limit 5 on two gates: Alice's attempts spread over both count in one window,
-    the sixth is 429 wherever it lands; six sent at once: five recorded, one 429."""
+    the sixth is 429 wherever it lands, also on a gate restarted since; six sent at once:
+    five recorded, one 429."""
     security = {"rate_limit": 5}
     gates.extend(start_gate(tmp_path / name, relay, url, security=security) for name in "ab")
     dispatches = [opened(gates[i % 2], relay) for i in range(12)]
@@ -88,6 +94,10 @@ def test_ratelimit_is_one_window_across_gates(
     for gate in gates:
         assert limited(decide(gate, decision_body(dispatches[5], ALICE)))
     assert decide(gates[1], decision_body(dispatches[5], BOB))[0] == 200  # per approver
+    # a gate restarted (killed, even) does not forget the minute: the attempts are the database's
+    gates[0].kill9()
+    gates[0] = GateProcess(gates[0].config, env=gates[0].env).start()
+    assert limited(decide(gates[0], decision_body(dispatches[5], ALICE)))
     decided = rows(url, "SELECT count(*) FROM decisions WHERE operator_id = %s", ALICE_ID)
     assert decided == [(5,)]
 
@@ -121,3 +131,24 @@ def test_ratelimit_keeps_only_the_window_on_postgres(url: str) -> None:
     sqlite_like.close()
     found = rows(url, "SELECT operator_id, at_ms FROM rate_events ORDER BY 1, 2")
     assert found == [(101, 60000), (101, 61000), (101, 61001), (102, 1000)]
+
+
+def test_ratelimit_counts_answers_and_decisions_together_across_gates(
+    tmp_path: Path, relay: CaptureRelay, url: str, gates: list[GateProcess]
+) -> None:
+    """One window per approver, whatever they send: rate_limit 2, Alice's answer to a
+    question on one gate and her decision on the other fill it; her next answer is 429."""
+    config: dict[str, Any] = {
+        "security": {"rate_limit": 2},
+        "steps": [Q1_STEP, ASK_STEP],
+        "relay": {"questions": True},
+    }
+    gates.extend(start_gate(tmp_path / name, relay, url, **config) for name in "ab")
+    asked = (ask(gates[0], response_type="free_text") for _ in range(2))
+    first, second = (dispatch_of(relay, question["question_id"]) for question in asked)
+    approval = relay.wait_dispatch(gates[1].api().create("q1")["approval_id"])
+
+    assert answer(gates[0], first, "ACME", ALICE)[0] == 200
+    assert decide(gates[1], decision_body(approval, ALICE))[0] == 200
+    assert limited(answer(gates[0], second, "ACME", ALICE))
+    assert answer(gates[1], second, "ACME", BOB)[0] == 200

@@ -3,12 +3,14 @@ Idempotency-Key sent to two gates at once is one request (one approval, one ``cr
 entry, one dispatch; 201 once, 200 for the other, the same id and receipt), and with another
 body it is refused 409 ``idempotency_key_reused`` on every gate; a nonce replayed to another
 gate is refused as on one gate (``duplicate``, ``already_decided``, ``superseded``,
-``already_resolved``), and the same signed decision sent to two gates at once is recorded
-once. Real gate processes on a throwaway server."""
+``already_resolved``; signed too long ago: 401 ``timestamp_out_of_window``), and the same
+signed decision sent to two gates at once is recorded once. Real gate processes on a
+throwaway server."""
 
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
@@ -109,6 +111,9 @@ def test_requests_a_nonce_replayed_to_another_gate_is_refused_as_on_one(
     for gate in gates:  # after the resolution, any replay on any gate
         assert refusal(409, "already_resolved")(send_raw(gate, raw))
         assert refusal(409, "already_resolved")(decide(gate, decision_body(second, BOB)))
+        # signed longer ago than relay.security.max_skew (300 s): refused before the nonce
+        status, answer, _ = post_decision(gate.callback_url, raw, t=int(time.time()) - 400)
+        assert refusal(401, "timestamp_out_of_window")((status, answer))
 
 
 def test_requests_the_same_signed_decision_on_two_gates_at_once_is_recorded_once(

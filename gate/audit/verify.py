@@ -208,10 +208,16 @@ def _anchor_problem(
     heads: Sequence[tuple[int, str]],
 ) -> AnchorProblem | None:
     """The first receipt of ``anchors`` (then head of ``heads``) the verified ``rows`` do
-    not hold, else None."""
+    not hold, else None. ``rows`` is read once for all the receipts (each pass over a
+    database's rows is a query from its first entry): the rows they name, and the last."""
+    near = _rows_named(rows, anchors) if anchors else {}
     for source, held in anchors:
+        seq = held.get("seq")
         found = receipt_problem(
-            rows, held, span_keys(chain, keys, held.get("seq")), public_keys or None
+            near.get(seq, near.get(None, [])) if isinstance(seq, int) else [],
+            held,
+            span_keys(chain, keys, seq),
+            public_keys or None,
         )
         if found is not None:
             return AnchorProblem(found[0], found[1], source)
@@ -220,6 +226,21 @@ def _anchor_problem(
         (seq, entry_hash), reason = head
         return AnchorProblem(seq, reason, f"--expect-head {seq}:{entry_hash}")
     return None
+
+
+def _rows_named(
+    rows: Iterable[audit.AuditRow], anchors: Sequence[tuple[str, dict[str, Any]]]
+) -> dict[int | None, list[audit.AuditRow]]:
+    """In one pass over ``rows``: the row at each seq a receipt of ``anchors`` names (as a
+    one-row list, what ``check_receipt`` reads of it), and under None the last row (where
+    the log ends, for a receipt beyond it)."""
+    wanted = {s for _, held in anchors if isinstance(s := held.get("seq"), int)}
+    found: dict[int | None, list[audit.AuditRow]] = {}
+    for row in rows:
+        found[None] = [row]
+        if row.seq in wanted:
+            found[row.seq] = [row]
+    return found
 
 
 def verify_chain(

@@ -96,7 +96,8 @@ class GateService:
     @property
     def rate(self) -> RateLimiter:
         """The decision rate limiter (SPEC §2 check 13) of this process's ``Transactions``
-        (with a writer process, the one that counts is the writer's copy)."""
+        (with a writer process, the one that counts is the writer's copy; on PostgreSQL its
+        attempts are the database's, every gate's)."""
         return self.transactions.rate
 
     def reconfigure(self, config: Config) -> None:

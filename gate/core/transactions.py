@@ -40,12 +40,12 @@ class Transactions:
 
     ``config`` (budgets, limits), the decision ``rate`` limiter (SPEC §2 check 13: its
     memory lives here on SQLite; on PostgreSQL its attempts are the database's, every
-    gate's: ``WriteTx.rate_events``), the HMAC ``receipt_key`` (and ``previous_receipt_key``, for a
-    declared rotation) and the Ed25519 ``signer`` (or None) of the audit entries and
-    permits. With a writer process, the process runs its forked copy of this object
-    (``Store.bind``, forked at ``Store.open``): state changed afterwards reaches that copy
-    only through a ``Configure`` command (``Store.apply``). Every transaction reads the
-    gate's ``clock`` inside the transaction.
+    gate's: ``WriteTx.rate_events``), the HMAC ``receipt_key`` (and
+    ``previous_receipt_key``, for a declared rotation) and the Ed25519 ``signer`` (or None)
+    of the audit entries and permits. With a writer process, the process runs its forked
+    copy of this object (``Store.bind``, forked at ``Store.open``): state changed afterwards
+    reaches that copy only through a ``Configure`` command (``Store.apply``). Every
+    transaction reads the gate's ``clock`` inside the transaction.
     """
 
     def __init__(

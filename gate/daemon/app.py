@@ -140,7 +140,8 @@ def build_gate(
     Raises ConfigError when a receipt key file in ``config.receipts`` cannot be used;
     ValueError unless ``0 < base <= cap``.
     """
-    store, clock = _store(config, secrets, writer_process, clock or SystemClock())
+    own_clock = clock or SystemClock()  # this host's (never pinned to the database's)
+    store, clock = _store(config, secrets, writer_process, own_clock)
     service = GateService(
         config,
         secrets.receipt_key,
@@ -187,19 +188,25 @@ def build_gate(
         callback_settings,
         api_app,
         callback_app,
-        _cluster(config, secrets, service),
+        _cluster(config, secrets, service, own_clock),
     )
 
 
-def _cluster(config: Config, secrets: Secrets, service: GateService) -> Cluster | None:
+def _cluster(
+    config: Config, secrets: Secrets, service: GateService, clock: Clock
+) -> Cluster | None:
     """On PostgreSQL (``storage.url``), this gate's part among the gates on the database
-    (under its store's instance id), its status on the service (``/healthz``); None on
-    SQLite."""
+    (under its store's instance id; its offset measured on ``clock``, this host's), its
+    status on the service (``/healthz``, ``/metrics``); None on SQLite."""
     where = service.store.where
     if config.storage.url is None or not isinstance(where, PgTarget):
         return None
     cluster = Cluster(
-        config.storage.url, secrets.storage_password, service, instance_id=where.instance
+        config.storage.url,
+        secrets.storage_password,
+        service,
+        instance_id=where.instance,
+        clock=clock,
     )
     service.cluster_status = cluster.status
     return cluster

@@ -30,6 +30,7 @@ from gate.audit.question_entries import (
     QUESTION_RESOLVED,
     QUESTION_REVISED,
 )
+from gate.clock import Clock
 from gate.config.fingerprint import config_hash
 from gate.core.service import GateService
 from gate.errors import Unavailable
@@ -60,7 +61,8 @@ class Cluster:
     None), for ``service`` (the gate's: each heartbeat records the hash of the config in
     force, ``config_hash``, so a SIGHUP reload shows at the next beat);
     ``instance_id`` is its id in ``gate_instances`` and its sessions' names (default: a new
-    ULID).
+    ULID); ``clock`` is the one whose offset to the database's it measures (default the
+    service's; the daemon gives this host's, never pinned to the database's).
 
     ``run(work)`` beats every ``renew_s`` (its clock's offset to the database's measured each
     time), claims or renews the ``timers`` lease (``ttl_s``), runs ``work`` (the timers and
@@ -82,10 +84,12 @@ class Cluster:
         renew_s: float = RENEW_S,
         poll_s: float = 1.0,
         instance_id: str | None = None,
+        clock: Clock | None = None,
     ) -> None:
         self.url = url
         self.password = password
         self.service = service
+        self.clock = clock or service.clock
         self.ttl_s = ttl_s
         self.renew_s = renew_s
         self.instance_id = instance_id or str(ULID())
@@ -190,7 +194,7 @@ class Cluster:
             await close_quietly(conn)
 
     async def _beat(self, conn: Any) -> None:
-        offset = await measure_offset(conn, self.service.clock.now_ms)
+        offset = await measure_offset(conn, self.clock.now_ms)
         await beat(conn, self.instance(offset))
         health = assess(self.instance_id, await live(conn))
         before = set(self.health.problems) if self.health is not None else set()

@@ -165,12 +165,19 @@ def check_unicode(value: Any) -> None:
         raise field_refused("invalid_" + reason, field, f"{field} {problem}")
 
 
+# what can put a lone surrogate or U+0000 into decoded JSON: only a ``\u`` escape of one
+# (the UTF-8 decoder refuses encoded surrogates; the JSON decoder, a raw control character)
+_SUSPECT_ESCAPE = re.compile(rb"\\u(?:0000|[dD][89a-fA-F])")
+
+
 def decode_text_json(raw: bytes) -> Any:
     """``decode_json``, then ``check_unicode``: how every JSON request body is read, so a
     lone surrogate or U+0000 in any text field is refused 400 ``invalid_<field>`` before
-    anything reads or writes it."""
+    anything reads or writes it. The decoded value is walked only when ``raw`` holds an
+    escape that could make one (a body without, most of them, is not walked twice)."""
     value = decode_json(raw)
-    check_unicode(value)
+    if _SUSPECT_ESCAPE.search(raw) is not None:
+        check_unicode(value)
     return value
 
 

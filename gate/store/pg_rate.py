@@ -44,13 +44,11 @@ class PgRateEvents:
         after they were rolled back) and delete their approvers' attempts that no longer
         count. Raises sqlite3.Error."""
         pending, self._pending = self._pending, []
-        for operator_id, at_ms, since_ms in pending:
+        for operator_id, at_ms, since_ms in pending:  # one round trip each, under the lock
             self._conn.execute(
-                "DELETE FROM rate_events WHERE operator_id = ? AND at_ms <= ?",
-                (operator_id, since_ms),
-            )
-            self._conn.execute(
-                "INSERT INTO rate_events (operator_id, at_ms) VALUES (?, ?)", (operator_id, at_ms)
+                "WITH gone AS (DELETE FROM rate_events WHERE operator_id = ? AND at_ms <= ?)"
+                " INSERT INTO rate_events (operator_id, at_ms) VALUES (?, ?)",
+                (operator_id, since_ms, operator_id, at_ms),
             )
 
     def discard(self) -> None:

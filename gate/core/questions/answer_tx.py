@@ -88,9 +88,8 @@ def answer_question(t: Transactions, tx: WriteTx, answer: Answer) -> tuple[int, 
     )
     stored = canonical_json(value).decode("utf-8")
     digest = value_hash(value, salt=bytes.fromhex(question.answer_salt))
-    t.rate.check(
-        operator_id, now, tx.rate_events
-    )  # check 13, the last: nothing after it can refuse
+    # check 13, the last: nothing after it can refuse
+    t.rate.check(operator_id, now, tx.rate_events)
     row = QuestionAnswer(
         value=value,
         operator_id=operator_id,
