@@ -9,6 +9,7 @@ replicas on any hosts."""
 from __future__ import annotations
 
 import asyncio
+import os
 import sqlite3
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -27,7 +28,7 @@ from gate.inbox.shortlived import (
 )
 from gate.postgres.target import PgTarget
 from tests.inbox_harness import rows
-from tests.pg_server import inbox_fixtures
+from tests.pg_server import PgServer, inbox_fixtures
 
 inbox_server, inbox_url = inbox_fixtures()
 
@@ -195,3 +196,22 @@ async def test_shortlived_two_inboxes_opening_a_fresh_database_at_once_migrate_i
     finally:
         conn.close()
     assert version == len(MIGRATIONS)
+
+
+@pytest.mark.postgres
+@pytest.mark.e2e
+async def test_shortlived_a_database_holding_the_gate_s_tables_is_refused(
+    inbox_server: PgServer,
+) -> None:
+    if not os.environ.get("HITL_CI"):
+        pytest.importorskip("psycopg")
+    url = inbox_server.migrated_database()  # the gate's schema
+
+    with pytest.raises(OSError) as refused:
+        await InboxDb.open(PgTarget(url))
+
+    assert str(refused.value) == (
+        f"{url} holds the gate's tables; give the inbox a database (or a schema,"
+        " options=-csearch_path=...) of its own"
+    )
+    assert rows(url, "SELECT to_regclass('inbox_migrations')")[0][0] is None  # untouched

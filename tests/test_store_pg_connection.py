@@ -1,4 +1,4 @@
-"""The store's statements on PostgreSQL (gate/store/pg_connection.py): the translator on
+"""The store's statements on PostgreSQL (gate/postgres/connection.py): the translator on
 every statement shape it rewrites, and the proof on a real throwaway server: the gate's own
 write transactions (``gate.core`` commands' ``run`` with a ``WriteTx``, through the one batch
 runner ``gate.store.batch.run_batch``) and the store's statement classes and reads, run
