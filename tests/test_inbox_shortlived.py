@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from gate.inbox.db import InboxDb
+from gate.inbox.db import DatabaseUnavailable, InboxDb
 from gate.inbox.pgschema import VERSIONS
 from gate.inbox.schema import MIGRATIONS
 from gate.inbox.shortlived import (
@@ -215,3 +215,26 @@ async def test_shortlived_a_database_holding_the_gate_s_tables_is_refused(
         " options=-csearch_path=...) of its own"
     )
     assert rows(url, "SELECT to_regclass('inbox_migrations')")[0][0] is None  # untouched
+
+
+@pytest.mark.postgres
+@pytest.mark.e2e
+async def test_shortlived_an_inbox_on_postgresql_connects_again_after_the_server_restarts(
+    inbox_server: PgServer,
+) -> None:
+    if not os.environ.get("HITL_CI"):
+        pytest.importorskip("psycopg")
+    db = await InboxDb.open(PgTarget(inbox_server.empty_database("inbox")))
+    short = ShortLived(db)
+    try:
+        challenge = await short.issue_challenge("pre-restart", "/", 1_000)
+        assert challenge is not None
+        inbox_server.restart()  # a crash: every session ends
+
+        with pytest.raises(DatabaseUnavailable):  # the call that finds the session gone
+            await short.take_challenge(challenge, 2_000)
+        taken = await short.take_challenge(challenge, 2_000)  # on a new connection
+    finally:
+        await db.close()
+
+    assert taken == Pending("pre-restart", "/", 1_000)

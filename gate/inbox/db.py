@@ -54,7 +54,7 @@ class InboxDb:
         from gate.inbox.pgschema import PgBackend, open_database  # noqa: PLC0415
 
         executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="inbox-db")
-        backend: Backend = PgBackend() if isinstance(where, PgTarget) else SqliteBackend()
+        backend: Backend = PgBackend(where) if isinstance(where, PgTarget) else SqliteBackend()
         loop = asyncio.get_running_loop()
         try:
             if isinstance(where, PgTarget):
@@ -71,7 +71,7 @@ class InboxDb:
 
     async def close(self) -> None:
         """Close the connection and its thread."""
-        await self._run(self._conn.close)
+        await asyncio.get_running_loop().run_in_executor(self._executor, self._conn.close)
         self._executor.shutdown(wait=True)
 
     async def _rows(self, sql: str, args: tuple[Any, ...]) -> list[sqlite3.Row]:
@@ -79,10 +79,18 @@ class InboxDb:
         return await self._run(lambda: self._conn.execute(sql, args).fetchall())
 
     async def _run(self, fn: Callable[..., T], *args: Any) -> T:
-        """``fn(*args)`` on the database's thread; raises DatabaseUnavailable for a
-        ``sqlite3.OperationalError``."""
+        """``fn(*args)`` on the database's thread, on a connection opened again first when
+        the backend says it was lost (``Backend.reconnect``); raises DatabaseUnavailable for
+        a ``sqlite3.OperationalError``."""
+
+        def call() -> T:
+            fresh = self._backend.reconnect(self._conn)
+            if fresh is not None:
+                self._conn = fresh
+            return fn(*args)
+
         try:
-            return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+            return await asyncio.get_running_loop().run_in_executor(self._executor, call)
         except sqlite3.OperationalError as exc:
             raise DatabaseUnavailable(str(exc)) from exc
 
@@ -149,7 +157,7 @@ class InboxDb:
         not yet past ``expires_at`` at ``now_ms`` (one read over the state index). Raises
         OSError when the file cannot be read."""
         try:
-            return await self._run(_health, self._conn, self._backend, now_ms)
+            return await self._run(lambda: _health(self._conn, self._backend, now_ms))
         except (sqlite3.Error, DatabaseUnavailable) as exc:
             raise OSError(f"the database cannot be read: {exc}") from exc
 

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from typing import Any, cast
 
 from gate.inbox.schema import MIGRATIONS, statements
-from gate.postgres.connection import as_sqlite_error
+from gate.postgres.connection import PgConnection, as_sqlite_error
 from gate.postgres.migrate import SchemaTooNew, baseline, migrate_steps
 from gate.postgres.target import PgTarget, connect
 
@@ -39,7 +39,13 @@ PG_MIGRATIONS: dict[tuple[int, int], list[str]] = {
 
 
 class PgBackend:
-    """PostgreSQL's part of the inbox's queries (``gate.inbox.schema.Backend``)."""
+    """PostgreSQL's part of the inbox's queries (``gate.inbox.schema.Backend``) on the
+    database ``target``: a connection the driver saw broken (a server restarted, a session
+    ended) is replaced before the next call, logged ``event=inbox_database_reconnected``;
+    the call that found it broken answered 503."""
+
+    def __init__(self, target: PgTarget) -> None:
+        self._target = target
 
     def begin(self, conn: sqlite3.Connection) -> None:
         conn.execute("BEGIN IMMEDIATE")  # translated to BEGIN: READ COMMITTED
@@ -56,6 +62,16 @@ class PgBackend:
 
     def insert_id(self, conn: sqlite3.Connection, sql: str, row: Mapping[str, Any]) -> int:
         return int(conn.execute(f"{sql} RETURNING id", row).fetchone()[0])
+
+    def reconnect(self, conn: sqlite3.Connection) -> sqlite3.Connection | None:
+        lost = cast(PgConnection, conn)
+        if not lost.closed:
+            return None
+        with contextlib.suppress(Exception):  # closing what is gone already
+            lost.close()
+        fresh = connect(self._target, "inbox", program="hitl-inbox")
+        log.warning("event=inbox_database_reconnected db=%s", self._target)
+        return cast(sqlite3.Connection, fresh)
 
 
 def open_database(target: PgTarget) -> sqlite3.Connection:

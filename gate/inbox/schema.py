@@ -119,10 +119,14 @@ class Backend(Protocol):
     def insert_id(self, conn: sqlite3.Connection, sql: str, row: Mapping[str, Any]) -> int:
         """Run the INSERT ``sql`` with ``row``; the new row's ``id``."""
 
+    def reconnect(self, conn: sqlite3.Connection) -> sqlite3.Connection | None:
+        """A new connection when ``conn`` was lost (a server restarted), else None; raises
+        ``sqlite3.OperationalError`` when the database cannot be reached."""
+
 
 class SqliteBackend:
     """SQLite's: ``BEGIN IMMEDIATE`` (the file's write lock), ``PRAGMA user_version``,
-    ``lastrowid``."""
+    ``lastrowid``; a file is never lost."""
 
     def begin(self, conn: sqlite3.Connection) -> None:
         conn.execute("BEGIN IMMEDIATE")
@@ -132,6 +136,9 @@ class SqliteBackend:
 
     def insert_id(self, conn: sqlite3.Connection, sql: str, row: Mapping[str, Any]) -> int:
         return int(conn.execute(sql, row).lastrowid or 0)
+
+    def reconnect(self, conn: sqlite3.Connection) -> sqlite3.Connection | None:
+        return None  # a file is not lost
 
 
 def open_file(path: Path) -> sqlite3.Connection:
