@@ -3,6 +3,7 @@ secrets only from the environment."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -198,3 +199,19 @@ def test_inbox_check_config_storage_errors(
     assert (code, out) == (2, ""), out
     assert f": {line}" in err, err
     assert "hunter2" not in err and len(err.splitlines()) == 1, err
+
+
+def test_inbox_on_postgresql_without_psycopg_names_the_extra(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "psycopg", None)  # as in an install without the extra
+    on_pg = {k: v for k, v in GOOD.items() if k != "database"}
+    on_pg["storage"] = {"url": "postgresql://inbox@db.example/inbox"}
+
+    code, out, err = check(tmp_path, on_pg)
+
+    assert (code, out) == (2, "")
+    assert err == (
+        "Error: storage.url (PostgreSQL) needs the postgres extra:"
+        " pip install 'hitl-gate[postgres]'\n"
+    )
