@@ -24,8 +24,8 @@ from typing import Any
 import pytest
 import yaml
 
+from gate.postgres.target import PgTarget
 from gate.store.connection import prepare
-from gate.store.pg_backend import PgTarget
 from gate.store.pg_move import move
 from gate.store.pg_schema import migrate
 from gate.store.schema import MIGRATIONS

@@ -22,10 +22,11 @@ from pathlib import Path
 from typing import Any
 
 from gate.errors import GateError, Unavailable
+from gate.postgres.connection import as_sqlite_error
+from gate.postgres.migrate import SchemaTooNew
+from gate.postgres.target import PgTarget
 from gate.store import connection, pg_read, readonly
-from gate.store.pg_backend import PgTarget
-from gate.store.pg_connection import as_sqlite_error
-from gate.store.pg_schema import SchemaTooNew, migrate, sync_audit_head
+from gate.store.pg_schema import migrate, sync_audit_head
 from gate.store.schema import SCHEMA_VERSION
 
 CHUNK = 1000
