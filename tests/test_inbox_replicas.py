@@ -116,6 +116,29 @@ def test_inbox_replicas_a_signin_page_of_one_replica_signs_in_at_the_other(pair:
     assert pair.a.rows("SELECT * FROM challenges WHERE challenge = ?", challenge) == []
 
 
+def test_inbox_replicas_a_passkey_enrolled_now_is_served_at_the_replica_that_did_not_see_it(
+    pair: Replicas,
+) -> None:
+    """A passkey enrolled after both replicas fetched the credentials signs in at A (which
+    asks the gate for the unknown id); B, whose copy is up to a minute old, serves the
+    session's first request: an unknown credential makes it ask the gate before it ends the
+    session as revoked."""
+    kept = pair.world.passkeys[103]
+    passkey = pair.world.enrol(103)  # carol's second passkey, unknown to both replicas
+    pair.world.passkeys[103] = kept
+    at_a, at_b = pair.client(pair.a, "127.0.0.13"), pair.client(pair.b, "127.0.0.13")
+    assert at_a.signin(passkey).status == 200
+    at_b.cookies = dict(at_a.cookies)
+
+    home = at_b.get("/")
+
+    assert home.status == 200 and "carol@example.com" in home.text, (home.status, home.text)
+    assert "event=inbox_session_ended" not in pair.b.log()
+    ended = pair.a.rows("SELECT ended FROM sessions WHERE identity = 'carol@example.com'")
+    assert [r["ended"] for r in ended] == [None]
+    assert at_a.get("/").status == 200
+
+
 def test_inbox_replicas_a_challenge_used_at_one_replica_is_refused_at_the_other(
     pair: Replicas,
 ) -> None:
