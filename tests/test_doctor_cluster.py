@@ -19,8 +19,8 @@ from gate.store.pg_lease import TIMERS, claim
 from gate.store.pg_session import close_quietly, connect
 from gate.tools.doctor import run_checks
 from gate.tools.doctor_cluster import check_cluster
-from tests.pg_server import free_port, pg_fixtures
-from tests.support import ENV, write_config
+from tests.pg_server import PgServer, free_port, pg_fixtures
+from tests.support import ENV, CaptureRelay, GateProcess, wait_until, write_config
 
 pytestmark = [pytest.mark.e2e, pytest.mark.postgres]
 
@@ -94,7 +94,7 @@ async def test_doctor_cluster_fails_an_unreachable_database() -> None:
     assert check.detail.startswith("connecting the doctor session: ")
 
 
-async def test_doctor_on_postgres_reports_the_cluster_and_skips_the_sqlite_checks(
+async def test_doctor_on_postgres_reports_the_cluster_dispatches_and_passkeys(
     url: str, tmp_path: Path
 ) -> None:
     path = write_config(tmp_path, "http://127.0.0.1:9/relay")
@@ -125,5 +125,48 @@ async def test_doctor_on_postgres_reports_the_cluster_and_skips_the_sqlite_check
         "SKIP database: on PostgreSQL the server checks its pages (data checksums, pg_amcheck)"
     )
     assert by_name["dispatch"].line() == (
-        "SKIP dispatch: reads a SQLite database (storage.path); not checked on PostgreSQL yet"
+        "PASS dispatch: every pending approval's dispatch was acked"
     )
+    assert by_name["passkeys"].line() == (
+        "PASS passkeys: rp_id localhost, origins http://localhost:0 (the bound port at start);"
+        " 0 passkeys enrolled"
+    )
+
+
+async def test_doctor_on_postgres_reads_dispatches_and_passkeys_a_real_gate_wrote(
+    server: PgServer, tmp_path: Path
+) -> None:
+    """New-user report: on PostgreSQL doctor said SKIP for dispatch and passkeys though the
+    readers work on the database; a gate whose relay refuses every dispatch now FAILs
+    dispatch there, as on SQLite."""
+    relay = CaptureRelay().start()
+    relay.status = 401
+    try:
+        path = write_config(tmp_path, relay.url)
+        raw = yaml.safe_load(path.read_text())
+        raw["storage"] = {"url": server.database("doctor_dispatch")}
+        path.write_text(yaml.safe_dump(raw))
+        gate = GateProcess(path).start()
+        try:
+            api = gate.api()
+            approval_id = api.create("q1", "never acked")["approval_id"]
+            wait_until(
+                lambda: api.get(approval_id)["dispatch"]["attempts"] >= 1, what="a refused attempt"
+            )
+        finally:
+            gate.stop()
+        checks = await run_checks(str(path), ENV)
+    finally:
+        relay.stop()
+
+    by_name = {check.name: check for check in checks}
+    assert (
+        by_name["dispatch"]
+        .line()
+        .startswith(
+            "FAIL dispatch: 1 pending approval not delivered to the relay; latest error: relay "
+            "answered HTTP 401"
+        )
+    ), by_name["dispatch"].line()
+    assert by_name["passkeys"].line().endswith("; 0 passkeys enrolled")
+    assert by_name["audit"].label == "PASS", by_name["audit"].line()

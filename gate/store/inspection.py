@@ -79,7 +79,7 @@ def newest_audit_row(path: Database) -> audit.AuditRow | None:
         return None if row is None else audit.AuditRow(*row)
 
 
-def failed_followups(path: Path, since_ms: int) -> tuple[dict[str, int], str | None]:
+def failed_followups(path: Database, since_ms: int) -> tuple[dict[str, int], str | None]:
     """Return ``({kind: count}, last error of the latest)`` of the ``followup_outbox`` rows
     (notices, reminders, escalations) of the database at ``path`` given up at or
     after ``since_ms`` (unix ms), read-only; rows dropped because their approval resolved
