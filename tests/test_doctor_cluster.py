@@ -14,18 +14,20 @@ import yaml
 
 from gate.config import load_config
 from gate.config.fingerprint import config_hash
+from gate.store.pg_backend import PgTarget
 from gate.store.pg_instances import Instance, beat
 from gate.store.pg_lease import TIMERS, claim
 from gate.store.pg_session import close_quietly, connect
+from gate.store.schema import SCHEMA_VERSION
 from gate.tools.doctor import run_checks
+from gate.tools.doctor_audit import check_database
 from gate.tools.doctor_cluster import check_cluster
 from tests.pg_server import PgServer, free_port, pg_fixtures
 from tests.support import ENV, CaptureRelay, GateProcess, wait_until, write_config
 
 pytestmark = [pytest.mark.e2e, pytest.mark.postgres]
 
-if not os.environ.get("HITL_CI"):
-    pytest.importorskip("psycopg")
+psycopg = __import__("psycopg") if os.environ.get("HITL_CI") else pytest.importorskip("psycopg")
 
 GATE = Instance("01GATEA", "0.1.0", "c0ffee" * 4, "host-a", 11, 0, 0, 0)
 
@@ -122,7 +124,8 @@ async def test_doctor_on_postgres_reports_the_cluster_dispatches_and_passkeys(
     assert by_name["cluster"].label == "PASS"
     assert by_name["audit"].label == "PASS", by_name["audit"].line()
     assert by_name["database"].line() == (
-        "SKIP database: on PostgreSQL the server checks its pages (data checksums, pg_amcheck)"
+        f"PASS database: {url}: schema {SCHEMA_VERSION}, 0 approvals, 0 audit entries; its"
+        " pages are the server's to check (data checksums, pg_amcheck)"
     )
     assert by_name["dispatch"].line() == (
         "PASS dispatch: every pending approval's dispatch was acked"
@@ -170,3 +173,23 @@ async def test_doctor_on_postgres_reads_dispatches_and_passkeys_a_real_gate_wrot
     ), by_name["dispatch"].line()
     assert by_name["passkeys"].line().endswith("; 0 passkeys enrolled")
     assert by_name["audit"].label == "PASS", by_name["audit"].line()
+    assert by_name["database"].detail.startswith(f"{raw['storage']['url']}: schema ")
+    assert ", 1 approvals, " in by_name["database"].detail
+
+
+def test_doctor_database_on_postgres_before_the_first_start_and_after_a_newer_version(
+    server: PgServer,
+) -> None:
+    """The database line on PostgreSQL: a database without tables is a warning (the gates
+    create them), one a newer hitl-gate migrated fails as the gate would refuse it."""
+    empty = server.database("doctor_empty")
+    assert check_database(PgTarget(empty)).line() == (
+        f"WARN database: {empty} has no tables yet; the gates create them at their first start"
+    )
+    newer = server.migrated_database()
+    with psycopg.connect(newer, autocommit=True) as conn:
+        conn.execute("INSERT INTO schema_migrations (version) VALUES (%s)", (SCHEMA_VERSION + 1,))
+    assert check_database(PgTarget(newer)).line() == (
+        f"FAIL database: {newer}: schema {SCHEMA_VERSION + 1} is newer than this"
+        f" hitl-gate's ({SCHEMA_VERSION}); upgrade hitl-gate"
+    )

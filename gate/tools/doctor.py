@@ -8,7 +8,7 @@ and the clock (after this release's date, and close to the relay's ``Date`` head
 Nothing is written: the database is opened read-only and nothing is dispatched.
 On PostgreSQL (``storage.url``) the audit chain, the dispatches and the passkeys are read
 from the database, and the gates sharing it are checked (``doctor_cluster``: live gates,
-one config, clocks); the database's integrity is the server's.
+one config, clocks); the database's pages are the server's to check.
 """
 
 from __future__ import annotations
@@ -120,7 +120,7 @@ async def _postgres_checks(
     (``first``: config, secrets, keys, and the keys read), the follow-ups line, the audit
     chain (``check_audit`` on the database), the gates on the database (``check_cluster``),
     the relay, the dispatches and the passkeys read from the database, and the clock; the
-    database's integrity is the server's (SKIP)."""
+    database line names its schema and counts (its pages are the server's to check)."""
     from gate.store.pg_backend import PgTarget  # not for a SQLite config
 
     config_check, secrets_check, keys_check, keys = first
@@ -146,7 +146,7 @@ async def _postgres_checks(
         Check("followups", True, followups_summary(config, int(now() * 1000), safe_url)),
         secrets_check,
         keys_check,
-        skip("database", "on PostgreSQL the server checks its pages (data checksums, pg_amcheck)"),
+        await asyncio.to_thread(check_database, target),
         audit_check,
         cluster,
         *await _delivery_checks(config, target, probe, now),

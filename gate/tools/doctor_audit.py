@@ -20,9 +20,12 @@ if TYPE_CHECKING:
     from gate.store.readonly import Database
 
 
-def check_database(path: Path) -> Check:
+def check_database(path: Database) -> Check:
     """The database file passes ``PRAGMA integrity_check`` and has a schema this code knows;
-    a missing file is a warning when the gate can create it on first start."""
+    a missing file is a warning when the gate can create it on first start. A PostgreSQL
+    database (``PgTarget``): ``_check_postgres``."""
+    if not isinstance(path, Path):
+        return _check_postgres(path)
     if not path.exists():
         parent = path.parent
         while not parent.exists() and parent != parent.parent:
@@ -66,6 +69,36 @@ def check_database(path: Path) -> Check:
             f"gate migrates it to {info.code_schema_version} on start), {counts}",
         )
     return Check("database", True, f"{path}: integrity ok, schema {info.schema_version}, {counts}")
+
+
+def _check_postgres(target: Database) -> Check:
+    """The PostgreSQL database ``target`` has a schema this code knows (none yet: a warning,
+    the gates create it), with its row counts; its pages are the server's to check."""
+    try:
+        info = maintenance.inspect(target)
+    except GateError as exc:
+        return Check("database", False, exc.message)
+    if info.schema_version == 0 or info.approvals is None or info.audit_entries is None:
+        return warn(
+            "database", f"{target} has no tables yet; the gates create them at their first start"
+        )
+    schema = f"{target}: schema {info.schema_version}"
+    if info.schema_version > info.code_schema_version:
+        return Check(
+            "database",
+            False,
+            f"{schema} is newer than this hitl-gate's ({info.code_schema_version}); upgrade"
+            " hitl-gate",
+        )
+    counts = f"{info.approvals} approvals, {info.audit_entries} audit entries"
+    pages = "its pages are the server's to check (data checksums, pg_amcheck)"
+    if info.schema_version < info.code_schema_version:
+        return warn(
+            "database",
+            f"{schema} (the gates migrate it to {info.code_schema_version} at their first"
+            f" start), {counts}; {pages}",
+        )
+    return Check("database", True, f"{schema}, {counts}; {pages}")
 
 
 def check_audit(
