@@ -20,7 +20,7 @@ from gate.store.pg_lease import TIMERS, claim
 from gate.store.pg_session import close_quietly, connect
 from gate.store.schema import SCHEMA_VERSION
 from gate.tools.doctor import run_checks
-from gate.tools.doctor_audit import check_database
+from gate.tools.doctor_audit import check_audit, check_database
 from gate.tools.doctor_cluster import check_cluster
 from tests.pg_server import PgServer, free_port, pg_fixtures
 from tests.support import ENV, CaptureRelay, GateProcess, wait_until, write_config
@@ -181,11 +181,13 @@ def test_doctor_database_on_postgres_before_the_first_start_and_after_a_newer_ve
     server: PgServer,
 ) -> None:
     """The database line on PostgreSQL: a database without tables is a warning (the gates
-    create them), one a newer hitl-gate migrated fails as the gate would refuse it."""
+    create them; no audit log to check yet, as for a SQLite file not created yet), one a
+    newer hitl-gate migrated fails as the gate would refuse it."""
     empty = server.database("doctor_empty")
     assert check_database(PgTarget(empty)).line() == (
         f"WARN database: {empty} has no tables yet; the gates create them at their first start"
     )
+    assert check_audit(PgTarget(empty), None, None).line() == "SKIP audit: no tables yet"
     newer = server.migrated_database()
     with psycopg.connect(newer, autocommit=True) as conn:
         conn.execute("INSERT INTO schema_migrations (version) VALUES (%s)", (SCHEMA_VERSION + 1,))

@@ -117,10 +117,13 @@ def check_audit(
     verifies WARNs (the gate writes the rotation entry at its next start). Spans before the first
     one whose key is configured (keys retired by earlier rotations) are checked for the
     chain only, and said so. ``receipts`` (the config's section) names the variables.
-    ``path`` is the SQLite file or the PostgreSQL database (``PgTarget``)."""
+    ``path`` is the SQLite file or the PostgreSQL database (``PgTarget``; SKIP without
+    tables yet, as for a file not created yet)."""
     if isinstance(path, Path) and not path.exists():
         return skip("audit", "no database yet")
     try:
+        if not isinstance(path, Path) and maintenance.inspect(path).audit_entries is None:
+            return skip("audit", "no tables yet")  # the gates create them at first start
         newest = maintenance.newest_audit_row(path)
     except GateError as exc:
         return Check("audit", False, exc.message)
