@@ -23,7 +23,7 @@ from gate.tools.doctor import run_checks
 from gate.tools.doctor_audit import check_audit, check_database
 from gate.tools.doctor_cluster import check_cluster
 from tests.pg_server import PgServer, free_port, pg_fixtures
-from tests.support import ENV, CaptureRelay, GateProcess, wait_until, write_config
+from tests.support import ENV, CaptureRelay, refused_dispatch, write_config
 
 pytestmark = [pytest.mark.e2e, pytest.mark.postgres]
 
@@ -149,15 +149,7 @@ async def test_doctor_on_postgres_reads_dispatches_and_passkeys_a_real_gate_wrot
         raw = yaml.safe_load(path.read_text())
         raw["storage"] = {"url": server.database("doctor_dispatch")}
         path.write_text(yaml.safe_dump(raw))
-        gate = GateProcess(path).start()
-        try:
-            api = gate.api()
-            approval_id = api.create("q1", "never acked")["approval_id"]
-            wait_until(
-                lambda: api.get(approval_id)["dispatch"]["attempts"] >= 1, what="a refused attempt"
-            )
-        finally:
-            gate.stop()
+        refused_dispatch(path)
         checks = await run_checks(str(path), ENV)
     finally:
         relay.stop()

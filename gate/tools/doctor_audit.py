@@ -13,6 +13,7 @@ from gate.audit.verify import AuditReport, verify_database
 from gate.config import ReceiptsConfig
 from gate.errors import GateError
 from gate.store import inspection as maintenance
+from gate.store.inspection import DatabaseInfo
 from gate.tools.doctor_check import Check, shown_errors, skip, warn
 from gate.trust.keys import ReceiptKeys
 
@@ -44,12 +45,7 @@ def check_database(path: Database) -> Check:
             "database", False, f"{path}: integrity_check: " + shown_errors(list(info.problems))
         )
     if info.schema_version > info.code_schema_version:
-        return Check(
-            "database",
-            False,
-            f"{path}: schema {info.schema_version} is newer than "
-            f"this hitl-gate's ({info.code_schema_version}); upgrade hitl-gate",
-        )
+        return _too_new(path, info)
     counts = (
         f"{info.approvals} approvals, {info.audit_entries} audit entries"
         if info.approvals is not None and info.audit_entries is not None
@@ -84,12 +80,7 @@ def _check_postgres(target: Database) -> Check:
         )
     schema = f"{target}: schema {info.schema_version}"
     if info.schema_version > info.code_schema_version:
-        return Check(
-            "database",
-            False,
-            f"{schema} is newer than this hitl-gate's ({info.code_schema_version}); upgrade"
-            " hitl-gate",
-        )
+        return _too_new(target, info)
     counts = f"{info.approvals} approvals, {info.audit_entries} audit entries"
     pages = "its pages are the server's to check (data checksums, pg_amcheck)"
     if info.schema_version < info.code_schema_version:
@@ -99,6 +90,16 @@ def _check_postgres(target: Database) -> Check:
             f" start), {counts}; {pages}",
         )
     return Check("database", True, f"{schema}, {counts}; {pages}")
+
+
+def _too_new(path: Database, info: DatabaseInfo) -> Check:
+    """The database line of a schema newer than this code's (the gate refuses it)."""
+    return Check(
+        "database",
+        False,
+        f"{path}: schema {info.schema_version} is newer than "
+        f"this hitl-gate's ({info.code_schema_version}); upgrade hitl-gate",
+    )
 
 
 def check_audit(
