@@ -14,7 +14,7 @@ import yaml
 
 from gate.config import load_config
 from gate.config.fingerprint import config_hash
-from gate.store.pg_backend import PgTarget
+from gate.postgres.target import PgTarget
 from gate.store.pg_instances import Instance, beat
 from gate.store.pg_lease import TIMERS, claim
 from gate.store.pg_session import close_quietly, connect

@@ -121,7 +121,7 @@ async def _postgres_checks(
     chain (``check_audit`` on the database), the gates on the database (``check_cluster``),
     the relay, the dispatches and the passkeys read from the database, and the clock; the
     database line names its schema and counts (its pages are the server's to check)."""
-    from gate.store.pg_backend import PgTarget  # not for a SQLite config
+    from gate.postgres.target import PgTarget  # not for a SQLite config
 
     config_check, secrets_check, keys_check, keys = first
     assert config.storage.url is not None
