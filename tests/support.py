@@ -811,3 +811,18 @@ def free_port() -> int:
     with socket.socket() as s:  # nothing free down there: the kernel's choice
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def refused_dispatch(config: Path, env: dict[str, str] | None = None) -> str:
+    """Run ``hitl-gate serve`` on ``config`` (its relay refusing every dispatch) until one
+    new approval's dispatch was attempted once, then stop it; return the approval's id."""
+    gate = GateProcess(config, env).start()
+    try:
+        api = gate.api()
+        approval_id = str(api.create("q1", "never acked")["approval_id"])
+        wait_until(
+            lambda: api.get(approval_id)["dispatch"]["attempts"] >= 1, what="a refused attempt"
+        )
+    finally:
+        gate.stop()
+    return approval_id

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import time
 import urllib.parse
 from collections.abc import Iterator
@@ -16,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.balancer import SERVED_BY, Balancer, haproxy
+from tests.balancer import SERVED_BY, Balancer, config_text, haproxy
 from tests.support import (
     API_TOKEN,
     DEADLINE_S,
@@ -172,3 +173,29 @@ def test_balancer_checks_a_listener_without_healthz_on_another_port(
 
     assert status == 401  # the gate's own answer to an unsigned decision
     assert headers[SERVED_BY.lower()] in {"g0", "g1"}
+
+
+def test_operating_docs_haproxy_example_checks_healthz_on_the_api_port(tmp_path: Path) -> None:
+    """New-user report: the docs pointed the balancer at each gate's /healthz, which the
+    callback listener answers 404. Their haproxy example (docs/operating.md, "Running several
+    gates") is a config haproxy accepts, checking /healthz as this balancer does: the
+    callback backend on the API port."""
+    text = (Path(__file__).parent.parent / "docs" / "operating.md").read_text(encoding="utf-8")
+    example = text.split("```haproxy\n", 1)[1].split("```", 1)[0]
+    lines = {line.split("#")[0].strip() for line in example.splitlines()}
+    ours = config_text(8089, [("10.0.0.1", 8089, 8090), ("10.0.0.2", 8089, 8090)], tmp_path)
+    for check in ("option httpchk GET /healthz", "http-check expect status 200"):
+        assert check in ours and check in lines
+    callbacks = {line.strip() for line in ours.splitlines() if line.strip().startswith("server")}
+    assert callbacks == {
+        "server g0 10.0.0.1:8089 check port 8090",
+        "server g1 10.0.0.2:8089 check port 8090",
+    }
+    assert callbacks <= lines
+    assert {"server g0 10.0.0.1:8090 check", "server g1 10.0.0.2:8090 check"} <= lines
+    config = tmp_path / "haproxy.cfg"
+    config.write_text(example, encoding="utf-8")
+    checked = subprocess.run(
+        [_installed(), "-c", "-q", "-f", str(config)], capture_output=True, text=True, check=False
+    )
+    assert checked.returncode == 0, checked.stderr

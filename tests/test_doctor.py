@@ -34,6 +34,7 @@ from tests.support import (
     decision_body,
     gate_env,
     post_decision,
+    refused_dispatch,
     run_cli,
     wait_until,
     write_config,
@@ -218,15 +219,7 @@ def test_doctor_fails_dispatch_when_the_relay_refuses_the_gates_signature(tmp_pa
     relay.status = 401
     try:
         config = write_config(tmp_path, relay.url)
-        gate = GateProcess(config).start()
-        try:
-            api = gate.api()
-            approval_id = api.create("q1", "never acked")["approval_id"]
-            wait_until(
-                lambda: api.get(approval_id)["dispatch"]["attempts"] >= 1, what="a refused attempt"
-            )
-        finally:
-            gate.stop()
+        refused_dispatch(config)
         code, lines = doctor(config)
     finally:
         relay.stop()

@@ -14,18 +14,20 @@ import yaml
 
 from gate.config import load_config
 from gate.config.fingerprint import config_hash
+from gate.postgres.target import PgTarget
 from gate.store.pg_instances import Instance, beat
 from gate.store.pg_lease import TIMERS, claim
 from gate.store.pg_session import close_quietly, connect
+from gate.store.schema import SCHEMA_VERSION
 from gate.tools.doctor import run_checks
+from gate.tools.doctor_audit import check_audit, check_database
 from gate.tools.doctor_cluster import check_cluster
-from tests.pg_server import free_port, pg_fixtures
-from tests.support import ENV, write_config
+from tests.pg_server import PgServer, free_port, pg_fixtures
+from tests.support import ENV, CaptureRelay, refused_dispatch, write_config
 
 pytestmark = [pytest.mark.e2e, pytest.mark.postgres]
 
-if not os.environ.get("HITL_CI"):
-    pytest.importorskip("psycopg")
+psycopg = __import__("psycopg") if os.environ.get("HITL_CI") else pytest.importorskip("psycopg")
 
 GATE = Instance("01GATEA", "0.1.0", "c0ffee" * 4, "host-a", 11, 0, 0, 0)
 
@@ -94,7 +96,7 @@ async def test_doctor_cluster_fails_an_unreachable_database() -> None:
     assert check.detail.startswith("connecting the doctor session: ")
 
 
-async def test_doctor_on_postgres_reports_the_cluster_and_skips_the_sqlite_checks(
+async def test_doctor_on_postgres_reports_the_cluster_dispatches_and_passkeys(
     url: str, tmp_path: Path
 ) -> None:
     path = write_config(tmp_path, "http://127.0.0.1:9/relay")
@@ -122,8 +124,66 @@ async def test_doctor_on_postgres_reports_the_cluster_and_skips_the_sqlite_check
     assert by_name["cluster"].label == "PASS"
     assert by_name["audit"].label == "PASS", by_name["audit"].line()
     assert by_name["database"].line() == (
-        "SKIP database: on PostgreSQL the server checks its pages (data checksums, pg_amcheck)"
+        f"PASS database: {url}: schema {SCHEMA_VERSION}, 0 approvals, 0 audit entries; its"
+        " pages are the server's to check (data checksums, pg_amcheck)"
     )
     assert by_name["dispatch"].line() == (
-        "SKIP dispatch: reads a SQLite database (storage.path); not checked on PostgreSQL yet"
+        "PASS dispatch: every pending approval's dispatch was acked"
+    )
+    assert by_name["passkeys"].line() == (
+        "PASS passkeys: rp_id localhost, origins http://localhost:0 (the bound port at start);"
+        " 0 passkeys enrolled"
+    )
+
+
+async def test_doctor_on_postgres_reads_dispatches_and_passkeys_a_real_gate_wrote(
+    server: PgServer, tmp_path: Path
+) -> None:
+    """New-user report: on PostgreSQL doctor said SKIP for dispatch and passkeys though the
+    readers work on the database; a gate whose relay refuses every dispatch now FAILs
+    dispatch there, as on SQLite."""
+    relay = CaptureRelay().start()
+    relay.status = 401
+    try:
+        path = write_config(tmp_path, relay.url)
+        raw = yaml.safe_load(path.read_text())
+        raw["storage"] = {"url": server.database("doctor_dispatch")}
+        path.write_text(yaml.safe_dump(raw))
+        refused_dispatch(path)
+        checks = await run_checks(str(path), ENV)
+    finally:
+        relay.stop()
+
+    by_name = {check.name: check for check in checks}
+    assert (
+        by_name["dispatch"]
+        .line()
+        .startswith(
+            "FAIL dispatch: 1 pending approval not delivered to the relay; latest error: relay "
+            "answered HTTP 401"
+        )
+    ), by_name["dispatch"].line()
+    assert by_name["passkeys"].line().endswith("; 0 passkeys enrolled")
+    assert by_name["audit"].label == "PASS", by_name["audit"].line()
+    assert by_name["database"].detail.startswith(f"{raw['storage']['url']}: schema ")
+    assert ", 1 approvals, " in by_name["database"].detail
+
+
+def test_doctor_database_on_postgres_before_the_first_start_and_after_a_newer_version(
+    server: PgServer,
+) -> None:
+    """The database line on PostgreSQL: a database without tables is a warning (the gates
+    create them; no audit log to check yet, as for a SQLite file not created yet), one a
+    newer hitl-gate migrated fails as the gate would refuse it."""
+    empty = server.database("doctor_empty")
+    assert check_database(PgTarget(empty)).line() == (
+        f"WARN database: {empty} has no tables yet; the gates create them at their first start"
+    )
+    assert check_audit(PgTarget(empty), None, None).line() == "SKIP audit: no tables yet"
+    newer = server.migrated_database()
+    with psycopg.connect(newer, autocommit=True) as conn:
+        conn.execute("INSERT INTO schema_migrations (version) VALUES (%s)", (SCHEMA_VERSION + 1,))
+    assert check_database(PgTarget(newer)).line() == (
+        f"FAIL database: {newer}: schema {SCHEMA_VERSION + 1} is newer than this"
+        f" hitl-gate's ({SCHEMA_VERSION}); upgrade hitl-gate"
     )

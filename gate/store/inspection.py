@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import PurePath
 from typing import TYPE_CHECKING, Any
 
 from gate.audit import chain as audit
@@ -51,14 +51,17 @@ def _count(conn: ReadConnection, table: str) -> int | None:
     return int(conn.execute(f"SELECT count(*) FROM {table}").fetchone()[0])
 
 
-def inspect(path: Path) -> DatabaseInfo:
-    """Run ``PRAGMA integrity_check`` and read the schema version and row counts of the
+def inspect(path: Database) -> DatabaseInfo:
+    """Run ``PRAGMA integrity_check`` (a SQLite file's; a PostgreSQL database's pages are
+    the server's to check: no problems) and read the schema version and row counts of the
     database at ``path``, read-only. Raises Unavailable (``storage_unavailable``) when the
-    file is missing, unreadable or not a SQLite database."""
+    file is missing, unreadable or not a SQLite database, or the server cannot be read."""
     with read_only(path) as conn:
-        rows = conn.execute(f"PRAGMA integrity_check({MAX_PROBLEMS})").fetchall()
-        problems = tuple(str(r[0]) for r in rows if str(r[0]) != "ok")
-        version = int(conn.execute("PRAGMA user_version").fetchone()[0])
+        problems: tuple[str, ...] = ()
+        if isinstance(path, PurePath):
+            rows = conn.execute(f"PRAGMA integrity_check({MAX_PROBLEMS})").fetchall()
+            problems = tuple(str(r[0]) for r in rows if str(r[0]) != "ok")
+        version = readonly.schema_version(conn)
         return DatabaseInfo(
             problems, version, SCHEMA_VERSION, _count(conn, "approvals"), _count(conn, "audit_log")
         )
@@ -79,7 +82,7 @@ def newest_audit_row(path: Database) -> audit.AuditRow | None:
         return None if row is None else audit.AuditRow(*row)
 
 
-def failed_followups(path: Path, since_ms: int) -> tuple[dict[str, int], str | None]:
+def failed_followups(path: Database, since_ms: int) -> tuple[dict[str, int], str | None]:
     """Return ``({kind: count}, last error of the latest)`` of the ``followup_outbox`` rows
     (notices, reminders, escalations) of the database at ``path`` given up at or
     after ``since_ms`` (unix ms), read-only; rows dropped because their approval resolved

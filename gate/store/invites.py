@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import sqlite3
 from dataclasses import dataclass
-from pathlib import Path
+from typing import TYPE_CHECKING
 
 from gate.model import field_values
 from gate.store import readonly
+
+if TYPE_CHECKING:
+    from gate.store.readonly import Database
 
 _COLUMNS = (
     "invite_hash, operator_id, label, challenge, created_at, expires_at, used_at, credential_id"
@@ -65,7 +68,7 @@ class InviteStatements:
         )
 
 
-def count_passkeys(path: Path) -> int:
+def count_passkeys(path: Database) -> int:
     """How many passkeys (``type`` webauthn, not revoked) the database at ``path`` holds;
     0 for a database from before migration 6. Read-only (``gate.store.readonly``); raises
     Unavailable when it cannot be opened."""
@@ -79,7 +82,7 @@ def count_passkeys(path: Path) -> int:
         return int(row[0])
 
 
-def credential_facts(path: Path) -> tuple[dict[str, int], set[int]]:
+def credential_facts(path: Database) -> tuple[dict[str, int], set[int]]:
     """``(passkeys in force by the rp_id of their enrolment entry, operator ids holding a
     credential in force)`` of the database at ``path`` (doctor); empty before
     migration 6. Read-only; raises Unavailable when it cannot be read."""

@@ -6,9 +6,9 @@ the relay URL (reachable: any HTTP answer to HEAD or OPTIONS), the dispatches, f
 that asks questions a separate question relay URL and the questions' dispatches,
 and the clock (after this release's date, and close to the relay's ``Date`` header).
 Nothing is written: the database is opened read-only and nothing is dispatched.
-On PostgreSQL (``storage.url``) the audit chain is verified on the database, and the
-gates sharing it are checked (``doctor_cluster``: live gates, one config, clocks); the
-database's integrity is the server's.
+On PostgreSQL (``storage.url``) the audit chain, the dispatches and the passkeys are read
+from the database, and the gates sharing it are checked (``doctor_cluster``: live gates,
+one config, clocks); the database's pages are the server's to check.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING
 
 from gate.config import Config, load_secrets, read_receipt_key
 from gate.config.fingerprint import config_hash
@@ -32,8 +33,18 @@ from gate.tools.doctor_config import (
     separate_question_url,
 )
 from gate.tools.doctor_passkeys import check_passkeys
-from gate.tools.doctor_relay import check_clock, check_dispatch, check_relay, probe_relay, safe_url
+from gate.tools.doctor_relay import (
+    RelayProbe,
+    check_clock,
+    check_dispatch,
+    check_relay,
+    probe_relay,
+    safe_url,
+)
 from gate.trust.keys import ReceiptKeys
+
+if TYPE_CHECKING:
+    from gate.store.readonly import Database
 
 # the checks after the config's, in report order: SKIP (not ok) without a valid config
 NEED_CONFIG = "followups secrets keys database audit relay dispatch passkeys clock".split()
@@ -64,6 +75,25 @@ async def run_checks(
     )
     relay = config.relay
     probe = await probe_relay(relay.url, relay.dispatch_timeout, relay.ca_file, now)
+    return [
+        config_check,
+        Check("followups", True, followups_summary(config, int(now() * 1000), safe_url)),
+        secrets_check,
+        keys_check,
+        database_check,
+        audit_check,
+        *await _delivery_checks(config, path, probe, now),
+        check_clock(now(), probe, relay.security.max_skew),
+    ]
+
+
+async def _delivery_checks(
+    config: Config, path: Database, probe: RelayProbe, now: Callable[[], float]
+) -> list[Check]:
+    """The relay (``probe``: what it answered), the dispatches, for a config that asks
+    questions its question relay and their dispatches, and the passkeys: read from the
+    database ``path`` (a SQLite file or a ``PgTarget``)."""
+    relay = config.relay
     now_ms = int(now() * 1000)
     asked: list[Check] = []  # only for a config that asks questions
     if asks_questions(config):
@@ -73,17 +103,10 @@ async def run_checks(
             asked.append(check_relay(url, probed, "question relay"))
         asked.append(await asyncio.to_thread(check_dispatch, path, "question"))
     return [
-        config_check,
-        Check("followups", True, followups_summary(config, now_ms, safe_url)),
-        secrets_check,
-        keys_check,
-        database_check,
-        audit_check,
         check_relay(relay.url, probe),
         await asyncio.to_thread(check_dispatch, path, "approval", now_ms),
         *asked,
-        *check_passkeys(config, path, now_ms),
-        check_clock(now(), probe, relay.security.max_skew),
+        *await asyncio.to_thread(check_passkeys, config, path, now_ms),
     ]
 
 
@@ -96,8 +119,8 @@ async def _postgres_checks(
     """The report for a config on PostgreSQL (``storage.url``): the config's checks
     (``first``: config, secrets, keys, and the keys read), the follow-ups line, the audit
     chain (``check_audit`` on the database), the gates on the database (``check_cluster``),
-    the relay and the clock; the database's integrity is the server's (SKIP), and the checks
-    that still read a SQLite file SKIP."""
+    the relay, the dispatches and the passkeys read from the database, and the clock; the
+    database line names its schema and counts (its pages are the server's to check)."""
     from gate.postgres.target import PgTarget  # not for a SQLite config
 
     config_check, secrets_check, keys_check, keys = first
@@ -107,9 +130,10 @@ async def _postgres_checks(
     except ConfigError:  # the secrets check says what is wrong
         password = None
     cluster = await check_cluster(config.storage.url, password, config_hash(config))
+    target = PgTarget(config.storage.url, password, "doctor")
     audit_check = await asyncio.to_thread(
         check_audit,
-        PgTarget(config.storage.url, password, "doctor"),
+        target,
         read_receipt_key(config, environ),
         keys,
         read_receipt_key(config, environ, previous=True),
@@ -117,16 +141,14 @@ async def _postgres_checks(
     )
     relay = config.relay
     probe = await probe_relay(relay.url, relay.dispatch_timeout, relay.ca_file, now)
-    not_yet = "reads a SQLite database (storage.path); not checked on PostgreSQL yet"
     return [
         config_check,
         Check("followups", True, followups_summary(config, int(now() * 1000), safe_url)),
         secrets_check,
         keys_check,
-        skip("database", "on PostgreSQL the server checks its pages (data checksums, pg_amcheck)"),
+        await asyncio.to_thread(check_database, target),
         audit_check,
         cluster,
-        check_relay(relay.url, probe),
-        *(skip(name, not_yet) for name in ("dispatch", "passkeys")),
+        *await _delivery_checks(config, target, probe, now),
         check_clock(now(), probe, relay.security.max_skew),
     ]

@@ -13,6 +13,7 @@ from gate.audit.verify import AuditReport, verify_database
 from gate.config import ReceiptsConfig
 from gate.errors import GateError
 from gate.store import inspection as maintenance
+from gate.store.inspection import DatabaseInfo
 from gate.tools.doctor_check import Check, shown_errors, skip, warn
 from gate.trust.keys import ReceiptKeys
 
@@ -20,9 +21,12 @@ if TYPE_CHECKING:
     from gate.store.readonly import Database
 
 
-def check_database(path: Path) -> Check:
+def check_database(path: Database) -> Check:
     """The database file passes ``PRAGMA integrity_check`` and has a schema this code knows;
-    a missing file is a warning when the gate can create it on first start."""
+    a missing file is a warning when the gate can create it on first start. A PostgreSQL
+    database (``PgTarget``): ``_check_postgres``."""
+    if not isinstance(path, Path):
+        return _check_postgres(path)
     if not path.exists():
         parent = path.parent
         while not parent.exists() and parent != parent.parent:
@@ -41,12 +45,7 @@ def check_database(path: Path) -> Check:
             "database", False, f"{path}: integrity_check: " + shown_errors(list(info.problems))
         )
     if info.schema_version > info.code_schema_version:
-        return Check(
-            "database",
-            False,
-            f"{path}: schema {info.schema_version} is newer than "
-            f"this hitl-gate's ({info.code_schema_version}); upgrade hitl-gate",
-        )
+        return _too_new(path, info)
     counts = (
         f"{info.approvals} approvals, {info.audit_entries} audit entries"
         if info.approvals is not None and info.audit_entries is not None
@@ -68,6 +67,41 @@ def check_database(path: Path) -> Check:
     return Check("database", True, f"{path}: integrity ok, schema {info.schema_version}, {counts}")
 
 
+def _check_postgres(target: Database) -> Check:
+    """The PostgreSQL database ``target`` has a schema this code knows (none yet: a warning,
+    the gates create it), with its row counts; its pages are the server's to check."""
+    try:
+        info = maintenance.inspect(target)
+    except GateError as exc:
+        return Check("database", False, exc.message)
+    if info.schema_version == 0 or info.approvals is None or info.audit_entries is None:
+        return warn(
+            "database", f"{target} has no tables yet; the gates create them at their first start"
+        )
+    schema = f"{target}: schema {info.schema_version}"
+    if info.schema_version > info.code_schema_version:
+        return _too_new(target, info)
+    counts = f"{info.approvals} approvals, {info.audit_entries} audit entries"
+    pages = "its pages are the server's to check (data checksums, pg_amcheck)"
+    if info.schema_version < info.code_schema_version:
+        return warn(
+            "database",
+            f"{schema} (the gates migrate it to {info.code_schema_version} at their first"
+            f" start), {counts}; {pages}",
+        )
+    return Check("database", True, f"{schema}, {counts}; {pages}")
+
+
+def _too_new(path: Database, info: DatabaseInfo) -> Check:
+    """The database line of a schema newer than this code's (the gate refuses it)."""
+    return Check(
+        "database",
+        False,
+        f"{path}: schema {info.schema_version} is newer than "
+        f"this hitl-gate's ({info.code_schema_version}); upgrade hitl-gate",
+    )
+
+
 def check_audit(
     path: Database,
     receipt_key: bytes | None,
@@ -84,10 +118,13 @@ def check_audit(
     verifies WARNs (the gate writes the rotation entry at its next start). Spans before the first
     one whose key is configured (keys retired by earlier rotations) are checked for the
     chain only, and said so. ``receipts`` (the config's section) names the variables.
-    ``path`` is the SQLite file or the PostgreSQL database (``PgTarget``)."""
+    ``path`` is the SQLite file or the PostgreSQL database (``PgTarget``; SKIP without
+    tables yet, as for a file not created yet)."""
     if isinstance(path, Path) and not path.exists():
         return skip("audit", "no database yet")
     try:
+        if not isinstance(path, Path) and maintenance.inspect(path).audit_entries is None:
+            return skip("audit", "no tables yet")  # the gates create them at first start
         newest = maintenance.newest_audit_row(path)
     except GateError as exc:
         return Check("audit", False, exc.message)

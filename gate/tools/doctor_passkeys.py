@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from gate.config import Config
 from gate.config.model import Operator, StepConfig
@@ -18,15 +19,18 @@ from gate.errors import GateError
 from gate.store.invites import count_passkeys, credential_facts
 from gate.tools.doctor_check import Check, warn
 
+if TYPE_CHECKING:
+    from gate.store.readonly import Database
 
-def check_passkeys(config: Config, path: Path, now_ms: int) -> list[Check]:
+
+def check_passkeys(config: Config, path: Database, now_ms: int) -> list[Check]:
     """The passkeys line (``passkeys_summary``), then a WARN per finding: the passkeys'
     (``passkeys_findings``), then who else may have to sign (``signers_findings``, at
     ``now_ms``, unix ms)."""
     level, detail = passkeys_summary(config, path)
     line = Check("passkeys", level != "FAIL", detail, "" if level == "FAIL" else level)
     found: list[str] = []
-    if path.exists():  # nothing without a readable database (the passkeys line reports it)
+    if _exists(path):  # nothing without a readable database (the passkeys line reports it)
         try:
             by_rp, holders = credential_facts(path)
         except GateError:
@@ -37,6 +41,12 @@ def check_passkeys(config: Config, path: Path, now_ms: int) -> list[Check]:
                 *signers_findings(config, holders, now_ms),
             ]
     return [line, *(warn("passkeys", finding) for finding in found)]
+
+
+def _exists(path: Database) -> bool:
+    """Whether there is a database to read: a SQLite file that exists, or any PostgreSQL
+    one (``PgTarget``: a read error says what is wrong)."""
+    return not isinstance(path, Path) or path.exists()
 
 
 def _signing_steps(config: Config, *levels: str) -> Iterator[tuple[str, str, StepConfig]]:
@@ -54,14 +64,14 @@ def operators_named(operators: Sequence[Operator], limit: int = 10) -> str:
     return names + (f" and {len(operators) - limit} more" if len(operators) > limit else "")
 
 
-def passkeys_summary(config: Config, path: Path) -> tuple[str, str]:
+def passkeys_summary(config: Config, path: Database) -> tuple[str, str]:
     """``(level, detail)`` of the passkeys line: level "" (PASS), "WARN" or "FAIL".
 
     Without ``relay.public_url`` the configured ``relay.callback_addr`` stands for the bound
     address (a port 0 listener is resolved at start: reported as such)."""
     settings = resolve_webauthn(config, config.relay.callback_addr)
     count = 0
-    if path.exists():
+    if _exists(path):
         try:
             count = count_passkeys(path)
         except GateError as exc:

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import aiohttp
 from yarl import URL
@@ -21,6 +22,9 @@ from gate.protocol.times import rfc3339_ms
 from gate.store import inspection
 from gate.store.audit_records import APPROVAL_TABLES, QUESTION_TABLES, undelivered_dispatches
 from gate.tools.doctor_check import Check, counted, warn
+
+if TYPE_CHECKING:
+    from gate.store.readonly import Database
 
 # A system clock before this release's date is certainly wrong (e.g. a board without a
 # battery-backed clock that booted without NTP). Bump it with each release (CHANGELOG.md).
@@ -193,16 +197,17 @@ _DISPATCHES = {
 }
 
 
-def check_dispatch(path: Path, kind: str = "approval", now_ms: int | None = None) -> Check:
+def check_dispatch(path: Database, kind: str = "approval", now_ms: int | None = None) -> Check:
     """Pending requests of ``kind`` (approval, question) whose dispatch (a question's: its
     current version) the relay of that kind never acked: reachable is not enough if it
     refuses what the gate sends (a different secret answers 401 to every dispatch, a clock
     off by minutes too: the relay's reason, when it gives one, tells them apart). With
     ``now_ms`` (unix ms), also the follow-up sends (notices, reminders, escalations)
     given up in the 24 h before it: a WARN naming how many when nothing else fails. A
-    database not created yet has none to check."""
+    database not created yet has none to check. ``path`` is the SQLite file or the
+    PostgreSQL database (``PgTarget``)."""
     name, tables, relay, level = _DISPATCHES[kind]
-    if not path.exists():
+    if isinstance(path, Path) and not path.exists():
         return Check(name, True, "no database yet", level)
     try:
         count, error = undelivered_dispatches(path, tables)
@@ -219,7 +224,7 @@ def check_dispatch(path: Path, kind: str = "approval", now_ms: int | None = None
     return Check(name, False, detail)
 
 
-def followup_failures(path: Path, now_ms: int) -> str | None:
+def followup_failures(path: Database, now_ms: int) -> str | None:
     """What was given up in the last 24 h before ``now_ms`` (unix ms) among the follow-up
     sends of the database at ``path`` (``3 follow-up sends given up in the last 24 h (2
     notices, 1 reminder); latest error: ...``), or None when nothing was. Raises GateError
