@@ -331,6 +331,29 @@ def test_gate_on_postgres_unreachable_is_one_line(
     assert DB_PASSWORD not in line
 
 
+def test_gate_on_postgres_refuses_a_database_not_utf8_in_one_line(
+    tmp_path: Path, relay: CaptureRelay, server: PgServer
+) -> None:
+    name = f"gate_{next(_databases)}"
+    with psycopg.connect(server.url(), autocommit=True) as admin:
+        admin.execute(
+            f"CREATE DATABASE {name} ENCODING 'SQL_ASCII' LC_COLLATE 'C' LC_CTYPE 'C'"
+            " TEMPLATE template0"
+        )
+    path = pg_config(tmp_path, relay, server.url(name))
+
+    done = run_cli("serve", "-c", str(path), env=gate_env(HITL_DB_PASSWORD=DB_PASSWORD))
+
+    assert done.returncode == 1
+    assert done.stderr.decode().splitlines() == [
+        f"Error: database {server.url(name)}: the database's encoding is SQL_ASCII; the"
+        " gate's texts need UTF8 (createdb --locale=C --encoding=UTF8 --template=template0)"
+    ]
+    assert rows(server.url(name), "SELECT count(*) FROM pg_tables WHERE schemaname = 'public'") == [
+        (0,)
+    ]
+
+
 def test_a_gate_killed_leaves_the_other_serving_and_loses_nothing(
     tmp_path: Path, relay: CaptureRelay, url: str, gates: list[GateProcess]
 ) -> None:
