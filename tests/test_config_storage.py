@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from gate.config import load, load_config
+from gate.config.storage import LIBPQ_PARAMS
 from gate.errors import ConfigError
 from tests.test_config import (
     ENV,
@@ -82,6 +83,36 @@ def test_storage_on_postgres_has_no_sqlite_file(tmp_path: Path) -> None:
             id="password-parameter",
         ),
         pytest.param(
+            {"url": "postgresql://gate@db/hitl?PASSWORD=hunter2-secret"},
+            "storage.url: must not hold a password; name the environment variable that holds"
+            " it in storage.password_env",
+            id="password-parameter-upper-case",
+        ),
+        pytest.param(
+            {"url": "postgresql://gate@db/hitl?scram_client_key=hunter2-secret"},
+            "storage.url: must not hold a password; name the environment variable that holds"
+            " it in storage.password_env",
+            id="secret-parameter",
+        ),
+        *(
+            pytest.param(
+                {"url": f"postgresql://gate@db/hitl?sslmode=require&{key}=1"},
+                f'storage.url: invalid URI query parameter "{key}" (libpq\'s, such as'
+                " sslmode, connect_timeout, application_name)",
+                id=f"unknown-parameter-{key}",
+            )
+            for key in ("sslmod", "x", "SSLMODE")
+        ),
+        *(
+            pytest.param(
+                {"url": f"postgresql://gate@db/hitl?application_name={escape}"},
+                "storage.url: not a valid postgresql:// URL: % must start %XX (two hex digits,"
+                " not %00)",
+                id=f"bad-escape-{escape}",
+            )
+            for escape in ("%zz", "%00", "a%")
+        ),
+        pytest.param(
             {"url": "mysql://gate@db/hitl"},
             "storage.url: must be a postgresql:// URL (a SQLite file is storage.path)",
             id="other-scheme",
@@ -116,6 +147,13 @@ def test_storage_mistakes_are_one_line_naming_the_key(
 
     assert errors == [error]
     assert not any("hunter2" in line for line in errors)
+
+
+def test_storage_url_parameters_are_every_one_the_installed_libpq_knows() -> None:
+    pq = pytest.importorskip("psycopg").pq
+    known = {option.keyword.decode() for option in pq.Conninfo.get_defaults()}
+    assert known - LIBPQ_PARAMS - {"password", "sslpassword", "oauth_client_secret",
+                                   "scram_client_key", "scram_server_key"} == set()  # fmt: skip
 
 
 def test_storage_error_does_not_hide_the_others(tmp_path: Path) -> None:

@@ -354,6 +354,19 @@ def test_gate_on_postgres_refuses_a_database_not_utf8_in_one_line(
     ]
 
 
+def test_gate_on_postgres_names_a_misspelled_url_parameter_in_one_line(
+    tmp_path: Path, relay: CaptureRelay, url: str
+) -> None:
+    path = pg_config(tmp_path, relay, f"{url}?sslmod=require")
+
+    done = run_cli("serve", "-c", str(path), env=gate_env(HITL_DB_PASSWORD=DB_PASSWORD))
+
+    assert done.returncode == 2
+    lines = done.stderr.decode().splitlines()
+    assert len(lines) == 1, lines
+    assert 'storage.url: invalid URI query parameter "sslmod"' in lines[0], lines
+
+
 def test_a_gate_killed_leaves_the_other_serving_and_loses_nothing(
     tmp_path: Path, relay: CaptureRelay, url: str, gates: list[GateProcess]
 ) -> None:

@@ -295,6 +295,14 @@ def test_pg_writer_frozen_holding_the_head_lock_loses_it_and_its_batch_answers_5
     assert head(other.target)[0] == 2
 
 
+def test_pg_connect_refuses_a_url_libpq_refuses_in_one_line() -> None:
+    # the config refuses it at load; what reaches connect anyway is one line, no traceback
+    target = PgTarget("postgresql://gate@127.0.0.1:1/hitl?application_name=%zz")
+    with pytest.raises(Unavailable) as refused:
+        pg_backend.connect(target, "migrate")
+    assert refused.value.message == 'storage.url: invalid percent-encoded token: "%zz"'
+
+
 CREATEDB = "(createdb --locale=C --encoding=UTF8 --template=template0)"
 
 
