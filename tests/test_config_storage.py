@@ -66,6 +66,18 @@ def test_storage_on_postgres_has_no_sqlite_file(tmp_path: Path) -> None:
             {}, "storage: give path (a SQLite file) or url (a postgresql:// URL)", id="neither"
         ),
         pytest.param(
+            {"url": None, "password_env": "HITL_DB_PASSWORD"},
+            "storage: give path (a SQLite file) or url (a postgresql:// URL)",
+            id="null-url",
+        ),
+        pytest.param(
+            {"url": URL, "password_env": "hitl-db-pw-s3cr3t-xyz0123456789"},
+            "storage.password_env: looks like a secret value, not the name of an environment"
+            " variable (not shown; put the secret in a variable, e.g. HITL_DB_PASSWORD, and"
+            " its name here)",
+            id="secret-for-variable-name",
+        ),
+        pytest.param(
             {"path": "gate.db", "password_env": "HITL_DB_PASSWORD"},
             "storage: password_env goes with url (PostgreSQL); SQLite has no password",
             id="password-for-sqlite",

@@ -4,13 +4,14 @@
 from __future__ import annotations
 
 import re
+from functools import partial
 from pathlib import Path
 from typing import Annotated
 from urllib.parse import parse_qsl, urlsplit
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from gate.config.values import AbsolutePath, EnvName
+from gate.config.values import AbsolutePath, check_env_name
 from gate.errors import ConfigError
 
 POSTGRES_SCHEMES = ("postgresql", "postgres")
@@ -72,6 +73,12 @@ def check_postgres_url(value: str) -> str:
 
 
 PostgresUrl = Annotated[str, Field(strict=True, min_length=1), AfterValidator(check_postgres_url)]
+# a variable's name (``EnvName``) whose refusal of a pasted secret suggests a name that fits
+PasswordEnv = Annotated[
+    str,
+    Field(strict=True, min_length=1),
+    AfterValidator(partial(check_env_name, example="HITL_DB_PASSWORD")),
+]
 
 
 class StorageConfig(BaseModel):
@@ -83,7 +90,7 @@ class StorageConfig(BaseModel):
 
     path: AbsolutePath | None = None
     url: PostgresUrl | None = None
-    password_env: EnvName | None = None
+    password_env: PasswordEnv | None = None
 
     @field_validator("path")
     @classmethod
@@ -101,7 +108,7 @@ class StorageConfig(BaseModel):
 
     @model_validator(mode="after")
     def _one_backend(self) -> StorageConfig:
-        given = {"path", "url"} & self.model_fields_set
+        given = {name for name in ("path", "url") if getattr(self, name) is not None}
         if given == {"path", "url"}:
             raise ValueError("give either path (SQLite) or url (PostgreSQL), not both")
         if not given:

@@ -162,9 +162,10 @@ class SchemaTooNew(Exception):
 def migrate(conn: Connection) -> int:
     """Bring the database to this gate's schema (every step of ``PG_MIGRATIONS``) in one
     transaction, under an advisory lock, so N gates starting together migrate it once;
-    returns the schema version. Logs ``event=migrated schema_version=N`` for each version
-    it applied (as SQLite's; ``... step=S`` for a later step of it; the caller's COMMIT
-    follows). Raises SchemaTooNew when the database has a step this gate does not know
+    returns the schema version. Logs ``event=migrated schema_version=N`` once for each
+    version it applied (as SQLite's; its later steps with it), ``... step=S`` when it
+    applied only later steps of a version the database had (S: the last); the caller's
+    COMMIT follows. Raises SchemaTooNew when the database has a step this gate does not know
     past its last one. The caller commits (psycopg: ``with conn.transaction():
     migrate(conn)``)."""
     conn.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK,))
@@ -189,12 +190,16 @@ def migrate(conn: Connection) -> int:
             f"the database's schema is version {current[0]} with PostgreSQL's step"
             f" {current[1]}; this gate knows up to step {known[1]}"
         )
+    reached: dict[int, tuple[int, int]] = {}  # version: (first, last step applied)
     for key in sorted(k for k in PG_MIGRATIONS if k > current):
         for statement in PG_MIGRATIONS[key]:
             conn.execute(statement)
         conn.execute("INSERT INTO schema_migrations (version, step) VALUES (%s, %s)", key)
         version, step = key
-        log.info("event=migrated schema_version=%d" + (f" step={step}" if step else ""), version)
+        reached[version] = (reached[version][0] if version in reached else step, step)
+    for version, (first, last) in reached.items():
+        # one line a version: a later step alone (an upgrade of PostgreSQL's own) says which
+        log.info("event=migrated schema_version=%d" + (f" step={last}" if first else ""), version)
     return SCHEMA_VERSION
 
 
