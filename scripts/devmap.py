@@ -25,6 +25,7 @@ ORDER = (
     "core/approvals",
     "core/questions",
     "store",
+    "postgres",
     "audit",
     "trust",
     "config",

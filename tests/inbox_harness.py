@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from http.cookies import SimpleCookie
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import yaml
 
@@ -49,8 +49,16 @@ STEPS = [
 ]  # fmt: skip
 
 
-def rows(db: Path, sql: str, *args: Any) -> list[sqlite3.Row]:
-    """Read an SQLite file as it is on disk (a read-only connection of the test's own)."""
+def rows(db: Path | str, sql: str, *args: Any) -> list[sqlite3.Row]:
+    """Read an SQLite file as it is on disk (a read-only connection of the test's own), or
+    the PostgreSQL database of URL ``db`` (``sql`` in SQLite's words, translated)."""
+    if isinstance(db, str):
+        import psycopg  # noqa: PLC0415 - only for an inbox on PostgreSQL
+
+        from gate.postgres.connection import PgConnection  # noqa: PLC0415
+
+        with psycopg.connect(db, autocommit=True) as driver:
+            return cast(list[sqlite3.Row], PgConnection(driver).execute(sql, args).fetchall())
     conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
     conn.row_factory = sqlite3.Row
     try:
@@ -61,8 +69,8 @@ def rows(db: Path, sql: str, *args: Any) -> list[sqlite3.Row]:
 
 class InboxProcess:
     """``hitl-gate inbox serve`` on 127.0.0.1:``port`` (``http://localhost:<port>`` for
-    approvers) with its database in ``folder``; the gate's relay listener at
-    ``gate_callback``."""
+    approvers) with its database in ``folder`` (or on PostgreSQL: ``storage`` in ``extra``,
+    ``pg_url`` its URL); the gate's relay listener at ``gate_callback``."""
 
     def __init__(self, folder: Path, port: int, gate_callback: str, **extra: Any) -> None:
         folder.mkdir(parents=True, exist_ok=True)
@@ -74,6 +82,8 @@ class InboxProcess:
             **extra,
         }
         self.config.write_text(yaml.safe_dump(data), encoding="utf-8")
+        storage = extra.get("storage")
+        self.pg_url: str | None = storage["url"] if storage else None
         self.port = port
         self.origin = f"http://localhost:{port}"
         self.base = f"http://127.0.0.1:{port}"
@@ -103,8 +113,8 @@ class InboxProcess:
         return self.proc.log() if self.proc is not None else ""
 
     def rows(self, sql: str, *args: Any) -> list[sqlite3.Row]:
-        """Rows of the inbox's own file."""
-        return rows(self.db, sql, *args)
+        """Rows of the inbox's own database."""
+        return rows(self.pg_url or self.db, sql, *args)
 
     def wait_item(
         self, approval_id: str, check: Callable[[sqlite3.Row], bool] = lambda r: True
@@ -112,7 +122,7 @@ class InboxProcess:
         """Wait (with a deadline) until the inbox keeps ``approval_id`` and ``check`` holds."""
 
         def ready() -> sqlite3.Row | None:
-            if not self.db.exists():
+            if self.pg_url is None and not self.db.exists():
                 return None
             found = self.rows("SELECT * FROM items WHERE approval_id = ?", approval_id)
             return found[0] if found and check(found[0]) else None

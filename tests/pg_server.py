@@ -122,6 +122,11 @@ class PgServer:
             admin.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template}"')
         return self.url(name)
 
+    def empty_database(self, prefix: str) -> str:
+        """A new empty database named ``<prefix>_<n>``; return its URL."""
+        self._databases += 1
+        return self.database(f"{prefix}_{self._databases}")
+
     def migrated_database(self) -> str:
         """A new database at the gate's PostgreSQL schema (``pg_schema.migrate``: a copy of
         a template migrated once per server); return its URL."""
@@ -173,3 +178,33 @@ def pg_fixtures() -> tuple[Any, Any]:
         return server.migrated_database()
 
     return server, url
+
+
+# the inbox's backends, for a test parametrized over both (``inbox_backend`` below)
+INBOX_BACKENDS = [
+    pytest.param("sqlite"),
+    pytest.param("postgres", marks=[pytest.mark.postgres, pytest.mark.e2e]),
+]
+
+
+def inbox_fixtures(scope: str = "function") -> tuple[Any, Any]:
+    """Two fixtures for an inbox test module over both backends: ``inbox_server``
+    (module-scoped ``running_server()``, started only when a PostgreSQL run asks for it) and
+    ``inbox_url`` (None on SQLite; on PostgreSQL a new empty database's URL for each test,
+    or each module with ``scope="module"``), parametrized by ``INBOX_BACKENDS``. A module
+    takes them as ``inbox_server, inbox_url = inbox_fixtures()``."""
+
+    @pytest.fixture(scope="module", name="inbox_server")
+    def inbox_server() -> Iterator[PgServer]:
+        yield from running_server()
+
+    @pytest.fixture(name="inbox_url", params=INBOX_BACKENDS, scope=scope)  # type: ignore[call-overload]
+    def inbox_url(request: pytest.FixtureRequest) -> str | None:
+        if request.param == "sqlite":
+            return None
+        if not os.environ.get("HITL_CI"):
+            pytest.importorskip("psycopg")
+        server: PgServer = request.getfixturevalue("inbox_server")
+        return server.empty_database("inbox")
+
+    return inbox_server, inbox_url

@@ -108,3 +108,22 @@ def test_cluster_clock_skewed_gates_stamp_the_database_time_and_say_clock_skew(
     assert len(shown) == 2 and shown[0] < -85 and shown[1] > 85, line
     assert done.returncode == 1, out
     assert DB_PASSWORD not in out + done.stderr.decode()
+
+
+def test_cluster_clock_a_gate_behind_the_database_sends_what_is_due_at_once(
+    server: PgServer, relay: CaptureRelay, tmp_path: Path
+) -> None:
+    """Its dispatcher compares the outbox's times (the database's) with the database's time,
+    not with its own clock: 90 s behind, its dispatches would wait 90 s."""
+    if faketime_lib() is None:
+        pytest.skip("no libfaketime here (apt-get install faketime)")
+    gates = Gates(tmp_path, relay.url, server.database("behind"), 1, envs={0: skewed_env(BEHIND)})
+    try:
+        gates.start()
+        gates[0].wait_for_line("event=lease_acquired")
+        sent = time.monotonic()
+        approval_id = gates[0].api().create("q1")["approval_id"]
+        relay.wait_dispatch(approval_id)
+        assert time.monotonic() - sent < 10.0
+    finally:
+        gates.remove()

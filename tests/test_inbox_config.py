@@ -3,6 +3,7 @@ secrets only from the environment."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -149,3 +150,68 @@ def test_inbox_check_config_file_and_yaml_errors(tmp_path: Path) -> None:
     assert code == 2 and "top level: expected a mapping" in err
     code, _, err = check(tmp_path, {"listen": "127.0.0.1:8095"})
     assert code == 2 and "gate: " in err
+
+
+def test_inbox_check_config_storage_url_puts_it_on_postgresql(tmp_path: Path) -> None:
+    url = "postgresql://inbox@db.example:5432/inbox"
+    on_pg = {k: v for k, v in GOOD.items() if k != "database"}
+    on_pg["storage"] = {"url": url, "password_env": "HITL_INBOX_DB_PASSWORD"}
+    env = {"HITL_RELAY_SECRET": SECRET, "HITL_INBOX_DB_PASSWORD": "db-secret-value"}
+
+    code, out, err = check(tmp_path, on_pg, env)
+    config, secrets, errors = load_inbox(tmp_path / "inbox.yaml", env)
+
+    assert (code, err) == (0, "") and out.endswith(f"database {url})\n"), (out, err)
+    assert errors == [] and config is not None and secrets is not None
+    assert secrets.database_password == "db-secret-value"
+    assert "db-secret-value" not in repr(secrets) and secrets.relay_secrets == (SECRET,)
+
+
+@pytest.mark.parametrize(
+    ("storage", "with_database", "line"),
+    [
+        (
+            {"path": "/var/lib/inbox.db"},
+            False,
+            "storage.path: the inbox's SQLite file is database; storage takes url",
+        ),
+        (
+            {"url": "postgresql://inbox@db.example/inbox"},
+            True,
+            "storage.url: give database (a SQLite file) or storage.url, not both",
+        ),
+        ({"url": "postgresql://inbox:hunter2@db.example/inbox"}, False, "storage.url: "),
+        (
+            {"url": "postgresql://inbox@db.example/inbox", "password_env": "HITL_NOT_SET"},
+            False,
+            "storage.password_env: ",
+        ),
+    ],
+)
+def test_inbox_check_config_storage_errors(
+    tmp_path: Path, storage: dict[str, str], with_database: bool, line: str
+) -> None:
+    data = {k: v for k, v in GOOD.items() if with_database or k != "database"}
+    data["storage"] = storage
+
+    code, out, err = check(tmp_path, data)
+
+    assert (code, out) == (2, ""), out
+    assert f": {line}" in err, err
+    assert "hunter2" not in err and len(err.splitlines()) == 1, err
+
+
+def test_inbox_on_postgresql_without_psycopg_names_the_extra(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "psycopg", None)  # as in an install without the extra
+    on_pg = {k: v for k, v in GOOD.items() if k != "database"}
+    on_pg["storage"] = {"url": "postgresql://inbox@db.example/inbox"}
+
+    code, out, err = check(tmp_path, on_pg)
+
+    assert (code, out) == (2, "")
+    assert err == (
+        "Error: storage.url (PostgreSQL) needs the postgres extra:"
+        " pip install 'hitl-gate[postgres]'\n"
+    )

@@ -60,6 +60,22 @@ async def test_refresh_for_unknown_asks_at_most_twice_a_second() -> None:
     assert gate.asked == 3
 
 
+async def test_fetched_within_says_how_fresh_the_gates_last_answer_is() -> None:
+    """What a session with an unknown credential relies on before it is ended as revoked:
+    a failed ask keeps the time of the last answer."""
+    gate, clock = Gate(), Clock()
+    cache = CredentialsCache(gate.fetch, None, now_s=clock)
+    assert cache.fetched_within(5.0) is False  # never answered
+
+    await cache.refresh()
+    clock.now += 4.9
+    assert cache.fetched_within(5.0) is True
+    gate.down = True
+    assert await cache.refresh() is False
+    clock.now += 0.1
+    assert cache.fetched_within(5.0) is False
+
+
 async def test_an_outage_is_logged_once_when_it_starts_and_once_when_it_ends(
     caplog: pytest.LogCaptureFixture,
 ) -> None:

@@ -3,20 +3,24 @@ processes on one SQLite file (one public URL, as behind a balancer), the gate di
 the first. What an approver's next request depends on is in the file, so it may reach either
 replica: a sign-in page served by one is completed at the other, a challenge is used once
 whichever replica sees it, sign-in tries are counted for both, a bulk batch challenged at one
-is decided at the other, and items the first received are decided at the second."""
+is decided at the other, and items the first received are decided at the second. Each test
+on one SQLite file and on one PostgreSQL database (a throwaway server: tests/pg_server.py)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import sqlite3
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
+from typing import Any
 
 import pytest
 
+from gate.inbox.pgschema import WRITE_LOCK
+from gate.postgres.connection import PgConnection
 from tests.inbox_harness import (
     ENV,
     RP_ID,
@@ -27,10 +31,13 @@ from tests.inbox_harness import (
     field_value,
     start_world,
 )
+from tests.pg_server import inbox_fixtures
 from tests.support import CliProcess, free_port, logged, wait_until
 from tests.webauthn_soft import SoftAuthenticator
 
 pytestmark = pytest.mark.e2e
+
+inbox_server, inbox_url = inbox_fixtures(scope="module")
 
 
 @dataclass
@@ -52,17 +59,22 @@ def second_replica(world: InboxWorld, name: str) -> InboxProcess:
     assert world.inbox is not None
     callback = f"http://127.0.0.1:{world.gate_port}/"
     shared = world.inbox.db
+    where: dict[str, Any] = {"database": str(shared)}
+    if world.inbox.pg_url is not None:
+        where = {"storage": {"url": world.inbox.pg_url}}
     replica = InboxProcess(
-        world.folder / name, free_port(), callback, public_url=world.inbox_origin,
-        database=str(shared),
-    )  # fmt: skip
+        world.folder / name, free_port(), callback, public_url=world.inbox_origin, **where
+    )
     replica.db = shared
     return replica.start()
 
 
 @pytest.fixture(scope="module")
-def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Replicas]:
-    world = start_world(tmp_path_factory.mktemp("replicas"), enrol=(101, 102, 103))
+def pair(tmp_path_factory: pytest.TempPathFactory, inbox_url: str | None) -> Iterator[Replicas]:
+    storage = {} if inbox_url is None else {"storage": {"url": inbox_url}}
+    world = start_world(
+        tmp_path_factory.mktemp("replicas"), enrol=(101, 102, 103), inbox_config=storage
+    )
     try:
         b = second_replica(world, "inbox-b")
     except BaseException:
@@ -102,6 +114,29 @@ def test_inbox_replicas_a_signin_page_of_one_replica_signs_in_at_the_other(pair:
         home = client.get("/")
         assert home.status == 200 and "alice@example.com" in home.text, home.text
     assert pair.a.rows("SELECT * FROM challenges WHERE challenge = ?", challenge) == []
+
+
+def test_inbox_replicas_a_passkey_enrolled_now_is_served_at_the_replica_that_did_not_see_it(
+    pair: Replicas,
+) -> None:
+    """A passkey enrolled after both replicas fetched the credentials signs in at A (which
+    asks the gate for the unknown id); B, whose copy is up to a minute old, serves the
+    session's first request: an unknown credential makes it ask the gate before it ends the
+    session as revoked."""
+    kept = pair.world.passkeys[103]
+    passkey = pair.world.enrol(103)  # carol's second passkey, unknown to both replicas
+    pair.world.passkeys[103] = kept
+    at_a, at_b = pair.client(pair.a, "127.0.0.13"), pair.client(pair.b, "127.0.0.13")
+    assert at_a.signin(passkey).status == 200
+    at_b.cookies = dict(at_a.cookies)
+
+    home = at_b.get("/")
+
+    assert home.status == 200 and "carol@example.com" in home.text, (home.status, home.text)
+    assert "event=inbox_session_ended" not in pair.b.log()
+    ended = pair.a.rows("SELECT ended FROM sessions WHERE identity = 'carol@example.com'")
+    assert [r["ended"] for r in ended] == [None]
+    assert at_a.get("/").status == 200
 
 
 def test_inbox_replicas_a_challenge_used_at_one_replica_is_refused_at_the_other(
@@ -243,13 +278,43 @@ def test_inbox_replicas_a_batch_challenged_at_one_replica_is_decided_at_the_othe
     assert mine == {(i, 102 if i == raced else 101) for i in ids.values()}
 
 
-def write(db: Path, sql: str, *args: object) -> None:
-    """One statement on the inbox's file from the test's own connection."""
-    conn = sqlite3.connect(db, isolation_level=None, timeout=30)
+def write(replica: InboxProcess, sql: str, *args: object) -> None:
+    """One statement on the inbox's database from the test's own connection."""
+    if replica.pg_url is not None:
+        import psycopg  # noqa: PLC0415 - only on PostgreSQL
+
+        with psycopg.connect(replica.pg_url, autocommit=True) as driver:
+            PgConnection(driver).execute(sql, args)
+        return
+    conn = sqlite3.connect(replica.db, isolation_level=None, timeout=30)
     try:
         conn.execute(sql, args)
     finally:
         conn.close()
+
+
+@contextlib.contextmanager
+def write_lock_held(replica: InboxProcess) -> Iterator[None]:
+    """Hold the inbox's write lock from the test's own connection, as another inbox writing
+    for too long would: the file's (BEGIN IMMEDIATE), or PostgreSQL's advisory lock."""
+    if replica.pg_url is not None:
+        import psycopg  # noqa: PLC0415 - only on PostgreSQL
+
+        with psycopg.connect(replica.pg_url, autocommit=True) as driver:
+            driver.execute("BEGIN")
+            driver.execute("SELECT pg_advisory_xact_lock(%s)", (WRITE_LOCK,))
+            try:
+                yield
+            finally:
+                driver.execute("ROLLBACK")
+        return
+    holder = sqlite3.connect(replica.db, isolation_level=None, timeout=30)
+    holder.execute("BEGIN IMMEDIATE")
+    try:
+        yield
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
 
 
 @pytest.mark.slow
@@ -258,18 +323,13 @@ def test_inbox_replicas_a_write_lock_held_past_the_busy_timeout_is_a_503_in_word
 ) -> None:
     client = pair.client(pair.b, "127.0.0.80")
     _, csrf = signin_page(client)
-    holder = sqlite3.connect(pair.a.db, isolation_level=None, timeout=30)
-    holder.execute("BEGIN IMMEDIATE")  # as another inbox on the file writing for too long
-    try:
+    with write_lock_held(pair.a):
         page = client.get("/signin")  # a sign-in page writes its challenge
         posted = client.post_json("/signin", {"csrf": csrf, "assertion": {}})  # counts a try
         for replica in (pair.a, pair.b):  # each one's sweep failed, and goes on
             logged(replica, "event=inbox_sweep_failed")
-    finally:
-        holder.execute("ROLLBACK")
-        holder.close()
     expired = ("h-expired", "carol@example.com", 103, "c", "t", 1, 2)
-    write(pair.a.db, "INSERT INTO sessions VALUES (?, ?, ?, ?, ?, ?, ?, NULL)", *expired)
+    write(pair.a, "INSERT INTO sessions VALUES (?, ?, ?, ?, ?, ?, ?, NULL)", *expired)
 
     assert (page.status, page.header("Retry-After")) == (503, "5"), page.text
     assert "Try again in a moment" in page.text

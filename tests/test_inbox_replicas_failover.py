@@ -3,7 +3,8 @@ the balancer (tests/balancer.py, Debian's haproxy), two real ``hitl-gate inbox s
 SQLite file behind it, the approvers' public URL the balancer's. An approver signed in at the
 first replica stays signed in when it is killed with -9: the second serves their session,
 decides what was dispatched before the kill, and receives and decides what is dispatched after
-it. Skips where haproxy is missing, and fails instead under HITL_CI=1 (``.ci/run`` installs
+it; on one SQLite file and on one PostgreSQL database (tests/pg_server.py). Skips where
+haproxy is missing, and fails instead under HITL_CI=1 (``.ci/run`` installs
 it)."""
 
 from __future__ import annotations
@@ -11,15 +12,19 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import pytest
 
 from tests.balancer import SERVED_BY, Balancer, haproxy
 from tests.inbox_harness import InboxClient, InboxProcess, InboxWorld
+from tests.pg_server import inbox_fixtures
 from tests.support import free_port
 from tests.test_inbox_replicas import pending_ids, request
 
 pytestmark = [pytest.mark.e2e, pytest.mark.cluster]
+
+inbox_server, inbox_url = inbox_fixtures()
 
 
 def _installed() -> None:
@@ -45,7 +50,7 @@ class Cluster:
 
 
 @pytest.fixture
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+def cluster(tmp_path_factory: pytest.TempPathFactory, inbox_url: str | None) -> Iterator[Cluster]:
     _installed()
     ports = free_port(), free_port()
     balancer = Balancer([("127.0.0.1", port) for port in ports]).start()
@@ -53,13 +58,16 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     world = InboxWorld(folder, free_port(), balancer.port)  # relay.url: the balancer's
     replicas: list[InboxProcess] = []
     shared = folder / "shared" / "inbox.db"
+    where: dict[str, Any] = {"database": str(shared)}
+    if inbox_url is not None:
+        where = {"storage": {"url": inbox_url}}
     try:
         world.start_gate()
         world.enrol(101)
         for name, port in zip(("a", "b"), ports, strict=True):
             callback = f"http://127.0.0.1:{world.gate_port}/"
             replica = InboxProcess(
-                folder / name, port, callback, public_url=world.inbox_origin, database=str(shared)
+                folder / name, port, callback, public_url=world.inbox_origin, **where
             )
             replica.db = shared
             replicas.append(replica.start())

@@ -2,18 +2,22 @@
 ``InboxDb`` connections on one file stand for two inbox replicas on one host. A challenge
 issued by one is taken by the other once; tries counted by either limit both; a batch kept
 by one is taken by the other once; what is past its time is refused and pruned; two inboxes
-opening a fresh file at once migrate it once. Real files, no process."""
+opening a fresh file at once migrate it once. Real files, no process; each test on SQLite and
+on PostgreSQL (a throwaway server: tests/pg_server.py), where two connections stand for two
+replicas on any hosts."""
 
 from __future__ import annotations
 
 import asyncio
+import os
 import sqlite3
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
-from gate.inbox.db import InboxDb
+from gate.inbox.db import DatabaseUnavailable, InboxDb
+from gate.inbox.pgschema import VERSIONS
 from gate.inbox.schema import MIGRATIONS
 from gate.inbox.shortlived import (
     CHALLENGE_TTL_MS,
@@ -22,26 +26,35 @@ from gate.inbox.shortlived import (
     Pending,
     ShortLived,
 )
+from gate.postgres.target import PgTarget
+from tests.inbox_harness import rows
+from tests.pg_server import PgServer, inbox_fixtures
+
+inbox_server, inbox_url = inbox_fixtures()
 
 ITEMS = [("a1", 2, "n1", "sha256:01"), ("a2", 1, "n2", "sha256:02")]
 
 
 @pytest.fixture
-async def replicas(tmp_path: Path) -> AsyncIterator[tuple[ShortLived, ShortLived]]:
-    """Two replicas' views of one inbox file, each on its own connection and thread."""
-    path = tmp_path / "inbox.db"
-    first, second = await InboxDb.open(path), await InboxDb.open(path)
+def where(tmp_path: Path, inbox_url: str | None) -> Path | PgTarget:
+    """The inbox's database: a file, or an empty PostgreSQL database."""
+    return tmp_path / "inbox.db" if inbox_url is None else PgTarget(inbox_url)
+
+
+@pytest.fixture
+async def replicas(where: Path | PgTarget) -> AsyncIterator[tuple[ShortLived, ShortLived]]:
+    """Two replicas' views of one inbox database, each on its own connection and thread."""
+    first, second = await InboxDb.open(where), await InboxDb.open(where)
     yield ShortLived(first), ShortLived(second)
     await first.close()
     await second.close()
 
 
-def count(path: Path, table: str) -> int:
-    conn = sqlite3.connect(path)
-    try:
-        return int(conn.execute(f"SELECT COUNT(*) FROM {table}").fetchone()[0])
-    finally:
-        conn.close()
+def count(where: Path | PgTarget, table: str) -> int:
+    found = rows(
+        where.url if isinstance(where, PgTarget) else where, f"SELECT COUNT(*) FROM {table}"
+    )
+    return int(found[0][0])
 
 
 async def test_shortlived_a_challenge_issued_by_one_replica_is_taken_by_the_other_once(
@@ -73,7 +86,7 @@ async def test_shortlived_a_challenge_taken_by_both_replicas_at_once_goes_to_one
 
 
 async def test_shortlived_what_is_past_its_time_is_refused_and_pruned(
-    tmp_path: Path, replicas: tuple[ShortLived, ShortLived]
+    where: Path | PgTarget, replicas: tuple[ShortLived, ShortLived]
 ) -> None:
     a, b = replicas
     late = await a.issue_challenge("pre-late", "/", 1_000)
@@ -88,7 +101,7 @@ async def test_shortlived_what_is_past_its_time_is_refused_and_pruned(
 
     assert refused == [None, None]
     for table in ("challenges", "bulk_batches", "signin_tries"):
-        assert count(tmp_path / "inbox.db", table) == 0, table
+        assert count(where, table) == 0, table
 
 
 async def test_shortlived_a_new_page_replaces_only_its_own_challenge(
@@ -162,18 +175,66 @@ async def test_shortlived_a_full_batch_store_drops_the_one_expiring_first(
     assert kept == {"k1": ITEMS, "k2": None, "k3": ITEMS}
 
 
-async def test_shortlived_two_inboxes_opening_a_fresh_file_at_once_migrate_it_once(
-    tmp_path: Path,
+async def test_shortlived_two_inboxes_opening_a_fresh_database_at_once_migrate_it_once(
+    tmp_path: Path, inbox_url: str | None
 ) -> None:
     path = tmp_path / "fresh" / "inbox.db"
+    fresh: Path | PgTarget = path if inbox_url is None else PgTarget(inbox_url)
 
-    opened = await asyncio.gather(*(InboxDb.open(path) for _ in range(4)))
+    opened = await asyncio.gather(*(InboxDb.open(fresh) for _ in range(4)))
 
     for db in opened:
         await db.close()
+    if inbox_url is not None:
+        assert [tuple(r) for r in rows(inbox_url, f"SELECT version, step FROM {VERSIONS}")] == [
+            (len(MIGRATIONS), 0)
+        ]
+        return
     conn = sqlite3.connect(path)
     try:
         version = int(conn.execute("PRAGMA user_version").fetchone()[0])
     finally:
         conn.close()
     assert version == len(MIGRATIONS)
+
+
+@pytest.mark.postgres
+@pytest.mark.e2e
+async def test_shortlived_a_database_holding_the_gate_s_tables_is_refused(
+    inbox_server: PgServer,
+) -> None:
+    if not os.environ.get("HITL_CI"):
+        pytest.importorskip("psycopg")
+    url = inbox_server.migrated_database()  # the gate's schema
+
+    with pytest.raises(OSError) as refused:
+        await InboxDb.open(PgTarget(url))
+
+    assert str(refused.value) == (
+        f"{url} holds the gate's tables; give the inbox a database (or a schema,"
+        " options=-csearch_path=...) of its own"
+    )
+    assert rows(url, "SELECT to_regclass('inbox_migrations')")[0][0] is None  # untouched
+
+
+@pytest.mark.postgres
+@pytest.mark.e2e
+async def test_shortlived_an_inbox_on_postgresql_connects_again_after_the_server_restarts(
+    inbox_server: PgServer,
+) -> None:
+    if not os.environ.get("HITL_CI"):
+        pytest.importorskip("psycopg")
+    db = await InboxDb.open(PgTarget(inbox_server.empty_database("inbox")))
+    short = ShortLived(db)
+    try:
+        challenge = await short.issue_challenge("pre-restart", "/", 1_000)
+        assert challenge is not None
+        inbox_server.restart()  # a crash: every session ends
+
+        with pytest.raises(DatabaseUnavailable):  # the call that finds the session gone
+            await short.take_challenge(challenge, 2_000)
+        taken = await short.take_challenge(challenge, 2_000)  # on a new connection
+    finally:
+        await db.close()
+
+    assert taken == Pending("pre-restart", "/", 1_000)

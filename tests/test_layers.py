@@ -19,7 +19,10 @@
 - ``gate/relay/*`` (relay-side I/O: signed delivery, reading a signed POST) is used by the
   relays, the inbox and conformance: it imports ``gate.protocol`` and ``gate.errors``, never the
   core, store, daemon, web, config or the programs that use it.
-- Only ``gate/store/*`` speaks SQL (imports sqlite3/aiosqlite).
+- Only ``gate/store/*`` speaks SQL (imports sqlite3/aiosqlite), with ``gate/postgres/*`` (what
+  the store and the inbox share of PostgreSQL) and the inbox's own database modules.
+- ``gate/postgres/*`` imports the standard library, ``gate.errors`` and its own modules only
+  (psycopg lazily, inside functions): never the store, core, inbox or anything above them.
 - Of ``gate/core/``, the store imports only ``gate/model.py`` (the values it returns),
   and ``model.py`` imports nothing but the standard library.
 - Of the ``gate/audit/*`` modules, only ``audit/verify.py`` imports the store; chain, entries,
@@ -302,7 +305,7 @@ def test_layers_store_attribute_rule_sees_its_modules() -> None:
     assert {m.name for m in NO_STORE_ATTRIBUTE} >= {"gate.web.api", "gate.metrics"}
 
 
-INBOX_SQL = {"gate.inbox.db", "gate.inbox.schema", "gate.inbox.shortlived"}
+INBOX_SQL = {"gate.inbox.db", "gate.inbox.schema", "gate.inbox.pgschema", "gate.inbox.shortlived"}
 
 COMPOSITION_ROOT = "gate.daemon.app"
 WIRED_ONLY_THERE = {
@@ -351,8 +354,45 @@ def test_layers_only_store_speaks_sql(module: Module) -> None:
         return
     if module.name in INBOX_SQL:  # the inbox's own file, not the gate's
         return
+    if module.name == "gate.postgres" or module.name.startswith("gate.postgres."):
+        return  # shared by the store and the inbox
 
     assert not bad, f"{module.rel} imports {bad}; only gate/store/ speaks SQL"
+
+
+POSTGRES = under("gate.postgres")
+
+
+@pytest.mark.parametrize("module", POSTGRES, ids=ids(POSTGRES))
+def test_layers_postgres_is_neutral(module: Module) -> None:
+    """gate/postgres is shared by the store and the inbox: of the project, it imports
+    ``gate.errors`` and itself only; psycopg only inside functions (an optional extra)."""
+    imported = imports_of(module)
+    other = sorted(
+        name
+        for name in imported
+        if (name == "gate" or name.startswith("gate."))
+        and not any(
+            name == ok or name.startswith(ok + ".") for ok in ("gate.errors", "gate.postgres")
+        )
+    )
+    top = {
+        alias.name if isinstance(node, ast.Import) else node.module or ""
+        for node in module.tree.body
+        if isinstance(node, ast.Import | ast.ImportFrom)
+        for alias in node.names
+    }
+
+    assert not other, f"{module.rel} is shared by the store and the inbox and imports {other}"
+    assert not hits(top, ("psycopg",)), f"{module.rel} imports psycopg at import time"
+
+
+def test_layers_postgres_rule_sees_its_modules() -> None:
+    assert {m.name for m in POSTGRES} >= {
+        "gate.postgres.connection",
+        "gate.postgres.target",
+        "gate.postgres.migrate",
+    }
 
 
 # --------------------------------------------------------------------------- who runs what
@@ -524,6 +564,8 @@ INBOX_ALLOWED_GATE = (
     "gate.clock",
     "gate.errors",
     "gate.relay",
+    "gate.postgres",
+    "gate.config.storage",
     "gate.inbox",
 )
 

@@ -48,10 +48,11 @@ EXTRA = {name: distributions(PROJECT["optional-dependencies"][name]) for name in
 
 def extra_of(path: Path) -> str:
     """The extra a module of gate/ belongs to: "inbox" or "mcp" for gate/inbox and gate/mcp,
-    "postgres" for the store's PostgreSQL modules (gate/store/pg_*.py, which import the
-    driver lazily: the base install imports them), "" (the base install) for the rest."""
+    "postgres" for the PostgreSQL modules (gate/postgres/ and gate/store/pg_*.py, which
+    import the driver lazily: the base install imports them), "" (the base install) for the
+    rest."""
     parts = path.relative_to(ROOT / "gate").parts
-    if parts[0] == "store" and parts[-1].startswith("pg_"):
+    if parts[0] == "postgres" or (parts[0] == "store" and parts[-1].startswith("pg_")):
         return "postgres"
     return parts[0] if parts[0] in EXTRAS else ""
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from gate.store.pg_connection import PgConnection
+from gate.postgres.connection import PgConnection
 from gate.store.pg_rate import PgRateEvents
 from tests.pg_server import pg_fixtures
 from tests.support import (

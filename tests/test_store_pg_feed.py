@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from gate.store.pg_connection import PgConnection
+from gate.postgres.connection import PgConnection
 from gate.store.pg_feed import PAGE, Change, Feed
 from tests.pg_server import pg_fixtures
 

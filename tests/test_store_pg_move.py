@@ -24,8 +24,8 @@ from typing import Any
 import pytest
 import yaml
 
+from gate.postgres.target import PgTarget
 from gate.store.connection import prepare
-from gate.store.pg_backend import PgTarget
 from gate.store.pg_move import move
 from gate.store.pg_schema import migrate
 from gate.store.schema import MIGRATIONS
@@ -653,3 +653,55 @@ def test_pg_move_refuses_a_source_a_gate_runs_on(
         assert conn.execute(
             "SELECT count(*) FROM information_schema.tables WHERE table_schema = 'public'"
         ).fetchone() == (0,)
+
+
+@pytest.mark.parametrize(
+    ("rows", "reason"),
+    [
+        (
+            "INSERT INTO gate_instances VALUES ('01J', 'v', 'h', 'host', 1, 0, 1, 2)",
+            "table gate_instances has rows",
+        ),
+        ("INSERT INTO gate_lease VALUES ('timers', '01J', 1, 1, 2)", "table gate_lease has rows"),
+        ("INSERT INTO rate_events VALUES (1, 1)", "table rate_events has rows"),
+        ("UPDATE audit_head SET seq = 3", "its audit head is at entry 3"),
+    ],
+    ids=["gate_instances", "gate_lease", "rate_events", "audit_head"],
+)
+def test_pg_move_refuses_a_target_gates_run_or_have_run_on(
+    server: PgServer, history: History, rows: str, reason: str
+) -> None:
+    """A gate that started on the target left a trace in PostgreSQL's own tables (which the
+    source has none of): refused in one line before anything is written."""
+    url = empty_database(server)
+    with psycopg.connect(url) as conn, conn.transaction():
+        migrate(conn)
+        conn.execute(rows)
+    done = migrate_to(history, url)
+    assert (done.returncode, done.stdout) == (2, b""), done.stderr.decode()
+    assert done.stderr.decode() == (
+        f"Error: --to: gates run or have run on this database: {reason} (the move copies"
+        " into a database no gate has used; nothing was written)\n"
+    )
+    with psycopg.connect(url) as conn:
+        assert conn.execute("SELECT count(*) FROM approvals").fetchone() == (0,)
+
+
+def test_pg_move_refuses_a_target_a_gate_is_running_on(
+    server: PgServer, history: History, tmp_path: Path
+) -> None:
+    """The new user's case: a gate started on the empty target (it wrote no approval) and
+    is running: the move is refused and the gate has nothing to act on."""
+    url = empty_database(server)
+    gate = GateProcess(pg_config(history, url, tmp_path, "http://127.0.0.1:9/relay"), env=ENV)
+    gate.start()
+    try:
+        done = migrate_to(history, url)
+    finally:
+        gate.stop()
+    assert (done.returncode, done.stdout) == (2, b""), done.stderr.decode()
+    assert done.stderr.decode().startswith(
+        "Error: --to: gates run or have run on this database: table gate_instances has rows"
+    )
+    with psycopg.connect(url) as conn:
+        assert conn.execute("SELECT count(*) FROM approvals").fetchone() == (0,)

@@ -17,10 +17,10 @@ from typing import Any
 import pytest
 
 from gate.audit.chain import GENESIS_HASH
+from gate.postgres.migrate import SchemaTooNew
 from gate.store.pg_schema import (
     CLUSTER_TABLES,
     PG_MIGRATIONS,
-    SchemaTooNew,
     migrate,
     sync_audit_head,
 )

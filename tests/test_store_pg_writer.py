@@ -19,9 +19,11 @@ from gate.clock import PinnedClock
 from gate.config import Config, load_config
 from gate.core.transactions import Transactions
 from gate.errors import GateError, Unavailable
+from gate.postgres import target as pg_target
+from gate.postgres.target import PgTarget
 from gate.store import pg_backend
 from gate.store.batch import PROBE, Faults, Job, run_batch, run_guarded
-from gate.store.pg_backend import PgBatch, PgSide, PgTarget
+from gate.store.pg_backend import PgBatch, PgSide
 from gate.store.pg_schema import migrate
 from gate.store.reads import Reads
 from gate.store.schema import SCHEMA_VERSION
@@ -206,7 +208,7 @@ def test_pg_writer_connects_again_after_its_session_was_ended(
 def test_pg_writer_waiting_for_the_head_lock_answers_503_at_the_lock_timeout(
     writers: Callable[[], Writer], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(pg_backend, "LOCK_TIMEOUT_MS", 300)
+    monkeypatch.setattr(pg_target, "LOCK_TIMEOUT_MS", 300)
     holder, waiter = writers(), writers()
     locked, release = threading.Event(), threading.Event()
 
@@ -270,7 +272,7 @@ def test_pg_writer_frozen_holding_the_head_lock_loses_it_and_its_batch_answers_5
     """A writer that stops inside its batch (a frozen process, a cut network) is idle in
     transaction: the server ends its session after ``idle_in_transaction_session_timeout``
     and the other gates' batches go on; the frozen one's callers get 503, never 200."""
-    monkeypatch.setattr(pg_backend, "IDLE_IN_TRANSACTION_MS", 300)
+    monkeypatch.setattr(pg_target, "IDLE_IN_TRANSACTION_MS", 300)
     frozen, other = writers(), writers()
     appended, thawed = threading.Event(), threading.Event()
     answer: list[BaseException | None] = []
@@ -299,7 +301,7 @@ def test_pg_connect_refuses_a_url_libpq_refuses_in_one_line() -> None:
     # the config refuses it at load; what reaches connect anyway is one line, no traceback
     target = PgTarget("postgresql://gate@127.0.0.1:1/hitl?application_name=%zz")
     with pytest.raises(Unavailable) as refused:
-        pg_backend.connect(target, "migrate")
+        pg_target.connect(target, "migrate")
     assert refused.value.message == 'storage.url: invalid percent-encoded token: "%zz"'
 
 

@@ -108,7 +108,7 @@ def verify_database(
     leading_unknown: bool = False,
 ) -> AuditReport:
     """The one audit check of the database ``path`` (``audit verify -c``, ``doctor``): a
-    SQLite file, or a PostgreSQL database (``gate.store.pg_backend.PgTarget``).
+    SQLite file, or a PostgreSQL database (``gate.postgres.target.PgTarget``).
 
     In order, stopping at the first failure: the chain with every receipt (``keys``: each
     entry with the key of its span; ``leading_unknown`` as ``gate.audit.spans``) and, with

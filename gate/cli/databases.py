@@ -65,7 +65,7 @@ def postgres(option: str, url: str, password_env: str | None, needed_by: str = "
     (never shown: it comes from ``--password-env`` or libpq's own ``PGPASSWORD``/
     ``~/.pgpass``), or naming the extra to install (for ``needed_by``, default ``option``)
     without the driver."""
-    from gate.store.pg_backend import PgTarget
+    from gate.postgres.target import PgTarget
     from gate.store.pg_read import is_url
 
     try:
@@ -103,7 +103,7 @@ def given(db: str, password_env: str | None) -> Database:
 def configured(config: Any) -> Database:
     """The database ``config`` names: ``storage.url`` (its password in the variable
     ``storage.password_env``) when set, else the SQLite file ``storage.path``."""
-    from gate.store.pg_backend import PgTarget
+    from gate.postgres.target import PgTarget
 
     storage = config.storage
     if not storage.on_postgres:

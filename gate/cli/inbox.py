@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from gate.cli import LOG_LEVEL_OPTION, config_option, main, require_extra
+from gate.cli import LOG_LEVEL_OPTION, config_option, fail, main, missing_extra, require_extra
 
 if TYPE_CHECKING:
     from gate.inbox.config import InboxConfig, InboxSecrets
@@ -28,6 +28,10 @@ def load(config_path: str) -> tuple[InboxConfig, InboxSecrets]:
         for line in errors:
             click.echo(f"{config_path}: {line}", err=True)
         sys.exit(2)
+    if config.storage is not None and config.storage.url is not None:
+        missing = missing_extra("postgres", "storage.url (PostgreSQL)")
+        if missing is not None:
+            fail(missing, 2)
     return config, secrets
 
 
@@ -49,7 +53,7 @@ def check_config(config_path: str) -> None:
     Example: hitl-gate inbox check-config -c inbox.yaml
     """
     config, _ = load(config_path)
-    click.echo(f"{config_path}: ok (listen {config.listen}, database {config.database})")
+    click.echo(f"{config_path}: ok (listen {config.listen}, database {config.describe_database})")
 
 
 @inbox.command("serve")

@@ -27,8 +27,9 @@ from gate.daemon.question_sender import QuestionDispatch
 from gate.daemon.relay_http import relay_session
 from gate.daemon.timers import Timers
 from gate.metrics import Metrics
+from gate.postgres.target import PgTarget
 from gate.protocol import DECISIONS_PATH
-from gate.store import PgTarget, Store
+from gate.store import Store
 from gate.web.api import create_api_app
 from gate.web.callback import create_callback_app
 from gate.web.common import BODY_TIMEOUT, Handler

@@ -30,7 +30,7 @@ from gate.audit.question_entries import (
     QUESTION_RESOLVED,
     QUESTION_REVISED,
 )
-from gate.clock import Clock
+from gate.clock import Clock, PinnedClock
 from gate.config.fingerprint import config_hash
 from gate.core.service import GateService
 from gate.errors import Unavailable
@@ -194,7 +194,12 @@ class Cluster:
             await close_quietly(conn)
 
     async def _beat(self, conn: Any) -> None:
-        offset = await measure_offset(conn, self.clock.now_ms)
+        clock = self.clock  # this host's: a pinned one read unpinned, its offset left out
+        offset = await measure_offset(
+            conn, clock.local_ms if isinstance(clock, PinnedClock) else clock.now_ms
+        )
+        if isinstance(self.service.clock, PinnedClock):  # its senders read the database's time
+            self.service.clock.offset_ms = offset
         await beat(conn, self.instance(offset))
         health = assess(self.instance_id, await live(conn))
         before = set(self.health.problems) if self.health is not None else set()

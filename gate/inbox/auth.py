@@ -21,6 +21,7 @@ from urllib.parse import parse_qs, quote, urlsplit
 from aiohttp import web
 
 from gate.config.webauthn import origin_of
+from gate.inbox.credentials_cache import UNKNOWN_EVERY_S, CredentialsCache
 from gate.inbox.model import Session
 from gate.inbox.state import state_of
 from gate.protocol.credentials import ServedCredential
@@ -123,9 +124,9 @@ async def end_session(request: web.Request) -> None:
 
 async def current_session(request: web.Request) -> Session | None:
     """The request's session, or None: no cookie, unknown or expired, or its credential is
-    no longer in force at the gate (revoked: the row is marked ended, ``event=inbox_session_ended
-    why=credential_revoked``, and ``request["inbox_revoked"]`` is set for this and every later
-    request of the cookie). Cached on the request."""
+    no longer in force at the gate (``_revoked``: the row is marked ended,
+    ``event=inbox_session_ended why=credential_revoked``, and ``request["inbox_revoked"]`` is set
+    for this and every later request of the cookie). Cached on the request."""
     if "inbox_session" in request:
         cached: Session | None = request["inbox_session"]
         return cached
@@ -134,8 +135,7 @@ async def current_session(request: web.Request) -> Session | None:
     session = None
     if token:
         session = await state.db.session(token_hash(token), state.now_ms())
-        cache = state.credentials
-        if session is not None and cache.loaded and cache.lookup(session.credential_id) is None:
+        if session is not None and await _revoked(state.credentials, session.credential_id):
             await state.db.end_revoked(token_hash(token))
             log.info("event=inbox_session_ended why=credential_revoked")
             session = None
@@ -144,6 +144,18 @@ async def current_session(request: web.Request) -> Session | None:
             request["inbox_revoked"] = ended == "revoked"
     request["inbox_session"] = session
     return session
+
+
+async def _revoked(cache: CredentialsCache, credential_id: str) -> bool:
+    """True when the gate does not list ``credential_id``, as it answered within the last
+    5 s: a credential this replica's copy lacks makes it ask the gate first
+    (``refresh_for_unknown``: another replica may have signed in a passkey enrolled since
+    this one's last fetch). Never True while the gate cannot be asked (the session is
+    served; the gate refuses its decisions if the passkey is revoked)."""
+    if not cache.loaded or cache.lookup(credential_id) is not None:
+        return False
+    await cache.refresh_for_unknown(credential_id)
+    return cache.lookup(credential_id) is None and cache.fetched_within(UNKNOWN_EVERY_S)
 
 
 def _cross_site_page(url: str) -> bytes:

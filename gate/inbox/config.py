@@ -25,6 +25,7 @@ from pydantic import (
 
 from gate.config.messages import pydantic_error
 from gate.config.secrets import CREDENTIALS_DIRECTORY, MIN_SECRET_BYTES, read_secret
+from gate.config.storage import StorageConfig
 from gate.config.values import (
     AbsolutePath,
     Duration,
@@ -113,19 +114,27 @@ class MailSection(BaseModel):
 
 
 class InboxConfig(BaseModel):
-    """The whole inbox config. ``database`` is resolved against
-    the config file's folder; ``public_url`` defaults to ``http://<listen>``."""
+    """The whole inbox config. ``database`` (the SQLite file) is resolved against the config
+    file's folder; ``storage`` (the gate's section: ``url`` and ``password_env``) puts the
+    inbox on PostgreSQL instead; ``public_url`` defaults to ``http://<listen>``."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     listen: Annotated[str, Field(strict=True), AfterValidator(check_tcp_addr)] = "127.0.0.1:8095"
     public_url: HttpUrl | None = None
     database: Annotated[AbsolutePath, Field(validate_default=True)] = Path("var/inbox.db")
+    storage: StorageConfig | None = None
     gate: GateSection
     webauthn: WebAuthnSection = WebAuthnSection()
     session_ttl: Duration = 12 * 3600.0
     mail: MailSection | None = None
     metrics_token_env: EnvName | None = None
+
+    @property
+    def describe_database(self) -> str:
+        """Where the inbox keeps its state, for a log line: the file, or ``storage.url``
+        (never a password: a URL holding one is refused)."""
+        return self.storage.describe() if self.storage is not None else str(self.database)
 
     @property
     def base_url(self) -> str:
@@ -148,6 +157,7 @@ class InboxSecrets:
     relay_secrets: tuple[str, ...] = field(repr=False)
     mail_login: tuple[str, str] | None = field(default=None, repr=False)  # (username, password)
     metrics_token: str | None = field(default=None, repr=False)
+    database_password: str | None = field(default=None, repr=False)  # storage.password_env
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,7 +205,7 @@ def check_inbox(config: InboxConfig) -> list[str]:
     (no query or fragment), ``webauthn.rp_id`` a domain, each ``webauthn.origins[i]`` an
     http(s) origin on ``rp_id`` or a subdomain (http only on localhost), a relying party
     known at all (``public_url`` on a domain or ``webauthn.rp_id``)."""
-    errors: list[str] = []
+    errors: list[str] = _check_storage(config)
     if config.public_url is not None:
         parts = urlsplit(config.public_url)
         if parts.query or parts.fragment:
@@ -226,6 +236,17 @@ def check_inbox(config: InboxConfig) -> list[str]:
     return errors
 
 
+def _check_storage(config: InboxConfig) -> list[str]:
+    """``storage`` holds ``url`` (PostgreSQL) only, and not beside ``database``."""
+    if config.storage is None:
+        return []
+    if config.storage.url is None:
+        return ["storage.path: the inbox's SQLite file is database; storage takes url"]
+    if "database" in config.model_fields_set:
+        return ["storage.url: give database (a SQLite file) or storage.url, not both"]
+    return []
+
+
 def _read_secrets(
     config: InboxConfig, environ: Mapping[str, str]
 ) -> tuple[InboxSecrets | None, list[str]]:
@@ -245,6 +266,7 @@ def _read_secrets(
         ("gate.secret_env", config.gate.secret_env, MIN_SECRET_BYTES),
         ("gate.previous_secret_env", config.gate.previous_secret_env, MIN_SECRET_BYTES),
         ("metrics_token_env", config.metrics_token_env, MIN_SECRET_BYTES),
+        ("storage.password_env", config.storage.password_env if config.storage else None, 0),
     ]
     if not unpaired:  # the SMTP login is read only when both variables are named
         wanted += [("mail.username_env", login[0], 0), ("mail.password_env", login[1], 0)]
@@ -264,6 +286,7 @@ def _read_secrets(
     if errors:
         return None, errors
     token = values.pop("metrics_token_env", None)
-    user, password = (values.pop(where, "") for where in ("mail.username_env", "mail.password_env"))
-    mail_login = (user, password) if login[0] is not None else None
-    return InboxSecrets(tuple(values.values()), mail_login, token), []
+    password = values.pop("storage.password_env", None)
+    user, mail_password = (values.pop(w, "") for w in ("mail.username_env", "mail.password_env"))
+    mail_login = (user, mail_password) if login[0] is not None else None
+    return InboxSecrets(tuple(values.values()), mail_login, token, password), []

@@ -1,7 +1,7 @@
 """The approvers' public credentials as the gate serves them:
 fetched over the credentials channel at start, refreshed every 60 s by
-the sweep and on a sign-in with an unknown credential id (unless that id was looked up within
-5 s; at most 2 such refreshes per second overall). Also says
+the sweep and on a sign-in or a session with an unknown credential id (unless that id was
+looked up within 5 s; at most 2 such refreshes per second overall). Also says
 whether the gate's relying party and the inbox's agree (else nobody can sign in)."""
 
 from __future__ import annotations
@@ -81,6 +81,10 @@ class CredentialsCache:
         """True once the gate answered at least once."""
         return self._fetched_at is not None
 
+    def fetched_within(self, seconds: float) -> bool:
+        """True when the gate last answered less than ``seconds`` seconds ago."""
+        return self._fetched_at is not None and self._now_s() - self._fetched_at < seconds
+
     def lookup(self, credential_id: str) -> ServedCredential | None:
         """The credential in force with this base64url id, or None."""
         return self._by_id.get(credential_id)
@@ -136,8 +140,8 @@ class CredentialsCache:
         return self._failure
 
     async def refresh_for_unknown(self, credential_id: str) -> bool:
-        """A sign-in named an unknown credential id: ``refresh`` unless THIS id was looked up
-        within the last 5 s, and at most 2 such refreshes per second overall (a
+        """A sign-in or a session named an unknown credential id: ``refresh`` unless THIS id
+        was looked up within the last 5 s, and at most 2 such refreshes per second overall (a
         passkey enrolled a moment after another sign-in signs in at once). Returns
         whether the gate answered."""
         now = self._now_s()

@@ -1,8 +1,11 @@
-"""The inbox's SQLite file: its queries (the schema and migrations are
-``gate.inbox.schema``; the two are the only modules of gate/inbox that speak SQL).
+"""The inbox's database, a SQLite file or PostgreSQL: its queries (the schema and
+migrations are ``gate.inbox.schema``, PostgreSQL's ``gate.inbox.pgschema``; with
+``gate.inbox.shortlived`` the only modules of gate/inbox that speak SQL). The queries are
+SQLite's, translated once each on PostgreSQL (``gate.postgres.connection``); what differs
+(the write lock, the schema version, a new row's id) is the ``Backend``'s.
 
 One connection, used from one thread (every call runs there, in order: writes never race);
-WAL, ``synchronous=FULL``, the file created 0600, the schema versioned by ``PRAGMA
+on SQLite WAL, ``synchronous=FULL``, the file created 0600, the schema versioned by ``PRAGMA
 user_version``. A function that changes something returns after its COMMIT, so what the
 relay endpoint acks is on disk. Rows come back as ``gate.inbox.model`` values.
 """
@@ -21,7 +24,8 @@ from typing import Any, TypeVar
 from gate.inbox.followups import FollowUps, News, advance, first_seen, kept_of
 from gate.inbox.items import CLOSED, NOTICE_STATES, Incoming, item_from, same_request
 from gate.inbox.model import Change, DecisionRecord, Item, Session
-from gate.inbox.schema import open_file
+from gate.inbox.schema import Backend, SqliteBackend, open_file
+from gate.postgres.target import PgTarget
 
 T = TypeVar("T")
 
@@ -35,28 +39,39 @@ class DatabaseUnavailable(OSError):
 class InboxDb:
     """The inbox database; open with ``await InboxDb.open(path)``, ``await close()``."""
 
-    def __init__(self, conn: sqlite3.Connection, executor: ThreadPoolExecutor) -> None:
+    def __init__(
+        self, conn: sqlite3.Connection, executor: ThreadPoolExecutor, backend: Backend
+    ) -> None:
         self._conn = conn
         self._executor = executor
+        self._backend = backend
 
     @classmethod
-    async def open(cls, path: Path) -> InboxDb:
-        """Open (creating and migrating) the file at ``path``; raises OSError (naming the
-        file) when it cannot."""
+    async def open(cls, where: Path | PgTarget) -> InboxDb:
+        """Open (creating and migrating) the SQLite file at ``where``, or the PostgreSQL
+        database ``where`` names; raises OSError (naming it, never a password) when it
+        cannot."""
+        from gate.inbox.pgschema import PgBackend, open_database  # noqa: PLC0415
+
         executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="inbox-db")
+        backend: Backend = PgBackend(where) if isinstance(where, PgTarget) else SqliteBackend()
+        loop = asyncio.get_running_loop()
         try:
-            conn = await asyncio.get_running_loop().run_in_executor(executor, open_file, path)
+            if isinstance(where, PgTarget):
+                conn = await loop.run_in_executor(executor, open_database, where)
+            else:
+                conn = await loop.run_in_executor(executor, open_file, where)
         except sqlite3.Error as exc:
             executor.shutdown(wait=False)
-            raise OSError(f"cannot open the database {path}: {exc}") from exc
+            raise OSError(f"cannot open the database {where}: {exc}") from exc
         except BaseException:
             executor.shutdown(wait=False)
             raise
-        return cls(conn, executor)
+        return cls(conn, executor, backend)
 
     async def close(self) -> None:
         """Close the connection and its thread."""
-        await self._run(self._conn.close)
+        await asyncio.get_running_loop().run_in_executor(self._executor, self._conn.close)
         self._executor.shutdown(wait=True)
 
     async def _rows(self, sql: str, args: tuple[Any, ...]) -> list[sqlite3.Row]:
@@ -64,10 +79,18 @@ class InboxDb:
         return await self._run(lambda: self._conn.execute(sql, args).fetchall())
 
     async def _run(self, fn: Callable[..., T], *args: Any) -> T:
-        """``fn(*args)`` on the database's thread; raises DatabaseUnavailable for a
-        ``sqlite3.OperationalError``."""
+        """``fn(*args)`` on the database's thread, on a connection opened again first when
+        the backend says it was lost (``Backend.reconnect``); raises DatabaseUnavailable for
+        a ``sqlite3.OperationalError``."""
+
+        def call() -> T:
+            fresh = self._backend.reconnect(self._conn)
+            if fresh is not None:
+                self._conn = fresh
+            return fn(*args)
+
         try:
-            return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+            return await asyncio.get_running_loop().run_in_executor(self._executor, call)
         except sqlite3.OperationalError as exc:
             raise DatabaseUnavailable(str(exc)) from exc
 
@@ -77,8 +100,8 @@ class InboxDb:
         return await self._run(self._tx, fn)
 
     def _tx(self, fn: Callable[[sqlite3.Connection], T]) -> T:
-        """Run ``fn`` in one write transaction (BEGIN IMMEDIATE … COMMIT)."""
-        self._conn.execute("BEGIN IMMEDIATE")
+        """Run ``fn`` in one write transaction (the backend's BEGIN … COMMIT)."""
+        self._backend.begin(self._conn)
         try:
             result = fn(self._conn)
         except BaseException:
@@ -130,11 +153,11 @@ class InboxDb:
         return [i for i in found if state is None or i.state == state]
 
     async def health(self, now_ms: int) -> tuple[int, int]:
-        """``(schema version, items waiting)``: ``PRAGMA user_version`` and the pending items
+        """``(schema version, items waiting)``: the backend's schema version and the pending items
         not yet past ``expires_at`` at ``now_ms`` (one read over the state index). Raises
         OSError when the file cannot be read."""
         try:
-            return await self._run(_health, self._conn, now_ms)
+            return await self._run(lambda: _health(self._conn, self._backend, now_ms))
         except (sqlite3.Error, DatabaseUnavailable) as exc:
             raise OSError(f"the database cannot be read: {exc}") from exc
 
@@ -153,7 +176,8 @@ class InboxDb:
         """Keep a decision for an approver (before it is posted: ``status`` 0, ``answer``
         {}; ``reason`` as posted, None without one), one item of bulk approval ``batch_id``
         or alone (None), and return its row id (``/decisions/<id>``)."""
-        return await self._run(self._tx, lambda c: _insert_decision(c, record, batch_id))
+        backend = self._backend
+        return await self._run(self._tx, lambda c: _insert_decision(c, backend, record, batch_id))
 
     async def approvers_recorded(self, approval_id: str, revision: int) -> list[str]:
         """The distinct identities whose ``approve`` of ``revision`` the inbox posted and the
@@ -248,8 +272,11 @@ class InboxDb:
         return await self._run(self._tx, lambda c: c.execute(sql, args).rowcount)
 
 
-def _insert_decision(conn: sqlite3.Connection, record: DecisionRecord, batch: str | None) -> int:
-    cursor = conn.execute(
+def _insert_decision(
+    conn: sqlite3.Connection, backend: Backend, record: DecisionRecord, batch: str | None
+) -> int:
+    return backend.insert_id(
+        conn,
         "INSERT INTO decisions (approval_id, revision, identity, decision, http_status,"
         " answer, decided_at, batch_id, reason, sent) VALUES (:approval_id, :revision,"
         " :identity, :decision, :status, :answer, :decided_at, :batch_id, :reason, :sent)",
@@ -259,7 +286,6 @@ def _insert_decision(conn: sqlite3.Connection, record: DecisionRecord, batch: st
             "batch_id": batch,
         },
     )
-    return int(cursor.lastrowid or 0)
 
 
 def _decision(r: sqlite3.Row) -> DecisionRecord:
@@ -268,8 +294,8 @@ def _decision(r: sqlite3.Row) -> DecisionRecord:
     return DecisionRecord(**kept, status=r["http_status"], answer=json.loads(r["answer"]))
 
 
-def _health(conn: sqlite3.Connection, now_ms: int) -> tuple[int, int]:
-    version = int(conn.execute("PRAGMA user_version").fetchone()[0])
+def _health(conn: sqlite3.Connection, backend: Backend, now_ms: int) -> tuple[int, int]:
+    version = backend.version(conn)
     sql = "SELECT COUNT(*) FROM items WHERE state = 'pending' AND expires_at > ?"
     return version, int(conn.execute(sql, (now_ms,)).fetchone()[0])
 

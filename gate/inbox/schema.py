@@ -1,14 +1,17 @@
 """The inbox's SQLite schema and its migrations: the whole schema as one reviewed
 SQL text, then additive migrations, and the one function that opens the file and runs what is
-missing. With ``gate.inbox.db`` (the queries), the only modules of gate/inbox that speak SQL.
-Times are unix milliseconds, UTC."""
+missing; what differs between the backends behind ``Backend`` (SQLite's here, PostgreSQL's
+in ``gate.inbox.pgschema``). With ``gate.inbox.db`` (the queries), the only modules of
+gate/inbox that speak SQL. Times are unix milliseconds, UTC."""
 
 from __future__ import annotations
 
 import contextlib
 import os
 import sqlite3
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any, Protocol
 
 SCHEMA = """
 CREATE TABLE items (
@@ -99,6 +102,45 @@ CREATE INDEX bulk_batches_expiry ON bulk_batches (expires_at)
 MIGRATIONS = (SCHEMA, BATCHES, REASONS, SENT, FOLLOWUPS, ENDED, SHARED)
 
 
+def statements(migration: str) -> list[str]:
+    """The statements of one migration's text, in order."""
+    return [statement for statement in migration.split(";") if statement.strip()]
+
+
+class Backend(Protocol):
+    """What the inbox's queries do differently on each backend."""
+
+    def begin(self, conn: sqlite3.Connection) -> None:
+        """Open a write transaction that excludes every other inbox's on the database."""
+
+    def version(self, conn: sqlite3.Connection) -> int:
+        """The database's schema version (``len(MIGRATIONS)`` once migrated)."""
+
+    def insert_id(self, conn: sqlite3.Connection, sql: str, row: Mapping[str, Any]) -> int:
+        """Run the INSERT ``sql`` with ``row``; the new row's ``id``."""
+
+    def reconnect(self, conn: sqlite3.Connection) -> sqlite3.Connection | None:
+        """A new connection when ``conn`` was lost (a server restarted), else None; raises
+        ``sqlite3.OperationalError`` when the database cannot be reached."""
+
+
+class SqliteBackend:
+    """SQLite's: ``BEGIN IMMEDIATE`` (the file's write lock), ``PRAGMA user_version``,
+    ``lastrowid``; a file is never lost."""
+
+    def begin(self, conn: sqlite3.Connection) -> None:
+        conn.execute("BEGIN IMMEDIATE")
+
+    def version(self, conn: sqlite3.Connection) -> int:
+        return int(conn.execute("PRAGMA user_version").fetchone()[0])
+
+    def insert_id(self, conn: sqlite3.Connection, sql: str, row: Mapping[str, Any]) -> int:
+        return int(conn.execute(sql, row).lastrowid or 0)
+
+    def reconnect(self, conn: sqlite3.Connection) -> sqlite3.Connection | None:
+        return None  # a file is not lost
+
+
 def open_file(path: Path) -> sqlite3.Connection:
     """Create (0600) or open the file, set WAL and synchronous=FULL, run what migrations
     are missing, each in one transaction. Several inboxes may open one file at once (the
@@ -117,9 +159,8 @@ def open_file(path: Path) -> sqlite3.Connection:
         conn.execute("BEGIN IMMEDIATE")
         try:
             if _version(conn, path) == number:
-                for statement in MIGRATIONS[number].split(";"):
-                    if statement.strip():
-                        conn.execute(statement)
+                for statement in statements(MIGRATIONS[number]):
+                    conn.execute(statement)
                 conn.execute(f"PRAGMA user_version = {number + 1}")
             conn.execute("COMMIT")
         except BaseException:

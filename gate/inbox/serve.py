@@ -10,6 +10,7 @@ import contextlib
 import logging
 import signal
 import time
+from pathlib import Path
 
 from aiohttp import web
 
@@ -23,6 +24,7 @@ from gate.inbox.mail import Mailer
 from gate.inbox.metrics import InboxMetrics
 from gate.inbox.relay import RELAY_PATH, RelayEndpoint
 from gate.inbox.state import InboxState
+from gate.postgres.target import PgTarget
 from gate.protocol.credentials import CredentialsAnswer
 
 log = logging.getLogger(__name__)
@@ -70,12 +72,20 @@ def credentials_cache(
     return CredentialsCache(fetch, relying_party(config))
 
 
+def database_of(config: InboxConfig, secrets: InboxSecrets) -> Path | PgTarget:
+    """Where the inbox keeps its state: ``database`` (a SQLite file), or the PostgreSQL
+    database of ``storage.url`` with the password ``storage.password_env`` names."""
+    if config.storage is None or config.storage.url is None:
+        return config.database
+    return PgTarget(config.storage.url, secrets.database_password)
+
+
 async def serve_inbox(config: InboxConfig, secrets: InboxSecrets) -> None:
     """Serve until SIGTERM/SIGINT. Raises OSError when the database cannot be opened or
     the listener cannot bind. An unreachable gate is logged and retried by the sweep."""
     from gate.inbox.db import InboxDb  # noqa: PLC0415 - only when serving
 
-    db = await InboxDb.open(config.database)
+    db = await InboxDb.open(database_of(config, secrets))
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -107,7 +117,7 @@ async def serve_inbox(config: InboxConfig, secrets: InboxSecrets) -> None:
             host if ":" not in host else f"[{host}]",
             port,
             RELAY_PATH,
-            config.database,
+            config.describe_database,
         )
         sweeper = asyncio.create_task(sweep(state, stop))
         if mailer is not None:

@@ -8,7 +8,6 @@ the timers' lease (pg_lease) and the change feed (pg_feed), on sessions of their
 
 from gate.store.batch import Command, Writer
 from gate.store.facade import Store
-from gate.store.pg_backend import PgTarget
 from gate.store.tx import WriteTx
 
-__all__ = ["Command", "PgTarget", "Store", "WriteTx", "Writer"]
+__all__ = ["Command", "Store", "WriteTx", "Writer"]

@@ -10,10 +10,10 @@ from typing import Any, TypeVar
 from gate.audit import chain as audit
 from gate.clock import PinnedClock
 from gate.errors import Unavailable
+from gate.postgres.target import PgTarget
 from gate.store import opening
 from gate.store.batch import BatchObserver, Command, Faults, Handler, Writer
 from gate.store.health import WriteHealth
-from gate.store.pg_backend import PgTarget
 from gate.store.reads import Reads
 from gate.store.tx import WriteTx
 

@@ -11,10 +11,11 @@ from pathlib import Path
 
 from gate.clock import PinnedClock
 from gate.errors import Unavailable
+from gate.postgres.target import PgTarget
 from gate.store import connection, pg_backend, writer_process
 from gate.store.backend import SqliteSide, WriteSide
 from gate.store.batch import Faults, Handler, Writer
-from gate.store.pg_backend import PgSide, PgTarget
+from gate.store.pg_backend import PgSide
 from gate.store.reads import Reads
 from gate.store.writer_thread import ThreadWriter
 

@@ -1,8 +1,8 @@
-"""The gate on PostgreSQL: where the database is (``PgTarget``), its connections with the
-session settings of each role, the migration at start, and the writer's part of a batch
+"""The gate on PostgreSQL: the migration at start, and the writer's part of a batch
 (``PgBatch``: the ``audit_head`` row lock, which serialises the write batches of every gate
 on the database, gives the chain's tail and the database's clock) on a connection opened
-again when lost (``PgSide``).
+again when lost (``PgSide``); where the database is and how to connect to it is
+``gate.postgres.target``'s.
 
 psycopg is imported lazily, inside what connects: the base install (without the
 ``postgres`` extra) imports this module, and a SQLite gate never loads the driver.
@@ -11,41 +11,22 @@ psycopg is imported lazily, inside what connects: the base install (without the
 from __future__ import annotations
 
 import logging
-import os
-import socket
 import sqlite3
 import time
-from dataclasses import dataclass, field
 from typing import Any, cast
 
 from gate.clock import PinnedClock
 from gate.errors import Unavailable
+from gate.postgres.connection import PgConnection, PgError, as_sqlite_error
+from gate.postgres.migrate import SchemaTooNew
+from gate.postgres.target import PgTarget, connect
 from gate.store.backend import BatchBackend
-from gate.store.pg_connection import PgConnection, PgError, as_sqlite_error
 from gate.store.pg_rate import PgRateEvents
-from gate.store.pg_schema import SchemaTooNew, migrate
+from gate.store.pg_schema import migrate
 from gate.store.tx import WriteTx
 
 log = logging.getLogger(__name__)
 
-# Session settings of every connection (ms): a writer frozen or cut off while it holds the
-# head lock loses it after IDLE_IN_TRANSACTION_MS (the other gates go on); a gate waiting
-# for the lock longer than LOCK_TIMEOUT_MS answers 503 instead of hanging; no statement runs
-# longer than STATEMENT_TIMEOUT_MS.
-IDLE_IN_TRANSACTION_MS = 5_000
-LOCK_TIMEOUT_MS = 5_000
-STATEMENT_TIMEOUT_MS = 30_000
-CONNECT_TIMEOUT_S = 5
-# PostgreSQL >= 14: how often (ms) a session running a statement checks that its client is
-# still there (a gate gone mid-statement does not hold locks until the statement ends)
-CLIENT_CHECK_MS = 2_000
-# TCP keepalives (s): a peer gone without a FIN is noticed within about 10 + 3 * 5 s
-KEEPALIVES = {
-    "keepalives": 1,
-    "keepalives_idle": 10,
-    "keepalives_interval": 5,
-    "keepalives_count": 3,
-}
 # a write connection idle this long (s) is checked (one round trip) before a batch uses it,
 # so a server restarted meanwhile costs a reconnection, not a batch answered 503
 CHECK_IDLE_S = 1.0
@@ -57,75 +38,6 @@ HEAD_LOCK = (
     " CAST(extract(epoch FROM clock_timestamp()) * 1000 AS BIGINT)"
     " FROM audit_head WHERE id = 1 FOR UPDATE"
 )
-
-
-NEEDS_EXTRA = "storage.url (PostgreSQL) needs the postgres extra: pip install 'hitl-gate[postgres]'"
-
-
-def _instance() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}"
-
-
-@dataclass(frozen=True, slots=True)
-class PgTarget:
-    """A PostgreSQL database: ``url`` (libpq's URL, without a password: config
-    ``storage.url``), ``password`` (from ``storage.password_env``; never shown) and
-    ``instance``, this gate's name in ``application_name`` (``hitl-gate/<role>/<instance>``:
-    ``pg_stat_activity`` tells the gates apart); by default ``host:pid``."""
-
-    url: str
-    password: str | None = field(default=None, repr=False)
-    instance: str = field(default_factory=_instance)
-
-    def __str__(self) -> str:
-        return self.url  # refused with a password in it (gate.config.storage)
-
-
-def connect(target: PgTarget, role: str, *, read_only: bool = False) -> PgConnection:
-    """A new autocommit connection to ``target`` as ``PgConnection``, with
-    ``application_name`` ``hitl-gate/<role>/<instance>``, the session timeouts above, TCP
-    keepalives and, with ``read_only``, ``default_transaction_read_only``. Options given in
-    the URL's ``options`` come first. Raises ``PgOperationalError`` (a storage fault) when
-    the server cannot be reached, Unavailable naming the extra when psycopg is missing or
-    the parameter libpq refuses in the URL."""
-    try:
-        import psycopg
-        from psycopg.conninfo import conninfo_to_dict
-    except ImportError:
-        raise Unavailable("storage_unavailable", NEEDS_EXTRA) from None
-
-    try:
-        params: dict[str, Any] = conninfo_to_dict(target.url)
-    except psycopg.Error as exc:  # the config refuses these; libpq has the last word
-        reason = (str(exc).strip() or type(exc).__name__).splitlines()[0]
-        raise Unavailable("storage_unavailable", f"storage.url: {reason}") from None
-    settings: dict[str, object] = {
-        "idle_in_transaction_session_timeout": IDLE_IN_TRANSACTION_MS,
-        "lock_timeout": LOCK_TIMEOUT_MS,
-        "statement_timeout": STATEMENT_TIMEOUT_MS,
-    }
-    if read_only:
-        settings["default_transaction_read_only"] = "on"
-    options = " ".join(f"-c {name}={value}" for name, value in settings.items())
-    given = params.get("options")
-    params["options"] = f"{given} {options}" if given else options
-    params["application_name"] = f"hitl-gate/{role}/{target.instance}"[:63]
-    params.setdefault("connect_timeout", CONNECT_TIMEOUT_S)
-    params.update(KEEPALIVES)
-    if target.password is not None:
-        params["password"] = target.password
-    try:
-        driver = psycopg.connect(autocommit=True, **params)
-    except psycopg.Error as exc:
-        raise as_sqlite_error(exc) from None  # its cause would repeat the parameters
-    conn = PgConnection(driver)
-    if driver.info.server_version >= 140000:
-        try:
-            conn.execute(f"SET client_connection_check_interval = {CLIENT_CHECK_MS}")
-        except sqlite3.Error:
-            conn.close()
-            raise
-    return conn
 
 
 def prepare(target: PgTarget) -> int:

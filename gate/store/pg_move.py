@@ -5,7 +5,8 @@ copied ids and ``audit_head`` set from the copied log. The source is held with t
 lock while it is read, so no gate writes it meanwhile.
 
 What it refuses (``MoveError``, nothing written): a source that is missing, in use, not a
-gate database or newer than this gate; a target that is not empty, not UTF8, not sorted by
+gate database or newer than this gate; a target that is not empty (a row in any of the gate's
+tables, or its audit head past 0: gates run or have run there), not UTF8, not sorted by
 code point (the ``C`` collation) or newer than this gate; a value PostgreSQL cannot hold as
 it is (a BLOB, a text with U+0000, a value of another type than its column's).
 The copy's audit check (the chain, its head equal to the source's) is ``gate.audit.verify``'s.
@@ -22,10 +23,12 @@ from pathlib import Path
 from typing import Any
 
 from gate.errors import GateError, Unavailable
+from gate.postgres.connection import as_sqlite_error
+from gate.postgres.migrate import SchemaTooNew
+from gate.postgres.target import PgTarget
 from gate.store import connection, pg_read, readonly
-from gate.store.pg_backend import PgTarget, text_rules_problem
-from gate.store.pg_connection import as_sqlite_error
-from gate.store.pg_schema import SchemaTooNew, migrate, sync_audit_head
+from gate.store.pg_backend import text_rules_problem
+from gate.store.pg_schema import CLUSTER_TABLES, PG_MIGRATIONS, migrate, sync_audit_head
 from gate.store.schema import SCHEMA_VERSION
 
 CHUNK = 1000
@@ -66,12 +69,14 @@ def move(source: Path, target: PgTarget) -> Moved:
         try:
             with conn.transaction():
                 _refuse_text_rules(conn)
-                _refuse_rows(conn, names)  # before anything is applied
+                _refuse_rows(conn, _gate_tables(names))  # before anything is applied
                 _migrate(conn)
                 # the gates' write lock: one running on this database waits for the COMMIT,
                 # then appends after the copied head
                 conn.execute("SELECT seq FROM audit_head WHERE id = 1 FOR UPDATE")
-                _refuse_rows(conn, names)  # and again under it: nothing written meanwhile
+                # and again under it: nothing written meanwhile, no gate's trace
+                _refuse_rows(conn, _gate_tables(names))
+                _refuse_head(conn)
                 copied = tuple((name, _copy(lite, conn, name, cols)) for name, cols in tables)
                 _set_identities(conn, names)
                 seq, entry_hash, _ = sync_audit_head(conn)
@@ -151,17 +156,50 @@ def _source_tables(lite: sqlite3.Connection) -> list[tuple[str, list[str]]]:
     ]
 
 
+def _gate_tables(source: list[str]) -> list[str]:
+    """The source's tables, then every other table of the gate's PostgreSQL schema (those
+    of PostgreSQL alone, those a schema newer than the source's has): a row in any of them
+    is refused. ``audit_head`` always has its row (``_refuse_head`` checks its seq)."""
+    created = [
+        name
+        for step in PG_MIGRATIONS.values()
+        for sql in step
+        for name in re.findall(r"CREATE TABLE (\w+)", sql)
+    ]
+    return [name for name in dict.fromkeys([*source, *created]) if name != "audit_head"]
+
+
 def _refuse_rows(conn: Any, tables: list[str]) -> None:
     """MoveError naming the first of ``tables`` that holds a row in the target (before its
-    schema is applied: any table of that name counts)."""
+    schema is applied: any table of that name counts); a row in a table of PostgreSQL alone
+    (``CLUSTER_TABLES``) says gates run or have run there."""
     for table in tables:
         (there,) = conn.execute("SELECT to_regclass(%s) IS NOT NULL", (f'"{table}"',)).fetchone()
-        if there and conn.execute(f'SELECT EXISTS (SELECT 1 FROM "{table}")').fetchone()[0]:
-            raise MoveError(
-                "--to",
-                f"the database is not empty: table {table} has rows (the move copies into"
-                " an empty database only; nothing was written)",
-            )
+        if not there or not conn.execute(f'SELECT EXISTS (SELECT 1 FROM "{table}")').fetchone()[0]:
+            continue
+        if table in CLUSTER_TABLES:
+            raise _gates_ran(f"table {table} has rows")
+        raise MoveError(
+            "--to",
+            f"the database is not empty: table {table} has rows (the move copies into"
+            " an empty database only; nothing was written)",
+        )
+
+
+def _refuse_head(conn: Any) -> None:
+    """MoveError when the target's audit head is past 0 (a gate appended there, even if
+    its rows are gone); call under the head's lock, after ``_migrate``."""
+    (seq,) = conn.execute("SELECT seq FROM audit_head WHERE id = 1").fetchone() or (0,)
+    if seq:
+        raise _gates_ran(f"its audit head is at entry {seq}")
+
+
+def _gates_ran(reason: str) -> MoveError:
+    return MoveError(
+        "--to",
+        f"gates run or have run on this database: {reason} (the move copies into a database"
+        " no gate has used; nothing was written)",
+    )
 
 
 def _migrate(conn: Any) -> None:

@@ -2,7 +2,7 @@
 migrate``'s check): the read-only connection the offline readers use, one ``REPEATABLE READ
 READ ONLY`` snapshot for the connection's life, every ``SELECT`` through a server-side
 (named) cursor, so a log of any size streams in constant memory. The database is a
-``gate.store.pg_backend.PgTarget``, its connection ``pg_backend.connect``'s (role
+``gate.postgres.target.PgTarget``, its connection ``gate.postgres.target.connect``'s (role
 ``offline``), without the daemon's statement and idle timeouts: an export piped into a slow
 reader waits, it is not cut off.
 """
@@ -17,8 +17,9 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from gate.errors import GateError, Unavailable
-from gate.store.pg_backend import PgTarget, connect, text_rules_problem
-from gate.store.pg_connection import DriverInfo, PgConnection, PgError, as_sqlite_error
+from gate.postgres.connection import DriverInfo, PgConnection, PgError, as_sqlite_error
+from gate.postgres.target import PgTarget, connect
+from gate.store.pg_backend import text_rules_problem
 
 SCHEMES = ("postgresql", "postgres")
 EXTRA = "needs the postgres extra: pip install 'hitl-gate[postgres]'"
@@ -41,7 +42,7 @@ def driver() -> Any:
 
 
 def session(target: PgTarget, role: str, *, read_only: bool = False) -> Any:
-    """An autocommit psycopg connection to ``target`` (``pg_backend.connect``'s, role
+    """An autocommit psycopg connection to ``target`` (``gate.postgres.target.connect``'s, role
     ``role``) with no statement or idle-in-transaction timeout: an offline tool's reads and
     a move's copy take as long as they take. Raises GateError ``no_driver``, Unavailable
     ``storage_unavailable`` (``cannot connect to URL: reason``) when it cannot connect."""

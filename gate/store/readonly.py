@@ -3,9 +3,9 @@ reads run through it (``reading``), and the audit_log column list of any schema 
 the catalog questions (``has_table``, ``table_columns``, ``schema_version``) on either backend.
 
 A database is a SQLite file (a ``Path``) or a PostgreSQL database (a
-``gate.store.pg_backend.PgTarget``, read through ``gate.store.pg_read``): the readers write
+``gate.postgres.target.PgTarget``, read through ``gate.store.pg_read``): the readers write
 their statements once, in SQLite's words, and the PostgreSQL connection translates them
-(``gate.store.pg_connection``)."""
+(``gate.postgres.connection``)."""
 
 from __future__ import annotations
 
@@ -16,11 +16,11 @@ from pathlib import Path, PurePath
 from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
 
 from gate.errors import Unavailable
+from gate.postgres.connection import PgConnection
 from gate.store.connection import BUSY_TIMEOUT_MS
-from gate.store.pg_connection import PgConnection
 
 if TYPE_CHECKING:  # pg_backend imports the writer's modules, which import this one
-    from gate.store.pg_backend import PgTarget
+    from gate.postgres.target import PgTarget
 
 AUDIT_COLUMNS = "seq, approval_id, kind, entry, prev_hash, entry_hash, receipt"
 

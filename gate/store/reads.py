@@ -15,10 +15,10 @@ from typing import Any, TypeVar, cast
 from gate.audit import chain as audit
 from gate.errors import Unavailable
 from gate.model import Credential
+from gate.postgres.target import PgTarget
 from gate.store import credentials, outbox, pg_backend, requests
 from gate.store.connection import open_reader
 from gate.store.outbox import OutboxTable
-from gate.store.pg_backend import PgTarget
 from gate.store.requests import RequestTables
 
 T = TypeVar("T")
@@ -183,7 +183,7 @@ class Reads:
 
 def _as_sqlite(conn: Any) -> sqlite3.Connection:
     """A ``PgConnection`` where the read functions take a sqlite3 connection: it offers
-    what they use of one (``gate.store.pg_connection``)."""
+    what they use of one (``gate.postgres.connection``)."""
     return cast(sqlite3.Connection, conn)
 
 

@@ -98,7 +98,7 @@ async def _postgres_checks(
     chain (``check_audit`` on the database), the gates on the database (``check_cluster``),
     the relay and the clock; the database's integrity is the server's (SKIP), and the checks
     that still read a SQLite file SKIP."""
-    from gate.store.pg_backend import PgTarget  # not for a SQLite config
+    from gate.postgres.target import PgTarget  # not for a SQLite config
 
     config_check, secrets_check, keys_check, keys = first
     assert config.storage.url is not None

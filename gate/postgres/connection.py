@@ -1,7 +1,8 @@
-"""The store's statements on PostgreSQL, written once: ``PgConnection`` offers the statement
-classes (``gate.store.tx.WriteTx`` and what it composes, ``gate.store.requests``,
-``gate.store.outbox``, the reads) exactly what they use of a ``sqlite3.Connection``, over a
-psycopg 3 (sync) connection in autocommit mode, and translates each SQLite statement once.
+"""SQLite statements on PostgreSQL, written once: ``PgConnection`` offers the statement
+classes of the gate's store (``gate.store.tx.WriteTx`` and what it composes, the requests,
+the outbox, the reads) and the inbox's queries (``gate.inbox.db``) exactly what they use of
+a ``sqlite3.Connection``, over a psycopg 3 (sync) connection in autocommit mode, and
+translates each SQLite statement once.
 
 What it offers, as sqlite3 does:
 
@@ -16,16 +17,20 @@ What it offers, as sqlite3 does:
   subclasses, with the server's ``sqlstate`` and the driver's exception as ``__cause__``):
   class 23 (integrity) as ``sqlite3.IntegrityError``, so a constraint fails one job alone;
   08 (connection), 40 (serialization, deadlock), 53 (resources), 57 (operator intervention:
-  shutdown, cancelled, lock timeout) and 58 (system) as ``sqlite3.OperationalError``, which
+  shutdown, cancelled, statement timeout), 58 (system) and 55P03 (``lock_timeout``: a lock
+  waited for too long) as ``sqlite3.OperationalError``, which
   ``gate.store.batch.is_fault`` counts as a storage fault (503 ``storage_unavailable``);
   22 (data) as ``sqlite3.DataError``; anything else as ``sqlite3.DatabaseError``.
-- parameters: a Python ``bool`` is sent as the integer SQLite stores (the schema's flags are
-  ``BIGINT`` on both backends); everything else as given.
+- parameters: a sequence for ``?`` placeholders, or a mapping for ``:name`` ones (as
+  sqlite3's named style); a Python ``bool`` is sent as the integer SQLite stores (the
+  schema's flags are ``BIGINT`` on both backends); everything else as given. A new row's id
+  is read as on SQLite >= 3.35: ``INSERT ... RETURNING id`` (no ``lastrowid``).
 
 The translator (``translate``), applied once per distinct statement text (cached), outside
 string literals, quoted identifiers and comments unless said otherwise:
 
-1. ``?`` becomes ``%s``; every ``%`` (literals too: psycopg reads the whole text) ``%%``;
+1. ``?`` becomes ``%s``, ``:name`` ``%(name)s``; every ``%`` (literals too: psycopg reads
+   the whole text) ``%%``;
 2. ``INDEXED BY index`` is dropped (PostgreSQL's planner picks the partial index itself);
 3. ``INSERT OR IGNORE INTO t ...`` becomes ``INSERT INTO t ... ON CONFLICT DO NOTHING`` (the
    store ignores only key conflicts: ``OutboxStatements.queue(once=True)``);
@@ -58,7 +63,7 @@ from __future__ import annotations
 
 import re
 import sqlite3
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from functools import lru_cache
 from typing import Any, Protocol
 
@@ -128,6 +133,7 @@ _JSON_PATH = re.compile(r"\$((?:\.[A-Za-z_]\w*)+)")
 _BEGIN_IMMEDIATE = re.compile(r"^\s*BEGIN\s+IMMEDIATE\s*$", re.IGNORECASE)
 _BEGIN_DEFERRED = re.compile(r"^\s*BEGIN(?:\s+DEFERRED)?\s*$", re.IGNORECASE)
 _REFUSED = re.compile(r"^\s*PRAGMA\b|\bsqlite_(?:master|schema)\b", re.IGNORECASE)
+_NAMED = re.compile(r"(?<![:\w]):([A-Za-z_]\w*)")
 _CHANGES = re.compile(r"^\s*(?:INSERT|UPDATE|DELETE)\b", re.IGNORECASE)
 
 
@@ -169,6 +175,7 @@ def translate(sql: str) -> str:
         code = _OR_IGNORE.sub(r"\1INSERT INTO", code, count=1).rstrip() + " ON CONFLICT DO NOTHING"
     code = _JSON_EXTRACT.sub(lambda m: _json_extract(m, literals), code)
     code = code.replace("%", "%%")
+    code = _NAMED.sub(r"%(\1)s", code)
     code = _IS_NOT_PARAM.sub("IS DISTINCT FROM ?", code)
     code = _IS_PARAM.sub("IS NOT DISTINCT FROM ?", code)
     code = code.replace("?", "%s")
@@ -266,7 +273,8 @@ class PgIntegrityError(PgError, sqlite3.IntegrityError):
 
 
 class PgOperationalError(PgError, sqlite3.OperationalError):
-    """SQLSTATE classes 08, 40, 53, 57, 58, or a lost connection: a storage fault."""
+    """SQLSTATE classes 08, 40, 53, 57, 58, 55P03 (a lock timeout), or a lost connection:
+    a storage fault."""
 
 
 class PgDataError(PgError, sqlite3.DataError):
@@ -283,6 +291,9 @@ _BY_CLASS: dict[str, type[PgError]] = {
     "22": PgDataError,
 }
 
+
+# single SQLSTATEs outside those classes: lock_not_available (lock_timeout expired)
+_BY_STATE: dict[str, type[PgError]] = {"55P03": PgOperationalError}
 
 # a driver error without a SQLSTATE (raised by the client: a lost connection, a value it
 # cannot send) by the name of its DB-API class
@@ -301,7 +312,7 @@ def as_sqlite_error(exc: BaseException) -> PgError:
     send (``DataError``: a text with U+0000) as ``PgDataError``."""
     sqlstate = getattr(exc, "sqlstate", None)
     if sqlstate is not None:
-        kind = _BY_CLASS.get(sqlstate[:2], PgError)
+        kind = _BY_STATE.get(sqlstate) or _BY_CLASS.get(sqlstate[:2], PgError)
     else:
         names = [cls.__name__ for cls in type(exc).__mro__]
         kind = next((_BY_DBAPI[n] for n in names if n in _BY_DBAPI), PgError)
@@ -348,11 +359,17 @@ class PgConnection:
         """The psycopg connection underneath."""
         return self._conn
 
-    def execute(self, sql: str, params: Sequence[Any] = ()) -> Cursor:
-        """Run the SQLite statement ``sql`` (translated) with ``params`` (``?`` in order)."""
+    def execute(self, sql: str, params: Sequence[Any] | Mapping[str, Any] = ()) -> Cursor:
+        """Run the SQLite statement ``sql`` (translated) with ``params`` (``?`` in order, or
+        a mapping for ``:name``)."""
         text = translate(sql)
+        sent: tuple[Any, ...] | dict[str, Any]
+        if isinstance(params, Mapping):
+            sent = {name: _param(value) for name, value in params.items()}
+        else:
+            sent = tuple(_param(p) for p in params)
         with _errors():
-            cursor = self._conn.execute(text, tuple(_param(p) for p in params))
+            cursor = self._conn.execute(text, sent)
         changes = _counts_changes(sql)
         result = Cursor(cursor, changes)
         if changes and result.rowcount > 0:
