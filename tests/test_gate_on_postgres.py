@@ -253,7 +253,7 @@ def test_two_gates_on_one_database_count_a_decision_once(
     migrated = [gate for gate in gates if "event=migrated" in gate.log()]
     assert len(migrated) == 1  # one gate applied the schema, the other found it applied
     steps = sorted(PG_MIGRATIONS)
-    assert migrated[0].log().count("event=migrated") == len(steps)  # each step once
+    assert migrated[0].log().count("event=migrated") == 1  # one line for its steps
     assert rows(url, "SELECT version, step FROM schema_migrations ORDER BY 1, 2") == steps
     assert steps[-1][0] == SCHEMA_VERSION
     for round_ in range(5):
