@@ -44,7 +44,7 @@ def test_cluster_start_three_gates_at_once_migrate_once_and_all_serve(
         migrated = [text for text in logs if "event=migrated" in text]
         assert len(migrated) == 1, logs  # one gate applied the schema, the others found it
         steps = sorted(PG_MIGRATIONS)
-        assert migrated[0].count("event=migrated") == len(steps)  # each step once
+        assert migrated[0].count("event=migrated") == 1  # one line for its steps
         assert rows(gates.url, "SELECT version, step FROM schema_migrations ORDER BY 1, 2") == steps
         serve_each(gates, relay)
     finally:

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from gate.config import load, load_config
+from gate.config.storage import LIBPQ_PARAMS
 from gate.errors import ConfigError
 from tests.test_config import (
     ENV,
@@ -65,6 +66,18 @@ def test_storage_on_postgres_has_no_sqlite_file(tmp_path: Path) -> None:
             {}, "storage: give path (a SQLite file) or url (a postgresql:// URL)", id="neither"
         ),
         pytest.param(
+            {"url": None, "password_env": "HITL_DB_PASSWORD"},
+            "storage: give path (a SQLite file) or url (a postgresql:// URL)",
+            id="null-url",
+        ),
+        pytest.param(
+            {"url": URL, "password_env": "hitl-db-pw-s3cr3t-xyz0123456789"},
+            "storage.password_env: looks like a secret value, not the name of an environment"
+            " variable (not shown; put the secret in a variable, e.g. HITL_DB_PASSWORD, and"
+            " its name here)",
+            id="secret-for-variable-name",
+        ),
+        pytest.param(
             {"path": "gate.db", "password_env": "HITL_DB_PASSWORD"},
             "storage: password_env goes with url (PostgreSQL); SQLite has no password",
             id="password-for-sqlite",
@@ -80,6 +93,36 @@ def test_storage_on_postgres_has_no_sqlite_file(tmp_path: Path) -> None:
             "storage.url: must not hold a password; name the environment variable that holds"
             " it in storage.password_env",
             id="password-parameter",
+        ),
+        pytest.param(
+            {"url": "postgresql://gate@db/hitl?PASSWORD=hunter2-secret"},
+            "storage.url: must not hold a password; name the environment variable that holds"
+            " it in storage.password_env",
+            id="password-parameter-upper-case",
+        ),
+        pytest.param(
+            {"url": "postgresql://gate@db/hitl?scram_client_key=hunter2-secret"},
+            "storage.url: must not hold a password; name the environment variable that holds"
+            " it in storage.password_env",
+            id="secret-parameter",
+        ),
+        *(
+            pytest.param(
+                {"url": f"postgresql://gate@db/hitl?sslmode=require&{key}=1"},
+                f'storage.url: invalid URI query parameter "{key}" (libpq\'s, such as'
+                " sslmode, connect_timeout, application_name)",
+                id=f"unknown-parameter-{key}",
+            )
+            for key in ("sslmod", "x", "SSLMODE")
+        ),
+        *(
+            pytest.param(
+                {"url": f"postgresql://gate@db/hitl?application_name={escape}"},
+                "storage.url: not a valid postgresql:// URL: % must start %XX (two hex digits,"
+                " not %00)",
+                id=f"bad-escape-{escape}",
+            )
+            for escape in ("%zz", "%00", "a%")
         ),
         pytest.param(
             {"url": "mysql://gate@db/hitl"},
@@ -116,6 +159,13 @@ def test_storage_mistakes_are_one_line_naming_the_key(
 
     assert errors == [error]
     assert not any("hunter2" in line for line in errors)
+
+
+def test_storage_url_parameters_are_every_one_the_installed_libpq_knows() -> None:
+    pq = pytest.importorskip("psycopg").pq
+    known = {option.keyword.decode() for option in pq.Conninfo.get_defaults()}
+    assert known - LIBPQ_PARAMS - {"password", "sslpassword", "oauth_client_secret",
+                                   "scram_client_key", "scram_server_key"} == set()  # fmt: skip
 
 
 def test_storage_error_does_not_hide_the_others(tmp_path: Path) -> None:

@@ -326,7 +326,8 @@ def lease_holder(url: str, gates: list[GateProcess]) -> GateProcess:
         found = rows(
             url,
             "SELECT i.pid FROM gate_lease l JOIN gate_instances i ON i.instance_id = l.holder"
-            " WHERE l.name = 'timers'",
+            " WHERE l.name = 'timers'"  # a released lease keeps its row, lapsed
+            " AND l.expires_at > (extract(epoch FROM clock_timestamp()) * 1000)::bigint",
         )
         pids = {pid for (pid,) in found}
         return next((g for g in gates if g.proc is not None and g.proc.pid in pids), None)

@@ -253,7 +253,7 @@ def test_two_gates_on_one_database_count_a_decision_once(
     migrated = [gate for gate in gates if "event=migrated" in gate.log()]
     assert len(migrated) == 1  # one gate applied the schema, the other found it applied
     steps = sorted(PG_MIGRATIONS)
-    assert migrated[0].log().count("event=migrated") == len(steps)  # each step once
+    assert migrated[0].log().count("event=migrated") == 1  # one line for its steps
     assert rows(url, "SELECT version, step FROM schema_migrations ORDER BY 1, 2") == steps
     assert steps[-1][0] == SCHEMA_VERSION
     for round_ in range(5):
@@ -299,36 +299,69 @@ def test_two_gates_on_one_database_count_a_decision_once(
         assert http_request(gate.api_url + "/healthz", "GET", None, {}, 30)[0] == 200
 
 
+def serve_refused(directory: Path, relay: CaptureRelay, url: str) -> tuple[int, list[str]]:
+    """``hitl-gate serve`` on ``url`` that does not start: its exit code and its stderr's
+    lines."""
+    path = pg_config(directory, relay, url)
+    done = run_cli("serve", "-c", str(path), env=gate_env(HITL_DB_PASSWORD=DB_PASSWORD))
+    return done.returncode, done.stderr.decode().splitlines()
+
+
 def test_gate_on_postgres_refuses_a_schema_newer_than_itself(
     tmp_path: Path, relay: CaptureRelay, url: str
 ) -> None:
     with psycopg.connect(url) as conn, conn.transaction():
         migrate(conn)
         conn.execute("INSERT INTO schema_migrations (version) VALUES (%s)", (SCHEMA_VERSION + 1,))
-    path = pg_config(tmp_path, relay, url)
-
-    done = run_cli("serve", "-c", str(path), env=gate_env(HITL_DB_PASSWORD=DB_PASSWORD))
-
-    assert done.returncode == 1
-    assert done.stderr.decode().splitlines() == [
-        f"Error: the database's schema is version {SCHEMA_VERSION + 1};"
-        f" this gate knows up to {SCHEMA_VERSION}"
-    ]
+    assert serve_refused(tmp_path, relay, url) == (
+        1,
+        [
+            f"Error: the database's schema is version {SCHEMA_VERSION + 1};"
+            f" this gate knows up to {SCHEMA_VERSION}"
+        ],
+    )
 
 
 def test_gate_on_postgres_unreachable_is_one_line(
     tmp_path: Path, relay: CaptureRelay, server: PgServer
 ) -> None:
-    path = pg_config(tmp_path, relay, f"postgresql://gate@127.0.0.1:{free_port()}/none")
-
-    done = run_cli("serve", "-c", str(path), env=gate_env(HITL_DB_PASSWORD=DB_PASSWORD))
-
-    assert done.returncode == 1
-    lines = done.stderr.decode().splitlines()
+    unreachable = f"postgresql://gate@127.0.0.1:{free_port()}/none"
+    code, lines = serve_refused(tmp_path, relay, unreachable)
+    assert code == 1
     assert len(lines) == 1, lines
     (line,) = lines
     assert line.startswith("Error: cannot open database postgresql://gate@127.0.0.1:"), line
     assert DB_PASSWORD not in line
+
+
+def test_gate_on_postgres_refuses_a_database_not_utf8_in_one_line(
+    tmp_path: Path, relay: CaptureRelay, server: PgServer
+) -> None:
+    name = f"gate_{next(_databases)}"
+    with psycopg.connect(server.url(), autocommit=True) as admin:
+        admin.execute(
+            f"CREATE DATABASE {name} ENCODING 'SQL_ASCII' LC_COLLATE 'C' LC_CTYPE 'C'"
+            " TEMPLATE template0"
+        )
+    assert serve_refused(tmp_path, relay, server.url(name)) == (
+        1,
+        [
+            f"Error: database {server.url(name)}: the database's encoding is SQL_ASCII; the"
+            " gate's texts need UTF8 (createdb --locale=C --encoding=UTF8 --template=template0)"
+        ],
+    )
+    assert rows(server.url(name), "SELECT count(*) FROM pg_tables WHERE schemaname = 'public'") == [
+        (0,)
+    ]
+
+
+def test_gate_on_postgres_names_a_misspelled_url_parameter_in_one_line(
+    tmp_path: Path, relay: CaptureRelay, url: str
+) -> None:
+    code, lines = serve_refused(tmp_path, relay, f"{url}?sslmod=require")
+    assert code == 2
+    assert len(lines) == 1, lines
+    assert 'storage.url: invalid URI query parameter "sslmod"' in lines[0], lines
 
 
 def test_a_gate_killed_leaves_the_other_serving_and_loses_nothing(

@@ -68,8 +68,35 @@ async def test_pg_lease_released_is_claimed_by_the_next_gate_in_a_new_term(url: 
         assert await release(conn, TIMERS, "a") is True
         taken = await claim(conn, TIMERS, "b", 60_000)
         assert taken is not None
-        # a released row is gone: the next holder starts again at term 1
-        assert (taken.holder, taken.term) == ("b", 1)
+        # a released lease has lapsed: the next holder counts on from its term
+        assert (taken.holder, taken.term) == ("b", first.term + 1)
+    finally:
+        await close_quietly(conn)
+
+
+async def test_pg_lease_term_only_grows_through_lapses_and_releases_by_one_holder(
+    url: str,
+) -> None:
+    conn = await connect(url, "lease", "solo")
+    try:
+        await release(conn, TIMERS, "a")  # whatever an earlier test left
+        await release(conn, TIMERS, "b")
+        terms = []
+        for step in range(3):
+            held = await claim(conn, TIMERS, "solo", 50)
+            assert held is not None
+            terms.append(held.term)
+            if step == 0:  # let it lapse (database clock), then reclaim it
+                deadline = time.monotonic() + 5
+                while (now := await current(conn, TIMERS)) and now.expires_at > now.now:
+                    assert time.monotonic() < deadline
+                    await asyncio.sleep(0.01)
+            else:
+                assert await release(conn, TIMERS, "solo") is True
+                assert await release(conn, TIMERS, "solo") is False  # no longer held
+        assert terms == [terms[0], terms[0] + 1, terms[0] + 2]
+        after = await current(conn, TIMERS)
+        assert after is not None and after.expires_at <= after.now  # released: lapsed, kept
     finally:
         await close_quietly(conn)
 

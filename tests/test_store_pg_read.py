@@ -97,6 +97,26 @@ def test_pg_read_refuses_a_schema_newer_than_the_gate(server: PgServer) -> None:
 
 @pytest.mark.e2e
 @pytest.mark.postgres
+def test_pg_read_refuses_a_database_not_utf8_in_one_line(server: PgServer) -> None:
+    # its texts would read as bytes (audit verify died of a TypeError)
+    with psycopg.connect(server.url(), autocommit=True) as admin:
+        admin.execute(
+            "CREATE DATABASE ascii ENCODING 'SQL_ASCII' LC_COLLATE 'C' LC_CTYPE 'C'"
+            " TEMPLATE template0"
+        )
+    with psycopg.connect(server.url("ascii")) as conn, conn.transaction():
+        migrate(conn)
+    ascii_db = PgTarget(server.url("ascii"))
+    with pytest.raises(Unavailable) as refused:
+        list(auditlog.DatabaseRows(ascii_db))
+    assert refused.value.message == (
+        f"database {ascii_db}: the database's encoding is SQL_ASCII; the gate's texts need"
+        " UTF8 (createdb --locale=C --encoding=UTF8 --template=template0)"
+    )
+
+
+@pytest.mark.e2e
+@pytest.mark.postgres
 def test_pg_read_parallel_chain_check_answers_as_one_pass(db: PgTarget) -> None:
     def both() -> tuple[chain.VerifyResult, chain.VerifyResult]:
         whole = chain.verify(auditlog.DatabaseRows(db), KEY)

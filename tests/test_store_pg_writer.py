@@ -297,21 +297,56 @@ def test_pg_writer_frozen_holding_the_head_lock_loses_it_and_its_batch_answers_5
     assert head(other.target)[0] == 2
 
 
+def test_pg_connect_refuses_a_url_libpq_refuses_in_one_line() -> None:
+    # the config refuses it at load; what reaches connect anyway is one line, no traceback
+    target = PgTarget("postgresql://gate@127.0.0.1:1/hitl?application_name=%zz")
+    with pytest.raises(Unavailable) as refused:
+        pg_target.connect(target, "migrate")
+    assert refused.value.message == 'storage.url: invalid percent-encoded token: "%zz"'
+
+
+CREATEDB = "(createdb --locale=C --encoding=UTF8 --template=template0)"
+
+
 @pytest.mark.parametrize(
-    ("locale", "warned"),
-    [("LOCALE 'C'", False), ("LOCALE_PROVIDER icu ICU_LOCALE 'und'", True)],
-    ids=["c", "icu"],
+    ("options", "refusal"),
+    [
+        ("LOCALE 'C'", None),
+        ("LOCALE 'C.UTF-8'", None),
+        (
+            "LOCALE_PROVIDER icu ICU_LOCALE 'und'",
+            "the database does not sort text by code point, as the gate's ids sort; create it"
+            f" with the C collation {CREATEDB}",
+        ),
+        (
+            "ENCODING 'SQL_ASCII' LC_COLLATE 'C' LC_CTYPE 'C'",
+            f"the database's encoding is SQL_ASCII; the gate's texts need UTF8 {CREATEDB}",
+        ),
+    ],
+    ids=["c", "c-utf8", "icu", "sql-ascii"],
 )
-def test_pg_prepare_warns_of_a_collation_that_does_not_sort_by_code_point(
-    server: PgServer, caplog: pytest.LogCaptureFixture, locale: str, warned: bool
+def test_pg_prepare_refuses_a_database_not_utf8_or_not_sorted_by_code_point(
+    server: PgServer, caplog: pytest.LogCaptureFixture, options: str, refusal: str | None
 ) -> None:
     name = f"collation_{next(_databases)}"
     with psycopg.connect(server.url(), autocommit=True) as admin:
-        admin.execute(f"CREATE DATABASE {name} {locale} TEMPLATE template0")
+        admin.execute(f"CREATE DATABASE {name} {options} TEMPLATE template0")
     caplog.set_level("INFO", logger="gate.store")
+    target = PgTarget(server.url(name))
 
-    assert pg_backend.prepare(PgTarget(server.url(name))) == SCHEMA_VERSION
+    if refusal is None:
+        assert pg_backend.prepare(target) == SCHEMA_VERSION
+    else:
+        with pytest.raises(Unavailable) as refused:
+            pg_backend.prepare(target)
+        assert refused.value.code == "storage_unavailable"
+        assert refused.value.message == f"database {target}: {refusal}"
+        with psycopg.connect(server.url(name)) as conn:  # nothing was created
+            assert conn.execute(
+                "SELECT count(*) FROM pg_tables WHERE schemaname = 'public'"
+            ).fetchone() == (0,)
 
     messages = [r.getMessage() for r in caplog.records]
-    assert ("event=storage_collation" in " ".join(messages)) is warned, messages
-    assert f"event=migrated schema_version={SCHEMA_VERSION}" in messages
+    assert not [m for m in messages if "collation" in m], messages
+    migrated = f"event=migrated schema_version={SCHEMA_VERSION}" in messages
+    assert migrated is (refusal is None), messages

@@ -157,13 +157,14 @@ def check_ids(
     return errors
 
 
-def check_env_name(value: str) -> str:
+def check_env_name(value: str, example: str = "HITL_API_TOKEN") -> str:
     """A pydantic validator (the gate's config and the inbox's): ``value`` is the name of an
-    environment variable, never a secret pasted in its place; raises ValueError."""
+    environment variable, never a secret pasted in its place (the refusal suggests the name
+    ``example``); raises ValueError."""
     if _looks_like_a_secret(value):  # a secret pasted where its variable's NAME belongs
         raise ValueError(
             "looks like a secret value, not the name of an environment variable "
-            "(not shown; put the secret in a variable, e.g. HITL_API_TOKEN, and "
+            f"(not shown; put the secret in a variable, e.g. {example}, and "
             "its name here)"
         )
     if not _ENV_NAME.fullmatch(value):

@@ -62,7 +62,8 @@ def migrate_steps(
     missing: ``version``, ``step``, ``applied_at``), in key order, after taking the advisory
     lock ``lock_key`` (held to the end of the caller's transaction); returns the newest
     ``(version, step)`` the database has. Logs ``event=migrated schema_version=N`` on
-    ``log`` (the program's) for each step applied (``... step=S`` for a step past 0).
+    ``log`` (the program's) once for each version applied (its later steps with it;
+    ``... step=S``, the last, when only steps past 0 of a version the database had were).
     Raises SchemaTooNew (naming ``who``: "this gate") when the database has a step past
     the newest of ``steps``. The caller commits (psycopg: ``BEGIN``, this, ``COMMIT``)."""
     conn.execute("SELECT pg_advisory_xact_lock(%s)", (lock_key,))
@@ -87,10 +88,14 @@ def migrate_steps(
             f"the database's schema is version {current[0]} with PostgreSQL's step"
             f" {current[1]}; {who} knows up to step {known[1]}"
         )
+    reached: dict[int, tuple[int, int]] = {}  # version: (first, last step applied)
     for key in sorted(k for k in steps if k > current):
         for statement in steps[key]:
             conn.execute(statement)
         conn.execute(f"INSERT INTO {table} (version, step) VALUES (%s, %s)", key)
         version, step = key
-        log.info("event=migrated schema_version=%d" + (f" step={step}" if step else ""), version)
+        reached[version] = (reached[version][0] if version in reached else step, step)
+    for version, (first, last) in reached.items():
+        # one line a version: a later step alone (an upgrade of PostgreSQL's own) says which
+        log.info("event=migrated schema_version=%d" + (f" step={last}" if first else ""), version)
     return max(current, known)

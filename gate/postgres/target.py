@@ -65,14 +65,19 @@ def connect(
     ``application_name`` ``<program>/<role>/<instance>``, the session timeouts above, TCP
     keepalives and, with ``read_only``, ``default_transaction_read_only``. Options given in
     the URL's ``options`` come first. Raises ``PgOperationalError`` (a storage fault) when
-    the server cannot be reached, Unavailable naming the extra when psycopg is missing."""
+    the server cannot be reached, Unavailable naming the extra when psycopg is missing or
+    the parameter libpq refuses in the URL."""
     try:
         import psycopg
         from psycopg.conninfo import conninfo_to_dict
     except ImportError:
         raise Unavailable("storage_unavailable", NEEDS_EXTRA) from None
 
-    params: dict[str, Any] = conninfo_to_dict(target.url)
+    try:
+        params: dict[str, Any] = conninfo_to_dict(target.url)
+    except psycopg.Error as exc:  # the config refuses these; libpq has the last word
+        reason = (str(exc).strip() or type(exc).__name__).splitlines()[0]
+        raise Unavailable("storage_unavailable", f"storage.url: {reason}") from None
     settings: dict[str, object] = {
         "idle_in_transaction_session_timeout": IDLE_IN_TRANSACTION_MS,
         "lock_timeout": LOCK_TIMEOUT_MS,

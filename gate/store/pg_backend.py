@@ -44,18 +44,21 @@ def prepare(target: PgTarget) -> int:
     """At start: bring the database to this gate's schema (``pg_schema.migrate``: one
     transaction under an advisory lock, so N gates starting together migrate it once);
     returns the schema version. Raises Unavailable 503 ``storage_unavailable`` when the
-    server cannot be reached or the schema is newer than this gate."""
+    server cannot be reached, the database is not UTF8 sorted by code point
+    (``text_rules_problem``: nothing is created) or the schema is newer than this gate."""
     try:
         conn = connect(target, "migrate")
     except PgError as exc:
         raise Unavailable("storage_unavailable", f"cannot open database {target}: {exc}") from None
     try:
         driver = conn.driver
-        driver.execute("BEGIN")
         try:
+            problem = text_rules_problem(driver)
+            if problem is not None:
+                raise Unavailable("storage_unavailable", f"database {target}: {problem}")
+            driver.execute("BEGIN")
             version = migrate(driver)
             driver.execute("COMMIT")
-            _check_collation(driver)
         except SchemaTooNew as exc:
             raise Unavailable("storage_unavailable", str(exc)) from None
         except Exception as exc:
@@ -70,21 +73,27 @@ def prepare(target: PgTarget) -> int:
     return version
 
 
-def _check_collation(driver: Any) -> None:
-    """Log ``event=storage_collation`` (a warning) when the database does not sort text by
-    code point (``C``/``POSIX``): the gate's ids and cursors expect it (docs/operating.md)."""
-    # datlocprovider (PostgreSQL >= 15): 'c' libc (datcollate), 'i' ICU (sorts otherwise)
-    collation, provider = driver.execute(
-        "SELECT datcollate, to_jsonb(d) ->> 'datlocprovider' FROM pg_database d"
-        " WHERE datname = current_database()"
-    ).fetchone()
-    if provider not in (None, "c") or collation not in ("C", "POSIX"):
-        collation = collation if provider in (None, "c") else f"{provider}:{collation}"
-        log.warning(
-            "event=storage_collation collation=%s warning=ids sort by code point only under"
-            " the C collation: create the database with --locale=C",
-            collation,
+CREATEDB = "createdb --locale=C --encoding=UTF8 --template=template0"
+
+
+def text_rules_problem(driver: Any) -> str | None:
+    """Why the database (a psycopg connection) cannot hold the gate's data, or None: it
+    must store UTF8 (the entries' bytes are hashed; psycopg reads a SQL_ASCII database's
+    text as bytes) and sort text by code point, as the gate's ids and cursors do (``C``,
+    ``POSIX``, ``C.UTF-8``; not a language's collation, not ICU's). One rule, asked the
+    database itself, for the gate at start, ``storage migrate`` and the offline tools."""
+    (encoding,) = driver.execute("SHOW server_encoding").fetchone()
+    if isinstance(encoding, bytes):
+        encoding = encoding.decode("ascii", "replace")
+    if str(encoding).upper() not in ("UTF8", "UTF-8"):
+        return f"the database's encoding is {encoding}; the gate's texts need UTF8 ({CREATEDB})"
+    (by_code_point,) = driver.execute("SELECT 'Z' < 'a' AND '-' < 'A' AND 'B_1' < 'a'").fetchone()
+    if not by_code_point:
+        return (
+            "the database does not sort text by code point, as the gate's ids sort; create it"
+            f" with the C collation ({CREATEDB})"
         )
+    return None
 
 
 class PgBatch(BatchBackend):

@@ -27,6 +27,7 @@ from gate.postgres.connection import as_sqlite_error
 from gate.postgres.migrate import SchemaTooNew
 from gate.postgres.target import PgTarget
 from gate.store import connection, pg_read, readonly
+from gate.store.pg_backend import text_rules_problem
 from gate.store.pg_schema import CLUSTER_TABLES, PG_MIGRATIONS, migrate, sync_audit_head
 from gate.store.schema import SCHEMA_VERSION
 
@@ -98,23 +99,11 @@ def _primary(exc: Any) -> str:
 
 
 def _refuse_text_rules(conn: Any) -> None:
-    """MoveError unless the target database stores UTF-8 (what the entries' bytes are) and
-    sorts text by code point, as the gate's ids sort (the ``C`` collation)."""
-    (encoding,) = conn.execute("SHOW server_encoding").fetchone()
-    if str(encoding).upper() not in ("UTF8", "UTF-8"):
-        raise MoveError(
-            "--to",
-            f"the database's encoding is {encoding}; the gate's texts need UTF8"
-            " (createdb --locale=C --encoding=UTF8 --template=template0)",
-        )
-    (by_code_point,) = conn.execute("SELECT 'Z' < 'a' AND '-' < 'A' AND 'B_1' < 'a'").fetchone()
-    if not by_code_point:
-        raise MoveError(
-            "--to",
-            "the database does not sort text by code point, as the gate's ids sort; create"
-            " it with the C collation (createdb --locale=C --encoding=UTF8"
-            " --template=template0)",
-        )
+    """MoveError unless the target database stores UTF-8 and sorts text by code point
+    (``pg_backend.text_rules_problem``: the gate's own rule)."""
+    problem = text_rules_problem(conn)
+    if problem is not None:
+        raise MoveError("--to", problem)
 
 
 @contextmanager

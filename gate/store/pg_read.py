@@ -19,6 +19,7 @@ from urllib.parse import urlsplit
 from gate.errors import GateError, Unavailable
 from gate.postgres.connection import DriverInfo, PgConnection, PgError, as_sqlite_error
 from gate.postgres.target import PgTarget, connect
+from gate.store.pg_backend import text_rules_problem
 
 SCHEMES = ("postgresql", "postgres")
 EXTRA = "needs the postgres extra: pip install 'hitl-gate[postgres]'"
@@ -125,9 +126,14 @@ class Snapshot:
 
 def read_only(target: PgTarget) -> PgConnection:
     """A read-only ``PgConnection`` to ``target``: one snapshot, server-side cursors
-    (``Snapshot``). Raises as ``session``."""
+    (``Snapshot``). Raises as ``session``, and Unavailable ``storage_unavailable`` for a
+    database not UTF8 sorted by code point (``text_rules_problem``: its texts would read as
+    bytes)."""
     conn = session(target, "offline", read_only=True)
     try:
+        problem = text_rules_problem(conn)
+        if problem is not None:
+            raise Unavailable("storage_unavailable", f"database {target}: {problem}")
         return PgConnection(Snapshot(conn))
     except BaseException:
         conn.close()

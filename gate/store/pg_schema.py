@@ -139,9 +139,10 @@ CLUSTER_TABLES = ("gate_instances", "gate_lease", "rate_events")
 def migrate(conn: Connection) -> int:
     """Bring the database to this gate's schema (every step of ``PG_MIGRATIONS``) in one
     transaction, under an advisory lock, so N gates starting together migrate it once;
-    returns the schema version. Logs ``event=migrated schema_version=N`` for each version
-    it applied (as SQLite's; ``... step=S`` for a later step of it; the caller's COMMIT
-    follows). Raises SchemaTooNew when the database has a step this gate does not know
+    returns the schema version. Logs ``event=migrated schema_version=N`` once for each
+    version it applied (as SQLite's; its later steps with it), ``... step=S`` when it
+    applied only later steps of a version the database had (S: the last); the caller's
+    COMMIT follows. Raises SchemaTooNew when the database has a step this gate does not know
     past its last one. The caller commits (psycopg: ``with conn.transaction():
     migrate(conn)``)."""
     migrate_steps(
