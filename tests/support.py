@@ -677,6 +677,15 @@ def run_cli(
     )
 
 
+def _interruptible() -> None:
+    """In a CLI child before it runs: SIGINT handled by default and not blocked, as in a
+    shell's foreground job, whatever the test process or its spawning thread inherited or
+    left behind (an ignored or blocked SIGINT is kept across exec, and a command then never
+    sees a Ctrl-C sent to it)."""
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 class CliProcess:
     """``python -m gate ARGS`` running in the background: stdout kept as bytes, stderr as lines.
 
@@ -699,6 +708,7 @@ class CliProcess:
             stderr=subprocess.PIPE,
             env=env or gate_env(),
             cwd=ROOT,
+            preexec_fn=_interruptible,
         )
         self.lines: list[str] = []
         self.stdout = b""

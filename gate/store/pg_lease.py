@@ -34,9 +34,12 @@ class Term:
     now: int
 
 
+# the database's clock read once for the whole statement (clock_timestamp() moves between
+# two calls: elected_at and expires_at would not be TTL apart)
 _CLAIM = f"""
+WITH clock AS (SELECT {DB_NOW_MS} AS now_ms)
 INSERT INTO gate_lease AS l (name, holder, term, elected_at, expires_at)
-VALUES (%(name)s, %(me)s, 1, {DB_NOW_MS}, {DB_NOW_MS} + %(ttl)s)
+SELECT %(name)s, %(me)s, 1, clock.now_ms, clock.now_ms + %(ttl)s FROM clock
 ON CONFLICT (name) DO UPDATE SET
     holder = EXCLUDED.holder,
     term = CASE WHEN l.holder = EXCLUDED.holder AND l.expires_at > EXCLUDED.elected_at
@@ -45,7 +48,7 @@ ON CONFLICT (name) DO UPDATE SET
                       THEN l.elected_at ELSE EXCLUDED.elected_at END,
     expires_at = EXCLUDED.expires_at
 WHERE l.holder = EXCLUDED.holder OR l.expires_at <= EXCLUDED.elected_at
-RETURNING name, holder, term, elected_at, expires_at, {DB_NOW_MS}
+RETURNING name, holder, term, elected_at, expires_at, (SELECT now_ms FROM clock)
 """
 
 
