@@ -175,7 +175,7 @@ def test_pg_writer_session_is_named_and_bounded(
         conn.execute(f"SHOW {name}").fetchone()[0]
         for name in ("idle_in_transaction_session_timeout", "lock_timeout", "statement_timeout")
     ]
-    assert settings == ["5s", "5s", "30s"]
+    assert settings == ["5s", "10s", "30s"]
     (name,) = conn.execute("SELECT application_name FROM pg_stat_activity WHERE pid ="
                            " pg_backend_pid()").fetchone()  # fmt: skip
     assert name == "hitl-gate/writer/test"
@@ -266,13 +266,18 @@ def test_pg_reads_connect_again_after_their_session_was_ended(
         reads.close()
 
 
+@pytest.mark.parametrize("idle_ms", [300, None], ids=["short", "as-shipped"])
 def test_pg_writer_frozen_holding_the_head_lock_loses_it_and_its_batch_answers_503(
-    writers: Callable[[], Writer], monkeypatch: pytest.MonkeyPatch
+    writers: Callable[[], Writer], monkeypatch: pytest.MonkeyPatch, idle_ms: int | None
 ) -> None:
     """A writer that stops inside its batch (a frozen process, a cut network) is idle in
     transaction: the server ends its session after ``idle_in_transaction_session_timeout``
-    and the other gates' batches go on; the frozen one's callers get 503, never 200."""
-    monkeypatch.setattr(pg_target, "IDLE_IN_TRANSACTION_MS", 300)
+    and the other gates' batches go on; the frozen one's callers get 503, never 200. With
+    the timeouts as shipped, the waiting writer's ``lock_timeout`` must not expire first:
+    it would answer 503 and count a storage fault (its gate's /healthz 503, drained by the
+    balancer) while the frozen gate stays in."""
+    if idle_ms is not None:
+        monkeypatch.setattr(pg_target, "IDLE_IN_TRANSACTION_MS", idle_ms)
     frozen, other = writers(), writers()
     appended, thawed = threading.Event(), threading.Event()
     answer: list[BaseException | None] = []
@@ -291,7 +296,7 @@ def test_pg_writer_frozen_holding_the_head_lock_loses_it_and_its_batch_answers_5
         thawed.set()
         thread.join(timeout=60)
 
-    assert error is None
+    assert error is None and other.faults.write_fault is None
     assert isinstance(answer[0], Unavailable) and answer[0].code == "storage_unavailable"
     assert frozen.run(frozen.append)[0][1] is None  # on a new connection
     assert head(other.target)[0] == 2
