@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from tests.cluster_gates import server_and_balancer
-from tests.pg_server import PgServer
+from tests.pg_server import PgServer, psycopg_or_skip
 from tests.soak.cluster import run_cluster_soak
 
 pytestmark = [
@@ -32,8 +32,7 @@ pytestmark = [
     pytest.mark.cluster,
 ]
 
-if not os.environ.get("HITL_CI"):
-    pytest.importorskip("psycopg")
+psycopg_or_skip()
 
 KILLS = int(os.environ.get("HITL_SOAK_CLUSTER_KILLS", "6"))
 SEED = int(os.environ.get("HITL_SOAK_SEED", "2718"))

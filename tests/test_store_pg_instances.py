@@ -6,7 +6,6 @@ config hashes are ``config_divergent``."""
 from __future__ import annotations
 
 import dataclasses
-import os
 import time
 
 import pytest
@@ -23,12 +22,11 @@ from gate.store.pg_instances import (
     live,
 )
 from gate.store.pg_session import close_quietly, connect
-from tests.pg_server import pg_fixtures
+from tests.pg_server import pg_fixtures, psycopg_or_skip
 
 pytestmark = [pytest.mark.e2e, pytest.mark.postgres]
 
-if not os.environ.get("HITL_CI"):
-    pytest.importorskip("psycopg")
+psycopg_or_skip()
 
 
 server, url = pg_fixtures()
