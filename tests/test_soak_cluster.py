@@ -53,7 +53,7 @@ def test_soak_cluster_kills_freezes_cuts_and_postgres_restarts_lose_and_double_n
 ) -> None:
     figures = run_cluster_soak(
         KILLS,
-        (1.0, 3.0),
+        (0.5, 2.5),  # 1-3 s before freezes and cuts, which last longer than a kill
         SEED,
         server=server,
         url=server.database("soak"),

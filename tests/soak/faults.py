@@ -44,7 +44,7 @@ if TYPE_CHECKING:
 RECOVER_S = 5.0  # a thawed or reconnected gate answers /healthz 200 (and writes) this soon
 AIM_S = 3.0  # how long the freeze tries to stop the writer inside a batch
 SETTLE_S = 1.0  # a stopped writer's statement in flight ends this soon (else: not holding)
-FROZEN_EXTRA_S = (1.5, 2.5)  # frozen this much longer than the server's idle timeout
+FROZEN_EXTRA_S = (2.0, 3.0)  # frozen this much longer than the server's idle timeout
 CUT_S = (2.0, 4.0)  # how long a gate stays cut off
 PROBES = 3  # threads posting through the balancer while a writer is frozen
 PROBE_TIMEOUT_S = 1.0  # a probe that reached the frozen gate gives up (unanswered) after this
