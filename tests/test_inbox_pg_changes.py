@@ -30,6 +30,7 @@ from tests.inbox_harness import InboxClient, InboxProcess, InboxWorld, start_wor
 from tests.pg_server import PgServer, psycopg_or_skip, running_server
 from tests.support import free_port, http_request, sign_headers
 from tests.test_inbox_replicas import second_replica
+from tests.test_protocol import dispatch_kwargs
 
 pytestmark = [pytest.mark.e2e, pytest.mark.postgres]
 
@@ -69,22 +70,15 @@ def dispatch(approval_id: str, revision: int, expires_at_ms: int) -> bytes:
     body = f"Pay {revision} EUR ({approval_id})"
     return wire_json(
         build_dispatch(
-            approval_id=approval_id,
-            run_id=f"run-{approval_id}",
-            pipeline="p",
-            step="q1",
-            issued_at_ms=expires_at_ms - 3_600_000,
-            expires_at_ms=expires_at_ms,
-            risk="normal",
-            quorum_required=1,
-            quorum_collected=0,
-            approvers=["alice@example.com"],
-            payload_hash=payload_hash(body),
-            content_type="text/plain",
-            body=body,
-            callback_url="http://127.0.0.1:9/hitl/v0/decisions",
-            nonce=secrets.token_hex(16),
-            revision=revision,
+            **dispatch_kwargs(
+                approval_id=approval_id,
+                run_id=f"run-{approval_id}",
+                expires_at_ms=expires_at_ms,
+                payload_hash=payload_hash(body),
+                body=body,
+                nonce=secrets.token_hex(16),
+                revision=revision,
+            )
         )
     )
 

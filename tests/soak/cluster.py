@@ -52,7 +52,7 @@ from typing import Any
 from tests.cluster_gates import DB_PASSWORD, Gates
 from tests.pg_proxy import CutProxy
 from tests.pg_server import PgServer, pg_bindir
-from tests.soak.faults import cut_off, freeze_writer
+from tests.soak.faults import RECOVER_S, cut_off, freeze_writer
 from tests.soak.soak import (
     LOG_NEEDLES,
     SECURITY,
@@ -65,7 +65,6 @@ from tests.soak.soak import (
 )
 from tests.support import gate_env
 
-RECOVER_S = 5.0  # every gate answers /healthz 200 this long after PostgreSQL is back
 KINDS = ("kill", "freeze", "cut")  # the disruptions between PostgreSQL restarts
 REQUEST_TIMEOUT_S = 30.0
 # storage_unavailable and the loops' failures are what a PostgreSQL restart is expected to log
@@ -235,19 +234,32 @@ class ClusterSoak(Soak):
         for gate in self.cluster.live():
             if not _healthy_within(gate.api_url, back + 60.0):
                 self._problem(f"PostgreSQL restart {index}: a gate never answered /healthz 200")
-        recovered = time.monotonic() - back
+        recovered = self.recovered(f"PostgreSQL restart {index}: the gates", back)
         self.fig.recover_max_s = max(self.fig.recover_max_s, recovered)
+        kill = self.checked(index, at)
+        self.fig.pg_restarts += 1
+        self.say(f"{index}/{self.kills}: PostgreSQL restarted, gates back in {recovered:.2f} s")
+        return kill
+
+    def recovered(self, who: str, back: float) -> float:
+        """Seconds since ``back`` (monotonic: the moment the database was there again for
+        ``who``, who now answers /healthz 200); a problem when more than RECOVER_S."""
+        recovered = time.monotonic() - back
         if recovered > RECOVER_S:
             self._problem(
-                f"PostgreSQL restart {index}: the gates answered /healthz 200 after "
-                f"{recovered:.1f} s, not within {RECOVER_S:g} s"
+                f"{who} answered /healthz 200 {recovered:.1f} s after the database was back, "
+                f"not within {RECOVER_S:g} s"
             )
+        return recovered
+
+    def checked(self, index: int, at: float) -> Kill:
+        """The record of disruption ``index`` that began at ``at`` (wall clock), checked as
+        after a kill: everything answered 201/200 before it is in the database. No approval
+        counts as expired while a gate was down: the others ran on."""
         kill = Kill(index, at)
         self._check_after_kill(kill)
         kill.pending_expires = {}
         kill.restarted_at = time.time()
-        self.fig.pg_restarts += 1
-        self.say(f"{index}/{self.kills}: PostgreSQL restarted, gates back in {recovered:.2f} s")
         return kill
 
     # ---- the end -----------------------------------------------------------------------------
