@@ -30,6 +30,7 @@ import random
 import signal
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from contextlib import closing
 from typing import TYPE_CHECKING, Any
@@ -59,38 +60,42 @@ def _session(conn: Any, name: str) -> tuple[int, str, bool, str] | None:
     return None if row is None else (int(row[0]), str(row[1]), bool(row[2]), str(row[3]))
 
 
-def _holds_lock(conn: Any, name: str) -> bool | None:
+def _holds_lock(conn: Any, name: str) -> tuple[bool | None, str]:
     """After the writer was stopped: whether its session holds the head lock (a transaction
-    open past its ``BEGIN``, idle); None while a statement of it is still running."""
+    open past its ``BEGIN``, idle; None while a statement of it is still running), and what
+    the session showed (its state and first word of its last statement)."""
     session = _session(conn, name)
     if session is None:
-        return False
+        return False, "no session"
     _, state, in_tx, query = session
+    seen = f"{state} after {query.split(maxsplit=1)[0] if query.strip() else '-'}"
     if state == "active":
-        return None
-    return state == "idle in transaction" and in_tx and not query.upper().startswith("BEGIN")
+        return None, seen
+    held = state == "idle in transaction" and in_tx and not query.upper().startswith("BEGIN")
+    return held, seen
 
 
-def _stop_inside_batch(conn: Any, name: str, pid: int) -> tuple[bool, int]:
+def _stop_inside_batch(conn: Any, name: str, pid: int) -> tuple[bool, Counter[str]]:
     """SIGSTOP ``pid`` (left stopped), aiming inside a batch of its session ``name``; returns
-    (whether it holds the head lock, stops it took)."""
+    whether it holds the head lock and what the session showed at the stops that missed."""
     deadline = time.monotonic() + AIM_S
-    stops = 0
+    missed: Counter[str] = Counter()
     while True:
         session = _session(conn, name)
         last_try = time.monotonic() > deadline
         if not (session is not None and session[2]) and not last_try:
             continue  # not in a transaction now: look again at once
         os.kill(pid, signal.SIGSTOP)
-        stops += 1
         settle = time.monotonic() + SETTLE_S
-        held = _holds_lock(conn, name)
+        held, seen = _holds_lock(conn, name)
         while held is None and time.monotonic() < settle:
             time.sleep(0.01)
-            held = _holds_lock(conn, name)
+            held, seen = _holds_lock(conn, name)
         if held or last_try:
-            return bool(held), stops
+            return bool(held), missed
+        missed[seen] += 1
         os.kill(pid, signal.SIGCONT)  # between batches: let it run and aim again
+        time.sleep(0.005)
 
 
 def _until(check: Callable[[], bool], deadline: float, pause: float = 0.05) -> bool:
@@ -170,7 +175,7 @@ def freeze_writer(soak: ClusterSoak, index: int) -> Kill:
         threading.Thread(target=_probe, args=(soak, n, until), daemon=True) for n in range(PROBES)
     ]
     with closing(soak.admin()) as conn:
-        held, stops = _stop_inside_batch(conn, name, pid)
+        held, missed = _stop_inside_batch(conn, name, pid)
         frozen_at, frozen = time.time(), time.monotonic()
         try:
             backend = _session(conn, name)
@@ -207,9 +212,10 @@ def freeze_writer(soak: ClusterSoak, index: int) -> Kill:
             f"{RECOVER_S:g} s of its writer's thaw"
         )
     kill = soak.checked(index, time.time())
+    tries = "; ".join(f"{n}x {seen}" for seen, n in missed.most_common(3)) or "none"
     soak.say(
         f"{index}/{soak.kills}: gate {victim}'s writer frozen {frozen_for:.1f} s "
-        f"({'holding' if held else 'not holding'} the lock after {stops} stop(s)), "
+        f"({'holding' if held else 'not holding'} the lock; stops that missed: {tries}), "
         f"{served} answered 200/201 meanwhile, thawed"
     )
     return kill
