@@ -9,7 +9,8 @@ process, and reads the session again: ``idle in transaction`` after its ``BEGIN`
 holds the lock every batch opens with (it tries again, thawing in between, for up to
 ``AIM_S``). It stays frozen longer than ``idle_in_transaction_session_timeout`` (PostgreSQL
 then ends the session and its lock) while probes post decisions through the balancer: the
-other gates must record some before the thaw. Then SIGCONT, not kill -9: a kill is a
+other gates must record some before the thaw (on a loaded machine it stays frozen until
+they have, up to ``FROZEN_MAX_S``). Then SIGCONT, not kill -9: a kill is a
 disruption of its own; the thaw is the case only a freeze makes, a writer that wakes up in
 a transaction the server has ended, which must answer its callers 503 (never 200) and
 reconnect by itself. The thawed gate must answer ``/healthz`` 200 and take a create (201)
@@ -46,6 +47,7 @@ RECOVER_S = 5.0  # a gate answers /healthz 200 this soon after the database is b
 AIM_S = 3.0  # how long the freeze tries to stop the writer inside a batch
 SETTLE_S = 1.0  # a stopped writer's statement in flight ends this soon (else: not holding)
 FROZEN_EXTRA_S = (2.0, 3.0)  # frozen this much longer than the server's idle timeout
+FROZEN_MAX_S = 15.0  # frozen longer (up to this) while the others have answered nothing yet
 CUT_S = (2.0, 4.0)  # how long a gate stays cut off
 PROBES = 3  # threads posting through the balancer while a writer is frozen
 PROBE_TIMEOUT_S = 1.0  # a probe that reached the frozen gate gives up (unanswered) after this
@@ -174,6 +176,7 @@ def freeze_writer(soak: ClusterSoak, index: int) -> Kill:
     probes = [
         threading.Thread(target=_probe, args=(soak, n, until), daemon=True) for n in range(PROBES)
     ]
+    left: tuple[int, str, bool, str] | None = None
     with closing(soak.admin()) as conn:
         held, missed = _stop_inside_batch(conn, name, pid)
         frozen_at, frozen = time.time(), time.monotonic()
@@ -190,6 +193,12 @@ def freeze_writer(soak: ClusterSoak, index: int) -> Kill:
                 )
             )
             time.sleep(max(0.0, frozen + frozen_for - time.monotonic()))
+            _until(  # a loaded machine: give the others until FROZEN_MAX_S to answer one
+                lambda: _served_between(soak, frozen_at, time.time()) > 0,
+                frozen + FROZEN_MAX_S,
+                pause=0.1,
+            )
+            left = _session(conn, name) if held else None
         finally:
             os.kill(pid, signal.SIGCONT)
     thawed_at, thawed = time.time(), time.monotonic()
@@ -201,9 +210,15 @@ def freeze_writer(soak: ClusterSoak, index: int) -> Kill:
     soak.fig.freezes_holding_lock += held
     soak.fig.served_while_frozen += served
     if held and not ended:
-        soak._problem(f"freeze {index}: PostgreSQL never ended the frozen writer's session")
+        soak._problem(
+            f"freeze {index}: PostgreSQL did not end the frozen writer's session holding the "
+            f"lock within its timeouts (at the thaw: {left})"
+        )
     if served == 0:
-        soak._problem(f"freeze {index}: no gate recorded anything while gate {victim} was frozen")
+        soak._problem(
+            f"freeze {index}: no gate recorded anything in the {thawed - frozen:.1f} s gate "
+            f"{victim} was frozen (its writer's session at the thaw: {left})"
+        )
     healthy = _until(lambda: _healthz(gate.api_url) == 200, thawed + RECOVER_S)
     wrote = healthy and _created(soak, gate.api_url, f"thawed-{index}", thawed + RECOVER_S)
     if not wrote:
@@ -214,7 +229,7 @@ def freeze_writer(soak: ClusterSoak, index: int) -> Kill:
     kill = soak.checked(index, time.time())
     tries = "; ".join(f"{n}x {seen}" for seen, n in missed.most_common(3)) or "none"
     soak.say(
-        f"{index}/{soak.kills}: gate {victim}'s writer frozen {frozen_for:.1f} s "
+        f"{index}/{soak.kills}: gate {victim}'s writer frozen {thawed - frozen:.1f} s "
         f"({'holding' if held else 'not holding'} the lock; stops that missed: {tries}), "
         f"{served} answered 200/201 meanwhile, thawed"
     )
