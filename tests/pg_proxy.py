@@ -1,8 +1,10 @@
 """A TCP proxy between one gate and PostgreSQL that a test cuts and restores: the gate's
 ``storage.url`` names the proxy's port; ``cut()`` resets every connection through it and
 refuses new ones (the gate is cut off from the database while the other gates keep it);
-``restore()`` takes connections again on the same port. Threads, one pair per connection,
-bytes passed through unchanged.
+``restore()`` takes connections again on the same port. ``hold()`` keeps every connection
+open but passes nothing on until ``release()`` (the database stops answering without any
+connection breaking, as behind a stalled network). Threads, one pair per connection, bytes
+passed through unchanged.
 """
 
 from __future__ import annotations
@@ -40,6 +42,8 @@ class CutProxy:
         self._lock = threading.Lock()
         self._open: set[socket.socket] = set()
         self._listening: threading.Event | None = None
+        self._flowing = threading.Event()
+        self._flowing.set()
 
     def url(self, url: str) -> str:
         """``url`` (a libpq URL of the target) with the proxy's host and port instead."""
@@ -79,6 +83,14 @@ class CutProxy:
 
     stop = cut
 
+    def hold(self) -> None:
+        """Pass nothing on (either way) until ``release()``; connections stay open."""
+        self._flowing.clear()
+
+    def release(self) -> None:
+        """Pass on again what was held, and what comes."""
+        self._flowing.set()
+
     def _accept(self, listener: socket.socket, listening: threading.Event) -> None:
         with listener:
             while listening.is_set():
@@ -107,6 +119,7 @@ class CutProxy:
     def _pump(self, src: socket.socket, dst: socket.socket) -> None:
         try:
             while data := src.recv(65536):
+                self._flowing.wait()
                 dst.sendall(data)
         except OSError:
             pass
