@@ -6,13 +6,12 @@ processes on a throwaway server."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
 import yaml
 
-from tests.pg_server import pg_fixtures
+from tests.pg_server import pg_fixtures, psycopg_or_skip
 from tests.support import CaptureRelay, GateProcess, decision_body, gate_env, run_cli
 from tests.test_gate_on_postgres import (
     DB_PASSWORD,
@@ -26,8 +25,7 @@ from tests.test_gate_on_postgres import (
 
 pytestmark = [pytest.mark.e2e, pytest.mark.postgres]
 
-if not os.environ.get("HITL_CI"):
-    pytest.importorskip("psycopg")
+psycopg_or_skip()
 
 server, url = pg_fixtures()
 relay = gate_fixtures()[0]

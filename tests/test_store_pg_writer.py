@@ -6,7 +6,6 @@ probe, the lock timeout, and the reads' schema version."""
 from __future__ import annotations
 
 import asyncio
-import os
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -28,13 +27,13 @@ from gate.store.pg_schema import migrate
 from gate.store.reads import Reads
 from gate.store.schema import SCHEMA_VERSION
 from gate.store.tx import WriteTx
-from tests.pg_server import PgServer, running_server
+from tests.pg_server import PgServer, psycopg_or_skip, running_server
 from tests.support import ENV, write_config
 from tests.test_store_pg_connection import Hand, ManualClock
 
 pytestmark = [pytest.mark.e2e, pytest.mark.postgres]
 
-psycopg = __import__("psycopg") if os.environ.get("HITL_CI") else pytest.importorskip("psycopg")
+psycopg = psycopg_or_skip()
 
 KEY = b"test-receipt-key-writer-7d1e"
 _databases = iter(range(1, 1000))

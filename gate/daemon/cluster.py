@@ -100,6 +100,7 @@ class Cluster:
         self.not_held = asyncio.Event()
         self.not_held.set()
         self._trusted_until = 0.0  # time.monotonic() until which the held lease is trusted
+        self._offset_ms: int | None = None  # this host's clock minus the database's, last known
 
     def instance(self, offset_ms: int) -> Instance:
         """This gate's row, its clock ``offset_ms`` off the database's (times: the
@@ -198,6 +199,11 @@ class Cluster:
         offset = await measure_offset(
             conn, clock.local_ms if isinstance(clock, PinnedClock) else clock.now_ms
         )
+        if offset is None:  # no prompt reading: the last offset stands
+            offset = self._offset_ms
+        if offset is None:
+            raise Unavailable("storage_unavailable", "the database's clock answered too slowly")
+        self._offset_ms = offset
         if isinstance(self.service.clock, PinnedClock):  # its senders read the database's time
             self.service.clock.offset_ms = offset
         await beat(conn, self.instance(offset))
