@@ -33,6 +33,7 @@ from tests.test_gate_on_postgres import (
     rows,
     start_together,
 )
+from tests.test_receipt_key import RETIRED_AT
 
 pytestmark = [pytest.mark.e2e, pytest.mark.postgres]
 
@@ -116,7 +117,7 @@ def test_rolling_rotation_a_gate_not_restarted_appends_nothing_until_restarted(
         assert rows(url, "SELECT count(*) FROM audit_log WHERE kind = 'receipt_key_rotated'") == [
             (1,)
         ]
-        (newest,) = rows(url, "SELECT max(seq) FROM audit_log")
+        ((newest,),) = rows(url, "SELECT max(seq) FROM audit_log")
 
         # gate b still holds the old key: it appends nothing after the rotation entry
         for _ in range(2):
@@ -135,7 +136,7 @@ def test_rolling_rotation_a_gate_not_restarted_appends_nothing_until_restarted(
                 "reason": "receipt_key_retired",
                 "message": RETIRED,
             }
-        assert rows(url, "SELECT max(seq) FROM audit_log") == [newest]
+        assert rows(url, "SELECT max(seq) FROM audit_log") == [(newest,)]
         assert healthz(b) == (
             503,
             {"status": "unavailable", "reason": "receipt_key_retired", "message": RETIRED},
@@ -143,6 +144,8 @@ def test_rolling_rotation_a_gate_not_restarted_appends_nothing_until_restarted(
         assert logged(b, "event=receipt_key_retired") == 1
         verified = run_cli("audit", "verify", "-c", str(path_a), env=new_env)
         assert verified.returncode == 0, verified.stderr
+        doctor = run_cli("doctor", "-c", str(path_b), env=old_env, timeout=60).stdout.decode()
+        assert "FAIL audit: " + RETIRED_AT.format(seq=newest) in doctor.splitlines(), doctor
 
         # the rolling rotation, step 2: gate b restarted the same way starts and writes
         b.stop()
