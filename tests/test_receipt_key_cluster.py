@@ -159,3 +159,26 @@ def test_rolling_rotation_a_gate_not_restarted_appends_nothing_until_restarted(
         b.stop()
     log = assert_log_whole(url, keys=(OLD, NEW))
     assert [row.kind for row in log].count("receipt_key_rotated") == 1
+
+
+def test_rolling_rotation_a_gate_not_restarted_gives_up_the_timers_lease(
+    tmp_path: Path, relay: CaptureRelay, url: str
+) -> None:
+    old_env = gate_env(HITL_DB_PASSWORD=DB_PASSWORD, HITL_RECEIPT_KEY=OLD)
+    new_env = gate_env(HITL_DB_PASSWORD=DB_PASSWORD, HITL_RECEIPT_KEY=NEW, HITL_RECEIPT_KEY_OLD=OLD)
+    path_a, path_b = (pg_config(tmp_path / name, relay, url) for name in "ab")
+    b = GateProcess(path_b, env=old_env).start()  # alone: it takes the timers' lease
+    b.wait_for_line("event=lease_acquired")
+    a = GateProcess(rotating(path_a), env=new_env).start()  # a rotates; b keeps the lease
+    try:
+        assert "event=lease_acquired" not in a.log()
+        # a's approval is dispatched by the lease holder: b cannot write, so it stands aside
+        approval_id = a.api().create("q1")["approval_id"]
+        relay.wait_dispatch(approval_id)
+        assert logged(b, "event=receipt_key_retired") == 1
+        assert logged(b, "event=lease_released") == 1
+        assert logged(a, "event=lease_acquired") == 1
+    finally:
+        a.stop()
+        b.stop()
+    assert_log_whole(url, keys=(OLD, NEW))

@@ -75,6 +75,12 @@ class Store:
         return self._faults.write_fault
 
     @property
+    def fenced(self) -> Fenced | None:
+        """Why this gate may write nothing more until it restarts (a transaction refused
+        with Fenced: ``transact``), or None."""
+        return self._health.fenced
+
+    @property
     def writer_pid(self) -> int | None:
         """The writer process's pid, or None (a writer thread, or not open)."""
         return None if self._writer is None else self._writer.pid

@@ -23,6 +23,11 @@ class WriteHealth:
         self._probed_at = 0.0
         self._fenced: Fenced | None = None
 
+    @property
+    def fenced(self) -> Fenced | None:
+        """The first Fenced refusal (``fence``), or None."""
+        return self._fenced
+
     def fence(self, error: Fenced) -> None:
         """A write was refused with ``error``: ``check`` raises it from now on (the first
         one kept)."""
