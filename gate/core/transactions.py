@@ -101,7 +101,9 @@ class Transactions:
         if not self._retired_logged:
             self._retired_logged = True
             log.error(
-                "event=receipt_key_retired key_env=%s: %s", self.config.receipts.key_env, RETIRED
+                "event=receipt_key_retired key_env=%s message=%s",
+                self.config.receipts.key_env,
+                RETIRED,
             )
         raise Fenced("receipt_key_retired", RETIRED, extra={"message": RETIRED})
 
