@@ -16,8 +16,9 @@ import pytest
 
 from gate.clock import PinnedClock
 from gate.config import Config, load_config
+from gate.core.commands import ReceiptKey
 from gate.core.transactions import Transactions
-from gate.errors import GateError, Unavailable
+from gate.errors import Fenced, GateError, Unavailable
 from gate.postgres import target as pg_target
 from gate.postgres.target import PgTarget
 from gate.store import pg_backend
@@ -66,12 +67,12 @@ def config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Config:
 
 
 @pytest.fixture
-def writers(target: PgTarget, config: Config) -> Iterator[Callable[[], Writer]]:
+def writers(target: PgTarget, config: Config) -> Iterator[Callable[..., Writer]]:
     """``writers()`` is a new ``Writer`` on the test's database; all closed afterwards."""
     made: list[Writer] = []
 
-    def make() -> Writer:
-        made.append(Writer(target, config))
+    def make(key: bytes = KEY, previous: bytes | None = None) -> Writer:
+        made.append(Writer(target, config, key, previous))
         return made[-1]
 
     yield make
@@ -80,25 +81,31 @@ def writers(target: PgTarget, config: Config) -> Iterator[Callable[[], Writer]]:
 
 
 class Writer:
-    """A ``PgSide`` with the gate's transactions on a manual clock (pinned per batch)."""
+    """A ``PgSide`` with the gate's transactions on a manual clock (pinned per batch),
+    appending with the receipt ``key`` (``previous``: a declared rotation's old one)."""
 
-    def __init__(self, target: PgTarget, config: Config) -> None:
+    def __init__(
+        self, target: PgTarget, config: Config, key: bytes = KEY, previous: bytes | None = None
+    ) -> None:
         self.manual = ManualClock()
         self.clock = PinnedClock(self.manual)
         self.side = PgSide(target, self.clock)
         self.target = target
-        self.t = Transactions(config, self.clock, KEY, None)
+        self.key = key
+        self.t = Transactions(config, self.clock, key, None, previous_receipt_key=previous)
         self.faults = Faults(str(target))
 
-    def run(self, *fns: Callable[[WriteTx], Any]) -> list[tuple[Any, BaseException | None]]:
-        jobs = [Job(Hand(fn)) for fn in fns]
+    def run(
+        self, *fns: Callable[[WriteTx], Any] | ReceiptKey
+    ) -> list[tuple[Any, BaseException | None]]:
+        jobs = [Job(fn if isinstance(fn, ReceiptKey) else Hand(fn)) for fn in fns]
         answers = run_guarded(self.side, jobs, self.t.run, self.faults).answers
         by_job = {id(job): (value, error) for job, value, error in answers}
         return [by_job[id(job)] for job in jobs]
 
     def append(self, tx: WriteTx, n: int = 0) -> int:
         now = self.t.clock.now_ms()
-        tx.append_audit("probe_entry", None, now, {"n": n}, KEY)
+        tx.append_audit("probe_entry", None, now, {"n": n}, self.key)
         return now
 
 
@@ -148,6 +155,32 @@ def test_pg_writer_head_follows_what_the_batch_kept(
         entries = conn.execute("SELECT count(*) FROM audit_log").fetchone()[0]
     assert (seq, entries) == (2, 2)
     assert head(target)[:2] == (seq, digest)
+
+
+def test_pg_writer_appends_only_after_an_entry_receipted_with_its_own_key(
+    target: PgTarget, writers: Callable[..., Writer], caplog: pytest.LogCaptureFixture
+) -> None:
+    old = writers()
+    ((_, error),) = old.run(old.append)
+    assert error is None
+    new = writers(b"test-receipt-key-writer-new-90c2", KEY)
+    (rotated, error), (_, after) = new.run(ReceiptKey(), new.append)  # the start's rotation
+    assert error is None and after is None and rotated[0] == "rotated"
+    entries = head(target)
+
+    # a gate still on the retired key: every job refused, nothing written, logged once
+    answers = old.run(old.append, lambda tx: "no entry") + old.run(old.append)
+    assert [value for value, _ in answers] == [None] * 3
+    for _, refusal in answers:
+        assert isinstance(refusal, Fenced)
+        assert (refusal.status, refusal.code) == (503, "receipt_key_retired")
+        assert refusal.body()["message"] == (
+            "another gate rotated the receipt key; restart this gate with "
+            "receipts.key_env holding the new key"
+        )
+    assert head(target) == entries
+    assert caplog.text.count("event=receipt_key_retired") == 1
+    assert new.run(new.append)[0][1] is None  # the gate on the new key goes on
 
 
 def test_pg_writer_probe_is_a_write_through_the_backend(
