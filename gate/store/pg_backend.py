@@ -17,8 +17,7 @@ from typing import Any, cast
 
 from gate.clock import PinnedClock
 from gate.errors import Unavailable
-from gate.postgres.connection import PgConnection
-from gate.postgres.errors import PgError, as_sqlite_error
+from gate.postgres.connection import PgConnection, PgError, as_sqlite_error
 from gate.postgres.migrate import SchemaTooNew
 from gate.postgres.target import PgTarget, connect
 from gate.store.backend import BatchBackend
@@ -33,10 +32,13 @@ log = logging.getLogger(__name__)
 CHECK_IDLE_S = 1.0
 
 # the chain's head, locked for the whole batch: the cluster's write exclusion (as SQLite's
-# BEGIN IMMEDIATE), the tail the batch's entries follow, and the database's time (unix ms)
+# BEGIN IMMEDIATE), the tail the batch's entries follow, the database's time (unix ms) and
+# the head entry's receipt (NULL for an empty log), which the batch checks against the key
+# it appends with (``WriteTx.follows``): read in the same statement, no round trip more
 HEAD_LOCK = (
     "SELECT seq, entry_hash, last_at_ms,"
-    " CAST(extract(epoch FROM clock_timestamp()) * 1000 AS BIGINT)"
+    " CAST(extract(epoch FROM clock_timestamp()) * 1000 AS BIGINT),"
+    " (SELECT receipt FROM audit_log WHERE audit_log.seq = audit_head.seq)"
     " FROM audit_head WHERE id = 1 FOR UPDATE"
 )
 
@@ -100,9 +102,10 @@ def text_rules_problem(driver: Any) -> str | None:
 class PgBatch(BatchBackend):
     """PostgreSQL's part of a write batch. ``begin``: ``BEGIN`` (READ COMMITTED), then the
     ``audit_head`` row ``FOR UPDATE`` (``HEAD_LOCK``), whose seq and hash the batch's first
-    entry follows, and whose time pins ``clock`` (when given) at ``max(database time,
-    last_at_ms)`` for the batch: timestamps never go backwards in ``seq`` order across
-    gates, and the batch counts the rate limit's attempts in ``rate_events`` (every gate's).
+    entry follows, whose entry's receipt ``WriteTx.follows`` checks, and whose time pins
+    ``clock`` (when given) at ``max(database time, last_at_ms)`` for the batch: timestamps
+    never go backwards in ``seq`` order across gates, and the batch counts the rate limit's
+    attempts in ``rate_events`` (every gate's).
     ``before_commit``: ``audit_head`` set to the batch's newest entry. The probe
     rewrites the head row unchanged (a real write, no lock but the head's)."""
 
@@ -114,8 +117,8 @@ class PgBatch(BatchBackend):
         row = conn.execute(HEAD_LOCK).fetchone()
         if row is None:
             raise PgError("the audit_head row is missing (storage migrate sets it)")
-        seq, digest, last_at_ms, now_ms = row
-        tx.start_chain((int(seq), str(digest)), int(last_at_ms))
+        seq, digest, last_at_ms, now_ms, receipt = row
+        tx.start_chain((int(seq), str(digest)), int(last_at_ms), receipt)
         tx.rate_events = PgRateEvents(conn)  # the rate limit's window: every gate's attempts
         if self._clock is not None:
             self._clock.pin(max(int(now_ms), int(last_at_ms)))
@@ -146,19 +149,19 @@ class PgSide:
     def __init__(self, target: PgTarget, clock: PinnedClock | None = None) -> None:
         self._target = target
         self.backend = PgBatch(clock)
-        self._conn: PgConnection | None = _writer(target)
+        self._conn: PgConnection | None = connect(target, "writer")
         self._used = time.monotonic()
 
     def connection(self) -> sqlite3.Connection:
         conn = self._conn
         if conn is not None and not conn.closed and time.monotonic() - self._used > CHECK_IDLE_S:
             try:
-                conn.execute("SELECT 1").fetchone()
+                conn.execute("SELECT 1")
             except sqlite3.Error:
                 pass  # lost while idle: a new one below
         if conn is None or conn.closed:
             self.close()
-            conn = self._conn = _writer(self._target)
+            conn = self._conn = connect(self._target, "writer")
             log.warning("event=storage_reconnected role=writer db=%s", self._target)
         self._used = time.monotonic()
         return cast(sqlite3.Connection, conn)  # it offers what the store uses of sqlite3's
@@ -170,15 +173,6 @@ class PgSide:
                 conn.close()
             except Exception:  # noqa: BLE001 - closing a lost connection
                 log.debug("event=close_failed role=writer")
-
-
-def _writer(target: PgTarget) -> PgConnection:
-    """The writer's connection (``hitl-gate/writer/<instance>``), deferring: a job's
-    statements whose results it does not read go out with the next one it reads, so the
-    head lock is held for fewer round trips (docs/design.md "Storage backends")."""
-    conn = connect(target, "writer")
-    conn.defer()
-    return conn
 
 
 def open_reader(target: PgTarget) -> PgConnection:
