@@ -551,6 +551,27 @@ def test_every_operation_with_a_lone_surrogate_answers_without_a_5xx(case: Any, 
 
 
 @pytest.mark.e2e
+@pytest.mark.parametrize(
+    "requested_by", [["x", "a\x00b"], [["x", "a\x00b"]], {"id": "a\x00b"}, "a\x00b"]
+)
+def test_a_nul_nested_in_a_create_answers_a_documented_refusal(
+    live: Live, requested_by: Any
+) -> None:
+    """U+0000 inside a value of the wrong shape is refused at its JSON path
+    (``requested_by[0][1]``): the 400 matches the document (a generated case found the path
+    outside the field list once)."""
+    response = requests.post(
+        live.api_base + "/v1/approvals",
+        json={"pipeline": "p", "step": "q1", "draft": {"body": "x"}, "requested_by": requested_by},
+        timeout=20,
+        headers={"Authorization": f"Bearer {API_TOKEN}"},
+    )
+    assert response.status_code == 400, response.text
+    assert response.json()["reason"].startswith("invalid_requested_by")
+    API_SCHEMA["/v1/approvals"]["POST"].validate_response(response)
+
+
+@pytest.mark.e2e
 def test_approval_objects_through_their_lifecycle_match_the_schema(live: Live) -> None:
     """The generated runs rarely GET an approval that has decisions, revisions, a receipt:
     drive a few through real decisions and validate every answer against the document."""
