@@ -79,6 +79,12 @@ ANSWERS = {
     "already_resolved": "The approval was already resolved; nothing was recorded.",
     "cancelled": "The approval was cancelled; nothing was recorded.",
 }
+# what a question's answer was told when the gate had closed the question meanwhile
+QUESTION_ANSWERS = {
+    "expired": "The question expired before your answer reached the gate; nothing was recorded.",
+    "already_resolved": "The question was already answered or closed; nothing was recorded.",
+    "cancelled": "The question was cancelled; nothing was recorded.",
+}
 
 
 def answer_words(status: int, answer: Mapping[str, Any], decision: str = "") -> tuple[str, str]:
@@ -88,7 +94,8 @@ def answer_words(status: int, answer: Mapping[str, Any], decision: str = "") -> 
     a refusal is named by its reason code (``error``, else ``reason``), an
     ``approver_signature_invalid`` by its ``detail`` in words (``refusal_words``). Status 0 is a
     decision sent whose answer never came back (``sent``). A recorded ``decision`` ``answer``
-    (a question's) is ``resolved``, said as an answer, not an approval."""
+    (a question's) is ``resolved``, said as an answer, not an approval; a closed question
+    is said as a question (``QUESTION_ANSWERS``)."""
     if status == 0:
         kind = "unreachable" if answer.get("error") == "gate_unreachable" else "sent"
         return kind, ANSWERS[kind]
@@ -102,7 +109,8 @@ def answer_words(status: int, answer: Mapping[str, Any], decision: str = "") -> 
     if kind in ("superseded", "expired", "already_resolved", "already_decided"):
         if kind == "already_resolved" and answer.get("outcome") == "cancelled":
             kind = "cancelled"
-        return kind, ANSWERS[kind]
+        said = QUESTION_ANSWERS if decision == "answer" else ANSWERS
+        return kind, said.get(kind, ANSWERS[kind])
     return "refused", refusal_words(code, answer.get("detail"))
 
 
