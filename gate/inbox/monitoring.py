@@ -25,7 +25,8 @@ async def healthz(request: web.Request) -> web.Response:
     """GET ``/healthz``: 200 ``{"status": "ok", "schema_version": N}`` when the database
     answers a read and the gate answered the credentials request within the last 5 s (asked
     again when older); else 503 ``{"status": "unavailable", "reason", "message"}`` with
-    ``database_unavailable``, ``gate_unreachable`` or ``gate_refused``. Nothing else: no
+    ``database_unavailable``, ``gate_unreachable`` (no answer, or a 5xx) or ``gate_refused``
+    (another answer: a wrong secret, the credentials channel off). Nothing else: no
     identity, no item, no secret."""
     state = state_of(request)
     try:
