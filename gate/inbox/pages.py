@@ -336,6 +336,7 @@ TITLES = {
     "refused": "Not recorded",
     "sent": "Sent; no answer received",
     "unreachable": "The gate could not be reached",
+    "unknown": "Unknown to the gate",
 }
 
 

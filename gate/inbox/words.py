@@ -78,6 +78,8 @@ ANSWERS = {
     "answered": "Your answer was recorded and the question is resolved.",
     "already_resolved": "The approval was already resolved; nothing was recorded.",
     "cancelled": "The approval was cancelled; nothing was recorded.",
+    "unknown": "The gate no longer has this request (its database may have been restored from"
+    " a backup taken before it); nothing was recorded, and the inbox closed it.",
 }
 # what a question's answer was told when the gate had closed the question meanwhile
 QUESTION_ANSWERS = {
@@ -94,7 +96,8 @@ def answer_words(status: int, answer: Mapping[str, Any], decision: str = "") -> 
     a refusal is named by its reason code (``error``, else ``reason``), an
     ``approver_signature_invalid`` by its ``detail`` in words (``refusal_words``). Status 0 is a
     decision sent whose answer never came back (``sent``). A recorded ``decision`` ``answer``
-    (a question's) is ``resolved``, said as an answer, not an approval; a closed question
+    (a question's) is ``resolved``, said as an answer, not an approval; 404
+    ``unknown_approval`` is ``unknown`` (the gate no longer has the request); a closed question
     is said as a question (``QUESTION_ANSWERS``)."""
     if status == 0:
         kind = "unreachable" if answer.get("error") == "gate_unreachable" else "sent"
@@ -106,6 +109,8 @@ def answer_words(status: int, answer: Mapping[str, Any], decision: str = "") -> 
         return kind, ANSWERS[kind]
     code = str(answer.get("error") or answer.get("reason") or "")
     kind = "already_decided" if code == "duplicate" else code
+    if kind == "unknown_approval":
+        return "unknown", ANSWERS["unknown"]
     if kind in ("superseded", "expired", "already_resolved", "already_decided"):
         if kind == "already_resolved" and answer.get("outcome") == "cancelled":
             kind = "cancelled"
