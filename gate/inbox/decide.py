@@ -218,9 +218,11 @@ async def send_recorded(
     record: DecisionRecord,
     body: dict[str, Any],
     batch_id: str | None = None,
+    number: int | None = None,
 ) -> tuple[int, tuple[int, dict[str, Any]] | None]:
     """The one signed send of a decision or an answer: ``record`` kept first (status 0; one
-    of batch ``batch_id`` when given), then ``body`` posted to ``item``'s callback signed
+    of batch ``batch_id`` when given; row ``number`` when kept already, ``db.add_batch``:
+    marked sent), then ``body`` posted to ``item``'s callback signed
     with the current relay secret (``gate_client.post_decision``; the gate's status counted
     by ``record.decision``, an unreachable gate as a gate error), then the gate's answer on
     the row; a 404 ``unknown_approval`` (the gate restored from an older backup) closes the
@@ -228,7 +230,10 @@ async def send_recorded(
     Returns the row's number and the gate's ``(status, answer)``, None when the gate could
     not be reached (the row keeps status 0; logged as ``event=inbox_decision_unsent``, an
     answer's as ``event=inbox_answer_unsent``)."""
-    number = await state.db.add_decision(record, batch_id)
+    if number is None:
+        number = await state.db.add_decision(record, batch_id)
+    else:
+        await state.db.set_decision_answer(number, 0, {})  # sent from now on
     try:
         answered = await post_decision(
             str(item.dispatch["callback"]["url"]), body, state.secrets.relay_secrets[0]

@@ -337,6 +337,7 @@ TITLES = {
     "sent": "Sent; no answer received",
     "unreachable": "The gate could not be reached",
     "unknown": "Unknown to the gate",
+    "not_sent": "Not sent",
 }
 
 

@@ -78,6 +78,7 @@ ANSWERS = {
     "answered": "Your answer was recorded and the question is resolved.",
     "already_resolved": "The approval was already resolved; nothing was recorded.",
     "cancelled": "The approval was cancelled; nothing was recorded.",
+    "not_sent": "Not sent: the inbox stopped before it sent this one; nothing was recorded.",
     "unknown": "The gate no longer has this request (its database may have been restored from"
     " a backup taken before it); nothing was recorded, and the inbox closed it.",
 }
@@ -95,12 +96,15 @@ def answer_words(status: int, answer: Mapping[str, Any], decision: str = "") -> 
     ``refused``. 200 ``{"status":"recorded","resolved":true|false}`` is resolved or recorded;
     a refusal is named by its reason code (``error``, else ``reason``), an
     ``approver_signature_invalid`` by its ``detail`` in words (``refusal_words``). Status 0 is a
-    decision sent whose answer never came back (``sent``). A recorded ``decision`` ``answer``
+    decision sent whose answer never came back (``sent``), or of a bulk approval never sent
+    (``not_sent``: the inbox stopped mid-batch). A recorded ``decision`` ``answer``
     (a question's) is ``resolved``, said as an answer, not an approval; 404
     ``unknown_approval`` is ``unknown`` (the gate no longer has the request); a closed question
     is said as a question (``QUESTION_ANSWERS``)."""
     if status == 0:
-        kind = "unreachable" if answer.get("error") == "gate_unreachable" else "sent"
+        kind = {"gate_unreachable": "unreachable", "not_sent": "not_sent"}.get(
+            str(answer.get("error")), "sent"
+        )
         return kind, ANSWERS[kind]
     if 200 <= status < 300 and decision == "answer":
         return "resolved", ANSWERS["answered"]
@@ -125,7 +129,8 @@ def bulk_heading(kinds: list[str]) -> str:
     recorded but its step needs another approver (``recorded``), it is not said approved:
     ``"4 decisions recorded: 3 approved, 1 waits for another approver"`` (``"4 of 5
     decisions recorded: …"`` when not all were); plus ``", 1 not answered"`` for decisions
-    whose answer never came back (``sent``, ``unreachable``)."""
+    whose answer never came back (``sent``, ``unreachable``) and ``", 13 not sent: nothing
+    was recorded for them"`` for items of a batch the inbox never sent (``not_sent``)."""
     total = len(kinds)
     approved = kinds.count("resolved")
     waits = kinds.count("recorded")
@@ -142,7 +147,10 @@ def bulk_heading(kinds: list[str]) -> str:
         said = f"None of {total} approved"
     else:
         said = f"{done} of {total} approved"
-    return said + (f", {unknown} not answered" if unknown else "")
+    said += f", {unknown} not answered" if unknown else ""
+    unsent = kinds.count("not_sent")
+    them = "them" if unsent > 1 else "it"
+    return said + (f", {unsent} not sent: nothing was recorded for {them}" if unsent else "")
 
 
 # the ``detail`` of 403 ``approver_signature_invalid`` in words (docs/protocol.md "Approver
