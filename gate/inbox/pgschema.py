@@ -15,8 +15,7 @@ from collections.abc import Mapping
 from typing import Any, cast
 
 from gate.inbox.schema import MIGRATIONS, statements
-from gate.postgres.connection import PgConnection
-from gate.postgres.errors import as_sqlite_error
+from gate.postgres.connection import PgConnection, as_sqlite_error
 from gate.postgres.migrate import SchemaTooNew, baseline, migrate_steps
 from gate.postgres.target import PgTarget, connect
 

@@ -11,13 +11,16 @@ What it offers, as sqlite3 does:
   (case-insensitive, as ``sqlite3.Row``), unpack, ``keys()``;
 - ``total_changes`` (rows changed by INSERT/UPDATE/DELETE since the connection opened: the
   sum of their row counts) and ``in_transaction`` (the server's transaction status);
-- deferred statements (``PgConnection.defer``, the writer's): held back until a result is
-  used or the job or transaction ends, then sent together in one round trip;
 - transactions are explicit SQL (``BEGIN``, ``SAVEPOINT job``, ``ROLLBACK TO job``,
   ``RELEASE job``, ``COMMIT``), as on the store's autocommit sqlite3 connections;
-- errors are raised as the sqlite3 exception classes the callers catch
-  (``gate.postgres.errors``: a constraint as ``sqlite3.IntegrityError``, a lost connection
-  or a lock timeout as ``sqlite3.OperationalError``, a storage fault);
+- errors are raised as the sqlite3 exception classes the callers catch (``PgError`` and its
+  subclasses, with the server's ``sqlstate`` and the driver's exception as ``__cause__``):
+  class 23 (integrity) as ``sqlite3.IntegrityError``, so a constraint fails one job alone;
+  08 (connection), 40 (serialization, deadlock), 53 (resources), 57 (operator intervention:
+  shutdown, cancelled, statement timeout), 58 (system) and 55P03 (``lock_timeout``: a lock
+  waited for too long) as ``sqlite3.OperationalError``, which
+  ``gate.store.batch.is_fault`` counts as a storage fault (503 ``storage_unavailable``);
+  22 (data) as ``sqlite3.DataError``; anything else as ``sqlite3.DatabaseError``.
 - parameters: a sequence for ``?`` placeholders, or a mapping for ``:name`` ones (as
   sqlite3's named style); a Python ``bool`` is sent as the integer SQLite stores (the
   schema's flags are ``BIGINT`` on both backends); everything else as given. A new row's id
@@ -58,13 +61,11 @@ No driver import here: the connection is typed against ``DriverConnection``, whi
 
 from __future__ import annotations
 
-import contextlib
 import re
+import sqlite3
 from collections.abc import Iterator, Mapping, Sequence
 from functools import lru_cache
 from typing import Any, Protocol
-
-from gate.postgres.errors import PgError, driver_errors
 
 
 class DriverCursor(Protocol):
@@ -134,8 +135,6 @@ _BEGIN_DEFERRED = re.compile(r"^\s*BEGIN(?:\s+DEFERRED)?\s*$", re.IGNORECASE)
 _REFUSED = re.compile(r"^\s*PRAGMA\b|\bsqlite_(?:master|schema)\b", re.IGNORECASE)
 _NAMED = re.compile(r"(?<![:\w]):([A-Za-z_]\w*)")
 _CHANGES = re.compile(r"^\s*(?:INSERT|UPDATE|DELETE)\b", re.IGNORECASE)
-# where a deferring connection sends what it holds: the end of a job or of a transaction
-_ENDS = re.compile(r"^\s*(?:RELEASE|ROLLBACK|COMMIT|END)\b", re.IGNORECASE)
 
 
 def _json_extract(match: re.Match[str], literals: list[str]) -> str:
@@ -226,59 +225,117 @@ class Row:
 
 class Cursor:
     """The result of ``PgConnection.execute``: rows as ``Row``, and ``rowcount`` (rows an
-    INSERT/UPDATE/DELETE changed; -1 for a statement without a count, as sqlite3). A
-    deferred statement (``PgConnection.defer``) is sent at the first use of its rows or its
-    count, with every statement waiting before it (``PgConnection.send``)."""
+    INSERT/UPDATE/DELETE changed; -1 for a statement without a count, as sqlite3)."""
 
-    __slots__ = ("_changes", "_conn", "_cursor", "_names", "_rowcount")
+    __slots__ = ("_cursor", "_names", "rowcount")
 
-    def __init__(self, conn: PgConnection, changes: bool) -> None:
-        self._conn = conn
-        self._changes = changes
-        self._cursor: DriverCursor | None = None  # set once the statement was run
-        self._names: tuple[str, ...] | None = None
-        self._rowcount = -1
+    def __init__(self, cursor: DriverCursor, changes: bool) -> None:
+        self._cursor = cursor
+        description = cursor.description
+        self._names = tuple(str(column.name) for column in description or ())
+        self.rowcount = cursor.rowcount if changes else -1
 
-    def _ready(self) -> tuple[str, ...]:
-        """The result's column names (() without rows), once the statement has run."""
-        if self._names is None:
-            if self._cursor is None:
-                self._conn.send()
-            if self._cursor is None:  # sent after one that failed: not run
-                raise PgError("the statement did not run: one sent before it failed")
-            description = self._cursor.description
-            self._names = tuple(str(column.name) for column in description or ())
-            self._rowcount = self._cursor.rowcount if self._changes else -1
-        return self._names
-
-    @property
-    def rowcount(self) -> int:
-        self._ready()
-        return self._rowcount
+    def _row(self, values: Sequence[Any] | None) -> Row | None:
+        return None if values is None else Row(self._names, values)
 
     def fetchone(self) -> Row | None:
-        names = self._ready()
-        if not names or self._cursor is None:
+        if not self._names:
             return None
-        with driver_errors():
-            values = self._cursor.fetchone()
-        return None if values is None else Row(names, values)
+        with _errors():
+            return self._row(self._cursor.fetchone())
 
     def fetchall(self) -> list[Row]:
-        return self.fetchmany(-1)
+        if not self._names:
+            return []
+        with _errors():
+            return [Row(self._names, values) for values in self._cursor.fetchall()]
 
     def fetchmany(self, size: int = 1) -> list[Row]:
-        """Up to ``size`` rows (-1: all that are left)."""
-        names = self._ready()
-        if not names or self._cursor is None:
+        if not self._names:
             return []
-        with driver_errors():
-            found = self._cursor.fetchall() if size < 0 else self._cursor.fetchmany(size)
-        return [Row(names, values) for values in found]
+        with _errors():
+            return [Row(self._names, values) for values in self._cursor.fetchmany(size)]
 
     def __iter__(self) -> Iterator[Row]:
         while chunk := self.fetchmany(1000):
             yield from chunk
+
+
+class PgError(sqlite3.DatabaseError):
+    """A PostgreSQL error raised as sqlite3's class for it (the module's docstring);
+    ``sqlstate`` is the server's code (None when the connection itself failed)."""
+
+    sqlstate: str | None = None
+
+
+class PgIntegrityError(PgError, sqlite3.IntegrityError):
+    """SQLSTATE class 23: a constraint (unique, foreign key, check, not null)."""
+
+
+class PgOperationalError(PgError, sqlite3.OperationalError):
+    """SQLSTATE classes 08, 40, 53, 57, 58, 55P03 (a lock timeout), or a lost connection:
+    a storage fault."""
+
+
+class PgDataError(PgError, sqlite3.DataError):
+    """SQLSTATE class 22: a value the column cannot hold."""
+
+
+_BY_CLASS: dict[str, type[PgError]] = {
+    "23": PgIntegrityError,
+    "08": PgOperationalError,
+    "40": PgOperationalError,
+    "53": PgOperationalError,
+    "57": PgOperationalError,
+    "58": PgOperationalError,
+    "22": PgDataError,
+}
+
+
+# single SQLSTATEs outside those classes: lock_not_available (lock_timeout expired)
+_BY_STATE: dict[str, type[PgError]] = {"55P03": PgOperationalError}
+
+# a driver error without a SQLSTATE (raised by the client: a lost connection, a value it
+# cannot send) by the name of its DB-API class
+_BY_DBAPI: dict[str, type[PgError]] = {
+    "OperationalError": PgOperationalError,
+    "InterfaceError": PgOperationalError,
+    "IntegrityError": PgIntegrityError,
+    "DataError": PgDataError,
+}
+
+
+def as_sqlite_error(exc: BaseException) -> PgError:
+    """The sqlite3-class error for a driver error ``exc`` (its message on one line): by its
+    SQLSTATE's class; without one (the client raised it) by its DB-API class, a lost
+    connection (``OperationalError``) as ``PgOperationalError``, a value the client cannot
+    send (``DataError``: a text with U+0000) as ``PgDataError``."""
+    sqlstate = getattr(exc, "sqlstate", None)
+    if sqlstate is not None:
+        kind = _BY_STATE.get(sqlstate) or _BY_CLASS.get(sqlstate[:2], PgError)
+    else:
+        names = [cls.__name__ for cls in type(exc).__mro__]
+        kind = next((_BY_DBAPI[n] for n in names if n in _BY_DBAPI), PgError)
+    # libpq's messages span lines (a HINT, "Is the server running ..."): one line here, for
+    # the one-line errors and log fields the store's callers make of them
+    text = "; ".join(line.strip() for line in str(exc).splitlines() if line.strip())
+    error = kind(text or type(exc).__name__)
+    error.sqlstate = sqlstate
+    return error
+
+
+class _errors:
+    """Raise a driver error (``psycopg.Error``, recognised by its module) as
+    ``as_sqlite_error``'s; anything else as it is."""
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: Any
+    ) -> None:
+        if exc is not None and type(exc).__module__.startswith("psycopg"):
+            raise as_sqlite_error(exc) from exc
 
 
 def _param(value: Any) -> Any:
@@ -289,110 +346,40 @@ class PgConnection:
     """A psycopg 3 sync connection (``autocommit=True``: transactions are the statements'
     own ``BEGIN``/``COMMIT``, as on the store's sqlite3 connections) offering what the
     store's statement classes use of a ``sqlite3.Connection``; each statement translated once
-    (``translate``). Raises ValueError for a connection not in autocommit mode.
-
-    ``defer()`` (the writer's connection) holds each statement back until a result is
-    used (its rows, its count) or a ``RELEASE``, ``ROLLBACK`` or ``COMMIT`` comes: then
-    every statement held goes out in one round trip (psycopg's pipeline mode, ended by one
-    Sync), and the first that failed raises its error there. Nothing is sent between
-    those points, so a writer that stops between them leaves its session idle in
-    transaction, which ``idle_in_transaction_session_timeout`` ends."""
+    (``translate``). Raises ValueError for a connection not in autocommit mode."""
 
     def __init__(self, conn: DriverConnection) -> None:
         if not conn.autocommit:
             raise ValueError("PgConnection needs an autocommit connection (explicit BEGIN/COMMIT)")
         self._conn = conn
-        self._pipeline: Any = None  # psycopg's Pipeline, when deferring
-        self._block: Any = None  # the context that entered it
-        self._held: list[tuple[Cursor, str, Any]] = []  # deferred, not sent yet
-        self._counted = 0
+        self.total_changes = 0
 
     @property
     def driver(self) -> DriverConnection:
         """The psycopg connection underneath."""
         return self._conn
 
-    def defer(self) -> None:
-        """Hold statements back from now on (the class's docstring): the connection stays
-        in psycopg's pipeline mode, each send ends with a Sync, never a Flush (a Flush after
-        the Sync would disarm the server's idle-in-transaction timer)."""
-        if self._pipeline is None:
-            driver: Any = self._conn  # psycopg's Connection (a wrapped one cannot pipeline)
-            with driver_errors():
-                self._block = driver.pipeline()  # kept: collected, it would leave the mode
-                self._pipeline = self._block.__enter__()
-
-    @property
-    def total_changes(self) -> int:
-        """Rows changed by INSERT/UPDATE/DELETE since the connection opened (the sum of
-        their row counts; of the statements sent: one held back counts once sent)."""
-        return self._counted
-
     def execute(self, sql: str, params: Sequence[Any] | Mapping[str, Any] = ()) -> Cursor:
         """Run the SQLite statement ``sql`` (translated) with ``params`` (``?`` in order, or
-        a mapping for ``:name``); deferred, send it later (the class's docstring)."""
+        a mapping for ``:name``)."""
         text = translate(sql)
         sent: tuple[Any, ...] | dict[str, Any]
         if isinstance(params, Mapping):
             sent = {name: _param(value) for name, value in params.items()}
         else:
             sent = tuple(_param(p) for p in params)
-        result = Cursor(self, _counts_changes(sql))
-        self._held.append((result, text, sent))
-        if self._pipeline is None or _ends_work(sql):
-            self.send()
+        with _errors():
+            cursor = self._conn.execute(text, sent)
+        changes = _counts_changes(sql)
+        result = Cursor(cursor, changes)
+        if changes and result.rowcount > 0:
+            self.total_changes += result.rowcount
         return result
-
-    def send(self) -> None:
-        """Send the statements held back, in one round trip; raises the error of the first
-        that failed (those after it are then not run: their use raises)."""
-        held, self._held = self._held, []
-        if not held:
-            return
-        driver: Any = self._conn
-        if self._pipeline is None:  # one at a time: its error is raised at once
-            ((result, text, params),) = held
-            with driver_errors():
-                result._cursor = driver.execute(text, params)  # noqa: SLF001 - its own class
-            self._count(result)
-            return
-        cursors: list[Any] = []
-        try:
-            with driver_errors():
-                for _, text, params in held:
-                    cursors.append(driver.execute(text, params))
-                self._pipeline.sync()
-        except PgError:
-            self._recover()
-            raise
-        finally:  # the ones answered (a statement after a failed one is not)
-            for (result, _, _), cursor in zip(held, cursors, strict=False):
-                if cursor.pgresult is not None:
-                    result._cursor = cursor  # noqa: SLF001 - its own class
-                    self._count(result)
-
-    def _count(self, result: Cursor) -> None:
-        if result._changes:  # noqa: SLF001 - its own class
-            self._counted += max(0, result.rowcount)
-
-    def _recover(self) -> None:
-        """After an error: read what is left of the failed round trip (each sync reads up to
-        its own Sync, the statements after the error answered "aborted"), so the next
-        statement runs. Gives up on a lost connection (the next use raises)."""
-        for _ in range(4):
-            if self.closed:
-                return
-            try:
-                self._pipeline.sync()
-                return
-            except Exception as exc:  # noqa: BLE001 - the first error was raised already
-                if not type(exc).__module__.startswith("psycopg"):
-                    raise
 
     @property
     def in_transaction(self) -> bool:
         """A transaction is open (or failed and not yet rolled back): the server's
-        transaction status is not idle (as of the last statement sent)."""
+        transaction status is not idle."""
         return int(self._conn.info.transaction_status) != 0
 
     @property
@@ -401,20 +388,10 @@ class PgConnection:
         return bool(self._conn.closed or self._conn.broken)
 
     def close(self) -> None:
-        """Close the connection (what is held back is dropped)."""
-        self._held = []
-        block, self._block, self._pipeline = self._block, None, None
+        """Close the connection."""
         self._conn.close()
-        if block is not None:  # ended here, on the closed connection: quietly
-            with contextlib.suppress(Exception):
-                block.__exit__(None, None, None)
 
 
 @lru_cache(maxsize=4096)
 def _counts_changes(sql: str) -> bool:
     return _CHANGES.match(sql) is not None
-
-
-@lru_cache(maxsize=4096)
-def _ends_work(sql: str) -> bool:
-    return _ENDS.match(sql) is not None

@@ -15,8 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gate.errors import Unavailable
-from gate.postgres.connection import PgConnection
-from gate.postgres.errors import as_sqlite_error
+from gate.postgres.connection import PgConnection, as_sqlite_error
 
 # Session settings of every connection (ms): a writer frozen or cut off while it holds the
 # head lock loses it after IDLE_IN_TRANSACTION_MS (the other gates go on); a gate waiting

@@ -43,8 +43,6 @@ def load(
     outbox rows and (unless ``created`` is False) ``created_receipt``: the receipt
     object (``gate.audit.receipts.receipt_object``) of its ``created`` audit entry, read from the
     log itself (None when the log holds no such entry), or None."""
-    revisions = conn.execute(_REVISIONS_SQL, (approval_id,))  # sent first: request_row's doc
-    decisions = conn.execute(_DECISIONS_SQL, (approval_id,))
     values = request_row(conn, APPROVALS, _COLUMNS, approval_id, outbox, created)
     if values is None:
         return None
@@ -53,8 +51,8 @@ def load(
         allow_self_approval=bool(values["allow_self_approval"]),
         reminders_sent=int(values["reminders_sent"]),
         escalation_level=int(values["escalation_level"]),
-        revisions=tuple(Revision(*r) for r in revisions),
-        decisions=tuple(DecisionRow(*r) for r in decisions),
+        revisions=tuple(Revision(*r) for r in conn.execute(_REVISIONS_SQL, (approval_id,))),
+        decisions=tuple(DecisionRow(*r) for r in conn.execute(_DECISIONS_SQL, (approval_id,))),
     )
     return Approval(**values)
 

@@ -17,8 +17,7 @@ from typing import Any, cast
 
 from gate.clock import PinnedClock
 from gate.errors import Unavailable
-from gate.postgres.connection import PgConnection
-from gate.postgres.errors import PgError, as_sqlite_error
+from gate.postgres.connection import PgConnection, PgError, as_sqlite_error
 from gate.postgres.migrate import SchemaTooNew
 from gate.postgres.target import PgTarget, connect
 from gate.store.backend import BatchBackend
@@ -146,19 +145,19 @@ class PgSide:
     def __init__(self, target: PgTarget, clock: PinnedClock | None = None) -> None:
         self._target = target
         self.backend = PgBatch(clock)
-        self._conn: PgConnection | None = _writer(target)
+        self._conn: PgConnection | None = connect(target, "writer")
         self._used = time.monotonic()
 
     def connection(self) -> sqlite3.Connection:
         conn = self._conn
         if conn is not None and not conn.closed and time.monotonic() - self._used > CHECK_IDLE_S:
             try:
-                conn.execute("SELECT 1").fetchone()
+                conn.execute("SELECT 1")
             except sqlite3.Error:
                 pass  # lost while idle: a new one below
         if conn is None or conn.closed:
             self.close()
-            conn = self._conn = _writer(self._target)
+            conn = self._conn = connect(self._target, "writer")
             log.warning("event=storage_reconnected role=writer db=%s", self._target)
         self._used = time.monotonic()
         return cast(sqlite3.Connection, conn)  # it offers what the store uses of sqlite3's
@@ -170,15 +169,6 @@ class PgSide:
                 conn.close()
             except Exception:  # noqa: BLE001 - closing a lost connection
                 log.debug("event=close_failed role=writer")
-
-
-def _writer(target: PgTarget) -> PgConnection:
-    """The writer's connection (``hitl-gate/writer/<instance>``), deferring: a job's
-    statements whose results it does not read go out with the next one it reads, so the
-    head lock is held for fewer round trips (docs/design.md "Storage backends")."""
-    conn = connect(target, "writer")
-    conn.defer()
-    return conn
 
 
 def open_reader(target: PgTarget) -> PgConnection:

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from gate.errors import GateError, Unavailable
-from gate.postgres.errors import as_sqlite_error
+from gate.postgres.connection import as_sqlite_error
 from gate.postgres.migrate import SchemaTooNew
 from gate.postgres.target import PgTarget
 from gate.store import connection, pg_read, readonly

@@ -17,8 +17,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from gate.errors import GateError, Unavailable
-from gate.postgres.connection import DriverInfo, PgConnection
-from gate.postgres.errors import PgError, as_sqlite_error
+from gate.postgres.connection import DriverInfo, PgConnection, PgError, as_sqlite_error
 from gate.postgres.target import PgTarget, connect
 from gate.store.pg_backend import text_rules_problem
 

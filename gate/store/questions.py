@@ -36,7 +36,6 @@ def load(
     """The question with its versions, (unless ``outbox`` is False) its outbox rows and
     (unless ``created`` is False) the receipt of its ``question_created`` entry; None when
     there is no such question."""
-    versions = conn.execute(_VERSIONS_SQL, (question_id,))  # sent first: request_row's doc
     values = request_row(conn, QUESTIONS, _COLUMNS + _ANSWER, question_id, outbox, created)
     if values is None:
         return None
@@ -62,7 +61,7 @@ def load(
         answer=answer,
         versions=tuple(
             QuestionVersion(int(v), json.loads(text), digest, nonce, int(at))
-            for v, text, digest, nonce, at in versions
+            for v, text, digest, nonce, at in conn.execute(_VERSIONS_SQL, (question_id,))
         ),
     )
     return Question(**values)

@@ -68,23 +68,10 @@ def request_row(
     """The request's ``columns`` by name, ``scope`` as ``(operator id, identity)`` pairs and
     ``receipt`` decoded, with (unless ``outbox`` is False) its ``outbox`` rows and (unless
     ``created`` is False) its ``created_receipt``: what every kind's loader starts from.
-    None when there is no such request. Every statement is sent before the first result is
-    read: on PostgreSQL's pipelined writer they share one round trip (a loader sends its own
-    before calling this)."""
-    found = conn.execute(
+    None when there is no such request."""
+    row = conn.execute(
         f"SELECT {', '.join(columns)} FROM {kind.table} WHERE {kind.id} = ?", (request_id,)
-    )
-    sent = (
-        conn.execute(
-            f"SELECT {kind.version}, attempts, next_attempt_at, delivered_at, last_error"
-            f" FROM {kind.outbox} WHERE {kind.id} = ? ORDER BY {kind.version}",
-            (request_id,),
-        )
-        if outbox
-        else None
-    )
-    entry = conn.execute(kind.created_sql, (request_id,)) if created else None
-    row = found.fetchone()
+    ).fetchone()
     if row is None:
         return None
     values = dict(zip(columns, row, strict=True))
@@ -92,10 +79,30 @@ def request_row(
         (int(op), str(identity)) for op, identity in json.loads(values["scope"])
     )
     values["receipt"] = json.loads(values["receipt"]) if values["receipt"] else None
-    values["outbox"] = tuple(Dispatch(*r) for r in sent) if sent is not None else ()
-    first = entry.fetchone() if entry is not None else None
-    values["created_receipt"] = receipt_object(audit.AuditRow(*first)) if first else None
+    values["outbox"] = dispatches(conn, kind, request_id) if outbox else ()
+    values["created_receipt"] = created_receipt(conn, kind, request_id) if created else None
     return values
+
+
+def created_receipt(
+    conn: sqlite3.Connection, kind: RequestTables[Any, Any], request_id: str
+) -> dict[str, Any] | None:
+    """The receipt object (``gate.audit.receipts.receipt_object``) of the request's
+    creation entry, read from the log itself; None when the log holds no such entry."""
+    entry = conn.execute(kind.created_sql, (request_id,)).fetchone()
+    return receipt_object(audit.AuditRow(*entry)) if entry is not None else None
+
+
+def dispatches(
+    conn: sqlite3.Connection, kind: RequestTables[Any, Any], request_id: str
+) -> tuple[Dispatch, ...]:
+    """The request's outbox rows, by version."""
+    rows = conn.execute(
+        f"SELECT {kind.version}, attempts, next_attempt_at, delivered_at, last_error"
+        f" FROM {kind.outbox} WHERE {kind.id} = ? ORDER BY {kind.version}",
+        (request_id,),
+    )
+    return tuple(Dispatch(*row) for row in rows)
 
 
 def names_nothing(text: str | None) -> bool:
