@@ -151,6 +151,11 @@ def test_an_item_not_pending_changed_or_not_mine_is_named_in_words() -> None:
             "1 of 15 approved, 1 not answered, 13 not sent: nothing was recorded for them",
         ),
         (
+            ["resolved", "resolved", "rate_limited"],
+            "2 of 3 approved, 1 over the gate's limit of decisions a minute: select it again in"
+            " a minute",
+        ),
+        (
             ["sent", "not_sent"],
             "None of 2 approved, 1 not answered, 1 not sent: nothing was recorded for it",
         ),

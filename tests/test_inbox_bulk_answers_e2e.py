@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import contextlib
+import html
 import http.client
 import json
 import re
@@ -195,6 +196,27 @@ def test_a_bulk_approval_cut_short_counts_every_ticked_item(world: InboxWorld) -
     assert f'href="/bulk/{kept[0]["batch_id"]}"' in recent, recent
     for pipeline in pipelines:
         pipeline.stop()
+
+
+def test_a_bulk_approval_over_the_gate_s_rate_limit_says_select_again(tmp_path: Path) -> None:
+    """The gate takes 2 decisions a minute from one approver: of 3 ticked, the third is
+    refused, and the results say it is the gate's limit and what to do."""
+    world = start_world(tmp_path, steps=[*STEPS, SIGNED], security={"rate_limit": 2})
+    try:
+        pipelines = [request(world, f"limited draft {n}") for n in range(3)]
+        ids = pending(world, 3)
+        client = signed_in(world)
+        done = bulk_approve(world, client, bulk_fields(client, list(ids.values())))
+        assert done.status == 200, done.text
+        said = html.unescape(" ".join(client.get(done.json()["location"]).text.split()))
+        for pipeline in pipelines:
+            pipeline.stop()
+    finally:
+        world.stop()
+    limit = "1 over the gate's limit of decisions a minute: select it again in a minute"
+    assert f"<h1>2 of 3 approved, {limit}</h1>" in said, said
+    assert said.count('class="answer answer-rate_limited"') == 1, said
+    assert "the gate's limit of decisions a minute" in said.split("answer-rate_limited")[1]
 
 
 def test_bulk_results_tell_items_of_one_step_apart_as_the_waiting_list_does(

@@ -338,6 +338,7 @@ TITLES = {
     "unreachable": "The gate could not be reached",
     "unknown": "Unknown to the gate",
     "not_sent": "Not sent",
+    "rate_limited": "Not recorded: too many decisions a minute",
 }
 
 

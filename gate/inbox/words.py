@@ -78,6 +78,8 @@ ANSWERS = {
     "answered": "Your answer was recorded and the question is resolved.",
     "already_resolved": "The approval was already resolved; nothing was recorded.",
     "cancelled": "The approval was cancelled; nothing was recorded.",
+    "rate_limited": "Over the gate's limit of decisions a minute from you; nothing was"
+    " recorded: decide again in a minute.",
     "not_sent": "Not sent: the inbox stopped before it sent this one; nothing was recorded.",
     "unknown": "The gate no longer has this request (its database may have been restored from"
     " a backup taken before it); nothing was recorded, and the inbox closed it.",
@@ -99,7 +101,8 @@ def answer_words(status: int, answer: Mapping[str, Any], decision: str = "") -> 
     decision sent whose answer never came back (``sent``), or of a bulk approval never sent
     (``not_sent``: the inbox stopped mid-batch). A recorded ``decision`` ``answer``
     (a question's) is ``resolved``, said as an answer, not an approval; 404
-    ``unknown_approval`` is ``unknown`` (the gate no longer has the request); a closed question
+    ``unknown_approval`` is ``unknown`` (the gate no longer has the request), 429
+    ``rate_limited`` its own kind (the gate's limit: decide again in a minute); a closed question
     is said as a question (``QUESTION_ANSWERS``)."""
     if status == 0:
         kind = {"gate_unreachable": "unreachable", "not_sent": "not_sent"}.get(
@@ -115,6 +118,8 @@ def answer_words(status: int, answer: Mapping[str, Any], decision: str = "") -> 
     kind = "already_decided" if code == "duplicate" else code
     if kind == "unknown_approval":
         return "unknown", ANSWERS["unknown"]
+    if kind == "rate_limited":
+        return kind, ANSWERS[kind]
     if kind in ("superseded", "expired", "already_resolved", "already_decided"):
         if kind == "already_resolved" and answer.get("outcome") == "cancelled":
             kind = "cancelled"
@@ -130,7 +135,9 @@ def bulk_heading(kinds: list[str]) -> str:
     ``"4 decisions recorded: 3 approved, 1 waits for another approver"`` (``"4 of 5
     decisions recorded: …"`` when not all were); plus ``", 1 not answered"`` for decisions
     whose answer never came back (``sent``, ``unreachable``) and ``", 13 not sent: nothing
-    was recorded for them"`` for items of a batch the inbox never sent (``not_sent``)."""
+    was recorded for them"`` for items of a batch the inbox never sent (``not_sent``); the
+    items the gate's per-approver limit refused (``rate_limited``) are said with what to do:
+    ``", 5 over the gate's limit of decisions a minute: select them again in a minute"``."""
     total = len(kinds)
     approved = kinds.count("resolved")
     waits = kinds.count("recorded")
@@ -148,6 +155,11 @@ def bulk_heading(kinds: list[str]) -> str:
     else:
         said = f"{done} of {total} approved"
     said += f", {unknown} not answered" if unknown else ""
+    limited = kinds.count("rate_limited")
+    if limited:
+        it = "them" if limited > 1 else "it"
+        said += f", {limited} over the gate's limit of decisions a minute: select {it} again in"
+        said += " a minute"
     unsent = kinds.count("not_sent")
     them = "them" if unsent > 1 else "it"
     return said + (f", {unsent} not sent: nothing was recorded for {them}" if unsent else "")
@@ -180,7 +192,6 @@ REFUSALS = {
     "approver_not_allowed": "The gate does not count you among this step's approvers.",
     "self_approval": "The gate does not let you approve your own request.",
     "reason_required": "This step requires a reason to skip.",
-    "rate_limited": "The gate is receiving too many decisions from you; try again shortly.",
     "payload_hash_mismatch": "The draft the inbox showed is not the one the gate holds.",
 }
 NOTHING = " Nothing was recorded."
