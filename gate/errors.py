@@ -75,3 +75,10 @@ class Unavailable(GateError):
 
     status = 503
     kind = "unavailable"
+
+
+class Fenced(Unavailable):
+    """This gate may write nothing more until it restarts (HTTP 503), e.g. another gate on
+    its PostgreSQL database rotated the receipt key (``receipt_key_retired``): once a write
+    was refused so, ``/healthz`` answers it too (``Store.check_writable``), so the balancer
+    takes the gate out. Its sentence (nothing secret) is in the answer's ``message``."""

@@ -80,7 +80,8 @@ class Gates:
     """N gate processes on the database ``url`` (see the module docstring).
 
     ``config`` goes to ``write_config`` for every gate (steps, security, ...); ``envs`` adds
-    to one gate's environment by its index (e.g. ``skewed_env``)."""
+    to one gate's environment by its index (e.g. ``skewed_env``); ``urls`` gives one gate
+    another way to the same database by its index (e.g. a ``tests.pg_proxy.CutProxy``)."""
 
     def __init__(
         self,
@@ -89,6 +90,7 @@ class Gates:
         url: str,
         n: int = 3,
         envs: dict[int, dict[str, str]] | None = None,
+        urls: dict[int, str] | None = None,
         **config: Any,
     ) -> None:
         self.url = url
@@ -99,7 +101,7 @@ class Gates:
             path = cluster_config(
                 root / f"g{index}",
                 relay_url,
-                url,
+                (urls or {}).get(index, url),
                 api={"listen": f"127.0.0.1:{api_port}"},
                 relay={"callback_addr": f"127.0.0.1:{callback_port}"},
                 **config,

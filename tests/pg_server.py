@@ -38,6 +38,17 @@ def pg_bindir() -> Path | None:
     return found[-1][1] if found else None
 
 
+def psycopg_or_skip() -> Any:
+    """The psycopg module, for a test module (or test) on PostgreSQL: under HITL_CI=1 a
+    missing driver is an ImportError (a failure: ``.ci/run`` installs it), elsewhere a skip
+    (``pytest.importorskip``). A module starts with ``psycopg = psycopg_or_skip()``."""
+    if os.environ.get("HITL_CI"):
+        import psycopg
+
+        return psycopg
+    return pytest.importorskip("psycopg")
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that nothing listens on now (the kernel's pick)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
@@ -202,8 +213,7 @@ def inbox_fixtures(scope: str = "function") -> tuple[Any, Any]:
     def inbox_url(request: pytest.FixtureRequest) -> str | None:
         if request.param == "sqlite":
             return None
-        if not os.environ.get("HITL_CI"):
-            pytest.importorskip("psycopg")
+        psycopg_or_skip()
         server: PgServer = request.getfixturevalue("inbox_server")
         return server.empty_database("inbox")
 

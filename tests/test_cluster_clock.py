@@ -22,15 +22,14 @@ import pytest
 
 from gate.audit.chain import AuditRow
 from tests.cluster_gates import DB_PASSWORD, Gates, faketime_lib, skewed_env
-from tests.pg_server import PgServer, pg_fixtures
+from tests.pg_server import PgServer, pg_fixtures, psycopg_or_skip
 from tests.soak.soak import rfc3339_ms
 from tests.support import CaptureRelay, decision_body, gate_env, post_decision, run_cli, wait_until
 from tests.test_gate_on_postgres import assert_log_whole, rows
 
 pytestmark = [pytest.mark.e2e, pytest.mark.postgres]
 
-if not os.environ.get("HITL_CI"):
-    pytest.importorskip("psycopg")
+psycopg_or_skip()
 
 server, _url = pg_fixtures()
 AHEAD, BEHIND = 90, -90

@@ -8,7 +8,6 @@ its chain valid, and no gate answered a 5xx but 503."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,14 +16,13 @@ import pytest
 
 from tests.cluster_gates import Gates, server_and_balancer
 from tests.cluster_load import Stream
-from tests.pg_server import PgServer
+from tests.pg_server import PgServer, psycopg_or_skip
 from tests.support import CaptureRelay, wait_until
 from tests.test_gate_on_postgres import assert_log_whole, rows
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.postgres, pytest.mark.cluster]
 
-if not os.environ.get("HITL_CI"):
-    pytest.importorskip("psycopg")
+psycopg_or_skip()
 
 ROUNDS = 5
 

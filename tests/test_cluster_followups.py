@@ -11,7 +11,6 @@ lease's TTL + 1 s. (tests/test_daemon_cluster.py covers two gates and one kill.)
 from __future__ import annotations
 
 import json
-import os
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -21,14 +20,13 @@ import pytest
 
 from gate.daemon.cluster import LEASE_TTL_S
 from tests.cluster_gates import Gates
-from tests.pg_server import PgServer, pg_fixtures
+from tests.pg_server import PgServer, pg_fixtures, psycopg_or_skip
 from tests.support import CaptureRelay, wait_until
 from tests.test_gate_on_postgres import assert_log_whole, rows
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.postgres]
 
-if not os.environ.get("HITL_CI"):
-    pytest.importorskip("psycopg")
+psycopg_or_skip()
 
 server, _url = pg_fixtures()
 STEP = {

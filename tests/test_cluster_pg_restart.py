@@ -7,7 +7,6 @@ deadline; nothing answered 200/201 is lost, nothing counted twice, the chain who
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from typing import Any
@@ -16,15 +15,14 @@ import pytest
 
 from tests.cluster_gates import Gates
 from tests.cluster_load import Stream
-from tests.pg_server import PgServer
+from tests.pg_server import PgServer, psycopg_or_skip
 from tests.support import CaptureRelay, GateProcess, wait_until
 from tests.test_cluster_failover import cluster, progress, server  # noqa: F401 (fixtures)
 from tests.test_gate_on_postgres import UNAVAILABLE, assert_log_whole, rows
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.postgres, pytest.mark.cluster]
 
-if not os.environ.get("HITL_CI"):
-    pytest.importorskip("psycopg")
+psycopg_or_skip()
 
 RECOVER_S = 5.0
 WAIT_S = 12

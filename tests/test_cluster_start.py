@@ -5,21 +5,19 @@ tests/test_receipt_key_cluster.py.)"""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
 
 from gate.store.pg_schema import PG_MIGRATIONS
 from tests.cluster_gates import Gates
-from tests.pg_server import PgServer, pg_fixtures
+from tests.pg_server import PgServer, pg_fixtures, psycopg_or_skip
 from tests.support import CaptureRelay, decision_body, post_decision
 from tests.test_gate_on_postgres import rows
 
 pytestmark = [pytest.mark.e2e, pytest.mark.postgres]
 
-if not os.environ.get("HITL_CI"):
-    pytest.importorskip("psycopg")
+psycopg_or_skip()
 
 server, _url = pg_fixtures()
 

@@ -12,6 +12,7 @@ import pytest
 from gate.config import load, load_config
 from gate.config.storage import LIBPQ_PARAMS
 from gate.errors import ConfigError
+from tests.pg_server import psycopg_or_skip
 from tests.test_config import (
     ENV,
     _commented_example,
@@ -162,7 +163,7 @@ def test_storage_mistakes_are_one_line_naming_the_key(
 
 
 def test_storage_url_parameters_are_every_one_the_installed_libpq_knows() -> None:
-    pq = pytest.importorskip("psycopg").pq
+    pq = psycopg_or_skip().pq
     known = {option.keyword.decode() for option in pq.Conninfo.get_defaults()}
     assert known - LIBPQ_PARAMS - {"password", "sslpassword", "oauth_client_secret",
                                    "scram_client_key", "scram_server_key"} == set()  # fmt: skip

@@ -42,7 +42,7 @@ from gate.daemon.cluster import LEASE_TTL_S, Cluster, Work
 from gate.daemon.timers import Timers
 from gate.errors import Unavailable
 from gate.store.pg_instances import CONFIG_DIVERGENT
-from tests.pg_server import PgServer, pg_fixtures
+from tests.pg_server import PgServer, pg_fixtures, psycopg_or_skip
 from tests.support import (
     ASK_STEP,
     DEADLINE_S,
@@ -62,8 +62,7 @@ from tests.test_store_pg_feed import append
 
 pytestmark = [pytest.mark.e2e, pytest.mark.postgres]
 
-if not os.environ.get("HITL_CI"):
-    pytest.importorskip("psycopg")
+psycopg_or_skip()
 
 
 server, url = pg_fixtures()

@@ -6,7 +6,6 @@ config with ``storage.url``."""
 from __future__ import annotations
 
 import dataclasses
-import os
 from pathlib import Path
 
 import pytest
@@ -22,12 +21,12 @@ from gate.store.schema import SCHEMA_VERSION
 from gate.tools.doctor import run_checks
 from gate.tools.doctor_audit import check_audit, check_database
 from gate.tools.doctor_cluster import check_cluster
-from tests.pg_server import PgServer, free_port, pg_fixtures
+from tests.pg_server import PgServer, free_port, pg_fixtures, psycopg_or_skip
 from tests.support import ENV, CaptureRelay, refused_dispatch, write_config
 
 pytestmark = [pytest.mark.e2e, pytest.mark.postgres]
 
-psycopg = __import__("psycopg") if os.environ.get("HITL_CI") else pytest.importorskip("psycopg")
+psycopg = psycopg_or_skip()
 
 GATE = Instance("01GATEA", "0.1.0", "c0ffee" * 4, "host-a", 11, 0, 0, 0)
 

@@ -9,7 +9,6 @@ approver twice: counted once, resolved once, the audit log contiguous and its ch
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -24,7 +23,7 @@ from gate.audit.chain import AuditRow, verify
 from gate.protocol.canonical import wire_json
 from gate.store.pg_schema import PG_MIGRATIONS, migrate
 from gate.store.schema import SCHEMA_VERSION
-from tests.pg_server import PgServer, free_port, running_server
+from tests.pg_server import PgServer, free_port, psycopg_or_skip, running_server
 from tests.support import (
     RECEIPT_KEY,
     CaptureRelay,
@@ -40,7 +39,7 @@ from tests.support import (
 
 pytestmark = [pytest.mark.e2e, pytest.mark.postgres]
 
-psycopg = __import__("psycopg") if os.environ.get("HITL_CI") else pytest.importorskip("psycopg")
+psycopg = psycopg_or_skip()
 
 _databases = iter(range(1, 1000))
 UNAVAILABLE = {"status": "unavailable", "reason": "storage_unavailable"}

@@ -9,7 +9,6 @@ replicas on any hosts."""
 from __future__ import annotations
 
 import asyncio
-import os
 import sqlite3
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -28,7 +27,7 @@ from gate.inbox.shortlived import (
 )
 from gate.postgres.target import PgTarget
 from tests.inbox_harness import rows
-from tests.pg_server import PgServer, inbox_fixtures
+from tests.pg_server import PgServer, inbox_fixtures, psycopg_or_skip
 
 inbox_server, inbox_url = inbox_fixtures()
 
@@ -203,8 +202,7 @@ async def test_shortlived_two_inboxes_opening_a_fresh_database_at_once_migrate_i
 async def test_shortlived_a_database_holding_the_gate_s_tables_is_refused(
     inbox_server: PgServer,
 ) -> None:
-    if not os.environ.get("HITL_CI"):
-        pytest.importorskip("psycopg")
+    psycopg_or_skip()
     url = inbox_server.migrated_database()  # the gate's schema
 
     with pytest.raises(OSError) as refused:
@@ -222,8 +220,7 @@ async def test_shortlived_a_database_holding_the_gate_s_tables_is_refused(
 async def test_shortlived_an_inbox_on_postgresql_connects_again_after_the_server_restarts(
     inbox_server: PgServer,
 ) -> None:
-    if not os.environ.get("HITL_CI"):
-        pytest.importorskip("psycopg")
+    psycopg_or_skip()
     db = await InboxDb.open(PgTarget(inbox_server.empty_database("inbox")))
     short = ShortLived(db)
     try:

@@ -5,17 +5,15 @@ instead under HITL_CI=1 (``.ci/run`` installs both)."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 
 import pytest
 
-from tests.pg_server import PgServer, running_server
+from tests.pg_server import PgServer, psycopg_or_skip, running_server
 
 pytestmark = [pytest.mark.e2e, pytest.mark.postgres]
 
-# under HITL_CI a missing psycopg is an import error (a failure), elsewhere a skip
-psycopg = __import__("psycopg") if os.environ.get("HITL_CI") else pytest.importorskip("psycopg")
+psycopg = psycopg_or_skip()
 
 
 @pytest.fixture(scope="module")

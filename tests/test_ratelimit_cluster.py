@@ -6,7 +6,6 @@ the approver's attempts older than the window. Real gate processes on a throwawa
 
 from __future__ import annotations
 
-import os
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -15,7 +14,7 @@ import pytest
 
 from gate.postgres.connection import PgConnection
 from gate.store.pg_rate import PgRateEvents
-from tests.pg_server import pg_fixtures
+from tests.pg_server import pg_fixtures, psycopg_or_skip
 from tests.support import (
     ASK_STEP,
     Q1_STEP,
@@ -31,7 +30,7 @@ from tests.test_gate_on_postgres import at_once, decide, gate_fixtures, rows, st
 
 pytestmark = [pytest.mark.e2e, pytest.mark.postgres]
 
-psycopg = __import__("psycopg") if os.environ.get("HITL_CI") else pytest.importorskip("psycopg")
+psycopg = psycopg_or_skip()
 
 server, url = pg_fixtures()
 relay, gates = gate_fixtures()

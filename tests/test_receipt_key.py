@@ -324,6 +324,14 @@ def test_wrong_key_on_a_fresh_log_says_the_key_given_does_not_match(gate, relay,
     assert proc.returncode == 0, proc.stderr
 
 
+RETIRED_AT = (
+    "the log went over to a new receipt key at entry {seq} (receipt_key_rotated) and "
+    "receipts.key_env (HITL_RECEIPT_KEY) holds the retired one: a gate running with this "
+    "config answers 503 receipt_key_retired, and one starting refuses to; set "
+    "receipts.key_env to the variable holding the new key"
+)
+
+
 def test_doctor_names_the_receipt_key_settings(tmp_path, relay):
     config = write_config(tmp_path, relay.url)
     gate = GateProcess(config).start()
@@ -368,6 +376,9 @@ def test_doctor_names_the_receipt_key_settings(tmp_path, relay):
     set_receipts(config, previous_key_env=None)
     code, line = audit_line(gate_env(HITL_RECEIPT_KEY=NEW))
     assert line.startswith("PASS audit: ") and "from entry 5" in line, line
+    # a config still holding the retired key (a gate not restarted with the new one)
+    code, line = audit_line(gate_env())
+    assert (code, line) == (1, "FAIL audit: " + RETIRED_AT.format(seq=5)), line
 
 
 def test_check_config_checks_previous_key_env(tmp_path, relay):

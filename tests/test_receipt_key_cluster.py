@@ -1,33 +1,42 @@
 """A receipt-key rotation started on three gates at once, on one PostgreSQL database: the
 rotation runs in the write batch under the ``audit_head`` lock, so one gate appends the one
 ``receipt_key_rotated`` entry and the others find the log already on the new key; a gate
-still on the retired key then refuses to start, as on SQLite, and writes nothing. Real gate
-processes on a throwaway server."""
+still on the retired key then refuses to start, as on SQLite, and writes nothing. In a
+rolling rotation, a gate not restarted yet appends nothing after the rotation: it answers
+503 ``receipt_key_retired`` until restarted with the new key. Real gate processes on a
+throwaway server."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
 import yaml
 
-from tests.pg_server import pg_fixtures
-from tests.support import CaptureRelay, GateProcess, decision_body, gate_env, run_cli
+from tests.pg_server import pg_fixtures, psycopg_or_skip
+from tests.support import (
+    CaptureRelay,
+    GateProcess,
+    decision_body,
+    gate_env,
+    logged,
+    run_cli,
+)
 from tests.test_gate_on_postgres import (
     DB_PASSWORD,
     assert_log_whole,
     decide,
     gate_fixtures,
+    healthz,
     pg_config,
     rows,
     start_together,
 )
+from tests.test_receipt_key import RETIRED_AT
 
 pytestmark = [pytest.mark.e2e, pytest.mark.postgres]
 
-if not os.environ.get("HITL_CI"):
-    pytest.importorskip("psycopg")
+psycopg_or_skip()
 
 server, url = pg_fixtures()
 relay = gate_fixtures()[0]
@@ -84,3 +93,90 @@ def test_receipt_key_rotation_on_three_gates_at_once_writes_one_entry(
     assert rows(url, "SELECT max(seq) FROM audit_log") == [(newest,)]
     log = assert_log_whole(url, keys=(OLD, NEW))
     assert [row.kind for row in log].count("receipt_key_rotated") == 1
+
+
+RETIRED = (
+    "another gate rotated the receipt key; restart this gate with receipts.key_env "
+    "holding the new key"
+)
+
+
+def test_rolling_rotation_a_gate_not_restarted_appends_nothing_until_restarted(
+    tmp_path: Path, relay: CaptureRelay, url: str
+) -> None:
+    old_env = gate_env(HITL_DB_PASSWORD=DB_PASSWORD, HITL_RECEIPT_KEY=OLD)
+    new_env = gate_env(HITL_DB_PASSWORD=DB_PASSWORD, HITL_RECEIPT_KEY=NEW, HITL_RECEIPT_KEY_OLD=OLD)
+    path_a, path_b = (pg_config(tmp_path / name, relay, url) for name in "ab")
+    a, b = start_together([GateProcess(path_a, env=old_env), GateProcess(path_b, env=old_env)])
+    try:
+        b.api().create("q1")
+        a.stop()  # the rolling rotation, step 1: gate a restarted with the new key
+        a = GateProcess(rotating(path_a), env=new_env).start()
+        assert rows(url, "SELECT count(*) FROM audit_log WHERE kind = 'receipt_key_rotated'") == [
+            (1,)
+        ]
+        ((newest,),) = rows(url, "SELECT max(seq) FROM audit_log")
+
+        # gate b still holds the old key: it appends nothing after the rotation entry
+        for _ in range(2):
+            status, answer = b.api().call(
+                "POST",
+                "/v1/approvals",
+                {
+                    "pipeline": "p",
+                    "step": "q1",
+                    "draft": {"content_type": "text/plain", "body": "x"},
+                },
+            )
+            assert status == 503, (status, answer)
+            assert answer == {
+                "status": "unavailable",
+                "reason": "receipt_key_retired",
+                "message": RETIRED,
+            }
+        assert rows(url, "SELECT max(seq) FROM audit_log") == [(newest,)]
+        assert healthz(b) == (
+            503,
+            {"status": "unavailable", "reason": "receipt_key_retired", "message": RETIRED},
+        )
+        assert logged(b, "event=receipt_key_retired") == 1
+        verified = run_cli("audit", "verify", "-c", str(path_a), env=new_env)
+        assert verified.returncode == 0, verified.stderr
+        doctor = run_cli("doctor", "-c", str(path_b), env=old_env, timeout=60).stdout.decode()
+        assert "FAIL audit: " + RETIRED_AT.format(seq=newest) in doctor.splitlines(), doctor
+
+        # the rolling rotation, step 2: gate b restarted the same way starts and writes
+        b.stop()
+        b = GateProcess(rotating(path_b), env=new_env).start()
+        approval_id = b.api().create("q1")["approval_id"]
+        assert decide(a, decision_body(relay.wait_dispatch(approval_id)))[0] == 200
+        b.api().wait_resolved(approval_id)
+        assert healthz(b)[0] == 200
+    finally:
+        a.stop()
+        b.stop()
+    log = assert_log_whole(url, keys=(OLD, NEW))
+    assert [row.kind for row in log].count("receipt_key_rotated") == 1
+
+
+def test_rolling_rotation_a_gate_not_restarted_gives_up_the_timers_lease(
+    tmp_path: Path, relay: CaptureRelay, url: str
+) -> None:
+    old_env = gate_env(HITL_DB_PASSWORD=DB_PASSWORD, HITL_RECEIPT_KEY=OLD)
+    new_env = gate_env(HITL_DB_PASSWORD=DB_PASSWORD, HITL_RECEIPT_KEY=NEW, HITL_RECEIPT_KEY_OLD=OLD)
+    path_a, path_b = (pg_config(tmp_path / name, relay, url) for name in "ab")
+    b = GateProcess(path_b, env=old_env).start()  # alone: it takes the timers' lease
+    b.wait_for_line("event=lease_acquired")
+    a = GateProcess(rotating(path_a), env=new_env).start()  # a rotates; b keeps the lease
+    try:
+        assert "event=lease_acquired" not in a.log()
+        # a's approval is dispatched by the lease holder: b cannot write, so it stands aside
+        approval_id = a.api().create("q1")["approval_id"]
+        relay.wait_dispatch(approval_id)
+        assert logged(b, "event=receipt_key_retired") == 1
+        assert logged(b, "event=lease_released") == 1
+        assert logged(a, "event=lease_acquired") == 1
+    finally:
+        a.stop()
+        b.stop()
+    assert_log_whole(url, keys=(OLD, NEW))

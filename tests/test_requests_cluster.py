@@ -9,7 +9,6 @@ throwaway server."""
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Iterator
 from functools import partial
@@ -19,7 +18,7 @@ from typing import Any
 import pytest
 
 from gate.protocol.canonical import wire_json
-from tests.pg_server import pg_fixtures
+from tests.pg_server import pg_fixtures, psycopg_or_skip
 from tests.support import CaptureRelay, GateProcess, decision_body, post_decision
 from tests.test_gate_on_postgres import (
     assert_log_whole,
@@ -32,8 +31,7 @@ from tests.test_gate_on_postgres import (
 
 pytestmark = [pytest.mark.e2e, pytest.mark.postgres]
 
-if not os.environ.get("HITL_CI"):
-    pytest.importorskip("psycopg")
+psycopg_or_skip()
 
 server, url = pg_fixtures()
 relay = gate_fixtures()[0]

@@ -16,7 +16,6 @@ transaction or rule of the gate is replaced.
 from __future__ import annotations
 
 import dataclasses
-import os
 import secrets
 import sqlite3
 import threading
@@ -81,12 +80,12 @@ from gate.store.pg_schema import migrate
 from gate.store.questions import QUESTIONS
 from gate.store.reads import Reads, audit_chunk
 from gate.trust.keys import Signer
-from tests.pg_server import PgServer, running_server
+from tests.pg_server import PgServer, psycopg_or_skip, running_server
 from tests.support import ASK_STEP, ENV, Q1_STEP, wait_until, write_config
 
 pytestmark = [pytest.mark.e2e, pytest.mark.postgres]
 
-psycopg = __import__("psycopg") if os.environ.get("HITL_CI") else pytest.importorskip("psycopg")
+psycopg = psycopg_or_skip()
 
 NOW_MS = 1767225600000
 RECEIPT_KEY = b"test-receipt-key-91c2"

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import time
 from typing import Any
 
@@ -16,13 +15,11 @@ import pytest
 
 from gate.postgres.connection import PgConnection
 from gate.store.pg_feed import PAGE, Change, Feed
-from tests.pg_server import pg_fixtures
+from tests.pg_server import pg_fixtures, psycopg_or_skip
 
 pytestmark = [pytest.mark.e2e, pytest.mark.postgres]
 
-psycopg: Any = __import__("psycopg") if os.environ.get("HITL_CI") else None
-if psycopg is None:
-    psycopg = pytest.importorskip("psycopg")
+psycopg: Any = psycopg_or_skip()
 
 DEADLINE_S = 10.0
 

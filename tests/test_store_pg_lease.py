@@ -16,12 +16,11 @@ import pytest
 
 from gate.store.pg_lease import TIMERS, claim, current, release
 from gate.store.pg_session import close_quietly, connect
-from tests.pg_server import pg_fixtures
+from tests.pg_server import pg_fixtures, psycopg_or_skip
 
 pytestmark = [pytest.mark.e2e, pytest.mark.postgres]
 
-if not os.environ.get("HITL_CI"):
-    pytest.importorskip("psycopg")
+psycopg_or_skip()
 
 TTL_MS = 2000
 

@@ -12,7 +12,6 @@ the move passes on the new database; a tampered byte in it does not."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import sqlite3
@@ -30,7 +29,7 @@ from gate.store.pg_move import move
 from gate.store.pg_schema import migrate
 from gate.store.schema import MIGRATIONS
 from gate.trust.keys import PRIVATE_KEY_NAME as KEY_NAME
-from tests.pg_server import PgServer, running_server
+from tests.pg_server import PgServer, psycopg_or_skip, running_server
 from tests.support import (
     CaptureRelay,
     CliProcess,
@@ -51,7 +50,7 @@ from tests.test_signed_audit import sign_config
 
 pytestmark = [pytest.mark.e2e, pytest.mark.postgres]
 
-psycopg = __import__("psycopg") if os.environ.get("HITL_CI") else pytest.importorskip("psycopg")
+psycopg = psycopg_or_skip()
 
 ALICE, BOB = "alice@example.com", "bob@example.com"
 ENV = gate_env(HITL_ADMIN_TOKEN=ADMIN_TOKEN)

@@ -5,7 +5,6 @@ refused."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 
 import pytest
@@ -17,9 +16,9 @@ from gate.store import auditlog, readonly
 from gate.store.pg_read import PgTarget
 from gate.store.pg_schema import migrate
 from gate.store.schema import SCHEMA_VERSION
-from tests.pg_server import PgServer, running_server
+from tests.pg_server import PgServer, psycopg_or_skip, running_server
 
-psycopg = __import__("psycopg") if os.environ.get("HITL_CI") else pytest.importorskip("psycopg")
+psycopg = psycopg_or_skip()
 
 ROWS = 2500
 KEY = b"test-receipt-key-pg-read-7e1d"

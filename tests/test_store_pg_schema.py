@@ -7,7 +7,6 @@ chain and set again from the log by ``sync_audit_head``."""
 
 from __future__ import annotations
 
-import os
 import re
 import sqlite3
 import threading
@@ -25,11 +24,11 @@ from gate.store.pg_schema import (
     sync_audit_head,
 )
 from gate.store.schema import MIGRATIONS, SCHEMA_VERSION
-from tests.pg_server import PgServer, running_server
+from tests.pg_server import PgServer, psycopg_or_skip, running_server
 
 pytestmark = [pytest.mark.e2e, pytest.mark.postgres]
 
-psycopg = __import__("psycopg") if os.environ.get("HITL_CI") else pytest.importorskip("psycopg")
+psycopg = psycopg_or_skip()
 
 TYPES = {"INTEGER": "bigint", "TEXT": "text", "REAL": "double precision"}
 

@@ -6,7 +6,6 @@ probe, the lock timeout, and the reads' schema version."""
 from __future__ import annotations
 
 import asyncio
-import os
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -17,8 +16,9 @@ import pytest
 
 from gate.clock import PinnedClock
 from gate.config import Config, load_config
+from gate.core.commands import ReceiptKey
 from gate.core.transactions import Transactions
-from gate.errors import GateError, Unavailable
+from gate.errors import Fenced, GateError, Unavailable
 from gate.postgres import target as pg_target
 from gate.postgres.target import PgTarget
 from gate.store import pg_backend
@@ -28,13 +28,13 @@ from gate.store.pg_schema import migrate
 from gate.store.reads import Reads
 from gate.store.schema import SCHEMA_VERSION
 from gate.store.tx import WriteTx
-from tests.pg_server import PgServer, running_server
+from tests.pg_server import PgServer, psycopg_or_skip, running_server
 from tests.support import ENV, write_config
 from tests.test_store_pg_connection import Hand, ManualClock
 
 pytestmark = [pytest.mark.e2e, pytest.mark.postgres]
 
-psycopg = __import__("psycopg") if os.environ.get("HITL_CI") else pytest.importorskip("psycopg")
+psycopg = psycopg_or_skip()
 
 KEY = b"test-receipt-key-writer-7d1e"
 _databases = iter(range(1, 1000))
@@ -67,12 +67,12 @@ def config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Config:
 
 
 @pytest.fixture
-def writers(target: PgTarget, config: Config) -> Iterator[Callable[[], Writer]]:
+def writers(target: PgTarget, config: Config) -> Iterator[Callable[..., Writer]]:
     """``writers()`` is a new ``Writer`` on the test's database; all closed afterwards."""
     made: list[Writer] = []
 
-    def make() -> Writer:
-        made.append(Writer(target, config))
+    def make(key: bytes = KEY, previous: bytes | None = None) -> Writer:
+        made.append(Writer(target, config, key, previous))
         return made[-1]
 
     yield make
@@ -81,25 +81,31 @@ def writers(target: PgTarget, config: Config) -> Iterator[Callable[[], Writer]]:
 
 
 class Writer:
-    """A ``PgSide`` with the gate's transactions on a manual clock (pinned per batch)."""
+    """A ``PgSide`` with the gate's transactions on a manual clock (pinned per batch),
+    appending with the receipt ``key`` (``previous``: a declared rotation's old one)."""
 
-    def __init__(self, target: PgTarget, config: Config) -> None:
+    def __init__(
+        self, target: PgTarget, config: Config, key: bytes = KEY, previous: bytes | None = None
+    ) -> None:
         self.manual = ManualClock()
         self.clock = PinnedClock(self.manual)
         self.side = PgSide(target, self.clock)
         self.target = target
-        self.t = Transactions(config, self.clock, KEY, None)
+        self.key = key
+        self.t = Transactions(config, self.clock, key, None, previous_receipt_key=previous)
         self.faults = Faults(str(target))
 
-    def run(self, *fns: Callable[[WriteTx], Any]) -> list[tuple[Any, BaseException | None]]:
-        jobs = [Job(Hand(fn)) for fn in fns]
+    def run(
+        self, *fns: Callable[[WriteTx], Any] | ReceiptKey
+    ) -> list[tuple[Any, BaseException | None]]:
+        jobs = [Job(fn if isinstance(fn, ReceiptKey) else Hand(fn)) for fn in fns]
         answers = run_guarded(self.side, jobs, self.t.run, self.faults).answers
         by_job = {id(job): (value, error) for job, value, error in answers}
         return [by_job[id(job)] for job in jobs]
 
     def append(self, tx: WriteTx, n: int = 0) -> int:
         now = self.t.clock.now_ms()
-        tx.append_audit("probe_entry", None, now, {"n": n}, KEY)
+        tx.append_audit("probe_entry", None, now, {"n": n}, self.key)
         return now
 
 
@@ -151,6 +157,32 @@ def test_pg_writer_head_follows_what_the_batch_kept(
     assert head(target)[:2] == (seq, digest)
 
 
+def test_pg_writer_appends_only_after_an_entry_receipted_with_its_own_key(
+    target: PgTarget, writers: Callable[..., Writer], caplog: pytest.LogCaptureFixture
+) -> None:
+    old = writers()
+    ((_, error),) = old.run(old.append)
+    assert error is None
+    new = writers(b"test-receipt-key-writer-new-90c2", KEY)
+    (rotated, error), (_, after) = new.run(ReceiptKey(), new.append)  # the start's rotation
+    assert error is None and after is None and rotated[0] == "rotated"
+    entries = head(target)
+
+    # a gate still on the retired key: every job refused, nothing written, logged once
+    answers = old.run(old.append, lambda tx: "no entry") + old.run(old.append)
+    assert [value for value, _ in answers] == [None] * 3
+    for _, refusal in answers:
+        assert isinstance(refusal, Fenced)
+        assert (refusal.status, refusal.code) == (503, "receipt_key_retired")
+        assert refusal.body()["message"] == (
+            "another gate rotated the receipt key; restart this gate with "
+            "receipts.key_env holding the new key"
+        )
+    assert head(target) == entries
+    assert caplog.text.count("event=receipt_key_retired") == 1
+    assert new.run(new.append)[0][1] is None  # the gate on the new key goes on
+
+
 def test_pg_writer_probe_is_a_write_through_the_backend(
     target: PgTarget, writers: Callable[[], Writer]
 ) -> None:
@@ -175,7 +207,7 @@ def test_pg_writer_session_is_named_and_bounded(
         conn.execute(f"SHOW {name}").fetchone()[0]
         for name in ("idle_in_transaction_session_timeout", "lock_timeout", "statement_timeout")
     ]
-    assert settings == ["5s", "5s", "30s"]
+    assert settings == ["5s", "10s", "30s"]
     (name,) = conn.execute("SELECT application_name FROM pg_stat_activity WHERE pid ="
                            " pg_backend_pid()").fetchone()  # fmt: skip
     assert name == "hitl-gate/writer/test"
@@ -266,13 +298,18 @@ def test_pg_reads_connect_again_after_their_session_was_ended(
         reads.close()
 
 
+@pytest.mark.parametrize("idle_ms", [300, None], ids=["short", "as-shipped"])
 def test_pg_writer_frozen_holding_the_head_lock_loses_it_and_its_batch_answers_503(
-    writers: Callable[[], Writer], monkeypatch: pytest.MonkeyPatch
+    writers: Callable[[], Writer], monkeypatch: pytest.MonkeyPatch, idle_ms: int | None
 ) -> None:
     """A writer that stops inside its batch (a frozen process, a cut network) is idle in
     transaction: the server ends its session after ``idle_in_transaction_session_timeout``
-    and the other gates' batches go on; the frozen one's callers get 503, never 200."""
-    monkeypatch.setattr(pg_target, "IDLE_IN_TRANSACTION_MS", 300)
+    and the other gates' batches go on; the frozen one's callers get 503, never 200. With
+    the timeouts as shipped, the waiting writer's ``lock_timeout`` must not expire first:
+    it would answer 503 and count a storage fault (its gate's /healthz 503, drained by the
+    balancer) while the frozen gate stays in."""
+    if idle_ms is not None:
+        monkeypatch.setattr(pg_target, "IDLE_IN_TRANSACTION_MS", idle_ms)
     frozen, other = writers(), writers()
     appended, thawed = threading.Event(), threading.Event()
     answer: list[BaseException | None] = []
@@ -291,7 +328,7 @@ def test_pg_writer_frozen_holding_the_head_lock_loses_it_and_its_batch_answers_5
         thawed.set()
         thread.join(timeout=60)
 
-    assert error is None
+    assert error is None and other.faults.write_fault is None
     assert isinstance(answer[0], Unavailable) and answer[0].code == "storage_unavailable"
     assert frozen.run(frozen.append)[0][1] is None  # on a new connection
     assert head(other.target)[0] == 2

@@ -6,7 +6,6 @@ per backend and test; each refusal checked against the rows read back."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -14,7 +13,7 @@ from typing import Any
 import pytest
 
 from gate.protocol.envelope import nul_field
-from tests.pg_server import pg_fixtures
+from tests.pg_server import pg_fixtures, psycopg_or_skip
 from tests.support import (
     CaptureRelay,
     GateProcess,
@@ -27,8 +26,7 @@ from tests.test_gate_on_postgres import gate_fixtures, rows, start_gate
 
 pytestmark = [pytest.mark.e2e, pytest.mark.postgres]
 
-if not os.environ.get("HITL_CI"):
-    pytest.importorskip("psycopg")
+psycopg_or_skip()
 
 server, url = pg_fixtures()
 relay = gate_fixtures()[0]

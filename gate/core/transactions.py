@@ -4,6 +4,7 @@ by ``Transactions.run``. No HTTP, no SQL of its own."""
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any
 
@@ -12,11 +13,19 @@ from gate.clock import Clock
 from gate.config import Config
 from gate.core.approvals.followups import Plan
 from gate.core.approvals.policy import Verdict as PolicyVerdict
-from gate.core.commands import Configure, Transaction
+from gate.core.commands import Configure, ReceiptKey, Transaction
 from gate.core.ratelimit import RateLimiter
 from gate.core.receipt_key import Settled, settle
+from gate.errors import Fenced
 from gate.store import Command, WriteTx
 from gate.trust.keys import Signer
+
+log = logging.getLogger(__name__)
+
+RETIRED = (
+    "another gate rotated the receipt key; restart this gate with receipts.key_env "
+    "holding the new key"
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,18 +72,40 @@ class Transactions:
         self._receipt_key = receipt_key
         self._previous_receipt_key = previous_receipt_key
         self.signer = signer
+        self._retired_logged = False
 
     def run(self, tx: WriteTx | None, command: Command[Any]) -> Any:
         """Run ``command`` on the store's writer (``Store.bind``): a ``Transaction`` in
         ``tx`` (its ``run``), returning what it returns and raising what it raises
         (GateError for a refusal); ``Configure`` outside any transaction (``tx`` None, sent
-        with ``Store.apply``). Raises ValueError for any other command."""
+        with ``Store.apply``). Raises ValueError for any other command.
+
+        On PostgreSQL a transaction runs only after an entry receipted with this gate's key
+        (``WriteTx.follows``): after another gate's rotation (``receipt_key_rotated``), an
+        entry this gate appended would be receipted with the retired key, a forgery to
+        ``audit verify``. It raises Fenced 503 ``receipt_key_retired`` then (logged once:
+        ``event=receipt_key_retired``), and nothing is written. The start's own settling
+        (``ReceiptKey``) is the one transaction that runs after an entry of the previous key.
+        """
         if isinstance(command, Configure):
             self.configure(command.config)
             return None
         if not isinstance(command, Transaction) or tx is None:
             raise ValueError(f"unknown write transaction {command.name!r}")
+        if not isinstance(command, ReceiptKey) and not tx.follows(self._receipt_key):
+            self._retired()
         return command.run(self, tx)
+
+    def _retired(self) -> None:
+        """Refuse a write: the newest entry is receipted with a key not this gate's."""
+        if not self._retired_logged:
+            self._retired_logged = True
+            log.error(
+                "event=receipt_key_retired key_env=%s message=%s",
+                self.config.receipts.key_env,
+                RETIRED,
+            )
+        raise Fenced("receipt_key_retired", RETIRED, extra={"message": RETIRED})
 
     def configure(self, config: Config) -> None:
         """Use ``config`` from now on (SIGHUP reload): budgets, limits, the rate limit.

@@ -70,7 +70,8 @@ class Cluster:
     holder trusts its lease until its last successful renewal's start + ``ttl_s`` less
     MARGIN of it, and stops the work when that passes without a renewal, or at once when
     another gate holds the lease. A gate without the lease tries again when the lease would
-    lapse, so a killed holder is replaced within ``ttl_s``. On a clean stop it releases the
+    lapse, so a killed holder is replaced within ``ttl_s``. A gate that may write no more
+    (``Store.fenced``) releases it and claims it no more. On a clean stop it releases the
     lease and removes its row.
     """
 
@@ -100,6 +101,7 @@ class Cluster:
         self.not_held = asyncio.Event()
         self.not_held.set()
         self._trusted_until = 0.0  # time.monotonic() until which the held lease is trusted
+        self._offset_ms: int | None = None  # this host's clock minus the database's, last known
 
     def instance(self, offset_ms: int) -> Instance:
         """This gate's row, its clock ``offset_ms`` off the database's (times: the
@@ -177,7 +179,10 @@ class Cluster:
                     if conn is None:
                         conn = await connect(self.url, "cluster", self.instance_id, self.password)
                     await self._beat(conn)
-                    delay = await self._claim(conn, started)
+                    if self.service.store.fenced is None:
+                        delay = await self._claim(conn, started)
+                    else:
+                        delay = await self._stand_aside(conn)
                 except Unavailable as exc:
                     if not lost:  # once per outage
                         log.warning("event=cluster_unavailable message=%s", exc.message)
@@ -198,6 +203,11 @@ class Cluster:
         offset = await measure_offset(
             conn, clock.local_ms if isinstance(clock, PinnedClock) else clock.now_ms
         )
+        if offset is None:  # no prompt reading: the last offset stands
+            offset = self._offset_ms
+        if offset is None:
+            raise Unavailable("storage_unavailable", "the database's clock answered too slowly")
+        self._offset_ms = offset
         if isinstance(self.service.clock, PinnedClock):  # its senders read the database's time
             self.service.clock.offset_ms = offset
         await beat(conn, self.instance(offset))
@@ -227,6 +237,17 @@ class Cluster:
             return 0.0
         lapses_s = max(0.0, (other.expires_at - other.now) / 1000) + 0.05
         return min(self.renew_s, lapses_s)
+
+    async def _stand_aside(self, conn: Any) -> float:
+        """This gate writes no more until it restarts (``Store.fenced``: another gate rotated
+        the receipt key): it gives up the lease, so another gate runs the timers and the
+        senders; returns the seconds until the next beat."""
+        if self.held.is_set():
+            log.info("event=lease_released lease=%s", TIMERS)
+        self.held.clear()
+        self.not_held.set()
+        await release(conn, TIMERS, self.instance_id)
+        return self.renew_s
 
     def _distrust(self, now: float) -> None:
         """Stop the work when the held lease was not renewed in time (``now``: monotonic)."""

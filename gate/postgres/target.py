@@ -19,10 +19,12 @@ from gate.postgres.connection import PgConnection, as_sqlite_error
 
 # Session settings of every connection (ms): a writer frozen or cut off while it holds the
 # head lock loses it after IDLE_IN_TRANSACTION_MS (the other gates go on); a gate waiting
-# for the lock longer than LOCK_TIMEOUT_MS answers 503 instead of hanging; no statement runs
-# longer than STATEMENT_TIMEOUT_MS.
+# for the lock longer than LOCK_TIMEOUT_MS answers 503 instead of hanging: twice as long, so
+# a gate waiting on a frozen one gets the lock when the server ends the frozen session,
+# rather than timing out with it (a storage fault: its /healthz 503, drained by a balancer);
+# no statement runs longer than STATEMENT_TIMEOUT_MS.
 IDLE_IN_TRANSACTION_MS = 5_000
-LOCK_TIMEOUT_MS = 5_000
+LOCK_TIMEOUT_MS = 10_000
 STATEMENT_TIMEOUT_MS = 30_000
 CONNECT_TIMEOUT_S = 5
 # PostgreSQL >= 14: how often (ms) a session running a statement checks that its client is

@@ -9,7 +9,7 @@ from typing import Any, TypeVar
 
 from gate.audit import chain as audit
 from gate.clock import PinnedClock
-from gate.errors import Unavailable
+from gate.errors import Fenced, Unavailable
 from gate.postgres.target import PgTarget
 from gate.store import opening
 from gate.store.batch import BatchObserver, Command, Faults, Handler, Writer
@@ -73,6 +73,12 @@ class Store:
     def write_fault(self) -> str | None:
         """The last storage fault's message, until a write succeeds again; else None."""
         return self._faults.write_fault
+
+    @property
+    def fenced(self) -> Fenced | None:
+        """Why this gate may write nothing more until it restarts (a transaction refused
+        with Fenced: ``transact``), or None."""
+        return self._health.fenced
 
     @property
     def writer_pid(self) -> int | None:
@@ -149,7 +155,8 @@ class Store:
     async def check_writable(self) -> None:
         """Raise Unavailable while the last write failed on a storage fault, or while the
         writer process has left a transaction unanswered for over ``writer_process.STALL_S``
-        (``gate.store.health``: a probe transaction at most once a second ends a fault)."""
+        (``gate.store.health``: a probe transaction at most once a second ends a fault);
+        Fenced once a transaction was refused so (until the gate restarts)."""
         await self._health.check(self.writer_unanswered_s, self.transact)
 
     async def transact(self, command: Command[R]) -> R:
@@ -161,14 +168,20 @@ class Store:
         errors become Unavailable (503). A transaction commits whole or not at all: when the
         caller is cancelled before it started, it never runs (a writer process: when the
         cancellation reached its socket before the job started, see ``unsent_bytes``); once
-        it started, it finishes and commits. Raises TypeError for anything but a Command,
+        it started, it finishes and commits. A transaction refused with Fenced (this gate
+        may write no more until it restarts) makes ``check_writable`` raise it from then
+        on. Raises TypeError for anything but a Command,
         Unavailable when the store is not open.
         """
         if not isinstance(command, Command):
             raise TypeError("a write transaction is a Command (see Store.bind)")
         if self._writer is None:
             raise Unavailable("storage_unavailable", "database is not open")
-        return await self._writer.transact(command)
+        try:
+            return await self._writer.transact(command)
+        except Fenced as exc:  # this gate may write no more: /healthz says so from now on
+            self._health.fence(exc)
+            raise
 
     def apply(self, command: Command[None]) -> None:
         """Have the writer process run ``command`` with its bound handler outside any

@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from collections.abc import Awaitable, Callable
 
-from gate.errors import Unavailable
+from gate.errors import Fenced, Unavailable
 from gate.store import writer_process
 from gate.store.batch import PROBE, Faults, Probe
 
@@ -21,6 +21,18 @@ class WriteHealth:
         self._faults = faults
         self._probing = False
         self._probed_at = 0.0
+        self._fenced: Fenced | None = None
+
+    @property
+    def fenced(self) -> Fenced | None:
+        """The first Fenced refusal (``fence``), or None."""
+        return self._fenced
+
+    def fence(self, error: Fenced) -> None:
+        """A write was refused with ``error``: ``check`` raises it from now on (the first
+        one kept)."""
+        if self._fenced is None:
+            self._fenced = error
 
     async def check(self, stalled_s: float, transact: Callable[[Probe], Awaitable[None]]) -> None:
         """Raise Unavailable 503 ``storage_unavailable`` while the last write failed on a
@@ -30,8 +42,12 @@ class WriteHealth:
         At most once per ``PROBE_INTERVAL_S`` a probe transaction (``transact(PROBE)``)
         rewrites the database header (``PRAGMA user_version`` set to its own value,
         committed: it needs room in the WAL and a writable file); once it commits, the fault
-        is over.
+        is over. Raises Fenced (503, its reason) once a write was refused so (``fence``):
+        the gate writes no more until it restarts.
         """
+        fenced = self._fenced
+        if fenced is not None:
+            raise Fenced(fenced.code, fenced.message, extra=fenced.extra)
         if stalled_s > writer_process.STALL_S:
             raise Unavailable(
                 "storage_unavailable",

@@ -82,6 +82,18 @@ def newest_audit_row(path: Database) -> audit.AuditRow | None:
         return None if row is None else audit.AuditRow(*row)
 
 
+def receipt_span_starts(path: Database) -> list[tuple[int, str, str]]:
+    """Return ``(seq, entry_hash, receipt)`` of entry 1 and of every ``receipt_key_rotated``
+    entry of the database at ``path`` (the starts of its receipt-key spans: few), ascending,
+    read-only. Scans the log once (doctor, for a config whose key the log no longer uses)."""
+    with read_only(path) as conn:
+        rows = conn.execute(
+            "SELECT seq, entry_hash, receipt FROM audit_log"
+            " WHERE seq = 1 OR kind = 'receipt_key_rotated' ORDER BY seq"
+        ).fetchall()
+    return [(int(seq), str(digest), str(receipt)) for seq, digest, receipt in rows]
+
+
 def failed_followups(path: Database, since_ms: int) -> tuple[dict[str, int], str | None]:
     """Return ``({kind: count}, last error of the latest)`` of the ``followup_outbox`` rows
     (notices, reminders, escalations) of the database at ``path`` given up at or

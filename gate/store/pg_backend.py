@@ -32,10 +32,13 @@ log = logging.getLogger(__name__)
 CHECK_IDLE_S = 1.0
 
 # the chain's head, locked for the whole batch: the cluster's write exclusion (as SQLite's
-# BEGIN IMMEDIATE), the tail the batch's entries follow, and the database's time (unix ms)
+# BEGIN IMMEDIATE), the tail the batch's entries follow, the database's time (unix ms) and
+# the head entry's receipt (NULL for an empty log), which the batch checks against the key
+# it appends with (``WriteTx.follows``): read in the same statement, no round trip more
 HEAD_LOCK = (
     "SELECT seq, entry_hash, last_at_ms,"
-    " CAST(extract(epoch FROM clock_timestamp()) * 1000 AS BIGINT)"
+    " CAST(extract(epoch FROM clock_timestamp()) * 1000 AS BIGINT),"
+    " (SELECT receipt FROM audit_log WHERE audit_log.seq = audit_head.seq)"
     " FROM audit_head WHERE id = 1 FOR UPDATE"
 )
 
@@ -99,9 +102,10 @@ def text_rules_problem(driver: Any) -> str | None:
 class PgBatch(BatchBackend):
     """PostgreSQL's part of a write batch. ``begin``: ``BEGIN`` (READ COMMITTED), then the
     ``audit_head`` row ``FOR UPDATE`` (``HEAD_LOCK``), whose seq and hash the batch's first
-    entry follows, and whose time pins ``clock`` (when given) at ``max(database time,
-    last_at_ms)`` for the batch: timestamps never go backwards in ``seq`` order across
-    gates, and the batch counts the rate limit's attempts in ``rate_events`` (every gate's).
+    entry follows, whose entry's receipt ``WriteTx.follows`` checks, and whose time pins
+    ``clock`` (when given) at ``max(database time, last_at_ms)`` for the batch: timestamps
+    never go backwards in ``seq`` order across gates, and the batch counts the rate limit's
+    attempts in ``rate_events`` (every gate's).
     ``before_commit``: ``audit_head`` set to the batch's newest entry. The probe
     rewrites the head row unchanged (a real write, no lock but the head's)."""
 
@@ -113,8 +117,8 @@ class PgBatch(BatchBackend):
         row = conn.execute(HEAD_LOCK).fetchone()
         if row is None:
             raise PgError("the audit_head row is missing (storage migrate sets it)")
-        seq, digest, last_at_ms, now_ms = row
-        tx.start_chain((int(seq), str(digest)), int(last_at_ms))
+        seq, digest, last_at_ms, now_ms, receipt = row
+        tx.start_chain((int(seq), str(digest)), int(last_at_ms), receipt)
         tx.rate_events = PgRateEvents(conn)  # the rate limit's window: every gate's attempts
         if self._clock is not None:
             self._clock.pin(max(int(now_ms), int(last_at_ms)))

@@ -23,6 +23,10 @@ FORGET_MS = 24 * 3600 * 1000
 # |the gate's clock - the database's| above this is ``clock_skew`` (the design's "a few
 # seconds"; what the gate itself uses is the database's clock either way)
 MAX_OFFSET_MS = 5_000
+# a reading of the database's clock is off by up to half its round trip (all of a delay may
+# lie on one way): one slower than this is taken again, up to READINGS times
+PROMPT_MS = 1_000
+READINGS = 3
 
 CONFIG_DIVERGENT = "config_divergent"
 CLOCK_SKEW = "clock_skew"
@@ -56,15 +60,21 @@ class ClusterHealth:
     details: tuple[str, ...]
 
 
-async def clock_offset_ms(conn: Any, local_ms: Callable[[], int]) -> int:
-    """The gate's clock (``local_ms()``, unix ms) minus the database's, measured once: the
-    database's time against the middle of the round trip. Raises Unavailable."""
+async def clock_offset_ms(conn: Any, local_ms: Callable[[], int]) -> int | None:
+    """The gate's clock (``local_ms()``, unix ms) minus the database's: the database's time
+    against the middle of a round trip no longer than PROMPT_MS, read up to READINGS times;
+    None when none was that prompt (a stall between the gate and the database: such a
+    reading could be off by half of it, and a gate on the right clock would look skewed).
+    Raises Unavailable."""
     with unavailable("reading the database's clock"):
-        before = local_ms()
-        cursor = await conn.execute(f"SELECT {DB_NOW_MS}")
-        (db_ms,) = await cursor.fetchone()
-        after = local_ms()
-    return (before + after) // 2 - int(db_ms)
+        for _ in range(READINGS):
+            before = local_ms()
+            cursor = await conn.execute(f"SELECT {DB_NOW_MS}")
+            (db_ms,) = await cursor.fetchone()
+            after = local_ms()
+            if after - before <= PROMPT_MS:
+                return (before + after) // 2 - int(db_ms)
+    return None
 
 
 async def beat(conn: Any, me: Instance) -> None:

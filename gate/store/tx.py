@@ -4,10 +4,12 @@ audit log's tail."""
 
 from __future__ import annotations
 
+import hmac
 import sqlite3
 from typing import Any, Protocol, TypeVar
 
 from gate.audit import chain as audit
+from gate.audit.spans import matches
 from gate.store.approvals import ApprovalStatements
 from gate.store.credentials import CredentialStatements
 from gate.store.invites import InviteStatements
@@ -54,6 +56,11 @@ class WriteTx:
         # (seq, entry_hash) of the newest audit entry, known inside this transaction; None
         # = read it. The store forgets it whenever it rolls anything back (``forget_tail``).
         self._audit_tail: tuple[int, str] | None = None
+        # (entry_hash, receipt) of the head entry the batch began on (PostgreSQL; None: not
+        # read, or an empty log), and whether it verified with the key ``follows`` asked about
+        self._head: tuple[str, str] | None = None
+        self._follows: tuple[bytes, bool] | None = None
+        self._appended_with: bytes | None = None  # the key of this transaction's appends
         # (seq, entry_hash) of the newest entry this transaction appended and still holds
         # (None: none); what it was when the current job began, to go back to on its rollback
         self.appended_head: tuple[int, str] | None = None
@@ -70,12 +77,30 @@ class WriteTx:
         """The statements every kind shares, on the kind whose tables are ``tables``."""
         return RequestStatements(self._conn, tables)
 
-    def start_chain(self, tail: tuple[int, str], last_at_ms: int) -> None:
+    def start_chain(
+        self, tail: tuple[int, str], last_at_ms: int, receipt: str | None = None
+    ) -> None:
         """The transaction begins with the chain's head known (PostgreSQL: the locked
         ``audit_head`` row): ``(seq, entry_hash)`` of the newest entry (``(0,
-        GENESIS_HASH)`` for an empty log) and its time; the next entry follows it."""
+        GENESIS_HASH)`` for an empty log), its time and its ``receipt`` (None for an empty
+        log); the next entry follows it."""
         self._audit_tail = tail
         self.last_at_ms = self._at_ms_at_job = last_at_ms
+        self._head = None if receipt is None else (tail[1], receipt)
+
+    def follows(self, key: bytes) -> bool:
+        """Whether this transaction may append entries receipted with ``key``: True unless
+        the head entry it began on (PostgreSQL's locked head; never known on SQLite, where
+        one gate writes its file) is receipted with another key, i.e. another gate on the
+        database rotated the receipt key. Once the transaction appended entries itself
+        (``appended_head``), they are what it follows. One HMAC per transaction."""
+        if self.appended_head is not None and self._appended_with is not None:
+            return hmac.compare_digest(self._appended_with, key)
+        if self._head is None:
+            return True
+        if self._follows is None or self._follows[0] != key:
+            self._follows = (key, matches(key, *self._head))
+        return self._follows[1]
 
     def job_started(self) -> None:
         """A job begins (its SAVEPOINT): ``forget_tail`` goes back to the head as it is now."""
@@ -143,6 +168,7 @@ class WriteTx:
             (seq, approval_id, kind, entry_json, prev_hash, digest, receipt, key_id, signature),
         )
         self._audit_tail = self.appended_head = (seq, digest)  # set only once the row is in
+        self._appended_with = key
         self.last_at_ms = max(self.last_at_ms, at_ms)
         return audit.AuditRow(
             seq, approval_id, kind, entry_json, prev_hash, digest, receipt, key_id, signature

@@ -114,7 +114,8 @@ def check_audit(
     signatures (when the config names Ed25519 keys), then compare the approval records with
     it: the one check ``hitl-gate audit verify -c`` runs (``gate.audit.verify.
     verify_database``), formatted as the doctor's. A newest entry that neither key verifies
-    FAILs naming the settings (the gate would refuse to start); one the previous key
+    FAILs naming the settings (the gate would refuse to start; a key that a later rotation
+    retired is said to be, ``_mismatch``); one the previous key
     verifies WARNs (the gate writes the rotation entry at its next start). Spans before the first
     one whose key is configured (keys retired by earlier rotations) are checked for the
     chain only, and said so. ``receipts`` (the config's section) names the variables.
@@ -137,7 +138,7 @@ def check_audit(
             previous_key, newest.entry_hash, newest.receipt
         )
         if not pending:
-            return Check("audit", False, _key_mismatch(newest.seq, receipts))
+            return Check("audit", False, _mismatch(path, receipt_key, newest.seq, receipts))
     try:  # the one check audit verify -c runs too (gate.audit.verify)
         report = verify_database(path, given, public_keys=public, leading_unknown=True)
     except GateError as exc:
@@ -222,6 +223,28 @@ def _key_names(receipts: ReceiptsConfig | None, joined: str = " and ") -> str:
     if receipts.previous_key_env is not None:
         named += f"{joined}receipts.previous_key_env ({receipts.previous_key_env})"
     return named
+
+
+def _mismatch(path: Database, key: bytes | None, seq: int, receipts: ReceiptsConfig | None) -> str:
+    """The doctor's words for a newest entry (``seq``) that no configured key verifies:
+    ``key`` began a span of the log that a later rotation ended (another gate rotated the
+    key; a gate with this config writes nothing more), or simply does not verify it."""
+    try:
+        starts = maintenance.receipt_span_starts(path)
+    except GateError:
+        starts = []
+    began = [
+        i for i, (_, digest, receipt) in enumerate(starts) if matches(key or b"", digest, receipt)
+    ]
+    if not began or began[-1] + 1 >= len(starts):
+        return _key_mismatch(seq, receipts)
+    named = "receipts.key_env" + (f" ({receipts.key_env})" if receipts is not None else "")
+    return (
+        f"the log went over to a new receipt key at entry {starts[began[-1] + 1][0]} "
+        f"(receipt_key_rotated) and {named} holds the retired one: a gate running with this "
+        "config answers 503 receipt_key_retired, and one starting refuses to; set "
+        "receipts.key_env to the variable holding the new key"
+    )
 
 
 def _key_mismatch(seq: int, receipts: ReceiptsConfig | None) -> str:

@@ -371,6 +371,11 @@ class Figures:
     gates: int = 1
     gate_kills: int = 0
     pg_restarts: int = 0
+    writer_freezes: int = 0
+    freezes_holding_lock: int = 0
+    served_while_frozen: int = 0
+    gate_cuts: int = 0
+    cut_recover_max_s: float = 0.0
     unavailable_503: int = 0
     recover_max_s: float = 0.0
     heads_anchored: int = 0
@@ -435,6 +440,11 @@ class Figures:
                 f"gates:                   {self.gates} on one PostgreSQL, behind haproxy",
                 f"disruptions:             {self.gate_kills} gate kill -9s, {self.pg_restarts} "
                 f"PostgreSQL immediate restarts (slowest gate back in {self.recover_max_s:.2f} s)",
+                f"                         {self.writer_freezes} writers frozen "
+                f"({self.freezes_holding_lock} holding the lock; {self.served_while_frozen} "
+                "answered 200/201 by the others meanwhile)",
+                f"                         {self.gate_cuts} gates cut off from PostgreSQL "
+                f"(slowest back in {self.cut_recover_max_s:.2f} s)",
                 f"answered 503:            {self.unavailable_503} (outcome unknown: checked "
                 "like unanswered ones)",
                 f"audit anchors:           {self.heads_anchored} logged heads, "
