@@ -4,7 +4,9 @@ written into a temporary folder, listening on 127.0.0.1 at a free port, in front
 Round-robin over the upstreams, an active health check ``GET /healthz`` on each of them every
 200 ms (down after 2 failures, up again after 1 success), and ``retries`` with ``option
 redispatch``: a request whose connection to a dead gate fails is sent to another one at once,
-without waiting for the health check to notice. Only a failed *connection* is retried (the
+without waiting for the health check to notice. Client and server timeouts of 310 s, above
+the API's longest ``?wait=``. docs/operating.md's haproxy example carries the same lines
+(tests/test_balancer.py checks it). Only a failed *connection* is retried (the
 request never reached a gate); a request a gate took and died on is answered 502, never
 sent twice (exactly-once is the gate's promise, not the balancer's; the client retries). So
 is a request whose connection the kernel accepted in the instant the gate was dying (its
@@ -61,8 +63,9 @@ def config_text(port: int, upstreams: Sequence[Upstream], stats_socket: Path) ->
         "defaults\n"
         "    mode http\n"
         "    timeout connect 1s\n"
-        "    timeout client 120s\n"
-        "    timeout server 120s\n"
+        # above the API's longest ?wait= (300 s): a long-poll is never cut by haproxy's 504
+        "    timeout client 310s\n"
+        "    timeout server 310s\n"
         "    timeout check 1s\n"
         # a connection refused or timed out is tried again, each time on another server
         "    retries 3\n"

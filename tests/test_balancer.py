@@ -199,3 +199,40 @@ def test_operating_docs_haproxy_example_checks_healthz_on_the_api_port(tmp_path:
         [_installed(), "-c", "-q", "-f", str(config)], capture_output=True, text=True, check=False
     )
     assert checked.returncode == 0, checked.stderr
+
+
+def _directives(config: str) -> set[str]:
+    """The lines of a haproxy config, comments and blanks left out."""
+    lines = {line.split("#")[0].strip() for line in config.splitlines()}
+    return lines - {""}
+
+
+def _seconds(directives: set[str], name: str) -> float:
+    """The value of ``timeout NAME`` in seconds (haproxy's ``120s``, ``1m``, ``200ms``)."""
+    (value,) = [line.split()[2] for line in directives if line.startswith(f"timeout {name} ")]
+    units = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+    unit = next(u for u in ("ms", "s", "m", "h") if value.endswith(u))
+    return float(value.removesuffix(unit)) * units[unit]
+
+
+def test_operating_docs_haproxy_example_is_the_config_the_tests_run(tmp_path: Path) -> None:
+    """New-user report: the example promised redispatch and checks every 200 ms but had
+    neither (after ``kill -9`` of a gate, haproxy answered 503 itself), and its server
+    timeout (120 s) was shorter than the longest ``?wait=`` (a long-poll of 140 s got
+    haproxy's 504). Every retry, check and timeout line of the balancer the fail-over tests
+    run is in the example, and both wait longer than the API's longest wait."""
+    from gate.web.queries import MAX_WAIT_S
+
+    text = (Path(__file__).parent.parent / "docs" / "operating.md").read_text(encoding="utf-8")
+    example = _directives(text.split("```haproxy\n", 1)[1].split("```", 1)[0])
+    ours = _directives(config_text(8089, [("10.0.0.1", 8090)], tmp_path / "admin.sock"))
+    harness_only = ("global", "maxconn", "stats socket", "frontend", "bind", "default_backend")
+    shared = {
+        line
+        for line in ours
+        if not line.startswith(harness_only + ("backend", "server", "http-response"))
+    }
+    assert shared - example == set()
+    for directives in (ours, example):
+        assert _seconds(directives, "server") > MAX_WAIT_S
+        assert _seconds(directives, "client") > MAX_WAIT_S

@@ -315,6 +315,27 @@ async def test_cluster_built_on_postgres_measures_its_hosts_clock_not_the_pinned
     assert 89_000 < (cluster.status()["clock_offset_ms"] or 0) < 91_000
 
 
+async def test_cluster_status_is_503_until_the_gates_first_heartbeat(
+    url: str, tmp_path: Path
+) -> None:
+    """New-user report: ``/healthz`` answered 200 before the gate had joined the cluster
+    (``live_gates: 0, clock_offset_ms: null``), so a rolling restart's "wait for 200" passed
+    before its clock and config were checked. Until its first heartbeat the cluster status
+    raises Unavailable 503 ``cluster_joining``; after it, it is this gate live."""
+    gate = on_postgres(tmp_path, "joining", url)
+    cluster = gate.cluster
+    assert cluster is not None
+    async with gate.storage():
+        with pytest.raises(Unavailable) as raised:
+            gate.service.cluster()  # /healthz
+        async with member(cluster, []):
+            await until(lambda: cluster.health is not None, "a heartbeat")
+            view = gate.service.cluster()
+    assert raised.value.code == "cluster_joining"
+    assert "heartbeat" in raised.value.message
+    assert view["live_gates"] == 1 and view["clock_offset_ms"] is not None
+
+
 # ---- real gate processes on one database (hitl-gate serve with storage.url) -------------
 
 
@@ -563,3 +584,16 @@ def test_cluster_holder_killed_the_other_gate_sends_the_next_reminder_within_ttl
     queued = rows(url, "SELECT kind, n FROM followup_outbox WHERE approval_id = %s", approval_id)
     assert len(queued) == len(set(queued))  # each reminder and level queued once
     assert {n for kind, n in queued if kind == "escalation"} == {1, 2}
+
+
+def test_cluster_gate_listens_once_it_has_joined(
+    tmp_path: Path, relay: CaptureRelay, url: str, gates: list[GateProcess]
+) -> None:
+    """The start waits for the first heartbeat (a round trip) before it listens: a gate on
+    PostgreSQL answers ``/healthz`` 200 from the moment it logs ``event=listening``, its
+    clock already measured."""
+    gates.append(start_gate(tmp_path / "a", relay, url))
+    status, health = gates[0].api().call("GET", "/healthz")
+    assert status == 200, health
+    assert health["cluster"]["live_gates"] == 1
+    assert health["cluster"]["clock_offset_ms"] is not None

@@ -57,17 +57,19 @@ async def test_doctor_cluster_passes_live_gates_on_one_config(url: str) -> None:
 
 
 async def test_doctor_cluster_fails_divergent_configs_and_a_skewed_clock(url: str) -> None:
-    other = dataclasses.replace(GATE, instance_id="01GATEB", config_hash="beef" * 6)
-    skewed = dataclasses.replace(GATE, instance_id="01GATEC", clock_offset_ms=-12_000)
+    """Each gate is named with its host and pid, as the lease's holder is (new-user report:
+    instance ids alone did not say which machine to look at)."""
+    other = dataclasses.replace(GATE, instance_id="01GATEB", config_hash="beef" * 6, pid=12)
+    skewed = dataclasses.replace(GATE, instance_id="01GATEC", clock_offset_ms=-12_000, pid=13)
     await gates(url, GATE, other, skewed)
 
     check = await check_cluster(url, None, GATE.config_hash)
 
     assert not check.ok
     assert check.detail == (
-        "live gates run different configs: config beefbeefbeef on 01GATEB;"
-        " config c0ffeec0ffee on 01GATEA, 01GATEC; clock off the database's by more than"
-        " 5 s: 01GATEC (host-a) -12.0 s"
+        "live gates run different configs: config beefbeefbeef on 01GATEB (host-a pid 12);"
+        " config c0ffeec0ffee on 01GATEA (host-a pid 11), 01GATEC (host-a pid 13);"
+        " clock off the database's by more than 5 s: 01GATEC (host-a pid 13) -12.0 s"
     )
 
 

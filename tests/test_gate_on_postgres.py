@@ -321,6 +321,33 @@ def test_gate_on_postgres_refuses_a_schema_newer_than_itself(
     )
 
 
+def test_gate_on_postgres_healthz_is_503_once_a_newer_version_migrated_under_it(
+    tmp_path: Path, relay: CaptureRelay, url: str, gates: list[GateProcess]
+) -> None:
+    """New-user report: a running older gate's ``/healthz`` said ``"schema_version": 9``
+    (the database's) although it knows only 8, after a newer gate migrated the database. It
+    answers 503 ``schema_too_new`` naming both numbers, so the balancer drains it; it would
+    refuse to start on that database."""
+    gates.append(start_gate(tmp_path, relay, url))
+    (gate,) = gates
+    assert healthz(gate)[1]["schema_version"] == SCHEMA_VERSION
+    with psycopg.connect(url) as conn, conn.transaction():
+        conn.execute("INSERT INTO schema_migrations (version) VALUES (%s)", (SCHEMA_VERSION + 1,))
+
+    assert healthz(gate) == (
+        503,
+        {
+            "status": "unavailable",
+            "reason": "schema_too_new",
+            "schema_version": SCHEMA_VERSION + 1,
+            "supported_schema_version": SCHEMA_VERSION,
+            "message": f"the database's schema is version {SCHEMA_VERSION + 1}; this gate"
+            f" knows up to {SCHEMA_VERSION} (a newer hitl-gate migrated it: replace this gate"
+            " by the newer version)",
+        },
+    )
+
+
 def test_gate_on_postgres_unreachable_is_one_line(
     tmp_path: Path, relay: CaptureRelay, server: PgServer
 ) -> None:

@@ -154,3 +154,33 @@ def test_inbox_metrics_without_a_token_configured_answer_404_in_words(tmp_path: 
     body = json.loads(raw)
     assert status == 404, raw
     assert body["reason"] == "metrics_off" and "metrics_token_env" in body["message"], body
+
+
+def test_inbox_healthz_is_503_once_a_newer_inbox_migrated_its_database(
+    world: InboxWorld,
+) -> None:
+    """New-user report: a running older inbox's ``/healthz`` reported the schema version a
+    newer inbox had migrated its database to, past what it knows. It answers 503
+    ``schema_too_new`` naming both numbers, as the gate does."""
+    import sqlite3
+
+    from gate.inbox.schema import MIGRATIONS
+
+    assert world.inbox is not None
+    assert health(world) == (200, {"status": "ok", "schema_version": len(MIGRATIONS)})
+    conn = sqlite3.connect(world.inbox.db)
+    try:
+        conn.execute(f"PRAGMA user_version = {len(MIGRATIONS) + 1}")
+    finally:
+        conn.close()
+
+    assert health(world) == (
+        503,
+        {
+            "status": "unavailable",
+            "reason": "schema_too_new",
+            "message": f"The database's schema is version {len(MIGRATIONS) + 1}; this inbox"
+            f" knows up to {len(MIGRATIONS)} (a newer hitl-inbox migrated it: replace this"
+            " inbox by the newer version).",
+        },
+    )

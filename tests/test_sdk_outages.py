@@ -8,12 +8,14 @@ import asyncio
 import logging
 import sqlite3
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from gate.sdk import AsyncGate
+from tests.pg_server import PgServer, running_server
 from tests.support import (
     API_TOKEN,
     CaptureRelay,
@@ -147,3 +149,91 @@ def test_sdk_waits_are_bounded_against_a_gate_that_hangs(tmp_path: Path) -> None
     for name in ("create", "wait"):
         assert isinstance(outcomes[name], GateUnavailable), outcomes
         assert "did not answer within" in str(outcomes[name])
+
+
+def retries_logged(caplog: pytest.LogCaptureFixture, text: str) -> int:
+    """How many lines the SDK logged holding ``text``."""
+    return sum(text in r.getMessage() for r in caplog.records)
+
+
+async def test_sdk_get_rides_out_a_gate_down_at_its_first_request(
+    tmp_path: Path, relay: CaptureRelay, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The first GET of ``get_approval``/``get_question`` is retried like every later poll:
+    ``wait=None`` and ``wait=30`` wait through a gate that is down when they start; a short
+    wait raises GateUnavailable only once it has passed, not at once."""
+    from gate.sdk import GateUnavailable
+
+    caplog.set_level(logging.WARNING, logger="gate.sdk")
+    config, url = fixed_port_config(tmp_path, relay)
+    gate = await asyncio.to_thread(GateProcess(config).start)
+    try:
+        async with AsyncGate(url, API_TOKEN) as client:
+            made = await client.request_approval("p", "q1", "Down at first\n", wait=0)
+            dispatch = await asyncio.to_thread(first_dispatch, relay)
+            assert await asyncio.to_thread(gate.stop) == 0
+            started = time.monotonic()
+            with pytest.raises(GateUnavailable):
+                await client.get_question("01JZZZZZZZZZZZZZZZZZZZZZZZ", wait=1.5)
+            assert time.monotonic() - started >= 1.5
+            unbounded = asyncio.create_task(client.get_approval(made.id))
+            bounded = asyncio.create_task(client.get_approval(made.id, wait=30))
+            line = f"retrying=wait approval_id={made.id}"
+            deadline = time.monotonic() + 20
+            while retries_logged(caplog, line) < 2:
+                assert time.monotonic() < deadline, "the SDK never retried both first requests"
+                await asyncio.sleep(0.05)
+            assert not unbounded.done() and not bounded.done()
+            gate = await asyncio.to_thread(GateProcess(config).start)
+            body = decision_body(dispatch)
+            status, _, _ = await asyncio.to_thread(post_decision, gate.callback_url, body)
+            finals = await asyncio.wait_for(asyncio.gather(unbounded, bounded), 30)
+    finally:
+        if gate.proc and gate.proc.poll() is None:
+            await asyncio.to_thread(gate.stop)
+
+    assert status == 200
+    assert [(f.id, f.outcome) for f in finals] == [(made.id, "approved")] * 2
+
+
+@pytest.fixture
+def pg() -> Iterator[PgServer]:
+    """A throwaway PostgreSQL server for one test (skipped where there is none)."""
+    pytest.importorskip("psycopg")
+    yield from running_server()
+
+
+@pytest.mark.postgres
+async def test_sdk_get_retries_a_503_while_postgresql_is_down(
+    tmp_path: Path, relay: CaptureRelay, pg: PgServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A 503 ``storage_unavailable`` (PostgreSQL stopped under the gate) passes by itself: the
+    first GET of ``get_approval(wait=20)`` retries it within the wait instead of raising it
+    as a refusal, and the wait ends with the outcome once the server is back."""
+    from tests.test_gate_on_postgres import start_gate
+
+    caplog.set_level(logging.WARNING, logger="gate.sdk")
+    gate = await asyncio.to_thread(start_gate, tmp_path, relay, pg.database("sdk_503"))
+    try:
+        async with AsyncGate(gate.api_url, API_TOKEN) as client:
+            made = await client.request_approval("p", "q1", "Through a 503\n", wait=0)
+            dispatch = await asyncio.to_thread(first_dispatch, relay)
+            await asyncio.to_thread(pg.stop, "fast")
+            try:
+                waiting = asyncio.create_task(client.get_approval(made.id, wait=20))
+                await logged(caplog, f"retrying=wait approval_id={made.id}")
+                assert not waiting.done()
+            finally:
+                await asyncio.to_thread(pg.start)
+
+            def decided() -> bool:
+                status, answer, _ = post_decision(gate.callback_url, decision_body(dispatch))
+                assert status in (200, 503), answer
+                return status == 200
+
+            await asyncio.to_thread(wait_until, decided, what="the decision to be taken")
+            final = await asyncio.wait_for(waiting, 30)
+    finally:
+        await asyncio.to_thread(gate.stop)
+
+    assert (final.id, final.outcome) == (made.id, "approved")

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import yaml
 from click.testing import CliRunner, Result
 
 from gate.cli import main
@@ -137,6 +138,26 @@ def test_previous_receipt_key_is_measured_too(config: Path, tmp_path: Path) -> N
     assert result.stderr == (
         f"{rotating}: warning: {weak('receipts.previous_key_env', 'HITL_OLD_KEY', 20)}\n"
     )
+
+
+@pytest.mark.parametrize("password", ["pw", "p" * 21], ids=["2_bytes", "21_bytes"])
+def test_the_database_password_is_not_held_to_the_secrets_length(
+    config: Path, tmp_path: Path, password: str
+) -> None:
+    """New-user report: every start, reload and doctor warned ``weak_secret`` about the
+    PostgreSQL password (``storage.password_env``). A database password is not an HMAC key:
+    its strength is the database's business, so no length is asked of it (as the inbox
+    asks none); it must still be set and clean."""
+    on_pg = tmp_path / "pg.yaml"
+    raw = yaml.safe_load(config.read_text(encoding="utf-8"))
+    raw["storage"] = {"url": "postgresql://gate@127.0.0.1:9/hitl", "password_env": "HITL_DB_PW"}
+    on_pg.write_text(yaml.safe_dump(raw, sort_keys=False), encoding="utf-8")
+
+    result = check_config(on_pg, HITL_DB_PW=password)
+    assert (result.exit_code, result.stderr) == (0, "")
+    padded = check_config(on_pg, HITL_DB_PW=password + " ")
+    assert padded.exit_code == 2
+    assert padded.stderr.startswith(f"{on_pg}: storage.password_env: ")
 
 
 # ---- serve and doctor -----------------------------------------------------------------------

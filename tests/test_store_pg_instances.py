@@ -125,12 +125,15 @@ def test_pg_instances_assess_names_divergent_configs_and_the_askers_skew() -> No
     divergent = assess("A", [gate("A"), gate("B", config_hash="beef")])
     assert divergent.problems == (CONFIG_DIVERGENT,)
     assert divergent.details == (
-        "live gates run different configs: config beef on B; config c0ffee on A",
+        "live gates run different configs: config beef on B (host-1 pid 4242);"
+        " config c0ffee on A (host-1 pid 4242)",
     )
 
     skewed = [gate("A"), gate("B", offset_ms=-90_000)]
     assert assess("A", skewed).problems == ()  # B's clock is B's problem
     on_b = assess("B", skewed)
     assert on_b.problems == (CLOCK_SKEW,)
-    assert on_b.details == ("clock off the database's by more than 5 s: B (host-1) -90.0 s",)
+    assert on_b.details == (
+        "clock off the database's by more than 5 s: B (host-1 pid 4242) -90.0 s",
+    )
     assert assess(None, skewed).problems == (CLOCK_SKEW,)  # doctor: any live gate

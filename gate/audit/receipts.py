@@ -144,7 +144,9 @@ def head_problem(
                 return head, f"missing: the log holds no entry {head[0]}"
             if not hmac.compare_digest(row.entry_hash, head[1]):
                 return head, (
-                    "entry hash differs from the logged head's (the log was rewritten up to here)"
+                    "entry hash differs from the logged head's (the log was rewritten up to"
+                    " here, or restored from a backup without this entry and written again"
+                    " since)"
                 )
             index += 1
         if index == len(wanted):

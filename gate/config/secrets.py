@@ -5,7 +5,8 @@ When it is unset and ``$CREDENTIALS_DIRECTORY`` is set (systemd's ``LoadCredenti
 secret is the content of the file ``$CREDENTIALS_DIRECTORY/<VARIABLE NAME>``, with a single
 trailing newline (``\n``) removed, as most editors and ``echo`` leave one. Any other leading
 or trailing whitespace, in a variable or a file, is refused, never trimmed silently. A secret
-shorter than 16 bytes (UTF-8) is refused, one shorter than 32 bytes is a warning.
+shorter than 16 bytes (UTF-8) is refused, one shorter than 32 bytes is a warning; the database
+password (``storage.password_env``) excepted.
 """
 
 from __future__ import annotations
@@ -26,6 +27,9 @@ MAX_CREDENTIAL_BYTES = 64 * 1024
 MIN_SECRET_BYTES = 16
 GOOD_SECRET_BYTES = 32
 MAKE_SECRET = "openssl rand -hex 32"
+# secrets no length is asked of: the database password is the database's to judge, not an
+# HMAC key or a bearer token of ours (the inbox asks none of it either)
+UNMEASURED = frozenset({"storage.password_env"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,7 +61,8 @@ def load_secrets(config: Config, environ: Mapping[str, str]) -> Secrets:
     Raises ``ConfigError`` listing every unset, empty or whitespace-padded variable at once,
     every secret shorter than ``MIN_SECRET_BYTES`` (16) bytes as UTF-8, and every secret that
     reuses another's value; messages never contain a value. A secret shorter than
-    ``GOOD_SECRET_BYTES`` (32) is a line in the result's ``warnings``.
+    ``GOOD_SECRET_BYTES`` (32) is a line in the result's ``warnings``. No length is asked
+    of the database password (``UNMEASURED``).
     """
     secrets, errors = _read_secrets(config, environ)
     if errors or secrets is None:
@@ -143,6 +148,8 @@ def _read_secrets(config: Config, environ: Mapping[str, str]) -> tuple[Secrets |
         elif value is not None:
             values[where] = value
             size = len(value.encode("utf-8"))
+            if where in UNMEASURED:
+                continue
             if size < MIN_SECRET_BYTES:
                 errors.append(
                     f"{where}: {name} is {size} byte{'' if size == 1 else 's'}; use at least "

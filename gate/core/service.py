@@ -156,11 +156,18 @@ class GateService:
         """What ``/healthz`` says about the other gates on the database (``cluster_status``:
         this gate's id, whether it holds the timers' lease, the live gates, its clock's
         offset, problems such as ``config_divergent``), or None for a gate alone on its
-        SQLite file. Raises Unavailable 503 ``clock_skew`` when this gate's clock is off the
-        database's (the balancer drains it)."""
+        SQLite file. Raises Unavailable 503 ``cluster_joining`` before the gate's first
+        heartbeat (no gate live, not even itself: its clock and config not checked yet),
+        and 503 ``clock_skew`` when this gate's clock is off the database's (the balancer
+        drains it)."""
         if self.cluster_status is None:
             return None
         view = self.cluster_status()
+        if view["live_gates"] == 0:
+            raise Unavailable(
+                "cluster_joining",
+                "this gate has not written its first heartbeat yet (clock and config unchecked)",
+            )
         if "clock_skew" in view["problems"]:
             offset_s = (view["clock_offset_ms"] or 0) / 1000
             raise Unavailable(

@@ -81,7 +81,7 @@ class Gate:
         stop both (an in-flight dispatch is abandoned: its row stays un-acked and is sent
         again after a restart) and close the database last. With a ``cluster`` the two run
         only while this gate holds the timers' lease (``Cluster.run``), beside the
-        heartbeat and the change feed."""
+        heartbeat and the change feed, and the first heartbeat is awaited (``Cluster.join``)."""
         async with self.storage():
             await self.service.settle_receipt_key()
             async with relay_session(self.config.relay.ca_file) as session:
@@ -94,6 +94,7 @@ class Gate:
                 else:
                     work: list[Work] = [functools.partial(self.dispatcher.run, session), timers.run]
                     tasks = [asyncio.create_task(self.cluster.run(work), name="cluster")]
+                    await self.cluster.join()  # /healthz is 200 once the gate listens
                 try:
                     yield
                 finally:

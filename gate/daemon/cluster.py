@@ -48,6 +48,8 @@ RENEW_S = 3.0  # the holder renews (and every gate beats) this often
 # the holder stops trusting its lease this part of the TTL before it would lapse (2 s of 10)
 MARGIN = 0.2
 LEAVE_S = 2.0  # the longest a clean stop waits to release the lease and remove its row
+# the longest a start waits for the first heartbeat before it listens anyway (/healthz: 503)
+JOIN_S = 5.0
 # what wakes a long-poll on a request (the others only wake the workers)
 WAKING = frozenset({RESOLVED, QUESTION_ANSWERED, QUESTION_RESOLVED, QUESTION_REVISED})
 # what gives the timers and the senders no work (a dispatch acked: its sender knows)
@@ -97,6 +99,7 @@ class Cluster:
         self.feed = Feed(url, self.instance_id, self.changed, poll_s, password=password)
         self.health: ClusterHealth | None = None
         self.term: Term | None = None
+        self.joined = asyncio.Event()  # set by the first heartbeat (``health`` is known)
         self.held = asyncio.Event()
         self.not_held = asyncio.Event()
         self.not_held.set()
@@ -116,6 +119,15 @@ class Cluster:
             0,
             0,
         )
+
+    async def join(self, timeout: float = JOIN_S) -> None:
+        """Wait (``run`` being started) until the first heartbeat is written, at most
+        ``timeout`` seconds: a gate that listens after it answers ``/healthz`` 200 from the
+        start; one that could not beat in time listens anyway, its ``/healthz`` 503
+        ``cluster_joining`` until it does."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout):
+                await self.joined.wait()
 
     def status(self) -> dict[str, Any]:
         """What ``/healthz`` and ``/metrics`` add on PostgreSQL: this gate's id, whether it
@@ -219,6 +231,7 @@ class Cluster:
         for problem in before - set(health.problems):
             log.info("event=%s_ended", problem)
         self.health = health
+        self.joined.set()
 
     async def _claim(self, conn: Any, started: float) -> float:
         """Claim or renew the lease; return the seconds until the next attempt."""

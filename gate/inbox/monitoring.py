@@ -10,6 +10,7 @@ import math
 from aiohttp import web
 
 from gate.inbox.auth import refusal
+from gate.inbox.schema import MIGRATIONS
 from gate.inbox.state import state_of
 from gate.protocol.bearer import bearer_problem
 
@@ -25,15 +26,25 @@ async def healthz(request: web.Request) -> web.Response:
     """GET ``/healthz``: 200 ``{"status": "ok", "schema_version": N}`` when the database
     answers a read and the gate answered the credentials request within the last 5 s (asked
     again when older); else 503 ``{"status": "unavailable", "reason", "message"}`` with
-    ``database_unavailable``, ``gate_unreachable`` (no answer, or a 5xx) or ``gate_refused``
-    (another answer: a wrong secret, the credentials channel off). Nothing else: no
-    identity, no item, no secret."""
+    ``database_unavailable``, ``schema_too_new`` (a newer inbox migrated the database under
+    this one), ``gate_unreachable`` (no answer, or a 5xx) or ``gate_refused`` (another
+    answer: a wrong secret, the credentials channel off). Nothing else: no identity, no
+    item, no secret."""
     state = state_of(request)
     try:
         version, _ = await state.db.health(state.now_ms())
     except OSError as exc:
         log.warning('event=inbox_health_failed reason=database_unavailable why="%s"', exc)
         return refusal(503, "database_unavailable", str(exc), "unavailable")
+    if version > len(MIGRATIONS):  # a newer inbox migrated it under this one
+        return refusal(
+            503,
+            "schema_too_new",
+            f"The database's schema is version {version}; this inbox knows up to"
+            f" {len(MIGRATIONS)} (a newer hitl-inbox migrated it: replace this inbox by the"
+            " newer version).",
+            "unavailable",
+        )
     failure = await state.credentials.reachability()
     if failure is not None:
         return refusal(503, *failure, "unavailable")

@@ -16,7 +16,7 @@ from typing import Any, Self
 
 from gate.sdk.models import Approval, Question
 from gate.sdk.transport import APPROVALS, QUESTIONS, Kind, Transport
-from gate.sdk.waiting import Watch, bound, create, deadline_after, settle
+from gate.sdk.waiting import Watch, create, deadline_after, fetch, settle
 
 URL_ENV = "HITL_GATE_URL"
 TOKEN_ENV = "HITL_GATE_TOKEN"
@@ -238,8 +238,8 @@ class AsyncGate:
         """One object of ``kind``, after waiting up to ``wait`` seconds for its outcome."""
         deadline = deadline_after(wait)
         got = check_id(item_id, kind.id_key)
-        obj = await self._transport.get_in(kind, got, timeout=bound(deadline))
-        return await settle(self._transport, kind, dict(obj), deadline, Watch())
+        obj = await fetch(self._transport, kind, got, deadline, Watch())
+        return await settle(self._transport, kind, obj, deadline, Watch())
 
     async def _cancel(self, kind: Kind, item_id: str) -> Any:
         """Cancel one pending object of ``kind``; returns it resolved."""

@@ -3,12 +3,13 @@ it ``hitl-gate request``'s and ``ask``'s.
 
 ``create`` POSTs a create until the gate takes it, always with the same Idempotency-Key (an
 attempt that landed although its answer was lost is found again, never made twice);
-``settle`` long-polls the object until it resolves or the deadline passes (it is durable on
-the gate). Both retry what passes by itself (no connection, 502/503/504) with backoff,
-``RETRY_BASE_S`` doubling to ``RETRY_CAP_S``, never past the deadline. Deadlines are
-``time.monotonic()`` values (None: no limit). A ``Watch`` says how one caller bounds an
-attempt, paces the polls and tells about them: this module's is the SDK's (hops of ``HOP_S``,
-one warning logged per outage); the CLI's reports each hop on stderr (gate.client.progress).
+``fetch`` GETs an object that exists, ``settle`` long-polls it until it resolves or the
+deadline passes (it is durable on the gate). All three retry what passes by itself (no
+connection, 502/503/504) with backoff, ``RETRY_BASE_S`` doubling to ``RETRY_CAP_S``, never
+past the deadline. Deadlines are ``time.monotonic()`` values (None: no limit). A ``Watch``
+says how one caller bounds an attempt, paces the polls and tells about them: this module's
+is the SDK's (hops of ``HOP_S``, one warning logged per outage); the CLI's reports each hop
+on stderr (gate.client.progress).
 """
 
 from __future__ import annotations
@@ -123,6 +124,25 @@ async def create(
             watch.create_failed(exc, key, outage, giving_up)
             if giving_up:
                 raise
+            await asyncio.sleep(pause(outage, deadline))
+
+
+async def fetch(
+    transport: Transport, kind: Kind, item_id: str, deadline: float | None, watch: Watch
+) -> Obj:
+    """GET the object ``item_id`` of ``kind`` (the first view a wait starts from). A
+    transient failure is retried with backoff, as ``settle``'s polls are, until ``deadline``
+    passes: then it is raised (at once for a wait of 0). Others are raised at once
+    (GateRequestError, e.g. 404 ``not_found``)."""
+    outage = 0
+    while True:
+        try:
+            return dict(await transport.get_in(kind, item_id, timeout=bound(deadline)))
+        except (GateUnavailable, GateRequestError) as exc:
+            if not transient(exc) or (deadline is not None and time.monotonic() >= deadline):
+                raise
+            outage += 1
+            watch.wait_failed(exc, kind, item_id, outage)
             await asyncio.sleep(pause(outage, deadline))
 
 

@@ -15,6 +15,7 @@ from gate.store import opening
 from gate.store.batch import BatchObserver, Command, Faults, Handler, Writer
 from gate.store.health import WriteHealth
 from gate.store.reads import Reads
+from gate.store.schema import SCHEMA_VERSION
 from gate.store.tx import WriteTx
 
 R = TypeVar("R")
@@ -147,10 +148,21 @@ class Store:
         ``schema_migrations``: what ``/healthz`` reports).
 
         Raises Unavailable 503 ``storage_unavailable`` while the database refuses writes
-        (``check_writable``), so a health check sees a full disk or a read-only file.
+        (``check_writable``), so a health check sees a full disk or a read-only file, and
+        503 ``schema_too_new`` (naming both versions) once a newer hitl-gate migrated the
+        database under this running gate (it would refuse to start on it).
         """
         await self.check_writable()
-        return await self.reads.schema_version()
+        version = await self.reads.schema_version()
+        if version > SCHEMA_VERSION:
+            message = (
+                f"the database's schema is version {version}; this gate knows up to"
+                f" {SCHEMA_VERSION} (a newer hitl-gate migrated it: replace this gate by the"
+                " newer version)"
+            )
+            extra = {"schema_version": version, "supported_schema_version": SCHEMA_VERSION}
+            raise Unavailable("schema_too_new", message, extra={**extra, "message": message})
+        return version
 
     async def check_writable(self) -> None:
         """Raise Unavailable while the last write failed on a storage fault, or while the

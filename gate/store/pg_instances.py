@@ -126,7 +126,7 @@ def assess(
     details: list[str] = []
     hashes: dict[str, list[str]] = {}
     for gate in live:
-        hashes.setdefault(gate.config_hash, []).append(gate.instance_id)
+        hashes.setdefault(gate.config_hash, []).append(named(gate))
     if len(hashes) > 1:
         problems.append(CONFIG_DIVERGENT)
         groups = "; ".join(
@@ -140,10 +140,13 @@ def assess(
     ]
     if skewed:
         problems.append(CLOCK_SKEW)
-        offsets = ", ".join(
-            f"{g.instance_id} ({g.host}) {g.clock_offset_ms / 1000:+.1f} s" for g in skewed
-        )
+        offsets = ", ".join(f"{named(g)} {g.clock_offset_ms / 1000:+.1f} s" for g in skewed)
         details.append(
             f"clock off the database's by more than {max_offset_ms / 1000:g} s: {offsets}"
         )
     return ClusterHealth(tuple(live), tuple(problems), tuple(details))
+
+
+def named(gate: Instance) -> str:
+    """A gate as a person finds it: ``<instance id> (<host> pid <pid>)``."""
+    return f"{gate.instance_id} ({gate.host} pid {gate.pid})"

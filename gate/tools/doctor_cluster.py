@@ -4,7 +4,7 @@ whether they run one config (this one) and whether any clock is off the database
 from __future__ import annotations
 
 from gate.errors import Unavailable
-from gate.store.pg_instances import Instance, assess, live
+from gate.store.pg_instances import assess, live, named
 from gate.store.pg_lease import TIMERS, current
 from gate.store.pg_session import close_quietly, connect
 from gate.tools.doctor_check import Check, counted, warn
@@ -42,13 +42,9 @@ async def check_cluster(url: str, password: str | None, config_hash: str) -> Che
         return Check(NAME, False, "; ".join(problems))
     holder = "nobody"
     if lease is not None and lease.expires_at > lease.now:
-        holder = next((_named(g) for g in gates if g.instance_id == lease.holder), lease.holder)
+        holder = next((named(g) for g in gates if g.instance_id == lease.holder), lease.holder)
     versions = ", ".join(sorted({g.version for g in gates}))
     live_gates = counted(len(gates), "gate", "gates")
     return Check(
         NAME, True, f"{live_gates} live (version {versions}), one config; timers on {holder}"
     )
-
-
-def _named(gate: Instance) -> str:
-    return f"{gate.instance_id} ({gate.host} pid {gate.pid})"
