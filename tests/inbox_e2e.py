@@ -445,3 +445,34 @@ def announced(who: Approver, locator: Any) -> bool:
               || !!el.closest('[role=status], [role=alert], [aria-live]')"""
         )
     )
+
+
+# what HAProxy answers when the replica behind it died mid-request: HTML, not the inbox's JSON
+HAPROXY_502 = (
+    "<html><body><h1>502 Bad Gateway</h1>\n"
+    "The server returned an invalid or incomplete response.\n</body></html>\n"
+)
+
+
+def answer_lost(who: Approver, path_glob: str) -> None:
+    """The balancer in front of the inbox answers POSTs to ``path_glob`` with its own 502
+    page (the replica died after it may have recorded them): the inbox itself stays real."""
+    who.page.route(
+        path_glob,
+        lambda route: route.fulfill(status=502, content_type="text/html", body=HAPROXY_502),
+    )
+
+
+def said_lost(who: Approver, url: str) -> Any:
+    """After an answer was lost: the page is still ``url``, says the decision may or may
+    not be recorded where the approver looks, and links *Recent decisions*; returns the
+    sentence's locator."""
+    said = who.page.get_by_text("may or may not be recorded")
+    said.wait_for(timeout=30_000)
+    assert who.page.url == url, who.page.url
+    assert in_view(who, said) and announced(who, said), said.inner_text()
+    link = said.get_by_role("link", name="Recent decisions")
+    assert link.get_attribute("href") == "/recent"
+    text = said.inner_text()
+    assert "502" in text and "Not sent" not in text, text
+    return said

@@ -142,6 +142,7 @@ class InboxWorld:
     origins: list[str] | None = None  # the gate's webauthn.origins (default: both)
     delegations: list[dict[str, Any]] | None = None  # the gate's delegations section
     inbox_config: dict[str, Any] = field(default_factory=dict)  # more keys of the inbox's YAML
+    security: dict[str, Any] | None = None  # the gate's relay.security keys (rate_limit)
     gate: GateProcess | None = None
     inbox: InboxProcess | None = None
     passkeys: dict[int, SoftAuthenticator] = field(default_factory=dict)
@@ -173,6 +174,7 @@ class InboxWorld:
             f"http://127.0.0.1:{self.inbox_port}/hitl/v0/relay",
             steps=self.steps,
             relay=relay,
+            security=self.security,
             api={"admin_token_env": "HITL_ADMIN_TOKEN"},
         )
         data = yaml.safe_load(path.read_text(encoding="utf-8"))

@@ -146,6 +146,19 @@ def test_an_item_not_pending_changed_or_not_mine_is_named_in_words() -> None:
         (["refused", "refused"], "None of 2 approved"),
         (["resolved", "sent"], "1 of 2 approved, 1 not answered"),
         (["unreachable", "sent", "refused"], "None of 3 approved, 2 not answered"),
+        (
+            ["resolved", "sent", *["not_sent"] * 13],
+            "1 of 15 approved, 1 not answered, 13 not sent: nothing was recorded for them",
+        ),
+        (
+            ["resolved", "resolved", "rate_limited"],
+            "2 of 3 approved, 1 over the gate's limit of decisions a minute: select it again in"
+            " a minute",
+        ),
+        (
+            ["sent", "not_sent"],
+            "None of 2 approved, 1 not answered, 1 not sent: nothing was recorded for it",
+        ),
     ],
 )
 def test_bulk_heading_says_how_many_the_gate_recorded(kinds: list[str], said: str) -> None:

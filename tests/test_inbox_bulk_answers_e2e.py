@@ -4,8 +4,12 @@
 
 from __future__ import annotations
 
+import contextlib
+import html
+import http.client
 import json
 import re
+import threading
 import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
@@ -146,6 +150,73 @@ def test_bulk_approve_of_five_items_with_one_assertion(world: InboxWorld) -> Non
     other = world.client()  # another approver's session does not see this batch
     assert other.signin(world.passkeys[102]).status == 200
     assert other.get(location).status == 404
+
+
+def test_a_bulk_approval_cut_short_counts_every_ticked_item(world: InboxWorld) -> None:
+    """The inbox killed mid-batch (the gate down, so its first post waits): the batch page
+    names every item ticked, the one sent without an answer and those never sent."""
+    pipelines = [request(world, f"cut draft {n}") for n in range(3)]
+    ids = pending(world, 3)
+    client = signed_in(world)
+    fields = bulk_fields(client, list(ids.values()))
+    got = client.post_json("/bulk/challenge", fields)
+    assert got.status == 200, got.text
+    signed = batch_assertion(world, got.json()["challenge"], client.origin, False)
+    assert world.gate is not None and world.inbox is not None
+    assert world.gate.stop() == 0
+    inbox = world.inbox
+
+    def decide() -> None:
+        with contextlib.suppress(OSError, http.client.HTTPException):  # killed mid-answer
+            client.post_json("/bulk/decide", {**fields, "assertion": signed})
+
+    thread = threading.Thread(target=decide)
+    thread.start()
+    kept = wait_until(
+        lambda: (
+            (rows := inbox.rows("SELECT batch_id, answer FROM decisions ORDER BY id"))
+            and len(rows) == 3
+            and rows[0]["answer"] == "{}"
+            and rows[2]["answer"] == '{"error": "not_sent"}'
+            and rows
+        ),
+        what="the batch's rows kept, the first sent",
+    )
+    inbox.kill9()
+    thread.join(30)
+    world.start_inbox()
+
+    page = client.get(f"/bulk/{kept[0]['batch_id']}")
+    assert page.status == 200, page.text
+    said = " ".join(page.text.split())
+    heading = "None of 3 approved, 1 not answered, 2 not sent: nothing was recorded for them"
+    assert f"<h1>{heading}</h1>" in said, said
+    assert said.count('class="answer answer-not_sent"') == 2, said
+    recent = client.get("/recent").text
+    assert f'href="/bulk/{kept[0]["batch_id"]}"' in recent, recent
+    for pipeline in pipelines:
+        pipeline.stop()
+
+
+def test_a_bulk_approval_over_the_gate_s_rate_limit_says_select_again(tmp_path: Path) -> None:
+    """The gate takes 2 decisions a minute from one approver: of 3 ticked, the third is
+    refused, and the results say it is the gate's limit and what to do."""
+    world = start_world(tmp_path, steps=[*STEPS, SIGNED], security={"rate_limit": 2})
+    try:
+        pipelines = [request(world, f"limited draft {n}") for n in range(3)]
+        ids = pending(world, 3)
+        client = signed_in(world)
+        done = bulk_approve(world, client, bulk_fields(client, list(ids.values())))
+        assert done.status == 200, done.text
+        said = html.unescape(" ".join(client.get(done.json()["location"]).text.split()))
+        for pipeline in pipelines:
+            pipeline.stop()
+    finally:
+        world.stop()
+    limit = "1 over the gate's limit of decisions a minute: select it again in a minute"
+    assert f"<h1>2 of 3 approved, {limit}</h1>" in said, said
+    assert said.count('class="answer answer-rate_limited"') == 1, said
+    assert "the gate's limit of decisions a minute" in said.split("answer-rate_limited")[1]
 
 
 def test_bulk_results_tell_items_of_one_step_apart_as_the_waiting_list_does(

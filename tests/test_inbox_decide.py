@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import http.client
+import sqlite3
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -110,6 +111,35 @@ def test_an_unreachable_gate_is_said_and_the_row_kept(world: InboxWorld) -> None
     assert (kept["http_status"], kept["answer"]) == (0, '{"error": "gate_unreachable"}')
     assert "The gate could not be reached; it may not have" in alice.get("/recent").text
     proc.stop()
+
+
+def test_a_request_the_gate_lost_in_a_restore_is_closed_and_said(world: InboxWorld) -> None:
+    """The gate's database restored from a backup older than the request: the gate answers
+    404 ``unknown_approval``; the inbox closes the item and says why, in words."""
+    alice = signed_in(world, 101)
+    assert world.gate is not None and world.inbox is not None
+    gate_db = world.folder / "gate" / "gate.db"
+    backup = world.folder / "gate-backup.db"
+    with contextlib.closing(sqlite3.connect(gate_db)) as src:
+        with contextlib.closing(sqlite3.connect(backup)) as dst:
+            src.backup(dst)
+    proc, approval_id = pipeline(world, "q1", "Pay 12 EUR")
+    proc.stop()
+    assert world.gate.stop() == 0
+    for leftover in ("-wal", "-shm"):
+        gate_db.with_name(gate_db.name + leftover).unlink(missing_ok=True)
+    backup.replace(gate_db)
+    world.start_gate()
+
+    page = followed(alice, alice.decide(approval_id, world.passkeys[101]))
+
+    assert "The gate no longer has this request" in page, page
+    assert "unknown_approval" not in page
+    [item] = world.inbox.rows("SELECT state FROM items WHERE approval_id = ?", approval_id)
+    assert item["state"] == "cancelled"
+    assert f"/items/{approval_id}" not in alice.get("/").text  # no longer waiting
+    shown = alice.get(f"/items/{approval_id}").text
+    assert "the gate no longer has it" in shown, shown
 
 
 def test_skip_with_a_reason_ends_the_pipeline_with_exit_3(world: InboxWorld) -> None:

@@ -19,11 +19,13 @@ from tests.inbox_e2e import (
     Browser,
     Stack,
     announced,
+    answer_lost,
     browser_fixtures,
     enrolled,
     in_view,
     no_horizontal_scroll,
     pending,
+    said_lost,
     screenshot,
     signin_ready,
 )
@@ -152,3 +154,29 @@ def test_inbox_e2e_bulk_result_sits_beside_its_button_and_goes_once_acted_on(
         assert page.get_by_text("Not sent: ").count() == 0, width
         assert button.is_enabled()
         alice.assert_clean(f"bulk refusal at {width}")
+
+
+def test_inbox_e2e_a_bulk_answer_lost_at_the_balancer_stays_and_says_so(
+    stack: Stack, browser: Browser, shots: Path
+) -> None:
+    """A balancer's HTML 502 to the bulk decide: the waiting page stays (never a GET of
+    ``/bulk/decide``, "Not found"), says the approvals may or may not be recorded and links
+    Recent."""
+    signin_ready(stack)
+    alice = enrolled(stack, browser, "alice", 101)
+    waiting = [pending(stack, "one", body) for body in SHORT]
+    page = alice.page
+    try:
+        page.goto(stack.inbox.origin + "/")
+        answer_lost(alice, "**/bulk/decide")
+        for _, approval_id in waiting:
+            page.check(f'input[name="item:{approval_id}"]')
+        page.click("form[data-sign=bulk] button[type=submit]")
+
+        said_lost(alice, stack.inbox.origin + "/")
+        assert "Not found" not in page.inner_text("main")
+        screenshot(page, shots, "bulk-answer-lost", full_page=False)
+    finally:
+        for pipeline, _ in waiting:
+            pipeline.stop()
+    alice.assert_clean("bulk answer lost")

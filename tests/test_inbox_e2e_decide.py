@@ -18,13 +18,16 @@ from tests.inbox_e2e import (
     LIVE_S,
     Browser,
     Stack,
+    accessible,
     announced,
+    answer_lost,
     browser_fixtures,
     decide,
     enrolled,
     in_view,
     open_item,
     pending,
+    said_lost,
     screenshot,
     signin_ready,
 )
@@ -155,5 +158,30 @@ def test_inbox_e2e_a_result_is_said_where_the_approver_looks(
     assert in_view(alice, said), said.bounding_box()
     screenshot(alice.page, shots, "item-gate-down", full_page=False)
     alice.assert_clean("gate down")
+    pipeline.proc.terminate()
+    pipeline.finish()
+
+
+def test_inbox_e2e_a_decision_whose_answer_was_lost_stays_and_says_so(
+    stack: Stack, browser: Browser, shots: Path
+) -> None:
+    """A balancer's HTML 502 to the decide: the page stays (never a GET of the decide
+    URL, "405"), says the decision may or may not be recorded and links Recent."""
+    signin_ready(stack)
+    alice = enrolled(stack, browser, "alice", 101)
+    pipeline, approval_id = pending(stack, "one", "Pay 12 EUR to ACME")
+    open_item(alice, stack, approval_id)
+    answer_lost(alice, "**/items/*/decide")
+    url = alice.page.url
+
+    alice.page.locator("form.verb-approve button[type=submit]").click()
+
+    said = said_lost(alice, url)
+    assert "405" not in alice.page.inner_text("main")
+    screenshot(alice.page, shots, "item-answer-lost", full_page=False)
+    assert accessible(alice.page, shots, "item-answer-lost-axe") == []  # its link readable
+    said.get_by_role("link", name="Recent decisions").click()
+    alice.page.wait_for_url("**/recent")
+    alice.assert_clean("answer lost")
     pipeline.proc.terminate()
     pipeline.finish()

@@ -5,7 +5,9 @@ with sign-ins and decisions made over real HTTP by a software passkey."""
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +67,42 @@ def test_inbox_healthz_is_ok_then_names_the_unreachable_gate(world: InboxWorld) 
     world.start_gate()
     status, body = wait_until(lambda: (a := health(world))[0] == 200 and a, what="healthz 200")
     assert body["status"] == "ok"
+
+
+class NoBackend(BaseHTTPRequestHandler):
+    """A balancer in front of the gate with no gate behind it: 502, an HTML page."""
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        page = b"<html><body><h1>502 Bad Gateway</h1></body></html>"
+        self.send_response(502)
+        self.send_header("Content-Type", "text/html")
+        self.send_header("Content-Length", str(len(page)))
+        self.end_headers()
+        self.wfile.write(page)
+
+    def log_message(self, *_: object) -> None:
+        pass
+
+
+def test_inbox_healthz_says_a_gate_behind_a_5xx_is_unreachable_not_refused(
+    world: InboxWorld,
+) -> None:
+    """``gate_refused`` means the gate answered and said no (a wrong secret); a balancer's
+    502 is no answer from the gate."""
+    assert world.gate is not None
+    world.gate.stop()
+    balancer = ThreadingHTTPServer(("127.0.0.1", world.gate_port), NoBackend)
+    threading.Thread(target=balancer.serve_forever, daemon=True).start()
+    try:
+        status, body = wait_until(
+            lambda: (a := health(world))[0] == 503 and "502" in a[1]["message"] and a,
+            what="healthz naming the 502",
+        )
+    finally:
+        balancer.shutdown()
+        balancer.server_close()
+    assert body["reason"] == "gate_unreachable", body
 
 
 def test_inbox_metrics_need_the_token_and_count_signins_and_decisions(

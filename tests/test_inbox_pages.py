@@ -393,6 +393,24 @@ def test_words_answer_words_names_the_gate_answer(
     assert words.answer_words(status, answer)[0] == kind
 
 
+@pytest.mark.parametrize(
+    ("answer", "said"),
+    [
+        ({"reason": "already_resolved", "outcome": "approved"}, "The question was already"),
+        ({"reason": "already_resolved", "outcome": "cancelled"}, "The question was cancelled"),
+        ({"status": "gone", "reason": "expired"}, "The question expired before your answer"),
+    ],
+)
+def test_words_an_answer_to_a_closed_question_says_question(
+    answer: dict[str, object], said: str
+) -> None:
+    """An answer posted to a question the gate closed meanwhile: the words name a question
+    and an answer, never "the approval"."""
+    sentence = words.answer_words(409, answer, "answer")[1]
+    assert sentence.startswith(said) and "approval" not in sentence, sentence
+    assert sentence.endswith("nothing was recorded."), sentence
+
+
 def test_words_a_revoked_passkey_says_what_to_do() -> None:
     """A bare "(403 approver_signature_invalid)" says nothing to an approver."""
     answer = {"status": "forbidden", "error": "approver_signature_invalid", "detail": "revoked"}

@@ -34,7 +34,7 @@ from gate.inbox.decide import (
     send_recorded,
 )
 from gate.inbox.decided import may_decide
-from gate.inbox.model import DecisionRecord, Item
+from gate.inbox.model import NOT_SENT, DecisionRecord, Item
 from gate.inbox.seen import bulk_eligibility
 from gate.inbox.shortlived import Picked
 from gate.inbox.state import InboxState, state_of
@@ -187,7 +187,9 @@ async def decide(request: web.Request) -> web.Response:
     """POST ``/bulk/decide`` (JSON: the form's fields + ``assertion``): the batch challenged
     for these items (or, when none is kept, checked again as ``challenge`` checks it), the
     assertion's credential one of the session identity's (else 403 ``wrong_credential``,
-    nothing posted); then per item a row (status 0, the batch's id), the approve posted with
+    nothing posted); then a row per item, all at once before any post (status 0, the batch's
+    id, ``NOT_SENT``: an inbox stopped mid-batch leaves the rest "not sent"); per item the
+    row marked sent, the approve posted with
     the same assertion plus ``"batch": [hex digests]``, the row updated with the gate's
     answer (an item resolved elsewhere in between: the gate's answer, in words on the
     results page); 200 ``{"location": "/bulk/<batch id>"}``."""
@@ -211,11 +213,15 @@ async def decide(request: web.Request) -> web.Response:
         return refused.response()
     posted = dict(fields["assertion"]) | {"batch": list(batch.hexes)}
     batch_id = secrets.token_urlsafe(12)
-    for item in batch.items:
-        record = DecisionRecord(
-            item.approval_id, item.revision, session.identity, "approve", 0, {}, state.now_ms()
-        )
-        await send_recorded(state, item, record, decision_body(item, record, posted), batch_id)
+    now = state.now_ms()
+    records = [
+        DecisionRecord(i.approval_id, i.revision, session.identity, "approve", 0, NOT_SENT, now)
+        for i in batch.items
+    ]
+    numbers = await state.db.add_batch(records, batch_id)  # every item ticked, before any post
+    for item, record, number in zip(batch.items, records, numbers, strict=True):
+        body = decision_body(item, record, posted)
+        await send_recorded(state, item, record, body, batch_id, number)
     log.info(
         "event=inbox_bulk batch_id=%s items=%d credential_id=%s",
         batch_id,

@@ -108,7 +108,10 @@ class CredentialsCache:
                 log.warning(
                     'event=credentials_unavailable error=%s why="%s"', type(exc).__name__, exc
                 )
-            unreachable = isinstance(exc, GateUnreachable | OSError)
+            # a 5xx is no answer of the gate's (a balancer without a backend, a gate failing)
+            unreachable = isinstance(exc, GateUnreachable | OSError) or (
+                isinstance(exc, GateRefused) and exc.status >= 500
+            )
             self._failure = ("gate_unreachable" if unreachable else "gate_refused", str(exc))
             return False
         if self._failure is not None:
@@ -132,7 +135,7 @@ class CredentialsCache:
 
     async def reachability(self, every_s: float = PROBE_EVERY_S) -> tuple[str, str] | None:
         """Why the gate cannot be asked now, as ``(reason, sentence)`` (``gate_unreachable``:
-        no answer; ``gate_refused``: an answer other than the credentials), or None when it
+        no answer, or a 5xx; ``gate_refused``: another answer than the credentials), or None when it
         answered. Asks the gate again only when the last try (answered or not) is older than
         ``every_s`` seconds, so a health check polled often never floods the gate."""
         if self._tried_at is None or self._now_s() - self._tried_at >= every_s:

@@ -179,6 +179,17 @@ class InboxDb:
         backend = self._backend
         return await self._run(self._tx, lambda c: _insert_decision(c, backend, record, batch_id))
 
+    async def add_batch(self, records: list[DecisionRecord], batch_id: str) -> list[int]:
+        """Keep every item of bulk approval ``batch_id`` at once, before any is posted (each
+        ``record`` as it is: ``answer`` ``NOT_SENT`` until ``set_decision_answer`` marks it
+        sent), in one transaction; their row ids, in order."""
+        backend = self._backend
+
+        def insert(c: sqlite3.Connection) -> list[int]:
+            return [_insert_decision(c, backend, r, batch_id) for r in records]
+
+        return await self._run(self._tx, insert)
+
     async def approvers_recorded(self, approval_id: str, revision: int) -> list[str]:
         """The distinct identities whose ``approve`` of ``revision`` the inbox posted and the
         gate answered 2xx (recorded), first decided first (quorum progress;
@@ -289,7 +300,8 @@ def _insert_decision(
 
 
 def _decision(r: sqlite3.Row) -> DecisionRecord:
-    same = ("approval_id", "revision", "identity", "decision", "decided_at", "reason", "sent")
+    same = ("approval_id", "revision", "identity", "decision", "decided_at", "reason", "sent",
+            "batch_id")  # fmt: skip
     kept = {column: r[column] for column in same}
     return DecisionRecord(**kept, status=r["http_status"], answer=json.loads(r["answer"]))
 

@@ -14,6 +14,7 @@ from aiohttp import web
 
 from gate.inbox import auth
 from gate.inbox.gate_client import GateUnreachable, post_decision
+from gate.inbox.items import UNKNOWN_TO_GATE
 from gate.inbox.model import DecisionRecord, Item, Session
 from gate.inbox.state import InboxState, decidable, state_of
 from gate.protocol import PROTOCOL
@@ -217,16 +218,22 @@ async def send_recorded(
     record: DecisionRecord,
     body: dict[str, Any],
     batch_id: str | None = None,
+    number: int | None = None,
 ) -> tuple[int, tuple[int, dict[str, Any]] | None]:
     """The one signed send of a decision or an answer: ``record`` kept first (status 0; one
-    of batch ``batch_id`` when given), then ``body`` posted to ``item``'s callback signed
+    of batch ``batch_id`` when given; row ``number`` when kept already, ``db.add_batch``:
+    marked sent), then ``body`` posted to ``item``'s callback signed
     with the current relay secret (``gate_client.post_decision``; the gate's status counted
     by ``record.decision``, an unreachable gate as a gate error), then the gate's answer on
-    the row.
+    the row; a 404 ``unknown_approval`` (the gate restored from an older backup) closes the
+    item (``items.UNKNOWN_TO_GATE``).
     Returns the row's number and the gate's ``(status, answer)``, None when the gate could
     not be reached (the row keeps status 0; logged as ``event=inbox_decision_unsent``, an
     answer's as ``event=inbox_answer_unsent``)."""
-    number = await state.db.add_decision(record, batch_id)
+    if number is None:
+        number = await state.db.add_decision(record, batch_id)
+    else:
+        await state.db.set_decision_answer(number, 0, {})  # sent from now on
     try:
         answered = await post_decision(
             str(item.dispatch["callback"]["url"]), body, state.secrets.relay_secrets[0]
@@ -240,7 +247,15 @@ async def send_recorded(
         return number, None
     state.metrics.gate_answered(record.decision, answered[0])
     await state.db.set_decision_answer(number, *answered)
+    if answered[0] == 404 and gate_code(answered[1]) == "unknown_approval":
+        # the gate lost the request (a restore): nothing can be decided on it any more
+        await state.db.close_item(item.approval_id, UNKNOWN_TO_GATE)
     return number, answered
+
+
+def gate_code(answer: Mapping[str, Any]) -> str:
+    """The reason code of the gate's refusal ``answer`` (``error``, else ``reason``)."""
+    return str(answer.get("error") or answer.get("reason") or "")
 
 
 def add_routes(app: web.Application) -> None:

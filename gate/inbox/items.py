@@ -14,6 +14,9 @@ from gate.protocol.canonical import payload_hash
 from gate.protocol.followup import skip_reason_required
 from gate.protocol.relay_inbound import question_request_hash
 
+UNKNOWN_TO_GATE = "the gate no longer has it"
+"""The outcome the inbox gives an item the gate answered 404 ``unknown_approval`` for (its
+database restored from a backup taken before the request): closed as cancelled."""
 NOTICE_STATES = {
     "approved": "resolved",
     "adjusted": "resolved",
@@ -21,6 +24,7 @@ NOTICE_STATES = {
     "answered": "resolved",
     "cancelled": "cancelled",
     "timeout": "expired",
+    UNKNOWN_TO_GATE: "cancelled",
 }
 CLOSED = ("resolved", "cancelled")
 WITHHELD = "withheld"  # the stored dispatch is not the one its row says was signed

@@ -54,7 +54,8 @@ class DecisionRecord:
     """A decision the inbox posted for ``identity``: the gate's HTTP ``status`` and JSON
     ``answer`` (what the page says in words), ``decided_at`` ms, and the ``reason`` the
     approver gave with it, as posted (None when none; shown to them, never logged), and
-    ``sent``: an adjust's text, or an answer's value as JSON text (None for the others)."""
+    ``sent``: an adjust's text, or an answer's value as JSON text (None for the others);
+    ``batch_id``: the bulk approval it is one item of (None alone)."""
 
     approval_id: str
     revision: int
@@ -65,6 +66,12 @@ class DecisionRecord:
     decided_at: int = 0
     reason: str | None = None
     sent: str | None = None
+    batch_id: str | None = None
+
+
+NOT_SENT = {"error": "not_sent"}
+"""The answer kept on an item of a bulk approval until the inbox posts it (status 0): an
+inbox stopped mid-batch leaves it, and the batch page says it was never sent."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -27,7 +27,8 @@ async def healthz(request: web.Request) -> web.Response:
     answers a read and the gate answered the credentials request within the last 5 s (asked
     again when older); else 503 ``{"status": "unavailable", "reason", "message"}`` with
     ``database_unavailable``, ``schema_too_new`` (a newer inbox migrated the database under
-    this one), ``gate_unreachable`` or ``gate_refused``. Nothing else: no identity, no
+    this one), ``gate_unreachable`` (no answer, or a 5xx) or ``gate_refused`` (another
+    answer: a wrong secret, the credentials channel off). Nothing else: no identity, no
     item, no secret."""
     state = state_of(request)
     try:

@@ -336,6 +336,9 @@ TITLES = {
     "refused": "Not recorded",
     "sent": "Sent; no answer received",
     "unreachable": "The gate could not be reached",
+    "unknown": "Unknown to the gate",
+    "not_sent": "Not sent",
+    "rate_limited": "Not recorded: too many decisions a minute",
 }
 
 

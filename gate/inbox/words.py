@@ -78,6 +78,17 @@ ANSWERS = {
     "answered": "Your answer was recorded and the question is resolved.",
     "already_resolved": "The approval was already resolved; nothing was recorded.",
     "cancelled": "The approval was cancelled; nothing was recorded.",
+    "rate_limited": "Over the gate's limit of decisions a minute from you; nothing was"
+    " recorded: decide again in a minute.",
+    "not_sent": "Not sent: the inbox stopped before it sent this one; nothing was recorded.",
+    "unknown": "The gate no longer has this request (its database may have been restored from"
+    " a backup taken before it); nothing was recorded, and the inbox closed it.",
+}
+# what a question's answer was told when the gate had closed the question meanwhile
+QUESTION_ANSWERS = {
+    "expired": "The question expired before your answer reached the gate; nothing was recorded.",
+    "already_resolved": "The question was already answered or closed; nothing was recorded.",
+    "cancelled": "The question was cancelled; nothing was recorded.",
 }
 
 
@@ -87,10 +98,16 @@ def answer_words(status: int, answer: Mapping[str, Any], decision: str = "") -> 
     ``refused``. 200 ``{"status":"recorded","resolved":true|false}`` is resolved or recorded;
     a refusal is named by its reason code (``error``, else ``reason``), an
     ``approver_signature_invalid`` by its ``detail`` in words (``refusal_words``). Status 0 is a
-    decision sent whose answer never came back (``sent``). A recorded ``decision`` ``answer``
-    (a question's) is ``resolved``, said as an answer, not an approval."""
+    decision sent whose answer never came back (``sent``), or of a bulk approval never sent
+    (``not_sent``: the inbox stopped mid-batch). A recorded ``decision`` ``answer``
+    (a question's) is ``resolved``, said as an answer, not an approval; 404
+    ``unknown_approval`` is ``unknown`` (the gate no longer has the request), 429
+    ``rate_limited`` its own kind (the gate's limit: decide again in a minute); a closed question
+    is said as a question (``QUESTION_ANSWERS``)."""
     if status == 0:
-        kind = "unreachable" if answer.get("error") == "gate_unreachable" else "sent"
+        kind = {"gate_unreachable": "unreachable", "not_sent": "not_sent"}.get(
+            str(answer.get("error")), "sent"
+        )
         return kind, ANSWERS[kind]
     if 200 <= status < 300 and decision == "answer":
         return "resolved", ANSWERS["answered"]
@@ -99,10 +116,15 @@ def answer_words(status: int, answer: Mapping[str, Any], decision: str = "") -> 
         return kind, ANSWERS[kind]
     code = str(answer.get("error") or answer.get("reason") or "")
     kind = "already_decided" if code == "duplicate" else code
+    if kind == "unknown_approval":
+        return "unknown", ANSWERS["unknown"]
+    if kind == "rate_limited":
+        return kind, ANSWERS[kind]
     if kind in ("superseded", "expired", "already_resolved", "already_decided"):
         if kind == "already_resolved" and answer.get("outcome") == "cancelled":
             kind = "cancelled"
-        return kind, ANSWERS[kind]
+        said = QUESTION_ANSWERS if decision == "answer" else ANSWERS
+        return kind, said.get(kind, ANSWERS[kind])
     return "refused", refusal_words(code, answer.get("detail"))
 
 
@@ -112,7 +134,10 @@ def bulk_heading(kinds: list[str]) -> str:
     recorded but its step needs another approver (``recorded``), it is not said approved:
     ``"4 decisions recorded: 3 approved, 1 waits for another approver"`` (``"4 of 5
     decisions recorded: …"`` when not all were); plus ``", 1 not answered"`` for decisions
-    whose answer never came back (``sent``, ``unreachable``)."""
+    whose answer never came back (``sent``, ``unreachable``) and ``", 13 not sent: nothing
+    was recorded for them"`` for items of a batch the inbox never sent (``not_sent``); the
+    items the gate's per-approver limit refused (``rate_limited``) are said with what to do:
+    ``", 5 over the gate's limit of decisions a minute: select them again in a minute"``."""
     total = len(kinds)
     approved = kinds.count("resolved")
     waits = kinds.count("recorded")
@@ -129,7 +154,15 @@ def bulk_heading(kinds: list[str]) -> str:
         said = f"None of {total} approved"
     else:
         said = f"{done} of {total} approved"
-    return said + (f", {unknown} not answered" if unknown else "")
+    said += f", {unknown} not answered" if unknown else ""
+    limited = kinds.count("rate_limited")
+    if limited:
+        it = "them" if limited > 1 else "it"
+        said += f", {limited} over the gate's limit of decisions a minute: select {it} again in"
+        said += " a minute"
+    unsent = kinds.count("not_sent")
+    them = "them" if unsent > 1 else "it"
+    return said + (f", {unsent} not sent: nothing was recorded for {them}" if unsent else "")
 
 
 # the ``detail`` of 403 ``approver_signature_invalid`` in words (docs/protocol.md "Approver
@@ -159,7 +192,6 @@ REFUSALS = {
     "approver_not_allowed": "The gate does not count you among this step's approvers.",
     "self_approval": "The gate does not let you approve your own request.",
     "reason_required": "This step requires a reason to skip.",
-    "rate_limited": "The gate is receiving too many decisions from you; try again shortly.",
     "payload_hash_mismatch": "The draft the inbox showed is not the one the gate holds.",
 }
 NOTHING = " Nothing was recorded."

@@ -15,12 +15,13 @@
   };
   // what a button did or the page learned: the item page's notice pinned at the top of the
   // window (focused when it answers a button), else the live region pinned at the bottom
-  // (a form's own status line, beside its button, when it has one: it covers nothing)
+  // (a form's own status line, beside its button, when it has one: it covers nothing);
+  // ``text`` a string, or a list of strings and nodes (a link)
   const say = (text, focus, form) => {
     const own = form ? form.querySelector('.form-status') : null;
     const live = own || document.getElementById('sign-status') || document.getElementById('live');
     if (!live) return;
-    live.textContent = text;
+    if (Array.isArray(text)) live.replaceChildren(...text); else live.textContent = text;
     if (focus && live.tabIndex === -1) live.focus();
     // in the page's flow (beside its button): its whole text in view, not only its top
     if (focus && own && own.scrollIntoView) own.scrollIntoView({block: 'nearest'});
@@ -36,6 +37,27 @@
     const error = new Error(message);
     error.reason = typeof reason === 'string' ? reason : '';
     return error;
+  };
+  // the answer to a signed post never came back from the inbox (a balancer's own error
+  // page when a replica died, a dropped connection): it may have recorded the decision
+  const LOST = 'answer_lost';
+  const lost = (status) => {
+    const error = failure('the answer was lost', LOST);
+    error.status = status;
+    return error;
+  };
+  const lostWords = (form, status) => {
+    const why = status ? 'the server answered ' + status + ' instead of the inbox'
+      : 'the connection broke';
+    if (form.dataset.sign === 'signin') {
+      return 'The answer was lost (' + why + '). Reload the page to try again.';
+    }
+    const what = form.dataset.sign === 'bulk' ? 'your approvals' : 'your decision';
+    const recent = document.createElement('a');
+    recent.href = '/recent';
+    recent.textContent = 'Recent decisions';
+    return ['The answer was lost (' + why + '): ' + what + ' may or may not be recorded. See ',
+      recent, ' for what the gate recorded before deciding again.'];
   };
   const fields = (form) => {
     const out = {};
@@ -98,14 +120,22 @@
       signature: bytesToB64url(r.signature),
       user_handle: r.userHandle ? bytesToB64url(r.userHandle) : null,
     };
-    const answer = await postJson(form.action, data.csrf || '', data);
+    let answer;
+    try {
+      answer = await postJson(form.action, data.csrf || '', data);
+    } catch (error) {
+      throw lost(0);  // sent, maybe received: the connection broke before the answer
+    }
     const type = answer.headers.get('Content-Type') || '';
     if (type.indexOf('application/json') === 0) {
-      const body = await answer.json();
+      let body;
+      try { body = await answer.json(); } catch (error) { throw lost(answer.status); }
       if (body.location) { window.location.assign(body.location); return; }
       throw failure(body.message || body.reason || ('answer ' + answer.status), body.reason);
     }
-    window.location.assign(answer.url);
+    // a page the inbox redirected to; anything else is not the inbox's answer
+    if (answer.ok && answer.redirected) { window.location.assign(answer.url); return; }
+    throw lost(answer.status);
   }
 
   function setUpSigning() {
@@ -127,6 +157,7 @@
             say(browserWords(error) + ' Nothing was sent.', true, form);
             return;
           }
+          if (error && error.reason === LOST) { say(lostWords(form, error.status), true, form); return; }
           // the inbox used the page's sign-in challenge up: a new page brings a new one
           const again = form.dataset.sign === 'signin' ? ' Reload the page to try again.' : '';
           if (error && LOCKING.indexOf(error.reason) >= 0) lock();
