@@ -101,12 +101,21 @@ RETIRED = (
 )
 
 
-def test_rolling_rotation_a_gate_not_restarted_appends_nothing_until_restarted(
+def rolling(
     tmp_path: Path, relay: CaptureRelay, url: str
-) -> None:
+) -> tuple[dict[str, str], dict[str, str], Path, Path]:
+    """A rolling rotation's two environments (the old key alone; the new key with the old as
+    the previous one) and two gates' configs on ``url``."""
     old_env = gate_env(HITL_DB_PASSWORD=DB_PASSWORD, HITL_RECEIPT_KEY=OLD)
     new_env = gate_env(HITL_DB_PASSWORD=DB_PASSWORD, HITL_RECEIPT_KEY=NEW, HITL_RECEIPT_KEY_OLD=OLD)
     path_a, path_b = (pg_config(tmp_path / name, relay, url) for name in "ab")
+    return old_env, new_env, path_a, path_b
+
+
+def test_rolling_rotation_a_gate_not_restarted_appends_nothing_until_restarted(
+    tmp_path: Path, relay: CaptureRelay, url: str
+) -> None:
+    old_env, new_env, path_a, path_b = rolling(tmp_path, relay, url)
     a, b = start_together([GateProcess(path_a, env=old_env), GateProcess(path_b, env=old_env)])
     try:
         b.api().create("q1")
@@ -162,9 +171,7 @@ def test_rolling_rotation_a_gate_not_restarted_appends_nothing_until_restarted(
 def test_rolling_rotation_a_gate_not_restarted_gives_up_the_timers_lease(
     tmp_path: Path, relay: CaptureRelay, url: str
 ) -> None:
-    old_env = gate_env(HITL_DB_PASSWORD=DB_PASSWORD, HITL_RECEIPT_KEY=OLD)
-    new_env = gate_env(HITL_DB_PASSWORD=DB_PASSWORD, HITL_RECEIPT_KEY=NEW, HITL_RECEIPT_KEY_OLD=OLD)
-    path_a, path_b = (pg_config(tmp_path / name, relay, url) for name in "ab")
+    old_env, new_env, path_a, path_b = rolling(tmp_path, relay, url)
     b = GateProcess(path_b, env=old_env).start()  # alone: it takes the timers' lease
     b.wait_for_line("event=lease_acquired")
     a = GateProcess(rotating(path_a), env=new_env).start()  # a rotates; b keeps the lease
