@@ -255,10 +255,7 @@ class Cluster:
         """This gate writes no more until it restarts (``Store.fenced``: another gate rotated
         the receipt key): it gives up the lease, so another gate runs the timers and the
         senders; returns the seconds until the next beat."""
-        if self.held.is_set():
-            log.info("event=lease_released lease=%s", TIMERS)
-        self.held.clear()
-        self.not_held.set()
+        self._let_go()
         await release(conn, TIMERS, self.instance_id)
         return self.renew_s
 
@@ -270,6 +267,13 @@ class Cluster:
     def _step_down(self, why: str) -> None:
         if self.held.is_set():
             log.warning("event=lease_lost lease=%s reason=%s", TIMERS, why.replace(" ", "_"))
+        self.held.clear()
+        self.not_held.set()
+
+    def _let_go(self) -> None:
+        """Stop the work and say the lease is given up (its row is the caller's to release)."""
+        if self.held.is_set():
+            log.info("event=lease_released lease=%s", TIMERS)
         self.held.clear()
         self.not_held.set()
 
@@ -295,10 +299,7 @@ class Cluster:
         """A clean stop: give up the lease (another gate takes it at its next attempt) and
         remove this gate's row; best effort, for at most LEAVE_S (a database out of reach
         does not hold the stop: the lease then lapses, the row ages out)."""
-        if self.held.is_set():
-            log.info("event=lease_released lease=%s", TIMERS)
-        self.held.clear()
-        self.not_held.set()
+        self._let_go()
         with contextlib.suppress(Unavailable, TimeoutError):
             async with asyncio.timeout(LEAVE_S):
                 conn = await connect(self.url, "cluster", self.instance_id, self.password)

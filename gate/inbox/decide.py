@@ -17,6 +17,7 @@ from gate.inbox.gate_client import GateUnreachable, post_decision
 from gate.inbox.items import UNKNOWN_TO_GATE
 from gate.inbox.model import DecisionRecord, Item, Session
 from gate.inbox.state import InboxState, decidable, state_of
+from gate.inbox.words import gate_code
 from gate.protocol import PROTOCOL
 from gate.protocol.approver_signature import (
     VERBS,
@@ -251,11 +252,6 @@ async def send_recorded(
         # the gate lost the request (a restore): nothing can be decided on it any more
         await state.db.close_item(item.approval_id, UNKNOWN_TO_GATE)
     return number, answered
-
-
-def gate_code(answer: Mapping[str, Any]) -> str:
-    """The reason code of the gate's refusal ``answer`` (``error``, else ``reason``)."""
-    return str(answer.get("error") or answer.get("reason") or "")
 
 
 def add_routes(app: web.Application) -> None:

@@ -92,6 +92,11 @@ QUESTION_ANSWERS = {
 }
 
 
+def gate_code(answer: Mapping[str, Any]) -> str:
+    """The reason code of the gate's refusal ``answer`` (``error``, else ``reason``)."""
+    return str(answer.get("error") or answer.get("reason") or "")
+
+
 def answer_words(status: int, answer: Mapping[str, Any], decision: str = "") -> tuple[str, str]:
     """The gate's answer to a posted decision (docs/protocol.md, "Decisions": checks 8, 9,
     14 and "recorded") as ``(kind, sentence)``: ``kind`` one of ``ANSWERS``'s keys or
@@ -114,7 +119,7 @@ def answer_words(status: int, answer: Mapping[str, Any], decision: str = "") -> 
     if 200 <= status < 300:
         kind = "resolved" if answer.get("resolved") is True else "recorded"
         return kind, ANSWERS[kind]
-    code = str(answer.get("error") or answer.get("reason") or "")
+    code = gate_code(answer)
     kind = "already_decided" if code == "duplicate" else code
     if kind == "unknown_approval":
         return "unknown", ANSWERS["unknown"]
