@@ -114,22 +114,37 @@ def test_ratelimit_is_one_window_across_gates(
 
 
 def test_ratelimit_keeps_only_the_window_on_postgres(url: str) -> None:
-    """A write deletes the approver's attempts the rule no longer counts, and only theirs."""
+    """The window is read as ``(count, oldest)``, this batch's attempts included; the
+    batch's attempts are written once, by ``flush``, which deletes their approvers' attempts
+    the rule no longer counts, and only theirs; an attempt of a job that never ended (it
+    failed on a storage error) is not written."""
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute(
-            "INSERT INTO rate_events VALUES (101, 1000), (101, 60000), (101, 61000), (102, 1000)"
+            "INSERT INTO rate_events VALUES (101, 1000), (101, 60000), (101, 61000), (102, 1000),"
+            " (103, 500)"
         )
     sqlite_like: Any = PgConnection(psycopg.connect(url, autocommit=True))
     events = PgRateEvents(sqlite_like)
     sqlite_like.execute("BEGIN")
-    assert events.times(101, 1000) == [60000, 61000]
+    assert events.window(101, 1000) == (2, 60000)
+    events.job_started()
     events.add(101, 61001, 1001)
-    assert events.times(101, 1000) == [60000, 61000, 61001]  # kept, not yet written
+    assert events.window(101, 1000) == (3, 60000)  # the running job's, not yet written
+    events.job_ended()
+    events.job_started()
+    events.add(104, 61002, 1002)
+    assert events.window(104, 1002) == (1, 61002)
+    events.job_started()  # the job adding 104's attempt never ended: it does not count
+    assert events.window(104, 1002) == (0, None)
+    events.add(102, 61003, 1003)
+    events.job_ended()
+    assert events.window(102, 0) == (2, 1000)
     events.flush()
+    events.flush()  # nothing more to write
     sqlite_like.execute("COMMIT")
     sqlite_like.close()
     found = rows(url, "SELECT operator_id, at_ms FROM rate_events ORDER BY 1, 2")
-    assert found == [(101, 60000), (101, 61000), (101, 61001), (102, 1000)]
+    assert found == [(101, 60000), (101, 61000), (101, 61001), (102, 61003), (103, 500)]
 
 
 def test_ratelimit_counts_answers_and_decisions_together_across_gates(

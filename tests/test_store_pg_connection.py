@@ -66,6 +66,7 @@ from gate.store import credentials as credential_reads
 from gate.store import outbox as outbox_reads
 from gate.store import requests as request_reads
 from gate.store.approvals import APPROVALS
+from gate.store.backend import SQLITE, BatchBackend
 from gate.store.batch import Command, Faults, Job, run_batch
 from gate.store.connection import connect, prepare
 from gate.store.outbox import (
@@ -350,17 +351,21 @@ class Hand(Transaction[Any]):
 
 class Backend:
     """One database with the gate's transactions over it: ``run`` a command through the
-    batch runner, ``read`` with a read function on the connection."""
+    batch runner with the database's own batch backend (PostgreSQL's: the head lock, the
+    rate limit's table, approvals loaded in one statement), ``read`` with a read function on
+    the connection."""
 
     def __init__(self, conn: Any, config: Config, tmp_path: Path) -> None:
         self.conn = cast(sqlite3.Connection, conn)
+        self.backend: BatchBackend = PgBatch() if isinstance(conn, PgConnection) else SQLITE
         self.clock = ManualClock()
         signer = Signer.from_private_key(Ed25519PrivateKey.from_private_bytes(bytes(range(32))))
         self.t = Transactions(config, self.clock, RECEIPT_KEY, signer)
         self.faults = Faults(tmp_path / "faults")
 
     def run(self, command: Command[Any]) -> Any:
-        ((_, value, error),) = run_batch(self.conn, [Job(command)], self.t.run, self.faults).answers
+        batch = run_batch(self.conn, [Job(command)], self.t.run, self.faults, backend=self.backend)
+        ((_, value, error),) = batch.answers
         if error is not None:
             raise error
         return value
@@ -1011,10 +1016,14 @@ def test_one_batch_of_jobs_commits_alike_on_both_backends(
     tmp_path: Path,
     repeatable: Repeatable,
 ) -> None:
-    """Group commit: one batch (one transaction, a SAVEPOINT per job) where a refused job
-    and a job failing on a constraint each appended an audit entry first: both roll back
-    alone, the chain goes on from the entry before them (``WriteTx.forget_tail``), and the
-    batch's answers, head, rows and audit chain are the same on both backends."""
+    """Group commit: one batch (one transaction, a SAVEPOINT per job; each database's own
+    batch backend: PostgreSQL's keeps the entries in memory until the COMMIT and leaves each
+    job's SAVEPOINT open) where a refused job and a job failing on a constraint each
+    appended an audit entry first, and a refused job read the log after its entry (which
+    writes the batch's entries so far, inside its SAVEPOINT): each rolls back alone, the
+    entries of the jobs before it stay, the chain goes on from the entry before them
+    (``WriteTx.forget_tail``), and the batch's answers, head, rows and audit chain are the
+    same on both backends."""
     results = []
     for conn in (lite, pg):
         repeatable.reset()
@@ -1033,8 +1042,27 @@ def test_one_batch_of_jobs_commits_alike_on_both_backends(
             tx.credentials.insert(twice)
             tx.credentials.insert(twice)
 
-        jobs = [Job(create), Job(Hand(refused)), Job(create), Job(Hand(clash)), Job(create)]
-        batch = run_batch(backend.conn, jobs, backend.t.run, backend.faults)
+        def kept(tx: WriteTx, signer: Signer | None = backend.t.signer) -> None:
+            tx.append_audit("probe_entry", None, NOW_MS, {"n": 4}, RECEIPT_KEY, signer)
+
+        def read_then_refused(tx: WriteTx) -> None:
+            tx.append_audit("probe_entry", None, NOW_MS, {"n": 3}, RECEIPT_KEY)
+            newest = tx.last_audit_row()
+            assert newest is not None and newest.kind == "probe_entry"
+            raise GateError("refused_here", "refused after reading the log", status=409)
+
+        jobs = [
+            Job(create),
+            Job(Hand(refused)),
+            Job(create),
+            Job(Hand(kept)),
+            Job(Hand(read_then_refused)),
+            Job(Hand(clash)),
+            Job(create),
+        ]
+        batch = run_batch(
+            backend.conn, jobs, backend.t.run, backend.faults, backend=backend.backend
+        )
         by_job = {id(job): (value, error) for job, value, error in batch.answers}
         answers = []
         for job in jobs:
@@ -1048,9 +1076,12 @@ def test_one_batch_of_jobs_commits_alike_on_both_backends(
 
     assert results[1] == results[0]
     answers, head, _, ok, entries = results[0]
-    assert [a[0] for a in answers] == ["tuple", "error", "tuple", "error", "tuple"]
-    assert answers[1] == ("error", "GateError") and answers[3] == ("error", "Unavailable")
-    assert ok and entries == 3 and head is not None and head[0] == 3
+    assert [a[0] for a in answers] == ["tuple", "error", "tuple", "NoneType", "error", "error"] + [
+        "tuple"
+    ]
+    assert answers[1] == answers[4] == ("error", "GateError")
+    assert answers[5] == ("error", "Unavailable")
+    assert ok and entries == 4 and head is not None and head[0] == 4
 
 
 def test_two_writers_append_to_one_chain_in_turn(

@@ -20,11 +20,11 @@ class MemoryEvents:
     def __init__(self) -> None:
         self._seen: dict[int, deque[int]] = {}
 
-    def times(self, operator_id: int, since_ms: int) -> list[int]:
+    def window(self, operator_id: int, since_ms: int) -> tuple[int, int | None]:
         seen = self._seen.setdefault(operator_id, deque())
         while seen and seen[0] <= since_ms:
             seen.popleft()
-        return list(seen)
+        return len(seen), seen[0] if seen else None
 
     def add(self, operator_id: int, at_ms: int, since_ms: int) -> None:
         self._seen.setdefault(operator_id, deque()).append(at_ms)
@@ -47,9 +47,9 @@ class RateLimiter:
         """
         store: RateEvents = self._memory if events is None else events
         since = now_ms - WINDOW_MS
-        seen = store.times(operator_id, since)
-        if len(seen) >= self.per_minute:
-            retry_after = max(1, math.ceil((seen[0] + WINDOW_MS - now_ms) / 1000))
+        count, oldest = store.window(operator_id, since)
+        if count >= self.per_minute and oldest is not None:
+            retry_after = max(1, math.ceil((oldest + WINDOW_MS - now_ms) / 1000))
             raise refuse(
                 429,
                 "rate_limited",

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -14,7 +15,7 @@ from gate.model import Approval, DecisionRow, Resolvable, Revision, field_values
 from gate.store.requests import RequestStatements, RequestTables, request_row
 
 # the columns of the model's fields (``gate.model.Approval``), named alike
-_COLUMNS = (
+COLUMNS = (
     *("approval_id", "run_id", "pipeline", "step", "risk", "content_type", "quorum_required"),
     *("scope", "budget", "spend", "revision", "state", "outcome", "created_at", "expires_at"),
     *("resolved_at", "idempotency_key", "request_hash", "receipt", "requested_by"),
@@ -43,16 +44,26 @@ def load(
     outbox rows and (unless ``created`` is False) ``created_receipt``: the receipt
     object (``gate.audit.receipts.receipt_object``) of its ``created`` audit entry, read from the
     log itself (None when the log holds no such entry), or None."""
-    values = request_row(conn, APPROVALS, _COLUMNS, approval_id, outbox, created)
+    values = request_row(conn, APPROVALS, COLUMNS, approval_id, outbox, created)
     if values is None:
         return None
+    revisions = conn.execute(_REVISIONS_SQL, (approval_id,))
+    return approval(values, revisions, conn.execute(_DECISIONS_SQL, (approval_id,)))
+
+
+def approval(
+    values: dict[str, Any], revisions: Iterable[Sequence[Any]], decisions: Iterable[Sequence[Any]]
+) -> Approval:
+    """The ``Approval`` of its row's values (``request_row``'s), its revisions' rows (the
+    columns of ``Revision``, by revision) and its decisions' (those of ``DecisionRow``, in
+    the order they were recorded)."""
     values.update(
         budget=json.loads(values["budget"]) if values["budget"] else None,
         allow_self_approval=bool(values["allow_self_approval"]),
         reminders_sent=int(values["reminders_sent"]),
         escalation_level=int(values["escalation_level"]),
-        revisions=tuple(Revision(*r) for r in conn.execute(_REVISIONS_SQL, (approval_id,))),
-        decisions=tuple(DecisionRow(*r) for r in conn.execute(_DECISIONS_SQL, (approval_id,))),
+        revisions=tuple(Revision(*r) for r in revisions),
+        decisions=tuple(DecisionRow(*r) for r in decisions),
     )
     return Approval(**values)
 
@@ -93,10 +104,13 @@ class FollowupState:
 
 class ApprovalStatements(RequestStatements[Approval, Resolvable]):
     """The statements of a write transaction about approvals (``WriteTx.approvals``): the
-    ones every kind shares, and these."""
+    ones every kind shares, and these; ``kind`` is ``APPROVALS`` or a backend's own form of
+    it (a loader in fewer statements: ``gate.store.pg_approvals``)."""
 
-    def __init__(self, conn: sqlite3.Connection) -> None:
-        super().__init__(conn, APPROVALS)
+    def __init__(
+        self, conn: sqlite3.Connection, kind: RequestTables[Approval, Resolvable] = APPROVALS
+    ) -> None:
+        super().__init__(conn, kind)
 
     def remembered(
         self,

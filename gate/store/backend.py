@@ -14,7 +14,12 @@ from gate.store.tx import WriteTx
 
 
 class BatchBackend(Protocol):
-    """The backend's part of one write batch, in the order the batch runner calls it."""
+    """The backend's part of one write batch, in the order the batch runner calls it, and
+    ``release_jobs``: whether a job that ran has its SAVEPOINT released (SQLite), or left
+    open (PostgreSQL: one round trip fewer a job; the next job's SAVEPOINT nests inside it,
+    a refused job still rolls back to its own, and the COMMIT keeps them all)."""
+
+    release_jobs: bool
 
     def begin(self, conn: sqlite3.Connection, tx: WriteTx) -> None:
         """Open the batch's transaction holding the database's write exclusion; raises
@@ -35,6 +40,8 @@ class SqliteBatch:
     """SQLite: ``BEGIN IMMEDIATE`` takes the file's write lock; the chain's tail is read from
     the log (``WriteTx.append_audit``), the clock is the gate's; the probe rewrites the
     header (``PRAGMA user_version`` set to its own value)."""
+
+    release_jobs = True
 
     def begin(self, conn: sqlite3.Connection, tx: WriteTx) -> None:
         conn.execute("BEGIN IMMEDIATE")

@@ -274,7 +274,8 @@ def _run_batch(
                 answers.append((job, None, exc))
                 continue
             tx.job_ended()
-            conn.execute("RELEASE job")
+            if backend.release_jobs:
+                conn.execute("RELEASE job")
         except sqlite3.Error as exc:
             tx.forget_tail()
             if not is_fault(exc) and conn.in_transaction:

@@ -15,12 +15,14 @@ import sqlite3
 import time
 from typing import Any, cast
 
+from gate.audit.chain import AuditRow
 from gate.clock import PinnedClock
 from gate.errors import Unavailable
 from gate.postgres.connection import PgConnection, PgError, as_sqlite_error
 from gate.postgres.migrate import SchemaTooNew
 from gate.postgres.target import PgTarget, connect
 from gate.store.backend import BatchBackend
+from gate.store.pg_approvals import PG_APPROVALS
 from gate.store.pg_rate import PgRateEvents
 from gate.store.pg_schema import migrate
 from gate.store.tx import WriteTx
@@ -41,6 +43,32 @@ HEAD_LOCK = (
     " (SELECT receipt FROM audit_log WHERE audit_log.seq = audit_head.seq)"
     " FROM audit_head WHERE id = 1 FOR UPDATE"
 )
+
+# audit rows kept in memory by the batch (``WriteTx.defer_audit``), written in one statement
+AUDIT_ROWS = (
+    "INSERT INTO audit_log (seq, approval_id, kind, entry, prev_hash, entry_hash, receipt,"
+    " key_id, signature) SELECT * FROM unnest(?::bigint[], ?::text[], ?::text[], ?::text[],"
+    " ?::text[], ?::text[], ?::text[], ?::text[], ?::text[])"
+)
+
+
+def write_audit(conn: sqlite3.Connection, rows: list[AuditRow]) -> None:
+    """Insert ``rows`` (``AUDIT_ROWS``: one statement, one array a column). Raises
+    sqlite3.Error."""
+    conn.execute(
+        AUDIT_ROWS,
+        (
+            [row.seq for row in rows],
+            [row.approval_id for row in rows],
+            [row.kind for row in rows],
+            [row.entry for row in rows],
+            [row.prev_hash for row in rows],
+            [row.entry_hash for row in rows],
+            [row.receipt for row in rows],
+            [row.key_id for row in rows],
+            [row.signature for row in rows],
+        ),
+    )
 
 
 def prepare(target: PgTarget) -> int:
@@ -104,10 +132,15 @@ class PgBatch(BatchBackend):
     ``audit_head`` row ``FOR UPDATE`` (``HEAD_LOCK``), whose seq and hash the batch's first
     entry follows, whose entry's receipt ``WriteTx.follows`` checks, and whose time pins
     ``clock`` (when given) at ``max(database time, last_at_ms)`` for the batch: timestamps
-    never go backwards in ``seq`` order across gates, and the batch counts the rate limit's
-    attempts in ``rate_events`` (every gate's).
-    ``before_commit``: ``audit_head`` set to the batch's newest entry. The probe
-    rewrites the head row unchanged (a real write, no lock but the head's)."""
+    never go backwards in ``seq`` order across gates, the batch counts the rate limit's
+    attempts in ``rate_events`` (every gate's) and loads approvals in one statement each
+    (``gate.store.pg_approvals``).
+    ``before_commit``: the batch's rate-limit attempts written (``PgRateEvents.flush``),
+    ``audit_head`` set to the batch's newest entry. The probe
+    rewrites the head row unchanged (a real write, no lock but the head's). A job's
+    SAVEPOINT is not released (``BatchBackend.release_jobs``)."""
+
+    release_jobs = False
 
     def __init__(self, clock: PinnedClock | None = None) -> None:
         self._clock = clock
@@ -120,10 +153,15 @@ class PgBatch(BatchBackend):
         seq, digest, last_at_ms, now_ms, receipt = row
         tx.start_chain((int(seq), str(digest)), int(last_at_ms), receipt)
         tx.rate_events = PgRateEvents(conn)  # the rate limit's window: every gate's attempts
+        tx.use_approvals(PG_APPROVALS)  # one statement a load
+        tx.defer_audit(write_audit)  # the batch's entries in one statement, before COMMIT
         if self._clock is not None:
             self._clock.pin(max(int(now_ms), int(last_at_ms)))
 
     def before_commit(self, conn: sqlite3.Connection, tx: WriteTx) -> None:
+        tx.flush_audit()
+        if tx.rate_events is not None:
+            tx.rate_events.flush()
         if tx.appended_head is not None:
             seq, digest = tx.appended_head
             conn.execute(

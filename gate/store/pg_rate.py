@@ -3,55 +3,88 @@ the database: read and written inside the serialised write batch (under the ``au
 lock), so the window is exact across gates. The rule is the core's
 (``gate.core.ratelimit``); here is only where its attempts are kept.
 
-An attempt is written once its job ran (``flush``, called by the batch runner before the
-job's ``RELEASE``, and after its ``ROLLBACK TO`` for a job refused after check 13), so a
-refused attempt counts as it does in the writer's memory on SQLite. Each write also deletes
-that approver's attempts that no longer count (older than the window the rule read): the
-table holds about a minute of attempts.
+The window is read as one row, ``(count, oldest)``: what the rule needs, not the attempts
+themselves (a busy approver has hundreds in a minute). An attempt counts once its job ran
+(``job_ended``: after its own statements, or after they were rolled back for a refusal
+after check 13), so a refused attempt counts as it does in the writer's memory on SQLite;
+the batch's attempts are written together, in one statement before its COMMIT (``flush``),
+which also deletes those approvers' attempts that no longer count (older than the window
+the rule read): the table holds about a minute of attempts.
 """
 
 from __future__ import annotations
 
 import sqlite3
 
+# the batch's attempts, and their approvers' attempts that left the window, in one statement
+FLUSH = (
+    "WITH gone AS (DELETE FROM rate_events WHERE operator_id = ANY(?::bigint[]) AND at_ms <= ?)"
+    " INSERT INTO rate_events (operator_id, at_ms)"
+    " SELECT * FROM unnest(?::bigint[], ?::bigint[])"
+)
+
 
 class PgRateEvents:
     """The attempts of the rate limit in ``rate_events`` on ``conn``, the write batch's
-    connection (in its transaction). ``times`` reads them, ``add`` keeps an attempt for
-    ``flush``; ``discard`` drops what was kept (a job failed on a storage error)."""
+    connection (in its transaction). ``window`` reads them, ``add`` counts one for the
+    running job; ``job_started``/``job_ended`` bound a job (a job that failed on a storage
+    error, never ended, counts nothing); ``flush`` writes the ended jobs' attempts."""
 
     def __init__(self, conn: sqlite3.Connection) -> None:
         self._conn = conn
-        self._pending: list[tuple[int, int, int]] = []
+        self._kept: list[tuple[int, int, int]] = []  # (operator, at, since) of ended jobs
+        self._job: list[tuple[int, int, int]] = []  # the running job's
+        # (operator, since) -> (count, oldest) read from the table in this batch: nobody
+        # else writes it while the batch holds the head lock, and its own attempts are added
+        # from memory (one read an approver a batch: a bulk decision is one batch)
+        self._read: dict[tuple[int, int], tuple[int, int | None]] = {}
 
-    def times(self, operator_id: int, since_ms: int) -> list[int]:
-        """The times (unix ms, ascending) of ``operator_id``'s attempts after ``since_ms``,
-        those of the running job (not yet flushed) included."""
-        rows = self._conn.execute(
-            "SELECT at_ms FROM rate_events WHERE operator_id = ? AND at_ms > ? ORDER BY at_ms",
-            (operator_id, since_ms),
-        ).fetchall()
-        kept = [at for op, at, _ in self._pending if op == operator_id and at > since_ms]
-        return sorted([int(row[0]) for row in rows] + kept)
+    def window(self, operator_id: int, since_ms: int) -> tuple[int, int | None]:
+        """``(count, oldest)``: how many attempts ``operator_id`` made after ``since_ms``
+        and the time (unix ms) of the oldest (None: none), this batch's unwritten ones
+        included. Read from the table once per approver and window in a batch."""
+        read = self._read.get((operator_id, since_ms))
+        if read is None:
+            count, oldest = self._conn.execute(
+                "SELECT count(*), min(at_ms) FROM rate_events WHERE operator_id = ? AND at_ms > ?",
+                (operator_id, since_ms),
+            ).fetchone()
+            read = self._read[operator_id, since_ms] = (
+                int(count),
+                None if oldest is None else int(oldest),
+            )
+        count, oldest = read
+        for op, at, _ in (*self._kept, *self._job):
+            if op == operator_id and at > since_ms:
+                count += 1
+                oldest = at if oldest is None else min(oldest, at)
+        return count, oldest
 
     def add(self, operator_id: int, at_ms: int, since_ms: int) -> None:
-        """Count one attempt of ``operator_id`` at ``at_ms`` (written by ``flush``); its
+        """Count one attempt of ``operator_id`` at ``at_ms`` for the running job; its
         attempts at or before ``since_ms`` no longer count (``flush`` deletes them)."""
-        self._pending.append((operator_id, at_ms, since_ms))
+        self._job.append((operator_id, at_ms, since_ms))
+
+    def job_started(self) -> None:
+        """A job begins: what a job before it counted without ending (it failed on a storage
+        error) is dropped."""
+        self._job = []
+
+    def job_ended(self) -> None:
+        """The running job ran, or was refused and rolled back: its attempts count."""
+        self._kept += self._job
+        self._job = []
 
     def flush(self) -> None:
-        """Write the attempts kept since the last flush (after the job's own statements, or
-        after they were rolled back) and delete their approvers' attempts that no longer
-        count. Raises sqlite3.Error."""
-        pending, self._pending = self._pending, []
-        for operator_id, at_ms, since_ms in pending:  # one round trip each, under the lock
-            self._conn.execute(
-                "WITH gone AS (DELETE FROM rate_events WHERE operator_id = ? AND at_ms <= ?)"
-                " INSERT INTO rate_events (operator_id, at_ms) VALUES (?, ?)",
-                (operator_id, since_ms, operator_id, at_ms),
-            )
-
-    def discard(self) -> None:
-        """Forget the attempts kept since the last flush (their job's outcome is unknown to
-        its caller: 503)."""
-        self._pending = []
+        """Write the ended jobs' attempts (one statement, in the batch's transaction, before
+        its COMMIT) and delete their approvers' attempts that no longer count. Raises
+        sqlite3.Error."""
+        kept, self._kept = self._kept, []
+        self._read = {}  # the table changes here
+        if not kept:
+            return
+        operators = sorted({op for op, _, _ in kept})
+        since = min(since for _, _, since in kept)  # every later window starts after it
+        self._conn.execute(
+            FLUSH, (operators, since, [op for op, _, _ in kept], [at for _, at, _ in kept])
+        )

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
@@ -74,6 +74,20 @@ def request_row(
     ).fetchone()
     if row is None:
         return None
+    return request_values(conn, kind, columns, row, request_id, outbox, created)
+
+
+def request_values(
+    conn: sqlite3.Connection,
+    kind: RequestTables[Any, Any],
+    columns: tuple[str, ...],
+    row: Sequence[Any],
+    request_id: str,
+    outbox: bool,
+    created: bool,
+) -> dict[str, Any]:
+    """``request_row``'s values from the request's ``row`` of ``columns``, already read
+    (a backend's loader may read more with it in one statement)."""
     values = dict(zip(columns, row, strict=True))
     values["scope"] = tuple(
         (int(op), str(identity)) for op, identity in json.loads(values["scope"])
@@ -158,6 +172,10 @@ def pending_summary(
     return int(count), None if oldest is None else int(oldest)
 
 
+def _nothing() -> None:
+    return None
+
+
 class RequestStatements(Generic[F, D]):
     """The statements of a write transaction about one kind of request (``kind``): the
     generic part of ``gate.store.approvals.ApprovalStatements`` and
@@ -166,6 +184,9 @@ class RequestStatements(Generic[F, D]):
     def __init__(self, conn: sqlite3.Connection, kind: RequestTables[F, D]) -> None:
         self._conn = conn
         self.kind = kind
+        # called before a load reads the audit log (the created receipt): the transaction's
+        # entries kept in memory are written first (``WriteTx.flush_audit``)
+        self.before_audit_read: Callable[[], None] = _nothing
 
     def load(self, request_id: str, outbox: bool = True, created_receipt: bool = True) -> F | None:
         """The request whole (its versions, (unless ``outbox`` is False) its outbox rows,
@@ -173,6 +194,8 @@ class RequestStatements(Generic[F, D]):
         transaction, or None."""
         if names_nothing(request_id):
             return None
+        if created_receipt:
+            self.before_audit_read()
         return self.kind.load(self._conn, request_id, outbox, created_receipt)
 
     def by_idempotency_key(self, key: str) -> tuple[str, str] | None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hmac
 import sqlite3
+from collections.abc import Callable
 from typing import Any, Protocol, TypeVar
 
 from gate.audit import chain as audit
@@ -20,6 +21,10 @@ from gate.store.requests import RequestStatements, RequestTables
 
 F = TypeVar("F")
 D = TypeVar("D")
+S = TypeVar("S", bound=RequestStatements[Any, Any])
+
+# writes audit rows (``AuditRow``'s fields, in ``seq`` order) kept in memory, in one statement
+AuditWriter = Callable[[sqlite3.Connection, list[audit.AuditRow]], None]
 
 
 class RateEvents(Protocol):
@@ -27,8 +32,9 @@ class RateEvents(Protocol):
     writer's memory (one gate on SQLite) or a table every gate shares
     (``gate.store.pg_rate``)."""
 
-    def times(self, operator_id: int, since_ms: int) -> list[int]:
-        """The times (unix ms, ascending) of ``operator_id``'s attempts after ``since_ms``."""
+    def window(self, operator_id: int, since_ms: int) -> tuple[int, int | None]:
+        """``(count, oldest)``: how many attempts ``operator_id`` made after ``since_ms``,
+        and the time (unix ms) of the oldest of them (None: none)."""
 
     def add(self, operator_id: int, at_ms: int, since_ms: int) -> None:
         """Count an attempt of ``operator_id`` at ``at_ms``; the ones at or before
@@ -48,8 +54,8 @@ class WriteTx:
 
     def __init__(self, conn: sqlite3.Connection) -> None:
         self._conn = conn
-        self.approvals = ApprovalStatements(conn)
-        self.questions = QuestionStatements(conn)
+        self.approvals = self._hooked(ApprovalStatements(conn))
+        self.questions = self._hooked(QuestionStatements(conn))
         self.outbox = OutboxStatements(conn)
         self.credentials = CredentialStatements(conn)
         self.invites = InviteStatements(conn)
@@ -70,12 +76,49 @@ class WriteTx:
         self.last_at_ms = 0
         self._at_ms_at_job = 0
         # the rate limit's attempts when the backend keeps them (PostgreSQL: every gate's,
-        # written once each job ran, refused or not: ``job_ended``); None: the writer's memory
+        # counted once each job ran, refused or not: ``job_ended``; written before the
+        # batch's COMMIT by its backend); None: the writer's memory
         self.rate_events: PgRateEvents | None = None
+        # the audit entries appended and not yet written (``defer_audit``: PostgreSQL, where
+        # the backend writes them together before the COMMIT); None: each is written at once.
+        # ``_job_mark``: where the running job's entries begin in it; ``_earlier``: entries of
+        # the jobs before it written while it ran (inside its SAVEPOINT: kept again if it
+        # rolls back)
+        self.unwritten: list[audit.AuditRow] | None = None
+        self._write_audit: AuditWriter | None = None
+        self._job_mark = 0
+        self._earlier: list[audit.AuditRow] = []
+
+    def _hooked(self, statements: S) -> S:
+        statements.before_audit_read = self.flush_audit
+        return statements
 
     def requests(self, tables: RequestTables[F, D]) -> RequestStatements[F, D]:
         """The statements every kind shares, on the kind whose tables are ``tables``."""
-        return RequestStatements(self._conn, tables)
+        return self._hooked(RequestStatements(self._conn, tables))
+
+    def use_approvals(self, kind: RequestTables[Any, Any]) -> None:
+        """``approvals`` on ``kind``: a backend's own form of ``APPROVALS`` (its loader)."""
+        self.approvals = self._hooked(ApprovalStatements(self._conn, kind))
+
+    def defer_audit(self, write: AuditWriter) -> None:
+        """Keep the entries this transaction appends in memory (``unwritten``) until
+        ``flush_audit`` writes them with ``write``: before the COMMIT (the backend's
+        ``before_commit``) and before any statement of this transaction reads the log.
+        The chain is computed as each is appended, as before."""
+        self.unwritten = []
+        self._write_audit = write
+
+    def flush_audit(self) -> None:
+        """Write the entries kept by ``defer_audit`` (nothing when none, or not deferred).
+        Raises sqlite3.Error."""
+        rows = self.unwritten
+        if not rows or self._write_audit is None:
+            return
+        self._write_audit(self._conn, rows)
+        self._earlier += rows[: self._job_mark]
+        self.unwritten = []
+        self._job_mark = 0
 
     def start_chain(
         self, tail: tuple[int, str], last_at_ms: int, receipt: str | None = None
@@ -106,15 +149,18 @@ class WriteTx:
         """A job begins (its SAVEPOINT): ``forget_tail`` goes back to the head as it is now."""
         self._head_at_job = self.appended_head
         self._at_ms_at_job = self.last_at_ms
+        if self.unwritten is not None:
+            self._job_mark = len(self.unwritten)
+            self._earlier = []
         if self.rate_events is not None:
-            self.rate_events.discard()
+            self.rate_events.job_started()
 
     def job_ended(self) -> None:
         """A job ran (its SAVEPOINT still open, before ``RELEASE``), or was refused and
-        rolled back to its SAVEPOINT: the rate-limit attempts it made are written now, so a
-        refused attempt counts too. Raises sqlite3.Error (the job then fails alone)."""
+        rolled back to its SAVEPOINT: the rate-limit attempts it made count now (written
+        with the batch), so a refused attempt counts too."""
         if self.rate_events is not None:
-            self.rate_events.flush()
+            self.rate_events.job_ended()
 
     def forget_tail(self) -> None:
         """Drop what this transaction remembers of the audit log (after a rollback): the
@@ -122,9 +168,16 @@ class WriteTx:
         self._audit_tail = None
         self.appended_head = self._head_at_job
         self.last_at_ms = self._at_ms_at_job
+        if self.unwritten is not None:  # the job's own entries go; the earlier ones stay
+            self.unwritten = self._earlier + self.unwritten[: self._job_mark]
+            self._job_mark, self._earlier = len(self.unwritten), []
+            if self.unwritten:
+                last = self.unwritten[-1]
+                self._audit_tail = (last.seq, last.entry_hash)
 
     def last_audit_row(self) -> audit.AuditRow | None:
         """Return the newest audit row (highest seq), or None when the log is empty."""
+        self.flush_audit()
         row = self._conn.execute(
             "SELECT seq, approval_id, kind, entry, prev_hash, entry_hash, receipt, key_id,"
             " signature FROM audit_log ORDER BY seq DESC LIMIT 1"
@@ -135,6 +188,7 @@ class WriteTx:
         """Return ``(seq, entry_hash, receipt)`` of entry 1 and of every entry of ``kind``
         (the receipt-key rotations: few), ascending. Scans the log once (no index on kind:
         run only at a start that rotates the receipt key)."""
+        self.flush_audit()
         rows = self._conn.execute(
             "SELECT seq, entry_hash, receipt FROM audit_log WHERE seq = 1 OR kind = ? ORDER BY seq",
             (kind,),
@@ -162,14 +216,18 @@ class WriteTx:
         entry = audit.make_entry(seq, kind, approval_id, at_ms, data)
         entry_json, digest, receipt = audit.seal(prev_hash, entry, key)
         key_id, signature = audit.sign(signer, digest) if signer is not None else (None, None)
-        self._conn.execute(
-            "INSERT INTO audit_log (seq, approval_id, kind, entry, prev_hash, entry_hash, receipt,"
-            " key_id, signature) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (seq, approval_id, kind, entry_json, prev_hash, digest, receipt, key_id, signature),
-        )
-        self._audit_tail = self.appended_head = (seq, digest)  # set only once the row is in
-        self._appended_with = key
-        self.last_at_ms = max(self.last_at_ms, at_ms)
-        return audit.AuditRow(
+        row = audit.AuditRow(
             seq, approval_id, kind, entry_json, prev_hash, digest, receipt, key_id, signature
         )
+        if self.unwritten is not None:
+            self.unwritten.append(row)
+        else:
+            self._conn.execute(
+                "INSERT INTO audit_log (seq, approval_id, kind, entry, prev_hash, entry_hash,"
+                " receipt, key_id, signature) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (seq, approval_id, kind, entry_json, prev_hash, digest, receipt, key_id, signature),
+            )
+        self._audit_tail = self.appended_head = (seq, digest)  # set only once the row is kept
+        self._appended_with = key
+        self.last_at_ms = max(self.last_at_ms, at_ms)
+        return row
