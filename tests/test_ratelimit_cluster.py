@@ -12,7 +12,11 @@ from typing import Any
 
 import pytest
 
+from gate.config import load_config
+from gate.core.transactions import Transactions
 from gate.postgres.connection import PgConnection
+from gate.store.batch import Faults, Job, run_batch
+from gate.store.pg_backend import PgBatch
 from gate.store.pg_rate import PgRateEvents
 from tests.pg_server import pg_fixtures, psycopg_or_skip
 from tests.support import (
@@ -27,6 +31,7 @@ from tests.support import (
     write_config,
 )
 from tests.test_gate_on_postgres import at_once, decide, gate_fixtures, rows, start_gate
+from tests.test_store_pg_connection import RECEIPT_KEY, Hand, ManualClock
 
 pytestmark = [pytest.mark.e2e, pytest.mark.postgres]
 
@@ -166,3 +171,29 @@ def test_ratelimit_counts_answers_and_decisions_together_across_gates(
     assert decide(gates[1], decision_body(approval, ALICE))[0] == 200
     assert limited(answer(gates[0], second, "ACME", ALICE))
     assert answer(gates[1], second, "ACME", BOB)[0] == 200
+
+
+def test_ratelimit_a_job_refused_after_a_write_keeps_its_attempt_on_postgres(
+    url: str, tmp_path: Path
+) -> None:
+    """Without SAVEPOINTs, a job refused after it wrote has the batch rolled back and the
+    jobs before it run again; its attempt (it passed check 13) is carried into the new
+    transaction and written with the batch; the jobs run again count theirs once."""
+    conn: Any = PgConnection(psycopg.connect(url, autocommit=True))
+    config = load_config(write_config(tmp_path, "http://127.0.0.1:9/unused"))
+    t = Transactions(config, ManualClock(), RECEIPT_KEY, None)
+
+    def attempt(tx: Any, write: bool = False) -> None:
+        t.rate.check(ALICE_ID, t.clock.now_ms(), tx.rate_events)
+        if write:
+            tx.append_audit("probe_entry", None, t.clock.now_ms(), {}, RECEIPT_KEY)
+            tx.flush_audit()  # a row written: the refusal below undoes it by a new round
+            raise RuntimeError("refused after a write")
+
+    jobs = [Job(Hand(attempt)), Job(Hand(partial(attempt, write=True))), Job(Hand(attempt))]
+    result = run_batch(conn, jobs, t.run, Faults(tmp_path / "f"), backend=PgBatch())
+    errors = [type(error).__name__ if error else None for _, _, error in result.answers]
+    conn.close()
+    assert sorted(map(str, errors)) == ["None", "None", "RuntimeError"]
+    assert rows(url, "SELECT count(*) FROM rate_events WHERE operator_id = %s", ALICE_ID) == [(3,)]
+    assert rows(url, "SELECT count(*) FROM audit_log") == [(0,)]

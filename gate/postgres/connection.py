@@ -135,6 +135,7 @@ _BEGIN_DEFERRED = re.compile(r"^\s*BEGIN(?:\s+DEFERRED)?\s*$", re.IGNORECASE)
 _REFUSED = re.compile(r"^\s*PRAGMA\b|\bsqlite_(?:master|schema)\b", re.IGNORECASE)
 _NAMED = re.compile(r"(?<![:\w]):([A-Za-z_]\w*)")
 _CHANGES = re.compile(r"^\s*(?:INSERT|UPDATE|DELETE)\b", re.IGNORECASE)
+_READ_ONLY = re.compile(r"^\s*SELECT\b(?![\s\S]*\bFOR\s+(?:NO\s+KEY\s+)?UPDATE\b)", re.IGNORECASE)
 
 
 def _json_extract(match: re.Match[str], literals: list[str]) -> str:
@@ -353,6 +354,9 @@ class PgConnection:
             raise ValueError("PgConnection needs an autocommit connection (explicit BEGIN/COMMIT)")
         self._conn = conn
         self.total_changes = 0
+        # statements run that may change rows: every one but a plain SELECT (the batch
+        # runner's test of whether a job refused without a SAVEPOINT wrote anything)
+        self.writes = 0
 
     @property
     def driver(self) -> DriverConnection:
@@ -371,6 +375,8 @@ class PgConnection:
         with _errors():
             cursor = self._conn.execute(text, sent)
         changes = _counts_changes(sql)
+        if _may_write(sql):
+            self.writes += 1
         result = Cursor(cursor, changes)
         if changes and result.rowcount > 0:
             self.total_changes += result.rowcount
@@ -395,3 +401,8 @@ class PgConnection:
 @lru_cache(maxsize=4096)
 def _counts_changes(sql: str) -> bool:
     return _CHANGES.match(sql) is not None
+
+
+@lru_cache(maxsize=4096)
+def _may_write(sql: str) -> bool:
+    return _READ_ONLY.match(sql) is None

@@ -15,11 +15,16 @@ from gate.store.tx import WriteTx
 
 class BatchBackend(Protocol):
     """The backend's part of one write batch, in the order the batch runner calls it, and
-    ``release_jobs``: whether a job that ran has its SAVEPOINT released (SQLite), or left
-    open (PostgreSQL: one round trip fewer a job; the next job's SAVEPOINT nests inside it,
-    a refused job still rolls back to its own, and the COMMIT keeps them all)."""
+    ``savepoints``: whether each job runs in its own SAVEPOINT (SQLite), or without one
+    (PostgreSQL, where each is a round trip and a subtransaction: a job refused after it
+    wrote, as ``writes`` tells, has the batch's transaction rolled back and the jobs before
+    it run again without it, ``gate.store.batch.run_batch``)."""
 
-    release_jobs: bool
+    savepoints: bool
+
+    def writes(self, conn: sqlite3.Connection) -> int:
+        """How many statements that may change rows ran on ``conn`` so far (0 where jobs
+        have SAVEPOINTs: not asked)."""
 
     def begin(self, conn: sqlite3.Connection, tx: WriteTx) -> None:
         """Open the batch's transaction holding the database's write exclusion; raises
@@ -41,7 +46,10 @@ class SqliteBatch:
     the log (``WriteTx.append_audit``), the clock is the gate's; the probe rewrites the
     header (``PRAGMA user_version`` set to its own value)."""
 
-    release_jobs = True
+    savepoints = True
+
+    def writes(self, conn: sqlite3.Connection) -> int:
+        return 0
 
     def begin(self, conn: sqlite3.Connection, tx: WriteTx) -> None:
         conn.execute("BEGIN IMMEDIATE")

@@ -221,17 +221,34 @@ def run_batch(
     runs before each job, after the transaction began (which may have waited on the lock):
     the writer process reads the cancellations that arrived meanwhile (the writer thread
     sees them set on the job directly); a cancelled job is skipped. A job's exception (a
-    refusal or a bug) rolls back that job alone; an sqlite3 error (PostgreSQL's are raised
-    as their sqlite3 classes) that loses the transaction fails the jobs that ran, and the
-    rest run in a new one. Such errors become Unavailable 503 ``storage_unavailable`` and
-    are recorded in ``faults``; a COMMIT that changed rows ends a fault. A COMMIT that
-    fails (a connection lost before its acknowledgement: an unknown outcome) answers 503:
-    the caller's retry gets the idempotent answer.
+    refusal or a bug) undoes that job alone: rolled back to its SAVEPOINT (SQLite), or, on a
+    backend without them (``BatchBackend.savepoints``: PostgreSQL), nothing to undo when it
+    wrote nothing, else the transaction is rolled back and the jobs that ran before it run
+    again in a new one, without it (their callers were not answered yet). An sqlite3 error
+    (PostgreSQL's are raised as their sqlite3 classes) that loses the transaction fails the
+    jobs that ran, and the rest run in a new one. Such errors become Unavailable 503
+    ``storage_unavailable`` and are recorded in ``faults``; a COMMIT that changed rows ends
+    a fault. A COMMIT that fails (a connection lost before its acknowledgement: an unknown
+    outcome) answers 503: the caller's retry gets the idempotent answer.
     """
-    try:
-        return _run_batch(conn, batch, handler, faults, before_job, backend)
-    finally:
-        backend.finished()
+    answers: list[Answer] = []
+    began = False
+    carried: list[Any] = []  # rate-limit attempts of a refused job, kept for the next round
+    while True:
+        try:
+            result, again = _run_batch(conn, batch, handler, faults, before_job, backend, carried)
+        finally:
+            backend.finished()
+        answers += result.answers
+        began = began or result.began
+        if again is None:
+            return BatchResult(answers, result.head, began, result.jobs, result.lock_s)
+        batch, carried = again
+
+
+# what a round of ``_run_batch`` leaves for the next: the jobs to run, and the rate-limit
+# attempts they carry; None: the batch is over
+Again = tuple[list[Job], list[Any]] | None
 
 
 def _run_batch(
@@ -241,7 +258,8 @@ def _run_batch(
     faults: Faults,
     before_job: Callable[[], None] | None,
     backend: BatchBackend,
-) -> BatchResult:
+    carried: list[Any],
+) -> tuple[BatchResult, Again]:
     answers: list[Answer] = []
     tx = WriteTx(conn)
     try:
@@ -250,54 +268,40 @@ def _run_batch(
         if conn.in_transaction:  # begun, then the lock or the head failed
             rollback_quietly(conn)
         faults.faulted(exc)
-        return BatchResult([(job, None, _failed(exc)) for job in batch], None, began=False)
+        failed: list[Answer] = [(job, None, _failed(exc)) for job in batch]
+        return BatchResult(failed, None, began=False), None
+    if carried and tx.rate_events is not None:
+        tx.rate_events.carry(carried)
     locked_at = time.perf_counter()
     changes = conn.total_changes
     done: list[tuple[Job, Any]] = []
+    run = _run_saved if backend.savepoints else _run_bare
     for index, job in enumerate(batch):
         if before_job is not None:
             before_job()
         if job.cancelled:
             continue
         tx.job_started()
-        try:
-            conn.execute("SAVEPOINT job")
-            try:
-                result = run_command(handler, tx, job.command, conn, backend)
-            except sqlite3.Error:
-                raise
-            except BaseException as exc:  # refused (GateError) or a bug: undo this job only
-                tx.forget_tail()
-                conn.execute("ROLLBACK TO job")
-                tx.job_ended()  # its rate-limit attempt counts all the same
-                conn.execute("RELEASE job")
-                answers.append((job, None, exc))
-                continue
-            tx.job_ended()
-            if backend.release_jobs:
-                conn.execute("RELEASE job")
-        except sqlite3.Error as exc:
-            tx.forget_tail()
-            if not is_fault(exc) and conn.in_transaction:
-                with contextlib.suppress(sqlite3.Error):
-                    conn.execute("ROLLBACK TO job")
-                    conn.execute("RELEASE job")
-                if conn.in_transaction:  # e.g. a constraint: this job alone fails
-                    answers.append((job, None, _failed(exc)))
-                    continue
-            # the transaction is lost: fail what ran, run the rest in a new one
-            rollback_quietly(conn)
-            faults.faulted(exc)
-            error = _failed(exc)
-            answers += [(j, None, error) for j, _ in done] + [(job, None, error)]
-            rest = batch[index + 1 :]
-            if not rest:
-                return BatchResult(answers, None)
-            after = run_batch(conn, rest, handler, faults, before_job, backend)
-            return BatchResult(
-                answers + after.answers, after.head, jobs=after.jobs, lock_s=after.lock_s
-            )
-        done.append((job, result))
+        outcome, value = run(handler, tx, job, conn, backend)
+        if outcome == "done":
+            done.append((job, value))
+            continue
+        if outcome == "refused":
+            answers.append((job, None, value))
+            continue
+        rollback_quietly(conn)
+        if outcome != "lost":  # "redo": undo this job, run the others again without it
+            refused = not isinstance(value, sqlite3.Error)
+            answers.append((job, None, value if refused else _failed(value)))
+            kept = tx.running_attempts() if refused else []
+            again = [j for j, _ in done] + batch[index + 1 :]
+            return BatchResult(answers, None), (again, kept) if again else None
+        # the transaction is lost: fail what ran, run the rest in a new one
+        faults.faulted(value)
+        lost = _failed(value)
+        answers += [(j, None, lost) for j, _ in done] + [(job, None, lost)]
+        rest = batch[index + 1 :]
+        return BatchResult(answers, None), (rest, []) if rest else None
     try:
         backend.before_commit(conn, tx)
         conn.execute("COMMIT")
@@ -305,17 +309,70 @@ def _run_batch(
         rollback_quietly(conn)
         faults.faulted(exc)
         error = _failed(exc)
-        return BatchResult(answers + [(job, None, error) for job, _ in done], None)
+        return BatchResult(answers + [(job, None, error) for job, _ in done], None), None
     lock_s = time.perf_counter() - locked_at
     if conn.total_changes != changes:  # rows reached the disk: the storage works
         faults.recovered()
     jobs = len(answers) + len(done)
-    return BatchResult(
-        answers + [(job, result, None) for job, result in done],
-        tx.appended_head,
-        jobs=jobs,
-        lock_s=lock_s,
-    )
+    ran = answers + [(job, result, None) for job, result in done]
+    return BatchResult(ran, tx.appended_head, jobs=jobs, lock_s=lock_s), None
+
+
+def _run_saved(
+    handler: Handler, tx: WriteTx, job: Job, conn: sqlite3.Connection, backend: BatchBackend
+) -> tuple[str, Any]:
+    """Run ``job`` in its own SAVEPOINT (SQLite): ``("done", result)``; ``("refused",
+    error)`` when it raised, or failed on an sqlite3 error that is not a fault (a
+    constraint: answered 503), rolled back to its SAVEPOINT; ``("lost", error)`` when the
+    transaction is lost (a storage fault)."""
+    try:
+        conn.execute("SAVEPOINT job")
+        try:
+            result = run_command(handler, tx, job.command, conn, backend)
+        except sqlite3.Error:
+            raise
+        except BaseException as exc:  # refused (GateError) or a bug: undo this job only
+            tx.forget_tail()
+            conn.execute("ROLLBACK TO job")
+            tx.job_ended()  # its rate-limit attempt counts all the same
+            conn.execute("RELEASE job")
+            return "refused", exc
+        tx.job_ended()
+        conn.execute("RELEASE job")
+        return "done", result
+    except sqlite3.Error as exc:
+        tx.forget_tail()
+        if not is_fault(exc) and conn.in_transaction:
+            with contextlib.suppress(sqlite3.Error):
+                conn.execute("ROLLBACK TO job")
+                conn.execute("RELEASE job")
+            if conn.in_transaction:  # e.g. a constraint: this job alone fails
+                return "refused", _failed(exc)
+        return "lost", exc
+
+
+def _run_bare(
+    handler: Handler, tx: WriteTx, job: Job, conn: sqlite3.Connection, backend: BatchBackend
+) -> tuple[str, Any]:
+    """Run ``job`` without a SAVEPOINT (``BatchBackend.savepoints`` False): ``("done",
+    result)``; ``("refused", error)`` when it raised having written nothing (its rate-limit
+    attempt counts); ``("redo", error)`` when it raised after a write, or on an sqlite3
+    error that is not a fault (the transaction must be rolled back: the others run again);
+    ``("lost", error)`` on a storage fault."""
+    before = backend.writes(conn)
+    try:
+        result = run_command(handler, tx, job.command, conn, backend)
+    except sqlite3.Error as exc:
+        tx.forget_tail()
+        return ("lost" if is_fault(exc) else "redo"), exc
+    except BaseException as exc:  # refused (GateError) or a bug
+        tx.forget_tail()
+        if backend.writes(conn) != before:
+            return "redo", exc
+        tx.job_ended()  # its rate-limit attempt counts all the same
+        return "refused", exc
+    tx.job_ended()
+    return "done", result
 
 
 def run_guarded(

@@ -137,10 +137,14 @@ class PgBatch(BatchBackend):
     (``gate.store.pg_approvals``).
     ``before_commit``: the batch's rate-limit attempts written (``PgRateEvents.flush``),
     ``audit_head`` set to the batch's newest entry. The probe
-    rewrites the head row unchanged (a real write, no lock but the head's). A job's
-    SAVEPOINT is not released (``BatchBackend.release_jobs``)."""
+    rewrites the head row unchanged (a real write, no lock but the head's). Jobs run
+    without SAVEPOINTs (``BatchBackend.savepoints``); ``writes`` is the connection's count
+    of statements that may change rows (``PgConnection.writes``)."""
 
-    release_jobs = False
+    savepoints = False
+
+    def writes(self, conn: sqlite3.Connection) -> int:
+        return cast(PgConnection, conn).writes
 
     def __init__(self, clock: PinnedClock | None = None) -> None:
         self._clock = clock

@@ -34,26 +34,16 @@ class PgRateEvents:
         self._conn = conn
         self._kept: list[tuple[int, int, int]] = []  # (operator, at, since) of ended jobs
         self._job: list[tuple[int, int, int]] = []  # the running job's
-        # (operator, since) -> (count, oldest) read from the table in this batch: nobody
-        # else writes it while the batch holds the head lock, and its own attempts are added
-        # from memory (one read an approver a batch: a bulk decision is one batch)
-        self._read: dict[tuple[int, int], tuple[int, int | None]] = {}
 
     def window(self, operator_id: int, since_ms: int) -> tuple[int, int | None]:
         """``(count, oldest)``: how many attempts ``operator_id`` made after ``since_ms``
         and the time (unix ms) of the oldest (None: none), this batch's unwritten ones
-        included. Read from the table once per approver and window in a batch."""
-        read = self._read.get((operator_id, since_ms))
-        if read is None:
-            count, oldest = self._conn.execute(
-                "SELECT count(*), min(at_ms) FROM rate_events WHERE operator_id = ? AND at_ms > ?",
-                (operator_id, since_ms),
-            ).fetchone()
-            read = self._read[operator_id, since_ms] = (
-                int(count),
-                None if oldest is None else int(oldest),
-            )
-        count, oldest = read
+        included."""
+        count, oldest = self._conn.execute(
+            "SELECT count(*), min(at_ms) FROM rate_events WHERE operator_id = ? AND at_ms > ?",
+            (operator_id, since_ms),
+        ).fetchone()
+        count, oldest = int(count), None if oldest is None else int(oldest)
         for op, at, _ in (*self._kept, *self._job):
             if op == operator_id and at > since_ms:
                 count += 1
@@ -75,12 +65,19 @@ class PgRateEvents:
         self._kept += self._job
         self._job = []
 
+    def running(self) -> list[tuple[int, int, int]]:
+        """The running job's attempts (a refused job's, carried into a new transaction)."""
+        return list(self._job)
+
+    def carry(self, attempts: list[tuple[int, int, int]]) -> None:
+        """Count ``attempts`` (``running``'s, from a transaction rolled back) as ended."""
+        self._kept += attempts
+
     def flush(self) -> None:
         """Write the ended jobs' attempts (one statement, in the batch's transaction, before
         its COMMIT) and delete their approvers' attempts that no longer count. Raises
         sqlite3.Error."""
         kept, self._kept = self._kept, []
-        self._read = {}  # the table changes here
         if not kept:
             return
         operators = sorted({op for op, _, _ in kept})

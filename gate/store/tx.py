@@ -162,6 +162,11 @@ class WriteTx:
         if self.rate_events is not None:
             self.rate_events.job_ended()
 
+    def running_attempts(self) -> list[Any]:
+        """The rate-limit attempts the running job made (PostgreSQL; else none): what a job
+        refused after a write carries into the batch's next round."""
+        return [] if self.rate_events is None else self.rate_events.running()
+
     def forget_tail(self) -> None:
         """Drop what this transaction remembers of the audit log (after a rollback): the
         tail is read again, and ``appended_head`` is what it was when the job began."""
