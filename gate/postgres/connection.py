@@ -134,7 +134,9 @@ _BEGIN_IMMEDIATE = re.compile(r"^\s*BEGIN\s+IMMEDIATE\s*$", re.IGNORECASE)
 _BEGIN_DEFERRED = re.compile(r"^\s*BEGIN(?:\s+DEFERRED)?\s*$", re.IGNORECASE)
 _REFUSED = re.compile(r"^\s*PRAGMA\b|\bsqlite_(?:master|schema)\b", re.IGNORECASE)
 _NAMED = re.compile(r"(?<![:\w]):([A-Za-z_]\w*)")
-_CHANGES = re.compile(r"^\s*(?:INSERT|UPDATE|DELETE)\b", re.IGNORECASE)
+_CHANGES = re.compile(
+    r"^\s*(?:INSERT|UPDATE|DELETE)\b|^\s*WITH\b[\s\S]*\b(?:INSERT|UPDATE|DELETE)\b", re.IGNORECASE
+)
 _READ_ONLY = re.compile(r"^\s*SELECT\b(?![\s\S]*\bFOR\s+(?:NO\s+KEY\s+)?UPDATE\b)", re.IGNORECASE)
 
 

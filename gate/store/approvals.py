@@ -35,6 +35,16 @@ _DECISIONS_SQL = (
 
 _REVISION_VALUES = field_values(Revision)
 _DECISION_VALUES = field_values(DecisionRow)
+INSERT_DECISION = (
+    "INSERT INTO decisions (approval_id, revision, operator_id, identity, display, channel,"
+    " decision, payload_hash, adjust_text, decided_at, recorded_at, reason, on_behalf_of,"
+    " credential_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+)
+
+
+def decision_values(approval_id: str, row: DecisionRow) -> tuple[Any, ...]:
+    """``INSERT_DECISION``'s parameters: the columns in the model's field order."""
+    return (approval_id, *_DECISION_VALUES(row))
 
 
 def load(
@@ -172,12 +182,14 @@ class ApprovalStatements(RequestStatements[Approval, Resolvable]):
     def insert_decision(self, approval_id: str, row: DecisionRow) -> None:
         """Insert an accepted decision; UNIQUE(approval_id, revision, operator_id) guards
         recounts."""
-        self._conn.execute(
-            "INSERT INTO decisions (approval_id, revision, operator_id, identity, display,"
-            " channel, decision, payload_hash, adjust_text, decided_at, recorded_at, reason,"
-            " on_behalf_of, credential_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (approval_id, *_DECISION_VALUES(row)),  # the columns in the model's field order
-        )
+        self._conn.execute(INSERT_DECISION, decision_values(approval_id, row))
+
+    def flush_held(self) -> None:
+        """Send what this object holds back (a backend's form may hold a statement to send
+        it with the next: ``gate.store.pg_approvals``); here nothing is held."""
+
+    def drop_held(self) -> None:
+        """Forget what this object holds back (its job is undone); here nothing is held."""
 
     def due_followups(self, now_ms: int, limit: int) -> list[str]:
         """Pending approvals whose ``next_followup_at`` is at or before ``now_ms`` (unix ms),

@@ -362,6 +362,7 @@ def _run_bare(
     before = backend.writes(conn)
     try:
         result = run_command(handler, tx, job.command, conn, backend)
+        tx.job_ended()  # sends what its statements held back: may fail, in this job
     except sqlite3.Error as exc:
         tx.forget_tail()
         return ("lost" if is_fault(exc) else "redo"), exc
@@ -371,7 +372,6 @@ def _run_bare(
             return "redo", exc
         tx.job_ended()  # its rate-limit attempt counts all the same
         return "refused", exc
-    tx.job_ended()
     return "done", result
 
 

@@ -1,16 +1,26 @@
 """Approvals on PostgreSQL, where each statement is a round trip to the server: the loader
 of the write batch (``PG_APPROVALS``) reads an approval's row, its revisions and its
 decisions in one statement, the two lists aggregated as JSON arrays of their columns
-(texts and integers: JSON keeps them exact), instead of three. The same values as
-``gate.store.approvals.load``'s, whose ``approval`` builds them."""
+(texts and integers: JSON keeps them exact), instead of three (the same values as
+``gate.store.approvals.load``'s, whose ``approval`` builds them); and the write batch's
+``PgApprovalStatements`` sends a decision's INSERT with the resolution's UPDATE, one
+statement where two were."""
 
 from __future__ import annotations
 
 import dataclasses
 import sqlite3
+from typing import Any
 
-from gate.model import Approval, Resolvable
-from gate.store.approvals import APPROVALS, COLUMNS, approval
+from gate.model import Approval, DecisionRow, Resolvable
+from gate.store.approvals import (
+    APPROVALS,
+    COLUMNS,
+    INSERT_DECISION,
+    ApprovalStatements,
+    approval,
+    decision_values,
+)
 from gate.store.requests import RequestTables, request_values
 
 _REVISIONS = "revision, body, payload_hash, nonce, created_at, created_by"
@@ -42,3 +52,58 @@ def load(
 
 
 PG_APPROVALS: RequestTables[Approval, Resolvable] = dataclasses.replace(APPROVALS, load=load)
+
+
+class PgApprovalStatements(ApprovalStatements):
+    """``ApprovalStatements`` of a write batch on PostgreSQL (``PG_APPROVALS``' loader), whose
+    ``insert_decision`` holds the row back: sent with the approval's resolution (``WITH d
+    AS (INSERT ...) UPDATE ...``: the UPDATE does not read decisions), or alone before this
+    object reads again and when the job ends (``flush_held``, ``WriteTx.job_ended``);
+    dropped when the job is undone (``drop_held``, ``WriteTx.forget_tail``). A held row
+    that breaks a constraint fails where it is sent, in its own job."""
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        super().__init__(conn, PG_APPROVALS)
+        self._held: tuple[Any, ...] | None = None
+
+    def insert_decision(self, approval_id: str, row: DecisionRow) -> None:
+        self.flush_held()
+        self._held = decision_values(approval_id, row)
+
+    def resolve(
+        self,
+        request_id: str,
+        outcome: str,
+        at_ms: int,
+        receipt: dict[str, Any],
+        permit: str | None = None,
+    ) -> bool:
+        held, self._held = self._held, None
+        sql, args = self.resolve_statement(request_id, outcome, at_ms, receipt, permit)
+        if held is not None:
+            sql, args = f"WITH d AS ({INSERT_DECISION}) {sql}", (*held, *args)
+        return self._conn.execute(sql, args).rowcount == 1
+
+    def load(self, request_id: str, outbox: bool = True, created_receipt: bool = True) -> Any:
+        self.flush_held()
+        return super().load(request_id, outbox, created_receipt)
+
+    def remembered(
+        self,
+        pipeline: str,
+        step: str,
+        content_type: str,
+        digest: str,
+        since_ms: int,
+        spend: float | None = None,
+    ) -> tuple[str, tuple[int, ...]] | None:
+        self.flush_held()
+        return super().remembered(pipeline, step, content_type, digest, since_ms, spend)
+
+    def flush_held(self) -> None:
+        held, self._held = self._held, None
+        if held is not None:
+            self._conn.execute(INSERT_DECISION, held)
+
+    def drop_held(self) -> None:
+        self._held = None

@@ -22,7 +22,7 @@ from gate.postgres.connection import PgConnection, PgError, as_sqlite_error
 from gate.postgres.migrate import SchemaTooNew
 from gate.postgres.target import PgTarget, connect
 from gate.store.backend import BatchBackend
-from gate.store.pg_approvals import PG_APPROVALS
+from gate.store.pg_approvals import PgApprovalStatements
 from gate.store.pg_rate import PgRateEvents
 from gate.store.pg_schema import migrate
 from gate.store.tx import WriteTx
@@ -157,7 +157,7 @@ class PgBatch(BatchBackend):
         seq, digest, last_at_ms, now_ms, receipt = row
         tx.start_chain((int(seq), str(digest)), int(last_at_ms), receipt)
         tx.rate_events = PgRateEvents(conn)  # the rate limit's window: every gate's attempts
-        tx.use_approvals(PG_APPROVALS)  # one statement a load
+        tx.use_approvals(PgApprovalStatements(conn))  # one statement a load, and more
         tx.defer_audit(write_audit)  # the batch's entries in one statement, before COMMIT
         if self._clock is not None:
             self._clock.pin(max(int(now_ms), int(last_at_ms)))

@@ -241,6 +241,18 @@ class RequestStatements(Generic[F, D]):
         resolution ``receipt`` and (a kind with permits) execution ``permit`` (compact JWS,
         or None), in one statement; return False (nothing changed) if it was not pending.
         Raises ValueError for a permit of a kind without them."""
+        sql, args = self.resolve_statement(request_id, outcome, at_ms, receipt, permit)
+        return self._conn.execute(sql, args).rowcount == 1
+
+    def resolve_statement(
+        self,
+        request_id: str,
+        outcome: str,
+        at_ms: int,
+        receipt: dict[str, Any],
+        permit: str | None = None,
+    ) -> tuple[str, tuple[Any, ...]]:
+        """``resolve``'s statement and its parameters (a backend may send it with another)."""
         kind = self.kind
         if permit is not None and not kind.permit:
             raise ValueError(f"{kind.table} carry no permit")
@@ -248,11 +260,8 @@ class RequestStatements(Generic[F, D]):
         args: tuple[Any, ...] = (outcome, at_ms, json.dumps(receipt))
         if kind.permit:
             sets, args = f"{sets}, permit = ?", (*args, permit)
-        cur = self._conn.execute(
-            f"UPDATE {kind.table} SET {sets} WHERE {kind.id} = ? AND state = 'pending'",
-            (*args, request_id),
-        )
-        return cur.rowcount == 1
+        sql = f"UPDATE {kind.table} SET {sets} WHERE {kind.id} = ? AND state = 'pending'"
+        return sql, (*args, request_id)
 
     def due(self, now_ms: int, limit: int) -> list[D]:
         """What resolving a due request needs, oldest deadline first, in one query: pending

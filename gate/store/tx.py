@@ -97,9 +97,9 @@ class WriteTx:
         """The statements every kind shares, on the kind whose tables are ``tables``."""
         return self._hooked(RequestStatements(self._conn, tables))
 
-    def use_approvals(self, kind: RequestTables[Any, Any]) -> None:
-        """``approvals`` on ``kind``: a backend's own form of ``APPROVALS`` (its loader)."""
-        self.approvals = self._hooked(ApprovalStatements(self._conn, kind))
+    def use_approvals(self, statements: ApprovalStatements) -> None:
+        """``approvals`` as a backend's own form of them (``gate.store.pg_approvals``)."""
+        self.approvals = self._hooked(statements)
 
     def defer_audit(self, write: AuditWriter) -> None:
         """Keep the entries this transaction appends in memory (``unwritten``) until
@@ -157,8 +157,10 @@ class WriteTx:
 
     def job_ended(self) -> None:
         """A job ran (its SAVEPOINT still open, before ``RELEASE``), or was refused and
-        rolled back to its SAVEPOINT: the rate-limit attempts it made count now (written
-        with the batch), so a refused attempt counts too."""
+        rolled back to its SAVEPOINT: what its statements held back is sent
+        (``ApprovalStatements.flush_held``), and the rate-limit attempts it made count now
+        (written with the batch), so a refused attempt counts too. Raises sqlite3.Error."""
+        self.approvals.flush_held()
         if self.rate_events is not None:
             self.rate_events.job_ended()
 
@@ -173,6 +175,7 @@ class WriteTx:
         self._audit_tail = None
         self.appended_head = self._head_at_job
         self.last_at_ms = self._at_ms_at_job
+        self.approvals.drop_held()
         if self.unwritten is not None:  # the job's own entries go; the earlier ones stay
             self.unwritten = self._earlier + self.unwritten[: self._job_mark]
             self._job_mark, self._earlier = len(self.unwritten), []
