@@ -136,6 +136,7 @@ class ApprovalStatements(RequestStatements[Approval, Resolvable]):
         at or after ``since_ms`` whose draft has ``content_type``, hashes to ``digest`` and
         asked for the same ``spend`` (both none, or equal: review C5); its id and the
         operator ids of its approve decisions, or None."""
+        self.flush_held()
         row = self._conn.execute(
             "SELECT a.approval_id FROM approvals a JOIN revisions r"
             " ON r.approval_id = a.approval_id AND r.revision = 1"
@@ -183,6 +184,12 @@ class ApprovalStatements(RequestStatements[Approval, Resolvable]):
         """Insert an accepted decision; UNIQUE(approval_id, revision, operator_id) guards
         recounts."""
         self._conn.execute(INSERT_DECISION, decision_values(approval_id, row))
+
+    def load(
+        self, request_id: str, outbox: bool = True, created_receipt: bool = True
+    ) -> Approval | None:
+        self.flush_held()  # the loader reads decisions: what is held back goes first
+        return super().load(request_id, outbox, created_receipt)
 
     def flush_held(self) -> None:
         """Send what this object holds back (a backend's form may hold a statement to send

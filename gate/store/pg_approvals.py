@@ -56,9 +56,10 @@ PG_APPROVALS: RequestTables[Approval, Resolvable] = dataclasses.replace(APPROVAL
 
 class PgApprovalStatements(ApprovalStatements):
     """``ApprovalStatements`` of a write batch on PostgreSQL (``PG_APPROVALS``' loader), whose
-    ``insert_decision`` holds the row back: sent with the approval's resolution (``WITH d
-    AS (INSERT ...) UPDATE ...``: the UPDATE does not read decisions), or alone before this
-    object reads again and when the job ends (``flush_held``, ``WriteTx.job_ended``);
+    ``insert_decision`` holds the row back: sent with the next one-row change (the
+    approval's resolution: ``WITH d AS (INSERT ...) UPDATE ...``, which reads no
+    decisions), or alone before this object reads again and when the job ends
+    (``flush_held``, ``WriteTx.job_ended``);
     dropped when the job is undone (``drop_held``, ``WriteTx.forget_tail``). A held row
     that breaks a constraint fails where it is sent, in its own job."""
 
@@ -70,35 +71,11 @@ class PgApprovalStatements(ApprovalStatements):
         self.flush_held()
         self._held = decision_values(approval_id, row)
 
-    def resolve(
-        self,
-        request_id: str,
-        outcome: str,
-        at_ms: int,
-        receipt: dict[str, Any],
-        permit: str | None = None,
-    ) -> bool:
+    def changed_one(self, sql: str, args: tuple[Any, ...]) -> bool:
         held, self._held = self._held, None
-        sql, args = self.resolve_statement(request_id, outcome, at_ms, receipt, permit)
-        if held is not None:
+        if held is not None:  # the resolution's UPDATE: the decision goes with it
             sql, args = f"WITH d AS ({INSERT_DECISION}) {sql}", (*held, *args)
-        return self._conn.execute(sql, args).rowcount == 1
-
-    def load(self, request_id: str, outbox: bool = True, created_receipt: bool = True) -> Any:
-        self.flush_held()
-        return super().load(request_id, outbox, created_receipt)
-
-    def remembered(
-        self,
-        pipeline: str,
-        step: str,
-        content_type: str,
-        digest: str,
-        since_ms: int,
-        spend: float | None = None,
-    ) -> tuple[str, tuple[int, ...]] | None:
-        self.flush_held()
-        return super().remembered(pipeline, step, content_type, digest, since_ms, spend)
+        return bool(self._conn.execute(sql, args).rowcount == 1)
 
     def flush_held(self) -> None:
         held, self._held = self._held, None

@@ -241,18 +241,6 @@ class RequestStatements(Generic[F, D]):
         resolution ``receipt`` and (a kind with permits) execution ``permit`` (compact JWS,
         or None), in one statement; return False (nothing changed) if it was not pending.
         Raises ValueError for a permit of a kind without them."""
-        sql, args = self.resolve_statement(request_id, outcome, at_ms, receipt, permit)
-        return self._conn.execute(sql, args).rowcount == 1
-
-    def resolve_statement(
-        self,
-        request_id: str,
-        outcome: str,
-        at_ms: int,
-        receipt: dict[str, Any],
-        permit: str | None = None,
-    ) -> tuple[str, tuple[Any, ...]]:
-        """``resolve``'s statement and its parameters (a backend may send it with another)."""
         kind = self.kind
         if permit is not None and not kind.permit:
             raise ValueError(f"{kind.table} carry no permit")
@@ -261,7 +249,12 @@ class RequestStatements(Generic[F, D]):
         if kind.permit:
             sets, args = f"{sets}, permit = ?", (*args, permit)
         sql = f"UPDATE {kind.table} SET {sets} WHERE {kind.id} = ? AND state = 'pending'"
-        return sql, (*args, request_id)
+        return self.changed_one(sql, (*args, request_id))
+
+    def changed_one(self, sql: str, args: tuple[Any, ...]) -> bool:
+        """Run the statement ``sql`` that changes one row; whether it did (a backend's form
+        may send it with another: ``gate.store.pg_approvals``)."""
+        return bool(self._conn.execute(sql, args).rowcount == 1)
 
     def due(self, now_ms: int, limit: int) -> list[D]:
         """What resolving a due request needs, oldest deadline first, in one query: pending
