@@ -22,15 +22,16 @@ COLUMNS = (
     *("requested_by_id", "allow_self_approval", "permit", "reminders_sent", "escalation_level"),
     "approver_signature",
 )
-_REVISIONS_SQL = (
-    "SELECT revision, body, payload_hash, nonce, created_at, created_by FROM revisions"
-    " WHERE approval_id = ? ORDER BY revision"
+# the columns of ``Revision`` and of ``DecisionRow``, in their fields' order (also the
+# one-statement loader's: ``gate.store.pg_approvals``)
+REVISION_COLUMNS = "revision, body, payload_hash, nonce, created_at, created_by"
+DECISION_COLUMNS = (
+    "revision, operator_id, identity, display, channel, decision, payload_hash, adjust_text,"
+    " decided_at, recorded_at, reason, on_behalf_of, credential_id"
 )
+_REVISIONS_SQL = f"SELECT {REVISION_COLUMNS} FROM revisions WHERE approval_id = ? ORDER BY revision"
 _DECISIONS_SQL = (
-    "SELECT revision, operator_id, identity, display, channel, decision, payload_hash,"
-    " adjust_text, decided_at, recorded_at, reason, on_behalf_of, credential_id FROM decisions"
-    " WHERE approval_id = ?"
-    " ORDER BY decision_id"
+    f"SELECT {DECISION_COLUMNS} FROM decisions WHERE approval_id = ? ORDER BY decision_id"
 )
 
 _REVISION_VALUES = field_values(Revision)

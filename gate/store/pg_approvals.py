@@ -16,23 +16,20 @@ from gate.model import Approval, DecisionRow, Resolvable
 from gate.store.approvals import (
     APPROVALS,
     COLUMNS,
+    DECISION_COLUMNS,
     INSERT_DECISION,
+    REVISION_COLUMNS,
     ApprovalStatements,
     approval,
     decision_values,
 )
 from gate.store.requests import RequestTables, request_values
 
-_REVISIONS = "revision, body, payload_hash, nonce, created_at, created_by"
-_DECISIONS = (
-    "revision, operator_id, identity, display, channel, decision, payload_hash, adjust_text,"
-    " decided_at, recorded_at, reason, on_behalf_of, credential_id"
-)
 LOAD_SQL = (
     f"SELECT {', '.join(COLUMNS)},"
-    f" (SELECT json_agg(json_build_array({_REVISIONS}) ORDER BY revision) FROM revisions r"
+    f" (SELECT json_agg(json_build_array({REVISION_COLUMNS}) ORDER BY revision) FROM revisions r"
     "  WHERE r.approval_id = a.approval_id),"
-    f" (SELECT json_agg(json_build_array({_DECISIONS}) ORDER BY decision_id) FROM decisions d"
+    f" (SELECT json_agg(json_build_array({DECISION_COLUMNS}) ORDER BY decision_id) FROM decisions d"
     "  WHERE d.approval_id = a.approval_id)"
     " FROM approvals a WHERE a.approval_id = ?"
 )

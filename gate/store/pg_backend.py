@@ -10,6 +10,7 @@ psycopg is imported lazily, inside what connects: the base install (without the
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import sqlite3
 import time
@@ -44,31 +45,20 @@ HEAD_LOCK = (
     " FROM audit_head WHERE id = 1 FOR UPDATE"
 )
 
-# audit rows kept in memory by the batch (``WriteTx.defer_audit``), written in one statement
+# audit rows kept in memory by the batch (``WriteTx.defer_audit``), written in one
+# statement: a column is a field of ``AuditRow`` (seq a bigint, the rest texts)
+_AUDIT_COLUMNS = tuple(field.name for field in dataclasses.fields(AuditRow))
 AUDIT_ROWS = (
-    "INSERT INTO audit_log (seq, approval_id, kind, entry, prev_hash, entry_hash, receipt,"
-    " key_id, signature) SELECT * FROM unnest(?::bigint[], ?::text[], ?::text[], ?::text[],"
-    " ?::text[], ?::text[], ?::text[], ?::text[], ?::text[])"
+    f"INSERT INTO audit_log ({', '.join(_AUDIT_COLUMNS)}) SELECT * FROM unnest(?::bigint[]"
+    + ", ?::text[]" * (len(_AUDIT_COLUMNS) - 1)
+    + ")"
 )
 
 
 def write_audit(conn: sqlite3.Connection, rows: list[AuditRow]) -> None:
     """Insert ``rows`` (``AUDIT_ROWS``: one statement, one array a column). Raises
     sqlite3.Error."""
-    conn.execute(
-        AUDIT_ROWS,
-        (
-            [row.seq for row in rows],
-            [row.approval_id for row in rows],
-            [row.kind for row in rows],
-            [row.entry for row in rows],
-            [row.prev_hash for row in rows],
-            [row.entry_hash for row in rows],
-            [row.receipt for row in rows],
-            [row.key_id for row in rows],
-            [row.signature for row in rows],
-        ),
-    )
+    conn.execute(AUDIT_ROWS, [[getattr(row, name) for row in rows] for name in _AUDIT_COLUMNS])
 
 
 def prepare(target: PgTarget) -> int:

@@ -15,6 +15,7 @@ the rule read): the table holds about a minute of attempts.
 from __future__ import annotations
 
 import sqlite3
+from itertools import chain
 
 # the batch's attempts, and their approvers' attempts that left the window, in one statement
 FLUSH = (
@@ -44,7 +45,7 @@ class PgRateEvents:
             (operator_id, since_ms),
         ).fetchone()
         count, oldest = int(count), None if oldest is None else int(oldest)
-        for op, at, _ in (*self._kept, *self._job):
+        for op, at, _ in chain(self._kept, self._job):
             if op == operator_id and at > since_ms:
                 count += 1
                 oldest = at if oldest is None else min(oldest, at)
