@@ -29,7 +29,7 @@ from gate.store.reads import Reads
 from gate.store.schema import SCHEMA_VERSION
 from gate.store.tx import WriteTx
 from tests.pg_server import PgServer, psycopg_or_skip, running_server
-from tests.support import ENV, write_config
+from tests.support import ENV, wait_until, write_config
 from tests.test_store_pg_connection import Hand, ManualClock
 
 pytestmark = [pytest.mark.e2e, pytest.mark.postgres]
@@ -181,6 +181,52 @@ def test_pg_writer_appends_only_after_an_entry_receipted_with_its_own_key(
     assert head(target) == entries
     assert caplog.text.count("event=receipt_key_retired") == 1
     assert new.run(new.append)[0][1] is None  # the gate on the new key goes on
+
+
+def test_pg_writer_waiting_for_the_head_lock_checks_the_receipt_of_the_entry_it_waited_for(
+    server: PgServer, target: PgTarget, writers: Callable[..., Writer]
+) -> None:
+    """A batch that waited for the head lock while another gate rotated the receipt key
+    checks the rotation's entry, not the one it found when it began waiting: PostgreSQL
+    hands the waiter the head row as the other gate committed it, while the statement's
+    other reads still see the log as it was when the statement began."""
+    old = writers()
+    ((_, error),) = old.run(old.append)
+    assert error is None
+    new = writers(b"test-receipt-key-writer-new-90c2", KEY)
+    rotated, release = threading.Event(), threading.Event()
+
+    def holds_the_rotation(tx: WriteTx) -> None:
+        rotated.set()
+        assert release.wait(timeout=60)
+
+    pid = old.side.connection().execute("SELECT pg_backend_pid()").fetchone()[0]
+    answers: dict[str, list[tuple[Any, BaseException | None]]] = {}
+    threads = [
+        threading.Thread(
+            target=lambda: answers.update(new=new.run(ReceiptKey(), holds_the_rotation))
+        )
+    ]
+    threads[0].start()
+    try:
+        assert rotated.wait(timeout=60)
+        threads.append(threading.Thread(target=lambda: answers.update(old=old.run(old.append))))
+        threads[1].start()
+        waiting = "SELECT 1 FROM pg_stat_activity WHERE pid = %s AND wait_event_type = 'Lock'"
+        with psycopg.connect(target.url, autocommit=True) as watch:
+            wait_until(lambda: watch.execute(waiting, (pid,)).fetchone(), what="the old's wait")
+    finally:
+        release.set()
+        for thread in threads:
+            thread.join(timeout=60)
+
+    (settled, error), (_, none) = answers["new"]
+    assert error is None and none is None and settled[0] == "rotated"
+    ((_, refusal),) = answers["old"]
+    assert isinstance(refusal, Fenced) and refusal.code == "receipt_key_retired", refusal
+    with psycopg.connect(target.url) as conn:
+        kinds = [kind for (kind,) in conn.execute("SELECT kind FROM audit_log ORDER BY seq")]
+    assert kinds == ["probe_entry", "receipt_key_rotated"]
 
 
 def test_pg_writer_probe_is_a_write_through_the_backend(

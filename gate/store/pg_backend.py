@@ -45,6 +45,12 @@ HEAD_LOCK = (
     " FROM audit_head WHERE id = 1 FOR UPDATE"
 )
 
+# the head entry's receipt read again when HEAD_LOCK waited for another gate's batch: in
+# READ COMMITTED the locked row comes back as that batch committed it, but the statement's
+# other reads (its receipt's subquery) still see the log as it was when the statement
+# began, without that batch's entries (NULL)
+HEAD_RECEIPT = "SELECT receipt FROM audit_log WHERE seq = ?"
+
 # audit rows kept in memory by the batch (``WriteTx.defer_audit``), written in one
 # statement: a column is a field of ``AuditRow`` (seq a bigint, the rest texts)
 _AUDIT_COLUMNS = tuple(field.name for field in dataclasses.fields(AuditRow))
@@ -145,6 +151,8 @@ class PgBatch(BatchBackend):
         if row is None:
             raise PgError("the audit_head row is missing (storage migrate sets it)")
         seq, digest, last_at_ms, now_ms, receipt = row
+        if receipt is None and seq:  # waited for the lock: its entry is past the snapshot
+            receipt = conn.execute(HEAD_RECEIPT, (seq,)).fetchone()[0]
         tx.start_chain((int(seq), str(digest)), int(last_at_ms), receipt)
         tx.rate_events = PgRateEvents(conn)  # the rate limit's window: every gate's attempts
         tx.use_approvals(PgApprovalStatements(conn))  # one statement a load, and more
