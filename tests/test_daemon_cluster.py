@@ -237,6 +237,60 @@ async def test_cluster_wakes_a_long_poll_when_another_gate_resolved(
     assert woken_s < 1.0
 
 
+def decision_entry(effect: str) -> str:
+    """A decision entry's JSON as the log holds it (canonical: compact, keys sorted); an
+    adjust names the revision it made."""
+    data: dict[str, object] = {"effect": effect, "revision": 1}
+    if effect == "adjust":
+        data["new_revision"] = 2
+    return json.dumps({"data": data, "kind": "decision", "seq": 0}, separators=(",", ":"))
+
+
+@pytest.mark.parametrize("notices", [False, True], ids=["notices_off", "notices_on"])
+async def test_cluster_holder_wakes_its_timers_and_senders_only_for_entries_with_work(
+    url: str, tmp_path: Path, notices: bool
+) -> None:
+    """Another gate's entries wake the lease holder's senders when they queued a delivery
+    (a new request or revision, a resolution with its notice) and its timers when they may
+    bring a deadline nearer (a new request or revision); an acked dispatch or a decision that
+    made no revision (what it resolved is its own entry) wakes neither. Entries of a kind
+    the holder does not know wake both."""
+    here = built(tmp_path, "here", relay={"notices": notices, "questions": True})
+    cluster = Cluster(url, None, here.service, poll_s=60.0)  # a notification only
+    events = (here.service.dispatch_wakeup, here.service.expiry_wakeup)
+
+    async def woken(*entries: tuple[str, str] | tuple[str, str, str]) -> tuple[bool, bool]:
+        for event in events:
+            event.clear()
+        last = await asyncio.to_thread(append, url, list(entries))
+        await until(lambda: cluster.feed.cursor == last, "the feed read the entries")
+        return events[0].is_set(), events[1].is_set()
+
+    async with here.storage(), member(cluster, []):
+        await until(cluster.held.is_set, "the gate holds the lease")
+        await until(cluster.feed.connected.is_set, "the feed listens")
+        assert await woken(("dispatch_ack", "A1"), ("question_dispatch_ack", "Q1")) == (
+            False,
+            False,
+        )
+        approved = decision_entry("approve")
+        assert await woken(("decision", "A1", approved), ("resolved", "A1")) == (notices, False)
+        assert await woken(("decision", "A1", approved)) == (False, False)
+        assert await woken(("decision", "A1", decision_entry("adjust"))) == (True, True)
+        assert await woken(("question_answered", "Q1"), ("question_resolved", "Q1")) == (
+            notices,
+            False,
+        )
+        for kind, request_id in [
+            ("created", "A2"),
+            ("question_created", "Q2"),
+            ("question_revised", "Q2"),
+            ("escalated", "A2"),
+            ("an_entry_of_a_later_version", None),
+        ]:
+            assert await woken((kind, request_id)) == (True, True), kind
+
+
 DUE_SOON = {
     "name": "due",
     "quorum": 1,

@@ -27,21 +27,27 @@ DEADLINE_S = 10.0
 server, url = pg_fixtures()
 
 
-def append(url: str, kinds: list[tuple[str, str | None]], *, notified: bool = True) -> int:
-    """Append entries of ``kinds`` (kind, request id) to the audit log in one transaction,
-    as a writer's batch does (not hashed: the feed reads seq, kind and id only), and move
+def append(
+    url: str,
+    kinds: list[tuple[str, str | None]] | list[tuple[str, str | None, str]],
+    *,
+    notified: bool = True,
+) -> int:
+    """Append entries of ``kinds`` (kind, request id and, optionally, the entry's JSON, else
+    ``{}``) to the audit log in one transaction, as a writer's batch does (not hashed: the
+    feed reads seq, kind, id and a decision's effect only), and move
     the chain's head to the last as the batch does (its trigger notifies), unless not
     ``notified``; return the last seq."""
     with psycopg.connect(url, autocommit=True) as raw:
         conn = PgConnection(raw)
         conn.execute("BEGIN")
         (last,) = conn.execute("SELECT coalesce(max(seq), 0) FROM audit_log").fetchone() or (0,)
-        for kind, request_id in kinds:
+        for kind, request_id, *entry in kinds:
             last += 1
             conn.execute(
                 "INSERT INTO audit_log (seq, approval_id, kind, entry, prev_hash, entry_hash,"
-                " receipt) VALUES (?, ?, ?, '{}', '', '', '')",
-                (last, request_id, kind),
+                " receipt) VALUES (?, ?, ?, ?, '', '', '')",
+                (last, request_id, kind, entry[0] if entry else "{}"),
             )
         if notified:
             conn.execute("UPDATE audit_head SET seq = ?, entry_hash = 'h' WHERE id = 1", (last,))

@@ -23,7 +23,7 @@ from typing import Any
 from ulid import ULID
 
 import gate
-from gate.audit.entries import DISPATCH_ACK, RESOLVED
+from gate.audit.entries import DECISION, DISPATCH_ACK, RESOLVED
 from gate.audit.question_entries import (
     QUESTION_ANSWERED,
     QUESTION_DISPATCH_ACK,
@@ -32,6 +32,9 @@ from gate.audit.question_entries import (
 )
 from gate.clock import Clock, PinnedClock
 from gate.config.fingerprint import config_hash
+from gate.core.approvals.kind import APPROVALS
+from gate.core.questions.kind import QUESTIONS
+from gate.core.requests.kind import Kind
 from gate.core.service import GateService
 from gate.errors import Unavailable
 from gate.store.pg_feed import Change, Feed
@@ -52,8 +55,15 @@ LEAVE_S = 2.0  # the longest a clean stop waits to release the lease and remove 
 JOIN_S = 5.0
 # what wakes a long-poll on a request (the others only wake the workers)
 WAKING = frozenset({RESOLVED, QUESTION_ANSWERED, QUESTION_RESOLVED, QUESTION_REVISED})
-# what gives the timers and the senders no work (a dispatch acked: its sender knows)
-IDLE = frozenset({DISPATCH_ACK, QUESTION_DISPATCH_ACK})
+# what gives the timers and the senders no work: a dispatch acked (its sender knows), a
+# decision that made no new revision (what it resolved is an entry of its own)
+IDLE = frozenset({DISPATCH_ACK, QUESTION_DISPATCH_ACK, DECISION})
+# a resolution: work for the senders alone, when its kind queues a resolution notice
+NOTICES: dict[str, Kind[Any, Any]] = {
+    RESOLVED: APPROVALS,
+    QUESTION_ANSWERED: QUESTIONS,
+    QUESTION_RESOLVED: QUESTIONS,
+}
 
 Work = Callable[[], Coroutine[Any, Any, None]]
 
@@ -167,15 +177,27 @@ class Cluster:
 
     def changed(self, changes: list[Change]) -> None:
         """The feed's callback: wake the long-polls of requests resolved (or a question
-        revised) on any gate; on the lease holder, also the timers and the senders when an
-        entry may give them work (a new request or revision, a decision, a resolution with
-        its notice: anything but an acked dispatch). A gate without the lease runs neither,
-        and they read everything afresh when they start."""
+        revised) on any gate; on the lease holder, also the senders when an entry queued a
+        delivery (a new request or revision, a resolution with its notice) and the timers
+        when it may bring a deadline nearer (a new request or revision). An acked dispatch
+        or a decision that made no revision wakes neither, an entry of any other kind both.
+        A gate without the lease runs neither, and they read everything afresh when they
+        start."""
         for change in changes:
             if change.kind in WAKING and change.request_id is not None:
                 self.service.wake(change.request_id)
-        if self.held.is_set() and any(change.kind not in IDLE for change in changes):
+        if not self.held.is_set():
+            return
+        dispatch = expiry = False
+        for change in changes:
+            kind = NOTICES.get(change.kind)
+            if kind is not None:
+                dispatch = dispatch or kind.notices_on(self.service.config)
+            elif change.revised or change.kind not in IDLE:
+                dispatch = expiry = True
+        if dispatch:
             self.service.dispatch_wakeup.set()
+        if expiry:
             self.service.expiry_wakeup.set()
 
     async def _keep(self) -> None:

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from gate.audit.entries import DECISION
 from gate.errors import Unavailable
 from gate.store.pg_session import close_quietly, connect, unavailable
 
@@ -33,12 +34,20 @@ RECONNECT_MAX_S = 5.0  # the longest wait between two attempts to reconnect
 
 @dataclass(frozen=True, slots=True)
 class Change:
-    """One audit entry as the feed reports it: its ``seq``, ``kind`` and the id of the
-    request it is about (None for entries about no request)."""
+    """One audit entry as the feed reports it: its ``seq``, ``kind``, the id of the
+    request it is about (None for entries about no request) and, for a decision, whether it
+    made a new revision (an adjust: its entry names ``new_revision``)."""
 
     seq: int
     kind: str
     request_id: str | None
+    revised: bool = False
+
+
+# a decision entry that made a new revision: canonical JSON (compact) names it at the top of
+# its data; the same text nested in a field of the entry can only make ``revised`` True
+# when it is not (a wake-up for nothing), never the other way round
+_REVISED = '"new_revision":'
 
 
 async def head(conn: Any) -> int:
@@ -54,11 +63,15 @@ async def changes_after(conn: Any, cursor: int, limit: int = PAGE) -> list[Chang
     Unavailable."""
     with unavailable("reading the audit log"):
         rows = await conn.execute(
-            "SELECT seq, kind, approval_id FROM audit_log WHERE seq > %s ORDER BY seq LIMIT %s",
-            (cursor, limit),
+            "SELECT seq, kind, approval_id, kind = %s AND strpos(entry, %s) > 0"
+            " FROM audit_log WHERE seq > %s ORDER BY seq LIMIT %s",
+            (DECISION, _REVISED, cursor, limit),
         )
         found = await rows.fetchall()
-    return [Change(int(seq), kind, request_id) for seq, kind, request_id in found]
+    return [
+        Change(int(seq), kind, request_id, bool(revised))
+        for seq, kind, request_id, revised in found
+    ]
 
 
 class Feed:
