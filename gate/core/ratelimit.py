@@ -29,6 +29,9 @@ class MemoryEvents:
     def add(self, operator_id: int, at_ms: int, since_ms: int) -> None:
         self._seen.setdefault(operator_id, deque()).append(at_ms)
 
+    def expect(self, operator_id: int, since_ms: int) -> None:
+        """Nothing to read ahead: the attempts are in memory."""
+
 
 class RateLimiter:
     """Allow at most ``per_minute`` decisions per operator in any 60 s window: attempts
@@ -37,6 +40,12 @@ class RateLimiter:
     def __init__(self, per_minute: int) -> None:
         self.per_minute = per_minute
         self._memory = MemoryEvents()
+
+    def expect(self, operator_id: int, now_ms: int, events: RateEvents | None = None) -> None:
+        """``check`` of ``operator_id`` at ``now_ms`` is likely next: ``events`` may read its
+        window ahead, with a statement sent before (``RateEvents.expect``)."""
+        if events is not None:
+            events.expect(operator_id, now_ms - WINDOW_MS)
 
     def check(self, operator_id: int, now_ms: int, events: RateEvents | None = None) -> None:
         """Count one attempt for ``operator_id`` at ``now_ms`` in ``events`` (None: this

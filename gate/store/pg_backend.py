@@ -154,8 +154,9 @@ class PgBatch(BatchBackend):
         if receipt is None and seq:  # waited for the lock: its entry is past the snapshot
             receipt = conn.execute(HEAD_RECEIPT, (seq,)).fetchone()[0]
         tx.start_chain((int(seq), str(digest)), int(last_at_ms), receipt)
-        tx.rate_events = PgRateEvents(conn)  # the rate limit's window: every gate's attempts
-        tx.use_approvals(PgApprovalStatements(conn))  # one statement a load, and more
+        rate = PgRateEvents(conn)  # the rate limit's window: every gate's attempts
+        tx.rate_events = rate
+        tx.use_approvals(PgApprovalStatements(conn, rate))  # one statement a load, and more
         tx.defer_audit(write_audit)  # the batch's entries in one statement, before COMMIT
         if self._clock is not None:
             self._clock.pin(max(int(now_ms), int(last_at_ms)))

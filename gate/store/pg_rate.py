@@ -24,6 +24,14 @@ FLUSH = (
     " SELECT * FROM unnest(?::bigint[], ?::bigint[])"
 )
 
+# one approver's window: how many attempts after a time, and the oldest
+WINDOW = "SELECT count(*), min(at_ms) FROM rate_events WHERE operator_id = ? AND at_ms > ?"
+# the same, as two columns of a statement that reads something else (the approval's load)
+WINDOW_COLUMNS = (
+    "(SELECT count(*) FROM rate_events WHERE operator_id = ? AND at_ms > ?),"
+    " (SELECT min(at_ms) FROM rate_events WHERE operator_id = ? AND at_ms > ?)"
+)
+
 
 class PgRateEvents:
     """The attempts of the rate limit in ``rate_events`` on ``conn``, the write batch's
@@ -35,15 +43,32 @@ class PgRateEvents:
         self._conn = conn
         self._kept: list[tuple[int, int, int]] = []  # (operator, at, since) of ended jobs
         self._job: list[tuple[int, int, int]] = []  # the running job's
+        self._expected: tuple[int, int] | None = None  # (operator, since) to read ahead
+        # windows read ahead, as the table holds them in this batch (it changes only at
+        # ``flush``, and no other gate writes while the batch holds the head lock)
+        self._read: dict[tuple[int, int], tuple[int, int | None]] = {}
+
+    def expect(self, operator_id: int, since_ms: int) -> None:
+        self._expected = (operator_id, since_ms)
+
+    def ahead(self) -> tuple[int, int] | None:
+        """``(operator, since)`` of the window ``expect`` asked to read ahead (once), or None;
+        the statement that reads it gives it to ``read_ahead``."""
+        expected, self._expected = self._expected, None
+        return None if expected in self._read else expected
+
+    def read_ahead(self, expected: tuple[int, int], count: int, oldest: int | None) -> None:
+        """The window ``ahead`` named, as a statement read it: ``window`` answers from it."""
+        self._read[expected] = (int(count), None if oldest is None else int(oldest))
 
     def window(self, operator_id: int, since_ms: int) -> tuple[int, int | None]:
         """``(count, oldest)``: how many attempts ``operator_id`` made after ``since_ms``
         and the time (unix ms) of the oldest (None: none), this batch's unwritten ones
         included."""
-        count, oldest = self._conn.execute(
-            "SELECT count(*), min(at_ms) FROM rate_events WHERE operator_id = ? AND at_ms > ?",
-            (operator_id, since_ms),
-        ).fetchone()
+        count, oldest = (
+            self._read.get((operator_id, since_ms))
+            or self._conn.execute(WINDOW, (operator_id, since_ms)).fetchone()
+        )
         count, oldest = int(count), None if oldest is None else int(oldest)
         for op, at, _ in chain(self._kept, self._job):
             if op == operator_id and at > since_ms:

@@ -40,6 +40,11 @@ class RateEvents(Protocol):
         """Count an attempt of ``operator_id`` at ``at_ms``; the ones at or before
         ``since_ms`` no longer count (they may be forgotten)."""
 
+    def expect(self, operator_id: int, since_ms: int) -> None:
+        """The window of ``operator_id`` after ``since_ms`` is likely asked for soon: a
+        backend may read it with a statement it sends before (PostgreSQL: with the
+        approval's load); a wrong guess costs nothing but that."""
+
 
 class WriteTx:
     """The statements available inside one write transaction (``Store.transact``):
