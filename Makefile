@@ -34,9 +34,11 @@ venv: $(RUNTIME)
 demo: $(RUNTIME)
 	$(BIN)/python scripts/demo.py
 
-# Everything, on WORKERS pytest-xdist processes, one per core here (--dist loadfile: a module
-# stays on one worker, so its module-scoped daemon is started once); WORKERS=0: one process.
-WORKERS ?= 2
+# Everything, on WORKERS pytest-xdist processes (--dist loadfile: a module stays on one
+# worker, so its module-scoped daemon is started once); WORKERS=0: one process. Three on a
+# 2-core machine: the tests spend much of their time waiting on daemons, browsers and
+# deadlines (two workers kept the machine about 55 % busy).
+WORKERS ?= 3
 test: $(TESTING) axe
 	$(BIN)/python -m pytest -n $(WORKERS) --dist loadfile
 
