@@ -230,7 +230,7 @@ def test_make_demo_installs_the_runtime_only_and_make_test_adds_the_test_extras(
     (tmp_path / "fake-python").chmod(0o755)
     log = tmp_path / "calls.log"
     runtime = "pip install --quiet ."
-    demo, tests = "python scripts/demo.py", "python -m pytest -n 2 --dist loadfile"
+    demo, tests = "python scripts/demo.py", "python -m pytest -n 3 --dist loadfile"
     with_extras = "pip install --quiet -e .[test]"
     assert _make(tmp_path, "demo", log) == [
         "venv",
