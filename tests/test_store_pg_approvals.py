@@ -47,16 +47,23 @@ pytestmark = [pytest.mark.e2e, pytest.mark.postgres]
 psycopg: Any = psycopg_or_skip()
 
 
-@pytest.mark.usefixtures("repeatable")
-def test_one_statement_loads_every_approval_as_three_do(
+@pytest.fixture
+def played(
     pg: PgConnection,  # noqa: F811 - the fixture imported above
     config: Config,  # noqa: F811 - the fixture imported above
     tmp_path: Path,
-) -> None:
+    repeatable: Any,  # noqa: F811 - the fixture imported above
+) -> PgConnection:
+    """``pg`` after the scenario of ``tests.test_store_pg_connection``: approvals of every
+    shape the gate's own transactions leave."""
     scenario(Backend(pg, config, tmp_path))
-    conn = cast(sqlite3.Connection, pg)  # what the store's statements take
-    ids = [row[0] for row in pg.execute("SELECT approval_id FROM approvals ORDER BY 1")]
-    shapes = pg.execute(
+    return pg
+
+
+def test_one_statement_loads_every_approval_as_three_do(played: PgConnection) -> None:
+    conn = cast(sqlite3.Connection, played)  # what the store's statements take
+    ids = [row[0] for row in played.execute("SELECT approval_id FROM approvals ORDER BY 1")]
+    shapes = played.execute(
         "SELECT count(*) FILTER (WHERE state = 'resolved'), max(revision),"
         " (SELECT max(n) FROM (SELECT count(*) AS n FROM decisions GROUP BY approval_id) c)"
         " FROM approvals"
@@ -122,23 +129,17 @@ def test_a_decisions_load_reads_its_deciders_rate_window(
     assert [tuple(row) for row in attempts] == [(101,)]
 
 
-@pytest.mark.usefixtures("repeatable")
-def test_a_window_read_ahead_is_the_window_read_alone(
-    pg: PgConnection,  # noqa: F811 - the fixture imported above
-    config: Config,  # noqa: F811 - the fixture imported above
-    tmp_path: Path,
-) -> None:
+def test_a_window_read_ahead_is_the_window_read_alone(played: PgConnection) -> None:
     """A window read with a load is the one a statement of its own reads, with the batch's
     unwritten attempts counted on top; a window not expected (another approver, another
     time) is read alone; a load that finds no approval reads none ahead. (Approvers 150 and
     151: the scenario's decisions leave no attempts of theirs.)"""
-    scenario(Backend(pg, config, tmp_path))
-    pg.execute(
+    played.execute(
         "INSERT INTO rate_events VALUES (150, 1000), (150, 60000), (150, 61000), (151, 5000)"
     )
-    approval_id = pg.execute("SELECT min(approval_id) FROM approvals").fetchone()[0]
-    conn = cast(sqlite3.Connection, pg)
-    pg.execute("BEGIN")
+    approval_id = played.execute("SELECT min(approval_id) FROM approvals").fetchone()[0]
+    conn = cast(sqlite3.Connection, played)
+    played.execute("BEGIN")
     try:
         alone = PgRateEvents(conn)
         rate = PgRateEvents(conn)
@@ -157,4 +158,4 @@ def test_a_window_read_ahead_is_the_window_read_alone(
         assert statements.load("01NOSUCHAPPROVAL0000000000") is None
         assert rate.window(151, 0) == alone.window(151, 0) == (1, 5000)
     finally:
-        pg.execute("ROLLBACK")
+        played.execute("ROLLBACK")
