@@ -188,3 +188,41 @@ def test_doctor_database_on_postgres_before_the_first_start_and_after_a_newer_ve
         f"FAIL database: {newer}: schema {SCHEMA_VERSION + 1} is newer than this"
         f" hitl-gate's ({SCHEMA_VERSION}); upgrade hitl-gate"
     )
+
+
+PASSWORD_ROLE, PASSWORD = "gate_with_password", "doctor-db-password-3f9a"
+
+
+def password_url(server: PgServer, url: str) -> str:
+    """``url`` for a role that must sign in with a password (SCRAM on loopback: a line for it
+    before the test server's ``trust`` lines), so a connection without it is refused."""
+    hba = server.data / "pg_hba.conf"
+    line = f"host all {PASSWORD_ROLE} 127.0.0.1/32 scram-sha-256\n"
+    if line not in hba.read_text():
+        hba.write_text(line + hba.read_text())
+        with psycopg.connect(server.url(), autocommit=True) as admin:
+            admin.execute(f"CREATE ROLE {PASSWORD_ROLE} LOGIN SUPERUSER PASSWORD '{PASSWORD}'")
+            admin.execute("SELECT pg_reload_conf()")
+    return url.replace("://gate@", f"://{PASSWORD_ROLE}@", 1)
+
+
+async def test_doctor_on_postgres_reads_the_database_password_when_another_secret_is_missing(
+    server: PgServer, url: str, tmp_path: Path
+) -> None:
+    """A missing pipeline token is the secrets line's failure alone: the database, the audit
+    chain and the gates are still checked, with the password the config names (new-user
+    report: every database line said ``no password supplied``)."""
+    path = write_config(tmp_path, "http://127.0.0.1:9/relay")
+    raw = yaml.safe_load(path.read_text())
+    raw["storage"] = {"url": password_url(server, url), "password_env": "HITL_DB_PASSWORD"}
+    path.write_text(yaml.safe_dump(raw))
+    environ = {name: value for name, value in ENV.items() if name != "HITL_API_TOKEN"}
+    environ["HITL_DB_PASSWORD"] = PASSWORD
+
+    checks = await run_checks(str(path), environ)
+
+    by_name = {check.name: check for check in checks}
+    assert by_name["secrets"].label == "FAIL" and "HITL_API_TOKEN" in by_name["secrets"].line()
+    for name in ("database", "audit", "dispatch", "passkeys"):
+        assert by_name[name].label == "PASS", by_name[name].line()
+    assert "password" not in by_name["cluster"].line(), by_name["cluster"].line()

@@ -24,6 +24,7 @@ from gate.config.secrets import (
     load_secrets,
     read_api_token,
     read_receipt_key,
+    read_storage_password,
 )
 from gate.config.validate import _cross_check
 from gate.config.values import TcpListen, UnixListen, parse_duration, parse_listen
@@ -53,6 +54,7 @@ __all__ = [
     "load_secrets",
     "raw_mapping",
     "read_api_token",
+    "read_storage_password",
     "read_receipt_key",
     "parse_duration",
     "parse_listen",

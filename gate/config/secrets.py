@@ -85,6 +85,18 @@ def read_receipt_key(
     return None if value is None else value.encode("utf-8")
 
 
+def read_storage_password(config: Config, environ: Mapping[str, str]) -> str | None:
+    """The PostgreSQL password alone (``storage.password_env``, or its credential file), or
+    None when it is not configured, unset or unusable: for tools that reach the database
+    without the other secrets (``doctor``: a missing token is not a database problem)."""
+    name = config.storage.password_env
+    if name is None:
+        return None
+    credentials = environ.get(CREDENTIALS_DIRECTORY) or None
+    value, _ = read_secret("storage.password_env", name, environ, credentials)
+    return value
+
+
 def read_api_token(
     config: Config, environ: Mapping[str, str], *, admin: bool = False
 ) -> tuple[str | None, str | None]:

@@ -18,9 +18,8 @@ import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
-from gate.config import Config, load_secrets, read_receipt_key
+from gate.config import Config, read_receipt_key, read_storage_password
 from gate.config.fingerprint import config_hash
-from gate.errors import ConfigError
 from gate.tools.doctor_audit import check_audit, check_database
 from gate.tools.doctor_check import Check, skip
 from gate.tools.doctor_cluster import check_cluster
@@ -125,10 +124,9 @@ async def _postgres_checks(
 
     config_check, secrets_check, keys_check, keys = first
     assert config.storage.url is not None
-    try:  # the password as the gate reads it (a variable or a credentials file)
-        password = load_secrets(config, environ).storage_password
-    except ConfigError:  # the secrets check says what is wrong
-        password = None
+    # the password as the gate reads it (a variable or a credentials file), on its own: other
+    # secrets missing are the secrets line's to say, not the database's
+    password = read_storage_password(config, environ)
     cluster = await check_cluster(config.storage.url, password, config_hash(config))
     target = PgTarget(config.storage.url, password, "doctor")
     audit_check = await asyncio.to_thread(
