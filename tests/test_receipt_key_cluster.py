@@ -21,6 +21,7 @@ from tests.support import (
     gate_env,
     logged,
     run_cli,
+    wait_until,
 )
 from tests.test_gate_on_postgres import (
     DB_PASSWORD,
@@ -127,7 +128,10 @@ def test_rolling_rotation_a_gate_not_restarted_appends_nothing_until_restarted(
         # the rotation entry (gate a, now the lease holder, may append after it: an ack)
         ((newest,),) = rows(url, "SELECT seq FROM audit_log WHERE kind = 'receipt_key_rotated'")
 
-        # gate b still holds the old key: it appends nothing after the rotation entry
+        # gate b still holds the old key: its next heartbeat finds the rotation, so its
+        # /healthz is 503 (the balancer drains it, the timers go to another gate) before any
+        # write was refused; it appends nothing after the rotation entry
+        wait_until(lambda: healthz(b)[0] == 503, what="gate b's /healthz 503 without a write")
         for _ in range(2):
             status, answer = b.api().call(
                 "POST",

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gate.audit.chain import AuditRow
+from gate.audit.spans import matches
 from gate.clock import Clock
 from gate.config import Config
 from gate.core.approvals.followups import Plan
@@ -98,6 +99,11 @@ class Transactions:
 
     def _retired(self) -> None:
         """Refuse a write: the newest entry is receipted with a key not this gate's."""
+        raise self.retired()
+
+    def retired(self) -> Fenced:
+        """The refusal of a gate whose receipt key another gate retired, logged the first
+        time (``event=receipt_key_retired``)."""
         if not self._retired_logged:
             self._retired_logged = True
             log.error(
@@ -105,7 +111,12 @@ class Transactions:
                 self.config.receipts.key_env,
                 RETIRED,
             )
-        raise Fenced("receipt_key_retired", RETIRED, extra={"message": RETIRED})
+        return Fenced("receipt_key_retired", RETIRED, extra={"message": RETIRED})
+
+    def follows(self, entry_hash: str, receipt: str) -> bool:
+        """Whether this gate may append after the entry ``entry_hash`` with ``receipt``
+        (the newest on PostgreSQL, as another session reads it): receipted with its key."""
+        return matches(self._receipt_key, entry_hash, receipt)
 
     def configure(self, config: Config) -> None:
         """Use ``config`` from now on (SIGHUP reload): budgets, limits, the rate limit.

@@ -37,7 +37,7 @@ from gate.core.questions.kind import QUESTIONS
 from gate.core.requests.kind import Kind
 from gate.core.service import GateService
 from gate.errors import Unavailable
-from gate.store.pg_feed import Change, Feed
+from gate.store.pg_feed import Change, Feed, head_entry
 from gate.store.pg_instances import ClusterHealth, Instance, assess, beat, live
 from gate.store.pg_instances import clock_offset_ms as measure_offset
 from gate.store.pg_instances import leave as leave_cluster
@@ -213,6 +213,7 @@ class Cluster:
                     if conn is None:
                         conn = await connect(self.url, "cluster", self.instance_id, self.password)
                     await self._beat(conn)
+                    await self._check_key(conn)
                     if self.service.store.fenced is None:
                         delay = await self._claim(conn, started)
                     else:
@@ -254,6 +255,19 @@ class Cluster:
             log.info("event=%s_ended", problem)
         self.health = health
         self.joined.set()
+
+    async def _check_key(self, conn: Any) -> None:
+        """Fence the store (``/healthz`` 503, the lease left to another gate: ``_keep``)
+        when the newest audit entry is receipted with a key not this gate's: another gate
+        rotated the receipt key (``receipt_key_retired``), so no write here could succeed.
+        Found at the heartbeat, a quiet gate leaves the balancer and the timers without
+        waiting for a write to be refused."""
+        if self.service.store.fenced is not None:
+            return
+        head = await head_entry(conn)
+        transactions = self.service.transactions
+        if head is not None and not transactions.follows(*head):
+            self.service.store.fence(transactions.retired())
 
     async def _claim(self, conn: Any, started: float) -> float:
         """Claim or renew the lease; return the seconds until the next attempt."""

@@ -12,7 +12,7 @@ from gate.clock import PinnedClock
 from gate.errors import Fenced, Unavailable
 from gate.postgres.target import PgTarget
 from gate.store import opening
-from gate.store.batch import BatchObserver, Command, Faults, Handler, Writer
+from gate.store.batch import BatchObserver, Command, Faults, Handler, Probe, Writer
 from gate.store.health import WriteHealth
 from gate.store.reads import Reads
 from gate.store.schema import SCHEMA_VERSION
@@ -78,7 +78,7 @@ class Store:
     @property
     def fenced(self) -> Fenced | None:
         """Why this gate may write nothing more until it restarts (a transaction refused
-        with Fenced: ``transact``), or None."""
+        with Fenced: ``transact``; or ``fence``), or None."""
         return self._health.fenced
 
     @property
@@ -164,6 +164,12 @@ class Store:
             raise Unavailable("schema_too_new", message, extra={**extra, "message": message})
         return version
 
+    def fence(self, error: Fenced) -> None:
+        """This gate may write no more until it restarts, for ``error`` (found outside a
+        transaction: another gate retired its receipt key, ``gate.daemon.cluster``):
+        ``transact`` and ``check_writable`` raise it from now on (the first one kept)."""
+        self._health.fence(error)
+
     async def check_writable(self) -> None:
         """Raise Unavailable while the last write failed on a storage fault, or while the
         writer process has left a transaction unanswered for over ``writer_process.STALL_S``
@@ -189,6 +195,9 @@ class Store:
             raise TypeError("a write transaction is a Command (see Store.bind)")
         if self._writer is None:
             raise Unavailable("storage_unavailable", "database is not open")
+        fenced = self._health.fenced
+        if fenced is not None and not isinstance(command, Probe):  # it writes no more
+            raise Fenced(fenced.code, fenced.message, extra=fenced.extra)
         try:
             return await self._writer.transact(command)
         except Fenced as exc:  # this gate may write no more: /healthz says so from now on

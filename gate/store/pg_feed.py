@@ -58,6 +58,18 @@ async def head(conn: Any) -> int:
     return int(seq)
 
 
+async def head_entry(conn: Any) -> tuple[str, str] | None:
+    """``(entry_hash, receipt)`` of the newest audit entry, as the chain's head names it
+    (None for an empty log). Raises Unavailable."""
+    with unavailable("reading the audit head"):
+        cursor = await conn.execute(
+            "SELECT l.entry_hash, l.receipt FROM audit_head h JOIN audit_log l ON l.seq = h.seq"
+            " WHERE h.id = 1"
+        )
+        row = await cursor.fetchone()
+    return None if row is None else (str(row[0]), str(row[1]))
+
+
 async def changes_after(conn: Any, cursor: int, limit: int = PAGE) -> list[Change]:
     """The entries after ``seq`` ``cursor``, oldest first, at most ``limit``. Raises
     Unavailable."""
