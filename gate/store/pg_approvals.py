@@ -25,7 +25,7 @@ from gate.store.approvals import (
     approval,
     decision_values,
 )
-from gate.store.pg_rate import WINDOW_COLUMNS, PgRateEvents
+from gate.store.pg_rate import WINDOW, PgRateEvents
 from gate.store.requests import RequestTables, request_values
 
 _SELECT = (
@@ -35,10 +35,12 @@ _SELECT = (
     f" (SELECT json_agg(json_build_array({DECISION_COLUMNS}) ORDER BY decision_id) FROM decisions d"
     "  WHERE d.approval_id = a.approval_id)"
 )
-_FROM = " FROM approvals a WHERE a.approval_id = ?"
-LOAD_SQL = _SELECT + _FROM
-# the same, with an approver's rate-limit window read ahead (``PgRateEvents.ahead``)
-LOAD_WITH_WINDOW_SQL = f"{_SELECT}, {WINDOW_COLUMNS}{_FROM}"
+LOAD_SQL = f"{_SELECT} FROM approvals a WHERE a.approval_id = ?"
+# the same, with an approver's rate-limit window read ahead (``PgRateEvents.ahead``): the
+# window's own statement, joined as one row
+LOAD_WITH_WINDOW_SQL = (
+    f"{_SELECT}, w.* FROM approvals a CROSS JOIN LATERAL ({WINDOW}) w WHERE a.approval_id = ?"
+)
 
 
 def load(
@@ -55,7 +57,7 @@ def load(
     if ahead is None:
         row = conn.execute(LOAD_SQL, (approval_id,)).fetchone()
     else:
-        row = conn.execute(LOAD_WITH_WINDOW_SQL, (*ahead, *ahead, approval_id)).fetchone()
+        row = conn.execute(LOAD_WITH_WINDOW_SQL, (*ahead, approval_id)).fetchone()
     if row is None:
         return None
     n = len(COLUMNS)

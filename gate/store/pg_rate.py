@@ -24,13 +24,9 @@ FLUSH = (
     " SELECT * FROM unnest(?::bigint[], ?::bigint[])"
 )
 
-# one approver's window: how many attempts after a time, and the oldest
+# one approver's window: how many attempts after a time, and the oldest (one row, always;
+# also joined to the approval's load: ``gate.store.pg_approvals``)
 WINDOW = "SELECT count(*), min(at_ms) FROM rate_events WHERE operator_id = ? AND at_ms > ?"
-# the same, as two columns of a statement that reads something else (the approval's load)
-WINDOW_COLUMNS = (
-    "(SELECT count(*) FROM rate_events WHERE operator_id = ? AND at_ms > ?),"
-    " (SELECT min(at_ms) FROM rate_events WHERE operator_id = ? AND at_ms > ?)"
-)
 
 
 class PgRateEvents:
